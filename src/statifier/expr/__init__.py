@@ -1,0 +1,77 @@
+"""The expression language: safe, non-evaluating expressions and statement programs.
+
+Source text is parsed and compiled to closures; nothing is ever handed to Python's
+``eval`` or ``exec``. Every failure comes back as an error value with a reason token
+and a source span. ``undefined`` (absent) and ``null`` (present, empty) are distinct.
+
+>>> from statifier.expr import compile_expression, evaluate, UNDEFINED
+>>> evaluate("user.age > 18", {"user": {"age": 30}})
+True
+>>> evaluate("user.missing > 18", {"user": {}}) is UNDEFINED
+True
+>>> error = evaluate("1 + true")
+>>> error.kind, error.reason
+('TypeMismatchError', 'add')
+"""
+
+from statifier.expr.api import (
+    Execution,
+    Expression,
+    Options,
+    Program,
+    compile_expression,
+    compile_program,
+    evaluate,
+    execute,
+    system_clock,
+)
+from statifier.expr.errors import (
+    EvaluationError,
+    ExprError,
+    ExpressionFailed,
+    LocationError,
+    ParseError,
+    Span,
+    TypeMismatchError,
+    UndefinedVariableError,
+    unwrap,
+)
+from statifier.expr.functions import BUILTINS, CallContext, Function, FunctionError
+from statifier.expr.location import Path, assign, put, resolve
+from statifier.expr.parser import Limits
+from statifier.expr.values import UNDEFINED, Duration, Undefined, Value, type_name
+
+__all__ = [
+    "BUILTINS",
+    "UNDEFINED",
+    "CallContext",
+    "Duration",
+    "EvaluationError",
+    "Execution",
+    "ExprError",
+    "Expression",
+    "ExpressionFailed",
+    "Function",
+    "FunctionError",
+    "Limits",
+    "LocationError",
+    "Options",
+    "ParseError",
+    "Path",
+    "Program",
+    "Span",
+    "TypeMismatchError",
+    "Undefined",
+    "UndefinedVariableError",
+    "Value",
+    "assign",
+    "compile_expression",
+    "compile_program",
+    "evaluate",
+    "execute",
+    "put",
+    "resolve",
+    "system_clock",
+    "type_name",
+    "unwrap",
+]

@@ -1,0 +1,507 @@
+"""Recursive-descent parser: tokens to a syntax tree, in expression or program mode.
+
+Grammar, loosest binding first::
+
+    program     := statement (";" statement)* ";"?
+    statement   := "if" expr block ("else" (block | if))? | "while" expr block
+                 | location "=" expr | expr
+    block       := "{" (statement (";" statement)* ";"?)? "}"
+    expr        := and ("or" and)*
+    and         := not ("and" not)*
+    not         := "not" not | comparison
+    comparison  := additive (("==" | "!=" | "===" | "!==" | ">" | ">=" | "<" | "<="
+                              | "in" | "contains") additive)?
+    additive    := multiplicative (("+" | "-") multiplicative)*
+    multiplicative := unary (("*" | "/" | "%") unary)*
+    unary       := ("-" | "!") unary | postfix
+    postfix     := primary ("." NAME | "[" expr "]" | "::" TYPE)*
+    primary     := literal | NAME | call | list | object | duration | relative | "(" expr ")"
+
+A statement ending in ``}`` needs no ``;`` after it. Every node's span is the token an
+error is blamed on: the operator for an operation, the name for a variable or call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+from statifier.expr import nodes as n
+from statifier.expr.errors import ParseError, Span
+from statifier.expr.lexer import (
+    DATE,
+    DATETIME,
+    DURATION,
+    EOF,
+    FLOAT,
+    IDENT,
+    INT,
+    KEYWORD,
+    OP,
+    STRING,
+    LexFailure,
+    Token,
+    tokenize,
+)
+from statifier.expr.values import UNDEFINED, Duration
+
+__all__ = ["CAST_TYPES", "Limits", "parse_expression", "parse_program"]
+
+CAST_TYPES: Final = ("integer", "float", "string", "boolean", "date", "datetime", "duration")
+
+_COMPARISONS: Final = frozenset({"==", "!=", "===", "!==", ">", ">=", "<", "<="})
+_MEMBERSHIP: Final = frozenset({"in", "contains"})
+_LITERAL_WORDS: Final = {"true": True, "false": False, "null": None, "undefined": UNDEFINED}
+# Keywords that stay usable as property names and bare object keys.
+_SOFT_KEYWORDS: Final = frozenset({"and", "or", "not", "in", "contains"})
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Bounds on untrusted source.
+
+    Attributes:
+        max_source_length: longest accepted source, in characters.
+        max_depth: deepest accepted nesting, counted in syntax-tree levels.
+    """
+
+    max_source_length: int = 65_536
+    max_depth: int = 128
+
+
+DEFAULT_LIMITS: Final = Limits()
+
+
+class _Abort(Exception):  # noqa: N818 - internal control flow, never escapes this module
+    def __init__(self, error: ParseError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+def parse_expression(source: str, limits: Limits = DEFAULT_LIMITS) -> n.Expression | ParseError:
+    """Parse ``source`` as a single expression.
+
+    Returns the tree, or a ParseError (``=``, ``if`` and ``while`` are refused here:
+    they belong to programs).
+    """
+    return _run(source, limits, program=False)  # type: ignore[return-value]
+
+
+def parse_program(source: str, limits: Limits = DEFAULT_LIMITS) -> n.Program | ParseError:
+    """Parse ``source`` as a statement program."""
+    return _run(source, limits, program=True)  # type: ignore[return-value]
+
+
+def _run(source: str, limits: Limits, *, program: bool) -> n.Program | n.Expression | ParseError:
+    if len(source) > limits.max_source_length:
+        return ParseError(
+            "too_long",
+            f"Source is {len(source)} characters; the limit is {limits.max_source_length}",
+            Span(1, 1, 1, 1),
+        )
+    try:
+        parser = _Parser(tokenize(source), limits)
+        tree: n.Program | n.Expression = parser.program() if program else parser.whole_expression()
+        _check_depth(tree, limits.max_depth)
+    except LexFailure as failure:
+        return failure.error
+    except _Abort as abort:
+        return abort.error
+    return tree
+
+
+def _children(node: object) -> list[object]:
+    if isinstance(node, n.Program | n.Block):
+        return list(node.statements)
+    if isinstance(node, n.ExprStatement):
+        return [node.expression]
+    if isinstance(node, n.Assign):
+        return [node.target, node.value]
+    if isinstance(node, n.If):
+        return [node.condition, node.then] + ([node.otherwise] if node.otherwise else [])
+    if isinstance(node, n.While):
+        return [node.condition, node.body]
+    if isinstance(node, n.Access | n.Cast):
+        return [node.target if isinstance(node, n.Access) else node.operand]
+    if isinstance(node, n.Index):
+        return [node.target, node.key]
+    if isinstance(node, n.Unary):
+        return [node.operand]
+    if isinstance(node, n.Binary | n.Compare):
+        return [node.left, node.right]
+    if isinstance(node, n.Logical):
+        return list(node.operands)
+    if isinstance(node, n.Call):
+        return list(node.args)
+    if isinstance(node, n.ListLiteral):
+        return list(node.items)
+    if isinstance(node, n.ObjectLiteral):
+        return [value for _, value in node.entries]
+    return []
+
+
+def _check_depth(tree: object, max_depth: int) -> None:
+    """Refuse trees deeper than ``max_depth``, walking without recursion."""
+    stack = [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > max_depth:
+            span = getattr(node, "span", Span(1, 1, 1, 1))
+            raise _Abort(
+                ParseError("too_deep", f"Nesting deeper than {max_depth} levels", span)
+            )
+        stack.extend((child, depth + 1) for child in _children(node))
+
+
+class _Parser:
+    def __init__(self, tokens: list[Token], limits: Limits) -> None:
+        self.tokens = tokens
+        self.position = 0
+        self.limits = limits
+        self.depth = 0
+
+    # -- token helpers -------------------------------------------------------------
+
+    def peek(self, ahead: int = 0) -> Token:
+        return self.tokens[min(self.position + ahead, len(self.tokens) - 1)]
+
+    def advance(self) -> Token:
+        token = self.tokens[self.position]
+        if token.kind != EOF:
+            self.position += 1
+        return token
+
+    def at(self, kind: str, value: object = None, ahead: int = 0) -> bool:
+        token = self.peek(ahead)
+        return token.kind == kind and (value is None or token.value == value)
+
+    def fail(self, message: str, token: Token | None = None) -> _Abort:
+        return _Abort(ParseError("syntax", message, (token or self.peek()).span))
+
+    def expect_op(self, op: str, what: str) -> Token:
+        if not self.at(OP, op):
+            raise self.fail(f"Expected '{op}' {what} but found {_describe(self.peek())}")
+        return self.advance()
+
+    def enter(self) -> None:
+        self.depth += 1
+        if self.depth > self.limits.max_depth:
+            raise _Abort(
+                ParseError(
+                    "too_deep", f"Nesting deeper than {self.limits.max_depth} levels",
+                    self.peek().span,
+                )
+            )
+
+    def leave(self) -> None:
+        self.depth -= 1
+
+    # -- programs ------------------------------------------------------------------
+
+    def whole_expression(self) -> n.Expression:
+        expression = self.expression()
+        token = self.peek()
+        if token.kind == OP and token.value == "=":
+            raise self.fail(
+                "'=' is assignment, which only a program allows; use '==' to compare", token
+            )
+        if token.kind != EOF:
+            raise self.fail(f"Unexpected {_describe(token)} after the expression", token)
+        return expression
+
+    def program(self) -> n.Program:
+        start = self.peek().span
+        statements = self.statements(closing=None)
+        return n.Program(tuple(statements), start)
+
+    def statements(self, closing: str | None) -> list[n.Statement]:
+        statements: list[n.Statement] = []
+        while not (self.at(EOF) or (closing is not None and self.at(OP, closing))):
+            statement = self.statement()
+            statements.append(statement)
+            if self.at(OP, ";"):
+                self.advance()
+            elif not (
+                self.at(EOF)
+                or (closing is not None and self.at(OP, closing))
+                or isinstance(statement, n.If | n.While)
+            ):
+                raise self.fail(f"Expected ';' between statements but found {_describe(self.peek())}")
+        if closing is None and not self.at(EOF):
+            raise self.fail(f"Unexpected {_describe(self.peek())}")
+        return statements
+
+    def statement(self) -> n.Statement:
+        token = self.peek()
+        if token.kind == KEYWORD and token.value == "if":
+            return self.if_statement()
+        if token.kind == KEYWORD and token.value == "while":
+            self.advance()
+            condition = self.expression()
+            return n.While(condition, self.block(), token.span)
+        if token.kind == KEYWORD and token.value == "else":
+            raise self.fail("'else' without a matching 'if'", token)
+        expression = self.expression()
+        if self.at(OP, "="):
+            equals = self.advance()
+            if not _is_location(expression):
+                raise self.fail("Only a variable, property or index can be assigned to", equals)
+            value = self.expression()
+            return n.Assign(expression, value, equals.span)  # type: ignore[arg-type]
+        return n.ExprStatement(expression, token.span)
+
+    def if_statement(self) -> n.If:
+        token = self.advance()
+        self.enter()
+        condition = self.expression()
+        then = self.block()
+        otherwise: n.Block | None = None
+        if self.at(KEYWORD, "else"):
+            self.advance()
+            if self.at(KEYWORD, "if"):
+                nested = self.if_statement()
+                otherwise = n.Block((nested,), nested.span)
+            else:
+                otherwise = self.block()
+        self.leave()
+        return n.If(condition, then, otherwise, token.span)
+
+    def block(self) -> n.Block:
+        opening = self.expect_op("{", "to open a block (braces are required)")
+        self.enter()
+        statements = self.statements(closing="}")
+        self.expect_op("}", "to close the block")
+        self.leave()
+        return n.Block(tuple(statements), opening.span)
+
+    # -- expressions -----------------------------------------------------------------
+
+    def expression(self) -> n.Expression:
+        self.enter()
+        node = self.logical("or", self.conjunction)
+        self.leave()
+        return node
+
+    def conjunction(self) -> n.Expression:
+        return self.logical("and", self.negation)
+
+    def logical(self, word: str, operand: Callable[[], n.Expression]) -> n.Expression:
+        operands = [operand()]
+        spans: list[Span] = []
+        while self.at(KEYWORD, word):
+            spans.append(self.advance().span)
+            operands.append(operand())
+        if not spans:
+            return operands[0]
+        return n.Logical(word, tuple(operands), tuple(spans), spans[0])
+
+    def negation(self) -> n.Expression:
+        if self.at(KEYWORD, "not"):
+            token = self.advance()
+            self.enter()
+            operand = self.negation()
+            self.leave()
+            return n.Unary("not", operand, token.span)
+        return self.comparison()
+
+    def comparison(self) -> n.Expression:
+        left = self.additive()
+        token = self.peek()
+        if _is_comparison(token):
+            self.advance()
+            node = n.Compare(str(token.value), left, self.additive(), token.span)
+            if _is_comparison(self.peek()):
+                raise self.fail("Comparisons do not chain; join them with 'and'")
+            return node
+        return left
+
+    def additive(self) -> n.Expression:
+        node = self.multiplicative()
+        while self.at(OP, "+") or self.at(OP, "-"):
+            token = self.advance()
+            node = n.Binary(str(token.value), node, self.multiplicative(), token.span)
+        return node
+
+    def multiplicative(self) -> n.Expression:
+        node = self.unary()
+        while self.at(OP, "*") or self.at(OP, "/") or self.at(OP, "%"):
+            token = self.advance()
+            node = n.Binary(str(token.value), node, self.unary(), token.span)
+        return node
+
+    def unary(self) -> n.Expression:
+        if self.at(OP, "-") or self.at(OP, "!"):
+            token = self.advance()
+            self.enter()
+            operand = self.unary()
+            self.leave()
+            return n.Unary(str(token.value), operand, token.span)
+        return self.postfix()
+
+    def postfix(self) -> n.Expression:
+        node = self.primary()
+        while True:
+            if self.at(OP, "."):
+                self.advance()
+                name = self.property_name()
+                if self.at(OP, "(") and _dotted_name(node) is not None:
+                    node = self.call(f"{_dotted_name(node)}.{name.value}", node.span, name)
+                else:
+                    node = n.Access(node, str(name.value), name.span)
+            elif self.at(OP, "["):
+                bracket = self.advance()
+                key = self.expression()
+                self.expect_op("]", "to close the index")
+                node = n.Index(node, key, bracket.span)
+            elif self.at(OP, "::"):
+                colons = self.advance()
+                type_token = self.peek()
+                if type_token.kind != IDENT or type_token.value not in CAST_TYPES:
+                    raise self.fail(
+                        f"Unknown cast type {_describe(type_token)}; expected one of "
+                        + ", ".join(CAST_TYPES),
+                        type_token,
+                    )
+                self.advance()
+                node = n.Cast(node, str(type_token.value), colons.span)
+            else:
+                return node
+
+    def property_name(self) -> Token:
+        token = self.peek()
+        if token.kind == IDENT or (token.kind == KEYWORD and token.value in _SOFT_KEYWORDS):
+            return self.advance()
+        raise self.fail(f"Expected a property name after '.' but found {_describe(token)}")
+
+    def call(self, name: str, start: Span, last: Token) -> n.Call:
+        self.expect_op("(", "to start the arguments")
+        args = self.sequence(")", "the argument list")
+        span = Span(start.line, start.column, last.span.end_line, last.span.end_column)
+        return n.Call(name, tuple(args), span)
+
+    def sequence(self, closing: str, what: str) -> list[n.Expression]:
+        items: list[n.Expression] = []
+        if self.at(OP, closing):
+            self.advance()
+            return items
+        while True:
+            items.append(self.expression())
+            if self.at(OP, ","):
+                self.advance()
+                continue
+            self.expect_op(closing, f"to close {what}")
+            return items
+
+    def primary(self) -> n.Expression:
+        token = self.peek()
+        kind = token.kind
+        if kind in (INT, FLOAT, STRING, DATE, DATETIME):
+            self.advance()
+            return n.Literal(token.value, token.span)
+        if kind == DURATION:
+            return self.duration()
+        if kind == KEYWORD:
+            if token.value in _LITERAL_WORDS:
+                self.advance()
+                return n.Literal(_LITERAL_WORDS[str(token.value)], token.span)
+            if token.value in ("if", "while", "else"):
+                raise self.fail(
+                    f"'{token.value}' is a statement keyword, not an expression: control "
+                    "flow is only valid in a program",
+                    token,
+                )
+        if kind == IDENT:
+            if token.value in ("next", "last") and self.at(DURATION, ahead=1):
+                self.advance()
+                duration = self.advance()
+                sign = 1 if token.value == "next" else -1
+                return n.RelativeDate(_duration_value(duration), sign, token.span)
+            self.advance()
+            if self.at(OP, "("):
+                return self.call(str(token.value), token.span, token)
+            return n.Identifier(str(token.value), token.span)
+        if kind == OP:
+            if token.value == "(":
+                self.advance()
+                node = self.expression()
+                self.expect_op(")", "to close the parenthesis")
+                return node
+            if token.value == "[":
+                self.advance()
+                self.enter()
+                items = self.sequence("]", "the list")
+                self.leave()
+                return n.ListLiteral(tuple(items), token.span)
+            if token.value == "{":
+                return self.object_literal()
+        raise self.fail(f"Expected an expression but found {_describe(token)}", token)
+
+    def duration(self) -> n.Expression:
+        token = self.advance()
+        value = _duration_value(token)
+        if self.at(IDENT, "ago"):
+            self.advance()
+            return n.RelativeDate(value, -1, token.span)
+        if self.at(IDENT, "from") and self.at(IDENT, "now", ahead=1):
+            self.advance()
+            self.advance()
+            return n.RelativeDate(value, 1, token.span)
+        return n.Literal(value, token.span)
+
+    def object_literal(self) -> n.ObjectLiteral:
+        opening = self.advance()
+        self.enter()
+        entries: list[tuple[str, n.Expression]] = []
+        while not self.at(OP, "}"):
+            key = self.peek()
+            if key.kind == STRING or key.kind == IDENT or (
+                key.kind == KEYWORD and key.value in _SOFT_KEYWORDS
+            ):
+                self.advance()
+            else:
+                raise self.fail(
+                    f"Expected an object key (a name or a quoted string) but found "
+                    f"{_describe(key)}",
+                    key,
+                )
+            self.expect_op(":", "after the object key")
+            entries.append((str(key.value), self.expression()))
+            if not self.at(OP, ","):
+                break
+            self.advance()
+        self.expect_op("}", "to close the object")
+        self.leave()
+        return n.ObjectLiteral(tuple(entries), opening.span)
+
+
+def _duration_value(token: Token) -> Duration:
+    assert isinstance(token.value, Duration)
+    return token.value
+
+
+def _is_comparison(token: Token) -> bool:
+    return (token.kind == OP and token.value in _COMPARISONS) or (
+        token.kind == KEYWORD and token.value in _MEMBERSHIP
+    )
+
+
+def _is_location(node: n.Expression) -> bool:
+    while isinstance(node, n.Access | n.Index):
+        node = node.target
+    return isinstance(node, n.Identifier)
+
+
+def _dotted_name(node: n.Expression) -> str | None:
+    if isinstance(node, n.Identifier):
+        return node.name
+    if isinstance(node, n.Access):
+        base = _dotted_name(node.target)
+        return None if base is None else f"{base}.{node.name}"
+    return None
+
+
+def _describe(token: Token) -> str:
+    if token.kind == EOF:
+        return "the end of the input"
+    return f"'{token.text}'"
