@@ -28,7 +28,7 @@ from statifier.expr.api import (
 from statifier.expr.errors import (
     EvaluationError,
     ExprError,
-    ExpressionFailed,
+    ExpressionError,
     LocationError,
     ParseError,
     Span,
@@ -50,7 +50,7 @@ __all__ = [
     "Execution",
     "ExprError",
     "Expression",
-    "ExpressionFailed",
+    "ExpressionError",
     "Function",
     "FunctionError",
     "Limits",

@@ -81,11 +81,17 @@ class Options:
         if self.on_unbound not in ("undefined", "error"):
             raise ValueError(f"on_unbound must be 'undefined' or 'error', not {self.on_unbound!r}")
         if type(self.loop_budget) is not int or self.loop_budget < 0:
-            raise ValueError(f"loop_budget must be a non-negative integer, not {self.loop_budget!r}")
+            raise ValueError(
+                f"loop_budget must be a non-negative integer, not {self.loop_budget!r}"
+            )
         functions = {**BUILTINS, **self.functions} if self.builtins else dict(self.functions)
         run = Run(
-            functions, self.clock, self.host, self.on_unbound == "error",
-            frozenset(self.protected_roots), self.loop_budget,
+            functions,
+            self.clock,
+            self.host,
+            self.on_unbound == "error",
+            frozenset(self.protected_roots),
+            self.loop_budget,
         )
         object.__setattr__(self, "_run", run)
 
@@ -93,7 +99,11 @@ class Options:
         """A run with its own loop budget, for one program execution."""
         shared = self._run
         return Run(
-            shared.functions, shared.now, shared.host, shared.unbound_error, shared.protected,
+            shared.functions,
+            shared.now,
+            shared.host,
+            shared.unbound_error,
+            shared.protected,
             self.loop_budget,
         )
 
@@ -106,7 +116,9 @@ def _settle(result: Value) -> Value | ExprError:
     if type(result) is Undefined:
         if result.root is not None:
             return UndefinedVariableError(
-                "unbound_variable", f"Undefined variable: {result.root}", result.span,
+                "unbound_variable",
+                f"Undefined variable: {result.root}",
+                result.span,
                 variable=result.root,
             )
         return UNDEFINED
@@ -148,7 +160,7 @@ class Expression:
             result = self._closure(context, options._run)
         except Fail as failure:
             return failure.error
-        except Exception as error:  # defensive: nothing escapes evaluation
+        except Exception as error:  # noqa: BLE001 - defensive: nothing escapes evaluation
             return _unexpected(error)
         if type(result) is Undefined:
             return _settle(result)
@@ -199,7 +211,7 @@ class Program:
             self._step(data, run)
         except Fail as failure:
             error = failure.error
-        except Exception as unexpected:  # defensive: nothing escapes execution
+        except Exception as unexpected:  # noqa: BLE001 - nothing escapes execution
             error = _unexpected(unexpected)
         value = UNDEFINED if type(run.last) is Undefined else run.last
         return Execution(data, value, error)

@@ -63,6 +63,8 @@ def _to_string(value: Value) -> Value:
     kind = type(value)
     if kind is str:
         return value
+    if kind is int and -(10**18) < value < 10**18:
+        return str(value)
     if kind is int or kind is float:
         try:
             return format_number(value)

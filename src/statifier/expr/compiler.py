@@ -15,6 +15,7 @@ plain :data:`UNDEFINED`.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any, Final, TypeAlias
@@ -227,14 +228,21 @@ def _binary(node: n.Binary) -> Closure:
     return arithmetic
 
 
-_FAST_ORDER: Final[dict[str, Callable[[Any, Any], bool]]] = {
-    "==": lambda a, b: a == b,
-    "!=": lambda a, b: a != b,
-    ">": lambda a, b: a > b,
-    ">=": lambda a, b: a >= b,
-    "<": lambda a, b: a < b,
-    "<=": lambda a, b: a <= b,
+_FAST_ORDER: Final[dict[str, Callable[[Any, Any], Any]]] = {
+    "==": operator.eq,
+    "!=": operator.ne,
+    ">": operator.gt,
+    ">=": operator.ge,
+    "<": operator.lt,
+    "<=": operator.le,
 }
+
+
+def _root_property(node: n.Expression) -> tuple[str, str] | None:
+    """``(root, name)`` when ``node`` reads ``root.name``, else ``None``."""
+    if isinstance(node, n.Access) and isinstance(node.target, n.Identifier):
+        return node.target.name, node.name
+    return None
 
 
 def _compare(node: n.Compare) -> Closure:
@@ -261,25 +269,20 @@ def _compare(node: n.Compare) -> Closure:
     constant = node.right.value if isinstance(node.right, n.Literal) else _MISSING
     kind = type(constant)
     if kind is str or kind is int:
+        # Against a constant of a type the operand usually has: compare directly.
         fast = _FAST_ORDER[op]
-        if op == "==":
+        property_path = _root_property(node.left)
+        if property_path is not None:
+            root, name = property_path
 
-            def equals_constant(data: Data, run: Run) -> Value:
-                value = left(data, run)
+            def property_against_constant(data: Data, run: Run) -> Value:
+                target = data.get(root, _MISSING)
+                value = target.get(name, UNDEFINED) if type(target) is dict else left(data, run)
                 if type(value) is kind:
-                    return value == constant
+                    return fast(value, constant)
                 return compare(op, value, constant)
 
-            return equals_constant
-        if op == ">":
-
-            def above_constant(data: Data, run: Run) -> Value:
-                value = left(data, run)
-                if type(value) is kind:
-                    return value > constant
-                return compare(op, value, constant)
-
-            return above_constant
+            return property_against_constant
 
         def against_constant(data: Data, run: Run) -> Value:
             value = left(data, run)
@@ -345,34 +348,33 @@ def _logical(node: n.Logical) -> Closure:
 def _call(node: n.Call) -> Closure:
     name, span, count = node.name, node.span, len(node.args)
     args = [compile_node(arg) for arg in node.args]
-    unknown = f"Unknown function: {name}"
 
     def invoke(data: Data, run: Run, values: tuple[Value, ...]) -> Value:
         function = run.functions.get(name)
-        if function is None:
-            raise s.failure(unknown, unknown, span)
-        arity = function.arity
-        if arity != count and (type(arity) is int or count not in arity):  # type: ignore[operator]
-            message = f"{name} expects {_plural(arity)}, got {count}"
-            raise s.failure(message, message, span)
+        if function is None or not function.accepts(count):
+            raise _uncallable(name, function, count, span)
         try:
             if function.pass_context:
                 return function.call(values, CallContext(data, run.host, run.now))
             return function.call(values)
-        except FunctionError as error:
-            raise s.failure(str(error), str(error), span) from None
-        except (s.Fail, RecursionError):
-            raise
-        except Exception as error:  # a host function's bug must not escape evaluation
-            message = f"{name} raised {type(error).__name__}: {error}"
-            raise s.failure("function_raised", message, span) from None
+        except Exception as error:  # noqa: BLE001 - a host function's bug must not escape
+            raise _function_failed(name, error, span) from None
 
     if count == 1:
         only = args[0]
 
         def call_one(data: Data, run: Run) -> Value:
             value = only(data, run)
-            return invoke(data, run, (UNDEFINED if type(value) is Undefined else value,))
+            if type(value) is Undefined:
+                value = UNDEFINED
+            function = run.functions.get(name)
+            # The common case, inline: a context-free function taking one argument.
+            if function is not None and function.arity == 1 and not function.pass_context:
+                try:
+                    return function.call((value,))
+                except Exception as error:  # noqa: BLE001 - see invoke
+                    raise _function_failed(name, error, span) from None
+            return invoke(data, run, (value,))
 
         return call_one
 
@@ -380,6 +382,24 @@ def _call(node: n.Call) -> Closure:
         return invoke(data, run, tuple(_plain(arg(data, run)) for arg in args))
 
     return call
+
+
+def _uncallable(name: str, function: Function | None, count: int, span: Span) -> s.Fail:
+    if function is None:
+        message = f"Unknown function: {name}"
+    else:
+        message = f"{name} expects {_plural(function.arity)}, got {count}"
+    return s.failure(message, message, span)
+
+
+def _function_failed(name: str, error: Exception, span: Span) -> Exception:
+    """What to raise for an exception that came out of a function call."""
+    if isinstance(error, s.Fail | RecursionError):
+        return error
+    if isinstance(error, FunctionError):
+        return s.failure(str(error), str(error), span)
+    message = f"{name} raised {type(error).__name__}: {error}"
+    return s.failure("function_raised", message, span)
 
 
 def _plural(arity: int | tuple[int, ...]) -> str:

@@ -24,7 +24,7 @@ from typing import TypeVar
 __all__ = [
     "EvaluationError",
     "ExprError",
-    "ExpressionFailed",
+    "ExpressionError",
     "LocationError",
     "ParseError",
     "Span",
@@ -102,7 +102,7 @@ class LocationError(ExprError):
     """
 
 
-class ExpressionFailed(Exception):
+class ExpressionError(Exception):
     """Raised by :func:`unwrap` to turn an error value into an exception."""
 
     def __init__(self, error: ExprError) -> None:
@@ -117,8 +117,8 @@ def unwrap(result: T | ExprError) -> T:
     """Return ``result`` unless it is an error value, which is raised instead.
 
     Raises:
-        ExpressionFailed: carrying the error value as ``.error``.
+        ExpressionError: carrying the error value as ``.error``.
     """
     if isinstance(result, ExprError):
-        raise ExpressionFailed(result)
+        raise ExpressionError(result)
     return result

@@ -87,6 +87,13 @@ def _number(name: str, value: Value) -> int | float:
     return value
 
 
+def _trim(args: tuple[Value, ...]) -> Value:
+    value = args[0]
+    if type(value) is str:
+        return value.strip()
+    raise FunctionError("trim expects a string")
+
+
 def _len(args: tuple[Value, ...]) -> Value:
     value = args[0]
     if type(value) is str or type(value) is list:
@@ -210,7 +217,7 @@ BUILTINS: Final[Mapping[str, Function]] = {
     "len": _simple(_len, 1),
     "upper": _simple(lambda a: _string("upper", a[0]).upper(), 1),
     "lower": _simple(lambda a: _string("lower", a[0]).lower(), 1),
-    "trim": _simple(lambda a: _string("trim", a[0]).strip(), 1),
+    "trim": _simple(_trim, 1),
     "starts_with": _simple(
         lambda a: _string("starts_with", a[0]).startswith(_string("starts_with", a[1])), 2
     ),
@@ -218,9 +225,7 @@ BUILTINS: Final[Mapping[str, Function]] = {
         lambda a: _string("ends_with", a[0]).endswith(_string("ends_with", a[1])), 2
     ),
     "substring": _simple(_substring, (2, 3)),
-    "index_of": _simple(
-        lambda a: _string("index_of", a[0]).find(_string("index_of", a[1])), 2
-    ),
+    "index_of": _simple(lambda a: _string("index_of", a[0]).find(_string("index_of", a[1])), 2),
     "concat": _simple(_concat, 2),
     "Math.abs": _simple(_abs, 1),
     "Math.max": _simple(_extremum("Math.max", max), 2),
@@ -230,7 +235,7 @@ BUILTINS: Final[Mapping[str, Function]] = {
     "Math.floor": _simple(_rounding("Math.floor", math.floor), 1),
     "Math.ceil": _simple(_rounding("Math.ceil", math.ceil), 1),
     "Math.round": _simple(_rounding("Math.round", _round_half_away), 1),
-    "Math.random": _simple(lambda a: random.random(), 0),  # noqa: S311 - not for secrets
+    "Math.random": _simple(lambda a: random.random(), 0),
     "Date.year": _simple(_date_part("Date.year", "year"), 1),
     "Date.month": _simple(_date_part("Date.month", "month"), 1),
     "Date.day": _simple(_date_part("Date.day", "day"), 1),
@@ -239,4 +244,3 @@ BUILTINS: Final[Mapping[str, Function]] = {
     "JSON.stringify": _simple(_json_stringify, 1),
 }
 """The builtin functions by name."""
-

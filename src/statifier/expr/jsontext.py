@@ -27,8 +27,14 @@ class JSONTextError(ValueError):
 
 _WHITESPACE: Final = b" \t\n\r"
 _ESCAPES: Final = {
-    ord('"'): '"', ord("\\"): "\\", ord("/"): "/", ord("b"): "\b",
-    ord("f"): "\f", ord("n"): "\n", ord("r"): "\r", ord("t"): "\t",
+    ord('"'): '"',
+    ord("\\"): "\\",
+    ord("/"): "/",
+    ord("b"): "\b",
+    ord("f"): "\f",
+    ord("n"): "\n",
+    ord("r"): "\r",
+    ord("t"): "\t",
 }
 
 
@@ -186,7 +192,11 @@ class _Parser:
         data = self.data
         while True:
             start = self.offset
-            while self.offset < len(data) and data[self.offset] not in b'"\\' and data[self.offset] >= 0x20:
+            while (
+                self.offset < len(data)
+                and data[self.offset] not in b'"\\'
+                and data[self.offset] >= 0x20
+            ):
                 self.offset += 1
             try:
                 pieces.append(data[start : self.offset].decode("utf-8"))
@@ -249,9 +259,7 @@ def _plain(value: Value, depth: int) -> object:
         raise JSONTextError(f"nesting deeper than {MAX_JSON_DEPTH}")
     kind = type(value)
     if kind is dict:
-        return {
-            str(k): _plain(v, depth + 1) for k, v in value.items() if type(v) is not Undefined
-        }
+        return {str(k): _plain(v, depth + 1) for k, v in value.items() if type(v) is not Undefined}
     if kind is list:
         return [_plain(item, depth + 1) for item in value]
     if kind is Undefined:

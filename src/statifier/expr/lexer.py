@@ -32,22 +32,65 @@ EOF: Final = "eof"
 # Words that never name a variable. ``and``/``or``/``not`` are matched without regard
 # to case; the rest only in lower case (plus the upper-case ``IN``/``CONTAINS``).
 KEYWORDS: Final = frozenset(
-    {"true", "false", "null", "undefined", "and", "or", "not", "in", "contains", "if",
-     "else", "while"}
+    {
+        "true",
+        "false",
+        "null",
+        "undefined",
+        "and",
+        "or",
+        "not",
+        "in",
+        "contains",
+        "if",
+        "else",
+        "while",
+    }
 )
 _CASELESS: Final = frozenset({"and", "or", "not"})
 _UPPER_ALIASES: Final = {"IN": "in", "CONTAINS": "contains"}
 
 # Longest operators first so that ``===`` is not read as ``==`` then ``=``.
 _OPERATORS: Final = (
-    "===", "!==", "==", "!=", ">=", "<=", "::",
-    ">", "<", "=", "!", "+", "-", "*", "/", "%",
-    "(", ")", "[", "]", "{", "}", ",", ":", ";", ".",
+    "===",
+    "!==",
+    "==",
+    "!=",
+    ">=",
+    "<=",
+    "::",
+    ">",
+    "<",
+    "=",
+    "!",
+    "+",
+    "-",
+    "*",
+    "/",
+    "%",
+    "(",
+    ")",
+    "[",
+    "]",
+    "{",
+    "}",
+    ",",
+    ":",
+    ";",
+    ".",
 )
 
 _ESCAPES: Final = {
-    "n": "\n", "t": "\t", "r": "\r", "b": "\b", "f": "\f",
-    "\\": "\\", '"': '"', "'": "'", "/": "/", "0": "\0",
+    "n": "\n",
+    "t": "\t",
+    "r": "\r",
+    "b": "\b",
+    "f": "\f",
+    "\\": "\\",
+    '"': '"',
+    "'": "'",
+    "/": "/",
+    "0": "\0",
 }
 
 
@@ -91,9 +134,7 @@ class _Cursor:
 
 
 def _fail(message: str, line: int, column: int, cursor: _Cursor) -> LexFailure:
-    return LexFailure(
-        ParseError("syntax", message, Span(line, column, cursor.line, cursor.column))
-    )
+    return LexFailure(ParseError("syntax", message, Span(line, column, cursor.line, cursor.column)))
 
 
 def tokenize(source: str) -> list[Token]:
@@ -145,9 +186,7 @@ def _digits(source: str, offset: int) -> int:
 def _number(source: str, cursor: _Cursor) -> tuple[str, object]:
     line, column, start = cursor.line, cursor.column, cursor.offset
     end = _digits(source, start)
-    is_float = (
-        end + 1 < len(source) and source[end] == "." and "0" <= source[end + 1] <= "9"
-    )
+    is_float = end + 1 < len(source) and source[end] == "." and "0" <= source[end + 1] <= "9"
     if is_float:
         end = _digits(source, end + 1)
     if end < len(source) and source[end].isascii() and source[end].isalpha():
@@ -195,14 +234,18 @@ def _duration(source: str, cursor: _Cursor) -> Duration:
         if parts is None:
             raise _fail(
                 f"Duration {number}{unit} is not a whole number of milliseconds",
-                line, column, cursor,
+                line,
+                column,
+                cursor,
             )
         is_fraction = "." in number
         for name, amount in parts.items():
             if name in components and (is_fraction or name in expanded):
                 raise _fail(
                     f"Duration unit {name} is given twice once fractions are expanded",
-                    line, column, cursor,
+                    line,
+                    column,
+                    cursor,
                 )
             components[name] = amount
             if is_fraction:
@@ -213,7 +256,9 @@ def _duration(source: str, cursor: _Cursor) -> Duration:
 def _word(source: str, cursor: _Cursor) -> tuple[str, object]:
     start = cursor.offset
     end = start
-    while end < len(source) and (source[end].isascii() and (source[end].isalnum() or source[end] == "_")):
+    while end < len(source) and (
+        source[end].isascii() and (source[end].isalnum() or source[end] == "_")
+    ):
         end += 1
     word = source[start:end]
     cursor.advance(end - start)
@@ -282,9 +327,10 @@ def parse_date(text: str) -> date | None:
     """An ISO 8601 calendar date ``YYYY-MM-DD``, or ``None``."""
     if len(text) != 10 or text[4] != "-" or text[7] != "-":
         return None
-    if not (text[:4] + text[5:7] + text[8:]).isascii() or not (
-        text[:4] + text[5:7] + text[8:]
-    ).isdigit():
+    if (
+        not (text[:4] + text[5:7] + text[8:]).isascii()
+        or not (text[:4] + text[5:7] + text[8:]).isdigit()
+    ):
         return None
     try:
         return date(int(text[:4]), int(text[5:7]), int(text[8:]))

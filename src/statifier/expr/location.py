@@ -75,7 +75,9 @@ def _with(node: object, path: Sequence[str | int], position: int, value: Value) 
         copy[step] = value if last else _with(copy.get(step, _MISSING), path, position + 1, value)
         return copy
     if type(step) is not int:
-        raise _refuse("invalid_key", f"A location step must be a string or an integer, not {step!r}")
+        raise _refuse(
+            "invalid_key", f"A location step must be a string or an integer, not {step!r}"
+        )
     if step < 0:
         raise _refuse("invalid_index", f"Negative list index {step}")
     if isinstance(node, Mapping):
@@ -143,9 +145,22 @@ def _path(node: n.Expression, data: Mapping[str, Value]) -> list[str | int]:
         return [*_path(node.target, data), node.name]
     if isinstance(node, n.Index):
         return [*_path(node.target, data), _key(node.key, data)]
-    if isinstance(node, n.Literal | n.Call | n.Binary | n.Compare | n.Logical | n.Unary
-                  | n.ListLiteral | n.ObjectLiteral | n.Cast | n.RelativeDate):
-        raise _refuse("not_assignable", "Only a variable, property or index can be assigned to", node.span)
+    if isinstance(
+        node,
+        n.Literal
+        | n.Call
+        | n.Binary
+        | n.Compare
+        | n.Logical
+        | n.Unary
+        | n.ListLiteral
+        | n.ObjectLiteral
+        | n.Cast
+        | n.RelativeDate,
+    ):
+        raise _refuse(
+            "not_assignable", "Only a variable, property or index can be assigned to", node.span
+        )
     raise _refuse("invalid_node", f"Unrecognised node {type(node).__name__}")
 
 
@@ -157,8 +172,10 @@ def _key(node: n.Expression, data: Mapping[str, Value]) -> str | int:
     else:
         raise _refuse("computed_key", "A bracket key must be a literal or a variable", node.span)
     if type(value) is str or type(value) is int:
-        return value  # type: ignore[return-value]
-    raise _refuse("invalid_key", f"A bracket key must be a string or an integer, not {value!r}", node.span)
+        return value
+    raise _refuse(
+        "invalid_key", f"A bracket key must be a string or an integer, not {value!r}", node.span
+    )
 
 
 def _lookup(node: n.Identifier | n.Access | n.Index, data: Mapping[str, Value]) -> object:

@@ -156,8 +156,19 @@ class RelativeDate:
 
 
 Expression: TypeAlias = (
-    Literal | Identifier | Access | Index | Cast | Unary | Binary | Compare | Logical | Call
-    | ListLiteral | ObjectLiteral | RelativeDate
+    Literal
+    | Identifier
+    | Access
+    | Index
+    | Cast
+    | Unary
+    | Binary
+    | Compare
+    | Logical
+    | Call
+    | ListLiteral
+    | ObjectLiteral
+    | RelativeDate
 )
 
 

@@ -119,7 +119,7 @@ def _children(node: object) -> list[object]:
     if isinstance(node, n.Assign):
         return [node.target, node.value]
     if isinstance(node, n.If):
-        return [node.condition, node.then] + ([node.otherwise] if node.otherwise else [])
+        return [node.condition, node.then, *([node.otherwise] if node.otherwise else [])]
     if isinstance(node, n.While):
         return [node.condition, node.body]
     if isinstance(node, n.Access | n.Cast):
@@ -148,9 +148,7 @@ def _check_depth(tree: object, max_depth: int) -> None:
         node, depth = stack.pop()
         if depth > max_depth:
             span = getattr(node, "span", Span(1, 1, 1, 1))
-            raise _Abort(
-                ParseError("too_deep", f"Nesting deeper than {max_depth} levels", span)
-            )
+            raise _Abort(ParseError("too_deep", f"Nesting deeper than {max_depth} levels", span))
         stack.extend((child, depth + 1) for child in _children(node))
 
 
@@ -189,7 +187,8 @@ class _Parser:
         if self.depth > self.limits.max_depth:
             raise _Abort(
                 ParseError(
-                    "too_deep", f"Nesting deeper than {self.limits.max_depth} levels",
+                    "too_deep",
+                    f"Nesting deeper than {self.limits.max_depth} levels",
                     self.peek().span,
                 )
             )
@@ -227,7 +226,9 @@ class _Parser:
                 or (closing is not None and self.at(OP, closing))
                 or isinstance(statement, n.If | n.While)
             ):
-                raise self.fail(f"Expected ';' between statements but found {_describe(self.peek())}")
+                raise self.fail(
+                    f"Expected ';' between statements but found {_describe(self.peek())}"
+                )
         if closing is None and not self.at(EOF):
             raise self.fail(f"Unexpected {_describe(self.peek())}")
         return statements
@@ -455,8 +456,10 @@ class _Parser:
         entries: list[tuple[str, n.Expression]] = []
         while not self.at(OP, "}"):
             key = self.peek()
-            if key.kind == STRING or key.kind == IDENT or (
-                key.kind == KEYWORD and key.value in _SOFT_KEYWORDS
+            if (
+                key.kind == STRING
+                or key.kind == IDENT
+                or (key.kind == KEYWORD and key.value in _SOFT_KEYWORDS)
             ):
                 self.advance()
             else:

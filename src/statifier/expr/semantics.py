@@ -36,13 +36,13 @@ __all__ = [
     "add",
     "compare",
     "divide",
+    "format_number",
     "loose_equal",
     "membership",
     "mismatch",
     "modulo",
     "multiply",
     "negate",
-    "format_number",
     "strict_equal",
     "subtract",
 ]
@@ -72,15 +72,20 @@ def mismatch(operation: str, expected: str, got: Value, span: Span | None) -> Fa
     if type(got) is Undefined and got.root is not None:
         return Fail(
             UndefinedVariableError(
-                "unbound_variable", f"Undefined variable: {got.root}", got.span,
+                "unbound_variable",
+                f"Undefined variable: {got.root}",
+                got.span,
                 variable=got.root,
             )
         )
     name = type_name(got)
     return Fail(
         TypeMismatchError(
-            operation, f"{operation} expects {expected}, got {name}", span,
-            expected=expected, got=name,
+            operation,
+            f"{operation} expects {expected}, got {name}",
+            span,
+            expected=expected,
+            got=name,
         )
     )
 
@@ -111,9 +116,7 @@ def format_number(value: int | float) -> str:
 def check_size(value: str | list[Value], span: Span | None) -> None:
     """Refuse a string or list longer than :data:`MAX_COLLECTION`."""
     if len(value) > MAX_COLLECTION:
-        raise failure(
-            "result_too_large", f"Result longer than {MAX_COLLECTION} elements", span
-        )
+        raise failure("result_too_large", f"Result longer than {MAX_COLLECTION} elements", span)
 
 
 def _check_int(value: int, span: Span | None) -> int:
@@ -135,7 +138,9 @@ def strict_equal(left: Value, right: Value) -> bool:
             strict_equal(a, b) for a, b in zip(left, right, strict=True)
         )
     if kind is dict:
-        return left.keys() == right.keys() and all(strict_equal(v, right[k]) for k, v in left.items())
+        return left.keys() == right.keys() and all(
+            strict_equal(v, right[k]) for k, v in left.items()
+        )
     return bool(left == right)
 
 
@@ -157,7 +162,9 @@ def loose_equal(left: Value, right: Value) -> bool:
             loose_equal(a, b) for a, b in zip(left, right, strict=True)
         )
     if kind is dict:
-        return left.keys() == right.keys() and all(loose_equal(v, right[k]) for k, v in left.items())
+        return left.keys() == right.keys() and all(
+            loose_equal(v, right[k]) for k, v in left.items()
+        )
     if kind is datetime:
         return to_utc(left) == to_utc(right)
     return bool(left == right)
@@ -170,8 +177,8 @@ def _as_instant(value: date) -> datetime:
 def _order(left: Value, right: Value) -> int | None:
     """-1, 0 or 1 for a comparable pair, ``None`` when the types do not match."""
     kind, other = type(left), type(right)
-    if _is_number(left) and _is_number(right) or (kind is other and kind in (str, bool)):
-        return (left > right) - (left < right)
+    if (_is_number(left) and _is_number(right)) or (kind is other and kind in (str, bool)):
+        return int(left > right) - int(left < right)
     if kind is date or kind is datetime:
         if other is not date and other is not datetime:
             return None
@@ -179,7 +186,7 @@ def _order(left: Value, right: Value) -> int | None:
             a, b = left, right
         else:
             a, b = _as_instant(left), _as_instant(right)
-        return (a > b) - (a < b)
+        return int(a > b) - int(a < b)
     if kind is list and other is list:
         for a, b in zip(left, right, strict=False):
             if not loose_equal(a, b):
@@ -266,7 +273,9 @@ def shift(moment: date, duration: Duration, sign: int, span: Span | None) -> dat
             return durations.add_to_datetime(to_utc(moment), duration, sign)
         return durations.add_to_date(moment, duration, sign)
     except OverflowError:
-        raise failure("date_out_of_range", "Date arithmetic left the years 1 to 9999", span) from None
+        raise failure(
+            "date_out_of_range", "Date arithmetic left the years 1 to 9999", span
+        ) from None
 
 
 def subtract(left: Value, right: Value, span: Span | None) -> Value:

@@ -86,7 +86,11 @@ def decode(data: object) -> Value:
         return day
     if tag == "datetime" and isinstance(raw, str) and (moment := parse_datetime(raw)) is not None:
         return moment
-    if tag == "duration" and isinstance(raw, dict) and set(raw) <= set(DURATION_UNITS):
-        if all(type(amount) is int for amount in raw.values()):
-            return Duration(**raw)
+    if (
+        tag == "duration"
+        and isinstance(raw, dict)
+        and set(raw) <= set(DURATION_UNITS)
+        and all(type(amount) is int for amount in raw.values())
+    ):
+        return Duration(**raw)
     raise TaggedValueError(f"malformed tagged value: {data!r}")
