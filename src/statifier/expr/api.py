@@ -11,6 +11,7 @@ True
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -94,6 +95,18 @@ class Options:
             self.loop_budget,
         )
         object.__setattr__(self, "_run", run)
+
+    def with_host(self, host: object) -> Options:
+        """A copy carrying another ``host``; cheap, since functions are not merged again."""
+        shared = self._run
+        clone = copy.copy(self)
+        object.__setattr__(clone, "host", host)
+        run = Run(
+            shared.functions, shared.now, host, shared.unbound_error, shared.protected,
+            self.loop_budget,
+        )
+        object.__setattr__(clone, "_run", run)
+        return clone
 
     def fresh_run(self) -> Run:
         """A run with its own loop budget, for one program execution."""

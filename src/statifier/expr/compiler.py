@@ -431,7 +431,11 @@ def _relative_date(node: n.RelativeDate) -> Closure:
     shift = s.shift
 
     def relative(data: Data, run: Run) -> Value:
-        return shift(run.now(), duration, direction, span)
+        try:
+            now = run.now()
+        except FunctionError as error:  # a host without a clock refuses relative dates
+            raise s.failure(str(error), str(error), span) from None
+        return shift(now, duration, direction, span)
 
     return relative
 

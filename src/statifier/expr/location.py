@@ -24,7 +24,16 @@ from statifier.expr.errors import LocationError, ParseError, Span
 from statifier.expr.parser import parse_expression
 from statifier.expr.values import UNDEFINED, Undefined, Value
 
-__all__ = ["LocationFailure", "Path", "assign", "put", "resolve", "write"]
+__all__ = [
+    "Location",
+    "LocationFailure",
+    "Path",
+    "assign",
+    "compile_location",
+    "put",
+    "resolve",
+    "write",
+]
 
 Path = tuple[str | int, ...]
 
@@ -112,6 +121,65 @@ def put(
     return result
 
 
+class Location:
+    """A compiled location expression, resolved against a context when written to.
+
+    >>> target = compile_location("rows[i].name")
+    >>> target.resolve({"i": 1}), target.root
+    (('rows', 1, 'name'), 'rows')
+    """
+
+    __slots__ = ("root", "source", "tree")
+
+    def __init__(self, source: str, tree: n.Identifier | n.Access | n.Index) -> None:
+        self.source = source
+        self.tree = tree
+        node: n.Expression = tree
+        while isinstance(node, n.Access | n.Index):
+            node = node.target
+        assert isinstance(node, n.Identifier)
+        self.root = node.name
+
+    def __repr__(self) -> str:
+        return f"Location({self.source!r})"
+
+    def resolve(self, data: Mapping[str, Value]) -> Path | LocationError:
+        """The path this location names in ``data``, or why it names none."""
+        try:
+            return tuple(_path(self.tree, data))
+        except LocationFailure as failure:
+            return failure.error
+
+
+def compile_location(source: str) -> Location | ParseError | LocationError:
+    """Compile a location expression; refuses anything but a variable, property or index.
+
+    >>> compile_location("len(x)").reason
+    'not_assignable'
+    """
+    tree = parse_expression(source)
+    if isinstance(tree, ParseError):
+        return tree
+    if not isinstance(tree, n.Identifier | n.Access | n.Index):
+        return LocationError(
+            "not_assignable", "Only a variable, property or index can be assigned to", tree.span
+        )
+    try:
+        _shape(tree)
+    except LocationFailure as failure:
+        return failure.error
+    return Location(source, tree)
+
+
+def _shape(node: n.Expression) -> None:
+    while isinstance(node, n.Access | n.Index):
+        node = node.target
+    if not isinstance(node, n.Identifier):
+        raise _refuse(
+            "not_assignable", "Only a variable, property or index can be assigned to", node.span
+        )
+
+
 def resolve(source: str, data: Mapping[str, Value]) -> Path | LocationError | ParseError:
     """Resolve a location expression against ``data`` to its path.
 
@@ -119,13 +187,10 @@ def resolve(source: str, data: Mapping[str, Value]) -> Path | LocationError | Pa
     ``rows[cursor.row]``); a computed key such as ``items[i + 1]`` is refused with
     ``computed_key``, an unbound variable key with ``undefined_variable``.
     """
-    tree = parse_expression(source)
-    if isinstance(tree, ParseError):
-        return tree
-    try:
-        return tuple(_path(tree, data))
-    except LocationFailure as failure:
-        return failure.error
+    location = compile_location(source)
+    if isinstance(location, ParseError | LocationError):
+        return location
+    return location.resolve(data)
 
 
 def assign(
