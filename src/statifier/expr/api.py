@@ -102,7 +102,11 @@ class Options:
         clone = copy.copy(self)
         object.__setattr__(clone, "host", host)
         run = Run(
-            shared.functions, shared.now, host, shared.unbound_error, shared.protected,
+            shared.functions,
+            shared.now,
+            host,
+            shared.unbound_error,
+            shared.protected,
             self.loop_budget,
         )
         object.__setattr__(clone, "_run", run)
