@@ -145,12 +145,14 @@ def strict_equal(left: Value, right: Value) -> bool:
 
 
 def loose_equal(left: Value, right: Value) -> bool:
-    """Equality inside collections and membership: numbers compare by value, dates
-    meet datetimes at midnight UTC, ``null`` equals ``null``, undefined equals nothing.
+    """Structural equality, used for collections and membership: numbers compare by
+    value, dates meet datetimes at midnight UTC, ``null`` equals ``null`` and, nested in
+    a collection, undefined equals undefined. (An undefined operand of ``==`` or ``in``
+    itself never gets here: it propagates.)
     """
     kind, other = type(left), type(right)
     if kind is Undefined or other is Undefined:
-        return False
+        return kind is other
     if _is_number(left) and _is_number(right):
         return bool(left == right)
     if kind is not other:

@@ -1,0 +1,42 @@
+"""The pure statechart interpreter: ``(position, event) -> (position, effects)``.
+
+>>> from statifier.chart import compile_chart
+>>> from statifier.core import Event, handle_event, initialize
+>>> machine = compile_chart(
+...     '<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="idle">'
+...     '<state id="idle"><transition event="start" target="busy"/></state>'
+...     '<state id="busy"><onentry><log label="entered" expr="1 + 1"/></onentry></state>'
+...     '</scxml>'
+... )
+>>> state, effects = initialize(machine)
+>>> state.leaf_configuration()
+('idle',)
+>>> state, effects = handle_event(state, Event("start"))
+>>> state.leaf_configuration(), [(e.label, e.value) for e in effects]
+(('busy',), [('entered', 2)])
+"""
+
+from statifier.core.events import Event, EventType
+from statifier.core.interpreter import (
+    MachineNotRunning,
+    cancel,
+    handle_event,
+    initialize,
+    macrostep,
+    microstep,
+)
+from statifier.core.state import DEFAULT_ROUND_BUDGET, MachineState, StartOptions
+
+__all__ = [
+    "DEFAULT_ROUND_BUDGET",
+    "Event",
+    "EventType",
+    "MachineNotRunning",
+    "MachineState",
+    "StartOptions",
+    "cancel",
+    "handle_event",
+    "initialize",
+    "macrostep",
+    "microstep",
+]

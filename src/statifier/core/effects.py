@@ -1,0 +1,244 @@
+"""Effects: everything observable the interpreter asks its host to do or know.
+
+The core never performs I/O, reads a clock or draws randomness; it returns these
+values instead. Each carries the ``macrostep``, ``microstep`` and ``round`` it was
+produced in, so an effect stream can be ordered and replayed. Trace effects (the
+``Trace*`` classes) are produced only when tracing is on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TypeAlias
+
+from statifier.core.events import Event
+from statifier.expr import Value
+
+__all__ = [
+    "Autoforward",
+    "BudgetExhausted",
+    "Cancel",
+    "CancelInvoke",
+    "DatamodelChange",
+    "DatamodelInit",
+    "Done",
+    "Effect",
+    "Invoke",
+    "Log",
+    "Send",
+    "SendDelayed",
+    "TraceContentExecuted",
+    "TraceDone",
+    "TraceEntrySet",
+    "TraceEventDequeued",
+    "TraceExitSet",
+    "TraceFinalizeAutoforward",
+    "TraceInvokePass",
+    "TraceMacrostepStable",
+    "TraceTransitionsSelected",
+]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Stamped:
+    macrostep: int
+    microstep: int
+    round: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Send(_Stamped):
+    """Deliver ``event`` now. ``target`` is the author's target (``None``: this session's
+    external queue). ``author_id`` says whether ``send_id`` was written by the author."""
+
+    event: str
+    target: str | None
+    type: str | None
+    data: Value
+    send_id: str
+    author_id: bool
+    content_index: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SendDelayed(_Stamped):
+    """Deliver ``event`` after ``delay_ms`` milliseconds unless cancelled first.
+    ``ordinal`` orders timers of one session: it never repeats and never resets."""
+
+    event: str
+    target: str | None
+    type: str | None
+    data: Value
+    send_id: str
+    author_id: bool
+    content_index: int
+    delay_ms: int
+    ordinal: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cancel(_Stamped):
+    """Cancel the pending delayed send ``send_id`` (no effect if it already fired)."""
+
+    send_id: str
+    content_index: int
+    ordinal: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Invoke(_Stamped):
+    """Start an invoked service. ``src`` is never fetched by the core."""
+
+    invoke_id: str
+    type: str
+    src: str | None
+    data: Value
+    content: Value
+    autoforward: bool
+    state_index: int
+    invoke_index: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CancelInvoke(_Stamped):
+    """Stop the invoked service ``invoke_id``: its state was exited."""
+
+    invoke_id: str
+    state_index: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Autoforward(_Stamped):
+    """Forward ``event`` unchanged to the invoked service ``invoke_id``."""
+
+    invoke_id: str
+    state_index: int
+    event: Event
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BudgetExhausted(_Stamped):
+    """The macrostep spent its round budget before settling; the position is left as
+    it was (still running) and the next event gets a fresh budget."""
+
+    configuration: tuple[str, ...]
+    budget: int
+    pending_internal_events: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Done(_Stamped):
+    """The chart reached a top-level final state (or was cancelled).
+    ``configuration`` is the leaf configuration it held when it finished."""
+
+    donedata: Value
+    configuration: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Log(_Stamped):
+    """``<log label expr>``."""
+
+    label: str | None
+    value: Value
+    content_index: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DatamodelChange(_Stamped):
+    """A write to the datamodel, by ``<assign>``, ``<script>``, ``<foreach>``, an
+    ``idlocation``, a finalize or a ``<data>`` binding. Exactly one of
+    ``content_index`` and ``data_index`` is set (neither for a global script)."""
+
+    path: tuple[str | int, ...]
+    location: str
+    new_value: Value
+    prior_value: Value
+    content_index: int | None = None
+    data_index: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DatamodelInit(_Stamped):
+    """The datamodel before any ``<data>`` element is evaluated."""
+
+    datamodel: Mapping[str, Value]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TraceEventDequeued(_Stamped):
+    event: Event
+    queue: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TraceTransitionsSelected(_Stamped):
+    transitions: tuple[int, ...]
+    event: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TraceExitSet(_Stamped):
+    states: tuple[int, ...]
+    configuration: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TraceEntrySet(_Stamped):
+    states: tuple[int, ...]
+    configuration: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TraceContentExecuted(_Stamped):
+    owner: str
+    content: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TraceMacrostepStable(_Stamped):
+    configuration: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TraceDone(_Stamped):
+    donedata: Value
+    configuration: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TraceInvokePass(_Stamped):
+    states: tuple[int, ...]
+    invoke_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TraceFinalizeAutoforward(_Stamped):
+    event: str
+    finalized: tuple[str, ...]
+    forwarded: tuple[str, ...]
+
+
+Effect: TypeAlias = (
+    Send
+    | SendDelayed
+    | Cancel
+    | Invoke
+    | CancelInvoke
+    | Autoforward
+    | BudgetExhausted
+    | Done
+    | Log
+    | DatamodelChange
+    | DatamodelInit
+    | TraceEventDequeued
+    | TraceTransitionsSelected
+    | TraceExitSet
+    | TraceEntrySet
+    | TraceContentExecuted
+    | TraceMacrostepStable
+    | TraceDone
+    | TraceInvokePass
+    | TraceFinalizeAutoforward
+)

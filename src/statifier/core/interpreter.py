@@ -1,0 +1,668 @@
+"""The interpreter: W3C SCXML Appendix D, procedure for procedure, as pure functions.
+
+:func:`initialize` and :func:`handle_event` take a position and return a new one with
+the effects the step produced; they never change their input, read a clock, draw
+randomness or perform I/O. Internally one step works on a :class:`_Interpreter`, a
+private mutable copy of the position whose methods carry the Appendix D names
+(``enter_states``, ``compute_exit_set``, ``remove_conflicting_transitions`` ...), so the
+code can be read side by side with the Recommendation.
+
+Two departures from the pseudocode are deliberate and documented: the core takes one
+external event per call (the caller owns the external queue), and a macrostep is
+bounded by a round budget, answering :class:`~statifier.core.effects.BudgetExhausted`
+instead of running forever.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+from statifier.chart import model as m
+from statifier.core import effects as fx
+from statifier.core.content import ContentRunner
+from statifier.core.events import Event
+from statifier.core.state import MachineState, StartOptions
+from statifier.expr import UNDEFINED, Value
+
+__all__ = ["MachineNotRunning", "cancel", "handle_event", "initialize", "macrostep", "microstep"]
+
+DEFAULT_START = StartOptions()
+
+
+class MachineNotRunning(Exception):  # noqa: N818 - names the condition
+    """The position has finished (reached a top-level final state or was cancelled)."""
+
+
+def initialize(
+    machine: m.Machine, options: StartOptions = DEFAULT_START
+) -> tuple[MachineState, list[fx.Effect]]:
+    """Start ``machine``: build the datamodel, run global scripts, enter the initial
+    configuration and run to the first stable configuration (Appendix D ``interpret``).
+    """
+    work = _Interpreter.fresh(machine, options)
+    work.interpret(options.datamodel)
+    return work.freeze(), work.effects
+
+
+def handle_event(state: MachineState, event: Event) -> tuple[MachineState, list[fx.Effect]]:
+    """Process one external event to completion (the tail of ``mainEventLoop``).
+
+    Raises:
+        MachineNotRunning: ``state`` has finished.
+    """
+    if not state.running:
+        raise MachineNotRunning("the chart has finished; it takes no more events")
+    work = _Interpreter.resume(state)
+    work.external_event(event)
+    return work.freeze(), work.effects
+
+
+def macrostep(state: MachineState) -> tuple[MachineState, list[fx.Effect]]:
+    """Run pending internal events and eventless transitions to a stable configuration."""
+    if not state.running:
+        raise MachineNotRunning("the chart has finished")
+    work = _Interpreter.resume(state)
+    work.begin_macrostep()
+    work.main_event_loop()
+    return work.freeze(), work.effects
+
+
+def microstep(state: MachineState) -> tuple[MachineState, list[fx.Effect], bool]:
+    """One round, for step debuggers: take the enabled eventless transitions, or else
+    dequeue one internal event and take the transitions it enables.
+
+    Returns the new state, the round's effects and whether the state was already
+    stable (nothing to do).
+    """
+    if not state.running:
+        raise MachineNotRunning("the chart has finished")
+    work = _Interpreter.resume(state)
+    stable = not work.round_once()
+    if not work.running:
+        work.exit_interpreter()
+    return work.freeze(), work.effects, stable
+
+
+def cancel(state: MachineState) -> tuple[MachineState, list[fx.Effect]]:
+    """Stop the chart from outside: exit every active state (running their onexit
+    content and cancelling invocations) and finish without donedata."""
+    if not state.running:
+        raise MachineNotRunning("the chart has finished")
+    work = _Interpreter.resume(state)
+    work.begin_macrostep()
+    work.running = False
+    work.exit_interpreter()
+    return work.freeze(), work.effects
+
+
+class _Interpreter(ContentRunner):
+    """One step's working copy of a position, with the Appendix D procedures."""
+
+    # -- construction and freezing ----------------------------------------------------
+
+    @classmethod
+    def fresh(cls, machine: m.Machine, options: StartOptions) -> _Interpreter:
+        work = cls(machine)
+        work.session_id = options.session_id
+        work.trace = options.trace
+        work.round_budget = options.round_budget
+        work.send_types = options.send_types
+        work.invoke_types = options.invoke_types
+        return work
+
+    @classmethod
+    def resume(cls, state: MachineState) -> _Interpreter:
+        work = cls(state.machine)
+        work.configuration = set(state.configuration)
+        work.internal_queue = deque(state.internal_queue)
+        work.history = dict(state.history)
+        work.entered = set(state.entered)
+        work.states_to_invoke = set(state.states_to_invoke)
+        work.invocations = dict(state.invocations)
+        work.datamodel = dict(state.datamodel)
+        work.session_id = state.session_id
+        work.macrostep = state.macrostep
+        work.microstep_count = state.microstep
+        work.round = state.round
+        work.send_counter = state.send_counter
+        work.invoke_counter = state.invoke_counter
+        work.timer_counter = state.timer_counter
+        work.running = state.running
+        work.trace = state.trace
+        work.round_budget = state.round_budget
+        work.send_types = state.send_types
+        work.invoke_types = state.invoke_types
+        return work
+
+    def freeze(self) -> MachineState:
+        return MachineState(
+            machine=self.machine,
+            configuration=frozenset(self.configuration),
+            internal_queue=tuple(self.internal_queue),
+            history=self.history,
+            entered=frozenset(self.entered),
+            states_to_invoke=frozenset(self.states_to_invoke),
+            invocations=self.invocations,
+            datamodel=self.datamodel,
+            session_id=self.session_id,
+            macrostep=self.macrostep,
+            microstep=self.microstep_count,
+            round=self.round,
+            send_counter=self.send_counter,
+            invoke_counter=self.invoke_counter,
+            timer_counter=self.timer_counter,
+            running=self.running,
+            trace=self.trace,
+            round_budget=self.round_budget,
+            send_types=self.send_types,
+            invoke_types=self.invoke_types,
+        )
+
+    # -- counters ----------------------------------------------------------------------
+
+    def begin_macrostep(self) -> None:
+        self.macrostep += 1
+        self.microstep_count = 0
+        self.round = 0
+
+    def begin_microstep(self) -> None:
+        self.microstep_count += 1
+
+    # -- interpret and the event loop -------------------------------------------------
+
+    def interpret(self, overrides: dict[str, Value] | object) -> None:
+        """Appendix D ``interpret``, up to the first stable configuration."""
+        self.begin_macrostep()
+        self.begin_microstep()
+        self.initialize_datamodel(overrides)  # type: ignore[arg-type]
+        self.running = True
+        for script in self.machine.scripts:
+            self.execute_content((script,), "script")
+        root = self.states[0]
+        assert root.initial_transition is not None
+        self.enter_states([root.initial_transition])
+        self.main_event_loop()
+
+    def external_event(self, event: Event) -> None:
+        """The external-event tail of ``mainEventLoop``, then the next macrostep."""
+        self.begin_macrostep()
+        if self.trace:
+            self.emit(fx.TraceEventDequeued, event=event, queue="external")
+        self.datamodel["_event"] = event.as_value()
+        self.finalize_and_autoforward(event)
+        enabled = self.select_transitions(event)
+        if enabled:
+            self.begin_microstep()
+            self.microstep(enabled)
+        self.main_event_loop()
+
+    def main_event_loop(self) -> None:
+        """Appendix D ``mainEventLoop`` for the current macrostep: eventless and internal
+        transitions to quiescence, the invoke pass, and again while it raised events."""
+        budget = self.round_budget
+        spent = 0
+        while True:
+            while self.running:
+                if budget is not None and spent >= budget:
+                    self.emit(
+                        fx.BudgetExhausted,
+                        configuration=self.leaf_ids(),
+                        budget=budget,
+                        pending_internal_events=len(self.internal_queue),
+                    )
+                    return
+                spent += 1
+                if not self.round_once():
+                    break
+            if not self.running:
+                self.exit_interpreter()
+                return
+            self.invoke_pass()
+            if self.internal_queue:
+                continue
+            if self.trace:
+                self.emit(fx.TraceMacrostepStable, configuration=tuple(sorted(self.configuration)))
+            return
+
+    def round_once(self) -> bool:
+        """One round of the inner loop; False when nothing was left to do."""
+        self.round += 1
+        enabled = self.select_eventless_transitions()
+        if not enabled:
+            if not self.internal_queue:
+                return False
+            event = self.internal_queue.popleft()
+            if self.trace:
+                self.emit(fx.TraceEventDequeued, event=event, queue="internal")
+            self.datamodel["_event"] = event.as_value()
+            enabled = self.select_transitions(event)
+        if enabled:
+            self.begin_microstep()
+            self.microstep(enabled)
+        return True
+
+    def exit_interpreter(self) -> None:
+        """Appendix D ``exitInterpreter``: exit everything; report done."""
+        final_configuration = self.leaf_ids()
+        donedata: Value = UNDEFINED
+        for s in sorted(self.configuration, reverse=True):
+            node = self.states[s]
+            for ordinal, block in enumerate(node.onexit):
+                self.execute_content(block, f"onexit:{s}:{ordinal}")
+            self.cancel_invokes(s)
+            self.configuration.discard(s)
+            if node.kind == "final" and node.parent == 0:
+                donedata = self.done_data(node)
+        self.running = False
+        self.states_to_invoke.clear()
+        if self.trace:
+            self.emit(fx.TraceDone, donedata=donedata, configuration=())
+        self.emit(fx.Done, donedata=donedata, configuration=final_configuration)
+
+    # -- selection -------------------------------------------------------------------
+
+    def atomic_states(self) -> list[int]:
+        states = self.states
+        return sorted(s for s in self.configuration if states[s].is_atomic)
+
+    def select_eventless_transitions(self) -> list[int]:
+        enabled: dict[int, None] = {}
+        transitions = self.transitions
+        for state in self.atomic_states():
+            node = self.states[state]
+            for s in (state, *node.ancestors):
+                found = None
+                for t in self.states[s].transitions:
+                    transition = transitions[t]
+                    if not transition.events and self.condition_match(transition):
+                        found = t
+                        break
+                if found is not None:
+                    enabled[found] = None
+                    break
+        result = self.remove_conflicting_transitions(list(enabled)) if enabled else []
+        if self.trace:
+            self.emit(fx.TraceTransitionsSelected, transitions=tuple(result), event=None)
+        return result
+
+    def select_transitions(self, event: Event) -> list[int]:
+        enabled: dict[int, None] = {}
+        transitions = self.transitions
+        tokens = event.name.split(".")
+        for state in self.atomic_states():
+            node = self.states[state]
+            for s in (state, *node.ancestors):
+                found = None
+                for t in self.states[s].transitions:
+                    transition = transitions[t]
+                    if (
+                        transition.events
+                        and name_match(transition.events, tokens)
+                        and self.condition_match(transition)
+                    ):
+                        found = t
+                        break
+                if found is not None:
+                    enabled[found] = None
+                    break
+        result = self.remove_conflicting_transitions(list(enabled)) if enabled else []
+        if self.trace:
+            self.emit(fx.TraceTransitionsSelected, transitions=tuple(result), event=event.name)
+        return result
+
+    def condition_match(self, transition: m.Transition) -> bool:
+        """Only ``true`` enables; any other value or an error disables the transition
+        and raises ``error.execution``."""
+        if transition.cond is None:
+            return True
+        return self.test(transition.cond, f"transition:{transition.index}")
+
+    def remove_conflicting_transitions(self, enabled: list[int]) -> list[int]:
+        if len(enabled) == 1:
+            return enabled
+        filtered: list[int] = []
+        exit_sets: dict[int, set[int]] = {}
+        for t1 in enabled:
+            t1_preempted = False
+            to_remove: list[int] = []
+            exit1 = exit_sets.setdefault(t1, self.compute_exit_set([t1]))
+            for t2 in filtered:
+                exit2 = exit_sets.setdefault(t2, self.compute_exit_set([t2]))
+                if exit1 & exit2:
+                    if self.is_descendant(self.transitions[t1].source, self.transitions[t2].source):
+                        to_remove.append(t2)
+                    else:
+                        t1_preempted = True
+                        break
+            if not t1_preempted:
+                for t3 in to_remove:
+                    filtered.remove(t3)
+                filtered.append(t1)
+        return filtered
+
+    # -- microstep -------------------------------------------------------------------
+
+    def microstep(self, enabled: list[int]) -> None:
+        self.exit_states(enabled)
+        self.execute_transition_content(enabled)
+        self.enter_states(enabled)
+
+    def exit_states(self, enabled: list[int]) -> None:
+        states_to_exit = self.compute_exit_set(enabled)
+        self.states_to_invoke -= states_to_exit
+        ordered = sorted(states_to_exit, reverse=True)
+        states = self.states
+        for s in ordered:
+            for h in states[s].histories:
+                if states[h].history_deep:
+                    last = states[s].last
+                    value = tuple(
+                        sorted(
+                            s0
+                            for s0 in self.configuration
+                            if states[s0].is_atomic and s < s0 <= last
+                        )
+                    )
+                else:
+                    value = tuple(sorted(s0 for s0 in self.configuration if states[s0].parent == s))
+                self.history = {**self.history, h: value}
+        for s in ordered:
+            for ordinal, block in enumerate(states[s].onexit):
+                self.execute_content(block, f"onexit:{s}:{ordinal}")
+            self.cancel_invokes(s)
+            self.configuration.discard(s)
+        if self.trace:
+            self.emit(
+                fx.TraceExitSet,
+                states=tuple(ordered),
+                configuration=tuple(sorted(self.configuration)),
+            )
+
+    def compute_exit_set(self, transitions: Iterable[int]) -> set[int]:
+        states_to_exit: set[int] = set()
+        for t in transitions:
+            transition = self.transitions[t]
+            if transition.targets:
+                domain = self.get_transition_domain(transition)
+                if domain is None:
+                    states_to_exit.update(self.configuration)
+                    continue
+                last = self.states[domain].last
+                states_to_exit.update(s for s in self.configuration if domain < s <= last)
+        return states_to_exit
+
+    def execute_transition_content(self, enabled: list[int]) -> None:
+        for t in enabled:
+            content = self.transitions[t].content
+            if content:
+                self.execute_content(content, f"transition:{t}")
+
+    def enter_states(self, enabled: list[int]) -> None:
+        states_to_enter: set[int] = set()
+        states_for_default_entry: set[int] = set()
+        default_history_content: dict[int, m.Block] = {}
+        self.compute_entry_set(
+            enabled, states_to_enter, states_for_default_entry, default_history_content
+        )
+        states = self.states
+        ordered = sorted(states_to_enter)
+        for s in ordered:
+            node = states[s]
+            self.configuration.add(s)
+            self.states_to_invoke.add(s)
+            if s not in self.entered:
+                self.entered.add(s)
+                if self.machine.late_binding and s != 0:
+                    self.bind_data(node.data)
+            for ordinal, block in enumerate(node.onentry):
+                self.execute_content(block, f"onentry:{s}:{ordinal}")
+            if s in states_for_default_entry and node.initial_transition is not None:
+                content = self.transitions[node.initial_transition].content
+                if content:
+                    self.execute_content(content, f"transition:{node.initial_transition}")
+            if s in default_history_content:
+                self.execute_content(default_history_content[s], f"history:{s}")
+            if node.kind == "final":
+                if node.parent == 0:
+                    self.running = False
+                else:
+                    parent = states[node.parent]
+                    self.enqueue_platform(f"done.state.{parent.id or ''}", self.done_data(node))
+                    if parent.parent >= 0:
+                        grandparent = states[parent.parent]
+                        if grandparent.kind == "parallel" and all(
+                            self.is_in_final_state(child) for child in grandparent.children
+                        ):
+                            self.enqueue_platform(f"done.state.{grandparent.id or ''}", UNDEFINED)
+        if self.trace:
+            self.emit(
+                fx.TraceEntrySet,
+                states=tuple(ordered),
+                configuration=tuple(sorted(self.configuration)),
+            )
+
+    def compute_entry_set(
+        self,
+        transitions: list[int],
+        states_to_enter: set[int],
+        states_for_default_entry: set[int],
+        default_history_content: dict[int, m.Block],
+    ) -> None:
+        for t in transitions:
+            transition = self.transitions[t]
+            for s in transition.targets:
+                self.add_descendant_states_to_enter(
+                    s, states_to_enter, states_for_default_entry, default_history_content
+                )
+            ancestor = self.get_transition_domain(transition)
+            for s in self.get_effective_target_states(transition):
+                self.add_ancestor_states_to_enter(
+                    s, ancestor, states_to_enter, states_for_default_entry, default_history_content
+                )
+
+    def add_descendant_states_to_enter(
+        self,
+        state: int,
+        states_to_enter: set[int],
+        states_for_default_entry: set[int],
+        default_history_content: dict[int, m.Block],
+    ) -> None:
+        node = self.states[state]
+        if node.kind == "history":
+            stored = self.history.get(state)
+            if stored:
+                for s in stored:
+                    self.add_descendant_states_to_enter(
+                        s, states_to_enter, states_for_default_entry, default_history_content
+                    )
+                for s in stored:
+                    self.add_ancestor_states_to_enter(
+                        s,
+                        node.parent,
+                        states_to_enter,
+                        states_for_default_entry,
+                        default_history_content,
+                    )
+            else:
+                default = self.transitions[node.transitions[0]]
+                default_history_content[node.parent] = default.content
+                for s in default.targets:
+                    self.add_descendant_states_to_enter(
+                        s, states_to_enter, states_for_default_entry, default_history_content
+                    )
+                for s in default.targets:
+                    self.add_ancestor_states_to_enter(
+                        s,
+                        node.parent,
+                        states_to_enter,
+                        states_for_default_entry,
+                        default_history_content,
+                    )
+            return
+        states_to_enter.add(state)
+        if node.is_compound:
+            states_for_default_entry.add(state)
+            assert node.initial_transition is not None
+            initial = self.transitions[node.initial_transition]
+            for s in initial.targets:
+                self.add_descendant_states_to_enter(
+                    s, states_to_enter, states_for_default_entry, default_history_content
+                )
+            for s in initial.targets:
+                self.add_ancestor_states_to_enter(
+                    s, state, states_to_enter, states_for_default_entry, default_history_content
+                )
+        elif node.kind == "parallel":
+            for child in node.children:
+                if not any(self.is_descendant(s, child) for s in states_to_enter):
+                    self.add_descendant_states_to_enter(
+                        child, states_to_enter, states_for_default_entry, default_history_content
+                    )
+
+    def add_ancestor_states_to_enter(
+        self,
+        state: int,
+        ancestor: int | None,
+        states_to_enter: set[int],
+        states_for_default_entry: set[int],
+        default_history_content: dict[int, m.Block],
+    ) -> None:
+        for anc in self.get_proper_ancestors(state, ancestor):
+            states_to_enter.add(anc)
+            node = self.states[anc]
+            if node.kind == "parallel":
+                for child in node.children:
+                    if not any(self.is_descendant(s, child) for s in states_to_enter):
+                        self.add_descendant_states_to_enter(
+                            child,
+                            states_to_enter,
+                            states_for_default_entry,
+                            default_history_content,
+                        )
+
+    def is_in_final_state(self, s: int) -> bool:
+        node = self.states[s]
+        if node.is_compound:
+            return any(
+                self.states[child].kind == "final" and child in self.configuration
+                for child in node.children
+            )
+        if node.kind == "parallel":
+            return all(self.is_in_final_state(child) for child in node.children)
+        return False
+
+    def get_transition_domain(self, transition: m.Transition) -> int | None:
+        tstates = self.get_effective_target_states(transition)
+        if not tstates:
+            return None
+        source = transition.source
+        if (
+            transition.internal
+            and self.states[source].is_compound
+            and all(self.is_descendant(s, source) for s in tstates)
+        ):
+            return source
+        return self.find_lcca([source, *tstates])
+
+    def find_lcca(self, state_list: list[int]) -> int | None:
+        head, tail = state_list[0], state_list[1:]
+        for anc in self.get_proper_ancestors(head, None):
+            if self.states[anc].is_compound and all(self.is_descendant(s, anc) for s in tail):
+                return anc
+        return None
+
+    def get_effective_target_states(self, transition: m.Transition) -> list[int]:
+        targets: dict[int, None] = {}
+        for s in transition.targets:
+            node = self.states[s]
+            if node.kind == "history":
+                stored = self.history.get(s)
+                if stored:
+                    targets.update(dict.fromkeys(stored))
+                else:
+                    default = self.transitions[node.transitions[0]]
+                    targets.update(dict.fromkeys(self.get_effective_target_states(default)))
+            else:
+                targets[s] = None
+        return list(targets)
+
+    def get_proper_ancestors(self, state: int, stop: int | None) -> list[int]:
+        ancestors = []
+        for anc in self.states[state].ancestors:
+            if anc == stop:
+                break
+            ancestors.append(anc)
+        else:
+            if stop is not None:
+                return []  # stop was not an ancestor: state1 is stop or an ancestor of it
+        return ancestors
+
+    def is_descendant(self, state1: int, state2: int) -> bool:
+        return state2 < state1 <= self.states[state2].last
+
+    # -- invocations -------------------------------------------------------------------
+
+    def cancel_invokes(self, state: int) -> None:
+        node = self.states[state]
+        for position in range(len(node.invokes)):
+            invoke_id = self.invocations.get((state, position))
+            if invoke_id is not None:
+                self.invocations = {
+                    key: value
+                    for key, value in self.invocations.items()
+                    if key != (state, position)
+                }
+                self.emit(fx.CancelInvoke, invoke_id=invoke_id, state_index=state)
+
+    def invoke_pass(self) -> None:
+        started_states: list[int] = []
+        started_ids: list[str] = []
+        for s in sorted(self.states_to_invoke):
+            for invoke in self.states[s].invokes:
+                invoke_id = self.start_invoke(s, invoke)
+                if invoke_id is not None:
+                    started_states.append(s)
+                    started_ids.append(invoke_id)
+        self.states_to_invoke.clear()
+        if self.trace:
+            self.emit(
+                fx.TraceInvokePass, states=tuple(started_states), invoke_ids=tuple(started_ids)
+            )
+
+    def finalize_and_autoforward(self, event: Event) -> None:
+        finalized: list[str] = []
+        forwarded: list[str] = []
+        for s in sorted(self.configuration):
+            for invoke in self.states[s].invokes:
+                invoke_id = self.invocations.get((s, invoke.index))
+                if invoke_id is None:
+                    continue
+                if event.invokeid == invoke_id:
+                    self.apply_finalize(s, invoke, event)
+                    finalized.append(invoke_id)
+                if invoke.autoforward:
+                    self.emit(fx.Autoforward, invoke_id=invoke_id, state_index=s, event=event)
+                    forwarded.append(invoke_id)
+        if self.trace:
+            self.emit(
+                fx.TraceFinalizeAutoforward,
+                event=event.name,
+                finalized=tuple(finalized),
+                forwarded=tuple(forwarded),
+            )
+
+    def leaf_ids(self) -> tuple[str, ...]:
+        states = self.states
+        return tuple(sorted(states[s].id or "" for s in self.configuration if states[s].is_atomic))
+
+
+def name_match(descriptors: tuple[tuple[str, ...], ...], tokens: list[str]) -> bool:
+    """Whether an event name (split on dots) matches any descriptor: a descriptor
+    matches when its tokens are a prefix of the name's (no tokens: every event)."""
+    for descriptor in descriptors:
+        if len(descriptor) <= len(tokens) and all(
+            a == b for a, b in zip(descriptor, tokens, strict=False)
+        ):
+            return True
+    return False

@@ -1,0 +1,101 @@
+"""MachineState: a complete, resumable position of one chart."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Final, Literal
+
+from statifier.chart.model import Machine
+from statifier.core.events import Event
+from statifier.expr import Value
+
+__all__ = ["DEFAULT_ROUND_BUDGET", "MachineState", "StartOptions"]
+
+DEFAULT_ROUND_BUDGET: Final = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class StartOptions:
+    """How :func:`~statifier.core.initialize` starts a chart.
+
+    Attributes:
+        session_id: the value of ``_sessionid``; hosts pass a unique one (the core never
+            invents identifiers from clocks or randomness).
+        datamodel: initial values that override ``<data>`` declarations of the same
+            top-level name (their expressions are then not evaluated).
+        trace: whether to produce trace effects.
+        round_budget: rounds one macrostep may take before it stops with a
+            ``BudgetExhausted`` effect; ``None`` lifts the bound.
+        send_types: ``<send type>`` values the host handles besides the SCXML processor.
+        invoke_types: ``<invoke type>`` values the host handles; ``None`` accepts any.
+    """
+
+    session_id: str = "session"
+    datamodel: Mapping[str, Value] = field(default_factory=dict)
+    trace: bool = False
+    round_budget: int | None = DEFAULT_ROUND_BUDGET
+    send_types: frozenset[str] = frozenset()
+    invoke_types: frozenset[str] | None = None
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class MachineState:
+    """Where a chart is: everything needed to continue it, and nothing else.
+
+    Values are immutable by contract: the interpreter never changes a state it was
+    given, and callers must not change the mappings either. States are indexes into
+    ``machine.states``; use :meth:`leaf_configuration` for author ids.
+
+    Attributes:
+        configuration: every active state, ancestors and the root included.
+        internal_queue: internal events not yet processed (empty between macrosteps).
+        history: stored configuration per history state index.
+        entered: states entered at least once (for late data binding).
+        states_to_invoke: states whose invocations start at the end of the macrostep.
+        invocations: live invocation ids by ``(state index, invoke index)``.
+        datamodel: the data, system variables (``_event``, ``_sessionid``, ``_name``,
+            ``_ioprocessors``) included.
+        macrostep, microstep, round: the step counters stamped on effects.
+        send_counter, invoke_counter, timer_counter: sources of generated ids.
+        running: false once the chart reached a top-level final state or was cancelled.
+    """
+
+    machine: Machine
+    configuration: frozenset[int]
+    internal_queue: tuple[Event, ...]
+    history: Mapping[int, tuple[int, ...]]
+    entered: frozenset[int]
+    states_to_invoke: frozenset[int]
+    invocations: Mapping[tuple[int, int], str]
+    datamodel: Mapping[str, Value]
+    session_id: str
+    macrostep: int
+    microstep: int
+    round: int
+    send_counter: int
+    invoke_counter: int
+    timer_counter: int
+    running: bool
+    trace: bool
+    round_budget: int | None
+    send_types: frozenset[str] = frozenset()
+    invoke_types: frozenset[str] | None = None
+
+    @property
+    def status(self) -> Literal["running", "done"]:
+        return "running" if self.running else "done"
+
+    def leaf_configuration(self) -> tuple[str, ...]:
+        """Ids of the active atomic and final states, sorted."""
+        states = self.machine.states
+        return tuple(
+            sorted(
+                states[index].id or "" for index in self.configuration if states[index].is_atomic
+            )
+        )
+
+    def is_in(self, state_id: str) -> bool:
+        """Whether the state with this author id is active (``In()`` in expressions)."""
+        index = self.machine.ids.get(state_id)
+        return index is not None and index in self.configuration
