@@ -13,8 +13,8 @@ Expressions are compiled once, here. One that fails to parse is kept as its
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Literal, TypeAlias
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeAlias
 
 from statifier.expr import Expression, ParseError, Program, Value
 from statifier.expr.location import Location as ExprLocation
@@ -289,6 +289,9 @@ class Machine:
     identity: ChartIdentity
     source: bytes
     warnings: tuple[str, ...] = ()
+    memo: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
+    """Derived facts the interpreter computes once and reuses (e.g. which transitions an
+    event can select from a state); pure functions of the chart, so sharing is safe."""
 
     def state_id(self, index: int) -> str | None:
         """The author's id of a state (``None`` for the root and unnamed states)."""

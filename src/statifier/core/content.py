@@ -78,27 +78,33 @@ class ContentRunner:
         self.machine = machine
         self.states = machine.states
         self.transitions = machine.transitions
+        self.effects: list[fx.Effect] = []
+        self._options: Options | None = None
+        # The position's fields; resume() or a fresh start fills them in.
         self.configuration: set[int] = set()
         self.internal_queue: deque[Event] = deque()
-        self.history: dict[int, tuple[int, ...]] = {}
+        # Shared with the states before and after: replaced on change, never mutated.
+        self.history: Mapping[int, tuple[int, ...]] = {}
         self.entered: set[int] = set()
         self.states_to_invoke: set[int] = set()
-        self.invocations: dict[tuple[int, int], str] = {}
+        self.invocations: Mapping[tuple[int, int], str] = {}
         self.datamodel: dict[str, Value] = {}
         self.session_id = "session"
-        self.macrostep = 0
-        self.microstep_count = 0
-        self.round = 0
-        self.send_counter = 0
-        self.invoke_counter = 0
-        self.timer_counter = 0
+        self.macrostep = self.microstep_count = self.round = 0
+        self.send_counter = self.invoke_counter = self.timer_counter = 0
         self.running = True
         self.trace = False
         self.round_budget: int | None = None
         self.send_types: frozenset[str] = frozenset()
         self.invoke_types: frozenset[str] | None = None
-        self.effects: list[fx.Effect] = []
-        self.options = CHART_OPTIONS.with_host(self)
+
+    @property
+    def options(self) -> Options:
+        """Expression options whose ``In()`` sees this step's configuration; built on
+        first use, since many steps evaluate no expression."""
+        if self._options is None:
+            self._options = CHART_OPTIONS.with_host(self)
+        return self._options
 
     # -- queries used by In() -----------------------------------------------------------
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
+from typing import Any
 
 from statifier.chart import model as m
 from statifier.core import effects as fx
@@ -96,10 +97,21 @@ def cancel(state: MachineState) -> tuple[MachineState, list[fx.Effect]]:
     return work.freeze(), work.effects
 
 
+_NOTHING: frozenset[int] = frozenset()
+_MEMO_LIMIT = 50_000  # bounds the per-chart memo when event names are unbounded
+
+
 class _Interpreter(ContentRunner):
     """One step's working copy of a position, with the Appendix D procedures."""
 
+    history_reads = 0  # how often history was consulted: memoise only what did not
+    original: MachineState | None = None  # the state a step resumed from
+
     # -- construction and freezing ----------------------------------------------------
+
+    @property
+    def memo(self) -> dict[Any, Any]:
+        return self.machine.memo
 
     @classmethod
     def fresh(cls, machine: m.Machine, options: StartOptions) -> _Interpreter:
@@ -114,49 +126,63 @@ class _Interpreter(ContentRunner):
     @classmethod
     def resume(cls, state: MachineState) -> _Interpreter:
         work = cls(state.machine)
-        work.configuration = set(state.configuration)
-        work.internal_queue = deque(state.internal_queue)
-        work.history = dict(state.history)
-        work.entered = set(state.entered)
-        work.states_to_invoke = set(state.states_to_invoke)
-        work.invocations = dict(state.invocations)
-        work.datamodel = dict(state.datamodel)
-        work.session_id = state.session_id
-        work.macrostep = state.macrostep
-        work.microstep_count = state.microstep
-        work.round = state.round
-        work.send_counter = state.send_counter
-        work.invoke_counter = state.invoke_counter
-        work.timer_counter = state.timer_counter
-        work.running = state.running
-        work.trace = state.trace
-        work.round_budget = state.round_budget
-        work.send_types = state.send_types
-        work.invoke_types = state.invoke_types
+        (
+            _,
+            configuration,
+            queue,
+            work.history,
+            entered,
+            states_to_invoke,
+            work.invocations,
+            datamodel,
+            work.session_id,
+            work.macrostep,
+            work.microstep_count,
+            work.round,
+            work.send_counter,
+            work.invoke_counter,
+            work.timer_counter,
+            work.running,
+            work.trace,
+            work.round_budget,
+            work.send_types,
+            work.invoke_types,
+        ) = state
+        work.configuration = set(configuration)
+        work.internal_queue = deque(queue)
+        work.entered = set(entered)
+        work.states_to_invoke = set(states_to_invoke)
+        work.datamodel = dict(datamodel)
+        work.original = state
         return work
 
     def freeze(self) -> MachineState:
+        original = self.original
+        entered = self.entered
+        states_to_invoke = self.states_to_invoke
         return MachineState(
-            machine=self.machine,
-            configuration=frozenset(self.configuration),
-            internal_queue=tuple(self.internal_queue),
-            history=self.history,
-            entered=frozenset(self.entered),
-            states_to_invoke=frozenset(self.states_to_invoke),
-            invocations=self.invocations,
-            datamodel=self.datamodel,
-            session_id=self.session_id,
-            macrostep=self.macrostep,
-            microstep=self.microstep_count,
-            round=self.round,
-            send_counter=self.send_counter,
-            invoke_counter=self.invoke_counter,
-            timer_counter=self.timer_counter,
-            running=self.running,
-            trace=self.trace,
-            round_budget=self.round_budget,
-            send_types=self.send_types,
-            invoke_types=self.invoke_types,
+            self.machine,
+            frozenset(self.configuration),
+            tuple(self.internal_queue) if self.internal_queue else (),
+            self.history,
+            original.entered
+            if original and len(entered) == len(original.entered)
+            else frozenset(entered),
+            frozenset(states_to_invoke) if states_to_invoke else _NOTHING,
+            self.invocations,
+            self.datamodel,
+            self.session_id,
+            self.macrostep,
+            self.microstep_count,
+            self.round,
+            self.send_counter,
+            self.invoke_counter,
+            self.timer_counter,
+            self.running,
+            self.trace,
+            self.round_budget,
+            self.send_types,
+            self.invoke_types,
         )
 
     # -- counters ----------------------------------------------------------------------
@@ -266,49 +292,53 @@ class _Interpreter(ContentRunner):
         states = self.states
         return sorted(s for s in self.configuration if states[s].is_atomic)
 
+    def candidates(self, state: int, event: str | None) -> tuple[int, ...]:
+        """The transitions of ``state`` and its ancestors, nearest first and in document
+        order, that ``event`` (``None``: no event) would select if their condition
+        held. A pure function of the chart, so it is computed once per state and name."""
+        key = (state, event)
+        found: tuple[int, ...] | None = self.memo.get(key)
+        if found is not None:
+            return found
+        tokens = event.split(".") if event is not None else None
+        matching = []
+        for s in (state, *self.states[state].ancestors):
+            for t in self.states[s].transitions:
+                events = self.transitions[t].events
+                if (not events) if tokens is None else (events and name_match(events, tokens)):
+                    matching.append(t)
+        found = tuple(matching)
+        if len(self.memo) < _MEMO_LIMIT:
+            self.memo[key] = found
+        return found
+
     def select_eventless_transitions(self) -> list[int]:
-        enabled: dict[int, None] = {}
-        transitions = self.transitions
-        for state in self.atomic_states():
-            node = self.states[state]
-            for s in (state, *node.ancestors):
-                found = None
-                for t in self.states[s].transitions:
-                    transition = transitions[t]
-                    if not transition.events and self.condition_match(transition):
-                        found = t
-                        break
-                if found is not None:
-                    enabled[found] = None
-                    break
-        result = self.remove_conflicting_transitions(list(enabled)) if enabled else []
-        if self.trace:
-            self.emit(fx.TraceTransitionsSelected, transitions=tuple(result), event=None)
-        return result
+        return self._select(None)
 
     def select_transitions(self, event: Event) -> list[int]:
+        return self._select(event.name)
+
+    def _select(self, event: str | None) -> list[int]:
+        """Appendix D ``selectTransitions`` (``selectEventlessTransitions`` for None):
+        for each active atomic state in document order, the first transition of it or
+        its ancestors that matches and whose condition holds."""
         enabled: dict[int, None] = {}
         transitions = self.transitions
-        tokens = event.name.split(".")
         for state in self.atomic_states():
-            node = self.states[state]
-            for s in (state, *node.ancestors):
-                found = None
-                for t in self.states[s].transitions:
-                    transition = transitions[t]
-                    if (
-                        transition.events
-                        and name_match(transition.events, tokens)
-                        and self.condition_match(transition)
-                    ):
-                        found = t
-                        break
-                if found is not None:
-                    enabled[found] = None
+            for t in self.candidates(state, event):
+                transition = transitions[t]
+                # A transition already selected through another state of a parallel
+                # region is not tested again: its condition held and has no effects.
+                if t in enabled or transition.cond is None or self.condition_match(transition):
+                    enabled[t] = None
                     break
-        result = self.remove_conflicting_transitions(list(enabled)) if enabled else []
+        result = (
+            self.remove_conflicting_transitions(list(enabled))
+            if len(enabled) > 1
+            else list(enabled)
+        )
         if self.trace:
-            self.emit(fx.TraceTransitionsSelected, transitions=tuple(result), event=event.name)
+            self.emit(fx.TraceTransitionsSelected, transitions=tuple(result), event=event)
         return result
 
     def condition_match(self, transition: m.Transition) -> bool:
@@ -350,33 +380,36 @@ class _Interpreter(ContentRunner):
 
     def exit_states(self, enabled: list[int]) -> None:
         states_to_exit = self.compute_exit_set(enabled)
-        self.states_to_invoke -= states_to_exit
+        if self.states_to_invoke:
+            self.states_to_invoke -= states_to_exit
         ordered = sorted(states_to_exit, reverse=True)
         states = self.states
+        configuration = self.configuration
         for s in ordered:
             for h in states[s].histories:
                 if states[h].history_deep:
                     last = states[s].last
                     value = tuple(
                         sorted(
-                            s0
-                            for s0 in self.configuration
-                            if states[s0].is_atomic and s < s0 <= last
+                            s0 for s0 in configuration if states[s0].is_atomic and s < s0 <= last
                         )
                     )
                 else:
-                    value = tuple(sorted(s0 for s0 in self.configuration if states[s0].parent == s))
+                    value = tuple(sorted(s0 for s0 in configuration if states[s0].parent == s))
                 self.history = {**self.history, h: value}
         for s in ordered:
-            for ordinal, block in enumerate(states[s].onexit):
-                self.execute_content(block, f"onexit:{s}:{ordinal}")
-            self.cancel_invokes(s)
-            self.configuration.discard(s)
+            node = states[s]
+            if node.onexit:
+                for ordinal, block in enumerate(node.onexit):
+                    self.execute_content(block, f"onexit:{s}:{ordinal}")
+            if node.invokes:
+                self.cancel_invokes(s)
+            configuration.discard(s)
         if self.trace:
             self.emit(
                 fx.TraceExitSet,
                 states=tuple(ordered),
-                configuration=tuple(sorted(self.configuration)),
+                configuration=tuple(sorted(configuration)),
             )
 
     def compute_exit_set(self, transitions: Iterable[int]) -> set[int]:
@@ -399,14 +432,21 @@ class _Interpreter(ContentRunner):
                 self.execute_content(content, f"transition:{t}")
 
     def enter_states(self, enabled: list[int]) -> None:
-        states_to_enter: set[int] = set()
-        states_for_default_entry: set[int] = set()
-        default_history_content: dict[int, m.Block] = {}
-        self.compute_entry_set(
-            enabled, states_to_enter, states_for_default_entry, default_history_content
-        )
+        key = ("enter", *enabled)
+        cached: tuple[list[int], set[int], dict[int, m.Block]] | None = self.memo.get(key)
+        if cached is None:
+            states_to_enter: set[int] = set()
+            states_for_default_entry: set[int] = set()
+            default_history_content: dict[int, m.Block] = {}
+            reads = self.history_reads
+            self.compute_entry_set(
+                enabled, states_to_enter, states_for_default_entry, default_history_content
+            )
+            cached = (sorted(states_to_enter), states_for_default_entry, default_history_content)
+            if self.history_reads == reads and len(self.memo) < _MEMO_LIMIT:
+                self.memo[key] = cached  # no history consulted: the same every time
+        ordered, states_for_default_entry, default_history_content = cached
         states = self.states
-        ordered = sorted(states_to_enter)
         for s in ordered:
             node = states[s]
             self.configuration.add(s)
@@ -470,6 +510,7 @@ class _Interpreter(ContentRunner):
     ) -> None:
         node = self.states[state]
         if node.kind == "history":
+            self.history_reads += 1
             stored = self.history.get(state)
             if stored:
                 for s in stored:
@@ -553,6 +594,17 @@ class _Interpreter(ContentRunner):
         return False
 
     def get_transition_domain(self, transition: m.Transition) -> int | None:
+        key = ("domain", transition.index)
+        if key in self.memo:
+            domain: int | None = self.memo[key]
+            return domain
+        reads = self.history_reads
+        domain = self._transition_domain(transition)
+        if self.history_reads == reads:
+            self.memo[key] = domain
+        return domain
+
+    def _transition_domain(self, transition: m.Transition) -> int | None:
         tstates = self.get_effective_target_states(transition)
         if not tstates:
             return None
@@ -577,6 +629,7 @@ class _Interpreter(ContentRunner):
         for s in transition.targets:
             node = self.states[s]
             if node.kind == "history":
+                self.history_reads += 1
                 stored = self.history.get(s)
                 if stored:
                     targets.update(dict.fromkeys(stored))
@@ -605,6 +658,8 @@ class _Interpreter(ContentRunner):
 
     def cancel_invokes(self, state: int) -> None:
         node = self.states[state]
+        if not node.invokes or not self.invocations:
+            return
         for position in range(len(node.invokes)):
             invoke_id = self.invocations.get((state, position))
             if invoke_id is not None:
@@ -618,8 +673,9 @@ class _Interpreter(ContentRunner):
     def invoke_pass(self) -> None:
         started_states: list[int] = []
         started_ids: list[str] = []
-        for s in sorted(self.states_to_invoke):
-            for invoke in self.states[s].invokes:
+        states = self.states
+        for s in sorted(s for s in self.states_to_invoke if states[s].invokes):
+            for invoke in states[s].invokes:
                 invoke_id = self.start_invoke(s, invoke)
                 if invoke_id is not None:
                     started_states.append(s)
@@ -633,7 +689,7 @@ class _Interpreter(ContentRunner):
     def finalize_and_autoforward(self, event: Event) -> None:
         finalized: list[str] = []
         forwarded: list[str] = []
-        for s in sorted(self.configuration):
+        for s in sorted(self.configuration) if self.invocations else ():
             for invoke in self.states[s].invokes:
                 invoke_id = self.invocations.get((s, invoke.index))
                 if invoke_id is None:

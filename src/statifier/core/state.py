@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Final, Literal
+from typing import Final, Literal, NamedTuple
 
 from statifier.chart.model import Machine
 from statifier.core.events import Event
@@ -39,13 +39,14 @@ class StartOptions:
     invoke_types: frozenset[str] | None = None
 
 
-@dataclass(frozen=True, slots=True, eq=False)
-class MachineState:
+class MachineState(NamedTuple):
     """Where a chart is: everything needed to continue it, and nothing else.
 
-    Values are immutable by contract: the interpreter never changes a state it was
-    given, and callers must not change the mappings either. States are indexes into
-    ``machine.states``; use :meth:`leaf_configuration` for author ids.
+    A named tuple: immutable and cheap to build, since every step builds one. The
+    interpreter never changes a state it was given; the mappings inside are shared
+    between successive states and must not be changed by callers either. Two states
+    compare equal when every field does. States are indexes into ``machine.states``;
+    use :meth:`leaf_configuration` for author ids.
 
     Attributes:
         configuration: every active state, ancestors and the root included.

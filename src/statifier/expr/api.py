@@ -11,7 +11,6 @@ True
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -99,9 +98,11 @@ class Options:
     def with_host(self, host: object) -> Options:
         """A copy carrying another ``host``; cheap, since functions are not merged again."""
         shared = self._run
-        clone = copy.copy(self)
-        object.__setattr__(clone, "host", host)
-        run = Run(
+        clone = object.__new__(Options)
+        # A frozen dataclass refuses attribute writes; the copy is filled in directly.
+        clone.__dict__.update(self.__dict__)
+        clone.__dict__["host"] = host
+        clone.__dict__["_run"] = Run(
             shared.functions,
             shared.now,
             host,
@@ -109,7 +110,6 @@ class Options:
             shared.protected,
             self.loop_budget,
         )
-        object.__setattr__(clone, "_run", run)
         return clone
 
     def fresh_run(self) -> Run:

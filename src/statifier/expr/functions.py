@@ -35,7 +35,6 @@ class FunctionError(Exception):
     """
 
 
-@dataclass(frozen=True, slots=True)
 class CallContext:
     """What a function declared with ``pass_context=True`` may see.
 
@@ -45,9 +44,15 @@ class CallContext:
         now: the evaluation's clock.
     """
 
-    data: Mapping[str, Value]
-    host: object
-    now: Callable[[], datetime]
+    # A plain slotted class: one is built per call, so construction must be cheap.
+    __slots__ = ("data", "host", "now")
+
+    def __init__(
+        self, data: Mapping[str, Value], host: object, now: Callable[[], datetime]
+    ) -> None:
+        self.data = data
+        self.host = host
+        self.now = now
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,429 @@
+"""Positions: a MachineState as bytes, and back, bound to the chart it belongs to.
+
+:func:`dump` writes a versioned envelope holding the chart's identity and the state
+(never the compiled chart) as compact JSON with sorted keys, so equal states give equal
+bytes. :func:`load` checks, in this order, that the bytes are a position, that their
+format version is one it reads, and that they belong to the machine given, refusing
+with a typed :class:`PositionError` otherwise.
+
+:func:`export` and :func:`import_state` move a position onto a changed chart by state
+ids instead of indexes.
+
+>>> from statifier.chart import compile_chart
+>>> from statifier.core import initialize
+>>> machine = compile_chart(
+...     '<scxml xmlns="http://www.w3.org/2005/07/scxml"><state id="a"/></scxml>'
+... )
+>>> state, _ = initialize(machine)
+>>> blob = dump(state)
+>>> load(machine, blob).leaf_configuration()
+('a',)
+>>> other = compile_chart('<scxml xmlns="http://www.w3.org/2005/07/scxml"><state id="b"/></scxml>')
+>>> try:
+...     load(other, blob)
+... except IdentityMismatch as refusal:
+...     print(type(refusal).__name__)
+IdentityMismatch
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, Final
+
+from statifier.chart.model import ChartIdentity, Machine
+from statifier.core.content import SCXML_PROCESSOR
+from statifier.core.events import Event
+from statifier.core.state import MachineState
+from statifier.expr import UNDEFINED, Undefined
+from statifier.expr.tagged import TaggedValueError, decode, encode
+
+__all__ = [
+    "FORMAT_VERSION",
+    "IdentityMismatch",
+    "MalformedExport",
+    "NotAPosition",
+    "PositionError",
+    "QueueNotEmpty",
+    "UnknownStateIds",
+    "UnnameableStates",
+    "UnsupportedFormatVersion",
+    "dump",
+    "export",
+    "import_state",
+    "load",
+]
+
+FORMAT_VERSION: Final = 1
+_TAG: Final = "statifier.position"
+
+
+class PositionError(Exception):
+    """A position cannot be read, or not for this machine."""
+
+
+class NotAPosition(PositionError):  # noqa: N818 - names the refusal
+    """The bytes are not a position (corrupt, truncated, or something else)."""
+
+
+class UnsupportedFormatVersion(PositionError):  # noqa: N818
+    """The position was written in a format version this library does not read."""
+
+    def __init__(self, version: object) -> None:
+        super().__init__(f"position format version {version!r} is not supported")
+        self.version = version
+
+
+class IdentityMismatch(PositionError):  # noqa: N818
+    """The position belongs to another chart (or another name or version of it)."""
+
+    def __init__(self, stored: ChartIdentity, machine: ChartIdentity) -> None:
+        super().__init__(
+            "the position belongs to another chart: "
+            f"stored {stored.content_hash} {stored.name} {stored.version}, "
+            f"machine {machine.content_hash} {machine.name} {machine.version}"
+        )
+        self.stored = stored
+        self.machine = machine
+
+
+class QueueNotEmpty(PositionError):  # noqa: N818
+    """Export needs a settled position: internal events are still queued."""
+
+
+class UnnameableStates(PositionError):  # noqa: N818
+    """Export needs author ids for every active or remembered state."""
+
+    def __init__(self, indexes: list[int]) -> None:
+        super().__init__(f"states without an id cannot be exported: {indexes}")
+        self.indexes = indexes
+
+
+class UnknownStateIds(PositionError):  # noqa: N818
+    """The target chart has no state with some of the exported ids."""
+
+    def __init__(self, ids: list[str]) -> None:
+        super().__init__(f"the chart has no states with the ids {ids}")
+        self.ids = ids
+
+
+class MalformedExport(PositionError):  # noqa: N818
+    """An exported position does not have the expected shape."""
+
+
+def _identity_json(identity: ChartIdentity) -> dict[str, Any]:
+    return {"hash": identity.content_hash, "name": identity.name, "version": identity.version}
+
+
+def _event_json(event: Event) -> list[Any]:
+    return [
+        event.name,
+        event.type,
+        event.data,
+        event.sendid,
+        event.origin,
+        event.origintype,
+        event.invokeid,
+    ]
+
+
+def _event_from(data: Any) -> Event:
+    name, kind, payload, sendid, origin, origintype, invokeid = data
+    return Event(name, kind, payload, sendid, origin, origintype, invokeid)
+
+
+class _Tagger:
+    """Encodes the values plain JSON lacks (the JSON encoder calls it only for those),
+    counting them so that a map of the caller's own with a ``"$type"`` key, which
+    would read back as a tagged value, is detected rather than silently altered."""
+
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self, value: object) -> object:
+        self.count += 1
+        encoded = encode(value)
+        if encoded is value:
+            raise TypeError(f"{type(value).__name__} cannot be stored in a position")
+        return encoded
+
+
+def _untag(mapping: dict[str, Any]) -> Any:
+    return decode(mapping) if "$type" in mapping else mapping
+
+
+def _counters(state: MachineState) -> list[int]:
+    return [
+        state.macrostep,
+        state.microstep,
+        state.round,
+        state.send_counter,
+        state.invoke_counter,
+        state.timer_counter,
+    ]
+
+
+_SYSTEM_DERIVED: Final = ("_sessionid", "_name", "_ioprocessors", "_event")
+
+
+def _standard_io(session_id: str) -> dict[str, Any]:
+    location = {"location": f"#_scxml_{session_id}"}
+    return {SCXML_PROCESSOR: location, "scxml": dict(location)}
+
+
+def _last_event(value: Any) -> Any:
+    """``_event`` as a compact list (its fields are strings or undefined), or None."""
+    if not isinstance(value, dict):
+        return None
+    return [
+        None if type(value.get(key)) is Undefined else value.get(key)
+        for key in ("name", "type", "sendid", "origin", "origintype", "invokeid")
+    ] + [value.get("data", UNDEFINED)]
+
+
+def _event_value(data: Any) -> Any:
+    if data is None:
+        return UNDEFINED
+    *fields, payload = data
+    value = {
+        key: UNDEFINED if field is None else field
+        for key, field in zip(
+            ("name", "type", "sendid", "origin", "origintype", "invokeid"), fields, strict=True
+        )
+    }
+    value["data"] = payload
+    return value
+
+
+def dump(state: MachineState) -> bytes:
+    """The position as deterministic bytes (the compiled chart is not included).
+
+    System variables that follow from the chart and the session id are not stored.
+
+    Raises:
+        ValueError: the datamodel holds a map with a ``"$type"`` key, or a value
+            outside the expression language's domain.
+    """
+    datamodel = state.datamodel
+    data = {key: value for key, value in datamodel.items() if key not in _SYSTEM_DERIVED}
+    io = datamodel.get("_ioprocessors")
+    body = [
+        sorted(state.configuration),
+        [_event_json(event) for event in state.internal_queue],
+        [[h, list(value)] for h, value in sorted(state.history.items())],
+        sorted(state.entered),
+        sorted(state.states_to_invoke),
+        [[s, i, v] for (s, i), v in sorted(state.invocations.items())],
+        data,
+        _last_event(datamodel.get("_event")),
+        None if io == _standard_io(state.session_id) else io,
+        state.session_id,
+        _counters(state),
+        state.running,
+        state.trace,
+        state.round_budget,
+        sorted(state.send_types),
+        None if state.invoke_types is None else sorted(state.invoke_types),
+    ]
+    envelope = [_TAG, FORMAT_VERSION, _identity_json(state.machine.identity), body]
+    tagger = _Tagger()
+    text = json.dumps(
+        envelope, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=tagger
+    )
+    if text.count('"$type":') != tagger.count:
+        raise ValueError("a map with a '$type' key cannot be stored in a position")
+    return text.encode()
+
+
+_DECODER: Final = json.JSONDecoder(object_hook=_untag)
+
+
+def load(machine: Machine, data: bytes) -> MachineState:
+    """Rebuild a position for ``machine``.
+
+    Raises:
+        NotAPosition: the bytes are not a position.
+        UnsupportedFormatVersion: written by a format this library does not read.
+        IdentityMismatch: the position belongs to another chart.
+    """
+    try:
+        envelope = _DECODER.decode(data.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError, TypeError, AttributeError):
+        raise NotAPosition("the bytes are not a position") from None
+    if not (isinstance(envelope, list) and len(envelope) == 4 and envelope[0] == _TAG):
+        raise NotAPosition("the bytes are not a position")
+    if envelope[1] != FORMAT_VERSION:
+        raise UnsupportedFormatVersion(envelope[1])
+    try:
+        stored = ChartIdentity(envelope[2]["hash"], envelope[2]["name"], envelope[2]["version"])
+    except (TypeError, KeyError):
+        raise NotAPosition("the position's chart identity is unreadable") from None
+    if stored != machine.identity:
+        raise IdentityMismatch(stored, machine.identity)
+    try:
+        return _state(machine, envelope[3])
+    except (TypeError, KeyError, ValueError, TaggedValueError) as error:
+        raise NotAPosition(f"the position is damaged: {error}") from None
+
+
+def _indexes(machine: Machine, values: Any) -> frozenset[int]:
+    result = frozenset(values)
+    if any(type(i) is not int or not 0 <= i < len(machine.states) for i in result):
+        raise ValueError("a state index is out of range")
+    return result
+
+
+def _state(machine: Machine, body: list[Any]) -> MachineState:
+    (
+        configuration,
+        queue,
+        history,
+        entered,
+        to_invoke,
+        invocations,
+        data,
+        event,
+        io,
+        session,
+        counters,
+        running,
+        trace,
+        budget,
+        send_types,
+        invoke_types,
+    ) = body
+    macrostep, microstep, round_, sends, invokes, timers = counters
+    if not isinstance(data, dict) or not isinstance(session, str):
+        raise ValueError("the datamodel is not a map")
+    datamodel = dict(data)
+    datamodel["_sessionid"] = session
+    datamodel["_name"] = UNDEFINED if machine.name is None else machine.name
+    datamodel["_ioprocessors"] = _standard_io(session) if io is None else io
+    datamodel["_event"] = _event_value(event)
+    return MachineState(
+        machine,
+        _indexes(machine, configuration),
+        tuple(_event_from(item) for item in queue),
+        {int(h): tuple(sorted(_indexes(machine, value))) for h, value in history},
+        _indexes(machine, entered),
+        _indexes(machine, to_invoke),
+        {(int(s), int(i)): str(v) for s, i, v in invocations},
+        datamodel,
+        session,
+        int(macrostep),
+        int(microstep),
+        int(round_),
+        int(sends),
+        int(invokes),
+        int(timers),
+        bool(running),
+        bool(trace),
+        budget,
+        frozenset(send_types),
+        None if invoke_types is None else frozenset(invoke_types),
+    )
+
+
+def export(state: MachineState) -> dict[str, Any]:
+    """The position by state ids, to move it onto a changed chart with
+    :func:`import_state`. JSON-ready.
+
+    Raises:
+        QueueNotEmpty: internal events are pending (export between macrosteps).
+        UnnameableStates: an active, entered or remembered state has no id.
+    """
+    if state.internal_queue:
+        raise QueueNotEmpty("export a position between macrosteps: internal events are queued")
+    states = state.machine.states
+    referenced = (
+        set(state.configuration)
+        | set(state.entered)
+        | set(state.states_to_invoke)
+        | set(state.history)
+        | {s for value in state.history.values() for s in value}
+        | {s for s, _ in state.invocations}
+    )
+    referenced.discard(0)
+    unnamed = sorted(s for s in referenced if states[s].id is None)
+    if unnamed:
+        raise UnnameableStates(unnamed)
+
+    def ids(indexes: Any) -> list[str]:
+        return sorted(str(states[i].id) for i in indexes if i != 0)
+
+    return {
+        "identity": _identity_json(state.machine.identity),
+        "configuration": ids(state.configuration),
+        "entered": ids(state.entered),
+        "states_to_invoke": ids(state.states_to_invoke),
+        "history": {str(states[h].id): ids(v) for h, v in sorted(state.history.items())},
+        "invocations": [[states[s].id, i, v] for (s, i), v in sorted(state.invocations.items())],
+        "datamodel": encode(dict(state.datamodel)),
+        "session_id": state.session_id,
+        "counters": _counters(state),
+        "running": state.running,
+        "round_budget": state.round_budget,
+    }
+
+
+def import_state(machine: Machine, exported: Mapping[str, Any]) -> MachineState:
+    """A position on ``machine`` from :func:`export` output (no identity check: moving
+    onto a changed chart is the point).
+
+    Raises:
+        UnknownStateIds: every exported id the machine lacks, sorted.
+        MalformedExport: the mapping does not have the exported shape.
+    """
+    try:
+        names = (
+            list(exported["configuration"])
+            + list(exported["entered"])
+            + list(exported["states_to_invoke"])
+            + list(exported["history"])
+            + [s for value in exported["history"].values() for s in value]
+            + [s for s, _, _ in exported["invocations"]]
+        )
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise MalformedExport(f"not an exported position: {error}") from None
+    unknown = sorted({str(name) for name in names if name not in machine.ids})
+    if unknown:
+        raise UnknownStateIds(unknown)
+
+    def indexes(values: Any) -> frozenset[int]:
+        return frozenset(machine.ids[v] for v in values)
+
+    try:
+        macrostep, microstep, round_, sends, invokes, timers = exported["counters"]
+        configuration = indexes(exported["configuration"])
+        if configuration:
+            configuration |= {0}
+        datamodel = decode(exported["datamodel"])
+        if not isinstance(datamodel, dict):
+            raise MalformedExport("the datamodel is not a map")
+        return MachineState(
+            machine=machine,
+            configuration=frozenset(configuration),
+            internal_queue=(),
+            history={
+                machine.ids[h]: tuple(sorted(indexes(v))) for h, v in exported["history"].items()
+            },
+            entered=indexes(exported["entered"]) | {0},
+            states_to_invoke=indexes(exported["states_to_invoke"]),
+            invocations={(machine.ids[s], int(i)): str(v) for s, i, v in exported["invocations"]},
+            datamodel=datamodel,
+            session_id=str(exported["session_id"]),
+            macrostep=int(macrostep),
+            microstep=int(microstep),
+            round=int(round_),
+            send_counter=int(sends),
+            invoke_counter=int(invokes),
+            timer_counter=int(timers),
+            running=bool(exported["running"]),
+            trace=False,
+            round_budget=exported["round_budget"],
+        )
+    except (KeyError, TypeError, ValueError, TaggedValueError) as error:
+        raise MalformedExport(f"not an exported position: {error}") from None
