@@ -3,8 +3,26 @@
 Subcommands:
 
 ``statifier demo``
-    Runs the main job on the embedded default (no server needed). Today that is the
-    expression language: a few rules evaluated against a sample event.
+    Runs the main job on the embedded default (no server needed): a few expression
+    rules against a sample event, then a shipped example chart traced through an
+    order's life.
+
+``statifier validate CHART...``
+    Checks charts. Prints ``CHART: ok`` or one ``CHART:LINE:COLUMN: message`` line per
+    problem (and ``CHART: warning: ...`` for expressions deferred to run time); exits
+    with 1 if any chart has a problem, 2 if a file cannot be read.
+
+``statifier trace CHART [--event NAME | --event NAME=JSON]... [--json] [--trace]``
+    Starts the chart, delivers the events in order on a virtual clock (see
+    :mod:`statifier.session.trace` for the order of delivery) and prints, after the
+    start and after each event, the active leaf configuration (sorted) and the effects
+    of the step. Text output: a ``start`` or ``event NAME`` line with the virtual time,
+    a ``configuration:`` line, and one ``- KIND {fields}`` line per effect. With
+    ``--json``: one document ``{"steps": [{"event": null|NAME, "configuration": [...],
+    "effects": [...]}, ...], "finished": true|false}``. ``--trace`` adds trace effects.
+
+``statifier graph CHART --format mermaid|dot``
+    Prints the chart as a diagram.
 
 ``statifier expr SOURCE [--context JSON] [--program] [--now DATETIME]``
     Evaluates one expression (or, with ``--program``, runs a statement program) and
@@ -23,8 +41,14 @@ from datetime import datetime
 from typing import TextIO
 
 from statifier import expr
+from statifier.chart import InvalidChart, Machine, compile_chart
+from statifier.chart.graph import dot, mermaid
+from statifier.core import Event
+from statifier.core.effects import as_json
+from statifier.examples import read as read_example
 from statifier.expr.lexer import parse_datetime
 from statifier.expr.tagged import TaggedValueError, decode, encode
+from statifier.session.trace import Step, run
 
 __all__ = ["main"]
 
@@ -104,7 +128,7 @@ _DEMO_RULES = (
 
 
 def _run_demo(out: TextIO) -> int:
-    out.write("statifier demo: expression rules against one event\n\n")
+    out.write("statifier demo\n\n1. Expression rules against one event\n\n")
     out.write(f"event = {json.dumps(_DEMO_EVENT['event'])}\n\n")
     now = datetime.fromisoformat("2026-11-29T12:00:00+00:00")
     options = expr.Options(clock=lambda: now)
@@ -118,6 +142,118 @@ def _run_demo(out: TextIO) -> int:
     out.write(f"\n  program: {program}\n")
     written = {name: execution.context[name] for name in ("score", "tier")}
     out.write(f"    => {json.dumps(encode(written))}\n")
+    out.write("\n2. The shipped order chart (statifier/examples/order.scxml), traced\n\n")
+    machine = compile_chart(read_example("order.scxml"), name="order")
+    events = [
+        Event("item.added", data={"sku": "tea", "price": 4}),
+        Event("item.added", data={"sku": "cup", "price": 9}),
+        Event("checkout"),
+        Event("payment.failed"),
+        Event("packed"),
+    ]
+    _print_steps(run(machine, events), out)
+    out.write("\n  (no payment arrived: the 30 minute timer fired on the virtual clock)\n")
+    return 0
+
+
+def _print_steps(steps: list[Step], out: TextIO) -> None:
+    for step in steps:
+        heading = "start" if step.event is None else f"event {step.event}"
+        out.write(f"{heading}  [t={step.at_ms}ms]\n")
+        out.write(f"  configuration: {', '.join(step.configuration)}\n")
+        for effect in step.effects:
+            data = as_json(effect)
+            kind = data.pop("effect")
+            for counter in ("macrostep", "microstep", "round"):
+                data.pop(counter)
+            out.write(f"  - {kind} {json.dumps(data, ensure_ascii=False, sort_keys=True)}\n")
+    if steps and steps[-1].finished:
+        out.write("finished\n")
+
+
+def _load_chart(path: str) -> Machine | str:
+    try:
+        with open(path, "rb") as handle:
+            source = handle.read()
+    except OSError as error:
+        return f"{path}: cannot read: {error.strerror}"
+    try:
+        return compile_chart(source)
+    except InvalidChart as invalid:
+        return "\n".join(f"{path}:{problem}" for problem in invalid.problems)
+
+
+def _run_validate(args: argparse.Namespace, out: TextIO) -> int:
+    status = 0
+    for path in args.charts:
+        try:
+            with open(path, "rb") as handle:
+                source = handle.read()
+        except OSError as error:
+            sys.stderr.write(f"{path}: cannot read: {error.strerror}\n")
+            status = 2
+            continue
+        try:
+            machine = compile_chart(source)
+        except InvalidChart as invalid:
+            for problem in invalid.problems:
+                out.write(f"{path}:{problem}\n")
+            status = max(status, 1)
+            continue
+        for warning in machine.warnings:
+            out.write(f"{path}: warning: {warning}\n")
+        out.write(f"{path}: ok\n")
+    return status
+
+
+def _parse_event(text: str) -> Event:
+    name, separator, payload = text.partition("=")
+    if not name.strip():
+        raise ValueError(f"an event needs a name: {text!r}")
+    if not separator:
+        return Event(name.strip())
+    try:
+        data = decode(json.loads(payload))
+    except (json.JSONDecodeError, TaggedValueError) as error:
+        raise ValueError(f"the data of event {name!r} is not JSON: {error}") from None
+    return Event(name.strip(), data=data)
+
+
+def _run_trace(args: argparse.Namespace, out: TextIO) -> int:
+    loaded = _load_chart(args.chart)
+    if isinstance(loaded, str):
+        sys.stderr.write(loaded + "\n")
+        return 2 if "cannot read" in loaded else 1
+    try:
+        events = [_parse_event(text) for text in args.event]
+    except ValueError as error:
+        sys.stderr.write(f"statifier trace: {error}\n")
+        return 2
+    steps = run(loaded, events, trace=args.trace)
+    if args.json:
+        document = {
+            "steps": [
+                {
+                    "event": step.event,
+                    "configuration": list(step.configuration),
+                    "effects": [as_json(effect) for effect in step.effects],
+                }
+                for step in steps
+            ],
+            "finished": steps[-1].finished,
+        }
+        _dump(document, out)
+    else:
+        _print_steps(steps, out)
+    return 0
+
+
+def _run_graph(args: argparse.Namespace, out: TextIO) -> int:
+    loaded = _load_chart(args.chart)
+    if isinstance(loaded, str):
+        sys.stderr.write(loaded + "\n")
+        return 2 if "cannot read" in loaded else 1
+    out.write((mermaid(loaded) if args.format == "mermaid" else dot(loaded)) + "\n")
     return 0
 
 
@@ -130,6 +266,22 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--context", default="{}", help="the context as a JSON object")
     evaluate.add_argument("--program", action="store_true", help="run SOURCE as a program")
     evaluate.add_argument("--now", help="fix the clock (ISO 8601 datetime with an offset)")
+    check = commands.add_parser("validate", help="check charts; report every problem")
+    check.add_argument("charts", nargs="+", metavar="CHART")
+    trace = commands.add_parser("trace", help="run a chart through events and print each step")
+    trace.add_argument("chart", metavar="CHART")
+    trace.add_argument(
+        "--event",
+        action="append",
+        default=[],
+        metavar="NAME[=JSON]",
+        help="an event to deliver, with optional JSON data; repeat for more",
+    )
+    trace.add_argument("--json", action="store_true", help="print one JSON document")
+    trace.add_argument("--trace", action="store_true", help="include trace effects")
+    graph = commands.add_parser("graph", help="print a chart as a diagram")
+    graph.add_argument("chart", metavar="CHART")
+    graph.add_argument("--format", choices=("mermaid", "dot"), default="mermaid")
     return parser
 
 
@@ -139,6 +291,12 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     stream = out if out is not None else sys.stdout
     if args.command == "demo":
         return _run_demo(stream)
+    if args.command == "validate":
+        return _run_validate(args, stream)
+    if args.command == "trace":
+        return _run_trace(args, stream)
+    if args.command == "graph":
+        return _run_graph(args, stream)
     return _run_expr(args, stream)
 
 

@@ -20,7 +20,7 @@ from statifier.chart.compiler import (
     validate,
 )
 from statifier.chart.model import ChartIdentity, Machine
-from statifier.chart.xml import ReadLimits
+from statifier.chart.reader import ReadLimits
 
 __all__ = [
     "SCXML_NS",

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from statifier.chart import model as m
-from statifier.chart.xml import DEFAULT_READ_LIMITS, Element, ReadLimits, XMLProblem, read
+from statifier.chart.reader import DEFAULT_READ_LIMITS, Element, ReadLimits, XMLProblem, read
 from statifier.expr import (
     UNDEFINED,
     ExprError,

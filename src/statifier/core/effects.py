@@ -8,12 +8,14 @@ produced in, so an effect stream can be ordered and replayed. Trace effects (the
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TypeAlias
+from dataclasses import dataclass, fields
+from typing import Any, TypeAlias
 
 from statifier.core.events import Event
 from statifier.expr import Value
+from statifier.expr.tagged import encode
 
 __all__ = [
     "Autoforward",
@@ -37,6 +39,8 @@ __all__ = [
     "TraceInvokePass",
     "TraceMacrostepStable",
     "TraceTransitionsSelected",
+    "as_json",
+    "kind",
 ]
 
 
@@ -242,3 +246,33 @@ Effect: TypeAlias = (
     | TraceInvokePass
     | TraceFinalizeAutoforward
 )
+
+
+_COUNTERS = frozenset({"macrostep", "microstep", "round"})
+
+
+def kind(effect: Effect) -> str:
+    """The effect's name in snake case: ``send``, ``send_delayed``, ``trace_exit_set``."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", type(effect).__name__).lower()
+
+
+def as_json(effect: Effect) -> dict[str, Any]:
+    """A JSON-ready form: ``{"effect": kind(effect), ...fields}``, values in the tagged
+    encoding (``{"$type": "undefined"}`` and so on), events as maps.
+
+    >>> as_json(Log(label="x", value=None, content_index=0, macrostep=1, microstep=1, round=0))
+    {'effect': 'log', 'label': 'x', 'value': None, 'content_index': 0, 'macrostep': 1, \
+'microstep': 1, 'round': 0}
+    """
+    result: dict[str, Any] = {"effect": kind(effect)}
+    ordered = sorted(fields(effect), key=lambda field: field.name in _COUNTERS)
+    for field in ordered:
+        value = getattr(effect, field.name)
+        if isinstance(value, Event):
+            value = {key: encode(item) for key, item in value.as_value().items()}
+        elif isinstance(value, tuple):
+            value = [encode(item) for item in value]
+        else:
+            value = encode(value)
+        result[field.name] = value
+    return result
