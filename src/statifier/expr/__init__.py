@@ -25,6 +25,7 @@ from statifier.expr.api import (
     execute,
     system_clock,
 )
+from statifier.expr.durations import parse as parse_duration
 from statifier.expr.errors import (
     EvaluationError,
     ExprError,
@@ -37,7 +38,8 @@ from statifier.expr.errors import (
     unwrap,
 )
 from statifier.expr.functions import BUILTINS, CallContext, Function, FunctionError
-from statifier.expr.location import Path, assign, put, resolve
+from statifier.expr.lexer import parse_date, parse_datetime
+from statifier.expr.location import Location, Path, assign, compile_location, put, resolve
 from statifier.expr.parser import Limits
 from statifier.expr.values import UNDEFINED, Duration, Undefined, Value, type_name
 
@@ -54,6 +56,7 @@ __all__ = [
     "Function",
     "FunctionError",
     "Limits",
+    "Location",
     "LocationError",
     "Options",
     "ParseError",
@@ -66,9 +69,13 @@ __all__ = [
     "Value",
     "assign",
     "compile_expression",
+    "compile_location",
     "compile_program",
     "evaluate",
     "execute",
+    "parse_date",
+    "parse_datetime",
+    "parse_duration",
     "put",
     "resolve",
     "system_clock",

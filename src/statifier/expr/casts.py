@@ -7,6 +7,7 @@ lists, maps and null convert to nothing.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from datetime import date, datetime
@@ -36,7 +37,7 @@ def _to_integer(value: Value) -> Value:
     if kind is int:
         return value
     if kind is float:
-        return int(value)
+        return int(value) if math.isfinite(value) else UNDEFINED
     if kind is str and _INTEGER.fullmatch(value):
         try:
             return int(value)
@@ -65,6 +66,8 @@ def _to_string(value: Value) -> Value:
         return value
     if kind is int and -(10**18) < value < 10**18:
         return str(value)
+    if kind is float and not math.isfinite(value):
+        return UNDEFINED
     if kind is int or kind is float:
         try:
             return format_number(value)

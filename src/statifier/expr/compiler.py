@@ -210,22 +210,36 @@ _ARITHMETIC: Final[dict[str, Callable[[Value, Value, Span | None], Value]]] = {
 
 
 def _binary(node: n.Binary) -> Closure:
-    left, right, span = compile_node(node.left), compile_node(node.right), node.span
-    apply = _ARITHMETIC[node.op]
-    if node.op == "+":
+    operands = [compile_node(operand) for operand in node.operands]
+    steps = [
+        (_ARITHMETIC[op], operand, span)
+        for op, operand, span in zip(node.ops, operands[1:], node.spans, strict=True)
+    ]
+    if len(steps) == 1:
+        left, (apply, right, span) = operands[0], steps[0]
+        if node.ops[0] == "+":
 
-        def plus(data: Data, run: Run) -> Value:
-            a, b = left(data, run), right(data, run)
-            if type(a) is int and type(b) is int:
-                return a + b
-            return apply(a, b, span)
+            def plus(data: Data, run: Run) -> Value:
+                a, b = left(data, run), right(data, run)
+                if type(a) is int and type(b) is int:
+                    return a + b
+                return apply(a, b, span)
 
-        return plus
+            return plus
 
-    def arithmetic(data: Data, run: Run) -> Value:
-        return apply(left(data, run), right(data, run), span)
+        def arithmetic(data: Data, run: Run) -> Value:
+            return apply(left(data, run), right(data, run), span)
 
-    return arithmetic
+        return arithmetic
+    first = operands[0]
+
+    def chain(data: Data, run: Run) -> Value:
+        value = first(data, run)
+        for apply, operand, span in steps:
+            value = apply(value, operand(data, run), span)
+        return value
+
+    return chain
 
 
 _FAST_ORDER: Final[dict[str, Callable[[Any, Any], Any]]] = {

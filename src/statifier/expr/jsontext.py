@@ -11,12 +11,13 @@ is written as ``null``.
 from __future__ import annotations
 
 import json
+import math
 from datetime import date, datetime
 from typing import Final
 
 from statifier.expr.values import Duration, Undefined, Value, format_datetime
 
-__all__ = ["MAX_JSON_DEPTH", "JSONTextError", "dumps", "loads"]
+__all__ = ["MAX_JSON_DEPTH", "MAX_JSON_NODES", "JSONTextError", "dumps", "loads"]
 
 MAX_JSON_DEPTH: Final = 128
 
@@ -248,28 +249,52 @@ class _Parser:
 def dumps(value: Value) -> str:
     """Compact JSON with sorted keys.
 
+    Raises:
+        JSONTextError: nesting deeper than :data:`MAX_JSON_DEPTH`, more than
+            :data:`MAX_JSON_NODES` values (shared substructure counts each time it is
+            written), or a non-finite number.
+
     >>> dumps({"name": "John", "age": 30})
     '{"age":30,"name":"John"}'
     """
-    return json.dumps(_plain(value, 0), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    plain = _Plain().convert(value, 0)
+    return json.dumps(plain, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def _plain(value: Value, depth: int) -> object:
-    if depth > MAX_JSON_DEPTH:
-        raise JSONTextError(f"nesting deeper than {MAX_JSON_DEPTH}")
-    kind = type(value)
-    if kind is dict:
-        return {str(k): _plain(v, depth + 1) for k, v in value.items() if type(v) is not Undefined}
-    if kind is list:
-        return [_plain(item, depth + 1) for item in value]
-    if kind is Undefined:
-        return None
-    if kind is datetime:
-        return format_datetime(value)
-    if kind is date:
-        return value.isoformat()
-    if kind is Duration:
-        return str(value)
-    if kind is float and (value != value or value in (float("inf"), float("-inf"))):
-        raise JSONTextError("non-finite number")
-    return value
+MAX_JSON_NODES: Final = 1_000_000
+
+
+class _Plain:
+    """Converts to JSON-ready data, counting values so the output stays bounded."""
+
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def convert(self, value: Value, depth: int) -> object:
+        self.count += 1
+        if self.count > MAX_JSON_NODES:
+            raise JSONTextError(f"more than {MAX_JSON_NODES} values to write")
+        if depth > MAX_JSON_DEPTH:
+            raise JSONTextError(f"nesting deeper than {MAX_JSON_DEPTH}")
+        kind = type(value)
+        if kind is dict:
+            return {
+                str(key): self.convert(item, depth + 1)
+                for key, item in value.items()
+                if type(item) is not Undefined
+            }
+        if kind is list:
+            return [self.convert(item, depth + 1) for item in value]
+        if kind is Undefined:
+            return None
+        if kind is datetime:
+            return format_datetime(value)
+        if kind is date:
+            return value.isoformat()
+        if kind is Duration:
+            return str(value)
+        if kind is float and not math.isfinite(value):
+            raise JSONTextError("non-finite number")
+        return value

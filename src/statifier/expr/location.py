@@ -232,6 +232,13 @@ def _path(node: n.Expression, data: Mapping[str, Value]) -> list[str | int]:
 def _key(node: n.Expression, data: Mapping[str, Value]) -> str | int:
     if isinstance(node, n.Literal):
         value: object = node.value
+    elif (
+        isinstance(node, n.Unary)
+        and node.op == "-"
+        and isinstance(node.operand, n.Literal)
+        and type(node.operand.value) is int
+    ):
+        value = -node.operand.value  # a negative literal index, refused when written
     elif isinstance(node, n.Identifier | n.Access | n.Index):
         value = _lookup(node, data)
     else:

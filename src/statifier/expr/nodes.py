@@ -87,11 +87,12 @@ class Unary:
 
 @dataclass(frozen=True, slots=True)
 class Binary:
-    """Arithmetic: ``op`` is one of ``+ - * / %``."""
+    """A chain of arithmetic at one precedence, applied left to right:
+    ``a - b + c`` has ``ops`` ``("-", "+")``. ``spans`` holds each operator's span."""
 
-    op: str
-    left: Expression
-    right: Expression
+    ops: tuple[str, ...]
+    operands: tuple[Expression, ...]
+    spans: tuple[Span, ...]
     span: Span
 
 

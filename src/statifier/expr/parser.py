@@ -23,7 +23,6 @@ error is blamed on: the operator for an operation, the name for a variable or ca
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -53,6 +52,9 @@ CAST_TYPES: Final = ("integer", "float", "string", "boolean", "date", "datetime"
 _COMPARISONS: Final = frozenset({"==", "!=", "===", "!==", ">", ">=", "<", "<="})
 _MEMBERSHIP: Final = frozenset({"in", "contains"})
 _LITERAL_WORDS: Final = {"true": True, "false": False, "null": None, "undefined": UNDEFINED}
+_ASSIGNMENT_HERE: Final = (
+    "'=' is assignment, allowed only at the start of a program statement; use '==' to compare"
+)
 # Keywords that stay usable as property names and bare object keys.
 _SOFT_KEYWORDS: Final = frozenset({"and", "or", "not", "in", "contains"})
 
@@ -67,7 +69,7 @@ class Limits:
     """
 
     max_source_length: int = 65_536
-    max_depth: int = 128
+    max_depth: int = 64
 
 
 DEFAULT_LIMITS: Final = Limits()
@@ -108,6 +110,8 @@ def _run(source: str, limits: Limits, *, program: bool) -> n.Program | n.Express
         return failure.error
     except _Abort as abort:
         return abort.error
+    except RecursionError:  # the caller's own stack was already deep
+        return ParseError("too_deep", "Nesting too deep for the available stack", Span(1, 1, 1, 1))
     return tree
 
 
@@ -128,9 +132,9 @@ def _children(node: object) -> list[object]:
         return [node.target, node.key]
     if isinstance(node, n.Unary):
         return [node.operand]
-    if isinstance(node, n.Binary | n.Compare):
+    if isinstance(node, n.Compare):
         return [node.left, node.right]
-    if isinstance(node, n.Logical):
+    if isinstance(node, n.Logical | n.Binary):
         return list(node.operands)
     if isinstance(node, n.Call):
         return list(node.args)
@@ -178,6 +182,8 @@ class _Parser:
         return _Abort(ParseError("syntax", message, (token or self.peek()).span))
 
     def expect_op(self, op: str, what: str) -> Token:
+        if self.at(OP, "=") and op != "=":
+            raise self.fail(_ASSIGNMENT_HERE)
         if not self.at(OP, op):
             raise self.fail(f"Expected '{op}' {what} but found {_describe(self.peek())}")
         return self.advance()
@@ -202,9 +208,7 @@ class _Parser:
         expression = self.expression()
         token = self.peek()
         if token.kind == OP and token.value == "=":
-            raise self.fail(
-                "'=' is assignment, which only a program allows; use '==' to compare", token
-            )
+            raise self.fail(_ASSIGNMENT_HERE, token)
         if token.kind != EOF:
             raise self.fail(f"Unexpected {_describe(token)} after the expression", token)
         return expression
@@ -280,56 +284,50 @@ class _Parser:
 
     def expression(self) -> n.Expression:
         self.enter()
-        node = self.logical("or", self.conjunction)
+        node = self.operation(_OR)
         self.leave()
         return node
 
-    def conjunction(self) -> n.Expression:
-        return self.logical("and", self.negation)
+    def operation(self, level: int) -> n.Expression:
+        """Operators binding at ``level`` or tighter (precedence climbing: one Python
+        frame per level of nesting rather than one per precedence level).
 
-    def logical(self, word: str, operand: Callable[[], n.Expression]) -> n.Expression:
-        operands = [operand()]
-        spans: list[Span] = []
-        while self.at(KEYWORD, word):
-            spans.append(self.advance().span)
-            operands.append(operand())
-        if not spans:
-            return operands[0]
-        return n.Logical(word, tuple(operands), tuple(spans), spans[0])
-
-    def negation(self) -> n.Expression:
-        if self.at(KEYWORD, "not"):
+        ``and``/``or`` chains and arithmetic chains of one precedence become single
+        n-ary nodes, so a long chain does not make the tree deep.
+        """
+        if level <= _NOT and self.at(KEYWORD, "not"):
             token = self.advance()
             self.enter()
-            operand = self.negation()
+            operand = self.operation(_NOT)
             self.leave()
-            return n.Unary("not", operand, token.span)
-        return self.comparison()
-
-    def comparison(self) -> n.Expression:
-        left = self.additive()
-        token = self.peek()
-        if _is_comparison(token):
-            self.advance()
-            node = n.Compare(str(token.value), left, self.additive(), token.span)
-            if _is_comparison(self.peek()):
-                raise self.fail("Comparisons do not chain; join them with 'and'")
-            return node
-        return left
-
-    def additive(self) -> n.Expression:
-        node = self.multiplicative()
-        while self.at(OP, "+") or self.at(OP, "-"):
-            token = self.advance()
-            node = n.Binary(str(token.value), node, self.multiplicative(), token.span)
-        return node
-
-    def multiplicative(self) -> n.Expression:
-        node = self.unary()
-        while self.at(OP, "*") or self.at(OP, "/") or self.at(OP, "%"):
-            token = self.advance()
-            node = n.Binary(str(token.value), node, self.unary(), token.span)
-        return node
+            left: n.Expression = n.Unary("not", operand, token.span)
+        else:
+            left = self.unary()
+        while True:
+            token = self.peek()
+            found = _level(token)
+            if found is None or found < level:
+                return left
+            if found in (_OR, _AND):
+                word = str(token.value)
+                operands, spans = [left], []
+                while self.at(KEYWORD, word):
+                    spans.append(self.advance().span)
+                    operands.append(self.operation(found + 1))
+                left = n.Logical(word, tuple(operands), tuple(spans), spans[0])
+            elif found == _COMPARISON:
+                self.advance()
+                left = n.Compare(str(token.value), left, self.operation(found + 1), token.span)
+                if _level(self.peek()) == _COMPARISON:
+                    raise self.fail("Comparisons do not chain; join them with 'and'")
+            else:
+                ops, operands, spans = [], [left], []
+                while _level(self.peek()) == found:
+                    operator = self.advance()
+                    ops.append(str(operator.value))
+                    spans.append(operator.span)
+                    operands.append(self.operation(found + 1))
+                left = n.Binary(tuple(ops), tuple(operands), tuple(spans), spans[0])
 
     def unary(self) -> n.Expression:
         if self.at(OP, "-") or self.at(OP, "!"):
@@ -454,7 +452,7 @@ class _Parser:
         opening = self.advance()
         self.enter()
         entries: list[tuple[str, n.Expression]] = []
-        while not self.at(OP, "}"):
+        while not (self.at(OP, "}") and not entries):
             key = self.peek()
             if (
                 key.kind == STRING
@@ -472,7 +470,7 @@ class _Parser:
             entries.append((str(key.value), self.expression()))
             if not self.at(OP, ","):
                 break
-            self.advance()
+            self.advance()  # a key must follow: no trailing comma
         self.expect_op("}", "to close the object")
         self.leave()
         return n.ObjectLiteral(tuple(entries), opening.span)
@@ -483,10 +481,25 @@ def _duration_value(token: Token) -> Duration:
     return token.value
 
 
-def _is_comparison(token: Token) -> bool:
-    return (token.kind == OP and token.value in _COMPARISONS) or (
-        token.kind == KEYWORD and token.value in _MEMBERSHIP
-    )
+# Binding levels, loosest first.
+_OR, _AND, _NOT, _COMPARISON, _ADDITIVE, _MULTIPLICATIVE = range(1, 7)
+_OPERATOR_LEVELS: Final = {
+    **dict.fromkeys(_COMPARISONS, _COMPARISON),
+    "+": _ADDITIVE,
+    "-": _ADDITIVE,
+    "*": _MULTIPLICATIVE,
+    "/": _MULTIPLICATIVE,
+    "%": _MULTIPLICATIVE,
+}
+_KEYWORD_LEVELS: Final = {"or": _OR, "and": _AND, "in": _COMPARISON, "contains": _COMPARISON}
+
+
+def _level(token: Token) -> int | None:
+    if token.kind == OP:
+        return _OPERATOR_LEVELS.get(str(token.value))
+    if token.kind == KEYWORD:
+        return _KEYWORD_LEVELS.get(str(token.value))
+    return None
 
 
 def _is_location(node: n.Expression) -> bool:

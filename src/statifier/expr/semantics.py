@@ -9,9 +9,11 @@ an ``int``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+import operator
+from collections.abc import Callable, Mapping
 from datetime import date, datetime
-from typing import Final
+from typing import Any, Final
 
 from statifier.expr import durations
 from statifier.expr.errors import (
@@ -119,12 +121,6 @@ def check_size(value: str | list[Value], span: Span | None) -> None:
         raise failure("result_too_large", f"Result longer than {MAX_COLLECTION} elements", span)
 
 
-def _check_int(value: int, span: Span | None) -> int:
-    if value.bit_length() > MAX_INT_BITS:
-        raise failure("result_too_large", f"Integer wider than {MAX_INT_BITS} bits", span)
-    return value
-
-
 # -- equality and ordering ------------------------------------------------------------
 
 
@@ -133,14 +129,8 @@ def strict_equal(left: Value, right: Value) -> bool:
     kind = type(left)
     if kind is not type(right):
         return False
-    if kind is list:
-        return len(left) == len(right) and all(
-            strict_equal(a, b) for a, b in zip(left, right, strict=True)
-        )
-    if kind is dict:
-        return left.keys() == right.keys() and all(
-            strict_equal(v, right[k]) for k, v in left.items()
-        )
+    if kind is list or kind is dict:
+        return _Structure(strict=True).equal(left, right)
     return bool(left == right)
 
 
@@ -150,26 +140,51 @@ def loose_equal(left: Value, right: Value) -> bool:
     a collection, undefined equals undefined. (An undefined operand of ``==`` or ``in``
     itself never gets here: it propagates.)
     """
-    kind, other = type(left), type(right)
-    if kind is Undefined or other is Undefined:
-        return kind is other
-    if _is_number(left) and _is_number(right):
+    return _Structure(strict=False).equal(left, right)
+
+
+class _Structure:
+    """One structural comparison. Pairs of containers already compared are remembered,
+    so values that share substructure (``x = [x, x]`` in a loop) compare in time linear
+    in the containers that exist, not in the size they would have written out."""
+
+    __slots__ = ("seen", "strict")
+
+    def __init__(self, *, strict: bool) -> None:
+        self.strict = strict
+        self.seen: set[tuple[int, int]] = set()
+
+    def equal(self, left: Value, right: Value) -> bool:
+        kind, other = type(left), type(right)
+        if self.strict:
+            if kind is not other:
+                return False
+        else:
+            if kind is Undefined or other is Undefined:
+                return kind is other
+            if _is_number(left) and _is_number(right):
+                return bool(left == right)
+            if kind is not other:
+                if {kind, other} == {date, datetime}:
+                    return _as_instant(left) == _as_instant(right)
+                return False
+        if kind is list or kind is dict:
+            if left is right:
+                return True
+            pair = (id(left), id(right))
+            if pair in self.seen:
+                return True
+            self.seen.add(pair)
+            if kind is list:
+                return len(left) == len(right) and all(
+                    self.equal(a, b) for a, b in zip(left, right, strict=True)
+                )
+            return left.keys() == right.keys() and all(
+                self.equal(value, right[key]) for key, value in left.items()
+            )
+        if kind is datetime:
+            return to_utc(left) == to_utc(right)
         return bool(left == right)
-    if kind is not other:
-        if {kind, other} == {date, datetime}:
-            return _as_instant(left) == _as_instant(right)
-        return False
-    if kind is list:
-        return len(left) == len(right) and all(
-            loose_equal(a, b) for a, b in zip(left, right, strict=True)
-        )
-    if kind is dict:
-        return left.keys() == right.keys() and all(
-            loose_equal(v, right[k]) for k, v in left.items()
-        )
-    if kind is datetime:
-        return to_utc(left) == to_utc(right)
-    return bool(left == right)
 
 
 def _as_instant(value: date) -> datetime:
@@ -207,7 +222,7 @@ def compare(op: str, left: Value, right: Value) -> Value:
         return left
     if type(right) is Undefined:
         return right
-    if (op == "==" or op == "!=") and type(left) is type(right) and type(left) in (list, dict):
+    if (op == "==" or op == "!=") and type(left) is type(right) and type(left) in _STRUCTURES:
         return loose_equal(left, right) == (op == "==")
     order = _order(left, right)
     if order is None:
@@ -225,6 +240,11 @@ def compare(op: str, left: Value, right: Value) -> Value:
     return order <= 0
 
 
+# Values compared as structures: equality is defined, ordering is not (a duration is a
+# map of eight components).
+_STRUCTURES: Final = (list, dict, Duration)
+
+
 def membership(element: Value, collection: Value, operation: str, span: Span | None) -> Value:
     """``element in collection`` (``operation`` names the surface operator)."""
     if type(element) is Undefined:
@@ -239,18 +259,42 @@ def membership(element: Value, collection: Value, operation: str, span: Span | N
 # -- arithmetic -----------------------------------------------------------------------
 
 
+def finite(
+    compute: Callable[[Any, Any], Any], left: Value, right: Value, span: Span | None
+) -> Value:
+    """Numeric ``compute(left, right)``, failing cleanly when the result is out of range
+    (an integer too large for a float, a float overflowing to infinity)."""
+    try:
+        result = compute(left, right)
+    except OverflowError:
+        raise failure("result_too_large", "The result is out of range", span) from None
+    if type(result) is float:
+        if not math.isfinite(result):
+            raise failure("result_too_large", "The result is not a finite number", span)
+    elif result.bit_length() > MAX_INT_BITS:
+        raise failure("result_too_large", f"Integer wider than {MAX_INT_BITS} bits", span)
+    return result
+
+
+def _text(number: int | float, span: Span | None) -> str:
+    try:
+        return format_number(number)
+    except ValueError:  # past the interpreter's integer-printing limit
+        raise failure("result_too_large", "The number is too long to write out", span) from None
+
+
 def add(left: Value, right: Value, span: Span | None) -> Value:
     """``+``: numbers add; strings (and a string with a number) join; lists join;
     a duration moves a date or datetime."""
     kind, other = type(left), type(right)
     if (kind is int or kind is float) and (other is int or other is float):
-        return left + right
+        return finite(operator.add, left, right, span)
     if kind is str and other is str:
         result: str = left + right
     elif kind is str and (other is int or other is float):
-        result = left + format_number(right)
+        result = left + _text(right, span)
     elif other is str and (kind is int or kind is float):
-        result = format_number(left) + right
+        result = _text(left, span) + right
     elif kind is list and other is list:
         joined: list[Value] = left + right
         check_size(joined, span)
@@ -285,7 +329,7 @@ def subtract(left: Value, right: Value, span: Span | None) -> Value:
     seconds; a duration moves a date or datetime back."""
     kind, other = type(left), type(right)
     if (kind is int or kind is float) and (other is int or other is float):
-        return left - right
+        return finite(operator.sub, left, right, span)
     if kind is date and other is date:
         return Duration(days=(left - right).days)
     if (kind is date or kind is datetime) and (other is date or other is datetime):
@@ -301,8 +345,7 @@ def multiply(left: Value, right: Value, span: Span | None) -> Value:
     """``*``: numbers only."""
     kind, other = type(left), type(right)
     if (kind is int or kind is float) and (other is int or other is float):
-        product = left * right
-        return _check_int(product, span) if type(product) is int else product
+        return finite(operator.mul, left, right, span)
     raise mismatch("multiply", "number", right if _is_number(left) else left, span)
 
 
@@ -320,10 +363,7 @@ def divide(left: Value, right: Value, span: Span | None) -> Value:
         quotient = abs(left) // abs(right)
         return quotient if (left < 0) == (right < 0) else -quotient
     if (kind is int or kind is float) and (other is int or other is float):
-        try:
-            return left / right
-        except OverflowError:
-            raise failure("result_too_large", "Division result out of range", span) from None
+        return finite(operator.truediv, left, right, span)
     raise mismatch("divide", "number", right if _is_number(left) else left, span)
 
 

@@ -212,7 +212,8 @@ def format_datetime(moment: datetime) -> str:
     '2026-08-09T12:00:00.500000Z'
     """
     moment = to_utc(moment)
-    text = moment.strftime("%Y-%m-%dT%H:%M:%S")
+    # isoformat, unlike strftime("%Y"), always writes four digits of year.
+    text = moment.replace(microsecond=0, tzinfo=None).isoformat()
     if moment.microsecond:
         text += f".{moment.microsecond:06d}"
     return text + "Z"
