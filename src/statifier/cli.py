@@ -46,7 +46,6 @@ from statifier.chart.graph import dot, mermaid
 from statifier.core import Event
 from statifier.core.effects import as_json
 from statifier.examples import read as read_example
-from statifier.expr.lexer import parse_datetime
 from statifier.expr.tagged import TaggedValueError, decode, encode
 from statifier.session.trace import Step, run
 
@@ -79,7 +78,7 @@ def _run_expr(args: argparse.Namespace, out: TextIO) -> int:
         return 2
     options = expr.Options()
     if args.now is not None:
-        fixed = parse_datetime(args.now)
+        fixed = expr.parse_datetime(args.now)
         if fixed is None:
             sys.stderr.write("statifier expr: --now needs an ISO 8601 datetime with an offset\n")
             return 2

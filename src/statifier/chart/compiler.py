@@ -29,11 +29,11 @@ from statifier.expr import (
     LocationError,
     Options,
     ParseError,
+    Value,
     compile_expression,
+    compile_location,
     compile_program,
 )
-from statifier.expr.location import compile_location
-from statifier.expr.values import Value
 
 __all__ = ["SCXML_NS", "InvalidChart", "Loader", "Problem", "compile_chart", "validate"]
 
@@ -302,6 +302,8 @@ class _Builder:
                 if initial_child is not None:
                     self.problem(child, "a state has at most one <initial>")
                 initial_child = child
+                # Compiled here so that its content is numbered in document order.
+                state.initial_transition = self._initial_element(state, child)
             elif tag == "onentry" and kind != "scxml":
                 state.onentry.append(self._block(child))
             elif tag == "onexit" and kind != "scxml":
@@ -341,21 +343,26 @@ class _Builder:
             self.problem(transition, "a history's default transition has no event or cond")
         state.transitions.append(self._transition(transition, state.index))
 
+    def _initial_element(self, state: _State, element: Element) -> int | None:
+        transitions = [c for c in self._children(element) if c.local == "transition"]
+        if len(transitions) != 1:
+            self.problem(element, "<initial> needs exactly one <transition>")
+            return None
+        child = transitions[0]
+        if "event" in child.attributes or "cond" in child.attributes:
+            self.problem(child, "an <initial> transition has no event or cond")
+        if "target" not in child.attributes:
+            self.problem(child, "an <initial> transition needs a target")
+        return self._transition(child, state.index)
+
     def _initial(self, state: _State, element: Element | None) -> None:
+        """Check the initial state, synthesising the initial transition of an
+        ``initial`` attribute or of the first child (an ``<initial>`` element was
+        compiled where it appeared)."""
         attribute = state.element.attributes.get("initial")
         if element is not None and attribute is not None:
             self.problem(element, "a state cannot have both an initial attribute and <initial>")
         if element is not None:
-            transitions = [c for c in self._children(element) if c.local == "transition"]
-            if len(transitions) != 1:
-                self.problem(element, "<initial> needs exactly one <transition>")
-                return
-            child = transitions[0]
-            if "event" in child.attributes or "cond" in child.attributes:
-                self.problem(child, "an <initial> transition has no event or cond")
-            if "target" not in child.attributes:
-                self.problem(child, "an <initial> transition needs a target")
-            state.initial_transition = self._transition(child, state.index)
             return
         if not state.children:
             if attribute is not None:
@@ -548,6 +555,8 @@ class _Builder:
             self.problem(element, "<foreach> needs an array")
             array = m.Expr("", ParseError("syntax", "missing array"), self.where(element))
         item = element.attributes.get("item", "")
+        if "item" not in element.attributes:
+            self.problem(element, "<foreach> needs an item")
         index_name = element.attributes.get("index")
         for name in (item, index_name):
             if name is not None and not _IDENTIFIER.fullmatch(name):
@@ -684,15 +693,16 @@ class _Builder:
             self.problem(child, "<content> takes an expr or a body, not both")
         if expr is not None:
             return m.Content(expr, None, None, self.where(child))
-        return self._inline_content(child)
+        return self._inline_content(child, collapse=True)
 
-    def _inline_content(self, element: Element) -> m.Content:
+    def _inline_content(self, element: Element, *, collapse: bool = False) -> m.Content:
         markup = None
         if element.children:
             first, last = element.children[0], element.children[-1]
             markup = self.source[first.start : last.end].decode("utf-8")
             return m.Content(None, markup, markup, self.where(element))
-        return m.Content(None, fold_text(element.text), None, self.where(element))
+        value = fold_text(element.text, collapse=collapse)
+        return m.Content(None, value, None, self.where(element))
 
     def _invoke(self, element: Element, position: int) -> m.Invoke:
         self._check_attributes(
@@ -870,11 +880,13 @@ def _descriptor(text: str) -> tuple[str, ...]:
     return tuple(tokens)
 
 
-def fold_text(text: str) -> Value:
-    """Inline text as a value: a literal when it reads as one, else the trimmed text.
+def fold_text(text: str, *, collapse: bool = False) -> Value:
+    """Inline text as a value: a literal when it reads as one, else the trimmed text
+    (with runs of whitespace collapsed to one space when ``collapse`` is set, as for
+    event data).
 
-    >>> fold_text(" [1, 2, 3] "), fold_text("hello"), fold_text("'x'")
-    ([1, 2, 3], 'hello', 'x')
+    >>> fold_text(" [1, 2, 3] "), fold_text("hello"), fold_text(" a   b ", collapse=True)
+    ([1, 2, 3], 'hello', 'a b')
     """
     stripped = text.strip()
     if not stripped:
@@ -884,7 +896,7 @@ def fold_text(text: str) -> Value:
         value = compiled.evaluate({}, _LITERAL_ONLY)
         if not isinstance(value, ExprError):
             return value
-    return stripped
+    return " ".join(stripped.split()) if collapse else stripped
 
 
 _LITERAL_ONLY: Final = Options(on_unbound="error", builtins=False)

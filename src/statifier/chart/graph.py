@@ -33,6 +33,11 @@ def _name(machine: Machine, index: int) -> str:
     return f"state_{index}"
 
 
+def _mermaid_name(machine: Machine, index: int) -> str:
+    name = _name(machine, index)
+    return name if "." not in name else f"state_{index}"
+
+
 def _label(transition: Transition) -> str:
     parts = []
     if transition.event_text:
@@ -56,13 +61,17 @@ def mermaid(machine: Machine) -> str:
 
 
 def _mermaid_children(machine: Machine, parent: StateNode, lines: list[str], pad: str) -> None:
+    for history in parent.histories:
+        kind = "H*" if machine.states[history].history_deep else "H"
+        lines.append(f'{pad}state "{kind}" as {_mermaid_name(machine, history)}')
     if parent.kind != "parallel":
         lines.extend(
-            f"{pad}[*] --> {_name(machine, target)}" for target in _initial_targets(machine, parent)
+            f"{pad}[*] --> {_mermaid_name(machine, target)}"
+            for target in _initial_targets(machine, parent)
         )
     for position, child_index in enumerate(parent.children):
         child = machine.states[child_index]
-        name = _name(machine, child_index)
+        name = _mermaid_name(machine, child_index)
         if parent.kind == "parallel" and position:
             lines.append(f"{pad}--")
         if child.id is None or name != child.id:
@@ -73,19 +82,32 @@ def _mermaid_children(machine: Machine, parent: StateNode, lines: list[str], pad
             lines.append(f"{pad}}}")
         else:
             lines.append(f"{pad}{name}")
-        for history in child.histories:
-            kind = "H*" if machine.states[history].history_deep else "H"
-            lines.append(f'{pad}state "{kind}" as {_name(machine, history)}')
         for t in child.transitions:
             transition = machine.transitions[t]
             label = _label(transition)
             suffix = f" : {label}" if label else ""
             lines.extend(
-                f"{pad}{name} --> {_name(machine, target)}{suffix}"
+                f"{pad}{name} --> {_mermaid_name(machine, target)}{suffix}"
                 for target in transition.targets or (child_index,)
             )
         if child.kind == "final":
             lines.append(f"{pad}{name} --> [*]")
+
+
+_DOT_KEYWORDS = frozenset({"node", "edge", "graph", "digraph", "subgraph", "strict"})
+
+
+def _quoted(text: str) -> str:
+    """A DOT identifier: bare when DOT allows it, quoted otherwise (keywords, dots)."""
+    bare = text.replace("_", "a")
+    if (
+        bare.isascii()
+        and bare.isalnum()
+        and not text[0].isdigit()
+        and text.lower() not in _DOT_KEYWORDS
+    ):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def dot(machine: Machine) -> str:
@@ -110,9 +132,9 @@ def dot(machine: Machine) -> str:
         for target in transition.targets or (transition.source,):
             attributes = [f'label="{label}"'] if label else []
             if machine.states[transition.source].children:
-                attributes.append(f"ltail=cluster_{_name(machine, transition.source)}")
+                attributes.append(f"ltail={_cluster(machine, transition.source)}")
             if machine.states[target].children:
-                attributes.append(f"lhead=cluster_{_name(machine, target)}")
+                attributes.append(f"lhead={_cluster(machine, target)}")
             suffix = f" [{', '.join(attributes)}]" if attributes else ""
             lines.append(
                 f"    {_anchor(machine, transition.source)} -> {_anchor(machine, target)}{suffix};"
@@ -123,31 +145,35 @@ def dot(machine: Machine) -> str:
 
 def _anchor(machine: Machine, index: int) -> str:
     name = _name(machine, index)
-    return f"{name}_anchor" if machine.states[index].children else name
+    return _quoted(f"{name}_anchor" if machine.states[index].children else name)
+
+
+def _cluster(machine: Machine, index: int) -> str:
+    return _quoted(f"cluster_{_name(machine, index)}")
 
 
 def _lhead(machine: Machine, index: int) -> str:
     if machine.states[index].children:
-        return f" [lhead=cluster_{_name(machine, index)}]"
+        return f" [lhead={_cluster(machine, index)}]"
     return ""
 
 
 def _dot_children(machine: Machine, parent: StateNode, lines: list[str], pad: str) -> None:
     for child_index in (*parent.children, *parent.histories):
         child = machine.states[child_index]
-        name = _name(machine, child_index)
         label = (child.id or "").replace('"', '\\"')
+        node = _anchor(machine, child_index)
         if child.children:
             style = "dashed" if child.kind == "parallel" else "rounded"
-            lines.append(f"{pad}subgraph cluster_{name} {{")
+            lines.append(f"{pad}subgraph {_cluster(machine, child_index)} {{")
             lines.append(f'{pad}    label="{label}"; style={style};')
-            lines.append(f'{pad}    {name}_anchor [shape=point, style=invis, label=""];')
+            lines.append(f'{pad}    {node} [shape=point, style=invis, label=""];')
             _dot_children(machine, child, lines, pad + "    ")
             lines.append(f"{pad}}}")
         elif child.kind == "final":
-            lines.append(f'{pad}{name} [label="{label}", peripheries=2];')
+            lines.append(f'{pad}{node} [label="{label}", peripheries=2];')
         elif child.kind == "history":
             kind = "H*" if child.history_deep else "H"
-            lines.append(f'{pad}{name} [label="{kind}", shape=circle];')
+            lines.append(f'{pad}{node} [label="{kind}", shape=circle];')
         else:
-            lines.append(f'{pad}{name} [label="{label}"];')
+            lines.append(f'{pad}{node} [label="{label}"];')

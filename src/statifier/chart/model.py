@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
 from statifier.expr import Expression, ParseError, Program, Value
-from statifier.expr.location import Location as ExprLocation
+from statifier.expr import Location as ExprLocation
 
 __all__ = [
     "Assign",

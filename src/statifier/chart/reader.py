@@ -83,6 +83,14 @@ def read(source: bytes | str, limits: ReadLimits = DEFAULT_READ_LIMITS) -> Eleme
     data = source.encode("utf-8") if isinstance(source, str) else source
     if len(data) > limits.max_bytes:
         raise XMLProblem(f"document is {len(data)} bytes; the limit is {limits.max_bytes}", 1, 1)
+    # Only UTF-8 is read (source locations and inline markup are UTF-8 byte ranges).
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        raise XMLProblem("the document is not UTF-8", line, 1) from None
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise XMLProblem("the document is not UTF-8", 1, 1)
     return _Builder(data, limits).run()
 
 

@@ -16,10 +16,12 @@
 (('busy',), [('entered', 2)])
 """
 
+from statifier.core.content import SCXML_PROCESSOR
 from statifier.core.events import Event, EventType
 from statifier.core.interpreter import (
     MachineNotRunning,
     cancel,
+    deliver_internal,
     handle_event,
     initialize,
     macrostep,
@@ -29,12 +31,14 @@ from statifier.core.state import DEFAULT_ROUND_BUDGET, MachineState, StartOption
 
 __all__ = [
     "DEFAULT_ROUND_BUDGET",
+    "SCXML_PROCESSOR",
     "Event",
     "EventType",
     "MachineNotRunning",
     "MachineState",
     "StartOptions",
     "cancel",
+    "deliver_internal",
     "handle_event",
     "initialize",
     "macrostep",

@@ -27,9 +27,9 @@ from statifier.expr import (
     ParseError,
     Program,
     Value,
-    durations,
+    parse_duration,
+    put,
 )
-from statifier.expr.location import LocationFailure, write
 
 __all__ = ["SCXML_PROCESSOR", "ContentRunner"]
 
@@ -235,10 +235,10 @@ class ContentRunner:
         if root not in self.datamodel and not declare:
             raise _Abort(self._failure(what, where, f"{root} is not declared in the datamodel"))
         prior = _read(self.datamodel, path)
-        try:
-            write(self.datamodel, path, value)
-        except LocationFailure as failure:
-            raise _Abort(self._failure(what, where, failure.error)) from None
+        written = put(self.datamodel, path, value)
+        if isinstance(written, ExprError):
+            raise _Abort(self._failure(what, where, written))
+        self.datamodel = written
         self.emit(
             fx.DatamodelChange,
             path=path,
@@ -363,7 +363,15 @@ class ContentRunner:
             raise _Abort(self._failure("foreach", node.where, "the array is not a list"))
         for name in (node.item, node.index_name):
             if name is not None and name not in self.datamodel:
-                self.datamodel[name] = UNDEFINED
+                self.write_path(
+                    (name,),
+                    UNDEFINED,
+                    name,
+                    node.where,
+                    "foreach",
+                    content_index=node.index,
+                    declare=True,
+                )
         for position, item in enumerate(list(items)):
             self.write_path(
                 (node.item,), item, node.item, node.where, "foreach", content_index=node.index
@@ -502,7 +510,9 @@ class ContentRunner:
     def run_cancel(self, node: m.Cancel) -> None:
         send_id = node.sendid
         if node.sendidexpr is not None:
-            send_id = _string(self.evaluate(node.sendidexpr, "cancel"), "sendid", node.where)
+            send_id = _string(
+                self.evaluate(node.sendidexpr, "cancel"), "sendid", node.where, "cancel"
+            )
         self.timer_counter += 1
         self.emit(
             fx.Cancel, send_id=send_id or "", content_index=node.index, ordinal=self.timer_counter
@@ -535,7 +545,9 @@ class ContentRunner:
         try:
             kind = invoke.type
             if invoke.typeexpr is not None:
-                kind = _string(self.evaluate(invoke.typeexpr, "invoke"), "type", invoke.where)
+                kind = _string(
+                    self.evaluate(invoke.typeexpr, "invoke"), "type", invoke.where, "invoke"
+                )
             kind = kind or SCXML_INVOKE_TYPE
             if kind in _SCXML_INVOKE_TYPES:
                 kind = SCXML_INVOKE_TYPE
@@ -545,7 +557,9 @@ class ContentRunner:
                 )
             src = invoke.src
             if invoke.srcexpr is not None:
-                src = _string(self.evaluate(invoke.srcexpr, "invoke"), "src", invoke.where)
+                src = _string(
+                    self.evaluate(invoke.srcexpr, "invoke"), "src", invoke.where, "invoke"
+                )
             data = self.event_data(invoke.namelist, invoke.params, None, "invoke")
             content: Value = UNDEFINED
             if invoke.content is not None:
@@ -613,11 +627,11 @@ def _read(data: Mapping[str, Value], path: tuple[str | int, ...]) -> Value:
     return value
 
 
-def _string(value: Value, what: str, where: m.SourceLocation) -> str:
+def _string(value: Value, what: str, where: m.SourceLocation, element: str = "send") -> str:
     if type(value) is not str:
         raise _Abort(
             {
-                "element": "send",
+                "element": element,
                 "reason": "invalid",
                 "message": f"{what} must be a string",
                 "line": where.line,
@@ -636,7 +650,7 @@ def _delay(value: Value, where: m.SourceLocation) -> int:
         text = value.strip()
         if text.startswith("."):
             text = "0" + text
-        duration = durations.parse(text)
+        duration = parse_duration(text)
     if duration is None or duration.total_milliseconds() < 0:
         raise _Abort(
             {

@@ -151,9 +151,9 @@ class Log(_Stamped):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DatamodelChange(_Stamped):
-    """A write to the datamodel, by ``<assign>``, ``<script>``, ``<foreach>``, an
-    ``idlocation``, a finalize or a ``<data>`` binding. Exactly one of
-    ``content_index`` and ``data_index`` is set (neither for a global script)."""
+    """A write to the datamodel, by ``<assign>``, ``<script>`` (global scripts too),
+    ``<foreach>``, an ``idlocation``, a finalize or a ``<data>`` binding. Exactly one of
+    ``content_index`` and ``data_index`` is set."""
 
     path: tuple[str | int, ...]
     location: str

@@ -26,7 +26,15 @@ from statifier.core.events import Event
 from statifier.core.state import MachineState, StartOptions
 from statifier.expr import UNDEFINED, Value
 
-__all__ = ["MachineNotRunning", "cancel", "handle_event", "initialize", "macrostep", "microstep"]
+__all__ = [
+    "MachineNotRunning",
+    "cancel",
+    "deliver_internal",
+    "handle_event",
+    "initialize",
+    "macrostep",
+    "microstep",
+]
 
 DEFAULT_START = StartOptions()
 
@@ -59,6 +67,25 @@ def handle_event(state: MachineState, event: Event) -> tuple[MachineState, list[
     return work.freeze(), work.effects
 
 
+def deliver_internal(state: MachineState, event: Event) -> tuple[MachineState, list[fx.Effect]]:
+    """Put ``event`` on the internal queue and run to a stable configuration.
+
+    This is how a host delivers what belongs on the internal queue but arrives later:
+    a delayed ``<send target="#_internal">`` when its timer fires, or an
+    ``error.communication`` for a send it could not deliver.
+
+    Raises:
+        MachineNotRunning: ``state`` has finished.
+    """
+    if not state.running:
+        raise MachineNotRunning("the chart has finished; it takes no more events")
+    work = _Interpreter.resume(state)
+    work.begin_macrostep()
+    work.internal_queue.append(event)
+    work.main_event_loop()
+    return work.freeze(), work.effects
+
+
 def macrostep(state: MachineState) -> tuple[MachineState, list[fx.Effect]]:
     """Run pending internal events and eventless transitions to a stable configuration."""
     if not state.running:
@@ -82,6 +109,8 @@ def microstep(state: MachineState) -> tuple[MachineState, list[fx.Effect], bool]
     stable = not work.round_once()
     if not work.running:
         work.exit_interpreter()
+    elif stable:
+        work.invoke_pass()  # the macrostep ends here: start its invocations
     return work.freeze(), work.effects, stable
 
 
@@ -211,7 +240,17 @@ class _Interpreter(ContentRunner):
         self.main_event_loop()
 
     def external_event(self, event: Event) -> None:
-        """The external-event tail of ``mainEventLoop``, then the next macrostep."""
+        """The external-event tail of ``mainEventLoop``, then the next macrostep.
+
+        Internal events left by a macrostep that ran out of budget are processed
+        first, with a fresh budget, since an external event is only taken once the
+        internal queue is empty.
+        """
+        if self.internal_queue:
+            self.begin_macrostep()
+            self.main_event_loop()
+            if not self.running:
+                return
         self.begin_macrostep()
         if self.trace:
             self.emit(fx.TraceEventDequeued, event=event, queue="external")

@@ -29,6 +29,7 @@ IdentityMismatch
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -233,12 +234,14 @@ def dump(state: MachineState) -> bytes:
     text = json.dumps(
         envelope, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=tagger
     )
-    if text.count('"$type":') != tagger.count:
+    if len(_TAG_KEY.findall(text)) != tagger.count:
         raise ValueError("a map with a '$type' key cannot be stored in a position")
     return text.encode()
 
 
 _DECODER: Final = json.JSONDecoder(object_hook=_untag)
+# In compact JSON a key follows "{" or ","; inside a string a quote is escaped.
+_TAG_KEY: Final = re.compile(r'[{,]"\$type":')
 
 
 def load(machine: Machine, data: bytes) -> MachineState:
@@ -298,6 +301,10 @@ def _state(machine: Machine, body: list[Any]) -> MachineState:
     macrostep, microstep, round_, sends, invokes, timers = counters
     if not isinstance(data, dict) or not isinstance(session, str):
         raise ValueError("the datamodel is not a map")
+    if not all(type(c) is int for c in counters) or not (budget is None or type(budget) is int):
+        raise ValueError("a counter or the round budget is not an integer")
+    if type(running) is not bool or type(trace) is not bool:
+        raise ValueError("a flag is not a boolean")
     datamodel = dict(data)
     datamodel["_sessionid"] = session
     datamodel["_name"] = UNDEFINED if machine.name is None else machine.name
@@ -366,6 +373,9 @@ def export(state: MachineState) -> dict[str, Any]:
         "counters": _counters(state),
         "running": state.running,
         "round_budget": state.round_budget,
+        "trace": state.trace,
+        "send_types": sorted(state.send_types),
+        "invoke_types": None if state.invoke_types is None else sorted(state.invoke_types),
     }
 
 
@@ -388,7 +398,9 @@ def import_state(machine: Machine, exported: Mapping[str, Any]) -> MachineState:
         )
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise MalformedExport(f"not an exported position: {error}") from None
-    unknown = sorted({str(name) for name in names if name not in machine.ids})
+    if not all(isinstance(name, str) for name in names):
+        raise MalformedExport("state ids must be strings")
+    unknown = sorted({name for name in names if name not in machine.ids})
     if unknown:
         raise UnknownStateIds(unknown)
 
@@ -422,8 +434,14 @@ def import_state(machine: Machine, exported: Mapping[str, Any]) -> MachineState:
             invoke_counter=int(invokes),
             timer_counter=int(timers),
             running=bool(exported["running"]),
-            trace=False,
+            trace=bool(exported.get("trace", False)),
             round_budget=exported["round_budget"],
+            send_types=frozenset(exported.get("send_types", ())),
+            invoke_types=(
+                None
+                if exported.get("invoke_types") is None
+                else frozenset(exported["invoke_types"])
+            ),
         )
     except (KeyError, TypeError, ValueError, TaggedValueError) as error:
         raise MalformedExport(f"not an exported position: {error}") from None

@@ -31,11 +31,17 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from statifier.chart.model import Machine
-from statifier.core import Event, StartOptions, handle_event, initialize
-from statifier.core.content import SCXML_PROCESSOR
+from statifier.chart import Machine
+from statifier.core import (
+    SCXML_PROCESSOR,
+    Event,
+    MachineState,
+    StartOptions,
+    deliver_internal,
+    handle_event,
+    initialize,
+)
 from statifier.core.effects import Cancel, Done, Effect, Send, SendDelayed
-from statifier.core.state import MachineState
 
 __all__ = ["Step", "run"]
 
@@ -77,7 +83,10 @@ def run(
             event = driver.fire()
         else:
             break
-        state, effects = handle_event(state, event)
+        if event.type == "internal":  # a delayed send to #_internal whose time came
+            state, effects = deliver_internal(state, event)
+        else:
+            state, effects = handle_event(state, event)
         steps.append(driver.record(event.name, state, effects))
     return steps
 
@@ -98,19 +107,18 @@ class _Driver:
 
     def perform(self, effect: Effect) -> None:
         if isinstance(effect, Send | SendDelayed):
-            if effect.target not in (None, f"#_scxml_{SESSION_ID}") or effect.type not in (
-                None,
-                "scxml",
-                SCXML_PROCESSOR,
-            ):
+            if effect.type not in (None, "scxml", SCXML_PROCESSOR):
+                return
+            internal = effect.target in ("#_internal", "_internal")
+            if not internal and effect.target not in (None, f"#_scxml_{SESSION_ID}"):
                 return
             event = Event(
                 effect.event,
-                "external",
+                "internal" if internal else "external",
                 effect.data,
                 sendid=effect.send_id if effect.author_id else None,
-                origin=f"#_scxml_{SESSION_ID}",
-                origintype=SCXML_PROCESSOR,
+                origin=None if internal else f"#_scxml_{SESSION_ID}",
+                origintype=None if internal else SCXML_PROCESSOR,
             )
             if isinstance(effect, SendDelayed):
                 due = self.now + effect.delay_ms
