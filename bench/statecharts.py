@@ -1,0 +1,766 @@
+"""Benchmark: statechart event throughput of ``statifier.core`` against sismic and
+python-statemachine, and the cost and size of ``statifier`` position round trips.
+
+Run from the repository root, with the project installed (``pip install -e '.[bench]'``,
+plus ``pip install sismic 'python-statemachine>=3.2'`` until those are in the ``bench``
+extra; see ``bench/README.md``)::
+
+    python bench/statecharts.py                 # full run: 7 repeats x 4000 events per engine
+    python bench/statecharts.py --quick         # short run: 3 repeats x 800 events
+    python bench/statecharts.py --json out.json # also write the numbers as JSON
+    python bench/statecharts.py --profile       # cProfile of 20,000 statifier events instead
+
+or without installing: ``PYTHONPATH=src python3 bench/statecharts.py``.
+
+The chart, the same in every engine: a compound state ``c`` (children ``c1``, ``c2``)
+beside a parallel state ``p`` with two regions, ``r1`` (``a1``, ``a2``) and ``r2``
+(``b1``, ``b2``). Four transitions, all on the single event ``next``: ``c1 -> c2``,
+``c2 -> p`` (entering ``a1`` and ``b1``), ``a1 -> a2`` (inside ``r1``), and one from
+``p`` itself, guarded by "``a2`` is active", back to ``c`` (entering ``c1``). So every
+four events run the cycle ``c1 -> c2 -> {a1,b1} -> {a2,b1} -> c1``: a sibling move,
+entering a parallel state, a move inside one region, and leaving the parallel state
+through a guarded transition on the parallel state itself (the guard is evaluated on
+both events spent inside ``p``). ``b2`` is never entered. The guard is written in each
+library's own way: ``In('a2')`` in SCXML and python-statemachine, ``active('a2')`` in
+sismic. It costs an evaluation but does not decide the cycle: in ``{a1,b1}`` the
+``a1 -> a2`` transition would win over ``p``'s anyway (a transition from a descendant
+preempts a conflicting one from its ancestor), so the configuration check below would
+not notice a guard that always held.
+
+What it measures:
+
+* Throughput: events per second for one running chart, one external ``next`` event at
+  a time, each processed to completion (the macrostep). Engines, all in the same run:
+
+  * ``statifier``: the chart compiled from SCXML once; per event
+    ``state, effects = handle_event(state, Event("next"))``, threading the returned
+    state (the core is pure: every event builds a new state). The ``Event`` is built
+    per call, as the other engines build theirs from the event name.
+  * ``sismic``: the chart in sismic's YAML format, ``Interpreter(chart,
+    ignore_contract=True)``; per event ``queue("next")`` then ``execute_once()``. The
+    chart has no contracts, so skipping contract checks changes nothing but speed.
+  * ``sismic (contract checks on)``: the same with the constructor default
+    ``ignore_contract=False``.
+  * ``python-statemachine (StateChart)``: the chart as a ``StateChart`` class with
+    ``State.Compound`` and ``State.Parallel``; per event ``send("next")``. ``StateChart``
+    is the library's SCXML-conforming flavour, the one matching statifier's semantics.
+  * ``python-statemachine (StateMachine)``: the same class body on the library's other
+    base class, ``StateMachine`` (atomic configuration updates, callback errors raised
+    instead of turned into ``error.execution`` events, events without a transition
+    refused). None of that changes what this chart does, only what it costs.
+
+  Within each repeat the engines take turns in chunks of 200 events (a multiple of the
+  4-event cycle) in a rotating order, so drifting machine load hits them alike. The
+  figure per engine is the median across repeats of its events per second; a goal
+  against a library is judged against that library's faster row.
+
+* Positions: for the statifier state after each of the 4 steps of the first cycle,
+  ``statifier.core.positions.dump(state)`` (bytes) and ``load(machine, blob)``: the
+  median time of a round trip ``load(machine, dump(state))`` in microseconds (dump and
+  load are also timed alone) and the size of the dump in bytes. The size grows by one
+  byte for each further decimal digit of the state's macrostep counter.
+
+Before timing, every engine runs two cycles on a fresh instance and its leaf
+configuration after each event is compared with statifier's (and statifier's with the
+cycle above); after timing, each timed instance must be where the event count says.
+Mismatches print a warning. The garbage collector is paused while a repeat is timed
+(as ``timeit`` does); ``--gc`` keeps it running, closer to a long-lived service, where
+collections triggered by each engine's allocations count against it. This is a
+measurement, not a test: it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import json
+import os
+import platform
+import pstats
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from functools import cache, partial
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+Leaves = tuple[str, ...]
+
+EVENT = "next"
+STATIFIER = "statifier"
+SISMIC = "sismic"
+SISMIC_CONTRACTS = "sismic (contract checks on)"
+PSM = "python-statemachine"
+PSM_CHART = "python-statemachine (StateChart)"
+PSM_MACHINE = "python-statemachine (StateMachine)"
+
+# The leaf configuration after 0, 1, 2, 3 events (and again every 4 events).
+CYCLE: tuple[Leaves, ...] = (("c1",), ("c2",), ("a1", "b1"), ("a2", "b1"))
+
+SCXML = """\
+<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="c">
+  <state id="c" initial="c1">
+    <state id="c1"><transition event="next" target="c2"/></state>
+    <state id="c2"><transition event="next" target="p"/></state>
+  </state>
+  <parallel id="p">
+    <state id="r1">
+      <state id="a1"><transition event="next" target="a2"/></state>
+      <state id="a2"/>
+    </state>
+    <state id="r2">
+      <state id="b1"/>
+      <state id="b2"/>
+    </state>
+    <transition event="next" cond="In('a2')" target="c"/>
+  </parallel>
+</scxml>
+"""
+
+SISMIC_YAML = """\
+statechart:
+  name: bench
+  root state:
+    name: root
+    initial: c
+    states:
+    - name: c
+      initial: c1
+      states:
+      - name: c1
+        transitions:
+        - event: next
+          target: c2
+      - name: c2
+        transitions:
+        - event: next
+          target: p
+    - name: p
+      parallel states:
+      - name: r1
+        initial: a1
+        states:
+        - name: a1
+          transitions:
+          - event: next
+            target: a2
+        - name: a2
+      - name: r2
+        initial: b1
+        states:
+        - name: b1
+        - name: b2
+      transitions:
+      - event: next
+        guard: active('a2')
+        target: c
+"""
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One running instance of the chart."""
+
+    name: str
+    library: str  # the distribution measured (goals compare against its fastest row)
+    run: Callable[[int], None]  # process this many `next` events (the timed part)
+    leaves: Callable[[], Leaves]  # the current leaf configuration, sorted
+    note: str = ""
+
+
+class UnavailableError(Exception):
+    """The engine could not be imported or cannot express the chart."""
+
+
+# --- engines ----------------------------------------------------------------------------
+
+
+@cache
+def statifier_machine() -> Any:
+    from statifier.chart import compile_chart
+
+    return compile_chart(SCXML)
+
+
+def prepare_statifier() -> Engine:
+    from statifier.core import Event, handle_event, initialize
+
+    state, _ = initialize(statifier_machine())
+    current = [state]
+
+    def run(count: int) -> None:
+        state = current[0]
+        for _ in range(count):
+            state, _effects = handle_event(state, Event(EVENT))
+        current[0] = state
+
+    return Engine(STATIFIER, STATIFIER, run, lambda: current[0].leaf_configuration())
+
+
+def _prepare_sismic(name: str, *, check_contracts: bool, note: str) -> Engine:
+    try:
+        from sismic.interpreter import Interpreter
+        from sismic.io import import_from_yaml
+    except ImportError as error:
+        raise UnavailableError(f"not installed ({error}); pip install sismic") from error
+    chart = import_from_yaml(SISMIC_YAML)
+    interpreter = Interpreter(chart, ignore_contract=not check_contracts)
+    interpreter.execute_once()  # the initial step: enter c, c1
+    leaf_names = frozenset(s for s in chart.states if not chart.children_for(s))
+    queue, execute_once = interpreter.queue, interpreter.execute_once
+
+    def run(count: int) -> None:
+        for _ in range(count):
+            queue(EVENT)
+            execute_once()
+
+    def leaves() -> Leaves:
+        return tuple(sorted(s for s in interpreter.configuration if s in leaf_names))
+
+    return Engine(name, SISMIC, run, leaves, note)
+
+
+def prepare_sismic() -> Engine:
+    return _prepare_sismic(
+        SISMIC, check_contracts=False, note="Interpreter(ignore_contract=True); no contracts"
+    )
+
+
+def prepare_sismic_contracts() -> Engine:
+    return _prepare_sismic(
+        SISMIC_CONTRACTS,
+        check_contracts=True,
+        note="Interpreter() defaults: contracts checked (the chart has none)",
+    )
+
+
+@cache
+def psm_chart_class(flavour: str) -> Any:
+    """The chart as a python-statemachine class on the base class named ``flavour``."""
+    try:
+        import statemachine
+        from statemachine import State
+    except ImportError as error:
+        raise UnavailableError(
+            f"not installed ({error}); pip install python-statemachine"
+        ) from error
+    base = getattr(statemachine, flavour, None)
+    if base is None or not hasattr(State, "Parallel"):
+        raise UnavailableError(
+            f"python-statemachine {metadata.version('python-statemachine')} has no {flavour} "
+            "with State.Compound and State.Parallel (measured with 3.2)"
+        )
+
+    class Chart(base):  # type: ignore[misc, valid-type]
+        # b2 is never entered, which the library's definition check refuses by default.
+        validate_disconnected_states = False
+
+        class c(State.Compound):  # noqa: N801 - state ids as in the SCXML chart
+            c1 = State(initial=True)
+            c2 = State()
+
+        class p(State.Parallel):  # noqa: N801
+            class r1(State.Compound):  # noqa: N801
+                a1 = State(initial=True)
+                a2 = State()
+
+            class r2(State.Compound):  # noqa: N801
+                b1 = State(initial=True)
+                b2 = State()
+
+        next = (  # the event's name is the attribute's
+            c.c1.to(c.c2) | c.c2.to(p) | p.r1.a1.to(p.r1.a2) | p.to(c, cond="In('a2')")
+        )
+
+    return Chart
+
+
+def _prepare_psm(name: str, flavour: str, note: str) -> Engine:
+    machine = psm_chart_class(flavour)()
+    send = machine.send
+
+    def run(count: int) -> None:
+        for _ in range(count):
+            send(EVENT)
+
+    def leaves() -> Leaves:
+        return tuple(sorted(s.id for s in machine.configuration if not s.states))
+
+    return Engine(name, PSM, run, leaves, note)
+
+
+def prepare_psm_chart() -> Engine:
+    return _prepare_psm(PSM_CHART, "StateChart", "SCXML-conforming flavour; send('next')")
+
+
+def prepare_psm_machine() -> Engine:
+    return _prepare_psm(
+        PSM_MACHINE,
+        "StateMachine",
+        "non-SCXML flavour (atomic configuration update); send('next')",
+    )
+
+
+Prepare = Callable[[], Engine]  # a fresh instance, in the initial configuration
+
+ENGINES: tuple[tuple[str, Prepare], ...] = (
+    (STATIFIER, prepare_statifier),
+    (SISMIC, prepare_sismic),
+    (SISMIC_CONTRACTS, prepare_sismic_contracts),
+    (PSM_CHART, prepare_psm_chart),
+    (PSM_MACHINE, prepare_psm_machine),
+)
+
+
+# --- checking ---------------------------------------------------------------------------
+
+
+def trace(prepare: Prepare, events: int) -> list[Leaves]:
+    """Leaf configurations of a fresh instance: initially and after each event."""
+    engine = prepare()
+    seen = [engine.leaves()]
+    for _ in range(events):
+        engine.run(1)
+        seen.append(engine.leaves())
+    return seen
+
+
+def check_traces(prepares: Sequence[tuple[str, Prepare]]) -> tuple[list[Leaves], list[str]]:
+    """Two cycles on fresh instances; every engine against statifier, statifier against
+    the documented cycle. Returns statifier's trace and the problems found."""
+    events = 2 * len(CYCLE)
+    reference = trace(prepare_statifier, events)
+    problems = []
+    expected = [CYCLE[i % len(CYCLE)] for i in range(events + 1)]
+    if reference != expected:
+        problems.append(f"statifier's trace {reference} is not the documented cycle {expected}")
+    for name, prepare in prepares:
+        if name == STATIFIER:
+            continue
+        got = trace(prepare, events)
+        if got != reference:
+            step = next(i for i, (a, b) in enumerate(zip(got, reference, strict=True)) if a != b)
+            problems.append(
+                f"{name} differs from statifier after {step} event(s): "
+                f"{got[step]} instead of {reference[step]} (whole trace {got})"
+            )
+    return reference, problems
+
+
+# --- measuring throughput ---------------------------------------------------------------
+
+CHUNK = 200  # events per engine turn within a repeat; a multiple of the 4-event cycle
+WARMUP = 400
+
+
+@contextmanager
+def collector_paused(keep_gc: bool) -> Iterator[None]:
+    """Pause the garbage collector for a timed stretch, as ``timeit`` does, unless
+    ``keep_gc``; either way start from a collected heap."""
+    gc.collect()
+    if keep_gc:
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def time_repeat(engines: Sequence[Engine], number: int, keep_gc: bool) -> dict[str, float]:
+    """One repeat: ``number`` events per engine; returns events per second.
+
+    The engines take turns chunk by chunk, in a rotating order, so that load from the
+    rest of the machine is spread over all of them alike.
+    """
+    sizes = [CHUNK] * (number // CHUNK) + ([number % CHUNK] if number % CHUNK else [])
+    totals = {engine.name: 0 for engine in engines}
+    clock = time.perf_counter_ns
+    order = list(engines)
+    with collector_paused(keep_gc):
+        for turn, size in enumerate(sizes):
+            shift = turn % len(order)
+            for engine in order[shift:] + order[:shift]:
+                start = clock()
+                engine.run(size)
+                totals[engine.name] += clock() - start
+    return {name: number / (total / 1e9) for name, total in totals.items()}
+
+
+def measure_throughput(repeats: int, number: int, keep_gc: bool) -> dict[str, Any]:
+    prepares: list[tuple[str, Prepare]] = []
+    unavailable: dict[str, str] = {}
+    for name, prepare in ENGINES:
+        try:
+            prepare()
+        except UnavailableError as why:
+            unavailable[name] = str(why)
+            continue
+        prepares.append((name, prepare))
+
+    reference, problems = check_traces(prepares)
+
+    engines = [prepare() for _, prepare in prepares]
+    for engine in engines:
+        engine.run(WARMUP)
+    samples: dict[str, list[float]] = {engine.name: [] for engine in engines}
+    for _ in range(repeats):
+        for name, rate in time_repeat(engines, number, keep_gc).items():
+            samples[name].append(rate)
+
+    done = WARMUP + repeats * number
+    for engine in engines:  # did the timed instances really run the cycle?
+        want = CYCLE[done % len(CYCLE)]
+        if engine.leaves() != want:
+            problems.append(
+                f"{engine.name} ended the timed run in {engine.leaves()}, not {want}, "
+                f"after {done} events"
+            )
+
+    medians = {name: statistics.median(values) for name, values in samples.items()}
+    mine = medians.get(STATIFIER)
+    rows = []
+    for engine in engines:
+        rate = medians[engine.name]
+        rows.append(
+            {
+                "engine": engine.name,
+                "library": engine.library,
+                "note": engine.note,
+                "median_events_per_s": rate,
+                "median_us_per_event": statistics.median(1e6 / r for r in samples[engine.name]),
+                "min_events_per_s": min(samples[engine.name]),
+                "max_events_per_s": max(samples[engine.name]),
+                "samples_events_per_s": samples[engine.name],
+                # How many times more events per second statifier handles (>1: it wins).
+                "statifier_speedup": (mine / rate if mine and engine.name != STATIFIER else None),
+            }
+        )
+    return {
+        "events_per_repeat": number,
+        "warmup_events": WARMUP,
+        "trace": [list(leaves) for leaves in reference],
+        "rows": rows,
+        "unavailable": unavailable,
+        "problems": problems,
+    }
+
+
+# --- measuring positions ----------------------------------------------------------------
+
+
+def measure_positions(repeats: int, number: int, keep_gc: bool) -> dict[str, Any]:
+    """Round trips of the statifier state after each step of the first cycle."""
+    from statifier.core import Event, handle_event, initialize
+    from statifier.core.positions import dump, load
+
+    machine = statifier_machine()
+    state, _ = initialize(machine)
+    states = []
+    for _ in CYCLE:
+        state, _effects = handle_event(state, Event(EVENT))
+        states.append(state)
+
+    problems = []
+    for step, state in enumerate(states, 1):
+        blob = dump(state)
+        back = load(machine, blob)
+        if back.leaf_configuration() != state.leaf_configuration() or dump(back) != blob:
+            problems.append(f"step {step}: load(dump(state)) does not give the state back")
+
+    def round_trip(state: Any, count: int) -> None:
+        for _ in range(count):
+            load(machine, dump(state))
+
+    def dump_only(state: Any, count: int) -> None:
+        for _ in range(count):
+            dump(state)
+
+    def load_only(blob: bytes, count: int) -> None:
+        for _ in range(count):
+            load(machine, blob)
+
+    kinds: dict[str, Callable[[int], None]] = {}
+    for step, state in enumerate(states, 1):
+        blob = dump(state)
+        kinds[f"round trip {step}"] = partial(round_trip, state)
+        kinds[f"dump {step}"] = partial(dump_only, state)
+        kinds[f"load {step}"] = partial(load_only, blob)
+    for run in kinds.values():  # warm up
+        run(min(number, 100))
+    samples: dict[str, list[float]] = {name: [] for name in kinds}
+    clock = time.perf_counter_ns
+    names = list(kinds)
+    for repeat in range(repeats):
+        shift = repeat % len(names)
+        with collector_paused(keep_gc):
+            for name in names[shift:] + names[:shift]:
+                start = clock()
+                kinds[name](number)
+                samples[name].append((clock() - start) / number / 1000)
+
+    trips = [statistics.median(samples[f"round trip {step}"]) for step in range(1, len(states) + 1)]
+    sizes = [len(dump(state)) for state in states]
+    rows = []
+    for step, state in enumerate(states, 1):
+        rows.append(
+            {
+                "step": step,
+                "leaves": list(state.leaf_configuration()),
+                "size_bytes": sizes[step - 1],
+                "round_trip_us": trips[step - 1],
+                "dump_us": statistics.median(samples[f"dump {step}"]),
+                "load_us": statistics.median(samples[f"load {step}"]),
+                "round_trip_samples_us": samples[f"round trip {step}"],
+            }
+        )
+    return {
+        "round_trips_per_repeat": number,
+        "rows": rows,
+        "round_trip_us_max": max(trips),
+        "round_trip_us_median": statistics.median(trips),
+        "size_bytes_max": max(sizes),
+        "size_bytes_median": statistics.median(sizes),
+        "problems": problems,
+    }
+
+
+# --- profiling --------------------------------------------------------------------------
+
+
+def profile(events: int, top: int = 15) -> None:
+    """cProfile of ``events`` statifier ``handle_event`` calls on the chart."""
+    engine = prepare_statifier()
+    engine.run(WARMUP)
+    profiler = cProfile.Profile()
+    profiler.runcall(engine.run, events)
+    print(f"cProfile: {events:,} statifier handle_event calls on the benchmark chart")
+    stats = pstats.Stats(profiler, stream=sys.stdout)
+    stats.strip_dirs().sort_stats("tottime").print_stats(top)
+
+
+# --- reporting --------------------------------------------------------------------------
+
+GOALS = {SISMIC: 10.0, PSM: 15.0}  # statifier at least this many times the events/s
+ROUND_TRIP_GOAL_US = 20.0
+SIZE_GOAL_BYTES = 1000  # "under 1 KB", read strictly
+
+
+def machine_info() -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    versions: dict[str, str | None] = {}
+    for dist in ("statifier", "sismic", "python-statemachine"):
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            versions[dist] = None
+    if versions["statifier"] is None:  # run from the source tree via PYTHONPATH=src
+        try:
+            import statifier
+
+            versions["statifier"] = f"{statifier.__version__} (source tree)"
+        except ImportError:
+            pass
+    try:
+        load = list(os.getloadavg())
+    except OSError:
+        load = None
+    return {
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "cpus": os.cpu_count(),
+        "cpu": cpu,
+        "platform": platform.platform(),
+        "load_average_at_start": load,
+        "versions": versions,
+    }
+
+
+def fmt_ratio(value: float | None) -> str:
+    return "" if value is None else f"{value:.2f}x"
+
+
+def best_speedups(throughput: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per library: its fastest row and statifier's speedup over it."""
+    best: dict[str, dict[str, Any]] = {}
+    for row in throughput["rows"]:
+        library = row["library"]
+        if library == STATIFIER:
+            continue
+        if library not in best or row["median_events_per_s"] > best[library]["median_events_per_s"]:
+            best[library] = row
+    return best
+
+
+def print_report(
+    throughput: dict[str, Any],
+    positions: dict[str, Any],
+    info: dict[str, Any],
+    repeats: int,
+    number: int,
+    keep_gc: bool,
+) -> None:
+    collector = "running" if keep_gc else "paused"
+    print(
+        f"statecharts benchmark: {repeats} repeats x {number} '{EVENT}' events per engine, "
+        f"garbage collector {collector} while timing; "
+        f"Python {info['python']} on {info['cpus']} CPU(s), {info['cpu']}"
+    )
+    versions = info["versions"].items()
+    print("versions: " + ", ".join(f"{k} {v or 'not installed'}" for k, v in versions))
+    print("cycle (leaf configuration after 0..8 events, statifier): ", end="")
+    print(" -> ".join("{" + ",".join(leaves) + "}" for leaves in throughput["trace"]))
+    print()
+    header = (
+        f"{'engine':<38} {'median events/s':>16} {'us/event':>9} {'min..max events/s':>20} "
+        f"{'statifier speedup':>18}"
+    )
+    print(header)
+    print("-" * len(header))
+    for row in throughput["rows"]:
+        spread = f"{row['min_events_per_s']:,.0f}..{row['max_events_per_s']:,.0f}"
+        print(
+            f"{row['engine']:<38} {row['median_events_per_s']:>16,.0f} "
+            f"{row['median_us_per_event']:>9.1f} {spread:>20} "
+            f"{fmt_ratio(row['statifier_speedup']):>18}"
+        )
+    print()
+    print("'statifier speedup': statifier median events/s / engine median events/s.")
+    for row in throughput["rows"]:
+        if row["note"]:
+            print(f"note {row['engine']}: {row['note']}")
+    for name, why in throughput["unavailable"].items():
+        print(f"unavailable {name}: {why}")
+
+    print()
+    print(
+        f"positions (statifier, state after each step of the first cycle; "
+        f"{positions['round_trips_per_repeat']} round trips per repeat, median us):"
+    )
+    header = (
+        f"{'step':>4} {'leaves':<10} {'dump bytes':>10} {'dump+load us':>13} "
+        f"{'dump us':>8} {'load us':>8}"
+    )
+    print(header)
+    print("-" * len(header))
+    for row in positions["rows"]:
+        print(
+            f"{row['step']:>4} {','.join(row['leaves']):<10} {row['size_bytes']:>10,} "
+            f"{row['round_trip_us']:>13.1f} {row['dump_us']:>8.1f} {row['load_us']:>8.1f}"
+        )
+    print(
+        f"round trip: max {positions['round_trip_us_max']:.1f} us, "
+        f"median {positions['round_trip_us_median']:.1f} us; "
+        f"size: max {positions['size_bytes_max']} bytes, "
+        f"median {positions['size_bytes_median']:g} bytes"
+    )
+
+    for problem in throughput["problems"] + positions["problems"]:
+        print(f"WARNING: {problem}", file=sys.stderr)
+
+    print()
+    print("goals:")
+    best = best_speedups(throughput)
+    mine = any(row["engine"] == STATIFIER for row in throughput["rows"])
+    for library, goal in GOALS.items():
+        if not mine:
+            print(f"  at least {goal:g}x {library}: not measured (statifier unavailable)")
+        elif library not in best:
+            print(f"  at least {goal:g}x {library}: not measured (unavailable)")
+        else:
+            speedup = best[library]["statifier_speedup"]
+            verdict = "met" if speedup >= goal else "NOT met"
+            print(
+                f"  at least {goal:g}x the events/s of {library}: {verdict} "
+                f"({speedup:.2f}x its fastest row, {best[library]['engine']})"
+            )
+    trip = positions["round_trip_us_max"]
+    size = positions["size_bytes_max"]
+    print(
+        f"  position dump+load under {ROUND_TRIP_GOAL_US:g} us: "
+        f"{'met' if trip < ROUND_TRIP_GOAL_US else 'NOT met'} (worst step {trip:.1f} us)"
+    )
+    print(
+        f"  position under 1 KB ({SIZE_GOAL_BYTES:,} bytes): "
+        f"{'met' if size < SIZE_GOAL_BYTES else 'NOT met'} (largest {size} bytes)"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    parser.add_argument("--quick", action="store_true", help="short run: 3 repeats x 800")
+    parser.add_argument("--repeats", type=int, help="timed passes per engine (default 7)")
+    parser.add_argument("--number", type=int, help="events per engine and pass (default 4000)")
+    parser.add_argument(
+        "--round-trips", type=int, help="position round trips per pass (default 1000)"
+    )
+    parser.add_argument(
+        "--gc",
+        action="store_true",
+        help="keep the garbage collector running while timing (default: paused, as timeit)",
+    )
+    parser.add_argument("--json", metavar="PATH", type=Path, help="also write the numbers here")
+    parser.add_argument(
+        "--profile",
+        nargs="?",
+        const=20_000,
+        type=int,
+        metavar="EVENTS",
+        help="instead of timing, print a cProfile of statifier (default 20,000 events)",
+    )
+    args = parser.parse_args(argv)
+    if args.profile is not None:
+        if args.profile < 1:
+            parser.error("--profile must be positive")
+        profile(args.profile)
+        return 0
+    repeats = args.repeats or (3 if args.quick else 7)
+    number = args.number or (800 if args.quick else 4000)
+    round_trips = args.round_trips or (200 if args.quick else 1000)
+    if repeats < 1 or number < 1 or round_trips < 1:
+        parser.error("--repeats, --number and --round-trips must be positive")
+
+    info = machine_info()
+    throughput = measure_throughput(repeats, number, args.gc)
+    positions = measure_positions(repeats, round_trips, args.gc)
+    print_report(throughput, positions, info, repeats, number, args.gc)
+    if args.json:
+        document = {
+            "benchmark": "statecharts",
+            "date": datetime.now(UTC).date().isoformat(),
+            "command": " ".join(["python", *sys.argv]),
+            "repeats": repeats,
+            "number": number,
+            "round_trips": round_trips,
+            "garbage_collector": "running" if args.gc else "paused",
+            "machine": info,
+            "chart": {"scxml": SCXML, "sismic_yaml": SISMIC_YAML, "cycle": CYCLE},
+            "goals": {
+                "speedup": GOALS,
+                "round_trip_us": ROUND_TRIP_GOAL_US,
+                "size_bytes": SIZE_GOAL_BYTES,
+            },
+            "throughput": throughput,
+            "positions": positions,
+        }
+        args.json.write_text(json.dumps(document, indent=2, default=repr) + "\n")
+        print(f"\nwrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
