@@ -33,6 +33,7 @@ from statifier.expr import (
     compile_expression,
     compile_location,
     compile_program,
+    nodes,
 )
 
 __all__ = ["SCXML_NS", "InvalidChart", "Loader", "Problem", "compile_chart", "validate"]
@@ -188,7 +189,8 @@ class _Builder:
         compiled = compile_expression(text)
         if isinstance(compiled, ParseError):
             self._expression_failed(element, attribute, compiled, deferred)
-        return m.Expr(text, compiled, self.where(element))
+            return m.Expr(text, compiled, self.where(element))
+        return m.Expr(text, compiled, self.where(element), _state_test(compiled.tree))
 
     def _expression_failed(
         self, element: Element, attribute: str, error: ExprError, deferred: bool
@@ -868,7 +870,27 @@ class _Builder:
             identity,
             self.source,
             tuple(self.warnings),
+            has_eventless=any(
+                not transitions[t].events
+                for state in states
+                if state.kind != "history"
+                for t in state.transitions
+            ),
+            has_invokes=any(state.invokes for state in states),
         )
+
+
+def _state_test(tree: object) -> str | None:
+    """The state id when an expression is exactly ``In('id')``."""
+    if (
+        isinstance(tree, nodes.Call)
+        and tree.name == "In"
+        and len(tree.args) == 1
+        and isinstance(tree.args[0], nodes.Literal)
+        and type(tree.args[0].value) is str
+    ):
+        return tree.args[0].value
+    return None
 
 
 def _descriptor(text: str) -> tuple[str, ...]:

@@ -58,11 +58,16 @@ class SourceLocation:
 
 @dataclass(frozen=True, slots=True)
 class Expr:
-    """An attribute's expression: compiled, or the ParseError kept for run time."""
+    """An attribute's expression: compiled, or the ParseError kept for run time.
+
+    ``state_test`` names the state when the whole expression is ``In('id')``, which
+    the interpreter answers without evaluating anything.
+    """
 
     source: str
     compiled: Expression | ParseError
     where: SourceLocation
+    state_test: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,6 +294,10 @@ class Machine:
     identity: ChartIdentity
     source: bytes
     warnings: tuple[str, ...] = ()
+    has_eventless: bool = True
+    """Whether any state has an eventless transition (if not, none is ever looked for)."""
+    has_invokes: bool = True
+    """Whether any state has an ``<invoke>``."""
     memo: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
     """Derived facts the interpreter computes once and reuses (e.g. which transitions an
     event can select from a state); pure functions of the chart, so sharing is safe."""

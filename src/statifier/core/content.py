@@ -78,6 +78,7 @@ class ContentRunner:
         self.machine = machine
         self.states = machine.states
         self.transitions = machine.transitions
+        self.memo = machine.memo
         self.effects: list[fx.Effect] = []
         self._options: Options | None = None
         # The position's fields; resume() or a fresh start fills them in.
@@ -159,6 +160,8 @@ class ContentRunner:
     def test(self, expr: m.Expr, what: str) -> bool:
         """A condition: True only for ``true``; anything else is false, and a
         non-boolean or a failure also raises ``error.execution`` (without aborting)."""
+        if expr.state_test is not None:
+            return self.is_in(expr.state_test)
         try:
             value = self.evaluate(expr, what)
         except _Abort as abort:

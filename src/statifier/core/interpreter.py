@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
-from typing import Any
 
 from statifier.chart import model as m
 from statifier.core import effects as fx
@@ -137,10 +136,6 @@ class _Interpreter(ContentRunner):
     original: MachineState | None = None  # the state a step resumed from
 
     # -- construction and freezing ----------------------------------------------------
-
-    @property
-    def memo(self) -> dict[Any, Any]:
-        return self.machine.memo
 
     @classmethod
     def fresh(cls, machine: m.Machine, options: StartOptions) -> _Interpreter:
@@ -352,6 +347,10 @@ class _Interpreter(ContentRunner):
         return found
 
     def select_eventless_transitions(self) -> list[int]:
+        if not self.machine.has_eventless:
+            if self.trace:
+                self.emit(fx.TraceTransitionsSelected, transitions=(), event=None)
+            return []
         return self._select(None)
 
     def select_transitions(self, event: Event) -> list[int]:
@@ -713,6 +712,11 @@ class _Interpreter(ContentRunner):
         started_states: list[int] = []
         started_ids: list[str] = []
         states = self.states
+        if not self.machine.has_invokes:
+            self.states_to_invoke.clear()
+            if self.trace:
+                self.emit(fx.TraceInvokePass, states=(), invoke_ids=())
+            return
         for s in sorted(s for s in self.states_to_invoke if states[s].invokes):
             for invoke in states[s].invokes:
                 invoke_id = self.start_invoke(s, invoke)

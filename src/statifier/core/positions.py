@@ -29,8 +29,8 @@ IdentityMismatch
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
+from functools import lru_cache
 from typing import Any, Final
 
 from statifier.chart.model import ChartIdentity, Machine
@@ -134,22 +134,25 @@ def _event_from(data: Any) -> Event:
     return Event(name, kind, payload, sendid, origin, origintype, invokeid)
 
 
-class _Tagger:
-    """Encodes the values plain JSON lacks (the JSON encoder calls it only for those),
-    counting them so that a map of the caller's own with a ``"$type"`` key, which
-    would read back as a tagged value, is detected rather than silently altered."""
+def _tag(value: object) -> object:
+    """Encode the values plain JSON lacks (the JSON encoder calls this only for those)."""
+    encoded = encode(value)
+    if encoded is value:
+        raise TypeError(f"{type(value).__name__} cannot be stored in a position")
+    return encoded
 
-    __slots__ = ("count",)
 
-    def __init__(self) -> None:
-        self.count = 0
-
-    def __call__(self, value: object) -> object:
-        self.count += 1
-        encoded = encode(value)
-        if encoded is value:
-            raise TypeError(f"{type(value).__name__} cannot be stored in a position")
-        return encoded
+def _has_type_key(value: object, seen: set[int]) -> bool:
+    """Whether a map with a ``"$type"`` key occurs in ``value`` (it would read back as
+    a tagged value). Only searched when the written text mentions ``"$type"``."""
+    if isinstance(value, dict | list):
+        if id(value) in seen:
+            return False
+        seen.add(id(value))
+        if isinstance(value, dict):
+            return "$type" in value or any(_has_type_key(v, seen) for v in value.values())
+        return any(_has_type_key(item, seen) for item in value)
+    return False
 
 
 def _untag(mapping: dict[str, Any]) -> Any:
@@ -167,35 +170,40 @@ def _counters(state: MachineState) -> list[int]:
     ]
 
 
-_SYSTEM_DERIVED: Final = ("_sessionid", "_name", "_ioprocessors", "_event")
+_SYSTEM_DERIVED: Final = frozenset({"_sessionid", "_name", "_ioprocessors", "_event"})
+_EVENT_FIELDS: Final = ("name", "type", "sendid", "origin", "origintype", "invokeid")
 
 
+@lru_cache(maxsize=1024)
 def _standard_io(session_id: str) -> dict[str, Any]:
-    location = {"location": f"#_scxml_{session_id}"}
-    return {SCXML_PROCESSOR: location, "scxml": dict(location)}
+    """The ``_ioprocessors`` a session starts with. Cached: like every datamodel value
+    it is never changed in place, so states may share it."""
+    location = f"#_scxml_{session_id}"
+    return {SCXML_PROCESSOR: {"location": location}, "scxml": {"location": location}}
 
 
 def _last_event(value: Any) -> Any:
-    """``_event`` as a compact list (its fields are strings or undefined), or None."""
+    """``_event`` as a compact list: its six string-or-undefined fields, then its data
+    only when it has some (undefined data is the common case and needs no tag)."""
     if not isinstance(value, dict):
         return None
-    return [
-        None if type(value.get(key)) is Undefined else value.get(key)
-        for key in ("name", "type", "sendid", "origin", "origintype", "invokeid")
-    ] + [value.get("data", UNDEFINED)]
+    fields = [
+        None if type(value.get(key)) is Undefined else value.get(key) for key in _EVENT_FIELDS
+    ]
+    data = value.get("data", UNDEFINED)
+    if type(data) is not Undefined:
+        fields.append(data)
+    return fields
 
 
 def _event_value(data: Any) -> Any:
     if data is None:
         return UNDEFINED
-    *fields, payload = data
     value = {
         key: UNDEFINED if field is None else field
-        for key, field in zip(
-            ("name", "type", "sendid", "origin", "origintype", "invokeid"), fields, strict=True
-        )
+        for key, field in zip(_EVENT_FIELDS, data[:6], strict=True)
     }
-    value["data"] = payload
+    value["data"] = data[6] if len(data) > 6 else UNDEFINED
     return value
 
 
@@ -211,6 +219,7 @@ def dump(state: MachineState) -> bytes:
     datamodel = state.datamodel
     data = {key: value for key, value in datamodel.items() if key not in _SYSTEM_DERIVED}
     io = datamodel.get("_ioprocessors")
+    identity = state.machine.identity
     body = [
         sorted(state.configuration),
         [_event_json(event) for event in state.internal_queue],
@@ -229,19 +238,18 @@ def dump(state: MachineState) -> bytes:
         sorted(state.send_types),
         None if state.invoke_types is None else sorted(state.invoke_types),
     ]
-    envelope = [_TAG, FORMAT_VERSION, _identity_json(state.machine.identity), body]
-    tagger = _Tagger()
-    text = json.dumps(
-        envelope, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=tagger
-    )
-    if len(_TAG_KEY.findall(text)) != tagger.count:
+    envelope = [_TAG, FORMAT_VERSION, [identity.content_hash, identity.name, identity.version]]
+    envelope.append(body)
+    text = _ENCODER.encode(envelope)
+    if '"$type"' in text and _has_type_key(body, set()):
         raise ValueError("a map with a '$type' key cannot be stored in a position")
     return text.encode()
 
 
+_ENCODER: Final = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_tag
+)
 _DECODER: Final = json.JSONDecoder(object_hook=_untag)
-# In compact JSON a key follows "{" or ","; inside a string a quote is escaped.
-_TAG_KEY: Final = re.compile(r'[{,]"\$type":')
 
 
 def load(machine: Machine, data: bytes) -> MachineState:
@@ -260,23 +268,24 @@ def load(machine: Machine, data: bytes) -> MachineState:
         raise NotAPosition("the bytes are not a position")
     if envelope[1] != FORMAT_VERSION:
         raise UnsupportedFormatVersion(envelope[1])
-    try:
-        stored = ChartIdentity(envelope[2]["hash"], envelope[2]["name"], envelope[2]["version"])
-    except (TypeError, KeyError):
-        raise NotAPosition("the position's chart identity is unreadable") from None
-    if stored != machine.identity:
-        raise IdentityMismatch(stored, machine.identity)
+    identity = machine.identity
+    stored = envelope[2]
+    if stored != [identity.content_hash, identity.name, identity.version]:
+        if not (isinstance(stored, list) and len(stored) == 3):
+            raise NotAPosition("the position's chart identity is unreadable")
+        raise IdentityMismatch(ChartIdentity(*stored), identity)
     try:
         return _state(machine, envelope[3])
-    except (TypeError, KeyError, ValueError, TaggedValueError) as error:
+    except (TypeError, KeyError, ValueError, IndexError, TaggedValueError) as error:
         raise NotAPosition(f"the position is damaged: {error}") from None
 
 
-def _indexes(machine: Machine, values: Any) -> frozenset[int]:
-    result = frozenset(values)
-    if any(type(i) is not int or not 0 <= i < len(machine.states) for i in result):
-        raise ValueError("a state index is out of range")
-    return result
+def _indexes(count: int, values: list[Any]) -> frozenset[int]:
+    """State indexes, checked to be integers in range (positions are untrusted)."""
+    for index in values:
+        if type(index) is not int or not 0 <= index < count:
+            raise ValueError("a state index is out of range")
+    return frozenset(values)
 
 
 def _state(machine: Machine, body: list[Any]) -> MachineState:
@@ -305,29 +314,29 @@ def _state(machine: Machine, body: list[Any]) -> MachineState:
         raise ValueError("a counter or the round budget is not an integer")
     if type(running) is not bool or type(trace) is not bool:
         raise ValueError("a flag is not a boolean")
-    datamodel = dict(data)
-    datamodel["_sessionid"] = session
-    datamodel["_name"] = UNDEFINED if machine.name is None else machine.name
-    datamodel["_ioprocessors"] = _standard_io(session) if io is None else io
-    datamodel["_event"] = _event_value(event)
+    count = len(machine.states)
+    data["_sessionid"] = session
+    data["_name"] = UNDEFINED if machine.name is None else machine.name
+    data["_ioprocessors"] = _standard_io(session) if io is None else io
+    data["_event"] = _event_value(event)
     return MachineState(
         machine,
-        _indexes(machine, configuration),
-        tuple(_event_from(item) for item in queue),
-        {int(h): tuple(sorted(_indexes(machine, value))) for h, value in history},
-        _indexes(machine, entered),
-        _indexes(machine, to_invoke),
-        {(int(s), int(i)): str(v) for s, i, v in invocations},
-        datamodel,
+        _indexes(count, configuration),
+        tuple(_event_from(item) for item in queue) if queue else (),
+        {int(h): tuple(sorted(_indexes(count, value))) for h, value in history} if history else {},
+        _indexes(count, entered),
+        _indexes(count, to_invoke),
+        {(int(s), int(i)): str(v) for s, i, v in invocations} if invocations else {},
+        data,
         session,
-        int(macrostep),
-        int(microstep),
-        int(round_),
-        int(sends),
-        int(invokes),
-        int(timers),
-        bool(running),
-        bool(trace),
+        macrostep,
+        microstep,
+        round_,
+        sends,
+        invokes,
+        timers,
+        running,
+        trace,
         budget,
         frozenset(send_types),
         None if invoke_types is None else frozenset(invoke_types),
