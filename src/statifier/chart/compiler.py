@@ -623,10 +623,6 @@ class _Builder:
         content = self._content_child(element)
         if content is not None and (params or "namelist" in element.attributes):
             self.problem(element, "<send> takes <content> or namelist/<param>, not both")
-        if content is not None and (
-            "event" in element.attributes or "eventexpr" in element.attributes
-        ):
-            pass  # allowed: the content is the event's data
         if (
             "event" not in element.attributes
             and "eventexpr" not in element.attributes

@@ -177,17 +177,9 @@ class ContentRunner:
 
     def read_location(self, location: m.LocationExpr, what: str) -> Value:
         path = self.resolve(location, what)
-        value: Value = self.datamodel.get(str(path[0]), _MISSING)
-        if value is _MISSING:
+        if str(path[0]) not in self.datamodel:
             raise _Abort(self._failure(what, location.where, f"{path[0]} is not declared"))
-        for step in path[1:]:
-            if isinstance(value, Mapping):
-                value = value.get(step, UNDEFINED)
-            elif isinstance(value, list) and type(step) is int and 0 <= step < len(value):
-                value = value[step]
-            else:
-                return UNDEFINED
-        return value
+        return _read(self.datamodel, path)
 
     def resolve(self, location: m.LocationExpr, what: str) -> tuple[str | int, ...]:
         compiled = location.compiled
@@ -267,19 +259,20 @@ class ContentRunner:
         datamodel["_event"] = UNDEFINED
         self.datamodel = datamodel
         self.emit(fx.DatamodelInit, datamodel=dict(datamodel))
-        self._overridden = frozenset(overrides)
+        self.overridden = frozenset(overrides)
         if machine.late_binding:
             self.bind_data(self.states[0].data)
             self.entered.add(0)
         else:
             self.bind_data(range(len(machine.data)))
 
-    _overridden: frozenset[str] = frozenset()
+    overridden: frozenset[str] = frozenset()
+    """Top-level names the host supplied at start: their ``<data>`` is not evaluated."""
 
     def bind_data(self, indexes: Any) -> None:
         for index in indexes:
             element = self.machine.data[index]
-            if element.id in self._overridden:
+            if element.id in self.overridden:
                 continue
             try:
                 value = self.data_value(element)
@@ -615,10 +608,8 @@ class ContentRunner:
             self.execution_error(abort.data)
 
 
-_MISSING: Final = object()
-
-
 def _read(data: Mapping[str, Value], path: tuple[str | int, ...]) -> Value:
+    """The value at ``path``, or undefined where the path leads nowhere."""
     value: Value = data.get(str(path[0]), UNDEFINED)
     for step in path[1:]:
         if isinstance(value, Mapping):

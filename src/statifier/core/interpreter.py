@@ -16,7 +16,7 @@ instead of running forever.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from statifier.chart import model as m
 from statifier.core import effects as fx
@@ -221,11 +221,11 @@ class _Interpreter(ContentRunner):
 
     # -- interpret and the event loop -------------------------------------------------
 
-    def interpret(self, overrides: dict[str, Value] | object) -> None:
+    def interpret(self, overrides: Mapping[str, Value]) -> None:
         """Appendix D ``interpret``, up to the first stable configuration."""
         self.begin_macrostep()
         self.begin_microstep()
-        self.initialize_datamodel(overrides)  # type: ignore[arg-type]
+        self.initialize_datamodel(overrides)
         self.running = True
         for script in self.machine.scripts:
             self.execute_content((script,), "script")

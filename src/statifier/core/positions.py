@@ -187,9 +187,8 @@ def _last_event(value: Any) -> Any:
     only when it has some (undefined data is the common case and needs no tag)."""
     if not isinstance(value, dict):
         return None
-    fields = [
-        None if type(value.get(key)) is Undefined else value.get(key) for key in _EVENT_FIELDS
-    ]
+    fields = [value.get(key) for key in _EVENT_FIELDS]
+    fields = [None if type(field) is Undefined else field for field in fields]
     data = value.get("data", UNDEFINED)
     if type(data) is not Undefined:
         fields.append(data)
@@ -199,12 +198,16 @@ def _last_event(value: Any) -> Any:
 def _event_value(data: Any) -> Any:
     if data is None:
         return UNDEFINED
-    value = {
-        key: UNDEFINED if field is None else field
-        for key, field in zip(_EVENT_FIELDS, data[:6], strict=True)
+    name, kind, sendid, origin, origintype, invokeid, *payload = data
+    return {
+        "name": name,
+        "type": kind,
+        "sendid": UNDEFINED if sendid is None else sendid,
+        "origin": UNDEFINED if origin is None else origin,
+        "origintype": UNDEFINED if origintype is None else origintype,
+        "invokeid": UNDEFINED if invokeid is None else invokeid,
+        "data": payload[0] if payload else UNDEFINED,
     }
-    value["data"] = data[6] if len(data) > 6 else UNDEFINED
-    return value
 
 
 def dump(state: MachineState) -> bytes:
@@ -246,6 +249,8 @@ def dump(state: MachineState) -> bytes:
     return text.encode()
 
 
+_ALL_STATES: Final = ("positions", "all states")  # memo key: every state index
+
 _ENCODER: Final = json.JSONEncoder(
     sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_tag
 )
@@ -280,12 +285,12 @@ def load(machine: Machine, data: bytes) -> MachineState:
         raise NotAPosition(f"the position is damaged: {error}") from None
 
 
-def _indexes(count: int, values: list[Any]) -> frozenset[int]:
-    """State indexes, checked to be integers in range (positions are untrusted)."""
-    for index in values:
-        if type(index) is not int or not 0 <= index < count:
-            raise ValueError("a state index is out of range")
-    return frozenset(values)
+def _indexes(valid: frozenset[int], values: list[Any]) -> frozenset[int]:
+    """State indexes, checked to be indexes of the machine (positions are untrusted)."""
+    result = frozenset(values)
+    if not result <= valid:
+        raise ValueError("a state index is out of range")
+    return result
 
 
 def _state(machine: Machine, body: list[Any]) -> MachineState:
@@ -314,18 +319,20 @@ def _state(machine: Machine, body: list[Any]) -> MachineState:
         raise ValueError("a counter or the round budget is not an integer")
     if type(running) is not bool or type(trace) is not bool:
         raise ValueError("a flag is not a boolean")
-    count = len(machine.states)
+    valid: frozenset[int] | None = machine.memo.get(_ALL_STATES)
+    if valid is None:
+        valid = machine.memo[_ALL_STATES] = frozenset(range(len(machine.states)))
     data["_sessionid"] = session
     data["_name"] = UNDEFINED if machine.name is None else machine.name
     data["_ioprocessors"] = _standard_io(session) if io is None else io
     data["_event"] = _event_value(event)
     return MachineState(
         machine,
-        _indexes(count, configuration),
+        _indexes(valid, configuration),
         tuple(_event_from(item) for item in queue) if queue else (),
-        {int(h): tuple(sorted(_indexes(count, value))) for h, value in history} if history else {},
-        _indexes(count, entered),
-        _indexes(count, to_invoke),
+        {int(h): tuple(sorted(_indexes(valid, value))) for h, value in history} if history else {},
+        _indexes(valid, entered),
+        _indexes(valid, to_invoke),
         {(int(s), int(i)): str(v) for s, i, v in invocations} if invocations else {},
         data,
         session,
