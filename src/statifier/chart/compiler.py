@@ -22,7 +22,14 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from statifier.chart import model as m
-from statifier.chart.reader import DEFAULT_READ_LIMITS, Element, ReadLimits, XMLProblem, read
+from statifier.chart.reader import (
+    DEFAULT_READ_LIMITS,
+    Element,
+    ReadLimits,
+    XMLProblem,
+    read,
+    start_tag_end,
+)
 from statifier.expr import (
     UNDEFINED,
     ExprError,
@@ -698,6 +705,14 @@ class _Builder:
         if element.children:
             first, last = element.children[0], element.children[-1]
             markup = self.source[first.start : last.end].decode("utf-8")
+            if (
+                first.tag == f"{{{SCXML_NS}}}scxml"
+                and b"xmlns"
+                not in self.source[first.start : start_tag_end(self.source, first.start)]
+            ):
+                # An inline chart inherits the namespace; written out on its own it
+                # needs the declaration to stay a chart.
+                markup = markup.replace("<scxml", f'<scxml xmlns="{SCXML_NS}"', 1)
             return m.Content(None, markup, markup, self.where(element))
         value = fold_text(element.text, collapse=collapse)
         return m.Content(None, value, None, self.where(element))

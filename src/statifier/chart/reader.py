@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Final
 from xml.parsers import expat
 
-__all__ = ["Element", "ReadLimits", "XMLProblem", "read"]
+__all__ = ["Element", "ReadLimits", "XMLProblem", "read", "start_tag_end"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +152,7 @@ class _Builder:
             self.parser.CurrentByteIndex,
             attribute_order=tuple(pairs),
         )
-        tag_end = _start_tag_end(self.data, element.start)
+        tag_end = start_tag_end(self.data, element.start)
         if self.data[tag_end - 2 : tag_end] == b"/>":
             element.end = tag_end
         if self.stack:
@@ -172,7 +172,7 @@ class _Builder:
             self.stack[-1].text_parts.append(text)
 
 
-def _start_tag_end(data: bytes, start: int) -> int:
+def start_tag_end(data: bytes, start: int) -> int:
     """The offset just past the ``>`` closing the start tag at ``start``."""
     quote = 0
     for offset in range(start + 1, len(data)):

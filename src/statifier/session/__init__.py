@@ -1,5 +1,8 @@
 """Running charts: performing what the pure core plans.
 
-Today this holds :mod:`statifier.session.trace`, a synchronous driver on a virtual
-clock used by ``statifier trace`` and by tests.
+- :mod:`statifier.session.live`: asyncio sessions (:class:`~statifier.session.live.System`,
+  :class:`~statifier.session.live.Session`) that perform sends, timers and invocations.
+- :mod:`statifier.session.clock`: the real clock and a virtual one for tests.
+- :mod:`statifier.session.trace`: a synchronous virtual-clock driver for
+  ``statifier trace``.
 """

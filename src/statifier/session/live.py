@@ -1,0 +1,389 @@
+"""Live sessions: charts running in asyncio, performing what the pure core plans.
+
+A :class:`System` holds sessions that can reach each other and the clock they share.
+Each :class:`Session` owns an external queue and runs one macrostep at a time through
+:func:`~statifier.core.handle_event`, then performs the step's effects in order:
+
+- a send with no target, or to ``#_scxml_<own id>``, joins its own queue; to
+  ``#_scxml_<other id>`` another session's; to ``#_parent`` its parent's; to
+  ``#_<invokeid>`` an invoked child's. A target nobody answers to raises
+  ``error.communication`` in the sender.
+- a delayed send arms a timer on the clock (``#_internal`` ones are delivered to the
+  internal queue when they fire); ``<cancel>`` disarms every timer armed under that
+  send id.
+- ``<invoke type="scxml">`` starts a child session from the inline chart or, through
+  the system's loader, from ``src``; its ``#_parent`` sends and its completion
+  (``done.invoke.<id>``) come back tagged with the invoke id; leaving the state cancels
+  the child, and events still in flight from a cancelled child are dropped.
+
+>>> import asyncio
+>>> from statifier.chart import compile_chart
+>>> chart = compile_chart(
+...     '<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="a">'
+...     '<state id="a"><onentry><send event="tick" delay="1s"/></onentry>'
+...     '<transition event="tick" target="b"/></state><final id="b"/></scxml>'
+... )
+>>> async def main():
+...     async with System(VirtualClock()) as system:
+...         session = await system.start(chart)
+...         await system.run_until_idle()
+...         return session.configuration, system.clock.now_ms()
+>>> asyncio.run(main())
+(('b',), 1000)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from statifier.chart import InvalidChart, Machine, compile_chart
+from statifier.core import (
+    SCXML_PROCESSOR,
+    Event,
+    MachineState,
+    StartOptions,
+    cancel,
+    deliver_internal,
+    handle_event,
+    initialize,
+)
+from statifier.core import effects as fx
+from statifier.expr import Value
+from statifier.session.clock import Clock, RealClock, TimerHandle, VirtualClock
+
+__all__ = ["Session", "System"]
+
+_SCXML_TYPES = (None, "scxml", SCXML_PROCESSOR)
+_INVOKE_SCXML = "http://www.w3.org/TR/scxml/"
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    """A queued input: an external event (``from_invoke`` names the child it came
+    from), an event for the internal queue, or a request to cancel."""
+
+    kind: str
+    event: Event | None = None
+    from_invoke: str | None = None
+
+
+class System:
+    """Sessions that can address each other, a shared clock, and a loader for
+    ``<invoke src>`` (nothing is ever fetched without one)."""
+
+    def __init__(
+        self, clock: Clock | None = None, *, loader: Callable[[str], str] | None = None
+    ) -> None:
+        self.clock: Clock = clock if clock is not None else RealClock()
+        self.loader = loader
+        self.sessions: dict[str, Session] = {}
+        self._issued = 0
+
+    def new_id(self) -> str:
+        """A session id unique within this system."""
+        self._issued += 1
+        return f"session_{self._issued}"
+
+    async def start(
+        self,
+        machine: Machine,
+        *,
+        session_id: str | None = None,
+        datamodel: Mapping[str, Value] | None = None,
+        parent: tuple[Session, str] | None = None,
+    ) -> Session:
+        """Start ``machine`` as a new session and run it to its first stable point."""
+        session = Session(self, machine, session_id or self.new_id(), parent)
+        self.sessions[session.id] = session
+        session.begin(datamodel or {})
+        return session
+
+    def idle(self) -> bool:
+        return all(session.idle for session in self.sessions.values())
+
+    async def settle(self) -> None:
+        """Let every session work through its queue."""
+        # A scheduling barrier: yield until the session tasks have run dry.
+        while not self.idle():  # noqa: ASYNC110
+            await asyncio.sleep(0)
+
+    async def close(self) -> None:
+        """Stop every session's task (timers die with their sessions)."""
+        tasks = [s._task for s in self.sessions.values() if s._task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def __aenter__(self) -> System:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def run_until_idle(self, *, max_timers: int = 10_000) -> None:
+        """With a virtual clock: settle, then fire the next timer, until none remain
+        or every session has finished (at most ``max_timers`` timers)."""
+        clock = self.clock
+        assert isinstance(clock, VirtualClock), "run_until_idle needs a VirtualClock"
+        for _ in range(max_timers):
+            await self.settle()
+            if all(not s.running for s in self.sessions.values()) or not clock.advance():
+                break
+        await self.settle()
+
+
+class Session:
+    """One running chart. Build with :meth:`System.start`."""
+
+    def __init__(
+        self, system: System, machine: Machine, session_id: str, parent: tuple[Session, str] | None
+    ) -> None:
+        self.system = system
+        self.machine = machine
+        self.id = session_id
+        self.parent = parent
+        self.performed: list[fx.Effect] = []
+        self.logs: list[tuple[str | None, Value]] = []
+        self.final_configuration: tuple[str, ...] = ()
+        self.donedata: Value = None
+        self._inbox: deque[_Entry] = deque()
+        self._wake = asyncio.Event()
+        self._busy = False
+        self._timers: dict[str, list[TimerHandle]] = {}
+        self._children: dict[str, Session] = {}
+        # Invocations cancelled while their child still ran: anything the child sent
+        # that is still queued is dropped. (A child that finished first is not in here:
+        # its done.invoke was sent before the cancel and is delivered.)
+        self._cancelled: set[str] = set()
+        self._task: asyncio.Task[None] | None = None
+        self.state: MachineState
+
+    # -- queries -----------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        return self.state.running
+
+    @property
+    def idle(self) -> bool:
+        return not self._busy and (not self._inbox or not self.state.running)
+
+    @property
+    def configuration(self) -> tuple[str, ...]:
+        """The active leaf states (the final ones once the chart has finished)."""
+        return self.state.leaf_configuration() if self.running else self.final_configuration
+
+    # -- inputs --------------------------------------------------------------------------
+
+    def send(self, event: Event | str) -> None:
+        """Queue an external event."""
+        self._put(_Entry("event", Event(event) if isinstance(event, str) else event))
+
+    def request_cancel(self) -> None:
+        """Stop the chart: it exits its states (running onexit) and finishes."""
+        self._put(_Entry("cancel"))
+
+    def _put(self, entry: _Entry, *, first: bool = False) -> None:
+        if first:
+            self._inbox.appendleft(entry)
+        else:
+            self._inbox.append(entry)
+        self._wake.set()
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def begin(self, datamodel: Mapping[str, Value]) -> None:
+        self.state, effects = initialize(
+            self.machine, StartOptions(session_id=self.id, datamodel=datamodel)
+        )
+        self._perform(effects)
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        while self.state.running:
+            if not self._inbox:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            entry = self._inbox.popleft()
+            self._busy = True
+            try:
+                self._step(entry)
+            finally:
+                self._busy = False
+            await asyncio.sleep(0)
+        self._inbox.clear()
+
+    def _step(self, entry: _Entry) -> None:
+        if entry.kind == "cancel":
+            self.state, effects = cancel(self.state)
+        elif entry.kind == "internal":
+            assert entry.event is not None
+            self.state, effects = deliver_internal(self.state, entry.event)
+        else:
+            assert entry.event is not None
+            if entry.from_invoke is not None and entry.from_invoke in self._cancelled:
+                return  # sent by a child after its invocation was cancelled
+            self.state, effects = handle_event(self.state, entry.event)
+        self._perform(effects)
+
+    # -- effects -------------------------------------------------------------------------
+
+    def _perform(self, effects: list[fx.Effect]) -> None:
+        for effect in effects:
+            self.performed.append(effect)
+            if isinstance(effect, fx.Send):
+                self._route(effect.target, self._delivered(effect), effect.type)
+            elif isinstance(effect, fx.SendDelayed):
+                self._arm(effect)
+            elif isinstance(effect, fx.Cancel):
+                for handle in self._timers.pop(effect.send_id, []):
+                    handle.cancel()
+            elif isinstance(effect, fx.Invoke):
+                self._invoke(effect)
+            elif isinstance(effect, fx.CancelInvoke):
+                child = self._children.pop(effect.invoke_id, None)
+                if child is not None and child.running:
+                    self._cancelled.add(effect.invoke_id)
+                    child.parent = None  # its completion no longer concerns us
+                    child.request_cancel()
+            elif isinstance(effect, fx.Autoforward):
+                child = self._children.get(effect.invoke_id)
+                if child is not None:
+                    child.send(effect.event)
+            elif isinstance(effect, fx.Log):
+                self.logs.append((effect.label, effect.value))
+            elif isinstance(effect, fx.Done):
+                self._finish(effect)
+
+    def _delivered(self, effect: fx.Send | fx.SendDelayed) -> Event:
+        internal = effect.target in ("#_internal", "_internal")
+        return Event(
+            effect.event,
+            "internal" if internal else "external",
+            effect.data,
+            sendid=effect.send_id if effect.author_id else None,
+            origin=None if internal else f"#_scxml_{self.id}",
+            origintype=None if internal else SCXML_PROCESSOR,
+        )
+
+    def _route(self, target: str | None, event: Event, kind: str | None) -> None:
+        """Deliver ``event`` to ``target`` now, or raise error.communication here."""
+        if kind not in _SCXML_TYPES:
+            self._communication_error(f"no I/O processor for send type {kind!r}", event)
+            return
+        if target in ("#_internal", "_internal"):
+            self._put(_Entry("internal", event), first=True)
+            return
+        if target is None or target == f"#_scxml_{self.id}":
+            self.send(event)
+            return
+        if target in ("#_parent", "_parent"):
+            if self.parent is None:
+                self._communication_error("this session has no parent", event)
+                return
+            parent, invoke_id = self.parent
+            parent._put(_Entry("event", _with_invokeid(event, invoke_id), from_invoke=invoke_id))
+            return
+        if target.startswith("#_scxml_"):
+            other = self.system.sessions.get(target.removeprefix("#_scxml_"))
+            if other is None or not other.running:
+                self._communication_error(f"no session answers to {target}", event)
+                return
+            other.send(event)
+            return
+        if target.startswith("#_"):
+            child = self._children.get(target[2:])
+            if child is None or not child.running:
+                self._communication_error(f"no invoked child answers to {target}", event)
+                return
+            child.send(event)
+            return
+        self._communication_error(f"cannot deliver to {target!r}", event)
+
+    def _communication_error(self, message: str, event: Event) -> None:
+        failure = Event(
+            "error.communication", "platform", {"message": message}, sendid=event.sendid
+        )
+        self._put(_Entry("internal", failure), first=True)
+
+    def _arm(self, effect: fx.SendDelayed) -> None:
+        event = self._delivered(effect)
+
+        def fire() -> None:
+            handles = self._timers.get(effect.send_id, [])
+            if handle in handles:
+                handles.remove(handle)
+            if self.running:
+                self._route(effect.target, event, effect.type)
+
+        handle = self.system.clock.call_later(effect.delay_ms, fire)
+        self._timers.setdefault(effect.send_id, []).append(handle)
+
+    def _invoke(self, effect: fx.Invoke) -> None:
+        invoke_id = effect.invoke_id
+        if effect.type != _INVOKE_SCXML:
+            self._invoke_failed(invoke_id, f"no handler for invoke type {effect.type!r}")
+            return
+        source = effect.content if isinstance(effect.content, str) else None
+        if source is None and effect.src is not None:
+            if self.system.loader is None:
+                self._invoke_failed(invoke_id, f"<invoke src={effect.src!r}> is never fetched")
+                return
+            try:
+                source = self.system.loader(effect.src)
+            except Exception as error:  # noqa: BLE001 - the loader is host code
+                self._invoke_failed(invoke_id, f"cannot load {effect.src!r}: {error}")
+                return
+        if source is None:
+            self._invoke_failed(invoke_id, "the invoke names no chart")
+            return
+        try:
+            machine = compile_chart(source)
+        except InvalidChart as invalid:
+            self._invoke_failed(invoke_id, f"the invoked chart is invalid: {invalid}")
+            return
+        declared = {element.id for element in machine.data}
+        data = effect.data if isinstance(effect.data, dict) else {}
+        seeded = {name: value for name, value in data.items() if name in declared}
+        child = Session(self.system, machine, self.system.new_id(), (self, invoke_id))
+        self.system.sessions[child.id] = child
+        self._children[invoke_id] = child
+        self._cancelled.discard(invoke_id)
+        child.begin(seeded)
+
+    def _invoke_failed(self, invoke_id: str, message: str) -> None:
+        failure = Event("error.execution", "platform", {"message": message}, invokeid=invoke_id)
+        self._put(_Entry("internal", failure), first=True)
+
+    def _finish(self, effect: fx.Done) -> None:
+        self.final_configuration = effect.configuration
+        self.donedata = effect.donedata
+        for handles in self._timers.values():
+            for handle in handles:
+                handle.cancel()
+        self._timers.clear()
+        for child in self._children.values():
+            child.parent = None
+            child.request_cancel()
+        self._children.clear()
+        if self.parent is not None:
+            parent, invoke_id = self.parent
+            done = Event(f"done.invoke.{invoke_id}", data=effect.donedata, invokeid=invoke_id)
+            parent._put(_Entry("event", done, from_invoke=invoke_id))
+        self._wake.set()
+
+
+def _with_invokeid(event: Event, invoke_id: str) -> Event:
+    return Event(
+        event.name,
+        event.type,
+        event.data,
+        event.sendid,
+        event.origin,
+        event.origintype,
+        invoke_id,
+    )

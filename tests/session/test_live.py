@@ -1,0 +1,164 @@
+"""Live sessions on a virtual clock (and one on the real clock)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from statifier.chart import compile_chart
+from statifier.core import Event
+from statifier.session.clock import RealClock, VirtualClock
+from statifier.session.live import Session, System
+
+NS = "http://www.w3.org/2005/07/scxml"
+
+
+def chart(body: str, attrs: str = "") -> str:
+    return f'<scxml xmlns="{NS}" {attrs}>{body}</scxml>'
+
+
+async def run_virtual(source: str, *events: str) -> tuple[System, Session]:
+    async with System(VirtualClock()) as system:
+        session = await system.start(compile_chart(source))
+        for event in events:
+            await system.settle()
+            session.send(Event(event))
+        await system.run_until_idle()
+    return system, session
+
+
+def test_delayed_sends_fire_in_due_order_on_the_virtual_clock() -> None:
+    source = chart(
+        '<datamodel><data id="seen" expr="[]"/></datamodel>'
+        '<state id="a"><onentry><send event="late" delay="2s"/><send event="early" delay="1s"/>'
+        "</onentry>"
+        '<transition event="early"><assign location="seen" expr="seen + [\'early\']"/>'
+        "</transition>"
+        '<transition event="late" target="done"><assign location="seen" '
+        "expr=\"seen + ['late']\"/></transition></state>"
+        '<final id="done"/>'
+    )
+    system, session = asyncio.run(run_virtual(source))
+    assert session.configuration == ("done",)
+    assert system.clock.now_ms() == 2000
+    assert session.state.datamodel["seen"] == ["early", "late"]
+
+
+def test_cancel_disarms_every_timer_under_the_send_id() -> None:
+    source = chart(
+        '<state id="a"><onentry><send id="t" event="timeout" delay="5s"/>'
+        '<send id="t" event="timeout" delay="6s"/><cancel sendid="t"/>'
+        '<send event="go" delay="1s"/></onentry>'
+        '<transition event="go" target="ok"/><transition event="timeout" target="bad"/></state>'
+        '<final id="ok"/><final id="bad"/>'
+    )
+    _, session = asyncio.run(run_virtual(source))
+    assert session.configuration == ("ok",)
+
+
+def test_external_events_and_self_sends_share_the_queue() -> None:
+    source = chart(
+        '<state id="a"><transition event="ping" target="b"><send event="pong"/></transition>'
+        "</state>"
+        '<state id="b"><transition event="pong" target="c"/></state><final id="c"/>'
+    )
+    _, session = asyncio.run(run_virtual(source, "ping"))
+    assert session.configuration == ("c",)
+
+
+def test_invoked_child_talks_to_its_parent_and_reports_done() -> None:
+    source = chart(
+        '<state id="a"><invoke id="kid" type="scxml"><content>'
+        '<scxml initial="k1"><state id="k1"><onentry>'
+        '<send target="#_parent" event="hello"/></onentry>'
+        '<transition event="reply" target="k2"/></state>'
+        '<final id="k2"><donedata><param name="v" expr="42"/></donedata></final></scxml>'
+        "</content></invoke>"
+        '<transition event="hello"><send target="#_kid" event="reply"/></transition>'
+        '<transition event="done.invoke.kid" cond="_event.data.v == 42" target="ok"/></state>'
+        '<final id="ok"/>'
+    )
+    _, session = asyncio.run(run_virtual(source))
+    assert session.configuration == ("ok",)
+
+
+def test_leaving_the_invoking_state_cancels_the_child() -> None:
+    source = chart(
+        '<state id="a"><invoke id="kid" type="scxml"><content>'
+        '<scxml><state id="k"><onexit><send target="#_parent" event="late"/></onexit>'
+        "</state></scxml></content></invoke>"
+        '<transition event="leave" target="b"/></state>'
+        '<state id="b"><onentry><send event="check" delay="1s"/></onentry>'
+        '<transition event="late" target="bad"/><transition event="check" target="ok"/></state>'
+        '<final id="ok"/><final id="bad"/>'
+    )
+    system, session = asyncio.run(run_virtual(source, "leave"))
+    assert session.configuration == ("ok",)
+    children = [s for s in system.sessions.values() if s is not session]
+    assert [child.running for child in children] == [False]
+
+
+def test_unreachable_targets_raise_error_communication() -> None:
+    source = chart(
+        '<state id="a"><onentry><send event="x" target="#_scxml_nobody"/></onentry>'
+        '<transition event="error.communication" target="ok"/></state><final id="ok"/>'
+    )
+    _, session = asyncio.run(run_virtual(source))
+    assert session.configuration == ("ok",)
+
+
+def test_sessions_reach_each_other_by_id() -> None:
+    async def scenario() -> tuple[Session, Session]:
+        system = System(VirtualClock())
+        receiver = await system.start(
+            compile_chart(
+                chart(
+                    '<state id="r"><transition event="note" target="got"/></state><final id="got"/>'
+                )
+            ),
+            session_id="receiver",
+        )
+        sender = await system.start(
+            compile_chart(
+                chart(
+                    '<state id="s"><onentry>'
+                    '<send event="note" target="#_scxml_receiver"/></onentry>'
+                    "</state>"
+                )
+            )
+        )
+        await system.run_until_idle()
+        await system.close()
+        return receiver, sender
+
+    receiver, _ = asyncio.run(scenario())
+    assert receiver.configuration == ("got",)
+
+
+def test_autoforward_copies_external_events_to_the_child() -> None:
+    source = chart(
+        '<state id="a"><invoke id="kid" type="scxml" autoforward="true"><content>'
+        '<scxml><state id="k"><transition event="poke" target="kdone"/></state>'
+        '<final id="kdone"/></scxml></content></invoke>'
+        '<transition event="done.invoke.kid" target="ok"/></state><final id="ok"/>'
+    )
+    _, session = asyncio.run(run_virtual(source, "poke"))
+    assert session.configuration == ("ok",)
+
+
+def test_real_clock_fires_short_delays() -> None:
+    source = chart(
+        '<state id="a"><onentry><send event="tick" delay="20ms"/></onentry>'
+        '<transition event="tick" target="b"/></state><final id="b"/>'
+    )
+
+    async def scenario() -> tuple[str, ...]:
+        system = System(RealClock())
+        session = await system.start(compile_chart(source))
+        for _ in range(200):
+            if not session.running:
+                break
+            await asyncio.sleep(0.01)
+        await system.close()
+        return session.configuration
+
+    assert asyncio.run(scenario()) == ("b",)
