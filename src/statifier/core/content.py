@@ -36,17 +36,24 @@ __all__ = ["SCXML_PROCESSOR", "ContentRunner"]
 SCXML_PROCESSOR: Final = "http://www.w3.org/TR/scxml/#SCXMLEventProcessor"
 SCXML_INVOKE_TYPE: Final = "http://www.w3.org/TR/scxml/"
 _SCXML_SEND_TYPES: Final = frozenset({SCXML_PROCESSOR, "scxml"})
-_SCXML_INVOKE_TYPES: Final = frozenset({SCXML_INVOKE_TYPE, "scxml", SCXML_PROCESSOR})
+# The SCXML invoke type in the spellings charts use (the corpus writes it without the
+# trailing slash too).
+_SCXML_INVOKE_TYPES: Final = frozenset(
+    {SCXML_INVOKE_TYPE, "http://www.w3.org/TR/scxml", "scxml", SCXML_PROCESSOR}
+)
 _VARIABLE: Final = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 
 
 class _Abort(Exception):  # noqa: N818 - internal control flow
     """Stops the current block; carries the ``error.execution`` event's data."""
 
-    def __init__(self, data: dict[str, Value], sendid: str | None = None) -> None:
+    def __init__(
+        self, data: dict[str, Value], sendid: str | None = None, name: str = "error.execution"
+    ) -> None:
         super().__init__(data.get("message"))
         self.data = data
         self.sendid = sendid
+        self.name = name
 
 
 def _no_clock() -> Any:
@@ -98,6 +105,7 @@ class ContentRunner:
         self.round_budget: int | None = None
         self.send_types: frozenset[str] = frozenset()
         self.invoke_types: frozenset[str] | None = None
+        self.routes: frozenset[str] | None = None
 
     @property
     def options(self) -> Options:
@@ -308,7 +316,7 @@ class ContentRunner:
         try:
             self.run_nodes(block, executed)
         except _Abort as abort:
-            self.execution_error(abort.data, abort.sendid)
+            self.enqueue_platform(abort.name, abort.data, abort.sendid)
         if self.trace:
             self.emit(fx.TraceContentExecuted, owner=owner, content=tuple(executed))
 
@@ -483,6 +491,18 @@ class ContentRunner:
         if is_scxml and target is not None and not _valid_target(target):
             raise _Abort(self._failure("send", node.where, f"invalid target {target!r}"), send_id)
         name = event if event is not None else ""
+        if (
+            is_scxml
+            and not delay_ms
+            and self.routes is not None
+            and target not in (None, "#_internal", "_internal", f"#_scxml_{self.session_id}")
+            and target not in self.routes
+        ):
+            raise _Abort(
+                self._failure("send", node.where, f"no route to {target!r}"),
+                send_id,
+                "error.communication",
+            )
         if is_scxml and target in ("#_internal", "_internal") and not delay_ms:
             self.internal_queue.append(
                 Event(name, "internal", data, sendid=send_id if author else None)

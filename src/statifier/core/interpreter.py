@@ -145,6 +145,7 @@ class _Interpreter(ContentRunner):
         work.round_budget = options.round_budget
         work.send_types = options.send_types
         work.invoke_types = options.invoke_types
+        work.routes = options.routes
         return work
 
     @classmethod
@@ -171,6 +172,7 @@ class _Interpreter(ContentRunner):
             work.round_budget,
             work.send_types,
             work.invoke_types,
+            work.routes,
         ) = state
         work.configuration = set(configuration)
         work.internal_queue = deque(queue)
@@ -207,6 +209,7 @@ class _Interpreter(ContentRunner):
             self.round_budget,
             self.send_types,
             self.invoke_types,
+            self.routes,
         )
 
     # -- counters ----------------------------------------------------------------------

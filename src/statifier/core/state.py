@@ -29,6 +29,10 @@ class StartOptions:
             ``BudgetExhausted`` effect; ``None`` lifts the bound.
         send_types: ``<send type>`` values the host handles besides the SCXML processor.
         invoke_types: ``<invoke type>`` values the host handles; ``None`` accepts any.
+        routes: the targets an immediate send can reach right now (``#_scxml_<id>``,
+            ``#_parent``, ``#_<invokeid>``), as the host sees them; ``None`` makes no
+            determination. A send to anything else raises ``error.communication`` in
+            the sending block.
     """
 
     session_id: str = "session"
@@ -37,6 +41,7 @@ class StartOptions:
     round_budget: int | None = DEFAULT_ROUND_BUDGET
     send_types: frozenset[str] = frozenset()
     invoke_types: frozenset[str] | None = None
+    routes: frozenset[str] | None = None
 
 
 class MachineState(NamedTuple):
@@ -82,6 +87,9 @@ class MachineState(NamedTuple):
     round_budget: int | None
     send_types: frozenset[str] = frozenset()
     invoke_types: frozenset[str] | None = None
+    routes: frozenset[str] | None = None
+    """A per-step snapshot of reachable send targets (see :class:`StartOptions`); a
+    host stamps it with ``state._replace(routes=...)`` before each step. Never stored."""
 
     @property
     def status(self) -> Literal["running", "done"]:

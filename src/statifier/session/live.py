@@ -159,17 +159,19 @@ class Session:
         # its done.invoke was sent before the cancel and is delivered.)
         self._cancelled: set[str] = set()
         self._task: asyncio.Task[None] | None = None
+        self._started = False
         self.state: MachineState
 
     # -- queries -----------------------------------------------------------------------
 
     @property
     def running(self) -> bool:
-        return self.state.running
+        """Started and not yet finished."""
+        return self._started and self.state.running
 
     @property
     def idle(self) -> bool:
-        return not self._busy and (not self._inbox or not self.state.running)
+        return not self._busy and (not self._inbox or not self.running)
 
     @property
     def configuration(self) -> tuple[str, ...]:
@@ -195,10 +197,21 @@ class Session:
 
     # -- the loop ------------------------------------------------------------------------
 
+    def routes(self) -> frozenset[str]:
+        """Where an immediate send from this session can go right now."""
+        reachable = {f"#_scxml_{sid}" for sid, s in self.system.sessions.items() if s.running}
+        reachable.add(f"#_scxml_{self.id}")
+        reachable.update(f"#_{invoke_id}" for invoke_id, c in self._children.items() if c.running)
+        if self.parent is not None:
+            reachable.add("#_parent")
+        return frozenset(reachable)
+
     def begin(self, datamodel: Mapping[str, Value]) -> None:
         self.state, effects = initialize(
-            self.machine, StartOptions(session_id=self.id, datamodel=datamodel)
+            self.machine,
+            StartOptions(session_id=self.id, datamodel=datamodel, routes=self.routes()),
         )
+        self._started = True
         self._perform(effects)
         self._task = asyncio.get_running_loop().create_task(self._run())
 
@@ -218,6 +231,7 @@ class Session:
         self._inbox.clear()
 
     def _step(self, entry: _Entry) -> None:
+        self.state = self.state._replace(routes=self.routes())
         if entry.kind == "cancel":
             self.state, effects = cancel(self.state)
         elif entry.kind == "internal":
