@@ -154,10 +154,7 @@ def test_real_clock_fires_short_delays() -> None:
     async def scenario() -> tuple[str, ...]:
         system = System(RealClock())
         session = await system.start(compile_chart(source))
-        for _ in range(200):
-            if not session.running:
-                break
-            await asyncio.sleep(0.01)
+        await asyncio.wait_for(session.wait(), timeout=5)
         await system.close()
         return session.configuration
 

@@ -160,6 +160,7 @@ class Session:
         self._cancelled: set[str] = set()
         self._task: asyncio.Task[None] | None = None
         self._started = False
+        self._finished = asyncio.Event()
         self.state: MachineState
 
     # -- queries -----------------------------------------------------------------------
@@ -179,6 +180,10 @@ class Session:
         return self.state.leaf_configuration() if self.running else self.final_configuration
 
     # -- inputs --------------------------------------------------------------------------
+
+    async def wait(self) -> None:
+        """Wait until the chart has finished."""
+        await self._finished.wait()
 
     def send(self, event: Event | str) -> None:
         """Queue an external event."""
@@ -388,6 +393,7 @@ class Session:
             parent, invoke_id = self.parent
             done = Event(f"done.invoke.{invoke_id}", data=effect.donedata, invokeid=invoke_id)
             parent._put(_Entry("event", done, from_invoke=invoke_id))
+        self._finished.set()
         self._wake.set()
 
 
