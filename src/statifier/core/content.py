@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from typing import Any, Final
 
 from statifier.chart import model as m
@@ -105,7 +105,7 @@ class ContentRunner:
         self.round_budget: int | None = None
         self.send_types: frozenset[str] = frozenset()
         self.invoke_types: frozenset[str] | None = None
-        self.routes: frozenset[str] | None = None
+        self.routes: Container[str] | None = None
 
     @property
     def options(self) -> Options:

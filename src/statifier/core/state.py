@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from dataclasses import dataclass, field
 from typing import Final, Literal, NamedTuple
 
@@ -41,7 +41,7 @@ class StartOptions:
     round_budget: int | None = DEFAULT_ROUND_BUDGET
     send_types: frozenset[str] = frozenset()
     invoke_types: frozenset[str] | None = None
-    routes: frozenset[str] | None = None
+    routes: Container[str] | None = None
 
 
 class MachineState(NamedTuple):
@@ -87,7 +87,7 @@ class MachineState(NamedTuple):
     round_budget: int | None
     send_types: frozenset[str] = frozenset()
     invoke_types: frozenset[str] | None = None
-    routes: frozenset[str] | None = None
+    routes: Container[str] | None = None
     """A per-step snapshot of reachable send targets (see :class:`StartOptions`); a
     host stamps it with ``state._replace(routes=...)`` before each step. Never stored."""
 

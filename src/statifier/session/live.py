@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass
 
 from statifier.chart import InvalidChart, Machine, compile_chart
@@ -80,6 +80,9 @@ class System:
         self.clock: Clock = clock if clock is not None else RealClock()
         self.loader = loader
         self.sessions: dict[str, Session] = {}
+        # Sessions with queued work; a session joins on its first queued input and
+        # leaves when its queue runs dry or it finishes.
+        self.active: set[Session] = set()
         self._issued = 0
 
     def new_id(self) -> str:
@@ -102,7 +105,8 @@ class System:
         return session
 
     def idle(self) -> bool:
-        return all(session.idle for session in self.sessions.values())
+        """No session has queued work (kept as a set, so the check is constant time)."""
+        return not self.active
 
     async def settle(self) -> None:
         """Let every session work through its queue."""
@@ -151,7 +155,6 @@ class Session:
         self.donedata: Value = None
         self._inbox: deque[_Entry] = deque()
         self._wake = asyncio.Event()
-        self._busy = False
         self._timers: dict[str, list[TimerHandle]] = {}
         self._children: dict[str, Session] = {}
         # Invocations cancelled while their child still ran: anything the child sent
@@ -169,10 +172,6 @@ class Session:
     def running(self) -> bool:
         """Started and not yet finished."""
         return self._started and self.state.running
-
-    @property
-    def idle(self) -> bool:
-        return not self._busy and (not self._inbox or not self.running)
 
     @property
     def configuration(self) -> tuple[str, ...]:
@@ -198,18 +197,17 @@ class Session:
             self._inbox.appendleft(entry)
         else:
             self._inbox.append(entry)
+        if self.running or not self._started:
+            self.system.active.add(self)
         self._wake.set()
 
     # -- the loop ------------------------------------------------------------------------
 
-    def routes(self) -> frozenset[str]:
-        """Where an immediate send from this session can go right now."""
-        reachable = {f"#_scxml_{sid}" for sid, s in self.system.sessions.items() if s.running}
-        reachable.add(f"#_scxml_{self.id}")
-        reachable.update(f"#_{invoke_id}" for invoke_id, c in self._children.items() if c.running)
-        if self.parent is not None:
-            reachable.add("#_parent")
-        return frozenset(reachable)
+    def routes(self) -> Container[str]:
+        """Where an immediate send from this session can go right now: a view answering
+        ``target in routes`` in constant time (a step runs without interruption, so
+        the view cannot change under it)."""
+        return _Routes(self)
 
     def begin(self, datamodel: Mapping[str, Value]) -> None:
         self.state, effects = initialize(
@@ -221,19 +219,19 @@ class Session:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def _run(self) -> None:
-        while self.state.running:
-            if not self._inbox:
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            entry = self._inbox.popleft()
-            self._busy = True
-            try:
-                self._step(entry)
-            finally:
-                self._busy = False
-            await asyncio.sleep(0)
-        self._inbox.clear()
+        try:
+            while self.state.running:
+                if not self._inbox:
+                    self.system.active.discard(self)
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                # A session stays in system.active while it steps, so settle() waits.
+                self._step(self._inbox.popleft())
+                await asyncio.sleep(0)
+        finally:  # finished, cancelled, or failed: it has no more work either way
+            self._inbox.clear()
+            self.system.active.discard(self)
 
     def _step(self, entry: _Entry) -> None:
         self.state = self.state._replace(routes=self.routes())
@@ -395,6 +393,28 @@ class Session:
             parent._put(_Entry("event", done, from_invoke=invoke_id))
         self._finished.set()
         self._wake.set()
+
+
+class _Routes:
+    """``target in routes`` for one session: ``#_scxml_<id>`` of a running session,
+    ``#_parent`` when invoked, ``#_<invokeid>`` of a running child."""
+
+    __slots__ = ("session",)
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def __contains__(self, target: object) -> bool:
+        session = self.session
+        if not isinstance(target, str) or not target.startswith("#_"):
+            return False
+        if target.startswith("#_scxml_"):
+            other = session.system.sessions.get(target.removeprefix("#_scxml_"))
+            return other is not None and (other is session or other.running)
+        if target == "#_parent":
+            return session.parent is not None
+        child = session._children.get(target[2:])
+        return child is not None and child.running
 
 
 def _with_invokeid(event: Event, invoke_id: str) -> Event:
