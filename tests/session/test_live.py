@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 from statifier.chart import compile_chart
 from statifier.core import Event
+from statifier.core import effects as fx
+from statifier.core.effects import as_json
 from statifier.session.clock import RealClock, VirtualClock
 from statifier.session.live import Session, System
+from statifier.session.recording import replay
 
 NS = "http://www.w3.org/2005/07/scxml"
 
@@ -159,3 +163,40 @@ def test_real_clock_fires_short_delays() -> None:
         return session.configuration
 
     assert asyncio.run(scenario()) == ("b",)
+
+
+def _effect_bytes(effects: list[fx.Effect]) -> bytes:
+    return json.dumps([as_json(effect) for effect in effects], sort_keys=True).encode()
+
+
+def test_replay_reproduces_the_effect_stream_byte_for_byte() -> None:
+    source = chart(
+        '<datamodel><data id="n" expr="0"/></datamodel>'
+        '<state id="a"><onentry><send event="tick" delay="1s"/><send id="g" event="guard" '
+        'delay="5s"/><send event="x" target="#_scxml_nobody"/></onentry>'
+        '<invoke id="kid" type="scxml"><content><scxml><state id="k"><onentry>'
+        '<send target="#_parent" event="hello"/></onentry></state></scxml></content></invoke>'
+        '<transition event="hello"><assign location="n" expr="n + 1"/></transition>'
+        '<transition event="error.communication"><assign location="n" expr="n + 10"/>'
+        "</transition>"
+        '<transition event="tick" target="b"><cancel sendid="g"/></transition></state>'
+        '<state id="b"><onentry><send event="in" target="#_internal" delay="1s"/></onentry>'
+        '<transition event="in" target="done"/><transition event="go" target="done"/></state>'
+        '<final id="done"/>'
+    )
+    machine = compile_chart(source)
+
+    async def scenario() -> Session:
+        async with System(VirtualClock()) as system:
+            session = await system.start(machine, record=True)
+            await system.run_until_idle()
+            return session
+
+    session = asyncio.run(scenario())
+    assert session.configuration == ("done",)
+    assert session.state.datamodel["n"] == 11
+    assert session.recording is not None
+    kinds = [item.kind for item in session.recording.inputs]
+    assert {"internal", "event"} <= set(kinds)
+    replayed = replay(machine, session.recording)
+    assert _effect_bytes(replayed) == _effect_bytes(session.performed)

@@ -38,6 +38,7 @@ import asyncio
 from collections import deque
 from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 from statifier.chart import InvalidChart, Machine, compile_chart
 from statifier.core import (
@@ -53,6 +54,7 @@ from statifier.core import (
 from statifier.core import effects as fx
 from statifier.expr import Value
 from statifier.session.clock import Clock, RealClock, TimerHandle, VirtualClock
+from statifier.session.recording import Input, Recording, RecordingRoutes
 
 __all__ = ["Session", "System"]
 
@@ -65,7 +67,7 @@ class _Entry:
     """A queued input: an external event (``from_invoke`` names the child it came
     from), an event for the internal queue, or a request to cancel."""
 
-    kind: str
+    kind: Literal["event", "internal", "cancel"]
     event: Event | None = None
     from_invoke: str | None = None
 
@@ -97,11 +99,16 @@ class System:
         session_id: str | None = None,
         datamodel: Mapping[str, Value] | None = None,
         parent: tuple[Session, str] | None = None,
+        record: bool = False,
     ) -> Session:
-        """Start ``machine`` as a new session and run it to its first stable point."""
+        """Start ``machine`` as a new session and run it to its first stable point.
+
+        With ``record``, the session keeps a :class:`~statifier.session.recording.Recording`
+        of its inputs in ``session.recording``.
+        """
         session = Session(self, machine, session_id or self.new_id(), parent)
         self.sessions[session.id] = session
-        session.begin(datamodel or {})
+        session.begin(datamodel or {}, record=record)
         return session
 
     def idle(self) -> bool:
@@ -164,6 +171,7 @@ class Session:
         self._task: asyncio.Task[None] | None = None
         self._started = False
         self._finished = asyncio.Event()
+        self.recording: Recording | None = None
         self.state: MachineState
 
     # -- queries -----------------------------------------------------------------------
@@ -209,11 +217,13 @@ class Session:
         the view cannot change under it)."""
         return _Routes(self)
 
-    def begin(self, datamodel: Mapping[str, Value]) -> None:
+    def begin(self, datamodel: Mapping[str, Value], *, record: bool = False) -> None:
+        routes = RecordingRoutes(self.routes()) if record else self.routes()
         self.state, effects = initialize(
-            self.machine,
-            StartOptions(session_id=self.id, datamodel=datamodel, routes=self.routes()),
+            self.machine, StartOptions(session_id=self.id, datamodel=datamodel, routes=routes)
         )
+        if isinstance(routes, RecordingRoutes):
+            self.recording = Recording(self.id, dict(datamodel), routes.answers)
         self._started = True
         self._perform(effects)
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -234,7 +244,8 @@ class Session:
             self.system.active.discard(self)
 
     def _step(self, entry: _Entry) -> None:
-        self.state = self.state._replace(routes=self.routes())
+        routes = self.routes() if self.recording is None else RecordingRoutes(self.routes())
+        self.state = self.state._replace(routes=routes)
         if entry.kind == "cancel":
             self.state, effects = cancel(self.state)
         elif entry.kind == "internal":
@@ -245,6 +256,8 @@ class Session:
             if entry.from_invoke is not None and entry.from_invoke in self._cancelled:
                 return  # sent by a child after its invocation was cancelled
             self.state, effects = handle_event(self.state, entry.event)
+        if self.recording is not None and isinstance(routes, RecordingRoutes):
+            self.recording.inputs.append(Input(entry.kind, entry.event, routes.answers))
         self._perform(effects)
 
     # -- effects -------------------------------------------------------------------------
