@@ -9,6 +9,7 @@ from statifier.chart import compile_chart
 from statifier.core import Event
 from statifier.core import effects as fx
 from statifier.core.effects import as_json
+from statifier.core.positions import dump, load
 from statifier.session.clock import RealClock, VirtualClock
 from statifier.session.live import Session, System
 from statifier.session.recording import replay
@@ -200,3 +201,50 @@ def test_replay_reproduces_the_effect_stream_byte_for_byte() -> None:
     assert {"internal", "event"} <= set(kinds)
     replayed = replay(machine, session.recording)
     assert _effect_bytes(replayed) == _effect_bytes(session.performed)
+
+
+def test_a_stored_position_resumes_as_a_live_session() -> None:
+    source = chart(
+        '<datamodel><data id="n" expr="0"/></datamodel>'
+        '<state id="a"><transition event="inc"><assign location="n" expr="n + 1"/>'
+        '</transition><transition event="stop" target="b"/></state><final id="b"/>'
+    )
+    machine = compile_chart(source)
+
+    async def first_life() -> bytes:
+        async with System(VirtualClock()) as system:
+            session = await system.start(machine, session_id="order-7")
+            session.send("inc")
+            session.send("inc")
+            await system.settle()
+            return dump(session.state)
+
+    async def second_life(blob: bytes) -> Session:
+        async with System(VirtualClock()) as system:
+            session = await system.resume(load(compile_chart(source), blob))
+            session.send("inc")
+            session.send("stop")
+            await system.settle()
+            return session
+
+    resumed = asyncio.run(second_life(asyncio.run(first_life())))
+    assert resumed.id == "order-7"
+    assert resumed.configuration == ("b",)
+    assert resumed.state.datamodel["n"] == 3
+    # Nothing ran again on resumption: no DatamodelInit, only the two steps' effects.
+    assert not any(isinstance(effect, fx.DatamodelInit) for effect in resumed.performed)
+
+
+def test_resume_refuses_a_finished_position() -> None:
+    source = chart('<final id="done"/>')
+
+    async def scenario() -> str:
+        async with System(VirtualClock()) as system:
+            session = await system.start(compile_chart(source))
+            try:
+                await system.resume(session.state._replace(session_id="other"))
+            except ValueError as refusal:
+                return str(refusal)
+            return "resumed"
+
+    assert asyncio.run(scenario()) == "the position has finished"

@@ -111,6 +111,32 @@ class System:
         session.begin(datamodel or {}, record=record)
         return session
 
+    async def resume(
+        self, position: MachineState, *, parent: tuple[Session, str] | None = None
+    ) -> Session:
+        """Continue a stored position as a live session under its own session id.
+
+        Restores where the chart is, not what was in flight: timers armed before the
+        position was stored and invoked children are not re-created (a host re-arms
+        timers from its own records of ``SendDelayed`` effects and restarts services
+        it still wants). Nothing is re-initialised: no ``<data>``, no global script,
+        no onentry runs again.
+
+        Raises:
+            ValueError: the position has finished, or has internal events queued
+                (store positions between macrosteps), or its session id is in use.
+        """
+        if not position.running:
+            raise ValueError("the position has finished")
+        if position.internal_queue:
+            raise ValueError("the position has internal events queued; store it between steps")
+        if position.session_id in self.sessions:
+            raise ValueError(f"session id {position.session_id!r} is already running here")
+        session = Session(self, position.machine, position.session_id, parent)
+        self.sessions[session.id] = session
+        session.continue_from(position)
+        return session
+
     def idle(self) -> bool:
         """No session has queued work (kept as a set, so the check is constant time)."""
         return not self.active
@@ -226,6 +252,11 @@ class Session:
             self.recording = Recording(self.id, dict(datamodel), routes.answers)
         self._started = True
         self._perform(effects)
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def continue_from(self, position: MachineState) -> None:
+        self.state = position
+        self._started = True
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def _run(self) -> None:
