@@ -35,10 +35,11 @@ Each :class:`Session` owns an external queue and runs one macrostep at a time th
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from statifier.chart import InvalidChart, Machine, compile_chart
 from statifier.core import (
@@ -55,6 +56,7 @@ from statifier.core import effects as fx
 from statifier.expr import Value
 from statifier.session.clock import Clock, RealClock, TimerHandle, VirtualClock
 from statifier.session.recording import Input, Recording, RecordingRoutes
+from statifier.telemetry import execute as report
 
 __all__ = ["Session", "System"]
 
@@ -197,6 +199,7 @@ class Session:
         self._task: asyncio.Task[None] | None = None
         self._started = False
         self._finished = asyncio.Event()
+        self._stop_reported = False
         self.recording: Recording | None = None
         self.state: MachineState
 
@@ -251,12 +254,15 @@ class Session:
         if isinstance(routes, RecordingRoutes):
             self.recording = Recording(self.id, dict(datamodel), routes.answers)
         self._started = True
+        report("statifier.session.start", {}, self._about(resumed=False))
+        self._report_stop()
         self._perform(effects)
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     def continue_from(self, position: MachineState) -> None:
         self.state = position
         self._started = True
+        report("statifier.session.start", {}, self._about(resumed=True))
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def _run(self) -> None:
@@ -274,7 +280,32 @@ class Session:
             self._inbox.clear()
             self.system.active.discard(self)
 
+    def _about(self, **more: Any) -> dict[str, Any]:
+        return {"session_id": self.id, "chart": self.machine.identity.content_hash, **more}
+
     def _step(self, entry: _Entry) -> None:
+        started = time.perf_counter()
+        self._step_core(entry)
+        report(
+            "statifier.session.macrostep",
+            {"duration_ms": (time.perf_counter() - started) * 1000},
+            self._about(
+                input=entry.kind,
+                event=None if entry.event is None else entry.event.name,
+                macrostep=self.state.macrostep,
+            ),
+        )
+        self._report_stop()
+
+    def _report_stop(self) -> None:
+        """Report the end once, after the step that reached it has been reported."""
+        if not self.state.running and not self._stop_reported:
+            self._stop_reported = True
+            report(
+                "statifier.session.stop", {}, self._about(configuration=self.final_configuration)
+            )
+
+    def _step_core(self, entry: _Entry) -> None:
         routes = self.routes() if self.recording is None else RecordingRoutes(self.routes())
         self.state = self.state._replace(routes=routes)
         if entry.kind == "cancel":
@@ -296,10 +327,17 @@ class Session:
     def _perform(self, effects: list[fx.Effect]) -> None:
         for effect in effects:
             self.performed.append(effect)
-            if isinstance(effect, fx.Send):
-                self._route(effect.target, self._delivered(effect), effect.type)
-            elif isinstance(effect, fx.SendDelayed):
-                self._arm(effect)
+            if isinstance(effect, fx.Send | fx.SendDelayed):
+                delay = effect.delay_ms if isinstance(effect, fx.SendDelayed) else 0
+                report(
+                    "statifier.session.send",
+                    {"delay_ms": delay},
+                    self._about(event=effect.event, target=effect.target, send_id=effect.send_id),
+                )
+                if isinstance(effect, fx.SendDelayed):
+                    self._arm(effect)
+                else:
+                    self._route(effect.target, self._delivered(effect), effect.type)
             elif isinstance(effect, fx.Cancel):
                 for handle in self._timers.pop(effect.send_id, []):
                     handle.cancel()
@@ -365,11 +403,13 @@ class Session:
             return
         self._communication_error(f"cannot deliver to {target!r}", event)
 
-    def _communication_error(self, message: str, event: Event) -> None:
-        failure = Event(
-            "error.communication", "platform", {"message": message}, sendid=event.sendid
-        )
+    def _raise_error(self, name: str, message: str, **fields: Any) -> None:
+        report("statifier.session.error", {}, self._about(error=name, message=message))
+        failure = Event(name, "platform", {"message": message}, **fields)
         self._put(_Entry("internal", failure), first=True)
+
+    def _communication_error(self, message: str, event: Event) -> None:
+        self._raise_error("error.communication", message, sendid=event.sendid)
 
     def _arm(self, effect: fx.SendDelayed) -> None:
         event = self._delivered(effect)
@@ -414,11 +454,11 @@ class Session:
         self.system.sessions[child.id] = child
         self._children[invoke_id] = child
         self._cancelled.discard(invoke_id)
+        report("statifier.session.invoke", {}, self._about(invoke_id=invoke_id, child=child.id))
         child.begin(seeded)
 
     def _invoke_failed(self, invoke_id: str, message: str) -> None:
-        failure = Event("error.execution", "platform", {"message": message}, invokeid=invoke_id)
-        self._put(_Entry("internal", failure), first=True)
+        self._raise_error("error.execution", message, invokeid=invoke_id)
 
     def _finish(self, effect: fx.Done) -> None:
         self.final_configuration = effect.configuration

@@ -1,0 +1,74 @@
+"""Telemetry: named events with measurements and metadata, for handlers to observe.
+
+Components call :func:`execute`; hosts :func:`attach` handlers to the event names they
+care about (see ``docs/telemetry.md`` for the catalog). With nothing attached an event
+costs one dictionary lookup. A handler that raises is detached and logged, so
+observing can never break what is observed.
+
+>>> seen = []
+>>> attach("demo", "statifier.session.start", lambda name, m, meta: seen.append(meta))
+>>> execute("statifier.session.start", {}, {"session_id": "s1"})
+>>> detach("demo"), seen
+(True, [{'session_id': 's1'}])
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+__all__ = ["EVENTS", "Handler", "attach", "detach", "execute"]
+
+Handler = Callable[[str, Mapping[str, float], Mapping[str, Any]], None]
+
+EVENTS: Final[Mapping[str, str]] = {
+    "statifier.session.start": "a session started (or resumed) and reached its first stable point",
+    "statifier.session.stop": "a session finished: its chart reached a final state, or cancelled",
+    "statifier.session.macrostep": "a session stepped one input to a stable configuration",
+    "statifier.session.send": "a session delivered or armed a send",
+    "statifier.session.invoke": "a session started an invoked child",
+    "statifier.session.error": "a session raised error.communication or error.execution itself",
+}
+"""Every event name this library emits, with what it means."""
+
+_handlers: dict[str, dict[str, Handler]] = {}
+_log = logging.getLogger(__name__)
+
+
+def attach(handler_id: str, event_name: str, handler: Handler) -> None:
+    """Call ``handler(event_name, measurements, metadata)`` on every ``event_name``.
+
+    Raises:
+        ValueError: the event name is not in :data:`EVENTS`, or ``handler_id`` is
+            already attached to it.
+    """
+    if event_name not in EVENTS:
+        raise ValueError(f"unknown telemetry event {event_name!r}")
+    handlers = _handlers.setdefault(event_name, {})
+    if handler_id in handlers:
+        raise ValueError(f"handler {handler_id!r} is already attached to {event_name!r}")
+    handlers[handler_id] = handler
+
+
+def detach(handler_id: str) -> bool:
+    """Remove ``handler_id`` from every event; answers whether it was attached."""
+    found = False
+    for handlers in _handlers.values():
+        found = handlers.pop(handler_id, None) is not None or found
+    return found
+
+
+def execute(
+    event_name: str, measurements: Mapping[str, float], metadata: Mapping[str, Any]
+) -> None:
+    """Report ``event_name`` to its handlers."""
+    handlers = _handlers.get(event_name)
+    if not handlers:
+        return
+    for handler_id, handler in list(handlers.items()):
+        try:
+            handler(event_name, measurements, metadata)
+        except Exception:  # noqa: BLE001 - a failing observer must not break the observed
+            handlers.pop(handler_id, None)
+            _log.exception("telemetry handler %r failed and was detached", handler_id)
