@@ -260,7 +260,15 @@ class ContentRunner:
         datamodel.update(overrides)
         datamodel["_sessionid"] = self.session_id
         datamodel["_name"] = UNDEFINED if machine.name is None else machine.name
+        # A host that handles other processors names them in an ``_ioprocessors``
+        # override (type -> {"location": ...}); the SCXML entries are always ours.
+        hosted = overrides.get("_ioprocessors")
         datamodel["_ioprocessors"] = {
+            **(
+                {k: v for k, v in hosted.items() if isinstance(v, dict)}
+                if isinstance(hosted, dict)
+                else {}
+            ),
             SCXML_PROCESSOR: {"location": f"#_scxml_{self.session_id}"},
             "scxml": {"location": f"#_scxml_{self.session_id}"},
         }

@@ -23,7 +23,10 @@ class StartOptions:
         session_id: the value of ``_sessionid``; hosts pass a unique one (the core never
             invents identifiers from clocks or randomness).
         datamodel: initial values that override ``<data>`` declarations of the same
-            top-level name (their expressions are then not evaluated).
+            top-level name (their expressions are then not evaluated). An
+            ``_ioprocessors`` entry (type -> ``{"location": ...}``) names the host's
+            further event I/O processors; they join the SCXML ones, which cannot be
+            replaced.
         trace: whether to produce trace effects.
         round_budget: rounds one macrostep may take before it stops with a
             ``BudgetExhausted`` effect; ``None`` lifts the bound.

@@ -15,6 +15,11 @@ Each :class:`Session` owns an external queue and runs one macrostep at a time th
   the system's loader, from ``src``; its ``#_parent`` sends and its completion
   (``done.invoke.<id>``) come back tagged with the invoke id; leaving the state cancels
   the child, and events still in flight from a cancelled child are dropped.
+- other send and invoke types go to the handlers the host registered for the session
+  (:mod:`statifier.session.handlers`); the core refuses unregistered ones with
+  ``error.execution``. A send is planned inside the step (a refusal raises
+  ``error.communication`` at once) and performed in a task (a failure raises
+  ``error.communication`` when the transport answers).
 
 >>> import asyncio
 >>> from statifier.chart import compile_chart
@@ -35,10 +40,12 @@ Each :class:`Session` owns an external queue and runs one macrostep at a time th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
-from collections.abc import Callable, Container, Mapping
+from collections.abc import Callable, Container, Coroutine, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Literal
 
 from statifier.chart import InvalidChart, Machine, compile_chart
@@ -53,8 +60,9 @@ from statifier.core import (
     initialize,
 )
 from statifier.core import effects as fx
-from statifier.expr import Value
+from statifier.expr import UNDEFINED, Value
 from statifier.session.clock import Clock, RealClock, TimerHandle, VirtualClock
+from statifier.session.handlers import Addressable, Delivery, InvokePlan, InvokeType, SendType
 from statifier.session.recording import Input, Recording, RecordingRoutes
 from statifier.telemetry import execute as report
 
@@ -62,6 +70,8 @@ __all__ = ["Session", "System"]
 
 _SCXML_TYPES = (None, "scxml", SCXML_PROCESSOR)
 _INVOKE_SCXML = "http://www.w3.org/TR/scxml/"
+_NO_SEND_TYPES: Mapping[str, SendType] = MappingProxyType({})
+_NO_INVOKE_TYPES: Mapping[str, InvokeType] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +97,9 @@ class System:
         # Sessions with queued work; a session joins on its first queued input and
         # leaves when its queue runs dry or it finishes.
         self.active: set[Session] = set()
+        # Handler calls under way: sends whose transport has not answered yet, and
+        # service starts, cancels and forwards. The system is not idle while one is.
+        self.handler_calls: set[asyncio.Task[None]] = set()
         self._issued = 0
 
     def new_id(self) -> str:
@@ -102,19 +115,31 @@ class System:
         datamodel: Mapping[str, Value] | None = None,
         parent: tuple[Session, str] | None = None,
         record: bool = False,
+        send_types: Mapping[str, SendType] = _NO_SEND_TYPES,
+        invoke_types: Mapping[str, InvokeType] = _NO_INVOKE_TYPES,
     ) -> Session:
         """Start ``machine`` as a new session and run it to its first stable point.
 
         With ``record``, the session keeps a :class:`~statifier.session.recording.Recording`
-        of its inputs in ``session.recording``.
+        of its inputs in ``session.recording``. ``send_types`` and ``invoke_types``
+        register handlers (:mod:`statifier.session.handlers`) for this session and the
+        children it invokes; the SCXML types are always built in, and any other type
+        is refused with ``error.execution``.
         """
-        session = Session(self, machine, session_id or self.new_id(), parent)
+        session = Session(
+            self, machine, session_id or self.new_id(), parent, send_types, invoke_types
+        )
         self.sessions[session.id] = session
         session.begin(datamodel or {}, record=record)
         return session
 
     async def resume(
-        self, position: MachineState, *, parent: tuple[Session, str] | None = None
+        self,
+        position: MachineState,
+        *,
+        parent: tuple[Session, str] | None = None,
+        send_types: Mapping[str, SendType] = _NO_SEND_TYPES,
+        invoke_types: Mapping[str, InvokeType] = _NO_INVOKE_TYPES,
     ) -> Session:
         """Continue a stored position as a live session under its own session id.
 
@@ -134,14 +159,17 @@ class System:
             raise ValueError("the position has internal events queued; store it between steps")
         if position.session_id in self.sessions:
             raise ValueError(f"session id {position.session_id!r} is already running here")
-        session = Session(self, position.machine, position.session_id, parent)
+        session = Session(
+            self, position.machine, position.session_id, parent, send_types, invoke_types
+        )
         self.sessions[session.id] = session
         session.continue_from(position)
         return session
 
     def idle(self) -> bool:
-        """No session has queued work (kept as a set, so the check is constant time)."""
-        return not self.active
+        """No session has queued work and no handler call is under way (both kept as
+        sets, so the check is constant time)."""
+        return not self.active and not self.handler_calls
 
     async def settle(self) -> None:
         """Let every session work through its queue."""
@@ -152,6 +180,7 @@ class System:
     async def close(self) -> None:
         """Stop every session's task (timers die with their sessions)."""
         tasks = [s._task for s in self.sessions.values() if s._task is not None]
+        tasks += self.handler_calls
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -173,14 +202,28 @@ class System:
                 break
         await self.settle()
 
+    def spawn(self, call: Coroutine[Any, Any, None]) -> None:
+        """Run a handler call in a task the system keeps (and cancels on close)."""
+        task = asyncio.get_running_loop().create_task(call)
+        self.handler_calls.add(task)
+        task.add_done_callback(self.handler_calls.discard)
+
 
 class Session:
     """One running chart. Build with :meth:`System.start`."""
 
     def __init__(
-        self, system: System, machine: Machine, session_id: str, parent: tuple[Session, str] | None
+        self,
+        system: System,
+        machine: Machine,
+        session_id: str,
+        parent: tuple[Session, str] | None,
+        send_types: Mapping[str, SendType] = _NO_SEND_TYPES,
+        invoke_types: Mapping[str, InvokeType] = _NO_INVOKE_TYPES,
     ) -> None:
         self.system = system
+        self.send_types = send_types
+        self.invoke_types = invoke_types
         self.machine = machine
         self.id = session_id
         self.parent = parent
@@ -192,6 +235,8 @@ class Session:
         self._wake = asyncio.Event()
         self._timers: dict[str, list[TimerHandle]] = {}
         self._children: dict[str, Session] = {}
+        # Invocations of registered types that are live: their handler and port.
+        self._services: dict[str, tuple[InvokeType, _Port]] = {}
         # Invocations cancelled while their child still ran: anything the child sent
         # that is still queued is dropped. (A child that finished first is not in here:
         # its done.invoke was sent before the cancel and is delivered.)
@@ -248,19 +293,45 @@ class Session:
 
     def begin(self, datamodel: Mapping[str, Value], *, record: bool = False) -> None:
         routes = RecordingRoutes(self.routes()) if record else self.routes()
-        self.state, effects = initialize(
-            self.machine, StartOptions(session_id=self.id, datamodel=datamodel, routes=routes)
+        locations = self._locations()
+        if locations:  # the host's processors join _ioprocessors (the SCXML ones stay)
+            datamodel = {**datamodel, "_ioprocessors": locations}
+        options = StartOptions(
+            session_id=self.id,
+            datamodel=datamodel,
+            routes=routes,
+            send_types=frozenset(self.send_types),
+            invoke_types=frozenset(self.invoke_types),
         )
+        self.state, effects = initialize(self.machine, options)
         if isinstance(routes, RecordingRoutes):
-            self.recording = Recording(self.id, dict(datamodel), routes.answers)
+            self.recording = Recording(
+                self.id,
+                dict(datamodel),
+                routes.answers,
+                send_types=options.send_types,
+                invoke_types=options.invoke_types,
+            )
         self._started = True
         report("statifier.session.start", {}, self._about(resumed=False))
         self._report_stop()
         self._perform(effects)
         self._task = asyncio.get_running_loop().create_task(self._run())
 
+    def _locations(self) -> dict[str, Value]:
+        """``_ioprocessors`` entries for the registered send types that can receive."""
+        locations: dict[str, Value] = {}
+        for name, handler in self.send_types.items():
+            location = handler.location(self.id) if isinstance(handler, Addressable) else None
+            if location is not None:
+                locations[name] = {"location": location}
+        return locations
+
     def continue_from(self, position: MachineState) -> None:
-        self.state = position
+        # What this host can perform now decides which types the core accepts.
+        self.state = position._replace(
+            send_types=frozenset(self.send_types), invoke_types=frozenset(self.invoke_types)
+        )
         self._started = True
         report("statifier.session.start", {}, self._about(resumed=True))
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -344,6 +415,7 @@ class Session:
             elif isinstance(effect, fx.Invoke):
                 self._invoke(effect)
             elif isinstance(effect, fx.CancelInvoke):
+                self._cancel_service(effect.invoke_id)
                 child = self._children.pop(effect.invoke_id, None)
                 if child is not None and child.running:
                     self._cancelled.add(effect.invoke_id)
@@ -353,6 +425,8 @@ class Session:
                 child = self._children.get(effect.invoke_id)
                 if child is not None:
                     child.send(effect.event)
+                else:
+                    self._forward(effect.invoke_id, effect.event)
             elif isinstance(effect, fx.Log):
                 self.logs.append((effect.label, effect.value))
             elif isinstance(effect, fx.Done):
@@ -371,8 +445,12 @@ class Session:
 
     def _route(self, target: str | None, event: Event, kind: str | None) -> None:
         """Deliver ``event`` to ``target`` now, or raise error.communication here."""
-        if kind not in _SCXML_TYPES:
-            self._communication_error(f"no I/O processor for send type {kind!r}", event)
+        if kind is not None and kind not in _SCXML_TYPES:
+            handler = self.send_types.get(kind)
+            if handler is None:
+                self._communication_error(f"no I/O processor for send type {kind!r}", event)
+            else:
+                self._route_through(handler, kind, target, event)
             return
         if target in ("#_internal", "_internal"):
             self._put(_Entry("internal", event), first=True)
@@ -396,12 +474,41 @@ class Session:
             return
         if target.startswith("#_"):
             child = self._children.get(target[2:])
-            if child is None or not child.running:
+            if child is not None and child.running:
+                child.send(event)
+            elif target[2:] in self._services:
+                self._forward(target[2:], event)
+            else:
                 self._communication_error(f"no invoked child answers to {target}", event)
-                return
-            child.send(event)
             return
         self._communication_error(f"cannot deliver to {target!r}", event)
+
+    def _route_through(
+        self, handler: SendType, kind: str, target: str | None, event: Event
+    ) -> None:
+        """A send of a registered type: planned now, performed in a task."""
+        if target is None:
+            # SCXML: a send with no target goes to the sending session's external
+            # queue, whatever its type; no transport is involved.
+            location = handler.location(self.id) if isinstance(handler, Addressable) else None
+            self.send(_from(event, location, kind))
+            return
+        try:
+            planned = handler.plan(target, event)
+        except Exception as error:  # noqa: BLE001 - handlers are host code
+            planned = f"the {kind} handler failed to plan: {error!r}"
+        if isinstance(planned, str):
+            self._communication_error(planned, event)
+            return
+        self.system.spawn(self._deliver(handler, kind, planned))
+
+    async def _deliver(self, handler: SendType, kind: str, delivery: Delivery) -> None:
+        try:
+            failure = await handler.perform(delivery)
+        except Exception as error:  # noqa: BLE001 - handlers are host code
+            failure = f"the {kind} handler failed: {error!r}"
+        if failure is not None and self.running:
+            self._communication_error(failure, delivery.event)
 
     def _raise_error(self, name: str, message: str, **fields: Any) -> None:
         report("statifier.session.error", {}, self._about(error=name, message=message))
@@ -427,7 +534,11 @@ class Session:
     def _invoke(self, effect: fx.Invoke) -> None:
         invoke_id = effect.invoke_id
         if effect.type != _INVOKE_SCXML:
-            self._invoke_failed(invoke_id, f"no handler for invoke type {effect.type!r}")
+            service = self.invoke_types.get(effect.type)
+            if service is None:
+                self._invoke_failed(invoke_id, f"no handler for invoke type {effect.type!r}")
+            else:
+                self._invoke_service(service, effect)
             return
         source = effect.content if isinstance(effect.content, str) else None
         if source is None and effect.src is not None:
@@ -450,7 +561,14 @@ class Session:
         declared = {element.id for element in machine.data}
         data = effect.data if isinstance(effect.data, dict) else {}
         seeded = {name: value for name, value in data.items() if name in declared}
-        child = Session(self.system, machine, self.system.new_id(), (self, invoke_id))
+        child = Session(
+            self.system,
+            machine,
+            self.system.new_id(),
+            (self, invoke_id),
+            self.send_types,
+            self.invoke_types,
+        )
         self.system.sessions[child.id] = child
         self._children[invoke_id] = child
         self._cancelled.discard(invoke_id)
@@ -459,6 +577,44 @@ class Session:
 
     def _invoke_failed(self, invoke_id: str, message: str) -> None:
         self._raise_error("error.execution", message, invokeid=invoke_id)
+
+    def _invoke_service(self, service: InvokeType, effect: fx.Invoke) -> None:
+        """An invocation of a registered type: planned now, started in a task."""
+        invoke_id = effect.invoke_id
+        try:
+            planned = service.plan(effect)
+        except Exception as error:  # noqa: BLE001 - handlers are host code
+            planned = f"the {effect.type} handler failed to plan: {error!r}"
+        if isinstance(planned, str):
+            self._invoke_failed(invoke_id, planned)
+            return
+        port = _Port(self, invoke_id)
+        self._services[invoke_id] = (service, port)
+        self._cancelled.discard(invoke_id)
+        self.system.spawn(self._start_service(service, planned, port))
+
+    async def _start_service(self, service: InvokeType, plan: InvokePlan, port: _Port) -> None:
+        try:
+            failure = await service.start(plan, port)
+        except Exception as error:  # noqa: BLE001 - handlers are host code
+            failure = f"the {plan.type} service failed to start: {error!r}"
+        if failure is not None and port.open and self.running:
+            port.close()
+            self._invoke_failed(plan.invoke_id, failure)
+
+    def _cancel_service(self, invoke_id: str) -> None:
+        entry = self._services.pop(invoke_id, None)
+        if entry is None:
+            return
+        service, port = entry
+        port.close()
+        self._cancelled.add(invoke_id)
+        self.system.spawn(_quietly(service.cancel(invoke_id)))
+
+    def _forward(self, invoke_id: str, event: Event) -> None:
+        entry = self._services.get(invoke_id)
+        if entry is not None:
+            self.system.spawn(_quietly(entry[0].forward(invoke_id, event)))
 
     def _finish(self, effect: fx.Done) -> None:
         self.final_configuration = effect.configuration
@@ -471,6 +627,8 @@ class Session:
             child.parent = None
             child.request_cancel()
         self._children.clear()
+        for invoke_id in list(self._services):
+            self._cancel_service(invoke_id)
         if self.parent is not None:
             parent, invoke_id = self.parent
             done = Event(f"done.invoke.{invoke_id}", data=effect.donedata, invokeid=invoke_id)
@@ -498,7 +656,51 @@ class _Routes:
         if target == "#_parent":
             return session.parent is not None
         child = session._children.get(target[2:])
-        return child is not None and child.running
+        return (child is not None and child.running) or target[2:] in session._services
+
+
+class _Port:
+    """The :class:`~statifier.session.handlers.InvokePort` of one invocation."""
+
+    __slots__ = ("invoke_id", "open", "session")
+
+    def __init__(self, session: Session, invoke_id: str) -> None:
+        self.session = session
+        self.invoke_id = invoke_id
+        self.open = True
+
+    def close(self) -> None:
+        self.open = False
+
+    def send_to_parent(self, event: Event | str) -> None:
+        if not self.open:
+            return
+        event = Event(event) if isinstance(event, str) else event
+        tagged = _with_invokeid(event, self.invoke_id)
+        self.session._put(_Entry("event", tagged, from_invoke=self.invoke_id))
+
+    def done(self, donedata: Value = UNDEFINED) -> None:
+        if not self.open:
+            return
+        self.close()
+        invoke_id = self.invoke_id
+        session = self.session
+        if session._services.get(invoke_id, (None, None))[1] is self:
+            del session._services[invoke_id]
+        done = Event(f"done.invoke.{invoke_id}", data=donedata, invokeid=invoke_id)
+        session._put(_Entry("event", done, from_invoke=invoke_id))
+
+
+async def _quietly(call: Coroutine[Any, Any, None]) -> None:
+    """Await a handler's cancel or forward; what it raises concerns no session."""
+    with contextlib.suppress(Exception):
+        await call
+
+
+def _from(event: Event, origin: str | None, origintype: str) -> Event:
+    return Event(
+        event.name, event.type, event.data, event.sendid, origin, origintype, event.invokeid
+    )
 
 
 def _with_invokeid(event: Event, invoke_id: str) -> Event:

@@ -64,6 +64,10 @@ class Recording:
     datamodel: Mapping[str, Value]
     start_routes: Mapping[str, bool] = field(default_factory=dict)
     inputs: list[Input] = field(default_factory=list)
+    send_types: frozenset[str] = frozenset()
+    """The send types the session had registered (the core accepts only those)."""
+    invoke_types: frozenset[str] | None = None
+    """The invoke types it had registered (``None``: any)."""
 
 
 class RecordingRoutes:
@@ -102,6 +106,8 @@ def replay(machine: Machine, recording: Recording) -> list[fx.Effect]:
             session_id=recording.session_id,
             datamodel=recording.datamodel,
             routes=_Answers(recording.start_routes),
+            send_types=recording.send_types,
+            invoke_types=recording.invoke_types,
         ),
     )
     stream = list(effects)
