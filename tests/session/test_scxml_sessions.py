@@ -1,13 +1,11 @@
 """The 100 W3C conformance tests that need a live session, through statifier.session.
 
-Every test runs. Two are known gaps and are asserted to still miss ``pass``, with the
-reason, so that fixing one (or breaking the rest) shows up here:
-
-- test330 requires every ``_event`` field to differ from undefined for raised events,
-  while test333, test335, test337 and test339 require the same fields to be undefined;
-  in this corpus's datamodel dialect both cannot hold.
-- test201 (optional) needs the BasicHTTP Event I/O Processor, which a host registers
-  per session; these sessions register none (test_basichttp.py runs it with one).
+Every test runs, with the BasicHTTP Event I/O Processor registered as a host would.
+One is a known gap, asserted to still miss ``pass`` with its reason, so that a change
+in it (or a regression in the rest) shows up here: test330 requires every ``_event``
+field to differ from undefined for raised events, while test333, test335, test337 and
+test339 require the same fields to be undefined; in this corpus's datamodel dialect
+both cannot hold.
 """
 
 from __future__ import annotations
@@ -21,6 +19,7 @@ from typing import Any
 import pytest
 
 from statifier.chart import compile_chart
+from statifier.session.basichttp import BasicHTTP
 from statifier.session.clock import RealClock, VirtualClock
 from statifier.session.live import System
 
@@ -28,7 +27,6 @@ CORPUS = Path(__file__).parent.parent / "conformance" / "scxml"
 
 KNOWN_GAPS = {
     "w3c/mandatory/system_variables/test330": "contradicts test333/335/337/339 in this dialect",
-    "w3c/optional/send/test201": "needs BasicHTTP registered; see test_basichttp.py",
 }
 
 # Timer-dependent tests whose pass path waits for a delayed send to fire.
@@ -63,7 +61,7 @@ async def _run_virtual(chart: Path) -> tuple[str, ...]:
     loader = _loader(chart)
     machine = compile_chart(chart.read_bytes(), loader=loader)  # noqa: ASYNC240 - tiny file
     async with System(VirtualClock(), loader=loader) as system:
-        session = await system.start(machine)
+        session = await system.start(machine, send_types=BasicHTTP().send_types())
         await system.run_until_idle()
         return session.configuration
 
