@@ -84,6 +84,11 @@ class _Entry:
     from_invoke: str | None = None
 
 
+StepObserver = Callable[["Session", Event | None, list[fx.Effect]], None]
+"""Called with a session, the event it just stepped (None for its start) and the
+effects of that step."""
+
+
 class System:
     """Sessions that can address each other, a shared clock, and a loader for
     ``<invoke src>`` (nothing is ever fetched without one)."""
@@ -117,8 +122,14 @@ class System:
         record: bool = False,
         send_types: Mapping[str, SendType] = _NO_SEND_TYPES,
         invoke_types: Mapping[str, InvokeType] = _NO_INVOKE_TYPES,
+        trace: bool = False,
+        on_step: StepObserver | None = None,
     ) -> Session:
         """Start ``machine`` as a new session and run it to its first stable point.
+
+        ``trace`` asks the core for trace effects; ``on_step(session, event, effects)``
+        is called after the start (``event`` None) and after every step the session
+        takes, once its effects are performed (``statifier trace`` is built on it).
 
         With ``record``, the session keeps a :class:`~statifier.session.recording.Recording`
         of its inputs in ``session.recording``. ``send_types`` and ``invoke_types``
@@ -130,7 +141,8 @@ class System:
             self, machine, session_id or self.new_id(), parent, send_types, invoke_types
         )
         self.sessions[session.id] = session
-        session.begin(datamodel or {}, record=record)
+        session.observer = on_step
+        session.begin(datamodel or {}, record=record, trace=trace)
         return session
 
     async def resume(
@@ -244,6 +256,7 @@ class Session:
         self._task: asyncio.Task[None] | None = None
         self._started = False
         self._finished = asyncio.Event()
+        self.observer: StepObserver | None = None
         self._stop_reported = False
         self.recording: Recording | None = None
         self.state: MachineState
@@ -291,7 +304,9 @@ class Session:
         the view cannot change under it)."""
         return _Routes(self)
 
-    def begin(self, datamodel: Mapping[str, Value], *, record: bool = False) -> None:
+    def begin(
+        self, datamodel: Mapping[str, Value], *, record: bool = False, trace: bool = False
+    ) -> None:
         routes = RecordingRoutes(self.routes()) if record else self.routes()
         locations = self._locations()
         if locations:  # the host's processors join _ioprocessors (the SCXML ones stay)
@@ -302,6 +317,7 @@ class Session:
             routes=routes,
             send_types=frozenset(self.send_types),
             invoke_types=frozenset(self.invoke_types),
+            trace=trace,
         )
         self.state, effects = initialize(self.machine, options)
         if isinstance(routes, RecordingRoutes):
@@ -314,8 +330,10 @@ class Session:
             )
         self._started = True
         report("statifier.session.start", {}, self._about(resumed=False))
-        self._report_stop()
         self._perform(effects)
+        self._report_stop()
+        if self.observer is not None:
+            self.observer(self, None, effects)
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     def _locations(self) -> dict[str, Value]:
@@ -392,6 +410,8 @@ class Session:
         if self.recording is not None and isinstance(routes, RecordingRoutes):
             self.recording.inputs.append(Input(entry.kind, entry.event, routes.answers))
         self._perform(effects)
+        if self.observer is not None:
+            self.observer(self, entry.event, effects)
 
     # -- effects -------------------------------------------------------------------------
 
