@@ -102,6 +102,8 @@ class System:
         # Sessions with queued work; a session joins on its first queued input and
         # leaves when its queue runs dry or it finishes.
         self.active: set[Session] = set()
+        # Sessions started and not finished, so "has everything finished?" is cheap.
+        self.unfinished: set[Session] = set()
         # Handler calls under way: sends whose transport has not answered yet, and
         # service starts, cancels and forwards. The system is not idle while one is.
         self.handler_calls: set[asyncio.Task[None]] = set()
@@ -203,16 +205,20 @@ class System:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def run_until_idle(self, *, max_timers: int = 10_000) -> None:
+    async def run_until_idle(self, *, max_timers: int = 1_000_000) -> int:
         """With a virtual clock: settle, then fire the next timer, until none remain
-        or every session has finished (at most ``max_timers`` timers)."""
+        or every session has finished. Returns how many timers fired; stops after
+        ``max_timers`` (a chart that re-arms a timer forever would never end)."""
         clock = self.clock
         assert isinstance(clock, VirtualClock), "run_until_idle needs a VirtualClock"
-        for _ in range(max_timers):
+        fired = 0
+        while fired < max_timers:
             await self.settle()
-            if all(not s.running for s in self.sessions.values()) or not clock.advance():
+            if not self.unfinished or not clock.advance():
                 break
+            fired += 1
         await self.settle()
+        return fired
 
     def spawn(self, call: Coroutine[Any, Any, None]) -> None:
         """Run a handler call in a task the system keeps (and cancels on close)."""
@@ -239,6 +245,8 @@ class Session:
         self.machine = machine
         self.id = session_id
         self.parent = parent
+        # Every effect performed, for inspection and replay checks. It grows with the
+        # session's life: long-lived hosts observe through on_step or telemetry instead.
         self.performed: list[fx.Effect] = []
         self.logs: list[tuple[str | None, Value]] = []
         self.final_configuration: tuple[str, ...] = ()
@@ -329,6 +337,7 @@ class Session:
                 invoke_types=options.invoke_types,
             )
         self._started = True
+        self.system.unfinished.add(self)
         report("statifier.session.start", {}, self._about(resumed=False))
         self._perform(effects)
         self._report_stop()
@@ -351,6 +360,7 @@ class Session:
             send_types=frozenset(self.send_types), invoke_types=frozenset(self.invoke_types)
         )
         self._started = True
+        self.system.unfinished.add(self)
         report("statifier.session.start", {}, self._about(resumed=True))
         self._task = asyncio.get_running_loop().create_task(self._run())
 
@@ -637,6 +647,7 @@ class Session:
             self.system.spawn(_quietly(entry[0].forward(invoke_id, event)))
 
     def _finish(self, effect: fx.Done) -> None:
+        self.system.unfinished.discard(self)
         self.final_configuration = effect.configuration
         self.donedata = effect.donedata
         for handles in self._timers.values():
