@@ -68,6 +68,7 @@ from statifier.telemetry import execute as report
 
 __all__ = ["Session", "System"]
 
+_STEPS_PER_TURN = 16
 _SCXML_TYPES = (None, "scxml", SCXML_PROCESSOR)
 _INVOKE_SCXML = "http://www.w3.org/TR/scxml/"
 _NO_SEND_TYPES: Mapping[str, SendType] = MappingProxyType({})
@@ -373,7 +374,12 @@ class Session:
                     await self._wake.wait()
                     continue
                 # A session stays in system.active while it steps, so settle() waits.
-                self._step(self._inbox.popleft())
+                # It steps a few queued inputs per turn of the loop (a turn costs more
+                # than a simple step), then lets the other sessions run.
+                for _ in range(_STEPS_PER_TURN):
+                    if not self._inbox or not self.state.running:
+                        break
+                    self._step(self._inbox.popleft())
                 await asyncio.sleep(0)
         finally:  # finished, cancelled, or failed: it has no more work either way
             self._inbox.clear()
