@@ -3,6 +3,8 @@
 - :mod:`statifier.session.live`: asyncio sessions (:class:`~statifier.session.live.System`,
   :class:`~statifier.session.live.Session`) that perform sends, timers and invocations.
 - :mod:`statifier.session.clock`: the real clock and a virtual one for tests.
-- :mod:`statifier.session.trace`: a synchronous virtual-clock driver for
-  ``statifier trace``.
+- :mod:`statifier.session.handlers`: the seams for host send and invoke types.
+- :mod:`statifier.session.basichttp`: the BasicHTTP Event I/O Processor.
+- :mod:`statifier.session.recording`: recording a session's inputs and replaying them.
+- :mod:`statifier.session.trace`: the virtual-clock driver behind ``statifier trace``.
 """
