@@ -72,6 +72,7 @@ async def run(
             compile_chart(source),
             send_types=send_types or {},
             invoke_types=invoke_types or {},
+            keep_effects=True,
         )
         await asyncio.wait_for(system.run_until_idle(), timeout=5)
     return session

@@ -221,7 +221,7 @@ def test_a_stored_position_resumes_as_a_live_session() -> None:
 
     async def second_life(blob: bytes) -> Session:
         async with System(VirtualClock()) as system:
-            session = await system.resume(load(compile_chart(source), blob))
+            session = await system.resume(load(compile_chart(source), blob), keep_effects=True)
             session.send("inc")
             session.send("stop")
             await system.settle()

@@ -127,8 +127,13 @@ class System:
         invoke_types: Mapping[str, InvokeType] = _NO_INVOKE_TYPES,
         trace: bool = False,
         on_step: StepObserver | None = None,
+        keep_effects: bool = False,
     ) -> Session:
         """Start ``machine`` as a new session and run it to its first stable point.
+
+        ``keep_effects`` (implied by ``record``) keeps every performed effect in
+        ``session.performed``, for inspection; it grows with the session's life, so
+        long-lived hosts observe through ``on_step`` or telemetry instead.
 
         ``trace`` asks the core for trace effects; ``on_step(session, event, effects)``
         is called after the start (``event`` None) and after every step the session
@@ -145,6 +150,7 @@ class System:
         )
         self.sessions[session.id] = session
         session.observer = on_step
+        session.keep_effects = keep_effects or record
         session.begin(datamodel or {}, record=record, trace=trace)
         return session
 
@@ -155,8 +161,10 @@ class System:
         parent: tuple[Session, str] | None = None,
         send_types: Mapping[str, SendType] = _NO_SEND_TYPES,
         invoke_types: Mapping[str, InvokeType] = _NO_INVOKE_TYPES,
+        keep_effects: bool = False,
     ) -> Session:
-        """Continue a stored position as a live session under its own session id.
+        """Continue a stored position as a live session under its own session id
+        (``keep_effects`` as for :meth:`start`).
 
         Restores where the chart is, not what was in flight: timers armed before the
         position was stored and invoked children are not re-created (a host re-arms
@@ -178,6 +186,7 @@ class System:
             self, position.machine, position.session_id, parent, send_types, invoke_types
         )
         self.sessions[session.id] = session
+        session.keep_effects = keep_effects
         session.continue_from(position)
         return session
 
@@ -246,8 +255,8 @@ class Session:
         self.machine = machine
         self.id = session_id
         self.parent = parent
-        # Every effect performed, for inspection and replay checks. It grows with the
-        # session's life: long-lived hosts observe through on_step or telemetry instead.
+        # Every effect performed, kept only when asked for (it grows with the session).
+        self.keep_effects = False
         self.performed: list[fx.Effect] = []
         self.logs: list[tuple[str | None, Value]] = []
         self.final_configuration: tuple[str, ...] = ()
@@ -433,7 +442,8 @@ class Session:
 
     def _perform(self, effects: list[fx.Effect]) -> None:
         for effect in effects:
-            self.performed.append(effect)
+            if self.keep_effects:
+                self.performed.append(effect)
             if isinstance(effect, fx.Send | fx.SendDelayed):
                 delay = effect.delay_ms if isinstance(effect, fx.SendDelayed) else 0
                 report(
