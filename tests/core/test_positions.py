@@ -488,3 +488,15 @@ def test_a_key_that_merely_contains_type_is_stored() -> None:
     value = {'x"$type': 1}
     state = run(machine, options=StartOptions(datamodel={"v": value}))
     assert load(machine, dump(state)).datamodel["v"] == value
+
+
+def test_a_datamodel_doubled_in_a_loop_is_refused_quickly() -> None:
+    # x = [x, x] thirty times is small in memory but has 2**31 values written out.
+    machine = compile_chart(
+        f'<scxml xmlns="{NS}"><datamodel><data id="x" expr="[1]"/></datamodel>'
+        '<state id="a"><onentry><script>i = 0; while i &lt; 30 { x = [x, x]; i = i + 1 }'
+        "</script></onentry></state></scxml>"
+    )
+    state, _ = initialize(machine)
+    with pytest.raises(ValueError, match="too large"):
+        dump(state)

@@ -216,11 +216,14 @@ def dump(state: MachineState) -> bytes:
     System variables that follow from the chart and the session id are not stored.
 
     Raises:
-        ValueError: the datamodel holds a map with a ``"$type"`` key, or a value
-            outside the expression language's domain.
+        ValueError: the datamodel holds a map with a ``"$type"`` key, a value outside
+            the expression language's domain, or more than :data:`MAX_STORED_VALUES`
+            values once written out (shared substructure counts each time it appears).
     """
     datamodel = state.datamodel
     data = {key: value for key, value in datamodel.items() if key not in _SYSTEM_DERIVED}
+    if _written_size(data.values(), {}) > MAX_STORED_VALUES:
+        raise ValueError(f"the datamodel is too large to store (over {MAX_STORED_VALUES} values)")
     io = datamodel.get("_ioprocessors")
     identity = state.machine.identity
     body = [
@@ -247,6 +250,27 @@ def dump(state: MachineState) -> bytes:
     if '"$type"' in text and _has_type_key(body, set()):
         raise ValueError("a map with a '$type' key cannot be stored in a position")
     return text.encode()
+
+
+MAX_STORED_VALUES: Final = 1_000_000
+"""The most values a stored datamodel may hold, counted as they are written out."""
+
+
+def _written_size(values: Any, sizes: dict[int, int]) -> int:
+    """How many values writing ``values`` out produces. Containers are measured once
+    each (by identity), so a value doubled in a loop (``x = [x, x]``) is measured in
+    time linear in the containers that exist, not in its written size."""
+    total = 0
+    for value in values:
+        if isinstance(value, dict | list):
+            known = sizes.get(id(value))
+            if known is None:
+                items = value.values() if isinstance(value, dict) else value
+                known = sizes[id(value)] = 1 + _written_size(items, sizes)
+            total += known
+        else:
+            total += 1
+    return total
 
 
 _ALL_STATES: Final = ("positions", "all states")  # memo key: every state index
