@@ -63,7 +63,11 @@ def run(
     trace: bool = False,
     max_steps: int = DEFAULT_MAX_STEPS,
 ) -> list[Step]:
-    """Start ``machine``, deliver ``events`` and return every step the chart took."""
+    """Start ``machine``, deliver ``events`` and return every step the chart took.
+
+    Runs its own event loop, so call it from synchronous code (inside a running loop,
+    start a ``System`` with a ``VirtualClock`` and an ``on_step`` observer instead).
+    """
     return asyncio.run(_run(machine, list(events), trace, max_steps))
 
 
