@@ -46,11 +46,7 @@ is timed (as ``timeit`` does). This is a measurement, not a test: it asserts not
 
 from __future__ import annotations
 
-import argparse
-import gc
 import json
-import os
-import platform
 import random
 import statistics
 import sys
@@ -58,9 +54,22 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from importlib import metadata
-from pathlib import Path
 from typing import Any
+
+# bench/ is on sys.path when this file is run as a script.
+from harness import (
+    add_json_option,
+    collector_paused,
+    fmt_ratio,
+    machine_info,
+    machine_summary,
+    new_parser,
+    print_table_header,
+    rotated,
+    verdict,
+    versions_line,
+    write_json,
+)
 
 Event = dict[str, Any]
 Runner = Callable[[Sequence[Event]], None]
@@ -292,18 +301,13 @@ def time_repeat(runners: dict[str, Runner], number: int, seed: int) -> dict[str,
         chunks[name] = [events[i : i + CHUNK] for i in range(0, number, CHUNK)]
     totals = dict.fromkeys(names, 0)
     clock = time.perf_counter_ns
-    gc.collect()
-    gc.disable()
-    try:
+    with collector_paused(keep_gc=False):
         for turn in range(len(chunks[names[0]])):
-            shift = turn % len(names)
-            for name in names[shift:] + names[:shift]:
+            for name in rotated(names, turn):
                 run, batch = runners[name], chunks[name][turn]
                 start = clock()
                 run(batch)
                 totals[name] += clock() - start
-    finally:
-        gc.enable()
     return {name: total / number for name, total in totals.items()}
 
 
@@ -393,40 +397,7 @@ def measure(workload: Workload, repeats: int, number: int) -> dict[str, Any]:
 # --- reporting --------------------------------------------------------------------------
 
 
-def machine() -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    versions: dict[str, str | None] = {}
-    for dist in ("statifier", "cel-expr-python", "common-expression-language"):
-        try:
-            versions[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            versions[dist] = None
-    if versions["statifier"] is None:  # run from the source tree via PYTHONPATH=src
-        try:
-            import statifier
-
-            versions["statifier"] = f"{statifier.__version__} (source tree)"
-        except ImportError:
-            pass
-    return {
-        "python": platform.python_version(),
-        "implementation": platform.python_implementation(),
-        "cpus": os.cpu_count(),
-        "cpu": cpu,
-        "platform": platform.platform(),
-        "versions": versions,
-    }
-
-
-def fmt_ratio(value: float | None) -> str:
-    return "" if value is None else f"{value:.2f}x"
+DISTRIBUTIONS = ("statifier", "cel-expr-python", "common-expression-language")
 
 
 def print_report(
@@ -434,17 +405,14 @@ def print_report(
 ) -> None:
     print(
         f"statifier.expr benchmark: {repeats} repeats x {number} evaluations per engine; "
-        f"Python {info['python']} on {info['cpus']} CPU(s), {info['cpu']}"
+        f"{machine_summary(info)}"
     )
-    versions = info["versions"].items()
-    print("versions: " + ", ".join(f"{k} {v or 'not installed'}" for k, v in versions))
+    print(versions_line(info))
     print()
-    header = (
+    print_table_header(
         f"{'workload':<9} {'engine':<37} {'median ns/eval':>15} {'vs floor':>9} "
         f"{'net':>7} {'statifier speedup':>18}"
     )
-    print(header)
-    print("-" * len(header))
     for result in results:
         for row in result["rows"]:
             print(
@@ -486,38 +454,37 @@ def print_report(
         within = mine["vs_floor"] is not None and mine["vs_floor"] <= 3.0
         print(
             f"  [{result['workload']}] within 3x of the CPython floor: "
-            f"{'met' if within else 'NOT met'} ({mine['vs_floor']:.2f}x; "
+            f"{verdict(within)} ({mine['vs_floor']:.2f}x; "
             f"net of the harness {fmt_ratio(mine['vs_floor_net']) or 'n/a'})"
         )
         for name in CEL_ENGINES:
             if name in rows:
                 speedup = rows[name]["statifier_speedup"]
-                verdict = "met" if speedup > 1.0 else "NOT met"
-                print(f"  [{result['workload']}] faster than {name}: {verdict} ({speedup:.2f}x)")
+                print(
+                    f"  [{result['workload']}] faster than {name}: "
+                    f"{verdict(speedup > 1.0)} ({speedup:.2f}x)"
+                )
             elif name in result["unavailable"]:
                 print(f"  [{result['workload']}] faster than {name}: not measured (unavailable)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    parser = new_parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="short run: 3 repeats x 1000")
     parser.add_argument("--repeats", type=int, help="timed passes per engine (default 7)")
     parser.add_argument("--number", type=int, help="evaluations per pass (default 5000)")
-    parser.add_argument("--json", metavar="PATH", type=Path, help="also write the numbers here")
+    add_json_option(parser)
     args = parser.parse_args(argv)
     repeats = args.repeats or (3 if args.quick else 7)
     number = args.number or (1000 if args.quick else 5000)
     if repeats < 1 or number < 1:
         parser.error("--repeats and --number must be positive")
 
-    info = machine()
+    info = machine_info(DISTRIBUTIONS, load_average=False)
     results = [measure(workload, repeats, number) for workload in WORKLOADS]
     print_report(results, info, repeats, number)
     if args.json:
         document = {
-            "benchmark": "expr",
-            "date": datetime.now(UTC).date().isoformat(),
-            "command": " ".join(["python", *sys.argv]),
             "repeats": repeats,
             "number": number,
             "machine": info,
@@ -527,8 +494,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ],
             "results": results,
         }
-        args.json.write_text(json.dumps(document, indent=2, default=repr) + "\n")
-        print(f"\nwrote {args.json}")
+        write_json(args.json, "expr", document)
     return 0
 
 

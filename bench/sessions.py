@@ -75,13 +75,10 @@ for any check that fails.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import cProfile
 import gc
-import json
 import os
-import pstats
 import statistics
 import sys
 import time
@@ -89,13 +86,33 @@ import tracemalloc
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-# bench/ is on sys.path when this file is run as a script: reuse the reference chart.
-from statecharts import CYCLE, EVENT, SCXML, collector_paused
-from statecharts import machine_info as _statecharts_machine_info
+# bench/ is on sys.path when this file is run as a script: the shared scaffolding, and
+# the reference chart of statecharts.py.
+from harness import (
+    RATE_COLUMNS,
+    add_gc_option,
+    add_json_option,
+    add_profile_option,
+    chunk_sizes,
+    collector_paused,
+    collector_state,
+    fmt_ratio,
+    machine_info,
+    machine_summary,
+    new_parser,
+    print_profile,
+    print_table_header,
+    print_warnings,
+    rate_cells,
+    rate_stats,
+    rotated,
+    verdict,
+    write_json,
+)
+from statecharts import CYCLE, EVENT, SCXML
 
 Leaves = tuple[str, ...]
 
@@ -240,14 +257,11 @@ async def check_traces(machine: Any) -> list[str]:
 
 async def time_repeat(rows: Sequence[Row], number: int, keep_gc: bool) -> dict[str, float]:
     """One repeat: ``number`` events per row, in rotating chunks; events per second."""
-    sizes = [CHUNK] * (number // CHUNK) + ([number % CHUNK] if number % CHUNK else [])
     totals = {row.name: 0 for row in rows}
     clock = time.perf_counter_ns
-    order = list(rows)
     with collector_paused(keep_gc):
-        for turn, size in enumerate(sizes):
-            shift = turn % len(order)
-            for row in order[shift:] + order[:shift]:
+        for turn, size in enumerate(chunk_sizes(number, CHUNK)):
+            for row in rotated(rows, turn):
                 start = clock()
                 await row.run(size)
                 totals[row.name] += clock() - start
@@ -282,11 +296,7 @@ async def measure_throughput(
             {
                 "row": row.name,
                 "note": row.note,
-                "median_events_per_s": rate,
-                "median_us_per_event": statistics.median(1e6 / r for r in samples[row.name]),
-                "min_events_per_s": min(samples[row.name]),
-                "max_events_per_s": max(samples[row.name]),
-                "samples_events_per_s": samples[row.name],
+                **rate_stats(samples[row.name]),
                 # How many times longer an event takes than in the bare core (>1: slower).
                 "overhead_vs_core": None if row.name == CORE else core / rate,
             }
@@ -373,8 +383,7 @@ async def measure_virtual(
     samples: dict[tuple[str, int], list[dict[str, Any]]] = {case: [] for case in cases}
     problems: list[str] = []
     for repeat in range(repeats):
-        shift = repeat % len(cases)
-        for order, count in cases[shift:] + cases[:shift]:
+        for order, count in rotated(cases, repeat):
             result = await virtual_run(machine, count, order, keep_gc)
             problems += result.pop("problems")
             samples[order, count].append(result)
@@ -564,10 +573,8 @@ def profile(count: int, order: str, top: int = 15) -> None:
         f"(start {result['start_s']:.2f} s, run_until_idle {result['run_until_idle_s']:.2f} s "
         "under the profiler)"
     )
-    for problem in result["problems"]:
-        print(f"WARNING: {problem}", file=sys.stderr)
-    stats = pstats.Stats(profiler, stream=sys.stdout)
-    stats.strip_dirs().sort_stats("tottime").print_stats(top)
+    print_warnings(result["problems"])
+    print_profile(profiler, top)
 
 
 def profile_events(events: int, top: int = 15) -> None:
@@ -591,23 +598,12 @@ def profile_events(events: int, top: int = 15) -> None:
                 f"cProfile: {events:,} '{EVENT}' events through each of "
                 f"{', '.join(r.name for r in rows if r.name != CORE)} (turns of {CHUNK})"
             )
-            stats = pstats.Stats(profiler, stream=sys.stdout)
-            stats.strip_dirs().sort_stats("tottime").print_stats(top)
+            print_profile(profiler, top)
 
     asyncio.run(run())
 
 
 # --- reporting --------------------------------------------------------------------------
-
-
-def machine_info() -> dict[str, Any]:
-    info = _statecharts_machine_info()
-    info["versions"] = {"statifier": info["versions"].get("statifier")}
-    return info
-
-
-def fmt_ratio(value: float | None) -> str:
-    return "" if value is None else f"{value:.2f}x"
 
 
 def fmt_bytes(value: float | None) -> str:
@@ -618,11 +614,9 @@ def print_report(
     results: dict[str, Any], info: dict[str, Any], repeats: int, keep_gc: bool
 ) -> None:
     throughput = results["throughput"]
-    collector = "running" if keep_gc else "paused"
     print(
-        f"sessions benchmark: garbage collector {collector} while timing; "
-        f"Python {info['python']} on {info['cpus']} CPU(s), {info['cpu']}; "
-        f"statifier {info['versions']['statifier']}"
+        f"sessions benchmark: garbage collector {collector_state(keep_gc)} while timing; "
+        f"{machine_summary(info)}; statifier {info['versions']['statifier']}"
     )
     print()
     print(
@@ -630,19 +624,9 @@ def print_report(
         f"{throughput['events_per_repeat']} '{EVENT}' events per row, in turns of "
         f"{throughput['chunk']}"
     )
-    header = (
-        f"{'row':<46} {'median events/s':>16} {'us/event':>9} {'min..max events/s':>20} "
-        f"{'vs core':>8}"
-    )
-    print(header)
-    print("-" * len(header))
+    print_table_header(f"{'row':<46} {RATE_COLUMNS} {'vs core':>8}")
     for row in throughput["rows"]:
-        spread = f"{row['min_events_per_s']:,.0f}..{row['max_events_per_s']:,.0f}"
-        print(
-            f"{row['row']:<46} {row['median_events_per_s']:>16,.0f} "
-            f"{row['median_us_per_event']:>9.1f} {spread:>20} "
-            f"{fmt_ratio(row['overhead_vs_core']):>8}"
-        )
+        print(f"{row['row']:<46} {rate_cells(row)} {fmt_ratio(row['overhead_vs_core']):>8}")
     print("'vs core': core median events/s / row median events/s (time per event vs core).")
     for row in throughput["rows"]:
         print(f"note {row['row']}: {row['note']}")
@@ -667,12 +651,10 @@ def print_report(
         f"timer sessions on a virtual clock ({virtual['repeats']} repeat(s) per count, "
         "medians; 'x' = per-session cost / the same at the smallest count, 1.00x if linear):"
     )
-    header = (
+    print_table_header(
         f"{'timers fire':<14} {'sessions':>8} {'start s':>8} {'us/session':>11} {'x':>6} "
         f"{'run_until_idle s':>17} {'us/timer':>9} {'x':>6} {'virtual end':>12}"
     )
-    print(header)
-    print("-" * len(header))
     for row in virtual["rows"]:
         start = f"{row['start_s']:>8.3f} {row['start_us_per_session']:>11.1f}"
         start += f" {row['start_per_session_vs_smallest']:>5.2f}x"
@@ -700,8 +682,7 @@ def print_report(
         + virtual["problems"]
         + (real["problems"] if real else [])
     )
-    for problem in problems:
-        print(f"WARNING: {problem}", file=sys.stderr)
+    print_warnings(problems)
     if not problems:
         print()
         print("checks: all passed (traces, final configurations, timers, clocks)")
@@ -711,10 +692,9 @@ def print_report(
     for row in throughput["rows"]:
         if row["row"] in (BATCH, ONE):
             ratio = row["overhead_vs_core"]
-            verdict = "met" if ratio <= GOAL_RATIO else "NOT met"
             print(
                 f"  {row['row']}: at most {GOAL_RATIO:g}x the bare core's time per event: "
-                f"{verdict} ({ratio:.2f}x)"
+                f"{verdict(ratio <= GOAL_RATIO)} ({ratio:.2f}x)"
             )
         elif row["row"] != CORE:
             print(f"  (no goal) {row['row']}: {row['overhead_vs_core']:.2f}x the core")
@@ -733,7 +713,7 @@ def print_report(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    parser = new_parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="short run: smaller counts")
     parser.add_argument("--repeats", type=int, help="throughput passes (default 7, quick 3)")
     parser.add_argument("--number", type=int, help="events per row and pass (default 4000)")
@@ -746,18 +726,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--real", type=int, help="sessions on the real clock (default 1,000; 0: skip)"
     )
-    parser.add_argument(
-        "--gc",
-        action="store_true",
-        help="keep the garbage collector running while timing (default: paused, as timeit)",
-    )
-    parser.add_argument(
+    add_gc_option(parser)
+    add_profile_option(
+        parser,
         "--profile-events",
-        nargs="?",
-        const=20_000,
-        type=int,
+        default=20_000,
         metavar="EVENTS",
-        help="instead of timing, print a cProfile of the session throughput rows "
+        help_text="instead of timing, print a cProfile of the session throughput rows "
         "(default 20,000 events each)",
     )
     parser.add_argument(
@@ -765,14 +740,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="with --profile: timers scattered (default: in start order)",
     )
-    parser.add_argument("--json", metavar="PATH", type=Path, help="also write the numbers here")
-    parser.add_argument(
+    add_json_option(parser)
+    add_profile_option(
+        parser,
         "--profile",
-        nargs="?",
-        const=10_000,
-        type=int,
+        default=10_000,
         metavar="SESSIONS",
-        help="instead of timing, print a cProfile of the timer sessions (default 10,000)",
+        help_text="instead of timing, print a cProfile of the timer sessions (default 10,000)",
     )
     args = parser.parse_args(argv)
     if args.profile_events is not None:
@@ -798,7 +772,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     counts = sorted({c for c in (largest // 10, largest // 4, largest // 2) if c} | {largest})
 
-    info = machine_info()
+    info = machine_info(("statifier",))
     reference = chart_machine(SCXML)
     timer = chart_machine(TIMER_SCXML)
 
@@ -815,20 +789,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_report(results, info, repeats, args.gc)
     if args.json:
         document = {
-            "benchmark": "sessions",
-            "date": datetime.now(UTC).date().isoformat(),
-            "command": " ".join(["python", *sys.argv]),
             "repeats": repeats,
             "number": number,
             "session_repeats": session_repeats,
-            "garbage_collector": "running" if args.gc else "paused",
+            "garbage_collector": collector_state(args.gc),
             "machine": info,
             "charts": {"reference_scxml": SCXML, "timer_scxml": TIMER_SCXML, "cycle": CYCLE},
             "goals": {"session_vs_core_at_most": GOAL_RATIO},
             **results,
         }
-        args.json.write_text(json.dumps(document, indent=2, default=repr) + "\n")
-        print(f"\nwrote {args.json}")
+        write_json(args.json, "sessions", document)
     return 0
 
 

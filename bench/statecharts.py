@@ -71,24 +71,39 @@ measurement, not a test: it asserts nothing.
 
 from __future__ import annotations
 
-import argparse
 import cProfile
-import gc
-import json
-import os
-import platform
-import pstats
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from functools import cache, partial
 from importlib import metadata
-from pathlib import Path
 from typing import Any
+
+# bench/ is on sys.path when this file is run as a script.
+from harness import (
+    RATE_COLUMNS,
+    add_gc_option,
+    add_json_option,
+    add_profile_option,
+    chunk_sizes,
+    collector_paused,
+    collector_state,
+    fmt_ratio,
+    machine_info,
+    machine_summary,
+    new_parser,
+    print_profile,
+    print_table_header,
+    print_warnings,
+    rate_cells,
+    rate_stats,
+    rotated,
+    verdict,
+    versions_line,
+    write_json,
+)
 
 Leaves = tuple[str, ...]
 
@@ -359,35 +374,17 @@ CHUNK = 200  # events per engine turn within a repeat; a multiple of the 4-event
 WARMUP = 400
 
 
-@contextmanager
-def collector_paused(keep_gc: bool) -> Iterator[None]:
-    """Pause the garbage collector for a timed stretch, as ``timeit`` does, unless
-    ``keep_gc``; either way start from a collected heap."""
-    gc.collect()
-    if keep_gc:
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-
-
 def time_repeat(engines: Sequence[Engine], number: int, keep_gc: bool) -> dict[str, float]:
     """One repeat: ``number`` events per engine; returns events per second.
 
     The engines take turns chunk by chunk, in a rotating order, so that load from the
     rest of the machine is spread over all of them alike.
     """
-    sizes = [CHUNK] * (number // CHUNK) + ([number % CHUNK] if number % CHUNK else [])
     totals = {engine.name: 0 for engine in engines}
     clock = time.perf_counter_ns
-    order = list(engines)
     with collector_paused(keep_gc):
-        for turn, size in enumerate(sizes):
-            shift = turn % len(order)
-            for engine in order[shift:] + order[:shift]:
+        for turn, size in enumerate(chunk_sizes(number, CHUNK)):
+            for engine in rotated(engines, turn):
                 start = clock()
                 engine.run(size)
                 totals[engine.name] += clock() - start
@@ -434,11 +431,7 @@ def measure_throughput(repeats: int, number: int, keep_gc: bool) -> dict[str, An
                 "engine": engine.name,
                 "library": engine.library,
                 "note": engine.note,
-                "median_events_per_s": rate,
-                "median_us_per_event": statistics.median(1e6 / r for r in samples[engine.name]),
-                "min_events_per_s": min(samples[engine.name]),
-                "max_events_per_s": max(samples[engine.name]),
-                "samples_events_per_s": samples[engine.name],
+                **rate_stats(samples[engine.name]),
                 # How many times more events per second statifier handles (>1: it wins).
                 "statifier_speedup": (mine / rate if mine and engine.name != STATIFIER else None),
             }
@@ -499,9 +492,8 @@ def measure_positions(repeats: int, number: int, keep_gc: bool) -> dict[str, Any
     clock = time.perf_counter_ns
     names = list(kinds)
     for repeat in range(repeats):
-        shift = repeat % len(names)
         with collector_paused(keep_gc):
-            for name in names[shift:] + names[:shift]:
+            for name in rotated(names, repeat):
                 start = clock()
                 kinds[name](number)
                 samples[name].append((clock() - start) / number / 1000)
@@ -542,8 +534,7 @@ def profile(events: int, top: int = 15) -> None:
     profiler = cProfile.Profile()
     profiler.runcall(engine.run, events)
     print(f"cProfile: {events:,} statifier handle_event calls on the benchmark chart")
-    stats = pstats.Stats(profiler, stream=sys.stdout)
-    stats.strip_dirs().sort_stats("tottime").print_stats(top)
+    print_profile(profiler, top)
 
 
 # --- reporting --------------------------------------------------------------------------
@@ -553,45 +544,7 @@ ROUND_TRIP_GOAL_US = 20.0
 SIZE_GOAL_BYTES = 1000  # "under 1 KB", read strictly
 
 
-def machine_info() -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    versions: dict[str, str | None] = {}
-    for dist in ("statifier", "sismic", "python-statemachine"):
-        try:
-            versions[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            versions[dist] = None
-    if versions["statifier"] is None:  # run from the source tree via PYTHONPATH=src
-        try:
-            import statifier
-
-            versions["statifier"] = f"{statifier.__version__} (source tree)"
-        except ImportError:
-            pass
-    try:
-        load = list(os.getloadavg())
-    except OSError:
-        load = None
-    return {
-        "python": platform.python_version(),
-        "implementation": platform.python_implementation(),
-        "cpus": os.cpu_count(),
-        "cpu": cpu,
-        "platform": platform.platform(),
-        "load_average_at_start": load,
-        "versions": versions,
-    }
-
-
-def fmt_ratio(value: float | None) -> str:
-    return "" if value is None else f"{value:.2f}x"
+DISTRIBUTIONS = ("statifier", "sismic", "python-statemachine")  # versions in the report
 
 
 def best_speedups(throughput: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -614,30 +567,17 @@ def print_report(
     number: int,
     keep_gc: bool,
 ) -> None:
-    collector = "running" if keep_gc else "paused"
     print(
         f"statecharts benchmark: {repeats} repeats x {number} '{EVENT}' events per engine, "
-        f"garbage collector {collector} while timing; "
-        f"Python {info['python']} on {info['cpus']} CPU(s), {info['cpu']}"
+        f"garbage collector {collector_state(keep_gc)} while timing; {machine_summary(info)}"
     )
-    versions = info["versions"].items()
-    print("versions: " + ", ".join(f"{k} {v or 'not installed'}" for k, v in versions))
+    print(versions_line(info))
     print("cycle (leaf configuration after 0..8 events, statifier): ", end="")
     print(" -> ".join("{" + ",".join(leaves) + "}" for leaves in throughput["trace"]))
     print()
-    header = (
-        f"{'engine':<38} {'median events/s':>16} {'us/event':>9} {'min..max events/s':>20} "
-        f"{'statifier speedup':>18}"
-    )
-    print(header)
-    print("-" * len(header))
+    print_table_header(f"{'engine':<38} {RATE_COLUMNS} {'statifier speedup':>18}")
     for row in throughput["rows"]:
-        spread = f"{row['min_events_per_s']:,.0f}..{row['max_events_per_s']:,.0f}"
-        print(
-            f"{row['engine']:<38} {row['median_events_per_s']:>16,.0f} "
-            f"{row['median_us_per_event']:>9.1f} {spread:>20} "
-            f"{fmt_ratio(row['statifier_speedup']):>18}"
-        )
+        print(f"{row['engine']:<38} {rate_cells(row)} {fmt_ratio(row['statifier_speedup']):>18}")
     print()
     print("'statifier speedup': statifier median events/s / engine median events/s.")
     for row in throughput["rows"]:
@@ -651,12 +591,10 @@ def print_report(
         f"positions (statifier, state after each step of the first cycle; "
         f"{positions['round_trips_per_repeat']} round trips per repeat, median us):"
     )
-    header = (
+    print_table_header(
         f"{'step':>4} {'leaves':<10} {'dump bytes':>10} {'dump+load us':>13} "
         f"{'dump us':>8} {'load us':>8}"
     )
-    print(header)
-    print("-" * len(header))
     for row in positions["rows"]:
         print(
             f"{row['step']:>4} {','.join(row['leaves']):<10} {row['size_bytes']:>10,} "
@@ -669,8 +607,7 @@ def print_report(
         f"median {positions['size_bytes_median']:g} bytes"
     )
 
-    for problem in throughput["problems"] + positions["problems"]:
-        print(f"WARNING: {problem}", file=sys.stderr)
+    print_warnings(throughput["problems"] + positions["problems"])
 
     print()
     print("goals:")
@@ -683,44 +620,38 @@ def print_report(
             print(f"  at least {goal:g}x {library}: not measured (unavailable)")
         else:
             speedup = best[library]["statifier_speedup"]
-            verdict = "met" if speedup >= goal else "NOT met"
             print(
-                f"  at least {goal:g}x the events/s of {library}: {verdict} "
+                f"  at least {goal:g}x the events/s of {library}: {verdict(speedup >= goal)} "
                 f"({speedup:.2f}x its fastest row, {best[library]['engine']})"
             )
     trip = positions["round_trip_us_max"]
     size = positions["size_bytes_max"]
     print(
         f"  position dump+load under {ROUND_TRIP_GOAL_US:g} us: "
-        f"{'met' if trip < ROUND_TRIP_GOAL_US else 'NOT met'} (worst step {trip:.1f} us)"
+        f"{verdict(trip < ROUND_TRIP_GOAL_US)} (worst step {trip:.1f} us)"
     )
     print(
         f"  position under 1 KB ({SIZE_GOAL_BYTES:,} bytes): "
-        f"{'met' if size < SIZE_GOAL_BYTES else 'NOT met'} (largest {size} bytes)"
+        f"{verdict(size < SIZE_GOAL_BYTES)} (largest {size} bytes)"
     )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    parser = new_parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="short run: 3 repeats x 800")
     parser.add_argument("--repeats", type=int, help="timed passes per engine (default 7)")
     parser.add_argument("--number", type=int, help="events per engine and pass (default 4000)")
     parser.add_argument(
         "--round-trips", type=int, help="position round trips per pass (default 1000)"
     )
-    parser.add_argument(
-        "--gc",
-        action="store_true",
-        help="keep the garbage collector running while timing (default: paused, as timeit)",
-    )
-    parser.add_argument("--json", metavar="PATH", type=Path, help="also write the numbers here")
-    parser.add_argument(
+    add_gc_option(parser)
+    add_json_option(parser)
+    add_profile_option(
+        parser,
         "--profile",
-        nargs="?",
-        const=20_000,
-        type=int,
+        default=20_000,
         metavar="EVENTS",
-        help="instead of timing, print a cProfile of statifier (default 20,000 events)",
+        help_text="instead of timing, print a cProfile of statifier (default 20,000 events)",
     )
     args = parser.parse_args(argv)
     if args.profile is not None:
@@ -734,19 +665,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if repeats < 1 or number < 1 or round_trips < 1:
         parser.error("--repeats, --number and --round-trips must be positive")
 
-    info = machine_info()
+    info = machine_info(DISTRIBUTIONS)
     throughput = measure_throughput(repeats, number, args.gc)
     positions = measure_positions(repeats, round_trips, args.gc)
     print_report(throughput, positions, info, repeats, number, args.gc)
     if args.json:
         document = {
-            "benchmark": "statecharts",
-            "date": datetime.now(UTC).date().isoformat(),
-            "command": " ".join(["python", *sys.argv]),
             "repeats": repeats,
             "number": number,
             "round_trips": round_trips,
-            "garbage_collector": "running" if args.gc else "paused",
+            "garbage_collector": collector_state(args.gc),
             "machine": info,
             "chart": {"scxml": SCXML, "sismic_yaml": SISMIC_YAML, "cycle": CYCLE},
             "goals": {
@@ -757,8 +685,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "throughput": throughput,
             "positions": positions,
         }
-        args.json.write_text(json.dumps(document, indent=2, default=repr) + "\n")
-        print(f"\nwrote {args.json}")
+        write_json(args.json, "statecharts", document)
     return 0
 
 
