@@ -253,7 +253,8 @@ class _Interpreter(ContentRunner):
         if self.trace:
             self.emit(fx.TraceEventDequeued, event=event, queue="external")
         self.datamodel["_event"] = event.as_value()
-        self.finalize_and_autoforward(event)
+        if self.invocations or self.trace:
+            self.finalize_and_autoforward(event)
         enabled = self.select_transitions(event)
         if enabled:
             self.begin_microstep()
@@ -488,13 +489,15 @@ class _Interpreter(ContentRunner):
                 self.memo[key] = cached  # no history consulted: the same every time
         ordered, states_for_default_entry, default_history_content = cached
         states = self.states
+        configuration, entered = self.configuration, self.entered
+        late_binding = self.machine.late_binding
         for s in ordered:
             node = states[s]
-            self.configuration.add(s)
+            configuration.add(s)
             self.states_to_invoke.add(s)
-            if s not in self.entered:
-                self.entered.add(s)
-                if self.machine.late_binding and s != 0:
+            if s not in entered:
+                entered.add(s)
+                if late_binding and s != 0:
                     self.bind_data(node.data)
             for ordinal, block in enumerate(node.onentry):
                 self.execute_content(block, f"onentry:{s}:{ordinal}")
