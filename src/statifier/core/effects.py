@@ -52,9 +52,10 @@ class _Stamped:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Send(_Stamped):
-    """Deliver ``event`` now. ``target`` is the author's target (``None``: this session's
-    external queue). ``author_id`` says whether ``send_id`` was written by the author."""
+class _Outgoing(_Stamped):
+    """What every send carries. ``target`` is the author's target (``None``: this
+    session's external queue); ``author_id`` says whether ``send_id`` was written by the
+    author."""
 
     event: str
     target: str | None
@@ -66,17 +67,15 @@ class Send(_Stamped):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class SendDelayed(_Stamped):
+class Send(_Outgoing):
+    """Deliver ``event`` now."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SendDelayed(_Outgoing):
     """Deliver ``event`` after ``delay_ms`` milliseconds unless cancelled first.
     ``ordinal`` orders timers of one session: it never repeats and never resets."""
 
-    event: str
-    target: str | None
-    type: str | None
-    data: Value
-    send_id: str
-    author_id: bool
-    content_index: int
     delay_ms: int
     ordinal: int
 

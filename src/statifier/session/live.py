@@ -44,7 +44,7 @@ import contextlib
 import time
 from collections import deque
 from collections.abc import Callable, Container, Coroutine, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, Literal
 
@@ -751,12 +751,4 @@ def _from(event: Event, origin: str | None, origintype: str) -> Event:
 
 
 def _with_invokeid(event: Event, invoke_id: str) -> Event:
-    return Event(
-        event.name,
-        event.type,
-        event.data,
-        event.sendid,
-        event.origin,
-        event.origintype,
-        invoke_id,
-    )
+    return replace(event, invokeid=invoke_id)
