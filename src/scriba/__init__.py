@@ -2,7 +2,24 @@
 
 scriba is shipped in the ``statifier`` distribution but stands on its own: it
 never imports statechart internals (``statifier.chart``, ``statifier.core``,
-``statifier.session``). It is planned; this package is empty for now.
+``statifier.session``). It needs the ``scriba`` extra (SQLAlchemy; the
+``eventsourcing`` library for its notification-log source).
 """
 
-__all__: list[str] = []
+from scriba.event import Event, Meta, ProjectionKey
+from scriba.operations import Delete, Error, Execute, Insert, Multi, Operation, Result, Skip, Update
+
+__all__ = [
+    "Delete",
+    "Error",
+    "Event",
+    "Execute",
+    "Insert",
+    "Meta",
+    "Multi",
+    "Operation",
+    "ProjectionKey",
+    "Result",
+    "Skip",
+    "Update",
+]
