@@ -22,9 +22,11 @@ from statifier.core.positions import (
     UnnameableStates,
     UnsupportedFormatVersion,
     dump,
+    dump_event,
     export,
     import_state,
     load,
+    load_event,
 )
 from statifier.expr import UNDEFINED, Duration, Value
 
@@ -500,3 +502,18 @@ def test_a_datamodel_doubled_in_a_loop_is_refused_quickly() -> None:
     state, _ = initialize(machine)
     with pytest.raises(ValueError, match="too large"):
         dump(state)
+
+
+def test_events_round_trip_through_their_stored_form() -> None:
+    event = Event(
+        "paid", "internal", {"when": UNDEFINED, "n": [1, 2.5, None]}, "s1", "#_x", "t", "i"
+    )
+    assert load_event(dump_event(event)) == event
+
+
+@pytest.mark.parametrize(
+    "data", [b"", b"{}", b"[1,2]", b'["a","sideways",null,null,null,null,null]', b"\xff"]
+)
+def test_loading_something_that_is_not_a_stored_event_is_refused(data: bytes) -> None:
+    with pytest.raises(NotAPosition):
+        load_event(data)

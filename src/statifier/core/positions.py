@@ -51,9 +51,11 @@ __all__ = [
     "UnnameableStates",
     "UnsupportedFormatVersion",
     "dump",
+    "dump_event",
     "export",
     "import_state",
     "load",
+    "load_event",
 ]
 
 FORMAT_VERSION: Final = 1
@@ -307,6 +309,43 @@ def load(machine: Machine, data: bytes) -> MachineState:
         return _state(machine, envelope[3])
     except (TypeError, KeyError, ValueError, IndexError, TaggedValueError) as error:
         raise NotAPosition(f"the position is damaged: {error}") from None
+
+
+def dump_event(event: Event) -> bytes:
+    """An event as deterministic JSON bytes (its data keeps dates, durations and
+    undefined), for logs of what a chart was given.
+
+    >>> from statifier.core import Event
+    >>> event = Event("paid", data={"amount": 5}, invokeid="pay")
+    >>> load_event(dump_event(event)) == event
+    True
+
+    Raises:
+        ValueError: the data holds a map with a ``"$type"`` key or a value outside the
+            expression language's domain.
+    """
+    body = _event_json(event)
+    text = _ENCODER.encode(body)
+    if '"$type"' in text and _has_type_key(body[2], set()):
+        raise ValueError("a map with a '$type' key cannot be stored in an event")
+    return text.encode()
+
+
+def load_event(data: bytes) -> Event:
+    """The event :func:`dump_event` wrote.
+
+    Raises:
+        NotAPosition: the bytes are not a stored event.
+    """
+    try:
+        body = _DECODER.decode(data.decode("utf-8"))
+        name, kind = body[0], body[1]
+        event = _event_from(body)
+    except (ValueError, UnicodeDecodeError, TypeError, AttributeError, TaggedValueError):
+        raise NotAPosition("the bytes are not a stored event") from None
+    if not isinstance(name, str) or kind not in ("external", "internal", "platform"):
+        raise NotAPosition("the bytes are not a stored event")
+    return event
 
 
 def _indexes(valid: frozenset[int], values: list[Any]) -> frozenset[int]:
