@@ -341,7 +341,7 @@ def load_event(data: bytes) -> Event:
         body = _DECODER.decode(data.decode("utf-8"))
         name, kind = body[0], body[1]
         event = _event_from(body)
-    except (ValueError, UnicodeDecodeError, TypeError, AttributeError, TaggedValueError):
+    except (ValueError, UnicodeDecodeError, TypeError, LookupError, TaggedValueError):
         raise NotAPosition("the bytes are not a stored event") from None
     if not isinstance(name, str) or kind not in ("external", "internal", "platform"):
         raise NotAPosition("the bytes are not a stored event")
