@@ -1,0 +1,182 @@
+"""The seam between durable executions and a store: what an adapter must do, and
+what it may declare it can do.
+
+Adapters store records verbatim and decide nothing: the identity guard, statuses and
+the input-log cap's meaning live above them (in :class:`~statifier.persistence.Storage`
+and :class:`~statifier.persistence.Executions`). The conformance suite
+(``statifier.persistence.testing``) holds an adapter to this contract.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+from statifier.persistence.records import (
+    ChartRecord,
+    ExecutionRecord,
+    InputRecord,
+    PositionRecord,
+    Status,
+)
+
+__all__ = ["Adapter", "Capabilities"]
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What an adapter declares it can do beyond the required operations.
+
+    A facade reads these; it never guesses a capability from a failure.
+
+    Attributes:
+        lock: ``exclusive`` serializes calls per execution (across processes for a
+            shared store).
+        metadata: executions keep their metadata and can be listed by it
+            (``list_by_metadata`` and ``statuses_by_metadata``).
+        input_log: ``append_input`` and ``inputs`` keep an input log.
+        chart_retirement: ``retire_chart`` can tombstone a chart.
+    """
+
+    lock: bool = False
+    metadata: bool = False
+    input_log: bool = False
+    chart_retirement: bool = False
+
+
+class Adapter(Protocol):
+    """A store for charts, executions, saved positions and input logs.
+
+    Every method is a coroutine except :meth:`exclusive`, which returns an async context
+    manager. Inside ``async with adapter.exclusive(id)``, the adapter's calls made by the
+    same task belong to one unit of work (on SQL, one transaction, committed when the
+    block ends normally and rolled back when it raises); outside it, each call stands
+    alone. Records go in and come out unchanged (times may lose precision below a
+    microsecond).
+    """
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What this adapter can do beyond the required operations."""
+        ...
+
+    # Charts.
+
+    async def save_chart(self, chart: ChartRecord) -> ChartRecord:
+        """Store ``chart`` unless its hash is already stored; answer the stored record
+        (the first one saved wins, and a retired one comes back retired)."""
+        ...
+
+    async def fetch_chart(self, content_hash: str) -> ChartRecord | None:
+        """The chart stored under ``content_hash`` (retired or not), or ``None``."""
+        ...
+
+    async def retire_chart(
+        self, content_hash: str, retired_by: str, retired_at: datetime
+    ) -> ChartRecord | None:
+        """Tombstone a chart: drop its source, keep the row (capability
+        ``chart_retirement``). Answers the tombstone, or ``None`` if there is no such
+        chart. Retiring a retired chart answers it unchanged."""
+        ...
+
+    # Executions.
+
+    async def insert_execution(self, record: ExecutionRecord) -> None:
+        """Store a new execution.
+
+        Raises:
+            ExecutionExists: one with this id exists.
+        """
+        ...
+
+    async def fetch_execution(self, execution_id: str) -> ExecutionRecord | None:
+        """The execution, or ``None``."""
+        ...
+
+    async def update_execution(self, record: ExecutionRecord) -> None:
+        """Overwrite the status, position, outcome, failure, ``updated_at`` and
+        ``ended_at`` of an existing execution (its id, chart, metadata and
+        ``created_at`` never change).
+
+        Raises:
+            ExecutionNotFound: there is no such execution.
+        """
+        ...
+
+    async def count_executions_on(self, content_hash: str) -> Mapping[Status, int]:
+        """How many executions run ``content_hash``, by status (zero counts may be
+        left out)."""
+        ...
+
+    async def list_by_metadata(self, pairs: Mapping[str, str]) -> list[ExecutionRecord]:
+        """Executions whose metadata holds every pair (capability ``metadata``); no
+        order is promised."""
+        ...
+
+    async def statuses_by_metadata(self, pairs: Mapping[str, str]) -> dict[str, Status]:
+        """The status of every execution whose metadata holds every pair, by id
+        (capability ``metadata``): the cheap projection settlement asks for."""
+        ...
+
+    # Saved positions.
+
+    async def save_position(self, record: PositionRecord) -> None:
+        """Store or replace the position saved under ``record.key``."""
+        ...
+
+    async def fetch_position(self, key: str) -> PositionRecord | None:
+        """The position saved under ``key``, or ``None``."""
+        ...
+
+    async def delete_position(self, key: str) -> bool:
+        """Forget the position saved under ``key``; answers whether there was one."""
+        ...
+
+    async def count_positions_on(self, content_hash: str) -> int:
+        """How many saved positions belong to ``content_hash``."""
+        ...
+
+    # The input log (capability ``input_log``).
+
+    async def append_input(
+        self,
+        execution_id: str,
+        door: str,
+        event: bytes,
+        recorded_at: datetime,
+        cap: int | None,
+    ) -> int | None:
+        """Append one entry at the next ``seq`` (dense, from 0) and answer it.
+
+        With a ``cap``, a log holds at most ``cap`` entries: the entry that would take
+        the last slot is replaced by a closing marker (``event`` ``None``), and once the
+        log is closed nothing more is appended; both answer ``None``.
+        """
+        ...
+
+    async def inputs(self, execution_id: str) -> list[InputRecord]:
+        """The execution's log in ``seq`` order (empty when there is none)."""
+        ...
+
+    # Retention.
+
+    async def prune(self, ended_before: datetime, limit: int) -> list[str]:
+        """Clear the position and the input log of up to ``limit`` executions that
+        ended before ``ended_before`` and still hold a position; keep their rows.
+        Answers the ids pruned."""
+        ...
+
+    # Serialization (capability ``lock``).
+
+    def exclusive(self, execution_id: str, wait: float | None) -> AbstractAsyncContextManager[None]:
+        """Hold the execution's lock for the block: no other ``exclusive`` on the same
+        id, from any task or process sharing the store, enters until it ends. Waits at
+        most ``wait`` seconds for the lock (``None``: no bound).
+
+        Raises:
+            LockTimeout: the wait exceeded ``wait``.
+        """
+        ...

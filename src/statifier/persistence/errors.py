@@ -1,0 +1,101 @@
+"""The typed refusals of durable executions. Each is a :class:`PersistenceError`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+__all__ = [
+    "ChartNotFound",
+    "ChartRetired",
+    "ChartRetirementUnsupported",
+    "ExecutionExists",
+    "ExecutionNotFound",
+    "LockTimeout",
+    "MetadataUnsupported",
+    "PersistenceError",
+    "PinSourceFailed",
+    "Pinned",
+    "SerializationUnsupported",
+    "StoredChartDamaged",
+]
+
+
+class PersistenceError(Exception):
+    """Something durable executions refuse to do; nothing was changed."""
+
+
+class ExecutionExists(PersistenceError):  # noqa: N818 - names the refusal
+    """An execution with this id already exists."""
+
+    def __init__(self, execution_id: str) -> None:
+        super().__init__(f"execution {execution_id!r} already exists")
+        self.execution_id = execution_id
+
+
+class ExecutionNotFound(PersistenceError):  # noqa: N818
+    """No execution has this id."""
+
+    def __init__(self, execution_id: str) -> None:
+        super().__init__(f"no execution {execution_id!r}")
+        self.execution_id = execution_id
+
+
+class ChartNotFound(PersistenceError):  # noqa: N818
+    """No chart is stored under this content hash."""
+
+    def __init__(self, content_hash: str) -> None:
+        super().__init__(f"no chart {content_hash}")
+        self.content_hash = content_hash
+
+
+class ChartRetired(PersistenceError):  # noqa: N818
+    """The chart was retired: its hash is kept, its source is gone for good."""
+
+    def __init__(self, content_hash: str, retired_by: str | None) -> None:
+        super().__init__(f"chart {content_hash} was retired by {retired_by!r}")
+        self.content_hash = content_hash
+        self.retired_by = retired_by
+
+
+class StoredChartDamaged(PersistenceError):  # noqa: N818
+    """The stored source does not compile to the chart its hash names."""
+
+
+class MetadataUnsupported(PersistenceError):  # noqa: N818
+    """The adapter cannot store or list by execution metadata."""
+
+
+class ChartRetirementUnsupported(PersistenceError):  # noqa: N818
+    """The adapter cannot retire charts."""
+
+
+class SerializationUnsupported(PersistenceError):  # noqa: N818
+    """The adapter offers no per-execution lock and no strategy was given."""
+
+
+class LockTimeout(PersistenceError):  # noqa: N818
+    """Another call held the execution's lock for longer than the lock-wait timeout."""
+
+    def __init__(self, execution_id: str, waited: float) -> None:
+        super().__init__(f"execution {execution_id!r} stayed locked for {waited:.3f}s")
+        self.execution_id = execution_id
+        self.waited = waited
+
+
+class Pinned(PersistenceError):  # noqa: N818
+    """The chart is still in use; ``counts`` says by what (every count known)."""
+
+    def __init__(self, content_hash: str, counts: Mapping[str, int]) -> None:
+        held = ", ".join(f"{name}={count}" for name, count in sorted(counts.items()))
+        super().__init__(f"chart {content_hash} is still in use: {held}")
+        self.content_hash = content_hash
+        self.counts = dict(counts)
+
+
+class PinSourceFailed(PersistenceError):  # noqa: N818
+    """A pin source could not answer, so no complete count exists."""
+
+    def __init__(self, source: str, reason: BaseException) -> None:
+        super().__init__(f"pin source {source} failed: {reason!r}")
+        self.source = source
+        self.reason = reason

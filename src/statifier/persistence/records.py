@@ -1,0 +1,118 @@
+"""What durable executions store: plain, frozen records that adapters read and write."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+__all__ = [
+    "ChartRecord",
+    "ExecutionRecord",
+    "InputRecord",
+    "PositionRecord",
+    "Status",
+]
+
+
+class Status(enum.Enum):
+    """Where an execution is in its life.
+
+    ``ACTIVE`` takes events. ``NEEDS_MIGRATION`` is parked on its chart and takes none
+    until it is put back. ``COMPLETED``, ``FAILED`` and ``CANCELLED`` are terminal: a
+    step to them is discarded.
+    """
+
+    ACTIVE = "active"
+    NEEDS_MIGRATION = "needs_migration"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        """Whether the execution has ended (completed, failed or cancelled)."""
+        return self in _TERMINAL
+
+    @property
+    def pins(self) -> bool:
+        """Whether an execution in this status holds its chart in use."""
+        return self in (Status.ACTIVE, Status.NEEDS_MIGRATION)
+
+
+_TERMINAL = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED})
+
+
+@dataclass(frozen=True, slots=True)
+class ChartRecord:
+    """A stored chart: its SCXML source under its content hash.
+
+    ``source`` is ``None`` once the chart is retired (a tombstone keeps the hash, who
+    retired it and when).
+    """
+
+    content_hash: str
+    source: bytes | None
+    name: str | None
+    version: str | None
+    saved_at: datetime
+    retired_at: datetime | None = None
+    retired_by: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionRecord:
+    """One durable execution: one chart for its whole life.
+
+    Attributes:
+        id: chosen by the host (a transaction key, say).
+        content_hash: the chart it runs.
+        status: see :class:`Status`.
+        position: the stored position (``statifier.core.positions`` bytes); ``None``
+            once pruned.
+        metadata: host identities (a tenant id, a parent id), written once at create.
+        outcome: the answer of a finished execution as JSON bytes (its donedata, or a
+            failure's details), read by a parent; ``None`` while it runs.
+        failure: why it failed (``"failed_final"``, ``"round_budget"``, or the reason a
+            host gave to ``fail``); ``None`` otherwise.
+        created_at, updated_at, ended_at: timezone-aware times; ``ended_at`` is set
+            when the execution reaches a terminal status.
+    """
+
+    id: str
+    content_hash: str
+    status: Status
+    position: bytes | None
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    outcome: bytes | None = None
+    failure: str | None = None
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+    ended_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PositionRecord:
+    """A position a host saved under a key of its own (a session id, say)."""
+
+    key: str
+    content_hash: str
+    position: bytes
+    saved_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class InputRecord:
+    """One entry of an execution's input log.
+
+    ``seq`` is dense and starts at 0. ``door`` names how the event entered (``"step"``,
+    ``"answer"``, ``"cancel"``...). ``event`` holds ``positions.dump_event`` bytes, or
+    ``None`` for the marker that closes a log which reached its cap.
+    """
+
+    execution_id: str
+    seq: int
+    door: str
+    event: bytes | None
+    recorded_at: datetime
