@@ -29,6 +29,22 @@ EVENTS: Final[Mapping[str, str]] = {
     "statifier.session.send": "a session delivered or armed a send",
     "statifier.session.invoke": "a session started an invoked child",
     "statifier.session.error": "a session raised error.communication or error.execution itself",
+    # scriba, the projection engine (see the scriba section of docs/telemetry.md)
+    "scriba.projection.started": "a projection started running, or resumed after a pause",
+    "scriba.projection.paused": "a projection paused: it stopped reading its source",
+    "scriba.projection.stopped": "a projection stopped and no longer runs anything",
+    "scriba.projection.halted": "a projection halted on a failure no replay can fix",
+    "scriba.projection.event.start": "a handler call began",
+    "scriba.projection.event.stop": "a handler call returned",
+    "scriba.projection.event.exception": "a handler call raised",
+    "scriba.projection.event.skipped": "an event was accounted for without a write",
+    "scriba.projection.batch.stop": "a batch committed",
+    "scriba.projection.dead_letter": "an event was dead-lettered",
+    "scriba.projection.lag": "a projection's lag, on a timer",
+    "scriba.projection.cache_initialized": "a pipeline loaded the stream cursors it dedups by",
+    "scriba.source.batch.failed": "a batch did not commit and is not acknowledged",
+    "scriba.source.standby": "a source stands by: another process holds the projection",
+    "scriba.source.subscribed": "a source holds the projection's subscription and delivers",
 }
 """Every event name this library emits, with what it means."""
 
