@@ -111,6 +111,11 @@ class Adapter(Protocol):
         left out)."""
         ...
 
+    async def pinning_executions(self, content_hash: str) -> list[str]:
+        """Ids of the executions on ``content_hash`` whose status holds the chart in use
+        (active or needs_migration), in no promised order."""
+        ...
+
     async def list_by_metadata(self, pairs: Mapping[str, str]) -> list[ExecutionRecord]:
         """Executions whose metadata holds every pair (capability ``metadata``); no
         order is promised."""

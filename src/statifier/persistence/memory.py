@@ -95,6 +95,13 @@ class MemoryAdapter:
                 counts[record.status] = counts.get(record.status, 0) + 1
         return counts
 
+    async def pinning_executions(self, content_hash: str) -> list[str]:
+        return [
+            record.id
+            for record in self.executions.values()
+            if record.content_hash == content_hash and record.status.pins
+        ]
+
     async def list_by_metadata(self, pairs: Mapping[str, str]) -> list[ExecutionRecord]:
         wanted = pairs.items()
         return [r for r in self.executions.values() if wanted <= r.metadata.items()]
