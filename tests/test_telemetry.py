@@ -26,8 +26,12 @@ def test_the_catalog_documents_exactly_the_events_emitted() -> None:
     sources = "".join(
         path.read_text(encoding="utf-8") for path in Path(telemetry.__file__).parent.rglob("*.py")
     )
-    emitted = set(re.findall(r'"(statifier\.session\.[a-z_]+)"', sources))
-    assert emitted == {name for name in telemetry.EVENTS if name.startswith("statifier.session.")}
+    emitted = set(re.findall(r'"(statifier\.(?:session|persistence)\.[a-z_]+)"', sources))
+    assert emitted == {
+        name
+        for name in telemetry.EVENTS
+        if name.startswith(("statifier.session.", "statifier.persistence."))
+    }
 
 
 def test_unknown_events_and_double_attachment_are_refused() -> None:

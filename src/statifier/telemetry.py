@@ -29,6 +29,12 @@ EVENTS: Final[Mapping[str, str]] = {
     "statifier.session.send": "a session delivered or armed a send",
     "statifier.session.invoke": "a session started an invoked child",
     "statifier.session.error": "a session raised error.communication or error.execution itself",
+    # durable executions (see the persistence section of docs/telemetry.md)
+    "statifier.persistence.step": "a durable call ran the chart and stored the result",
+    "statifier.persistence.lock": "a durable call got its execution's exclusion",
+    "statifier.persistence.adapter": "a storage adapter call returned",
+    "statifier.persistence.lifecycle": "an execution was created, ended, parked or unparked",
+    "statifier.persistence.effect_failed": "an executor raised; the call stored nothing",
     # scriba, the projection engine (see the scriba section of docs/telemetry.md)
     "scriba.projection.started": "a projection started running, or resumed after a pause",
     "scriba.projection.paused": "a projection paused: it stopped reading its source",

@@ -1,6 +1,9 @@
 """Durable executions: statecharts stepped and stored, one guarded operation at a time.
 
-Filled in below as the layer grows.
+:class:`Storage` puts an adapter (:class:`MemoryAdapter`, or the SQL one in
+``statifier.persistence.sql``) behind the identity guard; :class:`Executions` creates,
+steps, fails and cancels executions over it, handing every effect to an executor.
+See ``docs/persistence.md``.
 """
 
 from statifier.persistence.adapter import Adapter, Capabilities
@@ -17,7 +20,19 @@ from statifier.persistence.errors import (
     PinSourceFailed,
     SerializationUnsupported,
     StoredChartDamaged,
+    Unstorable,
 )
+from statifier.persistence.executions import (
+    EXECUTION_STATUS_KEY,
+    PARENT_KEY,
+    Discarded,
+    Executions,
+    LoggedInput,
+    PinSource,
+    Stepped,
+    decode_outcome,
+)
+from statifier.persistence.executor import EffectContext, Executor, ignore_effects
 from statifier.persistence.memory import MemoryAdapter
 from statifier.persistence.records import (
     ChartRecord,
@@ -26,26 +41,48 @@ from statifier.persistence.records import (
     PositionRecord,
     Status,
 )
+from statifier.persistence.retention import prune
+from statifier.persistence.serialization import AdapterLock, Serialization, Unserialized
+from statifier.persistence.storage import Clock, Storage, utc_now
 
 __all__ = [
+    "EXECUTION_STATUS_KEY",
+    "PARENT_KEY",
     "Adapter",
+    "AdapterLock",
     "Capabilities",
     "ChartNotFound",
     "ChartRecord",
     "ChartRetired",
     "ChartRetirementUnsupported",
+    "Clock",
+    "Discarded",
+    "EffectContext",
     "ExecutionExists",
     "ExecutionNotFound",
     "ExecutionRecord",
+    "Executions",
+    "Executor",
     "InputRecord",
     "LockTimeout",
+    "LoggedInput",
     "MemoryAdapter",
     "MetadataUnsupported",
     "PersistenceError",
+    "PinSource",
     "PinSourceFailed",
     "Pinned",
     "PositionRecord",
+    "Serialization",
     "SerializationUnsupported",
     "Status",
+    "Stepped",
+    "Storage",
     "StoredChartDamaged",
+    "Unserialized",
+    "Unstorable",
+    "decode_outcome",
+    "ignore_effects",
+    "prune",
+    "utc_now",
 ]

@@ -17,6 +17,7 @@ __all__ = [
     "Pinned",
     "SerializationUnsupported",
     "StoredChartDamaged",
+    "Unstorable",
 ]
 
 
@@ -99,3 +100,8 @@ class PinSourceFailed(PersistenceError):  # noqa: N818
         super().__init__(f"pin source {source} failed: {reason!r}")
         self.source = source
         self.reason = reason
+
+
+class Unstorable(PersistenceError):  # noqa: N818
+    """A step's result cannot be stored (its datamodel or event is too large, or holds
+    a value positions cannot keep); the step was abandoned before any effect."""

@@ -1,0 +1,534 @@
+"""The lifecycle of durable executions: create, step, fail, cancel.
+
+Each call is one guarded, serialized operation: take the execution's exclusion, fetch
+its record, load its position against the machine given (the identity guard), run the
+pure interpreter, hand the effects to the executor one at a time, then store the new
+position, status and input. Between calls nothing lives in memory but the records.
+
+>>> import asyncio
+>>> from statifier.chart import compile_chart
+>>> from statifier.core import Event
+>>> from statifier.persistence import Executions, MemoryAdapter, Storage
+>>> machine = compile_chart(
+...     '<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="open">'
+...     '<state id="open"><transition event="close" target="closed"/></state>'
+...     '<final id="closed"/></scxml>'
+... )
+>>> executions = Executions(Storage(MemoryAdapter()))
+>>> async def run():
+...     created = await executions.create("door_1", machine)
+...     closed = await executions.step("door_1", machine, Event("close"))
+...     late = await executions.step("door_1", machine, Event("close"))
+...     return created.execution.status, closed.execution.status, type(late).__name__
+>>> asyncio.run(run())
+(<Status.ACTIVE: 'active'>, <Status.COMPLETED: 'completed'>, 'Discarded')
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Container, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any, Final, Protocol
+
+from statifier.chart import Machine
+from statifier.core import Event, MachineState, StartOptions, handle_event, initialize
+from statifier.core import cancel as cancel_chart
+from statifier.core import effects as fx
+from statifier.core import positions as stored
+from statifier.expr import UNDEFINED, Value, tagged
+from statifier.persistence.errors import (
+    ChartNotFound,
+    ChartRetirementUnsupported,
+    ExecutionExists,
+    MetadataUnsupported,
+    Pinned,
+    PinSourceFailed,
+    Unstorable,
+)
+from statifier.persistence.executor import Executor, ignore_effects, perform
+from statifier.persistence.records import ChartRecord, ExecutionRecord, Status
+from statifier.persistence.serialization import AdapterLock, Serialization
+from statifier.persistence.storage import Storage
+from statifier.telemetry import execute as report
+
+__all__ = [
+    "EXECUTION_STATUS_KEY",
+    "PARENT_KEY",
+    "Discarded",
+    "Executions",
+    "LoggedInput",
+    "PinSource",
+    "Stepped",
+    "decode_outcome",
+]
+
+EXECUTION_STATUS_KEY: Final = "statifier_persistence:execution_status"
+"""A top-level ``<final>`` whose donedata maps this key to ``"failed"`` ends its
+execution as failed (``failure`` ``"failed_final"``) rather than completed."""
+
+PARENT_KEY: Final = "statifier.parent"
+"""Metadata key naming a durable child's parent execution; cancelling the parent
+cancels the children."""
+
+MAX_METADATA_PAIRS: Final = 64
+MAX_METADATA_TEXT: Final = 1_024
+
+
+@dataclass(frozen=True, slots=True)
+class Stepped:
+    """A call that ran the chart.
+
+    Attributes:
+        execution: the record as stored by this call.
+        state: the new position.
+        effects: everything the interpreter emitted, ``Done`` included (the executor
+            saw all but ``Done``).
+        donedata: the chart's donedata when this call finished it, else undefined.
+    """
+
+    execution: ExecutionRecord
+    state: MachineState
+    effects: tuple[fx.Effect, ...]
+    donedata: Value = UNDEFINED
+
+    @property
+    def finished(self) -> bool:
+        """Whether this call ended the execution."""
+        return self.execution.status.terminal
+
+
+@dataclass(frozen=True, slots=True)
+class Discarded:
+    """A call that changed nothing because the execution does not take it: it has
+    ended, or is parked (``needs_migration``). Nothing was logged."""
+
+    execution: ExecutionRecord
+
+
+@dataclass(frozen=True, slots=True)
+class LoggedInput:
+    """An input log entry, decoded: ``event`` is ``None`` for the marker that closed a
+    log at its cap."""
+
+    seq: int
+    door: str
+    event: Event | None
+    recorded_at: datetime
+
+
+class PinSource(Protocol):
+    """Something of the host's that can hold a chart in use (pending timers, address
+    rows). Asked during retirement; what it raises refuses the retirement."""
+
+    async def pins(self, content_hash: str, execution_ids: Sequence[str]) -> Mapping[str, int]:
+        """Named counts of what holds ``content_hash``; ``execution_ids`` are the
+        executions still active on it."""
+        ...
+
+
+def decode_outcome(record: ExecutionRecord) -> Value:
+    """The answer a finished execution left: its donedata, or a failure's details
+    (``{"reason": ...}``); undefined when it left none."""
+    if record.outcome is None:
+        return UNDEFINED
+    return tagged.decode(json.loads(record.outcome))
+
+
+class Executions:
+    """Creates and steps durable executions over a :class:`Storage`.
+
+    Args:
+        storage: the guarded store.
+        executor: receives every effect (except ``Done``) of every call, in order.
+        serialization: how calls for one execution are kept apart; by default the
+            adapter's lock (see :mod:`statifier.persistence.serialization`).
+        lock_wait: for the default serialization, the most seconds a call waits for
+            the execution's lock before :class:`LockTimeout`; ``None`` waits on.
+    """
+
+    def __init__(
+        self,
+        storage: Storage,
+        *,
+        executor: Executor = ignore_effects,
+        serialization: Serialization | None = None,
+        lock_wait: float | None = None,
+    ) -> None:
+        self.storage = storage
+        self.executor = executor
+        self.serialization = serialization or AdapterLock(storage.adapter, lock_wait)
+
+    @asynccontextmanager
+    async def _exclusive(self, execution_id: str) -> AsyncIterator[None]:
+        started = time.perf_counter()
+        async with self.serialization.exclusive(execution_id):
+            report(
+                "statifier.persistence.lock",
+                {"duration": time.perf_counter() - started},
+                {"execution_id": execution_id},
+            )
+            yield
+
+    async def create(
+        self,
+        execution_id: str,
+        machine: Machine,
+        *,
+        options: StartOptions | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> Stepped:
+        """Start ``machine`` as a new execution: store the chart, initialize, hand the
+        effects over, store the position.
+
+        ``options.session_id`` is replaced by ``execution_id``, so a replay of the input
+        log starts exactly where this did. ``metadata`` holds host identities (never
+        personal data); it is written once.
+
+        Raises:
+            ExecutionExists: the id is taken (checked before any effect).
+            MetadataUnsupported: metadata given to an adapter that keeps none.
+            Unstorable: the initial position cannot be stored.
+            ChartRetired: the chart was retired.
+        """
+        started = time.perf_counter()
+        pairs = _checked_metadata(metadata)
+        if pairs and not self.storage.capabilities.metadata:
+            raise MetadataUnsupported("this adapter cannot store execution metadata")
+        await self.storage.save_chart(machine)
+        start = replace(options or StartOptions(), session_id=execution_id)
+        adapter = self.storage.adapter
+        async with self._exclusive(execution_id):
+            if await self.storage.call("fetch_execution", adapter.fetch_execution(execution_id)):
+                raise ExecutionExists(execution_id)
+            state, effects = initialize(machine, start)
+            status, failure, outcome, donedata = _ending(effects)
+            position = _dump(state)
+            await self._perform(effects, execution_id, "create")
+            now = self.storage.clock()
+            record = ExecutionRecord(
+                execution_id,
+                machine.identity.content_hash,
+                status,
+                position,
+                pairs,
+                outcome,
+                failure,
+                now,
+                now,
+                now if status.terminal else None,
+            )
+            await self.storage.call("insert_execution", adapter.insert_execution(record))
+        self._lifecycle(record, "created")
+        if status.terminal:
+            self._lifecycle(record, status.value)
+        self._stepped(record, "create", effects, started)
+        return Stepped(record, state, tuple(effects), donedata)
+
+    async def step(
+        self,
+        execution_id: str,
+        machine: Machine,
+        event: Event,
+        *,
+        routes: Container[str] | None = None,
+        door: str = "step",
+    ) -> Stepped | Discarded:
+        """Deliver one external event.
+
+        Args:
+            routes: the send targets reachable during this step (see
+                :class:`~statifier.core.StartOptions`); never stored.
+            door: how the event entered, recorded in the input log.
+
+        Returns:
+            :class:`Stepped`, or :class:`Discarded` when the execution has ended or is
+            parked (a step never raises for that).
+
+        Raises:
+            ExecutionNotFound: no such execution.
+            IdentityMismatch: ``machine`` is not the chart the execution runs.
+            LockTimeout: the execution stayed locked longer than the lock wait.
+            Unstorable: the event or the new position cannot be stored (nothing
+                happened: no effect ran).
+        """
+        started = time.perf_counter()
+        adapter = self.storage.adapter
+        async with self._exclusive(execution_id):
+            record = await self.storage.fetch_execution(execution_id)
+            if record.status is not Status.ACTIVE:
+                return Discarded(record)
+            state = self.storage.load(record, machine)
+            if not state.running:
+                return Discarded(record)
+            if routes is not None:
+                state = state._replace(routes=routes)
+            entry = _dump_event(event)
+            state, effects = handle_event(state, event)
+            status, failure, outcome, donedata = _ending(effects)
+            position = _dump(state)
+            await self._perform(effects, execution_id, door)
+            now = self.storage.clock()
+            if self.storage.capabilities.input_log:
+                await self.storage.call(
+                    "append_input",
+                    adapter.append_input(
+                        execution_id, door, entry, now, self.storage.input_log_cap
+                    ),
+                )
+            record = replace(
+                record,
+                status=status,
+                position=position,
+                outcome=outcome,
+                failure=failure,
+                updated_at=now,
+                ended_at=now if status.terminal else None,
+            )
+            await self.storage.call("update_execution", adapter.update_execution(record))
+        if status.terminal:
+            self._lifecycle(record, status.value)
+        self._stepped(record, door, effects, started)
+        return Stepped(record, state, tuple(effects), donedata)
+
+    async def fail(self, execution_id: str, reason: str) -> ExecutionRecord | Discarded:
+        """End an execution as failed on the host's word; its position stays as it was
+        and its outcome is ``{"reason": reason}``. A terminal execution is discarded."""
+        async with self._exclusive(execution_id):
+            record = await self.storage.fetch_execution(execution_id)
+            if record.status.terminal:
+                return Discarded(record)
+            now = self.storage.clock()
+            record = replace(
+                record,
+                status=Status.FAILED,
+                outcome=_encode({"reason": reason}),
+                failure=reason,
+                updated_at=now,
+                ended_at=now,
+            )
+            await self.storage.call(
+                "update_execution", self.storage.adapter.update_execution(record)
+            )
+        self._lifecycle(record, "failed")
+        return record
+
+    async def cancel(self, execution_id: str) -> Stepped | Discarded:
+        """Stop an execution from outside: its active states are exited (their onexit
+        content runs and their invocations are cancelled, all through the executor),
+        then every durable child it started (executions whose metadata names it under
+        :data:`PARENT_KEY`) is cancelled the same way, each under its own exclusion
+        and after this one's is released. A terminal execution is discarded."""
+        started = time.perf_counter()
+        async with self._exclusive(execution_id):
+            record = await self.storage.fetch_execution(execution_id)
+            if record.status.terminal:
+                return Discarded(record)
+            machine = await self.storage.machine(record.content_hash)
+            state = self.storage.load(record, machine)
+            effects: list[fx.Effect] = []
+            if state.running:
+                state, effects = cancel_chart(state)
+            position = _dump(state)
+            await self._perform(effects, execution_id, "cancel")
+            now = self.storage.clock()
+            record = replace(
+                record,
+                status=Status.CANCELLED,
+                position=position,
+                outcome=None,
+                updated_at=now,
+                ended_at=now,
+            )
+            await self.storage.call(
+                "update_execution", self.storage.adapter.update_execution(record)
+            )
+        self._lifecycle(record, "cancelled")
+        self._stepped(record, "cancel", effects, started)
+        if self.storage.capabilities.metadata:
+            children = await self.storage.call(
+                "statuses_by_metadata",
+                self.storage.adapter.statuses_by_metadata({PARENT_KEY: execution_id}),
+            )
+            for child_id, status in sorted(children.items()):
+                if not status.terminal:
+                    await self.cancel(child_id)
+        return Stepped(record, state, tuple(effects))
+
+    async def park(self, execution_id: str) -> ExecutionRecord | Discarded:
+        """Set an active execution aside (``needs_migration``): it takes no event until
+        :meth:`unpark`. A terminal execution is discarded."""
+        return await self._set_status(execution_id, Status.ACTIVE, Status.NEEDS_MIGRATION)
+
+    async def unpark(self, execution_id: str) -> ExecutionRecord | Discarded:
+        """Put a parked execution back to ``active`` on its chart."""
+        return await self._set_status(execution_id, Status.NEEDS_MIGRATION, Status.ACTIVE)
+
+    async def _set_status(
+        self, execution_id: str, before: Status, after: Status
+    ) -> ExecutionRecord | Discarded:
+        async with self._exclusive(execution_id):
+            record = await self.storage.fetch_execution(execution_id)
+            if record.status is not before:
+                return Discarded(record)
+            record = replace(record, status=after, updated_at=self.storage.clock())
+            await self.storage.call(
+                "update_execution", self.storage.adapter.update_execution(record)
+            )
+        self._lifecycle(record, after.value)
+        return record
+
+    async def inputs(self, execution_id: str) -> list[LoggedInput]:
+        """The execution's input log, decoded (empty when the adapter keeps none)."""
+        if not self.storage.capabilities.input_log:
+            return []
+        entries = await self.storage.call("inputs", self.storage.adapter.inputs(execution_id))
+        return [
+            LoggedInput(
+                entry.seq,
+                entry.door,
+                None if entry.event is None else stored.load_event(entry.event),
+                entry.recorded_at,
+            )
+            for entry in entries
+        ]
+
+    async def executions_on(self, content_hash: str) -> Mapping[str, int]:
+        """What refers to a chart: executions by status and saved positions (finished
+        executions included, which never hold a chart in use)."""
+        return await self.storage.counts_on(content_hash)
+
+    async def retire_chart(
+        self,
+        content_hash: str,
+        *,
+        retired_by: str,
+        pin_sources: Sequence[PinSource] = (),
+    ) -> ChartRecord:
+        """Tombstone a chart nothing can resume any more: its row and hash stay, its
+        source goes, and it can never be saved or fetched again.
+
+        Held in use by: an active or parked execution, a saved position, or a non-zero
+        count from a pin source.
+
+        Raises:
+            ChartRetirementUnsupported: the adapter cannot retire charts.
+            ChartNotFound: no such chart.
+            Pinned: something holds it; ``counts`` carries every count known.
+            PinSourceFailed: a pin source could not answer (no complete count exists).
+        """
+        adapter = self.storage.adapter
+        if not self.storage.capabilities.chart_retirement:
+            raise ChartRetirementUnsupported("this adapter cannot retire charts")
+        chart = await self.storage.call("fetch_chart", adapter.fetch_chart(content_hash))
+        if chart is None:
+            raise ChartNotFound(content_hash)
+        if chart.retired_at is not None:
+            return chart
+        counts = dict(await self.storage.counts_on(content_hash))
+        held = sum(
+            n
+            for name, n in counts.items()
+            if name in ("executions_active", "executions_needs_migration", "positions")
+        )
+        active = await self.storage.call(
+            "pinning_executions", adapter.pinning_executions(content_hash)
+        )
+        for source in pin_sources:
+            name = type(source).__name__
+            try:
+                answer = await source.pins(content_hash, tuple(active))
+                answered = {f"{name}.{key}": int(n) for key, n in answer.items()}
+            except Exception as error:
+                raise PinSourceFailed(name, error) from error
+            counts.update(answered)
+            held += sum(n for n in answered.values() if n > 0)
+        if held:
+            raise Pinned(content_hash, counts)
+        retired = await self.storage.call(
+            "retire_chart", adapter.retire_chart(content_hash, retired_by, self.storage.clock())
+        )
+        if retired is None:
+            raise ChartNotFound(content_hash)
+        return retired
+
+    async def _perform(self, effects: list[fx.Effect], execution_id: str, door: str) -> None:
+        try:
+            await perform(self.executor, effects, execution_id, door)
+        except Exception as error:
+            report(
+                "statifier.persistence.effect_failed",
+                {},
+                {"execution_id": execution_id, "door": door, "error": repr(error)},
+            )
+            raise
+
+    @staticmethod
+    def _lifecycle(record: ExecutionRecord, transition: str) -> None:
+        report(
+            "statifier.persistence.lifecycle",
+            {},
+            {"execution_id": record.id, "transition": transition, "failure": record.failure},
+        )
+
+    @staticmethod
+    def _stepped(
+        record: ExecutionRecord, door: str, effects: list[fx.Effect], started: float
+    ) -> None:
+        report(
+            "statifier.persistence.step",
+            {"duration": time.perf_counter() - started, "effects": len(effects)},
+            {"execution_id": record.id, "door": door, "status": record.status.value},
+        )
+
+
+def _ending(
+    effects: list[fx.Effect],
+) -> tuple[Status, str | None, bytes | None, Value]:
+    """Status, failure, outcome and donedata that a call's effects lead to."""
+    for effect in effects:
+        if isinstance(effect, fx.Done):
+            donedata = effect.donedata
+            failed = isinstance(donedata, dict) and donedata.get(EXECUTION_STATUS_KEY) == "failed"
+            if failed:
+                return Status.FAILED, "failed_final", _encode(donedata), donedata
+            return Status.COMPLETED, None, _encode(donedata), donedata
+        if isinstance(effect, fx.BudgetExhausted):
+            outcome = {"reason": "round_budget", "budget": effect.budget}
+            return Status.FAILED, "round_budget", _encode(outcome), UNDEFINED
+    return Status.ACTIVE, None, None, UNDEFINED
+
+
+def _encode(value: Value) -> bytes:
+    return json.dumps(tagged.encode(value), sort_keys=True, separators=(",", ":")).encode()
+
+
+def _dump(state: MachineState) -> bytes:
+    try:
+        return stored.dump(state)
+    except ValueError as error:
+        raise Unstorable(f"the new position cannot be stored: {error}") from None
+
+
+def _dump_event(event: Event) -> bytes:
+    try:
+        return stored.dump_event(event)
+    except ValueError as error:
+        raise Unstorable(f"the event cannot be stored: {error}") from None
+
+
+def _checked_metadata(metadata: Mapping[Any, Any] | None) -> dict[str, str]:
+    """The metadata as a plain dict, checked: untyped callers pass anything."""
+    if not metadata:
+        return {}
+    if len(metadata) > MAX_METADATA_PAIRS:
+        raise ValueError(f"metadata holds at most {MAX_METADATA_PAIRS} pairs")
+    for key, value in metadata.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise TypeError(f"metadata maps strings to strings, not {key!r}: {value!r}")
+        if len(key) > MAX_METADATA_TEXT or len(value) > MAX_METADATA_TEXT:
+            raise ValueError(f"metadata keys and values are at most {MAX_METADATA_TEXT} long")
+    return {str(key): str(value) for key, value in metadata.items()}

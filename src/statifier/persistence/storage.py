@@ -1,0 +1,233 @@
+"""The storage facade: charts, executions and saved positions, with every load guarded.
+
+A stored position becomes a :class:`~statifier.core.MachineState` only here, and only
+against a machine whose identity matches the one it was stored under: a changed chart
+is refused with :class:`~statifier.core.positions.IdentityMismatch`, never silently
+resumed in the wrong configuration.
+
+>>> import asyncio
+>>> from statifier.chart import compile_chart
+>>> from statifier.persistence import MemoryAdapter, Storage
+>>> machine = compile_chart('<scxml xmlns="http://www.w3.org/2005/07/scxml"><final/></scxml>')
+>>> storage = Storage(MemoryAdapter())
+>>> chart = asyncio.run(storage.save_chart(machine))
+>>> chart.content_hash == machine.identity.content_hash
+True
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import UTC, datetime
+from typing import Final, TypeVar
+
+from statifier.chart import InvalidChart, Machine, compile_chart
+from statifier.chart.model import ChartIdentity
+from statifier.core import MachineState
+from statifier.core import positions as stored
+from statifier.persistence.adapter import Adapter, Capabilities
+from statifier.persistence.errors import (
+    ChartNotFound,
+    ChartRetired,
+    ExecutionNotFound,
+    MetadataUnsupported,
+    StoredChartDamaged,
+)
+from statifier.persistence.records import ChartRecord, ExecutionRecord, PositionRecord
+from statifier.telemetry import execute as report
+
+__all__ = ["Clock", "Storage", "utc_now"]
+
+Clock = Callable[[], datetime]
+"""Answers "now" as a timezone-aware datetime."""
+
+_T = TypeVar("_T")
+_MACHINES: Final = 64  # compiled charts kept per storage
+
+
+def utc_now() -> datetime:
+    """The current time in UTC (the default clock)."""
+    return datetime.now(UTC)
+
+
+class Storage:
+    """An adapter behind the identity guard.
+
+    Args:
+        adapter: where records live.
+        input_log_cap: the most entries one execution's input log holds (the last slot
+            becomes a closing marker); ``None`` keeps every input.
+        clock: "now" for the times written on records.
+        loader: passed to :func:`~statifier.chart.compile_chart` when a stored chart
+            is compiled again (for ``<data src>`` and ``<script src>``).
+    """
+
+    def __init__(
+        self,
+        adapter: Adapter,
+        *,
+        input_log_cap: int | None = None,
+        clock: Clock = utc_now,
+        loader: Callable[[str], str] | None = None,
+    ) -> None:
+        if input_log_cap is not None and input_log_cap < 1:
+            raise ValueError(f"input_log_cap must be at least 1, not {input_log_cap}")
+        self.adapter = adapter
+        self.input_log_cap = input_log_cap
+        self.clock = clock
+        self.loader = loader
+        self._machines: OrderedDict[str, Machine] = OrderedDict()
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self.adapter.capabilities
+
+    async def call(self, operation: str, awaitable: Awaitable[_T]) -> _T:
+        """Await one adapter call, reporting its duration (``statifier.persistence.adapter``)."""
+        started = time.perf_counter()
+        try:
+            return await awaitable
+        finally:
+            report(
+                "statifier.persistence.adapter",
+                {"duration": time.perf_counter() - started},
+                {"operation": operation},
+            )
+
+    # Charts.
+
+    async def save_chart(self, machine: Machine) -> ChartRecord:
+        """Store the chart's source under its content hash (idempotent).
+
+        Raises:
+            ChartRetired: this hash was retired; a retired chart is never revived.
+        """
+        identity = machine.identity
+        record = ChartRecord(
+            identity.content_hash, machine.source, identity.name, identity.version, self.clock()
+        )
+        saved = await self.call("save_chart", self.adapter.save_chart(record))
+        if saved.retired_at is not None:
+            raise ChartRetired(saved.content_hash, saved.retired_by)
+        self._machines.setdefault(identity.content_hash, machine)
+        return saved
+
+    async def fetch_chart(self, content_hash: str) -> ChartRecord:
+        """The stored chart.
+
+        Raises:
+            ChartNotFound: nothing is stored under the hash.
+            ChartRetired: the chart was retired.
+        """
+        chart = await self.call("fetch_chart", self.adapter.fetch_chart(content_hash))
+        if chart is None:
+            raise ChartNotFound(content_hash)
+        if chart.retired_at is not None or chart.source is None:
+            raise ChartRetired(content_hash, chart.retired_by)
+        return chart
+
+    async def machine(self, content_hash: str) -> Machine:
+        """The stored chart compiled again (compiled machines are cached).
+
+        Raises:
+            ChartNotFound, ChartRetired: as :meth:`fetch_chart`.
+            StoredChartDamaged: the stored source does not compile to this hash.
+        """
+        machine = self._machines.get(content_hash)
+        if machine is not None:
+            self._machines.move_to_end(content_hash)
+            return machine
+        chart = await self.fetch_chart(content_hash)
+        assert chart.source is not None  # fetch_chart refuses tombstones
+        try:
+            machine = compile_chart(
+                chart.source, name=chart.name, version=chart.version, loader=self.loader
+            )
+        except InvalidChart as invalid:
+            message = f"the chart {content_hash} no longer compiles: {invalid}"
+            raise StoredChartDamaged(message) from None
+        if machine.identity.content_hash != content_hash:
+            raise StoredChartDamaged(f"the source stored as {content_hash} hashes otherwise")
+        self._machines[content_hash] = machine
+        if len(self._machines) > _MACHINES:
+            self._machines.popitem(last=False)
+        return machine
+
+    # Executions.
+
+    async def fetch_execution(self, execution_id: str) -> ExecutionRecord:
+        """The execution record.
+
+        Raises:
+            ExecutionNotFound: there is none with this id.
+        """
+        record = await self.call("fetch_execution", self.adapter.fetch_execution(execution_id))
+        if record is None:
+            raise ExecutionNotFound(execution_id)
+        return record
+
+    def load(self, record: ExecutionRecord | PositionRecord, machine: Machine) -> MachineState:
+        """The record's position, for ``machine`` only.
+
+        Raises:
+            IdentityMismatch: the position belongs to another chart.
+            NotAPosition: the record holds no position (pruned) or a damaged one.
+        """
+        if record.content_hash != machine.identity.content_hash:
+            raise stored.IdentityMismatch(ChartIdentity(record.content_hash), machine.identity)
+        if record.position is None:
+            raise stored.NotAPosition("the execution's position was pruned")
+        return stored.load(machine, record.position)
+
+    async def list_executions(self, **metadata: str) -> list[ExecutionRecord]:
+        """Executions whose metadata holds every given pair.
+
+        Raises:
+            MetadataUnsupported: the adapter keeps no metadata.
+        """
+        if not self.capabilities.metadata:
+            raise MetadataUnsupported("this adapter cannot list executions by metadata")
+        return await self.call("list_by_metadata", self.adapter.list_by_metadata(metadata))
+
+    # Saved positions.
+
+    async def save_position(self, key: str, state: MachineState) -> PositionRecord:
+        """Save ``state`` under a key of the host's (a session id, say), replacing what
+        was saved there.
+
+        Raises:
+            ValueError: the position cannot be stored (see ``positions.dump``).
+        """
+        record = PositionRecord(
+            key, state.machine.identity.content_hash, stored.dump(state), self.clock()
+        )
+        await self.call("save_position", self.adapter.save_position(record))
+        return record
+
+    async def load_position(self, key: str, machine: Machine) -> MachineState | None:
+        """The position saved under ``key`` for ``machine``, or ``None``.
+
+        Raises:
+            IdentityMismatch: it was saved for another chart.
+        """
+        record = await self.call("fetch_position", self.adapter.fetch_position(key))
+        return None if record is None else self.load(record, machine)
+
+    async def delete_position(self, key: str) -> bool:
+        """Forget the position saved under ``key``; answers whether there was one."""
+        return await self.call("delete_position", self.adapter.delete_position(key))
+
+    async def counts_on(self, content_hash: str) -> Mapping[str, int]:
+        """What refers to a chart: executions by status and saved positions."""
+        by_status = await self.call(
+            "count_executions_on", self.adapter.count_executions_on(content_hash)
+        )
+        counts = {f"executions_{status.value}": n for status, n in by_status.items() if n}
+        positions = await self.call(
+            "count_positions_on", self.adapter.count_positions_on(content_hash)
+        )
+        if positions:
+            counts["positions"] = positions
+        return counts
