@@ -1,0 +1,15 @@
+"""Sources scriba reads events from, beyond the in-memory one for tests.
+
+- :class:`NotificationLogSource`: an ``eventsourcing`` application's notification log
+  (PostgreSQL and SQLite recorders).
+
+Each holds its projection with a lock while it reads, so only one process runs a
+projection at a time; another stands by until the holder lets go
+(:mod:`scriba.sources.standby`), and neither ever reads past a position that a
+transaction still in flight could fill (:mod:`scriba.sources.gaps`).
+"""
+
+from scriba.sources.eventsourcing import EventDecodeError, NotificationLogSource
+from scriba.sources.standby import LostLockError
+
+__all__ = ["EventDecodeError", "LostLockError", "NotificationLogSource"]
