@@ -1,0 +1,521 @@
+"""The SQL target: read models, cursors and dead letters committed in one transaction.
+
+:class:`SqlTarget` implements :class:`scriba.target.Target` on PostgreSQL and SQLite.
+
+- PostgreSQL runs on an asyncio engine over psycopg 3 (``postgresql+psycopg``).
+- SQLite runs on a plain (synchronous) engine over the standard ``sqlite3`` module,
+  and its calls run inline on the event loop: a statement takes microseconds, far less
+  than handing it to a thread would cost. A whole batch runs without yielding to the
+  loop, so nothing else in the process can interleave with its transaction. A lock
+  held by another process blocks the loop until SQLite's busy timeout (5 seconds by
+  default), and then fails the batch as ``TRANSIENT``.
+
+Each batch is one transaction: the handlers' operations in order, then one cursor
+upsert per stream that keeps the greater position (``GREATEST`` on PostgreSQL, ``MAX``
+on SQLite), then the dead letters. If anything fails, all of it rolls back and
+:class:`~scriba.target.ApplyFailed` says which kind of failure it was
+(:func:`scriba.sql.failures.classify`).
+
+The tables must exist (:func:`scriba.sql.upgrade`); the target never changes a schema.
+
+>>> import asyncio, datetime
+>>> import sqlalchemy as sa
+>>> from scriba import Event, Insert, ProjectionKey
+>>> from scriba.sql import upgrade
+>>> engine = sa.create_engine("sqlite://")
+>>> upgrade(engine)
+>>> orders = sa.Table("orders", sa.MetaData(), sa.Column("id", sa.Integer, primary_key=True))
+>>> orders.create(engine)
+>>> async def demo():
+...     target = SqlTarget(engine)
+...     shop = ProjectionKey("shop")
+...     await target.open(shop)
+...     at = datetime.datetime(2024, 5, 1, tzinfo=datetime.UTC)
+...     placed = Event("e1", "order-1", "OrderPlaced", {"id": 1}, 1, at)
+...     await target.apply_batch(shop, [(placed, Insert(orders, {"id": 1}))], {"order-1": 1}, [])
+...     return await target.stream_position(shop, "order-1")
+>>> asyncio.run(demo())
+1
+>>> engine.dispose()
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any, Final, Protocol, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from scriba.event import Event, ProjectionKey
+from scriba.operations import Delete, Execute, Insert, Multi, Operation, Update
+from scriba.sql.dead_letter_rows import dead_letter_row, stored_dead_letter
+from scriba.sql.engines import database_url
+from scriba.sql.failures import classify
+from scriba.sql.tables import DEFAULT_PREFIX, NAME_LENGTH, Tables, define_tables
+from scriba.target import (
+    ApplyFailed,
+    DeadLetter,
+    DeadLetterStats,
+    FailureKind,
+    ResetCounts,
+    StoredDeadLetter,
+    Watermark,
+)
+
+__all__ = ["SchemaNotReadyError", "SqlTarget"]
+
+T = TypeVar("T")
+Work = Callable[[sa.Connection], T]
+
+_MAX_MESSAGE: Final = 2_000
+
+
+class SchemaNotReadyError(RuntimeError):
+    """scriba's tables are missing or unreadable: run :func:`scriba.sql.upgrade` (with
+    the same prefix and schema) before starting a projection.
+
+    Attributes:
+        cause: the database error that showed it.
+    """
+
+    def __init__(self, message: str, cause: BaseException):
+        super().__init__(message)
+        self.cause = cause
+
+
+class SqlTarget:
+    """A :class:`~scriba.target.Target` on PostgreSQL or SQLite.
+
+    Args:
+        database: a URL (``postgresql://...``, ``postgresql+psycopg://...``,
+            ``sqlite:///path``), an :class:`~sqlalchemy.ext.asyncio.AsyncEngine` for
+            PostgreSQL, or a synchronous :class:`~sqlalchemy.Engine` for SQLite. An
+            engine given is the caller's: :meth:`close` leaves it open.
+        prefix: the prefix of scriba's tables (as given to :func:`scriba.sql.upgrade`).
+        schema: the schema of scriba's tables, ``None`` for the default one.
+        clock: gives the current time (timezone-aware) for ``updated_at`` columns and
+            dead letters.
+        engine_options: passed to SQLAlchemy when the target makes its engine from a URL
+            (``pool_size``, ``connect_args``...).
+
+    Raises:
+        ValueError: the URL is not a PostgreSQL or SQLite one, or the prefix or schema
+            is not a plain identifier.
+        TypeError: a synchronous engine for a database other than SQLite (it would
+            block the event loop on the network).
+    """
+
+    def __init__(
+        self,
+        database: str | sa.URL | sa.Engine | AsyncEngine,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        schema: str | None = None,
+        clock: Callable[[], datetime] | None = None,
+        engine_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.tables: Tables = define_tables(prefix, schema)
+        self._clock = clock or _utc_now
+        self._runner = _runner_for(database, dict(engine_options or {}))
+        self._upsert = _cursor_upsert(self.tables.positions, self._runner.dialect)
+        self._watermark_upsert = _watermark_upsert(self.tables.watermarks, self._runner.dialect)
+
+    @property
+    def dialect(self) -> str:
+        """``"postgresql"`` or ``"sqlite"``."""
+        return self._runner.dialect
+
+    async def open(self, projection: ProjectionKey) -> None:
+        """Check that scriba's tables answer; change nothing.
+
+        Raises:
+            ValueError: the projection name is longer than 255 characters.
+            SchemaNotReadyError: a table is missing or unreadable.
+            sqlalchemy.exc.DBAPIError: the database does not answer.
+        """
+        if len(projection.name) > NAME_LENGTH:
+            raise ValueError(f"a projection name is at most {NAME_LENGTH} characters long")
+        tables = (self.tables.positions, self.tables.watermarks, self.tables.dead_letters)
+
+        def probe(connection: sa.Connection) -> None:
+            for table in tables:
+                connection.execute(sa.select(sa.literal(1)).select_from(table).limit(0))
+
+        try:
+            await self._runner.run(probe)
+        except sa.exc.DBAPIError as error:
+            if classify(error) is not FailureKind.STRUCTURAL:
+                raise
+            raise SchemaNotReadyError(
+                f"scriba's tables (prefix {self.tables.prefix!r}, schema "
+                f"{self.tables.schema!r}) are not ready; run scriba.sql.upgrade: "
+                f"{_describe(error)}",
+                error,
+            ) from error
+
+    def accepts(self, operation: Operation) -> bool:
+        """Every operation, except an ``Update`` that sets nothing and an ``Update`` or
+        ``Delete`` with an empty ``where`` (which would touch every row: write that as
+        an ``Execute`` if it is meant); a ``Multi`` if it accepts all it holds."""
+        if isinstance(operation, Multi):
+            return all(self.accepts(inner) for inner in operation.operations)
+        if isinstance(operation, Update):
+            return bool(operation.where) and bool(operation.values)
+        if isinstance(operation, Delete):
+            return bool(operation.where)
+        return isinstance(operation, Insert | Execute)
+
+    async def load_positions(self, projection: ProjectionKey, limit: int) -> dict[str, int]:
+        """Up to ``limit`` cursors of ``projection``, the most advanced first."""
+        positions = self.tables.positions
+        query = (
+            sa.select(positions.c.stream_id, positions.c.position)
+            .where(*_projection_filter(positions, projection))
+            .order_by(positions.c.position.desc())
+            .limit(_non_negative(limit))
+        )
+
+        def read(connection: sa.Connection) -> dict[str, int]:
+            return {row.stream_id: row.position for row in connection.execute(query)}
+
+        return await self._runner.run(read)
+
+    async def stream_position(self, projection: ProjectionKey, stream_id: str) -> int | None:
+        """The committed cursor of ``stream_id``, or ``None``."""
+        positions = self.tables.positions
+        query = sa.select(positions.c.position).where(
+            *_projection_filter(positions, projection), positions.c.stream_id == stream_id
+        )
+
+        def read(connection: sa.Connection) -> int | None:
+            position: int | None = connection.execute(query).scalar_one_or_none()
+            return position
+
+        return await self._runner.run(read)
+
+    async def apply_batch(
+        self,
+        projection: ProjectionKey,
+        applied: Sequence[tuple[Event, Operation]],
+        advances: Mapping[str, int],
+        dead_letters: Sequence[DeadLetter],
+    ) -> None:
+        """Commit the batch in one transaction (see the module's description).
+
+        Consecutive inserts into one table with the same columns go to the database
+        as one ``executemany``; everything else runs one statement per operation, in
+        order.
+
+        Raises:
+            ApplyFailed: nothing was committed; ``kind`` comes from
+                :func:`scriba.sql.failures.classify`, ``cause`` is the error.
+        """
+        now = self._clock()
+        cursor_rows = [
+            {
+                "projection_name": projection.name,
+                "projection_version": projection.version,
+                "stream_id": stream_id,
+                "position": position,
+                "updated_at": now,
+            }
+            # A fixed order takes row locks in the same order in every transaction.
+            for stream_id, position in sorted(advances.items())
+        ]
+        letter_rows = [dead_letter_row(projection, letter, now) for letter in dead_letters]
+        operations = [operation for _, op in applied for operation in _flatten(op)]
+        upsert, dead_letter_insert = self._upsert, self.tables.dead_letters.insert()
+
+        def commit(connection: sa.Connection) -> None:
+            for statement, parameters in _statements(operations):
+                connection.execute(statement, parameters)
+            if cursor_rows:
+                connection.execute(upsert, cursor_rows)
+            if letter_rows:
+                connection.execute(dead_letter_insert, letter_rows)
+
+        try:
+            await self._runner.run(commit)
+        except Exception as error:  # every failure reaches the engine classified
+            kind = classify(error)
+            raise ApplyFailed(kind, f"{kind.value}: {_describe(error)}", error) from error
+
+    async def save_watermark(
+        self, projection: ProjectionKey, position: int, occurred_at: datetime | None
+    ) -> None:
+        """Store the watermark; a position below the stored one changes nothing.
+
+        Raises:
+            ValueError: ``occurred_at`` is a naive datetime.
+        """
+        if occurred_at is not None and occurred_at.utcoffset() is None:
+            raise ValueError(f"a watermark's occurred_at must be timezone-aware: {occurred_at!r}")
+        row = {
+            "projection_name": projection.name,
+            "projection_version": projection.version,
+            "position": position,
+            "occurred_at": occurred_at,
+            "updated_at": self._clock(),
+        }
+        statement = self._watermark_upsert
+
+        def save(connection: sa.Connection) -> None:
+            connection.execute(statement, row)
+
+        await self._runner.run(save)
+
+    async def watermark(self, projection: ProjectionKey) -> Watermark | None:
+        """The stored watermark of ``projection``, or ``None``."""
+        watermarks = self.tables.watermarks
+        query = sa.select(
+            watermarks.c.position, watermarks.c.occurred_at, watermarks.c.updated_at
+        ).where(*_projection_filter(watermarks, projection))
+
+        def read(connection: sa.Connection) -> Watermark | None:
+            row = connection.execute(query).one_or_none()
+            return None if row is None else Watermark(row.position, row.occurred_at, row.updated_at)
+
+        return await self._runner.run(read)
+
+    async def dead_letters(self, projection: ProjectionKey, limit: int) -> list[StoredDeadLetter]:
+        """The newest ``limit`` dead letters of ``projection``, newest first."""
+        table = self.tables.dead_letters
+        query = (
+            sa.select(table)
+            .where(*_projection_filter(table, projection))
+            .order_by(table.c.id.desc())
+            .limit(_non_negative(limit))
+        )
+
+        def read(connection: sa.Connection) -> list[StoredDeadLetter]:
+            return [stored_dead_letter(row) for row in connection.execute(query)]
+
+        return await self._runner.run(read)
+
+    async def dead_letter_stats(self, projection: ProjectionKey) -> DeadLetterStats:
+        """How many dead letters ``projection`` has, by kind, and their position span."""
+        table = self.tables.dead_letters
+        query = (
+            sa.select(
+                table.c.error_kind,
+                sa.func.count().label("n"),
+                sa.func.min(table.c.position).label("first"),
+                sa.func.max(table.c.position).label("last"),
+            )
+            .where(*_projection_filter(table, projection))
+            .group_by(table.c.error_kind)
+        )
+
+        def read(connection: sa.Connection) -> DeadLetterStats:
+            rows = connection.execute(query).all()
+            return DeadLetterStats(
+                total=sum(row.n for row in rows),
+                by_kind={row.error_kind: row.n for row in rows},
+                first_position=min((row.first for row in rows), default=None),
+                last_position=max((row.last for row in rows), default=None),
+            )
+
+        return await self._runner.run(read)
+
+    async def reset(self, projection: ProjectionKey, *, dead_letters: bool) -> ResetCounts:
+        """Delete the projection's cursors and watermark, and its dead letters if asked,
+        in one transaction; the read model is left alone."""
+        tables = self.tables
+
+        def delete(connection: sa.Connection, table: sa.Table) -> int:
+            result = connection.execute(
+                sa.delete(table).where(*_projection_filter(table, projection))
+            )
+            return int(result.rowcount)
+
+        def clear(connection: sa.Connection) -> ResetCounts:
+            return ResetCounts(
+                positions=delete(connection, tables.positions),
+                watermarks=delete(connection, tables.watermarks),
+                dead_letters=delete(connection, tables.dead_letters) if dead_letters else 0,
+            )
+
+        return await self._runner.run(clear)
+
+    async def close(self) -> None:
+        """Dispose of the engine if the target made it. Idempotent."""
+        await self._runner.close()
+
+
+class _Runner(Protocol):
+    dialect: str
+
+    async def run(self, work: Work[T]) -> T: ...
+
+    async def close(self) -> None: ...
+
+
+class _InlineRunner:
+    """Runs work on a synchronous engine, in the calling coroutine, without awaiting."""
+
+    def __init__(self, engine: sa.Engine, owned: bool):
+        self.dialect = engine.dialect.name
+        self._engine = engine
+        self._owned = owned
+
+    async def run(self, work: Work[T]) -> T:
+        with self._engine.begin() as connection:
+            return work(connection)
+
+    async def close(self) -> None:
+        if self._owned:
+            self._engine.dispose()
+
+
+class _AsyncRunner:
+    """Runs work on an asyncio engine; SQLAlchemy adapts the synchronous work to it."""
+
+    def __init__(self, engine: AsyncEngine, owned: bool):
+        self.dialect = engine.dialect.name
+        self._engine = engine
+        self._owned = owned
+
+    async def run(self, work: Work[T]) -> T:
+        async with self._engine.begin() as connection:
+            return await connection.run_sync(work)
+
+    async def close(self) -> None:
+        if self._owned:
+            await self._engine.dispose()
+
+
+def _runner_for(
+    database: str | sa.URL | sa.Engine | AsyncEngine, options: dict[str, Any]
+) -> _Runner:
+    if isinstance(database, AsyncEngine):
+        _supported(database.dialect.name)
+        return _AsyncRunner(database, owned=False)
+    if isinstance(database, sa.Engine):
+        if database.dialect.name != "sqlite":
+            raise TypeError(
+                "give scriba an AsyncEngine (postgresql+psycopg) for "
+                f"{database.dialect.name}: a synchronous one would block the event loop"
+            )
+        return _InlineRunner(database, owned=False)
+    if not isinstance(database, str | sa.URL):
+        raise TypeError(f"a SqlTarget needs a URL or an engine, not {database!r}")
+    url = database_url(database)
+    if url.get_backend_name() == "sqlite":
+        return _InlineRunner(sa.create_engine(url, **options), owned=True)
+    return _AsyncRunner(create_async_engine(url, **options), owned=True)
+
+
+def _supported(dialect: str) -> None:
+    if dialect not in ("postgresql", "sqlite"):
+        raise ValueError(f"scriba works with PostgreSQL and SQLite, not {dialect!r}")
+
+
+def _cursor_upsert(positions: sa.Table, dialect: str) -> sa.Executable:
+    insert = postgresql.insert(positions) if dialect == "postgresql" else sqlite.insert(positions)
+    greatest = sa.func.greatest if dialect == "postgresql" else sa.func.max
+    return insert.on_conflict_do_update(
+        index_elements=["projection_name", "projection_version", "stream_id"],
+        set_={
+            "position": greatest(positions.c.position, insert.excluded.position),
+            "updated_at": insert.excluded.updated_at,
+        },
+    )
+
+
+def _watermark_upsert(watermarks: sa.Table, dialect: str) -> sa.Executable:
+    insert = postgresql.insert(watermarks) if dialect == "postgresql" else sqlite.insert(watermarks)
+    return insert.on_conflict_do_update(
+        index_elements=["projection_name", "projection_version"],
+        set_={
+            "position": insert.excluded.position,
+            "occurred_at": insert.excluded.occurred_at,
+            "updated_at": insert.excluded.updated_at,
+        },
+        # Never backwards; an equal position refreshes updated_at (the flush on idle).
+        where=watermarks.c.position <= insert.excluded.position,
+    )
+
+
+def _projection_filter(table: sa.Table, projection: ProjectionKey) -> tuple[Any, Any]:
+    return (
+        table.c.projection_name == projection.name,
+        table.c.projection_version == projection.version,
+    )
+
+
+def _flatten(operation: Operation) -> Iterator[Operation]:
+    if isinstance(operation, Multi):
+        for inner in operation.operations:
+            yield from _flatten(inner)
+    else:
+        yield operation
+
+
+def _statements(operations: Sequence[Operation]) -> Iterator[tuple[sa.Executable, Any]]:
+    """The statements for ``operations``, in order; runs of inserts into one table with
+    the same columns become one statement with many parameter sets."""
+
+    def insert_shape(operation: Operation) -> object:
+        if isinstance(operation, Insert):
+            return (operation.table, tuple(operation.values))
+        return None
+
+    for shape, group in itertools.groupby(operations, key=insert_shape):
+        if shape is not None:
+            inserts = [op for op in group if isinstance(op, Insert)]
+            yield inserts[0].table.insert(), [dict(op.values) for op in inserts]
+            continue
+        for operation in group:
+            yield _statement(operation)
+
+
+def _statement(operation: Operation) -> tuple[sa.Executable, Any]:
+    if isinstance(operation, Update):
+        table = operation.table
+        statement = sa.update(table).where(*_equalities(table, operation.where))
+        return statement.values(_checked(table, operation.values)), None
+    if isinstance(operation, Delete):
+        table = operation.table
+        return sa.delete(table).where(*_equalities(table, operation.where)), None
+    if isinstance(operation, Execute):
+        return operation.statement, None
+    raise TypeError(f"not an operation a SqlTarget applies: {operation!r}")
+
+
+def _equalities(table: sa.Table, where: Mapping[str, Any]) -> list[Any]:
+    return [_column(table, name) == value for name, value in where.items()]
+
+
+def _checked(table: sa.Table, values: Mapping[str, Any]) -> dict[str, Any]:
+    for name in values:
+        _column(table, name)
+    return dict(values)
+
+
+def _column(table: sa.Table, name: str) -> sa.Column[Any]:
+    try:
+        return table.c[name]
+    except KeyError:
+        raise sa.exc.ArgumentError(f"table {table.name!r} has no column {name!r}") from None
+
+
+def _non_negative(limit: int) -> int:
+    if type(limit) is not int or limit < 0:
+        raise ValueError(f"a limit is a non-negative int, not {limit!r}")
+    return limit
+
+
+def _describe(error: BaseException) -> str:
+    # SQLAlchemy's message repeats the statement and every parameter; the driver's
+    # own message is the part worth reading.
+    cause = error.orig if isinstance(error, sa.exc.StatementError) else error
+    text = " ".join(f"{type(cause).__name__}: {cause}".split())
+    return text if len(text) <= _MAX_MESSAGE else text[: _MAX_MESSAGE - 3] + "..."
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
