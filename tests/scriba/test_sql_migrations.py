@@ -42,7 +42,7 @@ def _shape(engine: sa.Engine, prefix: str, schema: str | None) -> dict[str, Any]
         primary_key = inspector.get_pk_constraint(name, schema=schema)
         indexes = sorted(
             (
-                index["name"].removeprefix(f"ix_{prefix}"),
+                str(index["name"]).removeprefix(f"ix_{prefix}"),
                 tuple(index["column_names"]),
                 index["unique"],
             )
