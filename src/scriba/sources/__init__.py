@@ -2,6 +2,8 @@
 
 - :class:`NotificationLogSource`: an ``eventsourcing`` application's notification log
   (PostgreSQL and SQLite recorders).
+- :class:`SqlTableSource`: an event table of the application's own
+  (:func:`event_table`, written with :func:`append`), on PostgreSQL and SQLite.
 
 Each holds its projection with a lock while it reads, so only one process runs a
 projection at a time; another stands by until the holder lets go
@@ -10,6 +12,16 @@ transaction still in flight could fill (:mod:`scriba.sources.gaps`).
 """
 
 from scriba.sources.eventsourcing import EventDecodeError, NotificationLogSource
+from scriba.sources.sql_table import NewEvent, SqlTableSource, append, append_async, event_table
 from scriba.sources.standby import LostLockError
 
-__all__ = ["EventDecodeError", "LostLockError", "NotificationLogSource"]
+__all__ = [
+    "EventDecodeError",
+    "LostLockError",
+    "NewEvent",
+    "NotificationLogSource",
+    "SqlTableSource",
+    "append",
+    "append_async",
+    "event_table",
+]

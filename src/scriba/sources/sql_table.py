@@ -1,0 +1,397 @@
+"""A source reading an event table of the application's own (an outbox, a ledger).
+
+:func:`event_table` defines the table (SQLAlchemy Core); :func:`append` writes events
+to it inside the caller's transaction, so an application can record its events
+atomically with its own writes; :class:`SqlTableSource` reads them back in
+``position`` order:
+
+================ =====================================================================
+``position``     bigint, assigned by the database on insert (the global order)
+``id``           unique event id (redelivery keeps it)
+``stream_id``    the stream, e.g. an order id
+``type``         the event type name
+``data``         JSON (``jsonb`` on PostgreSQL)
+``metadata``     JSON object
+``occurred_at``  timestamp with time zone (stored as UTC)
+================ =====================================================================
+
+PostgreSQL is read through an asyncio SQLAlchemy engine over psycopg 3. SQLite is read
+through a plain engine, inline on the event loop: a local read takes microseconds,
+less than a hop to a thread would cost.
+
+A position comes from a sequence on PostgreSQL, handed out at insert and visible only
+at commit, so a lower one can become visible after a higher one. The source never
+reads past a missing position while a transaction that could still fill it runs (see
+:mod:`scriba.sources.gaps`). On SQLite writers are serialized and ``AUTOINCREMENT``
+never reuses a position, so gaps are only ever permanent.
+
+As with every scriba source, one process at a time reads a projection; another stands
+by until the holder lets go (:mod:`scriba.sources.standby`).
+
+>>> import asyncio, datetime
+>>> engine = sa.create_engine("sqlite://")
+>>> events = event_table(sa.MetaData())
+>>> events.create(engine)
+>>> at = datetime.datetime(2024, 5, 1, tzinfo=datetime.UTC)
+>>> with engine.begin() as connection:
+...     append(connection, events, [NewEvent("e1", "order-1", "OrderPlaced", {"sku": "A"}, at)])
+[1]
+>>> async def demo():
+...     source = SqlTableSource(engine, events, lock_path=":memory:")
+...     await source.subscribe(ProjectionKey("orders"), after=0)
+...     (event,) = await source.read(10)
+...     await source.close()
+...     return event.position, event.type, event.data
+>>> asyncio.run(demo())
+(1, 'OrderPlaced', {'sku': 'A'})
+>>> engine.dispose()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final
+
+import psycopg
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from scriba.event import Event, ProjectionKey
+from scriba.source import SourceError
+from scriba.sources.gaps import PG_RUNNING_SQL, PG_WRITERS_SQL, GapTracker
+from scriba.sources.standby import (
+    AdvisoryLock,
+    FileLock,
+    ProjectionLock,
+    Standby,
+    lock_key,
+    lock_path_beside,
+)
+
+__all__ = ["NewEvent", "SqlTableSource", "append", "append_async", "event_table"]
+
+DEFAULT_TABLE: Final = "scriba_events"
+
+# A read that settles a gap reads again; a bound keeps one read() short.
+_MAX_READS_PER_CALL: Final = 3
+
+_JSON = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
+
+
+def event_table(
+    metadata: sa.MetaData, name: str = DEFAULT_TABLE, *, schema: str | None = None
+) -> sa.Table:
+    """The event table ``name`` in ``metadata`` (create it with ``metadata.create_all``
+    or a migration of the application's)."""
+    return sa.Table(
+        name,
+        metadata,
+        # INTEGER on SQLite, so that the column is the rowid and AUTOINCREMENT applies.
+        sa.Column(
+            "position",
+            sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
+            primary_key=True,
+            autoincrement=True,
+        ),
+        sa.Column("id", sa.String(255), nullable=False, unique=True),
+        sa.Column("stream_id", sa.String(255), nullable=False),
+        sa.Column("type", sa.String(255), nullable=False),
+        sa.Column("data", _JSON, nullable=False),
+        sa.Column("metadata", _JSON, nullable=False),
+        sa.Column("occurred_at", sa.DateTime(timezone=True), nullable=False),
+        schema=schema,
+        sqlite_autoincrement=True,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class NewEvent:
+    """An event to append; the table gives it its position.
+
+    ``occurred_at`` must be timezone-aware (it is stored as UTC).
+    """
+
+    id: str
+    stream_id: str
+    type: str
+    data: Any
+    occurred_at: datetime
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _rows(events: Sequence[NewEvent]) -> list[dict[str, Any]]:
+    rows = []
+    for event in events:
+        if event.occurred_at.tzinfo is None:
+            raise ValueError(f"event {event.id!r}: occurred_at must be timezone-aware")
+        rows.append(
+            {
+                "id": event.id,
+                "stream_id": event.stream_id,
+                "type": event.type,
+                "data": event.data,
+                "metadata": dict(event.metadata),
+                "occurred_at": event.occurred_at.astimezone(UTC),
+            }
+        )
+    return rows
+
+
+def append(connection: sa.Connection, table: sa.Table, events: Sequence[NewEvent]) -> list[int]:
+    """Insert ``events`` in order inside ``connection``'s transaction; their positions.
+
+    Raises:
+        ValueError: an ``occurred_at`` is naive.
+        sqlalchemy.exc.IntegrityError: an event id is already in the table.
+    """
+    if not events:
+        return []
+    statement = table.insert().returning(table.c.position, sort_by_parameter_order=True)
+    return list(connection.execute(statement, _rows(events)).scalars())
+
+
+async def append_async(
+    connection: AsyncConnection, table: sa.Table, events: Sequence[NewEvent]
+) -> list[int]:
+    """:func:`append` on an asyncio connection."""
+    if not events:
+        return []
+    statement = table.insert().returning(table.c.position, sort_by_parameter_order=True)
+    return list((await connection.execute(statement, _rows(events))).scalars())
+
+
+class SqlTableSource:
+    """Reads an :func:`event_table` in ``position`` order.
+
+    Args:
+        database: an :class:`~sqlalchemy.ext.asyncio.AsyncEngine` (PostgreSQL over
+            psycopg), a synchronous :class:`~sqlalchemy.Engine` (SQLite), or a URL to
+            make one from (``postgresql://...`` or ``sqlite:///path``). An engine given
+            stays the caller's; one made from a URL is disposed by :meth:`close`.
+        table: the event table (from :func:`event_table`).
+        poll_interval: seconds a read waits before returning nothing, when there is
+            nothing new (or while standing by).
+        lock_check_interval: at most this many seconds between checks that the
+            projection lock is still held.
+        lock_path: the lock file on SQLite (default: beside the database file).
+
+    Raises:
+        ValueError: a URL of another database.
+        TypeError: a synchronous engine for a database other than SQLite (it would
+            block the event loop on the network), or an asyncio engine for SQLite.
+
+    Reads are not to be made concurrently; the pipeline makes one at a time.
+    """
+
+    def __init__(
+        self,
+        database: str | sa.URL | sa.Engine | AsyncEngine,
+        table: sa.Table,
+        *,
+        poll_interval: float = 0.1,
+        lock_check_interval: float = 1.0,
+        lock_path: str | None = None,
+    ):
+        self._owned = isinstance(database, str | sa.URL)
+        if isinstance(database, str | sa.URL):
+            url = sa.make_url(database)
+            backend = url.get_backend_name()
+            if backend == "postgresql":
+                database = create_async_engine(url.set(drivername="postgresql+psycopg"))
+            elif backend == "sqlite":
+                database = sa.create_engine(url.set(drivername="sqlite"))
+            else:
+                raise ValueError(
+                    f"SqlTableSource reads PostgreSQL or SQLite, not {url.drivername!r}"
+                )
+        self._async_engine: AsyncEngine | None = None
+        self._sync_engine: sa.Engine | None = None
+        if isinstance(database, AsyncEngine):
+            if database.dialect.name != "postgresql":
+                raise TypeError("an asyncio engine is for PostgreSQL; give SQLite a plain engine")
+            self._async_engine = database
+        elif database.dialect.name == "sqlite":
+            self._sync_engine = database
+        else:
+            raise TypeError(
+                f"give SqlTableSource an AsyncEngine for {database.dialect.name}: "
+                "a synchronous one would block the event loop on the network"
+            )
+        self._table = table
+        self._select = (
+            sa.select(table)
+            .where(table.c.position > sa.bindparam("after"))
+            .order_by(table.c.position)
+            .limit(sa.bindparam("limit"))
+        )
+        self._poll_interval = poll_interval
+        self._lock_check_interval = lock_check_interval
+        self._lock_path = lock_path
+        self._tracker: GapTracker | None = None
+        self._standby: Standby | None = None
+        self._lock: ProjectionLock | None = None
+        self._acknowledged = 0
+
+    @property
+    def holding(self) -> bool:
+        """Whether this source holds its projection (false while standing by)."""
+        return self._standby is not None and self._standby.held
+
+    @property
+    def acknowledged(self) -> int:
+        """The highest position the pipeline reported accounted for."""
+        return self._acknowledged
+
+    @property
+    def lock(self) -> ProjectionLock | None:
+        """The projection lock, once subscribed."""
+        return self._lock
+
+    async def subscribe(self, projection: ProjectionKey, after: int) -> None:
+        """Read from just after ``after``, once this process holds ``projection``
+        (until then reads return nothing).
+
+        Raises:
+            SourceError: already subscribed.
+        """
+        if self._tracker is not None:
+            raise SourceError("this source is already subscribed; make one source per subscription")
+        self._tracker = GapTracker(after, gaps_can_fill=self._async_engine is not None)
+        self._acknowledged = after
+        self._lock = self._make_lock(projection)
+        self._standby = Standby(
+            self._lock,
+            projection,
+            "sql_table",
+            after=after,
+            check_interval=self._lock_check_interval,
+        )
+        await self._standby.ensure()
+
+    async def read(self, limit: int) -> Sequence[Event]:
+        """At most ``limit`` next events in position order, possibly none.
+
+        Raises:
+            ValueError: ``limit`` is below 1.
+            SourceError: not subscribed; the lock was lost
+                (:class:`~scriba.sources.LostLockError`); the database failed.
+        """
+        if limit < 1:
+            raise ValueError(f"a read limit is 1 or more, not {limit}")
+        if self._tracker is None or self._standby is None:
+            raise SourceError("read before subscribe (or after close)")
+        if not await self._standby.ensure():
+            await asyncio.sleep(self._poll_interval)
+            return []
+        # Work on a copy, kept only once the events are handed over: a read cancelled
+        # between two queries must not move the cursor past events nobody got.
+        tracker = copy.copy(self._tracker)
+        try:
+            if self._async_engine is not None:
+                events = await self._read_postgres(self._async_engine, tracker, limit)
+            else:
+                assert self._sync_engine is not None
+                events = self._read_sqlite(self._sync_engine, tracker, limit)
+        except sa.exc.SQLAlchemyError as exc:
+            raise SourceError(f"reading {self._table.name} failed: {exc}") from exc
+        self._tracker = tracker
+        if not events:
+            await asyncio.sleep(self._poll_interval)
+        return events
+
+    async def acknowledge(self, position: int) -> None:
+        """Record that every event at or below ``position`` is accounted for.
+
+        Raises:
+            ValueError: ``position`` is beyond what was read.
+        """
+        read_up_to = self._tracker.cursor if self._tracker is not None else 0
+        if position > read_up_to:
+            raise ValueError(
+                f"cannot acknowledge {position}: only events up to {read_up_to} were read"
+            )
+        self._acknowledged = max(self._acknowledged, position)
+
+    async def close(self) -> None:
+        """Release the projection lock, and the engine if this source made it."""
+        standby, self._standby = self._standby, None
+        self._tracker = None
+        if standby is not None:
+            await standby.release()
+        if self._owned:
+            self._owned = False
+            if self._async_engine is not None:
+                await self._async_engine.dispose()
+            if self._sync_engine is not None:
+                self._sync_engine.dispose()
+
+    # --- internals ----------------------------------------------------------------------
+
+    def _make_lock(self, projection: ProjectionKey) -> ProjectionLock:
+        if self._async_engine is not None:
+            url = self._async_engine.url.set(drivername="postgresql")
+            conninfo = url.render_as_string(hide_password=False)
+
+            async def connect() -> psycopg.AsyncConnection[Any]:
+                return await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
+
+            return AdvisoryLock(connect, lock_key(projection))
+        if self._lock_path is not None:
+            return FileLock(Path(self._lock_path))
+        assert self._sync_engine is not None
+        return FileLock(lock_path_beside(self._sync_engine.url.database or "", projection))
+
+    async def _read_postgres(
+        self, engine: AsyncEngine, tracker: GapTracker, limit: int
+    ) -> list[Event]:
+        out: list[Event] = []
+        async with engine.connect() as conn:
+            for _ in range(_MAX_READS_PER_CALL):
+                result = await conn.execute(
+                    self._select, {"after": tracker.cursor, "limit": limit - len(out)}
+                )
+                rows = result.all()
+                accepted = tracker.accept([row.position for row in rows])
+                out.extend(self._to_event(row) for row in rows[:accepted])
+                if not tracker.blocked or len(out) >= limit:
+                    break
+                writers = tracker.fenced_writers
+                if writers is None:
+                    table = conn.dialect.identifier_preparer.format_table(self._table)
+                    found = await conn.exec_driver_sql(PG_WRITERS_SQL, (table,))
+                    tracker.fence(rows[-1].position, frozenset(r[0] for r in found))
+                    writers = tracker.fenced_writers
+                if writers:
+                    running = await conn.exec_driver_sql(PG_RUNNING_SQL, (list(writers),))
+                    if running.first() is not None:
+                        break
+                tracker.settle()
+        return out
+
+    def _read_sqlite(self, engine: sa.Engine, tracker: GapTracker, limit: int) -> list[Event]:
+        with engine.connect() as conn:
+            rows = conn.execute(self._select, {"after": tracker.cursor, "limit": limit}).all()
+        accepted = tracker.accept([row.position for row in rows])
+        return [self._to_event(row) for row in rows[:accepted]]
+
+    @staticmethod
+    def _to_event(row: sa.Row[Any]) -> Event:
+        values = row._mapping
+        occurred_at: datetime = values["occurred_at"]
+        if occurred_at.tzinfo is None:  # SQLite keeps no zone; append stored UTC
+            occurred_at = occurred_at.replace(tzinfo=UTC)
+        return Event(
+            id=values["id"],
+            stream_id=values["stream_id"],
+            type=values["type"],
+            data=values["data"],
+            position=values["position"],
+            occurred_at=occurred_at,
+            metadata=values["metadata"],
+        )
