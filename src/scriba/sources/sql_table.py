@@ -37,7 +37,7 @@ by until the holder lets go (:mod:`scriba.sources.standby`).
 ...     append(connection, events, [NewEvent("e1", "order-1", "OrderPlaced", {"sku": "A"}, at)])
 [1]
 >>> async def demo():
-...     source = SqlTableSource(engine, events, lock_path=":memory:")
+...     source = SqlTableSource(engine, events)
 ...     await source.subscribe(ProjectionKey("orders"), after=0)
 ...     (event,) = await source.read(10)
 ...     await source.close()
