@@ -380,6 +380,23 @@ class AdapterConformance:
         _assert_same_execution(fetched, record)
 
     @pytest.mark.asyncio
+    async def test_execution_round_trips_without_a_position(self, adapter: Adapter) -> None:
+        # Settlement markers are ended executions that never had a position.
+        record = _ended("exec-1", _at(2), position=None)
+        await adapter.insert_execution(record)
+        _assert_same_execution(await adapter.fetch_execution("exec-1"), record)
+
+    @pytest.mark.asyncio
+    async def test_execution_round_trips_a_large_position(self, adapter: Adapter) -> None:
+        large = bytes(range(256)) * 1024
+        record = _execution(position=large)
+        await adapter.insert_execution(record)
+        await adapter.update_execution(_execution(position=large[::-1]))
+        _assert_same_execution(
+            await adapter.fetch_execution("exec-1"), replace(record, position=large[::-1])
+        )
+
+    @pytest.mark.asyncio
     async def test_execution_round_trips_every_status(self, adapter: Adapter) -> None:
         for status in Status:
             await adapter.insert_execution(_execution(f"exec-{status.value}", status=status))
@@ -473,6 +490,18 @@ class AdapterConformance:
         }
         assert _nonzero(await adapter.count_executions_on(_HASH_A)) == expected
 
+    @pytest.mark.asyncio
+    async def test_execution_pinning_lists_active_and_parked(self, adapter: Adapter) -> None:
+        assert await adapter.pinning_executions(_HASH_A) == []
+        for status in Status:
+            await adapter.insert_execution(_execution(f"exec-{status.value}", status=status))
+        await adapter.insert_execution(_execution("exec-b", _HASH_B))
+        pinning = await adapter.pinning_executions(_HASH_A)
+        assert sorted(pinning) == ["exec-active", "exec-needs_migration"], pinning
+        await adapter.update_execution(_execution("exec-active", status=Status.COMPLETED))
+        assert await adapter.pinning_executions(_HASH_A) == ["exec-needs_migration"]
+        assert await adapter.pinning_executions(_HASH_B) == ["exec-b"]
+
     # Listing by metadata.
 
     async def _insert_tagged(self, adapter: Adapter, tags: Mapping[str, Mapping[str, str]]) -> None:
@@ -542,6 +571,7 @@ class AdapterConformance:
         for key, value in awkward.items():
             assert await self._listed(adapter, {key: value}) == {"odd"}, (key, value)
         assert await self._listed(adapter, awkward) == {"odd"}
+        assert await adapter.statuses_by_metadata(awkward) == {"odd": Status.ACTIVE}
         # Near misses match nothing.
         for pairs in (
             {"number": "0123"},
@@ -984,3 +1014,24 @@ class AdapterConformance:
             await adapter.update_execution(updated)
             _assert_same_execution(await adapter.fetch_execution("exec-1"), updated)
         _assert_same_execution(await adapter.fetch_execution("exec-1"), updated)
+
+    @pytest.mark.asyncio
+    async def test_exclusive_block_survives_a_refusal(self, adapter: Adapter) -> None:
+        # Settlement inserts a marker under a parent's lock and carries on when the id
+        # is taken: a typed refusal must leave the block usable and its writes kept.
+        _require(adapter, "lock")
+        taken = _ended("marker", _at(1), position=None)
+        await adapter.insert_execution(taken)
+        await adapter.insert_execution(_execution("parent"))
+        stepped = _execution("parent", position=b"stepped", updated_at=_at(2))
+        async with adapter.exclusive("parent", _PATIENCE):
+            await adapter.update_execution(stepped)
+            with pytest.raises(ExecutionExists):
+                await adapter.insert_execution(_ended("marker", _at(3), position=None))
+            with pytest.raises(ExecutionNotFound):
+                await adapter.update_execution(_execution("missing"))
+            _assert_same_execution(await adapter.fetch_execution("parent"), stepped)
+            await adapter.insert_execution(_execution("child"))
+        _assert_same_execution(await adapter.fetch_execution("parent"), stepped)
+        _assert_same_execution(await adapter.fetch_execution("marker"), taken)
+        _assert_same_execution(await adapter.fetch_execution("child"), _execution("child"))
