@@ -35,6 +35,7 @@ EVENTS: Final[Mapping[str, str]] = {
     "statifier.persistence.adapter": "a storage adapter call returned",
     "statifier.persistence.lifecycle": "an execution was created, ended, parked or unparked",
     "statifier.persistence.effect_failed": "an executor raised; the call stored nothing",
+    "statifier.persistence.child": "a durable child was started, or its siblings settled",
     # scriba, the projection engine (see the scriba section of docs/telemetry.md)
     "scriba.projection.started": "a projection started running, or resumed after a pause",
     "scriba.projection.paused": "a projection paused: it stopped reading its source",

@@ -7,6 +7,14 @@ See ``docs/persistence.md``.
 """
 
 from statifier.persistence.adapter import Adapter, Capabilities
+from statifier.persistence.driver import (
+    Answer,
+    Answered,
+    Dispatch,
+    Driver,
+    InvocationFailed,
+    MaxTurnsExceeded,
+)
 from statifier.persistence.errors import (
     ChartNotFound,
     ChartRetired,
@@ -50,6 +58,8 @@ __all__ = [
     "PARENT_KEY",
     "Adapter",
     "AdapterLock",
+    "Answer",
+    "Answered",
     "Capabilities",
     "ChartNotFound",
     "ChartRecord",
@@ -57,6 +67,8 @@ __all__ = [
     "ChartRetirementUnsupported",
     "Clock",
     "Discarded",
+    "Dispatch",
+    "Driver",
     "EffectContext",
     "ExecutionExists",
     "ExecutionNotFound",
@@ -64,8 +76,10 @@ __all__ = [
     "Executions",
     "Executor",
     "InputRecord",
+    "InvocationFailed",
     "LockTimeout",
     "LoggedInput",
+    "MaxTurnsExceeded",
     "MemoryAdapter",
     "MetadataUnsupported",
     "PersistenceError",

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Container, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Container, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -236,6 +236,7 @@ class Executions:
         *,
         routes: Container[str] | None = None,
         door: str = "step",
+        when: Callable[[MachineState], bool] | None = None,
     ) -> Stepped | Discarded:
         """Deliver one external event.
 
@@ -243,10 +244,12 @@ class Executions:
             routes: the send targets reachable during this step (see
                 :class:`~statifier.core.StartOptions`); never stored.
             door: how the event entered, recorded in the input log.
+            when: checked against the loaded position; ``False`` discards the event
+                (the driver drops answers to invocations the chart has cancelled).
 
         Returns:
             :class:`Stepped`, or :class:`Discarded` when the execution has ended or is
-            parked (a step never raises for that).
+            parked, or ``when`` declined (a step never raises for that).
 
         Raises:
             ExecutionNotFound: no such execution.
@@ -262,7 +265,7 @@ class Executions:
             if record.status is not Status.ACTIVE:
                 return Discarded(record)
             state = self.storage.load(record, machine)
-            if not state.running:
+            if not state.running or (when is not None and not when(state)):
                 return Discarded(record)
             if routes is not None:
                 state = state._replace(routes=routes)

@@ -45,6 +45,8 @@ __all__ = [
     "InvokePort",
     "InvokeType",
     "SendType",
+    "invocation_done",
+    "invocation_failed",
 ]
 
 
@@ -108,6 +110,11 @@ class InvokePort(Protocol):
         """Queue ``done.invoke.<id>`` with ``donedata``; the invocation is over."""
         ...
 
+    def fail(self, reason: str, *, attempts: int = 1, detail: Value = UNDEFINED) -> None:
+        """Queue ``error.communication.invoke.<id>`` (see :func:`invocation_failed`):
+        the service failed for good and the invocation is over."""
+        ...
+
 
 class InvokeType(Protocol):
     """An invoke type other than SCXML (which sessions always handle themselves)."""
@@ -128,3 +135,29 @@ class InvokeType(Protocol):
     async def forward(self, invoke_id: str, event: Event) -> None:
         """Hand the service an event (autoforward, or a send to ``#_<invokeid>``)."""
         ...
+
+
+def invocation_done(invoke_id: str, donedata: Value = UNDEFINED) -> Event:
+    """The event that tells an invoking chart its invocation finished:
+    ``done.invoke.<id>`` carrying the donedata, tagged with the invoke id. Sessions and
+    durable drivers both build it here, so a chart sees the same event either way.
+
+    >>> invocation_done("pay", {"auth": "A1"}).name
+    'done.invoke.pay'
+    """
+    return Event(f"done.invoke.{invoke_id}", data=donedata, invokeid=invoke_id)
+
+
+def invocation_failed(
+    invoke_id: str, reason: str, *, attempts: int = 1, detail: Value = UNDEFINED
+) -> Event:
+    """The event that tells an invoking chart its invocation failed for good:
+    ``error.communication.invoke.<id>`` whose data holds ``reason``, ``attempts`` and
+    ``detail``, tagged with the invoke id.
+
+    >>> event = invocation_failed("pay", "declined", attempts=3)
+    >>> event.name, event.data["reason"], event.data["attempts"]
+    ('error.communication.invoke.pay', 'declined', 3)
+    """
+    data: dict[str, Value] = {"reason": reason, "attempts": attempts, "detail": detail}
+    return Event(f"error.communication.invoke.{invoke_id}", data=data, invokeid=invoke_id)

@@ -62,7 +62,15 @@ from statifier.core import (
 from statifier.core import effects as fx
 from statifier.expr import UNDEFINED, Value
 from statifier.session.clock import Clock, RealClock, TimerHandle, VirtualClock
-from statifier.session.handlers import Addressable, Delivery, InvokePlan, InvokeType, SendType
+from statifier.session.handlers import (
+    Addressable,
+    Delivery,
+    InvokePlan,
+    InvokeType,
+    SendType,
+    invocation_done,
+    invocation_failed,
+)
 from statifier.session.recording import Input, Recording, RecordingRoutes
 from statifier.telemetry import execute as report
 
@@ -678,7 +686,7 @@ class Session:
             self._cancel_service(invoke_id)
         if self.parent is not None:
             parent, invoke_id = self.parent
-            done = Event(f"done.invoke.{invoke_id}", data=effect.donedata, invokeid=invoke_id)
+            done = invocation_done(invoke_id, effect.donedata)
             parent._put(_Entry("event", done, from_invoke=invoke_id))
         self._finished.set()
         self._wake.set()
@@ -727,6 +735,12 @@ class _Port:
         self.session._put(_Entry("event", tagged, from_invoke=self.invoke_id))
 
     def done(self, donedata: Value = UNDEFINED) -> None:
+        self._finish(invocation_done(self.invoke_id, donedata))
+
+    def fail(self, reason: str, *, attempts: int = 1, detail: Value = UNDEFINED) -> None:
+        self._finish(invocation_failed(self.invoke_id, reason, attempts=attempts, detail=detail))
+
+    def _finish(self, answer: Event) -> None:
         if not self.open:
             return
         self.close()
@@ -734,8 +748,7 @@ class _Port:
         session = self.session
         if session._services.get(invoke_id, (None, None))[1] is self:
             del session._services[invoke_id]
-        done = Event(f"done.invoke.{invoke_id}", data=donedata, invokeid=invoke_id)
-        session._put(_Entry("event", done, from_invoke=invoke_id))
+        session._put(_Entry("event", answer, from_invoke=invoke_id))
 
 
 async def _quietly(call: Coroutine[Any, Any, None]) -> None:
