@@ -154,8 +154,7 @@ def _downgrade_steps(revision: str, heads: Sequence[str], _: MigrationContext) -
     scripts = _scripts()
     revisions = scripts.iterate_revisions(tuple(heads), revision, select_for_downgrade=True)
     return [
-        MigrationStep.downgrade_from_script(scripts.revision_map, script)
-        for script in revisions
+        MigrationStep.downgrade_from_script(scripts.revision_map, script) for script in revisions
     ]
 
 
