@@ -3,23 +3,52 @@
 scriba is shipped in the ``statifier`` distribution but stands on its own: it
 never imports statechart internals (``statifier.chart``, ``statifier.core``,
 ``statifier.session``). It needs the ``scriba`` extra (SQLAlchemy; the
-``eventsourcing`` library for its notification-log source).
+``eventsourcing`` library for its notification-log source). The guide is
+``docs/scriba.md``.
 """
 
+from scriba.coordinator import Status
+from scriba.errors import (
+    ConfigError,
+    IdentityOverride,
+    InvalidState,
+    ProjectionNameWarning,
+    ScribaError,
+    StartFailed,
+    UnknownProjection,
+)
 from scriba.event import Event, Meta, ProjectionKey
+from scriba.memory import MemorySource, MemoryTarget
 from scriba.operations import Delete, Error, Execute, Insert, Multi, Operation, Result, Skip, Update
+from scriba.projection import Projection, RetryPolicy
+from scriba.runtime import Info, Listing, Scriba
 
 __all__ = [
+    "ConfigError",
     "Delete",
     "Error",
     "Event",
     "Execute",
+    "IdentityOverride",
+    "Info",
     "Insert",
+    "InvalidState",
+    "Listing",
+    "MemorySource",
+    "MemoryTarget",
     "Meta",
     "Multi",
     "Operation",
+    "Projection",
     "ProjectionKey",
+    "ProjectionNameWarning",
     "Result",
+    "RetryPolicy",
+    "Scriba",
+    "ScribaError",
     "Skip",
+    "StartFailed",
+    "Status",
+    "UnknownProjection",
     "Update",
 ]

@@ -1,0 +1,294 @@
+"""A projection's lifecycle: which state it is in, and the tasks that make it true.
+
+States and moves (every other command in a state raises :class:`InvalidState`, which
+carries the state; pausing a paused projection is an error, not a no-op)::
+
+    initializing --pipeline subscribed--> running (or the state a lost pipeline was in)
+    running  --pause-->  paused  --resume-->  running
+    running  --stop-->   draining --> stopped
+    paused   --stop-->   stopped
+    halted   --stop-->   stopped
+    initializing --stop--> stopped
+    any but halted/stopped --failure no replay fixes--> halted
+    running/paused --pipeline crashed--> initializing --> running/paused
+
+A coordinator owns three kinds of asyncio task, all named after the projection: the
+supervisor (runs pipelines, starts a new one after a crash), the pipeline's own tasks
+(a reader, one per partition), and the lag ticker. :meth:`Coordinator.task_names` lists
+those still running; after :meth:`Coordinator.stop` there are none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from datetime import UTC, datetime
+from typing import Final, cast
+
+from scriba.errors import InvalidState, StartFailed
+from scriba.pipeline import Circuit, Pipeline
+from scriba.projection import Projection, Settings
+from scriba.source import Source
+from scriba.target import FailureKind, Target
+from statifier import telemetry
+
+__all__ = ["Coordinator", "Status"]
+
+_log = logging.getLogger(__name__)
+_RESTART_DELAYS: Final = (0.01, 0.1, 0.5, 1.0, 5.0)
+"""Seconds before starting a pipeline again, by crashes in a row without progress."""
+
+
+class Status(enum.Enum):
+    """Where a projection is in its lifecycle."""
+
+    INITIALIZING = "initializing"
+    RUNNING = "running"
+    PAUSED = "paused"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+    HALTED = "halted"
+
+
+class Coordinator:
+    """Runs one projection and answers lifecycle commands.
+
+    Not thread-safe; use it from one event loop. The position cache belongs to each
+    pipeline (loaded from the target when its subscription first delivers), so a
+    pipeline that replaces a crashed one, or one that took over from another process,
+    deduplicates against what is actually committed.
+    """
+
+    def __init__(self, projection: type[Projection], settings: Settings, target: Target) -> None:
+        self.projection = projection
+        self.settings = settings
+        self.target = target
+        self.status = Status.INITIALIZING
+        self.halt_reason: str | None = None
+        self.restarts = 0
+        """Pipelines started again after a crash, over this coordinator's life."""
+        self._key = settings.key
+        self._prefix = f"scriba:{self._key.name}:v{self._key.version}"
+        self._circuit = Circuit()
+        self._handler: Projection | None = None
+        self._pipeline: Pipeline | None = None
+        self._supervisor: asyncio.Task[None] | None = None
+        self._lag_ticker: asyncio.Task[None] | None = None
+        self._stop_requested = asyncio.Event()
+        # The state a pipeline that crashed was lost from, to return to.
+        self._ready = Status.RUNNING
+
+    # -- commands --------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the target, start a pipeline and wait until it is subscribed.
+
+        Raises:
+            StartFailed: the target did not open or the source did not subscribe; the
+                coordinator is then stopped and runs nothing.
+        """
+        if self.status is not Status.INITIALIZING or self._supervisor is not None:
+            raise InvalidState(
+                self.status, f"cannot start a projection that is {self.status.value}"
+            )
+        try:
+            await self.target.open(self._key)
+            self._handler = self.projection()
+            pipeline, run = self._launch(paused=False)
+            if not await self._until_ready(pipeline, run):
+                await run  # raises what ended it
+                raise StartFailed(f"the pipeline of {self._key.name!r} ended as it started")
+        except Exception as exc:
+            self.status = Status.STOPPED
+            if isinstance(exc, StartFailed):
+                raise
+            raise StartFailed(f"projection {self._key.name!r} could not start: {exc}") from exc
+        self.status = Status.RUNNING
+        self._emit(
+            "scriba.projection.started", resumed=False, parallelism=self.settings.parallelism
+        )
+        self._supervisor = asyncio.create_task(
+            self._supervise(run), name=f"{self._prefix}:supervisor"
+        )
+        if self.settings.lag_interval > 0:
+            self._lag_ticker = asyncio.create_task(self._tick_lag(), name=f"{self._prefix}:lag")
+
+    def pause(self) -> None:
+        """Stop reading the source; what was read is still handled and committed.
+
+        Raises:
+            InvalidState: the projection is not running.
+        """
+        self._require(Status.RUNNING, "pause")
+        assert self._pipeline is not None
+        self._pipeline.pause()
+        self.status = Status.PAUSED
+        self._emit("scriba.projection.paused")
+
+    def resume(self) -> None:
+        """Read the source again.
+
+        Raises:
+            InvalidState: the projection is not paused.
+        """
+        self._require(Status.PAUSED, "resume")
+        assert self._pipeline is not None
+        self._pipeline.resume()
+        self.status = Status.RUNNING
+        self._emit("scriba.projection.started", resumed=True, parallelism=self.settings.parallelism)
+
+    async def stop(self) -> None:
+        """Stop reading, let every partition commit what it has handled, end every task.
+
+        From running it passes through draining; from paused, halted or initializing it
+        goes straight to stopped.
+
+        Raises:
+            InvalidState: the projection is already stopped or draining.
+        """
+        if self.status in (Status.STOPPED, Status.DRAINING):
+            raise InvalidState(self.status, f"cannot stop a projection that is {self.status.value}")
+        from_state = self.status
+        if self.status is Status.RUNNING:
+            self.status = Status.DRAINING
+        self._stop_requested.set()
+        if self._pipeline is not None:
+            self._pipeline.stop()
+        if self._supervisor is not None:
+            await asyncio.gather(self._supervisor, return_exceptions=True)
+        if self._lag_ticker is not None:
+            self._lag_ticker.cancel()
+            await asyncio.gather(self._lag_ticker, return_exceptions=True)
+        self.status = Status.STOPPED
+        self._emit("scriba.projection.stopped", from_state=from_state.value)
+
+    # -- what runs -------------------------------------------------------------------
+
+    def task_names(self) -> tuple[str, ...]:
+        """The names of this projection's asyncio tasks that are running now."""
+        names = [
+            task.get_name()
+            for task in (self._supervisor, self._lag_ticker)
+            if task is not None and not task.done()
+        ]
+        if self._pipeline is not None:
+            names.extend(self._pipeline.task_names())
+        return tuple(names)
+
+    def progress(self) -> tuple[int | None, datetime | None, bool]:
+        """``(prefix, occurred_at, caught_up)`` of the current (or last) pipeline: how
+        far every event is accounted for, when that event occurred, and whether the
+        pipeline has read everything its source had."""
+        pipeline = self._pipeline
+        if pipeline is None:
+            return None, None, False
+        ledger = pipeline.ledger
+        return ledger.prefix, ledger.prefix_occurred_at, pipeline.caught_up
+
+    def lag_seconds(self) -> float | None:
+        """Seconds since the watermark's event occurred (0 while caught up), or
+        ``None`` before anything is accounted for."""
+        _, occurred_at, caught_up = self.progress()
+        if caught_up:
+            return 0.0
+        if occurred_at is None:
+            return None
+        return max(0.0, (datetime.now(UTC) - occurred_at).total_seconds())
+
+    # -- inside ----------------------------------------------------------------------
+
+    def _launch(self, *, paused: bool) -> tuple[Pipeline, asyncio.Task[None]]:
+        source = _make_source(self.settings)
+        assert self._handler is not None
+        pipeline = Pipeline(
+            self._handler,
+            self.settings,
+            source,
+            self.target,
+            circuit=self._circuit,
+            on_halt=self._halted,
+            paused=paused,
+            task_prefix=self._prefix,
+        )
+        self._pipeline = pipeline
+        run = asyncio.create_task(pipeline.run(), name=f"{self._prefix}:reader")
+        return pipeline, run
+
+    async def _until_ready(self, pipeline: Pipeline, run: asyncio.Task[None]) -> bool:
+        """Wait until ``pipeline`` subscribed (True) or its run ended first (False)."""
+        ready = asyncio.create_task(pipeline.ready.wait())
+        try:
+            await asyncio.wait((ready, run), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ready.cancel()
+        return pipeline.ready.is_set()
+
+    async def _supervise(self, run: asyncio.Task[None]) -> None:
+        """Await the pipeline; after a crash, start another into the state it left."""
+        crashes = 0
+        while True:
+            try:
+                await run
+            except Exception:  # noqa: BLE001 - a pipeline crash is answered by a restart
+                _log.exception("projection %s: pipeline crashed", self._prefix)
+            else:
+                return
+            if self._stop_requested.is_set() or self.status in (Status.HALTED, Status.STOPPED):
+                return
+            lost_from = self.status if self.status is not Status.INITIALIZING else self._ready
+            self._ready = lost_from
+            self.status = Status.INITIALIZING
+            assert self._pipeline is not None
+            crashes = 0 if self._pipeline.progressed else crashes + 1
+            delay = _RESTART_DELAYS[min(crashes, len(_RESTART_DELAYS) - 1)]
+            try:
+                async with asyncio.timeout(delay):
+                    await self._stop_requested.wait()
+                return
+            except TimeoutError:
+                pass
+            self.restarts += 1
+            pipeline, run = self._launch(paused=lost_from is Status.PAUSED)
+            if await self._until_ready(pipeline, run) and self.status is Status.INITIALIZING:
+                self.status = lost_from
+
+    async def _tick_lag(self) -> None:
+        # A timer of its own: event flow cannot postpone it.
+        interval = self.settings.lag_interval
+        while True:
+            await asyncio.sleep(interval)
+            lag = self.lag_seconds()
+            prefix, _, _ = self.progress()
+            if lag is not None and prefix is not None:
+                telemetry.execute(
+                    "scriba.projection.lag",
+                    {"lag_ms": lag * 1000, "watermark": prefix},
+                    {"name": self._key.name, "version": self._key.version},
+                )
+
+    def _halted(self, kind: FailureKind, reason: str) -> None:
+        if self.status in (Status.HALTED, Status.STOPPED):
+            return
+        self.halt_reason = reason
+        if self.status is not Status.DRAINING:
+            self.status = Status.HALTED
+        self._emit("scriba.projection.halted", kind=kind.value, reason=reason)
+
+    def _require(self, status: Status, command: str) -> None:
+        if self.status is not status:
+            raise InvalidState(
+                self.status, f"cannot {command} a projection that is {self.status.value}"
+            )
+
+    def _emit(self, name: str, **metadata: object) -> None:
+        telemetry.execute(
+            name, {}, {"name": self._key.name, "version": self._key.version, **metadata}
+        )
+
+
+def _make_source(settings: Settings) -> Source:
+    option = settings.source
+    if hasattr(option, "read"):
+        return cast(Source, option)
+    return option()

@@ -1,0 +1,335 @@
+"""The pipeline: dedup, retry, batching, failure responses, watermark and acknowledgement."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, ClassVar
+
+import pytest
+import sqlalchemy as sa
+
+from scriba import (
+    Error,
+    Event,
+    Insert,
+    MemorySource,
+    MemoryTarget,
+    Meta,
+    Projection,
+    Result,
+    RetryPolicy,
+    Scriba,
+    Skip,
+    Status,
+)
+from scriba.memory import BatchCall
+from scriba.operations import Execute
+from scriba.target import FailureKind
+from statifier import telemetry
+
+ROWS = sa.Table(
+    "rows",
+    sa.MetaData(),
+    sa.Column("id", sa.Text, primary_key=True),
+    sa.Column("stream", sa.Text),
+    sa.Column("position", sa.Integer),
+)
+FAST = {"batch_timeout": 0.005, "commit_backoff": (0.001,), "lag_interval": 0}
+
+
+class Rows(Projection):
+    """One row per event, keyed by event id; events of type "skip" are skipped."""
+
+    name = "rows"
+
+    def handle(self, event: Event, meta: Meta) -> Result:
+        if event.type == "skip":
+            return Skip()
+        return Insert(ROWS, {"id": event.id, "stream": event.stream_id, "position": event.position})
+
+
+@contextmanager
+def recording(*names: str) -> Iterator[list[tuple[str, dict[str, Any]]]]:
+    seen: list[tuple[str, dict[str, Any]]] = []
+
+    def record(name: str, measurements: Mapping[str, float], metadata: Mapping[str, Any]) -> None:
+        seen.append((name, {**measurements, **metadata}))
+
+    for name in names or tuple(n for n in telemetry.EVENTS if n.startswith("scriba.")):
+        telemetry.attach("test-pipeline", name, record)
+    try:
+        yield seen
+    finally:
+        telemetry.detach("test-pipeline")
+
+
+def fill(source: MemorySource, count: int, streams: int = 5, kind: str = "Happened") -> None:
+    for index in range(count):
+        source.record(f"s{index % streams}", kind, {"n": index})
+
+
+async def project(
+    projection: type[Projection],
+    source: MemorySource,
+    target: MemoryTarget,
+    **overrides: Any,
+) -> Scriba:
+    runtime = Scriba()
+    await runtime.start(projection, source=source, target=target, **{**FAST, **overrides})
+    async with asyncio.timeout(10):
+        await runtime.wait_until_caught_up(projection)
+    return runtime
+
+
+async def reaches(runtime: Scriba, projection: type[Projection], status: Status) -> None:
+    async with asyncio.timeout(5):
+        while True:
+            if (await runtime.info(projection)).status is status:
+                return
+            await asyncio.sleep(0.005)
+
+
+@pytest.mark.asyncio
+async def test_every_event_is_applied_once_and_the_watermark_reaches_the_end() -> None:
+    source, target = MemorySource(), MemoryTarget()
+    fill(source, 50)
+    runtime = await project(Rows, source, target, parallelism=4, batch_size=7)
+    info = await runtime.info(Rows)
+    await runtime.close()
+    assert sorted(row["position"] for row in target.rows(ROWS)) == list(range(1, 51))
+    assert info.watermark == 50
+    assert source.acknowledged == 50
+    assert target.cursors(Rows.key()) == {f"s{i}": 46 + i for i in range(5)}
+    assert info.stream_positions == target.cursors(Rows.key())
+    assert info.lag == 0.0
+
+
+@pytest.mark.asyncio
+async def test_a_source_that_replays_from_zero_changes_nothing_the_second_time() -> None:
+    source, target = MemorySource(replay_from_zero=True), MemoryTarget()
+    fill(source, 20)
+    runtime = await project(Rows, source, target)
+    await runtime.stop(Rows)
+    calls = target.calls
+    with recording("scriba.projection.event.skipped", "scriba.projection.event.start") as seen:
+        await runtime.start(Rows, source=source, target=target, **FAST)
+        async with asyncio.timeout(5):
+            await runtime.wait_until_caught_up(Rows)
+        await runtime.close()
+    assert len(target.rows(ROWS)) == 20
+    assert len(target.commit_log) == 20
+    assert [data["reason"] for _, data in seen] == ["dedup"] * 20  # no handler call at all
+    assert target.calls == calls  # nothing to commit
+
+
+@pytest.mark.asyncio
+async def test_redelivery_while_running_is_deduplicated() -> None:
+    source, target = MemorySource(), MemoryTarget()
+    fill(source, 10)
+    runtime = await project(Rows, source, target)
+    source.rewind()
+    await asyncio.sleep(0.05)
+    async with asyncio.timeout(5):
+        await runtime.wait_until_caught_up(Rows)
+    await runtime.close()
+    assert len(target.commit_log) == 10
+
+
+@pytest.mark.asyncio
+async def test_a_cursor_beyond_the_preload_is_read_once_from_the_target(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    source, target = MemorySource(), MemoryTarget()
+    fill(source, 6, streams=3)
+    runtime = await project(Rows, source, target)
+    await runtime.stop(Rows)
+    asked: list[str] = []
+    original = target.stream_position
+
+    async def counting(projection: Any, stream_id: str) -> int | None:
+        asked.append(stream_id)
+        return await original(projection, stream_id)
+
+    target.stream_position = counting  # type: ignore[method-assign]
+    monkeypatch.setattr("scriba.pipeline.PRELOAD_LIMIT", 1)
+    with recording("scriba.projection.cache_initialized") as seen:
+        # start_from=0 reads past the watermark, so the cursors have to do the dedup.
+        await runtime.start(Rows, source=source, target=target, start_from=0, **FAST)
+        async with asyncio.timeout(5):
+            await runtime.wait_until_caught_up(Rows)
+        await runtime.close()
+    assert len(asked) == 2
+    assert len(set(asked)) == 2
+    assert len(target.commit_log) == 6
+    assert [(data["rows"], data["complete"]) for _, data in seen] == [(1, False)]
+
+
+class Flaky(Projection):
+    """Fails the first ``failures[event.id]`` calls for an event."""
+
+    name = "flaky"
+    failures: ClassVar[dict[str, int]] = {}
+    calls: ClassVar[list[tuple[str, int]]] = []
+
+    def handle(self, event: Event, meta: Meta) -> Result:
+        self.calls.append((event.id, meta.attempt))
+        if self.failures.get(event.id, 0) >= meta.attempt:
+            if event.type == "raise":
+                raise RuntimeError(f"boom {event.id}")
+            return Error(f"no {event.id}")
+        return Insert(ROWS, {"id": event.id, "stream": event.stream_id})
+
+
+@pytest.mark.asyncio
+async def test_retries_then_dead_letters_with_the_cause_as_kind() -> None:
+    source, target = MemorySource(), MemoryTarget()
+    ok = source.record("a", "Happened")
+    twice = source.record("a", "Happened")
+    never = source.record("b", "Happened")
+    raising = source.record("c", "raise")
+    Flaky.failures = {twice.id: 2, never.id: 9, raising.id: 9}
+    Flaky.calls = []
+    retry = RetryPolicy(max_attempts=3, backoff=(0.001, 0.001))
+    with recording("scriba.projection.dead_letter", "scriba.projection.event.exception") as seen:
+        runtime = await project(Flaky, source, target, retry=retry, parallelism=3)
+        stats = await runtime.dead_letter_stats(Flaky)
+        letters = await runtime.dead_letters(Flaky, limit=5)
+        await runtime.close()
+    assert sorted(row["id"] for row in target.rows(ROWS)) == [ok.id, twice.id]
+    assert [attempt for event_id, attempt in Flaky.calls if event_id == twice.id] == [1, 2, 3]
+    assert stats.total == 2
+    assert dict(stats.by_kind) == {"error": 1, "exception": 1}
+    by_position = {letter.position: letter for letter in letters}
+    assert by_position[never.position].error_message == f"no {never.id}"
+    assert "RuntimeError: boom" in (by_position[raising.position].error_message or "")
+    assert "Traceback" in (by_position[raising.position].error_stacktrace or "")
+    assert [name for name, _ in seen].count("scriba.projection.event.exception") == 3
+    assert [data["error_kind"] for name, data in seen if name.endswith("dead_letter")].count(
+        "error"
+    ) == 1
+    # Dead-lettered events are accounted for: the cursor moved past them.
+    assert target.cursors(Flaky.key())["b"] == never.position
+
+
+@pytest.mark.asyncio
+async def test_no_retry_means_one_attempt() -> None:
+    source, target = MemorySource(), MemoryTarget()
+    bad = source.record("a", "Happened")
+    Flaky.failures, Flaky.calls = {bad.id: 1}, []
+    runtime = await project(Flaky, source, target, retry=None)
+    await runtime.close()
+    assert Flaky.calls == [(bad.id, 1)]
+    assert target.rows(ROWS) == []
+
+
+@pytest.mark.asyncio
+async def test_a_retry_sleep_blocks_only_its_partition() -> None:
+    source, target = MemorySource(), MemoryTarget()
+    slow = source.record("slow", "Happened")
+    for index in range(20):
+        source.record(f"fast{index}", "Happened")
+    Flaky.failures, Flaky.calls = {slow.id: 1}, []
+    retry = RetryPolicy(max_attempts=2, backoff=(0.5,))
+    runtime = Scriba()
+    await runtime.start(Flaky, source=source, target=target, retry=retry, parallelism=4, **FAST)
+    await asyncio.sleep(0.2)
+    committed = {event_id for event_id, _ in Flaky.calls}
+    info = await runtime.info(Flaky)
+    await runtime.close()
+    # Partitions other than the sleeping one went on and committed.
+    others = [row for row in target.rows(ROWS) if row["stream"] != "slow"]
+    assert len(committed) > 1
+    assert others
+    assert info.safe_position == 0  # the sleeping event holds the prefix back
+
+
+class Rejected(Projection):
+    name = "rejected"
+
+    def handle(self, event: Event, meta: Meta) -> Any:
+        if event.type == "sql":
+            return Execute(sa.text("select 1"))
+        if event.type == "junk":
+            return 42
+        return Insert(ROWS, {"id": event.id})
+
+
+@pytest.mark.asyncio
+async def test_results_the_target_does_not_accept_are_dead_lettered_as_rejected() -> None:
+    source, target = MemorySource(), MemoryTarget()
+    source.record("a", "sql")
+    source.record("a", "junk")
+    source.record("a", "fine")
+    runtime = await project(Rejected, source, target)
+    stats = await runtime.dead_letter_stats(Rejected)
+    await runtime.close()
+    assert dict(stats.by_kind) == {"rejected": 2}
+    assert len(target.rows(ROWS)) == 1
+
+
+def failing(kind: FailureKind, when: Callable[[BatchCall], bool]) -> Callable[[BatchCall], Any]:
+    def decide(call: BatchCall) -> FailureKind | None:
+        return kind if when(call) else None
+
+    return decide
+
+
+@pytest.mark.asyncio
+async def test_a_transient_failure_replays_the_batch_and_acknowledges_nothing_meanwhile() -> None:
+    source, target = MemorySource(), MemoryTarget()
+    fill(source, 10, streams=1)
+    failures = iter(range(3))
+
+    def three_times(call: BatchCall) -> FailureKind | None:
+        return FailureKind.TRANSIENT if next(failures, None) is not None else None
+
+    target.fail = three_times
+    with recording("scriba.source.batch.failed") as seen:
+        runtime = await project(Rows, source, target, batch_size=100, batch_timeout=0.02)
+        await runtime.close()
+    assert len(seen) == 3
+    assert {data["kind"] for _, data in seen} == {"transient"}
+    assert len(target.commit_log) == 10
+    assert min(source.acknowledgements) >= 1  # nothing acknowledged before the commit
+
+
+@pytest.mark.asyncio
+async def test_an_integrity_failure_isolates_and_dead_letters_only_the_offender() -> None:
+    source, target = MemorySource(), MemoryTarget()
+    fill(source, 10, streams=2)
+    poison = 4
+    target.fail = failing(
+        FailureKind.INTEGRITY, lambda call: any(e.position == poison for e, _ in call.applied)
+    )
+    runtime = await project(Rows, source, target, batch_size=100, batch_timeout=0.02)
+    info = await runtime.info(Rows)
+    letters = await runtime.dead_letters(Rows)
+    await runtime.close()
+    assert info.status is Status.RUNNING
+    assert sorted(position for _, position in target.commit_log) == [
+        p for p in range(1, 11) if p != poison
+    ]
+    assert [(letter.position, letter.error_kind) for letter in letters] == [(poison, "integrity")]
+    assert info.watermark == 10
+
+
+@pytest.mark.asyncio
+async def test_a_batch_whose_every_write_fails_on_integrity_halts_at_once() -> None:
+    source, target = MemorySource(), MemoryTarget()
+    fill(source, 5, streams=1)
+    target.fail = failing(FailureKind.INTEGRITY, lambda call: bool(call.applied))
+    with recording("scriba.projection.halted") as seen:
+        runtime = Scriba()
+        await runtime.start(Rows, source=source, target=target, **FAST, batch_size=100)
+        await reaches(runtime, Rows, Status.HALTED)
+        info = await runtime.info(Rows)
+        stats = await runtime.dead_letter_stats(Rows)
+        await runtime.close()
+    assert stats.total == 0
+    assert target.rows(ROWS) == []
+    assert info.halt_reason is not None
+    assert "integrity" in info.halt_reason
+    assert [data["kind"] for _, data in seen] == ["integrity"]
+    assert source.acknowledged == 0
