@@ -195,6 +195,13 @@ def _nonzero(counts: Mapping[Status, int]) -> dict[Status, int]:
     return {status: count for status, count in counts.items() if count}
 
 
+async def _insert(adapter: Adapter, record: ExecutionRecord) -> None:
+    """Insert ``record`` as the facade does, with its chart saved first (so a store may
+    tie an execution to its chart)."""
+    await adapter.save_chart(_chart(record.content_hash))
+    await adapter.insert_execution(record)
+
+
 # Lock helpers: small coroutines, so that each ``pytest.raises`` holds one await.
 
 
@@ -209,7 +216,7 @@ class _BoomError(Exception):
 
 async def _raise_inside(adapter: Adapter, execution_id: str, record: ExecutionRecord) -> None:
     async with adapter.exclusive(execution_id, _PATIENCE):
-        await adapter.insert_execution(record)
+        await _insert(adapter, record)
         raise _BoomError
 
 
@@ -369,13 +376,13 @@ class AdapterConformance:
             updated_at=_at(2).astimezone(_INDIA),
             ended_at=_at(3),
         )
-        await adapter.insert_execution(record)
+        await _insert(adapter, record)
         _assert_same_execution(await adapter.fetch_execution(record.id), record)
 
     @pytest.mark.asyncio
     async def test_execution_round_trips_a_running_record(self, adapter: Adapter) -> None:
         record = _execution()
-        await adapter.insert_execution(record)
+        await _insert(adapter, record)
         fetched = await adapter.fetch_execution("exec-1")
         _assert_same_execution(fetched, record)
 
@@ -383,14 +390,14 @@ class AdapterConformance:
     async def test_execution_round_trips_without_a_position(self, adapter: Adapter) -> None:
         # Settlement markers are ended executions that never had a position.
         record = _ended("exec-1", _at(2), position=None)
-        await adapter.insert_execution(record)
+        await _insert(adapter, record)
         _assert_same_execution(await adapter.fetch_execution("exec-1"), record)
 
     @pytest.mark.asyncio
     async def test_execution_round_trips_a_large_position(self, adapter: Adapter) -> None:
         large = bytes(range(256)) * 1024
         record = _execution(position=large)
-        await adapter.insert_execution(record)
+        await _insert(adapter, record)
         await adapter.update_execution(_execution(position=large[::-1]))
         _assert_same_execution(
             await adapter.fetch_execution("exec-1"), replace(record, position=large[::-1])
@@ -399,7 +406,7 @@ class AdapterConformance:
     @pytest.mark.asyncio
     async def test_execution_round_trips_every_status(self, adapter: Adapter) -> None:
         for status in Status:
-            await adapter.insert_execution(_execution(f"exec-{status.value}", status=status))
+            await _insert(adapter, _execution(f"exec-{status.value}", status=status))
         for status in Status:
             fetched = await adapter.fetch_execution(f"exec-{status.value}")
             assert fetched is not None
@@ -408,14 +415,15 @@ class AdapterConformance:
     @pytest.mark.asyncio
     async def test_execution_fetch_of_a_missing_id_answers_none(self, adapter: Adapter) -> None:
         assert await adapter.fetch_execution("exec-1") is None
-        await adapter.insert_execution(_execution())
+        await _insert(adapter, _execution())
         assert await adapter.fetch_execution("exec-2") is None
         assert await adapter.fetch_execution("EXEC-1") is None
 
     @pytest.mark.asyncio
     async def test_execution_insert_refuses_an_existing_id(self, adapter: Adapter) -> None:
         first = _execution()
-        await adapter.insert_execution(first)
+        await _insert(adapter, first)
+        await adapter.save_chart(_chart(_HASH_B))
         with pytest.raises(ExecutionExists) as refused:
             await adapter.insert_execution(_execution(content_hash=_HASH_B, position=b"other"))
         assert refused.value.execution_id == "exec-1"
@@ -427,7 +435,7 @@ class AdapterConformance:
     ) -> None:
         metadata = {"tenant_id": "t1"} if adapter.capabilities.metadata else {}
         stored = _execution(metadata=metadata)
-        await adapter.insert_execution(stored)
+        await _insert(adapter, stored)
         update = ExecutionRecord(
             id="exec-1",
             # The id, chart, metadata and created_at of the update are ignored.
@@ -448,7 +456,7 @@ class AdapterConformance:
     @pytest.mark.asyncio
     async def test_execution_update_can_clear_fields(self, adapter: Adapter) -> None:
         stored = _ended("exec-1", _at(5), failure="failed_final", status=Status.FAILED)
-        await adapter.insert_execution(stored)
+        await _insert(adapter, stored)
         # Back to active with nothing ended: every overwritten field may become None.
         update = replace(
             stored, status=Status.ACTIVE, position=None, outcome=None, failure=None, ended_at=None
@@ -459,8 +467,8 @@ class AdapterConformance:
     @pytest.mark.asyncio
     async def test_execution_update_touches_only_its_id(self, adapter: Adapter) -> None:
         other = _execution("exec-2")
-        await adapter.insert_execution(_execution())
-        await adapter.insert_execution(other)
+        await _insert(adapter, _execution())
+        await _insert(adapter, other)
         await adapter.update_execution(_execution(status=Status.CANCELLED, ended_at=_at(3)))
         _assert_same_execution(await adapter.fetch_execution("exec-2"), other)
 
@@ -476,8 +484,8 @@ class AdapterConformance:
         assert _nonzero(await adapter.count_executions_on(_HASH_A)) == {}
         statuses = [Status.ACTIVE, Status.ACTIVE, Status.COMPLETED, Status.NEEDS_MIGRATION]
         for number, status in enumerate(statuses):
-            await adapter.insert_execution(_execution(f"exec-{number}", status=status))
-        await adapter.insert_execution(_execution("exec-b", _HASH_B, status=Status.FAILED))
+            await _insert(adapter, _execution(f"exec-{number}", status=status))
+        await _insert(adapter, _execution("exec-b", _HASH_B, status=Status.FAILED))
         expected = {Status.ACTIVE: 2, Status.COMPLETED: 1, Status.NEEDS_MIGRATION: 1}
         assert _nonzero(await adapter.count_executions_on(_HASH_A)) == expected
         assert _nonzero(await adapter.count_executions_on(_HASH_B)) == {Status.FAILED: 1}
@@ -494,8 +502,8 @@ class AdapterConformance:
     async def test_execution_pinning_lists_active_and_parked(self, adapter: Adapter) -> None:
         assert await adapter.pinning_executions(_HASH_A) == []
         for status in Status:
-            await adapter.insert_execution(_execution(f"exec-{status.value}", status=status))
-        await adapter.insert_execution(_execution("exec-b", _HASH_B))
+            await _insert(adapter, _execution(f"exec-{status.value}", status=status))
+        await _insert(adapter, _execution("exec-b", _HASH_B))
         pinning = await adapter.pinning_executions(_HASH_A)
         assert sorted(pinning) == ["exec-active", "exec-needs_migration"], pinning
         await adapter.update_execution(_execution("exec-active", status=Status.COMPLETED))
@@ -506,7 +514,7 @@ class AdapterConformance:
 
     async def _insert_tagged(self, adapter: Adapter, tags: Mapping[str, Mapping[str, str]]) -> None:
         for execution_id, metadata in tags.items():
-            await adapter.insert_execution(_execution(execution_id, metadata=metadata))
+            await _insert(adapter, _execution(execution_id, metadata=metadata))
 
     async def _listed(self, adapter: Adapter, pairs: Mapping[str, str]) -> set[str]:
         records = await adapter.list_by_metadata(pairs)
@@ -541,7 +549,7 @@ class AdapterConformance:
     async def test_metadata_listing_answers_whole_records(self, adapter: Adapter) -> None:
         _require(adapter, "metadata")
         record = _ended("exec-1", _at(4), metadata={"tenant": "a", "parent": "p-1"})
-        await adapter.insert_execution(record)
+        await _insert(adapter, record)
         listed = await adapter.list_by_metadata({"parent": "p-1"})
         assert len(listed) == 1, f"expected one record, got {listed!r}"
         _assert_same_execution(listed[0], record)
@@ -671,7 +679,7 @@ class AdapterConformance:
     @pytest.mark.asyncio
     async def test_positions_are_apart_from_executions(self, adapter: Adapter) -> None:
         # An execution's position is a field of its record, not a saved position.
-        await adapter.insert_execution(_execution("shared-id"))
+        await _insert(adapter, _execution("shared-id"))
         assert await adapter.fetch_position("shared-id") is None
         assert await adapter.count_positions_on(_HASH_A) == 0
         saved = PositionRecord("shared-id", _HASH_B, b"saved", _at(1))
@@ -685,7 +693,7 @@ class AdapterConformance:
     @pytest.mark.asyncio
     async def test_input_log_is_dense_from_zero(self, adapter: Adapter) -> None:
         _require(adapter, "input_log")
-        await adapter.insert_execution(_execution())
+        await _insert(adapter, _execution())
         assert await adapter.inputs("exec-1") == []
         entries = [
             ("step", b'["advance"]', _at(1)),
@@ -703,7 +711,7 @@ class AdapterConformance:
     @pytest.mark.asyncio
     async def test_input_log_without_a_cap_keeps_everything(self, adapter: Adapter) -> None:
         _require(adapter, "input_log")
-        await adapter.insert_execution(_execution())
+        await _insert(adapter, _execution())
         answers = [
             await adapter.append_input("exec-1", "step", b"[%d]" % n, _at(n), None)
             for n in range(25)
@@ -715,7 +723,7 @@ class AdapterConformance:
     @pytest.mark.asyncio
     async def test_input_log_cap_closes_the_log_with_a_marker(self, adapter: Adapter) -> None:
         _require(adapter, "input_log")
-        await adapter.insert_execution(_execution())
+        await _insert(adapter, _execution())
         assert await adapter.append_input("exec-1", "step", b"[0]", _at(0), 3) == 0
         assert await adapter.append_input("exec-1", "step", b"[1]", _at(1), 3) == 1
         # The third entry would take the last slot: a marker takes it instead.
@@ -734,7 +742,7 @@ class AdapterConformance:
     @pytest.mark.asyncio
     async def test_input_log_cap_of_one_holds_only_the_marker(self, adapter: Adapter) -> None:
         _require(adapter, "input_log")
-        await adapter.insert_execution(_execution())
+        await _insert(adapter, _execution())
         assert await adapter.append_input("exec-1", "step", b"[0]", _at(0), 1) is None
         assert await adapter.append_input("exec-1", "step", b"[1]", _at(1), 1) is None
         expected = [InputRecord("exec-1", 0, "step", None, _at(0))]
@@ -743,7 +751,7 @@ class AdapterConformance:
     @pytest.mark.asyncio
     async def test_input_log_cap_of_two(self, adapter: Adapter) -> None:
         _require(adapter, "input_log")
-        await adapter.insert_execution(_execution())
+        await _insert(adapter, _execution())
         assert await adapter.append_input("exec-1", "step", b"[0]", _at(0), 2) == 0
         assert await adapter.append_input("exec-1", "step", b"[1]", _at(1), 2) is None
         assert await adapter.append_input("exec-1", "step", b"[2]", _at(2), 2) is None
@@ -754,7 +762,7 @@ class AdapterConformance:
     async def test_input_logs_are_per_execution(self, adapter: Adapter) -> None:
         _require(adapter, "input_log")
         for execution_id in ("exec-1", "exec-2", "exec-3"):
-            await adapter.insert_execution(_execution(execution_id))
+            await _insert(adapter, _execution(execution_id))
         assert await adapter.append_input("exec-1", "step", b"[10]", _at(0), 2) == 0
         assert await adapter.append_input("exec-2", "step", b"[20]", _at(0), 2) == 0
         assert await adapter.append_input("exec-1", "step", b"[11]", _at(1), 2) is None
@@ -795,7 +803,7 @@ class AdapterConformance:
         if adapter.capabilities.metadata:
             records["old-completed"] = replace(records["old-completed"], metadata={"t": "1"})
         for record in records.values():
-            await adapter.insert_execution(record)
+            await _insert(adapter, record)
             if adapter.capabilities.input_log and record.position is not None:
                 await adapter.append_input(record.id, "step", b"[1]", _at(0), None)
         return records
@@ -833,8 +841,8 @@ class AdapterConformance:
     async def test_prune_respects_its_limit(self, adapter: Adapter) -> None:
         eligible = {f"old-{n}" for n in range(5)}
         for n, execution_id in enumerate(sorted(eligible)):
-            await adapter.insert_execution(_ended(execution_id, _at(n)))
-        await adapter.insert_execution(_ended("recent", _at(90)))
+            await _insert(adapter, _ended(execution_id, _at(n)))
+        await _insert(adapter, _ended("recent", _at(90)))
         assert await adapter.prune(_at(60), 0) == []
         batches = [await adapter.prune(_at(60), 2) for _ in range(4)]
         assert [len(batch) for batch in batches] == [2, 2, 1, 0], batches
@@ -878,7 +886,7 @@ class AdapterConformance:
     @pytest.mark.asyncio
     async def test_exclusive_loses_no_update(self, adapter: Adapter) -> None:
         _require(adapter, "lock")
-        await adapter.insert_execution(_execution(position=b"0"))
+        await _insert(adapter, _execution(position=b"0"))
 
         async def bump() -> None:
             async with adapter.exclusive("exec-1", _PATIENCE):
@@ -899,7 +907,7 @@ class AdapterConformance:
     async def test_exclusive_keeps_an_input_log_dense(self, adapter: Adapter) -> None:
         _require(adapter, "lock")
         _require(adapter, "input_log")
-        await adapter.insert_execution(_execution())
+        await _insert(adapter, _execution())
 
         async def append(n: int) -> int | None:
             async with adapter.exclusive("exec-1", _PATIENCE):
@@ -1008,7 +1016,7 @@ class AdapterConformance:
         _require(adapter, "lock")
         record = _execution()
         async with adapter.exclusive("exec-1", _PATIENCE):
-            await adapter.insert_execution(record)
+            await _insert(adapter, record)
             _assert_same_execution(await adapter.fetch_execution("exec-1"), record)
             updated = replace(record, position=b"stepped", updated_at=_at(1))
             await adapter.update_execution(updated)
@@ -1021,8 +1029,8 @@ class AdapterConformance:
         # is taken: a typed refusal must leave the block usable and its writes kept.
         _require(adapter, "lock")
         taken = _ended("marker", _at(1), position=None)
-        await adapter.insert_execution(taken)
-        await adapter.insert_execution(_execution("parent"))
+        await _insert(adapter, taken)
+        await _insert(adapter, _execution("parent"))
         stepped = _execution("parent", position=b"stepped", updated_at=_at(2))
         async with adapter.exclusive("parent", _PATIENCE):
             await adapter.update_execution(stepped)
@@ -1031,7 +1039,7 @@ class AdapterConformance:
             with pytest.raises(ExecutionNotFound):
                 await adapter.update_execution(_execution("missing"))
             _assert_same_execution(await adapter.fetch_execution("parent"), stepped)
-            await adapter.insert_execution(_execution("child"))
+            await _insert(adapter, _execution("child"))
         _assert_same_execution(await adapter.fetch_execution("parent"), stepped)
         _assert_same_execution(await adapter.fetch_execution("marker"), taken)
         _assert_same_execution(await adapter.fetch_execution("child"), _execution("child"))
