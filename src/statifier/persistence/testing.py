@@ -27,7 +27,9 @@ nothing more:
   metadata holds every given pair, and with no pairs every execution does.
 - The closing marker of a capped input log keeps the ``door`` and ``recorded_at`` of the
   append it replaced.
-- Input logs are only written for executions that exist, as the facade writes them.
+- The suite writes in the facade's order: an execution after its chart, an input log
+  entry for an execution that exists. Saved positions are written without their chart
+  and locks are taken on ids that may not exist yet, as the facade does.
 
 Two class attributes describe what the contract leaves to the store:
 
