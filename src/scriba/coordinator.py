@@ -23,12 +23,13 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Final, cast
 
 from scriba.errors import InvalidState, StartFailed
 from scriba.pipeline import Circuit, Pipeline
-from scriba.projection import Projection, Settings
+from scriba.projection import Projection, Settings, is_factory
 from scriba.source import Source
 from scriba.target import FailureKind, Target
 from statifier import telemetry
@@ -74,6 +75,7 @@ class Coordinator:
         self._handler: Projection | None = None
         self._pipeline: Pipeline | None = None
         self._supervisor: asyncio.Task[None] | None = None
+        self._run: asyncio.Task[None] | None = None
         self._lag_ticker: asyncio.Task[None] | None = None
         self._stop_requested = asyncio.Event()
         # The state a pipeline that crashed was lost from, to return to.
@@ -169,7 +171,7 @@ class Coordinator:
         """The names of this projection's asyncio tasks that are running now."""
         names = [
             task.get_name()
-            for task in (self._supervisor, self._lag_ticker)
+            for task in (self._supervisor, self._run, self._lag_ticker)
             if task is not None and not task.done()
         ]
         if self._pipeline is not None:
@@ -185,6 +187,12 @@ class Coordinator:
             return None, None, False
         ledger = pipeline.ledger
         return ledger.prefix, ledger.prefix_occurred_at, pipeline.caught_up
+
+    def idle_reads(self) -> tuple[object, int]:
+        """The current pipeline (an opaque token) and how many of its reads found
+        nothing new with nothing in flight."""
+        pipeline = self._pipeline
+        return pipeline, pipeline.idle_reads if pipeline is not None else 0
 
     def lag_seconds(self) -> float | None:
         """Seconds since the watermark's event occurred (0 while caught up), or
@@ -213,6 +221,7 @@ class Coordinator:
         )
         self._pipeline = pipeline
         run = asyncio.create_task(pipeline.run(), name=f"{self._prefix}:reader")
+        self._run = run
         return pipeline, run
 
     async def _until_ready(self, pipeline: Pipeline, run: asyncio.Task[None]) -> bool:
@@ -289,6 +298,6 @@ class Coordinator:
 
 def _make_source(settings: Settings) -> Source:
     option = settings.source
-    if hasattr(option, "read"):
-        return cast(Source, option)
-    return option()
+    if is_factory(option, "read"):
+        return cast(Callable[[], Source], option)()
+    return cast(Source, option)

@@ -141,6 +141,8 @@ class Pipeline:
         """What was delivered and what of it is done (replaced at subscribe)."""
         self.caught_up = False
         """The last read found nothing new and nothing is in flight."""
+        self.idle_reads = 0
+        """Reads that found nothing new with nothing in flight, in this run."""
         self.progressed = False
         """Some event was accounted for in this run."""
         self.halted = False
@@ -153,6 +155,7 @@ class Pipeline:
 
     def resume(self) -> None:
         """Read again."""
+        self.caught_up = False
         self._resumed.set()
         self._signal.set()
 
@@ -223,6 +226,8 @@ class Pipeline:
             if not events:
                 await self._account()
                 self.caught_up = ledger.in_flight == 0
+                if self.caught_up:
+                    self.idle_reads += 1
                 continue
             self.caught_up = False
             if self._cache is None:

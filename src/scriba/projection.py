@@ -36,6 +36,7 @@ __all__ = [
     "Settings",
     "SourceOption",
     "TargetOption",
+    "is_factory",
     "settings_of",
 ]
 
@@ -276,6 +277,12 @@ def settings_of(
 
 class _Missing:
     VALUE: ClassVar[Any] = object()
+
+
+def is_factory(option: object, protocol_method: str) -> bool:
+    """Whether a ``source``/``target`` option is a factory to call rather than the thing
+    itself: a class, or a callable without the protocol's ``protocol_method``."""
+    return isinstance(option, type) or (callable(option) and not hasattr(option, protocol_method))
 
 
 def _checked(settings: Settings) -> Settings:

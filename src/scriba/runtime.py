@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, TypeAlias, cast
@@ -37,7 +37,7 @@ from typing import Any, Literal, TypeAlias, cast
 from scriba.coordinator import Coordinator, Status
 from scriba.errors import InvalidState, UnknownProjection
 from scriba.event import ProjectionKey
-from scriba.projection import Projection, Settings, settings_of
+from scriba.projection import Projection, Settings, is_factory, settings_of
 from scriba.target import DeadLetterStats, ResetCounts, StoredDeadLetter, Target
 
 __all__ = ["STREAM_POSITIONS_LIMIT", "Info", "Listing", "ProjectionRef", "Scriba"]
@@ -267,20 +267,25 @@ class Scriba:
     async def wait_until_caught_up(
         self, projection: ProjectionRef, version: int | None = None
     ) -> None:
-        """Wait until the projection has accounted for everything its source had (bound
-        the wait with ``asyncio.timeout``).
+        """Wait until the projection has accounted for everything its source had when
+        this was called: two reads in a row (so one begun after the call) found nothing
+        new, with nothing in flight. Meant for tests and scripts; a paused projection
+        waits for its resume. Bound the wait with ``asyncio.timeout``.
 
         Raises:
             InvalidState: it halted or stopped while waiting.
         """
         coordinator = self._coordinator(projection, version)
+        baseline = coordinator.idle_reads()
         while True:
             if coordinator.status in (Status.HALTED, Status.STOPPED):
                 raise InvalidState(coordinator.status, f"projection is {coordinator.status.value}")
-            _, _, caught_up = coordinator.progress()
-            if caught_up:
+            pipeline, idle = coordinator.idle_reads()
+            if pipeline is not baseline[0]:
+                baseline = (pipeline, 0)
+            if idle >= baseline[1] + 2:
                 return
-            await asyncio.sleep(0.005)
+            await asyncio.sleep(0.002)
 
     # -- inside ----------------------------------------------------------------------
 
@@ -295,11 +300,11 @@ class Scriba:
 
     def _target_of(self, settings: Settings) -> Target:
         option = settings.target
-        if hasattr(option, "apply_batch"):
+        if not is_factory(option, "apply_batch"):
             return cast(Target, option)
         made = self._made_targets.get(id(option))
         if made is None:
-            made = (option, option())
+            made = (option, cast(Callable[[], Target], option)())
             self._made_targets[id(option)] = made
         return made[1]
 
@@ -313,9 +318,9 @@ class Scriba:
             return key, coordinator.target, False
         if isinstance(projection, type):
             option = settings_of(projection).target
-            if hasattr(option, "apply_batch"):
+            if not is_factory(option, "apply_batch"):
                 return key, cast(Target, option), False
-            return key, option(), True
+            return key, cast(Callable[[], Target], option)(), True
         raise UnknownProjection(
             f"no projection {key.name!r} v{key.version} was started in this runtime; "
             "pass its class to read its target"
@@ -342,8 +347,6 @@ def _key_of(projection: ProjectionRef, version: int | None) -> ProjectionKey:
 
 
 def _describe(option: object) -> str:
-    return (
-        type(option).__name__
-        if hasattr(option, "read")
-        else getattr(option, "__name__", repr(option))
-    )
+    if is_factory(option, "read"):
+        return str(getattr(option, "__name__", repr(option)))
+    return type(option).__name__
