@@ -170,6 +170,20 @@ async def test_cancelling_a_parent_cancels_its_durable_child() -> None:
     assert isinstance(await driver.send_event("p/sub", Event("go")), Discarded)
 
 
+@pytest.mark.asyncio
+async def test_leaving_the_invoking_state_cancels_the_durable_child() -> None:
+    leaving = chart(
+        f'<state id="a"><invoke id="sub" type="scxml"><content>{CHILD}</content></invoke>'
+        '<transition event="skip" target="b"/></state><final id="b"/>'
+    )
+    driver = Driver(Storage(MemoryAdapter()))
+    await driver.create("p", leaving)
+    result = await driver.send_event("p", Event("skip"))
+    assert isinstance(result, Stepped)
+    assert result.execution.status is Status.COMPLETED
+    assert (await driver.storage.fetch_execution("p/sub")).status is Status.CANCELLED
+
+
 ITEM = (
     '<scxml initial="w"><datamodel><data id="item" expr="null"/></datamodel>'
     '<state id="w"><transition event="ok" target="ok"/><transition event="no" target="no"/>'

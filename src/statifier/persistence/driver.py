@@ -268,6 +268,8 @@ class Driver:
     # The executor every call runs with.
 
     async def _execute(self, effect: fx.Effect, context: EffectContext) -> None:
+        if isinstance(effect, fx.CancelInvoke):
+            await self._cancel_children(context.execution_id, effect.invoke_id)
         if not isinstance(effect, fx.Invoke):
             outcome = self.effects(effect, context)
             if inspect.isawaitable(outcome):
@@ -288,6 +290,21 @@ class Driver:
             pending.answers.append((context.execution_id, effect.invoke_id, event))
 
     # Durable children.
+
+    async def _cancel_children(self, parent_id: str, invoke_id: str) -> None:
+        """The chart left the state that invoked them: cancel the durable children of
+        the invocation (a single child or a fan-out's started ones)."""
+        if not self.storage.capabilities.metadata:
+            return
+        children = await self.storage.call(
+            "statuses_by_metadata",
+            self.storage.adapter.statuses_by_metadata(
+                {PARENT_KEY: parent_id, INVOKE_KEY: invoke_id}
+            ),
+        )
+        for child_id, status in sorted(children.items()):
+            if not status.terminal:
+                await self.executions.cancel(child_id)
 
     def _child_machine(self, effect: fx.Invoke) -> Machine | str:
         source = effect.content if isinstance(effect.content, str) else None
