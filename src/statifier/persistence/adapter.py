@@ -181,6 +181,12 @@ class Adapter(Protocol):
         id, from any task or process sharing the store, enters until it ends. Waits at
         most ``wait`` seconds for the lock (``None``: no bound).
 
+        Locks on different ids may block each other (SQLite has a single writer), but a
+        task holding one id's lock must be able to take another id's inside it (the
+        driver creates a durable child inside its parent's step). A typed refusal
+        raised by a call inside the block (``ExecutionExists``, ``ExecutionNotFound``)
+        leaves the block usable.
+
         Raises:
             LockTimeout: the wait exceeded ``wait``.
         """
