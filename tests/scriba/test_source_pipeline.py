@@ -1,0 +1,209 @@
+"""Both sources end to end through the engine and the SQL target, on both databases.
+
+The acknowledgement defects of the original are what these look for: an
+acknowledgement (or watermark) running ahead of an event still in its handler while
+later partitions commit, and one stalling at a permanent gap in the positions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
+
+import pytest
+import sqlalchemy as sa
+from eventsourcing.application import Application
+from eventsourcing.domain import Aggregate, event
+from psycopg.conninfo import conninfo_to_dict
+
+from scriba import Event, Insert, Meta, Projection, Result
+from scriba.runtime import Scriba
+from scriba.source import Source
+from scriba.sources import NewEvent, NotificationLogSource, SqlTableSource, append, event_table
+
+if TYPE_CHECKING:
+    from tests.scriba.conftest import SqlDatabase
+
+
+class Ticket(Aggregate):
+    @event("Opened")
+    def __init__(self, title: str) -> None:
+        self.title = title
+
+
+class Desk(Application[uuid.UUID]):
+    name = "desk"
+
+
+@dataclass
+class Setup:
+    """A source with ``count`` events waiting, and how to read the read model."""
+
+    make_source: Callable[[], Source]
+    positions: list[int]  # of the events, in order
+    close: Callable[[], None]
+
+
+def _read_model(db: SqlDatabase) -> sa.Table:
+    table = sa.Table(
+        f"projected_{uuid.uuid4().hex[:8]}",
+        db.metadata,
+        sa.Column("event_id", sa.String(255), primary_key=True),
+        sa.Column("position", sa.BigInteger, nullable=False),
+    )
+    table.create(db.engine)
+    return table
+
+
+def _sql_table(db: SqlDatabase, count: int) -> Setup:
+    events = event_table(db.metadata, f"events_{uuid.uuid4().hex[:8]}")
+    events.create(db.engine)
+    at = datetime(2024, 1, 1, tzinfo=UTC)
+    new = [NewEvent(f"e{n}", f"s{n % 7}", "T", {}, at + timedelta(seconds=n)) for n in range(count)]
+    with db.engine.begin() as connection:
+        positions = append(connection, events, new)
+        # Permanent gaps, which must not stall the acknowledgement.
+        gone = positions[count // 2 : count // 2 + 3]
+        connection.execute(events.delete().where(events.c.position.in_(gone)))
+    positions = [p for p in positions if p not in gone]
+    database: str | sa.Engine = db.url if db.dialect == "postgresql" else db.engine
+    return Setup(
+        lambda: SqlTableSource(database, events, poll_interval=0.01), positions, lambda: None
+    )
+
+
+def _notification_log(db: SqlDatabase, count: int) -> Setup:
+    if db.dialect == "postgresql":
+        params = conninfo_to_dict(str(sa.make_url(db.url).set(drivername="postgresql")))
+        env = {
+            "PERSISTENCE_MODULE": "eventsourcing.postgres",
+            "POSTGRES_DBNAME": str(params.get("dbname", "postgres")),
+            "POSTGRES_HOST": str(params.get("host", "127.0.0.1")),
+            "POSTGRES_PORT": str(params.get("port", "5432")),
+            "POSTGRES_USER": str(params.get("user", "postgres")),
+            "POSTGRES_PASSWORD": str(params.get("password", "")),
+            "POSTGRES_SCHEMA": str(db.schema),
+        }
+    else:
+        database = sa.make_url(db.url).database
+        env = {"PERSISTENCE_MODULE": "eventsourcing.sqlite", "SQLITE_DBNAME": f"{database}.es"}
+    app = Desk(env=env)
+    tickets = [Ticket(f"t{n}") for n in range(count)]
+    app.save(*tickets)
+    return Setup(
+        lambda: NotificationLogSource.for_application(app, poll_interval=0.01),
+        list(range(1, count + 1)),
+        app.close,
+    )
+
+
+SOURCES = {"sql_table": _sql_table, "notification_log": _notification_log}
+
+
+@pytest.fixture(params=list(SOURCES))
+def source_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def setup(sql_database: SqlDatabase, source_kind: str) -> Iterator[Setup]:
+    built = SOURCES[source_kind](sql_database, 60)
+    yield built
+    built.close()
+
+
+def _projected(db: SqlDatabase, table: sa.Table) -> list[int]:
+    with db.engine.connect() as connection:
+        return sorted(connection.execute(sa.select(table.c.position)).scalars())
+
+
+@pytest.mark.asyncio
+async def test_the_acknowledgement_never_passes_an_event_in_its_handler(
+    sql_database: SqlDatabase, setup: Setup
+) -> None:
+    read_model = _read_model(sql_database)
+    held = setup.positions[3]
+    release, later = asyncio.Event(), asyncio.Event()
+
+    class Tickets(Projection):
+        name = f"tickets_{uuid.uuid4().hex[:6]}"
+        parallelism = 4
+        batch_size = 5
+        batch_timeout = 0.01
+
+        async def handle(self, event: Event, meta: Meta) -> Result:
+            if event.position == held:
+                await release.wait()
+            if event.position > held + 10:
+                later.set()
+            return Insert(read_model, {"event_id": event.id, "position": event.position})
+
+    target = sql_database.target()
+    source = setup.make_source()
+    async with Scriba() as scriba:
+        await scriba.start(Tickets, source=source, target=target)
+        async with asyncio.timeout(20):
+            await later.wait()
+            await asyncio.sleep(1.2)  # past the watermark's throttle
+        assert max(_projected(sql_database, read_model)) > held + 10
+        acknowledged = _acknowledged(source)
+        assert acknowledged < held
+        stored = await target.watermark(Tickets.key())
+        assert stored is None or stored.position < held
+        assert held not in _projected(sql_database, read_model)
+
+        release.set()
+        async with asyncio.timeout(20):
+            await scriba.wait_until_caught_up(Tickets)
+        await scriba.stop(Tickets)
+        stored = await target.watermark(Tickets.key())
+    await target.close()
+    assert _projected(sql_database, read_model) == setup.positions
+    assert _acknowledged(source) == setup.positions[-1]  # gaps did not stall it
+    assert stored is not None
+    assert stored.position == setup.positions[-1]
+
+
+def _acknowledged(source: Source) -> int:
+    assert isinstance(source, SqlTableSource | NotificationLogSource)
+    return source.acknowledged
+
+
+@pytest.mark.asyncio
+async def test_a_restart_resumes_from_the_watermark_and_projects_each_event_once(
+    sql_database: SqlDatabase, source_kind: str
+) -> None:
+    read_model = _read_model(sql_database)
+    first = SOURCES[source_kind](sql_database, 30)
+    seen: list[int] = []
+
+    class Tickets(Projection):
+        name = f"tickets_{uuid.uuid4().hex[:6]}"
+        parallelism = 3
+        batch_timeout = 0.01
+
+        def handle(self, event: Event, meta: Meta) -> Result:
+            seen.append(event.position)
+            return Insert(read_model, {"event_id": event.id, "position": event.position})
+
+    target = sql_database.target()
+    try:
+        async with Scriba() as scriba:
+            await scriba.start(Tickets, source=first.make_source(), target=target)
+            async with asyncio.timeout(20):
+                await scriba.wait_until_caught_up(Tickets)
+        handled = len(seen)
+        async with Scriba() as scriba:
+            await scriba.start(Tickets, source=first.make_source(), target=target)
+            async with asyncio.timeout(20):
+                await scriba.wait_until_caught_up(Tickets)
+    finally:
+        await target.close()
+        first.close()
+    assert handled == len(first.positions)
+    assert len(seen) == handled  # the second run had nothing to do
+    assert _projected(sql_database, read_model) == first.positions
