@@ -207,3 +207,78 @@ async def test_a_restart_resumes_from_the_watermark_and_projects_each_event_once
     assert handled == len(first.positions)
     assert len(seen) == handled  # the second run had nothing to do
     assert _projected(sql_database, read_model) == first.positions
+
+
+@pytest.mark.asyncio
+async def test_a_standby_runtime_takes_over_without_handling_anything_twice(
+    sql_database: SqlDatabase,
+) -> None:
+    """Two runtimes start the same projection; the second stands by while the first
+    works, takes over when it stops, redelivers from its stale starting point and
+    deduplicates all of it (its cursors are loaded when it first reads, after the lock)."""
+    read_model = _read_model(sql_database)
+    events = event_table(sql_database.metadata, f"events_{uuid.uuid4().hex[:8]}")
+    events.create(sql_database.engine)
+    database: str | sa.Engine = (
+        sql_database.url if sql_database.dialect == "postgresql" else sql_database.engine
+    )
+    at = datetime(2024, 1, 1, tzinfo=UTC)
+
+    def add(start: int, count: int) -> None:
+        new = [NewEvent(f"e{n}", f"s{n % 5}", "T", {}, at) for n in range(start, start + count)]
+        with sql_database.engine.begin() as connection:
+            append(connection, events, new)
+
+    handled: dict[str, list[int]] = {"first": [], "second": []}
+    reached = {"first": asyncio.Event(), "second": asyncio.Event()}
+    wanted = {"first": 50, "second": 10}
+
+    def projection(runtime: str) -> type[Projection]:
+        class Tickets(Projection):
+            name = "takeover"
+            parallelism = 2
+            batch_timeout = 0.01
+
+            def handle(self, event: Event, meta: Meta) -> Result:
+                handled[runtime].append(event.position)
+                if len(handled[runtime]) >= wanted[runtime]:
+                    reached[runtime].set()
+                return Insert(read_model, {"event_id": event.id, "position": event.position})
+
+        return Tickets
+
+    first, second = projection("first"), projection("second")
+    add(0, 30)
+    target_one, target_two = sql_database.target(), sql_database.target()
+    standby = SqlTableSource(database, events, poll_interval=0.01)
+    try:
+        async with Scriba() as one, Scriba() as two:
+            await one.start(
+                first,
+                source=SqlTableSource(database, events, poll_interval=0.01),
+                target=target_one,
+            )
+            async with asyncio.timeout(20):
+                await one.wait_until_caught_up(first)
+            await two.start(second, source=standby, target=target_two)
+            add(30, 20)
+            async with asyncio.timeout(20):
+                await reached["first"].wait()
+            assert not _holding(standby)
+            await one.stop(first)
+            add(50, 10)
+            async with asyncio.timeout(20):
+                await reached["second"].wait()
+                await two.wait_until_caught_up(second)
+            assert _holding(standby)
+    finally:
+        await target_one.close()
+        await target_two.close()
+    assert sorted(handled["first"]) == list(range(1, 51))
+    assert sorted(handled["second"]) == list(range(51, 61))
+    assert _projected(sql_database, read_model) == list(range(1, 61))
+
+
+def _holding(source: SqlTableSource) -> bool:
+    # A function, so that mypy does not narrow the property across awaits.
+    return source.holding
