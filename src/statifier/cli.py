@@ -24,6 +24,13 @@ Subcommands:
 ``statifier graph CHART --format mermaid|dot``
     Prints the chart as a diagram.
 
+``statifier db upgrade|downgrade [--url URL] [--prefix P] [--schema S] [--revision R]``
+    Migrates the tables of durable executions (:mod:`statifier.sql.migrations`) up to
+    ``R`` (default ``head``) or down to it (default ``base``: drops them). The default
+    URL is a SQLite file in the working directory, ``statifier.db``; a bare
+    ``postgresql://`` URL uses psycopg 3. Prints the revision reached; a database that
+    cannot be reached or a bad option prints a message and exits with 2.
+
 ``statifier expr SOURCE [--context JSON] [--program] [--now DATETIME]``
     Evaluates one expression (or, with ``--program``, runs a statement program) and
     prints the result as JSON in the tagged encoding (``{"$type": "undefined"}`` and
@@ -256,6 +263,30 @@ def _run_graph(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+_DEFAULT_DATABASE = "sqlite:///statifier.db"
+
+
+def _run_db(args: argparse.Namespace, out: TextIO) -> int:
+    # Imported here: the migrations need the sql extra, the other commands do not.
+    import sqlalchemy as sa
+
+    from statifier.sql import TableOptions, migrations
+
+    try:
+        options = TableOptions(prefix=args.prefix, schema=args.schema)
+        if args.action == "upgrade":
+            migrations.upgrade(args.url, options, args.revision or "head")
+        else:
+            migrations.downgrade(args.url, options, args.revision or "base")
+        reached = migrations.current(args.url, options)
+    except (ValueError, sa.exc.SQLAlchemyError) as error:
+        message = " ".join(str(error).split())
+        sys.stderr.write(f"statifier db {args.action}: {message}\n")
+        return 2
+    out.write(f"{options.prefix}tables at revision {reached or 'base (none)'}\n")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="statifier", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -281,6 +312,12 @@ def _parser() -> argparse.ArgumentParser:
     graph = commands.add_parser("graph", help="print a chart as a diagram")
     graph.add_argument("chart", metavar="CHART")
     graph.add_argument("--format", choices=("mermaid", "dot"), default="mermaid")
+    database = commands.add_parser("db", help="migrate the tables of durable executions")
+    database.add_argument("action", choices=("upgrade", "downgrade"))
+    database.add_argument("--url", default=_DEFAULT_DATABASE, help="the database URL")
+    database.add_argument("--prefix", default="statifier_", help="the table name prefix")
+    database.add_argument("--schema", default=None, help="the schema (PostgreSQL)")
+    database.add_argument("--revision", default=None, help="head/base, or a revision id")
     return parser
 
 
@@ -296,6 +333,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         return _run_trace(args, stream)
     if args.command == "graph":
         return _run_graph(args, stream)
+    if args.command == "db":
+        return _run_db(args, stream)
     return _run_expr(args, stream)
 
 

@@ -1,0 +1,580 @@
+"""How :class:`~statifier.persistence.sql.SqlAdapter` runs its SQL: one small runner per
+database, so the adapter's statements are written once.
+
+Statements are SQLAlchemy Core, compiled once per dialect into a :class:`Prepared`
+(the dialect's SQL text plus SQLAlchemy's own bind and result processors), and run
+straight on the driver connection that SQLAlchemy's pool hands out: psycopg 3 (async)
+on PostgreSQL, the standard ``sqlite3`` module inline on the event loop for SQLite.
+The statements then cost what the driver costs, which is what the router's step rate
+is bounded by.
+
+A unit of work is one transaction. Inside ``exclusive`` the unit is held by the task
+(a context variable), so every call the task makes in the block joins it; outside,
+each call is a unit of its own. A runner bound to a caller's connection (``joined``)
+runs everything in the caller's transaction and never commits or rolls back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.sql.compiler import SQLCompiler
+
+from statifier.persistence.errors import LockTimeout
+
+T = TypeVar("T")
+
+_Processor = Callable[[Any], Any] | None
+
+# SQLite answers SQLITE_BUSY (5, and extended codes whose low byte is 5) at once when
+# busy_timeout is 0; the runner then waits without blocking the loop.
+_SQLITE_BUSY = 5
+_FIRST_BACKOFF = 0.0005
+_LAST_BACKOFF = 0.02
+_LOCK_NOT_AVAILABLE = "55P03"
+
+
+class Prepared:
+    """One statement compiled for one dialect, with its processors.
+
+    ``values`` given to :meth:`params` are keyed by bind parameter name; literal values
+    bound inside the statement are filled in from the compilation.
+    """
+
+    __slots__ = ("_binds", "_named", "_results", "returns_rows", "sql")
+
+    def __init__(self, statement: sa.Executable, dialect: sa.Dialect) -> None:
+        assert isinstance(statement, sa.ClauseElement)
+        compiled = statement.compile(dialect=dialect)
+        assert isinstance(compiled, SQLCompiler)
+        self.sql: str = compiled.string
+        self._named = dialect.paramstyle in ("named", "pyformat")
+        names = list(compiled.binds) if self._named else list(compiled.positiontup or ())
+        defaults = compiled.params
+        self._binds: tuple[tuple[str, Any, _Processor], ...] = tuple(
+            (
+                name,
+                defaults.get(name),
+                compiled.binds[name].type.dialect_impl(dialect).bind_processor(dialect),
+            )
+            for name in names
+        )
+        columns = list(getattr(statement, "exported_columns", ()))
+        self.returns_rows = bool(columns)
+        processors = [c.type.dialect_impl(dialect).result_processor(dialect, None) for c in columns]
+        self._results: tuple[_Processor, ...] | None = (
+            tuple(processors) if any(p is not None for p in processors) else None
+        )
+
+    def params(self, values: Mapping[str, Any]) -> Any:
+        """The driver's parameters for ``values`` (a dict or a tuple, by paramstyle)."""
+        converted = [
+            (name, processor(value) if processor is not None else value)
+            for name, default, processor in self._binds
+            for value in (values.get(name, default),)
+        ]
+        if self._named:
+            return dict(converted)
+        return tuple(value for _name, value in converted)
+
+    def row(self, raw: Sequence[Any]) -> tuple[Any, ...]:
+        """A driver row with SQLAlchemy's result processing applied."""
+        processors = self._results
+        if processors is None:
+            return tuple(raw)
+        return tuple(
+            value if processor is None else processor(value)
+            for processor, value in zip(processors, raw, strict=True)
+        )
+
+
+class Session(Protocol):
+    """Runs prepared statements inside one transaction."""
+
+    async def rows(self, prepared: Prepared, values: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        """Run a statement that answers rows; answer them."""
+        ...
+
+    async def run(self, prepared: Prepared, values: Mapping[str, Any]) -> int:
+        """Run a statement that answers no rows; answer the row count."""
+        ...
+
+    async def run_many(self, prepared: Prepared, values: Sequence[Mapping[str, Any]]) -> None:
+        """Run a statement once per set of values."""
+        ...
+
+
+class SqliteSession:
+    """Statements on a ``sqlite3`` connection, run inline (they take microseconds)."""
+
+    __slots__ = ("_cursor", "driver")
+
+    def __init__(self, driver: sqlite3.Connection) -> None:
+        self.driver = driver
+        self._cursor = driver.cursor()
+
+    async def rows(self, prepared: Prepared, values: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        raw = self._cursor.execute(prepared.sql, prepared.params(values)).fetchall()
+        return [prepared.row(row) for row in raw]
+
+    async def run(self, prepared: Prepared, values: Mapping[str, Any]) -> int:
+        return self._cursor.execute(prepared.sql, prepared.params(values)).rowcount
+
+    async def run_many(self, prepared: Prepared, values: Sequence[Mapping[str, Any]]) -> None:
+        self._cursor.executemany(prepared.sql, [prepared.params(v) for v in values])
+
+    def command(self, sql: str) -> None:
+        self._cursor.execute(sql)
+
+
+class PostgresSession:
+    """Statements on a psycopg 3 async connection."""
+
+    __slots__ = ("_cursor", "driver")
+
+    def __init__(self, driver: Any) -> None:
+        self.driver = driver
+        self._cursor = driver.cursor()
+
+    async def rows(self, prepared: Prepared, values: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        cursor = self._cursor
+        await cursor.execute(prepared.sql, prepared.params(values))
+        return [prepared.row(row) for row in await cursor.fetchall()]
+
+    async def run(self, prepared: Prepared, values: Mapping[str, Any]) -> int:
+        cursor = self._cursor
+        await cursor.execute(prepared.sql, prepared.params(values))
+        return int(cursor.rowcount)
+
+    async def run_many(self, prepared: Prepared, values: Sequence[Mapping[str, Any]]) -> None:
+        await self._cursor.executemany(prepared.sql, [prepared.params(v) for v in values])
+
+    async def command(self, sql: str) -> None:
+        await self._cursor.execute(sql)
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    owner: object
+    task: asyncio.Task[Any] | None
+    session: Session
+    depth: int
+
+
+_HELD: contextvars.ContextVar[tuple[_Held, ...]] = contextvars.ContextVar(
+    "statifier_sql_units", default=()
+)
+
+
+def _held(owner: object) -> _Held | None:
+    units = _HELD.get()
+    if not units:
+        return None
+    task = asyncio.current_task()
+    for unit in units:
+        if unit.owner is owner and unit.task is task:
+            return unit
+    return None
+
+
+@asynccontextmanager
+async def _holding(owner: object, session: Session, depth: int) -> AsyncIterator[None]:
+    token = _HELD.set((*_HELD.get(), _Held(owner, asyncio.current_task(), session, depth)))
+    try:
+        yield
+    finally:
+        _HELD.reset(token)
+
+
+def lock_timeout_ms(wait: float) -> str:
+    """PostgreSQL's ``lock_timeout`` for a wait in seconds (at least 1 ms: 0 means no
+    bound there)."""
+    return f"{max(1, round(wait * 1000))}ms"
+
+
+class Runner(Protocol):
+    """Where the adapter's units of work run (one per database kind)."""
+
+    dialect: sa.Dialect
+
+    async def run(self, operation: Callable[..., Awaitable[T]], write: bool, *args: Any) -> T:
+        """``operation(session, *args)`` in the held unit, or in a unit of its own."""
+        ...
+
+    def exclusive(self, execution_id: str, wait: float | None) -> AbstractAsyncContextManager[None]:
+        """The per-execution lock and its unit of work, as an async context manager."""
+        ...
+
+    def holding(self) -> bool:
+        """Whether the current task is inside a block (or a caller's transaction)."""
+        ...
+
+    async def close(self) -> None:
+        """Give back what the runner holds."""
+        ...
+
+
+# --- PostgreSQL -------------------------------------------------------------------------
+
+
+class PostgresStatements:
+    """The lock statements (prepared by the runner once the dialect is known)."""
+
+    def __init__(self, dialect: sa.Dialect) -> None:
+        key = sa.func.hashtextextended(sa.bindparam("execution_id", type_=sa.Text()), 0)
+        self.lock = Prepared(sa.select(sa.func.pg_advisory_xact_lock(key)), dialect)
+        self.set_timeout = Prepared(
+            sa.select(
+                sa.func.current_setting("lock_timeout", type_=sa.Text()),
+                sa.func.set_config("lock_timeout", sa.bindparam("timeout", type_=sa.Text()), True),
+            ),
+            dialect,
+        )
+        self.restore_timeout = Prepared(
+            sa.select(
+                sa.func.set_config("lock_timeout", sa.bindparam("timeout", type_=sa.Text()), True)
+            ),
+            dialect,
+        )
+
+
+def _lock_not_available(error: BaseException) -> bool:
+    return getattr(error, "sqlstate", None) == _LOCK_NOT_AVAILABLE
+
+
+class PostgresRunner:
+    """Units of work on an :class:`AsyncEngine` (or on a caller's connection)."""
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        owner: object,
+        joined: AsyncConnection | None = None,
+    ) -> None:
+        self.engine = engine
+        self.dialect = engine.dialect
+        self._owner = owner
+        self._joined = joined
+        self._joined_session: PostgresSession | None = None
+        self._locks: PostgresStatements | None = None
+
+    def holding(self) -> bool:
+        return self._joined is not None or _held(self._owner) is not None
+
+    def _statements(self) -> PostgresStatements:
+        if self._locks is None:
+            self._locks = PostgresStatements(self.dialect)
+        return self._locks
+
+    async def _caller_session(self) -> PostgresSession:
+        if self._joined_session is None:
+            assert self._joined is not None
+            raw = await self._joined.get_raw_connection()
+            self._joined_session = PostgresSession(raw.driver_connection)
+        return self._joined_session
+
+    async def run(self, operation: Callable[..., Awaitable[T]], write: bool, *args: Any) -> T:
+        unit = _held(self._owner)
+        if unit is not None:
+            return await operation(unit.session, *args)
+        if self._joined is not None:
+            return await operation(await self._caller_session(), *args)
+        async with self.engine.connect() as connection:
+            driver = (await connection.get_raw_connection()).driver_connection
+            assert driver is not None
+            try:
+                result = await operation(PostgresSession(driver), *args)
+            except BaseException:
+                await driver.rollback()
+                raise
+            await driver.commit()
+            return result
+
+    @asynccontextmanager
+    async def exclusive(self, execution_id: str, wait: float | None) -> AsyncIterator[None]:
+        unit = _held(self._owner)
+        if unit is not None:
+            # Nested (a child created inside its parent's step): one more advisory lock
+            # in the same transaction, and a savepoint so a raising block undoes itself.
+            async with self._nested(unit, execution_id, wait):
+                yield
+            return
+        if self._joined is not None:
+            session = await self._caller_session()
+            await self._acquire(session, execution_id, wait, savepoint=wait is not None)
+            async with _holding(self._owner, session, 0):
+                yield
+            return
+        async with self.engine.connect() as connection:
+            driver = (await connection.get_raw_connection()).driver_connection
+            assert driver is not None
+            session = PostgresSession(driver)
+            try:
+                await self._acquire(session, execution_id, wait, savepoint=False)
+                async with _holding(self._owner, session, 0):
+                    yield
+            except BaseException:
+                await driver.rollback()
+                raise
+            await driver.commit()
+
+    @asynccontextmanager
+    async def _nested(
+        self, unit: _Held, execution_id: str, wait: float | None
+    ) -> AsyncIterator[None]:
+        assert isinstance(unit.session, PostgresSession)
+        session = unit.session
+        await self._acquire(session, execution_id, wait, savepoint=wait is not None)
+        name = f"statifier_unit_{unit.depth + 1}"
+        await session.command(f"SAVEPOINT {name}")
+        try:
+            async with _holding(self._owner, session, unit.depth + 1):
+                yield
+        except BaseException:
+            await session.command(f"ROLLBACK TO SAVEPOINT {name}")
+            raise
+        await session.command(f"RELEASE SAVEPOINT {name}")
+
+    async def _acquire(
+        self, session: PostgresSession, execution_id: str, wait: float | None, savepoint: bool
+    ) -> None:
+        statements = self._statements()
+        started = time.monotonic()
+        values = {"execution_id": execution_id}
+        if wait is None:
+            await session.rows(statements.lock, values)
+            return
+        # A caller's transaction must outlive a timeout, so the attempt runs in a
+        # savepoint there; in a transaction of our own the rollback takes care of it.
+        if savepoint:
+            await session.command("SAVEPOINT statifier_lock")
+        try:
+            (previous, _set), *_ = await session.rows(
+                statements.set_timeout, {"timeout": lock_timeout_ms(wait)}
+            )
+            await session.rows(statements.lock, values)
+            await session.rows(statements.restore_timeout, {"timeout": previous})
+        except Exception as error:
+            if not _lock_not_available(error):
+                raise
+            if savepoint:
+                await session.command("ROLLBACK TO SAVEPOINT statifier_lock")
+            raise LockTimeout(execution_id, time.monotonic() - started) from None
+        if savepoint:
+            await session.command("RELEASE SAVEPOINT statifier_lock")
+
+    async def close(self) -> None:
+        self._joined_session = None
+
+
+# --- SQLite -----------------------------------------------------------------------------
+
+
+def _busy(error: sqlite3.OperationalError) -> bool:
+    code = getattr(error, "sqlite_errorcode", None)
+    if code is None:  # pragma: no cover - Python builds without the attribute
+        return "locked" in str(error) or "busy" in str(error)
+    return int(code) & 0xFF == _SQLITE_BUSY
+
+
+async def _retry_busy(
+    attempt: Callable[[], None], deadline: float | None, on_timeout: Callable[[], Exception]
+) -> None:
+    """Run ``attempt`` until SQLite stops answering busy, sleeping (never blocking the
+    loop) between tries; past ``deadline`` raise ``on_timeout()``."""
+    backoff = _FIRST_BACKOFF
+    while True:
+        try:
+            attempt()
+            return
+        except sqlite3.OperationalError as error:
+            if not _busy(error):
+                raise
+        now = time.monotonic()
+        if deadline is not None and now >= deadline:
+            raise on_timeout()
+        pause = backoff if deadline is None else min(backoff, deadline - now)
+        await asyncio.sleep(pause)
+        backoff = min(backoff * 2, _LAST_BACKOFF)
+
+
+def configure_sqlite(driver: sqlite3.Connection) -> None:
+    """What the runner needs of a ``sqlite3`` connection: transactions under its own
+    control (``isolation_level`` ``None``) and no busy wait (``busy_timeout`` 0), so a
+    locked database answers at once and the loop never blocks on it."""
+    driver.isolation_level = None
+    driver.execute("PRAGMA busy_timeout = 0")
+
+
+class SqliteRunner:
+    """Units of work on one ``sqlite3`` connection, serialized by an asyncio lock.
+
+    SQLite admits one writer at a time, so one connection per adapter carries every
+    unit of the process; ``BEGIN IMMEDIATE`` (retried without blocking) keeps other
+    processes out while a unit writes.
+    """
+
+    def __init__(
+        self,
+        engine: sa.Engine,
+        owner: object,
+        lock: asyncio.Lock,
+        claim_sql: str,
+        joined: sa.Connection | None = None,
+    ) -> None:
+        self.engine = engine
+        self._claim_sql = claim_sql
+        self.dialect = engine.dialect
+        self._owner = owner
+        self._lock = lock
+        self._joined = joined
+        self._pooled: Any = None
+        self._restore: tuple[Any, int] | None = None
+        self._session: SqliteSession | None = None
+
+    def holding(self) -> bool:
+        return self._joined is not None or _held(self._owner) is not None
+
+    def _own_session(self) -> SqliteSession:
+        if self._session is None:
+            if self._joined is not None:
+                driver = self._joined.connection.driver_connection
+                assert isinstance(driver, sqlite3.Connection)
+                # A caller's connection must not busy-wait on the loop either.
+                driver.execute("PRAGMA busy_timeout = 0")
+            else:
+                self._pooled = self.engine.raw_connection()
+                driver = self._pooled.driver_connection
+                assert isinstance(driver, sqlite3.Connection)
+                (timeout,) = driver.execute("PRAGMA busy_timeout").fetchone()
+                self._restore = (driver.isolation_level, int(timeout))
+                configure_sqlite(driver)
+            self._session = SqliteSession(driver)
+        return self._session
+
+    async def run(self, operation: Callable[..., Awaitable[T]], write: bool, *args: Any) -> T:
+        unit = _held(self._owner)
+        if unit is not None:
+            return await operation(unit.session, *args)
+        session = self._own_session()
+        if self._joined is not None:
+            return await operation(session, *args)
+        async with self._lock:
+            if not write:
+                return await self._read(operation, session, args)
+            await self._begin(session, None, "")
+            try:
+                result = await operation(session, *args)
+            except BaseException:
+                session.driver.rollback()
+                raise
+            await self._commit(session)
+            return result
+
+    async def _read(
+        self, operation: Callable[..., Awaitable[T]], session: SqliteSession, args: Sequence[Any]
+    ) -> T:
+        backoff = _FIRST_BACKOFF
+        while True:
+            try:
+                return await operation(session, *args)
+            except sqlite3.OperationalError as error:
+                # Only while another process commits in rollback-journal mode.
+                if not _busy(error):
+                    raise
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, _LAST_BACKOFF)
+
+    async def _begin(self, session: SqliteSession, deadline: float | None, id_: str) -> None:
+        started = time.monotonic()
+        await _retry_busy(
+            lambda: session.command("BEGIN IMMEDIATE"),
+            deadline,
+            lambda: LockTimeout(id_, time.monotonic() - started),
+        )
+
+    async def _commit(self, session: SqliteSession) -> None:
+        await _retry_busy(lambda: session.command("COMMIT"), None, lambda: AssertionError())
+
+    @asynccontextmanager
+    async def exclusive(self, execution_id: str, wait: float | None) -> AsyncIterator[None]:
+        unit = _held(self._owner)
+        if unit is not None:
+            # Nested: this task already holds the single writer; a savepoint lets a
+            # raising block undo itself.
+            assert isinstance(unit.session, SqliteSession)
+            session = unit.session
+            name = f"statifier_unit_{unit.depth + 1}"
+            session.command(f"SAVEPOINT {name}")
+            try:
+                async with _holding(self._owner, session, unit.depth + 1):
+                    yield
+            except BaseException:
+                session.command(f"ROLLBACK TO SAVEPOINT {name}")
+                session.command(f"RELEASE SAVEPOINT {name}")
+                raise
+            session.command(f"RELEASE SAVEPOINT {name}")
+            return
+        started = time.monotonic()
+        deadline = None if wait is None else started + wait
+        try:
+            async with asyncio.timeout(wait):
+                await self._lock.acquire()
+        except TimeoutError:
+            raise LockTimeout(execution_id, time.monotonic() - started) from None
+        try:
+            session = self._own_session()
+            if self._joined is not None:
+                await self._take_writer(session, deadline, execution_id)
+                async with _holding(self._owner, session, 0):
+                    yield
+                return
+            await self._begin(session, deadline, execution_id)
+            try:
+                async with _holding(self._owner, session, 0):
+                    yield
+            except BaseException:
+                session.driver.rollback()
+                raise
+            await self._commit(session)
+        finally:
+            self._lock.release()
+
+    async def _take_writer(
+        self, session: SqliteSession, deadline: float | None, execution_id: str
+    ) -> None:
+        """Make the caller's transaction the single writer until the caller commits:
+        ``BEGIN IMMEDIATE`` if none is open, else a write that touches no row."""
+        started = time.monotonic()
+        driver = session.driver
+
+        def attempt() -> None:
+            if driver.in_transaction:
+                session.command(self._claim_sql)
+            else:
+                session.command("BEGIN IMMEDIATE")
+
+        await _retry_busy(
+            attempt, deadline, lambda: LockTimeout(execution_id, time.monotonic() - started)
+        )
+
+    async def close(self) -> None:
+        session, self._session = self._session, None
+        pooled, self._pooled = self._pooled, None
+        if pooled is None or session is None:
+            return
+        if self._restore is not None:
+            # The connection goes back to a pool that may not be ours.
+            isolation_level, timeout = self._restore
+            session.driver.isolation_level = isolation_level
+            session.command(f"PRAGMA busy_timeout = {timeout:d}")
+        pooled.close()

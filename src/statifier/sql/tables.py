@@ -1,0 +1,339 @@
+"""The tables of durable executions, as SQLAlchemy Core metadata.
+
+- ``charts``: chart sources under their content hash (a retired chart keeps its row,
+  without its source).
+- ``positions``: positions a host saved under keys of its own.
+- ``executions``: one row per durable execution: status, position, metadata, outcome.
+- ``inputs``: the input log, one row per event, dense ``seq`` per execution.
+
+Every table starts with a surrogate primary key ``id`` of the configured type, then
+the host's leading columns, then the package's own. Names carry a prefix and the
+tables may live in a schema of their own, so several hosts (or test runs) share a
+database without meeting.
+
+>>> tables = TableOptions(prefix="shop_").define()
+>>> [table.name for table in tables.metadata.sorted_tables]
+['shop_charts', 'shop_executions', 'shop_inputs', 'shop_positions']
+>>> [column.name for column in tables.inputs.columns]
+['id', 'execution_id', 'seq', 'door', 'input_blob', 'recorded_at']
+>>> TableOptions(prefix="Shop-")
+Traceback (most recent call last):
+...
+ValueError: a table prefix is lowercase letters, digits and underscores...
+
+The migrations in :mod:`statifier.sql.migrations` build exactly these tables.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Final
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+
+__all__ = [
+    "DEFAULT_PREFIX",
+    "TableOptions",
+    "Tables",
+    "UtcDateTime",
+    "autogenerate_filter",
+    "json_document",
+]
+
+DEFAULT_PREFIX: Final = "statifier_"
+MAX_PREFIX_LENGTH: Final = 32
+"""Short enough that every derived name (indexes, constraints, the migration version
+table) stays inside PostgreSQL's 63-character identifiers."""
+
+_PREFIX = re.compile(r"[a-z_][a-z0-9_]*")
+_SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+_INTEGER_KEYS = (sa.Integer, sa.BigInteger, sa.SmallInteger)
+
+
+class UtcDateTime(sa.types.TypeDecorator[datetime]):
+    """A timezone-aware datetime, stored as UTC and read back as aware UTC everywhere.
+
+    SQLite has no time zone type, so the value is converted to UTC and stored without
+    its offset, and labelled UTC when read. A naive datetime is refused (``ValueError``):
+    durable state never guesses which clock a time came from.
+    """
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise ValueError(f"durable executions store aware datetimes only, not {value!r}")
+        utc = value.astimezone(UTC)
+        return utc.replace(tzinfo=None) if dialect.name == "sqlite" else utc
+
+    def process_result_value(self, value: Any, dialect: sa.Dialect) -> datetime | None:
+        if value is None:
+            return None
+        assert isinstance(value, datetime)
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+def json_document() -> sa.types.TypeEngine[Any]:
+    """JSON everywhere, ``jsonb`` on PostgreSQL (compact, indexable for containment)."""
+    return sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
+
+
+_ONLY_ON: Final = "statifier_only_on"
+
+
+def autogenerate_filter(dialect_name: str) -> Callable[..., bool]:
+    """An ``include_object`` hook for Alembic's autogenerate on ``dialect_name``: it
+    leaves out what these tables create only on another database (the GIN index on
+    ``metadata`` exists on PostgreSQL only, and Alembic does not read ``ddl_if``).
+
+    >>> tables = TableOptions().define()
+    >>> index = next(i for i in tables.executions.indexes if i.name.endswith("metadata_idx"))
+    >>> autogenerate_filter("sqlite")(index, index.name, "index", False, None)
+    False
+    >>> autogenerate_filter("postgresql")(index, index.name, "index", False, None)
+    True
+    """
+
+    def include_object(item: Any, name: str | None, kind: str, reflected: bool, other: Any) -> bool:
+        only_on = getattr(item, "info", {}).get(_ONLY_ON)
+        return only_on is None or only_on == dialect_name
+
+    return include_object
+
+
+@dataclass(frozen=True, slots=True)
+class TableOptions:
+    """How the tables are named and keyed; the migrations take the same options.
+
+    Attributes:
+        prefix: prepended to every table, index and constraint name: lowercase letters,
+            digits and underscores, at most 32 long (may be empty).
+        schema: the schema the tables live in (PostgreSQL); ``None`` for the default.
+        leading_columns: host columns placed right after ``id`` in every table, in
+            order. They are copied into each table; the package never reads or
+            writes them, so give them a default or make them nullable.
+        key_type: the type of the surrogate key ``id``: an integer type
+            (autoincrementing) or :class:`sqlalchemy.Uuid` (a random UUID made on
+            insert).
+
+    Raises:
+        ValueError: a prefix or schema that is not a plain identifier, a leading
+            column named like a package column, or an unsupported key type.
+    """
+
+    prefix: str = DEFAULT_PREFIX
+    schema: str | None = None
+    leading_columns: Sequence[sa.Column[Any]] = field(default=())
+    key_type: type[sa.types.TypeEngine[Any]] | sa.types.TypeEngine[Any] = sa.BigInteger
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.prefix, str):
+            raise TypeError(f"a table prefix is a str, not {self.prefix!r}")
+        if self.prefix and (
+            len(self.prefix) > MAX_PREFIX_LENGTH or not _PREFIX.fullmatch(self.prefix)
+        ):
+            raise ValueError(
+                "a table prefix is lowercase letters, digits and underscores, starting "
+                f"with a letter or underscore, at most {MAX_PREFIX_LENGTH} long; got "
+                f"{self.prefix!r}"
+            )
+        if self.schema is not None and not _SCHEMA.fullmatch(self.schema):
+            raise ValueError(
+                "a schema name is lowercase letters, digits and underscores, starting with "
+                f"a letter or underscore, at most 63 long; got {self.schema!r}"
+            )
+        object.__setattr__(self, "leading_columns", tuple(self.leading_columns))
+        taken = {"id"} | _PACKAGE_COLUMNS
+        given: tuple[object, ...] = tuple(self.leading_columns)
+        for column in given:
+            if not isinstance(column, sa.Column) or column.name in taken:
+                raise ValueError(f"a leading column needs a name of its own: {column!r}")
+        key = self._key_instance()
+        if not isinstance(key, (*_INTEGER_KEYS, sa.Uuid)):
+            raise ValueError(f"the key type is an integer type or sqlalchemy.Uuid, not {key!r}")
+
+    def _key_instance(self) -> sa.types.TypeEngine[Any]:
+        key = self.key_type
+        return key() if isinstance(key, type) else key
+
+    @property
+    def version_table(self) -> str:
+        """The table Alembic records this package's migration revision in (apart from a
+        host's own ``alembic_version``)."""
+        return f"{self.prefix}alembic_version"
+
+    @property
+    def key_default(self) -> Callable[[], Any] | None:
+        """What makes a new ``id`` on the client: ``None`` for an autoincrementing
+        integer, :func:`uuid.uuid4` for a UUID key."""
+        return uuid.uuid4 if isinstance(self._key_instance(), sa.Uuid) else None
+
+    def name(self, suffix: str) -> str:
+        """The prefixed name of a table, index or constraint."""
+        return f"{self.prefix}{suffix}"
+
+    def key_column(self) -> sa.Column[Any]:
+        """A fresh ``id`` column of the key type (SQLite autoincrements only an
+        ``INTEGER PRIMARY KEY``, so every integer key is ``INTEGER`` there)."""
+        key = self._key_instance()
+        if isinstance(key, _INTEGER_KEYS):
+            kind = key.with_variant(sa.Integer(), "sqlite")
+            return sa.Column("id", kind, primary_key=True, autoincrement=True, nullable=False)
+        return sa.Column("id", key, primary_key=True, autoincrement=False, nullable=False)
+
+    def leading(self) -> list[sa.Column[Any]]:
+        """Fresh copies of the host's leading columns (a column belongs to one table)."""
+        return [column._copy() for column in self.leading_columns]
+
+    def define(self, metadata: sa.MetaData | None = None) -> Tables:
+        """The four tables under these options, in ``metadata`` (a new one if ``None``).
+
+        Raises:
+            sqlalchemy.exc.InvalidRequestError: ``metadata`` already holds a table of
+                the same name.
+        """
+        return _define(self, sa.MetaData() if metadata is None else metadata)
+
+
+_PACKAGE_COLUMNS = frozenset(
+    {
+        "content_hash",
+        "chart_blob",
+        "name",
+        "version",
+        "saved_at",
+        "retired_at",
+        "retired_by",
+        "key",
+        "position_blob",
+        "execution_id",
+        "status",
+        "metadata",
+        "outcome_blob",
+        "failure",
+        "created_at",
+        "updated_at",
+        "ended_at",
+        "seq",
+        "door",
+        "input_blob",
+        "recorded_at",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Tables:
+    """The four tables of durable executions, defined under one :class:`TableOptions`.
+
+    Attributes:
+        metadata: holds the tables.
+        charts, positions, executions, inputs: the tables (see the module docstring).
+        options: what they were defined with.
+    """
+
+    metadata: sa.MetaData
+    charts: sa.Table
+    positions: sa.Table
+    executions: sa.Table
+    inputs: sa.Table
+    options: TableOptions
+
+    @classmethod
+    def define(
+        cls,
+        prefix: str = DEFAULT_PREFIX,
+        schema: str | None = None,
+        leading_columns: Sequence[sa.Column[Any]] = (),
+        key_type: type[sa.types.TypeEngine[Any]] | sa.types.TypeEngine[Any] = sa.BigInteger,
+    ) -> Tables:
+        """Shorthand for ``TableOptions(...).define()``.
+
+        >>> Tables.define(prefix="app_").executions.name
+        'app_executions'
+        """
+        return TableOptions(prefix, schema, leading_columns, key_type).define()
+
+
+def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
+    name = options.name
+    schema = options.schema
+    charts = sa.Table(
+        name("charts"),
+        metadata,
+        options.key_column(),
+        *options.leading(),
+        sa.Column("content_hash", sa.Text(), nullable=False),
+        sa.Column("chart_blob", sa.LargeBinary(), nullable=True),
+        sa.Column("name", sa.Text(), nullable=True),
+        sa.Column("version", sa.Text(), nullable=True),
+        sa.Column("saved_at", UtcDateTime(), nullable=False),
+        sa.Column("retired_at", UtcDateTime(), nullable=True),
+        sa.Column("retired_by", sa.Text(), nullable=True),
+        sa.UniqueConstraint("content_hash", name=name("charts_content_hash_key")),
+        schema=schema,
+    )
+    positions = sa.Table(
+        name("positions"),
+        metadata,
+        options.key_column(),
+        *options.leading(),
+        sa.Column("key", sa.Text(), nullable=False),
+        sa.Column("content_hash", sa.Text(), nullable=False),
+        sa.Column("position_blob", sa.LargeBinary(), nullable=False),
+        sa.Column("saved_at", UtcDateTime(), nullable=False),
+        sa.UniqueConstraint("key", name=name("positions_key_key")),
+        sa.Index(name("positions_content_hash_idx"), "content_hash"),
+        schema=schema,
+    )
+    executions = sa.Table(
+        name("executions"),
+        metadata,
+        options.key_column(),
+        *options.leading(),
+        sa.Column("execution_id", sa.Text(), nullable=False),
+        sa.Column("content_hash", sa.Text(), nullable=False),
+        sa.Column("status", sa.Text(), nullable=False),
+        sa.Column("position_blob", sa.LargeBinary(), nullable=True),
+        sa.Column("metadata", json_document(), nullable=False),
+        sa.Column("outcome_blob", sa.LargeBinary(), nullable=True),
+        sa.Column("failure", sa.Text(), nullable=True),
+        sa.Column("created_at", UtcDateTime(), nullable=False),
+        sa.Column("updated_at", UtcDateTime(), nullable=False),
+        sa.Column("ended_at", UtcDateTime(), nullable=True),
+        sa.UniqueConstraint("execution_id", name=name("executions_execution_id_key")),
+        sa.Index(name("executions_content_hash_status_idx"), "content_hash", "status"),
+        sa.Index(name("executions_ended_at_idx"), "ended_at"),
+        schema=schema,
+    )
+    sa.Index(
+        name("executions_metadata_idx"),
+        executions.c["metadata"],
+        postgresql_using="gin",
+        postgresql_ops={"metadata": "jsonb_path_ops"},
+        info={_ONLY_ON: "postgresql"},
+    ).ddl_if(dialect="postgresql")
+    inputs = sa.Table(
+        name("inputs"),
+        metadata,
+        options.key_column(),
+        *options.leading(),
+        sa.Column("execution_id", sa.Text(), nullable=False),
+        sa.Column("seq", sa.Integer(), nullable=False),
+        sa.Column("door", sa.Text(), nullable=False),
+        sa.Column("input_blob", sa.LargeBinary(), nullable=True),
+        sa.Column("recorded_at", UtcDateTime(), nullable=False),
+        sa.UniqueConstraint("execution_id", "seq", name=name("inputs_execution_id_seq_key")),
+        schema=schema,
+    )
+    return Tables(metadata, charts, positions, executions, inputs, options)

@@ -1,0 +1,108 @@
+"""Fixtures for the SQL adapter's tests: one database per backend for the session
+(PostgreSQL: a schema of its own, dropped at the end; SQLite: a file), emptied
+before each test that takes an adapter."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+import sqlalchemy as sa
+
+from statifier.persistence.sql import SqlAdapter
+from statifier.sql import TableOptions, Tables, migrations
+
+SQL_BACKENDS = ("sqlite", "postgresql")
+
+
+@dataclass(frozen=True)
+class SqlStore:
+    """A migrated database: its URL (a synchronous one) and its tables."""
+
+    backend: str
+    url: str
+    tables: Tables
+
+    def empty(self) -> None:
+        engine = sa.create_engine(migrations.sync_url(self.url))
+        try:
+            with engine.begin() as connection:
+                for table in reversed(self.tables.metadata.sorted_tables):
+                    connection.execute(table.delete())
+        finally:
+            engine.dispose()
+
+
+def unique_name(stem: str) -> str:
+    """A name no other test run uses: ``stem`` and 8 random hex digits."""
+    return f"{stem}{uuid.uuid4().hex[:8]}"
+
+
+def drop_schema(url: str, schema: str) -> None:
+    engine = sa.create_engine(migrations.sync_url(url))
+    try:
+        with engine.begin() as connection:
+            connection.execute(sa.schema.DropSchema(schema, cascade=True, if_exists=True))
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture(scope="session", params=SQL_BACKENDS)
+def sql_store(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SqlStore]:
+    """Each backend's database, migrated once for the session."""
+    if request.param == "sqlite":
+        path: Path = tmp_path_factory.mktemp("sql") / "store.db"
+        options = TableOptions(prefix="t_")
+        url = f"sqlite:///{path}"
+        migrations.upgrade(url, options)
+        yield SqlStore("sqlite", url, options.define())
+        return
+    url = request.getfixturevalue("database_url")
+    options = TableOptions(prefix="t_", schema=unique_name("statifier_test_"))
+    migrations.upgrade(url, options)
+    try:
+        yield SqlStore("postgresql", url, options.define())
+    finally:
+        assert options.schema is not None
+        drop_schema(url, options.schema)
+
+
+@pytest_asyncio.fixture
+async def sql_adapter(sql_store: SqlStore) -> AsyncIterator[SqlAdapter]:
+    """A fresh adapter over the backend's emptied tables."""
+    sql_store.empty()
+    adapter = SqlAdapter(sql_store.url, sql_store.tables)
+    try:
+        yield adapter
+    finally:
+        await adapter.close()
+
+
+@dataclass(frozen=True)
+class FreshDatabase:
+    """An empty place to migrate into: a SQLite file, or a PostgreSQL schema of its own
+    (dropped after the test). ``schema`` is ``None`` on SQLite."""
+
+    backend: str
+    url: str
+    schema: str | None
+
+
+@pytest.fixture(params=SQL_BACKENDS)
+def fresh_database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[FreshDatabase]:
+    """Each backend, empty."""
+    if request.param == "sqlite":
+        yield FreshDatabase("sqlite", f"sqlite:///{tmp_path / 'fresh.db'}", None)
+        return
+    url = request.getfixturevalue("database_url")
+    schema = unique_name("statifier_fresh_")
+    try:
+        yield FreshDatabase("postgresql", url, schema)
+    finally:
+        drop_schema(url, schema)

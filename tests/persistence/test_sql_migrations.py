@@ -1,0 +1,248 @@
+"""The migrations build exactly the tables of ``statifier.sql.tables``, on PostgreSQL and
+SQLite, and run from Python, from a host's own Alembic environment and from the CLI."""
+
+from __future__ import annotations
+
+import io
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+
+from statifier.cli import main
+from statifier.sql import TableOptions, migrations
+from statifier.sql.tables import autogenerate_filter
+
+
+def _options(fresh: Any, **more: Any) -> TableOptions:
+    return TableOptions(prefix="mig_", schema=fresh.schema, **more)
+
+
+def _table_names(url: str, schema: str | None) -> set[str]:
+    engine = sa.create_engine(migrations.sync_url(url))
+    try:
+        with engine.connect() as connection:
+            if schema is not None and not sa.inspect(connection).has_schema(schema):
+                return set()
+            return set(sa.inspect(connection).get_table_names(schema=schema))
+    finally:
+        engine.dispose()
+
+
+def _differences(url: str, options: TableOptions) -> list[Any]:
+    tables = options.define()
+    ours = {table.name for table in tables.metadata.tables.values()}
+
+    def include_name(name: str | None, kind: str, parent: Any) -> bool:
+        if kind == "schema":
+            return name == options.schema
+        if kind == "table":
+            return name in ours
+        return True
+
+    engine = sa.create_engine(migrations.sync_url(url))
+    try:
+        with engine.connect() as connection:
+            context = MigrationContext.configure(
+                connection,
+                opts={
+                    "include_schemas": options.schema is not None,
+                    "include_name": include_name,
+                    "include_object": autogenerate_filter(connection.dialect.name),
+                    "compare_type": True,
+                    "compare_server_default": True,
+                    "version_table": options.version_table,
+                    "version_table_schema": options.schema,
+                },
+            )
+            return list(compare_metadata(context, tables.metadata))
+    finally:
+        engine.dispose()
+
+
+def test_migrations_build_exactly_the_tables(fresh_database: Any) -> None:
+    options = _options(
+        fresh_database,
+        leading_columns=[sa.Column("tenant_id", sa.Text(), nullable=True)],
+        key_type=sa.Uuid,
+    )
+    migrations.upgrade(fresh_database.url, options)
+    assert _differences(fresh_database.url, options) == []
+    names = _table_names(fresh_database.url, fresh_database.schema)
+    assert names == {
+        "mig_alembic_version",
+        "mig_charts",
+        "mig_positions",
+        "mig_executions",
+        "mig_inputs",
+    }
+
+
+def test_migrations_match_the_default_options(fresh_database: Any) -> None:
+    options = _options(fresh_database)
+    migrations.upgrade(fresh_database.url, options)
+    assert _differences(fresh_database.url, options) == []
+
+
+def test_a_difference_is_seen(fresh_database: Any) -> None:
+    # The comparison is not vacuous: tables defined with a leading column the
+    # migrations did not build differ.
+    migrations.upgrade(fresh_database.url, _options(fresh_database))
+    wider = _options(fresh_database, leading_columns=[sa.Column("tenant_id", sa.Text())])
+    assert _differences(fresh_database.url, wider) != []
+
+
+def test_leading_columns_come_right_after_the_key(fresh_database: Any) -> None:
+    options = _options(
+        fresh_database, leading_columns=[sa.Column("tenant_id", sa.Text(), nullable=True)]
+    )
+    migrations.upgrade(fresh_database.url, options)
+    engine = sa.create_engine(migrations.sync_url(fresh_database.url))
+    try:
+        with engine.connect() as connection:
+            inspector = sa.inspect(connection)
+            for table in ("mig_charts", "mig_positions", "mig_executions", "mig_inputs"):
+                columns = inspector.get_columns(table, schema=fresh_database.schema)
+                assert [c["name"] for c in columns][:2] == ["id", "tenant_id"]
+    finally:
+        engine.dispose()
+
+
+def test_downgrade_drops_every_table_and_upgrade_rebuilds(fresh_database: Any) -> None:
+    options = _options(fresh_database)
+    migrations.upgrade(fresh_database.url, options)
+    assert migrations.current(fresh_database.url, options) == "statifier_0001"
+    migrations.downgrade(fresh_database.url, options)
+    assert migrations.current(fresh_database.url, options) is None
+    assert _table_names(fresh_database.url, fresh_database.schema) == {"mig_alembic_version"}
+    migrations.upgrade(fresh_database.url, options)
+    assert _differences(fresh_database.url, options) == []
+
+
+def test_two_prefixes_share_a_database(fresh_database: Any) -> None:
+    first = TableOptions(prefix="one_", schema=fresh_database.schema)
+    second = TableOptions(prefix="two_", schema=fresh_database.schema)
+    migrations.upgrade(fresh_database.url, first)
+    migrations.upgrade(fresh_database.url, second)
+    migrations.downgrade(fresh_database.url, first)
+    assert migrations.current(fresh_database.url, second) == "statifier_0001"
+    assert _differences(fresh_database.url, second) == []
+
+
+def test_upgrade_joins_a_connections_transaction(fresh_database: Any) -> None:
+    options = _options(fresh_database)
+    engine = sa.create_engine(migrations.sync_url(fresh_database.url))
+    try:
+        with engine.connect() as connection:
+            connection.begin()
+            migrations.upgrade(connection, options)
+            connection.rollback()
+    finally:
+        engine.dispose()
+    assert migrations.current(fresh_database.url, options) is None
+
+
+def test_a_schema_on_sqlite_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="schema"):
+        migrations.upgrade(f"sqlite:///{tmp_path / 'x.db'}", TableOptions(schema="elsewhere"))
+
+
+_HOST_ENV = """
+from alembic import context
+import sqlalchemy as sa
+
+from statifier.sql import TableOptions, migrations
+from statifier.sql.tables import autogenerate_filter
+
+config = context.config
+options = TableOptions(prefix="mig_", schema=config.attributes.get("schema"))
+engine = sa.create_engine(migrations.sync_url(config.get_main_option("sqlalchemy.url")))
+with engine.connect() as connection:
+    context.configure(
+        connection=connection, target_metadata=None, version_table_schema=options.schema
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+        migrations.upgrade(connection, options)
+engine.dispose()
+"""
+
+_HOST_REVISION = """
+import sqlalchemy as sa
+from alembic import op
+
+revision = "host_0001"
+down_revision = None
+
+
+def upgrade():
+    schema = op.get_context().config.attributes.get("schema")
+    op.create_table("host_orders", sa.Column("id", sa.Integer, primary_key=True), schema=schema)
+
+
+def downgrade():
+    op.drop_table("host_orders", schema=op.get_context().config.attributes.get("schema"))
+"""
+
+
+def test_a_hosts_alembic_environment_runs_the_migrations(
+    fresh_database: Any, tmp_path: Path
+) -> None:
+    # The recipe of docs/persistence-sql.md: the host's env.py calls upgrade() on its
+    # own connection, inside its own transaction; the two histories never meet.
+    scripts = tmp_path / "host_migrations"
+    (scripts / "versions").mkdir(parents=True)
+    (scripts / "env.py").write_text(textwrap.dedent(_HOST_ENV))
+    (scripts / "versions" / "host_0001.py").write_text(textwrap.dedent(_HOST_REVISION))
+    config = Config()
+    config.set_main_option("script_location", str(scripts))
+    config.set_main_option("sqlalchemy.url", fresh_database.url)
+    config.attributes["schema"] = fresh_database.schema
+    if fresh_database.schema is not None:
+        engine = sa.create_engine(migrations.sync_url(fresh_database.url))
+        with engine.begin() as connection:
+            connection.execute(sa.schema.CreateSchema(fresh_database.schema))
+        engine.dispose()
+    options = _options(fresh_database)
+    command.upgrade(config, "head")
+    assert migrations.current(fresh_database.url, options) == "statifier_0001"
+    assert _differences(fresh_database.url, options) == []
+    assert "host_orders" in _table_names(fresh_database.url, fresh_database.schema)
+    migrations.downgrade(fresh_database.url, options)
+    assert migrations.current(fresh_database.url, options) is None
+
+
+def test_the_cli_upgrades_and_downgrades(fresh_database: Any) -> None:
+    flags = ["--url", fresh_database.url, "--prefix", "mig_"]
+    if fresh_database.schema is not None:
+        flags += ["--schema", fresh_database.schema]
+    out = io.StringIO()
+    assert main(["db", "upgrade", *flags], out) == 0
+    assert "statifier_0001" in out.getvalue()
+    options = _options(fresh_database)
+    assert _differences(fresh_database.url, options) == []
+    out = io.StringIO()
+    assert main(["db", "downgrade", *flags], out) == 0
+    assert migrations.current(fresh_database.url, options) is None
+
+
+def test_the_cli_defaults_to_a_local_sqlite_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    out = io.StringIO()
+    assert main(["db", "upgrade"], out) == 0
+    assert out.getvalue() == "statifier_tables at revision statifier_0001\n"
+    assert (tmp_path / "statifier.db").exists()
+    assert migrations.current("sqlite:///statifier.db") == "statifier_0001"
+
+
+def test_the_cli_refuses_a_bad_prefix(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["db", "upgrade", "--url", f"sqlite:///{tmp_path}/x.db", "--prefix", "Bad-"]) == 2
+    assert "table prefix" in capsys.readouterr().err
