@@ -39,7 +39,7 @@ _Processor = Callable[[Any], Any] | None
 # busy_timeout is 0; the runner then waits without blocking the loop.
 _SQLITE_BUSY = 5
 _FIRST_BACKOFF = 0.0005
-_LAST_BACKOFF = 0.02
+_LAST_BACKOFF = 0.005
 _LOCK_NOT_AVAILABLE = "55P03"
 
 
