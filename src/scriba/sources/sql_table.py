@@ -224,8 +224,17 @@ class SqlTableSource:
                 "a synchronous one would block the event loop on the network"
             )
         self._table = table
+        # Columns in the order _to_event unpacks them.
         self._select = (
-            sa.select(table)
+            sa.select(
+                table.c.position,
+                table.c.id,
+                table.c.stream_id,
+                table.c.type,
+                table.c.data,
+                table.c.metadata,
+                table.c.occurred_at,
+            )
             .where(table.c.position > sa.bindparam("after"))
             .order_by(table.c.position)
             .limit(sa.bindparam("limit"))
@@ -357,7 +366,7 @@ class SqlTableSource:
                     self._select, {"after": tracker.cursor, "limit": limit - len(out)}
                 )
                 rows = result.all()
-                accepted = tracker.accept([row.position for row in rows])
+                accepted = tracker.accept([row[0] for row in rows])
                 out.extend(self._to_event(row) for row in rows[:accepted])
                 if not tracker.blocked or len(out) >= limit:
                     break
@@ -377,21 +386,12 @@ class SqlTableSource:
     def _read_sqlite(self, engine: sa.Engine, tracker: GapTracker, limit: int) -> list[Event]:
         with engine.connect() as conn:
             rows = conn.execute(self._select, {"after": tracker.cursor, "limit": limit}).all()
-        accepted = tracker.accept([row.position for row in rows])
+        accepted = tracker.accept([row[0] for row in rows])
         return [self._to_event(row) for row in rows[:accepted]]
 
     @staticmethod
-    def _to_event(row: sa.Row[Any]) -> Event:
-        values = row._mapping
-        occurred_at: datetime = values["occurred_at"]
+    def _to_event(row: Sequence[Any]) -> Event:
+        position, id_, stream_id, type_, data, metadata, occurred_at = row
         if occurred_at.tzinfo is None:  # SQLite keeps no zone; append stored UTC
             occurred_at = occurred_at.replace(tzinfo=UTC)
-        return Event(
-            id=values["id"],
-            stream_id=values["stream_id"],
-            type=values["type"],
-            data=values["data"],
-            position=values["position"],
-            occurred_at=occurred_at,
-            metadata=values["metadata"],
-        )
+        return Event(id_, stream_id, type_, data, position, occurred_at, metadata)
