@@ -13,6 +13,7 @@ import pytest
 import pytest_asyncio
 import sqlalchemy as sa
 
+from statifier.persistence import Adapter, MemoryAdapter
 from statifier.persistence.sql import SqlAdapter
 from statifier.sql import TableOptions, Tables, migrations
 
@@ -106,3 +107,55 @@ def fresh_database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[F
         yield FreshDatabase("postgresql", url, schema)
     finally:
         drop_schema(url, schema)
+
+
+# Every backend, the reference included: the lifecycle and driver tests run on each.
+
+BACKENDS = ("memory", *SQL_BACKENDS)
+
+
+def _migrate(request: pytest.FixtureRequest, backend: str, path: Path) -> Iterator[SqlStore]:
+    if backend == "sqlite":
+        options = TableOptions(prefix="l_")
+        url = f"sqlite:///{path / 'lifecycle.db'}"
+        migrations.upgrade(url, options)
+        yield SqlStore("sqlite", url, options.define())
+        return
+    url = request.getfixturevalue("database_url")
+    options = TableOptions(prefix="l_", schema=unique_name("statifier_lifecycle_"))
+    migrations.upgrade(url, options)
+    try:
+        yield SqlStore("postgresql", url, options.define())
+    finally:
+        assert options.schema is not None
+        drop_schema(url, options.schema)
+
+
+@pytest.fixture(scope="session")
+def sqlite_lifecycle_store(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SqlStore]:
+    yield from _migrate(request, "sqlite", tmp_path_factory.mktemp("lifecycle"))
+
+
+@pytest.fixture(scope="session")
+def postgresql_lifecycle_store(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SqlStore]:
+    yield from _migrate(request, "postgresql", tmp_path_factory.mktemp("lifecycle"))
+
+
+@pytest_asyncio.fixture(params=BACKENDS)
+async def adapter(request: pytest.FixtureRequest) -> AsyncIterator[Adapter]:
+    """A fresh, empty store of each backend: the in-memory reference, SQLite and
+    PostgreSQL."""
+    if request.param == "memory":
+        yield MemoryAdapter()
+        return
+    store: SqlStore = request.getfixturevalue(f"{request.param}_lifecycle_store")
+    store.empty()
+    sql = SqlAdapter(store.url, store.tables)
+    try:
+        yield sql
+    finally:
+        await sql.close()

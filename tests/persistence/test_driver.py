@@ -12,9 +12,9 @@ from statifier.core import Event
 from statifier.core import effects as fx
 from statifier.expr import Value
 from statifier.persistence import (
+    Adapter,
     Discarded,
     EffectContext,
-    MemoryAdapter,
     Status,
     Stepped,
     Storage,
@@ -63,14 +63,16 @@ def seen(result: Stepped | Discarded) -> Value:
 
 
 @pytest.mark.asyncio
-async def test_an_invocation_is_dispatched_inside_the_step_and_answered_durably() -> None:
+async def test_an_invocation_is_dispatched_inside_the_step_and_answered_durably(
+    adapter: Adapter,
+) -> None:
     calls: list[tuple[str, Value, str]] = []
 
     def dispatch(invoke: fx.Invoke, context: EffectContext) -> Answer:
         calls.append((invoke.type, invoke.data, context.key))
         return Answered({"auth": "A1"})
 
-    driver = Driver(Storage(MemoryAdapter()), dispatch=dispatch)
+    driver = Driver(Storage(adapter), dispatch=dispatch)
     result = await driver.create("txn", PAY)
     assert result.execution.status is Status.COMPLETED
     assert calls == [("myapp:pay", {"amount": 5}, calls[0][2])]
@@ -84,9 +86,9 @@ async def test_an_invocation_is_dispatched_inside_the_step_and_answered_durably(
 
 
 @pytest.mark.asyncio
-async def test_a_failed_invocation_answers_with_error_communication() -> None:
+async def test_a_failed_invocation_answers_with_error_communication(adapter: Adapter) -> None:
     driver = Driver(
-        Storage(MemoryAdapter()),
+        Storage(adapter),
         dispatch=lambda invoke, context: InvocationFailed("declined", attempts=3, detail="51"),
     )
     result = await driver.create("txn", PAY)
@@ -98,8 +100,10 @@ async def test_a_failed_invocation_answers_with_error_communication() -> None:
 
 
 @pytest.mark.asyncio
-async def test_a_pending_invocation_is_answered_later_or_dropped_once_cancelled() -> None:
-    driver = Driver(Storage(MemoryAdapter()), dispatch=lambda invoke, context: None)
+async def test_a_pending_invocation_is_answered_later_or_dropped_once_cancelled(
+    adapter: Adapter,
+) -> None:
+    driver = Driver(Storage(adapter), dispatch=lambda invoke, context: None)
     rested = await driver.create("txn", PAY)
     assert rested.state.leaf_configuration() == ("a",)
     answered = await driver.answer("txn", "pay", Answered(7))
@@ -113,12 +117,12 @@ async def test_a_pending_invocation_is_answered_later_or_dropped_once_cancelled(
 
 
 @pytest.mark.asyncio
-async def test_an_answer_that_rearms_its_own_call_is_bounded_by_max_turns() -> None:
+async def test_an_answer_that_rearms_its_own_call_is_bounded_by_max_turns(adapter: Adapter) -> None:
     again = chart(
         '<state id="a"><invoke id="poll" type="myapp:poll"/>'
         '<transition event="done.invoke.poll" target="a"/></state>'
     )
-    driver = Driver(Storage(MemoryAdapter()), dispatch=lambda i, c: Answered(), max_turns=5)
+    driver = Driver(Storage(adapter), dispatch=lambda i, c: Answered(), max_turns=5)
     with pytest.raises(MaxTurnsExceeded) as caught:
         await driver.create("poller", again)
     assert caught.value.turns == 5
@@ -145,8 +149,10 @@ PARENT = chart(
 
 
 @pytest.mark.asyncio
-async def test_an_scxml_invoke_runs_as_a_durable_child_that_answers_its_parent() -> None:
-    driver = Driver(Storage(MemoryAdapter()))
+async def test_an_scxml_invoke_runs_as_a_durable_child_that_answers_its_parent(
+    adapter: Adapter,
+) -> None:
+    driver = Driver(Storage(adapter))
     parent = await driver.create("p", PARENT)
     assert parent.execution.status is Status.ACTIVE
     child = await driver.storage.fetch_execution("p/sub")
@@ -162,8 +168,8 @@ async def test_an_scxml_invoke_runs_as_a_durable_child_that_answers_its_parent()
 
 
 @pytest.mark.asyncio
-async def test_cancelling_a_parent_cancels_its_durable_child() -> None:
-    driver = Driver(Storage(MemoryAdapter()))
+async def test_cancelling_a_parent_cancels_its_durable_child(adapter: Adapter) -> None:
+    driver = Driver(Storage(adapter))
     await driver.create("p", PARENT)
     await driver.executions.cancel("p")
     assert (await driver.storage.fetch_execution("p/sub")).status is Status.CANCELLED
@@ -171,12 +177,12 @@ async def test_cancelling_a_parent_cancels_its_durable_child() -> None:
 
 
 @pytest.mark.asyncio
-async def test_leaving_the_invoking_state_cancels_the_durable_child() -> None:
+async def test_leaving_the_invoking_state_cancels_the_durable_child(adapter: Adapter) -> None:
     leaving = chart(
         f'<state id="a"><invoke id="sub" type="scxml"><content>{CHILD}</content></invoke>'
         '<transition event="skip" target="b"/></state><final id="b"/>'
     )
-    driver = Driver(Storage(MemoryAdapter()))
+    driver = Driver(Storage(adapter))
     await driver.create("p", leaving)
     result = await driver.send_event("p", Event("skip"))
     assert isinstance(result, Stepped)
@@ -203,14 +209,14 @@ FAN = chart(
 
 
 async def fan_out(
-    count: int, *, canceller: Any = None, start: int | None = None
+    adapter: Adapter, count: int, *, canceller: Any = None, start: int | None = None
 ) -> tuple[Driver, fx.Invoke]:
     invokes: list[fx.Invoke] = []
 
     def dispatch(invoke: fx.Invoke, context: EffectContext) -> None:
         invokes.append(invoke)  # a job runner would start the children from here
 
-    driver = Driver(Storage(MemoryAdapter()), dispatch=dispatch, child_canceller=canceller)
+    driver = Driver(Storage(adapter), dispatch=dispatch, child_canceller=canceller)
     await driver.create("p", FAN)
     for index in range(count if start is None else start):
         await driver.start_child_at("p", invokes[0], index, count, data={"item": f"i{index}"})
@@ -224,8 +230,8 @@ async def results(driver: Driver) -> Value:
 
 
 @pytest.mark.asyncio
-async def test_a_fan_out_settles_once_with_the_dense_ordered_list() -> None:
-    driver, invoke = await fan_out(3)
+async def test_a_fan_out_settles_once_with_the_dense_ordered_list(adapter: Adapter) -> None:
+    driver, invoke = await fan_out(adapter, 3)
     again = await driver.start_child_at("p", invoke, 1, 3, data={"item": "other"})
     assert again.id == "p/each/1"  # adopted, not made twice
     await driver.send_event("p/each/2", Event("ok"))
@@ -245,8 +251,8 @@ async def test_a_fan_out_settles_once_with_the_dense_ordered_list() -> None:
 
 
 @pytest.mark.asyncio
-async def test_siblings_ending_together_answer_the_parent_once() -> None:
-    driver, _ = await fan_out(4)
+async def test_siblings_ending_together_answer_the_parent_once(adapter: Adapter) -> None:
+    driver, _ = await fan_out(adapter, 4)
     await asyncio.gather(*(driver.send_event(f"p/each/{i}", Event("ok")) for i in range(4)))
     answers = [e for e in await driver.executions.inputs("p") if e.door == "answer"]
     assert len(answers) == 1
@@ -254,13 +260,15 @@ async def test_siblings_ending_together_answer_the_parent_once() -> None:
 
 
 @pytest.mark.asyncio
-async def test_first_error_cancels_started_siblings_and_reports_unstarted_ones() -> None:
+async def test_first_error_cancels_started_siblings_and_reports_unstarted_ones(
+    adapter: Adapter,
+) -> None:
     told: list[tuple[str, str, tuple[int, ...]]] = []
 
     async def canceller(parent: str, invoke_id: str, indices: tuple[int, ...]) -> None:
         told.append((parent, invoke_id, indices))
 
-    driver, invoke = await fan_out(4, canceller=canceller, start=0)
+    driver, invoke = await fan_out(adapter, 4, canceller=canceller, start=0)
     for index in range(2):  # children 2 and 3 are never started
         await driver.start_child_at("p", invoke, index, 4, policy="first_error")
     await driver.send_event("p/each/1", Event("no"))
@@ -304,13 +312,14 @@ class Service:
     "answer", [Answered({"auth": "A1"}), InvocationFailed("declined", attempts=2, detail=[1])]
 )
 async def test_a_chart_sees_the_same_answer_in_a_session_and_out_of_storage(
+    adapter: Adapter,
     answer: Answer,
 ) -> None:
     async with System(VirtualClock()) as system:
         session = await system.start(PAY, invoke_types={"myapp:pay": Service(answer)})
         await asyncio.wait_for(session.wait(), timeout=5)
     in_session = session.state.datamodel["seen"]
-    driver = Driver(Storage(MemoryAdapter()), dispatch=lambda invoke, context: answer)
+    driver = Driver(Storage(adapter), dispatch=lambda invoke, context: answer)
     out_of_storage = seen(await driver.create("txn", PAY))
     assert in_session == out_of_storage
     assert decode_outcome(await driver.storage.fetch_execution("txn")) is not None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -15,6 +15,7 @@ from statifier.core import effects as fx
 from statifier.core.positions import IdentityMismatch, dump
 from statifier.persistence import (
     PARENT_KEY,
+    Adapter,
     ChartNotFound,
     ChartRetired,
     Discarded,
@@ -97,15 +98,25 @@ class Recorder:
         self.seen.append((type(effect).__name__, context.key))
 
 
-def make(executor: Any = None, **options: Any) -> Executions:
-    storage = Storage(MemoryAdapter(), input_log_cap=options.pop("cap", None))
-    if executor is None:
-        return Executions(storage, **options)
-    return Executions(storage, executor=executor, **options)
+Make = Callable[..., Executions]
+
+
+@pytest.fixture
+def make(adapter: Adapter) -> Make:
+    """Executions over the test's store, with an executor and options."""
+
+    def build(executor: Any = None, **options: Any) -> Executions:
+        storage = Storage(adapter, input_log_cap=options.pop("cap", None))
+        if executor is None:
+            return Executions(storage, **options)
+        return Executions(storage, executor=executor, **options)
+
+    return build
 
 
 @pytest.mark.asyncio
 async def test_an_execution_runs_to_completion_and_the_finishing_call_returns_donedata(
+    make: Make,
     payment: Machine,
 ) -> None:
     executions = make()
@@ -128,6 +139,7 @@ async def test_an_execution_runs_to_completion_and_the_finishing_call_returns_do
 
 @pytest.mark.asyncio
 async def test_a_step_to_a_terminal_execution_is_discarded_and_logs_nothing(
+    make: Make,
     payment: Machine,
 ) -> None:
     executions = make()
@@ -142,7 +154,9 @@ async def test_a_step_to_a_terminal_execution_is_discarded_and_logs_nothing(
 
 
 @pytest.mark.asyncio
-async def test_a_failure_classed_final_ends_the_execution_as_failed(payment: Machine) -> None:
+async def test_a_failure_classed_final_ends_the_execution_as_failed(
+    make: Make, payment: Machine
+) -> None:
     executions = make()
     await executions.create("txn_1", payment)
     result = await executions.step("txn_1", payment, Event("declined"))
@@ -156,7 +170,7 @@ async def test_a_failure_classed_final_ends_the_execution_as_failed(payment: Mac
 
 
 @pytest.mark.asyncio
-async def test_exhausting_the_round_budget_ends_the_execution_as_failed() -> None:
+async def test_exhausting_the_round_budget_ends_the_execution_as_failed(make: Make) -> None:
     machine = compile_chart(LOOP)
     executions = make()
     await executions.create("loop", machine, options=StartOptions(round_budget=50))
@@ -168,7 +182,7 @@ async def test_exhausting_the_round_budget_ends_the_execution_as_failed() -> Non
 
 
 @pytest.mark.asyncio
-async def test_the_identity_guard_refuses_another_chart(payment: Machine) -> None:
+async def test_the_identity_guard_refuses_another_chart(make: Make, payment: Machine) -> None:
     executions = make()
     await executions.create("txn_1", payment)
     edited = compile_chart(PAYMENT.replace("card_declined", "declined"))
@@ -179,7 +193,7 @@ async def test_the_identity_guard_refuses_another_chart(payment: Machine) -> Non
 
 
 @pytest.mark.asyncio
-async def test_a_taken_id_is_refused_before_any_effect(payment: Machine) -> None:
+async def test_a_taken_id_is_refused_before_any_effect(make: Make, payment: Machine) -> None:
     recorder = Recorder()
     executions = make(recorder)
     await executions.create("txn_1", payment)
@@ -193,6 +207,7 @@ async def test_a_taken_id_is_refused_before_any_effect(payment: Machine) -> None
 
 @pytest.mark.asyncio
 async def test_effects_reach_the_executor_in_order_with_deterministic_keys(
+    make: Make,
     payment: Machine,
 ) -> None:
     recorder = Recorder()
@@ -209,7 +224,9 @@ async def test_effects_reach_the_executor_in_order_with_deterministic_keys(
 
 
 @pytest.mark.asyncio
-async def test_a_coroutine_executor_is_awaited_one_effect_at_a_time(payment: Machine) -> None:
+async def test_a_coroutine_executor_is_awaited_one_effect_at_a_time(
+    make: Make, payment: Machine
+) -> None:
     order: list[str] = []
 
     async def executor(effect: fx.Effect, context: EffectContext) -> None:
@@ -225,6 +242,7 @@ async def test_a_coroutine_executor_is_awaited_one_effect_at_a_time(payment: Mac
 
 @pytest.mark.asyncio
 async def test_a_failing_executor_stores_nothing_and_the_redrive_repeats_the_keys(
+    make: Make,
     payment: Machine,
 ) -> None:
     keys: list[str] = []
@@ -254,7 +272,7 @@ async def test_a_failing_executor_stores_nothing_and_the_redrive_repeats_the_key
 
 
 @pytest.mark.asyncio
-async def test_the_input_log_replays_to_the_same_position(counter: Machine) -> None:
+async def test_the_input_log_replays_to_the_same_position(make: Make, counter: Machine) -> None:
     executions = make()
     await executions.create("c", counter)
     for n in range(5):
@@ -273,6 +291,7 @@ async def test_the_input_log_replays_to_the_same_position(counter: Machine) -> N
 
 @pytest.mark.asyncio
 async def test_a_capped_log_closes_with_a_marker_and_the_execution_carries_on(
+    make: Make,
     counter: Machine,
 ) -> None:
     executions = make(cap=3)
@@ -291,6 +310,7 @@ async def test_a_capped_log_closes_with_a_marker_and_the_execution_carries_on(
 
 @pytest.mark.asyncio
 async def test_concurrent_steps_of_one_execution_lose_and_duplicate_nothing(
+    make: Make,
     counter: Machine,
 ) -> None:
     executions = make()
@@ -311,13 +331,15 @@ async def test_concurrent_steps_of_one_execution_lose_and_duplicate_nothing(
 
 
 @pytest.mark.asyncio
-async def test_a_lock_wait_beyond_the_bound_is_a_typed_error(payment: Machine) -> None:
+async def test_a_lock_wait_beyond_the_bound_is_a_typed_error(
+    adapter: Adapter, payment: Machine
+) -> None:
     release = asyncio.Event()
 
     async def slow(effect: fx.Effect, context: EffectContext) -> None:
         await release.wait()
 
-    storage = Storage(MemoryAdapter())
+    storage = Storage(adapter)
     holder = Executions(storage, executor=slow)
     waiter = Executions(storage, lock_wait=0.05)
     held = asyncio.create_task(holder.create("c", payment))  # its onentry log waits
@@ -333,6 +355,7 @@ async def test_a_lock_wait_beyond_the_bound_is_a_typed_error(payment: Machine) -
 
 @pytest.mark.asyncio
 async def test_metadata_is_written_once_and_listed_by_equality_on_all_pairs(
+    make: Make,
     payment: Machine,
 ) -> None:
     executions = make()
@@ -375,7 +398,7 @@ async def test_declared_capabilities_decide_what_is_refused(payment: Machine) ->
 
 
 @pytest.mark.asyncio
-async def test_fail_ends_an_execution_on_the_hosts_word(payment: Machine) -> None:
+async def test_fail_ends_an_execution_on_the_hosts_word(make: Make, payment: Machine) -> None:
     executions = make()
     await executions.create("a", payment)
     failed = await executions.fail("a", "fraud_suspected")
@@ -388,6 +411,7 @@ async def test_fail_ends_an_execution_on_the_hosts_word(payment: Machine) -> Non
 
 @pytest.mark.asyncio
 async def test_cancel_runs_exit_content_and_cascades_to_durable_children(
+    make: Make,
     payment: Machine,
 ) -> None:
     recorder = Recorder()
@@ -411,7 +435,9 @@ async def test_cancel_runs_exit_content_and_cascades_to_durable_children(
 
 
 @pytest.mark.asyncio
-async def test_a_parked_execution_takes_no_event_until_unparked(payment: Machine) -> None:
+async def test_a_parked_execution_takes_no_event_until_unparked(
+    make: Make, payment: Machine
+) -> None:
     executions = make()
     await executions.create("a", payment)
     parked = await executions.park("a")
@@ -423,7 +449,9 @@ async def test_a_parked_execution_takes_no_event_until_unparked(payment: Machine
 
 
 @pytest.mark.asyncio
-async def test_an_unstorable_event_is_refused_before_any_effect(counter: Machine) -> None:
+async def test_an_unstorable_event_is_refused_before_any_effect(
+    make: Make, counter: Machine
+) -> None:
     recorder = Recorder()
     executions = make(recorder)
     await executions.create("c", counter)
@@ -451,6 +479,7 @@ class Broken:
 
 @pytest.mark.asyncio
 async def test_retiring_a_chart_refuses_with_every_count_then_tombstones_it(
+    make: Make,
     payment: Machine,
 ) -> None:
     executions = make()
@@ -483,7 +512,9 @@ async def test_retiring_a_chart_refuses_with_every_count_then_tombstones_it(
 
 
 @pytest.mark.asyncio
-async def test_a_saved_position_pins_its_chart_and_loads_only_for_it(payment: Machine) -> None:
+async def test_a_saved_position_pins_its_chart_and_loads_only_for_it(
+    make: Make, payment: Machine
+) -> None:
     executions = make()
     state, _ = initialize(payment)
     storage = executions.storage
@@ -503,11 +534,12 @@ async def test_a_saved_position_pins_its_chart_and_loads_only_for_it(payment: Ma
 
 @pytest.mark.asyncio
 async def test_prune_clears_what_ended_before_the_cutoff_and_keeps_the_rows(
+    adapter: Adapter,
     counter: Machine,
 ) -> None:
     now = datetime(2026, 11, 1, tzinfo=UTC)
     clock = [now]
-    storage = Storage(MemoryAdapter(), clock=lambda: clock[0])
+    storage = Storage(adapter, clock=lambda: clock[0])
     executions = Executions(storage)
     for name in ("old", "new", "running"):
         await executions.create(name, counter)
@@ -529,9 +561,9 @@ async def test_prune_clears_what_ended_before_the_cutoff_and_keeps_the_rows(
 
 @pytest.mark.asyncio
 async def test_the_chart_is_compiled_again_from_storage_after_a_restart(
+    adapter: Adapter,
     payment: Machine,
 ) -> None:
-    adapter = MemoryAdapter()
     before = Executions(Storage(adapter))
     await before.create("txn", payment)
     after = Executions(Storage(adapter))  # a new process: nothing but the adapter's records
