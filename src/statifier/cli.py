@@ -4,8 +4,9 @@ Subcommands:
 
 ``statifier demo``
     Runs the main job on the embedded default (no server needed): a few expression
-    rules against a sample event, then a shipped example chart traced through an
-    order's life.
+    rules against a sample event, a shipped example chart traced through an order's
+    life, then a card payment run as a durable execution on SQLite across two
+    restarts (:mod:`statifier.examples.card_payment`).
 
 ``statifier validate CHART...``
     Checks charts. Prints ``CHART: ok`` or one ``CHART:LINE:COLUMN: message`` line per
@@ -41,10 +42,13 @@ Subcommands:
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
+import tempfile
 from collections.abc import Sequence
 from datetime import datetime
+from pathlib import Path
 from typing import TextIO
 
 from statifier import expr
@@ -52,6 +56,7 @@ from statifier.chart import InvalidChart, Machine, compile_chart
 from statifier.chart.graph import dot, mermaid
 from statifier.core import Event
 from statifier.core.effects import as_json
+from statifier.examples import card_payment
 from statifier.examples import read as read_example
 from statifier.expr.tagged import TaggedValueError, decode, encode
 from statifier.session.trace import Step, run
@@ -159,6 +164,9 @@ def _run_demo(out: TextIO) -> int:
     ]
     _print_steps(run(machine, events), out)
     out.write("\n  (no payment arrived: the 30 minute timer fired on the virtual clock)\n")
+    out.write("\n3. A card payment as a durable execution on SQLite, across two restarts\n\n")
+    with tempfile.TemporaryDirectory() as directory:
+        asyncio.run(card_payment.run_on_sqlite(Path(directory) / "payments.db", out))
     return 0
 
 

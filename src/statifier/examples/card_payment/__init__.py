@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Final, TextIO
 
 from statifier.chart import compile_chart
@@ -44,7 +45,7 @@ from statifier.persistence import (
     decode_outcome,
 )
 
-__all__ = ["TRANSACTION", "Host", "run"]
+__all__ = ["TRANSACTION", "Host", "run", "run_on_sqlite"]
 
 TRANSACTION: Final = "txn_01H8"
 """The execution id: the transaction's own key, chosen by the host."""
@@ -148,3 +149,25 @@ async def run(make_storage: Callable[[], Storage], out: TextIO) -> ExecutionReco
     same = dump(state) == record.position
     out.write(f"  replayed from its input log to the same position: {same}\n")
     return record
+
+
+async def run_on_sqlite(path: Path, out: TextIO) -> ExecutionRecord:
+    """:func:`run` on a SQLite database at ``path`` (created and migrated if new); each
+    restart opens it afresh. Needs the ``sql`` extra."""
+    from statifier.persistence.sql import SqlAdapter
+    from statifier.sql import migrations
+
+    url = f"sqlite:///{path}"
+    migrations.upgrade(url)
+    adapters: list[SqlAdapter] = []
+
+    def open_storage() -> Storage:
+        adapter = SqlAdapter(url)
+        adapters.append(adapter)
+        return Storage(adapter)
+
+    try:
+        return await run(open_storage, out)
+    finally:
+        for adapter in adapters:
+            await adapter.close()
