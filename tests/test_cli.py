@@ -21,6 +21,8 @@ def test_demo_evaluates_rules_and_a_program() -> None:
     assert status == 0
     assert 'event.kind == "impression" and len(event.id) > 0\n    => true' in text
     assert '=> {"score": 10, "tier": true}' in text
+    assert "the gateway called back: completed" in text
+    assert "replayed from its input log to the same position: True" in text
 
 
 def test_expr_prints_tagged_json() -> None:
