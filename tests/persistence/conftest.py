@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from statifier.persistence import Adapter, MemoryAdapter
 from statifier.persistence.sql import SqlAdapter
@@ -159,3 +160,47 @@ async def adapter(request: pytest.FixtureRequest) -> AsyncIterator[Adapter]:
         yield sql
     finally:
         await sql.close()
+
+
+class CallerTransaction:
+    """A transaction the caller opened on the adapter's engine (async on PostgreSQL,
+    sync on SQLite), and the adapter joined to it."""
+
+    def __init__(self, adapter: SqlAdapter) -> None:
+        self.adapter = adapter
+        self._async: AsyncConnection | None = None
+        self._sync: sa.Connection | None = None
+        self.view: SqlAdapter
+
+    async def __aenter__(self) -> CallerTransaction:
+        engine = self.adapter.engine
+        if isinstance(engine, sa.Engine):
+            self._sync = engine.connect()
+            self._sync.begin()
+            self.view = self.adapter.joined(self._sync)
+        else:
+            self._async = await engine.connect()
+            await self._async.begin()
+            self.view = self.adapter.joined(self._async)
+        return self
+
+    async def commit(self) -> None:
+        if self._sync is not None:
+            self._sync.commit()
+        else:
+            assert self._async is not None
+            await self._async.commit()
+
+    async def rollback(self) -> None:
+        if self._sync is not None:
+            self._sync.rollback()
+        else:
+            assert self._async is not None
+            await self._async.rollback()
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.view.close()
+        if self._sync is not None:
+            self._sync.close()
+        if self._async is not None:
+            await self._async.close()

@@ -14,11 +14,12 @@ from typing import Any
 import pytest
 import pytest_asyncio
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from statifier.persistence import ExecutionRecord, LockTimeout, Status
 from statifier.persistence.sql import SqlAdapter
 from statifier.sql import TableOptions, migrations
+
+from .conftest import CallerTransaction
 
 _NOW = datetime(2026, 3, 1, 9, 30, 0, 250000, tzinfo=UTC)
 
@@ -163,53 +164,9 @@ async def _failing_child(adapter: SqlAdapter) -> None:
 # The caller's transaction.
 
 
-class _Caller:
-    """A transaction the caller opened on the adapter's engine (async on PostgreSQL,
-    sync on SQLite), and the adapter joined to it."""
-
-    def __init__(self, adapter: SqlAdapter) -> None:
-        self.adapter = adapter
-        self._async: AsyncConnection | None = None
-        self._sync: sa.Connection | None = None
-        self.view: SqlAdapter
-
-    async def __aenter__(self) -> _Caller:
-        engine = self.adapter.engine
-        if isinstance(engine, sa.Engine):
-            self._sync = engine.connect()
-            self._sync.begin()
-            self.view = self.adapter.joined(self._sync)
-        else:
-            self._async = await engine.connect()
-            await self._async.begin()
-            self.view = self.adapter.joined(self._async)
-        return self
-
-    async def commit(self) -> None:
-        if self._sync is not None:
-            self._sync.commit()
-        else:
-            assert self._async is not None
-            await self._async.commit()
-
-    async def rollback(self) -> None:
-        if self._sync is not None:
-            self._sync.rollback()
-        else:
-            assert self._async is not None
-            await self._async.rollback()
-
-    async def __aexit__(self, *_exc: object) -> None:
-        await self.view.close()
-        if self._sync is not None:
-            self._sync.close()
-        if self._async is not None:
-            await self._async.close()
-
-
 @pytest.mark.asyncio
 async def test_the_callers_commit_keeps_what_the_view_wrote(sql_adapter: SqlAdapter) -> None:
-    async with _Caller(sql_adapter) as caller:
+    async with CallerTransaction(sql_adapter) as caller:
         async with caller.view.exclusive("exec-1", 2.0):
             await caller.view.insert_execution(_record("exec-1"))
             assert await caller.view.append_input("exec-1", "step", b"[1]", _NOW, None) == 0
@@ -222,7 +179,7 @@ async def test_the_callers_commit_keeps_what_the_view_wrote(sql_adapter: SqlAdap
 
 @pytest.mark.asyncio
 async def test_the_callers_rollback_leaves_nothing(sql_adapter: SqlAdapter) -> None:
-    async with _Caller(sql_adapter) as caller:
+    async with CallerTransaction(sql_adapter) as caller:
         async with caller.view.exclusive("exec-1", 2.0):
             await caller.view.insert_execution(_record("exec-1"))
             await caller.view.append_input("exec-1", "step", b"[1]", _NOW, None)
@@ -233,7 +190,7 @@ async def test_the_callers_rollback_leaves_nothing(sql_adapter: SqlAdapter) -> N
 
 @pytest.mark.asyncio
 async def test_the_view_never_commits(sql_adapter: SqlAdapter, second: SqlAdapter) -> None:
-    async with _Caller(sql_adapter) as caller:
+    async with CallerTransaction(sql_adapter) as caller:
         async with caller.view.exclusive("exec-1", 2.0):
             await caller.view.insert_execution(_record("exec-1"))
         assert await second.fetch_execution("exec-1") is None
@@ -244,7 +201,7 @@ async def test_the_view_never_commits(sql_adapter: SqlAdapter, second: SqlAdapte
 async def test_the_lock_is_held_until_the_caller_commits(
     sql_adapter: SqlAdapter, second: SqlAdapter
 ) -> None:
-    async with _Caller(sql_adapter) as caller:
+    async with CallerTransaction(sql_adapter) as caller:
         async with caller.view.exclusive("exec-1", 2.0):
             await caller.view.insert_execution(_record("exec-1"))
         # The block has ended, the caller's transaction has not: others still wait.
@@ -261,7 +218,7 @@ async def test_the_lock_is_held_until_the_caller_commits(
 async def test_a_lock_timeout_leaves_the_callers_transaction_usable(
     sql_adapter: SqlAdapter, second: SqlAdapter
 ) -> None:
-    async with _Caller(sql_adapter) as caller:
+    async with CallerTransaction(sql_adapter) as caller:
         async with _Holder(second, "exec-1"):
             with pytest.raises(LockTimeout):
                 async with caller.view.exclusive("exec-1", 0.2):
