@@ -574,3 +574,39 @@ async def test_the_chart_is_compiled_again_from_storage_after_a_restart(
     result = await after.step("txn", rebooted, Event("authorized"))
     assert isinstance(result, Stepped)
     assert result.state.leaf_configuration() == ("capturing",)
+
+
+@pytest.mark.asyncio
+async def test_calls_lock_waits_adapter_calls_and_lifecycle_are_reported(
+    make: Make, payment: Machine
+) -> None:
+    from statifier import telemetry
+
+    seen: list[tuple[str, dict[str, Any]]] = []
+    names = [name for name in telemetry.EVENTS if name.startswith("statifier.persistence.")]
+    for name in names:
+        telemetry.attach(f"test-{name}", name, lambda n, m, meta: seen.append((n, {**meta})))
+
+    def broken(effect: fx.Effect, context: EffectContext) -> None:
+        raise RuntimeError("no")
+
+    try:
+        executions = make()
+        await executions.create("a", payment)
+        await executions.step("a", payment, Event("declined"))
+        with pytest.raises(RuntimeError):
+            await make(broken).create("b", payment)
+    finally:
+        for name in names:
+            telemetry.detach(f"test-{name}")
+    kinds = {name for name, _ in seen}
+    assert {
+        "statifier.persistence.step",
+        "statifier.persistence.lock",
+        "statifier.persistence.adapter",
+        "statifier.persistence.lifecycle",
+        "statifier.persistence.effect_failed",
+    } <= kinds
+    transitions = [meta["transition"] for name, meta in seen if name.endswith("lifecycle")]
+    assert transitions == ["created", "failed"]
+    assert ("statifier.persistence.lock", {"execution_id": "b"}) in seen
