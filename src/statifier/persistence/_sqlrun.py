@@ -41,6 +41,7 @@ _SQLITE_BUSY = 5
 _FIRST_BACKOFF = 0.0005
 _LAST_BACKOFF = 0.005
 _LOCK_NOT_AVAILABLE = "55P03"
+_IDLE = 0  # libpq's PQTRANS_IDLE: no transaction open
 
 
 class Prepared:
@@ -50,7 +51,7 @@ class Prepared:
     bound inside the statement are filled in from the compilation.
     """
 
-    __slots__ = ("_binds", "_named", "_results", "returns_rows", "sql")
+    __slots__ = ("_binds", "_converted", "_named", "_results", "returns_rows", "sql")
 
     def __init__(self, statement: sa.Executable, dialect: sa.Dialect) -> None:
         assert isinstance(statement, sa.ClauseElement)
@@ -58,49 +59,54 @@ class Prepared:
         assert isinstance(compiled, SQLCompiler)
         self.sql: str = compiled.string
         self._named = dialect.paramstyle in ("named", "pyformat")
-        names = list(compiled.binds) if self._named else list(compiled.positiontup or ())
+        by_name = {name: bind for bind, name in compiled.bind_names.items()}
+        names = list(by_name) if self._named else list(compiled.positiontup or ())
         defaults = compiled.params
-        self._binds: tuple[tuple[str, Any, _Processor], ...] = tuple(
-            (
-                name,
-                defaults.get(name),
-                compiled.binds[name].type.dialect_impl(dialect).bind_processor(dialect),
-            )
-            for name in names
+        # The hot path builds the parameters in one pass and converts only the few
+        # values that need it (times, JSON), in place.
+        self._binds: tuple[tuple[str, Any], ...] = tuple(
+            (name, defaults.get(name)) for name in names
+        )
+        self._converted: tuple[tuple[int, str, Callable[[Any], Any]], ...] = tuple(
+            (index, name, processor)
+            for index, name in enumerate(names)
+            for processor in (by_name[name].type.dialect_impl(dialect).bind_processor(dialect),)
+            if processor is not None
         )
         columns = list(getattr(statement, "exported_columns", ()))
         self.returns_rows = bool(columns)
-        processors = [c.type.dialect_impl(dialect).result_processor(dialect, None) for c in columns]
-        self._results: tuple[_Processor, ...] | None = (
-            tuple(processors) if any(p is not None for p in processors) else None
+        self._results: tuple[tuple[int, Callable[[Any], Any]], ...] = tuple(
+            (index, processor)
+            for index, column in enumerate(columns)
+            for processor in (column.type.dialect_impl(dialect).result_processor(dialect, None),)
+            if processor is not None
         )
 
     def params(self, values: Mapping[str, Any]) -> Any:
         """The driver's parameters for ``values`` (a dict or a tuple, by paramstyle)."""
-        converted = [
-            (name, processor(value) if processor is not None else value)
-            for name, default, processor in self._binds
-            for value in (values.get(name, default),)
-        ]
+        get = values.get
         if self._named:
-            return dict(converted)
-        return tuple(value for _name, value in converted)
+            named = {name: get(name, default) for name, default in self._binds}
+            for _index, name, processor in self._converted:
+                named[name] = processor(named[name])
+            return named
+        positional = [get(name, default) for name, default in self._binds]
+        for index, _name, processor in self._converted:
+            positional[index] = processor(positional[index])
+        return positional
 
-    def row(self, raw: Sequence[Any]) -> tuple[Any, ...]:
+    def row(self, raw: Sequence[Any]) -> list[Any]:
         """A driver row with SQLAlchemy's result processing applied."""
-        processors = self._results
-        if processors is None:
-            return tuple(raw)
-        return tuple(
-            value if processor is None else processor(value)
-            for processor, value in zip(processors, raw, strict=True)
-        )
+        row = list(raw)
+        for index, processor in self._results:
+            row[index] = processor(row[index])
+        return row
 
 
 class Session(Protocol):
     """Runs prepared statements inside one transaction."""
 
-    async def rows(self, prepared: Prepared, values: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+    async def rows(self, prepared: Prepared, values: Mapping[str, Any]) -> list[list[Any]]:
         """Run a statement that answers rows; answer them."""
         ...
 
@@ -122,7 +128,7 @@ class SqliteSession:
         self.driver = driver
         self._cursor = driver.cursor()
 
-    async def rows(self, prepared: Prepared, values: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+    async def rows(self, prepared: Prepared, values: Mapping[str, Any]) -> list[list[Any]]:
         raw = self._cursor.execute(prepared.sql, prepared.params(values)).fetchall()
         return [prepared.row(row) for row in raw]
 
@@ -145,7 +151,7 @@ class PostgresSession:
         self.driver = driver
         self._cursor = driver.cursor()
 
-    async def rows(self, prepared: Prepared, values: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+    async def rows(self, prepared: Prepared, values: Mapping[str, Any]) -> list[list[Any]]:
         cursor = self._cursor
         await cursor.execute(prepared.sql, prepared.params(values))
         return [prepared.row(row) for row in await cursor.fetchall()]
@@ -251,6 +257,55 @@ def _lock_not_available(error: BaseException) -> bool:
     return getattr(error, "sqlstate", None) == _LOCK_NOT_AVAILABLE
 
 
+@dataclass(frozen=True, slots=True)
+class _Kept:
+    connection: AsyncConnection
+    session: PostgresSession
+
+
+class _KeptConnections:
+    """Connections taken from the engine's pool and kept between units: a checkout and
+    a checkin through SQLAlchemy's async pool cost about as much CPU as a statement.
+    At most ``keep`` idle ones are kept; one left in doubt (an error, a cancellation)
+    is rolled back, or dropped from the pool if even that fails."""
+
+    def __init__(self, engine: AsyncEngine, keep: int) -> None:
+        self._engine = engine
+        self._keep = keep
+        self._idle: list[_Kept] = []
+
+    async def take(self) -> _Kept:
+        if self._idle:
+            return self._idle.pop()
+        connection = await self._engine.connect()
+        try:
+            driver = (await connection.get_raw_connection()).driver_connection
+        except BaseException:
+            await connection.close()
+            raise
+        return _Kept(connection, PostgresSession(driver))
+
+    async def give_back(self, kept: _Kept, committed: bool) -> None:
+        driver = kept.session.driver
+        if not committed:
+            try:
+                await driver.rollback()
+            except Exception:  # noqa: BLE001 - a broken connection is dropped, not raised
+                await kept.connection.invalidate()
+                await kept.connection.close()
+                return
+        idle = driver.info.transaction_status == _IDLE and not driver.closed
+        if idle and len(self._idle) < self._keep:
+            self._idle.append(kept)
+        else:
+            await kept.connection.close()
+
+    async def close(self) -> None:
+        idle, self._idle = self._idle, []
+        for kept in idle:
+            await kept.connection.close()
+
+
 class PostgresRunner:
     """Units of work on an :class:`AsyncEngine` (or on a caller's connection)."""
 
@@ -259,8 +314,10 @@ class PostgresRunner:
         engine: AsyncEngine,
         owner: object,
         joined: AsyncConnection | None = None,
+        keep: int = 0,
     ) -> None:
         self.engine = engine
+        self._kept = _KeptConnections(engine, keep)
         self.dialect = engine.dialect
         self._owner = owner
         self._joined = joined
@@ -288,16 +345,16 @@ class PostgresRunner:
             return await operation(unit.session, *args)
         if self._joined is not None:
             return await operation(await self._caller_session(), *args)
-        async with self.engine.connect() as connection:
-            driver = (await connection.get_raw_connection()).driver_connection
-            assert driver is not None
-            try:
-                result = await operation(PostgresSession(driver), *args)
-            except BaseException:
-                await driver.rollback()
-                raise
-            await driver.commit()
-            return result
+        kept = await self._kept.take()
+        session = kept.session
+        try:
+            result = await operation(session, *args)
+            await session.driver.commit()
+        except BaseException:
+            await self._kept.give_back(kept, committed=False)
+            raise
+        await self._kept.give_back(kept, committed=True)
+        return result
 
     @asynccontextmanager
     async def exclusive(self, execution_id: str, wait: float | None) -> AsyncIterator[None]:
@@ -314,18 +371,17 @@ class PostgresRunner:
             async with _holding(self._owner, session, 0):
                 yield
             return
-        async with self.engine.connect() as connection:
-            driver = (await connection.get_raw_connection()).driver_connection
-            assert driver is not None
-            session = PostgresSession(driver)
-            try:
-                await self._acquire(session, execution_id, wait, savepoint=False)
-                async with _holding(self._owner, session, 0):
-                    yield
-            except BaseException:
-                await driver.rollback()
-                raise
-            await driver.commit()
+        kept = await self._kept.take()
+        session = kept.session
+        try:
+            await self._acquire(session, execution_id, wait, savepoint=False)
+            async with _holding(self._owner, session, 0):
+                yield
+            await session.driver.commit()
+        except BaseException:
+            await self._kept.give_back(kept, committed=False)
+            raise
+        await self._kept.give_back(kept, committed=True)
 
     @asynccontextmanager
     async def _nested(
@@ -374,6 +430,7 @@ class PostgresRunner:
 
     async def close(self) -> None:
         self._joined_session = None
+        await self._kept.close()
 
 
 # --- SQLite -----------------------------------------------------------------------------

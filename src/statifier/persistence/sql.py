@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from types import TracebackType
@@ -71,6 +71,10 @@ __all__ = ["SqlAdapter"]
 
 _EVERYTHING = Capabilities(lock=True, metadata=True, input_log=True, chart_retirement=True)
 _PINNING = tuple(status.value for status in Status if status.pins)
+# Connections a PostgreSQL engine made from a URL keeps open. SQLAlchemy's default of 5
+# closes the connection of every sixth concurrent block when it ends, and a new one
+# costs milliseconds; past this many, blocks still get connections, just not kept.
+_POOL_SIZE = 20
 
 
 def _async_url(url: sa.URL) -> sa.URL:
@@ -346,7 +350,7 @@ class _Statements:
         return prepared
 
 
-def _execution(row: tuple[Any, ...]) -> ExecutionRecord:
+def _execution(row: Sequence[Any]) -> ExecutionRecord:
     (
         execution_id,
         content_hash,
@@ -375,7 +379,7 @@ def _execution(row: tuple[Any, ...]) -> ExecutionRecord:
     )
 
 
-def _chart(row: tuple[Any, ...]) -> ChartRecord:
+def _chart(row: Sequence[Any]) -> ChartRecord:
     content_hash, source, name, version, saved_at, retired_at, retired_by = row
     return ChartRecord(content_hash, source, name, version, saved_at, retired_at, retired_by)
 
@@ -431,7 +435,7 @@ class SqlAdapter:
             if url.get_backend_name() == "sqlite":
                 engine = _sqlite_engine(url)
             elif url.get_backend_name() == "postgresql":
-                engine = create_async_engine(_async_url(url))
+                engine = create_async_engine(_async_url(url), pool_size=_POOL_SIZE)
             else:
                 raise ValueError(f"durable executions run on PostgreSQL or SQLite, not {url!r}")
         else:
@@ -451,7 +455,7 @@ class SqlAdapter:
         shared = self._shared
         if isinstance(shared.engine, AsyncEngine):
             assert joined is None or isinstance(joined, AsyncConnection)
-            return PostgresRunner(shared.engine, shared, joined)
+            return PostgresRunner(shared.engine, shared, joined, keep=_POOL_SIZE)
         assert joined is None or isinstance(joined, sa.Connection)
         # A write that touches no row: it makes a caller's open transaction the single
         # writer.
@@ -646,7 +650,7 @@ class SqlAdapter:
 
     async def _by_metadata(
         self, session: Session, pairs: dict[str, str], whole: bool
-    ) -> list[tuple[Any, ...]]:
+    ) -> list[list[Any]]:
         s = self._statements()
         values: dict[str, Any]
         if s.postgres:
