@@ -78,6 +78,7 @@ class Coordinator:
         self._run: asyncio.Task[None] | None = None
         self._lag_ticker: asyncio.Task[None] | None = None
         self._stop_requested = asyncio.Event()
+        self._announced = False  # scriba.projection.started, once per start
         # The state a pipeline that crashed was lost from, to return to.
         self._ready = Status.RUNNING
 
@@ -106,10 +107,10 @@ class Coordinator:
             if isinstance(exc, StartFailed):
                 raise
             raise StartFailed(f"projection {self._key.name!r} could not start: {exc}") from exc
-        self.status = Status.RUNNING
-        self._emit(
-            "scriba.projection.started", resumed=False, parallelism=self.settings.parallelism
-        )
+        # The pipeline may have halted already, before this task ran again.
+        if self.status is Status.INITIALIZING:
+            self.status = Status.RUNNING
+        self._announce_start()
         self._supervisor = asyncio.create_task(
             self._supervise(run), name=f"{self._prefix}:supervisor"
         )
@@ -158,7 +159,15 @@ class Coordinator:
         if self._pipeline is not None:
             self._pipeline.stop()
         if self._supervisor is not None:
-            await asyncio.gather(self._supervisor, return_exceptions=True)
+            done, _ = await asyncio.wait((self._supervisor,), timeout=self.settings.drain_timeout)
+            if not done:
+                _log.warning(
+                    "projection %s did not drain in %ss; cancelling what it was on",
+                    self._prefix,
+                    self.settings.drain_timeout,
+                )
+                self._supervisor.cancel()
+                await asyncio.gather(self._supervisor, return_exceptions=True)
         if self._lag_ticker is not None:
             self._lag_ticker.cancel()
             await asyncio.gather(self._lag_ticker, return_exceptions=True)
@@ -282,7 +291,15 @@ class Coordinator:
         self.halt_reason = reason
         if self.status is not Status.DRAINING:
             self.status = Status.HALTED
+        self._announce_start()  # so that observers always see started before halted
         self._emit("scriba.projection.halted", kind=kind.value, reason=reason)
+
+    def _announce_start(self) -> None:
+        if not self._announced:
+            self._announced = True
+            self._emit(
+                "scriba.projection.started", resumed=False, parallelism=self.settings.parallelism
+            )
 
     def _require(self, status: Status, command: str) -> None:
         if self.status is not status:

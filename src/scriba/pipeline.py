@@ -1,10 +1,12 @@
 """One run of a projection: read the source, handle events per partition, commit batches.
 
 A :class:`Pipeline` is what a coordinator starts, and starts again after a crash. It
-is one asyncio task that reads (holding demand while paused) and one task per
-partition. Events of a stream always land in the same partition, which handles them
-one at a time, in source order, and commits them in batches through the target,
-each batch with its cursor advances and dead letters in the same call.
+is one asyncio task that reads (holding demand while paused) and two per partition:
+a handler and a batcher. Events of a stream always land in the same partition, whose
+handler task takes them one at a time, in source order; its batcher commits the
+outcomes, in the same order, in batches through the target, each batch with its
+cursor advances and dead letters in the same call. A batch that times out commits
+even while the handler is busy with the next event or sleeping before a retry.
 
 Per event: deduplicate against the stream's cursor, call the handler under the retry
 policy (a retry sleeps in its own partition only), then batch the outcome: a write,
@@ -83,12 +85,19 @@ class _Outcome:
 
 
 class _Partition:
-    __slots__ = ("index", "queue", "wake")
+    """One partition: events waiting for its handler task, and outcomes waiting for
+    its batcher task (so a batch times out and commits even while the handler is busy
+    with the next event, or sleeping before a retry)."""
+
+    __slots__ = ("events", "events_added", "handling", "index", "outcomes", "outcomes_added")
 
     def __init__(self, index: int) -> None:
         self.index = index
-        self.queue: deque[Event] = deque()
-        self.wake = asyncio.Event()
+        self.events: deque[Event] = deque()
+        self.events_added = asyncio.Event()
+        self.outcomes: deque[_Outcome] = deque()
+        self.outcomes_added = asyncio.Event()
+        self.handling = True
 
 
 class Pipeline:
@@ -164,7 +173,7 @@ class Pipeline:
         self._stopping.set()
         self._signal.set()
         for partition in self._partitions:
-            partition.wake.set()
+            partition.events_added.set()
 
     def task_names(self) -> list[str]:
         """Names of this pipeline's partition tasks that are still running."""
@@ -185,11 +194,14 @@ class Pipeline:
             self._acknowledged = self._saved = after
             await self._source.subscribe(self._key, after)
             for partition in self._partitions:
-                task = asyncio.create_task(
-                    self._work(partition), name=f"{self._task_prefix}:partition-{partition.index}"
-                )
-                task.add_done_callback(self._partition_ended)
-                self._tasks.append(task)
+                prefix = f"{self._task_prefix}:partition-{partition.index}"
+                for work, name in (
+                    (self._handle_events(partition), prefix),
+                    (self._batch(partition), f"{prefix}-batcher"),
+                ):
+                    task = asyncio.create_task(work, name=name)
+                    task.add_done_callback(self._partition_ended)
+                    self._tasks.append(task)
             self.ready.set()
             try:
                 await self._read()
@@ -203,6 +215,7 @@ class Pipeline:
             self.caught_up = False
             for task in self._tasks:
                 task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
             await self._source.close()
 
     def _partition_ended(self, task: asyncio.Task[None]) -> None:
@@ -238,8 +251,8 @@ class Pipeline:
                     # Already accounted for, or already on its way in this run.
                     self._skipped(event, partition.index, "dedup")
                     continue
-                partition.queue.append(event)
-                partition.wake.set()
+                partition.events.append(event)
+                partition.events_added.set()
             # A source and target that never suspend must not starve other tasks.
             await asyncio.sleep(0)
 
@@ -268,38 +281,58 @@ class Pipeline:
 
     # -- a partition -----------------------------------------------------------------
 
-    async def _work(self, partition: _Partition) -> None:
+    async def _handle_events(self, partition: _Partition) -> None:
+        """Handle the partition's events one at a time, in order, until stopping."""
+        events = partition.events
+        try:
+            while not self._stopping.is_set():
+                if not events:
+                    partition.events_added.clear()
+                    await partition.events_added.wait()
+                    continue
+                outcome = await self._handle(events.popleft(), partition.index)
+                if outcome is None:  # stopping in the middle of a retry
+                    break
+                partition.outcomes.append(outcome)
+                partition.outcomes_added.set()
+        finally:
+            partition.handling = False
+            partition.outcomes_added.set()
+
+    async def _batch(self, partition: _Partition) -> None:
+        """Commit the partition's outcomes in batches of ``batch_size``, or what has
+        come within ``batch_timeout`` of a batch's first outcome; after the handler
+        task ends, commit what is left (unless halted)."""
+        outcomes, added = partition.outcomes, partition.outcomes_added
+        batch_size, batch_timeout = self._settings.batch_size, self._settings.batch_timeout
         batch: list[_Outcome] = []
         deadline = 0.0
-        queue, wake = partition.queue, partition.wake
-        batch_size, batch_timeout = self._settings.batch_size, self._settings.batch_timeout
-        while not self._stopping.is_set():
-            if not queue:
-                wake.clear()
-                if batch:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        await self._commit(partition.index, batch)
-                        batch = []
-                        continue
-                    try:
-                        async with asyncio.timeout(remaining):
-                            await wake.wait()
-                    except TimeoutError:
-                        pass
-                else:
-                    await wake.wait()
+        while not self.halted:
+            if outcomes:
+                if not batch:
+                    deadline = time.monotonic() + batch_timeout
+                batch.append(outcomes.popleft())
+                if len(batch) >= batch_size:
+                    await self._commit(partition.index, batch)
+                    batch = []
+                    await asyncio.sleep(0)
                 continue
-            outcome = await self._handle(queue.popleft(), partition.index)
-            if outcome is None:  # stopping in the middle of a retry
+            if not partition.handling:
                 break
+            added.clear()
             if not batch:
-                deadline = time.monotonic() + batch_timeout
-            batch.append(outcome)
-            if len(batch) >= batch_size:
-                await self._commit(partition.index, batch)
-                batch = []
-                await asyncio.sleep(0)
+                await added.wait()
+                continue
+            remaining = deadline - time.monotonic()
+            if remaining > 0:
+                try:
+                    async with asyncio.timeout(remaining):
+                        await added.wait()
+                    continue
+                except TimeoutError:
+                    pass
+            await self._commit(partition.index, batch)
+            batch = []
         if batch and not self.halted:
             await self._commit(partition.index, batch)
 

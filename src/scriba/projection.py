@@ -58,6 +58,7 @@ _OVERRIDABLE = (
     "lag_interval",
     "start_from",
     "commit_backoff",
+    "drain_timeout",
 )
 
 
@@ -130,6 +131,7 @@ class Settings:
     lag_interval: float
     start_from: int | None
     commit_backoff: tuple[float, ...]
+    drain_timeout: float
 
     def with_overrides(self, overrides: Mapping[str, Any]) -> Settings:
         """These settings with ``overrides`` applied and checked.
@@ -173,6 +175,9 @@ class Projection:
             watermark (``None``: resume where the projection left off).
         commit_backoff: seconds to wait before replaying a batch whose commit failed
             transiently, attempt by attempt; the last entry repeats.
+        drain_timeout: seconds ``stop`` waits for the partitions to finish the events
+            they are on and commit (30.0); then it cancels them, and what they had not
+            committed is delivered again on the next start.
 
     A name ending like ``_v2`` draws a :class:`~scriba.errors.ProjectionNameWarning`.
 
@@ -191,6 +196,7 @@ class Projection:
     lag_interval: ClassVar[float] = 1.0
     start_from: ClassVar[int | None] = None
     commit_backoff: ClassVar[tuple[float, ...]] = (0.1, 0.5, 2.0, 5.0)
+    drain_timeout: ClassVar[float] = 30.0
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -262,6 +268,7 @@ def settings_of(
         lag_interval=projection.lag_interval,
         start_from=projection.start_from,
         commit_backoff=tuple(projection.commit_backoff),
+        drain_timeout=projection.drain_timeout,
     )
     settings = _checked(settings)
     if overrides:
@@ -299,6 +306,8 @@ def _checked(settings: Settings) -> Settings:
         not _is_int(settings.start_from) or settings.start_from < 0
     ):
         raise ConfigError(f"{name}: start_from is a position >= 0, not {settings.start_from!r}")
+    if not _is_number(settings.drain_timeout) or settings.drain_timeout < 0:
+        raise ConfigError(f"{name}: drain_timeout is seconds >= 0, not {settings.drain_timeout!r}")
     backoff = settings.commit_backoff
     if not backoff or any(not _is_number(delay) or delay < 0 for delay in backoff):
         raise ConfigError(f"{name}: commit_backoff is non-empty seconds >= 0, not {backoff!r}")

@@ -110,8 +110,11 @@ async def test_running_paused_running_draining_stopped() -> None:
             assert (await runtime.info(Rows)).status is Status.RUNNING
             assert sorted((await runtime.info(Rows)).tasks) == [
                 "scriba:rows:v1:partition-0",
+                "scriba:rows:v1:partition-0-batcher",
                 "scriba:rows:v1:partition-1",
+                "scriba:rows:v1:partition-1-batcher",
                 "scriba:rows:v1:partition-2",
+                "scriba:rows:v1:partition-2-batcher",
                 "scriba:rows:v1:reader",
                 "scriba:rows:v1:supervisor",
             ]
@@ -379,7 +382,7 @@ async def test_the_context_manager_stops_everything_and_closes_made_targets() ->
         await runtime.start(Rows, source=source, target=make_target, **FAST)
         await runtime.start(Other, source=MemorySource, target=make_target, **FAST)
         runtime.pause(Other)
-        assert len(scriba_tasks()) == 6
+        assert len(scriba_tasks()) == 8
     assert scriba_tasks() == []
     assert len(made) == 1  # one target per factory per runtime
     assert made[0].closed
