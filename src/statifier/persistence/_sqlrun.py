@@ -318,7 +318,10 @@ class PostgresRunner:
     ) -> None:
         self.engine = engine
         self._kept = _KeptConnections(engine, keep)
-        self.dialect = engine.dialect
+        # Positional parameters: psycopg then binds a list as it comes, instead of
+        # reordering a dict on every execution.
+        compiling: Any = type(engine.dialect)
+        self.dialect: sa.Dialect = compiling(paramstyle="format")
         self._owner = owner
         self._joined = joined
         self._joined_session: PostgresSession | None = None
@@ -407,7 +410,7 @@ class PostgresRunner:
         started = time.monotonic()
         values = {"execution_id": execution_id}
         if wait is None:
-            await session.rows(statements.lock, values)
+            await session.run(statements.lock, values)
             return
         # A caller's transaction must outlive a timeout, so the attempt runs in a
         # savepoint there; in a transaction of our own the rollback takes care of it.
@@ -417,7 +420,7 @@ class PostgresRunner:
             (previous, _set), *_ = await session.rows(
                 statements.set_timeout, {"timeout": lock_timeout_ms(wait)}
             )
-            await session.rows(statements.lock, values)
+            await session.run(statements.lock, values)
             await session.rows(statements.restore_timeout, {"timeout": previous})
         except Exception as error:
             if not _lock_not_available(error):
