@@ -411,9 +411,11 @@ class SqlAdapter:
         ValueError: a database other than PostgreSQL or SQLite, an async engine for
             SQLite, or a schema on SQLite.
 
-    On SQLite the adapter keeps one connection (a file database gets WAL), and calls
-    from tasks other than the one inside an ``exclusive`` block wait for the block to
-    end: a block must not await another task that calls the adapter.
+    The adapter keeps connections between calls (on SQLite one, on PostgreSQL up to
+    20 idle ones, checked out of the engine's pool), so :meth:`close` it, or use it as
+    ``async with``. On SQLite an engine made from a URL switches a file database to WAL;
+    calls from tasks other than the one inside an ``exclusive`` block wait for the block
+    to end, so a block must not await another task that calls the adapter.
     """
 
     def __init__(
