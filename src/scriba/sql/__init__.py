@@ -8,15 +8,20 @@ Needs SQLAlchemy and Alembic (the ``scriba`` extra), plus psycopg 3 for PostgreS
   (:mod:`scriba.sql.migrate`): versioned, idempotent Alembic migrations with their own
   version table.
 - :func:`classify` (:mod:`scriba.sql.failures`): a database error's failure kind.
+- :class:`SqlTarget` (:mod:`scriba.sql.target`): the target that commits a batch, its
+  cursors and its dead letters in one transaction.
 """
 
 from scriba.sql.failures import classify
 from scriba.sql.migrate import HEAD, current_revision, downgrade, upgrade
 from scriba.sql.tables import DEFAULT_PREFIX, Tables, define_tables
+from scriba.sql.target import SchemaNotReadyError, SqlTarget
 
 __all__ = [
     "DEFAULT_PREFIX",
     "HEAD",
+    "SchemaNotReadyError",
+    "SqlTarget",
     "Tables",
     "classify",
     "current_revision",
