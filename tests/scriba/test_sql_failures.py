@@ -115,6 +115,8 @@ def test_sqlite_errors_by_result_code(name: str, code: int, kind: FailureKind) -
         (KeyError("x"), STRUCTURAL),
         (RuntimeError("anything else"), STRUCTURAL),
         (ApplyFailed(TRANSIENT, "already classified"), TRANSIENT),
+        (sa.exc.StatementError("bind", "insert", {}, TypeError("not a date")), INTEGRITY),
+        (sa.exc.StatementError("bind", "insert", {}, KeyError("x")), STRUCTURAL),
     ],
     ids=repr,
 )

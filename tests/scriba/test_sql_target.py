@@ -161,6 +161,7 @@ async def test_a_missing_column_or_table_is_structural(
         Insert(newer, {"id": 1, "status": "x", "amount": 1, "coupon": "c"}),
         Update(newer, where={"coupon": "c"}, values={"status": "y"}),
         Insert(missing, {"id": 1}),
+        Insert(newer, {"id": 1, "status": "x", "amount": 1, "misspelt": 2}),
         Update(newer, where={"no_such": 1}, values={"status": "y"}),
     ):
         with pytest.raises(ApplyFailed) as failed:
@@ -168,6 +169,26 @@ async def test_a_missing_column_or_table_is_structural(
         assert failed.value.kind is FailureKind.STRUCTURAL, operation
     assert cursors(sql_database) == {}
     assert sql_database.count(sql_database.tables.dead_letters) == 0
+
+
+@pytest.mark.asyncio
+async def test_a_value_the_column_cannot_take_is_integrity(
+    sql_database: SqlDatabase, sql_target: SqlTarget
+) -> None:
+    # SQLAlchemy refuses it for SQLite, PostgreSQL refuses it itself (SQLSTATE 22007):
+    # either way it is this event's data.
+    days = sa.Table(
+        "days",
+        sql_database.metadata,
+        sa.Column("id", sa.Integer, primary_key=True),
+        sa.Column("day", sa.Date, nullable=False),
+    )
+    days.create(sql_database.engine)
+    with pytest.raises(ApplyFailed) as failed:
+        await sql_target.apply_batch(
+            SHOP, [(event(1), Insert(days, {"id": 1, "day": "not a date"}))], {"s": 1}, []
+        )
+    assert failed.value.kind is FailureKind.INTEGRITY
 
 
 @contextlib.contextmanager

@@ -90,8 +90,9 @@ def classify(error: BaseException) -> FailureKind:
     The error and what it wraps (SQLAlchemy's ``orig``, then ``__cause__`` and
     ``__context__``) are searched for a database code: the first SQLSTATE or SQLite
     result code found decides. Without one, a lost connection or a timeout is
-    ``TRANSIENT``, the DB-API's ``IntegrityError`` and ``DataError`` are ``INTEGRITY``,
-    and everything else is ``STRUCTURAL``. An :class:`~scriba.target.ApplyFailed` keeps
+    ``TRANSIENT``; the DB-API's ``IntegrityError`` and ``DataError``, and a value
+    SQLAlchemy could not convert for the driver, are ``INTEGRITY``; everything else is
+    ``STRUCTURAL``. An :class:`~scriba.target.ApplyFailed` keeps
     its kind.
 
     Never raises.
@@ -150,6 +151,14 @@ def _sqlite_code(error: BaseException) -> int | None:
 def _kind_without_code(error: BaseException) -> FailureKind | None:
     if isinstance(error, sa.exc.DBAPIError) and error.connection_invalidated:
         return TRANSIENT
+    if (
+        isinstance(error, sa.exc.StatementError)
+        and not isinstance(error, sa.exc.DBAPIError)
+        and isinstance(error.orig, TypeError | ValueError)
+    ):
+        # SQLAlchemy could not convert one of the values for the driver (a str for a
+        # SQLite date, say): the event's data, like a changeset that does not cast.
+        return INTEGRITY
     if isinstance(error, sa.exc.TimeoutError | TimeoutError | ConnectionError):
         return TRANSIENT  # pool exhausted, socket timeouts, refused or reset connections
     # The DB-API (PEP 249) names its exception classes the same in every driver.

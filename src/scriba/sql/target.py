@@ -467,7 +467,9 @@ def _statements(operations: Sequence[Operation]) -> Iterator[tuple[sa.Executable
     for shape, group in itertools.groupby(operations, key=insert_shape):
         if shape is not None:
             inserts = [op for op in group if isinstance(op, Insert)]
-            yield inserts[0].table.insert(), [dict(op.values) for op in inserts]
+            table = inserts[0].table
+            # Checked because SQLAlchemy drops unknown keys of many parameter sets.
+            yield table.insert(), [_checked(table, op.values) for op in inserts]
             continue
         for operation in group:
             yield _statement(operation)
