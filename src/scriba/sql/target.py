@@ -214,6 +214,8 @@ class SqlTarget:
             ApplyFailed: nothing was committed; ``kind`` comes from
                 :func:`scriba.sql.failures.classify`, ``cause`` is the error.
         """
+        if not (applied or advances or dead_letters):
+            return
         now = self._clock()
         cursor_rows = [
             {
