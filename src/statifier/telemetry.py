@@ -18,7 +18,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-__all__ = ["EVENTS", "Handler", "attach", "detach", "execute"]
+__all__ = ["EVENTS", "Handler", "attach", "detach", "enabled", "execute"]
 
 Handler = Callable[[str, Mapping[str, float], Mapping[str, Any]], None]
 
@@ -80,6 +80,12 @@ def detach(handler_id: str) -> bool:
     for handlers in _handlers.values():
         found = handlers.pop(handler_id, None) is not None or found
     return found
+
+
+def enabled(event_name: str) -> bool:
+    """Whether any handler is attached to ``event_name``: lets a hot path skip measuring
+    what nobody observes."""
+    return bool(_handlers.get(event_name))
 
 
 def execute(

@@ -53,6 +53,7 @@ from statifier.persistence.executor import Executor, ignore_effects, perform
 from statifier.persistence.records import ChartRecord, ExecutionRecord, Status
 from statifier.persistence.serialization import AdapterLock, Serialization
 from statifier.persistence.storage import Storage
+from statifier.telemetry import enabled
 from statifier.telemetry import execute as report
 
 __all__ = [
@@ -166,11 +167,7 @@ class Executions:
     async def _exclusive(self, execution_id: str) -> AsyncIterator[None]:
         started = time.perf_counter()
         async with self.serialization.exclusive(execution_id):
-            report(
-                "statifier.persistence.lock",
-                {"duration": time.perf_counter() - started},
-                {"execution_id": execution_id},
-            )
+            _locked(execution_id, started)
             yield
 
     async def create(
@@ -259,12 +256,15 @@ class Executions:
                 happened: no effect ran).
         """
         started = time.perf_counter()
-        adapter = self.storage.adapter
-        async with self._exclusive(execution_id):
-            record = await self.storage.fetch_execution(execution_id)
+        storage = self.storage
+        adapter = storage.adapter
+        # The hot path: the exclusion is entered directly, not through _exclusive.
+        async with self.serialization.exclusive(execution_id):
+            _locked(execution_id, started)
+            record = await storage.fetch_execution(execution_id)
             if record.status is not Status.ACTIVE:
                 return Discarded(record)
-            state = self.storage.load(record, machine)
+            state = storage.load(record, machine)
             if not state.running or (when is not None and not when(state)):
                 return Discarded(record)
             if routes is not None:
@@ -274,24 +274,28 @@ class Executions:
             status, failure, outcome, donedata = _ending(effects)
             position = _dump(state)
             await self._perform(effects, execution_id, door)
-            now = self.storage.clock()
-            if self.storage.capabilities.input_log:
-                await self.storage.call(
+            now = storage.clock()
+            if storage.capabilities.input_log:
+                await storage.call(
                     "append_input",
                     adapter.append_input(
-                        execution_id, door, entry, now, self.storage.input_log_cap
+                        execution_id, door, entry, now, storage.input_log_cap
                     ),
                 )
-            record = replace(
-                record,
-                status=status,
-                position=position,
-                outcome=outcome,
-                failure=failure,
-                updated_at=now,
-                ended_at=now if status.terminal else None,
+            record = ExecutionRecord(
+                record.id,
+                record.content_hash,
+                status,
+                position,
+                record.metadata,
+                outcome,
+                failure,
+                record.created_at,
+                now,
+                now if status.terminal else None,
             )
-            await self.storage.call("update_execution", adapter.update_execution(record))
+            await storage.call("update_execution", adapter.update_execution(record))
+            storage._remember(position, state)
         if status.terminal:
             self._lifecycle(record, status.value)
         self._stepped(record, door, effects, started)
@@ -481,10 +485,22 @@ class Executions:
     def _stepped(
         record: ExecutionRecord, door: str, effects: list[fx.Effect], started: float
     ) -> None:
+        if not enabled("statifier.persistence.step"):
+            return
         report(
             "statifier.persistence.step",
             {"duration": time.perf_counter() - started, "effects": len(effects)},
             {"execution_id": record.id, "door": door, "status": record.status.value},
+        )
+
+
+def _locked(execution_id: str, started: float) -> None:
+    """Report the wait for an execution's exclusion, if anyone listens."""
+    if enabled("statifier.persistence.lock"):
+        report(
+            "statifier.persistence.lock",
+            {"duration": time.perf_counter() - started},
+            {"execution_id": execution_id},
         )
 
 

@@ -36,6 +36,7 @@ from statifier.persistence.errors import (
     StoredChartDamaged,
 )
 from statifier.persistence.records import ChartRecord, ExecutionRecord, PositionRecord
+from statifier.telemetry import enabled
 from statifier.telemetry import execute as report
 
 __all__ = ["Clock", "Storage", "utc_now"]
@@ -45,6 +46,7 @@ Clock = Callable[[], datetime]
 
 _T = TypeVar("_T")
 _MACHINES: Final = 64  # compiled charts kept per storage
+_STATES: Final = 1_024  # positions just stored, kept decoded per storage
 
 
 def utc_now() -> datetime:
@@ -79,6 +81,7 @@ class Storage:
         self.clock = clock
         self.loader = loader
         self._machines: OrderedDict[str, Machine] = OrderedDict()
+        self._states: dict[bytes, MachineState] = {}
 
     @property
     def capabilities(self) -> Capabilities:
@@ -86,6 +89,8 @@ class Storage:
 
     async def call(self, operation: str, awaitable: Awaitable[_T]) -> _T:
         """Await one adapter call, reporting its duration (``statifier.persistence.adapter``)."""
+        if not enabled("statifier.persistence.adapter"):
+            return await awaitable
         started = time.perf_counter()
         try:
             return await awaitable
@@ -177,9 +182,22 @@ class Storage:
         """
         if record.content_hash != machine.identity.content_hash:
             raise stored.IdentityMismatch(ChartIdentity(record.content_hash), machine.identity)
-        if record.position is None:
+        position = record.position
+        if position is None:
             raise stored.NotAPosition("the execution's position was pruned")
-        return stored.load(machine, record.position)
+        known = self._states.get(position)
+        if known is not None and known.machine is machine:
+            return known
+        return stored.load(machine, position)
+
+    def _remember(self, position: bytes, state: MachineState) -> None:
+        """Keep the state just stored as ``position``, so the next load of the same
+        bytes skips decoding them (states are immutable, and dump then load gives an
+        equal state)."""
+        states = self._states
+        states[position] = state if state.routes is None else state._replace(routes=None)
+        if len(states) > _STATES:
+            del states[next(iter(states))]
 
     async def list_executions(self, **metadata: str) -> list[ExecutionRecord]:
         """Executions whose metadata holds every given pair.
