@@ -23,6 +23,7 @@ def test_demo_evaluates_rules_and_a_program() -> None:
     assert '=> {"score": 10, "tier": true}' in text
     assert "the gateway called back: completed" in text
     assert "replayed from its input log to the same position: True" in text
+    assert "second run over the whole log again: 3 rows" in text
 
 
 def test_expr_prints_tagged_json() -> None:

@@ -5,8 +5,9 @@ Subcommands:
 ``statifier demo``
     Runs the main job on the embedded default (no server needed): a few expression
     rules against a sample event, a shipped example chart traced through an order's
-    life, then a card payment run as a durable execution on SQLite across two
-    restarts (:mod:`statifier.examples.card_payment`).
+    life, a card payment run as a durable execution on SQLite across two restarts
+    (:mod:`statifier.examples.card_payment`), and its inputs projected into a read
+    model by scriba (:mod:`statifier.examples.payment_history`).
 
 ``statifier validate CHART...``
     Checks charts. Prints ``CHART: ok`` or one ``CHART:LINE:COLUMN: message`` line per
@@ -165,8 +166,14 @@ def _run_demo(out: TextIO) -> int:
     _print_steps(run(machine, events), out)
     out.write("\n  (no payment arrived: the 30 minute timer fired on the virtual clock)\n")
     out.write("\n3. A card payment as a durable execution on SQLite, across two restarts\n\n")
+    # Imported here: the projection needs the sql extra, the other commands do not.
+    from statifier.examples import payment_history
+
     with tempfile.TemporaryDirectory() as directory:
-        asyncio.run(card_payment.run_on_sqlite(Path(directory) / "payments.db", out))
+        database = Path(directory) / "payments.db"
+        asyncio.run(card_payment.run_on_sqlite(database, out))
+        out.write("\n4. Its inputs projected into a read model by scriba, exactly once\n\n")
+        asyncio.run(payment_history.project(database, out))
     return 0
 
 
