@@ -27,6 +27,7 @@ import sqlalchemy as sa
 
 from scriba.event import Event, ProjectionKey
 from scriba.operations import Delete, Insert, Multi, Operation, Update
+from scriba.source import SourceError
 from scriba.target import (
     ApplyFailed,
     DeadLetter,
@@ -77,7 +78,7 @@ class MemorySource:
         self.acknowledgements: list[int] = []
         self.closed = False
         self._next = 0
-        self._appended = asyncio.Event()
+        self._appended: asyncio.Event | None = None  # made per subscription, in its loop
         self._fail_next_read: BaseException | None = None
         self.append(*events)
 
@@ -93,7 +94,8 @@ class MemorySource:
                 raise ValueError(f"position {event.position} after {last}: not increasing")
             last = event.position
         self.events.extend(events)
-        self._appended.set()
+        if self._appended is not None:
+            self._appended.set()
 
     def record(
         self,
@@ -127,6 +129,7 @@ class MemorySource:
     async def subscribe(self, projection: ProjectionKey, after: int) -> None:
         self.subscriptions.append(after)
         self.closed = False
+        self._appended = asyncio.Event()
         start = self.start_from if self.replay_from_zero else max(after, self.start_from)
         self._next = self._index_after(start)
         telemetry.execute(
@@ -146,10 +149,13 @@ class MemorySource:
             error, self._fail_next_read = self._fail_next_read, None
             raise error
         if self._next >= len(self.events):
-            self._appended.clear()
+            if self._appended is None:
+                raise SourceError("read before subscribe")
+            appended = self._appended
+            appended.clear()
             try:
                 async with asyncio.timeout(self.read_wait):
-                    await self._appended.wait()
+                    await appended.wait()
             except TimeoutError:
                 return []
         chunk = self.events[self._next : self._next + limit]

@@ -59,7 +59,7 @@ class Info:
         source, target: what it reads from and writes to (their class names).
         safe_position: every event at or below it is accounted for in the running
             pipeline (acknowledged to the source); ``None`` when no pipeline has run.
-        stream_positions: the committed cursor of each stream, or ``"truncated"``
+        stream_positions: the committed cursor of each stream (by stream id), or ``"truncated"``
             when there are more than 1,000 streams.
         halt_reason: why it halted, when ``status`` is halted.
         watermark: the stored watermark position (``None`` before the first).
@@ -193,7 +193,9 @@ class Scriba:
             target=type(target).__name__,
             safe_position=prefix,
             stream_positions=(
-                "truncated" if len(positions) > STREAM_POSITIONS_LIMIT else dict(positions)
+                "truncated"
+                if len(positions) > STREAM_POSITIONS_LIMIT
+                else dict(sorted(positions.items()))
             ),
             halt_reason=coordinator.halt_reason,
             watermark=watermark.position if watermark is not None else None,
