@@ -160,6 +160,8 @@ class Pipeline:
 
     def pause(self) -> None:
         """Stop reading; what was read still gets handled and committed."""
+        # Unread events may arrive meanwhile: a paused pipeline is not caught up.
+        self.caught_up = False
         self._resumed.clear()
 
     def resume(self) -> None:
