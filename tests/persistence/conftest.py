@@ -53,15 +53,12 @@ def drop_schema(url: str, schema: str) -> None:
         engine.dispose()
 
 
-@pytest.fixture(scope="session", params=SQL_BACKENDS)
-def sql_store(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[SqlStore]:
-    """Each backend's database, migrated once for the session."""
-    if request.param == "sqlite":
-        path: Path = tmp_path_factory.mktemp("sql") / "store.db"
+def _migrate(request: pytest.FixtureRequest, backend: str, path: Path) -> Iterator[SqlStore]:
+    """A database of ``backend`` migrated under prefix ``t_`` (PostgreSQL: in a schema
+    of its own, dropped afterwards)."""
+    if backend == "sqlite":
         options = TableOptions(prefix="t_")
-        url = f"sqlite:///{path}"
+        url = f"sqlite:///{path / 'store.db'}"
         migrations.upgrade(url, options)
         yield SqlStore("sqlite", url, options.define())
         return
@@ -73,6 +70,29 @@ def sql_store(
     finally:
         assert options.schema is not None
         drop_schema(url, options.schema)
+
+
+@pytest.fixture(scope="session")
+def sqlite_store(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SqlStore]:
+    """The session's SQLite database."""
+    yield from _migrate(request, "sqlite", tmp_path_factory.mktemp("sql"))
+
+
+@pytest.fixture(scope="session")
+def postgresql_store(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SqlStore]:
+    """The session's PostgreSQL schema."""
+    yield from _migrate(request, "postgresql", tmp_path_factory.mktemp("sql"))
+
+
+@pytest.fixture(params=SQL_BACKENDS)
+def sql_store(request: pytest.FixtureRequest) -> SqlStore:
+    """Each backend's database, migrated once for the session."""
+    store: SqlStore = request.getfixturevalue(f"{request.param}_store")
+    return store
 
 
 @pytest_asyncio.fixture
@@ -115,37 +135,6 @@ def fresh_database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[F
 BACKENDS = ("memory", *SQL_BACKENDS)
 
 
-def _migrate(request: pytest.FixtureRequest, backend: str, path: Path) -> Iterator[SqlStore]:
-    if backend == "sqlite":
-        options = TableOptions(prefix="l_")
-        url = f"sqlite:///{path / 'lifecycle.db'}"
-        migrations.upgrade(url, options)
-        yield SqlStore("sqlite", url, options.define())
-        return
-    url = request.getfixturevalue("database_url")
-    options = TableOptions(prefix="l_", schema=unique_name("statifier_lifecycle_"))
-    migrations.upgrade(url, options)
-    try:
-        yield SqlStore("postgresql", url, options.define())
-    finally:
-        assert options.schema is not None
-        drop_schema(url, options.schema)
-
-
-@pytest.fixture(scope="session")
-def sqlite_lifecycle_store(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[SqlStore]:
-    yield from _migrate(request, "sqlite", tmp_path_factory.mktemp("lifecycle"))
-
-
-@pytest.fixture(scope="session")
-def postgresql_lifecycle_store(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[SqlStore]:
-    yield from _migrate(request, "postgresql", tmp_path_factory.mktemp("lifecycle"))
-
-
 @pytest_asyncio.fixture(params=BACKENDS)
 async def adapter(request: pytest.FixtureRequest) -> AsyncIterator[Adapter]:
     """A fresh, empty store of each backend: the in-memory reference, SQLite and
@@ -153,7 +142,7 @@ async def adapter(request: pytest.FixtureRequest) -> AsyncIterator[Adapter]:
     if request.param == "memory":
         yield MemoryAdapter()
         return
-    store: SqlStore = request.getfixturevalue(f"{request.param}_lifecycle_store")
+    store: SqlStore = request.getfixturevalue(f"{request.param}_store")
     store.empty()
     sql = SqlAdapter(store.url, store.tables)
     try:

@@ -35,7 +35,7 @@ def _step(store: SqlStore, keys: Path, crash: bool) -> subprocess.CompletedProce
 def test_a_redrive_after_a_kill_reemits_identical_keys(
     backend: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
-    store: SqlStore = request.getfixturevalue(f"{backend}_lifecycle_store")
+    store: SqlStore = request.getfixturevalue(f"{backend}_store")
     store.empty()
     killed = _step(store, tmp_path / "first.keys", crash=True)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
