@@ -23,13 +23,17 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
 import sqlalchemy as sa
+from sqlalchemy.engine.processors import str_to_datetime
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.compiler import SQLCompiler
 
 from statifier.persistence.errors import LockTimeout
+from statifier.sql.tables import UtcDateTime
 
 T = TypeVar("T")
 
@@ -44,11 +48,58 @@ _LOCK_NOT_AVAILABLE = "55P03"
 _IDLE = 0  # libpq's PQTRANS_IDLE: no transaction open
 
 
+def _sqlite_utc_text(value: datetime | None) -> str | None:
+    """What :class:`UtcDateTime` binds on SQLite (the UTC wall time as SQLAlchemy's
+    ``DATETIME`` text, microseconds always written), in one step instead of a type
+    decorator over the dialect's processor."""
+    if value is None:
+        return None
+    if value.tzinfo is not UTC:
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise ValueError(f"durable executions store aware datetimes only, not {value!r}")
+        value = value.astimezone(UTC)
+    # In UTC the text ends in "+00:00"; cutting it is cheaper than replace(tzinfo=None).
+    return value.isoformat(" ", "microseconds")[:-6]
+
+
+def _sqlite_utc_datetime(value: str | None) -> datetime | None:
+    """What :class:`UtcDateTime` reads on SQLite: the stored text as an aware UTC time."""
+    if value is None:
+        return None
+    try:  # the stored form has no offset: read it as UTC at once
+        parsed: datetime = datetime.fromisoformat(value + "+00:00")
+    except ValueError:
+        pass
+    else:
+        if parsed.tzinfo is UTC:
+            return parsed
+    parsed = str_to_datetime(value)
+    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+
+
+def _bind_processor(type_: Any, dialect: sa.Dialect) -> Callable[[Any], Any] | None:
+    if dialect.name == "sqlite" and isinstance(type_, UtcDateTime):
+        return _sqlite_utc_text
+    processor: Callable[[Any], Any] | None = type_.dialect_impl(dialect).bind_processor(dialect)
+    return processor
+
+
+def _result_processor(type_: Any, dialect: sa.Dialect) -> Callable[[Any], Any] | None:
+    if dialect.name == "sqlite" and isinstance(type_, UtcDateTime):
+        return _sqlite_utc_datetime
+    processor: Callable[[Any], Any] | None = type_.dialect_impl(dialect).result_processor(
+        dialect, None
+    )
+    return processor
+
+
 class Prepared:
     """One statement compiled for one dialect, with its processors.
 
     ``values`` given to :meth:`params` are keyed by bind parameter name; literal values
-    bound inside the statement are filled in from the compilation.
+    bound inside the statement are filled in from the compilation. The processors are
+    SQLAlchemy's, except for :class:`UtcDateTime` on SQLite, converted directly to and
+    from the same text.
     """
 
     __slots__ = ("_binds", "_converted", "_named", "_results", "returns_rows", "sql")
@@ -70,7 +121,7 @@ class Prepared:
         self._converted: tuple[tuple[int, str, Callable[[Any], Any]], ...] = tuple(
             (index, name, processor)
             for index, name in enumerate(names)
-            for processor in (by_name[name].type.dialect_impl(dialect).bind_processor(dialect),)
+            for processor in (_bind_processor(by_name[name].type, dialect),)
             if processor is not None
         )
         columns = list(getattr(statement, "exported_columns", ()))
@@ -78,7 +129,7 @@ class Prepared:
         self._results: tuple[tuple[int, Callable[[Any], Any]], ...] = tuple(
             (index, processor)
             for index, column in enumerate(columns)
-            for processor in (column.type.dialect_impl(dialect).result_processor(dialect, None),)
+            for processor in (_result_processor(column.type, dialect),)
             if processor is not None
         )
 
@@ -128,12 +179,20 @@ class SqliteSession:
         self.driver = driver
         self._cursor = driver.cursor()
 
-    async def rows(self, prepared: Prepared, values: Mapping[str, Any]) -> list[list[Any]]:
+    def rows_now(self, prepared: Prepared, values: Mapping[str, Any]) -> list[list[Any]]:
+        """:meth:`rows`, without a coroutine around it."""
         raw = self._cursor.execute(prepared.sql, prepared.params(values)).fetchall()
         return [prepared.row(row) for row in raw]
 
+    def run_now(self, prepared: Prepared, values: Mapping[str, Any]) -> int:
+        """:meth:`run`, without a coroutine around it."""
+        return int(self._cursor.execute(prepared.sql, prepared.params(values)).rowcount)
+
+    async def rows(self, prepared: Prepared, values: Mapping[str, Any]) -> list[list[Any]]:
+        return self.rows_now(prepared, values)
+
     async def run(self, prepared: Prepared, values: Mapping[str, Any]) -> int:
-        return self._cursor.execute(prepared.sql, prepared.params(values)).rowcount
+        return self.run_now(prepared, values)
 
     async def run_many(self, prepared: Prepared, values: Sequence[Mapping[str, Any]]) -> None:
         self._cursor.executemany(prepared.sql, [prepared.params(v) for v in values])
@@ -201,6 +260,11 @@ async def _holding(owner: object, session: Session, depth: int) -> AsyncIterator
         _HELD.reset(token)
 
 
+def _hold(owner: object, session: Session, depth: int) -> contextvars.Token[tuple[_Held, ...]]:
+    """Mark the current task as holding ``owner``'s unit (undo with ``_HELD.reset``)."""
+    return _HELD.set((*_HELD.get(), _Held(owner, asyncio.current_task(), session, depth)))
+
+
 def lock_timeout_ms(wait: float) -> str:
     """PostgreSQL's ``lock_timeout`` for a wait in seconds (at least 1 ms: 0 means no
     bound there)."""
@@ -222,6 +286,12 @@ class Runner(Protocol):
 
     def holding(self) -> bool:
         """Whether the current task is inside a block (or a caller's transaction)."""
+        ...
+
+    def inline(self) -> SqliteSession | None:
+        """The session a call of the current task can run on at once, without a
+        coroutine or a unit of its own (SQLite, inside a block or a caller's
+        transaction), else ``None``: go through :meth:`run`."""
         ...
 
     async def close(self) -> None:
@@ -329,6 +399,9 @@ class PostgresRunner:
 
     def holding(self) -> bool:
         return self._joined is not None or _held(self._owner) is not None
+
+    def inline(self) -> SqliteSession | None:
+        return None
 
     def _statements(self) -> PostgresStatements:
         if self._locks is None:
@@ -504,6 +577,14 @@ class SqliteRunner:
     def holding(self) -> bool:
         return self._joined is not None or _held(self._owner) is not None
 
+    def inline(self) -> SqliteSession | None:
+        # As run() decides: the held unit's session, else the caller's transaction.
+        unit = _held(self._owner)
+        if unit is not None:
+            assert isinstance(unit.session, SqliteSession)
+            return unit.session
+        return self._own_session() if self._joined is not None else None
+
     def _own_session(self) -> SqliteSession:
         if self._session is None:
             if self._joined is not None:
@@ -565,49 +646,8 @@ class SqliteRunner:
     async def _commit(self, session: SqliteSession) -> None:
         await _retry_busy(lambda: session.command("COMMIT"), None, lambda: AssertionError())
 
-    @asynccontextmanager
-    async def exclusive(self, execution_id: str, wait: float | None) -> AsyncIterator[None]:
-        unit = _held(self._owner)
-        if unit is not None:
-            # Nested: this task already holds the single writer; a savepoint lets a
-            # raising block undo itself.
-            assert isinstance(unit.session, SqliteSession)
-            session = unit.session
-            name = f"statifier_unit_{unit.depth + 1}"
-            session.command(f"SAVEPOINT {name}")
-            try:
-                async with _holding(self._owner, session, unit.depth + 1):
-                    yield
-            except BaseException:
-                session.command(f"ROLLBACK TO SAVEPOINT {name}")
-                session.command(f"RELEASE SAVEPOINT {name}")
-                raise
-            session.command(f"RELEASE SAVEPOINT {name}")
-            return
-        started = time.monotonic()
-        deadline = None if wait is None else started + wait
-        try:
-            async with asyncio.timeout(wait):
-                await self._lock.acquire()
-        except TimeoutError:
-            raise LockTimeout(execution_id, time.monotonic() - started) from None
-        try:
-            session = self._own_session()
-            if self._joined is not None:
-                await self._take_writer(session, deadline, execution_id)
-                async with _holding(self._owner, session, 0):
-                    yield
-                return
-            await self._begin(session, deadline, execution_id)
-            try:
-                async with _holding(self._owner, session, 0):
-                    yield
-            except BaseException:
-                session.driver.rollback()
-                raise
-            await self._commit(session)
-        finally:
-            self._lock.release()
+    def exclusive(self, execution_id: str, wait: float | None) -> AbstractAsyncContextManager[None]:
+        return _SqliteBlock(self, execution_id, wait)
 
     async def _take_writer(
         self, session: SqliteSession, deadline: float | None, execution_id: str
@@ -638,3 +678,105 @@ class SqliteRunner:
             session.driver.isolation_level = isolation_level
             session.command(f"PRAGMA busy_timeout = {timeout:d}")
         pooled.close()
+
+
+class _SqliteBlock:
+    """One ``exclusive`` block on SQLite: the single writer (the in-process lock, then
+    ``BEGIN IMMEDIATE``) and its unit, or a savepoint when the task already holds one.
+
+    Written out as a class rather than a generator-based context manager: this is the
+    durable step's hot path, and each generator layer costs a few microseconds.
+    """
+
+    __slots__ = ("_execution_id", "_locked", "_runner", "_savepoint", "_session", "_token", "_wait")
+
+    def __init__(self, runner: SqliteRunner, execution_id: str, wait: float | None) -> None:
+        self._runner = runner
+        self._execution_id = execution_id
+        self._wait = wait
+        self._locked = False
+        self._savepoint: str | None = None
+        self._session: SqliteSession | None = None
+        self._token: contextvars.Token[tuple[_Held, ...]] | None = None
+
+    async def __aenter__(self) -> None:
+        runner = self._runner
+        owner = runner._owner
+        unit = _held(owner)
+        if unit is not None:
+            # Nested: this task already holds the single writer; a savepoint lets a
+            # raising block undo itself.
+            assert isinstance(unit.session, SqliteSession)
+            session = unit.session
+            name = f"statifier_unit_{unit.depth + 1}"
+            session.command(f"SAVEPOINT {name}")
+            self._savepoint = name
+            self._session = session
+            self._token = _hold(owner, session, unit.depth + 1)
+            return
+        execution_id = self._execution_id
+        wait = self._wait
+        lock = runner._lock
+        started = time.monotonic()
+        if wait is None:
+            await lock.acquire()
+        else:
+            try:
+                async with asyncio.timeout(wait):
+                    await lock.acquire()
+            except TimeoutError:
+                raise LockTimeout(execution_id, time.monotonic() - started) from None
+        self._locked = True
+        try:
+            session = runner._own_session()
+            deadline = None if wait is None else started + wait
+            if runner._joined is not None:
+                await runner._take_writer(session, deadline, execution_id)
+            else:
+                try:  # the usual case: the writer is free
+                    session.command("BEGIN IMMEDIATE")
+                except sqlite3.OperationalError as error:
+                    if not _busy(error):
+                        raise
+                    await runner._begin(session, deadline, execution_id)
+        except BaseException:
+            self._locked = False
+            lock.release()
+            raise
+        self._session = session
+        self._token = _hold(owner, session, 0)
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        token, self._token = self._token, None
+        if token is not None:
+            _HELD.reset(token)
+        session = self._session
+        assert session is not None
+        name = self._savepoint
+        if name is not None:
+            if error is not None:
+                session.command(f"ROLLBACK TO SAVEPOINT {name}")
+            session.command(f"RELEASE SAVEPOINT {name}")
+            return
+        runner = self._runner
+        try:
+            if runner._joined is not None:
+                return
+            if error is not None:
+                session.driver.rollback()
+                return
+            try:  # the usual case: nothing in the way of the commit
+                session.command("COMMIT")
+            except sqlite3.OperationalError as failed:
+                if not _busy(failed):
+                    raise
+                await runner._commit(session)
+        finally:
+            if self._locked:
+                self._locked = False
+                runner._lock.release()

@@ -44,6 +44,7 @@ from statifier.persistence.errors import (
     ChartNotFound,
     ChartRetirementUnsupported,
     ExecutionExists,
+    ExecutionNotFound,
     MetadataUnsupported,
     Pinned,
     PinSourceFailed,
@@ -77,6 +78,8 @@ cancels the children."""
 
 MAX_METADATA_PAIRS: Final = 64
 MAX_METADATA_TEXT: Final = 1_024
+
+_ADAPTER: Final = "statifier.persistence.adapter"  # the telemetry event of adapter calls
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,10 +261,17 @@ class Executions:
         started = time.perf_counter()
         storage = self.storage
         adapter = storage.adapter
-        # The hot path: the exclusion is entered directly, not through _exclusive.
+        # The hot path: the exclusion is entered directly, not through _exclusive, and
+        # the adapter is awaited directly unless its calls are observed.
         async with self.serialization.exclusive(execution_id):
             _locked(execution_id, started)
-            record = await storage.fetch_execution(execution_id)
+            fetching = adapter.fetch_execution(execution_id)
+            found = await (
+                storage.call("fetch_execution", fetching) if enabled(_ADAPTER) else fetching
+            )
+            if found is None:
+                raise ExecutionNotFound(execution_id)
+            record = found
             if record.status is not Status.ACTIVE:
                 return Discarded(record)
             state = storage.load(record, machine)
@@ -273,15 +283,17 @@ class Executions:
             state, effects = handle_event(state, event)
             status, failure, outcome, donedata = _ending(effects)
             position = _dump(state)
-            await self._perform(effects, execution_id, door)
+            if self.executor is not ignore_effects:
+                await self._perform(effects, execution_id, door)
             now = storage.clock()
             if storage.capabilities.input_log:
-                await storage.call(
-                    "append_input",
-                    adapter.append_input(
-                        execution_id, door, entry, now, storage.input_log_cap
-                    ),
+                appending = adapter.append_input(
+                    execution_id, door, entry, now, storage.input_log_cap
                 )
+                if enabled(_ADAPTER):
+                    await storage.call("append_input", appending)
+                else:
+                    await appending
             record = ExecutionRecord(
                 record.id,
                 record.content_hash,
@@ -294,7 +306,11 @@ class Executions:
                 now,
                 now if status.terminal else None,
             )
-            await storage.call("update_execution", adapter.update_execution(record))
+            updating = adapter.update_execution(record)
+            if enabled(_ADAPTER):
+                await storage.call("update_execution", updating)
+            else:
+                await updating
             storage._remember(position, state)
         if status.terminal:
             self._lifecycle(record, status.value)

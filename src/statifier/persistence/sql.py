@@ -379,6 +379,27 @@ def _execution(row: Sequence[Any]) -> ExecutionRecord:
     )
 
 
+def _update_values(record: ExecutionRecord) -> dict[str, Any]:
+    return {
+        "execution_id": record.id,
+        "status": record.status.value,
+        "position_blob": record.position,
+        "outcome_blob": record.outcome,
+        "failure": record.failure,
+        "updated_at": record.updated_at,
+        "ended_at": record.ended_at,
+    }
+
+
+def _appended(rows: Sequence[Sequence[Any]], cap: int | None) -> int | None:
+    """The ``seq`` an append answers: ``None`` when the log was closed (no row) or the
+    entry became the closing marker."""
+    if not rows:
+        return None  # the log is closed
+    seq = int(rows[0][0])
+    return None if cap is not None and seq >= cap - 1 else seq  # the marker
+
+
 def _chart(row: Sequence[Any]) -> ChartRecord:
     content_hash, source, name, version, saved_at, retired_at, retired_by = row
     return ChartRecord(content_hash, source, name, version, saved_at, retired_at, retired_by)
@@ -600,7 +621,14 @@ class SqlAdapter:
         if not await session.rows(s.insert_execution, values):
             raise ExecutionExists(record.id)
 
+    # The three calls of a durable step run inline on SQLite inside a block: no
+    # coroutine layers between the step and the driver.
+
     async def fetch_execution(self, execution_id: str) -> ExecutionRecord | None:
+        session = self._runner.inline()
+        if session is not None:
+            rows = session.rows_now(self._statements().fetch_execution, {"id": execution_id})
+            return _execution(rows[0]) if rows else None
         return await self._runner.run(self._fetch_execution, False, execution_id)
 
     async def _fetch_execution(self, session: Session, execution_id: str) -> ExecutionRecord | None:
@@ -613,19 +641,14 @@ class SqlAdapter:
         return _execution(rows[0]) if rows else None
 
     async def update_execution(self, record: ExecutionRecord) -> None:
-        await self._runner.run(self._update_execution, True, record)
+        session = self._runner.inline()
+        if session is None:
+            await self._runner.run(self._update_execution, True, record)
+        elif not session.run_now(self._statements().update_execution, _update_values(record)):
+            raise ExecutionNotFound(record.id)
 
     async def _update_execution(self, session: Session, record: ExecutionRecord) -> None:
-        values = {
-            "execution_id": record.id,
-            "status": record.status.value,
-            "position_blob": record.position,
-            "outcome_blob": record.outcome,
-            "failure": record.failure,
-            "updated_at": record.updated_at,
-            "ended_at": record.ended_at,
-        }
-        if not await session.run(self._statements().update_execution, values):
+        if not await session.run(self._statements().update_execution, _update_values(record)):
             raise ExecutionNotFound(record.id)
 
     async def count_executions_on(self, content_hash: str) -> Mapping[Status, int]:
@@ -713,18 +736,19 @@ class SqlAdapter:
             "recorded_at": recorded_at,
             "cap": cap,
         }
-        return await self._runner.run(self._append_input, True, values)
+        session = self._runner.inline()
+        if session is None:
+            return await self._runner.run(self._append_input, True, values)
+        s = self._statements()
+        if s.new_key is not None:
+            values["id"] = s.new_key()
+        return _appended(session.rows_now(s.append_input, values), cap)
 
     async def _append_input(self, session: Session, values: dict[str, Any]) -> int | None:
         s = self._statements()
         if s.new_key is not None:
             values["id"] = s.new_key()
-        rows = await session.rows(s.append_input, values)
-        if not rows:
-            return None  # the log is closed
-        seq = int(rows[0][0])
-        cap = values["cap"]
-        return None if cap is not None and seq >= cap - 1 else seq  # the marker
+        return _appended(await session.rows(s.append_input, values), values["cap"])
 
     async def inputs(self, execution_id: str) -> list[InputRecord]:
         return await self._runner.run(self._inputs, False, execution_id)
