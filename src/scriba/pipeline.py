@@ -19,6 +19,7 @@ and store it as the watermark (about once a second while busy, at once when idle
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import time
@@ -235,7 +236,11 @@ class Pipeline:
             self._signal.clear()
             await self._account()
             if not self._resumed.is_set() or ledger.in_flight >= capacity:
-                await self._signal.wait()
+                # Wake at least once a watermark interval: a handler held for long must
+                # not keep what finished around it from being stored.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(WATERMARK_INTERVAL):
+                        await self._signal.wait()
                 continue
             events = await self._source.read(capacity - ledger.in_flight)
             if not events:

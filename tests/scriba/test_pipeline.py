@@ -333,3 +333,41 @@ async def test_a_batch_whose_every_write_fails_on_integrity_halts_at_once() -> N
     assert "integrity" in info.halt_reason
     assert [data["kind"] for _, data in seen] == ["integrity"]
     assert source.acknowledged == 0
+
+
+class Held(Projection):
+    """Rows, except that event 4 waits in its handler until released."""
+
+    name = "held"
+    release: ClassVar[asyncio.Event]
+
+    async def handle(self, event: Event, meta: Meta) -> Result:
+        if event.position == 4:
+            await self.release.wait()
+        return Insert(ROWS, {"id": event.id, "stream": event.stream_id, "position": event.position})
+
+
+@pytest.mark.asyncio
+async def test_the_watermark_moves_on_a_timer_while_a_handler_is_held() -> None:
+    # One stream, one partition, a read-ahead of two: the reader waits for room behind
+    # the held event, and the watermark must still be stored about once a second.
+    Held.release = asyncio.Event()
+    source, target = MemorySource(), MemoryTarget()
+    for _ in range(8):
+        source.record("s", "Happened")
+    runtime = Scriba()
+    await runtime.start(Held, source=source, target=target, **{**FAST, "batch_size": 1})
+    try:
+        async with asyncio.timeout(5):
+            while True:
+                stored = await target.watermark(Held.key())
+                if stored is not None and stored.position >= 3:
+                    break
+                await asyncio.sleep(0.05)
+        await asyncio.sleep(1.2)  # another interval: still never past the held event
+        stored = await target.watermark(Held.key())
+        assert stored is not None
+        assert stored.position == 3
+    finally:
+        Held.release.set()
+        await runtime.close()
