@@ -123,10 +123,10 @@ class MaxTurnsExceeded(PersistenceError):  # noqa: N818 - names the refusal
 
 @dataclass(slots=True)
 class _Pending:
-    """Answers collected while one call's effects run, to step in once it is stored."""
+    """Answers collected while one call's effects run, to step in once it is stored:
+    ``(invoke id, answer event)`` in the order they came."""
 
-    answers: list[tuple[str, str, Event]] = field(default_factory=list)
-    children: list[tuple[str, str]] = field(default_factory=list)
+    answers: list[tuple[str, Event]] = field(default_factory=list)
 
 
 _pending: ContextVar[_Pending | None] = ContextVar("statifier_driver_pending", default=None)
@@ -233,18 +233,15 @@ class Driver:
             _pending.reset(token)
         return await self._drain(execution_id, result, pending)
 
-    async def _drain(
+    async def _drive(
         self, execution_id: str, result: Stepped | Discarded, pending: _Pending
     ) -> Stepped | Discarded:
-        """Step in what the call collected, one answer per durable step, then let a
-        finished child answer its parent."""
+        """Step in the answers a call collected, one durable step each (answers to
+        those steps' own invocations included), until none is left."""
         turns = 0
-        while pending.answers and isinstance(result, Stepped):
-            answers = pending.answers
-            pending.answers = []
-            for target, invoke_id, event in answers:
-                if target != execution_id:
-                    continue
+        while pending.answers and isinstance(result, Stepped) and not result.finished:
+            answers, pending.answers = pending.answers, []
+            for invoke_id, event in answers:
                 turns += 1
                 if turns > self.max_turns:
                     raise MaxTurnsExceeded(execution_id, self.max_turns)
@@ -261,6 +258,13 @@ class Driver:
                     _pending.reset(token)
                 if isinstance(stepped, Stepped):
                     result = stepped
+        return result
+
+    async def _drain(
+        self, execution_id: str, result: Stepped | Discarded, pending: _Pending
+    ) -> Stepped | Discarded:
+        """Drive the execution to rest, then let it answer its parent if it ended."""
+        result = await self._drive(execution_id, result, pending)
         if isinstance(result, Stepped) and result.finished:
             await self._answer_parent(result.execution)
         return result
@@ -287,7 +291,7 @@ class Driver:
             answer = await given if inspect.isawaitable(given) else given
         if answer is not None:
             event = _answer_event(effect.invoke_id, answer)
-            pending.answers.append((context.execution_id, effect.invoke_id, event))
+            pending.answers.append((effect.invoke_id, event))
 
     # Durable children.
 
@@ -334,7 +338,7 @@ class Driver:
         machine = self._child_machine(effect)
         if isinstance(machine, str):
             failed = invocation_failed(effect.invoke_id, machine)
-            pending.answers.append((parent_id, effect.invoke_id, failed))
+            pending.answers.append((effect.invoke_id, failed))
             return
         child_id = f"{parent_id}/{effect.invoke_id}"
         metadata = {PARENT_KEY: parent_id, INVOKE_KEY: effect.invoke_id}
@@ -348,7 +352,7 @@ class Driver:
             {"parent": parent_id, "invoke_id": effect.invoke_id, "action": "started", "index": 0},
         )
         if created.status.terminal:  # finished while being created: answer in the parent's turn
-            pending.answers.append((parent_id, effect.invoke_id, _child_answer(created)))
+            pending.answers.append((effect.invoke_id, _child_answer(created)))
 
     async def _create_child(
         self, child_id: str, machine: Machine, data: Value, metadata: dict[str, str]
@@ -361,27 +365,9 @@ class Driver:
             )
         finally:
             _pending.reset(token)
-        # Drive the child without letting it answer the parent, whose step is running.
-        turns = 0
-        state = result
-        while pending.answers and not state.finished:
-            answers, pending.answers = pending.answers, []
-            for target, invoke_id, event in answers:
-                if target != child_id:
-                    continue
-                turns += 1
-                if turns > self.max_turns:
-                    raise MaxTurnsExceeded(child_id, self.max_turns)
-                token = _pending.set(pending)
-                try:
-                    stepped = await self.executions.step(
-                        child_id, machine, event, door="answer", when=_live(invoke_id)
-                    )
-                finally:
-                    _pending.reset(token)
-                if isinstance(stepped, Stepped):
-                    state = stepped
-        return state.execution
+        # Driven without answering the parent: the parent's step is still running.
+        driven = await self._drive(child_id, result, pending)
+        return driven.execution
 
     async def _answer_parent(self, child: ExecutionRecord) -> None:
         """A durable child ended: answer its parent (or settle its fan-out)."""
@@ -392,11 +378,7 @@ class Driver:
         if INDEX_KEY in child.metadata:
             await self._settle(parent_id, invoke_id, child.metadata)
             return
-        await self.answer_event(parent_id, invoke_id, _child_answer(child))
-
-    async def answer_event(self, execution_id: str, invoke_id: str, event: Event) -> None:
-        """Step a ready-built answer in (used for children's answers)."""
-        await self._step(execution_id, event, "answer", _live(invoke_id))
+        await self._step(parent_id, _child_answer(child), "answer", _live(invoke_id))
 
     async def start_child_at(
         self,
@@ -515,7 +497,8 @@ class Driver:
             {"count": count},
             {"parent": parent_id, "invoke_id": invoke_id, "action": "settled", "index": -1},
         )
-        await self.answer_event(parent_id, invoke_id, invocation_done(invoke_id, outcomes))
+        event = invocation_done(invoke_id, outcomes)
+        await self._step(parent_id, event, "answer", _live(invoke_id))
 
     async def _outcome_at(self, child_id: str, index: int) -> Value:
         record = await self.storage.fetch_execution(child_id)
