@@ -102,7 +102,7 @@ class Prepared:
     from the same text.
     """
 
-    __slots__ = ("_binds", "_converted", "_named", "_results", "returns_rows", "sql")
+    __slots__ = ("_binds", "_converted", "_named", "_results", "names", "returns_rows", "sql")
 
     def __init__(self, statement: sa.Executable, dialect: sa.Dialect) -> None:
         assert isinstance(statement, sa.ClauseElement)
@@ -112,6 +112,7 @@ class Prepared:
         self._named = dialect.paramstyle in ("named", "pyformat")
         by_name = {name: bind for bind, name in compiled.bind_names.items()}
         names = list(by_name) if self._named else list(compiled.positiontup or ())
+        self.names: tuple[str, ...] = tuple(names)
         defaults = compiled.params
         # The hot path builds the parameters in one pass and converts only the few
         # values that need it (times, JSON), in place.
@@ -142,6 +143,14 @@ class Prepared:
                 named[name] = processor(named[name])
             return named
         positional = [get(name, default) for name, default in self._binds]
+        for index, _name, processor in self._converted:
+            positional[index] = processor(positional[index])
+        return positional
+
+    def args(self, values: Sequence[Any]) -> list[Any]:
+        """The driver's positional parameters for ``values`` given in the order of
+        :attr:`names` (a positional paramstyle only)."""
+        positional = list(values)
         for index, _name, processor in self._converted:
             positional[index] = processor(positional[index])
         return positional
@@ -187,6 +196,15 @@ class SqliteSession:
     def run_now(self, prepared: Prepared, values: Mapping[str, Any]) -> int:
         """:meth:`run`, without a coroutine around it."""
         return int(self._cursor.execute(prepared.sql, prepared.params(values)).rowcount)
+
+    def rows_in_order(self, prepared: Prepared, values: Sequence[Any]) -> list[Any]:
+        """:meth:`rows_now` with the values in the order of ``prepared.names``, the rows
+        as the driver answers them (no result processing)."""
+        return self._cursor.execute(prepared.sql, prepared.args(values)).fetchall()
+
+    def run_in_order(self, prepared: Prepared, values: Sequence[Any]) -> int:
+        """:meth:`run_now` with the values in the order of ``prepared.names``."""
+        return int(self._cursor.execute(prepared.sql, prepared.args(values)).rowcount)
 
     async def rows(self, prepared: Prepared, values: Mapping[str, Any]) -> list[list[Any]]:
         return self.rows_now(prepared, values)

@@ -69,7 +69,28 @@ from statifier.sql.tables import TableOptions, Tables
 
 __all__ = ["SqlAdapter"]
 
+# The bind parameters of update_execution and append_input, in their compiled order.
+_UPDATE_ORDER = (
+    "status",
+    "position_blob",
+    "outcome_blob",
+    "failure",
+    "updated_at",
+    "ended_at",
+    "execution_id",
+)
+_APPEND_ORDER = (
+    "execution_id",
+    "door",
+    "cap",
+    "cap",
+    "input_blob",
+    "recorded_at",
+    "execution_id",
+    "execution_id",
+)
 _EVERYTHING = Capabilities(lock=True, metadata=True, input_log=True, chart_retirement=True)
+_STATUSES = {status.value: status for status in Status}
 _PINNING = tuple(status.value for status in Status if status.pins)
 # Connections a PostgreSQL engine made from a URL keeps open. SQLAlchemy's default of 5
 # closes the connection of every sixth concurrent block when it ends, and a new one
@@ -278,6 +299,14 @@ class _Statements:
             .returning(executions.c.execution_id)
         )
         self.drop_log = p(inputs.delete().where(by(inputs.c.execution_id, "id")))
+        # A step's statements can be bound from tuples in their compiled order (see
+        # SqlAdapter.fetch_execution): only if that order is the one the tuples follow.
+        self.in_order = (
+            dialect.paramstyle not in ("named", "pyformat")
+            and self.fetch_execution.names == ("id",)
+            and self.update_execution.names == _UPDATE_ORDER
+            and self.append_input.names == ("id",) * (new_key is not None) + _APPEND_ORDER
+        )
 
     @staticmethod
     def _append(inputs: sa.Table, insert: Any, with_key: bool) -> Any:
@@ -285,23 +314,29 @@ class _Statements:
         the closing marker when the entry would take the cap's last slot."""
         execution_id = sa.bindparam("execution_id", type_=sa.Text())
         cap = sa.bindparam("cap", type_=sa.Integer())
+        # The constants are written into the SQL, not bound: fewer parameters to bind.
+        one = sa.literal_column("1", sa.Integer())
         following = (
-            sa.select((sa.func.coalesce(sa.func.max(inputs.c.seq), -1) + 1).label("seq"))
+            sa.select(
+                (sa.func.coalesce(sa.func.max(inputs.c.seq), sa.literal_column("-1")) + one).label(
+                    "seq"
+                )
+            )
             .where(inputs.c.execution_id == execution_id)
             .subquery("following")
         )
         last = inputs.alias("last")
         closed = (
-            sa.select(sa.literal(1))
+            sa.select(one)
             .where(
                 last.c.execution_id == execution_id,
-                last.c.seq == following.c.seq - 1,
+                last.c.seq == following.c.seq - one,
                 last.c.input_blob.is_(None),
             )
             .exists()
         )
         blob = sa.case(
-            (sa.and_(cap.is_not(None), following.c.seq >= cap - 1), sa.null()),
+            (sa.and_(cap.is_not(None), following.c.seq >= cap - one), sa.null()),
             else_=sa.bindparam("input_blob", type_=sa.LargeBinary()),
         )
         selected: list[Any] = [
@@ -366,16 +401,16 @@ def _execution(row: Sequence[Any]) -> ExecutionRecord:
     if isinstance(metadata, str):  # a driver that hands JSON back as text
         metadata = json.loads(metadata)
     return ExecutionRecord(
-        id=execution_id,
-        content_hash=content_hash,
-        status=Status(status),
-        position=position,
-        metadata=metadata,
-        outcome=outcome,
-        failure=failure,
-        created_at=created_at,
-        updated_at=updated_at,
-        ended_at=ended_at,
+        execution_id,
+        content_hash,
+        _STATUSES.get(status) or Status(status),
+        position,
+        metadata,
+        outcome,
+        failure,
+        created_at,
+        updated_at,
+        ended_at,
     )
 
 
@@ -626,10 +661,15 @@ class SqlAdapter:
 
     async def fetch_execution(self, execution_id: str) -> ExecutionRecord | None:
         session = self._runner.inline()
-        if session is not None:
-            rows = session.rows_now(self._statements().fetch_execution, {"id": execution_id})
-            return _execution(rows[0]) if rows else None
-        return await self._runner.run(self._fetch_execution, False, execution_id)
+        if session is None:
+            return await self._runner.run(self._fetch_execution, False, execution_id)
+        s = self._statements()
+        prepared = s.fetch_execution
+        if s.in_order:
+            rows = session.rows_in_order(prepared, (execution_id,))
+            return _execution(prepared.row(rows[0])) if rows else None
+        rows = session.rows_now(prepared, {"id": execution_id})
+        return _execution(rows[0]) if rows else None
 
     async def _fetch_execution(self, session: Session, execution_id: str) -> ExecutionRecord | None:
         s = self._statements()
@@ -644,7 +684,22 @@ class SqlAdapter:
         session = self._runner.inline()
         if session is None:
             await self._runner.run(self._update_execution, True, record)
-        elif not session.run_now(self._statements().update_execution, _update_values(record)):
+            return
+        s = self._statements()
+        if s.in_order:
+            values = (
+                record.status.value,
+                record.position,
+                record.outcome,
+                record.failure,
+                record.updated_at,
+                record.ended_at,
+                record.id,
+            )
+            updated = session.run_in_order(s.update_execution, values)
+        else:
+            updated = session.run_now(s.update_execution, _update_values(record))
+        if not updated:
             raise ExecutionNotFound(record.id)
 
     async def _update_execution(self, session: Session, record: ExecutionRecord) -> None:
@@ -729,6 +784,22 @@ class SqlAdapter:
         recorded_at: datetime,
         cap: int | None,
     ) -> int | None:
+        session = self._runner.inline()
+        if session is not None and self._statements().in_order:
+            s = self._statements()
+            ordered: tuple[Any, ...] = (
+                execution_id,
+                door,
+                cap,
+                cap,
+                event,
+                recorded_at,
+                execution_id,
+                execution_id,
+            )
+            if s.new_key is not None:
+                ordered = (s.new_key(), *ordered)
+            return _appended(session.rows_in_order(s.append_input, ordered), cap)
         values = {
             "execution_id": execution_id,
             "door": door,
@@ -736,7 +807,6 @@ class SqlAdapter:
             "recorded_at": recorded_at,
             "cap": cap,
         }
-        session = self._runner.inline()
         if session is None:
             return await self._runner.run(self._append_input, True, values)
         s = self._statements()
