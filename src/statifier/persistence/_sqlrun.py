@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import json
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -77,6 +78,14 @@ def _sqlite_utc_datetime(value: str | None) -> datetime | None:
     return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
 
 
+def _sqlite_json(value: str | None) -> Any:
+    """What ``JSON`` reads on SQLite with the standard deserializer; the empty object
+    (metadata nobody gave) without parsing it."""
+    if value is None:
+        return None
+    return {} if value == "{}" else json.loads(value)
+
+
 def _bind_processor(type_: Any, dialect: sa.Dialect) -> Callable[[Any], Any] | None:
     if dialect.name == "sqlite" and isinstance(type_, UtcDateTime):
         return _sqlite_utc_text
@@ -87,6 +96,9 @@ def _bind_processor(type_: Any, dialect: sa.Dialect) -> Callable[[Any], Any] | N
 def _result_processor(type_: Any, dialect: sa.Dialect) -> Callable[[Any], Any] | None:
     if dialect.name == "sqlite" and isinstance(type_, UtcDateTime):
         return _sqlite_utc_datetime
+    standard_json = getattr(dialect, "_json_deserializer", None) is None
+    if dialect.name == "sqlite" and isinstance(type_, sa.JSON) and standard_json:
+        return _sqlite_json
     processor: Callable[[Any], Any] | None = type_.dialect_impl(dialect).result_processor(
         dialect, None
     )
@@ -98,8 +110,8 @@ class Prepared:
 
     ``values`` given to :meth:`params` are keyed by bind parameter name; literal values
     bound inside the statement are filled in from the compilation. The processors are
-    SQLAlchemy's, except for :class:`UtcDateTime` on SQLite, converted directly to and
-    from the same text.
+    SQLAlchemy's, except on SQLite for :class:`UtcDateTime`, converted directly to and
+    from the same text, and for JSON read with the standard deserializer.
     """
 
     __slots__ = ("_binds", "_converted", "_named", "_results", "names", "returns_rows", "sql")
