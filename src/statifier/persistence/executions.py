@@ -311,7 +311,7 @@ class Executions:
                 await storage.call("update_execution", updating)
             else:
                 await updating
-            storage._remember(position, state)
+            storage._remember(execution_id, position, state)
         if status.terminal:
             self._lifecycle(record, status.value)
         self._stepped(record, door, effects, started)

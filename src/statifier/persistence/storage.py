@@ -46,7 +46,7 @@ Clock = Callable[[], datetime]
 
 _T = TypeVar("_T")
 _MACHINES: Final = 64  # compiled charts kept per storage
-_STATES: Final = 1_024  # positions just stored, kept decoded per storage
+_STATES: Final = 1_024  # executions whose last stored position is kept decoded
 
 
 def utc_now() -> datetime:
@@ -81,7 +81,7 @@ class Storage:
         self.clock = clock
         self.loader = loader
         self._machines: OrderedDict[str, Machine] = OrderedDict()
-        self._states: dict[bytes, MachineState] = {}
+        self._states: dict[str, tuple[bytes, MachineState]] = {}
 
     @property
     def capabilities(self) -> Capabilities:
@@ -185,17 +185,23 @@ class Storage:
         position = record.position
         if position is None:
             raise stored.NotAPosition("the execution's position was pruned")
-        known = self._states.get(position)
-        if known is not None and known.machine is machine:
-            return known
+        if isinstance(record, ExecutionRecord):
+            known = self._states.get(record.id)
+            if known is not None and known[0] == position and known[1].machine is machine:
+                return known[1]
         return stored.load(machine, position)
 
-    def _remember(self, position: bytes, state: MachineState) -> None:
-        """Keep the state just stored as ``position``, so the next load of the same
-        bytes skips decoding them (states are immutable, and dump then load gives an
-        equal state)."""
+    def _remember(self, execution_id: str, position: bytes, state: MachineState) -> None:
+        """Keep the state just stored for an execution as ``position``, so its next
+        load of the same bytes skips decoding them (states are immutable, and dump then
+        load gives an equal state). One state per execution: the one it replaces is
+        dropped at once, while still fresh in memory."""
         states = self._states
-        states[position] = state if state.routes is None else state._replace(routes=None)
+        kept = state if state.routes is None else state._replace(routes=None)
+        if execution_id in states:
+            states[execution_id] = (position, kept)
+            return
+        states[execution_id] = (position, kept)
         if len(states) > _STATES:
             del states[next(iter(states))]
 
