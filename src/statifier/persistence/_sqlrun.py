@@ -9,8 +9,9 @@ The statements then cost what the driver costs, which is what the router's step 
 is bounded by.
 
 A unit of work is one transaction. Inside ``exclusive`` the unit is held by the task
-(a context variable), so every call the task makes in the block joins it; outside,
-each call is a unit of its own. A runner bound to a caller's connection (``joined``)
+(a context variable on PostgreSQL; on SQLite, whose single writer one task holds at a
+time, the writer object itself), so every call the task makes in the block joins it;
+outside, each call is a unit of its own. A runner bound to a caller's connection (``joined``)
 runs everything in the caller's transaction and never commits or rolls back.
 """
 
@@ -288,11 +289,6 @@ async def _holding(owner: object, session: Session, depth: int) -> AsyncIterator
         yield
     finally:
         _HELD.reset(token)
-
-
-def _hold(owner: object, session: Session, depth: int) -> contextvars.Token[tuple[_Held, ...]]:
-    """Mark the current task as holding ``owner``'s unit (undo with ``_HELD.reset``)."""
-    return _HELD.set((*_HELD.get(), _Held(owner, asyncio.current_task(), session, depth)))
 
 
 def lock_timeout_ms(wait: float) -> str:
@@ -578,6 +574,31 @@ def configure_sqlite(driver: sqlite3.Connection) -> None:
     driver.execute("PRAGMA busy_timeout = 0")
 
 
+class SqliteWriter:
+    """The single writer of one SQLite adapter within the process, shared with its
+    joined views: the lock every unit takes, and the task holding it in a block, with
+    the block's session and how deeply blocks are nested in it.
+
+    One task at a time holds the lock, so the holder can live here rather than in a
+    context variable: every call checks it, and a comparison of tasks is cheaper.
+    """
+
+    __slots__ = ("depth", "lock", "session", "task")
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.task: asyncio.Task[Any] | None = None
+        self.session: SqliteSession | None = None
+        self.depth = 0
+
+    def held(self) -> SqliteSession | None:
+        """The block's session if the current task is inside a block, else ``None``."""
+        task = self.task
+        if task is not None and task is asyncio.current_task():
+            return self.session
+        return None
+
+
 class SqliteRunner:
     """Units of work on one ``sqlite3`` connection, serialized by an asyncio lock.
 
@@ -589,30 +610,28 @@ class SqliteRunner:
     def __init__(
         self,
         engine: sa.Engine,
-        owner: object,
-        lock: asyncio.Lock,
+        writer: SqliteWriter,
         claim_sql: str,
         joined: sa.Connection | None = None,
     ) -> None:
         self.engine = engine
         self._claim_sql = claim_sql
         self.dialect = engine.dialect
-        self._owner = owner
-        self._lock = lock
+        self._writer = writer
+        self._lock = writer.lock
         self._joined = joined
         self._pooled: Any = None
         self._restore: tuple[Any, int] | None = None
         self._session: SqliteSession | None = None
 
     def holding(self) -> bool:
-        return self._joined is not None or _held(self._owner) is not None
+        return self._joined is not None or self._writer.held() is not None
 
     def inline(self) -> SqliteSession | None:
         # As run() decides: the held unit's session, else the caller's transaction.
-        unit = _held(self._owner)
-        if unit is not None:
-            assert isinstance(unit.session, SqliteSession)
-            return unit.session
+        session = self._writer.held()
+        if session is not None:
+            return session
         return self._own_session() if self._joined is not None else None
 
     def _own_session(self) -> SqliteSession:
@@ -633,9 +652,9 @@ class SqliteRunner:
         return self._session
 
     async def run(self, operation: Callable[..., Awaitable[T]], write: bool, *args: Any) -> T:
-        unit = _held(self._owner)
-        if unit is not None:
-            return await operation(unit.session, *args)
+        held = self._writer.held()
+        if held is not None:
+            return await operation(held, *args)
         session = self._own_session()
         if self._joined is not None:
             return await operation(session, *args)
@@ -718,35 +737,33 @@ class _SqliteBlock:
     durable step's hot path, and each generator layer costs a few microseconds.
     """
 
-    __slots__ = ("_execution_id", "_locked", "_runner", "_savepoint", "_session", "_token", "_wait")
+    __slots__ = ("_execution_id", "_runner", "_savepoint", "_wait")
 
     def __init__(self, runner: SqliteRunner, execution_id: str, wait: float | None) -> None:
         self._runner = runner
         self._execution_id = execution_id
         self._wait = wait
-        self._locked = False
         self._savepoint: str | None = None
-        self._session: SqliteSession | None = None
-        self._token: contextvars.Token[tuple[_Held, ...]] | None = None
 
     async def __aenter__(self) -> None:
         runner = self._runner
-        owner = runner._owner
-        unit = _held(owner)
-        if unit is not None:
+        writer = runner._writer
+        session = writer.held()
+        if session is not None:
             # Nested: this task already holds the single writer; a savepoint lets a
             # raising block undo itself.
-            assert isinstance(unit.session, SqliteSession)
-            session = unit.session
-            name = f"statifier_unit_{unit.depth + 1}"
-            session.command(f"SAVEPOINT {name}")
+            writer.depth += 1
+            name = f"statifier_unit_{writer.depth}"
+            try:
+                session.command(f"SAVEPOINT {name}")
+            except BaseException:
+                writer.depth -= 1
+                raise
             self._savepoint = name
-            self._session = session
-            self._token = _hold(owner, session, unit.depth + 1)
             return
         execution_id = self._execution_id
         wait = self._wait
-        lock = runner._lock
+        lock = writer.lock
         started = time.monotonic()
         if wait is None:
             await lock.acquire()
@@ -756,7 +773,6 @@ class _SqliteBlock:
                     await lock.acquire()
             except TimeoutError:
                 raise LockTimeout(execution_id, time.monotonic() - started) from None
-        self._locked = True
         try:
             session = runner._own_session()
             deadline = None if wait is None else started + wait
@@ -770,11 +786,11 @@ class _SqliteBlock:
                         raise
                     await runner._begin(session, deadline, execution_id)
         except BaseException:
-            self._locked = False
             lock.release()
             raise
-        self._session = session
-        self._token = _hold(owner, session, 0)
+        writer.task = asyncio.current_task()
+        writer.session = session
+        writer.depth = 0
 
     async def __aexit__(
         self,
@@ -782,18 +798,18 @@ class _SqliteBlock:
         error: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        token, self._token = self._token, None
-        if token is not None:
-            _HELD.reset(token)
-        session = self._session
+        runner = self._runner
+        writer = runner._writer
+        session = writer.session
         assert session is not None
         name = self._savepoint
         if name is not None:
+            writer.depth -= 1
             if error is not None:
                 session.command(f"ROLLBACK TO SAVEPOINT {name}")
             session.command(f"RELEASE SAVEPOINT {name}")
             return
-        runner = self._runner
+        writer.task = writer.session = None
         try:
             if runner._joined is not None:
                 return
@@ -807,6 +823,4 @@ class _SqliteBlock:
                     raise
                 await runner._commit(session)
         finally:
-            if self._locked:
-                self._locked = False
-                runner._lock.release()
+            writer.lock.release()

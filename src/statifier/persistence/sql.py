@@ -36,7 +36,6 @@ The tables must exist: build them with :mod:`statifier.sql.migrations`.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
@@ -54,6 +53,7 @@ from statifier.persistence._sqlrun import (
     Runner,
     Session,
     SqliteRunner,
+    SqliteWriter,
     configure_sqlite,
 )
 from statifier.persistence.adapter import Capabilities
@@ -447,7 +447,7 @@ class _Shared:
         self.tables = tables
         self.engine = engine
         self.owned = owned
-        self.writer = asyncio.Lock()  # SQLite's single writer, within this process
+        self.writer = SqliteWriter()  # SQLite's single writer, within this process
         self.statements: _Statements | None = None
 
 
@@ -523,7 +523,7 @@ class SqlAdapter:
             .values(status=shared.tables.executions.c.status)
             .compile(dialect=shared.engine.dialect)
         )
-        return SqliteRunner(shared.engine, shared, shared.writer, claim, joined)
+        return SqliteRunner(shared.engine, shared.writer, claim, joined)
 
     @property
     def capabilities(self) -> Capabilities:
