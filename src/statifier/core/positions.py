@@ -190,8 +190,9 @@ def _last_event(value: Any) -> Any:
     only when it has some (undefined data is the common case and needs no tag)."""
     if not isinstance(value, dict):
         return None
-    fields = [value.get(key) for key in _EVENT_FIELDS]
-    fields = [None if type(field) is Undefined else field for field in fields]
+    fields = [
+        None if type(field) is Undefined else field for field in map(value.get, _EVENT_FIELDS)
+    ]
     data = value.get("data", UNDEFINED)
     if type(data) is not Undefined:
         fields.append(data)
@@ -229,13 +230,15 @@ def dump(state: MachineState) -> bytes:
         raise ValueError(f"the datamodel is too large to store (over {MAX_STORED_VALUES} values)")
     io = datamodel.get("_ioprocessors")
     identity = state.machine.identity
+    # Empty queues, histories and invocations are the common case: no comprehension.
+    queue, history, invocations = state.internal_queue, state.history, state.invocations
     body = [
         sorted(state.configuration),
-        [_event_json(event) for event in state.internal_queue],
-        [[h, list(value)] for h, value in sorted(state.history.items())],
+        [_event_json(event) for event in queue] if queue else [],
+        [[h, list(value)] for h, value in sorted(history.items())] if history else [],
         sorted(state.entered),
         sorted(state.states_to_invoke),
-        [[s, i, v] for (s, i), v in sorted(state.invocations.items())],
+        [[s, i, v] for (s, i), v in sorted(invocations.items())] if invocations else [],
         data,
         _last_event(datamodel.get("_event")),
         None if io == _standard_io(state.session_id) else io,
