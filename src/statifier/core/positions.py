@@ -288,6 +288,7 @@ _DECODER: Final = json.JSONDecoder(object_hook=_untag)
 
 
 _C_ENCODER: Final[Any] = getattr(json.encoder, "c_make_encoder", None)
+_UNDEFINED_TAG: Final = encode(UNDEFINED)  # what the encoder writes for undefined
 
 
 def _json_text(value: object) -> str:
@@ -343,6 +344,11 @@ def dump_event(event: Event) -> bytes:
             expression language's domain.
     """
     body = _event_json(event)
+    if type(event.data) is Undefined:
+        # The common case: the tag goes in directly, and the data holds no map that
+        # could carry a "$type" key.
+        body[2] = _UNDEFINED_TAG
+        return _json_text(body).encode()
     text = _json_text(body)
     if '"$type"' in text and _has_type_key(body[2], set()):
         raise ValueError("a map with a '$type' key cannot be stored in an event")
