@@ -8,7 +8,9 @@
 Each holds its projection with a lock while it reads, so only one process runs a
 projection at a time; another stands by until the holder lets go
 (:mod:`scriba.sources.standby`), and neither ever reads past a position that a
-transaction still in flight could fill (:mod:`scriba.sources.gaps`).
+transaction still in flight could fill (:mod:`scriba.sources.gaps`). That shared part
+is :class:`~scriba.sources.subscription.SubscribedSource`; each source adds only how it
+reads and decodes.
 """
 
 from scriba.sources.eventsourcing import EventDecodeError, NotificationLogSource

@@ -43,10 +43,7 @@ pipeline reports (the log has no server-side subscription to advance).
 from __future__ import annotations
 
 import asyncio
-import copy
-from collections.abc import Sequence
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -63,21 +60,16 @@ from psycopg import sql
 
 from scriba.event import Event, ProjectionKey
 from scriba.source import SourceError
-from scriba.sources.gaps import PG_RUNNING_SQL, PG_WRITERS_SQL, GapTracker
-from scriba.sources.standby import (
-    AdvisoryLock,
-    FileLock,
-    ProjectionLock,
-    Standby,
-    lock_key,
-    lock_path_beside,
+from scriba.sources.gaps import (
+    MAX_READS_PER_CALL,
+    PG_RUNNING_SQL,
+    PG_WRITERS_SQL,
+    GapTracker,
 )
+from scriba.sources.standby import AdvisoryLock, FileLock, ProjectionLock, lock_key
+from scriba.sources.subscription import SubscribedSource
 
 __all__ = ["EventDecodeError", "NotificationLogSource"]
-
-# A read that settles a gap reads again; a bound keeps one read() short even when
-# every re-read meets a new gap.
-_MAX_READS_PER_CALL = 3
 
 
 class EventDecodeError(SourceError):
@@ -92,24 +84,24 @@ class EventDecodeError(SourceError):
         self.position = position
 
 
-class NotificationLogSource:
+class NotificationLogSource(SubscribedSource):
     """Reads an ``eventsourcing`` notification log (PostgreSQL or SQLite recorder).
+
+    Subscribing, standing by, acknowledging and closing are those of
+    :class:`~scriba.sources.subscription.SubscribedSource` (closing leaves the recorder
+    to the application); a read also raises :class:`EventDecodeError` at a notification
+    the mapper cannot decode.
 
     Args:
         recorder: the application's recorder (``application.recorder``).
         mapper: the application's mapper, to decode events; without one ``data`` is
             the stored state bytes.
-        poll_interval: seconds a read waits before returning nothing, when there is
-            nothing new (or while standing by).
-        lock_check_interval: at most this many seconds pass between checks that the
-            projection lock is still held.
-        lock_path: the lock file on SQLite (default: beside the database file).
+        poll_interval, lock_check_interval, lock_path: as for
+            :class:`~scriba.sources.subscription.SubscribedSource`.
 
     Raises:
         TypeError: the recorder is neither the PostgreSQL nor the SQLite application
             recorder of ``eventsourcing``.
-
-    Reads are not to be made concurrently; the pipeline makes one at a time.
     """
 
     def __init__(
@@ -126,15 +118,15 @@ class NotificationLogSource:
                 "NotificationLogSource reads the PostgreSQL or SQLite application recorder "
                 f"of eventsourcing, not {type(recorder).__qualname__}"
             )
+        super().__init__(
+            "eventsourcing",
+            gaps_can_fill=isinstance(recorder, PostgresApplicationRecorder),
+            poll_interval=poll_interval,
+            lock_check_interval=lock_check_interval,
+            lock_path=lock_path,
+        )
         self._recorder = recorder
         self._mapper = mapper
-        self._poll_interval = poll_interval
-        self._lock_check_interval = lock_check_interval
-        self._lock_path = lock_path
-        self._tracker: GapTracker | None = None
-        self._standby: Standby | None = None
-        self._lock: ProjectionLock | None = None
-        self._acknowledged = 0
 
     @classmethod
     def for_application(
@@ -146,96 +138,7 @@ class NotificationLogSource:
         """
         return cls(application.recorder, mapper=application.mapper, **options)
 
-    @property
-    def holding(self) -> bool:
-        """Whether this source holds its projection (false while standing by)."""
-        return self._standby is not None and self._standby.held
-
-    @property
-    def acknowledged(self) -> int:
-        """The highest position the pipeline reported accounted for."""
-        return self._acknowledged
-
-    @property
-    def lock(self) -> ProjectionLock | None:
-        """The projection lock, once subscribed."""
-        return self._lock
-
-    async def subscribe(self, projection: ProjectionKey, after: int) -> None:
-        """Read from just after notification id ``after``, once this process holds
-        ``projection`` (until then reads return nothing).
-
-        Raises:
-            SourceError: already subscribed.
-        """
-        if self._tracker is not None:
-            raise SourceError("this source is already subscribed; make one source per subscription")
-        self._tracker = GapTracker(after, gaps_can_fill=self._is_postgres)
-        self._acknowledged = after
-        self._lock = self._make_lock(projection)
-        self._standby = Standby(
-            self._lock,
-            projection,
-            "eventsourcing",
-            after=after,
-            check_interval=self._lock_check_interval,
-        )
-        await self._standby.ensure()
-
-    async def read(self, limit: int) -> Sequence[Event]:
-        """At most ``limit`` next events in notification order, possibly none.
-
-        Raises:
-            ValueError: ``limit`` is below 1.
-            SourceError: not subscribed; the lock was lost (:class:`LostLockError`); a
-                notification could not be decoded (:class:`EventDecodeError`); the
-                recorder failed.
-        """
-        if limit < 1:
-            raise ValueError(f"a read limit is 1 or more, not {limit}")
-        if self._tracker is None or self._standby is None:
-            raise SourceError("read before subscribe (or after close)")
-        if not await self._standby.ensure():
-            await asyncio.sleep(self._poll_interval)
-            return []
-        # The thread works on a copy, kept only once its events are handed over: a
-        # read cancelled mid-way must not move the cursor past events nobody got.
-        tracker = copy.copy(self._tracker)
-        try:
-            events = await asyncio.to_thread(self._read_batch, tracker, limit)
-        except PersistenceError as exc:
-            raise SourceError(f"reading the notification log failed: {exc}") from exc
-        self._tracker = tracker
-        if not events:
-            await asyncio.sleep(self._poll_interval)
-        return events
-
-    async def acknowledge(self, position: int) -> None:
-        """Record that every event at or below ``position`` is accounted for.
-
-        Raises:
-            ValueError: ``position`` is beyond what was read (acknowledging it would
-                checkpoint past an event nobody has handled).
-        """
-        read_up_to = self._tracker.cursor if self._tracker is not None else 0
-        if position > read_up_to:
-            raise ValueError(
-                f"cannot acknowledge {position}: only events up to {read_up_to} were read"
-            )
-        self._acknowledged = max(self._acknowledged, position)
-
-    async def close(self) -> None:
-        """Release the projection lock (the recorder stays the application's)."""
-        standby, self._standby = self._standby, None
-        self._tracker = None
-        if standby is not None:
-            await standby.release()
-
     # --- internals ----------------------------------------------------------------------
-
-    @property
-    def _is_postgres(self) -> bool:
-        return isinstance(self._recorder, PostgresApplicationRecorder)
 
     def _make_lock(self, projection: ProjectionKey) -> ProjectionLock:
         recorder = self._recorder
@@ -253,14 +156,18 @@ class NotificationLogSource:
 
             return AdvisoryLock(connect, lock_key(projection))
         assert isinstance(recorder, SQLiteApplicationRecorder)
-        if self._lock_path is not None:
-            return FileLock(Path(self._lock_path))
-        return FileLock(lock_path_beside(recorder.datastore.pool.db_name, projection))
+        return FileLock(self._lock_file(recorder.datastore.pool.db_name, projection))
 
-    def _read_batch(self, tracker: GapTracker, limit: int) -> list[Event]:
+    async def _read_batch(self, tracker: GapTracker, limit: int) -> list[Event]:
+        try:
+            return await asyncio.to_thread(self._select_batch, tracker, limit)
+        except PersistenceError as exc:
+            raise SourceError(f"reading the notification log failed: {exc}") from exc
+
+    def _select_batch(self, tracker: GapTracker, limit: int) -> list[Event]:
         """Runs in a worker thread: select, hold back at unsettled gaps, decode."""
         out: list[Event] = []
-        for _ in range(_MAX_READS_PER_CALL):
+        for _ in range(MAX_READS_PER_CALL):
             notifications = self._recorder.select_notifications(
                 start=tracker.cursor, limit=limit - len(out), inclusive_of_start=False
             )

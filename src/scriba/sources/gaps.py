@@ -36,7 +36,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["PG_RUNNING_SQL", "PG_WRITERS_SQL", "GapTracker"]
+__all__ = ["MAX_READS_PER_CALL", "PG_RUNNING_SQL", "PG_WRITERS_SQL", "GapTracker"]
+
+# A read that settles a gap reads again; a bound keeps one read() short even when
+# every re-read meets a new gap.
+MAX_READS_PER_CALL = 3
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,12 +50,9 @@ by until the holder lets go (:mod:`scriba.sources.standby`).
 
 from __future__ import annotations
 
-import asyncio
-import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any, Final
 
 import psycopg
@@ -65,22 +62,18 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from scriba.event import Event, ProjectionKey
 from scriba.source import SourceError
-from scriba.sources.gaps import PG_RUNNING_SQL, PG_WRITERS_SQL, GapTracker
-from scriba.sources.standby import (
-    AdvisoryLock,
-    FileLock,
-    ProjectionLock,
-    Standby,
-    lock_key,
-    lock_path_beside,
+from scriba.sources.gaps import (
+    MAX_READS_PER_CALL,
+    PG_RUNNING_SQL,
+    PG_WRITERS_SQL,
+    GapTracker,
 )
+from scriba.sources.standby import AdvisoryLock, FileLock, ProjectionLock, lock_key
+from scriba.sources.subscription import SubscribedSource
 
 __all__ = ["NewEvent", "SqlTableSource", "append", "append_async", "event_table"]
 
 DEFAULT_TABLE: Final = "scriba_events"
-
-# A read that settles a gap reads again; a bound keeps one read() short.
-_MAX_READS_PER_CALL: Final = 3
 
 _JSON = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
 
@@ -172,8 +165,12 @@ def _conninfo(url: sa.URL) -> str:
     return url.set(drivername="postgresql").render_as_string(hide_password=False)
 
 
-class SqlTableSource:
+class SqlTableSource(SubscribedSource):
     """Reads an :func:`event_table` in ``position`` order.
+
+    Subscribing, standing by, acknowledging and closing are those of
+    :class:`~scriba.sources.subscription.SubscribedSource`; closing also disposes of an
+    engine this source made.
 
     Args:
         database: a URL (``postgresql://...`` or ``sqlite:///path``), a synchronous
@@ -183,18 +180,13 @@ class SqlTableSource:
             one to hold the projection lock). An engine given stays the caller's; one
             made from a SQLite URL is disposed by :meth:`close`.
         table: the event table (from :func:`event_table`).
-        poll_interval: seconds a read waits before returning nothing, when there is
-            nothing new (or while standing by).
-        lock_check_interval: at most this many seconds between checks that the
-            projection lock is still held.
-        lock_path: the lock file on SQLite (default: beside the database file).
+        poll_interval, lock_check_interval, lock_path: as for
+            :class:`~scriba.sources.subscription.SubscribedSource`.
 
     Raises:
         ValueError: a URL of another database.
         TypeError: a synchronous engine for a database other than SQLite (it would
             block the event loop on the network), or an asyncio engine for SQLite.
-
-    Reads are not to be made concurrently; the pipeline makes one at a time.
     """
 
     def __init__(
@@ -254,103 +246,17 @@ class SqlTableSource:
         pg_dialect = postgresql.psycopg.dialect()  # type: ignore[no-untyped-call]
         self._select_sql = str(self._select.compile(dialect=pg_dialect))
         self._table_sql = pg_dialect.identifier_preparer.format_table(table)
-        self._poll_interval = poll_interval
-        self._lock_check_interval = lock_check_interval
-        self._lock_path = lock_path
-        self._tracker: GapTracker | None = None
-        self._standby: Standby | None = None
-        self._lock: ProjectionLock | None = None
-        self._acknowledged = 0
-
-    @property
-    def holding(self) -> bool:
-        """Whether this source holds its projection (false while standing by)."""
-        return self._standby is not None and self._standby.held
-
-    @property
-    def acknowledged(self) -> int:
-        """The highest position the pipeline reported accounted for."""
-        return self._acknowledged
-
-    @property
-    def lock(self) -> ProjectionLock | None:
-        """The projection lock, once subscribed."""
-        return self._lock
-
-    async def subscribe(self, projection: ProjectionKey, after: int) -> None:
-        """Read from just after ``after``, once this process holds ``projection``
-        (until then reads return nothing).
-
-        Raises:
-            SourceError: already subscribed.
-        """
-        if self._tracker is not None:
-            raise SourceError("this source is already subscribed; make one source per subscription")
-        self._tracker = GapTracker(after, gaps_can_fill=self._conninfo is not None)
-        self._acknowledged = after
-        self._lock = self._make_lock(projection)
-        self._standby = Standby(
-            self._lock,
-            projection,
+        super().__init__(
             "sql_table",
-            after=after,
-            check_interval=self._lock_check_interval,
+            gaps_can_fill=self._conninfo is not None,
+            poll_interval=poll_interval,
+            lock_check_interval=lock_check_interval,
+            lock_path=lock_path,
         )
-        await self._standby.ensure()
-
-    async def read(self, limit: int) -> Sequence[Event]:
-        """At most ``limit`` next events in position order, possibly none.
-
-        Raises:
-            ValueError: ``limit`` is below 1.
-            SourceError: not subscribed; the lock was lost
-                (:class:`~scriba.sources.LostLockError`); the database failed.
-        """
-        if limit < 1:
-            raise ValueError(f"a read limit is 1 or more, not {limit}")
-        if self._tracker is None or self._standby is None:
-            raise SourceError("read before subscribe (or after close)")
-        if not await self._standby.ensure():
-            await asyncio.sleep(self._poll_interval)
-            return []
-        # Work on a copy, kept only once the events are handed over: a read cancelled
-        # between two queries must not move the cursor past events nobody got.
-        tracker = copy.copy(self._tracker)
-        try:
-            if self._conninfo is not None:
-                events = await self._read_postgres(self._conninfo, tracker, limit)
-            else:
-                assert self._sync_engine is not None
-                events = self._read_sqlite(self._sync_engine, tracker, limit)
-        except psycopg.Error as exc:
-            await self._drop_read_connection()  # the next read connects again
-            raise SourceError(f"reading {self._table.name} failed: {exc}") from exc
-        except sa.exc.SQLAlchemyError as exc:
-            raise SourceError(f"reading {self._table.name} failed: {exc}") from exc
-        self._tracker = tracker
-        if not events:
-            await asyncio.sleep(self._poll_interval)
-        return events
-
-    async def acknowledge(self, position: int) -> None:
-        """Record that every event at or below ``position`` is accounted for.
-
-        Raises:
-            ValueError: ``position`` is beyond what was read.
-        """
-        read_up_to = self._tracker.cursor if self._tracker is not None else 0
-        if position > read_up_to:
-            raise ValueError(
-                f"cannot acknowledge {position}: only events up to {read_up_to} were read"
-            )
-        self._acknowledged = max(self._acknowledged, position)
 
     async def close(self) -> None:
         """Release the projection lock, and the engine if this source made it."""
-        standby, self._standby = self._standby, None
-        self._tracker = None
-        if standby is not None:
-            await standby.release()
+        await super().close()
         await self._drop_read_connection()
         if self._owned and self._sync_engine is not None:
             self._owned = False
@@ -366,10 +272,20 @@ class SqlTableSource:
                 return await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
 
             return AdvisoryLock(connect, lock_key(projection))
-        if self._lock_path is not None:
-            return FileLock(Path(self._lock_path))
         assert self._sync_engine is not None
-        return FileLock(lock_path_beside(self._sync_engine.url.database or "", projection))
+        return FileLock(self._lock_file(self._sync_engine.url.database or "", projection))
+
+    async def _read_batch(self, tracker: GapTracker, limit: int) -> list[Event]:
+        try:
+            if self._conninfo is not None:
+                return await self._read_postgres(self._conninfo, tracker, limit)
+            assert self._sync_engine is not None
+            return self._read_sqlite(self._sync_engine, tracker, limit)
+        except psycopg.Error as exc:
+            await self._drop_read_connection()  # the next read connects again
+            raise SourceError(f"reading {self._table.name} failed: {exc}") from exc
+        except sa.exc.SQLAlchemyError as exc:
+            raise SourceError(f"reading {self._table.name} failed: {exc}") from exc
 
     async def _drop_read_connection(self) -> None:
         conn, self._read_conn = self._read_conn, None
@@ -381,7 +297,7 @@ class SqlTableSource:
             self._read_conn = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
         conn = self._read_conn
         out: list[Event] = []
-        for _ in range(_MAX_READS_PER_CALL):
+        for _ in range(MAX_READS_PER_CALL):
             cursor = await conn.execute(
                 self._select_sql, {"after": tracker.cursor, "limit": limit - len(out)}, prepare=True
             )
