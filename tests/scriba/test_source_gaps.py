@@ -6,14 +6,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scriba.sources.gaps import GapTracker
+from scriba.sources.gaps import MAX_READS_PER_CALL, GapTracker
 
 
 def _read(tracker: GapTracker, visible: set[int], running: set[int], limit: int) -> list[int]:
     """One read as the sources make it: select after the cursor, accept, fence with
     the writers running just after, settle and read again once they have all ended."""
     out: list[int] = []
-    for _ in range(3):
+    for _ in range(MAX_READS_PER_CALL):
         rows = sorted(p for p in visible if p > tracker.cursor)[: limit - len(out)]
         accepted = tracker.accept(rows)
         out.extend(rows[:accepted])

@@ -18,7 +18,7 @@ import pytest
 import sqlalchemy as sa
 from eventsourcing.application import Application
 from eventsourcing.domain import Aggregate, event
-from psycopg.conninfo import conninfo_to_dict
+from tests.scriba.source_logs import eventsourcing_postgres_env, holding
 
 from scriba import Event, Insert, Meta, Projection, Result
 from scriba.runtime import Scriba
@@ -78,16 +78,8 @@ def _sql_table(db: SqlDatabase, count: int) -> Setup:
 
 def _notification_log(db: SqlDatabase, count: int) -> Setup:
     if db.dialect == "postgresql":
-        params = conninfo_to_dict(str(sa.make_url(db.url).set(drivername="postgresql")))
-        env = {
-            "PERSISTENCE_MODULE": "eventsourcing.postgres",
-            "POSTGRES_DBNAME": str(params.get("dbname", "postgres")),
-            "POSTGRES_HOST": str(params.get("host", "127.0.0.1")),
-            "POSTGRES_PORT": str(params.get("port", "5432")),
-            "POSTGRES_USER": str(params.get("user", "postgres")),
-            "POSTGRES_PASSWORD": str(params.get("password", "")),
-            "POSTGRES_SCHEMA": str(db.schema),
-        }
+        conninfo = str(sa.make_url(db.url).set(drivername="postgresql"))
+        env = eventsourcing_postgres_env(conninfo, str(db.schema))
     else:
         database = sa.make_url(db.url).database
         env = {"PERSISTENCE_MODULE": "eventsourcing.sqlite", "SQLITE_DBNAME": f"{database}.es"}
@@ -264,21 +256,16 @@ async def test_a_standby_runtime_takes_over_without_handling_anything_twice(
             add(30, 20)
             async with asyncio.timeout(20):
                 await reached["first"].wait()
-            assert not _holding(standby)
+            assert not holding(standby)
             await one.stop(first)
             add(50, 10)
             async with asyncio.timeout(20):
                 await reached["second"].wait()
                 await two.wait_until_caught_up(second)
-            assert _holding(standby)
+            assert holding(standby)
     finally:
         await target_one.close()
         await target_two.close()
     assert sorted(handled["first"]) == list(range(1, 51))
     assert sorted(handled["second"]) == list(range(51, 61))
     assert _projected(sql_database, read_model) == list(range(1, 61))
-
-
-def _holding(source: SqlTableSource) -> bool:
-    # A function, so that mypy does not narrow the property across awaits.
-    return source.holding
