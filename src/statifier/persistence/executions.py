@@ -282,6 +282,7 @@ class Executions:
             entry = _dump_event(event)
             state, effects = handle_event(state, event)
             status, failure, outcome, donedata = _ending(effects)
+            ended = status is not Status.ACTIVE  # _ending answers active or an end
             position = _dump(state)
             if self.executor is not ignore_effects:
                 await self._perform(effects, execution_id, door)
@@ -304,7 +305,7 @@ class Executions:
                 failure,
                 record.created_at,
                 now,
-                now if status.terminal else None,
+                now if ended else None,
             )
             updating = adapter.update_execution(record)
             if enabled(_ADAPTER):
@@ -312,7 +313,7 @@ class Executions:
             else:
                 await updating
             storage._remember(execution_id, position, state)
-        if status.terminal:
+        if ended:
             self._lifecycle(record, status.value)
         self._stepped(record, door, effects, started)
         return Stepped(record, state, tuple(effects), donedata)

@@ -688,7 +688,7 @@ class SqlAdapter:
         s = self._statements()
         if s.in_order:
             values = (
-                record.status.value,
+                record.status._value_,  # the plain attribute behind .value
                 record.position,
                 record.outcome,
                 record.failure,
