@@ -91,6 +91,23 @@ def _sqlite_utc_datetime(value: str | None) -> datetime | None:
     return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
 
 
+def _postgres_utc(value: datetime | None) -> datetime | None:
+    """What :class:`UtcDateTime` binds on PostgreSQL, without the type decorator's
+    layers: the aware time in UTC."""
+    if value is None:
+        return None
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError(f"durable executions store aware datetimes only, not {value!r}")
+    return value.astimezone(UTC)
+
+
+def _postgres_utc_datetime(value: datetime | None) -> datetime | None:
+    """What :class:`UtcDateTime` reads on PostgreSQL: the driver's time in UTC."""
+    if value is None:
+        return None
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
 def _sqlite_json(value: str | None) -> Any:
     """What ``JSON`` reads on SQLite with the standard deserializer; the empty object
     (metadata nobody gave) without parsing it."""
@@ -100,15 +117,15 @@ def _sqlite_json(value: str | None) -> Any:
 
 
 def _bind_processor(type_: Any, dialect: sa.Dialect) -> Callable[[Any], Any] | None:
-    if dialect.name == "sqlite" and isinstance(type_, UtcDateTime):
-        return _sqlite_utc_text
+    if isinstance(type_, UtcDateTime) and dialect.name in ("sqlite", "postgresql"):
+        return _sqlite_utc_text if dialect.name == "sqlite" else _postgres_utc
     processor: Callable[[Any], Any] | None = type_.dialect_impl(dialect).bind_processor(dialect)
     return processor
 
 
 def _result_processor(type_: Any, dialect: sa.Dialect) -> Callable[[Any], Any] | None:
-    if dialect.name == "sqlite" and isinstance(type_, UtcDateTime):
-        return _sqlite_utc_datetime
+    if isinstance(type_, UtcDateTime) and dialect.name in ("sqlite", "postgresql"):
+        return _sqlite_utc_datetime if dialect.name == "sqlite" else _postgres_utc_datetime
     standard_json = getattr(dialect, "_json_deserializer", None) is None
     if dialect.name == "sqlite" and isinstance(type_, sa.JSON) and standard_json:
         return _sqlite_json
@@ -123,8 +140,8 @@ class Prepared:
 
     ``values`` given to :meth:`params` are keyed by bind parameter name; literal values
     bound inside the statement are filled in from the compilation. The processors are
-    SQLAlchemy's, except on SQLite for :class:`UtcDateTime`, converted directly to and
-    from the same text, and for JSON read with the standard deserializer.
+    SQLAlchemy's, except for :class:`UtcDateTime`, converted directly (on SQLite to and
+    from the same text), and on SQLite for JSON read with the standard deserializer.
     """
 
     __slots__ = ("_binds", "_converted", "_named", "_results", "names", "returns_rows", "sql")
@@ -265,6 +282,20 @@ class PostgresSession:
 
     async def run_many(self, prepared: Prepared, values: Sequence[Mapping[str, Any]]) -> None:
         await self._cursor.executemany(prepared.sql, [prepared.params(v) for v in values])
+
+    async def rows_in_order(self, prepared: Prepared, values: Sequence[Any]) -> list[Any]:
+        """:meth:`rows` with the values in the order of ``prepared.names``, the rows as
+        the driver answers them (no result processing)."""
+        cursor = self._cursor
+        await cursor.execute(prepared.sql, prepared.args(values))
+        rows: list[Any] = await cursor.fetchall()
+        return rows
+
+    async def run_in_order(self, prepared: Prepared, values: Sequence[Any]) -> int:
+        """:meth:`run` with the values in the order of ``prepared.names``."""
+        cursor = self._cursor
+        await cursor.execute(prepared.sql, prepared.args(values))
+        return int(cursor.rowcount)
 
     async def command(self, sql: str) -> None:
         await self._cursor.execute(sql)
@@ -441,6 +472,14 @@ class PostgresRunner:
     def inline(self) -> SqliteSession | None:
         return None
 
+    def held(self) -> PostgresSession | None:
+        """The session of the block the current task is inside, if any."""
+        unit = _held(self._owner)
+        if unit is None:
+            return None
+        assert isinstance(unit.session, PostgresSession)
+        return unit.session
+
     def _statements(self) -> PostgresStatements:
         if self._locks is None:
             self._locks = PostgresStatements(self.dialect)
@@ -470,8 +509,11 @@ class PostgresRunner:
         await self._kept.give_back(kept, committed=True)
         return result
 
+    def exclusive(self, execution_id: str, wait: float | None) -> AbstractAsyncContextManager[None]:
+        return _PostgresBlock(self, execution_id, wait)
+
     @asynccontextmanager
-    async def exclusive(self, execution_id: str, wait: float | None) -> AsyncIterator[None]:
+    async def _exclusive(self, execution_id: str, wait: float | None) -> AsyncIterator[None]:
         unit = _held(self._owner)
         if unit is not None:
             # Nested (a child created inside its parent's step): one more advisory lock
@@ -545,6 +587,66 @@ class PostgresRunner:
     async def close(self) -> None:
         self._joined_session = None
         await self._kept.close()
+
+
+class _PostgresBlock:
+    """One ``exclusive`` block on PostgreSQL. The usual case, a block in a transaction
+    of the runner's own, is written out here (a kept connection, the advisory lock,
+    the unit held by the task, the commit): a class, for the step's hot path. Nested
+    blocks and blocks in a caller's transaction go through the generator-based
+    ``PostgresRunner._exclusive``."""
+
+    __slots__ = ("_execution_id", "_kept", "_other", "_runner", "_token", "_wait")
+
+    def __init__(self, runner: PostgresRunner, execution_id: str, wait: float | None) -> None:
+        self._runner = runner
+        self._execution_id = execution_id
+        self._wait = wait
+        self._kept: _Kept | None = None
+        self._token: contextvars.Token[tuple[_Held, ...]] | None = None
+        self._other: AbstractAsyncContextManager[None] | None = None
+
+    async def __aenter__(self) -> None:
+        runner = self._runner
+        if runner._joined is not None or _held(runner._owner) is not None:
+            other = runner._exclusive(self._execution_id, self._wait)
+            await other.__aenter__()
+            self._other = other
+            return
+        kept = await runner._kept.take()
+        session = kept.session
+        try:
+            await runner._acquire(session, self._execution_id, self._wait, savepoint=False)
+        except BaseException:
+            await runner._kept.give_back(kept, committed=False)
+            raise
+        self._kept = kept
+        unit = _Held(runner._owner, asyncio.current_task(), session, 0)
+        self._token = _HELD.set((*_HELD.get(), unit))
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> bool | None:
+        if self._other is not None:
+            return await self._other.__aexit__(kind, error, traceback)
+        kept, token = self._kept, self._token
+        assert kept is not None
+        assert token is not None
+        _HELD.reset(token)
+        kept_connections = self._runner._kept
+        if error is not None:
+            await kept_connections.give_back(kept, committed=False)
+            return None
+        try:
+            await kept.session.driver.commit()
+        except BaseException:
+            await kept_connections.give_back(kept, committed=False)
+            raise
+        await kept_connections.give_back(kept, committed=True)
+        return None
 
 
 # --- SQLite -----------------------------------------------------------------------------

@@ -49,10 +49,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 
 from statifier.persistence._sqlrun import (
     PostgresRunner,
+    PostgresSession,
     Prepared,
     Runner,
     Session,
     SqliteRunner,
+    SqliteSession,
     SqliteWriter,
     configure_sqlite,
 )
@@ -656,20 +658,35 @@ class SqlAdapter:
         if not await session.rows(s.insert_execution, values):
             raise ExecutionExists(record.id)
 
-    # The three calls of a durable step run inline on SQLite inside a block: no
-    # coroutine layers between the step and the driver.
+    # The three calls of a durable step, inside a block, skip the runner: on SQLite they
+    # run inline on the block's session, on PostgreSQL straight on it, bound from
+    # tuples in the statements' compiled order.
+
+    def _in_block(self) -> tuple[SqliteSession | None, PostgresSession | None]:
+        """The session of the block (or caller's transaction, on SQLite) a call of the
+        current task runs in, SQLite's or PostgreSQL's, if the fast path applies."""
+        runner = self._runner
+        if not self._statements().in_order:
+            return None, None
+        inline = runner.inline()
+        if inline is not None or not isinstance(runner, PostgresRunner):
+            return inline, None
+        return None, runner.held()
 
     async def fetch_execution(self, execution_id: str) -> ExecutionRecord | None:
-        session = self._runner.inline()
-        if session is None:
+        inline, held = self._in_block()
+        if inline is None and held is None:
             return await self._runner.run(self._fetch_execution, False, execution_id)
         s = self._statements()
-        prepared = s.fetch_execution
-        if s.in_order:
-            rows = session.rows_in_order(prepared, (execution_id,))
-            return _execution(prepared.row(rows[0])) if rows else None
-        rows = session.rows_now(prepared, {"id": execution_id})
-        return _execution(rows[0]) if rows else None
+        if held is not None:
+            # Inside a block on PostgreSQL: the row lock too (see _fetch_execution).
+            prepared = s.fetch_execution_locked or s.fetch_execution
+            rows = await held.rows_in_order(prepared, (execution_id,))
+        else:
+            assert inline is not None
+            prepared = s.fetch_execution
+            rows = inline.rows_in_order(prepared, (execution_id,))
+        return _execution(prepared.row(rows[0])) if rows else None
 
     async def _fetch_execution(self, session: Session, execution_id: str) -> ExecutionRecord | None:
         s = self._statements()
@@ -681,24 +698,25 @@ class SqlAdapter:
         return _execution(rows[0]) if rows else None
 
     async def update_execution(self, record: ExecutionRecord) -> None:
-        session = self._runner.inline()
-        if session is None:
+        inline, held = self._in_block()
+        if inline is None and held is None:
             await self._runner.run(self._update_execution, True, record)
             return
         s = self._statements()
-        if s.in_order:
-            values = (
-                record.status._value_,  # the plain attribute behind .value
-                record.position,
-                record.outcome,
-                record.failure,
-                record.updated_at,
-                record.ended_at,
-                record.id,
-            )
-            updated = session.run_in_order(s.update_execution, values)
+        values = (
+            record.status._value_,  # the plain attribute behind .value
+            record.position,
+            record.outcome,
+            record.failure,
+            record.updated_at,
+            record.ended_at,
+            record.id,
+        )
+        if held is not None:
+            updated = await held.run_in_order(s.update_execution, values)
         else:
-            updated = session.run_now(s.update_execution, _update_values(record))
+            assert inline is not None
+            updated = inline.run_in_order(s.update_execution, values)
         if not updated:
             raise ExecutionNotFound(record.id)
 
@@ -784,8 +802,8 @@ class SqlAdapter:
         recorded_at: datetime,
         cap: int | None,
     ) -> int | None:
-        session = self._runner.inline()
-        if session is not None and self._statements().in_order:
+        inline, held = self._in_block()
+        if inline is not None or held is not None:
             s = self._statements()
             ordered: tuple[Any, ...] = (
                 execution_id,
@@ -799,7 +817,10 @@ class SqlAdapter:
             )
             if s.new_key is not None:
                 ordered = (s.new_key(), *ordered)
-            return _appended(session.rows_in_order(s.append_input, ordered), cap)
+            if held is not None:
+                return _appended(await held.rows_in_order(s.append_input, ordered), cap)
+            assert inline is not None
+            return _appended(inline.rows_in_order(s.append_input, ordered), cap)
         values = {
             "execution_id": execution_id,
             "door": door,
@@ -807,12 +828,7 @@ class SqlAdapter:
             "recorded_at": recorded_at,
             "cap": cap,
         }
-        if session is None:
-            return await self._runner.run(self._append_input, True, values)
-        s = self._statements()
-        if s.new_key is not None:
-            values["id"] = s.new_key()
-        return _appended(session.rows_now(s.append_input, values), cap)
+        return await self._runner.run(self._append_input, True, values)
 
     async def _append_input(self, session: Session, values: dict[str, Any]) -> int | None:
         s = self._statements()
