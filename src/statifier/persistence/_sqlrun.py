@@ -189,9 +189,11 @@ class Prepared:
             positional[index] = processor(positional[index])
         return positional
 
-    def args(self, values: Sequence[Any]) -> list[Any]:
+    def args(self, values: Sequence[Any]) -> Sequence[Any]:
         """The driver's positional parameters for ``values`` given in the order of
         :attr:`names` (a positional paramstyle only)."""
+        if not self._converted:
+            return values
         positional = list(values)
         for index, _name, processor in self._converted:
             positional[index] = processor(positional[index])
@@ -878,7 +880,7 @@ class _SqliteBlock:
         execution_id = self._execution_id
         wait = self._wait
         lock = writer.lock
-        started = time.monotonic()
+        started = 0.0 if wait is None else time.monotonic()
         if wait is None:
             await lock.acquire()
         else:

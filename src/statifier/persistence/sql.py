@@ -668,10 +668,9 @@ class SqlAdapter:
         runner = self._runner
         if not self._statements().in_order:
             return None, None
-        inline = runner.inline()
-        if inline is not None or not isinstance(runner, PostgresRunner):
-            return inline, None
-        return None, runner.held()
+        if isinstance(runner, PostgresRunner):
+            return None, runner.held()
+        return runner.inline(), None
 
     async def fetch_execution(self, execution_id: str) -> ExecutionRecord | None:
         inline, held = self._in_block()
