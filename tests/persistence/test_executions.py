@@ -334,16 +334,17 @@ async def test_concurrent_steps_of_one_execution_lose_and_duplicate_nothing(
 async def test_a_lock_wait_beyond_the_bound_is_a_typed_error(
     adapter: Adapter, payment: Machine
 ) -> None:
-    release = asyncio.Event()
+    entered, release = asyncio.Event(), asyncio.Event()
 
     async def slow(effect: fx.Effect, context: EffectContext) -> None:
+        entered.set()  # the holder is inside its block, holding the lock
         await release.wait()
 
     storage = Storage(adapter)
     holder = Executions(storage, executor=slow)
     waiter = Executions(storage, lock_wait=0.05)
     held = asyncio.create_task(holder.create("c", payment))  # its onentry log waits
-    await asyncio.sleep(0.01)
+    await asyncio.wait_for(entered.wait(), timeout=10)
     with pytest.raises(LockTimeout) as caught:
         await waiter.step("c", payment, Event("authorized"))
     assert caught.value.execution_id == "c"
