@@ -183,6 +183,9 @@ class _Interpreter(ContentRunner):
         return work
 
     def freeze(self) -> MachineState:
+        # The step is over: drop the options that point back at this object, so the
+        # work is freed by reference counting rather than left to the cycle collector.
+        self._options = None
         original = self.original
         entered = self.entered
         states_to_invoke = self.states_to_invoke
