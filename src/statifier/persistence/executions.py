@@ -79,8 +79,6 @@ cancels the children."""
 MAX_METADATA_PAIRS: Final = 64
 MAX_METADATA_TEXT: Final = 1_024
 
-_ADAPTER: Final = "statifier.persistence.adapter"  # the telemetry event of adapter calls
-
 
 @dataclass(frozen=True, slots=True)
 class Stepped:
@@ -261,14 +259,10 @@ class Executions:
         started = time.perf_counter()
         storage = self.storage
         adapter = storage.adapter
-        # The hot path: the exclusion is entered directly, not through _exclusive, and
-        # the adapter is awaited directly unless its calls are observed.
+        # The hot path: the exclusion is entered directly, not through _exclusive.
         async with self.serialization.exclusive(execution_id):
             _locked(execution_id, started)
-            fetching = adapter.fetch_execution(execution_id)
-            found = await (
-                storage.call("fetch_execution", fetching) if enabled(_ADAPTER) else fetching
-            )
+            found = await storage.call("fetch_execution", adapter.fetch_execution(execution_id))
             if found is None:
                 raise ExecutionNotFound(execution_id)
             record = found
@@ -288,13 +282,9 @@ class Executions:
                 await self._perform(effects, execution_id, door)
             now = storage.clock()
             if storage.capabilities.input_log:
-                appending = adapter.append_input(
-                    execution_id, door, entry, now, storage.input_log_cap
-                )
-                if enabled(_ADAPTER):
-                    await storage.call("append_input", appending)
-                else:
-                    await appending
+                cap = storage.input_log_cap
+                appending = adapter.append_input(execution_id, door, entry, now, cap)
+                await storage.call("append_input", appending)
             record = ExecutionRecord(
                 record.id,
                 record.content_hash,
@@ -307,11 +297,7 @@ class Executions:
                 now,
                 now if ended else None,
             )
-            updating = adapter.update_execution(record)
-            if enabled(_ADAPTER):
-                await storage.call("update_execution", updating)
-            else:
-                await updating
+            await storage.call("update_execution", adapter.update_execution(record))
             storage._remember(execution_id, position, state)
         if ended:
             self._lifecycle(record, status.value)
