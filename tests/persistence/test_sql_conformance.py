@@ -8,10 +8,10 @@ import pytest
 
 from statifier.persistence.adapter import Adapter
 from statifier.persistence.sql import SqlAdapter
-from statifier.persistence.testing import AdapterConformance
+from statifier.persistence.testing import FullConformance
 
 
-class TestSqlAdapter(AdapterConformance):
+class TestSqlAdapter(FullConformance):
     exclusive_rolls_back = True
 
     @pytest.fixture(autouse=True)

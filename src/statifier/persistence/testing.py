@@ -1,26 +1,30 @@
 """The storage conformance suite: hold any adapter to the :class:`~statifier.persistence.Adapter`
 contract from pytest.
 
-Subclass :class:`AdapterConformance` in a test module, name the subclass ``Test...`` so
-pytest collects it, and answer a fresh adapter over an empty store from
-:meth:`~AdapterConformance.make_adapter`. Every test method of the base class then runs
-against it:
+The suite is a set of test classes: :class:`AdapterConformance` checks the required
+operations, and one class per optional capability checks it
+(:class:`ChartRetirementConformance`, :class:`MetadataConformance`,
+:class:`InputLogConformance`, :class:`LockConformance`); :class:`FullConformance` is all
+of them together. Subclass the ones your adapter declares in a test module, name the
+subclass ``Test...`` so pytest collects it, and answer a fresh adapter over an empty
+store from ``make_adapter``:
 
 >>> from statifier.persistence import MemoryAdapter
->>> from statifier.persistence.testing import AdapterConformance
->>> class TestMemoryAdapter(AdapterConformance):
+>>> from statifier.persistence.testing import FullConformance
+>>> class TestMemoryAdapter(FullConformance):
 ...     async def make_adapter(self) -> MemoryAdapter:
 ...         return MemoryAdapter()
 >>> sorted(name for name in dir(TestMemoryAdapter) if name.startswith("test_"))[:2]
 ['test_capabilities_are_declared', 'test_chart_fetch_of_a_missing_hash_answers_none']
 
 The suite needs pytest and pytest-asyncio (it marks its coroutines itself, so it runs in
-strict mode) and no particular database. It assumes what the contract promises and
-nothing more:
+strict mode) and no particular database. Every check it collects runs; nothing is
+skipped. It assumes what the contract promises and nothing more:
 
-- Checks of an optional capability run only when the adapter declares it; the others
-  are skipped with the capability's name as the reason. An adapter that does not
-  declare ``lock`` is held to nothing about ``exclusive``.
+- Each capability class first checks that the adapter declares the capability, so
+  holding an adapter to a capability it does not declare fails at once. An adapter that
+  does not declare ``lock`` leaves out :class:`LockConformance` and is held to nothing
+  about ``exclusive``.
 - Times are compared as instants, to within a microsecond, and must come back
   timezone-aware (a time stored with a ``+05:30`` offset may come back in UTC).
 - ``list_by_metadata({})`` lists every execution: the contract lists executions whose
@@ -31,13 +35,14 @@ nothing more:
   entry for an execution that exists. Saved positions are written without their chart
   and locks are taken on ids that may not exist yet, as the facade does.
 
-Two class attributes describe what the contract leaves to the store:
+Two attributes of :class:`LockConformance` describe what the contract leaves to the
+store:
 
-- :attr:`~AdapterConformance.exclusive_locks_whole_store`: set it for a store whose lock
+- :attr:`~LockConformance.exclusive_locks_whole_store`: set it for a store whose lock
   admits one writer at a time whatever the execution (SQLite's single writer). The suite
   then checks that a block on another execution enters once the first one ends, instead
   of beside it.
-- :attr:`~AdapterConformance.exclusive_rolls_back`: set it for an adapter whose
+- :attr:`~LockConformance.exclusive_rolls_back`: set it for an adapter whose
   ``exclusive`` block is a transaction; the suite then checks that a block which raises
   leaves nothing behind. The in-memory adapter keeps what a raising block wrote.
 """
@@ -63,7 +68,14 @@ from statifier.persistence.records import (
     Status,
 )
 
-__all__ = ["AdapterConformance"]
+__all__ = [
+    "AdapterConformance",
+    "ChartRetirementConformance",
+    "FullConformance",
+    "InputLogConformance",
+    "LockConformance",
+    "MetadataConformance",
+]
 
 # Times carry microseconds, so a store that keeps milliseconds or seconds is caught.
 _BASE = datetime(2024, 5, 1, 12, 0, 0, 123457, tzinfo=UTC)
@@ -245,13 +257,8 @@ class _Holder:
             await self.task
 
 
-def _require(adapter: Adapter, capability: str) -> None:
-    if not getattr(adapter.capabilities, capability):
-        pytest.skip(f"the adapter does not declare the {capability} capability")
-
-
-class AdapterConformance:
-    """Test methods that hold one adapter to the whole adapter contract.
+class _AdapterSuite:
+    """What every conformance class shares: the adapter under test and helpers.
 
     Override :meth:`make_adapter` (and :meth:`close_adapter` if the adapter holds
     resources). Each test method gets its own adapter, which must start over an empty
@@ -259,11 +266,6 @@ class AdapterConformance:
     subclass may need (a database URL, say) can come from an autouse fixture of the
     subclass that stores them on ``self``; pytest runs it before :meth:`adapter`.
     """
-
-    #: The store admits one ``exclusive`` block at a time whatever the execution.
-    exclusive_locks_whole_store: bool = False
-    #: An ``exclusive`` block is a transaction: a block that raises leaves nothing.
-    exclusive_rolls_back: bool = False
 
     async def make_adapter(self) -> Adapter:
         """A fresh adapter over an empty store."""
@@ -281,15 +283,50 @@ class AdapterConformance:
         finally:
             await self.close_adapter(adapter)
 
-    # Capabilities.
+    # Helpers the checks share.
+
+    async def _insert_tagged(self, adapter: Adapter, tags: Mapping[str, Mapping[str, str]]) -> None:
+        for execution_id, metadata in tags.items():
+            await _insert(adapter, _execution(execution_id, metadata=metadata))
+
+    async def _listed(self, adapter: Adapter, pairs: Mapping[str, str]) -> set[str]:
+        records = await adapter.list_by_metadata(pairs)
+        ids = [record.id for record in records]
+        assert len(ids) == len(set(ids)), f"listed an execution twice: {ids!r}"
+        return set(ids)
+
+    async def _insert_for_prune(self, adapter: Adapter) -> dict[str, ExecutionRecord]:
+        cutoff = _at(60)
+        records = {
+            "old-completed": _ended("old-completed", cutoff - timedelta(days=3)),
+            "old-failed": _ended(
+                "old-failed",
+                (cutoff - timedelta(microseconds=1)).astimezone(_INDIA),
+                status=Status.FAILED,
+                failure="failed_final",
+            ),
+            "at-cutoff": _ended("at-cutoff", cutoff),
+            "recent": _ended("recent", cutoff + timedelta(minutes=1)),
+            "running": _execution("running", updated_at=cutoff - timedelta(days=3)),
+            "already-pruned": _ended("already-pruned", cutoff - timedelta(days=5), position=None),
+        }
+        if adapter.capabilities.metadata:
+            records["old-completed"] = replace(records["old-completed"], metadata={"t": "1"})
+        for record in records.values():
+            await _insert(adapter, record)
+            if adapter.capabilities.input_log and record.position is not None:
+                await adapter.append_input(record.id, "step", b"[1]", _at(0), None)
+        return records
+
+
+class AdapterConformance(_AdapterSuite):
+    """The required operations: charts, executions, saved positions, prune."""
 
     @pytest.mark.asyncio
     async def test_capabilities_are_declared(self, adapter: Adapter) -> None:
         declared = adapter.capabilities
         assert isinstance(declared, Capabilities)
         assert adapter.capabilities == declared, "capabilities changed between two reads"
-
-    # Charts.
 
     @pytest.mark.asyncio
     async def test_chart_save_and_fetch_round_trip(self, adapter: Adapter) -> None:
@@ -313,53 +350,6 @@ class AdapterConformance:
         await adapter.save_chart(first)
         _assert_same_chart(await adapter.save_chart(second), first)
         _assert_same_chart(await adapter.fetch_chart(_HASH_A), first)
-
-    @pytest.mark.asyncio
-    async def test_chart_retire_leaves_a_tombstone(self, adapter: Adapter) -> None:
-        _require(adapter, "chart_retirement")
-        chart = _chart()
-        await adapter.save_chart(chart)
-        tombstone = replace(chart, source=None, retired_by="ops@example.test", retired_at=_at(9))
-        answer = await adapter.retire_chart(_HASH_A, "ops@example.test", _at(9))
-        _assert_same_chart(answer, tombstone)
-        _assert_same_chart(await adapter.fetch_chart(_HASH_A), tombstone)
-
-    @pytest.mark.asyncio
-    async def test_chart_retire_of_a_missing_hash_answers_none(self, adapter: Adapter) -> None:
-        _require(adapter, "chart_retirement")
-        assert await adapter.retire_chart(_HASH_A, "ops", _at(9)) is None
-        assert await adapter.fetch_chart(_HASH_A) is None
-
-    @pytest.mark.asyncio
-    async def test_chart_retire_twice_answers_the_first_tombstone(self, adapter: Adapter) -> None:
-        _require(adapter, "chart_retirement")
-        chart = _chart()
-        await adapter.save_chart(chart)
-        await adapter.retire_chart(_HASH_A, "first", _at(9))
-        tombstone = replace(chart, source=None, retired_by="first", retired_at=_at(9))
-        _assert_same_chart(await adapter.retire_chart(_HASH_A, "second", _at(20)), tombstone)
-        _assert_same_chart(await adapter.fetch_chart(_HASH_A), tombstone)
-
-    @pytest.mark.asyncio
-    async def test_chart_save_after_retire_answers_the_tombstone(self, adapter: Adapter) -> None:
-        _require(adapter, "chart_retirement")
-        chart = _chart()
-        await adapter.save_chart(chart)
-        await adapter.retire_chart(_HASH_A, "ops", _at(9))
-        tombstone = replace(chart, source=None, retired_by="ops", retired_at=_at(9))
-        _assert_same_chart(await adapter.save_chart(chart), tombstone)
-        _assert_same_chart(await adapter.fetch_chart(_HASH_A), tombstone)
-
-    @pytest.mark.asyncio
-    async def test_chart_retire_touches_only_its_hash(self, adapter: Adapter) -> None:
-        _require(adapter, "chart_retirement")
-        other = _chart(_HASH_B)
-        await adapter.save_chart(_chart())
-        await adapter.save_chart(other)
-        await adapter.retire_chart(_HASH_A, "ops", _at(9))
-        _assert_same_chart(await adapter.fetch_chart(_HASH_B), other)
-
-    # Executions.
 
     @pytest.mark.asyncio
     async def test_execution_round_trips_every_field(self, adapter: Adapter) -> None:
@@ -514,131 +504,6 @@ class AdapterConformance:
 
     # Listing by metadata.
 
-    async def _insert_tagged(self, adapter: Adapter, tags: Mapping[str, Mapping[str, str]]) -> None:
-        for execution_id, metadata in tags.items():
-            await _insert(adapter, _execution(execution_id, metadata=metadata))
-
-    async def _listed(self, adapter: Adapter, pairs: Mapping[str, str]) -> set[str]:
-        records = await adapter.list_by_metadata(pairs)
-        ids = [record.id for record in records]
-        assert len(ids) == len(set(ids)), f"listed an execution twice: {ids!r}"
-        return set(ids)
-
-    @pytest.mark.asyncio
-    async def test_metadata_lists_by_equality_on_all_pairs(self, adapter: Adapter) -> None:
-        _require(adapter, "metadata")
-        await self._insert_tagged(
-            adapter,
-            {
-                "a1": {"tenant": "a", "account": "1"},
-                "a2": {"tenant": "a", "account": "2", "region": "eu"},
-                "b1": {"tenant": "b", "account": "1"},
-                "ab": {"tenant": "ab", "account": "1"},
-                "none": {},
-            },
-        )
-        assert await self._listed(adapter, {"tenant": "a"}) == {"a1", "a2"}
-        assert await self._listed(adapter, {"tenant": "a", "account": "1"}) == {"a1"}
-        assert await self._listed(adapter, {"account": "1"}) == {"a1", "b1", "ab"}
-        assert await self._listed(adapter, {"account": "2", "region": "eu"}) == {"a2"}
-        assert await self._listed(adapter, {"tenant": "a", "missing": "x"}) == set()
-        assert await self._listed(adapter, {"tenant": "c"}) == set()
-        assert await self._listed(adapter, {"tenant": "A"}) == set()
-        assert await self._listed(adapter, {"tenan": "a"}) == set()
-        assert await self._listed(adapter, {"tenant": ""}) == set()
-
-    @pytest.mark.asyncio
-    async def test_metadata_listing_answers_whole_records(self, adapter: Adapter) -> None:
-        _require(adapter, "metadata")
-        record = _ended("exec-1", _at(4), metadata={"tenant": "a", "parent": "p-1"})
-        await _insert(adapter, record)
-        listed = await adapter.list_by_metadata({"parent": "p-1"})
-        assert len(listed) == 1, f"expected one record, got {listed!r}"
-        _assert_same_execution(listed[0], record)
-
-    @pytest.mark.asyncio
-    async def test_metadata_with_awkward_keys_and_values(self, adapter: Adapter) -> None:
-        _require(adapter, "metadata")
-        awkward = {
-            "quote'key": "it's",
-            'double"key': 'say "hi"',
-            "dotted.key": "a.b.c",
-            "$.path[0]": "$[0]",
-            "back\\slash": "c:\\dir",
-            "like%_": "50%_off",
-            "ключ": "значение 🙂",
-            "spaced key": " padded ",
-            "blank": "",
-            "number": "123",
-            "truth": "true",
-            "nothing": "null",
-            "json": '{"a": [1]}',
-        }
-        await self._insert_tagged(adapter, {"odd": awkward, "plain": {"tenant": "a"}})
-        fetched = await adapter.fetch_execution("odd")
-        assert fetched is not None
-        assert dict(fetched.metadata) == awkward
-        for key, value in awkward.items():
-            assert await self._listed(adapter, {key: value}) == {"odd"}, (key, value)
-        assert await self._listed(adapter, awkward) == {"odd"}
-        assert await adapter.statuses_by_metadata(awkward) == {"odd": Status.ACTIVE}
-        # Near misses match nothing.
-        for pairs in (
-            {"number": "0123"},
-            {"truth": "True"},
-            {"blank": " "},
-            {"dotted": "a"},
-            {"dotted.key": "a"},
-            {"like%_": "50"},
-            {"like%": "50%_off"},
-        ):
-            assert await self._listed(adapter, pairs) == set(), pairs
-
-    @pytest.mark.asyncio
-    async def test_metadata_empty_pairs_list_every_execution(self, adapter: Adapter) -> None:
-        _require(adapter, "metadata")
-        assert await self._listed(adapter, {}) == set()
-        await self._insert_tagged(adapter, {"tagged": {"tenant": "a"}, "untagged": {}})
-        assert await self._listed(adapter, {}) == {"tagged", "untagged"}
-        expected = {"tagged": Status.ACTIVE, "untagged": Status.ACTIVE}
-        assert await adapter.statuses_by_metadata({}) == expected
-
-    @pytest.mark.asyncio
-    async def test_metadata_statuses_by_metadata(self, adapter: Adapter) -> None:
-        _require(adapter, "metadata")
-        await self._insert_tagged(
-            adapter,
-            {
-                "child-1": {"parent": "p"},
-                "child-2": {"parent": "p", "slot": "2"},
-                "child-3": {"parent": "p"},
-                "stranger": {"parent": "q"},
-            },
-        )
-        await adapter.update_execution(
-            _execution("child-2", status=Status.FAILED, ended_at=_at(3), failure="x")
-        )
-        await adapter.update_execution(_execution("child-3", status=Status.COMPLETED))
-        assert await adapter.statuses_by_metadata({"parent": "p"}) == {
-            "child-1": Status.ACTIVE,
-            "child-2": Status.FAILED,
-            "child-3": Status.COMPLETED,
-        }
-        assert await adapter.statuses_by_metadata({"parent": "p", "slot": "2"}) == {
-            "child-2": Status.FAILED
-        }
-        assert await adapter.statuses_by_metadata({"parent": "z"}) == {}
-
-    @pytest.mark.asyncio
-    async def test_metadata_is_kept_by_updates(self, adapter: Adapter) -> None:
-        _require(adapter, "metadata")
-        await self._insert_tagged(adapter, {"exec-1": {"tenant": "a"}})
-        await adapter.update_execution(_execution(metadata={"tenant": "b"}))
-        assert await self._listed(adapter, {"tenant": "a"}) == {"exec-1"}
-        assert await self._listed(adapter, {"tenant": "b"}) == set()
-
-    # Saved positions.
-
     @pytest.mark.asyncio
     async def test_position_save_fetch_and_replace(self, adapter: Adapter) -> None:
         first = PositionRecord("session-1", _HASH_A, _BLOB, _at(1).astimezone(_INDIA))
@@ -690,126 +555,6 @@ class AdapterConformance:
         assert await adapter.delete_position("shared-id") is True
         _assert_same_execution(await adapter.fetch_execution("shared-id"), _execution("shared-id"))
 
-    # The input log.
-
-    @pytest.mark.asyncio
-    async def test_input_log_is_dense_from_zero(self, adapter: Adapter) -> None:
-        _require(adapter, "input_log")
-        await _insert(adapter, _execution())
-        assert await adapter.inputs("exec-1") == []
-        entries = [
-            ("step", b'["advance"]', _at(1)),
-            ("answer", b'["done.invoke.call", {"ok": 1}]', _at(2).astimezone(_INDIA)),
-            ("cancel", _BLOB, _at(3)),
-        ]
-        for seq, (door, event, recorded_at) in enumerate(entries):
-            assert await adapter.append_input("exec-1", door, event, recorded_at, None) == seq
-        expected = [
-            InputRecord("exec-1", seq, door, event, recorded_at)
-            for seq, (door, event, recorded_at) in enumerate(entries)
-        ]
-        _assert_same_log(await adapter.inputs("exec-1"), expected)
-
-    @pytest.mark.asyncio
-    async def test_input_log_without_a_cap_keeps_everything(self, adapter: Adapter) -> None:
-        _require(adapter, "input_log")
-        await _insert(adapter, _execution())
-        answers = [
-            await adapter.append_input("exec-1", "step", b"[%d]" % n, _at(n), None)
-            for n in range(25)
-        ]
-        assert answers == list(range(25))
-        log = await adapter.inputs("exec-1")
-        assert [(r.seq, r.event) for r in log] == [(n, b"[%d]" % n) for n in range(25)]
-
-    @pytest.mark.asyncio
-    async def test_input_log_cap_closes_the_log_with_a_marker(self, adapter: Adapter) -> None:
-        _require(adapter, "input_log")
-        await _insert(adapter, _execution())
-        assert await adapter.append_input("exec-1", "step", b"[0]", _at(0), 3) == 0
-        assert await adapter.append_input("exec-1", "step", b"[1]", _at(1), 3) == 1
-        # The third entry would take the last slot: a marker takes it instead.
-        assert await adapter.append_input("exec-1", "answer", b"[2]", _at(2), 3) is None
-        # A closed log takes nothing more, whatever the cap.
-        assert await adapter.append_input("exec-1", "step", b"[3]", _at(3), 3) is None
-        assert await adapter.append_input("exec-1", "step", b"[4]", _at(4), None) is None
-        assert await adapter.append_input("exec-1", "step", b"[5]", _at(5), 10) is None
-        expected = [
-            InputRecord("exec-1", 0, "step", b"[0]", _at(0)),
-            InputRecord("exec-1", 1, "step", b"[1]", _at(1)),
-            InputRecord("exec-1", 2, "answer", None, _at(2)),
-        ]
-        _assert_same_log(await adapter.inputs("exec-1"), expected)
-
-    @pytest.mark.asyncio
-    async def test_input_log_cap_of_one_holds_only_the_marker(self, adapter: Adapter) -> None:
-        _require(adapter, "input_log")
-        await _insert(adapter, _execution())
-        assert await adapter.append_input("exec-1", "step", b"[0]", _at(0), 1) is None
-        assert await adapter.append_input("exec-1", "step", b"[1]", _at(1), 1) is None
-        expected = [InputRecord("exec-1", 0, "step", None, _at(0))]
-        _assert_same_log(await adapter.inputs("exec-1"), expected)
-
-    @pytest.mark.asyncio
-    async def test_input_log_cap_of_two(self, adapter: Adapter) -> None:
-        _require(adapter, "input_log")
-        await _insert(adapter, _execution())
-        assert await adapter.append_input("exec-1", "step", b"[0]", _at(0), 2) == 0
-        assert await adapter.append_input("exec-1", "step", b"[1]", _at(1), 2) is None
-        assert await adapter.append_input("exec-1", "step", b"[2]", _at(2), 2) is None
-        log = await adapter.inputs("exec-1")
-        assert [(r.seq, r.event) for r in log] == [(0, b"[0]"), (1, None)]
-
-    @pytest.mark.asyncio
-    async def test_input_logs_are_per_execution(self, adapter: Adapter) -> None:
-        _require(adapter, "input_log")
-        for execution_id in ("exec-1", "exec-2", "exec-3"):
-            await _insert(adapter, _execution(execution_id))
-        assert await adapter.append_input("exec-1", "step", b"[10]", _at(0), 2) == 0
-        assert await adapter.append_input("exec-2", "step", b"[20]", _at(0), 2) == 0
-        assert await adapter.append_input("exec-1", "step", b"[11]", _at(1), 2) is None
-        # exec-1's log is closed; exec-2's is not.
-        assert await adapter.append_input("exec-2", "step", b"[21]", _at(1), None) == 1
-        assert await adapter.append_input("exec-2", "step", b"[22]", _at(2), None) == 2
-        log_1 = await adapter.inputs("exec-1")
-        log_2 = await adapter.inputs("exec-2")
-        assert [(r.execution_id, r.seq, r.event) for r in log_1] == [
-            ("exec-1", 0, b"[10]"),
-            ("exec-1", 1, None),
-        ]
-        assert [(r.execution_id, r.seq, r.event) for r in log_2] == [
-            ("exec-2", 0, b"[20]"),
-            ("exec-2", 1, b"[21]"),
-            ("exec-2", 2, b"[22]"),
-        ]
-        assert await adapter.inputs("exec-3") == []
-        assert await adapter.inputs("exec-missing") == []
-
-    # Retention.
-
-    async def _insert_for_prune(self, adapter: Adapter) -> dict[str, ExecutionRecord]:
-        cutoff = _at(60)
-        records = {
-            "old-completed": _ended("old-completed", cutoff - timedelta(days=3)),
-            "old-failed": _ended(
-                "old-failed",
-                (cutoff - timedelta(microseconds=1)).astimezone(_INDIA),
-                status=Status.FAILED,
-                failure="failed_final",
-            ),
-            "at-cutoff": _ended("at-cutoff", cutoff),
-            "recent": _ended("recent", cutoff + timedelta(minutes=1)),
-            "running": _execution("running", updated_at=cutoff - timedelta(days=3)),
-            "already-pruned": _ended("already-pruned", cutoff - timedelta(days=5), position=None),
-        }
-        if adapter.capabilities.metadata:
-            records["old-completed"] = replace(records["old-completed"], metadata={"t": "1"})
-        for record in records.values():
-            await _insert(adapter, record)
-            if adapter.capabilities.input_log and record.position is not None:
-                await adapter.append_input(record.id, "step", b"[1]", _at(0), None)
-        return records
-
     @pytest.mark.asyncio
     async def test_prune_clears_only_what_ended_before_the_cutoff(self, adapter: Adapter) -> None:
         records = await self._insert_for_prune(adapter)
@@ -854,11 +599,283 @@ class AdapterConformance:
         assert recent is not None
         assert recent.position is not None
 
-    # Serialization.
+
+class ChartRetirementConformance(_AdapterSuite):
+    """``retire_chart``, for an adapter declaring ``chart_retirement``."""
+
+    @pytest.mark.asyncio
+    async def test_chart_retirement_is_declared(self, adapter: Adapter) -> None:
+        assert adapter.capabilities.chart_retirement, (
+            "these checks are for an adapter declaring chart_retirement"
+        )
+
+    @pytest.mark.asyncio
+    async def test_chart_retire_leaves_a_tombstone(self, adapter: Adapter) -> None:
+        chart = _chart()
+        await adapter.save_chart(chart)
+        tombstone = replace(chart, source=None, retired_by="ops@example.test", retired_at=_at(9))
+        answer = await adapter.retire_chart(_HASH_A, "ops@example.test", _at(9))
+        _assert_same_chart(answer, tombstone)
+        _assert_same_chart(await adapter.fetch_chart(_HASH_A), tombstone)
+
+    @pytest.mark.asyncio
+    async def test_chart_retire_of_a_missing_hash_answers_none(self, adapter: Adapter) -> None:
+        assert await adapter.retire_chart(_HASH_A, "ops", _at(9)) is None
+        assert await adapter.fetch_chart(_HASH_A) is None
+
+    @pytest.mark.asyncio
+    async def test_chart_retire_twice_answers_the_first_tombstone(self, adapter: Adapter) -> None:
+        chart = _chart()
+        await adapter.save_chart(chart)
+        await adapter.retire_chart(_HASH_A, "first", _at(9))
+        tombstone = replace(chart, source=None, retired_by="first", retired_at=_at(9))
+        _assert_same_chart(await adapter.retire_chart(_HASH_A, "second", _at(20)), tombstone)
+        _assert_same_chart(await adapter.fetch_chart(_HASH_A), tombstone)
+
+    @pytest.mark.asyncio
+    async def test_chart_save_after_retire_answers_the_tombstone(self, adapter: Adapter) -> None:
+        chart = _chart()
+        await adapter.save_chart(chart)
+        await adapter.retire_chart(_HASH_A, "ops", _at(9))
+        tombstone = replace(chart, source=None, retired_by="ops", retired_at=_at(9))
+        _assert_same_chart(await adapter.save_chart(chart), tombstone)
+        _assert_same_chart(await adapter.fetch_chart(_HASH_A), tombstone)
+
+    @pytest.mark.asyncio
+    async def test_chart_retire_touches_only_its_hash(self, adapter: Adapter) -> None:
+        other = _chart(_HASH_B)
+        await adapter.save_chart(_chart())
+        await adapter.save_chart(other)
+        await adapter.retire_chart(_HASH_A, "ops", _at(9))
+        _assert_same_chart(await adapter.fetch_chart(_HASH_B), other)
+
+
+class MetadataConformance(_AdapterSuite):
+    """Metadata kept and listed, for an adapter declaring ``metadata``."""
+
+    @pytest.mark.asyncio
+    async def test_metadata_is_declared(self, adapter: Adapter) -> None:
+        assert adapter.capabilities.metadata, "these checks are for an adapter declaring metadata"
+
+    @pytest.mark.asyncio
+    async def test_metadata_lists_by_equality_on_all_pairs(self, adapter: Adapter) -> None:
+        await self._insert_tagged(
+            adapter,
+            {
+                "a1": {"tenant": "a", "account": "1"},
+                "a2": {"tenant": "a", "account": "2", "region": "eu"},
+                "b1": {"tenant": "b", "account": "1"},
+                "ab": {"tenant": "ab", "account": "1"},
+                "none": {},
+            },
+        )
+        assert await self._listed(adapter, {"tenant": "a"}) == {"a1", "a2"}
+        assert await self._listed(adapter, {"tenant": "a", "account": "1"}) == {"a1"}
+        assert await self._listed(adapter, {"account": "1"}) == {"a1", "b1", "ab"}
+        assert await self._listed(adapter, {"account": "2", "region": "eu"}) == {"a2"}
+        assert await self._listed(adapter, {"tenant": "a", "missing": "x"}) == set()
+        assert await self._listed(adapter, {"tenant": "c"}) == set()
+        assert await self._listed(adapter, {"tenant": "A"}) == set()
+        assert await self._listed(adapter, {"tenan": "a"}) == set()
+        assert await self._listed(adapter, {"tenant": ""}) == set()
+
+    @pytest.mark.asyncio
+    async def test_metadata_listing_answers_whole_records(self, adapter: Adapter) -> None:
+        record = _ended("exec-1", _at(4), metadata={"tenant": "a", "parent": "p-1"})
+        await _insert(adapter, record)
+        listed = await adapter.list_by_metadata({"parent": "p-1"})
+        assert len(listed) == 1, f"expected one record, got {listed!r}"
+        _assert_same_execution(listed[0], record)
+
+    @pytest.mark.asyncio
+    async def test_metadata_with_awkward_keys_and_values(self, adapter: Adapter) -> None:
+        awkward = {
+            "quote'key": "it's",
+            'double"key': 'say "hi"',
+            "dotted.key": "a.b.c",
+            "$.path[0]": "$[0]",
+            "back\\slash": "c:\\dir",
+            "like%_": "50%_off",
+            "ключ": "значение 🙂",
+            "spaced key": " padded ",
+            "blank": "",
+            "number": "123",
+            "truth": "true",
+            "nothing": "null",
+            "json": '{"a": [1]}',
+        }
+        await self._insert_tagged(adapter, {"odd": awkward, "plain": {"tenant": "a"}})
+        fetched = await adapter.fetch_execution("odd")
+        assert fetched is not None
+        assert dict(fetched.metadata) == awkward
+        for key, value in awkward.items():
+            assert await self._listed(adapter, {key: value}) == {"odd"}, (key, value)
+        assert await self._listed(adapter, awkward) == {"odd"}
+        assert await adapter.statuses_by_metadata(awkward) == {"odd": Status.ACTIVE}
+        # Near misses match nothing.
+        for pairs in (
+            {"number": "0123"},
+            {"truth": "True"},
+            {"blank": " "},
+            {"dotted": "a"},
+            {"dotted.key": "a"},
+            {"like%_": "50"},
+            {"like%": "50%_off"},
+        ):
+            assert await self._listed(adapter, pairs) == set(), pairs
+
+    @pytest.mark.asyncio
+    async def test_metadata_empty_pairs_list_every_execution(self, adapter: Adapter) -> None:
+        assert await self._listed(adapter, {}) == set()
+        await self._insert_tagged(adapter, {"tagged": {"tenant": "a"}, "untagged": {}})
+        assert await self._listed(adapter, {}) == {"tagged", "untagged"}
+        expected = {"tagged": Status.ACTIVE, "untagged": Status.ACTIVE}
+        assert await adapter.statuses_by_metadata({}) == expected
+
+    @pytest.mark.asyncio
+    async def test_metadata_statuses_by_metadata(self, adapter: Adapter) -> None:
+        await self._insert_tagged(
+            adapter,
+            {
+                "child-1": {"parent": "p"},
+                "child-2": {"parent": "p", "slot": "2"},
+                "child-3": {"parent": "p"},
+                "stranger": {"parent": "q"},
+            },
+        )
+        await adapter.update_execution(
+            _execution("child-2", status=Status.FAILED, ended_at=_at(3), failure="x")
+        )
+        await adapter.update_execution(_execution("child-3", status=Status.COMPLETED))
+        assert await adapter.statuses_by_metadata({"parent": "p"}) == {
+            "child-1": Status.ACTIVE,
+            "child-2": Status.FAILED,
+            "child-3": Status.COMPLETED,
+        }
+        assert await adapter.statuses_by_metadata({"parent": "p", "slot": "2"}) == {
+            "child-2": Status.FAILED
+        }
+        assert await adapter.statuses_by_metadata({"parent": "z"}) == {}
+
+    @pytest.mark.asyncio
+    async def test_metadata_is_kept_by_updates(self, adapter: Adapter) -> None:
+        await self._insert_tagged(adapter, {"exec-1": {"tenant": "a"}})
+        await adapter.update_execution(_execution(metadata={"tenant": "b"}))
+        assert await self._listed(adapter, {"tenant": "a"}) == {"exec-1"}
+        assert await self._listed(adapter, {"tenant": "b"}) == set()
+
+
+class InputLogConformance(_AdapterSuite):
+    """The input log, for an adapter declaring ``input_log``."""
+
+    @pytest.mark.asyncio
+    async def test_input_log_is_declared(self, adapter: Adapter) -> None:
+        assert adapter.capabilities.input_log, "these checks are for an adapter declaring input_log"
+
+    @pytest.mark.asyncio
+    async def test_input_log_is_dense_from_zero(self, adapter: Adapter) -> None:
+        await _insert(adapter, _execution())
+        assert await adapter.inputs("exec-1") == []
+        entries = [
+            ("step", b'["advance"]', _at(1)),
+            ("answer", b'["done.invoke.call", {"ok": 1}]', _at(2).astimezone(_INDIA)),
+            ("cancel", _BLOB, _at(3)),
+        ]
+        for seq, (door, event, recorded_at) in enumerate(entries):
+            assert await adapter.append_input("exec-1", door, event, recorded_at, None) == seq
+        expected = [
+            InputRecord("exec-1", seq, door, event, recorded_at)
+            for seq, (door, event, recorded_at) in enumerate(entries)
+        ]
+        _assert_same_log(await adapter.inputs("exec-1"), expected)
+
+    @pytest.mark.asyncio
+    async def test_input_log_without_a_cap_keeps_everything(self, adapter: Adapter) -> None:
+        await _insert(adapter, _execution())
+        answers = [
+            await adapter.append_input("exec-1", "step", b"[%d]" % n, _at(n), None)
+            for n in range(25)
+        ]
+        assert answers == list(range(25))
+        log = await adapter.inputs("exec-1")
+        assert [(r.seq, r.event) for r in log] == [(n, b"[%d]" % n) for n in range(25)]
+
+    @pytest.mark.asyncio
+    async def test_input_log_cap_closes_the_log_with_a_marker(self, adapter: Adapter) -> None:
+        await _insert(adapter, _execution())
+        assert await adapter.append_input("exec-1", "step", b"[0]", _at(0), 3) == 0
+        assert await adapter.append_input("exec-1", "step", b"[1]", _at(1), 3) == 1
+        # The third entry would take the last slot: a marker takes it instead.
+        assert await adapter.append_input("exec-1", "answer", b"[2]", _at(2), 3) is None
+        # A closed log takes nothing more, whatever the cap.
+        assert await adapter.append_input("exec-1", "step", b"[3]", _at(3), 3) is None
+        assert await adapter.append_input("exec-1", "step", b"[4]", _at(4), None) is None
+        assert await adapter.append_input("exec-1", "step", b"[5]", _at(5), 10) is None
+        expected = [
+            InputRecord("exec-1", 0, "step", b"[0]", _at(0)),
+            InputRecord("exec-1", 1, "step", b"[1]", _at(1)),
+            InputRecord("exec-1", 2, "answer", None, _at(2)),
+        ]
+        _assert_same_log(await adapter.inputs("exec-1"), expected)
+
+    @pytest.mark.asyncio
+    async def test_input_log_cap_of_one_holds_only_the_marker(self, adapter: Adapter) -> None:
+        await _insert(adapter, _execution())
+        assert await adapter.append_input("exec-1", "step", b"[0]", _at(0), 1) is None
+        assert await adapter.append_input("exec-1", "step", b"[1]", _at(1), 1) is None
+        expected = [InputRecord("exec-1", 0, "step", None, _at(0))]
+        _assert_same_log(await adapter.inputs("exec-1"), expected)
+
+    @pytest.mark.asyncio
+    async def test_input_log_cap_of_two(self, adapter: Adapter) -> None:
+        await _insert(adapter, _execution())
+        assert await adapter.append_input("exec-1", "step", b"[0]", _at(0), 2) == 0
+        assert await adapter.append_input("exec-1", "step", b"[1]", _at(1), 2) is None
+        assert await adapter.append_input("exec-1", "step", b"[2]", _at(2), 2) is None
+        log = await adapter.inputs("exec-1")
+        assert [(r.seq, r.event) for r in log] == [(0, b"[0]"), (1, None)]
+
+    @pytest.mark.asyncio
+    async def test_input_logs_are_per_execution(self, adapter: Adapter) -> None:
+        for execution_id in ("exec-1", "exec-2", "exec-3"):
+            await _insert(adapter, _execution(execution_id))
+        assert await adapter.append_input("exec-1", "step", b"[10]", _at(0), 2) == 0
+        assert await adapter.append_input("exec-2", "step", b"[20]", _at(0), 2) == 0
+        assert await adapter.append_input("exec-1", "step", b"[11]", _at(1), 2) is None
+        # exec-1's log is closed; exec-2's is not.
+        assert await adapter.append_input("exec-2", "step", b"[21]", _at(1), None) == 1
+        assert await adapter.append_input("exec-2", "step", b"[22]", _at(2), None) == 2
+        log_1 = await adapter.inputs("exec-1")
+        log_2 = await adapter.inputs("exec-2")
+        assert [(r.execution_id, r.seq, r.event) for r in log_1] == [
+            ("exec-1", 0, b"[10]"),
+            ("exec-1", 1, None),
+        ]
+        assert [(r.execution_id, r.seq, r.event) for r in log_2] == [
+            ("exec-2", 0, b"[20]"),
+            ("exec-2", 1, b"[21]"),
+            ("exec-2", 2, b"[22]"),
+        ]
+        assert await adapter.inputs("exec-3") == []
+        assert await adapter.inputs("exec-missing") == []
+
+    # Retention.
+
+
+class LockConformance(_AdapterSuite):
+    """``exclusive``, for an adapter declaring ``lock``."""
+
+    #: The store admits one ``exclusive`` block at a time whatever the execution.
+    exclusive_locks_whole_store: bool = False
+    #: An ``exclusive`` block is a transaction: a block that raises leaves nothing.
+    exclusive_rolls_back: bool = False
+
+    @pytest.mark.asyncio
+    async def test_lock_is_declared(self, adapter: Adapter) -> None:
+        assert adapter.capabilities.lock, "these checks are for an adapter declaring lock"
 
     @pytest.mark.asyncio
     async def test_exclusive_serializes_one_execution(self, adapter: Adapter) -> None:
-        _require(adapter, "lock")
         order: list[str] = []
         first_in = asyncio.Event()
         let_go = asyncio.Event()
@@ -887,7 +904,6 @@ class AdapterConformance:
 
     @pytest.mark.asyncio
     async def test_exclusive_loses_no_update(self, adapter: Adapter) -> None:
-        _require(adapter, "lock")
         await _insert(adapter, _execution(position=b"0"))
 
         async def bump() -> None:
@@ -906,26 +922,7 @@ class AdapterConformance:
         assert final.position == b"8"
 
     @pytest.mark.asyncio
-    async def test_exclusive_keeps_an_input_log_dense(self, adapter: Adapter) -> None:
-        _require(adapter, "lock")
-        _require(adapter, "input_log")
-        await _insert(adapter, _execution())
-
-        async def append(n: int) -> int | None:
-            async with adapter.exclusive("exec-1", _PATIENCE):
-                await asyncio.sleep(0)
-                return await adapter.append_input("exec-1", "step", b"[%d]" % n, _at(n), None)
-
-        async with asyncio.timeout(_PATIENCE):
-            answers = await asyncio.gather(*(append(n) for n in range(8)))
-        assert sorted(a for a in answers if a is not None) == list(range(8))
-        log = await adapter.inputs("exec-1")
-        assert [r.seq for r in log] == list(range(8))
-        assert sorted(r.event or b"" for r in log) == sorted(b"[%d]" % n for n in range(8))
-
-    @pytest.mark.asyncio
     async def test_exclusive_on_other_executions_do_not_wait(self, adapter: Adapter) -> None:
-        _require(adapter, "lock")
         holder = _Holder(adapter, "exec-1")
         await holder.wait_entered()
         if self.exclusive_locks_whole_store:
@@ -943,7 +940,6 @@ class AdapterConformance:
 
     @pytest.mark.asyncio
     async def test_exclusive_wait_bound_raises_lock_timeout(self, adapter: Adapter) -> None:
-        _require(adapter, "lock")
         holder = _Holder(adapter, "exec-1")
         await holder.wait_entered()
         try:
@@ -962,7 +958,6 @@ class AdapterConformance:
 
     @pytest.mark.asyncio
     async def test_exclusive_wait_of_zero_does_not_wait(self, adapter: Adapter) -> None:
-        _require(adapter, "lock")
         await _enter(adapter, "exec-1", 0)
         holder = _Holder(adapter, "exec-1")
         await holder.wait_entered()
@@ -977,7 +972,6 @@ class AdapterConformance:
 
     @pytest.mark.asyncio
     async def test_exclusive_is_released_when_the_block_raises(self, adapter: Adapter) -> None:
-        _require(adapter, "lock")
         record = _execution()
         with pytest.raises(_BoomError):
             await _raise_inside(adapter, "exec-1", record)
@@ -990,7 +984,6 @@ class AdapterConformance:
     async def test_exclusive_is_released_when_the_holder_is_cancelled(
         self, adapter: Adapter
     ) -> None:
-        _require(adapter, "lock")
         holder = _Holder(adapter, "exec-1")
         await holder.wait_entered()
         holder.task.cancel()
@@ -1001,7 +994,6 @@ class AdapterConformance:
 
     @pytest.mark.asyncio
     async def test_exclusive_cancelled_waiter_leaves_the_lock_free(self, adapter: Adapter) -> None:
-        _require(adapter, "lock")
         holder = _Holder(adapter, "exec-1")
         await holder.wait_entered()
         waiter = asyncio.create_task(_enter(adapter, "exec-1", None))
@@ -1015,7 +1007,6 @@ class AdapterConformance:
 
     @pytest.mark.asyncio
     async def test_exclusive_block_sees_its_writes_and_keeps_them(self, adapter: Adapter) -> None:
-        _require(adapter, "lock")
         record = _execution()
         async with adapter.exclusive("exec-1", _PATIENCE):
             await _insert(adapter, record)
@@ -1029,7 +1020,6 @@ class AdapterConformance:
     async def test_exclusive_block_survives_a_refusal(self, adapter: Adapter) -> None:
         # Settlement inserts a marker under a parent's lock and carries on when the id
         # is taken: a typed refusal must leave the block usable and its writes kept.
-        _require(adapter, "lock")
         taken = _ended("marker", _at(1), position=None)
         await _insert(adapter, taken)
         await _insert(adapter, _execution("parent"))
@@ -1045,3 +1035,30 @@ class AdapterConformance:
         _assert_same_execution(await adapter.fetch_execution("parent"), stepped)
         _assert_same_execution(await adapter.fetch_execution("marker"), taken)
         _assert_same_execution(await adapter.fetch_execution("child"), _execution("child"))
+
+
+class FullConformance(
+    AdapterConformance,
+    ChartRetirementConformance,
+    MetadataConformance,
+    InputLogConformance,
+    LockConformance,
+):
+    """Everything, for an adapter declaring every capability (the shipped ones do),
+    plus the checks that need two capabilities at once."""
+
+    @pytest.mark.asyncio
+    async def test_exclusive_keeps_an_input_log_dense(self, adapter: Adapter) -> None:
+        await _insert(adapter, _execution())
+
+        async def append(n: int) -> int | None:
+            async with adapter.exclusive("exec-1", _PATIENCE):
+                await asyncio.sleep(0)
+                return await adapter.append_input("exec-1", "step", b"[%d]" % n, _at(n), None)
+
+        async with asyncio.timeout(_PATIENCE):
+            answers = await asyncio.gather(*(append(n) for n in range(8)))
+        assert sorted(a for a in answers if a is not None) == list(range(8))
+        log = await adapter.inputs("exec-1")
+        assert [r.seq for r in log] == list(range(8))
+        assert sorted(r.event or b"" for r in log) == sorted(b"[%d]" % n for n in range(8))
