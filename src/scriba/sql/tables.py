@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Final
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql
+
+from statifier.sql.types import UtcDateTime, json_document
 
 __all__ = ["DEFAULT_PREFIX", "MAX_PREFIX_LENGTH", "Tables", "define_tables"]
 
@@ -46,39 +46,6 @@ ERROR_KIND_LENGTH: Final = 64
 
 _PREFIX = re.compile(r"[a-z_][a-z0-9_]*")
 _SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,62}")
-
-
-class UtcDateTime(sa.types.TypeDecorator[datetime]):
-    """A timezone-aware datetime, stored in UTC and read back in UTC on every database.
-
-    SQLite has no time zone type and SQLAlchemy's SQLite datetime drops ``tzinfo``, so
-    the value is converted to UTC before it is stored and labelled UTC when it is read.
-    A naive datetime is refused: scriba never guesses which clock one came from.
-    """
-
-    impl = sa.DateTime(timezone=True)
-    cache_ok = True
-
-    def process_bind_param(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
-        if value is None:
-            return None
-        if value.tzinfo is None or value.utcoffset() is None:
-            raise ValueError(f"scriba stores timezone-aware datetimes only, not {value!r}")
-        utc = value.astimezone(UTC)
-        return utc.replace(tzinfo=None) if dialect.name == "sqlite" else utc
-
-    def process_result_value(self, value: Any, dialect: sa.Dialect) -> datetime | None:
-        if value is None:
-            return None
-        assert isinstance(value, datetime)
-        if value.tzinfo is None:
-            return value.replace(tzinfo=UTC)
-        return value.astimezone(UTC)
-
-
-def json_document() -> sa.types.TypeEngine[Any]:
-    """JSON everywhere, ``jsonb`` on PostgreSQL (compact, and queryable with indexes)."""
-    return sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
 
 
 def autoincrement_id() -> sa.types.TypeEngine[int]:

@@ -68,7 +68,7 @@ def _sqlite_utc_text(value: datetime | None) -> str | None:
     converted = value
     if value.tzinfo is not UTC:
         if value.tzinfo is None or value.utcoffset() is None:
-            raise ValueError(f"durable executions store aware datetimes only, not {value!r}")
+            raise ValueError(f"stored times must be timezone-aware, not {value!r}")
         converted = value.astimezone(UTC)
     # In UTC the text ends in "+00:00"; cutting it is cheaper than replace(tzinfo=None).
     text = converted.isoformat(" ", "microseconds")[:-6]
@@ -97,7 +97,7 @@ def _postgres_utc(value: datetime | None) -> datetime | None:
     if value is None:
         return None
     if value.tzinfo is None or value.utcoffset() is None:
-        raise ValueError(f"durable executions store aware datetimes only, not {value!r}")
+        raise ValueError(f"stored times must be timezone-aware, not {value!r}")
     return value.astimezone(UTC)
 
 

@@ -30,11 +30,11 @@ import re
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, Final
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql
+
+from statifier.sql.types import UtcDateTime, json_document
 
 __all__ = [
     "DEFAULT_PREFIX",
@@ -53,39 +53,6 @@ table) stays inside PostgreSQL's 63-character identifiers."""
 _PREFIX = re.compile(r"[a-z_][a-z0-9_]*")
 _SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _INTEGER_KEYS = (sa.Integer, sa.BigInteger, sa.SmallInteger)
-
-
-class UtcDateTime(sa.types.TypeDecorator[datetime]):
-    """A timezone-aware datetime, stored as UTC and read back as aware UTC everywhere.
-
-    SQLite has no time zone type, so the value is converted to UTC and stored without
-    its offset, and labelled UTC when read. A naive datetime is refused (``ValueError``):
-    durable state never guesses which clock a time came from.
-    """
-
-    impl = sa.DateTime(timezone=True)
-    cache_ok = True
-
-    def process_bind_param(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
-        if value is None:
-            return None
-        if value.tzinfo is None or value.utcoffset() is None:
-            raise ValueError(f"durable executions store aware datetimes only, not {value!r}")
-        utc = value.astimezone(UTC)
-        return utc.replace(tzinfo=None) if dialect.name == "sqlite" else utc
-
-    def process_result_value(self, value: Any, dialect: sa.Dialect) -> datetime | None:
-        if value is None:
-            return None
-        assert isinstance(value, datetime)
-        if value.tzinfo is None:
-            return value.replace(tzinfo=UTC)
-        return value.astimezone(UTC)
-
-
-def json_document() -> sa.types.TypeEngine[Any]:
-    """JSON everywhere, ``jsonb`` on PostgreSQL (compact, indexable for containment)."""
-    return sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
 
 
 _ONLY_ON: Final = "statifier_only_on"
