@@ -355,6 +355,12 @@ class _Statements:
         source = sa.select(*selected).select_from(following).where(~closed)
         return insert(inputs).from_select(names, source).returning(inputs.c.seq)
 
+    def with_key(self, values: dict[str, Any]) -> dict[str, Any]:
+        """``values`` for an insert, with the row's key when the client makes keys."""
+        if self.new_key is not None:
+            values["id"] = self.new_key()
+        return values
+
     def by_metadata(self, pairs: int, whole: bool) -> Prepared:
         """Executions (whole records, or id and status) whose metadata holds ``pairs``
         given pairs, bound as ``metadata`` (PostgreSQL) or ``k0``, ``v0``... (SQLite)."""
@@ -606,9 +612,7 @@ class SqlAdapter:
             "retired_at": chart.retired_at,
             "retired_by": chart.retired_by,
         }
-        if s.new_key is not None:
-            values["id"] = s.new_key()
-        await session.run(s.insert_chart, values)
+        await session.run(s.insert_chart, s.with_key(values))
         rows = await session.rows(s.fetch_chart, {"h": chart.content_hash})
         return _chart(rows[0])
 
@@ -653,9 +657,7 @@ class SqlAdapter:
             "updated_at": record.updated_at,
             "ended_at": record.ended_at,
         }
-        if s.new_key is not None:
-            values["id"] = s.new_key()
-        if not await session.rows(s.insert_execution, values):
+        if not await session.rows(s.insert_execution, s.with_key(values)):
             raise ExecutionExists(record.id)
 
     # The three calls of a durable step, inside a block, skip the runner: on SQLite they
@@ -769,9 +771,7 @@ class SqlAdapter:
             "position_blob": record.position,
             "saved_at": record.saved_at,
         }
-        if s.new_key is not None:
-            values["id"] = s.new_key()
-        await session.run(s.save_position, values)
+        await session.run(s.save_position, s.with_key(values))
 
     async def fetch_position(self, key: str) -> PositionRecord | None:
         return await self._runner.run(self._fetch_position, False, key)
@@ -831,9 +831,8 @@ class SqlAdapter:
 
     async def _append_input(self, session: Session, values: dict[str, Any]) -> int | None:
         s = self._statements()
-        if s.new_key is not None:
-            values["id"] = s.new_key()
-        return _appended(await session.rows(s.append_input, values), values["cap"])
+        rows = await session.rows(s.append_input, s.with_key(values))
+        return _appended(rows, values["cap"])
 
     async def inputs(self, execution_id: str) -> list[InputRecord]:
         return await self._runner.run(self._inputs, False, execution_id)
