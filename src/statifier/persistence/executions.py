@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Container, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Container, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -297,7 +297,7 @@ class Executions:
                 now,
                 now if ended else None,
             )
-            await storage.call("update_execution", adapter.update_execution(record))
+            await self._store(record)
             storage._remember(execution_id, position, state)
         if ended:
             self._lifecycle(record, status.value)
@@ -320,9 +320,7 @@ class Executions:
                 updated_at=now,
                 ended_at=now,
             )
-            await self.storage.call(
-                "update_execution", self.storage.adapter.update_execution(record)
-            )
+            await self._store(record)
         self._lifecycle(record, "failed")
         return record
 
@@ -353,9 +351,7 @@ class Executions:
                 updated_at=now,
                 ended_at=now,
             )
-            await self.storage.call(
-                "update_execution", self.storage.adapter.update_execution(record)
-            )
+            await self._store(record)
         self._lifecycle(record, "cancelled")
         self._stepped(record, "cancel", effects, started)
         if self.storage.capabilities.metadata:
@@ -385,9 +381,7 @@ class Executions:
             if record.status is not before:
                 return Discarded(record)
             record = replace(record, status=after, updated_at=self.storage.clock())
-            await self.storage.call(
-                "update_execution", self.storage.adapter.update_execution(record)
-            )
+            await self._store(record)
         self._lifecycle(record, after.value)
         return record
 
@@ -464,6 +458,11 @@ class Executions:
         if retired is None:
             raise ChartNotFound(content_hash)
         return retired
+
+    def _store(self, record: ExecutionRecord) -> Awaitable[None]:
+        """Write the record's changing fields (see ``Adapter.update_execution``)."""
+        adapter = self.storage.adapter
+        return self.storage.call("update_execution", adapter.update_execution(record))
 
     async def _perform(self, effects: list[fx.Effect], execution_id: str, door: str) -> None:
         try:
