@@ -57,7 +57,6 @@ from statifier.chart import InvalidChart, Machine, compile_chart
 from statifier.chart.graph import dot, mermaid
 from statifier.core import Event
 from statifier.core.effects import as_json
-from statifier.examples import card_payment
 from statifier.examples import read as read_example
 from statifier.expr.tagged import TaggedValueError, decode, encode
 from statifier.session.trace import Step, run
@@ -166,8 +165,9 @@ def _run_demo(out: TextIO) -> int:
     _print_steps(run(machine, events), out)
     out.write("\n  (no payment arrived: the 30 minute timer fired on the virtual clock)\n")
     out.write("\n3. A card payment as a durable execution on SQLite, across two restarts\n\n")
-    # Imported here: the projection needs the sql extra, the other commands do not.
-    from statifier.examples import payment_history
+    # Imported here: only the demo needs durable executions and projections (and the
+    # projection needs the sql extra).
+    from statifier.examples import card_payment, payment_history
 
     with tempfile.TemporaryDirectory() as directory:
         database = Path(directory) / "payments.db"
