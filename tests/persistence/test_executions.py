@@ -611,3 +611,12 @@ async def test_calls_lock_waits_adapter_calls_and_lifecycle_are_reported(
     transitions = [meta["transition"] for name, meta in seen if name.endswith("lifecycle")]
     assert transitions == ["created", "failed"]
     assert ("statifier.persistence.lock", {"execution_id": "b"}) in seen
+
+
+@pytest.mark.asyncio
+async def test_a_step_without_a_machine_runs_the_stored_chart(make: Make, payment: Machine) -> None:
+    executions = make()
+    await executions.create("txn", payment)
+    stepped = await executions.step("txn", None, Event("authorized"))
+    assert isinstance(stepped, Stepped)
+    assert stepped.state.leaf_configuration() == ("capturing",)

@@ -223,12 +223,10 @@ class Driver:
         door: str,
         when: Callable[[MachineState], bool] | None,
     ) -> Stepped | Discarded:
-        record = await self.storage.fetch_execution(execution_id)
-        machine = await self.storage.machine(record.content_hash)
         pending = _Pending()
         token = _pending.set(pending)
         try:
-            result = await self.executions.step(execution_id, machine, event, door=door, when=when)
+            result = await self.executions.step(execution_id, None, event, door=door, when=when)
         finally:
             _pending.reset(token)
         return await self._drain(execution_id, result, pending)

@@ -229,7 +229,7 @@ class Executions:
     async def step(
         self,
         execution_id: str,
-        machine: Machine,
+        machine: Machine | None,
         event: Event,
         *,
         routes: Container[str] | None = None,
@@ -239,6 +239,8 @@ class Executions:
         """Deliver one external event.
 
         Args:
+            machine: the chart the execution runs (the guard checks it), or ``None`` to
+                use the stored chart (compiled once per storage).
             routes: the send targets reachable during this step (see
                 :class:`~statifier.core.StartOptions`); never stored.
             door: how the event entered, recorded in the input log.
@@ -268,6 +270,8 @@ class Executions:
             record = found
             if record.status is not Status.ACTIVE:
                 return Discarded(record)
+            if machine is None:
+                machine = await storage.machine(record.content_hash)
             state = storage.load(record, machine)
             if not state.running or (when is not None and not when(state)):
                 return Discarded(record)
