@@ -35,7 +35,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.compiler import SQLCompiler
 
 from statifier.persistence.errors import LockTimeout
-from statifier.sql.tables import UtcDateTime
+from statifier.sql.types import UtcDateTime
 
 T = TypeVar("T")
 
@@ -50,30 +50,18 @@ _LOCK_NOT_AVAILABLE = "55P03"
 _IDLE = 0  # libpq's PQTRANS_IDLE: no transaction open
 
 
-# The last time converted and its text: a step binds the same "now" twice. One tuple,
-# read and replaced whole, so threads sharing it never pair a time with another's text.
-_last_utc_text: tuple[datetime | None, str | None] = (None, None)
-
-
 def _sqlite_utc_text(value: datetime | None) -> str | None:
     """What :class:`UtcDateTime` binds on SQLite (the UTC wall time as SQLAlchemy's
     ``DATETIME`` text, microseconds always written), in one step instead of a type
     decorator over the dialect's processor."""
-    global _last_utc_text
     if value is None:
         return None
-    last, text = _last_utc_text
-    if value is last:
-        return text
-    converted = value
     if value.tzinfo is not UTC:
         if value.tzinfo is None or value.utcoffset() is None:
             raise ValueError(f"stored times must be timezone-aware, not {value!r}")
-        converted = value.astimezone(UTC)
+        value = value.astimezone(UTC)
     # In UTC the text ends in "+00:00"; cutting it is cheaper than replace(tzinfo=None).
-    text = converted.isoformat(" ", "microseconds")[:-6]
-    _last_utc_text = (value, text)
-    return text
+    return value.isoformat(" ", "microseconds")[:-6]
 
 
 def _sqlite_utc_datetime(value: str | None) -> datetime | None:
