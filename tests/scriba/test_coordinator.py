@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -338,15 +337,25 @@ async def test_a_source_that_cannot_subscribe_fails_the_start_and_leaves_it_stop
 @pytest.mark.asyncio
 async def test_the_lag_tick_fires_on_its_own_timer_under_heavy_load() -> None:
     source, target = MemorySource(), MemoryTarget()
-    lags: list[float] = []
-    telemetry.attach("lag", "scriba.projection.lag", lambda n, m, meta: lags.append(m["lag_ms"]))
+    # The commit counts at which a tick found the pipeline behind (a positive lag): ticks
+    # at several of them show the timer runs while work is waiting, not once it idles.
+    busy_ticks: set[int] = set()
+    enough = asyncio.Event()
+
+    def on_lag(name: Any, measurements: dict[str, Any], meta: Any) -> None:
+        if measurements["lag_ms"] > 0 and target.commit_log:
+            busy_ticks.add(len(target.commit_log))
+        if len(busy_ticks) >= 5:
+            enough.set()
+
+    telemetry.attach("lag", "scriba.projection.lag", on_lag)
     stop = asyncio.Event()
 
     async def produce() -> None:
         # Keeps the pipeline busy: there is always something to read and commit.
         index = 0
         while not stop.is_set():
-            for _ in range(200):
+            for _ in range(500):
                 source.record(f"s{index % 50}", "E")
                 index += 1
             await asyncio.sleep(0)
@@ -355,23 +364,16 @@ async def test_the_lag_tick_fires_on_its_own_timer_under_heavy_load() -> None:
         async with Scriba() as runtime:
             options = {**FAST, "lag_interval": 0.02, "batch_size": 50, "parallelism": 4}
             await runtime.start(Rows, source=source, target=target, **options)
-            started = time.monotonic()
             producer = asyncio.create_task(produce())
-            # Busy for at least 0.4 s and 1,000 commits, however slow the machine is.
+            # No wall-clock ratio: a slow machine delays every timer alike. Starvation
+            # would show as no tick while the pipeline is behind, and so a timeout here.
             async with asyncio.timeout(30):
-                while True:
-                    await asyncio.sleep(0.05)
-                    if time.monotonic() - started >= 0.4 and len(target.commit_log) > 1000:
-                        break
-            elapsed = time.monotonic() - started
+                await enough.wait()
             stop.set()
             await producer
     finally:
         telemetry.detach("lag")
-    # About elapsed / 0.02 intervals passed; the timer was not starved if a good part
-    # of them ticked.
-    assert len(lags) >= 0.4 * elapsed / 0.02
-    assert max(lags) > 0  # behind while busy
+    assert len(busy_ticks) >= 5
 
 
 @pytest.mark.asyncio
