@@ -342,7 +342,7 @@ async def test_the_lag_tick_fires_on_its_own_timer_under_heavy_load() -> None:
     busy_ticks: set[int] = set()
     enough = asyncio.Event()
 
-    def on_lag(name: Any, measurements: dict[str, Any], meta: Any) -> None:
+    def on_lag(name: str, measurements: Mapping[str, float], meta: Mapping[str, Any]) -> None:
         if measurements["lag_ms"] > 0 and target.commit_log:
             busy_ticks.add(len(target.commit_log))
         if len(busy_ticks) >= 5:
