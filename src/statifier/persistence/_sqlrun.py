@@ -132,7 +132,7 @@ class Prepared:
     from the same text), and on SQLite for JSON read with the standard deserializer.
     """
 
-    __slots__ = ("_binds", "_converted", "_named", "_results", "names", "returns_rows", "sql")
+    __slots__ = ("_binds", "_converted", "_named", "_results", "names", "sql")
 
     def __init__(self, statement: sa.Executable, dialect: sa.Dialect) -> None:
         assert isinstance(statement, sa.ClauseElement)
@@ -156,7 +156,6 @@ class Prepared:
             if processor is not None
         )
         columns = list(getattr(statement, "exported_columns", ()))
-        self.returns_rows = bool(columns)
         self._results: tuple[tuple[int, Callable[[Any], Any]], ...] = tuple(
             (index, processor)
             for index, column in enumerate(columns)
@@ -220,29 +219,23 @@ class SqliteSession:
         self.driver = driver
         self._cursor = driver.cursor()
 
-    def rows_now(self, prepared: Prepared, values: Mapping[str, Any]) -> list[list[Any]]:
-        """:meth:`rows`, without a coroutine around it."""
-        raw = self._cursor.execute(prepared.sql, prepared.params(values)).fetchall()
-        return [prepared.row(row) for row in raw]
-
-    def run_now(self, prepared: Prepared, values: Mapping[str, Any]) -> int:
-        """:meth:`run`, without a coroutine around it."""
-        return int(self._cursor.execute(prepared.sql, prepared.params(values)).rowcount)
-
     def rows_in_order(self, prepared: Prepared, values: Sequence[Any]) -> list[Any]:
-        """:meth:`rows_now` with the values in the order of ``prepared.names``, the rows
-        as the driver answers them (no result processing)."""
+        """:meth:`rows` without a coroutine around it, with the values in the order of
+        ``prepared.names`` and the rows as the driver answers them (no result
+        processing)."""
         return self._cursor.execute(prepared.sql, prepared.args(values)).fetchall()
 
     def run_in_order(self, prepared: Prepared, values: Sequence[Any]) -> int:
-        """:meth:`run_now` with the values in the order of ``prepared.names``."""
+        """:meth:`run` without a coroutine around it, with the values in the order of
+        ``prepared.names``."""
         return int(self._cursor.execute(prepared.sql, prepared.args(values)).rowcount)
 
     async def rows(self, prepared: Prepared, values: Mapping[str, Any]) -> list[list[Any]]:
-        return self.rows_now(prepared, values)
+        raw = self._cursor.execute(prepared.sql, prepared.params(values)).fetchall()
+        return [prepared.row(row) for row in raw]
 
     async def run(self, prepared: Prepared, values: Mapping[str, Any]) -> int:
-        return self.run_now(prepared, values)
+        return int(self._cursor.execute(prepared.sql, prepared.params(values)).rowcount)
 
     async def run_many(self, prepared: Prepared, values: Sequence[Mapping[str, Any]]) -> None:
         self._cursor.executemany(prepared.sql, [prepared.params(v) for v in values])
@@ -445,7 +438,6 @@ class PostgresRunner:
         joined: AsyncConnection | None = None,
         keep: int = 0,
     ) -> None:
-        self.engine = engine
         self._kept = _KeptConnections(engine, keep)
         # Positional parameters: psycopg then binds a list as it comes, instead of
         # reordering a dict on every execution.
