@@ -207,10 +207,7 @@ class Storage:
         dropped at once, while still fresh in memory."""
         states = self._states
         kept = state if state.routes is None else state._replace(routes=None)
-        if execution_id in states:
-            states[execution_id] = (position, kept)
-            return
-        states[execution_id] = (position, kept)
+        states[execution_id] = (position, kept)  # a replaced entry keeps its place
         if len(states) > _STATES:
             del states[next(iter(states))]
 
