@@ -68,6 +68,7 @@ from statifier.persistence.records import (
     Status,
 )
 from statifier.sql.tables import TableOptions, Tables
+from statifier.sql.urls import psycopg_url
 
 __all__ = ["SqlAdapter"]
 
@@ -98,12 +99,6 @@ _PINNING = tuple(status.value for status in Status if status.pins)
 # closes the connection of every sixth concurrent block when it ends, and a new one
 # costs milliseconds; past this many, blocks still get connections, just not kept.
 _POOL_SIZE = 20
-
-
-def _async_url(url: sa.URL) -> sa.URL:
-    if url.drivername in ("postgresql", "postgres"):
-        return url.set(drivername="postgresql+psycopg")
-    return url
 
 
 def _sqlite_engine(url: sa.URL) -> sa.Engine:
@@ -501,7 +496,7 @@ class SqlAdapter:
             if url.get_backend_name() == "sqlite":
                 engine = _sqlite_engine(url)
             elif url.get_backend_name() == "postgresql":
-                engine = create_async_engine(_async_url(url), pool_size=_POOL_SIZE)
+                engine = create_async_engine(psycopg_url(url), pool_size=_POOL_SIZE)
             else:
                 raise ValueError(f"durable executions run on PostgreSQL or SQLite, not {url!r}")
         else:

@@ -38,6 +38,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
 from statifier.sql.tables import TableOptions, Tables
+from statifier.sql.urls import psycopg_url as sync_url
 
 __all__ = [
     "OPTIONS_ATTRIBUTE",
@@ -54,21 +55,6 @@ OPTIONS_ATTRIBUTE: Final = "statifier_table_options"
 
 _CONNECTION_ATTRIBUTE: Final = "connection"
 _HERE = Path(__file__).parent
-
-
-def sync_url(url: str | sa.URL) -> sa.URL:
-    """``url`` with a synchronous driver: a bare ``postgresql://`` (or ``postgres://``)
-    means psycopg 3.
-
-    >>> str(sync_url("postgresql://u@localhost/db"))
-    'postgresql+psycopg://u@localhost/db'
-    >>> str(sync_url("sqlite:///x.db"))
-    'sqlite:///x.db'
-    """
-    parsed = sa.make_url(url)
-    if parsed.drivername in ("postgresql", "postgres"):
-        return parsed.set(drivername="postgresql+psycopg")
-    return parsed
 
 
 def _options(options: TableOptions | Tables | None) -> TableOptions:
