@@ -436,6 +436,25 @@ async def test_cancel_runs_exit_content_and_cascades_to_durable_children(
 
 
 @pytest.mark.asyncio
+async def test_cancel_matching_cancels_the_unended_executions_holding_every_pair(
+    make: Make, payment: Machine
+) -> None:
+    executions = make()
+    await executions.create("a", payment, metadata={"batch": "b1", "region": "eu"})
+    await executions.create("b", payment, metadata={"batch": "b1", "region": "us"})
+    await executions.create("c", payment, metadata={"batch": "b1", "region": "eu"})
+    await executions.step("c", payment, Event("declined"))
+    await executions.cancel_matching({"batch": "b1", "region": "eu"})
+    statuses = {
+        execution_id: (await executions.storage.fetch_execution(execution_id)).status
+        for execution_id in ("a", "b", "c")
+    }
+    assert statuses == {"a": Status.CANCELLED, "b": Status.ACTIVE, "c": Status.FAILED}
+    with pytest.raises(MetadataUnsupported):
+        await Executions(Storage(NoMetadata())).cancel_matching({"batch": "b1"})
+
+
+@pytest.mark.asyncio
 async def test_a_parked_execution_takes_no_event_until_unparked(
     make: Make, payment: Machine
 ) -> None:

@@ -33,7 +33,7 @@ import inspect
 from collections.abc import Awaitable, Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
-from typing import Final, Literal, TypeAlias
+from typing import Final, Literal, TypeAlias, TypeVar
 
 from statifier.chart import InvalidChart, Machine, compile_chart
 from statifier.core import Event, MachineState, StartOptions
@@ -130,6 +130,18 @@ class _Pending:
 
 
 _pending: ContextVar[_Pending | None] = ContextVar("statifier_driver_pending", default=None)
+_T = TypeVar("_T")
+_V = TypeVar("_V")
+
+
+async def _collecting(pending: _Pending, call: Awaitable[_T]) -> _T:
+    """Await ``call`` with ``pending`` collecting the answers of the invocations it
+    performs (the executor finds it through the context variable)."""
+    token = _pending.set(pending)
+    try:
+        return await call
+    finally:
+        _pending.reset(token)
 
 
 def _live(invoke_id: str) -> Callable[[MachineState], bool]:
@@ -192,13 +204,10 @@ class Driver:
     ) -> Stepped:
         """Create the execution and drive it until it rests."""
         pending = _Pending()
-        token = _pending.set(pending)
-        try:
-            result = await self.executions.create(
-                execution_id, machine, options=self.options, metadata=metadata
-            )
-        finally:
-            _pending.reset(token)
+        result = await _collecting(
+            pending,
+            self.executions.create(execution_id, machine, options=self.options, metadata=metadata),
+        )
         final = await self._drain(execution_id, result, pending)
         assert isinstance(final, Stepped)  # a created execution answers its own invokes
         return final
@@ -224,11 +233,9 @@ class Driver:
         when: Callable[[MachineState], bool] | None,
     ) -> Stepped | Discarded:
         pending = _Pending()
-        token = _pending.set(pending)
-        try:
-            result = await self.executions.step(execution_id, None, event, door=door, when=when)
-        finally:
-            _pending.reset(token)
+        result = await _collecting(
+            pending, self.executions.step(execution_id, None, event, door=door, when=when)
+        )
         return await self._drain(execution_id, result, pending)
 
     async def _drive(
@@ -243,17 +250,13 @@ class Driver:
                 turns += 1
                 if turns > self.max_turns:
                     raise MaxTurnsExceeded(execution_id, self.max_turns)
-                token = _pending.set(pending)
-                try:
-                    stepped = await self.executions.step(
-                        execution_id,
-                        result.state.machine,
-                        event,
-                        door="answer",
-                        when=_live(invoke_id),
-                    )
-                finally:
-                    _pending.reset(token)
+                machine = result.state.machine
+                stepped = await _collecting(
+                    pending,
+                    self.executions.step(
+                        execution_id, machine, event, door="answer", when=_live(invoke_id)
+                    ),
+                )
                 if isinstance(stepped, Stepped):
                     result = stepped
         return result
@@ -296,17 +299,8 @@ class Driver:
     async def _cancel_children(self, parent_id: str, invoke_id: str) -> None:
         """The chart left the state that invoked them: cancel the durable children of
         the invocation (a single child or a fan-out's started ones)."""
-        if not self.storage.capabilities.metadata:
-            return
-        children = await self.storage.call(
-            "statuses_by_metadata",
-            self.storage.adapter.statuses_by_metadata(
-                {PARENT_KEY: parent_id, INVOKE_KEY: invoke_id}
-            ),
-        )
-        for child_id, status in sorted(children.items()):
-            if not status.terminal:
-                await self.executions.cancel(child_id)
+        if self.storage.capabilities.metadata:
+            await self.executions.cancel_matching({PARENT_KEY: parent_id, INVOKE_KEY: invoke_id})
 
     def _child_machine(self, effect: fx.Invoke) -> Machine | str:
         source = effect.content if isinstance(effect.content, str) else None
@@ -356,13 +350,10 @@ class Driver:
         self, child_id: str, machine: Machine, data: Value, metadata: dict[str, str]
     ) -> ExecutionRecord:
         pending = _Pending()
-        token = _pending.set(pending)
-        try:
-            result = await self.executions.create(
-                child_id, machine, options=self._child_options(machine, data), metadata=metadata
-            )
-        finally:
-            _pending.reset(token)
+        options = self._child_options(machine, data)
+        result = await _collecting(
+            pending, self.executions.create(child_id, machine, options=options, metadata=metadata)
+        )
         # Driven without answering the parent: the parent's step is still running.
         driven = await self._drive(child_id, result, pending)
         return driven.execution
@@ -445,26 +436,23 @@ class Driver:
         """
         count = int(metadata[_COUNT_KEY])
         policy = metadata[_POLICY_KEY]
-        adapter = self.storage.adapter
+        storage = self.storage
+        adapter = storage.adapter
         prefix = f"{parent_id}/{invoke_id}/"
+        siblings = {PARENT_KEY: parent_id, INVOKE_KEY: invoke_id}
         async with self.executions.serialization.exclusive(parent_id):
-            statuses = await self.storage.call(
-                "statuses_by_metadata",
-                adapter.statuses_by_metadata({PARENT_KEY: parent_id, INVOKE_KEY: invoke_id}),
+            statuses = await storage.call(
+                "statuses_by_metadata", adapter.statuses_by_metadata(siblings)
             )
-            by_index = {
-                int(child[len(prefix) :]): status
-                for child, status in statuses.items()
-                if child.startswith(prefix) and child[len(prefix) :].isdigit()
-            }
+            by_index = _by_index(statuses, prefix)
             first_error = policy == "first_error" and Status.FAILED in by_index.values()
             ended = len(by_index) == count and all(s.terminal for s in by_index.values())
             if not (first_error or ended):
                 return
-            now = self.storage.clock()
+            now = storage.clock()
             marker = ExecutionRecord(
                 f"{parent_id}/{invoke_id}#settled",
-                (await self.storage.fetch_execution(parent_id)).content_hash,
+                (await storage.fetch_execution(parent_id)).content_hash,
                 Status.COMPLETED,
                 None,
                 {_SETTLED_KEY: parent_id},
@@ -473,14 +461,19 @@ class Driver:
                 ended_at=now,
             )
             try:
-                await self.storage.call("insert_execution", adapter.insert_execution(marker))
+                await storage.call("insert_execution", adapter.insert_execution(marker))
             except ExecutionExists:
                 return  # a sibling's settlement answered already
-            running = [i for i, status in sorted(by_index.items()) if not status.terminal]
+            running = sorted(i for i, status in by_index.items() if not status.terminal)
+            # The ended siblings' records, read at once: their outcomes no longer change.
+            records = _by_index(
+                {record.id: record for record in await storage.list_executions(**siblings)},
+                prefix,
+            )
             outcomes = [
-                {"index": index, "status": "cancelled"}
-                if index in running or index not in by_index
-                else await self._outcome_at(prefix + str(index), index)
+                _outcome(index, records[index])
+                if index in by_index and by_index[index].terminal
+                else {"index": index, "status": "cancelled"}
                 for index in range(count)
             ]
         for index in running:
@@ -498,14 +491,25 @@ class Driver:
         event = invocation_done(invoke_id, outcomes)
         await self._step(parent_id, event, "answer", _live(invoke_id))
 
-    async def _outcome_at(self, child_id: str, index: int) -> Value:
-        record = await self.storage.fetch_execution(child_id)
-        entry: dict[str, Value] = {"index": index, "status": record.status.value}
-        if record.status is Status.COMPLETED:
-            entry["donedata"] = decode_outcome(record)
-        elif record.status is Status.FAILED:
-            entry["failure"] = decode_outcome(record)
-        return entry
+
+def _by_index(children: Mapping[str, _V], prefix: str) -> dict[int, _V]:
+    """The fan-out children among ``children`` (keyed by execution id), keyed by their
+    index: the ids ``<prefix><index>``."""
+    return {
+        int(child_id[len(prefix) :]): value
+        for child_id, value in children.items()
+        if child_id.startswith(prefix) and child_id[len(prefix) :].isdigit()
+    }
+
+
+def _outcome(index: int, record: ExecutionRecord) -> Value:
+    """What an ended fan-out child contributes to the settled answer."""
+    entry: dict[str, Value] = {"index": index, "status": record.status.value}
+    if record.status is Status.COMPLETED:
+        entry["donedata"] = decode_outcome(record)
+    elif record.status is Status.FAILED:
+        entry["failure"] = decode_outcome(record)
+    return entry
 
 
 def _child_answer(child: ExecutionRecord) -> Event:

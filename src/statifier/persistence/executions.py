@@ -359,14 +359,25 @@ class Executions:
         self._lifecycle(record, "cancelled")
         self._stepped(record, "cancel", effects, started)
         if self.storage.capabilities.metadata:
-            children = await self.storage.call(
-                "statuses_by_metadata",
-                self.storage.adapter.statuses_by_metadata({PARENT_KEY: execution_id}),
-            )
-            for child_id, status in sorted(children.items()):
-                if not status.terminal:
-                    await self.cancel(child_id)
+            await self.cancel_matching({PARENT_KEY: execution_id})
         return Stepped(record, state, tuple(effects))
+
+    async def cancel_matching(self, pairs: Mapping[str, str]) -> None:
+        """Cancel, in id order, every execution not yet ended whose metadata holds all
+        of ``pairs`` (the durable children of a parent, or of one of its invocations).
+
+        Raises:
+            MetadataUnsupported: the adapter keeps no metadata.
+        """
+        storage = self.storage
+        if not storage.capabilities.metadata:
+            raise MetadataUnsupported("this adapter cannot find executions by metadata")
+        statuses = await storage.call(
+            "statuses_by_metadata", storage.adapter.statuses_by_metadata(pairs)
+        )
+        for execution_id, status in sorted(statuses.items()):
+            if not status.terminal:
+                await self.cancel(execution_id)
 
     async def park(self, execution_id: str) -> ExecutionRecord | Discarded:
         """Set an active execution aside (``needs_migration``): it takes no event until
@@ -437,11 +448,8 @@ class Executions:
         if chart.retired_at is not None:
             return chart
         counts = dict(await self.storage.counts_on(content_hash))
-        held = sum(
-            n
-            for name, n in counts.items()
-            if name in ("executions_active", "executions_needs_migration", "positions")
-        )
+        holding = {f"executions_{status.value}" for status in Status if status.pins}
+        held = sum(n for name, n in counts.items() if name in holding or name == "positions")
         active = await self.storage.call(
             "pinning_executions", adapter.pinning_executions(content_hash)
         )
