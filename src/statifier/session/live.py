@@ -72,6 +72,7 @@ from statifier.session.handlers import (
     invocation_failed,
 )
 from statifier.session.recording import Input, Recording, RecordingRoutes
+from statifier.telemetry import enabled
 from statifier.telemetry import execute as report
 
 __all__ = ["Session", "System"]
@@ -284,6 +285,7 @@ class Session:
         self._finished = asyncio.Event()
         self.observer: StepObserver | None = None
         self._stop_reported = False
+        self._routes = _Routes(self)
         self.recording: Recording | None = None
         self.state: MachineState
 
@@ -328,7 +330,7 @@ class Session:
         """Where an immediate send from this session can go right now: a view answering
         ``target in routes`` in constant time (a step runs without interruption, so
         the view cannot change under it)."""
-        return _Routes(self)
+        return self._routes
 
     def begin(
         self, datamodel: Mapping[str, Value], *, record: bool = False, trace: bool = False
@@ -406,6 +408,10 @@ class Session:
         return {"session_id": self.id, "chart": self.machine.identity.content_hash, **more}
 
     def _step(self, entry: _Entry) -> None:
+        if not enabled("statifier.session.macrostep"):  # nothing to measure for
+            self._step_core(entry)
+            self._report_stop()
+            return
         started = time.perf_counter()
         self._step_core(entry)
         report(
@@ -428,8 +434,12 @@ class Session:
             )
 
     def _step_core(self, entry: _Entry) -> None:
-        routes = self.routes() if self.recording is None else RecordingRoutes(self.routes())
-        self.state = self.state._replace(routes=routes)
+        recorded: RecordingRoutes | None = None
+        if self.recording is not None:
+            recorded = RecordingRoutes(self._routes)
+            self.state = self.state._replace(routes=recorded)
+        elif self.state.routes is not self._routes:  # the core hands the view back
+            self.state = self.state._replace(routes=self._routes)
         if entry.kind == "cancel":
             self.state, effects = cancel(self.state)
         elif entry.kind == "internal":
@@ -440,8 +450,8 @@ class Session:
             if entry.from_invoke is not None and entry.from_invoke in self._cancelled:
                 return  # sent by a child after its invocation was cancelled
             self.state, effects = handle_event(self.state, entry.event)
-        if self.recording is not None and isinstance(routes, RecordingRoutes):
-            self.recording.inputs.append(Input(entry.kind, entry.event, routes.answers))
+        if self.recording is not None and recorded is not None:
+            self.recording.inputs.append(Input(entry.kind, entry.event, recorded.answers))
         self._perform(effects)
         if self.observer is not None:
             self.observer(self, entry.event, effects)
@@ -453,12 +463,12 @@ class Session:
             if self.keep_effects:
                 self.performed.append(effect)
             if isinstance(effect, fx.Send | fx.SendDelayed):
-                delay = effect.delay_ms if isinstance(effect, fx.SendDelayed) else 0
-                report(
-                    "statifier.session.send",
-                    {"delay_ms": delay},
-                    self._about(event=effect.event, target=effect.target, send_id=effect.send_id),
-                )
+                if enabled("statifier.session.send"):
+                    delay = effect.delay_ms if isinstance(effect, fx.SendDelayed) else 0
+                    about = self._about(
+                        event=effect.event, target=effect.target, send_id=effect.send_id
+                    )
+                    report("statifier.session.send", {"delay_ms": delay}, about)
                 if isinstance(effect, fx.SendDelayed):
                     self._arm(effect)
                 else:
