@@ -269,6 +269,14 @@ def test_trace_of_an_invalid_chart_exits_one(
     assert f"{path}:3:5: no state has the id 'nowhere'" in capsys.readouterr().err
 
 
+def test_an_invalid_chart_exits_one_whatever_its_path_says(tmp_path: Path) -> None:
+    directory = tmp_path / "cannot read"
+    directory.mkdir()
+    path = write(directory, "bad.scxml", BAD)
+    assert run("trace", path)[0] == 1
+    assert run("graph", path)[0] == 1
+
+
 def test_trace_of_a_missing_chart_exits_two(tmp_path: Path) -> None:
     assert run("trace", str(tmp_path / "missing.scxml"))[0] == 2
 

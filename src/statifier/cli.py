@@ -43,14 +43,13 @@ Subcommands:
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
-import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from statifier import expr
 from statifier.chart import InvalidChart, Machine, compile_chart
@@ -59,7 +58,9 @@ from statifier.core import Event
 from statifier.core.effects import as_json
 from statifier.examples import read as read_example
 from statifier.expr.tagged import TaggedValueError, decode, encode
-from statifier.session.trace import Step, run
+
+if TYPE_CHECKING:
+    from statifier.session.trace import Step
 
 __all__ = ["main"]
 
@@ -153,6 +154,13 @@ def _run_demo(out: TextIO) -> int:
     out.write(f"\n  program: {program}\n")
     written = {name: execution.context[name] for name in ("score", "tier")}
     out.write(f"    => {json.dumps(encode(written))}\n")
+    # Imported here, as in the commands that need them: the others start without the
+    # session stack.
+    import asyncio
+    import tempfile
+
+    from statifier.session.trace import run
+
     out.write("\n2. The shipped order chart (statifier/examples/order.scxml), traced\n\n")
     machine = compile_chart(read_example("order.scxml"), name="order")
     events = [
@@ -192,34 +200,35 @@ def _print_steps(steps: list[Step], out: TextIO) -> None:
         out.write("finished\n")
 
 
-def _load_chart(path: str) -> Machine | str:
+@dataclass(frozen=True)
+class _NotLoaded:
+    """Why a chart file gave no chart: its exit status (2 unreadable, 1 invalid) and
+    the lines that say so."""
+
+    status: int
+    message: str
+
+
+def _load_chart(path: str) -> Machine | _NotLoaded:
     try:
         with open(path, "rb") as handle:
             source = handle.read()
     except OSError as error:
-        return f"{path}: cannot read: {error.strerror}"
+        return _NotLoaded(2, f"{path}: cannot read: {error.strerror}")
     try:
         return compile_chart(source)
     except InvalidChart as invalid:
-        return "\n".join(f"{path}:{problem}" for problem in invalid.problems)
+        return _NotLoaded(1, "\n".join(f"{path}:{problem}" for problem in invalid.problems))
 
 
 def _run_validate(args: argparse.Namespace, out: TextIO) -> int:
     status = 0
     for path in args.charts:
-        try:
-            with open(path, "rb") as handle:
-                source = handle.read()
-        except OSError as error:
-            sys.stderr.write(f"{path}: cannot read: {error.strerror}\n")
-            status = 2
-            continue
-        try:
-            machine = compile_chart(source)
-        except InvalidChart as invalid:
-            for problem in invalid.problems:
-                out.write(f"{path}:{problem}\n")
-            status = max(status, 1)
+        machine = _load_chart(path)
+        if isinstance(machine, _NotLoaded):
+            # An invalid chart is this command's answer; an unreadable one an error.
+            (sys.stderr if machine.status == 2 else out).write(machine.message + "\n")
+            status = max(status, machine.status)
             continue
         for warning in machine.warnings:
             out.write(f"{path}: warning: {warning}\n")
@@ -241,10 +250,12 @@ def _parse_event(text: str) -> Event:
 
 
 def _run_trace(args: argparse.Namespace, out: TextIO) -> int:
+    from statifier.session.trace import run  # only tracing needs the session stack
+
     loaded = _load_chart(args.chart)
-    if isinstance(loaded, str):
-        sys.stderr.write(loaded + "\n")
-        return 2 if "cannot read" in loaded else 1
+    if isinstance(loaded, _NotLoaded):
+        sys.stderr.write(loaded.message + "\n")
+        return loaded.status
     try:
         events = [_parse_event(text) for text in args.event]
     except ValueError as error:
@@ -271,9 +282,9 @@ def _run_trace(args: argparse.Namespace, out: TextIO) -> int:
 
 def _run_graph(args: argparse.Namespace, out: TextIO) -> int:
     loaded = _load_chart(args.chart)
-    if isinstance(loaded, str):
-        sys.stderr.write(loaded + "\n")
-        return 2 if "cannot read" in loaded else 1
+    if isinstance(loaded, _NotLoaded):
+        sys.stderr.write(loaded.message + "\n")
+        return loaded.status
     out.write((mermaid(loaded) if args.format == "mermaid" else dot(loaded)) + "\n")
     return 0
 
