@@ -35,7 +35,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Final, Literal, TypeAlias, TypeVar
 
-from statifier.chart import InvalidChart, Machine, compile_chart
+from statifier.chart import Machine
 from statifier.core import Event, MachineState, StartOptions
 from statifier.core import effects as fx
 from statifier.expr import UNDEFINED, Value
@@ -55,6 +55,7 @@ from statifier.persistence.executor import EffectContext, Executor, ignore_effec
 from statifier.persistence.records import ExecutionRecord, Status
 from statifier.persistence.serialization import Serialization
 from statifier.persistence.storage import Storage
+from statifier.session.children import invoked_chart, seeded_datamodel
 from statifier.session.handlers import invocation_done, invocation_failed
 from statifier.telemetry import execute as report
 
@@ -302,32 +303,13 @@ class Driver:
         if self.storage.capabilities.metadata:
             await self.executions.cancel_matching({PARENT_KEY: parent_id, INVOKE_KEY: invoke_id})
 
-    def _child_machine(self, effect: fx.Invoke) -> Machine | str:
-        source = effect.content if isinstance(effect.content, str) else None
-        if source is None and effect.src is not None:
-            if self.storage.loader is None:
-                return f"<invoke src={effect.src!r}> is never fetched without a loader"
-            try:
-                source = self.storage.loader(effect.src)
-            except Exception as error:  # noqa: BLE001 - the loader is host code
-                return f"cannot load {effect.src!r}: {error}"
-        if source is None:
-            return "the invoke names no chart"
-        try:
-            return compile_chart(source)
-        except InvalidChart as invalid:
-            return f"the invoked chart is invalid: {invalid}"
-
     def _child_options(self, machine: Machine, data: Value) -> StartOptions:
-        declared = {element.id for element in machine.data}
-        given = data if isinstance(data, dict) else {}
-        seeded = {name: value for name, value in given.items() if name in declared}
-        return replace(self.options, datamodel=seeded)
+        return replace(self.options, datamodel=seeded_datamodel(machine, data))
 
     async def _start_child(self, parent_id: str, effect: fx.Invoke, pending: _Pending) -> None:
         if not self.storage.capabilities.metadata:
             raise MetadataUnsupported("durable children need an adapter that keeps metadata")
-        machine = self._child_machine(effect)
+        machine = invoked_chart(effect, self.storage.loader)
         if isinstance(machine, str):
             failed = invocation_failed(effect.invoke_id, machine)
             pending.answers.append((effect.invoke_id, failed))
@@ -396,7 +378,7 @@ class Driver:
         if not self.storage.capabilities.metadata:
             raise MetadataUnsupported("fan-out children need an adapter that keeps metadata")
         child_id = f"{parent_id}/{effect.invoke_id}/{index}"
-        machine = self._child_machine(effect)
+        machine = invoked_chart(effect, self.storage.loader)
         if isinstance(machine, str):
             raise ValueError(machine)
         metadata = {

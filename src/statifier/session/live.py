@@ -48,7 +48,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, Literal
 
-from statifier.chart import InvalidChart, Machine, compile_chart
+from statifier.chart import Machine
 from statifier.core import (
     SCXML_PROCESSOR,
     Event,
@@ -61,6 +61,7 @@ from statifier.core import (
 )
 from statifier.core import effects as fx
 from statifier.expr import UNDEFINED, Value
+from statifier.session.children import invoked_chart, seeded_datamodel
 from statifier.session.clock import Clock, RealClock, TimerHandle, VirtualClock
 from statifier.session.handlers import (
     Addressable,
@@ -604,27 +605,11 @@ class Session:
             else:
                 self._invoke_service(service, effect)
             return
-        source = effect.content if isinstance(effect.content, str) else None
-        if source is None and effect.src is not None:
-            if self.system.loader is None:
-                self._invoke_failed(invoke_id, f"<invoke src={effect.src!r}> is never fetched")
-                return
-            try:
-                source = self.system.loader(effect.src)
-            except Exception as error:  # noqa: BLE001 - the loader is host code
-                self._invoke_failed(invoke_id, f"cannot load {effect.src!r}: {error}")
-                return
-        if source is None:
-            self._invoke_failed(invoke_id, "the invoke names no chart")
+        machine = invoked_chart(effect, self.system.loader)
+        if isinstance(machine, str):
+            self._invoke_failed(invoke_id, machine)
             return
-        try:
-            machine = compile_chart(source)
-        except InvalidChart as invalid:
-            self._invoke_failed(invoke_id, f"the invoked chart is invalid: {invalid}")
-            return
-        declared = {element.id for element in machine.data}
-        data = effect.data if isinstance(effect.data, dict) else {}
-        seeded = {name: value for name, value in data.items() if name in declared}
+        seeded = seeded_datamodel(machine, effect.data)
         child = Session(
             self.system,
             machine,
