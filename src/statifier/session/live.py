@@ -54,9 +54,6 @@ from statifier.core import (
     Event,
     MachineState,
     StartOptions,
-    cancel,
-    deliver_internal,
-    handle_event,
     initialize,
 )
 from statifier.core import effects as fx
@@ -72,7 +69,7 @@ from statifier.session.handlers import (
     invocation_done,
     invocation_failed,
 )
-from statifier.session.recording import Input, Recording, RecordingRoutes
+from statifier.session.recording import Input, Recording, RecordingRoutes, step
 from statifier.telemetry import enabled
 from statifier.telemetry import execute as report
 
@@ -441,16 +438,9 @@ class Session:
             self.state = self.state._replace(routes=recorded)
         elif self.state.routes is not self._routes:  # the core hands the view back
             self.state = self.state._replace(routes=self._routes)
-        if entry.kind == "cancel":
-            self.state, effects = cancel(self.state)
-        elif entry.kind == "internal":
-            assert entry.event is not None
-            self.state, effects = deliver_internal(self.state, entry.event)
-        else:
-            assert entry.event is not None
-            if entry.from_invoke is not None and entry.from_invoke in self._cancelled:
-                return  # sent by a child after its invocation was cancelled
-            self.state, effects = handle_event(self.state, entry.event)
+        if entry.from_invoke is not None and entry.from_invoke in self._cancelled:
+            return  # sent by a child after its invocation was cancelled
+        self.state, effects = step(self.state, entry.kind, entry.event)
         if self.recording is not None and recorded is not None:
             self.recording.inputs.append(Input(entry.kind, entry.event, recorded.answers))
         self._perform(effects)

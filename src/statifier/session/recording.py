@@ -35,6 +35,7 @@ from typing import Literal
 from statifier.chart import Machine
 from statifier.core import (
     Event,
+    MachineState,
     StartOptions,
     cancel,
     deliver_internal,
@@ -112,14 +113,20 @@ def replay(machine: Machine, recording: Recording) -> list[fx.Effect]:
     )
     stream = list(effects)
     for item in recording.inputs:
-        state = state._replace(routes=_Answers(item.routes))
-        if item.kind == "cancel":
-            state, effects = cancel(state)
-        elif item.kind == "internal":
-            assert item.event is not None
-            state, effects = deliver_internal(state, item.event)
-        else:
-            assert item.event is not None
-            state, effects = handle_event(state, item.event)
+        state, effects = step(state._replace(routes=_Answers(item.routes)), item.kind, item.event)
         stream.extend(effects)
     return stream
+
+
+def step(
+    state: MachineState, kind: Literal["event", "internal", "cancel"], event: Event | None
+) -> tuple[MachineState, list[fx.Effect]]:
+    """Step the pure core with one input of a session: an external ``event``, an event
+    for the internal queue, or a cancel (``event`` None). Live sessions and
+    :func:`replay` both step through here, so a replay takes the same paths."""
+    if kind == "cancel":
+        return cancel(state)
+    assert event is not None
+    if kind == "internal":
+        return deliver_internal(state, event)
+    return handle_event(state, event)
