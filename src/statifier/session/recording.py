@@ -45,7 +45,7 @@ from statifier.core import (
 from statifier.core import effects as fx
 from statifier.expr import Value
 
-__all__ = ["Input", "Recording", "RecordingRoutes", "replay"]
+__all__ = ["Input", "Recording", "RecordingRoutes", "replay", "step"]
 
 
 @dataclass(frozen=True, slots=True)
