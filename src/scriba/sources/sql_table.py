@@ -70,12 +70,12 @@ from scriba.sources.gaps import (
 )
 from scriba.sources.standby import AdvisoryLock, FileLock, ProjectionLock, lock_key
 from scriba.sources.subscription import SubscribedSource
+from scriba.sql.tables import autoincrement_id
+from statifier.sql.types import json_document
 
 __all__ = ["NewEvent", "SqlTableSource", "append", "append_async", "event_table"]
 
 DEFAULT_TABLE: Final = "scriba_events"
-
-_JSON = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
 
 
 def event_table(
@@ -86,18 +86,12 @@ def event_table(
     return sa.Table(
         name,
         metadata,
-        # INTEGER on SQLite, so that the column is the rowid and AUTOINCREMENT applies.
-        sa.Column(
-            "position",
-            sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
-            primary_key=True,
-            autoincrement=True,
-        ),
+        sa.Column("position", autoincrement_id(), primary_key=True, autoincrement=True),
         sa.Column("id", sa.String(255), nullable=False, unique=True),
         sa.Column("stream_id", sa.String(255), nullable=False),
         sa.Column("type", sa.String(255), nullable=False),
-        sa.Column("data", _JSON, nullable=False),
-        sa.Column("metadata", _JSON, nullable=False),
+        sa.Column("data", json_document(), nullable=False),
+        sa.Column("metadata", json_document(), nullable=False),
         sa.Column("occurred_at", sa.DateTime(timezone=True), nullable=False),
         schema=schema,
         sqlite_autoincrement=True,
