@@ -87,3 +87,8 @@ class Error:
 
 Operation: TypeAlias = Insert | Update | Delete | Execute | Multi
 Result: TypeAlias = Operation | Skip | Error
+
+
+def not_a_result(value: object) -> str:
+    """What is wrong with a ``handle`` that returned ``value``, not a :data:`Result`."""
+    return f"handle returned {value!r}: not an operation, Skip or Error"

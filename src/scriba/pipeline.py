@@ -31,7 +31,17 @@ from typing import Any, Final
 
 from scriba.accounting import Ledger
 from scriba.event import Event, Meta
-from scriba.operations import Delete, Error, Execute, Insert, Multi, Operation, Skip, Update
+from scriba.operations import (
+    Delete,
+    Error,
+    Execute,
+    Insert,
+    Multi,
+    Operation,
+    Skip,
+    Update,
+    not_a_result,
+)
 from scriba.partition import partition_of
 from scriba.positions import PRELOAD_LIMIT, PositionCache
 from scriba.projection import Projection, Settings
@@ -55,7 +65,6 @@ _RESULT_NAMES: Final[Mapping[type, str]] = {
     Skip: "skip",
     Error: "error",
 }
-_OPERATIONS: Final = (Insert, Update, Delete, Execute, Multi)
 
 
 @dataclass(slots=True)
@@ -400,7 +409,7 @@ class Pipeline:
             {"duration_ms": (time.perf_counter() - started) * 1000},
             {**details, "result": name},
         )
-        if isinstance(result, _OPERATIONS):
+        if isinstance(result, Operation):
             if self._target.accepts(result):
                 return _Outcome(event, operation=result)
             message = f"the target does not accept {type(result).__name__} operations"
@@ -411,8 +420,7 @@ class Pipeline:
         if isinstance(result, Error):
             return DeadLetter(event, "error", str(result.reason))
         # Not retried: the same code returns the same wrong thing.
-        message = f"handle returned {result!r}: not an operation, Skip or Error"
-        return _Outcome(event, dead_letter=DeadLetter(event, "rejected", message))
+        return _Outcome(event, dead_letter=DeadLetter(event, "rejected", not_a_result(result)))
 
     def _skipped(self, event: Event, partition: int, reason: str) -> None:
         _emit(

@@ -34,9 +34,6 @@ class PositionCache:
         self._positions = dict(positions)
         self._complete = complete
 
-    def __len__(self) -> int:
-        return len(self._positions)
-
     def knows(self, stream_id: str) -> bool:
         """Whether :meth:`get` answers for ``stream_id`` without asking the target."""
         return self._complete or stream_id in self._positions

@@ -35,17 +35,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from scriba.event import Event, Meta
-from scriba.operations import (
-    Delete,
-    Error,
-    Execute,
-    Insert,
-    Multi,
-    Operation,
-    Result,
-    Skip,
-    Update,
-)
+from scriba.operations import Error, Operation, Result, not_a_result
 from scriba.projection import Projection, is_factory
 from scriba.target import ApplyFailed, Target
 
@@ -65,7 +55,7 @@ class Handled:
         """It raised, returned ``Error``, or returned something that is not a result."""
         return (
             self.exception is not None
-            or not _is_result(self.result)
+            or not isinstance(self.result, Result)
             or (isinstance(self.result, Error))
         )
 
@@ -88,10 +78,7 @@ class Report:
     @property
     def operations(self) -> list[Operation]:
         """The operations the handler returned, in order."""
-        return [h.result for h in self.handled if isinstance(h.result, _OPERATIONS)]
-
-
-_OPERATIONS = (Insert, Update, Delete, Execute, Multi)
+        return [h.result for h in self.handled if isinstance(h.result, Operation)]
 
 
 async def project(
@@ -126,12 +113,11 @@ async def project(
         except Exception as exc:  # noqa: BLE001 - reported to the test, not handled
             handled.append(Handled(event, None, exc))
             continue
-        if _is_result(result):
-            handled.append(Handled(event, cast(Result, result)))
+        if isinstance(result, Result):
+            handled.append(Handled(event, result))
         else:
-            problem = TypeError(f"handle returned {result!r}: not an operation, Skip or Error")
-            handled.append(Handled(event, None, problem))
-    applied = [(h.event, h.result) for h in handled if isinstance(h.result, _OPERATIONS)]
+            handled.append(Handled(event, None, TypeError(not_a_result(result))))
+    applied = [(h.event, h.result) for h in handled if isinstance(h.result, Operation)]
     advances: dict[str, int] = {}
     for h in handled:
         if not h.failed:
@@ -159,7 +145,3 @@ def _target_of(projection: type[Projection]) -> Target:
     if is_factory(option, "apply_batch"):
         return cast(Callable[[], Target], option)()
     return cast(Target, option)
-
-
-def _is_result(value: object) -> bool:
-    return isinstance(value, (*_OPERATIONS, Skip, Error))
