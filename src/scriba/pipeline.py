@@ -365,17 +365,9 @@ class Pipeline:
             self._skipped(event, partition, "dedup")
             return _Outcome(event, dedup=True)
         retry = self._settings.retry
-        details = {
-            **self._identity,
-            "event_id": event.id,
-            "position": event.position,
-            "stream_id": stream_id,
-            "event_type": event.type,
-            "partition": partition,
-        }
         attempt = 1
         while True:
-            failure = await self._call(event, partition, attempt, details)
+            failure = await self._call(event, partition, attempt)
             if not isinstance(failure, DeadLetter):
                 return failure
             if attempt >= retry.max_attempts:
@@ -384,12 +376,26 @@ class Pipeline:
                 return None
             attempt += 1
 
-    async def _call(
-        self, event: Event, partition: int, attempt: int, details: dict[str, Any]
-    ) -> _Outcome | DeadLetter:
+    def _details(self, event: Event, partition: int, attempt: int) -> dict[str, Any]:
+        """The metadata of a handler call's telemetry (built only when observed)."""
+        return {
+            **self._identity,
+            "event_id": event.id,
+            "position": event.position,
+            "stream_id": event.stream_id,
+            "event_type": event.type,
+            "partition": partition,
+            "attempt": attempt,
+        }
+
+    async def _call(self, event: Event, partition: int, attempt: int) -> _Outcome | DeadLetter:
         """One handler call: an outcome to batch, or the failure to retry on."""
-        details = {**details, "attempt": attempt}
-        _emit("scriba.projection.event.start", {"monotonic_time": time.monotonic()}, details)
+        if telemetry.enabled("scriba.projection.event.start"):
+            _emit(
+                "scriba.projection.event.start",
+                {"monotonic_time": time.monotonic()},
+                self._details(event, partition, attempt),
+            )
         started = time.perf_counter()
         try:
             result: object = self._projection.handle(event, Meta(self._key, partition, attempt))
@@ -400,15 +406,23 @@ class Pipeline:
             _emit(
                 "scriba.projection.event.exception",
                 {"duration_ms": (time.perf_counter() - started) * 1000},
-                {**details, "kind": type(exc).__name__, "reason": str(exc), "stacktrace": text},
+                {
+                    **self._details(event, partition, attempt),
+                    "kind": type(exc).__name__,
+                    "reason": str(exc),
+                    "stacktrace": text,
+                },
             )
             return DeadLetter(event, "exception", f"{type(exc).__name__}: {exc}", text)
-        name = _RESULT_NAMES.get(type(result), "invalid")
-        _emit(
-            "scriba.projection.event.stop",
-            {"duration_ms": (time.perf_counter() - started) * 1000},
-            {**details, "result": name},
-        )
+        if telemetry.enabled("scriba.projection.event.stop"):
+            _emit(
+                "scriba.projection.event.stop",
+                {"duration_ms": (time.perf_counter() - started) * 1000},
+                {
+                    **self._details(event, partition, attempt),
+                    "result": _RESULT_NAMES.get(type(result), "invalid"),
+                },
+            )
         if isinstance(result, Operation):
             if self._target.accepts(result):
                 return _Outcome(event, operation=result)
@@ -423,6 +437,8 @@ class Pipeline:
         return _Outcome(event, dead_letter=DeadLetter(event, "rejected", not_a_result(result)))
 
     def _skipped(self, event: Event, partition: int, reason: str) -> None:
+        if not telemetry.enabled("scriba.projection.event.skipped"):
+            return
         _emit(
             "scriba.projection.event.skipped",
             {},
