@@ -23,14 +23,12 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Final, cast
+from typing import Final
 
 from scriba.errors import InvalidState, StartFailed
 from scriba.pipeline import Circuit, Pipeline
-from scriba.projection import Projection, Settings, is_factory
-from scriba.source import Source
+from scriba.projection import Projection, Settings, made_source
 from scriba.target import FailureKind, Target
 from statifier import telemetry
 
@@ -216,7 +214,7 @@ class Coordinator:
     # -- inside ----------------------------------------------------------------------
 
     def _launch(self, *, paused: bool) -> tuple[Pipeline, asyncio.Task[None]]:
-        source = _make_source(self.settings)
+        source = made_source(self.settings.source)
         assert self._handler is not None
         pipeline = Pipeline(
             self._handler,
@@ -311,10 +309,3 @@ class Coordinator:
         telemetry.execute(
             name, {}, {"name": self._key.name, "version": self._key.version, **metadata}
         )
-
-
-def _make_source(settings: Settings) -> Source:
-    option = settings.source
-    if is_factory(option, "read"):
-        return cast(Callable[[], Source], option)()
-    return cast(Source, option)

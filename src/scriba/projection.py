@@ -22,7 +22,7 @@ import re
 import warnings
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar, TypeAlias
+from typing import Any, ClassVar, TypeAlias, cast
 
 from scriba.errors import ConfigError, IdentityOverride, ProjectionNameWarning
 from scriba.event import Event, Meta, ProjectionKey
@@ -290,6 +290,21 @@ def is_factory(option: object, protocol_method: str) -> bool:
     """Whether a ``source``/``target`` option is a factory to call rather than the thing
     itself: a class, or a callable without the protocol's ``protocol_method``."""
     return isinstance(option, type) or (callable(option) and not hasattr(option, protocol_method))
+
+
+def made_target(option: object) -> tuple[Target, bool]:
+    """The target a ``target`` option gives, and whether it was made by this call (a
+    factory called: the caller then owns it and closes it)."""
+    if is_factory(option, "apply_batch"):
+        return cast(Callable[[], Target], option)(), True
+    return cast(Target, option), False
+
+
+def made_source(option: object) -> Source:
+    """The source a ``source`` option gives, made by this call if it is a factory."""
+    if is_factory(option, "read"):
+        return cast(Callable[[], Source], option)()
+    return cast(Source, option)
 
 
 def _checked(settings: Settings) -> Settings:

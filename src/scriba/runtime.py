@@ -37,7 +37,7 @@ from typing import Any, Literal, TypeAlias, cast
 from scriba.coordinator import Coordinator, Status
 from scriba.errors import InvalidState, UnknownProjection
 from scriba.event import ProjectionKey
-from scriba.projection import Projection, Settings, is_factory, settings_of
+from scriba.projection import Projection, Settings, is_factory, made_target, settings_of
 from scriba.target import DeadLetterStats, ResetCounts, StoredDeadLetter, Target
 
 __all__ = ["STREAM_POSITIONS_LIMIT", "Info", "Listing", "ProjectionRef", "Scriba"]
@@ -319,10 +319,7 @@ class Scriba:
         if coordinator is not None:
             return key, coordinator.target, False
         if isinstance(projection, type):
-            option = settings_of(projection).target
-            if not is_factory(option, "apply_batch"):
-                return key, cast(Target, option), False
-            return key, cast(Callable[[], Target], option)(), True
+            return key, *made_target(settings_of(projection).target)
         raise UnknownProjection(
             f"no projection {key.name!r} v{key.version} was started in this runtime; "
             "pass its class to read its target"

@@ -30,13 +30,12 @@ exactly what its handler did.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import cast
 
 from scriba.event import Event, Meta
 from scriba.operations import Error, Operation, Result, not_a_result
-from scriba.projection import Projection, is_factory
+from scriba.projection import Projection, made_target
 from scriba.target import ApplyFailed, Target
 
 __all__ = ["Handled", "Report", "project"]
@@ -125,8 +124,12 @@ async def project(
             advances[stream] = max(advances.get(stream, h.event.position), h.event.position)
     if not commit or not (applied or advances):
         return Report(handled, committed=False)
-    owned = target is None and is_factory(projection.target, "apply_batch")
-    chosen = target if target is not None else _target_of(projection)
+    if target is not None:
+        chosen, owned = target, False
+    elif projection.target is None:
+        raise ValueError(f"{projection.__qualname__} has no target: pass target=")
+    else:
+        chosen, owned = made_target(projection.target)
     try:
         await chosen.open(key)
         await chosen.apply_batch(key, applied, advances, [])
@@ -136,12 +139,3 @@ async def project(
         if owned:
             await chosen.close()
     return Report(handled, committed=True)
-
-
-def _target_of(projection: type[Projection]) -> Target:
-    option = projection.target
-    if option is None:
-        raise ValueError(f"{projection.__qualname__} has no target: pass target=")
-    if is_factory(option, "apply_batch"):
-        return cast(Callable[[], Target], option)()
-    return cast(Target, option)
