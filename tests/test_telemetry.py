@@ -26,12 +26,9 @@ def test_the_catalog_documents_exactly_the_events_emitted() -> None:
     sources = "".join(
         path.read_text(encoding="utf-8") for path in Path(telemetry.__file__).parent.rglob("*.py")
     )
-    emitted = set(re.findall(r'"(statifier\.(?:session|persistence)\.[a-z_]+)"', sources))
-    assert emitted == {
-        name
-        for name in telemetry.EVENTS
-        if name.startswith(("statifier.session.", "statifier.persistence."))
-    }
+    layers = ("statifier.session.", "statifier.persistence.", "statifier.router.")
+    emitted = set(re.findall(r'"(statifier\.(?:session|persistence|router)\.[a-z_]+)"', sources))
+    assert emitted == {name for name in telemetry.EVENTS if name.startswith(layers)}
 
 
 def test_unknown_events_and_double_attachment_are_refused() -> None:

@@ -36,6 +36,9 @@ EVENTS: Final[Mapping[str, str]] = {
     "statifier.persistence.lifecycle": "an execution was created, ended, parked or unparked",
     "statifier.persistence.effect_failed": "an executor raised; the call stored nothing",
     "statifier.persistence.child": "a durable child was started, or its siblings settled",
+    # the event router (see the router section of docs/telemetry.md)
+    "statifier.router.route": "an inbound event was routed: an outcome per enabled binding",
+    "statifier.router.delivery": "one binding's delivery of one event settled",
     # scriba, the projection engine (see the scriba section of docs/telemetry.md)
     "scriba.projection.started": "a projection started running, or resumed after a pause",
     "scriba.projection.paused": "a projection paused: it stopped reading its source",

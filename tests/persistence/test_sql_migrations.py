@@ -19,6 +19,15 @@ from statifier.cli import main
 from statifier.sql import TableOptions, migrations
 from statifier.sql.tables import autogenerate_filter
 
+HEAD = "statifier_0002"
+"""The newest revision."""
+
+DURABLE_TABLES = ("mig_charts", "mig_positions", "mig_executions", "mig_inputs")
+"""What ``statifier_0001`` builds under the prefix ``mig_``."""
+
+ROUTER_TABLES = ("mig_addresses", "mig_dedupe", "mig_routing_ledger")
+"""What ``statifier_0002`` adds."""
+
 
 def _options(fresh: Any, **more: Any) -> TableOptions:
     return TableOptions(prefix="mig_", schema=fresh.schema, **more)
@@ -75,13 +84,7 @@ def test_migrations_build_exactly_the_tables(fresh_database: Any) -> None:
     migrations.upgrade(fresh_database.url, options)
     assert _differences(fresh_database.url, options) == []
     names = _table_names(fresh_database.url, fresh_database.schema)
-    assert names == {
-        "mig_alembic_version",
-        "mig_charts",
-        "mig_positions",
-        "mig_executions",
-        "mig_inputs",
-    }
+    assert names == {"mig_alembic_version", *DURABLE_TABLES, *ROUTER_TABLES}
 
 
 def test_migrations_match_the_default_options(fresh_database: Any) -> None:
@@ -107,7 +110,7 @@ def test_leading_columns_come_right_after_the_key(fresh_database: Any) -> None:
     try:
         with engine.connect() as connection:
             inspector = sa.inspect(connection)
-            for table in ("mig_charts", "mig_positions", "mig_executions", "mig_inputs"):
+            for table in (*DURABLE_TABLES, *ROUTER_TABLES):
                 columns = inspector.get_columns(table, schema=fresh_database.schema)
                 assert [c["name"] for c in columns][:2] == ["id", "tenant_id"]
     finally:
@@ -117,10 +120,37 @@ def test_leading_columns_come_right_after_the_key(fresh_database: Any) -> None:
 def test_downgrade_drops_every_table_and_upgrade_rebuilds(fresh_database: Any) -> None:
     options = _options(fresh_database)
     migrations.upgrade(fresh_database.url, options)
-    assert migrations.current(fresh_database.url, options) == "statifier_0001"
+    assert migrations.current(fresh_database.url, options) == HEAD
     migrations.downgrade(fresh_database.url, options)
     assert migrations.current(fresh_database.url, options) is None
     assert _table_names(fresh_database.url, fresh_database.schema) == {"mig_alembic_version"}
+    migrations.upgrade(fresh_database.url, options)
+    assert _differences(fresh_database.url, options) == []
+
+
+def test_the_router_revision_goes_up_and_down_on_its_own(fresh_database: Any) -> None:
+    # statifier_0002 adds the router's tables to a database at statifier_0001 and takes
+    # away exactly those, leaving the durable executions' tables as they were.
+    options = _options(
+        fresh_database,
+        leading_columns=[sa.Column("tenant_id", sa.Text(), nullable=True)],
+        key_type=sa.Uuid,
+    )
+    migrations.upgrade(fresh_database.url, options, "statifier_0001")
+    assert migrations.current(fresh_database.url, options) == "statifier_0001"
+    assert _table_names(fresh_database.url, fresh_database.schema) == {
+        "mig_alembic_version",
+        *DURABLE_TABLES,
+    }
+    migrations.upgrade(fresh_database.url, options)
+    assert migrations.current(fresh_database.url, options) == HEAD
+    assert _differences(fresh_database.url, options) == []
+    migrations.downgrade(fresh_database.url, options, "statifier_0001")
+    assert migrations.current(fresh_database.url, options) == "statifier_0001"
+    assert _table_names(fresh_database.url, fresh_database.schema) == {
+        "mig_alembic_version",
+        *DURABLE_TABLES,
+    }
     migrations.upgrade(fresh_database.url, options)
     assert _differences(fresh_database.url, options) == []
 
@@ -131,7 +161,7 @@ def test_two_prefixes_share_a_database(fresh_database: Any) -> None:
     migrations.upgrade(fresh_database.url, first)
     migrations.upgrade(fresh_database.url, second)
     migrations.downgrade(fresh_database.url, first)
-    assert migrations.current(fresh_database.url, second) == "statifier_0001"
+    assert migrations.current(fresh_database.url, second) == HEAD
     assert _differences(fresh_database.url, second) == []
 
 
@@ -211,7 +241,7 @@ def test_a_hosts_alembic_environment_runs_the_migrations(
         engine.dispose()
     options = _options(fresh_database)
     command.upgrade(config, "head")
-    assert migrations.current(fresh_database.url, options) == "statifier_0001"
+    assert migrations.current(fresh_database.url, options) == HEAD
     assert _differences(fresh_database.url, options) == []
     assert "host_orders" in _table_names(fresh_database.url, fresh_database.schema)
     migrations.downgrade(fresh_database.url, options)
@@ -224,7 +254,7 @@ def test_the_cli_upgrades_and_downgrades(fresh_database: Any) -> None:
         flags += ["--schema", fresh_database.schema]
     out = io.StringIO()
     assert main(["db", "upgrade", *flags], out) == 0
-    assert "statifier_0001" in out.getvalue()
+    assert HEAD in out.getvalue()
     options = _options(fresh_database)
     assert _differences(fresh_database.url, options) == []
     out = io.StringIO()
@@ -238,9 +268,9 @@ def test_the_cli_defaults_to_a_local_sqlite_file(
     monkeypatch.chdir(tmp_path)
     out = io.StringIO()
     assert main(["db", "upgrade"], out) == 0
-    assert out.getvalue() == "statifier_tables at revision statifier_0001\n"
+    assert out.getvalue() == f"statifier_tables at revision {HEAD}\n"
     assert (tmp_path / "statifier.db").exists()
-    assert migrations.current("sqlite:///statifier.db") == "statifier_0001"
+    assert migrations.current("sqlite:///statifier.db") == HEAD
 
 
 def test_the_cli_refuses_a_bad_prefix(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

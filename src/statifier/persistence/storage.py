@@ -98,6 +98,20 @@ class Storage:
         self._machines: OrderedDict[str, Machine] = OrderedDict()
         self._states: dict[str, tuple[bytes, MachineState]] = {}
 
+    def over(self, adapter: Adapter) -> Storage:
+        """This storage over another adapter, typically a view of this one's bound to a
+        caller's transaction (``SqlAdapter.joined``): same clock, cap and loader, and the
+        same caches of compiled charts and decoded positions, so a host that opens one
+        transaction per event does not compile its charts again each time. The caches
+        are safe to share: a position is reused only for the exact bytes it was stored
+        as."""
+        view = Storage(
+            adapter, input_log_cap=self.input_log_cap, clock=self.clock, loader=self.loader
+        )
+        view._machines = self._machines
+        view._states = self._states
+        return view
+
     @property
     def capabilities(self) -> Capabilities:
         return self.adapter.capabilities

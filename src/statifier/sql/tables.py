@@ -1,10 +1,14 @@
-"""The tables of durable executions, as SQLAlchemy Core metadata.
+"""The tables of durable executions and of the event router, as SQLAlchemy Core
+metadata.
 
 - ``charts``: chart sources under their content hash (a retired chart keeps its row,
   without its source).
 - ``positions``: positions a host saved under keys of its own.
 - ``executions``: one row per durable execution: status, position, metadata, outcome.
 - ``inputs``: the input log, one row per event, dense ``seq`` per execution.
+- ``addresses``: which execution a ``(scope, document, key)`` names.
+- ``dedupe``: the messages each binding has claimed, until ``expires_at``.
+- ``routing_ledger``: what happened to each routed event, per binding.
 
 Every table starts with a surrogate primary key ``id`` of the configured type, then
 the host's leading columns, then the package's own. Names carry a prefix and the
@@ -12,8 +16,15 @@ tables may live in a schema of their own, so several hosts (or test runs) share 
 database without meeting.
 
 >>> tables = TableOptions(prefix="shop_").define()
->>> [table.name for table in tables.metadata.sorted_tables]
-['shop_charts', 'shop_executions', 'shop_inputs', 'shop_positions']
+>>> for table in tables.metadata.sorted_tables:
+...     print(table.name)
+shop_addresses
+shop_charts
+shop_dedupe
+shop_executions
+shop_inputs
+shop_positions
+shop_routing_ledger
 >>> [column.name for column in tables.inputs.columns]
 ['id', 'execution_id', 'seq', 'door', 'input_blob', 'recorded_at']
 >>> TableOptions(prefix="Shop-")
@@ -163,7 +174,7 @@ class TableOptions:
         return [column._copy() for column in self.leading_columns]
 
     def define(self, metadata: sa.MetaData | None = None) -> Tables:
-        """The four tables under these options, in ``metadata`` (a new one if ``None``).
+        """The seven tables under these options, in ``metadata`` (a new one if ``None``).
 
         Raises:
             sqlalchemy.exc.InvalidRequestError: ``metadata`` already holds a table of
@@ -195,17 +206,31 @@ _PACKAGE_COLUMNS = frozenset(
         "door",
         "input_blob",
         "recorded_at",
+        "scope",
+        "document",
+        "inserted_at",
+        "terminal_seen_at",
+        "binding_id",
+        "message_id",
+        "expires_at",
+        "source",
+        "outcome",
+        "reason",
     }
 )
 
 
 @dataclass(frozen=True, slots=True)
 class Tables:
-    """The four tables of durable executions, defined under one :class:`TableOptions`.
+    """The seven tables of durable executions and of the event router, defined under
+    one :class:`TableOptions`.
 
     Attributes:
         metadata: holds the tables.
-        charts, positions, executions, inputs: the tables (see the module docstring).
+        charts, positions, executions, inputs: the tables of durable executions (see
+            the module docstring).
+        addresses, dedupe, routing_ledger: the event router's tables (see the module
+            docstring).
         options: what they were defined with.
     """
 
@@ -214,6 +239,9 @@ class Tables:
     positions: sa.Table
     executions: sa.Table
     inputs: sa.Table
+    addresses: sa.Table
+    dedupe: sa.Table
+    routing_ledger: sa.Table
     options: TableOptions
 
     @classmethod
@@ -303,4 +331,64 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         sa.UniqueConstraint("execution_id", "seq", name=name("inputs_execution_id_seq_key")),
         schema=schema,
     )
-    return Tables(metadata, charts, positions, executions, inputs, options)
+    addresses = sa.Table(
+        name("addresses"),
+        metadata,
+        options.key_column(),
+        *options.leading(),
+        sa.Column("scope", sa.Text(), nullable=False),
+        sa.Column("document", sa.Text(), nullable=False),
+        sa.Column("key", sa.Text(), nullable=False),
+        sa.Column("execution_id", sa.Text(), nullable=False),
+        sa.Column("inserted_at", UtcDateTime(), nullable=False),
+        sa.Column("terminal_seen_at", UtcDateTime(), nullable=True),
+        sa.UniqueConstraint(
+            "scope", "document", "key", name=name("addresses_scope_document_key_key")
+        ),
+        sa.Index(name("addresses_execution_id_idx"), "execution_id"),
+        schema=schema,
+    )
+    dedupe = sa.Table(
+        name("dedupe"),
+        metadata,
+        options.key_column(),
+        *options.leading(),
+        sa.Column("binding_id", sa.Text(), nullable=False),
+        sa.Column("message_id", sa.Text(), nullable=False),
+        sa.Column("expires_at", UtcDateTime(), nullable=False),
+        sa.UniqueConstraint(
+            "binding_id", "message_id", name=name("dedupe_binding_id_message_id_key")
+        ),
+        sa.Index(name("dedupe_expires_at_idx"), "expires_at"),
+        schema=schema,
+    )
+    routing_ledger = sa.Table(
+        name("routing_ledger"),
+        metadata,
+        options.key_column(),
+        *options.leading(),
+        sa.Column("binding_id", sa.Text(), nullable=False),
+        sa.Column("message_id", sa.Text(), nullable=True),
+        sa.Column("scope", sa.Text(), nullable=True),
+        sa.Column("source", sa.Text(), nullable=True),
+        sa.Column("outcome", sa.Text(), nullable=False),
+        sa.Column("reason", sa.Text(), nullable=True),
+        sa.Column("document", sa.Text(), nullable=True),
+        sa.Column("key", sa.Text(), nullable=True),
+        sa.Column("execution_id", sa.Text(), nullable=True),
+        sa.Column("inserted_at", UtcDateTime(), nullable=False),
+        sa.Index(name("routing_ledger_execution_id_idx"), "execution_id"),
+        sa.Index(name("routing_ledger_binding_id_inserted_at_idx"), "binding_id", "inserted_at"),
+        schema=schema,
+    )
+    return Tables(
+        metadata,
+        charts,
+        positions,
+        executions,
+        inputs,
+        addresses,
+        dedupe,
+        routing_ledger,
+        options,
+    )

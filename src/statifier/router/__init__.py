@@ -1,0 +1,106 @@
+"""The event router: inbound events routed by key to durable executions.
+
+A :class:`Binding` says which events of a source an execution of a document receives
+and under which key; :func:`route` delivers an :class:`InboundEvent` to every binding
+whose match holds, each delivery one transaction: the dedupe claim, the address, the
+create when the binding's mode calls for one, the step, the ledger row. See
+``docs/router.md``.
+"""
+
+from statifier.router.binding import (
+    DEFAULT_HORIZON,
+    Binding,
+    Create,
+    Dedupe,
+    Keyed,
+    Order,
+    Plan,
+    Refused,
+    load_bindings,
+)
+from statifier.router.config import (
+    RESERVED_BINDING_IDS,
+    Door,
+    Resolved,
+    RouterConfig,
+    StaticResolver,
+)
+from statifier.router.errors import (
+    BindingError,
+    BindingsUnresolved,
+    ChartUnresolved,
+    ConfigError,
+    ExecutionParked,
+    InvalidEvent,
+    RouterError,
+    UnresolvedDocument,
+)
+from statifier.router.ids import new_execution_id
+from statifier.router.outcomes import (
+    CreatedAndDelivered,
+    Delivered,
+    Dropped,
+    DropReason,
+    Duplicate,
+    Failed,
+    InboundEvent,
+    KeyRefused,
+    NoMatch,
+    Outcome,
+    Routed,
+)
+from statifier.router.pins import AddressPins
+from statifier.router.queries import address, address_of, ledger
+from statifier.router.reapers import AddressReap, reap_addresses, reap_dedupe
+from statifier.router.records import AddressRow, LedgerRow
+from statifier.router.routing import BlockedByEarlierFailure, deliver_event, route, route_many
+
+__all__ = [
+    "DEFAULT_HORIZON",
+    "RESERVED_BINDING_IDS",
+    "AddressPins",
+    "AddressReap",
+    "AddressRow",
+    "Binding",
+    "BindingError",
+    "BindingsUnresolved",
+    "BlockedByEarlierFailure",
+    "ChartUnresolved",
+    "ConfigError",
+    "Create",
+    "CreatedAndDelivered",
+    "Dedupe",
+    "Delivered",
+    "Door",
+    "DropReason",
+    "Dropped",
+    "Duplicate",
+    "ExecutionParked",
+    "Failed",
+    "InboundEvent",
+    "InvalidEvent",
+    "KeyRefused",
+    "Keyed",
+    "LedgerRow",
+    "NoMatch",
+    "Order",
+    "Outcome",
+    "Plan",
+    "Refused",
+    "Resolved",
+    "Routed",
+    "RouterConfig",
+    "RouterError",
+    "StaticResolver",
+    "UnresolvedDocument",
+    "address",
+    "address_of",
+    "deliver_event",
+    "ledger",
+    "load_bindings",
+    "new_execution_id",
+    "reap_addresses",
+    "reap_dedupe",
+    "route",
+    "route_many",
+]

@@ -1,0 +1,435 @@
+"""Bindings: which inbound events an execution of a document receives, under which key.
+
+A :class:`Binding` is plain configuration: a frozen value whose ``match`` and ``key``
+are expression programs, compiled once when the binding is built and evaluated over the
+normalized event, bound as ``event``.
+
+>>> clicks = Binding(
+...     id="clicks_to_join",
+...     source="ad_events",
+...     match="event.kind == 'click'",
+...     key="event.impression_id",
+...     document="impression_click_join",
+...     event="click.recorded",
+...     data=("impression_id", "url"),
+... )
+>>> clicks.evaluate({"kind": "click", "impression_id": "imp_7f3a", "url": "u", "ip": "…"})
+Keyed(key='imp_7f3a')
+>>> clicks.evaluate({"kind": "impression", "impression_id": "imp_7f3a"}) is None
+True
+>>> clicks.evaluate({"kind": "click"})
+Refused(program='key', kind='value', detail='undefined')
+>>> clicks.project({"kind": "click", "impression_id": "imp_7f3a", "url": "u", "ip": "…"})
+{'impression_id': 'imp_7f3a', 'url': 'u'}
+
+Bindings also load from plain mappings (a TOML or JSON file's tables), with errors that
+name the binding and the field:
+
+>>> Binding.from_mapping({"id": "b", "source": "s", "match": "true", "key": "'k'",
+...                       "document": "d", "event": "e", "batch": 10})
+Traceback (most recent call last):
+...
+statifier.router.errors.BindingError: binding 'b', field 'batch': reserved for a later release
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Final
+
+from statifier.expr import UNDEFINED, ExprError, Expression, ParseError, Value, compile_expression
+from statifier.expr.values import Undefined, type_name
+from statifier.router.errors import BindingError
+
+__all__ = [
+    "DEFAULT_HORIZON",
+    "Binding",
+    "Create",
+    "Dedupe",
+    "Keyed",
+    "Order",
+    "Plan",
+    "Refused",
+    "load_bindings",
+]
+
+DEFAULT_HORIZON: Final = timedelta(hours=72)
+"""How long a binding remembers a message id unless it says otherwise."""
+
+RESERVED_FIELDS: Final = frozenset({"mode", "batch", "window"})
+"""Field names kept free for a later release: a binding carrying one is refused."""
+
+MAX_DATA_PATHS: Final = 256
+
+
+class Create(StrEnum):
+    """When a delivery creates an execution."""
+
+    IF_ABSENT = "if_absent"
+    """Create one when the address names none; otherwise deliver to the one it names."""
+    NEVER = "never"
+    """Deliver only to an execution the address already names."""
+    ALWAYS_NEW = "always_new"
+    """Create one execution per delivery; no address is read or written."""
+
+
+@dataclass(frozen=True, slots=True)
+class Dedupe:
+    """How a binding recognizes a message it has seen: by message id, for ``horizon``
+    after it first claimed it (an expired claim counts as absent)."""
+
+    horizon: timedelta = DEFAULT_HORIZON
+    by: str = "message_id"
+
+    def __post_init__(self) -> None:
+        if self.by != "message_id":
+            raise ValueError(f"dedupe is by 'message_id', not {self.by!r}")
+        horizon: object = self.horizon
+        if not isinstance(horizon, timedelta) or horizon <= timedelta(0):
+            raise ValueError(f"a dedupe horizon is a positive timedelta, not {horizon!r}")
+
+
+class Order(StrEnum):
+    """Whether a front keeps one key's events in order on one lane."""
+
+    BY_KEY = "by_key"
+    NONE = "none"
+
+
+@dataclass(frozen=True, slots=True)
+class Keyed:
+    """A binding whose match held and whose key program answered ``key``."""
+
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A binding's match or key program could not be used for this event.
+
+    Attributes:
+        program: ``"match"`` or ``"key"``.
+        kind: ``"error"`` (the program failed) or ``"value"`` (it answered a value the
+            router cannot use).
+        detail: the error's kind and reason token, or the value described.
+    """
+
+    program: str
+    kind: str
+    detail: str
+
+    @property
+    def reason(self) -> str:
+        """One line for the ledger, e.g. ``"key value: undefined"``."""
+        return f"{self.program} {self.kind}: {self.detail}"
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What one delivery needs of a binding, once its key is known: the id its dedupe
+    claims and ledger rows are filed under, the document, the create mode and the
+    dedupe horizon. :func:`~statifier.router.deliver_event` takes one directly."""
+
+    id: str
+    document: str
+    create: Create = Create.NEVER
+    horizon: timedelta = DEFAULT_HORIZON
+
+    def __post_init__(self) -> None:
+        _text(self.id, "id", self.id)
+        _text(self.id, "document", self.document)
+        object.__setattr__(self, "create", _choice(self.id, "create", self.create, Create))
+        horizon: object = self.horizon
+        if not isinstance(horizon, timedelta) or horizon <= timedelta(0):
+            raise BindingError(self.id, "dedupe", "the horizon must be a positive timedelta")
+
+
+@dataclass(frozen=True, slots=True)
+class Binding:
+    """One routing declaration.
+
+    Attributes:
+        id: unique among the bindings of one configuration (or one scope).
+        source: the name of the source whose events this binding reads.
+        match: an expression over ``event``; the binding applies only when it answers
+            exactly ``true`` (``false``, ``null`` and undefined mean "not for this
+            binding"; an error or any other value is a refusal).
+        key: an expression over ``event`` answering the key: a non-empty string, used
+            exactly as answered (normalize in the program, e.g. ``trim(x::string)``).
+        document: the document whose executions the key addresses.
+        event: the name of the chart event delivered.
+        selector: the source's own selection, never read by the router.
+        data: dotted paths of the normalized event carried in the delivered event's
+            data, under the same paths (a missing path is left out, ``null`` is kept).
+        create: when a delivery creates an execution (:class:`Create`).
+        dedupe: how long a message id stays claimed (:class:`Dedupe`).
+        order: :class:`Order`, read by fronts that partition by key.
+        enabled: a disabled binding is never evaluated.
+
+    Raises:
+        BindingError: a field of the wrong type or value, a program that does not
+            compile, a data path that is not a dotted path.
+    """
+
+    id: str
+    source: str
+    match: str
+    key: str
+    document: str
+    event: str
+    selector: Mapping[str, Value] = field(default_factory=dict)
+    data: Sequence[str] = ()
+    create: Create = Create.IF_ABSENT
+    dedupe: Dedupe = field(default_factory=Dedupe)
+    order: Order = Order.BY_KEY
+    enabled: bool = True
+    _match: Expression = field(init=False, repr=False, compare=False)
+    _key: Expression = field(init=False, repr=False, compare=False)
+    _paths: tuple[tuple[str, ...], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        given_id: object = self.id
+        where = given_id if isinstance(given_id, str) else repr(given_id)
+        for name in ("id", "source", "document", "event"):
+            _text(where, name, getattr(self, name))
+        object.__setattr__(self, "_match", _program(where, "match", self.match))
+        object.__setattr__(self, "_key", _program(where, "key", self.key))
+        selector: object = self.selector
+        if not isinstance(selector, Mapping):
+            raise BindingError(where, "selector", "must be a mapping")
+        paths = _paths(where, self.data)
+        object.__setattr__(self, "data", tuple(".".join(path) for path in paths))
+        object.__setattr__(self, "_paths", paths)
+        object.__setattr__(self, "create", _choice(where, "create", self.create, Create))
+        object.__setattr__(self, "order", _choice(where, "order", self.order, Order))
+        if not isinstance(self.dedupe, Dedupe):
+            raise BindingError(where, "dedupe", f"must be a Dedupe, not {self.dedupe!r}")
+        if not isinstance(self.enabled, bool):
+            raise BindingError(where, "enabled", "must be true or false")
+
+    @classmethod
+    def from_mapping(cls, entry: Mapping[str, Any]) -> Binding:
+        """A binding from a plain mapping, as a TOML or JSON file spells it: ``create``
+        and ``order`` as strings, ``dedupe`` as ``{"by": "message_id", "horizon_ms":
+        N}`` (either key optional).
+
+        Raises:
+            BindingError: an unknown or reserved field, a missing required one, or a
+                value :class:`Binding` refuses.
+        """
+        given: object = entry
+        if not isinstance(given, Mapping):
+            kind = type(given).__name__
+            raise BindingError("?", "(binding)", f"a binding is a table, not {kind}")
+        raw_id = entry.get("id")
+        where = raw_id if isinstance(raw_id, str) else "?"
+        for name in entry:
+            if name in RESERVED_FIELDS:
+                raise BindingError(where, str(name), "reserved for a later release")
+            if name not in _MAPPING_FIELDS:
+                raise BindingError(where, str(name), "unknown field")
+        for name in _REQUIRED:
+            if name not in entry:
+                raise BindingError(where, name, "required")
+        values = {name: entry[name] for name in _MAPPING_FIELDS - {"dedupe"} if name in entry}
+        if "data" in values and (
+            isinstance(values["data"], (str, bytes)) or not isinstance(values["data"], Iterable)
+        ):
+            raise BindingError(where, "data", "must be a list of dotted paths")
+        if "data" in values:
+            values["data"] = tuple(values["data"])
+        if "dedupe" in entry:
+            values["dedupe"] = Dedupe(_horizon(where, entry["dedupe"]))
+        return cls(**values)
+
+    @property
+    def plan(self) -> Plan:
+        """The delivery plan of this binding (its id, document, create mode, horizon)."""
+        return Plan(self.id, self.document, self.create, self.dedupe.horizon)
+
+    def matches(self, event: Mapping[str, Value]) -> bool | Refused:
+        """Whether this binding applies to ``event``: ``True`` only when ``match``
+        answered exactly ``true``; ``False`` for false, null and undefined; a
+        :class:`Refused` for an error or any other value."""
+        answer = self._match.evaluate({"event": event})
+        if answer is True:
+            return True
+        if answer is False or answer is None or type(answer) is Undefined:
+            return False
+        if isinstance(answer, ExprError):
+            return Refused("match", "error", _error(answer))
+        return Refused("match", "value", _describe(answer))
+
+    def key_for(self, event: Mapping[str, Value]) -> Keyed | Refused:
+        """The key ``event`` is addressed under, or why there is none."""
+        answer = self._key.evaluate({"event": event})
+        if type(answer) is str and answer:
+            return Keyed(answer)
+        if isinstance(answer, ExprError):
+            return Refused("key", "error", _error(answer))
+        return Refused("key", "value", _describe(answer))
+
+    def evaluate(self, event: Mapping[str, Value]) -> Keyed | Refused | None:
+        """``match`` then ``key``: ``None`` when the binding does not apply."""
+        held = self.matches(event)
+        if held is True:
+            return self.key_for(event)
+        if held is False:
+            return None
+        return held
+
+    def project(self, event: Mapping[str, Value]) -> dict[str, Value]:
+        """The delivered event's data: the listed paths of ``event`` and nothing else."""
+        projected: dict[str, Value] = {}
+        for path in self._paths:
+            value = _lookup(event, path)
+            if value is not UNDEFINED:
+                _put(projected, path, value)
+        return projected
+
+
+_REQUIRED: Final = ("id", "source", "match", "key", "document", "event")
+_MAPPING_FIELDS: Final = frozenset(
+    {*_REQUIRED, "selector", "data", "create", "dedupe", "order", "enabled"}
+)
+
+
+def load_bindings(source: str | Path | Sequence[Mapping[str, Any]]) -> list[Binding]:
+    """Bindings from a TOML file (``[[bindings]]`` tables), a JSON file (a list, or an
+    object with ``"bindings"``), or a list of mappings already read.
+
+    Raises:
+        BindingError: a binding is malformed (named with its field), or two share an id.
+        OSError: the file cannot be read.
+    """
+    if isinstance(source, Path):
+        text = source.read_text(encoding="utf-8")
+        entries: Any
+        if source.suffix == ".toml":
+            try:
+                entries = tomllib.loads(text).get("bindings", [])
+            except tomllib.TOMLDecodeError as error:
+                raise BindingError("?", "(file)", f"{source.name}: {error}") from None
+        else:
+            try:
+                entries = json.loads(text)
+            except json.JSONDecodeError as error:
+                raise BindingError("?", "(file)", f"{source.name}: {error}") from None
+            if isinstance(entries, dict):
+                entries = entries.get("bindings", [])
+        if not isinstance(entries, list):
+            raise BindingError("?", "bindings", f"{source.name}: a list of tables is expected")
+    elif isinstance(source, str):
+        raise TypeError("load_bindings takes a Path or a list of mappings, not a str")
+    else:
+        entries = list(source)
+    bindings = [Binding.from_mapping(entry) for entry in entries]
+    unique_ids(bindings)
+    return bindings
+
+
+def unique_ids(bindings: Sequence[Binding]) -> None:
+    """Refuse two bindings with one id (:class:`BindingError` naming it)."""
+    seen: set[str] = set()
+    for binding in bindings:
+        if binding.id in seen:
+            raise BindingError(binding.id, "id", "two bindings share this id")
+        seen.add(binding.id)
+
+
+def _text(where: str, name: str, value: object) -> str:
+    if not isinstance(value, str) or not value:
+        raise BindingError(where, name, f"must be a non-empty string, not {value!r}")
+    return value
+
+
+def _program(where: str, name: str, source: object) -> Expression:
+    _text(where, name, source)
+    assert isinstance(source, str)
+    compiled = compile_expression(source)
+    if isinstance(compiled, ParseError):
+        raise BindingError(where, name, f"does not compile: {compiled}")
+    return compiled
+
+
+def _choice(where: str, name: str, value: object, kind: type[StrEnum]) -> Any:
+    if isinstance(value, kind):
+        return value
+    try:
+        return kind(str(value)) if isinstance(value, str) else kind(repr(value))
+    except ValueError:
+        allowed = ", ".join(member.value for member in kind)
+        raise BindingError(where, name, f"must be one of {allowed}, not {value!r}") from None
+
+
+def _paths(where: str, data: object) -> tuple[tuple[str, ...], ...]:
+    if isinstance(data, (str, bytes)) or not isinstance(data, Iterable):
+        raise BindingError(where, "data", "must be a list of dotted paths")
+    paths = []
+    for path in data:
+        parts = tuple(path.split(".")) if isinstance(path, str) else ()
+        if not parts or not all(parts):
+            raise BindingError(where, "data", f"{path!r} is not a dotted path")
+        paths.append(parts)
+    if len(paths) > MAX_DATA_PATHS:
+        raise BindingError(where, "data", f"at most {MAX_DATA_PATHS} paths")
+    return tuple(paths)
+
+
+def _horizon(where: str, dedupe: object) -> timedelta:
+    if not isinstance(dedupe, Mapping):
+        raise BindingError(where, "dedupe", "must be a table with 'by' and 'horizon_ms'")
+    unknown = set(dedupe) - {"by", "horizon_ms"}
+    if unknown:
+        raise BindingError(where, "dedupe", f"unknown key {sorted(unknown)[0]!r}")
+    if dedupe.get("by", "message_id") != "message_id":
+        raise BindingError(where, "dedupe", "'by' must be 'message_id'")
+    milliseconds = dedupe.get("horizon_ms", int(DEFAULT_HORIZON.total_seconds() * 1000))
+    if type(milliseconds) is not int or milliseconds <= 0:
+        raise BindingError(where, "dedupe", "'horizon_ms' must be a positive integer")
+    return timedelta(milliseconds=milliseconds)
+
+
+def _error(error: ExprError) -> str:
+    return f"{error.kind} {error.reason}"
+
+
+def _describe(value: Value) -> str:
+    if type(value) is Undefined:
+        return "undefined"
+    if value is None:
+        return "null"
+    if value == "":
+        return "empty string"
+    return f"{type_name(value)} {_short(value)}"
+
+
+def _short(value: Value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _lookup(event: Mapping[str, Value], path: tuple[str, ...]) -> Value:
+    current: Value = event
+    for part in path:
+        if not isinstance(current, Mapping) or part not in current:
+            return UNDEFINED
+        current = current[part]
+    return current
+
+
+def _put(into: dict[str, Value], path: tuple[str, ...], value: Value) -> None:
+    current = into
+    for part in path[:-1]:
+        nested = current.get(part)
+        if not isinstance(nested, dict):
+            nested = {}
+            current[part] = nested
+        current = nested
+    current[path[-1]] = value

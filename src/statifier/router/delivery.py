@@ -1,0 +1,228 @@
+"""One binding's delivery of one event, inside a router transaction, in the order that
+makes it safe:
+
+1. the dedupe claim on (binding, message id): a live claim makes it a duplicate, and
+   nothing but the ledger row is written;
+2. the address lookup, and for a new key the address insert (before any create: the
+   unique index settles a race, and its loser reads the winner's row and never
+   creates);
+3. the create, when the binding's mode calls for one;
+4. the step, under the execution's lock (the input log is written there, only there);
+5. the ledger row.
+
+Whatever raises rolls the delivery back whole (the caller's savepoint or transaction).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from statifier.chart import Machine
+from statifier.core import Event
+from statifier.persistence import Discarded, Executions, Stepped
+from statifier.router.binding import Create, Plan
+from statifier.router.config import RouterConfig, settle
+from statifier.router.errors import ChartUnresolved, ExecutionParked, UnresolvedDocument
+from statifier.router.outcomes import (
+    CreatedAndDelivered,
+    Delivered,
+    Dropped,
+    DropReason,
+    Duplicate,
+    Outcome,
+)
+from statifier.router.records import AddressRow, LedgerRow
+from statifier.router.transaction import Unit
+
+__all__ = ["Delivery", "deliver"]
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """Where one event goes on one binding: the plan, the address and the event.
+
+    Attributes:
+        plan: the binding's id, document, create mode and dedupe horizon.
+        scope, key: with ``plan.document``, the address.
+        event: the chart event to step in.
+        message_id: the message's identity, claimed under ``plan.id``.
+        source: the source it came from (for the ledger), if any.
+    """
+
+    plan: Plan
+    scope: str
+    key: str
+    event: Event
+    message_id: str
+    source: str | None = None
+
+
+async def deliver(unit: Unit, config: RouterConfig, delivery: Delivery, now: datetime) -> Outcome:
+    """Deliver one event on one binding in ``unit``; see the module docstring.
+
+    Raises:
+        UnresolvedDocument: the resolver names no chart for a new execution.
+        ChartUnresolved: the chart resolver names none for an existing one.
+        ExecutionParked: the addressed execution is parked.
+        Exception: whatever persistence, the executor or the database raised.
+    """
+    plan = delivery.plan
+    sql = unit.sql
+    if not await sql.claim(plan.id, delivery.message_id, now, now + plan.horizon):
+        outcome: Outcome = Duplicate(plan.id, delivery.key)
+    elif plan.create is Create.ALWAYS_NEW:
+        outcome = await _create(unit, config, delivery, None, now)
+    else:
+        found = await sql.find_address(delivery.scope, plan.document, delivery.key)
+        if found is None and plan.create is Create.NEVER:
+            outcome = Dropped(plan.id, DropReason.NO_EXECUTION, delivery.key)
+        elif found is None:
+            outcome = await _claim_address(unit, config, delivery, now)
+        else:
+            outcome = await _existing(unit, config, delivery, found, now)
+    await sql.record(ledger_row(delivery, outcome, now))
+    return outcome
+
+
+async def _claim_address(
+    unit: Unit, config: RouterConfig, delivery: Delivery, now: datetime
+) -> Outcome:
+    plan = delivery.plan
+    execution_id = minted(config, delivery.scope, plan.document, delivery.key)
+    address_id = await unit.sql.insert_address(
+        delivery.scope, plan.document, delivery.key, execution_id, now
+    )
+    if address_id is not None:
+        return await _create(unit, config, delivery, address_id, now, execution_id)
+    # Another delivery inserted the address first and has committed (the insert waited
+    # for it): deliver to its execution; the id minted here names nothing.
+    found = await unit.sql.find_address(delivery.scope, plan.document, delivery.key)
+    if found is None:  # pragma: no cover - a committed row cannot vanish in between
+        raise RuntimeError("an address row that won a race is not readable")
+    return await _existing(unit, config, delivery, found, now)
+
+
+async def _create(
+    unit: Unit,
+    config: RouterConfig,
+    delivery: Delivery,
+    address_id: Any,
+    now: datetime,
+    execution_id: str | None = None,
+) -> Outcome:
+    plan = delivery.plan
+    if execution_id is None:
+        execution_id = minted(config, delivery.scope, plan.document, delivery.key)
+    try:
+        resolved = await config.resolve(delivery.scope, plan.document)
+    except Exception as error:
+        raise UnresolvedDocument(delivery.scope, plan.document, _said(error)) from error
+    machine = resolved.machine
+    executions = unit.executions
+    if config.on_create is not None:
+        created = await config.on_create(executions, execution_id, machine, config.start_options)
+    else:
+        created = await executions.create(execution_id, machine, options=config.start_options)
+    if created.finished:
+        if address_id is not None:
+            await unit.sql.stamp([address_id], now)
+        return Dropped(plan.id, DropReason.FINISHED, delivery.key, execution_id)
+    stepped = await _step(executions, config, execution_id, machine, delivery.event)
+    if isinstance(stepped, Discarded):  # an on_step stand-in ended it
+        return Dropped(plan.id, DropReason.FINISHED, delivery.key, execution_id)
+    return await _stepped(unit, delivery, stepped, address_id, now, created=True)
+
+
+async def _existing(
+    unit: Unit, config: RouterConfig, delivery: Delivery, found: AddressRow, now: datetime
+) -> Outcome:
+    plan = delivery.plan
+    execution_id = found.execution_id
+    if found.terminal_seen_at is not None:
+        return Dropped(plan.id, DropReason.FINISHED, delivery.key, execution_id)
+    executions = unit.executions
+    machine: Machine | None = None
+    if config.chart_resolver is not None:
+        record = await executions.storage.fetch_execution(execution_id)
+        try:
+            machine = await settle(config.chart_resolver(record.content_hash))
+        except Exception as error:
+            raise ChartUnresolved(record.content_hash, _said(error)) from error
+    result = await _step(executions, config, execution_id, machine, delivery.event)
+    if isinstance(result, Discarded):
+        if not result.execution.status.terminal:
+            raise ExecutionParked(execution_id)
+        await unit.sql.stamp([found.id], now)
+        return Dropped(plan.id, DropReason.FINISHED, delivery.key, execution_id)
+    return await _stepped(unit, delivery, result, found.id, now, created=False)
+
+
+async def _step(
+    executions: Executions,
+    config: RouterConfig,
+    execution_id: str,
+    machine: Machine | None,
+    event: Event,
+) -> Stepped | Discarded:
+    if config.on_step is not None:
+        return await config.on_step(executions, execution_id, machine, event)
+    return await executions.step(execution_id, machine, event)
+
+
+async def _stepped(
+    unit: Unit,
+    delivery: Delivery,
+    stepped: Stepped,
+    address_id: Any,
+    now: datetime,
+    created: bool,
+) -> Outcome:
+    plan = delivery.plan
+    execution_id = stepped.execution.id
+    if stepped.finished and address_id is not None:
+        # The first sighting of the end: the address's horizon counts from here.
+        await unit.sql.stamp([address_id], now)
+    if stepped.state.microstep == 0:
+        # The macrostep took no transition: the event is in the input log, unused.
+        return Dropped(plan.id, DropReason.UNMATCHED_EVENT, delivery.key, execution_id)
+    if created:
+        return CreatedAndDelivered(plan.id, delivery.key, execution_id)
+    return Delivered(plan.id, delivery.key, execution_id)
+
+
+def minted(config: RouterConfig, scope: str, document: str, key: str) -> str:
+    """A new execution id from the configured minting function.
+
+    Raises:
+        TypeError: it answered something other than a non-empty string.
+    """
+    execution_id: object = config.execution_id(scope, document, key)
+    if not isinstance(execution_id, str) or not execution_id:
+        raise TypeError(f"execution_id answered {execution_id!r}, not a non-empty string")
+    return execution_id
+
+
+def ledger_row(delivery: Delivery, outcome: Outcome, now: datetime) -> LedgerRow:
+    """The ledger row of ``outcome`` (never a :class:`~statifier.router.NoMatch`)."""
+    reason = outcome.reason.value if isinstance(outcome, Dropped) else None
+    execution_id = getattr(outcome, "execution_id", None)
+    kind = "dropped" if isinstance(outcome, Dropped) else outcome.outcome
+    return LedgerRow(
+        delivery.plan.id,
+        delivery.message_id,
+        delivery.scope,
+        delivery.source,
+        kind,
+        reason,
+        delivery.plan.document,
+        delivery.key,
+        execution_id,
+        now,
+    )
+
+
+def _said(error: BaseException) -> str:
+    text = str(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__

@@ -1,0 +1,168 @@
+"""The router's statements on PostgreSQL: SQL text with named parameters, run on the
+psycopg 3 connection of the delivery's transaction.
+
+The unique indexes settle every race: a second claim of one message, or a second
+address for one key, waits for the first transaction and then inserts nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from statifier.router.records import AddressRow, LedgerRow, ReapRow
+from statifier.sql.tables import Tables
+
+__all__ = ["PostgresSession", "PostgresStatements"]
+
+
+def _qualified(tables: Tables, name: str) -> str:
+    schema = tables.options.schema
+    table = tables.options.name(name)
+    return table if schema is None else f"{schema}.{table}"
+
+
+class PostgresStatements:
+    """The statement texts for one set of tables, made once per configuration."""
+
+    def __init__(self, tables: Tables) -> None:
+        dedupe = _qualified(tables, "dedupe")
+        addresses = _qualified(tables, "addresses")
+        ledger = _qualified(tables, "routing_ledger")
+        executions = _qualified(tables, "executions")
+        self.client_keys = tables.options.key_default
+        key_column, key_value = ("id, ", "%(id)s, ") if self.client_keys else ("", "")
+        self.claim = (
+            f"INSERT INTO {dedupe} AS d ({key_column}binding_id, message_id, expires_at) "
+            f"VALUES ({key_value}%(binding_id)s, %(message_id)s, %(expires_at)s) "
+            "ON CONFLICT (binding_id, message_id) DO UPDATE SET expires_at = "
+            "EXCLUDED.expires_at WHERE d.expires_at <= %(now)s RETURNING 1"
+        )
+        self.find_address = (
+            f"SELECT id, execution_id, terminal_seen_at FROM {addresses} "
+            "WHERE scope = %(scope)s AND document = %(document)s AND key = %(key)s"
+        )
+        self.insert_address = (
+            f"INSERT INTO {addresses} ({key_column}scope, document, key, execution_id, "
+            f"inserted_at) VALUES ({key_value}%(scope)s, %(document)s, %(key)s, "
+            "%(execution_id)s, %(now)s) ON CONFLICT (scope, document, key) DO NOTHING "
+            "RETURNING id"
+        )
+        self.stamp = (
+            f"UPDATE {addresses} SET terminal_seen_at = %(now)s "
+            "WHERE id = ANY(%(ids)s) AND terminal_seen_at IS NULL"
+        )
+        self.record = (
+            f"INSERT INTO {ledger} ({key_column}binding_id, message_id, scope, source, "
+            "outcome, reason, document, key, execution_id, inserted_at) VALUES "
+            f"({key_value}%(binding_id)s, %(message_id)s, %(scope)s, %(source)s, "
+            "%(outcome)s, %(reason)s, %(document)s, %(key)s, %(execution_id)s, %(inserted_at)s)"
+        )
+        # Locks taken in the order given: the caller sorts them, so two transactions
+        # that need the same keys take them in the same order and cannot deadlock.
+        self.lock = "SELECT pg_advisory_xact_lock(k) FROM unnest(%(keys)s::bigint[]) AS k"
+        self.reap_dedupe = f"DELETE FROM {dedupe} WHERE expires_at < %(now)s"
+        self.reap_page = (
+            "SELECT a.id, a.document, a.terminal_seen_at, e.status "
+            f"FROM {addresses} AS a LEFT JOIN {executions} AS e "
+            "ON e.execution_id = a.execution_id WHERE %(after)s::text IS NULL OR "
+            "a.id > %(after_id)s ORDER BY a.id LIMIT %(limit)s"
+        )
+        self.delete_addresses = f"DELETE FROM {addresses} WHERE id = ANY(%(ids)s)"
+        self.count_addresses = f"SELECT count(*) FROM {addresses} WHERE execution_id = ANY(%(ids)s)"
+        self.address_of = (
+            f"SELECT scope, document, key FROM {addresses} WHERE execution_id = %(execution_id)s"
+        )
+        self.ledger = (
+            "SELECT binding_id, message_id, scope, source, outcome, reason, document, key, "
+            f"execution_id, inserted_at FROM {ledger} "
+            "WHERE %(execution_id)s::text IS NULL OR execution_id = %(execution_id)s "
+            "ORDER BY inserted_at, id"
+        )
+
+
+class PostgresSession:
+    """The statements bound to one transaction's psycopg ``AsyncConnection``."""
+
+    __slots__ = ("_driver", "_s")
+
+    def __init__(self, statements: PostgresStatements, driver: Any) -> None:
+        self._s = statements
+        self._driver = driver
+
+    def _keyed(self, values: dict[str, Any]) -> dict[str, Any]:
+        if self._s.client_keys is not None:
+            values["id"] = self._s.client_keys()
+        return values
+
+    async def command(self, sql: str) -> None:
+        await self._driver.execute(sql)
+
+    async def lock(self, keys: Sequence[int]) -> None:
+        await self._driver.execute(self._s.lock, {"keys": list(keys)})
+
+    async def claim(
+        self, binding_id: str, message_id: str, now: datetime, expires_at: datetime
+    ) -> bool:
+        values = {
+            "binding_id": binding_id,
+            "message_id": message_id,
+            "expires_at": expires_at,
+            "now": now,
+        }
+        cursor = await self._driver.execute(self._s.claim, self._keyed(values))
+        return await cursor.fetchone() is not None
+
+    async def find_address(self, scope: str, document: str, key: str) -> AddressRow | None:
+        values = {"scope": scope, "document": document, "key": key}
+        cursor = await self._driver.execute(self._s.find_address, values)
+        row = await cursor.fetchone()
+        return None if row is None else AddressRow(*row)
+
+    async def insert_address(
+        self, scope: str, document: str, key: str, execution_id: str, now: datetime
+    ) -> Any:
+        values = {
+            "scope": scope,
+            "document": document,
+            "key": key,
+            "execution_id": execution_id,
+            "now": now,
+        }
+        cursor = await self._driver.execute(self._s.insert_address, self._keyed(values))
+        row = await cursor.fetchone()
+        return None if row is None else row[0]
+
+    async def stamp(self, address_ids: Sequence[Any], now: datetime) -> None:
+        await self._driver.execute(self._s.stamp, {"ids": list(address_ids), "now": now})
+
+    async def record(self, row: LedgerRow) -> None:
+        await self._driver.execute(self._s.record, self._keyed(row.values()))
+
+    async def reap_dedupe(self, now: datetime) -> int:
+        cursor = await self._driver.execute(self._s.reap_dedupe, {"now": now})
+        return int(cursor.rowcount)
+
+    async def reap_page(self, after: Any, limit: int) -> list[ReapRow]:
+        values = {"after": None if after is None else str(after), "after_id": after}
+        values["limit"] = limit
+        cursor = await self._driver.execute(self._s.reap_page, values)
+        return [ReapRow(*row) for row in await cursor.fetchall()]
+
+    async def delete_addresses(self, address_ids: Sequence[Any]) -> None:
+        await self._driver.execute(self._s.delete_addresses, {"ids": list(address_ids)})
+
+    async def count_addresses(self, execution_ids: Sequence[str]) -> int:
+        cursor = await self._driver.execute(self._s.count_addresses, {"ids": list(execution_ids)})
+        row = await cursor.fetchone()
+        return int(row[0])
+
+    async def address_of(self, execution_id: str) -> tuple[str, str, str] | None:
+        cursor = await self._driver.execute(self._s.address_of, {"execution_id": execution_id})
+        row = await cursor.fetchone()
+        return None if row is None else (row[0], row[1], row[2])
+
+    async def ledger(self, execution_id: str | None) -> list[LedgerRow]:
+        cursor = await self._driver.execute(self._s.ledger, {"execution_id": execution_id})
+        return [LedgerRow(*row) for row in await cursor.fetchall()]

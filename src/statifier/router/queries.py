@@ -1,0 +1,26 @@
+"""Reading the router's tables: the ledger and the addresses."""
+
+from __future__ import annotations
+
+from statifier.router.config import RouterConfig
+from statifier.router.records import AddressRow, LedgerRow
+
+__all__ = ["address", "address_of", "ledger"]
+
+
+async def ledger(config: RouterConfig, execution_id: str | None = None) -> list[LedgerRow]:
+    """Routing-ledger rows, oldest first: every row, or those naming ``execution_id``."""
+    async with config.transaction() as unit:
+        return await unit.sql.ledger(execution_id)
+
+
+async def address(config: RouterConfig, scope: str, document: str, key: str) -> AddressRow | None:
+    """The address row of ``(scope, document, key)``, if there is one."""
+    async with config.transaction() as unit:
+        return await unit.sql.find_address(scope, document, key)
+
+
+async def address_of(config: RouterConfig, execution_id: str) -> tuple[str, str, str] | None:
+    """The ``(scope, document, key)`` an execution is addressed under, if any."""
+    async with config.transaction() as unit:
+        return await unit.sql.address_of(execution_id)

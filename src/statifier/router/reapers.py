@@ -1,0 +1,108 @@
+"""The two reapers, plain functions a host calls on a schedule of its own.
+
+Neither is needed for correctness: an expired dedupe claim already counts as absent,
+and an address kept past its horizon only keeps a late event ``dropped: finished``
+longer. They reclaim space.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from statifier.persistence import Status
+from statifier.router.binding import Binding
+from statifier.router.config import RouterConfig
+
+__all__ = ["AddressReap", "horizons", "reap_addresses", "reap_dedupe"]
+
+_TERMINAL = frozenset(status.value for status in Status if status.terminal)
+
+
+async def reap_dedupe(config: RouterConfig, now: datetime) -> int:
+    """Delete every dedupe claim that expired before ``now``; answers how many."""
+    async with config.transaction() as unit:
+        return await unit.sql.reap_dedupe(now)
+
+
+@dataclass(frozen=True, slots=True)
+class AddressReap:
+    """What one :func:`reap_addresses` call did.
+
+    Attributes:
+        examined: address rows read.
+        stamped: rows whose execution was first seen ended (``terminal_seen_at`` set).
+        deleted: rows deleted: ended longer ago than their document's horizon, or
+            naming an execution that no longer exists.
+        next: the cursor to pass as ``after`` for the next page, ``None`` at the end.
+    """
+
+    examined: int
+    stamped: int
+    deleted: int
+    next: Any
+
+
+def horizons(bindings: Iterable[Binding]) -> dict[str, timedelta]:
+    """Each document's horizon: the longest dedupe horizon of the enabled bindings
+    naming it (a document no enabled binding names has none: zero)."""
+    longest: dict[str, timedelta] = {}
+    for binding in bindings:
+        if binding.enabled:
+            horizon = binding.dedupe.horizon
+            if horizon > longest.get(binding.document, timedelta(0)):
+                longest[binding.document] = horizon
+    return longest
+
+
+async def reap_addresses(
+    config: RouterConfig,
+    now: datetime,
+    *,
+    bindings: Sequence[Binding] | None = None,
+    limit: int = 1_000,
+    after: Any = None,
+) -> AddressReap:
+    """Examine at most ``limit`` address rows after the cursor ``after``: stamp the
+    ones whose execution has ended (the horizon counts from that first sighting), and
+    delete those stamped longer ago than their document's horizon, and those whose
+    execution is gone. Sweep the table by calling again with ``after=result.next``
+    until it is ``None``.
+
+    Args:
+        bindings: the bindings the horizons come from; by default the configuration's
+            (give every scope's bindings when the configuration has a resolver).
+
+    Raises:
+        ValueError: no bindings to compute horizons from, or a limit below 1.
+    """
+    if limit < 1:
+        raise ValueError(f"limit must be at least 1, not {limit}")
+    chosen = config.bindings if bindings is None else bindings
+    if chosen is None:
+        raise ValueError("pass bindings: the configuration resolves them per scope")
+    longest = horizons(chosen)
+    async with config.transaction() as unit:
+        rows = await unit.sql.reap_page(after, limit)
+        stamp: list[Any] = []
+        delete: list[Any] = []
+        for row in rows:
+            if row.status is None:
+                delete.append(row.id)
+                continue
+            if row.status not in _TERMINAL:
+                continue
+            seen = row.terminal_seen_at
+            if seen is None:
+                stamp.append(row.id)
+                seen = now
+            if seen + longest.get(row.document, timedelta(0)) <= now:
+                delete.append(row.id)
+        if stamp:
+            await unit.sql.stamp(stamp, now)
+        if delete:
+            await unit.sql.delete_addresses(delete)
+    following = rows[-1].id if len(rows) == limit else None
+    return AddressReap(len(rows), len(stamp), len(delete), following)

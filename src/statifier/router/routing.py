@@ -1,0 +1,336 @@
+"""Routing: an inbound event in, one outcome per enabled binding of its source out.
+
+:func:`route` routes one event, one transaction per binding delivery (or a savepoint
+each inside a caller's transaction). :func:`route_many` routes a batch in one
+transaction, a savepoint per delivery, so a stream front commits once per batch.
+:func:`deliver_event` is the door for a host's own jobs: one event to one address,
+under a plan of the host's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from statifier.core import Event
+from statifier.router.binding import Binding, Create, Keyed, Plan, Refused
+from statifier.router.config import Door, RouterConfig
+from statifier.router.delivery import Delivery, deliver
+from statifier.router.errors import BindingsUnresolved, RouterError
+from statifier.router.outcomes import (
+    Failed,
+    InboundEvent,
+    KeyRefused,
+    NoMatch,
+    Outcome,
+    Routed,
+)
+from statifier.router.records import LedgerRow
+from statifier.router.transaction import Unit, address_lock, sorted_locks
+from statifier.telemetry import enabled
+from statifier.telemetry import execute as report
+
+__all__ = ["BlockedByEarlierFailure", "deliver_event", "route", "route_many"]
+
+_T = TypeVar("_T")
+_ROUTE = "statifier.router.route"
+_DELIVERY = "statifier.router.delivery"
+
+Connection = sa.Connection | AsyncConnection
+
+
+class BlockedByEarlierFailure(RouterError):  # noqa: N818 - names the refusal
+    """An event of a batch not routed because an earlier event of the batch, for one of
+    the same addresses, failed: routing it first would break its key's order."""
+
+    def __init__(self, message_id: str) -> None:
+        super().__init__(f"an earlier event of the batch ({message_id!r}) failed on its address")
+        self.message_id = message_id
+
+
+@dataclass(frozen=True, slots=True)
+class _Verdict:
+    """One enabled binding's answer for one event: ``Keyed`` (deliver), ``Refused``
+    (write a refusal) or ``None`` (no match)."""
+
+    binding: Binding
+    answer: Keyed | Refused | None
+
+    def delivery(self, event: InboundEvent) -> Delivery:
+        assert isinstance(self.answer, Keyed)
+        binding = self.binding
+        chart_event = Event(binding.event, data=binding.project(event.data))
+        return Delivery(
+            binding.plan, event.scope, self.answer.key, chart_event, event.message_id, event.source
+        )
+
+    def locks(self, event: InboundEvent) -> list[int]:
+        """The advisory locks this verdict's delivery takes up front (PostgreSQL)."""
+        if not isinstance(self.answer, Keyed):
+            return []
+        binding = self.binding
+        keys = [address_lock("dedupe", binding.id, event.message_id)]
+        if binding.create is not Create.ALWAYS_NEW:
+            keys.append(address_lock("address", event.scope, binding.document, self.answer.key))
+        return keys
+
+
+async def _verdicts(config: RouterConfig, event: InboundEvent) -> list[_Verdict]:
+    try:
+        bindings = await config.bindings_for(event.scope)
+    except Exception as error:
+        raise BindingsUnresolved(event.scope, f"{type(error).__name__}: {error}") from error
+    return [
+        _Verdict(binding, binding.evaluate(event.data))
+        for binding in bindings
+        if binding.enabled and binding.source == event.source
+    ]
+
+
+def _refusal_row(event: InboundEvent, verdict: _Verdict, now: datetime) -> LedgerRow:
+    assert isinstance(verdict.answer, Refused)
+    binding = verdict.binding
+    return LedgerRow(
+        binding.id,
+        event.message_id,
+        event.scope,
+        event.source,
+        "key_refused",
+        verdict.answer.reason,
+        binding.document,
+        None,
+        None,
+        now,
+    )
+
+
+async def _around(
+    config: RouterConfig, scope: str, door: Door, work: Callable[[], Awaitable[_T]]
+) -> _T:
+    if config.around_delivery is None:
+        return await work()
+    result: _T = await config.around_delivery(scope, door, work)
+    return result
+
+
+async def _settle_one(
+    unit: Unit, config: RouterConfig, event: InboundEvent, verdict: _Verdict, now: datetime
+) -> Outcome:
+    """Write one verdict's outcome in ``unit``: a refusal's ledger row, or the delivery."""
+    if isinstance(verdict.answer, Refused):
+        await unit.sql.record(_refusal_row(event, verdict, now))
+        return KeyRefused(verdict.binding.id, verdict.answer.reason)
+    started = time.perf_counter()
+    delivery = verdict.delivery(event)
+    outcome = await deliver(unit, config, delivery, now)
+    if enabled(_DELIVERY):
+        report(
+            _DELIVERY,
+            {"duration": time.perf_counter() - started},
+            {
+                "binding_id": delivery.plan.id,
+                "outcome": outcome.outcome,
+                "scope": event.scope,
+                "message_id": event.message_id,
+                "execution_id": getattr(outcome, "execution_id", None),
+            },
+        )
+    return outcome
+
+
+def _reported(routed: Routed, started: float) -> Routed:
+    if enabled(_ROUTE):
+        counts: dict[str, float] = {"duration": time.perf_counter() - started}
+        for outcome in routed.outcomes:
+            counts[outcome.outcome] = counts.get(outcome.outcome, 0) + 1
+        event = routed.event
+        metadata = {"scope": event.scope, "source": event.source, "message_id": event.message_id}
+        report(_ROUTE, counts, metadata)
+    return routed
+
+
+async def route(
+    config: RouterConfig,
+    event: InboundEvent,
+    *,
+    now: datetime | None = None,
+    connection: Connection | None = None,
+) -> Routed:
+    """Route ``event``: one outcome per enabled binding of its source, in binding order.
+
+    Each binding's delivery is one transaction (a savepoint each, given ``connection``,
+    a connection of the adapter's engine on which the caller began a transaction: it
+    all commits or rolls back with the caller's transaction). ``now`` defaults to the
+    storage's clock.
+
+    Raises:
+        BindingsUnresolved: the bindings resolver failed for the event's scope.
+        UnresolvedDocument, ChartUnresolved, ExecutionParked: see
+            :func:`~statifier.router.delivery.deliver`.
+        Exception: from the database, persistence or the executor. The delivery that
+            raised left nothing behind; those of earlier bindings stay committed. A
+            front must not acknowledge the event.
+    """
+    started = time.perf_counter()
+    moment = config.storage.clock() if now is None else now
+
+    async def work() -> Routed:
+        outcomes: list[Outcome] = []
+        for verdict in await _verdicts(config, event):
+            if verdict.answer is None:
+                outcomes.append(NoMatch(verdict.binding.id))
+                continue
+            async with config.transaction(connection) as unit:
+                if connection is not None:
+                    async with unit.savepoint():
+                        outcome = await _settle_one(unit, config, event, verdict, moment)
+                else:
+                    await unit.sql.lock(sorted_locks(verdict.locks(event)))
+                    outcome = await _settle_one(unit, config, event, verdict, moment)
+            outcomes.append(outcome)
+        return Routed(event, tuple(outcomes))
+
+    return _reported(await _around(config, event.scope, Door.ROUTE, work), started)
+
+
+async def route_many(
+    config: RouterConfig,
+    events: Sequence[InboundEvent],
+    *,
+    now: datetime | None = None,
+    connection: Connection | None = None,
+) -> list[Routed | Failed]:
+    """Route a batch in one transaction (or inside the caller's, given ``connection``):
+    one answer per event, in order.
+
+    Every delivery settles at its own savepoint, so an event whose routing raises is
+    answered :class:`Failed` (its earlier bindings' deliveries stand) and the others
+    commit. Later events of the batch for an address a failed event touched, and for
+    any address in a scope whose bindings could not be read, fail as
+    :class:`BlockedByEarlierFailure`: a key's events keep their order. On PostgreSQL
+    the batch takes its advisory locks for every claim and address up front, in one
+    sorted order, so two batches never deadlock.
+
+    ``around_delivery`` is called twice per event, under the event's scope: around
+    reading its bindings, and around its deliveries; the batch's begin, locks and
+    commit run outside it.
+
+    Raises:
+        Exception: the transaction itself failed (the database went away, the commit
+            failed): nothing of the batch is committed.
+    """
+    started = time.perf_counter()
+    moment = config.storage.clock() if now is None else now
+    planned: list[list[_Verdict] | BaseException] = []
+    for event in events:
+
+        async def read(event: InboundEvent = event) -> list[_Verdict]:
+            return await _verdicts(config, event)
+
+        try:
+            planned.append(await _around(config, event.scope, Door.ROUTE, read))
+        except BindingsUnresolved as error:
+            planned.append(error)
+    locks = sorted_locks(
+        key
+        for event, verdicts in zip(events, planned, strict=True)
+        if isinstance(verdicts, list)
+        for verdict in verdicts
+        for key in verdict.locks(event)
+    )
+    answers: list[Routed | Failed] = []
+    async with config.transaction(connection) as unit:
+        await unit.sql.lock(locks)
+        blocked: dict[tuple[str, str, str], str] = {}
+        blocked_scopes: dict[str, str] = {}
+        for event, verdicts in zip(events, planned, strict=True):
+
+            async def settle(
+                event: InboundEvent = event, verdicts: list[_Verdict] | BaseException = verdicts
+            ) -> Routed | Failed:
+                return await _batch_event(
+                    unit, config, event, verdicts, moment, blocked, blocked_scopes
+                )
+
+            answers.append(await _around(config, event.scope, Door.ROUTE, settle))
+    for answer in answers:
+        if isinstance(answer, Routed):
+            _reported(answer, started)
+    return answers
+
+
+async def _batch_event(
+    unit: Unit,
+    config: RouterConfig,
+    event: InboundEvent,
+    verdicts: list[_Verdict] | BaseException,
+    now: datetime,
+    blocked: dict[tuple[str, str, str], str],
+    blocked_scopes: dict[str, str],
+) -> Routed | Failed:
+    if isinstance(verdicts, BaseException):
+        blocked_scopes.setdefault(event.scope, event.message_id)
+        return Failed(event, verdicts)
+    addresses = [
+        (event.scope, verdict.binding.document, verdict.answer.key)
+        for verdict in verdicts
+        if isinstance(verdict.answer, Keyed)
+    ]
+    earlier = blocked_scopes.get(event.scope) or next(
+        (blocked[address] for address in addresses if address in blocked), None
+    )
+    if earlier is not None:
+        for address in addresses:
+            blocked.setdefault(address, earlier)
+        return Failed(event, BlockedByEarlierFailure(earlier))
+    outcomes: list[Outcome] = []
+    for verdict in verdicts:
+        if verdict.answer is None:
+            outcomes.append(NoMatch(verdict.binding.id))
+            continue
+        try:
+            async with unit.savepoint():
+                outcomes.append(await _settle_one(unit, config, event, verdict, now))
+        except Exception as error:  # noqa: BLE001 - one event's failure is its own answer
+            for address in addresses:
+                blocked.setdefault(address, event.message_id)
+            return Failed(event, error)
+    return Routed(event, tuple(outcomes))
+
+
+async def deliver_event(
+    config: RouterConfig,
+    plan: Plan,
+    *,
+    scope: str,
+    key: str,
+    event: Event,
+    message_id: str,
+    now: datetime | None = None,
+    connection: Connection | None = None,
+) -> Outcome:
+    """Deliver ``event`` to the execution ``(scope, plan.document, key)`` addresses,
+    with the same claim, address lookup and ledger row as a binding's delivery, filed
+    under ``plan.id`` (a host job's answer coming back: a failed send, a sink's
+    reply). Use an id of your own, not a binding's; ``create`` is usually ``never``.
+
+    Raises:
+        as :func:`route`, for its one delivery.
+    """
+    moment = config.storage.clock() if now is None else now
+    delivery = Delivery(plan, scope, key, event, message_id)
+    async with config.transaction(connection) as unit:
+        if connection is not None:
+            async with unit.savepoint():
+                return await deliver(unit, config, delivery, moment)
+        locks = [address_lock("dedupe", plan.id, message_id)]
+        if plan.create is not Create.ALWAYS_NEW:
+            locks.append(address_lock("address", scope, plan.document, key))
+        await unit.sql.lock(sorted_locks(locks))
+        return await deliver(unit, config, delivery, moment)
