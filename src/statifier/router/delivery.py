@@ -130,8 +130,6 @@ async def _create(
             await unit.sql.stamp([address_id], now)
         return Dropped(plan.id, DropReason.FINISHED, delivery.key, execution_id)
     stepped = await _step(executions, config, execution_id, machine, delivery.event)
-    if isinstance(stepped, Discarded):  # an on_step stand-in ended it
-        return Dropped(plan.id, DropReason.FINISHED, delivery.key, execution_id)
     return await _stepped(unit, delivery, stepped, address_id, now, created=True)
 
 
@@ -151,11 +149,6 @@ async def _existing(
         except Exception as error:
             raise ChartUnresolved(record.content_hash, _said(error)) from error
     result = await _step(executions, config, execution_id, machine, delivery.event)
-    if isinstance(result, Discarded):
-        if not result.execution.status.terminal:
-            raise ExecutionParked(execution_id)
-        await unit.sql.stamp([found.id], now)
-        return Dropped(plan.id, DropReason.FINISHED, delivery.key, execution_id)
     return await _stepped(unit, delivery, result, found.id, now, created=False)
 
 
@@ -174,13 +167,19 @@ async def _step(
 async def _stepped(
     unit: Unit,
     delivery: Delivery,
-    stepped: Stepped,
+    stepped: Stepped | Discarded,
     address_id: Any,
     now: datetime,
     created: bool,
 ) -> Outcome:
     plan = delivery.plan
     execution_id = stepped.execution.id
+    if isinstance(stepped, Discarded):
+        if not stepped.execution.status.terminal:
+            raise ExecutionParked(execution_id)
+        if address_id is not None:
+            await unit.sql.stamp([address_id], now)
+        return Dropped(plan.id, DropReason.FINISHED, delivery.key, execution_id)
     if stepped.finished and address_id is not None:
         # The first sighting of the end: the address's horizon counts from here.
         await unit.sql.stamp([address_id], now)

@@ -100,7 +100,8 @@ class PostgresSession:
         await self._driver.execute(sql)
 
     async def lock(self, keys: Sequence[int]) -> None:
-        await self._driver.execute(self._s.lock, {"keys": list(keys)})
+        if keys:
+            await self._driver.execute(self._s.lock, {"keys": list(keys)})
 
     async def claim(
         self, binding_id: str, message_id: str, now: datetime, expires_at: datetime

@@ -9,7 +9,11 @@ __all__ = ["address", "address_of", "ledger"]
 
 
 async def ledger(config: RouterConfig, execution_id: str | None = None) -> list[LedgerRow]:
-    """Routing-ledger rows, oldest first: every row, or those naming ``execution_id``."""
+    """Routing-ledger rows, oldest first: every row, or those naming ``execution_id``.
+
+    Rows written at the same instant come in insertion order with an integer key; with
+    a UUID key (``TableOptions(key_type=sa.Uuid)``) their order among themselves is
+    unspecified."""
     async with config.transaction() as unit:
         return await unit.sql.ledger(execution_id)
 

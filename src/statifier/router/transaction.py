@@ -11,6 +11,8 @@ and the adapter's own, queues on one lock.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import sqlite3
 from collections.abc import AsyncIterator, Iterable
@@ -85,13 +87,17 @@ async def transaction(
     executions: dict[str, Any],
     connection: sa.Connection | AsyncConnection | None = None,
     lock_wait: float | None = None,
+    gate: asyncio.Lock | None = None,
 ) -> AsyncIterator[Unit]:
     """Open a router transaction on ``storage``'s SQL adapter, commit it when the block
     ends and roll it back when it raises; or, given ``connection`` (with a transaction
     the caller began), run in that transaction and leave its end to the caller.
 
     ``executions`` are the keyword arguments of the :class:`Executions` the unit gets
-    (executor, lock wait).
+    (executor, lock wait). On SQLite, ``gate`` is taken before a connection is checked
+    out of the engine's pool: the transactions queue on it rather than each holding a
+    pooled connection while it waits for the single writer (a checkout that finds the
+    pool empty would block the event loop).
     """
     adapter = storage.adapter
     assert isinstance(adapter, SqlAdapter)
@@ -113,11 +119,12 @@ async def transaction(
         async with _sqlite_unit(storage, statements, executions, connection, lock_wait) as unit:
             yield unit
         return
-    with engine.connect() as own:
-        own.begin()
-        async with _sqlite_unit(storage, statements, executions, own, lock_wait) as unit:
-            yield unit
-        own.commit()
+    async with gate or contextlib.nullcontext():
+        with engine.connect() as own:
+            own.begin()
+            async with _sqlite_unit(storage, statements, executions, own, lock_wait) as unit:
+                yield unit
+            own.commit()
 
 
 async def _postgres_unit(
