@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import time
 import traceback
@@ -48,6 +47,7 @@ from scriba.projection import Projection, Settings
 from scriba.source import Source
 from scriba.target import ApplyFailed, DeadLetter, FailureKind, Target
 from statifier import telemetry
+from statifier.callbacks import settle
 
 __all__ = ["WATERMARK_INTERVAL", "Circuit", "Pipeline"]
 
@@ -398,9 +398,8 @@ class Pipeline:
             )
         started = time.perf_counter()
         try:
-            result: object = self._projection.handle(event, Meta(self._key, partition, attempt))
-            if inspect.isawaitable(result):
-                result = await result
+            meta = Meta(self._key, partition, attempt)
+            result: object = await settle(self._projection.handle(event, meta))
         except Exception as exc:  # noqa: BLE001 - a raising handler is a failed event
             text = traceback.format_exc()
             _emit(

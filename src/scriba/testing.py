@@ -29,7 +29,6 @@ exactly what its handler did.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -37,6 +36,7 @@ from scriba.event import Event, Meta
 from scriba.operations import Error, Operation, Result, not_a_result
 from scriba.projection import Projection, made_target
 from scriba.target import ApplyFailed, Target
+from statifier.callbacks import settle
 
 __all__ = ["Handled", "Report", "project"]
 
@@ -106,9 +106,7 @@ async def project(
     handled: list[Handled] = []
     for event in events:
         try:
-            result: object = handler.handle(event, Meta(key, partition, 1))
-            if inspect.isawaitable(result):
-                result = await result
+            result: object = await settle(handler.handle(event, Meta(key, partition, 1)))
         except Exception as exc:  # noqa: BLE001 - reported to the test, not handled
             handled.append(Handled(event, None, exc))
             continue

@@ -16,7 +16,6 @@ statifier.router.errors.BindingError: binding 'b', field 'id': two bindings shar
 from __future__ import annotations
 
 import asyncio
-import inspect
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from typing import Any, Final, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from statifier.callbacks import settle
 from statifier.chart import Machine
 from statifier.core import Event, StartOptions
 from statifier.persistence import (
@@ -259,11 +259,3 @@ def checked_bindings(bindings: Sequence[Binding]) -> tuple[Binding, ...]:
             raise BindingError(binding.id, "id", "reserved for the router's own ledger rows")
     unique_ids(chosen)
     return chosen
-
-
-async def settle(value: _T | Awaitable[_T]) -> _T:
-    """``value``, awaited first if it is awaitable (host callbacks may be plain or
-    coroutines)."""
-    if inspect.isawaitable(value):
-        return await value
-    return value

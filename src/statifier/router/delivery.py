@@ -19,11 +19,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from statifier.callbacks import settle
 from statifier.chart import Machine
 from statifier.core import Event
 from statifier.persistence import Discarded, Executions, Stepped
 from statifier.router.binding import Create, Plan
-from statifier.router.config import RouterConfig, settle
+from statifier.router.config import RouterConfig
 from statifier.router.errors import ChartUnresolved, ExecutionParked, UnresolvedDocument
 from statifier.router.outcomes import (
     CreatedAndDelivered,
