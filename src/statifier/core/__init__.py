@@ -16,7 +16,12 @@
 (('busy',), [('entered', 2)])
 """
 
-from statifier.core.content import SCXML_PROCESSOR
+from statifier.core.content import (
+    SCXML_INVOKE_TYPE,
+    SCXML_INVOKE_TYPES,
+    SCXML_PROCESSOR,
+    SCXML_SEND_TYPES,
+)
 from statifier.core.events import Event, EventType
 from statifier.core.interpreter import (
     MachineNotRunning,
@@ -31,7 +36,10 @@ from statifier.core.state import DEFAULT_ROUND_BUDGET, MachineState, StartOption
 
 __all__ = [
     "DEFAULT_ROUND_BUDGET",
+    "SCXML_INVOKE_TYPE",
+    "SCXML_INVOKE_TYPES",
     "SCXML_PROCESSOR",
+    "SCXML_SEND_TYPES",
     "Event",
     "EventType",
     "MachineNotRunning",

@@ -31,16 +31,27 @@ from statifier.expr import (
     put,
 )
 
-__all__ = ["SCXML_PROCESSOR", "ContentRunner"]
+__all__ = [
+    "SCXML_INVOKE_TYPE",
+    "SCXML_INVOKE_TYPES",
+    "SCXML_PROCESSOR",
+    "SCXML_SEND_TYPES",
+    "ContentRunner",
+]
 
 SCXML_PROCESSOR: Final = "http://www.w3.org/TR/scxml/#SCXMLEventProcessor"
+"""The SCXML event I/O processor's type URI (``_ioprocessors`` and ``origintype``)."""
+SCXML_SEND_TYPES: Final = frozenset({SCXML_PROCESSOR, "scxml"})
+"""The ``<send type>`` spellings the SCXML processor answers to (no type means it too)."""
 SCXML_INVOKE_TYPE: Final = "http://www.w3.org/TR/scxml/"
-_SCXML_SEND_TYPES: Final = frozenset({SCXML_PROCESSOR, "scxml"})
-# The SCXML invoke type in the spellings charts use (the corpus writes it without the
-# trailing slash too).
-_SCXML_INVOKE_TYPES: Final = frozenset(
+"""The SCXML invoke type as every ``Invoke`` effect carries it, whatever the chart
+wrote."""
+SCXML_INVOKE_TYPES: Final = frozenset(
     {SCXML_INVOKE_TYPE, "http://www.w3.org/TR/scxml", "scxml", SCXML_PROCESSOR}
 )
+"""The ``<invoke type>`` spellings charts use for an SCXML child (the W3C corpus writes
+the URI without its trailing slash too); the core answers each as
+:data:`SCXML_INVOKE_TYPE`."""
 _VARIABLE: Final = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 
 
@@ -491,11 +502,11 @@ class ContentRunner:
         if node.idlocation is not None:
             self.assign(node.idlocation, send_id, "send", content_index=node.index)
             author = True
-        if kind is not None and kind not in _SCXML_SEND_TYPES and kind not in self.send_types:
+        if kind is not None and kind not in SCXML_SEND_TYPES and kind not in self.send_types:
             raise _Abort(
                 self._failure("send", node.where, f"unsupported send type {kind!r}"), send_id
             )
-        is_scxml = kind is None or kind in _SCXML_SEND_TYPES
+        is_scxml = kind is None or kind in SCXML_SEND_TYPES
         if is_scxml and target is not None and not _valid_target(target):
             raise _Abort(self._failure("send", node.where, f"invalid target {target!r}"), send_id)
         name = event if event is not None else ""
@@ -573,7 +584,7 @@ class ContentRunner:
                     self.evaluate(invoke.typeexpr, "invoke"), "type", invoke.where, "invoke"
                 )
             kind = kind or SCXML_INVOKE_TYPE
-            if kind in _SCXML_INVOKE_TYPES:
+            if kind in SCXML_INVOKE_TYPES:
                 kind = SCXML_INVOKE_TYPE
             elif self.invoke_types is not None and kind not in self.invoke_types:
                 raise _Abort(

@@ -190,29 +190,29 @@ class _Interpreter(ContentRunner):
         entered = self.entered
         states_to_invoke = self.states_to_invoke
         return MachineState(
-            self.machine,
-            frozenset(self.configuration),
-            tuple(self.internal_queue) if self.internal_queue else (),
-            self.history,
-            original.entered
+            machine=self.machine,
+            configuration=frozenset(self.configuration),
+            internal_queue=tuple(self.internal_queue) if self.internal_queue else (),
+            history=self.history,
+            entered=original.entered
             if original and len(entered) == len(original.entered)
             else frozenset(entered),
-            frozenset(states_to_invoke) if states_to_invoke else _NOTHING,
-            self.invocations,
-            self.datamodel,
-            self.session_id,
-            self.macrostep,
-            self.microstep_count,
-            self.round,
-            self.send_counter,
-            self.invoke_counter,
-            self.timer_counter,
-            self.running,
-            self.trace,
-            self.round_budget,
-            self.send_types,
-            self.invoke_types,
-            self.routes,
+            states_to_invoke=frozenset(states_to_invoke) if states_to_invoke else _NOTHING,
+            invocations=self.invocations,
+            datamodel=self.datamodel,
+            session_id=self.session_id,
+            macrostep=self.macrostep,
+            microstep=self.microstep_count,
+            round=self.round,
+            send_counter=self.send_counter,
+            invoke_counter=self.invoke_counter,
+            timer_counter=self.timer_counter,
+            running=self.running,
+            trace=self.trace,
+            round_budget=self.round_budget,
+            send_types=self.send_types,
+            invoke_types=self.invoke_types,
+            routes=self.routes,
         )
 
     # -- counters ----------------------------------------------------------------------

@@ -414,26 +414,28 @@ def _state(machine: Machine, body: list[Any]) -> MachineState:
     data["_ioprocessors"] = _standard_io(session) if io is None else io
     data["_event"] = _event_value(event)
     return MachineState(
-        machine,
-        _indexes(valid, configuration),
-        tuple(_event_from(item) for item in queue) if queue else (),
-        {int(h): tuple(sorted(_indexes(valid, value))) for h, value in history} if history else {},
-        _indexes(valid, entered),
-        _indexes(valid, to_invoke),
-        {(int(s), int(i)): str(v) for s, i, v in invocations} if invocations else {},
-        data,
-        session,
-        macrostep,
-        microstep,
-        round_,
-        sends,
-        invokes,
-        timers,
-        running,
-        trace,
-        budget,
-        frozenset(send_types),
-        None if invoke_types is None else frozenset(invoke_types),
+        machine=machine,
+        configuration=_indexes(valid, configuration),
+        internal_queue=tuple(_event_from(item) for item in queue) if queue else (),
+        history={int(h): tuple(sorted(_indexes(valid, value))) for h, value in history}
+        if history
+        else {},
+        entered=_indexes(valid, entered),
+        states_to_invoke=_indexes(valid, to_invoke),
+        invocations={(int(s), int(i)): str(v) for s, i, v in invocations} if invocations else {},
+        datamodel=data,
+        session_id=session,
+        macrostep=macrostep,
+        microstep=microstep,
+        round=round_,
+        send_counter=sends,
+        invoke_counter=invokes,
+        timer_counter=timers,
+        running=running,
+        trace=trace,
+        round_budget=budget,
+        send_types=frozenset(send_types),
+        invoke_types=None if invoke_types is None else frozenset(invoke_types),
     )
 
 

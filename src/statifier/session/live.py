@@ -50,7 +50,9 @@ from typing import Any, Literal
 
 from statifier.chart import Machine
 from statifier.core import (
+    SCXML_INVOKE_TYPE,
     SCXML_PROCESSOR,
+    SCXML_SEND_TYPES,
     Event,
     MachineState,
     StartOptions,
@@ -76,8 +78,6 @@ from statifier.telemetry import execute as report
 __all__ = ["Session", "System"]
 
 _STEPS_PER_TURN = 16
-_SCXML_TYPES = (None, "scxml", SCXML_PROCESSOR)
-_INVOKE_SCXML = "http://www.w3.org/TR/scxml/"
 _NO_SEND_TYPES: Mapping[str, SendType] = MappingProxyType({})
 _NO_INVOKE_TYPES: Mapping[str, InvokeType] = MappingProxyType({})
 
@@ -500,7 +500,7 @@ class Session:
 
     def _route(self, target: str | None, event: Event, kind: str | None) -> None:
         """Deliver ``event`` to ``target`` now, or raise error.communication here."""
-        if kind is not None and kind not in _SCXML_TYPES:
+        if kind is not None and kind not in SCXML_SEND_TYPES:
             handler = self.send_types.get(kind)
             if handler is None:
                 self._communication_error(f"no I/O processor for send type {kind!r}", event)
@@ -588,7 +588,7 @@ class Session:
 
     def _invoke(self, effect: fx.Invoke) -> None:
         invoke_id = effect.invoke_id
-        if effect.type != _INVOKE_SCXML:
+        if effect.type != SCXML_INVOKE_TYPE:
             service = self.invoke_types.get(effect.type)
             if service is None:
                 self._invoke_failed(invoke_id, f"no handler for invoke type {effect.type!r}")
