@@ -123,18 +123,19 @@ async def _settle_one(
     unit: Unit, config: RouterConfig, event: InboundEvent, verdict: _Verdict, now: datetime
 ) -> Outcome:
     """Write one verdict's outcome in ``unit``: a refusal's ledger row, or the delivery."""
+    started = time.perf_counter()
+    outcome: Outcome
     if isinstance(verdict.answer, Refused):
         await unit.sql.record(_refusal_row(event, verdict, now))
-        return KeyRefused(verdict.binding.id, verdict.answer.reason)
-    started = time.perf_counter()
-    delivery = verdict.delivery(event)
-    outcome = await deliver(unit, config, delivery, now)
+        outcome = KeyRefused(verdict.binding.id, verdict.answer.reason)
+    else:
+        outcome = await deliver(unit, config, verdict.delivery(event), now)
     if enabled(_DELIVERY):
         report(
             _DELIVERY,
             {"duration": time.perf_counter() - started},
             {
-                "binding_id": delivery.plan.id,
+                "binding_id": verdict.binding.id,
                 "outcome": outcome.outcome,
                 "scope": event.scope,
                 "message_id": event.message_id,
