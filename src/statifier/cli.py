@@ -6,8 +6,9 @@ Subcommands:
     Runs the main job on the embedded default (no server needed): a few expression
     rules against a sample event, a shipped example chart traced through an order's
     life, a card payment run as a durable execution on SQLite across two restarts
-    (:mod:`statifier.examples.card_payment`), and its inputs projected into a read
-    model by scriba (:mod:`statifier.examples.payment_history`).
+    (:mod:`statifier.examples.card_payment`), its inputs projected into a read
+    model by scriba (:mod:`statifier.examples.payment_history`), and impressions and
+    clicks from two sources routed to their joins (:mod:`statifier.examples.ad_join`).
 
 ``statifier validate CHART...``
     Checks charts. Prints ``CHART: ok`` or one ``CHART:LINE:COLUMN: message`` line per
@@ -32,6 +33,15 @@ Subcommands:
     URL is a SQLite file in the working directory, ``statifier.db``; a bare
     ``postgresql://`` URL uses psycopg 3. Prints the revision reached; a database that
     cannot be reached or a bad option prints a message and exits with 2.
+
+``statifier scenario CASE.json --charts DIR [--start ISO] [--database URL] [--prefix P]``
+    Runs one routing case (bindings and a script of deliveries, clock moves and reaper
+    passes; see :mod:`statifier.router.scenario`) on a virtual clock, against a freshly
+    migrated database (a temporary SQLite file unless ``--database`` names one; tables
+    under ``--prefix``, default ``statifier_``), and prints its report as one JSON
+    document: the ledger and the case's execution. When the case carries ``expected``,
+    prints one line per differing key on stderr and exits with 1; a case that cannot be
+    read or run prints one line naming the file and exits with 2.
 
 ``statifier expr SOURCE [--context JSON] [--program] [--now DATETIME]``
     Evaluates one expression (or, with ``--program``, runs a statement program) and
@@ -175,13 +185,15 @@ def _run_demo(out: TextIO) -> int:
     out.write("\n3. A card payment as a durable execution on SQLite, across two restarts\n\n")
     # Imported here: only the demo needs durable executions and projections (and the
     # projection needs the sql extra).
-    from statifier.examples import card_payment, payment_history
+    from statifier.examples import ad_join, card_payment, payment_history
 
     with tempfile.TemporaryDirectory() as directory:
         database = Path(directory) / "payments.db"
         asyncio.run(card_payment.run_on_sqlite(database, out))
         out.write("\n4. Its inputs projected into a read model by scriba, exactly once\n\n")
         asyncio.run(payment_history.project(database, out))
+        out.write("\n5. Impressions and clicks routed by impression id to their joins\n\n")
+        asyncio.run(ad_join.run(f"sqlite:///{Path(directory) / 'ads.db'}", out))
     return 0
 
 
@@ -313,6 +325,34 @@ def _run_db(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _run_scenario(args: argparse.Namespace, out: TextIO) -> int:
+    # Imported here: the router needs the sql extra, the other commands do not.
+    import asyncio
+
+    import sqlalchemy as sa
+
+    from statifier.router import scenario
+
+    where = f"statifier scenario: {args.case}"
+    try:
+        case = scenario.Case.load(Path(args.case))
+        start = None if args.start is None else scenario.parse_start(args.start)
+        run = scenario.run_case(case, Path(args.charts), args.database, start, prefix=args.prefix)
+        report = asyncio.run(run)
+    except scenario.CaseError as error:
+        sys.stderr.write(f"{where}: {error}\n")
+        return 2
+    except (sa.exc.SQLAlchemyError, OSError) as error:
+        message = " ".join(str(error).split())
+        sys.stderr.write(f"{where}: database: {message}\n")
+        return 2
+    _dump(report, out)
+    differences = [] if case.expected is None else scenario.compare(report, case.expected)
+    for line in differences:
+        sys.stderr.write(f"{where}: {line}\n")
+    return 1 if differences else 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="statifier", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -344,6 +384,12 @@ def _parser() -> argparse.ArgumentParser:
     database.add_argument("--prefix", default="statifier_", help="the table name prefix")
     database.add_argument("--schema", default=None, help="the schema (PostgreSQL)")
     database.add_argument("--revision", default=None, help="head/base, or a revision id")
+    routing = commands.add_parser("scenario", help="run a routing case and print its report")
+    routing.add_argument("case", metavar="CASE.json")
+    routing.add_argument("--charts", required=True, metavar="DIR", help="DOCUMENT.scxml files")
+    routing.add_argument("--start", default=None, help="the clock's start (ISO 8601 datetime)")
+    routing.add_argument("--database", default=None, metavar="URL", help="default: temp SQLite")
+    routing.add_argument("--prefix", default="statifier_", help="the table name prefix")
     return parser
 
 
@@ -361,6 +407,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         return _run_graph(args, stream)
     if args.command == "db":
         return _run_db(args, stream)
+    if args.command == "scenario":
+        return _run_scenario(args, stream)
     return _run_expr(args, stream)
 
 

@@ -1,0 +1,323 @@
+"""``statifier scenario``: routing cases run through the real command, the corpus in
+``tests/router/scenarios/`` and the examples in ``examples/``, each with the report it
+expects."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from tests.persistence.conftest import unique_name
+
+from statifier.cli import main
+from statifier.router.scenario import MAX_CASE_BYTES, MAX_STEPS, compare, parse_duration
+from statifier.sql import TableOptions, migrations
+
+ROOT = Path(__file__).parent.parent.parent
+CORPUS = Path(__file__).parent / "scenarios"
+CHARTS = CORPUS / "charts"
+CASES = [
+    *((path, CHARTS) for path in sorted(CORPUS.glob("*.json"))),
+    *((path, path.parent / "charts") for path in sorted((ROOT / "examples").glob("*/*.json"))),
+]
+JOIN_CASE = CORPUS / "join_impression_then_click.json"
+SPELLINGS = {
+    "delivered",
+    "created_and_delivered",
+    "duplicate",
+    "key_refused",
+    "dropped: no_execution",
+    "dropped: finished",
+    "dropped: unmatched_event",
+}
+
+
+def scenario(
+    capsys: pytest.CaptureFixture[str], case: Path, *options: str, charts: Path = CHARTS
+) -> tuple[int, str, str]:
+    """Run ``statifier scenario``: its exit status, stdout and stderr."""
+    out = io.StringIO()
+    status = main(["scenario", str(case), "--charts", str(charts), *options], out)
+    return status, out.getvalue(), capsys.readouterr().err
+
+
+def load(path: Path) -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    return loaded
+
+
+def write_case(path: Path, case: object) -> Path:
+    path.write_text(json.dumps(case), encoding="utf-8")
+    return path
+
+
+def ledger_times(url: str | sa.URL, prefix: str = "statifier_") -> list[datetime]:
+    ledger = TableOptions(prefix=prefix).define().routing_ledger
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as connection:
+            query = sa.select(ledger.c.inserted_at).order_by(ledger.c.id)
+            return [row[0] for row in connection.execute(query)]
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize(
+    ("case", "charts"), CASES, ids=[str(case.relative_to(ROOT)) for case, _ in CASES]
+)
+def test_every_case_gives_the_report_it_expects(
+    capsys: pytest.CaptureFixture[str], case: Path, charts: Path
+) -> None:
+    status, out, err = scenario(capsys, case, charts=charts)
+    assert (status, err) == (0, "")
+    report = json.loads(out)
+    expected = load(case)["expected"]
+    assert {key: report[key] for key in expected} == expected
+
+
+def test_the_corpus_expects_every_report_key_and_shows_every_outcome() -> None:
+    cases = [load(path) for path in sorted(CORPUS.glob("*.json"))]
+    assert len(cases) >= 12
+    assert all(
+        set(case["expected"]) == {"ledger", "status", "configuration", "datamodel"}
+        for case in cases
+    )
+    shown = {row["outcome"] for case in cases for row in case["expected"]["ledger"]}
+    assert shown == SPELLINGS
+
+
+def test_a_wrong_expectation_prints_the_report_and_one_line_per_differing_key(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    case = load(JOIN_CASE)
+    case["expected"]["status"] = "active"
+    case["expected"]["ledger"][1]["outcome"] = "dropped: finished"
+    status, out, err = scenario(capsys, write_case(tmp_path / "wrong.json", case))
+    assert status == 1
+    assert json.loads(out)["status"] == "completed"
+    where = f"statifier scenario: {tmp_path / 'wrong.json'}"
+    assert err.splitlines() == [
+        (
+            f'{where}: ledger[1]: expected {{"binding": "clicks_to_join", "key": "imp_7f3a", '
+            '"message_id": "ad_events/0/2", "outcome": "dropped: finished"}, got '
+            '{"binding": "clicks_to_join", "key": "imp_7f3a", "message_id": "ad_events/0/2", '
+            '"outcome": "delivered"}'
+        ),
+        f'{where}: status: expected "active", got "completed"',
+    ]
+
+
+def test_a_case_without_expectations_prints_its_report_and_exits_zero(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    case = load(JOIN_CASE)
+    del case["expected"]
+    status, out, err = scenario(capsys, write_case(tmp_path / "open.json", case))
+    assert (status, err) == (0, "")
+    assert json.loads(out)["status"] == "completed"
+
+
+def test_compare_is_exact_about_json_types() -> None:
+    report = {"datamodel": {"n": 1}, "configuration": ["a", "b"]}
+    assert compare(report, {"datamodel": {"n": 1}, "configuration": ["a", "b"]}) == []
+    assert compare(report, {"datamodel": {"n": True}}) == [
+        'datamodel: expected {"n": true}, got {"n": 1}'
+    ]
+    assert compare(report, {"datamodel": {"n": 1.0}}) == [
+        'datamodel: expected {"n": 1.0}, got {"n": 1}'
+    ]
+    assert compare(report, {"configuration": ["a"]}) == [
+        'configuration[1]: expected nothing, got "b"'
+    ]
+
+
+def _case(**changes: object) -> dict[str, Any]:
+    case = load(JOIN_CASE)
+    case.update(changes)
+    return {key: value for key, value in case.items() if value is not None}
+
+
+def _deliver(**fields: object) -> dict[str, object]:
+    return {"deliver": {"source": "ad_events", "message_id": "m1", "data": {}, **fields}}
+
+
+_BINDING = load(JOIN_CASE)["bindings"][0]
+
+MALFORMED: list[tuple[str, str, str]] = [
+    ("not_json", '{"document": "impression_click_join",', "not valid JSON"),
+    ("not_an_object", "[1, 2]", "a case is a JSON object, not list"),
+    ("key_twice", '{"scope": "a", "scope": "b"}', "the key 'scope' is given twice"),
+    ("unknown_key", json.dumps(_case(owner="me")), "unknown key 'owner'"),
+    ("missing_key", json.dumps(_case(script=None)), "the key 'script' is required"),
+    ("empty_scope", json.dumps(_case(scope="")), "scope must be a non-empty string"),
+    ("unknown_step", json.dumps(_case(script=[{"jump": "PT1S"}])), "unknown step 'jump'"),
+    ("two_key_step", json.dumps(_case(script=[{"reap": "dedupe", "advance": "PT1S"}])), "one key"),
+    ("months", json.dumps(_case(script=[{"advance": "P1M"}])), "'P1M' is not a duration"),
+    ("reap_what", json.dumps(_case(script=[{"reap": "all"}])), 'reap is "addresses" or "dedupe"'),
+    ("no_message_id", json.dumps(_case(script=[_deliver(message_id=None)])), "message_id"),
+    ("empty_source", json.dumps(_case(script=[_deliver(source="")])), "needs a source"),
+    ("data_list", json.dumps(_case(script=[_deliver(data=[1])])), "data must be a JSON object"),
+    ("deliver_extra", json.dumps(_case(script=[_deliver(at="x")])), "unknown key 'at'"),
+    (
+        "binding_refused",
+        json.dumps(_case(bindings=[{**_BINDING, "create": "sometimes"}])),
+        "bindings[0]: binding 'impressions_to_join', field 'create'",
+    ),
+    (
+        "binding_reserved",
+        json.dumps(_case(bindings=[{**_BINDING, "id": "execution"}])),
+        "reserved for the router's own ledger rows",
+    ),
+    (
+        "bindings_share_an_id",
+        json.dumps(_case(bindings=[_BINDING, _BINDING])),
+        "two bindings share this id",
+    ),
+    ("no_chart", json.dumps(_case(document="invoices")), "no chart for document 'invoices'"),
+    (
+        "binding_chart_missing",
+        json.dumps(_case(bindings=[{**_BINDING, "document": "invoices"}])),
+        "no chart for document 'invoices'",
+    ),
+    ("expected_key", json.dumps(_case(expected={"effects": []})), "expected: unknown key"),
+    ("bad_start", json.dumps(_case(start="2026-01-01T00:00:00")), "start: '2026-01-01T00:00:00'"),
+    (
+        "too_many_steps",
+        json.dumps(_case(script=[{"advance": "PT1S"}] * (MAX_STEPS + 1))),
+        f"more than {MAX_STEPS}",
+    ),
+    ("too_big", " " * MAX_CASE_BYTES + "{}", f"larger than {MAX_CASE_BYTES} bytes"),
+]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"), [m[1:] for m in MALFORMED], ids=[m[0] for m in MALFORMED]
+)
+def test_a_malformed_case_exits_two_with_one_line_naming_the_file(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, text: str, message: str
+) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(text, encoding="utf-8")
+    status, out, err = scenario(capsys, path)
+    assert (status, out) == (2, "")
+    assert len(err.splitlines()) == 1
+    assert err.startswith(f"statifier scenario: {path}: ")
+    assert message in err
+
+
+def test_an_unreadable_case_file_exits_two(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    status, out, err = scenario(capsys, tmp_path / "absent.json")
+    assert (status, out) == (2, "")
+    where = f"statifier scenario: {tmp_path / 'absent.json'}"
+    assert err == f"{where}: cannot read: No such file or directory\n"
+
+
+def test_an_invalid_chart_in_the_directory_exits_two_naming_it(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    for chart in CHARTS.glob("*.scxml"):
+        (tmp_path / chart.name).write_bytes(chart.read_bytes())
+    (tmp_path / "broken.scxml").write_text("<scxml", encoding="utf-8")
+    status, out, err = scenario(capsys, JOIN_CASE, charts=tmp_path)
+    assert (status, out) == (2, "")
+    assert len(err.splitlines()) == 1
+    assert f"chart {tmp_path / 'broken.scxml'}:" in err
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("PT24H", 86_400.0), ("P3D", 259_200.0), ("PT0.5S", 0.5), ("P1DT2H3M4.5S", 93_784.5)],
+)
+def test_durations_of_days_hours_minutes_and_seconds(text: str, seconds: float) -> None:
+    assert parse_duration(text).total_seconds() == seconds
+
+
+@pytest.mark.parametrize("text", ["P1M", "P1Y", "P2W", "P", "PT", "P1DT", "-PT1S", "PT1H30", 5])
+def test_other_durations_are_refused(text: object) -> None:
+    with pytest.raises(ValueError, match="is not a duration of the form PnDTnHnMnS"):
+        parse_duration(text)
+
+
+def test_the_given_sqlite_database_is_migrated_and_kept(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Run twice on one file: the second run sees the first one's rows, and its
+    redeliveries (same message ids, same clock) are duplicates."""
+    url = f"sqlite:///{tmp_path / 'kept.db'}"
+    first = scenario(capsys, JOIN_CASE, "--database", url)
+    second = scenario(capsys, JOIN_CASE, "--database", url)
+    assert first[0] == 0
+    assert second[0] == 1
+    outcomes = [row["outcome"] for row in json.loads(second[1])["ledger"]]
+    assert outcomes == ["created_and_delivered", "delivered", "duplicate", "duplicate"]
+    assert "ledger[2]: expected nothing" in second[2]
+
+
+def test_the_clock_starts_at_the_option_else_the_case_else_new_year(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    case = CORPUS / "parcel_carrier_first_finishes_at_once.json"
+    assert load(case)["start"] == "2026-11-28T09:30:00+01:00"
+    runs: dict[str, tuple[Path, tuple[str, ...]]] = {
+        "option": (case, ("--start", "2027-03-01T12:00:00Z")),
+        "case": (case, ()),
+        "default": (JOIN_CASE, ()),
+    }
+    firsts = {}
+    for name, (path, options) in runs.items():
+        url = f"sqlite:///{tmp_path / name}.db"
+        assert scenario(capsys, path, "--database", url, *options)[0] == 0
+        firsts[name] = ledger_times(url)[0]
+    assert firsts == {
+        "option": datetime(2027, 3, 1, 12, tzinfo=UTC),
+        "case": datetime(2026, 11, 28, 8, 30, tzinfo=UTC),
+        "default": datetime(2026, 1, 1, tzinfo=UTC),
+    }
+
+
+def test_advance_moves_the_clock_between_deliveries(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    url = f"sqlite:///{tmp_path / 'advanced.db'}"
+    case = CORPUS / "join_reap_within_horizon_keeps_address.json"
+    assert scenario(capsys, case, "--database", url)[0] == 0
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    later = datetime(2026, 1, 1, 0, 59, 59, 999_000, tzinfo=UTC)
+    assert ledger_times(url) == [start, start, later]
+
+
+@pytest.fixture
+def postgresql_prefix(database_url: str) -> Iterator[str]:
+    """A table prefix no other run uses, its tables dropped afterwards."""
+    prefix = unique_name("scn_")
+    try:
+        yield prefix
+    finally:
+        options = TableOptions(prefix=prefix)
+        migrations.downgrade(database_url, options)
+        engine = sa.create_engine(migrations.sync_url(database_url))
+        try:
+            with engine.begin() as connection:
+                connection.execute(sa.text(f"DROP TABLE IF EXISTS {prefix}alembic_version"))
+        finally:
+            engine.dispose()
+
+
+def test_a_case_runs_on_postgresql_under_a_prefix(
+    capsys: pytest.CaptureFixture[str], database_url: str, postgresql_prefix: str
+) -> None:
+    case = CORPUS / "join_reap_past_horizon_new_execution.json"
+    options = ("--database", database_url, "--prefix", postgresql_prefix)
+    status, out, err = scenario(capsys, case, *options)
+    assert (status, err) == (0, "")
+    assert json.loads(out) == load(case)["expected"]
+    times = ledger_times(migrations.sync_url(database_url), postgresql_prefix)
+    assert len(times) == 3
