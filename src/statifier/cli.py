@@ -15,9 +15,13 @@ Subcommands:
     problem (and ``CHART: warning: ...`` for expressions deferred to run time); exits
     with 1 if any chart has a problem, 2 if a file cannot be read.
 
-``statifier trace CHART [--event NAME | --event NAME=JSON]... [--json] [--trace]``
+``statifier trace CHART [--event NAME | --event NAME=JSON | --advance DURATION]...
+[--json] [--trace] [--basichttp]``
     Starts the chart, delivers the events in order on a virtual clock (see
-    :mod:`statifier.session.trace` for the order of delivery) and prints, after the
+    :mod:`statifier.session.trace` for the order of delivery; ``--advance 4s`` lets
+    time pass between two events, firing the timers due; ``src`` files are read beside
+    the chart, confined to its directory; ``--basichttp`` serves and sends BasicHTTP
+    events on loopback) and prints, after the
     start and after each event, the active leaf configuration (sorted) and the effects
     of the step. Text output: a ``start`` or ``event NAME`` line with the virtual time,
     a ``configuration:`` line, and one ``- KIND {fields}`` line per effect. With
@@ -261,21 +265,84 @@ def _parse_event(text: str) -> Event:
     return Event(name.strip(), data=data)
 
 
-def _run_trace(args: argparse.Namespace, out: TextIO) -> int:
-    from statifier.session.trace import run  # only tracing needs the session stack
+class _ScriptItem(argparse.Action):
+    """``--event`` and ``--advance`` append ``(option kind, text)`` to one list, so the
+    script keeps the order they were given in."""
 
-    loaded = _load_chart(args.chart)
-    if isinstance(loaded, _NotLoaded):
-        sys.stderr.write(loaded.message + "\n")
-        return loaded.status
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        script = list(getattr(namespace, self.dest, None) or [])
+        script.append((self.const, values))
+        setattr(namespace, self.dest, script)
+
+
+def _run_trace(args: argparse.Namespace, out: TextIO) -> int:
+    # Only tracing needs the session stack.
+    from statifier.session.trace import Advance, BesideChart, refused_invokes, run
+
+    path = args.chart
     try:
-        events = [_parse_event(text) for text in args.event]
+        with open(path, "rb") as handle:
+            source = handle.read()
+    except OSError as error:
+        sys.stderr.write(f"{path}: cannot read: {error.strerror}\n")
+        return 2
+    loader = BesideChart.of(path)  # every src is read beside the chart, and only there
+    try:
+        loaded = compile_chart(source, loader=loader)
+    except InvalidChart as invalid:
+        sys.stderr.write("".join(f"{path}:{problem}\n" for problem in invalid.problems))
+        return 1
+    refused = refused_invokes(loaded, loader)
+    if refused:
+        sys.stderr.write("".join(f"{path}:{problem}\n" for problem in refused))
+        return 1
+    script: list[Event | Advance] = []
+    try:
+        for kind, text in args.script:
+            if kind == "event":
+                script.append(_parse_event(text))
+                continue
+            duration = expr.parse_duration(text.strip())
+            if duration is None:
+                raise ValueError(
+                    f"--advance needs a duration such as 4s, 1m30s or 250ms, not {text!r}"
+                )
+            script.append(Advance(duration.total_milliseconds()))
     except ValueError as error:
         sys.stderr.write(f"statifier trace: {error}\n")
         return 2
-    steps = run(loaded, events, trace=args.trace)
+    location: list[str] = []
+
+    def serving(url: str) -> None:
+        location.append(url)
+        if not args.json:
+            out.write(f"serving BasicHTTP at {url}\n")
+
+    try:
+        steps = run(
+            loaded,
+            script,
+            trace=args.trace,
+            loader=loader,
+            basichttp=args.basichttp,
+            serving=serving,
+        )
+    except ImportError as error:
+        sys.stderr.write(f"statifier trace: --basichttp needs the http extra: {error}\n")
+        return 2
+    except OSError as error:
+        if not args.basichttp:
+            raise
+        sys.stderr.write(f"statifier trace: BasicHTTP: {error}\n")
+        return 2
     if args.json:
-        document = {
+        document: dict[str, object] = {
             "steps": [
                 {
                     "event": step.event,
@@ -286,6 +353,8 @@ def _run_trace(args: argparse.Namespace, out: TextIO) -> int:
             ],
             "finished": steps[-1].finished,
         }
+        if location:
+            document["basichttp"] = location[0]
         _dump(document, out)
     else:
         _print_steps(steps, out)
@@ -368,10 +437,25 @@ def _parser() -> argparse.ArgumentParser:
     trace.add_argument("chart", metavar="CHART")
     trace.add_argument(
         "--event",
-        action="append",
+        action=_ScriptItem,
+        const="event",
+        dest="script",
         default=[],
         metavar="NAME[=JSON]",
         help="an event to deliver, with optional JSON data; repeat for more",
+    )
+    trace.add_argument(
+        "--advance",
+        action=_ScriptItem,
+        const="advance",
+        dest="script",
+        metavar="DURATION",
+        help="let virtual time pass here (4s, 1m30s, 250ms), firing the timers due",
+    )
+    trace.add_argument(
+        "--basichttp",
+        action="store_true",
+        help="serve and send BasicHTTP events on 127.0.0.1 (needs the http extra)",
     )
     trace.add_argument("--json", action="store_true", help="print one JSON document")
     trace.add_argument("--trace", action="store_true", help="include trace effects")
