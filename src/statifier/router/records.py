@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -44,8 +44,19 @@ class LedgerRow:
     inserted_at: datetime
 
     def values(self) -> dict[str, Any]:
-        """The row as statement parameters."""
-        return asdict(self)
+        """The row as statement parameters (built by hand: ``asdict`` deep-copies)."""
+        return {
+            "binding_id": self.binding_id,
+            "message_id": self.message_id,
+            "scope": self.scope,
+            "source": self.source,
+            "outcome": self.outcome,
+            "reason": self.reason,
+            "document": self.document,
+            "key": self.key,
+            "execution_id": self.execution_id,
+            "inserted_at": self.inserted_at,
+        }
 
     @property
     def spelled(self) -> str:
