@@ -1,0 +1,879 @@
+"""Benchmark: the event router (``statifier.router``) delivering keyed events to durable
+executions on SQLite and PostgreSQL, beside the raw driver running the same statements
+(the ceiling), ``route_many`` batches, and DBOS Transact doing the same with workflows.
+
+Run from the repository root, with the project installed (``pip install -e '.[postgres]'``,
+and ``dbos`` from the ``bench`` extra for the DBOS row) or from a checkout::
+
+    PYTHONPATH=src python3 bench/router.py                 # both databases
+    python bench/router.py --quick                         # short run
+    python bench/router.py --only sqlite                   # one database
+    python bench/router.py --url postgresql://...          # another PostgreSQL
+    python bench/router.py --no-dbos                       # leave DBOS out
+    python bench/router.py --json out.json                 # also write the numbers
+    python bench/router.py --profile sqlite                # cProfile of the route() row
+
+PostgreSQL is found through ``--url``, else ``DATABASE_URL``, else
+``postgresql://postgres@127.0.0.1:5432/test``; the router's rows work in a schema of
+their own, dropped at the end. DBOS keeps its system tables in a database of its own on
+the same server (``dbos_bench``, which DBOS creates if it is missing), in a schema made
+for the run and dropped at the end. SQLite is a file in a temporary directory for the
+router and another for DBOS.
+
+The workload, per row: 1,000 keys (``--keys``), 8 routers (asyncio tasks) each owning an
+eighth of them, 5 events per key (``--events``), delivered round-robin over a router's
+keys: the first event of a key creates its execution (a binding with ``create`` =
+``if_absent``), the later ones are delivered to it. The chart is a counter: one state
+whose self-transition on ``tick`` adds one to a datamodel counter, so every step selects
+a transition. Every delivery is checked: the router must answer ``created_and_delivered``
+for the first event of each key and ``delivered`` for every other.
+
+Rows, per database:
+
+* ``raw driver`` (the ceiling): the statements a delivery runs, written out by hand on
+  the driver (``sqlite3``; psycopg 3 async, one connection per router), one transaction
+  per delivery, with the position and event bytes prepared once (no interpreter work).
+  PostgreSQL: the advisory locks on the dedupe claim and the address, the claim, the
+  address lookup, for a new key the address insert, the chart save and read, the
+  execution's advisory lock, ``SELECT ... FOR UPDATE`` and insert; then the step: the
+  execution's advisory lock, ``SELECT ... FOR UPDATE``, the input-log ``INSERT ...
+  SELECT``, the ``UPDATE``; the ledger row; ``COMMIT``. SQLite: the same inside ``BEGIN
+  IMMEDIATE`` (no advisory locks), under one asyncio lock.
+* ``route()``: the library, one transaction per delivery.
+* ``route_many()``: the library, each router handing over ``--batch`` events (50) per
+  call: one transaction per batch, a savepoint per delivery.
+* ``DBOS``: DBOS Transact's idiom for the same: a workflow per key (the key is its
+  workflow id) looping on ``DBOS.recv_async("tick")`` and counting, started by the first
+  event of its key (``DBOS.start_workflow_async``), every event sent with
+  ``DBOS.send_async(workflow_id, message, "tick")`` by the same 8 routers. Measured from
+  the first send to the last event received; a delivery's latency is from its send to
+  its ``recv`` returning in the workflow. It runs once per database (not in the rounds:
+  it is slow), after the router's rows, with DBOS launched for it alone.
+
+The router's rows take turns (``--rounds`` rounds of the whole workload per row, in a
+rotating order, each round on keys of its own). Reported: deliveries per second (the
+median over rounds of a round's deliveries over its wall time), p50 and p99 latency per
+delivery (a ``route()`` or raw delivery's own time; in a batch every delivery is given
+its batch's time, since none commits before the batch does), and the ratios: route() /
+raw (goal at least 0.7), route_many() / route() (goal at least 3x on PostgreSQL), and
+route() / DBOS (goal at least 10x). Every transaction commits durably (SQLite
+``synchronous`` FULL in WAL, PostgreSQL ``synchronous_commit`` on).
+
+The run bounds itself: no new round starts after ``--budget`` seconds (default 540),
+and the DBOS row waits at most the budget left (at least 60 s) for its events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import cProfile
+import hashlib
+import os
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from harness import (
+    add_gc_option,
+    add_json_option,
+    collector_paused,
+    collector_state,
+    fmt_ratio,
+    machine_info,
+    machine_summary,
+    new_parser,
+    print_profile,
+    print_table_header,
+    rotated,
+    verdict,
+    versions_line,
+    write_json,
+)
+
+from statifier.chart import Machine, compile_chart
+from statifier.core import Event, StartOptions, handle_event, initialize
+from statifier.core.positions import dump, dump_event
+from statifier.persistence.sql import SqlAdapter
+from statifier.router import (
+    DEFAULT_HORIZON,
+    Binding,
+    Failed,
+    InboundEvent,
+    RouterConfig,
+    StaticResolver,
+    route,
+    route_many,
+)
+from statifier.sql import TableOptions, migrations
+
+CHART = b"""<scxml xmlns="http://www.w3.org/2005/07/scxml" version="1.0"
+       datamodel="predicator" initial="counting">
+  <datamodel><data id="count" expr="0"/></datamodel>
+  <state id="counting">
+    <transition event="tick" target="counting">
+      <assign location="count" expr="count + 1"/>
+    </transition>
+  </state>
+</scxml>
+"""
+DOCUMENT = "counter"
+SOURCE = "bench"
+BINDING = Binding(
+    id="ticks",
+    source=SOURCE,
+    match="true",
+    key="event.key",
+    document=DOCUMENT,
+    event="tick",
+)
+ROUTERS = 8
+ROUTE_GOAL = 0.7
+BATCH_GOAL = 3.0
+DBOS_GOAL = 10.0
+DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
+DBOS_DATABASE = "dbos_bench"
+CREATED = "created_and_delivered"
+DELIVERED = "delivered"
+ROWS = ("raw driver", "route()", "route_many()")
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One event of the workload: its key and message id."""
+
+    key: str
+    message_id: str
+
+
+Deliver = Callable[[Sequence[Message]], Awaitable[list[str]]]
+"""Deliver some messages (one, or a batch), answering one outcome name per message."""
+
+
+def _shares(scope: str, keys: int, events: int) -> list[list[Message]]:
+    """Each router's messages in delivery order: round-robin over its own keys, so a
+    key's first event comes before any key's second."""
+    names = [f"{scope}-k{index}" for index in range(keys)]
+    return [
+        [Message(key, f"{key}:{turn}") for turn in range(events) for key in names[router::ROUTERS]]
+        for router in range(ROUTERS)
+    ]
+
+
+@dataclass
+class Measured:
+    """One pass of the workload through one row."""
+
+    elapsed: float
+    latencies: list[float]
+    outcomes: Counter[str]
+
+
+async def _workload(deliver: Deliver, scope: str, keys: int, events: int, chunk: int) -> Measured:
+    """The whole workload, ``chunk`` messages per call, the 8 routers at once."""
+    latencies: list[float] = []
+    outcomes: Counter[str] = Counter()
+
+    async def router(messages: list[Message]) -> None:
+        clock = time.perf_counter
+        for start in range(0, len(messages), chunk):
+            part = messages[start : start + chunk]
+            began = clock()
+            answered = await deliver(part)
+            latency = clock() - began
+            latencies.extend([latency] * len(part))
+            outcomes.update(answered)
+
+    shares = _shares(scope, keys, events)
+    started = time.perf_counter()
+    await asyncio.gather(*(router(share) for share in shares))
+    elapsed = time.perf_counter() - started
+    expected = Counter({CREATED: keys, DELIVERED: keys * (events - 1)})
+    if outcomes != expected:
+        raise RuntimeError(f"{scope}: outcomes {dict(outcomes)}, expected {dict(expected)}")
+    return Measured(elapsed, latencies, outcomes)
+
+
+# --- the library ------------------------------------------------------------------------
+
+
+class Library:
+    """The rows under test: ``route`` and ``route_many`` over ``SqlAdapter``."""
+
+    def __init__(self, url: str, options: TableOptions, machine: Machine) -> None:
+        self.adapter = SqlAdapter(url, options)
+        resolver = StaticResolver({DOCUMENT: machine})
+        self.config = RouterConfig(self.adapter, bindings=[BINDING], resolver=resolver)
+        self.scope = "bench"
+
+    def _event(self, message: Message) -> InboundEvent:
+        return InboundEvent(self.scope, SOURCE, message.message_id, {"key": message.key})
+
+    async def one(self, messages: Sequence[Message]) -> list[str]:
+        (message,) = messages
+        routed = await route(self.config, self._event(message))
+        return [outcome.outcome for outcome in routed.outcomes]
+
+    async def batch(self, messages: Sequence[Message]) -> list[str]:
+        answers = await route_many(self.config, [self._event(m) for m in messages])
+        names: list[str] = []
+        for answer in answers:
+            if isinstance(answer, Failed):
+                raise answer.error
+            names.extend(outcome.outcome for outcome in answer.outcomes)
+        return names
+
+    async def close(self) -> None:
+        await self.adapter.close()
+
+
+# --- the raw drivers --------------------------------------------------------------------
+
+_CLAIM = (
+    "INSERT INTO {dedupe} AS d (binding_id, message_id, expires_at) VALUES ({p}, {p}, {p}) "
+    "ON CONFLICT (binding_id, message_id) DO UPDATE SET expires_at = excluded.expires_at "
+    "WHERE d.expires_at <= {p} RETURNING 1"
+)
+_FIND_ADDRESS = (
+    "SELECT id, execution_id, terminal_seen_at FROM {addresses} "
+    "WHERE scope = {p} AND document = {p} AND key = {p}"
+)
+_INSERT_ADDRESS = (
+    "INSERT INTO {addresses} (scope, document, key, execution_id, inserted_at) "
+    "VALUES ({p}, {p}, {p}, {p}, {p}) ON CONFLICT (scope, document, key) DO NOTHING RETURNING id"
+)
+_SAVE_CHART = (
+    "INSERT INTO {charts} (content_hash, chart_blob, name, version, saved_at, retired_at, "
+    "retired_by) VALUES ({p}, {p}, {p}, {p}, {p}, {p}, {p}) ON CONFLICT (content_hash) DO NOTHING"
+)
+_FETCH_CHART = (
+    "SELECT content_hash, chart_blob, name, version, saved_at, retired_at, retired_by "
+    "FROM {charts} WHERE content_hash = {p}"
+)
+_FETCH_EXECUTION = (
+    "SELECT execution_id, content_hash, status, position_blob, metadata, outcome_blob, "
+    "failure, created_at, updated_at, ended_at FROM {executions} WHERE execution_id = {p}{lock}"
+)
+_INSERT_EXECUTION = (
+    "INSERT INTO {executions} (execution_id, content_hash, status, position_blob, metadata, "
+    "outcome_blob, failure, created_at, updated_at, ended_at) VALUES "
+    "({p}, {p}, {p}, {p}, '{{}}', {p}, {p}, {p}, {p}, {p}) "
+    "ON CONFLICT (execution_id) DO NOTHING RETURNING id"
+)
+_APPEND = (
+    "INSERT INTO {inputs} (execution_id, seq, door, input_blob, recorded_at) "
+    "SELECT {p} AS anon_1, following.seq, {p} AS anon_2, "
+    "CASE WHEN (CAST({p} AS INTEGER) IS NOT NULL AND following.seq >= CAST({p} AS INTEGER) - 1) "
+    "THEN NULL ELSE {p} END AS anon_3, "
+    "{p} AS anon_4 FROM (SELECT coalesce(max({inputs}.seq), -1) + 1 AS seq FROM {inputs} "
+    "WHERE {inputs}.execution_id = {p}) AS following WHERE NOT (EXISTS (SELECT 1 AS anon_5 "
+    "FROM {inputs} AS last WHERE last.execution_id = {p} AND last.seq = following.seq - 1 "
+    "AND last.input_blob IS NULL)) RETURNING seq"
+)
+_UPDATE = (
+    "UPDATE {executions} SET status={p}, position_blob={p}, outcome_blob={p}, failure={p}, "
+    "updated_at={p}, ended_at={p} WHERE execution_id = {p}"
+)
+_RECORD = (
+    "INSERT INTO {ledger} (binding_id, message_id, scope, source, outcome, reason, document, "
+    "key, execution_id, inserted_at) VALUES ({p}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, {p})"
+)
+_LOCKS = "SELECT pg_advisory_xact_lock(k) FROM unnest(%s::bigint[]) AS k"
+_EXECUTION_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
+
+
+@dataclass(frozen=True)
+class RawStatements:
+    """The statement texts for one set of tables and one placeholder style."""
+
+    claim: str
+    find_address: str
+    insert_address: str
+    save_chart: str
+    fetch_chart: str
+    fetch_execution: str
+    insert_execution: str
+    append: str
+    update: str
+    record: str
+
+    @classmethod
+    def build(cls, options: TableOptions, placeholder: str, lock: str = "") -> RawStatements:
+        schema = f"{options.schema}." if options.schema else ""
+
+        def table(name: str) -> str:
+            return f"{schema}{options.name(name)}"
+
+        names = {
+            "dedupe": table("dedupe"),
+            "addresses": table("addresses"),
+            "charts": table("charts"),
+            "executions": table("executions"),
+            "inputs": table("inputs"),
+            "ledger": table("routing_ledger"),
+        }
+
+        def sql(template: str) -> str:
+            return template.format(p=placeholder, lock=lock, **names)
+
+        return cls(
+            sql(_CLAIM),
+            sql(_FIND_ADDRESS),
+            sql(_INSERT_ADDRESS),
+            sql(_SAVE_CHART),
+            sql(_FETCH_CHART),
+            sql(_FETCH_EXECUTION),
+            sql(_INSERT_EXECUTION),
+            sql(_APPEND),
+            sql(_UPDATE),
+            sql(_RECORD),
+        )
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What the ceiling prepares once: the chart's bytes and hash, a created and a
+    stepped position, the stored event."""
+
+    content_hash: str
+    chart: bytes
+    created: bytes
+    stepped: bytes
+    event: bytes
+
+    @classmethod
+    def of(cls, machine: Machine) -> Prepared:
+        state, _ = initialize(machine, StartOptions(session_id="ex_01M8RCDM67CH73K8T8BA5ED4R6"))
+        event = Event(BINDING.event)
+        after, _ = handle_event(state, event)
+        return cls(
+            machine.identity.content_hash,
+            machine.source,
+            dump(state),
+            dump(after),
+            dump_event(event),
+        )
+
+
+def _lock_key(*parts: str) -> int:
+    """The router's advisory lock key for a claim or an address (the same hash)."""
+    digest = hashlib.blake2b("\x00".join(("statifier.router", *parts)).encode(), digest_size=8)
+    return int.from_bytes(digest.digest(), "big", signed=True)
+
+
+def _sqlite_time(moment: datetime) -> str:
+    return moment.isoformat(" ", "microseconds")[:-6]
+
+
+class RawSqlite:
+    """A delivery's statements on one ``sqlite3`` connection, one writer at a time."""
+
+    def __init__(self, path: str, options: TableOptions, prepared: Prepared) -> None:
+        self.connection = sqlite3.connect(path, isolation_level=None)
+        self.connection.execute("PRAGMA busy_timeout = 0")
+        self.connection.execute("PRAGMA journal_mode = WAL")
+        self.lock = asyncio.Lock()
+        self.s = RawStatements.build(options, "?")
+        self.p = prepared
+        self.scope = "bench"
+
+    async def one(self, messages: Sequence[Message]) -> list[str]:
+        (message,) = messages
+        s, p, key, scope = self.s, self.p, message.key, self.scope
+        async with self.lock:
+            cursor = self.connection.cursor()
+            cursor.execute("BEGIN IMMEDIATE")
+            moment = datetime.now(UTC)
+            now = _sqlite_time(moment)
+            expires = _sqlite_time(moment + DEFAULT_HORIZON)
+            claimed = cursor.execute(
+                s.claim, (BINDING.id, message.message_id, expires, now)
+            ).fetchone()
+            assert claimed is not None
+            found = cursor.execute(s.find_address, (scope, DOCUMENT, key)).fetchone()
+            if found is None:
+                outcome = CREATED
+                execution_id = f"ex_{scope}_{key}"
+                cursor.execute(s.insert_address, (scope, DOCUMENT, key, execution_id, now))
+                cursor.fetchall()
+                cursor.execute(s.save_chart, (p.content_hash, p.chart, None, None, now, None, None))
+                cursor.execute(s.fetch_chart, (p.content_hash,)).fetchall()
+                cursor.execute(s.fetch_execution, (execution_id,)).fetchall()
+                values = (execution_id, p.content_hash, "active", p.created)
+                cursor.execute(s.insert_execution, (*values, None, None, now, now, None))
+                cursor.fetchall()
+            else:
+                outcome = DELIVERED
+                execution_id = found[1]
+            cursor.execute(s.fetch_execution, (execution_id,)).fetchone()
+            now = _sqlite_time(datetime.now(UTC))
+            appended = (execution_id, "step", None, None, p.event, now, execution_id, execution_id)
+            cursor.execute(s.append, appended).fetchall()
+            cursor.execute(s.update, ("active", p.stepped, None, None, now, None, execution_id))
+            row = (BINDING.id, message.message_id, scope, SOURCE, outcome, None, DOCUMENT, key)
+            cursor.execute(s.record, (*row, execution_id, now))
+            cursor.execute("COMMIT")
+        return [outcome]
+
+    async def close(self) -> None:
+        self.connection.close()
+
+
+class RawPostgres:
+    """A delivery's statements on psycopg 3 async, one connection per router."""
+
+    def __init__(self, url: str, options: TableOptions, prepared: Prepared) -> None:
+        self.url = url
+        self.s = RawStatements.build(options, "%s", " FOR UPDATE")
+        self.p = prepared
+        self.idle: list[Any] = []
+        self.scope = "bench"
+
+    async def open(self, count: int) -> None:
+        import psycopg
+
+        for _ in range(count):
+            self.idle.append(await psycopg.AsyncConnection.connect(self.url))
+
+    async def one(self, messages: Sequence[Message]) -> list[str]:
+        (message,) = messages
+        s, p, key, scope = self.s, self.p, message.key, self.scope
+        connection = self.idle.pop()
+        try:
+            async with connection.cursor() as cursor:
+                locks = sorted(
+                    {
+                        _lock_key("dedupe", BINDING.id, message.message_id),
+                        _lock_key("address", scope, DOCUMENT, key),
+                    }
+                )
+                await cursor.execute(_LOCKS, (locks,))
+                moment = datetime.now(UTC)
+                expires = moment + DEFAULT_HORIZON
+                await cursor.execute(s.claim, (BINDING.id, message.message_id, expires, moment))
+                assert await cursor.fetchone() is not None
+                await cursor.execute(s.find_address, (scope, DOCUMENT, key))
+                found = await cursor.fetchone()
+                if found is None:
+                    outcome = CREATED
+                    execution_id = f"ex_{scope}_{key}"
+                    address = (scope, DOCUMENT, key, execution_id, moment)
+                    await cursor.execute(s.insert_address, address)
+                    chart = (p.content_hash, p.chart, None, None, moment, None, None)
+                    await cursor.execute(s.save_chart, chart)
+                    await cursor.execute(s.fetch_chart, (p.content_hash,))
+                    await cursor.fetchall()
+                    await cursor.execute(_EXECUTION_LOCK, (execution_id,))
+                    await cursor.execute(s.fetch_execution, (execution_id,))
+                    await cursor.fetchall()
+                    values = (execution_id, p.content_hash, "active", p.created)
+                    created = (*values, None, None, moment, moment, None)
+                    await cursor.execute(s.insert_execution, created)
+                else:
+                    outcome = DELIVERED
+                    execution_id = found[1]
+                await cursor.execute(_EXECUTION_LOCK, (execution_id,))
+                await cursor.execute(s.fetch_execution, (execution_id,))
+                await cursor.fetchone()
+                now = datetime.now(UTC)
+                appended = (execution_id, "step", None, None, p.event, now, execution_id)
+                await cursor.execute(s.append, (*appended, execution_id))
+                await cursor.fetchall()
+                stepped = ("active", p.stepped, None, None, now, None, execution_id)
+                await cursor.execute(s.update, stepped)
+                row = (BINDING.id, message.message_id, scope, SOURCE, outcome, None, DOCUMENT)
+                await cursor.execute(s.record, (*row, key, execution_id, moment))
+            await connection.commit()
+        except BaseException:
+            await connection.rollback()
+            raise
+        finally:
+            self.idle.append(connection)
+        return [outcome]
+
+    async def close(self) -> None:
+        for connection in self.idle:
+            await connection.close()
+
+
+# --- the router's rows ------------------------------------------------------------------
+
+
+def _percentile(values: Sequence[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def _summary(rates: list[float], latencies: list[float]) -> dict[str, Any]:
+    return {
+        "deliveries_per_s": statistics.median(rates),
+        "p50_ms": _percentile(latencies, 0.50) * 1e3,
+        "p99_ms": _percentile(latencies, 0.99) * 1e3,
+        "samples_deliveries_per_s": rates,
+    }
+
+
+@dataclass(frozen=True)
+class Workload:
+    keys: int
+    events: int
+    batch: int
+    rounds: int
+    deadline: float
+
+
+async def _router_rows(
+    name: str, url: str, options: TableOptions, work: Workload, keep_gc: bool
+) -> dict[str, Any]:
+    machine = compile_chart(CHART)
+    library = Library(url, options, machine)
+    prepared = Prepared.of(machine)
+    raw: RawSqlite | RawPostgres
+    if name == "sqlite":
+        raw = RawSqlite(url.removeprefix("sqlite:///"), options, prepared)
+    else:
+        raw = RawPostgres(url, options, prepared)
+        await raw.open(ROUTERS)
+    rows: dict[str, tuple[Deliver, int, Library | RawSqlite | RawPostgres]] = {
+        "raw driver": (raw.one, 1, raw),
+        "route()": (library.one, 1, library),
+        "route_many()": (library.batch, work.batch, library),
+    }
+    rates: dict[str, list[float]] = {row: [] for row in rows}
+    latencies: dict[str, list[float]] = {row: [] for row in rows}
+    rounds_run = 0
+    try:
+        for index, (deliver, chunk, owner) in enumerate(rows.values()):
+            owner.scope = f"warm{index}"  # connections, statements, caches
+            await _workload(deliver, owner.scope, ROUTERS * 2, 2, chunk)
+        with collector_paused(keep_gc):
+            for turn in range(work.rounds):
+                if turn and time.monotonic() > work.deadline:
+                    print(f"({name}: budget spent, stopped after {turn} rounds)")
+                    break
+                for row in rotated(list(rows), turn):
+                    deliver, chunk, owner = rows[row]
+                    owner.scope = f"r{turn}-{ROWS.index(row)}"
+                    measured = await _workload(deliver, owner.scope, work.keys, work.events, chunk)
+                    rates[row].append(len(measured.latencies) / measured.elapsed)
+                    latencies[row].extend(measured.latencies)
+                rounds_run = turn + 1
+    finally:
+        await raw.close()
+        await library.close()
+    result: dict[str, Any] = {row: _summary(rates[row], latencies[row]) for row in rows}
+    result["rounds"] = rounds_run
+    return result
+
+
+# --- DBOS -------------------------------------------------------------------------------
+
+
+@dataclass
+class _Received:
+    """What the DBOS workflows saw, in this process: each event's latency from its send
+    to its ``recv``, and when the last one arrived."""
+
+    latencies: list[float]
+    last: float = 0.0
+
+
+_RECEIVED = _Received([])
+_WORKFLOW: list[Any] = []
+
+
+def _dbos_workflow() -> Any:
+    """The counting workflow, registered with DBOS once per process."""
+    if _WORKFLOW:
+        return _WORKFLOW[0]
+    from dbos import DBOS
+
+    @DBOS.workflow(name="statifier_bench_counter")
+    async def counter(expected: int, wait_s: float) -> int:
+        count = 0
+        while count < expected:
+            sent = await DBOS.recv_async("tick", timeout_seconds=wait_s)
+            if sent is None:
+                break
+            count += 1
+            received = time.perf_counter()
+            _RECEIVED.latencies.append(received - sent)
+            _RECEIVED.last = received
+        return count
+
+    _WORKFLOW.append(counter)
+    return counter
+
+
+def dbos_available() -> bool:
+    try:
+        import dbos  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _postgres_database_url(url: str, database: str) -> str:
+    import sqlalchemy as sa
+
+    return (
+        sa.make_url(url)
+        .set(drivername="postgresql", database=database)
+        .render_as_string(hide_password=False)
+    )
+
+
+async def _dbos_workload(keys: int, events: int, wait_s: float) -> dict[str, Any]:
+    from dbos import DBOS, SetWorkflowID
+
+    counter = _dbos_workflow()
+    run = uuid.uuid4().hex[:8]
+    ids = [f"bench-{run}-k{index}" for index in range(keys)]
+    handles: list[Any] = []
+    _RECEIVED.latencies.clear()
+    _RECEIVED.last = 0.0
+
+    async def router(share: list[str]) -> None:
+        for turn in range(events):
+            for workflow_id in share:
+                if turn == 0:
+                    with SetWorkflowID(workflow_id):
+                        handles.append(await DBOS.start_workflow_async(counter, events, wait_s))
+                await DBOS.send_async(workflow_id, time.perf_counter(), "tick")
+
+    started = time.perf_counter()
+    await asyncio.gather(*(router(ids[index::ROUTERS]) for index in range(ROUTERS)))
+    sent = time.perf_counter()
+    counts = await asyncio.wait_for(
+        asyncio.gather(*(handle.get_result() for handle in handles)), wait_s
+    )
+    if any(count != events for count in counts) or len(_RECEIVED.latencies) != keys * events:
+        missing = keys * events - len(_RECEIVED.latencies)
+        raise RuntimeError(f"DBOS: {missing} of {keys * events} events not received in time")
+    elapsed = _RECEIVED.last - started
+    result = _summary([keys * events / elapsed], list(_RECEIVED.latencies))
+    result["sends_s"] = sent - started
+    result["keys"] = keys
+    result["events"] = events
+    return result
+
+
+def _dbos_row(
+    name: str, postgres_url: str, directory: str, keys: int, events: int, wait_s: float
+) -> dict[str, Any]:
+    """DBOS launched on its own system database for this row alone, then destroyed;
+    PostgreSQL: database ``dbos_bench`` (DBOS creates it if missing), a fresh schema
+    dropped at the end; SQLite: a file of its own."""
+    from dbos import DBOS, DBOSConfig
+
+    schema = f"dbos_bench_{uuid.uuid4().hex[:8]}"
+    if name == "sqlite":
+        url = f"sqlite:///{os.path.join(directory, 'dbos.sqlite')}"
+    else:
+        url = _postgres_database_url(postgres_url, DBOS_DATABASE)
+    config: DBOSConfig = {
+        "name": "statifier_bench",
+        "system_database_url": url,
+        "log_level": "WARNING",
+        "dbos_system_schema": schema,
+    }
+    _dbos_workflow()
+    DBOS(config=config)
+    try:
+        DBOS.launch()
+        return asyncio.run(_dbos_workload(keys, events, wait_s))
+    finally:
+        DBOS.destroy(destroy_registry=False)
+        if name == "postgresql":
+            import sqlalchemy as sa
+
+            engine = sa.create_engine(migrations.sync_url(url))
+            with engine.begin() as connection:
+                connection.execute(sa.schema.DropSchema(schema, cascade=True, if_exists=True))
+            engine.dispose()
+
+
+# --- running ----------------------------------------------------------------------------
+
+
+def _prepare(name: str, postgres_url: str, directory: str) -> tuple[str, TableOptions]:
+    if name == "sqlite":
+        url = f"sqlite:///{os.path.join(directory, 'router.db')}"
+        options = TableOptions(prefix="bench_")
+    else:
+        url = postgres_url
+        schema = f"statifier_router_bench_{uuid.uuid4().hex[:8]}"
+        options = TableOptions(prefix="bench_", schema=schema)
+    migrations.upgrade(url, options)
+    return url, options
+
+
+def _drop(name: str, url: str, options: TableOptions) -> None:
+    if name == "postgresql" and options.schema is not None:
+        import sqlalchemy as sa
+
+        engine = sa.create_engine(migrations.sync_url(url))
+        with engine.begin() as connection:
+            connection.execute(sa.schema.DropSchema(options.schema, cascade=True))
+        engine.dispose()
+
+
+def _profile(name: str, postgres_url: str, keys: int, events: int) -> None:
+    with tempfile.TemporaryDirectory() as directory:
+        url, options = _prepare(name, postgres_url, directory)
+
+        async def run() -> None:
+            library = Library(url, options, compile_chart(CHART))
+            library.scope = "warm"
+            await _workload(library.one, library.scope, ROUTERS * 2, 2, 1)
+            library.scope = "profiled"
+            profiler = cProfile.Profile()
+            profiler.enable()
+            await _workload(library.one, library.scope, keys, events, 1)
+            profiler.disable()
+            await library.close()
+            print_profile(profiler, 40)
+
+        try:
+            asyncio.run(run())
+        finally:
+            _drop(name, url, options)
+
+
+def _ratio(numerator: dict[str, Any] | None, denominator: dict[str, Any] | None) -> float | None:
+    if not numerator or not denominator:
+        return None
+    return float(numerator["deliveries_per_s"] / denominator["deliveries_per_s"])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = new_parser(__doc__)
+    parser.add_argument("--quick", action="store_true", help="short run: fewer keys and rounds")
+    parser.add_argument("--keys", type=int, help="keys per row (default 1000, quick 200)")
+    parser.add_argument("--events", type=int, help="events per key (default 5, quick 3)")
+    parser.add_argument("--batch", type=int, default=50, help="events per route_many call")
+    parser.add_argument("--rounds", type=int, help="rounds per router row (default 3, quick 2)")
+    parser.add_argument("--dbos-keys", type=int, help="keys of the DBOS row (default: --keys)")
+    parser.add_argument("--no-dbos", action="store_true", help="leave the DBOS row out")
+    parser.add_argument("--budget", type=float, default=540.0, help="seconds before rounds stop")
+    parser.add_argument("--only", choices=("sqlite", "postgresql"), help="one database")
+    parser.add_argument("--url", help="the PostgreSQL URL")
+    parser.add_argument(
+        "--profile", choices=("sqlite", "postgresql"), help="cProfile the route() row instead"
+    )
+    add_gc_option(parser)
+    add_json_option(parser)
+    args = parser.parse_args(argv)
+    keys = args.keys or (200 if args.quick else 1000)
+    events = args.events or (3 if args.quick else 5)
+    rounds = args.rounds or (2 if args.quick else 3)
+    dbos_keys = args.dbos_keys or keys
+    if keys < ROUTERS or events < 2 or args.batch < 1 or rounds < 1:
+        parser.error(f"need at least {ROUTERS} keys, 2 events, a batch of 1 and 1 round")
+    postgres_url = args.url or os.environ.get("DATABASE_URL") or DEFAULT_POSTGRES
+    if args.profile:
+        _profile(args.profile, postgres_url, keys, events)
+        return 0
+    with_dbos = not args.no_dbos and dbos_available()
+    started = time.monotonic()
+    work = Workload(keys, events, args.batch, rounds, started + args.budget)
+
+    info = machine_info(["statifier", "sqlalchemy", "psycopg", "dbos"])
+    print(machine_summary(info))
+    print(versions_line(info))
+    print(
+        f"{keys} keys x {events} events = {keys * events} deliveries per row and round, "
+        f"{ROUTERS} routers, route_many batches of {args.batch}, {rounds} rounds; DBOS "
+        + (f"{dbos_keys} keys x {events} events, once" if with_dbos else "not run")
+        + f"; collector {collector_state(args.gc)}\n"
+    )
+    if not args.no_dbos and not with_dbos:
+        print("(dbos is not installed: pip install dbos, or the project's bench extra)\n")
+    databases = [args.only] if args.only else ["sqlite", "postgresql"]
+    results: dict[str, Any] = {}
+    header = (
+        f"{'database':<11} {'row':<13} {'deliveries/s':>12} {'p50 ms':>8} {'p99 ms':>8} "
+        f"{'ratio':>7}  ratio of"
+    )
+    print_table_header(header)
+
+    def line(name: str, row: str, cells: dict[str, Any], ratio: float | None, of: str) -> None:
+        print(
+            f"{name:<11} {row:<13} {cells['deliveries_per_s']:>12,.0f} "
+            f"{cells['p50_ms']:>8.2f} {cells['p99_ms']:>8.2f} {fmt_ratio(ratio):>7}  {of}"
+        )
+
+    for name in databases:
+        with tempfile.TemporaryDirectory() as directory:
+            url, options = _prepare(name, postgres_url, directory)
+            try:
+                result = asyncio.run(_router_rows(name, url, options, work, args.gc))
+            finally:
+                _drop(name, url, options)
+            if with_dbos:
+                timeout = max(60.0, work.deadline - time.monotonic())
+                result["DBOS"] = _dbos_row(
+                    name, postgres_url, directory, dbos_keys, events, timeout
+                )
+        result["route_vs_raw"] = _ratio(result["route()"], result["raw driver"])
+        result["batch_vs_route"] = _ratio(result["route_many()"], result["route()"])
+        result["route_vs_dbos"] = _ratio(result["route()"], result.get("DBOS"))
+        result["batch_vs_dbos"] = _ratio(result["route_many()"], result.get("DBOS"))
+        results[name] = result
+        line(name, "raw driver", result["raw driver"], None, "")
+        line(name, "route()", result["route()"], result["route_vs_raw"], "route() / raw")
+        line(
+            name,
+            "route_many()",
+            result["route_many()"],
+            result["batch_vs_route"],
+            "route_many() / route()",
+        )
+        if "DBOS" in result:
+            ratios = f"route() / DBOS; route_many() / DBOS {fmt_ratio(result['batch_vs_dbos'])}"
+            line(name, "DBOS", result["DBOS"], result["route_vs_dbos"], ratios)
+    print()
+    for name, result in results.items():
+        print(
+            f"goal (route() >= {ROUTE_GOAL} of the raw driver) on {name}: "
+            f"{verdict(result['route_vs_raw'] >= ROUTE_GOAL)}"
+        )
+        met = result["batch_vs_route"] >= BATCH_GOAL
+        if name == "postgresql":
+            print(f"goal (route_many() >= {BATCH_GOAL:.0f}x route()) on {name}: {verdict(met)}")
+        else:
+            print(f"route_many() >= {BATCH_GOAL:.0f}x route() on {name} (no goal here): {met}")
+        if result["route_vs_dbos"] is not None:
+            print(
+                f"goal (route() >= {DBOS_GOAL:.0f}x DBOS) on {name}: "
+                f"{verdict(result['route_vs_dbos'] >= DBOS_GOAL)}"
+            )
+    print(f"\ntotal {time.monotonic() - started:.0f} s")
+    if args.json:
+        write_json(
+            args.json,
+            "router",
+            {
+                "machine": info,
+                "keys": keys,
+                "events": events,
+                "batch": args.batch,
+                "rounds": rounds,
+                "routers": ROUTERS,
+                "dbos_keys": dbos_keys if with_dbos else None,
+                "collector": collector_state(args.gc),
+                "results": results,
+            },
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
