@@ -60,8 +60,17 @@ class Delivery:
     source: str | None = None
 
 
-async def deliver(unit: Unit, config: RouterConfig, delivery: Delivery, now: datetime) -> Outcome:
+async def deliver(
+    unit: Unit,
+    config: RouterConfig,
+    delivery: Delivery,
+    now: datetime,
+    rows: list[LedgerRow] | None = None,
+) -> Outcome:
     """Deliver one event on one binding in ``unit``; see the module docstring.
+
+    The ledger row is written last, or, given ``rows``, appended there for the caller
+    to write later in the same transaction (a batch writes its rows at once).
 
     Raises:
         UnresolvedDocument: the resolver names no chart for a new execution.
@@ -70,20 +79,26 @@ async def deliver(unit: Unit, config: RouterConfig, delivery: Delivery, now: dat
         Exception: whatever persistence, the executor or the database raised.
     """
     plan = delivery.plan
-    sql = unit.sql
-    if not await sql.claim(plan.id, delivery.message_id, now, now + plan.horizon):
+    addressed = plan.create is not Create.ALWAYS_NEW
+    address = (delivery.scope, plan.document, delivery.key) if addressed else None
+    fresh, found = await unit.sql.claim_and_find(
+        plan.id, delivery.message_id, now, now + plan.horizon, address
+    )
+    if not fresh:
         outcome: Outcome = Duplicate(plan.id, delivery.key)
-    elif plan.create is Create.ALWAYS_NEW:
+    elif not addressed:
         outcome = await _create(unit, config, delivery, None, now)
+    elif found is None and plan.create is Create.NEVER:
+        outcome = Dropped(plan.id, DropReason.NO_EXECUTION, delivery.key)
+    elif found is None:
+        outcome = await _claim_address(unit, config, delivery, now)
     else:
-        found = await sql.find_address(delivery.scope, plan.document, delivery.key)
-        if found is None and plan.create is Create.NEVER:
-            outcome = Dropped(plan.id, DropReason.NO_EXECUTION, delivery.key)
-        elif found is None:
-            outcome = await _claim_address(unit, config, delivery, now)
-        else:
-            outcome = await _existing(unit, config, delivery, found, now)
-    await sql.record(ledger_row(delivery, outcome, now))
+        outcome = await _existing(unit, config, delivery, found, now)
+    row = ledger_row(delivery, outcome, now)
+    if rows is None:
+        await unit.sql.record(row)
+    else:
+        rows.append(row)
     return outcome
 
 

@@ -39,6 +39,15 @@ class PostgresStatements:
             "ON CONFLICT (binding_id, message_id) DO UPDATE SET expires_at = "
             "EXCLUDED.expires_at WHERE d.expires_at <= %(now)s RETURNING 1"
         )
+        # The claim and the address lookup in one round trip: the lookup reads the
+        # address table only, so the claim's insert in the same statement cannot hide
+        # anything from it.
+        self.claim_and_find = (
+            f"WITH claim AS ({self.claim}) SELECT EXISTS (SELECT 1 FROM claim), "
+            "a.id, a.execution_id, a.terminal_seen_at FROM (VALUES (1)) AS one "
+            f"LEFT JOIN {addresses} AS a ON a.scope = %(scope)s "
+            "AND a.document = %(document)s AND a.key = %(key)s"
+        )
         self.find_address = (
             f"SELECT id, execution_id, terminal_seen_at FROM {addresses} "
             "WHERE scope = %(scope)s AND document = %(document)s AND key = %(key)s"
@@ -115,6 +124,35 @@ class PostgresSession:
         cursor = await self._driver.execute(self._s.claim, self._keyed(values))
         return await cursor.fetchone() is not None
 
+    async def claim_and_find(
+        self,
+        binding_id: str,
+        message_id: str,
+        now: datetime,
+        expires_at: datetime,
+        address: tuple[str, str, str] | None,
+    ) -> tuple[bool, AddressRow | None]:
+        """Claim the message for the binding (``False``: a live claim exists, a
+        duplicate) and read ``address`` (scope, document, key), if one is asked for."""
+        if address is None:
+            return await self.claim(binding_id, message_id, now, expires_at), None
+        scope, document, key = address
+        values = {
+            "binding_id": binding_id,
+            "message_id": message_id,
+            "expires_at": expires_at,
+            "now": now,
+            "scope": scope,
+            "document": document,
+            "key": key,
+        }
+        cursor = await self._driver.execute(self._s.claim_and_find, self._keyed(values))
+        fresh, address_id, execution_id, terminal_seen_at = await cursor.fetchone()
+        found = (
+            None if address_id is None else AddressRow(address_id, execution_id, terminal_seen_at)
+        )
+        return bool(fresh), found
+
     async def find_address(self, scope: str, document: str, key: str) -> AddressRow | None:
         values = {"scope": scope, "document": document, "key": key}
         cursor = await self._driver.execute(self._s.find_address, values)
@@ -140,6 +178,11 @@ class PostgresSession:
 
     async def record(self, row: LedgerRow) -> None:
         await self._driver.execute(self._s.record, self._keyed(row.values()))
+
+    async def record_many(self, rows: Sequence[LedgerRow]) -> None:
+        if rows:
+            async with self._driver.cursor() as cursor:
+                await cursor.executemany(self._s.record, [self._keyed(r.values()) for r in rows])
 
     async def reap_dedupe(self, now: datetime) -> int:
         cursor = await self._driver.execute(self._s.reap_dedupe, {"now": now})

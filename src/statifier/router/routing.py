@@ -120,16 +120,26 @@ async def _around(
 
 
 async def _settle_one(
-    unit: Unit, config: RouterConfig, event: InboundEvent, verdict: _Verdict, now: datetime
+    unit: Unit,
+    config: RouterConfig,
+    event: InboundEvent,
+    verdict: _Verdict,
+    now: datetime,
+    rows: list[LedgerRow] | None = None,
 ) -> Outcome:
-    """Write one verdict's outcome in ``unit``: a refusal's ledger row, or the delivery."""
+    """Settle one verdict in ``unit``: a refusal's ledger row, or the delivery. Given
+    ``rows``, ledger rows are appended there instead of written (see ``deliver``)."""
     started = time.perf_counter()
     outcome: Outcome
     if isinstance(verdict.answer, Refused):
-        await unit.sql.record(_refusal_row(event, verdict, now))
+        row = _refusal_row(event, verdict, now)
+        if rows is None:
+            await unit.sql.record(row)
+        else:
+            rows.append(row)
         outcome = KeyRefused(verdict.binding.id, verdict.answer.reason)
     else:
-        outcome = await deliver(unit, config, verdict.delivery(event), now)
+        outcome = await deliver(unit, config, verdict.delivery(event), now, rows)
     if enabled(_DELIVERY):
         report(
             _DELIVERY,
@@ -250,16 +260,20 @@ async def route_many(
         await unit.sql.lock(locks)
         blocked: dict[tuple[str, str, str], str] = {}
         blocked_scopes: dict[str, str] = {}
+        # The deliveries' ledger rows, written at once before the commit: a row is
+        # appended only by a delivery that settled, so the rows are exactly theirs.
+        rows: list[LedgerRow] = []
         for event, verdicts in zip(events, planned, strict=True):
 
             async def settle(
                 event: InboundEvent = event, verdicts: list[_Verdict] | BaseException = verdicts
             ) -> Routed | Failed:
                 return await _batch_event(
-                    unit, config, event, verdicts, moment, blocked, blocked_scopes
+                    unit, config, event, verdicts, moment, blocked, blocked_scopes, rows
                 )
 
             answers.append(await _around(config, event.scope, Door.ROUTE, settle))
+        await unit.sql.record_many(rows)
     for answer in answers:
         if isinstance(answer, Routed):
             _reported(answer, started)
@@ -274,6 +288,7 @@ async def _batch_event(
     now: datetime,
     blocked: dict[tuple[str, str, str], str],
     blocked_scopes: dict[str, str],
+    rows: list[LedgerRow],
 ) -> Routed | Failed:
     if isinstance(verdicts, BaseException):
         blocked_scopes.setdefault(event.scope, event.message_id)
@@ -297,7 +312,7 @@ async def _batch_event(
             continue
         try:
             async with unit.savepoint():
-                outcomes.append(await _settle_one(unit, config, event, verdict, now))
+                outcomes.append(await _settle_one(unit, config, event, verdict, now, rows))
         except Exception as error:  # noqa: BLE001 - one event's failure is its own answer
             for address in addresses:
                 blocked.setdefault(address, event.message_id)

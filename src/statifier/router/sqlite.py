@@ -122,6 +122,21 @@ class SqliteSession:
         }
         return self._driver.execute(self._s.claim, self._keyed(values)).fetchone() is not None
 
+    async def claim_and_find(
+        self,
+        binding_id: str,
+        message_id: str,
+        now: datetime,
+        expires_at: datetime,
+        address: tuple[str, str, str] | None,
+    ) -> tuple[bool, AddressRow | None]:
+        """Claim the message for the binding (``False``: a live claim exists, a
+        duplicate) and read ``address`` (scope, document, key), if one is asked for."""
+        fresh = await self.claim(binding_id, message_id, now, expires_at)
+        if address is None or not fresh:
+            return fresh, None
+        return fresh, await self.find_address(*address)
+
     async def find_address(self, scope: str, document: str, key: str) -> AddressRow | None:
         values = {"scope": scope, "document": document, "key": key}
         row = self._driver.execute(self._s.find_address, values).fetchone()
@@ -145,9 +160,15 @@ class SqliteSession:
         self._driver.execute(self._s.stamp, values)
 
     async def record(self, row: LedgerRow) -> None:
+        self._driver.execute(self._s.record, self._values(row))
+
+    async def record_many(self, rows: Sequence[LedgerRow]) -> None:
+        self._driver.executemany(self._s.record, [self._values(row) for row in rows])
+
+    def _values(self, row: LedgerRow) -> dict[str, Any]:
         values = row.values()
         values["inserted_at"] = utc_text(row.inserted_at)
-        self._driver.execute(self._s.record, self._keyed(values))
+        return self._keyed(values)
 
     async def reap_dedupe(self, now: datetime) -> int:
         return self._driver.execute(self._s.reap_dedupe, {"now": utc_text(now)}).rowcount
