@@ -240,7 +240,8 @@ def test_the_right_side_runs_when_not_short_circuited() -> None:
 
 NULL_REJECTED: list[tuple[str, str]] = [
     ("not x", "logical_not"),
-    ("!x", "unary_bang"),
+    ("!x", "logical_not"),  # a leading ! is not, as in the original
+    ("true == !x", "unary_bang"),  # after an operator ! is the tight unary
     ("-x", "unary_minus"),
     ("x + 1", "add"),
     ("1 + x", "add"),
@@ -362,7 +363,8 @@ REJECTING: list[tuple[str, str]] = [
     ("2 % user.gone", "modulo"),
     ("-user.gone", "unary_minus"),
     ("not user.gone", "logical_not"),
-    ("!user.gone", "unary_bang"),
+    ("!user.gone", "logical_not"),  # a leading ! is not, as in the original
+    ("true == !user.gone", "unary_bang"),
 ]
 
 

@@ -539,22 +539,47 @@ def _nothing(data: dict[str, Value], run: Run) -> None:
     return None
 
 
+def _block(block: n.Block | None) -> Step:
+    return compile_statements(block.statements) if block and block.statements else _nothing
+
+
 def _if(statement: n.If) -> Step:
-    test = _condition(compile_node(statement.condition), statement.span)
-    then = compile_statements(statement.then.statements) if statement.then.statements else _nothing
-    otherwise = (
-        compile_statements(statement.otherwise.statements)
-        if statement.otherwise and statement.otherwise.statements
-        else _nothing
-    )
+    # An ``else`` block holding just another ``if`` (what ``else if`` writes) joins
+    # one flat chain, compiled and run in a loop however long the chain is.
+    branches: list[tuple[Callable[[dict[str, Value], Run], bool], Step]] = []
+    current = statement
+    while True:
+        test = _condition(compile_node(current.condition), current.span)
+        branches.append((test, _block(current.then)))
+        otherwise = current.otherwise
+        if (
+            otherwise is not None
+            and len(otherwise.statements) == 1
+            and isinstance(otherwise.statements[0], n.If)
+        ):
+            current = otherwise.statements[0]
+            continue
+        last = _block(otherwise)
+        break
+    if len(branches) == 1:
+        ((test, then),) = branches
 
-    def branch(data: dict[str, Value], run: Run) -> None:
-        if test(data, run):
-            then(data, run)
-        else:
-            otherwise(data, run)
+        def branch(data: dict[str, Value], run: Run) -> None:
+            if test(data, run):
+                then(data, run)
+            else:
+                last(data, run)
 
-    return branch
+        return branch
+
+    def chain(data: dict[str, Value], run: Run) -> None:
+        for test, then in branches:
+            if test(data, run):
+                then(data, run)
+                return
+        last(data, run)
+
+    return chain
 
 
 def _while(statement: n.While) -> Step:

@@ -1,7 +1,8 @@
 """The lexer: source text to tokens, each with its span.
 
 Whitespace (space, tab, carriage return, newline) separates tokens and is otherwise
-ignored. A lexing problem is reported as a :class:`~statifier.expr.errors.ParseError`
+ignored, except between the parts of one duration literal (``1d 12h``), which stay
+one token. A lexing problem is reported as a :class:`~statifier.expr.errors.ParseError`
 raised as :class:`LexFailure`, which the parser turns into a returned value.
 """
 
@@ -59,6 +60,8 @@ _OPERATORS: Final = (
     ">=",
     "<=",
     "::",
+    "&&",
+    "||",
     ">",
     "<",
     "=",
@@ -199,57 +202,87 @@ def _number(source: str, cursor: _Cursor) -> tuple[str, object]:
         raise _fail(f"Number literal too long: {text[:20]}...", line, column, cursor) from None
 
 
-def _duration(source: str, cursor: _Cursor) -> Duration:
-    """A run of ``<number><unit>`` pairs such as ``2w3d`` or ``1.5s``.
+def _fraction_end(source: str, offset: int) -> int:
+    """Where the number starting at ``offset`` ends, fraction included."""
+    end = _digits(source, offset)
+    if end + 1 < len(source) and source[end] == "." and "0" <= source[end + 1] <= "9":
+        end = _digits(source, end + 1)
+    return end
 
-    A fraction expands into smaller units and must come out to whole milliseconds;
-    an expanded unit may not collide with one written elsewhere in the literal. A
-    unit written twice without fractions takes its last value.
+
+def _next_part(source: str, offset: int) -> int | None:
+    """The start of the literal's next ``<number><unit>`` part, or ``None``.
+
+    A digit right after a unit continues the literal (``2w3d``). So does a number
+    directly followed by a letter after nothing but whitespace (``3d 8h``): anywhere
+    else a number after a duration is an error, so nothing that parsed before changes.
+    """
+    if offset < len(source) and "0" <= source[offset] <= "9":
+        return offset  # adjacent: ``2w3d``
+    start = offset
+    while start < len(source) and source[start] in " \t\r\n":
+        start += 1
+    if start == offset or start >= len(source) or not "0" <= source[start] <= "9":
+        return None
+    end = _fraction_end(source, start)
+    if end < len(source) and source[end].isascii() and source[end].isalpha():
+        return start
+    return None
+
+
+def _duration(source: str, cursor: _Cursor) -> Duration:
+    """A run of ``<number><unit>`` parts such as ``2w3d``, ``1.5s`` or ``1d 12h``.
+
+    A fraction expands into smaller units and must come out to whole milliseconds.
+    Without fractions a unit written twice takes its last value; once the literal
+    holds a fraction, no unit may appear twice anywhere in it after expansion.
     """
     line, column = cursor.line, cursor.column
     components: dict[str, int] = {}
-    expanded: set[str] = set()
-    offset = cursor.offset
-    while offset < len(source) and "0" <= source[offset] <= "9":
-        number_end = _digits(source, offset)
-        if (
-            number_end + 1 < len(source)
-            and source[number_end] == "."
-            and "0" <= source[number_end + 1] <= "9"
-        ):
-            number_end = _digits(source, number_end + 1)
+    seen: set[str] = set()
+    repeated: str | None = None
+    has_fraction = False
+    while True:
+        offset = cursor.offset
+        part_line, part_column = cursor.line, cursor.column
+        number_end = _fraction_end(source, offset)
         unit_end = number_end
         while unit_end < len(source) and source[unit_end].isascii() and source[unit_end].isalpha():
             unit_end += 1
         number, unit = source[offset:number_end], source[number_end:unit_end]
         cursor.advance(unit_end - offset)
-        offset = unit_end
         field = durations.UNIT_FIELDS.get(unit)
         if field is None:
-            raise _fail(f"Unknown duration unit {unit!r}", line, column, cursor)
+            raise _fail(f"Unknown duration unit {unit!r}", part_line, part_column, cursor)
         try:
             parts = durations.expand(number, field)
         except ValueError:
-            raise _fail("Duration number too long", line, column, cursor) from None
+            raise _fail("Duration number too long", part_line, part_column, cursor) from None
         if parts is None:
             raise _fail(
                 f"Duration {number}{unit} is not a whole number of milliseconds",
-                line,
-                column,
+                part_line,
+                part_column,
                 cursor,
             )
-        is_fraction = "." in number
-        for name, amount in parts.items():
-            if name in components and (is_fraction or name in expanded):
-                raise _fail(
-                    f"Duration unit {name} is given twice once fractions are expanded",
-                    line,
-                    column,
-                    cursor,
-                )
-            components[name] = amount
-            if is_fraction:
-                expanded.add(name)
+        has_fraction = has_fraction or "." in number
+        # An all-zero fraction (``0.0s``) still names its unit.
+        for name in parts or (field,):
+            if name in seen and repeated is None:
+                repeated = name
+            seen.add(name)
+        components.update(parts)
+        following = _next_part(source, cursor.offset)
+        if following is None:
+            break
+        cursor.advance(following - cursor.offset)
+    if has_fraction and repeated is not None:
+        raise _fail(
+            f"Duration unit {repeated} is given twice once fractions are expanded",
+            line,
+            column,
+            cursor,
+        )
     return durations.build(components)
 
 

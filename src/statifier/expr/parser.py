@@ -6,9 +6,9 @@ Grammar, loosest binding first::
     statement   := "if" expr block ("else" (block | if))? | "while" expr block
                  | location "=" expr | expr
     block       := "{" (statement (";" statement)* ";"?)? "}"
-    expr        := and ("or" and)*
-    and         := not ("and" not)*
-    not         := "not" not | comparison
+    expr        := and (("or" | "||") and)*
+    and         := not (("and" | "&&") not)*
+    not         := ("not" | "!") not | comparison
     comparison  := additive (("==" | "!=" | "===" | "!==" | ">" | ">=" | "<" | "<="
                               | "in" | "contains") additive)?
     additive    := multiplicative (("+" | "-") multiplicative)*
@@ -19,6 +19,14 @@ Grammar, loosest binding first::
 
 A statement ending in ``}`` needs no ``;`` after it. Every node's span is the token an
 error is blamed on: the operator for an operation, the name for a variable or call.
+
+``&&`` and ``||`` are other spellings of ``and`` and ``or``. ``!`` is two operators,
+as in the original: where ``not`` could begin a term it *is* ``not`` (loose, so
+``!x > 3`` is ``!(x > 3)``, and a ``Unary("not")`` node); after an arithmetic or
+comparison operator or another unary operator it is the tight unary ``!``.
+
+``else if`` is sugar for an else block holding one ``if``; a chain of them is one
+level of nesting however long it is (``Limits.max_branches`` bounds its length).
 """
 
 from __future__ import annotations
@@ -65,11 +73,14 @@ class Limits:
 
     Attributes:
         max_source_length: longest accepted source, in characters.
-        max_depth: deepest accepted nesting, counted in syntax-tree levels.
+        max_depth: deepest accepted nesting, counted in syntax-tree levels (an
+            ``else if`` chain counts as one level).
+        max_branches: most ``if`` branches in one ``if``/``else if`` chain.
     """
 
     max_source_length: int = 65_536
     max_depth: int = 64
+    max_branches: int = 256
 
 
 DEFAULT_LIMITS: Final = Limits()
@@ -153,7 +164,27 @@ def _check_depth(tree: object, max_depth: int) -> None:
         if depth > max_depth:
             span = getattr(node, "span", Span(1, 1, 1, 1))
             raise _Abort(ParseError("too_deep", f"Nesting deeper than {max_depth} levels", span))
+        if isinstance(node, n.If) and _is_else_if(node.otherwise):
+            # ``else if`` sugar: the nested if stands at its parent's level.
+            assert node.otherwise is not None
+            stack.append((node.otherwise.statements[0], depth))
+            stack.extend((child, depth + 1) for child in (node.condition, node.then))
+            continue
         stack.extend((child, depth + 1) for child in _children(node))
+
+
+def _is_else_if(block: n.Block | None) -> bool:
+    """Whether ``block`` is what ``else if`` desugars to.
+
+    The parser gives that block the span of its ``if`` keyword; a block written with
+    braces has the span of its ``{``, so the two cannot be confused.
+    """
+    return (
+        block is not None
+        and len(block.statements) == 1
+        and isinstance(block.statements[0], n.If)
+        and block.span == block.statements[0].span
+    )
 
 
 class _Parser:
@@ -257,20 +288,36 @@ class _Parser:
         return n.ExprStatement(expression, token.span)
 
     def if_statement(self) -> n.If:
-        token = self.advance()
+        """An ``if`` and its whole ``else if`` chain, read in a loop: the chain is one
+        level of nesting, not one per branch."""
         self.enter()
-        condition = self.expression()
-        then = self.block()
+        branches: list[tuple[Token, n.Expression, n.Block]] = []
         otherwise: n.Block | None = None
-        if self.at(KEYWORD, "else"):
+        while True:
+            token = self.advance()  # the ``if``
+            if len(branches) == self.limits.max_branches:
+                raise _Abort(
+                    ParseError(
+                        "too_deep",
+                        f"More than {self.limits.max_branches} branches in one if/else-if chain",
+                        token.span,
+                    )
+                )
+            condition = self.expression()
+            branches.append((token, condition, self.block()))
+            if not self.at(KEYWORD, "else"):
+                break
             self.advance()
-            if self.at(KEYWORD, "if"):
-                nested = self.if_statement()
-                otherwise = n.Block((nested,), nested.span)
-            else:
+            if not self.at(KEYWORD, "if"):
                 otherwise = self.block()
+                break
         self.leave()
-        return n.If(condition, then, otherwise, token.span)
+        token, condition, then = branches.pop()
+        node = n.If(condition, then, otherwise, token.span)
+        for token, condition, then in reversed(branches):
+            # ``else if`` desugars to an else block holding the next if (see _is_else_if).
+            node = n.If(condition, then, n.Block((node,), node.span), token.span)
+        return node
 
     def block(self) -> n.Block:
         opening = self.expect_op("{", "to open a block (braces are required)")
@@ -295,7 +342,8 @@ class _Parser:
         ``and``/``or`` chains and arithmetic chains of one precedence become single
         n-ary nodes, so a long chain does not make the tree deep.
         """
-        if level <= _NOT and self.at(KEYWORD, "not"):
+        if level <= _NOT and (self.at(KEYWORD, "not") or self.at(OP, "!")):
+            # Where ``not`` may begin a term, ``!`` is ``not`` (as in the original).
             token = self.advance()
             self.enter()
             operand = self.operation(_NOT)
@@ -309,9 +357,9 @@ class _Parser:
             if found is None or found < level:
                 return left
             if found in (_OR, _AND):
-                word = str(token.value)
+                word = "or" if found == _OR else "and"
                 operands, spans = [left], []
-                while self.at(KEYWORD, word):
+                while _level(self.peek()) == found:  # either spelling: ``and``/``&&``
                     spans.append(self.advance().span)
                     operands.append(self.operation(found + 1))
                 left = n.Logical(word, tuple(operands), tuple(spans), spans[0])
@@ -490,6 +538,8 @@ _OPERATOR_LEVELS: Final = {
     "*": _MULTIPLICATIVE,
     "/": _MULTIPLICATIVE,
     "%": _MULTIPLICATIVE,
+    "||": _OR,
+    "&&": _AND,
 }
 _KEYWORD_LEVELS: Final = {"or": _OR, "and": _AND, "in": _COMPARISON, "contains": _COMPARISON}
 
