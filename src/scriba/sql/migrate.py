@@ -66,8 +66,8 @@ from alembic.operations import Operations
 from alembic.runtime.migration import MigrationContext, MigrationStep
 from alembic.script import ScriptDirectory
 
-from scriba.sql.engines import database_url
 from scriba.sql.tables import DEFAULT_PREFIX, check_prefix, check_schema, version_table_name
+from statifier.sql.engines import database_url
 
 __all__ = ["HEAD", "current_revision", "downgrade", "upgrade"]
 

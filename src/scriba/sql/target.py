@@ -6,9 +6,12 @@
 - SQLite runs on a plain (synchronous) engine over the standard ``sqlite3`` module,
   and its calls run inline on the event loop: a statement takes microseconds, far less
   than handing it to a thread would cost. A whole batch runs without yielding to the
-  loop, so nothing else in the process can interleave with its transaction. A lock
-  held by another process blocks the loop until SQLite's busy timeout (5 seconds by
-  default), and then fails the batch as ``TRANSIENT``.
+  loop, so nothing else in the process can interleave with its transaction. On an
+  engine made from a URL (:func:`statifier.sql.engines.sqlite_engine`, which durable
+  executions use too) each transaction begins with ``BEGIN IMMEDIATE``, and a lock
+  held by another connection is waited for without blocking the loop, up to the
+  connection's ``timeout`` (5 seconds by default); then the batch fails as
+  ``TRANSIENT``. An engine you pass is used as you configured it.
 
 Each batch is one transaction: the handlers' operations in order, then one cursor
 upsert per stream that keeps the greater position (``GREATEST`` on PostgreSQL, ``MAX``
@@ -42,6 +45,8 @@ The tables must exist (:func:`scriba.sql.upgrade`); the target never changes a s
 from __future__ import annotations
 
 import itertools
+import sqlite3
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final, Protocol, TypeVar
@@ -53,7 +58,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from scriba.event import Event, ProjectionKey
 from scriba.operations import Delete, Execute, Insert, Multi, Operation, Update
 from scriba.sql.dead_letter_rows import dead_letter_row, stored_dead_letter
-from scriba.sql.engines import database_url
 from scriba.sql.failures import classify
 from scriba.sql.tables import DEFAULT_PREFIX, NAME_LENGTH, Tables, define_tables
 from scriba.target import (
@@ -65,6 +69,7 @@ from scriba.target import (
     StoredDeadLetter,
     Watermark,
 )
+from statifier.sql.engines import busy_wait, database_url, retry_busy, sqlite_engine
 
 __all__ = ["SchemaNotReadyError", "SqlTarget"]
 
@@ -365,8 +370,17 @@ class _InlineRunner:
         self._owned = owned
 
     async def run(self, work: Work[T]) -> T:
-        with self._engine.begin() as connection:
-            return work(connection)
+        with self._engine.connect() as connection:
+            wait = busy_wait(connection)
+            if wait is not None:
+                # An engine of statifier.sql.engines: SQLite's busy wait is off, so the
+                # write lock is waited for here, on the loop, never inside a C call.
+                driver = connection.connection.driver_connection
+                assert isinstance(driver, sqlite3.Connection)
+                deadline = time.monotonic() + wait
+                await retry_busy(lambda: driver.execute("BEGIN IMMEDIATE"), deadline)
+            with connection.begin():
+                return work(connection)
 
     async def close(self) -> None:
         if self._owned:
@@ -407,7 +421,7 @@ def _runner_for(
         raise TypeError(f"a SqlTarget needs a URL or an engine, not {database!r}")
     url = database_url(database)
     if url.get_backend_name() == "sqlite":
-        return _InlineRunner(sa.create_engine(url, **options), owned=True)
+        return _InlineRunner(sqlite_engine(url, **options), owned=True)
     return _AsyncRunner(create_async_engine(url, **options), owned=True)
 
 

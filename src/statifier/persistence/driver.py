@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable, Mapping
-from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Final, Literal, TypeAlias, TypeVar
 
@@ -130,19 +129,7 @@ class _Pending:
     answers: list[tuple[str, Event]] = field(default_factory=list)
 
 
-_pending: ContextVar[_Pending | None] = ContextVar("statifier_driver_pending", default=None)
-_T = TypeVar("_T")
 _V = TypeVar("_V")
-
-
-async def _collecting(pending: _Pending, call: Awaitable[_T]) -> _T:
-    """Await ``call`` with ``pending`` collecting the answers of the invocations it
-    performs (the executor finds it through the context variable)."""
-    token = _pending.set(pending)
-    try:
-        return await call
-    finally:
-        _pending.reset(token)
 
 
 def _live(invoke_id: str) -> Callable[[MachineState], bool]:
@@ -195,7 +182,7 @@ class Driver:
         self.max_turns = max_turns
         self.child_canceller = child_canceller
         self.executions = Executions(
-            storage, executor=self._execute, serialization=serialization, lock_wait=lock_wait
+            storage, executor=self._outside_calls, serialization=serialization, lock_wait=lock_wait
         )
 
     # Doors.
@@ -205,9 +192,12 @@ class Driver:
     ) -> Stepped:
         """Create the execution and drive it until it rests."""
         pending = _Pending()
-        result = await _collecting(
-            pending,
-            self.executions.create(execution_id, machine, options=self.options, metadata=metadata),
+        result = await self.executions.create(
+            execution_id,
+            machine,
+            options=self.options,
+            metadata=metadata,
+            executor=self._collecting(pending),
         )
         final = await self._drain(execution_id, result, pending)
         assert isinstance(final, Stepped)  # a created execution answers its own invokes
@@ -234,8 +224,8 @@ class Driver:
         when: Callable[[MachineState], bool] | None,
     ) -> Stepped | Discarded:
         pending = _Pending()
-        result = await _collecting(
-            pending, self.executions.step(execution_id, None, event, door=door, when=when)
+        result = await self.executions.step(
+            execution_id, None, event, door=door, when=when, executor=self._collecting(pending)
         )
         return await self._drain(execution_id, result, pending)
 
@@ -252,11 +242,13 @@ class Driver:
                 if turns > self.max_turns:
                     raise MaxTurnsExceeded(execution_id, self.max_turns)
                 machine = result.state.machine
-                stepped = await _collecting(
-                    pending,
-                    self.executions.step(
-                        execution_id, machine, event, door="answer", when=_live(invoke_id)
-                    ),
+                stepped = await self.executions.step(
+                    execution_id,
+                    machine,
+                    event,
+                    door="answer",
+                    when=_live(invoke_id),
+                    executor=self._collecting(pending),
                 )
                 if isinstance(stepped, Stepped):
                     result = stepped
@@ -271,9 +263,25 @@ class Driver:
             await self._answer_parent(result.execution)
         return result
 
-    # The executor every call runs with.
+    # The executors the calls run with.
 
-    async def _execute(self, effect: fx.Effect, context: EffectContext) -> None:
+    def _collecting(self, pending: _Pending) -> Executor:
+        """The executor of one driver call: ``pending`` collects the answers of the
+        invocations it performs, to step in once the call is stored."""
+
+        async def execute(effect: fx.Effect, context: EffectContext) -> None:
+            await self._execute(effect, context, pending)
+
+        return execute
+
+    async def _outside_calls(self, effect: fx.Effect, context: EffectContext) -> None:
+        """The executor of the lifecycle's own calls (a cancel): they exit states and
+        cancel invocations, never start one."""
+        await self._execute(effect, context, None)
+
+    async def _execute(
+        self, effect: fx.Effect, context: EffectContext, pending: _Pending | None
+    ) -> None:
         if isinstance(effect, fx.CancelInvoke):
             await self._cancel_children(context.execution_id, effect.invoke_id)
         if not isinstance(effect, fx.Invoke):
@@ -281,8 +289,8 @@ class Driver:
             if inspect.isawaitable(outcome):
                 await outcome
             return
-        pending = _pending.get()
-        assert pending is not None, "driver effects run only inside driver calls"
+        if pending is None:
+            raise RuntimeError(f"an invocation outside a driver call: {effect.invoke_id!r}")
         if effect.type in CHILD_TYPES:
             await self._start_child(context.execution_id, effect, pending)
             return
@@ -333,8 +341,12 @@ class Driver:
     ) -> ExecutionRecord:
         pending = _Pending()
         options = self._child_options(machine, data)
-        result = await _collecting(
-            pending, self.executions.create(child_id, machine, options=options, metadata=metadata)
+        result = await self.executions.create(
+            child_id,
+            machine,
+            options=options,
+            metadata=metadata,
+            executor=self._collecting(pending),
         )
         # Driven without answering the parent: the parent's step is still running.
         driven = await self._drive(child_id, result, pending)
@@ -419,13 +431,10 @@ class Driver:
         count = int(metadata[_COUNT_KEY])
         policy = metadata[_POLICY_KEY]
         storage = self.storage
-        adapter = storage.adapter
         prefix = f"{parent_id}/{invoke_id}/"
         siblings = {PARENT_KEY: parent_id, INVOKE_KEY: invoke_id}
         async with self.executions.serialization.exclusive(parent_id):
-            statuses = await storage.call(
-                "statuses_by_metadata", adapter.statuses_by_metadata(siblings)
-            )
+            statuses = await storage.statuses_by_metadata(siblings)
             by_index = _by_index(statuses, prefix)
             first_error = policy == "first_error" and Status.FAILED in by_index.values()
             ended = len(by_index) == count and all(s.terminal for s in by_index.values())
@@ -443,7 +452,7 @@ class Driver:
                 ended_at=now,
             )
             try:
-                await storage.call("insert_execution", adapter.insert_execution(marker))
+                await storage.insert_execution(marker)
             except ExecutionExists:
                 return  # a sibling's settlement answered already
             running = sorted(i for i, status in by_index.items() if not status.terminal)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Container, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Container, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -178,13 +178,15 @@ class Executions:
         *,
         options: StartOptions | None = None,
         metadata: Mapping[str, str] | None = None,
+        executor: Executor | None = None,
     ) -> Stepped:
         """Start ``machine`` as a new execution: store the chart, initialize, hand the
         effects over, store the position.
 
         ``options.session_id`` is replaced by ``execution_id``, so a replay of the input
         log starts exactly where this did. ``metadata`` holds host identities (never
-        personal data); it is written once.
+        personal data); it is written once. ``executor`` replaces this lifecycle's
+        executor for the call.
 
         Raises:
             ExecutionExists: the id is taken (checked before any effect).
@@ -198,14 +200,13 @@ class Executions:
             raise MetadataUnsupported("this adapter cannot store execution metadata")
         await self.storage.save_chart(machine)
         start = replace(options or StartOptions(), session_id=execution_id)
-        adapter = self.storage.adapter
         async with self._exclusive(execution_id):
-            if await self.storage.call("fetch_execution", adapter.fetch_execution(execution_id)):
+            if await self.storage.find_execution(execution_id):
                 raise ExecutionExists(execution_id)
             state, effects = initialize(machine, start)
             status, failure, outcome, donedata = _ending(effects)
             position = _dump(state)
-            await self._perform(effects, execution_id, "create")
+            await self._perform(effects, execution_id, "create", executor)
             now = self.storage.clock()
             record = ExecutionRecord(
                 execution_id,
@@ -219,7 +220,7 @@ class Executions:
                 now,
                 now if status.terminal else None,
             )
-            await self.storage.call("insert_execution", adapter.insert_execution(record))
+            await self.storage.insert_execution(record)
         self._lifecycle(record, "created")
         if status.terminal:
             self._lifecycle(record, status.value)
@@ -235,6 +236,7 @@ class Executions:
         routes: Container[str] | None = None,
         door: str = "step",
         when: Callable[[MachineState], bool] | None = None,
+        executor: Executor | None = None,
     ) -> Stepped | Discarded:
         """Deliver one external event.
 
@@ -246,6 +248,8 @@ class Executions:
             door: how the event entered, recorded in the input log.
             when: checked against the loaded position; ``False`` discards the event
                 (the driver drops answers to invocations the chart has cancelled).
+            executor: replaces this lifecycle's executor for the call (the driver
+                passes one that collects the answers of the call's invocations).
 
         Returns:
             :class:`Stepped`, or :class:`Discarded` when the execution has ended or is
@@ -260,11 +264,10 @@ class Executions:
         """
         started = time.perf_counter()
         storage = self.storage
-        adapter = storage.adapter
         # The hot path: the exclusion is entered directly, not through _exclusive.
         async with self.serialization.exclusive(execution_id):
             _locked(execution_id, started)
-            found = await storage.call("fetch_execution", adapter.fetch_execution(execution_id))
+            found = await storage.find_execution(execution_id)
             if found is None:
                 raise ExecutionNotFound(execution_id)
             record = found
@@ -282,13 +285,12 @@ class Executions:
             status, failure, outcome, donedata = _ending(effects)
             ended = status is not Status.ACTIVE  # _ending answers active or an end
             position = _dump(state)
-            if self.executor is not ignore_effects:
-                await self._perform(effects, execution_id, door)
+            performer = self.executor if executor is None else executor
+            if performer is not ignore_effects:
+                await self._perform(effects, execution_id, door, performer)
             now = storage.clock()
             if storage.capabilities.input_log:
-                cap = storage.input_log_cap
-                appending = adapter.append_input(execution_id, door, entry, now, cap)
-                await storage.call("append_input", appending)
+                await storage.append_input(execution_id, door, entry, now)
             record = ExecutionRecord(
                 record.id,
                 record.content_hash,
@@ -301,8 +303,8 @@ class Executions:
                 now,
                 now if ended else None,
             )
-            await self._store(record)
-            storage._remember(execution_id, position, state)
+            await storage.update_execution(record)
+            storage.remember(execution_id, position, state)
         if ended:
             self._lifecycle(record, status.value)
         self._stepped(record, door, effects, started)
@@ -324,7 +326,7 @@ class Executions:
                 updated_at=now,
                 ended_at=now,
             )
-            await self._store(record)
+            await self.storage.update_execution(record)
         self._lifecycle(record, "failed")
         return record
 
@@ -355,7 +357,7 @@ class Executions:
                 updated_at=now,
                 ended_at=now,
             )
-            await self._store(record)
+            await self.storage.update_execution(record)
         self._lifecycle(record, "cancelled")
         self._stepped(record, "cancel", effects, started)
         if self.storage.capabilities.metadata:
@@ -372,9 +374,7 @@ class Executions:
         storage = self.storage
         if not storage.capabilities.metadata:
             raise MetadataUnsupported("this adapter cannot find executions by metadata")
-        statuses = await storage.call(
-            "statuses_by_metadata", storage.adapter.statuses_by_metadata(pairs)
-        )
+        statuses = await storage.statuses_by_metadata(pairs)
         for execution_id, status in sorted(statuses.items()):
             if not status.terminal:
                 await self.cancel(execution_id)
@@ -396,7 +396,7 @@ class Executions:
             if record.status is not before:
                 return Discarded(record)
             record = replace(record, status=after, updated_at=self.storage.clock())
-            await self._store(record)
+            await self.storage.update_execution(record)
         self._lifecycle(record, after.value)
         return record
 
@@ -404,7 +404,7 @@ class Executions:
         """The execution's input log, decoded (empty when the adapter keeps none)."""
         if not self.storage.capabilities.input_log:
             return []
-        entries = await self.storage.call("inputs", self.storage.adapter.inputs(execution_id))
+        entries = await self.storage.inputs(execution_id)
         return [
             LoggedInput(
                 entry.seq,
@@ -439,10 +439,10 @@ class Executions:
             Pinned: something holds it; ``counts`` carries every count known.
             PinSourceFailed: a pin source could not answer (no complete count exists).
         """
-        adapter = self.storage.adapter
-        if not self.storage.capabilities.chart_retirement:
+        storage = self.storage
+        if not storage.capabilities.chart_retirement:
             raise ChartRetirementUnsupported("this adapter cannot retire charts")
-        chart = await self.storage.call("fetch_chart", adapter.fetch_chart(content_hash))
+        chart = await storage.find_chart(content_hash)
         if chart is None:
             raise ChartNotFound(content_hash)
         if chart.retired_at is not None:
@@ -450,9 +450,7 @@ class Executions:
         counts = dict(await self.storage.counts_on(content_hash))
         holding = {f"executions_{status.value}" for status in Status if status.pins}
         held = sum(n for name, n in counts.items() if name in holding or name == "positions")
-        active = await self.storage.call(
-            "pinning_executions", adapter.pinning_executions(content_hash)
-        )
+        active = await storage.pinning_executions(content_hash)
         for source in pin_sources:
             name = type(source).__name__
             try:
@@ -464,21 +462,22 @@ class Executions:
             held += sum(n for n in answered.values() if n > 0)
         if held:
             raise Pinned(content_hash, counts)
-        retired = await self.storage.call(
-            "retire_chart", adapter.retire_chart(content_hash, retired_by, self.storage.clock())
-        )
+        retired = await storage.retire_chart(content_hash, retired_by, storage.clock())
         if retired is None:
             raise ChartNotFound(content_hash)
         return retired
 
-    def _store(self, record: ExecutionRecord) -> Awaitable[None]:
-        """Write the record's changing fields (see ``Adapter.update_execution``)."""
-        adapter = self.storage.adapter
-        return self.storage.call("update_execution", adapter.update_execution(record))
-
-    async def _perform(self, effects: list[fx.Effect], execution_id: str, door: str) -> None:
+    async def _perform(
+        self,
+        effects: list[fx.Effect],
+        execution_id: str,
+        door: str,
+        executor: Executor | None = None,
+    ) -> None:
         try:
-            await perform(self.executor, effects, execution_id, door)
+            await perform(
+                self.executor if executor is None else executor, effects, execution_id, door
+            )
         except Exception as error:
             report(
                 "statifier.persistence.effect_failed",

@@ -32,7 +32,7 @@ async def prune(storage: Storage, ended_before: datetime, *, batch_size: int = 5
         raise ValueError(f"batch_size must be at least 1, not {batch_size}")
     total = 0
     while True:
-        pruned = await storage.call("prune", storage.adapter.prune(ended_before, batch_size))
+        pruned = await storage.prune(ended_before, batch_size)
         total += len(pruned)
         if len(pruned) < batch_size:
             return total

@@ -35,7 +35,13 @@ from statifier.persistence.errors import (
     MetadataUnsupported,
     StoredChartDamaged,
 )
-from statifier.persistence.records import ChartRecord, ExecutionRecord, PositionRecord
+from statifier.persistence.records import (
+    ChartRecord,
+    ExecutionRecord,
+    InputRecord,
+    PositionRecord,
+    Status,
+)
 from statifier.telemetry import enabled
 from statifier.telemetry import execute as report
 
@@ -116,9 +122,9 @@ class Storage:
     def capabilities(self) -> Capabilities:
         return self.adapter.capabilities
 
-    def call(self, operation: str, awaitable: Awaitable[_T]) -> Awaitable[_T]:
+    def _call(self, operation: str, awaitable: Awaitable[_T]) -> Awaitable[_T]:
         """One adapter call, to await: timed and reported
-        (``statifier.persistence.adapter``) when a handler observes adapter calls, else
+        (``statifier.persistence.adapter``) while a handler observes adapter calls, else
         handed back untouched (a step makes three; a wrapper each would show)."""
         if not enabled(_ADAPTER_CALLS):
             return awaitable
@@ -136,7 +142,7 @@ class Storage:
         record = ChartRecord(
             identity.content_hash, machine.source, identity.name, identity.version, self.clock()
         )
-        saved = await self.call("save_chart", self.adapter.save_chart(record))
+        saved = await self._call("save_chart", self.adapter.save_chart(record))
         if saved.retired_at is not None:
             raise ChartRetired(saved.content_hash, saved.retired_by)
         self._machines.setdefault(identity.content_hash, machine)
@@ -149,12 +155,24 @@ class Storage:
             ChartNotFound: nothing is stored under the hash.
             ChartRetired: the chart was retired.
         """
-        chart = await self.call("fetch_chart", self.adapter.fetch_chart(content_hash))
+        chart = await self._call("fetch_chart", self.adapter.fetch_chart(content_hash))
         if chart is None:
             raise ChartNotFound(content_hash)
         if chart.retired_at is not None or chart.source is None:
             raise ChartRetired(content_hash, chart.retired_by)
         return chart
+
+    def find_chart(self, content_hash: str) -> Awaitable[ChartRecord | None]:
+        """The chart stored under the hash, retired or not, or ``None``."""
+        return self._call("fetch_chart", self.adapter.fetch_chart(content_hash))
+
+    def retire_chart(
+        self, content_hash: str, retired_by: str, retired_at: datetime
+    ) -> Awaitable[ChartRecord | None]:
+        """Tombstone the chart (see ``Adapter.retire_chart``); ``None`` if there is none."""
+        return self._call(
+            "retire_chart", self.adapter.retire_chart(content_hash, retired_by, retired_at)
+        )
 
     async def machine(self, content_hash: str) -> Machine:
         """The stored chart compiled again (compiled machines are cached).
@@ -191,10 +209,59 @@ class Storage:
         Raises:
             ExecutionNotFound: there is none with this id.
         """
-        record = await self.call("fetch_execution", self.adapter.fetch_execution(execution_id))
+        record = await self._call("fetch_execution", self.adapter.fetch_execution(execution_id))
         if record is None:
             raise ExecutionNotFound(execution_id)
         return record
+
+    def find_execution(self, execution_id: str) -> Awaitable[ExecutionRecord | None]:
+        """The execution record, or ``None``."""
+        return self._call("fetch_execution", self.adapter.fetch_execution(execution_id))
+
+    def insert_execution(self, record: ExecutionRecord) -> Awaitable[None]:
+        """Store a new execution.
+
+        Raises:
+            ExecutionExists: one with this id exists.
+        """
+        return self._call("insert_execution", self.adapter.insert_execution(record))
+
+    def update_execution(self, record: ExecutionRecord) -> Awaitable[None]:
+        """Write the record's changing fields (see ``Adapter.update_execution``).
+
+        Raises:
+            ExecutionNotFound: there is no such execution.
+        """
+        return self._call("update_execution", self.adapter.update_execution(record))
+
+    def statuses_by_metadata(self, pairs: Mapping[str, str]) -> Awaitable[dict[str, Status]]:
+        """The status of every execution whose metadata holds every pair, by id."""
+        return self._call("statuses_by_metadata", self.adapter.statuses_by_metadata(pairs))
+
+    def pinning_executions(self, content_hash: str) -> Awaitable[list[str]]:
+        """Ids of the active or parked executions on ``content_hash``."""
+        return self._call("pinning_executions", self.adapter.pinning_executions(content_hash))
+
+    def prune(self, ended_before: datetime, limit: int) -> Awaitable[list[str]]:
+        """Clear the position and input log of up to ``limit`` executions that ended
+        before ``ended_before``; answers their ids."""
+        return self._call("prune", self.adapter.prune(ended_before, limit))
+
+    # The input log.
+
+    def append_input(
+        self, execution_id: str, door: str, event: bytes, recorded_at: datetime
+    ) -> Awaitable[int | None]:
+        """Append one entry to the execution's input log, under this storage's cap;
+        answers its ``seq``, or ``None`` when the log is (or just got) closed."""
+        appending = self.adapter.append_input(
+            execution_id, door, event, recorded_at, self.input_log_cap
+        )
+        return self._call("append_input", appending)
+
+    def inputs(self, execution_id: str) -> Awaitable[list[InputRecord]]:
+        """The execution's input log as stored, in ``seq`` order."""
+        return self._call("inputs", self.adapter.inputs(execution_id))
 
     def load(self, record: ExecutionRecord | PositionRecord, machine: Machine) -> MachineState:
         """The record's position, for ``machine`` only.
@@ -214,7 +281,7 @@ class Storage:
                 return known[1]
         return stored.load(machine, position)
 
-    def _remember(self, execution_id: str, position: bytes, state: MachineState) -> None:
+    def remember(self, execution_id: str, position: bytes, state: MachineState) -> None:
         """Keep the state just stored for an execution as ``position``, so its next
         load of the same bytes skips decoding them (states are immutable, and dump then
         load gives an equal state). One state per execution: the one it replaces is
@@ -233,7 +300,7 @@ class Storage:
         """
         if not self.capabilities.metadata:
             raise MetadataUnsupported("this adapter cannot list executions by metadata")
-        return await self.call("list_by_metadata", self.adapter.list_by_metadata(metadata))
+        return await self._call("list_by_metadata", self.adapter.list_by_metadata(metadata))
 
     # Saved positions.
 
@@ -247,7 +314,7 @@ class Storage:
         record = PositionRecord(
             key, state.machine.identity.content_hash, stored.dump(state), self.clock()
         )
-        await self.call("save_position", self.adapter.save_position(record))
+        await self._call("save_position", self.adapter.save_position(record))
         return record
 
     async def load_position(self, key: str, machine: Machine) -> MachineState | None:
@@ -256,20 +323,20 @@ class Storage:
         Raises:
             IdentityMismatch: it was saved for another chart.
         """
-        record = await self.call("fetch_position", self.adapter.fetch_position(key))
+        record = await self._call("fetch_position", self.adapter.fetch_position(key))
         return None if record is None else self.load(record, machine)
 
     async def delete_position(self, key: str) -> bool:
         """Forget the position saved under ``key``; answers whether there was one."""
-        return await self.call("delete_position", self.adapter.delete_position(key))
+        return await self._call("delete_position", self.adapter.delete_position(key))
 
     async def counts_on(self, content_hash: str) -> Mapping[str, int]:
         """What refers to a chart: executions by status and saved positions."""
-        by_status = await self.call(
+        by_status = await self._call(
             "count_executions_on", self.adapter.count_executions_on(content_hash)
         )
         counts = {f"executions_{status.value}": n for status, n in by_status.items() if n}
-        positions = await self.call(
+        positions = await self._call(
             "count_positions_on", self.adapter.count_positions_on(content_hash)
         )
         if positions:

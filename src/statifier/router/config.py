@@ -15,7 +15,6 @@ statifier.router.errors.BindingError: binding 'b', field 'id': two bindings shar
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
@@ -183,7 +182,6 @@ class RouterConfig:
     storage: Storage = field(init=False, repr=False, compare=False)
     adapter: SqlAdapter = field(init=False, repr=False, compare=False)
     statements: Statements = field(init=False, repr=False, compare=False)
-    _gate: asyncio.Lock = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         store = self.store
@@ -193,7 +191,6 @@ class RouterConfig:
         object.__setattr__(self, "storage", storage)
         object.__setattr__(self, "adapter", storage.adapter)
         object.__setattr__(self, "statements", statements_for(storage.adapter))
-        object.__setattr__(self, "_gate", asyncio.Lock())
         if (self.bindings is None) == (self.bindings_resolver is None):
             raise ConfigError("give exactly one of bindings and bindings_resolver")
         if self.bindings is not None:
@@ -237,9 +234,7 @@ class RouterConfig:
         """A router transaction on this configuration's database (see
         :mod:`statifier.router.transaction`), or one joined to ``connection``."""
         executions = {"executor": self.executor, "lock_wait": self.lock_wait}
-        return transaction(
-            self.storage, self.statements, executions, connection, self.lock_wait, self._gate
-        )
+        return transaction(self.storage, self.statements, executions, connection, self.lock_wait)
 
     async def resolve(self, scope: str, document: str) -> Resolved:
         assert self.resolver is not None

@@ -37,8 +37,8 @@ from alembic.runtime.environment import EnvironmentContext
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
+from statifier.sql.engines import database_url as sync_url
 from statifier.sql.tables import TableOptions, Tables
-from statifier.sql.urls import psycopg_url as sync_url
 
 __all__ = [
     "OPTIONS_ATTRIBUTE",

@@ -1,0 +1,317 @@
+"""The SQL adapter: durable executions on PostgreSQL or SQLite.
+
+:class:`SqlAdapter` is the front: it opens the database, and hands every call to the
+module of its database, where the statements are written out as SQL text and run on
+the driver (:mod:`statifier.persistence.sql.postgres` on psycopg 3,
+:mod:`statifier.persistence.sql.sqlite` on ``sqlite3``).
+
+On PostgreSQL ``exclusive`` is a transaction holding ``pg_advisory_xact_lock`` on a
+64-bit key of the execution id (``lock_timeout`` bounds the wait), and
+``fetch_execution`` inside it reads with ``SELECT ... FOR UPDATE``. On SQLite it is the
+single writer: an asyncio lock per adapter, then ``BEGIN IMMEDIATE`` retried without
+blocking the loop until the wait runs out, which keeps other processes out too. Both
+declare every capability; SQLite lists by metadata through its JSON functions,
+PostgreSQL through ``jsonb`` containment and a GIN index.
+
+Inside ``async with adapter.exclusive(id)``, every call the task makes runs in the
+block's transaction, committed when it ends and rolled back if it raises. Outside, each
+call is a short transaction of its own. :meth:`SqlAdapter.transaction` opens a
+transaction of the adapter's own for a caller that runs its own SQL beside the
+adapter's; :meth:`SqlAdapter.joined` binds the adapter to a transaction the caller
+opened on the engine.
+
+The tables must exist: build them with :mod:`statifier.sql.migrations`.
+
+>>> import asyncio, os, tempfile
+>>> from datetime import UTC, datetime
+>>> from statifier.persistence import ChartRecord
+>>> from statifier.sql import migrations
+>>> url = f"sqlite:///{os.path.join(tempfile.mkdtemp(), 'doc.db')}"
+>>> migrations.upgrade(url)
+>>> async def main() -> str | None:
+...     async with SqlAdapter(url) as adapter:
+...         now = datetime(2026, 1, 1, tzinfo=UTC)
+...         await adapter.save_chart(ChartRecord("h1", b"<scxml/>", "demo", "1", now))
+...         chart = await adapter.fetch_chart("h1")
+...         return chart.name if chart else None
+>>> asyncio.run(main())
+'demo'
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Coroutine, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from datetime import datetime
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Protocol
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from statifier.persistence.adapter import Capabilities
+from statifier.persistence.records import (
+    ChartRecord,
+    ExecutionRecord,
+    InputRecord,
+    PositionRecord,
+    Status,
+)
+from statifier.persistence.sql.schema import EVERYTHING, TableOptions, Tables, chosen_tables
+from statifier.sql.engines import database_url, sqlite_engine
+
+if TYPE_CHECKING:
+    from statifier.persistence.sql.postgres import PostgresDatabase
+    from statifier.persistence.sql.sqlite import SqliteDatabase
+
+__all__ = ["SqlAdapter", "SqlTransaction"]
+
+
+class SqlTransaction(Protocol):
+    """An open transaction of :meth:`SqlAdapter.transaction`.
+
+    Attributes:
+        driver: the driver's connection, on which the caller runs its own SQL in the
+            same transaction: a :class:`psycopg.AsyncConnection` on PostgreSQL, a
+            :class:`sqlite3.Connection` on SQLite.
+        adapter: the adapter bound to the transaction: every call, ``exclusive``
+            included, runs in it, and a block nested in a block is a savepoint.
+    """
+
+    driver: Any
+    adapter: SqlAdapter
+
+    def savepoint(self) -> AbstractAsyncContextManager[None]:
+        """``async with tx.savepoint():`` undoes what the block wrote if it raises; the
+        rest of the transaction stays usable."""
+        ...
+
+
+class SqlAdapter:
+    """An :class:`~statifier.persistence.Adapter` on PostgreSQL or SQLite.
+
+    Args:
+        target: a database URL (``postgresql://`` or ``postgresql+psycopg://`` runs on
+            psycopg 3 async; ``sqlite:///path`` on ``sqlite3``), an
+            :class:`~sqlalchemy.ext.asyncio.AsyncEngine` for PostgreSQL, or an
+            :class:`~sqlalchemy.Engine` for SQLite. An engine given is the caller's to
+            dispose; one made from a URL is disposed by :meth:`close`.
+        tables: the tables (or their options) the migrations built; the defaults if
+            ``None``.
+
+    Raises:
+        ValueError: a database other than PostgreSQL or SQLite, an async engine for
+            SQLite, or a schema on SQLite.
+
+    The adapter keeps connections between calls (on SQLite one; on PostgreSQL a pool of
+    up to 20 when made from a URL, else the given engine's pool), so :meth:`close` it, or
+    use it as ``async with``. On SQLite an engine made from a URL switches a file
+    database to WAL; calls from tasks other than the one inside an ``exclusive`` block
+    wait for the block to end, so a block must not await another task that calls the
+    adapter.
+    """
+
+    __slots__ = ("_db", "_engine", "_owned", "_tables")
+
+    _db: PostgresDatabase | SqliteDatabase
+
+    def __init__(
+        self,
+        target: str | sa.URL | sa.Engine | AsyncEngine,
+        tables: Tables | TableOptions | None = None,
+    ) -> None:
+        chosen = chosen_tables(tables)
+        url: sa.URL | None = None
+        engine: sa.Engine | AsyncEngine
+        if isinstance(target, (str, sa.URL)):
+            try:
+                url = database_url(target)
+            except ValueError:
+                raise ValueError(
+                    f"durable executions run on PostgreSQL or SQLite, not {target!r}"
+                ) from None
+            if url.get_backend_name() == "sqlite":
+                engine = sqlite_engine(url)
+            else:
+                from statifier.persistence.sql.postgres import POOL_SIZE
+
+                engine = create_async_engine(url, pool_size=POOL_SIZE)
+        else:
+            engine = target
+        name = engine.dialect.name
+        if isinstance(engine, AsyncEngine) and name != "postgresql":
+            raise ValueError("an AsyncEngine is for PostgreSQL; give SQLite a sync Engine")
+        if not isinstance(engine, AsyncEngine) and name != "sqlite":
+            raise ValueError("a sync Engine is for SQLite; give PostgreSQL an AsyncEngine")
+        if name == "sqlite" and chosen.options.schema is not None:
+            raise ValueError("a schema needs PostgreSQL")
+        self._tables = chosen
+        self._engine = engine
+        self._owned = url is not None
+        # The database's module is imported only when it is used: the sqlite extra
+        # comes without psycopg.
+        if isinstance(engine, AsyncEngine):
+            from statifier.persistence.sql import postgres
+
+            self._db = postgres.PostgresDatabase(postgres.Shared(engine, self._owned, chosen, url))
+        else:
+            from statifier.persistence.sql import sqlite
+
+            self._db = sqlite.SqliteDatabase(sqlite.Shared(engine, self._owned, chosen))
+
+    def _view(self, db: PostgresDatabase | SqliteDatabase) -> SqlAdapter:
+        view = SqlAdapter.__new__(SqlAdapter)
+        view._tables, view._engine, view._owned, view._db = self._tables, self._engine, False, db
+        return view
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return EVERYTHING
+
+    @property
+    def tables(self) -> Tables:
+        """The tables this adapter reads and writes."""
+        return self._tables
+
+    @property
+    def engine(self) -> sa.Engine | AsyncEngine:
+        """The engine: an :class:`AsyncEngine` on PostgreSQL, a sync :class:`Engine` on
+        SQLite. Open a transaction for :meth:`joined` on it (on SQLite, on an engine
+        the adapter made, ``begin()`` begins a real transaction)."""
+        return self._engine
+
+    def transaction(self, wait: float | None = None) -> AbstractAsyncContextManager[SqlTransaction]:
+        """``async with adapter.transaction() as tx:`` a transaction of the adapter's
+        own, committed when the block ends and rolled back when it raises.
+
+        On SQLite it holds the single writer (the in-process lock and
+        ``BEGIN IMMEDIATE``) for its whole length, waiting at most ``wait`` seconds for
+        it (then :class:`~statifier.persistence.LockTimeout`); on PostgreSQL it is a
+        pooled connection in a transaction, and takes no lock. ``tx.driver`` is the
+        driver's connection for the caller's own SQL, ``tx.adapter`` the adapter bound
+        to the transaction (see :class:`SqlTransaction`).
+
+        On a view (of :meth:`joined`, or a ``tx.adapter``) it is a part of the view's
+        transaction, which its owner ends: on SQLite it holds the single writer for the
+        block.
+
+        Raises:
+            LockTimeout: (SQLite) the writer stayed busy past ``wait``.
+            RuntimeError: (SQLite) the task already holds the writer in an
+                ``exclusive`` block of this adapter: use that block's transaction.
+        """
+        return self._transaction(wait)
+
+    @asynccontextmanager
+    async def _transaction(self, wait: float | None) -> AsyncIterator[SqlTransaction]:
+        db = self._db
+        async with db.transaction(wait) as tx:
+            # A view's transaction is the view's own: its adapter is the view.
+            tx.adapter = self if db.view is not None else self._view(db.bound(tx))  # type: ignore[arg-type]
+            yield tx
+
+    def joined(self, connection: sa.Connection | AsyncConnection) -> SqlAdapter:
+        """A view of this adapter bound to ``connection``, on which the caller has begun
+        a transaction (an :class:`AsyncConnection` on PostgreSQL, a
+        :class:`~sqlalchemy.Connection` on SQLite).
+
+        Every call of the view, ``exclusive`` included, runs in that transaction and
+        never commits or rolls it back: what the calls wrote commits with the caller's
+        commit and vanishes with its rollback, and the execution's lock (PostgreSQL's
+        transaction-scoped advisory lock, SQLite's write lock) is held until then. A
+        lock wait that times out leaves the caller's transaction usable. The view
+        shares the adapter's engine and in-process lock; closing it closes nothing.
+        """
+        return self._view(self._db.joined(connection))
+
+    async def close(self) -> None:
+        """Give back the adapter's connections, and dispose of the engine if the adapter
+        made it from a URL. Closing a view closes nothing."""
+        await self._db.close()
+        if self._owned and self._db.view is None:
+            engine = self._engine
+            if isinstance(engine, AsyncEngine):
+                await engine.dispose()
+            else:
+                engine.dispose()
+
+    async def __aenter__(self) -> SqlAdapter:
+        return self
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # The adapter's calls: each hands the database's coroutine back as it is (no
+    # coroutine of its own in between: a step makes three).
+
+    def save_chart(self, chart: ChartRecord) -> Coroutine[Any, Any, ChartRecord]:
+        return self._db.save_chart(chart)
+
+    def fetch_chart(self, content_hash: str) -> Coroutine[Any, Any, ChartRecord | None]:
+        return self._db.fetch_chart(content_hash)
+
+    def retire_chart(
+        self, content_hash: str, retired_by: str, retired_at: datetime
+    ) -> Coroutine[Any, Any, ChartRecord | None]:
+        return self._db.retire_chart(content_hash, retired_by, retired_at)
+
+    def insert_execution(self, record: ExecutionRecord) -> Coroutine[Any, Any, None]:
+        return self._db.insert_execution(record)
+
+    def fetch_execution(self, execution_id: str) -> Coroutine[Any, Any, ExecutionRecord | None]:
+        return self._db.fetch_execution(execution_id)
+
+    def update_execution(self, record: ExecutionRecord) -> Coroutine[Any, Any, None]:
+        return self._db.update_execution(record)
+
+    def count_executions_on(self, content_hash: str) -> Coroutine[Any, Any, Mapping[Status, int]]:
+        return self._db.count_executions_on(content_hash)
+
+    def pinning_executions(self, content_hash: str) -> Coroutine[Any, Any, list[str]]:
+        return self._db.pinning_executions(content_hash)
+
+    def list_by_metadata(
+        self, pairs: Mapping[str, str]
+    ) -> Coroutine[Any, Any, list[ExecutionRecord]]:
+        return self._db.list_by_metadata(pairs)
+
+    def statuses_by_metadata(
+        self, pairs: Mapping[str, str]
+    ) -> Coroutine[Any, Any, dict[str, Status]]:
+        return self._db.statuses_by_metadata(pairs)
+
+    def save_position(self, record: PositionRecord) -> Coroutine[Any, Any, None]:
+        return self._db.save_position(record)
+
+    def fetch_position(self, key: str) -> Coroutine[Any, Any, PositionRecord | None]:
+        return self._db.fetch_position(key)
+
+    def delete_position(self, key: str) -> Coroutine[Any, Any, bool]:
+        return self._db.delete_position(key)
+
+    def count_positions_on(self, content_hash: str) -> Coroutine[Any, Any, int]:
+        return self._db.count_positions_on(content_hash)
+
+    def append_input(
+        self,
+        execution_id: str,
+        door: str,
+        event: bytes,
+        recorded_at: datetime,
+        cap: int | None,
+    ) -> Coroutine[Any, Any, int | None]:
+        return self._db.append_input(execution_id, door, event, recorded_at, cap)
+
+    def inputs(self, execution_id: str) -> Coroutine[Any, Any, list[InputRecord]]:
+        return self._db.inputs(execution_id)
+
+    def prune(self, ended_before: datetime, limit: int) -> Coroutine[Any, Any, list[str]]:
+        return self._db.prune(ended_before, limit)
+
+    def exclusive(self, execution_id: str, wait: float | None) -> AbstractAsyncContextManager[None]:
+        return self._db.exclusive(execution_id, wait)

@@ -1,0 +1,767 @@
+"""The SQL adapter on PostgreSQL: its statements as SQL text with named parameters, run
+on psycopg 3's :class:`~psycopg.AsyncConnection`.
+
+The adapter's own transactions take connections from a ``psycopg_pool`` pool (an
+adapter made from a URL) or from the engine it was given (SQLAlchemy's pool), for one
+transaction at a time. ``exclusive`` is a transaction holding
+``pg_advisory_xact_lock(hashtextextended(execution_id, 0))``; ``lock_timeout`` bounds a
+wait, and SQLSTATE 55P03 becomes ``LockTimeout``.
+
+Where a call runs: in the transaction it was bound to (a view), else in the block of
+the calling task (the adapter keeps which task holds which block: several tasks hold
+blocks at once on PostgreSQL), else in a short transaction of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager, suppress
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Any, Final, TypeVar
+
+import psycopg
+import sqlalchemy as sa
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from statifier.persistence.errors import ExecutionExists, ExecutionNotFound, LockTimeout
+from statifier.persistence.records import (
+    ChartRecord,
+    ExecutionRecord,
+    InputRecord,
+    PositionRecord,
+    Status,
+)
+from statifier.persistence.sql.schema import (
+    CHART_COLUMNS,
+    EXECUTION_COLUMNS,
+    PINNING,
+    STATUSES,
+    TableNames,
+    Tables,
+    appended,
+    chart,
+)
+
+__all__ = ["PostgresDatabase", "PostgresTransaction"]
+
+_T = TypeVar("_T")
+Cursor = psycopg.AsyncCursor[Any]
+Driver = psycopg.AsyncConnection[Any]
+
+POOL_SIZE: Final = 20
+"""Connections an adapter made from a URL keeps at most: past as many blocks at once,
+blocks wait for one."""
+_LOCK_NOT_AVAILABLE: Final = "55P03"
+
+
+def utc(value: datetime | None) -> datetime | None:
+    """A time to bind: refused if naive (PostgreSQL would read it in the session's zone)."""
+    if value is not None and value.tzinfo is not UTC and value.utcoffset() is None:
+        raise ValueError(f"stored times must be timezone-aware, not {value!r}")
+    return value
+
+
+def utc_time(value: datetime | None) -> datetime | None:
+    """A time read back: aware, in UTC whatever the session's zone."""
+    if value is None or value.tzinfo is UTC:
+        return value
+    return value.astimezone(UTC)
+
+
+def _execution(row: tuple[Any, ...]) -> ExecutionRecord:
+    (
+        execution_id,
+        content_hash,
+        status,
+        position,
+        metadata,
+        outcome,
+        failure,
+        created_at,
+        updated_at,
+        ended_at,
+    ) = row
+    return ExecutionRecord(
+        execution_id,
+        content_hash,
+        STATUSES.get(status) or Status(status),
+        position,
+        metadata,
+        outcome,
+        failure,
+        utc_time(created_at),
+        utc_time(updated_at),
+        utc_time(ended_at),
+    )
+
+
+class Statements:
+    """The adapter's SQL for one set of tables, written once."""
+
+    def __init__(self, tables: Tables) -> None:
+        t = TableNames.of(tables)
+        self.new_key = tables.options.key_default
+        key, key_value = ("id, ", "%(id)s, ") if self.new_key else ("", "")
+        self.insert_chart = (
+            f"INSERT INTO {t.charts} ({key}{CHART_COLUMNS}) VALUES ({key_value}"
+            "%(content_hash)s, %(chart_blob)s, %(name)s, %(version)s, %(saved_at)s, "
+            "%(retired_at)s, %(retired_by)s) ON CONFLICT (content_hash) DO NOTHING"
+        )
+        self.fetch_chart = f"SELECT {CHART_COLUMNS} FROM {t.charts} WHERE content_hash = %(h)s"
+        self.retire_chart = (
+            f"UPDATE {t.charts} SET chart_blob = NULL, retired_at = %(at)s, "
+            "retired_by = %(by)s WHERE content_hash = %(h)s AND retired_at IS NULL"
+        )
+        self.insert_execution = (
+            f"INSERT INTO {t.executions} ({key}{EXECUTION_COLUMNS}) VALUES ({key_value}"
+            "%(execution_id)s, %(content_hash)s, %(status)s, %(position_blob)s, %(metadata)s, "
+            "%(outcome_blob)s, %(failure)s, %(created_at)s, %(updated_at)s, %(ended_at)s) "
+            "ON CONFLICT (execution_id) DO NOTHING RETURNING 1"
+        )
+        fetch = f"SELECT {EXECUTION_COLUMNS} FROM {t.executions} WHERE execution_id = %(id)s"
+        self.fetch_execution = fetch
+        # Inside a block the row lock too: it keeps out writers that bypass the
+        # advisory lock; outside, it would cost a lock for nothing.
+        self.fetch_execution_locked = f"{fetch} FOR UPDATE"
+        self.update_execution = (
+            f"UPDATE {t.executions} SET status = %(status)s, position_blob = %(position_blob)s, "
+            "outcome_blob = %(outcome_blob)s, failure = %(failure)s, "
+            "updated_at = %(updated_at)s, ended_at = %(ended_at)s WHERE execution_id = %(id)s"
+        )
+        self.count_executions = (
+            f"SELECT status, count(*) FROM {t.executions} WHERE content_hash = %(h)s "
+            "GROUP BY status"
+        )
+        pinning = ", ".join(f"'{status}'" for status in PINNING)
+        self.pinning = (
+            f"SELECT execution_id FROM {t.executions} "
+            f"WHERE content_hash = %(h)s AND status IN ({pinning})"
+        )
+        self.list_by_metadata = (
+            f"SELECT {EXECUTION_COLUMNS} FROM {t.executions} WHERE metadata @> %(metadata)s"
+        )
+        self.statuses_by_metadata = (
+            f"SELECT execution_id, status FROM {t.executions} WHERE metadata @> %(metadata)s"
+        )
+        self.save_position = (
+            f"INSERT INTO {t.positions} ({key}key, content_hash, position_blob, saved_at) "
+            f"VALUES ({key_value}%(key)s, %(content_hash)s, %(position_blob)s, %(saved_at)s) "
+            "ON CONFLICT (key) DO UPDATE SET content_hash = EXCLUDED.content_hash, "
+            "position_blob = EXCLUDED.position_blob, saved_at = EXCLUDED.saved_at"
+        )
+        self.fetch_position = (
+            f"SELECT key, content_hash, position_blob, saved_at FROM {t.positions} "
+            "WHERE key = %(key)s"
+        )
+        self.delete_position = f"DELETE FROM {t.positions} WHERE key = %(key)s"
+        self.count_positions = f"SELECT count(*) FROM {t.positions} WHERE content_hash = %(h)s"
+        # One statement appends at the next seq: nothing when the log is closed (its
+        # last entry is the marker), the marker when the entry takes the cap's last slot.
+        self.append_input = (
+            f"INSERT INTO {t.inputs} ({key}execution_id, seq, door, input_blob, recorded_at) "
+            f"SELECT {key_value}%(execution_id)s, following.seq, %(door)s, "
+            "CASE WHEN CAST(%(cap)s AS INTEGER) IS NOT NULL "
+            "AND following.seq >= CAST(%(cap)s AS INTEGER) - 1 THEN NULL "
+            "ELSE %(input_blob)s END, %(recorded_at)s "
+            "FROM (SELECT coalesce(max(seq), -1) + 1 AS seq "
+            f"FROM {t.inputs} WHERE execution_id = %(execution_id)s) AS following "
+            f"WHERE NOT EXISTS (SELECT 1 FROM {t.inputs} AS last "
+            "WHERE last.execution_id = %(execution_id)s AND last.seq = following.seq - 1 "
+            "AND last.input_blob IS NULL) RETURNING seq"
+        )
+        self.inputs = (
+            f"SELECT execution_id, seq, door, input_blob, recorded_at FROM {t.inputs} "
+            "WHERE execution_id = %(id)s ORDER BY seq"
+        )
+        self.prune = (
+            f"UPDATE {t.executions} SET position_blob = NULL WHERE id IN (SELECT id "
+            f"FROM {t.executions} WHERE ended_at < %(before)s AND position_blob IS NOT NULL "
+            "ORDER BY ended_at, id LIMIT %(limit)s) RETURNING execution_id"
+        )
+        self.drop_logs = f"DELETE FROM {t.inputs} WHERE execution_id = ANY(%(ids)s)"
+        self.lock = "SELECT pg_advisory_xact_lock(hashtextextended(%(id)s, 0))"
+        self.set_timeout = (
+            "SELECT current_setting('lock_timeout'), set_config('lock_timeout', %(t)s, true)"
+        )
+        self.restore_timeout = "SELECT set_config('lock_timeout', %(t)s, true)"
+
+    def keyed(self, values: dict[str, Any]) -> dict[str, Any]:
+        """``values`` for an insert, with the row's key when the client makes keys."""
+        if self.new_key is not None:
+            values["id"] = self.new_key()
+        return values
+
+
+def lock_timeout(wait: float) -> str:
+    """PostgreSQL's ``lock_timeout`` for a wait in seconds (at least 1 ms: 0 means no
+    bound there)."""
+    return f"{max(1, round(wait * 1000))}ms"
+
+
+class PostgresTransaction:
+    """A transaction on one psycopg connection: the adapter's own, or a caller's.
+
+    Attributes:
+        driver: the :class:`psycopg.AsyncConnection`; run your own SQL on it, in the
+            transaction.
+        adapter: the adapter bound to this transaction (set by
+            :meth:`~statifier.persistence.sql.SqlAdapter.transaction`).
+        blocks: how many ``exclusive`` blocks are open in it (a nested one is a
+            savepoint).
+    """
+
+    __slots__ = ("adapter", "blocks", "cursor", "driver", "savepoints")
+
+    def __init__(self, driver: Driver) -> None:
+        self.driver = driver
+        self.cursor: Cursor = driver.cursor()
+        self.blocks = 0
+        self.savepoints = 0
+        self.adapter: Any = None
+
+    def savepoint(self) -> _Savepoint:
+        """``async with tx.savepoint():`` undoes what the block wrote if it raises; the
+        rest of the transaction stays usable."""
+        return _Savepoint(self)
+
+    def next_savepoint(self) -> str:
+        self.savepoints += 1
+        return f"statifier_{self.savepoints}"
+
+
+class _Savepoint:
+    __slots__ = ("_name", "_tx")
+
+    def __init__(self, tx: PostgresTransaction) -> None:
+        self._tx = tx
+        self._name = ""
+
+    async def __aenter__(self) -> None:
+        self._name = self._tx.next_savepoint()
+        await self._tx.cursor.execute(f"SAVEPOINT {self._name}")
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        cursor = self._tx.cursor
+        if error is not None:
+            await cursor.execute(f"ROLLBACK TO SAVEPOINT {self._name}")
+        await cursor.execute(f"RELEASE SAVEPOINT {self._name}")
+
+
+class _Pool:
+    """Connections for the adapter's own transactions, one transaction at a time: from
+    a ``psycopg_pool`` pool made from the URL (opened on first use: it needs the event
+    loop), or checked out of the caller's engine (SQLAlchemy's pool) each time."""
+
+    def __init__(self, engine: AsyncEngine, url: sa.URL | None) -> None:
+        self._engine = engine
+        self._pool: AsyncConnectionPool[Any] | None = None
+        if url is not None:
+            conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
+            self._pool = AsyncConnectionPool(conninfo, min_size=1, max_size=POOL_SIZE, open=False)
+        self._opening: asyncio.Lock | None = None
+        self._opened = False
+        self._checked_out: dict[int, AsyncConnection] = {}
+
+    async def take(self) -> Driver:
+        pool = self._pool
+        if pool is None:
+            connection = await self._engine.connect()
+            sync = connection.sync_connection
+            assert sync is not None
+            driver = sync.connection.driver_connection
+            assert isinstance(driver, psycopg.AsyncConnection)
+            self._checked_out[id(driver)] = connection
+            return driver
+        if not self._opened:
+            if self._opening is None:
+                self._opening = asyncio.Lock()
+            async with self._opening:
+                if not self._opened:
+                    await pool.open()
+                    self._opened = True
+        taken: Driver = await pool.getconn()
+        return taken
+
+    async def give_back(self, driver: Driver) -> None:
+        """Give back a connection whose transaction has ended (or failed: one left in
+        a transaction is rolled back, one broken is closed)."""
+        pool = self._pool
+        if pool is not None:
+            await pool.putconn(driver)
+            return
+        connection = self._checked_out.pop(id(driver))
+        if driver.closed or driver.broken:
+            await connection.invalidate()
+        await connection.close()
+
+    async def close(self) -> None:
+        if self._pool is not None and self._opened:
+            await self._pool.close()
+
+
+def _lock_not_available(error: BaseException) -> bool:
+    return getattr(error, "sqlstate", None) == _LOCK_NOT_AVAILABLE
+
+
+async def _rollback(driver: Driver) -> None:
+    """Roll back a transaction that failed; a connection that cannot is left to the
+    pool, which drops a broken one."""
+    with suppress(psycopg.Error):
+        await driver.rollback()
+
+
+class _Block:
+    """One ``exclusive`` block on PostgreSQL. In order of how often it happens:
+
+    - the adapter's own: a pooled connection, the advisory lock, the commit (rollback
+      if the block raised);
+    - inside an open block of the same transaction (a child created in its parent's
+      step): one more advisory lock, in a savepoint so a raising block undoes only
+      itself;
+    - the first block in a transaction the adapter was bound to (a caller's, or one
+      from ``transaction``): the lock, held until that transaction ends.
+
+    With a wait, an acquisition inside a transaction that must outlive a timeout runs
+    in a savepoint. A class rather than a generator: this is the durable step's hot
+    path.
+    """
+
+    __slots__ = ("_db", "_execution_id", "_own", "_savepoint", "_task", "_tx", "_wait")
+
+    def __init__(self, db: PostgresDatabase, execution_id: str, wait: float | None) -> None:
+        self._db = db
+        self._execution_id = execution_id
+        self._wait = wait
+        self._tx: PostgresTransaction | None = None
+        self._own = False
+        self._savepoint = ""
+        self._task: asyncio.Task[Any] | None = None
+
+    async def __aenter__(self) -> None:
+        db = self._db
+        tx = db.current()
+        if tx is not None:
+            if tx.blocks:
+                self._savepoint = tx.next_savepoint()
+                await tx.cursor.execute(f"SAVEPOINT {self._savepoint}")
+            try:
+                await db.acquire(tx, self._execution_id, self._wait, keep_usable=True)
+            except BaseException:
+                if self._savepoint:
+                    await tx.cursor.execute(f"RELEASE SAVEPOINT {self._savepoint}")
+                raise
+            tx.blocks += 1
+            self._tx = tx
+            return
+        pool = db.shared.pool
+        driver = await pool.take()
+        tx = PostgresTransaction(driver)
+        try:
+            await db.acquire(tx, self._execution_id, self._wait, keep_usable=False)
+        except BaseException:
+            await _rollback(driver)
+            await pool.give_back(driver)
+            raise
+        tx.blocks = 1
+        self._tx, self._own = tx, True
+        self._task = task = asyncio.current_task()
+        assert task is not None
+        db.shared.blocks[task] = tx
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        tx = self._tx
+        assert tx is not None
+        tx.blocks -= 1
+        if not self._own:
+            name = self._savepoint
+            if name:
+                if error is not None:
+                    await tx.cursor.execute(f"ROLLBACK TO SAVEPOINT {name}")
+                await tx.cursor.execute(f"RELEASE SAVEPOINT {name}")
+            return
+        shared = self._db.shared
+        assert self._task is not None
+        del shared.blocks[self._task]
+        driver = tx.driver
+        try:
+            if error is None:
+                await driver.commit()
+            else:
+                await _rollback(driver)
+        except BaseException:
+            await _rollback(driver)
+            raise
+        finally:
+            await shared.pool.give_back(driver)
+
+
+class Shared:
+    """What an adapter and its views share: the engine, the statements, the pool and
+    the blocks open per task."""
+
+    def __init__(
+        self, engine: AsyncEngine, owned: bool, tables: Tables, url: sa.URL | None
+    ) -> None:
+        self.engine = engine
+        self.owned = owned
+        self.tables = tables
+        self.statements = Statements(tables)
+        self.pool = _Pool(engine, url)
+        self.blocks: dict[asyncio.Task[Any], PostgresTransaction] = {}
+
+
+class PostgresDatabase:
+    """The adapter's operations on PostgreSQL, free or bound to one transaction (a
+    view). Each operation is a coroutine of a cursor (``_fetch_execution`` ...), run
+    where :meth:`current` says, or in a short transaction of its own (:meth:`_alone`).
+    """
+
+    __slots__ = ("shared", "statements", "view")
+
+    def __init__(self, shared: Shared, view: PostgresTransaction | None = None) -> None:
+        self.shared = shared
+        self.statements = shared.statements
+        self.view = view
+
+    def bound(self, tx: PostgresTransaction) -> PostgresDatabase:
+        """These operations, every one of them run in ``tx``."""
+        return PostgresDatabase(self.shared, tx)
+
+    def joined(self, connection: sa.Connection | AsyncConnection) -> PostgresDatabase:
+        """Bound to a caller's connection, whose transaction the caller ends."""
+        if not isinstance(connection, AsyncConnection):
+            raise TypeError("on PostgreSQL join an AsyncConnection of the adapter's engine")
+        driver = connection.sync_connection
+        raw = None if driver is None else driver.connection.driver_connection
+        if not isinstance(raw, psycopg.AsyncConnection):
+            raise TypeError(f"a PostgreSQL adapter joins a psycopg connection, not {raw!r}")
+        return self.bound(PostgresTransaction(raw))
+
+    def current(self) -> PostgresTransaction | None:
+        """The transaction a call runs in: the view's, else the block the calling task
+        holds, else ``None`` (a transaction of its own)."""
+        view = self.view
+        if view is not None:
+            return view
+        blocks = self.shared.blocks
+        if not blocks:
+            return None
+        task = asyncio.current_task()
+        return None if task is None else blocks.get(task)
+
+    async def _alone(self, work: Callable[..., Awaitable[_T]], *args: Any) -> _T:
+        pool = self.shared.pool
+        driver = await pool.take()
+        try:
+            result = await work(driver.cursor(), *args)
+            await driver.commit()
+        except BaseException:
+            await _rollback(driver)
+            await pool.give_back(driver)
+            raise
+        await pool.give_back(driver)
+        return result
+
+    async def _run(self, work: Callable[..., Awaitable[_T]], *args: Any) -> _T:
+        tx = self.current()
+        if tx is not None:
+            return await work(tx.cursor, *args)
+        return await self._alone(work, *args)
+
+    async def acquire(
+        self, tx: PostgresTransaction, execution_id: str, wait: float | None, keep_usable: bool
+    ) -> None:
+        """Take the execution's advisory lock in ``tx``, waiting at most ``wait``
+        seconds. ``keep_usable``: the transaction must outlive a timeout (it is not the
+        block's own), so the attempt runs in a savepoint."""
+        cursor, s = tx.cursor, self.statements
+        values = {"id": execution_id}
+        if wait is None:
+            await cursor.execute(s.lock, values)
+            return
+        started = time.monotonic()
+        savepoint = tx.next_savepoint() if keep_usable else ""
+        if savepoint:
+            await cursor.execute(f"SAVEPOINT {savepoint}")
+        try:
+            await cursor.execute(s.set_timeout, {"t": lock_timeout(wait)})
+            row = await cursor.fetchone()
+            assert row is not None
+            await cursor.execute(s.lock, values)
+            await cursor.execute(s.restore_timeout, {"t": row[0]})
+        except psycopg.Error as error:
+            if not _lock_not_available(error):
+                raise
+            if savepoint:
+                await cursor.execute(f"ROLLBACK TO SAVEPOINT {savepoint}")
+                await cursor.execute(f"RELEASE SAVEPOINT {savepoint}")
+            raise LockTimeout(execution_id, time.monotonic() - started) from None
+        if savepoint:
+            await cursor.execute(f"RELEASE SAVEPOINT {savepoint}")
+
+    def exclusive(self, execution_id: str, wait: float | None) -> _Block:
+        return _Block(self, execution_id, wait)
+
+    @asynccontextmanager
+    async def transaction(self, wait: float | None) -> AsyncIterator[PostgresTransaction]:
+        """The transaction of :meth:`SqlAdapter.transaction`: a pooled connection in a
+        transaction, no lock (``wait`` bounds nothing here); on a view, the view's
+        transaction, which its owner ends."""
+        if self.view is not None:
+            yield self.view
+            return
+        pool = self.shared.pool
+        tx = PostgresTransaction(await pool.take())
+        try:
+            yield tx
+            await tx.driver.commit()
+        except BaseException:
+            await _rollback(tx.driver)
+            raise
+        finally:
+            await pool.give_back(tx.driver)
+
+    async def close(self) -> None:
+        if self.view is None:
+            await self.shared.pool.close()
+
+    # Charts.
+
+    async def save_chart(self, record: ChartRecord) -> ChartRecord:
+        return await self._run(self._save_chart, record)
+
+    async def _save_chart(self, cursor: Cursor, record: ChartRecord) -> ChartRecord:
+        s = self.statements
+        values = {
+            "content_hash": record.content_hash,
+            "chart_blob": record.source,
+            "name": record.name,
+            "version": record.version,
+            "saved_at": utc(record.saved_at),
+            "retired_at": utc(record.retired_at),
+            "retired_by": record.retired_by,
+        }
+        await cursor.execute(s.insert_chart, s.keyed(values))
+        await cursor.execute(s.fetch_chart, {"h": record.content_hash})
+        row = await cursor.fetchone()
+        assert row is not None
+        return chart(row, utc_time)
+
+    async def fetch_chart(self, content_hash: str) -> ChartRecord | None:
+        return await self._run(self._fetch_chart, content_hash)
+
+    async def _fetch_chart(self, cursor: Cursor, content_hash: str) -> ChartRecord | None:
+        await cursor.execute(self.statements.fetch_chart, {"h": content_hash})
+        row = await cursor.fetchone()
+        return None if row is None else chart(row, utc_time)
+
+    async def retire_chart(
+        self, content_hash: str, retired_by: str, retired_at: datetime
+    ) -> ChartRecord | None:
+        return await self._run(self._retire_chart, content_hash, retired_by, retired_at)
+
+    async def _retire_chart(
+        self, cursor: Cursor, content_hash: str, retired_by: str, retired_at: datetime
+    ) -> ChartRecord | None:
+        values = {"h": content_hash, "by": retired_by, "at": utc(retired_at)}
+        await cursor.execute(self.statements.retire_chart, values)
+        return await self._fetch_chart(cursor, content_hash)
+
+    # Executions.
+
+    async def insert_execution(self, record: ExecutionRecord) -> None:
+        await self._run(self._insert_execution, record)
+
+    async def _insert_execution(self, cursor: Cursor, record: ExecutionRecord) -> None:
+        if record.created_at is None or record.updated_at is None:
+            raise ValueError(f"execution {record.id!r} needs created_at and updated_at")
+        s = self.statements
+        values = {
+            "execution_id": record.id,
+            "content_hash": record.content_hash,
+            "status": record.status.value,
+            "position_blob": record.position,
+            "metadata": Jsonb(dict(record.metadata)),
+            "outcome_blob": record.outcome,
+            "failure": record.failure,
+            "created_at": utc(record.created_at),
+            "updated_at": utc(record.updated_at),
+            "ended_at": utc(record.ended_at),
+        }
+        await cursor.execute(s.insert_execution, s.keyed(values))
+        if await cursor.fetchone() is None:
+            raise ExecutionExists(record.id)
+
+    async def fetch_execution(self, execution_id: str) -> ExecutionRecord | None:
+        tx = self.current()
+        if tx is None:
+            return await self._alone(self._fetch_execution, execution_id, False)
+        return await self._fetch_execution(tx.cursor, execution_id, True)
+
+    async def _fetch_execution(
+        self, cursor: Cursor, execution_id: str, locked: bool
+    ) -> ExecutionRecord | None:
+        s = self.statements
+        sql = s.fetch_execution_locked if locked else s.fetch_execution
+        await cursor.execute(sql, {"id": execution_id})
+        row = await cursor.fetchone()
+        return None if row is None else _execution(row)
+
+    async def update_execution(self, record: ExecutionRecord) -> None:
+        await self._run(self._update_execution, record)
+
+    async def _update_execution(self, cursor: Cursor, record: ExecutionRecord) -> None:
+        values = {
+            "status": record.status.value,
+            "position_blob": record.position,
+            "outcome_blob": record.outcome,
+            "failure": record.failure,
+            "updated_at": utc(record.updated_at),
+            "ended_at": utc(record.ended_at),
+            "id": record.id,
+        }
+        await cursor.execute(self.statements.update_execution, values)
+        if not cursor.rowcount:
+            raise ExecutionNotFound(record.id)
+
+    async def count_executions_on(self, content_hash: str) -> Mapping[Status, int]:
+        return await self._run(self._count_executions_on, content_hash)
+
+    async def _count_executions_on(self, cursor: Cursor, content_hash: str) -> dict[Status, int]:
+        await cursor.execute(self.statements.count_executions, {"h": content_hash})
+        return {Status(status): int(count) for status, count in await cursor.fetchall()}
+
+    async def pinning_executions(self, content_hash: str) -> list[str]:
+        return await self._run(self._pinning_executions, content_hash)
+
+    async def _pinning_executions(self, cursor: Cursor, content_hash: str) -> list[str]:
+        await cursor.execute(self.statements.pinning, {"h": content_hash})
+        return [execution_id for (execution_id,) in await cursor.fetchall()]
+
+    async def list_by_metadata(self, pairs: Mapping[str, str]) -> list[ExecutionRecord]:
+        rows = await self._run(self._by_metadata, self.statements.list_by_metadata, pairs)
+        return [_execution(row) for row in rows]
+
+    async def statuses_by_metadata(self, pairs: Mapping[str, str]) -> dict[str, Status]:
+        rows = await self._run(self._by_metadata, self.statements.statuses_by_metadata, pairs)
+        return {execution_id: Status(status) for execution_id, status in rows}
+
+    async def _by_metadata(
+        self, cursor: Cursor, sql: str, pairs: Mapping[str, str]
+    ) -> list[tuple[Any, ...]]:
+        # jsonb containment: every pair given, keys and values bound, never spliced.
+        await cursor.execute(sql, {"metadata": Jsonb(dict(pairs))})
+        return await cursor.fetchall()
+
+    # Saved positions.
+
+    async def save_position(self, record: PositionRecord) -> None:
+        await self._run(self._save_position, record)
+
+    async def _save_position(self, cursor: Cursor, record: PositionRecord) -> None:
+        s = self.statements
+        values = {
+            "key": record.key,
+            "content_hash": record.content_hash,
+            "position_blob": record.position,
+            "saved_at": utc(record.saved_at),
+        }
+        await cursor.execute(s.save_position, s.keyed(values))
+
+    async def fetch_position(self, key: str) -> PositionRecord | None:
+        return await self._run(self._fetch_position, key)
+
+    async def _fetch_position(self, cursor: Cursor, key: str) -> PositionRecord | None:
+        await cursor.execute(self.statements.fetch_position, {"key": key})
+        row = await cursor.fetchone()
+        if row is None:
+            return None
+        return PositionRecord(row[0], row[1], row[2], row[3].astimezone(UTC))
+
+    async def delete_position(self, key: str) -> bool:
+        return await self._run(self._delete_position, key)
+
+    async def _delete_position(self, cursor: Cursor, key: str) -> bool:
+        await cursor.execute(self.statements.delete_position, {"key": key})
+        return cursor.rowcount > 0
+
+    async def count_positions_on(self, content_hash: str) -> int:
+        return await self._run(self._count_positions_on, content_hash)
+
+    async def _count_positions_on(self, cursor: Cursor, content_hash: str) -> int:
+        await cursor.execute(self.statements.count_positions, {"h": content_hash})
+        row = await cursor.fetchone()
+        assert row is not None
+        return int(row[0])
+
+    # The input log.
+
+    async def append_input(
+        self,
+        execution_id: str,
+        door: str,
+        event: bytes,
+        recorded_at: datetime,
+        cap: int | None,
+    ) -> int | None:
+        return await self._run(self._append_input, execution_id, door, event, recorded_at, cap)
+
+    async def _append_input(
+        self,
+        cursor: Cursor,
+        execution_id: str,
+        door: str,
+        event: bytes,
+        recorded_at: datetime,
+        cap: int | None,
+    ) -> int | None:
+        s = self.statements
+        values = {
+            "execution_id": execution_id,
+            "door": door,
+            "cap": cap,
+            "input_blob": event,
+            "recorded_at": utc(recorded_at),
+        }
+        await cursor.execute(s.append_input, s.keyed(values))
+        return appended(await cursor.fetchall(), cap)
+
+    async def inputs(self, execution_id: str) -> list[InputRecord]:
+        return await self._run(self._inputs, execution_id)
+
+    async def _inputs(self, cursor: Cursor, execution_id: str) -> list[InputRecord]:
+        await cursor.execute(self.statements.inputs, {"id": execution_id})
+        return [
+            InputRecord(execution_id, seq, door, blob, recorded_at.astimezone(UTC))
+            for execution_id, seq, door, blob, recorded_at in await cursor.fetchall()
+        ]
+
+    # Retention.
+
+    async def prune(self, ended_before: datetime, limit: int) -> list[str]:
+        if limit <= 0:
+            return []
+        return await self._run(self._prune, ended_before, limit)
+
+    async def _prune(self, cursor: Cursor, ended_before: datetime, limit: int) -> list[str]:
+        s = self.statements
+        await cursor.execute(s.prune, {"before": utc(ended_before), "limit": limit})
+        pruned = [execution_id for (execution_id,) in await cursor.fetchall()]
+        if pruned:
+            await cursor.execute(s.drop_logs, {"ids": pruned})
+        return pruned

@@ -1,0 +1,98 @@
+"""What the SQL adapter's statements are written against: the tables (defined with
+SQLAlchemy Core in :mod:`statifier.sql.tables` and built by the Alembic migrations in
+:mod:`statifier.sql.migrations`, both unchanged by this package), their names as the SQL
+text spells them, and the few rules every dialect shares.
+
+>>> names = TableNames.of(TableOptions(prefix="app_", schema="flow").define())
+>>> names.executions, names.inputs
+('flow.app_executions', 'flow.app_inputs')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from statifier.persistence.adapter import Capabilities
+from statifier.persistence.records import ChartRecord, Status
+from statifier.sql import migrations
+from statifier.sql.tables import TableOptions, Tables
+
+__all__ = [
+    "EVERYTHING",
+    "EXECUTION_COLUMNS",
+    "PINNING",
+    "STATUSES",
+    "TableNames",
+    "TableOptions",
+    "Tables",
+    "appended",
+    "chart",
+    "chosen_tables",
+    "migrations",
+]
+
+EVERYTHING: Final = Capabilities(lock=True, metadata=True, input_log=True, chart_retirement=True)
+STATUSES: Final = {status.value: status for status in Status}
+PINNING: Final = tuple(status.value for status in Status if status.pins)
+# The columns of an execution record, in the order ExecutionRecord takes them.
+EXECUTION_COLUMNS: Final = (
+    "execution_id, content_hash, status, position_blob, metadata, outcome_blob, failure, "
+    "created_at, updated_at, ended_at"
+)
+CHART_COLUMNS: Final = "content_hash, chart_blob, name, version, saved_at, retired_at, retired_by"
+
+
+@dataclass(frozen=True, slots=True)
+class TableNames:
+    """The names of the tables of durable executions as SQL text writes them: with the
+    prefix, and on PostgreSQL the schema. ``TableOptions`` admits only plain lowercase
+    identifiers for both, so no name needs quoting."""
+
+    charts: str
+    positions: str
+    executions: str
+    inputs: str
+
+    @classmethod
+    def of(cls, tables: Tables) -> TableNames:
+        options = tables.options
+        schema = f"{options.schema}." if options.schema else ""
+        return cls(
+            *(
+                f"{schema}{options.name(table)}"
+                for table in ("charts", "positions", "executions", "inputs")
+            )
+        )
+
+
+def chosen_tables(tables: Tables | TableOptions | None) -> Tables:
+    """The tables an adapter is given, or their options, defined (the defaults if
+    ``None``)."""
+    if tables is None:
+        return TableOptions().define()
+    return tables.define() if isinstance(tables, TableOptions) else tables
+
+
+def appended(rows: Sequence[Sequence[Any]], cap: int | None) -> int | None:
+    """The ``seq`` an append answers: ``None`` when the log was closed (no row) or the
+    entry became the closing marker."""
+    if not rows:
+        return None  # the log is closed
+    seq = int(rows[0][0])
+    return None if cap is not None and seq >= cap - 1 else seq  # the marker
+
+
+def chart(row: Sequence[Any], read_time: Any) -> ChartRecord:
+    """A chart record from a row of :data:`CHART_COLUMNS`, times read by ``read_time``."""
+    content_hash, source, name, version, saved_at, retired_at, retired_by = row
+    return ChartRecord(
+        content_hash,
+        source,
+        name,
+        version,
+        read_time(saved_at),
+        read_time(retired_at),
+        retired_by,
+    )

@@ -1,0 +1,771 @@
+"""The SQL adapter on SQLite: its statements as SQL text with named parameters, run
+inline on one ``sqlite3`` connection (a statement takes microseconds, less than a hop
+to a thread would cost).
+
+SQLite admits one writer at a time, so the adapter has one connection and one writer:
+an :class:`asyncio.Lock` within the process, then ``BEGIN IMMEDIATE``, which keeps
+other processes out. The connection's busy wait is off (see
+:mod:`statifier.sql.engines`); a locked database is retried with a short asynchronous
+back-off until the wait runs out.
+
+Where a call runs: in the transaction it was bound to (a view: :meth:`SqliteDatabase.bound`),
+else in the transaction of the writer if the calling task holds it (inside
+``exclusive`` or ``transaction``), else in a short transaction of its own under the
+writer's lock.
+
+Times are stored as SQLAlchemy's ``DATETIME`` text of the UTC wall time (microseconds
+always written), metadata as JSON text, UUID keys as 32 hex digits: what the columns'
+SQLAlchemy types store, so rows written either way read alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Any, Final, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from statifier.persistence.errors import ExecutionExists, ExecutionNotFound, LockTimeout
+from statifier.persistence.records import (
+    ChartRecord,
+    ExecutionRecord,
+    InputRecord,
+    PositionRecord,
+    Status,
+)
+from statifier.persistence.sql.schema import (
+    CHART_COLUMNS,
+    EXECUTION_COLUMNS,
+    PINNING,
+    STATUSES,
+    TableNames,
+    Tables,
+    appended,
+    chart,
+)
+from statifier.sql.engines import configure_sqlite, is_busy, retry_busy
+
+__all__ = ["SqliteDatabase", "SqliteTransaction"]
+
+_T = TypeVar("_T")
+_TRANSACTION: Final = "(transaction)"  # what a LockTimeout of transaction() names
+
+
+def utc_text(value: datetime | None) -> str | None:
+    """A time as SQLite stores it: the UTC wall time, microseconds always written."""
+    if value is None:
+        return None
+    if value.tzinfo is not UTC:
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise ValueError(f"stored times must be timezone-aware, not {value!r}")
+        value = value.astimezone(UTC)
+    # In UTC the text ends in "+00:00"; cutting it is cheaper than replace(tzinfo=None).
+    return value.isoformat(" ", "microseconds")[:-6]
+
+
+def utc_time(text: str | None) -> datetime | None:
+    """A stored time read back as an aware UTC datetime."""
+    if text is None:
+        return None
+    return datetime.fromisoformat(text).replace(tzinfo=UTC)
+
+
+def _metadata(text: str) -> Any:
+    # Most executions carry no metadata: the empty object needs no parsing.
+    return {} if text == "{}" else json.loads(text)
+
+
+def _execution(row: tuple[Any, ...]) -> ExecutionRecord:
+    (
+        execution_id,
+        content_hash,
+        status,
+        position,
+        metadata,
+        outcome,
+        failure,
+        created_at,
+        updated_at,
+        ended_at,
+    ) = row
+    return ExecutionRecord(
+        execution_id,
+        content_hash,
+        STATUSES.get(status) or Status(status),
+        position,
+        _metadata(metadata),
+        outcome,
+        failure,
+        utc_time(created_at),
+        utc_time(updated_at),
+        utc_time(ended_at),
+    )
+
+
+class Statements:
+    """The adapter's SQL for one set of tables, written once."""
+
+    def __init__(self, tables: Tables) -> None:
+        t = TableNames.of(tables)
+        self.new_key = tables.options.key_default
+        key, key_value = ("id, ", ":id, ") if self.new_key else ("", "")
+        self.insert_chart = (
+            f"INSERT INTO {t.charts} ({key}{CHART_COLUMNS}) VALUES ({key_value}:content_hash, "
+            ":chart_blob, :name, :version, :saved_at, :retired_at, :retired_by) "
+            "ON CONFLICT (content_hash) DO NOTHING"
+        )
+        self.fetch_chart = f"SELECT {CHART_COLUMNS} FROM {t.charts} WHERE content_hash = :h"
+        self.retire_chart = (
+            f"UPDATE {t.charts} SET chart_blob = NULL, retired_at = :at, retired_by = :by "
+            "WHERE content_hash = :h AND retired_at IS NULL"
+        )
+        self.insert_execution = (
+            f"INSERT INTO {t.executions} ({key}{EXECUTION_COLUMNS}) VALUES ({key_value}"
+            ":execution_id, :content_hash, :status, :position_blob, :metadata, :outcome_blob, "
+            ":failure, :created_at, :updated_at, :ended_at) "
+            "ON CONFLICT (execution_id) DO NOTHING RETURNING 1"
+        )
+        self.fetch_execution = (
+            f"SELECT {EXECUTION_COLUMNS} FROM {t.executions} WHERE execution_id = :id"
+        )
+        self.update_execution = (
+            f"UPDATE {t.executions} SET status = :status, position_blob = :position_blob, "
+            "outcome_blob = :outcome_blob, failure = :failure, updated_at = :updated_at, "
+            "ended_at = :ended_at WHERE execution_id = :id"
+        )
+        self.count_executions = (
+            f"SELECT status, count(*) FROM {t.executions} WHERE content_hash = :h GROUP BY status"
+        )
+        pinning = ", ".join(f"'{status}'" for status in PINNING)
+        self.pinning = (
+            f"SELECT execution_id FROM {t.executions} "
+            f"WHERE content_hash = :h AND status IN ({pinning})"
+        )
+        self.executions = t.executions
+        self.save_position = (
+            f"INSERT INTO {t.positions} ({key}key, content_hash, position_blob, saved_at) "
+            f"VALUES ({key_value}:key, :content_hash, :position_blob, :saved_at) "
+            "ON CONFLICT (key) DO UPDATE SET content_hash = excluded.content_hash, "
+            "position_blob = excluded.position_blob, saved_at = excluded.saved_at"
+        )
+        self.fetch_position = (
+            f"SELECT key, content_hash, position_blob, saved_at FROM {t.positions} WHERE key = :key"
+        )
+        self.delete_position = f"DELETE FROM {t.positions} WHERE key = :key"
+        self.count_positions = f"SELECT count(*) FROM {t.positions} WHERE content_hash = :h"
+        # One statement appends at the next seq: nothing when the log is closed (its
+        # last entry is the marker), the marker when the entry takes the cap's last slot.
+        self.append_input = (
+            f"INSERT INTO {t.inputs} ({key}execution_id, seq, door, input_blob, recorded_at) "
+            f"SELECT {key_value}:execution_id, following.seq, :door, "
+            "CASE WHEN CAST(:cap AS INTEGER) IS NOT NULL "
+            "AND following.seq >= CAST(:cap AS INTEGER) - 1 THEN NULL ELSE :input_blob END, "
+            ":recorded_at FROM (SELECT coalesce(max(seq), -1) + 1 AS seq "
+            f"FROM {t.inputs} WHERE execution_id = :execution_id) AS following "
+            f"WHERE NOT EXISTS (SELECT 1 FROM {t.inputs} AS last "
+            "WHERE last.execution_id = :execution_id AND last.seq = following.seq - 1 "
+            "AND last.input_blob IS NULL) RETURNING seq"
+        )
+        self.inputs = (
+            f"SELECT execution_id, seq, door, input_blob, recorded_at FROM {t.inputs} "
+            "WHERE execution_id = :id ORDER BY seq"
+        )
+        self.prune = (
+            f"UPDATE {t.executions} SET position_blob = NULL WHERE id IN (SELECT id "
+            f"FROM {t.executions} WHERE ended_at < :before AND position_blob IS NOT NULL "
+            "ORDER BY ended_at, id LIMIT :limit) RETURNING execution_id"
+        )
+        self.drop_log = f"DELETE FROM {t.inputs} WHERE execution_id = :id"
+        # A write that touches no row: it makes a caller's open transaction the writer.
+        self.claim_writer = f"UPDATE {t.executions} SET status = status WHERE 0"
+        self._by_metadata: dict[tuple[int, bool], str] = {}
+
+    def keyed(self, values: dict[str, Any]) -> dict[str, Any]:
+        """``values`` for an insert, with the row's key when the client makes keys."""
+        if self.new_key is not None:
+            values["id"] = self.new_key().hex  # how sqlalchemy.Uuid stores it on SQLite
+        return values
+
+    def by_metadata(self, pairs: int, whole: bool) -> str:
+        """Executions (whole, or id and status) whose metadata holds ``pairs`` pairs,
+        bound as ``k0``, ``v0``, ``k1``... and compared through ``json_each``."""
+        found = self._by_metadata.get((pairs, whole))
+        if found is None:
+            columns = EXECUTION_COLUMNS if whole else "execution_id, status"
+            conditions = [
+                f"EXISTS (SELECT 1 FROM json_each({self.executions}.metadata) AS m{index} "
+                f"WHERE m{index}.key = :k{index} AND m{index}.value = :v{index})"
+                for index in range(pairs)
+            ]
+            where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
+            found = f"SELECT {columns} FROM {self.executions}{where}"
+            self._by_metadata[(pairs, whole)] = found
+        return found
+
+
+class SqliteTransaction:
+    """A transaction on the adapter's ``sqlite3`` connection (or on a caller's).
+
+    Attributes:
+        driver: the ``sqlite3.Connection``; run your own SQL on it, in the transaction.
+        adapter: the adapter bound to this transaction (set by
+            :meth:`~statifier.persistence.sql.SqlAdapter.transaction`).
+        holds_writer: whether it holds the adapter's single writer now.
+    """
+
+    __slots__ = ("adapter", "cursor", "driver", "holds_writer", "savepoints")
+
+    def __init__(self, driver: sqlite3.Connection, holds_writer: bool) -> None:
+        self.driver = driver
+        self.cursor = driver.cursor()
+        self.holds_writer = holds_writer
+        self.savepoints = 0
+        self.adapter: Any = None
+
+    def savepoint(self) -> _Savepoint:
+        """``async with tx.savepoint():`` undoes what the block wrote if it raises; the
+        rest of the transaction stays usable."""
+        return _Savepoint(self)
+
+
+class _Savepoint:
+    __slots__ = ("_name", "_tx")
+
+    def __init__(self, tx: SqliteTransaction) -> None:
+        self._tx = tx
+        self._name = ""
+
+    async def __aenter__(self) -> None:
+        self._tx.savepoints += 1
+        self._name = f"statifier_{self._tx.savepoints}"
+        self._tx.cursor.execute(f"SAVEPOINT {self._name}")
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        cursor = self._tx.cursor
+        if error is not None:
+            cursor.execute(f"ROLLBACK TO SAVEPOINT {self._name}")
+        cursor.execute(f"RELEASE SAVEPOINT {self._name}")
+
+
+class Writer:
+    """The single writer of one adapter (and its views) within the process: the lock
+    every transaction of the adapter's own takes, and the task holding it with its
+    transaction. One task holds it at a time, so a call finds out whether it runs in
+    the writer's transaction by comparing tasks."""
+
+    __slots__ = ("lock", "task", "tx")
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.task: asyncio.Task[Any] | None = None
+        self.tx: SqliteTransaction | None = None
+
+    async def acquire(self, wait: float | None, name: str) -> None:
+        """Take the in-process lock within ``wait`` seconds, else ``LockTimeout``."""
+        if wait is None:
+            await self.lock.acquire()
+            return
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(wait):
+                await self.lock.acquire()
+        except TimeoutError:
+            raise LockTimeout(name, time.monotonic() - started) from None
+
+    def hold(self, tx: SqliteTransaction) -> None:
+        self.task = asyncio.current_task()
+        self.tx = tx
+        tx.holds_writer = True
+
+    def release(self) -> None:
+        tx = self.tx
+        if tx is not None:
+            tx.holds_writer = False
+        self.task = self.tx = None
+        self.lock.release()
+
+
+class Shared:
+    """What an adapter and its views share: the engine, the statements, the writer and
+    the one connection."""
+
+    def __init__(self, engine: sa.Engine, owned: bool, tables: Tables) -> None:
+        self.engine = engine
+        self.owned = owned
+        self.tables = tables
+        self.statements = Statements(tables)
+        self.writer = Writer()
+        self._pooled: Any = None
+        self._restore: tuple[Any, float] | None = None
+        self._tx: SqliteTransaction | None = None
+
+    def own(self) -> SqliteTransaction:
+        """The adapter's connection, opened on first use, as a transaction object (not
+        yet holding the writer)."""
+        if self._tx is None:
+            self._pooled = self.engine.raw_connection()
+            driver = self._pooled.driver_connection
+            assert isinstance(driver, sqlite3.Connection)
+            # The connection goes back to a pool that may be the caller's: note what
+            # to give back.
+            self._restore = (driver.isolation_level, configure_sqlite(driver))
+            self._tx = SqliteTransaction(driver, holds_writer=False)
+        return self._tx
+
+    def close(self) -> None:
+        tx, pooled, restore = self._tx, self._pooled, self._restore
+        self._tx = self._pooled = self._restore = None
+        if tx is None or pooled is None:
+            return
+        if restore is not None:
+            isolation_level, timeout = restore
+            tx.driver.isolation_level = isolation_level
+            tx.driver.execute(f"PRAGMA busy_timeout = {round(timeout * 1000):d}")
+        pooled.close()
+
+
+async def _take_database(
+    tx: SqliteTransaction, claim: str, deadline: float | None, name: str
+) -> None:
+    """Make ``tx`` the database's writer: ``BEGIN IMMEDIATE``, or in a caller's open
+    transaction a write that touches no row; retried without blocking until
+    ``deadline``, then ``LockTimeout``."""
+    started = time.monotonic()
+    cursor, driver = tx.cursor, tx.driver
+
+    def attempt() -> None:
+        cursor.execute(claim if driver.in_transaction else "BEGIN IMMEDIATE")
+
+    await retry_busy(attempt, deadline, lambda _: LockTimeout(name, time.monotonic() - started))
+
+
+class _Block:
+    """One ``exclusive`` block (or one ``transaction``) on SQLite. In order of how often
+    it happens:
+
+    - the adapter's own: the in-process lock, ``BEGIN IMMEDIATE``, and at the end
+      ``COMMIT`` (``ROLLBACK`` if it raised);
+    - inside a transaction that holds the writer already (a child created in its
+      parent's step, or a view's ``transaction``): a savepoint, so a raising block
+      undoes only itself (a ``transaction`` there is just a part of it);
+    - in a caller's transaction (a view from ``joined``): the in-process lock and the
+      database's write lock taken for the caller's transaction, which the caller ends.
+
+    A class rather than a generator: this is the durable step's hot path.
+    """
+
+    __slots__ = ("_db", "_mode", "_name", "_savepoint", "_wait", "tx")
+
+    def __init__(self, db: SqliteDatabase, name: str, wait: float | None, nested: bool) -> None:
+        self._db = db
+        self._name = name
+        self._wait = wait
+        # What a block inside a transaction that holds the writer does: a savepoint
+        # (exclusive), or nothing (transaction on a view).
+        self._mode = "savepoint" if nested else "part"
+        self._savepoint = ""
+        self.tx: SqliteTransaction | None = None
+
+    async def __aenter__(self) -> None:
+        db = self._db
+        writer = db.writer
+        tx = db.current()
+        if tx is not None and tx.holds_writer:
+            self.tx = tx
+            if self._mode == "savepoint":
+                tx.savepoints += 1
+                self._savepoint = f"statifier_{tx.savepoints}"
+                tx.cursor.execute(f"SAVEPOINT {self._savepoint}")
+            elif db.view is None:
+                raise RuntimeError(
+                    "a transaction of the adapter's own inside a block of the same task "
+                    "would wait for itself: use the block's adapter (tx.adapter)"
+                )
+            return
+        wait = self._wait
+        deadline = None if wait is None else time.monotonic() + wait
+        await writer.acquire(wait, self._name)
+        try:
+            if tx is not None:  # a caller's transaction
+                await _take_database(tx, db.statements.claim_writer, deadline, self._name)
+                self._mode = "claimed"
+            else:
+                tx = db.shared.own()
+                if self._mode == "part":
+                    # A transaction handed to the caller: an object of its own, so
+                    # nothing the caller keeps of it outlives the block.
+                    tx = SqliteTransaction(tx.driver, holds_writer=False)
+                try:  # the usual case: the writer is free
+                    tx.cursor.execute("BEGIN IMMEDIATE")
+                except sqlite3.OperationalError as error:
+                    if not is_busy(error):
+                        raise
+                    await _take_database(tx, db.statements.claim_writer, deadline, self._name)
+                self._mode = "own"
+        except BaseException:
+            writer.lock.release()
+            raise
+        writer.hold(tx)
+        self.tx = tx
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        tx = self.tx
+        assert tx is not None
+        mode = self._mode
+        if mode == "savepoint":
+            if error is not None:
+                tx.cursor.execute(f"ROLLBACK TO SAVEPOINT {self._savepoint}")
+            tx.cursor.execute(f"RELEASE SAVEPOINT {self._savepoint}")
+            return
+        if mode == "part":
+            return
+        writer = self._db.writer
+        try:
+            if mode == "claimed":
+                return  # the caller's transaction: the caller ends it
+            if error is not None:
+                tx.driver.rollback()
+                return
+            try:  # the usual case: nothing in the way of the commit
+                tx.cursor.execute("COMMIT")
+            except sqlite3.OperationalError as failed:
+                if not is_busy(failed):
+                    raise
+                await retry_busy(lambda: tx.cursor.execute("COMMIT"), None)
+        finally:
+            writer.release()
+
+
+class SqliteDatabase:
+    """The adapter's operations on SQLite, free or bound to one transaction (a view).
+
+    Each operation is a plain function of a cursor (``_fetch_execution`` ...), run where
+    :meth:`current` says, or in a short transaction of its own (:meth:`_alone`).
+    """
+
+    __slots__ = ("shared", "statements", "view", "writer")
+
+    def __init__(self, shared: Shared, view: SqliteTransaction | None = None) -> None:
+        self.shared = shared
+        self.statements = shared.statements
+        self.writer = shared.writer
+        self.view = view
+
+    def bound(self, tx: SqliteTransaction) -> SqliteDatabase:
+        """These operations, every one of them run in ``tx``."""
+        return SqliteDatabase(self.shared, tx)
+
+    def joined(self, connection: sa.Connection | AsyncConnection) -> SqliteDatabase:
+        """Bound to a caller's connection, whose transaction the caller ends."""
+        if not isinstance(connection, sa.Connection):
+            raise TypeError("on SQLite join a Connection of the adapter's engine")
+        driver = connection.connection.driver_connection
+        if not isinstance(driver, sqlite3.Connection):
+            raise TypeError(f"a SQLite adapter joins a sqlite3 connection, not {driver!r}")
+        # A caller's connection must not busy-wait on the loop either.
+        driver.execute("PRAGMA busy_timeout = 0")
+        return self.bound(SqliteTransaction(driver, holds_writer=False))
+
+    def current(self) -> SqliteTransaction | None:
+        """The transaction a call runs in: the view's, else the writer's if this task
+        holds it, else ``None`` (a transaction of its own)."""
+        tx = self.view
+        if tx is not None:
+            return tx
+        writer = self.writer
+        task = writer.task
+        if task is not None and task is asyncio.current_task():
+            return writer.tx
+        return None
+
+    async def _alone(self, work: Callable[..., _T], write: bool, *args: Any) -> _T:
+        """``work(cursor, *args)`` in a transaction of its own, under the writer's lock
+        (a read needs none: in WAL it sees the last commit)."""
+        async with self.writer.lock:
+            tx = self.shared.own()
+            cursor = tx.cursor
+            if not write:
+                # Busy only while another process commits in rollback-journal mode.
+                return await retry_busy(lambda: work(cursor, *args), None)
+            await retry_busy(lambda: cursor.execute("BEGIN IMMEDIATE"), None)
+            try:
+                result = work(cursor, *args)
+            except BaseException:
+                tx.driver.rollback()
+                raise
+            await retry_busy(lambda: cursor.execute("COMMIT"), None)
+            return result
+
+    async def _run(self, work: Callable[..., _T], write: bool, *args: Any) -> _T:
+        tx = self.current()
+        if tx is not None:
+            return work(tx.cursor, *args)
+        return await self._alone(work, write, *args)
+
+    def exclusive(self, execution_id: str, wait: float | None) -> _Block:
+        return _Block(self, execution_id, wait, nested=True)
+
+    @asynccontextmanager
+    async def transaction(self, wait: float | None) -> AsyncIterator[SqliteTransaction]:
+        """The transaction of :meth:`SqlAdapter.transaction` (see there)."""
+        block = _Block(self, _TRANSACTION, wait, nested=False)
+        await block.__aenter__()
+        assert block.tx is not None
+        try:
+            yield block.tx
+        except BaseException as error:
+            await block.__aexit__(type(error), error, error.__traceback__)
+            raise
+        await block.__aexit__(None, None, None)
+
+    async def close(self) -> None:
+        if self.view is None:
+            self.shared.close()
+
+    # Charts.
+
+    async def save_chart(self, record: ChartRecord) -> ChartRecord:
+        return await self._run(self._save_chart, True, record)
+
+    def _save_chart(self, cursor: sqlite3.Cursor, record: ChartRecord) -> ChartRecord:
+        s = self.statements
+        values = {
+            "content_hash": record.content_hash,
+            "chart_blob": record.source,
+            "name": record.name,
+            "version": record.version,
+            "saved_at": utc_text(record.saved_at),
+            "retired_at": utc_text(record.retired_at),
+            "retired_by": record.retired_by,
+        }
+        cursor.execute(s.insert_chart, s.keyed(values))
+        row = cursor.execute(s.fetch_chart, {"h": record.content_hash}).fetchone()
+        return chart(row, utc_time)
+
+    async def fetch_chart(self, content_hash: str) -> ChartRecord | None:
+        return await self._run(self._fetch_chart, False, content_hash)
+
+    def _fetch_chart(self, cursor: sqlite3.Cursor, content_hash: str) -> ChartRecord | None:
+        row = cursor.execute(self.statements.fetch_chart, {"h": content_hash}).fetchone()
+        return None if row is None else chart(row, utc_time)
+
+    async def retire_chart(
+        self, content_hash: str, retired_by: str, retired_at: datetime
+    ) -> ChartRecord | None:
+        return await self._run(self._retire_chart, True, content_hash, retired_by, retired_at)
+
+    def _retire_chart(
+        self, cursor: sqlite3.Cursor, content_hash: str, retired_by: str, retired_at: datetime
+    ) -> ChartRecord | None:
+        values = {"h": content_hash, "by": retired_by, "at": utc_text(retired_at)}
+        cursor.execute(self.statements.retire_chart, values)
+        return self._fetch_chart(cursor, content_hash)
+
+    # Executions: the three calls of a durable step (fetch, append, update) run inline
+    # when the task holds the writer, with no coroutine of their own in between.
+
+    async def insert_execution(self, record: ExecutionRecord) -> None:
+        await self._run(self._insert_execution, True, record)
+
+    def _insert_execution(self, cursor: sqlite3.Cursor, record: ExecutionRecord) -> None:
+        if record.created_at is None or record.updated_at is None:
+            raise ValueError(f"execution {record.id!r} needs created_at and updated_at")
+        s = self.statements
+        values = {
+            "execution_id": record.id,
+            "content_hash": record.content_hash,
+            "status": record.status.value,
+            "position_blob": record.position,
+            "metadata": json.dumps(dict(record.metadata)),
+            "outcome_blob": record.outcome,
+            "failure": record.failure,
+            "created_at": utc_text(record.created_at),
+            "updated_at": utc_text(record.updated_at),
+            "ended_at": utc_text(record.ended_at),
+        }
+        if cursor.execute(s.insert_execution, s.keyed(values)).fetchone() is None:
+            raise ExecutionExists(record.id)
+
+    async def fetch_execution(self, execution_id: str) -> ExecutionRecord | None:
+        tx = self.current()
+        if tx is not None:
+            return self._fetch_execution(tx.cursor, execution_id)
+        return await self._alone(self._fetch_execution, False, execution_id)
+
+    def _fetch_execution(self, cursor: sqlite3.Cursor, execution_id: str) -> ExecutionRecord | None:
+        row = cursor.execute(self.statements.fetch_execution, {"id": execution_id}).fetchone()
+        return None if row is None else _execution(row)
+
+    async def update_execution(self, record: ExecutionRecord) -> None:
+        tx = self.current()
+        if tx is not None:
+            self._update_execution(tx.cursor, record)
+            return
+        await self._alone(self._update_execution, True, record)
+
+    def _update_execution(self, cursor: sqlite3.Cursor, record: ExecutionRecord) -> None:
+        values = {
+            "status": record.status.value,
+            "position_blob": record.position,
+            "outcome_blob": record.outcome,
+            "failure": record.failure,
+            "updated_at": utc_text(record.updated_at),
+            "ended_at": utc_text(record.ended_at),
+            "id": record.id,
+        }
+        if not cursor.execute(self.statements.update_execution, values).rowcount:
+            raise ExecutionNotFound(record.id)
+
+    async def count_executions_on(self, content_hash: str) -> Mapping[Status, int]:
+        return await self._run(self._count_executions_on, False, content_hash)
+
+    def _count_executions_on(self, cursor: sqlite3.Cursor, content_hash: str) -> dict[Status, int]:
+        rows = cursor.execute(self.statements.count_executions, {"h": content_hash}).fetchall()
+        return {Status(status): int(count) for status, count in rows}
+
+    async def pinning_executions(self, content_hash: str) -> list[str]:
+        return await self._run(self._pinning_executions, False, content_hash)
+
+    def _pinning_executions(self, cursor: sqlite3.Cursor, content_hash: str) -> list[str]:
+        rows = cursor.execute(self.statements.pinning, {"h": content_hash}).fetchall()
+        return [execution_id for (execution_id,) in rows]
+
+    async def list_by_metadata(self, pairs: Mapping[str, str]) -> list[ExecutionRecord]:
+        rows = await self._run(self._by_metadata, False, dict(pairs), True)
+        return [_execution(row) for row in rows]
+
+    async def statuses_by_metadata(self, pairs: Mapping[str, str]) -> dict[str, Status]:
+        rows = await self._run(self._by_metadata, False, dict(pairs), False)
+        return {execution_id: Status(status) for execution_id, status in rows}
+
+    def _by_metadata(
+        self, cursor: sqlite3.Cursor, pairs: dict[str, str], whole: bool
+    ) -> list[tuple[Any, ...]]:
+        values: dict[str, str] = {}
+        for index, (key, value) in enumerate(pairs.items()):
+            values[f"k{index}"], values[f"v{index}"] = key, value
+        return cursor.execute(self.statements.by_metadata(len(pairs), whole), values).fetchall()
+
+    # Saved positions.
+
+    async def save_position(self, record: PositionRecord) -> None:
+        await self._run(self._save_position, True, record)
+
+    def _save_position(self, cursor: sqlite3.Cursor, record: PositionRecord) -> None:
+        s = self.statements
+        values = {
+            "key": record.key,
+            "content_hash": record.content_hash,
+            "position_blob": record.position,
+            "saved_at": utc_text(record.saved_at),
+        }
+        cursor.execute(s.save_position, s.keyed(values))
+
+    async def fetch_position(self, key: str) -> PositionRecord | None:
+        return await self._run(self._fetch_position, False, key)
+
+    def _fetch_position(self, cursor: sqlite3.Cursor, key: str) -> PositionRecord | None:
+        row = cursor.execute(self.statements.fetch_position, {"key": key}).fetchone()
+        if row is None:
+            return None
+        saved_at = utc_time(row[3])
+        assert saved_at is not None
+        return PositionRecord(row[0], row[1], row[2], saved_at)
+
+    async def delete_position(self, key: str) -> bool:
+        return await self._run(self._delete_position, True, key)
+
+    def _delete_position(self, cursor: sqlite3.Cursor, key: str) -> bool:
+        return cursor.execute(self.statements.delete_position, {"key": key}).rowcount > 0
+
+    async def count_positions_on(self, content_hash: str) -> int:
+        return await self._run(self._count_positions_on, False, content_hash)
+
+    def _count_positions_on(self, cursor: sqlite3.Cursor, content_hash: str) -> int:
+        (count,) = cursor.execute(self.statements.count_positions, {"h": content_hash}).fetchone()
+        return int(count)
+
+    # The input log.
+
+    async def append_input(
+        self,
+        execution_id: str,
+        door: str,
+        event: bytes,
+        recorded_at: datetime,
+        cap: int | None,
+    ) -> int | None:
+        tx = self.current()
+        if tx is not None:
+            return self._append_input(tx.cursor, execution_id, door, event, recorded_at, cap)
+        return await self._alone(
+            self._append_input, True, execution_id, door, event, recorded_at, cap
+        )
+
+    def _append_input(
+        self,
+        cursor: sqlite3.Cursor,
+        execution_id: str,
+        door: str,
+        event: bytes,
+        recorded_at: datetime,
+        cap: int | None,
+    ) -> int | None:
+        s = self.statements
+        values = {
+            "execution_id": execution_id,
+            "door": door,
+            "cap": cap,
+            "input_blob": event,
+            "recorded_at": utc_text(recorded_at),
+        }
+        return appended(cursor.execute(s.append_input, s.keyed(values)).fetchall(), cap)
+
+    async def inputs(self, execution_id: str) -> list[InputRecord]:
+        return await self._run(self._inputs, False, execution_id)
+
+    def _inputs(self, cursor: sqlite3.Cursor, execution_id: str) -> list[InputRecord]:
+        rows = cursor.execute(self.statements.inputs, {"id": execution_id}).fetchall()
+        return [
+            InputRecord(execution_id, seq, door, blob, _aware(recorded_at))
+            for execution_id, seq, door, blob, recorded_at in rows
+        ]
+
+    # Retention.
+
+    async def prune(self, ended_before: datetime, limit: int) -> list[str]:
+        if limit <= 0:
+            return []
+        return await self._run(self._prune, True, ended_before, limit)
+
+    def _prune(self, cursor: sqlite3.Cursor, ended_before: datetime, limit: int) -> list[str]:
+        s = self.statements
+        values = {"before": utc_text(ended_before), "limit": limit}
+        pruned = [execution_id for (execution_id,) in cursor.execute(s.prune, values).fetchall()]
+        if pruned:
+            cursor.executemany(s.drop_log, [{"id": execution_id} for execution_id in pruned])
+        return pruned
+
+
+def _aware(text: str) -> datetime:
+    moment = utc_time(text)
+    assert moment is not None
+    return moment

@@ -1,0 +1,171 @@
+"""Database URLs, engines and SQLite's settings, as every SQL module here opens them:
+durable executions (:mod:`statifier.persistence.sql`), the migrations, and scriba.
+
+PostgreSQL goes through psycopg 3 (``postgresql+psycopg``), whichever spelling the URL
+uses; SQLite through the standard library's ``sqlite3``.
+
+SQLite is opened so that it never blocks the event loop: its own busy wait is switched
+off (``busy_timeout`` 0), and a caller that finds the database locked by another
+connection waits with :func:`retry_busy`, sleeping on the loop between attempts. The
+alternative, SQLite's busy timeout (the ``sqlite3`` default is 5 seconds), sleeps inside
+the C call: every other task of the process, the one that holds the lock included if
+it is awaiting something, stands still until the timeout runs out. So the timeout a
+connection was opened with (``connect_args={"timeout": ...}``) becomes the bound of the
+asynchronous wait (:func:`busy_wait`), not a sleep on the loop.
+
+>>> database_url("postgresql://postgres@localhost/app").drivername
+'postgresql+psycopg'
+>>> database_url("sqlite:///state.db").drivername
+'sqlite'
+>>> database_url("mysql://localhost/app")
+Traceback (most recent call last):
+...
+ValueError: PostgreSQL (psycopg 3) and SQLite (sqlite3) are supported, not 'mysql'
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import Callable
+from typing import Any, Final, TypeVar
+
+import sqlalchemy as sa
+
+__all__ = [
+    "BUSY_WAIT",
+    "busy_wait",
+    "configure_sqlite",
+    "database_url",
+    "is_busy",
+    "retry_busy",
+    "sqlite_engine",
+]
+
+_T = TypeVar("_T")
+
+_DRIVERS: Final = {
+    "postgresql": "postgresql+psycopg",
+    "postgres": "postgresql+psycopg",
+    "postgresql+psycopg": "postgresql+psycopg",
+    "sqlite": "sqlite",
+    "sqlite+pysqlite": "sqlite",
+}
+
+BUSY_WAIT: Final = "statifier.busy_wait"
+"""The key, in a pooled SQLite connection's ``info``, of the seconds a caller may wait
+for the database's lock (the ``timeout`` the connection was opened with)."""
+
+# SQLite answers SQLITE_BUSY (5, and extended codes whose low byte is 5) at once when
+# busy_timeout is 0. The first retry comes soon (a commit takes about 0.1 ms in WAL),
+# later ones less often.
+_SQLITE_BUSY: Final = 5
+_FIRST_BACKOFF: Final = 0.0005
+_LAST_BACKOFF: Final = 0.005
+
+
+def database_url(url: str | sa.URL) -> sa.URL:
+    """Parse ``url`` and name the driver: psycopg 3 for PostgreSQL (it serves synchronous
+    and asyncio engines alike), ``sqlite3`` for SQLite.
+
+    Raises:
+        ValueError: the URL is not a PostgreSQL or SQLite one, or names another driver
+            (``sqlite+aiosqlite``, ``postgresql+asyncpg``...).
+        sqlalchemy.exc.ArgumentError: the URL cannot be parsed.
+    """
+    parsed = sa.make_url(url)
+    driver = _DRIVERS.get(parsed.drivername)
+    if driver is None:
+        raise ValueError(
+            f"PostgreSQL (psycopg 3) and SQLite (sqlite3) are supported, not {parsed.drivername!r}"
+        )
+    return parsed.set(drivername=driver)
+
+
+def configure_sqlite(connection: sqlite3.Connection) -> float:
+    """Put a ``sqlite3`` connection under the caller's transaction control
+    (``isolation_level`` ``None``: nothing begins or commits behind its back) and switch
+    SQLite's busy wait off. Answers the busy timeout it had, in seconds: the bound the
+    caller's own asynchronous wait keeps."""
+    (timeout_ms,) = connection.execute("PRAGMA busy_timeout").fetchone()
+    connection.isolation_level = None
+    connection.execute("PRAGMA busy_timeout = 0")
+    return int(timeout_ms) / 1000
+
+
+def sqlite_engine(url: str | sa.URL, **options: Any) -> sa.Engine:
+    """A synchronous engine on ``sqlite3`` whose connections never busy-wait on the loop
+    and use WAL on a file (readers never wait for the writer).
+
+    Each connection is configured by :func:`configure_sqlite` once, when it opens, and
+    keeps its former busy timeout in ``info[BUSY_WAIT]``. ``Connection.begin()`` on the
+    engine emits ``BEGIN`` (unless a transaction is already open on the driver), so a
+    transaction begun through SQLAlchemy is a real one. ``options`` go to
+    :func:`sqlalchemy.create_engine`.
+    """
+    parsed = database_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        raise ValueError(f"not a SQLite URL: {parsed!r}")
+    engine = sa.create_engine(parsed, **options)
+    in_memory = parsed.database in (None, "", ":memory:")
+
+    @sa.event.listens_for(engine, "connect")
+    def _connect(driver: sqlite3.Connection, record: Any) -> None:
+        record.info[BUSY_WAIT] = configure_sqlite(driver)
+        if not in_memory:
+            driver.execute("PRAGMA journal_mode = WAL")
+
+    @sa.event.listens_for(engine, "begin")
+    def _begin(connection: sa.Connection) -> None:
+        driver = connection.connection.driver_connection
+        assert isinstance(driver, sqlite3.Connection)
+        if not driver.in_transaction:
+            driver.execute("BEGIN")
+
+    return engine
+
+
+def busy_wait(connection: sa.Connection) -> float | None:
+    """The seconds a caller may wait for SQLite's lock on ``connection``: what
+    :func:`sqlite_engine` kept for it, ``None`` for a connection it did not open."""
+    wait = connection.info.get(BUSY_WAIT)
+    return None if wait is None else float(wait)
+
+
+def is_busy(error: BaseException) -> bool:
+    """Whether ``error`` is SQLite saying another connection holds the lock."""
+    if not isinstance(error, sqlite3.OperationalError):
+        return False
+    code = getattr(error, "sqlite_errorcode", None)
+    if code is None:  # pragma: no cover - Python builds without the attribute
+        return "locked" in str(error) or "busy" in str(error)
+    return int(code) & 0xFF == _SQLITE_BUSY
+
+
+async def retry_busy(
+    attempt: Callable[[], _T],
+    deadline: float | None,
+    on_timeout: Callable[[sqlite3.OperationalError], BaseException] | None = None,
+) -> _T:
+    """Call ``attempt`` until SQLite stops answering busy, sleeping on the loop (never
+    blocking it) between tries, and answer what it answers.
+
+    Past ``deadline`` (a :func:`time.monotonic` time; ``None``: no bound) the last busy
+    error is raised, or ``on_timeout(error)`` if given. Any other error is raised at once.
+    """
+    backoff = _FIRST_BACKOFF
+    while True:
+        try:
+            return attempt()
+        except sqlite3.OperationalError as error:
+            if not is_busy(error):
+                raise
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                if on_timeout is None:
+                    raise
+                raise on_timeout(error) from None
+        pause = backoff if deadline is None else min(backoff, deadline - now)
+        await asyncio.sleep(pause)
+        backoff = min(backoff * 2, _LAST_BACKOFF)
