@@ -11,26 +11,20 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from statifier.persistence.sql.schema import TableNames
 from statifier.router.records import AddressRow, LedgerRow, ReapRow
 from statifier.sql.tables import Tables
 
 __all__ = ["PostgresSession", "PostgresStatements"]
 
 
-def _qualified(tables: Tables, name: str) -> str:
-    schema = tables.options.schema
-    table = tables.options.name(name)
-    return table if schema is None else f"{schema}.{table}"
-
-
 class PostgresStatements:
     """The statement texts for one set of tables, made once per configuration."""
 
     def __init__(self, tables: Tables) -> None:
-        dedupe = _qualified(tables, "dedupe")
-        addresses = _qualified(tables, "addresses")
-        ledger = _qualified(tables, "routing_ledger")
-        executions = _qualified(tables, "executions")
+        names = TableNames.of(tables)
+        dedupe, addresses = names.dedupe, names.addresses
+        ledger, executions = names.routing_ledger, names.executions
         self.client_keys = tables.options.key_default
         key_column, key_value = ("id, ", "%(id)s, ") if self.client_keys else ("", "")
         self.claim = (

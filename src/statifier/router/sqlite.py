@@ -11,33 +11,24 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
+from statifier.persistence.sql.schema import TableNames
+from statifier.persistence.sql.sqlite import utc_text, utc_time
 from statifier.router.records import AddressRow, LedgerRow, ReapRow
 from statifier.sql.tables import Tables
 
-__all__ = ["SqliteSession", "SqliteStatements", "utc_text"]
-
-
-def utc_text(moment: datetime) -> str:
-    """How a time is stored on SQLite: UTC, microseconds always written, no offset."""
-    if moment.tzinfo is None or moment.utcoffset() is None:
-        raise ValueError(f"stored times must be timezone-aware, not {moment!r}")
-    return moment.astimezone(UTC).replace(tzinfo=None).isoformat(" ", "microseconds")
-
-
-def _utc(text: str | None) -> datetime | None:
-    return None if text is None else datetime.fromisoformat(text).replace(tzinfo=UTC)
+__all__ = ["SqliteSession", "SqliteStatements"]
 
 
 class SqliteStatements:
     """The statement texts for one set of tables, made once per configuration."""
 
     def __init__(self, tables: Tables) -> None:
-        name = tables.options.name
-        dedupe, addresses = name("dedupe"), name("addresses")
-        ledger, executions = name("routing_ledger"), name("executions")
+        names = TableNames.of(tables)
+        dedupe, addresses = names.dedupe, names.addresses
+        ledger, executions = names.routing_ledger, names.executions
         self.client_keys = tables.options.key_default
         key_column, key_value = ("id, ", ":id, ") if self.client_keys else ("", "")
         self.claim = (
@@ -140,7 +131,7 @@ class SqliteSession:
     async def find_address(self, scope: str, document: str, key: str) -> AddressRow | None:
         values = {"scope": scope, "document": document, "key": key}
         row = self._driver.execute(self._s.find_address, values).fetchone()
-        return None if row is None else AddressRow(row[0], row[1], _utc(row[2]))
+        return None if row is None else AddressRow(row[0], row[1], utc_time(row[2]))
 
     async def insert_address(
         self, scope: str, document: str, key: str, execution_id: str, now: datetime
@@ -175,7 +166,7 @@ class SqliteSession:
 
     async def reap_page(self, after: Any, limit: int) -> list[ReapRow]:
         rows = self._driver.execute(self._s.reap_page, {"after": after, "limit": limit})
-        return [ReapRow(row[0], row[1], _utc(row[2]), row[3]) for row in rows.fetchall()]
+        return [ReapRow(row[0], row[1], utc_time(row[2]), row[3]) for row in rows.fetchall()]
 
     async def delete_addresses(self, address_ids: Sequence[Any]) -> None:
         self._driver.execute(self._s.delete_addresses, {"ids": json.dumps(list(address_ids))})
@@ -197,7 +188,7 @@ class SqliteSession:
 
 def _ledger_row(row: Sequence[Any]) -> LedgerRow:
     binding_id, message_id, scope, source, outcome, reason, document, key, execution_id, at = row
-    inserted_at = _utc(at)
+    inserted_at = utc_time(at)
     assert inserted_at is not None
     return LedgerRow(
         binding_id,

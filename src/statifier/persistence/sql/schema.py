@@ -46,14 +46,17 @@ CHART_COLUMNS: Final = "content_hash, chart_blob, name, version, saved_at, retir
 
 @dataclass(frozen=True, slots=True)
 class TableNames:
-    """The names of the tables of durable executions as SQL text writes them: with the
-    prefix, and on PostgreSQL the schema. ``TableOptions`` admits only plain lowercase
-    identifiers for both, so no name needs quoting."""
+    """The names of the tables (durable executions' and the router's) as SQL text writes
+    them: with the prefix, and on PostgreSQL the schema. ``TableOptions`` admits only
+    plain lowercase identifiers for both, so no name needs quoting."""
 
     charts: str
     positions: str
     executions: str
     inputs: str
+    addresses: str
+    dedupe: str
+    routing_ledger: str
 
     @classmethod
     def of(cls, tables: Tables) -> TableNames:
@@ -62,7 +65,15 @@ class TableNames:
         return cls(
             *(
                 f"{schema}{options.name(table)}"
-                for table in ("charts", "positions", "executions", "inputs")
+                for table in (
+                    "charts",
+                    "positions",
+                    "executions",
+                    "inputs",
+                    "addresses",
+                    "dedupe",
+                    "routing_ledger",
+                )
             )
         )
 

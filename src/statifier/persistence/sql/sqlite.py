@@ -53,7 +53,7 @@ from statifier.persistence.sql.schema import (
 )
 from statifier.sql.engines import configure_sqlite, is_busy, retry_busy
 
-__all__ = ["SqliteDatabase", "SqliteTransaction"]
+__all__ = ["SqliteDatabase", "SqliteTransaction", "utc_text", "utc_time"]
 
 _T = TypeVar("_T")
 _TRANSACTION: Final = "(transaction)"  # what a LockTimeout of transaction() names
