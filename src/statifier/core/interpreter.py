@@ -22,6 +22,8 @@ from statifier.chart import model as m
 from statifier.core import effects as fx
 from statifier.core.content import ContentRunner
 from statifier.core.events import Event
+from statifier.core.memo import KEY as MEMO_KEY
+from statifier.core.memo import ChartMemo, EntryPlan, ExitPlan, StepPlan, tables_for
 from statifier.core.state import MachineState, StartOptions
 from statifier.expr import UNDEFINED, Value
 
@@ -61,9 +63,66 @@ def handle_event(state: MachineState, event: Event) -> tuple[MachineState, list[
     """
     if not state.running:
         raise MachineNotRunning("the chart has finished; it takes no more events")
+    machine = state.machine
+    tables = machine.memo.get(MEMO_KEY) or tables_for(machine)
+    # A position between macrosteps with nothing pending, no invocation and no trace:
+    # the macrostep may be one the chart alone decides (see StepPlan).
+    settled = not (
+        state.internal_queue or state.invocations or state.states_to_invoke or state.trace
+    )
+    if settled:
+        plan = tables.steps.get((state.configuration, event.name))
+        if plan is not None and (state.round_budget is None or state.round_budget >= plan.rounds):
+            return _take_step(state, event, plan), []
     work = _Interpreter.resume(state)
     work.external_event(event)
+    if settled:
+        work.remember_step(event.name)
     return work.freeze(), work.effects
+
+
+def _take_step(state: MachineState, event: Event, plan: StepPlan) -> MachineState:
+    """The position after a macrostep the chart alone decided, as the procedures
+    would leave it: only the configuration, the history values the exit recorded, the
+    states ever entered, ``_event`` and the counters change."""
+    datamodel = dict(state.datamodel)
+    datamodel["_event"] = event.as_value()
+    entered = state.entered
+    if not plan.entries <= entered:
+        entered = entered | plan.entries
+    (
+        machine,
+        _,
+        queue,
+        history,
+        _,
+        states_to_invoke,
+        invocations,
+        _,
+        session_id,
+        macrostep,
+        _,
+        _,
+        *rest,
+    ) = state
+    # Positional, in MachineState's field order, as freeze() builds it.
+    return _make_state(
+        (
+            machine,
+            plan.after,
+            queue,
+            {**history, **dict(plan.records)} if plan.records else history,
+            entered,
+            states_to_invoke,
+            invocations,
+            datamodel,
+            session_id,
+            macrostep + 1,
+            plan.microsteps,
+            plan.rounds,
+            *rest,
+        )
+    )
 
 
 def deliver_internal(state: MachineState, event: Event) -> tuple[MachineState, list[fx.Effect]]:
@@ -126,7 +185,7 @@ def cancel(state: MachineState) -> tuple[MachineState, list[fx.Effect]]:
 
 
 _NOTHING: frozenset[int] = frozenset()
-_MEMO_LIMIT = 50_000  # bounds the per-chart memo when event names are unbounded
+_make_state = MachineState._make
 
 
 class _Interpreter(ContentRunner):
@@ -134,12 +193,22 @@ class _Interpreter(ContentRunner):
 
     history_reads = 0  # how often history was consulted: memoise only what did not
     original: MachineState | None = None  # the state a step resumed from
+    tables: ChartMemo  # the machine's memo tables (see statifier.core.memo)
+    # The configuration as a frozenset while it is known (None once it was changed and
+    # not yet frozen again): the memo tables' key, and what freeze() stores.
+    frozen: frozenset[int] | None = None
+    # What a step did besides the structural work, for remember_step().
+    conditions_tested = 0
+    ran_content = False
+    last_exit: ExitPlan | None = None
+    last_entry: EntryPlan | None = None
 
     # -- construction and freezing ----------------------------------------------------
 
     @classmethod
     def fresh(cls, machine: m.Machine, options: StartOptions) -> _Interpreter:
         work = cls(machine)
+        work.tables = tables_for(machine)
         work.session_id = options.session_id
         work.trace = options.trace
         work.round_budget = options.round_budget
@@ -150,7 +219,9 @@ class _Interpreter(ContentRunner):
 
     @classmethod
     def resume(cls, state: MachineState) -> _Interpreter:
-        work = cls(state.machine)
+        machine = state.machine
+        work = cls(machine)
+        work.tables = machine.memo.get(MEMO_KEY) or tables_for(machine)
         (
             _,
             configuration,
@@ -175,6 +246,7 @@ class _Interpreter(ContentRunner):
             work.routes,
         ) = state
         work.configuration = set(configuration)
+        work.frozen = configuration
         work.internal_queue = deque(queue)
         work.entered = set(entered)
         work.states_to_invoke = set(states_to_invoke)
@@ -189,31 +261,45 @@ class _Interpreter(ContentRunner):
         original = self.original
         entered = self.entered
         states_to_invoke = self.states_to_invoke
-        return MachineState(
-            machine=self.machine,
-            configuration=frozenset(self.configuration),
-            internal_queue=tuple(self.internal_queue) if self.internal_queue else (),
-            history=self.history,
-            entered=original.entered
-            if original and len(entered) == len(original.entered)
-            else frozenset(entered),
-            states_to_invoke=frozenset(states_to_invoke) if states_to_invoke else _NOTHING,
-            invocations=self.invocations,
-            datamodel=self.datamodel,
-            session_id=self.session_id,
-            macrostep=self.macrostep,
-            microstep=self.microstep_count,
-            round=self.round,
-            send_counter=self.send_counter,
-            invoke_counter=self.invoke_counter,
-            timer_counter=self.timer_counter,
-            running=self.running,
-            trace=self.trace,
-            round_budget=self.round_budget,
-            send_types=self.send_types,
-            invoke_types=self.invoke_types,
-            routes=self.routes,
+        frozen = self.frozen
+        # Positional, in MachineState's field order (cheaper than keywords: every step
+        # builds one); resume() unpacks in the same order.
+        return _make_state(
+            (
+                self.machine,
+                frozenset(self.configuration) if frozen is None else frozen,
+                tuple(self.internal_queue) if self.internal_queue else (),
+                self.history,
+                original.entered
+                if original and len(entered) == len(original.entered)
+                else frozenset(entered),
+                frozenset(states_to_invoke) if states_to_invoke else _NOTHING,
+                self.invocations,
+                self.datamodel,
+                self.session_id,
+                self.macrostep,
+                self.microstep_count,
+                self.round,
+                self.send_counter,
+                self.invoke_counter,
+                self.timer_counter,
+                self.running,
+                self.trace,
+                self.round_budget,
+                self.send_types,
+                self.invoke_types,
+                self.routes,
+            )
         )
+
+    def configuration_key(self) -> frozenset[int]:
+        """The configuration as a frozenset: the key of the memo tables. While the
+        configuration is one a memo table handed out, it is that very object, so
+        lookups compare by identity and successive states share it."""
+        frozen = self.frozen
+        if frozen is None:
+            frozen = self.frozen = frozenset(self.configuration)
+        return frozen
 
     # -- counters ----------------------------------------------------------------------
 
@@ -237,7 +323,7 @@ class _Interpreter(ContentRunner):
             self.execute_content((script,), "script")
         root = self.states[0]
         assert root.initial_transition is not None
-        self.enter_states([root.initial_transition])
+        self.enter_states((root.initial_transition,))
         self.main_event_loop()
 
     def external_event(self, event: Event) -> None:
@@ -263,6 +349,36 @@ class _Interpreter(ContentRunner):
             self.begin_microstep()
             self.microstep(enabled)
         self.main_event_loop()
+
+    def remember_step(self, event: str) -> None:
+        """After :meth:`external_event` from a settled position: store the macrostep as
+        a :class:`~statifier.core.memo.StepPlan` if the chart alone decided it (at most
+        one microstep, no condition tested, no content run, no history consulted,
+        nothing queued or invoked, no effect, still running)."""
+        if (
+            self.effects
+            or self.conditions_tested
+            or self.ran_content
+            or self.history_reads
+            or self.internal_queue
+            or self.states_to_invoke
+            or self.invocations
+            or not self.running
+            or self.microstep_count > 1
+            or self.original is None
+        ):
+            return
+        exits, entries = self.last_exit, self.last_entry
+        if self.microstep_count == 1 and (exits is None or entries is None):
+            return
+        plan = StepPlan(
+            after=self.configuration_key(),
+            records=exits.records if exits is not None else (),
+            entries=frozenset(entries.ordered) if entries is not None else _NOTHING,
+            microsteps=self.microstep_count,
+            rounds=self.round,
+        )
+        self.tables.steps.put((self.original.configuration, event), plan)
 
     def main_event_loop(self) -> None:
         """Appendix D ``mainEventLoop`` for the current macrostep: eventless and internal
@@ -313,6 +429,7 @@ class _Interpreter(ContentRunner):
         """Appendix D ``exitInterpreter``: exit everything; report done."""
         final_configuration = self.leaf_ids()
         donedata: Value = UNDEFINED
+        self.frozen = None  # the configuration changes below
         for s in sorted(self.configuration, reverse=True):
             node = self.states[s]
             for ordinal, block in enumerate(node.onexit):
@@ -328,6 +445,11 @@ class _Interpreter(ContentRunner):
         self.emit(fx.Done, donedata=donedata, configuration=final_configuration)
 
     # -- selection -------------------------------------------------------------------
+    #
+    # Which transitions an event can select is decided by the chart, the active atomic
+    # states and the event's name; only the conditions depend on the datamodel. The
+    # structural part is memoised (``candidates`` per state and name, ``selection`` per
+    # configuration and name); the conditions are tested on every event.
 
     def atomic_states(self) -> list[int]:
         states = self.states
@@ -338,7 +460,7 @@ class _Interpreter(ContentRunner):
         order, that ``event`` (``None``: no event) would select if their condition
         held. A pure function of the chart, so it is computed once per state and name."""
         key = (state, event)
-        found: tuple[int, ...] | None = self.memo.get(key)
+        found = self.tables.candidates.get(key)
         if found is not None:
             return found
         tokens = event.split(".") if event is not None else None
@@ -348,29 +470,37 @@ class _Interpreter(ContentRunner):
                 events = self.transitions[t].events
                 if (not events) if tokens is None else (events and name_match(events, tokens)):
                     matching.append(t)
-        found = tuple(matching)
-        if len(self.memo) < _MEMO_LIMIT:
-            self.memo[key] = found
-        return found
+        return self.tables.candidates.put(key, tuple(matching))
 
-    def select_eventless_transitions(self) -> list[int]:
+    def selection_candidates(self, event: str | None) -> tuple[tuple[int, ...], ...]:
+        """For each active atomic state in document order, its :meth:`candidates`
+        (states without any left out): a pure function of the configuration and the
+        event's name."""
+        key = (self.configuration_key(), event)
+        found = self.tables.selection.get(key)
+        if found is not None:
+            return found
+        per_state = (self.candidates(state, event) for state in self.atomic_states())
+        return self.tables.selection.put(key, tuple(c for c in per_state if c))
+
+    def select_eventless_transitions(self) -> tuple[int, ...]:
         if not self.machine.has_eventless:
             if self.trace:
                 self.emit(fx.TraceTransitionsSelected, transitions=(), event=None)
-            return []
+            return ()
         return self._select(None)
 
-    def select_transitions(self, event: Event) -> list[int]:
+    def select_transitions(self, event: Event) -> tuple[int, ...]:
         return self._select(event.name)
 
-    def _select(self, event: str | None) -> list[int]:
+    def _select(self, event: str | None) -> tuple[int, ...]:
         """Appendix D ``selectTransitions`` (``selectEventlessTransitions`` for None):
         for each active atomic state in document order, the first transition of it or
         its ancestors that matches and whose condition holds."""
         enabled: dict[int, None] = {}
         transitions = self.transitions
-        for state in self.atomic_states():
-            for t in self.candidates(state, event):
+        for candidates in self.selection_candidates(event):
+            for t in candidates:
                 transition = transitions[t]
                 # A transition already selected through another state of a parallel
                 # region is not tested again: its condition held and has no effects.
@@ -378,12 +508,12 @@ class _Interpreter(ContentRunner):
                     enabled[t] = None
                     break
         result = (
-            self.remove_conflicting_transitions(list(enabled))
+            self.remove_conflicting_transitions(tuple(enabled))
             if len(enabled) > 1
-            else list(enabled)
+            else tuple(enabled)
         )
         if self.trace:
-            self.emit(fx.TraceTransitionsSelected, transitions=tuple(result), event=event)
+            self.emit(fx.TraceTransitionsSelected, transitions=result, event=event)
         return result
 
     def condition_match(self, transition: m.Transition) -> bool:
@@ -391,11 +521,19 @@ class _Interpreter(ContentRunner):
         and raises ``error.execution``."""
         if transition.cond is None:
             return True
+        self.conditions_tested += 1
         return self.test(transition.cond, f"transition:{transition.index}")
 
-    def remove_conflicting_transitions(self, enabled: list[int]) -> list[int]:
+    def remove_conflicting_transitions(self, enabled: tuple[int, ...]) -> tuple[int, ...]:
+        """Appendix D ``removeConflictingTransitions``; memoised per configuration and
+        enabled set unless an exit set consulted history."""
         if len(enabled) == 1:
             return enabled
+        key = (self.configuration_key(), enabled)
+        found = self.tables.conflicts.get(key)
+        if found is not None:
+            return found
+        reads = self.history_reads
         filtered: list[int] = []
         exit_sets: dict[int, set[int]] = {}
         for t1 in enabled:
@@ -414,22 +552,44 @@ class _Interpreter(ContentRunner):
                 for t3 in to_remove:
                     filtered.remove(t3)
                 filtered.append(t1)
-        return filtered
+        if self.history_reads != reads:
+            return tuple(filtered)
+        return self.tables.conflicts.put(key, tuple(filtered))
 
     # -- microstep -------------------------------------------------------------------
+    #
+    # Exit and entry sets, their document-order sorts and the history values an exit
+    # records are memoised as plans (see statifier.core.memo), stored only when
+    # computing them consulted no history value; the executable content runs every time.
 
-    def microstep(self, enabled: list[int]) -> None:
+    def microstep(self, enabled: tuple[int, ...]) -> None:
+        before = self.configuration_key()
+        reads = self.history_reads
         self.exit_states(enabled)
         self.execute_transition_content(enabled)
         self.enter_states(enabled)
+        # The configuration now is a pure function of the one before and the
+        # transitions, unless history was consulted: share one frozenset for it.
+        if self.history_reads == reads:
+            key = (before, enabled)
+            after = self.tables.after.get(key)
+            if after is None:
+                after = self.tables.after.put(key, frozenset(self.configuration))
+            self.frozen = after
 
-    def exit_states(self, enabled: list[int]) -> None:
+    def exit_plan(self, enabled: tuple[int, ...]) -> ExitPlan:
+        """The exit set of ``enabled`` in exit order, and the history values exiting
+        records (computed from the configuration before any state is exited)."""
+        key = (self.configuration_key(), enabled)
+        plan = self.tables.exits.get(key)
+        if plan is not None:
+            return plan
+        reads = self.history_reads
         states_to_exit = self.compute_exit_set(enabled)
-        if self.states_to_invoke:
-            self.states_to_invoke -= states_to_exit
-        ordered = sorted(states_to_exit, reverse=True)
+        ordered = tuple(sorted(states_to_exit, reverse=True))
         states = self.states
         configuration = self.configuration
+        records = []
         for s in ordered:
             for h in states[s].histories:
                 if states[h].history_deep:
@@ -441,19 +601,38 @@ class _Interpreter(ContentRunner):
                     )
                 else:
                     value = tuple(sorted(s0 for s0 in configuration if states[s0].parent == s))
-                self.history = {**self.history, h: value}
-        for s in ordered:
-            node = states[s]
-            if node.onexit:
-                for ordinal, block in enumerate(node.onexit):
-                    self.execute_content(block, f"onexit:{s}:{ordinal}")
-            if node.invokes:
-                self.cancel_invokes(s)
-            configuration.discard(s)
+                records.append((h, value))
+        quiet = not any(states[s].onexit or states[s].invokes for s in ordered)
+        plan = ExitPlan(ordered, frozenset(states_to_exit), tuple(records), quiet)
+        if self.history_reads != reads:
+            return plan
+        return self.tables.exits.put(key, plan)
+
+    def exit_states(self, enabled: tuple[int, ...]) -> None:
+        plan = self.last_exit = self.exit_plan(enabled)
+        if self.states_to_invoke:
+            self.states_to_invoke -= plan.states
+        if plan.records:
+            self.history = {**self.history, **dict(plan.records)}
+        configuration = self.configuration
+        self.frozen = None
+        if plan.quiet:  # nothing runs: the states just leave the configuration
+            configuration.difference_update(plan.ordered)
+        else:
+            self.ran_content = True
+            states = self.states
+            for s in plan.ordered:
+                node = states[s]
+                if node.onexit:
+                    for ordinal, block in enumerate(node.onexit):
+                        self.execute_content(block, f"onexit:{s}:{ordinal}")
+                if node.invokes:
+                    self.cancel_invokes(s)
+                configuration.discard(s)
         if self.trace:
             self.emit(
                 fx.TraceExitSet,
-                states=tuple(ordered),
+                states=plan.ordered,
                 configuration=tuple(sorted(configuration)),
             )
 
@@ -470,27 +649,71 @@ class _Interpreter(ContentRunner):
                 states_to_exit.update(s for s in self.configuration if domain < s <= last)
         return states_to_exit
 
-    def execute_transition_content(self, enabled: list[int]) -> None:
+    def execute_transition_content(self, enabled: tuple[int, ...]) -> None:
         for t in enabled:
             content = self.transitions[t].content
             if content:
+                self.ran_content = True
                 self.execute_content(content, f"transition:{t}")
 
-    def enter_states(self, enabled: list[int]) -> None:
-        key = ("enter", *enabled)
-        cached: tuple[list[int], set[int], dict[int, m.Block]] | None = self.memo.get(key)
-        if cached is None:
-            states_to_enter: set[int] = set()
-            states_for_default_entry: set[int] = set()
-            default_history_content: dict[int, m.Block] = {}
-            reads = self.history_reads
-            self.compute_entry_set(
-                enabled, states_to_enter, states_for_default_entry, default_history_content
+    def entry_plan(self, enabled: tuple[int, ...]) -> EntryPlan:
+        """The entry set of ``enabled`` in document order, with the states entered by
+        default and the default history content; it does not depend on the
+        configuration, only on history when a history state is entered."""
+        plan = self.tables.entries.get(enabled)
+        if plan is not None:
+            return plan
+        states_to_enter: set[int] = set()
+        states_for_default_entry: set[int] = set()
+        default_history_content: dict[int, m.Block] = {}
+        reads = self.history_reads
+        self.compute_entry_set(
+            enabled, states_to_enter, states_for_default_entry, default_history_content
+        )
+        ordered = tuple(sorted(states_to_enter))
+        states, transitions = self.states, self.transitions
+        late_binding = self.machine.late_binding
+
+        def runs_something(s: int) -> bool:
+            node = states[s]
+            initial = node.initial_transition
+            return bool(
+                node.onentry
+                or node.kind == "final"
+                or (late_binding and s != 0 and node.data)
+                or (
+                    s in states_for_default_entry
+                    and initial is not None
+                    and transitions[initial].content
+                )
             )
-            cached = (sorted(states_to_enter), states_for_default_entry, default_history_content)
-            if self.history_reads == reads and len(self.memo) < _MEMO_LIMIT:
-                self.memo[key] = cached  # no history consulted: the same every time
-        ordered, states_for_default_entry, default_history_content = cached
+
+        quiet = not default_history_content and not any(runs_something(s) for s in ordered)
+        plan = EntryPlan(
+            ordered, frozenset(states_for_default_entry), default_history_content, quiet
+        )
+        if self.history_reads != reads:
+            return plan
+        return self.tables.entries.put(enabled, plan)
+
+    def enter_states(self, enabled: tuple[int, ...]) -> None:
+        plan = self.last_entry = self.entry_plan(enabled)
+        ordered = plan.ordered
+        self.frozen = None
+        if plan.quiet:  # nothing runs: the states just join the configuration
+            self.configuration.update(ordered)
+            self.states_to_invoke.update(ordered)
+            self.entered.update(ordered)
+            if self.trace:
+                self.emit(
+                    fx.TraceEntrySet,
+                    states=ordered,
+                    configuration=tuple(sorted(self.configuration)),
+                )
+            return
+        self.ran_content = True
+        states_for_default_entry = plan.default_entry
+        default_history_content = plan.history_content
         states = self.states
         configuration, entered = self.configuration, self.entered
         late_binding = self.machine.late_binding
@@ -525,13 +748,13 @@ class _Interpreter(ContentRunner):
         if self.trace:
             self.emit(
                 fx.TraceEntrySet,
-                states=tuple(ordered),
+                states=ordered,
                 configuration=tuple(sorted(self.configuration)),
             )
 
     def compute_entry_set(
         self,
-        transitions: list[int],
+        transitions: tuple[int, ...],
         states_to_enter: set[int],
         states_for_default_entry: set[int],
         default_history_content: dict[int, m.Block],
@@ -641,14 +864,13 @@ class _Interpreter(ContentRunner):
         return False
 
     def get_transition_domain(self, transition: m.Transition) -> int | None:
-        key = ("domain", transition.index)
-        if key in self.memo:
-            domain: int | None = self.memo[key]
-            return domain
+        domains = self.tables.domains
+        if transition.index in domains:
+            return domains[transition.index]
         reads = self.history_reads
         domain = self._transition_domain(transition)
         if self.history_reads == reads:
-            self.memo[key] = domain
+            domains.put(transition.index, domain)
         return domain
 
     def _transition_domain(self, transition: m.Transition) -> int | None:
