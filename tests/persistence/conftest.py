@@ -14,7 +14,8 @@ import pytest_asyncio
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from statifier.persistence import Adapter, MemoryAdapter
+from statifier.persistence import MemoryAdapter
+from statifier.persistence.adapter import Adapter
 from statifier.persistence.sql import SqlAdapter
 from statifier.sql import TableOptions, Tables, migrations
 

@@ -18,7 +18,8 @@ import sys
 from statifier.chart import compile_chart
 from statifier.core import Event
 from statifier.core import effects as fx
-from statifier.persistence import EffectContext, ExecutionExists, Executions, Storage
+from statifier.persistence import EffectContext, Executions, Storage
+from statifier.persistence.errors import ExecutionExists
 from statifier.persistence.sql import SqlAdapter
 from statifier.sql import TableOptions
 

@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from statifier.examples.card_payment import run
-from statifier.persistence import Adapter, Status, Storage
+from statifier.persistence import Status, Storage
+from statifier.persistence.adapter import Adapter
 
 
 @pytest.mark.asyncio

@@ -11,15 +11,8 @@ from statifier.chart import Machine, compile_chart
 from statifier.core import Event
 from statifier.core import effects as fx
 from statifier.expr import Value
-from statifier.persistence import (
-    Adapter,
-    Discarded,
-    EffectContext,
-    Status,
-    Stepped,
-    Storage,
-    decode_outcome,
-)
+from statifier.persistence import Discarded, EffectContext, Status, Stepped, Storage, decode_outcome
+from statifier.persistence.adapter import Adapter
 from statifier.persistence.driver import (
     Answer,
     Answered,

@@ -14,30 +14,31 @@ from statifier.core import Event, StartOptions, handle_event, initialize
 from statifier.core import effects as fx
 from statifier.core.positions import IdentityMismatch, dump
 from statifier.persistence import (
-    PARENT_KEY,
-    Adapter,
-    ChartNotFound,
-    ChartRetired,
     Discarded,
     EffectContext,
-    ExecutionExists,
     ExecutionNotFound,
     Executions,
     LockTimeout,
     MemoryAdapter,
+    Status,
+    Stepped,
+    Storage,
+    decode_outcome,
+    prune,
+)
+from statifier.persistence.adapter import Adapter, Capabilities
+from statifier.persistence.errors import (
+    ChartNotFound,
+    ChartRetired,
+    ExecutionExists,
     MetadataUnsupported,
     Pinned,
     PinSourceFailed,
     SerializationUnsupported,
-    Status,
-    Stepped,
-    Storage,
-    Unserialized,
     Unstorable,
-    decode_outcome,
-    prune,
 )
-from statifier.persistence.adapter import Capabilities
+from statifier.persistence.executions import PARENT_KEY
+from statifier.persistence.serialization import Unserialized
 
 SCXML = 'xmlns="http://www.w3.org/2005/07/scxml"'
 

@@ -11,14 +11,9 @@ from datetime import datetime
 
 import pytest
 
-from statifier.persistence import (
-    Capabilities,
-    ChartRecord,
-    ExecutionRecord,
-    InputRecord,
-    MemoryAdapter,
-    Status,
-)
+from statifier.persistence import ExecutionRecord, MemoryAdapter, Status
+from statifier.persistence.adapter import Capabilities
+from statifier.persistence.records import ChartRecord, InputRecord
 from statifier.persistence.testing import (
     AdapterConformance,
     ChartRetirementConformance,

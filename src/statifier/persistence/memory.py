@@ -37,7 +37,7 @@ _EVERYTHING = Capabilities(lock=True, metadata=True, input_log=True, chart_retir
 
 
 class MemoryAdapter:
-    """An :class:`~statifier.persistence.Adapter` over dictionaries."""
+    """An :class:`~statifier.persistence.adapter.Adapter` over dictionaries."""
 
     def __init__(self) -> None:
         self.charts: dict[str, ChartRecord] = {}

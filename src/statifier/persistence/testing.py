@@ -1,5 +1,5 @@
-"""The storage conformance suite: hold any adapter to the :class:`~statifier.persistence.Adapter`
-contract from pytest.
+"""The storage conformance suite: hold any adapter to the
+:class:`~statifier.persistence.adapter.Adapter` contract from pytest.
 
 The suite is a set of test classes: :class:`AdapterConformance` checks the required
 operations, and one class per optional capability checks it

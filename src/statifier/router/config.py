@@ -27,14 +27,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from statifier.callbacks import settle
 from statifier.chart import Machine
 from statifier.core import Event, StartOptions
-from statifier.persistence import (
-    Discarded,
-    Executions,
-    Executor,
-    Stepped,
-    Storage,
-    ignore_effects,
-)
+from statifier.persistence import Discarded, Executions, Executor, Stepped, Storage
+from statifier.persistence.executor import ignore_effects
 from statifier.persistence.sql import SqlAdapter
 from statifier.router.binding import Binding, unique_ids
 from statifier.router.errors import BindingError, ConfigError

@@ -14,7 +14,7 @@ __all__ = ["AddressPins"]
 
 
 class AddressPins:
-    """A :class:`~statifier.persistence.PinSource`: the number of address rows naming
+    """A :class:`~statifier.persistence.executions.PinSource`: the number of address rows naming
     one of the active executions on the chart, as ``{"addresses": n}``.
 
     The count is over the execution ids retirement hands in (an address row carries no

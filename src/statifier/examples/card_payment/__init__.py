@@ -35,7 +35,6 @@ from statifier.core import effects as fx
 from statifier.core.positions import dump
 from statifier.examples import read
 from statifier.persistence import (
-    Answer,
     Answered,
     Driver,
     EffectContext,
@@ -44,6 +43,7 @@ from statifier.persistence import (
     Storage,
     decode_outcome,
 )
+from statifier.persistence.driver import Answer
 
 __all__ = ["TRANSACTION", "Host", "run", "run_on_sqlite"]
 

@@ -24,7 +24,7 @@ The tables must exist: build them with :mod:`statifier.sql.migrations`.
 
 >>> import asyncio, os, tempfile
 >>> from datetime import UTC, datetime
->>> from statifier.persistence import ChartRecord
+>>> from statifier.persistence.records import ChartRecord
 >>> from statifier.sql import migrations
 >>> url = f"sqlite:///{os.path.join(tempfile.mkdtemp(), 'doc.db')}"
 >>> migrations.upgrade(url)
@@ -88,7 +88,7 @@ class SqlTransaction(Protocol):
 
 
 class SqlAdapter:
-    """An :class:`~statifier.persistence.Adapter` on PostgreSQL or SQLite.
+    """An :class:`~statifier.persistence.adapter.Adapter` on PostgreSQL or SQLite.
 
     Args:
         target: a database URL (``postgresql://`` or ``postgresql+psycopg://`` runs on
