@@ -48,7 +48,7 @@ def test_a_failing_handler_is_detached_and_observing_continues() -> None:
         raise RuntimeError("observer bug")
 
     telemetry.attach("broken", "statifier.session.start", broken)
-    telemetry.execute("statifier.session.start", {}, {})
+    telemetry.report("statifier.session.start", {}, {})
     assert not telemetry.detach("broken")
 
 

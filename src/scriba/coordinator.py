@@ -277,7 +277,7 @@ class Coordinator:
             lag = self.lag_seconds()
             prefix, _, _ = self.progress()
             if lag is not None and prefix is not None:
-                telemetry.execute(
+                telemetry.report(
                     "scriba.projection.lag",
                     {"lag_ms": lag * 1000, "watermark": prefix},
                     {"name": self._key.name, "version": self._key.version},
@@ -306,6 +306,6 @@ class Coordinator:
             )
 
     def _emit(self, name: str, **metadata: object) -> None:
-        telemetry.execute(
+        telemetry.report(
             name, {}, {"name": self._key.name, "version": self._key.version, **metadata}
         )

@@ -132,7 +132,7 @@ class MemorySource:
         self._appended = asyncio.Event()
         start = self.start_from if self.replay_from_zero else max(after, self.start_from)
         self._next = self._index_after(start)
-        telemetry.execute(
+        telemetry.report(
             "scriba.source.subscribed",
             {},
             {

@@ -55,7 +55,7 @@ WATERMARK_INTERVAL: Final = 1.0
 """Seconds between watermark writes while events are in flight."""
 
 _log = logging.getLogger(__name__)
-_emit = telemetry.execute
+_emit = telemetry.report
 _RESULT_NAMES: Final[Mapping[type, str]] = {
     Insert: "insert",
     Update: "update",

@@ -1,13 +1,13 @@
 """Telemetry: named events with measurements and metadata, for handlers to observe.
 
-Components call :func:`execute`; hosts :func:`attach` handlers to the event names they
+Components call :func:`report`; hosts :func:`attach` handlers to the event names they
 care about (see ``docs/telemetry.md`` for the catalog). With nothing attached an event
 costs one dictionary lookup. A handler that raises is detached and logged, so
 observing can never break what is observed.
 
 >>> seen = []
 >>> attach("demo", "statifier.session.start", lambda name, m, meta: seen.append(meta))
->>> execute("statifier.session.start", {}, {"session_id": "s1"})
+>>> report("statifier.session.start", {}, {"session_id": "s1"})
 >>> detach("demo"), seen
 (True, [{'session_id': 's1'}])
 """
@@ -18,7 +18,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-__all__ = ["EVENTS", "Handler", "attach", "detach", "enabled", "execute"]
+__all__ = ["EVENTS", "Handler", "attach", "detach", "enabled", "execute", "report"]
 
 Handler = Callable[[str, Mapping[str, float], Mapping[str, Any]], None]
 
@@ -91,9 +91,7 @@ def enabled(event_name: str) -> bool:
     return bool(_handlers.get(event_name))
 
 
-def execute(
-    event_name: str, measurements: Mapping[str, float], metadata: Mapping[str, Any]
-) -> None:
+def report(event_name: str, measurements: Mapping[str, float], metadata: Mapping[str, Any]) -> None:
     """Report ``event_name`` to its handlers."""
     handlers = _handlers.get(event_name)
     if not handlers:
@@ -104,3 +102,8 @@ def execute(
         except Exception:  # noqa: BLE001 - a failing observer must not break the observed
             handlers.pop(handler_id, None)
             _log.exception("telemetry handler %r failed and was detached", handler_id)
+
+
+execute = report
+"""The same function under the name the telemetry API of the design documents uses
+(``execute(event_name, measurements, metadata)``); components call :func:`report`."""

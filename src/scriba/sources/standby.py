@@ -259,4 +259,4 @@ class Standby:
             "source": self._source,
             **extra,
         }
-        telemetry.execute(event_name, {}, metadata)
+        telemetry.report(event_name, {}, metadata)

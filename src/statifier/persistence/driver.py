@@ -29,13 +29,13 @@ have ended.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Final, Literal, TypeAlias, TypeVar
 
+from statifier.callbacks import settle
 from statifier.chart import Machine
-from statifier.core import Event, MachineState, StartOptions
+from statifier.core import SCXML_INVOKE_TYPE, Event, MachineState, StartOptions
 from statifier.core import effects as fx
 from statifier.expr import UNDEFINED, Value
 from statifier.persistence.errors import (
@@ -56,7 +56,7 @@ from statifier.persistence.serialization import Serialization
 from statifier.persistence.storage import Storage
 from statifier.session.children import invoked_chart, seeded_datamodel
 from statifier.session.handlers import invocation_done, invocation_failed
-from statifier.telemetry import execute as report
+from statifier.telemetry import report
 
 __all__ = [
     "CHILD_TYPES",
@@ -72,8 +72,10 @@ __all__ = [
     "Policy",
 ]
 
-CHILD_TYPES: Final = frozenset({"scxml", "http://www.w3.org/TR/scxml/"})
-"""Invoke types the driver runs as durable child executions."""
+CHILD_TYPES: Final = frozenset({SCXML_INVOKE_TYPE})
+"""Invoke types the driver runs as durable child executions: the SCXML type, which every
+``Invoke`` effect carries whichever spelling the chart wrote (see
+:data:`statifier.core.SCXML_INVOKE_TYPES`)."""
 
 INVOKE_KEY: Final = "statifier.invoke"
 """Metadata key: the invoke id a durable child answers."""
@@ -285,9 +287,7 @@ class Driver:
         if isinstance(effect, fx.CancelInvoke):
             await self._cancel_children(context.execution_id, effect.invoke_id)
         if not isinstance(effect, fx.Invoke):
-            outcome = self.effects(effect, context)
-            if inspect.isawaitable(outcome):
-                await outcome
+            await settle(self.effects(effect, context))
             return
         if pending is None:
             raise RuntimeError(f"an invocation outside a driver call: {effect.invoke_id!r}")
@@ -297,8 +297,7 @@ class Driver:
         if self.dispatch is None:
             answer: Answer | None = InvocationFailed("no dispatch for invoke type " + effect.type)
         else:
-            given = self.dispatch(effect, context)
-            answer = await given if inspect.isawaitable(given) else given
+            answer = await settle(self.dispatch(effect, context))
         if answer is not None:
             event = _answer_event(effect.invoke_id, answer)
             pending.answers.append((effect.invoke_id, event))
@@ -471,9 +470,7 @@ class Driver:
             await self.executions.cancel(prefix + str(index))
         missing = tuple(i for i in range(count) if i not in by_index)
         if missing and self.child_canceller is not None:
-            outcome = self.child_canceller(parent_id, invoke_id, missing)
-            if inspect.isawaitable(outcome):
-                await outcome
+            await settle(self.child_canceller(parent_id, invoke_id, missing))
         report(
             "statifier.persistence.child",
             {"count": count},

@@ -54,8 +54,7 @@ from statifier.persistence.executor import Executor, ignore_effects, perform
 from statifier.persistence.records import ChartRecord, ExecutionRecord, Status
 from statifier.persistence.serialization import AdapterLock, Serialization
 from statifier.persistence.storage import Storage
-from statifier.telemetry import enabled
-from statifier.telemetry import execute as report
+from statifier.telemetry import enabled, report
 
 __all__ = [
     "EXECUTION_STATUS_KEY",

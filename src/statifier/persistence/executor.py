@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from statifier.callbacks import settle
 from statifier.core import effects as fx
 
 __all__ = ["EffectContext", "Executor", "ignore_effects", "perform"]
@@ -60,6 +60,4 @@ async def perform(
         context = EffectContext(
             execution_id, door, ordinal, effect.macrostep, effect.microstep, effect.round
         )
-        result = executor(effect, context)
-        if inspect.isawaitable(result):
-            await result
+        await settle(executor(effect, context))

@@ -42,8 +42,7 @@ from statifier.persistence.records import (
     PositionRecord,
     Status,
 )
-from statifier.telemetry import enabled
-from statifier.telemetry import execute as report
+from statifier.telemetry import enabled, report
 
 __all__ = ["Clock", "Storage", "utc_now"]
 

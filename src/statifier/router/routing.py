@@ -33,8 +33,7 @@ from statifier.router.outcomes import (
 )
 from statifier.router.records import LedgerRow
 from statifier.router.transaction import Unit, address_lock, sorted_locks
-from statifier.telemetry import enabled
-from statifier.telemetry import execute as report
+from statifier.telemetry import enabled, report
 
 __all__ = ["BlockedByEarlierFailure", "deliver_event", "route", "route_many"]
 

@@ -72,8 +72,7 @@ from statifier.session.handlers import (
     invocation_failed,
 )
 from statifier.session.recording import Input, Recording, RecordingRoutes, step
-from statifier.telemetry import enabled
-from statifier.telemetry import execute as report
+from statifier.telemetry import enabled, report
 
 __all__ = ["Session", "System"]
 
