@@ -46,6 +46,14 @@ WARNED = f"""<scxml xmlns="{NS}">
 </scxml>
 """
 
+UNDECLARED = f"""<scxml xmlns="{NS}">
+  <state id="a">
+    <transition event="go" cond="ready" target="b"/>
+  </state>
+  <final id="b"/>
+</scxml>
+"""
+
 TIMED = f"""<scxml xmlns="{NS}" initial="a">
   <datamodel><data id="x" expr="0"/></datamodel>
   <state id="a">
@@ -75,8 +83,8 @@ def test_validate_reports_every_problem_with_file_line_and_column(tmp_path: Path
     assert status == 1
     lines = text.splitlines()
     assert lines == [
-        f"{path}:3:5: no state has the id 'nowhere'",
-        f"{path}:5:3: duplicate state id 'a'",
+        f"{path}:3:5: error: no state has the id 'nowhere'",
+        f"{path}:5:3: error: duplicate state id 'a'",
     ]
 
 
@@ -85,16 +93,32 @@ def test_validate_reports_xml_problems(tmp_path: Path) -> None:
     status, text = run("validate", path)
     assert status == 1
     assert text.startswith(f"{path}:3:")
+    assert ": error: " in text
+
+
+def test_validate_reports_an_expression_deferred_to_run_time_as_an_error(tmp_path: Path) -> None:
+    # The chart compiles (SCXML raises error.execution when the <data> is reached), but
+    # an expression that does not parse can never work: validate fails the chart, and
+    # places the failure inside the attribute, just past "1 +" (where the input ends).
+    path = write(tmp_path, "warned.scxml", WARNED)
+    status, text = run("validate", path)
+    assert status == 1
+    assert text.splitlines() == [
+        (
+            f"{path}:2:36: error: <data expr> does not parse: "
+            "Expected an expression but found the end of the input"
+        )
+    ]
 
 
 def test_validate_prints_warnings_and_still_passes(tmp_path: Path) -> None:
-    path = write(tmp_path, "warned.scxml", WARNED)
+    path = write(tmp_path, "warned.scxml", UNDECLARED)
     status, text = run("validate", path)
     assert status == 0
-    lines = text.splitlines()
-    assert len(lines) == 2
-    assert lines[0].startswith(f"{path}: warning: 2:14: <data expr> does not parse")
-    assert lines[1] == f"{path}: ok"
+    assert text.splitlines() == [
+        f"{path}:3:34: warning: <transition cond> reads 'ready', which no <data> declares",
+        f"{path}: ok",
+    ]
 
 
 def test_validate_unreadable_file_exits_two(
@@ -143,7 +167,8 @@ def test_trace_json_shape(tmp_path: Path) -> None:
     steps = document["steps"]
     assert [step["event"] for step in steps] == [None, "go"]
     for step in steps:
-        assert set(step) == {"event", "configuration", "effects"}
+        assert set(step) == {"event", "configuration", "effects", "notices"}
+        assert step["notices"] == []
         for effect in step["effects"]:
             assert isinstance(effect["effect"], str)
             assert {"macrostep", "microstep", "round"} <= set(effect)

@@ -10,10 +10,16 @@ Subcommands:
     model by scriba (:mod:`statifier.examples.payment_history`), and impressions and
     clicks from two sources routed to their joins (:mod:`statifier.examples.ad_join`).
 
-``statifier validate CHART...``
-    Checks charts. Prints ``CHART: ok`` or one ``CHART:LINE:COLUMN: message`` line per
-    problem (and ``CHART: warning: ...`` for expressions deferred to run time); exits
-    with 1 if any chart has a problem, 2 if a file cannot be read.
+``statifier validate CHART... [--strict]``
+    Checks charts (``-`` reads one from standard input, named ``<stdin>``). Prints one
+    ``CHART:LINE:COLUMN: error|warning: message`` line per finding of
+    :func:`statifier.chart.validation.check`, in source order: errors for what rejects
+    the chart or is certain to raise ``error.execution`` when reached (an expression
+    that does not parse, placed at the column inside the attribute where it fails);
+    warnings for reads of datamodel variables nothing declares. A target naming no
+    state suggests the closest id (``did you mean 'running'?``). Then ``CHART: ok`` for
+    a chart that passes. Exits with 1 if any chart has an error (with ``--strict``, a
+    warning too), 0 if only warnings, 2 if a file cannot be read.
 
 ``statifier trace CHART [--event NAME | --event NAME=JSON | --advance DURATION]...
 [--json] [--trace] [--basichttp]``
@@ -24,9 +30,16 @@ Subcommands:
     events on loopback) and prints, after the
     start and after each event, the active leaf configuration (sorted) and the effects
     of the step. Text output: a ``start`` or ``event NAME`` line with the virtual time,
-    a ``configuration:`` line, and one ``- KIND {fields}`` line per effect. With
-    ``--json``: one document ``{"steps": [{"event": null|NAME, "configuration": [...],
-    "effects": [...]}, ...], "finished": true|false}``. ``--trace`` adds trace effects.
+    a ``configuration:`` line, and one ``- KIND {fields}`` line per effect, among which,
+    where they happened, ``! error.NAME {data}`` for each ``error.*`` event the chart
+    took (its data says why) and ``! no transition took NAME`` for each other event
+    (not ``done.*``) that no transition took. States are named by id, never by index
+    (:func:`statifier.session.trace.effect_json`). With ``--json``: one document
+    ``{"steps": [{"event": null|NAME, "configuration": [...], "effects": [...],
+    "notices": [...]}, ...], "finished": true|false}``, a notice being ``{"notice":
+    "error", "event", "data", "sendid", "invokeid", "before"}`` or ``{"notice":
+    "no_transition", "event", "queue", "before"}`` (``before``: the index of the first
+    effect after it). ``--trace`` adds trace effects.
 
 ``statifier graph CHART --format mermaid|dot``
     Prints the chart as a diagram.
@@ -69,12 +82,11 @@ from statifier import expr
 from statifier.chart import InvalidChart, Machine, compile_chart
 from statifier.chart.graph import dot, mermaid
 from statifier.core import Event
-from statifier.core.effects import as_json
 from statifier.examples import read as read_example
 from statifier.expr.tagged import TaggedValueError, decode, encode
 
 if TYPE_CHECKING:
-    from statifier.session.trace import Step
+    from statifier.session.trace import Notice, Step
 
 __all__ = ["main"]
 
@@ -184,7 +196,7 @@ def _run_demo(out: TextIO) -> int:
         Event("payment.failed"),
         Event("packed"),
     ]
-    _print_steps(run(machine, events), out)
+    _print_steps(machine, run(machine, events), out)
     out.write("\n  (no payment arrived: the 30 minute timer fired on the virtual clock)\n")
     out.write("\n3. A card payment as a durable execution on SQLite, across two restarts\n\n")
     # Imported here: only the demo needs durable executions and projections (and the
@@ -201,19 +213,42 @@ def _run_demo(out: TextIO) -> int:
     return 0
 
 
-def _print_steps(steps: list[Step], out: TextIO) -> None:
+def _print_steps(machine: Machine, steps: list[Step], out: TextIO) -> None:
+    from statifier.session.trace import effect_json
+
     for step in steps:
         heading = "start" if step.event is None else f"event {step.event}"
         out.write(f"{heading}  [t={step.at_ms}ms]\n")
         out.write(f"  configuration: {', '.join(step.configuration)}\n")
-        for effect in step.effects:
-            data = as_json(effect)
+        notices = list(step.notices)
+        for position, effect in enumerate(step.effects):
+            while notices and notices[0].before <= position:
+                _print_notice(machine, notices.pop(0), out)
+            data = effect_json(machine, effect)
             kind = data.pop("effect")
             for counter in ("macrostep", "microstep", "round"):
                 data.pop(counter)
             out.write(f"  - {kind} {json.dumps(data, ensure_ascii=False, sort_keys=True)}\n")
+        for notice in notices:
+            _print_notice(machine, notice, out)
     if steps and steps[-1].finished:
         out.write("finished\n")
+
+
+def _print_notice(machine: Machine, notice: Notice, out: TextIO) -> None:
+    from statifier.session.trace import notice_json
+
+    data = notice_json(machine, notice)
+    if data["notice"] == "no_transition":
+        out.write(f"  ! no transition took {data['event']}\n")
+        return
+    shown = data["data"]
+    extra = {key: data[key] for key in ("sendid", "invokeid") if data[key] is not None}
+    if isinstance(shown, dict):
+        shown = {**extra, **shown}
+    elif extra:
+        shown = {**extra, "data": shown}
+    out.write(f"  ! {data['event']} {json.dumps(shown, ensure_ascii=False, sort_keys=True)}\n")
 
 
 @dataclass(frozen=True)
@@ -237,18 +272,41 @@ def _load_chart(path: str) -> Machine | _NotLoaded:
         return _NotLoaded(1, "\n".join(f"{path}:{problem}" for problem in invalid.problems))
 
 
+_STDIN_NAME = "<stdin>"
+
+
+def _read_chart(path: str) -> bytes | str:
+    """The chart's bytes (``-``: standard input), or why it cannot be read."""
+    if path == "-":
+        stream = sys.stdin
+        buffer = getattr(stream, "buffer", None)
+        return buffer.read() if buffer is not None else stream.read().encode("utf-8")
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except OSError as error:
+        return f"cannot read: {error.strerror}"
+
+
 def _run_validate(args: argparse.Namespace, out: TextIO) -> int:
+    from statifier.chart.validation import check
+
     status = 0
     for path in args.charts:
-        machine = _load_chart(path)
-        if isinstance(machine, _NotLoaded):
-            # An invalid chart is this command's answer; an unreadable one an error.
-            (sys.stderr if machine.status == 2 else out).write(machine.message + "\n")
-            status = max(status, machine.status)
+        name = _STDIN_NAME if path == "-" else path
+        source = _read_chart(path)
+        if isinstance(source, str):
+            # An unreadable file is an error of the command; findings are its answer.
+            sys.stderr.write(f"{name}: {source}\n")
+            status = 2
             continue
-        for warning in machine.warnings:
-            out.write(f"{path}: warning: {warning}\n")
-        out.write(f"{path}: ok\n")
+        findings = check(source)
+        for finding in findings:
+            out.write(finding.format(name) + "\n")
+        if any(finding.severity == "error" or args.strict for finding in findings):
+            status = max(status, 1)
+        else:
+            out.write(f"{name}: ok\n")
     return status
 
 
@@ -283,7 +341,14 @@ class _ScriptItem(argparse.Action):
 
 def _run_trace(args: argparse.Namespace, out: TextIO) -> int:
     # Only tracing needs the session stack.
-    from statifier.session.trace import Advance, BesideChart, refused_invokes, run
+    from statifier.session.trace import (
+        Advance,
+        BesideChart,
+        effect_json,
+        notice_json,
+        refused_invokes,
+        run,
+    )
 
     path = args.chart
     try:
@@ -347,7 +412,8 @@ def _run_trace(args: argparse.Namespace, out: TextIO) -> int:
                 {
                     "event": step.event,
                     "configuration": list(step.configuration),
-                    "effects": [as_json(effect) for effect in step.effects],
+                    "effects": [effect_json(loaded, effect) for effect in step.effects],
+                    "notices": [notice_json(loaded, notice) for notice in step.notices],
                 }
                 for step in steps
             ],
@@ -357,7 +423,7 @@ def _run_trace(args: argparse.Namespace, out: TextIO) -> int:
             document["basichttp"] = location[0]
         _dump(document, out)
     else:
-        _print_steps(steps, out)
+        _print_steps(loaded, steps, out)
     return 0
 
 
@@ -432,7 +498,8 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--program", action="store_true", help="run SOURCE as a program")
     evaluate.add_argument("--now", help="fix the clock (ISO 8601 datetime with an offset)")
     check = commands.add_parser("validate", help="check charts; report every problem")
-    check.add_argument("charts", nargs="+", metavar="CHART")
+    check.add_argument("charts", nargs="+", metavar="CHART", help="a chart file, or - for stdin")
+    check.add_argument("--strict", action="store_true", help="fail on warnings too")
     trace = commands.add_parser("trace", help="run a chart through events and print each step")
     trace.add_argument("chart", metavar="CHART")
     trace.add_argument(

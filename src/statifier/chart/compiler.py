@@ -15,11 +15,12 @@ rejects the chart.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, Literal
 
 from statifier.chart import model as m
 from statifier.chart.reader import (
@@ -33,9 +34,12 @@ from statifier.chart.reader import (
 from statifier.expr import (
     UNDEFINED,
     ExprError,
+    Expression,
+    Location,
     LocationError,
     Options,
     ParseError,
+    Program,
     Value,
     compile_expression,
     compile_location,
@@ -97,11 +101,9 @@ def compile_chart(
     """
     data = source.encode("utf-8") if isinstance(source, str) else source
     try:
-        root = read(data, limits)
+        _root, builder, machine = _build(data, loader, limits, name, version)
     except XMLProblem as problem:
         raise InvalidChart((Problem(problem.message, problem.line, problem.column),)) from None
-    builder = _Builder(data, loader)
-    machine = builder.build(root, m.ChartIdentity(_content_hash(data), name, version))
     if builder.problems:
         raise InvalidChart(tuple(sorted(builder.problems, key=lambda p: (p.line, p.column))))
     assert machine is not None
@@ -115,6 +117,26 @@ def validate(source: bytes | str, *, loader: Loader | None = None) -> tuple[Prob
     except InvalidChart as invalid:
         return invalid.problems
     return ()
+
+
+def _build(
+    data: bytes,
+    loader: Loader | None,
+    limits: ReadLimits = DEFAULT_READ_LIMITS,
+    name: str | None = None,
+    version: str | None = None,
+) -> tuple[Element, _Builder, m.Machine | None]:
+    """Read and compile ``data``: the root element, the builder (its ``problems``,
+    ``deferred`` and ``written``, which :mod:`statifier.chart.validation` reads too) and
+    the machine, ``None`` when there are problems.
+
+    Raises:
+        XMLProblem: the document cannot be read.
+    """
+    root = read(data, limits)
+    builder = _Builder(data, loader)
+    machine = builder.build(root, m.ChartIdentity(_content_hash(data), name, version))
+    return root, builder, machine
 
 
 def _content_hash(data: bytes) -> str:
@@ -156,6 +178,28 @@ class _PendingTransition:
     where: m.SourceLocation
 
 
+@dataclass(frozen=True, slots=True)
+class Written:
+    """An expression as the chart writes it, kept while compiling for the checks of
+    :mod:`statifier.chart.validation`.
+
+    ``attribute`` is the attribute holding it (``"body"`` for a ``<script>``'s text);
+    ``offset`` is where the compiled text starts inside the attribute's value (or the
+    body), ``None`` when the text came from elsewhere (a ``src``). ``role`` says what
+    it does with the datamodel: ``expr`` and ``read`` (a ``namelist`` entry, a
+    ``<param location>``) read every variable they name, ``location`` writes its root
+    and reads only its indexes, ``program`` writes the roots it assigns. ``problem`` is
+    the problem (or deferred failure) its failing to parse was reported as.
+    """
+
+    element: Element
+    attribute: str
+    offset: int | None
+    compiled: Expression | Program | Location | ParseError
+    role: Literal["expr", "read", "location", "program"]
+    problem: Problem | None = None
+
+
 _STATE_TAGS: Final = frozenset({"state", "parallel", "final", "history"})
 _CONTENT_TAGS: Final = frozenset(
     {"raise", "log", "assign", "if", "elseif", "else", "foreach", "script", "send", "cancel"}
@@ -167,7 +211,9 @@ class _Builder:
         self.source = source
         self.loader = loader
         self.problems: list[Problem] = []
-        self.warnings: list[str] = []
+        # What is kept for run time, where it raises error.execution (machine.warnings).
+        self.deferred: list[Problem] = []
+        self.written: list[Written] = []
         self.states: list[_State] = []
         self.transitions: list[_PendingTransition] = []
         self.data: list[m.DataElement] = []
@@ -179,8 +225,15 @@ class _Builder:
 
     # -- reporting -------------------------------------------------------------------
 
-    def problem(self, element: Element, message: str) -> None:
-        self.problems.append(Problem(message, element.line, element.column))
+    def problem(self, element: Element, message: str) -> Problem:
+        found = Problem(message, element.line, element.column)
+        self.problems.append(found)
+        return found
+
+    def defer(self, element: Element, message: str) -> Problem:
+        found = Problem(message, element.line, element.column)
+        self.deferred.append(found)
+        return found
 
     @staticmethod
     def where(element: Element) -> m.SourceLocation:
@@ -195,30 +248,43 @@ class _Builder:
             return None
         compiled = compile_expression(text)
         if isinstance(compiled, ParseError):
-            self._expression_failed(element, attribute, compiled, deferred)
+            failed = self._expression_failed(element, attribute, compiled, deferred)
+            self.written.append(Written(element, attribute, 0, compiled, "expr", failed))
             return m.Expr(text, compiled, self.where(element))
+        self.written.append(Written(element, attribute, 0, compiled, "expr"))
         return m.Expr(text, compiled, self.where(element), _state_test(compiled.tree))
 
     def _expression_failed(
         self, element: Element, attribute: str, error: ExprError, deferred: bool
-    ) -> None:
+    ) -> Problem:
         message = f"<{element.local} {attribute}> does not parse: {error.message}"
         if deferred and not self.strict_expressions:
-            self.warnings.append(f"{element.line}:{element.column}: {message}")
-        else:
-            self.problem(element, message)
+            return self.defer(element, message)
+        return self.problem(element, message)
 
     def location(
-        self, element: Element, attribute: str, text: str | None = None, *, deferred: bool = True
+        self,
+        element: Element,
+        attribute: str,
+        text: str | None = None,
+        *,
+        deferred: bool = True,
+        offset: int = 0,
+        role: Literal["read", "location"] = "location",
     ) -> m.LocationExpr | None:
+        """Compile a location attribute (or ``text``, found at ``offset`` inside it)."""
         text = element.attributes.get(attribute) if text is None else text
         if text is None:
             return None
-        compiled = compile_location(text.strip())
+        stripped = text.strip()
+        offset += len(text) - len(text.lstrip())
+        compiled = compile_location(stripped)
+        failed = None
         if isinstance(compiled, LocationError):
             compiled = ParseError(compiled.reason, compiled.message, compiled.span)
         if isinstance(compiled, ParseError):
-            self._expression_failed(element, attribute, compiled, deferred)
+            failed = self._expression_failed(element, attribute, compiled, deferred)
+        self.written.append(Written(element, attribute, offset, compiled, role, failed))
         return m.LocationExpr(text, compiled, self.where(element))
 
     # -- the document ----------------------------------------------------------------
@@ -570,9 +636,7 @@ class _Builder:
         for name in (item, index_name):
             if name is not None and not _IDENTIFIER.fullmatch(name):
                 # Kept for run time: the specification raises error.execution here.
-                self.warnings.append(
-                    f"{element.line}:{element.column}: illegal foreach variable {name!r}"
-                )
+                self.defer(element, f"illegal foreach variable {name!r}")
         body = self._block(element)
         return m.Foreach(index, array, item, index_name, body, self.where(element))
 
@@ -588,8 +652,11 @@ class _Builder:
                 return m.Script(index, None, src, self.where(element))
             text = self._load(element, src)
         program = compile_program(text)
+        failed = None
         if isinstance(program, ParseError):
-            self._expression_failed(element, "body", program, deferred=True)
+            failed = self._expression_failed(element, "body", program, deferred=True)
+        offset = None if src is not None else 0
+        self.written.append(Written(element, "body", offset, program, "program", failed))
         return m.Script(index, program, src, self.where(element))
 
     def _load(self, element: Element, src: str) -> str:
@@ -659,8 +726,10 @@ class _Builder:
         if text is None:
             return ()
         entries = []
-        for name in text.split():
-            entry = self.location(element, "namelist", name)
+        for name in re.finditer(r"\S+", text):
+            entry = self.location(
+                element, "namelist", name.group(), offset=name.start(), role="read"
+            )
             assert entry is not None
             entries.append(entry)
         return tuple(entries)
@@ -679,7 +748,7 @@ class _Builder:
                 m.Param(
                     name or "",
                     self.expr(child, "expr"),
-                    self.location(child, "location", deferred=False),
+                    self.location(child, "location", deferred=False, role="read"),
                     self.where(child),
                 )
             )
@@ -802,7 +871,7 @@ class _Builder:
             element = pending.element or self.states[pending.source].element
             for target in pending.target_ids:
                 if target not in self.ids:
-                    self.problem(element, f"no state has the id {target!r}")
+                    self.problem(element, f"no state has the id {target!r}{self._near(target)}")
         for state in self.states:
             if state.initial_transition is None:
                 continue
@@ -811,6 +880,11 @@ class _Builder:
                 if not state.index < target_index <= state.last:
                     where = pending.element or state.element
                     self.problem(where, "an initial target must be a descendant of its state")
+
+    def _near(self, target: str) -> str:
+        """``; did you mean 'running'?`` for the closest state id, if one is close."""
+        close = difflib.get_close_matches(target, self.ids, n=1)
+        return f"; did you mean {close[0]!r}?" if close else ""
 
     def _targets(self, pending: _PendingTransition) -> tuple[int, ...]:
         if pending.index in self._anonymous_targets:
@@ -880,7 +954,7 @@ class _Builder:
             late_binding,
             identity,
             self.source,
-            tuple(self.warnings),
+            tuple(str(deferred) for deferred in self.deferred),
             has_eventless=any(
                 not transitions[t].events
                 for state in states

@@ -32,6 +32,26 @@ makes every run deterministic:
 >>> [(step.event, step.configuration, step.at_ms) for step in run(chart, script)]
 [(None, ('a',), 0), ('poke', ('c',), 4000)]
 
+Each step also carries its :attr:`Step.notices`, in the order they happened: an
+:class:`ErrorRaised` for every ``error.*`` event the chart took off a queue
+(``error.execution``, ``error.communication``; the event's data says why), and a
+:class:`NoTransition` for every other event no transition took (``done.*`` events,
+which a chart often leaves alone, are left out). They are gathered whether or not
+``trace`` asks for the trace effects. :func:`effect_json` gives an effect's JSON form
+with states named by id instead of by index.
+
+>>> chart = compile_chart(
+...     '<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="a">'
+...     '<datamodel><data id="n" expr="0"/></datamodel>'
+...     '<state id="a"><transition event="go" cond="n / 0 > 1" target="b"/></state>'
+...     '<final id="b"/></scxml>'
+... )
+>>> start, go = run(chart, [Event("go")])
+>>> [type(notice).__name__ for notice in go.notices]
+['NoTransition', 'ErrorRaised']
+>>> go.notices[0].event, go.notices[1].event.name, go.notices[1].event.data["message"]
+('go', 'error.execution', 'Division by zero')
+
 ``src`` attributes are read by a :class:`BesideChart` loader when one is given: only
 files in the chart's directory (or below it), at most :data:`MAX_SRC_BYTES` each.
 With ``basichttp=True`` the trace serves the BasicHTTP Event I/O Processor on
@@ -44,16 +64,19 @@ import asyncio
 import contextlib
 import ipaddress
 import os
+import re
 import stat
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Any, Final, Literal, TypeAlias
 from urllib.parse import unquote, urlsplit
 
 from statifier.chart import Machine
 from statifier.core import Event
-from statifier.core.effects import Effect
+from statifier.core import effects as fx
+from statifier.core.effects import Effect, as_json
+from statifier.expr.tagged import encode
 from statifier.session.basichttp import BasicHTTP
 from statifier.session.clock import VirtualClock
 from statifier.session.handlers import Delivery, SendType
@@ -63,10 +86,16 @@ __all__ = [
     "MAX_SRC_BYTES",
     "Advance",
     "BesideChart",
+    "ErrorRaised",
+    "NoTransition",
+    "Notice",
     "SrcRefused",
     "Step",
+    "effect_json",
+    "notice_json",
     "refused_invokes",
     "run",
+    "state_name",
 ]
 
 DEFAULT_MAX_STEPS = 1_000
@@ -77,16 +106,42 @@ _SERVER_TIMEOUT_S: Final = 10.0
 
 
 @dataclass(frozen=True, slots=True)
+class ErrorRaised:
+    """An ``error.*`` event the chart took off one of its queues; ``event.data`` says
+    why (for ``error.execution`` raised by the chart: ``element``, ``reason``,
+    ``message``, ``line`` and ``column``; for one raised by the session, ``message``).
+    ``before`` is the index in the step's effects of the first effect that followed."""
+
+    event: Event
+    before: int
+
+
+@dataclass(frozen=True, slots=True)
+class NoTransition:
+    """An event (not ``done.*`` nor ``error.*``) that no transition took, off the
+    ``external`` or ``internal`` queue; ``before`` as for :class:`ErrorRaised`."""
+
+    event: str
+    queue: Literal["external", "internal"]
+    before: int
+
+
+Notice: TypeAlias = ErrorRaised | NoTransition
+
+
+@dataclass(frozen=True, slots=True)
 class Step:
     """One step: the event delivered (``None`` for the start), the sorted active leaf
-    configuration afterwards (the one held at the end, once finished), the effects,
-    and the virtual time in milliseconds at which it ran."""
+    configuration afterwards (the one held at the end, once finished), the effects
+    (trace effects only when the run asked for them), the virtual time in
+    milliseconds at which it ran, whether the chart had finished, and the notices."""
 
     event: str | None
     configuration: tuple[str, ...]
     effects: tuple[Effect, ...]
     at_ms: int
     finished: bool
+    notices: tuple[Notice, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,9 +195,15 @@ async def _run(
     def record(session: Session, event: Event | None, effects: list[Effect]) -> None:
         if len(steps) < max_steps:
             name = None if event is None else event.name
+            kept, notices = _notices(effects, trace)
             steps.append(
                 Step(
-                    name, session.configuration, tuple(effects), clock.now_ms(), not session.running
+                    name,
+                    session.configuration,
+                    kept,
+                    clock.now_ms(),
+                    not session.running,
+                    notices,
                 )
             )
 
@@ -156,8 +217,9 @@ async def _run(
                 serving(location)
         # Closed first: in-flight sends are cancelled before the client and server go.
         stack.push_async_callback(system.close)
+        # Always traced: the notices are read off the trace effects.
         session = await system.start(
-            machine, session_id=SESSION_ID, trace=trace, on_step=record, send_types=send_types
+            machine, session_id=SESSION_ID, trace=True, on_step=record, send_types=send_types
         )
 
         def going() -> bool:
@@ -178,6 +240,153 @@ async def _run(
                 break
         await system.settle()
     return steps
+
+
+_TRACE_KINDS: Final = (
+    fx.TraceEventDequeued,
+    fx.TraceTransitionsSelected,
+    fx.TraceExitSet,
+    fx.TraceEntrySet,
+    fx.TraceContentExecuted,
+    fx.TraceMacrostepStable,
+    fx.TraceDone,
+    fx.TraceInvokePass,
+    fx.TraceFinalizeAutoforward,
+)
+
+
+def _notices(effects: list[Effect], trace: bool) -> tuple[tuple[Effect, ...], tuple[Notice, ...]]:
+    """The effects to keep (trace effects only when ``trace``) and the notices read
+    off the trace effects, each placed before the kept effect that followed it."""
+    kept: list[Effect] = []
+    notices: list[Notice] = []
+    dequeued: fx.TraceEventDequeued | None = None
+    for effect in effects:
+        if isinstance(effect, fx.TraceEventDequeued):
+            dequeued = effect
+            name = effect.event.name
+            if name == "error" or name.startswith("error."):
+                notices.append(ErrorRaised(effect.event, len(kept)))
+        elif (
+            isinstance(effect, fx.TraceTransitionsSelected)
+            and dequeued is not None
+            and dequeued.event.name == effect.event
+        ):
+            if not effect.transitions and not _quiet(effect.event):
+                queue: Literal["external", "internal"] = (
+                    "internal" if dequeued.queue == "internal" else "external"
+                )
+                notices.append(NoTransition(effect.event, queue, len(kept)))
+            dequeued = None
+        if trace or not isinstance(effect, _TRACE_KINDS):
+            kept.append(effect)
+    return tuple(kept), tuple(notices)
+
+
+def _quiet(name: str) -> bool:
+    """Events whose going untaken is no news: ``done.*`` (a chart leaves most alone)
+    and ``error.*`` (reported as errors already)."""
+    return name.split(".", 1)[0] in ("done", "error")
+
+
+def state_name(machine: Machine, index: int) -> str:
+    """How output names a state: its id; ``<scxml>`` for the root; an unnamed state as
+    its element and where it is written (``<state 4:3>``)."""
+    state = machine.states[index]
+    if state.id is not None:
+        return state.id
+    if index == 0:
+        return "<scxml>"
+    return f"<{state.kind} {state.where}>"
+
+
+def _transition_json(machine: Machine, index: int) -> dict[str, Any]:
+    transition = machine.transitions[index]
+    return {
+        "source": state_name(machine, transition.source),
+        "event": transition.event_text,
+        "targets": [state_name(machine, target) for target in transition.targets],
+        "line": transition.where.line,
+        "column": transition.where.column,
+    }
+
+
+def _owner(machine: Machine, owner: str) -> str:
+    """A content owner with its state named (``onentry:open:0``) and a transition
+    given by where it is written (``transition:4:7``)."""
+    kind, _, rest = owner.partition(":")
+    if not rest:
+        return owner
+    first, _, ordinal = rest.partition(":")
+    if kind == "transition":
+        where = machine.transitions[int(first)].where
+        return f"transition:{where.line}:{where.column}"
+    named = f"{kind}:{state_name(machine, int(first))}"
+    return f"{named}:{ordinal}" if ordinal else named
+
+
+_STATE_LISTS: Final = frozenset({"states", "configuration"})
+_INDEXED_LISTS: Final = (
+    fx.TraceExitSet,
+    fx.TraceEntrySet,
+    fx.TraceMacrostepStable,
+    fx.TraceDone,
+    fx.TraceInvokePass,
+)
+
+
+def effect_json(machine: Machine, effect: Effect) -> dict[str, Any]:
+    """:func:`~statifier.core.effects.as_json` with every state named by id
+    (:func:`state_name`) rather than by index: ``state_index`` becomes ``state``; the
+    trace effects' ``states`` and ``configuration`` list names; a selected transition
+    is ``{"source", "event", "targets", "line", "column"}``; a content owner is
+    ``onentry:STATE:N``, ``onexit:STATE:N``, ``history:STATE``, ``finalize:STATE:N``,
+    ``transition:LINE:COLUMN`` or ``script``."""
+    data = as_json(effect)
+    result: dict[str, Any] = {}
+    for key, value in data.items():
+        if key == "state_index":
+            result["state"] = state_name(machine, value)
+        elif key in _STATE_LISTS and isinstance(effect, _INDEXED_LISTS):
+            result[key] = [state_name(machine, index) for index in value]
+        elif key == "transitions" and isinstance(effect, fx.TraceTransitionsSelected):
+            result[key] = [_transition_json(machine, index) for index in value]
+        elif key == "owner" and isinstance(effect, fx.TraceContentExecuted):
+            result[key] = _owner(machine, value)
+        else:
+            result[key] = value
+    return result
+
+
+_TRANSITION_OWNER: Final = re.compile(r"transition:(\d+)")
+
+
+def notice_json(machine: Machine, notice: Notice) -> dict[str, Any]:
+    """A notice's JSON form: ``{"notice": "error", "event", "data", "sendid",
+    "invokeid", "before"}`` (data in the tagged encoding; a transition that raised it
+    is named ``transition:LINE:COLUMN``, not by index) or ``{"notice": "no_transition",
+    "event", "queue", "before"}``."""
+    if isinstance(notice, NoTransition):
+        return {
+            "notice": "no_transition",
+            "event": notice.event,
+            "queue": notice.queue,
+            "before": notice.before,
+        }
+    event = notice.event
+    data = event.data
+    if isinstance(data, dict) and isinstance(data.get("element"), str):
+        found = _TRANSITION_OWNER.fullmatch(str(data["element"]))
+        if found is not None and int(found.group(1)) < len(machine.transitions):
+            data = {**data, "element": _owner(machine, str(data["element"]))}
+    return {
+        "notice": "error",
+        "event": event.name,
+        "data": encode(data),
+        "sendid": event.sendid,
+        "invokeid": event.invokeid,
+        "before": notice.before,
+    }
 
 
 async def _advance(system: System, clock: VirtualClock, ms: int, going: Callable[[], bool]) -> None:
