@@ -32,6 +32,12 @@ What it measures, per database, in the same run:
   PostgreSQL ``pg_advisory_xact_lock``, ``SELECT ... FOR UPDATE``, the insert, the
   update, ``COMMIT``. This is the ceiling: what the database and the driver cost.
 
+* ``DBOS``: DBOS Transact doing the same idiomatically on the same database server
+  (``bench/dbos_anchor.py``): a workflow per execution receiving its ``--steps`` events
+  with ``DBOS.recv_async``, sent with ``DBOS.send_async`` by one task per workflow; run
+  once per database after the rounds (``--no-dbos`` leaves it out; it needs the ``dbos``
+  package of the ``bench`` extra). Project goal: the library at least 10x its events/s.
+
 The rows take turns (rounds of ``--steps`` steps per execution, in a rotating order) so
 drifting load hits them alike. Reported: steps per second (the median over rounds of
 all steps of a round over its wall time), p50 and p99 step latency (over every step of
@@ -55,6 +61,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+import dbos_anchor
 from harness import (
     add_gc_option,
     add_json_option,
@@ -92,6 +99,7 @@ CHART = b"""<scxml xmlns="http://www.w3.org/2005/07/scxml" version="1.0"
 """
 EXECUTIONS = 8
 GOAL = 0.7
+DBOS_GOAL = 10.0
 DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
 
 Step = Callable[[str], Awaitable[None]]
@@ -332,6 +340,25 @@ def _profile(name: str, postgres_url: str, steps: int) -> None:
             _drop(name, url, options)
 
 
+def _dbos(name: str, postgres_url: str, directory: str, steps: int) -> dict[str, Any]:
+    """DBOS's row: a workflow per execution, each sent ``steps`` events."""
+    measured = dbos_anchor.run(
+        name,
+        postgres_url,
+        directory,
+        keys=EXECUTIONS,
+        events=steps,
+        senders=EXECUTIONS,
+        wait_s=max(120.0, steps * 2.0),
+    )
+    latencies = sorted(measured.latencies)
+    return {
+        "median_steps_per_s": measured.rate,
+        "p50_ms": _percentile(latencies, 0.50) * 1000,
+        "p99_ms": _percentile(latencies, 0.99) * 1000,
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = new_parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="short run: fewer rounds and steps")
@@ -339,6 +366,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, help="steps per execution and round (default 100)")
     parser.add_argument("--only", choices=("sqlite", "postgresql"), help="one database")
     parser.add_argument("--url", help="the PostgreSQL URL")
+    parser.add_argument("--no-dbos", action="store_true", help="leave the DBOS row out")
     parser.add_argument(
         "--profile", choices=("sqlite", "postgresql"), help="cProfile the library row instead"
     )
@@ -352,7 +380,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _profile(args.profile, postgres_url, steps)
         return 0
 
-    info = machine_info(["statifier", "sqlalchemy", "psycopg", "alembic"])
+    with_dbos = not args.no_dbos and dbos_anchor.available()
+    info = machine_info(["statifier", "sqlalchemy", "psycopg", "alembic", "dbos"])
     print(machine_summary(info))
     print(versions_line(info))
     print(
@@ -370,10 +399,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                 result = asyncio.run(_database(name, url, options, rounds, steps, args.gc))
             finally:
                 _drop(name, url, options)
+            if with_dbos:
+                result["DBOS"] = _dbos(name, postgres_url, directory, steps)
+                library = result["library"]["median_steps_per_s"]
+                result["dbos_ratio"] = library / result["DBOS"]["median_steps_per_s"]
         results[name] = result
-        for row in ("raw driver", "library"):
+        for row in ("raw driver", "library", "DBOS"):
+            if row not in result:
+                continue
             cells = result[row]
-            ratio = fmt_ratio(result["ratio"]) if row == "library" else ""
+            ratio = ""
+            if row == "library":
+                ratio = fmt_ratio(result["ratio"])
+            elif row == "DBOS":
+                ratio = f"1/{result['dbos_ratio']:.1f}"
             print(
                 f"{name:<11} {row:<11} {cells['median_steps_per_s']:>9,.0f} "
                 f"{cells['p50_ms']:>8.2f} {cells['p99_ms']:>8.2f} {ratio:>7}"
@@ -382,6 +421,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, result in results.items():
         met = result["ratio"] >= GOAL
         print(f"goal (library >= {GOAL} of the raw driver) on {name}: {verdict(met)}")
+        if "dbos_ratio" in result:
+            met = result["dbos_ratio"] >= DBOS_GOAL
+            print(
+                f"goal (library >= {DBOS_GOAL:.0f}x DBOS) on {name}: {verdict(met)} "
+                f"({result['dbos_ratio']:.1f}x)"
+            )
     if args.json:
         write_json(
             args.json,

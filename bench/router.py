@@ -81,6 +81,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import dbos_anchor
 from harness import (
     add_gc_option,
     add_json_option,
@@ -139,7 +140,6 @@ ROUTE_GOAL = 0.7
 BATCH_GOAL = 3.0
 DBOS_GOAL = 10.0
 DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
-DBOS_DATABASE = "dbos_bench"
 CREATED = "created_and_delivered"
 DELIVERED = "delivered"
 ROWS = ("raw driver", "route()", "route_many()")
@@ -576,128 +576,17 @@ async def _router_rows(
 # --- DBOS -------------------------------------------------------------------------------
 
 
-@dataclass
-class _Received:
-    """What the DBOS workflows saw, in this process: each event's latency from its send
-    to its ``recv``, and when the last one arrived."""
-
-    latencies: list[float]
-    last: float = 0.0
-
-
-_RECEIVED = _Received([])
-_WORKFLOW: list[Any] = []
-
-
-def _dbos_workflow() -> Any:
-    """The counting workflow, registered with DBOS once per process."""
-    if _WORKFLOW:
-        return _WORKFLOW[0]
-    from dbos import DBOS
-
-    @DBOS.workflow(name="statifier_bench_counter")
-    async def counter(expected: int, wait_s: float) -> int:
-        count = 0
-        while count < expected:
-            sent = await DBOS.recv_async("tick", timeout_seconds=wait_s)
-            if sent is None:
-                break
-            count += 1
-            received = time.perf_counter()
-            _RECEIVED.latencies.append(received - sent)
-            _RECEIVED.last = received
-        return count
-
-    _WORKFLOW.append(counter)
-    return counter
-
-
-def dbos_available() -> bool:
-    try:
-        import dbos  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def _postgres_database_url(url: str, database: str) -> str:
-    import sqlalchemy as sa
-
-    return (
-        sa.make_url(url)
-        .set(drivername="postgresql", database=database)
-        .render_as_string(hide_password=False)
-    )
-
-
-async def _dbos_workload(keys: int, events: int, wait_s: float) -> dict[str, Any]:
-    from dbos import DBOS, SetWorkflowID
-
-    counter = _dbos_workflow()
-    run = uuid.uuid4().hex[:8]
-    ids = [f"bench-{run}-k{index}" for index in range(keys)]
-    handles: list[Any] = []
-    _RECEIVED.latencies.clear()
-    _RECEIVED.last = 0.0
-
-    async def router(share: list[str]) -> None:
-        for turn in range(events):
-            for workflow_id in share:
-                if turn == 0:
-                    with SetWorkflowID(workflow_id):
-                        handles.append(await DBOS.start_workflow_async(counter, events, wait_s))
-                await DBOS.send_async(workflow_id, time.perf_counter(), "tick")
-
-    started = time.perf_counter()
-    await asyncio.gather(*(router(ids[index::ROUTERS]) for index in range(ROUTERS)))
-    sent = time.perf_counter()
-    counts = await asyncio.wait_for(
-        asyncio.gather(*(handle.get_result() for handle in handles)), wait_s
-    )
-    if any(count != events for count in counts) or len(_RECEIVED.latencies) != keys * events:
-        missing = keys * events - len(_RECEIVED.latencies)
-        raise RuntimeError(f"DBOS: {missing} of {keys * events} events not received in time")
-    elapsed = _RECEIVED.last - started
-    result = _summary([keys * events / elapsed], list(_RECEIVED.latencies))
-    result["sends_s"] = sent - started
-    result["keys"] = keys
-    result["events"] = events
-    return result
-
-
 def _dbos_row(
     name: str, postgres_url: str, directory: str, keys: int, events: int, wait_s: float
 ) -> dict[str, Any]:
-    """DBOS launched on its own system database for this row alone, then destroyed;
-    PostgreSQL: database ``dbos_bench`` (DBOS creates it if missing), a fresh schema
-    dropped at the end; SQLite: a file of its own."""
-    from dbos import DBOS, DBOSConfig
-
-    schema = f"dbos_bench_{uuid.uuid4().hex[:8]}"
-    if name == "sqlite":
-        url = f"sqlite:///{os.path.join(directory, 'dbos.sqlite')}"
-    else:
-        url = _postgres_database_url(postgres_url, DBOS_DATABASE)
-    config: DBOSConfig = {
-        "name": "statifier_bench",
-        "system_database_url": url,
-        "log_level": "WARNING",
-        "dbos_system_schema": schema,
-    }
-    _dbos_workflow()
-    DBOS(config=config)
-    try:
-        DBOS.launch()
-        return asyncio.run(_dbos_workload(keys, events, wait_s))
-    finally:
-        DBOS.destroy(destroy_registry=False)
-        if name == "postgresql":
-            import sqlalchemy as sa
-
-            engine = sa.create_engine(migrations.sync_url(url))
-            with engine.begin() as connection:
-                connection.execute(sa.schema.DropSchema(schema, cascade=True, if_exists=True))
-            engine.dispose()
+    measured = dbos_anchor.run(
+        name, postgres_url, directory, keys=keys, events=events, senders=ROUTERS, wait_s=wait_s
+    )
+    result = _summary([measured.rate], measured.latencies)
+    result["sends_s"] = measured.sends_s
+    result["keys"] = keys
+    result["events"] = events
+    return result
 
 
 # --- running ----------------------------------------------------------------------------
@@ -781,7 +670,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.profile:
         _profile(args.profile, postgres_url, keys, events)
         return 0
-    with_dbos = not args.no_dbos and dbos_available()
+    with_dbos = not args.no_dbos and dbos_anchor.available()
     started = time.monotonic()
     work = Workload(keys, events, args.batch, rounds, started + args.budget)
 
