@@ -3,8 +3,9 @@
 scriba is shipped in the ``statifier`` distribution but stands on its own: it
 never imports statechart internals (``statifier.chart``, ``statifier.core``,
 ``statifier.session``). It needs the ``scriba`` extra (SQLAlchemy; the
-``eventsourcing`` library for its notification-log source). The guide is
-``docs/scriba.md``.
+``eventsourcing`` library for its notification-log source). It reports through
+``statifier.telemetry``, durations in seconds under ``duration``
+(``docs/telemetry.md``). The guide is ``docs/scriba.md``.
 """
 
 from scriba.coordinator import Status

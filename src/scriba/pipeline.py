@@ -404,7 +404,7 @@ class Pipeline:
             text = traceback.format_exc()
             _emit(
                 "scriba.projection.event.exception",
-                {"duration_ms": (time.perf_counter() - started) * 1000},
+                {"duration": time.perf_counter() - started},
                 {
                     **self._details(event, partition, attempt),
                     "kind": type(exc).__name__,
@@ -416,7 +416,7 @@ class Pipeline:
         if telemetry.enabled("scriba.projection.event.stop"):
             _emit(
                 "scriba.projection.event.stop",
-                {"duration_ms": (time.perf_counter() - started) * 1000},
+                {"duration": time.perf_counter() - started},
                 {
                     **self._details(event, partition, attempt),
                     "result": _RESULT_NAMES.get(type(result), "invalid"),
@@ -610,7 +610,7 @@ class Pipeline:
         _emit(
             "scriba.projection.batch.stop",
             {
-                "duration_ms": (time.perf_counter() - started) * 1000,
+                "duration": time.perf_counter() - started,
                 "batch_size": len(outcomes),
                 "applied": applied,
                 "dead_letters": dead,

@@ -1,17 +1,29 @@
 """statifier: durable, observable, long-lived event-driven processes.
 
-The library is built in layers, each using only the public API of the ones below:
+The library is built in layers, each using only the public API of the ones below.
+These exist today:
 
 * ``statifier.expr`` -- a small, safe expression language for guards and data;
 * ``statifier.chart``, ``statifier.core``, ``statifier.session`` -- W3C SCXML
-  statecharts: the chart model, a pure interpreter and asyncio sessions;
-* ``statifier.persistence`` -- durable executions stored in PostgreSQL or SQLite;
-* ``statifier.router`` and ``statifier.fronts`` -- routing inbound events from
-  Kafka, NATS and HTTP webhooks to the executions they belong to.
+  statecharts: the chart model, a pure interpreter with stored positions, and asyncio
+  sessions (with the BasicHTTP Event I/O Processor);
+* ``statifier.persistence`` and ``statifier.sql`` -- durable executions stored in
+  memory, PostgreSQL or SQLite, and the tables' migrations;
+* ``statifier.router`` -- inbound events routed by key to durable executions:
+  bindings, dedupe, addresses, the routing ledger, ``route``/``route_many``, the
+  reapers and the ``statifier scenario`` runner;
+* ``statifier.telemetry`` -- the events sessions, durable executions, the router and
+  scriba report (``docs/telemetry.md``);
+* ``statifier.examples`` -- what ``statifier demo`` runs; ``statifier.cli`` -- the
+  ``statifier`` command.
 
-Only ``statifier.expr`` exists today; the other layers are planned. The core has
-no runtime dependencies: integrations are installed through optional extras.
-See ``docs/architecture.md`` in the source tree.
+Planned, with no code yet: ``statifier.fronts`` (Kafka, NATS and HTTP webhook fronts
+that would feed the router), a service (``statifier serve``) and a console. The
+``kafka``, ``nats`` and ``otel`` extras are reserved for them. ``scriba``, the
+projection engine, ships in the same distribution as a separate import package.
+
+The core has no runtime dependencies: integrations are installed through optional
+extras. See ``README.md`` and ``docs/architecture.md`` in the source tree.
 """
 
 __version__ = "0.1.0"

@@ -125,3 +125,38 @@ async def test_what_the_engine_emits_carries_exactly_the_documented_keys() -> No
     assert set(seen) == set(catalog) - {"scriba.source.standby"}
     for name, keys in seen.items():
         assert keys == catalog[name], name
+
+
+class Slow(Projection):
+    name = "catalog_slow"
+
+    async def handle(self, event: Event, meta: Meta) -> Result:
+        await asyncio.sleep(0.02)
+        return Insert(ROWS, {"id": event.id})
+
+
+@pytest.mark.asyncio
+async def test_durations_are_seconds_under_duration_as_in_every_layer() -> None:
+    # A handler call of 20 ms reports a duration of about 0.02 (seconds), not 20.
+    durations: dict[str, list[float]] = {}
+
+    def record(name: str, measurements: Mapping[str, float], metadata: Mapping[str, Any]) -> None:
+        assert not any(key.startswith("duration_") for key in measurements), name
+        durations.setdefault(name, []).append(measurements["duration"])
+
+    event_stop, batch_stop = "scriba.projection.event.stop", "scriba.projection.batch.stop"
+    for name in (event_stop, batch_stop):
+        telemetry.attach("durations", name, record)
+    source = MemorySource(replay_from_zero=True)
+    source.record("s", "E")
+    options: dict[str, Any] = {"batch_timeout": 0.002, "lag_interval": 0}
+    try:
+        async with Scriba() as runtime:
+            await runtime.start(Slow, source=source, target=MemoryTarget(), **options)
+            await runtime.wait_until_caught_up(Slow)
+            await runtime.stop(Slow)
+    finally:
+        telemetry.detach("durations")
+    assert [0.02 <= value < 5.0 for value in durations[event_stop]] == [True]
+    # A batch's duration is its commit's (retries included), not its handlers'.
+    assert [0.0 <= value < 5.0 for value in durations[batch_stop]] == [True]

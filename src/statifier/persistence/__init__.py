@@ -2,8 +2,11 @@
 
 :class:`Storage` puts an adapter (:class:`MemoryAdapter`, or the SQL one in
 ``statifier.persistence.sql``) behind the identity guard; :class:`Executions` creates,
-steps, fails and cancels executions over it, handing every effect to an executor.
-See ``docs/persistence.md``.
+steps, fails and cancels executions over it, handing every effect to an executor, and
+answers :class:`Stepped` or :class:`Discarded`; :class:`Driver` drives charts that
+invoke services (durable children and fan-out); :func:`prune` clears what finished.
+See ``docs/persistence.md``, whose "What the calls return" section lists every field
+of the returned values and the format of effect keys.
 """
 
 from statifier.persistence.driver import Answered, Driver, InvocationFailed

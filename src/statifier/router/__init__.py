@@ -3,8 +3,11 @@
 A :class:`Binding` says which events of a source an execution of a document receives
 and under which key; :func:`route` delivers an :class:`InboundEvent` to every binding
 whose match holds, each delivery one transaction: the dedupe claim, the address, the
-create when the binding's mode calls for one, the step, the ledger row. See
-``docs/router.md``.
+create when the binding's mode calls for one, the step, the ledger row. The reapers
+clear expired dedupe claims and the addresses of executions that ended longer ago
+than their horizon; :mod:`statifier.router.scenario` runs a routing case (``statifier
+scenario``). The host calls the router itself: fronts that read Kafka, NATS or HTTP
+are planned, not built. See ``docs/router.md``.
 """
 
 from statifier.router.binding import (

@@ -1,0 +1,115 @@
+"""The README tells the truth: its quickstart runs as written, and it names the extras as
+pyproject.toml defines them."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from statifier.cli import main
+
+ROOT = Path(__file__).parent.parent
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def section(title: str) -> str:
+    """The text of the README's ``## title`` section, up to the next ``## `` heading."""
+    match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", README, re.M | re.S)
+    assert match, f"README.md has no '## {title}' section"
+    return match[1]
+
+
+def quickstart_files() -> dict[str, str]:
+    """Each file of the quickstart: a fenced block right after a line ending in
+    "`NAME`:"."""
+    blocks = re.findall(r"`([\w.-]+)`:\n\n```\w+\n(.*?)^```", section("Quickstart"), re.M | re.S)
+    return dict(blocks)
+
+
+def quickstart_session() -> list[tuple[str, str]]:
+    """The quickstart's shell session: (command, the output shown under it)."""
+    (session,) = re.findall(r"^```console\n(.*?)^```", section("Quickstart"), re.M | re.S)
+    steps: list[tuple[str, str]] = []
+    for line in session.splitlines(keepends=True):
+        if line.startswith("$ "):
+            steps.append((line[2:].strip(), ""))
+        else:
+            command, shown = steps[-1]
+            steps[-1] = (command, shown + line)
+    return steps
+
+
+def test_the_quickstart_runs_as_written_one_process_per_event(tmp_path: Path) -> None:
+    files = quickstart_files()
+    assert set(files) == {"order.scxml", "step.py"}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    steps = quickstart_session()
+    assert [command for command, _ in steps] == [
+        "python step.py pay",
+        "python step.py ship",
+        "python step.py deliver",
+    ]
+    environment = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    printed = []
+    for command, shown in steps:
+        program, *arguments = shlex.split(command)
+        assert program == "python"
+        done = subprocess.run(  # a new process for every event, in a fresh directory
+            [sys.executable, *arguments],
+            cwd=tmp_path,
+            env=environment,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == shown, command
+        printed.append(done.stdout)
+    assert printed == [
+        "order-1 active paid\n",
+        "order-1 active shipped\n",
+        "order-1 completed\n",
+    ]
+    assert (tmp_path / "orders.db").is_file()
+
+
+def test_the_install_line_is_the_sqlite_extra() -> None:
+    assert "```sh\npip install 'statifier[sqlite]'\n```" in section("Install")
+
+
+def test_the_readme_names_every_extra_and_what_is_reserved() -> None:
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    extras = set(pyproject["project"]["optional-dependencies"]) - {"dev", "bench"}
+    install = section("Install")
+    with_code = set(re.findall(r"^\| `([a-z]+)` \|", install, re.M))
+    reserved = {"kafka", "nats", "otel"}
+    assert with_code | reserved == extras
+    assert not with_code & reserved
+    assert "`kafka`, `nats` and `otel` are reserved for the planned layers" in install
+    # Nothing of a reserved extra is imported by the code.
+    sources = "".join(path.read_text(encoding="utf-8") for path in (ROOT / "src").rglob("*.py"))
+    for module in ("confluent_kafka", "nats", "opentelemetry"):
+        assert not re.search(rf"^\s*(import|from) {module}\b", sources, re.M), module
+
+
+def test_what_the_readme_calls_planned_does_not_exist(capsys: pytest.CaptureFixture[str]) -> None:
+    planned = README.split("\n## ", 1)[0]  # the description, above the first section
+    assert "Not built yet" in planned
+    for name in ("`statifier.fronts`", "`statifier serve`", "a console"):
+        assert name in planned
+    assert not (ROOT / "src" / "statifier" / "fronts").exists()
+    with pytest.raises(SystemExit) as exited:
+        main(["--help"])
+    assert exited.value.code == 0
+    (choices,) = re.findall(r"\{([a-z,]+)\}", capsys.readouterr().out.split("\n\n")[0])
+    assert "scenario" in choices.split(",")
+    assert "serve" not in choices.split(",")
