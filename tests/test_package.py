@@ -33,3 +33,35 @@ def test_the_library_never_evaluates_python() -> None:
         and node.func.id in forbidden
     ]
     assert offenders == []
+
+
+def test_version_flag_prints_the_distribution_version() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "statifier.cli", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (done.returncode, done.stdout) == (0, f"statifier {metadata.version('statifier')}\n")
+
+
+def test_package_docstrings_name_what_exists_and_what_is_planned() -> None:
+    import importlib
+    import pkgutil
+
+    doc = statifier.__doc__ or ""
+    assert "Only ``statifier.expr`` exists" not in doc
+    subpackages = [info.name for info in pkgutil.iter_modules(statifier.__path__) if info.ispkg]
+    assert len(subpackages) >= 8
+    for name in subpackages:  # every layer that exists is named
+        assert f"``statifier.{name}``" in doc, name
+    # What the docstring calls planned has no code.
+    assert "``statifier.fronts``" in doc.split("Planned")[1]
+    assert "fronts" not in subpackages
+    for name in subpackages:
+        module = importlib.import_module(f"statifier.{name}")
+        assert module.__doc__, name

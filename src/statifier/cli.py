@@ -63,8 +63,17 @@ Subcommands:
 ``statifier expr SOURCE [--context JSON] [--program] [--now DATETIME]``
     Evaluates one expression (or, with ``--program``, runs a statement program) and
     prints the result as JSON in the tagged encoding (``{"$type": "undefined"}`` and
-    so on). An evaluation error is printed as ``{"error": {...}}`` and exits with 1;
-    unusable arguments exit with 2.
+    so on). An evaluation error is printed as ``{"error": {"type", "reason",
+    "message", "line", "column"}}`` (and ``"code"``, the stable token, where it is not
+    the reason: a failing function) and exits with 1; unusable arguments exit with 2.
+
+Errors (every command): an error of the command itself is one line on stderr,
+``statifier COMMAND: message``, and exit status 2: a missing extra names the extra to
+install (``PostgreSQL needs the postgres extra: pip install 'statifier[postgres]'``), a
+database without the tables says to run ``statifier db upgrade``, and an unexpected
+exception is named with its type. ``statifier --debug COMMAND ...`` adds the traceback.
+What a command reports as its finding keeps its own status (1 for ``validate``'s
+errors, ``scenario``'s differences and ``expr``'s evaluation errors).
 """
 
 from __future__ import annotations
@@ -72,6 +81,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -84,6 +94,7 @@ from statifier.chart.graph import dot, mermaid
 from statifier.core import Event
 from statifier.examples import read as read_example
 from statifier.expr.tagged import TaggedValueError, decode, encode
+from statifier.extras import MissingExtra
 
 if TYPE_CHECKING:
     from statifier.session.trace import Notice, Step
@@ -97,6 +108,8 @@ def _error_json(error: expr.ExprError) -> dict[str, object]:
         "reason": error.reason,
         "message": error.message,
     }
+    if error.code != error.reason:  # a failing function: the corpus's reason is its message
+        details["code"] = error.code
     if error.span is not None:
         details["line"], details["column"] = error.span.line, error.span.column
     return {"error": details}
@@ -398,8 +411,11 @@ def _run_trace(args: argparse.Namespace, out: TextIO) -> int:
             basichttp=args.basichttp,
             serving=serving,
         )
-    except ImportError as error:
-        sys.stderr.write(f"statifier trace: --basichttp needs the http extra: {error}\n")
+    except ModuleNotFoundError as error:
+        if not isinstance(MissingExtra.of(error), MissingExtra):
+            raise
+        _debug_traceback(args)
+        sys.stderr.write(f"statifier trace: --basichttp: {describe(error)}\n")
         return 2
     except OSError as error:
         if not args.basichttp:
@@ -453,8 +469,8 @@ def _run_db(args: argparse.Namespace, out: TextIO) -> int:
             migrations.downgrade(args.url, options, args.revision or "base")
         reached = migrations.current(args.url, options)
     except (ValueError, sa.exc.SQLAlchemyError) as error:
-        message = " ".join(str(error).split())
-        sys.stderr.write(f"statifier db {args.action}: {message}\n")
+        _debug_traceback(args)
+        sys.stderr.write(f"statifier db {args.action}: {describe(error)}\n")
         return 2
     out.write(f"{options.prefix}tables at revision {reached or 'base (none)'}\n")
     return 0
@@ -475,11 +491,12 @@ def _run_scenario(args: argparse.Namespace, out: TextIO) -> int:
         run = scenario.run_case(case, Path(args.charts), args.database, start, prefix=args.prefix)
         report = asyncio.run(run)
     except scenario.CaseError as error:
-        sys.stderr.write(f"{where}: {error}\n")
+        _debug_traceback(args)
+        sys.stderr.write(f"{where}: {_one_line(error)}\n")
         return 2
     except (sa.exc.SQLAlchemyError, OSError) as error:
-        message = " ".join(str(error).split())
-        sys.stderr.write(f"{where}: database: {message}\n")
+        _debug_traceback(args)
+        sys.stderr.write(f"{where}: database: {describe(error)}\n")
         return 2
     _dump(report, out)
     differences = [] if case.expected is None else scenario.compare(report, case.expected)
@@ -488,8 +505,62 @@ def _run_scenario(args: argparse.Namespace, out: TextIO) -> int:
     return 1 if differences else 0
 
 
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+def describe(error: BaseException) -> str:
+    """One line saying what went wrong, in the user's words: the extra to install for
+    a missing library, ``statifier db upgrade`` for a database without the tables,
+    else the error's own message."""
+    if isinstance(error, ModuleNotFoundError):
+        named = MissingExtra.of(error)
+        if isinstance(named, MissingExtra):
+            return str(named)
+    table = _missing_table(error)
+    if table is not None:
+        return (
+            f"the database has no table {table}: run `statifier db upgrade` "
+            "(with the same --url and --prefix) first"
+        )
+    return _one_line(error)
+
+
+def _missing_table(error: BaseException) -> str | None:
+    try:
+        from statifier.sql.engines import TablesMissing, missing_table
+    except ImportError:  # without the sql extra no database was opened
+        return None
+    if isinstance(error, TablesMissing):
+        return error.table
+    return missing_table(error)
+
+
+def _debug_traceback(args: argparse.Namespace) -> None:
+    if getattr(args, "debug", False):
+        traceback.print_exc(file=sys.stderr)
+
+
+def _unexpected(args: argparse.Namespace, error: Exception) -> int:
+    """The one line (and, under ``--debug``, the traceback) for an exception no
+    command handled; exit status 2."""
+    _debug_traceback(args)
+    command = " ".join(filter(None, (args.command, getattr(args, "action", None))))
+    if isinstance(error, ModuleNotFoundError) or _missing_table(error) is not None:
+        message = describe(error)
+    else:
+        hint = "" if args.debug else f" (statifier --debug {command} ... shows the traceback)"
+        message = f"unexpected {type(error).__name__}: {_one_line(error)}{hint}"
+    sys.stderr.write(f"statifier {command}: {message}\n")
+    return 2
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="statifier", description=__doc__.split("\n\n")[0])
+    from importlib.metadata import version  # the installed distribution's version
+
+    parser.add_argument("--version", action="version", version=f"statifier {version('statifier')}")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("demo", help="run the demo on the embedded default (no server)")
     evaluate = commands.add_parser("expr", help="evaluate an expression and print it as JSON")
@@ -545,9 +616,20 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
-    """Run the command line; returns the exit status."""
+    """Run the command line; returns the exit status.
+
+    An exception no command handles becomes one line on stderr naming the command
+    and the error, and exit status 2 (with ``--debug``, after the traceback).
+    """
     args = _parser().parse_args(argv)
     stream = out if out is not None else sys.stdout
+    try:
+        return _dispatch(args, stream)
+    except Exception as error:  # noqa: BLE001 - every command's errors end in one line
+        return _unexpected(args, error)
+
+
+def _dispatch(args: argparse.Namespace, stream: TextIO) -> int:
     if args.command == "demo":
         return _run_demo(stream)
     if args.command == "validate":

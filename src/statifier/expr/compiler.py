@@ -188,6 +188,7 @@ def _unary(node: n.Unary) -> Closure:
         return minus
     operand = compile_node(node.operand)
     operation = "logical_not" if node.op == "not" else "unary_bang"
+    shown = f"'{node.word or node.op}'"
 
     def logical_not(data: Data, run: Run) -> Value:
         value = operand(data, run)
@@ -195,7 +196,7 @@ def _unary(node: n.Unary) -> Closure:
             return False
         if value is False:
             return True
-        raise s.mismatch(operation, "boolean", value, span)
+        raise s.mismatch(operation, "boolean", value, span, shown)
 
     return logical_not
 
@@ -316,11 +317,13 @@ def _logical(node: n.Logical) -> Closure:
     operands = [compile_node(operand) for operand in node.operands]
     spans = node.spans
     mismatch = s.mismatch
+    # Each operator as the source spelled it (``and``, ``&&``), for the message.
+    shown = [f"'{word}'" for word in node.words] or [f"'{node.op}'"] * len(spans)
     if node.op == "and":
         operation = "jump_if_falsy_or_pop"
         if len(operands) == 2:
             first, second = operands
-            span = spans[0]
+            span, word = spans[0], shown[0]
 
             def both(data: Data, run: Run) -> Value:
                 value = first(data, run)
@@ -328,18 +331,18 @@ def _logical(node: n.Logical) -> Closure:
                     return second(data, run)
                 if value is False or value is None or type(value) is Undefined:
                     return value
-                raise mismatch(operation, "boolean", value, span)
+                raise mismatch(operation, "boolean", value, span, word)
 
             return both
 
         def all_of(data: Data, run: Run) -> Value:
-            for operand, span in zip(operands, spans, strict=False):
+            for operand, span, word in zip(operands, spans, shown, strict=False):
                 value = operand(data, run)
                 if value is True:
                     continue
                 if value is False or value is None or type(value) is Undefined:
                     return value
-                raise mismatch(operation, "boolean", value, span)
+                raise mismatch(operation, "boolean", value, span, word)
             return operands[-1](data, run)
 
         return all_of
@@ -347,13 +350,13 @@ def _logical(node: n.Logical) -> Closure:
     operation = "jump_if_true_or_pop"
 
     def any_of(data: Data, run: Run) -> Value:
-        for operand, span in zip(operands, spans, strict=False):
+        for operand, span, word in zip(operands, spans, shown, strict=False):
             value = operand(data, run)
             if value is True:
                 return value
             if value is False or value is None or type(value) is Undefined:
                 continue
-            raise mismatch(operation, "boolean", value, span)
+            raise mismatch(operation, "boolean", value, span, word)
         return operands[-1](data, run)
 
     return any_of
@@ -399,11 +402,13 @@ def _call(node: n.Call) -> Closure:
 
 
 def _uncallable(name: str, function: Function | None, count: int, span: Span) -> s.Fail:
+    # The corpus spells a function's failure with its message as the reason; the code
+    # is the stable token.
     if function is None:
         message = f"Unknown function: {name}"
-    else:
-        message = f"{name} expects {_plural(function.arity)}, got {count}"
-    return s.failure(message, message, span)
+        return s.failure(message, message, span, "unknown_function")
+    message = f"{name} expects {_plural(function.arity)}, got {count}"
+    return s.failure(message, message, span, "wrong_arity")
 
 
 def _function_failed(name: str, error: Exception, span: Span) -> Exception:
@@ -411,7 +416,7 @@ def _function_failed(name: str, error: Exception, span: Span) -> Exception:
     if isinstance(error, s.Fail | RecursionError):
         return error
     if isinstance(error, FunctionError):
-        return s.failure(str(error), str(error), span)
+        return s.failure(str(error), str(error), span, error.code)
     message = f"{name} raised {type(error).__name__}: {error}"
     return s.failure("function_raised", message, span)
 
@@ -448,7 +453,7 @@ def _relative_date(node: n.RelativeDate) -> Closure:
         try:
             now = run.now()
         except FunctionError as error:  # a host without a clock refuses relative dates
-            raise s.failure(str(error), str(error), span) from None
+            raise s.failure(str(error), str(error), span, error.code) from None
         return shift(now, duration, direction, span)
 
     return relative
@@ -523,14 +528,16 @@ def _assign(statement: n.Assign) -> Step:
     return assign
 
 
-def _condition(condition: Closure, span: Span) -> Callable[[dict[str, Value], Run], bool]:
+def _condition(
+    condition: Closure, span: Span, word: str
+) -> Callable[[dict[str, Value], Run], bool]:
     def test(data: dict[str, Value], run: Run) -> bool:
         value = condition(data, run)
         if value is True:
             return True
         if value is False or value is None or type(value) is Undefined:
             return False
-        raise s.mismatch("pop_jump_if_falsy", "boolean", value, span)
+        raise s.mismatch("pop_jump_if_falsy", "boolean", value, span, word)
 
     return test
 
@@ -549,7 +556,7 @@ def _if(statement: n.If) -> Step:
     branches: list[tuple[Callable[[dict[str, Value], Run], bool], Step]] = []
     current = statement
     while True:
-        test = _condition(compile_node(current.condition), current.span)
+        test = _condition(compile_node(current.condition), current.span, "'if'")
         branches.append((test, _block(current.then)))
         otherwise = current.otherwise
         if (
@@ -583,7 +590,7 @@ def _if(statement: n.If) -> Step:
 
 
 def _while(statement: n.While) -> Step:
-    test = _condition(compile_node(statement.condition), statement.span)
+    test = _condition(compile_node(statement.condition), statement.span, "'while'")
     body = compile_statements(statement.body.statements) if statement.body.statements else _nothing
     span = statement.span
 

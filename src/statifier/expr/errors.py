@@ -3,8 +3,11 @@
 Every failure is one of five frozen dataclasses sharing :class:`ExprError`. Each
 carries a ``reason`` token (the vocabulary of the predicator conformance corpus, so
 ``"division_by_zero"``, ``"unbound_variable"``, or the name of the failing operation
-such as ``"add"``), a human ``message`` (free wording, not a contract) and, where the
-failure belongs to a piece of source, a :class:`Span`.
+such as ``"add"`` or ``"jump_if_falsy_or_pop"``), a ``code`` (a stable token from a
+closed vocabulary: the ``reason``, except for a failing function, whose ``reason`` the
+corpus spells as its message), a ``message`` in the user's words (operators and
+functions as the source wrote them: ``'and'``, ``len``; free wording, not a contract)
+and, where the failure belongs to a piece of source, a :class:`Span`.
 
 A caller that prefers exceptions uses :func:`unwrap`:
 
@@ -12,13 +15,19 @@ A caller that prefers exceptions uses :func:`unwrap`:
 >>> error = evaluate("1 / 0")
 >>> error.reason, error.span.column
 ('division_by_zero', 3)
+>>> error = evaluate("1 and true")
+>>> error.reason, error.message
+('jump_if_falsy_or_pop', "'and' expects a boolean, got an integer")
+>>> error = evaluate("nope(1)")
+>>> error.reason, error.code
+('Unknown function: nope', 'unknown_function')
 >>> unwrap(evaluate("1 + 1"))
 2
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 __all__ = [
@@ -52,11 +61,28 @@ class Span:
 
 @dataclass(frozen=True, slots=True)
 class ExprError:
-    """Base of every expression-language error value."""
+    """Base of every expression-language error value.
+
+    Attributes:
+        reason: the conformance corpus's token (``"add"``, ``"jump_if_falsy_or_pop"``;
+            for a failing function, the message, as the corpus spells it).
+        message: what went wrong in the user's words.
+        span: where in the source, if the failure belongs to a piece of it.
+        code: a stable token for matching in code (see ``docs/expressions.md``): the
+            ``reason``, except for a failing function (``"unknown_function"``,
+            ``"wrong_arity"``, ``"invalid_argument"``...). Keyword-only; left out, it is
+            the ``reason``. Not compared: two errors equal on their other fields are
+            equal.
+    """
 
     reason: str
     message: str
     span: Span | None = None
+    code: str = field(default="", kw_only=True, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.code:
+            object.__setattr__(self, "code", self.reason)
 
     @property
     def kind(self) -> str:

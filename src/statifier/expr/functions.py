@@ -3,8 +3,9 @@
 A host function is a :class:`Function` wrapping a plain callable. It receives the
 evaluated arguments as a tuple (undefined arguments arrive as :data:`UNDEFINED`)
 and returns a value; to fail, it raises :class:`FunctionError` (any other exception
-is reported the same way, as an ``EvaluationError``). Functions are passed per
-evaluation in :class:`~statifier.expr.Options` and shadow same-named builtins.
+is reported the same way, as an ``EvaluationError`` with the code
+``function_raised``). Functions are passed per evaluation in
+:class:`~statifier.expr.Options` and shadow same-named builtins.
 
 >>> from statifier.expr import Options, evaluate
 >>> double = Function(lambda args: args[0] * 2, arity=1)
@@ -31,8 +32,16 @@ __all__ = ["BUILTINS", "CallContext", "Function", "FunctionError"]
 class FunctionError(Exception):
     """Raised by a function to fail the evaluation with an ``EvaluationError``.
 
-    The message becomes both the error's ``reason`` and its ``message``.
+    The message becomes both the error's ``reason`` and its ``message`` (as the
+    conformance corpus spells a function's failure), ``code`` the error's stable
+    token (``"function_failed"`` unless given; the builtins use
+    ``"invalid_argument"``, ``"invalid_json"``, ``"not_serializable"`` and
+    ``"result_too_large"``).
     """
+
+    def __init__(self, message: str, code: str = "function_failed") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class CallContext:
@@ -74,21 +83,26 @@ class Function:
         return count == self.arity if isinstance(self.arity, int) else count in self.arity
 
 
+# The stable codes of the builtins' failures (their reasons are their messages).
+_INVALID: Final = "invalid_argument"
+_TOO_LARGE: Final = "result_too_large"
+
+
 def _string(name: str, value: Value) -> str:
     if type(value) is not str:
-        raise FunctionError(f"{name} expects a string")
+        raise FunctionError(f"{name} expects a string", _INVALID)
     return value
 
 
 def _integer(name: str, value: Value) -> int:
     if type(value) is not int:
-        raise FunctionError(f"{name} expects an integer")
+        raise FunctionError(f"{name} expects an integer", _INVALID)
     return value
 
 
 def _number(name: str, value: Value) -> int | float:
     if type(value) is not int and type(value) is not float:
-        raise FunctionError(f"{name} expects a number")
+        raise FunctionError(f"{name} expects a number", _INVALID)
     return value
 
 
@@ -96,14 +110,14 @@ def _trim(args: tuple[Value, ...]) -> Value:
     value = args[0]
     if type(value) is str:
         return value.strip()
-    raise FunctionError("trim expects a string")
+    raise FunctionError("trim expects a string", _INVALID)
 
 
 def _len(args: tuple[Value, ...]) -> Value:
     value = args[0]
     if type(value) is str or type(value) is list:
         return len(value)
-    raise FunctionError("len expects a string or a list")
+    raise FunctionError("len expects a string or a list", _INVALID)
 
 
 def _substring(args: tuple[Value, ...]) -> Value:
@@ -115,14 +129,14 @@ def _substring(args: tuple[Value, ...]) -> Value:
         return text[start:]
     length = _integer("substring", args[2])
     if length < 0:
-        raise FunctionError("substring expects a non-negative length")
+        raise FunctionError("substring expects a non-negative length", _INVALID)
     return text[start : start + length]
 
 
 def _concat(args: tuple[Value, ...]) -> Value:
     left, right = args
     if type(left) is not list or type(right) is not list:
-        raise FunctionError("concat expects two lists")
+        raise FunctionError("concat expects two lists", _INVALID)
     joined: list[Value] = left + right
     check_size(joined, None)
     return joined
@@ -132,19 +146,19 @@ def _pow(args: tuple[Value, ...]) -> Value:
     base, exponent = _number("Math.pow", args[0]), _number("Math.pow", args[1])
     if type(base) is int and type(exponent) is int and exponent >= 0:
         if max(base.bit_length(), 1) * exponent > MAX_INT_BITS and abs(base) > 1:
-            raise FunctionError(f"Math.pow result wider than {MAX_INT_BITS} bits")
+            raise FunctionError(f"Math.pow result wider than {MAX_INT_BITS} bits", _TOO_LARGE)
         result: int = base**exponent
         return result
     try:
         return math.pow(base, exponent)
     except (OverflowError, ValueError):
-        raise FunctionError("Math.pow result is not a finite number") from None
+        raise FunctionError("Math.pow result is not a finite number", _TOO_LARGE) from None
 
 
 def _sqrt(args: tuple[Value, ...]) -> Value:
     value = _number("Math.sqrt", args[0])
     if value < 0:
-        raise FunctionError("Math.sqrt expects a non-negative number")
+        raise FunctionError("Math.sqrt expects a non-negative number", _INVALID)
     if type(value) is int:
         root = math.isqrt(value)
         if root * root == value:
@@ -152,7 +166,7 @@ def _sqrt(args: tuple[Value, ...]) -> Value:
     try:
         return math.sqrt(value)
     except OverflowError:
-        raise FunctionError("Math.sqrt argument too large") from None
+        raise FunctionError("Math.sqrt argument too large", _TOO_LARGE) from None
 
 
 def _rounding(name: str, rule: Callable[[float], int]) -> Callable[[tuple[Value, ...]], Value]:
@@ -161,7 +175,7 @@ def _rounding(name: str, rule: Callable[[float], int]) -> Callable[[tuple[Value,
         if type(value) is int:
             return value
         if not math.isfinite(value):
-            raise FunctionError(f"{name} expects a finite number")
+            raise FunctionError(f"{name} expects a finite number", _INVALID)
         return rule(value)
 
     return apply
@@ -183,7 +197,7 @@ def _date_part(name: str, part: str) -> Callable[[tuple[Value, ...]], Value]:
     def apply(args: tuple[Value, ...]) -> Value:
         value = args[0]
         if type(value) is not date and type(value) is not datetime:
-            raise FunctionError(f"{name} expects a date or a datetime")
+            raise FunctionError(f"{name} expects a date or a datetime", _INVALID)
         result: int = getattr(value, part)
         return result
 
@@ -198,14 +212,14 @@ def _json_parse(args: tuple[Value, ...]) -> Value:
     try:
         return jsontext.loads(_string("JSON.parse", args[0]))
     except jsontext.JSONTextError as error:
-        raise FunctionError(f"Invalid JSON: {error}") from None
+        raise FunctionError(f"Invalid JSON: {error}", "invalid_json") from None
 
 
 def _json_stringify(args: tuple[Value, ...]) -> Value:
     try:
         text = jsontext.dumps(args[0])
     except (jsontext.JSONTextError, ValueError) as error:
-        raise FunctionError(f"JSON.stringify failed: {error}") from None
+        raise FunctionError(f"JSON.stringify failed: {error}", "not_serializable") from None
     check_size(text, None)
     return text
 

@@ -226,7 +226,7 @@ def _path(node: n.Expression, data: Mapping[str, Value]) -> list[str | int]:
         raise _refuse(
             "not_assignable", "Only a variable, property or index can be assigned to", node.span
         )
-    raise _refuse("invalid_node", f"Unrecognised node {type(node).__name__}")
+    raise _refuse("invalid_node", "This expression cannot be assigned to")
 
 
 def _key(node: n.Expression, data: Mapping[str, Value]) -> str | int:

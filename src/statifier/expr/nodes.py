@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeAlias
 
 from statifier.expr.errors import Span
@@ -78,11 +78,16 @@ class Cast:
 
 @dataclass(frozen=True, slots=True)
 class Unary:
-    """``-operand``, ``!operand`` or ``not operand`` (``op`` is ``-``, ``!``, ``not``)."""
+    """``-operand``, ``!operand`` or ``not operand`` (``op`` is ``-``, ``!``, ``not``).
+
+    ``word`` is the operator as the source spelled it (``NOT``, or ``!`` for a loose
+    ``!`` whose ``op`` is ``not``), for messages; not compared.
+    """
 
     op: str
     operand: Expression
     span: Span
+    word: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,13 +115,16 @@ class Compare:
 class Logical:
     """A chain of short-circuit ``and`` or ``or``: ``a and b and c`` is one node.
 
-    ``spans`` holds the span of each operator word, one fewer than ``operands``.
+    ``spans`` holds the span of each operator word, one fewer than ``operands``, and
+    ``words`` each operator as the source spelled it (``and``, ``&&``, ``AND``), for
+    messages; not compared.
     """
 
     op: str
     operands: tuple[Expression, ...]
     spans: tuple[Span, ...]
     span: Span
+    words: tuple[str, ...] = field(default=(), compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -348,7 +348,7 @@ class _Parser:
             self.enter()
             operand = self.operation(_NOT)
             self.leave()
-            left: n.Expression = n.Unary("not", operand, token.span)
+            left: n.Expression = n.Unary("not", operand, token.span, token.text)
         else:
             left = self.unary()
         while True:
@@ -358,11 +358,13 @@ class _Parser:
                 return left
             if found in (_OR, _AND):
                 word = "or" if found == _OR else "and"
-                operands, spans = [left], []
+                operands, spans, words = [left], [], []
                 while _level(self.peek()) == found:  # either spelling: ``and``/``&&``
-                    spans.append(self.advance().span)
+                    operator_token = self.advance()
+                    spans.append(operator_token.span)
+                    words.append(operator_token.text)
                     operands.append(self.operation(found + 1))
-                left = n.Logical(word, tuple(operands), tuple(spans), spans[0])
+                left = n.Logical(word, tuple(operands), tuple(spans), spans[0], tuple(words))
             elif found == _COMPARISON:
                 self.advance()
                 left = n.Compare(str(token.value), left, self.operation(found + 1), token.span)
@@ -383,7 +385,7 @@ class _Parser:
             self.enter()
             operand = self.unary()
             self.leave()
-            return n.Unary(str(token.value), operand, token.span)
+            return n.Unary(str(token.value), operand, token.span, token.text)
         return self.postfix()
 
     def postfix(self) -> n.Expression:

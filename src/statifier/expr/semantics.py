@@ -65,11 +65,59 @@ class Fail(Exception):  # noqa: N818 - internal control flow, never escapes eval
         self.error = error
 
 
-def mismatch(operation: str, expected: str, got: Value, span: Span | None) -> Fail:
+# How a message names each operation the corpus names by an opcode or an internal
+# word: as the source writes it. ``and``, ``or`` and ``not`` are named by the spelling
+# the source used (``&&``, ``AND``...), which the compiler passes in ``shown``.
+_SHOWN: Final[Mapping[str, str]] = {
+    "add": "'+'",
+    "subtract": "'-'",
+    "multiply": "'*'",
+    "divide": "'/'",
+    "modulo": "'%'",
+    "unary_minus": "unary '-'",
+    "unary_bang": "'!'",
+    "logical_not": "'not'",
+    "jump_if_falsy_or_pop": "'and'",
+    "jump_if_true_or_pop": "'or'",
+    "pop_jump_if_falsy": "a condition",
+    "in": "'in'",
+    "contains": "'contains'",
+}
+
+# What each operation expects, in words (``expected`` keeps the token).
+_EXPECTED: Final[Mapping[tuple[str, str], str]] = {
+    ("add", "number_or_string"): "numbers or strings",
+    ("subtract", "number_or_date"): "numbers or dates",
+    ("multiply", "number"): "numbers",
+    ("divide", "number"): "numbers",
+    ("modulo", "number"): "integers",
+    ("in", "list"): "a list on its right",
+    ("contains", "list"): "a list on its left",
+}
+
+_ARTICLES: Final[Mapping[str, str]] = {
+    "integer": "an integer",
+    "null": "null",
+    "undefined": "undefined",
+    "unknown": "a value of no type of the language",
+}
+
+
+def with_article(type_word: str) -> str:
+    """``type_word`` with its article: ``an integer``, ``a string``, ``null``."""
+    return _ARTICLES.get(type_word, f"a {type_word}")
+
+
+def mismatch(
+    operation: str, expected: str, got: Value, span: Span | None, shown: str | None = None
+) -> Fail:
     """The failure for an operand of the wrong type.
 
-    An undefined operand that came from an unbound root variable is reported as an
-    UndefinedVariableError naming that variable, at the variable's own position.
+    ``operation`` is the reason token (the corpus's); the message names the operator
+    as the source wrote it: ``shown`` if given (``'&&'``), else the operator the token
+    stands for. An undefined operand that came from an unbound root variable is
+    reported as an UndefinedVariableError naming that variable, at the variable's own
+    position.
     """
     if type(got) is Undefined and got.root is not None:
         return Fail(
@@ -84,7 +132,7 @@ def mismatch(operation: str, expected: str, got: Value, span: Span | None) -> Fa
     return Fail(
         TypeMismatchError(
             operation,
-            f"{operation} expects {expected}, got {name}",
+            _mismatch_message(operation, expected, name, shown),
             span,
             expected=expected,
             got=name,
@@ -92,9 +140,25 @@ def mismatch(operation: str, expected: str, got: Value, span: Span | None) -> Fa
     )
 
 
-def failure(reason: str, message: str, span: Span | None) -> Fail:
-    """An EvaluationError wrapped for raising."""
-    return Fail(EvaluationError(reason, message, span))
+def _mismatch_message(operation: str, expected: str, got: str, shown: str | None) -> str:
+    if operation == "bracket_access":
+        if expected == "integer":
+            return f"a list index must be an integer, got {with_article(got)}"
+        return f"a map key must be a string, an integer or a boolean, got {with_article(got)}"
+    if operation == "store":
+        target = "a key in an assignment's target"
+        return f"{target} must be a string or an integer, got {with_article(got)}"
+    if operation == "pop_jump_if_falsy":
+        where = f"the condition of {shown}" if shown else "a condition"
+        return f"{where} must be a boolean, got {with_article(got)}"
+    words = _EXPECTED.get((operation, expected)) or with_article(expected)
+    return f"{shown or _SHOWN.get(operation, operation)} expects {words}, got {with_article(got)}"
+
+
+def failure(reason: str, message: str, span: Span | None, code: str = "") -> Fail:
+    """An EvaluationError wrapped for raising (``code``: its stable token, if it is not
+    the reason)."""
+    return Fail(EvaluationError(reason, message, span, code=code))
 
 
 def _is_number(value: Value) -> bool:

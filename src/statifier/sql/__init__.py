@@ -3,13 +3,22 @@
 :mod:`statifier.sql.tables` defines the tables (SQLAlchemy Core) under a
 :class:`TableOptions` (prefix, schema, leading host columns, key type);
 :mod:`statifier.sql.migrations` builds them with Alembic, from Python, from a host's
-own Alembic environment, or with ``statifier db upgrade``.
+own Alembic environment, or with ``statifier db upgrade``. A database without them
+answers :class:`TablesMissing` (from the SQL adapter), whose message says to run
+``statifier db upgrade``. Without SQLAlchemy, importing this package raises
+:class:`statifier.extras.MissingExtra` naming the ``sqlite`` extra.
 
 >>> from statifier.sql import Tables
 >>> Tables.define(prefix="app_").charts.name
 'app_charts'
 """
 
-from statifier.sql.tables import DEFAULT_PREFIX, TableOptions, Tables, UtcDateTime
+from statifier.extras import MissingExtra
 
-__all__ = ["DEFAULT_PREFIX", "TableOptions", "Tables", "UtcDateTime"]
+try:
+    from statifier.sql.engines import TablesMissing
+    from statifier.sql.tables import DEFAULT_PREFIX, TableOptions, Tables, UtcDateTime
+except ModuleNotFoundError as missing:  # SQLAlchemy: the sqlite extra
+    raise MissingExtra.of(missing) from missing
+
+__all__ = ["DEFAULT_PREFIX", "TableOptions", "Tables", "TablesMissing", "UtcDateTime"]

@@ -26,21 +26,25 @@ ValueError: PostgreSQL (psycopg 3) and SQLite (sqlite3) are supported, not 'mysq
 from __future__ import annotations
 
 import asyncio
+import re
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, Final, TypeVar
 
 import sqlalchemy as sa
 
 __all__ = [
     "BUSY_WAIT",
+    "TablesMissing",
     "busy_wait",
     "configure_sqlite",
     "database_url",
     "is_busy",
+    "missing_table",
     "retry_busy",
     "sqlite_engine",
+    "tables_missing",
 ]
 
 _T = TypeVar("_T")
@@ -63,6 +67,55 @@ for the database's lock (the ``timeout`` the connection was opened with)."""
 _SQLITE_BUSY: Final = 5
 _FIRST_BACKOFF: Final = 0.0005
 _LAST_BACKOFF: Final = 0.005
+
+
+class TablesMissing(RuntimeError):  # noqa: N818 - names the finding
+    """The database lacks a table statifier needs: it was never migrated, or not up to
+    the revision that builds that table.
+
+    Attributes:
+        table: the missing table, as the database named it (``statifier_charts``).
+    """
+
+    def __init__(self, table: str) -> None:
+        super().__init__(
+            f"the database has no table {table}: run `statifier db upgrade` "
+            "(or statifier.sql.migrations.upgrade) on it first"
+        )
+        self.table = table
+
+
+_UNDEFINED_TABLE: Final = "42P01"
+_NO_SUCH_TABLE: Final = re.compile(r"no such table: (\S+)")
+_NO_RELATION: Final = re.compile(r'relation "([^"]+)" does not exist')
+
+
+def missing_table(error: BaseException) -> str | None:
+    """The table ``error`` says does not exist (SQLite's ``no such table``, PostgreSQL's
+    ``UndefinedTable``, raw or wrapped by SQLAlchemy), else ``None``."""
+    cause = getattr(error, "orig", None)
+    if isinstance(error, sa.exc.DBAPIError) and isinstance(cause, BaseException):
+        error = cause
+    if isinstance(error, sqlite3.OperationalError):
+        found = _NO_SUCH_TABLE.search(str(error))
+        return None if found is None else found.group(1)
+    if getattr(error, "sqlstate", None) == _UNDEFINED_TABLE:
+        relation = _NO_RELATION.search(str(error))
+        return relation.group(1) if relation is not None else "(unnamed)"
+    return None
+
+
+def tables_missing(error: BaseException | None, names: Collection[str]) -> TablesMissing | None:
+    """The :class:`TablesMissing` to raise for ``error`` when it says one of ``names``
+    (table names, with or without a schema) does not exist, else ``None``: an error
+    about a table of the caller's own stays as it is."""
+    if error is None:
+        return None
+    table = missing_table(error)
+    if table is None:
+        return None
+    bare = {name.rpartition(".")[2] for name in names}
+    return TablesMissing(table) if table.rpartition(".")[2] in bare else None
 
 
 def database_url(url: str | sa.URL) -> sa.URL:

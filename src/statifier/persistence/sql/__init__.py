@@ -9,9 +9,16 @@
   (the tables of :mod:`statifier.sql`, their names in SQL text).
 
 Engines, URLs and SQLite's settings come from :mod:`statifier.sql.engines`, which scriba
-shares.
+shares. A database without the tables answers :class:`statifier.sql.TablesMissing`
+(run ``statifier db upgrade``); a missing library, :class:`statifier.extras.MissingExtra`
+naming the extra to install.
 """
 
-from statifier.persistence.sql.adapter import SqlAdapter, SqlTransaction
+from statifier.extras import MissingExtra
+
+try:
+    from statifier.persistence.sql.adapter import SqlAdapter, SqlTransaction
+except ModuleNotFoundError as missing:  # SQLAlchemy: the sqlite extra
+    raise MissingExtra.of(missing) from missing
 
 __all__ = ["SqlAdapter", "SqlTransaction"]

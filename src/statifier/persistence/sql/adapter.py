@@ -20,7 +20,13 @@ transaction of the adapter's own for a caller that runs its own SQL beside the
 adapter's; :meth:`SqlAdapter.joined` binds the adapter to a transaction the caller
 opened on the engine.
 
-The tables must exist: build them with :mod:`statifier.sql.migrations`.
+The tables must exist: build them with :mod:`statifier.sql.migrations` (or
+``statifier db upgrade``). Without them, a call raises
+:class:`statifier.sql.TablesMissing`, which says so, where the error surfaces: in a
+call's own transaction, or when an ``exclusive`` block or a ``transaction`` of the
+adapter's own ends (in a view's transaction, the caller's, the driver's error stays as
+it is). A PostgreSQL URL without psycopg raises
+:class:`statifier.extras.MissingExtra` naming the postgres extra.
 
 >>> import asyncio, os, tempfile
 >>> from datetime import UTC, datetime
@@ -49,6 +55,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
+from statifier.extras import MissingExtra
 from statifier.persistence.adapter import Capabilities
 from statifier.persistence.records import (
     ChartRecord,
@@ -133,9 +140,12 @@ class SqlAdapter:
             if url.get_backend_name() == "sqlite":
                 engine = sqlite_engine(url)
             else:
-                from statifier.persistence.sql.postgres import POOL_SIZE
+                try:
+                    from statifier.persistence.sql.postgres import POOL_SIZE
 
-                engine = create_async_engine(url, pool_size=POOL_SIZE)
+                    engine = create_async_engine(url, pool_size=POOL_SIZE)
+                except ModuleNotFoundError as missing:  # psycopg: the postgres extra
+                    raise MissingExtra.of(missing) from missing
         else:
             engine = target
         name = engine.dialect.name
@@ -151,7 +161,10 @@ class SqlAdapter:
         # The database's module is imported only when it is used: the sqlite extra
         # comes without psycopg.
         if isinstance(engine, AsyncEngine):
-            from statifier.persistence.sql import postgres
+            try:
+                from statifier.persistence.sql import postgres
+            except ModuleNotFoundError as missing:  # psycopg: the postgres extra
+                raise MissingExtra.of(missing) from missing
 
             self._db = postgres.PostgresDatabase(postgres.Shared(engine, self._owned, chosen, url))
         else:

@@ -45,7 +45,9 @@ from statifier.persistence.sql.schema import (
     Tables,
     appended,
     chart,
+    table_names,
 )
+from statifier.sql.engines import tables_missing
 
 __all__ = ["PostgresDatabase", "PostgresTransaction"]
 
@@ -408,6 +410,9 @@ class _Block:
             raise
         finally:
             await shared.pool.give_back(driver)
+        missing = tables_missing(error, shared.names)
+        if missing is not None:  # an unmigrated database: say so
+            raise missing from error
 
 
 class Shared:
@@ -421,6 +426,7 @@ class Shared:
         self.owned = owned
         self.tables = tables
         self.statements = Statements(tables)
+        self.names = table_names(tables)
         self.pool = _Pool(engine, url)
         self.blocks: dict[asyncio.Task[Any], PostgresTransaction] = {}
 
@@ -470,10 +476,13 @@ class PostgresDatabase:
         try:
             result = await work(driver.cursor(), *args)
             await driver.commit()
-        except BaseException:
+        except BaseException as error:
             await _rollback(driver)
             await pool.give_back(driver)
-            raise
+            missing = tables_missing(error, self.shared.names)
+            if missing is None:
+                raise
+            raise missing from error  # an unmigrated database: say so
         await pool.give_back(driver)
         return result
 
@@ -530,9 +539,12 @@ class PostgresDatabase:
         try:
             yield tx
             await tx.driver.commit()
-        except BaseException:
+        except BaseException as error:
             await _rollback(tx.driver)
-            raise
+            missing = tables_missing(error, self.shared.names)
+            if missing is None:
+                raise
+            raise missing from error  # an unmigrated database: say so
         finally:
             await pool.give_back(tx.driver)
 

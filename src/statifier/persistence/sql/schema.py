@@ -11,7 +11,7 @@ text spells them, and the few rules every dialect shares.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import Any, Final
 
 from statifier.persistence.adapter import Capabilities
@@ -31,6 +31,7 @@ __all__ = [
     "chart",
     "chosen_tables",
     "migrations",
+    "table_names",
 ]
 
 EVERYTHING: Final = Capabilities(lock=True, metadata=True, input_log=True, chart_retirement=True)
@@ -76,6 +77,12 @@ class TableNames:
                 )
             )
         )
+
+
+def table_names(tables: Tables) -> frozenset[str]:
+    """Every table name of ``tables`` as SQL text writes it: what a missing-table error
+    is checked against (:func:`statifier.sql.engines.tables_missing`)."""
+    return frozenset(astuple(TableNames.of(tables)))
 
 
 def chosen_tables(tables: Tables | TableOptions | None) -> Tables:

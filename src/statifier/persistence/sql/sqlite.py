@@ -50,8 +50,9 @@ from statifier.persistence.sql.schema import (
     Tables,
     appended,
     chart,
+    table_names,
 )
-from statifier.sql.engines import configure_sqlite, is_busy, retry_busy
+from statifier.sql.engines import configure_sqlite, is_busy, retry_busy, tables_missing
 
 __all__ = ["SqliteDatabase", "SqliteTransaction", "utc_text", "utc_time"]
 
@@ -307,6 +308,7 @@ class Shared:
         self.owned = owned
         self.tables = tables
         self.statements = Statements(tables)
+        self.names = table_names(tables)
         self.writer = Writer()
         self._pooled: Any = None
         self._restore: tuple[Any, float] | None = None
@@ -443,6 +445,9 @@ class _Block:
                 return  # the caller's transaction: the caller ends it
             if error is not None:
                 tx.driver.rollback()
+                missing = tables_missing(error, self._db.shared.names)
+                if missing is not None:  # an unmigrated database: say so
+                    raise missing from error
                 return
             try:  # the usual case: nothing in the way of the commit
                 tx.cursor.execute("COMMIT")
@@ -504,13 +509,22 @@ class SqliteDatabase:
             cursor = tx.cursor
             if not write:
                 # Busy only while another process commits in rollback-journal mode.
-                return await retry_busy(lambda: work(cursor, *args), None)
+                try:
+                    return await retry_busy(lambda: work(cursor, *args), None)
+                except sqlite3.OperationalError as error:
+                    missing = tables_missing(error, self.shared.names)
+                    if missing is None:
+                        raise
+                    raise missing from error  # an unmigrated database: say so
             await retry_busy(lambda: cursor.execute("BEGIN IMMEDIATE"), None)
             try:
                 result = work(cursor, *args)
-            except BaseException:
+            except BaseException as error:
                 tx.driver.rollback()
-                raise
+                missing = tables_missing(error, self.shared.names)
+                if missing is None:
+                    raise
+                raise missing from error
             await retry_busy(lambda: cursor.execute("COMMIT"), None)
             return result
 

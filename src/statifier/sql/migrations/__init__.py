@@ -32,16 +32,23 @@ from pathlib import Path
 from typing import Any, Final, Protocol
 
 import sqlalchemy as sa
-from alembic.config import Config
-from alembic.runtime.environment import EnvironmentContext
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 
+from statifier.extras import MissingExtra
 from statifier.sql.engines import database_url as sync_url
 from statifier.sql.tables import TableOptions, Tables
 
+try:
+    from alembic.config import Config
+    from alembic.runtime.environment import EnvironmentContext
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+    from alembic.util import CommandError
+except ModuleNotFoundError as missing:  # Alembic: the sqlite extra
+    raise MissingExtra.of(missing) from missing
+
 __all__ = [
     "OPTIONS_ATTRIBUTE",
+    "BadRevision",
     "current",
     "current_options",
     "downgrade",
@@ -57,6 +64,23 @@ _CONNECTION_ATTRIBUTE: Final = "connection"
 _HERE = Path(__file__).parent
 
 
+class BadRevision(ValueError):  # noqa: N818 - names the refusal
+    """A revision to migrate to that this history does not have (or cannot reach in
+    that direction). A :class:`ValueError`; the message is one line."""
+
+    def __init__(self, revision: str, why: str) -> None:
+        known = ", ".join(["head", "base", *_revisions()])
+        super().__init__(f"revision {revision!r}: {why} (the revisions are {known})")
+        self.revision = revision
+
+
+def _revisions() -> list[str]:
+    config = Config()
+    config.set_main_option("script_location", str(_HERE))
+    script = ScriptDirectory.from_config(config)
+    return sorted(revision.revision for revision in script.walk_revisions())
+
+
 def _options(options: TableOptions | Tables | None) -> TableOptions:
     if options is None:
         return TableOptions()
@@ -68,7 +92,10 @@ def _connected(target: str | sa.URL | sa.Connection) -> Iterator[sa.Connection]:
     if isinstance(target, sa.Connection):
         yield target
         return
-    engine = sa.create_engine(sync_url(target))
+    try:
+        engine = sa.create_engine(sync_url(target))
+    except ModuleNotFoundError as missing:  # psycopg: the postgres extra
+        raise MissingExtra.of(missing) from missing
     try:
         with engine.begin() as connection:
             yield connection
@@ -93,6 +120,8 @@ def upgrade(
 
     Raises:
         ValueError: a schema was given for a database other than PostgreSQL.
+        BadRevision: ``revision`` is not one of this history (a ``ValueError``).
+        MissingExtra: a PostgreSQL URL without psycopg (the postgres extra).
     """
     with _connected(target) as connection:
         _migrate(connection, _options(options), revision, upward=True)
@@ -128,7 +157,10 @@ def _migrate(
     # Used without ``with``, the environment does not install itself as Alembic's
     # module-level ``context``, so this also runs inside a host's own env.py.
     environment = EnvironmentContext(config, script, fn=steps)
-    _run(environment, connection, options)
+    try:
+        _run(environment, connection, options)
+    except CommandError as refused:  # Alembic's: an unknown or unreachable revision
+        raise BadRevision(destination, " ".join(str(refused).split())) from None
 
 
 def current(

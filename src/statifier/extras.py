@@ -1,0 +1,69 @@
+"""Which extra to install when an optional library is missing.
+
+The core needs no third-party library; each integration comes with an extra of the
+distribution (``pip install 'statifier[postgres]'``). Where a layer imports one, a
+missing library becomes :class:`MissingExtra`, whose message names the extra:
+
+>>> error = MissingExtra.of(ModuleNotFoundError("No module named 'psycopg'", name="psycopg"))
+>>> str(error)
+"PostgreSQL needs the postgres extra: pip install 'statifier[postgres]'"
+>>> error.extra, isinstance(error, ModuleNotFoundError)
+('postgres', True)
+
+A leaf: it imports nothing of the project.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = ["EXTRAS", "MissingExtra", "extra_for"]
+
+EXTRAS: Final[dict[str, tuple[str, str]]] = {
+    "psycopg": ("postgres", "PostgreSQL"),
+    "psycopg_pool": ("postgres", "PostgreSQL"),
+    "psycopg_binary": ("postgres", "PostgreSQL"),
+    "sqlalchemy": ("sqlite", "the SQL layer (durable executions, migrations, the router)"),
+    "alembic": ("sqlite", "the SQL layer (durable executions, migrations, the router)"),
+    "greenlet": ("sqlite", "the SQL layer (durable executions, migrations, the router)"),
+    "httpx": ("http", "BasicHTTP"),
+    "starlette": ("http", "BasicHTTP"),
+    "uvicorn": ("http", "BasicHTTP"),
+    "confluent_kafka": ("kafka", "Kafka"),
+    "nats": ("nats", "NATS"),
+    "eventsourcing": ("scriba", "scriba's sources"),
+    "opentelemetry": ("otel", "OpenTelemetry"),
+}
+"""A top-level module name: the extra that installs it, and what needs it."""
+
+
+def extra_for(error: BaseException) -> tuple[str, str] | None:
+    """``(extra, what needs it)`` when ``error`` is a missing module an extra installs,
+    else ``None``."""
+    if not isinstance(error, ModuleNotFoundError) or not error.name:
+        return None
+    return EXTRAS.get(error.name.partition(".")[0])
+
+
+class MissingExtra(ModuleNotFoundError):  # noqa: N818 - names the finding
+    """An optional library is not installed; ``extra`` names the extra that brings it.
+
+    A :class:`ModuleNotFoundError` (so ``except ImportError`` still catches it) whose
+    message says what to install.
+    """
+
+    def __init__(self, extra: str, what: str, module: str) -> None:
+        super().__init__(f"{what} needs the {extra} extra: pip install 'statifier[{extra}]'")
+        self.name = module
+        self.extra = extra
+
+    @classmethod
+    def of(cls, error: ModuleNotFoundError) -> ModuleNotFoundError:
+        """The :class:`MissingExtra` for ``error``, or ``error`` itself when no extra
+        installs the missing module (or it already is one)."""
+        if isinstance(error, MissingExtra):
+            return error
+        found = extra_for(error)
+        if found is None:
+            return error
+        return cls(found[0], found[1], error.name or "")
