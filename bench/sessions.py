@@ -27,8 +27,10 @@ What it measures:
   * ``session, batch``: one ``Session`` on a ``System(VirtualClock())``; a turn queues
     its events with ``session.send(Event("next"))`` then awaits ``system.settle()``
     once (the session's task drains its queue, one macrostep per loop iteration).
-  * ``session, one at a time``: ``send`` then ``await system.settle()`` for every event,
-    so each event also pays the round trip through the event loop.
+  * ``session, one at a time``: ``send`` then ``await system.settle()`` for every event.
+    The session is parked each time, so the event is stepped by ``settle()`` itself on
+    the caller's turn (``System._turn_on_callers_turn``) rather than by waking its task
+    and going round the event loop, as it was until 2026-12-01.
   * ``session, one at a time, N idle alongside``: the same, on a ``System`` that also
     holds N idle sessions of the same chart, started before the measured one. Not part
     of the goal; it shows what the number of sessions costs a single busy one.

@@ -88,4 +88,4 @@ def test_sessions_report_their_lifecycle() -> None:
     # The system has no loader, so the src invoke cannot start.
     assert errors[0]["error"] == "error.execution"
     steps = [data for name, data in main if name == "statifier.session.macrostep"]
-    assert all(step["duration_ms"] >= 0 for step in steps)
+    assert all(step["duration"] >= 0 for step in steps)

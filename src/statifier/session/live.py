@@ -41,12 +41,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import time
 from collections import deque
 from collections.abc import Callable, Container, Coroutine, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from statifier.chart import Machine
 from statifier.core import (
@@ -81,8 +82,7 @@ _NO_SEND_TYPES: Mapping[str, SendType] = MappingProxyType({})
 _NO_INVOKE_TYPES: Mapping[str, InvokeType] = MappingProxyType({})
 
 
-@dataclass(frozen=True, slots=True)
-class _Entry:
+class _Entry(NamedTuple):  # (a tuple: built once per input, cheaper than a dataclass)
     """A queued input: an external event (``from_invoke`` names the child it came
     from), an event for the internal queue, or a request to cancel."""
 
@@ -202,13 +202,40 @@ class System:
         return not self.active and not self.handler_calls
 
     async def settle(self) -> None:
-        """Let every session work through its queue."""
+        """Let every session work through its queue.
+
+        Returns once no session has queued work and no handler call is under way. It
+        yields to the event loop only while it must: the turn of a lone session that
+        is next in line is taken right here (see :meth:`_turn_on_callers_turn`), so
+        ``send()`` then ``settle()`` on an otherwise quiet system need not wake a task.
+        """
         # A scheduling barrier: yield until the session tasks have run dry.
-        while not self.idle():  # noqa: ASYNC110
-            await asyncio.sleep(0)
+        while not self.idle():
+            if not self._turn_on_callers_turn():
+                await asyncio.sleep(0)
+
+    def _turn_on_callers_turn(self) -> bool:
+        """Take the next session turn here, on the caller's turn of the loop, when it is
+        certainly the next thing the system would do; False when it is not.
+
+        Why: one event sent and settled costs a core step of a few microseconds, and
+        twice that again to wake the session and go round the event loop for it (issue
+        16). When exactly one session has work, it was parked (its turn is scheduled
+        but has not run) and no handler call is under way, nothing else in the system
+        can act before that turn: so taking it now, in the session's own context,
+        steps the same inputs in the same order, performs the same effects and leaves
+        the rest of the system as the scheduled turn would. Only callbacks of the host
+        that were already due (and real-clock timers coming due) run after it instead
+        of before, as if they had come a moment later.
+        """
+        if self.handler_calls or len(self.active) != 1:
+            return False
+        (session,) = self.active
+        return session._take_turn(inline=True)
 
     async def close(self) -> None:
         """Stop every session's task (timers die with their sessions)."""
+        # (A turn already scheduled for a parked session sees its task cancelled.)
         tasks = [s._task for s in self.sessions.values() if s._task is not None]
         tasks += self.handler_calls
         for task in tasks:
@@ -268,7 +295,16 @@ class Session:
         self.final_configuration: tuple[str, ...] = ()
         self.donedata: Value = None
         self._inbox: deque[_Entry] = deque()
+        # The task parks on _wake when the queue runs dry. The first input after that
+        # schedules the session's next turn as a callback (_turn_call, cancellable,
+        # see _take_turn), which sets _wake when it is done.
         self._wake = asyncio.Event()
+        self._parked = False
+        self._turn_call: asyncio.Handle | None = None
+        # The context the session's task runs in; every turn runs in it.
+        self._context = contextvars.copy_context()
+        # What a turn taken outside the task raised: the task ends with it.
+        self._failure: Exception | None = None
         self._timers: dict[str, list[TimerHandle]] = {}
         self._children: dict[str, Session] = {}
         # Invocations of registered types that are live: their handler and port.
@@ -319,7 +355,11 @@ class Session:
             self._inbox.append(entry)
         if self.running or not self._started:
             self.system.active.add(self)
-        self._wake.set()
+        if self._parked and self._task is not None:
+            # Where the task itself would have been woken: its turn, in its context.
+            self._parked = False
+            loop = self._task.get_loop()
+            self._turn_call = loop.call_soon(self._take_turn, context=self._context)
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -360,7 +400,7 @@ class Session:
         self._report_stop()
         if self.observer is not None:
             self.observer(self, None, effects)
-        self._task = asyncio.get_running_loop().create_task(self._run())
+        self._task = self._new_task()
 
     def _locations(self) -> dict[str, Value]:
         """``_ioprocessors`` entries for the registered send types that can receive."""
@@ -379,27 +419,88 @@ class Session:
         self._started = True
         self.system.unfinished.add(self)
         report("statifier.session.start", {}, self._about(resumed=True))
-        self._task = asyncio.get_running_loop().create_task(self._run())
+        self._task = self._new_task()
+
+    def _new_task(self) -> asyncio.Task[None]:
+        return asyncio.get_running_loop().create_task(self._run(), context=self._context)
 
     async def _run(self) -> None:
         try:
             while self.state.running:
                 if not self._inbox:
-                    self.system.active.discard(self)
-                    self._wake.clear()
-                    await self._wake.wait()
+                    self._park()
+                    await self._wake.wait()  # set once _take_turn has taken a turn
+                    if self._failure is not None:
+                        raise self._failure
                     continue
-                # A session stays in system.active while it steps, so settle() waits.
-                # It steps a few queued inputs per turn of the loop (a turn costs more
-                # than a simple step), then lets the other sessions run.
-                for _ in range(_STEPS_PER_TURN):
-                    if not self._inbox or not self.state.running:
-                        break
-                    self._step(self._inbox.popleft())
+                self._turn()
                 await asyncio.sleep(0)
         finally:  # finished, cancelled, or failed: it has no more work either way
+            self._parked = False
+            if self._failure is None:  # (_take_turn cleaned up when the turn failed)
+                self._inbox.clear()
+                self.system.active.discard(self)
+
+    def _park(self) -> None:
+        self.system.active.discard(self)
+        self._wake.clear()
+        self._parked = True
+
+    def _turn(self) -> None:
+        """Step a few queued inputs (a turn of the loop costs more than a simple step),
+        then let the other sessions run. A session stays in system.active while it
+        steps, so settle() waits."""
+        for _ in range(_STEPS_PER_TURN):
+            if not self._inbox or not self.state.running:
+                break
+            self._step(self._inbox.popleft())
+
+    def _take_turn(self, *, inline: bool = False) -> bool:
+        """The first turn after the session was parked: scheduled as a callback by the
+        input that found it parked, exactly where waking the task would have put it,
+        or, with ``inline``, taken in its stead by :meth:`System.settle` (False: no such
+        turn is scheduled). Afterwards the task goes on from the end of the turn, as
+        after a turn of its own; an inline turn that leaves the whole system idle
+        parks the session again instead, so nothing is left to wake.
+        """
+        if inline:
+            if self._turn_call is None:
+                return False
+            self._turn_call.cancel()
+        self._turn_call = None
+        task = self._task
+        if task is None or task.done() or task.cancelling():
+            return True  # the system is closing: the task ends without another turn
+        # A callback runs in the session's context already; settle()'s caller does not.
+        if not (self._context.run(self._turn_or_fail) if inline else self._turn_or_fail()):
+            return True
+        if inline and self._alone_and_done():
+            self._park()
+            return True
+        self._wake.set()
+        return True
+
+    def _alone_and_done(self) -> bool:
+        """Running with nothing queued, and the system idle but for this session."""
+        system = self.system
+        return (
+            self.running
+            and not self._inbox
+            and len(system.active) == 1
+            and not system.handler_calls
+        )
+
+    def _turn_or_fail(self) -> bool:
+        """A turn outside the task; what would have ended the task ends it still."""
+        try:
+            self._turn()
+        except Exception as error:  # noqa: BLE001 - handed to the task, which raises it
+            self._failure = error
             self._inbox.clear()
             self.system.active.discard(self)
+            self._wake.set()
+            return False
+        return True
 
     def _about(self, **more: Any) -> dict[str, Any]:
         return {"session_id": self.id, "chart": self.machine.identity.content_hash, **more}
@@ -413,7 +514,7 @@ class Session:
         self._step_core(entry)
         report(
             "statifier.session.macrostep",
-            {"duration_ms": (time.perf_counter() - started) * 1000},
+            {"duration": time.perf_counter() - started},
             self._about(
                 input=entry.kind,
                 event=None if entry.event is None else entry.event.name,
@@ -673,7 +774,6 @@ class Session:
             done = invocation_done(invoke_id, effect.donedata)
             parent._put(_Entry("event", done, from_invoke=invoke_id))
         self._finished.set()
-        self._wake.set()
 
 
 class _Routes:
