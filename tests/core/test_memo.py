@@ -154,3 +154,81 @@ def test_guards_are_evaluated_on_every_event() -> None:
         state, _ = handle_event(state, Event("e"))
         leaves.append(state.leaf_configuration())
     assert leaves == [("a",), ("a",), ("b",)]
+
+
+# Guards on the event's data and In(), from configurations whose macrosteps the memo
+# decides once the guards are tested; the guards on the data fail (error.execution) when
+# it is not a number, so one configuration sees clean and failing selections.
+GUARDED = f"""<scxml xmlns="{NS}" initial="p">
+  <datamodel><data id="n" expr="0"/></datamodel>
+  <parallel id="p">
+    <state id="r1" initial="a1">
+      <state id="a1"><transition event="go" cond="_event.data == 1" target="a2"/>
+        <transition event="go" cond="_event.data &gt; 5" target="a3"/></state>
+      <state id="a2"><transition event="go" cond="In('b2')" target="a1"/></state>
+      <state id="a3"><transition event="go" target="a1"/></state>
+    </state>
+    <state id="r2" initial="b1">
+      <state id="b1"><transition event="go" cond="In('a1')" target="b2"/></state>
+      <state id="b2"><transition event="go" cond="n &gt; 0" target="b1"/>
+        <transition event="bump"><assign location="n" expr="n + 1"/></transition></state>
+    </state>
+    <transition event="go" cond="In('a3') &amp;&amp; In('b2')" target="p"/>
+  </parallel>
+</scxml>"""
+GUARDED_EVENTS = st.tuples(
+    st.sampled_from(["go", "go", "bump", "other"]),
+    st.sampled_from([1, 2, 7, "s", None]),
+)
+
+
+def run_with_data(machine: Machine, events: list[tuple[str, object]]) -> list[object]:
+    state, effects = initialize(machine)
+    seen: list[object] = [(comparable(state), effects)]
+    for name, data in events:
+        state, effects = handle_event(state, Event(name, data=data))
+        seen.append((comparable(state), effects))
+    return seen
+
+
+def guarded_machine(limit: int) -> Machine:
+    machine = compile_chart(GUARDED)
+    machine.memo[KEY] = ChartMemo(limit)
+    return machine
+
+
+@SETTINGS
+@given(events=st.lists(GUARDED_EVENTS, max_size=40))
+def test_guarded_steps_memoised_and_unmemoised_are_identical(
+    events: list[tuple[str, object]],
+) -> None:
+    memoised = guarded_machine(TABLE_LIMIT)
+    first = run_with_data(memoised, events)
+    again = run_with_data(memoised, events)
+    assert first == run_with_data(guarded_machine(0), events)
+    assert again == first
+    small = guarded_machine(3)
+    assert run_with_data(small, events) == first
+    assert all(len(table) <= 3 for table in small.memo[KEY].tables().values())
+
+
+def test_a_memoised_guarded_step_still_tests_its_guards() -> None:
+    """From one configuration, the outcome follows the event's data every time, and a
+    guard that fails raises error.execution, also once the clean outcomes are plans."""
+    machine = compile_chart(GUARDED)
+    start, _ = initialize(machine)
+    seen = []
+    for data in [2, 2, 1, 1, "s", 7, 1, "s"]:
+        # a1 -> a2 on 1, a1 -> a3 above 5, and b1 -> b2 (In('a1')); on "s" both guards
+        # on the data fail.
+        after, effects = handle_event(start, Event("go", data=data))
+        event = after.datamodel["_event"]
+        assert isinstance(event, dict)
+        seen.append((after.leaf_configuration(), event["name"], effects))
+    memo = tables_for(machine)
+    assert memo.guards
+    assert memo.outcomes
+    assert seen[0] == seen[1] == (("a1", "b2"), "go", [])
+    assert seen[2] == seen[3] == seen[6] == (("a2", "b2"), "go", [])
+    assert seen[4] == seen[7] == (("a1", "b2"), "error.execution", [])
+    assert seen[5] == (("a3", "b2"), "go", [])

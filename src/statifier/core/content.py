@@ -36,6 +36,7 @@ __all__ = [
     "SCXML_INVOKE_TYPES",
     "SCXML_PROCESSOR",
     "SCXML_SEND_TYPES",
+    "ConditionContext",
     "ContentRunner",
 ]
 
@@ -89,16 +90,60 @@ _CHART_FUNCTIONS: Final = {
 CHART_OPTIONS: Final = Options(on_unbound="error", clock=_no_clock, functions=_CHART_FUNCTIONS)
 
 
+class _InConfiguration:
+    """The host ``In()`` asks in a :class:`ConditionContext`: a fixed configuration."""
+
+    __slots__ = ("configuration", "ids")
+
+    def __init__(self, ids: Mapping[str, int], configuration: frozenset[int]) -> None:
+        self.ids = ids
+        self.configuration = configuration
+
+    def is_in(self, state_id: str) -> bool:
+        index = self.ids.get(state_id)
+        return index is not None and index in self.configuration
+
+
+class ConditionContext:
+    """What a transition condition sees from a position between macrosteps, before
+    the event's transitions are taken: the datamodel it is given and one fixed
+    configuration (for ``In()``).
+
+    It depends on the configuration alone, so the interpreter keeps one per
+    configuration (memo table ``contexts``) instead of building expression options
+    on every event. It decides a condition as :meth:`ContentRunner.test` does, but
+    where ``test`` would raise ``error.execution`` (a failure, or a value that is not
+    a boolean) it answers ``None`` and raises nothing: the caller then has the
+    working interpreter test the condition again with ``test``, which raises the
+    error (expressions have no side effects, so the second evaluation gives the same
+    value).
+    """
+
+    __slots__ = ("_host", "options")
+
+    def __init__(self, machine: m.Machine, configuration: frozenset[int]) -> None:
+        # The options point at a separate host object, not at self: no reference cycle.
+        self._host = _InConfiguration(machine.ids, configuration)
+        self.options = CHART_OPTIONS.with_host(self._host)
+
+    def holds(self, expr: m.Expr, datamodel: Mapping[str, Value]) -> bool | None:
+        """True only for ``true``, False for ``false``, None if ``test`` would raise."""
+        if expr.state_test is not None:
+            return self._host.is_in(expr.state_test)
+        compiled = expr.compiled
+        if isinstance(compiled, ParseError):
+            return None
+        value = compiled.evaluate(datamodel, self.options)
+        if value is True or value is False:
+            return value
+        return None
+
+
 class ContentRunner:
     """The state and helpers one interpreter step shares with executable content."""
 
     def __init__(self, machine: m.Machine) -> None:
-        self.machine = machine
-        self.states = machine.states
-        self.transitions = machine.transitions
-        self.memo = machine.memo
-        self.effects: list[fx.Effect] = []
-        self._options: Options | None = None
+        self.bind(machine)
         # The position's fields; resume() or a fresh start fills them in.
         self.configuration: set[int] = set()
         self.internal_queue: deque[Event] = deque()
@@ -117,6 +162,18 @@ class ContentRunner:
         self.send_types: frozenset[str] = frozenset()
         self.invoke_types: frozenset[str] | None = None
         self.routes: Container[str] | None = None
+
+    def bind(self, machine: m.Machine) -> None:
+        """What a step takes from the machine rather than from a position, and starts
+        empty: all an interpreter resuming a position needs before it fills in every
+        field of the position (it skips ``__init__``, whose defaults it would only
+        overwrite)."""
+        self.machine = machine
+        self.states = machine.states
+        self.transitions = machine.transitions
+        self.memo = machine.memo
+        self.effects: list[fx.Effect] = []
+        self._options: Options | None = None
 
     @property
     def options(self) -> Options:
@@ -253,14 +310,20 @@ class ContentRunner:
         if isinstance(written, ExprError):
             raise _Abort(self._failure(what, where, written))
         self.datamodel = written
-        self.emit(
-            fx.DatamodelChange,
-            path=path,
-            location=source,
-            new_value=value,
-            prior_value=prior,
-            content_index=content_index,
-            data_index=data_index,
+        # emit(), spelt out: the most frequent effect, built without merging keyword
+        # dictionaries (0.4 us of 1.8 us per write).
+        self.effects.append(
+            fx.DatamodelChange(
+                macrostep=self.macrostep,
+                microstep=self.microstep_count,
+                round=self.round,
+                path=path,
+                location=source,
+                new_value=value,
+                prior_value=prior,
+                content_index=content_index,
+                data_index=data_index,
+            )
         )
 
     # -- the datamodel ----------------------------------------------------------------

@@ -16,11 +16,11 @@ instead of running forever.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from statifier.chart import model as m
 from statifier.core import effects as fx
-from statifier.core.content import ContentRunner
+from statifier.core.content import ConditionContext, ContentRunner
 from statifier.core.events import Event
 from statifier.core.memo import KEY as MEMO_KEY
 from statifier.core.memo import ChartMemo, EntryPlan, ExitPlan, StepPlan, tables_for
@@ -66,27 +66,115 @@ def handle_event(state: MachineState, event: Event) -> tuple[MachineState, list[
     machine = state.machine
     tables = machine.memo.get(MEMO_KEY) or tables_for(machine)
     # A position between macrosteps with nothing pending, no invocation and no trace:
-    # the macrostep may be one the chart alone decides (see StepPlan).
+    # the macrostep may be one the chart alone decides (see StepPlan), possibly once
+    # the conditions of its selection are tested.
     settled = not (
         state.internal_queue or state.invocations or state.states_to_invoke or state.trace
     )
+    selected: tuple[int, ...] | None = None
     if settled:
-        plan = tables.steps.get((state.configuration, event.name))
-        if plan is not None and (state.round_budget is None or state.round_budget >= plan.rounds):
-            return _take_step(state, event, plan), []
+        key = (state.configuration, event.name)
+        plan = tables.steps.get(key)
+        if plan is not None:
+            if state.round_budget is None or state.round_budget >= plan.rounds:
+                return _take_step(state, event, plan, _with_event(state.datamodel, event)), []
+        else:
+            candidates = tables.guards.get(key)
+            if candidates is not None:
+                datamodel = _with_event(state.datamodel, event)
+                selected = _test_guards(state, candidates, datamodel, tables)
+                if selected is not None:
+                    plan = tables.outcomes.get((*key, selected))
+                    if plan is not None and (
+                        state.round_budget is None or state.round_budget >= plan.rounds
+                    ):
+                        return _take_step(state, event, plan, datamodel), []
     work = _Interpreter.resume(state)
-    work.external_event(event)
+    work.external_event(event, selected)
     if settled:
         work.remember_step(event.name)
     return work.freeze(), work.effects
 
 
-def _take_step(state: MachineState, event: Event, plan: StepPlan) -> MachineState:
+def _with_event(datamodel: Mapping[str, Value], event: Event) -> dict[str, Value]:
+    """A copy of ``datamodel`` whose ``_event`` is ``event``: what the datamodel is
+    once an external event is dequeued."""
+    copy = dict(datamodel)
+    copy["_event"] = event.as_value()
+    return copy
+
+
+def _condition_context(
+    tables: ChartMemo, machine: m.Machine, configuration: frozenset[int]
+) -> ConditionContext:
+    """The context conditions are tested in from ``configuration``, built once."""
+    context = tables.contexts.get(configuration)
+    if context is None:
+        context = tables.contexts.put(configuration, ConditionContext(machine, configuration))
+    return context
+
+
+class _Undecided(Exception):  # noqa: N818 - internal control flow
+    """A condition :func:`_test_guards` tested would raise ``error.execution``."""
+
+
+def _test_guards(
+    state: MachineState,
+    candidates: tuple[tuple[int, ...], ...],
+    datamodel: Mapping[str, Value],
+    tables: ChartMemo,
+) -> tuple[int, ...] | None:
+    """The transitions ``selectTransitions`` enables from a settled ``state`` (before
+    conflicts are removed), testing the conditions of ``candidates`` (the memoised
+    selection candidates) in the same order against ``datamodel`` (``_event`` already
+    set) and the configuration, without building a working interpreter; or None if a
+    condition would raise ``error.execution``, which is left to the working
+    interpreter (it tests again and raises the error).
+
+    Why: a step whose structure the memo decided but whose conditions must be tested
+    every time (``In('a2')`` on the benchmark chart) otherwise pays for copying the
+    position into a working interpreter and back just to test them."""
+    context = _condition_context(tables, state.machine, state.configuration)
+
+    def holds(transition: m.Transition) -> bool:
+        assert transition.cond is not None
+        value = context.holds(transition.cond, datamodel)
+        if value is None:
+            raise _Undecided
+        return value
+
+    try:
+        return enabled_transitions(candidates, state.machine.transitions, holds)
+    except _Undecided:
+        return None
+
+
+def enabled_transitions(
+    selection: tuple[tuple[int, ...], ...],
+    transitions: tuple[m.Transition, ...],
+    holds: Callable[[m.Transition], bool],
+) -> tuple[int, ...]:
+    """The loop of Appendix D ``selectTransitions``: for each active atomic state in
+    document order (``selection``: their candidates, nearest first), the first
+    transition whose condition ``holds``; before conflicts are removed."""
+    enabled: dict[int, None] = {}
+    for candidates in selection:
+        for t in candidates:
+            transition = transitions[t]
+            # A transition already selected through another state of a parallel
+            # region is not tested again: its condition held and has no effects.
+            if t in enabled or transition.cond is None or holds(transition):
+                enabled[t] = None
+                break
+    return tuple(enabled)
+
+
+def _take_step(
+    state: MachineState, event: Event, plan: StepPlan, datamodel: dict[str, Value]
+) -> MachineState:
     """The position after a macrostep the chart alone decided, as the procedures
     would leave it: only the configuration, the history values the exit recorded, the
-    states ever entered, ``_event`` and the counters change."""
-    datamodel = dict(state.datamodel)
-    datamodel["_event"] = event.as_value()
+    states ever entered, ``_event`` (``datamodel`` has it) and the counters change."""
     entered = state.entered
     if not plan.entries <= entered:
         entered = entered | plan.entries
@@ -200,6 +288,15 @@ class _Interpreter(ContentRunner):
     # What a step did besides the structural work, for remember_step().
     conditions_tested = 0
     ran_content = False
+    # The last selection: its candidates, and what it enabled before conflicts were
+    # removed. The external event's is kept for remember_step(), with whether it
+    # tested conditions, how many had been tested once it was done, and whether it
+    # raised an error.
+    last_selection: tuple[tuple[tuple[int, ...], ...], tuple[int, ...]] = ((), ())
+    external_selection: tuple[tuple[tuple[int, ...], ...], tuple[int, ...]] = ((), ())
+    guarded = False
+    tested_by_selection = 0
+    selection_raised = False
     last_exit: ExitPlan | None = None
     last_entry: EntryPlan | None = None
 
@@ -220,7 +317,9 @@ class _Interpreter(ContentRunner):
     @classmethod
     def resume(cls, state: MachineState) -> _Interpreter:
         machine = state.machine
-        work = cls(machine)
+        # Every field of the position is set below: skip the defaults __init__ sets.
+        work = cls.__new__(cls)
+        work.bind(machine)
         work.tables = machine.memo.get(MEMO_KEY) or tables_for(machine)
         (
             _,
@@ -326,12 +425,14 @@ class _Interpreter(ContentRunner):
         self.enter_states((root.initial_transition,))
         self.main_event_loop()
 
-    def external_event(self, event: Event) -> None:
+    def external_event(self, event: Event, selected: tuple[int, ...] | None = None) -> None:
         """The external-event tail of ``mainEventLoop``, then the next macrostep.
 
         Internal events left by a macrostep that ran out of budget are processed
         first, with a fresh budget, since an external event is only taken once the
-        internal queue is empty.
+        internal queue is empty. ``selected``: the transitions the event enables
+        (before conflicts are removed) when :func:`handle_event` already tested the
+        conditions of the selection; they are not tested again.
         """
         if self.internal_queue:
             self.begin_macrostep()
@@ -344,7 +445,12 @@ class _Interpreter(ContentRunner):
         self.datamodel["_event"] = event.as_value()
         if self.invocations or self.trace:
             self.finalize_and_autoforward(event)
-        enabled = self.select_transitions(event)
+        tested, queued = self.conditions_tested, len(self.internal_queue)
+        enabled = self.select_transitions(event, selected)
+        self.external_selection = self.last_selection
+        self.guarded = selected is not None or self.conditions_tested != tested
+        self.tested_by_selection = self.conditions_tested
+        self.selection_raised = len(self.internal_queue) != queued
         if enabled:
             self.begin_microstep()
             self.microstep(enabled)
@@ -353,11 +459,18 @@ class _Interpreter(ContentRunner):
     def remember_step(self, event: str) -> None:
         """After :meth:`external_event` from a settled position: store the macrostep as
         a :class:`~statifier.core.memo.StepPlan` if the chart alone decided it (at most
-        one microstep, no condition tested, no content run, no history consulted,
-        nothing queued or invoked, no effect, still running)."""
+        one microstep, no content run, no history consulted, nothing queued or
+        invoked, no effect, still running, and no condition tested but by the
+        selection of the external event, which raised no error).
+
+        A selection that tested no condition makes the plan the whole step (table
+        ``steps``); one that tested conditions makes it the rest of the step for what
+        they enabled (``outcomes``, beside the candidates in ``guards``), and
+        :func:`handle_event` tests them again on every event."""
         if (
             self.effects
-            or self.conditions_tested
+            or self.conditions_tested != self.tested_by_selection
+            or self.selection_raised
             or self.ran_content
             or self.history_reads
             or self.internal_queue
@@ -378,7 +491,13 @@ class _Interpreter(ContentRunner):
             microsteps=self.microstep_count,
             rounds=self.round,
         )
-        self.tables.steps.put((self.original.configuration, event), plan)
+        key = (self.original.configuration, event)
+        if self.guarded:
+            candidates, selected = self.external_selection
+            self.tables.guards.put(key, candidates)
+            self.tables.outcomes.put((*key, selected), plan)
+        else:
+            self.tables.steps.put(key, plan)
 
     def main_event_loop(self) -> None:
         """Appendix D ``mainEventLoop`` for the current macrostep: eventless and internal
@@ -490,28 +609,24 @@ class _Interpreter(ContentRunner):
             return ()
         return self._select(None)
 
-    def select_transitions(self, event: Event) -> tuple[int, ...]:
-        return self._select(event.name)
+    def select_transitions(
+        self, event: Event, selected: tuple[int, ...] | None = None
+    ) -> tuple[int, ...]:
+        return self._select(event.name, selected)
 
-    def _select(self, event: str | None) -> tuple[int, ...]:
+    def _select(
+        self, event: str | None, selected: tuple[int, ...] | None = None
+    ) -> tuple[int, ...]:
         """Appendix D ``selectTransitions`` (``selectEventlessTransitions`` for None):
         for each active atomic state in document order, the first transition of it or
-        its ancestors that matches and whose condition holds."""
-        enabled: dict[int, None] = {}
-        transitions = self.transitions
-        for candidates in self.selection_candidates(event):
-            for t in candidates:
-                transition = transitions[t]
-                # A transition already selected through another state of a parallel
-                # region is not tested again: its condition held and has no effects.
-                if t in enabled or transition.cond is None or self.condition_match(transition):
-                    enabled[t] = None
-                    break
-        result = (
-            self.remove_conflicting_transitions(tuple(enabled))
-            if len(enabled) > 1
-            else tuple(enabled)
-        )
+        its ancestors that matches and whose condition holds (``selected``: those
+        transitions, when the caller already tested the conditions), without the
+        conflicting ones."""
+        selection = self.selection_candidates(event)
+        if selected is None:
+            selected = enabled_transitions(selection, self.transitions, self.condition_match)
+        self.last_selection = (selection, selected)
+        result = self.remove_conflicting_transitions(selected) if len(selected) > 1 else selected
         if self.trace:
             self.emit(fx.TraceTransitionsSelected, transitions=result, event=event)
         return result
@@ -522,7 +637,20 @@ class _Interpreter(ContentRunner):
         if transition.cond is None:
             return True
         self.conditions_tested += 1
+        # Only selection tests transition conditions, and it runs between microsteps,
+        # on a configuration that holds still: the condition is tested in the context
+        # memoised for it, which spares building expression options for the step. A
+        # condition that would raise is tested again by test(), which raises
+        # error.execution (expressions have no effects, so it gets the same value).
+        value = self.condition_context().holds(transition.cond, self.datamodel)
+        if value is not None:
+            return value
         return self.test(transition.cond, f"transition:{transition.index}")
+
+    def condition_context(self) -> ConditionContext:
+        """The memoised :class:`~statifier.core.content.ConditionContext` of the
+        current configuration."""
+        return _condition_context(self.tables, self.machine, self.configuration_key())
 
     def remove_conflicting_transitions(self, enabled: tuple[int, ...]) -> tuple[int, ...]:
         """Appendix D ``removeConflictingTransitions``; memoised per configuration and

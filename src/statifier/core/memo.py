@@ -6,7 +6,9 @@ a set of transitions) is the same every time it is computed again; nothing ever
 invalidates it. The interpreter keeps such facts in the tables of one
 :class:`ChartMemo` per machine (stored in ``machine.memo`` under :data:`KEY`), and
 stores a result only when computing it read nothing outside its key: a result that
-consulted history values or evaluated a condition is never stored.
+consulted history values or evaluated a condition is never stored. (The plans in
+``outcomes`` follow the conditions of a selection, but those conditions are not part of
+what is stored: they are tested on every event and their outcome is part of the key.)
 
 Every table is bounded (:data:`TABLE_LIMIT` entries by default): when a table is full,
 storing evicts its oldest entry, so a chart with a huge configuration space keeps the
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypeVar
 
 if TYPE_CHECKING:
     from statifier.chart.model import Block, Machine
+    from statifier.core.content import ConditionContext
 
 __all__ = [
     "KEY",
@@ -106,7 +109,11 @@ class StepPlan:
     those ever entered, the step counters and ``_event``.
 
     ``rounds`` is how many rounds the macrostep took (its final ``round`` counter): a
-    position whose round budget is smaller runs the procedures instead."""
+    position whose round budget is smaller runs the procedures instead.
+
+    The same plan also describes the rest of a macrostep whose selection tested
+    conditions (table ``outcomes``): it then holds for one outcome of those
+    conditions, and everything after the selection must satisfy the same terms."""
 
     after: frozenset[int]
     records: tuple[tuple[int, tuple[int, ...]], ...]
@@ -134,16 +141,28 @@ class ChartMemo:
       microstep, one frozenset shared by every state that holds it.
     * ``steps``: (configuration, event name) -> :class:`StepPlan`, for the external
       events whose whole macrostep the chart decided.
+    * ``guards``: (configuration, event name) -> the selection candidates (as in
+      ``selection``), for the external events whose macrostep the chart decided once
+      the conditions of the selection are tested: they are tested on every event.
+    * ``outcomes``: (configuration, event name, enabled transitions before conflicts
+      are removed) -> :class:`StepPlan`, the rest of such a macrostep for one outcome
+      of those conditions.
+    * ``contexts``: configuration -> the
+      :class:`~statifier.core.content.ConditionContext` conditions are tested in
+      before any transition is taken (its ``In()`` sees that configuration).
     """
 
     __slots__ = (
         "after",
         "candidates",
         "conflicts",
+        "contexts",
         "domains",
         "entries",
         "exits",
+        "guards",
         "limit",
+        "outcomes",
         "selection",
         "steps",
     )
@@ -160,6 +179,9 @@ class ChartMemo:
         self.entries: Table[Transitions, EntryPlan] = Table(limit)
         self.after: Table[tuple[Configuration, Transitions], Configuration] = Table(limit)
         self.steps: Table[tuple[Configuration, str], StepPlan] = Table(limit)
+        self.guards: Table[tuple[Configuration, str], tuple[Transitions, ...]] = Table(limit)
+        self.outcomes: Table[tuple[Configuration, str, Transitions], StepPlan] = Table(limit)
+        self.contexts: Table[Configuration, ConditionContext] = Table(limit)
 
     def tables(self) -> dict[str, Table[Any, Any]]:
         """Every table by name (for tests and diagnostics)."""
