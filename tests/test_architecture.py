@@ -66,10 +66,10 @@ def test_the_check_sees_a_private_import() -> None:
     probe = SRC / "statifier" / "router" / "_architecture_probe.py"
     probe.write_text("from statifier.persistence.sql.schema import _hidden  # noqa\n")
     try:
-        assert _violations() == [
+        expected = (
             "statifier.router._architecture_probe imports "
-            "statifier.persistence.sql.schema._hidden (private to "
-            "statifier.persistence.sql)"
-        ]
+            "statifier.persistence.sql.schema._hidden (private to statifier.persistence.sql)"
+        )
+        assert _violations() == [expected]
     finally:
         probe.unlink()

@@ -51,6 +51,10 @@ Subcommands:
     ``postgresql://`` URL uses psycopg 3. Prints the revision reached; a database that
     cannot be reached or a bad option prints a message and exits with 2.
 
+``statifier executions list|show|create|send|cancel --database URL [--charts DIR]``
+    Reads and drives durable executions through :class:`statifier.durable.Durable`
+    (see :mod:`statifier.executions_command` and ``docs/durable.md``); never migrates.
+
 ``statifier scenario CASE.json --charts DIR [--start ISO] [--database URL] [--prefix P]``
     Runs one routing case (bindings and a script of deliveries, clock moves and reaper
     passes; see :mod:`statifier.router.scenario`) on a virtual clock, against a freshly
@@ -88,7 +92,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from statifier import expr
+from statifier import executions_command, expr
 from statifier.chart import InvalidChart, Machine, compile_chart
 from statifier.chart.graph import dot, mermaid
 from statifier.core import Event
@@ -612,6 +616,7 @@ def _parser() -> argparse.ArgumentParser:
     routing.add_argument("--start", default=None, help="the clock's start (ISO 8601 datetime)")
     routing.add_argument("--database", default=None, metavar="URL", help="default: temp SQLite")
     routing.add_argument("--prefix", default="statifier_", help="the table name prefix")
+    executions_command.add_parser(commands)
     return parser
 
 
@@ -642,6 +647,8 @@ def _dispatch(args: argparse.Namespace, stream: TextIO) -> int:
         return _run_db(args, stream)
     if args.command == "scenario":
         return _run_scenario(args, stream)
+    if args.command == "executions":
+        return executions_command.run(args, stream)
     return _run_expr(args, stream)
 
 

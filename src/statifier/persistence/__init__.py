@@ -10,8 +10,19 @@ of the returned values and the format of effect keys.
 """
 
 from statifier.persistence.driver import Answered, Driver, InvocationFailed
-from statifier.persistence.errors import ExecutionNotFound, LockTimeout, PersistenceError
-from statifier.persistence.executions import Discarded, Executions, Stepped, decode_outcome
+from statifier.persistence.errors import (
+    ExecutionExists,
+    ExecutionNotFound,
+    LockTimeout,
+    PersistenceError,
+)
+from statifier.persistence.executions import (
+    Discarded,
+    Executions,
+    LoggedInput,
+    Stepped,
+    decode_outcome,
+)
 from statifier.persistence.executor import EffectContext, Executor
 from statifier.persistence.memory import MemoryAdapter
 from statifier.persistence.records import ExecutionRecord, Status
@@ -23,12 +34,14 @@ __all__ = [
     "Discarded",
     "Driver",
     "EffectContext",
+    "ExecutionExists",
     "ExecutionNotFound",
     "ExecutionRecord",
     "Executions",
     "Executor",
     "InvocationFailed",
     "LockTimeout",
+    "LoggedInput",
     "MemoryAdapter",
     "PersistenceError",
     "Status",

@@ -10,6 +10,7 @@ scenario``). The host calls the router itself: fronts that read Kafka, NATS or H
 are planned, not built. See ``docs/router.md``.
 """
 
+from statifier.ids import new_execution_id
 from statifier.router.binding import (
     DEFAULT_HORIZON,
     Binding,
@@ -38,7 +39,6 @@ from statifier.router.errors import (
     RouterError,
     UnresolvedDocument,
 )
-from statifier.router.ids import new_execution_id
 from statifier.router.outcomes import (
     CreatedAndDelivered,
     Delivered,

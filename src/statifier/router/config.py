@@ -27,12 +27,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from statifier.callbacks import settle
 from statifier.chart import Machine
 from statifier.core import Event, StartOptions
+from statifier.ids import new_execution_id
 from statifier.persistence import Discarded, Executions, Executor, Stepped, Storage
 from statifier.persistence.executor import ignore_effects
 from statifier.persistence.sql import SqlAdapter
 from statifier.router.binding import Binding, unique_ids
 from statifier.router.errors import BindingError, ConfigError
-from statifier.router.ids import new_execution_id
 from statifier.router.transaction import Statements, Unit, statements_for, transaction
 
 __all__ = [

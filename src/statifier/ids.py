@@ -1,5 +1,6 @@
-"""Execution ids the router mints: a prefix and a ULID (time-sortable, random after
-the millisecond), never derived from the address.
+"""Execution ids minted for the host (by the router, by the front door): a prefix and a
+ULID, time-sortable and random after the millisecond, never derived from anything the
+execution is about.
 
 >>> new_execution_id().startswith("ex_"), len(new_execution_id())
 (True, 29)
@@ -28,7 +29,8 @@ def ulid(now_ms: int | None = None) -> str:
     return "".join(reversed(chars))
 
 
-def new_execution_id(scope: str = "", document: str = "", key: str = "") -> str:
-    """The default execution id: ``ex_`` and a ULID (the arguments are ignored; they
-    match the signature of a host's own minting function)."""
+def new_execution_id(*_about: str) -> str:
+    """A fresh execution id: ``ex_`` and a ULID. Any arguments are ignored, so it serves
+    where a host's own minting function takes some (the router passes ``(scope,
+    document, key)``)."""
     return "ex_" + ulid()

@@ -1,0 +1,362 @@
+"""``statifier executions``: durable executions from the shell, on
+:class:`statifier.durable.Durable`.
+
+``statifier executions list [--status S] [--chart NAME] [--where KEY=VALUE]... [--json]``
+    One line per execution, oldest first: id, status, chart, last update.
+``statifier executions show ID [--json]``
+    The execution described: status, configuration or the final state it ended in,
+    outcome, failure, metadata, times, the input log, pending timers.
+``statifier executions create CHART --charts DIR [--id ID] [--data JSON] [--metadata KEY=VALUE]...``
+    Starts an execution of ``DIR/CHART.scxml``; prints its id and where it is.
+``statifier executions send ID EVENT[=JSON] [--json]``
+    Steps one event in (with optional JSON data, as ``statifier trace --event``).
+``statifier executions cancel ID [--json]``
+    Cancels an execution.
+
+Every action takes ``--database URL`` (default ``sqlite:///statifier.db``, as
+``statifier db upgrade``), ``--prefix P`` and ``--schema S`` (the tables' options), and
+``--charts DIR`` (``*.scxml`` files named by their stem; only ``create`` needs it). The
+command never migrates: a database without the tables says to run ``statifier db
+upgrade``. Values print in the tagged JSON encoding (:mod:`statifier.expr.tagged`).
+
+Exit status: 0 done; 1 when ``send`` or ``cancel`` was discarded (the execution had
+ended or is parked: nothing changed, and the line says why); 2 for an error of the
+command, printed as one line, ``statifier executions ACTION: message`` (with
+``statifier --debug``, after the traceback).
+
+The ``statifier`` command wires it with :func:`add_parser` and :func:`run`;
+``python -m statifier.executions_command executions ...`` runs it alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sqlite3
+import sys
+import traceback
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
+
+from statifier.expr import UNDEFINED, Value, tagged
+
+if TYPE_CHECKING:
+    from statifier.durable import Description, Durable
+
+__all__ = ["DEFAULT_DATABASE", "add_parser", "main", "run"]
+
+DEFAULT_DATABASE = "sqlite:///statifier.db"
+"""The database when ``--database`` is not given: the one ``statifier db upgrade``
+migrates by default."""
+
+_DRIVER_ERRORS = ("sqlalchemy", "psycopg", "psycopg_pool")
+
+
+def add_parser(commands: Any) -> argparse.ArgumentParser:
+    """Add ``executions`` to ``commands`` (what ``ArgumentParser.add_subparsers``
+    answered) and answer its parser."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--database",
+        "--url",
+        dest="database",
+        default=DEFAULT_DATABASE,
+        metavar="URL",
+        help=f"the database URL (default {DEFAULT_DATABASE})",
+    )
+    common.add_argument("--prefix", default=None, help="the table name prefix (statifier_)")
+    common.add_argument("--schema", default=None, help="the schema (PostgreSQL)")
+    common.add_argument("--charts", default=None, metavar="DIR", help="DIR/NAME.scxml charts")
+    executions = commands.add_parser(
+        "executions", help="list, show, create, send to and cancel durable executions"
+    )
+    actions = executions.add_subparsers(dest="action", required=True, metavar="ACTION")
+    listing = actions.add_parser("list", parents=[common], help="list executions, oldest first")
+    listing.add_argument("--status", default=None, help="only executions in this status")
+    listing.add_argument("--chart", default=None, help="only executions of this chart")
+    listing.add_argument(
+        "--where",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="only executions whose metadata holds the pair; repeat for more",
+    )
+    listing.add_argument("--json", action="store_true", help="print one JSON document")
+    show = actions.add_parser("show", parents=[common], help="describe one execution")
+    show.add_argument("execution_id", metavar="ID")
+    show.add_argument("--json", action="store_true", help="print one JSON document")
+    create = actions.add_parser("create", parents=[common], help="start an execution")
+    create.add_argument("chart", metavar="CHART", help="the chart's name (DIR/CHART.scxml)")
+    create.add_argument("--id", dest="execution_id", default=None, help="default: ex_ + ULID")
+    create.add_argument("--data", default=None, metavar="JSON", help="initial datamodel values")
+    create.add_argument(
+        "--metadata",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a metadata pair; repeat for more",
+    )
+    create.add_argument("--json", action="store_true", help="print one JSON document")
+    send = actions.add_parser("send", parents=[common], help="step one event in")
+    send.add_argument("execution_id", metavar="ID")
+    send.add_argument("event", metavar="EVENT[=JSON]", help="the event, with optional JSON data")
+    send.add_argument("--json", action="store_true", help="print one JSON document")
+    cancel = actions.add_parser("cancel", parents=[common], help="cancel an execution")
+    cancel.add_argument("execution_id", metavar="ID")
+    cancel.add_argument("--json", action="store_true", help="print one JSON document")
+    return executions  # type: ignore[no-any-return]
+
+
+def run(args: argparse.Namespace, out: TextIO) -> int:
+    """Run ``statifier executions ACTION``; answers the exit status."""
+    from statifier.durable import DurableError, NotMigrated
+    from statifier.extras import MissingExtra
+    from statifier.persistence import PersistenceError
+
+    try:
+        return asyncio.run(_run(args, out))
+    except NotMigrated as error:  # the command never migrates: one remedy
+        return _refused(args, f"{error.finding}: run `{error.upgrade}` first")
+    except (DurableError, PersistenceError, ValueError, TypeError, MissingExtra) as error:
+        return _refused(args, str(error))
+    except sqlite3.Error as error:
+        return _refused(args, f"database: {_one_line(error)}")
+    except Exception as error:
+        if type(error).__module__.partition(".")[0] not in _DRIVER_ERRORS:
+            raise
+        return _refused(args, f"database: {_one_line(error)}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m statifier.executions_command executions ...``."""
+    parser = argparse.ArgumentParser(prog="statifier")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    return run(parser.parse_args(argv), sys.stdout)
+
+
+# The actions.
+
+
+async def _run(args: argparse.Namespace, out: TextIO) -> int:
+    from statifier.durable import Durable
+    from statifier.sql import DEFAULT_PREFIX, TableOptions
+
+    tables = TableOptions(prefix=args.prefix or DEFAULT_PREFIX, schema=args.schema)
+    if args.action == "create" and args.charts is None:
+        raise ValueError("create needs --charts DIR (DIR/CHART.scxml is the chart)")
+    durable = Durable(args.database, charts=args.charts, tables=tables)
+    async with durable:
+        if args.action == "list":
+            return await _list(durable, args, out)
+        if args.action == "show":
+            description = await durable.describe(args.execution_id)
+            _print_description(description, args.json, out)
+            return 0
+        if args.action == "create":
+            data = None if args.data is None else _json_object(args.data, "--data")
+            metadata = _pairs(args.metadata, "--metadata")
+            created = await durable.create(
+                args.chart, args.execution_id, data=data, metadata=metadata
+            )
+            if args.json:
+                _dump(created.as_json(), out)
+            else:
+                out.write(f"{created.id}: created, {_where(created.status.value, created)}\n")
+            return 0
+        if args.action == "send":
+            return await _send(durable, args, out)
+        return await _cancel(durable, args, out)
+
+
+async def _list(durable: Durable, args: argparse.Namespace, out: TextIO) -> int:
+    pairs = _pairs(args.where, "--where")
+    rows = await durable.list(args.status, chart=args.chart, **pairs)
+    if args.json:
+        _dump([row.as_json() for row in rows], out)
+        return 0
+    if not rows:
+        out.write("no executions\n")
+        return 0
+    table = [("ID", "STATUS", "CHART", "UPDATED")]
+    for row in rows:
+        updated = "-" if row.updated_at is None else row.updated_at.isoformat(timespec="seconds")
+        table.append((row.id, row.status.value, row.chart or "-", updated))
+    widths = [max(len(line[column]) for line in table) for column in range(3)]
+    for line in table:
+        cells = [cell.ljust(width) for cell, width in zip(line, widths, strict=False)]
+        out.write("  ".join([*cells, line[3]]) + "\n")
+    return 0
+
+
+async def _send(durable: Durable, args: argparse.Namespace, out: TextIO) -> int:
+    name, data = _event(args.event)
+    sent = await durable.send(args.execution_id, name, data)
+    if args.json:
+        _dump(sent.as_json(), out)
+        return 0 if sent.delivered else 1
+    status = sent.status.value
+    if not sent.delivered:
+        why = "is parked (needs_migration)" if status == "needs_migration" else f"has {status}"
+        out.write(
+            f"{sent.execution_id}: {name} discarded: the execution {why}; nothing was recorded\n"
+        )
+        return 1
+    if sent.matched:
+        out.write(f"{sent.execution_id}: {name} taken; {_where(status, sent)}\n")
+    else:
+        out.write(
+            f"{sent.execution_id}: no transition took {name} (it is in the input log); "
+            f"{_where(status, sent)}\n"
+        )
+    return 0
+
+
+async def _cancel(durable: Durable, args: argparse.Namespace, out: TextIO) -> int:
+    cancelled = await durable.cancel(args.execution_id)
+    if args.json:
+        _dump(
+            {
+                "execution_id": cancelled.execution_id,
+                "cancelled": cancelled.cancelled,
+                "status": cancelled.status.value,
+            },
+            out,
+        )
+    elif cancelled.cancelled:
+        out.write(f"{cancelled.execution_id}: cancelled\n")
+    else:
+        out.write(
+            f"{cancelled.execution_id}: not cancelled: it had already ended "
+            f"({cancelled.status.value}); nothing changed\n"
+        )
+    return 0 if cancelled.cancelled else 1
+
+
+# Text.
+
+
+class _Placed(Protocol):
+    """What :func:`_where` reads: a :class:`Description` or a ``Sent``."""
+
+    @property
+    def configuration(self) -> tuple[str, ...]: ...
+
+    @property
+    def final_state(self) -> str | None: ...
+
+
+def _where(status: str, value: _Placed) -> str:
+    """``active in open``, ``completed in closed``, ``cancelled``."""
+    if value.final_state is not None:
+        return f"{status} in {value.final_state}"
+    if value.configuration:
+        return f"{status} in {' '.join(value.configuration)}"
+    return status
+
+
+def _print_description(description: Description, as_json: bool, out: TextIO) -> None:
+    if as_json:
+        _dump(description.as_json(), out)
+        return
+    lines: list[tuple[str, str]] = [
+        ("execution", description.id),
+        ("chart", f"{description.chart or '(unnamed)'} ({description.content_hash})"),
+        ("status", description.status.value),
+    ]
+    if description.position != "kept":
+        why = "pruned" if description.position == "pruned" else "its chart is gone"
+        lines.append(("position", f"{why}: configuration and final state unknown"))
+    elif description.final_state is not None:
+        lines.append(("final state", description.final_state))
+    elif description.configuration:
+        lines.append(("configuration", " ".join(description.configuration)))
+    else:
+        lines.append(("configuration", "none (it ended in no final state)"))
+    if description.outcome is not UNDEFINED:
+        lines.append(("outcome", _value(description.outcome)))
+    if description.failure is not None:
+        lines.append(("failure", description.failure))
+    if description.metadata:
+        pairs = sorted(description.metadata.items())
+        lines.append(("metadata", " ".join(f"{key}={value}" for key, value in pairs)))
+    for label, moment in (
+        ("created", description.created_at),
+        ("updated", description.updated_at),
+        ("ended", description.ended_at),
+    ):
+        if moment is not None:
+            lines.append((label, moment.isoformat()))
+    lines.append(("inputs", str(len(description.inputs)) if description.inputs else "none"))
+    lines.append(("timers", "none (statifier keeps no timers yet)"))
+    width = max(len(label) for label, _ in lines)
+    for label, text in lines:
+        out.write(f"{label.ljust(width)}  {text}\n")
+        if label == "inputs":
+            for entry in description.inputs:
+                if entry.event is None:
+                    out.write(f"  {entry.seq}  (the log was closed at its cap)\n")
+                    continue
+                data = "" if entry.event.data is UNDEFINED else " " + _value(entry.event.data)
+                out.write(f"  {entry.seq}  {entry.door}  {entry.event.name}{data}\n")
+
+
+def _value(value: Value) -> str:
+    return json.dumps(tagged.encode(value), sort_keys=True, ensure_ascii=False)
+
+
+def _dump(data: object, out: TextIO) -> None:
+    out.write(json.dumps(data, ensure_ascii=False) + "\n")
+
+
+# Arguments.
+
+
+def _event(text: str) -> tuple[str, Value]:
+    name, separator, payload = text.partition("=")
+    name = name.strip()
+    if not name:
+        raise ValueError(f"an event needs a name: {text!r}")
+    if not separator:
+        return name, UNDEFINED
+    return name, _json(payload, f"the data of event {name!r}")
+
+
+def _json(text: str, what: str) -> Value:
+    try:
+        return tagged.decode(json.loads(text))
+    except (json.JSONDecodeError, tagged.TaggedValueError) as error:
+        raise ValueError(f"{what} is not JSON: {error}") from None
+
+
+def _json_object(text: str, what: str) -> dict[str, Value]:
+    value = _json(text, what)
+    if not isinstance(value, dict):
+        raise ValueError(f"{what} is a JSON object of variable names, not {text!r}")
+    return value
+
+
+def _pairs(items: list[str], option: str) -> dict[str, str]:
+    pairs = {}
+    for item in items:
+        key, separator, value = item.partition("=")
+        if not separator or not key:
+            raise ValueError(f"{option} takes KEY=VALUE, not {item!r}")
+        pairs[key] = value
+    return pairs
+
+
+def _one_line(error: BaseException | str) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+def _refused(args: argparse.Namespace, message: str) -> int:
+    if getattr(args, "debug", False):
+        traceback.print_exc(file=sys.stderr)
+    sys.stderr.write(f"statifier executions {args.action}: {_one_line(message)}\n")
+    return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

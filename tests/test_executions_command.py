@@ -1,0 +1,263 @@
+"""`statifier executions list|show|create|send|cancel`, run through the module's own
+parser (`add_parser`) and runner (`run`), and from separate processes."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from tests.persistence.conftest import drop_schema, unique_name
+
+from statifier import executions_command
+from statifier.durable import Durable, Status
+from statifier.sql import TableOptions, migrations
+
+SRC = Path(__file__).parent.parent / "src"
+
+DOOR = (
+    '<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="open">'
+    '<datamodel><data id="knocks" expr="0"/></datamodel>'
+    '<state id="open">'
+    '<transition event="knock"><assign location="knocks" expr="knocks + 1"/></transition>'
+    '<transition event="close" target="closed"/></state>'
+    '<final id="closed"><donedata><param name="knocks" expr="knocks"/></donedata></final>'
+    "</scxml>"
+)
+
+COUNTER = (
+    '<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="counting">'
+    '<datamodel><data id="n" expr="0"/></datamodel>'
+    '<state id="counting">'
+    '<transition event="tick"><assign location="n" expr="n + 1"/></transition>'
+    '<transition cond="n == 3" target="done"/></state>'
+    '<final id="done"><donedata><param name="n" expr="n"/></donedata></final>'
+    "</scxml>"
+)
+
+
+class Place:
+    """A database for the command, and the options that name its tables."""
+
+    def __init__(self, url: str, tables: TableOptions, charts: Path) -> None:
+        self.url, self.tables, self.charts = url, tables, charts
+
+    @property
+    def options(self) -> list[str]:
+        given = ["--database", self.url, "--prefix", self.tables.prefix]
+        if self.tables.schema is not None:
+            given += ["--schema", self.tables.schema]
+        return given
+
+    def migrate(self) -> None:
+        migrations.upgrade(self.url, self.tables)
+
+
+def _place(request: pytest.FixtureRequest, backend: str, tmp_path: Path) -> Iterator[Place]:
+    charts = tmp_path / "charts"
+    charts.mkdir()
+    (charts / "door.scxml").write_text(DOOR, encoding="utf-8")
+    (charts / "counter.scxml").write_text(COUNTER, encoding="utf-8")
+    if backend == "sqlite":
+        yield Place(f"sqlite:///{tmp_path / 'cli.db'}", TableOptions(prefix="c_"), charts)
+        return
+    url = request.getfixturevalue("database_url")
+    schema = unique_name("statifier_cli_")
+    try:
+        yield Place(url, TableOptions(prefix="c_", schema=schema), charts)
+    finally:
+        drop_schema(url, schema)
+
+
+@pytest.fixture(params=("sqlite", "postgresql"))
+def place(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Place]:
+    """Each backend, empty (``place.migrate()`` builds the tables)."""
+    yield from _place(request, request.param, tmp_path)
+
+
+@pytest.fixture
+def sqlite_place(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Place]:
+    yield from _place(request, "sqlite", tmp_path)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="statifier")
+    parser.add_argument("--debug", action="store_true")
+    executions_command.add_parser(parser.add_subparsers(dest="command", required=True))
+    return parser
+
+
+def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """Run ``statifier executions ARGV``: the status, stdout and stderr."""
+    out = io.StringIO()
+    status = executions_command.run(_parser().parse_args(["executions", *argv]), out)
+    return status, out.getvalue(), capsys.readouterr().err
+
+
+def test_create_send_show_list_cancel(place: Place, capsys: pytest.CaptureFixture[str]) -> None:
+    place.migrate()
+    at = place.options
+    charts = ["--charts", str(place.charts)]
+    created = cli(capsys, "create", "door", "--id", "d1", "--metadata", "tenant=acme", *at, *charts)
+    assert created == (0, "d1: created, active in open\n", "")
+    assert cli(capsys, "send", "d1", "knock", *at) == (0, "d1: knock taken; active in open\n", "")
+    assert cli(capsys, "send", "d1", 'knock={"by": "me"}', *at)[0] == 0
+    unmatched = cli(capsys, "send", "d1", "clsoe", *at)
+    assert unmatched[1] == "d1: no transition took clsoe (it is in the input log); active in open\n"
+    assert cli(capsys, "send", "d1", "close", *at)[1] == "d1: close taken; completed in closed\n"
+    late = cli(capsys, "send", "d1", "knock", *at)
+    assert late == (
+        1,
+        "d1: knock discarded: the execution has completed; nothing was recorded\n",
+        "",
+    )
+
+    status, text, _ = cli(capsys, "show", "d1", *at)
+    assert status == 0
+    lines = text.splitlines()
+    assert lines[0] == "execution    d1"
+    assert lines[1].startswith("chart        door (sha256:")
+    assert lines[2:5] == [
+        "status       completed",
+        "final state  closed",
+        'outcome      {"knocks": 2}',
+    ]
+    assert "metadata     tenant=acme" in lines
+    assert lines[-6:] == [
+        "inputs       4",
+        "  0  step  knock",
+        '  1  step  knock {"by": "me"}',
+        "  2  step  clsoe",
+        "  3  step  close",
+        "timers       none (statifier keeps no timers yet)",
+    ]
+    shown = json.loads(cli(capsys, "show", "d1", "--json", *at)[1])
+    assert {key: shown[key] for key in ("status", "final_state", "outcome", "timers")} == {
+        "status": "completed",
+        "final_state": "closed",
+        "outcome": {"knocks": 2},
+        "timers": [],
+    }
+    assert [entry["event"] for entry in shown["inputs"]] == ["knock", "knock", "clsoe", "close"]
+    assert shown["inputs"][1]["data"] == {"by": "me"}
+
+    cli(capsys, "create", "door", "--id", "d2", *at, *charts)
+    listed = cli(capsys, "list", *at)[1].splitlines()
+    assert [line.split()[:3] for line in listed] == [
+        ["ID", "STATUS", "CHART"],
+        ["d1", "completed", "door"],
+        ["d2", "active", "door"],
+    ]
+    assert cli(capsys, "list", "--status", "cancelled", *at) == (0, "no executions\n", "")
+    rows = json.loads(cli(capsys, "list", "--where", "tenant=acme", "--json", *at)[1])
+    assert [(row["id"], row["metadata"]) for row in rows] == [("d1", {"tenant": "acme"})]
+
+    assert cli(capsys, "cancel", "d2", *at) == (0, "d2: cancelled\n", "")
+    again = cli(capsys, "cancel", "d2", *at)
+    assert again == (
+        1,
+        "d2: not cancelled: it had already ended (cancelled); nothing changed\n",
+        "",
+    )
+    status, text, _ = cli(capsys, "show", "d2", *at)
+    assert "configuration  none (it ended in no final state)" in text.splitlines()
+
+
+def test_errors_are_one_line_with_status_2(
+    sqlite_place: Place, capsys: pytest.CaptureFixture[str]
+) -> None:
+    at = sqlite_place.options
+    unmigrated = cli(capsys, "list", *at)
+    assert unmigrated == (
+        2,
+        "",
+        (
+            f"statifier executions list: the database {sqlite_place.url} has no tables for durable "
+            f"executions: run `statifier db upgrade --url {sqlite_place.url} --prefix c_` first\n"
+        ),
+    )
+    sqlite_place.migrate()
+    charts = ["--charts", str(sqlite_place.charts)]
+    expected = {
+        ("show", "nope"): "statifier executions show: no execution 'nope'\n",
+        ("send", "nope", "close"): "statifier executions send: no execution 'nope'\n",
+        ("create", "dor", *charts): (
+            "statifier executions create: no chart named 'dor' (did you mean 'door'?); "
+            "the charts are: counter, door\n"
+        ),
+        ("create", "door"): (
+            "statifier executions create: create needs --charts DIR "
+            "(DIR/CHART.scxml is the chart)\n"
+        ),
+        ("create", "door", "--data", "[1]", *charts): (
+            "statifier executions create: --data is a JSON object of variable names, not '[1]'\n"
+        ),
+        ("send", "x", "pay={oops"): (
+            "statifier executions send: the data of event 'pay' is not JSON: "
+            "Expecting property name enclosed in double quotes: line 1 column 2 (char 1)\n"
+        ),
+        (
+            "list",
+            "--where",
+            "tenant",
+        ): "statifier executions list: --where takes KEY=VALUE, not 'tenant'\n",
+        ("list", "--status", "done"): (
+            "statifier executions list: unknown status 'done'; the statuses are active, "
+            "needs_migration, completed, failed, cancelled\n"
+        ),
+    }
+    for argv, error in expected.items():
+        assert cli(capsys, *argv, *at) == (2, "", error), argv
+
+
+def test_debug_adds_the_traceback(sqlite_place: Place, capsys: pytest.CaptureFixture[str]) -> None:
+    sqlite_place.migrate()
+    args = _parser().parse_args(["--debug", "executions", "show", "nope", *sqlite_place.options])
+    assert executions_command.run(args, io.StringIO()) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback (most recent call last):")
+    assert err.endswith("statifier executions show: no execution 'nope'\n")
+
+
+def test_three_sends_from_three_processes(place: Place) -> None:
+    place.migrate()
+
+    async def create() -> None:
+        async with Durable(place.url, charts=place.charts, tables=place.tables) as durable:
+            await durable.create("counter", "c1")
+
+    asyncio.run(create())
+    environment = {**os.environ, "PYTHONPATH": str(SRC)}
+    command = [sys.executable, "-m", "statifier.executions_command", "executions"]
+    processes = [
+        subprocess.Popen(
+            [*command, "send", "c1", "tick", *place.options],
+            env=environment,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
+    answers = [process.communicate(timeout=120) for process in processes]
+    assert [process.returncode for process in processes] == [0, 0, 0], answers
+    outputs = sorted(out for out, _ in answers)
+    assert outputs == [
+        "c1: tick taken; active in counting\n",
+        "c1: tick taken; active in counting\n",
+        "c1: tick taken; completed in done\n",
+    ]
+
+    async def read() -> tuple[Status, str | None, object, int]:
+        async with Durable(place.url, tables=place.tables) as durable:
+            described = await durable.describe("c1")
+        return described.status, described.final_state, described.outcome, len(described.inputs)
+
+    assert asyncio.run(read()) == (Status.COMPLETED, "done", {"n": 3}, 3)
