@@ -167,7 +167,7 @@ def sqlite_engine(url: str | sa.URL, **options: Any) -> sa.Engine:
     def _connect(driver: sqlite3.Connection, record: Any) -> None:
         record.info[BUSY_WAIT] = configure_sqlite(driver)
         if not in_memory:
-            driver.execute("PRAGMA journal_mode = WAL")
+            _switch_to_wal(driver)
 
     @sa.event.listens_for(engine, "begin")
     def _begin(connection: sa.Connection) -> None:
@@ -177,6 +177,21 @@ def sqlite_engine(url: str | sa.URL, **options: Any) -> sa.Engine:
             driver.execute("BEGIN")
 
     return engine
+
+
+WAL_SWITCH_WAIT_MS: Final = 5_000
+
+
+def _switch_to_wal(driver: sqlite3.Connection) -> None:
+    """Put a file database in WAL mode. The first switch needs the database to itself
+    for a moment, so a connection opening while another process writes to a database
+    not yet in WAL waits for it here, at most ``WAL_SWITCH_WAIT_MS``: the one wait that
+    blocks, once per connection as it opens, instead of failing the open at once."""
+    driver.execute(f"PRAGMA busy_timeout = {WAL_SWITCH_WAIT_MS:d}")
+    try:
+        driver.execute("PRAGMA journal_mode = WAL")
+    finally:
+        driver.execute("PRAGMA busy_timeout = 0")
 
 
 def busy_wait(connection: sa.Connection) -> float | None:
