@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
 
 from statifier.chart import InvalidChart, Machine, compile_chart
 from statifier.core import Event, MachineState, StartOptions
-from statifier.expr import UNDEFINED, Value, tagged
+from statifier.expr import UNDEFINED, Function, Value, tagged
 from statifier.ids import new_execution_id
 from statifier.persistence import (
     Discarded,
@@ -351,6 +351,10 @@ class Durable:
             (:class:`~statifier.persistence.LockTimeout`); ``None``: the adapter's
             default (on SQLite its busy timeout, 5 seconds unless the URL says).
         loader: reads ``<data src>`` and ``<script src>`` when a chart is compiled.
+        functions: host expression functions the charts' conditions, values and scripts
+            may call (:class:`~statifier.expr.Function` by name; see
+            ``compile_chart(functions=...)``): pure, and the same in every process that
+            opens the database, since a stored chart is compiled again with them.
         input_log_cap: the most entries one input log keeps (see
             :class:`~statifier.persistence.Storage`).
 
@@ -368,6 +372,7 @@ class Durable:
         executor: Executor | None = None,
         lock_wait: float | None = None,
         loader: Callable[[str], str] | None = None,
+        functions: Mapping[str, Function] | None = None,
         input_log_cap: int | None = None,
     ) -> None:
         if not isinstance(migrate, bool):
@@ -378,8 +383,9 @@ class Durable:
         self._executor = executor
         self._lock_wait = lock_wait
         self._loader = loader
+        self._functions = dict(functions or {})
         self._input_log_cap = input_log_cap
-        self._charts = _compiled(charts, loader)
+        self._charts = _compiled(charts, loader, self._functions)
         self._names = {machine.identity.content_hash: n for n, machine in self._charts.items()}
         self._executions: Executions | None = None
         self._owned: Adapter | None = None
@@ -427,7 +433,12 @@ class Durable:
             self._owned = adapter
         else:
             adapter = database
-        storage = Storage(adapter, input_log_cap=self._input_log_cap, loader=self._loader)
+        storage = Storage(
+            adapter,
+            input_log_cap=self._input_log_cap,
+            loader=self._loader,
+            functions=self._functions,
+        )
         if self._executor is None:
             self._executions = Executions(storage, lock_wait=self._lock_wait)
         else:
@@ -734,6 +745,7 @@ def _input_json(entry: LoggedInput) -> dict[str, Any]:
 def _compiled(
     charts: Mapping[str, ChartSource] | str | os.PathLike[str] | None,
     loader: Callable[[str], str] | None,
+    functions: Mapping[str, Function],
 ) -> dict[str, Machine]:
     if charts is None:
         return {}
@@ -742,16 +754,21 @@ def _compiled(
         if not directory.is_dir():
             raise ChartUnusable("*", str(directory), "not a directory of *.scxml files")
         files = sorted(directory.glob("*.scxml"))
-        return {path.stem: _compile(path.stem, path, loader) for path in files}
+        return {path.stem: _compile(path.stem, path, loader, functions) for path in files}
     if not isinstance(charts, Mapping):
         raise TypeError(f"charts maps names to charts, or is a directory, not {charts!r}")
     compiled = {}
     for name, source in charts.items():
-        compiled[_text(name, "a chart name")] = _compile(name, source, loader)
+        compiled[_text(name, "a chart name")] = _compile(name, source, loader, functions)
     return compiled
 
 
-def _compile(name: str, source: ChartSource, loader: Callable[[str], str] | None) -> Machine:
+def _compile(
+    name: str,
+    source: ChartSource,
+    loader: Callable[[str], str] | None,
+    functions: Mapping[str, Function],
+) -> Machine:
     if isinstance(source, Machine):
         return source
     origin = "source"
@@ -766,7 +783,7 @@ def _compile(name: str, source: ChartSource, loader: Callable[[str], str] | None
     if not isinstance(source, (bytes, str)):
         raise TypeError(f"chart {name!r} is a Machine, SCXML source or a path, not {source!r}")
     try:
-        return compile_chart(source, name=name, loader=loader)
+        return compile_chart(source, name=name, loader=loader, functions=functions)
     except InvalidChart as invalid:
         problems = "; ".join(str(problem) for problem in invalid.problems)
         raise ChartUnusable(name, origin, problems) from None

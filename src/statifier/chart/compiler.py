@@ -18,8 +18,8 @@ from __future__ import annotations
 import difflib
 import hashlib
 import re
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Final, Literal
 
 from statifier.chart import model as m
@@ -35,6 +35,7 @@ from statifier.expr import (
     UNDEFINED,
     ExprError,
     Expression,
+    Function,
     Location,
     LocationError,
     Options,
@@ -85,6 +86,7 @@ def compile_chart(
     version: str | None = None,
     loader: Loader | None = None,
     limits: ReadLimits = DEFAULT_READ_LIMITS,
+    functions: Mapping[str, Function] | None = None,
 ) -> m.Machine:
     """Compile SCXML ``source`` into a Machine.
 
@@ -95,10 +97,17 @@ def compile_chart(
         loader: fetches ``<data src>`` and ``<script src>``; without one those
             elements raise ``error.execution`` and nothing is ever fetched.
         limits: bounds on the document's size, depth and element count.
+        functions: host expression functions the chart may call, by name (they shadow
+            builtins of the same name; ``In`` is the chart's own). Like every part of a
+            chart they must be pure: a durable execution replays its inputs through
+            them, and the interpreter may memoise a step whose conditions called them
+            only by their answers.
 
     Raises:
         InvalidChart: with every problem found.
+        ValueError: a function named ``In``, or a value that is not a ``Function``.
     """
+    chosen = _host_functions(functions)
     data = source.encode("utf-8") if isinstance(source, str) else source
     try:
         _root, builder, machine = _build(data, loader, limits, name, version)
@@ -107,7 +116,17 @@ def compile_chart(
     if builder.problems:
         raise InvalidChart(tuple(sorted(builder.problems, key=lambda p: (p.line, p.column))))
     assert machine is not None
-    return machine
+    return replace(machine, functions=chosen) if chosen else machine
+
+
+def _host_functions(functions: Mapping[str, Function] | None) -> dict[str, Function]:
+    chosen = dict(functions or {})
+    for name, function in chosen.items():
+        if name == "In":
+            raise ValueError("'In' is the chart's own function; a host function needs another name")
+        if not isinstance(function, Function):
+            raise ValueError(f"host function {name!r} is {function!r}, not a Function")
+    return chosen
 
 
 def validate(source: bytes | str, *, loader: Loader | None = None) -> tuple[Problem, ...]:

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
-from statifier.expr import Expression, ParseError, Program, Value
+from statifier.expr import Expression, Function, ParseError, Program, Value
 from statifier.expr import Location as ExprLocation
 
 __all__ = [
@@ -301,6 +301,11 @@ class Machine:
     memo: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
     """Derived facts the interpreter computes once and reuses (e.g. which transitions an
     event can select from a state); pure functions of the chart, so sharing is safe."""
+    functions: Mapping[str, Function] = field(default_factory=dict, compare=False, repr=False)
+    """The host's expression functions, by name, that the chart's conditions, values and
+    scripts may call besides the builtins (see ``compile_chart(functions=...)``). Not
+    part of the identity: the chart's source is; a host passes the same functions
+    wherever it compiles the chart again."""
 
     def state_id(self, index: int) -> str | None:
         """The author's id of a state (``None`` for the root and unnamed states)."""

@@ -90,6 +90,23 @@ _CHART_FUNCTIONS: Final = {
 CHART_OPTIONS: Final = Options(on_unbound="error", clock=_no_clock, functions=_CHART_FUNCTIONS)
 
 
+def chart_options(machine: m.Machine) -> Options:
+    """The expression options of ``machine``'s content: :data:`CHART_OPTIONS`, with the
+    host's functions (``compile_chart(functions=...)``) beside the chart's own; built
+    once per machine (a machine never changes)."""
+    if not machine.functions:
+        return CHART_OPTIONS
+    options: Options | None = machine.memo.get(_OPTIONS_MEMO)
+    if options is None:
+        functions = {**machine.functions, **_CHART_FUNCTIONS}
+        options = Options(on_unbound="error", clock=_no_clock, functions=functions)
+        machine.memo[_OPTIONS_MEMO] = options
+    return options
+
+
+_OPTIONS_MEMO: Final = "statifier.core.content.options"
+
+
 class _InConfiguration:
     """The host ``In()`` asks in a :class:`ConditionContext`: a fixed configuration."""
 
@@ -124,7 +141,7 @@ class ConditionContext:
     def __init__(self, machine: m.Machine, configuration: frozenset[int]) -> None:
         # The options point at a separate host object, not at self: no reference cycle.
         self._host = _InConfiguration(machine.ids, configuration)
-        self.options = CHART_OPTIONS.with_host(self._host)
+        self.options = chart_options(machine).with_host(self._host)
 
     def holds(self, expr: m.Expr, datamodel: Mapping[str, Value]) -> bool | None:
         """True only for ``true``, False for ``false``, None if ``test`` would raise."""
@@ -180,7 +197,7 @@ class ContentRunner:
         """Expression options whose ``In()`` sees this step's configuration; built on
         first use, since many steps evaluate no expression."""
         if self._options is None:
-            self._options = CHART_OPTIONS.with_host(self)
+            self._options = chart_options(self.machine).with_host(self)
         return self._options
 
     # -- queries used by In() -----------------------------------------------------------
@@ -487,7 +504,7 @@ class ContentRunner:
         options = Options(
             on_unbound="error",
             clock=_no_clock,
-            functions=_CHART_FUNCTIONS,
+            functions={**self.machine.functions, **_CHART_FUNCTIONS},
             host=self,
             protected_roots=system,
         )

@@ -316,7 +316,7 @@ class Driver:
     async def _start_child(self, parent_id: str, effect: fx.Invoke, pending: _Pending) -> None:
         if not self.storage.capabilities.metadata:
             raise MetadataUnsupported("durable children need an adapter that keeps metadata")
-        machine = invoked_chart(effect, self.storage.loader)
+        machine = invoked_chart(effect, self.storage.loader, self.storage.functions)
         if isinstance(machine, str):
             failed = invocation_failed(effect.invoke_id, machine)
             pending.answers.append((effect.invoke_id, failed))
@@ -389,7 +389,7 @@ class Driver:
         if not self.storage.capabilities.metadata:
             raise MetadataUnsupported("fan-out children need an adapter that keeps metadata")
         child_id = f"{parent_id}/{effect.invoke_id}/{index}"
-        machine = invoked_chart(effect, self.storage.loader)
+        machine = invoked_chart(effect, self.storage.loader, self.storage.functions)
         if isinstance(machine, str):
             raise ValueError(machine)
         metadata = {

@@ -27,6 +27,7 @@ from statifier.chart import InvalidChart, Machine, compile_chart
 from statifier.chart.model import ChartIdentity
 from statifier.core import MachineState
 from statifier.core import positions as stored
+from statifier.expr import Function
 from statifier.persistence.adapter import Adapter, Capabilities
 from statifier.persistence.errors import (
     ChartNotFound,
@@ -84,6 +85,9 @@ class Storage:
         clock: "now" for the times written on records.
         loader: passed to :func:`~statifier.chart.compile_chart` when a stored chart
             is compiled again (for ``<data src>`` and ``<script src>``).
+        functions: the host's expression functions, passed to
+            :func:`~statifier.chart.compile_chart` likewise (the functions a chart
+            calls are not stored with it: give the same ones every process).
     """
 
     def __init__(
@@ -93,6 +97,7 @@ class Storage:
         input_log_cap: int | None = None,
         clock: Clock = utc_now,
         loader: Callable[[str], str] | None = None,
+        functions: Mapping[str, Function] | None = None,
     ) -> None:
         if input_log_cap is not None and input_log_cap < 1:
             raise ValueError(f"input_log_cap must be at least 1, not {input_log_cap}")
@@ -100,18 +105,23 @@ class Storage:
         self.input_log_cap = input_log_cap
         self.clock = clock
         self.loader = loader
+        self.functions: Mapping[str, Function] = dict(functions or {})
         self._machines: OrderedDict[str, Machine] = OrderedDict()
         self._states: dict[str, tuple[bytes, MachineState]] = {}
 
     def over(self, adapter: Adapter) -> Storage:
         """This storage over another adapter, typically a view of this one's bound to a
-        caller's transaction (``SqlAdapter.joined``): same clock, cap and loader, and the
+        caller's transaction (``SqlAdapter.joined``): same clock, cap, loader and functions, and the
         same caches of compiled charts and decoded positions, so a host that opens one
         transaction per event does not compile its charts again each time. The caches
         are safe to share: a position is reused only for the exact bytes it was stored
         as."""
         view = Storage(
-            adapter, input_log_cap=self.input_log_cap, clock=self.clock, loader=self.loader
+            adapter,
+            input_log_cap=self.input_log_cap,
+            clock=self.clock,
+            loader=self.loader,
+            functions=self.functions,
         )
         view._machines = self._machines
         view._states = self._states
@@ -188,7 +198,11 @@ class Storage:
         assert chart.source is not None  # fetch_chart refuses tombstones
         try:
             machine = compile_chart(
-                chart.source, name=chart.name, version=chart.version, loader=self.loader
+                chart.source,
+                name=chart.name,
+                version=chart.version,
+                loader=self.loader,
+                functions=self.functions,
             )
         except InvalidChart as invalid:
             message = f"the chart {content_hash} no longer compiles: {invalid}"

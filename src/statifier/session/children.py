@@ -21,19 +21,22 @@ seeded with. Live sessions and the durable driver start children alike through t
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from statifier.chart import InvalidChart, Machine, compile_chart
 from statifier.core import effects as fx
-from statifier.expr import Value
+from statifier.expr import Function, Value
 
 Loader = Callable[[str], str]
 
 
-def invoked_chart(effect: fx.Invoke, loader: Loader | None) -> Machine | str:
+def invoked_chart(
+    effect: fx.Invoke, loader: Loader | None, functions: Mapping[str, Function] | None = None
+) -> Machine | str:
     """The chart ``effect`` invokes, from its inline content or its ``src`` through
-    ``loader``; or why there is none (the invocation then fails with that reason).
-    A loader's exception is such a reason, not an error of the caller."""
+    ``loader``, compiled with the host's expression ``functions`` (an invoking chart's
+    children call what it calls); or why there is none (the invocation then fails with
+    that reason). A loader's exception is such a reason, not an error of the caller."""
     source = effect.content if isinstance(effect.content, str) else None
     if source is None and effect.src is not None:
         if loader is None:
@@ -45,7 +48,7 @@ def invoked_chart(effect: fx.Invoke, loader: Loader | None) -> Machine | str:
     if source is None:
         return "the invoke names no chart"
     try:
-        return compile_chart(source)
+        return compile_chart(source, functions=functions)
     except InvalidChart as invalid:
         return f"the invoked chart is invalid: {invalid}"
 

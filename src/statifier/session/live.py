@@ -695,7 +695,7 @@ class Session:
             else:
                 self._invoke_service(service, effect)
             return
-        machine = invoked_chart(effect, self.system.loader)
+        machine = invoked_chart(effect, self.system.loader, self.machine.functions)
         if isinstance(machine, str):
             self._invoke_failed(invoke_id, machine)
             return
