@@ -23,6 +23,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from statifier.persistence import Executions, Storage
+from statifier.persistence.serialization import Unserialized
 from statifier.persistence.sql import SqlAdapter, SqlTransaction
 from statifier.router.postgres import PostgresSession, PostgresStatements
 from statifier.router.sqlite import SqliteSession, SqliteStatements
@@ -101,12 +102,17 @@ async def transaction(
 def _unit(
     storage: Storage, statements: Statements, executions: dict[str, Any], tx: SqlTransaction
 ) -> Unit:
-    sql: Session
+    view = storage.over(tx.adapter)
     if isinstance(statements, PostgresStatements):
-        sql = PostgresSession(statements, tx.driver)
-    else:
-        sql = SqliteSession(statements, tx.driver)
-    return Unit(sql, Executions(storage.over(tx.adapter), **executions))
+        # Each step takes its execution's advisory lock, held until the commit.
+        return Unit(PostgresSession(statements, tx.driver), Executions(view, **executions))
+    # The transaction already holds SQLite's single writer, the exclusion every step
+    # needs: a step opens no nested block of its own (and no savepoint), and a step
+    # that raises is undone with its delivery.
+    return Unit(
+        SqliteSession(statements, tx.driver),
+        Executions(view, serialization=Unserialized(), **executions),
+    )
 
 
 def sorted_locks(keys: Iterable[int]) -> list[int]:
