@@ -214,7 +214,12 @@ class Library:
         self.scope = "bench"
 
     def _event(self, message: Message) -> InboundEvent:
-        return InboundEvent(self.scope, SOURCE, message.message_id, {"key": message.key})
+        return InboundEvent(
+            scope=self.scope,
+            source=SOURCE,
+            message_id=message.message_id,
+            data={"key": message.key},
+        )
 
     async def one(self, messages: Sequence[Message]) -> list[str]:
         (message,) = messages

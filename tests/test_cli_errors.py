@@ -194,7 +194,9 @@ def _on_unmigrated(url: str, options: TableOptions) -> list[str]:
                 await adapter.fetch_chart("h")
             seen.append(raised.value.table)
             with pytest.raises(TablesMissing) as raised:
-                await adapter.save_chart(ChartRecord("h", b"<scxml/>", "c", "1", now))
+                await adapter.save_chart(
+                    ChartRecord("h", source=b"<scxml/>", name="c", version="1", saved_at=now)
+                )
             seen.append(raised.value.table)
             with pytest.raises(TablesMissing) as raised:
                 async with adapter.exclusive("e", None):

@@ -506,7 +506,13 @@ def test_a_datamodel_doubled_in_a_loop_is_refused_quickly() -> None:
 
 def test_events_round_trip_through_their_stored_form() -> None:
     event = Event(
-        "paid", "internal", {"when": UNDEFINED, "n": [1, 2.5, None]}, "s1", "#_x", "t", "i"
+        "paid",
+        type="internal",
+        data={"when": UNDEFINED, "n": [1, 2.5, None]},
+        sendid="s1",
+        origin="#_x",
+        origintype="t",
+        invokeid="i",
     )
     assert load_event(dump_event(event)) == event
 

@@ -59,7 +59,7 @@ message id so the input log shows which message each entry is."""
 def hit(message_id: str, key: str) -> InboundEvent:
     """The inbound hit ``message_id`` for ``key``."""
     data: dict[str, Value] = {"kind": "hit", "key": key, "message_id": message_id}
-    return InboundEvent(SCOPE, SOURCE, message_id, data)
+    return InboundEvent(scope=SCOPE, source=SOURCE, message_id=message_id, data=data)
 
 
 async def _lane(

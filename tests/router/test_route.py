@@ -118,11 +118,16 @@ def ad(
     data: dict[str, Value] = {"kind": kind, **extra}
     if impression_id is not None:
         data["impression_id"] = impression_id
-    return InboundEvent(SCOPE, "ad_events", message_id, data)
+    return InboundEvent(scope=SCOPE, source="ad_events", message_id=message_id, data=data)
 
 
 def tick(message_id: str, meter: str, n: int = 0) -> InboundEvent:
-    return InboundEvent(SCOPE, "meter", message_id, {"kind": "tick", "meter": meter, "n": n})
+    return InboundEvent(
+        scope=SCOPE,
+        source="meter",
+        message_id=message_id,
+        data={"kind": "tick", "meter": meter, "n": n},
+    )
 
 
 def table_rows(db: RouterDb, name: str) -> list[dict[str, Any]]:
@@ -165,8 +170,14 @@ async def test_an_impression_creates_the_execution_and_a_click_is_delivered_to_i
     config = configure(router_db, impression_bindings())
     opened = await route(config, ad("m1", "impression", "imp_1", shown_at=1))
     clicked = await route(config, ad("m2", "click", "imp_1", url="u"))
-    assert opened.outcomes == (CreatedAndDelivered(IMPRESSIONS, "imp_1", "ex_1"), NoMatch(CLICKS))
-    assert clicked.outcomes == (NoMatch(IMPRESSIONS), Delivered(CLICKS, "imp_1", "ex_1"))
+    assert opened.outcomes == (
+        CreatedAndDelivered(IMPRESSIONS, key="imp_1", execution_id="ex_1"),
+        NoMatch(CLICKS),
+    )
+    assert clicked.outcomes == (
+        NoMatch(IMPRESSIONS),
+        Delivered(CLICKS, key="imp_1", execution_id="ex_1"),
+    )
     assert await logged(config, "ex_1") == [
         Event("impression.served", data={"impression_id": "imp_1", "shown_at": 1}),
         Event("click.recorded", data={"impression_id": "imp_1", "url": "u"}),
@@ -180,7 +191,7 @@ async def test_a_redelivered_message_is_a_duplicate_and_changes_nothing(
     config = configure(router_db, impression_bindings())
     await route(config, ad("m1", "impression", "imp_1"))
     again = await route(config, ad("m1", "impression", "imp_1"))
-    assert again.outcomes == (Duplicate(IMPRESSIONS, "imp_1"), NoMatch(CLICKS))
+    assert again.outcomes == (Duplicate(IMPRESSIONS, key="imp_1"), NoMatch(CLICKS))
     assert await executions_count(config) == 1
     assert len(await logged(config, "ex_1")) == 1
     assert counts(router_db)["routing_ledger"] == 2
@@ -199,7 +210,10 @@ async def test_an_event_no_binding_matches_is_never_written(router_db: RouterDb)
 @pytest.mark.asyncio
 async def test_an_event_of_another_source_gets_no_outcome(router_db: RouterDb) -> None:
     config = configure(router_db, impression_bindings())
-    routed = await route(config, InboundEvent(SCOPE, "elsewhere", "m1", {"kind": "impression"}))
+    routed = await route(
+        config,
+        InboundEvent(scope=SCOPE, source="elsewhere", message_id="m1", data={"kind": "impression"}),
+    )
     assert routed.outcomes == ()
 
 
@@ -257,7 +271,7 @@ async def test_never_creating_a_missing_execution_is_dropped_no_execution(
     routed = await route(config, ad("m1", "click", "imp_9"))
     assert routed.outcomes == (
         NoMatch(IMPRESSIONS),
-        Dropped(CLICKS, DropReason.NO_EXECUTION, "imp_9"),
+        Dropped(CLICKS, reason=DropReason.NO_EXECUTION, key="imp_9"),
     )
     assert routed.outcomes[1].outcome == "dropped: no_execution"
     assert await address(config, SCOPE, "join", "imp_9") is None
@@ -279,8 +293,12 @@ async def test_a_late_event_after_the_finish_is_dropped_and_never_reopens(
     router_db.clock.advance(timedelta(minutes=5))
     late_click = await route(config, ad("m3", "click", "imp_1"))
     late_impression = await route(config, ad("m4", "impression", "imp_1"))
-    assert late_click.outcomes[1] == Dropped(CLICKS, DropReason.FINISHED, "imp_1", "ex_1")
-    assert late_impression.outcomes[0] == Dropped(IMPRESSIONS, DropReason.FINISHED, "imp_1", "ex_1")
+    assert late_click.outcomes[1] == Dropped(
+        CLICKS, reason=DropReason.FINISHED, key="imp_1", execution_id="ex_1"
+    )
+    assert late_impression.outcomes[0] == Dropped(
+        IMPRESSIONS, reason=DropReason.FINISHED, key="imp_1", execution_id="ex_1"
+    )
     assert late_click.outcomes[1].outcome == "dropped: finished"
     row = await address(config, SCOPE, "join", "imp_1")
     assert row is not None
@@ -296,7 +314,9 @@ async def test_an_event_that_selects_no_transition_is_dropped_but_logged(
     config = configure(router_db, impression_bindings())
     await route(config, ad("m1", "impression", "imp_1", shown_at=1))
     second = await route(config, ad("m2", "impression", "imp_1", shown_at=2))
-    assert second.outcomes[0] == Dropped(IMPRESSIONS, DropReason.UNMATCHED_EVENT, "imp_1", "ex_1")
+    assert second.outcomes[0] == Dropped(
+        IMPRESSIONS, reason=DropReason.UNMATCHED_EVENT, key="imp_1", execution_id="ex_1"
+    )
     assert second.outcomes[0].outcome == "dropped: unmatched_event"
     assert await logged(config, "ex_1") == [
         Event("impression.served", data={"impression_id": "imp_1", "shown_at": 1}),
@@ -311,7 +331,9 @@ async def test_a_created_execution_that_takes_no_transition_is_dropped_unmatched
     """A click first: its binding creates the join, which waits for an impression."""
     config = configure(router_db, impression_bindings())
     routed = await route(config, ad("m1", "click", "imp_1"))
-    assert routed.outcomes[1] == Dropped(CLICKS, DropReason.UNMATCHED_EVENT, "imp_1", "ex_1")
+    assert routed.outcomes[1] == Dropped(
+        CLICKS, reason=DropReason.UNMATCHED_EVENT, key="imp_1", execution_id="ex_1"
+    )
     row = await address(config, SCOPE, "join", "imp_1")
     assert row is not None
     assert row.execution_id == "ex_1"
@@ -372,15 +394,21 @@ async def test_the_create_mode_decides_what_a_delivery_reaches(
     config = configure(router_db, [OPENER, under_test(mode)])
     existing: str | None = None
     if before != "none":
-        opened = await route(config, InboundEvent(SCOPE, "setup", "open", {"key": "k"}))
+        opened = await route(
+            config, InboundEvent(scope=SCOPE, source="setup", message_id="open", data={"key": "k"})
+        )
         existing = "ex_1"
-        assert opened.outcomes == (Dropped("opener", DropReason.UNMATCHED_EVENT, "k", existing),)
+        assert opened.outcomes == (
+            Dropped("opener", reason=DropReason.UNMATCHED_EVENT, key="k", execution_id=existing),
+        )
     if before == "terminal":
         assert existing is not None
         await Executions(config.storage).cancel(existing)
     executions_before = await executions_count(config)
 
-    routed = await route(config, InboundEvent(SCOPE, "test", "m1", {"key": "k"}))
+    routed = await route(
+        config, InboundEvent(scope=SCOPE, source="test", message_id="m1", data={"key": "k"})
+    )
 
     (answer,) = routed.outcomes
     assert answer.outcome == outcome
@@ -406,19 +434,26 @@ async def test_always_new_creates_one_execution_per_delivery_and_no_address(
 ) -> None:
     config = configure(router_db, [under_test(Create.ALWAYS_NEW)])
     answers = [
-        (await route(config, InboundEvent(SCOPE, "test", f"m{n}", {"key": "k"}))).outcomes
+        (
+            await route(
+                config,
+                InboundEvent(scope=SCOPE, source="test", message_id=f"m{n}", data={"key": "k"}),
+            )
+        ).outcomes
         for n in range(3)
     ]
     assert answers == [
-        (CreatedAndDelivered("tested", "k", "ex_1"),),
-        (CreatedAndDelivered("tested", "k", "ex_2"),),
-        (CreatedAndDelivered("tested", "k", "ex_3"),),
+        (CreatedAndDelivered("tested", key="k", execution_id="ex_1"),),
+        (CreatedAndDelivered("tested", key="k", execution_id="ex_2"),),
+        (CreatedAndDelivered("tested", key="k", execution_id="ex_3"),),
     ]
     assert await executions_count(config) == 3
     assert table_rows(router_db, "addresses") == []
     # It still deduplicates: a redelivery creates nothing.
-    again = await route(config, InboundEvent(SCOPE, "test", "m0", {"key": "k"}))
-    assert again.outcomes == (Duplicate("tested", "k"),)
+    again = await route(
+        config, InboundEvent(scope=SCOPE, source="test", message_id="m0", data={"key": "k"})
+    )
+    assert again.outcomes == (Duplicate("tested", key="k"),)
     assert await executions_count(config) == 3
 
 
@@ -439,10 +474,10 @@ async def test_a_message_id_is_a_duplicate_only_within_the_horizon(router_db: Ro
     router_db.clock.advance(horizon - timedelta(milliseconds=1))
     reclaimed = await route(config, tick("m1", "meter_1"))
     assert [routed.outcomes for routed in (first, inside, after, reclaimed)] == [
-        (CreatedAndDelivered("ticks", "meter_1", "ex_1"),),
-        (Duplicate("ticks", "meter_1"),),
-        (Delivered("ticks", "meter_1", "ex_1"),),
-        (Duplicate("ticks", "meter_1"),),
+        (CreatedAndDelivered("ticks", key="meter_1", execution_id="ex_1"),),
+        (Duplicate("ticks", key="meter_1"),),
+        (Delivered("ticks", key="meter_1", execution_id="ex_1"),),
+        (Duplicate("ticks", key="meter_1"),),
     ]
     assert len(await logged(config, "ex_1")) == 2
 
@@ -569,8 +604,10 @@ async def test_routing_in_a_callers_transaction_ends_with_it(
         opened = await route(config, ad("m1", "impression", "imp_1"), connection=connection)
         clicked = await route(config, ad("m2", "click", "imp_1"), connection=connection)
         # Inside the transaction the second event already sees the first's address.
-        assert clicked.outcomes[1] == Delivered(CLICKS, "imp_1", "ex_1")
-        assert opened.outcomes[0] == CreatedAndDelivered(IMPRESSIONS, "imp_1", "ex_1")
+        assert clicked.outcomes[1] == Delivered(CLICKS, key="imp_1", execution_id="ex_1")
+        assert opened.outcomes[0] == CreatedAndDelivered(
+            IMPRESSIONS, key="imp_1", execution_id="ex_1"
+        )
         await end(connection, commit)
     kept = {"routing_ledger": 2, "addresses": 1, "dedupe": 2, "executions": 1, "inputs": 2}
     assert counts(router_db) == (kept if commit else dict.fromkeys(kept, 0))
@@ -716,8 +753,8 @@ async def test_a_batch_answers_a_duplicate_within_itself(router_db: RouterDb) ->
     config = configure(router_db, [TICKS])
     answers = await route_many(config, [tick("m1", "meter_a"), tick("m1", "meter_a")])
     assert [answer.outcomes for answer in answers if isinstance(answer, Routed)] == [
-        (CreatedAndDelivered("ticks", "meter_a", "ex_1"),),
-        (Duplicate("ticks", "meter_a"),),
+        (CreatedAndDelivered("ticks", key="meter_a", execution_id="ex_1"),),
+        (Duplicate("ticks", key="meter_a"),),
     ]
 
 
@@ -738,10 +775,12 @@ async def test_deliver_event_reaches_an_existing_address_once(router_db: RouterD
             config, FAILURES, scope=SCOPE, key=key, event=click, message_id=message_id
         )
 
-    assert await deliver("imp_1", "job-1") == Delivered("basichttp_failure", "imp_1", "ex_1")
-    assert await deliver("imp_1", "job-1") == Duplicate("basichttp_failure", "imp_1")
+    assert await deliver("imp_1", "job-1") == Delivered(
+        "basichttp_failure", key="imp_1", execution_id="ex_1"
+    )
+    assert await deliver("imp_1", "job-1") == Duplicate("basichttp_failure", key="imp_1")
     assert await deliver("imp_404", "job-2") == Dropped(
-        "basichttp_failure", DropReason.NO_EXECUTION, "imp_404"
+        "basichttp_failure", reason=DropReason.NO_EXECUTION, key="imp_404"
     )
     assert await logged(config, "ex_1") == [
         Event("impression.served", data={"impression_id": "imp_1"}),
@@ -772,7 +811,7 @@ async def test_deliver_event_in_a_rolled_back_callers_transaction_leaves_nothing
             message_id="job-1",
             connection=connection,
         )
-        assert delivered == Delivered("basichttp_failure", "imp_1", "ex_1")
+        assert delivered == Delivered("basichttp_failure", key="imp_1", execution_id="ex_1")
         await end(connection, commit=False)
     assert counts(router_db) == before
 
@@ -785,7 +824,10 @@ async def open_joins(config: RouterConfig, keys: list[str], cancel: bool) -> lis
     when ``cancel``; answers their execution ids."""
     ids = []
     for key in keys:
-        routed = await route(config, InboundEvent(SCOPE, "setup", f"open-{key}", {"key": key}))
+        routed = await route(
+            config,
+            InboundEvent(scope=SCOPE, source="setup", message_id=f"open-{key}", data={"key": key}),
+        )
         execution_id = getattr(routed.outcomes[0], "execution_id", None)
         assert isinstance(execution_id, str)
         if cancel:
@@ -884,7 +926,9 @@ async def test_address_pins_count_the_address_rows_naming_the_executions(
 ) -> None:
     config = configure(router_db, [OPENER, under_test(Create.ALWAYS_NEW)])
     first, second = await open_joins(config, ["k1", "k2"], cancel=False)
-    unaddressed = await route(config, InboundEvent(SCOPE, "test", "m1", {"key": "k3"}))
+    unaddressed = await route(
+        config, InboundEvent(scope=SCOPE, source="test", message_id="m1", data={"key": "k3"})
+    )
     third = getattr(unaddressed.outcomes[0], "execution_id", None)
     assert isinstance(third, str)
     content_hash = join_chart().identity.content_hash
@@ -974,7 +1018,9 @@ async def test_a_create_answered_as_ended_is_dropped_finished_and_never_stepped(
 
     config = configure(router_db, impression_bindings(), on_create=ended_create, on_step=on_step)
     routed = await route(config, ad("m1", "impression", "imp_1"))
-    assert routed.outcomes[0] == Dropped(IMPRESSIONS, DropReason.FINISHED, "imp_1", "ex_1")
+    assert routed.outcomes[0] == Dropped(
+        IMPRESSIONS, reason=DropReason.FINISHED, key="imp_1", execution_id="ex_1"
+    )
     assert steps == []
     assert await logged(config, "ex_1") == []
     row = await address(config, SCOPE, "join", "imp_1")
@@ -988,7 +1034,9 @@ async def test_a_step_answered_as_discarded_on_an_ended_record_is_dropped_finish
 ) -> None:
     config = configure(router_db, impression_bindings(), on_step=discarding(Status.CANCELLED))
     routed = await route(config, ad("m1", "impression", "imp_1"))
-    assert routed.outcomes[0] == Dropped(IMPRESSIONS, DropReason.FINISHED, "imp_1", "ex_1")
+    assert routed.outcomes[0] == Dropped(
+        IMPRESSIONS, reason=DropReason.FINISHED, key="imp_1", execution_id="ex_1"
+    )
     assert await logged(config, "ex_1") == []
     row = await address(config, SCOPE, "join", "imp_1")
     assert row is not None
@@ -1030,7 +1078,7 @@ async def test_around_delivery_wraps_each_route_once(router_db: RouterDb) -> Non
     config = configure(router_db, impression_bindings(), around_delivery=around, resolver=resolver)
     first = await route(config, ad("m1", "impression", "imp_1"))
     assert calls == [(SCOPE, Door.ROUTE)]
-    assert first.outcomes[0] == CreatedAndDelivered(IMPRESSIONS, "imp_1", "ex_1")
+    assert first.outcomes[0] == CreatedAndDelivered(IMPRESSIONS, key="imp_1", execution_id="ex_1")
     assert resolved_in == [SCOPE]
     await route(config, ad("m2", "click", "imp_1"))
     assert calls == [(SCOPE, Door.ROUTE), (SCOPE, Door.ROUTE)]

@@ -63,15 +63,26 @@ async def test_every_statement_runs_on_uuid_keys_in_a_prefixed_schema(
             resolver=StaticResolver({"join": join_chart()}),
         )
         impression = {"kind": "impression", "impression_id": "imp_1"}
-        first = await route(config, InboundEvent("s", "ad_events", "m1", impression))
+        first = await route(
+            config, InboundEvent(scope="s", source="ad_events", message_id="m1", data=impression)
+        )
         # A UUID key does not order rows: the ledger is oldest first by time alone.
         clock.advance(timedelta(seconds=1))
-        again = await route(config, InboundEvent("s", "ad_events", "m1", impression))
+        again = await route(
+            config, InboundEvent(scope="s", source="ad_events", message_id="m1", data=impression)
+        )
         clock.advance(timedelta(seconds=1))
         click = {"kind": "click", "impression_id": "imp_1"}
-        batch = [*await route_many(config, [InboundEvent("s", "ad_events", "m2", click)])]
+        batch = [
+            *await route_many(
+                config, [InboundEvent(scope="s", source="ad_events", message_id="m2", data=click)]
+            )
+        ]
         clock.advance(timedelta(seconds=1))
-        batch += await route_many(config, [InboundEvent("s", "ad_events", "m3", {"kind": "click"})])
+        batch += await route_many(
+            config,
+            [InboundEvent(scope="s", source="ad_events", message_id="m3", data={"kind": "click"})],
+        )
         assert [o.outcome for o in first.outcomes] == ["created_and_delivered", "no_match"]
         assert [o.outcome for o in again.outcomes] == ["duplicate", "no_match"]
         assert [[o.outcome for o in answer.outcomes] for answer in batch] == [  # type: ignore[union-attr]

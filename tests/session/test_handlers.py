@@ -226,7 +226,7 @@ def test_a_custom_invoke_type_reports_events_and_done() -> None:
     assert session.configuration == ("finished",)
     assert session.state.datamodel["readyfrom"] == "w"
     assert session.state.datamodel["result"] == 7
-    assert worker.started[0] == InvokePlan("w", "x-worker", "job", {"size": 3})
+    assert worker.started[0] == InvokePlan("w", type="x-worker", src="job", data={"size": 3})
     assert ("w", "poke") in worker.forwarded
     # w finished by itself; leaving "working" cancels only w2
     assert worker.cancelled == ["w2"]

@@ -265,7 +265,9 @@ def test_steps_carry_notices_whether_or_not_trace_effects_are_asked_for() -> Non
             "error.execution",
             "error.communication",
         ]
-        assert nothing.notices == (NoTransition("nothing", "external", nothing.notices[0].before),)
+        assert nothing.notices == (
+            NoTransition("nothing", queue="external", before=nothing.notices[0].before),
+        )
         has_trace = any(type(effect).__name__.startswith("Trace") for effect in go.effects)
         assert has_trace is trace
         if not trace:

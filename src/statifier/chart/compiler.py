@@ -19,7 +19,7 @@ import difflib
 import hashlib
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Final, Literal
 
 from statifier.chart import model as m
@@ -64,6 +64,7 @@ class Problem:
     """One thing wrong with a chart, and where."""
 
     message: str
+    _: KW_ONLY
     line: int
     column: int
 
@@ -112,7 +113,9 @@ def compile_chart(
     try:
         _root, builder, machine = _build(data, loader, limits, name, version)
     except XMLProblem as problem:
-        raise InvalidChart((Problem(problem.message, problem.line, problem.column),)) from None
+        raise InvalidChart(
+            (Problem(problem.message, line=problem.line, column=problem.column),)
+        ) from None
     if builder.problems:
         raise InvalidChart(tuple(sorted(builder.problems, key=lambda p: (p.line, p.column))))
     assert machine is not None
@@ -154,7 +157,7 @@ def _build(
     """
     root = read(data, limits)
     builder = _Builder(data, loader)
-    machine = builder.build(root, m.ChartIdentity(_content_hash(data), name, version))
+    machine = builder.build(root, m.ChartIdentity(_content_hash(data), name=name, version=version))
     return root, builder, machine
 
 
@@ -245,18 +248,18 @@ class _Builder:
     # -- reporting -------------------------------------------------------------------
 
     def problem(self, element: Element, message: str) -> Problem:
-        found = Problem(message, element.line, element.column)
+        found = Problem(message, line=element.line, column=element.column)
         self.problems.append(found)
         return found
 
     def defer(self, element: Element, message: str) -> Problem:
-        found = Problem(message, element.line, element.column)
+        found = Problem(message, line=element.line, column=element.column)
         self.deferred.append(found)
         return found
 
     @staticmethod
     def where(element: Element) -> m.SourceLocation:
-        return m.SourceLocation(element.line, element.column)
+        return m.SourceLocation(element.line, column=element.column)
 
     # -- expressions -----------------------------------------------------------------
 

@@ -13,7 +13,7 @@ Expressions are compiled once, here. One that fails to parse is kept as its
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Literal, TypeAlias
 
 from statifier.expr import Expression, Function, ParseError, Program, Value
@@ -50,6 +50,7 @@ class SourceLocation:
     """Line and column (1-based) of an element or attribute in the chart source."""
 
     line: int
+    _: KW_ONLY
     column: int
 
     def __str__(self) -> str:
@@ -275,6 +276,7 @@ class ChartIdentity:
     bytes (``"sha256:<hex>"``), plus an optional name and version."""
 
     content_hash: str
+    _: KW_ONLY
     name: str | None = None
     version: str | None = None
 

@@ -16,7 +16,7 @@ from xml.parsers import expat
 __all__ = ["Element", "ReadLimits", "XMLProblem", "read", "start_tag_end"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ReadLimits:
     """Bounds on an untrusted document."""
 

@@ -16,7 +16,7 @@ from typing import Any, Final
 
 from statifier.chart import model as m
 from statifier.core import effects as fx
-from statifier.core.events import Event
+from statifier.core.events import Event, engine_event
 from statifier.expr import (
     UNDEFINED,
     Duration,
@@ -216,7 +216,7 @@ class ContentRunner:
         )
 
     def enqueue_platform(self, name: str, data: Value, sendid: str | None = None) -> None:
-        self.internal_queue.append(Event(name, "platform", data, sendid=sendid))
+        self.internal_queue.append(engine_event(name, "platform", data, sendid))
 
     def execution_error(self, data: dict[str, Value], sendid: str | None = None) -> None:
         self.enqueue_platform("error.execution", data, sendid)
@@ -423,7 +423,7 @@ class ContentRunner:
         for node in block:
             executed.append(node.index)
             if isinstance(node, m.Raise):
-                self.internal_queue.append(Event(node.event, "internal"))
+                self.internal_queue.append(engine_event(node.event, "internal"))
             elif isinstance(node, m.Assign):
                 self.run_assign(node)
             elif isinstance(node, m.Log):
@@ -604,7 +604,7 @@ class ContentRunner:
             )
         if is_scxml and target in ("#_internal", "_internal") and not delay_ms:
             self.internal_queue.append(
-                Event(name, "internal", data, sendid=send_id if author else None)
+                engine_event(name, "internal", data, send_id if author else None)
             )
             return
         common = {

@@ -36,7 +36,7 @@ from typing import Any, Final
 
 from statifier.chart.model import ChartIdentity, Machine
 from statifier.core.content import SCXML_PROCESSOR
-from statifier.core.events import Event
+from statifier.core.events import Event, engine_event
 from statifier.core.state import MachineState
 from statifier.expr import UNDEFINED, Undefined
 from statifier.expr.tagged import TaggedValueError, decode, encode
@@ -134,7 +134,7 @@ def _event_json(event: Event) -> list[Any]:
 
 def _event_from(data: Any) -> Event:
     name, kind, payload, sendid, origin, origintype, invokeid = data
-    return Event(name, kind, payload, sendid, origin, origintype, invokeid)
+    return engine_event(name, kind, payload, sendid, origin, origintype, invokeid)
 
 
 def _tag(value: object) -> object:
@@ -323,7 +323,8 @@ def load(machine: Machine, data: bytes) -> MachineState:
     if stored != [identity.content_hash, identity.name, identity.version]:
         if not (isinstance(stored, list) and len(stored) == 3):
             raise NotAPosition("the position's chart identity is unreadable")
-        raise IdentityMismatch(ChartIdentity(*stored), identity)
+        content_hash, name, version = stored
+        raise IdentityMismatch(ChartIdentity(content_hash, name=name, version=version), identity)
     try:
         return _state(machine, envelope[3])
     except (TypeError, KeyError, ValueError, IndexError, TaggedValueError) as error:

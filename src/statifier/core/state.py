@@ -15,7 +15,7 @@ __all__ = ["DEFAULT_ROUND_BUDGET", "MachineState", "StartOptions"]
 DEFAULT_ROUND_BUDGET: Final = 10_000
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StartOptions:
     """How :func:`~statifier.core.initialize` starts a chart.
 

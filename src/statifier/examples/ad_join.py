@@ -98,7 +98,9 @@ def _impression(offset: int, impression_id: str) -> InboundEvent:
         "impression_id": impression_id,
         "campaign": "autumn",
     }
-    return InboundEvent(SCOPE, "ad_server", f"ad_server/0/{offset}", data)
+    return InboundEvent(
+        scope=SCOPE, source="ad_server", message_id=f"ad_server/0/{offset}", data=data
+    )
 
 
 def _click(offset: int, impression_id: str) -> InboundEvent:
@@ -107,7 +109,9 @@ def _click(offset: int, impression_id: str) -> InboundEvent:
         "impression_id": impression_id,
         "url": "https://example.com/autumn",
     }
-    return InboundEvent(SCOPE, "click_tracker", f"click_tracker/0/{offset}", data)
+    return InboundEvent(
+        scope=SCOPE, source="click_tracker", message_id=f"click_tracker/0/{offset}", data=data
+    )
 
 
 async def run(url: str, out: TextIO) -> list[LedgerRow]:

@@ -30,7 +30,7 @@ have ended.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Final, Literal, TypeAlias, TypeVar
 
 from statifier.callbacks import settle
@@ -99,6 +99,7 @@ class InvocationFailed:
     ``error.communication.invoke.<id>`` carries reason, attempts and detail."""
 
     reason: str
+    _: KW_ONLY
     attempts: int = 1
     detail: Value = UNDEFINED
 
@@ -442,10 +443,10 @@ class Driver:
             now = storage.clock()
             marker = ExecutionRecord(
                 f"{parent_id}/{invoke_id}#settled",
-                (await storage.fetch_execution(parent_id)).content_hash,
-                Status.COMPLETED,
-                None,
-                {_SETTLED_KEY: parent_id},
+                content_hash=(await storage.fetch_execution(parent_id)).content_hash,
+                status=Status.COMPLETED,
+                position=None,
+                metadata={_SETTLED_KEY: parent_id},
                 created_at=now,
                 updated_at=now,
                 ended_at=now,

@@ -30,7 +30,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Callable, Container, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
+from dataclasses import KW_ONLY, dataclass, replace
 from datetime import datetime
 from typing import Any, Final, Protocol
 
@@ -92,6 +92,7 @@ class Stepped:
     """
 
     execution: ExecutionRecord
+    _: KW_ONLY
     state: MachineState
     effects: tuple[fx.Effect, ...]
     donedata: Value = UNDEFINED
@@ -209,22 +210,22 @@ class Executions:
             now = self.storage.clock()
             record = ExecutionRecord(
                 execution_id,
-                machine.identity.content_hash,
-                status,
-                position,
-                pairs,
-                outcome,
-                failure,
-                now,
-                now,
-                now if status.terminal else None,
+                content_hash=machine.identity.content_hash,
+                status=status,
+                position=position,
+                metadata=pairs,
+                outcome=outcome,
+                failure=failure,
+                created_at=now,
+                updated_at=now,
+                ended_at=now if status.terminal else None,
             )
             await self.storage.insert_execution(record)
         self._lifecycle(record, "created")
         if status.terminal:
             self._lifecycle(record, status.value)
         self._stepped(record, "create", effects, started)
-        return Stepped(record, state, tuple(effects), donedata)
+        return Stepped(record, state=state, effects=tuple(effects), donedata=donedata)
 
     async def step(
         self,
@@ -292,22 +293,22 @@ class Executions:
                 await storage.append_input(execution_id, door, entry, now)
             record = ExecutionRecord(
                 record.id,
-                record.content_hash,
-                status,
-                position,
-                record.metadata,
-                outcome,
-                failure,
-                record.created_at,
-                now,
-                now if ended else None,
+                content_hash=record.content_hash,
+                status=status,
+                position=position,
+                metadata=record.metadata,
+                outcome=outcome,
+                failure=failure,
+                created_at=record.created_at,
+                updated_at=now,
+                ended_at=now if ended else None,
             )
             await storage.update_execution(record)
             storage.remember(execution_id, position, state)
         if ended:
             self._lifecycle(record, status.value)
         self._stepped(record, door, effects, started)
-        return Stepped(record, state, tuple(effects), donedata)
+        return Stepped(record, state=state, effects=tuple(effects), donedata=donedata)
 
     async def fail(self, execution_id: str, reason: str) -> ExecutionRecord | Discarded:
         """End an execution as failed on the host's word; its position stays as it was
@@ -361,7 +362,7 @@ class Executions:
         self._stepped(record, "cancel", effects, started)
         if self.storage.capabilities.metadata:
             await self.cancel_matching({PARENT_KEY: execution_id})
-        return Stepped(record, state, tuple(effects))
+        return Stepped(record, state=state, effects=tuple(effects))
 
     async def cancel_matching(self, pairs: Mapping[str, str]) -> None:
         """Cancel, in id order, every execution not yet ended whose metadata holds all

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 
 from statifier.callbacks import settle
 from statifier.core import effects as fx
@@ -28,6 +28,7 @@ class EffectContext:
     """
 
     execution_id: str
+    _: KW_ONLY
     door: str
     ordinal: int
     macrostep: int
@@ -58,6 +59,11 @@ async def perform(
         if isinstance(effect, fx.Done):
             continue
         context = EffectContext(
-            execution_id, door, ordinal, effect.macrostep, effect.microstep, effect.round
+            execution_id,
+            door=door,
+            ordinal=ordinal,
+            macrostep=effect.macrostep,
+            microstep=effect.microstep,
+            round=effect.round,
         )
         await settle(executor(effect, context))

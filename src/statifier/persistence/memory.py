@@ -134,9 +134,13 @@ class MemoryAdapter:
         if log and log[-1].event is None:
             return None  # closed by its marker
         if cap is not None and seq >= cap - 1:
-            log.append(InputRecord(execution_id, seq, door, None, recorded_at))
+            log.append(
+                InputRecord(execution_id, seq=seq, door=door, event=None, recorded_at=recorded_at)
+            )
             return None
-        log.append(InputRecord(execution_id, seq, door, event, recorded_at))
+        log.append(
+            InputRecord(execution_id, seq=seq, door=door, event=event, recorded_at=recorded_at)
+        )
         return seq
 
     async def inputs(self, execution_id: str) -> list[InputRecord]:

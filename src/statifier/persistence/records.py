@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from datetime import datetime
 
 __all__ = [
@@ -53,6 +53,7 @@ class ChartRecord:
     """
 
     content_hash: str
+    _: KW_ONLY
     source: bytes | None
     name: str | None
     version: str | None
@@ -81,6 +82,7 @@ class ExecutionRecord:
     """
 
     id: str
+    _: KW_ONLY
     content_hash: str
     status: Status
     position: bytes | None
@@ -97,6 +99,7 @@ class PositionRecord:
     """A position a host saved under a key of its own (a session id, say)."""
 
     key: str
+    _: KW_ONLY
     content_hash: str
     position: bytes
     saved_at: datetime
@@ -112,6 +115,7 @@ class InputRecord:
     """
 
     execution_id: str
+    _: KW_ONLY
     seq: int
     door: str
     event: bytes | None

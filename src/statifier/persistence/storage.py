@@ -149,7 +149,11 @@ class Storage:
         """
         identity = machine.identity
         record = ChartRecord(
-            identity.content_hash, machine.source, identity.name, identity.version, self.clock()
+            identity.content_hash,
+            source=machine.source,
+            name=identity.name,
+            version=identity.version,
+            saved_at=self.clock(),
         )
         saved = await self._call("save_chart", self.adapter.save_chart(record))
         if saved.retired_at is not None:
@@ -325,7 +329,10 @@ class Storage:
             ValueError: the position cannot be stored (see ``positions.dump``).
         """
         record = PositionRecord(
-            key, state.machine.identity.content_hash, stored.dump(state), self.clock()
+            key,
+            content_hash=state.machine.identity.content_hash,
+            position=stored.dump(state),
+            saved_at=self.clock(),
         )
         await self._call("save_position", self.adapter.save_position(record))
         return record

@@ -103,7 +103,7 @@ def _chart(
     version: str | None = "3",
     saved_at: datetime = _BASE,
 ) -> ChartRecord:
-    return ChartRecord(content_hash, source, name, version, saved_at)
+    return ChartRecord(content_hash, source=source, name=name, version=version, saved_at=saved_at)
 
 
 def _execution(
@@ -506,23 +506,31 @@ class AdapterConformance(_AdapterSuite):
 
     @pytest.mark.asyncio
     async def test_position_save_fetch_and_replace(self, adapter: Adapter) -> None:
-        first = PositionRecord("session-1", _HASH_A, _BLOB, _at(1).astimezone(_INDIA))
+        first = PositionRecord(
+            "session-1", content_hash=_HASH_A, position=_BLOB, saved_at=_at(1).astimezone(_INDIA)
+        )
         await adapter.save_position(first)
         _assert_same_position(await adapter.fetch_position("session-1"), first)
-        second = PositionRecord("session-1", _HASH_B, b"next", _at(2))
+        second = PositionRecord(
+            "session-1", content_hash=_HASH_B, position=b"next", saved_at=_at(2)
+        )
         await adapter.save_position(second)
         _assert_same_position(await adapter.fetch_position("session-1"), second)
 
     @pytest.mark.asyncio
     async def test_position_fetch_of_a_missing_key_answers_none(self, adapter: Adapter) -> None:
         assert await adapter.fetch_position("session-1") is None
-        await adapter.save_position(PositionRecord("session-1", _HASH_A, _BLOB, _at(1)))
+        await adapter.save_position(
+            PositionRecord("session-1", content_hash=_HASH_A, position=_BLOB, saved_at=_at(1))
+        )
         assert await adapter.fetch_position("session-2") is None
 
     @pytest.mark.asyncio
     async def test_position_delete_answers_whether_there_was_one(self, adapter: Adapter) -> None:
-        kept = PositionRecord("session-2", _HASH_A, b"kept", _at(1))
-        await adapter.save_position(PositionRecord("session-1", _HASH_A, _BLOB, _at(1)))
+        kept = PositionRecord("session-2", content_hash=_HASH_A, position=b"kept", saved_at=_at(1))
+        await adapter.save_position(
+            PositionRecord("session-1", content_hash=_HASH_A, position=_BLOB, saved_at=_at(1))
+        )
         await adapter.save_position(kept)
         assert await adapter.delete_position("session-1") is True
         assert await adapter.fetch_position("session-1") is None
@@ -534,11 +542,17 @@ class AdapterConformance(_AdapterSuite):
     async def test_position_counts_by_chart(self, adapter: Adapter) -> None:
         assert await adapter.count_positions_on(_HASH_A) == 0
         for key in ("s1", "s2", "s3"):
-            await adapter.save_position(PositionRecord(key, _HASH_A, _BLOB, _at(1)))
-        await adapter.save_position(PositionRecord("s4", _HASH_B, _BLOB, _at(1)))
+            await adapter.save_position(
+                PositionRecord(key, content_hash=_HASH_A, position=_BLOB, saved_at=_at(1))
+            )
+        await adapter.save_position(
+            PositionRecord("s4", content_hash=_HASH_B, position=_BLOB, saved_at=_at(1))
+        )
         assert await adapter.count_positions_on(_HASH_A) == 3
         assert await adapter.count_positions_on(_HASH_B) == 1
-        await adapter.save_position(PositionRecord("s1", _HASH_B, _BLOB, _at(2)))
+        await adapter.save_position(
+            PositionRecord("s1", content_hash=_HASH_B, position=_BLOB, saved_at=_at(2))
+        )
         await adapter.delete_position("s2")
         assert await adapter.count_positions_on(_HASH_A) == 1
         assert await adapter.count_positions_on(_HASH_B) == 2
@@ -549,7 +563,9 @@ class AdapterConformance(_AdapterSuite):
         await _insert(adapter, _execution("shared-id"))
         assert await adapter.fetch_position("shared-id") is None
         assert await adapter.count_positions_on(_HASH_A) == 0
-        saved = PositionRecord("shared-id", _HASH_B, b"saved", _at(1))
+        saved = PositionRecord(
+            "shared-id", content_hash=_HASH_B, position=b"saved", saved_at=_at(1)
+        )
         await adapter.save_position(saved)
         _assert_same_execution(await adapter.fetch_execution("shared-id"), _execution("shared-id"))
         assert await adapter.delete_position("shared-id") is True
@@ -558,7 +574,9 @@ class AdapterConformance(_AdapterSuite):
     @pytest.mark.asyncio
     async def test_prune_clears_only_what_ended_before_the_cutoff(self, adapter: Adapter) -> None:
         records = await self._insert_for_prune(adapter)
-        kept = PositionRecord("old-completed", _HASH_A, b"saved", _at(0))
+        kept = PositionRecord(
+            "old-completed", content_hash=_HASH_A, position=b"saved", saved_at=_at(0)
+        )
         await adapter.save_position(kept)
         pruned = await adapter.prune(_at(60).astimezone(_INDIA), 100)
         assert sorted(pruned) == ["old-completed", "old-failed"]
@@ -784,7 +802,7 @@ class InputLogConformance(_AdapterSuite):
         for seq, (door, event, recorded_at) in enumerate(entries):
             assert await adapter.append_input("exec-1", door, event, recorded_at, None) == seq
         expected = [
-            InputRecord("exec-1", seq, door, event, recorded_at)
+            InputRecord("exec-1", seq=seq, door=door, event=event, recorded_at=recorded_at)
             for seq, (door, event, recorded_at) in enumerate(entries)
         ]
         _assert_same_log(await adapter.inputs("exec-1"), expected)
@@ -812,9 +830,9 @@ class InputLogConformance(_AdapterSuite):
         assert await adapter.append_input("exec-1", "step", b"[4]", _at(4), None) is None
         assert await adapter.append_input("exec-1", "step", b"[5]", _at(5), 10) is None
         expected = [
-            InputRecord("exec-1", 0, "step", b"[0]", _at(0)),
-            InputRecord("exec-1", 1, "step", b"[1]", _at(1)),
-            InputRecord("exec-1", 2, "answer", None, _at(2)),
+            InputRecord("exec-1", seq=0, door="step", event=b"[0]", recorded_at=_at(0)),
+            InputRecord("exec-1", seq=1, door="step", event=b"[1]", recorded_at=_at(1)),
+            InputRecord("exec-1", seq=2, door="answer", event=None, recorded_at=_at(2)),
         ]
         _assert_same_log(await adapter.inputs("exec-1"), expected)
 
@@ -823,7 +841,7 @@ class InputLogConformance(_AdapterSuite):
         await _insert(adapter, _execution())
         assert await adapter.append_input("exec-1", "step", b"[0]", _at(0), 1) is None
         assert await adapter.append_input("exec-1", "step", b"[1]", _at(1), 1) is None
-        expected = [InputRecord("exec-1", 0, "step", None, _at(0))]
+        expected = [InputRecord("exec-1", seq=0, door="step", event=None, recorded_at=_at(0))]
         _assert_same_log(await adapter.inputs("exec-1"), expected)
 
     @pytest.mark.asyncio

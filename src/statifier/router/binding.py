@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from datetime import timedelta
 from enum import StrEnum
 from pathlib import Path
@@ -109,7 +109,7 @@ class Keyed:
     key: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Refused:
     """A binding's match or key program could not be used for this event.
 
@@ -137,6 +137,7 @@ class Plan:
     dedupe horizon. :func:`~statifier.router.deliver_event` takes one directly."""
 
     id: str
+    _: KW_ONLY
     document: str
     create: Create = Create.NEVER
     horizon: timedelta = DEFAULT_HORIZON
@@ -178,6 +179,7 @@ class Binding:
     """
 
     id: str
+    _: KW_ONLY
     source: str
     match: str
     key: str
@@ -251,7 +253,9 @@ class Binding:
     @property
     def plan(self) -> Plan:
         """The delivery plan of this binding (its id, document, create mode, horizon)."""
-        return Plan(self.id, self.document, self.create, self.dedupe.horizon)
+        return Plan(
+            self.id, document=self.document, create=self.create, horizon=self.dedupe.horizon
+        )
 
     def matches(self, event: Mapping[str, Value]) -> bool | Refused:
         """Whether this binding applies to ``event``: ``True`` only when ``match``
@@ -263,8 +267,8 @@ class Binding:
         if answer is False or answer is None or type(answer) is Undefined:
             return False
         if isinstance(answer, ExprError):
-            return Refused("match", "error", _error(answer))
-        return Refused("match", "value", _describe(answer))
+            return Refused(program="match", kind="error", detail=_error(answer))
+        return Refused(program="match", kind="value", detail=_describe(answer))
 
     def key_for(self, event: Mapping[str, Value]) -> Keyed | Refused:
         """The key ``event`` is addressed under, or why there is none."""
@@ -272,8 +276,8 @@ class Binding:
         if type(answer) is str and answer:
             return Keyed(answer)
         if isinstance(answer, ExprError):
-            return Refused("key", "error", _error(answer))
-        return Refused("key", "value", _describe(answer))
+            return Refused(program="key", kind="error", detail=_error(answer))
+        return Refused(program="key", kind="value", detail=_describe(answer))
 
     def evaluate(self, event: Mapping[str, Value]) -> Keyed | Refused | None:
         """``match`` then ``key``: ``None`` when the binding does not apply."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from enum import StrEnum
 from typing import Any, Final, TypeVar
 
@@ -162,6 +162,7 @@ class RouterConfig:
     """
 
     store: SqlAdapter | Storage
+    _: KW_ONLY
     bindings: Sequence[Binding] | None = None
     bindings_resolver: BindingsResolver | None = None
     resolver: Resolver | None = None

@@ -85,11 +85,11 @@ async def deliver(
         plan.id, delivery.message_id, now, now + plan.horizon, address
     )
     if not fresh:
-        outcome: Outcome = Duplicate(plan.id, delivery.key)
+        outcome: Outcome = Duplicate(plan.id, key=delivery.key)
     elif not addressed:
         outcome = await _create(unit, config, delivery, None, now)
     elif found is None and plan.create is Create.NEVER:
-        outcome = Dropped(plan.id, DropReason.NO_EXECUTION, delivery.key)
+        outcome = Dropped(plan.id, reason=DropReason.NO_EXECUTION, key=delivery.key)
     elif found is None:
         outcome = await _claim_address(unit, config, delivery, now)
     else:
@@ -144,7 +144,9 @@ async def _create(
     if created.finished:
         if address_id is not None:
             await unit.sql.stamp([address_id], now)
-        return Dropped(plan.id, DropReason.FINISHED, delivery.key, execution_id)
+        return Dropped(
+            plan.id, reason=DropReason.FINISHED, key=delivery.key, execution_id=execution_id
+        )
     stepped = await _step(executions, config, execution_id, machine, delivery.event)
     return await _stepped(unit, delivery, stepped, address_id, now, created=True)
 
@@ -155,7 +157,9 @@ async def _existing(
     plan = delivery.plan
     execution_id = found.execution_id
     if found.terminal_seen_at is not None:
-        return Dropped(plan.id, DropReason.FINISHED, delivery.key, execution_id)
+        return Dropped(
+            plan.id, reason=DropReason.FINISHED, key=delivery.key, execution_id=execution_id
+        )
     executions = unit.executions
     machine: Machine | None = None
     if config.chart_resolver is not None:
@@ -195,16 +199,20 @@ async def _stepped(
             raise ExecutionParked(execution_id)
         if address_id is not None:
             await unit.sql.stamp([address_id], now)
-        return Dropped(plan.id, DropReason.FINISHED, delivery.key, execution_id)
+        return Dropped(
+            plan.id, reason=DropReason.FINISHED, key=delivery.key, execution_id=execution_id
+        )
     if stepped.finished and address_id is not None:
         # The first sighting of the end: the address's horizon counts from here.
         await unit.sql.stamp([address_id], now)
     if stepped.state.microstep == 0:
         # The macrostep took no transition: the event is in the input log, unused.
-        return Dropped(plan.id, DropReason.UNMATCHED_EVENT, delivery.key, execution_id)
+        return Dropped(
+            plan.id, reason=DropReason.UNMATCHED_EVENT, key=delivery.key, execution_id=execution_id
+        )
     if created:
-        return CreatedAndDelivered(plan.id, delivery.key, execution_id)
-    return Delivered(plan.id, delivery.key, execution_id)
+        return CreatedAndDelivered(plan.id, key=delivery.key, execution_id=execution_id)
+    return Delivered(plan.id, key=delivery.key, execution_id=execution_id)
 
 
 def minted(config: RouterConfig, scope: str, document: str, key: str) -> str:
@@ -226,15 +234,15 @@ def ledger_row(delivery: Delivery, outcome: Outcome, now: datetime) -> LedgerRow
     kind = "dropped" if isinstance(outcome, Dropped) else outcome.outcome
     return LedgerRow(
         delivery.plan.id,
-        delivery.message_id,
-        delivery.scope,
-        delivery.source,
-        kind,
-        reason,
-        delivery.plan.document,
-        delivery.key,
-        execution_id,
-        now,
+        message_id=delivery.message_id,
+        scope=delivery.scope,
+        source=delivery.source,
+        outcome=kind,
+        reason=reason,
+        document=delivery.plan.document,
+        key=delivery.key,
+        execution_id=execution_id,
+        inserted_at=now,
     )
 
 

@@ -3,14 +3,16 @@
 Every outcome is a plain frozen value. All but :class:`NoMatch` are written to the
 routing ledger; ``outcome`` is the ledger's spelling of each.
 
->>> Dropped("clicks_to_join", DropReason.FINISHED, "imp_7f3a", "ex_01").outcome
+>>> Dropped(
+...     "clicks_to_join", reason=DropReason.FINISHED, key="imp_7f3a", execution_id="ex_01"
+... ).outcome
 'dropped: finished'
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from enum import StrEnum
 from typing import ClassVar, Final
 
@@ -34,7 +36,7 @@ __all__ = [
 MAX_ID_LENGTH: Final = 1_024
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class InboundEvent:
     """An event handed to the router.
 
@@ -83,6 +85,7 @@ class Delivered:
     """Stepped into the execution the address already named."""
 
     binding_id: str
+    _: KW_ONLY
     key: str
     execution_id: str
     outcome: ClassVar[str] = "delivered"
@@ -93,6 +96,7 @@ class CreatedAndDelivered:
     """A new execution was created for the event and stepped with it."""
 
     binding_id: str
+    _: KW_ONLY
     key: str
     execution_id: str
     outcome: ClassVar[str] = "created_and_delivered"
@@ -103,6 +107,7 @@ class Duplicate:
     """The binding had already claimed this message id within its horizon."""
 
     binding_id: str
+    _: KW_ONLY
     key: str
     outcome: ClassVar[str] = "duplicate"
 
@@ -122,6 +127,7 @@ class KeyRefused:
     which program and what (e.g. ``"key value: undefined"``)."""
 
     binding_id: str
+    _: KW_ONLY
     reason: str
     outcome: ClassVar[str] = "key_refused"
 
@@ -131,6 +137,7 @@ class Dropped:
     """The delivery reached no execution, or changed nothing in it."""
 
     binding_id: str
+    _: KW_ONLY
     reason: DropReason
     key: str
     execution_id: str | None = None

@@ -17,6 +17,18 @@ from statifier.sql.tables import Tables
 
 __all__ = ["PostgresSession", "PostgresStatements"]
 
+_LEDGER_COLUMNS = (  # after binding_id, in the order the ledger query selects them
+    "message_id",
+    "scope",
+    "source",
+    "outcome",
+    "reason",
+    "document",
+    "key",
+    "execution_id",
+    "inserted_at",
+)
+
 
 class PostgresStatements:
     """The statement texts for one set of tables, made once per configuration."""
@@ -143,7 +155,11 @@ class PostgresSession:
         cursor = await self._driver.execute(self._s.claim_and_find, self._keyed(values))
         fresh, address_id, execution_id, terminal_seen_at = await cursor.fetchone()
         found = (
-            None if address_id is None else AddressRow(address_id, execution_id, terminal_seen_at)
+            None
+            if address_id is None
+            else AddressRow(
+                address_id, execution_id=execution_id, terminal_seen_at=terminal_seen_at
+            )
         )
         return bool(fresh), found
 
@@ -151,7 +167,11 @@ class PostgresSession:
         values = {"scope": scope, "document": document, "key": key}
         cursor = await self._driver.execute(self._s.find_address, values)
         row = await cursor.fetchone()
-        return None if row is None else AddressRow(*row)
+        return (
+            None
+            if row is None
+            else AddressRow(row[0], execution_id=row[1], terminal_seen_at=row[2])
+        )
 
     async def insert_address(
         self, scope: str, document: str, key: str, execution_id: str, now: datetime
@@ -186,7 +206,10 @@ class PostgresSession:
         values = {"after": None if after is None else str(after), "after_id": after}
         values["limit"] = limit
         cursor = await self._driver.execute(self._s.reap_page, values)
-        return [ReapRow(*row) for row in await cursor.fetchall()]
+        return [
+            ReapRow(row[0], document=row[1], terminal_seen_at=row[2], status=row[3])
+            for row in await cursor.fetchall()
+        ]
 
     async def delete_addresses(self, address_ids: Sequence[Any]) -> None:
         await self._driver.execute(self._s.delete_addresses, {"ids": list(address_ids)})
@@ -203,4 +226,7 @@ class PostgresSession:
 
     async def ledger(self, execution_id: str | None) -> list[LedgerRow]:
         cursor = await self._driver.execute(self._s.ledger, {"execution_id": execution_id})
-        return [LedgerRow(*row) for row in await cursor.fetchall()]
+        return [
+            LedgerRow(row[0], **dict(zip(_LEDGER_COLUMNS, row[1:], strict=True)))
+            for row in await cursor.fetchall()
+        ]

@@ -27,7 +27,7 @@ async def reap_dedupe(config: RouterConfig, now: datetime) -> int:
         return await unit.sql.reap_dedupe(now)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class AddressReap:
     """What one :func:`reap_addresses` call did.
 
@@ -105,4 +105,4 @@ async def reap_addresses(
         if delete:
             await unit.sql.delete_addresses(delete)
     following = rows[-1].id if len(rows) == limit else None
-    return AddressReap(len(rows), len(stamp), len(delete), following)
+    return AddressReap(examined=len(rows), stamped=len(stamp), deleted=len(delete), next=following)

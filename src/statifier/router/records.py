@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from datetime import datetime
 from typing import Any
 
@@ -20,6 +20,7 @@ class AddressRow:
     """
 
     id: Any
+    _: KW_ONLY
     execution_id: str
     terminal_seen_at: datetime | None
 
@@ -33,6 +34,7 @@ class LedgerRow:
     """
 
     binding_id: str
+    _: KW_ONLY
     message_id: str | None
     scope: str | None
     source: str | None
@@ -72,6 +74,7 @@ class ReapRow:
     the execution is gone)."""
 
     id: Any
+    _: KW_ONLY
     document: str
     terminal_seen_at: datetime | None
     status: str | None

@@ -97,15 +97,15 @@ def _refusal_row(event: InboundEvent, verdict: _Verdict, now: datetime) -> Ledge
     binding = verdict.binding
     return LedgerRow(
         binding.id,
-        event.message_id,
-        event.scope,
-        event.source,
-        "key_refused",
-        verdict.answer.reason,
-        binding.document,
-        None,
-        None,
-        now,
+        message_id=event.message_id,
+        scope=event.scope,
+        source=event.source,
+        outcome="key_refused",
+        reason=verdict.answer.reason,
+        document=binding.document,
+        key=None,
+        execution_id=None,
+        inserted_at=now,
     )
 
 
@@ -136,7 +136,7 @@ async def _settle_one(
             await unit.sql.record(row)
         else:
             rows.append(row)
-        outcome = KeyRefused(verdict.binding.id, verdict.answer.reason)
+        outcome = KeyRefused(verdict.binding.id, reason=verdict.answer.reason)
     else:
         outcome = await deliver(unit, config, verdict.delivery(event), now, rows)
     if enabled(_DELIVERY):

@@ -444,7 +444,7 @@ def _step(scope: str, entry: object) -> Step:
         data = decode(value.get("data", {}))
         if not isinstance(data, dict):
             raise CaseError("deliver: data must be a JSON object")
-        return Deliver(InboundEvent(scope, source, message_id, data))
+        return Deliver(InboundEvent(scope=scope, source=source, message_id=message_id, data=data))
     except (RouterError, TaggedValueError) as error:
         raise CaseError(f"deliver: {error}") from None
 

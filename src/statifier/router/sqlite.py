@@ -131,7 +131,11 @@ class SqliteSession:
     async def find_address(self, scope: str, document: str, key: str) -> AddressRow | None:
         values = {"scope": scope, "document": document, "key": key}
         row = self._driver.execute(self._s.find_address, values).fetchone()
-        return None if row is None else AddressRow(row[0], row[1], utc_time(row[2]))
+        return (
+            None
+            if row is None
+            else AddressRow(row[0], execution_id=row[1], terminal_seen_at=utc_time(row[2]))
+        )
 
     async def insert_address(
         self, scope: str, document: str, key: str, execution_id: str, now: datetime
@@ -166,7 +170,10 @@ class SqliteSession:
 
     async def reap_page(self, after: Any, limit: int) -> list[ReapRow]:
         rows = self._driver.execute(self._s.reap_page, {"after": after, "limit": limit})
-        return [ReapRow(row[0], row[1], utc_time(row[2]), row[3]) for row in rows.fetchall()]
+        return [
+            ReapRow(row[0], document=row[1], terminal_seen_at=utc_time(row[2]), status=row[3])
+            for row in rows.fetchall()
+        ]
 
     async def delete_addresses(self, address_ids: Sequence[Any]) -> None:
         self._driver.execute(self._s.delete_addresses, {"ids": json.dumps(list(address_ids))})
@@ -192,13 +199,13 @@ def _ledger_row(row: Sequence[Any]) -> LedgerRow:
     assert inserted_at is not None
     return LedgerRow(
         binding_id,
-        message_id,
-        scope,
-        source,
-        outcome,
-        reason,
-        document,
-        key,
-        execution_id,
-        inserted_at,
+        message_id=message_id,
+        scope=scope,
+        source=source,
+        outcome=outcome,
+        reason=reason,
+        document=document,
+        key=key,
+        execution_id=execution_id,
+        inserted_at=inserted_at,
     )

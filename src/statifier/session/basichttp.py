@@ -215,7 +215,7 @@ def _event(scope: Scope, body: bytes) -> Event | str:
     name = "HTTP.POST" if name is None else name
     if not name.strip() or any(c.isspace() for c in name):
         return f"invalid event name {name!r}"
-    return Event(name, "external", data, origintype=BASICHTTP)
+    return Event(name, data=data, origintype=BASICHTTP)
 
 
 async def _answer(

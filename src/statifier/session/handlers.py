@@ -31,7 +31,7 @@ inside the step, in order, and only the transport waits:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Protocol, runtime_checkable
 
 from statifier.core import Event
@@ -86,6 +86,7 @@ class InvokePlan:
     """A checked invocation: the fields of the ``Invoke`` effect a service needs."""
 
     invoke_id: str
+    _: KW_ONLY
     type: str
     src: str | None = None
     data: Value = UNDEFINED
@@ -94,7 +95,13 @@ class InvokePlan:
     @classmethod
     def of(cls, effect: fx.Invoke) -> InvokePlan:
         """The plan that takes the effect as it is."""
-        return cls(effect.invoke_id, effect.type, effect.src, effect.data, effect.content)
+        return cls(
+            effect.invoke_id,
+            type=effect.type,
+            src=effect.src,
+            data=effect.data,
+            content=effect.content,
+        )
 
 
 class InvokePort(Protocol):

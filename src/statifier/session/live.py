@@ -45,7 +45,6 @@ import contextvars
 import time
 from collections import deque
 from collections.abc import Callable, Container, Coroutine, Mapping
-from dataclasses import replace
 from types import MappingProxyType
 from typing import Any, Literal, NamedTuple
 
@@ -60,6 +59,7 @@ from statifier.core import (
     initialize,
 )
 from statifier.core import effects as fx
+from statifier.core.events import engine_event
 from statifier.expr import UNDEFINED, Value
 from statifier.session.children import invoked_chart, seeded_datamodel
 from statifier.session.clock import Clock, RealClock, TimerHandle, VirtualClock
@@ -388,8 +388,8 @@ class Session:
         if isinstance(routes, RecordingRoutes):
             self.recording = Recording(
                 self.id,
-                dict(datamodel),
-                routes.answers,
+                datamodel=dict(datamodel),
+                start_routes=routes.answers,
                 send_types=options.send_types,
                 invoke_types=options.invoke_types,
             )
@@ -589,7 +589,7 @@ class Session:
 
     def _delivered(self, effect: fx.Send | fx.SendDelayed) -> Event:
         internal = effect.target in ("#_internal", "_internal")
-        return Event(
+        return engine_event(  # the chart's name: empty for a send of <content> alone
             effect.event,
             "internal" if internal else "external",
             effect.data,
@@ -667,7 +667,7 @@ class Session:
 
     def _raise_error(self, name: str, message: str, **fields: Any) -> None:
         report("statifier.session.error", {}, self._about(error=name, message=message))
-        failure = Event(name, "platform", {"message": message}, **fields)
+        failure = Event(name, type="platform", data={"message": message}, **fields)
         self._put(_Entry("internal", failure), first=True)
 
     def _communication_error(self, message: str, event: Event) -> None:
@@ -842,10 +842,12 @@ async def _quietly(call: Coroutine[Any, Any, None]) -> None:
 
 
 def _from(event: Event, origin: str | None, origintype: str) -> Event:
-    return Event(
+    return engine_event(
         event.name, event.type, event.data, event.sendid, origin, origintype, event.invokeid
     )
 
 
 def _with_invokeid(event: Event, invoke_id: str) -> Event:
-    return replace(event, invokeid=invoke_id)
+    return engine_event(
+        event.name, event.type, event.data, event.sendid, event.origin, event.origintype, invoke_id
+    )

@@ -29,7 +29,7 @@ True
 from __future__ import annotations
 
 from collections.abc import Container, Mapping
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Literal
 
 from statifier.chart import Machine
@@ -62,6 +62,7 @@ class Recording:
     """Everything needed to replay a session: how it started and what it stepped."""
 
     session_id: str
+    _: KW_ONLY
     datamodel: Mapping[str, Value]
     start_routes: Mapping[str, bool] = field(default_factory=dict)
     inputs: list[Input] = field(default_factory=list)

@@ -67,7 +67,7 @@ import os
 import re
 import stat
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
 from typing import Any, Final, Literal, TypeAlias
 from urllib.parse import unquote, urlsplit
@@ -122,6 +122,7 @@ class NoTransition:
     ``external`` or ``internal`` queue; ``before`` as for :class:`ErrorRaised`."""
 
     event: str
+    _: KW_ONLY
     queue: Literal["external", "internal"]
     before: int
 
@@ -137,6 +138,7 @@ class Step:
     milliseconds at which it ran, whether the chart had finished, and the notices."""
 
     event: str | None
+    _: KW_ONLY
     configuration: tuple[str, ...]
     effects: tuple[Effect, ...]
     at_ms: int
@@ -199,11 +201,11 @@ async def _run(
             steps.append(
                 Step(
                     name,
-                    session.configuration,
-                    kept,
-                    clock.now_ms(),
-                    not session.running,
-                    notices,
+                    configuration=session.configuration,
+                    effects=kept,
+                    at_ms=clock.now_ms(),
+                    finished=not session.running,
+                    notices=notices,
                 )
             )
 
@@ -276,7 +278,7 @@ def _notices(effects: list[Effect], trace: bool) -> tuple[tuple[Effect, ...], tu
                 queue: Literal["external", "internal"] = (
                     "internal" if dequeued.queue == "internal" else "external"
                 )
-                notices.append(NoTransition(effect.event, queue, len(kept)))
+                notices.append(NoTransition(effect.event, queue=queue, before=len(kept)))
             dequeued = None
         if trace or not isinstance(effect, _TRACE_KINDS):
             kept.append(effect)

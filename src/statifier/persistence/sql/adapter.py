@@ -37,7 +37,9 @@ it is). A PostgreSQL URL without psycopg raises
 >>> async def main() -> str | None:
 ...     async with SqlAdapter(url) as adapter:
 ...         now = datetime(2026, 1, 1, tzinfo=UTC)
-...         await adapter.save_chart(ChartRecord("h1", b"<scxml/>", "demo", "1", now))
+...         await adapter.save_chart(ChartRecord(
+...             "h1", source=b"<scxml/>", name="demo", version="1", saved_at=now
+...         ))
 ...         chart = await adapter.fetch_chart("h1")
 ...         return chart.name if chart else None
 >>> asyncio.run(main())

@@ -90,15 +90,15 @@ def _execution(row: tuple[Any, ...]) -> ExecutionRecord:
     ) = row
     return ExecutionRecord(
         execution_id,
-        content_hash,
-        STATUSES.get(status) or Status(status),
-        position,
-        metadata,
-        outcome,
-        failure,
-        utc_time(created_at),
-        utc_time(updated_at),
-        utc_time(ended_at),
+        content_hash=content_hash,
+        status=STATUSES.get(status) or Status(status),
+        position=position,
+        metadata=metadata,
+        outcome=outcome,
+        failure=failure,
+        created_at=utc_time(created_at),
+        updated_at=utc_time(updated_at),
+        ended_at=utc_time(ended_at),
     )
 
 
@@ -703,7 +703,9 @@ class PostgresDatabase:
         row = await cursor.fetchone()
         if row is None:
             return None
-        return PositionRecord(row[0], row[1], row[2], row[3].astimezone(UTC))
+        return PositionRecord(
+            row[0], content_hash=row[1], position=row[2], saved_at=row[3].astimezone(UTC)
+        )
 
     async def delete_position(self, key: str) -> bool:
         return await self._run(self._delete_position, key)
@@ -759,7 +761,13 @@ class PostgresDatabase:
     async def _inputs(self, cursor: Cursor, execution_id: str) -> list[InputRecord]:
         await cursor.execute(self.statements.inputs, {"id": execution_id})
         return [
-            InputRecord(execution_id, seq, door, blob, recorded_at.astimezone(UTC))
+            InputRecord(
+                execution_id,
+                seq=seq,
+                door=door,
+                event=blob,
+                recorded_at=recorded_at.astimezone(UTC),
+            )
             for execution_id, seq, door, blob, recorded_at in await cursor.fetchall()
         ]
 

@@ -107,10 +107,10 @@ def chart(row: Sequence[Any], read_time: Any) -> ChartRecord:
     content_hash, source, name, version, saved_at, retired_at, retired_by = row
     return ChartRecord(
         content_hash,
-        source,
-        name,
-        version,
-        read_time(saved_at),
-        read_time(retired_at),
-        retired_by,
+        source=source,
+        name=name,
+        version=version,
+        saved_at=read_time(saved_at),
+        retired_at=read_time(retired_at),
+        retired_by=retired_by,
     )

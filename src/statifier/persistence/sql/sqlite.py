@@ -99,15 +99,15 @@ def _execution(row: tuple[Any, ...]) -> ExecutionRecord:
     ) = row
     return ExecutionRecord(
         execution_id,
-        content_hash,
-        STATUSES.get(status) or Status(status),
-        position,
-        _metadata(metadata),
-        outcome,
-        failure,
-        utc_time(created_at),
-        utc_time(updated_at),
-        utc_time(ended_at),
+        content_hash=content_hash,
+        status=STATUSES.get(status) or Status(status),
+        position=position,
+        metadata=_metadata(metadata),
+        outcome=outcome,
+        failure=failure,
+        created_at=utc_time(created_at),
+        updated_at=utc_time(updated_at),
+        ended_at=utc_time(ended_at),
     )
 
 
@@ -702,7 +702,7 @@ class SqliteDatabase:
             return None
         saved_at = utc_time(row[3])
         assert saved_at is not None
-        return PositionRecord(row[0], row[1], row[2], saved_at)
+        return PositionRecord(row[0], content_hash=row[1], position=row[2], saved_at=saved_at)
 
     async def delete_position(self, key: str) -> bool:
         return await self._run(self._delete_position, True, key)
@@ -759,7 +759,9 @@ class SqliteDatabase:
     def _inputs(self, cursor: sqlite3.Cursor, execution_id: str) -> list[InputRecord]:
         rows = cursor.execute(self.statements.inputs, {"id": execution_id}).fetchall()
         return [
-            InputRecord(execution_id, seq, door, blob, _aware(recorded_at))
+            InputRecord(
+                execution_id, seq=seq, door=door, event=blob, recorded_at=_aware(recorded_at)
+            )
             for execution_id, seq, door, blob, recorded_at in rows
         ]
 
