@@ -1,0 +1,76 @@
+"""The front door to durable executions: one object built from a database URL and
+charts, with ``create``, ``send``, ``describe``, ``list`` and ``cancel``.
+
+:class:`Durable` opens the SQL adapter (:mod:`statifier.persistence.sql`), checks that
+the tables are migrated (or migrates them when asked), compiles the charts it is given
+by name, and answers plain frozen values: :class:`Description`, :class:`Sent`,
+:class:`Cancelled`, :class:`ExecutionSummary`. Underneath it is the lifecycle of
+:mod:`statifier.persistence` (:class:`~statifier.persistence.Executions` over a
+:class:`~statifier.persistence.Storage`), reachable as :attr:`Durable.executions`. See
+``docs/durable.md``.
+
+The package's modules: ``front`` (:class:`Durable`), ``values`` (what it answers, read
+off stored positions), ``charts`` (compiling the charts it is given), ``database``
+(checking or migrating the tables) and ``errors``.
+
+>>> import asyncio, os, tempfile
+>>> door = (
+...     '<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="open">'
+...     '<state id="open"><transition event="close" target="closed"/></state>'
+...     '<final id="closed"/></scxml>'
+... )
+>>> url = f"sqlite:///{os.path.join(tempfile.mkdtemp(), 'app.db')}"
+>>> async def main():
+...     async with Durable(url, charts={"door": door}, migrate=True) as durable:
+...         await durable.create("door", "door_1")
+...         sent = await durable.send("door_1", "close")
+...         return sent.status.value, (await durable.describe("door_1")).final_state
+>>> asyncio.run(main())
+('completed', 'closed')
+
+This module sits above :mod:`statifier.persistence` and beside :mod:`statifier.router`
+(it imports neither the router nor the command line). SQLAlchemy, Alembic and the
+database drivers are imported when a :class:`Durable` opens, not on import.
+"""
+
+from statifier.durable.charts import ChartSource
+from statifier.durable.database import NotMigrated
+from statifier.durable.errors import ChartUnusable, DurableError, UnknownChart
+from statifier.durable.front import Durable
+from statifier.durable.values import (
+    CHART_KEY,
+    Cancelled,
+    Description,
+    ExecutionSummary,
+    Position,
+    Sent,
+)
+from statifier.ids import new_execution_id
+from statifier.persistence import (
+    ExecutionExists,
+    ExecutionNotFound,
+    LockTimeout,
+    LoggedInput,
+    Status,
+)
+
+__all__ = [
+    "CHART_KEY",
+    "Cancelled",
+    "ChartSource",
+    "ChartUnusable",
+    "Description",
+    "Durable",
+    "DurableError",
+    "ExecutionExists",
+    "ExecutionNotFound",
+    "ExecutionSummary",
+    "LockTimeout",
+    "LoggedInput",
+    "NotMigrated",
+    "Position",
+    "Sent",
+    "Status",
+    "UnknownChart",
+    "new_execution_id",
+]

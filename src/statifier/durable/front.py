@@ -1,0 +1,396 @@
+"""The front door itself: :class:`Durable`."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable, Mapping
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from statifier.chart import Machine
+from statifier.core import Event, MachineState, StartOptions
+from statifier.durable.charts import ChartSource, _compiled
+from statifier.durable.database import _options, _prepare, _redacted
+from statifier.durable.errors import UnknownChart
+from statifier.durable.values import (
+    CHART_KEY,
+    Cancelled,
+    Description,
+    ExecutionSummary,
+    Position,
+    Sent,
+    _configuration,
+    _datamodel,
+    _final_state,
+    _host_metadata,
+    _status,
+    _text,
+)
+from statifier.expr import UNDEFINED, Function, Value
+from statifier.ids import new_execution_id
+from statifier.persistence import (
+    Discarded,
+    ExecutionRecord,
+    Executions,
+    Executor,
+    LoggedInput,
+    PersistenceError,
+    Status,
+    Storage,
+    decode_outcome,
+)
+
+__all__ = ["Durable"]
+
+if TYPE_CHECKING:
+    from statifier.persistence.adapter import Adapter
+    from statifier.sql import TableOptions
+
+
+class Durable:
+    """Durable executions in one database, of charts known by name.
+
+    Use it as ``async with Durable(url, charts=...) as durable:``, or call
+    :meth:`open` and :meth:`close`.
+
+    Args:
+        database: a database URL (``sqlite:///app.db``, ``postgresql://...``; the
+            extras ``sqlite`` and ``postgres``), or an adapter you opened (a
+            :class:`~statifier.persistence.MemoryAdapter`, or a ``SqlAdapter``): yours
+            to close, and never checked nor migrated.
+        charts: the charts executions are created from, by name: a mapping of names to
+            :data:`ChartSource` values, or a directory, whose ``*.scxml`` files are named
+            by their stem. Compiled at construction. Sending to, describing and
+            cancelling an execution use the chart stored with it, so they need none.
+        tables: the :class:`~statifier.sql.TableOptions` (prefix, schema) the tables
+            were migrated under; the defaults if ``None``.
+        migrate: run the migrations when opening (under a lock, so processes opening
+            together do not race). By default the tables are only checked: a database
+            that lacks them raises :class:`NotMigrated` naming ``statifier db upgrade``.
+        executor: receives every effect of every call (see
+            :class:`~statifier.persistence.Executor`); by default effects are dropped.
+        lock_wait: the most seconds a call waits for an execution's lock
+            (:class:`~statifier.persistence.LockTimeout`); ``None``: the adapter's
+            default (on SQLite its busy timeout, 5 seconds unless the URL says).
+        loader: reads ``<data src>`` and ``<script src>`` when a chart is compiled.
+        functions: host expression functions the charts' conditions, values and scripts
+            may call (:class:`~statifier.expr.Function` by name; see
+            ``compile_chart(functions=...)``): pure, and the same in every process that
+            opens the database, since a stored chart is compiled again with them.
+        input_log_cap: the most entries one input log keeps (see
+            :class:`~statifier.persistence.Storage`).
+
+    Raises:
+        UnknownChart, ChartUnusable: at construction, for the charts given.
+    """
+
+    def __init__(
+        self,
+        database: str | Adapter,
+        *,
+        charts: Mapping[str, ChartSource] | str | os.PathLike[str] | None = None,
+        tables: TableOptions | None = None,
+        migrate: bool = False,
+        executor: Executor | None = None,
+        lock_wait: float | None = None,
+        loader: Callable[[str], str] | None = None,
+        functions: Mapping[str, Function] | None = None,
+        input_log_cap: int | None = None,
+    ) -> None:
+        if not isinstance(migrate, bool):
+            raise TypeError(f"migrate is True or False, not {migrate!r}")
+        self._database = database
+        self._tables = tables
+        self._migrate = migrate
+        self._executor = executor
+        self._lock_wait = lock_wait
+        self._loader = loader
+        self._functions = dict(functions or {})
+        self._input_log_cap = input_log_cap
+        self._charts = _compiled(charts, loader, self._functions)
+        self._names = {machine.identity.content_hash: n for n, machine in self._charts.items()}
+        self._executions: Executions | None = None
+        self._owned: Adapter | None = None
+
+    def __repr__(self) -> str:
+        where = _redacted(self._database) if isinstance(self._database, str) else "an adapter"
+        return f"Durable({where}, charts={sorted(self._charts)})"
+
+    @property
+    def charts(self) -> Mapping[str, Machine]:
+        """The compiled charts, by name."""
+        return dict(self._charts)
+
+    @property
+    def executions(self) -> Executions:
+        """The lifecycle underneath, for what the front door does not offer (``fail``,
+        ``park``, ``retire_chart``...).
+
+        Raises:
+            RuntimeError: not open.
+        """
+        if self._executions is None:
+            raise RuntimeError("open the Durable first: async with Durable(...) as durable")
+        return self._executions
+
+    async def open(self) -> Durable:
+        """Open the database: check the tables (or migrate them), then the adapter.
+
+        Raises:
+            NotMigrated: the tables are missing or at another revision (``migrate``
+                unset).
+            ValueError: the URL is not a PostgreSQL or SQLite one, or is an in-memory
+                SQLite database (it would last one connection).
+            statifier.extras.MissingExtra: the database's driver is not installed.
+        """
+        if self._executions is not None:
+            return self
+        database = self._database
+        if isinstance(database, str):
+            from statifier.persistence.sql import SqlAdapter
+
+            options = _options(self._tables)
+            await asyncio.to_thread(_prepare, database, options, self._migrate)
+            adapter: Adapter = SqlAdapter(database, options)
+            self._owned = adapter
+        else:
+            adapter = database
+        storage = Storage(
+            adapter,
+            input_log_cap=self._input_log_cap,
+            loader=self._loader,
+            functions=self._functions,
+        )
+        if self._executor is None:
+            self._executions = Executions(storage, lock_wait=self._lock_wait)
+        else:
+            self._executions = Executions(
+                storage, executor=self._executor, lock_wait=self._lock_wait
+            )
+        return self
+
+    async def close(self) -> None:
+        """Close the adapter it opened (an adapter given stays open)."""
+        owned, self._owned, self._executions = self._owned, None, None
+        if owned is not None:
+            close = getattr(owned, "close", None)
+            if close is not None:
+                await close()
+
+    async def __aenter__(self) -> Durable:
+        return await self.open()
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    def chart(self, name: str) -> Machine:
+        """The chart given under ``name``.
+
+        Raises:
+            UnknownChart: no chart has that name (the message suggests a close one).
+        """
+        machine = self._charts.get(_text(name, "a chart name"))
+        if machine is None:
+            raise UnknownChart(name, sorted(self._charts))
+        return machine
+
+    async def create(
+        self,
+        chart: str,
+        execution_id: str | None = None,
+        *,
+        data: Mapping[str, Value] | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> Description:
+        """Start a new execution of the chart named ``chart``.
+
+        Args:
+            execution_id: the id; a fresh :func:`new_execution_id` if ``None``.
+            data: initial datamodel values, overriding the chart's ``<data>`` of the
+                same top-level name (their expressions are then not evaluated).
+            metadata: host identities (strings to strings, never personal data),
+                filed once and listed by :meth:`list`; keys starting with
+                ``statifier.`` are statifier's own.
+
+        Returns:
+            the new execution's :class:`Description` (``id`` holds the id).
+
+        Raises:
+            UnknownChart: no chart has that name.
+            ExecutionExists: the id is taken.
+        """
+        machine = self.chart(chart)
+        if execution_id is None:
+            execution_id = new_execution_id()
+        _text(execution_id, "an execution id")
+        pairs = dict(metadata or {})
+        for key in pairs:
+            if str(key).startswith("statifier."):
+                raise ValueError(
+                    f"metadata key {key!r}: keys starting with 'statifier.' are statifier's own"
+                )
+        executions = self.executions
+        if executions.storage.capabilities.metadata:
+            pairs[CHART_KEY] = chart
+        options = None
+        if data is not None:
+            options = StartOptions(datamodel=_datamodel(data))
+        stepped = await executions.create(execution_id, machine, options=options, metadata=pairs)
+        return self._described(stepped.execution, stepped.state, "kept", ())
+
+    async def send(self, execution_id: str, event: str, data: Value = UNDEFINED) -> Sent:
+        """Step one external event into the execution.
+
+        Args:
+            event: the event's name.
+            data: the event's data (``_event.data``); omitted, the event carries none
+                (undefined), while ``None`` sends null.
+
+        Returns:
+            a :class:`Sent`. An execution that has ended, or is parked, discards the
+            event: ``delivered`` is ``False`` and nothing is recorded; it never raises
+            for that.
+
+        Raises:
+            ExecutionNotFound: no such execution.
+            LockTimeout: another call held it longer than ``lock_wait``.
+        """
+        _text(event, "an event name")
+        answer = await self.executions.step(execution_id, None, Event(event, data=data))
+        if isinstance(answer, Discarded):
+            record = answer.execution
+            state, _ = await self._state(record)
+            return Sent(
+                record.id,
+                event,
+                False,
+                False,
+                False,
+                record.status,
+                _configuration(state),
+                _final_state(state),
+                decode_outcome(record),
+                record.failure,
+            )
+        record, state = answer.execution, answer.state
+        return Sent(
+            record.id,
+            event,
+            True,
+            state.microstep > 0,
+            answer.finished,
+            record.status,
+            _configuration(state),
+            _final_state(state),
+            decode_outcome(record),
+            record.failure,
+        )
+
+    async def describe(self, execution_id: str) -> Description:
+        """The execution as stored: status, configuration or final state, outcome,
+        inputs, timers.
+
+        Raises:
+            ExecutionNotFound: no such execution.
+        """
+        executions = self.executions
+        record = await executions.storage.fetch_execution(execution_id)
+        state, position = await self._state(record)
+        inputs = tuple(await executions.inputs(execution_id))
+        return self._described(record, state, position, inputs)
+
+    async def list(
+        self,
+        status: Status | str | None = None,
+        *,
+        chart: str | None = None,
+        **metadata: str,
+    ) -> tuple[ExecutionSummary, ...]:
+        """The executions, oldest first, optionally only those in ``status``, of the
+        chart named ``chart``, and whose metadata holds every pair given.
+
+        The status is filtered after the metadata, so a call with no pairs reads every
+        execution of the database.
+
+        Raises:
+            ValueError: an unknown status.
+        """
+        wanted = None if status is None else _status(status)
+        pairs = dict(metadata)
+        if chart is not None:
+            pairs[CHART_KEY] = chart
+        records = await self.executions.storage.list_executions(**pairs)
+        chosen = [r for r in records if wanted is None or r.status is wanted]
+        chosen.sort(key=lambda r: (r.created_at is None, r.created_at, r.id))
+        return tuple(
+            ExecutionSummary(
+                r.id,
+                self._chart_name(r),
+                r.status,
+                r.failure,
+                _host_metadata(r),
+                r.created_at,
+                r.updated_at,
+                r.ended_at,
+            )
+            for r in chosen
+        )
+
+    async def cancel(self, execution_id: str) -> Cancelled:
+        """Stop the execution from outside: its active states are exited (their onexit
+        content runs through the executor) and the durable children it started are
+        cancelled too. An execution that has ended is left as it is
+        (``cancelled`` ``False``).
+
+        Raises:
+            ExecutionNotFound: no such execution.
+        """
+        answer = await self.executions.cancel(execution_id)
+        record = answer.execution
+        return Cancelled(record.id, not isinstance(answer, Discarded), record.status)
+
+    # Helpers.
+
+    async def _state(self, record: ExecutionRecord) -> tuple[MachineState | None, Position]:
+        if record.position is None:
+            return None, "pruned"
+        storage = self.executions.storage
+        try:
+            machine = await storage.machine(record.content_hash)
+        except PersistenceError:  # retired, or the stored source no longer compiles
+            return None, "chart_gone"
+        return storage.load(record, machine), "kept"
+
+    def _chart_name(self, record: ExecutionRecord) -> str | None:
+        return record.metadata.get(CHART_KEY) or self._names.get(record.content_hash)
+
+    def _described(
+        self,
+        record: ExecutionRecord,
+        state: MachineState | None,
+        position: Position,
+        inputs: tuple[LoggedInput, ...],
+    ) -> Description:
+        return Description(
+            record.id,
+            self._chart_name(record),
+            record.content_hash,
+            record.status,
+            _configuration(state),
+            _final_state(state),
+            decode_outcome(record),
+            record.failure,
+            _host_metadata(record),
+            inputs,
+            (),
+            position,
+            record.created_at,
+            record.updated_at,
+            record.ended_at,
+        )

@@ -1,0 +1,245 @@
+"""The plain values the front door answers, and reading them off a stored position."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Final, Literal, TypeAlias
+
+from statifier.core import MachineState
+from statifier.expr import UNDEFINED, Value, tagged
+from statifier.persistence import (
+    ExecutionRecord,
+    LoggedInput,
+    Status,
+)
+
+__all__ = ["CHART_KEY", "Cancelled", "Description", "ExecutionSummary", "Position", "Sent"]
+
+CHART_KEY: Final = "statifier.chart"
+"""The metadata key under which :meth:`Durable.create` files the name of the chart an
+execution runs (as the driver files a child's parent under ``statifier.parent``)."""
+
+Position: TypeAlias = Literal["kept", "pruned", "chart_gone"]
+"""Whether an execution's stored position could be read: ``"kept"``; ``"pruned"``
+(:func:`statifier.persistence.prune` cleared it); ``"chart_gone"`` (its chart was
+retired, or its stored source no longer compiles)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Description:
+    """One execution as stored, in the user's words.
+
+    Attributes:
+        id: the execution id.
+        chart: the name it was created under (``None`` for an execution created
+            elsewhere, whose chart is none of those given).
+        content_hash: the chart it runs for its whole life.
+        status: a :class:`~statifier.persistence.Status`.
+        configuration: the sorted ids of its active leaf states: where it is, or where
+            it stopped when it failed without reaching a final state; ``()`` once it
+            reached a final state or was cancelled.
+        final_state: the id of the top-level ``<final>`` it ended in, else ``None``.
+        outcome: its donedata, or ``{"reason": ...}`` for a failure; undefined while it
+            runs and after a cancel.
+        failure: ``"failed_final"``, ``"round_budget"`` or the host's reason; ``None``
+            unless it failed.
+        metadata: the host's identities given at create (without :data:`CHART_KEY`).
+        inputs: the input log, decoded: every event it took, in order.
+        timers: its pending timers: always ``()``, since statifier keeps none yet (a
+            delayed ``<send>`` reaches the executor as ``SendDelayed``).
+        position: whether the stored position could be read (see :data:`Position`);
+            when not, ``configuration`` is ``()`` and ``final_state`` ``None``.
+        created_at, updated_at, ended_at: timezone-aware UTC times; ``ended_at`` is
+            ``None`` until it ends.
+    """
+
+    id: str
+    chart: str | None
+    content_hash: str
+    status: Status
+    configuration: tuple[str, ...]
+    final_state: str | None
+    outcome: Value
+    failure: str | None
+    metadata: Mapping[str, str]
+    inputs: tuple[LoggedInput, ...]
+    timers: tuple[()]
+    position: Position
+    created_at: datetime | None
+    updated_at: datetime | None
+    ended_at: datetime | None
+
+    @property
+    def finished(self) -> bool:
+        """Whether it has ended (completed, failed or cancelled)."""
+        return self.status.terminal
+
+    def as_json(self) -> dict[str, Any]:
+        """A JSON-ready dict: values in the tagged encoding
+        (:mod:`statifier.expr.tagged`, undefined as ``{"$type": "undefined"}``), times in
+        ISO 8601."""
+        return {
+            "id": self.id,
+            "chart": self.chart,
+            "content_hash": self.content_hash,
+            "status": self.status.value,
+            "configuration": list(self.configuration),
+            "final_state": self.final_state,
+            "outcome": tagged.encode(self.outcome),
+            "failure": self.failure,
+            "metadata": dict(self.metadata),
+            "inputs": [_input_json(entry) for entry in self.inputs],
+            "timers": [],
+            "position": self.position,
+            "created_at": _iso(self.created_at),
+            "updated_at": _iso(self.updated_at),
+            "ended_at": _iso(self.ended_at),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """What one :meth:`Durable.send` did.
+
+    Attributes:
+        execution_id: the execution.
+        event: the event's name.
+        delivered: whether the chart ran the event; ``False`` when the execution does
+            not take events (it has ended, or is parked): then nothing ran and nothing
+            was recorded, and ``status`` says why.
+        matched: whether a transition took the event (``False`` when it was discarded,
+            or ran and no transition took it: it is in the input log, unused).
+        finished: whether this send ended the execution.
+        status: the status after the call.
+        configuration, final_state, outcome, failure: as in :class:`Description`,
+            after the call.
+    """
+
+    execution_id: str
+    event: str
+    delivered: bool
+    matched: bool
+    finished: bool
+    status: Status
+    configuration: tuple[str, ...]
+    final_state: str | None
+    outcome: Value = UNDEFINED
+    failure: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (values in the tagged encoding)."""
+        return {
+            "execution_id": self.execution_id,
+            "event": self.event,
+            "delivered": self.delivered,
+            "matched": self.matched,
+            "finished": self.finished,
+            "status": self.status.value,
+            "configuration": list(self.configuration),
+            "final_state": self.final_state,
+            "outcome": tagged.encode(self.outcome),
+            "failure": self.failure,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Cancelled:
+    """What one :meth:`Durable.cancel` did: ``cancelled`` is ``False`` when the
+    execution had already ended (nothing changed); ``status`` is its status after."""
+
+    execution_id: str
+    cancelled: bool
+    status: Status
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionSummary:
+    """One row of :meth:`Durable.list`: what the record says, without loading the
+    position or the input log."""
+
+    id: str
+    chart: str | None
+    status: Status
+    failure: str | None
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+    ended_at: datetime | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {
+            "id": self.id,
+            "chart": self.chart,
+            "status": self.status.value,
+            "failure": self.failure,
+            "metadata": dict(self.metadata),
+            "created_at": _iso(self.created_at),
+            "updated_at": _iso(self.updated_at),
+            "ended_at": _iso(self.ended_at),
+        }
+
+
+def _configuration(state: MachineState | None) -> tuple[str, ...]:
+    return () if state is None else state.leaf_configuration()
+
+
+def _final_state(state: MachineState | None) -> str | None:
+    """The top-level ``<final>`` a finished chart ended in, read off the position.
+
+    A chart ends the moment it enters a top-level final, so at most one is ever
+    entered, and the position keeps every state ever entered (``entered``): the final
+    it holds is the one the finishing step's ``Done`` named. A cancelled chart entered
+    none."""
+    if state is None or state.running:
+        return None
+    states = state.machine.states
+    for index in sorted(state.entered):
+        node = states[index]
+        if node.kind == "final" and node.parent == 0 and index != 0:
+            return node.id
+    return None
+
+
+def _text(value: object, what: str) -> str:
+    """``value`` if it is a non-blank str (untyped callers pass anything)."""
+    if not isinstance(value, str) or not value.strip():
+        raise TypeError(f"{what} is a non-empty str, not {value!r}")
+    return value
+
+
+def _datamodel(data: object) -> dict[str, Value]:
+    if not isinstance(data, Mapping) or not all(isinstance(key, str) for key in data):
+        raise TypeError(f"data maps variable names to values, not {data!r}")
+    return dict(data)
+
+
+def _host_metadata(record: ExecutionRecord) -> dict[str, str]:
+    return {key: value for key, value in record.metadata.items() if key != CHART_KEY}
+
+
+def _status(status: Status | str) -> Status:
+    if isinstance(status, Status):
+        return status
+    try:
+        return Status(status)
+    except ValueError:
+        known = ", ".join(s.value for s in Status)
+        raise ValueError(f"unknown status {status!r}; the statuses are {known}") from None
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return None if moment is None else moment.isoformat()
+
+
+def _input_json(entry: LoggedInput) -> dict[str, Any]:
+    event = entry.event
+    return {
+        "seq": entry.seq,
+        "door": entry.door,
+        "event": None if event is None else event.name,
+        "data": None if event is None else tagged.encode(event.data),
+        "recorded_at": _iso(entry.recorded_at),
+    }
