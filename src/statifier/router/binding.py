@@ -194,6 +194,7 @@ class Binding:
     _match: Expression = field(init=False, repr=False, compare=False)
     _key: Expression = field(init=False, repr=False, compare=False)
     _paths: tuple[tuple[str, ...], ...] = field(init=False, repr=False, compare=False)
+    _plan: Plan = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         given_id: object = self.id
@@ -214,6 +215,10 @@ class Binding:
             raise BindingError(where, "dedupe", f"must be a Dedupe, not {self.dedupe!r}")
         if not isinstance(self.enabled, bool):
             raise BindingError(where, "enabled", "must be true or false")
+        plan = Plan(
+            self.id, document=self.document, create=self.create, horizon=self.dedupe.horizon
+        )
+        object.__setattr__(self, "_plan", plan)
 
     @classmethod
     def from_mapping(cls, entry: Mapping[str, Any]) -> Binding:
@@ -252,10 +257,9 @@ class Binding:
 
     @property
     def plan(self) -> Plan:
-        """The delivery plan of this binding (its id, document, create mode, horizon)."""
-        return Plan(
-            self.id, document=self.document, create=self.create, horizon=self.dedupe.horizon
-        )
+        """The delivery plan of this binding (its id, document, create mode, horizon),
+        made once with the binding."""
+        return self._plan
 
     def matches(self, event: Mapping[str, Value]) -> bool | Refused:
         """Whether this binding applies to ``event``: ``True`` only when ``match``

@@ -7,15 +7,22 @@ address for one key, waits for the first transaction and then inserts nothing.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+import psycopg
+
+from statifier.persistence.errors import LockTimeout
+from statifier.persistence.sql.postgres import lock_timeout
 from statifier.persistence.sql.schema import TableNames
 from statifier.router.records import AddressRow, LedgerRow, ReapRow
 from statifier.sql.tables import Tables
 
 __all__ = ["PostgresSession", "PostgresStatements"]
+
+_LOCK_NOT_AVAILABLE = "55P03"
 
 _LEDGER_COLUMNS = (  # after binding_id, in the order the ledger query selects them
     "message_id",
@@ -77,6 +84,10 @@ class PostgresStatements:
         # Locks taken in the order given: the caller sorts them, so two transactions
         # that need the same keys take them in the same order and cannot deadlock.
         self.lock = "SELECT pg_advisory_xact_lock(k) FROM unnest(%(keys)s::bigint[]) AS k"
+        self.set_timeout = (
+            "SELECT current_setting('lock_timeout'), set_config('lock_timeout', %(t)s, true)"
+        )
+        self.restore_timeout = "SELECT set_config('lock_timeout', %(t)s, true)"
         self.reap_dedupe = f"DELETE FROM {dedupe} WHERE expires_at < %(now)s"
         self.reap_page = (
             "SELECT a.id, a.document, a.terminal_seen_at, e.status "
@@ -114,9 +125,30 @@ class PostgresSession:
     async def command(self, sql: str) -> None:
         await self._driver.execute(sql)
 
-    async def lock(self, keys: Sequence[int]) -> None:
-        if keys:
-            await self._driver.execute(self._s.lock, {"keys": list(keys)})
+    async def lock(self, keys: Sequence[int], wait: float | None) -> None:
+        """Take ``keys`` (sorted by the caller) as transaction-scoped advisory locks,
+        waiting at most ``wait`` seconds for them (``None``: as long as it takes).
+
+        Raises:
+            LockTimeout: not granted in time; the transaction must be rolled back (or
+                rolled back to the savepoint the call runs in).
+        """
+        if not keys:
+            return
+        values = {"keys": list(keys)}
+        if wait is None:
+            await self._driver.execute(self._s.lock, values)
+            return
+        started = time.monotonic()
+        cursor = await self._driver.execute(self._s.set_timeout, {"t": lock_timeout(wait)})
+        row = await cursor.fetchone()
+        try:
+            await self._driver.execute(self._s.lock, values)
+        except psycopg.Error as error:
+            if getattr(error, "sqlstate", None) != _LOCK_NOT_AVAILABLE:
+                raise
+            raise LockTimeout("(the router's locks)", time.monotonic() - started) from None
+        await self._driver.execute(self._s.restore_timeout, {"t": row[0]})
 
     async def claim(
         self, binding_id: str, message_id: str, now: datetime, expires_at: datetime

@@ -67,8 +67,8 @@ async def reap_addresses(
 ) -> AddressReap:
     """Examine at most ``limit`` address rows after the cursor ``after``: stamp the
     ones whose execution has ended (the horizon counts from that first sighting), and
-    delete those stamped longer ago than their document's horizon, and those whose
-    execution is gone. Sweep the table by calling again with ``after=result.next``
+    delete those stamped at least their document's horizon ago (with a horizon of zero,
+    in the same pass that stamps them), and those whose execution is gone. Sweep the table by calling again with ``after=result.next``
     until it is ``None``.
 
     Args:

@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from statifier.core import Event
 from statifier.router.binding import Binding, Create, Keyed, Plan, Refused
-from statifier.router.config import Door, RouterConfig
+from statifier.router.config import RESERVED_BINDING_IDS, Door, RouterConfig
 from statifier.router.delivery import Delivery, deliver
 from statifier.router.errors import BindingsUnresolved, RouterError
 from statifier.router.outcomes import (
@@ -32,7 +32,7 @@ from statifier.router.outcomes import (
     Routed,
 )
 from statifier.router.records import LedgerRow
-from statifier.router.transaction import Unit, address_lock, sorted_locks
+from statifier.router.transaction import Unit, lock_key, sorted_locks
 from statifier.telemetry import enabled, report
 
 __all__ = ["BlockedByEarlierFailure", "deliver_event", "route", "route_many"]
@@ -73,11 +73,23 @@ class _Verdict:
         """The advisory locks this verdict's delivery takes up front (PostgreSQL)."""
         if not isinstance(self.answer, Keyed):
             return []
-        binding = self.binding
-        keys = [address_lock("dedupe", binding.id, event.message_id)]
-        if binding.create is not Create.ALWAYS_NEW:
-            keys.append(address_lock("address", event.scope, binding.document, self.answer.key))
-        return keys
+        return delivery_locks(self.binding.plan, event.scope, self.answer.key, event.message_id)
+
+
+def delivery_locks(plan: Plan, scope: str, key: str, message_id: str) -> list[int]:
+    """The lock keys of one delivery: its dedupe claim and, unless it creates a new
+    execution every time, its address."""
+    keys = [lock_key("dedupe", plan.id, message_id)]
+    if plan.create is not Create.ALWAYS_NEW:
+        keys.append(lock_key("address", scope, plan.document, key))
+    return keys
+
+
+def _aware(now: datetime) -> datetime:
+    """``now``, refused if naive: every stored time is an instant."""
+    if now.tzinfo is None or now.utcoffset() is None:
+        raise ValueError(f"now must be timezone-aware, not {now!r}")
+    return now
 
 
 async def _verdicts(config: RouterConfig, event: InboundEvent) -> list[_Verdict]:
@@ -154,9 +166,27 @@ async def _settle_one(
     return outcome
 
 
-def _reported(routed: Routed, started: float) -> Routed:
+async def _alone(
+    config: RouterConfig,
+    connection: Connection | None,
+    locks: list[int],
+    settle: Callable[[Unit], Awaitable[Outcome]],
+) -> Outcome:
+    """One delivery in a transaction of its own, or in a savepoint of the caller's: its
+    advisory locks first (sorted, bounded by ``lock_wait``), then ``settle``."""
+    async with config.transaction(connection) as unit:
+        if connection is None:
+            await unit.sql.lock(sorted_locks(locks), config.lock_wait)
+            return await settle(unit)
+        async with unit.savepoint():
+            await unit.sql.lock(sorted_locks(locks), config.lock_wait)
+            return await settle(unit)
+
+
+def _reported(routed: Routed, started: float, duration: float | None = None) -> Routed:
     if enabled(_ROUTE):
-        counts: dict[str, float] = {"duration": time.perf_counter() - started}
+        took = time.perf_counter() - started if duration is None else duration
+        counts: dict[str, float] = {"duration": took}
         for outcome in routed.outcomes:
             counts[outcome.outcome] = counts.get(outcome.outcome, 0) + 1
         event = routed.event
@@ -188,7 +218,7 @@ async def route(
             front must not acknowledge the event.
     """
     started = time.perf_counter()
-    moment = config.storage.clock() if now is None else now
+    moment = config.storage.clock() if now is None else _aware(now)
 
     async def work() -> Routed:
         outcomes: list[Outcome] = []
@@ -196,14 +226,12 @@ async def route(
             if verdict.answer is None:
                 outcomes.append(NoMatch(verdict.binding.id))
                 continue
-            async with config.transaction(connection) as unit:
-                if connection is not None:
-                    async with unit.savepoint():
-                        outcome = await _settle_one(unit, config, event, verdict, moment)
-                else:
-                    await unit.sql.lock(sorted_locks(verdict.locks(event)))
-                    outcome = await _settle_one(unit, config, event, verdict, moment)
-            outcomes.append(outcome)
+            locks = verdict.locks(event)
+
+            async def settle(unit: Unit, verdict: _Verdict = verdict) -> Outcome:
+                return await _settle_one(unit, config, event, verdict, moment)
+
+            outcomes.append(await _alone(config, connection, locks, settle))
         return Routed(event, tuple(outcomes))
 
     return _reported(await _around(config, event.scope, Door.ROUTE, work), started)
@@ -232,11 +260,13 @@ async def route_many(
     commit run outside it.
 
     Raises:
+        ValueError: ``now`` is naive.
+        LockTimeout: on PostgreSQL, the batch's locks were not granted within
+            ``lock_wait``; nothing was written.
         Exception: the transaction itself failed (the database went away, the commit
             failed): nothing of the batch is committed.
     """
-    started = time.perf_counter()
-    moment = config.storage.clock() if now is None else now
+    moment = config.storage.clock() if now is None else _aware(now)
     planned: list[list[_Verdict] | BaseException] = []
     for event in events:
 
@@ -245,7 +275,7 @@ async def route_many(
 
         try:
             planned.append(await _around(config, event.scope, Door.ROUTE, read))
-        except BindingsUnresolved as error:
+        except Exception as error:  # noqa: BLE001 - the event's own answer, not the batch's
             planned.append(error)
     locks = sorted_locks(
         key
@@ -255,8 +285,9 @@ async def route_many(
         for key in verdict.locks(event)
     )
     answers: list[Routed | Failed] = []
+    durations: list[float] = []
     async with config.transaction(connection) as unit:
-        await unit.sql.lock(locks)
+        await unit.sql.lock(locks, config.lock_wait)
         blocked: dict[tuple[str, str, str], str] = {}
         blocked_scopes: dict[str, str] = {}
         # The deliveries' ledger rows, written at once before the commit: a row is
@@ -271,11 +302,17 @@ async def route_many(
                     unit, config, event, verdicts, moment, blocked, blocked_scopes, rows
                 )
 
-            answers.append(await _around(config, event.scope, Door.ROUTE, settle))
+            started = time.perf_counter()
+            try:
+                answers.append(await _around(config, event.scope, Door.ROUTE, settle))
+            except Exception as error:  # noqa: BLE001 - around_delivery raised for it
+                blocked_scopes.setdefault(event.scope, event.message_id)
+                answers.append(Failed(event, error))
+            durations.append(time.perf_counter() - started)
         await unit.sql.record_many(rows)
-    for answer in answers:
+    for answer, duration in zip(answers, durations, strict=True):
         if isinstance(answer, Routed):
-            _reported(answer, started)
+            _reported(answer, 0.0, duration)
     return answers
 
 
@@ -336,16 +373,19 @@ async def deliver_event(
     reply). Use an id of your own, not a binding's; ``create`` is usually ``never``.
 
     Raises:
-        as :func:`route`, for its one delivery.
+        ValueError: ``plan.id`` is a binding's or a reserved id (its dedupe claims
+            would be the binding's), or ``now`` is naive.
+        Exception: as :func:`route`, for its one delivery.
     """
-    moment = config.storage.clock() if now is None else now
+    if plan.id in RESERVED_BINDING_IDS or plan.id in {b.id for b in config.bindings or ()}:
+        raise ValueError(
+            f"plan id {plan.id!r} is a binding's or reserved: its claims would be the "
+            "binding's; give the host job an id of its own"
+        )
+    moment = config.storage.clock() if now is None else _aware(now)
     delivery = Delivery(plan, scope, key, event, message_id)
-    async with config.transaction(connection) as unit:
-        if connection is not None:
-            async with unit.savepoint():
-                return await deliver(unit, config, delivery, moment)
-        locks = [address_lock("dedupe", plan.id, message_id)]
-        if plan.create is not Create.ALWAYS_NEW:
-            locks.append(address_lock("address", scope, plan.document, key))
-        await unit.sql.lock(sorted_locks(locks))
+
+    async def settle(unit: Unit) -> Outcome:
         return await deliver(unit, config, delivery, moment)
+
+    return await _alone(config, connection, delivery_locks(plan, scope, key, message_id), settle)

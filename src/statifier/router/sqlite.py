@@ -99,7 +99,7 @@ class SqliteSession:
     async def command(self, sql: str) -> None:
         self._driver.execute(sql)
 
-    async def lock(self, keys: Sequence[int]) -> None:
+    async def lock(self, keys: Sequence[int], wait: float | None) -> None:
         """Nothing to do: the transaction already holds the single write lock."""
 
     async def claim(

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import AsyncIterator, Iterable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +28,7 @@ from statifier.persistence.sql import SqlAdapter, SqlTransaction
 from statifier.router.postgres import PostgresSession, PostgresStatements
 from statifier.router.sqlite import SqliteSession, SqliteStatements
 
-__all__ = ["Session", "Statements", "Unit", "address_lock", "statements_for", "transaction"]
+__all__ = ["Session", "Statements", "Unit", "lock_key", "statements_for", "transaction"]
 
 Session = PostgresSession | SqliteSession
 Statements = PostgresStatements | SqliteStatements
@@ -40,28 +40,18 @@ class Unit:
 
     Attributes:
         sql: the router's statements on the transaction's driver connection.
-        executions: the lifecycle over the adapter joined to the transaction.
-        savepoints: how many savepoints this unit has opened (names stay unique).
+        executions: the lifecycle over the adapter bound to the transaction.
+        tx: the SQL adapter's transaction itself.
     """
 
     sql: Session
     executions: Executions
-    savepoints: int = 0
+    tx: SqlTransaction
 
-    @asynccontextmanager
-    async def savepoint(self) -> AsyncIterator[None]:
+    def savepoint(self) -> AbstractAsyncContextManager[None]:
         """A savepoint: what the block wrote is undone if it raises, and the rest of
         the transaction stays usable."""
-        self.savepoints += 1
-        name = f"statifier_delivery_{self.savepoints}"
-        await self.sql.command(f"SAVEPOINT {name}")
-        try:
-            yield
-        except BaseException:
-            await self.sql.command(f"ROLLBACK TO SAVEPOINT {name}")
-            await self.sql.command(f"RELEASE SAVEPOINT {name}")
-            raise
-        await self.sql.command(f"RELEASE SAVEPOINT {name}")
+        return self.tx.savepoint()
 
 
 def statements_for(adapter: SqlAdapter) -> Statements:
@@ -71,8 +61,9 @@ def statements_for(adapter: SqlAdapter) -> Statements:
     return SqliteStatements(adapter.tables)
 
 
-def address_lock(*parts: str) -> int:
-    """A signed 64-bit advisory lock key for an address or a dedupe claim."""
+def lock_key(*parts: str) -> int:
+    """A signed 64-bit advisory lock key for an address or a dedupe claim (``parts``
+    name which, and what)."""
     digest = hashlib.blake2b("\x00".join(("statifier.router", *parts)).encode(), digest_size=8)
     return int.from_bytes(digest.digest(), "big", signed=True)
 
@@ -105,13 +96,14 @@ def _unit(
     view = storage.over(tx.adapter)
     if isinstance(statements, PostgresStatements):
         # Each step takes its execution's advisory lock, held until the commit.
-        return Unit(PostgresSession(statements, tx.driver), Executions(view, **executions))
+        return Unit(PostgresSession(statements, tx.driver), Executions(view, **executions), tx)
     # The transaction already holds SQLite's single writer, the exclusion every step
     # needs: a step opens no nested block of its own (and no savepoint), and a step
     # that raises is undone with its delivery.
     return Unit(
         SqliteSession(statements, tx.driver),
         Executions(view, serialization=Unserialized(), **executions),
+        tx,
     )
 
 

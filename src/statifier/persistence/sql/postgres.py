@@ -49,7 +49,7 @@ from statifier.persistence.sql.schema import (
 )
 from statifier.sql.engines import tables_missing
 
-__all__ = ["PostgresDatabase", "PostgresTransaction"]
+__all__ = ["PostgresDatabase", "PostgresTransaction", "lock_timeout"]
 
 _T = TypeVar("_T")
 Cursor = psycopg.AsyncCursor[Any]
