@@ -71,8 +71,7 @@ class Durable:
         executor: receives every effect of every call (see
             :class:`~statifier.persistence.Executor`); by default effects are dropped.
         lock_wait: the most seconds a call waits for an execution's lock
-            (:class:`~statifier.persistence.LockTimeout`); ``None``: the adapter's
-            default (on SQLite its busy timeout, 5 seconds unless the URL says).
+            (:class:`~statifier.persistence.LockTimeout`); ``None``: no bound.
         loader: reads ``<data src>`` and ``<script src>`` when a chart is compiled.
         functions: host expression functions the charts' conditions, values and scripts
             may call (:class:`~statifier.expr.Function` by name; see
@@ -267,29 +266,29 @@ class Durable:
             record = answer.execution
             state, _ = await self._state(record)
             return Sent(
-                record.id,
-                event,
-                False,
-                False,
-                False,
-                record.status,
-                _configuration(state),
-                _final_state(state),
-                decode_outcome(record),
-                record.failure,
+                execution_id=record.id,
+                event=event,
+                delivered=False,
+                matched=False,
+                finished=False,
+                status=record.status,
+                configuration=_configuration(state),
+                final_state=_final_state(state),
+                outcome=decode_outcome(record),
+                failure=record.failure,
             )
         record, state = answer.execution, answer.state
         return Sent(
-            record.id,
-            event,
-            True,
-            state.microstep > 0,
-            answer.finished,
-            record.status,
-            _configuration(state),
-            _final_state(state),
-            decode_outcome(record),
-            record.failure,
+            execution_id=record.id,
+            event=event,
+            delivered=True,
+            matched=state.microstep > 0,
+            finished=answer.finished,
+            status=record.status,
+            configuration=_configuration(state),
+            final_state=_final_state(state),
+            outcome=decode_outcome(record),
+            failure=record.failure,
         )
 
     async def describe(self, execution_id: str) -> Description:
@@ -330,14 +329,14 @@ class Durable:
         chosen.sort(key=lambda r: (r.created_at is None, r.created_at, r.id))
         return tuple(
             ExecutionSummary(
-                r.id,
-                self._chart_name(r),
-                r.status,
-                r.failure,
-                _host_metadata(r),
-                r.created_at,
-                r.updated_at,
-                r.ended_at,
+                id=r.id,
+                chart=self._chart_name(r),
+                status=r.status,
+                failure=r.failure,
+                metadata=_host_metadata(r),
+                created_at=r.created_at,
+                updated_at=r.updated_at,
+                ended_at=r.ended_at,
             )
             for r in chosen
         )
@@ -353,7 +352,11 @@ class Durable:
         """
         answer = await self.executions.cancel(execution_id)
         record = answer.execution
-        return Cancelled(record.id, not isinstance(answer, Discarded), record.status)
+        return Cancelled(
+            execution_id=record.id,
+            cancelled=not isinstance(answer, Discarded),
+            status=record.status,
+        )
 
     # Helpers.
 
@@ -378,19 +381,19 @@ class Durable:
         inputs: tuple[LoggedInput, ...],
     ) -> Description:
         return Description(
-            record.id,
-            self._chart_name(record),
-            record.content_hash,
-            record.status,
-            _configuration(state),
-            _final_state(state),
-            decode_outcome(record),
-            record.failure,
-            _host_metadata(record),
-            inputs,
-            (),
-            position,
-            record.created_at,
-            record.updated_at,
-            record.ended_at,
+            id=record.id,
+            chart=self._chart_name(record),
+            content_hash=record.content_hash,
+            status=record.status,
+            configuration=_configuration(state),
+            final_state=_final_state(state),
+            outcome=decode_outcome(record),
+            failure=record.failure,
+            metadata=_host_metadata(record),
+            inputs=inputs,
+            timers=(),
+            position=position,
+            created_at=record.created_at,
+            updated_at=record.updated_at,
+            ended_at=record.ended_at,
         )

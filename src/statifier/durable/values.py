@@ -27,7 +27,7 @@ Position: TypeAlias = Literal["kept", "pruned", "chart_gone"]
 retired, or its stored source no longer compiles)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Description:
     """One execution as stored, in the user's words.
 
@@ -99,7 +99,7 @@ class Description:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Sent:
     """What one :meth:`Durable.send` did.
 
@@ -144,7 +144,7 @@ class Sent:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Cancelled:
     """What one :meth:`Durable.cancel` did: ``cancelled`` is ``False`` when the
     execution had already ended (nothing changed); ``status`` is its status after."""
@@ -154,7 +154,7 @@ class Cancelled:
     status: Status
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ExecutionSummary:
     """One row of :meth:`Durable.list`: what the record says, without loading the
     position or the input log."""

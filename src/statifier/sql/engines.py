@@ -65,6 +65,7 @@ for the database's lock (the ``timeout`` the connection was opened with)."""
 # busy_timeout is 0. The first retry comes soon (a commit takes about 0.1 ms in WAL),
 # later ones less often.
 _SQLITE_BUSY: Final = 5
+_SQLITE_BUSY_SNAPSHOT: Final = 517  # SQLITE_BUSY | (2 << 8)
 _FIRST_BACKOFF: Final = 0.0005
 _LAST_BACKOFF: Final = 0.005
 
@@ -202,13 +203,16 @@ def busy_wait(connection: sa.Connection) -> float | None:
 
 
 def is_busy(error: BaseException) -> bool:
-    """Whether ``error`` is SQLite saying another connection holds the lock."""
+    """Whether ``error`` is SQLite saying another connection holds the lock, so that
+    trying again later can succeed. ``SQLITE_BUSY_SNAPSHOT`` is not: a transaction that
+    read before another connection committed can never become the writer, and waiting
+    would spin until the deadline (or forever)."""
     if not isinstance(error, sqlite3.OperationalError):
         return False
     code = getattr(error, "sqlite_errorcode", None)
     if code is None:  # pragma: no cover - Python builds without the attribute
         return "locked" in str(error) or "busy" in str(error)
-    return int(code) & 0xFF == _SQLITE_BUSY
+    return int(code) & 0xFF == _SQLITE_BUSY and int(code) != _SQLITE_BUSY_SNAPSHOT
 
 
 async def retry_busy(

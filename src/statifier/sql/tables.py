@@ -137,6 +137,10 @@ class TableOptions:
             if not isinstance(column, sa.Column) or column.name in taken:
                 raise ValueError(f"a leading column needs a name of its own: {column!r}")
         key = self._key_instance()
+        if isinstance(key, sa.Uuid) and not key.native_uuid:
+            raise ValueError(
+                "a UUID key is stored natively: sqlalchemy.Uuid(), not native_uuid=False"
+            )
         if not isinstance(key, (*_INTEGER_KEYS, sa.Uuid)):
             raise ValueError(f"the key type is an integer type or sqlalchemy.Uuid, not {key!r}")
 
