@@ -68,8 +68,8 @@ async def reap_addresses(
     """Examine at most ``limit`` address rows after the cursor ``after``: stamp the
     ones whose execution has ended (the horizon counts from that first sighting), and
     delete those stamped at least their document's horizon ago (with a horizon of zero,
-    in the same pass that stamps them), and those whose execution is gone. Sweep the table by calling again with ``after=result.next``
-    until it is ``None``.
+    in the same pass that stamps them), and those whose execution is gone. Sweep the
+    table by calling again with ``after=result.next`` until it is ``None``.
 
     Args:
         bindings: the bindings the horizons come from; by default the configuration's
