@@ -97,6 +97,10 @@ class PostgresStatements:
         )
         self.delete_addresses = f"DELETE FROM {addresses} WHERE id = ANY(%(ids)s)"
         self.count_addresses = f"SELECT count(*) FROM {addresses} WHERE execution_id = ANY(%(ids)s)"
+        self.named_by = (
+            f"SELECT execution_id FROM {addresses} WHERE scope = %(scope)s "
+            "AND document = %(document)s ORDER BY inserted_at DESC, id DESC LIMIT 1"
+        )
         self.address_of = (
             f"SELECT scope, document, key FROM {addresses} WHERE execution_id = %(execution_id)s"
         )
@@ -250,6 +254,12 @@ class PostgresSession:
         cursor = await self._driver.execute(self._s.count_addresses, {"ids": list(execution_ids)})
         row = await cursor.fetchone()
         return int(row[0])
+
+    async def named_by(self, scope: str, document: str) -> str | None:
+        values = {"scope": scope, "document": document}
+        cursor = await self._driver.execute(self._s.named_by, values)
+        row = await cursor.fetchone()
+        return None if row is None else str(row[0])
 
     async def address_of(self, execution_id: str) -> tuple[str, str, str] | None:
         cursor = await self._driver.execute(self._s.address_of, {"execution_id": execution_id})

@@ -5,7 +5,7 @@ from __future__ import annotations
 from statifier.router.config import RouterConfig
 from statifier.router.records import AddressRow, LedgerRow
 
-__all__ = ["address", "address_of", "ledger"]
+__all__ = ["address", "address_of", "ledger", "newest_address"]
 
 
 async def ledger(config: RouterConfig, execution_id: str | None = None) -> list[LedgerRow]:
@@ -28,3 +28,9 @@ async def address_of(config: RouterConfig, execution_id: str) -> tuple[str, str,
     """The ``(scope, document, key)`` an execution is addressed under, if any."""
     async with config.transaction() as unit:
         return await unit.sql.address_of(execution_id)
+
+
+async def newest_address(config: RouterConfig, scope: str, document: str) -> str | None:
+    """The execution the newest address of ``document`` in ``scope`` names, if any."""
+    async with config.transaction() as unit:
+        return await unit.sql.named_by(scope, document)

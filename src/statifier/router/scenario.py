@@ -30,11 +30,12 @@ the package's).
 
 The report: ``ledger``, every ledger row oldest first as ``{"binding", "message_id",
 "outcome", "key"}`` (the outcome as :attr:`~statifier.router.LedgerRow.spelled`);
-and the case's execution, the one named by the first ledger row naming an execution of
-the case's document (it stays the case's execution after a reaper deletes its
-address): ``status`` (``null`` without one), ``configuration`` (its sorted active leaf
-states, ``[]`` once finished) and ``datamodel`` (its data without the ``_`` system
-variables, tagged JSON).
+and the case's execution, the one the address table names for the case's document and
+scope (remembered after every step, so it stays the case's execution after a reaper
+deletes its address; with no address ever, as under ``always_new``, the first
+execution the ledger names for the document): ``status`` (``null`` without one),
+``configuration`` (its sorted active leaf states, ``[]`` once finished) and
+``datamodel`` (its data without the ``_`` system variables, tagged JSON).
 
 >>> parse_duration("P1DT0.5S")
 datetime.timedelta(days=1, microseconds=500000)
@@ -66,7 +67,7 @@ from statifier.router.binding import Binding
 from statifier.router.config import RouterConfig, StaticResolver, checked_bindings
 from statifier.router.errors import RouterError
 from statifier.router.outcomes import InboundEvent
-from statifier.router.queries import ledger
+from statifier.router.queries import ledger, newest_address
 from statifier.router.reapers import reap_addresses, reap_dedupe
 from statifier.router.routing import route
 from statifier.sql import DEFAULT_PREFIX, TableOptions, migrations
@@ -267,13 +268,17 @@ async def run_case(
         async with adapter:
             storage = Storage(adapter, clock=clock)
             config = RouterConfig(storage, bindings=case.bindings, resolver=resolver)
+            # The case's execution: the one the address table names, remembered after
+            # every step, so that it stays the case's once a reap deletes its row.
+            named: str | None = None
             for index, step in enumerate(case.script):
                 try:
                     await _run_step(config, step, clock)
+                    named = await newest_address(config, case.scope, case.document) or named
                 except (RouterError, PersistenceError) as error:
                     name = type(error).__name__
                     raise CaseError(f"script[{index}]: {name}: {error}") from None
-            return await _report(config, case.document)
+            return await _report(config, case.document, named)
 
 
 def compare(report: Mapping[str, Any], expected: Mapping[str, Any]) -> list[str]:
@@ -310,7 +315,7 @@ async def _run_step(config: RouterConfig, step: Step, clock: _Clock) -> None:
         await reap_dedupe(config, clock.now)
 
 
-async def _report(config: RouterConfig, document: str) -> dict[str, Any]:
+async def _report(config: RouterConfig, document: str, named: str | None) -> dict[str, Any]:
     rows = await ledger(config)
     report: dict[str, Any] = {
         "ledger": [
@@ -326,7 +331,8 @@ async def _report(config: RouterConfig, document: str) -> dict[str, Any]:
         "configuration": [],
         "datamodel": {},
     }
-    execution_id = next(
+    # Without an address (create always_new), the first execution of the document.
+    execution_id = named or next(
         (r.execution_id for r in rows if r.execution_id is not None and r.document == document),
         None,
     )

@@ -70,6 +70,10 @@ class SqliteStatements:
             f"SELECT count(*) FROM {addresses} "
             "WHERE execution_id IN (SELECT value FROM json_each(:ids))"
         )
+        self.named_by = (
+            f"SELECT execution_id FROM {addresses} WHERE scope = :scope "
+            "AND document = :document ORDER BY inserted_at DESC, id DESC LIMIT 1"
+        )
         self.address_of = (
             f"SELECT scope, document, key FROM {addresses} WHERE execution_id = :execution_id"
         )
@@ -182,6 +186,11 @@ class SqliteSession:
         values = {"ids": json.dumps(list(execution_ids))}
         (count,) = self._driver.execute(self._s.count_addresses, values).fetchone()
         return int(count)
+
+    async def named_by(self, scope: str, document: str) -> str | None:
+        values = {"scope": scope, "document": document}
+        row = self._driver.execute(self._s.named_by, values).fetchone()
+        return None if row is None else str(row[0])
 
     async def address_of(self, execution_id: str) -> tuple[str, str, str] | None:
         values = {"execution_id": execution_id}
