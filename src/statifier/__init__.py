@@ -9,11 +9,15 @@ These exist today:
   sessions (with the BasicHTTP Event I/O Processor);
 * ``statifier.persistence`` and ``statifier.sql`` -- durable executions stored in
   memory, PostgreSQL or SQLite, and the tables' migrations;
+* ``statifier.durable`` -- the front door to durable executions: ``Durable(url,
+  charts=...)`` with create, send, describe, list and cancel (``statifier
+  executions`` on the command line);
 * ``statifier.router`` -- inbound events routed by key to durable executions:
   bindings, dedupe, addresses, the routing ledger, ``route``/``route_many``, the
   reapers and the ``statifier scenario`` runner;
 * ``statifier.telemetry`` -- the events sessions, durable executions, the router and
-  scriba report (``docs/telemetry.md``);
+  scriba report (``docs/telemetry.md``); ``statifier.callbacks``, ``statifier.extras``
+  and ``statifier.ids`` -- small helpers every layer may use;
 * ``statifier.examples`` -- what ``statifier demo`` runs; ``statifier.cli`` -- the
   ``statifier`` command.
 
