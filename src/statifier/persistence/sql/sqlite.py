@@ -456,6 +456,10 @@ class _Block:
                     raise
                 await retry_busy(lambda: tx.cursor.execute("COMMIT"), None)
         finally:
+            # A commit that failed or was cancelled must not leave the shared connection
+            # inside a transaction for the next holder of the writer.
+            if mode != "claimed" and tx.driver.in_transaction:
+                tx.driver.rollback()
             writer.release()
 
 
@@ -525,7 +529,13 @@ class SqliteDatabase:
                 if missing is None:
                     raise
                 raise missing from error
-            await retry_busy(lambda: cursor.execute("COMMIT"), None)
+            try:
+                await retry_busy(lambda: cursor.execute("COMMIT"), None)
+            finally:
+                # A commit that failed or was cancelled must not leave the shared
+                # connection inside a transaction for the next holder of the writer.
+                if tx.driver.in_transaction:
+                    tx.driver.rollback()
             return result
 
     async def _run(self, work: Callable[..., _T], write: bool, *args: Any) -> _T:
