@@ -15,6 +15,7 @@ blocks at once on PostgreSQL), else in a short transaction of its own.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager, suppress
@@ -360,7 +361,12 @@ class _Block:
                 await db.acquire(tx, self._execution_id, self._wait, keep_usable=True)
             except BaseException:
                 if self._savepoint:
-                    await tx.cursor.execute(f"RELEASE SAVEPOINT {self._savepoint}")
+                    # Undo to the savepoint first: after an error other than a lock
+                    # timeout (a deadlock, a cancellation) the transaction is aborted, and
+                    # a bare RELEASE would raise and hide the error that got us here.
+                    with contextlib.suppress(psycopg.Error):
+                        await tx.cursor.execute(f"ROLLBACK TO SAVEPOINT {self._savepoint}")
+                        await tx.cursor.execute(f"RELEASE SAVEPOINT {self._savepoint}")
                 raise
             tx.blocks += 1
             self._tx = tx
