@@ -19,7 +19,7 @@ from statifier.cli import main
 from statifier.sql import TableOptions, migrations
 from statifier.sql.tables import autogenerate_filter
 
-HEAD = "statifier_0002"
+HEAD = "statifier_0003"
 """The newest revision."""
 
 DURABLE_TABLES = ("mig_charts", "mig_positions", "mig_executions", "mig_inputs")
@@ -27,6 +27,9 @@ DURABLE_TABLES = ("mig_charts", "mig_positions", "mig_executions", "mig_inputs")
 
 ROUTER_TABLES = ("mig_addresses", "mig_dedupe", "mig_routing_ledger")
 """What ``statifier_0002`` adds."""
+
+OUTBOUND_TABLES = ("mig_timers", "mig_outbox", "mig_subscriptions")
+"""What ``statifier_0003`` adds."""
 
 
 def _options(fresh: Any, **more: Any) -> TableOptions:
@@ -84,7 +87,7 @@ def test_migrations_build_exactly_the_tables(fresh_database: Any) -> None:
     migrations.upgrade(fresh_database.url, options)
     assert _differences(fresh_database.url, options) == []
     names = _table_names(fresh_database.url, fresh_database.schema)
-    assert names == {"mig_alembic_version", *DURABLE_TABLES, *ROUTER_TABLES}
+    assert names == {"mig_alembic_version", *DURABLE_TABLES, *ROUTER_TABLES, *OUTBOUND_TABLES}
 
 
 def test_migrations_match_the_default_options(fresh_database: Any) -> None:
@@ -110,7 +113,7 @@ def test_leading_columns_come_right_after_the_key(fresh_database: Any) -> None:
     try:
         with engine.connect() as connection:
             inspector = sa.inspect(connection)
-            for table in (*DURABLE_TABLES, *ROUTER_TABLES):
+            for table in (*DURABLE_TABLES, *ROUTER_TABLES, *OUTBOUND_TABLES):
                 columns = inspector.get_columns(table, schema=fresh_database.schema)
                 assert [c["name"] for c in columns][:2] == ["id", "tenant_id"]
     finally:

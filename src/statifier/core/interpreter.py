@@ -213,8 +213,11 @@ def _take_step(
     )
 
 
-def deliver_internal(state: MachineState, event: Event) -> tuple[MachineState, list[fx.Effect]]:
-    """Put ``event`` on the internal queue and run to a stable configuration.
+def deliver_internal(
+    state: MachineState, event: Event, *more: Event
+) -> tuple[MachineState, list[fx.Effect]]:
+    """Put ``event`` (and ``more``, in order) on the internal queue and run to a stable
+    configuration.
 
     This is how a host delivers what belongs on the internal queue but arrives later:
     a delayed ``<send target="#_internal">`` when its timer fires, or an
@@ -228,6 +231,7 @@ def deliver_internal(state: MachineState, event: Event) -> tuple[MachineState, l
     work = _Interpreter.resume(state)
     work.begin_macrostep()
     work.internal_queue.append(event)
+    work.internal_queue.extend(more)
     work.main_event_loop()
     return work.freeze(), work.effects
 

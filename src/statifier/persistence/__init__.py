@@ -23,7 +23,7 @@ from statifier.persistence.executions import (
     Stepped,
     decode_outcome,
 )
-from statifier.persistence.executor import EffectContext, Executor
+from statifier.persistence.executor import EffectContext, Executor, Refused
 from statifier.persistence.memory import MemoryAdapter
 from statifier.persistence.records import ExecutionRecord, Status
 from statifier.persistence.retention import prune
@@ -44,6 +44,7 @@ __all__ = [
     "LoggedInput",
     "MemoryAdapter",
     "PersistenceError",
+    "Refused",
     "Status",
     "Stepped",
     "Storage",

@@ -50,7 +50,7 @@ from statifier.persistence.executions import (
     Stepped,
     decode_outcome,
 )
-from statifier.persistence.executor import EffectContext, Executor, ignore_effects
+from statifier.persistence.executor import EffectContext, Executor, Refused, refuse_unperformed
 from statifier.persistence.records import ExecutionRecord, Status
 from statifier.persistence.serialization import Serialization
 from statifier.persistence.storage import Storage
@@ -156,7 +156,8 @@ class Driver:
             children and fan-out).
         dispatch: performs non-SCXML ``<invoke>`` effects; without one, such an
             invocation is answered with ``InvocationFailed("no dispatch")``.
-        effects: receives every other effect, in order.
+        effects: receives every other effect, in order, and may refuse a send (by
+            default every send is refused, as nothing here delivers one).
         options: how charts start (``invoke_types`` and ``send_types`` registrations);
             stored with each position, so they hold for every later step.
         serialization, lock_wait: as for :class:`Executions`.
@@ -169,7 +170,7 @@ class Driver:
         storage: Storage,
         *,
         dispatch: Dispatch | None = None,
-        effects: Executor = ignore_effects,
+        effects: Executor = refuse_unperformed,
         options: StartOptions | None = None,
         serialization: Serialization | None = None,
         lock_wait: float | None = None,
@@ -272,24 +273,23 @@ class Driver:
         """The executor of one driver call: ``pending`` collects the answers of the
         invocations it performs, to step in once the call is stored."""
 
-        async def execute(effect: fx.Effect, context: EffectContext) -> None:
-            await self._execute(effect, context, pending)
+        async def execute(effect: fx.Effect, context: EffectContext) -> Refused | None:
+            return await self._execute(effect, context, pending)
 
         return execute
 
-    async def _outside_calls(self, effect: fx.Effect, context: EffectContext) -> None:
+    async def _outside_calls(self, effect: fx.Effect, context: EffectContext) -> Refused | None:
         """The executor of the lifecycle's own calls (a cancel): they exit states and
         cancel invocations, never start one."""
-        await self._execute(effect, context, None)
+        return await self._execute(effect, context, None)
 
     async def _execute(
         self, effect: fx.Effect, context: EffectContext, pending: _Pending | None
-    ) -> None:
+    ) -> Refused | None:
         if isinstance(effect, fx.CancelInvoke):
             await self._cancel_children(context.execution_id, effect.invoke_id)
         if not isinstance(effect, fx.Invoke):
-            await settle(self.effects(effect, context))
-            return
+            return await settle(self.effects(effect, context))
         if pending is None:
             raise RuntimeError(f"an invocation outside a driver call: {effect.invoke_id!r}")
         if effect.type in CHILD_TYPES:

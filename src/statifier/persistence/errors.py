@@ -15,6 +15,7 @@ __all__ = [
     "PersistenceError",
     "PinSourceFailed",
     "Pinned",
+    "RefusalsUnsettled",
     "SerializationUnsupported",
     "StoredChartDamaged",
     "Unstorable",
@@ -105,3 +106,16 @@ class PinSourceFailed(PersistenceError):  # noqa: N818
 class Unstorable(PersistenceError):  # noqa: N818
     """A step's result cannot be stored (its datamodel or event is too large, or holds
     a value positions cannot keep); the step was abandoned before any effect."""
+
+
+class RefusalsUnsettled(PersistenceError):  # noqa: N818
+    """The chart answered refused effects with more refused effects, round after round:
+    the call was abandoned before anything was stored."""
+
+    def __init__(self, execution_id: str, rounds: int) -> None:
+        super().__init__(
+            f"execution {execution_id!r} kept emitting refused sends or invocations "
+            f"for {rounds} rounds in one call"
+        )
+        self.execution_id = execution_id
+        self.rounds = rounds

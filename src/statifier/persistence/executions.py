@@ -35,7 +35,14 @@ from datetime import datetime
 from typing import Any, Final, Protocol
 
 from statifier.chart import Machine
-from statifier.core import Event, MachineState, StartOptions, handle_event, initialize
+from statifier.core import (
+    Event,
+    MachineState,
+    StartOptions,
+    deliver_internal,
+    handle_event,
+    initialize,
+)
 from statifier.core import cancel as cancel_chart
 from statifier.core import effects as fx
 from statifier.core import positions as stored
@@ -48,9 +55,10 @@ from statifier.persistence.errors import (
     MetadataUnsupported,
     Pinned,
     PinSourceFailed,
+    RefusalsUnsettled,
     Unstorable,
 )
-from statifier.persistence.executor import Executor, ignore_effects, perform
+from statifier.persistence.executor import Executor, ignore_effects, perform, refuse_unperformed
 from statifier.persistence.records import ChartRecord, ExecutionRecord, Status
 from statifier.persistence.serialization import AdapterLock, Serialization
 from statifier.persistence.storage import Storage
@@ -74,6 +82,10 @@ execution as failed (``failure`` ``"failed_final"``) rather than completed."""
 PARENT_KEY: Final = "statifier.parent"
 """Metadata key naming a durable child's parent execution; cancelling the parent
 cancels the children."""
+
+MAX_REFUSAL_ROUNDS: Final = 32
+"""How many times one call tells the chart of refused effects before it gives up: a
+chart that answers every refusal with another refused send would never settle."""
 
 MAX_METADATA_PAIRS: Final = 64
 MAX_METADATA_TEXT: Final = 1_024
@@ -145,7 +157,9 @@ class Executions:
 
     Args:
         storage: the guarded store.
-        executor: receives every effect (except ``Done``) of every call, in order.
+        executor: receives every effect (except ``Done``) of every call, in order;
+            by default :func:`~statifier.persistence.executor.refuse_unperformed`,
+            which performs nothing and refuses every send and invocation.
         serialization: how calls for one execution are kept apart; by default the
             adapter's lock (see :mod:`statifier.persistence.serialization`).
         lock_wait: for the default serialization, the most seconds a call waits for
@@ -156,7 +170,7 @@ class Executions:
         self,
         storage: Storage,
         *,
-        executor: Executor = ignore_effects,
+        executor: Executor = refuse_unperformed,
         serialization: Serialization | None = None,
         lock_wait: float | None = None,
     ) -> None:
@@ -204,9 +218,9 @@ class Executions:
             if await self.storage.find_execution(execution_id):
                 raise ExecutionExists(execution_id)
             state, effects = initialize(machine, start)
+            state, effects = await self._carry_out(state, effects, execution_id, "create", executor)
             status, failure, outcome, donedata = _ending(effects)
             position = _dump(state)
-            await self._perform(effects, execution_id, "create", executor)
             now = self.storage.clock()
             record = ExecutionRecord(
                 execution_id,
@@ -237,8 +251,10 @@ class Executions:
         door: str = "step",
         when: Callable[[MachineState], bool] | None = None,
         executor: Executor | None = None,
+        internal: bool = False,
     ) -> Stepped | Discarded:
-        """Deliver one external event.
+        """Deliver one external event (or, with ``internal``, one for the internal
+        queue: a delayed ``<send target="#_internal">`` when it fires).
 
         Args:
             machine: the chart the execution runs (the guard checks it), or ``None`` to
@@ -250,6 +266,7 @@ class Executions:
                 (the driver drops answers to invocations the chart has cancelled).
             executor: replaces this lifecycle's executor for the call (the driver
                 passes one that collects the answers of the call's invocations).
+            internal: put ``event`` on the internal queue rather than the external one.
 
         Returns:
             :class:`Stepped`, or :class:`Discarded` when the execution has ended or is
@@ -281,13 +298,18 @@ class Executions:
             if routes is not None:
                 state = state._replace(routes=routes)
             entry = _dump_event(event)
-            state, effects = handle_event(state, event)
+            if internal:
+                state, effects = deliver_internal(state, event)
+            else:
+                state, effects = handle_event(state, event)
+            performer = self.executor if executor is None else executor
+            if performer is not ignore_effects and effects:
+                state, effects = await self._carry_out(
+                    state, effects, execution_id, door, performer
+                )
             status, failure, outcome, donedata = _ending(effects)
             ended = status is not Status.ACTIVE  # _ending answers active or an end
             position = _dump(state)
-            performer = self.executor if executor is None else executor
-            if performer is not ignore_effects:
-                await self._perform(effects, execution_id, door, performer)
             now = storage.clock()
             if storage.capabilities.input_log:
                 await storage.append_input(execution_id, door, entry, now)
@@ -467,15 +489,41 @@ class Executions:
             raise ChartNotFound(content_hash)
         return retired
 
+    async def _carry_out(
+        self,
+        state: MachineState,
+        effects: list[fx.Effect],
+        execution_id: str,
+        door: str,
+        executor: Executor | None = None,
+    ) -> tuple[MachineState, list[fx.Effect]]:
+        """Hand ``effects`` over; tell the chart of what the executor refused (each
+        refusal raises its event on the internal queue, in order) and hand over what
+        that ran, until nothing is refused. Answers the position and every effect.
+
+        Raises:
+            RefusalsUnsettled: refusals kept coming for :data:`MAX_REFUSAL_ROUNDS`.
+        """
+        refusals = await self._perform(effects, execution_id, door, executor)
+        rounds = 0
+        while refusals and state.running:
+            rounds += 1
+            if rounds > MAX_REFUSAL_ROUNDS:
+                raise RefusalsUnsettled(execution_id, MAX_REFUSAL_ROUNDS)
+            state, more = deliver_internal(state, *refusals)
+            effects = [*effects, *more]
+            refusals = await self._perform(more, execution_id, door, executor)
+        return state, effects
+
     async def _perform(
         self,
         effects: list[fx.Effect],
         execution_id: str,
         door: str,
         executor: Executor | None = None,
-    ) -> None:
+    ) -> list[Event]:
         try:
-            await perform(
+            return await perform(
                 self.executor if executor is None else executor, effects, execution_id, door
             )
         except Exception as error:

@@ -9,6 +9,9 @@ metadata.
 - ``addresses``: which execution a ``(scope, document, key)`` names.
 - ``dedupe``: the messages each binding has claimed, until ``expires_at``.
 - ``routing_ledger``: what happened to each routed event, per binding.
+- ``timers``: delayed sends of durable executions waiting for their due time.
+- ``outbox``: what routes handed off, waiting for (or done with) the drain.
+- ``subscriptions``: which executions a source invoke subscribed to which binding.
 
 Every table starts with a surrogate primary key ``id`` of the configured type, then
 the host's leading columns, then the package's own. Names carry a prefix and the
@@ -23,8 +26,11 @@ shop_charts
 shop_dedupe
 shop_executions
 shop_inputs
+shop_outbox
 shop_positions
 shop_routing_ledger
+shop_subscriptions
+shop_timers
 >>> [column.name for column in tables.inputs.columns]
 ['id', 'execution_id', 'seq', 'door', 'input_blob', 'recorded_at']
 >>> TableOptions(prefix="Shop-")
@@ -178,7 +184,7 @@ class TableOptions:
         return [column._copy() for column in self.leading_columns]
 
     def define(self, metadata: sa.MetaData | None = None) -> Tables:
-        """The seven tables under these options, in ``metadata`` (a new one if ``None``).
+        """The ten tables under these options, in ``metadata`` (a new one if ``None``).
 
         Raises:
             sqlalchemy.exc.InvalidRequestError: ``metadata`` already holds a table of
@@ -220,21 +226,36 @@ _PACKAGE_COLUMNS = frozenset(
         "source",
         "outcome",
         "reason",
+        "send_id",
+        "dedup_key",
+        "kind",
+        "due_at",
+        "step_position",
+        "payload",
+        "queue",
+        "attempts",
+        "next_attempt_at",
+        "lease",
+        "leased_until",
+        "sent_at",
+        "dead_at",
+        "last_error",
+        "invoke_id",
     }
 )
 
 
 @dataclass(frozen=True, slots=True)
 class Tables:
-    """The seven tables of durable executions and of the event router, defined under
+    """The ten tables of durable executions and of the event router, defined under
     one :class:`TableOptions`.
 
     Attributes:
         metadata: holds the tables.
         charts, positions, executions, inputs: the tables of durable executions (see
             the module docstring).
-        addresses, dedupe, routing_ledger: the event router's tables (see the module
-            docstring).
+        addresses, dedupe, routing_ledger, timers, outbox, subscriptions: the event
+            router's tables (see the module docstring).
         options: what they were defined with.
     """
 
@@ -246,6 +267,9 @@ class Tables:
     addresses: sa.Table
     dedupe: sa.Table
     routing_ledger: sa.Table
+    timers: sa.Table
+    outbox: sa.Table
+    subscriptions: sa.Table
     options: TableOptions
 
     @classmethod
@@ -385,6 +409,61 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         sa.Index(name("routing_ledger_binding_id_inserted_at_idx"), "binding_id", "inserted_at"),
         schema=schema,
     )
+    timers = sa.Table(
+        name("timers"),
+        metadata,
+        options.key_column(),
+        *options.leading(),
+        sa.Column("execution_id", sa.Text(), nullable=False),
+        sa.Column("send_id", sa.Text(), nullable=False),
+        sa.Column("dedup_key", sa.Text(), nullable=False),
+        sa.Column("kind", sa.Text(), nullable=False),
+        sa.Column("due_at", UtcDateTime(), nullable=False),
+        sa.Column("step_position", sa.Integer(), nullable=False),
+        sa.Column("payload", json_document(), nullable=False),
+        sa.Column("inserted_at", UtcDateTime(), nullable=False),
+        sa.UniqueConstraint("dedup_key", name=name("timers_dedup_key_key")),
+        sa.Index(name("timers_due_at_idx"), "due_at"),
+        sa.Index(name("timers_execution_id_send_id_idx"), "execution_id", "send_id"),
+        schema=schema,
+    )
+    outbox = sa.Table(
+        name("outbox"),
+        metadata,
+        options.key_column(),
+        *options.leading(),
+        sa.Column("queue", sa.Text(), nullable=False),
+        sa.Column("key", sa.Text(), nullable=False),
+        sa.Column("payload", json_document(), nullable=False),
+        sa.Column("attempts", sa.Integer(), nullable=False),
+        sa.Column("next_attempt_at", UtcDateTime(), nullable=False),
+        sa.Column("lease", sa.Text(), nullable=True),
+        sa.Column("leased_until", UtcDateTime(), nullable=True),
+        sa.Column("sent_at", UtcDateTime(), nullable=True),
+        sa.Column("dead_at", UtcDateTime(), nullable=True),
+        sa.Column("last_error", sa.Text(), nullable=True),
+        sa.Column("inserted_at", UtcDateTime(), nullable=False),
+        sa.UniqueConstraint("queue", "key", name=name("outbox_queue_key_key")),
+        sa.Index(name("outbox_next_attempt_at_idx"), "next_attempt_at"),
+        schema=schema,
+    )
+    subscriptions = sa.Table(
+        name("subscriptions"),
+        metadata,
+        options.key_column(),
+        *options.leading(),
+        sa.Column("binding_id", sa.Text(), nullable=False),
+        sa.Column("execution_id", sa.Text(), nullable=False),
+        sa.Column("invoke_id", sa.Text(), nullable=False),
+        sa.Column("scope", sa.Text(), nullable=False),
+        sa.Column("key", sa.Text(), nullable=False),
+        sa.Column("inserted_at", UtcDateTime(), nullable=False),
+        sa.UniqueConstraint(
+            "execution_id", "invoke_id", name=name("subscriptions_execution_id_invoke_id_key")
+        ),
+        sa.Index(name("subscriptions_binding_id_scope_key_idx"), "binding_id", "scope", "key"),
+        schema=schema,
+    )
     return Tables(
         metadata,
         charts,
@@ -394,5 +473,8 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         addresses,
         dedupe,
         routing_ledger,
+        timers,
+        outbox,
+        subscriptions,
         options,
     )

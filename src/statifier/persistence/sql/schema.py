@@ -58,6 +58,9 @@ class TableNames:
     addresses: str
     dedupe: str
     routing_ledger: str
+    timers: str
+    outbox: str
+    subscriptions: str
 
     @classmethod
     def of(cls, tables: Tables) -> TableNames:
@@ -74,6 +77,9 @@ class TableNames:
                     "addresses",
                     "dedupe",
                     "routing_ledger",
+                    "timers",
+                    "outbox",
+                    "subscriptions",
                 )
             )
         )
