@@ -972,8 +972,10 @@ async def test_on_create_and_on_step_stand_in_with_the_same_arguments(
     await route(config, ad("m1", "impression", "imp_1"))
     await route(config, ad("m2", "click", "imp_1"))
 
+    # The options as configured, with the send types the router handles stamped on.
+    assert config.start_options.round_budget == 50
     assert [(execution_id, machine, opts) for _, execution_id, machine, opts in creates] == [
-        ("ex_1", join_chart(), options)
+        ("ex_1", join_chart(), config.start_options)
     ]
     assert [(execution_id, machine, event) for _, execution_id, machine, event in steps] == [
         ("ex_1", join_chart(), Event("impression.served", data={"impression_id": "imp_1"})),

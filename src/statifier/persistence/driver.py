@@ -294,7 +294,7 @@ class Driver:
             raise RuntimeError(f"an invocation outside a driver call: {effect.invoke_id!r}")
         if effect.type in CHILD_TYPES:
             await self._start_child(context.execution_id, effect, pending)
-            return
+            return None
         if self.dispatch is None:
             answer: Answer | None = InvocationFailed("no dispatch for invoke type " + effect.type)
         else:
@@ -302,6 +302,7 @@ class Driver:
         if answer is not None:
             event = _answer_event(effect.invoke_id, answer)
             pending.answers.append((effect.invoke_id, event))
+        return None
 
     # Durable children.
 

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import KW_ONLY, dataclass, field
+from dataclasses import KW_ONLY, dataclass, field, replace
 from enum import StrEnum
-from typing import Any, Final, TypeVar
+from types import MappingProxyType
+from typing import Any, Final, Literal, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -29,10 +30,14 @@ from statifier.chart import Machine
 from statifier.core import Event, StartOptions
 from statifier.ids import new_execution_id
 from statifier.persistence import Discarded, Executions, Executor, Stepped, Storage
-from statifier.persistence.executor import ignore_effects
+from statifier.persistence.executor import refuse_unperformed
 from statifier.persistence.sql import SqlAdapter
 from statifier.router.binding import Binding, unique_ids
 from statifier.router.errors import BindingError, ConfigError
+from statifier.router.routes import Route, RouteEntry
+from statifier.router.sending import BASICHTTP_TYPES, SendHandler
+from statifier.router.timer_queue import TimerQueue
+from statifier.router.timers import SqlTimerQueue
 from statifier.router.transaction import Statements, Unit, statements_for, transaction
 
 __all__ = [
@@ -50,6 +55,16 @@ __all__ = [
 ]
 
 RESERVED_BINDING_IDS: Final = frozenset({"execution", "basichttp"})
+BUILT_IN: Final = "built-in"
+"""``timer_queue="built-in"``: the timer table on the configuration's own database."""
+BUILT_IN_SEND_TYPES: Final = frozenset(
+    {
+        "scxml",
+        "http://www.w3.org/TR/scxml/#SCXMLEventProcessor",
+        "basichttp",
+        "http://www.w3.org/TR/scxml/#BasicHTTPEventProcessor",
+    }
+)
 """Ids the router files its own ledger rows under (sends to execution targets, the
 BasicHTTP front); no binding may take them."""
 
@@ -145,7 +160,22 @@ class RouterConfig:
             the chart stored with the execution.
         execution_id: mints the id of a new execution from ``(scope, document, key)``;
             by default ``ex_`` and a ULID.
-        executor: receives every effect of every create and step.
+        executor: receives every effect of every create and step that the router
+            does not perform itself (see :mod:`statifier.router.sending`); by default
+            it refuses every send and invocation.
+        send_type: the send type whose targets name routes (``<send type=...
+            target="ROUTE">``), and the type of ``target="execution"`` sends.
+        routes: ``name -> (adapter, config)`` (or a :class:`RouteEntry`).
+        route_overrides: ``scope -> name -> config``: a scope's configuration of a
+            registered route, laid over the route's own.
+        processor_scope: the scope a live session's route sends resolve in: a
+            string, or a function asked once per send.
+        timer_queue: where delayed sends wait: ``"built-in"`` (the timer table on
+            this database), a :class:`~statifier.router.timer_queue.TimerQueue` of
+            the host's, or ``None`` (a delayed send is refused).
+        on_complete: a registered route handed ``done.execution`` when a delivery
+            finishes an execution. If that route refuses or raises, the finishing
+            delivery rolls back: a route that never succeeds is a poison pill.
         start_options: what every create starts with (send and invoke types, round
             budget); the session id is always the execution id.
         on_create, on_step: stand-ins for ``Executions.create`` and ``Executions.step``,
@@ -168,8 +198,14 @@ class RouterConfig:
     resolver: Resolver | None = None
     chart_resolver: ChartResolver | None = None
     execution_id: MintExecutionId = new_execution_id
-    executor: Executor = ignore_effects
+    executor: Executor = refuse_unperformed
     start_options: StartOptions = field(default_factory=StartOptions)
+    send_type: str | None = None
+    routes: Mapping[str, RouteEntry | tuple[Route, Mapping[str, Any]]] = field(default_factory=dict)
+    route_overrides: Mapping[str, Mapping[str, Mapping[str, Any]]] = field(default_factory=dict)
+    processor_scope: str | Callable[[], str | None] | None = None
+    timer_queue: TimerQueue | Literal["built-in"] | None = BUILT_IN
+    on_complete: str | None = None
     on_create: OnCreate | None = None
     on_step: OnStep | None = None
     around_delivery: AroundDelivery[Any] | None = None
@@ -177,6 +213,7 @@ class RouterConfig:
     storage: Storage = field(init=False, repr=False, compare=False)
     adapter: SqlAdapter = field(init=False, repr=False, compare=False)
     statements: Statements = field(init=False, repr=False, compare=False)
+    timers: TimerQueue | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         store = self.store
@@ -209,6 +246,67 @@ class RouterConfig:
             raise ConfigError("start_options must be a StartOptions")
         if self.lock_wait is not None and not self.lock_wait > 0:
             raise ConfigError(f"lock_wait must be positive seconds, not {self.lock_wait!r}")
+        self._check_outbound()
+
+    def _check_outbound(self) -> None:
+        send_type: object = self.send_type
+        if send_type is not None and (not isinstance(send_type, str) or not send_type):
+            raise ConfigError(f"send_type must be a non-empty string, not {send_type!r}")
+        if send_type in BUILT_IN_SEND_TYPES:
+            raise ConfigError(f"send_type {send_type!r} is a built-in send type")
+        routes = {name: _route_entry(name, entry) for name, entry in self.routes.items()}
+        if routes and self.send_type is None:
+            raise ConfigError("routes need a send_type: the type whose targets name them")
+        object.__setattr__(self, "routes", MappingProxyType(routes))
+        overrides: dict[str, Mapping[str, Mapping[str, Any]]] = {}
+        for scope, by_route in self.route_overrides.items():
+            for name in by_route:
+                if name not in routes:
+                    raise ConfigError(
+                        f"route_overrides[{scope!r}] names {name!r}, which is not a "
+                        "registered route: a scope overrides a route, never adds one"
+                    )
+            overrides[scope] = MappingProxyType({n: dict(c) for n, c in by_route.items()})
+        object.__setattr__(self, "route_overrides", MappingProxyType(overrides))
+        if self.on_complete is not None and self.on_complete not in routes:
+            raise ConfigError(f"on_complete names {self.on_complete!r}, which is not a route")
+        processor_scope: object = self.processor_scope
+        if processor_scope is not None and not (
+            isinstance(processor_scope, str) or callable(processor_scope)
+        ):
+            raise ConfigError(
+                f"processor_scope must be a string or callable, not {processor_scope!r}"
+            )
+        queue = self.timer_queue
+        timers: TimerQueue | None
+        if queue == BUILT_IN:
+            timers = SqlTimerQueue(self.adapter)
+        elif queue is None or not isinstance(queue, str):
+            timers = queue
+        else:
+            raise ConfigError(f"timer_queue must be 'built-in', None or a TimerQueue: {queue!r}")
+        object.__setattr__(self, "timers", timers)
+        # A chart must accept the router's type and BasicHTTP (which the router hands
+        # to the outbox); the types are stamped on every position it starts.
+        options = self.start_options
+        types = options.send_types | BASICHTTP_TYPES
+        if self.send_type is not None:
+            types |= {self.send_type}
+        object.__setattr__(self, "start_options", replace(options, send_types=types))
+
+    def overridden_somewhere(self, name: str) -> bool:
+        """Whether some scope overrides the route ``name`` (a send to it then needs the
+        delivery's scope)."""
+        return any(name in by_route for by_route in self.route_overrides.values())
+
+    def route(self, scope: str | None, name: str) -> tuple[Route, Mapping[str, Any]] | None:
+        """The adapter and configuration ``name`` has in ``scope``, or ``None`` when no
+        such route is registered."""
+        entry = self.routes.get(name)
+        if not isinstance(entry, RouteEntry):
+            return None
+        override = None if scope is None else self.route_overrides.get(scope, {}).get(name)
+        return entry.adapter, entry.overridden(override)
 
     async def bindings_for(self, scope: str) -> Sequence[Binding]:
         """The bindings ``scope`` routes by (checked like a static list).
@@ -228,8 +326,11 @@ class RouterConfig:
     ) -> AbstractAsyncContextManager[Unit]:
         """A router transaction on this configuration's database (see
         :mod:`statifier.router.transaction`), or one joined to ``connection``."""
-        executions = {"executor": self.executor, "lock_wait": self.lock_wait}
-        return transaction(self.storage, self.statements, executions, connection, self.lock_wait)
+
+        def executor(unit: Unit) -> Executor:
+            return SendHandler(self, unit)
+
+        return transaction(self.storage, self.statements, executor, connection, self.lock_wait)
 
     async def resolve(self, scope: str, document: str) -> Resolved:
         assert self.resolver is not None
@@ -237,6 +338,18 @@ class RouterConfig:
         if not isinstance(resolved, Resolved):
             raise TypeError(f"the resolver answered {resolved!r}, not a Resolved")
         return resolved
+
+
+def _route_entry(name: object, entry: object) -> RouteEntry:
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"a route name is a non-empty string, not {name!r}")
+    if isinstance(entry, tuple) and len(entry) == 2:
+        entry = RouteEntry(entry[0], entry[1])
+    if not isinstance(entry, RouteEntry):
+        raise ConfigError(f"route {name!r}: give (adapter, config) or a RouteEntry, not {entry!r}")
+    if not callable(getattr(entry.adapter, "deliver", None)):
+        raise ConfigError(f"route {name!r}: the adapter has no deliver method")
+    return entry
 
 
 def checked_bindings(bindings: Sequence[Binding]) -> tuple[Binding, ...]:

@@ -11,10 +11,16 @@ makes it safe:
 5. the ledger row.
 
 Whatever raises rolls the delivery back whole (the caller's savepoint or transaction).
+
+The delivery that finishes an execution hands its donedata to the ``on_complete``
+route, if one is configured (:func:`completed`); a send to an execution target is a
+delivery nested in the sender's (:func:`deliver_to_execution`).
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -22,10 +28,16 @@ from typing import Any
 from statifier.callbacks import settle
 from statifier.chart import Machine
 from statifier.core import Event
-from statifier.persistence import Discarded, Executions, Stepped
+from statifier.core.events import engine_event
+from statifier.persistence import Discarded, Executions, Refused, Stepped
 from statifier.router.binding import Create, Plan
 from statifier.router.config import RouterConfig
-from statifier.router.errors import ChartUnresolved, ExecutionParked, UnresolvedDocument
+from statifier.router.errors import (
+    ChartUnresolved,
+    ExecutionParked,
+    OnCompleteFailed,
+    UnresolvedDocument,
+)
 from statifier.router.outcomes import (
     CreatedAndDelivered,
     Delivered,
@@ -35,9 +47,13 @@ from statifier.router.outcomes import (
     Outcome,
 )
 from statifier.router.records import AddressRow, LedgerRow
+from statifier.router.routes import IdempotencyKey
 from statifier.router.transaction import Unit
 
-__all__ = ["Delivery", "deliver"]
+EXECUTION_PLAN_ID = "execution"
+"""The id the ledger files sends to execution targets under (reserved for bindings)."""
+
+__all__ = ["Delivery", "completed", "deliver", "deliver_to_execution", "step_timer_event"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +94,38 @@ async def deliver(
         ExecutionParked: the addressed execution is parked.
         Exception: whatever persistence, the executor or the database raised.
     """
+    async with _delivering(unit, delivery.scope, now):
+        return await _deliver(unit, config, delivery, now, rows)
+
+
+@asynccontextmanager
+async def _delivering(unit: Unit, scope: str | None, now: datetime) -> AsyncIterator[None]:
+    """Make ``scope`` and ``now`` the unit's delivery in progress for the block (the
+    send handler reads them), and put back the outer one after (a nested delivery)."""
+    outer = unit.scope, unit.now
+    unit.scope, unit.now = scope, now
+    try:
+        yield
+    finally:
+        unit.scope, unit.now = outer
+
+
+@asynccontextmanager
+async def _stepping(unit: Unit, execution_id: str) -> AsyncIterator[None]:
+    unit.stepping.append(execution_id)
+    try:
+        yield
+    finally:
+        unit.stepping.pop()
+
+
+async def _deliver(
+    unit: Unit,
+    config: RouterConfig,
+    delivery: Delivery,
+    now: datetime,
+    rows: list[LedgerRow] | None,
+) -> Outcome:
     plan = delivery.plan
     addressed = plan.create is not Create.ALWAYS_NEW
     address = (delivery.scope, plan.document, delivery.key) if addressed else None
@@ -137,17 +185,21 @@ async def _create(
         raise UnresolvedDocument(delivery.scope, plan.document, _said(error)) from error
     machine = resolved.machine
     executions = unit.executions
-    if config.on_create is not None:
-        created = await config.on_create(executions, execution_id, machine, config.start_options)
-    else:
-        created = await executions.create(execution_id, machine, options=config.start_options)
+    async with _stepping(unit, execution_id):
+        if config.on_create is not None:
+            created = await config.on_create(
+                executions, execution_id, machine, config.start_options
+            )
+        else:
+            created = await executions.create(execution_id, machine, options=config.start_options)
     if created.finished:
+        await completed(unit, config, created)
         if address_id is not None:
             await unit.sql.stamp([address_id], now)
         return Dropped(
             plan.id, reason=DropReason.FINISHED, key=delivery.key, execution_id=execution_id
         )
-    stepped = await _step(executions, config, execution_id, machine, delivery.event)
+    stepped = await _step(unit, config, execution_id, machine, delivery.event)
     return await _stepped(unit, delivery, stepped, address_id, now, created=True)
 
 
@@ -168,20 +220,120 @@ async def _existing(
             machine = await settle(config.chart_resolver(record.content_hash))
         except Exception as error:
             raise ChartUnresolved(record.content_hash, _said(error)) from error
-    result = await _step(executions, config, execution_id, machine, delivery.event)
+    result = await _step(unit, config, execution_id, machine, delivery.event)
     return await _stepped(unit, delivery, result, found.id, now, created=False)
 
 
 async def _step(
-    executions: Executions,
+    unit: Unit,
     config: RouterConfig,
     execution_id: str,
     machine: Machine | None,
     event: Event,
 ) -> Stepped | Discarded:
-    if config.on_step is not None:
-        return await config.on_step(executions, execution_id, machine, event)
-    return await executions.step(execution_id, machine, event)
+    executions: Executions = unit.executions
+    async with _stepping(unit, execution_id):
+        if config.on_step is not None:
+            stepped = await config.on_step(executions, execution_id, machine, event)
+        else:
+            stepped = await executions.step(execution_id, machine, event)
+    if isinstance(stepped, Stepped):
+        await completed(unit, config, stepped)
+    return stepped
+
+
+async def completed(unit: Unit, config: RouterConfig, stepped: Stepped) -> None:
+    """If ``stepped`` finished its execution, hand ``done.execution`` (the donedata
+    verbatim, the execution as origin) to the ``on_complete`` route, under the
+    execution id and the finishing step's counters, in the delivery's transaction.
+
+    Raises:
+        OnCompleteFailed: the route refused; the delivery must roll back (a finished
+            execution has no transition left to hear of it).
+    """
+    route_name = config.on_complete
+    if route_name is None or not stepped.finished:
+        return
+    found = config.route(unit.scope, route_name)
+    assert found is not None  # the configuration refuses an unregistered name
+    adapter, route_config = found
+    execution_id = stepped.execution.id
+    state = stepped.state
+    event = engine_event(
+        "done.execution", "external", stepped.donedata, None, f"#_scxml_{execution_id}", None
+    )
+    key = IdempotencyKey(
+        execution_id,
+        send_id=None,
+        macrostep=state.macrostep,
+        microstep=state.microstep,
+        round=state.round,
+        content_index=None,
+        ordinal=None,
+    )
+    answer = await settle(adapter.deliver(route_config, event, key, unit.tx))
+    if isinstance(answer, Refused):
+        raise OnCompleteFailed(route_name, execution_id, answer.reason)
+
+
+async def step_timer_event(
+    unit: Unit,
+    config: RouterConfig,
+    execution_id: str,
+    event: Event,
+    *,
+    internal: bool,
+    scope: str | None,
+    now: datetime,
+) -> Stepped | Discarded:
+    """Step a fired timer's event into its execution, as a delivery would (its sends
+    resolve in ``scope``, a finishing step reaches ``on_complete``), writing no ledger
+    row.
+
+    Raises:
+        ExecutionNotFound: the execution is gone.
+    """
+    async with _delivering(unit, scope, now), _stepping(unit, execution_id):
+        stepped = await unit.executions.step(
+            execution_id, None, event, door="timer", internal=internal
+        )
+    if isinstance(stepped, Stepped):
+        async with _delivering(unit, scope, now):
+            await completed(unit, config, stepped)
+    return stepped
+
+
+async def deliver_to_execution(
+    unit: Unit,
+    config: RouterConfig,
+    *,
+    scope: str,
+    document: str,
+    key: str,
+    create: str,
+    event: Event,
+    message_id: str,
+    now: datetime,
+) -> tuple[str, str] | None:
+    """Deliver a send of the router's type to ``target="execution"``: the execution
+    ``(scope, document, key)`` addresses receives ``event`` in this transaction, filed
+    under the ledger's ``execution`` binding id with ``message_id`` (the send's
+    composed key, so a replayed step is a duplicate).
+
+    Answers ``None`` when delivered (or a duplicate, or delivered and unused), else the
+    refusal's ``(code, detail)``: ``reentrant`` (the target is mid-step in this
+    transaction: the sender itself, or a sender further out), ``no_execution``,
+    ``finished``.
+    """
+    found = await unit.sql.find_address(scope, document, key)
+    if found is not None and found.execution_id in unit.stepping:
+        return "reentrant", f"execution {found.execution_id!r} is sending; it cannot receive"
+    plan = Plan(EXECUTION_PLAN_ID, document=document, create=Create(create))
+    outcome = await deliver(unit, config, Delivery(plan, scope, key, event, message_id), now)
+    if isinstance(outcome, Dropped) and outcome.reason is not DropReason.UNMATCHED_EVENT:
+        reason = outcome.reason.value
+        return reason, f"no live execution of {document!r} at key {key!r} ({reason})"
+    return None
 
 
 async def _stepped(

@@ -14,6 +14,7 @@ __all__ = [
     "ConfigError",
     "ExecutionParked",
     "InvalidEvent",
+    "OnCompleteFailed",
     "RouterError",
     "UnresolvedDocument",
 ]
@@ -83,3 +84,14 @@ class ExecutionParked(RouterError):  # noqa: N818 - names the refusal
     def __init__(self, execution_id: str) -> None:
         super().__init__(f"execution {execution_id!r} is parked and takes no events")
         self.execution_id = execution_id
+
+
+class OnCompleteFailed(RouterError):  # noqa: N818 - names the refusal
+    """The ``on_complete`` route refused the finishing delivery's hand-off: the delivery
+    rolls back, and the execution stays where it was before that step."""
+
+    def __init__(self, route: str, execution_id: str, reason: str) -> None:
+        super().__init__(f"on_complete route {route!r} refused {execution_id!r}: {reason}")
+        self.route = route
+        self.execution_id = execution_id
+        self.reason = reason

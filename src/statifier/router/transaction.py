@@ -14,15 +14,15 @@ caller's transaction through :meth:`SqlAdapter.joined`, and the caller ends it.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from statifier.persistence import Executions, Storage
+from statifier.persistence import Executions, Executor, Storage
 from statifier.persistence.serialization import Unserialized
 from statifier.persistence.sql import SqlAdapter, SqlTransaction
 from statifier.router.postgres import PostgresSession, PostgresStatements
@@ -40,13 +40,22 @@ class Unit:
 
     Attributes:
         sql: the router's statements on the transaction's driver connection.
-        executions: the lifecycle over the adapter bound to the transaction.
+        executions: the lifecycle over the adapter bound to the transaction (its
+            executor is the router's send handler).
         tx: the SQL adapter's transaction itself.
+        scope: the scope of the delivery in progress (``None`` outside one, or for a
+            delivery with no scope): the sends of its steps resolve routes there.
+        now: the time of the delivery in progress: delayed sends are timed from it.
+        stepping: the executions mid-step in this transaction, innermost last: a send
+            to one of them would step it inside its own step, and is refused.
     """
 
     sql: Session
     executions: Executions
     tx: SqlTransaction
+    scope: str | None = None
+    now: datetime = field(default_factory=lambda: datetime.now(UTC))
+    stepping: list[str] = field(default_factory=list)
 
     def savepoint(self) -> AbstractAsyncContextManager[None]:
         """A savepoint: what the block wrote is undone if it raises, and the rest of
@@ -72,7 +81,7 @@ def lock_key(*parts: str) -> int:
 async def transaction(
     storage: Storage,
     statements: Statements,
-    executions: dict[str, Any],
+    executor: Callable[[Unit], Executor],
     connection: sa.Connection | AsyncConnection | None = None,
     lock_wait: float | None = None,
 ) -> AsyncIterator[Unit]:
@@ -80,31 +89,36 @@ async def transaction(
     ends and roll it back when it raises; or, given ``connection`` (with a transaction
     the caller began), run in that transaction and leave its end to the caller.
 
-    ``executions`` are the keyword arguments of the :class:`Executions` the unit gets
-    (executor, lock wait). ``lock_wait`` bounds the wait for SQLite's single writer.
+    ``executor`` makes the executor of the unit's lifecycle from the unit (the send
+    handler reads the delivery in progress from it). ``lock_wait`` bounds the wait for
+    an execution's lock and for SQLite's single writer.
     """
     adapter = storage.adapter
     assert isinstance(adapter, SqlAdapter)
     source = adapter if connection is None else adapter.joined(connection)
     async with source.transaction(lock_wait) as tx:
-        yield _unit(storage, statements, executions, tx)
+        yield _unit(storage, statements, executor, tx, lock_wait)
 
 
 def _unit(
-    storage: Storage, statements: Statements, executions: dict[str, Any], tx: SqlTransaction
+    storage: Storage,
+    statements: Statements,
+    executor: Callable[[Unit], Executor],
+    tx: SqlTransaction,
+    lock_wait: float | None,
 ) -> Unit:
     view = storage.over(tx.adapter)
     if isinstance(statements, PostgresStatements):
         # Each step takes its execution's advisory lock, held until the commit.
-        return Unit(PostgresSession(statements, tx.driver), Executions(view, **executions), tx)
+        unit = Unit(PostgresSession(statements, tx.driver), Executions(view), tx)
+        unit.executions = Executions(view, executor=executor(unit), lock_wait=lock_wait)
+        return unit
     # The transaction already holds SQLite's single writer, the exclusion every step
     # needs: a step opens no nested block of its own (and no savepoint), and a step
     # that raises is undone with its delivery.
-    return Unit(
-        SqliteSession(statements, tx.driver),
-        Executions(view, serialization=Unserialized(), **executions),
-        tx,
-    )
+    unit = Unit(SqliteSession(statements, tx.driver), Executions(view), tx)
+    unit.executions = Executions(view, executor=executor(unit), serialization=Unserialized())
+    return unit
 
 
 def sorted_locks(keys: Iterable[int]) -> list[int]:

@@ -1,0 +1,344 @@
+"""The router's send handler: what a durable execution's sends become at the executor
+seam, inside the transaction of the delivery whose step emitted them.
+
+- A send to the execution itself (no target, or ``#_scxml_<its id>``), delayed or not,
+  and a delayed ``#_internal`` send, become timers (with no delay: due now), so they
+  are delivered back after the step that sent them commits, in send order, and a
+  crash cannot lose them.
+- A send of the router's type to a route name goes to the route's adapter (delayed:
+  onto the timer queue, fired later through the same adapter).
+- A send of the router's type to ``execution`` is delivered to another execution,
+  resolved in the sender's scope, in the same transaction.
+- A BasicHTTP send is handed to the outbox (queue ``basichttp``) and performed after
+  the commit by the drain; a delayed one is refused.
+- ``<cancel>`` deletes the execution's timers of that send id.
+- Everything else goes to the host's executor (``RouterConfig.executor``).
+
+A refusal (an unregistered route, a reentrant send, a delay with no timer queue, a
+host scheme in a target, a missing or finished target execution) writes one
+``send_refused`` ledger row in its own savepoint and reaches the sender as
+``error.communication`` carrying the send's id; the step stands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Final
+
+from statifier.callbacks import settle
+from statifier.core import Event
+from statifier.core import effects as fx
+from statifier.core.events import engine_event
+from statifier.persistence import EffectContext, Refused
+from statifier.router.records import LedgerRow
+from statifier.router.routes import IdempotencyKey
+from statifier.router.timer_queue import TimerEntry, TimerKind
+
+if TYPE_CHECKING:
+    from statifier.router.config import RouterConfig
+    from statifier.router.transaction import Unit
+
+__all__ = [
+    "BASICHTTP_QUEUE",
+    "BASICHTTP_TYPES",
+    "EXECUTION_TARGET",
+    "SendHandler",
+    "send_key",
+]
+
+EXECUTION_TARGET: Final = "execution"
+"""The target of a send of the router's type that another execution receives."""
+
+BASICHTTP_QUEUE: Final = "basichttp"
+"""The outbox queue BasicHTTP sends of durable executions wait in."""
+
+BASICHTTP_TYPES: Final = frozenset(
+    {"basichttp", "http://www.w3.org/TR/scxml/#BasicHTTPEventProcessor"}
+)
+SCXML_PROCESSOR: Final = "http://www.w3.org/TR/scxml/#SCXMLEventProcessor"
+_SCXML_TYPES: Final = frozenset({"scxml", SCXML_PROCESSOR})
+_INTERNAL: Final = frozenset({"#_internal", "_internal"})
+
+
+def send_key(effect: fx.Send | fx.SendDelayed, context: EffectContext) -> IdempotencyKey:
+    """The idempotency key of a send at the executor seam."""
+    return IdempotencyKey(
+        context.execution_id,
+        send_id=effect.send_id,
+        macrostep=effect.macrostep,
+        microstep=effect.microstep,
+        round=effect.round,
+        content_index=effect.content_index,
+        ordinal=context.ordinal,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Refusal:
+    """Why a send was refused: ``code`` is the ledger row's reason, ``detail`` what the
+    chart reads in ``_event.data.message``."""
+
+    code: str
+    detail: str
+    binding_id: str = "route"
+
+
+class SendHandler:
+    """The executor of one router transaction: performs what the router owns (see the
+    module docstring) and hands everything else to ``config.executor``.
+
+    It reads the delivery in progress from ``unit`` (its scope, its time, and which
+    executions are mid-step), so one handler serves every delivery of a batch.
+    """
+
+    def __init__(self, config: RouterConfig, unit: Unit) -> None:
+        self.config = config
+        self.unit = unit
+
+    async def __call__(self, effect: fx.Effect, context: EffectContext) -> Refused | None:
+        config = self.config
+        if isinstance(effect, fx.Send | fx.SendDelayed):
+            kind = effect.type
+            if kind is None or kind in _SCXML_TYPES:
+                timer = _own_timer(effect, context.execution_id)
+                if timer is not None:
+                    return await self._timer(effect, context, timer)
+            elif kind == config.send_type:
+                return await self._routed(effect, context)
+            elif kind in BASICHTTP_TYPES:
+                return await self._basichttp(effect, context)
+        elif isinstance(effect, fx.Cancel) and config.timers is not None:
+            await config.timers.cancel(self.unit.tx, context.execution_id, effect.send_id)
+        answer: Refused | None = await settle(config.executor(effect, context))
+        return answer
+
+    # Sends to the execution itself.
+
+    async def _timer(
+        self, effect: fx.Send | fx.SendDelayed, context: EffectContext, kind: TimerKind
+    ) -> Refused | None:
+        queue = self.config.timers
+        if queue is None:
+            return await self._refuse(
+                effect, context, _Refusal("no_timer_queue", "no timer queue is configured")
+            )
+        delay = effect.delay_ms if isinstance(effect, fx.SendDelayed) else 0
+        # As a live session delivers it (the chart's name: empty for <content> alone).
+        if kind is TimerKind.INTERNAL:
+            event = engine_event(effect.event, "internal", effect.data, _sendid(effect))
+        else:
+            event = _built(effect, context.execution_id, SCXML_PROCESSOR)
+        entry = TimerEntry(
+            execution_id=context.execution_id,
+            send_id=effect.send_id,
+            key=send_key(effect, context),
+            due_at=self.unit.now + timedelta(milliseconds=delay),
+            step_position=context.ordinal,
+            kind=kind,
+            event=event,
+            scope=self.unit.scope,
+        )
+        await queue.schedule(self.unit.tx, entry)
+        return None
+
+    # Sends of the router's type.
+
+    async def _routed(
+        self, effect: fx.Send | fx.SendDelayed, context: EffectContext
+    ) -> Refused | None:
+        target = effect.target
+        if target == EXECUTION_TARGET:
+            return await self._to_execution(effect, context)
+        if target is None:
+            return await self._refuse(
+                effect,
+                context,
+                _Refusal("unregistered", "a send of the router's type names no route"),
+            )
+        if ":" in target or target.startswith("#"):
+            return await self._refuse(
+                effect,
+                context,
+                _Refusal("host_scheme", f"target {target!r} names a transport, not a route"),
+            )
+        found = self.config.route(self.unit.scope, target)
+        if found is None:
+            return await self._refuse(
+                effect, context, _Refusal("unregistered", f"no route named {target!r}")
+            )
+        if self.unit.scope is None and self.config.overridden_somewhere(target):
+            return await self._refuse(
+                effect,
+                context,
+                _Refusal("no_delivery_scope", f"route {target!r} needs the delivery's scope"),
+            )
+        event = _built(effect, context.execution_id, self.config.send_type)
+        key = send_key(effect, context)
+        if isinstance(effect, fx.SendDelayed):
+            queue = self.config.timers
+            if queue is None:
+                return await self._refuse(
+                    effect,
+                    context,
+                    _Refusal("no_timer_queue", f"a delayed send to {target!r} needs a timer queue"),
+                )
+            entry = TimerEntry(
+                execution_id=context.execution_id,
+                send_id=effect.send_id,
+                key=key,
+                due_at=self.unit.now + timedelta(milliseconds=effect.delay_ms),
+                step_position=context.ordinal,
+                kind=TimerKind.ROUTE,
+                event=event,
+                route=target,
+                scope=self.unit.scope,
+            )
+            await queue.schedule(self.unit.tx, entry)
+            return None
+        adapter, route_config = found
+        answer = await settle(adapter.deliver(route_config, event, key, self.unit.tx))
+        if isinstance(answer, Refused):
+            return await self._refuse(
+                effect, context, _Refusal("route_failed", f"route {target!r}: {answer.reason}")
+            )
+        return None
+
+    async def _to_execution(
+        self, effect: fx.Send | fx.SendDelayed, context: EffectContext
+    ) -> Refused | None:
+        # Imported here: delivery steps executions through this handler.
+        from statifier.router.delivery import deliver_to_execution
+
+        def refusal(code: str, detail: str) -> _Refusal:
+            return _Refusal(code, detail, binding_id=EXECUTION_TARGET)
+
+        if isinstance(effect, fx.SendDelayed):
+            return await self._refuse(
+                effect, context, refusal("delay", "a send to an execution cannot be delayed")
+            )
+        params = effect.data if isinstance(effect.data, Mapping) else {}
+        document, key = params.get("document"), params.get("key")
+        if not isinstance(document, str) or not document or not isinstance(key, str) or not key:
+            return await self._refuse(
+                effect,
+                context,
+                refusal("invalid_target", "an execution target needs document and key params"),
+            )
+        create = params.get("create", "never")
+        if create not in ("never", "if_absent"):
+            return await self._refuse(
+                effect,
+                context,
+                refusal("invalid_target", f"create must be never or if_absent, not {create!r}"),
+            )
+        data = {k: v for k, v in params.items() if k not in ("document", "key", "create")}
+        event = engine_event(
+            effect.event,
+            "external",
+            data,
+            _sendid(effect),
+            f"#_scxml_{context.execution_id}",
+            self.config.send_type,
+        )
+        scope = self.unit.scope
+        if scope is None:
+            return await self._refuse(
+                effect, context, refusal("no_delivery_scope", "the sender has no scope")
+            )
+        why = await deliver_to_execution(
+            self.unit,
+            self.config,
+            scope=scope,
+            document=document,
+            key=key,
+            create=str(create),
+            event=event,
+            message_id=str(send_key(effect, context)),
+            now=self.unit.now,
+        )
+        if why is not None:
+            return await self._refuse(effect, context, refusal(why[0], why[1]))
+        return None
+
+    # BasicHTTP.
+
+    async def _basichttp(
+        self, effect: fx.Send | fx.SendDelayed, context: EffectContext
+    ) -> Refused | None:
+        from statifier.router.outbox import OutboxRoute
+
+        def refusal(code: str, detail: str) -> _Refusal:
+            return _Refusal(code, detail, binding_id="basichttp")
+
+        if isinstance(effect, fx.SendDelayed):
+            return await self._refuse(
+                effect, context, refusal("delay", "a delayed BasicHTTP send is not delivered")
+            )
+        target = effect.target
+        if target is None or not target.startswith(("http://", "https://")):
+            return await self._refuse(
+                effect, context, refusal("invalid_target", f"no URL to POST to: {target!r}")
+            )
+        event = _built(effect, context.execution_id, "basichttp")
+        await OutboxRoute(self.config.adapter).hand_off(
+            self.unit.tx,
+            BASICHTTP_QUEUE,
+            send_key(effect, context),
+            event,
+            target=target,
+            execution_id=context.execution_id,
+            scope=self.unit.scope,
+        )
+        return None
+
+    # Refusals.
+
+    async def _refuse(
+        self, effect: fx.Send | fx.SendDelayed, context: EffectContext, why: _Refusal
+    ) -> Refused:
+        row = LedgerRow(
+            why.binding_id,
+            message_id=str(send_key(effect, context)),
+            scope=self.unit.scope,
+            source=None,
+            outcome="send_refused",
+            reason=f"{why.code}: {why.detail}",
+            document=None,
+            key=effect.target,
+            execution_id=context.execution_id,
+            inserted_at=self.unit.now,
+        )
+        async with self.unit.savepoint():
+            await self.unit.sql.record(row)
+        return Refused(why.detail)
+
+
+def _own_timer(effect: fx.Send | fx.SendDelayed, execution_id: str) -> TimerKind | None:
+    """The timer an SCXML send to the execution itself becomes, or ``None`` for a send
+    elsewhere (the host's executor decides)."""
+    target = effect.target
+    if target is None or target == f"#_scxml_{execution_id}":
+        return TimerKind.EXTERNAL
+    if target in _INTERNAL and isinstance(effect, fx.SendDelayed):
+        return TimerKind.INTERNAL
+    return None
+
+
+def _sendid(effect: fx.Send | fx.SendDelayed) -> str | None:
+    """The ``sendid`` a delivered event carries: the author's id, never a generated one."""
+    return effect.send_id if effect.author_id else None
+
+
+def _built(effect: fx.Send | fx.SendDelayed, execution_id: str, origintype: str | None) -> Event:
+    """The event a send delivers: the send's name, its resolved params (or content) as
+    data, its author-written id, and the sender as origin."""
+    return engine_event(
+        effect.event,
+        "external",
+        effect.data,
+        _sendid(effect),
+        f"#_scxml_{execution_id}",
+        origintype,
+    )

@@ -1,0 +1,247 @@
+"""The built-in timer queue: the ``timers`` table on the router's own database.
+
+A row is one pending delayed send (a :class:`~statifier.router.timer_queue.TimerEntry`).
+Scheduling inserts it in the delivery's transaction, once per dedup key; a cancel
+deletes the execution's rows for the send id in the cancelling step's transaction; the
+worker (:mod:`statifier.router.timer_worker`) claims due rows and deletes each in the
+transaction that fires it. Whichever of a cancel and a fire deletes a row first wins:
+the other deletes nothing.
+
+The payload column holds what the other columns do not: the event, the route and scope
+of a route timer, and the idempotency key's parts (``dedup_key`` is only its string
+form). ``inserted_at`` is the database's clock at the insert on PostgreSQL, the
+process's UTC clock on SQLite (whose writers are serialized): it orders timers due at
+the same instant by when they were scheduled.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from statifier.core.positions import dump_event, load_event
+from statifier.persistence.sql import SqlAdapter, SqlTransaction
+from statifier.persistence.sql.schema import TableNames
+from statifier.persistence.sql.sqlite import utc_text, utc_time
+from statifier.router.routes import IdempotencyKey
+from statifier.router.timer_queue import TimerEntry, TimerKind
+
+__all__ = ["DueTimer", "SqlTimerQueue"]
+
+_ENTRY_COLUMNS = "id, execution_id, send_id, kind, due_at, step_position, payload"
+_ORDER = "due_at, inserted_at, step_position, id"
+"""The firing order: due time, then scheduling order, then the send's place in its step
+(two sends of one step share an insert time on a coarse clock), then the key."""
+
+
+@dataclass(frozen=True, slots=True)
+class DueTimer:
+    """A due row the worker claimed.
+
+    Attributes:
+        id: the row's key.
+        entry: what the row holds.
+        locked: on PostgreSQL, whether the claim got the execution's advisory lock
+            (without it the row is left for a later pass); always true on SQLite.
+    """
+
+    id: Any
+    entry: TimerEntry
+    locked: bool
+
+
+def _payload(entry: TimerEntry) -> dict[str, Any]:
+    key = entry.key
+    return {
+        "event": json.loads(dump_event(entry.event)),
+        "route": entry.route,
+        "scope": entry.scope,
+        "key": {
+            "scope": key.scope,
+            "send_id": key.send_id,
+            "macrostep": key.macrostep,
+            "microstep": key.microstep,
+            "round": key.round,
+            "content_index": key.content_index,
+            "ordinal": key.ordinal,
+        },
+    }
+
+
+def _entry(row: Sequence[Any], due_at: datetime) -> TimerEntry:
+    _, execution_id, send_id, kind, _, step_position, payload = row[:7]
+    body = json.loads(payload) if isinstance(payload, str | bytes) else payload
+    parts = body["key"]
+    key = IdempotencyKey(
+        parts["scope"],
+        send_id=parts["send_id"],
+        macrostep=parts["macrostep"],
+        microstep=parts["microstep"],
+        round=parts["round"],
+        content_index=parts["content_index"],
+        ordinal=parts["ordinal"],
+    )
+    return TimerEntry(
+        execution_id=execution_id,
+        send_id=send_id,
+        key=key,
+        due_at=due_at,
+        step_position=step_position,
+        kind=TimerKind(kind),
+        event=load_event(json.dumps(body["event"]).encode()),
+        route=body["route"],
+        scope=body["scope"],
+    )
+
+
+class SqlTimerQueue:
+    """The timer queue over the ``timers`` table of ``adapter``'s database.
+
+    Args:
+        adapter: the SQL adapter of the router's configuration (its tables name the
+            timer table).
+
+    Attributes:
+        on_schedule: called with the entry's due time after each insert, in the
+            scheduling transaction (before it commits): an in-process worker's
+            :meth:`~statifier.router.timer_worker.TimerWorker.wake` goes here. A call
+            must not raise or block.
+    """
+
+    def __init__(self, adapter: SqlAdapter) -> None:
+        self.postgres = isinstance(adapter.engine, AsyncEngine)
+        self.on_schedule: list[Callable[[datetime], None]] = []
+        timers = TableNames.of(adapter.tables).timers
+        self.client_keys = adapter.tables.options.key_default
+
+        def mark(name: str) -> str:
+            if not self.postgres:
+                return f":{name}"
+            return f"%({name})s::jsonb" if name == "payload" else f"%({name})s"
+
+        columns = [
+            "execution_id",
+            "send_id",
+            "dedup_key",
+            "kind",
+            "due_at",
+            "step_position",
+            "payload",
+            "inserted_at",
+        ]
+        if self.client_keys:
+            columns.insert(0, "id")
+        values = [mark(c) for c in columns]
+        if self.postgres:
+            # The server's clock, read at the insert: it orders the schedules of
+            # every process and machine on one clock.
+            values[columns.index("inserted_at")] = "clock_timestamp()"
+        self._schedule = (
+            f"INSERT INTO {timers} ({', '.join(columns)}) VALUES "
+            f"({', '.join(values)}) ON CONFLICT (dedup_key) DO NOTHING"
+        )
+        self._cancel = (
+            f"DELETE FROM {timers} WHERE execution_id = {mark('execution_id')} "
+            f"AND send_id = {mark('send_id')}"
+        )
+        if self.postgres:
+            # Rows another worker holds are skipped, never waited for; the execution's
+            # lock is only tried: a step that holds it may be deleting these rows (a
+            # cancel) and wait for the row locks taken here.
+            self._claim = (
+                f"WITH picked AS MATERIALIZED (SELECT {_ENTRY_COLUMNS}, inserted_at "
+                f"FROM {timers} WHERE due_at <= %(now)s ORDER BY {_ORDER} "
+                "LIMIT %(limit)s FOR UPDATE SKIP LOCKED) "
+                f"SELECT {_ENTRY_COLUMNS}, "
+                "pg_try_advisory_xact_lock(hashtextextended(execution_id, 0)) "
+                f"FROM picked ORDER BY {_ORDER}"
+            )
+        else:
+            self._claim = (
+                f"SELECT {_ENTRY_COLUMNS}, 1 FROM {timers} WHERE due_at <= :now "
+                f"ORDER BY {_ORDER} LIMIT :limit"
+            )
+        self._take = f"DELETE FROM {timers} WHERE id = {mark('id')}"
+        self._retry = f"UPDATE {timers} SET due_at = {mark('due_at')} WHERE id = {mark('id')}"
+        self._next_due = f"SELECT min(due_at) FROM {timers}"
+
+    async def schedule(self, tx: SqlTransaction, entry: TimerEntry) -> None:
+        """Insert ``entry`` unless a row with its key exists (a redriven step)."""
+        values: dict[str, Any] = {
+            "execution_id": entry.execution_id,
+            "send_id": entry.send_id,
+            "dedup_key": str(entry.key),
+            "kind": entry.kind.value,
+            "step_position": entry.step_position,
+            "payload": json.dumps(_payload(entry)),
+        }
+        if self.postgres:
+            if self.client_keys:
+                values["id"] = self.client_keys()
+            values["due_at"] = entry.due_at
+            await tx.driver.execute(self._schedule, values)
+        else:
+            if self.client_keys:
+                values["id"] = self.client_keys().hex
+            values["due_at"] = utc_text(entry.due_at)
+            values["inserted_at"] = utc_text(datetime.now(UTC))
+            tx.driver.execute(self._schedule, values)
+        for wake in self.on_schedule:
+            wake(entry.due_at)
+
+    async def cancel(self, tx: SqlTransaction, execution_id: str, send_id: str) -> int:
+        """Delete every row of ``(execution_id, send_id)``; answer how many."""
+        values = {"execution_id": execution_id, "send_id": send_id}
+        if self.postgres:
+            cursor = await tx.driver.execute(self._cancel, values)
+            return int(cursor.rowcount)
+        return int(tx.driver.execute(self._cancel, values).rowcount)
+
+    async def claim(self, tx: SqlTransaction, now: datetime, limit: int) -> list[DueTimer]:
+        """At most ``limit`` rows due at ``now``, in firing order.
+
+        On PostgreSQL each row is locked (rows other transactions hold are skipped)
+        and its execution's advisory lock tried: both are held until ``tx`` ends.
+        """
+        if self.postgres:
+            cursor = await tx.driver.execute(self._claim, {"now": now, "limit": limit})
+            return [
+                DueTimer(row[0], _entry(row, row[4]), bool(row[7]))
+                for row in await cursor.fetchall()
+            ]
+        rows = tx.driver.execute(self._claim, {"now": utc_text(now), "limit": limit}).fetchall()
+        return [DueTimer(row[0], _entry(row, _aware(row[4])), True) for row in rows]
+
+    async def take(self, tx: SqlTransaction, timer_id: Any) -> bool:
+        """Delete the claimed row ``timer_id``; answers whether it was still there."""
+        if self.postgres:
+            cursor = await tx.driver.execute(self._take, {"id": timer_id})
+            return int(cursor.rowcount) == 1
+        return int(tx.driver.execute(self._take, {"id": timer_id}).rowcount) == 1
+
+    async def retry_at(self, tx: SqlTransaction, timer_id: Any, due_at: datetime) -> None:
+        """Make the row ``timer_id`` due at ``due_at`` instead."""
+        if self.postgres:
+            await tx.driver.execute(self._retry, {"id": timer_id, "due_at": due_at})
+        else:
+            tx.driver.execute(self._retry, {"id": timer_id, "due_at": utc_text(due_at)})
+
+    async def next_due(self, tx: SqlTransaction) -> datetime | None:
+        """The earliest due time of any row, or ``None`` when the table is empty."""
+        if self.postgres:
+            cursor = await tx.driver.execute(self._next_due)
+            row = await cursor.fetchone()
+            return None if row is None else row[0]
+        (text,) = tx.driver.execute(self._next_due).fetchone()
+        return utc_time(text)
+
+
+def _aware(text: str) -> datetime:
+    value = utc_time(text)
+    assert value is not None  # due_at is NOT NULL
+    return value
