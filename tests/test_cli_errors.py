@@ -142,7 +142,9 @@ def test_debug_adds_the_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert run("--debug", "db", "upgrade", "--url", url, "--revision", "nope") == (2, "")
     err = capsys.readouterr().err
     assert err.startswith("Traceback (most recent call last):")
-    assert err.endswith("(the revisions are head, base, statifier_0001, statifier_0002, statifier_0003)\n")
+    assert err.endswith(
+        "(the revisions are head, base, statifier_0001, statifier_0002, statifier_0003)\n"
+    )
 
 
 def test_an_unexpected_exception_is_one_line_naming_the_command(

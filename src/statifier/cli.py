@@ -64,6 +64,13 @@ Subcommands:
     prints one line per differing key on stderr and exits with 1; a case that cannot be
     read or run prints one line naming the file and exits with 2.
 
+``statifier check CONFIG [--charts DIR] [--json]``
+    Checks one chart against the router's publish-time contracts (see
+    :mod:`statifier.check_command` and ``docs/contracts.md``): prints one
+    ``FILE:LINE:COL: reason: event (document)`` line per finding and exits with 1, or
+    ``FILE: ok`` and 0; input it cannot use prints one line naming the file and key and
+    exits with 2.
+
 ``statifier expr SOURCE [--context JSON] [--program] [--now DATETIME]``
     Evaluates one expression (or, with ``--program``, runs a statement program) and
     prints the result as JSON in the tagged encoding (``{"$type": "undefined"}`` and
@@ -77,7 +84,8 @@ install (``PostgreSQL needs the postgres extra: pip install 'statifier[postgres]
 database without the tables says to run ``statifier db upgrade``, and an unexpected
 exception is named with its type. ``statifier --debug COMMAND ...`` adds the traceback.
 What a command reports as its finding keeps its own status (1 for ``validate``'s
-errors, ``scenario``'s differences and ``expr``'s evaluation errors).
+errors, ``scenario``'s differences, ``check``'s findings and ``expr``'s evaluation
+errors).
 """
 
 from __future__ import annotations
@@ -92,7 +100,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from statifier import executions_command, expr
+from statifier import check_command, executions_command, expr
 from statifier.chart import InvalidChart, Machine, compile_chart
 from statifier.chart.graph import dot, mermaid
 from statifier.core import Event
@@ -617,6 +625,7 @@ def _parser() -> argparse.ArgumentParser:
     routing.add_argument("--database", default=None, metavar="URL", help="default: temp SQLite")
     routing.add_argument("--prefix", default="statifier_", help="the table name prefix")
     executions_command.add_parser(commands)
+    check_command.add_parser(commands)
     return parser
 
 
@@ -649,6 +658,8 @@ def _dispatch(args: argparse.Namespace, stream: TextIO) -> int:
         return _run_scenario(args, stream)
     if args.command == "executions":
         return executions_command.run(args, stream)
+    if args.command == "check":
+        return check_command.run(args, stream)
     return _run_expr(args, stream)
 
 

@@ -98,8 +98,6 @@ def downgrade() -> None:
     op.drop_table(name("subscriptions"), schema=schema)
     op.drop_index(name("outbox_next_attempt_at_idx"), table_name=name("outbox"), schema=schema)
     op.drop_table(name("outbox"), schema=schema)
-    op.drop_index(
-        name("timers_execution_id_send_id_idx"), table_name=name("timers"), schema=schema
-    )
+    op.drop_index(name("timers_execution_id_send_id_idx"), table_name=name("timers"), schema=schema)
     op.drop_index(name("timers_due_at_idx"), table_name=name("timers"), schema=schema)
     op.drop_table(name("timers"), schema=schema)
