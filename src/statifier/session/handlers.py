@@ -52,13 +52,17 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class Delivery:
-    """What one send hands its transport: where, which event, and the bytes and
-    headers the transport needs (empty for transports that carry events as values)."""
+    """What one send hands its transport: where, which event, the bytes and headers the
+    transport needs (empty for transports that carry events as values), and the send
+    effect it carries out."""
 
     target: str
     event: Event
     body: bytes = b""
     headers: Mapping[str, str] = field(default_factory=dict)
+    send: fx.Send | fx.SendDelayed | None = None
+    """The send it carries out (the session sets it after ``plan``): its counters and
+    send id are what a transport composes an idempotency key from."""
 
 
 class SendType(Protocol):

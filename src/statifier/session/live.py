@@ -45,6 +45,7 @@ import contextvars
 import time
 from collections import deque
 from collections.abc import Callable, Container, Coroutine, Mapping
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Any, Literal, NamedTuple
 
@@ -563,7 +564,7 @@ class Session:
                 if isinstance(effect, fx.SendDelayed):
                     self._arm(effect)
                 else:
-                    self._route(effect.target, self._delivered(effect), effect.type)
+                    self._route(effect.target, self._delivered(effect), effect.type, effect)
             elif isinstance(effect, fx.Cancel):
                 for handle in self._timers.pop(effect.send_id, []):
                     handle.cancel()
@@ -598,14 +599,20 @@ class Session:
             origintype=None if internal else SCXML_PROCESSOR,
         )
 
-    def _route(self, target: str | None, event: Event, kind: str | None) -> None:
+    def _route(
+        self,
+        target: str | None,
+        event: Event,
+        kind: str | None,
+        effect: fx.Send | fx.SendDelayed | None = None,
+    ) -> None:
         """Deliver ``event`` to ``target`` now, or raise error.communication here."""
         if kind is not None and kind not in SCXML_SEND_TYPES:
             handler = self.send_types.get(kind)
             if handler is None:
                 self._communication_error(f"no I/O processor for send type {kind!r}", event)
             else:
-                self._route_through(handler, kind, target, event)
+                self._route_through(handler, kind, target, event, effect)
             return
         if target in ("#_internal", "_internal"):
             self._put(_Entry("internal", event), first=True)
@@ -639,7 +646,12 @@ class Session:
         self._communication_error(f"cannot deliver to {target!r}", event)
 
     def _route_through(
-        self, handler: SendType, kind: str, target: str | None, event: Event
+        self,
+        handler: SendType,
+        kind: str,
+        target: str | None,
+        event: Event,
+        effect: fx.Send | fx.SendDelayed | None,
     ) -> None:
         """A send of a registered type: planned now, performed in a task."""
         if target is None:
@@ -655,6 +667,8 @@ class Session:
         if isinstance(planned, str):
             self._communication_error(planned, event)
             return
+        if effect is not None:
+            planned = replace(planned, send=effect)
         self.system.spawn(self._deliver(handler, kind, planned))
 
     async def _deliver(self, handler: SendType, kind: str, delivery: Delivery) -> None:
@@ -681,7 +695,7 @@ class Session:
             if handle in handles:
                 handles.remove(handle)
             if self.running:
-                self._route(effect.target, event, effect.type)
+                self._route(effect.target, event, effect.type, effect)
 
         handle = self.system.clock.call_later(effect.delay_ms, fire)
         self._timers.setdefault(effect.send_id, []).append(handle)
