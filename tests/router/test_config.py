@@ -70,7 +70,7 @@ def test_neither_bindings_nor_a_bindings_resolver_is_refused(router_db: RouterDb
 def test_a_reserved_binding_id_is_refused(router_db: RouterDb, reserved: str) -> None:
     """The router files its own ledger rows under these ids; a binding taking one
     would make those rows ambiguous."""
-    assert {"execution", "basichttp"} == RESERVED_BINDING_IDS
+    assert {"execution", "basichttp", "route"} == RESERVED_BINDING_IDS
     with pytest.raises(BindingError, match="reserved") as error:
         router_db.config([binding("fine"), binding(reserved)])
     assert (error.value.binding_id, error.value.field) == (reserved, "id")

@@ -27,7 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from statifier.callbacks import settle
 from statifier.chart import Machine
-from statifier.core import Event, StartOptions
+from statifier.core import SCXML_INVOKE_TYPES, Event, StartOptions
 from statifier.ids import new_execution_id
 from statifier.persistence import Discarded, Executions, Executor, Stepped, Storage
 from statifier.persistence.executor import refuse_unperformed
@@ -54,9 +54,13 @@ __all__ = [
     "StaticResolver",
 ]
 
-RESERVED_BINDING_IDS: Final = frozenset({"execution", "basichttp"})
+RESERVED_BINDING_IDS: Final = frozenset({"execution", "basichttp", "route"})
+"""Ids the router files its own ledger rows under (sends to execution targets, refused
+route sends, the BasicHTTP front); no binding may take them."""
+
 BUILT_IN: Final = "built-in"
 """``timer_queue="built-in"``: the timer table on the configuration's own database."""
+
 BUILT_IN_SEND_TYPES: Final = frozenset(
     {
         "scxml",
@@ -65,8 +69,7 @@ BUILT_IN_SEND_TYPES: Final = frozenset(
         "http://www.w3.org/TR/scxml/#BasicHTTPEventProcessor",
     }
 )
-"""Ids the router files its own ledger rows under (sends to execution targets, the
-BasicHTTP front); no binding may take them."""
+"""Send types the engine or the router performs; none can be the router's send type."""
 
 _T = TypeVar("_T")
 
@@ -165,6 +168,8 @@ class RouterConfig:
             it refuses every send and invocation.
         send_type: the send type whose targets name routes (``<send type=...
             target="ROUTE">``), and the type of ``target="execution"`` sends.
+        source_type: the invoke type of source invokes (``<invoke type=...>`` naming a
+            ``binding`` param; see :mod:`statifier.router.subscriptions`), or ``None``.
         routes: ``name -> (adapter, config)`` (or a :class:`RouteEntry`).
         route_overrides: ``scope -> name -> config``: a scope's configuration of a
             registered route, laid over the route's own.
@@ -187,7 +192,8 @@ class RouterConfig:
 
     Raises:
         ConfigError: both or neither of ``bindings`` and ``bindings_resolver``, a
-            reserved binding id, something not callable, a store that is not SQL.
+            reserved binding id, something not callable, a store that is not SQL, a
+            ``source_type`` that is empty or an SCXML invoke type.
         BindingError: two bindings with one id.
     """
 
@@ -201,6 +207,7 @@ class RouterConfig:
     executor: Executor = refuse_unperformed
     start_options: StartOptions = field(default_factory=StartOptions)
     send_type: str | None = None
+    source_type: str | None = None
     routes: Mapping[str, RouteEntry | tuple[Route, Mapping[str, Any]]] = field(default_factory=dict)
     route_overrides: Mapping[str, Mapping[str, Mapping[str, Any]]] = field(default_factory=dict)
     processor_scope: str | Callable[[], str | None] | None = None
@@ -293,6 +300,21 @@ class RouterConfig:
         if self.send_type is not None:
             types |= {self.send_type}
         object.__setattr__(self, "start_options", replace(options, send_types=types))
+        self._check_source_type()
+
+    def _check_source_type(self) -> None:
+        source_type: object = self.source_type
+        if source_type is None:
+            return
+        if not isinstance(source_type, str) or not source_type:
+            raise ConfigError(f"source_type must be a non-empty string, not {source_type!r}")
+        if source_type in SCXML_INVOKE_TYPES:
+            raise ConfigError(f"source_type {source_type!r} is the SCXML invoke type")
+        # A chart whose host lists its invoke types must accept the source type too.
+        options = self.start_options
+        if options.invoke_types is not None:
+            types = options.invoke_types | {source_type}
+            object.__setattr__(self, "start_options", replace(options, invoke_types=types))
 
     def overridden_somewhere(self, name: str) -> bool:
         """Whether some scope overrides the route ``name`` (a send to it then needs the
