@@ -39,6 +39,8 @@ EVENTS: Final[Mapping[str, str]] = {
     # the event router (see the router section of docs/telemetry.md)
     "statifier.router.route": "an inbound event was routed: an outcome per enabled binding",
     "statifier.router.delivery": "one binding's delivery of one event settled",
+    "statifier.router.outbox": "an outbox drain pass leased rows and settled their sinks",
+    "statifier.router.timer": "a due timer was fired, discarded, refused or failed",
     # scriba, the projection engine (see the scriba section of docs/telemetry.md)
     "scriba.projection.started": "a projection started running, or resumed after a pause",
     "scriba.projection.paused": "a projection paused: it stopped reading its source",

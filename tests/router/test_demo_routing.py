@@ -16,7 +16,7 @@ from statifier.examples import ad_join
 def _ledger_lines(text: str) -> list[list[str]]:
     """The printed ledger rows, each split into binding, message id, outcome, key (the
     columns are at least two spaces apart; an outcome has one space inside)."""
-    lines = text.split("joins:")[0].splitlines()[1:]
+    lines = text.split("a day later:")[0].splitlines()[1:]
     return [re.split(r"\s{2,}", line.strip()) for line in lines if line.strip()]
 
 
@@ -33,6 +33,7 @@ async def test_the_demo_prints_each_delivery_with_its_outcome_and_key(tmp_path: 
     assert _ledger_lines(out.getvalue()) == [
         ["impressions_to_join", "ad_server/0/1", "created_and_delivered", "imp_1"],
         ["impressions_to_join", "ad_server/0/2", "created_and_delivered", "imp_2"],
+        ["impressions_to_join", "ad_server/0/3", "created_and_delivered", "imp_3"],
         ["clicks_to_join", "click_tracker/0/1", "delivered", "imp_1"],
         ["clicks_to_join", "click_tracker/0/2", "delivered", "imp_2"],
         ["clicks_to_join", "click_tracker/0/1", "duplicate", "imp_1"],
@@ -47,8 +48,25 @@ async def test_both_joins_complete_and_the_unknown_click_opens_none(tmp_path: Pa
     assert _join_lines(out.getvalue()) == {
         "imp_1": "completed",
         "imp_2": "completed",
+        "imp_3": "completed",
         "imp_404": "no execution",
     }
+
+
+@pytest.mark.asyncio
+async def test_the_unclicked_window_closes_by_timer_and_the_outbox_is_drained(
+    tmp_path: Path,
+) -> None:
+    out = io.StringIO()
+    await ad_join.run(f"sqlite:///{tmp_path / 'ads.db'}", out)
+    text = out.getvalue()
+    assert "a day later: 1 click window(s) closed by the timer queue" in text
+    drained = text.split("drained after the commit:")[1].split("joins:")[0]
+    assert sorted(line.split()[:2] for line in drained.splitlines() if line.strip()) == [
+        ["joined", "pair.joined"],
+        ["joined", "pair.joined"],
+        ["orphaned", "impression.orphaned"],
+    ]
 
 
 @pytest.mark.asyncio
@@ -61,9 +79,9 @@ async def test_a_second_run_on_the_same_database_is_all_duplicates(tmp_path: Pat
     rows = await ad_join.run(url, out)
     # Both runs' rows, 12 in all: the second run only added duplicates.
     assert Counter(row.spelled for row in rows) == {
-        "created_and_delivered": 2,
+        "created_and_delivered": 3,
         "delivered": 2,
-        "duplicate": 1 + 6,
+        "duplicate": 1 + 7,
         "dropped: no_execution": 1,
     }
     assert _join_lines(out.getvalue())["imp_1"] == "completed"

@@ -1,13 +1,14 @@
 """``statifier scenario``: routing cases run through the real command, the corpus in
 ``tests/router/scenarios/`` and the examples in ``examples/``, each with the report it
-expects."""
+expects; script cases with routes, timers and sends, and publish cases."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,21 @@ import sqlalchemy as sa
 from tests.persistence.conftest import unique_name
 
 from statifier.cli import main
-from statifier.router.scenario import MAX_CASE_BYTES, MAX_STEPS, compare, parse_duration
+from statifier.core import Event
+from statifier.core.positions import load_event
+from statifier.expr.tagged import encode
+from statifier.persistence import Storage
+from statifier.persistence.sql import SqlAdapter
+from statifier.router import scenario as scenario_module
+from statifier.router.routes import IdempotencyKey
+from statifier.router.scenario import (
+    MAX_CASE_BYTES,
+    MAX_STEPS,
+    REPORT_KEYS,
+    RecordingRoute,
+    compare,
+    parse_duration,
+)
 from statifier.sql import TableOptions, migrations
 
 ROOT = Path(__file__).parent.parent.parent
@@ -35,7 +50,15 @@ SPELLINGS = {
     "dropped: no_execution",
     "dropped: finished",
     "dropped: unmatched_event",
+    "send_refused",
 }
+CONTRACT_LISTS = (
+    "unsupported_types",
+    "unregistered_routes",
+    "unchecked",
+    "undeclared_events",
+    "undeclared_binding_events",
+)
 
 
 def scenario(
@@ -83,13 +106,41 @@ def test_every_case_gives_the_report_it_expects(
 
 def test_the_corpus_expects_every_report_key_and_shows_every_outcome() -> None:
     cases = [load(path) for path in sorted(CORPUS.glob("*.json"))]
-    assert len(cases) >= 12
-    assert all(
-        set(case["expected"]) == {"ledger", "status", "configuration", "datamodel"}
-        for case in cases
-    )
-    shown = {row["outcome"] for case in cases for row in case["expected"]["ledger"]}
+    scripted = [case for case in cases if "declarations" not in case]
+    assert len(scripted) >= 12
+    assert all(set(case["expected"]) == set(REPORT_KEYS) for case in scripted)
+    shown = {row["outcome"] for case in scripted for row in case["expected"]["ledger"]}
     assert shown == SPELLINGS
+
+
+def test_the_corpus_shows_routes_timers_and_sends() -> None:
+    """Hand-offs to routes (and on_complete's), refusals, pending timers, and sends to
+    execution targets all appear in some case's expected report."""
+    cases = [load(path) for path in sorted(CORPUS.glob("*.json"))]
+    expected = [case["expected"] for case in cases if "declarations" not in case]
+    sent = {send["event"]["name"] for report in expected for send in report["sends"]}
+    assert {"click.joined", "done.execution", "timer.fired"} <= sent
+    assert any(report["timers"] for report in expected)
+    rows = [row for report in expected for row in report["ledger"]]
+    assert {"route", "execution"} <= {row["binding"] for row in rows}
+    assert any(case.get("on_complete") for case in cases)
+
+
+def test_the_corpus_has_a_publish_case_for_every_contracts_list() -> None:
+    cases = [load(path) for path in sorted(CORPUS.glob("*.json"))]
+    publish = [case for case in cases if "declarations" in case]
+    reports = [case["expected"]["contracts"] for case in publish]
+    assert all(set(case["expected"]) == {"contracts"} for case in publish)
+    assert all(list(report) == list(CONTRACT_LISTS) for report in reports)
+    for name in CONTRACT_LISTS:
+        # A case where this list is the only one with findings.
+        assert any(
+            report[name] and not any(report[other] for other in CONTRACT_LISTS if other != name)
+            for report in reports
+        ), name
+    assert any(not any(report.values()) for report in reports)
+    findings = [f for report in reports for entries in report.values() for f in entries]
+    assert all(("binding_id" in f) != ("location" in f) for f in findings)
 
 
 def test_a_wrong_expectation_prints_the_report_and_one_line_per_differing_key(
@@ -143,6 +194,12 @@ def _case(**changes: object) -> dict[str, Any]:
     return {key: value for key, value in case.items() if value is not None}
 
 
+def _publish(**changes: object) -> dict[str, Any]:
+    case: dict[str, Any] = {"document": "order_desk", "declarations": {"shipment": None}}
+    case.update(changes)
+    return case
+
+
 def _deliver(**fields: object) -> dict[str, object]:
     return {"deliver": {"source": "ad_events", "message_id": "m1", "data": {}, **fields}}
 
@@ -193,6 +250,47 @@ MALFORMED: list[tuple[str, str, str]] = [
         f"more than {MAX_STEPS}",
     ),
     ("too_big", " " * MAX_CASE_BYTES + "{}", f"larger than {MAX_CASE_BYTES} bytes"),
+    ("routes_not_a_list", json.dumps(_case(routes="sink")), "routes must be a list of route names"),
+    ("route_scheme", json.dumps(_case(routes=["https://x"])), "routes[0]: a route name is"),
+    ("route_fragment", json.dumps(_case(routes=["#_parent"])), "routes[0]: a route name is"),
+    ("route_execution", json.dumps(_case(routes=["execution"])), "the router's execution target"),
+    ("route_twice", json.dumps(_case(routes=["sink", "sink"])), "routes[1]: 'sink' is named twice"),
+    (
+        "on_complete_unrouted",
+        json.dumps(_case(routes=["sink"], on_complete="done")),
+        'on_complete must name one of routes, not "done"',
+    ),
+    (
+        "declarations_and_script",
+        json.dumps(_case(declarations={})),
+        "a case with declarations is a publish case: it has no script",
+    ),
+    (
+        "publish_scope",
+        json.dumps(_publish(scope="tenant_a")),
+        "unknown key 'scope' of a publish case",
+    ),
+    (
+        "declarations_shape",
+        json.dumps(_publish(declarations={"shipment": "shipment.requested"})),
+        "declarations['shipment'] must be a list of event names or null",
+    ),
+    (
+        "declarations_not_object",
+        json.dumps(_publish(declarations=["shipment"])),
+        "declarations must be an object",
+    ),
+    (
+        "publish_expected_ledger",
+        json.dumps(_publish(expected={"ledger": []})),
+        "expected: unknown key 'ledger' (one of contracts)",
+    ),
+    (
+        "script_expected_contracts",
+        json.dumps(_case(expected={"contracts": {}})),
+        "expected: unknown key 'contracts'",
+    ),
+    ("publish_no_chart", json.dumps(_publish(document="invoices")), "no chart for document"),
 ]
 
 
@@ -321,3 +419,136 @@ def test_a_case_runs_on_postgresql_under_a_prefix(
     assert json.loads(out) == load(case)["expected"]
     times = ledger_times(migrations.sync_url(database_url), postgresql_prefix)
     assert len(times) == 3
+
+
+def test_a_publish_case_reports_the_contracts_and_opens_no_database(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "never.db"
+    case = CORPUS / "publish_undeclared_event.json"
+    status, out, err = scenario(capsys, case, "--database", f"sqlite:///{path}")
+    assert (status, err) == (0, "")
+    assert json.loads(out) == load(case)["expected"]
+    assert not path.exists()
+
+
+def test_compare_names_each_differing_contracts_list() -> None:
+    finding = {"event": "e", "document": "d", "reason": "targetexpr", "location": None}
+    report: dict[str, Any] = {"contracts": {name: [] for name in CONTRACT_LISTS}}
+    expected = {"contracts": {**report["contracts"], "unchecked": [finding]}}
+    assert compare(report, expected) == [
+        f"contracts.unchecked[0]: expected {json.dumps(finding, sort_keys=True)}, got nothing"
+    ]
+    assert compare(report, report) == []
+
+
+def test_the_recording_route_records_the_name_and_tagged_data() -> None:
+    sends: list[dict[str, Any]] = []
+    route = RecordingRoute("sink", sends)
+    key = IdempotencyKey(
+        "ex_1", send_id="s", macrostep=1, microstep=1, round=0, content_index=0, ordinal=0
+    )
+    at = datetime(2026, 1, 2, tzinfo=UTC)
+    route.deliver({}, Event("paid", data={"at": at, "n": 1}), key, None)
+    route.deliver({}, Event("bare"), key, None)
+    assert sends == [
+        {"route": "sink", "event": {"name": "paid", "data": {"at": encode(at), "n": 1}}},
+        {"route": "sink", "event": {"name": "bare", "data": encode(Event("bare").data)}},
+    ]
+
+
+def input_log(url: str, execution_id: str) -> list[tuple[str, str, datetime]]:
+    """``(door, event name, recorded_at)`` of every input of an execution."""
+
+    async def read() -> list[tuple[str, str, datetime]]:
+        async with SqlAdapter(url) as adapter:
+            inputs = await Storage(adapter).inputs(execution_id)
+        return [
+            (i.door, load_event(i.event).name, i.recorded_at) for i in inputs if i.event is not None
+        ]
+
+    return asyncio.run(read())
+
+
+def test_advance_moves_the_clock_to_each_fire(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """One advance of 25 hours fires the reminder at 10h, and the one that fire armed
+    at 20h: each step runs at its timer's due time, not at the advance's end."""
+    url = f"sqlite:///{tmp_path / 'reminders.db'}"
+    case = CORPUS / "reminders_rearmed_from_each_fire.json"
+    assert scenario(capsys, case, "--database", url)[0] == 0
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    assert [(door, name, at - start) for door, name, at in input_log(url, "ex_1")] == [
+        ("step", "order.placed", timedelta(0)),
+        ("timer", "payment.reminder", timedelta(hours=10)),
+        ("timer", "payment.reminder", timedelta(hours=20)),
+    ]
+
+
+def test_executions_are_numbered_past_those_the_database_holds(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    url = f"sqlite:///{tmp_path / 'kept.db'}"
+    first = CORPUS / "order_desk_and_shipment_execution_targets.json"
+    assert scenario(capsys, first, "--database", url)[0] == 0
+    status, out, _ = scenario(
+        capsys, CORPUS / "window_unregistered_route_refused.json", "--database", url
+    )
+    assert status == 1  # its refusal names ex_3, not the ex_1 of a fresh database
+    refused = [row for row in json.loads(out)["ledger"] if row["outcome"] == "send_refused"]
+    assert [row["message_id"].split("/")[0] for row in refused] == ["ex_3"]
+
+
+def test_a_timer_whose_fire_raises_fails_the_case(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*_: object) -> None:
+        raise RuntimeError("the sink is down")
+
+    monkeypatch.setattr(RecordingRoute, "deliver", broken)
+    case = CORPUS / "due_now_self_send_settles_with_its_step.json"
+    status, out, err = scenario(capsys, case)
+    assert (status, out) == (2, "")
+    assert err == (
+        f"statifier scenario: {case}: script[0]: the timer 'settled' due at "
+        "2026-01-01T00:00:00+00:00 failed to fire\n"
+    )
+
+
+PING = """<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="s">
+  <state id="s">
+    <onentry><send event="ping"/></onentry>
+    <transition event="ping"><send event="ping"/></transition>
+  </state>
+</scxml>"""
+
+
+def test_a_chart_that_keeps_sending_to_itself_fails_the_case(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(scenario_module, "MAX_FIRES", 25)
+    (tmp_path / "ping.scxml").write_text(PING, encoding="utf-8")
+    binding = {"id": "b", "source": "s", "match": "true", "key": "'k'", "document": "ping"}
+    case = {
+        "document": "ping",
+        "scope": "tenant_a",
+        "bindings": [{**binding, "event": "start"}],
+        "script": [{"advance": "PT1S"}, {"deliver": {"source": "s", "message_id": "m1"}}],
+    }
+    status, out, err = scenario(capsys, write_case(tmp_path / "ping.json", case), charts=tmp_path)
+    assert (status, out) == (2, "")
+    assert err.endswith(": script[1]: more than 25 timers fired in one step\n")
+
+
+@pytest.mark.parametrize(
+    "name", ["due_order_fires_by_time_then_position", "order_desk_and_shipment_execution_targets"]
+)
+def test_timers_and_execution_targets_run_on_postgresql(
+    capsys: pytest.CaptureFixture[str], database_url: str, postgresql_prefix: str, name: str
+) -> None:
+    case = CORPUS / f"{name}.json"
+    options = ("--database", database_url, "--prefix", postgresql_prefix)
+    status, out, err = scenario(capsys, case, *options)
+    assert (status, err) == (0, "")
+    assert json.loads(out) == load(case)["expected"]

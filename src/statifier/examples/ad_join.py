@@ -8,6 +8,12 @@ click for an impression nobody served is recorded as ``dropped: no_execution`` a
 opens nothing. A message delivered twice (a source redelivering after a lost
 acknowledgement) is recorded as a ``duplicate`` and reaches no execution again.
 
+The impression opens a 24-hour click window, a delayed send to the join itself (a row
+of the durable timer queue). A click inside it cancels the window and hands the pair to
+the ``joined_records`` route; a window that closes unclicked hands the impression to
+``orphaned``. Both routes are queues of the built-in outbox, drained to a sink after
+the commit: here, one that prints.
+
 ``statifier demo`` runs it on SQLite; so can you:
 
 >>> import asyncio, io, tempfile
@@ -15,8 +21,8 @@ acknowledgement) is recorded as a ``duplicate`` and reaches no execution again.
 >>> url = f"sqlite:///{Path(tempfile.mkdtemp()) / 'ads.db'}"
 >>> rows = asyncio.run(run(url, io.StringIO()))
 >>> [row.spelled for row in rows]  # doctest: +NORMALIZE_WHITESPACE
-['created_and_delivered', 'created_and_delivered', 'delivered', 'delivered',
- 'duplicate', 'dropped: no_execution']
+['created_and_delivered', 'created_and_delivered', 'created_and_delivered',
+ 'delivered', 'delivered', 'duplicate', 'dropped: no_execution']
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ from statifier.router import (
     ledger,
     route,
 )
+from statifier.router.outbox import OutboxDrain, OutboxMessage, OutboxRoute
+from statifier.router.timer_worker import TimerWorker
 from statifier.sql import migrations
 
 __all__ = ["BINDINGS", "CHART", "DOCUMENT", "SCOPE", "run"]
@@ -55,16 +63,29 @@ CHART: Final = """<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="waitin
   <state id="waiting">
     <transition event="impression.served" target="shown">
       <assign location="impression_id" expr="_event.data.impression_id"/>
+      <send id="window" event="window.closed" delay="24h"/>
     </transition>
   </state>
   <state id="shown">
     <transition event="click.recorded" target="joined">
       <assign location="url" expr="_event.data.url"/>
+      <cancel sendid="window"/>
+      <send type="demo:route" target="joined_records" event="pair.joined">
+        <param name="impression_id" expr="impression_id"/>
+        <param name="url" expr="url"/>
+      </send>
+    </transition>
+    <transition event="window.closed" target="orphaned">
+      <send type="demo:route" target="orphaned" event="impression.orphaned">
+        <param name="impression_id" expr="impression_id"/>
+      </send>
     </transition>
   </state>
   <final id="joined"/>
+  <final id="orphaned"/>
 </scxml>"""
-"""The join: waiting for its impression, then for a click; the click ends it."""
+"""The join: waiting for its impression, then for a click within 24 hours; the click
+ends it joined, the window's end orphaned."""
 
 BINDINGS: Final = (
     Binding(
@@ -121,23 +142,41 @@ async def run(url: str, out: TextIO) -> list[LedgerRow]:
     events = [
         _impression(1, "imp_1"),
         _impression(2, "imp_2"),
+        _impression(3, "imp_3"),  # never clicked: its window closes
         _click(1, "imp_1"),
         _click(2, "imp_2"),
         _click(1, "imp_1"),  # the click tracker redelivers a message: a duplicate
         _click(3, "imp_404"),  # a click for an impression never served
     ]
+    clock = [_START]
     async with SqlAdapter(url) as adapter:
+        outbox = OutboxRoute(adapter, clock=lambda: clock[0])
         config = RouterConfig(
-            Storage(adapter),
+            Storage(adapter, clock=lambda: clock[0]),
             bindings=BINDINGS,
             resolver=StaticResolver({DOCUMENT: compile_chart(CHART, name=DOCUMENT)}),
+            send_type="demo:route",
+            routes={
+                "joined_records": (outbox, {"queue": "joined"}),
+                "orphaned": (outbox, {"queue": "orphaned"}),
+            },
         )
         for minute, event in enumerate(events):
-            await route(config, event, now=_START + timedelta(minutes=minute))
+            clock[0] = _START + timedelta(minutes=minute)
+            await route(config, event)
         rows = await ledger(config)
         _print_ledger(rows, out)
+        clock[0] = _START + timedelta(hours=25)  # the virtual clock moves a day on
+        fired = await TimerWorker(config).fire_due()
+        out.write(f"\n  a day later: {fired} click window(s) closed by the timer queue\n")
+        out.write("\n  outbox, drained after the commit:\n")
+
+        def sink(message: OutboxMessage) -> None:
+            out.write(f"    {message.queue:<9} {message.event.name:<20} {message.event.data}\n")
+
+        await OutboxDrain(config, {"joined": sink, "orphaned": sink}).drain_once()
         out.write("\n  joins:\n")
-        for key in ("imp_1", "imp_2", "imp_404"):
+        for key in ("imp_1", "imp_2", "imp_3", "imp_404"):
             found = await address(config, SCOPE, DOCUMENT, key)
             if found is None:
                 out.write(f"    {key:<8} no execution\n")

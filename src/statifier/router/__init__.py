@@ -5,12 +5,15 @@ and under which key; :func:`route` delivers an :class:`InboundEvent` to every bi
 whose match holds, each delivery one transaction: the dedupe claim, the address, the
 create when the binding's mode calls for one, the step, the ledger row. The reapers
 clear expired dedupe claims and the addresses of executions that ended longer ago
-than their horizon; :mod:`statifier.router.scenario` runs a routing case (``statifier
-scenario``). The host calls the router itself: fronts that read Kafka, NATS or HTTP
-are planned, not built. See ``docs/router.md``.
+than their horizon; a source invoke (:mod:`statifier.router.subscriptions`) subscribes
+an execution to a binding while a state of it is active;
+:mod:`statifier.router.scenario` runs a routing case (``statifier scenario``). The
+host calls the router itself: fronts that read Kafka, NATS or HTTP are planned, not
+built. See ``docs/router.md``.
 """
 
 from statifier.ids import new_execution_id
+from statifier.router.basichttp_sends import basichttp_sink
 from statifier.router.binding import (
     DEFAULT_HORIZON,
     Binding,
@@ -29,6 +32,7 @@ from statifier.router.config import (
     RouterConfig,
     StaticResolver,
 )
+from statifier.router.contracts import Contracts, Finding
 from statifier.router.errors import (
     BindingError,
     BindingsUnresolved,
@@ -38,6 +42,16 @@ from statifier.router.errors import (
     InvalidEvent,
     RouterError,
     UnresolvedDocument,
+)
+from statifier.router.outbox import (
+    Backoff,
+    DeadLetter,
+    DrainReport,
+    OutboxDrain,
+    OutboxMessage,
+    OutboxRoute,
+    OutboxRow,
+    Sink,
 )
 from statifier.router.outcomes import (
     CreatedAndDelivered,
@@ -57,6 +71,13 @@ from statifier.router.queries import address, address_of, ledger
 from statifier.router.reapers import AddressReap, reap_addresses, reap_dedupe
 from statifier.router.records import AddressRow, LedgerRow
 from statifier.router.routing import BlockedByEarlierFailure, deliver_event, route, route_many
+from statifier.router.subscriptions import (
+    Subscription,
+    SubscriptionRefused,
+    subscribe,
+    subscriptions_of,
+    unsubscribe,
+)
 
 __all__ = [
     "DEFAULT_HORIZON",
@@ -64,22 +85,27 @@ __all__ = [
     "AddressPins",
     "AddressReap",
     "AddressRow",
+    "Backoff",
     "Binding",
     "BindingError",
     "BindingsUnresolved",
     "BlockedByEarlierFailure",
     "ChartUnresolved",
     "ConfigError",
+    "Contracts",
     "Create",
     "CreatedAndDelivered",
+    "DeadLetter",
     "Dedupe",
     "Delivered",
     "Door",
+    "DrainReport",
     "DropReason",
     "Dropped",
     "Duplicate",
     "ExecutionParked",
     "Failed",
+    "Finding",
     "InboundEvent",
     "InvalidEvent",
     "KeyRefused",
@@ -87,6 +113,10 @@ __all__ = [
     "LedgerRow",
     "NoMatch",
     "Order",
+    "OutboxDrain",
+    "OutboxMessage",
+    "OutboxRoute",
+    "OutboxRow",
     "Outcome",
     "Plan",
     "Refused",
@@ -94,10 +124,14 @@ __all__ = [
     "Routed",
     "RouterConfig",
     "RouterError",
+    "Sink",
     "StaticResolver",
+    "Subscription",
+    "SubscriptionRefused",
     "UnresolvedDocument",
     "address",
     "address_of",
+    "basichttp_sink",
     "deliver_event",
     "ledger",
     "load_bindings",
@@ -106,4 +140,7 @@ __all__ = [
     "reap_dedupe",
     "route",
     "route_many",
+    "subscribe",
+    "subscriptions_of",
+    "unsubscribe",
 ]

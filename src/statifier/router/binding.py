@@ -133,14 +133,17 @@ class Refused:
 @dataclass(frozen=True, slots=True)
 class Plan:
     """What one delivery needs of a binding, once its key is known: the id its dedupe
-    claims and ledger rows are filed under, the document, the create mode and the
-    dedupe horizon. :func:`~statifier.router.deliver_event` takes one directly."""
+    claims and ledger rows are filed under, the document, the create mode, the dedupe
+    horizon, and whether it delivers only to executions subscribed to it (a source
+    invoke's, see :mod:`statifier.router.subscriptions`; its create mode is then
+    ``never``). :func:`~statifier.router.deliver_event` takes one directly."""
 
     id: str
     _: KW_ONLY
     document: str
     create: Create = Create.NEVER
     horizon: timedelta = DEFAULT_HORIZON
+    subscription: bool = False
 
     def __post_init__(self) -> None:
         _text(self.id, "id", self.id)
@@ -149,6 +152,7 @@ class Plan:
         horizon: object = self.horizon
         if not isinstance(horizon, timedelta) or horizon <= timedelta(0):
             raise BindingError(self.id, "dedupe", "the horizon must be a positive timedelta")
+        _subscription(self.id, self.subscription, self.create)
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,10 +176,15 @@ class Binding:
         dedupe: how long a message id stays claimed (:class:`Dedupe`).
         order: :class:`Order`, read by fronts that partition by key.
         enabled: a disabled binding is never evaluated.
+        subscription: the binding delivers only to an execution a source invoke has
+            subscribed to it (:mod:`statifier.router.subscriptions`); to any other it
+            answers ``dropped: not_subscribed``. Such a binding never creates: its
+            ``create`` must be ``never``.
 
     Raises:
         BindingError: a field of the wrong type or value, a program that does not
-            compile, a data path that is not a dotted path.
+            compile, a data path that is not a dotted path, a subscription binding
+            whose create mode is not ``never``.
     """
 
     id: str
@@ -191,6 +200,7 @@ class Binding:
     dedupe: Dedupe = field(default_factory=Dedupe)
     order: Order = Order.BY_KEY
     enabled: bool = True
+    subscription: bool = False
     _match: Expression = field(init=False, repr=False, compare=False)
     _key: Expression = field(init=False, repr=False, compare=False)
     _paths: tuple[tuple[str, ...], ...] = field(init=False, repr=False, compare=False)
@@ -216,7 +226,11 @@ class Binding:
         if not isinstance(self.enabled, bool):
             raise BindingError(where, "enabled", "must be true or false")
         plan = Plan(
-            self.id, document=self.document, create=self.create, horizon=self.dedupe.horizon
+            self.id,
+            document=self.document,
+            create=self.create,
+            horizon=self.dedupe.horizon,
+            subscription=self.subscription,
         )
         object.__setattr__(self, "_plan", plan)
 
@@ -224,7 +238,7 @@ class Binding:
     def from_mapping(cls, entry: Mapping[str, Any]) -> Binding:
         """A binding from a plain mapping, as a TOML or JSON file spells it: ``create``
         and ``order`` as strings, ``dedupe`` as ``{"by": "message_id", "horizon_ms":
-        N}`` (either key optional).
+        N}`` (either key optional), ``enabled`` and ``subscription`` as booleans.
 
         Raises:
             BindingError: an unknown or reserved field, a missing required one, or a
@@ -257,8 +271,8 @@ class Binding:
 
     @property
     def plan(self) -> Plan:
-        """The delivery plan of this binding (its id, document, create mode, horizon),
-        made once with the binding."""
+        """The delivery plan of this binding (its id, document, create mode, horizon,
+        subscription flag), made once with the binding."""
         return self._plan
 
     def matches(self, event: Mapping[str, Value]) -> bool | Refused:
@@ -304,7 +318,7 @@ class Binding:
 
 _REQUIRED: Final = ("id", "source", "match", "key", "document", "event")
 _MAPPING_FIELDS: Final = frozenset(
-    {*_REQUIRED, "selector", "data", "create", "dedupe", "order", "enabled"}
+    {*_REQUIRED, "selector", "data", "create", "dedupe", "order", "enabled", "subscription"}
 )
 
 
@@ -355,6 +369,17 @@ def _text(where: str, name: str, value: object) -> str:
     if not isinstance(value, str) or not value:
         raise BindingError(where, name, f"must be a non-empty string, not {value!r}")
     return value
+
+
+def _subscription(where: str, subscription: object, create: Create) -> None:
+    if not isinstance(subscription, bool):
+        raise BindingError(where, "subscription", "must be true or false")
+    # A subscription exists only for an execution that is already running (its source
+    # invoke wrote it), so creating one for the event could never deliver it.
+    if subscription and create is not Create.NEVER:
+        raise BindingError(
+            where, "create", f"a subscription binding never creates: 'never', not {create.value!r}"
+        )
 
 
 def _program(where: str, name: str, source: object) -> Expression:

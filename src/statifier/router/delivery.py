@@ -6,7 +6,9 @@ makes it safe:
 2. the address lookup, and for a new key the address insert (before any create: the
    unique index settles a race, and its loser reads the winner's row and never
    creates);
-3. the create, when the binding's mode calls for one;
+3. the create, when the binding's mode calls for one (a subscription binding never
+   creates, and delivers only to an execution a source invoke subscribed to it:
+   otherwise ``dropped: not_subscribed``);
 4. the step, under the execution's lock (the input log is written there, only there);
 5. the ledger row.
 
@@ -48,6 +50,7 @@ from statifier.router.outcomes import (
 )
 from statifier.router.records import AddressRow, LedgerRow
 from statifier.router.routes import IdempotencyKey
+from statifier.router.subscriptions import subscribed
 from statifier.router.transaction import Unit
 
 EXECUTION_PLAN_ID = "execution"
@@ -140,6 +143,13 @@ async def _deliver(
         outcome = Dropped(plan.id, reason=DropReason.NO_EXECUTION, key=delivery.key)
     elif found is None:
         outcome = await _claim_address(unit, config, delivery, now)
+    elif plan.subscription and await _unsubscribed(unit, config, delivery, found):
+        outcome = Dropped(
+            plan.id,
+            reason=DropReason.NOT_SUBSCRIBED,
+            key=delivery.key,
+            execution_id=found.execution_id,
+        )
     else:
         outcome = await _existing(unit, config, delivery, found, now)
     row = ledger_row(delivery, outcome, now)
@@ -148,6 +158,19 @@ async def _deliver(
     else:
         rows.append(row)
     return outcome
+
+
+async def _unsubscribed(
+    unit: Unit, config: RouterConfig, delivery: Delivery, found: AddressRow
+) -> bool:
+    """Whether a subscription binding's event is dropped ``not_subscribed``: the
+    addressed execution has not been seen ended (an ended one answers ``finished``, as
+    on any binding) and no live source invoke of it subscribes to the binding."""
+    if found.terminal_seen_at is not None:
+        return False
+    return not await subscribed(
+        unit, config, delivery.plan.id, found.execution_id, delivery.scope, delivery.key
+    )
 
 
 async def _claim_address(

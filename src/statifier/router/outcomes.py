@@ -78,6 +78,9 @@ class DropReason(StrEnum):
     UNMATCHED_EVENT = "unmatched_event"
     """The execution took the event but no transition was selected (it is in the input
     log)."""
+    NOT_SUBSCRIBED = "not_subscribed"
+    """A subscription binding's event reached an execution that no live source invoke
+    has subscribed to that binding: it was not stepped (it is not in the input log)."""
 
 
 @dataclass(frozen=True, slots=True)

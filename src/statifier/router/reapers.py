@@ -2,7 +2,8 @@
 
 Neither is needed for correctness: an expired dedupe claim already counts as absent,
 and an address kept past its horizon only keeps a late event ``dropped: finished``
-longer. They reclaim space.
+longer. They reclaim space; the address reaper also deletes the source-invoke
+subscriptions of the executions whose addresses it deletes.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 from statifier.persistence import Status
 from statifier.router.binding import Binding
 from statifier.router.config import RouterConfig
+from statifier.router.subscriptions import forget_addressed
 
 __all__ = ["AddressReap", "horizons", "reap_addresses", "reap_dedupe"]
 
@@ -71,6 +73,11 @@ async def reap_addresses(
     in the same pass that stamps them), and those whose execution is gone. Sweep the
     table by calling again with ``after=result.next`` until it is ``None``.
 
+    The subscriptions of the executions whose address rows it deletes go with them
+    (an ended execution's source invokes were cancelled when it ended; these are the
+    rows nothing else would ever delete: an execution removed or cancelled outside the
+    router, a host's :func:`~statifier.router.subscribe` never undone).
+
     Args:
         bindings: the bindings the horizons come from; by default the configuration's
             (give every scope's bindings when the configuration has a resolver).
@@ -103,6 +110,8 @@ async def reap_addresses(
         if stamp:
             await unit.sql.stamp(stamp, now)
         if delete:
+            # Before the address rows go: they are what names the executions.
+            await forget_addressed(unit, delete)
             await unit.sql.delete_addresses(delete)
     following = rows[-1].id if len(rows) == limit else None
     return AddressReap(examined=len(rows), stamped=len(stamp), deleted=len(delete), next=following)

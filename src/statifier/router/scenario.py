@@ -1,87 +1,109 @@
 """Routing cases: one JSON file of bindings and a script, run through the router on a
 virtual clock, answered by one report (``statifier scenario CASE.json --charts DIR``).
-
-A case is a JSON object (at most 1 MiB, at most 10,000 steps):
-
-``document``
-    The document whose execution the report describes.
-``scope``
-    The scope of every delivered event.
-``bindings``
-    A list of bindings as :meth:`~statifier.router.Binding.from_mapping` reads them.
-``script``
-    The steps, in order: ``{"deliver": {"source": S, "message_id": M, "data": {...}}}``
-    routes one event (``data`` in the tagged JSON encoding, see
-    :mod:`statifier.expr.tagged`); ``{"advance": "PT24H"}`` moves the clock by an ISO
-    8601 duration of days, hours, minutes and seconds; ``{"reap": "addresses"}`` and
-    ``{"reap": "dedupe"}`` run one reaper pass.
-``expected`` (optional)
-    Any keys of the report, compared exactly (``1`` is not ``1.0`` nor ``true``).
-``start`` (optional)
-    The clock's start, an ISO 8601 datetime with an offset (default
-    2026-01-01T00:00:00Z; the command's ``--start`` wins over it).
-``description`` (optional)
-    What the case shows, for the reader; never read by the runner.
+The case format is :mod:`statifier.router.scenario_case`.
 
 The chart of document ``D`` is ``DIR/D.scxml``; every ``*.scxml`` of the directory is
-compiled at boot, named by its stem. Each run migrates its database first: a SQLite
-file in a temporary directory unless a URL is given, under a table prefix (by default
-the package's).
+compiled at boot, named by its stem. Each run of a script case migrates its database
+first: a SQLite file in a temporary directory unless a URL is given, under a table
+prefix (by default the package's). The router runs with the send type
+:data:`~statifier.router.scenario_case.SEND_TYPE`, the case's ``routes`` (each a
+:class:`RecordingRoute`), its ``on_complete``, and the built-in timer queue, fired by
+a :class:`~statifier.router.timer_worker.TimerWorker` on the virtual clock.
+Executions are named ``ex_1``, ``ex_2``, ... in the order the run creates them (past
+any the database already holds), so a report that shows a send's key is the same on
+every run.
 
-The report: ``ledger``, every ledger row oldest first as ``{"binding", "message_id",
-"outcome", "key"}`` (the outcome as :attr:`~statifier.router.LedgerRow.spelled`);
-and the case's execution, the one the address table names for the case's document and
-scope (remembered after every step, so it stays the case's execution after a reaper
-deletes its address; with no address ever, as under ``always_new``, the first
-execution the ledger names for the document): ``status`` (``null`` without one),
-``configuration`` (its sorted active leaf states, ``[]`` once finished) and
-``datamodel`` (its data without the ``_`` system variables, tagged JSON).
+**Timers.** After every step the runner fires every timer due up to the step's time
+(for ``advance``, the new time), one due instant at a time, in order of due time,
+then scheduling, then the send's position in its step: the clock moves to each due
+instant before its timers fire, so a timer that a fired step arms is timed from that
+fire, and fires in the same step when it is due by then. A send to the execution
+itself with no delay is due at once, so it is delivered at the end of the step that
+sent it (the script never sees it pending). A fire that raises fails the case, and so
+do more than :data:`MAX_FIRES` fires in one step (a chart that keeps sending to itself).
 
->>> parse_duration("P1DT0.5S")
-datetime.timedelta(days=1, microseconds=500000)
->>> parse_duration("P1M")
-Traceback (most recent call last):
-...
-statifier.router.scenario.CaseError: 'P1M' is not a duration of the form PnDTnHnMnS
+**The report** of a script case: ``ledger``, every ledger row oldest first as
+``{"binding", "message_id", "outcome", "key"}`` (the outcome as
+:attr:`~statifier.router.LedgerRow.spelled`); the case's execution, the one the
+address table names for the case's document and scope (remembered after every step,
+so it stays the case's execution after a reaper deletes its address; with no address
+ever, as under ``always_new``, the first execution the ledger names for the
+document): ``status`` (``null`` without one), ``configuration`` (its sorted active
+leaf states, ``[]`` once finished) and ``datamodel`` (its data without the ``_``
+system variables, tagged JSON); ``timers``, the event names of the pending timers,
+sorted; and ``sends``, every hand-off to a route in order, each ``{"route", "event":
+{"name", "data"}}`` (the data in tagged JSON: a send's resolved params, the donedata
+of ``done.execution``).
+
+The report of a publish case is ``{"contracts": {...}}``, the five lists of
+:meth:`~statifier.router.contracts.Contracts.as_json`, each finding
+``{"event", "document", "reason"}`` with ``"binding_id"`` or ``"location": {"line",
+"column"}`` (and ``"route"`` or ``"type"`` where it has one). The chart checked is the
+case's document's; the directory's other charts judge the documents the declarations
+leave out.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import re
+import itertools
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
 from statifier.chart import InvalidChart, Machine, compile_chart
-from statifier.expr import parse_datetime
-from statifier.expr.tagged import TaggedValueError, decode, encode
+from statifier.core import Event
+from statifier.expr.tagged import encode
+from statifier.ids import new_execution_id
 from statifier.persistence import ExecutionNotFound, PersistenceError, Storage
-from statifier.persistence.sql import SqlAdapter
-from statifier.router.binding import Binding
-from statifier.router.config import RouterConfig, StaticResolver, checked_bindings
+from statifier.persistence.sql import SqlAdapter, SqlTransaction
+from statifier.router.config import MintExecutionId, RouterConfig, StaticResolver
+from statifier.router.contracts import check
 from statifier.router.errors import RouterError
-from statifier.router.outcomes import InboundEvent
 from statifier.router.queries import ledger, newest_address
 from statifier.router.reapers import reap_addresses, reap_dedupe
+from statifier.router.routes import IdempotencyKey
 from statifier.router.routing import route
+from statifier.router.scenario_case import (
+    CONTRACT_KEYS,
+    DEFAULT_START,
+    MAX_CASE_BYTES,
+    MAX_STEPS,
+    REPORT_KEYS,
+    SEND_TYPE,
+    Advance,
+    Case,
+    CaseError,
+    Deliver,
+    Reap,
+    Step,
+    as_json,
+    parse_duration,
+    parse_start,
+)
+from statifier.router.timer_queue import TimerEntry
+from statifier.router.timer_worker import TimerWorker
+from statifier.router.timers import SqlTimerQueue
 from statifier.sql import DEFAULT_PREFIX, TableOptions, migrations
 
 __all__ = [
+    "CONTRACT_KEYS",
     "DEFAULT_START",
     "MAX_CASE_BYTES",
+    "MAX_FIRES",
     "MAX_STEPS",
     "REPORT_KEYS",
+    "SEND_TYPE",
     "Advance",
     "Case",
     "CaseError",
     "Deliver",
     "Reap",
+    "RecordingRoute",
     "Step",
     "compare",
     "parse_duration",
@@ -89,148 +111,58 @@ __all__ = [
     "run_case",
 ]
 
-MAX_CASE_BYTES: Final = 1 << 20
-MAX_STEPS: Final = 10_000
-DEFAULT_START: Final = datetime(2026, 1, 1, tzinfo=UTC)
-REPORT_KEYS: Final = ("ledger", "status", "configuration", "datamodel")
-_REQUIRED_KEYS: Final = ("document", "scope", "bindings", "script")
-_OPTIONAL_KEYS: Final = ("expected", "start", "description")
-_DURATION: Final = re.compile(
-    r"P(?:(?P<days>\d+)D)?"
-    r"(?:T(?:(?P<hours>\d+(?:\.\d+)?)H)?(?:(?P<minutes>\d+(?:\.\d+)?)M)?"
-    r"(?:(?P<seconds>\d+(?:\.\d+)?)S)?)?"
-)
-
-
-class CaseError(ValueError):
-    """A case the runner refuses (unreadable, malformed, or failing to run); the
-    message says where and what, in one line."""
+MAX_FIRES: Final = 10_000
+"""The most timers one step may fire."""
+_FAR_FUTURE: Final = datetime(9999, 12, 31, tzinfo=UTC)
+_MAX_PENDING: Final = 100_000
+"""The most pending timers a report (or a check after a fire) reads."""
 
 
 @dataclass(frozen=True, slots=True)
-class Deliver:
-    """Route one event with :func:`~statifier.router.route`."""
+class RecordingRoute:
+    """A route adapter that hands nothing anywhere: it appends each hand-off to
+    ``sends`` as ``{"route": name, "event": {"name", "data"}}`` (data in tagged JSON)
+    and answers ``None``, so every send to it succeeds."""
 
-    event: InboundEvent
+    name: str
+    sends: list[dict[str, Any]] = field(default_factory=list)
 
-
-@dataclass(frozen=True, slots=True)
-class Advance:
-    """Move the virtual clock forward."""
-
-    by: timedelta
-
-
-@dataclass(frozen=True, slots=True)
-class Reap:
-    """Run one pass of a reaper: ``"addresses"`` or ``"dedupe"``."""
-
-    table: str
-
-
-Step = Deliver | Advance | Reap
-
-
-@dataclass(frozen=True, slots=True)
-class Case:
-    """A routing case, checked as it is read (see the module docstring)."""
-
-    document: str
-    scope: str
-    bindings: tuple[Binding, ...]
-    script: tuple[Step, ...]
-    expected: Mapping[str, Any] | None = None
-    start: datetime | None = None
-
-    @classmethod
-    def load(cls, path: Path) -> Case:
-        """The case in the file at ``path``.
-
-        Raises:
-            CaseError: the file cannot be read, is too big, or is not a valid case.
-        """
-        try:
-            with path.open("rb") as handle:
-                data = handle.read(MAX_CASE_BYTES + 1)
-        except OSError as error:
-            raise CaseError(f"cannot read: {error.strerror}") from None
-        if len(data) > MAX_CASE_BYTES:
-            raise CaseError(f"larger than {MAX_CASE_BYTES} bytes")
-        return cls.from_json(data)
-
-    @classmethod
-    def from_json(cls, text: str | bytes) -> Case:
-        """The case a JSON document spells.
-
-        Raises:
-            CaseError: invalid JSON (or a key given twice), or not a valid case.
-        """
-        try:
-            raw = json.loads(text, object_pairs_hook=_unique_keys)
-        except (ValueError, UnicodeDecodeError) as error:
-            raise CaseError(f"not valid JSON: {error}") from None
-        return cls.from_mapping(raw)
-
-    @classmethod
-    def from_mapping(cls, raw: object) -> Case:
-        """The case a parsed JSON value spells.
-
-        Raises:
-            CaseError: an unknown or missing key, or a value of the wrong shape.
-        """
-        if not isinstance(raw, dict):
-            raise CaseError(f"a case is a JSON object, not {type(raw).__name__}")
-        for name in raw:
-            if name not in _REQUIRED_KEYS and name not in _OPTIONAL_KEYS:
-                raise CaseError(f"unknown key {name!r}")
-        for name in _REQUIRED_KEYS:
-            if name not in raw:
-                raise CaseError(f"the key {name!r} is required")
-        document, scope = _text(raw, "document"), _text(raw, "scope")
-        return cls(
-            document,
-            scope,
-            _bindings(raw["bindings"]),
-            _script(scope, raw["script"]),
-            _expected(raw["expected"]) if "expected" in raw else None,
-            parse_start(raw["start"], "start") if "start" in raw else None,
-        )
-
-
-def parse_duration(text: object) -> timedelta:
-    """An ISO 8601 duration of the form ``PnDTnHnMnS`` (``"PT24H"``, ``"P3D"``,
-    ``"PT0.5S"``), as a timedelta.
-
-    Raises:
-        CaseError: any other form (years, months, weeks, a sign, nothing at all).
-    """
-    found = _DURATION.fullmatch(text) if isinstance(text, str) else None
-    if found is None or text in ("P", "PT") or str(text).endswith("T"):
-        raise CaseError(f"{text!r} is not a duration of the form PnDTnHnMnS")
-    parts = {name: float(value) for name, value in found.groupdict().items() if value}
-    return timedelta(**parts)
-
-
-def parse_start(text: object, where: str = "--start") -> datetime:
-    """A start time: an ISO 8601 datetime with an offset, in UTC.
-
-    Raises:
-        CaseError: anything else (naming ``where``).
-    """
-    parsed = parse_datetime(text) if isinstance(text, str) else None
-    if parsed is None or parsed.tzinfo is None:
-        raise CaseError(f"{where}: {text!r} is not an ISO 8601 datetime with an offset")
-    return parsed.astimezone(UTC)
+    def deliver(
+        self,
+        config: Mapping[str, Any],
+        event: Event,
+        key: IdempotencyKey,
+        tx: SqlTransaction | None,
+    ) -> None:
+        # A hand-off whose transaction then rolls back stays recorded: in a scenario
+        # only a failure rolls back, and a failure ends the case.
+        self.sends.append({"route": self.name, "event": {"name": event.name, "data": _data(event)}})
 
 
 class _Clock:
-    """The virtual clock: storage and router read it, the script moves it."""
+    """The virtual clock: storage, router and timer worker read it, the script moves it."""
 
     def __init__(self, start: datetime) -> None:
         self.now = start
 
     def __call__(self) -> datetime:
         return self.now
+
+
+class _Mint:
+    """Execution ids ``ex_1``, ``ex_2``, ...: deterministic, so a report is the same on
+    every run, and past every id in ``taken`` (a kept database's)."""
+
+    def __init__(self, taken: set[str]) -> None:
+        self.taken = taken
+        self.numbers = itertools.count(1)
+
+    def __call__(self, scope: str, document: str, key: str) -> str:
+        while True:
+            candidate = f"ex_{next(self.numbers)}"
+            if candidate not in self.taken:
+                self.taken.add(candidate)
+                return candidate
 
 
 async def run_case(
@@ -241,16 +173,22 @@ async def run_case(
     *,
     prefix: str = DEFAULT_PREFIX,
 ) -> dict[str, Any]:
-    """Run ``case`` on a freshly migrated database (``database_url``, else SQLite in a
-    temporary file) with tables under ``prefix``, from ``start`` (else the case's, else
-    :data:`DEFAULT_START`), and answer its report.
+    """Run ``case`` and answer its report: a publish case by the contracts alone (no
+    database); a script case on a freshly migrated database (``database_url``, else
+    SQLite in a temporary file) with tables under ``prefix``, from ``start`` (else the
+    case's, else :data:`DEFAULT_START`).
 
     Raises:
         CaseError: a chart is missing, unreadable or invalid, the prefix is not one, or
-            a step failed in the router or persistence (named by its index).
+            a step failed in the router, persistence or a timer's fire (named by its
+            index).
         sqlalchemy.exc.SQLAlchemyError, OSError: the database failed.
     """
-    resolver = _resolver(charts_dir, case)
+    charts = _charts(charts_dir)
+    if case.publish:
+        return await _publish(case, charts, charts_dir)
+    wanted = [case.document, *(b.document for b in case.bindings if b.enabled)]
+    _require(charts, charts_dir, wanted)
     try:
         options = TableOptions(prefix=prefix)
     except ValueError as error:
@@ -267,52 +205,140 @@ async def run_case(
             raise CaseError(f"database: {error}") from None
         async with adapter:
             storage = Storage(adapter, clock=clock)
-            config = RouterConfig(storage, bindings=case.bindings, resolver=resolver)
+            taken = {record.id for record in await storage.list_executions()}
+            sends: list[dict[str, Any]] = []
+            config = _config(case, storage, _resolver(charts), sends, _Mint(taken))
+            worker = TimerWorker(config, clock=clock)
             # The case's execution: the one the address table names, remembered after
             # every step, so that it stays the case's once a reap deletes its row.
             named: str | None = None
             for index, step in enumerate(case.script):
                 try:
-                    await _run_step(config, step, clock)
+                    await _run_step(config, worker, step, clock)
                     named = await newest_address(config, case.scope, case.document) or named
+                except CaseError as error:
+                    raise CaseError(f"script[{index}]: {error}") from None
                 except (RouterError, PersistenceError) as error:
                     name = type(error).__name__
                     raise CaseError(f"script[{index}]: {name}: {error}") from None
-            return await _report(config, case.document, named)
+            report = await _report(config, case.document, named)
+            report["timers"] = sorted(entry.event.name for entry in await _pending(config))
+            report["sends"] = sends
+            return report
 
 
 def compare(report: Mapping[str, Any], expected: Mapping[str, Any]) -> list[str]:
     """One line per key of ``expected`` whose value differs from the report's, compared
     exactly as JSON (``1``, ``1.0`` and ``true`` differ); a list names its first
-    differing item."""
-    lines = []
-    for key in REPORT_KEYS:
-        if key not in expected or _json(expected[key]) == _json(report.get(key)):
+    differing item, and ``contracts`` each differing list (``contracts.unchecked[0]``)."""
+    lines: list[str] = []
+    for key in (*REPORT_KEYS, *CONTRACT_KEYS):
+        if key not in expected or as_json(expected[key]) == as_json(report.get(key)):
             continue
         want, got = expected[key], report.get(key)
-        if isinstance(want, list) and isinstance(got, list):
-            index = next(
-                i
-                for i in range(max(len(want), len(got)))
-                if i >= len(want) or i >= len(got) or _json(want[i]) != _json(got[i])
+        if key == "contracts" and isinstance(want, dict) and isinstance(got, dict):
+            lines.extend(
+                _difference(f"{key}.{name}", want.get(name), got.get(name))
+                for name in dict.fromkeys([*want, *got])
+                if as_json(want.get(name)) != as_json(got.get(name))
             )
-            shown_want = _json(want[index]) if index < len(want) else "nothing"
-            shown_got = _json(got[index]) if index < len(got) else "nothing"
-            lines.append(f"{key}[{index}]: expected {shown_want}, got {shown_got}")
         else:
-            lines.append(f"{key}: expected {_json(want)}, got {_json(got)}")
+            lines.append(_difference(key, want, got))
     return lines
 
 
-async def _run_step(config: RouterConfig, step: Step, clock: _Clock) -> None:
+def _difference(where: str, want: object, got: object) -> str:
+    if isinstance(want, list) and isinstance(got, list):
+        index = next(
+            i
+            for i in range(max(len(want), len(got)))
+            if i >= len(want) or i >= len(got) or as_json(want[i]) != as_json(got[i])
+        )
+        shown_want = as_json(want[index]) if index < len(want) else "nothing"
+        shown_got = as_json(got[index]) if index < len(got) else "nothing"
+        return f"{where}[{index}]: expected {shown_want}, got {shown_got}"
+    return f"{where}: expected {as_json(want)}, got {as_json(got)}"
+
+
+def _config(
+    case: Case,
+    store: SqlAdapter | Storage,
+    resolver: StaticResolver,
+    sends: list[dict[str, Any]],
+    mint: MintExecutionId = new_execution_id,
+) -> RouterConfig:
+    """The router a case runs with: its bindings, its routes recording into ``sends``,
+    its ``on_complete``, the built-in timer queue."""
+    return RouterConfig(
+        store,
+        bindings=case.bindings,
+        resolver=resolver,
+        send_type=SEND_TYPE,
+        routes={name: (RecordingRoute(name, sends), {}) for name in case.routes},
+        on_complete=case.on_complete,
+        execution_id=mint,
+    )
+
+
+async def _publish(case: Case, charts: dict[str, Machine], directory: Path) -> dict[str, Any]:
+    _require(charts, directory, [case.document])
+    assert case.declarations is not None
+    others = {name: chart for name, chart in charts.items() if name != case.document}
+    # An in-memory adapter, never written: it only satisfies the configuration.
+    async with SqlAdapter("sqlite://") as adapter:
+        config = _config(case, adapter, _resolver(charts), [])
+        found = check(config, case.document, charts[case.document], case.declarations, others)
+    return {"contracts": found.as_json()}
+
+
+async def _run_step(config: RouterConfig, worker: TimerWorker, step: Step, clock: _Clock) -> None:
+    until = clock.now
     if isinstance(step, Deliver):
         await route(config, step.event, now=clock.now)
     elif isinstance(step, Advance):
-        clock.now += step.by
+        until = clock.now + step.by
     elif step.table == "addresses":
         await reap_addresses(config, clock.now)
     else:
         await reap_dedupe(config, clock.now)
+    await _fire_until(config, worker, clock, until)
+    clock.now = until
+
+
+async def _fire_until(
+    config: RouterConfig, worker: TimerWorker, clock: _Clock, until: datetime
+) -> None:
+    """Fire every timer due at or before ``until``, one due instant at a time, the clock
+    moved to each first (never back: a timer due now is due at the clock).
+
+    Raises:
+        CaseError: a due timer's fire raised (the worker left it, due again later), or
+            more than :data:`MAX_FIRES` timers fired.
+    """
+    fired = 0
+    while True:
+        upcoming = await worker.next_due()
+        if upcoming is None or upcoming > until:
+            return
+        clock.now = max(clock.now, upcoming)
+        due = {str(entry.key): entry for entry in await _pending(config, clock.now)}
+        fired += await worker.fire_due(clock.now)
+        still = {str(entry.key) for entry in await _pending(config)}
+        left = [entry for key, entry in due.items() if key in still]
+        if left:
+            at = left[0].due_at.isoformat()
+            raise CaseError(f"the timer {left[0].event.name!r} due at {at} failed to fire")
+        if fired > MAX_FIRES:
+            raise CaseError(f"more than {MAX_FIRES} timers fired in one step")
+
+
+async def _pending(config: RouterConfig, upto: datetime = _FAR_FUTURE) -> list[TimerEntry]:
+    """The pending timers due at or before ``upto``, in firing order."""
+    queue = config.timers
+    assert isinstance(queue, SqlTimerQueue)
+    # A claim reads the rows without taking them; its locks end with this transaction.
+    async with config.transaction() as unit:
+        return [timer.entry for timer in await queue.claim(unit.tx, upto, _MAX_PENDING)]
 
 
 async def _report(config: RouterConfig, document: str, named: str | None) -> dict[str, Any]:
@@ -357,12 +383,11 @@ async def _report(config: RouterConfig, document: str, named: str | None) -> dic
     return report
 
 
-def _resolver(directory: Path, case: Case) -> StaticResolver:
-    """A resolver over every chart of ``directory``, by file stem; refuses a case whose
-    document (or an enabled binding's) has none."""
+def _charts(directory: Path) -> dict[str, Machine]:
+    """Every chart of ``directory``, by file stem."""
     if not directory.is_dir():
         raise CaseError(f"--charts {directory}: not a directory")
-    charts: dict[str | tuple[str, str], Machine] = {}
+    charts: dict[str, Machine] = {}
     for path in sorted(directory.glob("*.scxml")):
         try:
             charts[path.stem] = compile_chart(path.read_bytes(), name=path.stem)
@@ -370,95 +395,21 @@ def _resolver(directory: Path, case: Case) -> StaticResolver:
             raise CaseError(f"chart {path}: cannot read: {error.strerror}") from None
         except InvalidChart as invalid:
             raise CaseError(f"chart {path}:{invalid.problems[0]}") from None
-    wanted = [case.document, *(b.document for b in case.bindings if b.enabled)]
-    for document in wanted:
+    return charts
+
+
+def _resolver(charts: Mapping[str, Machine]) -> StaticResolver:
+    by_document: dict[str | tuple[str, str], Machine] = {}
+    by_document.update(charts)
+    return StaticResolver(by_document)
+
+
+def _require(charts: Mapping[str, Machine], directory: Path, documents: list[str]) -> None:
+    for document in documents:
         if document not in charts:
             raise CaseError(f"no chart for document {document!r}: no {directory / document}.scxml")
-    return StaticResolver(charts)
 
 
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise ValueError(f"the key {key!r} is given twice in one object")
-        result[key] = value
-    return result
-
-
-def _json(value: object) -> str:
-    return json.dumps(value, sort_keys=True, ensure_ascii=False)
-
-
-def _text(raw: Mapping[str, Any], name: str) -> str:
-    value = raw[name]
-    if not isinstance(value, str) or not value:
-        raise CaseError(f"{name} must be a non-empty string, not {_json(value)}")
-    return value
-
-
-def _bindings(raw: object) -> tuple[Binding, ...]:
-    if not isinstance(raw, list):
-        raise CaseError("bindings must be a list of binding objects")
-    bindings = []
-    for index, entry in enumerate(raw):
-        try:
-            bindings.append(Binding.from_mapping(entry))
-        except (RouterError, TypeError, ValueError) as error:
-            raise CaseError(f"bindings[{index}]: {error}") from None
-    try:
-        return checked_bindings(bindings)
-    except RouterError as error:
-        raise CaseError(f"bindings: {error}") from None
-
-
-def _script(scope: str, raw: object) -> tuple[Step, ...]:
-    if not isinstance(raw, list):
-        raise CaseError("script must be a list of steps")
-    if len(raw) > MAX_STEPS:
-        raise CaseError(f"script has {len(raw)} steps, more than {MAX_STEPS}")
-    steps = []
-    for index, entry in enumerate(raw):
-        try:
-            steps.append(_step(scope, entry))
-        except CaseError as error:
-            raise CaseError(f"script[{index}]: {error}") from None
-    return tuple(steps)
-
-
-def _step(scope: str, entry: object) -> Step:
-    if not isinstance(entry, dict) or len(entry) != 1:
-        raise CaseError('a step is an object with one key: "deliver", "advance" or "reap"')
-    ((kind, value),) = entry.items()
-    if kind == "advance":
-        return Advance(parse_duration(value))
-    if kind == "reap":
-        if value not in ("addresses", "dedupe"):
-            raise CaseError(f'reap is "addresses" or "dedupe", not {_json(value)}')
-        return Reap(value)
-    if kind != "deliver":
-        raise CaseError(f'unknown step {kind!r} (one of "deliver", "advance", "reap")')
-    if not isinstance(value, dict):
-        raise CaseError("deliver takes an object: source, message_id and data")
-    unknown = set(value) - {"source", "message_id", "data"}
-    if unknown:
-        raise CaseError(f"deliver: unknown key {sorted(unknown)[0]!r}")
-    source, message_id = value.get("source"), value.get("message_id")
-    if not isinstance(source, str) or not isinstance(message_id, str):
-        raise CaseError("deliver: source and message_id must be strings")
-    try:
-        data = decode(value.get("data", {}))
-        if not isinstance(data, dict):
-            raise CaseError("deliver: data must be a JSON object")
-        return Deliver(InboundEvent(scope=scope, source=source, message_id=message_id, data=data))
-    except (RouterError, TaggedValueError) as error:
-        raise CaseError(f"deliver: {error}") from None
-
-
-def _expected(raw: object) -> Mapping[str, Any]:
-    if not isinstance(raw, dict):
-        raise CaseError("expected must be an object with report keys")
-    for key in raw:
-        if key not in REPORT_KEYS:
-            raise CaseError(f"expected: unknown key {key!r} (one of {', '.join(REPORT_KEYS)})")
-    return raw
+def _data(event: Event) -> Any:
+    """An event's data as tagged JSON (``null`` for a send with none)."""
+    return encode(event.data)

@@ -12,6 +12,11 @@ seam, inside the transaction of the delivery whose step emitted them.
 - A BasicHTTP send is handed to the outbox (queue ``basichttp``) and performed after
   the commit by the drain; a delayed one is refused.
 - ``<cancel>`` deletes the execution's timers of that send id.
+- An invocation of the configuration's ``source_type`` subscribes the execution to the
+  binding it names, and the cancel of any invocation deletes its subscription, if any
+  (:mod:`statifier.router.subscriptions`); the cancel still reaches the host's executor.
+  A refused source invoke reaches the chart as ``error.execution`` carrying the
+  invoke's id, and writes no ledger row.
 - Everything else goes to the host's executor (``RouterConfig.executor``).
 
 A refusal (an unregistered route, a reentrant send, a delay with no timer queue, a
@@ -34,6 +39,12 @@ from statifier.core.events import engine_event
 from statifier.persistence import EffectContext, Refused
 from statifier.router.records import LedgerRow
 from statifier.router.routes import IdempotencyKey
+from statifier.router.subscriptions import (
+    SubscriptionRefused,
+    source_binding,
+    subscribe_in,
+    unsubscribe_in,
+)
 from statifier.router.timer_queue import TimerEntry, TimerKind
 
 if TYPE_CHECKING:
@@ -111,8 +122,31 @@ class SendHandler:
                 return await self._basichttp(effect, context)
         elif isinstance(effect, fx.Cancel) and config.timers is not None:
             await config.timers.cancel(self.unit.tx, context.execution_id, effect.send_id)
+        elif isinstance(effect, fx.Invoke) and config.source_type is not None:
+            if effect.type == config.source_type:
+                return await self._source_invoke(effect, context)
+        elif isinstance(effect, fx.CancelInvoke) and config.source_type is not None:
+            # Whatever the invocation was: deleting no row costs nothing, and the host's
+            # executor still hears the cancel of its own invocations.
+            await unsubscribe_in(self.unit, context.execution_id, effect.invoke_id)
         answer: Refused | None = await settle(config.executor(effect, context))
         return answer
+
+    # Source invokes.
+
+    async def _source_invoke(self, effect: fx.Invoke, context: EffectContext) -> Refused | None:
+        """Subscribe the execution to the binding the invoke names, once per invocation
+        (a redriven step inserts nothing); a refusal reaches the chart as
+        ``error.execution`` with the invoke's id."""
+        execution_id = context.execution_id
+        try:
+            binding_id = source_binding(effect, execution_id)
+            await subscribe_in(
+                self.unit, self.config, execution_id, binding_id, effect.invoke_id, self.unit.now
+            )
+        except SubscriptionRefused as refused:
+            return Refused(f"source invoke: {refused.reason}")
+        return None
 
     # Sends to the execution itself.
 
@@ -290,6 +324,7 @@ class SendHandler:
             target=target,
             execution_id=context.execution_id,
             scope=self.unit.scope,
+            now=self.unit.now,
         )
         return None
 

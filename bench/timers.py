@@ -1,0 +1,528 @@
+"""Benchmark: the built-in durable timer queue's worker (``statifier.router.timer_worker``)
+on PostgreSQL, beside the raw psycopg driver claiming, deleting and stepping the same
+timers by hand.
+
+Run from the repository root, with the project installed (``pip install -e '.[postgres]'``)
+or from a checkout::
+
+    PYTHONPATH=bench:src python bench/timers.py            # the full run
+    python bench/timers.py --quick                          # short run
+    python bench/timers.py --url postgresql://...           # another PostgreSQL
+    python bench/timers.py --json out.json                  # also write the numbers
+
+PostgreSQL is found through ``--url``, else ``DATABASE_URL``, else
+``postgresql://postgres@127.0.0.1:5432/test``; the rows work in a schema of their own,
+dropped at the end.
+
+The workload: ``--executions`` (200) counter executions (one state whose
+self-transition on ``tick`` adds one to a datamodel counter), and ``--timers`` (4,000)
+external ``tick`` timers, spread round-robin over them, scheduled through the library's
+queue (``SqlTimerQueue.schedule``) before each pass, every one already due.
+
+Rows:
+
+* ``raw``, the anchor: what a durable timer fire must write, by hand on one psycopg 3
+  async connection per worker. One transaction per batch of ``--batch`` (100): ``SELECT
+  id, execution_id, payload ... WHERE due_at <= now ORDER BY due_at, inserted_at,
+  step_position, id LIMIT n FOR UPDATE SKIP LOCKED``, then per timer the ``DELETE`` of
+  its row, the execution row's ``UPDATE`` (a position prepared once: no interpreter
+  work; its row lock keeps two workers' next ``seq`` apart) and the input-log ``INSERT
+  ... SELECT`` at the next ``seq``; ``COMMIT``. It takes no advisory lock, so two raw
+  workers can deadlock on two executions' rows: a batch that does is rolled back and
+  run again (counted).
+* ``raw, same statements`` (one worker; a diagnosis, not the goal's anchor): every
+  statement the library runs per fire, by hand: the claim (with the advisory-lock
+  tries), then per timer ``SAVEPOINT``, ``DELETE``, the step's advisory lock, ``SELECT
+  ... FOR UPDATE`` of the execution, the input-log insert, the ``UPDATE``, ``RELEASE``;
+  ``COMMIT``. What separates it from the library is the library's Python.
+* ``fire_due()``: the library, ``TimerWorker(config, batch=100).fire_due()`` until none
+  is left.
+* ``x2`` rows: the same in two worker processes (this script started again with
+  ``--worker``), released together; timed from the release to the last exit.
+
+Reported: timers fired per second (the median over ``--rounds`` rounds, rows taking
+turns), and the ratio fire_due() / raw (goal at least 0.7).
+
+Then the lag: ``--lag-seconds`` (5) of timers due at a steady 1,000 per second (one
+every millisecond, from a second after the start), fired by ``TimerWorker.run`` (one
+worker, ``poll`` 1 s, in this process) and by the raw anchor running the same loop
+(a pass, then sleep until the next due time, at most 1 s). A timer's lag is its
+input-log row's ``recorded_at`` (the clock when its step ran) minus its due time;
+reported p50, p99 and max (goal p99 under 50 ms). ``run()`` runs again at 250 due
+timers per second, a rate one worker sustains on a small machine, to show the loop's
+own lag apart from a backlog. Every transaction commits durably
+(``synchronous_commit`` on).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import sqlalchemy as sa
+from harness import (
+    add_json_option,
+    fmt_ratio,
+    machine_info,
+    machine_summary,
+    new_parser,
+    print_table_header,
+    rotated,
+    verdict,
+    versions_line,
+    write_json,
+)
+
+from statifier.chart import Machine, compile_chart
+from statifier.core import Event, handle_event, initialize
+from statifier.core.positions import dump, load_event
+from statifier.persistence.sql import SqlAdapter
+from statifier.persistence.sql.schema import TableNames
+from statifier.router import RouterConfig, StaticResolver
+from statifier.router.routes import IdempotencyKey
+from statifier.router.timer_queue import TimerEntry, TimerKind
+from statifier.router.timer_worker import TimerWorker
+from statifier.sql import TableOptions, migrations
+
+CHART = b"""<scxml xmlns="http://www.w3.org/2005/07/scxml" version="1.0" initial="counting">
+  <datamodel><data id="count" expr="0"/></datamodel>
+  <state id="counting">
+    <transition event="tick"><assign location="count" expr="count + 1"/></transition>
+  </state>
+</scxml>
+"""
+DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
+PREFIX = "bt_"
+RATIO_GOAL = 0.7
+LAG_GOAL_MS = 50.0
+RATE = 1_000
+"""Timers due per second in the lag run."""
+SLOW_RATE = 250
+"""A rate one worker keeps up with on a small machine: the lag of the loop itself."""
+POLL = 1.0
+
+
+class Raw:
+    """The anchor's statements on one psycopg connection."""
+
+    def __init__(self, tables: TableNames, same_statements: bool) -> None:
+        self.same = same_statements
+        order = "ORDER BY due_at, inserted_at, step_position, id"
+        pick = (
+            f"SELECT id, execution_id, payload, inserted_at, due_at, step_position "
+            f"FROM {tables.timers} WHERE due_at <= %(now)s {order} "
+            "LIMIT %(limit)s FOR UPDATE SKIP LOCKED"
+        )
+        if same_statements:
+            self.claim = (
+                f"WITH picked AS MATERIALIZED ({pick}) SELECT id, execution_id, payload, "
+                "pg_try_advisory_xact_lock(hashtextextended(execution_id, 0)) "
+                f"FROM picked {order}"
+            )
+        else:
+            self.claim = f"SELECT id, execution_id, payload, true FROM ({pick}) AS p {order}"
+        self.delete = f"DELETE FROM {tables.timers} WHERE id = %(id)s"
+        self.lock = "SELECT pg_advisory_xact_lock(hashtextextended(%(id)s, 0))"
+        self.read = (
+            f"SELECT status, position_blob FROM {tables.executions} "
+            "WHERE execution_id = %(id)s FOR UPDATE"
+        )
+        self.update = (
+            f"UPDATE {tables.executions} SET position_blob = %(position)s, "
+            "updated_at = %(now)s WHERE execution_id = %(id)s"
+        )
+        self.append = (
+            f"INSERT INTO {tables.inputs} (execution_id, seq, door, input_blob, recorded_at) "
+            "SELECT %(id)s, coalesce(max(seq), -1) + 1, 'timer', %(blob)s, %(now)s "
+            f"FROM {tables.inputs} WHERE execution_id = %(id)s"
+        )
+        self.earliest = f"SELECT min(due_at) FROM {tables.timers}"
+
+    async def batch(
+        self, connection: psycopg.AsyncConnection[Any], position: bytes, limit: int
+    ) -> tuple[int, int]:
+        """One transaction: claim and fire a batch. Answers (fired, deadlocks)."""
+        deadlocks = 0
+        while True:
+            try:
+                return await self._batch(connection, position, limit), deadlocks
+            except psycopg.errors.DeadlockDetected:
+                deadlocks += 1  # rolled back: run it again
+
+    async def _batch(
+        self, connection: psycopg.AsyncConnection[Any], position: bytes, limit: int
+    ) -> int:
+        fired = 0
+        async with connection.transaction():
+            now = datetime.now(UTC)
+            cursor = await connection.execute(self.claim, {"now": now, "limit": limit})
+            for timer_id, execution_id, payload, locked in await cursor.fetchall():
+                if not locked:
+                    continue
+                blob = json.dumps(payload["event"]).encode()
+                values = {"id": execution_id, "position": position, "blob": blob}
+                if self.same:
+                    await connection.execute("SAVEPOINT s")
+                    await connection.execute(self.delete, {"id": timer_id})
+                    await connection.execute(self.lock, values)
+                    await connection.execute(self.read, values)
+                else:
+                    await connection.execute(self.delete, {"id": timer_id})
+                values["now"] = datetime.now(UTC)
+                if self.same:  # the library's order: the log, then the row
+                    await connection.execute(self.append, values)
+                    await connection.execute(self.update, values)
+                else:
+                    # The row first: its lock keeps two workers' next seq apart.
+                    await connection.execute(self.update, values)
+                    await connection.execute(self.append, values)
+                if self.same:
+                    await connection.execute("RELEASE SAVEPOINT s")
+                fired += 1
+        return fired
+
+    async def next_due(self, connection: psycopg.AsyncConnection[Any]) -> datetime | None:
+        cursor = await connection.execute(self.earliest)
+        row = await cursor.fetchone()
+        await connection.commit()
+        return None if row is None else row[0]
+
+
+def _position(machine: Machine) -> bytes:
+    state, _ = initialize(machine)
+    state, _ = handle_event(state, Event("tick"))
+    return dump(state)
+
+
+def _options(schema: str) -> TableOptions:
+    return TableOptions(prefix=PREFIX, schema=schema)
+
+
+def _config(adapter: SqlAdapter) -> RouterConfig:
+    return RouterConfig(adapter, bindings=[], resolver=StaticResolver({}))
+
+
+def _entry(execution_id: str, k: int, due_at: datetime) -> TimerEntry:
+    key = IdempotencyKey(
+        execution_id,
+        send_id=f"t{k}",
+        macrostep=k,
+        microstep=1,
+        round=0,
+        content_index=0,
+        ordinal=0,
+    )
+    return TimerEntry(
+        execution_id=execution_id,
+        send_id=f"t{k}",
+        key=key,
+        due_at=due_at,
+        step_position=0,
+        kind=TimerKind.EXTERNAL,
+        event=Event("tick", data={"k": k}),
+    )
+
+
+async def _schedule(config: RouterConfig, executions: int, dues: list[datetime]) -> None:
+    assert config.timers is not None
+    async with config.transaction() as unit:
+        for k, due_at in enumerate(dues):
+            await config.timers.schedule(unit.tx, _entry(f"ex_{k % executions}", k, due_at))
+
+
+async def _raw_drain(url: str, names: TableNames, same: bool, batch: int) -> tuple[int, int]:
+    position = _position(compile_chart(CHART))
+    raw = Raw(names, same)
+    fired = deadlocks = 0
+    async with await psycopg.AsyncConnection.connect(url) as connection:
+        while True:
+            done, dead = await raw.batch(connection, position, batch)
+            fired, deadlocks = fired + done, deadlocks + dead
+            if done == 0:
+                if await raw.next_due(connection) is None:
+                    return fired, deadlocks
+                await asyncio.sleep(0.005)  # what is left is the other worker's
+
+
+async def _ours_drain(config: RouterConfig, batch: int) -> int:
+    worker = TimerWorker(config, batch=batch)
+    taken = 0
+    while True:
+        taken += await worker.fire_due()
+        if await worker.next_due() is None:
+            return taken
+        await asyncio.sleep(0.005)  # what is left is the other worker's
+
+
+def _libpq(url: str) -> str:
+    return url.replace("postgresql+psycopg://", "postgresql://")
+
+
+async def _worker_main(url: str, schema: str, mode: str, batch: int) -> None:
+    """``--worker``: one worker process of an ``x2`` row."""
+    names = TableNames.of(_options(schema).define())
+    async with SqlAdapter(url, _options(schema)) as adapter:
+        config = _config(adapter)
+        await TimerWorker(config).next_due()  # connected and warm
+        print("ready", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+        if mode == "raw":
+            fired, deadlocks = await _raw_drain(_libpq(url), names, False, batch)
+        else:
+            fired, deadlocks = await _ours_drain(config, batch), 0
+    print(json.dumps({"fired": fired, "deadlocks": deadlocks}), flush=True)
+
+
+def _two_processes(url: str, schema: str, mode: str, batch: int) -> tuple[float, int, int]:
+    command = [sys.executable, __file__, "--worker", mode, "--schema", schema]
+    command += ["--url", url, "--batch", str(batch)]
+    processes = [
+        subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    for process in processes:
+        assert process.stdout is not None
+        if process.stdout.readline().strip() != "ready":
+            raise RuntimeError("a worker process did not start")
+    started = time.perf_counter()
+    for process in processes:
+        assert process.stdin is not None
+        process.stdin.write("go\n")
+        process.stdin.flush()
+    fired = deadlocks = 0
+    for process in processes:
+        out, _ = process.communicate(timeout=300)
+        if process.returncode != 0:
+            raise RuntimeError(f"a worker process failed: {process.returncode}")
+        answer = json.loads(out.strip().splitlines()[-1])
+        fired += answer["fired"]
+        deadlocks += answer["deadlocks"]
+    return time.perf_counter() - started, fired, deadlocks
+
+
+async def _count_inputs(url: str, names: TableNames) -> int:
+    async with await psycopg.AsyncConnection.connect(url) as connection:
+        cursor = await connection.execute(f"SELECT count(*) FROM {names.inputs}")
+        row = await cursor.fetchone()
+        assert row is not None
+        return int(row[0])
+
+
+async def _throughput(
+    url: str, schema: str, config: RouterConfig, row: str, timers: int, executions: int, batch: int
+) -> tuple[float, int]:
+    """One pass of one row: schedule, fire all, check. Answers (timers/s, deadlocks)."""
+    names = TableNames.of(_options(schema).define())
+    libpq = _libpq(url)
+    past = datetime.now(UTC) - timedelta(hours=1)
+    await _schedule(config, executions, [past + timedelta(microseconds=k) for k in range(timers)])
+    before = await _count_inputs(libpq, names)
+    deadlocks = 0
+    started = time.perf_counter()
+    if row == "raw":
+        fired, deadlocks = await _raw_drain(libpq, names, False, batch)
+    elif row == "raw, same statements":
+        fired, deadlocks = await _raw_drain(libpq, names, True, batch)
+    elif row == "fire_due()":
+        fired = await _ours_drain(config, batch)
+    else:
+        mode = "raw" if row.startswith("raw") else "ours"
+        elapsed, fired, deadlocks = await asyncio.to_thread(
+            _two_processes, url, schema, mode, batch
+        )
+        started = time.perf_counter() - elapsed
+    elapsed = time.perf_counter() - started
+    logged = await _count_inputs(libpq, names) - before
+    if fired != timers or logged != timers:
+        raise RuntimeError(f"{row}: fired {fired}, logged {logged}, expected {timers}")
+    return timers / elapsed, deadlocks
+
+
+async def _lags(url: str, names: TableNames, t0: datetime, rate: int) -> list[float]:
+    """Every lag of the lag run, in milliseconds."""
+    async with await psycopg.AsyncConnection.connect(url) as connection:
+        cursor = await connection.execute(
+            f"SELECT input_blob, recorded_at FROM {names.inputs} WHERE recorded_at >= %(t)s",
+            {"t": t0 - timedelta(seconds=1)},
+        )
+        rows = await cursor.fetchall()
+    lags = []
+    for blob, recorded_at in rows:
+        data = load_event(bytes(blob)).data
+        assert isinstance(data, dict)
+        k = data["k"]
+        assert isinstance(k, int)
+        due = t0 + timedelta(seconds=k / rate)
+        lags.append((recorded_at - due).total_seconds() * 1000)
+    return lags
+
+
+async def _lag_run(
+    url: str,
+    schema: str,
+    config: RouterConfig,
+    row: str,
+    seconds: float,
+    executions: int,
+    rate: int,
+) -> list[float]:
+    names = TableNames.of(_options(schema).define())
+    count = int(seconds * rate)
+    t0 = datetime.now(UTC) + timedelta(seconds=1)
+    await _schedule(config, executions, [t0 + timedelta(seconds=k / rate) for k in range(count)])
+    if row == "fire_due()":
+        worker = TimerWorker(config, poll=POLL)
+        stop = asyncio.Event()
+        running = asyncio.create_task(worker.run(stop))
+        deadline = t0 + timedelta(seconds=seconds + 60)
+        while datetime.now(UTC) < deadline:
+            await asyncio.sleep(0.25)
+            if datetime.now(UTC) > t0 + timedelta(seconds=seconds) and (
+                await worker.next_due() is None
+            ):
+                break
+        stop.set()
+        await running
+    else:
+        await _raw_loop(_libpq(url), names)
+    lags = await _lags(_libpq(url), names, t0, rate)
+    if len(lags) != count:
+        raise RuntimeError(f"{row}: {len(lags)} of {count} timers fired")
+    return lags
+
+
+async def _raw_loop(url: str, names: TableNames) -> None:
+    """The anchor under ``run``'s policy: a pass, then sleep until the next due time
+    (at most ``POLL``), until the table is empty."""
+    position = _position(compile_chart(CHART))
+    raw = Raw(names, False)
+    async with await psycopg.AsyncConnection.connect(url) as connection:
+        while True:
+            while (await raw.batch(connection, position, 100))[0] == 100:
+                pass
+            upcoming = await raw.next_due(connection)
+            if upcoming is None:
+                return
+            wait = (upcoming - datetime.now(UTC)).total_seconds()
+            await asyncio.sleep(min(POLL, max(0.0, wait)))
+
+
+def _percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
+
+
+THROUGHPUT_ROWS = ("raw", "raw, same statements", "fire_due()", "raw x2", "fire_due() x2")
+
+
+async def main() -> None:
+    parser = new_parser(__doc__ or "")
+    parser.add_argument("--url", default=os.environ.get("DATABASE_URL", DEFAULT_POSTGRES))
+    parser.add_argument("--timers", type=int, default=4_000)
+    parser.add_argument("--executions", type=int, default=200)
+    parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--lag-seconds", type=float, default=5.0)
+    parser.add_argument("--quick", action="store_true", help="1,000 timers, 1 round, 2 s lag")
+    parser.add_argument("--worker", choices=("raw", "ours"), help=argparse.SUPPRESS)
+    parser.add_argument("--schema", help=argparse.SUPPRESS)
+    add_json_option(parser)
+    args = parser.parse_args()
+    if args.worker:
+        await _worker_main(args.url, args.schema, args.worker, args.batch)
+        return
+    if args.quick:
+        args.timers, args.rounds, args.lag_seconds = 1_000, 1, 2.0
+    info = machine_info(["statifier", "psycopg", "psycopg-binary"])
+    print(machine_summary(info))
+    print(versions_line(info))
+    started = time.perf_counter()
+    schema = f"bench_timers_{uuid.uuid4().hex[:8]}"
+    migrations.upgrade(args.url, _options(schema))
+    results: dict[str, Any] = {"machine": info, "args": {k: str(v) for k, v in vars(args).items()}}
+    try:
+        async with SqlAdapter(args.url, _options(schema)) as adapter:
+            config = _config(adapter)
+            machine = compile_chart(CHART)
+            async with config.transaction() as unit:
+                for index in range(args.executions):
+                    await unit.executions.create(f"ex_{index}", machine)
+            rates: dict[str, list[float]] = {row: [] for row in THROUGHPUT_ROWS}
+            deadlocks: dict[str, int] = dict.fromkeys(THROUGHPUT_ROWS, 0)
+            for turn in range(args.rounds):
+                for row in rotated(THROUGHPUT_ROWS, turn):
+                    rate, dead = await _throughput(
+                        args.url, schema, config, row, args.timers, args.executions, args.batch
+                    )
+                    rates[row].append(rate)
+                    deadlocks[row] += dead
+            medians = {row: statistics.median(values) for row, values in rates.items()}
+            print(
+                f"\n{args.timers:,} due timers over {args.executions} executions, "
+                f"batches of {args.batch}, {args.rounds} round(s), median timers/s"
+            )
+            print_table_header(f"{'row':<24} {'timers/s':>10} {'us/timer':>9} {'ratio':>16}")
+            for row in THROUGHPUT_ROWS:
+                ratio = ""
+                if row.startswith("fire_due()"):
+                    anchor = "raw x2" if row.endswith("x2") else "raw"
+                    ratio = f"{fmt_ratio(medians[row] / medians[anchor])} of {anchor}"
+                note = f"  ({deadlocks[row]} deadlocks retried)" if deadlocks[row] else ""
+                print(
+                    f"{row:<24} {medians[row]:>10,.0f} {1e6 / medians[row]:>9.0f} {ratio:>16}{note}"
+                )
+            one = medians["fire_due()"] / medians["raw"]
+            two = medians["fire_due() x2"] / medians["raw x2"]
+            print(
+                f"goal fire_due() >= {RATIO_GOAL}x raw: {verdict(one >= RATIO_GOAL)} "
+                f"(one worker {one:.2f}x, two processes {two:.2f}x)"
+            )
+            results["throughput"] = {"rates": rates, "medians": medians, "deadlocks": deadlocks}
+
+            print(f"\nlag, timers due at a steady rate for {args.lag_seconds:g} s (ms)")
+            print_table_header(f"{'row':<24} {'p50':>8} {'p99':>8} {'max':>8}")
+            lag_rows: dict[str, dict[str, float]] = {}
+            for row, rate in (("raw", RATE), ("fire_due()", RATE), ("fire_due()", SLOW_RATE)):
+                name = "run()" if row == "fire_due()" else "raw (run's loop)"
+                label = f"{name} at {rate:,}/s"
+                lags = await _lag_run(
+                    args.url, schema, config, row, args.lag_seconds, args.executions, rate
+                )
+                cells = {
+                    "p50": _percentile(lags, 0.50),
+                    "p99": _percentile(lags, 0.99),
+                    "max": max(lags),
+                }
+                lag_rows[label] = cells
+                print(f"{label:<24} {cells['p50']:>8.1f} {cells['p99']:>8.1f} {cells['max']:>8.1f}")
+            p99 = lag_rows[f"run() at {RATE:,}/s"]["p99"]
+            print(f"goal run() p99 lag < {LAG_GOAL_MS:g} ms: {verdict(p99 < LAG_GOAL_MS)}")
+            results["lag"] = lag_rows
+    finally:
+        drop(args.url, schema)
+    print(f"\n{time.perf_counter() - started:.0f} s")
+    if args.json:
+        write_json(args.json, "timers", results)
+
+
+def drop(url: str, schema: str) -> None:
+    engine = sa.create_engine(migrations.sync_url(url))
+    try:
+        with engine.begin() as connection:
+            connection.execute(sa.schema.DropSchema(schema, cascade=True, if_exists=True))
+    finally:
+        engine.dispose()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

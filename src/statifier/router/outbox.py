@@ -1,0 +1,849 @@
+"""The built-in transactional outbox: a route that hands events off as rows, and the
+drain that gives them to the host's sinks after the commit.
+
+:class:`OutboxRoute` inserts one row per send into the ``outbox`` table, on the
+delivery's transaction, so the row commits with the step that sent and rolls back with
+it; the unique ``(queue, key)`` index makes a re-driven step's repeat of one send one
+row. :class:`OutboxDrain` reads committed rows only, and never holds a transaction (or
+an execution's lock) while a sink runs: it *leases* a batch of due rows in one short
+transaction, calls each row's sink outside any transaction, then marks the row sent,
+or records the failure and retries it later with backoff, dead-lettering it after
+``max_attempts``. A worker that dies between the sink call and the mark leaves its
+rows leased; once the lease runs out another worker tries them again, under the same
+key. The sink gets the row's key as its own idempotency key: a sink that dedupes on it
+turns that retry into no second effect.
+
+On PostgreSQL the claim locks the rows it picks with ``FOR UPDATE SKIP LOCKED``, so
+workers on several machines share one outbox without waiting for one another; on
+SQLite it runs under the adapter's single writer. Leases are timed by each worker's
+own clock: keep the workers' clocks in step to well within the lease.
+
+>>> import asyncio, tempfile
+>>> from pathlib import Path
+>>> from statifier.core import Event
+>>> from statifier.persistence.sql import SqlAdapter
+>>> from statifier.router.routes import IdempotencyKey
+>>> from statifier.sql import migrations
+>>> url = f"sqlite:///{Path(tempfile.mkdtemp()) / 'outbox.db'}"
+>>> migrations.upgrade(url)
+>>> key = IdempotencyKey("ex_1", send_id="book", macrostep=1, microstep=1, round=0,
+...                      content_index=4, ordinal=0)
+>>> sent = []
+>>> async def main():
+...     async with SqlAdapter(url) as adapter:
+...         route = OutboxRoute(adapter)
+...         event = Event("pickup.requested", data={"parcel_id": "p1"}, sendid="book")
+...         async with adapter.transaction() as tx:
+...             await route.deliver({"queue": "pickups"}, event, key, tx)
+...             await route.deliver({"queue": "pickups"}, event, key, tx)  # a redrive
+...         drain = OutboxDrain(adapter, {"pickups": lambda m: sent.append((m.key, m.event.name))})
+...         return await drain.drain_once(), await drain.pending()
+>>> asyncio.run(main())
+(DrainReport(claimed=1, sent=1, failed=0, dead=0, reclaimed=0, lost=0), [])
+>>> sent
+[('ex_1/book/1/1/0/4/0', 'pickup.requested')]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import secrets
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from statifier.callbacks import settle
+from statifier.core import Event
+from statifier.core.positions import NotAPosition, dump_event, load_event
+from statifier.persistence import Refused
+from statifier.persistence.sql import SqlAdapter, SqlTransaction
+from statifier.persistence.sql.schema import TableNames
+from statifier.persistence.sql.sqlite import utc_text, utc_time
+from statifier.router.errors import ConfigError
+from statifier.router.routes import IdempotencyKey
+from statifier.telemetry import report
+
+if TYPE_CHECKING:
+    from statifier.router.config import RouterConfig
+
+__all__ = [
+    "Backoff",
+    "DeadLetter",
+    "DrainReport",
+    "OutboxDrain",
+    "OutboxMessage",
+    "OutboxRoute",
+    "OutboxRow",
+    "Sink",
+]
+
+_TELEMETRY: Final = "statifier.router.outbox"
+_ERROR_LIMIT: Final = 500
+"""The most characters of a failure kept in ``last_error``."""
+_log = logging.getLogger(__name__)
+
+Clock = Callable[[], datetime]
+
+
+def _wall_clock() -> datetime:
+    return datetime.now(UTC)
+
+
+def _aware(now: datetime) -> datetime:
+    if now.tzinfo is None or now.utcoffset() is None:
+        raise ValueError(f"now must be timezone-aware, not {now!r}")
+    return now
+
+
+# Values.
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxMessage:
+    """What a sink is handed: one outbox row, read back.
+
+    Attributes:
+        queue: the row's queue (the sink's name).
+        key: the row's key, fixed when the row was written: use it as the sink's own
+            idempotency key (a retry after a lost worker carries the same one).
+        event: the event the route was handed.
+        target: where to (a BasicHTTP URL, or the route configuration's ``target``).
+        execution_id: the sending execution, when the send came from one.
+        scope: the delivery's scope, when the hand-off was given one.
+        sendid: the send's author-written id (``None`` when the author gave none).
+        attempts: how many earlier attempts failed (0 the first time).
+        final: whether this is the last attempt: a failure now dead-letters the row.
+    """
+
+    queue: str
+    key: str
+    event: Event
+    _: KW_ONLY
+    target: str | None = None
+    execution_id: str | None = None
+    scope: str | None = None
+    sendid: str | None = None
+    attempts: int = 0
+    final: bool = False
+
+
+Sink = Callable[[OutboxMessage], "Awaitable[None] | None"]
+"""A queue's consumer: returns when the message is handled (the row is marked sent),
+raises when it is not (retried with backoff; :class:`DeadLetter` gives up at once).
+A plain function or a coroutine function."""
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxRow:
+    """One outbox row as stored.
+
+    ``payload`` holds ``event`` (the stored event: the text
+    :func:`~statifier.core.positions.dump_event` wrote), ``key``, ``sendid``, ``target``,
+    ``execution_id`` and ``scope``. A row is pending until ``sent_at`` or ``dead_at``
+    is set; ``lease`` and ``leased_until`` name the worker holding it, if any.
+    """
+
+    id: Any
+    _: KW_ONLY
+    queue: str
+    key: str
+    payload: Mapping[str, Any]
+    attempts: int
+    next_attempt_at: datetime
+    lease: str | None
+    leased_until: datetime | None
+    sent_at: datetime | None
+    dead_at: datetime | None
+    last_error: str | None
+    inserted_at: datetime
+
+    @property
+    def event(self) -> Event:
+        """The stored event."""
+        return _event(self.payload)
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """How long a failed row waits before its next attempt: ``base`` after the first
+    failure, multiplied by ``factor`` after each further one, never more than ``cap``.
+
+    >>> backoff = Backoff()
+    >>> [backoff.delay(n).total_seconds() for n in (1, 2, 3, 10)]
+    [1.0, 2.0, 4.0, 300.0]
+    """
+
+    base: timedelta = timedelta(seconds=1)
+    factor: float = 2.0
+    cap: timedelta = timedelta(minutes=5)
+
+    def __post_init__(self) -> None:
+        if self.base < timedelta(0) or self.cap < timedelta(0) or not self.factor >= 1:
+            raise ConfigError(f"a backoff needs base, cap >= 0 and factor >= 1: {self!r}")
+
+    def delay(self, failures: int) -> timedelta:
+        """The wait after ``failures`` failed attempts (at least 1)."""
+        try:
+            seconds = self.base.total_seconds() * self.factor ** max(failures - 1, 0)
+        except OverflowError:
+            return self.cap
+        return min(timedelta(seconds=min(seconds, self.cap.total_seconds())), self.cap)
+
+
+@dataclass(frozen=True, slots=True)
+class DrainReport:
+    """What one :meth:`OutboxDrain.drain_once` pass did.
+
+    Attributes:
+        claimed: rows leased by the pass.
+        sent: rows whose sink returned, marked sent.
+        failed: rows whose sink raised, to be tried again.
+        dead: rows dead-lettered (out of attempts, or :class:`DeadLetter`).
+        reclaimed: claimed rows whose earlier lease had run out (a worker was lost).
+        lost: rows whose lease had passed to another worker before the pass marked
+            them (a sink that outlived the lease); the other worker's mark stands.
+    """
+
+    claimed: int = 0
+    sent: int = 0
+    failed: int = 0
+    dead: int = 0
+    reclaimed: int = 0
+    lost: int = 0
+
+
+class DeadLetter(Exception):  # noqa: N818 - names what happens to the row
+    """Raised by a sink for a message no retry can handle: the row is dead-lettered at
+    once, with this as its ``last_error``."""
+
+
+# The route.
+
+
+class OutboxRoute:
+    """A :class:`~statifier.router.routes.Route` that inserts one outbox row per send.
+
+    Args:
+        adapter: the SQL adapter whose database holds the ``outbox`` table (the
+            router's configuration's).
+        clock: the time new rows are stamped with (due at once); the wall clock by
+            default.
+
+    Register it with a queue: ``routes={"pickups": (OutboxRoute(adapter), {"queue":
+    "pickups"})}``; an optional ``"target"`` in the configuration is copied into each
+    row for the sink.
+    """
+
+    def __init__(self, adapter: SqlAdapter, *, clock: Clock | None = None) -> None:
+        self.adapter = adapter
+        self.clock = clock or _wall_clock
+        self._sql = _statements(adapter)
+
+    async def deliver(
+        self,
+        config: Mapping[str, Any],
+        event: Event,
+        key: IdempotencyKey,
+        tx: SqlTransaction | None,
+    ) -> Refused | None:
+        """Insert the send's row on ``tx`` (a transaction of its own when ``tx`` is
+        ``None``, on a live session), once per ``(queue, key)``.
+
+        Raises:
+            ConfigError: the configuration names no queue.
+        """
+        queue = config.get("queue")
+        if not isinstance(queue, str) or not queue:
+            raise ConfigError(
+                "an OutboxRoute's configuration names its queue, as {'queue': 'pickups'}; "
+                f"got {dict(config)!r}"
+            )
+        target = config.get("target")
+        await self.hand_off(
+            tx,
+            queue,
+            key,
+            event,
+            target=target if isinstance(target, str) else None,
+            # At the executor seam the key's scope is the sending execution's id; on a
+            # live session it is a session id, which names no execution.
+            execution_id=key.scope if tx is not None else None,
+        )
+        return None
+
+    async def hand_off(
+        self,
+        tx: SqlTransaction | None,
+        queue: str,
+        key: IdempotencyKey | str,
+        event: Event,
+        *,
+        target: str | None = None,
+        execution_id: str | None = None,
+        scope: str | None = None,
+        now: datetime | None = None,
+    ) -> None:
+        """Insert the row ``(queue, str(key))`` carrying ``event`` on ``tx``, unless it
+        exists (then nothing changes); with ``tx`` ``None``, in a transaction of its
+        own. ``now`` (the route's clock by default) is when the row is due.
+
+        Raises:
+            ValueError: ``event`` cannot be stored (see
+                :func:`~statifier.core.positions.dump_event`), or ``now`` is naive.
+        """
+        moment = self.clock() if now is None else _aware(now)
+        payload = {
+            # As text: the bytes dump_event wrote, in its key order, which jsonb would
+            # not keep (and a form POST built from the event would show).
+            "event": dump_event(event).decode("utf-8"),
+            "key": str(key),
+            "sendid": event.sendid,
+            "target": target,
+            "execution_id": execution_id,
+            "scope": scope,
+        }
+        if tx is None:
+            async with self.adapter.transaction() as own:
+                await self._sql.insert(own.driver, queue, str(key), payload, moment)
+            return
+        await self._sql.insert(tx.driver, queue, str(key), payload, moment)
+
+
+# The drain.
+
+
+@dataclass(frozen=True, slots=True)
+class _Claimed:
+    """A row the pass leased: what its sink needs, and whether a lease had lapsed."""
+
+    id: Any
+    queue: str
+    key: str
+    payload: Mapping[str, Any]
+    attempts: int
+    reclaimed: bool
+
+
+class OutboxDrain:
+    """Hands committed outbox rows to their queues' sinks (see the module docstring).
+
+    Args:
+        source: the SQL adapter, or a router configuration (its adapter, and its
+            storage's clock unless ``clock`` is given).
+        sinks: ``queue -> sink``; only these queues are drained (none: read only).
+        max_attempts: attempts before a row is dead-lettered (at least 1).
+        backoff: the wait between attempts.
+        lease: how long a claimed row is the claiming worker's; it must outlast a
+            sink call, or another worker may call the sink for the row meanwhile.
+        batch: the most rows one pass claims; their sinks run concurrently.
+        clock: the time leases, attempts and marks are measured by.
+
+    Raises:
+        ConfigError: a sink that is not callable, or a bound out of range.
+    """
+
+    def __init__(
+        self,
+        source: SqlAdapter | RouterConfig,
+        sinks: Mapping[str, Sink],
+        *,
+        max_attempts: int = 8,
+        backoff: Backoff | None = None,
+        lease: timedelta | float = timedelta(seconds=60),
+        batch: int = 10,
+        clock: Clock | None = None,
+    ) -> None:
+        if isinstance(source, SqlAdapter):
+            self.adapter = source
+            self.clock = clock or _wall_clock
+        else:
+            self.adapter = source.adapter
+            self.clock = clock or source.storage.clock
+        for queue, sink in sinks.items():
+            if not queue or not callable(sink):
+                raise ConfigError(f"a sink is a callable under a queue name: {queue!r}: {sink!r}")
+        self.sinks: Mapping[str, Sink] = dict(sinks)
+        if max_attempts < 1:
+            raise ConfigError(f"max_attempts must be a positive integer, not {max_attempts!r}")
+        if batch < 1:
+            raise ConfigError(f"batch must be a positive integer, not {batch!r}")
+        held = lease if isinstance(lease, timedelta) else timedelta(seconds=lease)
+        if held <= timedelta(0):
+            raise ConfigError(f"lease must be positive, not {lease!r}")
+        self.max_attempts = max_attempts
+        self.backoff = backoff or Backoff()
+        self.lease = held
+        self.batch = batch
+        self._sql = _statements(self.adapter)
+
+    async def drain_once(self, now: datetime | None = None) -> DrainReport:
+        """One pass: lease up to ``batch`` due rows of the sinks' queues, call their
+        sinks concurrently, outside any transaction, and mark each row as its sink
+        settles. ``now`` (the clock by default) is the pass's time throughout.
+
+        Raises:
+            Exception: from the database. A row whose sink ran but whose mark failed
+                stays leased, and is tried again once the lease runs out.
+        """
+        if not self.sinks:
+            return DrainReport()
+        started = time.perf_counter()
+        moment = self.clock() if now is None else _aware(now)
+        token = secrets.token_hex(16)
+        async with self.adapter.transaction() as tx:
+            claimed = await self._sql.claim(
+                tx.driver, sorted(self.sinks), moment, moment + self.lease, token, self.batch
+            )
+        if not claimed:
+            return DrainReport()
+        answers = await asyncio.gather(
+            *(self._settle(row, token, now) for row in claimed), return_exceptions=True
+        )
+        counts = {"sent": 0, "failed": 0, "dead": 0, "lost": 0}
+        for answer in answers:
+            if isinstance(answer, BaseException):
+                raise answer
+            counts[answer] += 1
+        drained = DrainReport(
+            claimed=len(claimed), reclaimed=sum(row.reclaimed for row in claimed), **counts
+        )
+        report(
+            _TELEMETRY,
+            {
+                "duration": time.perf_counter() - started,
+                "claimed": drained.claimed,
+                "sent": drained.sent,
+                "failed": drained.failed,
+                "dead": drained.dead,
+                "reclaimed": drained.reclaimed,
+                "lost": drained.lost,
+            },
+            {"queues": tuple(sorted({row.queue for row in claimed}))},
+        )
+        return drained
+
+    async def _settle(
+        self, row: _Claimed, token: str, now: datetime | None
+    ) -> Literal["sent", "failed", "dead", "lost"]:
+        """Call the row's sink and mark the row; answers what became of it."""
+        error: str | None = None
+        dead = False
+        try:
+            message = _message(row, final=row.attempts + 1 >= self.max_attempts)
+        except ValueError as unreadable:
+            error, dead = f"the payload is unreadable: {unreadable}", True
+        else:
+            try:
+                await settle(self.sinks[row.queue](message))
+            except DeadLetter as given_up:
+                error, dead = _said(given_up), True
+            except Exception as failure:  # noqa: BLE001 - a sink's failure is the row's
+                error = _said(failure)
+        moment = self.clock() if now is None else now
+        async with self.adapter.transaction() as tx:
+            if error is None:
+                marked = await self._sql.mark_sent(tx.driver, row.id, token, moment)
+                return "sent" if marked else "lost"
+            failures = row.attempts + 1
+            dead = dead or failures >= self.max_attempts
+            marked = await self._sql.mark_failed(
+                tx.driver,
+                row.id,
+                token,
+                error=error,
+                next_at=moment + self.backoff.delay(failures),
+                dead_at=moment if dead else None,
+            )
+        if not marked:
+            return "lost"
+        return "dead" if dead else "failed"
+
+    async def run(self, stop: asyncio.Event, idle: float = 0.5) -> None:
+        """Drain until ``stop`` is set: pass after pass while passes fill their batch,
+        waiting ``idle`` seconds (or for ``stop``) after one that did not. A pass that
+        raises (the database went away) is logged, and the next comes after ``idle``.
+        """
+        while not stop.is_set():
+            try:
+                drained = await self.drain_once()
+            except Exception:  # noqa: BLE001 - a worker outlives a failed pass
+                _log.exception("an outbox drain pass failed")
+                drained = DrainReport()
+            if drained.claimed >= self.batch:
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), idle)
+
+    async def rows(
+        self,
+        *,
+        queue: str | None = None,
+        state: Literal["pending", "sent", "dead"] | None = None,
+    ) -> list[OutboxRow]:
+        """Outbox rows in id order: every row, or one queue's, or those pending (not
+        sent, not dead: leased ones too), sent, or dead."""
+        async with self.adapter.transaction() as tx:
+            return await self._sql.rows(tx.driver, queue, state)
+
+    async def pending(self, queue: str | None = None) -> list[OutboxRow]:
+        """The rows neither sent nor dead-lettered, leased ones included."""
+        return await self.rows(queue=queue, state="pending")
+
+    async def dead_letters(self, queue: str | None = None) -> list[OutboxRow]:
+        """The dead-lettered rows."""
+        return await self.rows(queue=queue, state="dead")
+
+    async def retry_dead(
+        self, key_or_id: str | int | uuid.UUID, *, queue: str | None = None
+    ) -> int:
+        """Re-arm dead rows: a string is a row key (in every queue, or ``queue``'s),
+        anything else a row id. They are due at once with a fresh round of attempts;
+        ``last_error`` stays until the next failure. Answers how many were re-armed."""
+        async with self.adapter.transaction() as tx:
+            return await self._sql.retry_dead(tx.driver, key_or_id, queue, self.clock())
+
+
+def _message(row: _Claimed, *, final: bool) -> OutboxMessage:
+    payload = row.payload
+
+    def text(name: str) -> str | None:
+        value = payload.get(name)
+        return value if isinstance(value, str) else None
+
+    return OutboxMessage(
+        row.queue,
+        row.key,
+        _event(payload),
+        target=text("target"),
+        execution_id=text("execution_id"),
+        scope=text("scope"),
+        sendid=text("sendid"),
+        attempts=row.attempts,
+        final=final,
+    )
+
+
+def _event(payload: Mapping[str, Any]) -> Event:
+    """The event a payload stores.
+
+    Raises:
+        ValueError: it stores none.
+    """
+    try:
+        stored = payload["event"]
+        text = stored if isinstance(stored, str) else json.dumps(stored)
+        return load_event(text.encode("utf-8"))
+    except (KeyError, TypeError, ValueError, NotAPosition) as error:
+        raise ValueError(f"no stored event ({type(error).__name__})") from None
+
+
+def _said(error: BaseException) -> str:
+    """A short account of a failure for ``last_error``: its class and message, cut."""
+    text = str(error)
+    said = f"{type(error).__name__}: {text}" if text else type(error).__name__
+    return said if len(said) <= _ERROR_LIMIT else f"{said[: _ERROR_LIMIT - 1]}…"
+
+
+# The statements, one class per database.
+
+_COLUMNS: Final = (
+    "id, queue, key, payload, attempts, next_attempt_at, lease, leased_until, sent_at, "
+    "dead_at, last_error, inserted_at"
+)
+_STATES: Final = {
+    None: "1 = 1",
+    "pending": "sent_at IS NULL AND dead_at IS NULL",
+    "sent": "sent_at IS NOT NULL",
+    "dead": "dead_at IS NOT NULL",
+}
+
+
+def _statements(adapter: SqlAdapter) -> _PostgresOutbox | _SqliteOutbox:
+    if isinstance(adapter.engine, AsyncEngine):
+        return _PostgresOutbox(adapter)
+    return _SqliteOutbox(adapter)
+
+
+class _PostgresOutbox:
+    """The outbox's statements on psycopg 3 (``%(name)s`` parameters, JSON as text
+    cast to ``jsonb``)."""
+
+    def __init__(self, adapter: SqlAdapter) -> None:
+        table = TableNames.of(adapter.tables).outbox
+        self.table = table
+        self.client_keys = adapter.tables.options.key_default
+        key_column, key_value = ("id, ", "%(id)s, ") if self.client_keys else ("", "")
+        self.insert_text = (
+            f"INSERT INTO {table} ({key_column}queue, key, payload, attempts, "
+            f"next_attempt_at, inserted_at) VALUES ({key_value}%(queue)s, %(key)s, "
+            "%(payload)s::jsonb, 0, %(now)s, %(now)s) ON CONFLICT (queue, key) DO NOTHING"
+        )
+        # The rows are locked as they are picked and skipped by a concurrent claim; a
+        # row another claim committed meanwhile is re-checked against the conditions
+        # (it is leased now) and left out.
+        self.claim_text = (
+            f"WITH picked AS (SELECT id, lease IS NOT NULL AS lapsed FROM {table} "
+            "WHERE sent_at IS NULL AND dead_at IS NULL AND next_attempt_at <= %(now)s "
+            "AND (leased_until IS NULL OR leased_until <= %(now)s) "
+            "AND queue = ANY(%(queues)s) ORDER BY id LIMIT %(limit)s "
+            f"FOR UPDATE SKIP LOCKED) UPDATE {table} AS o SET lease = %(token)s, "
+            "leased_until = %(until)s FROM picked WHERE o.id = picked.id "
+            "RETURNING o.id, o.queue, o.key, o.payload, o.attempts, picked.lapsed"
+        )
+        self.sent_text = (
+            f"UPDATE {table} SET sent_at = %(now)s, lease = NULL, leased_until = NULL "
+            "WHERE id = %(id)s AND lease = %(token)s"
+        )
+        self.failed_text = (
+            f"UPDATE {table} SET attempts = attempts + 1, last_error = %(error)s, "
+            "next_attempt_at = %(next_at)s, dead_at = %(dead_at)s, lease = NULL, "
+            "leased_until = NULL WHERE id = %(id)s AND lease = %(token)s"
+        )
+        self.rows_text = (
+            f"SELECT {_COLUMNS} FROM {table} WHERE {{state}} "
+            "AND (%(queue)s::text IS NULL OR queue = %(queue)s) ORDER BY id"
+        )
+        self.retry_text = (
+            f"UPDATE {table} SET dead_at = NULL, attempts = 0, next_attempt_at = %(now)s, "
+            "lease = NULL, leased_until = NULL WHERE dead_at IS NOT NULL AND {which} "
+            "AND (%(queue)s::text IS NULL OR queue = %(queue)s)"
+        )
+
+    async def insert(
+        self, driver: Any, queue: str, key: str, payload: Mapping[str, Any], now: datetime
+    ) -> None:
+        values: dict[str, Any] = {
+            "queue": queue,
+            "key": key,
+            "payload": json.dumps(payload),
+            "now": now,
+        }
+        if self.client_keys is not None:
+            values["id"] = self.client_keys()
+        await driver.execute(self.insert_text, values)
+
+    async def claim(
+        self,
+        driver: Any,
+        queues: Sequence[str],
+        now: datetime,
+        until: datetime,
+        token: str,
+        limit: int,
+    ) -> list[_Claimed]:
+        values = {
+            "now": now,
+            "until": until,
+            "token": token,
+            "queues": list(queues),
+            "limit": limit,
+        }
+        cursor = await driver.execute(self.claim_text, values)
+        rows = [
+            _Claimed(r[0], r[1], r[2], _loaded(r[3]), int(r[4]), bool(r[5]))
+            for r in await cursor.fetchall()
+        ]
+        return sorted(rows, key=lambda row: row.id)  # RETURNING keeps no order
+
+    async def mark_sent(self, driver: Any, row_id: Any, token: str, now: datetime) -> bool:
+        cursor = await driver.execute(self.sent_text, {"id": row_id, "token": token, "now": now})
+        return int(cursor.rowcount) == 1
+
+    async def mark_failed(
+        self,
+        driver: Any,
+        row_id: Any,
+        token: str,
+        *,
+        error: str,
+        next_at: datetime,
+        dead_at: datetime | None,
+    ) -> bool:
+        values = {
+            "id": row_id,
+            "token": token,
+            "error": error,
+            "next_at": next_at,
+            "dead_at": dead_at,
+        }
+        cursor = await driver.execute(self.failed_text, values)
+        return int(cursor.rowcount) == 1
+
+    async def rows(self, driver: Any, queue: str | None, state: str | None) -> list[OutboxRow]:
+        text = self.rows_text.format(state=_STATES[state])
+        cursor = await driver.execute(text, {"queue": queue})
+        return [
+            _row(r, _loaded(r[3]), r[5], r[7], r[8], r[9], r[11]) for r in await cursor.fetchall()
+        ]
+
+    async def retry_dead(
+        self, driver: Any, key_or_id: str | int | uuid.UUID, queue: str | None, now: datetime
+    ) -> int:
+        which = "key = %(which)s" if isinstance(key_or_id, str) else "id = %(which)s"
+        values = {"which": key_or_id, "queue": queue, "now": now}
+        cursor = await driver.execute(self.retry_text.format(which=which), values)
+        return int(cursor.rowcount)
+
+
+class _SqliteOutbox:
+    """The outbox's statements on ``sqlite3`` (``:name`` parameters, times as UTC
+    text), run under the adapter's single writer: no claim races another."""
+
+    def __init__(self, adapter: SqlAdapter) -> None:
+        table = TableNames.of(adapter.tables).outbox
+        self.client_keys = adapter.tables.options.key_default
+        key_column, key_value = ("id, ", ":id, ") if self.client_keys else ("", "")
+        self.insert_text = (
+            f"INSERT INTO {table} ({key_column}queue, key, payload, attempts, "
+            f"next_attempt_at, inserted_at) VALUES ({key_value}:queue, :key, :payload, 0, "
+            ":now, :now) ON CONFLICT (queue, key) DO NOTHING"
+        )
+        self.pick_text = (
+            f"SELECT id, queue, key, payload, attempts, lease IS NOT NULL FROM {table} "
+            "WHERE sent_at IS NULL AND dead_at IS NULL AND next_attempt_at <= :now "
+            "AND (leased_until IS NULL OR leased_until <= :now) "
+            "AND queue IN (SELECT value FROM json_each(:queues)) ORDER BY id LIMIT :limit"
+        )
+        self.lease_text = (
+            f"UPDATE {table} SET lease = :token, leased_until = :until "
+            "WHERE id IN (SELECT value FROM json_each(:ids))"
+        )
+        self.sent_text = (
+            f"UPDATE {table} SET sent_at = :now, lease = NULL, leased_until = NULL "
+            "WHERE id = :id AND lease = :token"
+        )
+        self.failed_text = (
+            f"UPDATE {table} SET attempts = attempts + 1, last_error = :error, "
+            "next_attempt_at = :next_at, dead_at = :dead_at, lease = NULL, "
+            "leased_until = NULL WHERE id = :id AND lease = :token"
+        )
+        self.rows_text = (
+            f"SELECT {_COLUMNS} FROM {table} WHERE {{state}} "
+            "AND (:queue IS NULL OR queue = :queue) ORDER BY id"
+        )
+        self.retry_text = (
+            f"UPDATE {table} SET dead_at = NULL, attempts = 0, next_attempt_at = :now, "
+            "lease = NULL, leased_until = NULL WHERE dead_at IS NOT NULL AND {which} "
+            "AND (:queue IS NULL OR queue = :queue)"
+        )
+
+    async def insert(
+        self, driver: Any, queue: str, key: str, payload: Mapping[str, Any], now: datetime
+    ) -> None:
+        values: dict[str, Any] = {
+            "queue": queue,
+            "key": key,
+            "payload": json.dumps(payload),
+            "now": utc_text(now),
+        }
+        if self.client_keys is not None:
+            values["id"] = self.client_keys().hex  # as SQLAlchemy stores a UUID there
+        driver.execute(self.insert_text, values)
+
+    async def claim(
+        self,
+        driver: Any,
+        queues: Sequence[str],
+        now: datetime,
+        until: datetime,
+        token: str,
+        limit: int,
+    ) -> list[_Claimed]:
+        values = {"now": utc_text(now), "queues": json.dumps(list(queues)), "limit": limit}
+        rows = [
+            _Claimed(r[0], r[1], r[2], _loaded(r[3]), int(r[4]), bool(r[5]))
+            for r in driver.execute(self.pick_text, values).fetchall()
+        ]
+        if rows:
+            ids = json.dumps([row.id for row in rows])
+            driver.execute(self.lease_text, {"token": token, "until": utc_text(until), "ids": ids})
+        return rows
+
+    async def mark_sent(self, driver: Any, row_id: Any, token: str, now: datetime) -> bool:
+        values = {"id": row_id, "token": token, "now": utc_text(now)}
+        return int(driver.execute(self.sent_text, values).rowcount) == 1
+
+    async def mark_failed(
+        self,
+        driver: Any,
+        row_id: Any,
+        token: str,
+        *,
+        error: str,
+        next_at: datetime,
+        dead_at: datetime | None,
+    ) -> bool:
+        values = {
+            "id": row_id,
+            "token": token,
+            "error": error,
+            "next_at": utc_text(next_at),
+            "dead_at": utc_text(dead_at),
+        }
+        return int(driver.execute(self.failed_text, values).rowcount) == 1
+
+    async def rows(self, driver: Any, queue: str | None, state: str | None) -> list[OutboxRow]:
+        text = self.rows_text.format(state=_STATES[state])
+        uuids = self.client_keys is not None
+        return [
+            _row(
+                # A UUID key is stored as its hex digits: read back as the UUID it is.
+                (uuid.UUID(r[0]), *r[1:]) if uuids else r,
+                _loaded(r[3]),
+                utc_time(r[5]),
+                utc_time(r[7]),
+                utc_time(r[8]),
+                utc_time(r[9]),
+                utc_time(r[11]),
+            )
+            for r in driver.execute(text, {"queue": queue}).fetchall()
+        ]
+
+    async def retry_dead(
+        self, driver: Any, key_or_id: str | int | uuid.UUID, queue: str | None, now: datetime
+    ) -> int:
+        which = "key = :which" if isinstance(key_or_id, str) else "id = :which"
+        chosen = key_or_id.hex if isinstance(key_or_id, uuid.UUID) else key_or_id
+        values = {"which": chosen, "queue": queue, "now": utc_text(now)}
+        return int(driver.execute(self.retry_text.format(which=which), values).rowcount)
+
+
+def _loaded(payload: Any) -> Mapping[str, Any]:
+    """A payload as read: PostgreSQL's driver answers ``jsonb`` parsed, SQLite text."""
+    value = json.loads(payload) if isinstance(payload, str | bytes) else payload
+    return value if isinstance(value, dict) else {}
+
+
+def _row(
+    r: Sequence[Any],
+    payload: Mapping[str, Any],
+    next_attempt_at: datetime | None,
+    leased_until: datetime | None,
+    sent_at: datetime | None,
+    dead_at: datetime | None,
+    inserted_at: datetime | None,
+) -> OutboxRow:
+    assert next_attempt_at is not None
+    assert inserted_at is not None
+    return OutboxRow(
+        r[0],
+        queue=r[1],
+        key=r[2],
+        payload=payload,
+        attempts=int(r[4]),
+        next_attempt_at=next_attempt_at,
+        lease=r[6],
+        leased_until=leased_until,
+        sent_at=sent_at,
+        dead_at=dead_at,
+        last_error=r[10],
+        inserted_at=inserted_at,
+    )

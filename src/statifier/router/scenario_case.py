@@ -1,0 +1,389 @@
+"""The routing case format that ``statifier scenario`` reads (run by
+:mod:`statifier.router.scenario`).
+
+A case is a JSON object (at most 1 MiB, at most 10,000 steps). A *script case* runs
+events through the router:
+
+``document``
+    The document whose execution the report describes.
+``scope``
+    The scope of every delivered event.
+``bindings``
+    A list of bindings as :meth:`~statifier.router.Binding.from_mapping` reads them.
+``script``
+    The steps, in order: ``{"deliver": {"source": S, "message_id": M, "data": {...}}}``
+    routes one event (``data`` in the tagged JSON encoding, see
+    :mod:`statifier.expr.tagged`); ``{"advance": "PT24H"}`` moves the clock by an ISO
+    8601 duration of days, hours, minutes and seconds, firing the timers due on the
+    way; ``{"reap": "addresses"}`` and ``{"reap": "dedupe"}`` run one reaper pass.
+``routes`` (optional)
+    The names of the registered routes, each served by a recording adapter: a chart
+    reaches one with ``<send type="scenario:route" target="NAME">`` (the router's
+    send type is always :data:`SEND_TYPE`), and a send to any other name is refused.
+``on_complete`` (optional)
+    One of ``routes``: it is handed ``done.execution`` when an execution finishes.
+``expected`` (optional)
+    Any keys of the report, compared exactly (``1`` is not ``1.0`` nor ``true``).
+``start`` (optional)
+    The clock's start, an ISO 8601 datetime with an offset (default
+    2026-01-01T00:00:00Z; the command's ``--start`` wins over it).
+``description`` (optional)
+    What the case shows, for the reader; never read by the runner.
+
+A *publish case* has ``declarations`` and no script: it runs the publish-time
+contracts (:func:`statifier.router.contracts.check`) over the chart of ``document``
+and touches no database. Its keys are ``document``, ``declarations`` (an object:
+document -> the list of event names it declares, or ``null`` for none), and
+optionally ``bindings``, ``routes``, ``on_complete``, ``expected`` (with the one key
+``contracts``) and ``description``.
+
+>>> parse_duration("P1DT0.5S")
+datetime.timedelta(days=1, microseconds=500000)
+>>> parse_duration("P1M")
+Traceback (most recent call last):
+...
+statifier.router.scenario_case.CaseError: 'P1M' is not a duration of the form PnDTnHnMnS
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, Final
+
+from statifier.expr import parse_datetime
+from statifier.expr.tagged import TaggedValueError, decode
+from statifier.router.binding import Binding
+from statifier.router.config import checked_bindings
+from statifier.router.errors import RouterError
+from statifier.router.outcomes import InboundEvent
+
+__all__ = [
+    "CONTRACT_KEYS",
+    "DEFAULT_START",
+    "MAX_CASE_BYTES",
+    "MAX_STEPS",
+    "REPORT_KEYS",
+    "SEND_TYPE",
+    "Advance",
+    "Case",
+    "CaseError",
+    "Deliver",
+    "Reap",
+    "Step",
+    "parse_duration",
+    "parse_start",
+]
+
+MAX_CASE_BYTES: Final = 1 << 20
+MAX_STEPS: Final = 10_000
+DEFAULT_START: Final = datetime(2026, 1, 1, tzinfo=UTC)
+SEND_TYPE: Final = "scenario:route"
+"""The router's send type in every case: the ``type`` of a chart's sends to routes and
+to ``target="execution"``."""
+REPORT_KEYS: Final = ("ledger", "status", "configuration", "datamodel", "timers", "sends")
+"""The keys of a script case's report, in report order."""
+CONTRACT_KEYS: Final = ("contracts",)
+"""The one key of a publish case's report."""
+_SCRIPT_KEYS: Final = ("document", "scope", "bindings", "script")
+_SCRIPT_OPTIONAL: Final = ("expected", "start", "description", "routes", "on_complete")
+_PUBLISH_KEYS: Final = ("document", "declarations")
+_PUBLISH_OPTIONAL: Final = ("bindings", "routes", "on_complete", "expected", "description")
+_DURATION: Final = re.compile(
+    r"P(?:(?P<days>\d+)D)?"
+    r"(?:T(?:(?P<hours>\d+(?:\.\d+)?)H)?(?:(?P<minutes>\d+(?:\.\d+)?)M)?"
+    r"(?:(?P<seconds>\d+(?:\.\d+)?)S)?)?"
+)
+
+Declarations = Mapping[str, tuple[str, ...] | None]
+
+
+class CaseError(ValueError):
+    """A case the runner refuses (unreadable, malformed, or failing to run); the
+    message says where and what, in one line."""
+
+
+@dataclass(frozen=True, slots=True)
+class Deliver:
+    """Route one event with :func:`~statifier.router.route`."""
+
+    event: InboundEvent
+
+
+@dataclass(frozen=True, slots=True)
+class Advance:
+    """Move the virtual clock forward, firing the timers due on the way."""
+
+    by: timedelta
+
+
+@dataclass(frozen=True, slots=True)
+class Reap:
+    """Run one pass of a reaper: ``"addresses"`` or ``"dedupe"``."""
+
+    table: str
+
+
+Step = Deliver | Advance | Reap
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    """A routing case, checked as it is read (see the module docstring).
+
+    A publish case has ``declarations`` (and an empty ``scope`` and ``script``).
+    """
+
+    document: str
+    scope: str
+    bindings: tuple[Binding, ...]
+    script: tuple[Step, ...]
+    expected: Mapping[str, Any] | None = None
+    start: datetime | None = None
+    routes: tuple[str, ...] = ()
+    on_complete: str | None = None
+    declarations: Declarations | None = None
+
+    @property
+    def publish(self) -> bool:
+        """Whether this is a publish case (its report is the contracts)."""
+        return self.declarations is not None
+
+    @classmethod
+    def load(cls, path: Path) -> Case:
+        """The case in the file at ``path``.
+
+        Raises:
+            CaseError: the file cannot be read, is too big, or is not a valid case.
+        """
+        try:
+            with path.open("rb") as handle:
+                data = handle.read(MAX_CASE_BYTES + 1)
+        except OSError as error:
+            raise CaseError(f"cannot read: {error.strerror}") from None
+        if len(data) > MAX_CASE_BYTES:
+            raise CaseError(f"larger than {MAX_CASE_BYTES} bytes")
+        return cls.from_json(data)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Case:
+        """The case a JSON document spells.
+
+        Raises:
+            CaseError: invalid JSON (or a key given twice), or not a valid case.
+        """
+        try:
+            raw = json.loads(text, object_pairs_hook=_unique_keys)
+        except (ValueError, UnicodeDecodeError) as error:
+            raise CaseError(f"not valid JSON: {error}") from None
+        return cls.from_mapping(raw)
+
+    @classmethod
+    def from_mapping(cls, raw: object) -> Case:
+        """The case a parsed JSON value spells.
+
+        Raises:
+            CaseError: an unknown or missing key, or a value of the wrong shape.
+        """
+        if not isinstance(raw, dict):
+            raise CaseError(f"a case is a JSON object, not {type(raw).__name__}")
+        publish = "declarations" in raw
+        if publish and "script" in raw:
+            raise CaseError("a case with declarations is a publish case: it has no script")
+        required, optional = (
+            (_PUBLISH_KEYS, _PUBLISH_OPTIONAL) if publish else (_SCRIPT_KEYS, _SCRIPT_OPTIONAL)
+        )
+        for name in raw:
+            if name not in required and name not in optional:
+                kind = " of a publish case" if publish and name in _SCRIPT_KEYS else ""
+                raise CaseError(f"unknown key {name!r}{kind}")
+        for name in required:
+            if name not in raw:
+                raise CaseError(f"the key {name!r} is required")
+        document = _text(raw, "document")
+        routes = _routes(raw.get("routes", []))
+        on_complete = _on_complete(raw["on_complete"], routes) if "on_complete" in raw else None
+        bindings = _bindings(raw.get("bindings", []))
+        expected_keys = CONTRACT_KEYS if publish else REPORT_KEYS
+        expected = _expected(raw["expected"], expected_keys) if "expected" in raw else None
+        if publish:
+            return cls(
+                document,
+                "",
+                bindings,
+                (),
+                expected,
+                routes=routes,
+                on_complete=on_complete,
+                declarations=_declarations(raw["declarations"]),
+            )
+        scope = _text(raw, "scope")
+        return cls(
+            document,
+            scope,
+            bindings,
+            _script(scope, raw["script"]),
+            expected,
+            parse_start(raw["start"], "start") if "start" in raw else None,
+            routes,
+            on_complete,
+        )
+
+
+def parse_duration(text: object) -> timedelta:
+    """An ISO 8601 duration of the form ``PnDTnHnMnS`` (``"PT24H"``, ``"P3D"``,
+    ``"PT0.5S"``), as a timedelta.
+
+    Raises:
+        CaseError: any other form (years, months, weeks, a sign, nothing at all).
+    """
+    found = _DURATION.fullmatch(text) if isinstance(text, str) else None
+    if found is None or text in ("P", "PT") or str(text).endswith("T"):
+        raise CaseError(f"{text!r} is not a duration of the form PnDTnHnMnS")
+    parts = {name: float(value) for name, value in found.groupdict().items() if value}
+    return timedelta(**parts)
+
+
+def parse_start(text: object, where: str = "--start") -> datetime:
+    """A start time: an ISO 8601 datetime with an offset, in UTC.
+
+    Raises:
+        CaseError: anything else (naming ``where``).
+    """
+    parsed = parse_datetime(text) if isinstance(text, str) else None
+    if parsed is None or parsed.tzinfo is None:
+        raise CaseError(f"{where}: {text!r} is not an ISO 8601 datetime with an offset")
+    return parsed.astimezone(UTC)
+
+
+def as_json(value: object) -> str:
+    """``value`` as canonical JSON text (sorted keys): how reports are compared."""
+    return json.dumps(value, sort_keys=True, ensure_ascii=False)
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise ValueError(f"the key {key!r} is given twice in one object")
+        result[key] = value
+    return result
+
+
+def _text(raw: Mapping[str, Any], name: str) -> str:
+    value = raw[name]
+    if not isinstance(value, str) or not value:
+        raise CaseError(f"{name} must be a non-empty string, not {as_json(value)}")
+    return value
+
+
+def _routes(raw: object) -> tuple[str, ...]:
+    if not isinstance(raw, list):
+        raise CaseError("routes must be a list of route names")
+    for index, name in enumerate(raw):
+        # A name with a scheme or a fragment is a transport to the router: no send
+        # could ever reach a route so named.
+        if not isinstance(name, str) or not name or ":" in name or name.startswith("#"):
+            raise CaseError(
+                f"routes[{index}]: a route name is a non-empty string without ':' or a "
+                f"leading '#', not {as_json(name)}"
+            )
+        if name == "execution":
+            raise CaseError(f"routes[{index}]: 'execution' is the router's execution target")
+        if name in raw[:index]:
+            raise CaseError(f"routes[{index}]: {name!r} is named twice")
+    return tuple(raw)
+
+
+def _on_complete(raw: object, routes: tuple[str, ...]) -> str:
+    if not isinstance(raw, str) or raw not in routes:
+        raise CaseError(f"on_complete must name one of routes, not {as_json(raw)}")
+    return raw
+
+
+def _declarations(raw: object) -> Declarations:
+    if not isinstance(raw, dict):
+        raise CaseError("declarations must be an object: document -> event names or null")
+    declared: dict[str, tuple[str, ...] | None] = {}
+    for document, events in raw.items():
+        if events is None:
+            declared[document] = None
+            continue
+        if not isinstance(events, list) or not all(isinstance(e, str) and e for e in events):
+            raise CaseError(
+                f"declarations[{document!r}] must be a list of event names or null, "
+                f"not {as_json(events)}"
+            )
+        declared[document] = tuple(events)
+    return declared
+
+
+def _bindings(raw: object) -> tuple[Binding, ...]:
+    if not isinstance(raw, list):
+        raise CaseError("bindings must be a list of binding objects")
+    bindings = []
+    for index, entry in enumerate(raw):
+        try:
+            bindings.append(Binding.from_mapping(entry))
+        except (RouterError, TypeError, ValueError) as error:
+            raise CaseError(f"bindings[{index}]: {error}") from None
+    try:
+        return checked_bindings(bindings)
+    except RouterError as error:
+        raise CaseError(f"bindings: {error}") from None
+
+
+def _script(scope: str, raw: object) -> tuple[Step, ...]:
+    if not isinstance(raw, list):
+        raise CaseError("script must be a list of steps")
+    if len(raw) > MAX_STEPS:
+        raise CaseError(f"script has {len(raw)} steps, more than {MAX_STEPS}")
+    steps = []
+    for index, entry in enumerate(raw):
+        try:
+            steps.append(_step(scope, entry))
+        except CaseError as error:
+            raise CaseError(f"script[{index}]: {error}") from None
+    return tuple(steps)
+
+
+def _step(scope: str, entry: object) -> Step:
+    if not isinstance(entry, dict) or len(entry) != 1:
+        raise CaseError('a step is an object with one key: "deliver", "advance" or "reap"')
+    ((kind, value),) = entry.items()
+    if kind == "advance":
+        return Advance(parse_duration(value))
+    if kind == "reap":
+        if value not in ("addresses", "dedupe"):
+            raise CaseError(f'reap is "addresses" or "dedupe", not {as_json(value)}')
+        return Reap(value)
+    if kind != "deliver":
+        raise CaseError(f'unknown step {kind!r} (one of "deliver", "advance", "reap")')
+    if not isinstance(value, dict):
+        raise CaseError("deliver takes an object: source, message_id and data")
+    unknown = set(value) - {"source", "message_id", "data"}
+    if unknown:
+        raise CaseError(f"deliver: unknown key {sorted(unknown)[0]!r}")
+    source, message_id = value.get("source"), value.get("message_id")
+    if not isinstance(source, str) or not isinstance(message_id, str):
+        raise CaseError("deliver: source and message_id must be strings")
+    try:
+        data = decode(value.get("data", {}))
+        if not isinstance(data, dict):
+            raise CaseError("deliver: data must be a JSON object")
+        return Deliver(InboundEvent(scope=scope, source=source, message_id=message_id, data=data))
+    except (RouterError, TaggedValueError) as error:
+        raise CaseError(f"deliver: {error}") from None
+
+
+def _expected(raw: object, keys: tuple[str, ...]) -> Mapping[str, Any]:
+    if not isinstance(raw, dict):
+        raise CaseError("expected must be an object with report keys")
+    for key in raw:
+        if key not in keys:
+            raise CaseError(f"expected: unknown key {key!r} (one of {', '.join(keys)})")
+    return raw

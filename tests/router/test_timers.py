@@ -1,0 +1,569 @@
+"""The built-in timer queue and its worker, on SQLite and PostgreSQL: due timers step
+their executions (external and internal), route timers reach their route, timers of
+ended or missing executions are discarded, a failing fire is retried later without
+undoing its batch, 10,000 timers fire in due order, a cancel and a fire never both
+succeed, two worker processes fire each timer once, and a worker SIGKILLed at random
+points loses no timer and fires none twice."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import signal
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.router.conftest import RouterDb
+
+from statifier import telemetry
+from statifier.chart import Machine, compile_chart
+from statifier.core import Event
+from statifier.persistence import Executions, Refused, Status
+from statifier.persistence.sql import SqlTransaction
+from statifier.router import RouterConfig, StaticResolver, ledger
+from statifier.router.routes import IdempotencyKey
+from statifier.router.timer_queue import TimerEntry, TimerKind
+from statifier.router.timer_worker import TimerWorker
+from statifier.router.timers import SqlTimerQueue
+
+TIMER_EVENT = "statifier.router.timer"
+PROCESS = Path(__file__).with_name("timer_process.py")
+LOCK_WAIT = 30.0
+SECOND = timedelta(seconds=1)
+
+TICK = """<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="s">
+  <state id="s">
+    <transition event="tick" target="done"/>
+    <transition event="inner" cond="_event.type == 'internal'" target="done"/>
+  </state>
+  <final id="done"/>
+</scxml>"""
+"""Waits in ``s`` for ``tick`` (or an internal ``inner``), then finishes."""
+
+COUNT = """<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="s">
+  <datamodel><data id="n" expr="0"/></datamodel>
+  <state id="s">
+    <transition event="tick"><assign location="n" expr="n + 1"/><log expr="n"/></transition>
+    <transition event="noop"/>
+  </state>
+</scxml>"""
+"""Counts ticks (a targetless transition, logging each); ``noop`` does nothing."""
+
+_CHARTS: dict[str, Machine] = {}
+
+
+def chart(source: str) -> Machine:
+    if source not in _CHARTS:
+        _CHARTS[source] = compile_chart(source)
+    return _CHARTS[source]
+
+
+@dataclass
+class Recorder:
+    """A route adapter that records every hand-off; ``answers`` scripts what it says
+    for an event name (a ``Refused``, or an exception to raise)."""
+
+    seen: list[tuple[Event, IdempotencyKey]] = field(default_factory=list)
+    answers: dict[str, Refused | Exception] = field(default_factory=dict)
+
+    def deliver(
+        self,
+        config: Mapping[str, Any],
+        event: Event,
+        key: IdempotencyKey,
+        tx: SqlTransaction | None,
+    ) -> Refused | None:
+        assert tx is not None  # a fire hands off inside its transaction
+        answer = self.answers.get(event.name)
+        if isinstance(answer, Exception):
+            raise answer
+        if answer is None:
+            self.seen.append((event, key))
+        return answer
+
+
+def timer_config(router_db: RouterDb, recorder: Recorder | None = None) -> RouterConfig:
+    return router_db.config(
+        [],
+        resolver=StaticResolver({"tick": chart(TICK), "count": chart(COUNT)}),
+        send_type="test:sink",
+        routes={"rec": (recorder or Recorder(), {})},
+        lock_wait=LOCK_WAIT,
+    )
+
+
+def entry(
+    execution_id: str,
+    n: int,
+    due_at: datetime,
+    *,
+    event: Event | None = None,
+    kind: TimerKind = TimerKind.EXTERNAL,
+    send_id: str | None = None,
+    position: int = 0,
+    route: str | None = None,
+) -> TimerEntry:
+    """Timer ``n`` of ``execution_id``: its key names ``n``, so each ``n`` is one row."""
+    key = IdempotencyKey(
+        execution_id,
+        send_id=send_id or f"t{n}",
+        macrostep=n,
+        microstep=1,
+        round=0,
+        content_index=0,
+        ordinal=position,
+    )
+    return TimerEntry(
+        execution_id=execution_id,
+        send_id=send_id or f"t{n}",
+        key=key,
+        due_at=due_at,
+        step_position=position,
+        kind=kind,
+        event=event or Event("tick", data={"k": n}),
+        route=route,
+        scope="tenant" if kind is TimerKind.ROUTE else None,
+    )
+
+
+async def schedule(config: RouterConfig, entries: Sequence[TimerEntry]) -> None:
+    assert config.timers is not None
+    async with config.transaction() as unit:
+        for one in entries:
+            await config.timers.schedule(unit.tx, one)
+
+
+async def create(config: RouterConfig, document: str, *execution_ids: str) -> None:
+    async with config.transaction() as unit:
+        for execution_id in execution_ids:
+            await unit.executions.create(execution_id, chart(TICK if document == "tick" else COUNT))
+
+
+async def pending(config: RouterConfig) -> list[tuple[str, str, datetime]]:
+    """Every pending row's ``(execution_id, send_id, due_at)``, in firing order."""
+    queue = config.timers
+    assert isinstance(queue, SqlTimerQueue)
+    far = datetime(9999, 1, 1, tzinfo=UTC)
+    async with config.transaction() as unit:
+        return [
+            (t.entry.execution_id, t.entry.send_id, t.entry.due_at)
+            for t in await queue.claim(unit.tx, far, 1_000_000)
+        ]
+
+
+async def status(config: RouterConfig, execution_id: str) -> Status:
+    record = await config.adapter.fetch_execution(execution_id)
+    assert record is not None
+    return record.status
+
+
+async def logged(config: RouterConfig, execution_id: str) -> list[tuple[str, str, Any]]:
+    """The execution's input log as ``(door, event name, event data)``."""
+    entries = await Executions(config.storage).inputs(execution_id)
+    return [(e.door, e.event.name, e.event.data) for e in entries if e.event is not None]
+
+
+@pytest.fixture
+def timer_reports(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any]]]:
+    """What ``statifier.router.timer`` reports, measurements and metadata merged."""
+    if TIMER_EVENT not in telemetry.EVENTS:  # until the catalog names it
+        events = {**telemetry.EVENTS, TIMER_EVENT: "a due timer was fired or discarded"}
+        monkeypatch.setattr(telemetry, "EVENTS", events)
+    seen: list[dict[str, Any]] = []
+
+    def record(name: str, measurements: Mapping[str, float], metadata: Mapping[str, Any]) -> None:
+        seen.append({**measurements, **metadata})
+
+    telemetry.attach("test_timers", TIMER_EVENT, record)
+    try:
+        yield seen
+    finally:
+        telemetry.detach("test_timers")
+
+
+# One timer at a time.
+
+
+@pytest.mark.asyncio
+async def test_a_due_external_timer_steps_its_execution_and_a_later_one_waits(
+    router_db: RouterDb,
+) -> None:
+    config = timer_config(router_db)
+    await create(config, "tick", "ex_1", "ex_2")
+    now = router_db.clock.now
+    await schedule(config, [entry("ex_1", 1, now + SECOND), entry("ex_2", 2, now + 60 * SECOND)])
+    worker = TimerWorker(config)
+    assert await worker.next_due() == now + SECOND
+
+    assert await worker.fire_due(now) == 0  # nothing due yet
+    assert await status(config, "ex_1") is Status.ACTIVE
+    assert await worker.fire_due(now + SECOND) == 1
+    assert await status(config, "ex_1") is Status.COMPLETED
+    assert await logged(config, "ex_1") == [("timer", "tick", {"k": 1})]
+    assert await status(config, "ex_2") is Status.ACTIVE
+    assert [row[:2] for row in await pending(config)] == [("ex_2", "t2")]
+    assert await worker.next_due() == now + 60 * SECOND
+    assert await ledger(config) == []  # a fire writes no routing-ledger row
+
+    router_db.clock.advance(60 * SECOND)
+    assert await worker.fire_due() == 1  # the storage's clock by default
+    assert await status(config, "ex_2") is Status.COMPLETED
+    assert await worker.next_due() is None
+
+
+@pytest.mark.asyncio
+async def test_an_internal_timer_steps_on_the_internal_queue(router_db: RouterDb) -> None:
+    config = timer_config(router_db)
+    await create(config, "tick", "ex_1")
+    now = router_db.clock.now
+    inner = Event("inner", type="internal", sendid="t1")
+    await schedule(config, [entry("ex_1", 1, now, event=inner, kind=TimerKind.INTERNAL)])
+    assert await TimerWorker(config).fire_due(now) == 1
+    assert await status(config, "ex_1") is Status.COMPLETED
+    assert [(door, name) for door, name, _ in await logged(config, "ex_1")] == [("timer", "inner")]
+
+
+@pytest.mark.asyncio
+async def test_one_key_scheduled_twice_is_one_row(router_db: RouterDb) -> None:
+    config = timer_config(router_db)
+    await create(config, "tick", "ex_1")
+    now = router_db.clock.now
+    await schedule(config, [entry("ex_1", 1, now)])
+    await schedule(config, [entry("ex_1", 1, now + SECOND), entry("ex_1", 1, now)])  # redriven
+    assert await pending(config) == [("ex_1", "t1", now)]
+
+
+@pytest.mark.asyncio
+async def test_a_cancel_deletes_every_row_of_the_send_and_answers_how_many(
+    router_db: RouterDb,
+) -> None:
+    config = timer_config(router_db)
+    now = router_db.clock.now
+    await schedule(
+        config,
+        [
+            entry("ex_1", 1, now, send_id="remind"),
+            entry("ex_1", 2, now + SECOND, send_id="remind"),  # a second send of the id
+            entry("ex_1", 3, now + 2 * SECOND, send_id="remind"),
+            entry("ex_1", 4, now, send_id="other"),
+            entry("ex_2", 5, now, send_id="remind"),  # another execution's
+        ],
+    )
+    assert config.timers is not None
+    async with config.transaction() as unit:
+        assert await config.timers.cancel(unit.tx, "ex_1", "remind") == 3
+        assert await config.timers.cancel(unit.tx, "ex_1", "nothing") == 0
+    assert sorted(row[:2] for row in await pending(config)) == [
+        ("ex_1", "other"),
+        ("ex_2", "remind"),
+    ]
+
+
+@pytest.mark.asyncio
+async def test_timers_of_ended_cancelled_or_missing_executions_are_discarded(
+    router_db: RouterDb, timer_reports: list[dict[str, Any]]
+) -> None:
+    config = timer_config(router_db)
+    await create(config, "tick", "finished", "cancelled", "live")
+    now = router_db.clock.now
+    async with config.transaction() as unit:
+        await unit.executions.step("finished", None, Event("tick"))
+        await unit.executions.cancel("cancelled")
+    await schedule(
+        config,
+        [
+            entry("finished", 1, now),
+            entry("cancelled", 2, now),
+            entry("missing", 3, now),
+            entry("live", 4, now + SECOND),
+        ],
+    )
+    assert await TimerWorker(config).fire_due(now + SECOND) == 4  # all off the queue
+    assert await pending(config) == []
+    outcomes = {(r["execution_id"], r["outcome"], r.get("reason")) for r in timer_reports}
+    assert outcomes == {
+        ("finished", "discarded", "finished"),
+        ("cancelled", "discarded", "finished"),
+        ("missing", "discarded", "no_execution"),
+        ("live", "fired", None),
+    }
+    assert await status(config, "live") is Status.COMPLETED
+    assert [name for _, name, _ in await logged(config, "finished")] == ["tick"]  # not twice
+    lags = sorted(r["lag"] for r in timer_reports)
+    assert lags == [0.0, 1.0, 1.0, 1.0]
+
+
+@pytest.mark.asyncio
+async def test_a_parked_execution_keeps_its_timer_until_it_is_unparked(
+    router_db: RouterDb, timer_reports: list[dict[str, Any]]
+) -> None:
+    config = timer_config(router_db)
+    await create(config, "tick", "ex_1")
+    now = router_db.clock.now
+    await schedule(config, [entry("ex_1", 1, now)])
+    await Executions(config.storage).park("ex_1")
+    worker = TimerWorker(config, retry=30.0)
+    assert await worker.fire_due(now) == 0
+    assert await pending(config) == [("ex_1", "t1", now + 30 * SECOND)]  # retried later
+    assert [(r["outcome"], r["error"].split(":")[0]) for r in timer_reports] == [
+        ("failed", "ExecutionParked")
+    ]
+    await Executions(config.storage).unpark("ex_1")
+    assert await worker.fire_due(now + 29 * SECOND) == 0
+    assert await worker.fire_due(now + 30 * SECOND) == 1
+    assert await status(config, "ex_1") is Status.COMPLETED
+
+
+# Route timers.
+
+
+@pytest.mark.asyncio
+async def test_a_route_timer_reaches_its_route_under_the_sends_key(router_db: RouterDb) -> None:
+    recorder = Recorder()
+    config = timer_config(router_db, recorder)
+    now = router_db.clock.now
+    due = entry("ex_1", 1, now, kind=TimerKind.ROUTE, route="rec", event=Event("joined"))
+    await schedule(config, [due])
+    assert await TimerWorker(config).fire_due(now) == 1
+    assert recorder.seen == [(Event("joined"), due.key)]
+    assert await pending(config) == []
+    assert await ledger(config) == []
+
+
+@pytest.mark.asyncio
+async def test_an_unregistered_or_refusing_route_discards_its_timer(
+    router_db: RouterDb, timer_reports: list[dict[str, Any]]
+) -> None:
+    recorder = Recorder(answers={"no": Refused("the sink is full")})
+    config = timer_config(router_db, recorder)
+    now = router_db.clock.now
+    await schedule(
+        config,
+        [
+            entry("ex_1", 1, now, kind=TimerKind.ROUTE, route="gone"),
+            entry("ex_1", 2, now + SECOND, kind=TimerKind.ROUTE, route="rec", event=Event("no")),
+        ],
+    )
+    assert await TimerWorker(config).fire_due(now + SECOND) == 2
+    assert await pending(config) == []
+    assert recorder.seen == []
+    assert [(r["outcome"], r["reason"]) for r in timer_reports] == [
+        ("unregistered", "no route 'gone'"),
+        ("refused", "the sink is full"),
+    ]
+
+
+@pytest.mark.asyncio
+async def test_a_fire_that_raises_is_retried_later_and_the_rest_of_its_batch_stands(
+    router_db: RouterDb, timer_reports: list[dict[str, Any]]
+) -> None:
+    recorder = Recorder(answers={"boom": RuntimeError("the sink is down")})
+    config = timer_config(router_db, recorder)
+    now = router_db.clock.now
+    await schedule(
+        config,
+        [
+            entry("ex_1", 1, now, kind=TimerKind.ROUTE, route="rec", event=Event("a")),
+            entry("ex_1", 2, now, kind=TimerKind.ROUTE, route="rec", event=Event("boom")),
+            entry("ex_1", 3, now, kind=TimerKind.ROUTE, route="rec", event=Event("b")),
+        ],
+    )
+    worker = TimerWorker(config, retry=10.0)
+    assert await worker.fire_due(now) == 2
+    assert [event.name for event, _ in recorder.seen] == ["a", "b"]
+    assert await pending(config) == [("ex_1", "t2", now + 10 * SECOND)]
+    assert timer_reports[1]["outcome"] == "failed"
+    assert timer_reports[1]["error"] == "RuntimeError: the sink is down"
+    del recorder.answers["boom"]
+    assert await worker.fire_due(now + 10 * SECOND) == 1
+    assert [event.name for event, _ in recorder.seen] == ["a", "b", "boom"]
+
+
+# Order.
+
+
+@pytest.mark.asyncio
+async def test_ten_thousand_timers_fire_in_due_order(router_db: RouterDb) -> None:
+    recorder = Recorder()
+    config = timer_config(router_db, recorder)
+    now = router_db.clock.now
+    chooser = random.Random(1201)
+    # About five timers per due instant, scheduled out of due order; among one
+    # instant's timers the later-scheduled has the later step position.
+    dues = [chooser.randrange(2_000) for _ in range(10_000)]
+    positions: dict[int, int] = {}
+    entries = []
+    for n, due in enumerate(dues):
+        position = positions[due] = positions.get(due, -1) + 1
+        entries.append(
+            entry(
+                f"ex_{n % 37}",
+                n,
+                now + timedelta(milliseconds=due),
+                kind=TimerKind.ROUTE,
+                route="rec",
+                position=position,
+                event=Event("tick", data={"n": n}),
+            )
+        )
+    await schedule(config, entries)
+    worker = TimerWorker(config, batch=500)
+    assert await worker.fire_due(now + timedelta(milliseconds=999)) == sum(d < 1000 for d in dues)
+    assert await worker.fire_due(now + 2 * SECOND) == sum(d >= 1000 for d in dues)
+    fired = [event.data["n"] for event, _ in recorder.seen]
+    assert fired == sorted(range(10_000), key=lambda n: (dues[n], n))
+    assert await pending(config) == []
+
+
+# Races and crashes.
+
+
+@pytest.mark.asyncio
+async def test_a_cancel_and_a_fire_never_both_succeed(router_db: RouterDb) -> None:
+    """Each round, a worker fires a due timer while another transaction steps the
+    execution (taking its lock) and cancels the timer, a random moment apart: on
+    PostgreSQL two connections, two transactions racing."""
+    config = timer_config(router_db)
+    await create(config, "count", "ex_1")
+    assert config.timers is not None
+    timers = config.timers
+    worker = TimerWorker(config)
+    chooser = random.Random(20261201)
+    now = router_db.clock.now
+    fired_rounds = cancelled_rounds = 0
+    for n in range(200):
+        await schedule(config, [entry("ex_1", n, now)])
+        delays = [chooser.choice([0.0, 0.0, 0.0005, 0.001, 0.002]) for _ in range(3)]
+
+        async def fire_it(delay: float = delays[0]) -> int:
+            await asyncio.sleep(delay)
+            return await worker.fire_due(now)
+
+        async def cancel_it(n: int = n, before: float = delays[1], held: float = delays[2]) -> int:
+            await asyncio.sleep(before)
+            async with config.transaction() as unit:
+                await unit.executions.step("ex_1", None, Event("noop"))  # the step's lock
+                await asyncio.sleep(held)
+                return await timers.cancel(unit.tx, "ex_1", f"t{n}")
+
+        async with asyncio.timeout(30):
+            fired, cancelled = await asyncio.gather(fire_it(), cancel_it())
+        assert (fired, cancelled) in ((1, 0), (0, 1)), f"round {n}: {fired=} {cancelled=}"
+        assert await pending(config) == []
+        fired_rounds += fired
+        cancelled_rounds += cancelled
+    record = await config.adapter.fetch_execution("ex_1")
+    assert record is not None
+    assert config.storage.load(record, chart(COUNT)).datamodel["n"] == fired_rounds
+    ticks = [data["k"] for _, name, data in await logged(config, "ex_1") if name == "tick"]
+    assert len(ticks) == len(set(ticks)) == fired_rounds
+    print(f"{router_db.backend}: fired {fired_rounds}, cancelled {cancelled_rounds}")
+    assert fired_rounds  # both sides won some rounds
+    assert cancelled_rounds
+
+
+async def _start(router_db: RouterDb, job: dict[str, Any]) -> asyncio.subprocess.Process:
+    options = router_db.store.tables.options
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(PROCESS),
+        router_db.store.url,
+        options.prefix,
+        options.schema or "-",
+        json.dumps(job),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert process.stdout is not None
+    ready = await asyncio.wait_for(process.stdout.readline(), 60)
+    if ready.strip() != b"ready":
+        _, err = await process.communicate()
+        pytest.fail(f"the worker did not start: {err.decode()}")
+    return process
+
+
+async def _wall_clock_timers(
+    config: RouterConfig, executions: int, per_execution: int
+) -> dict[str, list[int]]:
+    """``per_execution`` tick timers for each of ``executions`` new counters, all due
+    (in the wall clock's past), each execution's in ``k`` order. Answers each
+    execution's ``k``s."""
+    ids = [f"ex_{i:03d}" for i in range(executions)]
+    await create(config, "count", *ids)
+    start = datetime.now(UTC) - timedelta(hours=1)
+    expected: dict[str, list[int]] = {execution_id: [] for execution_id in ids}
+    entries = []
+    for k in range(executions * per_execution):
+        execution_id = ids[k % executions]
+        expected[execution_id].append(k)
+        entries.append(entry(execution_id, k, start + timedelta(milliseconds=k)))
+    await schedule(config, entries)
+    return expected
+
+
+async def _assert_each_fired_once_in_order(
+    config: RouterConfig, expected: dict[str, list[int]]
+) -> None:
+    assert await pending(config) == []
+    for execution_id, ks in expected.items():
+        log = await logged(config, execution_id)
+        assert [data["k"] for _, _, data in log] == ks, execution_id
+        assert {door for door, _, _ in log} == {"timer"}
+        record = await config.adapter.fetch_execution(execution_id)
+        assert record is not None
+        assert config.storage.load(record, chart(COUNT)).datamodel["n"] == len(ks)
+
+
+@pytest.mark.asyncio
+async def test_two_worker_processes_fire_every_timer_once(router_db: RouterDb) -> None:
+    config = timer_config(router_db)
+    expected = await _wall_clock_timers(config, executions=100, per_execution=20)
+    job = {"batch": 20, "pause": 0.0, "barrier": True}
+    processes = [await _start(router_db, job) for _ in range(2)]
+    for process in processes:
+        assert process.stdin is not None
+        process.stdin.write(b"go\n")
+        await process.stdin.drain()
+    answers = []
+    for process in processes:
+        out, err = await asyncio.wait_for(process.communicate(), 120)
+        assert process.returncode == 0, err.decode()
+        answers.append(json.loads(out.decode().strip().splitlines()[-1])["taken"])
+    assert sum(answers) == 2_000  # none fired twice, none left
+    print(f"{router_db.backend}: the workers took {answers}")
+    await _assert_each_fired_once_in_order(config, expected)
+
+
+KILLS = 20
+MAX_RUNS = 100
+
+
+@pytest.mark.asyncio
+async def test_a_worker_killed_at_random_points_fires_every_timer_once(
+    router_db: RouterDb,
+) -> None:
+    config = timer_config(router_db)
+    expected = await _wall_clock_timers(config, executions=40, per_execution=20)
+    chooser = random.Random(1212)
+    job = {"batch": 4, "pause": 0.001, "barrier": False}
+    kills = 0
+    for _ in range(MAX_RUNS):
+        process = await _start(router_db, job)
+        if kills < KILLS:
+            await asyncio.sleep(chooser.uniform(0.0, 0.03))
+            if process.returncode is None:
+                process.send_signal(signal.SIGKILL)
+        _, err = await asyncio.wait_for(process.communicate(), 120)
+        assert process.returncode in (0, -signal.SIGKILL), err.decode()
+        if process.returncode == 0:
+            break
+        kills += 1
+    assert kills >= KILLS
+    await _assert_each_fired_once_in_order(config, expected)
