@@ -41,11 +41,11 @@ from statifier.persistence.sql.schema import (
     CHART_COLUMNS,
     EXECUTION_COLUMNS,
     PINNING,
-    STATUSES,
     TableNames,
     Tables,
     appended,
     chart,
+    execution_record,
     table_names,
 )
 from statifier.sql.engines import tables_missing
@@ -76,31 +76,12 @@ def utc_time(value: datetime | None) -> datetime | None:
     return value.astimezone(UTC)
 
 
+def _same(value: Any) -> Any:
+    return value
+
+
 def _execution(row: tuple[Any, ...]) -> ExecutionRecord:
-    (
-        execution_id,
-        content_hash,
-        status,
-        position,
-        metadata,
-        outcome,
-        failure,
-        created_at,
-        updated_at,
-        ended_at,
-    ) = row
-    return ExecutionRecord(
-        execution_id,
-        content_hash=content_hash,
-        status=STATUSES.get(status) or Status(status),
-        position=position,
-        metadata=metadata,
-        outcome=outcome,
-        failure=failure,
-        created_at=utc_time(created_at),
-        updated_at=utc_time(updated_at),
-        ended_at=utc_time(ended_at),
-    )
+    return execution_record(row, utc_time, _same)
 
 
 class Statements:

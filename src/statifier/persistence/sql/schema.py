@@ -10,12 +10,13 @@ text spells them, and the few rules every dialect shares.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import astuple, dataclass
+from datetime import datetime
 from typing import Any, Final
 
 from statifier.persistence.adapter import Capabilities
-from statifier.persistence.records import ChartRecord, Status
+from statifier.persistence.records import ChartRecord, ExecutionRecord, Status
 from statifier.sql import migrations
 from statifier.sql.tables import TableOptions, Tables
 
@@ -30,12 +31,48 @@ __all__ = [
     "appended",
     "chart",
     "chosen_tables",
+    "execution_record",
     "migrations",
     "table_names",
 ]
 
 EVERYTHING: Final = Capabilities(lock=True, metadata=True, input_log=True, chart_retirement=True)
 STATUSES: Final = {status.value: status for status in Status}
+
+
+def execution_record(
+    row: Sequence[Any],
+    time: Callable[[Any], datetime | None],
+    metadata: Callable[[Any], Any],
+) -> ExecutionRecord:
+    """An execution row (its columns in ``EXECUTION_COLUMNS`` order) as a record; each
+    dialect reads times and metadata its own way (``time``, ``metadata``)."""
+    (
+        execution_id,
+        content_hash,
+        status,
+        position,
+        stored_metadata,
+        outcome,
+        failure,
+        created_at,
+        updated_at,
+        ended_at,
+    ) = row
+    return ExecutionRecord(
+        execution_id,
+        content_hash=content_hash,
+        status=STATUSES.get(status) or Status(status),
+        position=position,
+        metadata=metadata(stored_metadata),
+        outcome=outcome,
+        failure=failure,
+        created_at=time(created_at),
+        updated_at=time(updated_at),
+        ended_at=time(ended_at),
+    )
+
+
 PINNING: Final = tuple(status.value for status in Status if status.pins)
 # The columns of an execution record, in the order ExecutionRecord takes them.
 EXECUTION_COLUMNS: Final = (

@@ -45,11 +45,11 @@ from statifier.persistence.sql.schema import (
     CHART_COLUMNS,
     EXECUTION_COLUMNS,
     PINNING,
-    STATUSES,
     TableNames,
     Tables,
     appended,
     chart,
+    execution_record,
     table_names,
 )
 from statifier.sql.engines import configure_sqlite, is_busy, retry_busy, tables_missing
@@ -85,30 +85,7 @@ def _metadata(text: str) -> Any:
 
 
 def _execution(row: tuple[Any, ...]) -> ExecutionRecord:
-    (
-        execution_id,
-        content_hash,
-        status,
-        position,
-        metadata,
-        outcome,
-        failure,
-        created_at,
-        updated_at,
-        ended_at,
-    ) = row
-    return ExecutionRecord(
-        execution_id,
-        content_hash=content_hash,
-        status=STATUSES.get(status) or Status(status),
-        position=position,
-        metadata=_metadata(metadata),
-        outcome=outcome,
-        failure=failure,
-        created_at=utc_time(created_at),
-        updated_at=utc_time(updated_at),
-        ended_at=utc_time(ended_at),
-    )
+    return execution_record(row, utc_time, _metadata)
 
 
 class Statements:
