@@ -28,7 +28,6 @@ host scheme in a target, a missing or finished target execution) writes one
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Final
 
@@ -84,16 +83,6 @@ def send_key(effect: fx.Send | fx.SendDelayed, context: EffectContext) -> Idempo
         content_index=effect.content_index,
         ordinal=context.ordinal,
     )
-
-
-@dataclass(frozen=True, slots=True)
-class _Refusal:
-    """Why a send was refused: ``code`` is the ledger row's reason, ``detail`` what the
-    chart reads in ``_event.data.message``."""
-
-    code: str
-    detail: str
-    binding_id: str = "route"
 
 
 class SendHandler:
@@ -153,17 +142,31 @@ class SendHandler:
     async def _timer(
         self, effect: fx.Send | fx.SendDelayed, context: EffectContext, kind: TimerKind
     ) -> Refused | None:
-        queue = self.config.timers
-        if queue is None:
-            return await self._refuse(
-                effect, context, _Refusal("no_timer_queue", "no timer queue is configured")
-            )
-        delay = effect.delay_ms if isinstance(effect, fx.SendDelayed) else 0
         # As a live session delivers it (the chart's name: empty for <content> alone).
         if kind is TimerKind.INTERNAL:
             event = engine_event(effect.event, "internal", effect.data, _sendid(effect))
         else:
             event = _built(effect, context.execution_id, SCXML_PROCESSOR)
+        return await self._schedule(effect, context, kind, event)
+
+    async def _schedule(
+        self,
+        effect: fx.Send | fx.SendDelayed,
+        context: EffectContext,
+        kind: TimerKind,
+        event: Event,
+        route: str | None = None,
+    ) -> Refused | None:
+        """Put the send on the timer queue, due its delay after the delivery's time (at
+        once for a send with none), or refuse it when there is no queue."""
+        queue = self.config.timers
+        if queue is None:
+            if route is None:
+                detail = "no timer queue is configured"
+            else:
+                detail = f"a delayed send to {route!r} needs a timer queue"
+            return await self._refuse(effect, context, "no_timer_queue", detail)
+        delay = effect.delay_ms if isinstance(effect, fx.SendDelayed) else 0
         entry = TimerEntry(
             execution_id=context.execution_id,
             send_id=effect.send_id,
@@ -172,6 +175,7 @@ class SendHandler:
             step_position=context.ordinal,
             kind=kind,
             event=event,
+            route=route,
             scope=self.unit.scope,
         )
         await queue.schedule(self.unit.tx, entry)
@@ -189,53 +193,35 @@ class SendHandler:
             return await self._refuse(
                 effect,
                 context,
-                _Refusal("unregistered", "a send of the router's type names no route"),
+                "unregistered",
+                "a send of the router's type names no route",
             )
         if ":" in target or target.startswith("#"):
             return await self._refuse(
                 effect,
                 context,
-                _Refusal("host_scheme", f"target {target!r} names a transport, not a route"),
+                "host_scheme",
+                f"target {target!r} names a transport, not a route",
             )
         found = self.config.route(self.unit.scope, target)
         if found is None:
-            return await self._refuse(
-                effect, context, _Refusal("unregistered", f"no route named {target!r}")
-            )
+            return await self._refuse(effect, context, "unregistered", f"no route named {target!r}")
         if self.unit.scope is None and self.config.overridden_somewhere(target):
             return await self._refuse(
                 effect,
                 context,
-                _Refusal("no_delivery_scope", f"route {target!r} needs the delivery's scope"),
+                "no_delivery_scope",
+                f"route {target!r} needs the delivery's scope",
             )
         event = _built(effect, context.execution_id, self.config.send_type)
-        key = send_key(effect, context)
         if isinstance(effect, fx.SendDelayed):
-            queue = self.config.timers
-            if queue is None:
-                return await self._refuse(
-                    effect,
-                    context,
-                    _Refusal("no_timer_queue", f"a delayed send to {target!r} needs a timer queue"),
-                )
-            entry = TimerEntry(
-                execution_id=context.execution_id,
-                send_id=effect.send_id,
-                key=key,
-                due_at=self.unit.now + timedelta(milliseconds=effect.delay_ms),
-                step_position=context.ordinal,
-                kind=TimerKind.ROUTE,
-                event=event,
-                route=target,
-                scope=self.unit.scope,
-            )
-            await queue.schedule(self.unit.tx, entry)
-            return None
+            return await self._schedule(effect, context, TimerKind.ROUTE, event, target)
+        key = send_key(effect, context)
         adapter, route_config = found
         answer = await settle(adapter.deliver(route_config, event, key, self.unit.tx))
         if isinstance(answer, Refused):
             return await self._refuse(
-                effect, context, _Refusal("route_failed", f"route {target!r}: {answer.reason}")
+                effect, context, "route_failed", f"route {target!r}: {answer.reason}"
             )
         return None
 
@@ -245,12 +231,13 @@ class SendHandler:
         # Imported here: delivery steps executions through this handler.
         from statifier.router.delivery import deliver_to_execution
 
-        def refusal(code: str, detail: str) -> _Refusal:
-            return _Refusal(code, detail, binding_id=EXECUTION_TARGET)
-
         if isinstance(effect, fx.SendDelayed):
             return await self._refuse(
-                effect, context, refusal("delay", "a send to an execution cannot be delayed")
+                effect,
+                context,
+                "delay",
+                "a send to an execution cannot be delayed",
+                ledger_id=EXECUTION_TARGET,
             )
         params = effect.data if isinstance(effect.data, Mapping) else {}
         document, key = params.get("document"), params.get("key")
@@ -258,14 +245,18 @@ class SendHandler:
             return await self._refuse(
                 effect,
                 context,
-                refusal("invalid_target", "an execution target needs document and key params"),
+                "invalid_target",
+                "an execution target needs document and key params",
+                ledger_id=EXECUTION_TARGET,
             )
         create = params.get("create", "never")
         if create not in ("never", "if_absent"):
             return await self._refuse(
                 effect,
                 context,
-                refusal("invalid_target", f"create must be never or if_absent, not {create!r}"),
+                "invalid_target",
+                f"create must be never or if_absent, not {create!r}",
+                ledger_id=EXECUTION_TARGET,
             )
         data = {k: v for k, v in params.items() if k not in ("document", "key", "create")}
         event = engine_event(
@@ -279,7 +270,11 @@ class SendHandler:
         scope = self.unit.scope
         if scope is None:
             return await self._refuse(
-                effect, context, refusal("no_delivery_scope", "the sender has no scope")
+                effect,
+                context,
+                "no_delivery_scope",
+                "the sender has no scope",
+                ledger_id=EXECUTION_TARGET,
             )
         why = await deliver_to_execution(
             self.unit,
@@ -293,7 +288,7 @@ class SendHandler:
             now=self.unit.now,
         )
         if why is not None:
-            return await self._refuse(effect, context, refusal(why[0], why[1]))
+            return await self._refuse(effect, context, why[0], why[1], ledger_id=EXECUTION_TARGET)
         return None
 
     # BasicHTTP.
@@ -303,17 +298,22 @@ class SendHandler:
     ) -> Refused | None:
         from statifier.router.outbox import OutboxRoute
 
-        def refusal(code: str, detail: str) -> _Refusal:
-            return _Refusal(code, detail, binding_id="basichttp")
-
         if isinstance(effect, fx.SendDelayed):
             return await self._refuse(
-                effect, context, refusal("delay", "a delayed BasicHTTP send is not delivered")
+                effect,
+                context,
+                "delay",
+                "a delayed BasicHTTP send is not delivered",
+                ledger_id=BASICHTTP_QUEUE,
             )
         target = effect.target
         if target is None or not target.startswith(("http://", "https://")):
             return await self._refuse(
-                effect, context, refusal("invalid_target", f"no URL to POST to: {target!r}")
+                effect,
+                context,
+                "invalid_target",
+                f"no URL to POST to: {target!r}",
+                ledger_id=BASICHTTP_QUEUE,
             )
         event = _built(effect, context.execution_id, "basichttp")
         await OutboxRoute(self.config.adapter).hand_off(
@@ -331,15 +331,23 @@ class SendHandler:
     # Refusals.
 
     async def _refuse(
-        self, effect: fx.Send | fx.SendDelayed, context: EffectContext, why: _Refusal
+        self,
+        effect: fx.Send | fx.SendDelayed,
+        context: EffectContext,
+        code: str,
+        detail: str,
+        *,
+        ledger_id: str = "route",
     ) -> Refused:
+        """Write the refusal's ledger row (``code`` its reason) in a savepoint of its own,
+        and answer what the chart reads in ``_event.data.message`` (``detail``)."""
         row = LedgerRow(
-            why.binding_id,
+            ledger_id,
             message_id=str(send_key(effect, context)),
             scope=self.unit.scope,
             source=None,
             outcome="send_refused",
-            reason=f"{why.code}: {why.detail}",
+            reason=f"{code}: {detail}",
             document=None,
             key=effect.target,
             execution_id=context.execution_id,
@@ -347,7 +355,7 @@ class SendHandler:
         )
         async with self.unit.savepoint():
             await self.unit.sql.record(row)
-        return Refused(why.detail)
+        return Refused(detail)
 
 
 def _own_timer(effect: fx.Send | fx.SendDelayed, execution_id: str) -> TimerKind | None:
