@@ -6,6 +6,7 @@ the sender, the step standing), sends to the execution itself becoming timers,
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -278,28 +279,16 @@ async def test_sends_to_the_execution_itself_and_delayed_sends_become_timers(
         ("s3", "internal"),
         ("s4", "route"),
     ]
-    assert [_utc(row["due_at"]) - now for row in rows] == [
-        sa_delta(0),
-        sa_delta(2),
-        sa_delta(1),
-        sa_delta(3),
+    assert [row["due_at"] - now for row in rows] == [
+        timedelta(seconds=0),
+        timedelta(seconds=2),
+        timedelta(seconds=1),
+        timedelta(seconds=3),
     ]
     assert {row["execution_id"] for row in rows} == {execution_id}
     # A redelivery of the same message is a duplicate and schedules nothing more.
     await route(config, _command("doc", "m1"))
     assert len(table_rows(router_db, "timers")) == 4
-
-
-def sa_delta(seconds: int) -> Any:
-    from datetime import timedelta
-
-    return timedelta(seconds=seconds)
-
-
-def _utc(value: Any) -> Any:
-    from datetime import UTC
-
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 CANCELLING = (
