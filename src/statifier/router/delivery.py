@@ -316,12 +316,12 @@ async def step_timer_event(
     Raises:
         ExecutionNotFound: the execution is gone.
     """
-    async with _delivering(unit, scope, now), _stepping(unit, execution_id):
-        stepped = await unit.executions.step(
-            execution_id, None, event, door="timer", internal=internal
-        )
-    if isinstance(stepped, Stepped):
-        async with _delivering(unit, scope, now):
+    async with _delivering(unit, scope, now):
+        async with _stepping(unit, execution_id):
+            stepped = await unit.executions.step(
+                execution_id, None, event, door="timer", internal=internal
+            )
+        if isinstance(stepped, Stepped):
             await completed(unit, config, stepped)
     return stepped
 
