@@ -26,9 +26,8 @@ through deliveries only, and is refused here.
 >>> from statifier.core import Event
 >>> routes.plan("nowhere", Event("pair.joined"))
 "no route named 'nowhere'"
->>> import asyncio
->>> asyncio.run(routes.perform(routes.plan("joined", Event("pair.joined"))))
-pair.joined q None
+>>> routes.plan("joined", Event("pair.joined")).target
+'joined'
 """
 
 from __future__ import annotations
@@ -78,6 +77,9 @@ class SessionRoutes:
         found = self.config.route(delivery.headers.get(_SCOPE_HEADER), delivery.target)
         if found is None:  # pragma: no cover - planned against the same registry
             return f"no route named {delivery.target!r}"
+        if delivery.send is None:
+            # No counters to key it by: a key made up here could name another send.
+            return "a route delivery needs the send it carries out (the session sets it)"
         adapter, route_config = found
         answer = await settle(adapter.deliver(route_config, delivery.event, _key(delivery), None))
         return answer.reason if isinstance(answer, Refused) else None
@@ -98,16 +100,7 @@ def _key(delivery: Delivery) -> IdempotencyKey:
     origin = delivery.event.origin or ""
     session_id = origin.removeprefix("#_scxml_")
     send = delivery.send
-    if send is None:
-        return IdempotencyKey(
-            session_id,
-            send_id=delivery.event.sendid,
-            macrostep=0,
-            microstep=0,
-            round=0,
-            content_index=None,
-            ordinal=None,
-        )
+    assert send is not None  # perform checked it
     return IdempotencyKey(
         session_id,
         send_id=send.send_id,
