@@ -1,0 +1,91 @@
+"""What a stream consumer reads: the contract every source of events keeps.
+
+A source (a Kafka consumer, a NATS JetStream consumer, the inbound-events table) hands
+the consumer runtime (:mod:`statifier.fronts.consumer`) batches of :class:`Message`
+values. Each message sits at a ``position`` of a ``partition``: the source's unit of
+order and of acknowledgement (a Kafka topic-partition, a JetStream partition subject, a
+partition of the table). Positions increase strictly within a partition in the order
+the source hands them over.
+
+The runtime acknowledges with :meth:`Source.commit`, naming for each partition the last
+position whose every message, and every message before it, has been settled (its
+delivery transaction committed, or it was dead-lettered): a gapless prefix. A source
+never hands a committed position over again; everything after it may come again after
+a crash, a restart or a rebalance, and the router's dedupe answers it ``duplicate``.
+
+A source whose partitions move between processes (a consumer group) tells the runtime
+through the :class:`Rebalance` it was started with: ``assigned`` when it gains
+partitions, ``revoked`` before it gives some up. ``revoked`` returns once the runtime
+has settled or abandoned the in-flight messages of those partitions and committed what
+settled, so the next owner starts exactly after them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from statifier.router import InboundEvent
+
+__all__ = ["Malformed", "Message", "Rebalance", "Source"]
+
+
+@dataclass(frozen=True, slots=True)
+class Malformed:
+    """A message the source could read but not turn into an event: undecodable bytes,
+    no message id, data that is not a JSON object. It is dead-lettered with ``reason``
+    and never routed."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One message read from a source.
+
+    Attributes:
+        partition: the source's unit of order and acknowledgement.
+        position: strictly increasing within ``partition``.
+        event: the event to route, or why there is none.
+        raw: the bytes as read (kept for a dead letter; never logged).
+    """
+
+    partition: str
+    position: int
+    event: InboundEvent | Malformed
+    raw: bytes = b""
+
+
+class Rebalance(Protocol):
+    """How a source tells the runtime that its partitions moved."""
+
+    async def assigned(self, partitions: Collection[str]) -> None:
+        """The source now reads ``partitions``."""
+
+    async def revoked(self, partitions: Collection[str]) -> None:
+        """The source is about to give ``partitions`` up: returns once their in-flight
+        messages are settled or abandoned and what settled is committed."""
+
+
+class Source(Protocol):
+    """A stream of messages that can be acknowledged by gapless prefix."""
+
+    @property
+    def name(self) -> str:
+        """A name for logs and telemetry (never carries a secret)."""
+
+    async def start(self, rebalance: Rebalance) -> None:
+        """Connect and begin reading; ``rebalance`` hears every partition move."""
+
+    async def fetch(self, max_messages: int, wait: float) -> Sequence[Message]:
+        """Up to ``max_messages`` messages, waiting at most ``wait`` seconds for the
+        first; an empty answer means nothing arrived in time."""
+
+    async def commit(self, positions: Mapping[str, int]) -> None:
+        """Acknowledge, for each partition, every message up to and including the
+        position given. Raises when the acknowledgement did not reach the source."""
+
+    async def close(self) -> None:
+        """Stop reading and release the source's resources (not its partitions'
+        positions: what was committed stays committed)."""
