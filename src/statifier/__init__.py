@@ -18,6 +18,8 @@ These exist today:
 * ``statifier.telemetry`` -- the events sessions, durable executions, the router and
   scriba report (``docs/telemetry.md``); ``statifier.callbacks``, ``statifier.extras``
   and ``statifier.ids`` -- small helpers every layer may use;
+* ``statifier.observability`` -- telemetry as OpenTelemetry spans and metrics (the
+  ``otel`` extra) and as structured logs, for a host to install;
 * ``statifier.examples`` -- what ``statifier demo`` runs; ``statifier.cli`` -- the
   ``statifier`` command.
 

@@ -1,0 +1,20 @@
+"""Observability bridges: telemetry as OpenTelemetry spans and metrics, and as logs.
+
+The library reports what it does through :mod:`statifier.telemetry`; these bridges
+are telemetry handlers a host installs, and nothing of the library imports them.
+
+- :mod:`statifier.observability.otel` (the ``otel`` extra): ``install_otel()``
+  turns every event into spans and metrics.
+- :mod:`statifier.observability.logs` (no third-party library): ``install_logging()``
+  writes one structured log record per event; ``JsonFormatter`` writes records as
+  JSON lines.
+- :mod:`statifier.observability.fields`: the :class:`FieldPolicy` both read
+  metadata through, which drops secret- and payload-named keys and bounds values.
+
+The guide is ``docs/observability.md``.
+"""
+
+from statifier.observability.fields import DENIED_WORDS, FieldPolicy
+from statifier.observability.logs import JsonFormatter, LogBridge, install_logging
+
+__all__ = ["DENIED_WORDS", "FieldPolicy", "JsonFormatter", "LogBridge", "install_logging"]
