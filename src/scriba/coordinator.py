@@ -11,6 +11,14 @@ carries the state; pausing a paused projection is an error, not a no-op)::
     initializing --stop--> stopped
     any but halted/stopped --failure no replay fixes--> halted
     running/paused --pipeline crashed--> initializing --> running/paused
+    running/paused/initializing --crashed once too often--> halted
+
+A pipeline that crashes (its source or target raised, its source factory raised, its
+reader was fenced out) is started again after a delay that grows while crashes come
+without progress, unless it was already started again ``max_restarts`` times within
+the last ``restart_window`` seconds: then the projection halts, with the last crash
+as its reason (``scriba.projection.crashed`` reports every crash,
+``scriba.projection.restarted`` every restart).
 
 A coordinator owns three kinds of asyncio task, all named after the projection: the
 supervisor (runs pipelines, starts a new one after a crash), the pipeline's own tasks
@@ -23,6 +31,8 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import time
+from collections import deque
 from datetime import UTC, datetime
 from typing import Final
 
@@ -201,15 +211,39 @@ class Coordinator:
         pipeline = self._pipeline
         return pipeline, pipeline.idle_reads if pipeline is not None else 0
 
+    @property
+    def standing_by(self) -> bool:
+        """Whether the current pipeline's source waits for another process to release
+        the projection (so this process reads nothing, and its lag is unknown)."""
+        return self._pipeline is not None and self._pipeline.standing_by
+
     def lag_seconds(self) -> float | None:
         """Seconds since the watermark's event occurred (0 while caught up), or
-        ``None`` before anything is accounted for."""
+        ``None`` before anything is accounted for and while standing by."""
+        if self.standing_by:
+            return None
         _, occurred_at, caught_up = self.progress()
         if caught_up:
             return 0.0
         if occurred_at is None:
             return None
         return max(0.0, (datetime.now(UTC) - occurred_at).total_seconds())
+
+    async def lag_events(self) -> int | None:
+        """How many positions the source holds beyond what is accounted for (0 while
+        caught up), or ``None`` when unknown: unless running or paused, while standing
+        by, or when the source cannot read its head."""
+        pipeline = self._pipeline
+        live = self.status in (Status.RUNNING, Status.PAUSED)
+        if pipeline is None or not live or pipeline.standing_by:
+            return None  # a source that is closed, or not reading, is not asked
+        prefix, _, caught_up = self.progress()
+        if caught_up:
+            return 0
+        head = await pipeline.head()
+        if head is None or prefix is None:
+            return None
+        return max(0, head - prefix)
 
     # -- inside ----------------------------------------------------------------------
 
@@ -241,22 +275,44 @@ class Coordinator:
         return pipeline.ready.is_set()
 
     async def _supervise(self, run: asyncio.Task[None]) -> None:
-        """Await the pipeline; after a crash, start another into the state it left."""
-        crashes = 0
+        """Await the pipeline; after a crash, start another into the state it left,
+        or halt when it crashed once too often."""
+        crashes = 0  # in a row without progress: what the delay grows by
+        restarted_at: deque[float] = deque()  # monotonic times of the recent restarts
+        pipeline: Pipeline | None = self._pipeline
         while True:
             try:
                 await run
-            except Exception:  # noqa: BLE001 - a pipeline crash is answered by a restart
-                _log.exception("projection %s: pipeline crashed", self._prefix)
+            except Exception as exc:  # noqa: BLE001 - a pipeline crash is answered here
+                error: Exception = exc
             else:
                 return
             if self._stop_requested.is_set() or self.status in (Status.HALTED, Status.STOPPED):
                 return
+            _log.error("projection %s: pipeline crashed", self._prefix, exc_info=error)
+            reason = f"{type(error).__name__}: {error}"
+            self._emit(
+                "scriba.projection.crashed",
+                kind=type(error).__name__,
+                reason=reason,
+                restarts=self.restarts,
+            )
             lost_from = self.status if self.status is not Status.INITIALIZING else self._ready
             self._ready = lost_from
+            now = time.monotonic()
+            window = self.settings.restart_window
+            while restarted_at and now - restarted_at[0] > window:
+                restarted_at.popleft()
+            if len(restarted_at) >= self.settings.max_restarts:
+                crashed = len(restarted_at) + 1
+                self._halt(
+                    "restarts",
+                    f"the pipeline crashed {crashed} time{'s' if crashed > 1 else ''} within "
+                    f"{window:g}s, {crashed - 1} restart(s) allowed; the last crash: {reason}",
+                )
+                return
             self.status = Status.INITIALIZING
-            assert self._pipeline is not None
-            crashes = 0 if self._pipeline.progressed else crashes + 1
+            crashes = 0 if pipeline is not None and pipeline.progressed else crashes + 1
             delay = _RESTART_DELAYS[min(crashes, len(_RESTART_DELAYS) - 1)]
             try:
                 async with asyncio.timeout(delay):
@@ -265,7 +321,22 @@ class Coordinator:
             except TimeoutError:
                 pass
             self.restarts += 1
-            pipeline, run = self._launch(paused=lost_from is Status.PAUSED)
+            restarted_at.append(time.monotonic())
+            telemetry.report(
+                "scriba.projection.restarted",
+                {"delay": delay},
+                {
+                    "name": self._key.name,
+                    "version": self._key.version,
+                    "restarts": self.restarts,
+                    "state": lost_from.value,
+                },
+            )
+            try:
+                pipeline, run = self._launch(paused=lost_from is Status.PAUSED)
+            except Exception as exc:  # noqa: BLE001 - a source factory that raises crashed
+                pipeline, run = None, asyncio.create_task(_raise(exc))
+                continue
             if await self._until_ready(pipeline, run) and self.status is Status.INITIALIZING:
                 self.status = lost_from
 
@@ -284,13 +355,16 @@ class Coordinator:
                 )
 
     def _halted(self, kind: FailureKind, reason: str) -> None:
+        self._halt(kind.value, reason)
+
+    def _halt(self, kind: str, reason: str) -> None:
         if self.status in (Status.HALTED, Status.STOPPED):
             return
         self.halt_reason = reason
         if self.status is not Status.DRAINING:
             self.status = Status.HALTED
         self._announce_start()  # so that observers always see started before halted
-        self._emit("scriba.projection.halted", kind=kind.value, reason=reason)
+        self._emit("scriba.projection.halted", kind=kind, reason=reason)
 
     def _announce_start(self) -> None:
         if not self._announced:
@@ -309,3 +383,8 @@ class Coordinator:
         telemetry.report(
             name, {}, {"name": self._key.name, "version": self._key.version, **metadata}
         )
+
+
+async def _raise(error: Exception) -> None:
+    """A run that failed before it began (its source could not be made)."""
+    raise error

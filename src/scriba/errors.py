@@ -6,6 +6,7 @@ __all__ = [
     "ConfigError",
     "IdentityOverride",
     "InvalidState",
+    "ProjectionBusy",
     "ProjectionNameWarning",
     "ScribaError",
     "StartFailed",
@@ -37,6 +38,11 @@ class InvalidState(ScribaError):  # noqa: N818 - reads as "invalid state: paused
     def __init__(self, state: object, message: str) -> None:
         super().__init__(message)
         self.state = state
+
+
+class ProjectionBusy(ScribaError):  # noqa: N818 - reads as "projection busy"
+    """The projection's lock is held (by another process, or another runtime of this
+    one), so what needed it exclusively, a reset, was refused and changed nothing."""
 
 
 class UnknownProjection(ScribaError, LookupError):  # noqa: N818 - reads as a lookup failure

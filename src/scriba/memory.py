@@ -27,7 +27,7 @@ import sqlalchemy as sa
 
 from scriba.event import Event, ProjectionKey
 from scriba.operations import Delete, Insert, Multi, Operation, Update
-from scriba.source import SourceError
+from scriba.source import ProjectionLock, SourceError
 from scriba.target import (
     ApplyFailed,
     DeadLetter,
@@ -166,6 +166,23 @@ class MemorySource:
         self.acknowledgements.append(position)
         self.acknowledged = max(self.acknowledged, position)
 
+    @property
+    def standing_by(self) -> bool:
+        """Never: a memory source takes no lock (one process sees it)."""
+        return False
+
+    async def confirm_held(self) -> None:
+        """Nothing to check: there is no lock."""
+
+    async def head(self) -> int | None:
+        """The position of the last event in the log (0 when empty)."""
+        return self.events[-1].position if self.events else 0
+
+    def projection_lock(self, projection: ProjectionKey) -> ProjectionLock | None:
+        """None: a memory source takes no lock."""
+        del projection
+        return None
+
     async def close(self) -> None:
         self.closed = True
 
@@ -201,6 +218,9 @@ class MemoryTarget:
     match the code). ``Execute`` is not accepted (there is no SQL to run), so a handler
     returning it has its event dead-lettered as rejected.
 
+    Fencing is kept as a generation per projection (:meth:`generation`), raised by
+    ``claim`` and ``reset``; a write given an older ``fence`` fails ``FENCED``.
+
     Args:
         fail: called with each batch before it is applied; a ``FailureKind`` makes the
             batch raise :class:`~scriba.target.ApplyFailed` of that kind.
@@ -225,6 +245,11 @@ class MemoryTarget:
         self._watermarks: dict[ProjectionKey, Watermark] = {}
         self._dead: dict[ProjectionKey, list[StoredDeadLetter]] = {}
         self._dead_ids = 0
+        self._generations: dict[ProjectionKey, int] = {}
+
+    def generation(self, projection: ProjectionKey) -> int:
+        """The projection's generation: how many times it was claimed (or reset)."""
+        return self._generations.get(projection, 0)
 
     def rows(self, table: sa.Table | str) -> list[dict[str, Any]]:
         """The rows of ``table``, in primary-key order."""
@@ -252,12 +277,26 @@ class MemoryTarget:
     async def stream_position(self, projection: ProjectionKey, stream_id: str) -> int | None:
         return self._cursors.get(projection, {}).get(stream_id)
 
+    async def claim(self, projection: ProjectionKey) -> int:
+        self._generations[projection] = self.generation(projection) + 1
+        return self._generations[projection]
+
+    def _check_fence(self, projection: ProjectionKey, fence: int | None) -> None:
+        current = self.generation(projection)
+        if fence is not None and fence != current:
+            raise ApplyFailed(
+                FailureKind.FENCED,
+                f"fenced: generation {fence} was superseded by {current}",
+            )
+
     async def apply_batch(
         self,
         projection: ProjectionKey,
         applied: Sequence[tuple[Event, Operation]],
         advances: Mapping[str, int],
         dead_letters: Sequence[DeadLetter],
+        *,
+        fence: int | None = None,
     ) -> None:
         self.calls += 1
         call = BatchCall(projection, tuple(applied), dict(advances), tuple(dead_letters))
@@ -265,6 +304,7 @@ class MemoryTarget:
             kind = self.fail(call)
             if kind is not None:
                 raise ApplyFailed(kind, f"injected {kind.value} failure")
+        self._check_fence(projection, fence)
         undo: list[tuple[str, _Key, dict[str, Any] | None]] = []
         try:
             for _, operation in applied:
@@ -286,8 +326,14 @@ class MemoryTarget:
         self.batches.append(call)
 
     async def save_watermark(
-        self, projection: ProjectionKey, position: int, occurred_at: datetime | None
+        self,
+        projection: ProjectionKey,
+        position: int,
+        occurred_at: datetime | None,
+        *,
+        fence: int | None = None,
     ) -> None:
+        self._check_fence(projection, fence)
         current = self._watermarks.get(projection)
         if current is None or position > current.position:
             self._watermarks[projection] = Watermark(position, occurred_at, datetime.now(UTC))
@@ -316,6 +362,7 @@ class MemoryTarget:
         positions = len(self._cursors.pop(projection, {}))
         watermarks = 1 if self._watermarks.pop(projection, None) is not None else 0
         removed = len(self._dead.pop(projection, [])) if dead_letters else 0
+        await self.claim(projection)
         return ResetCounts(positions=positions, watermarks=watermarks, dead_letters=removed)
 
     async def close(self) -> None:

@@ -14,6 +14,13 @@ a skip, or a dead letter. Per batch, answer a failed commit by its kind (transie
 replay after a backoff; integrity: isolate event by event; structural: halt). Per
 subscription, keep the gapless prefix of what is done, acknowledge it to the source,
 and store it as the watermark (about once a second while busy, at once when idle).
+
+Fencing: when the source first delivers (so it holds the projection's lock), the
+pipeline claims the projection from the target, which returns a new generation; it
+then has the source confirm the lock is still held, and only then loads the cursors it
+deduplicates by. Every commit and watermark carries that generation, and the target
+refuses it (``FENCED``) once another reader has claimed since: the pipeline then ends
+as a crash, and its replacement stands by or claims again.
 """
 
 from __future__ import annotations
@@ -149,6 +156,7 @@ class Pipeline:
         self._partitions = [_Partition(index) for index in range(settings.parallelism)]
         self._tasks: list[asyncio.Task[None]] = []
         self._cache: PositionCache | None = None
+        self._fence: int | None = None
         self._failure: BaseException | None = None
         self._last_failure: ApplyFailed | None = None
         self._acknowledged = 0
@@ -186,6 +194,15 @@ class Pipeline:
         self._signal.set()
         for partition in self._partitions:
             partition.events_added.set()
+
+    @property
+    def standing_by(self) -> bool:
+        """Whether the source waits for another process to release the projection."""
+        return self._source.standing_by
+
+    async def head(self) -> int | None:
+        """The source's highest position now, or ``None`` when it cannot tell."""
+        return await self._source.head()
 
     def task_names(self) -> list[str]:
         """Names of this pipeline's partition tasks that are still running."""
@@ -254,12 +271,19 @@ class Pipeline:
             events = await self._source.read(capacity - ledger.in_flight)
             if not events:
                 await self._account()
-                self.caught_up = ledger.in_flight == 0
+                # A standby has read nothing of what its source holds, and a pause that
+                # came during this read leaves unread events behind: not caught up.
+                self.caught_up = (
+                    ledger.in_flight == 0
+                    and not self._source.standing_by
+                    and self._resumed.is_set()
+                )
                 if self.caught_up:
                     self.idle_reads += 1
                 continue
             self.caught_up = False
             if self._cache is None:
+                await self._claim()
                 self._cache = await self._load_cache()
             for event in events:
                 partition = partitions[partition_of(event.stream_id, count)]
@@ -271,6 +295,13 @@ class Pipeline:
                 partition.events_added.set()
             # A source and target that never suspend must not starve other tasks.
             await asyncio.sleep(0)
+
+    async def _claim(self) -> None:
+        """Take the projection for this pipeline: a new generation from the target, then
+        a check that the source's lock outlived the claim (so no other reader can
+        have claimed in between: a deposed one confirms nothing and crashes here)."""
+        self._fence = await self._target.claim(self._key)
+        await self._source.confirm_held()
 
     async def _load_cache(self) -> PositionCache:
         positions = await self._target.load_positions(self._key, PRELOAD_LIMIT)
@@ -292,7 +323,9 @@ class Pipeline:
         if prefix > self._saved:
             now = time.monotonic()
             if ledger.in_flight == 0 or now - self._saved_at >= WATERMARK_INTERVAL:
-                await self._target.save_watermark(self._key, prefix, ledger.prefix_occurred_at)
+                await self._target.save_watermark(
+                    self._key, prefix, ledger.prefix_occurred_at, fence=self._fence
+                )
                 self._saved, self._saved_at = prefix, now
 
     # -- a partition -----------------------------------------------------------------
@@ -481,6 +514,9 @@ class Pipeline:
 
         Answers ``"committed"``, ``"integrity"`` (the target refused a write on
         integrity grounds), or ``"abandoned"`` (halted, or stopping during a backoff).
+
+        Raises:
+            ApplyFailed: of kind ``FENCED``: another reader claimed the projection.
         """
         applied = [(o.event, o.operation) for o in outcomes if o.operation is not None]
         dead_letters = [o.dead_letter for o in outcomes if o.dead_letter is not None]
@@ -493,9 +529,13 @@ class Pipeline:
         attempt = 0
         while True:
             try:
-                await self._target.apply_batch(self._key, applied, advances, dead_letters)
+                await self._target.apply_batch(
+                    self._key, applied, advances, dead_letters, fence=self._fence
+                )
             except ApplyFailed as failure:
                 self._batch_failed(partition, outcomes, failure)
+                if failure.kind is FailureKind.FENCED:
+                    raise  # deposed: this pipeline ends, as a crash
                 if failure.kind is FailureKind.INTEGRITY:
                     return "integrity"
                 if failure.kind is not FailureKind.TRANSIENT:

@@ -59,6 +59,8 @@ _OVERRIDABLE = (
     "start_from",
     "commit_backoff",
     "drain_timeout",
+    "max_restarts",
+    "restart_window",
 )
 
 
@@ -132,6 +134,8 @@ class Settings:
     start_from: int | None
     commit_backoff: tuple[float, ...]
     drain_timeout: float
+    max_restarts: int = 5
+    restart_window: float = 60.0
 
     def with_overrides(self, overrides: Mapping[str, Any]) -> Settings:
         """These settings with ``overrides`` applied and checked.
@@ -178,6 +182,10 @@ class Projection:
         drain_timeout: seconds ``stop`` waits for the partitions to finish the events
             they are on and commit (30.0); then it cancels them, and what they had not
             committed is delivered again on the next start.
+        max_restarts: how many times a crashed pipeline is started again within
+            ``restart_window`` seconds (5); the crash after that halts the projection,
+            with the crash as its ``halt_reason``. 0 halts on the first crash.
+        restart_window: seconds over which restarts are counted (60.0).
 
     A name ending like ``_v2`` draws a :class:`~scriba.errors.ProjectionNameWarning`.
 
@@ -197,6 +205,8 @@ class Projection:
     start_from: ClassVar[int | None] = None
     commit_backoff: ClassVar[tuple[float, ...]] = (0.1, 0.5, 2.0, 5.0)
     drain_timeout: ClassVar[float] = 30.0
+    max_restarts: ClassVar[int] = 5
+    restart_window: ClassVar[float] = 60.0
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -269,6 +279,8 @@ def settings_of(
         start_from=projection.start_from,
         commit_backoff=tuple(projection.commit_backoff),
         drain_timeout=projection.drain_timeout,
+        max_restarts=projection.max_restarts,
+        restart_window=projection.restart_window,
     )
     settings = _checked(settings)
     if overrides:
@@ -323,6 +335,10 @@ def _checked(settings: Settings) -> Settings:
         raise ConfigError(f"{name}: start_from is a position >= 0, not {settings.start_from!r}")
     if not _is_number(settings.drain_timeout) or settings.drain_timeout < 0:
         raise ConfigError(f"{name}: drain_timeout is seconds >= 0, not {settings.drain_timeout!r}")
+    if not _is_int(settings.max_restarts) or settings.max_restarts < 0:
+        raise ConfigError(f"{name}: max_restarts is an int >= 0, not {settings.max_restarts!r}")
+    if not _is_number(settings.restart_window) or settings.restart_window <= 0:
+        raise ConfigError(f"{name}: restart_window is seconds > 0, not {settings.restart_window!r}")
     backoff = settings.commit_backoff
     if not backoff or any(not _is_number(delay) or delay < 0 for delay in backoff):
         raise ConfigError(f"{name}: commit_backoff is non-empty seconds >= 0, not {backoff!r}")

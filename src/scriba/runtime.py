@@ -35,9 +35,17 @@ from types import TracebackType
 from typing import Any, Literal, TypeAlias, cast
 
 from scriba.coordinator import Coordinator, Status
-from scriba.errors import InvalidState, UnknownProjection
+from scriba.errors import InvalidState, ProjectionBusy, UnknownProjection
 from scriba.event import ProjectionKey
-from scriba.projection import Projection, Settings, is_factory, made_target, settings_of
+from scriba.projection import (
+    Projection,
+    Settings,
+    is_factory,
+    made_source,
+    made_target,
+    settings_of,
+)
+from scriba.source import ProjectionLock, Source
 from scriba.target import DeadLetterStats, ResetCounts, StoredDeadLetter, Target
 
 __all__ = ["STREAM_POSITIONS_LIMIT", "Info", "Listing", "ProjectionRef", "Scriba"]
@@ -63,7 +71,14 @@ class Info:
             when there are more than 1,000 streams.
         halt_reason: why it halted, when ``status`` is halted.
         watermark: the stored watermark position (``None`` before the first).
-        lag: seconds behind (0 while caught up), ``None`` until known.
+        lag: seconds behind (0 while caught up), ``None`` until known and while
+            standing by.
+        lag_events: positions the source holds beyond ``safe_position`` (0 while caught
+            up), ``None`` unless running or paused, while standing by, or when the source
+            cannot read its head (the SQL table source asks its table, on a connection
+            of its own, at each call).
+        standby: the source waits for another process to release the projection; the
+            status is then still ``running`` (its pipeline is healthy; it reads nothing).
         tasks: the names of its asyncio tasks running now.
         restarts: pipelines started again after a crash.
     """
@@ -78,6 +93,8 @@ class Info:
     halt_reason: str | None
     watermark: int | None
     lag: float | None
+    lag_events: int | None
+    standby: bool
     tasks: tuple[str, ...]
     restarts: int
 
@@ -200,6 +217,8 @@ class Scriba:
             halt_reason=coordinator.halt_reason,
             watermark=watermark.position if watermark is not None else None,
             lag=coordinator.lag_seconds(),
+            lag_events=await coordinator.lag_events(),
+            standby=coordinator.standing_by,
             tasks=coordinator.task_names(),
             restarts=coordinator.restarts,
         )
@@ -247,9 +266,17 @@ class Scriba:
         its next start begins from the first event. The read model is left alone:
         scriba does not know which tables a handler writes.
 
+        The projection's lock (the one its source takes) is held while clearing, so no
+        process reads the projection meanwhile, and the target raises the fencing
+        generation, so a reader that lost its lock without noticing commits nothing
+        more. A source without a lock (the memory one) has only the state check.
+
         Raises:
-            InvalidState: the projection is not stopped (clearing cursors under a live
-                pipeline would let it commit against a cache that no longer matches).
+            InvalidState: the projection is not stopped in this runtime (clearing cursors
+                under a live pipeline would let it commit against a cache that no
+                longer matches).
+            ProjectionBusy: some process (or another runtime) holds the projection's
+                lock; nothing was cleared.
         """
         key = _key_of(projection, version)
         coordinator = self._coordinators.get(key)
@@ -261,7 +288,12 @@ class Scriba:
             )
         key, target, made = self._target_for(projection, version)
         try:
-            return await target.reset(key, dead_letters=dead_letters)
+            source, made_here = self._source_for(key, projection)
+            try:
+                return await _reset_holding(source.projection_lock(key), target, key, dead_letters)
+            finally:
+                if made_here:
+                    await source.close()
         finally:
             if made:
                 await target.close()
@@ -310,6 +342,23 @@ class Scriba:
             self._made_targets[id(option)] = made
         return made[1]
 
+    def _source_for(self, key: ProjectionKey, projection: ProjectionRef) -> tuple[Source, bool]:
+        """The projection's source option as a source, and whether it was made just for
+        this call (a factory called: the caller closes it). Only asked for its lock,
+        never subscribed.
+
+        Raises:
+            UnknownProjection: named without its class and not started here.
+        """
+        coordinator = self._coordinators.get(key)
+        if coordinator is not None:
+            option: object = coordinator.settings.source
+        elif isinstance(projection, type):
+            option = settings_of(projection).source
+        else:  # _target_for refused it already
+            raise UnknownProjection(f"no projection {key.name!r} v{key.version} is known here")
+        return made_source(option), is_factory(option, "read")
+
     def _target_for(
         self, projection: ProjectionRef, version: int | None
     ) -> tuple[ProjectionKey, Target, bool]:
@@ -324,6 +373,27 @@ class Scriba:
             f"no projection {key.name!r} v{key.version} was started in this runtime; "
             "pass its class to read its target"
         )
+
+
+async def _reset_holding(
+    lock: ProjectionLock | None, target: Target, key: ProjectionKey, dead_letters: bool
+) -> ResetCounts:
+    """Reset ``key`` through ``target`` while holding ``lock`` (if any).
+
+    Raises:
+        ProjectionBusy: the lock is held elsewhere.
+    """
+    if lock is None:
+        return await target.reset(key, dead_letters=dead_letters)
+    try:
+        if not await lock.try_acquire():
+            raise ProjectionBusy(
+                f"cannot reset projection {key.name!r} v{key.version}: another process "
+                "holds its lock (stop the projection there first)"
+            )
+        return await target.reset(key, dead_letters=dead_letters)
+    finally:
+        await lock.release()
 
 
 def _key_of(projection: ProjectionRef, version: int | None) -> ProjectionKey:

@@ -7,7 +7,23 @@ from typing import Protocol
 
 from scriba.event import Event, ProjectionKey
 
-__all__ = ["Source", "SourceError"]
+__all__ = ["ProjectionLock", "Source", "SourceError"]
+
+
+class ProjectionLock(Protocol):
+    """A lock one process at a time holds for a projection."""
+
+    async def try_acquire(self) -> bool:
+        """Take the lock if it is free; never waits for it."""
+        ...
+
+    async def still_held(self) -> bool:
+        """Whether the lock taken is still held (false once its connection died)."""
+        ...
+
+    async def release(self) -> None:
+        """Let go of the lock, if held, and of what carries it. Idempotent."""
+        ...
 
 
 class Source(Protocol):
@@ -27,9 +43,19 @@ class Source(Protocol):
     - ``acknowledge(position)`` is only ever called with the end of a gapless prefix of
       what ``read`` returned: every event at or below ``position`` has been committed,
       skipped or dead-lettered. A source that keeps its own resume point stores it.
+    - ``standing_by`` is true exactly while ``read`` returns nothing because another
+      process holds the projection's lock.
+    - ``confirm_held`` is called once the first events were delivered and the target
+      claimed the projection for this reader; it checks the lock now (not on the next
+      periodic check), so a lock lost before the claim is never mistaken for a held one.
     - A source raises ``SourceError`` (or a subclass) for failures it cannot recover
       from; anything else it raises is treated the same way.
     """
+
+    @property
+    def standing_by(self) -> bool:
+        """Whether the source waits for another process to release the projection."""
+        ...
 
     async def subscribe(self, projection: ProjectionKey, after: int) -> None:
         """Start reading just after position ``after`` (0: from the beginning)."""
@@ -41,6 +67,25 @@ class Source(Protocol):
 
     async def acknowledge(self, position: int) -> None:
         """Every event at or below ``position`` is accounted for."""
+        ...
+
+    async def confirm_held(self) -> None:
+        """Check now that this source still holds its projection (a no-op for a source
+        without a lock).
+
+        Raises:
+            SourceError: the lock is gone (:class:`~scriba.sources.LostLockError`).
+        """
+        ...
+
+    async def head(self) -> int | None:
+        """The highest position the source holds now (0 when empty), or ``None`` when
+        it cannot tell; the lag in events is measured against it."""
+        ...
+
+    def projection_lock(self, projection: ProjectionKey) -> ProjectionLock | None:
+        """A new, untaken lock of ``projection`` as this source would take it, or
+        ``None`` for a source that takes none (``reset`` holds it while it clears)."""
         ...
 
     async def close(self) -> None:

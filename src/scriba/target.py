@@ -29,11 +29,15 @@ class FailureKind(enum.Enum):
     ``TRANSIENT``: replay the whole batch after a backoff. ``INTEGRITY``: specific to one
     event; retry the batch event by event and dead-letter the offenders.
     ``STRUCTURAL``: the schema or permissions do not match the code; halt.
+    ``FENCED``: another reader claimed the projection since this one did (this one was
+    deposed: its lock was lost); nothing was applied, and the pipeline ends, so that a
+    new one stands by or claims the projection again.
     """
 
     TRANSIENT = "transient"
     INTEGRITY = "integrity"
     STRUCTURAL = "structural"
+    FENCED = "fenced"
 
 
 class ApplyFailed(Exception):  # noqa: N818 - names the outcome, like the others here
@@ -118,6 +122,11 @@ class Target(Protocol):
     - ``apply_batch`` is all or nothing: the operations, the cursor advances and the dead
       letters commit together or not at all (then it raises :class:`ApplyFailed`).
     - A cursor never moves backwards: an advance below the stored position leaves it.
+    - Fencing: ``claim`` raises the projection's generation and returns it; a batch or
+      a watermark given a ``fence`` below the stored generation fails ``FENCED`` and
+      applies nothing, the check made in the same transaction as the write. So of two
+      readers that both believe they hold the projection, only the later claimer
+      commits. ``reset`` raises the generation too. ``fence=None`` is not checked.
     """
 
     async def open(self, projection: ProjectionKey) -> None:
@@ -136,25 +145,44 @@ class Target(Protocol):
         """The committed cursor of one stream, or ``None`` if it has none."""
         ...
 
+    async def claim(self, projection: ProjectionKey) -> int:
+        """Take ``projection`` for the calling reader: raise its generation by one and
+        return it (the fence to give every later write)."""
+        ...
+
     async def apply_batch(
         self,
         projection: ProjectionKey,
         applied: Sequence[tuple[Event, Operation]],
         advances: Mapping[str, int],
         dead_letters: Sequence[DeadLetter],
+        *,
+        fence: int | None = None,
     ) -> None:
         """Commit one batch: ``applied`` in order, each stream's cursor raised to
-        ``advances[stream_id]`` (keeping the greater), and ``dead_letters``.
+        ``advances[stream_id]`` (keeping the greater), and ``dead_letters``; only if
+        ``fence`` is still the projection's generation (when given).
 
         Raises:
-            ApplyFailed: nothing was committed; ``kind`` says how to answer.
+            ApplyFailed: nothing was committed; ``kind`` says how to answer
+                (``FENCED``: another reader claimed the projection).
         """
         ...
 
     async def save_watermark(
-        self, projection: ProjectionKey, position: int, occurred_at: datetime | None
+        self,
+        projection: ProjectionKey,
+        position: int,
+        occurred_at: datetime | None,
+        *,
+        fence: int | None = None,
     ) -> None:
-        """Store the watermark (outside any batch); it never moves backwards."""
+        """Store the watermark (outside any batch); it never moves backwards.
+
+        Raises:
+            ApplyFailed: of kind ``FENCED``, when ``fence`` is given and is no longer
+                the projection's generation (nothing is stored).
+        """
         ...
 
     async def watermark(self, projection: ProjectionKey) -> Watermark | None:
@@ -170,8 +198,9 @@ class Target(Protocol):
         ...
 
     async def reset(self, projection: ProjectionKey, *, dead_letters: bool) -> ResetCounts:
-        """Remove the projection's cursors and watermark (and dead letters if asked);
-        never the read model."""
+        """Remove the projection's cursors and watermark (and dead letters if asked)
+        and raise its generation (fencing out any reader still about); never the read
+        model."""
         ...
 
     async def close(self) -> None:

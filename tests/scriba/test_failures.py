@@ -226,13 +226,18 @@ class Checking(MemoryTarget):
     source: MemorySource
 
     async def save_watermark(
-        self, projection: ProjectionKey, position: int, occurred_at: datetime | None
+        self,
+        projection: ProjectionKey,
+        position: int,
+        occurred_at: datetime | None,
+        *,
+        fence: int | None = None,
     ) -> None:
         cursors = self.cursors(projection)
         for event in self.source.events:
             if event.position <= position:
                 assert cursors.get(event.stream_id, 0) >= event.position, (position, event)
-        await super().save_watermark(projection, position, occurred_at)
+        await super().save_watermark(projection, position, occurred_at, fence=fence)
 
 
 class Slow(Projection):

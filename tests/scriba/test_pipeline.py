@@ -286,13 +286,42 @@ async def test_a_transient_failure_replays_the_batch_and_acknowledges_nothing_me
         return FailureKind.TRANSIENT if next(failures, None) is not None else None
 
     target.fail = three_times
+    timeline: list[str] = []
+    acknowledge = source.acknowledge
+
+    async def acknowledging(position: int) -> None:
+        # What the target had been asked, and had committed, when this came.
+        timeline.append(f"ack {position} after {target.calls} calls, {len(target.batches)} commits")
+        await acknowledge(position)
+
+    source.acknowledge = acknowledging  # type: ignore[method-assign]
     with recording("scriba.source.batch.failed") as seen:
         runtime = await project(Rows, source, target, batch_size=100, batch_timeout=0.02)
         await runtime.close()
     assert len(seen) == 3
     assert {data["kind"] for _, data in seen} == {"transient"}
+    assert [(data["first_position"], data["last_position"]) for _, data in seen] == [(1, 10)] * 3
     assert len(target.commit_log) == 10
-    assert min(source.acknowledgements) >= 1  # nothing acknowledged before the commit
+    # One batch, failed three times, then committed; acknowledged once, only after that.
+    assert [len(batch.applied) for batch in target.batches] == [10]
+    assert timeline == ["ack 10 after 4 calls, 1 commits"]
+
+
+@pytest.mark.asyncio
+async def test_info_truncates_the_stream_positions_above_a_thousand_streams() -> None:
+    source, target = MemorySource(), MemoryTarget()
+    fill(source, 1_000, streams=1_000)
+    runtime = await project(Rows, source, target, batch_size=500)
+    at_limit = await runtime.info(Rows)
+    source.record("one-more", "Happened")
+    async with asyncio.timeout(10):
+        await runtime.wait_until_caught_up(Rows)
+    above = await runtime.info(Rows)
+    await runtime.close()
+    assert isinstance(at_limit.stream_positions, dict)
+    assert len(at_limit.stream_positions) == 1_000
+    assert above.stream_positions == "truncated"
+    assert above.safe_position == 1_001  # the rest of the info is still there
 
 
 @pytest.mark.asyncio

@@ -294,3 +294,41 @@ async def test_sqlite_a_holder_process_that_dies_is_replaced(sqlite_log: EventLo
         if holder.returncode is None:
             holder.kill()
             await holder.wait()
+
+
+@pytest.mark.asyncio
+async def test_the_head_is_the_greatest_position_and_a_standby_says_it_waits(
+    log: EventLog,
+) -> None:
+    holder, standby = log.source(), log.source()
+    await holder.subscribe(ORDERS, after=0)
+    await standby.subscribe(ORDERS, after=0)
+    assert await holder.head() == 0  # an empty log
+    log.write(4)
+    positions = [e.position for e in await read_all(holder)]
+    assert await holder.head() == positions[-1]
+    assert await standby.head() == positions[-1]  # the head needs no lock
+    assert (holder.standing_by, standby.standing_by) == (False, True)
+    await holder.confirm_held()
+    with pytest.raises(LostLockError):
+        await standby.confirm_held()
+    await holder.close()
+    await standby.close()
+
+
+@pytest.mark.asyncio
+async def test_postgresql_confirming_finds_a_lost_lock_at_once(pg_log: EventLog) -> None:
+    """However long the periodic check interval, confirming asks the lock's session."""
+    assert pg_log.url is not None
+    holder = pg_log.source(lock_check_interval=3600.0)
+    await holder.subscribe(ORDERS, after=0)
+    lock = holder.lock
+    assert isinstance(lock, AdvisoryLock)
+    assert lock.backend_pid is not None
+    with psycopg.connect(pg_log.url, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", [lock.backend_pid])
+        _wait_until_ended(admin, lock.backend_pid)
+    assert await holder.read(10) == []  # the periodic check is not due: it reads on
+    with pytest.raises(LostLockError):
+        await holder.confirm_held()
+    await holder.close()

@@ -63,7 +63,7 @@ def test_migrations_build_what_tables_define(sql_database: SqlDatabase) -> None:
     define_tables(OTHER, schema).metadata.create_all(engine)
     migrated = _shape(engine, "scriba_", schema)
     defined = _shape(engine, OTHER, schema)
-    assert set(migrated) == {"positions", "watermarks", "dead_letters"}
+    assert set(migrated) == {"positions", "watermarks", "dead_letters", "projections"}
     assert migrated == defined
     assert migrated["positions"]["primary key"] == (
         "projection_name",
@@ -114,7 +114,16 @@ def test_version_by_version(sql_database: SqlDatabase) -> None:
     upgrade(engine, prefix=OTHER, schema=schema, revision="scriba_0001")
     assert current_revision(engine, prefix=OTHER, schema=schema) == "scriba_0001"
     assert set(_shape(engine, OTHER, schema)) == {"positions", "dead_letters"}
+    upgrade(engine, prefix=OTHER, schema=schema, revision="scriba_0002")
+    assert set(_shape(engine, OTHER, schema)) == {"positions", "dead_letters", "watermarks"}
     upgrade(engine, prefix=OTHER, schema=schema)
+    assert set(_shape(engine, OTHER, schema)) == {
+        "positions",
+        "dead_letters",
+        "watermarks",
+        "projections",
+    }
+    downgrade(engine, prefix=OTHER, schema=schema, revision="scriba_0002")
     assert set(_shape(engine, OTHER, schema)) == {"positions", "dead_letters", "watermarks"}
     downgrade(engine, prefix=OTHER, schema=schema, revision="scriba_0001")
     assert set(_shape(engine, OTHER, schema)) == {"positions", "dead_letters"}
@@ -171,7 +180,7 @@ def test_revisions_form_one_line_to_head() -> None:
     scripts = ScriptDirectory(str(MIGRATIONS))
     assert scripts.get_heads() == [HEAD]
     chain = [script.revision for script in scripts.walk_revisions()]
-    assert chain == ["scriba_0002", "scriba_0001"]
+    assert chain == ["scriba_0003", "scriba_0002", "scriba_0001"]
     for script in scripts.walk_revisions():
         assert callable(script.module.upgrade)
         assert callable(script.module.downgrade)

@@ -57,9 +57,9 @@ def documented() -> dict[str, tuple[set[str], set[str]]]:
     return keys
 
 
-def test_fifteen_events_documented_cataloged_and_emitted_by_the_code() -> None:
+def test_seventeen_events_documented_cataloged_and_emitted_by_the_code() -> None:
     names = set(documented())
-    assert len(names) == 15
+    assert len(names) == 17
     assert names == {name for name in telemetry.EVENTS if name.startswith("scriba.")}
     root = Path(scriba.__file__).parent
     sources = "".join(path.read_text(encoding="utf-8") for path in root.rglob("*.py"))
@@ -108,6 +108,12 @@ async def test_what_the_engine_emits_carries_exactly_the_documented_keys() -> No
             runtime.pause(Everything)
             runtime.resume(Everything)
             await asyncio.sleep(0.03)  # a lag tick or two
+            source.fail_next_read(RuntimeError("the source broke"))  # a crash, a restart
+            async with asyncio.timeout(5):
+                while True:
+                    if (await runtime.info(Everything)).restarts:
+                        break
+                    await asyncio.sleep(0.002)
             await runtime.stop(Everything)
             # Again: the replay is deduplicated; then a structural failure halts it.
             source.record("s", "E")

@@ -158,6 +158,11 @@ class NotificationLogSource(SubscribedSource):
         assert isinstance(recorder, SQLiteApplicationRecorder)
         return FileLock(self._lock_file(recorder.datastore.pool.db_name, projection))
 
+    async def _head(self) -> int | None:
+        # The recorder's call blocks, like its reads.
+        highest = await asyncio.to_thread(self._recorder.max_notification_id)
+        return highest or 0
+
     async def _read_batch(self, tracker: GapTracker, limit: int) -> list[Event]:
         try:
             return await asyncio.to_thread(self._select_batch, tracker, limit)

@@ -240,6 +240,8 @@ class SqlTableSource(SubscribedSource):
         pg_dialect = postgresql.psycopg.dialect()  # type: ignore[no-untyped-call]
         self._select_sql = str(self._select.compile(dialect=pg_dialect))
         self._table_sql = pg_dialect.identifier_preparer.format_table(table)
+        self._head_query = sa.select(sa.func.max(table.c.position))
+        self._head_sql = str(self._head_query.compile(dialect=pg_dialect))
         super().__init__(
             "sql_table",
             gaps_can_fill=self._conninfo is not None,
@@ -268,6 +270,21 @@ class SqlTableSource(SubscribedSource):
             return AdvisoryLock(connect, lock_key(projection))
         assert self._sync_engine is not None
         return FileLock(self._lock_file(self._sync_engine.url.database or "", projection))
+
+    async def _head(self) -> int | None:
+        if self._conninfo is not None:
+            # A connection of its own: the read connection belongs to the reads, and a
+            # head is asked for rarely (by ``info``).
+            async with await psycopg.AsyncConnection.connect(
+                self._conninfo, autocommit=True
+            ) as conn:
+                cursor = await conn.execute(self._head_sql)
+                row = await cursor.fetchone()
+                return int(row[0]) if row is not None and row[0] is not None else 0
+        assert self._sync_engine is not None
+        with self._sync_engine.connect() as conn:
+            highest = conn.execute(self._head_query).scalar()
+        return int(highest) if highest is not None else 0
 
     async def _read_batch(self, tracker: GapTracker, limit: int) -> list[Event]:
         try:

@@ -31,12 +31,12 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import psycopg
 
 from scriba.event import ProjectionKey
-from scriba.source import SourceError
+from scriba.source import ProjectionLock, SourceError
 from statifier import telemetry
 
 __all__ = [
@@ -74,22 +74,6 @@ def lock_path_beside(database: str, projection: ProjectionKey) -> Path:
         return Path(tempfile.gettempdir()) / f"{os.getpid()}-{suffix}"
     path = database.removeprefix("file:").split("?", 1)[0]
     return Path(f"{path}.{suffix}")
-
-
-class ProjectionLock(Protocol):
-    """A lock one process at a time holds for a projection."""
-
-    async def try_acquire(self) -> bool:
-        """Take the lock if it is free; never waits for it."""
-        ...
-
-    async def still_held(self) -> bool:
-        """Whether the lock taken is still held (false once its connection died)."""
-        ...
-
-    async def release(self) -> None:
-        """Let go of the lock, if held, and of what carries it. Idempotent."""
-        ...
 
 
 class AdvisoryLock:
@@ -246,6 +230,20 @@ class Standby:
             self._announced_standby = True
             self._report("scriba.source.standby")
         return False
+
+    async def confirm(self) -> None:
+        """Check the held lock now, whatever the check interval.
+
+        Raises:
+            LostLockError: it is not held (never taken, or lost).
+        """
+        if not self._held or not await self._lock.still_held():
+            self._held = False
+            raise LostLockError(
+                f"projection {self._projection.name} v{self._projection.version} "
+                "is not held by this source; another process may hold it now"
+            )
+        self._checked_at = self._clock()
 
     async def release(self) -> None:
         """Let go of the projection. Idempotent."""

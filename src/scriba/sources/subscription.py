@@ -5,7 +5,8 @@ reads a position-numbered log. It takes the projection's lock on ``subscribe`` a
 stands by while another process holds it (:mod:`scriba.sources.standby`), keeps the
 :class:`~scriba.sources.gaps.GapTracker` of what was read, refuses an acknowledgement
 beyond it, and releases the lock on ``close``. A subclass says only how it locks and
-how it reads one batch (``_make_lock`` and ``_read_batch``).
+how it reads one batch (``_make_lock`` and ``_read_batch``) and how it reads the
+log's head (``_head``, for the lag in events).
 
 A source over positions 1 to 5, resumed after 1:
 
@@ -24,17 +25,20 @@ A source over positions 1 to 5, resumed after 1:
 ...         accepted = tracker.accept(positions)
 ...         at = datetime(2024, 1, 1, tzinfo=UTC)
 ...         return [Event(f"n{p}", "s", "Counted", p, p, at) for p in positions[:accepted]]
+...     async def _head(self):
+...         return 5
 >>> async def demo(directory: str):
 ...     source = Numbers(str(Path(directory) / "numbers.lock"))
 ...     await source.subscribe(ProjectionKey("numbers"), after=1)
 ...     first = [e.position for e in await source.read(3)]
 ...     await source.acknowledge(4)
 ...     rest = [e.position for e in await source.read(3)]
+...     head = await source.head()
 ...     await source.close()
-...     return first, rest, source.acknowledged
+...     return first, rest, source.acknowledged, head
 >>> with tempfile.TemporaryDirectory() as directory:
 ...     asyncio.run(demo(directory))
-([2, 3, 4], [5], 4)
+([2, 3, 4], [5], 4, 5)
 """
 
 from __future__ import annotations
@@ -93,6 +97,12 @@ class SubscribedSource(ABC):
     def holding(self) -> bool:
         """Whether this source holds its projection (false while standing by)."""
         return self._standby is not None and self._standby.held
+
+    @property
+    def standing_by(self) -> bool:
+        """Whether this source is subscribed but waits for another process to release
+        the projection."""
+        return self._standby is not None and not self._standby.held
 
     @property
     def acknowledged(self) -> int:
@@ -164,6 +174,28 @@ class SubscribedSource(ABC):
             )
         self._acknowledged = max(self._acknowledged, position)
 
+    async def confirm_held(self) -> None:
+        """Check the projection lock now.
+
+        Raises:
+            LostLockError: it is not held (lost since the last check, or never taken).
+        """
+        if self._standby is None:
+            raise SourceError("confirm_held before subscribe (or after close)")
+        await self._standby.confirm()
+
+    async def head(self) -> int | None:
+        """The highest position in the log now, or ``None`` when it cannot be read (the
+        lag in events is then unknown; reading it never fails the pipeline)."""
+        try:
+            return await self._head()
+        except Exception:  # noqa: BLE001 - a measurement, not the pipeline's work
+            return None
+
+    def projection_lock(self, projection: ProjectionKey) -> ProjectionLock:
+        """A new, untaken lock of ``projection``, as :meth:`subscribe` takes it."""
+        return self._make_lock(projection)
+
     async def close(self) -> None:
         """Release the projection lock. Idempotent."""
         standby, self._standby = self._standby, None
@@ -185,6 +217,10 @@ class SubscribedSource(ABC):
         Raises:
             SourceError: the read failed.
         """
+
+    @abstractmethod
+    async def _head(self) -> int | None:
+        """The highest position in the log (0 when empty), or ``None`` if unknown."""
 
     def _lock_file(self, database: str, projection: ProjectionKey) -> Path:
         """The lock file of a SQLite ``database``: ``lock_path`` if given."""

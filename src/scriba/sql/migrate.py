@@ -1,7 +1,8 @@
 """Create and upgrade scriba's tables with Alembic, beside a host's own migrations.
 
 The migration scripts ship inside the package. Revision ``scriba_0001`` creates the
-positions and dead-letter tables, ``scriba_0002`` the watermarks table. Each step looks
+positions and dead-letter tables, ``scriba_0002`` the watermarks table, ``scriba_0003``
+the projections table (each projection's fencing generation). Each step looks
 before it creates, so upgrading a database whose tables already exist (made by
 ``metadata.create_all``, or by an older copy of the same step) changes nothing and
 just records the revision.
@@ -17,8 +18,9 @@ From Python, give a URL, an engine or a connection:
 >>> upgrade(engine, prefix="demo_")
 >>> current_revision(engine, prefix="demo_") == HEAD
 True
->>> sorted(sa.inspect(engine).get_table_names())
-['demo_alembic_version', 'demo_dead_letters', 'demo_positions', 'demo_watermarks']
+>>> sorted(sa.inspect(engine).get_table_names())  # doctest: +NORMALIZE_WHITESPACE
+['demo_alembic_version', 'demo_dead_letters', 'demo_positions', 'demo_projections',
+ 'demo_watermarks']
 >>> upgrade(engine, prefix="demo_")  # idempotent
 >>> downgrade(engine, prefix="demo_")
 >>> sorted(sa.inspect(engine).get_table_names())
@@ -71,7 +73,7 @@ from statifier.sql.engines import database_url
 
 __all__ = ["HEAD", "current_revision", "downgrade", "upgrade"]
 
-HEAD: Final = "scriba_0002"
+HEAD: Final = "scriba_0003"
 """The latest revision of scriba's tables."""
 
 MIGRATIONS: Final = Path(__file__).parent / "migrations"

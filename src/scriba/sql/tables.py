@@ -1,10 +1,12 @@
-"""The three tables scriba keeps beside a read model, as SQLAlchemy Core metadata.
+"""The four tables scriba keeps beside a read model, as SQLAlchemy Core metadata.
 
 - ``positions``: one cursor per (projection name, version, stream), the greatest position
   committed for that stream.
 - ``watermarks``: one row per projection, the highest position with every event at or
   below it accounted for, and that event's time (the lag is measured from it).
 - ``dead_letters``: events given up on, kept as a record of what failed.
+- ``projections``: one row per projection, its fencing ``generation``: raised each
+  time a reader claims the projection (and by a reset), checked by every commit.
 
 Every name carries a prefix (``scriba_`` unless told otherwise) and the tables can live
 in a schema of their own, so several hosts, or several test runs, share a database
@@ -12,7 +14,7 @@ without meeting.
 
 >>> tables = define_tables(prefix="shop_")
 >>> [table.name for table in tables.metadata.sorted_tables]
-['shop_dead_letters', 'shop_positions', 'shop_watermarks']
+['shop_dead_letters', 'shop_positions', 'shop_projections', 'shop_watermarks']
 >>> define_tables(prefix="Bad-Prefix")
 Traceback (most recent call last):
 ...
@@ -59,12 +61,14 @@ class Tables:
     """scriba's tables under one prefix and schema.
 
     Attributes:
-        metadata: holds the three tables (and nothing else, unless a ``metadata`` was
+        metadata: holds the four tables (and nothing else, unless a ``metadata`` was
             given to :func:`define_tables`).
         positions: per-stream cursors; primary key (projection_name,
             projection_version, stream_id).
         watermarks: one contiguous watermark per projection.
         dead_letters: what failed; ``id`` autoincrements.
+        projections: one fencing generation per projection; never deleted, so a
+            generation only ever grows.
         prefix: the prefix of every table and index name.
         schema: the schema the tables live in, ``None`` for the default one.
     """
@@ -73,6 +77,7 @@ class Tables:
     positions: sa.Table
     watermarks: sa.Table
     dead_letters: sa.Table
+    projections: sa.Table
     prefix: str
     schema: str | None
 
@@ -182,4 +187,16 @@ def define_tables(
         ),
         schema=schema,
     )
-    return Tables(metadata, positions, watermarks, dead_letters, prefix, schema)
+    projections = sa.Table(
+        f"{prefix}projections",
+        metadata,
+        sa.Column("projection_name", sa.String(NAME_LENGTH), nullable=False),
+        sa.Column("projection_version", sa.Integer(), nullable=False),
+        sa.Column("generation", sa.BigInteger(), nullable=False),
+        sa.Column("claimed_at", UtcDateTime(), nullable=False),
+        sa.PrimaryKeyConstraint(
+            "projection_name", "projection_version", name=f"pk_{prefix}projections"
+        ),
+        schema=schema,
+    )
+    return Tables(metadata, positions, watermarks, dead_letters, projections, prefix, schema)

@@ -13,11 +13,21 @@
   connection's ``timeout`` (5 seconds by default); then the batch fails as
   ``TRANSIENT``. An engine you pass is used as you configured it.
 
-Each batch is one transaction: the handlers' operations in order, then one cursor
-upsert per stream that keeps the greater position (``GREATEST`` on PostgreSQL, ``MAX``
-on SQLite), then the dead letters. If anything fails, all of it rolls back and
-:class:`~scriba.target.ApplyFailed` says which kind of failure it was
-(:func:`scriba.sql.failures.classify`).
+Each batch is one transaction: first the fence (below), then the handlers' operations
+in order, then one cursor upsert per stream that keeps the greater position
+(``GREATEST`` on PostgreSQL, ``MAX`` on SQLite), then the dead letters. If anything
+fails, all of it rolls back and :class:`~scriba.target.ApplyFailed` says which kind of
+failure it was (:func:`scriba.sql.failures.classify`).
+
+Fencing. :meth:`SqlTarget.claim` raises the projection's ``generation`` in the
+projections table and returns it; a batch given that ``fence`` begins with
+``UPDATE projections SET generation = generation WHERE ... AND generation = :fence``.
+No row updated means another reader has claimed the projection since: the transaction
+rolls back and the batch fails ``FENCED``. The update takes the row's lock (on SQLite
+the database's), so a claim waits for a batch of the older generation in flight and
+every batch after the claim sees the new generation: a deposed reader's commit
+applies nothing. A watermark is fenced the same way, and ``reset`` raises the
+generation in the transaction that clears the cursors.
 
 The tables must exist (:func:`scriba.sql.upgrade`); the target never changes a schema.
 
@@ -128,6 +138,7 @@ class SqlTarget:
         self._runner = _runner_for(database, dict(engine_options or {}))
         self._upsert = _cursor_upsert(self.tables.positions, self._runner.dialect)
         self._watermark_upsert = _watermark_upsert(self.tables.watermarks, self._runner.dialect)
+        self._claim = _claim_upsert(self.tables.projections, self._runner.dialect)
 
     @property
     def dialect(self) -> str:
@@ -144,7 +155,12 @@ class SqlTarget:
         """
         if len(projection.name) > NAME_LENGTH:
             raise ValueError(f"a projection name is at most {NAME_LENGTH} characters long")
-        tables = (self.tables.positions, self.tables.watermarks, self.tables.dead_letters)
+        tables = (
+            self.tables.positions,
+            self.tables.watermarks,
+            self.tables.dead_letters,
+            self.tables.projections,
+        )
 
         def probe(connection: sa.Connection) -> None:
             for table in tables:
@@ -202,14 +218,43 @@ class SqlTarget:
 
         return await self._runner.run(read)
 
+    async def claim(self, projection: ProjectionKey) -> int:
+        """Raise the projection's generation by one (from 0: the first claim is 1) and
+        return it; batches and watermarks fenced by an older one fail from now on."""
+        statement = self._claim
+
+        def claim(connection: sa.Connection) -> int:
+            row = {
+                "projection_name": projection.name,
+                "projection_version": projection.version,
+                "generation": 1,
+                "claimed_at": self._clock(),
+            }
+            return int(connection.execute(statement, row).scalar_one())
+
+        return await self._runner.run(claim)
+
+    async def generation(self, projection: ProjectionKey) -> int:
+        """The projection's current generation (0 before the first claim)."""
+        table = self.tables.projections
+        query = sa.select(table.c.generation).where(*_projection_filter(table, projection))
+
+        def read(connection: sa.Connection) -> int:
+            return int(connection.execute(query).scalar_one_or_none() or 0)
+
+        return await self._runner.run(read)
+
     async def apply_batch(
         self,
         projection: ProjectionKey,
         applied: Sequence[tuple[Event, Operation]],
         advances: Mapping[str, int],
         dead_letters: Sequence[DeadLetter],
+        *,
+        fence: int | None = None,
     ) -> None:
-        """Commit the batch in one transaction (see the module's description).
+        """Commit the batch in one transaction (see the module's description), if
+        ``fence`` (when given) is still the projection's generation.
 
         Consecutive inserts into one table with the same columns go to the database
         as one ``executemany``; everything else runs one statement per operation, in
@@ -217,7 +262,8 @@ class SqlTarget:
 
         Raises:
             ApplyFailed: nothing was committed; ``kind`` comes from
-                :func:`scriba.sql.failures.classify`, ``cause`` is the error.
+                :func:`scriba.sql.failures.classify` (``FENCED`` when the fence
+                failed), ``cause`` is the error.
         """
         if not (applied or advances or dead_letters):
             return
@@ -237,7 +283,10 @@ class SqlTarget:
         operations = [operation for _, op in applied for operation in _flatten(op)]
         upsert, dead_letter_insert = self._upsert, self.tables.dead_letters.insert()
 
+        check_fence = self._fence_check(projection, fence)
+
         def commit(connection: sa.Connection) -> None:
+            check_fence(connection)
             for statement, parameters in _statements(operations):
                 connection.execute(statement, parameters)
             if cursor_rows:
@@ -252,12 +301,18 @@ class SqlTarget:
             raise ApplyFailed(kind, f"{kind.value}: {_describe(error)}", error) from error
 
     async def save_watermark(
-        self, projection: ProjectionKey, position: int, occurred_at: datetime | None
+        self,
+        projection: ProjectionKey,
+        position: int,
+        occurred_at: datetime | None,
+        *,
+        fence: int | None = None,
     ) -> None:
         """Store the watermark; a position below the stored one changes nothing.
 
         Raises:
             ValueError: ``occurred_at`` is a naive datetime.
+            ApplyFailed: of kind ``FENCED``: ``fence`` is no longer the generation.
         """
         if occurred_at is not None and occurred_at.utcoffset() is None:
             raise ValueError(f"a watermark's occurred_at must be timezone-aware: {occurred_at!r}")
@@ -269,8 +324,10 @@ class SqlTarget:
             "updated_at": self._clock(),
         }
         statement = self._watermark_upsert
+        check_fence = self._fence_check(projection, fence)
 
         def save(connection: sa.Connection) -> None:
+            check_fence(connection)
             connection.execute(statement, row)
 
         await self._runner.run(save)
@@ -330,8 +387,16 @@ class SqlTarget:
 
     async def reset(self, projection: ProjectionKey, *, dead_letters: bool) -> ResetCounts:
         """Delete the projection's cursors and watermark, and its dead letters if asked,
-        in one transaction; the read model is left alone."""
+        and raise its generation (so no reader still about commits against the cleared
+        cursors), in one transaction; the read model is left alone."""
         tables = self.tables
+        claim = self._claim
+        claim_row = {
+            "projection_name": projection.name,
+            "projection_version": projection.version,
+            "generation": 1,
+            "claimed_at": self._clock(),
+        }
 
         def delete(connection: sa.Connection, table: sa.Table) -> int:
             result = connection.execute(
@@ -340,6 +405,7 @@ class SqlTarget:
             return int(result.rowcount)
 
         def clear(connection: sa.Connection) -> ResetCounts:
+            connection.execute(claim, claim_row)
             return ResetCounts(
                 positions=delete(connection, tables.positions),
                 watermarks=delete(connection, tables.watermarks),
@@ -351,6 +417,30 @@ class SqlTarget:
     async def close(self) -> None:
         """Dispose of the engine if the target made it. Idempotent."""
         await self._runner.close()
+
+    def _fence_check(
+        self, projection: ProjectionKey, fence: int | None
+    ) -> Callable[[sa.Connection], None]:
+        """What checks ``fence`` first thing in a transaction (nothing when ``None``)."""
+        if fence is None:
+            return _unchecked
+        table = self.tables.projections
+        statement = (
+            sa.update(table)
+            .where(*_projection_filter(table, projection), table.c.generation == fence)
+            # A no-op write, for the row lock: a claim waits for this transaction.
+            .values(generation=table.c.generation)
+        )
+
+        def check(connection: sa.Connection) -> None:
+            if connection.execute(statement).rowcount != 1:
+                raise ApplyFailed(
+                    FailureKind.FENCED,
+                    f"generation {fence} of projection {projection.name!r} "
+                    f"v{projection.version} was superseded by another reader's claim",
+                )
+
+        return check
 
 
 class _Runner(Protocol):
@@ -440,6 +530,23 @@ def _cursor_upsert(positions: sa.Table, dialect: str) -> sa.Executable:
             "updated_at": insert.excluded.updated_at,
         },
     )
+
+
+def _unchecked(connection: sa.Connection) -> None:
+    del connection
+
+
+def _claim_upsert(projections: sa.Table, dialect: str) -> sa.Executable:
+    insert = (
+        postgresql.insert(projections) if dialect == "postgresql" else sqlite.insert(projections)
+    )
+    return insert.on_conflict_do_update(
+        index_elements=["projection_name", "projection_version"],
+        set_={
+            "generation": projections.c.generation + 1,
+            "claimed_at": insert.excluded.claimed_at,
+        },
+    ).returning(projections.c.generation)
 
 
 def _watermark_upsert(watermarks: sa.Table, dialect: str) -> sa.Executable:
