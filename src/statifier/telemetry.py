@@ -41,11 +41,17 @@ EVENTS: Final[Mapping[str, str]] = {
     "statifier.router.delivery": "one binding's delivery of one event settled",
     "statifier.router.outbox": "an outbox drain pass leased rows and settled their sinks",
     "statifier.router.timer": "a due timer was fired, discarded, refused or failed",
+    # the stream consumer (see the fronts section of docs/telemetry.md)
+    "statifier.fronts.commit": "a stream consumer committed the settled prefix to its source",
+    "statifier.fronts.retry": "a stream consumer's routing attempt failed; the event waits",
+    "statifier.fronts.dead_letter": "a stream consumer dead-lettered a message and moved on",
     # scriba, the projection engine (see the scriba section of docs/telemetry.md)
     "scriba.projection.started": "a projection started running, or resumed after a pause",
     "scriba.projection.paused": "a projection paused: it stopped reading its source",
     "scriba.projection.stopped": "a projection stopped and no longer runs anything",
     "scriba.projection.halted": "a projection halted on a failure no replay can fix",
+    "scriba.projection.crashed": "a projection's pipeline crashed",
+    "scriba.projection.restarted": "a projection's pipeline was started again after a crash",
     "scriba.projection.event.start": "a handler call began",
     "scriba.projection.event.stop": "a handler call returned",
     "scriba.projection.event.exception": "a handler call raised",
