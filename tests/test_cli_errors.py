@@ -129,7 +129,8 @@ def test_a_bad_revision_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert run("db", "upgrade", "--url", url, "--revision", "nope") == (2, "")
     assert capsys.readouterr().err == (
         "statifier db upgrade: revision 'nope': Can't locate revision identified by 'nope' "
-        "(the revisions are head, base, statifier_0001, statifier_0002, statifier_0003)\n"
+        "(the revisions are head, base, statifier_0001, statifier_0002, statifier_0003, "
+        "statifier_0004)\n"
     )
     with pytest.raises(migrations.BadRevision) as raised:
         migrations.upgrade(url, revision="nope")
@@ -143,7 +144,8 @@ def test_debug_adds_the_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[
     err = capsys.readouterr().err
     assert err.startswith("Traceback (most recent call last):")
     assert err.endswith(
-        "(the revisions are head, base, statifier_0001, statifier_0002, statifier_0003)\n"
+        "(the revisions are head, base, statifier_0001, statifier_0002, statifier_0003, "
+        "statifier_0004)\n"
     )
 
 
@@ -292,7 +294,8 @@ def test_the_docs_show_these_outputs() -> None:
         ),
         (
             "statifier db upgrade: revision 'nope': Can't locate revision identified by 'nope' "
-            "(the revisions are head, base, statifier_0001, statifier_0002, statifier_0003)"
+            "(the revisions are head, base, statifier_0001, statifier_0002, statifier_0003, "
+            "statifier_0004)"
         ),
         (
             "statifier graph: unexpected KeyError: 'oops' "

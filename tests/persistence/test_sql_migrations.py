@@ -19,7 +19,7 @@ from statifier.cli import main
 from statifier.sql import TableOptions, migrations
 from statifier.sql.tables import autogenerate_filter
 
-HEAD = "statifier_0003"
+HEAD = "statifier_0004"
 """The newest revision."""
 
 DURABLE_TABLES = ("mig_charts", "mig_positions", "mig_executions", "mig_inputs")
@@ -30,6 +30,15 @@ ROUTER_TABLES = ("mig_addresses", "mig_dedupe", "mig_routing_ledger")
 
 OUTBOUND_TABLES = ("mig_timers", "mig_outbox", "mig_subscriptions")
 """What ``statifier_0003`` adds."""
+
+FRONTS_TABLES = (
+    "mig_inbound_events",
+    "mig_consumer_positions",
+    "mig_consumer_dead_letters",
+    "mig_partition_leases",
+    "mig_consumer_members",
+)
+"""What ``statifier_0004`` adds."""
 
 
 def _options(fresh: Any, **more: Any) -> TableOptions:
@@ -87,7 +96,13 @@ def test_migrations_build_exactly_the_tables(fresh_database: Any) -> None:
     migrations.upgrade(fresh_database.url, options)
     assert _differences(fresh_database.url, options) == []
     names = _table_names(fresh_database.url, fresh_database.schema)
-    assert names == {"mig_alembic_version", *DURABLE_TABLES, *ROUTER_TABLES, *OUTBOUND_TABLES}
+    assert names == {
+        "mig_alembic_version",
+        *DURABLE_TABLES,
+        *ROUTER_TABLES,
+        *OUTBOUND_TABLES,
+        *FRONTS_TABLES,
+    }
 
 
 def test_migrations_match_the_default_options(fresh_database: Any) -> None:
@@ -113,7 +128,7 @@ def test_leading_columns_come_right_after_the_key(fresh_database: Any) -> None:
     try:
         with engine.connect() as connection:
             inspector = sa.inspect(connection)
-            for table in (*DURABLE_TABLES, *ROUTER_TABLES, *OUTBOUND_TABLES):
+            for table in (*DURABLE_TABLES, *ROUTER_TABLES, *OUTBOUND_TABLES, *FRONTS_TABLES):
                 columns = inspector.get_columns(table, schema=fresh_database.schema)
                 assert [c["name"] for c in columns][:2] == ["id", "tenant_id"]
     finally:

@@ -12,6 +12,12 @@ metadata.
 - ``timers``: delayed sends of durable executions waiting for their due time.
 - ``outbox``: what routes handed off, waiting for (or done with) the drain.
 - ``subscriptions``: which executions a source invoke subscribed to which binding.
+- ``inbound_events``: events a host appended for the stream consumer, by partition and
+  position.
+- ``consumer_positions``: how far each consumer group has committed each partition.
+- ``consumer_dead_letters``: messages a stream consumer gave up on, with the reason.
+- ``partition_leases``: which member of a consumer group holds which partition.
+- ``consumer_members``: the members of each consumer group, while they are alive.
 
 Every table starts with a surrogate primary key ``id`` of the configured type, then
 the host's leading columns, then the package's own. Names carry a prefix and the
@@ -23,10 +29,15 @@ database without meeting.
 ...     print(table.name)
 shop_addresses
 shop_charts
+shop_consumer_dead_letters
+shop_consumer_members
+shop_consumer_positions
 shop_dedupe
 shop_executions
+shop_inbound_events
 shop_inputs
 shop_outbox
+shop_partition_leases
 shop_positions
 shop_routing_ledger
 shop_subscriptions
@@ -184,7 +195,7 @@ class TableOptions:
         return [column._copy() for column in self.leading_columns]
 
     def define(self, metadata: sa.MetaData | None = None) -> Tables:
-        """The ten tables under these options, in ``metadata`` (a new one if ``None``).
+        """The fifteen tables under these options, in ``metadata`` (a new one if ``None``).
 
         Raises:
             sqlalchemy.exc.InvalidRequestError: ``metadata`` already holds a table of
@@ -241,14 +252,24 @@ _PACKAGE_COLUMNS = frozenset(
         "dead_at",
         "last_error",
         "invoke_id",
+        "partition",
+        "position",
+        "data",
+        "appended_at",
+        "consumer_group",
+        "raw",
+        "owner",
+        "seen_until",
+        "address_id",
+        "token_hash",
     }
 )
 
 
 @dataclass(frozen=True, slots=True)
 class Tables:
-    """The ten tables of durable executions and of the event router, defined under
-    one :class:`TableOptions`.
+    """The fifteen tables of durable executions, of the event router and of its fronts,
+    defined under one :class:`TableOptions`.
 
     Attributes:
         metadata: holds the tables.
@@ -256,6 +277,8 @@ class Tables:
             the module docstring).
         addresses, dedupe, routing_ledger, timers, outbox, subscriptions: the event
             router's tables (see the module docstring).
+        inbound_events, consumer_positions, consumer_dead_letters, partition_leases,
+            consumer_members: the stream consumer's tables (see the module docstring).
         options: what they were defined with.
     """
 
@@ -270,6 +293,11 @@ class Tables:
     timers: sa.Table
     outbox: sa.Table
     subscriptions: sa.Table
+    inbound_events: sa.Table
+    consumer_positions: sa.Table
+    consumer_dead_letters: sa.Table
+    partition_leases: sa.Table
+    consumer_members: sa.Table
     options: TableOptions
 
     @classmethod
@@ -464,6 +492,7 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         sa.Index(name("subscriptions_binding_id_scope_key_idx"), "binding_id", "scope", "key"),
         schema=schema,
     )
+    inbound, positions_, dead_letters, leases, members = _fronts(options, metadata)
     return Tables(
         metadata,
         charts,
@@ -476,5 +505,139 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         timers,
         outbox,
         subscriptions,
+        inbound,
+        positions_,
+        dead_letters,
+        leases,
+        members,
         options,
+    )
+
+
+def _fronts(
+    options: TableOptions, metadata: sa.MetaData
+) -> tuple[sa.Table, sa.Table, sa.Table, sa.Table, sa.Table]:
+    """The stream consumer's tables: inbound events, committed positions, dead letters,
+    partition leases and group members (in that order)."""
+    name = options.name
+    schema = options.schema
+    inbound_events = sa.Table(
+        name("inbound_events"),
+        metadata,
+        options.key_column(),
+        *options.leading(),
+        sa.Column("partition", sa.Text(), nullable=False),
+        sa.Column("position", sa.BigInteger(), nullable=False),
+        sa.Column("scope", sa.Text(), nullable=False),
+        sa.Column("source", sa.Text(), nullable=False),
+        sa.Column("message_id", sa.Text(), nullable=False),
+        sa.Column("data", json_document(), nullable=False),
+        sa.Column("appended_at", UtcDateTime(), nullable=False),
+        sa.UniqueConstraint(
+            "partition", "position", name=name("inbound_events_partition_position_key")
+        ),
+        schema=schema,
+    )
+    consumer_positions = sa.Table(
+        name("consumer_positions"),
+        metadata,
+        options.key_column(),
+        *options.leading(),
+        sa.Column("consumer_group", sa.Text(), nullable=False),
+        sa.Column("partition", sa.Text(), nullable=False),
+        sa.Column("position", sa.BigInteger(), nullable=False),
+        sa.Column("updated_at", UtcDateTime(), nullable=False),
+        sa.UniqueConstraint(
+            "consumer_group", "partition", name=name("consumer_positions_group_partition_key")
+        ),
+        schema=schema,
+    )
+    consumer_dead_letters = sa.Table(
+        name("consumer_dead_letters"),
+        metadata,
+        options.key_column(),
+        *options.leading(),
+        sa.Column("source", sa.Text(), nullable=False),
+        sa.Column("partition", sa.Text(), nullable=False),
+        sa.Column("position", sa.BigInteger(), nullable=False),
+        sa.Column("message_id", sa.Text(), nullable=True),
+        sa.Column("reason", sa.Text(), nullable=False),
+        sa.Column("raw", sa.LargeBinary(), nullable=False),
+        sa.Column("dead_at", UtcDateTime(), nullable=False),
+        sa.Index(name("consumer_dead_letters_source_dead_at_idx"), "source", "dead_at"),
+        schema=schema,
+    )
+    partition_leases = sa.Table(
+        name("partition_leases"),
+        metadata,
+        options.key_column(),
+        *options.leading(),
+        sa.Column("consumer_group", sa.Text(), nullable=False),
+        sa.Column("partition", sa.Text(), nullable=False),
+        sa.Column("owner", sa.Text(), nullable=True),
+        sa.Column("leased_until", UtcDateTime(), nullable=True),
+        sa.UniqueConstraint(
+            "consumer_group", "partition", name=name("partition_leases_group_partition_key")
+        ),
+        schema=schema,
+    )
+    consumer_members = sa.Table(
+        name("consumer_members"),
+        metadata,
+        options.key_column(),
+        *options.leading(),
+        sa.Column("consumer_group", sa.Text(), nullable=False),
+        sa.Column("owner", sa.Text(), nullable=False),
+        sa.Column("seen_until", UtcDateTime(), nullable=False),
+        sa.UniqueConstraint(
+            "consumer_group", "owner", name=name("consumer_members_group_owner_key")
+        ),
+        schema=schema,
+    )
+    return (
+        inbound_events,
+        consumer_positions,
+        consumer_dead_letters,
+        partition_leases,
+        consumer_members,
+    )
+
+
+def define_locations(tables: Tables) -> sa.Table:
+    """The opt-in ``locations`` table, beside ``tables`` and under their options: the
+    BasicHTTP location of each execution an address row names, as the SHA-256 of its
+    token (lowercase hex), never the token itself.
+
+    It is defined in a metadata of its own, so :meth:`TableOptions.define` and the
+    version walk of :mod:`statifier.sql.migrations` never meet it; it is built by
+    :func:`statifier.sql.locations.upgrade_locations`. ``address_id`` references the
+    address table (deleting an address deletes its location where the database
+    enforces the reference); ``execution_id`` is kept beside it, so a location whose
+    address row is gone never reaches a later execution under a reused id.
+
+    >>> table = define_locations(TableOptions(prefix="shop_").define())
+    >>> table.name, [column.name for column in table.columns]
+    ('shop_locations', ['id', 'address_id', 'execution_id', 'token_hash', 'inserted_at'])
+    """
+    options = tables.options
+    name = options.name
+    address_key = tables.addresses.c["id"].type
+    return sa.Table(
+        name("locations"),
+        sa.MetaData(),
+        options.key_column(),
+        *options.leading(),
+        sa.Column(
+            "address_id",
+            address_key,
+            sa.ForeignKey(tables.addresses.c["id"], ondelete="CASCADE"),
+            nullable=False,
+        ),
+        sa.Column("execution_id", sa.Text(), nullable=False),
+        sa.Column("token_hash", sa.Text(), nullable=False),
+        sa.Column("inserted_at", UtcDateTime(), nullable=False),
+        sa.UniqueConstraint("address_id", name=name("locations_address_id_key")),
+        sa.UniqueConstraint("token_hash", name=name("locations_token_hash_key")),
+        sa.Index(name("locations_execution_id_idx"), "execution_id"),
+        schema=options.schema,
     )

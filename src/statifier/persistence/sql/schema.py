@@ -98,6 +98,11 @@ class TableNames:
     timers: str
     outbox: str
     subscriptions: str
+    inbound_events: str
+    consumer_positions: str
+    consumer_dead_letters: str
+    partition_leases: str
+    consumer_members: str
 
     @classmethod
     def of(cls, tables: Tables) -> TableNames:
@@ -117,6 +122,11 @@ class TableNames:
                     "timers",
                     "outbox",
                     "subscriptions",
+                    "inbound_events",
+                    "consumer_positions",
+                    "consumer_dead_letters",
+                    "partition_leases",
+                    "consumer_members",
                 )
             )
         )

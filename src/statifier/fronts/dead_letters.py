@@ -1,0 +1,148 @@
+"""Dead letters: messages a stream consumer gave up on, kept with the reason.
+
+A message is dead-lettered when it is malformed (no event could be read from it) or,
+under :class:`~statifier.fronts.consumer.DeadLetterAfter`, when its routing failed
+too often. The consumer hands a :class:`DeadLetterEntry` to a :class:`DeadLetters`
+sink and, once the sink returned, counts the message settled: it is acknowledged
+with the others and never routed again. :class:`TableDeadLetters` keeps them in the
+``consumer_dead_letters`` table of the router's database (both PostgreSQL and
+SQLite); a sink of another kind (a topic) keeps the same protocol.
+
+>>> import asyncio, tempfile
+>>> from datetime import UTC, datetime
+>>> from pathlib import Path
+>>> from statifier.persistence.sql import SqlAdapter
+>>> from statifier.sql import migrations
+>>> url = f"sqlite:///{Path(tempfile.mkdtemp()) / 'dead.db'}"
+>>> migrations.upgrade(url)
+>>> letter = DeadLetterEntry("orders", "0", 7, None, "malformed: not JSON", b"{oops",
+...                          datetime(2026, 1, 1, tzinfo=UTC))
+>>> async def main():
+...     async with SqlAdapter(url) as adapter:
+...         table = TableDeadLetters(adapter)
+...         await table.put(letter)
+...         return await table.entries()
+>>> asyncio.run(main()) == [letter]
+True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final, Protocol
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from statifier.persistence.sql import SqlAdapter
+from statifier.persistence.sql.schema import TableNames
+from statifier.persistence.sql.sqlite import utc_text, utc_time
+
+__all__ = ["DeadLetterEntry", "DeadLetters", "TableDeadLetters"]
+
+REASON_LIMIT: Final = 1000
+"""The most characters of a reason kept (a routing error's text can be long)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterEntry:
+    """One message given up on.
+
+    Attributes:
+        source: the name of the source it was read from.
+        partition, position: where it sat in the source.
+        message_id: its message id, ``None`` when none could be read.
+        reason: why it was given up on (``malformed: ...``, or the last routing
+            error), at most :data:`REASON_LIMIT` characters.
+        raw: the bytes as read (empty when the source keeps none).
+        at: when it was given up on.
+    """
+
+    source: str
+    partition: str
+    position: int
+    message_id: str | None
+    reason: str
+    raw: bytes
+    at: datetime
+
+
+class DeadLetters(Protocol):
+    """Where a consumer puts the messages it gives up on."""
+
+    async def put(self, letter: DeadLetterEntry) -> None:
+        """Keep ``letter``; raises when it was not kept (the consumer tries again, and
+        does not acknowledge the message meanwhile)."""
+
+
+def cut(reason: str) -> str:
+    """``reason``, cut to :data:`REASON_LIMIT` characters."""
+    return reason if len(reason) <= REASON_LIMIT else f"{reason[: REASON_LIMIT - 1]}…"
+
+
+class TableDeadLetters:
+    """Dead letters in the ``consumer_dead_letters`` table of ``adapter``'s database,
+    one row per :meth:`put`."""
+
+    def __init__(self, adapter: SqlAdapter) -> None:
+        self.adapter = adapter
+        table = TableNames.of(adapter.tables).consumer_dead_letters
+        self._postgres = isinstance(adapter.engine, AsyncEngine)
+        self._client_keys = adapter.tables.options.key_default
+        key_column = "id, " if self._client_keys else ""
+        columns = "source, partition, position, message_id, reason, raw, dead_at"
+        if self._postgres:
+            key_value = "%(id)s, " if self._client_keys else ""
+            self._insert = (
+                f"INSERT INTO {table} ({key_column}{columns}) VALUES ({key_value}%(source)s, "
+                "%(partition)s, %(position)s, %(message_id)s, %(reason)s, %(raw)s, %(at)s)"
+            )
+            self._select = (
+                f"SELECT {columns} FROM {table} "
+                "WHERE %(source)s::text IS NULL OR source = %(source)s ORDER BY id"
+            )
+        else:
+            key_value = ":id, " if self._client_keys else ""
+            self._insert = (
+                f"INSERT INTO {table} ({key_column}{columns}) VALUES ({key_value}:source, "
+                ":partition, :position, :message_id, :reason, :raw, :at)"
+            )
+            self._select = (
+                f"SELECT {columns} FROM {table} "
+                "WHERE :source IS NULL OR source = :source ORDER BY id"
+            )
+
+    async def put(self, letter: DeadLetterEntry) -> None:
+        """Insert ``letter`` as a row of its own."""
+        values: dict[str, Any] = {
+            "source": letter.source,
+            "partition": letter.partition,
+            "position": letter.position,
+            "message_id": letter.message_id,
+            "reason": cut(letter.reason),
+            "raw": letter.raw,
+            "at": letter.at if self._postgres else utc_text(letter.at),
+        }
+        if self._client_keys is not None:
+            key = self._client_keys()
+            values["id"] = key if self._postgres else key.hex
+        async with self.adapter.transaction() as tx:
+            if self._postgres:
+                await tx.driver.execute(self._insert, values)
+            else:
+                tx.driver.execute(self._insert, values)
+
+    async def entries(self, source: str | None = None) -> list[DeadLetterEntry]:
+        """The dead letters kept (of ``source``, or all), oldest first."""
+        async with self.adapter.transaction() as tx:
+            if self._postgres:
+                cursor = await tx.driver.execute(self._select, {"source": source})
+                rows = await cursor.fetchall()
+            else:
+                rows = tx.driver.execute(self._select, {"source": source}).fetchall()
+        return [self._entry(row) for row in rows]
+
+    def _entry(self, row: Any) -> DeadLetterEntry:
+        at = row[6] if self._postgres else utc_time(row[6])
+        assert at is not None
+        return DeadLetterEntry(row[0], row[1], int(row[2]), row[3], row[4], bytes(row[5]), at)

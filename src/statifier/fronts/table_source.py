@@ -1,0 +1,527 @@
+"""The inbound-events table: a stream of events a host keeps in the router's database.
+
+A host (or a front of its own: a webhook) enqueues events with :func:`append_events`,
+on a transaction of its own or of the caller's, so an event is in the stream exactly
+when what enqueued it committed. :class:`TableSource` reads the table as a
+:class:`~statifier.fronts.source.Source` for :class:`~statifier.fronts.consumer.StreamConsumer`:
+
+- A row sits at ``(partition, position)``. :func:`append_events` gives each row the
+  next position of its partition while holding the partition's lock until its
+  transaction ends (PostgreSQL: a transaction-scoped advisory lock; SQLite: the single
+  writer), so positions commit in order and a reader never passes a position a
+  writer could still fill.
+- Consumers of one group share the partitions through
+  :class:`~statifier.fronts.leases.PartitionLeases`: each reads only the partitions it
+  holds, a fair share among the live members. Several processes share them on
+  PostgreSQL (and on one SQLite file).
+- :meth:`TableSource.commit` stores the group's position per partition in
+  ``consumer_positions``, only while the partition's lease is this member's (a member
+  whose lease passed on commits nothing for it: the next holder reads from the last
+  committed position and the router answers the repeats ``duplicate``). Positions only
+  grow.
+
+Keep one key's events in one partition (:class:`ByKey` chooses it as the consumer
+chooses lanes), or two members could route one key's events side by side.
+
+>>> import asyncio, tempfile
+>>> from pathlib import Path
+>>> from statifier.persistence.sql import SqlAdapter
+>>> from statifier.router import InboundEvent
+>>> from statifier.sql import migrations
+>>> url = f"sqlite:///{Path(tempfile.mkdtemp()) / 'inbound.db'}"
+>>> migrations.upgrade(url)
+>>> class Quiet:
+...     async def assigned(self, partitions): print("assigned", sorted(partitions))
+...     async def revoked(self, partitions): print("revoked", sorted(partitions))
+>>> async def main():
+...     async with SqlAdapter(url) as adapter:
+...         event = InboundEvent(scope="shop", source="orders", message_id="o-1",
+...                              data={"order_id": "o-1"})
+...         print(await append_events(adapter, [event], partition="a"))
+...         source = TableSource(adapter, group="billing", partitions=["a", "b"])
+...         await source.start(Quiet())
+...         [message] = await source.fetch(10, wait=0.1)
+...         print(message.partition, message.position, message.event.message_id)
+...         await source.commit({"a": message.position})
+...         print(await source.committed())
+...         await source.close()
+>>> asyncio.run(main())
+[('a', 1)]
+assigned ['a', 'b']
+a 1 o-1
+{'a': 1}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import secrets
+import socket
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from statifier.callbacks import settle
+from statifier.fronts.lanes import event_key, lane_of
+from statifier.fronts.leases import Clock, LeaseChange, PartitionLeases, group_lock
+from statifier.fronts.source import Malformed, Message, Rebalance
+from statifier.persistence.sql import SqlAdapter, SqlTransaction
+from statifier.persistence.sql.schema import TableNames
+from statifier.persistence.sql.sqlite import utc_text
+from statifier.router import InboundEvent, RouterConfig
+from statifier.router.errors import ConfigError, InvalidEvent
+from statifier.router.transaction import lock_key
+
+__all__ = ["ByKey", "Partitioner", "TableSource", "append_events"]
+
+_log = logging.getLogger(__name__)
+_IDLE: Final = 0.05
+"""Seconds between looks at the table while a fetch waits for a first row."""
+
+Partitioner = Callable[[InboundEvent], "str | Awaitable[str]"]
+"""Chooses an event's partition: a plain function or a coroutine function."""
+
+
+def _wall_clock() -> datetime:
+    return datetime.now(UTC)
+
+
+class ByKey:
+    """A :data:`Partitioner`: the partition an event's partition key hashes to, among
+    ``partitions`` (as :mod:`statifier.fronts.lanes` chooses lanes), so one key's
+    events share a partition.
+
+    Raises:
+        ConfigError: no partitions.
+    """
+
+    def __init__(self, config: RouterConfig, partitions: Sequence[str]) -> None:
+        if not partitions:
+            raise ConfigError("ByKey needs at least one partition")
+        self.config = config
+        self.partitions = tuple(partitions)
+
+    async def __call__(self, event: InboundEvent) -> str:
+        key = await event_key(self.config, event)
+        return self.partitions[lane_of(key, len(self.partitions))]
+
+
+async def append_events(
+    adapter: SqlAdapter,
+    events: Sequence[InboundEvent],
+    *,
+    partition: str | Partitioner,
+    tx: SqlTransaction | None = None,
+    now: datetime | None = None,
+) -> list[tuple[str, int]]:
+    """Append ``events`` to the inbound-events table, in order: each at the next
+    position of its partition (``partition`` itself, or what it answers for the
+    event). On ``tx`` (a transaction of ``adapter``'s), the rows commit with it, and
+    the partitions stay locked for appends until it ends; otherwise in a transaction
+    of their own. Answers each event's ``(partition, position)``.
+
+    Raises:
+        ValueError: an event's data is not JSON, a partition is blank, or ``now`` is
+            naive.
+        Exception: from the database or the partitioner; nothing was appended.
+    """
+    moment = now or _wall_clock()
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        raise ValueError(f"now must be timezone-aware, not {moment!r}")
+    chosen: list[str] = []
+    for event in events:
+        name = partition if isinstance(partition, str) else await settle(partition(event))
+        if not name:
+            raise ValueError(f"a partition is a non-empty string, not {name!r}")
+        chosen.append(name)
+    try:
+        rows = [
+            (name, event, json.dumps(dict(event.data), allow_nan=False))
+            for name, event in zip(chosen, events, strict=True)
+        ]
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"an inbound event's data is not JSON: {error}") from None
+    sql = _statements(adapter)
+    if tx is not None:
+        return await sql.append(tx.driver, rows, moment)
+    async with adapter.transaction() as own:
+        return await sql.append(own.driver, rows, moment)
+
+
+class TableSource:
+    """The inbound-events table as a source, for one member of a consumer group (see
+    the module docstring).
+
+    Args:
+        adapter: the SQL adapter of the router's database.
+        group: the consumer group: its members share the partitions and one committed
+            position per partition.
+        partitions: every partition of the group (the same in every member).
+        owner: this member's name in the group; a fresh one (host, process, random) by
+            default.
+        ttl: seconds the member's leases last; they are renewed every ``ttl / 3``.
+        clock: the time leases and commits are measured by.
+
+    Raises:
+        ConfigError: see :class:`~statifier.fronts.leases.PartitionLeases`.
+    """
+
+    def __init__(
+        self,
+        adapter: SqlAdapter,
+        *,
+        group: str,
+        partitions: Sequence[str],
+        owner: str | None = None,
+        ttl: float = 15.0,
+        clock: Clock | None = None,
+    ) -> None:
+        self.adapter = adapter
+        self.group = group
+        self.owner = owner or f"{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(4)}"
+        self.clock = clock or _wall_clock
+        self.leases = PartitionLeases(
+            adapter, group=group, partitions=partitions, owner=self.owner, ttl=ttl, clock=clock
+        )
+        self.renew_every = ttl / 3
+        self._sql = _statements(adapter)
+        self._rebalance: Rebalance | None = None
+        self._cursors: dict[str, int] = {}
+        """The partitions being read, each with the last position handed over."""
+        self._changes: list[LeaseChange] = []
+        self._renewer: asyncio.Task[None] | None = None
+        self._turn = 0
+
+    @property
+    def name(self) -> str:
+        """``inbound_events/<group>``."""
+        return f"inbound_events/{self.group}"
+
+    async def start(self, rebalance: Rebalance) -> None:
+        """Claim this member's share of the partitions, tell ``rebalance`` which, and
+        keep the leases renewed from then on (a task of its own, so a consumer that is
+        busy routing keeps them)."""
+        self._rebalance = rebalance
+        await self._apply(await self.leases.claim())
+        self._renewer = asyncio.create_task(self._renew())
+
+    async def _renew(self) -> None:
+        while True:
+            await asyncio.sleep(self.renew_every)
+            try:
+                # Applied by the next fetch: a rebalance runs beside the intake only.
+                self._changes.append(await self.leases.claim())
+            except Exception:  # noqa: BLE001 - the leases run on until they expire
+                _log.exception("%s: renewing the leases failed", self.name)
+
+    async def _apply(self, change: LeaseChange) -> None:
+        """Bring the partitions read in line with the leases held: revoke those no
+        longer held, revoke and release the surplus, assign the new ones."""
+        rebalance = self._rebalance
+        assert rebalance is not None
+        held = self.leases.held
+        surplus = set(change.surplus) & held
+        gone = sorted(p for p in self._cursors if p not in held or p in surplus)
+        if gone:
+            for partition in gone:
+                self._cursors.pop(partition)
+            await rebalance.revoked(gone)
+        if surplus:
+            await self.leases.release(surplus)
+        fresh = sorted(p for p in self.leases.held if p not in self._cursors)
+        if fresh:
+            async with self.adapter.transaction() as tx:
+                known = await self._sql.positions(tx.driver, self.group, fresh)
+            for partition in fresh:
+                self._cursors[partition] = known.get(partition, 0)
+            await rebalance.assigned(fresh)
+
+    async def fetch(self, max_messages: int, wait: float) -> Sequence[Message]:
+        """Up to ``max_messages`` rows past each held partition's last handed-over
+        position, the partitions taken in turn; looks again every 50 ms for up to
+        ``wait`` seconds while there are none. A lease change the renewal found is
+        applied first (``revoked``, then ``assigned``)."""
+        deadline = time.monotonic() + wait
+        while True:
+            while self._changes:
+                await self._apply(self._changes.pop(0))
+            messages = await self._read(max_messages)
+            if messages or time.monotonic() >= deadline:
+                return messages
+            await asyncio.sleep(min(_IDLE, max(deadline - time.monotonic(), 0)))
+
+    async def _read(self, limit: int) -> list[Message]:
+        held = sorted(p for p in self._cursors if p in self.leases.held)
+        if not held or limit < 1:
+            return []
+        self._turn = (self._turn + 1) % len(held)
+        order = held[self._turn :] + held[: self._turn]
+        messages: list[Message] = []
+        async with self.adapter.transaction() as tx:
+            for partition in order:
+                after = self._cursors.get(partition)
+                if after is None:
+                    continue  # closed meanwhile
+                if len(messages) >= limit:
+                    break
+                rows = await self._sql.read(tx.driver, partition, after, limit - len(messages))
+                messages.extend(_message(partition, row) for row in rows)
+        for message in messages:
+            self._cursors[message.partition] = max(
+                self._cursors.get(message.partition, 0), message.position
+            )
+        return messages
+
+    async def commit(self, positions: Mapping[str, int]) -> None:
+        """Store ``positions`` as the group's, in one transaction, for the partitions
+        whose lease is this member's (the others are left as they are, and logged). A
+        position never moves back.
+
+        Raises:
+            Exception: from the database: nothing was stored.
+        """
+        if not positions:
+            return
+        async with self.adapter.transaction() as tx:
+            stored = await self._sql.commit(
+                tx.driver, self.group, self.owner, dict(positions), self.clock()
+            )
+        fenced = sorted(set(positions) - stored)
+        if fenced:
+            _log.warning("%s: no lease on %s any more: not committed", self.name, fenced)
+
+    async def committed(self) -> dict[str, int]:
+        """The group's committed position of every partition that has one."""
+        async with self.adapter.transaction() as tx:
+            return await self._sql.positions(tx.driver, self.group, self.leases.partitions)
+
+    async def close(self) -> None:
+        """Stop renewing, release every lease and leave the group (the positions
+        committed stay)."""
+        if self._renewer is not None:
+            self._renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewer
+            self._renewer = None
+        self._cursors.clear()
+        try:
+            await self.leases.leave()
+        except Exception:  # noqa: BLE001 - the leases expire on their own
+            _log.exception("%s: leaving the group failed", self.name)
+
+
+def _message(partition: str, row: Sequence[Any]) -> Message:
+    position, scope, source, message_id, data = row
+    loaded = json.loads(data) if isinstance(data, str | bytes) else data
+    raw = json.dumps(
+        {"scope": scope, "source": source, "message_id": message_id, "data": loaded}
+    ).encode("utf-8")
+    try:
+        event: InboundEvent | Malformed = InboundEvent(
+            scope=scope, source=source, message_id=message_id, data=loaded
+        )
+    except InvalidEvent as error:
+        event = Malformed(str(error))
+    return Message(partition, int(position), event, raw)
+
+
+# The statements, one class per database.
+
+
+def _statements(adapter: SqlAdapter) -> _PostgresTable | _SqliteTable:
+    if isinstance(adapter.engine, AsyncEngine):
+        return _PostgresTable(adapter)
+    return _SqliteTable(adapter)
+
+
+class _PostgresTable:
+    """The table source's statements on psycopg 3."""
+
+    def __init__(self, adapter: SqlAdapter) -> None:
+        names = TableNames.of(adapter.tables)
+        self.names = names
+        events, positions = names.inbound_events, names.consumer_positions
+        self.client_keys = adapter.tables.options.key_default
+        key_column, key_value = ("id, ", "%(id)s, ") if self.client_keys else ("", "")
+        self.next_text = (
+            f"SELECT coalesce(max(position), 0) FROM {events} WHERE partition = %(partition)s"
+        )
+        self.insert_text = (
+            f"INSERT INTO {events} ({key_column}partition, position, scope, source, "
+            f"message_id, data, appended_at) VALUES ({key_value}%(partition)s, "
+            "%(position)s, %(scope)s, %(source)s, %(message_id)s, %(data)s::jsonb, %(now)s)"
+        )
+        self.read_text = (
+            f"SELECT position, scope, source, message_id, data FROM {events} "
+            "WHERE partition = %(partition)s AND position > %(after)s "
+            "ORDER BY position LIMIT %(limit)s"
+        )
+        self.positions_text = (
+            f"SELECT partition, position FROM {positions} "
+            "WHERE consumer_group = %(group)s AND partition = ANY(%(partitions)s)"
+        )
+        self.commit_text = (
+            f"INSERT INTO {positions} AS p ({key_column}consumer_group, partition, position, "
+            f"updated_at) SELECT {key_value}%(group)s, %(partition)s, %(position)s, %(now)s "
+            f"WHERE EXISTS (SELECT 1 FROM {names.partition_leases} "
+            "WHERE consumer_group = %(group)s AND partition = %(partition)s "
+            "AND owner = %(owner)s) ON CONFLICT (consumer_group, partition) DO UPDATE "
+            "SET position = GREATEST(p.position, EXCLUDED.position), "
+            "updated_at = EXCLUDED.updated_at RETURNING partition"
+        )
+
+    def _keyed(self, values: dict[str, Any]) -> dict[str, Any]:
+        if self.client_keys is not None:
+            values["id"] = self.client_keys()
+        return values
+
+    async def append(
+        self, driver: Any, rows: Sequence[tuple[str, InboundEvent, str]], now: datetime
+    ) -> list[tuple[str, int]]:
+        # Every partition's lock up front, in one order: two appends never deadlock.
+        for partition in sorted({name for name, _, _ in rows}):
+            key = lock_key("inbound_events", self.names.inbound_events, partition)
+            await driver.execute("SELECT pg_advisory_xact_lock(%(key)s)", {"key": key})
+        heads: dict[str, int] = {}
+        placed: list[tuple[str, int]] = []
+        for partition, event, data in rows:
+            if partition not in heads:
+                cursor = await driver.execute(self.next_text, {"partition": partition})
+                heads[partition] = int((await cursor.fetchone())[0])
+            heads[partition] += 1
+            values = {
+                "partition": partition,
+                "position": heads[partition],
+                "scope": event.scope,
+                "source": event.source,
+                "message_id": event.message_id,
+                "data": data,
+                "now": now,
+            }
+            await driver.execute(self.insert_text, self._keyed(values))
+            placed.append((partition, heads[partition]))
+        return placed
+
+    async def read(self, driver: Any, partition: str, after: int, limit: int) -> list[Any]:
+        values = {"partition": partition, "after": after, "limit": limit}
+        cursor = await driver.execute(self.read_text, values)
+        return list(await cursor.fetchall())
+
+    async def positions(self, driver: Any, group: str, partitions: Sequence[str]) -> dict[str, int]:
+        values = {"group": group, "partitions": list(partitions)}
+        cursor = await driver.execute(self.positions_text, values)
+        return {r[0]: int(r[1]) for r in await cursor.fetchall()}
+
+    async def commit(
+        self, driver: Any, group: str, owner: str, positions: dict[str, int], now: datetime
+    ) -> set[str]:
+        # Shared against the claims' exclusive lock: no claim moves a lease meanwhile.
+        key = group_lock(self.names, group)
+        await driver.execute("SELECT pg_advisory_xact_lock_shared(%(key)s)", {"key": key})
+        stored: set[str] = set()
+        for partition, position in sorted(positions.items()):
+            values = {
+                "group": group,
+                "owner": owner,
+                "partition": partition,
+                "position": position,
+                "now": now,
+            }
+            cursor = await driver.execute(self.commit_text, self._keyed(values))
+            if await cursor.fetchone() is not None:
+                stored.add(partition)
+        return stored
+
+
+class _SqliteTable:
+    """The table source's statements on ``sqlite3``, under the single writer."""
+
+    def __init__(self, adapter: SqlAdapter) -> None:
+        names = TableNames.of(adapter.tables)
+        events, positions = names.inbound_events, names.consumer_positions
+        self.client_keys = adapter.tables.options.key_default
+        key_column, key_value = ("id, ", ":id, ") if self.client_keys else ("", "")
+        self.next_text = (
+            f"SELECT coalesce(max(position), 0) FROM {events} WHERE partition = :partition"
+        )
+        self.insert_text = (
+            f"INSERT INTO {events} ({key_column}partition, position, scope, source, "
+            f"message_id, data, appended_at) VALUES ({key_value}:partition, :position, "
+            ":scope, :source, :message_id, :data, :now)"
+        )
+        self.read_text = (
+            f"SELECT position, scope, source, message_id, data FROM {events} "
+            "WHERE partition = :partition AND position > :after ORDER BY position LIMIT :limit"
+        )
+        self.positions_text = (
+            f"SELECT partition, position FROM {positions} WHERE consumer_group = :group "
+            "AND partition IN (SELECT value FROM json_each(:partitions))"
+        )
+        self.commit_text = (
+            f"INSERT INTO {positions} ({key_column}consumer_group, partition, position, "
+            f"updated_at) SELECT {key_value}:group, :partition, :position, :now "
+            f"WHERE EXISTS (SELECT 1 FROM {names.partition_leases} "
+            "WHERE consumer_group = :group AND partition = :partition AND owner = :owner) "
+            "ON CONFLICT (consumer_group, partition) DO UPDATE "
+            "SET position = max(position, excluded.position), "
+            "updated_at = excluded.updated_at RETURNING partition"
+        )
+
+    def _keyed(self, values: dict[str, Any]) -> dict[str, Any]:
+        if self.client_keys is not None:
+            values["id"] = self.client_keys().hex  # as SQLAlchemy stores a UUID there
+        return values
+
+    async def append(
+        self, driver: Any, rows: Sequence[tuple[str, InboundEvent, str]], now: datetime
+    ) -> list[tuple[str, int]]:
+        heads: dict[str, int] = {}
+        placed: list[tuple[str, int]] = []
+        for partition, event, data in rows:
+            if partition not in heads:
+                found = driver.execute(self.next_text, {"partition": partition}).fetchone()
+                heads[partition] = int(found[0])
+            heads[partition] += 1
+            values = {
+                "partition": partition,
+                "position": heads[partition],
+                "scope": event.scope,
+                "source": event.source,
+                "message_id": event.message_id,
+                "data": data,
+                "now": utc_text(now),
+            }
+            driver.execute(self.insert_text, self._keyed(values))
+            placed.append((partition, heads[partition]))
+        return placed
+
+    async def read(self, driver: Any, partition: str, after: int, limit: int) -> list[Any]:
+        values = {"partition": partition, "after": after, "limit": limit}
+        return list(driver.execute(self.read_text, values).fetchall())
+
+    async def positions(self, driver: Any, group: str, partitions: Sequence[str]) -> dict[str, int]:
+        values = {"group": group, "partitions": json.dumps(list(partitions))}
+        return {r[0]: int(r[1]) for r in driver.execute(self.positions_text, values).fetchall()}
+
+    async def commit(
+        self, driver: Any, group: str, owner: str, positions: dict[str, int], now: datetime
+    ) -> set[str]:
+        stored: set[str] = set()
+        for partition, position in sorted(positions.items()):
+            values = {
+                "group": group,
+                "owner": owner,
+                "partition": partition,
+                "position": position,
+                "now": utc_text(now),
+            }
+            if driver.execute(self.commit_text, self._keyed(values)).fetchone() is not None:
+                stored.add(partition)
+        return stored
