@@ -34,6 +34,7 @@ from statifier.persistence.executor import refuse_unperformed
 from statifier.persistence.sql import SqlAdapter
 from statifier.router.binding import Binding, unique_ids
 from statifier.router.errors import BindingError, ConfigError
+from statifier.router.locations import BasicHttpLocations
 from statifier.router.routes import Route, RouteEntry
 from statifier.router.sending import BASICHTTP_TYPES, SendHandler
 from statifier.router.timer_queue import TimerQueue
@@ -189,6 +190,10 @@ class RouterConfig:
             write of one door's call (a tenancy context, say); it must call ``work``
             exactly once and answer what it answered.
         lock_wait: the most seconds a delivery waits for an execution's lock.
+        basichttp: where the BasicHTTP front answers
+            (:class:`~statifier.router.locations.BasicHttpLocations`): each execution
+            created under a new address row then gets a location of its own (it
+            needs the opt-in location table); ``None``, no execution gets one.
 
     Raises:
         ConfigError: both or neither of ``bindings`` and ``bindings_resolver``, a
@@ -217,6 +222,7 @@ class RouterConfig:
     on_step: OnStep | None = None
     around_delivery: AroundDelivery[Any] | None = None
     lock_wait: float | None = None
+    basichttp: BasicHttpLocations | None = None
     storage: Storage = field(init=False, repr=False, compare=False)
     adapter: SqlAdapter = field(init=False, repr=False, compare=False)
     statements: Statements = field(init=False, repr=False, compare=False)
@@ -253,6 +259,8 @@ class RouterConfig:
             raise ConfigError("start_options must be a StartOptions")
         if self.lock_wait is not None and not self.lock_wait > 0:
             raise ConfigError(f"lock_wait must be positive seconds, not {self.lock_wait!r}")
+        if self.basichttp is not None and not isinstance(self.basichttp, BasicHttpLocations):
+            raise ConfigError(f"basichttp must be a BasicHttpLocations, not {self.basichttp!r}")
         self._check_outbound()
 
     def _check_outbound(self) -> None:

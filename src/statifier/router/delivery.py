@@ -40,6 +40,7 @@ from statifier.router.errors import (
     OnCompleteFailed,
     UnresolvedDocument,
 )
+from statifier.router.locations import start_options
 from statifier.router.outcomes import (
     CreatedAndDelivered,
     Delivered,
@@ -208,13 +209,13 @@ async def _create(
         raise UnresolvedDocument(delivery.scope, plan.document, _said(error)) from error
     machine = resolved.machine
     executions = unit.executions
+    # With basichttp, an addressed execution starts knowing its own location.
+    options = await start_options(unit, config, address_id, execution_id, now)
     async with _stepping(unit, execution_id):
         if config.on_create is not None:
-            created = await config.on_create(
-                executions, execution_id, machine, config.start_options
-            )
+            created = await config.on_create(executions, execution_id, machine, options)
         else:
-            created = await executions.create(execution_id, machine, options=config.start_options)
+            created = await executions.create(execution_id, machine, options=options)
     if created.finished:
         await completed(unit, config, created)
         if address_id is not None:
@@ -308,17 +309,20 @@ async def step_timer_event(
     internal: bool,
     scope: str | None,
     now: datetime,
+    executions: Executions | None = None,
 ) -> Stepped | Discarded:
     """Step a fired timer's event into its execution, as a delivery would (its sends
     resolve in ``scope``, a finishing step reaches ``on_complete``), writing no ledger
-    row.
+    row. The step runs through ``executions`` (default ``unit.executions``): the timer
+    worker passes one whose exclusion knows the locks its claim holds.
 
     Raises:
         ExecutionNotFound: the execution is gone.
     """
+    lifecycle = unit.executions if executions is None else executions
     async with _delivering(unit, scope, now):
         async with _stepping(unit, execution_id):
-            stepped = await unit.executions.step(
+            stepped = await lifecycle.step(
                 execution_id, None, event, door="timer", internal=internal
             )
         if isinstance(stepped, Stepped):

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
     from statifier.session.live import System
 
-__all__ = ["BASICHTTP", "DEFAULT_BODY_LIMIT", "BasicHTTP", "basichttp_app"]
+__all__ = ["BASICHTTP", "DEFAULT_BODY_LIMIT", "BasicHTTP", "basichttp_app", "decode_post"]
 
 BASICHTTP: Final = "http://www.w3.org/TR/scxml/#BasicHTTPEventProcessor"
 DEFAULT_BODY_LIMIT: Final = 64 * 1024
@@ -194,18 +194,35 @@ async def _body(scope: Scope, receive: Receive, limit: int) -> bytes | None:
 
 def _event(scope: Scope, body: bytes) -> Event | str:
     """The event a request carries, or why it carries none."""
-    try:
-        text = body.decode("utf-8")
-        query = scope.get("query_string", b"").decode("utf-8")
-    except UnicodeDecodeError:
-        return "the request is not UTF-8"
-    name = dict(parse_qsl(query)).get(_NAME_FIELD)
-    data: Value = UNDEFINED
-    content_type = ""
+    content_type = None
     for header, value in scope.get("headers", ()):
         if header == b"content-type":
-            content_type = value.decode("latin-1").split(";")[0].strip().lower()
-    if content_type == _FORM:
+            content_type = value.decode("latin-1")
+    return decode_post(content_type, body, scope.get("query_string", b""))
+
+
+def decode_post(content_type: str | None, body: bytes, query: bytes) -> Event | str:
+    """The event a BasicHTTP POST carries, or why it carries none. Pure.
+
+    The name is ``_scxmleventname`` from a form body, else from the query string, else
+    ``HTTP.POST``; a form's other fields are the data, another non-empty body is the
+    data as text. Refused (a one-line reason): a body or query that is not UTF-8, an
+    empty name or one with whitespace.
+
+    >>> decode_post("application/x-www-form-urlencoded", b"_scxmleventname=go&n=1", b"")
+    Event(name='go', ...)
+    >>> decode_post("text/plain", b"\\xff", b"")
+    'the request is not UTF-8'
+    """
+    try:
+        text = body.decode("utf-8")
+        query_text = query.decode("utf-8")
+    except UnicodeDecodeError:
+        return "the request is not UTF-8"
+    name = dict(parse_qsl(query_text)).get(_NAME_FIELD)
+    data: Value = UNDEFINED
+    kind = (content_type or "").split(";")[0].strip().lower()
+    if kind == _FORM:
         fields = dict(parse_qsl(text, keep_blank_values=True))
         name = fields.pop(_NAME_FIELD, name)
         if fields:

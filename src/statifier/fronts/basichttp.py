@@ -1,0 +1,220 @@
+"""The BasicHTTP front (W3C SCXML C.2): events posted to the location of a durable
+execution.
+
+A configuration with ``basichttp`` gives each execution created under a new address
+row a location, ``<base_url>/<token>`` (:mod:`statifier.router.locations`).
+:func:`basichttp_app` is the ASGI app to mount at the base URL's path; it answers
+``POST /<token>``:
+
+- 405 with ``Allow: POST`` for any other method;
+- 413 for a body over ``max_body``, 408 for one not all there in time;
+- 400 for a post the decoder refuses (see
+  :func:`statifier.session.basichttp.decode_post`: the event is named by
+  ``_scxmleventname``, a form's other fields are its data) or a malformed
+  ``scxml-send-key``;
+- 404 for a token that reaches no execution: unknown, rotated away, or its execution
+  has ended;
+- 204 once the event is delivered (taken by a transition or not), and for a
+  duplicate: a post carrying ``scxml-send-key`` is delivered once per execution and
+  key within the configuration's horizon (72 hours by default); one without it is
+  delivered every time;
+- 500 for a delivery that did not settle (it was rolled back), 503 for one that ran
+  out of time.
+
+The deliveries are the router's own (the ledger files them under the reserved binding
+id ``basichttp``; ``around_delivery`` wraps each with the door ``basichttp``, once the
+token's scope is known), with ``create = never``: a post never starts an execution.
+
+The token is a bearer capability and appears in the request path: keep the server's
+access log from recording paths under the base URL. Nothing here logs a token or a
+body; a 500 is logged with the error's type name only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Final, TypeVar
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from statifier.core import Event
+from statifier.fronts.http_body import (
+    DEFAULT_MAX_BODY,
+    DEFAULT_TIMEOUT,
+    AnyMethod,
+    BodyRefused,
+    check_bounds,
+    method_not_allowed,
+    read_body,
+    text,
+)
+from statifier.router import Door, RouterConfig
+from statifier.router.binding import Create, Plan
+from statifier.router.delivery import Delivery, deliver
+from statifier.router.errors import ConfigError
+from statifier.router.locations import Located, resolve, token_shaped
+from statifier.router.outcomes import Dropped, DropReason, Outcome
+from statifier.router.routing import delivery_locks
+from statifier.router.transaction import sorted_locks
+from statifier.session.basichttp import decode_post
+
+__all__ = [
+    "MAX_SEND_KEY_LENGTH",
+    "PLAN_ID",
+    "SEND_KEY_HEADER",
+    "basichttp_app",
+    "deliver_posted",
+    "send_key_refusal",
+]
+
+PLAN_ID: Final = "basichttp"
+"""The reserved binding id the ledger files the front's deliveries under."""
+SEND_KEY_HEADER: Final = "scxml-send-key"
+"""The header a sender names a post by, so that its retry is a duplicate."""
+MAX_SEND_KEY_LENGTH: Final = 256
+
+_log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
+
+def send_key_refusal(send_key: str) -> str | None:
+    """Why ``send_key`` is refused, or ``None``: a send key is 1 to 256 visible ASCII
+    characters.
+
+    >>> send_key_refusal("manifest-7"), send_key_refusal("two words")
+    (None, 'a send key is 1 to 256 visible ASCII characters')
+    """
+    if 0 < len(send_key) <= MAX_SEND_KEY_LENGTH and all("!" <= c <= "~" for c in send_key):
+        return None
+    return f"a send key is 1 to {MAX_SEND_KEY_LENGTH} visible ASCII characters"
+
+
+async def deliver_posted(
+    config: RouterConfig,
+    token: str,
+    event: Event,
+    *,
+    send_key: str | None = None,
+    now: datetime | None = None,
+) -> Outcome | None:
+    """Deliver ``event`` to the execution ``token`` reaches, in a transaction of its
+    own; ``None`` when it reaches none (unknown or rotated away).
+
+    The outcome is the router's: :class:`~statifier.router.Delivered` or ``dropped:
+    unmatched_event`` (delivered), :class:`~statifier.router.Duplicate` (the send key
+    was delivered already), ``dropped: finished`` (the execution has ended). The token
+    is read again inside the delivery's transaction, after its locks: a rotation
+    committed in between makes it ``None``.
+
+    Raises:
+        ConfigError: the configuration has no ``basichttp``.
+        ValueError: ``now`` is naive.
+        Exception: as :func:`~statifier.router.route`, for its one delivery.
+    """
+    settings = config.basichttp
+    if settings is None:
+        raise ConfigError("the configuration has no basichttp: no execution has a location")
+    if now is not None and now.utcoffset() is None:
+        raise ValueError(f"now must be timezone-aware, not {now!r}")
+    moment = config.storage.clock() if now is None else now
+    async with config.transaction() as unit:
+        found = await resolve(unit, token)
+    if found is None:
+        return None
+    plan = Plan(PLAN_ID, document=found.document, create=Create.NEVER, horizon=settings.horizon)
+    delivery = Delivery(plan, found.scope, found.key, event, _message_id(found, send_key))
+    locks = sorted_locks(delivery_locks(plan, found.scope, found.key, delivery.message_id))
+
+    async def work() -> Outcome | None:
+        async with config.transaction() as unit:
+            await unit.sql.lock(locks, config.lock_wait)
+            again = await resolve(unit, token)
+            if again is None or again.execution_id != found.execution_id:
+                return None
+            return await deliver(unit, config, delivery, moment)
+
+    return await _around(config, found.scope, work)
+
+
+def _message_id(found: Located, send_key: str | None) -> str:
+    """The claim of one post: the execution and the send key (length-prefixed, so no
+    two pairs spell one id), or a fresh id when there is no key."""
+    execution_id = found.execution_id
+    if send_key is None:
+        return f"post:{execution_id}:{secrets.token_hex(16)}"
+    return f"key:{len(execution_id)}:{execution_id}:{send_key}"
+
+
+async def _around(config: RouterConfig, scope: str, work: Callable[[], Awaitable[_T]]) -> _T:
+    if config.around_delivery is None:
+        return await work()
+    result: _T = await config.around_delivery(scope, Door.BASICHTTP, work)
+    return result
+
+
+def basichttp_app(
+    config: RouterConfig,
+    *,
+    max_body: int = DEFAULT_MAX_BODY,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> Starlette:
+    """The BasicHTTP front as an ASGI app answering ``POST /{token}`` (see the module
+    docstring for the statuses).
+
+    Args:
+        config: a router configuration with ``basichttp``.
+        max_body: the largest body read, in bytes.
+        timeout: the seconds one request may take, the body's reading included.
+
+    Raises:
+        ConfigError: the configuration has no ``basichttp``.
+        ValueError: a ``max_body`` or ``timeout`` that is not positive.
+    """
+    if config.basichttp is None:
+        raise ConfigError("the BasicHTTP front needs a configuration with basichttp")
+    check_bounds(max_body, timeout)
+
+    async def answer(request: Request) -> Response:
+        if request.method != "POST":
+            return method_not_allowed()
+        deadline = asyncio.get_running_loop().time() + timeout
+        body = await read_body(request, max_body=max_body, deadline=deadline)
+        if isinstance(body, BodyRefused):
+            return text(body.status, body.reason)
+        query: bytes = request.scope.get("query_string", b"")
+        event = decode_post(request.headers.get("content-type"), body, query)
+        if isinstance(event, str):
+            return text(400, event)
+        send_key = request.headers.get(SEND_KEY_HEADER)
+        if send_key is not None and (refused := send_key_refusal(send_key)) is not None:
+            return text(400, refused)
+        token = str(request.path_params["token"])
+        if not token_shaped(token):
+            return Response(status_code=404)
+        try:
+            async with asyncio.timeout_at(deadline):
+                outcome = await deliver_posted(config, token, event, send_key=send_key)
+        except TimeoutError:
+            return text(503, "the event was not delivered in time; post it again")
+        except Exception as error:  # noqa: BLE001 - the post's answer, never the server's
+            _log.error("basichttp: a delivery failed with %s", type(error).__name__)
+            return Response(status_code=500)
+        return Response(status_code=_status(outcome))
+
+    return Starlette(routes=[Route("/{token}", AnyMethod(answer))])
+
+
+def _status(outcome: Outcome | None) -> int:
+    """204 for a delivered event (used or not) or a duplicate; 404 for no execution."""
+    if outcome is None:
+        return 404
+    if isinstance(outcome, Dropped):
+        return 204 if outcome.reason is DropReason.UNMATCHED_EVENT else 404
+    return 204

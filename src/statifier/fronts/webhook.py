@@ -1,0 +1,296 @@
+"""The webhook and form-post fronts: a POST in, one :func:`~statifier.router.route`
+call, a status out.
+
+:func:`handle` and :func:`status` are the whole contract, for a host that writes its
+own endpoint; :func:`webhook_app` and :func:`form_app` are Starlette applications
+built on them, to mount in the host's app (``app.mount("/hooks/parcels", ...)``). Each
+answers ``POST /`` and nothing else:
+
+1. any other method: 405 with ``Allow: POST``;
+2. the body, read under ``max_body`` (413) and the request's deadline (408);
+3. the host's verifier, if one is given: a refusal answers 401 and nothing is routed;
+4. the body decoded (a JSON object for a webhook, an urlencoded form for a form
+   post): 400 for one that is not, 415 for a form post of another content type;
+5. the scope, from the host (a string, or a function of the request: never the
+   posted body), and :func:`handle`: 200 for every recorded outcome, 500 for an
+   error, 503 when the handling outlived the deadline (its transaction is rolled
+   back; a retry is deduped if it had committed).
+
+The message id is the provider's event id when the host names the header it comes in
+and the post carries a non-empty one, else the lowercase hex SHA-256 of the raw body:
+a provider's retry of the same body is the same message. A body-hash id is
+scope-free: the same body under two scopes through one binding is one message; give
+each scope its own binding, or use a provider event id.
+
+No front logs a body; a 500 is logged with the error's type name only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import datetime
+from typing import Any, Final
+from urllib.parse import parse_qsl
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from statifier.callbacks import settle
+from statifier.expr import Value
+from statifier.fronts.http_body import (
+    DEFAULT_MAX_BODY,
+    DEFAULT_TIMEOUT,
+    AnyMethod,
+    BodyRefused,
+    check_bounds,
+    method_not_allowed,
+    read_body,
+    text,
+)
+from statifier.fronts.verifiers import Verifier
+from statifier.router import Failed, InboundEvent, Routed, RouterConfig, route
+from statifier.router.errors import InvalidEvent
+from statifier.router.outcomes import MAX_ID_LENGTH
+
+__all__ = [
+    "MAX_FORM_FIELDS",
+    "ScopeOf",
+    "body_message_id",
+    "form_app",
+    "handle",
+    "status",
+    "webhook_app",
+]
+
+MAX_FORM_FIELDS: Final = 1000
+"""The most fields a form post may carry."""
+_FORM: Final = "application/x-www-form-urlencoded"
+_log = logging.getLogger(__name__)
+
+ScopeOf = str | Callable[[Request], "str | Awaitable[str]"]
+"""The scope of every post (a string), or a function of the request answering it."""
+
+Decode = Callable[[Request, bytes], "Mapping[str, Value] | Response"]
+
+
+def body_message_id(raw_body: bytes) -> str:
+    """The message id of a post without a provider id: the body's SHA-256, lowercase
+    hex (an empty body hashes to one constant id).
+
+    >>> body_message_id(b"")
+    'e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855'
+    """
+    return hashlib.sha256(raw_body).hexdigest()
+
+
+async def handle(
+    config: RouterConfig,
+    *,
+    scope: str,
+    source: str,
+    raw_body: bytes,
+    data: Mapping[str, Value],
+    provider_id: str | None = None,
+    now: datetime | None = None,
+) -> Routed | Failed:
+    """Route one post: its message id is ``provider_id`` when non-empty, else
+    :func:`body_message_id` of ``raw_body``; ``data`` is the decoded body.
+
+    Answers :class:`~statifier.router.Routed` (one outcome per enabled binding of
+    ``source``), or :class:`~statifier.router.Failed` when the routing raised (nothing
+    of the failing delivery stands; the post must not be acknowledged).
+
+    Raises:
+        InvalidEvent: an empty or over-long scope, source or provider id (nothing was
+            routed).
+    """
+    message_id = provider_id if provider_id else body_message_id(raw_body)
+    event = InboundEvent(scope=scope, source=source, message_id=message_id, data=data)
+    try:
+        return await route(config, event, now=now)
+    except Exception as error:  # noqa: BLE001 - the post's answer, never the server's
+        return Failed(event, error)
+
+
+def status(answer: Routed | Failed) -> int:
+    """200 for every recorded outcome (duplicates, drops, refusals and no-match
+    included: the provider stops retrying), 500 for a failure (it retries)."""
+    return 200 if isinstance(answer, Routed) else 500
+
+
+def webhook_app(
+    config: RouterConfig,
+    *,
+    source: str,
+    scope: ScopeOf,
+    provider_id_header: str | None = None,
+    verifier: Verifier | None = None,
+    max_body: int = DEFAULT_MAX_BODY,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> Starlette:
+    """A provider's webhook as an ASGI app: ``POST /`` with a JSON object body,
+    routed from ``source`` (see the module docstring for the statuses).
+
+    Args:
+        config: the router configuration.
+        source: the source name the bindings read.
+        scope: the scope of every post, or a function of the request answering it.
+        provider_id_header: the header carrying the provider's event id, if any.
+        verifier: run on every POST once its body is read, before the body is
+            decoded or anything routed.
+        max_body: the largest body read, in bytes.
+        timeout: the seconds one request may take, the body's reading included.
+
+    Raises:
+        ValueError: an empty source, a ``max_body`` or ``timeout`` that is not
+            positive.
+    """
+    header = provider_id_header
+
+    def decode(request: Request, body: bytes) -> Mapping[str, Value] | Response:
+        given = request.headers.get(header) if header is not None else None
+        if given is not None and len(given) > MAX_ID_LENGTH:
+            return text(400, f"the provider event id is over {MAX_ID_LENGTH} characters")
+        return _json_object(body)
+
+    def provider_id(request: Request) -> str | None:
+        return request.headers.get(header) if header is not None else None
+
+    return _app(config, source, scope, verifier, max_body, timeout, decode, provider_id)
+
+
+def form_app(
+    config: RouterConfig,
+    *,
+    source: str,
+    scope: ScopeOf,
+    verifier: Verifier | None = None,
+    max_body: int = DEFAULT_MAX_BODY,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> Starlette:
+    """A host's own web form as an ASGI app: ``POST /`` with an urlencoded body; the
+    fields are the data (a field posted more than once is a list of its values, in
+    order). There is no provider id: the message id is the body's hash, so a
+    double-clicked submit is one message. Takes what :func:`webhook_app` takes, but
+    the provider id header.
+
+    A form post's status is read by a browser: 200 says the post was recorded, not
+    that an execution received it; a host that tells more mounts its own endpoint on
+    :func:`handle`.
+    """
+    return _app(config, source, scope, verifier, max_body, timeout, _form_fields, _no_id)
+
+
+def _no_id(_request: Request) -> None:
+    return None
+
+
+def _app(
+    config: RouterConfig,
+    source: str,
+    scope: ScopeOf,
+    verifier: Verifier | None,
+    max_body: int,
+    timeout: float,
+    decode: Decode,
+    provider_id: Callable[[Request], str | None],
+) -> Starlette:
+    named: object = source
+    if not isinstance(named, str) or not named:
+        raise ValueError(f"a front needs a source name, not {source!r}")
+    check_bounds(max_body, timeout)
+
+    async def answer(request: Request) -> Response:
+        if request.method != "POST":
+            return method_not_allowed()
+        deadline = asyncio.get_running_loop().time() + timeout
+        body = await read_body(request, max_body=max_body, deadline=deadline)
+        if isinstance(body, BodyRefused):
+            return text(body.status, body.reason)
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await handled(request, body)
+        except TimeoutError:
+            return text(503, "the post was not handled in time; post it again")
+
+    async def handled(request: Request, body: bytes) -> Response:
+        if verifier is not None:
+            try:
+                accepted = await settle(verifier(request, body))
+            except Exception as error:  # noqa: BLE001 - a broken verifier routes nothing
+                _log.error("%s: the verifier raised %s", source, type(error).__name__)
+                return Response(status_code=500)
+            if accepted is not True:
+                return Response(status_code=401)
+        data = decode(request, body)
+        if isinstance(data, Response):
+            return data
+        try:
+            chosen = scope if isinstance(scope, str) else await settle(scope(request))
+        except Exception as error:  # noqa: BLE001 - the host's scope function failed
+            _log.error("%s: the scope function raised %s", source, type(error).__name__)
+            return Response(status_code=500)
+        try:
+            routed = await handle(
+                config,
+                scope=chosen,
+                source=source,
+                raw_body=body,
+                data=data,
+                provider_id=provider_id(request),
+            )
+        except InvalidEvent:  # the provider id is bounded already: the host's scope
+            _log.error("%s: the scope is not a valid scope", source)
+            return Response(status_code=500)
+        if isinstance(routed, Failed):
+            _log.error("%s: routing failed with %s", source, type(routed.error).__name__)
+        return Response(status_code=status(routed))
+
+    return Starlette(routes=[Route("/", AnyMethod(answer))])
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _json_object(body: bytes) -> Mapping[str, Value] | Response:
+    """The body as a JSON object, or a 400."""
+    try:
+        parsed = json.loads(body.decode("utf-8"), parse_constant=_refuse_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return text(400, "the body is not JSON (UTF-8)")
+    if not isinstance(parsed, dict):
+        return text(400, "the body is not a JSON object")
+    return parsed
+
+
+def _form_fields(request: Request, body: bytes) -> Mapping[str, Value] | Response:
+    """The body as form fields, or a 415 or 400."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != _FORM:
+        return text(415, f"a form post is {_FORM}")
+    try:
+        pairs = parse_qsl(
+            body.decode("utf-8"),
+            keep_blank_values=True,
+            max_num_fields=MAX_FORM_FIELDS,
+            errors="strict",
+        )
+    except (UnicodeDecodeError, ValueError):
+        return text(400, f"the form is not UTF-8 or has over {MAX_FORM_FIELDS} fields")
+    fields: dict[str, Value] = {}
+    for name, value in pairs:
+        earlier = fields.get(name)
+        if earlier is None:
+            fields[name] = value
+        elif isinstance(earlier, list):
+            earlier.append(value)
+        else:
+            fields[name] = [earlier, value]
+    return fields
