@@ -8,7 +8,10 @@ Subcommands:
     life, a card payment run as a durable execution on SQLite across two restarts
     (:mod:`statifier.examples.card_payment`), its inputs projected into a read
     model by scriba (:mod:`statifier.examples.payment_history`), and impressions and
-    clicks from two sources routed to their joins (:mod:`statifier.examples.ad_join`).
+    clicks from two sources routed to their joins (:mod:`statifier.examples.ad_join`);
+    then the whole service, ``statifier serve`` on SQLite in this process, fed by a
+    webhook, a form and a BasicHTTP post over loopback, firing a timer, draining its
+    outbox and stopping as SIGTERM stops it (:mod:`statifier.examples.parcel_service`).
 
 ``statifier validate CHART... [--strict]``
     Checks charts (``-`` reads one from standard input, named ``<stdin>``). Prints one
@@ -70,6 +73,16 @@ Subcommands:
     ``FILE:LINE:COL: reason: event (document)`` line per finding and exits with 1, or
     ``FILE: ok`` and 0; input it cannot use prints one line naming the file and key and
     exits with 2.
+
+``statifier serve CONFIG.toml``
+    Runs the service a configuration file names (see :mod:`statifier.service` and
+    ``docs/serve.md``): the HTTP fronts and health endpoints (on ``127.0.0.1`` unless
+    the file says otherwise), the stream consumers, the timer worker, the outbox drain
+    and the reapers, in one process, until SIGTERM or SIGINT; then it stops intake,
+    drains what is in flight and exits with 0 (1 when ``shutdown_timeout`` cut it
+    short). A file it refuses prints one line naming the file, the table and the key,
+    and exits with 2; so does a database that is not migrated (unless the file says
+    ``migrate = true``).
 
 ``statifier expr SOURCE [--context JSON] [--program] [--now DATETIME]``
     Evaluates one expression (or, with ``--program``, runs a statement program) and
@@ -235,7 +248,12 @@ def _run_demo(out: TextIO) -> int:
         asyncio.run(payment_history.project(database, out))
         out.write("\n5. Impressions and clicks routed by impression id to their joins\n\n")
         asyncio.run(ad_join.run(f"sqlite:///{Path(directory) / 'ads.db'}", out))
-    return 0
+        out.write("\n6. The whole service: statifier serve on SQLite, fed over loopback\n\n")
+        from statifier.examples import parcel_service
+
+        service_dir = Path(directory) / "service"
+        service_dir.mkdir()
+        return asyncio.run(parcel_service.run(service_dir, out))
 
 
 def _print_steps(machine: Machine, steps: list[Step], out: TextIO) -> None:
@@ -517,6 +535,24 @@ def _run_scenario(args: argparse.Namespace, out: TextIO) -> int:
     return 1 if differences else 0
 
 
+def _run_serve(args: argparse.Namespace, out: TextIO) -> int:
+    # Imported here: the service needs the sql and http extras, the others do not.
+    import sqlalchemy as sa
+
+    from statifier import service
+
+    try:
+        return service.serve(args.config, out)
+    except (service.ServiceConfigError, service.NotMigrated, OSError) as error:
+        _debug_traceback(args)
+        sys.stderr.write(f"statifier serve: {_one_line(error)}\n")
+        return 2
+    except sa.exc.SQLAlchemyError as error:
+        _debug_traceback(args)
+        sys.stderr.write(f"statifier serve: database: {describe(error)}\n")
+        return 2
+
+
 def _one_line(error: BaseException) -> str:
     return " ".join(str(error).split()) or type(error).__name__
 
@@ -626,6 +662,8 @@ def _parser() -> argparse.ArgumentParser:
     routing.add_argument("--prefix", default="statifier_", help="the table name prefix")
     executions_command.add_parser(commands)
     check_command.add_parser(commands)
+    serving = commands.add_parser("serve", help="run the fronts, consumers and workers")
+    serving.add_argument("config", metavar="CONFIG.toml", help="the service's configuration")
     return parser
 
 
@@ -660,6 +698,8 @@ def _dispatch(args: argparse.Namespace, stream: TextIO) -> int:
         return executions_command.run(args, stream)
     if args.command == "check":
         return check_command.run(args, stream)
+    if args.command == "serve":
+        return _run_serve(args, stream)
     return _run_expr(args, stream)
 
 

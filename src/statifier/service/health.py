@@ -1,0 +1,121 @@
+"""The service's health endpoints: ``/healthz`` (liveness) and ``/readyz`` (readiness).
+
+``GET /healthz`` answers ``200 {"status": "ok"}`` whenever the process serves HTTP at
+all: a failing liveness check means the process is stuck and should be restarted.
+
+``GET /readyz`` answers ``200 {"status": "ready"}`` when the service can do its work,
+else ``503 {"status": "not ready", "reasons": [...]}``, one short reason per failed
+check: the database did not answer ``SELECT 1`` within ``probe_timeout`` seconds, a
+worker (the timer worker, the outbox drain, the reapers) is not running (it failed and
+waits to be started again), a stream consumer's source has not started, or the service
+is stopping. A database answer is kept for ``probe_interval`` seconds, so probes
+polled often do not load the database. A reason names the part, never a URL or a
+secret.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Callable, Mapping
+from typing import Final
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from statifier.persistence.sql import SqlAdapter
+
+__all__ = ["Health", "health_routes"]
+
+_PROBE: Final = "SELECT 1"
+
+
+class Health:
+    """What the readiness endpoint checks, kept up to date by the service.
+
+    Args:
+        adapter: the database to probe.
+        probe_timeout: the most seconds the probe waits for the database.
+        probe_interval: how long one probe's answer is reused.
+        clock: monotonic seconds (``time.monotonic``), for tests.
+    """
+
+    def __init__(
+        self,
+        adapter: SqlAdapter,
+        *,
+        probe_timeout: float = 2.0,
+        probe_interval: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.adapter = adapter
+        self.probe_timeout = probe_timeout
+        self.probe_interval = probe_interval
+        self.clock = clock
+        self.stopping = False
+        self._parts: dict[str, Callable[[], str | None]] = {}
+        self._probed: tuple[float, str | None] | None = None
+        self._probing: asyncio.Lock = asyncio.Lock()
+
+    def watch(self, part: str, check: Callable[[], str | None]) -> None:
+        """Check ``part`` on every readiness probe: ``check`` answers ``None`` when it
+        is fine, else why not (one short phrase)."""
+        self._parts[part] = check
+
+    async def reasons(self) -> list[str]:
+        """Why the service is not ready (empty: it is)."""
+        found: list[str] = ["stopping"] if self.stopping else []
+        database = await self._database()
+        if database is not None:
+            found.append(f"database: {database}")
+        for part, check in self._parts.items():
+            said = check()
+            if said is not None:
+                found.append(f"{part}: {said}")
+        return found
+
+    async def _database(self) -> str | None:
+        async with self._probing:
+            now = self.clock()
+            if self._probed is not None and now - self._probed[0] < self.probe_interval:
+                return self._probed[1]
+            answer = await self._probe()
+            self._probed = (self.clock(), answer)
+            return answer
+
+    async def _probe(self) -> str | None:
+        try:
+            await asyncio.wait_for(self._select_one(), self.probe_timeout)
+        except TimeoutError:
+            return f"no answer within {self.probe_timeout:g} seconds"
+        except Exception as error:  # noqa: BLE001 - any failure means not ready
+            # The class only: a driver's message may name the host and the user.
+            return f"{type(error).__name__}"
+        return None
+
+    async def _select_one(self) -> None:
+        async with self.adapter.transaction(wait=self.probe_timeout) as tx:
+            answered = tx.driver.execute(_PROBE)  # psycopg's is awaited, sqlite3's not
+            if inspect.isawaitable(answered):
+                await answered
+
+
+def health_routes(health: Health) -> list[Route]:
+    """The Starlette routes of ``/healthz`` and ``/readyz`` over ``health``."""
+
+    async def live(request: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok"})
+
+    async def ready(request: Request) -> JSONResponse:
+        reasons = await health.reasons()
+        if reasons:
+            body: Mapping[str, object] = {"status": "not ready", "reasons": reasons}
+            return JSONResponse(body, status_code=503)
+        return JSONResponse({"status": "ready"})
+
+    return [
+        Route("/healthz", live, methods=["GET"]),
+        Route("/readyz", ready, methods=["GET"]),
+    ]

@@ -1,0 +1,459 @@
+"""The service: one asyncio process running everything a configuration names.
+
+:class:`Service` opens the database (migrating it first when the file says
+``migrate = true``, else refusing one whose tables are not at the latest revision),
+then runs, on one event loop:
+
+- the HTTP fronts, each mounted at its path in one Starlette app beside ``/healthz``
+  and ``/readyz`` (:mod:`statifier.service.health`), served by uvicorn on a socket the
+  service binds itself (``127.0.0.1`` unless the file says otherwise);
+- one :class:`~statifier.fronts.consumer.StreamConsumer` per configured source;
+- the :class:`~statifier.router.timer_worker.TimerWorker`;
+- the :class:`~statifier.router.OutboxDrain`, with every queue's sink
+  (:mod:`statifier.service.sinks`);
+- the reapers, every ``[reapers] interval`` seconds.
+
+A worker or a consumer that fails (the database went away, a broker dropped) is logged
+and started again after a backoff (1 s, doubling, at most 30 s); meanwhile
+``/readyz`` says so. Several services may run on one PostgreSQL database: timers and
+outbox rows are claimed with ``SKIP LOCKED``, and consumers of one source share its
+partitions through the source's group; a service killed outright leaves nothing that
+the others do not take over (a leased outbox row once its lease runs out, a timer row
+at once, a partition once its lease, or the consumer group's session, runs out).
+
+:meth:`Service.stop` (what SIGTERM and SIGINT call) stops intake first: the listener
+closes and in-flight requests are answered, and consumers stop fetching, finish the
+deliveries they started and commit their offsets. Then the workers finish the pass
+they are in. All of it within ``shutdown_timeout`` seconds; what is still running then
+is cancelled (its transaction rolls back, and at-least-once delivery redoes it), and
+:meth:`Service.run` answers 1 instead of 0. A second signal cancels at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, TextIO
+
+from statifier.extras import MissingExtra
+from statifier.persistence.sql import SqlAdapter
+from statifier.router import OutboxDrain, RouterConfig, reap_addresses, reap_dedupe
+from statifier.router.timer_worker import TimerWorker
+from statifier.service.config import BasicHttpFront, ServiceSettings, router_config
+from statifier.service.consumers import FIRST_RESTART, LAST_RESTART, SupervisedConsumer
+from statifier.service.health import Health, health_routes
+from statifier.service.mounts import Mounted, front_app
+from statifier.service.sinks import Sinks, build_sinks
+from statifier.sql import TableOptions
+
+if TYPE_CHECKING:
+    import uvicorn
+
+__all__ = ["NotMigrated", "Service", "Supervised", "prepare_database"]
+
+_log = logging.getLogger("statifier.service")
+
+_EXIT_CLEAN: Final = 0
+_EXIT_CUT_SHORT: Final = 1
+
+
+class NotMigrated(RuntimeError):  # noqa: N818 - names the refusal
+    """The database's tables are missing or behind, and the file does not say
+    ``migrate = true``."""
+
+
+# The database.
+
+
+def _options(settings: ServiceSettings) -> TableOptions:
+    return TableOptions(prefix=settings.database.prefix, schema=settings.database.schema)
+
+
+def _head() -> str | None:
+    """The latest revision of the migrations shipped."""
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
+    from statifier.sql import migrations
+
+    config = Config()
+    config.set_main_option("script_location", str(Path(migrations.__file__).parent))
+    return ScriptDirectory.from_config(config).get_current_head()
+
+
+def prepare_database(settings: ServiceSettings) -> None:
+    """Migrate the database (``migrate = true``) or check that it is migrated.
+
+    On PostgreSQL the migration holds a transaction-scoped advisory lock, so services
+    starting together migrate one after the other.
+
+    Raises:
+        NotMigrated: not migrated, and the file does not ask for it.
+        sqlalchemy.exc.SQLAlchemyError: the database cannot be reached.
+    """
+    import sqlalchemy as sa
+
+    from statifier.sql import migrations
+    from statifier.sql.locations import upgrade_locations
+
+    url, options = settings.database.url, _options(settings)
+    locations = any(isinstance(front, BasicHttpFront) for front in settings.fronts)
+    if settings.migrate:
+        engine = sa.create_engine(migrations.sync_url(url))
+        try:
+            with engine.begin() as connection:
+                if connection.dialect.name == "postgresql":
+                    connection.execute(sa.text("SELECT pg_advisory_xact_lock(7464946373)"))
+                migrations.upgrade(connection, options)
+                if locations:
+                    upgrade_locations(connection, options)
+        finally:
+            engine.dispose()
+        return
+    reached, head = migrations.current(url, options), _head()
+    if reached == head:
+        if locations and not _has_locations(url, options):
+            raise NotMigrated(
+                f"the BasicHTTP front needs the table {options.prefix}locations: set "
+                "migrate = true, or create it with statifier.sql.locations.upgrade_locations"
+            )
+        return
+    found = f"at revision {reached}" if reached else "not there"
+    raise NotMigrated(
+        f"the database's {options.prefix}* tables are {found}, and this release needs "
+        f"revision {head}: run `statifier db upgrade` (with the same --url and --prefix) "
+        "first, or set migrate = true in the configuration"
+    )
+
+
+def _has_locations(url: str, options: TableOptions) -> bool:
+    import sqlalchemy as sa
+
+    from statifier.sql import migrations
+
+    engine = sa.create_engine(migrations.sync_url(url))
+    try:
+        names = sa.inspect(engine).get_table_names(schema=options.schema)
+    finally:
+        engine.dispose()
+    return f"{options.prefix}locations" in names
+
+
+# Supervision.
+
+
+class Supervised:
+    """One long-running part (a worker): ``work()`` run until ``stop`` is set, and
+    started again after a backoff (:data:`FIRST_RESTART` seconds, doubling to
+    :data:`LAST_RESTART`) whenever it raises; each failure is logged.
+
+    Args:
+        name: the part's name, in logs and readiness reasons.
+        work: runs the part; returns once ``stop`` is set.
+        stop: set when the part is to stop.
+    """
+
+    def __init__(self, name: str, work: Callable[[], Awaitable[None]], stop: asyncio.Event) -> None:
+        self.name = name
+        self.work = work
+        self.stop = stop
+        self.failure: str | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Run the part in a task of its own (:attr:`task`)."""
+        self.task = asyncio.create_task(self._run(), name=self.name)
+
+    def trouble(self) -> str | None:
+        """``None`` while the part runs, else why it does not."""
+        if self.task is None or self.task.done():
+            return "not running"
+        return None if self.failure is None else f"restarting after {self.failure}"
+
+    async def _run(self) -> None:
+        delay = FIRST_RESTART
+        while not self.stop.is_set():
+            try:
+                await self.work()
+                return
+            except Exception as error:  # noqa: BLE001 - a part outlives its failures
+                self.failure = type(error).__name__
+                _log.exception("%s failed; starting it again in %.0f s", self.name, delay)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop.wait(), delay)
+            delay = min(delay * 2, LAST_RESTART)
+            self.failure = None
+
+
+async def _reap(config: RouterConfig, settings: ServiceSettings, stop: asyncio.Event) -> None:
+    """Run both reapers every ``interval`` seconds until ``stop``; a failed pass is
+    logged, and the next comes on schedule."""
+    every = settings.reapers
+    while not stop.is_set():
+        try:
+            now = datetime.now(UTC)
+            await reap_dedupe(config, now)
+            after: Any = None
+            while not stop.is_set():
+                page = await reap_addresses(config, now, limit=every.limit, after=after)
+                if page.next is None:
+                    break
+                after = page.next
+        except Exception:  # noqa: BLE001 - the next pass may succeed
+            _log.exception("a reaper pass failed")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), every.interval)
+
+
+# HTTP.
+
+
+def _listening_socket(host: str, port: int) -> socket.socket:
+    """A bound socket for uvicorn: bound here so that port 0 names a free port the
+    service can report, and an address in use is a clear error before anything runs.
+
+    Raises:
+        OSError: the address cannot be bound (named in the message).
+    """
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        listener = socket.socket(family, kind, proto)
+    except OSError as error:
+        raise OSError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(address)
+    except OSError as error:
+        listener.close()
+        raise OSError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+    return listener
+
+
+def _uvicorn_server(app: Any, settings: ServiceSettings) -> uvicorn.Server:
+    try:
+        import uvicorn
+    except ModuleNotFoundError as missing:
+        raise MissingExtra.of(missing) from missing
+
+    class QuietServer(uvicorn.Server):
+        """uvicorn without its signal handlers: the service stops it, in order."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    config = uvicorn.Config(
+        app,
+        lifespan="off",
+        log_config=None,
+        access_log=settings.http.access_log,
+        timeout_graceful_shutdown=max(1, int(settings.shutdown_timeout)),
+        server_header=False,
+    )
+    return QuietServer(config)
+
+
+async def _abandon(tasks: list[asyncio.Task[Any]]) -> None:
+    """Cancel what of ``tasks`` still runs, and wait for it to end."""
+    left = [task for task in tasks if not task.done()]
+    for task in left:
+        task.cancel()
+    if left:
+        await asyncio.wait(left)
+
+
+class Service:
+    """Everything one configuration names, in one asyncio process (see the module
+    docstring).
+
+    Args:
+        settings: the checked configuration (:func:`statifier.service.config.load`).
+        out: where the service says where it listens and that it stopped.
+    """
+
+    def __init__(self, settings: ServiceSettings, out: TextIO | None = None) -> None:
+        self.settings = settings
+        self.out = out
+        self.address: tuple[str, int] | None = None
+        """Where it listens, once it does."""
+        self._stopping = asyncio.Event()
+        self._workers_stop = asyncio.Event()
+        self._forced = asyncio.Event()
+
+    def stop(self) -> None:
+        """Begin the orderly stop (SIGTERM, SIGINT); a second call cancels at once."""
+        if self._stopping.is_set():
+            self._forced.set()
+        self._stopping.set()
+
+    async def run(self) -> int:
+        """Start everything, run until :meth:`stop`, stop in order; answers 0 when
+        everything stopped within ``shutdown_timeout``, else 1.
+
+        Raises:
+            NotMigrated: the database is not migrated (and the file does not ask).
+            ServiceConfigError: a front, sink or source the configuration names cannot
+                be built.
+            OSError: the listener cannot be bound.
+            MissingExtra: a library the configuration needs is not installed.
+        """
+        # Synchronous (Alembic's), and before anything else runs on the loop.
+        prepare_database(self.settings)
+        async with self._opened() as (config, health, sinks):
+            return await self._serve(config, health, sinks)
+
+    @contextlib.asynccontextmanager
+    async def _opened(self) -> AsyncIterator[tuple[RouterConfig, Health, Sinks]]:
+        adapter = SqlAdapter(self.settings.database.url, _options(self.settings))
+        try:
+            config = router_config(self.settings, adapter)
+            sinks = build_sinks(self.settings, config)
+            try:
+                yield config, Health(adapter), sinks
+            finally:
+                await sinks.aclose()
+        finally:
+            await adapter.close()
+
+    async def _serve(self, config: RouterConfig, health: Health, sinks: Sinks) -> int:
+        settings = self.settings
+        from starlette.applications import Starlette
+
+        # Everything that can be refused is built before any task starts.
+        fronts = [
+            (front.path, front_app(front, config, settings.file)) for front in settings.fronts
+        ]
+        app = Mounted(fronts, Starlette(routes=health_routes(health)))
+        server = _uvicorn_server(app, settings)
+        consumers = [
+            SupervisedConsumer(source, config, settings.file) for source in settings.sources
+        ]
+        for consumer in consumers:
+            consumer.prepare()
+        workers = self._workers(config, sinks)
+        listener = _listening_socket(settings.http.host, settings.http.port)
+        host, port = listener.getsockname()[:2]
+        loop = asyncio.get_running_loop()
+        started: list[asyncio.Task[Any]] = []
+        parts: list[Supervised | SupervisedConsumer] = [*workers, *consumers]
+        try:
+            for part in parts:
+                health.watch(part.name, part.trouble)
+                part.start()
+                assert part.task is not None
+                started.append(part.task)
+            serving = asyncio.create_task(server.serve(sockets=[listener]), name="http")
+            started.append(serving)
+            health.watch("http", lambda: None if server.started else "not listening yet")
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(signum, self.stop)
+            # uvicorn sets a flag, not an event, once it listens.
+            while not server.started and not serving.done():  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+            if serving.done():
+                serving.result()  # raises what stopped it
+                raise RuntimeError("the HTTP server stopped before it started")
+            self.address = (host, port)
+            self._say(f"listening on http://{host}:{port}")
+            stopped = asyncio.ensure_future(self._stopping.wait())
+            await asyncio.wait({stopped, serving}, return_when=asyncio.FIRST_COMPLETED)
+            stopped.cancel()
+            status = await self._shutdown(server, serving, consumers, workers, health)
+        finally:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(signum)
+            listener.close()
+            await _abandon(started)  # after an orderly stop, nothing is left
+        self._say("stopped" if status == _EXIT_CLEAN else "stopped, cut short by shutdown_timeout")
+        return status
+
+    def _workers(self, config: RouterConfig, sinks: Sinks) -> list[Supervised]:
+        settings, stop = self.settings, self._workers_stop
+        workers: list[Supervised] = []
+        if settings.timers.enabled:
+            timers = settings.timers
+            worker = TimerWorker(config, batch=timers.batch, poll=timers.poll, retry=timers.retry)
+            workers.append(Supervised("timers", lambda: worker.run(stop), stop))
+        outbox = settings.outbox
+        drain = OutboxDrain(
+            config,
+            sinks.by_queue,
+            max_attempts=outbox.max_attempts,
+            backoff=outbox.backoff,
+            lease=outbox.lease,
+            batch=outbox.batch,
+        )
+        workers.append(Supervised("outbox", lambda: drain.run(stop, outbox.idle), stop))
+        if settings.reapers.enabled:
+            workers.append(Supervised("reapers", lambda: _reap(config, settings, stop), stop))
+        return workers
+
+    async def _shutdown(
+        self,
+        server: uvicorn.Server,
+        serving: asyncio.Task[None],
+        consumers: list[SupervisedConsumer],
+        workers: list[Supervised],
+        health: Health,
+    ) -> int:
+        """Intake first (HTTP, consumers), then the workers, within the bound."""
+        health.stopping = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.shutdown_timeout
+        _log.info(
+            "stopping: intake first, then the workers (at most %g s)",
+            self.settings.shutdown_timeout,
+        )
+        server.should_exit = True
+        intake = [
+            serving,
+            *(
+                asyncio.create_task(c.stop(drain_timeout=deadline - loop.time()), name=c.name)
+                for c in consumers
+            ),
+        ]
+        clean = await self._within(intake, deadline)
+        self._workers_stop.set()
+        tasks = [worker.task for worker in workers if worker.task is not None]
+        clean = await self._within(tasks, deadline) and clean
+        if serving.done() and not serving.cancelled() and serving.exception() is not None:
+            _log.error("the HTTP server failed", exc_info=serving.exception())
+            clean = False
+        return _EXIT_CLEAN if clean else _EXIT_CUT_SHORT
+
+    async def _within(self, tasks: list[asyncio.Task[Any]], deadline: float) -> bool:
+        """Wait for ``tasks`` until ``deadline`` (or a second signal); cancel what is
+        left. Answers whether all of them finished on their own."""
+        if not tasks:
+            return True
+        loop = asyncio.get_running_loop()
+        forced = asyncio.ensure_future(self._forced.wait())
+        try:
+            pending = set(tasks)
+            while pending and not self._forced.is_set():
+                left = deadline - loop.time()
+                if left <= 0:
+                    break
+                _, pending = await asyncio.wait(
+                    {*pending, forced}, timeout=left, return_when=asyncio.FIRST_COMPLETED
+                )
+                pending.discard(forced)
+        finally:
+            forced.cancel()
+        for task in pending:
+            _log.warning("cancelling %s: it did not stop in time", task.get_name())
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=1.0)
+        return not pending
+
+    def _say(self, line: str) -> None:
+        if self.out is not None:
+            self.out.write(f"statifier serve: {line}\n")
+            self.out.flush()

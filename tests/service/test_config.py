@@ -1,0 +1,465 @@
+"""The configuration file of ``statifier serve``: a whole file loads into settings and
+a router configuration; every refusal names the file, the table and the key; unknown
+keys, oversized files and missing secrets are refused; secrets never show; a database
+that is not migrated is refused unless the file asks for the migration, on both
+databases."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tests.persistence.conftest import FreshDatabase, fresh_database  # noqa: F401 - a fixture
+from tests.service.helpers import HITS, HITS_BINDING, ORDER, database_table, write_config
+
+from statifier.callbacks import settle
+from statifier.core import Event
+from statifier.persistence.sql import SqlAdapter
+from statifier.router import OutboxDrain, OutboxRoute
+from statifier.router.routes import IdempotencyKey
+from statifier.service import NotMigrated, ServiceConfigError, load
+from statifier.service.config import (
+    MAX_CONFIG_BYTES,
+    BasicHttpFront,
+    CallSink,
+    HttpSink,
+    InboundTableOptions,
+    NatsOptions,
+    WebhookFront,
+    router_config,
+)
+from statifier.service.service import prepare_database
+from statifier.sql import TableOptions, migrations
+
+WHOLE = """
+migrate = true
+shutdown_timeout = 4.5
+charts = "charts"
+send_type = "test:route"
+on_complete = "finished"
+bindings = "bindings.toml"
+
+[database]
+url_env = "TEST_DATABASE_URL"
+prefix = "svc_"
+lock_wait = 3
+
+[http]
+host = "0.0.0.0"
+port = 9090
+
+[documents]
+orders = "charts/order.scxml"
+
+[routes.finished]
+queue = "done"
+target = "https://example.com/t"
+
+[sinks.done]
+url = "https://example.com/done"
+timeout = 5
+authorization_env = "TEST_SINK_TOKEN"
+
+[routes.audit]
+queue = "audit"
+
+[sinks.audit]
+call = "tests.service.recording:record"
+
+[fronts.webhook.carrier]
+path = "/hooks/carrier"
+source = "clicks"
+scope = "depot_7"
+provider_id_header = "X-Delivery-Id"
+max_body = 2048
+timeout = 3
+
+[fronts.webhook.carrier.hmac]
+secret_env = "TEST_HMAC_SECRET"
+header = "X-Signature"
+prefix = "sha256="
+
+[fronts.form.signup]
+path = "/forms/signup"
+source = "clicks"
+scope = "web"
+
+[fronts.basichttp.events]
+path = "/basichttp"
+base_url = "https://svc.example.com/basichttp"
+
+[sources.clicks]
+kind = "nats"
+scope = "web"
+servers = ["nats://127.0.0.1:4222"]
+token_env = "TEST_NATS_TOKEN"
+stream = "CLICKS"
+subject_prefix = "clicks"
+partitions = ["0", "1"]
+
+[sources.clicks.consumer]
+lanes = 4
+dead_letter_after = 5
+
+[sources.inbound]
+kind = "table"
+partitions = ["a"]
+
+[timers]
+poll = 0.5
+
+[outbox]
+lease = 30
+max_attempts = 3
+
+[reapers]
+enabled = false
+"""
+
+SECRETS = {
+    "TEST_DATABASE_URL": "sqlite:///svc.db",
+    "TEST_SINK_TOKEN": "Bearer tok-3f9a",
+    "TEST_HMAC_SECRET": "hmac-7c1d",
+    "TEST_NATS_TOKEN": "nats-55e2",
+}
+
+
+def whole(tmp_path: Path) -> Path:
+    (tmp_path / "bindings.toml").write_text(HITS_BINDING, encoding="utf-8")
+    return write_config(tmp_path, WHOLE, {"hits": HITS, "order": ORDER})
+
+
+def test_a_whole_file_loads_into_settings(tmp_path: Path) -> None:
+    settings = load(whole(tmp_path), SECRETS)
+    assert settings.migrate is True
+    assert settings.shutdown_timeout == 4.5
+    assert settings.database.url == "sqlite:///svc.db"
+    assert (settings.database.prefix, settings.database.lock_wait) == ("svc_", 3.0)
+    assert (settings.http.host, settings.http.port) == ("0.0.0.0", 9090)
+    assert sorted(settings.documents) == ["hits", "order", "orders"]
+    assert [binding.id for binding in settings.bindings] == ["hits"]
+    assert settings.sinks == [
+        HttpSink("done", "https://example.com/done", 5.0, "Bearer tok-3f9a"),
+        CallSink("audit", "tests.service.recording:record"),
+    ]
+    webhook, _form, basichttp = settings.fronts
+    assert isinstance(webhook, WebhookFront)
+    assert (webhook.path, webhook.provider_id_header, webhook.max_body) == (
+        "/hooks/carrier",
+        "X-Delivery-Id",
+        2048,
+    )
+    assert webhook.hmac is not None
+    assert webhook.hmac.secret == b"hmac-7c1d"
+    assert webhook.hmac.prefix == "sha256="
+    assert isinstance(basichttp, BasicHttpFront)
+    assert basichttp.base_url == "https://svc.example.com/basichttp"
+    nats, table = settings.sources
+    assert isinstance(nats.options, NatsOptions)
+    assert nats.options.connect == {"token": "nats-55e2"}
+    assert (nats.consumer.lanes, nats.consumer.dead_letter_after) == (4, 5)
+    assert table.options == InboundTableOptions(partitions=("a",), group="inbound")
+    assert table.scope is None
+    assert settings.timers.poll == 0.5
+    assert (settings.outbox.lease, settings.outbox.max_attempts) == (30.0, 3)
+    assert settings.reapers.enabled is False
+    # No secret (nor the database URL) shows in the settings' repr.
+    shown = repr(settings)
+    for secret in SECRETS.values():
+        assert secret not in shown
+
+
+@pytest.mark.asyncio
+async def test_the_settings_build_the_router_configuration(tmp_path: Path) -> None:
+    settings = load(whole(tmp_path), SECRETS)
+    async with SqlAdapter("sqlite://") as adapter:
+        config = router_config(settings, adapter)
+        assert config.send_type == "test:route"
+        assert config.on_complete == "finished"
+        assert config.lock_wait == 3.0
+        assert config.basichttp is not None
+        assert config.basichttp.base_url == "https://svc.example.com/basichttp"
+        found = config.route("depot_7", "finished")
+        assert found is not None
+        adapter_of_route, route_config = found
+        assert isinstance(adapter_of_route, OutboxRoute)
+        assert dict(route_config) == {"queue": "done", "target": "https://example.com/t"}
+        assert [binding.id for binding in config.bindings or ()] == ["hits"]
+        resolved = await config.resolve("web", "orders")
+        assert resolved.machine.identity.name == "orders"
+
+
+def refused(tmp_path: Path, body: str, environ: dict[str, str] | None = None) -> str:
+    config = write_config(tmp_path, body, {"hits": HITS})
+    with pytest.raises(ServiceConfigError) as error:
+        load(config, environ or {})
+    text = str(error.value)
+    assert text.startswith(f"{config}: ")
+    return text.removeprefix(f"{config}: ")
+
+
+def test_a_refused_value_names_the_file_the_table_and_the_key(tmp_path: Path) -> None:
+    body = """
+[fronts.webhook.carrier]
+path = "/hooks/carrier"
+source = "carrier"
+scope = "depot_7"
+max_body = "big"
+"""
+    config = write_config(tmp_path, body)
+    with pytest.raises(ServiceConfigError) as error:
+        load(config, {})
+    assert str(error.value) == (
+        f'{config}: [fronts.webhook.carrier] max_body: must be a positive integer, not "big"'
+    )
+    assert (error.value.file, error.value.table, error.value.key) == (
+        str(config),
+        "fronts.webhook.carrier",
+        "max_body",
+    )
+
+
+HEAD = f'charts = "charts"\n{HITS_BINDING}\n'
+SENDING = 'send_type = "t:r"\n' + HEAD
+WEBHOOK = '[fronts.webhook.w]\npath = "/w"\nsource = "clicks"\nscope = "s"\n'
+ROUTED = '[routes.r]\nqueue = "q"\n'
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        ("migrat = true\n", "migrat: unknown key"),
+        ("[http]\nhots = 'x'\n", "[http] hots: unknown key"),
+        ("[timers]\npoll = 0\n", "[timers] poll: must be a positive number of seconds, not 0"),
+        ("shutdown_timeout = true\n", "shutdown_timeout: must be a positive number of seconds"),
+        ("[http]\nport = 70000\n", "[http] port: must be an integer from 0 to 65535, not 70000"),
+        ("[database]\nurl = 'mysql://h/db'\n", "[database] url: PostgreSQL (psycopg 3)"),
+        ("[database]\nschema = 's'\n", "[database] schema: a schema needs PostgreSQL"),
+        ("[database]\nurl = 5\n", "[database] url: must be a non-empty string, not 5"),
+        (
+            (
+                f"{HEAD}[[bindings]]\nid='b'\nsource='s'\nmatch='true'\nkey='k'\ndocument='hits'"
+                "\nevent='e'\nbatch=1\n"
+            ),
+            '[bindings #2 "b"] batch: reserved for a later release',
+        ),
+        (
+            (
+                f"{HEAD}[[bindings]]\nid='b'\nsource='s'\nmatch='(('\nkey='k'\ndocument='hits'"
+                "\nevent='e'\n"
+            ),
+            '[bindings #2 "b"] match: does not compile',
+        ),
+        (
+            (
+                'charts = "charts"\n[[bindings]]\nid="b"\nsource="s"\nmatch="true"\nkey="k"\n'
+                'document="nowhere"\nevent="e"\n'
+            ),
+            '[bindings #1 "b"] document: no chart for document "nowhere"',
+        ),
+        (SENDING + ROUTED, '[routes.r] queue: no [sinks.q] drains queue "q"'),
+        (
+            HEAD + '[routes.r]\nqueue = "q"\n[sinks.q]\ncall = "m:f"\n',
+            "send_type: required when there are routes",
+        ),
+        (HEAD + '[sinks.q]\ncall = "m:f"\n', "[sinks.q] no route writes to this queue"),
+        (
+            SENDING + ROUTED + '[sinks.q]\ncall = "m:f"\nurl = "http://x"\n',
+            "[sinks.q] url: give url (an HTTP POST sink) or call (a Python callable)",
+        ),
+        (
+            SENDING + ROUTED + '[sinks.q]\ncall = "not a path"\n',
+            "[sinks.q] call: must be 'package.module:function'",
+        ),
+        (
+            SENDING + ROUTED + '[sinks.q]\nurl = "ftp://x"\n',
+            "[sinks.q] url: must be an http:// or https:// URL",
+        ),
+        (
+            SENDING + ROUTED + '[sinks.q]\nurl = "http://x"\ntimeout = 60\n',
+            "[sinks.q] timeout: must be shorter than the outbox lease (60 seconds)",
+        ),
+        (
+            SENDING + ROUTED + '[sinks.q]\ncall = "m:f"\non_complete = "x"\n',
+            "[sinks.q] on_complete: unknown key",
+        ),
+        (
+            HEAD + '[fronts.webhook.w]\npath = "/w"\nsource = "nobody"\nscope = "s"\n',
+            '[fronts.webhook.w] source: no enabled binding reads source "nobody"',
+        ),
+        (
+            HEAD + '[fronts.webhook.w]\npath = "/healthz"\nsource = "clicks"\nscope = "s"\n',
+            '[fronts.webhook.w] path: "/healthz" overlaps the health endpoints',
+        ),
+        (
+            HEAD + WEBHOOK + '[fronts.form.f]\npath = "/w/f"\nsource = "clicks"\nscope = "s"\n',
+            '[fronts.form.f] path: "/w/f" overlaps [fronts.webhook.w] ("/w")',
+        ),
+        (
+            HEAD + '[fronts.webhook.w]\npath = "w"\nsource = "clicks"\nscope = "s"\n',
+            '[fronts.webhook.w] path: must be an absolute path such as "/hooks/x", not "w"',
+        ),
+        (
+            HEAD + WEBHOOK + "[fronts.webhook.w.hmac]\n",
+            "[fronts.webhook.w.hmac] secret_env: required",
+        ),
+        (
+            HEAD + WEBHOOK + '[fronts.webhook.w.hmac]\nsecret_env = "NOT_SET_ANYWHERE"\n',
+            (
+                "[fronts.webhook.w.hmac] secret_env: the environment variable NOT_SET_ANYWHERE"
+                " is not set"
+            ),
+        ),
+        (
+            HEAD + '[fronts.basichttp.a]\npath = "/a"\nbase_url = "https://x/a"\n'
+            '[fronts.basichttp.b]\npath = "/b"\nbase_url = "https://x/b"\n',
+            "[fronts] basichttp: at most one BasicHTTP front",
+        ),
+        (HEAD + '[fronts.grpc.g]\npath = "/g"\n', "[fronts] grpc: unknown key"),
+        (
+            HEAD + '[sources.clicks]\nkind = "mqtt"\n',
+            '[sources.clicks] kind: must be one of kafka, nats, table, not "mqtt"',
+        ),
+        (
+            HEAD + '[sources.clicks]\nkind = "nats"\nscope = "s"\nstream = "S"\n',
+            "[sources.clicks] servers: give servers (a list of URLs) or servers_env",
+        ),
+        (
+            HEAD + '[sources.clicks]\nkind = "nats"\nscope = "s"\nservers = ["nats://h"]\n'
+            'stream = "S"\nsubject_prefix = "c"\npartitions = []\n',
+            "[sources.clicks] partitions: must be a list of 1 to 1000 non-empty strings",
+        ),
+        (
+            HEAD + '[sources.other]\nkind = "table"\npartitions = ["0"]\nscope = "s"\n',
+            "[sources.other] scope: unknown key",
+        ),
+        (
+            HEAD + '[sources.other]\nkind = "table"\npartitions = ["0"]\n'
+            "[sources.other.consumer]\nlanes = 0\n",
+            "[sources.other.consumer] lanes: must be an integer from 1 to 1024, not 0",
+        ),
+        ("charts = 'missing'\n", 'charts: "missing" is not a directory'),
+        ("[documents]\nx = 'charts/none.scxml'\n", "[documents] x: cannot read"),
+        ("bindings = 'none.toml'\n", "bindings: cannot read"),
+    ],
+)
+def test_refusals_name_the_table_and_the_key(tmp_path: Path, body: str, said: str) -> None:
+    assert refused(tmp_path, body).startswith(said)
+
+
+def test_a_file_over_the_cap_is_refused_before_it_is_parsed(tmp_path: Path) -> None:
+    body = "# " + "x" * MAX_CONFIG_BYTES + "\n"
+    assert refused(tmp_path, body).endswith(f"is larger than {MAX_CONFIG_BYTES} bytes")
+
+
+def test_a_file_that_is_not_toml_is_refused(tmp_path: Path) -> None:
+    assert refused(tmp_path, "migrate = \n").startswith("not valid TOML: ")
+
+
+def test_a_database_url_and_secrets_never_show_in_a_refusal(tmp_path: Path) -> None:
+    password = "pw-91c4"
+    said = refused(
+        tmp_path,
+        '[database]\nurl_env = "TEST_URL"\n',
+        {"TEST_URL": f"mysql://admin:{password}@db.internal/app"},
+    )
+    assert said == (
+        "[database] url_env: PostgreSQL (psycopg 3) and SQLite (sqlite3) are supported, not 'mysql'"
+    )
+    assert password not in said
+    assert "db.internal" not in said
+    said = refused(tmp_path, '[database]\nurl = "not a url pw-91c4"\n')
+    assert said == "[database] url: is not a database URL"
+    # A secret read before a later refusal is not in it either.
+    body = HEAD + WEBHOOK + '[fronts.webhook.w.hmac]\nsecret_env = "S"\nencoding = "rot13"\n'
+    said = refused(tmp_path, body, {"S": "hmac-secret-value"})
+    assert said == '[fronts.webhook.w.hmac] encoding: must be hex or base64, not "rot13"'
+
+
+# The database at start.
+
+
+def served_on(tmp_path: Path, database: FreshDatabase, *, migrate: bool) -> Path:
+    body = f"migrate = {'true' if migrate else 'false'}\n{database_table(database)}"
+    return write_config(tmp_path, body)
+
+
+def test_a_database_that_is_not_migrated_is_refused_unless_the_file_migrates(
+    fresh_database: FreshDatabase,  # noqa: F811 - the fixture
+    tmp_path: Path,
+) -> None:
+    options = TableOptions(prefix="t_", schema=fresh_database.schema)
+    refusing = load(served_on(tmp_path, fresh_database, migrate=False))
+    with pytest.raises(NotMigrated, match=r"t_\* tables are not there.*statifier db upgrade"):
+        prepare_database(refusing)
+    migrations.upgrade(fresh_database.url, options, "statifier_0002")
+    with pytest.raises(NotMigrated, match="at revision statifier_0002"):
+        prepare_database(refusing)
+    prepare_database(load(served_on(tmp_path, fresh_database, migrate=True)))
+    prepare_database(refusing)  # at the head now: accepted as it is
+    assert migrations.current(fresh_database.url, options) is not None
+
+
+@pytest.mark.asyncio
+async def test_the_route_of_a_loaded_file_writes_outbox_rows(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'routes.db'}"
+    body = (
+        f'migrate = true\n{SENDING}[database]\nurl = "{url}"\n'
+        '[routes.r]\nqueue = "q"\n[sinks.q]\ncall = "tests.service.recording:record"\n'
+    )
+    settings = load(write_config(tmp_path, body, {"hits": HITS}))
+    prepare_database(settings)
+    async with SqlAdapter(url) as adapter:
+        config = router_config(settings, adapter)
+        found = config.route("any", "r")
+        assert found is not None
+        key = IdempotencyKey(
+            "ex_1", send_id="s", macrostep=1, microstep=1, round=0, content_index=1, ordinal=0
+        )
+        async with config.transaction() as unit:
+            assert await settle(found[0].deliver(found[1], Event("e"), key, unit.tx)) is None
+        rows = await OutboxDrain(config, {}).pending()
+        assert [(row.queue, row.key) for row in rows] == [("q", str(key))]
+
+
+@pytest.mark.asyncio
+async def test_readiness_names_a_database_that_does_not_answer_and_a_part_in_trouble() -> None:
+    from statifier.service.health import Health
+
+    async with SqlAdapter("postgresql://statifier:pw-5d1e@127.0.0.1:1/none") as adapter:
+        health = Health(adapter, probe_timeout=1.0)
+        health.watch("timers", lambda: "restarting after OperationalError")
+        health.watch("outbox", lambda: None)
+        reasons = await health.reasons()
+    assert reasons[1:] == ["timers: restarting after OperationalError"]
+    assert reasons[0].startswith("database: ")
+    assert "pw-5d1e" not in reasons[0]
+    assert "127.0.0.1" not in reasons[0]
+
+
+@pytest.mark.asyncio
+async def test_a_failing_worker_is_reported_and_started_again() -> None:
+    import asyncio
+
+    from statifier.service.service import Supervised
+
+    stop = asyncio.Event()
+    runs: list[int] = []
+
+    async def work() -> None:
+        runs.append(len(runs))
+        if len(runs) == 1:
+            raise ConnectionError("the database went away")
+        await stop.wait()
+
+    part = Supervised("timers", work, stop)
+    assert part.trouble() == "not running"
+    part.start()
+    await asyncio.sleep(0.1)
+    assert part.trouble() == "restarting after ConnectionError"
+    await asyncio.sleep(1.2)  # FIRST_RESTART later, it runs again
+    assert (runs, part.trouble()) == ([0, 1], None)
+    stop.set()
+    assert part.task is not None
+    await asyncio.wait_for(part.task, 5)
+    assert part.trouble() == "not running"
