@@ -24,6 +24,14 @@ def test_demo_evaluates_rules_and_a_program() -> None:
     assert "the gateway called back: completed" in text
     assert "replayed from its input log to the same position: True" in text
     assert "second run over the whole log again: 3 rows" in text
+    service = text[text.index("6. The whole service") :]
+    assert "POST /hooks/carrier  (the carrier retries)  -> 200" in service
+    assert "the overdue timer fired" in service
+    assert "(its BasicHTTP location)  delivered -> 204" in service
+    assert "completed in delivered" in service
+    assert "scans_to_parcel  dlv_1            duplicate" in service
+    assert "warehouse  parcel.delivered" in service
+    assert service.endswith("stopped as on SIGTERM: exit status 0\n")
 
 
 def test_expr_prints_tagged_json() -> None:

@@ -60,8 +60,8 @@ def test_package_docstrings_name_what_exists_and_what_is_planned() -> None:
     for name in subpackages:  # every layer that exists is named
         assert f"``statifier.{name}``" in doc, name
     # What the docstring calls planned has no code.
-    assert "``statifier.fronts``" in doc.split("Planned")[1]
-    assert "fronts" not in subpackages
+    assert "``statifier.console``" in doc.split("Planned")[1]
+    assert "console" not in subpackages
     for name in subpackages:
         module = importlib.import_module(f"statifier.{name}")
         assert module.__doc__, name

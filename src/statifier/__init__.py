@@ -14,7 +14,13 @@ These exist today:
   executions`` on the command line);
 * ``statifier.router`` -- inbound events routed by key to durable executions:
   bindings, dedupe, addresses, the routing ledger, ``route``/``route_many``, the
-  reapers and the ``statifier scenario`` runner;
+  reapers and the ``statifier scenario`` runner, routes, the outbox and durable
+  timers;
+* ``statifier.fronts`` -- what hands events to the router: a stream consumer runtime
+  over Kafka, NATS JetStream or an inbound-events table, and webhook, form-post and
+  BasicHTTP fronts as ASGI apps;
+* ``statifier.service`` -- ``statifier serve CONFIG.toml``: fronts, consumers, the
+  timer worker, the outbox drain and the reapers as one process;
 * ``statifier.telemetry`` -- the events sessions, durable executions, the router and
   scriba report (``docs/telemetry.md``); ``statifier.callbacks``, ``statifier.extras``
   and ``statifier.ids`` -- small helpers every layer may use;
@@ -23,10 +29,9 @@ These exist today:
 * ``statifier.examples`` -- what ``statifier demo`` runs; ``statifier.cli`` -- the
   ``statifier`` command.
 
-Planned, with no code yet: ``statifier.fronts`` (Kafka, NATS and HTTP webhook fronts
-that would feed the router), a service (``statifier serve``) and a console. The
-``kafka``, ``nats`` and ``otel`` extras are reserved for them. ``scriba``, the
-projection engine, ships in the same distribution as a separate import package.
+Planned, with no code yet: ``statifier.console``, a console for operators.
+``scriba``, the projection engine, ships in the same distribution as a separate import
+package.
 
 The core has no runtime dependencies: integrations are installed through optional
 extras. See ``README.md`` and ``docs/architecture.md`` in the source tree.
