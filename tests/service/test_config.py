@@ -463,3 +463,13 @@ async def test_a_failing_worker_is_reported_and_started_again() -> None:
     assert part.task is not None
     await asyncio.wait_for(part.task, 5)
     assert part.trouble() == "not running"
+
+
+def test_the_kafka_example_is_a_valid_configuration() -> None:
+    example = Path(__file__).parents[2] / "examples" / "kafka_join" / "statifier.toml"
+    environ = {"DATABASE_URL": "postgresql://app@db/ads", "KAFKA_BROKERS": "kafka:9092"}
+    settings = load(example, environ)
+    (source,) = settings.sources
+    assert (source.name, source.kind, source.scope) == ("ad_events", "kafka", "ads")
+    assert settings.migrate
+    assert {front.path for front in settings.fronts} == set()
