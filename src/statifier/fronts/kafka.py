@@ -1,0 +1,843 @@
+"""Kafka topics as a :class:`~statifier.fronts.source.Source`, read in a consumer group
+through confluent-kafka (librdkafka), and a dead-letter topic.
+
+:class:`KafkaSource` subscribes to its topics in the consumer group ``group``; the
+brokers share the topics' partitions among the group's members and move them as
+members come and go. Each topic-partition is a source partition named
+``<topic>/<partition>``, and a record's offset is its position. Nothing is committed
+behind the runtime's back (``enable.auto.commit`` and ``enable.auto.offset.store`` are
+off): :meth:`KafkaSource.commit` commits, synchronously, exactly the positions the
+runtime names, as Kafka offsets ``position + 1`` (the next record to read), so a member
+that takes a partition over starts right after the last record whose delivery
+committed.
+
+Partition moves reach the runtime's :class:`~statifier.fronts.source.Rebalance`. The
+assignment strategy is ``cooperative-sticky`` by default: a rebalance revokes only the
+partitions that move. A revocation runs ``Rebalance.revoked`` to its end (in-flight
+messages settled, the settled prefix committed) before librdkafka gives the partitions
+up; partitions *lost* (the member was dropped from the group, its session ran out) are
+revoked too, but their commits are not sent, since another member may already read
+them. A commit for a partition the source no longer owns is skipped for the same
+reason: its next owner starts from the last commit that was made while it was owned.
+
+A record becomes an :class:`~statifier.router.InboundEvent`:
+
+- ``message_id``: ``<topic>/<partition>/<offset>``, stable across redeliveries, unless
+  the host passes its own ``message_id`` function of the :class:`KafkaRecord` (a
+  producer's event id in a header, say).
+- ``scope``: the configured ``scope``, or what ``scope_of`` answers for the record
+  (:func:`header_scope` reads it from a header).
+- ``data``: the value, a JSON object of at most ``max_payload`` bytes, parsed strictly
+  (UTF-8, RFC 8259, nesting bounded by :data:`~statifier.expr.jsontext.MAX_JSON_DEPTH`).
+
+A record without a value, over the bound, undecodable, not an object, or whose id or
+scope cannot be had (the host's function raised or answered an unusable value) is a
+:class:`~statifier.fronts.source.Malformed` message: the runtime dead-letters it.
+
+confluent-kafka's consumer blocks and must be called from one thread at a time, so
+every call on it runs on one thread the source owns. A poll there serves pending
+commits between short waits, and a rebalance callback (which librdkafka runs inside a
+poll) serves them while it waits for the runtime: the commits ``Rebalance.revoked``
+makes reach the broker before the partitions are given up. The event loop never blocks.
+
+librdkafka queues each partition's fetched records together, a whole backlog at a
+time, so one busy partition could fill the runtime's in-flight budget while the others
+wait. The source therefore reads ahead into a buffer per partition, pauses a partition
+whose buffer holds ``partition_buffer`` messages (librdkafka then drops its queued
+records and fetches them again on resume, from the first not handed over), and hands
+messages over taking turns between the partitions.
+
+>>> source = KafkaSource("127.0.0.1:9092", group="billing", topics=["orders"],
+...                      source="orders", scope="acme")
+>>> source.name
+'kafka:billing'
+>>> source.settings["partition.assignment.strategy"], source.settings["enable.auto.commit"]
+('cooperative-sticky', False)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import re
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, TypeVar
+
+import confluent_kafka
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from statifier.expr import jsontext
+from statifier.fronts.dead_letters import DeadLetterEntry, cut
+from statifier.fronts.source import Malformed, Message, Rebalance
+from statifier.router import ConfigError, InboundEvent, InvalidEvent
+
+__all__ = [
+    "DEFAULT_MAX_PAYLOAD",
+    "RESERVED_SETTINGS",
+    "CommitFailed",
+    "DeadLetterNotKept",
+    "KafkaDeadLetters",
+    "KafkaRecord",
+    "KafkaSource",
+    "KafkaSourceFailed",
+    "header_scope",
+    "partition_name",
+    "record_id",
+]
+
+DEFAULT_MAX_PAYLOAD: Final = 1_048_576
+"""The largest record value decoded by default: 1 MiB."""
+RESERVED_SETTINGS: Final = frozenset(
+    {
+        "bootstrap.servers",
+        "group.id",
+        "enable.auto.commit",
+        "enable.auto.offset.store",
+        "partition.assignment.strategy",
+        "error_cb",
+        "on_commit",
+        "logger",
+    }
+)
+"""librdkafka settings the source sets itself; ``settings`` may not name them."""
+_TOPIC: Final = re.compile(r"[A-Za-z0-9._-]{1,249}")
+_SLICE: Final = 0.05
+"""Seconds one poll waits before pending commits are served."""
+_CHUNK: Final = 64
+"""Records taken from librdkafka's queue at a time, between checks of the bound."""
+_log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class KafkaSourceFailed(Exception):  # noqa: N818 - names the failure
+    """The client reported an error it cannot recover from (librdkafka's *fatal*
+    errors); the source reads no more. The message is the client's."""
+
+
+class CommitFailed(Exception):  # noqa: N818 - names the failure
+    """A commit did not reach the group coordinator: the partitions' records after
+    their last commit may come again (the router dedupes them)."""
+
+
+class DeadLetterNotKept(Exception):  # noqa: N818 - names the failure
+    """The dead-letter topic did not confirm a letter within the timeout."""
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaRecord:
+    """A record as read, handed to the host's ``message_id`` and ``scope_of`` functions.
+
+    Attributes:
+        topic, partition, offset: where it sits.
+        key: the record's key (``None`` when it has none).
+        value: the record's value, at most ``max_payload`` bytes.
+        headers: the record's headers in order (a name may repeat).
+    """
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes
+    headers: tuple[tuple[str, bytes | None], ...] = ()
+
+    def header(self, name: str) -> bytes | None:
+        """The last value of header ``name``, ``None`` when absent."""
+        found = None
+        for header, value in self.headers:
+            if header == name:
+                found = value
+        return found
+
+
+MessageIdOf = Callable[[KafkaRecord], str]
+"""How the host names a record: the same id on every redelivery of it."""
+ScopeOf = Callable[[KafkaRecord], str]
+"""How the host scopes a record; raises (any exception) when it cannot."""
+
+
+def partition_name(topic: str, partition: int) -> str:
+    """The source partition of a topic-partition: ``<topic>/<partition>``.
+
+    >>> partition_name("orders", 3)
+    'orders/3'
+    """
+    return f"{topic}/{partition}"
+
+
+def record_id(record: KafkaRecord) -> str:
+    """The default message id: ``<topic>/<partition>/<offset>``."""
+    return f"{record.topic}/{record.partition}/{record.offset}"
+
+
+def header_scope(header: str) -> ScopeOf:
+    """A ``scope_of`` reading the scope from ``header`` (UTF-8); a record without it
+    is malformed.
+
+    >>> scope_of = header_scope("tenant")
+    >>> scope_of(KafkaRecord("t", 0, 7, None, b"{}", (("tenant", b"acme"),)))
+    'acme'
+    """
+
+    def scope_of(record: KafkaRecord) -> str:
+        value = record.header(header)
+        if value is None:
+            raise LookupError(f"no {header!r} header")
+        return value.decode("utf-8")
+
+    return scope_of
+
+
+def _fixed(scope: str) -> ScopeOf:
+    def scope_of(_record: KafkaRecord) -> str:
+        return scope
+
+    return scope_of
+
+
+def _topic_partition(name: str) -> tuple[str, int]:
+    topic, _, number = name.rpartition("/")
+    if not topic or not number.isdigit():
+        raise ValueError(f"{name!r} is not a Kafka source partition (<topic>/<partition>)")
+    return topic, int(number)
+
+
+# The thread that calls the consumer.
+
+
+@dataclass(eq=False)
+class _Job:
+    """One call to make on the consumer's thread, and the future that gets its answer."""
+
+    call: Callable[[], Any]
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Any]
+    urgent: bool
+
+    def run(self) -> None:
+        try:
+            result = self.call()
+        except BaseException as error:  # noqa: BLE001 - handed to the awaiting task
+            self._answer(None, error)
+        else:
+            self._answer(result, None)
+
+    def _answer(self, result: Any, error: BaseException | None) -> None:
+        def settle() -> None:
+            if self.future.done():
+                return
+            if error is None:
+                self.future.set_result(result)
+            else:
+                self.future.set_exception(error)
+
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+            self.loop.call_soon_threadsafe(settle)
+
+
+class _ConsumerThread:
+    """The one thread that calls a consumer, in order.
+
+    Jobs run one at a time in the order given. An *urgent* job (a commit) may also run
+    inside a running job, at the points where that job calls :meth:`serve_urgent`:
+    between the slices of a poll and while a rebalance callback waits for the runtime.
+    confluent-kafka allows such calls because they come from the thread already in the
+    consumer.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._ready = threading.Condition()
+        self._jobs: deque[_Job] = deque()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def call(self, call: Callable[[], T], *, urgent: bool = False) -> asyncio.Future[T]:
+        """Queue ``call`` for the thread; the future gets its answer on this loop."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        with self._ready:
+            if self._stopping:
+                raise RuntimeError("the Kafka consumer is closed")
+            self._jobs.append(_Job(call, loop, future, urgent))
+            self._ready.notify_all()
+        return future
+
+    def stop(self) -> None:
+        """Run what is queued, then end the thread (returns at once)."""
+        with self._ready:
+            self._stopping = True
+            self._ready.notify_all()
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+    def wake(self) -> None:
+        with self._ready:
+            self._ready.notify_all()
+
+    def serve_urgent(self) -> None:
+        """Run the urgent jobs queued now (called on the thread)."""
+        while True:
+            with self._ready:
+                job = next((job for job in self._jobs if job.urgent), None)
+                if job is None:
+                    return
+                self._jobs.remove(job)
+            job.run()
+
+    def serve_until(self, done: Callable[[], bool], timeout: float) -> bool:
+        """Serve urgent jobs until ``done()`` (call :meth:`wake` when it may have
+        become true) or ``timeout`` seconds passed; answers whether it is done."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.serve_urgent()
+            with self._ready:
+                if done():
+                    return True
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                if not any(job.urgent for job in self._jobs):
+                    self._ready.wait(left)
+
+    def _run(self) -> None:
+        while True:
+            with self._ready:
+                self._ready.wait_for(lambda: bool(self._jobs) or self._stopping)
+                if not self._jobs:
+                    return
+                job = self._jobs.popleft()
+            job.run()
+
+
+# The source.
+
+
+@dataclass
+class _Buffers:
+    """Messages polled and not handed over yet, by partition, each in its order.
+
+    A fetch takes them in turns between the partitions, so one partition's backlog
+    does not hold the others' back (librdkafka queues a partition's fetched records
+    together, a whole backlog at a time). A fetch that was cancelled leaves its
+    messages here for the next one.
+    """
+
+    partitions: dict[str, deque[Message]] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return sum(len(queue) for queue in self.partitions.values())
+
+    def add(self, messages: Sequence[Message]) -> None:
+        for message in messages:
+            self.partitions.setdefault(message.partition, deque()).append(message)
+
+    def sizes(self) -> dict[str, int]:
+        return {name: len(queue) for name, queue in self.partitions.items()}
+
+    def take(self, count: int) -> list[Message]:
+        """Up to ``count`` messages, one of each partition in turn."""
+        taken: list[Message] = []
+        while len(taken) < count:
+            before = len(taken)
+            for queue in self.partitions.values():
+                if queue and len(taken) < count:
+                    taken.append(queue.popleft())
+            if len(taken) == before:
+                break
+        return taken
+
+    def drop(self, partitions: Collection[str]) -> None:
+        for name in partitions:
+            self.partitions.pop(name, None)
+
+
+class KafkaSource:
+    """Kafka topics read in a consumer group (see the module docstring).
+
+    Args:
+        brokers: the bootstrap servers, ``host:port[,host:port...]``.
+        group: the consumer group's id; its members share the topics' partitions.
+        topics: the topics to read.
+        source: the source name of every event (bindings are chosen by it).
+        scope: the scope of every event; or
+        scope_of: a function answering a record's scope (exactly one of the two).
+        message_id: a function answering a record's message id; by default
+            :func:`record_id`.
+        max_payload: the largest value, in bytes, decoded; a larger one is malformed.
+        assignment: librdkafka's ``partition.assignment.strategy``:
+            ``cooperative-sticky`` (incremental rebalances) or an eager one
+            (``range``, ``roundrobin``).
+        rebalance_timeout: the most seconds a rebalance callback waits for the
+            runtime's ``assigned``/``revoked``; after that the partitions move anyway
+            (their uncommitted records come again to their next owner). Keep it below
+            ``max.poll.interval.ms``.
+        partition_buffer: messages of one partition polled and not handed over at
+            most before the partition is paused (resumed once they are taken); the
+            source holds at most about this many per owned partition, each at most
+            ``max_payload`` bytes.
+        settings: further librdkafka consumer settings (``session.timeout.ms``, TLS,
+            SASL credentials...); never logged. The source's defaults, which these
+            override: ``auto.offset.reset=earliest``, ``fetch.wait.max.ms=100``.
+
+    Raises:
+        ConfigError: no topic, a topic that is not a Kafka topic name, an empty group,
+            not exactly one of ``scope`` and ``scope_of``, a bound that is not
+            positive, or a setting in :data:`RESERVED_SETTINGS`.
+    """
+
+    def __init__(
+        self,
+        brokers: str,
+        *,
+        group: str,
+        topics: Sequence[str],
+        source: str,
+        scope: str | None = None,
+        scope_of: ScopeOf | None = None,
+        message_id: MessageIdOf | None = None,
+        max_payload: int = DEFAULT_MAX_PAYLOAD,
+        assignment: str = "cooperative-sticky",
+        rebalance_timeout: float = 60.0,
+        partition_buffer: int = 1000,
+        settings: Mapping[str, Any] | None = None,
+    ) -> None:
+        if not topics or any(not _TOPIC.fullmatch(topic) for topic in topics):
+            raise ConfigError(f"Kafka topics are 1-249 of [A-Za-z0-9._-], not {list(topics)!r}")
+        if not group:
+            raise ConfigError("a Kafka source needs a consumer group")
+        if (scope is None) == (scope_of is None):
+            raise ConfigError("a Kafka source needs exactly one of scope and scope_of")
+        if not max_payload > 0 or not rebalance_timeout > 0 or not partition_buffer > 0:
+            raise ConfigError("max_payload, rebalance_timeout and partition_buffer are positive")
+        reserved = sorted(RESERVED_SETTINGS.intersection(settings or {}))
+        if reserved:
+            raise ConfigError(f"the Kafka source sets {reserved} itself")
+        self._group = group
+        self._topics = list(topics)
+        self._source = source
+        self._scope_of = scope_of or _fixed(scope or "")
+        self._message_id = message_id or record_id
+        self._max_payload = max_payload
+        self._rebalance_timeout = rebalance_timeout
+        self._bound = partition_buffer
+        self._settings: dict[str, Any] = {
+            "auto.offset.reset": "earliest",
+            # A resumed partition's records wait for the fetch in flight: keep it short.
+            "fetch.wait.max.ms": 100,
+            **(settings or {}),
+            "bootstrap.servers": brokers,
+            "group.id": group,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "partition.assignment.strategy": assignment,
+        }
+        self._consumer: Consumer | None = None
+        self._thread: _ConsumerThread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._rebalance: Rebalance | None = None
+        self._owned: set[str] = set()
+        self._buffers = _Buffers()
+        self._paused: set[str] = set()
+        """Partitions paused because their buffer is full (touched on the thread only)."""
+        self._failure: KafkaError | None = None
+        self._closed = False
+
+    @property
+    def name(self) -> str:
+        """``kafka:<group>``, for logs and telemetry (the settings, which may hold
+        credentials, are never logged)."""
+        return f"kafka:{self._group}"
+
+    @property
+    def settings(self) -> Mapping[str, Any]:
+        """The consumer's librdkafka settings (may hold credentials: never log them)."""
+        return dict(self._settings)
+
+    @property
+    def owned(self) -> frozenset[str]:
+        """The partitions this member owns now."""
+        return frozenset(self._owned)
+
+    async def start(self, rebalance: Rebalance) -> None:
+        """Create the consumer and subscribe; partitions come with the first polls.
+
+        Raises:
+            RuntimeError: started twice.
+            KafkaException: librdkafka refused the settings.
+        """
+        if self._consumer is not None:
+            raise RuntimeError(f"{self.name} is started already")
+        self._loop = asyncio.get_running_loop()
+        self._rebalance = rebalance
+        thread = _ConsumerThread(f"statifier {self.name}")
+        thread.start()
+        self._thread = thread
+        self._consumer = await thread.call(self._subscribe)
+
+    async def fetch(self, max_messages: int, wait: float) -> Sequence[Message]:
+        """Up to ``max_messages`` messages of the partitions owned, waiting at most
+        ``wait`` seconds for the first.
+
+        Raises:
+            KafkaSourceFailed: the client reported a fatal error.
+            RuntimeError: not started, or closed.
+        """
+        thread = self._started()
+        if self._failure is not None:
+            raise KafkaSourceFailed(self._failure.str())
+        # Polled every time (at once when messages are at hand), so that the partitions
+        # whose buffers filled are paused and the others' records come through.
+        wait = wait if not self._buffers else 0.0
+        buffered = self._buffers.sizes()
+        polled = thread.call(lambda: self._poll(wait, buffered))
+        polled.add_done_callback(self._keep)
+        # Shielded: a cancelled fetch leaves what was polled in the buffers.
+        await asyncio.shield(polled)
+        return self._buffers.take(max_messages)
+
+    async def commit(self, positions: Mapping[str, int]) -> None:
+        """Commit, for each owned partition, offset ``position + 1``; a partition not
+        owned (revoked, lost) is skipped. Returns once the coordinator confirmed.
+
+        Raises:
+            CommitFailed: the coordinator refused or did not answer (a rebalance in
+                progress, a member fenced out of the group, the brokers unreachable).
+            ValueError: a partition name that is not ``<topic>/<partition>``, or a
+                negative position.
+        """
+        thread = self._started()
+        offsets = []
+        for name, position in positions.items():
+            topic, partition = _topic_partition(name)
+            if position < 0:
+                raise ValueError(f"a Kafka position is an offset >= 0, not {position}")
+            if name in self._owned:
+                offsets.append(TopicPartition(topic, partition, position + 1))
+            else:
+                _log.info("%s: not committing %s: it is no longer owned", self.name, name)
+        if not offsets:
+            return
+        consumer = self._started_consumer()
+        try:
+            answered = await thread.call(
+                lambda: consumer.commit(offsets=offsets, asynchronous=False), urgent=True
+            )
+        except KafkaException as error:
+            raise CommitFailed(f"{self.name}: the commit failed: {error.args[0]}") from error
+        refused = [f"{tp.topic}/{tp.partition}: {tp.error}" for tp in answered or [] if tp.error]
+        if refused:
+            raise CommitFailed(f"{self.name}: the commit was refused for {refused}")
+
+    async def close(self) -> None:
+        """Leave the group (revoking what is owned through the runtime first, so its
+        settled prefix is committed) and release the client. What was committed stays;
+        closing twice does nothing."""
+        if self._closed or self._thread is None:
+            return
+        self._closed = True
+        thread = self._thread
+        consumer = self._consumer
+        try:
+            if consumer is not None:
+                await thread.call(consumer.close)
+        finally:
+            thread.stop()
+            await asyncio.to_thread(thread.join, 10.0)
+
+    # On the consumer's thread.
+
+    def _subscribe(self) -> Consumer:
+        settings = {**self._settings, "error_cb": self._on_error, "logger": _log}
+        consumer = Consumer(settings)
+        consumer.subscribe(
+            self._topics,
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
+        )
+        return consumer
+
+    def _poll(self, wait: float, buffered: Mapping[str, int]) -> list[Message]:
+        """The first record within ``wait`` seconds, then whatever else is at hand.
+
+        A partition holding ``partition_buffer`` messages (those ``buffered`` already
+        and those read now) is paused, which drops its queued records from librdkafka's
+        queue, so the other partitions' records come next; a partition whose buffer
+        was taken below the bound is resumed. Commits queued meanwhile are served
+        between short polls.
+        """
+        consumer = self._started_consumer()
+        thread = self._started()
+        held = Counter(buffered)
+        self._pause_only(consumer, {name for name, count in held.items() if count >= self._bound})
+        deadline = time.monotonic() + wait
+        records: list[confluent_kafka.Message] = []
+        while True:
+            thread.serve_urgent()
+            left = deadline - time.monotonic()
+            first = consumer.poll(max(0.0, min(_SLICE, left)))
+            if first is not None:
+                records.append(first)
+                break
+            if left <= 0:
+                break
+        while records:
+            batch = consumer.consume(_CHUNK, 0)
+            if not batch:
+                break
+            records.extend(batch)
+            held.update(partition_name(r.topic() or "", r.partition() or 0) for r in batch)
+            full = {name for name, count in held.items() if count >= self._bound}
+            if not full <= self._paused:
+                self._pause_only(consumer, full | self._paused)
+        return [message for record in records if (message := self._message(record))]
+
+    def _pause_only(self, consumer: Consumer, paused: set[str]) -> None:
+        """Pause ``paused``, resume the other partitions paused so far."""
+        pause, resume = paused - self._paused, self._paused - paused
+        try:
+            if pause:
+                consumer.pause([TopicPartition(*_topic_partition(name)) for name in pause])
+            if resume:
+                consumer.resume([TopicPartition(*_topic_partition(name)) for name in resume])
+        except KafkaException as error:  # a partition revoked meanwhile: next poll again
+            _log.info("%s: pausing %s failed: %s", self.name, sorted(pause), error.args[0])
+            return
+        self._paused = set(paused)
+
+    def _message(self, record: confluent_kafka.Message) -> Message | None:
+        error = record.error()
+        if error is not None:
+            if error.fatal():
+                self._failure = error
+            elif error.code() != KafkaError._PARTITION_EOF:
+                _log.warning("%s: %s", self.name, error.str())
+            return None
+        topic, partition, offset = record.topic(), record.partition(), record.offset()
+        assert topic is not None
+        assert partition is not None
+        assert offset is not None
+        value = record.value()
+        raw = value if isinstance(value, bytes) else b""
+        name = partition_name(topic, partition)
+        return Message(name, offset, self._event(record, topic, partition, offset), raw=raw)
+
+    def _event(
+        self, record: confluent_kafka.Message, topic: str, partition: int, offset: int
+    ) -> InboundEvent | Malformed:
+        value = record.value()
+        if not isinstance(value, bytes):
+            return Malformed("the record has no value")
+        if len(value) > self._max_payload:
+            return Malformed(f"a value of {len(value)} bytes, over the {self._max_payload}")
+        read = KafkaRecord(topic, partition, offset, record.key(), value, _headers(record))
+        try:
+            data = jsontext.loads(value.decode("utf-8"))
+        except UnicodeDecodeError as error:
+            return Malformed(f"the value is not UTF-8 (byte {error.start})")
+        except jsontext.JSONTextError as error:
+            return Malformed(f"the value is not JSON: {error}")
+        if not isinstance(data, dict):
+            return Malformed(f"the value is JSON but not an object: {type(data).__name__}")
+        try:
+            message_id = self._message_id(read)
+            scope = self._scope_of(read)
+        except Exception as error:  # noqa: BLE001 - the host's function: the record's fault
+            return Malformed(f"no id or scope for the record: {type(error).__name__}: {error}")
+        try:
+            return InboundEvent(scope=scope, source=self._source, message_id=message_id, data=data)
+        except InvalidEvent as error:
+            return Malformed(str(error))
+
+    def _on_error(self, error: KafkaError) -> None:
+        if error.fatal():
+            self._failure = error
+            _log.error("%s: fatal: %s", self.name, error.str())
+        else:
+            _log.warning("%s: %s", self.name, error.str())
+
+    def _on_assign(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        names = [partition_name(tp.topic, tp.partition) for tp in partitions]
+        _log.info("%s: assigned %s", self.name, names)
+        if names:
+            self._bridge(self._assigned(names), names, "assigned")
+
+    def _on_revoke(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        names = [partition_name(tp.topic, tp.partition) for tp in partitions]
+        _log.info("%s: revoking %s", self.name, names)
+        self._paused.difference_update(names)
+        if names:
+            self._bridge(self._revoked(names, lost=False), names, "revoked")
+
+    def _on_lost(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        names = [partition_name(tp.topic, tp.partition) for tp in partitions]
+        _log.warning("%s: lost %s", self.name, names)
+        self._paused.difference_update(names)
+        if names:
+            self._bridge(self._revoked(names, lost=True), names, "lost")
+
+    def _bridge(self, move: Coroutine[Any, Any, None], names: list[str], what: str) -> None:
+        """Run ``move`` on the loop and wait for it here, serving its commits."""
+        loop, thread = self._loop, self._started()
+        assert loop is not None
+        if loop.is_closed():
+            move.close()
+            return
+        done = asyncio.run_coroutine_threadsafe(move, loop)
+        done.add_done_callback(lambda _: thread.wake())
+        if not thread.serve_until(done.done, self._rebalance_timeout):
+            _log.error(
+                "%s: %s %s took over %ss; going on", self.name, what, names, self._rebalance_timeout
+            )
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._owned.difference_update, names)
+            return
+        with contextlib.suppress(concurrent.futures.CancelledError):
+            error = done.exception()
+            if error is not None:
+                _log.error("%s: %s %s failed: %s", self.name, what, names, type(error).__name__)
+
+    # On the loop.
+
+    async def _assigned(self, names: list[str]) -> None:
+        self._owned.update(names)
+        assert self._rebalance is not None
+        await self._rebalance.assigned(names)
+
+    async def _revoked(self, names: list[str], *, lost: bool) -> None:
+        if lost:
+            self._owned.difference_update(names)
+        self._buffers.drop(names)
+        try:
+            assert self._rebalance is not None
+            await self._rebalance.revoked(names)
+        finally:
+            self._owned.difference_update(names)
+
+    def _keep(self, polled: asyncio.Future[list[Message]]) -> None:
+        if polled.cancelled() or polled.exception() is not None:
+            return
+        # A message of a partition revoked while the poll ran is not handed over.
+        self._buffers.add([m for m in polled.result() if m.partition in self._owned])
+
+    def _started(self) -> _ConsumerThread:
+        if self._thread is None:
+            raise RuntimeError(f"{self.name} is not started")
+        return self._thread
+
+    def _started_consumer(self) -> Consumer:
+        if self._consumer is None:
+            raise RuntimeError(f"{self.name} is not started")
+        return self._consumer
+
+
+def _headers(record: confluent_kafka.Message) -> tuple[tuple[str, bytes | None], ...]:
+    read = record.headers() or ()
+    pairs = read.items() if isinstance(read, dict) else read
+    return tuple(
+        (name, value.encode() if isinstance(value, str) else value) for name, value in pairs
+    )
+
+
+# The dead-letter topic.
+
+
+class KafkaDeadLetters:
+    """A :class:`~statifier.fronts.dead_letters.DeadLetters` sink writing each letter
+    as one record of ``topic``: the value is the message's raw bytes, the key its
+    message id (none when it had none), and headers carry the rest:
+    ``statifier.source``, ``statifier.partition``, ``statifier.position``,
+    ``statifier.reason`` (cut to :data:`~statifier.fronts.dead_letters.REASON_LIMIT`)
+    and ``statifier.at`` (ISO 8601), all UTF-8.
+
+    :meth:`put` returns once the brokers acknowledged the record (``acks=all``, an
+    idempotent producer), so a letter the consumer counted settled is kept. The topic
+    must exist (or the brokers create topics on first use).
+
+    Args:
+        brokers: the bootstrap servers.
+        topic: the dead-letter topic.
+        timeout: the most seconds one :meth:`put` waits for the acknowledgement.
+        settings: further librdkafka producer settings; never logged.
+
+    Raises:
+        ConfigError: a topic that is not a Kafka topic name, or a timeout that is not
+            positive.
+    """
+
+    def __init__(
+        self,
+        brokers: str,
+        topic: str,
+        *,
+        timeout: float = 10.0,
+        settings: Mapping[str, Any] | None = None,
+    ) -> None:
+        if not _TOPIC.fullmatch(topic):
+            raise ConfigError(f"a Kafka topic is 1-249 of [A-Za-z0-9._-], not {topic!r}")
+        if not timeout > 0:
+            raise ConfigError(f"timeout must be positive, not {timeout!r}")
+        self.topic = topic
+        self._timeout = timeout
+        self._producer = Producer(
+            {
+                "acks": "all",
+                "enable.idempotence": True,
+                **(settings or {}),
+                "bootstrap.servers": brokers,
+                "logger": _log,
+            }
+        )
+        # Serializes the produce-and-flush of concurrent puts, so each flush waits for
+        # its own letter's report.
+        self._one_at_a_time = threading.Lock()
+
+    async def put(self, letter: DeadLetterEntry) -> None:
+        """Write ``letter`` to the topic and wait for the brokers' acknowledgement.
+
+        Raises:
+            DeadLetterNotKept: the brokers refused it or did not answer in time.
+        """
+        await asyncio.to_thread(self._send, letter)
+
+    async def close(self) -> None:
+        """Wait (at most ``timeout``) for letters still in flight."""
+        await asyncio.to_thread(self._producer.flush, self._timeout)
+
+    def _send(self, letter: DeadLetterEntry) -> None:
+        headers: list[tuple[str, str | bytes | None]] = [
+            ("statifier.source", letter.source.encode()),
+            ("statifier.partition", letter.partition.encode()),
+            ("statifier.position", str(letter.position).encode()),
+            ("statifier.reason", cut(letter.reason).encode()),
+            ("statifier.at", letter.at.isoformat().encode()),
+        ]
+        key = None if letter.message_id is None else letter.message_id.encode()
+        reports: list[KafkaError | None] = []
+        with self._one_at_a_time:
+            try:
+                self._producer.produce(
+                    self.topic,
+                    value=letter.raw,
+                    key=key,
+                    headers=headers,
+                    on_delivery=lambda error, _record: reports.append(error),
+                )
+            except (KafkaException, BufferError) as error:
+                raise DeadLetterNotKept(f"{self.topic}: {error}") from error
+            self._producer.flush(self._timeout)
+        if not reports:
+            raise DeadLetterNotKept(f"{self.topic}: no acknowledgement in {self._timeout}s")
+        if reports[0] is not None:
+            raise DeadLetterNotKept(f"{self.topic}: {reports[0].str()}")
