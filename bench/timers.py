@@ -21,20 +21,18 @@ queue (``SqlTimerQueue.schedule``) before each pass, every one already due.
 
 Rows:
 
-* ``raw``, the anchor: what a durable timer fire must write, by hand on one psycopg 3
-  async connection per worker. One transaction per batch of ``--batch`` (100): ``SELECT
-  id, execution_id, payload ... WHERE due_at <= now ORDER BY due_at, inserted_at,
-  step_position, id LIMIT n FOR UPDATE SKIP LOCKED``, then per timer the ``DELETE`` of
-  its row, the execution row's ``UPDATE`` (a position prepared once: no interpreter
-  work; its row lock keeps two workers' next ``seq`` apart) and the input-log ``INSERT
-  ... SELECT`` at the next ``seq``; ``COMMIT``. It takes no advisory lock, so two raw
-  workers can deadlock on two executions' rows: a batch that does is rolled back and
-  run again (counted).
+* ``raw``, the anchor: the library's claim-and-delete and a step's writes, by hand on
+  one psycopg 3 async connection per worker. One transaction per batch of ``--batch``
+  (100): the claim is the library's one statement (lock up to ``n`` due rows ``FOR
+  UPDATE SKIP LOCKED`` in firing order, try each execution's advisory lock, ``DELETE
+  ... RETURNING`` the rows whose lock was granted), then per timer the execution row's
+  ``UPDATE`` (a position prepared once: no interpreter work) and the input-log ``INSERT
+  ... SELECT`` at the next ``seq``; ``COMMIT``. It never reads the execution row: a
+  real step must (it steps from the stored position), so this is a floor.
 * ``raw, same statements`` (one worker; a diagnosis, not the goal's anchor): every
-  statement the library runs per fire, by hand: the claim (with the advisory-lock
-  tries), then per timer ``SAVEPOINT``, ``DELETE``, the step's advisory lock, ``SELECT
-  ... FOR UPDATE`` of the execution, the input-log insert, the ``UPDATE``, ``RELEASE``;
-  ``COMMIT``. What separates it from the library is the library's Python.
+  statement the library runs per fire, by hand: the same claim, then per timer the
+  step's ``SELECT ... FOR UPDATE`` of the execution, the input-log insert and the
+  ``UPDATE``; ``COMMIT``. What separates it from the library is the library's Python.
 * ``fire_due()``: the library, ``TimerWorker(config, batch=100).fire_due()`` until none
   is left.
 * ``x2`` rows: the same in two worker processes (this script started again with
@@ -44,8 +42,9 @@ Reported: timers fired per second (the median over ``--rounds`` rounds, rows tak
 turns), and the ratio fire_due() / raw (goal at least 0.7).
 
 Then the lag: ``--lag-seconds`` (5) of timers due at a steady 1,000 per second (one
-every millisecond, from a second after the start), fired by ``TimerWorker.run`` (one
-worker, ``poll`` 1 s, in this process) and by the raw anchor running the same loop
+every millisecond, the first due after the schedule has committed), fired by
+``TimerWorker.run`` (one worker, ``poll`` 1 s, in this process) and by the raw anchor
+running the same loop
 (a pass, then sleep until the next due time, at most 1 s). A timer's lag is its
 input-log row's ``recorded_at`` (the clock when its step ran) minus its due time;
 reported p50, p99 and max (goal p99 under 50 ms). ``run()`` runs again at 250 due
@@ -110,6 +109,9 @@ RATE = 1_000
 SLOW_RATE = 250
 """A rate one worker keeps up with on a small machine: the lag of the loop itself."""
 POLL = 1.0
+SCHEDULE_LEAD = timedelta(seconds=1)
+SCHEDULE_PER_TIMER = timedelta(microseconds=400)
+"""Before the lag run's first due time: a second, and time to insert every row."""
 
 
 class Raw:
@@ -118,21 +120,16 @@ class Raw:
     def __init__(self, tables: TableNames, same_statements: bool) -> None:
         self.same = same_statements
         order = "ORDER BY due_at, inserted_at, step_position, id"
-        pick = (
-            f"SELECT id, execution_id, payload, inserted_at, due_at, step_position "
-            f"FROM {tables.timers} WHERE due_at <= %(now)s {order} "
-            "LIMIT %(limit)s FOR UPDATE SKIP LOCKED"
+        self.claim = (
+            f"WITH picked AS MATERIALIZED (SELECT id, execution_id FROM {tables.timers} "
+            f"WHERE due_at <= %(now)s {order} LIMIT %(limit)s FOR UPDATE SKIP LOCKED), "
+            "granted AS MATERIALIZED (SELECT id FROM picked "
+            "WHERE pg_try_advisory_xact_lock(hashtextextended(execution_id, 0))), "
+            f"taken AS (DELETE FROM {tables.timers} AS t USING granted "
+            "WHERE t.id = granted.id RETURNING t.id, t.execution_id, t.payload, "
+            "t.due_at, t.inserted_at, t.step_position) "
+            f"SELECT id, execution_id, payload FROM taken {order}"
         )
-        if same_statements:
-            self.claim = (
-                f"WITH picked AS MATERIALIZED ({pick}) SELECT id, execution_id, payload, "
-                "pg_try_advisory_xact_lock(hashtextextended(execution_id, 0)) "
-                f"FROM picked {order}"
-            )
-        else:
-            self.claim = f"SELECT id, execution_id, payload, true FROM ({pick}) AS p {order}"
-        self.delete = f"DELETE FROM {tables.timers} WHERE id = %(id)s"
-        self.lock = "SELECT pg_advisory_xact_lock(hashtextextended(%(id)s, 0))"
         self.read = (
             f"SELECT status, position_blob FROM {tables.executions} "
             "WHERE execution_id = %(id)s FOR UPDATE"
@@ -166,28 +163,19 @@ class Raw:
         async with connection.transaction():
             now = datetime.now(UTC)
             cursor = await connection.execute(self.claim, {"now": now, "limit": limit})
-            for timer_id, execution_id, payload, locked in await cursor.fetchall():
-                if not locked:
-                    continue
+            for _, execution_id, payload in await cursor.fetchall():
                 blob = json.dumps(payload["event"]).encode()
                 values = {"id": execution_id, "position": position, "blob": blob}
-                if self.same:
-                    await connection.execute("SAVEPOINT s")
-                    await connection.execute(self.delete, {"id": timer_id})
-                    await connection.execute(self.lock, values)
+                if self.same:  # the library's order: read, the log, then the row
                     await connection.execute(self.read, values)
-                else:
-                    await connection.execute(self.delete, {"id": timer_id})
-                values["now"] = datetime.now(UTC)
-                if self.same:  # the library's order: the log, then the row
+                    values["now"] = datetime.now(UTC)
                     await connection.execute(self.append, values)
                     await connection.execute(self.update, values)
                 else:
                     # The row first: its lock keeps two workers' next seq apart.
+                    values["now"] = datetime.now(UTC)
                     await connection.execute(self.update, values)
                     await connection.execute(self.append, values)
-                if self.same:
-                    await connection.execute("RELEASE SAVEPOINT s")
                 fired += 1
         return fired
 
@@ -378,8 +366,12 @@ async def _lag_run(
 ) -> list[float]:
     names = TableNames.of(_options(schema).define())
     count = int(seconds * rate)
-    t0 = datetime.now(UTC) + timedelta(seconds=1)
+    # The first timer is due after the schedule has committed: a schedule still running
+    # at t0 would start every row with a backlog and measure the insert, not the worker.
+    t0 = datetime.now(UTC) + SCHEDULE_LEAD + count * SCHEDULE_PER_TIMER
     await _schedule(config, executions, [t0 + timedelta(seconds=k / rate) for k in range(count)])
+    if datetime.now(UTC) >= t0:
+        raise RuntimeError(f"{row}: scheduling ran past the first due time")
     if row == "fire_due()":
         worker = TimerWorker(config, poll=POLL)
         stop = asyncio.Event()

@@ -1,9 +1,11 @@
 """The built-in timer queue and its worker, on SQLite and PostgreSQL: due timers step
 their executions (external and internal), route timers reach their route, timers of
 ended or missing executions are discarded, a failing fire is retried later without
-undoing its batch, 10,000 timers fire in due order, a cancel and a fire never both
-succeed, two worker processes fire each timer once, and a worker SIGKILLed at random
-points loses no timer and fires none twice."""
+undoing its batch (the batch, rolled back whole, fires again one by one), a batch is
+taken off the queue in one statement, the loop sleeps until the next due time, 10,000
+timers fire in due order, a cancel and a fire never both succeed, two worker
+processes fire each timer once, and a worker SIGKILLed at random points loses no timer
+and fires none twice."""
 
 from __future__ import annotations
 
@@ -376,13 +378,135 @@ async def test_a_fire_that_raises_is_retried_later_and_the_rest_of_its_batch_sta
     )
     worker = TimerWorker(config, retry=10.0)
     assert await worker.fire_due(now) == 2
-    assert [event.name for event, _ in recorder.seen] == ["a", "b"]
+    # The batch at once reached "a", then raised at "boom" and was rolled back whole;
+    # one by one, "a" was handed off again (this adapter keeps nothing in the
+    # transaction), "boom" failed at its savepoint and "b" stood.
+    assert [event.name for event, _ in recorder.seen] == ["a", "a", "b"]
     assert await pending(config) == [("ex_1", "t2", now + 10 * SECOND)]
-    assert timer_reports[1]["outcome"] == "failed"
+    # Only what committed is reported: nothing of the batch rolled back.
+    assert [r["outcome"] for r in timer_reports] == ["fired", "failed", "fired"]
     assert timer_reports[1]["error"] == "RuntimeError: the sink is down"
     del recorder.answers["boom"]
     assert await worker.fire_due(now + 10 * SECOND) == 1
-    assert [event.name for event, _ in recorder.seen] == ["a", "b", "boom"]
+    assert [event.name for event, _ in recorder.seen] == ["a", "a", "b", "boom"]
+
+
+@pytest.mark.asyncio
+async def test_a_batch_that_raises_is_rolled_back_whole_and_fired_one_by_one(
+    router_db: RouterDb, timer_reports: list[dict[str, Any]]
+) -> None:
+    """The steps the batch at once made before the failing timer are undone with it
+    and made again one by one: each is in its execution's log once."""
+    recorder = Recorder(answers={"boom": RuntimeError("the sink is down")})
+    config = timer_config(router_db, recorder)
+    await create(config, "count", "ex_1", "ex_2")
+    now = router_db.clock.now
+    await schedule(
+        config,
+        [
+            entry("ex_1", 1, now),
+            entry("ex_9", 2, now, kind=TimerKind.ROUTE, route="rec", event=Event("boom")),
+            entry("ex_2", 3, now + SECOND),
+            entry("ex_1", 4, now + SECOND),
+        ],
+    )
+    worker = TimerWorker(config, retry=10.0)
+    assert await worker.fire_due(now + SECOND) == 3
+    assert await logged(config, "ex_1") == [
+        ("timer", "tick", {"k": 1}),
+        ("timer", "tick", {"k": 4}),
+    ]
+    assert await logged(config, "ex_2") == [("timer", "tick", {"k": 3})]
+    for execution_id, ticks in (("ex_1", 2), ("ex_2", 1)):
+        record = await config.adapter.fetch_execution(execution_id)
+        assert record is not None
+        assert config.storage.load(record, chart(COUNT)).datamodel["n"] == ticks
+    assert await pending(config) == [("ex_9", "t2", now + 11 * SECOND)]
+    assert [(r["send_id"], r["outcome"]) for r in timer_reports] == [
+        ("t1", "fired"),
+        ("t2", "failed"),
+        ("t3", "fired"),
+        ("t4", "fired"),
+    ]
+    # The next batch has no failing timer: at once again.
+    await schedule(config, [entry("ex_2", 5, now + 2 * SECOND)])
+    assert await worker.fire_due(now + 2 * SECOND) == 1
+    assert [k for _, _, data in await logged(config, "ex_2") for k in [data["k"]]] == [3, 5]
+
+
+@pytest.mark.asyncio
+async def test_take_due_deletes_a_batch_in_firing_order_and_a_rollback_puts_it_back(
+    router_db: RouterDb,
+) -> None:
+    config = timer_config(router_db)
+    queue = config.timers
+    assert isinstance(queue, SqlTimerQueue)
+    now = router_db.clock.now
+    await schedule(
+        config,
+        [
+            entry("ex_1", 1, now, position=1),
+            entry("ex_2", 2, now - SECOND),
+            entry("ex_3", 3, now, position=0),
+            entry("ex_4", 4, now),
+            entry("ex_5", 5, now + SECOND),  # not due
+        ],
+    )
+    before = await pending(config)
+
+    class UndoError(Exception):
+        pass
+
+    async def take_then_undo() -> None:
+        async with config.transaction() as unit:
+            taken = await queue.take_due(unit.tx, now, 3)
+            assert [t.entry.send_id for t in taken.timers] == ["t2", "t1", "t3"]
+            assert taken.picked == 3
+            assert taken.upcoming == now + SECOND  # the earliest row not due
+            assert all(t.locked for t in taken.timers)
+            raise UndoError
+
+    with pytest.raises(UndoError):
+        await take_then_undo()
+    assert await pending(config) == before  # a rollback leaves every row
+    async with config.transaction() as unit:
+        taken = await queue.take_due(unit.tx, now, 10)
+    assert [t.entry.send_id for t in taken.timers] == ["t2", "t1", "t3", "t4"]
+    assert taken.picked == 4  # fewer than the limit: no other due row
+    assert [row[1] for row in await pending(config)] == ["t5"]
+    async with config.transaction() as unit:
+        empty = await queue.take_due(unit.tx, now, 10)
+        assert (empty.timers, empty.picked, empty.upcoming) == ([], 0, now + SECOND)
+        last = await queue.take_due(unit.tx, now + SECOND, 10)
+        assert ([t.entry.send_id for t in last.timers], last.upcoming) == (["t5"], None)
+
+
+@pytest.mark.asyncio
+async def test_run_sleeps_until_the_next_due_time_at_most_poll_seconds(
+    router_db: RouterDb,
+) -> None:
+    config = timer_config(router_db)
+    await create(config, "count", "ex_1")
+    clock = router_db.clock
+    start = clock.now
+    await schedule(config, [entry("ex_1", 1, start + SECOND), entry("ex_1", 2, start + 3 * SECOND)])
+    stop = asyncio.Event()
+    naps: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        naps.append(round(seconds, 6))
+        clock.advance(timedelta(seconds=seconds))
+        if clock.now >= start + 4 * SECOND:
+            stop.set()
+
+    worker = TimerWorker(config, poll=1.5, clock=clock, sleep=sleep)
+    async with asyncio.timeout(30):
+        await worker.run(stop)
+    # Nothing due: until t1; t1 fired, t2 is 2 s off: the poll bound, then the rest;
+    # t2 fired, nothing pending: the poll bound.
+    assert naps == [1.0, 1.5, 0.5, 1.5]
+    assert [data["k"] for _, _, data in await logged(config, "ex_1")] == [1, 2]
+    assert await pending(config) == []
 
 
 # Order.

@@ -7,37 +7,52 @@ transaction as the step (or the route hand-off) it fires, so a crash before the 
 leaves the row, and the timer fires again; it never fires zero times, and its event is
 stepped into the execution once in effect.
 
-One pass of :meth:`TimerWorker.fire_due` claims due rows a batch at a time, one
-transaction per batch, and fires each at a savepoint of its own, so one failing timer
-does not undo the others:
+One pass of :meth:`TimerWorker.fire_due` takes due rows a batch at a time, one
+transaction per batch:
 
-- On PostgreSQL the claim is ``SELECT ... FOR UPDATE SKIP LOCKED`` (rows another
-  worker holds are skipped, so workers in several processes and machines share the
-  table), and the execution's advisory lock is only *tried* for each row: a step of
-  that execution holds it and may be cancelling (deleting) the very rows claimed here,
-  waiting for their row locks, so waiting for it in turn could deadlock. A row whose
-  lock is not granted stays for a later pass. The step then takes the same lock again,
-  which the transaction already holds.
+- At once: one statement deletes the batch's rows
+  (:meth:`~statifier.router.timers.SqlTimerQueue.take_due`) and the batch's timers
+  fire one after the other in the same transaction, with no savepoint between them.
+- One by one, only when a batch at once raised (and was rolled back whole): the rows
+  are locked (:meth:`~statifier.router.timers.SqlTimerQueue.claim`) and each is
+  deleted and fired at a savepoint of its own, so one failing timer does not undo the
+  others. The timers before the failing one fire a second time, so a host effect a
+  step performs outside the transaction (a route adapter that keeps nothing in it)
+  may run twice: at least once is the contract, as after a crash.
+
+Locks:
+
+- On PostgreSQL rows another worker holds are skipped (``FOR UPDATE SKIP LOCKED``), so
+  workers in several processes and machines share the table, and the execution's
+  advisory lock is only *tried* for each row: a step of that execution holds it and may
+  be cancelling (deleting) the very rows locked here, waiting for their row locks, so
+  waiting for it in turn could deadlock. A row whose lock is not granted stays for a
+  later pass. The steps of a batch then run under the locks its claim took: they do
+  not ask for them again (the step's row lock, ``SELECT ... FOR UPDATE``, stays).
 - On SQLite the router's transaction holds the single writer: nothing races a pass.
 
-A fire that raises is rolled back to its savepoint (the row stays) and the row is made
-due again ``retry`` seconds later, so a failing timer is retried without being spun on.
+A fire that raises (in a batch one by one) is rolled back to its savepoint (the row
+stays) and the row is made due again ``retry`` seconds later, so a failing timer is
+retried without being spun on.
 
 Telemetry: every timer taken off the queue or retried reports
-``statifier.router.timer``.
+``statifier.router.timer``, once its batch has committed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from contextlib import AbstractAsyncContextManager, nullcontext
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
 from statifier.callbacks import settle
-from statifier.persistence import Discarded, Refused, Stepped
+from statifier.persistence import Discarded, Executions, Refused, Stepped
 from statifier.persistence.errors import ExecutionNotFound
+from statifier.persistence.serialization import Serialization
 from statifier.router.config import RouterConfig
 from statifier.router.delivery import step_timer_event
 from statifier.router.errors import ConfigError, ExecutionParked
@@ -51,6 +66,10 @@ __all__ = ["FIRED", "TimerWorker", "fire"]
 _TIMER: Final = "statifier.router.timer"
 FIRED: Final = "fired"
 """The telemetry outcome of a timer that stepped its execution or reached its route."""
+_FAILED: Final = "failed"
+"""The telemetry outcome of a timer whose fire raised: it stays, due ``retry`` later."""
+_BUSY: Final = 0.01
+"""Seconds before the next look when a pass left due rows that others held."""
 _RECHECK: Final = 0.002
 """Seconds before the first look after a wake: a schedule wakes the worker before its
 transaction commits, so the new row may not be readable yet."""
@@ -64,30 +83,66 @@ def _said(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
-def _report(entry: TimerEntry, outcome: str, now: datetime, started: float, **more: str) -> None:
+@dataclass(frozen=True, slots=True)
+class _Outcome:
+    """What one fire came to: the fields of its telemetry report, which is sent once
+    the fire's transaction has committed."""
+
+    entry: TimerEntry
+    outcome: str
+    now: datetime
+    duration: float
+    detail: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class _Batch:
+    """What one batch's transaction came to.
+
+    Attributes:
+        picked: the due rows it looked at (at most the batch).
+        taken: how many it took off the queue (fired or discarded).
+        left: due rows it left to a later pass (another worker or a step held them).
+        upcoming: the earliest due time after the batch's "now" of any row, or
+            ``None``: when the next batch has work.
+    """
+
+    picked: int
+    taken: int
+    left: int
+    upcoming: datetime | None
+
+
+def _done(
+    entry: TimerEntry, outcome: str, now: datetime, started: float, **detail: str
+) -> _Outcome:
+    return _Outcome(entry, outcome, now, time.perf_counter() - started, detail)
+
+
+def _report(outcomes: Iterable[_Outcome]) -> None:
     if not enabled(_TIMER):
         return
-    report(
-        _TIMER,
-        {
-            "duration": time.perf_counter() - started,
-            "lag": (now - entry.due_at).total_seconds(),
-        },
-        {
-            "execution_id": entry.execution_id,
-            "send_id": entry.send_id,
-            "kind": entry.kind.value,
-            "route": entry.route,
-            "scope": entry.scope,
-            "outcome": outcome,
-            **more,
-        },
-    )
+    for done in outcomes:
+        entry = done.entry
+        report(
+            _TIMER,
+            {"duration": done.duration, "lag": (done.now - entry.due_at).total_seconds()},
+            {
+                "execution_id": entry.execution_id,
+                "send_id": entry.send_id,
+                "kind": entry.kind.value,
+                "route": entry.route,
+                "scope": entry.scope,
+                "outcome": done.outcome,
+                **done.detail,
+            },
+        )
 
 
 async def fire(unit: Unit, config: RouterConfig, entry: TimerEntry) -> bool:
     """Perform the due ``entry`` in ``unit`` (the caller deletes its row in the same
-    transaction). The delayed sends of a step it runs are timed from ``unit.now``.
+    transaction) and report it. The delayed sends of a step it runs are timed from
+    ``unit.now``.
 
     - ``external`` and ``internal``: step the event into the execution (door
       ``timer``; ``internal`` on its internal queue), with no routing-ledger row.
@@ -102,24 +157,32 @@ async def fire(unit: Unit, config: RouterConfig, entry: TimerEntry) -> bool:
         ExecutionParked: the execution is parked; the timer must stay (roll back).
         Exception: whatever the step, the route or the database raised.
     """
+    done = await _perform(unit, config, entry, unit.executions)
+    _report([done])
+    return done.outcome == FIRED
+
+
+async def _perform(
+    unit: Unit, config: RouterConfig, entry: TimerEntry, executions: Executions
+) -> _Outcome:
+    """:func:`fire` without its report; a step runs through ``executions``."""
     started = time.perf_counter()
     if entry.kind is TimerKind.ROUTE:
         return await _hand_off(unit, config, entry, started)
     try:
-        stepped = await _step(unit, config, entry)
+        stepped = await _step(unit, config, entry, executions)
     except ExecutionNotFound:
-        _report(entry, "discarded", unit.now, started, reason="no_execution")
-        return False
+        return _done(entry, "discarded", unit.now, started, reason="no_execution")
     if isinstance(stepped, Discarded):
         if not stepped.execution.status.terminal:
             raise ExecutionParked(entry.execution_id)
-        _report(entry, "discarded", unit.now, started, reason="finished")
-        return False
-    _report(entry, FIRED, unit.now, started)
-    return True
+        return _done(entry, "discarded", unit.now, started, reason="finished")
+    return _done(entry, FIRED, unit.now, started)
 
 
-async def _step(unit: Unit, config: RouterConfig, entry: TimerEntry) -> Stepped | Discarded:
+async def _step(
+    unit: Unit, config: RouterConfig, entry: TimerEntry, executions: Executions
+) -> Stepped | Discarded:
     """The one step a fire makes: through the router's step of a timer event (its sends
     resolve in the timer's scope, a finishing step reaches ``on_complete``)."""
     return await step_timer_event(
@@ -130,21 +193,47 @@ async def _step(unit: Unit, config: RouterConfig, entry: TimerEntry) -> Stepped 
         internal=entry.kind is TimerKind.INTERNAL,
         scope=entry.scope,
         now=unit.now,
+        executions=executions,
     )
 
 
-async def _hand_off(unit: Unit, config: RouterConfig, entry: TimerEntry, started: float) -> bool:
+async def _hand_off(
+    unit: Unit, config: RouterConfig, entry: TimerEntry, started: float
+) -> _Outcome:
     found = None if entry.route is None else config.route(entry.scope, entry.route)
     if found is None:
-        _report(entry, "unregistered", unit.now, started, reason=f"no route {entry.route!r}")
-        return False
+        return _done(entry, "unregistered", unit.now, started, reason=f"no route {entry.route!r}")
     adapter, route_config = found
     answer = await settle(adapter.deliver(route_config, entry.event, entry.key, unit.tx))
     if isinstance(answer, Refused):
-        _report(entry, "refused", unit.now, started, reason=answer.reason)
-        return False
-    _report(entry, FIRED, unit.now, started)
-    return True
+        return _done(entry, "refused", unit.now, started, reason=answer.reason)
+    return _done(entry, FIRED, unit.now, started)
+
+
+class _ClaimedLocks:
+    """The exclusion of a batch's steps: the executions in ``held`` are locked by the
+    batch's claim, in this transaction, until it ends, so a step of one enters at once;
+    any other execution (a send's target) goes through ``others``."""
+
+    def __init__(self, held: set[str], others: Serialization) -> None:
+        self.held = held
+        self.others = others
+
+    def exclusive(self, execution_id: str) -> AbstractAsyncContextManager[None]:
+        if execution_id in self.held:
+            return nullcontext()
+        return self.others.exclusive(execution_id)
+
+
+def _under_claim(unit: Unit, timers: Iterable[DueTimer]) -> Executions:
+    """``unit``'s lifecycle for the steps of claimed ``timers`` (their locks held)."""
+    current = unit.executions
+    held = {timer.entry.execution_id for timer in timers if timer.locked}
+    return Executions(
+        current.storage,
+        executor=current.executor,
+        serialization=_ClaimedLocks(held, current.serialization),
+    )
 
 
 def _aware(now: datetime) -> datetime:
@@ -224,43 +313,78 @@ class TimerWorker:
         return await self._fire_due(now, None)
 
     async def _fire_due(self, now: datetime | None, stop: asyncio.Event | None) -> int:
-        moment = self.clock() if now is None else _aware(now)
-        taken = 0
-        while stop is None or not stop.is_set():
-            claimed, done = await self._batch(moment)
-            taken += done
-            # A short batch saw every due row; one that took none left only rows that
-            # are busy elsewhere or failed: claiming them again now would spin.
-            if claimed < self.batch or done == 0:
-                break
+        taken, _ = await self._pass(now, stop)
         return taken
 
-    async def _batch(self, now: datetime) -> tuple[int, int]:
-        """One transaction: claim a batch and fire it. Answers how many rows were
-        claimed and how many taken off the queue."""
+    async def _pass(
+        self, now: datetime | None, stop: asyncio.Event | None
+    ) -> tuple[int, _Batch | None]:
+        """Batches until the due rows are done; answers how many were taken off the
+        queue, and the last batch (``None`` when stopped before one)."""
+        moment = self.clock() if now is None else _aware(now)
         taken = 0
+        batch = None
+        while stop is None or not stop.is_set():
+            batch = await self._batch(moment)
+            taken += batch.taken
+            # A short batch saw every due row; one that took none left only rows that
+            # are busy elsewhere or failed: claiming them again now would spin.
+            if batch.picked < self.batch or batch.taken == 0:
+                break
+        return taken, batch
+
+    async def _batch(self, now: datetime) -> _Batch:
+        """One batch at once or, when that raises, one by one."""
+        try:
+            return await self._at_once(now)
+        except Exception:  # noqa: BLE001 - rolled back whole; one by one finds the culprit
+            return await self._one_by_one(now)
+
+    async def _at_once(self, now: datetime) -> _Batch:
+        """One transaction: delete a batch of due rows, fire every one; whatever raises
+        undoes the whole batch."""
+        async with self.config.transaction() as unit:
+            unit.now = now
+            taken = await self.queue.take_due(unit.tx, now, self.batch)
+            executions = _under_claim(unit, taken.timers)
+            outcomes = [
+                await _perform(unit, self.config, timer.entry, executions) for timer in taken.timers
+            ]
+        _report(outcomes)
+        done = len(outcomes)
+        return _Batch(taken.picked, done, taken.picked - done, taken.upcoming)
+
+    async def _one_by_one(self, now: datetime) -> _Batch:
+        """One transaction: lock a batch of due rows, delete and fire each at a
+        savepoint of its own."""
+        outcomes: list[_Outcome] = []
         async with self.config.transaction() as unit:
             unit.now = now
             due = await self.queue.claim(unit.tx, now, self.batch)
+            executions = _under_claim(unit, due)
             for timer in due:
-                if timer.locked and await self._fire_one(unit, timer):
-                    taken += 1
-        return len(due), taken
+                done = await self._fire_one(unit, timer, executions) if timer.locked else None
+                if done is not None:
+                    outcomes.append(done)
+            upcoming = await self.queue.upcoming(unit.tx, now)
+        _report(outcomes)
+        taken = sum(done.outcome != _FAILED for done in outcomes)
+        return _Batch(len(due), taken, len(due) - len(outcomes), upcoming)
 
-    async def _fire_one(self, unit: Unit, timer: DueTimer) -> bool:
-        """Delete the row and fire it at one savepoint; answers whether the row is gone.
-        A fire that raises leaves the row, due ``retry`` later."""
+    async def _fire_one(
+        self, unit: Unit, timer: DueTimer, executions: Executions
+    ) -> _Outcome | None:
+        """Delete the row and fire it at one savepoint. A fire that raises leaves the
+        row, due ``retry`` later."""
         started = time.perf_counter()
         try:
             async with unit.savepoint():
                 if not await self.queue.take(unit.tx, timer.id):
-                    return False  # pragma: no cover - a claimed row is held by this claim
-                await fire(unit, self.config, timer.entry)
+                    return None  # pragma: no cover - a claimed row is held by this claim
+                return await _perform(unit, self.config, timer.entry, executions)
         except Exception as error:  # noqa: BLE001 - one timer's failure is its own
             await self.queue.retry_at(unit.tx, timer.id, unit.now + self.retry)
-            _report(timer.entry, "failed", unit.now, started, error=_said(error))
-            return False
-        return True
+            return _done(timer.entry, _FAILED, unit.now, started, error=_said(error))
 
     async def run(self, stop: asyncio.Event) -> None:
         """Fire due timers until ``stop`` is set: a pass, then sleep until the next due
@@ -277,13 +401,16 @@ class TimerWorker:
         try:
             while not stop.is_set():
                 self._woken.clear()
-                await self._fire_due(None, stop)
-                if stop.is_set():
+                _, last = await self._pass(None, stop)
+                if stop.is_set() or last is None:
                     break
                 wait = self.poll
-                upcoming = await self.next_due()
-                if upcoming is not None:
-                    wait = min(wait, max(0.0, (upcoming - self.clock()).total_seconds()))
+                if last.upcoming is not None:
+                    wait = min(wait, max(0.0, (last.upcoming - self.clock()).total_seconds()))
+                if last.left:
+                    # Due rows another worker or a step holds: look again soon, but do
+                    # not spin on them.
+                    wait = min(wait, _BUSY)
                 if recheck:
                     # Woken by a schedule that may not have committed yet: look again
                     # soon, then less and less often, until the poll bound.

@@ -3,9 +3,11 @@
 A row is one pending delayed send (a :class:`~statifier.router.timer_queue.TimerEntry`).
 Scheduling inserts it in the delivery's transaction, once per dedup key; a cancel
 deletes the execution's rows for the send id in the cancelling step's transaction; the
-worker (:mod:`statifier.router.timer_worker`) claims due rows and deletes each in the
-transaction that fires it. Whichever of a cancel and a fire deletes a row first wins:
-the other deletes nothing.
+worker (:mod:`statifier.router.timer_worker`) takes due rows off the table in the
+transaction that fires them: :meth:`SqlTimerQueue.take_due` deletes a batch in one
+statement, and :meth:`SqlTimerQueue.claim` with :meth:`SqlTimerQueue.take` lock rows
+and delete them one at a time (the worker's fallback). Whichever of a cancel and a fire
+deletes a row first wins: the other deletes nothing.
 
 The payload column holds what the other columns do not: the event, the route and scope
 of a route timer, and the idempotency key's parts (``dedup_key`` is only its string
@@ -31,7 +33,7 @@ from statifier.persistence.sql.sqlite import utc_text, utc_time
 from statifier.router.routes import IdempotencyKey
 from statifier.router.timer_queue import TimerEntry, TimerKind
 
-__all__ = ["DueTimer", "SqlTimerQueue"]
+__all__ = ["DueTimer", "SqlTimerQueue", "Taken"]
 
 _ENTRY_COLUMNS = "id, execution_id, send_id, kind, due_at, step_position, payload"
 _ORDER = "due_at, inserted_at, step_position, id"
@@ -53,6 +55,25 @@ class DueTimer:
     id: Any
     entry: TimerEntry
     locked: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Taken:
+    """What :meth:`SqlTimerQueue.take_due` took off the queue.
+
+    Attributes:
+        timers: the deleted rows, in firing order, each of an execution whose lock the
+            transaction now holds (on PostgreSQL; on SQLite the single writer).
+        picked: how many due rows the statement looked at (at most the limit): rows it
+            left are held by another worker, or their execution's lock was busy. Fewer
+            than the limit means no other due row was free.
+        upcoming: the earliest due time after ``now`` of any row, as the statement
+            saw the table, or ``None``.
+    """
+
+    timers: list[DueTimer]
+    picked: int
+    upcoming: datetime | None
 
 
 def _payload(entry: TimerEntry) -> dict[str, Any]:
@@ -153,6 +174,22 @@ class SqlTimerQueue:
             # Rows another worker holds are skipped, never waited for; the execution's
             # lock is only tried: a step that holds it may be deleting these rows (a
             # cancel) and wait for the row locks taken here.
+            taken_columns = ", ".join(f"taken.{c}" for c in _ENTRY_COLUMNS.split(", "))
+            # One row even when nothing is taken: it carries the counts.
+            self._take_due = (
+                f"WITH picked AS MATERIALIZED (SELECT id, execution_id FROM {timers} "
+                f"WHERE due_at <= %(now)s ORDER BY {_ORDER} LIMIT %(limit)s "
+                "FOR UPDATE SKIP LOCKED), "
+                "granted AS MATERIALIZED (SELECT id FROM picked "
+                "WHERE pg_try_advisory_xact_lock(hashtextextended(execution_id, 0))), "
+                f"taken AS (DELETE FROM {timers} AS t USING granted WHERE t.id = granted.id "
+                f"RETURNING {', '.join(f't.{c}' for c in _ENTRY_COLUMNS.split(', '))}, "
+                "t.inserted_at) "
+                f"SELECT {taken_columns}, (SELECT count(*) FROM picked), "
+                f"(SELECT min(due_at) FROM {timers} WHERE due_at > %(now)s) "
+                "FROM (SELECT 1) AS one LEFT JOIN taken ON true "
+                f"ORDER BY {', '.join(f'taken.{c}' for c in _ORDER.split(', '))}"
+            )
             self._claim = (
                 f"WITH picked AS MATERIALIZED (SELECT {_ENTRY_COLUMNS}, inserted_at "
                 f"FROM {timers} WHERE due_at <= %(now)s ORDER BY {_ORDER} "
@@ -162,6 +199,12 @@ class SqlTimerQueue:
                 f"FROM picked ORDER BY {_ORDER}"
             )
         else:
+            # RETURNING comes in no promised order: take_due sorts.
+            self._take_due = (
+                f"DELETE FROM {timers} WHERE id IN (SELECT id FROM {timers} "
+                f"WHERE due_at <= :now ORDER BY {_ORDER} LIMIT :limit) "
+                f"RETURNING {_ENTRY_COLUMNS}, inserted_at"
+            )
             self._claim = (
                 f"SELECT {_ENTRY_COLUMNS}, 1 FROM {timers} WHERE due_at <= :now "
                 f"ORDER BY {_ORDER} LIMIT :limit"
@@ -169,6 +212,7 @@ class SqlTimerQueue:
         self._take = f"DELETE FROM {timers} WHERE id = {mark('id')}"
         self._retry = f"UPDATE {timers} SET due_at = {mark('due_at')} WHERE id = {mark('id')}"
         self._next_due = f"SELECT min(due_at) FROM {timers}"
+        self._upcoming = f"SELECT min(due_at) FROM {timers} WHERE due_at > {mark('now')}"
 
     async def schedule(self, tx: SqlTransaction, entry: TimerEntry) -> None:
         """Insert ``entry`` unless a row with its key exists (a redriven step)."""
@@ -202,6 +246,28 @@ class SqlTimerQueue:
             return int(cursor.rowcount)
         return int(tx.driver.execute(self._cancel, values).rowcount)
 
+    async def take_due(self, tx: SqlTransaction, now: datetime, limit: int) -> Taken:
+        """Delete at most ``limit`` rows due at ``now`` in one statement and answer them,
+        in firing order; ``tx`` fires them (a rollback puts them back).
+
+        On PostgreSQL the due rows are locked first (rows other transactions hold are
+        skipped) and each one's execution lock tried; only the rows whose lock was
+        granted are deleted. The locks are held until ``tx`` ends, those of the rows
+        left too.
+        """
+        if self.postgres:
+            cursor = await tx.driver.execute(self._take_due, {"now": now, "limit": limit})
+            rows = await cursor.fetchall()
+            timers = [
+                DueTimer(row[0], _entry(row, row[4]), True) for row in rows if row[0] is not None
+            ]
+            return Taken(timers, int(rows[0][7]), rows[0][8])
+        at = utc_text(now)
+        found = tx.driver.execute(self._take_due, {"now": at, "limit": limit}).fetchall()
+        rows = sorted(found, key=_firing_order)
+        timers = [DueTimer(row[0], _entry(row, _aware(row[4])), True) for row in rows]
+        return Taken(timers, len(timers), await self.upcoming(tx, now))
+
     async def claim(self, tx: SqlTransaction, now: datetime, limit: int) -> list[DueTimer]:
         """At most ``limit`` rows due at ``now``, in firing order.
 
@@ -231,6 +297,15 @@ class SqlTimerQueue:
         else:
             tx.driver.execute(self._retry, {"id": timer_id, "due_at": utc_text(due_at)})
 
+    async def upcoming(self, tx: SqlTransaction, now: datetime) -> datetime | None:
+        """The earliest due time after ``now`` of any row, or ``None``."""
+        if self.postgres:
+            cursor = await tx.driver.execute(self._upcoming, {"now": now})
+            row = await cursor.fetchone()
+            return None if row is None else row[0]
+        (text,) = tx.driver.execute(self._upcoming, {"now": utc_text(now)}).fetchone()
+        return utc_time(text)
+
     async def next_due(self, tx: SqlTransaction) -> datetime | None:
         """The earliest due time of any row, or ``None`` when the table is empty."""
         if self.postgres:
@@ -239,6 +314,11 @@ class SqlTimerQueue:
             return None if row is None else row[0]
         (text,) = tx.driver.execute(self._next_due).fetchone()
         return utc_time(text)
+
+
+def _firing_order(row: Sequence[Any]) -> tuple[Any, ...]:
+    """A SQLite row's place in the firing order (its times are sortable text)."""
+    return (row[4], row[7], row[5], row[0])
 
 
 def _aware(text: str) -> datetime:
