@@ -24,7 +24,9 @@ from statifier.service.config import (
     CallSink,
     HttpSink,
     InboundTableOptions,
+    LoggingSettings,
     NatsOptions,
+    OtelSettings,
     WebhookFront,
     router_config,
 )
@@ -473,3 +475,38 @@ def test_the_kafka_example_is_a_valid_configuration() -> None:
     assert (source.name, source.kind, source.scope) == ("ad_events", "kafka", "ads")
     assert settings.migrate
     assert {front.path for front in settings.fronts} == set()
+
+
+# Observability.
+
+
+def test_logging_and_otel_default_to_text_at_info_without_bridges(tmp_path: Path) -> None:
+    settings = load(write_config(tmp_path, ""), {})
+    assert settings.logging == LoggingSettings(format="text", level="info", events=False)
+    assert settings.otel == OtelSettings(enabled=False)
+    body = '[logging]\nformat = "json"\nlevel = "warning"\nevents = true\n[otel]\nenabled = true\n'
+    settings = load(write_config(tmp_path, body), {})
+    assert settings.logging == LoggingSettings(format="json", level="warning", events=True)
+    assert settings.otel == OtelSettings(enabled=True)
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        ("[logging]\nformat = 'xml'\n", '[logging] format: must be one of text, json, not "xml"'),
+        ("[logging]\nformat = 1\n", "[logging] format: must be one of text, json, not 1"),
+        (
+            "[logging]\nlevel = 'INFO'\n",
+            '[logging] level: must be one of debug, info, warning, error, not "INFO"',
+        ),
+        ("[logging]\nevents = 'yes'\n", '[logging] events: must be true or false, not "yes"'),
+        ("[logging]\nfile = 'x.log'\n", "[logging] file: unknown key"),
+        ("logging = 'json'\n", 'logging: must be a table, not "json"'),
+        ("[otel]\nenabled = 1\n", "[otel] enabled: must be true or false, not 1"),
+        ("[otel]\nendpoint = 'http://collector:4317'\n", "[otel] endpoint: unknown key"),
+    ],
+)
+def test_logging_and_otel_refusals_name_the_table_and_the_key(
+    tmp_path: Path, body: str, said: str
+) -> None:
+    assert refused(tmp_path, body) == said

@@ -1,7 +1,8 @@
 """Observability bridges: telemetry as OpenTelemetry spans and metrics, and as logs.
 
 The library reports what it does through :mod:`statifier.telemetry`; these bridges
-are telemetry handlers a host installs, and nothing of the library imports them.
+are telemetry handlers a host installs (``statifier serve`` installs them when its
+configuration asks); nothing else of the library imports them.
 
 - :mod:`statifier.observability.otel` (the ``otel`` extra): ``install_otel()``
   turns every event into spans and metrics.

@@ -7,7 +7,8 @@ what it names on one event loop: the HTTP fronts under uvicorn
 (:mod:`statifier.service.mounts`) beside the health endpoints
 (:mod:`statifier.service.health`), the stream consumers
 (:mod:`statifier.service.consumers`), the timer worker, the outbox drain with its sinks
-(:mod:`statifier.service.sinks`) and the reapers. :func:`serve` is the command. See
+(:mod:`statifier.service.sinks`) and the reapers. :func:`serve` is the command, and
+:func:`configure_logging` how it sets up its logs (``[logging]``). See
 ``docs/serve.md``.
 """
 
@@ -15,14 +16,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
 
-from statifier.service.config import ServiceConfigError, ServiceSettings, load
+from statifier.service.config import LoggingSettings, ServiceConfigError, ServiceSettings, load
 from statifier.service.service import NotMigrated, Service
 
-__all__ = ["NotMigrated", "Service", "ServiceConfigError", "ServiceSettings", "load", "serve"]
+__all__ = [
+    "NotMigrated",
+    "Service",
+    "ServiceConfigError",
+    "ServiceSettings",
+    "configure_logging",
+    "load",
+    "serve",
+]
+
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+"""The lines of ``format = "text"``."""
 
 
 def serve(path: Path | str, out: TextIO, environ: Mapping[str, str] | None = None) -> int:
@@ -38,7 +51,23 @@ def serve(path: Path | str, out: TextIO, environ: Mapping[str, str] | None = Non
         MissingExtra: a library the configuration needs is not installed.
     """
     settings = load(path, environ)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(settings.logging)
     return asyncio.run(Service(settings, out).run())
+
+
+def configure_logging(settings: LoggingSettings, stream: TextIO | None = None) -> None:
+    """Send the root logger's records to ``stream`` (standard error by default) at
+    ``settings.level``: as :data:`TEXT_FORMAT` lines, or with ``format = "json"`` as
+    one JSON object a line (:class:`~statifier.observability.JsonFormatter`: secret-
+    named fields dropped, credentials in messages masked). Does nothing when the root
+    logger has handlers already: the host configured logging itself.
+    """
+    from statifier.observability import JsonFormatter
+
+    level = logging.getLevelNamesMapping()[settings.level.upper()]
+    handler = logging.StreamHandler(sys.stderr if stream is None else stream)
+    if settings.format == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter(TEXT_FORMAT))
+    logging.basicConfig(level=level, handlers=[handler])

@@ -84,6 +84,8 @@ from statifier.router.sending import BASICHTTP_QUEUE
 __all__ = [
     "DEFAULT_DATABASE",
     "HEALTH_PATHS",
+    "LOG_FORMATS",
+    "LOG_LEVELS",
     "MAX_CONFIG_BYTES",
     "MAX_DOCUMENTS",
     "BasicHttpFront",
@@ -97,7 +99,9 @@ __all__ = [
     "HttpSink",
     "InboundTableOptions",
     "KafkaOptions",
+    "LoggingSettings",
     "NatsOptions",
+    "OtelSettings",
     "OutboxSettings",
     "ReaperSettings",
     "RouteSettings",
@@ -124,6 +128,10 @@ DEFAULT_DATABASE: Final = "sqlite:///statifier.db"
 HEALTH_PATHS: Final = frozenset({"/healthz", "/readyz"})
 """The service's own paths; no front may be mounted on or under them."""
 SOURCE_KINDS: Final = frozenset({"table", "kafka", "nats"})
+LOG_FORMATS: Final = ("text", "json")
+"""The ``[logging]`` formats: plain lines, or one JSON object a line."""
+LOG_LEVELS: Final = ("debug", "info", "warning", "error")
+"""The ``[logging]`` levels, lowest first."""
 _SHOWN_LIMIT: Final = 40
 
 
@@ -375,6 +383,33 @@ SourceOptions = NatsOptions | InboundTableOptions | KafkaOptions
 
 
 @dataclass(frozen=True, slots=True)
+class LoggingSettings:
+    """How the service logs (``[logging]``), to standard error.
+
+    Attributes:
+        format: one of :data:`LOG_FORMATS`: ``text`` lines, or ``json`` objects
+            (:class:`statifier.observability.JsonFormatter`, which drops secret-named
+            fields and masks credentials in messages).
+        level: one of :data:`LOG_LEVELS`, the lowest level written.
+        events: whether every telemetry event is one log record too
+            (:func:`statifier.observability.install_logging`), its ids as fields.
+    """
+
+    format: str = "text"
+    level: str = "info"
+    events: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class OtelSettings:
+    """Whether telemetry goes to OpenTelemetry (``[otel]``): spans and metrics through
+    :func:`statifier.observability.otel.install_otel`, on the providers the process
+    configured globally (the SDK's own environment variables, or a host's set-up)."""
+
+    enabled: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class SourceSettings:
     """A stream source: its name (the events' source, but for the table, whose rows
     name theirs), kind, scope (the table's rows carry their own), the kind's own
@@ -415,6 +450,8 @@ class ServiceSettings:
     timers: TimerSettings
     outbox: OutboxSettings
     reapers: ReaperSettings
+    logging: LoggingSettings = field(default_factory=LoggingSettings)
+    otel: OtelSettings = field(default_factory=OtelSettings)
 
 
 def load(path: Path | str, environ: Mapping[str, str] | None = None) -> ServiceSettings:
@@ -637,6 +674,8 @@ class _Reader:
         timers = self.timers(top.table("timers"))
         outbox = self.outbox(top.table("outbox"))
         reapers = self.reapers(top.table("reapers"))
+        logging = self.logging(top.table("logging"))
+        otel = self.otel(top.table("otel"))
         top.done()
         settings = ServiceSettings(
             file=self.file,
@@ -655,6 +694,8 @@ class _Reader:
             timers=timers,
             outbox=outbox,
             reapers=reapers,
+            logging=logging,
+            otel=otel,
         )
         self.cross_check(top, settings)
         return settings
@@ -1044,6 +1085,33 @@ class _Reader:
         )
         table.done()
         return settings
+
+    # Observability.
+
+    def logging(self, table: _Table) -> LoggingSettings:
+        settings = LoggingSettings(
+            format=self.choice(table, "format", LOG_FORMATS),
+            level=self.choice(table, "level", LOG_LEVELS, "info"),
+            events=table.boolean("events", False),
+        )
+        table.done()
+        return settings
+
+    def otel(self, table: _Table) -> OtelSettings:
+        settings = OtelSettings(enabled=table.boolean("enabled", False))
+        table.done()
+        return settings
+
+    def choice(
+        self, table: _Table, key: str, choices: Sequence[str], default: str | None = None
+    ) -> str:
+        """The value of ``key``, one of ``choices`` (the first when absent, unless
+        ``default`` says otherwise)."""
+        value = table.value(key, choices[0] if default is None else default)
+        if value not in choices:
+            raise table.refuse(key, f"must be one of {', '.join(choices)}, not {_shown(value)}")
+        assert isinstance(value, str)
+        return value
 
     # What only the whole file can tell.
 

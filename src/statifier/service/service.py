@@ -27,6 +27,10 @@ deliveries they started and commit their offsets. Then the workers finish the pa
 they are in. All of it within ``shutdown_timeout`` seconds; what is still running then
 is cancelled (its transaction rolls back, and at-least-once delivery redoes it), and
 :meth:`Service.run` answers 1 instead of 0. A second signal cancels at once.
+
+While it runs, the telemetry bridges the file asks for are installed
+(:func:`install_bridges`: ``[logging] events`` and ``[otel] enabled``); they are
+uninstalled when :meth:`Service.run` returns or raises.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, TextIO
+from typing import TYPE_CHECKING, Any, Final, Protocol, TextIO
 
 from statifier.extras import MissingExtra
 from statifier.persistence.sql import SqlAdapter
@@ -55,7 +59,7 @@ from statifier.sql import TableOptions
 if TYPE_CHECKING:
     import uvicorn
 
-__all__ = ["NotMigrated", "Service", "Supervised", "prepare_database"]
+__all__ = ["Bridge", "NotMigrated", "Service", "Supervised", "install_bridges", "prepare_database"]
 
 _log = logging.getLogger("statifier.service")
 
@@ -66,6 +70,42 @@ _EXIT_CUT_SHORT: Final = 1
 class NotMigrated(RuntimeError):  # noqa: N818 - names the refusal
     """The database's tables are missing or behind, and the file does not say
     ``migrate = true``."""
+
+
+# Telemetry.
+
+
+class Bridge(Protocol):
+    """An installed telemetry bridge (:mod:`statifier.observability`)."""
+
+    def uninstall(self) -> None:
+        """Detach it from telemetry."""
+
+
+def install_bridges(settings: ServiceSettings) -> list[Bridge]:
+    """Install the bridges ``settings`` asks for and answer them (the caller
+    uninstalls them): one log record per telemetry event on the logger
+    ``statifier.events`` when ``[logging] events`` (metadata through the default
+    :class:`~statifier.observability.FieldPolicy`, so secret-named keys never pass),
+    and spans and metrics on the global OpenTelemetry providers when ``[otel]
+    enabled``.
+
+    Raises:
+        MissingExtra: ``[otel] enabled`` without the ``otel`` extra (nothing stays
+            installed).
+    """
+    from statifier.observability import install_logging
+
+    bridges: list[Bridge] = []
+    if settings.otel.enabled:
+        try:
+            from statifier.observability.otel import install_otel
+        except ModuleNotFoundError as missing:
+            raise MissingExtra.of(missing) from missing
+        bridges.append(install_otel())
+    if settings.logging.events:
+        bridges.append(install_logging())
+    return bridges
 
 
 # The database.
@@ -303,10 +343,15 @@ class Service:
             OSError: the listener cannot be bound.
             MissingExtra: a library the configuration needs is not installed.
         """
-        # Synchronous (Alembic's), and before anything else runs on the loop.
-        prepare_database(self.settings)
-        async with self._opened() as (config, health, sinks):
-            return await self._serve(config, health, sinks)
+        bridges = install_bridges(self.settings)
+        try:
+            # Synchronous (Alembic's), and before anything else runs on the loop.
+            prepare_database(self.settings)
+            async with self._opened() as (config, health, sinks):
+                return await self._serve(config, health, sinks)
+        finally:
+            for bridge in bridges:
+                bridge.uninstall()
 
     @contextlib.asynccontextmanager
     async def _opened(self) -> AsyncIterator[tuple[RouterConfig, Health, Sinks]]:
