@@ -21,13 +21,11 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
 import pytest
-import pytest_asyncio
 from confluent_kafka import Consumer, TopicPartition
 from tests.fronts.kafka_broker import (
     KafkaBroker,
@@ -38,11 +36,10 @@ from tests.fronts.kafka_broker import (
     unique,
 )
 from tests.persistence.conftest import SqlStore, postgresql_store  # noqa: F401 - fixture
-from tests.router.conftest import Clock, RouterDb
+from tests.router.conftest import RouterDb
 from tests.router.racing_router import DOCUMENT, SCOPE
 from tests.router.test_races import COUNTER, count_of, counter_config, logged_messages
 
-from statifier.persistence.sql import SqlAdapter
 from statifier.persistence.sql.schema import TableNames
 from statifier.router import address, ledger
 
@@ -104,17 +101,6 @@ def _produce(broker: KafkaBroker, topic: str) -> list[Published]:
 
 def inbound_id(topic: str, record: Published) -> str:
     return f"{topic}/{record.partition}/{record.offset}"
-
-
-@pytest_asyncio.fixture
-async def pg_db(postgresql_store: SqlStore) -> AsyncIterator[RouterDb]:  # noqa: F811
-    """The session's PostgreSQL database, emptied, with an adapter."""
-    postgresql_store.empty()
-    adapter = SqlAdapter(postgresql_store.url, postgresql_store.tables)
-    try:
-        yield RouterDb("postgresql", postgresql_store, adapter, Clock())
-    finally:
-        await adapter.close()
 
 
 @dataclass

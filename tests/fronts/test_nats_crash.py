@@ -19,25 +19,22 @@ import sys
 import uuid
 import zlib
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
 import nats
 import pytest
-import pytest_asyncio
 from nats.js import JetStreamContext
 from nats.js.api import StreamConfig
 from tests.fronts.nats_server import NatsServer, nats_server  # noqa: F401 - the fixture
-from tests.persistence.conftest import SqlStore
-from tests.router.conftest import Clock, RouterDb
+from tests.router.conftest import RouterDb
 from tests.router.racing_router import DOCUMENT, SCOPE
 from tests.router.test_races import COUNTER, count_of, counter_config, logged_messages
 
 from statifier.fronts.dead_letters import TableDeadLetters
 from statifier.fronts.nats import MESSAGE_ID_HEADER
-from statifier.persistence.sql import SqlAdapter
 from statifier.persistence.sql.schema import TableNames
 from statifier.router import address, ledger
 
@@ -116,17 +113,6 @@ async def _publish(js: JetStreamContext, prefix: str) -> list[Published]:
             for (partition, _, message_id, key), ack in zip(chunk, acks, strict=True)
         )
     return published
-
-
-@pytest_asyncio.fixture
-async def pg_db(postgresql_store: SqlStore) -> AsyncIterator[RouterDb]:
-    """The session's PostgreSQL database, emptied, with an adapter."""
-    postgresql_store.empty()
-    adapter = SqlAdapter(postgresql_store.url, postgresql_store.tables)
-    try:
-        yield RouterDb("postgresql", postgresql_store, adapter, Clock())
-    finally:
-        await adapter.close()
 
 
 @dataclass
