@@ -94,6 +94,7 @@ from pathlib import Path
 from typing import Any
 
 import brokers
+from counter import BINDING, CHART, DOCUMENT, SOURCE
 from harness import (
     add_gc_option,
     add_json_option,
@@ -113,7 +114,6 @@ from statifier.chart import compile_chart
 from statifier.fronts.lanes import lane_of, partition_key
 from statifier.persistence.sql import SqlAdapter
 from statifier.router import (
-    Binding,
     Failed,
     InboundEvent,
     RouterConfig,
@@ -123,26 +123,6 @@ from statifier.router import (
 )
 from statifier.sql import TableOptions, migrations
 
-CHART = b"""<scxml xmlns="http://www.w3.org/2005/07/scxml" version="1.0"
-       datamodel="predicator" initial="counting">
-  <datamodel><data id="count" expr="0"/></datamodel>
-  <state id="counting">
-    <transition event="tick" target="counting">
-      <assign location="count" expr="count + 1"/>
-    </transition>
-  </state>
-</scxml>
-"""
-DOCUMENT = "counter"
-SOURCE = "bench"
-BINDING = Binding(
-    id="ticks",
-    source=SOURCE,
-    match="true",
-    key="event.key",
-    document=DOCUMENT,
-    event="tick",
-)
 LANES = 8
 BATCH = 32
 """The consumer's default lanes and batch size, which the ceiling copies."""

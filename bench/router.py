@@ -82,6 +82,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import dbos_anchor
+from counter import BINDING, CHART, DOCUMENT, SOURCE
 from harness import (
     add_gc_option,
     add_json_option,
@@ -105,7 +106,6 @@ from statifier.core.positions import dump, dump_event
 from statifier.persistence.sql import SqlAdapter
 from statifier.router import (
     DEFAULT_HORIZON,
-    Binding,
     Failed,
     InboundEvent,
     RouterConfig,
@@ -115,26 +115,6 @@ from statifier.router import (
 )
 from statifier.sql import TableOptions, migrations
 
-CHART = b"""<scxml xmlns="http://www.w3.org/2005/07/scxml" version="1.0"
-       datamodel="predicator" initial="counting">
-  <datamodel><data id="count" expr="0"/></datamodel>
-  <state id="counting">
-    <transition event="tick" target="counting">
-      <assign location="count" expr="count + 1"/>
-    </transition>
-  </state>
-</scxml>
-"""
-DOCUMENT = "counter"
-SOURCE = "bench"
-BINDING = Binding(
-    id="ticks",
-    source=SOURCE,
-    match="true",
-    key="event.key",
-    document=DOCUMENT,
-    event="tick",
-)
 ROUTERS = 8
 ROUTE_GOAL = 0.7
 BATCH_GOAL = 3.0
