@@ -72,9 +72,8 @@ from typing import Any, Final, TypeVar
 import confluent_kafka
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from statifier.expr import jsontext
 from statifier.fronts.dead_letters import DeadLetterEntry, cut
-from statifier.fronts.source import Malformed, Message, Rebalance
+from statifier.fronts.source import Malformed, Message, Rebalance, json_object
 from statifier.router import ConfigError, InboundEvent, InvalidEvent
 
 __all__ = [
@@ -639,17 +638,10 @@ class KafkaSource:
         value = record.value()
         if not isinstance(value, bytes):
             return Malformed("the record has no value")
-        if len(value) > self._max_payload:
-            return Malformed(f"a value of {len(value)} bytes, over the {self._max_payload}")
+        data = json_object(value, max_bytes=self._max_payload, what="value")
+        if isinstance(data, Malformed):
+            return data
         read = KafkaRecord(topic, partition, offset, record.key(), value, _headers(record))
-        try:
-            data = jsontext.loads(value.decode("utf-8"))
-        except UnicodeDecodeError as error:
-            return Malformed(f"the value is not UTF-8 (byte {error.start})")
-        except jsontext.JSONTextError as error:
-            return Malformed(f"the value is not JSON: {error}")
-        if not isinstance(data, dict):
-            return Malformed(f"the value is JSON but not an object: {type(data).__name__}")
         try:
             message_id = self._message_id(read)
             scope = self._scope_of(read)

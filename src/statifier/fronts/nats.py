@@ -58,9 +58,8 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from statifier.expr import jsontext
 from statifier.fronts.leases import LeaseChange, PartitionLeases
-from statifier.fronts.source import Malformed, Message, Rebalance
+from statifier.fronts.source import Malformed, Message, Rebalance, json_object
 from statifier.router import ConfigError, InboundEvent, InvalidEvent
 
 __all__ = ["MESSAGE_ID_HEADER", "AcknowledgementFailed", "JetStreamSource"]
@@ -429,18 +428,10 @@ class JetStreamSource:
         self._buffer.append(message)
 
     def _event(self, msg: Msg, position: int) -> InboundEvent | Malformed:
-        data = msg.data
-        if len(data) > self._max_payload:
-            return Malformed(f"a payload of {len(data)} bytes, over the {self._max_payload}")
+        value = json_object(msg.data, max_bytes=self._max_payload, what="payload")
+        if isinstance(value, Malformed):
+            return value
         message_id = (msg.headers or {}).get(MESSAGE_ID_HEADER) or f"{self._stream}/{position}"
-        try:
-            value = jsontext.loads(data.decode("utf-8"))
-        except UnicodeDecodeError as error:
-            return Malformed(f"the payload is not UTF-8 (byte {error.start})")
-        except jsontext.JSONTextError as error:
-            return Malformed(f"the payload is not JSON: {error}")
-        if not isinstance(value, dict):
-            return Malformed(f"the payload is JSON but not an object: {type(value).__name__}")
         try:
             return InboundEvent(
                 scope=self._scope, source=self._source, message_id=message_id, data=value

@@ -26,9 +26,10 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from statifier.expr import Value, jsontext
 from statifier.router import InboundEvent
 
-__all__ = ["Malformed", "Message", "Rebalance", "Source"]
+__all__ = ["Malformed", "Message", "Rebalance", "Source", "json_object"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +56,30 @@ class Message:
     position: int
     event: InboundEvent | Malformed
     raw: bytes = b""
+
+
+def json_object(payload: bytes, *, max_bytes: int, what: str) -> dict[str, Value] | Malformed:
+    """A message's bytes as the event's data: a JSON object of at most ``max_bytes``
+    bytes, UTF-8, parsed strictly (nesting bounded by
+    :data:`~statifier.expr.jsontext.MAX_JSON_DEPTH`); else why not, naming the bytes
+    ``what`` (``"value"``, ``"payload"``).
+
+    >>> json_object(b'{"key": "k1"}', max_bytes=64, what="payload")
+    {'key': 'k1'}
+    >>> json_object(b"[1]", max_bytes=64, what="value")
+    Malformed(reason='the value is JSON but not an object: list')
+    """
+    if len(payload) > max_bytes:
+        return Malformed(f"a {what} of {len(payload)} bytes, over the {max_bytes}")
+    try:
+        data = jsontext.loads(payload.decode("utf-8"))
+    except UnicodeDecodeError as error:
+        return Malformed(f"the {what} is not UTF-8 (byte {error.start})")
+    except jsontext.JSONTextError as error:
+        return Malformed(f"the {what} is not JSON: {error}")
+    if not isinstance(data, dict):
+        return Malformed(f"the {what} is JSON but not an object: {type(data).__name__}")
+    return data
 
 
 class Rebalance(Protocol):
