@@ -250,3 +250,29 @@ def test_the_json_formatter_under_dict_config(capsys: pytest.CaptureFixture[str]
     assert broke["level"] == "ERROR"
     assert "RuntimeError: at https://***@db.test/" in broke["exception"]
     assert "hunter2" not in json.dumps(broke)
+
+
+def test_the_services_text_lines_mask_credentials_of_any_logger() -> None:
+    from statifier.service import configure_logging
+    from statifier.service.config import LoggingSettings
+
+    stream = io.StringIO()
+    root = logging.getLogger()
+    before = (list(root.handlers), root.level)
+    root.handlers.clear()
+    try:
+        configure_logging(LoggingSettings(format="text", level="info", events=False), stream)
+        logger = logging.getLogger("tests.observability.text")
+        logger.warning("cannot reach %s", "postgresql://app:hunter2@db.test/prod")
+        try:
+            raise RuntimeError("GET /hook?token=s3cret Authorization: Bearer abc.def")
+        except RuntimeError:
+            logger.exception("it broke")
+    finally:
+        root.handlers[:] = before[0]
+        root.setLevel(before[1])
+    written = stream.getvalue()
+    assert "cannot reach postgresql://***@db.test/prod" in written
+    assert "RuntimeError" in written
+    for secret in ("hunter2", "s3cret", "abc.def"):
+        assert secret not in written

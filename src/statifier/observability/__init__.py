@@ -8,7 +8,7 @@ configuration asks); nothing else of the library imports them.
   turns every event into spans and metrics.
 - :mod:`statifier.observability.logs` (no third-party library): ``install_logging()``
   writes one structured log record per event; ``JsonFormatter`` writes records as
-  JSON lines.
+  JSON lines, ``ScrubbingFormatter`` as text lines, both with credentials masked.
 - :mod:`statifier.observability.fields`: the :class:`FieldPolicy` both read
   metadata through, which drops secret- and payload-named keys and bounds values.
 
@@ -16,6 +16,18 @@ The guide is ``docs/observability.md``.
 """
 
 from statifier.observability.fields import DENIED_WORDS, FieldPolicy
-from statifier.observability.logs import JsonFormatter, LogBridge, install_logging
+from statifier.observability.logs import (
+    JsonFormatter,
+    LogBridge,
+    ScrubbingFormatter,
+    install_logging,
+)
 
-__all__ = ["DENIED_WORDS", "FieldPolicy", "JsonFormatter", "LogBridge", "install_logging"]
+__all__ = [
+    "DENIED_WORDS",
+    "FieldPolicy",
+    "JsonFormatter",
+    "LogBridge",
+    "ScrubbingFormatter",
+    "install_logging",
+]

@@ -19,7 +19,9 @@ formatters. :class:`JsonFormatter` writes a record as one JSON object, with ever
 extra field, through the same policy, so secret-named fields of any logger's
 records are dropped too. It plugs into :func:`logging.basicConfig` (as a handler's
 formatter) or :func:`logging.config.dictConfig` (``{"()":
-"statifier.observability.logs.JsonFormatter"}``).
+"statifier.observability.logs.JsonFormatter"}``). :class:`ScrubbingFormatter` is its
+plain-text counterpart: a :class:`logging.Formatter` whose whole output line (message,
+exception and stack included) has its credentials masked.
 
 >>> import io, json, logging
 >>> from statifier import telemetry
@@ -57,7 +59,7 @@ from typing import Any, Final
 from statifier import telemetry
 from statifier.observability.fields import Attribute, FieldPolicy, failed
 
-__all__ = ["LOGGER_NAME", "JsonFormatter", "LogBridge", "install_logging"]
+__all__ = ["LOGGER_NAME", "JsonFormatter", "LogBridge", "ScrubbingFormatter", "install_logging"]
 
 LOGGER_NAME: Final = "statifier.events"
 """The logger the records go to unless another is given."""
@@ -183,6 +185,33 @@ class JsonFormatter(logging.Formatter):
         if record.stack_info:
             document["stack"] = self._policy.scrub(self.formatStack(record.stack_info))
         return json.dumps(document, ensure_ascii=False, default=str)
+
+
+class ScrubbingFormatter(logging.Formatter):
+    """A :class:`logging.Formatter` (same arguments) whose formatted line has the
+    credentials of :meth:`FieldPolicy.scrub` masked: the user and password of URLs,
+    secret-named query parameters, ``Bearer``/``Basic`` credentials. Any logger's
+    records pass through it, so an error quoting a database URL cannot print its
+    password.
+
+    >>> record = logging.LogRecord("db", logging.ERROR, "", 0, "cannot reach %s", (
+    ...     "postgresql://app:hunter2@db/prod?sslpassword=x",), None)
+    >>> ScrubbingFormatter("%(levelname)s %(message)s").format(record)
+    'ERROR cannot reach postgresql://***@db/prod?sslpassword=***'
+    """
+
+    def __init__(
+        self,
+        fmt: str | None = None,
+        datefmt: str | None = None,
+        *,
+        policy: FieldPolicy | None = None,
+    ) -> None:
+        super().__init__(fmt, datefmt)
+        self._policy = policy or FieldPolicy()
+
+    def format(self, record: logging.LogRecord) -> str:
+        return self._policy.scrub(super().format(record))
 
 
 def _field_name(key: str) -> str:

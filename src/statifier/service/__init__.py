@@ -60,14 +60,15 @@ def configure_logging(settings: LoggingSettings, stream: TextIO | None = None) -
     ``settings.level``: as :data:`TEXT_FORMAT` lines, or with ``format = "json"`` as
     one JSON object a line (:class:`~statifier.observability.JsonFormatter`: secret-
     named fields dropped, credentials in messages masked). Does nothing when the root
-    logger has handlers already: the host configured logging itself.
+    logger has handlers already: the host configured logging itself. Text lines mask
+    credentials too (:class:`~statifier.observability.ScrubbingFormatter`).
     """
-    from statifier.observability import JsonFormatter
+    from statifier.observability import JsonFormatter, ScrubbingFormatter
 
     level = logging.getLevelNamesMapping()[settings.level.upper()]
     handler = logging.StreamHandler(sys.stderr if stream is None else stream)
     if settings.format == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter(TEXT_FORMAT))
+        handler.setFormatter(ScrubbingFormatter(TEXT_FORMAT))
     logging.basicConfig(level=level, handlers=[handler])
