@@ -37,6 +37,7 @@ from tests.persistence.conftest import (  # noqa: F401 - fixtures
 )
 from tests.router.conftest import RouterDb, router_db, router_store  # noqa: F401 - fixtures
 
+from statifier import telemetry
 from statifier.chart import Machine
 from statifier.core import Event
 from statifier.expr import UNDEFINED
@@ -472,3 +473,29 @@ async def test_deliver_posted_is_the_contract_the_app_is_built_on(db: RouterDb) 
         await deliver_posted(config, token, scanned, now=datetime(2026, 9, 19, 8, 0))  # noqa: DTZ001
     with pytest.raises(ConfigError, match="basichttp"):
         await deliver_posted(parcel_config(db, [LOADED]), token, scanned)
+
+
+@pytest.mark.asyncio
+async def test_every_answer_is_reported_without_the_location(db: RouterDb) -> None:
+    config = config_of(db)
+    execution_id = await loaded(config)
+    token = await token_of(config, execution_id)
+    seen: list[tuple[dict[str, float], dict[str, Any]]] = []
+    telemetry.attach(
+        "test.basichttp",
+        "statifier.fronts.request",
+        lambda _name, measurements, metadata: seen.append((dict(measurements), dict(metadata))),
+    )
+    try:
+        async with client(basichttp_app(config)) as http:
+            await http.post(f"/{token}", content=b"_scxmleventname=scanned", headers=FORM)
+            await http.post(f"/{'x' * 43}", content=b"_scxmleventname=scanned", headers=FORM)
+            await http.get(f"/{token}")
+    finally:
+        telemetry.detach("test.basichttp")
+    assert [metadata for _, metadata in seen] == [
+        {"front": "basichttp", "source": "basichttp", "status": status}
+        for status in (204, 404, 405)
+    ]
+    assert all(measurements["duration"] >= 0 for measurements, _ in seen)
+    assert token not in repr(seen)

@@ -32,6 +32,7 @@ from tests.fronts.http_support import (
 from tests.persistence.conftest import postgresql_store, sqlite_store  # noqa: F401 - fixtures
 from tests.router.conftest import RouterDb, router_db, router_store  # noqa: F401 - fixtures
 
+from statifier import telemetry
 from statifier.chart import Machine
 from statifier.core import Event
 from statifier.fronts.verifiers import hmac_sha256
@@ -390,3 +391,25 @@ async def test_a_front_refuses_bounds_that_are_not_positive(db: RouterDb) -> Non
     for options in bad:
         with pytest.raises(ValueError, match=r"max_body|timeout|source"):
             app_of(config, **options)
+
+
+@pytest.mark.asyncio
+async def test_every_answer_is_reported_as_telemetry(db: RouterDb) -> None:
+    config = config_of(db)
+    seen: list[dict[str, Any]] = []
+    telemetry.attach(
+        "test.webhook",
+        "statifier.fronts.request",
+        lambda _name, _measurements, metadata: seen.append(dict(metadata)),
+    )
+    try:
+        async with client(app_of(config, max_body=1024)) as http:
+            await http.post("/", content=scan())
+            await http.post("/", content=b"{not json")
+            await http.post("/", content=scan(pad="x" * 2000))
+    finally:
+        telemetry.detach("test.webhook")
+    assert seen == [
+        {"front": "webhook", "source": "parcel_scans", "status": status}
+        for status in (200, 400, 413)
+    ]

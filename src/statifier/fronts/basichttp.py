@@ -208,7 +208,8 @@ def basichttp_app(
             return Response(status_code=500)
         return Response(status_code=_status(outcome))
 
-    return Starlette(routes=[Route("/{token}", AnyMethod(answer))])
+    answered = AnyMethod(answer, front="basichttp", source="basichttp")
+    return Starlette(routes=[Route("/{token}", answered)])
 
 
 def _status(outcome: Outcome | None) -> int:

@@ -10,6 +10,7 @@ further than the bound, so an untrusted client can make a front hold at most
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Final
@@ -17,6 +18,8 @@ from typing import Final
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.types import Receive, Scope, Send
+
+from statifier import telemetry
 
 __all__ = [
     "DEFAULT_MAX_BODY",
@@ -75,13 +78,33 @@ async def read_body(request: Request, *, max_body: int, deadline: float) -> byte
 
 class AnyMethod:
     """An endpoint as a plain ASGI app: a Starlette route then takes every method, and
-    the endpoint answers the 405 itself, naming the one method it takes."""
+    the endpoint answers the 405 itself, naming the one method it takes.
 
-    def __init__(self, answer: Callable[[Request], Awaitable[Response]]) -> None:
+    Every answer is reported as the telemetry event ``statifier.fronts.request``:
+    measurement ``duration`` (seconds, until the answer is chosen), metadata ``front``
+    (``"webhook"``, ``"form"`` or ``"basichttp"``), ``source`` and ``status``. Nothing of
+    the request (path, query, headers, body) is reported: a BasicHTTP path is a
+    credential."""
+
+    def __init__(
+        self, answer: Callable[[Request], Awaitable[Response]], *, front: str, source: str
+    ) -> None:
         self._answer = answer
+        self._front = front
+        self._source = source
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        response = await self._answer(Request(scope, receive))
+        started = time.perf_counter()
+        status = 500
+        try:
+            response = await self._answer(Request(scope, receive))
+            status = response.status_code
+        finally:
+            telemetry.report(
+                "statifier.fronts.request",
+                {"duration": time.perf_counter() - started},
+                {"front": self._front, "source": self._source, "status": status},
+            )
         await response(scope, receive, send)
 
 

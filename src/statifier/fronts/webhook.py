@@ -162,7 +162,7 @@ def webhook_app(
     def provider_id(request: Request) -> str | None:
         return request.headers.get(header) if header is not None else None
 
-    return _app(config, source, scope, verifier, max_body, timeout, decode, provider_id)
+    return _app(config, "webhook", source, scope, verifier, max_body, timeout, decode, provider_id)
 
 
 def form_app(
@@ -184,7 +184,7 @@ def form_app(
     that an execution received it; a host that tells more mounts its own endpoint on
     :func:`handle`.
     """
-    return _app(config, source, scope, verifier, max_body, timeout, _form_fields, _no_id)
+    return _app(config, "form", source, scope, verifier, max_body, timeout, _form_fields, _no_id)
 
 
 def _no_id(_request: Request) -> None:
@@ -193,6 +193,7 @@ def _no_id(_request: Request) -> None:
 
 def _app(
     config: RouterConfig,
+    front: str,
     source: str,
     scope: ScopeOf,
     verifier: Verifier | None,
@@ -252,7 +253,7 @@ def _app(
             _log.error("%s: routing failed with %s", source, type(routed.error).__name__)
         return Response(status_code=status(routed))
 
-    return Starlette(routes=[Route("/", AnyMethod(answer))])
+    return Starlette(routes=[Route("/", AnyMethod(answer, front=front, source=source))])
 
 
 def _refuse_constant(name: str) -> Any:
