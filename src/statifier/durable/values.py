@@ -47,8 +47,9 @@ class Description:
             unless it failed.
         metadata: the host's identities given at create (without :data:`CHART_KEY`).
         inputs: the input log, decoded: every event it took, in order.
-        timers: its pending timers: always ``()``, since statifier keeps none yet (a
-            delayed ``<send>`` reaches the executor as ``SendDelayed``).
+        timers: always ``()``: this front runs no timer queue (a delayed ``<send>``
+            reaches its executor as ``SendDelayed``); the router's built-in queue
+            keeps the timers of the executions it steps (``statifier.router``).
         position: whether the stored position could be read (see :data:`Position`);
             when not, ``configuration`` is ``()`` and ``final_state`` ``None``.
         created_at, updated_at, ended_at: timezone-aware UTC times; ``ended_at`` is
