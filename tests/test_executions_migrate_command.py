@@ -46,11 +46,13 @@ def test_migrate_moves_parks_and_says_why(
         "",
     )
     status, text, _ = cli(capsys, "show", "c", *at)
+    assert status == 0
     lines = [" ".join(line.split()) for line in text.splitlines()]
     assert "status needs_migration" in lines
     assert f"failure {HELD}" in lines
     assert f"2 migrate parked: {HELD}" in lines
     status, text, _ = cli(capsys, "show", "b", *at)
+    assert status == 0
     assert any(line.startswith("  1  migrate  to sha256:") for line in text.splitlines())
 
     removed = cli(

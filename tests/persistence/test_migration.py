@@ -4,6 +4,8 @@ the in-memory reference, SQLite and PostgreSQL."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -28,6 +30,7 @@ from statifier.persistence import (
 )
 from statifier.persistence.adapter import Adapter
 from statifier.persistence.sql import SqlAdapter
+from statifier.telemetry import attach, detach
 
 NS = 'xmlns="http://www.w3.org/2005/07/scxml" datamodel="predicator"'
 
@@ -71,6 +74,18 @@ async def at(executions: Executions, execution_id: str, *events: str) -> None:
     for name in events:
         answer = await executions.step(execution_id, None, Event(name))
         assert isinstance(answer, Stepped)
+
+
+@asynccontextmanager
+async def beside(adapter: Adapter, executions: Executions) -> AsyncIterator[Executions]:
+    """Executions over a second connection pool to the same database (as another
+    process would be); the same ones on the in-memory adapter."""
+    if not isinstance(adapter, SqlAdapter):
+        yield executions
+        return
+    url = adapter.engine.url.render_as_string(hide_password=False)
+    async with SqlAdapter(url, adapter.tables) as second:
+        yield Executions(Storage(second))
 
 
 def leaves(answer: Any) -> tuple[str, ...]:
@@ -140,6 +155,27 @@ async def test_an_unmappable_execution_is_parked_with_the_reason(adapter: Adapte
     assert moved.execution.failure is None
     assert moved.state.leaf_configuration() == ("shipped",)
     assert moved.state.datamodel["carrier"] == "van"
+
+
+@pytest.mark.asyncio
+async def test_migrations_report_their_lifecycle_transition(adapter: Adapter) -> None:
+    executions = Executions(Storage(adapter))
+    await at(executions, "t-moved", "pay")
+    await at(executions, "t-parked", "pay", "ship", "hold")
+    seen: list[tuple[str, str, str | None]] = []
+    attach(
+        "test-migration-lifecycle",
+        "statifier.persistence.lifecycle",
+        lambda _name, _m, meta: seen.append(
+            (meta["execution_id"], meta["transition"], meta["failure"])
+        ),
+    )
+    try:
+        await executions.migrate("t-moved", PLAN)
+        await executions.migrate("t-parked", PLAN)
+    finally:
+        detach("test-migration-lifecycle")
+    assert seen == [("t-moved", "migrated", None), ("t-parked", "needs_migration", HELD)]
 
 
 @pytest.mark.asyncio
@@ -250,16 +286,9 @@ async def test_a_migration_racing_steps_loses_neither(adapter: Adapter) -> None:
     """Each execution takes a step and a migration at once, many times: whichever the
     lock lets in first, both happen, once each, and the position reflects both."""
     executions = Executions(Storage(adapter))
-    other = executions
-    if isinstance(adapter, SqlAdapter):  # a second connection pool, like another process
-        second = SqlAdapter(
-            adapter.engine.url.render_as_string(hide_password=False), adapter.tables
-        )
-        other = Executions(Storage(second))
-    try:
-        for i in range(40):
-            await at(executions, f"race-{i}")
-        firsts: set[str] = set()
+    for i in range(40):
+        await at(executions, f"race-{i}")
+    async with beside(adapter, executions) as other:
         for i in range(40):
             execution_id = f"race-{i}"
             pay = executions.step(execution_id, None, Event("pay"))
@@ -277,14 +306,9 @@ async def test_a_migration_racing_steps_loses_neither(adapter: Adapter) -> None:
             assert state.datamodel["n"] == 1
             doors = [entry.door for entry in await executions.inputs(execution_id)]
             assert sorted(doors) == ["migrate", "step"]
-            firsts.add(doors[0])
             # The step that ran first stepped the old chart; after, the new one.
             on = stepped.execution.content_hash
             assert on == (V1 if doors[0] == "step" else V2).identity.content_hash
-    finally:
-        if other is not executions:
-            await second.close()
-    assert firsts <= {"migrate", "step"}
 
 
 COUNTER_V1 = compile_chart(
@@ -307,12 +331,6 @@ async def test_a_migration_lands_between_concurrent_steps(adapter: Adapter) -> N
     pool on SQL) moves it: every event is logged and seen once, in one order, and
     the migration sits between two of them."""
     executions = Executions(Storage(adapter))
-    other = executions
-    if isinstance(adapter, SqlAdapter):
-        second = SqlAdapter(
-            adapter.engine.url.render_as_string(hide_password=False), adapter.tables
-        )
-        other = Executions(Storage(second))
     plan = MigrationPlan(COUNTER_V1, COUNTER_V2, state_map={"counting": "tallying"})
     await executions.create("counter", COUNTER_V1)
     charts: list[str] = []
@@ -327,22 +345,19 @@ async def test_a_migration_lands_between_concurrent_steps(adapter: Adapter) -> N
                 ten_steps.set()
             await asyncio.sleep(0.002)
 
-    async def migrator() -> Migrated | Parked | Discarded:
+    async def migrator(other: Executions) -> Migrated | Parked | Discarded:
         await ten_steps.wait()
         return await other.migrate("counter", plan)
 
-    try:
-        *_, moved = await asyncio.gather(*(task(i) for i in range(4)), migrator())
-    finally:
-        if other is not executions:
-            await second.close()
+    async with beside(adapter, executions) as other:
+        *_, moved = await asyncio.gather(*(task(i) for i in range(4)), migrator(other))
     assert isinstance(moved, Migrated)
     log = await executions.inputs("counter")
     doors = [entry.door for entry in log]
     assert doors.count("migrate") == 1
     at_ = doors.index("migrate")
     assert 10 <= at_ < len(log) - 1  # after ten steps, before the last
-    logged = [entry.event.data["n"] for entry in log if entry.event is not None]  # type: ignore[index]
+    logged = [_number(entry.event.data) for entry in log if entry.event is not None]
     assert sorted(logged) == sorted(i * 100 + k for i in range(4) for k in range(15))
     record = await executions.storage.fetch_execution("counter")
     state = executions.storage.load(record, COUNTER_V2)
@@ -351,6 +366,13 @@ async def test_a_migration_lands_between_concurrent_steps(adapter: Adapter) -> N
     # The steps before the migration ran on the old chart, the ones after on the new.
     assert charts.count(plan.source_hash) == at_
     assert charts.count(plan.target_hash) == len(logged) - at_
+
+
+def _number(data: object) -> int:
+    assert isinstance(data, dict)
+    number = data["n"]
+    assert isinstance(number, int)
+    return number
 
 
 PARENT_V1 = compile_chart(

@@ -539,7 +539,8 @@ class Executions:
                 await self._log_migration(execution_id, entry, now)
                 storage.remember(execution_id, position, carried)
                 outcome = Migrated(record, carried)
-        self._lifecycle(record, "migrated" if isinstance(outcome, Migrated) else "parked")
+        # A parked one reports as a manual park does, its reason as the failure.
+        self._lifecycle(record, "migrated" if isinstance(outcome, Migrated) else "needs_migration")
         return outcome
 
     async def _log_migration(
