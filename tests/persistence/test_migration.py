@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from statifier.persistence import (
     Executions,
     InvalidMigrationPlan,
     LoggedMigration,
+    MemoryAdapter,
     Migrated,
     MigrationPlan,
     MigrationSummary,
@@ -464,3 +466,46 @@ async def test_a_parked_parent_leaves_its_children_alone(adapter: Adapter) -> No
     assert (await storage.fetch_execution("p/sub")).content_hash == child.content_hash
     with pytest.raises(InvalidMigrationPlan, match="filed under"):
         await driver.executions.migrate_tree("p", no_map, {"sha256:other": child_plan})
+
+
+@pytest.mark.asyncio
+async def test_a_refused_execution_is_reported_failed_and_the_others_go_on(
+    adapter: Adapter,
+) -> None:
+    executions = Executions(Storage(adapter))
+    for i in range(6):
+        await at(executions, f"f-{i}", "pay")
+    damaged = await executions.storage.fetch_execution("f-2")
+    await adapter.update_execution(replace(damaged, position=b"not a position"))
+    summary = await executions.migrate_all(PLAN.source_hash, PLAN, batch=4)
+    assert summary.migrated == ("f-0", "f-1", "f-3", "f-4", "f-5")
+    assert list(summary.failed) == ["f-2"]
+    assert "not a position" in summary.failed["f-2"]
+    record = await executions.storage.fetch_execution("f-2")
+    assert (record.content_hash, record.status) == (PLAN.source_hash, Status.ACTIVE)
+
+
+@pytest.mark.asyncio
+async def test_a_lock_held_past_the_wait_is_reported_failed_and_retried_later() -> None:
+    adapter = MemoryAdapter()
+    executions = Executions(Storage(adapter), lock_wait=0.05)
+    for i in range(3):
+        await at(executions, f"l-{i}")
+    held = asyncio.Event()
+    release = asyncio.Event()
+
+    async def hold() -> None:
+        async with adapter.exclusive("l-1", None):
+            held.set()
+            await release.wait()
+
+    holder = asyncio.create_task(hold())
+    await held.wait()
+    summary = await executions.migrate_all(PLAN.source_hash, PLAN)
+    release.set()
+    await holder
+    assert summary.migrated == ("l-0", "l-2")
+    assert list(summary.failed) == ["l-1"]
+    assert "stayed locked" in summary.failed["l-1"]
+    again = await executions.migrate_all(PLAN.source_hash, PLAN)
+    assert (again.migrated, again.failed) == (("l-1",), {})

@@ -33,6 +33,8 @@ from statifier.persistence.migration import (
     MigrationPlan,
     MigrationSummary,
     Parked,
+    Unmappable,
+    carry,
 )
 from statifier.persistence.records import ExecutionRecord, Status
 from statifier.persistence.retention import prune
@@ -63,6 +65,8 @@ __all__ = [
     "Status",
     "Stepped",
     "Storage",
+    "Unmappable",
+    "carry",
     "decode_outcome",
     "prune",
 ]

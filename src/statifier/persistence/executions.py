@@ -472,7 +472,7 @@ class Executions:
     ) -> Migrated | Parked | Discarded:
         """Move one execution onto ``plan.target``, as one guarded operation under its
         exclusion: its position is carried by state id (see
-        :func:`~statifier.persistence.migration.carry`), and the record moves to the new
+        :func:`~statifier.persistence.carry`), and the record moves to the new
         chart only while it is still on the old one. No executable content runs and
         no effect is emitted: states keep being active, invocations stay live. The
         attempt is logged in the input log (door ``"migrate"``) either way.
@@ -483,8 +483,8 @@ class Executions:
         until :meth:`unpark` or a corrected plan.
 
         Returns:
-            :class:`~statifier.persistence.migration.Migrated`,
-            :class:`~statifier.persistence.migration.Parked`, or :class:`Discarded` for
+            :class:`~statifier.persistence.Migrated`,
+            :class:`~statifier.persistence.Parked`, or :class:`Discarded` for
             an execution that has ended or is already on the new chart.
 
         Raises:
@@ -493,6 +493,7 @@ class Executions:
             LockTimeout: it stayed locked longer than the lock wait.
             ChartRetired: the new chart was retired.
             Unstorable: the carried position cannot be stored (nothing changed).
+            NotAPosition: its stored position is damaged or was pruned.
         """
         await self.storage.save_chart(plan.target)
         return await self._migrate_one(execution_id, plan)
@@ -558,8 +559,9 @@ class Executions:
         finished by the next.
 
         An execution whose migration raises a :class:`PersistenceError` (a lock wait
-        ran out, say) is reported under ``failed`` and the others go on; any other
-        error propagates.
+        ran out, say) or a position error (its stored position is damaged) is reported
+        under ``failed`` and the others go on; any other error propagates once the
+        batch has settled.
 
         Raises:
             InvalidMigrationPlan: the plan does not start from ``content_hash``.
@@ -649,7 +651,7 @@ class Executions:
                     answer = await self._migrate_one(child_id, plan)
                     summary = summary + _summarized([child_id], [answer], plan)
                     walk = not isinstance(answer, Parked) and not answer.execution.status.terminal
-            except PersistenceError as error:
+            except (PersistenceError, stored.PositionError) as error:
                 summary = summary + MigrationSummary(failed={child_id: str(error)})
                 continue
             if walk:
@@ -796,7 +798,7 @@ def _summarized(
             unchanged[execution_id] = (
                 "already on the new chart" if on_target else f"it is {record.status.value}"
             )
-        elif isinstance(answer, PersistenceError | stored.IdentityMismatch):
+        elif isinstance(answer, PersistenceError | stored.PositionError):
             failed[execution_id] = str(answer)
         else:
             raise answer
