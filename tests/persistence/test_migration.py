@@ -30,7 +30,8 @@ from statifier.persistence import (
     Stepped,
     Storage,
 )
-from statifier.persistence.adapter import Adapter
+from statifier.persistence.adapter import Adapter, Capabilities
+from statifier.persistence.errors import MetadataUnsupported
 from statifier.persistence.sql import SqlAdapter
 from statifier.telemetry import attach, detach
 
@@ -509,3 +510,23 @@ async def test_a_lock_held_past_the_wait_is_reported_failed_and_retried_later() 
     assert "stayed locked" in summary.failed["l-1"]
     again = await executions.migrate_all(PLAN.source_hash, PLAN)
     assert (again.migrated, again.failed) == (("l-1",), {})
+
+
+class LockOnly(MemoryAdapter):
+    """Keeps neither metadata nor an input log."""
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(lock=True)
+
+
+@pytest.mark.asyncio
+async def test_an_adapter_without_a_log_or_metadata_migrates_but_walks_no_tree() -> None:
+    executions = Executions(Storage(LockOnly()))
+    await at(executions, "plain", "pay")
+    moved = await executions.migrate("plain", PLAN)
+    assert isinstance(moved, Migrated)
+    assert moved.state.leaf_configuration() == ("charged",)
+    assert await executions.inputs("plain") == []
+    with pytest.raises(MetadataUnsupported):
+        await executions.migrate_tree("plain", PLAN)
