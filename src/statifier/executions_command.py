@@ -12,6 +12,12 @@
     Steps one event in (with optional JSON data, as ``statifier trace --event``).
 ``statifier executions cancel ID [--json]``
     Cancels an execution.
+``statifier executions migrate CHART --charts DIR [--id ID] [--map OLD=NEW]... [--json]``
+    Moves the executions of the chart named ``CHART`` that run an earlier revision
+    (or only ``ID``) onto ``DIR/CHART.scxml``, by state id: ``--map`` names a renamed
+    state, ``--remove OLD`` (repeatable) a state removed on purpose, ``--data JSON``
+    values for variables the revision adds. Prints what moved and what was parked,
+    with the reasons.
 
 Every action takes ``--database URL`` (default ``sqlite:///statifier.db``, as
 ``statifier db upgrade``), ``--prefix P`` and ``--schema S`` (the tables' options), and
@@ -20,7 +26,8 @@ command never migrates: a database without the tables says to run ``statifier db
 upgrade``. Values print in the tagged JSON encoding (:mod:`statifier.expr.tagged`).
 
 Exit status: 0 done; 1 when ``send`` or ``cancel`` was discarded (the execution had
-ended or is parked: nothing changed, and the line says why); 2 for an error of the
+ended or is parked: nothing changed, and the line says why), or ``migrate`` parked or
+failed to move an execution; 2 for an error of the
 command, printed as one line, ``statifier executions ACTION: message`` (with
 ``statifier --debug``, after the traceback).
 
@@ -69,7 +76,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     common.add_argument("--schema", default=None, help="the schema (PostgreSQL)")
     common.add_argument("--charts", default=None, metavar="DIR", help="DIR/NAME.scxml charts")
     executions = commands.add_parser(
-        "executions", help="list, show, create, send to and cancel durable executions"
+        "executions", help="list, show, create, send to, cancel and migrate durable executions"
     )
     actions = executions.add_subparsers(dest="action", required=True, metavar="ACTION")
     listing = actions.add_parser("list", parents=[common], help="list executions, oldest first")
@@ -102,6 +109,29 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     send.add_argument("execution_id", metavar="ID")
     send.add_argument("event", metavar="EVENT[=JSON]", help="the event, with optional JSON data")
     send.add_argument("--json", action="store_true", help="print one JSON document")
+    migrate = actions.add_parser(
+        "migrate", parents=[common], help="move executions onto a new revision of their chart"
+    )
+    migrate.add_argument("chart", metavar="CHART", help="the chart's name (DIR/CHART.scxml)")
+    migrate.add_argument("--id", dest="execution_id", default=None, help="only this execution")
+    migrate.add_argument(
+        "--map",
+        action="append",
+        default=[],
+        metavar="OLD=NEW",
+        help="state OLD was renamed NEW; repeat for more",
+    )
+    migrate.add_argument(
+        "--remove",
+        action="append",
+        default=[],
+        metavar="OLD",
+        help="state OLD was removed on purpose (its executions are parked); repeat for more",
+    )
+    migrate.add_argument(
+        "--data", default=None, metavar="JSON", help="values for variables the revision adds"
+    )
+    migrate.add_argument("--json", action="store_true", help="print one JSON document")
     cancel = actions.add_parser("cancel", parents=[common], help="cancel an execution")
     cancel.add_argument("execution_id", metavar="ID")
     cancel.add_argument("--json", action="store_true", help="print one JSON document")
@@ -144,8 +174,8 @@ async def _run(args: argparse.Namespace, out: TextIO) -> int:
     from statifier.sql import DEFAULT_PREFIX, TableOptions
 
     tables = TableOptions(prefix=args.prefix or DEFAULT_PREFIX, schema=args.schema)
-    if args.action == "create" and args.charts is None:
-        raise ValueError("create needs --charts DIR (DIR/CHART.scxml is the chart)")
+    if args.action in ("create", "migrate") and args.charts is None:
+        raise ValueError(f"{args.action} needs --charts DIR (DIR/CHART.scxml is the chart)")
     durable = Durable(args.database, charts=args.charts, tables=tables)
     async with durable:
         if args.action == "list":
@@ -167,6 +197,8 @@ async def _run(args: argparse.Namespace, out: TextIO) -> int:
             return 0
         if args.action == "send":
             return await _send(durable, args, out)
+        if args.action == "migrate":
+            return await _migrate(durable, args, out)
         return await _cancel(durable, args, out)
 
 
@@ -234,6 +266,47 @@ async def _cancel(durable: Durable, args: argparse.Namespace, out: TextIO) -> in
     return 0 if cancelled.cancelled else 1
 
 
+async def _migrate(durable: Durable, args: argparse.Namespace, out: TextIO) -> int:
+    state_map: dict[str, str | None] = dict(_pairs(args.map, "--map"))
+    for old in args.remove:
+        state_map[old] = None
+    data = {} if args.data is None else _json_object(args.data, "--data")
+    if args.execution_id is not None:
+        durable.chart(args.chart)  # the name must be one of the charts given
+        moved = await durable.migrate(args.execution_id, state_map=state_map, data=data)
+        if args.json:
+            _dump(moved.as_json(), out)
+        elif moved.migrated:
+            where = " ".join(moved.configuration)
+            out.write(f"{moved.execution_id}: migrated, {moved.status.value} in {where}\n")
+        else:
+            out.write(
+                f"{moved.execution_id}: not migrated ({moved.status.value}): {moved.reason}\n"
+            )
+        return 0 if moved.migrated or moved.status.value == "active" else 1
+    summary = await durable.migrate_all(args.chart, state_map=state_map, data=data)
+    if args.json:
+        _dump(
+            {
+                "migrated": list(summary.migrated),
+                "parked": dict(summary.parked),
+                "unchanged": dict(summary.unchanged),
+                "failed": dict(summary.failed),
+            },
+            out,
+        )
+    else:
+        out.write(
+            f"{args.chart}: {len(summary.migrated)} migrated, {len(summary.parked)} parked, "
+            f"{len(summary.failed)} failed\n"
+        )
+        for execution_id, reason in summary.parked.items():
+            out.write(f"  parked {execution_id}: {reason}\n")
+        for execution_id, reason in summary.failed.items():
+            out.write(f"  failed {execution_id}: {reason}\n")
+    return 1 if summary.parked or summary.failed else 0
+
+
 # Text.
 
 
@@ -295,6 +368,15 @@ def _print_description(description: Description, as_json: bool, out: TextIO) -> 
         out.write(f"{label.ljust(width)}  {text}\n")
         if label == "inputs":
             for entry in description.inputs:
+                migration = entry.migration
+                if migration is not None:
+                    moved = (
+                        f"parked: {migration.reason}"
+                        if migration.reason is not None
+                        else f"to {migration.target_hash}"
+                    )
+                    out.write(f"  {entry.seq}  {entry.door}  {moved}\n")
+                    continue
                 if entry.event is None:
                     out.write(f"  {entry.seq}  (the log was closed at its cap)\n")
                     continue

@@ -1,10 +1,10 @@
 """The front door to durable executions: one object built from a database URL and
-charts, with ``create``, ``send``, ``describe``, ``list`` and ``cancel``.
+charts, with ``create``, ``send``, ``describe``, ``list``, ``cancel`` and ``migrate``.
 
 :class:`Durable` opens the SQL adapter (:mod:`statifier.persistence.sql`), checks that
 the tables are migrated (or migrates them when asked), compiles the charts it is given
 by name, and answers plain frozen values: :class:`Description`, :class:`Sent`,
-:class:`Cancelled`, :class:`ExecutionSummary`. Underneath it is the lifecycle of
+:class:`Cancelled`, :class:`ExecutionSummary`, :class:`Moved`. Underneath it is the lifecycle of
 :mod:`statifier.persistence` (:class:`~statifier.persistence.Executions` over a
 :class:`~statifier.persistence.Storage`), reachable as :attr:`Durable.executions`. See
 ``docs/durable.md``.
@@ -42,6 +42,7 @@ from statifier.durable.values import (
     Cancelled,
     Description,
     ExecutionSummary,
+    Moved,
     Position,
     Sent,
 )
@@ -49,8 +50,10 @@ from statifier.ids import new_execution_id
 from statifier.persistence import (
     ExecutionExists,
     ExecutionNotFound,
+    InvalidMigrationPlan,
     LockTimeout,
     LoggedInput,
+    MigrationSummary,
     Status,
 )
 
@@ -65,8 +68,11 @@ __all__ = [
     "ExecutionExists",
     "ExecutionNotFound",
     "ExecutionSummary",
+    "InvalidMigrationPlan",
     "LockTimeout",
     "LoggedInput",
+    "MigrationSummary",
+    "Moved",
     "NotMigrated",
     "Position",
     "Sent",

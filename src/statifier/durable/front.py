@@ -18,6 +18,7 @@ from statifier.durable.values import (
     Cancelled,
     Description,
     ExecutionSummary,
+    Moved,
     Position,
     Sent,
     _configuration,
@@ -35,6 +36,10 @@ from statifier.persistence import (
     Executions,
     Executor,
     LoggedInput,
+    Migrated,
+    MigrationPlan,
+    MigrationSummary,
+    Parked,
     PersistenceError,
     Status,
     Storage,
@@ -358,7 +363,109 @@ class Durable:
             status=record.status,
         )
 
+    async def migrate(
+        self,
+        execution_id: str,
+        *,
+        state_map: Mapping[str, str | None] | None = None,
+        data: Mapping[str, Value] | None = None,
+    ) -> Moved:
+        """Move the execution onto the chart now given under its name (a new revision
+        of the one it was created from), by state id: ``state_map`` names the states
+        renamed (old id to new) or removed on purpose (to ``None``); every other id
+        keeps its id. ``data`` gives values for variables the revision declares that
+        the execution lacks. One guarded operation under the execution's lock, logged
+        in its input log; no executable content runs (see
+        :meth:`~statifier.persistence.Executions.migrate`).
+
+        An execution whose position cannot be carried (one of its active states was
+        removed and not mapped, say) is parked as ``needs_migration`` with the reason
+        (``migrated`` ``False``; :meth:`describe` shows it as its ``failure``): it
+        takes no event until migrated with a corrected map, or
+        ``durable.executions.unpark(id)`` puts it back on its old chart.
+
+        Raises:
+            ExecutionNotFound: no such execution.
+            UnknownChart: its chart's name is not among the charts given (or it was
+                created elsewhere, without one).
+            InvalidMigrationPlan: the map names ids the charts lack, or ``data`` a
+                variable the revision does not declare.
+            LockTimeout: another call held it longer than ``lock_wait``.
+        """
+        executions = self.executions
+        record = await executions.storage.fetch_execution(_text(execution_id, "an execution id"))
+        name = self._chart_name(record)
+        if name is None:  # created elsewhere, under no name: the hash is all it has
+            raise UnknownChart(record.content_hash, sorted(self._charts))
+        target = self.chart(name)
+        if record.content_hash == target.identity.content_hash:
+            return await self._moved(record, False, "already on the chart given")
+        source = await executions.storage.machine(record.content_hash)
+        plan = MigrationPlan(source, target, state_map=state_map or {}, data=data or {})
+        answer = await executions.migrate(record.id, plan)
+        if isinstance(answer, Migrated):
+            state = answer.state
+            return Moved(
+                execution_id=record.id,
+                migrated=True,
+                status=answer.execution.status,
+                content_hash=answer.execution.content_hash,
+                configuration=_configuration(state),
+            )
+        if isinstance(answer, Parked):
+            return await self._moved(answer.execution, False, answer.reason)
+        return await self._moved(answer.execution, False, f"it is {answer.execution.status.value}")
+
+    async def migrate_all(
+        self,
+        chart: str,
+        *,
+        state_map: Mapping[str, str | None] | None = None,
+        data: Mapping[str, Value] | None = None,
+    ) -> MigrationSummary:
+        """Move every execution of the chart named ``chart`` that still runs an
+        earlier revision (``active`` or parked) onto the chart now given under that
+        name, as :meth:`migrate` does for one, in batches. Each earlier revision gets
+        its plan from the same ``state_map`` and ``data``. Safe to run again: what
+        moved stays moved.
+
+        Returns:
+            the :class:`~statifier.persistence.MigrationSummary`: ids migrated, parked
+            (with the reasons), left unchanged, and failed (a lock wait ran out, say).
+
+        Raises:
+            UnknownChart: no chart has that name.
+            InvalidMigrationPlan: the map or data does not fit one of the revisions.
+        """
+        target = self.chart(chart)
+        executions = self.executions
+        records = await executions.storage.list_executions(**{CHART_KEY: chart})
+        earlier = sorted(
+            {
+                r.content_hash
+                for r in records
+                if r.status.pins and r.content_hash != target.identity.content_hash
+            }
+        )
+        summary = MigrationSummary()
+        for content_hash in earlier:
+            source = await executions.storage.machine(content_hash)
+            plan = MigrationPlan(source, target, state_map=state_map or {}, data=data or {})
+            summary = summary + await executions.migrate_all(content_hash, plan)
+        return summary
+
     # Helpers.
+
+    async def _moved(self, record: ExecutionRecord, migrated: bool, reason: str | None) -> Moved:
+        state, _ = await self._state(record)
+        return Moved(
+            execution_id=record.id,
+            migrated=migrated,
+            status=record.status,
+            content_hash=record.content_hash,
+            configuration=_configuration(state),
+            reason=reason,
+        )
 
     async def _state(self, record: ExecutionRecord) -> tuple[MachineState | None, Position]:
         if record.position is None:

@@ -15,7 +15,15 @@ from statifier.persistence import (
     Status,
 )
 
-__all__ = ["CHART_KEY", "Cancelled", "Description", "ExecutionSummary", "Position", "Sent"]
+__all__ = [
+    "CHART_KEY",
+    "Cancelled",
+    "Description",
+    "ExecutionSummary",
+    "Moved",
+    "Position",
+    "Sent",
+]
 
 CHART_KEY: Final = "statifier.chart"
 """The metadata key under which :meth:`Durable.create` files the name of the chart an
@@ -156,6 +164,41 @@ class Cancelled:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Moved:
+    """What one :meth:`Durable.migrate` did.
+
+    Attributes:
+        execution_id: the execution.
+        migrated: whether it moved onto the chart now given under its name.
+        status: its status after the call: ``active`` when it moved,
+            ``needs_migration`` when it was parked, else what it was.
+        content_hash: the chart it runs after the call.
+        configuration: its active leaf states after the call, by id (on the new chart
+            when it moved); ``()`` when its position cannot be read.
+        reason: why it did not move (parked: what the plan could not carry; or it had
+            ended, or was already on the new chart); ``None`` when it moved.
+    """
+
+    execution_id: str
+    migrated: bool
+    status: Status
+    content_hash: str
+    configuration: tuple[str, ...]
+    reason: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {
+            "execution_id": self.execution_id,
+            "migrated": self.migrated,
+            "status": self.status.value,
+            "content_hash": self.content_hash,
+            "configuration": list(self.configuration),
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ExecutionSummary:
     """One row of :meth:`Durable.list`: what the record says, without loading the
     position or the input log."""
@@ -236,11 +279,19 @@ def _iso(moment: datetime | None) -> str | None:
 
 
 def _input_json(entry: LoggedInput) -> dict[str, Any]:
-    event = entry.event
-    return {
+    event, migration = entry.event, entry.migration
+    answer: dict[str, Any] = {
         "seq": entry.seq,
         "door": entry.door,
         "event": None if event is None else event.name,
         "data": None if event is None else tagged.encode(event.data),
         "recorded_at": _iso(entry.recorded_at),
     }
+    if migration is not None:
+        answer["migration"] = {
+            "from": migration.source_hash,
+            "to": migration.target_hash,
+            "parked": migration.reason,
+            "renamed": dict(migration.renamed),
+        }
+    return answer

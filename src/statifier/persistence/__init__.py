@@ -3,7 +3,8 @@
 :class:`Storage` puts an adapter (:class:`MemoryAdapter`, or the SQL one in
 ``statifier.persistence.sql``) behind the identity guard; :class:`Executions` creates,
 steps, fails and cancels executions over it, handing every effect to an executor, and
-answers :class:`Stepped` or :class:`Discarded`; :class:`Driver` drives charts that
+answers :class:`Stepped` or :class:`Discarded`, and moves them onto a new revision of
+their chart along a :class:`MigrationPlan`; :class:`Driver` drives charts that
 invoke services (durable children and fan-out); :func:`prune` clears what finished.
 See ``docs/persistence.md``, whose "What the calls return" section lists every field
 of the returned values and the format of effect keys.
@@ -13,6 +14,7 @@ from statifier.persistence.driver import Answered, Driver, InvocationFailed
 from statifier.persistence.errors import (
     ExecutionExists,
     ExecutionNotFound,
+    InvalidMigrationPlan,
     LockTimeout,
     PersistenceError,
 )
@@ -25,6 +27,15 @@ from statifier.persistence.executions import (
 )
 from statifier.persistence.executor import EffectContext, Executor, Refused
 from statifier.persistence.memory import MemoryAdapter
+from statifier.persistence.migration import (
+    LoggedMigration,
+    Migrated,
+    MigrationPlan,
+    MigrationSummary,
+    Parked,
+    Unmappable,
+    carry,
+)
 from statifier.persistence.records import ExecutionRecord, Status
 from statifier.persistence.retention import prune
 from statifier.persistence.storage import Storage
@@ -39,15 +50,23 @@ __all__ = [
     "ExecutionRecord",
     "Executions",
     "Executor",
+    "InvalidMigrationPlan",
     "InvocationFailed",
     "LockTimeout",
     "LoggedInput",
+    "LoggedMigration",
     "MemoryAdapter",
+    "Migrated",
+    "MigrationPlan",
+    "MigrationSummary",
+    "Parked",
     "PersistenceError",
     "Refused",
     "Status",
     "Stepped",
     "Storage",
+    "Unmappable",
+    "carry",
     "decode_outcome",
     "prune",
 ]

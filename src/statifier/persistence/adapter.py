@@ -106,6 +106,14 @@ class Adapter(Protocol):
         """
         ...
 
+    async def rechart_execution(self, record: ExecutionRecord, from_hash: str) -> bool:
+        """Move an execution onto another chart: overwrite its chart
+        (``record.content_hash``), status, position, failure and ``updated_at``, but only
+        while it is still on ``from_hash`` (the identity guard of a migration).
+        Answers whether it was written: ``False`` when there is no such execution or
+        it runs another chart, and then nothing changed."""
+        ...
+
     async def count_executions_on(self, content_hash: str) -> Mapping[Status, int]:
         """How many executions run ``content_hash``, by status (zero counts may be
         left out)."""

@@ -10,6 +10,7 @@ __all__ = [
     "ChartRetirementUnsupported",
     "ExecutionExists",
     "ExecutionNotFound",
+    "InvalidMigrationPlan",
     "LockTimeout",
     "MetadataUnsupported",
     "PersistenceError",
@@ -18,6 +19,8 @@ __all__ = [
     "RefusalsUnsettled",
     "SerializationUnsupported",
     "StoredChartDamaged",
+    "UndeclaredPlanData",
+    "UnknownPlanStates",
     "Unstorable",
 ]
 
@@ -119,3 +122,25 @@ class RefusalsUnsettled(PersistenceError):  # noqa: N818
         )
         self.execution_id = execution_id
         self.rounds = rounds
+
+
+class InvalidMigrationPlan(PersistenceError, ValueError):  # noqa: N818 - names the refusal
+    """The plan cannot be built as given; nothing was migrated."""
+
+
+class UnknownPlanStates(InvalidMigrationPlan):
+    """The state map names ids a chart lacks: ``side`` is ``"old"`` (keys missing from
+    the old chart) or ``"new"`` (targets missing from the new chart)."""
+
+    def __init__(self, side: str, ids: list[str]) -> None:
+        super().__init__(f"the {side} chart has no states with the ids {ids}")
+        self.side = side
+        self.ids = ids
+
+
+class UndeclaredPlanData(InvalidMigrationPlan):
+    """The plan gives values for variables the new chart does not declare."""
+
+    def __init__(self, names: list[str]) -> None:
+        super().__init__(f"the new chart declares no data named {names}")
+        self.names = names

@@ -26,6 +26,7 @@ position, status and input. Between calls nothing lives in memory but the record
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Container, Mapping, Sequence
@@ -35,6 +36,7 @@ from datetime import datetime
 from typing import Any, Final, Protocol
 
 from statifier.chart import Machine
+from statifier.chart.model import ChartIdentity
 from statifier.core import (
     Event,
     MachineState,
@@ -52,13 +54,26 @@ from statifier.persistence.errors import (
     ChartRetirementUnsupported,
     ExecutionExists,
     ExecutionNotFound,
+    InvalidMigrationPlan,
     MetadataUnsupported,
+    PersistenceError,
     Pinned,
     PinSourceFailed,
     RefusalsUnsettled,
     Unstorable,
 )
 from statifier.persistence.executor import Executor, ignore_effects, perform, refuse_unperformed
+from statifier.persistence.migration import (
+    MIGRATE_DOOR,
+    LoggedMigration,
+    Migrated,
+    MigrationPlan,
+    MigrationSummary,
+    Parked,
+    Unmappable,
+    carry,
+    renamed_ids,
+)
 from statifier.persistence.records import ChartRecord, ExecutionRecord, Status
 from statifier.persistence.serialization import AdapterLock, Serialization
 from statifier.persistence.storage import Storage
@@ -86,6 +101,9 @@ cancels the children."""
 MAX_REFUSAL_ROUNDS: Final = 32
 """How many times one call tells the chart of refused effects before it gives up: a
 chart that answers every refusal with another refused send would never settle."""
+
+MIGRATION_BATCH: Final = 64
+"""How many executions :meth:`Executions.migrate_all` migrates at once by default."""
 
 MAX_METADATA_PAIRS: Final = 64
 MAX_METADATA_TEXT: Final = 1_024
@@ -118,20 +136,23 @@ class Stepped:
 @dataclass(frozen=True, slots=True)
 class Discarded:
     """A call that changed nothing because the execution does not take it: it has
-    ended, or is parked (``needs_migration``). Nothing was logged."""
+    ended, or is parked (``needs_migration``), or (a migration) is already on the
+    plan's new chart. Nothing was logged."""
 
     execution: ExecutionRecord
 
 
 @dataclass(frozen=True, slots=True)
 class LoggedInput:
-    """An input log entry, decoded: ``event`` is ``None`` for the marker that closed a
-    log at its cap."""
+    """An input log entry, decoded. ``event`` is ``None`` for a migration (door
+    ``"migrate"``; ``migration`` says what it did) and for the marker that closed a log
+    at its cap (``migration`` is ``None`` too)."""
 
     seq: int
     door: str
     event: Event | None
     recorded_at: datetime
+    migration: LoggedMigration | None = None
 
 
 class PinSource(Protocol):
@@ -281,6 +302,8 @@ class Executions:
         """
         started = time.perf_counter()
         storage = self.storage
+        if door == MIGRATE_DOOR:
+            raise ValueError(f"the door {MIGRATE_DOOR!r} is the migrations' own")
         # The hot path: the exclusion is entered directly, not through _exclusive.
         async with self.serialization.exclusive(execution_id):
             _locked(execution_id, started)
@@ -407,7 +430,8 @@ class Executions:
         return await self._set_status(execution_id, Status.ACTIVE, Status.NEEDS_MIGRATION)
 
     async def unpark(self, execution_id: str) -> ExecutionRecord | Discarded:
-        """Put a parked execution back to ``active`` on its chart."""
+        """Put a parked execution back to ``active`` on its chart (a migration's reason
+        for parking it is cleared)."""
         return await self._set_status(execution_id, Status.NEEDS_MIGRATION, Status.ACTIVE)
 
     async def _set_status(
@@ -417,7 +441,7 @@ class Executions:
             record = await self.storage.fetch_execution(execution_id)
             if record.status is not before:
                 return Discarded(record)
-            record = replace(record, status=after, updated_at=self.storage.clock())
+            record = replace(record, status=after, failure=None, updated_at=self.storage.clock())
             await self.storage.update_execution(record)
         self._lifecycle(record, after.value)
         return record
@@ -427,15 +451,212 @@ class Executions:
         if not self.storage.capabilities.input_log:
             return []
         entries = await self.storage.inputs(execution_id)
-        return [
-            LoggedInput(
-                entry.seq,
-                entry.door,
-                None if entry.event is None else stored.load_event(entry.event),
-                entry.recorded_at,
+        decoded = []
+        for entry in entries:
+            if entry.event is None:
+                decoded.append(LoggedInput(entry.seq, entry.door, None, entry.recorded_at))
+            elif entry.door == MIGRATE_DOOR:
+                migration = LoggedMigration.load(entry.event)
+                decoded.append(
+                    LoggedInput(entry.seq, entry.door, None, entry.recorded_at, migration)
+                )
+            else:
+                event = stored.load_event(entry.event)
+                decoded.append(LoggedInput(entry.seq, entry.door, event, entry.recorded_at))
+        return decoded
+
+    # Migration.
+
+    async def migrate(
+        self, execution_id: str, plan: MigrationPlan
+    ) -> Migrated | Parked | Discarded:
+        """Move one execution onto ``plan.target``, as one guarded operation under its
+        exclusion: its position is carried by state id (see
+        :func:`~statifier.persistence.carry`), and the record moves to the new
+        chart only while it is still on the old one. No executable content runs and
+        no effect is emitted: states keep being active, invocations stay live. The
+        attempt is logged in the input log (door ``"migrate"``) either way.
+
+        The new chart is stored first (idempotent). An ``active`` or ``needs_migration``
+        execution is migrated; one whose position the plan cannot carry is parked on
+        its old chart as ``needs_migration`` with the reason (also its ``failure``),
+        until :meth:`unpark` or a corrected plan.
+
+        Returns:
+            :class:`~statifier.persistence.Migrated`,
+            :class:`~statifier.persistence.Parked`, or :class:`Discarded` for
+            an execution that has ended or is already on the new chart.
+
+        Raises:
+            ExecutionNotFound: no such execution.
+            IdentityMismatch: it runs neither of the plan's charts.
+            LockTimeout: it stayed locked longer than the lock wait.
+            ChartRetired: the new chart was retired.
+            Unstorable: the carried position cannot be stored (nothing changed).
+            NotAPosition: its stored position is damaged or was pruned.
+        """
+        await self.storage.save_chart(plan.target)
+        return await self._migrate_one(execution_id, plan)
+
+    async def _migrate_one(
+        self, execution_id: str, plan: MigrationPlan
+    ) -> Migrated | Parked | Discarded:
+        storage = self.storage
+        async with self._exclusive(execution_id):
+            record = await storage.fetch_execution(execution_id)
+            if not record.status.pins or record.content_hash == plan.target_hash:
+                return Discarded(record)
+            if record.content_hash != plan.source_hash:
+                stored_identity = ChartIdentity(record.content_hash)
+                raise stored.IdentityMismatch(stored_identity, plan.source.identity)
+            state = storage.load(record, plan.source)
+            carried = carry(state, plan)
+            now = storage.clock()
+            if isinstance(carried, Unmappable):
+                reason = carried.reason
+                entry = LoggedMigration(plan.source_hash, plan.target_hash, reason)
+                record = replace(
+                    record, status=Status.NEEDS_MIGRATION, failure=reason, updated_at=now
+                )
+                await storage.update_execution(record)
+                await self._log_migration(execution_id, entry, now)
+                outcome: Migrated | Parked = Parked(record, reason)
+            else:
+                position = _dump(carried)
+                carried = stored.load(plan.target, position)  # system variables anew
+                renamed = renamed_ids(state, plan)
+                entry = LoggedMigration(plan.source_hash, plan.target_hash, None, renamed)
+                record = replace(
+                    record,
+                    content_hash=plan.target_hash,
+                    status=Status.ACTIVE,
+                    position=position,
+                    failure=None,
+                    updated_at=now,
+                )
+                if not await storage.rechart_execution(record, plan.source_hash):
+                    # Only a writer that bypasses the exclusion gets here.
+                    raise ExecutionNotFound(execution_id)
+                await self._log_migration(execution_id, entry, now)
+                storage.remember(execution_id, position, carried)
+                outcome = Migrated(record, carried)
+        # A parked one reports as a manual park does, its reason as the failure.
+        self._lifecycle(record, "migrated" if isinstance(outcome, Migrated) else "needs_migration")
+        return outcome
+
+    async def _log_migration(
+        self, execution_id: str, entry: LoggedMigration, now: datetime
+    ) -> None:
+        if self.storage.capabilities.input_log:
+            await self.storage.append_input(execution_id, MIGRATE_DOOR, entry.dump(), now)
+
+    async def migrate_all(
+        self, content_hash: str, plan: MigrationPlan, *, batch: int = MIGRATION_BATCH
+    ) -> MigrationSummary:
+        """Migrate every execution on ``content_hash`` that holds it (``active`` and
+        ``needs_migration``), ``batch`` at a time, each as :meth:`migrate` does. Safe to
+        run again: what already moved is left as it is, so a run stopped half-way is
+        finished by the next.
+
+        An execution whose migration raises a :class:`PersistenceError` (a lock wait
+        ran out, say) or a position error (its stored position is damaged) is reported
+        under ``failed`` and the others go on; any other error propagates once the
+        batch has settled.
+
+        Raises:
+            InvalidMigrationPlan: the plan does not start from ``content_hash``.
+            ValueError: ``batch`` is below 1.
+            ChartRetired: the new chart was retired.
+        """
+        if content_hash != plan.source_hash:
+            raise InvalidMigrationPlan(
+                f"the plan migrates from {plan.source_hash}, not {content_hash}"
             )
-            for entry in entries
-        ]
+        size: object = batch  # untyped callers pass anything
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"batch is a whole number of at least 1, not {batch!r}")
+        await self.storage.save_chart(plan.target)
+        ids = sorted(await self.storage.pinning_executions(content_hash))
+        summary = MigrationSummary()
+        for start in range(0, len(ids), batch):
+            chunk = ids[start : start + batch]
+            answers = await asyncio.gather(
+                *(self._migrate_one(execution_id, plan) for execution_id in chunk),
+                return_exceptions=True,
+            )
+            summary = summary + _summarized(chunk, answers, plan)
+        return summary
+
+    async def migrate_tree(
+        self,
+        execution_id: str,
+        plan: MigrationPlan,
+        children: Mapping[str, MigrationPlan] | None = None,
+    ) -> MigrationSummary:
+        """Migrate an execution and then its durable children (executions whose
+        metadata names it under :data:`PARENT_KEY`), theirs in turn, each under its own
+        exclusion once the parent's is released.
+
+        ``children`` holds the plans for the children's charts, by the content hash
+        they move from (a child's chart is a chart of its own, which the parent's
+        revision may change too). A child on a chart with no plan stays on it; its own
+        children are still visited. A parked parent's children are left as they are:
+        the tree stays on the old revision from there down. Running it again after a
+        stop finishes the tree (what moved is left as it is, and still walked).
+
+        Raises:
+            as :meth:`migrate`, for the parent; a child's refusal is under ``failed``.
+            MetadataUnsupported: the adapter keeps no metadata (children cannot be
+                found).
+            InvalidMigrationPlan: a plan in ``children`` is filed under another hash
+                than the one it moves from.
+        """
+        if not self.storage.capabilities.metadata:
+            raise MetadataUnsupported("durable children need an adapter that keeps metadata")
+        plans = dict(children or {})
+        for content_hash, child_plan in plans.items():
+            if content_hash != child_plan.source_hash:
+                raise InvalidMigrationPlan(
+                    f"the plan filed under {content_hash} migrates from {child_plan.source_hash}"
+                )
+        for child_plan in plans.values():
+            await self.storage.save_chart(child_plan.target)
+        answer = await self.migrate(execution_id, plan)
+        summary = _summarized([execution_id], [answer], plan)
+        if isinstance(answer, Parked) or answer.execution.status.terminal:
+            return summary
+        targets = {p.target_hash for p in plans.values()} | {plan.target_hash}
+        return summary + await self._migrate_children(execution_id, plans, targets)
+
+    async def _migrate_children(
+        self, parent_id: str, plans: Mapping[str, MigrationPlan], targets: set[str]
+    ) -> MigrationSummary:
+        summary = MigrationSummary()
+        statuses = await self.storage.statuses_by_metadata({PARENT_KEY: parent_id})
+        for child_id, status in sorted(statuses.items()):
+            if status.terminal:
+                continue
+            try:
+                child = await self.storage.fetch_execution(child_id)
+                plan = plans.get(child.content_hash)
+                if plan is None:
+                    why = (
+                        "already on the new chart"
+                        if child.content_hash in targets
+                        else ("no plan for its chart")
+                    )
+                    summary = summary + MigrationSummary(unchanged={child_id: why})
+                    walk = child.status is Status.ACTIVE
+                else:
+                    answer = await self._migrate_one(child_id, plan)
+                    summary = summary + _summarized([child_id], [answer], plan)
+                    walk = not isinstance(answer, Parked) and not answer.execution.status.terminal
+            except (PersistenceError, stored.PositionError) as error:
+                summary = summary + MigrationSummary(failed={child_id: str(error)})
+                continue
+            if walk:
+                summary = summary + await self._migrate_children(child_id, plans, targets)
+        return summary
 
     async def executions_on(self, content_hash: str) -> Mapping[str, int]:
         """What refers to a chart: executions by status and saved positions (finished
@@ -553,6 +774,35 @@ class Executions:
             {"duration": time.perf_counter() - started, "effects": len(effects)},
             {"execution_id": record.id, "door": door, "status": record.status.value},
         )
+
+
+def _summarized(
+    ids: Sequence[str],
+    answers: Sequence[Migrated | Parked | Discarded | BaseException],
+    plan: MigrationPlan,
+) -> MigrationSummary:
+    """The summary of migrating ``ids`` with these answers, in order. Refusals of
+    persistence are reported; any other exception is raised again."""
+    migrated: list[str] = []
+    parked: dict[str, str] = {}
+    unchanged: dict[str, str] = {}
+    failed: dict[str, str] = {}
+    for execution_id, answer in zip(ids, answers, strict=True):
+        if isinstance(answer, Migrated):
+            migrated.append(execution_id)
+        elif isinstance(answer, Parked):
+            parked[execution_id] = answer.reason
+        elif isinstance(answer, Discarded):
+            record = answer.execution
+            on_target = record.content_hash == plan.target_hash
+            unchanged[execution_id] = (
+                "already on the new chart" if on_target else f"it is {record.status.value}"
+            )
+        elif isinstance(answer, PersistenceError | stored.PositionError):
+            failed[execution_id] = str(answer)
+        else:
+            raise answer
+    return MigrationSummary(tuple(migrated), parked, unchanged, failed)
 
 
 def _locked(execution_id: str, started: float) -> None:

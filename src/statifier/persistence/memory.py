@@ -88,6 +88,20 @@ class MemoryAdapter:
             ended_at=record.ended_at,
         )
 
+    async def rechart_execution(self, record: ExecutionRecord, from_hash: str) -> bool:
+        stored = self.executions.get(record.id)
+        if stored is None or stored.content_hash != from_hash:
+            return False
+        self.executions[record.id] = replace(
+            stored,
+            content_hash=record.content_hash,
+            status=record.status,
+            position=record.position,
+            failure=record.failure,
+            updated_at=record.updated_at,
+        )
+        return True
+
     async def count_executions_on(self, content_hash: str) -> Mapping[Status, int]:
         counts: dict[Status, int] = {}
         for record in self.executions.values():

@@ -251,6 +251,13 @@ class Storage:
         """
         return self._call("update_execution", self.adapter.update_execution(record))
 
+    def rechart_execution(self, record: ExecutionRecord, from_hash: str) -> Awaitable[bool]:
+        """Move the execution onto ``record.content_hash`` while it is still on
+        ``from_hash`` (see ``Adapter.rechart_execution``); answers whether it moved.
+        The decoded position kept for it is dropped: it belongs to the old chart."""
+        self._states.pop(record.id, None)
+        return self._call("rechart_execution", self.adapter.rechart_execution(record, from_hash))
+
     def statuses_by_metadata(self, pairs: Mapping[str, str]) -> Awaitable[dict[str, Status]]:
         """The status of every execution whose metadata holds every pair, by id."""
         return self._call("statuses_by_metadata", self.adapter.statuses_by_metadata(pairs))

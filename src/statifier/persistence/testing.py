@@ -472,6 +472,33 @@ class AdapterConformance(_AdapterSuite):
         assert await adapter.fetch_execution("exec-9") is None
 
     @pytest.mark.asyncio
+    async def test_execution_rechart_moves_it_while_on_the_old_chart(
+        self, adapter: Adapter
+    ) -> None:
+        metadata = {"tenant_id": "t1"} if adapter.capabilities.metadata else {}
+        stored = _execution(status=Status.NEEDS_MIGRATION, failure="parked", metadata=metadata)
+        other = _execution("exec-2")
+        await _insert(adapter, stored)
+        await _insert(adapter, other)
+        await adapter.save_chart(_chart(_HASH_B))
+        moved = replace(
+            stored,
+            content_hash=_HASH_B,
+            status=Status.ACTIVE,
+            position=b"carried \xff position",
+            failure=None,
+            updated_at=_at(9),
+        )
+        assert await adapter.rechart_execution(moved, _HASH_A) is True
+        _assert_same_execution(await adapter.fetch_execution("exec-1"), moved)
+        _assert_same_execution(await adapter.fetch_execution("exec-2"), other)
+        # The guard: no longer on the old chart, it is not written again.
+        assert await adapter.rechart_execution(replace(moved, position=b"x"), _HASH_A) is False
+        _assert_same_execution(await adapter.fetch_execution("exec-1"), moved)
+        assert await adapter.rechart_execution(_execution("exec-9"), _HASH_A) is False
+        assert await adapter.fetch_execution("exec-9") is None
+
+    @pytest.mark.asyncio
     async def test_execution_counts_by_status(self, adapter: Adapter) -> None:
         assert _nonzero(await adapter.count_executions_on(_HASH_A)) == {}
         statuses = [Status.ACTIVE, Status.ACTIVE, Status.COMPLETED, Status.NEEDS_MIGRATION]

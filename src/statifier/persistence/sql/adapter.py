@@ -284,6 +284,11 @@ class SqlAdapter:
     def update_execution(self, record: ExecutionRecord) -> Coroutine[Any, Any, None]:
         return self._db.update_execution(record)
 
+    def rechart_execution(
+        self, record: ExecutionRecord, from_hash: str
+    ) -> Coroutine[Any, Any, bool]:
+        return self._db.rechart_execution(record, from_hash)
+
     def count_executions_on(self, content_hash: str) -> Coroutine[Any, Any, Mapping[Status, int]]:
         return self._db.count_executions_on(content_hash)
 

@@ -117,6 +117,11 @@ class Statements:
             "outcome_blob = %(outcome_blob)s, failure = %(failure)s, "
             "updated_at = %(updated_at)s, ended_at = %(ended_at)s WHERE execution_id = %(id)s"
         )
+        self.rechart_execution = (
+            f"UPDATE {t.executions} SET content_hash = %(to)s, status = %(status)s, "
+            "position_blob = %(position_blob)s, failure = %(failure)s, "
+            "updated_at = %(updated_at)s WHERE execution_id = %(id)s AND content_hash = %(from)s"
+        )
         self.count_executions = (
             f"SELECT status, count(*) FROM {t.executions} WHERE content_hash = %(h)s "
             "GROUP BY status"
@@ -637,6 +642,24 @@ class PostgresDatabase:
         await cursor.execute(self.statements.update_execution, values)
         if not cursor.rowcount:
             raise ExecutionNotFound(record.id)
+
+    async def rechart_execution(self, record: ExecutionRecord, from_hash: str) -> bool:
+        return await self._run(self._rechart_execution, record, from_hash)
+
+    async def _rechart_execution(
+        self, cursor: Cursor, record: ExecutionRecord, from_hash: str
+    ) -> bool:
+        values = {
+            "to": record.content_hash,
+            "status": record.status.value,
+            "position_blob": record.position,
+            "failure": record.failure,
+            "updated_at": utc(record.updated_at),
+            "id": record.id,
+            "from": from_hash,
+        }
+        await cursor.execute(self.statements.rechart_execution, values)
+        return bool(cursor.rowcount)
 
     async def count_executions_on(self, content_hash: str) -> Mapping[Status, int]:
         return await self._run(self._count_executions_on, content_hash)

@@ -119,6 +119,11 @@ class Statements:
             "outcome_blob = :outcome_blob, failure = :failure, updated_at = :updated_at, "
             "ended_at = :ended_at WHERE execution_id = :id"
         )
+        self.rechart_execution = (
+            f"UPDATE {t.executions} SET content_hash = :to, status = :status, "
+            "position_blob = :position_blob, failure = :failure, updated_at = :updated_at "
+            "WHERE execution_id = :id AND content_hash = :from"
+        )
         self.count_executions = (
             f"SELECT status, count(*) FROM {t.executions} WHERE content_hash = :h GROUP BY status"
         )
@@ -634,6 +639,26 @@ class SqliteDatabase:
         }
         if not cursor.execute(self.statements.update_execution, values).rowcount:
             raise ExecutionNotFound(record.id)
+
+    async def rechart_execution(self, record: ExecutionRecord, from_hash: str) -> bool:
+        tx = self.current()
+        if tx is not None:
+            return self._rechart_execution(tx.cursor, record, from_hash)
+        return await self._alone(self._rechart_execution, True, record, from_hash)
+
+    def _rechart_execution(
+        self, cursor: sqlite3.Cursor, record: ExecutionRecord, from_hash: str
+    ) -> bool:
+        values = {
+            "to": record.content_hash,
+            "status": record.status.value,
+            "position_blob": record.position,
+            "failure": record.failure,
+            "updated_at": utc_text(record.updated_at),
+            "id": record.id,
+            "from": from_hash,
+        }
+        return bool(cursor.execute(self.statements.rechart_execution, values).rowcount)
 
     async def count_executions_on(self, content_hash: str) -> Mapping[Status, int]:
         return await self._run(self._count_executions_on, False, content_hash)
