@@ -108,12 +108,13 @@ async def test_an_answer_left_owed_by_a_crash_is_redriven_exactly_once(adapter: 
     owed = await driver.storage.undelivered_answers(10)
     assert [a.child_id for a in owed] == ["p/sub"]
     assert await told(driver) == []
-    # Three deliveries race (a reaper twice and the child's own path): one step.
-    child = await driver.storage.fetch_execution("p/sub")
-    handed = await asyncio.gather(
-        driver.redrive_answers(), driver.redrive_answers(), driver._answer_parent(child)
-    )
-    assert handed[:2] in ([1, 0], [0, 1], [1, 1], [0, 0])
+    # Three redrives race, each handed the same owed answer: one step in the parent.
+    handed = await asyncio.gather(*(driver.redrive_answers() for _ in range(3)))
+    assert sum(handed) >= 1
+    assert await told(driver) == ["done.invoke.sub"]
+    # A deliverer holding the answer as it read it before the first delivery (a reaper
+    # that listed it just before): the mark in the store stops it.
+    await driver._hand_over(owed[0])
     assert await told(driver) == ["done.invoke.sub"]
     assert await answers_logged(driver) == ["done.invoke.sub"]
     assert await driver.storage.undelivered_answers(10) == []

@@ -532,8 +532,8 @@ class Driver:
 
         Under the parent's exclusion, in one unit of work: read whether the fan-out
         has settled (its row in the settlements table), read the siblings' statuses
-        from the indexed projection, and then either take the settlement, step the
-        dense outcome list into the parent and mark every ended sibling's answer
+        from the indexed projection, and then either step the dense outcome list into
+        the parent, take the settlement and mark every ended sibling's answer
         delivered; or, when siblings still run, mark only this answer delivered. Each
         child's end commits before its own answer is handed over, and handovers are
         serialized by the parent's exclusion, so the last one sees every sibling
@@ -561,9 +561,6 @@ class Driver:
                 # Settled already, or the last sibling to end settles: nothing owed.
                 await storage.mark_delivered([answer.child_id], now)
                 return None
-            if not await storage.take_settlement(parent_id, invoke_id, now):
-                await storage.mark_delivered([answer.child_id], now)
-                return None
             running = sorted(i for i, status in by_index.items() if not status.terminal)
             # The ended siblings' records, read at once: their outcomes no longer change.
             records = _by_index(
@@ -587,6 +584,14 @@ class Driver:
                 )
             except ExecutionNotFound:
                 result = None
+            # Taken after the step, so a step that raises takes nothing (the in-memory
+            # adapter keeps what a raising block wrote); under the parent's exclusion
+            # nobody else can have taken it since `settled` said no.
+            if not await storage.take_settlement(parent_id, invoke_id, now):
+                raise RuntimeError(
+                    f"the fan-out {invoke_id!r} of {parent_id!r} settled concurrently: "
+                    "the serialization does not keep the parent's calls apart"
+                )
             answered = [prefix + str(i) for i, status in by_index.items() if status.terminal]
             await storage.mark_delivered(answered, now)
         if result is not None:
