@@ -121,6 +121,21 @@ async def test_an_answer_left_owed_by_a_crash_is_redriven_exactly_once(adapter: 
 
 
 @pytest.mark.asyncio
+async def test_an_answer_to_a_parked_parent_stays_owed_until_it_is_put_back(
+    adapter: Adapter,
+) -> None:
+    driver = Driver(Storage(adapter))
+    await driver.create("p", COUNTING)
+    await driver.executions.park("p")
+    await driver.send_event("p/sub", Event("go"))
+    assert [a.child_id for a in await driver.storage.undelivered_answers(10)] == ["p/sub"]
+    await driver.executions.unpark("p")
+    assert await driver.redrive_answers() == 1
+    assert await told(driver) == ["done.invoke.sub"]
+    assert await driver.storage.undelivered_answers(10) == []
+
+
+@pytest.mark.asyncio
 async def test_an_answer_the_parent_no_longer_takes_is_marked_delivered(adapter: Adapter) -> None:
     driver = Driver(Storage(adapter))
     await driver.create("p", COUNTING)

@@ -446,7 +446,8 @@ class Driver:
         """Step a single child's answer into its parent and mark it delivered, in one
         unit of work under the parent's exclusion: delivered once, or not at all (a
         crash leaves it owed). An answer the parent no longer takes (it ended, or
-        cancelled the invocation) is marked delivered without a step."""
+        cancelled the invocation) is marked delivered without a step; one for a parked
+        parent stays owed."""
         started = time.perf_counter()
         executions, storage = self.executions, self.storage
         async with executions.serialization.exclusive(answer.parent_id):
@@ -464,6 +465,8 @@ class Driver:
                 )
             except ExecutionNotFound:
                 result = None  # no parent to answer
+            if _parked(result):
+                return None  # owed until the parent is put back
             await storage.mark_delivered([owed.child_id], storage.clock())
         if result is not None:
             executions.report_step(result, "answer", started)
@@ -538,8 +541,9 @@ class Driver:
         child's end commits before its own answer is handed over, and handovers are
         serialized by the parent's exclusion, so the last one sees every sibling
         ended: the fan-out settles exactly once, and a crash anywhere leaves the
-        answer owed, for :meth:`redrive_answers`. Cancelling the rest happens after
-        the exclusion is released, since each cancel takes exclusions of its own.
+        answer owed, for :meth:`redrive_answers`. Under ``first_error`` the running
+        siblings are cancelled in the same unit of work; the ``child_canceller`` is
+        told of the unstarted ones after it commits.
         """
         parent_id, invoke_id = answer.parent_id, answer.invoke_id
         count = int(metadata[_COUNT_KEY])
@@ -573,6 +577,11 @@ class Driver:
                 else {"index": index, "status": "cancelled"}
                 for index in range(count)
             ]
+            # The rest are cancelled in this unit of work too (each child's exclusion
+            # nested in the parent's, the order every nesting takes), so a crash
+            # cannot leave them running past the settlement.
+            for index in running:
+                await executions.cancel(prefix + str(index), by_parent=True)
             try:
                 result: Stepped | Discarded | None = await executions.step_held(
                     parent_id,
@@ -584,6 +593,8 @@ class Driver:
                 )
             except ExecutionNotFound:
                 result = None
+            if _parked(result):
+                return None  # every answer stays owed until the parent is put back
             # Taken after the step, so a step that raises takes nothing (the in-memory
             # adapter keeps what a raising block wrote); under the parent's exclusion
             # nobody else can have taken it since `settled` said no.
@@ -596,8 +607,6 @@ class Driver:
             await storage.mark_delivered(answered, now)
         if result is not None:
             executions.report_step(result, "answer", started)
-        for index in running:
-            await executions.cancel(prefix + str(index), by_parent=True)
         missing = tuple(i for i in range(count) if i not in by_index)
         if missing and self.child_canceller is not None:
             await settle(self.child_canceller(parent_id, invoke_id, missing))
@@ -627,6 +636,12 @@ def _outcome(index: int, record: ExecutionRecord) -> Value:
     elif record.status is Status.FAILED:
         entry["failure"] = decode_outcome(record)
     return entry
+
+
+def _parked(result: Stepped | Discarded | None) -> bool:
+    """Whether a delivery was discarded because the parent is parked: it takes no
+    event now, but will once it is put back, so the answer stays owed."""
+    return isinstance(result, Discarded) and result.execution.status is Status.NEEDS_MIGRATION
 
 
 def _check_children(storage: Storage) -> None:

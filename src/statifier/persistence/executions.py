@@ -509,8 +509,10 @@ class Executions:
         ]
 
     async def executions_on(self, content_hash: str) -> Mapping[str, int]:
-        """What refers to a chart: executions by status and saved positions (finished
-        executions included, which never hold a chart in use)."""
+        """What refers to a chart: executions by status, saved positions and linked
+        children (``children_linked``: ended durable children on it whose parent is
+        active or parked). Finished executions are included, though they never hold
+        a chart in use; fan-out settlements are not executions and never appear."""
         return await self.storage.counts_on(content_hash)
 
     async def retire_chart(
