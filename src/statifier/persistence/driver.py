@@ -7,10 +7,12 @@ back in as ``done.invoke.<id>`` or ``error.communication.invoke.<id>``, built by
 same functions a live session uses, until nothing is left to answer.
 
 ``<invoke type="scxml">`` becomes a durable child: an execution of its own (id
-``<parent>/<invoke id>``), created inside the parent's step, which answers its parent
-when it ends. A fan-out (one ``<invoke>`` over N items) is started child by child with
+``<parent>/<invoke id>``), created inside the parent's step. Its answer is written
+in the transaction that ends it and delivered to the parent once, marked delivered in
+the parent's step that takes it; :meth:`Driver.redrive_answers` delivers what a crash
+left owed. A fan-out (one ``<invoke>`` over N items) is started child by child with
 :meth:`Driver.start_child_at`, and settled under the parent's exclusion once all N
-have ended.
+have ended, recorded in the settlements table.
 
 >>> import asyncio
 >>> from statifier.chart import compile_chart
