@@ -5,7 +5,7 @@ checks refuse it."""
 from __future__ import annotations
 
 import inspect
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
 
@@ -13,9 +13,10 @@ import pytest
 
 from statifier.persistence import ExecutionRecord, MemoryAdapter, Status
 from statifier.persistence.adapter import Capabilities
-from statifier.persistence.records import ChartRecord, InputRecord
+from statifier.persistence.records import AnswerRecord, ChartRecord, InputRecord
 from statifier.persistence.testing import (
     AdapterConformance,
+    AnswersConformance,
     ChartRetirementConformance,
     FullConformance,
     InputLogConformance,
@@ -69,6 +70,24 @@ class _BareAdapter(MemoryAdapter):
     async def inputs(self, execution_id: str) -> list[InputRecord]:
         raise _UndeclaredError("inputs")
 
+    async def insert_answer(self, record: AnswerRecord) -> None:
+        raise _UndeclaredError("insert_answer")
+
+    async def fetch_answer(self, child_id: str) -> AnswerRecord | None:
+        raise _UndeclaredError("fetch_answer")
+
+    async def undelivered_answers(self, limit: int) -> list[AnswerRecord]:
+        raise _UndeclaredError("undelivered_answers")
+
+    async def mark_delivered(self, child_ids: Sequence[str], delivered_at: datetime) -> None:
+        raise _UndeclaredError("mark_delivered")
+
+    async def take_settlement(self, parent_id: str, invoke_id: str, settled_at: datetime) -> bool:
+        raise _UndeclaredError("take_settlement")
+
+    async def settled(self, parent_id: str, invoke_id: str) -> bool:
+        raise _UndeclaredError("settled")
+
     @asynccontextmanager
     async def exclusive(self, execution_id: str, wait: float | None) -> AsyncIterator[None]:
         _refuse("exclusive")
@@ -102,6 +121,7 @@ async def test_an_adapter_without_capabilities_passes_the_required_operations() 
         (MetadataConformance, "metadata"),
         (InputLogConformance, "input_log"),
         (LockConformance, "lock"),
+        (AnswersConformance, "answers"),
     ],
 )
 async def test_a_capability_suite_refuses_an_adapter_that_does_not_declare_it(

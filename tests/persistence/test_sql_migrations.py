@@ -19,7 +19,7 @@ from statifier.cli import main
 from statifier.sql import TableOptions, migrations
 from statifier.sql.tables import autogenerate_filter
 
-HEAD = "statifier_0004"
+HEAD = "statifier_0005"
 """The newest revision."""
 
 DURABLE_TABLES = ("mig_charts", "mig_positions", "mig_executions", "mig_inputs")
@@ -39,6 +39,9 @@ FRONTS_TABLES = (
     "mig_consumer_members",
 )
 """What ``statifier_0004`` adds."""
+
+CHILDREN_TABLES = ("mig_child_answers", "mig_settlements")
+"""What ``statifier_0005`` adds."""
 
 
 def _options(fresh: Any, **more: Any) -> TableOptions:
@@ -102,6 +105,7 @@ def test_migrations_build_exactly_the_tables(fresh_database: Any) -> None:
         *ROUTER_TABLES,
         *OUTBOUND_TABLES,
         *FRONTS_TABLES,
+        *CHILDREN_TABLES,
     }
 
 
@@ -128,7 +132,13 @@ def test_leading_columns_come_right_after_the_key(fresh_database: Any) -> None:
     try:
         with engine.connect() as connection:
             inspector = sa.inspect(connection)
-            for table in (*DURABLE_TABLES, *ROUTER_TABLES, *OUTBOUND_TABLES, *FRONTS_TABLES):
+            for table in (
+                *DURABLE_TABLES,
+                *ROUTER_TABLES,
+                *OUTBOUND_TABLES,
+                *FRONTS_TABLES,
+                *CHILDREN_TABLES,
+            ):
                 columns = inspector.get_columns(table, schema=fresh_database.schema)
                 assert [c["name"] for c in columns][:2] == ["id", "tenant_id"]
     finally:

@@ -9,13 +9,14 @@ and :class:`~statifier.persistence.Executions`). The conformance suite
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
 from statifier.persistence.records import (
+    AnswerRecord,
     ChartRecord,
     ExecutionRecord,
     InputRecord,
@@ -39,12 +40,15 @@ class Capabilities:
             (``list_by_metadata`` and ``statuses_by_metadata``).
         input_log: ``append_input`` and ``inputs`` keep an input log.
         chart_retirement: ``retire_chart`` can tombstone a chart.
+        answers: durable children's answers and fan-out settlements are kept
+            (``insert_answer`` ... ``take_settlement``); durable children need it.
     """
 
     lock: bool = False
     metadata: bool = False
     input_log: bool = False
     chart_retirement: bool = False
+    answers: bool = False
 
 
 class Adapter(Protocol):
@@ -79,7 +83,17 @@ class Adapter(Protocol):
     ) -> ChartRecord | None:
         """Tombstone a chart: drop its source, keep the row (capability
         ``chart_retirement``). Answers the tombstone, or ``None`` if there is no such
-        chart. Retiring a retired chart answers it unchanged."""
+        chart. Retiring a retired chart answers it unchanged.
+
+        The check that nothing in the store pins the chart (an active or parked
+        execution on it, a saved position on it, a linked child: an answer of a child
+        on it whose parent is active or parked) is atomic with the tombstone, and
+        serialized against ``insert_execution`` on the same chart: a concurrent insert
+        either is counted or is refused.
+
+        Raises:
+            Pinned: something in the store holds the chart; ``counts`` names what.
+        """
         ...
 
     # Executions.
@@ -89,6 +103,8 @@ class Adapter(Protocol):
 
         Raises:
             ExecutionExists: one with this id exists.
+            ChartRetired: its chart is retired (checked atomically with the insert,
+                see ``retire_chart``).
         """
         ...
 
@@ -132,6 +148,40 @@ class Adapter(Protocol):
     async def statuses_by_metadata(self, pairs: Mapping[str, str]) -> dict[str, Status]:
         """The status of every execution whose metadata holds every pair, by id
         (capability ``metadata``): the cheap projection settlement asks for."""
+        ...
+
+    async def count_linked_children_on(self, content_hash: str) -> int:
+        """How many ended durable children on ``content_hash`` have an answer whose
+        parent is active or parked (0 without capability ``answers``)."""
+        ...
+
+    # Durable children's answers (capability ``answers``).
+
+    async def insert_answer(self, record: AnswerRecord) -> None:
+        """Store a child's answer; a second answer for the same child is ignored (the
+        first one stays)."""
+        ...
+
+    async def fetch_answer(self, child_id: str) -> AnswerRecord | None:
+        """The child's answer, delivered or not, or ``None``."""
+        ...
+
+    async def undelivered_answers(self, limit: int) -> list[AnswerRecord]:
+        """Up to ``limit`` answers not yet delivered, oldest first."""
+        ...
+
+    async def mark_delivered(self, child_ids: Sequence[str], delivered_at: datetime) -> None:
+        """Record that the answers of ``child_ids`` were delivered (a delivered one
+        keeps its first time; an id with no answer is ignored)."""
+        ...
+
+    async def take_settlement(self, parent_id: str, invoke_id: str, settled_at: datetime) -> bool:
+        """Record that the fan-out ``invoke_id`` of ``parent_id`` settled: ``True`` for
+        the one call that takes it, ``False`` for every later one."""
+        ...
+
+    async def settled(self, parent_id: str, invoke_id: str) -> bool:
+        """Whether the fan-out has settled."""
         ...
 
     # Saved positions.

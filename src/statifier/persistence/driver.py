@@ -7,10 +7,12 @@ back in as ``done.invoke.<id>`` or ``error.communication.invoke.<id>``, built by
 same functions a live session uses, until nothing is left to answer.
 
 ``<invoke type="scxml">`` becomes a durable child: an execution of its own (id
-``<parent>/<invoke id>``), created inside the parent's step, which answers its parent
-when it ends. A fan-out (one ``<invoke>`` over N items) is started child by child with
+``<parent>/<invoke id>``), created inside the parent's step. Its answer is written
+in the transaction that ends it and delivered to the parent once, marked delivered in
+the parent's step that takes it; :meth:`Driver.redrive_answers` delivers what a crash
+left owed. A fan-out (one ``<invoke>`` over N items) is started child by child with
 :meth:`Driver.start_child_at`, and settled under the parent's exclusion once all N
-have ended.
+have ended, recorded in the settlements table.
 
 >>> import asyncio
 >>> from statifier.chart import compile_chart
@@ -29,6 +31,8 @@ have ended.
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Final, Literal, TypeAlias, TypeVar
@@ -37,13 +41,15 @@ from statifier.callbacks import settle
 from statifier.chart import Machine
 from statifier.core import SCXML_INVOKE_TYPE, Event, MachineState, StartOptions
 from statifier.core import effects as fx
-from statifier.expr import UNDEFINED, Value
+from statifier.expr import UNDEFINED, Value, tagged
 from statifier.persistence.errors import (
     ExecutionExists,
+    ExecutionNotFound,
     MetadataUnsupported,
     PersistenceError,
 )
 from statifier.persistence.executions import (
+    INVOKE_KEY,
     PARENT_KEY,
     Discarded,
     Executions,
@@ -51,7 +57,7 @@ from statifier.persistence.executions import (
     decode_outcome,
 )
 from statifier.persistence.executor import EffectContext, Executor, Refused, refuse_unperformed
-from statifier.persistence.records import ExecutionRecord, Status
+from statifier.persistence.records import AnswerRecord, ExecutionRecord, Status
 from statifier.persistence.serialization import Serialization
 from statifier.persistence.storage import Storage
 from statifier.session.children import invoked_chart, seeded_datamodel
@@ -77,13 +83,11 @@ CHILD_TYPES: Final = frozenset({SCXML_INVOKE_TYPE})
 ``Invoke`` effect carries whichever spelling the chart wrote (see
 :data:`statifier.core.SCXML_INVOKE_TYPES`)."""
 
-INVOKE_KEY: Final = "statifier.invoke"
-"""Metadata key: the invoke id a durable child answers."""
 INDEX_KEY: Final = "statifier.index"
 """Metadata key: a fan-out child's place among its siblings."""
 _COUNT_KEY: Final = "statifier.count"
 _POLICY_KEY: Final = "statifier.policy"
-_SETTLED_KEY: Final = "statifier.settled"
+_NO_EVENT: Final = Event("statifier.answer")  # a child's answer is read from its row
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,10 +130,12 @@ class MaxTurnsExceeded(PersistenceError):  # noqa: N818 - names the refusal
 
 @dataclass(slots=True)
 class _Pending:
-    """Answers collected while one call's effects run, to step in once it is stored:
-    ``(invoke id, answer event)`` in the order they came."""
+    """Answers collected while one call's effects run, to step in once it is stored,
+    in the order they came."""
 
-    answers: list[tuple[str, Event]] = field(default_factory=list)
+    answers: list[tuple[str, Event, str | None]] = field(default_factory=list)
+    """``(invoke id, answer event, child id)``: a durable child's answer (child id
+    given) is delivered from its stored row, so it is marked delivered."""
 
 
 _V = TypeVar("_V")
@@ -220,6 +226,55 @@ class Driver:
         event = _answer_event(invoke_id, answer)
         return await self._step(execution_id, event, "answer", _live(invoke_id))
 
+    async def fail(self, execution_id: str, reason: str) -> ExecutionRecord | Discarded:
+        """End the execution as failed on the host's word (see
+        :meth:`Executions.fail`); a durable child then answers its parent at once
+        (``error.communication.invoke.<id>``), from the answer its failure wrote."""
+        result = await self.executions.fail(execution_id, reason)
+        if isinstance(result, ExecutionRecord):
+            await self._answer_parent(result)
+        return result
+
+    async def cancel(self, execution_id: str) -> Stepped | Discarded:
+        """Cancel the execution (see :meth:`Executions.cancel`); a durable child then
+        answers its parent at once, from the answer its cancellation wrote."""
+        result = await self.executions.cancel(execution_id)
+        if isinstance(result, Stepped):
+            await self._answer_parent(result.execution)
+        return result
+
+    async def redrive_answers(self, limit: int = 100) -> int:
+        """Deliver up to ``limit`` answers durable children still owe their parents,
+        oldest first: the door a reaper calls, since a crash between a child's end and
+        its parent's step leaves the answer written and undelivered. Delivery is
+        deduplicated at the parent (an answer is marked delivered in the parent's step
+        that takes it), so a redrive beside the normal path delivers nothing twice.
+
+        Answers how many owed answers it handed over; one whose delivery raised is
+        reported (``statifier.persistence.effect_failed``) and left owed for the next
+        pass. Answers 0 when the adapter keeps no answers.
+
+        Raises:
+            ValueError: ``limit`` is below 1.
+        """
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, not {limit}")
+        if not self.storage.capabilities.answers:
+            return 0
+        handed = 0
+        for answer in await self.storage.undelivered_answers(limit):
+            try:
+                await self._hand_over(answer)
+            except Exception as error:  # noqa: BLE001 - one poisoned answer must not stop the rest
+                report(
+                    "statifier.persistence.effect_failed",
+                    {},
+                    {"execution_id": answer.parent_id, "door": "answer", "error": repr(error)},
+                )
+                continue
+            handed += 1
+        return handed
+
     async def _step(
         self,
         execution_id: str,
@@ -237,18 +292,27 @@ class Driver:
         self, execution_id: str, result: Stepped | Discarded, pending: _Pending
     ) -> Stepped | Discarded:
         """Step in the answers a call collected, one durable step each (answers to
-        those steps' own invocations included), until none is left."""
+        those steps' own invocations included), until none is left. A durable child's
+        answer is delivered from its stored row even when the execution has ended
+        meanwhile (the delivery then only marks it delivered)."""
         turns = 0
-        while pending.answers and isinstance(result, Stepped) and not result.finished:
+        while pending.answers:
             answers, pending.answers = pending.answers, []
-            for invoke_id, event in answers:
+            for invoke_id, event, child_id in answers:
                 turns += 1
                 if turns > self.max_turns:
                     raise MaxTurnsExceeded(execution_id, self.max_turns)
-                machine = result.state.machine
+                if child_id is not None:
+                    owed = await self.storage.fetch_answer(child_id)
+                    delivered = None if owed is None else await self._deliver(owed, pending)
+                    if isinstance(delivered, Stepped):
+                        result = delivered
+                    continue
+                if not isinstance(result, Stepped) or result.finished:
+                    continue
                 stepped = await self.executions.step(
                     execution_id,
-                    machine,
+                    result.state.machine,
                     event,
                     door="answer",
                     when=_live(invoke_id),
@@ -301,7 +365,7 @@ class Driver:
             answer = await settle(self.dispatch(effect, context))
         if answer is not None:
             event = _answer_event(effect.invoke_id, answer)
-            pending.answers.append((effect.invoke_id, event))
+            pending.answers.append((effect.invoke_id, event, None))
         return None
 
     # Durable children.
@@ -316,12 +380,11 @@ class Driver:
         return replace(self.options, datamodel=seeded_datamodel(machine, data))
 
     async def _start_child(self, parent_id: str, effect: fx.Invoke, pending: _Pending) -> None:
-        if not self.storage.capabilities.metadata:
-            raise MetadataUnsupported("durable children need an adapter that keeps metadata")
+        _check_children(self.storage)
         machine = invoked_chart(effect, self.storage.loader, self.storage.functions)
         if isinstance(machine, str):
             failed = invocation_failed(effect.invoke_id, machine)
-            pending.answers.append((effect.invoke_id, failed))
+            pending.answers.append((effect.invoke_id, failed, None))
             return
         child_id = f"{parent_id}/{effect.invoke_id}"
         metadata = {PARENT_KEY: parent_id, INVOKE_KEY: effect.invoke_id}
@@ -335,7 +398,7 @@ class Driver:
             {"parent": parent_id, "invoke_id": effect.invoke_id, "action": "started", "index": 0},
         )
         if created.status.terminal:  # finished while being created: answer in the parent's turn
-            pending.answers.append((effect.invoke_id, _child_answer(created)))
+            pending.answers.append((effect.invoke_id, _NO_EVENT, child_id))
 
     async def _create_child(
         self, child_id: str, machine: Machine, data: Value, metadata: dict[str, str]
@@ -354,15 +417,62 @@ class Driver:
         return driven.execution
 
     async def _answer_parent(self, child: ExecutionRecord) -> None:
-        """A durable child ended: answer its parent (or settle its fan-out)."""
-        parent_id = child.metadata.get(PARENT_KEY)
-        invoke_id = child.metadata.get(INVOKE_KEY)
-        if parent_id is None or invoke_id is None:
+        """A durable child ended: hand its stored answer to its parent (or its
+        fan-out's settlement)."""
+        if PARENT_KEY not in child.metadata or INVOKE_KEY not in child.metadata:
             return
-        if INDEX_KEY in child.metadata:
-            await self._settle(parent_id, invoke_id, child.metadata)
+        if not self.storage.capabilities.answers:
             return
-        await self._step(parent_id, _child_answer(child), "answer", _live(invoke_id))
+        owed = await self.storage.fetch_answer(child.id)
+        if owed is not None:
+            await self._hand_over(owed)
+
+    async def _hand_over(self, answer: AnswerRecord) -> None:
+        """Deliver ``answer``, then drive its parent until it rests."""
+        pending = _Pending()
+        result = await self._deliver(answer, pending)
+        if result is not None:
+            await self._drain(answer.parent_id, result, pending)
+
+    async def _deliver(self, answer: AnswerRecord, pending: _Pending) -> Stepped | Discarded | None:
+        """Deliver one owed answer: a fan-out child's to its settlement, any other's
+        as one step of its parent. ``None`` when nothing was stepped."""
+        child = await self.storage.find_execution(answer.child_id)
+        if child is not None and INDEX_KEY in child.metadata:
+            return await self._settle(answer, child.metadata, pending)
+        return await self._deliver_one(answer, pending)
+
+    async def _deliver_one(
+        self, answer: AnswerRecord, pending: _Pending
+    ) -> Stepped | Discarded | None:
+        """Step a single child's answer into its parent and mark it delivered, in one
+        unit of work under the parent's exclusion: delivered once, or not at all (a
+        crash leaves it owed). An answer the parent no longer takes (it ended, or
+        cancelled the invocation) is marked delivered without a step; one for a parked
+        parent stays owed."""
+        started = time.perf_counter()
+        executions, storage = self.executions, self.storage
+        async with executions.serialization.exclusive(answer.parent_id):
+            owed = await storage.fetch_answer(answer.child_id)
+            if owed is None or owed.delivered_at is not None:
+                return None  # delivered by another path (deduplicated by the child's id)
+            try:
+                result: Stepped | Discarded | None = await executions.step_held(
+                    answer.parent_id,
+                    None,
+                    _answer_event_of(owed),
+                    door="answer",
+                    when=_live(owed.invoke_id),
+                    executor=self._collecting(pending),
+                )
+            except ExecutionNotFound:
+                result = None  # no parent to answer
+            if _parked(result):
+                return None  # owed until the parent is put back
+            await storage.mark_delivered([owed.child_id], storage.clock())
+        if result is not None:
+            executions.report_step(result, "answer", started)
+        return result
 
     async def start_child_at(
         self,
@@ -388,8 +498,7 @@ class Driver:
             raise ValueError(f"index {index} is outside range({count})")
         if policy not in ("all", "first_error"):
             raise ValueError(f"unknown policy {policy!r}")
-        if not self.storage.capabilities.metadata:
-            raise MetadataUnsupported("fan-out children need an adapter that keeps metadata")
+        _check_children(self.storage)
         child_id = f"{parent_id}/{effect.invoke_id}/{index}"
         machine = invoked_chart(effect, self.storage.loader, self.storage.functions)
         if isinstance(machine, str):
@@ -403,7 +512,7 @@ class Driver:
         }
         try:
             record = await self._create_child(child_id, machine, data, metadata)
-        except ExecutionExists:
+        except ExecutionExists:  # adopted; if it ended, its answer is owed or delivered
             return await self.storage.fetch_execution(child_id)
         report(
             "statifier.persistence.child",
@@ -416,46 +525,48 @@ class Driver:
             },
         )
         if record.status.terminal:
-            await self._settle(parent_id, effect.invoke_id, metadata)
+            await self._answer_parent(record)
         return record
 
-    async def _settle(self, parent_id: str, invoke_id: str, metadata: Mapping[str, str]) -> None:
-        """Answer the parent once when every sibling has ended (or, under
-        ``first_error``, one failed: the rest are then cancelled).
+    async def _settle(
+        self, answer: AnswerRecord, metadata: Mapping[str, str], pending: _Pending
+    ) -> Stepped | Discarded | None:
+        """Hand a fan-out child's answer to its settlement: the parent is answered
+        once, when every sibling has ended (or, under ``first_error``, one failed: the
+        rest are then cancelled).
 
-        The decision is taken under the parent's exclusion, from the indexed status
-        projection, and recorded by a settlement marker (an ended execution
-        ``<parent>/<invoke id>#settled``) whose id can be taken only once, so siblings
-        ending together answer once. Cancelling and answering happen after the
-        exclusion is released, since each takes exclusions of its own.
+        Under the parent's exclusion, in one unit of work: read whether the fan-out
+        has settled (its row in the settlements table), read the siblings' statuses
+        from the indexed projection, and then either step the dense outcome list into
+        the parent, take the settlement and mark every ended sibling's answer
+        delivered; or, when siblings still run, mark only this answer delivered. Each
+        child's end commits before its own answer is handed over, and handovers are
+        serialized by the parent's exclusion, so the last one sees every sibling
+        ended: the fan-out settles exactly once, and a crash anywhere leaves the
+        answer owed, for :meth:`redrive_answers`. Under ``first_error`` the running
+        siblings are cancelled in the same unit of work; the ``child_canceller`` is
+        told of the unstarted ones after it commits.
         """
+        parent_id, invoke_id = answer.parent_id, answer.invoke_id
         count = int(metadata[_COUNT_KEY])
         policy = metadata[_POLICY_KEY]
-        storage = self.storage
+        executions, storage = self.executions, self.storage
         prefix = f"{parent_id}/{invoke_id}/"
         siblings = {PARENT_KEY: parent_id, INVOKE_KEY: invoke_id}
-        async with self.executions.serialization.exclusive(parent_id):
+        started = time.perf_counter()
+        async with executions.serialization.exclusive(parent_id):
+            now = storage.clock()
+            owed = await storage.fetch_answer(answer.child_id)
+            if owed is None or owed.delivered_at is not None:
+                return None
             statuses = await storage.statuses_by_metadata(siblings)
             by_index = _by_index(statuses, prefix)
             first_error = policy == "first_error" and Status.FAILED in by_index.values()
             ended = len(by_index) == count and all(s.terminal for s in by_index.values())
-            if not (first_error or ended):
-                return
-            now = storage.clock()
-            marker = ExecutionRecord(
-                f"{parent_id}/{invoke_id}#settled",
-                content_hash=(await storage.fetch_execution(parent_id)).content_hash,
-                status=Status.COMPLETED,
-                position=None,
-                metadata={_SETTLED_KEY: parent_id},
-                created_at=now,
-                updated_at=now,
-                ended_at=now,
-            )
-            try:
-                await storage.insert_execution(marker)
-            except ExecutionExists:
-                return  # a sibling's settlement answered already
+            if await storage.settled(parent_id, invoke_id) or not (first_error or ended):
+                # Settled already, or the last sibling to end settles: nothing owed.
+                await storage.mark_delivered([answer.child_id], now)
+                return None
             running = sorted(i for i, status in by_index.items() if not status.terminal)
             # The ended siblings' records, read at once: their outcomes no longer change.
             records = _by_index(
@@ -468,8 +579,36 @@ class Driver:
                 else {"index": index, "status": "cancelled"}
                 for index in range(count)
             ]
-        for index in running:
-            await self.executions.cancel(prefix + str(index))
+            # The rest are cancelled in this unit of work too (each child's exclusion
+            # nested in the parent's, the order every nesting takes), so a crash
+            # cannot leave them running past the settlement.
+            for index in running:
+                await executions.cancel(prefix + str(index), by_parent=True)
+            try:
+                result: Stepped | Discarded | None = await executions.step_held(
+                    parent_id,
+                    None,
+                    invocation_done(invoke_id, outcomes),
+                    door="answer",
+                    when=_live(invoke_id),
+                    executor=self._collecting(pending),
+                )
+            except ExecutionNotFound:
+                result = None
+            if _parked(result):
+                return None  # every answer stays owed until the parent is put back
+            # Taken after the step, so a step that raises takes nothing (the in-memory
+            # adapter keeps what a raising block wrote); under the parent's exclusion
+            # nobody else can have taken it since `settled` said no.
+            if not await storage.take_settlement(parent_id, invoke_id, now):
+                raise RuntimeError(
+                    f"the fan-out {invoke_id!r} of {parent_id!r} settled concurrently: "
+                    "the serialization does not keep the parent's calls apart"
+                )
+            answered = [prefix + str(i) for i, status in by_index.items() if status.terminal]
+            await storage.mark_delivered(answered, now)
+        if result is not None:
+            executions.report_step(result, "answer", started)
         missing = tuple(i for i in range(count) if i not in by_index)
         if missing and self.child_canceller is not None:
             await settle(self.child_canceller(parent_id, invoke_id, missing))
@@ -478,8 +617,7 @@ class Driver:
             {"count": count},
             {"parent": parent_id, "invoke_id": invoke_id, "action": "settled", "index": -1},
         )
-        event = invocation_done(invoke_id, outcomes)
-        await self._step(parent_id, event, "answer", _live(invoke_id))
+        return result
 
 
 def _by_index(children: Mapping[str, _V], prefix: str) -> dict[int, _V]:
@@ -502,11 +640,26 @@ def _outcome(index: int, record: ExecutionRecord) -> Value:
     return entry
 
 
-def _child_answer(child: ExecutionRecord) -> Event:
-    """What a durable child's end means to its parent."""
-    invoke_id = child.metadata[INVOKE_KEY]
-    if child.status is Status.COMPLETED:
-        return invocation_done(invoke_id, decode_outcome(child))
-    if child.status is Status.FAILED:
-        return invocation_failed(invoke_id, child.failure or "failed", detail=decode_outcome(child))
+def _parked(result: Stepped | Discarded | None) -> bool:
+    """Whether a delivery was discarded because the parent is parked: it takes no
+    event now, but will once it is put back, so the answer stays owed."""
+    return isinstance(result, Discarded) and result.execution.status is Status.NEEDS_MIGRATION
+
+
+def _check_children(storage: Storage) -> None:
+    capabilities = storage.capabilities
+    if not (capabilities.metadata and capabilities.answers):
+        raise MetadataUnsupported(
+            "durable children need an adapter that keeps metadata and answers"
+        )
+
+
+def _answer_event_of(answer: AnswerRecord) -> Event:
+    """What a durable child's end means to its parent, from its stored answer."""
+    invoke_id = answer.invoke_id
+    outcome = UNDEFINED if answer.outcome is None else tagged.decode(json.loads(answer.outcome))
+    if answer.status is Status.COMPLETED:
+        return invocation_done(invoke_id, outcome)
+    if answer.status is Status.FAILED:
+        return invocation_failed(invoke_id, answer.failure or "failed", detail=outcome)
     return invocation_failed(invoke_id, "cancelled")

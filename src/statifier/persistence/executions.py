@@ -74,13 +74,14 @@ from statifier.persistence.migration import (
     carry,
     renamed_ids,
 )
-from statifier.persistence.records import ChartRecord, ExecutionRecord, Status
+from statifier.persistence.records import AnswerRecord, ChartRecord, ExecutionRecord, Status
 from statifier.persistence.serialization import AdapterLock, Serialization
 from statifier.persistence.storage import Storage
 from statifier.telemetry import enabled, report
 
 __all__ = [
     "EXECUTION_STATUS_KEY",
+    "INVOKE_KEY",
     "PARENT_KEY",
     "Discarded",
     "Executions",
@@ -97,6 +98,10 @@ execution as failed (``failure`` ``"failed_final"``) rather than completed."""
 PARENT_KEY: Final = "statifier.parent"
 """Metadata key naming a durable child's parent execution; cancelling the parent
 cancels the children."""
+INVOKE_KEY: Final = "statifier.invoke"
+"""Metadata key: the invoke id a durable child answers. An execution whose metadata
+names both a parent and an invoke id owes its parent an answer when it ends, written
+(:class:`~statifier.persistence.records.AnswerRecord`) in the transaction that ends it."""
 
 MAX_REFUSAL_ROUNDS: Final = 32
 """How many times one call tells the chart of refused effects before it gives up: a
@@ -256,6 +261,8 @@ class Executions:
                 ended_at=now if status.terminal else None,
             )
             await self.storage.insert_execution(record)
+            if status.terminal:
+                await self._owe_answer(record)
         self._lifecycle(record, "created")
         if status.terminal:
             self._lifecycle(record, status.value)
@@ -301,59 +308,95 @@ class Executions:
                 happened: no effect ran).
         """
         started = time.perf_counter()
-        storage = self.storage
-        if door == MIGRATE_DOOR:
-            raise ValueError(f"the door {MIGRATE_DOOR!r} is the migrations' own")
         # The hot path: the exclusion is entered directly, not through _exclusive.
         async with self.serialization.exclusive(execution_id):
             _locked(execution_id, started)
-            found = await storage.find_execution(execution_id)
-            if found is None:
-                raise ExecutionNotFound(execution_id)
-            record = found
-            if record.status is not Status.ACTIVE:
-                return Discarded(record)
-            if machine is None:
-                machine = await storage.machine(record.content_hash)
-            state = storage.load(record, machine)
-            if not state.running or (when is not None and not when(state)):
-                return Discarded(record)
-            if routes is not None:
-                state = state._replace(routes=routes)
-            entry = _dump_event(event)
-            if internal:
-                state, effects = deliver_internal(state, event)
-            else:
-                state, effects = handle_event(state, event)
-            performer = self.executor if executor is None else executor
-            if performer is not ignore_effects and effects:
-                state, effects = await self._carry_out(
-                    state, effects, execution_id, door, performer
-                )
-            status, failure, outcome, donedata = _ending(effects)
-            ended = status is not Status.ACTIVE  # _ending answers active or an end
-            position = _dump(state)
-            now = storage.clock()
-            if storage.capabilities.input_log:
-                await storage.append_input(execution_id, door, entry, now)
-            record = ExecutionRecord(
-                record.id,
-                content_hash=record.content_hash,
-                status=status,
-                position=position,
-                metadata=record.metadata,
-                outcome=outcome,
-                failure=failure,
-                created_at=record.created_at,
-                updated_at=now,
-                ended_at=now if ended else None,
+            result = await self.step_held(
+                execution_id,
+                machine,
+                event,
+                routes=routes,
+                door=door,
+                when=when,
+                executor=executor,
+                internal=internal,
             )
-            await storage.update_execution(record)
-            storage.remember(execution_id, position, state)
+        self.report_step(result, door, started)
+        return result
+
+    async def step_held(
+        self,
+        execution_id: str,
+        machine: Machine | None,
+        event: Event,
+        *,
+        routes: Container[str] | None = None,
+        door: str = "step",
+        when: Callable[[MachineState], bool] | None = None,
+        executor: Executor | None = None,
+        internal: bool = False,
+    ) -> Stepped | Discarded:
+        """:meth:`step`, for a caller that already holds the execution's exclusion
+        (``self.serialization.exclusive(execution_id)``) and does more in the same unit
+        of work (the driver marks a child's answer delivered in the step that takes
+        it). Reports nothing: pass the result to :meth:`report_step` once the
+        exclusion is released. Arguments, results and errors as :meth:`step`."""
+        if door == MIGRATE_DOOR:
+            raise ValueError(f"the door {MIGRATE_DOOR!r} is the migrations' own")
+        storage = self.storage
+        found = await storage.find_execution(execution_id)
+        if found is None:
+            raise ExecutionNotFound(execution_id)
+        record = found
+        if record.status is not Status.ACTIVE:
+            return Discarded(record)
+        if machine is None:
+            machine = await storage.machine(record.content_hash)
+        state = storage.load(record, machine)
+        if not state.running or (when is not None and not when(state)):
+            return Discarded(record)
+        if routes is not None:
+            state = state._replace(routes=routes)
+        entry = _dump_event(event)
+        if internal:
+            state, effects = deliver_internal(state, event)
+        else:
+            state, effects = handle_event(state, event)
+        performer = self.executor if executor is None else executor
+        if performer is not ignore_effects and effects:
+            state, effects = await self._carry_out(state, effects, execution_id, door, performer)
+        status, failure, outcome, donedata = _ending(effects)
+        ended = status is not Status.ACTIVE  # _ending answers active or an end
+        position = _dump(state)
+        now = storage.clock()
+        if storage.capabilities.input_log:
+            await storage.append_input(execution_id, door, entry, now)
+        record = ExecutionRecord(
+            record.id,
+            content_hash=record.content_hash,
+            status=status,
+            position=position,
+            metadata=record.metadata,
+            outcome=outcome,
+            failure=failure,
+            created_at=record.created_at,
+            updated_at=now,
+            ended_at=now if ended else None,
+        )
+        await storage.update_execution(record)
         if ended:
-            self._lifecycle(record, status.value)
-        self._stepped(record, door, effects, started)
+            await self._owe_answer(record)
+        storage.remember(execution_id, position, state)
         return Stepped(record, state=state, effects=tuple(effects), donedata=donedata)
+
+    def report_step(self, result: Stepped | Discarded, door: str, started: float) -> None:
+        """Report what :meth:`step_held` did (``started``: its ``time.perf_counter()``)."""
+        if not isinstance(result, Stepped):
+            return
+        record = result.execution
+        if record.status.terminal:
+            self._lifecycle(record, record.status.value)
+        self._stepped(record, door, result.effects, started)
 
     async def fail(self, execution_id: str, reason: str) -> ExecutionRecord | Discarded:
         """End an execution as failed on the host's word; its position stays as it was
@@ -372,15 +415,20 @@ class Executions:
                 ended_at=now,
             )
             await self.storage.update_execution(record)
+            await self._owe_answer(record)
         self._lifecycle(record, "failed")
         return record
 
-    async def cancel(self, execution_id: str) -> Stepped | Discarded:
+    async def cancel(self, execution_id: str, *, by_parent: bool = False) -> Stepped | Discarded:
         """Stop an execution from outside: its active states are exited (their onexit
         content runs and their invocations are cancelled, all through the executor),
         then every durable child it started (executions whose metadata names it under
         :data:`PARENT_KEY`) is cancelled the same way, each under its own exclusion
-        and after this one's is released. A terminal execution is discarded."""
+        and after this one's is released. A terminal execution is discarded.
+
+        A durable child's answer (``cancelled``) is written in the same transaction;
+        ``by_parent`` (its parent, or the parent's driver, cancels it) writes it
+        already delivered, since the parent asked for the end it would be told of."""
         started = time.perf_counter()
         async with self._exclusive(execution_id):
             record = await self.storage.fetch_execution(execution_id)
@@ -403,6 +451,7 @@ class Executions:
                 ended_at=now,
             )
             await self.storage.update_execution(record)
+            await self._owe_answer(record, delivered=by_parent)
         self._lifecycle(record, "cancelled")
         self._stepped(record, "cancel", effects, started)
         if self.storage.capabilities.metadata:
@@ -411,7 +460,8 @@ class Executions:
 
     async def cancel_matching(self, pairs: Mapping[str, str]) -> None:
         """Cancel, in id order, every execution not yet ended whose metadata holds all
-        of ``pairs`` (the durable children of a parent, or of one of its invocations).
+        of ``pairs`` (the durable children of a parent, or of one of its invocations),
+        each ``by_parent`` (see :meth:`cancel`).
 
         Raises:
             MetadataUnsupported: the adapter keeps no metadata.
@@ -422,7 +472,28 @@ class Executions:
         statuses = await storage.statuses_by_metadata(pairs)
         for execution_id, status in sorted(statuses.items()):
             if not status.terminal:
-                await self.cancel(execution_id)
+                await self.cancel(execution_id, by_parent=True)
+
+    async def _owe_answer(self, record: ExecutionRecord, *, delivered: bool = False) -> None:
+        """A durable child ended: write what it owes its parent, in the unit of work
+        that ended it (so the answer commits with the end, or neither does)."""
+        parent_id = record.metadata.get(PARENT_KEY)
+        invoke_id = record.metadata.get(INVOKE_KEY)
+        if parent_id is None or invoke_id is None or not self.storage.capabilities.answers:
+            return
+        now = record.ended_at or self.storage.clock()
+        answer = AnswerRecord(
+            record.id,
+            parent_id=parent_id,
+            invoke_id=invoke_id,
+            content_hash=record.content_hash,
+            status=record.status,
+            outcome=record.outcome,
+            failure=record.failure,
+            created_at=now,
+            delivered_at=now if delivered else None,
+        )
+        await self.storage.insert_answer(answer)
 
     async def park(self, execution_id: str) -> ExecutionRecord | Discarded:
         """Set an active execution aside (``needs_migration``): it takes no event until
@@ -659,8 +730,10 @@ class Executions:
         return summary
 
     async def executions_on(self, content_hash: str) -> Mapping[str, int]:
-        """What refers to a chart: executions by status and saved positions (finished
-        executions included, which never hold a chart in use)."""
+        """What refers to a chart: executions by status, saved positions and linked
+        children (``children_linked``: ended durable children on it whose parent is
+        active or parked). Finished executions are included, though they never hold
+        a chart in use; fan-out settlements are not executions and never appear."""
         return await self.storage.counts_on(content_hash)
 
     async def retire_chart(
@@ -673,8 +746,12 @@ class Executions:
         """Tombstone a chart nothing can resume any more: its row and hash stay, its
         source goes, and it can never be saved or fetched again.
 
-        Held in use by: an active or parked execution, a saved position, or a non-zero
-        count from a pin source.
+        Held in use by: an active or parked execution, a saved position, an ended
+        durable child on it whose parent is active or parked (``children_linked``), or
+        a non-zero count from a pin source. The store's own pins are counted again
+        atomically with the tombstone, which is serialized against a concurrent
+        create on the chart: that create is either counted (and the retirement
+        refused) or refused with ``ChartRetired``.
 
         Raises:
             ChartRetirementUnsupported: the adapter cannot retire charts.
@@ -692,7 +769,8 @@ class Executions:
             return chart
         counts = dict(await self.storage.counts_on(content_hash))
         holding = {f"executions_{status.value}" for status in Status if status.pins}
-        held = sum(n for name, n in counts.items() if name in holding or name == "positions")
+        holding |= {"positions", "children_linked"}
+        held = sum(n for name, n in counts.items() if name in holding)
         active = await storage.pinning_executions(content_hash)
         for source in pin_sources:
             name = type(source).__name__
@@ -705,7 +783,10 @@ class Executions:
             held += sum(n for n in answered.values() if n > 0)
         if held:
             raise Pinned(content_hash, counts)
-        retired = await storage.retire_chart(content_hash, retired_by, storage.clock())
+        try:
+            retired = await storage.retire_chart(content_hash, retired_by, storage.clock())
+        except Pinned as pinned:  # something arrived since the counts: say everything
+            raise Pinned(content_hash, {**counts, **pinned.counts}) from None
         if retired is None:
             raise ChartNotFound(content_hash)
         return retired
@@ -765,7 +846,7 @@ class Executions:
 
     @staticmethod
     def _stepped(
-        record: ExecutionRecord, door: str, effects: list[fx.Effect], started: float
+        record: ExecutionRecord, door: str, effects: Sequence[fx.Effect], started: float
     ) -> None:
         if not enabled("statifier.persistence.step"):
             return

@@ -16,14 +16,21 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from datetime import datetime
 
 from statifier.persistence.adapter import Capabilities
-from statifier.persistence.errors import ExecutionExists, ExecutionNotFound, LockTimeout
+from statifier.persistence.errors import (
+    ChartRetired,
+    ExecutionExists,
+    ExecutionNotFound,
+    LockTimeout,
+    Pinned,
+)
 from statifier.persistence.records import (
+    AnswerRecord,
     ChartRecord,
     ExecutionRecord,
     InputRecord,
@@ -33,7 +40,9 @@ from statifier.persistence.records import (
 
 __all__ = ["MemoryAdapter"]
 
-_EVERYTHING = Capabilities(lock=True, metadata=True, input_log=True, chart_retirement=True)
+_EVERYTHING = Capabilities(
+    lock=True, metadata=True, input_log=True, chart_retirement=True, answers=True
+)
 
 
 class MemoryAdapter:
@@ -44,6 +53,8 @@ class MemoryAdapter:
         self.executions: dict[str, ExecutionRecord] = {}
         self.positions: dict[str, PositionRecord] = {}
         self.logs: dict[str, list[InputRecord]] = {}
+        self.answers: dict[str, AnswerRecord] = {}
+        self.settlements: dict[tuple[str, str], datetime] = {}
         self._locks: dict[str, asyncio.Lock] = {}
 
     @property
@@ -59,16 +70,46 @@ class MemoryAdapter:
     async def retire_chart(
         self, content_hash: str, retired_by: str, retired_at: datetime
     ) -> ChartRecord | None:
+        # No await between the count and the tombstone: atomic on one event loop.
         chart = self.charts.get(content_hash)
         if chart is None or chart.retired_at is not None:
             return chart
+        pins = self._pins(content_hash)
+        if pins:
+            raise Pinned(content_hash, pins)
         tombstone = replace(chart, source=None, retired_at=retired_at, retired_by=retired_by)
         self.charts[content_hash] = tombstone
         return tombstone
 
+    def _pins(self, content_hash: str) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for record in self.executions.values():
+            if record.content_hash == content_hash and record.status.pins:
+                name = f"executions_{record.status.value}"
+                counts[name] = counts.get(name, 0) + 1
+        positions = sum(1 for p in self.positions.values() if p.content_hash == content_hash)
+        linked = self._linked(content_hash)
+        named = {"positions": positions, "children_linked": linked}
+        counts.update({name: n for name, n in named.items() if n})
+        return counts
+
+    def _linked(self, content_hash: str) -> int:
+        def parent_pins(answer: AnswerRecord) -> bool:
+            parent = self.executions.get(answer.parent_id)
+            return parent is not None and parent.status.pins
+
+        return sum(
+            1
+            for answer in self.answers.values()
+            if answer.content_hash == content_hash and parent_pins(answer)
+        )
+
     async def insert_execution(self, record: ExecutionRecord) -> None:
         if record.id in self.executions:
             raise ExecutionExists(record.id)
+        chart = self.charts.get(record.content_hash)
+        if chart is not None and chart.retired_at is not None:
+            raise ChartRetired(chart.content_hash, chart.retired_by)
         self.executions[record.id] = replace(record, metadata=dict(record.metadata))
 
     async def fetch_execution(self, execution_id: str) -> ExecutionRecord | None:
@@ -122,6 +163,36 @@ class MemoryAdapter:
 
     async def statuses_by_metadata(self, pairs: Mapping[str, str]) -> dict[str, Status]:
         return {record.id: record.status for record in await self.list_by_metadata(pairs)}
+
+    async def count_linked_children_on(self, content_hash: str) -> int:
+        return self._linked(content_hash)
+
+    async def insert_answer(self, record: AnswerRecord) -> None:
+        self.answers.setdefault(record.child_id, record)
+
+    async def fetch_answer(self, child_id: str) -> AnswerRecord | None:
+        return self.answers.get(child_id)
+
+    async def undelivered_answers(self, limit: int) -> list[AnswerRecord]:
+        owed = [a for a in self.answers.values() if a.delivered_at is None]
+        owed.sort(key=lambda answer: (answer.created_at, answer.child_id))
+        return owed[: max(limit, 0)]
+
+    async def mark_delivered(self, child_ids: Sequence[str], delivered_at: datetime) -> None:
+        for child_id in child_ids:
+            answer = self.answers.get(child_id)
+            if answer is not None and answer.delivered_at is None:
+                self.answers[child_id] = replace(answer, delivered_at=delivered_at)
+
+    async def take_settlement(self, parent_id: str, invoke_id: str, settled_at: datetime) -> bool:
+        key = (parent_id, invoke_id)
+        if key in self.settlements:
+            return False
+        self.settlements[key] = settled_at
+        return True
+
+    async def settled(self, parent_id: str, invoke_id: str) -> bool:
+        return (parent_id, invoke_id) in self.settlements
 
     async def save_position(self, record: PositionRecord) -> None:
         self.positions[record.key] = record

@@ -8,6 +8,7 @@ from dataclasses import KW_ONLY, dataclass, field
 from datetime import datetime
 
 __all__ = [
+    "AnswerRecord",
     "ChartRecord",
     "ExecutionRecord",
     "InputRecord",
@@ -120,3 +121,32 @@ class InputRecord:
     door: str
     event: bytes | None
     recorded_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerRecord:
+    """What an ended durable child owes its parent, written in the child's finishing
+    transaction and kept until (and after) it is delivered.
+
+    Attributes:
+        child_id: the child execution; at most one answer per child.
+        parent_id, invoke_id: whom it answers, and for which ``<invoke>``.
+        content_hash: the child's chart (a linkage pin while the parent runs).
+        status: how the child ended: completed, failed or cancelled.
+        outcome: the child's outcome bytes (donedata, or a failure's details).
+        failure: the child's failure string when it failed.
+        created_at: when the child ended.
+        delivered_at: when the parent took the answer (stepped it in, settled its
+            fan-out, or had no use for it); ``None`` while it is owed.
+    """
+
+    child_id: str
+    _: KW_ONLY
+    parent_id: str
+    invoke_id: str
+    content_hash: str
+    status: Status
+    outcome: bytes | None
+    failure: str | None
+    created_at: datetime
+    delivered_at: datetime | None = None

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Final, TypeVar
 
@@ -37,6 +37,7 @@ from statifier.persistence.errors import (
     StoredChartDamaged,
 )
 from statifier.persistence.records import (
+    AnswerRecord,
     ChartRecord,
     ExecutionRecord,
     InputRecord,
@@ -182,7 +183,11 @@ class Storage:
     def retire_chart(
         self, content_hash: str, retired_by: str, retired_at: datetime
     ) -> Awaitable[ChartRecord | None]:
-        """Tombstone the chart (see ``Adapter.retire_chart``); ``None`` if there is none."""
+        """Tombstone the chart (see ``Adapter.retire_chart``); ``None`` if there is none.
+
+        Raises:
+            Pinned: something in the store holds the chart (checked atomically).
+        """
         return self._call(
             "retire_chart", self.adapter.retire_chart(content_hash, retired_by, retired_at)
         )
@@ -271,6 +276,35 @@ class Storage:
         before ``ended_before``; answers their ids."""
         return self._call("prune", self.adapter.prune(ended_before, limit))
 
+    # Durable children's answers.
+
+    def insert_answer(self, record: AnswerRecord) -> Awaitable[None]:
+        """Store a child's answer (the first one for a child stays)."""
+        return self._call("insert_answer", self.adapter.insert_answer(record))
+
+    def fetch_answer(self, child_id: str) -> Awaitable[AnswerRecord | None]:
+        """The child's answer, or ``None``."""
+        return self._call("fetch_answer", self.adapter.fetch_answer(child_id))
+
+    def undelivered_answers(self, limit: int) -> Awaitable[list[AnswerRecord]]:
+        """Up to ``limit`` answers still owed to their parents, oldest first."""
+        return self._call("undelivered_answers", self.adapter.undelivered_answers(limit))
+
+    def mark_delivered(self, child_ids: Sequence[str], delivered_at: datetime) -> Awaitable[None]:
+        """Record that these children's answers were delivered."""
+        return self._call("mark_delivered", self.adapter.mark_delivered(child_ids, delivered_at))
+
+    def take_settlement(
+        self, parent_id: str, invoke_id: str, settled_at: datetime
+    ) -> Awaitable[bool]:
+        """Take a fan-out's settlement: ``True`` once, ``False`` afterwards."""
+        taking = self.adapter.take_settlement(parent_id, invoke_id, settled_at)
+        return self._call("take_settlement", taking)
+
+    def settled(self, parent_id: str, invoke_id: str) -> Awaitable[bool]:
+        """Whether the fan-out has settled."""
+        return self._call("settled", self.adapter.settled(parent_id, invoke_id))
+
     # The input log.
 
     def append_input(
@@ -358,7 +392,8 @@ class Storage:
         return await self._call("delete_position", self.adapter.delete_position(key))
 
     async def counts_on(self, content_hash: str) -> Mapping[str, int]:
-        """What refers to a chart: executions by status and saved positions."""
+        """What refers to a chart: executions by status, saved positions, and ended
+        durable children on it whose parent still runs (``children_linked``)."""
         by_status = await self._call(
             "count_executions_on", self.adapter.count_executions_on(content_hash)
         )
@@ -368,4 +403,9 @@ class Storage:
         )
         if positions:
             counts["positions"] = positions
+        if self.capabilities.answers:
+            linking = self.adapter.count_linked_children_on(content_hash)
+            linked = await self._call("count_linked_children_on", linking)
+            if linked:
+                counts["children_linked"] = linked
         return counts

@@ -4,7 +4,8 @@
 The suite is a set of test classes: :class:`AdapterConformance` checks the required
 operations, and one class per optional capability checks it
 (:class:`ChartRetirementConformance`, :class:`MetadataConformance`,
-:class:`InputLogConformance`, :class:`LockConformance`); :class:`FullConformance` is all
+:class:`InputLogConformance`, :class:`LockConformance`,
+:class:`AnswersConformance`); :class:`FullConformance` is all
 of them together. Subclass the ones your adapter declares in a test module, name the
 subclass ``Test...`` so pytest collects it, and answer a fresh adapter over an empty
 store from ``make_adapter``:
@@ -15,7 +16,7 @@ store from ``make_adapter``:
 ...     async def make_adapter(self) -> MemoryAdapter:
 ...         return MemoryAdapter()
 >>> sorted(name for name in dir(TestMemoryAdapter) if name.startswith("test_"))[:2]
-['test_capabilities_are_declared', 'test_chart_fetch_of_a_missing_hash_answers_none']
+['test_answers_a_settlement_is_taken_once', 'test_answers_is_declared']
 
 The suite needs pytest and pytest-asyncio (it marks its coroutines itself, so it runs in
 strict mode) and no particular database. Every check it collects runs; nothing is
@@ -59,8 +60,15 @@ import pytest
 import pytest_asyncio
 
 from statifier.persistence.adapter import Adapter, Capabilities
-from statifier.persistence.errors import ExecutionExists, ExecutionNotFound, LockTimeout
+from statifier.persistence.errors import (
+    ChartRetired,
+    ExecutionExists,
+    ExecutionNotFound,
+    LockTimeout,
+    Pinned,
+)
 from statifier.persistence.records import (
+    AnswerRecord,
     ChartRecord,
     ExecutionRecord,
     InputRecord,
@@ -70,6 +78,7 @@ from statifier.persistence.records import (
 
 __all__ = [
     "AdapterConformance",
+    "AnswersConformance",
     "ChartRetirementConformance",
     "FullConformance",
     "InputLogConformance",
@@ -152,6 +161,38 @@ def _ended(
         updated_at=ended_at,
         ended_at=ended_at,
     )
+
+
+def _answer(
+    child_id: str,
+    parent_id: str = "parent-1",
+    *,
+    content_hash: str = _HASH_B,
+    status: Status = Status.COMPLETED,
+    created_at: datetime = _BASE,
+    delivered_at: datetime | None = None,
+) -> AnswerRecord:
+    return AnswerRecord(
+        child_id,
+        parent_id=parent_id,
+        invoke_id="sub",
+        content_hash=content_hash,
+        status=status,
+        outcome=b'{"ok": 1}' if status is Status.COMPLETED else None,
+        failure="declined" if status is Status.FAILED else None,
+        created_at=created_at,
+        delivered_at=delivered_at,
+    )
+
+
+def _assert_same_answer(actual: AnswerRecord | None, expected: AnswerRecord) -> None:
+    assert actual is not None, f"answer {expected.child_id!r} missing"
+    for name in ("child_id", "parent_id", "invoke_id", "content_hash", "status"):
+        assert getattr(actual, name) == getattr(expected, name), f"answer {name} differs"
+    assert actual.outcome == expected.outcome, "answer outcome differs"
+    assert actual.failure == expected.failure, "answer failure differs"
+    _assert_same_time(actual.created_at, expected.created_at, "answer created_at")
+    _assert_same_time(actual.delivered_at, expected.delivered_at, "answer delivered_at")
 
 
 # Comparisons. Records are compared field by field so that a failure names the field,
@@ -694,6 +735,113 @@ class ChartRetirementConformance(_AdapterSuite):
         await adapter.retire_chart(_HASH_A, "ops", _at(9))
         _assert_same_chart(await adapter.fetch_chart(_HASH_B), other)
 
+    @pytest.mark.asyncio
+    async def test_chart_retire_refuses_while_an_execution_pins_it(self, adapter: Adapter) -> None:
+        await _insert(adapter, _execution("running"))
+        await _insert(adapter, _execution("parked", status=Status.NEEDS_MIGRATION))
+        await _insert(adapter, _ended("finished", _at(3)))
+        with pytest.raises(Pinned) as refused:
+            await adapter.retire_chart(_HASH_A, "ops", _at(9))
+        assert refused.value.counts == {"executions_active": 1, "executions_needs_migration": 1}
+        chart = await adapter.fetch_chart(_HASH_A)
+        assert chart is not None
+        assert chart.retired_at is None, "a refused retirement retired"
+
+    @pytest.mark.asyncio
+    async def test_chart_retire_refuses_while_a_position_pins_it(self, adapter: Adapter) -> None:
+        await adapter.save_chart(_chart())
+        await adapter.save_position(
+            PositionRecord("k", content_hash=_HASH_A, position=_BLOB, saved_at=_BASE)
+        )
+        with pytest.raises(Pinned) as refused:
+            await adapter.retire_chart(_HASH_A, "ops", _at(9))
+        assert refused.value.counts == {"positions": 1}
+
+    @pytest.mark.asyncio
+    async def test_insert_on_a_retired_chart_is_refused(self, adapter: Adapter) -> None:
+        await adapter.save_chart(_chart())
+        await adapter.retire_chart(_HASH_A, "ops", _at(9))
+        with pytest.raises(ChartRetired):
+            await adapter.insert_execution(_execution())
+        assert await adapter.fetch_execution("exec-1") is None
+
+
+class AnswersConformance(_AdapterSuite):
+    """Durable children's answers and fan-out settlements, for an adapter declaring
+    ``answers``."""
+
+    @pytest.mark.asyncio
+    async def test_answers_is_declared(self, adapter: Adapter) -> None:
+        assert adapter.capabilities.answers, "these checks are for an adapter declaring answers"
+
+    @pytest.mark.asyncio
+    async def test_answers_round_trip_every_field(self, adapter: Adapter) -> None:
+        for answer in (
+            _answer("c-done"),
+            _answer("c-failed", status=Status.FAILED),
+            _answer("c-cancelled", status=Status.CANCELLED, delivered_at=_at(2)),
+        ):
+            await adapter.insert_answer(answer)
+            _assert_same_answer(await adapter.fetch_answer(answer.child_id), answer)
+        assert await adapter.fetch_answer("c-missing") is None
+
+    @pytest.mark.asyncio
+    async def test_answers_the_first_one_for_a_child_stays(self, adapter: Adapter) -> None:
+        first = _answer("c-1")
+        await adapter.insert_answer(first)
+        await adapter.insert_answer(_answer("c-1", "parent-2", status=Status.FAILED))
+        _assert_same_answer(await adapter.fetch_answer("c-1"), first)
+
+    @pytest.mark.asyncio
+    async def test_answers_undelivered_oldest_first_within_the_limit(
+        self, adapter: Adapter
+    ) -> None:
+        await adapter.insert_answer(_answer("c-late", created_at=_at(5)))
+        await adapter.insert_answer(_answer("c-early", created_at=_at(1)))
+        await adapter.insert_answer(_answer("c-taken", created_at=_at(0), delivered_at=_at(1)))
+        await adapter.insert_answer(_answer("c-middle", created_at=_at(3)))
+        owed = await adapter.undelivered_answers(10)
+        assert [a.child_id for a in owed] == ["c-early", "c-middle", "c-late"]
+        assert [a.child_id for a in await adapter.undelivered_answers(2)] == ["c-early", "c-middle"]
+
+    @pytest.mark.asyncio
+    async def test_answers_marked_delivered_keep_their_first_time(self, adapter: Adapter) -> None:
+        await adapter.insert_answer(_answer("c-1"))
+        await adapter.insert_answer(_answer("c-2"))
+        await adapter.mark_delivered(["c-1", "c-none"], _at(4))
+        await adapter.mark_delivered(["c-1"], _at(8))
+        _assert_same_answer(await adapter.fetch_answer("c-1"), _answer("c-1", delivered_at=_at(4)))
+        assert [a.child_id for a in await adapter.undelivered_answers(10)] == ["c-2"]
+
+    @pytest.mark.asyncio
+    async def test_answers_a_settlement_is_taken_once(self, adapter: Adapter) -> None:
+        assert not await adapter.settled("parent-1", "each")
+        assert await adapter.take_settlement("parent-1", "each", _at(1))
+        assert not await adapter.take_settlement("parent-1", "each", _at(2))
+        assert await adapter.settled("parent-1", "each")
+        assert not await adapter.settled("parent-1", "other")
+        assert not await adapter.settled("parent-2", "each")
+
+    @pytest.mark.asyncio
+    async def test_answers_settlements_are_not_executions(self, adapter: Adapter) -> None:
+        await adapter.take_settlement("parent-1", "each", _at(1))
+        assert await adapter.fetch_execution("parent-1") is None
+        assert _nonzero(await adapter.count_executions_on(_HASH_A)) == {}
+
+    @pytest.mark.asyncio
+    async def test_answers_linked_children_count_while_the_parent_runs(
+        self, adapter: Adapter
+    ) -> None:
+        await _insert(adapter, _execution("parent-1"))
+        await _insert(adapter, _ended("parent-2", _at(3)))
+        await adapter.save_chart(_chart(_HASH_B))
+        await adapter.insert_answer(_answer("c-1", "parent-1"))
+        await adapter.insert_answer(_answer("c-2", "parent-1", delivered_at=_at(4)))
+        await adapter.insert_answer(_answer("c-3", "parent-2"))
+        await adapter.insert_answer(_answer("c-4", "parent-gone"))
+        assert await adapter.count_linked_children_on(_HASH_B) == 2
+        assert await adapter.count_linked_children_on(_HASH_A) == 0
+
 
 class MetadataConformance(_AdapterSuite):
     """Metadata kept and listed, for an adapter declaring ``metadata``."""
@@ -1084,6 +1232,7 @@ class LockConformance(_AdapterSuite):
 
 class FullConformance(
     AdapterConformance,
+    AnswersConformance,
     ChartRetirementConformance,
     MetadataConformance,
     InputLogConformance,

@@ -18,6 +18,9 @@ metadata.
 - ``consumer_dead_letters``: messages a stream consumer gave up on, with the reason.
 - ``partition_leases``: which member of a consumer group holds which partition.
 - ``consumer_members``: the members of each consumer group, while they are alive.
+- ``child_answers``: what each ended durable child owes its parent, and whether it
+  was delivered.
+- ``settlements``: the fan-outs that have answered their parent, one row each.
 
 Every table starts with a surrogate primary key ``id`` of the configured type, then
 the host's leading columns, then the package's own. Names carry a prefix and the
@@ -29,6 +32,7 @@ database without meeting.
 ...     print(table.name)
 shop_addresses
 shop_charts
+shop_child_answers
 shop_consumer_dead_letters
 shop_consumer_members
 shop_consumer_positions
@@ -40,6 +44,7 @@ shop_outbox
 shop_partition_leases
 shop_positions
 shop_routing_ledger
+shop_settlements
 shop_subscriptions
 shop_timers
 >>> [column.name for column in tables.inputs.columns]
@@ -195,7 +200,7 @@ class TableOptions:
         return [column._copy() for column in self.leading_columns]
 
     def define(self, metadata: sa.MetaData | None = None) -> Tables:
-        """The fifteen tables under these options, in ``metadata`` (a new one if ``None``).
+        """The seventeen tables under these options, in ``metadata`` (a new one if ``None``).
 
         Raises:
             sqlalchemy.exc.InvalidRequestError: ``metadata`` already holds a table of
@@ -262,14 +267,19 @@ _PACKAGE_COLUMNS = frozenset(
         "seen_until",
         "address_id",
         "token_hash",
+        "child_id",
+        "parent_id",
+        "answer_blob",
+        "delivered_at",
+        "settled_at",
     }
 )
 
 
 @dataclass(frozen=True, slots=True)
 class Tables:
-    """The fifteen tables of durable executions, of the event router and of its fronts,
-    defined under one :class:`TableOptions`.
+    """The seventeen tables of durable executions, of the event router and of its
+    fronts, defined under one :class:`TableOptions`.
 
     Attributes:
         metadata: holds the tables.
@@ -279,6 +289,8 @@ class Tables:
             router's tables (see the module docstring).
         inbound_events, consumer_positions, consumer_dead_letters, partition_leases,
             consumer_members: the stream consumer's tables (see the module docstring).
+        child_answers, settlements: durable children's answers and fan-out
+            settlements (see the module docstring).
         options: what they were defined with.
     """
 
@@ -298,6 +310,8 @@ class Tables:
     consumer_dead_letters: sa.Table
     partition_leases: sa.Table
     consumer_members: sa.Table
+    child_answers: sa.Table
+    settlements: sa.Table
     options: TableOptions
 
     @classmethod
@@ -493,6 +507,7 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         schema=schema,
     )
     inbound, positions_, dead_letters, leases, members = _fronts(options, metadata)
+    child_answers, settlements = _children(options, metadata)
     return Tables(
         metadata,
         charts,
@@ -510,6 +525,8 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         dead_letters,
         leases,
         members,
+        child_answers,
+        settlements,
         options,
     )
 
@@ -601,6 +618,45 @@ def _fronts(
         partition_leases,
         consumer_members,
     )
+
+
+def _children(options: TableOptions, metadata: sa.MetaData) -> tuple[sa.Table, sa.Table]:
+    """Durable children's answers and fan-out settlements (in that order)."""
+    name = options.name
+    schema = options.schema
+    child_answers = sa.Table(
+        name("child_answers"),
+        metadata,
+        options.key_column(),
+        *options.leading(),
+        sa.Column("child_id", sa.Text(), nullable=False),
+        sa.Column("parent_id", sa.Text(), nullable=False),
+        sa.Column("invoke_id", sa.Text(), nullable=False),
+        sa.Column("content_hash", sa.Text(), nullable=False),
+        sa.Column("kind", sa.Text(), nullable=False),
+        sa.Column("failure", sa.Text(), nullable=True),
+        sa.Column("answer_blob", sa.LargeBinary(), nullable=True),
+        sa.Column("created_at", UtcDateTime(), nullable=False),
+        sa.Column("delivered_at", UtcDateTime(), nullable=True),
+        sa.UniqueConstraint("child_id", name=name("child_answers_child_id_key")),
+        sa.Index(name("child_answers_delivered_at_created_at_idx"), "delivered_at", "created_at"),
+        sa.Index(name("child_answers_content_hash_idx"), "content_hash"),
+        schema=schema,
+    )
+    settlements = sa.Table(
+        name("settlements"),
+        metadata,
+        options.key_column(),
+        *options.leading(),
+        sa.Column("parent_id", sa.Text(), nullable=False),
+        sa.Column("invoke_id", sa.Text(), nullable=False),
+        sa.Column("settled_at", UtcDateTime(), nullable=False),
+        sa.UniqueConstraint(
+            "parent_id", "invoke_id", name=name("settlements_parent_id_invoke_id_key")
+        ),
+        schema=schema,
+    )
+    return child_answers, settlements
 
 
 def define_locations(tables: Tables) -> sa.Table:

@@ -48,7 +48,7 @@ it is). A PostgreSQL URL without psycopg raises
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Coroutine, Mapping
+from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
 from types import TracebackType
@@ -60,6 +60,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from statifier.extras import MissingExtra
 from statifier.persistence.adapter import Capabilities
 from statifier.persistence.records import (
+    AnswerRecord,
     ChartRecord,
     ExecutionRecord,
     InputRecord,
@@ -304,6 +305,31 @@ class SqlAdapter:
         self, pairs: Mapping[str, str]
     ) -> Coroutine[Any, Any, dict[str, Status]]:
         return self._db.statuses_by_metadata(pairs)
+
+    def count_linked_children_on(self, content_hash: str) -> Coroutine[Any, Any, int]:
+        return self._db.count_linked_children_on(content_hash)
+
+    def insert_answer(self, record: AnswerRecord) -> Coroutine[Any, Any, None]:
+        return self._db.insert_answer(record)
+
+    def fetch_answer(self, child_id: str) -> Coroutine[Any, Any, AnswerRecord | None]:
+        return self._db.fetch_answer(child_id)
+
+    def undelivered_answers(self, limit: int) -> Coroutine[Any, Any, list[AnswerRecord]]:
+        return self._db.undelivered_answers(limit)
+
+    def mark_delivered(
+        self, child_ids: Sequence[str], delivered_at: datetime
+    ) -> Coroutine[Any, Any, None]:
+        return self._db.mark_delivered(child_ids, delivered_at)
+
+    def take_settlement(
+        self, parent_id: str, invoke_id: str, settled_at: datetime
+    ) -> Coroutine[Any, Any, bool]:
+        return self._db.take_settlement(parent_id, invoke_id, settled_at)
+
+    def settled(self, parent_id: str, invoke_id: str) -> Coroutine[Any, Any, bool]:
+        return self._db.settled(parent_id, invoke_id)
 
     def save_position(self, record: PositionRecord) -> Coroutine[Any, Any, None]:
         return self._db.save_position(record)

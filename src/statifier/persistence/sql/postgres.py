@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from datetime import UTC, datetime
 from types import TracebackType
@@ -29,8 +29,15 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from statifier.persistence.errors import ExecutionExists, ExecutionNotFound, LockTimeout
+from statifier.persistence.errors import (
+    ChartRetired,
+    ExecutionExists,
+    ExecutionNotFound,
+    LockTimeout,
+    Pinned,
+)
 from statifier.persistence.records import (
+    AnswerRecord,
     ChartRecord,
     ExecutionRecord,
     InputRecord,
@@ -38,11 +45,13 @@ from statifier.persistence.records import (
     Status,
 )
 from statifier.persistence.sql.schema import (
+    ANSWER_COLUMNS,
     CHART_COLUMNS,
     EXECUTION_COLUMNS,
     PINNING,
     TableNames,
     Tables,
+    answer,
     appended,
     chart,
     execution_record,
@@ -101,6 +110,14 @@ class Statements:
             f"UPDATE {t.charts} SET chart_blob = NULL, retired_at = %(at)s, "
             "retired_by = %(by)s WHERE content_hash = %(h)s AND retired_at IS NULL"
         )
+        # Retirement and create meet on the chart's row: a retirement holds it FOR
+        # UPDATE from its count to its tombstone; a create holds it FOR KEY SHARE
+        # (which creates do not contend on) until its transaction ends.
+        self.lock_chart = f"SELECT retired_at FROM {t.charts} WHERE content_hash = %(h)s FOR UPDATE"
+        self.guard_chart = (
+            f"SELECT retired_at, retired_by FROM {t.charts} "
+            "WHERE content_hash = %(h)s FOR KEY SHARE"
+        )
         self.insert_execution = (
             f"INSERT INTO {t.executions} ({key}{EXECUTION_COLUMNS}) VALUES ({key_value}"
             "%(execution_id)s, %(content_hash)s, %(status)s, %(position_blob)s, %(metadata)s, "
@@ -130,6 +147,36 @@ class Statements:
         self.pinning = (
             f"SELECT execution_id FROM {t.executions} "
             f"WHERE content_hash = %(h)s AND status IN ({pinning})"
+        )
+        self.linked = (
+            f"SELECT count(*) FROM {t.child_answers} AS a JOIN {t.executions} AS p "
+            "ON p.execution_id = a.parent_id "
+            f"WHERE a.content_hash = %(h)s AND p.status IN ({pinning})"
+        )
+        self.insert_answer = (
+            f"INSERT INTO {t.child_answers} ({key}{ANSWER_COLUMNS}) VALUES ({key_value}"
+            "%(child_id)s, %(parent_id)s, %(invoke_id)s, %(content_hash)s, %(kind)s, "
+            "%(answer_blob)s, %(failure)s, %(created_at)s, %(delivered_at)s) "
+            "ON CONFLICT (child_id) DO NOTHING"
+        )
+        self.fetch_answer = (
+            f"SELECT {ANSWER_COLUMNS} FROM {t.child_answers} WHERE child_id = %(id)s"
+        )
+        self.undelivered = (
+            f"SELECT {ANSWER_COLUMNS} FROM {t.child_answers} WHERE delivered_at IS NULL "
+            "ORDER BY created_at, child_id LIMIT %(limit)s"
+        )
+        self.mark_delivered = (
+            f"UPDATE {t.child_answers} SET delivered_at = %(at)s "
+            "WHERE child_id = ANY(%(ids)s) AND delivered_at IS NULL"
+        )
+        self.take_settlement = (
+            f"INSERT INTO {t.settlements} ({key}parent_id, invoke_id, settled_at) "
+            f"VALUES ({key_value}%(parent)s, %(invoke)s, %(at)s) "
+            "ON CONFLICT (parent_id, invoke_id) DO NOTHING RETURNING 1"
+        )
+        self.settled = (
+            f"SELECT 1 FROM {t.settlements} WHERE parent_id = %(parent)s AND invoke_id = %(invoke)s"
         )
         self.list_by_metadata = (
             f"SELECT {EXECUTION_COLUMNS} FROM {t.executions} WHERE metadata @> %(metadata)s"
@@ -582,9 +629,41 @@ class PostgresDatabase:
     async def _retire_chart(
         self, cursor: Cursor, content_hash: str, retired_by: str, retired_at: datetime
     ) -> ChartRecord | None:
+        s = self.statements
+        await cursor.execute(s.lock_chart, {"h": content_hash})
+        row = await cursor.fetchone()
+        if row is None or row[0] is not None:
+            return await self._fetch_chart(cursor, content_hash)
+        pins = await self._pins(cursor, content_hash)
+        if pins:
+            raise Pinned(content_hash, pins)
         values = {"h": content_hash, "by": retired_by, "at": utc(retired_at)}
-        await cursor.execute(self.statements.retire_chart, values)
+        await cursor.execute(s.retire_chart, values)
         return await self._fetch_chart(cursor, content_hash)
+
+    async def _pins(self, cursor: Cursor, content_hash: str) -> dict[str, int]:
+        """What in these tables holds the chart. Executions are counted before linked
+        children: a child ending between the two counts was active in the first."""
+        counts = {
+            f"executions_{status.value}": n
+            for status, n in (await self._count_executions_on(cursor, content_hash)).items()
+            if status.pins and n
+        }
+        positions = await self._count_positions_on(cursor, content_hash)
+        linked = await self._count_linked(cursor, content_hash)
+        counts.update(
+            {k: n for k, n in (("positions", positions), ("children_linked", linked)) if n}
+        )
+        return counts
+
+    async def count_linked_children_on(self, content_hash: str) -> int:
+        return await self._run(self._count_linked, content_hash)
+
+    async def _count_linked(self, cursor: Cursor, content_hash: str) -> int:
+        await cursor.execute(self.statements.linked, {"h": content_hash})
+        row = await cursor.fetchone()
+        assert row is not None
+        return int(row[0])
 
     # Executions.
 
@@ -595,6 +674,10 @@ class PostgresDatabase:
         if record.created_at is None or record.updated_at is None:
             raise ValueError(f"execution {record.id!r} needs created_at and updated_at")
         s = self.statements
+        await cursor.execute(s.guard_chart, {"h": record.content_hash})
+        guard = await cursor.fetchone()
+        if guard is not None and guard[0] is not None:
+            raise ChartRetired(record.content_hash, guard[1])
         values = {
             "execution_id": record.id,
             "content_hash": record.content_hash,
@@ -689,6 +772,66 @@ class PostgresDatabase:
         # jsonb containment: every pair given, keys and values bound, never spliced.
         await cursor.execute(sql, {"metadata": Jsonb(dict(pairs))})
         return await cursor.fetchall()
+
+    # Durable children's answers.
+
+    async def insert_answer(self, record: AnswerRecord) -> None:
+        await self._run(self._insert_answer, record)
+
+    async def _insert_answer(self, cursor: Cursor, record: AnswerRecord) -> None:
+        s = self.statements
+        values = {
+            "child_id": record.child_id,
+            "parent_id": record.parent_id,
+            "invoke_id": record.invoke_id,
+            "content_hash": record.content_hash,
+            "kind": record.status.value,
+            "answer_blob": record.outcome,
+            "failure": record.failure,
+            "created_at": utc(record.created_at),
+            "delivered_at": utc(record.delivered_at),
+        }
+        await cursor.execute(s.insert_answer, s.keyed(values))
+
+    async def fetch_answer(self, child_id: str) -> AnswerRecord | None:
+        rows = await self._run(self._answers, self.statements.fetch_answer, {"id": child_id})
+        return rows[0] if rows else None
+
+    async def undelivered_answers(self, limit: int) -> list[AnswerRecord]:
+        if limit <= 0:
+            return []
+        return await self._run(self._answers, self.statements.undelivered, {"limit": limit})
+
+    async def _answers(
+        self, cursor: Cursor, sql: str, values: dict[str, Any]
+    ) -> list[AnswerRecord]:
+        await cursor.execute(sql, values)
+        return [answer(row, utc_time) for row in await cursor.fetchall()]
+
+    async def mark_delivered(self, child_ids: Sequence[str], delivered_at: datetime) -> None:
+        if child_ids:
+            await self._run(self._mark_delivered, list(child_ids), delivered_at)
+
+    async def _mark_delivered(self, cursor: Cursor, ids: list[str], at: datetime) -> None:
+        await cursor.execute(self.statements.mark_delivered, {"ids": ids, "at": utc(at)})
+
+    async def take_settlement(self, parent_id: str, invoke_id: str, settled_at: datetime) -> bool:
+        return await self._run(self._take_settlement, parent_id, invoke_id, settled_at)
+
+    async def _take_settlement(
+        self, cursor: Cursor, parent_id: str, invoke_id: str, at: datetime
+    ) -> bool:
+        s = self.statements
+        values = {"parent": parent_id, "invoke": invoke_id, "at": utc(at)}
+        await cursor.execute(s.take_settlement, s.keyed(values))
+        return await cursor.fetchone() is not None
+
+    async def settled(self, parent_id: str, invoke_id: str) -> bool:
+        return await self._run(self._settled, parent_id, invoke_id)
+
+    async def _settled(self, cursor: Cursor, parent_id: str, invoke_id: str) -> bool:
+        await cursor.execute(self.statements.settled, {"parent": parent_id, "invoke": invoke_id})
+        return await cursor.fetchone() is not None
 
     # Saved positions.
 

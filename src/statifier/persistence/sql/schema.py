@@ -16,11 +16,12 @@ from datetime import datetime
 from typing import Any, Final
 
 from statifier.persistence.adapter import Capabilities
-from statifier.persistence.records import ChartRecord, ExecutionRecord, Status
+from statifier.persistence.records import AnswerRecord, ChartRecord, ExecutionRecord, Status
 from statifier.sql import migrations
 from statifier.sql.tables import TableOptions, Tables
 
 __all__ = [
+    "ANSWER_COLUMNS",
     "EVERYTHING",
     "EXECUTION_COLUMNS",
     "PINNING",
@@ -28,6 +29,7 @@ __all__ = [
     "TableNames",
     "TableOptions",
     "Tables",
+    "answer",
     "appended",
     "chart",
     "chosen_tables",
@@ -36,7 +38,9 @@ __all__ = [
     "table_names",
 ]
 
-EVERYTHING: Final = Capabilities(lock=True, metadata=True, input_log=True, chart_retirement=True)
+EVERYTHING: Final = Capabilities(
+    lock=True, metadata=True, input_log=True, chart_retirement=True, answers=True
+)
 STATUSES: Final = {status.value: status for status in Status}
 
 
@@ -79,6 +83,11 @@ EXECUTION_COLUMNS: Final = (
     "execution_id, content_hash, status, position_blob, metadata, outcome_blob, failure, "
     "created_at, updated_at, ended_at"
 )
+# The columns of an answer record, in the order AnswerRecord takes them.
+ANSWER_COLUMNS: Final = (
+    "child_id, parent_id, invoke_id, content_hash, kind, answer_blob, failure, created_at, "
+    "delivered_at"
+)
 CHART_COLUMNS: Final = "content_hash, chart_blob, name, version, saved_at, retired_at, retired_by"
 
 
@@ -103,6 +112,8 @@ class TableNames:
     consumer_dead_letters: str
     partition_leases: str
     consumer_members: str
+    child_answers: str
+    settlements: str
 
     @classmethod
     def of(cls, tables: Tables) -> TableNames:
@@ -127,6 +138,8 @@ class TableNames:
                     "consumer_dead_letters",
                     "partition_leases",
                     "consumer_members",
+                    "child_answers",
+                    "settlements",
                 )
             )
         )
@@ -166,4 +179,22 @@ def chart(row: Sequence[Any], read_time: Any) -> ChartRecord:
         saved_at=read_time(saved_at),
         retired_at=read_time(retired_at),
         retired_by=retired_by,
+    )
+
+
+def answer(row: Sequence[Any], read_time: Callable[[Any], datetime | None]) -> AnswerRecord:
+    """An answer record from a row of :data:`ANSWER_COLUMNS`, times read by ``read_time``."""
+    child_id, parent_id, invoke_id, content_hash, kind, blob, failure, created, delivered = row
+    created_at = read_time(created)
+    assert created_at is not None  # the column is NOT NULL
+    return AnswerRecord(
+        child_id,
+        parent_id=parent_id,
+        invoke_id=invoke_id,
+        content_hash=content_hash,
+        status=STATUSES.get(kind) or Status(kind),
+        outcome=blob,
+        failure=failure,
+        created_at=created_at,
+        delivered_at=read_time(delivered),
     )

@@ -24,7 +24,7 @@ import asyncio
 import json
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from types import TracebackType
@@ -33,8 +33,15 @@ from typing import Any, Final, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from statifier.persistence.errors import ExecutionExists, ExecutionNotFound, LockTimeout
+from statifier.persistence.errors import (
+    ChartRetired,
+    ExecutionExists,
+    ExecutionNotFound,
+    LockTimeout,
+    Pinned,
+)
 from statifier.persistence.records import (
+    AnswerRecord,
     ChartRecord,
     ExecutionRecord,
     InputRecord,
@@ -42,11 +49,13 @@ from statifier.persistence.records import (
     Status,
 )
 from statifier.persistence.sql.schema import (
+    ANSWER_COLUMNS,
     CHART_COLUMNS,
     EXECUTION_COLUMNS,
     PINNING,
     TableNames,
     Tables,
+    answer,
     appended,
     chart,
     execution_record,
@@ -133,6 +142,36 @@ class Statements:
             f"WHERE content_hash = :h AND status IN ({pinning})"
         )
         self.executions = t.executions
+        # Retirement and create are both writes, so SQLite's single writer already
+        # serializes them; each reads the chart's row inside its write transaction.
+        self.guard_chart = f"SELECT retired_at, retired_by FROM {t.charts} WHERE content_hash = :h"
+        self.linked = (
+            f"SELECT count(*) FROM {t.child_answers} AS a JOIN {t.executions} AS p "
+            "ON p.execution_id = a.parent_id "
+            f"WHERE a.content_hash = :h AND p.status IN ({pinning})"
+        )
+        self.insert_answer = (
+            f"INSERT INTO {t.child_answers} ({key}{ANSWER_COLUMNS}) VALUES ({key_value}"
+            ":child_id, :parent_id, :invoke_id, :content_hash, :kind, :answer_blob, :failure, "
+            ":created_at, :delivered_at) ON CONFLICT (child_id) DO NOTHING"
+        )
+        self.fetch_answer = f"SELECT {ANSWER_COLUMNS} FROM {t.child_answers} WHERE child_id = :id"
+        self.undelivered = (
+            f"SELECT {ANSWER_COLUMNS} FROM {t.child_answers} WHERE delivered_at IS NULL "
+            "ORDER BY created_at, child_id LIMIT :limit"
+        )
+        self.mark_delivered = (
+            f"UPDATE {t.child_answers} SET delivered_at = :at "
+            "WHERE child_id = :id AND delivered_at IS NULL"
+        )
+        self.take_settlement = (
+            f"INSERT INTO {t.settlements} ({key}parent_id, invoke_id, settled_at) "
+            f"VALUES ({key_value}:parent, :invoke, :at) "
+            "ON CONFLICT (parent_id, invoke_id) DO NOTHING RETURNING 1"
+        )
+        self.settled = (
+            f"SELECT 1 FROM {t.settlements} WHERE parent_id = :parent AND invoke_id = :invoke"
+        )
         self.save_position = (
             f"INSERT INTO {t.positions} ({key}key, content_hash, position_blob, saved_at) "
             f"VALUES ({key_value}:key, :content_hash, :position_blob, :saved_at) "
@@ -581,9 +620,30 @@ class SqliteDatabase:
     def _retire_chart(
         self, cursor: sqlite3.Cursor, content_hash: str, retired_by: str, retired_at: datetime
     ) -> ChartRecord | None:
+        s = self.statements
+        row = cursor.execute(s.guard_chart, {"h": content_hash}).fetchone()
+        if row is None or row[0] is not None:
+            return self._fetch_chart(cursor, content_hash)
+        pins = {
+            f"executions_{status.value}": n
+            for status, n in self._count_executions_on(cursor, content_hash).items()
+            if status.pins and n
+        }
+        positions = self._count_positions_on(cursor, content_hash)
+        linked = self._count_linked(cursor, content_hash)
+        pins.update({k: n for k, n in (("positions", positions), ("children_linked", linked)) if n})
+        if pins:
+            raise Pinned(content_hash, pins)
         values = {"h": content_hash, "by": retired_by, "at": utc_text(retired_at)}
-        cursor.execute(self.statements.retire_chart, values)
+        cursor.execute(s.retire_chart, values)
         return self._fetch_chart(cursor, content_hash)
+
+    async def count_linked_children_on(self, content_hash: str) -> int:
+        return await self._run(self._count_linked, False, content_hash)
+
+    def _count_linked(self, cursor: sqlite3.Cursor, content_hash: str) -> int:
+        (count,) = cursor.execute(self.statements.linked, {"h": content_hash}).fetchone()
+        return int(count)
 
     # Executions: the three calls of a durable step (fetch, append, update) run inline
     # when the task holds the writer, with no coroutine of their own in between.
@@ -595,6 +655,9 @@ class SqliteDatabase:
         if record.created_at is None or record.updated_at is None:
             raise ValueError(f"execution {record.id!r} needs created_at and updated_at")
         s = self.statements
+        guard = cursor.execute(s.guard_chart, {"h": record.content_hash}).fetchone()
+        if guard is not None and guard[0] is not None:
+            raise ChartRetired(record.content_hash, guard[1])
         values = {
             "execution_id": record.id,
             "content_hash": record.content_hash,
@@ -689,6 +752,65 @@ class SqliteDatabase:
         for index, (key, value) in enumerate(pairs.items()):
             values[f"k{index}"], values[f"v{index}"] = key, value
         return cursor.execute(self.statements.by_metadata(len(pairs), whole), values).fetchall()
+
+    # Durable children's answers.
+
+    async def insert_answer(self, record: AnswerRecord) -> None:
+        await self._run(self._insert_answer, True, record)
+
+    def _insert_answer(self, cursor: sqlite3.Cursor, record: AnswerRecord) -> None:
+        s = self.statements
+        values = {
+            "child_id": record.child_id,
+            "parent_id": record.parent_id,
+            "invoke_id": record.invoke_id,
+            "content_hash": record.content_hash,
+            "kind": record.status.value,
+            "answer_blob": record.outcome,
+            "failure": record.failure,
+            "created_at": utc_text(record.created_at),
+            "delivered_at": utc_text(record.delivered_at),
+        }
+        cursor.execute(s.insert_answer, s.keyed(values))
+
+    async def fetch_answer(self, child_id: str) -> AnswerRecord | None:
+        rows = await self._run(self._answers, False, self.statements.fetch_answer, {"id": child_id})
+        return rows[0] if rows else None
+
+    async def undelivered_answers(self, limit: int) -> list[AnswerRecord]:
+        if limit <= 0:
+            return []
+        return await self._run(self._answers, False, self.statements.undelivered, {"limit": limit})
+
+    def _answers(
+        self, cursor: sqlite3.Cursor, sql: str, values: dict[str, Any]
+    ) -> list[AnswerRecord]:
+        return [answer(row, utc_time) for row in cursor.execute(sql, values).fetchall()]
+
+    async def mark_delivered(self, child_ids: Sequence[str], delivered_at: datetime) -> None:
+        if child_ids:
+            await self._run(self._mark_delivered, True, list(child_ids), delivered_at)
+
+    def _mark_delivered(self, cursor: sqlite3.Cursor, ids: list[str], at: datetime) -> None:
+        when = utc_text(at)
+        cursor.executemany(self.statements.mark_delivered, [{"id": i, "at": when} for i in ids])
+
+    async def take_settlement(self, parent_id: str, invoke_id: str, settled_at: datetime) -> bool:
+        return await self._run(self._take_settlement, True, parent_id, invoke_id, settled_at)
+
+    def _take_settlement(
+        self, cursor: sqlite3.Cursor, parent_id: str, invoke_id: str, at: datetime
+    ) -> bool:
+        s = self.statements
+        values = {"parent": parent_id, "invoke": invoke_id, "at": utc_text(at)}
+        return cursor.execute(s.take_settlement, s.keyed(values)).fetchone() is not None
+
+    async def settled(self, parent_id: str, invoke_id: str) -> bool:
+        return await self._run(self._settled, False, parent_id, invoke_id)
+
+    def _settled(self, cursor: sqlite3.Cursor, parent_id: str, invoke_id: str) -> bool:
+        values = {"parent": parent_id, "invoke": invoke_id}
+        return cursor.execute(self.statements.settled, values).fetchone() is not None
 
     # Saved positions.
 
