@@ -18,6 +18,7 @@ metadata.
 - ``consumer_dead_letters``: messages a stream consumer gave up on, with the reason.
 - ``partition_leases``: which member of a consumer group holds which partition.
 - ``consumer_members``: the members of each consumer group, while they are alive.
+- ``console_audit``: the actions operators took in the console, who and when.
 
 Every table starts with a surrogate primary key ``id`` of the configured type, then
 the host's leading columns, then the package's own. Names carry a prefix and the
@@ -29,6 +30,7 @@ database without meeting.
 ...     print(table.name)
 shop_addresses
 shop_charts
+shop_console_audit
 shop_consumer_dead_letters
 shop_consumer_members
 shop_consumer_positions
@@ -195,7 +197,7 @@ class TableOptions:
         return [column._copy() for column in self.leading_columns]
 
     def define(self, metadata: sa.MetaData | None = None) -> Tables:
-        """The fifteen tables under these options, in ``metadata`` (a new one if ``None``).
+        """The sixteen tables under these options, in ``metadata`` (a new one if ``None``).
 
         Raises:
             sqlalchemy.exc.InvalidRequestError: ``metadata`` already holds a table of
@@ -262,14 +264,19 @@ _PACKAGE_COLUMNS = frozenset(
         "seen_until",
         "address_id",
         "token_hash",
+        "at",
+        "actor",
+        "action",
+        "target",
+        "detail",
     }
 )
 
 
 @dataclass(frozen=True, slots=True)
 class Tables:
-    """The fifteen tables of durable executions, of the event router and of its fronts,
-    defined under one :class:`TableOptions`.
+    """The sixteen tables of durable executions, of the event router, of its fronts and
+    of the console, defined under one :class:`TableOptions`.
 
     Attributes:
         metadata: holds the tables.
@@ -279,6 +286,7 @@ class Tables:
             router's tables (see the module docstring).
         inbound_events, consumer_positions, consumer_dead_letters, partition_leases,
             consumer_members: the stream consumer's tables (see the module docstring).
+        console_audit: the console's audit trail.
         options: what they were defined with.
     """
 
@@ -298,6 +306,7 @@ class Tables:
     consumer_dead_letters: sa.Table
     partition_leases: sa.Table
     consumer_members: sa.Table
+    console_audit: sa.Table
     options: TableOptions
 
     @classmethod
@@ -332,6 +341,7 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         sa.Column("retired_at", UtcDateTime(), nullable=True),
         sa.Column("retired_by", sa.Text(), nullable=True),
         sa.UniqueConstraint("content_hash", name=name("charts_content_hash_key")),
+        sa.Index(name("charts_name_idx"), "name"),
         schema=schema,
     )
     positions = sa.Table(
@@ -365,6 +375,7 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         sa.UniqueConstraint("execution_id", name=name("executions_execution_id_key")),
         sa.Index(name("executions_content_hash_status_idx"), "content_hash", "status"),
         sa.Index(name("executions_ended_at_idx"), "ended_at"),
+        *_console_execution_indexes(options),
         schema=schema,
     )
     sa.Index(
@@ -402,6 +413,7 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
             "scope", "document", "key", name=name("addresses_scope_document_key_key")
         ),
         sa.Index(name("addresses_execution_id_idx"), "execution_id"),
+        sa.Index(name("addresses_key_idx"), "key"),
         schema=schema,
     )
     dedupe = sa.Table(
@@ -435,6 +447,8 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         sa.Column("inserted_at", UtcDateTime(), nullable=False),
         sa.Index(name("routing_ledger_execution_id_idx"), "execution_id"),
         sa.Index(name("routing_ledger_binding_id_inserted_at_idx"), "binding_id", "inserted_at"),
+        sa.Index(name("routing_ledger_inserted_at_id_idx"), "inserted_at", "id"),
+        sa.Index(name("routing_ledger_outcome_inserted_at_idx"), "outcome", "inserted_at", "id"),
         schema=schema,
     )
     timers = sa.Table(
@@ -473,6 +487,7 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         sa.Column("inserted_at", UtcDateTime(), nullable=False),
         sa.UniqueConstraint("queue", "key", name=name("outbox_queue_key_key")),
         sa.Index(name("outbox_next_attempt_at_idx"), "next_attempt_at"),
+        sa.Index(name("outbox_dead_at_idx"), "dead_at"),
         schema=schema,
     )
     subscriptions = sa.Table(
@@ -493,6 +508,7 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         schema=schema,
     )
     inbound, positions_, dead_letters, leases, members = _fronts(options, metadata)
+    console_audit = _console_audit(options, metadata)
     return Tables(
         metadata,
         charts,
@@ -510,6 +526,7 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         dead_letters,
         leases,
         members,
+        console_audit,
         options,
     )
 
@@ -565,6 +582,7 @@ def _fronts(
         sa.Column("raw", sa.LargeBinary(), nullable=False),
         sa.Column("dead_at", UtcDateTime(), nullable=False),
         sa.Index(name("consumer_dead_letters_source_dead_at_idx"), "source", "dead_at"),
+        sa.Index(name("consumer_dead_letters_dead_at_idx"), "dead_at"),
         schema=schema,
     )
     partition_leases = sa.Table(
@@ -600,6 +618,44 @@ def _fronts(
         consumer_dead_letters,
         partition_leases,
         consumer_members,
+    )
+
+
+def _console_execution_indexes(options: TableOptions) -> list[sa.Index]:
+    """The indexes the console's executions list walks: newest first (``created_at``
+    then ``execution_id``), within a status or a chart, and ``updated_at`` for the
+    "what changed" probe of its live pages."""
+    name = options.name
+    return [
+        sa.Index(name("executions_created_at_idx"), "created_at", "execution_id"),
+        sa.Index(name("executions_status_created_at_idx"), "status", "created_at", "execution_id"),
+        sa.Index(
+            name("executions_content_hash_created_at_idx"),
+            "content_hash",
+            "created_at",
+            "execution_id",
+        ),
+        sa.Index(name("executions_updated_at_idx"), "updated_at"),
+    ]
+
+
+def _console_audit(options: TableOptions, metadata: sa.MetaData) -> sa.Table:
+    """The console's audit trail: one row per operator action."""
+    name = options.name
+    return sa.Table(
+        name("console_audit"),
+        metadata,
+        options.key_column(),
+        *options.leading(),
+        sa.Column("at", UtcDateTime(), nullable=False),
+        sa.Column("actor", sa.Text(), nullable=False),
+        sa.Column("action", sa.Text(), nullable=False),
+        sa.Column("target", sa.Text(), nullable=False),
+        sa.Column("outcome", sa.Text(), nullable=False),
+        sa.Column("detail", sa.Text(), nullable=True),
+        sa.Index(name("console_audit_at_idx"), "at", "id"),
+        sa.Index(name("console_audit_target_at_idx"), "target", "at"),
+        schema=options.schema,
     )
 
 
