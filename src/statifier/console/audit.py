@@ -23,6 +23,7 @@ ever added.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass
 from datetime import UTC, datetime
@@ -31,8 +32,16 @@ from typing import Any, Final
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from statifier.console.queries import DEFAULT_PAGE, Page
-from statifier.sql.tables import Tables
+from statifier.console.queries import (
+    DEFAULT_PAGE,
+    MAX_PAGE,
+    BadCursor,
+    Page,
+    decode_cursor,
+    encode_cursor,
+    run_on,
+)
+from statifier.sql.tables import Tables, UtcDateTime
 
 __all__ = ["ACTIONS", "OUTCOMES", "Audit", "AuditEntry", "AuditRow"]
 
@@ -116,8 +125,27 @@ class Audit:
         self._clock = clock
 
     async def record(self, entry: AuditEntry) -> AuditRow:
-        """Write ``entry`` in a transaction of its own and answer the row written."""
-        raise NotImplementedError
+        """Write ``entry`` in a transaction of its own (texts cut to
+        :data:`MAX_TEXT` characters) and answer the row written."""
+        table = self.tables.console_audit
+        values: dict[str, Any] = {
+            "at": self._clock(),
+            "actor": _cut(entry.actor),
+            "action": entry.action,
+            "target": _cut(entry.target),
+            "outcome": entry.outcome,
+            "detail": None if entry.detail is None else _cut(entry.detail),
+        }
+        new_key = self.tables.options.key_default
+        if new_key is not None:
+            values["id"] = new_key()
+        statement = table.insert().values(values).returning(table.c.id)
+
+        def write(connection: sa.Connection) -> Any:
+            return connection.execute(statement).scalar_one()
+
+        key = await run_on(self.engine, write, write=True)
+        return AuditRow(key, **{name: values[name] for name in _FIELDS})
 
     async def entries(
         self, *, target: str | None = None, cursor: str | None = None, size: int = DEFAULT_PAGE
@@ -128,4 +156,54 @@ class Audit:
             statifier.console.queries.BadCursor: a cursor this list did not make.
             ValueError: ``size`` outside ``1..MAX_PAGE``.
         """
-        raise NotImplementedError
+        if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_PAGE:
+            raise ValueError(f"a page holds 1 to {MAX_PAGE} rows, not {size!r}")
+        table = self.tables.console_audit
+        statement = sa.select(table).order_by(table.c.at.desc(), table.c.id.desc()).limit(size + 1)
+        if target is not None:
+            statement = statement.where(table.c.target == target)
+        if cursor is not None:
+            at, key = decode_cursor(cursor, "audit")
+            statement = statement.where(
+                sa.tuple_(table.c.at, table.c.id)
+                < sa.tuple_(
+                    sa.literal(at, UtcDateTime()), sa.literal(self._key(key), table.c.id.type)
+                )
+            )
+
+        def read(connection: sa.Connection) -> list[sa.Row[Any]]:
+            return list(connection.execute(statement))
+
+        rows = await run_on(self.engine, read)
+        chosen = [_row(row) for row in rows[:size]]
+        next_cursor = None
+        if len(rows) > size:
+            next_cursor = encode_cursor("audit", chosen[-1].at, chosen[-1].id)
+        return Page(tuple(chosen), next_cursor)
+
+    def _key(self, text: str) -> Any:
+        try:
+            if self.tables.options.key_default is None:
+                return int(text)
+            return uuid.UUID(text)
+        except ValueError:
+            raise BadCursor(f"not a cursor of this list: a bad key {text!r}") from None
+
+
+_FIELDS: Final = ("at", "actor", "action", "target", "outcome", "detail")
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 1] + "\u2026"
+
+
+def _row(row: sa.Row[Any]) -> AuditRow:
+    return AuditRow(
+        row.id,
+        at=row.at,
+        actor=row.actor,
+        action=row.action,
+        target=row.target,
+        outcome=row.outcome,
+        detail=row.detail,
+    )

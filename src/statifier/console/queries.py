@@ -24,7 +24,12 @@ are built by the migration ``statifier_0006`` (see ``docs/decisions/0083``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import base64
+import binascii
+import json
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
@@ -34,15 +39,19 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from scriba.sql.tables import Tables as ScribaTables
+from statifier.core import positions as stored
 from statifier.persistence import LoggedInput
 from statifier.persistence.records import ChartRecord, ExecutionRecord, Status
 from statifier.router.outbox import OutboxRow
 from statifier.router.records import LedgerRow
-from statifier.sql.engines import database_url, sqlite_engine
-from statifier.sql.tables import Tables
+from statifier.sql.engines import busy_wait, database_url, retry_busy, sqlite_engine
+from statifier.sql.tables import Tables, UtcDateTime
 
 __all__ = [
     "DEFAULT_PAGE",
+    "MAX_BUCKETS",
+    "MAX_DETAIL_ROWS",
+    "MAX_INPUTS",
     "MAX_PAGE",
     "AddressView",
     "BadCursor",
@@ -57,6 +66,9 @@ __all__ = [
     "Page",
     "ProjectionView",
     "TimerView",
+    "decode_cursor",
+    "encode_cursor",
+    "run_on",
 ]
 
 _T = TypeVar("_T")
@@ -399,20 +411,169 @@ class ConsoleQueries:
             BadCursor: ``cursor`` is not one this list made.
             ValueError: ``size`` outside ``1..MAX_PAGE``.
         """
-        raise NotImplementedError
+        _check_size(size)
+        after = None if cursor is None else decode_cursor(cursor, "executions")
+        e, charts = self.tables.executions, self.tables.charts
+        statement = (
+            sa.select(
+                e.c.execution_id,
+                e.c.status,
+                e.c.content_hash,
+                charts.c.name,
+                charts.c.version,
+                e.c.failure,
+                e.c.metadata,
+                e.c.created_at,
+                e.c.updated_at,
+                e.c.ended_at,
+            )
+            .select_from(e.outerjoin(charts, charts.c.content_hash == e.c.content_hash))
+            .where(*self._execution_conditions(where))
+            .order_by(e.c.created_at.desc(), e.c.execution_id.desc())
+            .limit(size + 1)
+        )
+        if after is not None:
+            moment, last_id = after
+            statement = statement.where(
+                sa.tuple_(e.c.created_at, e.c.execution_id)
+                < sa.tuple_(sa.literal(moment, UtcDateTime()), sa.literal(last_id, sa.Text()))
+            )
+
+        def read(connection: sa.Connection) -> list[sa.Row[Any]]:
+            return list(connection.execute(statement))
+
+        rows = await run_on(self.engine, read)
+        summaries = tuple(_summary(row) for row in rows[:size])
+        next_cursor = None
+        if len(rows) > size:
+            last = summaries[-1]
+            next_cursor = encode_cursor("executions", last.created_at, last.id)
+        return Page(summaries, next_cursor)
+
+    def _execution_conditions(self, where: ExecutionFilter) -> list[sa.ColumnElement[bool]]:
+        e = self.tables.executions
+        conditions: list[sa.ColumnElement[bool]] = []
+        if where.status is not None:
+            conditions.append(e.c.status == where.status.value)
+        if where.document is not None:
+            named = self.tables.charts.alias("named")
+            conditions.append(
+                e.c.content_hash.in_(
+                    sa.select(named.c.content_hash).where(named.c.name == where.document)
+                )
+            )
+        if where.scope is not None:
+            a = self.tables.addresses
+            conditions.append(
+                e.c.execution_id.in_(sa.select(a.c.execution_id).where(a.c.scope == where.scope))
+            )
+        if where.metadata:
+            conditions.extend(self._metadata_conditions(where.metadata))
+        bounds = (
+            (e.c.created_at, where.created_from, where.created_until),
+            (e.c.updated_at, where.updated_from, where.updated_until),
+        )
+        for column, low, high in bounds:
+            if low is not None:
+                conditions.append(column >= low)
+            if high is not None:
+                conditions.append(column < high)
+        return conditions
+
+    def _metadata_conditions(self, pairs: Mapping[str, str]) -> list[sa.ColumnElement[bool]]:
+        e = self.tables.executions
+        if _dialect(self.engine) == "postgresql":
+            # jsonb containment, which the GIN index on metadata answers.
+            return [e.c.metadata.contains(dict(pairs))]
+        conditions: list[sa.ColumnElement[bool]] = []
+        for index, (key, value) in enumerate(sorted(pairs.items())):
+            each = sa.func.json_each(e.c.metadata).table_valued("key", "value").alias(f"m{index}")
+            conditions.append(
+                sa.exists().select_from(each).where(each.c.key == key, each.c.value == value)
+            )
+        return conditions
 
     async def failed(
         self, *, cursor: str | None = None, size: int = DEFAULT_PAGE
     ) -> Page[ExecutionSummary]:
-        """Failed executions, newest first, with their reasons (``failure``)."""
-        return await self.executions(
-            ExecutionFilter(status=Status.FAILED), cursor=cursor, size=size
-        )
+        """Failed executions, newest first, with their reasons (``failure``).
+
+        Raises:
+            BadCursor: ``cursor`` is not one this list made.
+            ValueError: ``size`` outside ``1..MAX_PAGE``.
+        """
+        failed = ExecutionFilter(status=Status.FAILED)
+        return await self.executions(failed, cursor=cursor, size=size)
 
     async def execution(self, execution_id: str) -> ExecutionDetail | None:
         """One execution with its chart, timers, outbox rows, ledger rows, addresses
-        and input log; ``None`` when there is no such execution."""
-        raise NotImplementedError
+        and input log (all read in one transaction); ``None`` when there is no such
+        execution.
+
+        Raises:
+            statifier.core.NotAPosition: an input log entry that is not a stored event.
+        """
+        t = self.tables
+        postgres = _dialect(self.engine) == "postgresql"
+        sent_by = (
+            t.outbox.c.payload["execution_id"].astext
+            if postgres
+            else sa.func.json_extract(t.outbox.c.payload, "$.execution_id")
+        )
+
+        def read(connection: sa.Connection) -> ExecutionDetail | None:
+            row = connection.execute(
+                sa.select(t.executions).where(t.executions.c.execution_id == execution_id)
+            ).first()
+            if row is None:
+                return None
+            record = _record(row)
+            chart_row = connection.execute(
+                sa.select(t.charts).where(t.charts.c.content_hash == record.content_hash)
+            ).first()
+            timers = connection.execute(
+                sa.select(t.timers)
+                .where(t.timers.c.execution_id == execution_id)
+                .order_by(t.timers.c.due_at, t.timers.c.id)
+                .limit(MAX_DETAIL_ROWS)
+            )
+            outbox = connection.execute(
+                sa.select(t.outbox)
+                .where(sent_by == execution_id)
+                .order_by(t.outbox.c.inserted_at.desc(), t.outbox.c.id.desc())
+                .limit(MAX_DETAIL_ROWS)
+            )
+            ledger = connection.execute(
+                sa.select(t.routing_ledger)
+                .where(t.routing_ledger.c.execution_id == execution_id)
+                .order_by(t.routing_ledger.c.inserted_at.desc(), t.routing_ledger.c.id.desc())
+                .limit(MAX_DETAIL_ROWS)
+            )
+            inputs = list(
+                connection.execute(
+                    sa.select(t.inputs)
+                    .where(t.inputs.c.execution_id == execution_id)
+                    .order_by(t.inputs.c.seq)
+                    .limit(MAX_INPUTS + 1)
+                )
+            )
+            return ExecutionDetail(
+                record,
+                chart=None if chart_row is None else _chart(chart_row),
+                timers=tuple(_timer(r) for r in timers),
+                outbox=tuple(_outbox(r) for r in outbox),
+                ledger=tuple(_ledger(r) for r in ledger),
+                addresses=tuple(
+                    _address(r)
+                    for r in connection.execute(
+                        self._addresses().where(t.addresses.c.execution_id == execution_id)
+                    )
+                ),
+                inputs=tuple(_input(r) for r in inputs[:MAX_INPUTS]),
+                inputs_truncated=len(inputs) > MAX_INPUTS,
+            )
+
+        return await run_on(self.engine, read)
 
     # -- routing ------------------------------------------------------------------
 
@@ -423,59 +584,483 @@ class ConsoleQueries:
         cursor: str | None = None,
         size: int = DEFAULT_PAGE,
     ) -> Page[LedgerRow]:
-        """A page of routing-ledger rows, newest first.
+        """A page of routing-ledger rows, newest first (ties by key, descending).
 
         Raises:
             BadCursor: ``cursor`` is not one this list made.
             ValueError: ``size`` outside ``1..MAX_PAGE``.
         """
-        raise NotImplementedError
+        _check_size(size)
+        ledger = self.tables.routing_ledger
+        conditions: list[sa.ColumnElement[bool]] = []
+        if where.outcome is not None:
+            conditions.append(ledger.c.outcome == where.outcome)
+        if where.binding_id is not None:
+            conditions.append(ledger.c.binding_id == where.binding_id)
+        if where.since is not None:
+            conditions.append(ledger.c.inserted_at >= where.since)
+        if where.until is not None:
+            conditions.append(ledger.c.inserted_at < where.until)
+        rows = await self._keyset(ledger, ledger.c.inserted_at, "ledger", conditions, cursor, size)
+        return _paged(rows, size, "ledger", "inserted_at", _ledger)
 
     async def ledger_counts(
         self, since: datetime, until: datetime, bucket: timedelta
     ) -> list[BucketCount]:
         """Ledger rows per binding, outcome and time bucket over ``[since, until)``;
-        buckets start at ``since`` and are ``bucket`` long; empty buckets are left out.
-        Ordered by binding, bucket, outcome.
+        empty buckets are left out. Buckets are ``bucket`` long (whole seconds) and
+        start at ``since`` truncated to the second; a row falls in the bucket of its
+        time truncated to the second. Ordered by binding, bucket, outcome.
 
         Raises:
-            ValueError: naive times, ``until <= since``, a bucket under one second or
-                more than :data:`MAX_BUCKETS` buckets.
+            ValueError: naive times, ``until <= since``, a bucket that is not a whole
+                number of seconds (at least one), or more than :data:`MAX_BUCKETS`
+                buckets.
         """
-        raise NotImplementedError
+        _aware("since", since)
+        _aware("until", until)
+        seconds = bucket.total_seconds()
+        if seconds < 1 or seconds != int(seconds):
+            raise ValueError(f"a bucket is a whole number of seconds, not {bucket!r}")
+        if until <= since:
+            raise ValueError(f"until ({until}) must come after since ({since})")
+        if (until - since) / bucket > MAX_BUCKETS:
+            raise ValueError(f"at most {MAX_BUCKETS} buckets; {until - since} / {bucket} is more")
+        width = int(seconds)
+        start = int(since.timestamp() // 1)
+        ledger = self.tables.routing_ledger
+        if _dialect(self.engine) == "postgresql":
+            epoch = sa.func.floor(sa.extract("epoch", ledger.c.inserted_at))
+            index = sa.cast(sa.func.floor((epoch - start) / width), sa.BigInteger)
+        else:
+            epoch = sa.cast(sa.func.strftime("%s", ledger.c.inserted_at), sa.Integer)
+            index = (epoch - start) / width  # integer division: both are integers
+        number = index.label("bucket")
+        statement = (
+            sa.select(ledger.c.binding_id, number, ledger.c.outcome, sa.func.count())
+            .where(ledger.c.inserted_at >= since, ledger.c.inserted_at < until)
+            .group_by(ledger.c.binding_id, number, ledger.c.outcome)
+            .order_by(ledger.c.binding_id, number, ledger.c.outcome)
+        )
+
+        def read(connection: sa.Connection) -> list[sa.Row[Any]]:
+            return list(connection.execute(statement))
+
+        origin = datetime.fromtimestamp(start, UTC)
+        return [
+            BucketCount(
+                str(binding),
+                bucket=origin + timedelta(seconds=int(k) * width),
+                outcome=str(outcome),
+                count=int(count),
+            )
+            for binding, k, outcome, count in await run_on(self.engine, read)
+        ]
+
+    def _addresses(self) -> sa.Select[Any]:
+        a, e = self.tables.addresses, self.tables.executions
+        return (
+            sa.select(
+                a.c.scope,
+                a.c.document,
+                a.c.key,
+                a.c.execution_id,
+                a.c.inserted_at,
+                a.c.terminal_seen_at,
+                e.c.status,
+            )
+            .select_from(a.outerjoin(e, e.c.execution_id == a.c.execution_id))
+            .order_by(a.c.inserted_at, a.c.id)
+        )
 
     async def addresses(self, key: str, *, scope: str | None = None) -> list[AddressView]:
         """The addresses of ``key`` in every document (of ``scope``, if given), oldest
-        first."""
-        raise NotImplementedError
+        first, each with its execution's status."""
+        a = self.tables.addresses
+        statement = self._addresses().where(a.c.key == key)
+        if scope is not None:
+            statement = statement.where(a.c.scope == scope)
+
+        def read(connection: sa.Connection) -> list[AddressView]:
+            return [_address(row) for row in connection.execute(statement)]
+
+        return await run_on(self.engine, read)
 
     # -- failures -----------------------------------------------------------------
 
     async def outbox_dead_letters(
         self, *, cursor: str | None = None, size: int = DEFAULT_PAGE
     ) -> Page[OutboxRow]:
-        """Outbox rows the drain gave up on, newest first."""
-        raise NotImplementedError
+        """Outbox rows the drain gave up on, newest first.
+
+        Raises:
+            BadCursor: ``cursor`` is not one this list made.
+            ValueError: ``size`` outside ``1..MAX_PAGE``.
+        """
+        _check_size(size)
+        outbox = self.tables.outbox
+        dead = [outbox.c.dead_at.is_not(None)]
+        rows = await self._keyset(outbox, outbox.c.dead_at, "outbox", dead, cursor, size)
+        return _paged(rows, size, "outbox", "dead_at", _outbox)
 
     async def consumer_dead_letters(
         self, *, cursor: str | None = None, size: int = DEFAULT_PAGE
     ) -> Page[ConsumerDeadLetter]:
-        """Messages the stream consumers gave up on, newest first."""
-        raise NotImplementedError
+        """Messages the stream consumers gave up on, newest first.
+
+        Raises:
+            BadCursor: ``cursor`` is not one this list made.
+            ValueError: ``size`` outside ``1..MAX_PAGE``.
+        """
+        _check_size(size)
+        letters = self.tables.consumer_dead_letters
+        rows = await self._keyset(letters, letters.c.dead_at, "consumer", [], cursor, size)
+        return _paged(rows, size, "consumer", "dead_at", _consumer_letter)
 
     async def projections(self) -> list[ProjectionView]:
         """scriba's projections (empty without ``scriba`` tables), by name and
-        version."""
-        raise NotImplementedError
+        version: every projection any of its tables names."""
+        scriba = self.scriba
+        if scriba is None:
+            return []
+        now = self._clock()
+
+        def read(connection: sa.Connection) -> list[ProjectionView]:
+            p, w, d = scriba.projections, scriba.watermarks, scriba.dead_letters
+            claims = {
+                (r.projection_name, r.projection_version): r
+                for r in connection.execute(sa.select(p))
+            }
+            marks = {
+                (r.projection_name, r.projection_version): r
+                for r in connection.execute(sa.select(w))
+            }
+            dead = {
+                (r[0], r[1]): int(r[2])
+                for r in connection.execute(
+                    sa.select(
+                        d.c.projection_name, d.c.projection_version, sa.func.count()
+                    ).group_by(d.c.projection_name, d.c.projection_version)
+                )
+            }
+            views = []
+            for key in sorted({*claims, *marks, *dead}):
+                claim, mark, letters = claims.get(key), marks.get(key), dead.get(key, 0)
+                at = None if mark is None else mark.occurred_at
+                status = "dead_letters" if letters else "unclaimed" if claim is None else "running"
+                views.append(
+                    ProjectionView(
+                        str(key[0]),
+                        int(key[1]),
+                        generation=None if claim is None else int(claim.generation),
+                        claimed_at=None if claim is None else claim.claimed_at,
+                        watermark=None if mark is None else int(mark.position),
+                        watermark_at=at,
+                        lag=None if at is None else now - at,
+                        dead_letters=letters,
+                        status=status,
+                    )
+                )
+            return views
+
+        return await run_on(self.engine, read)
 
     # -- live ---------------------------------------------------------------------
 
     async def fingerprint(self) -> Fingerprint:
         """The newest write time of each listed table, in one cheap statement (each
         a ``max`` an index answers)."""
-        raise NotImplementedError
+        t = self.tables
+        newest = (
+            t.executions.c.updated_at,
+            t.routing_ledger.c.inserted_at,
+            t.outbox.c.dead_at,
+            t.consumer_dead_letters.c.dead_at,
+            t.console_audit.c.at,
+        )
+        statement = sa.select(*(sa.select(sa.func.max(c)).scalar_subquery() for c in newest))
+
+        def read(connection: sa.Connection) -> Fingerprint:
+            row = connection.execute(statement).one()
+            return Fingerprint(*(None if v is None else _utc(v) for v in row))
+
+        return await run_on(self.engine, read)
 
     async def execution_fingerprint(self, execution_id: str) -> tuple[datetime, int] | None:
         """``(updated_at, input count)`` of one execution, ``None`` if there is none: it
         changes with every step, cancel or failure."""
-        raise NotImplementedError
+        e, inputs = self.tables.executions, self.tables.inputs
+        count = (
+            sa.select(sa.func.count())
+            .select_from(inputs)
+            .where(inputs.c.execution_id == execution_id)
+            .scalar_subquery()
+        )
+        statement = sa.select(e.c.updated_at, count).where(e.c.execution_id == execution_id)
+
+        def read(connection: sa.Connection) -> tuple[datetime, int] | None:
+            row = connection.execute(statement).first()
+            return None if row is None else (row[0], int(row[1]))
+
+        return await run_on(self.engine, read)
+
+    # -- pages by time and key ----------------------------------------------------
+
+    async def _keyset(
+        self,
+        table: sa.Table,
+        moment: sa.Column[Any],
+        kind: str,
+        conditions: Sequence[sa.ColumnElement[bool]],
+        cursor: str | None,
+        size: int,
+    ) -> list[sa.Row[Any]]:
+        """Rows of ``table`` newest first by ``(moment, id)``, after ``cursor``."""
+        statement = (
+            sa.select(table)
+            .where(*conditions)
+            .order_by(moment.desc(), table.c.id.desc())
+            .limit(size + 1)
+        )
+        if cursor is not None:
+            at, key = decode_cursor(cursor, kind)
+            statement = statement.where(
+                sa.tuple_(moment, table.c.id)
+                < sa.tuple_(
+                    sa.literal(at, UtcDateTime()), sa.literal(self._key(key), table.c.id.type)
+                )
+            )
+
+        def read(connection: sa.Connection) -> list[sa.Row[Any]]:
+            return list(connection.execute(statement))
+
+        return await run_on(self.engine, read)
+
+    def _key(self, text: str) -> Any:
+        """A key as the cursor carried it, back in the key type."""
+        try:
+            if self.tables.options.key_default is None:
+                return int(text)
+            return uuid.UUID(text)
+        except ValueError:
+            raise BadCursor(f"not a cursor of this list: a bad key {text!r}") from None
+
+
+# -- running reads ----------------------------------------------------------------
+
+
+def _dialect(engine: sa.Engine | AsyncEngine) -> str:
+    return engine.dialect.name
+
+
+async def run_on(
+    engine: sa.Engine | AsyncEngine, work: Callable[[sa.Connection], _R], *, write: bool = False
+) -> _R:
+    """Run ``work`` on a connection of ``engine`` in one transaction, rolled back after
+    a read and committed after a ``write``; answer what it answers.
+
+    On an async engine ``work`` runs in the driver's greenlet
+    (:meth:`~sqlalchemy.ext.asyncio.AsyncConnection.run_sync`); on a synchronous
+    SQLite engine it runs inline, and is tried again, waiting on the loop, while
+    another connection holds the database's lock (bounded by the connection's
+    timeout: :func:`~statifier.sql.engines.retry_busy`).
+    """
+    if isinstance(engine, AsyncEngine):
+        async with engine.connect() as connection:
+            answer = await connection.run_sync(work)
+            if write:
+                await connection.commit()
+            return answer
+    with engine.connect() as connection:
+        wait = busy_wait(connection)
+
+        def attempt() -> _R:
+            try:
+                answer = work(connection)
+                if write:
+                    connection.commit()
+                return answer
+            finally:
+                connection.rollback()
+
+        deadline = None if wait is None else time.monotonic() + wait
+        return await retry_busy(attempt, deadline)
+
+
+# -- cursors ----------------------------------------------------------------------
+
+
+def encode_cursor(kind: str, moment: datetime, key: Any) -> str:
+    """An opaque cursor for the list ``kind``: the last row's time and key.
+
+    >>> cursor = encode_cursor("ledger", datetime(2026, 1, 1, tzinfo=UTC), 42)
+    >>> decode_cursor(cursor, "ledger")
+    (datetime.datetime(2026, 1, 1, 0, 0, tzinfo=datetime.timezone.utc), '42')
+    >>> decode_cursor(cursor, "executions")
+    Traceback (most recent call last):
+    ...
+    statifier.console.queries.BadCursor: not a cursor of this list
+    """
+    text = json.dumps([kind, _utc(moment).isoformat(), str(key)], separators=(",", ":"))
+    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str, kind: str) -> tuple[datetime, str]:
+    """The time and key :func:`encode_cursor` put in ``cursor`` for the list ``kind``.
+
+    Raises:
+        BadCursor: anything else.
+    """
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        found = json.loads(base64.urlsafe_b64decode(padded.encode("ascii")))
+        made_for, moment, key = found
+        at = datetime.fromisoformat(moment)
+    except (ValueError, TypeError, UnicodeError, binascii.Error):
+        raise BadCursor("not a cursor of this list") from None
+    if made_for != kind or not isinstance(key, str) or at.tzinfo is None:
+        raise BadCursor("not a cursor of this list")
+    return at, key
+
+
+# -- rows to values ---------------------------------------------------------------
+
+
+def _check_size(size: int) -> None:
+    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_PAGE:
+        raise ValueError(f"a page holds 1 to {MAX_PAGE} rows, not {size!r}")
+
+
+def _utc(moment: datetime) -> datetime:
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+def _paged(
+    rows: Sequence[sa.Row[Any]], size: int, kind: str, moment: str, make: Callable[[Any], _T]
+) -> Page[_T]:
+    chosen = rows[:size]
+    next_cursor = None
+    if len(rows) > size:
+        last = chosen[-1]._mapping
+        next_cursor = encode_cursor(kind, last[moment], last["id"])
+    return Page(tuple(make(row) for row in chosen), next_cursor)
+
+
+def _metadata(value: Any) -> Mapping[str, str]:
+    found = json.loads(value) if isinstance(value, str | bytes) else value
+    return dict(found) if isinstance(found, dict) else {}
+
+
+def _summary(row: sa.Row[Any]) -> ExecutionSummary:
+    return ExecutionSummary(
+        row.execution_id,
+        status=Status(row.status),
+        content_hash=row.content_hash,
+        document=row.name,
+        version=row.version,
+        failure=row.failure,
+        metadata=_metadata(row.metadata),
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        ended_at=row.ended_at,
+    )
+
+
+def _record(row: sa.Row[Any]) -> ExecutionRecord:
+    return ExecutionRecord(
+        row.execution_id,
+        content_hash=row.content_hash,
+        status=Status(row.status),
+        position=row.position_blob,
+        metadata=_metadata(row.metadata),
+        outcome=row.outcome_blob,
+        failure=row.failure,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        ended_at=row.ended_at,
+    )
+
+
+def _chart(row: sa.Row[Any]) -> ChartRecord:
+    return ChartRecord(
+        row.content_hash,
+        source=row.chart_blob,
+        name=row.name,
+        version=row.version,
+        saved_at=row.saved_at,
+        retired_at=row.retired_at,
+        retired_by=row.retired_by,
+    )
+
+
+def _timer(row: sa.Row[Any]) -> TimerView:
+    return TimerView(
+        row.send_id,
+        kind=row.kind,
+        due_at=row.due_at,
+        payload=_metadata(row.payload),
+        inserted_at=row.inserted_at,
+    )
+
+
+def _outbox(row: sa.Row[Any]) -> OutboxRow:
+    return OutboxRow(
+        row.id,
+        queue=row.queue,
+        key=row.key,
+        payload=_metadata(row.payload),
+        attempts=int(row.attempts),
+        next_attempt_at=row.next_attempt_at,
+        lease=row.lease,
+        leased_until=row.leased_until,
+        sent_at=row.sent_at,
+        dead_at=row.dead_at,
+        last_error=row.last_error,
+        inserted_at=row.inserted_at,
+    )
+
+
+def _ledger(row: sa.Row[Any]) -> LedgerRow:
+    return LedgerRow(
+        row.binding_id,
+        message_id=row.message_id,
+        scope=row.scope,
+        source=row.source,
+        outcome=row.outcome,
+        reason=row.reason,
+        document=row.document,
+        key=row.key,
+        execution_id=row.execution_id,
+        inserted_at=row.inserted_at,
+    )
+
+
+def _address(row: sa.Row[Any]) -> AddressView:
+    return AddressView(
+        row.scope,
+        row.document,
+        row.key,
+        execution_id=row.execution_id,
+        inserted_at=row.inserted_at,
+        terminal_seen_at=row.terminal_seen_at,
+        status=None if row.status is None else Status(row.status),
+    )
+
+
+def _consumer_letter(row: sa.Row[Any]) -> ConsumerDeadLetter:
+    return ConsumerDeadLetter(
+        row.id,
+        source=row.source,
+        partition=row.partition,
+        position=int(row.position),
+        message_id=row.message_id,
+        reason=row.reason,
+        raw=bytes(row.raw),
+        dead_at=row.dead_at,
+    )
+
+
+def _input(row: sa.Row[Any]) -> LoggedInput:
+    blob = row.input_blob
+    event = None if blob is None else stored.load_event(bytes(blob))
+    return LoggedInput(row.seq, row.door, event, row.recorded_at)
