@@ -28,6 +28,7 @@ True
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
@@ -128,6 +129,7 @@ class _Layout:
         self.drawn = drawn  # states with an index below this are drawn
         self.sizes: dict[int, _Size] = {}
         self.boxes: dict[int, _Box] = {}
+        self.gaps: dict[int, int] = {}
 
     def children(self, node: StateNode) -> tuple[int, ...]:
         """The drawn state children, histories first (they sit by the name line)."""
@@ -157,7 +159,38 @@ class _Layout:
         columns = self.columns(node)
         widths = [max(self.size(c).w for c in column) for column in columns]
         heights = [sum(self.sizes[c].h for c in col) + _GAP * (len(col) - 1) for col in columns]
-        return _Size(sum(widths) + _GAP * (len(columns) - 1), max(heights))
+        return _Size(sum(widths) + self.across(node) * (len(columns) - 1), max(heights))
+
+    def across(self, node: StateNode) -> int:
+        """The gap between a state's columns: wide enough for the longest label of an
+        arrow between its children (a loop's label reaches out to the right too)."""
+        found = self.gaps.get(node.index)
+        if found is not None:
+            return found
+        owner = self._owners(self.children(node))
+        longest = 0
+        for transition in self.machine.transitions:
+            source = owner.get(transition.source)
+            if source is None:
+                continue
+            for target in transition.targets:
+                reached = owner.get(target)
+                if reached is None or (reached == source and target != source):
+                    continue  # inside one child (its own loops too): drawn within its box
+                loop = _LOOP if target == transition.source else 0
+                longest = max(longest, len(_clip(_transition_label(transition))) * _CHAR + loop)
+        found = max(_GAP, min(longest, MAX_LABEL * _CHAR + _LOOP) + 2 * _PAD)
+        self.gaps[node.index] = found
+        return found
+
+    def _owners(self, children: Sequence[int]) -> dict[int, int]:
+        """Every state under one of ``children``, mapped to that child."""
+        states = self.machine.states
+        owner: dict[int, int] = {}
+        for child in children:
+            for index in range(child, states[child].last + 1):
+                owner[index] = child
+        return owner
 
     def columns(self, node: StateNode) -> list[tuple[int, ...]]:
         """A state's drawn children in columns, left to right.
@@ -175,11 +208,7 @@ class _Layout:
         return [tuple(c for c in children if ranks[c] == rank) for rank in range(count)]
 
     def _ranks(self, node: StateNode, children: Sequence[int]) -> dict[int, int]:
-        states = self.machine.states
-        owner: dict[int, int] = {}  # every state under a child -> that child
-        for child in children:
-            for index in range(child, states[child].last + 1):
-                owner[index] = child
+        owner = self._owners(children)
         edges: dict[int, list[int]] = {child: [] for child in children}
         for transition in self.machine.transitions:
             source = owner.get(transition.source)
@@ -210,12 +239,13 @@ class _Layout:
         self.place_columns(node, x + _INDENT, top)
 
     def place_columns(self, node: StateNode, left: int, top: int) -> None:
+        gap = self.across(node)
         for column in self.columns(node):
             y = top
             for child in column:
                 self.place(child, left, y)
                 y += self.sizes[child].h + _GAP
-            left += max(self.sizes[c].w for c in column) + _GAP
+            left += max(self.sizes[c].w for c in column) + gap
 
 
 def render_chart_svg(machine: Machine, active: Collection[str] = ()) -> str:
@@ -325,8 +355,8 @@ def _state(machine: Machine, layout: _Layout, index: int, lit: frozenset[str]) -
 
 def _separators(layout: _Layout, regions: Sequence[int], box: _Box) -> Iterator[str]:
     """Dashed lines between a parallel's regions, halfway across each gap."""
-    for left in regions[:-1]:
-        x = layout.boxes[left].x + layout.boxes[left].w + _GAP // 2
+    for left, right in itertools.pairwise(regions):
+        x = (layout.boxes[left].x + layout.boxes[left].w + layout.boxes[right].x) // 2
         top = layout.boxes[left].y - _PAD // 2
         yield f'<line class="region" x1="{x}" y1="{top}" x2="{x}" y2="{box.y + box.h - 4}"/>'
 
