@@ -130,6 +130,7 @@ class _Layout:
         self.sizes: dict[int, _Size] = {}
         self.boxes: dict[int, _Box] = {}
         self.gaps: dict[int, int] = {}
+        self.laid: dict[int, list[tuple[int, ...]]] = {}
 
     def children(self, node: StateNode) -> tuple[int, ...]:
         """The drawn state children, histories first (they sit by the name line)."""
@@ -169,7 +170,7 @@ class _Layout:
             return found
         owner = self._owners(self.children(node))
         longest = 0
-        for transition in self.machine.transitions:
+        for transition in self._under(node):
             source = owner.get(transition.source)
             if source is None:
                 continue
@@ -182,6 +183,13 @@ class _Layout:
         found = max(_GAP, min(longest, MAX_LABEL * _CHAR + _LOOP) + 2 * _PAD)
         self.gaps[node.index] = found
         return found
+
+    def _under(self, node: StateNode) -> Iterator[Transition]:
+        """The transitions of the drawn states under ``node``, in document order."""
+        states, transitions = self.machine.states, self.machine.transitions
+        for index in range(node.index + 1, min(node.last + 1, self.drawn)):
+            for number in states[index].transitions:
+                yield transitions[number]
 
     def _owners(self, children: Sequence[int]) -> dict[int, int]:
         """Every state under one of ``children``, mapped to that child."""
@@ -200,17 +208,23 @@ class _Layout:
         their descendants count as theirs), each rank a column, so a flow reads left to
         right; children no transition reaches share the first column.
         """
+        found = self.laid.get(node.index)
+        if found is not None:
+            return found
         children = self.children(node)
         if node.kind == "parallel":
-            return [(child,) for child in children]
-        ranks = self._ranks(node, children)
-        count = max(ranks.values(), default=0) + 1
-        return [tuple(c for c in children if ranks[c] == rank) for rank in range(count)]
+            found = [(child,) for child in children]
+        else:
+            ranks = self._ranks(node, children)
+            count = max(ranks.values(), default=0) + 1
+            found = [tuple(c for c in children if ranks[c] == rank) for rank in range(count)]
+        self.laid[node.index] = found
+        return found
 
     def _ranks(self, node: StateNode, children: Sequence[int]) -> dict[int, int]:
         owner = self._owners(children)
         edges: dict[int, list[int]] = {child: [] for child in children}
-        for transition in self.machine.transitions:
+        for transition in self._under(node):
             source = owner.get(transition.source)
             if source is None:
                 continue
