@@ -36,6 +36,7 @@ from types import TracebackType
 from typing import Any, Final, Generic, TypeVar
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from scriba.sql.tables import Tables as ScribaTables
@@ -484,7 +485,7 @@ class ConsoleQueries:
         e = self.tables.executions
         if _dialect(self.engine) == "postgresql":
             # jsonb containment, which the GIN index on metadata answers.
-            return [e.c.metadata.contains(dict(pairs))]
+            return [sa.type_coerce(e.c.metadata, postgresql.JSONB()).contains(dict(pairs))]
         conditions: list[sa.ColumnElement[bool]] = []
         for index, (key, value) in enumerate(sorted(pairs.items())):
             each = sa.func.json_each(e.c.metadata).table_valued("key", "value").alias(f"m{index}")
@@ -516,7 +517,7 @@ class ConsoleQueries:
         t = self.tables
         postgres = _dialect(self.engine) == "postgresql"
         sent_by = (
-            t.outbox.c.payload["execution_id"].astext
+            sa.type_coerce(t.outbox.c.payload, postgresql.JSONB())["execution_id"].astext
             if postgres
             else sa.func.json_extract(t.outbox.c.payload, "$.execution_id")
         )
@@ -634,7 +635,7 @@ class ConsoleQueries:
             index = sa.cast(sa.func.floor((epoch - start) / width), sa.BigInteger)
         else:
             epoch = sa.cast(sa.func.strftime("%s", ledger.c.inserted_at), sa.Integer)
-            index = (epoch - start) / width  # integer division: both are integers
+            index = (epoch - start) // width  # the integer division of the database
         number = index.label("bucket")
         statement = (
             sa.select(ledger.c.binding_id, number, ledger.c.outcome, sa.func.count())
