@@ -8,6 +8,7 @@ import re
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from xml.sax.saxutils import quoteattr
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -252,6 +253,31 @@ def test_markup_in_conditions_and_names_is_text_never_markup() -> None:
         "circle",
         "line",
     }
+
+
+TEXT = st.text(
+    st.characters(blacklist_categories=("Cs", "Cc", "Cn"), blacklist_characters="'\\"), max_size=60
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(TEXT, st.booleans())
+def test_any_text_in_a_condition_comes_back_as_the_same_text(text: str, listed: bool) -> None:
+    condition = f"'{text}' != 'x'"
+    target = "" if listed else ' target="b"'
+    chart = (
+        f'<scxml {NS} initial="a"><state id="a">'
+        f'<transition event="go" cond={quoteattr(condition)}{target}/></state>'
+        '<state id="b"/></scxml>'
+    )
+    svg = render_chart_svg(compile_chart(chart))
+    root = parse(svg)  # well-formed, whatever the text
+    label = f"go [{condition}]"
+    label = label if len(label) <= MAX_LABEL else label[: MAX_LABEL - 1] + "\u2026"
+    texts = [t.text or "" for t in root.iter(f"{SVG}text")]
+    assert ("\u21ba " + label if listed else label) in texts
+    # Nothing but the drawing's own elements, whatever the text held.
+    assert len(groups(root)) == 2
 
 
 def test_long_labels_are_clipped_and_unnamed_states_keyed_by_index() -> None:

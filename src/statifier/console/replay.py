@@ -99,11 +99,12 @@ class ReplayStep:
         configuration: the sorted ids of the active atomic states, as
             ``Durable.describe`` answers them.
         datamodel: the data after the input, without :data:`SYSTEM_VARIABLES`.
-        active: every active named state (ancestors included), in document order: what
-            :func:`statifier.console.diagram.render_chart_svg` lights.
+        active: what :func:`statifier.console.diagram.render_chart_svg` should light:
+            every active named state (ancestors included) in document order, or, once
+            the chart ended in a top-level final, that final alone.
         running: whether the chart was still running after the input.
         final_state: the top-level ``<final>`` it ended in, once it did (a finished
-            chart has no active state: ``configuration`` and ``active`` are empty).
+            chart has no active state: ``configuration`` is then empty).
         seq: the log entry's sequence number (``None`` for the start).
         recorded_at: when the input was logged (``None`` for the start).
         not_replayed: ``None`` when this step was computed; otherwise why not, and then
@@ -276,6 +277,7 @@ def _refused(
 
 def _step(index: int, door: str, entry: LoggedInput | None, state: MachineState) -> ReplayStep:
     event = None if entry is None else entry.event
+    final = _final_state(state)
     return ReplayStep(
         index,
         door,
@@ -283,9 +285,9 @@ def _step(index: int, door: str, entry: LoggedInput | None, state: MachineState)
         UNDEFINED if event is None else event.data,
         state.leaf_configuration(),
         shown_datamodel(state),
-        active=_active(state),
+        active=_active(state) if final is None else (final,),
         running=state.running,
-        final_state=_final_state(state),
+        final_state=final,
         seq=None if entry is None else entry.seq,
         recorded_at=None if entry is None else entry.recorded_at,
     )
