@@ -6,7 +6,9 @@ execution page's diagram and timeline, the live stream; and the ``[console]`` ta
 from __future__ import annotations
 
 import asyncio
+import io
 import re
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -19,6 +21,8 @@ import pytest
 import pytest_asyncio
 import sqlalchemy as sa
 from tests.persistence.conftest import (  # noqa: F401 - fixtures used by name
+    FreshDatabase,
+    fresh_database,
     postgresql_store,
     sqlite_store,
 )
@@ -38,6 +42,7 @@ from statifier.console.queries import ConsoleQueries
 from statifier.persistence import Status
 from statifier.router import InboundEvent, RouterConfig, route
 from statifier.router.locations import BasicHttpLocations, location
+from statifier.service import Service
 from statifier.service.config import ServiceConfigError, load
 from statifier.sql import migrations
 from statifier.sql.locations import upgrade_locations
@@ -619,3 +624,89 @@ def test_statifier_console_refuses_a_wide_bind_without_operators(
     assert "the role is operator or read_only" in capsys.readouterr().err
     assert main(["console", "--database", url]) == 2  # not migrated
     assert "statifier db upgrade" in capsys.readouterr().err
+
+
+# Served by statifier serve.
+
+
+SERVED_CHART = (
+    '<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="open">'
+    '<state id="open"><transition event="hit" target="open"/></state></scxml>'
+)
+
+
+def _served_config(directory: Path, database: FreshDatabase, console: str) -> Path:
+    schema = "" if database.schema is None else f'schema = "{database.schema}"\n'
+    charts = directory / "charts"
+    charts.mkdir(exist_ok=True)
+    (charts / "hits.scxml").write_text(SERVED_CHART)
+    body = (
+        'migrate = true\nshutdown_timeout = 5\ncharts = "charts"\n'
+        '[[bindings]]\nid = "hits"\nsource = "clicks"\nmatch = "true"\n'
+        'key = "event.key"\ndocument = "hits"\nevent = "hit"\n'
+        f'[database]\nurl = "{database.url}"\nprefix = "t_"\n{schema}'
+        f"[http]\nport = 0\n{console}"
+    )
+    path = directory / "statifier.toml"
+    path.write_text(body)
+    return path
+
+
+@pytest.mark.asyncio
+async def test_serve_mounts_the_console_and_an_open_stream_does_not_hold_the_stop(
+    fresh_database: FreshDatabase,  # noqa: F811 - the fixture
+    tmp_path: Path,
+) -> None:
+    console = '[console]\n[console.operators.ada]\ntoken_env = "ADA"\nrole = "operator"\n'
+    settings = load(_served_config(tmp_path, fresh_database, console), {"ADA": ADA})
+    out = io.StringIO()
+    service = Service(settings, out)
+    running = asyncio.create_task(service.run())
+    while service.address is None:
+        assert not running.done(), running
+        await asyncio.sleep(0.02)
+    base = f"http://{service.address[0]}:{service.address[1]}"
+    assert "/console/" in out.getvalue()
+    assert ADA not in out.getvalue()  # a configured token is never printed
+    async with httpx.AsyncClient(base_url=base, timeout=5.0) as client:
+        assert (await client.get("/healthz")).status_code == 200
+        assert (await client.get("/console/events")).status_code == 401
+        assert (await client.get("/console/executions")).status_code == 303
+        answer = await client.post("/console/login", data={"token": ADA})
+        assert answer.status_code == 303
+        listed = await client.get("/console/executions")
+        assert listed.status_code == 200
+        assert 'id="executions"' in listed.text
+        routing = await client.get("/console/routing")
+        assert "hits" in routing.text.split('id="bindings"', 1)[1]
+        async with client.stream("GET", "/console/events") as stream:
+            assert stream.headers["content-type"].startswith("text/event-stream")
+            started = time.monotonic()
+            service.stop()
+            assert await asyncio.wait_for(running, 10) == 0
+            assert time.monotonic() - started < 4  # the stream ended with the stop
+
+
+@pytest.mark.asyncio
+async def test_serve_without_operators_prints_a_token_for_this_start_only(
+    fresh_database: FreshDatabase,  # noqa: F811 - the fixture
+    tmp_path: Path,
+) -> None:
+    settings = load(_served_config(tmp_path, fresh_database, "[console]\n"))
+    out = io.StringIO()
+    service = Service(settings, out)
+    running = asyncio.create_task(service.run())
+    try:
+        while service.address is None:
+            assert not running.done(), running
+            await asyncio.sleep(0.02)
+        found = re.search(r"console login token \(this start only\): (\S+)", out.getvalue())
+        assert found is not None
+        base = f"http://{service.address[0]}:{service.address[1]}"
+        async with httpx.AsyncClient(base_url=base, timeout=5.0) as client:
+            answer = await client.post("/console/login", data={"token": found.group(1)})
+            assert answer.status_code == 303
+            assert "local (operator)" in (await client.get("/console/executions")).text
+    finally:
+        service.stop()
+        assert await asyncio.wait_for(running, 10) == 0
