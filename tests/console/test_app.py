@@ -297,7 +297,7 @@ async def test_the_execution_page_draws_the_chart_lit_and_steps_through_the_log(
     await route(site.config, click)
     page = (await site.page(f"/console/executions/{execution_id}")).text
     assert 'id="status" class="status-completed">completed<' in page
-    assert _lit(page) == []  # a finished chart has no active state
+    assert _lit(page) == ["joined"]  # the final state it ended in
     timeline = page.split('id="timeline"', 1)[1].split("</section>", 1)[0]
     steps = re.findall(r'class="replay-step" data-step="(\d+)" href="\?step=(\d+)"', timeline)
     assert [int(n) for n, _ in steps] == [0, 1, 2]

@@ -60,6 +60,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response, Stream
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from scriba.sql.tables import Tables as ScribaTables
 from statifier.chart import Machine
 from statifier.console import actions
 from statifier.console.audit import Audit, AuditEntry
@@ -181,6 +182,33 @@ class Console:
     def __post_init__(self) -> None:
         self.live = Live(
             self.queries.fingerprint, interval=self.live_interval, max_clients=self.max_clients
+        )
+
+    @classmethod
+    def of(
+        cls,
+        router: RouterConfig,
+        sessions: Sessions,
+        *,
+        scriba: ScribaTables | None = None,
+        configured: Configured | None = None,
+        scopes: Mapping[str, str] | None = None,
+        live_interval: float = 0.5,
+        max_clients: int = 32,
+    ) -> Console:
+        """The console of ``router``'s database: its reads and its audit trail on the
+        engine and tables of the router's adapter (``scriba``: scriba's tables there,
+        to show projections)."""
+        adapter = router.adapter
+        return cls(
+            queries=ConsoleQueries(adapter.engine, adapter.tables, scriba=scriba),
+            audit=Audit(adapter.engine, adapter.tables),
+            router=router,
+            sessions=sessions,
+            configured=configured,
+            scopes=dict(scopes or {}),
+            live_interval=live_interval,
+            max_clients=max_clients,
         )
 
     async def machine(self, content_hash: str) -> Machine | None:
@@ -567,11 +595,13 @@ class _Pages:
             state = _loaded(console, record, machine)
             steps: list[ReplayStep] = []
             replay_note = None
+            diverged = True
             if machine is None:
                 replay_note = "The chart is retired or gone: the log cannot be replayed."
             else:
                 steps = replay(machine, detail.inputs, execution_id=record.id)
-                if state is not None and steps and diverges(steps[-1], state):
+                diverged = state is None or not steps or diverges(steps[-1], state)
+                if state is not None and diverged:
                     replay_note = (
                         "The replay does not end where the execution is: it started with "
                         "options, or met refusals or host functions, the log does not hold."
@@ -587,6 +617,8 @@ class _Pages:
                 note = ""
             elif state is not None:
                 active = _active(state)
+                if not state.running and not diverged and steps[-1].final_state is not None:
+                    active = (steps[-1].final_state,)  # where it ended, lit as the replay does
                 configuration = state.leaf_configuration()
                 datamodel = [
                     (name, _json_text(value)) for name, value in shown_datamodel(state).items()

@@ -154,8 +154,6 @@ async def _serve(
         import uvicorn
 
         from statifier.console.app import Console, console_app
-        from statifier.console.audit import Audit
-        from statifier.console.queries import ConsoleQueries
     except ModuleNotFoundError as missing:
         raise MissingExtra.of(missing) from missing
     from datetime import timedelta
@@ -181,12 +179,8 @@ async def _serve(
         router = RouterConfig(
             adapter, bindings=[], resolver=StaticResolver({}), basichttp=locations
         )
-        console = Console(
-            queries=ConsoleQueries(adapter.engine, adapter.tables, scriba=scriba),
-            audit=Audit(adapter.engine, adapter.tables),
-            router=router,
-            sessions=Sessions(operators, key=options.session_key, secure=options.secure_cookie),
-        )
+        sessions = Sessions(operators, key=options.session_key, secure=options.secure_cookie)
+        console = Console.of(router, sessions, scriba=scriba)
 
         class Quiet(uvicorn.Server):
             """uvicorn without its own signal handlers: the console stops it."""

@@ -55,9 +55,7 @@ def service_console(settings: ServiceSettings, config: RouterConfig) -> ServedCo
 
     try:
         from statifier.console.app import Configured, ConfiguredRoute, Console, console_routes
-        from statifier.console.audit import Audit
         from statifier.console.auth import Operator, Operators, Role, Sessions
-        from statifier.console.queries import ConsoleQueries
     except ModuleNotFoundError as missing:
         raise MissingExtra.of(missing) from missing
 
@@ -68,22 +66,20 @@ def service_console(settings: ServiceSettings, config: RouterConfig) -> ServedCo
     else:
         generated = secrets.token_urlsafe(24)
         operators = Operators([Operator(GENERATED_OPERATOR, generated, Role.OPERATOR)])
-    adapter = config.adapter
     scriba = None
     if chosen.scriba_prefix is not None:
         from scriba.sql.tables import define_tables
 
         scriba = define_tables(prefix=chosen.scriba_prefix, schema=settings.database.schema)
-    console = Console(
-        queries=ConsoleQueries(adapter.engine, adapter.tables, scriba=scriba),
-        audit=Audit(adapter.engine, adapter.tables),
-        router=config,
-        sessions=Sessions(
+    console = Console.of(
+        config,
+        Sessions(
             operators,
             key=chosen.session_key,
             max_age=chosen.session_max_age,
             secure=chosen.secure_cookie,
         ),
+        scriba=scriba,
         configured=Configured(
             bindings=tuple(settings.bindings),
             routes=tuple(ConfiguredRoute(r.name, r.queue, r.target) for r in settings.routes),
