@@ -25,7 +25,7 @@ from statifier.console.replay import (
 from statifier.core import Event, MachineState, StartOptions
 from statifier.core import effects as fx
 from statifier.durable import Durable
-from statifier.expr import UNDEFINED
+from statifier.expr import UNDEFINED, Function
 from statifier.persistence import Executions, LoggedInput, MemoryAdapter, Stepped, Storage
 from statifier.persistence.executor import EffectContext, Refused, refuse_unperformed
 from statifier.sql import TableOptions
@@ -347,3 +347,32 @@ def test_assume_performed_refuses_nothing() -> None:
     )
     assert assume_performed(send, context) is None
     assert isinstance(refuse_unperformed(send, context), Refused)
+
+
+def test_a_call_to_a_host_function_the_replay_lacks_is_marked() -> None:
+    chart = (
+        f'<scxml {NS} initial="a"><datamodel><data id="x" expr="1"/></datamodel>'
+        '<state id="a"><transition event="price">'
+        '<assign location="x" expr="tariff(x)"/></transition>'
+        '<transition event="error.execution" target="broken"/></state>'
+        '<state id="broken"/></scxml>'
+    )
+    tariff = Function(lambda args: args[0] * 10, arity=1)
+    log = logged(Event("price"), Event("price"))
+    hosted = replay(compile_chart(chart, functions={"tariff": tariff}), log)
+    assert [s.datamodel["x"] for s in hosted] == [1, 10, 100]
+    assert all(s.not_replayed is None for s in hosted)
+    bare = replay(compile_chart(chart), log)
+    assert [s.not_replayed for s in bare] == [
+        None,
+        "the chart called tariff(), a host function the replay was not given",
+        "an earlier input could not be replayed",
+    ]
+    assert bare[1].configuration == ("a",)  # the last position known, not ("broken",)
+    # At the start too.
+    start = chart.replace('expr="1"', 'expr="tariff(2)"')
+    steps = replay(compile_chart(start), log)
+    assert steps[0].not_replayed == (
+        "the chart called tariff(), a host function the replay was not given"
+    )
+    assert [s.not_replayed for s in steps[1:]] == ["an earlier input could not be replayed"] * 2

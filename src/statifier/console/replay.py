@@ -9,8 +9,9 @@ datamodel after every input.
 What the log does not hold cannot be replayed exactly: the start options a host passed
 (initial data, a BasicHTTP location), which sends and invocations the host's executor
 refused, and host expression functions the machine given lacks. :func:`replay` takes
-the first two as arguments, and :func:`diverges` tells whether a replay ended where the
-execution's stored position is, so a page can say when the replay is not to be trusted.
+the first two as arguments and marks a step that called a missing function, and
+:func:`diverges` tells whether a replay ended where the execution's stored position is,
+so a page can say when the replay is not to be trusted.
 
 >>> from datetime import UTC, datetime
 >>> from statifier.chart import compile_chart
@@ -57,6 +58,7 @@ from statifier.persistence.executor import EffectContext, Refused, refusal_event
 __all__ = [
     "MAX_REPLAY_INPUTS",
     "SYSTEM_VARIABLES",
+    "UNKNOWN_FUNCTION",
     "Refusals",
     "ReplayStep",
     "assume_performed",
@@ -65,12 +67,28 @@ __all__ = [
     "shown_datamodel",
 ]
 
-MAX_REPLAY_INPUTS: Final = 10_000
+MAX_REPLAY_INPUTS: Final = 2_000
 """The most logged inputs one replay computes; later ones are answered as not replayed
 (a page shows a bounded timeline, and each step runs the interpreter)."""
 
 MAX_REFUSAL_ROUNDS: Final = 32
 """As in the lifecycle: how many rounds of refusals one step tells the chart of."""
+
+UNKNOWN_FUNCTION: Final = "Unknown function: "
+"""How the expression language spells the ``reason`` of a call to a function it does
+not have (the conformance corpus's spelling), in the ``error.execution`` it raises."""
+
+_TRACES: Final = (
+    fx.TraceEventDequeued,
+    fx.TraceTransitionsSelected,
+    fx.TraceExitSet,
+    fx.TraceEntrySet,
+    fx.TraceContentExecuted,
+    fx.TraceMacrostepStable,
+    fx.TraceDone,
+    fx.TraceInvokePass,
+    fx.TraceFinalizeAutoforward,
+)
 
 SYSTEM_VARIABLES: Final = frozenset({"_event", "_sessionid", "_name", "_ioprocessors", "_x"})
 """Datamodel names a replay step leaves out: the interpreter's own variables. The
@@ -163,24 +181,22 @@ def replay(
     Returns:
         ``len(inputs) + 1`` steps: step 0 after the start, step ``n`` after input ``n``.
         An input that cannot be replayed (the log's cap marker, an input after the
-        chart stopped, an interpreter error) is marked in ``not_replayed``, and so is
-        every input after it, since the position it leads to is unknown. Never raises
-        for what the log holds.
+        chart stopped, an interpreter error, a step that called a function ``machine``
+        lacks: a host function the replay was not given) is marked in
+        ``not_replayed``, and so is every input after it, since the position it leads
+        to is unknown. Never raises for what the log holds.
 
     Raises:
         ValueError: ``limit`` is negative.
     """
     if limit < 0:
         raise ValueError(f"limit is a count of inputs, not {limit!r}")
-    start = replace(options or StartOptions(), session_id=execution_id)
-    state: MachineState | None
-    try:
-        state, effects = initialize(machine, start)
-        state = _told(state, effects, execution_id, "create", refusals)
-    except Exception as error:  # noqa: BLE001 - a page shows why, nothing after it is known
+    # Traced, to see the error.execution events that name a missing host function.
+    start = replace(options or StartOptions(), session_id=execution_id, trace=True)
+    state, missing = _start(machine, start, execution_id, refusals)
+    if state is None:
         first = ReplayStep(0, "create", None, UNDEFINED, (), {}, running=False)
-        reason = f"the start could not be replayed: {_said(error)}"
-        return [replace(first, not_replayed=reason), *_unknown(first, inputs, reason)]
+        return [replace(first, not_replayed=missing), *_unknown(first, inputs, missing or "")]
     steps = [_step(0, "create", None, state)]
     stopped: str | None = None
     for number, entry in enumerate(inputs, start=1):
@@ -206,6 +222,19 @@ def diverges(step: ReplayStep, stored: MachineState) -> bool:
     )
 
 
+def _start(
+    machine: Machine, start: StartOptions, execution_id: str, refusals: Refusals
+) -> tuple[MachineState | None, str | None]:
+    """The chart started: ``(position, None)`` or ``(None, why it cannot be replayed)``."""
+    try:
+        state, effects = initialize(machine, start)
+        state, effects = _told(state, effects, execution_id, "create", refusals)
+    except Exception as error:  # noqa: BLE001 - a page shows why, nothing after it is known
+        return None, f"the start could not be replayed: {_said(error)}"
+    missing = _missing_function(effects)
+    return (state, None) if missing is None else (None, missing)
+
+
 def _advance(
     state: MachineState | None,
     entry: LoggedInput,
@@ -229,9 +258,11 @@ def _advance(
             state, effects = deliver_internal(state, event)
         else:
             state, effects = handle_event(state, event)
-        return None, _told(state, effects, execution_id, entry.door, refusals)
+        state, effects = _told(state, effects, execution_id, entry.door, refusals)
     except Exception as error:  # noqa: BLE001 - a replay shows what failed, never fails
         return f"the interpreter could not replay this input: {_said(error)}", None
+    missing = _missing_function(effects)
+    return (None, state) if missing is None else (missing, None)
 
 
 def _told(
@@ -240,9 +271,9 @@ def _told(
     execution_id: str,
     door: str,
     refusals: Refusals,
-) -> MachineState:
+) -> tuple[MachineState, list[fx.Effect]]:
     """Tell the chart of the refused effects, round after round, as the lifecycle's
-    ``_carry_out`` does."""
+    ``_carry_out`` does; answers the position and every effect."""
     refused = _refused(effects, execution_id, door, refusals)
     rounds = 0
     while refused and state.running:
@@ -250,15 +281,30 @@ def _told(
         if rounds > MAX_REFUSAL_ROUNDS:
             raise RuntimeError(f"refusals kept coming for {MAX_REFUSAL_ROUNDS} rounds")
         state, more = deliver_internal(state, *refused)
+        effects = [*effects, *more]
         refused = _refused(more, execution_id, door, refusals)
-    return state
+    return state, effects
+
+
+def _missing_function(effects: list[fx.Effect]) -> str | None:
+    """Why a step cannot be trusted when the chart called a function the machine does
+    not have: the host that ran it may have had that function."""
+    for effect in effects:
+        if isinstance(effect, fx.TraceEventDequeued) and effect.event.name == "error.execution":
+            data = effect.event.data
+            reason = data.get("reason") if isinstance(data, dict) else None
+            if isinstance(reason, str) and reason.startswith(UNKNOWN_FUNCTION):
+                name = reason.removeprefix(UNKNOWN_FUNCTION)
+                return f"the chart called {name}(), a host function the replay was not given"
+    return None
 
 
 def _refused(
     effects: list[fx.Effect], execution_id: str, door: str, refusals: Refusals
 ) -> list[Event]:
     events: list[Event] = []
-    for ordinal, effect in enumerate(effects):
+    seen = [effect for effect in effects if not isinstance(effect, _TRACES)]
+    for ordinal, effect in enumerate(seen):
         if isinstance(effect, fx.Done):
             continue
         context = EffectContext(
@@ -294,13 +340,19 @@ def _step(index: int, door: str, entry: LoggedInput | None, state: MachineState)
 
 
 def _marked(last: ReplayStep, index: int, entry: LoggedInput, reason: str) -> ReplayStep:
+    # Built directly, not with dataclasses.replace: a long log past the limit marks
+    # thousands of steps.
     event = entry.event
-    return replace(
-        last,
-        index=index,
-        door=entry.door,
-        event_name=None if event is None else event.name,
-        event_data=UNDEFINED if event is None else event.data,
+    return ReplayStep(
+        index,
+        entry.door,
+        None if event is None else event.name,
+        UNDEFINED if event is None else event.data,
+        last.configuration,
+        last.datamodel,
+        active=last.active,
+        running=last.running,
+        final_state=last.final_state,
         seq=entry.seq,
         recorded_at=entry.recorded_at,
         not_replayed=reason,
