@@ -362,7 +362,11 @@ async def test_cancel_behind_a_confirmation_is_done_once_and_audited(site: Site)
     record = await site.config.storage.fetch_execution(execution_id)
     assert record.status is Status.ACTIVE  # the confirmation page changed nothing
     done = await site.client.post(path, data={"csrf": await site.csrf(path)})
-    assert done.status_code == 200
+    assert done.status_code == 303  # back to the execution, which says it was done
+    assert done.headers["location"] == f"/console/executions/{execution_id}?done=cancel"
+    back = (await site.page(done.headers["location"])).text
+    assert 'id="notice"' in back
+    assert 'id="status" class="status-cancelled">cancelled<' in back
     record = await site.config.storage.fetch_execution(execution_id)
     assert record.status is Status.CANCELLED
     again = await site.client.post(path, data={"csrf": await site.csrf(path)})
@@ -398,10 +402,12 @@ async def test_outbox_dead_letters_are_retried_and_discarded_and_audited(site: S
     failures = (await site.page("/console/failures")).text
     assert failures.count("/retry") >= 2
     retry = f"/console/failures/outbox/{ids['a']}/retry"
-    assert (await site.client.post(retry, data={"csrf": await site.csrf(retry)})).status_code == 200
+    retried = await site.client.post(retry, data={"csrf": await site.csrf(retry)})
+    assert retried.status_code == 303
+    assert retried.headers["location"] == "/console/failures?done=retry_outbox"
     discard = f"/console/failures/outbox/{ids['b']}/discard"
     answer = await site.client.post(discard, data={"csrf": await site.csrf(discard)})
-    assert answer.status_code == 200
+    assert answer.status_code == 303
     rows = site.sql(sa.select(outbox.c.key, outbox.c.dead_at, outbox.c.attempts))
     assert [(key, dead, attempts) for key, dead, attempts in rows] == [("a", None, 0)]
     again = await site.client.post(discard, data={"csrf": await site.csrf(discard)})
@@ -444,8 +450,10 @@ async def test_consumer_dead_letters_are_routed_again_or_discarded_and_audited(
     await site.login(ADA)
     retry = f"/console/failures/consumer/{ids[0]}/retry"
     answer = await site.client.post(retry, data={"csrf": await site.csrf(retry)})
-    assert answer.status_code == 200, answer.text
-    assert "CreatedAndDelivered" in answer.text
+    assert answer.status_code == 303, answer.text
+    detail = (await site.console.audit.entries()).rows[0].detail
+    assert detail is not None
+    assert "CreatedAndDelivered" in detail
     routing = (await site.page("/console/routing?key=k9")).text
     assert "ex_" in routing.split('id="addresses"', 1)[1].split("</table>", 1)[0]
     malformed = f"/console/failures/consumer/{ids[1]}/retry"
@@ -453,7 +461,7 @@ async def test_consumer_dead_letters_are_routed_again_or_discarded_and_audited(
     assert refused.status_code == 409
     discard = f"/console/failures/consumer/{ids[1]}/discard"
     discarded = await site.client.post(discard, data={"csrf": await site.csrf(discard)})
-    assert discarded.status_code == 200
+    assert discarded.status_code == 303
     assert site.sql(sa.select(letters.c.id)) == []
     assert [row[1:] for row in await site.audit_rows()] == [
         ("discard_consumer", f"consumer:{ids[1]}", "done"),

@@ -129,6 +129,15 @@ _HEADERS: Final = {
 }
 
 _log = logging.getLogger("statifier.console")
+_NOTICES: Final = {
+    "cancel": "Done: the execution was cancelled.",
+    "retry_outbox": "Done: the outbox row is due again.",
+    "discard_outbox": "Done: the outbox row was discarded.",
+    "retry_consumer": "Done: the dead letter's event was routed again.",
+    "discard_consumer": "Done: the consumer dead letter was discarded.",
+}
+"""What a page says after an action redirected to it (``?done=ACTION``): fixed texts,
+so the query string can never put words on the page."""
 _NOT_THIS_SESSION: Final = "The form was not this session's (log in again, then retry)."
 
 
@@ -399,6 +408,7 @@ class _Pages:
         values.setdefault("nav", "")
         values.setdefault("title", "")
         values["base"] = self.base(request)
+        values["notice"] = _NOTICES.get(request.query_params.get("done", ""))
         text = self.templates.get_template(name).render(**values)
         return HTMLResponse(text, status_code=status, headers=_HEADERS)
 
@@ -874,7 +884,11 @@ class _Pages:
             return self.message(request, session, 500, "Failed", said, act.back)
         await self.record(actor, act, "done", done.summary)
         _log.info("console: %s: %s", actor, done.summary)
-        return self.message(request, session, 200, "Done", done.summary, act.back, done.secret)
+        if done.secret is not None:  # shown once, on this answer alone
+            return self.message(request, session, 200, "Done", done.summary, act.back, done.secret)
+        # Back to the page the action was taken from, which says it was done (a reload
+        # of it repeats nothing).
+        return RedirectResponse(f"{act.back}?{urlencode({'done': act.audit})}", status_code=303)
 
     async def record(self, actor: str, act: _Act, outcome: str, detail: str) -> None:
         entry = AuditEntry(

@@ -10,7 +10,7 @@
   function refresh() {
     if (pending) { return; }
     pending = true;
-    fetch(window.location.href, { credentials: "same-origin", headers: { "X-Console-Fragment": "1" } })
+    fetch(window.location.href, { credentials: "same-origin" })
       .then(function (response) { return response.ok ? response.text() : null; })
       .then(function (text) {
         if (text === null) { return; }
