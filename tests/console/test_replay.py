@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tests.persistence.conftest import drop_schema, unique_name
 
+import statifier.console.replay as replay_module
 from statifier.chart import compile_chart
 from statifier.console.replay import (
     SYSTEM_VARIABLES,
@@ -24,6 +25,7 @@ from statifier.console.replay import (
 )
 from statifier.core import Event, MachineState, StartOptions
 from statifier.core import effects as fx
+from statifier.core import positions as stored_positions
 from statifier.durable import Durable
 from statifier.expr import UNDEFINED, Function
 from statifier.persistence import Executions, LoggedInput, MemoryAdapter, Stepped, Storage
@@ -197,7 +199,7 @@ COUNTER = (
 
 INPUTS = st.lists(
     st.tuples(
-        st.sampled_from(["tick", "go", "back", "other"]),
+        st.sampled_from(["tick", "go", "back", "other", "scan", "load", "ping", "arrive"]),
         st.sampled_from(["step", "timer"]),
         st.booleans(),
     ),
@@ -205,30 +207,49 @@ INPUTS = st.lists(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(INPUTS)
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from([COUNTER, PARCEL]), INPUTS)
 def test_replay_agrees_with_the_lifecycle_after_every_input(
-    inputs: list[tuple[str, str, bool]],
+    chart: str, inputs: list[tuple[str, str, bool]]
 ) -> None:
-    machine = compile_chart(COUNTER)
+    """Byte for byte: each replayed position, written as the store writes one, is the
+    position the lifecycle stored after that input (counters and queues included)."""
+    machine = compile_chart(chart)
 
-    async def run() -> tuple[list[tuple[tuple[str, ...], dict[str, object]]], list[LoggedInput]]:
-        executions = Executions(Storage(MemoryAdapter()))
+    async def run() -> tuple[list[tuple[object, ...]], list[LoggedInput]]:
+        storage = Storage(MemoryAdapter())
+        executions = Executions(storage)
         created = await executions.create("ex", machine)
-        after = [(created.state.leaf_configuration(), shown_datamodel(created.state))]
+        after = [_seen(created.state, created.execution.position)]
         for name, door, internal in inputs:
             # A timer's send to #_internal is stepped onto the internal queue.
             internal = internal and door == "timer"
             event = Event(name, type="internal" if internal else "external")
             stepped = await executions.step("ex", machine, event, door=door, internal=internal)
             if isinstance(stepped, Stepped):
-                after.append((stepped.state.leaf_configuration(), shown_datamodel(stepped.state)))
+                after.append(_seen(stepped.state, stepped.execution.position))
         return after, await executions.inputs("ex")
 
     after, log = asyncio.run(run())
-    steps = replay(machine, log, execution_id="ex", refusals=refuse_unperformed)
-    assert [(s.configuration, dict(s.datamodel)) for s in steps] == after
+    positions: list[bytes] = []
+    computed = replay_module._step
+
+    def step(index: int, door: str, entry: LoggedInput | None, state: MachineState) -> ReplayStep:
+        positions.append(stored_positions.dump(state._replace(trace=False)))
+        return computed(index, door, entry, state)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(replay_module, "_step", step)
+        steps = replay(machine, log, execution_id="ex", refusals=refuse_unperformed)
     assert all(s.not_replayed is None for s in steps)
+    replayed = [
+        (s.configuration, dict(s.datamodel), p) for s, p in zip(steps, positions, strict=True)
+    ]
+    assert replayed == after
+
+
+def _seen(state: MachineState, position: bytes | None) -> tuple[object, ...]:
+    return (state.leaf_configuration(), shown_datamodel(state), position)
 
 
 # What cannot be replayed is marked, never raised.
