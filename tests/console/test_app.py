@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
 import re
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -345,6 +349,21 @@ async def test_the_routing_page_counts_and_lists_the_configured_bindings(site: S
     rows = dropped.split('id="ledger-rows"', 1)[1].split("</table>", 1)[0]
     assert re.findall(r'data-outcome="([^"]+)"', rows) == ["dropped"]
     assert (await site.client.get("/console/routing?window=1y")).status_code == 400
+    site.console.configured = None  # as statifier console alone knows them
+    alone = (await site.page("/console/routing")).text
+    assert 'id="none-configured"' in alone
+    assert 'id="bindings"' not in alone
+
+
+@pytest.mark.asyncio
+async def test_the_assets_are_the_packages_own_and_need_no_session(site: Site) -> None:
+    script = await site.client.get("/console/static/console.js")
+    style = await site.client.get("/console/static/console.css")
+    assert (script.status_code, style.status_code) == (200, 200)
+    for asset in (script.text, style.text):
+        assert "http://" not in asset
+        assert "https://" not in asset  # nothing fetched from elsewhere (no CDN)
+    assert (await site.client.get("/console/static/%2e%2e/app.py")).status_code == 404
 
 
 # Actions and the audit.
@@ -718,3 +737,49 @@ async def test_serve_without_operators_prints_a_token_for_this_start_only(
     finally:
         service.stop()
         assert await asyncio.wait_for(running, 10) == 0
+
+
+def test_statifier_console_serves_until_sigterm_and_its_token_logs_in(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'alone.db'}"
+    migrations.upgrade(url)
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root / "src"), "ADA_TOKEN": ADA}
+    command = [sys.executable, "-m", "statifier.cli", "console", "--database", url]
+    for extra, token in (([], None), (["--operator", "ada:read_only:ADA_TOKEN"], ADA)):
+        with (
+            (tmp_path / "stderr.txt").open("w") as errors,
+            subprocess.Popen(
+                [*command, "--port", "0", *extra],
+                stdout=subprocess.PIPE,
+                stderr=errors,
+                text=True,
+                env=env,
+            ) as process,
+        ):
+            try:
+                assert process.stdout is not None
+                first = process.stdout.readline()
+                listening = re.search(r"listening on (http://127\.0\.0\.1:\d+)/console/", first)
+                assert listening is not None, first
+                if token is None:
+                    line = process.stdout.readline()
+                    said = re.search(r"login token \(this start only\): (\S+)", line)
+                    assert said is not None, line
+                    token = said.group(1)
+                with httpx.Client(base_url=listening.group(1), timeout=10) as client:
+                    assert client.get("/console/executions").status_code == 303
+                    login = client.post("/console/login", data={"token": token})
+                    assert login.status_code == 303
+                    page = client.get("/console/routing")
+                    assert page.status_code == 200
+                    assert 'id="none-configured"' in page.text
+                process.send_signal(signal.SIGTERM)
+                assert process.wait(20) == 0
+                rest = process.stdout.read()
+                assert "stopped" in rest
+                assert ADA not in rest  # a configured token is never printed
+            finally:
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
+        assert ADA not in (tmp_path / "stderr.txt").read_text()
