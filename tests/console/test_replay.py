@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tests.persistence.conftest import drop_schema, unique_name
+from tests.persistence.conftest import drop_schema, postgresql_store, sqlite_store, unique_name  # noqa: F401 - fixtures
+from tests.router.conftest import RouterDb, router_db, router_store  # noqa: F401 - fixtures
 
 import statifier.console.replay as replay_module
 from statifier.chart import compile_chart
@@ -30,6 +31,8 @@ from statifier.durable import Durable
 from statifier.expr import UNDEFINED, Function
 from statifier.persistence import Executions, LoggedInput, MemoryAdapter, Stepped, Storage
 from statifier.persistence.executor import EffectContext, Refused, refuse_unperformed
+from statifier.router import Binding, CreatedAndDelivered, InboundEvent, StaticResolver, route
+from statifier.router.timer_worker import TimerWorker
 from statifier.sql import TableOptions
 
 NS = 'xmlns="http://www.w3.org/2005/07/scxml"'
@@ -179,6 +182,71 @@ async def test_each_step_is_where_the_stored_execution_was(database: Database) -
     assert last.configuration == described.configuration
     assert not diverges(last, finished)
     assert all(step.not_replayed is None for step in steps)
+
+
+# Through the router: its timers step the execution (door "timer"), internal or not.
+
+REMINDER = (
+    f'<scxml {NS} initial="waiting">'
+    '<datamodel><data id="kinds" expr="[]"/></datamodel>'
+    '<state id="waiting"><onentry>'
+    '<send event="remind" delay="1s" target="#_internal"/><send event="nudge" delay="2s"/>'
+    '</onentry><transition event="start"/>'
+    '<transition event="remind"><assign location="kinds" expr="kinds + [_event.type]"/>'
+    "</transition>"
+    '<transition event="nudge" target="nudged">'
+    '<assign location="kinds" expr="kinds + [_event.type]"/></transition></state>'
+    '<state id="nudged"><transition event="close" target="closed"/></state>'
+    '<final id="closed"/></scxml>'
+)
+
+
+@pytest.mark.asyncio
+async def test_timers_fired_by_the_router_replay_as_they_were_stepped(
+    router_db: RouterDb,  # noqa: F811 - the imported fixture
+) -> None:
+    machine = compile_chart(REMINDER)
+    binding = Binding(
+        id="jobs_to_reminder",
+        source="jobs",
+        match="event.kind == 'start'",
+        key="event.id",
+        document="reminder",
+        event="start",
+    )
+    config = router_db.config(
+        [binding], resolver=StaticResolver({"reminder": machine}), lock_wait=30.0
+    )
+    job = InboundEvent(
+        scope="tenant", source="jobs", message_id="m1", data={"kind": "start", "id": "r-1"}
+    )
+    routed = await route(config, job)
+    created = routed.outcomes[0]
+    assert isinstance(created, CreatedAndDelivered)
+    execution_id = created.execution_id
+    worker = TimerWorker(config)
+    now = router_db.clock.now
+    assert await worker.fire_due(now + timedelta(seconds=1)) == 1  # remind, internal
+    assert await worker.fire_due(now + timedelta(seconds=2)) == 1  # nudge, external
+    storage = config.storage
+    record = await storage.fetch_execution(execution_id)
+    state = storage.load(record, machine)
+    inputs = await Executions(storage).inputs(execution_id)
+    assert [(i.door, i.event and i.event.type) for i in inputs] == [
+        ("step", "external"),
+        ("timer", "internal"),
+        ("timer", "external"),
+    ]
+    # The router scheduled the sends: nothing was refused, the default policy.
+    steps = replay(machine, inputs, execution_id=execution_id)
+    assert [(s.door, s.event_name, s.configuration) for s in steps] == [
+        ("create", None, ("waiting",)),
+        ("step", "start", ("waiting",)),
+        ("timer", "remind", ("waiting",)),
+        ("timer", "nudge", ("nudged",)),
+    ]
+    assert steps[-1].datamodel == {"kinds": ["internal", "external"]}
+    assert not diverges(steps[-1], state)
 
 
 # Against the lifecycle itself, for generated inputs.
