@@ -45,7 +45,7 @@ import html
 import json
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -903,17 +903,16 @@ class _Pages:
             return Response("log in first", status_code=401, media_type="text/plain")
         live = self.console.live
         try:
-            subscription = live.subscribe()
-            queue = await subscription.__aenter__()
+            queue = live.join()  # before the answer starts: a refusal is still a 503
         except TooManyClients:
             return Response("too many live clients", status_code=503, media_type="text/plain")
 
-        async def body() -> Any:
+        async def body() -> AsyncIterator[str]:
             try:
                 async for chunk in live.stream(queue):
                     yield chunk
-            finally:
-                await subscription.__aexit__(None, None, None)
+            finally:  # the stream ended, or the browser went away
+                await live.leave(queue)
 
         headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
         return StreamingResponse(body(), media_type="text/event-stream", headers=headers)

@@ -78,9 +78,9 @@ class Live:
         for queue in self._clients:
             queue.put_nowait("close")
 
-    @contextlib.asynccontextmanager
-    async def subscribe(self) -> AsyncIterator[asyncio.Queue[str]]:
-        """A queue that hears ``"changed"`` (and ``"close"``) while the block runs.
+    def join(self) -> asyncio.Queue[str]:
+        """A queue that hears ``"changed"`` (and ``"close"``) until :meth:`leave`; the
+        poller starts with the first client.
 
         Raises:
             TooManyClients: :attr:`max_clients` streams are open, or :meth:`close` was
@@ -92,15 +92,29 @@ class Live:
         self._clients.add(queue)
         if self._poller is None or self._poller.done():
             self._poller = asyncio.create_task(self._poll(), name="console-live")
+        return queue
+
+    async def leave(self, queue: asyncio.Queue[str]) -> None:
+        """Stop telling ``queue``; the poller stops with the last client."""
+        self._clients.discard(queue)
+        if not self._clients and self._poller is not None:
+            poller, self._poller = self._poller, None
+            poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await poller
+
+    @contextlib.asynccontextmanager
+    async def subscribe(self) -> AsyncIterator[asyncio.Queue[str]]:
+        """:meth:`join` for the block, :meth:`leave` after it.
+
+        Raises:
+            TooManyClients: as :meth:`join`.
+        """
+        queue = self.join()
         try:
             yield queue
         finally:
-            self._clients.discard(queue)
-            if not self._clients and self._poller is not None:
-                self._poller.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._poller
-                self._poller = None
+            await self.leave(queue)
 
     async def stream(
         self,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import secrets
 import signal
 import socket
@@ -31,10 +32,22 @@ from statifier.console.auth import Operator, Operators, Role, Sessions
 from statifier.extras import MissingExtra
 from statifier.sql import TableOptions
 
-__all__ = ["LOOPBACK", "ConsoleRefused", "StandaloneOptions", "parse_operator", "run"]
+__all__ = ["ConsoleRefused", "StandaloneOptions", "is_loopback", "parse_operator", "run"]
 
-LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
-"""Hosts a console without configured operators may listen on."""
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names the loopback interface only (``localhost``,
+    ``127.0.0.0/8``, ``::1``): where a console without configured operators may listen.
+
+    >>> is_loopback("127.0.0.1"), is_loopback("::1"), is_loopback("0.0.0.0")
+    (True, True, False)
+    """
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name other than localhost: it may resolve anywhere
+        return False
 
 
 class ConsoleRefused(ValueError):  # noqa: N818 - names the refusal
@@ -120,7 +133,7 @@ def _operators(options: StandaloneOptions) -> tuple[Operators, str | None]:
             return Operators(Operator(n, t, Role(r)) for n, r, t in options.operators), None
         except ValueError as error:
             raise ConsoleRefused(str(error)) from None
-    if options.host not in LOOPBACK:
+    if not is_loopback(options.host):
         raise ConsoleRefused(
             f"a console listening on {options.host} (not loopback) needs --operator "
             "NAME:ROLE:ENV_VARIABLE"

@@ -70,6 +70,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from statifier.chart import InvalidChart, Machine, ReadLimits, compile_chart
+from statifier.console.standalone import is_loopback
 from statifier.persistence import Storage
 from statifier.persistence.sql import SqlAdapter
 from statifier.router import (
@@ -138,8 +139,6 @@ CONSOLE_PATH: Final = "/console"
 """Where the console is served (with ``[console]``); no front may be mounted there."""
 CONSOLE_ROLES: Final = ("operator", "read_only")
 """The roles of ``[console.operators.NAME]``."""
-LOOPBACK_HOSTS: Final = frozenset({"127.0.0.1", "::1", "localhost"})
-"""The hosts a console without operators may listen on."""
 SOURCE_KINDS: Final = frozenset({"table", "kafka", "nats"})
 LOG_FORMATS: Final = ("text", "json")
 """The ``[logging]`` formats: plain lines, or one JSON object a line."""
@@ -1247,7 +1246,7 @@ class _Reader:
                     f"must be shorter than the outbox lease ({lease:g} seconds)",
                 )
         console = settings.console
-        if console.enabled and not console.operators and settings.http.host not in LOOPBACK_HOSTS:
+        if console.enabled and not console.operators and not is_loopback(settings.http.host):
             raise ServiceConfigError(
                 self.file,
                 "console",
