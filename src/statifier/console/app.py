@@ -316,12 +316,19 @@ def _counts_svg(counts: Sequence[BucketCount], since: datetime, bucket: timedelt
     peak = max((n for row in totals.values() for n in row), default=1) or 1
     label, bar, gap, height = 160, 18, 4, 40
     width = label + BUCKETS * (bar + gap) + 60
+    bottom = 4 + len(totals) * (height + 12)
     parts = [
         (
             f'<svg class="counts" id="counts-chart" xmlns="http://www.w3.org/2000/svg" '
-            f'width="{width}" height="{len(totals) * (height + 12) + 8}" role="img" '
+            f'width="{width}" height="{bottom + 16}" role="img" '
             'aria-label="ledger rows per binding">'
-        )
+        ),
+        # The window's two ends under the bars.
+        f'<text class="axis" x="{label}" y="{bottom + 10}">{html.escape(_when(since))}</text>',
+        (
+            f'<text class="axis" x="{label + BUCKETS * (bar + gap) - gap}" y="{bottom + 10}" '
+            f'text-anchor="end">{html.escape(_when(since + bucket * BUCKETS))}</text>'
+        ),
     ]
     for row, (binding, slots) in enumerate(sorted(totals.items())):
         top = 4 + row * (height + 12)
@@ -329,6 +336,8 @@ def _counts_svg(counts: Sequence[BucketCount], since: datetime, bucket: timedelt
         parts.append(
             f'<g class="binding" data-binding="{html.escape(binding)}">'
             f'<text x="0" y="{top + height - 4}">{name}</text>'
+            f'<line x1="{label}" y1="{top + height}" x2="{label + BUCKETS * (bar + gap) - gap}" '
+            f'y2="{top + height}"/>'
         )
         for slot, number in enumerate(slots):
             tall = round(height * number / peak)
