@@ -117,7 +117,7 @@ async def test_a_uuid_keyed_database_pages_alike(fresh_database: FreshDatabase) 
                 ],
             )
         writer.dispose()
-        seen = []
+        seen: list[str | None] = []
         cursor = None
         while True:
             page = await queries.ledger(LedgerFilter(outcome="delivered"), cursor=cursor, size=2)
@@ -125,6 +125,6 @@ async def test_a_uuid_keyed_database_pages_alike(fresh_database: FreshDatabase) 
             if page.next_cursor is None:
                 break
             cursor = page.next_cursor
-        assert sorted(seen) == [f"m{i}" for i in range(9)]
+        assert sorted(str(message) for message in seen) == [f"m{i}" for i in range(9)]
         with pytest.raises(BadCursor):
             await queries.ledger(cursor=encode_cursor("ledger", T0, 12))

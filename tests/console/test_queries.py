@@ -331,7 +331,7 @@ async def test_bad_windows_are_refused(console_db: ConsoleDb) -> None:
 
 async def test_dead_letters_page_newest_first(console_db: ConsoleDb) -> None:
     t = console_db.store.tables
-    outbox = [
+    outbox: list[dict[str, Any]] = [
         {
             "queue": "mail",
             "key": f"k{i}",
@@ -366,7 +366,7 @@ async def test_dead_letters_page_newest_first(console_db: ConsoleDb) -> None:
     assert keys == [r["key"] for r in dead]
     assert second.next_cursor is None
     assert (first.rows[0].last_error, first.rows[0].attempts) == ("refused <19>", 3)
-    walked = []
+    walked: list[int] = []
     cursor = None
     while True:
         page = await queries.consumer_dead_letters(size=2, cursor=cursor)

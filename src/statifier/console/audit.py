@@ -156,7 +156,8 @@ class Audit:
             statifier.console.queries.BadCursor: a cursor this list did not make.
             ValueError: ``size`` outside ``1..MAX_PAGE``.
         """
-        if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_PAGE:
+        given: object = size
+        if isinstance(given, bool) or not isinstance(given, int) or not 1 <= given <= MAX_PAGE:
             raise ValueError(f"a page holds 1 to {MAX_PAGE} rows, not {size!r}")
         table = self.tables.console_audit
         statement = sa.select(table).order_by(table.c.at.desc(), table.c.id.desc()).limit(size + 1)

@@ -447,7 +447,11 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         sa.Column("inserted_at", UtcDateTime(), nullable=False),
         sa.Index(name("routing_ledger_execution_id_idx"), "execution_id"),
         sa.Index(name("routing_ledger_binding_id_inserted_at_idx"), "binding_id", "inserted_at"),
-        sa.Index(name("routing_ledger_inserted_at_id_idx"), "inserted_at", "id"),
+        # Newest first for the console's ledger page; binding and outcome ride along
+        # so its counts per binding over a window are read from the index alone.
+        sa.Index(
+            name("routing_ledger_inserted_at_idx"), "inserted_at", "id", "binding_id", "outcome"
+        ),
         sa.Index(name("routing_ledger_outcome_inserted_at_idx"), "outcome", "inserted_at", "id"),
         schema=schema,
     )

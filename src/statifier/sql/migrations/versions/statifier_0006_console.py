@@ -29,7 +29,11 @@ INDEXES = (
     ),
     ("executions_updated_at_idx", "executions", ["updated_at"]),
     ("addresses_key_idx", "addresses", ["key"]),
-    ("routing_ledger_inserted_at_id_idx", "routing_ledger", ["inserted_at", "id"]),
+    (
+        "routing_ledger_inserted_at_idx",
+        "routing_ledger",
+        ["inserted_at", "id", "binding_id", "outcome"],
+    ),
     ("routing_ledger_outcome_inserted_at_idx", "routing_ledger", ["outcome", "inserted_at", "id"]),
     ("outbox_dead_at_idx", "outbox", ["dead_at"]),
     ("consumer_dead_letters_dead_at_idx", "consumer_dead_letters", ["dead_at"]),
