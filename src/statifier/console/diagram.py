@@ -67,26 +67,20 @@ _MARGIN: Final = 16
 _TITLE: Final = 28
 _LOOP: Final = 22  # how far a self-transition's loop reaches out of its box
 
-_STYLE: Final = (
-    ".statechart{font:12px sans-serif}"
-    ".statechart g.state>rect{fill:#fff;stroke:#555;stroke-width:1.2}"
-    ".statechart g.state[data-kind=compound]>rect,"
-    ".statechart g.state[data-kind=parallel]>rect{fill:#f6f7f9}"
-    ".statechart g.state>rect.inner{fill:none}"
-    ".statechart g.state>circle.history{fill:#fff;stroke:#555}"
-    ".statechart g.state.active>rect,.statechart g.state.active>circle.history"
-    "{fill:#fff3c4;stroke:#c77700;stroke-width:2.5}"
-    ".statechart g.state>text.name{font-weight:bold}"
-    ".statechart g.state.active>text.name{fill:#8a4b00}"
-    ".statechart line.region{stroke:#555;stroke-dasharray:6 4}"
-    ".statechart text.listed{fill:#444;font-size:11px}"
-    ".statechart g.transition>path{fill:none;stroke:#3461a8;stroke-width:1.2}"
-    ".statechart g.transition>text{fill:#23467d;font-size:11px;"
-    "paint-order:stroke;stroke:#fff;stroke-width:3px}"
-    ".statechart circle.initial{fill:#222}"
-    ".statechart path.initial{fill:none;stroke:#222}"
-    ".statechart text.note{fill:#a00}"
-)
+# Presentation attributes, not a <style> element: the drawing then needs no inline
+# CSS (a page may forbid it by its Content-Security-Policy), and a page's stylesheet
+# still overrides them through the classes.
+_PLAIN: Final = 'fill="#fff" stroke="#555" stroke-width="1.2"'
+_GROUP: Final = 'fill="#f6f7f9" stroke="#555" stroke-width="1.2"'
+_LIT: Final = 'fill="#fff3c4" stroke="#c77700" stroke-width="2.5"'
+_PLAIN_LINE: Final = 'fill="none" stroke="#555" stroke-width="1.2"'
+_LIT_LINE: Final = 'fill="none" stroke="#c77700" stroke-width="2.5"'
+_NAME: Final = 'font-weight="bold" fill="#222"'
+_NAME_LIT: Final = 'font-weight="bold" fill="#8a4b00"'
+_LISTED: Final = 'fill="#444" font-size="11"'
+_REGION: Final = 'stroke="#555" stroke-dasharray="6 4"'
+_ARROW: Final = 'fill="none" stroke="#3461a8" stroke-width="1.2"'
+_LABEL: Final = 'fill="#23467d" font-size="11" paint-order="stroke" stroke="#fff" stroke-width="3"'
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,7 +265,8 @@ def render_chart_svg(machine: Machine, active: Collection[str] = ()) -> str:
             ancestors, or both); ids the chart does not have are ignored.
 
     Returns:
-        The SVG text, carrying its own ``<style>`` (scoped under ``.statechart``).
+        The SVG text, painted with presentation attributes (no ``<style>``: it needs
+        no inline CSS; a page's stylesheet may restyle it through its classes).
         Every drawn state is a ``<g>`` with ``data-state="<id>"`` (an unnamed state
         ``#<index>``), ``data-kind`` (``atomic``, ``compound``, ``parallel``, ``final``
         or ``history``) and the class ``state``, or ``state active`` when its id is in
@@ -309,10 +304,9 @@ def render_chart_svg(machine: Machine, active: Collection[str] = ()) -> str:
         (
             f'<svg xmlns="http://www.w3.org/2000/svg" class="statechart" width="{width}" '
             f'height="{height}" viewBox="0 0 {width} {height}" role="img" '
-            f'aria-label="{_text(title)}">'
+            f'aria-label="{_text(title)}" font-family="sans-serif" font-size="12">'
         ),
         f"<title>{_text(title)}</title>",
-        f"<style>{_STYLE}</style>",
         (
             f'<defs><marker id="{marker}" viewBox="0 0 10 10" refX="10" refY="5" '
             'markerWidth="7" markerHeight="7" orient="auto-start-reverse">'
@@ -328,7 +322,7 @@ def render_chart_svg(machine: Machine, active: Collection[str] = ()) -> str:
     parts.append("</g>")
     for number, note in enumerate(notes):
         y = height - _MARGIN - _LINE * (len(notes) - 1 - number)
-        parts.append(f'<text class="note" x="{_MARGIN}" y="{y}">{_text(note)}</text>')
+        parts.append(f'<text class="note" x="{_MARGIN}" y="{y}" fill="#a00">{_text(note)}</text>')
     parts.append("</svg>")
     return "".join(parts)
 
@@ -337,27 +331,32 @@ def _state(machine: Machine, layout: _Layout, index: int, lit: frozenset[str]) -
     node = machine.states[index]
     box = layout.boxes[index]
     kind = _kind(node)
-    css = "state active" if node.id is not None and node.id in lit else "state"
+    lit_here = node.id is not None and node.id in lit
+    css = "state active" if lit_here else "state"
+    paint = _LIT if lit_here else _GROUP if kind in ("compound", "parallel") else _PLAIN
+    name = _NAME_LIT if lit_here else _NAME
     key = node.id if node.id is not None else f"#{index}"
     yield f'<g class="{css}" data-state="{_text(key)}" data-kind="{kind}">'
     if kind == "history":
         r = _HISTORY // 2
         mark = "H*" if node.history_deep else "H"
-        yield f'<circle class="history" cx="{box.x + r}" cy="{box.y + r}" r="{r}"/>'
+        yield f'<circle class="history" cx="{box.x + r}" cy="{box.y + r}" r="{r}" {paint}/>'
         yield (
             f'<text class="name" x="{box.x + r}" y="{box.y + r + 4}" '
-            f'text-anchor="middle">{mark}</text>'
+            f'text-anchor="middle" {name}>{mark}</text>'
         )
         yield "</g>"
         return
-    yield _rect(box, 10 if kind != "final" else 14)
+    yield _rect(box, 10 if kind != "final" else 14, paint)
     if kind == "final":
         inner = _Box(box.x + 4, box.y + 4, box.w - 8, box.h - 8)
-        yield _rect(inner, 10, "inner")
-    yield (f'<text class="name" x="{box.x + _PAD}" y="{box.y + 17}">{_text(_name(node))}</text>')
+        yield _rect(inner, 10, _LIT_LINE if lit_here else _PLAIN_LINE, "inner")
+    yield (
+        f'<text class="name" x="{box.x + _PAD}" y="{box.y + 17}" {name}>{_text(_name(node))}</text>'
+    )
     for number, line in enumerate(_listed(machine, node)):
         y = box.y + _HEADER + _LINE * number + 11
-        yield f'<text class="listed" x="{box.x + _PAD}" y="{y}">{_text(line)}</text>'
+        yield f'<text class="listed" x="{box.x + _PAD}" y="{y}" {_LISTED}>{_text(line)}</text>'
     children = layout.children(node)
     if kind == "parallel":
         yield from _separators(layout, children, box)
@@ -372,7 +371,8 @@ def _separators(layout: _Layout, regions: Sequence[int], box: _Box) -> Iterator[
     for left, right in itertools.pairwise(regions):
         x = (layout.boxes[left].x + layout.boxes[left].w + layout.boxes[right].x) // 2
         top = layout.boxes[left].y - _PAD // 2
-        yield f'<line class="region" x1="{x}" y1="{top}" x2="{x}" y2="{box.y + box.h - 4}"/>'
+        bottom = box.y + box.h - 4
+        yield f'<line class="region" x1="{x}" y1="{top}" x2="{x}" y2="{bottom}" {_REGION}/>'
 
 
 def _initial_markers(machine: Machine, layout: _Layout, index: int) -> Iterator[str]:
@@ -382,8 +382,8 @@ def _initial_markers(machine: Machine, layout: _Layout, index: int) -> Iterator[
         if box is None:
             continue
         y = box.y + 12
-        yield f'<circle class="initial" cx="{box.x - 14}" cy="{y}" r="4"/>'
-        yield f'<path class="initial" d="M{box.x - 10},{y} L{box.x},{y}"/>'
+        yield f'<circle class="initial" cx="{box.x - 14}" cy="{y}" r="4" fill="#222"/>'
+        yield f'<path class="initial" d="M{box.x - 10},{y} L{box.x},{y}" stroke="#222"/>'
 
 
 def _initial_targets(machine: Machine, index: int) -> tuple[int, ...]:
@@ -497,8 +497,8 @@ def _arrow(arrow: _Arrow, marker: str) -> str:
     return (
         f'<g class="transition" data-source="{_text(arrow.source)}" '
         f'data-event="{_text(arrow.event)}">'
-        f'<path d="{arrow.path}" marker-end="url(#{marker})"/>'
-        f'<text x="{_n(arrow.label_x)}" y="{_n(arrow.label_y)}" '
+        f'<path d="{arrow.path}" marker-end="url(#{marker})" {_ARROW}/>'
+        f'<text x="{_n(arrow.label_x)}" y="{_n(arrow.label_y)}" {_LABEL} '
         f'text-anchor="{arrow.anchor}">{_text(arrow.label)}</text></g>'
     )
 
@@ -543,11 +543,11 @@ def _name(node: StateNode) -> str:
     return _clip(node.id) if node.id is not None else f"(state {node.index})"
 
 
-def _rect(box: _Box, radius: int, css: str | None = None) -> str:
+def _rect(box: _Box, radius: int, paint: str, css: str | None = None) -> str:
     attr = f' class="{css}"' if css else ""
     return (
         f'<rect{attr} x="{box.x}" y="{box.y}" width="{box.w}" height="{box.h}" '
-        f'rx="{radius}" ry="{radius}"/>'
+        f'rx="{radius}" ry="{radius}" {paint}/>'
     )
 
 
