@@ -31,7 +31,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Collection, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from html import escape
 from typing import Final
 
@@ -448,11 +448,17 @@ def _arrow_for(
         outward = source_box.contains(target_box)
         inner, outer = (target_box, source_box) if outward else (source_box, target_box)
         # Between nested boxes: a short horizontal arrow from the outer box's left
-        # border to the inner box's left edge (or back), at the inner box's middle.
-        y = inner.y + min(inner.h - 6, 14 + 8 * nth)
+        # border to the inner box's left edge (or back), near the inner box's top,
+        # labelled just left of the inner box.
+        y = inner.y + min(inner.h - 6, 12 + 12 * nth)
         ends = ((outer.x, y), (inner.x, y)) if outward else ((inner.x, y), (outer.x, y))
-        return _straight(*ends, label, source_id, event)
-    offset = 10.0 * nth
+        arrow = _straight(*ends, label, source_id, event)
+        return replace(arrow, label_x=inner.x - 3, label_y=y - 3, anchor="end")
+    # Several arrows between one pair: alternately either side of the centre line,
+    # 12px apart, never off the smaller box.
+    spread = 12.0 * ((nth + 1) // 2) * (1 if nth % 2 else -1)
+    room = min(source_box.w, source_box.h, target_box.w, target_box.h) / 2 - 4
+    offset = max(-room, min(room, spread))
     start = _edge(source_box, target_box.cx, target_box.cy, offset)
     end = _edge(target_box, source_box.cx, source_box.cy, -offset)
     return _straight(start, end, label, source_id, event)
