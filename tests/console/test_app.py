@@ -37,13 +37,15 @@ from tests.router.conftest import (  # noqa: F401 - fixtures used by name
     router_store,
 )
 
+from statifier.chart import compile_chart
 from statifier.cli import main
-from statifier.console.app import Configured, Console, console_app
+from statifier.console.app import TIMELINE_LINKS, Configured, Console, console_app
 from statifier.console.audit import Audit
 from statifier.console.auth import COOKIE, Operator, Operators, Role, Sessions
 from statifier.console.live import Live, TooManyClients
 from statifier.console.queries import ConsoleQueries
-from statifier.persistence import Status
+from statifier.core import Event
+from statifier.persistence import Executions, Status
 from statifier.router import InboundEvent, RouterConfig, route
 from statifier.router.locations import BasicHttpLocations, location
 from statifier.service import Service
@@ -314,6 +316,38 @@ async def test_the_execution_page_draws_the_chart_lit_and_steps_through_the_log(
     assert '"k1"' in unescape(first.split('id="datamodel"', 1)[1].split("</section>", 1)[0])
     assert (await site.client.get(f"/console/executions/{execution_id}?step=9")).status_code == 400
     assert (await site.client.get("/console/executions/ex_missing")).status_code == 404
+
+
+@pytest.mark.asyncio
+async def test_a_long_log_lists_the_start_the_end_and_the_steps_around_the_one_shown(
+    site: Site,
+) -> None:
+    counter = compile_chart(
+        '<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="open">'
+        '<datamodel><data id="n" expr="0"/></datamodel><state id="open">'
+        '<transition event="hit"><assign location="n" expr="n + 1"/></transition>'
+        "</state></scxml>"
+    )
+    executions = Executions(site.config.storage)
+    await executions.create("long-1", counter)
+    for _ in range(TIMELINE_LINKS + 50):
+        await executions.step("long-1", counter, Event("hit"))
+    await site.login(ADA)
+    last = TIMELINE_LINKS + 50
+
+    def listed(page: str) -> list[int]:
+        timeline = page.split('id="timeline"', 1)[1].split("</section>", 1)[0]
+        return [int(n) for n in re.findall(r'class="replay-step" data-step="(\d+)"', timeline)]
+
+    now = (await site.page("/console/executions/long-1")).text
+    assert listed(now) == [0, *range(last - TIMELINE_LINKS // 2, last + 1)]
+    assert 'class="gap"' in now
+    datamodel = now.split('id="datamodel"', 1)[1].split("</section>", 1)[0]
+    assert f'<th scope="row">n</th><td><pre>{last}</pre>' in datamodel
+    early = (await site.page("/console/executions/long-1?step=5")).text
+    assert listed(early) == [*range(TIMELINE_LINKS // 2 + 6), last]
+    assert "<pre>5</pre>" in early.split('id="datamodel"', 1)[1].split("</section>", 1)[0]
+    assert len(site.console._replays) == 1  # the same log is replayed once
 
 
 @pytest.mark.asyncio

@@ -78,7 +78,7 @@ from statifier.console.queries import (
 from statifier.console.replay import ReplayStep, diverges, replay, shown_datamodel
 from statifier.core import MachineState
 from statifier.expr import tagged
-from statifier.persistence import Status
+from statifier.persistence import LoggedInput, Status
 from statifier.router import Binding, RouterConfig
 
 __all__ = [
@@ -98,6 +98,11 @@ LOGIN_DELAY: Final = 0.25
 """Seconds a refused login waits before it is answered (slows guessing)."""
 MAX_MACHINES: Final = 64
 """Compiled charts kept for the execution pages, by content hash."""
+MAX_REPLAYS: Final = 16
+"""Replayed input logs kept (an execution page refreshed live replays nothing twice)."""
+TIMELINE_LINKS: Final = 200
+"""The most steps a timeline lists: beyond it, the start, the last step and the steps
+around the one shown, with the gaps marked."""
 WINDOWS: Final = (
     ("15m", "15 minutes", timedelta(minutes=15)),
     ("1h", "hour", timedelta(hours=1)),
@@ -187,6 +192,9 @@ class Console:
     max_clients: int = 32
     live: Live = field(init=False)
     _machines: OrderedDict[str, Machine] = field(init=False, default_factory=OrderedDict)
+    _replays: OrderedDict[tuple[str, str, int], list[ReplayStep]] = field(
+        init=False, default_factory=OrderedDict
+    )
 
     def __post_init__(self) -> None:
         self.live = Live(
@@ -219,6 +227,22 @@ class Console:
             live_interval=live_interval,
             max_clients=max_clients,
         )
+
+    def replayed(
+        self, record_id: str, machine: Machine, inputs: Sequence[LoggedInput]
+    ) -> list[ReplayStep]:
+        """The replay of an execution's input log, kept for the same log: a log only
+        grows, so its length names it (bounded by :data:`MAX_REPLAYS`)."""
+        key = (record_id, machine.identity.content_hash, len(inputs))
+        found = self._replays.get(key)
+        if found is not None:
+            self._replays.move_to_end(key)
+            return found
+        steps = replay(machine, inputs, execution_id=record_id)
+        self._replays[key] = steps
+        while len(self._replays) > MAX_REPLAYS:
+            self._replays.popitem(last=False)
+        return steps
 
     async def machine(self, content_hash: str) -> Machine | None:
         """The chart stored under ``content_hash`` (compiled once, kept in a bounded
@@ -618,7 +642,7 @@ class _Pages:
             if machine is None:
                 replay_note = "The chart is retired or gone: the log cannot be replayed."
             else:
-                steps = replay(machine, detail.inputs, execution_id=record.id)
+                steps = console.replayed(record.id, machine, detail.inputs)
                 diverged = state is None or not steps or diverges(steps[-1], state)
                 if state is not None and diverged:
                     replay_note = (
@@ -659,7 +683,8 @@ class _Pages:
                 diagram=_diagram(machine, active),
                 datamodel=datamodel,
                 datamodel_note=note,
-                steps=steps,
+                steps=_timeline(steps, selected),
+                step_count=len(steps),
                 selected=selected,
                 replay_note=replay_note,
                 inputs_truncated=detail.inputs_truncated,
@@ -939,6 +964,26 @@ def _loaded(console: Console, record: Any, machine: Machine | None) -> MachineSt
 def _active(state: MachineState) -> tuple[str, ...]:
     states = state.machine.states
     return tuple(node for index in sorted(state.configuration) if (node := states[index].id))
+
+
+def _timeline(steps: Sequence[ReplayStep], selected: int | None) -> list[tuple[ReplayStep, bool]]:
+    """The steps a timeline lists, each with whether steps were left out before it: all
+    of them up to :data:`TIMELINE_LINKS`, else the start, the last and a window around
+    the selected step (the last when none is)."""
+    if len(steps) <= TIMELINE_LINKS:
+        return [(step, False) for step in steps]
+    middle = len(steps) - 1 if selected is None else selected
+    half = TIMELINE_LINKS // 2
+    low, high = max(1, middle - half), min(len(steps) - 1, middle + half)
+    chosen = [0, *range(low, high + 1)]
+    if chosen[-1] != len(steps) - 1:
+        chosen.append(len(steps) - 1)
+    listed: list[tuple[ReplayStep, bool]] = []
+    previous = -1
+    for index in chosen:
+        listed.append((steps[index], index != previous + 1))
+        previous = index
+    return listed
 
 
 def _step(request: Request, count: int) -> int | None:
