@@ -473,27 +473,41 @@ async def test_the_fingerprint_moves_with_each_write(console_db: ConsoleDb) -> N
     empty = await queries.fingerprint()
     assert (empty.executions, empty.ledger, empty.audit) == (None, None, None)
     console_db.insert(t.executions, [_execution(1)])
-    first = await queries.fingerprint()
-    assert first.executions == T0 + timedelta(seconds=1)
-    with console_db.writer.begin() as connection:
-        connection.execute(
-            t.executions.update().values(updated_at=T0 + timedelta(hours=1), status="cancelled")
-        )
-    assert (await queries.fingerprint()).executions == T0 + timedelta(hours=1)
-    console_db.insert(t.routing_ledger, _ledger_rows(1))
-    assert (await queries.fingerprint()).ledger is not None
-    assert await queries.execution_fingerprint("ex-0001") == (T0 + timedelta(hours=1), 0)
+    created = await queries.fingerprint()
+    assert created.executions == T0  # its created_at
     console_db.insert(
         t.inputs,
         [
             {
                 "execution_id": "ex-0001",
                 "seq": 0,
-                "door": "create",
+                "door": "step",
+                "input_blob": None,
+                "recorded_at": T0 + timedelta(minutes=5),
+            }
+        ],
+    )
+    assert (await queries.fingerprint()).executions == T0 + timedelta(minutes=5)
+    with console_db.writer.begin() as connection:
+        ended = T0 + timedelta(hours=1)
+        connection.execute(
+            t.executions.update().values(updated_at=ended, ended_at=ended, status="cancelled")
+        )
+    assert (await queries.fingerprint()).executions == T0 + timedelta(hours=1)
+    console_db.insert(t.routing_ledger, _ledger_rows(1))
+    assert (await queries.fingerprint()).ledger is not None
+    assert await queries.execution_fingerprint("ex-0001") == (T0 + timedelta(hours=1), 1)
+    console_db.insert(
+        t.inputs,
+        [
+            {
+                "execution_id": "ex-0001",
+                "seq": 1,
+                "door": "step",
                 "input_blob": None,
                 "recorded_at": T0,
             }
         ],
     )
-    assert await queries.execution_fingerprint("ex-0001") == (T0 + timedelta(hours=1), 1)
+    assert await queries.execution_fingerprint("ex-0001") == (T0 + timedelta(hours=1), 2)
     assert await queries.execution_fingerprint("nobody") is None

@@ -315,7 +315,16 @@ class ProjectionView:
 class Fingerprint:
     """A cheap summary that changes when what the lists show changes: the newest time
     in each table the console lists (``None`` for an empty table). Two equal
-    fingerprints mean nothing listed was written in between (deletes aside)."""
+    fingerprints mean nothing listed was written in between, but for deletes and for
+    an execution parked or put back on its chart (``needs_migration``), which writes
+    no time these read.
+
+    Attributes:
+        executions: the newest time an execution was created, took an input or ended.
+        ledger: the newest routing-ledger row.
+        outbox_dead, consumer_dead: the newest dead letter of each kind.
+        audit: the newest recorded action.
+    """
 
     executions: datetime | None
     ledger: datetime | None
@@ -776,8 +785,13 @@ class ConsoleQueries:
         """The newest write time of each listed table, in one cheap statement (each
         a ``max`` an index answers)."""
         t = self.tables
+        # Not executions.updated_at: an index on it would change with every step's
+        # update and make each one a full (not heap-only) update of the row. A step
+        # logs an input, a create writes created_at, an end writes ended_at.
         newest = (
-            t.executions.c.updated_at,
+            t.executions.c.created_at,
+            t.executions.c.ended_at,
+            t.inputs.c.recorded_at,
             t.routing_ledger.c.inserted_at,
             t.outbox.c.dead_at,
             t.consumer_dead_letters.c.dead_at,
@@ -786,8 +800,15 @@ class ConsoleQueries:
         statement = sa.select(*(sa.select(sa.func.max(c)).scalar_subquery() for c in newest))
 
         def read(connection: sa.Connection) -> Fingerprint:
-            row = connection.execute(statement).one()
-            return Fingerprint(*(None if v is None else _utc(v) for v in row))
+            row = [None if v is None else _utc(v) for v in connection.execute(statement).one()]
+            moved = [v for v in row[:3] if v is not None]
+            return Fingerprint(
+                executions=max(moved, default=None),
+                ledger=row[3],
+                outbox_dead=row[4],
+                consumer_dead=row[5],
+                audit=row[6],
+            )
 
         return await run_on(self.engine, read)
 

@@ -396,6 +396,8 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         sa.Column("input_blob", sa.LargeBinary(), nullable=True),
         sa.Column("recorded_at", UtcDateTime(), nullable=False),
         sa.UniqueConstraint("execution_id", "seq", name=name("inputs_execution_id_seq_key")),
+        # The console's live probe: the newest input of any execution.
+        sa.Index(name("inputs_recorded_at_idx"), "recorded_at"),
         schema=schema,
     )
     addresses = sa.Table(
@@ -627,8 +629,9 @@ def _fronts(
 
 def _console_execution_indexes(options: TableOptions) -> list[sa.Index]:
     """The indexes the console's executions list walks: newest first (``created_at``
-    then ``execution_id``), within a status or a chart, and ``updated_at`` for the
-    "what changed" probe of its live pages."""
+    then ``execution_id``), within a status or a chart. None of them holds a column a
+    step changes (``updated_at``, the position), so a step's update of the row can
+    stay a heap-only update on PostgreSQL."""
     name = options.name
     return [
         sa.Index(name("executions_created_at_idx"), "created_at", "execution_id"),
@@ -639,7 +642,6 @@ def _console_execution_indexes(options: TableOptions) -> list[sa.Index]:
             "created_at",
             "execution_id",
         ),
-        sa.Index(name("executions_updated_at_idx"), "updated_at"),
     ]
 
 

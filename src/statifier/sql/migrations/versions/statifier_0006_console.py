@@ -27,7 +27,7 @@ INDEXES = (
         "executions",
         ["content_hash", "created_at", "execution_id"],
     ),
-    ("executions_updated_at_idx", "executions", ["updated_at"]),
+    ("inputs_recorded_at_idx", "inputs", ["recorded_at"]),
     ("addresses_key_idx", "addresses", ["key"]),
     (
         "routing_ledger_inserted_at_idx",
