@@ -740,8 +740,16 @@ async def test_serve_mounts_the_console_and_an_open_stream_does_not_hold_the_sto
         assert 'id="executions"' in listed.text
         routing = await client.get("/console/routing")
         assert "hits" in routing.text.split('id="bindings"', 1)[1]
+        served = service._console
+        assert served is not None
         async with client.stream("GET", "/console/events") as stream:
             assert stream.headers["content-type"].startswith("text/event-stream")
+            assert served.live.clients == 1
+        deadline = time.monotonic() + 5
+        while served.live.clients:
+            assert time.monotonic() < deadline, "a stream the browser left stayed open"
+            await asyncio.sleep(0.02)
+        async with client.stream("GET", "/console/events") as stream:
             started = time.monotonic()
             service.stop()
             assert await asyncio.wait_for(running, 10) == 0

@@ -946,7 +946,7 @@ class _Pages:
                 async for chunk in live.stream(queue):
                     yield chunk
             finally:  # the stream ended, or the browser went away
-                await live.leave(queue)
+                live.leave(queue)
 
         headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
         return StreamingResponse(body(), media_type="text/event-stream", headers=headers)

@@ -94,14 +94,13 @@ class Live:
             self._poller = asyncio.create_task(self._poll(), name="console-live")
         return queue
 
-    async def leave(self, queue: asyncio.Queue[str]) -> None:
-        """Stop telling ``queue``; the poller stops with the last client."""
+    def leave(self, queue: asyncio.Queue[str]) -> None:
+        """Stop telling ``queue``; the poller stops with the last client (it is only
+        cancelled, not awaited: a stream that leaves may itself be being cancelled)."""
         self._clients.discard(queue)
         if not self._clients and self._poller is not None:
-            poller, self._poller = self._poller, None
-            poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await poller
+            self._poller.cancel()
+            self._poller = None
 
     @contextlib.asynccontextmanager
     async def subscribe(self) -> AsyncIterator[asyncio.Queue[str]]:
@@ -114,7 +113,7 @@ class Live:
         try:
             yield queue
         finally:
-            await self.leave(queue)
+            self.leave(queue)
 
     async def stream(
         self,
