@@ -28,7 +28,9 @@ Every page but the login form, and the static files, needs a session
 ``GET`` and the act on ``POST``, whose form must carry the session's CSRF token; a
 ``read_only`` operator sees no action and is answered 403 for both. Each act is
 written to the audit table (:mod:`statifier.console.audit`) with the operator's name,
-whatever its outcome.
+whatever its outcome. A done act redirects (303) back to the page it was taken from,
+which says so (``?done=ACTION``, a fixed text); a rotation answers the one page that
+shows its new location; nothing to do is 409, a failure 500.
 
 Everything shown is escaped by the templates (Jinja2 with autoescape); the only
 markup inserted as is is the SVG the console draws itself
