@@ -163,7 +163,6 @@ def test_an_operators_walk_through_the_console(
     _log_in(browser, served, OPERATOR_TOKEN)
     rows = browser.find_elements(By.CSS_SELECTOR, "#executions tr[data-execution-id]")
     assert {row.get_attribute("data-execution-id") for row in rows} == {first, second}
-    _screenshot(browser, "executions.png")
 
     # The execution: its active configuration lit in the diagram.
     _follow(browser, browser.find_element(By.CSS_SELECTOR, f'tr[data-execution-id="{first}"] a'))
@@ -235,3 +234,7 @@ def test_an_operators_walk_through_the_console(
     _wait(browser).until(expected_conditions.title_contains("Failures"))
     assert "malformed: not a JSON object" in browser.find_element(By.TAG_NAME, "main").text
     _screenshot(browser, "failures.png")
+    browser.get(f"{served.url}/console/executions")
+    rows = browser.find_elements(By.CSS_SELECTOR, "#executions tr[data-execution-id]")
+    assert len(rows) == 9  # p-1 (cancelled), p-2, p-3 and p-10 to p-15
+    _screenshot(browser, "executions.png")
