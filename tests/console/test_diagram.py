@@ -64,6 +64,22 @@ def inside(inner: tuple[float, ...], outer: tuple[float, ...]) -> bool:
     return ox <= x and oy <= y and x + w <= ox + ow and y + h <= oy + oh
 
 
+def ends(path: str) -> tuple[tuple[float, float], tuple[float, float]]:
+    """The first and the last point of a path ("Mx,y L..." or "Mx,y C... x,y")."""
+    numbers = [float(n) for n in re.findall(r"-?\d+(?:\.\d+)?", path)]
+    return (numbers[0], numbers[1]), (numbers[-2], numbers[-1])
+
+
+def on_border(point: tuple[float, float], shape: tuple[float, ...]) -> bool:
+    x, y = point
+    left, top, width, height = shape
+    right, bottom = left + width, top + height
+    near = 0.6
+    inside = left - near <= x <= right + near and top - near <= y <= bottom + near
+    edge = min(abs(x - left), abs(x - right), abs(y - top), abs(y - bottom)) <= near
+    return inside and edge
+
+
 def apart(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
     ax, ay, aw, ah = a
     bx, by, bw, bh = b
@@ -163,7 +179,19 @@ def test_every_state_is_drawn_once_nested_lit_only_when_active(
         assert group.attrib["data-kind"] == kind
     # One arrow per (transition, target) pair; targetless transitions are listed.
     arrows = root.findall(f".//{SVG}g[@class='transition']")
-    assert len(arrows) == sum(1 for n in nodes for t in n.transitions if t[1])
+    pairs = [(n.id, t[1]) for n in nodes for t in n.transitions if t[1]]
+    assert sorted((a.attrib["data-source"], a.attrib["data-target"]) for a in arrows) == sorted(
+        pairs
+    )
+    # Each arrow starts and ends on its boxes' borders (a loop on its own box's).
+    for arrow in arrows:
+        drawn_from, drawn_to = (
+            box(by_id[arrow.attrib["data-source"]]),
+            box(by_id[arrow.attrib["data-target"]]),
+        )
+        start, end = ends(arrow[0].attrib["d"])
+        assert on_border(start, drawn_from)
+        assert on_border(end, drawn_to)
     listed = [t.text for t in root.iter(f"{SVG}text") if t.attrib.get("class") == "listed"]
     assert len(listed) == sum(1 for n in nodes for t in n.transitions if not t[1])
     # The same chart, compiled again, gives the same bytes.

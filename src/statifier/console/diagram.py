@@ -273,7 +273,8 @@ def render_chart_svg(machine: Machine, active: Collection[str] = ()) -> str:
         ``active``; a state's ``<g>`` holds those of its children. Compound and
         parallel states are boxes holding their children, a parallel's regions side by
         side with dashed separators; a final state has a double border; transitions
-        are arrows (``<g class="transition">``) labelled with their events (and
+        are arrows (``<g class="transition">`` with ``data-source``, ``data-target`` and
+        ``data-event``) labelled with their events (and
         conditions), a self-transition a loop, a targetless one listed inside its
         state; each initial child is marked with a dot. Every text is escaped, and the
         same input gives the same bytes. At most :data:`MAX_DRAWN_STATES` states and
@@ -404,6 +405,7 @@ class _Arrow:
     source: str
     event: str
     anchor: str = "middle"
+    target: str = ""
 
 
 def _transitions(machine: Machine, layout: _Layout) -> tuple[list[_Arrow], int]:
@@ -430,7 +432,8 @@ def _transitions(machine: Machine, layout: _Layout) -> tuple[list[_Arrow], int]:
             pair = (min(source, target), max(source, target))
             nth = pairs.get(pair, 0)
             pairs[pair] = nth + 1
-            arrows.append(_arrow_for(machine, layout, transition, target, nth))
+            arrow = _arrow_for(machine, layout, transition, target, nth)
+            arrows.append(replace(arrow, target=machine.states[target].id or f"#{target}"))
     return arrows, left_out
 
 
@@ -465,19 +468,22 @@ def _arrow_for(
 
 
 def _edge(box: _Box, toward_x: float, toward_y: float, offset: float) -> tuple[float, float]:
-    """Where the line from the box's centre toward a point leaves the box, moved
-    sideways by ``offset`` so that several arrows between one pair stay apart."""
+    """Where a line toward a point leaves the box: the line from the box's centre,
+    moved sideways by ``offset`` (which stays inside the box) so that several arrows
+    between one pair stay apart."""
     dx, dy = toward_x - box.cx, toward_y - box.cy
     length = math.hypot(dx, dy) or 1.0
-    nx, ny = -dy / length * offset, dx / length * offset
-    cx, cy = box.cx + nx, box.cy + ny
-    scale = min(
-        (box.w / 2) / abs(dx) if dx else math.inf,
-        (box.h / 2) / abs(dy) if dy else math.inf,
-    )
-    if math.isinf(scale):
+    cx, cy = box.cx - dy / length * offset, box.cy + dx / length * offset
+    # The ray leaves through the nearer of the edges it heads for.
+    steps = []
+    if dx:
+        steps.append(((box.x + box.w if dx > 0 else box.x) - cx) / dx)
+    if dy:
+        steps.append(((box.y + box.h if dy > 0 else box.y) - cy) / dy)
+    if not steps:
         return cx, cy
-    return cx + dx * scale, cy + dy * scale
+    step = min(steps)
+    return cx + dx * step, cy + dy * step
 
 
 def _straight(
@@ -502,7 +508,7 @@ def _loop(box: _Box, label: str, source: str, event: str, nth: int) -> _Arrow:
 def _arrow(arrow: _Arrow, marker: str) -> str:
     return (
         f'<g class="transition" data-source="{_text(arrow.source)}" '
-        f'data-event="{_text(arrow.event)}">'
+        f'data-target="{_text(arrow.target)}" data-event="{_text(arrow.event)}">'
         f'<path d="{arrow.path}" marker-end="url(#{marker})" {_ARROW}/>'
         f'<text x="{_n(arrow.label_x)}" y="{_n(arrow.label_y)}" {_LABEL} '
         f'text-anchor="{arrow.anchor}">{_text(arrow.label)}</text></g>'
