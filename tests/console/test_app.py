@@ -203,7 +203,11 @@ async def test_a_wrong_token_is_refused_and_a_right_one_starts_a_strict_session(
     assert ADA not in cookie
     page = await site.page("/console/executions")
     assert "ada (operator)" in page.text
-    assert "default-src 'none'" in page.headers["content-security-policy"]
+    policy = page.headers["content-security-policy"]
+    assert "default-src 'none'" in policy
+    assert "script-src 'self';" in policy
+    assert "style-src 'self';" in policy  # nothing inline
+    assert 'style="' not in page.text
 
 
 @pytest.mark.asyncio

@@ -35,8 +35,9 @@ shows its new location; nothing to do is 409, a failure 500.
 Everything shown is escaped by the templates (Jinja2 with autoescape); the only
 markup inserted as is is the SVG the console draws itself
 (:func:`statifier.console.diagram.render_chart_svg`, whose text is escaped there, and
-the counts chart here). Responses carry a strict Content-Security-Policy (scripts and
-styles from the console only), ``X-Frame-Options: DENY`` and ``Cache-Control:
+the counts chart here, both drawn with presentation attributes, no inline style).
+Responses carry a strict Content-Security-Policy (scripts and styles from the console
+only, nothing inline), ``X-Frame-Options: DENY`` and ``Cache-Control:
 no-store``.
 """
 
@@ -126,7 +127,7 @@ _TEMPLATES: Final = Path(__file__).parent / "templates"
 _HEADERS: Final = {
     "Content-Security-Policy": (
         "default-src 'none'; script-src 'self'; connect-src 'self'; img-src 'self' data:; "
-        "style-src 'self' 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'; "
+        "style-src 'self'; form-action 'self'; frame-ancestors 'none'; "
         "base-uri 'none'"
     ),
     "X-Frame-Options": "DENY",
