@@ -528,6 +528,40 @@ async def test_consumer_dead_letters_are_routed_again_or_discarded_and_audited(
 
 
 @pytest.mark.asyncio
+async def test_a_brokers_dead_letter_is_routed_again_under_its_sources_fixed_scope(
+    site: Site,
+) -> None:
+    letters = site.db.store.tables.consumer_dead_letters
+    data = b'{"kind": "impression", "impression_id": "k7", "shown_at": "now"}'
+    site.sql(
+        letters.insert().values(
+            source="ad_events",
+            partition="scans-0",
+            position=41,
+            message_id="scans-0@41",
+            reason="failed too often",
+            raw=data,
+            dead_at=datetime.now(UTC),
+        )
+    )
+    ((row_id,),) = site.sql(sa.select(letters.c.id))
+    await site.login(ADA)
+    retry = f"/console/failures/consumer/{row_id}/retry"
+    unknown = await site.client.post(retry, data={"csrf": await site.csrf(retry)})
+    assert unknown.status_code == 409  # the console does not know the source's scope
+    assert "is not fixed by the configuration" in unknown.text
+    assert len(site.sql(sa.select(letters.c.id))) == 1
+    site.console.scopes = {"ad_events": "web"}  # as [sources.NAME] scope says
+    routed = await site.client.post(retry, data={"csrf": await site.csrf(retry)})
+    assert routed.status_code == 303
+    assert site.sql(sa.select(letters.c.id)) == []
+    found = (await site.page("/console/routing?key=k7&scope=web")).text
+    assert "ex_" in found.split('id="addresses"', 1)[1].split("</table>", 1)[0]
+    ledger = (await site.page("/console/routing")).text
+    assert "scans-0@41" in ledger  # delivered under the letter's own message id
+
+
+@pytest.mark.asyncio
 async def test_a_rotation_shows_the_new_location_once_and_the_old_one_is_dead(
     site: Site,
 ) -> None:
