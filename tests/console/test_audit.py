@@ -4,6 +4,7 @@ UUID-keyed database pages the same way."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -128,3 +129,30 @@ async def test_a_uuid_keyed_database_pages_alike(fresh_database: FreshDatabase) 
         assert sorted(str(message) for message in seen) == [f"m{i}" for i in range(9)]
         with pytest.raises(BadCursor):
             await queries.ledger(cursor=encode_cursor("ledger", T0, 12))
+
+
+async def test_a_record_waits_for_another_writer_and_then_lands(console_db: ConsoleDb) -> None:
+    # Another connection holds the table (SQLite: the database's write lock, taken by
+    # BEGIN IMMEDIATE; PostgreSQL: an EXCLUSIVE table lock) for a moment: the record
+    # waits, without blocking the event loop, and is written once the lock is let go.
+    table = console_db.store.tables.console_audit
+    audit = Audit(console_db.queries.engine, console_db.store.tables)
+    holder = console_db.writer.connect()
+    try:
+        if console_db.backend == "sqlite":
+            holder.exec_driver_sql("BEGIN IMMEDIATE")
+        else:
+            holder.begin()
+            holder.execute(sa.text(f"LOCK TABLE {table.schema}.{table.name} IN EXCLUSIVE MODE"))
+        record = asyncio.create_task(audit.record(AuditEntry("ops", action="cancel", target="x")))
+        ticks = 0
+        while ticks < 10:  # the loop keeps running while the record waits
+            await asyncio.sleep(0.02)
+            ticks += 1
+        assert not record.done()
+        assert (await audit.entries()).rows == ()  # a reader does not wait for the writer
+        holder.rollback()
+        row = await asyncio.wait_for(record, 10)
+    finally:
+        holder.close()
+    assert [r.id for r in (await audit.entries()).rows] == [row.id]

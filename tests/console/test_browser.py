@@ -34,6 +34,7 @@ from tests.console.conftest import (
 )
 
 from statifier.console.audit import Audit
+from statifier.console.auth import COOKIE
 from statifier.console.queries import ConsoleQueries
 from statifier.sql.tables import Tables
 
@@ -139,9 +140,10 @@ def test_refused_without_a_token(served_console: ServedConsole) -> None:
         assert cancel.status_code in (303, 401, 403)
         wrong = client.post("/console/login", data={"token": "not-" + OPERATOR_TOKEN})
         assert wrong.status_code == 401
-        assert "console_session" not in "".join(wrong.headers.get_list("set-cookie"))
+        assert COOKIE not in "".join(wrong.headers.get_list("set-cookie"))
     with httpx.Client(base_url=served.url, timeout=10) as reader:
         reader.post("/console/login", data={"token": READER_TOKEN, "next": "/console/"})
+        assert COOKIE in reader.cookies
         shown = reader.get(f"/console/executions/{execution_id}")
         assert shown.status_code == 200
         assert 'id="cancel"' not in shown.text  # a read-only operator sees no action

@@ -45,7 +45,7 @@ from statifier.persistence import LoggedInput
 from statifier.persistence.records import ChartRecord, ExecutionRecord, Status
 from statifier.router.outbox import OutboxRow
 from statifier.router.records import LedgerRow
-from statifier.sql.engines import busy_wait, database_url, retry_busy, sqlite_engine
+from statifier.sql.engines import busy_wait, database_url, is_busy, retry_busy, sqlite_engine
 from statifier.sql.tables import Tables, UtcDateTime
 
 __all__ = [
@@ -890,6 +890,10 @@ async def run_on(
     SQLite engine it runs inline, and is tried again, waiting on the loop, while
     another connection holds the database's lock (bounded by the connection's
     timeout: :func:`~statifier.sql.engines.retry_busy`).
+
+    Raises:
+        sqlite3.OperationalError: SQLite stayed locked past the connection's timeout.
+        sqlalchemy.exc.DBAPIError: any other failure of the database.
     """
     if isinstance(engine, AsyncEngine):
         async with engine.connect() as connection:
@@ -906,6 +910,12 @@ async def run_on(
                 if write:
                     sync.commit()
                 return answer
+            except sa.exc.DBAPIError as error:
+                # retry_busy knows the driver's error; SQLAlchemy wraps it.
+                cause = error.orig
+                if cause is not None and is_busy(cause):
+                    raise cause from None
+                raise
             finally:
                 sync.rollback()
 
