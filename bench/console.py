@@ -44,6 +44,7 @@ from statifier.sql import TableOptions, Tables, migrations
 GOAL_MS = 200.0
 EXECUTIONS = 100_000
 LEDGER = 1_000_000
+OUTBOX = 100_000
 DAYS = 30
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
 START = NOW - timedelta(days=DAYS)
@@ -63,7 +64,7 @@ class Result:
     plan: str
 
 
-def _seed(url: str, tables: Tables, executions: int, ledger: int) -> None:
+def _seed(url: str, tables: Tables, executions: int, ledger: int, outbox: int) -> None:
     """Write the rows with COPY (one transaction per table), then ANALYZE."""
     schema = tables.options.schema
     chooser = random.Random(1042771)
@@ -137,11 +138,39 @@ def _seed(url: str, tables: Tables, executions: int, ledger: int) -> None:
                             at,
                         )
                     )
+            with cursor.copy(
+                f"COPY {name(tables.outbox)} (queue, key, payload, attempts, next_attempt_at, "
+                "sent_at, dead_at, last_error, inserted_at) FROM STDIN"
+            ) as copy:
+                for index in range(outbox):
+                    at = START + timedelta(seconds=chooser.random() * span)
+                    sender = ids[chooser.randrange(executions)]
+                    dead = index % 50 == 0  # 2% dead letters, the rest sent
+                    payload = f'{{"event": "{{}}", "key": "k-{index}", "execution_id": "{sender}"}}'
+                    copy.write_row(
+                        (
+                            "carrier_api",
+                            f"k-{index}",
+                            payload,
+                            5 if dead else 1,
+                            at,
+                            None if dead else at,
+                            at if dead else None,
+                            "503 Service Unavailable" if dead else None,
+                            at,
+                        )
+                    )
         connection.commit()
         connection.autocommit = True
         # What autovacuum would have done by the time an operator looks: statistics, and
         # the visibility map that lets a covering index answer alone.
-        for table in (tables.executions, tables.routing_ledger, tables.addresses, tables.charts):
+        for table in (
+            tables.executions,
+            tables.routing_ledger,
+            tables.addresses,
+            tables.charts,
+            tables.outbox,
+        ):
             connection.execute(f"VACUUM (ANALYZE) {name(table)}")
 
 
@@ -273,6 +302,7 @@ async def _pages(
         ),
         ("addresses of a key", lambda: count(queries.addresses("parcel-1042"))),
         ("failures, failed executions", lambda: count(queries.failed())),
+        ("failures, outbox dead letters", lambda: count(queries.outbox_dead_letters())),
         ("live probe (fingerprint)", lambda: _one(queries.fingerprint())),
         ("one execution's detail", lambda: _one(queries.execution("ex-0001042"))),
     ]
@@ -341,6 +371,7 @@ async def main() -> int:
     parser.add_argument("--runs", type=int, default=30, help="timed runs of each query")
     parser.add_argument("--executions", type=int, default=EXECUTIONS)
     parser.add_argument("--ledger", type=int, default=LEDGER)
+    parser.add_argument("--outbox", type=int, default=OUTBOX, help="outbox rows (2%% dead)")
     parser.add_argument("--plans", action="store_true", help="print each plan in full")
     parser.add_argument("--http", action="store_true", help="also time the pages over ASGI")
     args = parser.parse_args()
@@ -358,10 +389,11 @@ async def main() -> int:
     migrations.upgrade(url, options)
     try:
         started = time.perf_counter()
-        _seed(url, tables, args.executions, args.ledger)
+        _seed(url, tables, args.executions, args.ledger, args.outbox)
         print(
-            f"seeded {args.executions:,} executions, {args.executions:,} addresses and "
-            f"{args.ledger:,} ledger rows in {time.perf_counter() - started:.1f} s"
+            f"seeded {args.executions:,} executions, {args.executions:,} addresses, "
+            f"{args.ledger:,} ledger rows and {args.outbox:,} outbox rows in "
+            f"{time.perf_counter() - started:.1f} s"
         )
         deep = _deep_cursor(url, tables, args.executions // 2)
         async with ConsoleQueries.open(url, tables) as queries:
