@@ -51,6 +51,15 @@ def _address(database: str, key: str) -> str:
     return asyncio.run(find())
 
 
+def _status(database: str, execution_id: str) -> str | None:
+    async def read() -> str | None:
+        async with ConsoleQueries.open(database, Tables.define()) as queries:
+            detail = await queries.execution(execution_id)
+            return None if detail is None else detail.record.status.value
+
+    return asyncio.run(read())
+
+
 def _audited(database: str, target: str) -> list[tuple[str, str, str]]:
     async def read() -> list[tuple[str, str, str]]:
         async with ConsoleQueries.open(database, Tables.define()) as queries:
@@ -150,6 +159,7 @@ def test_refused_without_a_token(served_console: ServedConsole) -> None:
         refused = reader.post(f"/console/executions/{execution_id}/cancel", data={"csrf": "x"})
         assert refused.status_code == 403
     assert _audited(served.database, execution_id) == []
+    assert _status(served.database, execution_id) == "active"  # nothing was cancelled
 
 
 def test_an_operators_walk_through_the_console(
