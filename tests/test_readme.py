@@ -93,13 +93,13 @@ def test_the_readme_names_every_extra() -> None:
     assert with_code == extras
 
 
-def test_what_the_readme_calls_planned_does_not_exist(capsys: pytest.CaptureFixture[str]) -> None:
-    planned = README.split("\n## ", 1)[0]  # the description, above the first section
-    assert "Not built yet: a console" in planned
-    assert not (ROOT / "src" / "statifier" / "console").exists()
+def test_what_the_readme_names_exists(capsys: pytest.CaptureFixture[str]) -> None:
+    described = README.split("\n## ", 1)[0]  # the description, above the first section
+    assert "Not built yet" not in described
+    assert "**The operator console** (`statifier.console`)" in described
+    assert (ROOT / "src" / "statifier" / "console" / "app.py").exists()
     with pytest.raises(SystemExit) as exited:
         main(["--help"])
     assert exited.value.code == 0
     (choices,) = re.findall(r"\{([a-z,]+)\}", capsys.readouterr().out.split("\n\n")[0])
-    assert {"scenario", "serve"} <= set(choices.split(","))
-    assert "console" not in choices.split(",")
+    assert {"scenario", "serve", "console"} <= set(choices.split(","))

@@ -19,8 +19,11 @@ These exist today:
 * ``statifier.fronts`` -- what hands events to the router: a stream consumer runtime
   over Kafka, NATS JetStream or an inbound-events table, and webhook, form-post and
   BasicHTTP fronts as ASGI apps;
+* ``statifier.console`` -- the operator console: executions (the chart drawn, the
+  input log replayed), routing, failures and projections in a browser, with audited
+  actions (``statifier console``, or ``[console]`` in ``statifier serve``);
 * ``statifier.service`` -- ``statifier serve CONFIG.toml``: fronts, consumers, the
-  timer worker, the outbox drain and the reapers as one process;
+  timer worker, the outbox drain, the reapers and the console as one process;
 * ``statifier.telemetry`` -- the events sessions, durable executions, the router and
   scriba report (``docs/telemetry.md``); ``statifier.callbacks``, ``statifier.extras``
   and ``statifier.ids`` -- small helpers every layer may use;
@@ -29,7 +32,6 @@ These exist today:
 * ``statifier.examples`` -- what ``statifier demo`` runs; ``statifier.cli`` -- the
   ``statifier`` command.
 
-Planned, with no code yet: ``statifier.console``, a console for operators.
 ``scriba``, the projection engine, ships in the same distribution as a separate import
 package.
 

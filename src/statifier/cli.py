@@ -84,6 +84,15 @@ Subcommands:
     and exits with 2; so does a database that is not migrated (unless the file says
     ``migrate = true``).
 
+``statifier console --database URL [--host H] [--port P] [--operator NAME:ROLE:ENV]...``
+    Serves the operator console alone (see :mod:`statifier.console` and
+    ``docs/console.md``) on ``127.0.0.1:8081`` unless told otherwise, until SIGTERM or
+    SIGINT. Each ``--operator`` names an operator, its role (``operator`` or
+    ``read_only``) and the environment variable holding its login token; without one
+    the console listens on loopback only and prints a login token made for this start.
+    Never migrates; options it refuses, or a database that is not migrated, print one
+    line and exit with 2.
+
 ``statifier expr SOURCE [--context JSON] [--program] [--now DATETIME]``
     Evaluates one expression (or, with ``--program``, runs a statement program) and
     prints the result as JSON in the tagged encoding (``{"$type": "undefined"}`` and
@@ -553,6 +562,45 @@ def _run_serve(args: argparse.Namespace, out: TextIO) -> int:
         return 2
 
 
+def _run_console(args: argparse.Namespace, out: TextIO) -> int:
+    # Imported here: the console needs the sql, http and console extras.
+    import os
+
+    import sqlalchemy as sa
+
+    from statifier.console import standalone
+
+    try:
+        key = None
+        if args.session_key_env is not None:
+            key = os.environ.get(args.session_key_env, "").encode("utf-8")
+            if len(key) < 32:
+                raise standalone.ConsoleRefused(
+                    f"--session-key-env: {args.session_key_env} must hold at least 32 bytes"
+                )
+        options = standalone.StandaloneOptions(
+            database=args.database,
+            host=args.host,
+            port=args.port,
+            prefix=args.prefix,
+            schema=args.schema,
+            operators=[standalone.parse_operator(o, os.environ) for o in args.operator],
+            session_key=key,
+            secure_cookie=args.secure_cookie,
+            basichttp_base_url=args.basichttp_base_url,
+            scriba_prefix=args.scriba_prefix,
+        )
+        return standalone.run(options, out)
+    except (standalone.ConsoleRefused, OSError) as error:
+        _debug_traceback(args)
+        sys.stderr.write(f"statifier console: {_one_line(error)}\n")
+        return 2
+    except sa.exc.SQLAlchemyError as error:
+        _debug_traceback(args)
+        sys.stderr.write(f"statifier console: database: {describe(error)}\n")
+        return 2
+
+
 def _one_line(error: BaseException) -> str:
     return " ".join(str(error).split()) or type(error).__name__
 
@@ -664,6 +712,27 @@ def _parser() -> argparse.ArgumentParser:
     check_command.add_parser(commands)
     serving = commands.add_parser("serve", help="run the fronts, consumers and workers")
     serving.add_argument("config", metavar="CONFIG.toml", help="the service's configuration")
+    console = commands.add_parser("console", help="serve the operator console in a browser")
+    console.add_argument("--database", required=True, metavar="URL", help="the database URL")
+    console.add_argument("--host", default="127.0.0.1", help="where to listen (127.0.0.1)")
+    console.add_argument("--port", type=int, default=8081, help="the port (8081; 0: any free)")
+    console.add_argument("--prefix", default="statifier_", help="the table name prefix")
+    console.add_argument("--schema", default=None, help="the schema (PostgreSQL)")
+    console.add_argument(
+        "--operator",
+        action="append",
+        default=[],
+        metavar="NAME:ROLE:ENV",
+        help="an operator, its role (operator or read_only) and the variable of its token",
+    )
+    console.add_argument(
+        "--session-key-env", default=None, metavar="ENV", help="the cookie key's variable"
+    )
+    console.add_argument("--secure-cookie", action="store_true", help="HTTPS-only cookie")
+    console.add_argument(
+        "--basichttp-base-url", default=None, metavar="URL", help="for rotating locations"
+    )
+    console.add_argument("--scriba-prefix", default=None, help="show scriba's projections")
     return parser
 
 
@@ -700,6 +769,8 @@ def _dispatch(args: argparse.Namespace, stream: TextIO) -> int:
         return check_command.run(args, stream)
     if args.command == "serve":
         return _run_serve(args, stream)
+    if args.command == "console":
+        return _run_console(args, stream)
     return _run_expr(args, stream)
 
 

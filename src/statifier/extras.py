@@ -33,6 +33,8 @@ EXTRAS: Final[dict[str, tuple[str, str]]] = {
     "nats": ("nats", "NATS"),
     "eventsourcing": ("scriba", "scriba's sources"),
     "opentelemetry": ("otel", "OpenTelemetry"),
+    "jinja2": ("console", "the operator console"),
+    "markupsafe": ("console", "the operator console"),
 }
 """A top-level module name: the extra that installs it, and what needs it."""
 

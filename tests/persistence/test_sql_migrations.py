@@ -19,7 +19,7 @@ from statifier.cli import main
 from statifier.sql import TableOptions, migrations
 from statifier.sql.tables import autogenerate_filter
 
-HEAD = "statifier_0005"
+HEAD = "statifier_0006"
 """The newest revision."""
 
 DURABLE_TABLES = ("mig_charts", "mig_positions", "mig_executions", "mig_inputs")
@@ -42,6 +42,8 @@ FRONTS_TABLES = (
 
 CHILDREN_TABLES = ("mig_child_answers", "mig_settlements")
 """What ``statifier_0005`` adds."""
+CONSOLE_TABLES = ("mig_console_audit",)
+"""What ``statifier_0006`` adds (with the indexes of the console's pages)."""
 
 
 def _options(fresh: Any, **more: Any) -> TableOptions:
@@ -106,6 +108,7 @@ def test_migrations_build_exactly_the_tables(fresh_database: Any) -> None:
         *OUTBOUND_TABLES,
         *FRONTS_TABLES,
         *CHILDREN_TABLES,
+        *CONSOLE_TABLES,
     }
 
 
@@ -138,6 +141,7 @@ def test_leading_columns_come_right_after_the_key(fresh_database: Any) -> None:
                 *OUTBOUND_TABLES,
                 *FRONTS_TABLES,
                 *CHILDREN_TABLES,
+                *CONSOLE_TABLES,
             ):
                 columns = inspector.get_columns(table, schema=fresh_database.schema)
                 assert [c["name"] for c in columns][:2] == ["id", "tenant_id"]
@@ -304,3 +308,34 @@ def test_the_cli_defaults_to_a_local_sqlite_file(
 def test_the_cli_refuses_a_bad_prefix(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert main(["db", "upgrade", "--url", f"sqlite:///{tmp_path}/x.db", "--prefix", "Bad-"]) == 2
     assert "table prefix" in capsys.readouterr().err
+
+
+def test_the_console_revision_goes_up_and_down_on_its_own(fresh_database: Any) -> None:
+    # statifier_0006 adds the audit table and the console's indexes to a database at
+    # statifier_0004, and takes away exactly those.
+    options = _options(fresh_database)
+    migrations.upgrade(fresh_database.url, options, "statifier_0004")
+    before = _index_names(fresh_database.url, options)
+    migrations.upgrade(fresh_database.url, options)
+    assert migrations.current(fresh_database.url, options) == HEAD
+    assert _differences(fresh_database.url, options) == []
+    added = _index_names(fresh_database.url, options) - before
+    assert "mig_executions_created_at_idx" in added
+    assert "mig_routing_ledger_outcome_inserted_at_idx" in added
+    migrations.downgrade(fresh_database.url, options, "statifier_0004")
+    assert _index_names(fresh_database.url, options) == before
+    assert "mig_console_audit" not in _table_names(fresh_database.url, fresh_database.schema)
+
+
+def _index_names(url: str, options: TableOptions) -> set[str]:
+    engine = sa.create_engine(migrations.sync_url(url))
+    try:
+        with engine.connect() as connection:
+            inspector = sa.inspect(connection)
+            return {
+                str(index["name"])
+                for table in inspector.get_table_names(schema=options.schema)
+                for index in inspector.get_indexes(table, schema=options.schema)
+            }
+    finally:
+        engine.dispose()

@@ -32,6 +32,11 @@ One file names everything the service runs (``docs/serve.md`` shows a whole one)
     brokers_env = "KAFKA_BROKERS"
     topics = ["parcel-scans"]
 
+    [console]                           # the operator console at /console
+    [console.operators.ada]
+    token_env = "ADA_TOKEN"
+    role = "operator"                   # or "read_only"
+
 Every mistake is a :class:`ServiceConfigError` naming the file, the table and the key
 (``statifier.toml: [fronts.webhook.carrier] max_body: must be a positive integer, not
 "big"``); a key the schema does not know is one too, so a typo never passes silently.
@@ -65,6 +70,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from statifier.chart import InvalidChart, Machine, ReadLimits, compile_chart
+from statifier.console.standalone import is_loopback
 from statifier.persistence import Storage
 from statifier.persistence.sql import SqlAdapter
 from statifier.router import (
@@ -90,6 +96,8 @@ __all__ = [
     "MAX_DOCUMENTS",
     "BasicHttpFront",
     "CallSink",
+    "ConsoleOperator",
+    "ConsoleSettings",
     "ConsumerSettings",
     "DatabaseSettings",
     "FormFront",
@@ -127,6 +135,10 @@ DEFAULT_DATABASE: Final = "sqlite:///statifier.db"
 """The database when the file names none: ``statifier.db`` in the working directory."""
 HEALTH_PATHS: Final = frozenset({"/healthz", "/readyz"})
 """The service's own paths; no front may be mounted on or under them."""
+CONSOLE_PATH: Final = "/console"
+"""Where the console is served (with ``[console]``); no front may be mounted there."""
+CONSOLE_ROLES: Final = ("operator", "read_only")
+"""The roles of ``[console.operators.NAME]``."""
 SOURCE_KINDS: Final = frozenset({"table", "kafka", "nats"})
 LOG_FORMATS: Final = ("text", "json")
 """The ``[logging]`` formats: plain lines, or one JSON object a line."""
@@ -410,6 +422,48 @@ class OtelSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class ConsoleOperator:
+    """An operator of the console: a name (in the audit table), a login token read from
+    the environment (``token_env``; kept out of ``repr``) and a role, one of
+    :data:`CONSOLE_ROLES`."""
+
+    name: str
+    token: str = field(repr=False)
+    role: str = "read_only"
+
+
+@dataclass(frozen=True, slots=True)
+class ConsoleSettings:
+    """The operator console (``[console]``, see ``docs/console.md``), served under
+    :data:`CONSOLE_PATH` beside the fronts.
+
+    Attributes:
+        enabled: whether it is served (the table's presence, unless ``enabled =
+            false``).
+        operators: who may log in. None on a loopback listener: the service makes
+            one login token per start and prints it; none on any other listener is
+            refused.
+        session_key: the cookie's signing key (from ``session_key_env``, at least 32
+            bytes; kept out of ``repr``); ``None``: random per start.
+        session_max_age: the seconds a session lasts.
+        secure_cookie: whether the session cookie is marked ``Secure`` (HTTPS only).
+        live_interval: the seconds between the live probe's reads.
+        max_clients: the most live streams open at once.
+        scriba_prefix: the prefix of scriba's tables in the same database, to show
+            its projections; ``None``: none shown.
+    """
+
+    enabled: bool = False
+    operators: tuple[ConsoleOperator, ...] = ()
+    session_key: bytes | None = field(default=None, repr=False)
+    session_max_age: float = 12 * 3600.0
+    secure_cookie: bool = False
+    live_interval: float = 0.5
+    max_clients: int = 32
+    scriba_prefix: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class SourceSettings:
     """A stream source: its name (the events' source, but for the table, whose rows
     name theirs), kind, scope (the table's rows carry their own), the kind's own
@@ -452,6 +506,7 @@ class ServiceSettings:
     reapers: ReaperSettings
     logging: LoggingSettings = field(default_factory=LoggingSettings)
     otel: OtelSettings = field(default_factory=OtelSettings)
+    console: ConsoleSettings = field(default_factory=ConsoleSettings)
 
 
 def load(path: Path | str, environ: Mapping[str, str] | None = None) -> ServiceSettings:
@@ -676,6 +731,7 @@ class _Reader:
         reapers = self.reapers(top.table("reapers"))
         logging = self.logging(top.table("logging"))
         otel = self.otel(top.table("otel"))
+        console = self.console(top)
         top.done()
         settings = ServiceSettings(
             file=self.file,
@@ -696,6 +752,7 @@ class _Reader:
             reapers=reapers,
             logging=logging,
             otel=otel,
+            console=console,
         )
         self.cross_check(top, settings)
         return settings
@@ -1102,6 +1159,48 @@ class _Reader:
         table.done()
         return settings
 
+    # The console.
+
+    def console(self, top: _Table) -> ConsoleSettings:
+        if not top.has("console"):
+            top.seen.add("console")
+            return ConsoleSettings()
+        table = top.table("console")
+        operators = []
+        tokens: dict[str, str] = {}
+        for named in table.named("operators"):
+            token = named.secret("token_env")
+            if len(token) < 16:
+                raise named.refuse("token_env", "the token must be at least 16 characters")
+            if token in tokens:
+                raise named.refuse(
+                    "token_env", f"the same token as [console.operators.{tokens[token]}]"
+                )
+            tokens[token] = _leaf(named)
+            operators.append(
+                ConsoleOperator(_leaf(named), token, self.choice(named, "role", CONSOLE_ROLES))
+            )
+            named.done()
+        key = None
+        if table.has("session_key_env"):
+            key = table.secret("session_key_env").encode("utf-8")
+            if len(key) < 32:
+                raise table.refuse("session_key_env", "the key must be at least 32 bytes")
+        table.seen.add("session_key_env")
+        scriba_prefix = table.optional_text("scriba_prefix")
+        settings = ConsoleSettings(
+            enabled=table.boolean("enabled", True),
+            operators=tuple(operators),
+            session_key=key,
+            session_max_age=table.seconds("session_max_age", 12 * 3600.0),
+            secure_cookie=table.boolean("secure_cookie", False),
+            live_interval=table.seconds("live_interval", 0.5),
+            max_clients=table.integer("max_clients", 32, maximum=10_000),
+            scriba_prefix=scriba_prefix,
+        )
+        table.done()
+        return settings
+
     def choice(
         self, table: _Table, key: str, choices: Sequence[str], default: str | None = None
     ) -> str:
@@ -1146,8 +1245,19 @@ class _Reader:
                     "timeout",
                     f"must be shorter than the outbox lease ({lease:g} seconds)",
                 )
+        console = settings.console
+        if console.enabled and not console.operators and not is_loopback(settings.http.host):
+            raise ServiceConfigError(
+                self.file,
+                "console",
+                "operators",
+                f"a console listening on {_shown(settings.http.host)} (not loopback) needs "
+                "operators ([console.operators.NAME] with token_env and role)",
+            )
         read = {binding.source for binding in settings.bindings if binding.enabled}
         paths: dict[str, str] = {}
+        if console.enabled:
+            paths[CONSOLE_PATH] = "the console"
         for front in settings.fronts:
             table = front_table(front)
             if not isinstance(front, BasicHttpFront) and front.source not in read:

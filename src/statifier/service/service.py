@@ -11,7 +11,9 @@ then runs, on one event loop:
 - the :class:`~statifier.router.timer_worker.TimerWorker`;
 - the :class:`~statifier.router.OutboxDrain`, with every queue's sink
   (:mod:`statifier.service.sinks`);
-- the reapers, every ``[reapers] interval`` seconds.
+- the reapers, every ``[reapers] interval`` seconds;
+- with ``[console]``, the operator console at ``/console`` on the same listener
+  (:mod:`statifier.service.console`, ``docs/console.md``).
 
 A worker or a consumer that fails (the database went away, a broker dropped) is logged
 and started again after a backoff (1 s, doubling, at most 30 s); meanwhile
@@ -50,6 +52,7 @@ from statifier.persistence.sql import SqlAdapter
 from statifier.router import OutboxDrain, RouterConfig, reap_addresses, reap_dedupe
 from statifier.router.timer_worker import TimerWorker
 from statifier.service.config import BasicHttpFront, ServiceSettings, router_config
+from statifier.service.console import ServedConsole, service_console
 from statifier.service.consumers import FIRST_RESTART, LAST_RESTART, SupervisedConsumer
 from statifier.service.health import Health, health_routes
 from statifier.service.mounts import Mounted, front_app
@@ -325,6 +328,7 @@ class Service:
         self._stopping = asyncio.Event()
         self._workers_stop = asyncio.Event()
         self._forced = asyncio.Event()
+        self._console: ServedConsole | None = None
 
     def stop(self) -> None:
         """Begin the orderly stop (SIGTERM, SIGINT); a second call cancels at once."""
@@ -374,7 +378,11 @@ class Service:
         fronts = [
             (front.path, front_app(front, config, settings.file)) for front in settings.fronts
         ]
-        app = Mounted(fronts, Starlette(routes=health_routes(health)))
+        routes: list[Any] = list(health_routes(health))
+        if settings.console.enabled:
+            self._console = service_console(settings, config)
+            routes.extend(self._console.routes)
+        app = Mounted(fronts, Starlette(routes=routes))
         server = _uvicorn_server(app, settings)
         consumers = [
             SupervisedConsumer(source, config, settings.file) for source in settings.sources
@@ -406,6 +414,11 @@ class Service:
                 raise RuntimeError("the HTTP server stopped before it started")
             self.address = (host, port)
             self._say(f"listening on http://{host}:{port}")
+            if self._console is not None:
+                self._say(f"console at http://{host}:{port}/console/")
+                if self._console.generated is not None:
+                    # Said once, to whoever started the service; never logged.
+                    self._say(f"console login token (this start only): {self._console.generated}")
             stopped = asyncio.ensure_future(self._stopping.wait())
             await asyncio.wait({stopped, serving}, return_when=asyncio.FIRST_COMPLETED)
             stopped.cancel()
@@ -449,6 +462,8 @@ class Service:
     ) -> int:
         """Intake first (HTTP, consumers), then the workers, within the bound."""
         health.stopping = True
+        if self._console is not None:
+            self._console.live.close()  # its event streams would hold the listener open
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.shutdown_timeout
         _log.info(

@@ -21,6 +21,7 @@ metadata.
 - ``child_answers``: what each ended durable child owes its parent, and whether it
   was delivered.
 - ``settlements``: the fan-outs that have answered their parent, one row each.
+- ``console_audit``: the actions operators took in the console, who and when.
 
 Every table starts with a surrogate primary key ``id`` of the configured type, then
 the host's leading columns, then the package's own. Names carry a prefix and the
@@ -33,6 +34,7 @@ database without meeting.
 shop_addresses
 shop_charts
 shop_child_answers
+shop_console_audit
 shop_consumer_dead_letters
 shop_consumer_members
 shop_consumer_positions
@@ -200,7 +202,7 @@ class TableOptions:
         return [column._copy() for column in self.leading_columns]
 
     def define(self, metadata: sa.MetaData | None = None) -> Tables:
-        """The seventeen tables under these options, in ``metadata`` (a new one if ``None``).
+        """The eighteen tables under these options, in ``metadata`` (a new one if ``None``).
 
         Raises:
             sqlalchemy.exc.InvalidRequestError: ``metadata`` already holds a table of
@@ -272,14 +274,19 @@ _PACKAGE_COLUMNS = frozenset(
         "answer_blob",
         "delivered_at",
         "settled_at",
+        "at",
+        "actor",
+        "action",
+        "target",
+        "detail",
     }
 )
 
 
 @dataclass(frozen=True, slots=True)
 class Tables:
-    """The seventeen tables of durable executions, of the event router and of its
-    fronts, defined under one :class:`TableOptions`.
+    """The eighteen tables of durable executions, of the event router, of its fronts and
+    of the console, defined under one :class:`TableOptions`.
 
     Attributes:
         metadata: holds the tables.
@@ -291,6 +298,7 @@ class Tables:
             consumer_members: the stream consumer's tables (see the module docstring).
         child_answers, settlements: durable children's answers and fan-out
             settlements (see the module docstring).
+        console_audit: the console's audit trail.
         options: what they were defined with.
     """
 
@@ -312,6 +320,7 @@ class Tables:
     consumer_members: sa.Table
     child_answers: sa.Table
     settlements: sa.Table
+    console_audit: sa.Table
     options: TableOptions
 
     @classmethod
@@ -346,6 +355,7 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         sa.Column("retired_at", UtcDateTime(), nullable=True),
         sa.Column("retired_by", sa.Text(), nullable=True),
         sa.UniqueConstraint("content_hash", name=name("charts_content_hash_key")),
+        sa.Index(name("charts_name_idx"), "name"),
         schema=schema,
     )
     positions = sa.Table(
@@ -379,6 +389,7 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         sa.UniqueConstraint("execution_id", name=name("executions_execution_id_key")),
         sa.Index(name("executions_content_hash_status_idx"), "content_hash", "status"),
         sa.Index(name("executions_ended_at_idx"), "ended_at"),
+        *_console_execution_indexes(options),
         schema=schema,
     )
     sa.Index(
@@ -399,6 +410,8 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         sa.Column("input_blob", sa.LargeBinary(), nullable=True),
         sa.Column("recorded_at", UtcDateTime(), nullable=False),
         sa.UniqueConstraint("execution_id", "seq", name=name("inputs_execution_id_seq_key")),
+        # The console's live probe: the newest input of any execution.
+        sa.Index(name("inputs_recorded_at_idx"), "recorded_at"),
         schema=schema,
     )
     addresses = sa.Table(
@@ -416,6 +429,7 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
             "scope", "document", "key", name=name("addresses_scope_document_key_key")
         ),
         sa.Index(name("addresses_execution_id_idx"), "execution_id"),
+        sa.Index(name("addresses_key_idx"), "key"),
         schema=schema,
     )
     dedupe = sa.Table(
@@ -449,6 +463,12 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         sa.Column("inserted_at", UtcDateTime(), nullable=False),
         sa.Index(name("routing_ledger_execution_id_idx"), "execution_id"),
         sa.Index(name("routing_ledger_binding_id_inserted_at_idx"), "binding_id", "inserted_at"),
+        # Newest first for the console's ledger page; binding and outcome ride along
+        # so its counts per binding over a window are read from the index alone.
+        sa.Index(
+            name("routing_ledger_inserted_at_idx"), "inserted_at", "id", "binding_id", "outcome"
+        ),
+        sa.Index(name("routing_ledger_outcome_inserted_at_idx"), "outcome", "inserted_at", "id"),
         schema=schema,
     )
     timers = sa.Table(
@@ -487,6 +507,7 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         sa.Column("inserted_at", UtcDateTime(), nullable=False),
         sa.UniqueConstraint("queue", "key", name=name("outbox_queue_key_key")),
         sa.Index(name("outbox_next_attempt_at_idx"), "next_attempt_at"),
+        sa.Index(name("outbox_dead_at_idx"), "dead_at"),
         schema=schema,
     )
     subscriptions = sa.Table(
@@ -508,6 +529,7 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
     )
     inbound, positions_, dead_letters, leases, members = _fronts(options, metadata)
     child_answers, settlements = _children(options, metadata)
+    console_audit = _console_audit(options, metadata)
     return Tables(
         metadata,
         charts,
@@ -527,6 +549,7 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         members,
         child_answers,
         settlements,
+        console_audit,
         options,
     )
 
@@ -582,6 +605,7 @@ def _fronts(
         sa.Column("raw", sa.LargeBinary(), nullable=False),
         sa.Column("dead_at", UtcDateTime(), nullable=False),
         sa.Index(name("consumer_dead_letters_source_dead_at_idx"), "source", "dead_at"),
+        sa.Index(name("consumer_dead_letters_dead_at_idx"), "dead_at"),
         schema=schema,
     )
     partition_leases = sa.Table(
@@ -657,6 +681,42 @@ def _children(options: TableOptions, metadata: sa.MetaData) -> tuple[sa.Table, s
         schema=schema,
     )
     return child_answers, settlements
+def _console_execution_indexes(options: TableOptions) -> list[sa.Index]:
+    """The indexes the console's executions list walks: newest first (``created_at``
+    then ``execution_id``), within a status or a chart. None of them holds a column a
+    step changes (``updated_at``, the position), so a step's update of the row can
+    stay a heap-only update on PostgreSQL."""
+    name = options.name
+    return [
+        sa.Index(name("executions_created_at_idx"), "created_at", "execution_id"),
+        sa.Index(name("executions_status_created_at_idx"), "status", "created_at", "execution_id"),
+        sa.Index(
+            name("executions_content_hash_created_at_idx"),
+            "content_hash",
+            "created_at",
+            "execution_id",
+        ),
+    ]
+
+
+def _console_audit(options: TableOptions, metadata: sa.MetaData) -> sa.Table:
+    """The console's audit trail: one row per operator action."""
+    name = options.name
+    return sa.Table(
+        name("console_audit"),
+        metadata,
+        options.key_column(),
+        *options.leading(),
+        sa.Column("at", UtcDateTime(), nullable=False),
+        sa.Column("actor", sa.Text(), nullable=False),
+        sa.Column("action", sa.Text(), nullable=False),
+        sa.Column("target", sa.Text(), nullable=False),
+        sa.Column("outcome", sa.Text(), nullable=False),
+        sa.Column("detail", sa.Text(), nullable=True),
+        sa.Index(name("console_audit_at_idx"), "at", "id"),
+        sa.Index(name("console_audit_target_at_idx"), "target", "at"),
+        schema=options.schema,
+    )
 
 
 def define_locations(tables: Tables) -> sa.Table:

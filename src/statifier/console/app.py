@@ -1,0 +1,1009 @@
+"""The console as a Starlette app: pages, confirmation forms and actions.
+
+:func:`console_routes` answers the routes to mount (everything under ``/console``);
+:func:`console_app` wraps them in an app of their own (``statifier console``). The
+pages:
+
+- ``/console/`` redirects to ``/console/executions``;
+- ``/console/login`` (the token form; ``POST`` starts a session), ``/console/logout``;
+- ``/console/executions``: the list, filtered by status, document, scope, a metadata
+  pair and created/updated times, a page at a time (``cursor``);
+- ``/console/executions/{id}`` (``?step=N`` picks a replay step): the chart as a
+  diagram with the active states lit, the datamodel, the input log as a timeline
+  replayed through the pure core, pending timers, outbox rows, ledger rows, the
+  actions taken on it;
+- ``/console/routing``: the ledger (outcome and binding filters), counts per binding
+  over a window as a bar chart, the configured bindings and routes, the addresses of
+  a key;
+- ``/console/failures``: outbox and consumer dead letters, failed executions, scriba's
+  projections;
+- ``/console/audit``: every action taken;
+- ``/console/events``: the server-sent events of :mod:`statifier.console.live`.
+
+Every page but the login form, and the static files, needs a session
+(:mod:`statifier.console.auth`): without one a page redirects to the login form and
+``/console/events`` answers 401. An action (``/console/executions/{id}/cancel`` and
+``/rotate``, ``/console/failures/outbox/{id}/retry`` and ``/discard``,
+``/console/failures/consumer/{id}/retry`` and ``/discard``) is a confirmation page on
+``GET`` and the act on ``POST``, whose form must carry the session's CSRF token; a
+``read_only`` operator sees no action and is answered 403 for both. Each act is
+written to the audit table (:mod:`statifier.console.audit`) with the operator's name,
+whatever its outcome. A done act redirects (303) back to the page it was taken from,
+which says so (``?done=ACTION``, a fixed text); a rotation answers the one page that
+shows its new location; nothing to do is 409, a failure 500.
+
+Everything shown is escaped by the templates (Jinja2 with autoescape); the only
+markup inserted as is is the SVG the console draws itself
+(:func:`statifier.console.diagram.render_chart_svg`, whose text is escaped there, and
+the counts chart here, both drawn with presentation attributes, no inline style).
+Responses carry a strict Content-Security-Policy (scripts and styles from the console
+only, nothing inline), ``X-Frame-Options: DENY`` and ``Cache-Control:
+no-store``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import json
+import logging
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, Final
+from urllib.parse import parse_qsl, quote, urlencode
+
+from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
+from markupsafe import Markup
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from scriba.sql.tables import Tables as ScribaTables
+from statifier.chart import Machine
+from statifier.console import actions
+from statifier.console.audit import Audit, AuditEntry
+from statifier.console.auth import COOKIE, Session, Sessions
+from statifier.console.diagram import render_chart_svg
+from statifier.console.live import Live, TooManyClients
+from statifier.console.queries import (
+    MAX_PAGE,
+    BadCursor,
+    BucketCount,
+    ConsoleQueries,
+    ExecutionFilter,
+    LedgerFilter,
+)
+from statifier.console.replay import ReplayStep, diverges, replay, shown_datamodel
+from statifier.core import MachineState
+from statifier.expr import tagged
+from statifier.persistence import LoggedInput, Status
+from statifier.router import Binding, RouterConfig
+
+__all__ = [
+    "BASE",
+    "Configured",
+    "ConfiguredRoute",
+    "Console",
+    "console_app",
+    "console_routes",
+]
+
+BASE: Final = "/console"
+"""Where the console is mounted."""
+MAX_FORM_BYTES: Final = 16 * 1024
+"""The largest form body read (a login token, a CSRF token)."""
+LOGIN_DELAY: Final = 0.25
+"""Seconds a refused login waits before it is answered (slows guessing)."""
+MAX_MACHINES: Final = 64
+"""Compiled charts kept for the execution pages, by content hash."""
+MAX_REPLAYS: Final = 16
+"""Replayed input logs kept (an execution page refreshed live replays nothing twice)."""
+TIMELINE_LINKS: Final = 200
+"""The most steps a timeline lists: beyond it, the start, the last step and the steps
+around the one shown, with the gaps marked."""
+WINDOWS: Final = (
+    ("15m", "15 minutes", timedelta(minutes=15)),
+    ("1h", "hour", timedelta(hours=1)),
+    ("6h", "6 hours", timedelta(hours=6)),
+    ("24h", "24 hours", timedelta(hours=24)),
+    ("7d", "7 days", timedelta(days=7)),
+)
+"""The windows the routing page counts over; each is cut into :data:`BUCKETS`."""
+BUCKETS: Final = 12
+OUTCOMES: Final = (
+    "delivered",
+    "created_and_delivered",
+    "duplicate",
+    "key_refused",
+    "dropped",
+)
+_STATIC: Final = Path(__file__).parent / "static"
+_TEMPLATES: Final = Path(__file__).parent / "templates"
+_HEADERS: Final = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; connect-src 'self'; img-src 'self' data:; "
+        "style-src 'self'; form-action 'self'; frame-ancestors 'none'; "
+        "base-uri 'none'"
+    ),
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+
+_log = logging.getLogger("statifier.console")
+_NOTICES: Final = {
+    "cancel": "Done: the execution was cancelled.",
+    "retry_outbox": "Done: the outbox row is due again.",
+    "discard_outbox": "Done: the outbox row was discarded.",
+    "retry_consumer": "Done: the dead letter's event was routed again.",
+    "discard_consumer": "Done: the consumer dead letter was discarded.",
+}
+"""What a page says after an action redirected to it (``?done=ACTION``): fixed texts,
+so the query string can never put words on the page."""
+_NOT_THIS_SESSION: Final = "The form was not this session's (log in again, then retry)."
+
+
+@dataclass(frozen=True, slots=True)
+class ConfiguredRoute:
+    """A route of the service's configuration, as the routing page lists it."""
+
+    name: str
+    queue: str
+    target: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Configured:
+    """The bindings and routes a service was configured with (``statifier serve``);
+    the console alone knows none."""
+
+    bindings: Sequence[Binding] = ()
+    routes: Sequence[ConfiguredRoute] = ()
+
+
+@dataclass(eq=False)
+class Console:
+    """Everything the console's pages and actions work with.
+
+    Args:
+        queries: the read side over the database shown.
+        audit: where actions are recorded (same database).
+        router: the router's configuration over the same database: actions go through
+            it (its ``basichttp`` decides whether locations can be rotated).
+        sessions: the operators and the session cookie.
+        configured: the service's bindings and routes, ``None`` when not served by
+            ``statifier serve``.
+        scopes: source name -> its fixed scope, for routing a consumer dead letter
+            again (from the service's sources).
+        live_interval, max_clients: the change probe's period and the most open
+            event streams (:class:`~statifier.console.live.Live`).
+    """
+
+    queries: ConsoleQueries
+    audit: Audit
+    router: RouterConfig
+    sessions: Sessions
+    configured: Configured | None = None
+    scopes: Mapping[str, str] = field(default_factory=dict)
+    live_interval: float = 0.5
+    max_clients: int = 32
+    live: Live = field(init=False)
+    _machines: OrderedDict[str, Machine] = field(init=False, default_factory=OrderedDict)
+    _replays: OrderedDict[tuple[str, str, int], list[ReplayStep]] = field(
+        init=False, default_factory=OrderedDict
+    )
+
+    def __post_init__(self) -> None:
+        self.live = Live(
+            self.queries.fingerprint, interval=self.live_interval, max_clients=self.max_clients
+        )
+
+    @classmethod
+    def of(
+        cls,
+        router: RouterConfig,
+        sessions: Sessions,
+        *,
+        scriba: ScribaTables | None = None,
+        configured: Configured | None = None,
+        scopes: Mapping[str, str] | None = None,
+        live_interval: float = 0.5,
+        max_clients: int = 32,
+    ) -> Console:
+        """The console of ``router``'s database: its reads and its audit trail on the
+        engine and tables of the router's adapter (``scriba``: scriba's tables there,
+        to show projections)."""
+        adapter = router.adapter
+        return cls(
+            queries=ConsoleQueries(adapter.engine, adapter.tables, scriba=scriba),
+            audit=Audit(adapter.engine, adapter.tables),
+            router=router,
+            sessions=sessions,
+            configured=configured,
+            scopes=dict(scopes or {}),
+            live_interval=live_interval,
+            max_clients=max_clients,
+        )
+
+    def replayed(
+        self, record_id: str, machine: Machine, inputs: Sequence[LoggedInput]
+    ) -> list[ReplayStep]:
+        """The replay of an execution's input log, kept for the same log: a log only
+        grows, so its length names it (bounded by :data:`MAX_REPLAYS`)."""
+        key = (record_id, machine.identity.content_hash, len(inputs))
+        found = self._replays.get(key)
+        if found is not None:
+            self._replays.move_to_end(key)
+            return found
+        steps = replay(machine, inputs, execution_id=record_id)
+        self._replays[key] = steps
+        while len(self._replays) > MAX_REPLAYS:
+            self._replays.popitem(last=False)
+        return steps
+
+    async def machine(self, content_hash: str) -> Machine | None:
+        """The chart stored under ``content_hash`` (compiled once, kept in a bounded
+        cache), or ``None`` when it is retired or gone."""
+        cached = self._machines.get(content_hash)
+        if cached is not None:
+            self._machines.move_to_end(content_hash)
+            return cached
+        try:
+            machine = await self.router.storage.machine(content_hash)
+        except Exception:  # noqa: BLE001 - a retired or unreadable chart is shown as gone
+            return None
+        self._machines[content_hash] = machine
+        while len(self._machines) > MAX_MACHINES:
+            self._machines.popitem(last=False)
+        return machine
+
+
+def console_app(console: Console) -> Starlette:
+    """An app serving only the console (``/`` redirects to it)."""
+
+    async def root(request: Request) -> Response:
+        return RedirectResponse(f"{BASE}/", status_code=307)
+
+    return Starlette(routes=[Route("/", root, methods=["GET"]), *console_routes(console)])
+
+
+def console_routes(console: Console) -> list[BaseRoute]:
+    """The console's routes, all under :data:`BASE`, to mount in a host's app."""
+    pages = _Pages(console)
+    routes = [
+        Route("/", pages.home, methods=["GET"]),
+        Route("/login", pages.login, methods=["GET", "POST"]),
+        Route("/logout", pages.logout, methods=["POST"]),
+        Route("/executions", pages.executions, methods=["GET"]),
+        Route("/executions/{execution_id:path}/cancel", pages.cancel, methods=["GET", "POST"]),
+        Route("/executions/{execution_id:path}/rotate", pages.rotate, methods=["GET", "POST"]),
+        Route("/executions/{execution_id:path}", pages.execution, methods=["GET"]),
+        Route("/routing", pages.routing, methods=["GET"]),
+        Route("/failures", pages.failures, methods=["GET"]),
+        Route("/failures/{kind}/{row}/{verb}", pages.dead_letter, methods=["GET", "POST"]),
+        Route("/audit", pages.audit_page, methods=["GET"]),
+        Route("/events", pages.events, methods=["GET"]),
+        Mount("/static", app=StaticFiles(directory=_STATIC), name="static"),
+    ]
+    return [Mount(BASE, routes=routes)]
+
+
+# Rendering.
+
+
+def _when(value: datetime) -> str:
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _seconds(value: timedelta | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value.total_seconds():.1f} s"
+
+
+def _environment() -> Environment:
+    environment = Environment(
+        loader=FileSystemLoader(_TEMPLATES),
+        autoescape=select_autoescape(default=True, default_for_string=True),
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    environment.filters["when"] = _when
+    environment.filters["seconds"] = _seconds
+    environment.filters["urlpart"] = lambda value: quote(str(value), safe="")
+    return environment
+
+
+def _json_text(value: object) -> str:
+    """A datamodel value as indented JSON text (dates, durations and undefined in the
+    tagged encoding); escaped by the template like everything else."""
+    try:
+        return json.dumps(tagged.encode(value), ensure_ascii=False, indent=2, sort_keys=True)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def _counts_svg(counts: Sequence[BucketCount], since: datetime, bucket: timedelta) -> Markup:
+    """Ledger rows per binding per bucket as a small bar chart: one row of bars per
+    binding, the tallest bar of the chart full height. Every text is escaped here."""
+    if not counts:
+        return Markup('<p class="note" id="no-counts">No ledger rows in this window.</p>')
+    totals: dict[str, list[int]] = {}
+    for count in counts:
+        slot = int((count.bucket - since) / bucket)
+        if 0 <= slot < BUCKETS:
+            totals.setdefault(count.binding_id, [0] * BUCKETS)[slot] += count.count
+    peak = max((n for row in totals.values() for n in row), default=1) or 1
+    label, bar, gap, height = 160, 18, 4, 40
+    width = label + BUCKETS * (bar + gap) + 60
+    bottom = 4 + len(totals) * (height + 12)
+    parts = [
+        (
+            f'<svg class="counts" id="counts-chart" xmlns="http://www.w3.org/2000/svg" '
+            f'width="{width}" height="{bottom + 16}" role="img" '
+            'aria-label="ledger rows per binding">'
+        ),
+        # The window's two ends under the bars.
+        f'<text class="axis" x="{label}" y="{bottom + 10}">{html.escape(_when(since))}</text>',
+        (
+            f'<text class="axis" x="{label + BUCKETS * (bar + gap) - gap}" y="{bottom + 10}" '
+            f'text-anchor="end">{html.escape(_when(since + bucket * BUCKETS))}</text>'
+        ),
+    ]
+    for row, (binding, slots) in enumerate(sorted(totals.items())):
+        top = 4 + row * (height + 12)
+        name = html.escape(binding if len(binding) <= 24 else binding[:23] + "…")
+        parts.append(
+            f'<g class="binding" data-binding="{html.escape(binding)}">'
+            f'<text x="0" y="{top + height - 4}">{name}</text>'
+            f'<line x1="{label}" y1="{top + height}" x2="{label + BUCKETS * (bar + gap) - gap}" '
+            f'y2="{top + height}"/>'
+        )
+        for slot, number in enumerate(slots):
+            tall = round(height * number / peak)
+            x = label + slot * (bar + gap)
+            start = since + bucket * slot
+            parts.append(
+                f'<rect x="{x}" y="{top + height - tall}" width="{bar}" height="{max(tall, 0)}" '
+                f'fill="#0b63c5"><title>{html.escape(_when(start))}: {number}</title></rect>'
+            )
+        parts.append(
+            f'<text x="{label + BUCKETS * (bar + gap) + 4}" y="{top + height - 4}">'
+            f"{sum(slots)}</text></g>"
+        )
+    parts.append("</svg>")
+    return Markup("".join(parts))  # every interpolated text is escaped above
+
+
+def _time_field(value: str, name: str) -> datetime | None:
+    """A filter's time: ISO 8601; without an offset it is UTC."""
+    if not value:
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise _BadRequest(f"{name}: not an ISO 8601 time: {value[:40]!r}") from None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def _size(request: Request) -> int:
+    text = request.query_params.get("size", "")
+    if not text:
+        return 50
+    if not text.isdigit() or not 1 <= int(text) <= MAX_PAGE:
+        raise _BadRequest(f"size: a number of rows from 1 to {MAX_PAGE}")
+    return int(text)
+
+
+def _next_url(request: Request, cursor: str | None, name: str = "cursor") -> str | None:
+    if cursor is None:
+        return None
+    params = dict(request.query_params)
+    params[name] = cursor
+    return f"{request.url.path}?{urlencode(params)}"
+
+
+class _BadRequest(Exception):  # noqa: N818 - names the answer
+    """A query parameter the page refuses (answered 400, the message shown)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Act:
+    """One action: what the confirmation page asks and how to do it."""
+
+    audit: str
+    target: str
+    title: str
+    question: str
+    label: str
+    back: str
+    run: Callable[[], Awaitable[actions.Done]]
+
+
+class _Pages:
+    """The handlers, over one :class:`Console`."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.templates = _environment()
+
+    # Plumbing.
+
+    def base(self, request: Request) -> str:
+        return str(request.scope.get("root_path", ""))
+
+    def render(self, request: Request, name: str, status: int = 200, **values: Any) -> HTMLResponse:
+        values.setdefault("session", None)
+        values.setdefault("nav", "")
+        values.setdefault("title", "")
+        values["base"] = self.base(request)
+        values["notice"] = _NOTICES.get(request.query_params.get("done", ""))
+        text = self.templates.get_template(name).render(**values)
+        return HTMLResponse(text, status_code=status, headers=_HEADERS)
+
+    def message(
+        self,
+        request: Request,
+        session: Session | None,
+        status: int,
+        title: str,
+        message: str,
+        back: str | None = None,
+        secret: str | None = None,
+    ) -> HTMLResponse:
+        kind = "error" if status >= 400 else "done"
+        return self.render(
+            request,
+            "message.html",
+            status,
+            session=session,
+            title=title,
+            message=message,
+            back=back,
+            secret=secret,
+            kind=kind,
+        )
+
+    def session(self, request: Request) -> Session | None:
+        return self.console.sessions.read(request.cookies.get(COOKIE))
+
+    def to_login(self, request: Request) -> Response:
+        target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        query = urlencode({"next": target})
+        return RedirectResponse(f"{self.base(request)}/login?{query}", status_code=303)
+
+    async def page(
+        self,
+        request: Request,
+        build: Callable[[Session], Awaitable[Response]],
+    ) -> Response:
+        """A page that needs a session: the login form without one, 400 for a
+        parameter refused."""
+        session = self.session(request)
+        if session is None:
+            return self.to_login(request)
+        try:
+            return await build(session)
+        except (_BadRequest, BadCursor, ValueError) as error:
+            return self.message(request, session, 400, "Not understood", str(error))
+
+    async def form(self, request: Request) -> dict[str, str] | None:
+        """The urlencoded body (at most :data:`MAX_FORM_BYTES`), or ``None``."""
+        declared = request.headers.get("content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > MAX_FORM_BYTES):
+            return None
+        body = bytearray()
+        async for chunk in request.stream():
+            body.extend(chunk)
+            if len(body) > MAX_FORM_BYTES:
+                return None
+        try:
+            pairs = parse_qsl(body.decode("utf-8"), keep_blank_values=True, max_num_fields=20)
+        except (UnicodeDecodeError, ValueError):
+            return None
+        return dict(pairs)
+
+    # Login.
+
+    async def home(self, request: Request) -> Response:
+        return RedirectResponse(f"{self.base(request)}/executions", status_code=303)
+
+    def next_page(self, request: Request, given: str | None) -> str:
+        """Where a login goes on to: a console page of the same origin, never elsewhere."""
+        base = self.base(request)
+        if given and given.startswith(base + "/") and "//" not in given and "\\" not in given:
+            return given
+        return f"{base}/executions"
+
+    async def login(self, request: Request) -> Response:
+        if request.method == "GET":
+            session = self.session(request)
+            target = self.next_page(request, request.query_params.get("next"))
+            if session is not None:
+                return RedirectResponse(target, status_code=303)
+            return self.render(request, "login.html", title="Log in", next=target, refused=None)
+        fields = await self.form(request)
+        token = (fields or {}).get("token", "")
+        target = self.next_page(request, (fields or {}).get("next"))
+        operator = self.console.sessions.operators.authenticate(token)
+        if operator is None:
+            await asyncio.sleep(LOGIN_DELAY)
+            _log.warning("console: a login with an unknown token was refused")
+            return self.render(
+                request,
+                "login.html",
+                401,
+                title="Log in",
+                next=target,
+                refused="That token is not an operator's.",
+            )
+        _log.info("console: operator %s logged in", operator.name)
+        response = RedirectResponse(target, status_code=303)
+        cookie = self.console.sessions.issue(operator)
+        response.set_cookie(COOKIE, cookie, **self._cookie(request))
+        return response
+
+    def _cookie(self, request: Request) -> dict[str, Any]:
+        attributes = self.console.sessions.cookie_attributes()
+        attributes["path"] = f"{self.base(request)}/"
+        return attributes
+
+    async def logout(self, request: Request) -> Response:
+        session = self.session(request)
+        fields = await self.form(request)
+        if session is None or fields is None or not session.csrf_ok(fields.get("csrf")):
+            return self.message(request, session, 403, "Refused", _NOT_THIS_SESSION)
+        response = RedirectResponse(f"{self.base(request)}/login", status_code=303)
+        response.delete_cookie(COOKIE, path=f"{self.base(request)}/")
+        return response
+
+    # Executions.
+
+    async def executions(self, request: Request) -> Response:
+        async def build(session: Session) -> Response:
+            params = request.query_params
+            form = {
+                name: params.get(name, "")
+                for name in (
+                    "status",
+                    "document",
+                    "scope",
+                    "meta",
+                    "created_from",
+                    "created_until",
+                    "updated_from",
+                    "updated_until",
+                )
+            }
+            status = None
+            if form["status"]:
+                try:
+                    status = Status(form["status"])
+                except ValueError:
+                    raise _BadRequest(f"status: not a status: {form['status'][:40]!r}") from None
+            metadata: dict[str, str] = {}
+            if form["meta"]:
+                key, equals, value = form["meta"].partition("=")
+                if not equals or not key:
+                    raise _BadRequest("metadata: give key=value")
+                metadata[key] = value
+            where = ExecutionFilter(
+                status=status,
+                document=form["document"] or None,
+                scope=form["scope"] or None,
+                metadata=metadata,
+                created_from=_time_field(form["created_from"], "created from"),
+                created_until=_time_field(form["created_until"], "created until"),
+                updated_from=_time_field(form["updated_from"], "updated from"),
+                updated_until=_time_field(form["updated_until"], "updated until"),
+            )
+            page = await self.console.queries.executions(
+                where, cursor=params.get("cursor") or None, size=_size(request)
+            )
+            return self.render(
+                request,
+                "executions.html",
+                session=session,
+                nav="executions",
+                title="Executions",
+                page=page,
+                form=form,
+                statuses=[s.value for s in Status],
+                next_url=_next_url(request, page.next_cursor),
+            )
+
+        return await self.page(request, build)
+
+    async def execution(self, request: Request) -> Response:
+        execution_id = request.path_params["execution_id"]
+
+        async def build(session: Session) -> Response:
+            console = self.console
+            detail = await console.queries.execution(execution_id)
+            if detail is None:
+                return self.message(
+                    request,
+                    session,
+                    404,
+                    "Not found",
+                    f"There is no execution {execution_id!r}.",
+                    back=f"{self.base(request)}/executions",
+                )
+            record = detail.record
+            machine = await console.machine(record.content_hash)
+            state = _loaded(console, record, machine)
+            steps: list[ReplayStep] = []
+            replay_note = None
+            diverged = True
+            if machine is None:
+                replay_note = "The chart is retired or gone: the log cannot be replayed."
+            else:
+                steps = console.replayed(record.id, machine, detail.inputs)
+                diverged = state is None or not steps or diverges(steps[-1], state)
+                if state is not None and diverged:
+                    replay_note = (
+                        "The replay does not end where the execution is: it started with "
+                        "options, or met refusals or host functions, the log does not hold."
+                    )
+            selected = _step(request, len(steps))
+            if selected is not None:
+                chosen = steps[selected]
+                active: Sequence[str] = chosen.active
+                configuration: Sequence[str] = chosen.configuration
+                datamodel: list[tuple[str, str]] | None = [
+                    (name, _json_text(value)) for name, value in chosen.datamodel.items()
+                ]
+                note = ""
+            elif state is not None:
+                active = _active(state)
+                if not state.running and not diverged and steps[-1].final_state is not None:
+                    active = (steps[-1].final_state,)  # where it ended, lit as the replay does
+                configuration = state.leaf_configuration()
+                datamodel = [
+                    (name, _json_text(value)) for name, value in shown_datamodel(state).items()
+                ]
+                note = ""
+            else:
+                active, configuration, datamodel = (), (), None
+                note = "The position is pruned or unreadable: no datamodel to show."
+            audit = await console.audit.entries(target=record.id, size=20)
+            return self.render(
+                request,
+                "execution.html",
+                session=session,
+                nav="executions",
+                title=f"Execution {record.id}",
+                record=record,
+                chart_name=None if detail.chart is None else detail.chart.name,
+                configuration=configuration,
+                diagram=_diagram(machine, active),
+                datamodel=datamodel,
+                datamodel_note=note,
+                steps=_timeline(steps, selected),
+                step_count=len(steps),
+                selected=selected,
+                replay_note=replay_note,
+                inputs_truncated=detail.inputs_truncated,
+                timers=detail.timers,
+                outbox=detail.outbox,
+                ledger=detail.ledger,
+                addresses=detail.addresses,
+                audit=audit.rows,
+                rotatable=console.router.basichttp is not None and bool(detail.addresses),
+            )
+
+        return await self.page(request, build)
+
+    # Routing.
+
+    async def routing(self, request: Request) -> Response:
+        async def build(session: Session) -> Response:
+            params = request.query_params
+            form = {name: params.get(name, "") for name in ("outcome", "binding", "key", "scope")}
+            window = params.get("window", "1h")
+            chosen = next((w for w in WINDOWS if w[0] == window), None)
+            if chosen is None:
+                raise _BadRequest(f"window: one of {', '.join(w[0] for w in WINDOWS)}")
+            if form["outcome"] and form["outcome"] not in OUTCOMES:
+                raise _BadRequest(f"outcome: one of {', '.join(OUTCOMES)}")
+            queries = self.console.queries
+            ledger = await queries.ledger(
+                LedgerFilter(outcome=form["outcome"] or None, binding_id=form["binding"] or None),
+                cursor=params.get("cursor") or None,
+                size=_size(request),
+            )
+            span = chosen[2]
+            bucket = span / BUCKETS
+            until = self.console.router.storage.clock()  # the clock the rows were written by
+            since = until - span
+            counts = await queries.ledger_counts(since, until, bucket)
+            addresses = None
+            if form["key"]:
+                addresses = await queries.addresses(form["key"], scope=form["scope"] or None)
+            return self.render(
+                request,
+                "routing.html",
+                session=session,
+                nav="routing",
+                title="Routing",
+                form=form,
+                window=window,
+                window_label=chosen[1],
+                windows=[(w[0], w[1]) for w in WINDOWS],
+                outcomes=OUTCOMES,
+                ledger=ledger,
+                next_url=_next_url(request, ledger.next_cursor),
+                chart=_counts_svg(counts, since, bucket),
+                addresses=addresses,
+                configured=self.console.configured,
+            )
+
+        return await self.page(request, build)
+
+    # Failures.
+
+    async def failures(self, request: Request) -> Response:
+        async def build(session: Session) -> Response:
+            params = request.query_params
+            queries = self.console.queries
+            size = _size(request)
+            outbox = await queries.outbox_dead_letters(
+                cursor=params.get("outbox_cursor") or None, size=size
+            )
+            consumer = await queries.consumer_dead_letters(
+                cursor=params.get("consumer_cursor") or None, size=size
+            )
+            failed = await queries.failed(cursor=params.get("failed_cursor") or None, size=size)
+            projections = await queries.projections()
+            return self.render(
+                request,
+                "failures.html",
+                session=session,
+                nav="failures",
+                title="Failures",
+                outbox=outbox,
+                outbox_next=_next_url(request, outbox.next_cursor, "outbox_cursor"),
+                consumer=consumer,
+                consumer_next=_next_url(request, consumer.next_cursor, "consumer_cursor"),
+                failed=failed,
+                failed_next=_next_url(request, failed.next_cursor, "failed_cursor"),
+                projections=projections,
+                projections_note=(
+                    "No projection."
+                    if queries.scriba is not None
+                    else "This console reads no scriba tables."
+                ),
+            )
+
+        return await self.page(request, build)
+
+    async def audit_page(self, request: Request) -> Response:
+        async def build(session: Session) -> Response:
+            page = await self.console.audit.entries(
+                cursor=request.query_params.get("cursor") or None, size=_size(request)
+            )
+            return self.render(
+                request,
+                "audit.html",
+                session=session,
+                nav="audit",
+                title="Audit",
+                page=page,
+                next_url=_next_url(request, page.next_cursor),
+            )
+
+        return await self.page(request, build)
+
+    # Actions.
+
+    async def cancel(self, request: Request) -> Response:
+        execution_id = request.path_params["execution_id"]
+        back = f"{self.base(request)}/executions/{quote(execution_id, safe='')}"
+        act = _Act(
+            audit="cancel",
+            target=execution_id,
+            title="Cancel this execution?",
+            question=(
+                f"Execution {execution_id} will exit its active states (their onexit runs) "
+                "and its durable children are cancelled too. This cannot be undone."
+            ),
+            label="Cancel the execution",
+            back=back,
+            run=lambda: actions.cancel(self.console.router, execution_id),
+        )
+        return await self.act(request, act)
+
+    async def rotate(self, request: Request) -> Response:
+        execution_id = request.path_params["execution_id"]
+        back = f"{self.base(request)}/executions/{quote(execution_id, safe='')}"
+        act = _Act(
+            audit="rotate",
+            target=execution_id,
+            title="Rotate the BasicHTTP location?",
+            question=(
+                f"Execution {execution_id} gets a new location; the old one reaches "
+                "nothing from now on. The new one is shown once."
+            ),
+            label="Rotate the location",
+            back=back,
+            run=lambda: actions.rotate(self.console.router, execution_id),
+        )
+        return await self.act(request, act)
+
+    async def dead_letter(self, request: Request) -> Response:
+        kind, verb = request.path_params["kind"], request.path_params["verb"]
+        text = request.path_params["row"]
+        if kind not in ("outbox", "consumer") or verb not in ("retry", "discard"):
+            return self.message(request, self.session(request), 404, "Not found", "No such page.")
+        console = self.console
+        tables, engine = console.queries.tables, console.queries.engine
+        back = f"{self.base(request)}/failures"
+
+        async def run() -> actions.Done:
+            row = actions.row_id(tables, text)
+            if kind == "outbox" and verb == "retry":
+                return await actions.retry_outbox(console.router, row)
+            if kind == "outbox":
+                return await actions.discard_outbox(engine, tables, row)
+            if verb == "retry":
+                return await actions.retry_consumer(
+                    console.router, engine, tables, row, console.scopes
+                )
+            return await actions.discard_consumer(engine, tables, row)
+
+        what = "outbox row" if kind == "outbox" else "consumer dead letter"
+        if verb == "retry":
+            question = (
+                f"The {what} {text} is handed on again (its sink is called again under "
+                "the same key)."
+                if kind == "outbox"
+                else f"The event of {what} {text} is routed again (the router's dedupe "
+                "answers a message already delivered as a duplicate); the dead letter "
+                "is deleted once it routed."
+            )
+        else:
+            question = f"The {what} {text} is deleted, never handed on. This cannot be undone."
+        act = _Act(
+            audit=f"{verb}_{kind}",
+            target=f"{kind}:{text}",
+            title=f"{verb.capitalize()} {what} {text}?",
+            question=question,
+            label=f"{verb.capitalize()} it",
+            back=back,
+            run=run,
+        )
+        return await self.act(request, act)
+
+    async def act(self, request: Request, act: _Act) -> Response:
+        """The confirmation page (GET) or the act (POST), for an operator only."""
+        session = self.session(request)
+        if session is None:
+            if request.method == "GET":
+                return self.to_login(request)
+            return self.message(request, None, 401, "Log in first", "This needs a session.")
+        if not session.may_act:
+            return self.message(
+                request, session, 403, "Refused", "A read-only operator cannot act.", act.back
+            )
+        if request.method == "GET":
+            return self.render(
+                request,
+                "confirm.html",
+                session=session,
+                title=act.title,
+                question=act.question,
+                label=act.label,
+                action=request.url.path,
+                back=act.back,
+            )
+        fields = await self.form(request)
+        if fields is None or not session.csrf_ok(fields.get("csrf")):
+            operator = session.operator.name
+            _log.warning("console: %s by %s refused: bad CSRF token", act.audit, operator)
+            return self.message(request, session, 403, "Refused", _NOT_THIS_SESSION, act.back)
+        actor = session.operator.name
+        try:
+            done = await act.run()
+        except actions.Refused as refused:
+            await self.record(actor, act, "refused", str(refused))
+            return self.message(request, session, 409, "Nothing done", str(refused), act.back)
+        except Exception as error:  # noqa: BLE001 - the page and the audit say what failed
+            said = f"{type(error).__name__}: {' '.join(str(error).split())}"[:500]
+            _log.exception("console: %s of %s failed", act.audit, act.target)
+            await self.record(actor, act, "failed", said)
+            return self.message(request, session, 500, "Failed", said, act.back)
+        await self.record(actor, act, "done", done.summary)
+        _log.info("console: %s: %s", actor, done.summary)
+        if done.secret is not None:  # shown once, on this answer alone
+            return self.message(request, session, 200, "Done", done.summary, act.back, done.secret)
+        # Back to the page the action was taken from, which says it was done (a reload
+        # of it repeats nothing).
+        return RedirectResponse(f"{act.back}?{urlencode({'done': act.audit})}", status_code=303)
+
+    async def record(self, actor: str, act: _Act, outcome: str, detail: str) -> None:
+        entry = AuditEntry(
+            actor, action=act.audit, target=act.target, outcome=outcome, detail=detail
+        )
+        await self.console.audit.record(entry)
+
+    # Live.
+
+    async def events(self, request: Request) -> Response:
+        if self.session(request) is None:
+            return Response("log in first", status_code=401, media_type="text/plain")
+        live = self.console.live
+        try:
+            queue = live.join()  # before the answer starts: a refusal is still a 503
+        except TooManyClients:
+            return Response("too many live clients", status_code=503, media_type="text/plain")
+
+        async def body() -> AsyncIterator[str]:
+            try:
+                async for chunk in live.stream(queue):
+                    yield chunk
+            finally:  # the stream ended, or the browser went away
+                live.leave(queue)
+
+        headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+        return StreamingResponse(body(), media_type="text/event-stream", headers=headers)
+
+
+def _loaded(console: Console, record: Any, machine: Machine | None) -> MachineState | None:
+    if machine is None:
+        return None
+    try:
+        return console.router.storage.load(record, machine)
+    except Exception:  # noqa: BLE001 - a pruned or damaged position is shown as such
+        return None
+
+
+def _active(state: MachineState) -> tuple[str, ...]:
+    states = state.machine.states
+    return tuple(node for index in sorted(state.configuration) if (node := states[index].id))
+
+
+def _timeline(steps: Sequence[ReplayStep], selected: int | None) -> list[tuple[ReplayStep, bool]]:
+    """The steps a timeline lists, each with whether steps were left out before it: all
+    of them up to :data:`TIMELINE_LINKS`, else the start, the last and a window around
+    the selected step (the last when none is)."""
+    if len(steps) <= TIMELINE_LINKS:
+        return [(step, False) for step in steps]
+    middle = len(steps) - 1 if selected is None else selected
+    half = TIMELINE_LINKS // 2
+    low, high = max(1, middle - half), min(len(steps) - 1, middle + half)
+    chosen = [0, *range(low, high + 1)]
+    if chosen[-1] != len(steps) - 1:
+        chosen.append(len(steps) - 1)
+    listed: list[tuple[ReplayStep, bool]] = []
+    previous = -1
+    for index in chosen:
+        listed.append((steps[index], index != previous + 1))
+        previous = index
+    return listed
+
+
+def _step(request: Request, count: int) -> int | None:
+    text = request.query_params.get("step", "")
+    if not text:
+        return None
+    if not text.isdigit() or int(text) >= count:
+        raise _BadRequest(f"step: a step of the timeline, 0 to {max(count - 1, 0)}")
+    return int(text)
+
+
+def _diagram(machine: Machine | None, active: Sequence[str]) -> Markup:
+    if machine is None:
+        return Markup('<p class="note">The chart is retired or gone.</p>')
+    try:
+        drawn = render_chart_svg(machine, active)
+    except Exception:  # noqa: BLE001 - the rest of the page is still worth showing
+        _log.exception("console: the diagram could not be drawn")
+        return Markup('<p class="note">The diagram could not be drawn.</p>')
+    return Markup(drawn)  # the diagram escapes every text it draws

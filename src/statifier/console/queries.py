@@ -1,0 +1,1103 @@
+"""The console's read side: what its pages show, read from the tables of durable
+executions, of the router, of the fronts and of scriba.
+
+:class:`ConsoleQueries` runs short read-only statements (SQLAlchemy Core) over an
+engine: an :class:`~sqlalchemy.ext.asyncio.AsyncEngine` on PostgreSQL, a synchronous
+:class:`~sqlalchemy.Engine` on SQLite (the engine :class:`~statifier.persistence.sql.SqlAdapter`
+holds, or one of :meth:`ConsoleQueries.open`). Every answer is a frozen value.
+
+Lists are pages in keyset order, newest first, with an opaque cursor for the next page
+(:class:`Page`); a page holds at most :data:`MAX_PAGE` rows. The indexes the pages walk
+are built by the migration ``statifier_0006`` (see ``docs/decisions/0083``).
+
+>>> import asyncio, os, tempfile
+>>> from statifier.sql import migrations
+>>> url = f"sqlite:///{os.path.join(tempfile.mkdtemp(), 'doc.db')}"
+>>> migrations.upgrade(url)
+>>> async def main() -> int:
+...     async with ConsoleQueries.open(url) as queries:
+...         page = await queries.executions(ExecutionFilter(status=Status.ACTIVE))
+...         return len(page.rows)
+>>> asyncio.run(main())
+0
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass, field
+from datetime import UTC, datetime, timedelta
+from types import TracebackType
+from typing import Any, Final, Generic, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from scriba.sql.tables import Tables as ScribaTables
+from statifier.core import positions as stored
+from statifier.persistence import LoggedInput
+from statifier.persistence.records import ChartRecord, ExecutionRecord, Status
+from statifier.router.outbox import OutboxRow
+from statifier.router.records import LedgerRow
+from statifier.sql.engines import busy_wait, database_url, is_busy, retry_busy, sqlite_engine
+from statifier.sql.tables import Tables, UtcDateTime
+
+__all__ = [
+    "DEFAULT_PAGE",
+    "MAX_BUCKETS",
+    "MAX_DETAIL_ROWS",
+    "MAX_INPUTS",
+    "MAX_PAGE",
+    "AddressView",
+    "BadCursor",
+    "BucketCount",
+    "ConsoleQueries",
+    "ConsumerDeadLetter",
+    "ExecutionDetail",
+    "ExecutionFilter",
+    "ExecutionSummary",
+    "Fingerprint",
+    "LedgerFilter",
+    "Page",
+    "ProjectionView",
+    "TimerView",
+    "decode_cursor",
+    "encode_cursor",
+    "run_on",
+]
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+
+DEFAULT_PAGE: Final = 50
+"""Rows per page when the caller names no size."""
+
+MAX_PAGE: Final = 500
+"""The most rows a page holds; a larger size is refused."""
+
+MAX_INPUTS: Final = 10_000
+"""The most input-log entries :meth:`ConsoleQueries.execution` reads (the rest is
+left off and ``inputs_truncated`` says so)."""
+
+MAX_DETAIL_ROWS: Final = 500
+"""The most timers, outbox rows and ledger rows the detail of one execution shows each
+(newest first)."""
+
+MAX_BUCKETS: Final = 1_000
+"""The most time buckets a count over a window may ask for."""
+
+
+class BadCursor(ValueError):  # noqa: N818 - names the finding
+    """A page cursor that this module did not make (or made for another list)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Page(Generic[_T]):
+    """One page of a list, newest first.
+
+    Attributes:
+        rows: the page's rows, at most the size asked for.
+        next_cursor: pass it back to read the page after this one; ``None`` on the
+            last page.
+    """
+
+    rows: tuple[_T, ...]
+    next_cursor: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionFilter:
+    """Which executions a list shows; every field given must hold (``None``: any).
+
+    Attributes:
+        status: the execution's status.
+        document: the chart's name (as saved with the chart).
+        scope: a scope an address of the execution lives in.
+        metadata: pairs the execution's metadata must all hold.
+        created_from, created_until: ``created_at`` in ``[from, until)``.
+        updated_from, updated_until: ``updated_at`` in ``[from, until)``.
+
+    Raises:
+        ValueError: a naive time, or a metadata key or value that is not a string.
+    """
+
+    status: Status | None = None
+    document: str | None = None
+    scope: str | None = None
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    created_from: datetime | None = None
+    created_until: datetime | None = None
+    updated_from: datetime | None = None
+    updated_until: datetime | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("created_from", "created_until", "updated_from", "updated_until"):
+            _aware(name, getattr(self, name))
+        pairs: list[tuple[object, object]] = list(self.metadata.items())
+        for key, value in pairs:
+            if not isinstance(key, str) or not isinstance(value, str):
+                raise ValueError(f"metadata pairs are strings, not {key!r}: {value!r}")
+        object.__setattr__(self, "metadata", dict(self.metadata))
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionSummary:
+    """One row of the executions list.
+
+    Attributes:
+        id: the execution id.
+        status: where it is in its life.
+        content_hash: its chart's content hash.
+        document: its chart's name, ``None`` when the chart was saved without one.
+        version: its chart's version, if saved with one.
+        failure: why it failed (failed executions only).
+        metadata: its metadata, as stored.
+        created_at, updated_at: when it was created and last changed.
+        ended_at: when it ended, if it has.
+    """
+
+    id: str
+    _: KW_ONLY
+    status: Status
+    content_hash: str
+    document: str | None
+    version: str | None
+    failure: str | None
+    metadata: Mapping[str, str]
+    created_at: datetime
+    updated_at: datetime
+    ended_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class TimerView:
+    """A pending durable timer (a delayed send) of an execution."""
+
+    send_id: str
+    _: KW_ONLY
+    kind: str
+    due_at: datetime
+    payload: Mapping[str, Any]
+    inserted_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class AddressView:
+    """An address row: which execution ``(scope, document, key)`` names.
+
+    ``status`` is the execution's (``None`` when no such execution exists any more).
+    """
+
+    scope: str
+    document: str
+    key: str
+    _: KW_ONLY
+    execution_id: str
+    inserted_at: datetime
+    terminal_seen_at: datetime | None
+    status: Status | None
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionDetail:
+    """Everything the page of one execution shows.
+
+    Attributes:
+        record: the stored execution (position and outcome as stored bytes).
+        chart: its chart as saved (the source is ``None`` once retired), ``None`` when
+            the chart row is missing.
+        timers: its pending timers, soonest first.
+        outbox: the outbox rows it sent, newest first.
+        ledger: the routing-ledger rows naming it, newest first.
+        addresses: the addresses naming it.
+        inputs: its input log, oldest first, decoded.
+        inputs_truncated: whether the log is longer than :data:`MAX_INPUTS`.
+    """
+
+    record: ExecutionRecord
+    _: KW_ONLY
+    chart: ChartRecord | None
+    timers: tuple[TimerView, ...]
+    outbox: tuple[OutboxRow, ...]
+    ledger: tuple[LedgerRow, ...]
+    addresses: tuple[AddressView, ...]
+    inputs: tuple[LoggedInput, ...]
+    inputs_truncated: bool
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerFilter:
+    """Which routing-ledger rows a page shows (``None``: any).
+
+    Attributes:
+        outcome: the row's outcome (``delivered``, ``created_and_delivered``,
+            ``dropped``, ...).
+        binding_id: the binding that wrote it.
+        since, until: ``inserted_at`` in ``[since, until)``.
+
+    Raises:
+        ValueError: a naive time.
+    """
+
+    outcome: str | None = None
+    binding_id: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+
+    def __post_init__(self) -> None:
+        _aware("since", self.since)
+        _aware("until", self.until)
+
+
+@dataclass(frozen=True, slots=True)
+class BucketCount:
+    """How many ledger rows one binding wrote with one outcome in one time bucket."""
+
+    binding_id: str
+    _: KW_ONLY
+    bucket: datetime
+    outcome: str
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerDeadLetter:
+    """A message a stream consumer gave up on (the ``consumer_dead_letters`` row)."""
+
+    id: Any
+    _: KW_ONLY
+    source: str
+    partition: str
+    position: int
+    message_id: str | None
+    reason: str
+    raw: bytes
+    dead_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ProjectionView:
+    """What scriba's tables say of one projection.
+
+    Attributes:
+        name, version: the projection.
+        generation: its fencing generation (raised by each claim); ``None`` if never
+            claimed.
+        claimed_at: when a reader last claimed it.
+        watermark: the position every event at or below is accounted for.
+        watermark_at: the time of the event at the watermark.
+        lag: ``now - watermark_at`` when both are known.
+        dead_letters: how many dead letters it has.
+        status: ``"dead_letters"`` when it has any, ``"unclaimed"`` when no reader
+            ever claimed it, else ``"running"`` (what the tables can tell; a reader's
+            halted state lives in its process).
+    """
+
+    name: str
+    version: int
+    _: KW_ONLY
+    generation: int | None
+    claimed_at: datetime | None
+    watermark: int | None
+    watermark_at: datetime | None
+    lag: timedelta | None
+    dead_letters: int
+    status: str
+
+
+@dataclass(frozen=True, slots=True)
+class Fingerprint:
+    """A cheap summary that changes when what the lists show changes: the newest time
+    in each table the console lists (``None`` for an empty table). Two equal
+    fingerprints mean nothing listed was written in between, but for deletes and for
+    an execution parked or put back on its chart (``needs_migration``), which writes
+    no time these read.
+
+    Attributes:
+        executions: the newest time an execution was created, took an input or ended.
+        ledger: the newest routing-ledger row.
+        outbox_dead, consumer_dead: the newest dead letter of each kind.
+        audit: the newest recorded action.
+    """
+
+    executions: datetime | None
+    ledger: datetime | None
+    outbox_dead: datetime | None
+    consumer_dead: datetime | None
+    audit: datetime | None
+
+
+def _aware(name: str, value: datetime | None) -> None:
+    if value is not None and (value.tzinfo is None or value.utcoffset() is None):
+        raise ValueError(f"{name} must be a timezone-aware time, not {value!r}")
+
+
+class ConsoleQueries:
+    """The console's reads over one database.
+
+    Args:
+        engine: an :class:`~sqlalchemy.ext.asyncio.AsyncEngine` (PostgreSQL) or a
+            synchronous :class:`~sqlalchemy.Engine` (SQLite); the caller's to dispose
+            unless made by :meth:`open`.
+        tables: the tables the migrations built.
+        scriba: scriba's tables, when the database holds projections.
+        clock: what "now" is (for lag); aware UTC.
+
+    Every method is a short read of its own; none writes. Raises what the driver
+    raises (``sqlalchemy.exc.DBAPIError``) when the database fails.
+    """
+
+    def __init__(
+        self,
+        engine: sa.Engine | AsyncEngine,
+        tables: Tables,
+        *,
+        scriba: ScribaTables | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.engine = engine
+        self.tables = tables
+        self.scriba = scriba
+        self._clock = clock
+        self._owned = False
+
+    @classmethod
+    def open(
+        cls, url: str, tables: Tables | None = None, *, scriba: ScribaTables | None = None
+    ) -> ConsoleQueries:
+        """Queries over a database URL (PostgreSQL or SQLite), on an engine of their
+        own, disposed by :meth:`close` (or ``async with``).
+
+        Raises:
+            ValueError: a database other than PostgreSQL or SQLite.
+        """
+        parsed = database_url(url)
+        engine: sa.Engine | AsyncEngine
+        if parsed.get_backend_name() == "sqlite":
+            engine = sqlite_engine(parsed)
+        else:
+            engine = create_async_engine(parsed, pool_size=5)
+        queries = cls(engine, Tables.define() if tables is None else tables, scriba=scriba)
+        queries._owned = True
+        return queries
+
+    async def close(self) -> None:
+        """Dispose the engine when :meth:`open` made it."""
+        if not self._owned:
+            return
+        if isinstance(self.engine, AsyncEngine):
+            await self.engine.dispose()
+        else:
+            self.engine.dispose()
+
+    async def __aenter__(self) -> ConsoleQueries:
+        return self
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # -- executions ---------------------------------------------------------------
+
+    async def executions(
+        self,
+        where: ExecutionFilter = ExecutionFilter(),
+        *,
+        cursor: str | None = None,
+        size: int = DEFAULT_PAGE,
+    ) -> Page[ExecutionSummary]:
+        """A page of executions, newest created first (ties by id, descending).
+
+        Raises:
+            BadCursor: ``cursor`` is not one this list made.
+            ValueError: ``size`` outside ``1..MAX_PAGE``.
+        """
+        _check_size(size)
+        after = None if cursor is None else decode_cursor(cursor, "executions")
+        e, charts = self.tables.executions, self.tables.charts
+        statement = (
+            sa.select(
+                e.c.execution_id,
+                e.c.status,
+                e.c.content_hash,
+                charts.c.name,
+                charts.c.version,
+                e.c.failure,
+                e.c.metadata,
+                e.c.created_at,
+                e.c.updated_at,
+                e.c.ended_at,
+            )
+            .select_from(e.outerjoin(charts, charts.c.content_hash == e.c.content_hash))
+            .where(*self._execution_conditions(where))
+            .order_by(e.c.created_at.desc(), e.c.execution_id.desc())
+            .limit(size + 1)
+        )
+        if after is not None:
+            moment, last_id = after
+            statement = statement.where(
+                sa.tuple_(e.c.created_at, e.c.execution_id)
+                < sa.tuple_(sa.literal(moment, UtcDateTime()), sa.literal(last_id, sa.Text()))
+            )
+
+        def read(connection: sa.Connection) -> list[sa.Row[Any]]:
+            return list(connection.execute(statement))
+
+        rows = await run_on(self.engine, read)
+        summaries = tuple(_summary(row) for row in rows[:size])
+        next_cursor = None
+        if len(rows) > size:
+            last = summaries[-1]
+            next_cursor = encode_cursor("executions", last.created_at, last.id)
+        return Page(summaries, next_cursor)
+
+    def _execution_conditions(self, where: ExecutionFilter) -> list[sa.ColumnElement[bool]]:
+        e = self.tables.executions
+        conditions: list[sa.ColumnElement[bool]] = []
+        if where.status is not None:
+            conditions.append(e.c.status == where.status.value)
+        if where.document is not None:
+            named = self.tables.charts.alias("named")
+            conditions.append(
+                e.c.content_hash.in_(
+                    sa.select(named.c.content_hash).where(named.c.name == where.document)
+                )
+            )
+        if where.scope is not None:
+            a = self.tables.addresses
+            conditions.append(
+                e.c.execution_id.in_(sa.select(a.c.execution_id).where(a.c.scope == where.scope))
+            )
+        if where.metadata:
+            conditions.extend(self._metadata_conditions(where.metadata))
+        bounds = (
+            (e.c.created_at, where.created_from, where.created_until),
+            (e.c.updated_at, where.updated_from, where.updated_until),
+        )
+        for column, low, high in bounds:
+            if low is not None:
+                conditions.append(column >= low)
+            if high is not None:
+                conditions.append(column < high)
+        return conditions
+
+    def _metadata_conditions(self, pairs: Mapping[str, str]) -> list[sa.ColumnElement[bool]]:
+        e = self.tables.executions
+        if _dialect(self.engine) == "postgresql":
+            # jsonb containment, which the GIN index on metadata answers.
+            return [sa.type_coerce(e.c.metadata, postgresql.JSONB()).contains(dict(pairs))]
+        conditions: list[sa.ColumnElement[bool]] = []
+        for index, (key, value) in enumerate(sorted(pairs.items())):
+            each = sa.func.json_each(e.c.metadata).table_valued("key", "value").alias(f"m{index}")
+            conditions.append(
+                sa.exists().select_from(each).where(each.c.key == key, each.c.value == value)
+            )
+        return conditions
+
+    async def failed(
+        self, *, cursor: str | None = None, size: int = DEFAULT_PAGE
+    ) -> Page[ExecutionSummary]:
+        """Failed executions, newest first, with their reasons (``failure``).
+
+        Raises:
+            BadCursor: ``cursor`` is not one this list made.
+            ValueError: ``size`` outside ``1..MAX_PAGE``.
+        """
+        failed = ExecutionFilter(status=Status.FAILED)
+        return await self.executions(failed, cursor=cursor, size=size)
+
+    async def execution(self, execution_id: str) -> ExecutionDetail | None:
+        """One execution with its chart, timers, outbox rows, ledger rows, addresses
+        and input log (all read in one transaction); ``None`` when there is no such
+        execution.
+
+        Raises:
+            statifier.core.NotAPosition: an input log entry that is not a stored event.
+        """
+        t = self.tables
+        postgres = _dialect(self.engine) == "postgresql"
+        sent_by = (
+            sa.type_coerce(t.outbox.c.payload, postgresql.JSONB())["execution_id"].astext
+            if postgres
+            else sa.func.json_extract(t.outbox.c.payload, "$.execution_id")
+        )
+
+        def read(connection: sa.Connection) -> ExecutionDetail | None:
+            row = connection.execute(
+                sa.select(t.executions).where(t.executions.c.execution_id == execution_id)
+            ).first()
+            if row is None:
+                return None
+            record = _record(row)
+            chart_row = connection.execute(
+                sa.select(t.charts).where(t.charts.c.content_hash == record.content_hash)
+            ).first()
+            timers = connection.execute(
+                sa.select(t.timers)
+                .where(t.timers.c.execution_id == execution_id)
+                .order_by(t.timers.c.due_at, t.timers.c.id)
+                .limit(MAX_DETAIL_ROWS)
+            )
+            outbox = connection.execute(
+                sa.select(t.outbox)
+                .where(sent_by == execution_id)
+                .order_by(t.outbox.c.inserted_at.desc(), t.outbox.c.id.desc())
+                .limit(MAX_DETAIL_ROWS)
+            )
+            ledger = connection.execute(
+                sa.select(t.routing_ledger)
+                .where(t.routing_ledger.c.execution_id == execution_id)
+                .order_by(t.routing_ledger.c.inserted_at.desc(), t.routing_ledger.c.id.desc())
+                .limit(MAX_DETAIL_ROWS)
+            )
+            inputs = list(
+                connection.execute(
+                    sa.select(t.inputs)
+                    .where(t.inputs.c.execution_id == execution_id)
+                    .order_by(t.inputs.c.seq)
+                    .limit(MAX_INPUTS + 1)
+                )
+            )
+            return ExecutionDetail(
+                record,
+                chart=None if chart_row is None else _chart(chart_row),
+                timers=tuple(_timer(r) for r in timers),
+                outbox=tuple(_outbox(r) for r in outbox),
+                ledger=tuple(_ledger(r) for r in ledger),
+                addresses=tuple(
+                    _address(r)
+                    for r in connection.execute(
+                        self._addresses().where(t.addresses.c.execution_id == execution_id)
+                    )
+                ),
+                inputs=tuple(_input(r) for r in inputs[:MAX_INPUTS]),
+                inputs_truncated=len(inputs) > MAX_INPUTS,
+            )
+
+        return await run_on(self.engine, read)
+
+    # -- routing ------------------------------------------------------------------
+
+    async def ledger(
+        self,
+        where: LedgerFilter = LedgerFilter(),
+        *,
+        cursor: str | None = None,
+        size: int = DEFAULT_PAGE,
+    ) -> Page[LedgerRow]:
+        """A page of routing-ledger rows, newest first (ties by key, descending).
+
+        Raises:
+            BadCursor: ``cursor`` is not one this list made.
+            ValueError: ``size`` outside ``1..MAX_PAGE``.
+        """
+        _check_size(size)
+        ledger = self.tables.routing_ledger
+        conditions: list[sa.ColumnElement[bool]] = []
+        if where.outcome is not None:
+            conditions.append(ledger.c.outcome == where.outcome)
+        if where.binding_id is not None:
+            conditions.append(ledger.c.binding_id == where.binding_id)
+        if where.since is not None:
+            conditions.append(ledger.c.inserted_at >= where.since)
+        if where.until is not None:
+            conditions.append(ledger.c.inserted_at < where.until)
+        rows = await self._keyset(ledger, ledger.c.inserted_at, "ledger", conditions, cursor, size)
+        return _paged(rows, size, "ledger", "inserted_at", _ledger)
+
+    async def ledger_counts(
+        self, since: datetime, until: datetime, bucket: timedelta
+    ) -> list[BucketCount]:
+        """Ledger rows per binding, outcome and time bucket over ``[since, until)``;
+        empty buckets are left out. Buckets are ``bucket`` long (whole seconds) and
+        start at ``since`` truncated to the second; a row falls in the bucket of its
+        time truncated to the second. Ordered by binding, bucket, outcome.
+
+        Raises:
+            ValueError: naive times, ``until <= since``, a bucket that is not a whole
+                number of seconds (at least one), or more than :data:`MAX_BUCKETS`
+                buckets.
+        """
+        _aware("since", since)
+        _aware("until", until)
+        seconds = bucket.total_seconds()
+        if seconds < 1 or seconds != int(seconds):
+            raise ValueError(f"a bucket is a whole number of seconds, not {bucket!r}")
+        if until <= since:
+            raise ValueError(f"until ({until}) must come after since ({since})")
+        if (until - since) / bucket > MAX_BUCKETS:
+            raise ValueError(f"at most {MAX_BUCKETS} buckets; {until - since} / {bucket} is more")
+        width = int(seconds)
+        start = int(since.timestamp() // 1)
+        ledger = self.tables.routing_ledger
+        epoch: sa.ColumnElement[Any]
+        index: sa.ColumnElement[Any]
+        if _dialect(self.engine) == "postgresql":
+            # date_part answers a double, which is several times cheaper per row than
+            # the numeric extract() answers.
+            epoch = sa.func.floor(sa.func.date_part("epoch", ledger.c.inserted_at))
+            index = sa.cast(sa.func.floor((epoch - start) / width), sa.BigInteger)
+        else:
+            epoch = sa.cast(sa.func.strftime("%s", ledger.c.inserted_at), sa.Integer)
+            index = (epoch - start) // width  # the integer division of the database
+        number = index.label("bucket")
+        statement = (
+            sa.select(ledger.c.binding_id, number, ledger.c.outcome, sa.func.count())
+            .where(ledger.c.inserted_at >= since, ledger.c.inserted_at < until)
+            .group_by(ledger.c.binding_id, number, ledger.c.outcome)
+        )  # ordered here, not by the database: so it may group by hashing, not sorting
+
+        def read(connection: sa.Connection) -> list[tuple[Any, ...]]:
+            return [tuple(row) for row in connection.execute(statement)]
+
+        origin = datetime.fromtimestamp(start, UTC)
+        return [
+            BucketCount(
+                str(row[0]),
+                bucket=origin + timedelta(seconds=int(row[1]) * width),
+                outcome=str(row[2]),
+                count=int(row[3]),
+            )
+            for row in sorted(await run_on(self.engine, read), key=lambda r: (r[0], r[1], r[2]))
+        ]
+
+    def _addresses(self) -> sa.Select[Any]:
+        a, e = self.tables.addresses, self.tables.executions
+        return (
+            sa.select(
+                a.c.scope,
+                a.c.document,
+                a.c.key,
+                a.c.execution_id,
+                a.c.inserted_at,
+                a.c.terminal_seen_at,
+                e.c.status,
+            )
+            .select_from(a.outerjoin(e, e.c.execution_id == a.c.execution_id))
+            .order_by(a.c.inserted_at, a.c.id)
+        )
+
+    async def addresses(self, key: str, *, scope: str | None = None) -> list[AddressView]:
+        """The addresses of ``key`` in every document (of ``scope``, if given), oldest
+        first, each with its execution's status."""
+        a = self.tables.addresses
+        statement = self._addresses().where(a.c.key == key)
+        if scope is not None:
+            statement = statement.where(a.c.scope == scope)
+
+        def read(connection: sa.Connection) -> list[AddressView]:
+            return [_address(row) for row in connection.execute(statement)]
+
+        return await run_on(self.engine, read)
+
+    # -- failures -----------------------------------------------------------------
+
+    async def outbox_dead_letters(
+        self, *, cursor: str | None = None, size: int = DEFAULT_PAGE
+    ) -> Page[OutboxRow]:
+        """Outbox rows the drain gave up on, newest first.
+
+        Raises:
+            BadCursor: ``cursor`` is not one this list made.
+            ValueError: ``size`` outside ``1..MAX_PAGE``.
+        """
+        _check_size(size)
+        outbox = self.tables.outbox
+        dead = [outbox.c.dead_at.is_not(None)]
+        rows = await self._keyset(outbox, outbox.c.dead_at, "outbox", dead, cursor, size)
+        return _paged(rows, size, "outbox", "dead_at", _outbox)
+
+    async def consumer_dead_letters(
+        self, *, cursor: str | None = None, size: int = DEFAULT_PAGE
+    ) -> Page[ConsumerDeadLetter]:
+        """Messages the stream consumers gave up on, newest first.
+
+        Raises:
+            BadCursor: ``cursor`` is not one this list made.
+            ValueError: ``size`` outside ``1..MAX_PAGE``.
+        """
+        _check_size(size)
+        letters = self.tables.consumer_dead_letters
+        rows = await self._keyset(letters, letters.c.dead_at, "consumer", [], cursor, size)
+        return _paged(rows, size, "consumer", "dead_at", _consumer_letter)
+
+    async def projections(self) -> list[ProjectionView]:
+        """scriba's projections (empty without ``scriba`` tables), by name and
+        version: every projection any of its tables names."""
+        scriba = self.scriba
+        if scriba is None:
+            return []
+        now = self._clock()
+
+        def read(connection: sa.Connection) -> list[ProjectionView]:
+            p, w, d = scriba.projections, scriba.watermarks, scriba.dead_letters
+            claims = {
+                (r.projection_name, r.projection_version): r
+                for r in connection.execute(sa.select(p))
+            }
+            marks = {
+                (r.projection_name, r.projection_version): r
+                for r in connection.execute(sa.select(w))
+            }
+            dead = {
+                (r[0], r[1]): int(r[2])
+                for r in connection.execute(
+                    sa.select(
+                        d.c.projection_name, d.c.projection_version, sa.func.count()
+                    ).group_by(d.c.projection_name, d.c.projection_version)
+                )
+            }
+            views = []
+            for key in sorted({*claims, *marks, *dead}):
+                claim, mark, letters = claims.get(key), marks.get(key), dead.get(key, 0)
+                at = None if mark is None else mark.occurred_at
+                status = "dead_letters" if letters else "unclaimed" if claim is None else "running"
+                views.append(
+                    ProjectionView(
+                        str(key[0]),
+                        int(key[1]),
+                        generation=None if claim is None else int(claim.generation),
+                        claimed_at=None if claim is None else claim.claimed_at,
+                        watermark=None if mark is None else int(mark.position),
+                        watermark_at=at,
+                        lag=None if at is None else now - at,
+                        dead_letters=letters,
+                        status=status,
+                    )
+                )
+            return views
+
+        return await run_on(self.engine, read)
+
+    # -- live ---------------------------------------------------------------------
+
+    async def fingerprint(self) -> Fingerprint:
+        """The newest write time of each listed table, in one cheap statement (each
+        a ``max`` an index answers)."""
+        t = self.tables
+        # Not executions.updated_at: an index on it would change with every step's
+        # update and make each one a full (not heap-only) update of the row. A step
+        # logs an input, a create writes created_at, an end writes ended_at.
+        newest = (
+            t.executions.c.created_at,
+            t.executions.c.ended_at,
+            t.inputs.c.recorded_at,
+            t.routing_ledger.c.inserted_at,
+            t.outbox.c.dead_at,
+            t.consumer_dead_letters.c.dead_at,
+            t.console_audit.c.at,
+        )
+        statement = sa.select(*(sa.select(sa.func.max(c)).scalar_subquery() for c in newest))
+
+        def read(connection: sa.Connection) -> Fingerprint:
+            row = [None if v is None else _utc(v) for v in connection.execute(statement).one()]
+            moved = [v for v in row[:3] if v is not None]
+            return Fingerprint(
+                executions=max(moved, default=None),
+                ledger=row[3],
+                outbox_dead=row[4],
+                consumer_dead=row[5],
+                audit=row[6],
+            )
+
+        return await run_on(self.engine, read)
+
+    async def execution_fingerprint(self, execution_id: str) -> tuple[datetime, int] | None:
+        """``(updated_at, input count)`` of one execution, ``None`` if there is none: it
+        changes with every step, cancel or failure."""
+        e, inputs = self.tables.executions, self.tables.inputs
+        count = (
+            sa.select(sa.func.count())
+            .select_from(inputs)
+            .where(inputs.c.execution_id == execution_id)
+            .scalar_subquery()
+        )
+        statement = sa.select(e.c.updated_at, count).where(e.c.execution_id == execution_id)
+
+        def read(connection: sa.Connection) -> tuple[datetime, int] | None:
+            row = connection.execute(statement).first()
+            return None if row is None else (row[0], int(row[1]))
+
+        return await run_on(self.engine, read)
+
+    # -- pages by time and key ----------------------------------------------------
+
+    async def _keyset(
+        self,
+        table: sa.Table,
+        moment: sa.Column[Any],
+        kind: str,
+        conditions: Sequence[sa.ColumnElement[bool]],
+        cursor: str | None,
+        size: int,
+    ) -> list[sa.Row[Any]]:
+        """Rows of ``table`` newest first by ``(moment, id)``, after ``cursor``."""
+        statement = (
+            sa.select(table)
+            .where(*conditions)
+            .order_by(moment.desc(), table.c.id.desc())
+            .limit(size + 1)
+        )
+        if cursor is not None:
+            at, key = decode_cursor(cursor, kind)
+            statement = statement.where(
+                sa.tuple_(moment, table.c.id)
+                < sa.tuple_(
+                    sa.literal(at, UtcDateTime()), sa.literal(self._key(key), table.c.id.type)
+                )
+            )
+
+        def read(connection: sa.Connection) -> list[sa.Row[Any]]:
+            return list(connection.execute(statement))
+
+        return await run_on(self.engine, read)
+
+    def _key(self, text: str) -> Any:
+        """A key as the cursor carried it, back in the key type."""
+        try:
+            if self.tables.options.key_default is None:
+                return int(text)
+            return uuid.UUID(text)
+        except ValueError:
+            raise BadCursor(f"not a cursor of this list: a bad key {text!r}") from None
+
+
+# -- running reads ----------------------------------------------------------------
+
+
+def _dialect(engine: sa.Engine | AsyncEngine) -> str:
+    return engine.dialect.name
+
+
+async def run_on(
+    engine: sa.Engine | AsyncEngine, work: Callable[[sa.Connection], _R], *, write: bool = False
+) -> _R:
+    """Run ``work`` on a connection of ``engine`` in one transaction, rolled back after
+    a read and committed after a ``write``; answer what it answers.
+
+    On an async engine ``work`` runs in the driver's greenlet
+    (:meth:`~sqlalchemy.ext.asyncio.AsyncConnection.run_sync`); on a synchronous
+    SQLite engine it runs inline, and is tried again, waiting on the loop, while
+    another connection holds the database's lock (bounded by the connection's
+    timeout: :func:`~statifier.sql.engines.retry_busy`).
+
+    Raises:
+        sqlite3.OperationalError: SQLite stayed locked past the connection's timeout.
+        sqlalchemy.exc.DBAPIError: any other failure of the database.
+    """
+    if isinstance(engine, AsyncEngine):
+        async with engine.connect() as connection:
+            answer = await connection.run_sync(work)
+            if write:
+                await connection.commit()
+            return answer
+    with engine.connect() as sync:
+        wait = busy_wait(sync)
+
+        def attempt() -> _R:
+            try:
+                answer = work(sync)
+                if write:
+                    sync.commit()
+                return answer
+            except sa.exc.DBAPIError as error:
+                # retry_busy knows the driver's error; SQLAlchemy wraps it.
+                cause = error.orig
+                if cause is not None and is_busy(cause):
+                    raise cause from None
+                raise
+            finally:
+                sync.rollback()
+
+        deadline = None if wait is None else time.monotonic() + wait
+        return await retry_busy(attempt, deadline)
+
+
+# -- cursors ----------------------------------------------------------------------
+
+
+def encode_cursor(kind: str, moment: datetime, key: Any) -> str:
+    """An opaque cursor for the list ``kind``: the last row's time and key.
+
+    >>> cursor = encode_cursor("ledger", datetime(2026, 1, 1, tzinfo=UTC), 42)
+    >>> decode_cursor(cursor, "ledger")
+    (datetime.datetime(2026, 1, 1, 0, 0, tzinfo=datetime.timezone.utc), '42')
+    >>> decode_cursor(cursor, "executions")
+    Traceback (most recent call last):
+    ...
+    statifier.console.queries.BadCursor: not a cursor of this list
+    """
+    text = json.dumps([kind, _utc(moment).isoformat(), str(key)], separators=(",", ":"))
+    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str, kind: str) -> tuple[datetime, str]:
+    """The time and key :func:`encode_cursor` put in ``cursor`` for the list ``kind``.
+
+    Raises:
+        BadCursor: anything else.
+    """
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        found = json.loads(base64.urlsafe_b64decode(padded.encode("ascii")))
+        made_for, moment, key = found
+        at = datetime.fromisoformat(moment)
+    except (ValueError, TypeError, UnicodeError, binascii.Error):
+        raise BadCursor("not a cursor of this list") from None
+    if made_for != kind or not isinstance(key, str) or at.tzinfo is None:
+        raise BadCursor("not a cursor of this list")
+    return at, key
+
+
+# -- rows to values ---------------------------------------------------------------
+
+
+def _check_size(size: int) -> None:
+    given: object = size
+    if isinstance(given, bool) or not isinstance(given, int) or not 1 <= given <= MAX_PAGE:
+        raise ValueError(f"a page holds 1 to {MAX_PAGE} rows, not {size!r}")
+
+
+def _utc(moment: datetime) -> datetime:
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+def _paged(
+    rows: Sequence[sa.Row[Any]], size: int, kind: str, moment: str, make: Callable[[Any], _T]
+) -> Page[_T]:
+    chosen = rows[:size]
+    next_cursor = None
+    if len(rows) > size:
+        last = chosen[-1]._mapping
+        next_cursor = encode_cursor(kind, last[moment], last["id"])
+    return Page(tuple(make(row) for row in chosen), next_cursor)
+
+
+def _metadata(value: Any) -> Mapping[str, str]:
+    found = json.loads(value) if isinstance(value, str | bytes) else value
+    return dict(found) if isinstance(found, dict) else {}
+
+
+def _summary(row: sa.Row[Any]) -> ExecutionSummary:
+    return ExecutionSummary(
+        row.execution_id,
+        status=Status(row.status),
+        content_hash=row.content_hash,
+        document=row.name,
+        version=row.version,
+        failure=row.failure,
+        metadata=_metadata(row.metadata),
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        ended_at=row.ended_at,
+    )
+
+
+def _record(row: sa.Row[Any]) -> ExecutionRecord:
+    return ExecutionRecord(
+        row.execution_id,
+        content_hash=row.content_hash,
+        status=Status(row.status),
+        position=row.position_blob,
+        metadata=_metadata(row.metadata),
+        outcome=row.outcome_blob,
+        failure=row.failure,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        ended_at=row.ended_at,
+    )
+
+
+def _chart(row: sa.Row[Any]) -> ChartRecord:
+    return ChartRecord(
+        row.content_hash,
+        source=row.chart_blob,
+        name=row.name,
+        version=row.version,
+        saved_at=row.saved_at,
+        retired_at=row.retired_at,
+        retired_by=row.retired_by,
+    )
+
+
+def _timer(row: sa.Row[Any]) -> TimerView:
+    return TimerView(
+        row.send_id,
+        kind=row.kind,
+        due_at=row.due_at,
+        payload=_metadata(row.payload),
+        inserted_at=row.inserted_at,
+    )
+
+
+def _outbox(row: sa.Row[Any]) -> OutboxRow:
+    return OutboxRow(
+        row.id,
+        queue=row.queue,
+        key=row.key,
+        payload=_metadata(row.payload),
+        attempts=int(row.attempts),
+        next_attempt_at=row.next_attempt_at,
+        lease=row.lease,
+        leased_until=row.leased_until,
+        sent_at=row.sent_at,
+        dead_at=row.dead_at,
+        last_error=row.last_error,
+        inserted_at=row.inserted_at,
+    )
+
+
+def _ledger(row: sa.Row[Any]) -> LedgerRow:
+    return LedgerRow(
+        row.binding_id,
+        message_id=row.message_id,
+        scope=row.scope,
+        source=row.source,
+        outcome=row.outcome,
+        reason=row.reason,
+        document=row.document,
+        key=row.key,
+        execution_id=row.execution_id,
+        inserted_at=row.inserted_at,
+    )
+
+
+def _address(row: sa.Row[Any]) -> AddressView:
+    return AddressView(
+        row.scope,
+        row.document,
+        row.key,
+        execution_id=row.execution_id,
+        inserted_at=row.inserted_at,
+        terminal_seen_at=row.terminal_seen_at,
+        status=None if row.status is None else Status(row.status),
+    )
+
+
+def _consumer_letter(row: sa.Row[Any]) -> ConsumerDeadLetter:
+    return ConsumerDeadLetter(
+        row.id,
+        source=row.source,
+        partition=row.partition,
+        position=int(row.position),
+        message_id=row.message_id,
+        reason=row.reason,
+        raw=bytes(row.raw),
+        dead_at=row.dead_at,
+    )
+
+
+def _input(row: sa.Row[Any]) -> LoggedInput:
+    blob = row.input_blob
+    event = None if blob is None else stored.load_event(bytes(blob))
+    return LoggedInput(row.seq, row.door, event, row.recorded_at)

@@ -1,0 +1,865 @@
+"""The console's web app over a real database (SQLite and PostgreSQL), through httpx:
+sessions and roles, CSRF, escaping, every action and its audit row, pagination, the
+execution page's diagram and timeline, the live stream; and the ``[console]`` table of
+``statifier serve`` and ``statifier console``'s refusals."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from html import unescape
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import pytest_asyncio
+import sqlalchemy as sa
+from tests.persistence.conftest import (  # noqa: F401 - fixtures used by name
+    FreshDatabase,
+    fresh_database,
+    postgresql_store,
+    sqlite_store,
+)
+from tests.router.conftest import (  # noqa: F401 - fixtures used by name
+    RouterDb,
+    impression_bindings,
+    router_db,
+    router_store,
+)
+
+from statifier.chart import compile_chart
+from statifier.cli import main
+from statifier.console.app import TIMELINE_LINKS, Configured, Console, console_app
+from statifier.console.audit import Audit
+from statifier.console.auth import COOKIE, Operator, Operators, Role, Sessions
+from statifier.console.live import Live, TooManyClients
+from statifier.console.queries import ConsoleQueries
+from statifier.core import Event
+from statifier.persistence import Executions, Status
+from statifier.router import InboundEvent, RouterConfig, route
+from statifier.router.locations import BasicHttpLocations, location
+from statifier.service import Service
+from statifier.service.config import ServiceConfigError, load
+from statifier.sql import migrations
+from statifier.sql.locations import upgrade_locations
+
+ADA = "ada-token-0123456789abcdef"
+"""The operator's token."""
+BOB = "bob-token-0123456789abcdef"
+"""The read-only operator's token."""
+MARKUP = '<script>alert("x")</script><b>bold</b>'
+"""A datamodel value a page must show as text."""
+
+
+@dataclass
+class Site:
+    """A console over one backend's database, and a client of it."""
+
+    db: RouterDb
+    config: RouterConfig
+    console: Console
+    client: httpx.AsyncClient
+
+    async def login(self, token: str) -> None:
+        answer = await self.client.post("/console/login", data={"token": token})
+        assert answer.status_code == 303, answer.text
+
+    async def page(self, path: str) -> httpx.Response:
+        answer = await self.client.get(path)
+        assert answer.status_code == 200, answer.text
+        return answer
+
+    async def csrf(self, path: str) -> str:
+        """The CSRF token of the confirmation form at ``path``."""
+        found = re.search(r'name="csrf" value="([^"]+)"', (await self.page(path)).text)
+        assert found is not None
+        return found.group(1)
+
+    async def impression(self, key: str, message: str | None = None) -> str:
+        """Route an impression of ``key``; answers the execution it created."""
+        event = InboundEvent(
+            scope="web",
+            source="ad_events",
+            message_id=message or f"m-{key}",
+            data={"kind": "impression", "impression_id": key, "shown_at": "now"},
+        )
+        routed = await route(self.config, event)
+        execution_id = getattr(routed.outcomes[0], "execution_id", None)
+        assert isinstance(execution_id, str)
+        return execution_id
+
+    async def audit_rows(self) -> list[tuple[str, str, str, str]]:
+        page = await self.console.audit.entries()
+        return [(row.actor, row.action, row.target, row.outcome) for row in page.rows]
+
+    def sql(self, statement: Any) -> Any:
+        engine = sa.create_engine(migrations.sync_url(self.db.store.url))
+        try:
+            with engine.begin() as connection:
+                result = connection.execute(statement)
+                return result.fetchall() if result.returns_rows else result.rowcount
+        finally:
+            engine.dispose()
+
+
+@pytest_asyncio.fixture
+async def site(router_db: RouterDb) -> AsyncIterator[Site]:  # noqa: F811 - the fixture
+    store = router_db.store
+    upgrade_locations(migrations.sync_url(store.url), store.tables)
+    options = store.tables.options
+    where = f"{options.schema}." if options.schema else ""
+    engine = sa.create_engine(migrations.sync_url(store.url))
+    try:
+        with engine.begin() as connection:  # outside the tables the fixture empties
+            connection.execute(sa.text(f"DELETE FROM {where}{options.name('locations')}"))
+    finally:
+        engine.dispose()
+    config = router_db.config(
+        impression_bindings(),
+        basichttp=BasicHttpLocations("http://127.0.0.1:9/basichttp"),
+    )
+    operators = Operators(
+        [Operator("ada", ADA, Role.OPERATOR), Operator("bob", BOB, Role.READ_ONLY)]
+    )
+    adapter = router_db.adapter
+    console = Console(
+        queries=ConsoleQueries(adapter.engine, adapter.tables),
+        audit=Audit(adapter.engine, adapter.tables),
+        router=config,
+        sessions=Sessions(operators, key=b"k" * 32),
+        configured=Configured(bindings=impression_bindings()),
+        scopes={},
+        live_interval=0.05,
+    )
+    transport = httpx.ASGITransport(app=console_app(console))
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+        yield Site(router_db, config, console, client)
+
+
+def _lit(page: str) -> list[str]:
+    """The states the page's diagram lights."""
+    diagram = page.split('id="diagram"', 1)[1].split("</section>", 1)[0]
+    assert "<svg" in diagram
+    return re.findall(r'<g class="state active" data-state="([^"]+)"', diagram)
+
+
+# Sessions, roles, CSRF.
+
+
+PAGES = (
+    "/console/executions",
+    "/console/executions/ex_1",
+    "/console/routing",
+    "/console/failures",
+    "/console/audit",
+)
+
+
+@pytest.mark.asyncio
+async def test_without_a_session_every_page_sends_to_login_and_events_answer_401(
+    site: Site,
+) -> None:
+    for path in PAGES:
+        answer = await site.client.get(path)
+        assert answer.status_code == 303, path
+        assert answer.headers["location"].startswith("/console/login?next=")
+    assert (await site.client.get("/console/events")).status_code == 401
+    execution_id = await site.impression("k1")
+    refused = await site.client.post(f"/console/executions/{execution_id}/cancel", data={})
+    assert refused.status_code == 401
+    record = await site.config.storage.fetch_execution(execution_id)
+    assert record.status is Status.ACTIVE
+    login = await site.client.get("/console/login")
+    assert login.status_code == 200
+    assert 'name="token"' in login.text
+
+
+@pytest.mark.asyncio
+async def test_a_wrong_token_is_refused_and_a_right_one_starts_a_strict_session(
+    site: Site,
+) -> None:
+    wrong = await site.client.post("/console/login", data={"token": "not-a-token-at-all"})
+    assert wrong.status_code == 401
+    assert COOKIE not in wrong.cookies
+    assert "not-a-token-at-all" not in wrong.text  # a posted token is never echoed
+    right = await site.client.post(
+        "/console/login", data={"token": ADA, "next": "/console/routing"}
+    )
+    assert right.status_code == 303
+    assert right.headers["location"] == "/console/routing"
+    cookie = right.headers["set-cookie"]
+    for attribute in ("HttpOnly", "SameSite=strict", "Path=/console/"):
+        assert attribute.lower() in cookie.lower()
+    assert ADA not in cookie
+    page = await site.page("/console/executions")
+    assert "ada (operator)" in page.text
+    policy = page.headers["content-security-policy"]
+    assert "default-src 'none'" in policy
+    assert "script-src 'self';" in policy
+    assert "style-src 'self';" in policy  # nothing inline
+    assert 'style="' not in page.text
+
+
+@pytest.mark.asyncio
+async def test_login_goes_on_only_to_a_console_page(site: Site) -> None:
+    for elsewhere in ("https://evil.example/", "//evil.example/console/", "/console/..//x"):
+        answer = await site.client.post("/console/login", data={"token": ADA, "next": elsewhere})
+        assert answer.headers["location"] == "/console/executions", elsewhere
+
+
+@pytest.mark.asyncio
+async def test_a_forged_or_foreign_cookie_is_no_session(site: Site) -> None:
+    await site.login(ADA)
+    cookie = site.client.cookies[COOKIE]
+    body, _, signature = cookie.partition(".")
+    site.client.cookies.clear()
+    site.client.cookies.set(COOKIE, body + "." + signature[::-1], path="/console/")
+    assert (await site.client.get("/console/executions")).status_code == 303
+    other = Sessions(site.console.sessions.operators, key=b"o" * 32)
+    site.client.cookies.clear()
+    ada = site.console.sessions.operators.named("ada")
+    site.client.cookies.set(COOKIE, other.issue(ada), path="/console/")
+    assert (await site.client.get("/console/executions")).status_code == 303
+
+
+@pytest.mark.asyncio
+async def test_a_read_only_operator_sees_no_action_and_is_refused_every_one(site: Site) -> None:
+    execution_id = await site.impression("k1")
+    await site.login(BOB)
+    page = await site.page(f"/console/executions/{execution_id}")
+    assert 'id="cancel"' not in page.text
+    assert 'id="rotate"' not in page.text
+    for path in (
+        f"/console/executions/{execution_id}/cancel",
+        f"/console/executions/{execution_id}/rotate",
+        "/console/failures/outbox/1/retry",
+        "/console/failures/consumer/1/discard",
+    ):
+        assert (await site.client.get(path)).status_code == 403, path
+        csrf = re.search(r'name="csrf" value="([^"]+)"', page.text)
+        assert csrf is not None  # the logout form's: a valid token of this session
+        answer = await site.client.post(path, data={"csrf": csrf.group(1)})
+        assert answer.status_code == 403, path
+    record = await site.config.storage.fetch_execution(execution_id)
+    assert record.status is Status.ACTIVE
+    assert await site.audit_rows() == []
+
+
+@pytest.mark.asyncio
+async def test_an_action_without_the_sessions_csrf_token_is_refused(site: Site) -> None:
+    execution_id = await site.impression("k1")
+    await site.login(ADA)
+    path = f"/console/executions/{execution_id}/cancel"
+    assert (await site.client.post(path, data={})).status_code == 403
+    assert (await site.client.post(path, data={"csrf": "guessed"})).status_code == 403
+    other = site.console.sessions.read(
+        site.console.sessions.issue(site.console.sessions.operators.named("ada"))
+    )
+    assert other is not None  # another session of the same operator: another token
+    assert (await site.client.post(path, data={"csrf": other.csrf})).status_code == 403
+    record = await site.config.storage.fetch_execution(execution_id)
+    assert record.status is Status.ACTIVE
+    assert await site.audit_rows() == []
+
+
+# What pages show.
+
+
+@pytest.mark.asyncio
+async def test_markup_in_the_datamodel_and_in_keys_is_shown_as_text(site: Site) -> None:
+    execution_id = await site.impression(MARKUP)
+    await site.login(ADA)
+    page = await site.page(f"/console/executions/{execution_id}")
+    assert "<script>alert" not in page.text
+    assert "<b>bold</b>" not in page.text
+    datamodel = page.text.split('id="datamodel"', 1)[1].split("</section>", 1)[0]
+    assert "&lt;script&gt;" in datamodel
+    assert MARKUP.replace('"', '\\"') in unescape(datamodel)  # as JSON text
+    routing = await site.page(f"/console/routing?key={MARKUP}")
+    assert "<script>alert" not in routing.text
+    assert execution_id in routing.text.split('id="addresses"', 1)[1]
+
+
+@pytest.mark.asyncio
+async def test_the_execution_page_draws_the_chart_lit_and_steps_through_the_log(
+    site: Site,
+) -> None:
+    execution_id = await site.impression("k1")
+    await site.login(ADA)
+    running = (await site.page(f"/console/executions/{execution_id}")).text
+    assert _lit(running) == ["shown"]
+    click = InboundEvent(
+        scope="web",
+        source="ad_events",
+        message_id="c-1",
+        data={"kind": "click", "impression_id": "k1", "url": "u"},
+    )
+    await route(site.config, click)
+    page = (await site.page(f"/console/executions/{execution_id}")).text
+    assert 'id="status" class="status-completed">completed<' in page
+    assert _lit(page) == ["joined"]  # the final state it ended in
+    timeline = page.split('id="timeline"', 1)[1].split("</section>", 1)[0]
+    steps = re.findall(r'class="replay-step" data-step="(\d+)" href="\?step=(\d+)"', timeline)
+    assert [int(n) for n, _ in steps] == [0, 1, 2]
+    start = (await site.page(f"/console/executions/{execution_id}?step=0")).text
+    assert _lit(start) == ["waiting"]
+    assert 'aria-current="step"' in start
+    first = (await site.page(f"/console/executions/{execution_id}?step=1")).text
+    assert 'id="configuration">shown<' in first
+    assert _lit(first) == ["shown"]
+    assert '"k1"' in unescape(first.split('id="datamodel"', 1)[1].split("</section>", 1)[0])
+    assert (await site.client.get(f"/console/executions/{execution_id}?step=9")).status_code == 400
+    assert (await site.client.get("/console/executions/ex_missing")).status_code == 404
+
+
+@pytest.mark.asyncio
+async def test_a_long_log_lists_the_start_the_end_and_the_steps_around_the_one_shown(
+    site: Site,
+) -> None:
+    counter = compile_chart(
+        '<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="open">'
+        '<datamodel><data id="n" expr="0"/></datamodel><state id="open">'
+        '<transition event="hit"><assign location="n" expr="n + 1"/></transition>'
+        "</state></scxml>"
+    )
+    executions = Executions(site.config.storage)
+    await executions.create("long-1", counter)
+    for _ in range(TIMELINE_LINKS + 50):
+        await executions.step("long-1", counter, Event("hit"))
+    await site.login(ADA)
+    last = TIMELINE_LINKS + 50
+
+    def listed(page: str) -> list[int]:
+        timeline = page.split('id="timeline"', 1)[1].split("</section>", 1)[0]
+        return [int(n) for n in re.findall(r'class="replay-step" data-step="(\d+)"', timeline)]
+
+    now = (await site.page("/console/executions/long-1")).text
+    assert listed(now) == [0, *range(last - TIMELINE_LINKS // 2, last + 1)]
+    assert 'class="gap"' in now
+    datamodel = now.split('id="datamodel"', 1)[1].split("</section>", 1)[0]
+    assert f'<th scope="row">n</th><td><pre>{last}</pre>' in datamodel
+    early = (await site.page("/console/executions/long-1?step=5")).text
+    assert listed(early) == [*range(TIMELINE_LINKS // 2 + 6), last]
+    assert "<pre>5</pre>" in early.split('id="datamodel"', 1)[1].split("</section>", 1)[0]
+    assert len(site.console._replays) == 1  # the same log is replayed once
+
+
+@pytest.mark.asyncio
+async def test_the_list_pages_by_cursor_and_filters_by_status(site: Site) -> None:
+    made = [await site.impression(f"k{n}") for n in range(3)]
+    await site.login(ADA)
+    first = (await site.page("/console/executions?size=2")).text
+    shown = re.findall(r'data-execution-id="([^"]+)"', first)
+    assert len(shown) == 2
+    following = re.search(r'class="next-page" rel="next" href="([^"]+)"', first)
+    assert following is not None
+    second = (await site.page(unescape(following.group(1)))).text
+    rest = re.findall(r'data-execution-id="([^"]+)"', second)
+    assert sorted(shown + rest) == sorted(made)
+    assert "next-page" not in second
+    cancelled = (await site.page("/console/executions?status=cancelled")).text
+    assert re.findall(r'data-execution-id="([^"]+)"', cancelled) == []
+    assert (await site.client.get("/console/executions?status=nope")).status_code == 400
+    assert (await site.client.get("/console/executions?cursor=forged")).status_code == 400
+
+
+@pytest.mark.asyncio
+async def test_the_routing_page_counts_and_lists_the_configured_bindings(site: Site) -> None:
+    await site.impression("k1")
+    await site.impression("k1", message="m-again")  # a second impression: dropped
+    site.db.clock.advance(timedelta(minutes=1))
+    await site.login(ADA)
+    page = (await site.page("/console/routing?window=24h")).text
+    chart = page.split('id="counts"', 1)[1].split("</div>", 1)[0]
+    assert 'data-binding="impressions_to_join"' in chart
+    assert "impressions_to_join" in page.split('id="bindings"', 1)[1]
+    dropped = (await site.page("/console/routing?outcome=dropped")).text
+    rows = dropped.split('id="ledger-rows"', 1)[1].split("</table>", 1)[0]
+    assert re.findall(r'data-outcome="([^"]+)"', rows) == ["dropped"]
+    assert (await site.client.get("/console/routing?window=1y")).status_code == 400
+    site.console.configured = None  # as statifier console alone knows them
+    alone = (await site.page("/console/routing")).text
+    assert 'id="none-configured"' in alone
+    assert 'id="bindings"' not in alone
+
+
+@pytest.mark.asyncio
+async def test_the_assets_are_the_packages_own_and_need_no_session(site: Site) -> None:
+    script = await site.client.get("/console/static/console.js")
+    style = await site.client.get("/console/static/console.css")
+    assert (script.status_code, style.status_code) == (200, 200)
+    for asset in (script.text, style.text):
+        assert "http://" not in asset
+        assert "https://" not in asset  # nothing fetched from elsewhere (no CDN)
+    assert (await site.client.get("/console/static/%2e%2e/app.py")).status_code == 404
+
+
+# Actions and the audit.
+
+
+@pytest.mark.asyncio
+async def test_cancel_behind_a_confirmation_is_done_once_and_audited(site: Site) -> None:
+    execution_id = await site.impression("k1")
+    await site.login(ADA)
+    page = await site.page(f"/console/executions/{execution_id}")
+    assert 'id="cancel"' in page.text
+    path = f"/console/executions/{execution_id}/cancel"
+    confirm = await site.page(path)
+    assert 'id="confirm"' in confirm.text
+    record = await site.config.storage.fetch_execution(execution_id)
+    assert record.status is Status.ACTIVE  # the confirmation page changed nothing
+    done = await site.client.post(path, data={"csrf": await site.csrf(path)})
+    assert done.status_code == 303  # back to the execution, which says it was done
+    assert done.headers["location"] == f"/console/executions/{execution_id}?done=cancel"
+    back = (await site.page(done.headers["location"])).text
+    assert 'id="notice"' in back
+    assert 'id="status" class="status-cancelled">cancelled<' in back
+    record = await site.config.storage.fetch_execution(execution_id)
+    assert record.status is Status.CANCELLED
+    again = await site.client.post(path, data={"csrf": await site.csrf(path)})
+    assert again.status_code == 409
+    assert await site.audit_rows() == [
+        ("ada", "cancel", execution_id, "refused"),
+        ("ada", "cancel", execution_id, "done"),
+    ]
+    shown = (await site.page(f"/console/executions/{execution_id}")).text
+    assert 'id="cancel"' not in shown
+    assert "cancel" in shown.split('id="execution-audit"', 1)[1]
+
+
+@pytest.mark.asyncio
+async def test_outbox_dead_letters_are_retried_and_discarded_and_audited(site: Site) -> None:
+    outbox = site.db.store.tables.outbox
+    now = datetime.now(UTC)
+    for key in ("a", "b"):
+        site.sql(
+            outbox.insert().values(
+                queue="joined",
+                key=key,
+                payload={"event": "e", "execution_id": "ex_1", "scope": "web"},
+                attempts=8,
+                next_attempt_at=now,
+                dead_at=now,
+                last_error="HTTP 500",
+                inserted_at=now,
+            )
+        )
+    ids = {key: row_id for row_id, key in site.sql(sa.select(outbox.c.id, outbox.c.key))}
+    await site.login(ADA)
+    failures = (await site.page("/console/failures")).text
+    assert failures.count("/retry") >= 2
+    retry = f"/console/failures/outbox/{ids['a']}/retry"
+    retried = await site.client.post(retry, data={"csrf": await site.csrf(retry)})
+    assert retried.status_code == 303
+    assert retried.headers["location"] == "/console/failures?done=retry_outbox"
+    discard = f"/console/failures/outbox/{ids['b']}/discard"
+    answer = await site.client.post(discard, data={"csrf": await site.csrf(discard)})
+    assert answer.status_code == 303
+    rows = site.sql(sa.select(outbox.c.key, outbox.c.dead_at, outbox.c.attempts))
+    assert [(key, dead, attempts) for key, dead, attempts in rows] == [("a", None, 0)]
+    again = await site.client.post(discard, data={"csrf": await site.csrf(discard)})
+    assert again.status_code == 409
+    pending = f"/console/failures/outbox/{ids['a']}/discard"  # a pending row is kept
+    kept = await site.client.post(pending, data={"csrf": await site.csrf(pending)})
+    assert kept.status_code == 409
+    assert len(site.sql(sa.select(outbox.c.id))) == 1
+    assert await site.audit_rows() == [
+        ("ada", "discard_outbox", f"outbox:{ids['a']}", "refused"),
+        ("ada", "discard_outbox", f"outbox:{ids['b']}", "refused"),
+        ("ada", "discard_outbox", f"outbox:{ids['b']}", "done"),
+        ("ada", "retry_outbox", f"outbox:{ids['a']}", "done"),
+    ]
+
+
+@pytest.mark.asyncio
+async def test_consumer_dead_letters_are_routed_again_or_discarded_and_audited(
+    site: Site,
+) -> None:
+    letters = site.db.store.tables.consumer_dead_letters
+    now = datetime.now(UTC)
+    envelope = (
+        b'{"scope": "web", "source": "ad_events", "message_id": "m-9", "data": '
+        b'{"kind": "impression", "impression_id": "k9", "shown_at": "now"}}'
+    )
+    for raw, message in ((envelope, "m-9"), (b"{oops", None)):
+        site.sql(
+            letters.insert().values(
+                source="inbound",
+                partition="0",
+                position=1,
+                message_id=message,
+                reason="failed too often",
+                raw=raw,
+                dead_at=now,
+            )
+        )
+    ids = [row_id for (row_id,) in site.sql(sa.select(letters.c.id).order_by(letters.c.id))]
+    await site.login(ADA)
+    retry = f"/console/failures/consumer/{ids[0]}/retry"
+    answer = await site.client.post(retry, data={"csrf": await site.csrf(retry)})
+    assert answer.status_code == 303, answer.text
+    detail = (await site.console.audit.entries()).rows[0].detail
+    assert detail is not None
+    assert "CreatedAndDelivered" in detail
+    routing = (await site.page("/console/routing?key=k9")).text
+    assert "ex_" in routing.split('id="addresses"', 1)[1].split("</table>", 1)[0]
+    malformed = f"/console/failures/consumer/{ids[1]}/retry"
+    refused = await site.client.post(malformed, data={"csrf": await site.csrf(malformed)})
+    assert refused.status_code == 409
+    discard = f"/console/failures/consumer/{ids[1]}/discard"
+    discarded = await site.client.post(discard, data={"csrf": await site.csrf(discard)})
+    assert discarded.status_code == 303
+    assert site.sql(sa.select(letters.c.id)) == []
+    assert [row[1:] for row in await site.audit_rows()] == [
+        ("discard_consumer", f"consumer:{ids[1]}", "done"),
+        ("retry_consumer", f"consumer:{ids[1]}", "refused"),
+        ("retry_consumer", f"consumer:{ids[0]}", "done"),
+    ]
+
+
+@pytest.mark.asyncio
+async def test_a_brokers_dead_letter_is_routed_again_under_its_sources_fixed_scope(
+    site: Site,
+) -> None:
+    letters = site.db.store.tables.consumer_dead_letters
+    data = b'{"kind": "impression", "impression_id": "k7", "shown_at": "now"}'
+    site.sql(
+        letters.insert().values(
+            source="ad_events",
+            partition="scans-0",
+            position=41,
+            message_id="scans-0@41",
+            reason="failed too often",
+            raw=data,
+            dead_at=datetime.now(UTC),
+        )
+    )
+    ((row_id,),) = site.sql(sa.select(letters.c.id))
+    await site.login(ADA)
+    retry = f"/console/failures/consumer/{row_id}/retry"
+    unknown = await site.client.post(retry, data={"csrf": await site.csrf(retry)})
+    assert unknown.status_code == 409  # the console does not know the source's scope
+    assert "is not fixed by the configuration" in unknown.text
+    assert len(site.sql(sa.select(letters.c.id))) == 1
+    site.console.scopes = {"ad_events": "web"}  # as [sources.NAME] scope says
+    routed = await site.client.post(retry, data={"csrf": await site.csrf(retry)})
+    assert routed.status_code == 303
+    assert site.sql(sa.select(letters.c.id)) == []
+    found = (await site.page("/console/routing?key=k7&scope=web")).text
+    assert "ex_" in found.split('id="addresses"', 1)[1].split("</table>", 1)[0]
+    ledger = (await site.page("/console/routing")).text
+    assert "scans-0@41" in ledger  # delivered under the letter's own message id
+
+
+@pytest.mark.asyncio
+async def test_a_rotation_shows_the_new_location_once_and_the_old_one_is_dead(
+    site: Site,
+) -> None:
+    execution_id = await site.impression("k1")
+    before = await location(site.config, execution_id)
+    assert before is not None
+    await site.login(ADA)
+    path = f"/console/executions/{execution_id}/rotate"
+    assert 'id="rotate"' in (await site.page(f"/console/executions/{execution_id}")).text
+    answer = await site.client.post(path, data={"csrf": await site.csrf(path)})
+    assert answer.status_code == 200
+    shown = re.search(r'id="secret">([^<]+)<', answer.text)
+    assert shown is not None
+    assert shown.group(1).startswith("http://127.0.0.1:9/basichttp/")
+    assert shown.group(1) != before
+    assert await location(site.config, execution_id) is None  # the chart's copy is dead
+    (row,) = await site.audit_rows()
+    assert row == ("ada", "rotate", execution_id, "done")
+    audit = (await site.page("/console/audit")).text
+    assert shown.group(1) not in audit  # the location is a capability: never kept
+
+
+# Live.
+
+
+@pytest.mark.asyncio
+async def test_the_event_stream_says_changed_when_an_execution_moves(site: Site) -> None:
+    await site.login(ADA)
+
+    async def change_then_close() -> None:
+        while site.console.live.clients == 0:  # noqa: ASYNC110 - a count, not an event
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)  # the poller's first probe is the baseline
+        await site.impression("k1")
+        await asyncio.sleep(0.3)
+        site.console.live.close()
+
+    task = asyncio.create_task(change_then_close())
+    answer = await site.client.get("/console/events")
+    await task
+    assert answer.status_code == 200
+    assert answer.headers["content-type"].startswith("text/event-stream")
+    assert answer.text.startswith("retry: ")
+    assert "event: changed\ndata: {}\n\n" in answer.text
+    assert (await site.client.get("/console/events")).status_code == 503  # closed
+
+
+@pytest.mark.asyncio
+async def test_live_polls_once_for_all_clients_and_bounds_them() -> None:
+    calls = 0
+
+    async def probe() -> int:
+        nonlocal calls
+        calls += 1
+        return calls // 3  # moves every third probe
+
+    live = Live(probe, interval=0.01, max_clients=2)
+    async with live.subscribe() as one, live.subscribe() as two:
+        with pytest.raises(TooManyClients):
+            async with live.subscribe():
+                pass
+        assert await asyncio.wait_for(one.get(), 1) == "changed"
+        assert await asyncio.wait_for(two.get(), 1) == "changed"
+    stopped = calls
+    await asyncio.sleep(0.05)
+    assert calls == stopped  # no client, no probe
+
+
+# The [console] table of statifier serve, and statifier console.
+
+
+def _config(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "statifier.toml"
+    path.write_text(text)
+    return path
+
+
+def test_the_console_table_reads_operators_from_the_environment(tmp_path: Path) -> None:
+    path = _config(
+        tmp_path,
+        "[console]\nsession_max_age = 600\n"
+        '[console.operators.ada]\ntoken_env = "ADA"\nrole = "operator"\n'
+        '[console.operators.bob]\ntoken_env = "BOB"\nrole = "read_only"\n',
+    )
+    settings = load(path, {"ADA": ADA, "BOB": BOB})
+    assert settings.console.enabled
+    assert [(o.name, o.role) for o in settings.console.operators] == [
+        ("ada", "operator"),
+        ("bob", "read_only"),
+    ]
+    assert ADA not in repr(settings)
+    assert not load(_config(tmp_path, "")).console.enabled
+
+
+@pytest.mark.parametrize(
+    ("text", "environ", "said"),
+    [
+        ("[console]\nport = 1\n", {}, "[console] port: unknown key"),
+        (
+            '[console.operators.ada]\ntoken_env = "ADA"\n',
+            {},
+            "[console.operators.ada] token_env: the environment variable ADA is not set",
+        ),
+        (
+            '[console.operators.ada]\ntoken_env = "ADA"\nrole = "root"\n',
+            {"ADA": ADA},
+            "[console.operators.ada] role: must be one of operator, read_only",
+        ),
+        (
+            '[console.operators.ada]\ntoken_env = "ADA"\n',
+            {"ADA": "short"},
+            "token_env: the token must be at least 16 characters",
+        ),
+        (
+            '[http]\nhost = "0.0.0.0"\n[console]\n',
+            {},
+            '[console] operators: a console listening on "0.0.0.0" (not loopback) needs',
+        ),
+        (
+            '[console]\nsession_key_env = "KEY"\n',
+            {"KEY": "too short"},
+            "[console] session_key_env: the key must be at least 32 bytes",
+        ),
+    ],
+)
+def test_the_console_table_refuses_what_cannot_be_safe(
+    tmp_path: Path, text: str, environ: dict[str, str], said: str
+) -> None:
+    with pytest.raises(ServiceConfigError) as refused:
+        load(_config(tmp_path, text), environ)
+    assert said in str(refused.value)
+    for secret in environ.values():
+        assert secret not in str(refused.value)
+
+
+def test_a_front_cannot_take_the_consoles_path(tmp_path: Path) -> None:
+    charts = tmp_path / "charts"
+    charts.mkdir()
+    (charts / "join.scxml").write_text(
+        '<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="a"><state id="a"/></scxml>'
+    )
+    text = (
+        'charts = "charts"\n[console]\n'
+        '[[bindings]]\nid = "b"\nsource = "s"\nmatch = "true"\nkey = "event.k"\n'
+        'document = "join"\nevent = "e"\n'
+        '[fronts.webhook.w]\npath = "/console/hooks"\nsource = "s"\nscope = "x"\n'
+    )
+    with pytest.raises(ServiceConfigError, match=r"overlaps the console"):
+        load(_config(tmp_path, text))
+
+
+def test_statifier_console_refuses_a_wide_bind_without_operators(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    assert main(["console", "--database", url, "--host", "0.0.0.0"]) == 2
+    assert "(not loopback) needs --operator" in capsys.readouterr().err
+    assert main(["console", "--database", url, "--operator", "ada:root:NOPE"]) == 2
+    assert "the role is operator or read_only" in capsys.readouterr().err
+    assert main(["console", "--database", url]) == 2  # not migrated
+    assert "statifier db upgrade" in capsys.readouterr().err
+
+
+# Served by statifier serve.
+
+
+SERVED_CHART = (
+    '<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="open">'
+    '<state id="open"><transition event="hit" target="open"/></state></scxml>'
+)
+
+
+def _served_config(directory: Path, database: FreshDatabase, console: str) -> Path:
+    schema = "" if database.schema is None else f'schema = "{database.schema}"\n'
+    charts = directory / "charts"
+    charts.mkdir(exist_ok=True)
+    (charts / "hits.scxml").write_text(SERVED_CHART)
+    body = (
+        'migrate = true\nshutdown_timeout = 5\ncharts = "charts"\n'
+        '[[bindings]]\nid = "hits"\nsource = "clicks"\nmatch = "true"\n'
+        'key = "event.key"\ndocument = "hits"\nevent = "hit"\n'
+        f'[database]\nurl = "{database.url}"\nprefix = "t_"\n{schema}'
+        f"[http]\nport = 0\n{console}"
+    )
+    path = directory / "statifier.toml"
+    path.write_text(body)
+    return path
+
+
+@pytest.mark.asyncio
+async def test_serve_mounts_the_console_and_an_open_stream_does_not_hold_the_stop(
+    fresh_database: FreshDatabase,  # noqa: F811 - the fixture
+    tmp_path: Path,
+) -> None:
+    console = '[console]\n[console.operators.ada]\ntoken_env = "ADA"\nrole = "operator"\n'
+    settings = load(_served_config(tmp_path, fresh_database, console), {"ADA": ADA})
+    out = io.StringIO()
+    service = Service(settings, out)
+    running = asyncio.create_task(service.run())
+    while service.address is None:
+        assert not running.done(), running
+        await asyncio.sleep(0.02)
+    base = f"http://{service.address[0]}:{service.address[1]}"
+    assert "/console/" in out.getvalue()
+    assert ADA not in out.getvalue()  # a configured token is never printed
+    async with httpx.AsyncClient(base_url=base, timeout=5.0) as client:
+        assert (await client.get("/healthz")).status_code == 200
+        assert (await client.get("/console/events")).status_code == 401
+        assert (await client.get("/console/executions")).status_code == 303
+        answer = await client.post("/console/login", data={"token": ADA})
+        assert answer.status_code == 303
+        listed = await client.get("/console/executions")
+        assert listed.status_code == 200
+        assert 'id="executions"' in listed.text
+        routing = await client.get("/console/routing")
+        assert "hits" in routing.text.split('id="bindings"', 1)[1]
+        served = service._console
+        assert served is not None
+        async with client.stream("GET", "/console/events") as stream:
+            assert stream.headers["content-type"].startswith("text/event-stream")
+            assert served.live.clients == 1
+        deadline = time.monotonic() + 5
+        while served.live.clients:
+            assert time.monotonic() < deadline, "a stream the browser left stayed open"
+            await asyncio.sleep(0.02)
+        async with client.stream("GET", "/console/events") as stream:
+            started = time.monotonic()
+            service.stop()
+            assert await asyncio.wait_for(running, 10) == 0
+            assert time.monotonic() - started < 4  # the stream ended with the stop
+
+
+@pytest.mark.asyncio
+async def test_serve_without_operators_prints_a_token_for_this_start_only(
+    fresh_database: FreshDatabase,  # noqa: F811 - the fixture
+    tmp_path: Path,
+) -> None:
+    settings = load(_served_config(tmp_path, fresh_database, "[console]\n"))
+    out = io.StringIO()
+    service = Service(settings, out)
+    running = asyncio.create_task(service.run())
+    try:
+        while service.address is None:
+            assert not running.done(), running
+            await asyncio.sleep(0.02)
+        found = re.search(r"console login token \(this start only\): (\S+)", out.getvalue())
+        assert found is not None
+        base = f"http://{service.address[0]}:{service.address[1]}"
+        async with httpx.AsyncClient(base_url=base, timeout=5.0) as client:
+            answer = await client.post("/console/login", data={"token": found.group(1)})
+            assert answer.status_code == 303
+            assert "local (operator)" in (await client.get("/console/executions")).text
+    finally:
+        service.stop()
+        assert await asyncio.wait_for(running, 10) == 0
+
+
+def test_statifier_console_serves_until_sigterm_and_its_token_logs_in(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'alone.db'}"
+    migrations.upgrade(url)
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root / "src"), "ADA_TOKEN": ADA}
+    command = [sys.executable, "-m", "statifier.cli", "console", "--database", url]
+    for extra, token in (([], None), (["--operator", "ada:read_only:ADA_TOKEN"], ADA)):
+        with (
+            (tmp_path / "stderr.txt").open("w") as errors,
+            subprocess.Popen(
+                [*command, "--port", "0", *extra],
+                stdout=subprocess.PIPE,
+                stderr=errors,
+                text=True,
+                env=env,
+            ) as process,
+        ):
+            try:
+                assert process.stdout is not None
+                first = process.stdout.readline()
+                listening = re.search(r"listening on (http://127\.0\.0\.1:\d+)/console/", first)
+                assert listening is not None, first
+                if token is None:
+                    line = process.stdout.readline()
+                    said = re.search(r"login token \(this start only\): (\S+)", line)
+                    assert said is not None, line
+                    token = said.group(1)
+                with httpx.Client(base_url=listening.group(1), timeout=10) as client:
+                    assert client.get("/console/executions").status_code == 303
+                    login = client.post("/console/login", data={"token": token})
+                    assert login.status_code == 303
+                    page = client.get("/console/routing")
+                    assert page.status_code == 200
+                    assert 'id="none-configured"' in page.text
+                process.send_signal(signal.SIGTERM)
+                assert process.wait(20) == 0
+                rest = process.stdout.read()
+                assert "stopped" in rest
+                assert ADA not in rest  # a configured token is never printed
+            finally:
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
+        assert ADA not in (tmp_path / "stderr.txt").read_text()

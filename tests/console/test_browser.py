@@ -1,0 +1,252 @@
+"""The console in a real browser: headless Chromium, driven by Selenium, against a real
+``statifier serve`` on loopback over SQLite, with executions the test creates through
+the service's webhook.
+
+One walk through the console as an operator would make it: refused without the token,
+logged in with it, an execution opened with its active states lit, its input log
+stepped through, a datamodel value holding markup shown as text (no script ran), the
+execution cancelled behind its confirmation (and audited), the executions list updated
+live while the page stays loaded. With ``STATIFIER_SCREENSHOTS=1`` the same walk writes
+the screenshots of ``docs/console.md``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from datetime import UTC, datetime
+
+import httpx
+import pytest
+import sqlalchemy as sa
+from selenium.common.exceptions import NoAlertPresentException, TimeoutException
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.remote.webelement import WebElement
+from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.support.wait import WebDriverWait
+from tests.console.conftest import (
+    OPERATOR_TOKEN,
+    READER_TOKEN,
+    SCREENSHOTS,
+    SCREENSHOTS_ENV,
+    ServedConsole,
+)
+
+from statifier.console.audit import Audit
+from statifier.console.auth import COOKIE
+from statifier.console.queries import ConsoleQueries
+from statifier.sql.tables import Tables
+
+MARKUP = "<script>alert(1)</script>"
+WAIT = 20.0
+
+
+def _address(database: str, key: str) -> str:
+    async def find() -> str:
+        async with ConsoleQueries.open(database, Tables.define()) as queries:
+            (address,) = await queries.addresses(key)
+            return address.execution_id
+
+    return asyncio.run(find())
+
+
+def _status(database: str, execution_id: str) -> str | None:
+    async def read() -> str | None:
+        async with ConsoleQueries.open(database, Tables.define()) as queries:
+            detail = await queries.execution(execution_id)
+            return None if detail is None else detail.record.status.value
+
+    return asyncio.run(read())
+
+
+def _audited(database: str, target: str) -> list[tuple[str, str, str]]:
+    async def read() -> list[tuple[str, str, str]]:
+        async with ConsoleQueries.open(database, Tables.define()) as queries:
+            page = await Audit(queries.engine, queries.tables).entries(target=target)
+            return [(row.actor, row.action, row.outcome) for row in page.rows]
+
+    return asyncio.run(read())
+
+
+def _dead_letter(database: str) -> None:
+    """A message a stream consumer gave up on, as the consumer writes it."""
+    engine = sa.create_engine(database)
+    try:
+        with engine.begin() as connection:
+            connection.execute(
+                Tables.define().consumer_dead_letters.insert(),
+                {
+                    "source": "scans",
+                    "partition": "3",
+                    "position": 1042771,
+                    "message_id": "scan-1042771",
+                    "reason": "malformed: not a JSON object",
+                    "raw": b"<not json>",
+                    "dead_at": datetime.now(UTC),
+                },
+            )
+    finally:
+        engine.dispose()
+
+
+def _screenshot(browser: WebDriver, name: str) -> None:
+    if os.environ.get(SCREENSHOTS_ENV) != "1":
+        return
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    assert browser.save_screenshot(str(SCREENSHOTS / name))
+
+
+def _wait(browser: WebDriver) -> WebDriverWait[WebDriver]:
+    return WebDriverWait(browser, WAIT)
+
+
+def _active_states(browser: WebDriver) -> set[str]:
+    found = browser.find_elements(By.CSS_SELECTOR, "#diagram g.state.active[data-state]")
+    return {str(element.get_attribute("data-state")) for element in found}
+
+
+def _follow(browser: WebDriver, element: WebElement) -> None:
+    """Click ``element`` and wait until its page has been replaced by the next one."""
+    element.click()
+    _wait(browser).until(expected_conditions.staleness_of(element))
+
+
+def _classes(browser: WebDriver, state: str) -> list[str]:
+    element = browser.find_element(By.CSS_SELECTOR, f'#diagram [data-state="{state}"]')
+    return str(element.get_attribute("class")).split()
+
+
+def _no_alert(browser: WebDriver) -> None:
+    with pytest.raises(TimeoutException):
+        WebDriverWait(browser, 1.0).until(expected_conditions.alert_is_present())
+    with pytest.raises(NoAlertPresentException):
+        browser.switch_to.alert  # noqa: B018 - the property raises when there is none
+
+
+def _log_in(browser: WebDriver, served: ServedConsole, token: str) -> None:
+    browser.get(f"{served.url}/console/executions")
+    _wait(browser).until(expected_conditions.url_contains("/console/login"))
+    assert browser.find_elements(By.ID, "executions") == []
+    browser.find_element(By.ID, "token").send_keys(token)
+    _follow(browser, browser.find_element(By.ID, "login"))
+    assert browser.find_elements(By.ID, "executions") != []
+
+
+def test_refused_without_a_token(served_console: ServedConsole) -> None:
+    served = served_console
+    served.scan("p-1", "m-1")
+    execution_id = _address(served.database, "p-1")
+    with httpx.Client(base_url=served.url, follow_redirects=False, timeout=10) as client:
+        page = client.get("/console/executions")
+        assert page.status_code == 303
+        assert page.headers["location"].startswith("/console/login")
+        assert execution_id not in page.text
+        assert client.get("/console/events").status_code == 401
+        detail = client.get(f"/console/executions/{execution_id}")
+        assert detail.status_code == 303
+        cancel = client.post(f"/console/executions/{execution_id}/cancel", data={"csrf": "x"})
+        assert cancel.status_code in (303, 401, 403)
+        wrong = client.post("/console/login", data={"token": "not-" + OPERATOR_TOKEN})
+        assert wrong.status_code == 401
+        assert COOKIE not in "".join(wrong.headers.get_list("set-cookie"))
+    with httpx.Client(base_url=served.url, timeout=10) as reader:
+        reader.post("/console/login", data={"token": READER_TOKEN, "next": "/console/"})
+        assert COOKIE in reader.cookies
+        shown = reader.get(f"/console/executions/{execution_id}")
+        assert shown.status_code == 200
+        assert 'id="cancel"' not in shown.text  # a read-only operator sees no action
+        refused = reader.post(f"/console/executions/{execution_id}/cancel", data={"csrf": "x"})
+        assert refused.status_code == 403
+    assert _audited(served.database, execution_id) == []
+    assert _status(served.database, execution_id) == "active"  # nothing was cancelled
+
+
+def test_an_operators_walk_through_the_console(
+    served_console: ServedConsole, browser: WebDriver
+) -> None:
+    served = served_console
+    served.scan("p-1", "m-1", note=MARKUP)
+    served.scan("p-1", "m-2")
+    served.scan("p-2", "m-3", note="fragile")
+    first = _address(served.database, "p-1")
+    second = _address(served.database, "p-2")
+
+    _log_in(browser, served, OPERATOR_TOKEN)
+    rows = browser.find_elements(By.CSS_SELECTOR, "#executions tr[data-execution-id]")
+    assert {row.get_attribute("data-execution-id") for row in rows} == {first, second}
+
+    # The execution: its active configuration lit in the diagram.
+    _follow(browser, browser.find_element(By.CSS_SELECTOR, f'tr[data-execution-id="{first}"] a'))
+    assert _active_states(browser) == {"transit", "van"}
+    assert "active" in _classes(browser, "van")
+    assert "active" not in _classes(browser, "hub")
+    assert "state" in _classes(browser, "hub")
+    # The datamodel's markup is text on the page, and no script of it ran.
+    datamodel = browser.find_element(By.ID, "datamodel")
+    assert MARKUP in datamodel.text
+    assert datamodel.find_elements(By.TAG_NAME, "script") == []
+    _no_alert(browser)
+    _screenshot(browser, "execution.png")
+
+    # The timeline replays it: step 0 is the start, then one step per scan.
+    steps = browser.find_elements(By.CSS_SELECTOR, "#timeline a.replay-step")
+    assert [step.get_attribute("data-step") for step in steps] == ["0", "1", "2"]
+    expected = {"0": {"received"}, "1": {"transit", "hub"}, "2": {"transit", "van"}}
+    for index, states in expected.items():
+        link = browser.find_element(
+            By.CSS_SELECTOR, f'#timeline a.replay-step[data-step="{index}"]'
+        )
+        _follow(browser, link)
+        assert browser.current_url.endswith(f"?step={index}")
+        assert _active_states(browser) == states
+        current = browser.find_element(By.CSS_SELECTOR, "#timeline a[aria-current=step]")
+        assert current.get_attribute("data-step") == index
+    _follow(
+        browser, browser.find_element(By.CSS_SELECTOR, '#timeline a.replay-step[data-step="1"]')
+    )
+    assert MARKUP in browser.find_element(By.ID, "datamodel").text
+    _no_alert(browser)
+
+    # Cancel, behind its confirmation; the audit trail names the operator.
+    _follow(browser, browser.find_element(By.ID, "cancel"))
+    _follow(browser, browser.find_element(By.ID, "confirm"))
+    _wait(browser).until(
+        expected_conditions.text_to_be_present_in_element((By.ID, "status"), "cancelled")
+    )
+    assert browser.find_elements(By.ID, "cancel") == []
+    assert _audited(served.database, first) == [("ada", "cancel", "done")]
+
+    # The list updates live: a new execution appears without the page reloading.
+    browser.get(f"{served.url}/console/executions")
+    _wait(browser).until(expected_conditions.presence_of_element_located((By.ID, "executions")))
+    cancelled = browser.find_element(By.CSS_SELECTOR, f'tr[data-execution-id="{first}"] .status')
+    assert cancelled.text == "cancelled"
+    browser.execute_script("window.stillTheSamePage = true;")
+    served.scan("p-3", "m-4", note="express")
+    third = _address(served.database, "p-3")
+    _wait(browser).until(
+        expected_conditions.presence_of_element_located(
+            (By.CSS_SELECTOR, f'#executions tr[data-execution-id="{third}"]')
+        )
+    )
+    assert browser.execute_script("return window.stillTheSamePage === true;") is True
+    rows = browser.find_elements(By.CSS_SELECTOR, "#executions tr[data-execution-id]")
+    assert rows[0].get_attribute("data-execution-id") == third  # newest first
+
+    served.scan("p-3", "m-5")
+    for scan in range(6):
+        served.scan(f"p-{10 + scan}", f"m-{10 + scan}")
+    browser.get(f"{served.url}/console/routing")
+    _wait(browser).until(expected_conditions.title_contains("Routing"))
+    assert "carrier_scans" in browser.find_element(By.TAG_NAME, "main").text
+    _screenshot(browser, "routing.png")
+    _dead_letter(served.database)
+    browser.get(f"{served.url}/console/failures")
+    _wait(browser).until(expected_conditions.title_contains("Failures"))
+    assert "malformed: not a JSON object" in browser.find_element(By.TAG_NAME, "main").text
+    _screenshot(browser, "failures.png")
+    browser.get(f"{served.url}/console/executions")
+    rows = browser.find_elements(By.CSS_SELECTOR, "#executions tr[data-execution-id]")
+    assert len(rows) == 9  # p-1 (cancelled), p-2, p-3 and p-10 to p-15
+    _screenshot(browser, "executions.png")

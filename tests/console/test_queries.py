@@ -1,0 +1,513 @@
+"""The console's read side, on SQLite and PostgreSQL: what the durable API and the
+router write reads back; pages walk every row once, newest first, under every filter;
+counts per bucket match a count made by hand; bad cursors and sizes are refused."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from tests.console.conftest import ConsoleDb
+
+from scriba.sql.tables import define_tables
+from statifier.chart import compile_chart
+from statifier.console.queries import (
+    MAX_PAGE,
+    BadCursor,
+    ConsoleQueries,
+    ExecutionFilter,
+    ExecutionSummary,
+    LedgerFilter,
+    Page,
+    encode_cursor,
+)
+from statifier.core import Event
+from statifier.persistence import Executions, Status, Storage
+from statifier.persistence.sql import SqlAdapter
+from statifier.router import Binding, InboundEvent, RouterConfig, StaticResolver, route
+
+pytestmark = pytest.mark.asyncio
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+
+ORDER = """<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="placed">
+  <datamodel><data id="total" expr="0"/></datamodel>
+  <state id="placed">
+    <transition event="pay" target="paid">
+      <assign location="total" expr="_event.data.amount"/>
+    </transition>
+  </state>
+  <state id="paid"><transition event="ship" target="shipped"/></state>
+  <final id="shipped"/>
+</scxml>"""
+
+
+def _execution(index: int, **fields: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "execution_id": f"ex-{index:04d}",
+        "content_hash": "h-a",
+        "status": "active",
+        "position_blob": None,
+        "metadata": {},
+        "outcome_blob": None,
+        "failure": None,
+        "created_at": T0 + timedelta(seconds=index // 3),  # three share each second
+        "updated_at": T0 + timedelta(seconds=index),
+        "ended_at": None,
+    }
+    row.update(fields)
+    return row
+
+
+def _charts() -> list[dict[str, Any]]:
+    return [
+        {"content_hash": h, "chart_blob": b"<scxml/>", "name": name, "version": "1", "saved_at": T0}
+        for h, name in (("h-a", "order"), ("h-b", "order"), ("h-c", "parcel"))
+    ]
+
+
+def _newest_first(rows: list[dict[str, Any]]) -> list[str]:
+    ordered = sorted(rows, key=lambda r: (r["created_at"], r["execution_id"]), reverse=True)
+    return [r["execution_id"] for r in ordered]
+
+
+async def _walk(queries: ConsoleQueries, where: ExecutionFilter, size: int) -> list[str]:
+    seen: list[str] = []
+    cursor = None
+    while True:
+        page: Page[ExecutionSummary] = await queries.executions(where, cursor=cursor, size=size)
+        assert len(page.rows) <= size
+        seen.extend(row.id for row in page.rows)
+        if page.next_cursor is None:
+            return seen
+        assert len(page.rows) == size
+        cursor = page.next_cursor
+
+
+def _seed_executions(db: ConsoleDb) -> list[dict[str, Any]]:
+    t = db.store.tables
+    chooser = random.Random(7)
+    rows = []
+    for index in range(60):
+        status = chooser.choice(["active", "active", "completed", "failed", "cancelled"])
+        rows.append(
+            _execution(
+                index,
+                content_hash=chooser.choice(["h-a", "h-b", "h-c"]),
+                status=status,
+                failure="boom" if status == "failed" else None,
+                metadata={"tenant": chooser.choice(["t1", "t2"]), "zone": chooser.choice("xy")},
+            )
+        )
+    db.insert(t.charts, _charts())
+    db.insert(t.executions, rows)
+    db.insert(
+        t.addresses,
+        [
+            {
+                "scope": "eu" if i % 2 else "us",
+                "document": "order",
+                "key": f"k{i}",
+                "execution_id": rows[i]["execution_id"],
+                "inserted_at": T0,
+            }
+            for i in range(0, 60, 3)
+        ],
+    )
+    return rows
+
+
+async def test_what_the_durable_api_and_the_router_write_reads_back(console_db: ConsoleDb) -> None:
+    machine = compile_chart(ORDER)
+    async with SqlAdapter(console_db.store.url, console_db.store.tables) as adapter:
+        storage = Storage(adapter)
+        executions = Executions(storage, lock_wait=5.0)
+        await executions.create("order-1", machine, metadata={"tenant": "t<1>"})
+        await executions.step("order-1", machine, Event("pay", data={"amount": 12}))
+        config = RouterConfig(
+            storage,
+            bindings=[
+                Binding(
+                    id="pay_orders",
+                    source="shop",
+                    match="event.kind == 'pay'",
+                    key="event.order",
+                    document="order",
+                    event="pay",
+                    data=("amount",),
+                )
+            ],
+            resolver=StaticResolver({"order": machine}),
+        )
+        await route(
+            config,
+            InboundEvent(
+                scope="eu", source="shop", message_id="m-1", data={"kind": "pay", "order": "o-9"}
+            ),
+        )
+        await route(
+            config,
+            InboundEvent(
+                scope="eu", source="shop", message_id="m-2", data={"kind": "pay", "order": "o-9"}
+            ),
+        )
+    queries = console_db.queries
+    page = await queries.executions(ExecutionFilter(metadata={"tenant": "t<1>"}))
+    assert [(row.id, row.status, row.document) for row in page.rows] == [
+        ("order-1", Status.ACTIVE, None)
+    ]
+    detail = await queries.execution("order-1")
+    assert detail is not None
+    assert detail.record.status is Status.ACTIVE
+    assert detail.record.metadata == {"tenant": "t<1>"}
+    assert detail.chart is not None
+    assert detail.chart.source is not None
+    assert [(i.seq, i.door) for i in detail.inputs] == [(0, "step")]
+    stepped = detail.inputs[0].event
+    assert stepped is not None
+    assert (stepped.name, stepped.data) == ("pay", {"amount": 12})
+    assert not detail.inputs_truncated
+    assert await queries.execution("nobody") is None
+    # The router created an execution for key o-9 in scope eu and wrote its ledger.
+    (address,) = await queries.addresses("o-9")
+    assert (address.scope, address.document, address.status) == ("eu", "order", Status.ACTIVE)
+    routed = await queries.execution(address.execution_id)
+    assert routed is not None
+    assert [row.outcome for row in routed.ledger] == ["dropped", "created_and_delivered"]
+    assert [a.key for a in routed.addresses] == ["o-9"]
+    in_scope = await queries.executions(ExecutionFilter(scope="eu"))
+    assert [row.id for row in in_scope.rows] == [address.execution_id]
+    ledger = await queries.ledger()
+    assert [row.message_id for row in ledger.rows] == ["m-2", "m-1"]
+    assert ledger.next_cursor is None
+
+
+async def test_pages_walk_every_execution_once_newest_first(console_db: ConsoleDb) -> None:
+    rows = _seed_executions(console_db)
+    for size in (1, 7, 60, MAX_PAGE):
+        assert await _walk(console_db.queries, ExecutionFilter(), size) == _newest_first(rows)
+
+
+@pytest.mark.parametrize(
+    ("where", "keep"),
+    [
+        (ExecutionFilter(status=Status.FAILED), lambda r: r["status"] == "failed"),
+        (ExecutionFilter(document="order"), lambda r: r["content_hash"] in ("h-a", "h-b")),
+        (ExecutionFilter(document="parcel"), lambda r: r["content_hash"] == "h-c"),
+        (ExecutionFilter(document="nothing"), lambda r: False),
+        (
+            ExecutionFilter(metadata={"tenant": "t1", "zone": "x"}),
+            lambda r: r["metadata"] == {"tenant": "t1", "zone": "x"},
+        ),
+        (ExecutionFilter(metadata={"tenant": "t3"}), lambda r: False),
+        (
+            ExecutionFilter(status=Status.ACTIVE, metadata={"zone": "y"}),
+            lambda r: r["status"] == "active" and r["metadata"]["zone"] == "y",
+        ),
+        (
+            ExecutionFilter(
+                created_from=T0 + timedelta(seconds=5), created_until=T0 + timedelta(seconds=9)
+            ),
+            lambda r: T0 + timedelta(seconds=5) <= r["created_at"] < T0 + timedelta(seconds=9),
+        ),
+        (
+            ExecutionFilter(updated_from=T0 + timedelta(seconds=50)),
+            lambda r: r["updated_at"] >= T0 + timedelta(seconds=50),
+        ),
+    ],
+)
+async def test_filters_choose_what_they_say(
+    console_db: ConsoleDb, where: ExecutionFilter, keep: Any
+) -> None:
+    rows = _seed_executions(console_db)
+    expected = _newest_first([r for r in rows if keep(r)])
+    assert await _walk(console_db.queries, where, 4) == expected
+
+
+async def test_scope_chooses_the_executions_addressed_there(console_db: ConsoleDb) -> None:
+    rows = _seed_executions(console_db)
+    expected = _newest_first([r for i, r in enumerate(rows) if i % 3 == 0 and i % 2])
+    assert await _walk(console_db.queries, ExecutionFilter(scope="eu"), 3) == expected
+    failed = await console_db.queries.failed(size=MAX_PAGE)
+    assert {row.id for row in failed.rows} == {r["execution_id"] for r in rows if r["failure"]}
+    assert {row.failure for row in failed.rows} == {"boom"}
+
+
+async def test_bad_cursors_and_sizes_are_refused(console_db: ConsoleDb) -> None:
+    queries = console_db.queries
+    for cursor in ("", "garbage", encode_cursor("ledger", T0, 1), "eyJ4IjoxfQ"):
+        with pytest.raises(BadCursor):
+            await queries.executions(cursor=cursor)
+    with pytest.raises(BadCursor):
+        await queries.ledger(cursor=encode_cursor("ledger", T0, "not-a-number"))
+    for size in (0, MAX_PAGE + 1, -3):
+        with pytest.raises(ValueError, match="a page holds"):
+            await queries.executions(size=size)
+    with pytest.raises(ValueError, match="timezone-aware"):
+        ExecutionFilter(created_from=datetime(2026, 1, 1))  # noqa: DTZ001 - naive on purpose
+    with pytest.raises(ValueError, match="strings"):
+        ExecutionFilter(metadata={"n": 1})  # type: ignore[dict-item]
+    with pytest.raises(ValueError, match="timezone-aware"):
+        LedgerFilter(since=datetime(2026, 1, 1))  # noqa: DTZ001 - naive on purpose
+
+
+def _ledger_rows(count: int) -> list[dict[str, Any]]:
+    chooser = random.Random(11)
+    return [
+        {
+            "binding_id": chooser.choice(["b1", "b2", "b3"]),
+            "message_id": f"m{i}",
+            "scope": "eu",
+            "source": "shop",
+            "outcome": chooser.choice(["delivered", "created", "unmatched", "failed"]),
+            "reason": None,
+            "document": "order",
+            "key": f"k{i % 10}",
+            "execution_id": f"ex-{i % 10:04d}",
+            "inserted_at": T0 + timedelta(seconds=chooser.randrange(0, 3600), microseconds=i),
+        }
+        for i in range(count)
+    ]
+
+
+async def test_the_ledger_pages_by_outcome_and_counts_by_bucket(console_db: ConsoleDb) -> None:
+    rows = _ledger_rows(300)
+    console_db.insert(console_db.store.tables.routing_ledger, rows)
+    queries = console_db.queries
+    for where in (LedgerFilter(), LedgerFilter(outcome="failed"), LedgerFilter(binding_id="b2")):
+        seen: list[str | None] = []
+        cursor = None
+        while True:
+            page = await queries.ledger(where, cursor=cursor, size=17)
+            seen.extend(row.message_id for row in page.rows)
+            if page.next_cursor is None:
+                break
+            cursor = page.next_cursor
+        chosen = [
+            r
+            for r in rows
+            if where.outcome in (None, r["outcome"]) and where.binding_id in (None, r["binding_id"])
+        ]
+        chosen.sort(key=lambda r: r["inserted_at"], reverse=True)  # times are distinct
+        assert seen == [r["message_id"] for r in chosen]
+    since, until = T0 + timedelta(minutes=5), T0 + timedelta(minutes=50)
+    window = await queries.ledger(LedgerFilter(since=since, until=until), size=MAX_PAGE)
+    assert {r.message_id for r in window.rows} == {
+        r["message_id"] for r in rows if since <= r["inserted_at"] < until
+    }
+    counts = await queries.ledger_counts(since, until, timedelta(minutes=10))
+    expected: dict[tuple[str, datetime, str], int] = {}
+    for r in rows:
+        if since <= r["inserted_at"] < until:
+            start = since + (r["inserted_at"].replace(microsecond=0) - since) // timedelta(
+                minutes=10
+            ) * timedelta(minutes=10)
+            key = (r["binding_id"], start, r["outcome"])
+            expected[key] = expected.get(key, 0) + 1
+    assert {(c.binding_id, c.bucket, c.outcome): c.count for c in counts} == expected
+    assert [(c.binding_id, c.bucket, c.outcome) for c in counts] == sorted(expected)
+
+
+async def test_bad_windows_are_refused(console_db: ConsoleDb) -> None:
+    queries = console_db.queries
+    cases = [
+        (T0, T0, timedelta(minutes=1), "after"),
+        (T0, T0 + timedelta(days=1), timedelta(milliseconds=500), "whole number"),
+        (T0, T0 + timedelta(days=1), timedelta(seconds=1.5), "whole number"),
+        (T0, T0 + timedelta(days=30), timedelta(minutes=1), "at most"),
+        (
+            datetime(2026, 1, 1),  # noqa: DTZ001 - naive on purpose
+            T0,
+            timedelta(minutes=1),
+            "timezone-aware",
+        ),
+    ]
+    for since, until, bucket, message in cases:
+        with pytest.raises(ValueError, match=message):
+            await queries.ledger_counts(since, until, bucket)
+
+
+async def test_dead_letters_page_newest_first(console_db: ConsoleDb) -> None:
+    t = console_db.store.tables
+    outbox: list[dict[str, Any]] = [
+        {
+            "queue": "mail",
+            "key": f"k{i}",
+            "payload": {"event": "{}", "execution_id": "ex-0001" if i % 2 else "ex-0002"},
+            "attempts": 3,
+            "next_attempt_at": T0,
+            "dead_at": T0 + timedelta(minutes=i) if i % 3 else None,
+            "last_error": f"refused <{i}>",
+            "inserted_at": T0 + timedelta(seconds=i),
+        }
+        for i in range(20)
+    ]
+    console_db.insert(t.outbox, outbox)
+    letters = [
+        {
+            "source": "orders",
+            "partition": "0",
+            "position": i,
+            "message_id": None if i == 3 else f"m{i}",
+            "reason": "malformed: not JSON",
+            "raw": b"\x00\x01",
+            "dead_at": T0 + timedelta(seconds=i // 2),
+        }
+        for i in range(9)
+    ]
+    console_db.insert(t.consumer_dead_letters, letters)
+    queries = console_db.queries
+    first = await queries.outbox_dead_letters(size=5)
+    second = await queries.outbox_dead_letters(size=50, cursor=first.next_cursor)
+    keys = [row.key for row in (*first.rows, *second.rows)]
+    dead = sorted((r for r in outbox if r["dead_at"]), key=lambda r: r["dead_at"], reverse=True)
+    assert keys == [r["key"] for r in dead]
+    assert second.next_cursor is None
+    assert (first.rows[0].last_error, first.rows[0].attempts) == ("refused <19>", 3)
+    walked: list[int] = []
+    cursor = None
+    while True:
+        page = await queries.consumer_dead_letters(size=2, cursor=cursor)
+        walked.extend(row.position for row in page.rows)
+        if page.next_cursor is None:
+            break
+        cursor = page.next_cursor
+    assert walked == [8, 7, 6, 5, 4, 3, 2, 1, 0]  # ties in dead_at by key, descending
+    detail_rows = [{**_execution(1), "execution_id": "ex-0001"}]
+    console_db.insert(t.executions, detail_rows)
+    detail = await queries.execution("ex-0001")
+    assert detail is not None
+    assert sorted(row.key for row in detail.outbox) == sorted(
+        r["key"] for r in outbox if r["payload"]["execution_id"] == "ex-0001"
+    )
+
+
+async def test_timers_of_an_execution_soonest_first(console_db: ConsoleDb) -> None:
+    t = console_db.store.tables
+    console_db.insert(t.executions, [_execution(1)])
+    console_db.insert(
+        t.timers,
+        [
+            {
+                "execution_id": "ex-0001",
+                "send_id": f"s{i}",
+                "dedup_key": f"d{i}",
+                "kind": "event",
+                "due_at": T0 + timedelta(minutes=5 - i),
+                "step_position": 1,
+                "payload": {"name": "tick"},
+                "inserted_at": T0,
+            }
+            for i in range(3)
+        ],
+    )
+    detail = await console_db.queries.execution("ex-0001")
+    assert detail is not None
+    assert [timer.send_id for timer in detail.timers] == ["s2", "s1", "s0"]
+    assert detail.timers[0].payload == {"name": "tick"}
+
+
+async def test_projections_read_from_scribas_tables(console_db: ConsoleDb) -> None:
+    scriba = define_tables(prefix="csl_", schema=console_db.store.tables.options.schema)
+    scriba.metadata.create_all(console_db.writer)
+    try:
+        console_db.insert(
+            scriba.projections,
+            [
+                {
+                    "projection_name": "totals",
+                    "projection_version": 1,
+                    "generation": 4,
+                    "claimed_at": T0,
+                }
+            ],
+        )
+        console_db.insert(
+            scriba.watermarks,
+            [
+                {
+                    "projection_name": "totals",
+                    "projection_version": 1,
+                    "position": 41,
+                    "occurred_at": T0,
+                    "updated_at": T0,
+                }
+            ],
+        )
+        console_db.insert(
+            scriba.dead_letters,
+            [
+                {
+                    "projection_name": name,
+                    "projection_version": 2,
+                    "position": p,
+                    "event_data": {},
+                    "error_kind": "exception",
+                    "occurred_at": T0,
+                }
+                for name, p in (("totals", 5), ("totals", 6), ("audit", 1))
+            ],
+        )
+        now = T0 + timedelta(minutes=3)
+        queries = ConsoleQueries(
+            console_db.queries.engine, console_db.store.tables, scriba=scriba, clock=lambda: now
+        )
+        views = await queries.projections()
+        summary = [(v.name, v.version, v.status, v.dead_letters, v.watermark, v.lag) for v in views]
+        assert summary == [
+            ("audit", 2, "dead_letters", 1, None, None),
+            ("totals", 1, "running", 0, 41, timedelta(minutes=3)),
+            ("totals", 2, "dead_letters", 2, None, None),
+        ]
+        assert views[1].generation == 4
+        assert await console_db.queries.projections() == []  # no scriba tables given
+    finally:
+        scriba.metadata.drop_all(console_db.writer)
+
+
+async def test_the_fingerprint_moves_with_each_write(console_db: ConsoleDb) -> None:
+    t = console_db.store.tables
+    queries = console_db.queries
+    empty = await queries.fingerprint()
+    assert (empty.executions, empty.ledger, empty.audit) == (None, None, None)
+    console_db.insert(t.executions, [_execution(1)])
+    created = await queries.fingerprint()
+    assert created.executions == T0  # its created_at
+    console_db.insert(
+        t.inputs,
+        [
+            {
+                "execution_id": "ex-0001",
+                "seq": 0,
+                "door": "step",
+                "input_blob": None,
+                "recorded_at": T0 + timedelta(minutes=5),
+            }
+        ],
+    )
+    assert (await queries.fingerprint()).executions == T0 + timedelta(minutes=5)
+    with console_db.writer.begin() as connection:
+        ended = T0 + timedelta(hours=1)
+        connection.execute(
+            t.executions.update().values(updated_at=ended, ended_at=ended, status="cancelled")
+        )
+    assert (await queries.fingerprint()).executions == T0 + timedelta(hours=1)
+    console_db.insert(t.routing_ledger, _ledger_rows(1))
+    assert (await queries.fingerprint()).ledger is not None
+    assert await queries.execution_fingerprint("ex-0001") == (T0 + timedelta(hours=1), 1)
+    console_db.insert(
+        t.inputs,
+        [
+            {
+                "execution_id": "ex-0001",
+                "seq": 1,
+                "door": "step",
+                "input_blob": None,
+                "recorded_at": T0,
+            }
+        ],
+    )
+    assert await queries.execution_fingerprint("ex-0001") == (T0 + timedelta(hours=1), 2)
+    assert await queries.execution_fingerprint("nobody") is None
