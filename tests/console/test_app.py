@@ -1,5 +1,6 @@
 """The console's web app over a real database (SQLite and PostgreSQL), through httpx:
-sessions and roles, CSRF, escaping, every action and its audit row, pagination, the
+sessions and roles, CSRF, escaping, every action and its audit row (one transaction:
+an audit insert that fails undoes the action), pagination, the
 execution page's diagram and timeline, the live stream; and the ``[console]`` table of
 ``statifier serve`` and ``statifier console``'s refusals."""
 
@@ -13,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from html import unescape
@@ -40,12 +41,13 @@ from tests.router.conftest import (  # noqa: F401 - fixtures used by name
 from statifier.chart import compile_chart
 from statifier.cli import main
 from statifier.console.app import TIMELINE_LINKS, Configured, Console, console_app
-from statifier.console.audit import Audit
+from statifier.console.audit import Audit, AuditEntry, AuditRow
 from statifier.console.auth import COOKIE, Operator, Operators, Role, Sessions
 from statifier.console.live import Live, TooManyClients
 from statifier.console.queries import ConsoleQueries
 from statifier.core import Event
 from statifier.persistence import Executions, Status
+from statifier.persistence.sql import SqlTransaction
 from statifier.router import InboundEvent, RouterConfig, route
 from statifier.router.locations import BasicHttpLocations, location
 from statifier.service import Service
@@ -582,6 +584,129 @@ async def test_a_rotation_shows_the_new_location_once_and_the_old_one_is_dead(
     assert row == ("ada", "rotate", execution_id, "done")
     audit = (await site.page("/console/audit")).text
     assert shown.group(1) not in audit  # the location is a capability: never kept
+
+
+# An action and its audit row in one transaction.
+
+
+class _InjectedAuditError(Exception):
+    """Raised by the audit insert in a test, after the insert ran in the action's
+    transaction."""
+
+
+@dataclass
+class _Case:
+    """One action set up to be taken: its address, its audit target, and the state of
+    the database read back (what it is before the act, and must stay if it is undone)."""
+
+    path: str
+    target: str
+    state: Callable[[], Awaitable[object]]
+
+
+async def _case(site: Site, action: str) -> _Case:
+    now = datetime.now(UTC)
+    if action in ("cancel", "rotate"):
+        execution_id = await site.impression("k1")
+
+        async def execution() -> object:
+            record = await site.config.storage.fetch_execution(execution_id)
+            return record.status, await location(site.config, execution_id)
+
+        return _Case(f"/console/executions/{execution_id}/{action}", execution_id, execution)
+    verb, kind = action.split("_")
+    if kind == "outbox":
+        outbox = site.db.store.tables.outbox
+        site.sql(
+            outbox.insert().values(
+                queue="joined",
+                key="a",
+                payload={"event": "e", "execution_id": "ex_1", "scope": "web"},
+                attempts=8,
+                next_attempt_at=now,
+                dead_at=now,
+                last_error="HTTP 500",
+                inserted_at=now,
+            )
+        )
+        ((row,),) = site.sql(sa.select(outbox.c.id))
+
+        async def outbox_rows() -> object:
+            return site.sql(sa.select(outbox.c.id, outbox.c.dead_at, outbox.c.attempts))
+
+        return _Case(f"/console/failures/outbox/{row}/{verb}", f"outbox:{row}", outbox_rows)
+    letters = site.db.store.tables.consumer_dead_letters
+    envelope = (
+        b'{"scope": "web", "source": "ad_events", "message_id": "m-9", "data": '
+        b'{"kind": "impression", "impression_id": "k9", "shown_at": "now"}}'
+    )
+    site.sql(
+        letters.insert().values(
+            source="inbound",
+            partition="0",
+            position=1,
+            message_id="m-9",
+            reason="failed too often",
+            raw=envelope,
+            dead_at=now,
+        )
+    )
+    ((row,),) = site.sql(sa.select(letters.c.id))
+
+    async def letter_rows() -> object:
+        return site.sql(sa.select(letters.c.id, letters.c.raw))
+
+    return _Case(f"/console/failures/consumer/{row}/{verb}", f"consumer:{row}", letter_rows)
+
+
+ACTIONS = (
+    "cancel",
+    "rotate",
+    "retry_outbox",
+    "discard_outbox",
+    "retry_consumer",
+    "discard_consumer",
+)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("action", ACTIONS)
+async def test_an_action_whose_audit_insert_fails_is_undone_and_audited_failed(
+    site: Site, action: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    case = await _case(site, action)
+    before = await case.state()
+    inserts: list[str] = []
+    real = Audit.record_in
+
+    async def failing(audit: Audit, tx: SqlTransaction, entry: AuditEntry) -> AuditRow:
+        await real(audit, tx, entry)  # the row is written in the action's transaction...
+        inserts.append(entry.outcome)
+        raise _InjectedAuditError("the audit insert failed")  # ...then the insert fails
+
+    monkeypatch.setattr(Audit, "record_in", failing)
+    await site.login(ADA)
+    answer = await site.client.post(case.path, data={"csrf": await site.csrf(case.path)})
+    assert answer.status_code == 500, answer.text
+    assert "_InjectedAuditError" in answer.text
+    assert inserts == ["done"]  # the act reached its audit row: its statements had run
+    assert await case.state() == before  # and all of it was rolled back
+    assert await site.audit_rows() == [("ada", action, case.target, "failed")]
+
+    monkeypatch.undo()
+    answer = await site.client.post(case.path, data={"csrf": await site.csrf(case.path)})
+    assert answer.status_code in (200, 303), answer.text
+    assert await case.state() != before  # done this time
+    assert await site.audit_rows() == [
+        ("ada", action, case.target, "done"),
+        ("ada", action, case.target, "failed"),
+    ]
+    if action == "retry_consumer":
+        # The routing cannot join the row's transaction (see actions.retry_consumer):
+        # the failed attempt had routed the event, so the retry was a duplicate.
+        detail = (await site.console.audit.entries()).rows[0].detail
+        assert detail is not None
+        assert "Duplicate" in detail
 
 
 # Live.

@@ -1,6 +1,7 @@
 """The console's audit trail, on SQLite and PostgreSQL: every recorded action reads
 back, newest first, page after page, with who and when; bad entries are refused; a
-UUID-keyed database pages the same way."""
+UUID-keyed database pages the same way; a row written inside a caller's transaction
+commits and rolls back with it."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from tests.persistence.conftest import FreshDatabase
 
 from statifier.console.audit import MAX_TEXT, Audit, AuditEntry, AuditRow
 from statifier.console.queries import BadCursor, ConsoleQueries, LedgerFilter, encode_cursor
+from statifier.persistence.sql import SqlAdapter
 from statifier.sql import TableOptions, migrations
 
 pytestmark = pytest.mark.asyncio
@@ -156,3 +158,57 @@ async def test_a_record_waits_for_another_writer_and_then_lands(console_db: Cons
     finally:
         holder.close()
     assert [r.id for r in (await audit.entries()).rows] == [row.id]
+
+
+class InjectedError(Exception):
+    """The failure a test raises inside a transaction, after a row was written."""
+
+
+async def test_a_row_written_in_a_transaction_commits_and_rolls_back_with_it(
+    console_db: ConsoleDb,
+) -> None:
+    tables = console_db.store.tables
+    audit = Audit(console_db.queries.engine, tables, clock=Ticks())
+    written: list[AuditRow] = []
+
+    async def write_then_fail(adapter: SqlAdapter) -> None:
+        async with adapter.transaction() as tx:
+            written.append(
+                await audit.record_in(tx, AuditEntry("ops", action="cancel", target="a"))
+            )
+            raise InjectedError
+
+    async with SqlAdapter(console_db.queries.engine, tables) as adapter:
+        with pytest.raises(InjectedError):
+            await write_then_fail(adapter)
+        assert [row.target for row in written] == ["a"]
+        assert (await audit.entries()).rows == ()  # rolled back with its transaction
+        async with adapter.transaction() as tx:
+            kept = await audit.record_in(
+                tx, AuditEntry("ops", action="rotate", target="b" * 5000, detail="<i>d</i>")
+            )
+            assert (await audit.entries()).rows == ()  # not before the commit
+    (stored,) = (await audit.entries()).rows
+    assert stored == kept  # the answer is the row as stored, its key and time included
+    assert len(stored.target) == MAX_TEXT
+
+
+async def test_a_row_written_in_a_transaction_of_a_uuid_keyed_database_reads_back(
+    fresh_database: FreshDatabase,
+) -> None:
+    options = TableOptions(prefix="u_", schema=fresh_database.schema, key_type=sa.Uuid)
+    migrations.upgrade(fresh_database.url, options)
+    tables = options.define()
+    async with ConsoleQueries.open(fresh_database.url, tables) as queries:
+        audit = Audit(queries.engine, tables, clock=lambda: T0)
+        async with SqlAdapter(queries.engine, tables) as adapter:
+            written = []
+            for index in range(3):
+                async with adapter.transaction() as tx:
+                    entry = AuditEntry("ops", action="cancel", target=f"t{index}")
+                    written.append(await audit.record_in(tx, entry))
+        assert all(isinstance(row.id, uuid.UUID) for row in written)
+        rows = await _all(audit)
+        assert sorted(rows, key=lambda r: r.target) == written
+        (one,) = (await audit.entries(target="t1")).rows
+        assert one == written[1]

@@ -1,27 +1,34 @@
 """What the console's action buttons do, through the library's own APIs.
 
 Each function takes the router's configuration of the database the console shows and
-answers a :class:`Done` (what happened, in one line for the page and the audit row) or
-raises :class:`Refused` (nothing to do: the execution has ended, the dead letter is
-gone...). Anything else raised is a failure the page reports.
+a :data:`Record`, and answers a :class:`Done` (what happened, in one line for the page
+and the audit row) or raises :class:`Refused` (nothing to do: the execution has ended,
+the dead letter is gone...). Anything else raised is a failure the page reports.
+
+A done action calls ``record`` inside its own transaction, after its statements and
+before the commit: the console writes the action's ``done`` audit row there
+(:meth:`statifier.console.audit.Audit.record_in`), so the act and its row commit
+together or not at all. If ``record`` raises, the action is rolled back with it. A
+refused action has written nothing and calls no ``record``.
 
 - :func:`cancel`: :meth:`statifier.persistence.Executions.cancel` inside a router
   transaction (under the execution's lock; the cancel's effects go through the
   router's own executor, so timers are deleted and sends land in the outbox).
-- :func:`retry_outbox`: :meth:`statifier.router.OutboxDrain.retry_dead` of one row.
+- :func:`retry_outbox`: :meth:`statifier.router.OutboxDrain.retry_dead_in` of one row.
 - :func:`discard_outbox`: deletes one dead-lettered outbox row (never a pending one).
 - :func:`retry_consumer`: routes a consumer dead letter's event again with
   :func:`statifier.router.route` (the router's dedupe answers a message already
-  delivered ``duplicate``) and deletes the dead letter once it routed.
+  delivered ``duplicate``), then deletes the dead letter and records, in one
+  transaction after the routing (the routing cannot join it: see the function).
 - :func:`discard_consumer`: deletes one consumer dead letter.
-- :func:`rotate`: :func:`statifier.router.locations.rotate_location`.
+- :func:`rotate`: :func:`statifier.router.locations.rotate_location_in`.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,13 +36,16 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from statifier.persistence import Discarded, ExecutionNotFound
+from statifier.persistence.sql import SqlTransaction
+from statifier.persistence.sql.schema import TableNames
 from statifier.router import ConfigError, InboundEvent, OutboxDrain, RouterConfig, route
 from statifier.router.errors import RouterError
-from statifier.router.locations import NoLocation, rotate_location
+from statifier.router.locations import NoLocation, rotate_location_in
 from statifier.sql.tables import Tables
 
 __all__ = [
     "Done",
+    "Record",
     "Refused",
     "cancel",
     "discard_consumer",
@@ -67,6 +77,13 @@ class Done:
     secret: str | None = None
 
 
+Record = Callable[[SqlTransaction, Done], Awaitable[object]]
+"""Writes what a done action must leave beside it (the console: its audit row) inside
+the action's transaction, given that transaction and the action's :class:`Done`. It
+runs after the action's statements and before the commit; what it raises rolls the
+action back and leaves the action's function."""
+
+
 def row_id(tables: Tables, text: str) -> int | uuid.UUID:
     """A row key as a URL carries it: an integer, or a UUID when the tables use them.
 
@@ -81,68 +98,78 @@ def row_id(tables: Tables, text: str) -> int | uuid.UUID:
         raise Refused(f"{text[:40]!r} is not a row id") from None
 
 
-async def cancel(config: RouterConfig, execution_id: str) -> Done:
-    """Cancel ``execution_id`` (and the durable children it started).
+async def cancel(config: RouterConfig, execution_id: str, *, record: Record) -> Done:
+    """Cancel ``execution_id`` (and the durable children it started), ``record`` in the
+    same router transaction.
 
     Raises:
-        Refused: no such execution, or it has ended already.
+        Refused: no such execution, or it has ended already (nothing written).
     """
-    try:
-        async with config.transaction() as unit:
+    done = Done(f"cancelled execution {execution_id!r}")
+    async with config.transaction() as unit:
+        try:
             answer = await unit.executions.cancel(execution_id)
-    except ExecutionNotFound:
-        raise Refused(f"no execution {execution_id!r}") from None
-    if isinstance(answer, Discarded):
-        status = answer.execution.status.value
-        raise Refused(f"execution {execution_id!r} has ended already ({status})")
-    return Done(f"cancelled execution {execution_id!r}")
+        except ExecutionNotFound:
+            raise Refused(f"no execution {execution_id!r}") from None
+        if isinstance(answer, Discarded):
+            status = answer.execution.status.value
+            raise Refused(f"execution {execution_id!r} has ended already ({status})")
+        await record(unit.tx, done)
+    return done
 
 
-async def retry_outbox(config: RouterConfig, row: int | uuid.UUID) -> Done:
-    """Re-arm one dead outbox row: due at once, with a fresh round of attempts.
+async def retry_outbox(config: RouterConfig, row: int | uuid.UUID, *, record: Record) -> Done:
+    """Re-arm one dead outbox row: due at once, with a fresh round of attempts;
+    ``record`` in the same transaction.
 
     Raises:
         Refused: no dead row with that id.
     """
     drain = OutboxDrain(config, {})
-    if await drain.retry_dead(row) == 0:
-        raise Refused(f"no dead outbox row {row}")
-    return Done(f"outbox row {row} is due again")
+    done = Done(f"outbox row {row} is due again")
+    async with config.transaction() as unit:
+        if await drain.retry_dead_in(unit.tx, row) == 0:
+            raise Refused(f"no dead outbox row {row}")
+        await record(unit.tx, done)
+    return done
 
 
-async def discard_outbox(engine: sa.Engine | AsyncEngine, tables: Tables, row: Any) -> Done:
-    """Delete one dead outbox row (a row still pending or sent is left alone).
+async def discard_outbox(config: RouterConfig, row: Any, *, record: Record) -> Done:
+    """Delete one dead outbox row (a row still pending or sent is left alone);
+    ``record`` in the same transaction.
 
     Raises:
         Refused: no dead row with that id.
     """
-    outbox = tables.outbox
-    statement = outbox.delete().where(outbox.c.id == row, outbox.c.dead_at.is_not(None))
-    if await _run(engine, statement) == 0:
-        raise Refused(f"no dead outbox row {row}")
-    return Done(f"discarded dead outbox row {row}")
+    done = Done(f"discarded dead outbox row {row}")
+    async with config.transaction() as unit:
+        sql = _Sql(config, unit.tx)
+        if await sql.delete(sql.names.outbox, row, dead_only=True) == 0:
+            raise Refused(f"no dead outbox row {row}")
+        await record(unit.tx, done)
+    return done
 
 
-async def discard_consumer(engine: sa.Engine | AsyncEngine, tables: Tables, row: Any) -> Done:
-    """Delete one consumer dead letter.
+async def discard_consumer(config: RouterConfig, row: Any, *, record: Record) -> Done:
+    """Delete one consumer dead letter; ``record`` in the same transaction.
 
     Raises:
         Refused: no dead letter with that id.
     """
-    letters = tables.consumer_dead_letters
-    if await _run(engine, letters.delete().where(letters.c.id == row)) == 0:
-        raise Refused(f"no consumer dead letter {row}")
-    return Done(f"discarded consumer dead letter {row}")
+    done = Done(f"discarded consumer dead letter {row}")
+    async with config.transaction() as unit:
+        sql = _Sql(config, unit.tx)
+        if await sql.delete(sql.names.consumer_dead_letters, row) == 0:
+            raise Refused(f"no consumer dead letter {row}")
+        await record(unit.tx, done)
+    return done
 
 
 async def retry_consumer(
-    config: RouterConfig,
-    engine: sa.Engine | AsyncEngine,
-    tables: Tables,
-    row: Any,
-    scopes: Mapping[str, str],
+    config: RouterConfig, row: Any, scopes: Mapping[str, str], *, record: Record
 ) -> Done:
-    """Route one consumer dead letter's event again, then delete the dead letter.
+    """Route one consumer dead letter's event again, then delete the dead letter and
+    ``record``, those two in one transaction.
 
     The event is read back from the letter's raw bytes: the inbound-events table's
     letters carry the whole event (scope, source, message id, data); a broker's carry
@@ -150,24 +177,38 @@ async def retry_consumer(
     its fixed scope, from the service's configuration) and the message id from the
     letter.
 
+    The routing is :func:`statifier.router.route`, which opens transactions of its own
+    (one per binding the event matches) and cannot join the delete's: it stays the
+    router's one way in, with its locks and its dedupe. The dedupe is what makes the
+    order safe: if the process dies after the routing and before the delete, the
+    letter and no audit row remain, and a second retry is answered ``duplicate`` by
+    every binding the first one reached (within the bindings' dedupe horizon). A
+    letter deleted meanwhile by another operator is not a refusal: the event was
+    routed, and the action is recorded as done.
+
     Raises:
         Refused: no such letter, or its event cannot be read back (malformed, no
             message id, a source whose scope is not fixed).
         Exception: the routing failed (the letter stays).
     """
-    letters = tables.consumer_dead_letters
+    adapter = config.adapter
+    letters = adapter.tables.consumer_dead_letters
     query = sa.select(letters.c.source, letters.c.message_id, letters.c.raw).where(
         letters.c.id == row
     )
-    found = await _first(engine, query)
+    found = await _first(adapter.engine, query)
     if found is None:
         raise Refused(f"no consumer dead letter {row}")
     source, message_id, raw = found
     event = _event(str(source), message_id, bytes(raw), scopes)
     routed = await route(config, event)
-    await _run(engine, letters.delete().where(letters.c.id == row))
     outcomes = ", ".join(type(outcome).__name__ for outcome in routed.outcomes) or "no binding"
-    return Done(f"routed consumer dead letter {row} again: {outcomes}")
+    done = Done(f"routed consumer dead letter {row} again: {outcomes}")
+    async with config.transaction() as unit:
+        sql = _Sql(config, unit.tx)
+        await sql.delete(sql.names.consumer_dead_letters, row)
+        await record(unit.tx, done)
+    return done
 
 
 def _event(
@@ -200,29 +241,49 @@ def _event(
         raise Refused(f"the dead letter holds no valid event: {error}") from None
 
 
-async def rotate(config: RouterConfig, execution_id: str) -> Done:
+async def rotate(config: RouterConfig, execution_id: str, *, record: Record) -> Done:
     """Give ``execution_id`` a new BasicHTTP location; the old one reaches nothing.
+    ``record`` runs in the rotation's transaction; the new location is the answer's
+    ``secret``, never handed to ``record`` but inside that answer.
 
     Raises:
         Refused: the console has no BasicHTTP base URL, or the execution has no
             location.
     """
-    try:
-        location = await rotate_location(config, execution_id)
-    except (ConfigError, NoLocation) as error:
-        raise Refused(str(error)) from None
-    return Done(f"rotated the BasicHTTP location of {execution_id!r}", secret=location)
+    async with config.transaction() as unit:
+        try:
+            location = await rotate_location_in(unit, config, execution_id)
+        except (ConfigError, NoLocation) as error:
+            raise Refused(str(error)) from None
+        done = Done(f"rotated the BasicHTTP location of {execution_id!r}", secret=location)
+        await record(unit.tx, done)
+    return done
 
 
-async def _run(engine: sa.Engine | AsyncEngine, statement: sa.Executable) -> int:
-    """Run one writing statement in a transaction of its own; answers the rows hit."""
-    if isinstance(engine, AsyncEngine):
-        async with engine.begin() as connection:
-            result = await connection.execute(statement)
-    else:
-        with engine.begin() as connection:
-            result = connection.execute(statement)
-    return int(getattr(result, "rowcount", 0))
+class _Sql:
+    """The console's own deletes, as driver SQL on a router transaction's connection
+    (psycopg's ``%(name)s`` or ``sqlite3``'s ``:name`` parameters), so they commit with
+    what else the transaction writes."""
+
+    def __init__(self, config: RouterConfig, tx: SqlTransaction) -> None:
+        adapter = config.adapter
+        self.names = TableNames.of(adapter.tables)
+        self.postgres = isinstance(adapter.engine, AsyncEngine)
+        self._tx = tx
+
+    async def delete(self, table: str, row: Any, *, dead_only: bool = False) -> int:
+        """Delete the row of key ``row`` from ``table`` (only if ``dead_at`` is set,
+        with ``dead_only``); answers the rows deleted."""
+        mark = "%(id)s" if self.postgres else ":id"
+        sql = f"DELETE FROM {table} WHERE id = {mark}"
+        if dead_only:
+            sql += " AND dead_at IS NOT NULL"
+        if self.postgres:
+            cursor = await self._tx.driver.execute(sql, {"id": row})
+            return int(cursor.rowcount)
+        # A UUID key is stored as its hex digits on SQLite, as SQLAlchemy writes it.
+        key = row.hex if isinstance(row, uuid.UUID) else row
+        return int(self._tx.driver.execute(sql, {"id": key}).rowcount)
 
 
 async def _first(engine: sa.Engine | AsyncEngine, statement: sa.Select[Any]) -> Any:

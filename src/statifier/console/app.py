@@ -28,7 +28,10 @@ Every page but the login form, and the static files, needs a session
 ``GET`` and the act on ``POST``, whose form must carry the session's CSRF token; a
 ``read_only`` operator sees no action and is answered 403 for both. Each act is
 written to the audit table (:mod:`statifier.console.audit`) with the operator's name,
-whatever its outcome. A done act redirects (303) back to the page it was taken from,
+whatever its outcome: a done act's row in the act's own transaction (they commit
+together or not at all; a consumer letter's retry routes first, see
+:func:`statifier.console.actions.retry_consumer`), a refused or failed one's in a
+transaction of its own. A done act redirects (303) back to the page it was taken from,
 which says so (``?done=ACTION``, a fixed text); a rotation answers the one page that
 shows its new location; nothing to do is 409, a failure 500.
 
@@ -82,6 +85,7 @@ from statifier.console.replay import ReplayStep, diverges, replay, shown_datamod
 from statifier.core import MachineState
 from statifier.expr import tagged
 from statifier.persistence import LoggedInput, Status
+from statifier.persistence.sql import SqlTransaction
 from statifier.router import Binding, RouterConfig
 
 __all__ = [
@@ -173,7 +177,8 @@ class Console:
 
     Args:
         queries: the read side over the database shown.
-        audit: where actions are recorded (same database).
+        audit: where actions are recorded: the database and tables of ``router``'s
+            adapter (a done action's row is written in the action's transaction).
         router: the router's configuration over the same database: actions go through
             it (its ``basichttp`` decides whether locations can be rotated).
         sessions: the operators and the session cookie.
@@ -424,7 +429,7 @@ class _Act:
     question: str
     label: str
     back: str
-    run: Callable[[], Awaitable[actions.Done]]
+    run: Callable[[actions.Record], Awaitable[actions.Done]]
 
 
 class _Pages:
@@ -816,7 +821,7 @@ class _Pages:
             ),
             label="Cancel the execution",
             back=back,
-            run=lambda: actions.cancel(self.console.router, execution_id),
+            run=lambda record: actions.cancel(self.console.router, execution_id, record=record),
         )
         return await self.act(request, act)
 
@@ -833,7 +838,7 @@ class _Pages:
             ),
             label="Rotate the location",
             back=back,
-            run=lambda: actions.rotate(self.console.router, execution_id),
+            run=lambda record: actions.rotate(self.console.router, execution_id, record=record),
         )
         return await self.act(request, act)
 
@@ -843,20 +848,18 @@ class _Pages:
         if kind not in ("outbox", "consumer") or verb not in ("retry", "discard"):
             return self.message(request, self.session(request), 404, "Not found", "No such page.")
         console = self.console
-        tables, engine = console.queries.tables, console.queries.engine
+        router = console.router
         back = f"{self.base(request)}/failures"
 
-        async def run() -> actions.Done:
-            row = actions.row_id(tables, text)
+        async def run(record: actions.Record) -> actions.Done:
+            row = actions.row_id(router.adapter.tables, text)
             if kind == "outbox" and verb == "retry":
-                return await actions.retry_outbox(console.router, row)
+                return await actions.retry_outbox(router, row, record=record)
             if kind == "outbox":
-                return await actions.discard_outbox(engine, tables, row)
+                return await actions.discard_outbox(router, row, record=record)
             if verb == "retry":
-                return await actions.retry_consumer(
-                    console.router, engine, tables, row, console.scopes
-                )
-            return await actions.discard_consumer(engine, tables, row)
+                return await actions.retry_consumer(router, row, console.scopes, record=record)
+            return await actions.discard_consumer(router, row, record=record)
 
         what = "outbox row" if kind == "outbox" else "consumer dead letter"
         if verb == "retry":
@@ -909,8 +912,16 @@ class _Pages:
             _log.warning("console: %s by %s refused: bad CSRF token", act.audit, operator)
             return self.message(request, session, 403, "Refused", _NOT_THIS_SESSION, act.back)
         actor = session.operator.name
+
+        async def record(tx: SqlTransaction, done: actions.Done) -> None:
+            # In the action's own transaction: the act and its row commit together.
+            entry = AuditEntry(
+                actor, action=act.audit, target=act.target, outcome="done", detail=done.summary
+            )
+            await self.console.audit.record_in(tx, entry)
+
         try:
-            done = await act.run()
+            done = await act.run(record)
         except actions.Refused as refused:
             await self.record(actor, act, "refused", str(refused))
             return self.message(request, session, 409, "Nothing done", str(refused), act.back)
@@ -919,7 +930,6 @@ class _Pages:
             _log.exception("console: %s of %s failed", act.audit, act.target)
             await self.record(actor, act, "failed", said)
             return self.message(request, session, 500, "Failed", said, act.back)
-        await self.record(actor, act, "done", done.summary)
         _log.info("console: %s: %s", actor, done.summary)
         if done.secret is not None:  # shown once, on this answer alone
             return self.message(request, session, 200, "Done", done.summary, act.back, done.secret)

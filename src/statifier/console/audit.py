@@ -4,7 +4,9 @@ Every action the console takes (cancel an execution, retry or discard a dead let
 rotate a BasicHTTP location) is written here with the operator who confirmed it, what
 it was done to, and how it ended; the table is ``console_audit`` of
 :mod:`statifier.sql.tables`, built by the migration ``statifier_0006``. Rows are only
-ever added.
+ever added. :meth:`Audit.record` writes a row in a transaction of its own (an action
+refused or failed: nothing happened to be joined); :meth:`Audit.record_in` writes it
+inside the action's own transaction, so a done action and its row commit together.
 
 >>> import asyncio, os, tempfile
 >>> from statifier.sql import migrations
@@ -41,6 +43,8 @@ from statifier.console.queries import (
     encode_cursor,
     run_on,
 )
+from statifier.persistence.sql import SqlTransaction
+from statifier.persistence.sql.sqlite import utc_text
 from statifier.sql.tables import Tables, UtcDateTime
 
 __all__ = ["ACTIONS", "OUTCOMES", "Audit", "AuditEntry", "AuditRow"]
@@ -128,6 +132,45 @@ class Audit:
         """Write ``entry`` in a transaction of its own (texts cut to
         :data:`MAX_TEXT` characters) and answer the row written."""
         table = self.tables.console_audit
+        values = self._values(entry)
+        statement = table.insert().values(values).returning(table.c.id)
+
+        def write(connection: sa.Connection) -> Any:
+            return connection.execute(statement).scalar_one()
+
+        key = await run_on(self.engine, write, write=True)
+        return AuditRow(key, **{name: values[name] for name in _FIELDS})
+
+    async def record_in(self, tx: SqlTransaction, entry: AuditEntry) -> AuditRow:
+        """Write ``entry`` inside ``tx``, a transaction the caller opened on an adapter
+        over this audit's database and tables (``adapter.transaction()``, or a router
+        unit's ``tx``), and answer the row it will hold: the row commits with ``tx``
+        and vanishes if ``tx`` rolls back, so an action written in ``tx`` and its row
+        are never one without the other.
+
+        The statement runs on ``tx.driver`` (psycopg on PostgreSQL; on SQLite the
+        ``sqlite3`` connection that holds the adapter's single writer), as the
+        router's own statements do; texts are cut as :meth:`record` cuts them.
+
+        Raises:
+            Exception: the driver's error; ``tx`` should then be rolled back, which
+                its block does when the error leaves it.
+        """
+        values = self._values(entry)
+        postgres = isinstance(self.engine, AsyncEngine)
+        sql = _insert_text(self.tables, postgres, "id" in values)
+        if postgres:
+            cursor = await tx.driver.execute(sql, values)
+            found = await cursor.fetchone()
+        else:
+            stored = dict(values, at=utc_text(values["at"]))
+            if isinstance(values.get("id"), uuid.UUID):
+                stored["id"] = values["id"].hex  # as SQLAlchemy stores a UUID there
+            found = tx.driver.execute(sql, stored).fetchone()
+        key = values["id"] if "id" in values else found[0]
+        return AuditRow(key, **{name: values[name] for name in _FIELDS})
+
+    def _values(self, entry: AuditEntry) -> dict[str, Any]:
         values: dict[str, Any] = {
             "at": self._clock(),
             "actor": _cut(entry.actor),
@@ -139,13 +182,7 @@ class Audit:
         new_key = self.tables.options.key_default
         if new_key is not None:
             values["id"] = new_key()
-        statement = table.insert().values(values).returning(table.c.id)
-
-        def write(connection: sa.Connection) -> Any:
-            return connection.execute(statement).scalar_one()
-
-        key = await run_on(self.engine, write, write=True)
-        return AuditRow(key, **{name: values[name] for name in _FIELDS})
+        return values
 
     async def entries(
         self, *, target: str | None = None, cursor: str | None = None, size: int = DEFAULT_PAGE
@@ -192,6 +229,19 @@ class Audit:
 
 
 _FIELDS: Final = ("at", "actor", "action", "target", "outcome", "detail")
+
+
+def _insert_text(tables: Tables, postgres: bool, keyed: bool) -> str:
+    """The audit insert as driver SQL: psycopg's ``%(name)s`` or ``sqlite3``'s
+    ``:name`` parameters, answering the row's key."""
+    options = tables.options
+    schema = f"{options.schema}." if options.schema else ""
+    columns = (("id",) if keyed else ()) + _FIELDS
+    marks = ", ".join(f"%({c})s" if postgres else f":{c}" for c in columns)
+    return (
+        f"INSERT INTO {schema}{options.name('console_audit')} ({', '.join(columns)}) "
+        f"VALUES ({marks}) RETURNING id"
+    )
 
 
 def _cut(text: str) -> str:

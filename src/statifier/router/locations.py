@@ -11,7 +11,8 @@ alone answers which execution a posted token reaches and never which token reach
 an execution. An execution created under ``always_new`` has no address row and no
 location.
 
-:func:`rotate_location` replaces the token; the old one then reaches nothing. The
+:func:`rotate_location` replaces the token; the old one then reaches nothing
+(:func:`rotate_location_in` does it inside a router transaction the caller holds). The
 chart's own copy is written once, at the start, and is not rotated. :func:`location`
 answers the location the chart holds while it is still the live one; after a rotation
 the live location exists only in :func:`rotate_location`'s answer.
@@ -57,6 +58,7 @@ __all__ = [
     "location",
     "mint_token",
     "rotate_location",
+    "rotate_location_in",
     "token_digest",
     "token_shaped",
 ]
@@ -188,11 +190,26 @@ async def rotate_location(config: RouterConfig, execution_id: str) -> str:
         ConfigError: the configuration has no ``basichttp``.
         NoLocation: the execution has no location to replace.
     """
+    _settings(config)
+    async with config.transaction() as unit:
+        return await rotate_location_in(unit, config, execution_id)
+
+
+async def rotate_location_in(unit: Unit, config: RouterConfig, execution_id: str) -> str:
+    """:func:`rotate_location` inside ``unit``, a router transaction the caller opened
+    on ``config`` (``config.transaction()``), so that what the caller writes beside it
+    commits or rolls back with the rotation. The old location reaches nothing from
+    ``unit``'s commit on; if ``unit`` rolls back, the old one stays live and the
+    location answered reaches nothing.
+
+    Raises:
+        ConfigError: the configuration has no ``basichttp``.
+        NoLocation: the execution has no location to replace (nothing was written).
+    """
     settings = _settings(config)
     token = mint_token()
-    async with config.transaction() as unit:
-        if not await _Session(unit).rotate(execution_id, token_digest(token)):
-            raise NoLocation(execution_id)
+    if not await _Session(unit).rotate(execution_id, token_digest(token)):
+        raise NoLocation(execution_id)
     return settings.location(token)
 
 

@@ -508,7 +508,16 @@ class OutboxDrain:
         anything else a row id. They are due at once with a fresh round of attempts;
         ``last_error`` stays until the next failure. Answers how many were re-armed."""
         async with self.adapter.transaction() as tx:
-            return await self._sql.retry_dead(tx.driver, key_or_id, queue, self.clock())
+            return await self.retry_dead_in(tx, key_or_id, queue=queue)
+
+    async def retry_dead_in(
+        self, tx: SqlTransaction, key_or_id: str | int | uuid.UUID, *, queue: str | None = None
+    ) -> int:
+        """:meth:`retry_dead` inside ``tx``, a transaction the caller opened on this
+        drain's adapter (``adapter.transaction()``, or a router unit's ``tx``): the rows
+        are re-armed when ``tx`` commits, and stay dead if it rolls back. Answers how
+        many were re-armed."""
+        return await self._sql.retry_dead(tx.driver, key_or_id, queue, self.clock())
 
 
 def _message(row: _Claimed, *, final: bool) -> OutboxMessage:
