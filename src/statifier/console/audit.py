@@ -21,6 +21,26 @@ inside the action's own transaction, so a done action and its row commit togethe
 ...     return [f"{e.actor} {e.action} {e.target} {e.outcome}" for e in page.rows]
 >>> asyncio.run(main())
 ['ops-1 cancel order-7 done']
+
+Inside a transaction of the adapter, the row goes the way the transaction goes:
+
+>>> from statifier.persistence.sql import SqlAdapter
+>>> async def joined() -> list[str]:
+...     engine = sqlite_engine(url)
+...     audit = Audit(engine, Tables.define())
+...     async with SqlAdapter(engine) as adapter:
+...         try:
+...             async with adapter.transaction() as tx:
+...                 entry = AuditEntry("ops-1", action="rotate", target="order-8")
+...                 await audit.record_in(tx, entry)
+...                 raise RuntimeError("the action failed after its row was written")
+...         except RuntimeError:
+...             pass
+...         async with adapter.transaction() as tx:
+...             await audit.record_in(tx, AuditEntry("ops-1", action="cancel", target="order-9"))
+...     return [e.target for e in (await audit.entries()).rows]
+>>> asyncio.run(joined())
+['order-9', 'order-7']
 """
 
 from __future__ import annotations
