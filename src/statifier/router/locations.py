@@ -190,7 +190,7 @@ async def rotate_location(config: RouterConfig, execution_id: str) -> str:
         ConfigError: the configuration has no ``basichttp``.
         NoLocation: the execution has no location to replace.
     """
-    _settings(config)
+    _settings(config)  # refused before any transaction opens
     async with config.transaction() as unit:
         return await rotate_location_in(unit, config, execution_id)
 
