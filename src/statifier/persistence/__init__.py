@@ -24,6 +24,7 @@ from statifier.persistence.executions import (
     LoggedInput,
     Stepped,
     decode_outcome,
+    logged_start,
 )
 from statifier.persistence.executor import EffectContext, Executor, Refused
 from statifier.persistence.memory import MemoryAdapter
@@ -68,5 +69,6 @@ __all__ = [
     "Unmappable",
     "carry",
     "decode_outcome",
+    "logged_start",
     "prune",
 ]

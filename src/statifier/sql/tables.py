@@ -681,6 +681,8 @@ def _children(options: TableOptions, metadata: sa.MetaData) -> tuple[sa.Table, s
         schema=schema,
     )
     return child_answers, settlements
+
+
 def _console_execution_indexes(options: TableOptions) -> list[sa.Index]:
     """The indexes the console's executions list walks: newest first (``created_at``
     then ``execution_id``), within a status or a chart. None of them holds a column a
