@@ -33,6 +33,7 @@ EXTRAS: Final[dict[str, tuple[str, str]]] = {
     "nats": ("nats", "NATS"),
     "eventsourcing": ("scriba", "scriba's sources"),
     "opentelemetry": ("otel", "OpenTelemetry"),
+    "cryptography": ("crypto", "The Fernet blob codec"),
 }
 """A top-level module name: the extra that installs it, and what needs it."""
 

@@ -5,10 +5,13 @@
 steps, fails and cancels executions over it, handing every effect to an executor, and
 answers :class:`Stepped` or :class:`Discarded`; :class:`Driver` drives charts that
 invoke services (durable children and fan-out); :func:`prune` clears what finished.
+A :class:`BlobCodec` given to the storage encodes every blob it stores (the Fernet one,
+extra ``crypto``, is in ``statifier.persistence.fernet``).
 See ``docs/persistence.md``, whose "What the calls return" section lists every field
 of the returned values and the format of effect keys.
 """
 
+from statifier.persistence.codec import PLAIN, BlobCodec, UndecodableBlob
 from statifier.persistence.driver import Answered, Driver, InvocationFailed
 from statifier.persistence.errors import (
     ExecutionExists,
@@ -30,7 +33,9 @@ from statifier.persistence.retention import prune
 from statifier.persistence.storage import Storage
 
 __all__ = [
+    "PLAIN",
     "Answered",
+    "BlobCodec",
     "Discarded",
     "Driver",
     "EffectContext",
@@ -48,6 +53,7 @@ __all__ = [
     "Status",
     "Stepped",
     "Storage",
+    "UndecodableBlob",
     "decode_outcome",
     "prune",
 ]

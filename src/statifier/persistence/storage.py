@@ -5,6 +5,11 @@ against a machine whose identity matches the one it was stored under: a changed 
 is refused with :class:`~statifier.core.positions.IdentityMismatch`, never silently
 resumed in the wrong configuration.
 
+It is also where blobs cross into and out of the adapter, so it is where the blob codec
+(:mod:`statifier.persistence.codec`) is applied: every position, outcome, input-log
+event and chart source is encoded on its way to the adapter and decoded on its way
+back, and nothing above the storage ever sees an encoded blob.
+
 >>> import asyncio
 >>> from statifier.chart import compile_chart
 >>> from statifier.persistence import MemoryAdapter, Storage
@@ -20,6 +25,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Final, TypeVar
 
@@ -29,6 +35,7 @@ from statifier.core import MachineState
 from statifier.core import positions as stored
 from statifier.expr import Function
 from statifier.persistence.adapter import Adapter, Capabilities
+from statifier.persistence.codec import PLAIN, BlobCodec, PlainBlobs, UndecodableBlob
 from statifier.persistence.errors import (
     ChartNotFound,
     ChartRetired,
@@ -70,6 +77,45 @@ async def _timed(operation: str, awaitable: Awaitable[_T]) -> _T:
         )
 
 
+def _decoded(codec: BlobCodec, blob: bytes, what: str) -> bytes:
+    """``blob`` decoded, or :class:`UndecodableBlob` naming ``what`` it belongs to."""
+    try:
+        return codec.decode(blob)
+    except UndecodableBlob as failure:
+        raise UndecodableBlob(f"{what} could not be decoded: {failure}") from None
+
+
+def _encoded_execution(codec: BlobCodec, record: ExecutionRecord) -> ExecutionRecord:
+    position, outcome = record.position, record.outcome
+    return replace(
+        record,
+        position=None if position is None else codec.encode(position),
+        outcome=None if outcome is None else codec.encode(outcome),
+    )
+
+
+def _decoded_execution(codec: BlobCodec, record: ExecutionRecord) -> ExecutionRecord:
+    position, outcome = record.position, record.outcome
+    if position is None and outcome is None:
+        return record
+    return replace(
+        record,
+        position=None
+        if position is None
+        else _decoded(codec, position, f"the position of execution {record.id!r}"),
+        outcome=None
+        if outcome is None
+        else _decoded(codec, outcome, f"the outcome of execution {record.id!r}"),
+    )
+
+
+def _decoded_chart(codec: BlobCodec, chart: ChartRecord) -> ChartRecord:
+    if chart.source is None:  # a tombstone
+        return chart
+    source = _decoded(codec, chart.source, f"the source of chart {chart.content_hash}")
+    return replace(chart, source=source)
+
+
 def utc_now() -> datetime:
     """The current time in UTC (the default clock)."""
     return datetime.now(UTC)
@@ -88,6 +134,13 @@ class Storage:
         functions: the host's expression functions, passed to
             :func:`~statifier.chart.compile_chart` likewise (the functions a chart
             calls are not stored with it: give the same ones every process).
+        codec: encodes every blob written (positions, outcomes, input-log events,
+            chart sources) and decodes every blob read; :data:`~statifier.persistence.
+            codec.PLAIN` (the default) stores them as given. Every process that opens
+            the store needs a codec that decodes what the others wrote.
+
+    Reading a blob the codec cannot decode raises
+    :class:`~statifier.persistence.codec.UndecodableBlob`, naming what it belongs to.
     """
 
     def __init__(
@@ -98,6 +151,7 @@ class Storage:
         clock: Clock = utc_now,
         loader: Callable[[str], str] | None = None,
         functions: Mapping[str, Function] | None = None,
+        codec: BlobCodec = PLAIN,
     ) -> None:
         if input_log_cap is not None and input_log_cap < 1:
             raise ValueError(f"input_log_cap must be at least 1, not {input_log_cap}")
@@ -106,6 +160,10 @@ class Storage:
         self.clock = clock
         self.loader = loader
         self.functions: Mapping[str, Function] = dict(functions or {})
+        self.codec = codec
+        # The identity codec costs nothing: its blobs are handed through untouched,
+        # with no coroutine or record copy in between.
+        self._sealing: BlobCodec | None = None if isinstance(codec, PlainBlobs) else codec
         self._machines: OrderedDict[str, Machine] = OrderedDict()
         self._states: dict[str, tuple[bytes, MachineState]] = {}
 
@@ -122,6 +180,7 @@ class Storage:
             clock=self.clock,
             loader=self.loader,
             functions=self.functions,
+            codec=self.codec,
         )
         view._machines = self._machines
         view._states = self._states
@@ -155,7 +214,13 @@ class Storage:
             version=identity.version,
             saved_at=self.clock(),
         )
-        saved = await self._call("save_chart", self.adapter.save_chart(record))
+        codec = self._sealing
+        if codec is not None and record.source is not None:
+            sealed = replace(record, source=codec.encode(record.source))
+            saved = await self._call("save_chart", self.adapter.save_chart(sealed))
+            saved = _decoded_chart(codec, saved)
+        else:
+            saved = await self._call("save_chart", self.adapter.save_chart(record))
         if saved.retired_at is not None:
             raise ChartRetired(saved.content_hash, saved.retired_by)
         self._machines.setdefault(identity.content_hash, machine)
@@ -168,7 +233,7 @@ class Storage:
             ChartNotFound: nothing is stored under the hash.
             ChartRetired: the chart was retired.
         """
-        chart = await self._call("fetch_chart", self.adapter.fetch_chart(content_hash))
+        chart = await self.find_chart(content_hash)
         if chart is None:
             raise ChartNotFound(content_hash)
         if chart.retired_at is not None or chart.source is None:
@@ -176,8 +241,18 @@ class Storage:
         return chart
 
     def find_chart(self, content_hash: str) -> Awaitable[ChartRecord | None]:
-        """The chart stored under the hash, retired or not, or ``None``."""
-        return self._call("fetch_chart", self.adapter.fetch_chart(content_hash))
+        """The chart stored under the hash, retired or not, or ``None``.
+
+        Raises:
+            UndecodableBlob: the codec cannot decode its source.
+        """
+        found = self._call("fetch_chart", self.adapter.fetch_chart(content_hash))
+        return found if self._sealing is None else self._open_chart(found)
+
+    async def _open_chart(self, found: Awaitable[ChartRecord | None]) -> ChartRecord | None:
+        assert self._sealing is not None
+        chart = await found
+        return None if chart is None else _decoded_chart(self._sealing, chart)
 
     def retire_chart(
         self, content_hash: str, retired_by: str, retired_at: datetime
@@ -226,29 +301,46 @@ class Storage:
         Raises:
             ExecutionNotFound: there is none with this id.
         """
-        record = await self._call("fetch_execution", self.adapter.fetch_execution(execution_id))
+        record = await self.find_execution(execution_id)
         if record is None:
             raise ExecutionNotFound(execution_id)
         return record
 
     def find_execution(self, execution_id: str) -> Awaitable[ExecutionRecord | None]:
-        """The execution record, or ``None``."""
-        return self._call("fetch_execution", self.adapter.fetch_execution(execution_id))
+        """The execution record, or ``None``.
+
+        Raises:
+            UndecodableBlob: the codec cannot decode its position or outcome.
+        """
+        found = self._call("fetch_execution", self.adapter.fetch_execution(execution_id))
+        return found if self._sealing is None else self._open_execution(found)
+
+    async def _open_execution(
+        self, found: Awaitable[ExecutionRecord | None]
+    ) -> ExecutionRecord | None:
+        assert self._sealing is not None
+        record = await found
+        return None if record is None else _decoded_execution(self._sealing, record)
 
     def insert_execution(self, record: ExecutionRecord) -> Awaitable[None]:
-        """Store a new execution.
+        """Store a new execution (its position and outcome encoded).
 
         Raises:
             ExecutionExists: one with this id exists.
         """
+        if self._sealing is not None:
+            record = _encoded_execution(self._sealing, record)
         return self._call("insert_execution", self.adapter.insert_execution(record))
 
     def update_execution(self, record: ExecutionRecord) -> Awaitable[None]:
-        """Write the record's changing fields (see ``Adapter.update_execution``).
+        """Write the record's changing fields (see ``Adapter.update_execution``; its
+        position and outcome encoded).
 
         Raises:
             ExecutionNotFound: there is no such execution.
         """
+        if self._sealing is not None:
+            record = _encoded_execution(self._sealing, record)
         return self._call("update_execution", self.adapter.update_execution(record))
 
     def statuses_by_metadata(self, pairs: Mapping[str, str]) -> Awaitable[dict[str, Status]]:
@@ -270,15 +362,36 @@ class Storage:
         self, execution_id: str, door: str, event: bytes, recorded_at: datetime
     ) -> Awaitable[int | None]:
         """Append one entry to the execution's input log, under this storage's cap;
-        answers its ``seq``, or ``None`` when the log is (or just got) closed."""
+        answers its ``seq``, or ``None`` when the log is (or just got) closed. The event
+        is stored encoded."""
+        if self._sealing is not None:
+            event = self._sealing.encode(event)
         appending = self.adapter.append_input(
             execution_id, door, event, recorded_at, self.input_log_cap
         )
         return self._call("append_input", appending)
 
-    def inputs(self, execution_id: str) -> Awaitable[list[InputRecord]]:
-        """The execution's input log as stored, in ``seq`` order."""
-        return self._call("inputs", self.adapter.inputs(execution_id))
+    async def inputs(self, execution_id: str) -> list[InputRecord]:
+        """The execution's input log, in ``seq`` order, its events decoded.
+
+        Raises:
+            UndecodableBlob: the codec cannot decode an entry.
+        """
+        entries = await self._call("inputs", self.adapter.inputs(execution_id))
+        codec = self._sealing
+        if codec is None:
+            return entries
+        return [
+            entry
+            if entry.event is None
+            else replace(
+                entry,
+                event=_decoded(
+                    codec, entry.event, f"input {entry.seq} of execution {execution_id!r}"
+                ),
+            )
+            for entry in entries
+        ]
 
     def load(self, record: ExecutionRecord | PositionRecord, machine: Machine) -> MachineState:
         """The record's position, for ``machine`` only.
@@ -317,7 +430,11 @@ class Storage:
         """
         if not self.capabilities.metadata:
             raise MetadataUnsupported("this adapter cannot list executions by metadata")
-        return await self._call("list_by_metadata", self.adapter.list_by_metadata(metadata))
+        records = await self._call("list_by_metadata", self.adapter.list_by_metadata(metadata))
+        codec = self._sealing
+        if codec is None:
+            return records
+        return [_decoded_execution(codec, record) for record in records]
 
     # Saved positions.
 
@@ -334,7 +451,10 @@ class Storage:
             position=stored.dump(state),
             saved_at=self.clock(),
         )
-        await self._call("save_position", self.adapter.save_position(record))
+        stored_record = record
+        if self._sealing is not None:
+            stored_record = replace(record, position=self._sealing.encode(record.position))
+        await self._call("save_position", self.adapter.save_position(stored_record))
         return record
 
     async def load_position(self, key: str, machine: Machine) -> MachineState | None:
@@ -342,9 +462,15 @@ class Storage:
 
         Raises:
             IdentityMismatch: it was saved for another chart.
+            UndecodableBlob: the codec cannot decode it.
         """
         record = await self._call("fetch_position", self.adapter.fetch_position(key))
-        return None if record is None else self.load(record, machine)
+        if record is None:
+            return None
+        if self._sealing is not None:
+            position = _decoded(self._sealing, record.position, f"the position saved as {key!r}")
+            record = replace(record, position=position)
+        return self.load(record, machine)
 
     async def delete_position(self, key: str) -> bool:
         """Forget the position saved under ``key``; answers whether there was one."""
