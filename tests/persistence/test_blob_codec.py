@@ -17,6 +17,7 @@ from statifier.persistence import (
     Executions,
     MemoryAdapter,
     Status,
+    Stepped,
     Storage,
     UndecodableBlob,
     decode_outcome,
@@ -25,6 +26,7 @@ from statifier.persistence.codec import BlobCodec
 from statifier.persistence.fernet import FernetCodec, FernetKeyError
 from statifier.persistence.sql import SqlAdapter
 from statifier.sql import migrations
+from statifier.sql.blobs import rewrite_blobs
 
 from .conftest import SqlStore
 
@@ -102,6 +104,7 @@ async def _run_payment(storage: Storage, machine: Machine, execution_id: str) ->
     executions = Executions(storage)
     await executions.create(execution_id, machine)
     stepped = await executions.step(execution_id, machine, Event("pay", data={"card": CARD}))
+    assert isinstance(stepped, Stepped)
     await storage.save_position(f"saved-{execution_id}", stepped.state)
 
 
@@ -161,6 +164,7 @@ async def test_a_step_resumes_from_an_encrypted_position_with_a_cold_cache(
         storage = Storage(other, codec=FernetCodec([key_a]))
         # No machine given: the stored (encrypted) chart is decoded and compiled.
         done = await Executions(storage).step("txn-2", None, Event("settle"))
+        assert isinstance(done, Stepped)
         assert done.execution.status is Status.COMPLETED
         assert done.donedata == {"card": CARD, "note": DATA_MARKER}
 
@@ -329,7 +333,7 @@ def test_fernet_keys_are_checked_and_never_echoed() -> None:
     with pytest.raises(FernetKeyError, match="one or more"):
         FernetCodec([])
     with pytest.raises(FernetKeyError, match="one or more"):
-        FernetCodec(FernetCodec.generate_key())  # type: ignore[arg-type]  # a str, not a list
+        FernetCodec(FernetCodec.generate_key())  # a str: one key, not a list
     secret = "not-a-key-but-secret-s3cr3t"
     with pytest.raises(FernetKeyError, match="key 2 of 2 is not a Fernet key") as bad:
         FernetCodec([FernetCodec.generate_key(), secret])
@@ -368,3 +372,86 @@ def test_fernet_round_trips_any_bytes_and_rotates() -> None:
         FernetCodec([b]).decode(b"plain bytes, never encrypted")
     with pytest.raises(UndecodableBlob):
         FernetCodec([b]).rotate(token)
+
+
+@pytest.mark.asyncio
+async def test_rewriting_the_blobs_retires_the_old_key(
+    sql_adapter: SqlAdapter, sql_store: SqlStore, machine: Machine, key_a: str, key_b: str
+) -> None:
+    await _run_payment(Storage(sql_adapter, codec=FernetCodec([key_a])), machine, "old")
+    await Executions(Storage(sql_adapter, codec=FernetCodec([key_a]))).step(
+        "old", machine, Event("settle")
+    )
+    counts = rewrite_blobs(sql_store.url, FernetCodec([key_b, key_a]).rotate, sql_store.tables)
+    assert counts == {
+        "charts.chart_blob": 1,
+        "positions.position_blob": 1,
+        "executions.position_blob": 1,
+        "executions.outcome_blob": 1,
+        "inputs.input_blob": 2,
+    }
+    only_a, only_b = FernetCodec([key_a]), FernetCodec([key_b])
+    for column, value in _blobs(sql_store):
+        assert only_b.decode(value), column
+        with pytest.raises(UndecodableBlob):
+            only_a.decode(value)
+    # Everything reads under the new key alone, the chart included.
+    async with SqlAdapter(sql_store.url, sql_store.tables) as other:
+        storage = Storage(other, codec=only_b)
+        assert (await storage.machine(machine.identity.content_hash)).identity == machine.identity
+        assert decode_outcome(await storage.fetch_execution("old")) == {
+            "card": CARD,
+            "note": DATA_MARKER,
+        }
+        assert len(await Executions(storage).inputs("old")) == 2
+        assert (await storage.load_position("saved-old", machine)) is not None
+    # Run again: what is under B already is rewritten under B (nothing lost).
+    again = rewrite_blobs(sql_store.url, FernetCodec([key_b]).rotate, sql_store.tables, batch=1)
+    assert sum(again.values()) == 6
+
+
+@pytest.mark.asyncio
+async def test_rewriting_keeps_a_blob_written_while_it_ran(
+    sql_adapter: SqlAdapter, sql_store: SqlStore, machine: Machine, key_a: str, key_b: str
+) -> None:
+    """A row stored again between the sweep's read and its write keeps the newer bytes."""
+    for index in range(3):
+        await _run_payment(
+            Storage(sql_adapter, codec=FernetCodec([key_a])), machine, f"txn-{index}"
+        )
+    table = sql_store.tables.executions
+    newer = FernetCodec([key_b]).encode(b"a newer position, written by a step")
+    rotate = FernetCodec([key_b, key_a]).rotate
+    engine = sa.create_engine(migrations.sync_url(sql_store.url))
+    raced: list[bytes] = []
+    with engine.connect() as connection:
+        stored_positions = {
+            bytes(value) for (value,) in connection.execute(sa.select(table.c.position_blob))
+        }
+
+    def racing(blob: bytes) -> bytes:
+        rewritten = rotate(blob)
+        if not raced and blob in stored_positions:
+            raced.append(blob)
+            with engine.begin() as connection:  # what a step would do meanwhile
+                connection.execute(
+                    table.update().where(table.c.position_blob == blob).values(position_blob=newer)
+                )
+        return rewritten
+
+    try:
+        counts = rewrite_blobs(sql_store.url, racing, sql_store.tables, batch=2)
+        with engine.connect() as connection:
+            positions = [
+                bytes(value) for (value,) in connection.execute(sa.select(table.c.position_blob))
+            ]
+    finally:
+        engine.dispose()
+    assert counts["executions.position_blob"] == 2  # three rows, one kept as written
+    assert newer in positions
+    assert raced
+
+
+def test_rewriting_refuses_a_batch_of_nothing(sql_store: SqlStore) -> None:
+    with pytest.raises(ValueError, match="at least 1 row"):
+        rewrite_blobs(sql_store.url, bytes, sql_store.tables, batch=0)
