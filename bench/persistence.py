@@ -25,6 +25,10 @@ What it measures, per database, in the same run:
   ``fetch_execution`` (``FOR UPDATE`` on PostgreSQL), the identity-guarded load of the
   position, the pure interpreter, the stored position, ``append_input`` and
   ``update_execution``, commit.
+* ``fernet``: the ``library`` row with its blobs encrypted at rest:
+  ``Storage(SqlAdapter(...), codec=FernetCodec([key]))`` (extra ``crypto``), so each step
+  decrypts the position it loads and encrypts the position and the input it stores.
+  Reported with its ratio to the ``library`` row (``--no-fernet`` leaves it out).
 * ``raw driver``: the same 8 tasks run the same statements per step, written out by
   hand on the driver (``sqlite3``; psycopg 3 async, one connection per task), with the
   stored position written back as it was read: SQLite ``BEGIN IMMEDIATE`` under one
@@ -82,7 +86,7 @@ from harness import (
 from statifier.chart import compile_chart
 from statifier.core import Event
 from statifier.core.positions import dump_event
-from statifier.persistence import Executions, Storage
+from statifier.persistence import PLAIN, BlobCodec, Executions, Storage
 from statifier.persistence.sql import SqlAdapter
 from statifier.sql import TableOptions, migrations
 
@@ -128,9 +132,9 @@ async def _round(step: Step, ids: Sequence[str], steps: int) -> tuple[float, lis
 class Library:
     """The row under test: ``Executions.step`` through ``SqlAdapter``."""
 
-    def __init__(self, url: str, options: TableOptions) -> None:
+    def __init__(self, url: str, options: TableOptions, codec: BlobCodec = PLAIN) -> None:
         self.adapter = SqlAdapter(url, options)
-        self.executions = Executions(Storage(self.adapter))
+        self.executions = Executions(Storage(self.adapter, codec=codec))
         self.machine = compile_chart(CHART)
         self.event = Event("next")
 
@@ -256,12 +260,55 @@ def _percentile(values: Sequence[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
+async def _codec_cost(library: Library, execution_id: str, repeats: int = 2_000) -> dict[str, Any]:
+    """The Fernet codec's own work per step, in process and without the database: one
+    decode of the stored position, one encode of it and one of the logged event, on the
+    very bytes a step of this benchmark stores."""
+    record = await library.executions.storage.fetch_execution(execution_id)
+    assert record.position is not None
+    position, event = record.position, dump_event(library.event)
+    codec = _fernet()
+    sealed = codec.encode(position)
+    started = time.perf_counter()
+    for _ in range(repeats):
+        codec.decode(sealed)
+        codec.encode(position)
+        codec.encode(event)
+    per_step = (time.perf_counter() - started) / repeats
+    return {
+        "position_bytes": len(position),
+        "event_bytes": len(event),
+        "us_per_step": per_step * 1e6,
+    }
+
+
+def _fernet() -> BlobCodec:
+    from statifier.persistence.fernet import FernetCodec
+
+    return FernetCodec([FernetCodec.generate_key()])
+
+
 async def _database(
-    name: str, url: str, options: TableOptions, rounds: int, steps: int, keep_gc: bool
+    name: str,
+    url: str,
+    options: TableOptions,
+    rounds: int,
+    steps: int,
+    keep_gc: bool,
+    fernet: bool = True,
 ) -> dict[str, Any]:
     ids = [f"bench-{index}" for index in range(EXECUTIONS)]
     library = Library(url, options)
     await library.create(ids)
+    # The encrypted row steps executions of its own, in tables of its own beside the
+    # others (one database holds blobs of one codec: the chart row is shared by hash).
+    sealed_ids = [f"sealed-{index}" for index in range(EXECUTIONS)]
+    sealed: Library | None = None
+    if fernet:
+        sealed_options = TableOptions(prefix="bench_sealed_", schema=options.schema)
+        await asyncio.to_thread(migrations.upgrade, url, sealed_options)
+        sealed = Library(url, sealed_options, _fernet())
+        await sealed.create(sealed_ids)
     stored_event = dump_event(library.event)
     raw: RawSqlite | RawPostgres
     if name == "sqlite":
@@ -270,20 +317,27 @@ async def _database(
         raw = RawPostgres(url, options, stored_event)
         await raw.open(ids)
     rows: dict[str, Step] = {"library": library.step, "raw driver": raw.step}
+    row_ids = {"library": ids, "raw driver": ids}
+    if sealed is not None:
+        rows["fernet"] = sealed.step
+        row_ids["fernet"] = sealed_ids
     rates: dict[str, list[float]] = {row: [] for row in rows}
     latencies: dict[str, list[float]] = {row: [] for row in rows}
     try:
-        for step in rows.values():  # warm up: connections, prepared statements
-            await _round(step, ids, 5)
+        for row, step in rows.items():  # warm up: connections, prepared statements
+            await _round(step, row_ids[row], 5)
         with collector_paused(keep_gc):
             for turn in range(rounds):
                 for row in rotated(list(rows), turn):
-                    elapsed, samples = await _round(rows[row], ids, steps)
+                    elapsed, samples = await _round(rows[row], row_ids[row], steps)
                     rates[row].append(len(samples) / elapsed)
                     latencies[row].extend(samples)
+        cost = await _codec_cost(library, ids[0]) if sealed is not None else None
     finally:
         await raw.close()
         await library.close()
+        if sealed is not None:
+            await sealed.close()
     result: dict[str, Any] = {}
     for row in rows:
         result[row] = {
@@ -295,6 +349,12 @@ async def _database(
     result["ratio"] = (
         result["library"]["median_steps_per_s"] / result["raw driver"]["median_steps_per_s"]
     )
+    if cost is not None:
+        result["fernet_codec"] = cost
+    if sealed is not None:
+        result["fernet_ratio"] = (
+            result["fernet"]["median_steps_per_s"] / result["library"]["median_steps_per_s"]
+        )
     return result
 
 
@@ -368,6 +428,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--url", help="the PostgreSQL URL")
     parser.add_argument("--no-dbos", action="store_true", help="leave the DBOS row out")
     parser.add_argument(
+        "--no-fernet", action="store_true", help="leave the encrypted (Fernet) row out"
+    )
+    parser.add_argument(
         "--profile", choices=("sqlite", "postgresql"), help="cProfile the library row instead"
     )
     add_gc_option(parser)
@@ -396,7 +459,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as directory:
             url, options = _prepare(name, postgres_url, directory)
             try:
-                result = asyncio.run(_database(name, url, options, rounds, steps, args.gc))
+                result = asyncio.run(
+                    _database(name, url, options, rounds, steps, args.gc, not args.no_fernet)
+                )
             finally:
                 _drop(name, url, options)
             if with_dbos:
@@ -404,13 +469,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 library = result["library"]["median_steps_per_s"]
                 result["dbos_ratio"] = library / result["DBOS"]["median_steps_per_s"]
         results[name] = result
-        for row in ("raw driver", "library", "DBOS"):
+        for row in ("raw driver", "library", "fernet", "DBOS"):
             if row not in result:
                 continue
             cells = result[row]
             ratio = ""
             if row == "library":
                 ratio = fmt_ratio(result["ratio"])
+            elif row == "fernet":
+                ratio = fmt_ratio(result["fernet_ratio"])
             elif row == "DBOS":
                 ratio = f"1/{result['dbos_ratio']:.1f}"
             print(
@@ -421,6 +488,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, result in results.items():
         met = result["ratio"] >= GOAL
         print(f"goal (library >= {GOAL} of the raw driver) on {name}: {verdict(met)}")
+        if "fernet_ratio" in result:
+            cost = result["fernet_codec"]
+            print(
+                f"encrypted blobs (Fernet) on {name}: {result['fernet_ratio']:.2f} of the "
+                f"library row's steps/s; the codec's own work {cost['us_per_step']:.0f} us "
+                f"a step (a {cost['position_bytes']}-byte position decoded and encoded, a "
+                f"{cost['event_bytes']}-byte event encoded)"
+            )
         if "dbos_ratio" in result:
             met = result["dbos_ratio"] >= DBOS_GOAL
             print(
