@@ -4,7 +4,15 @@ what it did before."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -26,7 +34,7 @@ from statifier.persistence.codec import BlobCodec
 from statifier.persistence.fernet import FernetCodec, FernetKeyError
 from statifier.persistence.sql import SqlAdapter
 from statifier.sql import migrations
-from statifier.sql.blobs import rewrite_blobs
+from statifier.sql.blobs import BLOB_COLUMNS, rewrite_blobs
 
 from .conftest import SqlStore
 
@@ -455,3 +463,89 @@ async def test_rewriting_keeps_a_blob_written_while_it_ran(
 def test_rewriting_refuses_a_batch_of_nothing(sql_store: SqlStore) -> None:
     with pytest.raises(ValueError, match="at least 1 row"):
         rewrite_blobs(sql_store.url, bytes, sql_store.tables, batch=0)
+
+
+REWRITER = Path(__file__).with_name("blob_rewriter.py")
+
+
+def _plain_blobs(store: SqlStore, codec: FernetCodec) -> dict[tuple[str, str, int], bytes]:
+    """Every stored blob decoded, by ``(table, column, id)``."""
+    tables = store.tables
+    found: dict[tuple[str, str, int], bytes] = {}
+    engine = sa.create_engine(migrations.sync_url(store.url))
+    try:
+        with engine.connect() as connection:
+            for table_name, column in BLOB_COLUMNS:
+                table = getattr(tables, table_name)
+                query = sa.select(table.c.id, table.c[column]).where(table.c[column].is_not(None))
+                for row_id, value in connection.execute(query):
+                    found[(table_name, column, row_id)] = codec.decode(bytes(value))
+    finally:
+        engine.dispose()
+    return found
+
+
+def _under(store: SqlStore, codec: FernetCodec) -> Iterator[str]:
+    """The columns of the blobs ``codec`` decodes, one per blob."""
+    for column, value in _blobs(store):
+        try:
+            codec.decode(value)
+        except UndecodableBlob:
+            continue
+        yield column
+
+
+def _rewriter(store: SqlStore, environ: dict[str, str]) -> subprocess.Popen[str]:
+    schema = store.tables.options.schema or "-"
+    return subprocess.Popen(
+        [sys.executable, str(REWRITER), store.url, store.tables.options.prefix, schema],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **environ},
+    )
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_a_rewrite_killed_anywhere_and_run_again_loses_no_blob(
+    backend: str, request: pytest.FixtureRequest, key_a: str, key_b: str, machine: Machine
+) -> None:
+    """SIGKILL the sweep at random moments, many times, then let it finish: every blob is
+    under the new key alone and decodes to exactly what it held before."""
+    store: SqlStore = request.getfixturevalue(f"{backend}_store")
+    store.empty()
+
+    async def fill() -> None:
+        async with SqlAdapter(store.url, store.tables) as adapter:
+            storage = Storage(adapter, codec=FernetCodec([key_a]))
+            for index in range(8):
+                await _run_payment(storage, machine, f"txn-{index}")
+                if index % 2:
+                    await Executions(storage).step(f"txn-{index}", machine, Event("settle"))
+
+    asyncio.run(fill())
+    before = _plain_blobs(store, FernetCodec([key_a]))
+    assert len(before) == 1 + 8 + 8 + 4 + 12  # chart, saved, positions, outcomes, inputs
+    environ = {"NEW_KEY": key_b, "OLD_KEY": key_a}
+    chance = random.Random(78)
+    killed, halfway = 0, 0
+    for _ in range(10):
+        child = _rewriter(store, environ)
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "ready"
+        time.sleep(chance.uniform(0.0, 0.15))
+        child.kill()  # SIGKILL
+        child.wait(timeout=30)
+        killed += child.returncode == -signal.SIGKILL
+        child.communicate()
+        # Every blob still decodes (under one key or the other) to what it held.
+        assert _plain_blobs(store, FernetCodec([key_b, key_a])) == before
+        under_b = sum(1 for _ in _under(store, FernetCodec([key_b])))
+        halfway += 0 < under_b < len(before)
+    assert killed >= 5  # most kills landed mid-sweep...
+    assert halfway >= 1  # ...and some with part of it written
+    finished = _rewriter(store, environ)
+    out, err = finished.communicate(timeout=120)
+    assert finished.returncode == 0, err
+    assert out.splitlines()[-1] == f"done {len(before)}"
+    assert _plain_blobs(store, FernetCodec([key_b])) == before
