@@ -495,7 +495,7 @@ def router_config(settings: ServiceSettings, adapter: SqlAdapter) -> RouterConfi
         ServiceConfigError: the router refuses the combination (named at the top
             level of the file).
     """
-    outbox = OutboxRoute(adapter)
+    outbox = OutboxRoute(adapter, codec=settings.codec)
     basichttp = next((f for f in settings.fronts if isinstance(f, BasicHttpFront)), None)
     routes = {
         entry.name: RouteEntry(
