@@ -320,6 +320,49 @@ async def test_a_codec_on_the_memory_adapter_and_through_a_view(machine: Machine
     assert counting.decoded >= 1
 
 
+class CountingFernet:
+    """Fernet, counting its decodes."""
+
+    def __init__(self, key: str) -> None:
+        self.fernet = FernetCodec([key])
+        self.decoded = 0
+
+    def encode(self, blob: bytes) -> bytes:
+        return self.fernet.encode(blob)
+
+    def decode(self, stored: bytes) -> bytes:
+        self.decoded += 1
+        return self.fernet.decode(stored)
+
+
+@pytest.mark.asyncio
+async def test_a_step_decodes_no_position_it_wrote_itself(
+    sql_adapter: SqlAdapter, machine: Machine, key_a: str
+) -> None:
+    """The storage keeps the encoded bytes of the last position it wrote: the next step
+    of the same execution reads them back without decoding; bytes written elsewhere
+    (another storage, another process) are decoded."""
+    counting = CountingFernet(key_a)
+    storage = Storage(sql_adapter, codec=counting)
+    executions = Executions(storage)
+    await executions.create("txn-4", machine)
+    before = counting.decoded
+    await executions.step("txn-4", machine, Event("pay", data={"card": CARD}))
+    assert counting.decoded == before  # its own position, not decoded again
+    elsewhere = CountingFernet(key_a)
+    done = await Executions(Storage(sql_adapter, codec=elsewhere)).step(
+        "txn-4", machine, Event("settle")
+    )
+    assert isinstance(done, Stepped)
+    assert done.donedata == {"card": CARD, "note": DATA_MARKER}
+    assert elsewhere.decoded == 1  # a position another storage wrote
+    # The first storage's memory is stale now: it decodes what the other one wrote.
+    record = await storage.fetch_execution("txn-4")
+    assert counting.decoded == before + 2  # the position and the outcome
+    assert record.status is Status.COMPLETED
+    assert decode_outcome(record) == {"card": CARD, "note": DATA_MARKER}
+
+
 @pytest.mark.asyncio
 async def test_durable_takes_a_codec(sql_store: SqlStore, key_a: str) -> None:
     sql_store.empty()

@@ -94,15 +94,23 @@ def _encoded_execution(codec: BlobCodec, record: ExecutionRecord) -> ExecutionRe
     )
 
 
-def _decoded_execution(codec: BlobCodec, record: ExecutionRecord) -> ExecutionRecord:
+def _decoded_execution(
+    codec: BlobCodec, record: ExecutionRecord, known: tuple[bytes, bytes] | None = None
+) -> ExecutionRecord:
+    """``record`` with its blobs decoded; ``known`` is ``(encoded, plain)`` of the position
+    this storage last wrote for it: the same encoded bytes need no decoding."""
     position, outcome = record.position, record.outcome
     if position is None and outcome is None:
         return record
+    if position is not None and known is not None and known[0] == position:
+        plain: bytes | None = known[1]
+    elif position is not None:
+        plain = _decoded(codec, position, f"the position of execution {record.id!r}")
+    else:
+        plain = None
     return replace(
         record,
-        position=None
-        if position is None
-        else _decoded(codec, position, f"the position of execution {record.id!r}"),
+        position=plain,
         outcome=None
         if outcome is None
         else _decoded(codec, outcome, f"the outcome of execution {record.id!r}"),
@@ -166,6 +174,10 @@ class Storage:
         self._sealing: BlobCodec | None = None if isinstance(codec, PlainBlobs) else codec
         self._machines: OrderedDict[str, Machine] = OrderedDict()
         self._states: dict[str, tuple[bytes, MachineState]] = {}
+        # (encoded, plain) of the position last written per execution under the codec:
+        # a step reads back what the step before it wrote, and the same encoded bytes
+        # need not be decoded again (one decryption a step saved).
+        self._written: dict[str, tuple[bytes, bytes]] = {}
 
     def over(self, adapter: Adapter) -> Storage:
         """This storage over another adapter, typically a view of this one's bound to a
@@ -184,6 +196,7 @@ class Storage:
         )
         view._machines = self._machines
         view._states = self._states
+        view._written = self._written
         return view
 
     @property
@@ -320,7 +333,9 @@ class Storage:
     ) -> ExecutionRecord | None:
         assert self._sealing is not None
         record = await found
-        return None if record is None else _decoded_execution(self._sealing, record)
+        if record is None:
+            return None
+        return _decoded_execution(self._sealing, record, self._written.get(record.id))
 
     def insert_execution(self, record: ExecutionRecord) -> Awaitable[None]:
         """Store a new execution (its position and outcome encoded).
@@ -329,7 +344,7 @@ class Storage:
             ExecutionExists: one with this id exists.
         """
         if self._sealing is not None:
-            record = _encoded_execution(self._sealing, record)
+            record = self._encoded(record)
         return self._call("insert_execution", self.adapter.insert_execution(record))
 
     def update_execution(self, record: ExecutionRecord) -> Awaitable[None]:
@@ -340,8 +355,22 @@ class Storage:
             ExecutionNotFound: there is no such execution.
         """
         if self._sealing is not None:
-            record = _encoded_execution(self._sealing, record)
+            record = self._encoded(record)
         return self._call("update_execution", self.adapter.update_execution(record))
+
+    def _encoded(self, record: ExecutionRecord) -> ExecutionRecord:
+        """``record`` encoded, its position remembered (see ``_written``). A write that
+        rolls back leaves an entry no stored bytes will ever match."""
+        assert self._sealing is not None
+        encoded = _encoded_execution(self._sealing, record)
+        written = self._written
+        if encoded.position is not None and record.position is not None:
+            written[record.id] = (encoded.position, record.position)
+            if len(written) > _STATES:
+                del written[next(iter(written))]
+        else:
+            written.pop(record.id, None)
+        return encoded
 
     def statuses_by_metadata(self, pairs: Mapping[str, str]) -> Awaitable[dict[str, Status]]:
         """The status of every execution whose metadata holds every pair, by id."""
