@@ -265,7 +265,8 @@ def _percentile(values: Sequence[float], fraction: float) -> float:
 async def _codec_cost(library: Library, execution_id: str, repeats: int = 2_000) -> dict[str, Any]:
     """The Fernet codec's own work per step, in process and without the database: one
     decode of the stored position, one encode of it and one of the logged event, on the
-    very bytes a step of this benchmark stores."""
+    very bytes a step of this benchmark stores. (A step of an execution whose position
+    the same storage wrote last skips the decode.)"""
     record = await library.executions.storage.fetch_execution(execution_id)
     assert record.position is not None
     position, event = record.position, dump_event(library.event)
