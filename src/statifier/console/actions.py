@@ -28,7 +28,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from statifier.persistence import Discarded, ExecutionNotFound
+from statifier.persistence import Discarded, ExecutionNotFound, UndecodableBlob
 from statifier.router import ConfigError, InboundEvent, OutboxDrain, RouterConfig, route
 from statifier.router.errors import RouterError
 from statifier.router.locations import NoLocation, rotate_location
@@ -163,7 +163,11 @@ async def retry_consumer(
     if found is None:
         raise Refused(f"no consumer dead letter {row}")
     source, message_id, raw = found
-    event = _event(str(source), message_id, bytes(raw), scopes)
+    try:  # the raw bytes are stored encoded under the configuration's codec
+        plain = config.storage.codec.decode(bytes(raw))
+    except UndecodableBlob as undecodable:
+        raise Refused(f"the dead letter's bytes cannot be decoded: {undecodable}") from None
+    event = _event(str(source), message_id, plain, scopes)
     routed = await route(config, event)
     await _run(engine, letters.delete().where(letters.c.id == row))
     outcomes = ", ".join(type(outcome).__name__ for outcome in routed.outcomes) or "no binding"

@@ -91,6 +91,7 @@ __all__ = [
     "PinSource",
     "Stepped",
     "decode_outcome",
+    "logged_input",
     "logged_start",
 ]
 
@@ -538,19 +539,9 @@ class Executions:
         if not self.storage.capabilities.input_log:
             return []
         entries = await self.storage.inputs(execution_id)
-        decoded = []
-        for entry in entries:
-            if entry.event is None:
-                decoded.append(LoggedInput(entry.seq, entry.door, None, entry.recorded_at))
-            elif entry.door == MIGRATE_DOOR:
-                migration = LoggedMigration.load(entry.event)
-                decoded.append(
-                    LoggedInput(entry.seq, entry.door, None, entry.recorded_at, migration)
-                )
-            else:
-                event = stored.load_event(entry.event)
-                decoded.append(LoggedInput(entry.seq, entry.door, event, entry.recorded_at))
-        return decoded
+        return [
+            logged_input(entry.seq, entry.door, entry.event, entry.recorded_at) for entry in entries
+        ]
 
     # Migration.
 
@@ -938,6 +929,21 @@ def _dump(state: MachineState) -> bytes:
         return stored.dump(state)
     except ValueError as error:
         raise Unstorable(f"the new position cannot be stored: {error}") from None
+
+
+def logged_input(seq: int, door: str, blob: bytes | None, recorded_at: datetime) -> LoggedInput:
+    """One input-log entry decoded from its stored (plain, already decoded by the
+    codec) bytes: a stored event, a migration's record (door ``"migrate"``), or the
+    cap's marker (``blob`` ``None``).
+
+    Raises:
+        statifier.core.NotAPosition: the bytes are not what the door stores.
+    """
+    if blob is None:
+        return LoggedInput(seq, door, None, recorded_at)
+    if door == MIGRATE_DOOR:
+        return LoggedInput(seq, door, None, recorded_at, LoggedMigration.load(blob))
+    return LoggedInput(seq, door, stored.load_event(blob), recorded_at)
 
 
 def logged_start(
