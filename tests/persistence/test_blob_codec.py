@@ -592,3 +592,49 @@ def test_a_rewrite_killed_anywhere_and_run_again_loses_no_blob(
     assert finished.returncode == 0, err
     assert out.splitlines()[-1] == f"done {len(before)}"
     assert _plain_blobs(store, FernetCodec([key_b])) == before
+
+
+@pytest.mark.asyncio
+async def test_a_migrated_position_and_a_childs_answer_are_stored_encoded(
+    sql_adapter: SqlAdapter, sql_store: SqlStore, machine: Machine, key_a: str
+) -> None:
+    from statifier.persistence import Migrated, MigrationPlan
+    from statifier.persistence.records import AnswerRecord
+
+    codec = FernetCodec([key_a])
+    storage = Storage(sql_adapter, codec=codec)
+    executions = Executions(storage)
+    await _run_payment(storage, machine, "moving")
+    revised = compile_chart(PAYMENT.replace('"paid"', '"charged"'))
+    moved = await executions.migrate("moving", MigrationPlan(machine, revised, {"paid": "charged"}))
+    assert isinstance(moved, Migrated)
+    for column, values in _stored(sql_store).items():
+        for value in values:
+            assert value.startswith(b"gAAAAA"), column
+            assert CARD.encode() not in value, column
+    done = await executions.step("moving", revised, Event("settle"))
+    assert isinstance(done, Stepped)
+    assert done.donedata == {"card": CARD, "note": DATA_MARKER}
+
+    answer = AnswerRecord(
+        "child-1",
+        parent_id="parent-1",
+        invoke_id="kid",
+        content_hash=machine.identity.content_hash,
+        status=Status.COMPLETED,
+        outcome=CARD.encode(),
+        failure=None,
+        created_at=storage.clock(),
+    )
+    await storage.insert_answer(answer)
+    engine = sa.create_engine(migrations.sync_url(sql_store.url))
+    try:
+        with engine.connect() as connection:
+            (kept,) = connection.execute(sa.select(sql_store.tables.child_answers.c.answer_blob))
+    finally:
+        engine.dispose()
+    assert CARD.encode() not in bytes(kept[0])
+    found = await storage.fetch_answer("child-1")
+    assert found is not None
+    assert found.outcome == CARD.encode()
+    assert [owed.outcome for owed in await storage.undelivered_answers(10)] == [CARD.encode()]
