@@ -25,6 +25,10 @@ What it measures, per database, in the same run:
   ``fetch_execution`` (``FOR UPDATE`` on PostgreSQL), the identity-guarded load of the
   position, the pure interpreter, the stored position, ``append_input`` and
   ``update_execution``, commit.
+* ``fernet``: the ``library`` row with its blobs encrypted at rest:
+  ``Storage(SqlAdapter(...), codec=FernetCodec([key]))`` (extra ``crypto``), so each step
+  decrypts the position it loads and encrypts the position and the input it stores.
+  Reported with its ratio to the ``library`` row (``--no-fernet`` leaves it out).
 * ``raw driver``: the same 8 tasks run the same statements per step, written out by
   hand on the driver (``sqlite3``; psycopg 3 async, one connection per task), with the
   stored position written back as it was read: SQLite ``BEGIN IMMEDIATE`` under one
@@ -41,7 +45,9 @@ What it measures, per database, in the same run:
 The rows take turns (rounds of ``--steps`` steps per execution, in a rotating order) so
 drifting load hits them alike. Reported: steps per second (the median over rounds of
 all steps of a round over its wall time), p50 and p99 step latency (over every step of
-every round), and the ratio library / raw. Project goal: at least 0.7 on both databases.
+every round), the ratio library / raw, and this process's CPU time per step (``cpu us``,
+which load from other processes barely moves; PostgreSQL's own work is not in it).
+Project goal: at least 0.7 on both databases.
 Every step commits durably (SQLite ``synchronous`` FULL in WAL, PostgreSQL
 ``synchronous_commit`` on), so the disk's flush time is part of both rows.
 """
@@ -82,7 +88,7 @@ from harness import (
 from statifier.chart import compile_chart
 from statifier.core import Event
 from statifier.core.positions import dump_event
-from statifier.persistence import Executions, Storage
+from statifier.persistence import PLAIN, BlobCodec, Executions, Storage
 from statifier.persistence.sql import SqlAdapter
 from statifier.sql import TableOptions, migrations
 
@@ -128,9 +134,9 @@ async def _round(step: Step, ids: Sequence[str], steps: int) -> tuple[float, lis
 class Library:
     """The row under test: ``Executions.step`` through ``SqlAdapter``."""
 
-    def __init__(self, url: str, options: TableOptions) -> None:
+    def __init__(self, url: str, options: TableOptions, codec: BlobCodec = PLAIN) -> None:
         self.adapter = SqlAdapter(url, options)
-        self.executions = Executions(Storage(self.adapter))
+        self.executions = Executions(Storage(self.adapter, codec=codec))
         self.machine = compile_chart(CHART)
         self.event = Event("next")
 
@@ -256,12 +262,56 @@ def _percentile(values: Sequence[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
+async def _codec_cost(library: Library, execution_id: str, repeats: int = 2_000) -> dict[str, Any]:
+    """The Fernet codec's own work per step, in process and without the database: one
+    decode of the stored position, one encode of it and one of the logged event, on the
+    very bytes a step of this benchmark stores. (A step of an execution whose position
+    the same storage wrote last skips the decode.)"""
+    record = await library.executions.storage.fetch_execution(execution_id)
+    assert record.position is not None
+    position, event = record.position, dump_event(library.event)
+    codec = _fernet()
+    sealed = codec.encode(position)
+    started = time.perf_counter()
+    for _ in range(repeats):
+        codec.decode(sealed)
+        codec.encode(position)
+        codec.encode(event)
+    per_step = (time.perf_counter() - started) / repeats
+    return {
+        "position_bytes": len(position),
+        "event_bytes": len(event),
+        "us_per_step": per_step * 1e6,
+    }
+
+
+def _fernet() -> BlobCodec:
+    from statifier.persistence.fernet import FernetCodec
+
+    return FernetCodec([FernetCodec.generate_key()])
+
+
 async def _database(
-    name: str, url: str, options: TableOptions, rounds: int, steps: int, keep_gc: bool
+    name: str,
+    url: str,
+    options: TableOptions,
+    rounds: int,
+    steps: int,
+    keep_gc: bool,
+    fernet: bool = True,
 ) -> dict[str, Any]:
     ids = [f"bench-{index}" for index in range(EXECUTIONS)]
     library = Library(url, options)
     await library.create(ids)
+    # The encrypted row steps executions of its own, in tables of its own beside the
+    # others (one database holds blobs of one codec: the chart row is shared by hash).
+    sealed_ids = [f"sealed-{index}" for index in range(EXECUTIONS)]
+    sealed: Library | None = None
+    if fernet:
+        sealed_options = TableOptions(prefix="bench_sealed_", schema=options.schema)
+        await asyncio.to_thread(migrations.upgrade, url, sealed_options)
+        sealed = Library(url, sealed_options, _fernet())
+        await sealed.create(sealed_ids)
     stored_event = dump_event(library.event)
     raw: RawSqlite | RawPostgres
     if name == "sqlite":
@@ -270,20 +320,32 @@ async def _database(
         raw = RawPostgres(url, options, stored_event)
         await raw.open(ids)
     rows: dict[str, Step] = {"library": library.step, "raw driver": raw.step}
+    row_ids = {"library": ids, "raw driver": ids}
+    if sealed is not None:
+        rows["fernet"] = sealed.step
+        row_ids["fernet"] = sealed_ids
     rates: dict[str, list[float]] = {row: [] for row in rows}
     latencies: dict[str, list[float]] = {row: [] for row in rows}
+    # This process's CPU time per step: unlike the rates, it barely moves when other
+    # processes load the machine (PostgreSQL's own work is not in it).
+    cpu: dict[str, float] = dict.fromkeys(rows, 0.0)
     try:
-        for step in rows.values():  # warm up: connections, prepared statements
-            await _round(step, ids, 5)
+        for row, step in rows.items():  # warm up: connections, prepared statements
+            await _round(step, row_ids[row], 5)
         with collector_paused(keep_gc):
             for turn in range(rounds):
                 for row in rotated(list(rows), turn):
-                    elapsed, samples = await _round(rows[row], ids, steps)
+                    cpu_started = time.process_time()
+                    elapsed, samples = await _round(rows[row], row_ids[row], steps)
+                    cpu[row] += time.process_time() - cpu_started
                     rates[row].append(len(samples) / elapsed)
                     latencies[row].extend(samples)
+        cost = await _codec_cost(library, ids[0]) if sealed is not None else None
     finally:
         await raw.close()
         await library.close()
+        if sealed is not None:
+            await sealed.close()
     result: dict[str, Any] = {}
     for row in rows:
         result[row] = {
@@ -291,10 +353,20 @@ async def _database(
             "p50_ms": _percentile(latencies[row], 0.50) * 1e3,
             "p99_ms": _percentile(latencies[row], 0.99) * 1e3,
             "samples_steps_per_s": rates[row],
+            "cpu_us_per_step": cpu[row] / len(latencies[row]) * 1e6,
         }
     result["ratio"] = (
         result["library"]["median_steps_per_s"] / result["raw driver"]["median_steps_per_s"]
     )
+    if cost is not None:
+        result["fernet_codec"] = cost
+    if sealed is not None:
+        result["fernet_ratio"] = (
+            result["fernet"]["median_steps_per_s"] / result["library"]["median_steps_per_s"]
+        )
+        result["fernet_cpu_ratio"] = (
+            result["fernet"]["cpu_us_per_step"] / result["library"]["cpu_us_per_step"]
+        )
     return result
 
 
@@ -368,6 +440,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--url", help="the PostgreSQL URL")
     parser.add_argument("--no-dbos", action="store_true", help="leave the DBOS row out")
     parser.add_argument(
+        "--no-fernet", action="store_true", help="leave the encrypted (Fernet) row out"
+    )
+    parser.add_argument(
         "--profile", choices=("sqlite", "postgresql"), help="cProfile the library row instead"
     )
     add_gc_option(parser)
@@ -390,13 +465,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     databases = [args.only] if args.only else ["sqlite", "postgresql"]
     results: dict[str, Any] = {}
-    header = f"{'database':<11} {'row':<11} {'steps/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'ratio':>7}"
+    header = (
+        f"{'database':<11} {'row':<11} {'steps/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'ratio':>7}"
+        f" {'cpu us':>8}"
+    )
     print_table_header(header)
     for name in databases:
         with tempfile.TemporaryDirectory() as directory:
             url, options = _prepare(name, postgres_url, directory)
             try:
-                result = asyncio.run(_database(name, url, options, rounds, steps, args.gc))
+                result = asyncio.run(
+                    _database(name, url, options, rounds, steps, args.gc, not args.no_fernet)
+                )
             finally:
                 _drop(name, url, options)
             if with_dbos:
@@ -404,23 +484,36 @@ def main(argv: Sequence[str] | None = None) -> int:
                 library = result["library"]["median_steps_per_s"]
                 result["dbos_ratio"] = library / result["DBOS"]["median_steps_per_s"]
         results[name] = result
-        for row in ("raw driver", "library", "DBOS"):
+        for row in ("raw driver", "library", "fernet", "DBOS"):
             if row not in result:
                 continue
             cells = result[row]
             ratio = ""
             if row == "library":
                 ratio = fmt_ratio(result["ratio"])
+            elif row == "fernet":
+                ratio = fmt_ratio(result["fernet_ratio"])
             elif row == "DBOS":
                 ratio = f"1/{result['dbos_ratio']:.1f}"
+            cpu = cells.get("cpu_us_per_step")
             print(
                 f"{name:<11} {row:<11} {cells['median_steps_per_s']:>9,.0f} "
-                f"{cells['p50_ms']:>8.2f} {cells['p99_ms']:>8.2f} {ratio:>7}"
+                f"{cells['p50_ms']:>8.2f} {cells['p99_ms']:>8.2f} {ratio:>7} "
+                f"{'' if cpu is None else f'{cpu:,.0f}':>8}"
             )
     print()
     for name, result in results.items():
         met = result["ratio"] >= GOAL
         print(f"goal (library >= {GOAL} of the raw driver) on {name}: {verdict(met)}")
+        if "fernet_ratio" in result:
+            cost = result["fernet_codec"]
+            print(
+                f"encrypted blobs (Fernet) on {name}: {result['fernet_ratio']:.2f} of the "
+                f"library row's steps/s, {result['fernet_cpu_ratio']:.2f} of its CPU time a "
+                f"step; the codec's own work {cost['us_per_step']:.0f} us "
+                f"a step (a {cost['position_bytes']}-byte position decoded and encoded, a "
+                f"{cost['event_bytes']}-byte event encoded)"
+            )
         if "dbos_ratio" in result:
             met = result["dbos_ratio"] >= DBOS_GOAL
             print(

@@ -23,7 +23,7 @@ def test_demo_evaluates_rules_and_a_program() -> None:
     assert '=> {"score": 10, "tier": true}' in text
     assert "the gateway called back: completed" in text
     assert "replayed from its input log to the same position: True" in text
-    assert "second run over the whole log again: 3 rows" in text
+    assert "second run over the whole log again: 4 rows" in text
     service = text[text.index("6. The whole service") :]
     assert "POST /hooks/carrier  (the carrier retries)  -> 200" in service
     assert "the overdue timer fired" in service

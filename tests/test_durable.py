@@ -372,7 +372,14 @@ async def test_data_overrides_the_datamodel_and_event_data_keeps_null_apart(
         with pytest.raises(TypeError, match="data maps variable names to values"):
             await durable.create("door", data=[1])  # type: ignore[arg-type]
     assert closed.outcome == {"knocks": 42}
-    assert [i.event.data if i.event else "marker" for i in inputs] == [None, UNDEFINED, UNDEFINED]
+    # The start data opens the log (door "create"), so a replay starts where d1 did.
+    assert [i.door for i in inputs] == ["create", "step", "step", "step"]
+    assert [i.event.data if i.event else "marker" for i in inputs] == [
+        {"knocks": 40},
+        None,
+        UNDEFINED,
+        UNDEFINED,
+    ]
 
 
 @pytest.mark.asyncio

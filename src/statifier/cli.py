@@ -589,9 +589,10 @@ def _run_console(args: argparse.Namespace, out: TextIO) -> int:
             secure_cookie=args.secure_cookie,
             basichttp_base_url=args.basichttp_base_url,
             scriba_prefix=args.scriba_prefix,
+            codec=executions_command.codec_of(args.keys_env),
         )
         return standalone.run(options, out)
-    except (standalone.ConsoleRefused, OSError) as error:
+    except (standalone.ConsoleRefused, OSError, ValueError) as error:  # ValueError: a key
         _debug_traceback(args)
         sys.stderr.write(f"statifier console: {_one_line(error)}\n")
         return 2
@@ -733,6 +734,15 @@ def _parser() -> argparse.ArgumentParser:
         "--basichttp-base-url", default=None, metavar="URL", help="for rotating locations"
     )
     console.add_argument("--scriba-prefix", default=None, help="show scriba's projections")
+    console.add_argument(
+        "--keys-env",
+        dest="keys_env",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="an environment variable holding a Fernet key the blobs are encrypted with "
+        "(repeat, the newest first; the crypto extra)",
+    )
     return parser
 
 

@@ -20,10 +20,12 @@
     with the reasons.
 
 Every action takes ``--database URL`` (default ``sqlite:///statifier.db``, as
-``statifier db upgrade``), ``--prefix P`` and ``--schema S`` (the tables' options), and
-``--charts DIR`` (``*.scxml`` files named by their stem; only ``create`` needs it). The
-command never migrates: a database without the tables says to run ``statifier db
-upgrade``. Values print in the tagged JSON encoding (:mod:`statifier.expr.tagged`).
+``statifier db upgrade``), ``--prefix P`` and ``--schema S`` (the tables' options),
+``--charts DIR`` (``*.scxml`` files named by their stem; only ``create`` needs it), and
+``--keys-env NAME`` (repeated, the newest first) for a database whose blobs are encrypted
+with Fernet keys held by those environment variables. The command never migrates: a
+database without the tables says to run ``statifier db upgrade``. Values print in the
+tagged JSON encoding (:mod:`statifier.expr.tagged`).
 
 Exit status: 0 done; 1 when ``send`` or ``cancel`` was discarded (the execution had
 ended or is parked: nothing changed, and the line says why), or ``migrate`` parked or
@@ -50,6 +52,7 @@ from statifier.expr import UNDEFINED, Value, tagged
 
 if TYPE_CHECKING:
     from statifier.durable import Description, Durable
+    from statifier.persistence import BlobCodec
 
 __all__ = ["DEFAULT_DATABASE", "add_parser", "main", "run"]
 
@@ -75,6 +78,15 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     common.add_argument("--prefix", default=None, help="the table name prefix (statifier_)")
     common.add_argument("--schema", default=None, help="the schema (PostgreSQL)")
     common.add_argument("--charts", default=None, metavar="DIR", help="DIR/NAME.scxml charts")
+    common.add_argument(
+        "--keys-env",
+        dest="keys_env",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="an environment variable holding a Fernet key the blobs are encrypted with "
+        "(repeat, the newest first; the crypto extra)",
+    )
     executions = commands.add_parser(
         "executions", help="list, show, create, send to, cancel and migrate durable executions"
     )
@@ -140,6 +152,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace, out: TextIO) -> int:
     """Run ``statifier executions ACTION``; answers the exit status."""
+    from statifier.core.positions import PositionError
     from statifier.durable import DurableError, NotMigrated
     from statifier.extras import MissingExtra
     from statifier.persistence import PersistenceError
@@ -150,6 +163,9 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         return _refused(args, f"{error.finding}: run `{error.upgrade}` first")
     except (DurableError, PersistenceError, ValueError, TypeError, MissingExtra) as error:
         return _refused(args, str(error))
+    except PositionError as error:  # a stored blob is not what it should be
+        hint = "" if args.keys_env else " (if its blobs are encrypted, give --keys-env)"
+        return _refused(args, f"{error}{hint}")
     except sqlite3.Error as error:
         return _refused(args, f"database: {_one_line(error)}")
     except Exception as error:
@@ -166,6 +182,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run(parser.parse_args(argv), sys.stdout)
 
 
+def _codec(args: argparse.Namespace) -> BlobCodec:
+    return codec_of(args.keys_env)
+
+
+def codec_of(keys_env: Sequence[str] | None) -> BlobCodec:
+    """The Fernet codec of the key variables ``keys_env`` (``--keys-env``, the newest
+    first), or :data:`PLAIN` without any.
+
+    Raises:
+        FernetKeyError: (a ``ValueError``) a variable unset, or not a key.
+        MissingExtra: the crypto extra is not installed.
+    """
+    from statifier.persistence import PLAIN
+
+    if not keys_env:
+        return PLAIN
+    from statifier.persistence.fernet import FernetCodec
+
+    return FernetCodec.from_env(keys_env)
+
+
 # The actions.
 
 
@@ -176,7 +213,7 @@ async def _run(args: argparse.Namespace, out: TextIO) -> int:
     tables = TableOptions(prefix=args.prefix or DEFAULT_PREFIX, schema=args.schema)
     if args.action in ("create", "migrate") and args.charts is None:
         raise ValueError(f"{args.action} needs --charts DIR (DIR/CHART.scxml is the chart)")
-    durable = Durable(args.database, charts=args.charts, tables=tables)
+    durable = Durable(args.database, charts=args.charts, tables=tables, codec=_codec(args))
     async with durable:
         if args.action == "list":
             return await _list(durable, args, out)

@@ -35,6 +35,7 @@ EXTRAS: Final[dict[str, tuple[str, str]]] = {
     "opentelemetry": ("otel", "OpenTelemetry"),
     "jinja2": ("console", "the operator console"),
     "markupsafe": ("console", "the operator console"),
+    "cryptography": ("crypto", "The Fernet blob codec"),
 }
 """A top-level module name: the extra that installs it, and what needs it."""
 

@@ -34,6 +34,7 @@ from tests.persistence.conftest import (  # noqa: F401 - fixtures used by name
 from tests.router.conftest import (  # noqa: F401 - fixtures used by name
     RouterDb,
     impression_bindings,
+    join_chart,
     router_db,
     router_store,
 )
@@ -48,7 +49,7 @@ from statifier.console.queries import ConsoleQueries
 from statifier.core import Event
 from statifier.persistence import Executions, Status
 from statifier.persistence.sql import SqlTransaction
-from statifier.router import InboundEvent, RouterConfig, route
+from statifier.router import InboundEvent, RouterConfig, StaticResolver, route
 from statifier.router.locations import BasicHttpLocations, location
 from statifier.service import Service
 from statifier.service.config import ServiceConfigError, load
@@ -988,3 +989,42 @@ def test_statifier_console_serves_until_sigterm_and_its_token_logs_in(tmp_path: 
                     process.kill()
                     process.wait()
         assert ADA not in (tmp_path / "stderr.txt").read_text()
+
+
+@pytest.mark.asyncio
+async def test_under_a_fernet_codec_the_pages_show_what_the_database_keeps_sealed(
+    router_db: RouterDb,  # noqa: F811 - the fixture
+) -> None:
+    from statifier.persistence import Storage
+    from statifier.persistence.fernet import FernetCodec
+
+    codec = FernetCodec([FernetCodec.generate_key()])
+    config = RouterConfig(
+        Storage(router_db.adapter, clock=router_db.clock, codec=codec),
+        bindings=impression_bindings(),
+        resolver=StaticResolver({"join": join_chart()}),
+    )
+    console = Console.of(config, Sessions(Operators([Operator("ada", ADA, Role.OPERATOR)])))
+    secret = "impression-kept-sealed-42"
+    event = InboundEvent(
+        scope="web",
+        source="ad_events",
+        message_id="m-sealed",
+        data={"kind": "impression", "impression_id": secret, "shown_at": "now"},
+    )
+    routed = await route(config, event)
+    execution_id = getattr(routed.outcomes[0], "execution_id", None)
+    assert isinstance(execution_id, str)
+    executions = router_db.adapter.tables.executions
+    read = sa.select(executions.c.position_blob).where(executions.c.execution_id == execution_id)
+    async with httpx.AsyncClient() as unused:
+        stored = Site(router_db, config, console, unused).sql(read)
+    assert secret.encode() not in bytes(stored[0][0])
+    transport = httpx.ASGITransport(app=console_app(console))
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+        site = Site(router_db, config, console, client)
+        await site.login(ADA)
+        page = await site.page(f"/console/executions/{execution_id}")
+    datamodel = page.text.split('id="datamodel"', 1)[1].split("</section>", 1)[0]
+    assert secret in datamodel
+    assert "replay-step" in page.text

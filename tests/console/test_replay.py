@@ -123,15 +123,15 @@ async def test_each_step_is_where_the_stored_execution_was(database: Database) -
             machine,
             inputs,
             execution_id="parcel-1042771",
-            options=StartOptions(datamodel=data),
             refusals=refuse_unperformed,
         )
+        # The create's start data opens the log and is step 0: no options needed.
         assert [(s.index, s.door, s.event_name, s.seq) for s in steps] == [
-            (0, "create", None, None),
-            (1, "step", "scan", 0),
-            (2, "step", "scan", 1),
-            (3, "step", "load", 2),
-            (4, "step", "ping", 3),
+            (0, "create", "statifier.start", 0),
+            (1, "step", "scan", 1),
+            (2, "step", "scan", 2),
+            (3, "step", "load", 3),
+            (4, "step", "ping", 4),
         ]
         assert [(s.configuration, dict(s.datamodel)) for s in steps[1:]] == seen
         assert steps[0].configuration == ("sorting",)
@@ -155,12 +155,10 @@ async def test_each_step_is_where_the_stored_execution_was(database: Database) -
         assert not diverges(steps[-1], running)
         # What the log does not hold, a replay cannot know: it then says it diverged.
         without_data = replay(
-            machine, inputs, execution_id="parcel-1042771", refusals=refuse_unperformed
+            machine, inputs[1:], execution_id="parcel-1042771", refusals=refuse_unperformed
         )
         assert diverges(without_data[-1], running)
-        all_performed = replay(
-            machine, inputs, execution_id="parcel-1042771", options=StartOptions(datamodel=data)
-        )
+        all_performed = replay(machine, inputs, execution_id="parcel-1042771")
         assert all_performed[-1].datamodel["refused"] == 0
         assert diverges(all_performed[-1], running)
         # The last input ends it in its final state; the store agrees.

@@ -37,7 +37,7 @@ from statifier.persistence.errors import (
     SerializationUnsupported,
     Unstorable,
 )
-from statifier.persistence.executions import PARENT_KEY
+from statifier.persistence.executions import CREATE_DOOR, PARENT_KEY, START_EVENT, logged_start
 from statifier.persistence.serialization import Unserialized
 
 SCXML = 'xmlns="http://www.w3.org/2005/07/scxml"'
@@ -307,6 +307,36 @@ async def test_a_capped_log_closes_with_a_marker_and_the_execution_carries_on(
     ]
     record = await executions.storage.fetch_execution("c")
     assert executions.storage.load(record, counter).datamodel["seen"] == list(range(6))
+
+
+@pytest.mark.asyncio
+async def test_start_data_opens_the_log_and_a_replay_from_it_reaches_the_stored_position(
+    make: Make,
+    counter: Machine,
+) -> None:
+    executions = make()
+    await executions.create("plain", counter)
+    await executions.create("seeded", counter, options=StartOptions(datamodel={"seen": [7]}))
+    for n in (1, 2):
+        await executions.step("seeded", counter, Event("n", data=n))
+    assert await executions.inputs("plain") == []
+    entries = await executions.inputs("seeded")
+    assert [(entry.seq, entry.door) for entry in entries] == [
+        (0, "create"),
+        (1, "step"),
+        (2, "step"),
+    ]
+    assert entries[0].event == Event(START_EVENT, data={"seen": [7]})
+    start, rest = logged_start(entries, StartOptions(session_id="seeded"))
+    state, _ = initialize(counter, start)
+    for entry in rest:
+        assert entry.event is not None
+        state, _ = handle_event(state, entry.event)
+    record = await executions.storage.fetch_execution("seeded")
+    assert dump(state) == record.position
+    assert state.datamodel["seen"] == [7, 1, 2]
+    with pytest.raises(ValueError, match="lifecycle's own"):
+        await executions.step("seeded", counter, Event("n", data=3), door=CREATE_DOOR)
 
 
 @pytest.mark.asyncio

@@ -212,7 +212,7 @@ async def test_what_a_migration_leaves_alone(adapter: Adapter) -> None:
         await executions.migrate_all(other.identity.content_hash, PLAN)
     with pytest.raises(ValueError, match="batch"):
         await executions.migrate_all(PLAN.source_hash, PLAN, batch=0)
-    with pytest.raises(ValueError, match="migrations' own"):
+    with pytest.raises(ValueError, match="lifecycle's own"):
         await executions.step("elsewhere", None, Event("x"), door="migrate")
 
 

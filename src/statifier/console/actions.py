@@ -35,7 +35,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from statifier.persistence import Discarded, ExecutionNotFound
+from statifier.persistence import Discarded, ExecutionNotFound, UndecodableBlob
 from statifier.persistence.sql import SqlTransaction
 from statifier.persistence.sql.schema import TableNames
 from statifier.router import ConfigError, InboundEvent, OutboxDrain, RouterConfig, route
@@ -200,7 +200,11 @@ async def retry_consumer(
     if found is None:
         raise Refused(f"no consumer dead letter {row}")
     source, message_id, raw = found
-    event = _event(str(source), message_id, bytes(raw), scopes)
+    try:  # the raw bytes are stored encoded under the configuration's codec
+        plain = config.storage.codec.decode(bytes(raw))
+    except UndecodableBlob as undecodable:
+        raise Refused(f"the dead letter's bytes cannot be decoded: {undecodable}") from None
+    event = _event(str(source), message_id, plain, scopes)
     routed = await route(config, event)
     outcomes = ", ".join(type(outcome).__name__ for outcome in routed.outcomes) or "no binding"
     done = Done(f"routed consumer dead letter {row} again: {outcomes}")

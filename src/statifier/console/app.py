@@ -223,10 +223,13 @@ class Console:
     ) -> Console:
         """The console of ``router``'s database: its reads and its audit trail on the
         engine and tables of the router's adapter (``scriba``: scriba's tables there,
-        to show projections)."""
+        to show projections). Blobs are decoded with the codec of the router's storage."""
         adapter = router.adapter
+        queries = ConsoleQueries(
+            adapter.engine, adapter.tables, scriba=scriba, codec=router.storage.codec
+        )
         return cls(
-            queries=ConsoleQueries(adapter.engine, adapter.tables, scriba=scriba),
+            queries=queries,
             audit=Audit(adapter.engine, adapter.tables),
             router=router,
             sessions=sessions,

@@ -40,8 +40,8 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from scriba.sql.tables import Tables as ScribaTables
-from statifier.core import positions as stored
-from statifier.persistence import LoggedInput
+from statifier.persistence import PLAIN, BlobCodec, LoggedInput, UndecodableBlob, logged_input
+from statifier.persistence.codec import PlainBlobs, opened_json, opened_text
 from statifier.persistence.records import ChartRecord, ExecutionRecord, Status
 from statifier.router.outbox import OutboxRow
 from statifier.router.records import LedgerRow
@@ -359,11 +359,13 @@ class ConsoleQueries:
         tables: Tables,
         *,
         scriba: ScribaTables | None = None,
+        codec: BlobCodec = PLAIN,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.engine = engine
         self.tables = tables
         self.scriba = scriba
+        self.codec = codec
         self._clock = clock
         self._owned = False
 
@@ -523,8 +525,9 @@ class ConsoleQueries:
 
         Raises:
             statifier.core.NotAPosition: an input log entry that is not a stored event.
+            UndecodableBlob: a blob the queries' codec cannot decode.
         """
-        t = self.tables
+        t, codec = self.tables, self.codec
         postgres = _dialect(self.engine) == "postgresql"
         sent_by = (
             sa.type_coerce(t.outbox.c.payload, postgresql.JSONB())["execution_id"].astext
@@ -538,7 +541,7 @@ class ConsoleQueries:
             ).first()
             if row is None:
                 return None
-            record = _record(row)
+            record = _record(row, codec)
             chart_row = connection.execute(
                 sa.select(t.charts).where(t.charts.c.content_hash == record.content_hash)
             ).first()
@@ -570,9 +573,9 @@ class ConsoleQueries:
             )
             return ExecutionDetail(
                 record,
-                chart=None if chart_row is None else _chart(chart_row),
-                timers=tuple(_timer(r) for r in timers),
-                outbox=tuple(_outbox(r) for r in outbox),
+                chart=None if chart_row is None else _chart(chart_row, codec),
+                timers=tuple(_timer(r, codec) for r in timers),
+                outbox=tuple(_outbox(r, codec) for r in outbox),
                 ledger=tuple(_ledger(r) for r in ledger),
                 addresses=tuple(
                     _address(r)
@@ -580,7 +583,7 @@ class ConsoleQueries:
                         self._addresses().where(t.addresses.c.execution_id == execution_id)
                     )
                 ),
-                inputs=tuple(_input(r) for r in inputs[:MAX_INPUTS]),
+                inputs=tuple(_input(r, codec) for r in inputs[:MAX_INPUTS]),
                 inputs_truncated=len(inputs) > MAX_INPUTS,
             )
 
@@ -712,10 +715,10 @@ class ConsoleQueries:
             ValueError: ``size`` outside ``1..MAX_PAGE``.
         """
         _check_size(size)
-        outbox = self.tables.outbox
+        outbox, codec = self.tables.outbox, self.codec
         dead = [outbox.c.dead_at.is_not(None)]
         rows = await self._keyset(outbox, outbox.c.dead_at, "outbox", dead, cursor, size)
-        return _paged(rows, size, "outbox", "dead_at", _outbox)
+        return _paged(rows, size, "outbox", "dead_at", lambda row: _outbox(row, codec))
 
     async def consumer_dead_letters(
         self, *, cursor: str | None = None, size: int = DEFAULT_PAGE
@@ -727,9 +730,9 @@ class ConsoleQueries:
             ValueError: ``size`` outside ``1..MAX_PAGE``.
         """
         _check_size(size)
-        letters = self.tables.consumer_dead_letters
+        letters, codec = self.tables.consumer_dead_letters, self.codec
         rows = await self._keyset(letters, letters.c.dead_at, "consumer", [], cursor, size)
-        return _paged(rows, size, "consumer", "dead_at", _consumer_letter)
+        return _paged(rows, size, "consumer", "dead_at", lambda row: _consumer_letter(row, codec))
 
     async def projections(self) -> list[ProjectionView]:
         """scriba's projections (empty without ``scriba`` tables), by name and
@@ -1003,14 +1006,31 @@ def _summary(row: sa.Row[Any]) -> ExecutionSummary:
     )
 
 
-def _record(row: sa.Row[Any]) -> ExecutionRecord:
+def _decoded(codec: BlobCodec, blob: Any, what: str) -> bytes | None:
+    """A blob column's bytes decoded (``None`` stays ``None``).
+
+    Raises:
+        UndecodableBlob: the codec cannot decode them.
+    """
+    if blob is None:
+        return None
+    if isinstance(codec, PlainBlobs):
+        return bytes(blob)
+    try:
+        return codec.decode(bytes(blob))
+    except UndecodableBlob as failure:
+        raise UndecodableBlob(f"{what} could not be decoded: {failure}") from None
+
+
+def _record(row: sa.Row[Any], codec: BlobCodec) -> ExecutionRecord:
+    name = f"execution {row.execution_id!r}"
     return ExecutionRecord(
         row.execution_id,
         content_hash=row.content_hash,
         status=Status(row.status),
-        position=row.position_blob,
+        position=_decoded(codec, row.position_blob, f"the position of {name}"),
         metadata=_metadata(row.metadata),
-        outcome=row.outcome_blob,
+        outcome=_decoded(codec, row.outcome_blob, f"the outcome of {name}"),
         failure=row.failure,
         created_at=row.created_at,
         updated_at=row.updated_at,
@@ -1018,10 +1038,10 @@ def _record(row: sa.Row[Any]) -> ExecutionRecord:
     )
 
 
-def _chart(row: sa.Row[Any]) -> ChartRecord:
+def _chart(row: sa.Row[Any], codec: BlobCodec) -> ChartRecord:
     return ChartRecord(
         row.content_hash,
-        source=row.chart_blob,
+        source=_decoded(codec, row.chart_blob, f"the source of chart {row.content_hash}"),
         name=row.name,
         version=row.version,
         saved_at=row.saved_at,
@@ -1030,22 +1050,26 @@ def _chart(row: sa.Row[Any]) -> ChartRecord:
     )
 
 
-def _timer(row: sa.Row[Any]) -> TimerView:
+def _timer(row: sa.Row[Any], codec: BlobCodec) -> TimerView:
+    what = f"the payload of timer {row.send_id!r}"
     return TimerView(
         row.send_id,
         kind=row.kind,
         due_at=row.due_at,
-        payload=_metadata(row.payload),
+        payload=_metadata(opened_json(codec, row.payload, what)),
         inserted_at=row.inserted_at,
     )
 
 
-def _outbox(row: sa.Row[Any]) -> OutboxRow:
+def _outbox(row: sa.Row[Any], codec: BlobCodec) -> OutboxRow:
+    payload = dict(_metadata(row.payload))
+    if isinstance(payload.get("event"), str):  # the event alone is sealed under a codec
+        payload["event"] = opened_text(codec, payload["event"], f"outbox row {row.key!r}")
     return OutboxRow(
         row.id,
         queue=row.queue,
         key=row.key,
-        payload=_metadata(row.payload),
+        payload=payload,
         attempts=int(row.attempts),
         next_attempt_at=row.next_attempt_at,
         lease=row.lease,
@@ -1084,7 +1108,7 @@ def _address(row: sa.Row[Any]) -> AddressView:
     )
 
 
-def _consumer_letter(row: sa.Row[Any]) -> ConsumerDeadLetter:
+def _consumer_letter(row: sa.Row[Any], codec: BlobCodec) -> ConsumerDeadLetter:
     return ConsumerDeadLetter(
         row.id,
         source=row.source,
@@ -1092,12 +1116,11 @@ def _consumer_letter(row: sa.Row[Any]) -> ConsumerDeadLetter:
         position=int(row.position),
         message_id=row.message_id,
         reason=row.reason,
-        raw=bytes(row.raw),
+        raw=_decoded(codec, row.raw, f"consumer dead letter {row.id}") or b"",
         dead_at=row.dead_at,
     )
 
 
-def _input(row: sa.Row[Any]) -> LoggedInput:
-    blob = row.input_blob
-    event = None if blob is None else stored.load_event(bytes(blob))
-    return LoggedInput(row.seq, row.door, event, row.recorded_at)
+def _input(row: sa.Row[Any], codec: BlobCodec) -> LoggedInput:
+    what = f"input {row.seq} of execution {row.execution_id!r}"
+    return logged_input(row.seq, row.door, _decoded(codec, row.input_blob, what), row.recorded_at)

@@ -6,10 +6,12 @@ not the positions in between. :func:`replay` recomputes them: it starts the char
 functions ``Executions.step`` calls, so the console can show the configuration and the
 datamodel after every input.
 
-What the log does not hold cannot be replayed exactly: the start options a host passed
-(initial data, a BasicHTTP location), which sends and invocations the host's executor
-refused, and host expression functions the machine given lacks. :func:`replay` takes
-the first two as arguments and marks a step that called a missing function, and
+A create's start data (initial values, a BasicHTTP location) is the log's first entry,
+at door ``"create"``, and starts the replay. What the log does not hold cannot be
+replayed exactly: other start options a host passed, which sends and invocations the
+host's executor refused, and host expression functions the machine given lacks.
+:func:`replay` takes the first two as arguments and marks a step that called a missing
+function, and
 :func:`diverges` tells whether a replay ended where the execution's stored position is,
 so a page can say when the replay is not to be trusted.
 
@@ -52,8 +54,9 @@ from statifier.core import (
 )
 from statifier.core import effects as fx
 from statifier.expr import UNDEFINED, Value
-from statifier.persistence import LoggedInput
+from statifier.persistence import LoggedInput, logged_start
 from statifier.persistence.executor import EffectContext, Refused, refusal_event
+from statifier.persistence.migration import MIGRATE_DOOR
 
 __all__ = [
     "MAX_REPLAY_INPUTS",
@@ -173,13 +176,16 @@ def replay(
         execution_id: its id (the lifecycle starts a chart with ``_sessionid`` set to
             it, which a chart may read).
         options: the start options its create was given, if known (the session id is
-            replaced by ``execution_id``, as ``Executions.create`` does).
+            replaced by ``execution_id``, as ``Executions.create`` does). A log that
+            opens with the create's start data (door ``"create"``) adds its values to
+            ``options.datamodel``, and that entry is step 0.
         refusals: which sends and invocations the host refused; each refusal is told to
             the chart in the same step, as the lifecycle does.
         limit: the most inputs computed; those past it are marked not replayed.
 
     Returns:
-        ``len(inputs) + 1`` steps: step 0 after the start, step ``n`` after input ``n``.
+        ``len(inputs) + 1`` steps: step 0 after the start, step ``n`` after input ``n``
+        (``len(inputs)`` when the log opens with the start data: that entry is step 0).
         An input that cannot be replayed (the log's cap marker, an input after the
         chart stopped, an interpreter error, a step that called a function ``machine``
         lacks: a host function the replay was not given) is marked in
@@ -193,11 +199,21 @@ def replay(
         raise ValueError(f"limit is a count of inputs, not {limit!r}")
     # Traced, to see the error.execution events that name a missing host function.
     start = replace(options or StartOptions(), session_id=execution_id, trace=True)
+    start, rest = logged_start(inputs, start)
+    opening = inputs[0] if len(rest) < len(inputs) else None
+    inputs = rest
     state, missing = _start(machine, start, execution_id, refusals)
     if state is None:
         first = ReplayStep(0, "create", None, UNDEFINED, (), {}, running=False)
         return [replace(first, not_replayed=missing), *_unknown(first, inputs, missing or "")]
-    steps = [_step(0, "create", None, state)]
+    first = _step(0, "create", opening, state)
+    if opening is not None and opening.event is not None:
+        # A BasicHTTP location in the start data's _ioprocessors is a credential.
+        data = opening.event.data
+        assert isinstance(data, dict)  # logged_start took it
+        shown = {name: value for name, value in data.items() if name not in SYSTEM_VARIABLES}
+        first = replace(first, event_data=shown)
+    steps = [first]
     stopped: str | None = None
     for number, entry in enumerate(inputs, start=1):
         last = steps[-1]
@@ -247,6 +263,8 @@ def _advance(
     if number > limit:
         return f"past the replay limit of {limit} inputs", None
     event = entry.event
+    if entry.door == MIGRATE_DOOR:
+        return "the execution moved to another revision of its chart here", None
     if event is None:
         return "the input log was closed here at its cap", None
     if state is None or not state.running:

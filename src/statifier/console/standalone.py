@@ -30,6 +30,7 @@ from typing import TextIO
 
 from statifier.console.auth import Operator, Operators, Role, Sessions
 from statifier.extras import MissingExtra
+from statifier.persistence.codec import PLAIN, BlobCodec
 from statifier.sql import TableOptions
 
 __all__ = ["ConsoleRefused", "StandaloneOptions", "is_loopback", "parse_operator", "run"]
@@ -68,6 +69,8 @@ class StandaloneOptions:
         secure_cookie: mark the cookie ``Secure`` (behind HTTPS).
         basichttp_base_url: the public URL of the BasicHTTP front, for rotations.
         scriba_prefix: the prefix of scriba's tables, to show projections.
+        codec: what the database's blobs are encoded with (``statifier console
+            --keys-env``); stored as given by default.
     """
 
     database: str = field(repr=False)
@@ -80,6 +83,7 @@ class StandaloneOptions:
     secure_cookie: bool = False
     basichttp_base_url: str | None = None
     scriba_prefix: str | None = None
+    codec: BlobCodec = field(default=PLAIN, repr=False)
 
 
 def parse_operator(text: str, environ: Mapping[str, str]) -> tuple[str, str, str]:
@@ -171,6 +175,7 @@ async def _serve(
         raise MissingExtra.of(missing) from missing
     from datetime import timedelta
 
+    from statifier.persistence import Storage
     from statifier.persistence.sql import SqlAdapter
     from statifier.router import RouterConfig, StaticResolver
     from statifier.router.locations import BasicHttpLocations
@@ -190,7 +195,10 @@ async def _serve(
         # No bindings: the console routes nothing of its own; its router configuration
         # is what its actions (cancel, retry, rotate) run through.
         router = RouterConfig(
-            adapter, bindings=[], resolver=StaticResolver({}), basichttp=locations
+            Storage(adapter, codec=options.codec),
+            bindings=[],
+            resolver=StaticResolver({}),
+            basichttp=locations,
         )
         sessions = Sessions(operators, key=options.session_key, secure=options.secure_cookie)
         console = Console.of(router, sessions, scriba=scriba)

@@ -31,6 +31,8 @@ from statifier.durable.values import (
 from statifier.expr import UNDEFINED, Function, Value
 from statifier.ids import new_execution_id
 from statifier.persistence import (
+    PLAIN,
+    BlobCodec,
     Discarded,
     ExecutionRecord,
     Executions,
@@ -84,6 +86,10 @@ class Durable:
             opens the database, since a stored chart is compiled again with them.
         input_log_cap: the most entries one input log keeps (see
             :class:`~statifier.persistence.Storage`).
+        codec: encodes every blob stored (positions, outcomes, inputs, chart sources)
+            and decodes every blob read, e.g. a
+            :class:`~statifier.persistence.fernet.FernetCodec` to encrypt them; stored
+            as given by default (:data:`~statifier.persistence.PLAIN`).
 
     Raises:
         UnknownChart, ChartUnusable: at construction, for the charts given.
@@ -101,6 +107,7 @@ class Durable:
         loader: Callable[[str], str] | None = None,
         functions: Mapping[str, Function] | None = None,
         input_log_cap: int | None = None,
+        codec: BlobCodec = PLAIN,
     ) -> None:
         if not isinstance(migrate, bool):
             raise TypeError(f"migrate is True or False, not {migrate!r}")
@@ -112,6 +119,7 @@ class Durable:
         self._loader = loader
         self._functions = dict(functions or {})
         self._input_log_cap = input_log_cap
+        self._codec = codec
         self._charts = _compiled(charts, loader, self._functions)
         self._names = {machine.identity.content_hash: n for n, machine in self._charts.items()}
         self._executions: Executions | None = None
@@ -165,6 +173,7 @@ class Durable:
             input_log_cap=self._input_log_cap,
             loader=self._loader,
             functions=self._functions,
+            codec=self._codec,
         )
         if self._executor is None:
             self._executions = Executions(storage, lock_wait=self._lock_wait)

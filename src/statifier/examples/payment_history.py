@@ -12,8 +12,8 @@ is handed the whole log again adds nothing.
 >>> _ = asyncio.run(run_on_sqlite(path, io.StringIO()))
 >>> out = io.StringIO()
 >>> asyncio.run(project(path, out))
-3
->>> "second run over the whole log again: 3 rows" in out.getvalue()
+4
+>>> "second run over the whole log again: 4 rows" in out.getvalue()
 True
 """
 

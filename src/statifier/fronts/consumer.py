@@ -221,7 +221,7 @@ class StreamConsumer:
         self.batch_size = batch_size
         self.max_in_flight = max_in_flight
         self.failure: FailurePolicy = failure or Retry()
-        self.malformed = malformed or TableDeadLetters(config.adapter)
+        self.malformed = malformed or TableDeadLetters(config.adapter, config.storage.codec)
         self.commit_interval = commit_interval
         self.poll = poll
         self.clock = clock or _wall_clock

@@ -34,6 +34,8 @@ from typing import Any, Final, Protocol
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from statifier.persistence import PLAIN, BlobCodec, UndecodableBlob
+from statifier.persistence.codec import PlainBlobs
 from statifier.persistence.sql import SqlAdapter
 from statifier.persistence.sql.schema import TableNames
 from statifier.persistence.sql.sqlite import utc_text, utc_time
@@ -82,10 +84,13 @@ def cut(reason: str) -> str:
 
 class TableDeadLetters:
     """Dead letters in the ``consumer_dead_letters`` table of ``adapter``'s database,
-    one row per :meth:`put`."""
+    one row per :meth:`put`. With a blob codec (``codec``: the router configuration
+    storage's), ``raw`` is stored encoded, and :meth:`entries` decodes it
+    (:class:`~statifier.persistence.codec.UndecodableBlob` when it cannot)."""
 
-    def __init__(self, adapter: SqlAdapter) -> None:
+    def __init__(self, adapter: SqlAdapter, codec: BlobCodec = PLAIN) -> None:
         self.adapter = adapter
+        self.codec = codec
         table = TableNames.of(adapter.tables).consumer_dead_letters
         self._postgres = isinstance(adapter.engine, AsyncEngine)
         self._client_keys = adapter.tables.options.key_default
@@ -120,7 +125,7 @@ class TableDeadLetters:
             "position": letter.position,
             "message_id": letter.message_id,
             "reason": cut(letter.reason),
-            "raw": letter.raw,
+            "raw": self.codec.encode(letter.raw),
             "at": letter.at if self._postgres else utc_text(letter.at),
         }
         if self._client_keys is not None:
@@ -145,4 +150,11 @@ class TableDeadLetters:
     def _entry(self, row: Any) -> DeadLetterEntry:
         at = row[6] if self._postgres else utc_time(row[6])
         assert at is not None
-        return DeadLetterEntry(row[0], row[1], int(row[2]), row[3], row[4], bytes(row[5]), at)
+        raw = bytes(row[5])
+        if not isinstance(self.codec, PlainBlobs):
+            where = f"the dead letter of {row[0]} at {row[1]}/{row[2]}"
+            try:
+                raw = self.codec.decode(raw)
+            except UndecodableBlob as failure:
+                raise UndecodableBlob(f"{where} could not be decoded: {failure}") from None
+        return DeadLetterEntry(row[0], row[1], int(row[2]), row[3], row[4], raw, at)

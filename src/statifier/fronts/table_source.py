@@ -72,6 +72,8 @@ from statifier.callbacks import settle
 from statifier.fronts.lanes import event_key, lane_of
 from statifier.fronts.leases import Clock, LeaseChange, PartitionLeases, group_lock
 from statifier.fronts.source import Malformed, Message, Rebalance
+from statifier.persistence import PLAIN, BlobCodec, UndecodableBlob
+from statifier.persistence.codec import opened_json, sealed_json
 from statifier.persistence.sql import SqlAdapter, SqlTransaction
 from statifier.persistence.sql.schema import TableNames
 from statifier.persistence.sql.sqlite import utc_text
@@ -120,12 +122,15 @@ async def append_events(
     partition: str | Partitioner,
     tx: SqlTransaction | None = None,
     now: datetime | None = None,
+    codec: BlobCodec = PLAIN,
 ) -> list[tuple[str, int]]:
     """Append ``events`` to the inbound-events table, in order: each at the next
     position of its partition (``partition`` itself, or what it answers for the
     event). On ``tx`` (a transaction of ``adapter``'s), the rows commit with it, and
     the partitions stay locked for appends until it ends; otherwise in a transaction
-    of their own. Answers each event's ``(partition, position)``.
+    of their own. With a blob codec (the router configuration storage's; the source
+    must read with the same), each event's data is stored in the codec's sealed form.
+    Answers each event's ``(partition, position)``.
 
     Raises:
         ValueError: an event's data is not JSON, a partition is blank, or ``now`` is
@@ -143,7 +148,7 @@ async def append_events(
         chosen.append(name)
     try:
         rows = [
-            (name, event, json.dumps(dict(event.data), allow_nan=False))
+            (name, event, sealed_json(codec, json.dumps(dict(event.data), allow_nan=False)))
             for name, event in zip(chosen, events, strict=True)
         ]
     except (TypeError, ValueError) as error:
@@ -168,6 +173,8 @@ class TableSource:
             default.
         ttl: seconds the member's leases last; they are renewed every ``ttl / 3``.
         clock: the time leases and commits are measured by.
+        codec: decodes each event's data (what :func:`append_events` was given); a row
+            it cannot decode is a malformed message (dead-lettered by the consumer).
 
     Raises:
         ConfigError: see :class:`~statifier.fronts.leases.PartitionLeases`.
@@ -182,8 +189,10 @@ class TableSource:
         owner: str | None = None,
         ttl: float = 15.0,
         clock: Clock | None = None,
+        codec: BlobCodec = PLAIN,
     ) -> None:
         self.adapter = adapter
+        self.codec = codec
         self.group = group
         self.owner = owner or f"{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(4)}"
         self.clock = clock or _wall_clock
@@ -272,7 +281,7 @@ class TableSource:
                 if len(messages) >= limit:
                     break
                 rows = await self._sql.read(tx.driver, partition, after, limit - len(messages))
-                messages.extend(_message(partition, row) for row in rows)
+                messages.extend(_message(partition, row, self.codec) for row in rows)
         for message in messages:
             self._cursors[message.partition] = max(
                 self._cursors.get(message.partition, 0), message.position
@@ -317,9 +326,14 @@ class TableSource:
             _log.exception("%s: leaving the group failed", self.name)
 
 
-def _message(partition: str, row: Sequence[Any]) -> Message:
+def _message(partition: str, row: Sequence[Any], codec: BlobCodec) -> Message:
     position, scope, source, message_id, data = row
-    loaded = json.loads(data) if isinstance(data, str | bytes) else data
+    try:
+        loaded = opened_json(codec, data, f"inbound event {partition}/{position}")
+    except UndecodableBlob as undecodable:
+        stored = json.loads(data) if isinstance(data, str | bytes) else data
+        raw = json.dumps({"scope": scope, "source": source, "data": stored}).encode("utf-8")
+        return Message(partition, int(position), Malformed(str(undecodable)), raw)
     raw = json.dumps(
         {"scope": scope, "source": source, "message_id": message_id, "data": loaded}
     ).encode("utf-8")

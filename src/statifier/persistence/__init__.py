@@ -6,10 +6,13 @@ steps, fails and cancels executions over it, handing every effect to an executor
 answers :class:`Stepped` or :class:`Discarded`, and moves them onto a new revision of
 their chart along a :class:`MigrationPlan`; :class:`Driver` drives charts that
 invoke services (durable children and fan-out); :func:`prune` clears what finished.
+A :class:`BlobCodec` given to the storage encodes every blob it stores (the Fernet one,
+extra ``crypto``, is in ``statifier.persistence.fernet``).
 See ``docs/persistence.md``, whose "What the calls return" section lists every field
 of the returned values and the format of effect keys.
 """
 
+from statifier.persistence.codec import PLAIN, BlobCodec, UndecodableBlob
 from statifier.persistence.driver import Answered, Driver, InvocationFailed
 from statifier.persistence.errors import (
     ExecutionExists,
@@ -24,6 +27,8 @@ from statifier.persistence.executions import (
     LoggedInput,
     Stepped,
     decode_outcome,
+    logged_input,
+    logged_start,
 )
 from statifier.persistence.executor import EffectContext, Executor, Refused
 from statifier.persistence.memory import MemoryAdapter
@@ -41,7 +46,9 @@ from statifier.persistence.retention import prune
 from statifier.persistence.storage import Storage
 
 __all__ = [
+    "PLAIN",
     "Answered",
+    "BlobCodec",
     "Discarded",
     "Driver",
     "EffectContext",
@@ -65,8 +72,11 @@ __all__ = [
     "Status",
     "Stepped",
     "Storage",
+    "UndecodableBlob",
     "Unmappable",
     "carry",
     "decode_outcome",
+    "logged_input",
+    "logged_start",
     "prune",
 ]

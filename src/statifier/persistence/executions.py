@@ -80,16 +80,29 @@ from statifier.persistence.storage import Storage
 from statifier.telemetry import enabled, report
 
 __all__ = [
+    "CREATE_DOOR",
     "EXECUTION_STATUS_KEY",
     "INVOKE_KEY",
     "PARENT_KEY",
+    "START_EVENT",
     "Discarded",
     "Executions",
     "LoggedInput",
     "PinSource",
     "Stepped",
     "decode_outcome",
+    "logged_input",
+    "logged_start",
 ]
+
+CREATE_DOOR: Final = "create"
+"""The input-log door of a create's start data: an execution created with initial
+datamodel values logs them first, as the event :data:`START_EVENT` whose data is those
+values, so that a replay of the log from the chart alone starts where the execution
+did. A create with no start data logs nothing. No step takes this door."""
+
+START_EVENT: Final = "statifier.start"
+"""The name of the :data:`CREATE_DOOR` entry's event (never delivered to a chart)."""
 
 EXECUTION_STATUS_KEY: Final = "statifier_persistence:execution_status"
 """A top-level ``<final>`` whose donedata maps this key to ``"failed"`` ends its
@@ -261,6 +274,10 @@ class Executions:
                 ended_at=now if status.terminal else None,
             )
             await self.storage.insert_execution(record)
+            if start.datamodel and self.storage.capabilities.input_log:
+                await self.storage.append_input(
+                    execution_id, CREATE_DOOR, _dump_event(_start_entry(start)), now
+                )
             if status.terminal:
                 await self._owe_answer(record)
         self._lifecycle(record, "created")
@@ -341,8 +358,8 @@ class Executions:
         of work (the driver marks a child's answer delivered in the step that takes
         it). Reports nothing: pass the result to :meth:`report_step` once the
         exclusion is released. Arguments, results and errors as :meth:`step`."""
-        if door == MIGRATE_DOOR:
-            raise ValueError(f"the door {MIGRATE_DOOR!r} is the migrations' own")
+        if door in (MIGRATE_DOOR, CREATE_DOOR):
+            raise ValueError(f"the door {door!r} is the lifecycle's own")
         storage = self.storage
         found = await storage.find_execution(execution_id)
         if found is None:
@@ -522,19 +539,9 @@ class Executions:
         if not self.storage.capabilities.input_log:
             return []
         entries = await self.storage.inputs(execution_id)
-        decoded = []
-        for entry in entries:
-            if entry.event is None:
-                decoded.append(LoggedInput(entry.seq, entry.door, None, entry.recorded_at))
-            elif entry.door == MIGRATE_DOOR:
-                migration = LoggedMigration.load(entry.event)
-                decoded.append(
-                    LoggedInput(entry.seq, entry.door, None, entry.recorded_at, migration)
-                )
-            else:
-                event = stored.load_event(entry.event)
-                decoded.append(LoggedInput(entry.seq, entry.door, event, entry.recorded_at))
-        return decoded
+        return [
+            logged_input(entry.seq, entry.door, entry.event, entry.recorded_at) for entry in entries
+        ]
 
     # Migration.
 
@@ -922,6 +929,51 @@ def _dump(state: MachineState) -> bytes:
         return stored.dump(state)
     except ValueError as error:
         raise Unstorable(f"the new position cannot be stored: {error}") from None
+
+
+def logged_input(seq: int, door: str, blob: bytes | None, recorded_at: datetime) -> LoggedInput:
+    """One input-log entry decoded from its stored (plain, already decoded by the
+    codec) bytes: a stored event, a migration's record (door ``"migrate"``), or the
+    cap's marker (``blob`` ``None``).
+
+    Raises:
+        statifier.core.NotAPosition: the bytes are not what the door stores.
+    """
+    if blob is None:
+        return LoggedInput(seq, door, None, recorded_at)
+    if door == MIGRATE_DOOR:
+        return LoggedInput(seq, door, None, recorded_at, LoggedMigration.load(blob))
+    return LoggedInput(seq, door, stored.load_event(blob), recorded_at)
+
+
+def logged_start(
+    inputs: Sequence[LoggedInput], options: StartOptions | None = None
+) -> tuple[StartOptions, Sequence[LoggedInput]]:
+    """Where a replay of ``inputs`` (an input log, in order) starts: ``options`` (the
+    host's start options; defaults when ``None``) with the datamodel values of the
+    log's opening :data:`CREATE_DOOR` entry added, and the entries after it. A log that
+    opens with no such entry answers ``options`` and every entry.
+
+    >>> from datetime import UTC, datetime
+    >>> at = datetime(2026, 1, 1, tzinfo=UTC)
+    >>> log = [LoggedInput(0, CREATE_DOOR, Event(START_EVENT, data={"n": 2}), at),
+    ...        LoggedInput(1, "step", Event("go"), at)]
+    >>> start, rest = logged_start(log)
+    >>> dict(start.datamodel), [entry.seq for entry in rest]
+    ({'n': 2}, [1])
+    """
+    start = options or StartOptions()
+    if not inputs or inputs[0].door != CREATE_DOOR:
+        return start, inputs
+    event = inputs[0].event
+    if event is None or event.name != START_EVENT or not isinstance(event.data, dict):
+        return start, inputs
+    return replace(start, datamodel={**start.datamodel, **event.data}), inputs[1:]
+
+
+def _start_entry(start: StartOptions) -> Event:
+    """The :data:`CREATE_DOOR` entry of a create's start data."""
+    return Event(START_EVENT, data=dict(start.datamodel))
 
 
 def _dump_event(event: Event) -> bytes:

@@ -5,6 +5,11 @@ against a machine whose identity matches the one it was stored under: a changed 
 is refused with :class:`~statifier.core.positions.IdentityMismatch`, never silently
 resumed in the wrong configuration.
 
+It is also where blobs cross into and out of the adapter, so it is where the blob codec
+(:mod:`statifier.persistence.codec`) is applied: every position, outcome, input-log
+event and chart source is encoded on its way to the adapter and decoded on its way
+back, and nothing above the storage ever sees an encoded blob.
+
 >>> import asyncio
 >>> from statifier.chart import compile_chart
 >>> from statifier.persistence import MemoryAdapter, Storage
@@ -20,6 +25,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Final, TypeVar
 
@@ -29,6 +35,7 @@ from statifier.core import MachineState
 from statifier.core import positions as stored
 from statifier.expr import Function
 from statifier.persistence.adapter import Adapter, Capabilities
+from statifier.persistence.codec import PLAIN, BlobCodec, PlainBlobs, UndecodableBlob
 from statifier.persistence.errors import (
     ChartNotFound,
     ChartRetired,
@@ -71,6 +78,53 @@ async def _timed(operation: str, awaitable: Awaitable[_T]) -> _T:
         )
 
 
+def _decoded(codec: BlobCodec, blob: bytes, what: str) -> bytes:
+    """``blob`` decoded, or :class:`UndecodableBlob` naming ``what`` it belongs to."""
+    try:
+        return codec.decode(blob)
+    except UndecodableBlob as failure:
+        raise UndecodableBlob(f"{what} could not be decoded: {failure}") from None
+
+
+def _encoded_execution(codec: BlobCodec, record: ExecutionRecord) -> ExecutionRecord:
+    position, outcome = record.position, record.outcome
+    return replace(
+        record,
+        position=None if position is None else codec.encode(position),
+        outcome=None if outcome is None else codec.encode(outcome),
+    )
+
+
+def _decoded_execution(
+    codec: BlobCodec, record: ExecutionRecord, known: tuple[bytes, bytes] | None = None
+) -> ExecutionRecord:
+    """``record`` with its blobs decoded; ``known`` is ``(encoded, plain)`` of the position
+    this storage last wrote for it: the same encoded bytes need no decoding."""
+    position, outcome = record.position, record.outcome
+    if position is None and outcome is None:
+        return record
+    if position is not None and known is not None and known[0] == position:
+        plain: bytes | None = known[1]
+    elif position is not None:
+        plain = _decoded(codec, position, f"the position of execution {record.id!r}")
+    else:
+        plain = None
+    return replace(
+        record,
+        position=plain,
+        outcome=None
+        if outcome is None
+        else _decoded(codec, outcome, f"the outcome of execution {record.id!r}"),
+    )
+
+
+def _decoded_chart(codec: BlobCodec, chart: ChartRecord) -> ChartRecord:
+    if chart.source is None:  # a tombstone
+        return chart
+    source = _decoded(codec, chart.source, f"the source of chart {chart.content_hash}")
+    return replace(chart, source=source)
+
+
 def utc_now() -> datetime:
     """The current time in UTC (the default clock)."""
     return datetime.now(UTC)
@@ -89,6 +143,13 @@ class Storage:
         functions: the host's expression functions, passed to
             :func:`~statifier.chart.compile_chart` likewise (the functions a chart
             calls are not stored with it: give the same ones every process).
+        codec: encodes every blob written (positions, outcomes, input-log events,
+            chart sources) and decodes every blob read; :data:`~statifier.persistence.
+            codec.PLAIN` (the default) stores them as given. Every process that opens
+            the store needs a codec that decodes what the others wrote.
+
+    Reading a blob the codec cannot decode raises
+    :class:`~statifier.persistence.codec.UndecodableBlob`, naming what it belongs to.
     """
 
     def __init__(
@@ -99,6 +160,7 @@ class Storage:
         clock: Clock = utc_now,
         loader: Callable[[str], str] | None = None,
         functions: Mapping[str, Function] | None = None,
+        codec: BlobCodec = PLAIN,
     ) -> None:
         if input_log_cap is not None and input_log_cap < 1:
             raise ValueError(f"input_log_cap must be at least 1, not {input_log_cap}")
@@ -107,8 +169,16 @@ class Storage:
         self.clock = clock
         self.loader = loader
         self.functions: Mapping[str, Function] = dict(functions or {})
+        self.codec = codec
+        # The identity codec costs nothing: its blobs are handed through untouched,
+        # with no coroutine or record copy in between.
+        self._sealing: BlobCodec | None = None if isinstance(codec, PlainBlobs) else codec
         self._machines: OrderedDict[str, Machine] = OrderedDict()
         self._states: dict[str, tuple[bytes, MachineState]] = {}
+        # (encoded, plain) of the position last written per execution under the codec:
+        # a step reads back what the step before it wrote, and the same encoded bytes
+        # need not be decoded again (one decryption a step saved).
+        self._written: dict[str, tuple[bytes, bytes]] = {}
 
     def over(self, adapter: Adapter) -> Storage:
         """This storage over another adapter, typically a view of this one's bound to a
@@ -123,9 +193,11 @@ class Storage:
             clock=self.clock,
             loader=self.loader,
             functions=self.functions,
+            codec=self.codec,
         )
         view._machines = self._machines
         view._states = self._states
+        view._written = self._written
         return view
 
     @property
@@ -156,7 +228,13 @@ class Storage:
             version=identity.version,
             saved_at=self.clock(),
         )
-        saved = await self._call("save_chart", self.adapter.save_chart(record))
+        codec = self._sealing
+        if codec is not None and record.source is not None:
+            sealed = replace(record, source=codec.encode(record.source))
+            saved = await self._call("save_chart", self.adapter.save_chart(sealed))
+            saved = _decoded_chart(codec, saved)
+        else:
+            saved = await self._call("save_chart", self.adapter.save_chart(record))
         if saved.retired_at is not None:
             raise ChartRetired(saved.content_hash, saved.retired_by)
         self._machines.setdefault(identity.content_hash, machine)
@@ -169,7 +247,7 @@ class Storage:
             ChartNotFound: nothing is stored under the hash.
             ChartRetired: the chart was retired.
         """
-        chart = await self._call("fetch_chart", self.adapter.fetch_chart(content_hash))
+        chart = await self.find_chart(content_hash)
         if chart is None:
             raise ChartNotFound(content_hash)
         if chart.retired_at is not None or chart.source is None:
@@ -177,8 +255,18 @@ class Storage:
         return chart
 
     def find_chart(self, content_hash: str) -> Awaitable[ChartRecord | None]:
-        """The chart stored under the hash, retired or not, or ``None``."""
-        return self._call("fetch_chart", self.adapter.fetch_chart(content_hash))
+        """The chart stored under the hash, retired or not, or ``None``.
+
+        Raises:
+            UndecodableBlob: the codec cannot decode its source.
+        """
+        found = self._call("fetch_chart", self.adapter.fetch_chart(content_hash))
+        return found if self._sealing is None else self._open_chart(found)
+
+    async def _open_chart(self, found: Awaitable[ChartRecord | None]) -> ChartRecord | None:
+        assert self._sealing is not None
+        chart = await found
+        return None if chart is None else _decoded_chart(self._sealing, chart)
 
     def retire_chart(
         self, content_hash: str, retired_by: str, retired_at: datetime
@@ -231,37 +319,73 @@ class Storage:
         Raises:
             ExecutionNotFound: there is none with this id.
         """
-        record = await self._call("fetch_execution", self.adapter.fetch_execution(execution_id))
+        record = await self.find_execution(execution_id)
         if record is None:
             raise ExecutionNotFound(execution_id)
         return record
 
     def find_execution(self, execution_id: str) -> Awaitable[ExecutionRecord | None]:
-        """The execution record, or ``None``."""
-        return self._call("fetch_execution", self.adapter.fetch_execution(execution_id))
+        """The execution record, or ``None``.
+
+        Raises:
+            UndecodableBlob: the codec cannot decode its position or outcome.
+        """
+        found = self._call("fetch_execution", self.adapter.fetch_execution(execution_id))
+        return found if self._sealing is None else self._open_execution(found)
+
+    async def _open_execution(
+        self, found: Awaitable[ExecutionRecord | None]
+    ) -> ExecutionRecord | None:
+        assert self._sealing is not None
+        record = await found
+        if record is None:
+            return None
+        return _decoded_execution(self._sealing, record, self._written.get(record.id))
 
     def insert_execution(self, record: ExecutionRecord) -> Awaitable[None]:
-        """Store a new execution.
+        """Store a new execution (its position and outcome encoded).
 
         Raises:
             ExecutionExists: one with this id exists.
         """
+        if self._sealing is not None:
+            record = self._encoded(record)
         return self._call("insert_execution", self.adapter.insert_execution(record))
 
     def update_execution(self, record: ExecutionRecord) -> Awaitable[None]:
-        """Write the record's changing fields (see ``Adapter.update_execution``).
+        """Write the record's changing fields (see ``Adapter.update_execution``; its
+        position and outcome encoded).
 
         Raises:
             ExecutionNotFound: there is no such execution.
         """
+        if self._sealing is not None:
+            record = self._encoded(record)
         return self._call("update_execution", self.adapter.update_execution(record))
 
     def rechart_execution(self, record: ExecutionRecord, from_hash: str) -> Awaitable[bool]:
         """Move the execution onto ``record.content_hash`` while it is still on
         ``from_hash`` (see ``Adapter.rechart_execution``); answers whether it moved.
-        The decoded position kept for it is dropped: it belongs to the old chart."""
+        The decoded position kept for it is dropped: it belongs to the old chart. The
+        position and outcome are encoded, as :meth:`update_execution` encodes them."""
         self._states.pop(record.id, None)
+        if self._sealing is not None:
+            record = self._encoded(record)
         return self._call("rechart_execution", self.adapter.rechart_execution(record, from_hash))
+
+    def _encoded(self, record: ExecutionRecord) -> ExecutionRecord:
+        """``record`` encoded, its position remembered (see ``_written``). A write that
+        rolls back leaves an entry no stored bytes will ever match."""
+        assert self._sealing is not None
+        encoded = _encoded_execution(self._sealing, record)
+        written = self._written
+        if encoded.position is not None and record.position is not None:
+            written[record.id] = (encoded.position, record.position)
+            if len(written) > _STATES:
+                del written[next(iter(written))]
+        else:
+            written.pop(record.id, None)
+        return encoded
 
     def statuses_by_metadata(self, pairs: Mapping[str, str]) -> Awaitable[dict[str, Status]]:
         """The status of every execution whose metadata holds every pair, by id."""
@@ -279,16 +403,35 @@ class Storage:
     # Durable children's answers.
 
     def insert_answer(self, record: AnswerRecord) -> Awaitable[None]:
-        """Store a child's answer (the first one for a child stays)."""
+        """Store a child's answer (the first one for a child stays; its outcome
+        encoded)."""
+        if self._sealing is not None and record.outcome is not None:
+            record = replace(record, outcome=self._sealing.encode(record.outcome))
         return self._call("insert_answer", self.adapter.insert_answer(record))
 
-    def fetch_answer(self, child_id: str) -> Awaitable[AnswerRecord | None]:
-        """The child's answer, or ``None``."""
-        return self._call("fetch_answer", self.adapter.fetch_answer(child_id))
+    async def fetch_answer(self, child_id: str) -> AnswerRecord | None:
+        """The child's answer, or ``None``.
 
-    def undelivered_answers(self, limit: int) -> Awaitable[list[AnswerRecord]]:
-        """Up to ``limit`` answers still owed to their parents, oldest first."""
-        return self._call("undelivered_answers", self.adapter.undelivered_answers(limit))
+        Raises:
+            UndecodableBlob: the codec cannot decode its outcome.
+        """
+        found = await self._call("fetch_answer", self.adapter.fetch_answer(child_id))
+        return None if found is None else self._open_answer(found)
+
+    async def undelivered_answers(self, limit: int) -> list[AnswerRecord]:
+        """Up to ``limit`` answers still owed to their parents, oldest first.
+
+        Raises:
+            UndecodableBlob: the codec cannot decode an outcome.
+        """
+        found = await self._call("undelivered_answers", self.adapter.undelivered_answers(limit))
+        return [self._open_answer(record) for record in found]
+
+    def _open_answer(self, record: AnswerRecord) -> AnswerRecord:
+        if self._sealing is None or record.outcome is None:
+            return record
+        what = f"the answer of child {record.child_id!r}"
+        return replace(record, outcome=_decoded(self._sealing, record.outcome, what))
 
     def mark_delivered(self, child_ids: Sequence[str], delivered_at: datetime) -> Awaitable[None]:
         """Record that these children's answers were delivered."""
@@ -311,15 +454,36 @@ class Storage:
         self, execution_id: str, door: str, event: bytes, recorded_at: datetime
     ) -> Awaitable[int | None]:
         """Append one entry to the execution's input log, under this storage's cap;
-        answers its ``seq``, or ``None`` when the log is (or just got) closed."""
+        answers its ``seq``, or ``None`` when the log is (or just got) closed. The event
+        is stored encoded."""
+        if self._sealing is not None:
+            event = self._sealing.encode(event)
         appending = self.adapter.append_input(
             execution_id, door, event, recorded_at, self.input_log_cap
         )
         return self._call("append_input", appending)
 
-    def inputs(self, execution_id: str) -> Awaitable[list[InputRecord]]:
-        """The execution's input log as stored, in ``seq`` order."""
-        return self._call("inputs", self.adapter.inputs(execution_id))
+    async def inputs(self, execution_id: str) -> list[InputRecord]:
+        """The execution's input log, in ``seq`` order, its events decoded.
+
+        Raises:
+            UndecodableBlob: the codec cannot decode an entry.
+        """
+        entries = await self._call("inputs", self.adapter.inputs(execution_id))
+        codec = self._sealing
+        if codec is None:
+            return entries
+        return [
+            entry
+            if entry.event is None
+            else replace(
+                entry,
+                event=_decoded(
+                    codec, entry.event, f"input {entry.seq} of execution {execution_id!r}"
+                ),
+            )
+            for entry in entries
+        ]
 
     def load(self, record: ExecutionRecord | PositionRecord, machine: Machine) -> MachineState:
         """The record's position, for ``machine`` only.
@@ -358,7 +522,11 @@ class Storage:
         """
         if not self.capabilities.metadata:
             raise MetadataUnsupported("this adapter cannot list executions by metadata")
-        return await self._call("list_by_metadata", self.adapter.list_by_metadata(metadata))
+        records = await self._call("list_by_metadata", self.adapter.list_by_metadata(metadata))
+        codec = self._sealing
+        if codec is None:
+            return records
+        return [_decoded_execution(codec, record) for record in records]
 
     # Saved positions.
 
@@ -375,7 +543,10 @@ class Storage:
             position=stored.dump(state),
             saved_at=self.clock(),
         )
-        await self._call("save_position", self.adapter.save_position(record))
+        stored_record = record
+        if self._sealing is not None:
+            stored_record = replace(record, position=self._sealing.encode(record.position))
+        await self._call("save_position", self.adapter.save_position(stored_record))
         return record
 
     async def load_position(self, key: str, machine: Machine) -> MachineState | None:
@@ -383,9 +554,15 @@ class Storage:
 
         Raises:
             IdentityMismatch: it was saved for another chart.
+            UndecodableBlob: the codec cannot decode it.
         """
         record = await self._call("fetch_position", self.adapter.fetch_position(key))
-        return None if record is None else self.load(record, machine)
+        if record is None:
+            return None
+        if self._sealing is not None:
+            position = _decoded(self._sealing, record.position, f"the position saved as {key!r}")
+            record = replace(record, position=position)
+        return self.load(record, machine)
 
     async def delete_position(self, key: str) -> bool:
         """Forget the position saved under ``key``; answers whether there was one."""

@@ -295,7 +295,7 @@ class RouterConfig:
         queue = self.timer_queue
         timers: TimerQueue | None
         if queue == BUILT_IN:
-            timers = SqlTimerQueue(self.adapter)
+            timers = SqlTimerQueue(self.adapter, self.storage.codec)
         elif queue is None or not isinstance(queue, str):
             timers = queue
         else:

@@ -13,6 +13,12 @@ rows leased; once the lease runs out another worker tries them again, under the 
 key. The sink gets the row's key as its own idempotency key: a sink that dedupes on it
 turns that retry into no second effect.
 
+With a blob codec (``codec=``; the drain takes a router configuration's storage's), a
+row's event is stored in the codec's sealed form
+(:func:`~statifier.persistence.codec.sealed_json`): its data is the host's. The drain
+decodes it before a sink sees it; a row it cannot decode is dead-lettered at once, as
+an unreadable payload.
+
 On PostgreSQL the claim locks the rows it picks with ``FOR UPDATE SKIP LOCKED``, so
 workers on several machines share one outbox without waiting for one another; on
 SQLite it runs under the adapter's single writer. Leases are timed by each worker's
@@ -54,7 +60,7 @@ import secrets
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import KW_ONLY, dataclass
+from dataclasses import KW_ONLY, dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final, Literal
 
@@ -63,7 +69,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from statifier.callbacks import settle
 from statifier.core import Event
 from statifier.core.positions import NotAPosition, dump_event, load_event
-from statifier.persistence import Refused
+from statifier.persistence import PLAIN, BlobCodec, Refused, UndecodableBlob
+from statifier.persistence.codec import PlainBlobs, opened_text, sealed_json
 from statifier.persistence.sql import SqlAdapter, SqlTransaction
 from statifier.persistence.sql.schema import TableNames
 from statifier.persistence.sql.sqlite import utc_text, utc_time
@@ -236,15 +243,20 @@ class OutboxRoute:
             router's configuration's).
         clock: the time new rows are stamped with (due at once); the wall clock by
             default.
+        codec: encodes each row's event (give the configuration's ``storage.codec``,
+            and the drain the same).
 
     Register it with a queue: ``routes={"pickups": (OutboxRoute(adapter), {"queue":
     "pickups"})}``; an optional ``"target"`` in the configuration is copied into each
     row for the sink.
     """
 
-    def __init__(self, adapter: SqlAdapter, *, clock: Clock | None = None) -> None:
+    def __init__(
+        self, adapter: SqlAdapter, *, clock: Clock | None = None, codec: BlobCodec = PLAIN
+    ) -> None:
         self.adapter = adapter
         self.clock = clock or _wall_clock
+        self.codec = codec
         self._sql = _statements(adapter)
 
     async def deliver(
@@ -303,7 +315,7 @@ class OutboxRoute:
         payload = {
             # As text: the bytes dump_event wrote, in its key order, which jsonb would
             # not keep (and a form POST built from the event would show).
-            "event": dump_event(event).decode("utf-8"),
+            "event": sealed_json(self.codec, dump_event(event).decode("utf-8")),
             "key": str(key),
             "sendid": event.sendid,
             "target": target,
@@ -345,6 +357,8 @@ class OutboxDrain:
             sink call, or another worker may call the sink for the row meanwhile.
         batch: the most rows one pass claims; their sinks run concurrently.
         clock: the time leases, attempts and marks are measured by.
+        codec: decodes each row's event (the routes' codec); by default a router
+            configuration's ``storage.codec``, else stored as given.
 
     Raises:
         ConfigError: a sink that is not callable, or a bound out of range.
@@ -360,13 +374,16 @@ class OutboxDrain:
         lease: timedelta | float = timedelta(seconds=60),
         batch: int = 10,
         clock: Clock | None = None,
+        codec: BlobCodec | None = None,
     ) -> None:
         if isinstance(source, SqlAdapter):
             self.adapter = source
             self.clock = clock or _wall_clock
+            self.codec: BlobCodec = codec or PLAIN
         else:
             self.adapter = source.adapter
             self.clock = clock or source.storage.clock
+            self.codec = codec or source.storage.codec
         for queue, sink in sinks.items():
             if not queue or not callable(sink):
                 raise ConfigError(f"a sink is a callable under a queue name: {queue!r}: {sink!r}")
@@ -437,7 +454,7 @@ class OutboxDrain:
         error: str | None = None
         dead = False
         try:
-            message = _message(row, final=row.attempts + 1 >= self.max_attempts)
+            message = _message(row, self.codec, final=row.attempts + 1 >= self.max_attempts)
         except ValueError as unreadable:
             error, dead = f"the payload is unreadable: {unreadable}", True
         else:
@@ -491,7 +508,10 @@ class OutboxDrain:
         """Outbox rows in id order: every row, or one queue's, or those pending (not
         sent, not dead: leased ones too), sent, or dead."""
         async with self.adapter.transaction() as tx:
-            return await self._sql.rows(tx.driver, queue, state)
+            found = await self._sql.rows(tx.driver, queue, state)
+        if isinstance(self.codec, PlainBlobs):
+            return found
+        return [replace(row, payload=_opened(row.payload, self.codec, row.key)) for row in found]
 
     async def pending(self, queue: str | None = None) -> list[OutboxRow]:
         """The rows neither sent nor dead-lettered, leased ones included."""
@@ -520,8 +540,13 @@ class OutboxDrain:
         return await self._sql.retry_dead(tx.driver, key_or_id, queue, self.clock())
 
 
-def _message(row: _Claimed, *, final: bool) -> OutboxMessage:
-    payload = row.payload
+def _message(row: _Claimed, codec: BlobCodec, *, final: bool) -> OutboxMessage:
+    """What the row's sink is handed.
+
+    Raises:
+        ValueError: the row stores no event, or one the codec cannot decode.
+    """
+    payload = _readable(row, codec)  # under PLAIN: refuses a sealed event, by name
 
     def text(name: str) -> str | None:
         value = payload.get(name)
@@ -538,6 +563,26 @@ def _message(row: _Claimed, *, final: bool) -> OutboxMessage:
         attempts=row.attempts,
         final=final,
     )
+
+
+def _readable(row: _Claimed, codec: BlobCodec) -> Mapping[str, Any]:
+    try:
+        return _opened(row.payload, codec, row.key)
+    except UndecodableBlob as undecodable:
+        raise ValueError(str(undecodable)) from None
+
+
+def _opened(payload: Mapping[str, Any], codec: BlobCodec, key: str) -> Mapping[str, Any]:
+    """``payload`` with its event decoded.
+
+    Raises:
+        UndecodableBlob: the codec cannot decode it.
+    """
+    stored = payload.get("event")
+    if not isinstance(stored, str):
+        return payload
+    event = opened_text(codec, stored, f"the event of outbox row {key!r}")
+    return {**payload, "event": event}
 
 
 def _event(payload: Mapping[str, Any]) -> Event:

@@ -316,7 +316,7 @@ class SendHandler:
                 ledger_id=BASICHTTP_QUEUE,
             )
         event = _built(effect, context.execution_id, "basichttp")
-        await OutboxRoute(self.config.adapter).hand_off(
+        await OutboxRoute(self.config.adapter, codec=self.config.storage.codec).hand_off(
             self.unit.tx,
             BASICHTTP_QUEUE,
             send_key(effect, context),

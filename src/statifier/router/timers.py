@@ -11,9 +11,11 @@ deletes a row first wins: the other deletes nothing.
 
 The payload column holds what the other columns do not: the event, the route and scope
 of a route timer, and the idempotency key's parts (``dedup_key`` is only its string
-form). ``inserted_at`` is the database's clock at the insert on PostgreSQL, the
-process's UTC clock on SQLite (whose writers are serialized): it orders timers due at
-the same instant by when they were scheduled.
+form). With a blob codec (the configuration storage's), the payload is stored in the
+codec's sealed form (:func:`~statifier.persistence.codec.sealed_json`): the event's
+data is the host's, like an input-log entry's. ``inserted_at`` is the database's clock
+at the insert on PostgreSQL, the process's UTC clock on SQLite (whose writers are
+serialized): it orders timers due at the same instant by when they were scheduled.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from statifier.core.positions import dump_event, load_event
+from statifier.persistence.codec import PLAIN, BlobCodec, opened_json, sealed_json
 from statifier.persistence.sql import SqlAdapter, SqlTransaction
 from statifier.persistence.sql.schema import TableNames
 from statifier.persistence.sql.sqlite import utc_text, utc_time
@@ -94,9 +97,9 @@ def _payload(entry: TimerEntry) -> dict[str, Any]:
     }
 
 
-def _entry(row: Sequence[Any], due_at: datetime) -> TimerEntry:
+def _entry(row: Sequence[Any], due_at: datetime, codec: BlobCodec) -> TimerEntry:
     _, execution_id, send_id, kind, _, step_position, payload = row[:7]
-    body = json.loads(payload) if isinstance(payload, str | bytes) else payload
+    body = opened_json(codec, payload, f"the payload of timer {send_id!r} of {execution_id!r}")
     parts = body["key"]
     key = IdempotencyKey(
         parts["scope"],
@@ -126,6 +129,9 @@ class SqlTimerQueue:
     Args:
         adapter: the SQL adapter of the router's configuration (its tables name the
             timer table).
+        codec: encodes the payloads (the configuration's ``storage.codec``); a payload
+            it cannot decode is refused with
+            :class:`~statifier.persistence.codec.UndecodableBlob` when it is taken.
 
     Attributes:
         on_schedule: called with the entry's due time after each insert, in the
@@ -134,8 +140,9 @@ class SqlTimerQueue:
             must not raise or block.
     """
 
-    def __init__(self, adapter: SqlAdapter) -> None:
+    def __init__(self, adapter: SqlAdapter, codec: BlobCodec = PLAIN) -> None:
         self.postgres = isinstance(adapter.engine, AsyncEngine)
+        self.codec = codec
         self.on_schedule: list[Callable[[datetime], None]] = []
         timers = TableNames.of(adapter.tables).timers
         self.client_keys = adapter.tables.options.key_default
@@ -222,7 +229,7 @@ class SqlTimerQueue:
             "dedup_key": str(entry.key),
             "kind": entry.kind.value,
             "step_position": entry.step_position,
-            "payload": json.dumps(_payload(entry)),
+            "payload": sealed_json(self.codec, json.dumps(_payload(entry))),
         }
         if self.postgres:
             if self.client_keys:
@@ -258,14 +265,17 @@ class SqlTimerQueue:
         if self.postgres:
             cursor = await tx.driver.execute(self._take_due, {"now": now, "limit": limit})
             rows = await cursor.fetchall()
+            codec = self.codec
             timers = [
-                DueTimer(row[0], _entry(row, row[4]), True) for row in rows if row[0] is not None
+                DueTimer(row[0], _entry(row, row[4], codec), True)
+                for row in rows
+                if row[0] is not None
             ]
             return Taken(timers, int(rows[0][7]), rows[0][8])
         at = utc_text(now)
         found = tx.driver.execute(self._take_due, {"now": at, "limit": limit}).fetchall()
         rows = sorted(found, key=_firing_order)
-        timers = [DueTimer(row[0], _entry(row, _aware(row[4])), True) for row in rows]
+        timers = [DueTimer(row[0], _entry(row, _aware(row[4]), self.codec), True) for row in rows]
         return Taken(timers, len(timers), await self.upcoming(tx, now))
 
     async def claim(self, tx: SqlTransaction, now: datetime, limit: int) -> list[DueTimer]:
@@ -277,11 +287,11 @@ class SqlTimerQueue:
         if self.postgres:
             cursor = await tx.driver.execute(self._claim, {"now": now, "limit": limit})
             return [
-                DueTimer(row[0], _entry(row, row[4]), bool(row[7]))
+                DueTimer(row[0], _entry(row, row[4], self.codec), bool(row[7]))
                 for row in await cursor.fetchall()
             ]
         rows = tx.driver.execute(self._claim, {"now": utc_text(now), "limit": limit}).fetchall()
-        return [DueTimer(row[0], _entry(row, _aware(row[4])), True) for row in rows]
+        return [DueTimer(row[0], _entry(row, _aware(row[4]), self.codec), True) for row in rows]
 
     async def take(self, tx: SqlTransaction, timer_id: Any) -> bool:
         """Delete the claimed row ``timer_id``; answers whether it was still there."""

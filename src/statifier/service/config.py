@@ -12,6 +12,10 @@ One file names everything the service runs (``docs/serve.md`` shows a whole one)
     [database]
     url_env = "DATABASE_URL"            # or url = "sqlite:///statifier.db" (the default)
 
+    [codec]                             # blobs encrypted at rest (extra crypto)
+    kind = "fernet"
+    keys_env = ["BLOB_KEY_NEW", "BLOB_KEY_OLD"]  # the newest key first
+
     [http]
     port = 8080                         # on 127.0.0.1 unless host says otherwise
 
@@ -71,7 +75,8 @@ from typing import Any, Final
 
 from statifier.chart import InvalidChart, Machine, ReadLimits, compile_chart
 from statifier.console.standalone import is_loopback
-from statifier.persistence import Storage
+from statifier.extras import MissingExtra
+from statifier.persistence import PLAIN, BlobCodec, Storage
 from statifier.persistence.sql import SqlAdapter
 from statifier.router import (
     Backoff,
@@ -88,6 +93,7 @@ from statifier.router.routes import RouteEntry
 from statifier.router.sending import BASICHTTP_QUEUE
 
 __all__ = [
+    "CODEC_KINDS",
     "DEFAULT_DATABASE",
     "HEALTH_PATHS",
     "LOG_FORMATS",
@@ -140,6 +146,8 @@ CONSOLE_PATH: Final = "/console"
 CONSOLE_ROLES: Final = ("operator", "read_only")
 """The roles of ``[console.operators.NAME]``."""
 SOURCE_KINDS: Final = frozenset({"table", "kafka", "nats"})
+CODEC_KINDS: Final = ("fernet",)
+"""The ``[codec]`` kinds: Fernet (``statifier.persistence.fernet``)."""
 LOG_FORMATS: Final = ("text", "json")
 """The ``[logging]`` formats: plain lines, or one JSON object a line."""
 LOG_LEVELS: Final = ("debug", "info", "warning", "error")
@@ -486,6 +494,9 @@ class ServiceSettings:
         file: the file as it was named, for errors found later.
         documents: document -> its compiled chart.
         bindings: every binding, in file order.
+        codec: what encodes the executions' blobs (``[codec]``; stored as given when
+            the table is absent). Its keys were read from the environment at load and
+            never appear in a ``repr``.
     """
 
     file: str
@@ -507,6 +518,7 @@ class ServiceSettings:
     logging: LoggingSettings = field(default_factory=LoggingSettings)
     otel: OtelSettings = field(default_factory=OtelSettings)
     console: ConsoleSettings = field(default_factory=ConsoleSettings)
+    codec: BlobCodec = PLAIN
 
 
 def load(path: Path | str, environ: Mapping[str, str] | None = None) -> ServiceSettings:
@@ -538,7 +550,7 @@ def router_config(settings: ServiceSettings, adapter: SqlAdapter) -> RouterConfi
         ServiceConfigError: the router refuses the combination (named at the top
             level of the file).
     """
-    outbox = OutboxRoute(adapter)
+    outbox = OutboxRoute(adapter, codec=settings.codec)
     basichttp = next((f for f in settings.fronts if isinstance(f, BasicHttpFront)), None)
     routes = {
         entry.name: RouteEntry(
@@ -550,7 +562,7 @@ def router_config(settings: ServiceSettings, adapter: SqlAdapter) -> RouterConfi
     charts: dict[str | tuple[str, str], Machine] = dict(settings.documents.items())
     try:
         return RouterConfig(
-            Storage(adapter),
+            Storage(adapter, codec=settings.codec),
             bindings=settings.bindings,
             resolver=StaticResolver(charts),
             send_type=settings.send_type,
@@ -732,6 +744,7 @@ class _Reader:
         logging = self.logging(top.table("logging"))
         otel = self.otel(top.table("otel"))
         console = self.console(top)
+        codec = self.codec(top.table("codec"))
         top.done()
         settings = ServiceSettings(
             file=self.file,
@@ -753,6 +766,7 @@ class _Reader:
             logging=logging,
             otel=otel,
             console=console,
+            codec=codec,
         )
         self.cross_check(top, settings)
         return settings
@@ -1200,6 +1214,36 @@ class _Reader:
         )
         table.done()
         return settings
+
+    def codec(self, table: _Table) -> BlobCodec:
+        """``[codec]``: absent, blobs are stored as given; ``kind = "fernet"`` with
+        ``keys_env``, the variables holding the keys, the newest first."""
+        if not table.raw:
+            return PLAIN
+        kind = table.text("kind")
+        if kind not in CODEC_KINDS:
+            kinds = ", ".join(CODEC_KINDS)
+            raise table.refuse("kind", f"must be one of {kinds}, not {_shown(kind)}")
+        names = table.value("keys_env", _MISSING)
+        if (
+            not isinstance(names, list)
+            or not names
+            or not all(isinstance(name, str) and name for name in names)
+        ):
+            raise table.refuse(
+                "keys_env",
+                "must be a list of environment variable names, the newest key first, "
+                f"not {_shown(names)}",
+            )
+        table.done()
+        try:
+            from statifier.persistence.fernet import FernetCodec, FernetKeyError
+        except MissingExtra as missing:
+            raise table.refuse("kind", str(missing)) from None
+        try:
+            return FernetCodec.from_env(names, self.environ)
+        except FernetKeyError as error:  # names the variable, never its value
+            raise table.refuse("keys_env", str(error)) from None
 
     def choice(
         self, table: _Table, key: str, choices: Sequence[str], default: str | None = None

@@ -77,6 +77,7 @@ def _built(settings: SourceSettings, config: RouterConfig) -> Source:
             partitions=options.partitions,
             owner=options.owner,
             ttl=options.lease_ttl,
+            codec=config.storage.codec,
         )
     if isinstance(options, KafkaOptions):
         from statifier.fronts.kafka import KafkaSource, header_scope
@@ -185,7 +186,10 @@ class SupervisedConsumer:
         failure = (
             Retry()
             if chosen.dead_letter_after is None
-            else DeadLetterAfter(chosen.dead_letter_after, TableDeadLetters(self.config.adapter))
+            else DeadLetterAfter(
+                chosen.dead_letter_after,
+                TableDeadLetters(self.config.adapter, self.config.storage.codec),
+            )
         )
         return StreamConsumer(
             self.config,

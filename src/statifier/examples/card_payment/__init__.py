@@ -42,6 +42,7 @@ from statifier.persistence import (
     Stepped,
     Storage,
     decode_outcome,
+    logged_start,
 )
 from statifier.persistence.driver import Answer
 
@@ -142,8 +143,9 @@ async def run(make_storage: Callable[[], Storage], out: TextIO) -> ExecutionReco
     for entry in inputs:
         name = entry.event.name if entry.event else "(closed)"
         out.write(f"    {entry.seq} {entry.door:<6} {name}\n")
-    state, _ = initialize(machine, replace(_options(), session_id=TRANSACTION))
-    for entry in inputs:
+    start, logged = logged_start(inputs, replace(_options(), session_id=TRANSACTION))
+    state, _ = initialize(machine, start)
+    for entry in logged:
         if entry.event is not None:
             state, _ = handle_event(state, entry.event)
     same = dump(state) == record.position

@@ -1,0 +1,87 @@
+"""The fronts' tables under a blob codec, on both databases: inbound events appended
+sealed are handed over decoded (and one the source cannot decode comes over malformed),
+and dead letters keep their raw bytes encoded."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from tests.router.conftest import RouterDb
+
+from statifier.fronts.dead_letters import DeadLetterEntry, TableDeadLetters
+from statifier.fronts.source import Malformed
+from statifier.fronts.table_source import TableSource, append_events
+from statifier.persistence import UndecodableBlob
+from statifier.persistence.codec import SEALED
+from statifier.persistence.fernet import FernetCodec
+from statifier.router import InboundEvent
+from statifier.sql import migrations
+
+MARKER = "INBOUND-MARKER-a07d"
+
+
+class Quiet:
+    async def assigned(self, partitions: Any) -> None:
+        pass
+
+    async def revoked(self, partitions: Any) -> None:
+        pass
+
+
+def column(router_db: RouterDb, table: sa.Table, name: str) -> list[Any]:
+    engine = sa.create_engine(migrations.sync_url(router_db.store.url))
+    try:
+        with engine.connect() as connection:
+            return [row[0] for row in connection.execute(sa.select(table.c[name]))]
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.asyncio
+async def test_sealed_inbound_events_are_handed_over_decoded(router_db: RouterDb) -> None:
+    codec = FernetCodec([FernetCodec.generate_key()])
+    event = InboundEvent(scope="shop", source="cards", message_id="m-1", data={"pan": MARKER})
+    await append_events(router_db.adapter, [event], partition="a", codec=codec)
+    (data,) = column(router_db, router_db.store.tables.inbound_events, "data")
+    assert list(data) == [SEALED]
+    assert MARKER not in str(data)
+
+    source = TableSource(router_db.adapter, group="g", partitions=["a"], codec=codec)
+    await source.start(Quiet())
+    try:
+        (message,) = await source.fetch(10, wait=0.1)
+    finally:
+        await source.close()
+    assert isinstance(message.event, InboundEvent)
+    assert message.event.data == {"pan": MARKER}
+
+    # Read without the codec: malformed (the consumer dead-letters it), not plaintext.
+    plain = TableSource(router_db.adapter, group="other", partitions=["a"])
+    await plain.start(Quiet())
+    try:
+        (unread,) = await plain.fetch(10, wait=0.1)
+    finally:
+        await plain.close()
+    assert isinstance(unread.event, Malformed)
+    assert "inbound event a/1 is encoded, and no codec was given" in unread.event.reason
+    assert MARKER.encode() not in unread.raw
+
+
+@pytest.mark.asyncio
+async def test_dead_letters_keep_their_raw_bytes_encoded(router_db: RouterDb) -> None:
+    codec = FernetCodec([FernetCodec.generate_key()])
+    letter = DeadLetterEntry(
+        "cards", "0", 7, "m-1", "malformed: no scope", f'{{"pan": "{MARKER}"}}'.encode(),
+        datetime(2026, 1, 1, tzinfo=UTC),
+    )  # fmt: skip
+    table = TableDeadLetters(router_db.adapter, codec)
+    await table.put(letter)
+    (raw,) = column(router_db, router_db.store.tables.consumer_dead_letters, "raw")
+    assert MARKER.encode() not in bytes(raw)
+    assert await table.entries() == [letter]
+    other = TableDeadLetters(router_db.adapter, FernetCodec([FernetCodec.generate_key()]))
+    with pytest.raises(UndecodableBlob, match="the dead letter of cards at 0/7"):
+        await other.entries()
