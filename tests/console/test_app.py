@@ -849,6 +849,11 @@ def test_statifier_console_refuses_a_wide_bind_without_operators(
     assert "the role is operator or read_only" in capsys.readouterr().err
     assert main(["console", "--database", url]) == 2  # not migrated
     assert "statifier db upgrade" in capsys.readouterr().err
+    os.environ.pop("STATIFIER_TEST_NO_SUCH_KEY", None)
+    assert main(["console", "--database", url, "--keys-env", "STATIFIER_TEST_NO_SUCH_KEY"]) == 2
+    refused = capsys.readouterr().err
+    assert refused.startswith("statifier console: ")
+    assert "STATIFIER_TEST_NO_SUCH_KEY" in refused
 
 
 # Served by statifier serve.
