@@ -35,6 +35,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from statifier.console.queries import run_on
 from statifier.persistence import Discarded, ExecutionNotFound, UndecodableBlob
 from statifier.persistence.sql import SqlTransaction
 from statifier.persistence.sql.schema import TableNames
@@ -196,7 +197,7 @@ async def retry_consumer(
     query = sa.select(letters.c.source, letters.c.message_id, letters.c.raw).where(
         letters.c.id == row
     )
-    found = await _first(adapter.engine, query)
+    found = await run_on(adapter.engine, lambda connection: connection.execute(query).first())
     if found is None:
         raise Refused(f"no consumer dead letter {row}")
     source, message_id, raw = found
@@ -288,11 +289,3 @@ class _Sql:
         # A UUID key is stored as its hex digits on SQLite, as SQLAlchemy writes it.
         key = row.hex if isinstance(row, uuid.UUID) else row
         return int(self._tx.driver.execute(sql, {"id": key}).rowcount)
-
-
-async def _first(engine: sa.Engine | AsyncEngine, statement: sa.Select[Any]) -> Any:
-    if isinstance(engine, AsyncEngine):
-        async with engine.connect() as connection:
-            return (await connection.execute(statement)).first()
-    with engine.connect() as connection:
-        return connection.execute(statement).first()
