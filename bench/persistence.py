@@ -23,8 +23,8 @@ What it measures, per database, in the same run:
   ``Executions.step`` over ``Storage(SqlAdapter(...))`` with the default serialization
   (the adapter's lock, no lock wait). One step is the whole durable operation: lock,
   ``fetch_execution`` (``FOR UPDATE`` on PostgreSQL), the identity-guarded load of the
-  position, the pure interpreter, the stored position, ``append_input`` and
-  ``update_execution``, commit.
+  position, the pure interpreter, the stored position, ``record_step`` (the row's update
+  and the input-log append: one statement on PostgreSQL, two on SQLite), commit.
 * ``fernet``: the ``library`` row with its blobs encrypted at rest:
   ``Storage(SqlAdapter(...), codec=FernetCodec([key]))`` (extra ``crypto``), so each step
   decrypts the position it loads and encrypts the position and the input it stores.
@@ -32,9 +32,9 @@ What it measures, per database, in the same run:
 * ``raw driver``: the same 8 tasks run the same statements per step, written out by
   hand on the driver (``sqlite3``; psycopg 3 async, one connection per task), with the
   stored position written back as it was read: SQLite ``BEGIN IMMEDIATE`` under one
-  asyncio lock, the select, the insert into the input log, the update, ``COMMIT``;
-  PostgreSQL ``pg_advisory_xact_lock``, ``SELECT ... FOR UPDATE``, the insert, the
-  update, ``COMMIT``. This is the ceiling: what the database and the driver cost.
+  asyncio lock, the select, the update, the insert into the input log, ``COMMIT``;
+  PostgreSQL ``pg_advisory_xact_lock``, ``SELECT ... FOR UPDATE``, the update and the
+  insert in one statement, ``COMMIT``. This is the ceiling: what the database and the driver cost.
 
 * ``DBOS``: DBOS Transact doing the same idiomatically on the same database server
   (``bench/dbos_anchor.py``): a workflow per execution receiving its ``--steps`` events
@@ -172,6 +172,15 @@ _UPDATE = (
     "UPDATE {e} SET status={p}, position_blob={p}, outcome_blob={p}, failure={p}, "
     "updated_at={p}, ended_at={p} WHERE {e}.execution_id = {p}"
 )
+# PostgreSQL: the step's two writes in one statement, as the adapter's record_step
+# runs them (the append only where the update found the row).
+_RECORD_STEP = (
+    "WITH stepped AS ("
+    + _UPDATE
+    + " RETURNING 1), logged AS ("
+    + _APPEND.replace(" RETURNING seq", " AND EXISTS (SELECT 1 FROM stepped) RETURNING seq")
+    + ") SELECT (SELECT count(*) FROM stepped), (SELECT seq FROM logged)"
+)
 
 
 def _sql(template: str, options: TableOptions, placeholder: str, lock: str = "") -> str:
@@ -203,11 +212,11 @@ class RawSqlite:
             cursor.execute("BEGIN IMMEDIATE")
             row = cursor.execute(self.select, (execution_id,)).fetchone()
             now = datetime.now(UTC).replace(tzinfo=None).isoformat(" ")
+            cursor.execute(self.update, ("active", row[3], None, None, now, None, execution_id))
             cursor.execute(
                 self.append,
                 (execution_id, "step", None, None, self.event, now, execution_id, execution_id),
             ).fetchall()
-            cursor.execute(self.update, ("active", row[3], None, None, now, None, execution_id))
             cursor.execute("COMMIT")
 
     async def close(self) -> None:
@@ -223,8 +232,7 @@ class RawPostgres:
         self.connections: dict[str, Any] = {}
         self.lock = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
         self.select = _sql(_SELECT, options, "%s", " FOR UPDATE")
-        self.append = _sql(_APPEND, options, "%s")
-        self.update = _sql(_UPDATE, options, "%s")
+        self.record_step = _sql(_RECORD_STEP, options, "%s")
 
     async def open(self, ids: Sequence[str]) -> None:
         import psycopg
@@ -239,14 +247,12 @@ class RawPostgres:
             await cursor.execute(self.select, (execution_id,))
             row = await cursor.fetchone()
             now = datetime.now(UTC)
+            row_values = ("active", row[3], None, None, now, None, execution_id)
+            log_values = (execution_id, "step", None, None, self.event, now)
             await cursor.execute(
-                self.append,
-                (execution_id, "step", None, None, self.event, now, execution_id, execution_id),
+                self.record_step, (*row_values, *log_values, execution_id, execution_id)
             )
-            await cursor.fetchall()
-            await cursor.execute(
-                self.update, ("active", row[3], None, None, now, None, execution_id)
-            )
+            await cursor.fetchone()
         await connection.commit()
 
     async def close(self) -> None:

@@ -70,6 +70,16 @@ class _BareAdapter(MemoryAdapter):
     async def inputs(self, execution_id: str) -> list[InputRecord]:
         raise _UndeclaredError("inputs")
 
+    async def record_step(
+        self,
+        record: ExecutionRecord,
+        door: str,
+        event: bytes,
+        recorded_at: datetime,
+        cap: int | None,
+    ) -> int | None:
+        raise _UndeclaredError("record_step")
+
     async def insert_answer(self, record: AnswerRecord) -> None:
         raise _UndeclaredError("insert_answer")
 

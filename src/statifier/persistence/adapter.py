@@ -112,6 +112,13 @@ class Adapter(Protocol):
         """The execution, or ``None``."""
         ...
 
+    async def fetch_executions(self, execution_ids: Sequence[str]) -> list[ExecutionRecord]:
+        """The executions among ``execution_ids`` that exist, in one read (ids with no
+        execution are left out; the order is unspecified). Where ``fetch_execution``
+        locks the row it reads (inside a block on PostgreSQL), this locks every row it
+        reads the same way."""
+        ...
+
     async def update_execution(self, record: ExecutionRecord) -> None:
         """Overwrite the status, position, outcome, failure, ``updated_at`` and
         ``ended_at`` of an existing execution (its id, chart, metadata and
@@ -222,6 +229,24 @@ class Adapter(Protocol):
 
     async def inputs(self, execution_id: str) -> list[InputRecord]:
         """The execution's log in ``seq`` order (empty when there is none)."""
+        ...
+
+    async def record_step(
+        self,
+        record: ExecutionRecord,
+        door: str,
+        event: bytes,
+        recorded_at: datetime,
+        cap: int | None,
+    ) -> int | None:
+        """A step's two writes as one: ``update_execution(record)`` and
+        ``append_input(record.id, door, event, recorded_at, cap)``, both or neither;
+        answers what the append answers. A database adapter makes it one round trip
+        where it can (a step writes both every time).
+
+        Raises:
+            ExecutionNotFound: there is no such execution (nothing is written).
+        """
         ...
 
     # Retention.

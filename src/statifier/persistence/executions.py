@@ -386,8 +386,6 @@ class Executions:
         ended = status is not Status.ACTIVE  # _ending answers active or an end
         position = _dump(state)
         now = storage.clock()
-        if storage.capabilities.input_log:
-            await storage.append_input(execution_id, door, entry, now)
         record = ExecutionRecord(
             record.id,
             content_hash=record.content_hash,
@@ -400,7 +398,10 @@ class Executions:
             updated_at=now,
             ended_at=now if ended else None,
         )
-        await storage.update_execution(record)
+        if storage.capabilities.input_log:
+            await storage.record_step(record, door, entry, now)
+        else:
+            await storage.update_execution(record)
         if ended:
             await self._owe_answer(record)
         storage.remember(execution_id, position, state)

@@ -115,6 +115,10 @@ class MemoryAdapter:
     async def fetch_execution(self, execution_id: str) -> ExecutionRecord | None:
         return self.executions.get(execution_id)
 
+    async def fetch_executions(self, execution_ids: Sequence[str]) -> list[ExecutionRecord]:
+        found = (self.executions.get(execution_id) for execution_id in execution_ids)
+        return [record for record in found if record is not None]
+
     async def update_execution(self, record: ExecutionRecord) -> None:
         stored = self.executions.get(record.id)
         if stored is None:
@@ -227,6 +231,17 @@ class MemoryAdapter:
             InputRecord(execution_id, seq=seq, door=door, event=event, recorded_at=recorded_at)
         )
         return seq
+
+    async def record_step(
+        self,
+        record: ExecutionRecord,
+        door: str,
+        event: bytes,
+        recorded_at: datetime,
+        cap: int | None,
+    ) -> int | None:
+        await self.update_execution(record)
+        return await self.append_input(record.id, door, event, recorded_at, cap)
 
     async def inputs(self, execution_id: str) -> list[InputRecord]:
         return list(self.logs.get(execution_id, ()))

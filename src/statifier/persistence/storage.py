@@ -179,6 +179,9 @@ class Storage:
         # a step reads back what the step before it wrote, and the same encoded bytes
         # need not be decoded again (one decryption a step saved).
         self._written: dict[str, tuple[bytes, bytes]] = {}
+        # Records read ahead by hold_executions, each answered once (as the adapter
+        # returned them, still encoded).
+        self._held: dict[str, ExecutionRecord] = {}
 
     def over(self, adapter: Adapter) -> Storage:
         """This storage over another adapter, typically a view of this one's bound to a
@@ -325,13 +328,41 @@ class Storage:
         return record
 
     def find_execution(self, execution_id: str) -> Awaitable[ExecutionRecord | None]:
-        """The execution record, or ``None``.
+        """The execution record, or ``None``: the one :meth:`hold_executions` read, if
+        it holds one for ``execution_id``, else the adapter's.
 
         Raises:
             UndecodableBlob: the codec cannot decode its position or outcome.
         """
+        held = self._held.pop(execution_id, None) if self._held else None
+        if held is not None:
+            return self._open_held(held)
         found = self._call("fetch_execution", self.adapter.fetch_execution(execution_id))
         return found if self._sealing is None else self._open_execution(found)
+
+    async def hold_executions(self, execution_ids: Sequence[str]) -> None:
+        """Read the executions ``execution_ids`` names in one adapter call
+        (``fetch_executions``, which locks their rows as ``fetch_execution`` would) and
+        answer each at its next :meth:`find_execution` through this storage, once,
+        without asking the adapter again. A write of one through this storage
+        (``update_execution``, ``rechart_execution``, ``prune``) drops what is held
+        for it.
+
+        For a caller that steps many executions in one transaction (the timer worker's
+        batch): one round trip instead of one per step. Call it inside that
+        transaction, on a storage no other writer of these executions shares (a
+        transaction's own view, :meth:`over`): a record held here is what the row was
+        when read, and only the rows' locks and this storage's writes keep it so.
+        """
+        if not execution_ids:
+            return
+        found = await self._call("fetch_executions", self.adapter.fetch_executions(execution_ids))
+        self._held.update((record.id, record) for record in found)
+
+    async def _open_held(self, record: ExecutionRecord) -> ExecutionRecord:
+        if self._sealing is None:
+            return record
+        return _decoded_execution(self._sealing, record, self._written.get(record.id))
 
     async def _open_execution(
         self, found: Awaitable[ExecutionRecord | None]
@@ -359,6 +390,8 @@ class Storage:
         Raises:
             ExecutionNotFound: there is no such execution.
         """
+        if self._held:
+            self._held.pop(record.id, None)
         if self._sealing is not None:
             record = self._encoded(record)
         return self._call("update_execution", self.adapter.update_execution(record))
@@ -369,6 +402,7 @@ class Storage:
         The decoded position kept for it is dropped: it belongs to the old chart. The
         position and outcome are encoded, as :meth:`update_execution` encodes them."""
         self._states.pop(record.id, None)
+        self._held.pop(record.id, None)
         if self._sealing is not None:
             record = self._encoded(record)
         return self._call("rechart_execution", self.adapter.rechart_execution(record, from_hash))
@@ -398,6 +432,7 @@ class Storage:
     def prune(self, ended_before: datetime, limit: int) -> Awaitable[list[str]]:
         """Clear the position and input log of up to ``limit`` executions that ended
         before ``ended_before``; answers their ids."""
+        self._held.clear()
         return self._call("prune", self.adapter.prune(ended_before, limit))
 
     # Durable children's answers.
@@ -462,6 +497,24 @@ class Storage:
             execution_id, door, event, recorded_at, self.input_log_cap
         )
         return self._call("append_input", appending)
+
+    def record_step(
+        self, record: ExecutionRecord, door: str, event: bytes, recorded_at: datetime
+    ) -> Awaitable[int | None]:
+        """:meth:`update_execution` and :meth:`append_input` in one adapter call,
+        both or neither (see ``Adapter.record_step``); answers the append's ``seq``, or
+        ``None``.
+
+        Raises:
+            ExecutionNotFound: there is no such execution (nothing is written).
+        """
+        if self._held:
+            self._held.pop(record.id, None)
+        if self._sealing is not None:
+            record = self._encoded(record)
+            event = self._sealing.encode(event)
+        writing = self.adapter.record_step(record, door, event, recorded_at, self.input_log_cap)
+        return self._call("record_step", writing)
 
     async def inputs(self, execution_id: str) -> list[InputRecord]:
         """The execution's input log, in ``seq`` order, its events decoded.

@@ -453,6 +453,19 @@ class AdapterConformance(_AdapterSuite):
         assert await adapter.fetch_execution("EXEC-1") is None
 
     @pytest.mark.asyncio
+    async def test_executions_fetched_at_once_are_those_that_exist(self, adapter: Adapter) -> None:
+        quoted = "exec-'quoted' \"id\" ünï"
+        records = [_execution("exec-1"), _ended("exec-2", _at(2)), _execution(quoted)]
+        for record in records:
+            await _insert(adapter, record)
+        asked = ["exec-2", "exec-missing", quoted, "exec-1", "EXEC-1"]
+        fetched = {record.id: record for record in await adapter.fetch_executions(asked)}
+        assert sorted(fetched) == sorted(record.id for record in records)
+        for record in records:
+            _assert_same_execution(fetched[record.id], record)
+        assert await adapter.fetch_executions([]) == []
+
+    @pytest.mark.asyncio
     async def test_execution_insert_refuses_an_existing_id(self, adapter: Adapter) -> None:
         first = _execution()
         await _insert(adapter, first)
@@ -1051,6 +1064,49 @@ class InputLogConformance(_AdapterSuite):
         ]
         assert await adapter.inputs("exec-3") == []
         assert await adapter.inputs("exec-missing") == []
+
+    @pytest.mark.asyncio
+    async def test_a_recorded_step_updates_the_row_and_appends_its_input(
+        self, adapter: Adapter
+    ) -> None:
+        await _insert(adapter, _execution())
+        await _insert(adapter, _execution("exec-2"))
+        first = _execution(position=b"after one", updated_at=_at(1))
+        assert await adapter.record_step(first, "step", b'["go"]', _at(1), None) == 0
+        done = _ended("exec-1", _at(2), position=b"after two")
+        done = replace(done, outcome=b'{"ok": true}', updated_at=_at(2))
+        assert await adapter.record_step(done, "timer", b'["tick"]', _at(2), None) == 1
+        _assert_same_execution(await adapter.fetch_execution("exec-1"), done)
+        expected = [
+            InputRecord("exec-1", seq=0, door="step", event=b'["go"]', recorded_at=_at(1)),
+            InputRecord("exec-1", seq=1, door="timer", event=b'["tick"]', recorded_at=_at(2)),
+        ]
+        _assert_same_log(await adapter.inputs("exec-1"), expected)
+        _assert_same_execution(await adapter.fetch_execution("exec-2"), _execution("exec-2"))
+        assert await adapter.inputs("exec-2") == []
+
+    @pytest.mark.asyncio
+    async def test_a_recorded_step_keeps_the_cap(self, adapter: Adapter) -> None:
+        await _insert(adapter, _execution())
+        record = _execution(position=b"later", updated_at=_at(1))
+        assert await adapter.record_step(record, "step", b"[0]", _at(1), 2) == 0
+        assert await adapter.record_step(record, "step", b"[1]", _at(2), 2) is None
+        # A closed log takes nothing more; the row is written all the same.
+        last = _execution(position=b"last", updated_at=_at(3))
+        assert await adapter.record_step(last, "step", b"[2]", _at(3), 2) is None
+        log = await adapter.inputs("exec-1")
+        assert [(r.seq, r.event) for r in log] == [(0, b"[0]"), (1, None)]
+        _assert_same_execution(await adapter.fetch_execution("exec-1"), last)
+
+    @pytest.mark.asyncio
+    async def test_a_recorded_step_of_a_missing_execution_writes_nothing(
+        self, adapter: Adapter
+    ) -> None:
+        with pytest.raises(ExecutionNotFound) as refused:
+            await adapter.record_step(_execution("exec-9"), "step", b"[0]", _at(1), None)
+        assert refused.value.execution_id == "exec-9"
+        assert await adapter.fetch_execution("exec-9") is None
+        assert await adapter.inputs("exec-9") == []
 
     # Retention.
 

@@ -282,8 +282,23 @@ class SqlAdapter:
     def fetch_execution(self, execution_id: str) -> Coroutine[Any, Any, ExecutionRecord | None]:
         return self._db.fetch_execution(execution_id)
 
+    def fetch_executions(
+        self, execution_ids: Sequence[str]
+    ) -> Coroutine[Any, Any, list[ExecutionRecord]]:
+        return self._db.fetch_executions(execution_ids)
+
     def update_execution(self, record: ExecutionRecord) -> Coroutine[Any, Any, None]:
         return self._db.update_execution(record)
+
+    def record_step(
+        self,
+        record: ExecutionRecord,
+        door: str,
+        event: bytes,
+        recorded_at: datetime,
+        cap: int | None,
+    ) -> Coroutine[Any, Any, int | None]:
+        return self._db.record_step(record, door, event, recorded_at, cap)
 
     def rechart_execution(
         self, record: ExecutionRecord, from_hash: str

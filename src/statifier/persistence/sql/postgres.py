@@ -93,6 +93,19 @@ def _execution(row: tuple[Any, ...]) -> ExecutionRecord:
     return execution_record(row, utc_time, _same)
 
 
+def _updated(record: ExecutionRecord) -> dict[str, Any]:
+    """The parameters of ``update_execution`` for ``record``."""
+    return {
+        "status": record.status.value,
+        "position_blob": record.position,
+        "outcome_blob": record.outcome,
+        "failure": record.failure,
+        "updated_at": utc(record.updated_at),
+        "ended_at": utc(record.ended_at),
+        "execution_id": record.id,
+    }
+
+
 class Statements:
     """The adapter's SQL for one set of tables, written once."""
 
@@ -129,10 +142,18 @@ class Statements:
         # Inside a block the row lock too: it keeps out writers that bypass the
         # advisory lock; outside, it would cost a lock for nothing.
         self.fetch_execution_locked = f"{fetch} FOR UPDATE"
+        fetch_many = (
+            f"SELECT {EXECUTION_COLUMNS} FROM {t.executions} "
+            "WHERE execution_id = ANY(%(ids)s) ORDER BY execution_id"
+        )
+        self.fetch_executions = fetch_many
+        # In one order: two transactions locking overlapping sets cannot deadlock.
+        self.fetch_executions_locked = f"{fetch_many} FOR UPDATE"
         self.update_execution = (
             f"UPDATE {t.executions} SET status = %(status)s, position_blob = %(position_blob)s, "
             "outcome_blob = %(outcome_blob)s, failure = %(failure)s, "
-            "updated_at = %(updated_at)s, ended_at = %(ended_at)s WHERE execution_id = %(id)s"
+            "updated_at = %(updated_at)s, ended_at = %(ended_at)s "
+            "WHERE execution_id = %(execution_id)s"
         )
         self.rechart_execution = (
             f"UPDATE {t.executions} SET content_hash = %(to)s, status = %(status)s, "
@@ -198,7 +219,7 @@ class Statements:
         self.count_positions = f"SELECT count(*) FROM {t.positions} WHERE content_hash = %(h)s"
         # One statement appends at the next seq: nothing when the log is closed (its
         # last entry is the marker), the marker when the entry takes the cap's last slot.
-        self.append_input = (
+        append = (
             f"INSERT INTO {t.inputs} ({key}execution_id, seq, door, input_blob, recorded_at) "
             f"SELECT {key_value}%(execution_id)s, following.seq, %(door)s, "
             "CASE WHEN CAST(%(cap)s AS INTEGER) IS NOT NULL "
@@ -208,7 +229,15 @@ class Statements:
             f"FROM {t.inputs} WHERE execution_id = %(execution_id)s) AS following "
             f"WHERE NOT EXISTS (SELECT 1 FROM {t.inputs} AS last "
             "WHERE last.execution_id = %(execution_id)s AND last.seq = following.seq - 1 "
-            "AND last.input_blob IS NULL) RETURNING seq"
+            "AND last.input_blob IS NULL)"
+        )
+        self.append_input = f"{append} RETURNING seq"
+        # A step's two writes in one round trip: the row's update, and the log's
+        # append only where the update found the row. Answers (rows updated, seq).
+        self.record_step = (
+            f"WITH stepped AS ({self.update_execution} RETURNING 1), "
+            f"logged AS ({append} AND EXISTS (SELECT 1 FROM stepped) RETURNING seq) "
+            "SELECT (SELECT count(*) FROM stepped), (SELECT seq FROM logged)"
         )
         self.inputs = (
             f"SELECT execution_id, seq, door, input_blob, recorded_at FROM {t.inputs} "
@@ -709,22 +738,57 @@ class PostgresDatabase:
         row = await cursor.fetchone()
         return None if row is None else _execution(row)
 
+    async def fetch_executions(self, execution_ids: Sequence[str]) -> list[ExecutionRecord]:
+        tx = self.current()
+        if tx is None:
+            return await self._alone(self._fetch_executions, execution_ids, False)
+        return await self._fetch_executions(tx.cursor, execution_ids, True)
+
+    async def _fetch_executions(
+        self, cursor: Cursor, execution_ids: Sequence[str], locked: bool
+    ) -> list[ExecutionRecord]:
+        s = self.statements
+        sql = s.fetch_executions_locked if locked else s.fetch_executions
+        await cursor.execute(sql, {"ids": list(execution_ids)})
+        return [_execution(row) for row in await cursor.fetchall()]
+
     async def update_execution(self, record: ExecutionRecord) -> None:
         await self._run(self._update_execution, record)
 
     async def _update_execution(self, cursor: Cursor, record: ExecutionRecord) -> None:
-        values = {
-            "status": record.status.value,
-            "position_blob": record.position,
-            "outcome_blob": record.outcome,
-            "failure": record.failure,
-            "updated_at": utc(record.updated_at),
-            "ended_at": utc(record.ended_at),
-            "id": record.id,
-        }
-        await cursor.execute(self.statements.update_execution, values)
+        await cursor.execute(self.statements.update_execution, _updated(record))
         if not cursor.rowcount:
             raise ExecutionNotFound(record.id)
+
+    async def record_step(
+        self,
+        record: ExecutionRecord,
+        door: str,
+        event: bytes,
+        recorded_at: datetime,
+        cap: int | None,
+    ) -> int | None:
+        return await self._run(self._record_step, record, door, event, recorded_at, cap)
+
+    async def _record_step(
+        self,
+        cursor: Cursor,
+        record: ExecutionRecord,
+        door: str,
+        event: bytes,
+        recorded_at: datetime,
+        cap: int | None,
+    ) -> int | None:
+        s = self.statements
+        values = _updated(record)
+        values.update(door=door, cap=cap, input_blob=event, recorded_at=utc(recorded_at))
+        await cursor.execute(s.record_step, s.keyed(values))
+        row = await cursor.fetchone()
+        assert row is not None
+        updated, seq = row
+        if not updated:
+            raise ExecutionNotFound(record.id)
+        return None if seq is None else appended([(seq,)], cap)
 
     async def rechart_execution(self, record: ExecutionRecord, from_hash: str) -> bool:
         return await self._run(self._rechart_execution, record, from_hash)

@@ -123,6 +123,10 @@ class Statements:
         self.fetch_execution = (
             f"SELECT {EXECUTION_COLUMNS} FROM {t.executions} WHERE execution_id = :id"
         )
+        self.fetch_executions = (
+            f"SELECT {EXECUTION_COLUMNS} FROM {t.executions} "
+            "WHERE execution_id IN (SELECT value FROM json_each(:ids)) ORDER BY execution_id"
+        )
         self.update_execution = (
             f"UPDATE {t.executions} SET status = :status, position_blob = :position_blob, "
             "outcome_blob = :outcome_blob, failure = :failure, updated_at = :updated_at, "
@@ -683,6 +687,19 @@ class SqliteDatabase:
         row = cursor.execute(self.statements.fetch_execution, {"id": execution_id}).fetchone()
         return None if row is None else _execution(row)
 
+    async def fetch_executions(self, execution_ids: Sequence[str]) -> list[ExecutionRecord]:
+        tx = self.current()
+        if tx is not None:
+            return self._fetch_executions(tx.cursor, execution_ids)
+        return await self._alone(self._fetch_executions, False, execution_ids)
+
+    def _fetch_executions(
+        self, cursor: sqlite3.Cursor, execution_ids: Sequence[str]
+    ) -> list[ExecutionRecord]:
+        ids = json.dumps(list(execution_ids))
+        rows = cursor.execute(self.statements.fetch_executions, {"ids": ids}).fetchall()
+        return [_execution(row) for row in rows]
+
     async def update_execution(self, record: ExecutionRecord) -> None:
         tx = self.current()
         if tx is not None:
@@ -702,6 +719,33 @@ class SqliteDatabase:
         }
         if not cursor.execute(self.statements.update_execution, values).rowcount:
             raise ExecutionNotFound(record.id)
+
+    async def record_step(
+        self,
+        record: ExecutionRecord,
+        door: str,
+        event: bytes,
+        recorded_at: datetime,
+        cap: int | None,
+    ) -> int | None:
+        tx = self.current()
+        if tx is not None:
+            return self._record_step(tx.cursor, record, door, event, recorded_at, cap)
+        return await self._alone(self._record_step, True, record, door, event, recorded_at, cap)
+
+    def _record_step(
+        self,
+        cursor: sqlite3.Cursor,
+        record: ExecutionRecord,
+        door: str,
+        event: bytes,
+        recorded_at: datetime,
+        cap: int | None,
+    ) -> int | None:
+        # In process, two statements cost no round trip: the update first, so a
+        # missing execution appends nothing.
+        self._update_execution(cursor, record)
+        return self._append_input(cursor, record.id, door, event, recorded_at, cap)
 
     async def rechart_execution(self, record: ExecutionRecord, from_hash: str) -> bool:
         tx = self.current()
