@@ -28,11 +28,12 @@ Rows:
   ... RETURNING`` the rows whose lock was granted), then per timer the execution row's
   ``UPDATE`` (a position prepared once: no interpreter work) and the input-log ``INSERT
   ... SELECT`` at the next ``seq``; ``COMMIT``. It never reads the execution row: a
-  real step must (it steps from the stored position), so this is a floor.
-* ``raw, same statements`` (one worker; a diagnosis, not the goal's anchor): every
-  statement the library runs per fire, by hand: the same claim, then per timer the
-  step's ``SELECT ... FOR UPDATE`` of the execution, the input-log insert and the
-  ``UPDATE``; ``COMMIT``. What separates it from the library is the library's Python.
+  real step must (it steps from the stored position).
+* ``raw, same statements`` (one worker; a diagnosis beside the anchor): the statements
+  the library runs, by hand: the same claim, the batch's execution rows read ``FOR
+  UPDATE`` in one ``SELECT``, then per timer the step's one write (the row's ``UPDATE``
+  and the input-log append in one statement); ``COMMIT``. What separates it from the
+  library is the library's Python.
 * ``fire_due()``: the library, ``TimerWorker(config, batch=100).fire_due()`` until none
   is left.
 * ``x2`` rows: the same in two worker processes (this script started again with
@@ -133,7 +134,7 @@ class Raw:
         )
         self.read = (
             f"SELECT status, position_blob FROM {tables.executions} "
-            "WHERE execution_id = %(id)s FOR UPDATE"
+            "WHERE execution_id = ANY(%(ids)s) ORDER BY execution_id FOR UPDATE"
         )
         self.update = (
             f"UPDATE {tables.executions} SET position_blob = %(position)s, "
@@ -143,6 +144,20 @@ class Raw:
             f"INSERT INTO {tables.inputs} (execution_id, seq, door, input_blob, recorded_at) "
             "SELECT %(id)s, coalesce(max(seq), -1) + 1, 'timer', %(blob)s, %(now)s "
             f"FROM {tables.inputs} WHERE execution_id = %(id)s"
+        )
+        # The step's writes as the library makes them: one statement, the log's
+        # append gated on the row's update (and on a log not closed by its cap).
+        self.step = (
+            f"WITH stepped AS ({self.update} RETURNING 1), "
+            f"logged AS (INSERT INTO {tables.inputs} "
+            "(execution_id, seq, door, input_blob, recorded_at) "
+            "SELECT %(id)s, following.seq, 'timer', %(blob)s, %(now)s "
+            "FROM (SELECT coalesce(max(seq), -1) + 1 AS seq "
+            f"FROM {tables.inputs} WHERE execution_id = %(id)s) AS following "
+            f"WHERE NOT EXISTS (SELECT 1 FROM {tables.inputs} AS last "
+            "WHERE last.execution_id = %(id)s AND last.seq = following.seq - 1 "
+            "AND last.input_blob IS NULL) AND EXISTS (SELECT 1 FROM stepped) RETURNING seq) "
+            "SELECT (SELECT count(*) FROM stepped), (SELECT seq FROM logged)"
         )
         self.earliest = f"SELECT min(due_at) FROM {tables.timers}"
 
@@ -164,14 +179,16 @@ class Raw:
         async with connection.transaction():
             now = datetime.now(UTC)
             cursor = await connection.execute(self.claim, {"now": now, "limit": limit})
-            for _, execution_id, payload in await cursor.fetchall():
+            taken = await cursor.fetchall()
+            if self.same and taken:  # the library's: the batch's rows read at once
+                ids = sorted({execution_id for _, execution_id, _ in taken})
+                await (await connection.execute(self.read, {"ids": ids})).fetchall()
+            for _, execution_id, payload in taken:
                 blob = json.dumps(payload["event"]).encode()
                 values = {"id": execution_id, "position": position, "blob": blob}
-                if self.same:  # the library's order: read, the log, then the row
-                    await connection.execute(self.read, values)
+                if self.same:
                     values["now"] = datetime.now(UTC)
-                    await connection.execute(self.append, values)
-                    await connection.execute(self.update, values)
+                    await (await connection.execute(self.step, values)).fetchone()
                 else:
                     # The row first: its lock keeps two workers' next seq apart.
                     values["now"] = datetime.now(UTC)

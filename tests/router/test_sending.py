@@ -6,7 +6,7 @@ the sender, the step standing), sends to the execution itself becoming timers,
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -30,7 +30,10 @@ from statifier.router import (
 from statifier.router.binding import Create, Plan
 from statifier.router.delivery import Delivery, deliver
 from statifier.router.errors import OnCompleteFailed
+from statifier.router.locations import start_options
 from statifier.router.routes import IdempotencyKey
+from statifier.router.timer_queue import TimerEntry, TimerKind
+from statifier.router.timer_worker import TimerWorker
 
 SCOPE = "tenant_a"
 SINK = "test:sink"
@@ -431,6 +434,59 @@ async def test_an_execution_target_send_steps_the_receiver_in_the_senders_transa
     assert (row.outcome, row.scope, row.key) == ("delivered", SCOPE, "r")
     assert row.message_id is not None
     assert row.message_id.startswith(f"{sender}/s1/")
+
+
+@pytest.mark.asyncio
+async def test_a_timer_batch_steps_a_target_its_sender_stepped_from_the_row_as_written(
+    router_db: RouterDb,
+) -> None:
+    """The timer worker reads a batch's executions ahead: one stepped by another's
+    execution-target send earlier in the batch must step from what that send wrote,
+    not from the row as read before the batch."""
+    config = _target_config(router_db)
+    receiver = _executed(await route(config, _command("receiver", "r1", key="r")))
+    now = router_db.clock.now
+    async with config.transaction() as unit:
+        options = await start_options(unit, config, None, "sender_1", now)
+        await unit.executions.create("sender_1", compile_chart(TARGETED), options=options)
+    go = Event("go", data={"target": "r", "create": "never", "n": 5})
+    entries = [
+        _timer("sender_1", 1, now - timedelta(seconds=2), go),
+        _timer(receiver, 2, now - timedelta(seconds=1), Event("poke", data={"n": 1})),
+    ]
+    assert config.timers is not None
+    async with config.transaction() as unit:
+        for one in entries:
+            await config.timers.schedule(unit.tx, one)
+    assert await TimerWorker(config, batch=10).fire_due(now) == 2
+    # The sender's poke moved the receiver to "poked" (got 5); its own poke, second,
+    # finds it there and does nothing. From the row read ahead it would have been the
+    # first poke, and got 1.
+    assert await _where(config, receiver) == ("poked",)
+    assert (await _datamodel(config, receiver))["got"] == 5
+    assert await _where(config, "sender_1") == ("asked",)
+
+
+def _timer(execution_id: str, n: int, due_at: datetime, event: Event) -> TimerEntry:
+    key = IdempotencyKey(
+        execution_id,
+        send_id=f"t{n}",
+        macrostep=n,
+        microstep=1,
+        round=0,
+        content_index=0,
+        ordinal=0,
+    )
+    return TimerEntry(
+        execution_id=execution_id,
+        send_id=f"t{n}",
+        key=key,
+        due_at=due_at,
+        step_position=0,
+        kind=TimerKind.EXTERNAL,
+        event=event,
+        scope=SCOPE,
+    )
 
 
 @pytest.mark.asyncio

@@ -32,7 +32,7 @@ from statifier.router import RouterConfig, StaticResolver, ledger
 from statifier.router.routes import IdempotencyKey
 from statifier.router.timer_queue import TimerEntry, TimerKind
 from statifier.router.timer_worker import TimerWorker
-from statifier.router.timers import SqlTimerQueue
+from statifier.router.timers import DueTimer, SqlTimerQueue
 
 TIMER_EVENT = "statifier.router.timer"
 PROCESS = Path(__file__).with_name("timer_process.py")
@@ -153,10 +153,13 @@ async def pending(config: RouterConfig) -> list[tuple[str, str, datetime]]:
     assert isinstance(queue, SqlTimerQueue)
     far = datetime(9999, 1, 1, tzinfo=UTC)
     async with config.transaction() as unit:
-        return [
-            (t.entry.execution_id, t.entry.send_id, t.entry.due_at)
-            for t in await queue.claim(unit.tx, far, 1_000_000)
-        ]
+        claimed = await queue.claim(unit.tx, far, 1_000_000)
+    assert all(isinstance(t, DueTimer) for t in claimed)
+    return [
+        (t.entry.execution_id, t.entry.send_id, t.entry.due_at)
+        for t in claimed
+        if isinstance(t, DueTimer)
+    ]
 
 
 async def status(config: RouterConfig, execution_id: str) -> Status:

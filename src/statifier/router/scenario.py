@@ -87,7 +87,7 @@ from statifier.router.scenario_case import (
 )
 from statifier.router.timer_queue import TimerEntry
 from statifier.router.timer_worker import TimerWorker
-from statifier.router.timers import SqlTimerQueue
+from statifier.router.timers import SqlTimerQueue, UnreadableTimer
 from statifier.sql import DEFAULT_PREFIX, TableOptions, migrations
 
 __all__ = [
@@ -338,7 +338,12 @@ async def _pending(config: RouterConfig, upto: datetime = _FAR_FUTURE) -> list[T
     assert isinstance(queue, SqlTimerQueue)
     # A claim reads the rows without taking them; its locks end with this transaction.
     async with config.transaction() as unit:
-        return [timer.entry for timer in await queue.claim(unit.tx, upto, _MAX_PENDING)]
+        entries = []
+        for timer in await queue.claim(unit.tx, upto, _MAX_PENDING):
+            if isinstance(timer, UnreadableTimer):
+                raise timer.error
+            entries.append(timer.entry)
+        return entries
 
 
 async def _report(config: RouterConfig, document: str, named: str | None) -> dict[str, Any]:

@@ -33,7 +33,9 @@ Locks:
 
 A fire that raises (in a batch one by one) is rolled back to its savepoint (the row
 stays) and the row is made due again ``retry`` seconds later, so a failing timer is
-retried without being spun on.
+retried without being spun on. A row whose payload the codec cannot decode
+(:class:`~statifier.router.timers.UnreadableTimer`: sealed under a key this worker
+lacks) is put off the same way, unfired, while the rest of its batch fires.
 
 Telemetry: every timer taken off the queue or retried reports
 ``statifier.router.timer``, once its batch has committed.
@@ -43,7 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -57,7 +59,7 @@ from statifier.router.config import RouterConfig
 from statifier.router.delivery import step_timer_event
 from statifier.router.errors import ConfigError, ExecutionParked
 from statifier.router.timer_queue import TimerEntry, TimerKind
-from statifier.router.timers import DueTimer, SqlTimerQueue
+from statifier.router.timers import DueTimer, SqlTimerQueue, UnreadableTimer
 from statifier.router.transaction import Unit
 from statifier.telemetry import enabled, report
 
@@ -88,7 +90,7 @@ class _Outcome:
     """What one fire came to: the fields of its telemetry report, which is sent once
     the fire's transaction has committed."""
 
-    entry: TimerEntry
+    entry: TimerEntry | UnreadableTimer
     outcome: str
     now: datetime
     duration: float
@@ -114,7 +116,7 @@ class _Batch:
 
 
 def _done(
-    entry: TimerEntry, outcome: str, now: datetime, started: float, **detail: str
+    entry: TimerEntry | UnreadableTimer, outcome: str, now: datetime, started: float, **detail: str
 ) -> _Outcome:
     return _Outcome(entry, outcome, now, time.perf_counter() - started, detail)
 
@@ -124,6 +126,7 @@ def _report(outcomes: Iterable[_Outcome]) -> None:
         return
     for done in outcomes:
         entry = done.entry
+        route, scope = (entry.route, entry.scope) if isinstance(entry, TimerEntry) else (None, None)
         report(
             _TIMER,
             {"duration": done.duration, "lag": (done.now - entry.due_at).total_seconds()},
@@ -131,8 +134,8 @@ def _report(outcomes: Iterable[_Outcome]) -> None:
                 "execution_id": entry.execution_id,
                 "send_id": entry.send_id,
                 "kind": entry.kind.value,
-                "route": entry.route,
-                "scope": entry.scope,
+                "route": route,
+                "scope": scope,
                 "outcome": done.outcome,
                 **done.detail,
             },
@@ -225,15 +228,27 @@ class _ClaimedLocks:
         return self.others.exclusive(execution_id)
 
 
-def _under_claim(unit: Unit, timers: Iterable[DueTimer]) -> Executions:
-    """``unit``'s lifecycle for the steps of claimed ``timers`` (their locks held)."""
+async def _under_claim(unit: Unit, timers: Sequence[DueTimer | UnreadableTimer]) -> Executions:
+    """``unit``'s lifecycle for the steps of claimed ``timers`` (their locks held), the
+    executions they step read ahead in one statement (each step would read its own)."""
     current = unit.executions
-    held = {timer.entry.execution_id for timer in timers if timer.locked}
+    held = {timer.execution_id for timer in timers if isinstance(timer, UnreadableTimer)}
+    held.update(timer.entry.execution_id for timer in _readable(timers) if timer.locked)
+    stepped = {
+        timer.entry.execution_id
+        for timer in _readable(timers)
+        if timer.locked and timer.entry.kind is not TimerKind.ROUTE
+    }
+    await current.storage.hold_executions(sorted(stepped))
     return Executions(
         current.storage,
         executor=current.executor,
         serialization=_ClaimedLocks(held, current.serialization),
     )
+
+
+def _readable(timers: Iterable[DueTimer | UnreadableTimer]) -> Iterator[DueTimer]:
+    return (timer for timer in timers if isinstance(timer, DueTimer))
 
 
 def _aware(now: datetime) -> datetime:
@@ -346,7 +361,7 @@ class TimerWorker:
         async with self.config.transaction() as unit:
             unit.now = now
             taken = await self.queue.take_due(unit.tx, now, self.batch)
-            executions = _under_claim(unit, taken.timers)
+            executions = await _under_claim(unit, taken.timers)
             outcomes = [
                 await _perform(unit, self.config, timer.entry, executions) for timer in taken.timers
             ]
@@ -361,9 +376,15 @@ class TimerWorker:
         async with self.config.transaction() as unit:
             unit.now = now
             due = await self.queue.claim(unit.tx, now, self.batch)
-            executions = _under_claim(unit, due)
+            executions = await _under_claim(unit, due)
             for timer in due:
-                done = await self._fire_one(unit, timer, executions) if timer.locked else None
+                if not timer.locked:
+                    continue
+                done: _Outcome | None
+                if isinstance(timer, UnreadableTimer):
+                    done = await self._put_off(unit, timer)
+                else:
+                    done = await self._fire_one(unit, timer, executions)
                 if done is not None:
                     outcomes.append(done)
             upcoming = await self.queue.upcoming(unit.tx, now)
@@ -385,6 +406,13 @@ class TimerWorker:
         except Exception as error:  # noqa: BLE001 - one timer's failure is its own
             await self.queue.retry_at(unit.tx, timer.id, unit.now + self.retry)
             return _done(timer.entry, _FAILED, unit.now, started, error=_said(error))
+
+    async def _put_off(self, unit: Unit, timer: UnreadableTimer) -> _Outcome:
+        """A row that cannot be read here cannot fire: it stays, due ``retry`` later,
+        reported as a failed fire, while the rest of the batch fires."""
+        started = time.perf_counter()
+        await self.queue.retry_at(unit.tx, timer.id, unit.now + self.retry)
+        return _done(timer, _FAILED, unit.now, started, error=_said(timer.error))
 
     async def run(self, stop: asyncio.Event) -> None:
         """Fire due timers until ``stop`` is set: a pass, then sleep until the next due

@@ -29,14 +29,20 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from statifier.core.positions import dump_event, load_event
-from statifier.persistence.codec import PLAIN, BlobCodec, opened_json, sealed_json
+from statifier.persistence.codec import (
+    PLAIN,
+    BlobCodec,
+    UndecodableBlob,
+    opened_json,
+    sealed_json,
+)
 from statifier.persistence.sql import SqlAdapter, SqlTransaction
 from statifier.persistence.sql.schema import TableNames
 from statifier.persistence.sql.sqlite import utc_text, utc_time
 from statifier.router.routes import IdempotencyKey
 from statifier.router.timer_queue import TimerEntry, TimerKind
 
-__all__ = ["DueTimer", "SqlTimerQueue", "Taken"]
+__all__ = ["DueTimer", "SqlTimerQueue", "Taken", "UnreadableTimer"]
 
 _ENTRY_COLUMNS = "id, execution_id, send_id, kind, due_at, step_position, payload"
 _ORDER = "due_at, inserted_at, step_position, id"
@@ -58,6 +64,28 @@ class DueTimer:
     id: Any
     entry: TimerEntry
     locked: bool
+
+
+@dataclass(frozen=True, slots=True)
+class UnreadableTimer:
+    """A due row :meth:`SqlTimerQueue.claim` locked but whose payload the codec cannot
+    decode (written under a key this process lacks, or damaged): it cannot fire here.
+    The worker makes it due again later and reports it; the row itself is kept.
+
+    Attributes:
+        id: the row's key.
+        execution_id, send_id, kind, due_at: the row's own columns (not sealed).
+        locked: as :attr:`DueTimer.locked`.
+        error: what decoding the payload raised.
+    """
+
+    id: Any
+    execution_id: str
+    send_id: str
+    kind: TimerKind
+    due_at: datetime
+    locked: bool
+    error: UndecodableBlob
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,20 +306,32 @@ class SqlTimerQueue:
         timers = [DueTimer(row[0], _entry(row, _aware(row[4]), self.codec), True) for row in rows]
         return Taken(timers, len(timers), await self.upcoming(tx, now))
 
-    async def claim(self, tx: SqlTransaction, now: datetime, limit: int) -> list[DueTimer]:
-        """At most ``limit`` rows due at ``now``, in firing order.
+    async def claim(
+        self, tx: SqlTransaction, now: datetime, limit: int
+    ) -> list[DueTimer | UnreadableTimer]:
+        """At most ``limit`` rows due at ``now``, in firing order; a row whose payload
+        the codec cannot decode is answered as an :class:`UnreadableTimer` (where
+        :meth:`take_due` raises), so that one row does not hold up the others.
 
         On PostgreSQL each row is locked (rows other transactions hold are skipped)
         and its execution's advisory lock tried: both are held until ``tx`` ends.
         """
         if self.postgres:
             cursor = await tx.driver.execute(self._claim, {"now": now, "limit": limit})
-            return [
-                DueTimer(row[0], _entry(row, row[4], self.codec), bool(row[7]))
-                for row in await cursor.fetchall()
-            ]
+            return [self._claimed(row, row[4], bool(row[7])) for row in await cursor.fetchall()]
         rows = tx.driver.execute(self._claim, {"now": utc_text(now), "limit": limit}).fetchall()
-        return [DueTimer(row[0], _entry(row, _aware(row[4]), self.codec), True) for row in rows]
+        return [self._claimed(row, _aware(row[4]), True) for row in rows]
+
+    def _claimed(
+        self, row: Sequence[Any], due_at: datetime, locked: bool
+    ) -> DueTimer | UnreadableTimer:
+        try:
+            return DueTimer(row[0], _entry(row, due_at, self.codec), locked)
+        except UndecodableBlob as error:
+            timer_id, execution_id, send_id, kind = row[:4]
+            return UnreadableTimer(
+                timer_id, execution_id, send_id, TimerKind(kind), due_at, locked, error
+            )
 
     async def take(self, tx: SqlTransaction, timer_id: Any) -> bool:
         """Delete the claimed row ``timer_id``; answers whether it was still there."""
