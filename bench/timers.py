@@ -24,8 +24,9 @@ Rows:
 * ``raw``, the anchor: the library's claim-and-delete and a step's writes, by hand on
   one psycopg 3 async connection per worker. One transaction per batch of ``--batch``
   (100): the claim is the library's one statement (lock up to ``n`` due rows ``FOR
-  UPDATE SKIP LOCKED`` in firing order, try each execution's advisory lock, ``DELETE
-  ... RETURNING`` the rows whose lock was granted), then per timer the execution row's
+  UPDATE SKIP LOCKED`` in firing order, try each execution's advisory lock once,
+  ``DELETE ... RETURNING`` the rows whose lock was granted and which no earlier row of
+  their execution, held elsewhere, precedes), then per timer the execution row's
   ``UPDATE`` (a position prepared once: no interpreter work) and the input-log ``INSERT
   ... SELECT`` at the next ``seq``; ``COMMIT``. It never reads the execution row: a
   real step must (it steps from the stored position).
@@ -122,11 +123,23 @@ class Raw:
     def __init__(self, tables: TableNames, same_statements: bool) -> None:
         self.same = same_statements
         order = "ORDER BY due_at, inserted_at, step_position, id"
+        # The library's claim: each execution's lock tried once, and a row left while
+        # an earlier row of its execution is held elsewhere.
+        earlier = "(e.due_at, e.inserted_at, e.step_position, e.id)"
+        mine = "(p.due_at, p.inserted_at, p.step_position, p.id)"
         self.claim = (
-            f"WITH picked AS MATERIALIZED (SELECT id, execution_id FROM {tables.timers} "
+            "WITH picked AS MATERIALIZED (SELECT id, execution_id, due_at, inserted_at, "
+            f"step_position FROM {tables.timers} "
             f"WHERE due_at <= %(now)s {order} LIMIT %(limit)s FOR UPDATE SKIP LOCKED), "
-            "granted AS MATERIALIZED (SELECT id FROM picked "
+            "locked AS MATERIALIZED (SELECT execution_id FROM "
+            "(SELECT DISTINCT execution_id FROM picked) AS d "
             "WHERE pg_try_advisory_xact_lock(hashtextextended(execution_id, 0))), "
+            "granted AS MATERIALIZED (SELECT p.id FROM picked AS p "
+            "WHERE p.execution_id IN (SELECT execution_id FROM locked) "
+            f"AND NOT EXISTS (SELECT 1 FROM {tables.timers} AS e "
+            "WHERE e.execution_id = p.execution_id "
+            f"AND {earlier} < {mine} "
+            "AND e.id NOT IN (SELECT id FROM picked))), "
             f"taken AS (DELETE FROM {tables.timers} AS t USING granted "
             "WHERE t.id = granted.id RETURNING t.id, t.execution_id, t.payload, "
             "t.due_at, t.inserted_at, t.step_position) "

@@ -14,20 +14,23 @@ import json
 import random
 import signal
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.router.conftest import RouterDb
+import pytest_asyncio
+from tests.persistence.conftest import SqlStore
+from tests.router.conftest import Clock, RouterDb
 
 from statifier import telemetry
 from statifier.chart import Machine, compile_chart
 from statifier.core import Event
 from statifier.persistence import Executions, Refused, Status
-from statifier.persistence.sql import SqlTransaction
+from statifier.persistence.sql import SqlAdapter, SqlTransaction
+from statifier.persistence.sql.schema import TableNames
 from statifier.router import RouterConfig, StaticResolver, ledger
 from statifier.router.routes import IdempotencyKey
 from statifier.router.timer_queue import TimerEntry, TimerKind
@@ -549,6 +552,46 @@ async def test_ten_thousand_timers_fire_in_due_order(router_db: RouterDb) -> Non
 
 
 # Races and crashes.
+
+
+@pytest_asyncio.fixture
+async def postgres_db(postgresql_store: SqlStore) -> AsyncIterator[RouterDb]:
+    """PostgreSQL's database alone: for a race only its concurrent writers can run."""
+    postgresql_store.empty()
+    adapter = SqlAdapter(postgresql_store.url, postgresql_store.tables)
+    try:
+        yield RouterDb("postgresql", postgresql_store, adapter, Clock())
+    finally:
+        await adapter.close()
+
+
+@pytest.mark.asyncio
+async def test_a_row_held_elsewhere_keeps_the_later_timers_of_its_execution_waiting(
+    postgres_db: RouterDb,
+) -> None:
+    """Another worker's claim that did not get an execution's lock still holds the row
+    it picked: a worker that gets the lock then must not fire that execution's later
+    timers before it. The other executions' timers fire."""
+    config = timer_config(postgres_db)
+    await create(config, "count", "ex_1", "ex_2")
+    now = postgres_db.clock.now
+    await schedule(
+        config,
+        [
+            entry("ex_1", 1, now - 2 * SECOND),
+            entry("ex_1", 2, now - SECOND),
+            entry("ex_2", 3, now - SECOND),
+        ],
+    )
+    timers = TableNames.of(config.adapter.tables).timers
+    async with config.transaction() as other:  # the other worker's claim, on t1 alone
+        await other.tx.driver.execute(f"SELECT id FROM {timers} WHERE send_id = 't1' FOR UPDATE")
+        fired = await asyncio.create_task(TimerWorker(config).fire_due(now))
+        assert fired == 1
+        assert [data["k"] for _, _, data in await logged(config, "ex_2")] == [3]
+        assert await logged(config, "ex_1") == []
+    assert await TimerWorker(config).fire_due(now) == 2
+    assert [data["k"] for _, _, data in await logged(config, "ex_1")] == [1, 2]
 
 
 @pytest.mark.asyncio

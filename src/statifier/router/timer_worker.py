@@ -27,8 +27,11 @@ Locks:
   advisory lock is only *tried* for each row: a step of that execution holds it and may
   be cancelling (deleting) the very rows locked here, waiting for their row locks, so
   waiting for it in turn could deadlock. A row whose lock is not granted stays for a
-  later pass. The steps of a batch then run under the locks its claim took: they do
-  not ask for them again (the step's row lock, ``SELECT ... FOR UPDATE``, stays).
+  later pass, and so does a row behind an earlier row of its execution that another
+  worker holds: one execution's timers fire in order whatever the number of workers.
+  The steps of a batch then run under the locks its claim took: they do not ask for
+  them again; the rows of the executions they step are read, and locked, in one
+  statement after the claim (``Storage.hold_executions``).
 - On SQLite the router's transaction holds the single writer: nothing races a pass.
 
 A fire that raises (in a batch one by one) is rolled back to its savepoint (the row

@@ -208,15 +208,32 @@ class SqlTimerQueue:
         if self.postgres:
             # Rows another worker holds are skipped, never waited for; the execution's
             # lock is only tried: a step that holds it may be deleting these rows (a
-            # cancel) and wait for the row locks taken here.
+            # cancel) and wait for the row locks taken here. The lock is tried once an
+            # execution, so its rows are all granted or none; and a row waits while an
+            # earlier row of its execution is held elsewhere (skipped here: another
+            # worker's claim that did not get the lock), so that one execution's timers
+            # never fire out of order.
+            order = ", ".join(f"p.{c}" for c in _ORDER.split(", "))
+            earlier = ", ".join(f"e.{c}" for c in _ORDER.split(", "))
+            locked = (
+                "locked AS MATERIALIZED (SELECT execution_id FROM "
+                "(SELECT DISTINCT execution_id FROM picked) AS d "
+                "WHERE pg_try_advisory_xact_lock(hashtextextended(execution_id, 0)))"
+            )
+            ready = (
+                "p.execution_id IN (SELECT execution_id FROM locked) "
+                f"AND NOT EXISTS (SELECT 1 FROM {timers} AS e "
+                f"WHERE e.execution_id = p.execution_id AND ({earlier}) < ({order}) "
+                "AND e.id NOT IN (SELECT id FROM picked))"
+            )
             taken_columns = ", ".join(f"taken.{c}" for c in _ENTRY_COLUMNS.split(", "))
             # One row even when nothing is taken: it carries the counts.
             self._take_due = (
-                f"WITH picked AS MATERIALIZED (SELECT id, execution_id FROM {timers} "
+                f"WITH picked AS MATERIALIZED (SELECT id, execution_id, due_at, inserted_at, "
+                f"step_position FROM {timers} "
                 f"WHERE due_at <= %(now)s ORDER BY {_ORDER} LIMIT %(limit)s "
-                "FOR UPDATE SKIP LOCKED), "
-                "granted AS MATERIALIZED (SELECT id FROM picked "
-                "WHERE pg_try_advisory_xact_lock(hashtextextended(execution_id, 0))), "
+                f"FOR UPDATE SKIP LOCKED), {locked}, "
+                f"granted AS MATERIALIZED (SELECT p.id FROM picked AS p WHERE {ready}), "
                 f"taken AS (DELETE FROM {timers} AS t USING granted WHERE t.id = granted.id "
                 f"RETURNING {', '.join(f't.{c}' for c in _ENTRY_COLUMNS.split(', '))}, "
                 "t.inserted_at) "
@@ -228,10 +245,9 @@ class SqlTimerQueue:
             self._claim = (
                 f"WITH picked AS MATERIALIZED (SELECT {_ENTRY_COLUMNS}, inserted_at "
                 f"FROM {timers} WHERE due_at <= %(now)s ORDER BY {_ORDER} "
-                "LIMIT %(limit)s FOR UPDATE SKIP LOCKED) "
-                f"SELECT {_ENTRY_COLUMNS}, "
-                "pg_try_advisory_xact_lock(hashtextextended(execution_id, 0)) "
-                f"FROM picked ORDER BY {_ORDER}"
+                f"LIMIT %(limit)s FOR UPDATE SKIP LOCKED), {locked} "
+                f"SELECT {', '.join(f'p.{c}' for c in _ENTRY_COLUMNS.split(', '))}, {ready} "
+                f"FROM picked AS p ORDER BY {order}"
             )
         else:
             # RETURNING comes in no promised order: take_due sorts.
@@ -286,9 +302,10 @@ class SqlTimerQueue:
         in firing order; ``tx`` fires them (a rollback puts them back).
 
         On PostgreSQL the due rows are locked first (rows other transactions hold are
-        skipped) and each one's execution lock tried; only the rows whose lock was
-        granted are deleted. The locks are held until ``tx`` ends, those of the rows
-        left too.
+        skipped) and each execution's lock tried once; only the rows whose lock was
+        granted are deleted, and of those not one that an earlier row of its
+        execution, held by another transaction, precedes (one execution's timers fire
+        in order). The locks are held until ``tx`` ends, those of the rows left too.
         """
         if self.postgres:
             cursor = await tx.driver.execute(self._take_due, {"now": now, "limit": limit})
@@ -314,7 +331,9 @@ class SqlTimerQueue:
         :meth:`take_due` raises), so that one row does not hold up the others.
 
         On PostgreSQL each row is locked (rows other transactions hold are skipped)
-        and its execution's advisory lock tried: both are held until ``tx`` ends.
+        and its execution's advisory lock tried: both are held until ``tx`` ends. A
+        row is ``locked`` only if the lock was granted and no earlier row of its
+        execution is held by another transaction.
         """
         if self.postgres:
             cursor = await tx.driver.execute(self._claim, {"now": now, "limit": limit})
