@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -235,12 +235,11 @@ async def _under_claim(unit: Unit, timers: Sequence[DueTimer | UnreadableTimer])
     """``unit``'s lifecycle for the steps of claimed ``timers`` (their locks held), the
     executions they step read ahead in one statement (each step would read its own)."""
     current = unit.executions
-    held = {timer.execution_id for timer in timers if isinstance(timer, UnreadableTimer)}
-    held.update(timer.entry.execution_id for timer in _readable(timers) if timer.locked)
+    held = {timer.execution_id for timer in timers if timer.locked}
     stepped = {
-        timer.entry.execution_id
-        for timer in _readable(timers)
-        if timer.locked and timer.entry.kind is not TimerKind.ROUTE
+        timer.execution_id
+        for timer in timers
+        if isinstance(timer, DueTimer) and timer.locked and timer.entry.kind is not TimerKind.ROUTE
     }
     await current.storage.hold_executions(sorted(stepped))
     return Executions(
@@ -248,10 +247,6 @@ async def _under_claim(unit: Unit, timers: Sequence[DueTimer | UnreadableTimer])
         executor=current.executor,
         serialization=_ClaimedLocks(held, current.serialization),
     )
-
-
-def _readable(timers: Iterable[DueTimer | UnreadableTimer]) -> Iterator[DueTimer]:
-    return (timer for timer in timers if isinstance(timer, DueTimer))
 
 
 def _aware(now: datetime) -> datetime:

@@ -65,6 +65,10 @@ class DueTimer:
     entry: TimerEntry
     locked: bool
 
+    @property
+    def execution_id(self) -> str:
+        return self.entry.execution_id
+
 
 @dataclass(frozen=True, slots=True)
 class UnreadableTimer:
