@@ -453,7 +453,7 @@ class AdapterConformance(_AdapterSuite):
         assert await adapter.fetch_execution("EXEC-1") is None
 
     @pytest.mark.asyncio
-    async def test_executions_fetched_at_once_are_those_that_exist(self, adapter: Adapter) -> None:
+    async def test_execution_fetch_of_many_answers_those_that_exist(self, adapter: Adapter) -> None:
         quoted = "exec-'quoted' \"id\" ünï"
         records = [_execution("exec-1"), _ended("exec-2", _at(2)), _execution(quoted)]
         for record in records:
@@ -1066,7 +1066,7 @@ class InputLogConformance(_AdapterSuite):
         assert await adapter.inputs("exec-missing") == []
 
     @pytest.mark.asyncio
-    async def test_a_recorded_step_updates_the_row_and_appends_its_input(
+    async def test_input_log_recorded_step_updates_the_row_and_appends(
         self, adapter: Adapter
     ) -> None:
         await _insert(adapter, _execution())
@@ -1086,7 +1086,7 @@ class InputLogConformance(_AdapterSuite):
         assert await adapter.inputs("exec-2") == []
 
     @pytest.mark.asyncio
-    async def test_a_recorded_step_keeps_the_cap(self, adapter: Adapter) -> None:
+    async def test_input_log_recorded_step_keeps_the_cap(self, adapter: Adapter) -> None:
         await _insert(adapter, _execution())
         record = _execution(position=b"later", updated_at=_at(1))
         assert await adapter.record_step(record, "step", b"[0]", _at(1), 2) == 0
@@ -1099,7 +1099,7 @@ class InputLogConformance(_AdapterSuite):
         _assert_same_execution(await adapter.fetch_execution("exec-1"), last)
 
     @pytest.mark.asyncio
-    async def test_a_recorded_step_of_a_missing_execution_writes_nothing(
+    async def test_input_log_recorded_step_of_a_missing_execution_writes_nothing(
         self, adapter: Adapter
     ) -> None:
         with pytest.raises(ExecutionNotFound) as refused:
