@@ -42,12 +42,11 @@ statifier.persistence.codec.UndecodableBlob: a timer is encoded, and no codec wa
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 from typing import Any, Final, Protocol
 
 from statifier.persistence.errors import PersistenceError
+from statifier.sealed import SEALED, is_sealed, sealed_blob, sealed_document
 
 __all__ = [
     "PLAIN",
@@ -111,10 +110,6 @@ class UndecodableBlob(PersistenceError):  # noqa: N818 - names the refusal
     """
 
 
-SEALED: Final = "statifier.sealed"
-"""The one key of a JSON document stored encoded."""
-
-
 def sealed_json(codec: BlobCodec, text: str) -> str:
     """The JSON text to store for the JSON text ``text``: itself under :data:`PLAIN`,
     else ``{"statifier.sealed": base64 of codec.encode(text)}``.
@@ -124,8 +119,7 @@ def sealed_json(codec: BlobCodec, text: str) -> str:
     """
     if isinstance(codec, PlainBlobs):
         return text
-    encoded = base64.b64encode(codec.encode(text.encode("utf-8"))).decode("ascii")
-    return json.dumps({SEALED: encoded})
+    return json.dumps(sealed_document(codec.encode(text.encode("utf-8"))))
 
 
 def opened_text(codec: BlobCodec, stored: str, what: str) -> str:
@@ -160,7 +154,7 @@ def opened_json(codec: BlobCodec, stored: Any, what: str) -> Any:
     """
     document = json.loads(stored) if isinstance(stored, (str, bytes)) else stored
     if isinstance(codec, PlainBlobs):
-        if _is_sealed(document):
+        if is_sealed(document):
             raise UndecodableBlob(f"{what} is encoded, and no codec was given")
         return document
     return json.loads(_unsealed(codec, document, what))
@@ -170,18 +164,14 @@ _SEALED_PREFIX: Final = f'{{"{SEALED}": '
 """How :func:`sealed_json`'s text starts (``json.dumps`` of a one-key object)."""
 
 
-def _is_sealed(document: Any) -> bool:
-    return isinstance(document, dict) and len(document) == 1 and SEALED in document
-
-
 def _unsealed(codec: BlobCodec, document: Any, what: str) -> str:
     """The JSON text sealed in ``document``."""
-    if not _is_sealed(document):
-        raise UndecodableBlob(f"{what} is not encoded: it was stored without the codec")
     try:
-        blob = base64.b64decode(document[SEALED], validate=True)
-    except (binascii.Error, TypeError, ValueError):
+        blob = sealed_blob(document)
+    except ValueError:
         raise UndecodableBlob(f"{what} is not in the encoded form") from None
+    if blob is None:
+        raise UndecodableBlob(f"{what} is not encoded: it was stored without the codec")
     try:
         return codec.decode(blob).decode("utf-8")
     except UndecodableBlob as failure:

@@ -1,16 +1,21 @@
-"""Rewriting every stored blob of durable executions: what retires an old key.
+"""Rewriting every stored blob: what retires an old key.
 
-A blob codec (``statifier.persistence.codec``) encodes the five blob columns
-(:data:`BLOB_COLUMNS`). A position is written again on every step, but a chart's source
-is written once, and input-log entries, outcomes and saved positions of executions that
-no longer step stay as they were: before a key is dropped, what it encoded must be
-encoded again under the newest one. :func:`rewrite_blobs` does that, in batches, while
-the executions run.
+A blob codec (``statifier.persistence.codec``) encodes the blob columns of durable
+executions and of the fronts' dead letters (:data:`BLOB_COLUMNS`), and seals the JSON
+documents the router and the fronts keep of events not yet handled: pending timers,
+outbox rows, inbound events (:data:`SEALED_DOCUMENTS`). A position is written again on
+every step, but a chart's source is written once, and input-log entries, outcomes and
+saved positions of executions that no longer step stay as they were, as do the rows
+still waiting: before a key is dropped, what it encoded must be encoded again under the
+newest one. :func:`rewrite_blobs` does that, in batches, while the executions run.
 
 Each batch is read in one short transaction, rewritten outside any (a codec's work holds
-no lock), and written back in a second one, row by row only where the column still
-holds the bytes that were read: a step that stored a newer position in between keeps
-it (written by the new codec already), and is not counted.
+no lock), and written back in a second one, row by row. A blob is written only where the
+column still holds the bytes that were read: a step that stored a newer position in
+between keeps it (written by the new codec already), and is not counted. A sealed
+document is written once, when its row is inserted, so it is written back by its key
+alone (a row taken off its queue meanwhile is not counted); a plain document is left
+as it is.
 
 >>> import os, tempfile
 >>> from statifier.sql import migrations
@@ -18,11 +23,13 @@ it (written by the new codec already), and is not counted.
 >>> migrations.upgrade(url)
 >>> rewrite_blobs(url, lambda blob: blob[::-1])
 {'charts.chart_blob': 0, 'positions.position_blob': 0, 'executions.position_blob': 0, \
-'executions.outcome_blob': 0, 'inputs.input_blob': 0}
+'executions.outcome_blob': 0, 'inputs.input_blob': 0, 'consumer_dead_letters.raw': 0, \
+'timers.payload': 0, 'outbox.payload.event': 0, 'inbound_events.data': 0}
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Final
@@ -30,10 +37,11 @@ from typing import Any, Final
 import sqlalchemy as sa
 
 from statifier.extras import MissingExtra
+from statifier.sealed import sealed_blob, sealed_document
 from statifier.sql.engines import database_url
 from statifier.sql.tables import TableOptions, Tables
 
-__all__ = ["BLOB_COLUMNS", "rewrite_blobs"]
+__all__ = ["BLOB_COLUMNS", "SEALED_DOCUMENTS", "rewrite_blobs"]
 
 BLOB_COLUMNS: Final = (
     ("charts", "chart_blob"),
@@ -41,8 +49,18 @@ BLOB_COLUMNS: Final = (
     ("executions", "position_blob"),
     ("executions", "outcome_blob"),
     ("inputs", "input_blob"),
+    ("consumer_dead_letters", "raw"),
 )
-"""``(table, column)`` of every blob a codec encodes; every other column stays plain."""
+"""``(table, column)`` of every blob a codec encodes."""
+
+SEALED_DOCUMENTS: Final = (
+    ("timers", "payload", None),
+    ("outbox", "payload", "event"),
+    ("inbound_events", "data", None),
+)
+"""``(table, column, field)`` of every JSON document a codec seals: the column itself,
+or, with a ``field``, the JSON text under that key of the column's document. Every
+other column stays plain."""
 
 
 def rewrite_blobs(
@@ -52,7 +70,8 @@ def rewrite_blobs(
     *,
     batch: int = 500,
 ) -> dict[str, int]:
-    """Replace every non-null blob of :data:`BLOB_COLUMNS` by ``rewrite(blob)``.
+    """Replace every non-null blob of :data:`BLOB_COLUMNS` by ``rewrite(blob)``, and
+    the encoded blob of every sealed document of :data:`SEALED_DOCUMENTS` likewise.
 
     Args:
         target: a database URL (synchronous drivers: psycopg 3, ``sqlite3``) or a
@@ -66,10 +85,11 @@ def rewrite_blobs(
 
     Returns:
         how many rows were rewritten, by ``"table.column"`` (the table without its
-        prefix).
+        prefix; ``"table.column.field"`` for a document's field).
 
     Raises:
-        ValueError: ``batch`` below 1, or a URL of another database.
+        ValueError: ``batch`` below 1, a URL of another database, or a sealed
+            document with no base64 blob (altered in the database).
         Whatever ``rewrite`` raises (a codec's ``UndecodableBlob`` for a blob no key
         decodes): the batches before it are kept, the one it was in is not written.
     """
@@ -84,6 +104,10 @@ def rewrite_blobs(
             counts[f"{table_name}.{column}"] = _rewrite_column(
                 engine, table, column, rewrite, batch
             )
+        for table_name, column, field in SEALED_DOCUMENTS:
+            table = getattr(defined, table_name)
+            name = f"{table_name}.{column}" if field is None else f"{table_name}.{column}.{field}"
+            counts[name] = _reseal_column(engine, table, column, field, rewrite, batch)
     return counts
 
 
@@ -133,3 +157,49 @@ def _rewrite_column(
         if len(rows) < batch:
             return rewritten
         after = rows[-1][0]
+
+
+def _reseal_column(
+    engine: sa.Engine,
+    table: sa.Table,
+    column: str,
+    field: str | None,
+    rewrite: Callable[[bytes], bytes],
+    batch: int,
+) -> int:
+    key, document = table.c["id"], table.c[column]
+    page = sa.select(key, document).order_by(key).limit(batch)
+    write = (
+        table.update().where(key == sa.bindparam("row_id")).values({column: sa.bindparam("new")})
+    )
+    rewritten = 0
+    after: Any = None
+    while True:
+        with engine.begin() as connection:
+            query = page if after is None else page.where(key > after)
+            rows = connection.execute(query).all()
+        if not rows:
+            return rewritten
+        changes = []
+        for row_id, stored in rows:
+            new = _resealed(stored, field, rewrite)
+            if new is not None:
+                changes.append({"row_id": row_id, "new": new})
+        if changes:
+            with engine.begin() as connection:
+                for change in changes:
+                    rewritten += connection.execute(write, change).rowcount
+        if len(rows) < batch:
+            return rewritten
+        after = rows[-1][0]
+
+
+def _resealed(stored: Any, field: str | None, rewrite: Callable[[bytes], bytes]) -> Any | None:
+    """The column's new document, or ``None`` when what it holds is plain."""
+    document = stored if field is None else stored[field]
+    parsed = json.loads(document) if isinstance(document, (str, bytes)) else document
+    blob = sealed_blob(parsed)
+    if blob is None:
+        return None
+    new = sealed_document(rewrite(blob))
+    return new if field is None else {**stored, field: json.dumps(new)}
