@@ -221,6 +221,30 @@ async def test_login_goes_on_only_to_a_console_page(site: Site) -> None:
 
 
 @pytest.mark.asyncio
+async def test_a_login_posted_from_another_site_is_refused(site: Site) -> None:
+    """Login CSRF: another site's page posting an operator token (its own) must not log
+    this browser in."""
+    host = site.client.base_url.netloc.decode()
+    for headers in (
+        {"sec-fetch-site": "cross-site"},
+        {"sec-fetch-site": "cross-site", "origin": f"http://{host}"},
+        {"origin": "https://evil.example"},
+        {"origin": "null"},
+    ):
+        answer = await site.client.post("/console/login", data={"token": ADA}, headers=headers)
+        assert answer.status_code == 403, headers
+        assert COOKIE not in answer.cookies
+        assert "own form" in answer.text
+    for headers in (
+        {"sec-fetch-site": "same-origin", "origin": f"http://{host}"},
+        {"origin": f"http://{host}"},
+        {},
+    ):
+        answer = await site.client.post("/console/login", data={"token": ADA}, headers=headers)
+        assert answer.status_code == 303, headers
+
+
+@pytest.mark.asyncio
 async def test_a_forged_or_foreign_cookie_is_no_session(site: Site) -> None:
     await site.login(ADA)
     cookie = site.client.cookies[COOKIE]

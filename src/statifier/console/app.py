@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
-from urllib.parse import parse_qsl, quote, urlencode
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 from markupsafe import Markup
@@ -151,6 +151,24 @@ _NOTICES: Final = {
 """What a page says after an action redirected to it (``?done=ACTION``): fixed texts,
 so the query string can never put words on the page."""
 _NOT_THIS_SESSION: Final = "The form was not this session's (log in again, then retry)."
+_CROSS_SITE: Final = "A login is taken only from the console's own form."
+
+
+def _cross_site(request: Request) -> bool:
+    """Whether the browser says the request comes from another site: its
+    ``Sec-Fetch-Site`` is ``cross-site`` or, from a browser that sends none, its
+    ``Origin`` names another host than the one asked. A browser sends one of them with
+    every form post; a client that sends neither is no browser, and no CSRF vector.
+    (``Sec-Fetch-Site`` is the browser's own judgement, so a proxy that rewrites the
+    ``Host`` header does not confuse it.)"""
+    site = request.headers.get("sec-fetch-site")
+    if site is not None:
+        return site == "cross-site"
+    origin = request.headers.get("origin")
+    if origin is None:
+        return False
+    host = request.headers.get("host")
+    return origin == "null" or host is None or urlsplit(origin).netloc != host
 
 
 @dataclass(frozen=True, slots=True)
@@ -537,6 +555,12 @@ class _Pages:
             if session is not None:
                 return RedirectResponse(target, status_code=303)
             return self.render(request, "login.html", title="Log in", next=target, refused=None)
+        if _cross_site(request):
+            # Login CSRF: another site's page posting its own token would log this
+            # browser in as that operator. A session has its CSRF token; a login has
+            # only the browser's word on where the form came from.
+            _log.warning("console: a login posted from another site was refused")
+            return self.message(request, None, 403, "Refused", _CROSS_SITE)
         fields = await self.form(request)
         token = (fields or {}).get("token", "")
         target = self.next_page(request, (fields or {}).get("next"))
