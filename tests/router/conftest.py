@@ -99,6 +99,18 @@ async def router_db(router_store: SqlStore) -> AsyncIterator[RouterDb]:
         await adapter.close()
 
 
+@pytest_asyncio.fixture
+async def pg_db(postgresql_store: SqlStore) -> AsyncIterator[RouterDb]:  # noqa: F811
+    """The session's PostgreSQL database alone, emptied, with an adapter: for the tests
+    of concurrent writers, which SQLite's single writer would only serialize."""
+    postgresql_store.empty()
+    adapter = SqlAdapter(postgresql_store.url, postgresql_store.tables)
+    try:
+        yield RouterDb("postgresql", postgresql_store, adapter, Clock())
+    finally:
+        await adapter.close()
+
+
 def impression_bindings(**clicks: object) -> list[Binding]:
     """The join's two bindings on source ``ad_events``; ``clicks`` overrides fields of
     the click binding."""

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from tests.fronts.test_codec_tables import Quiet
 from tests.router.conftest import RouterDb
 from tests.router.test_timers import COUNT, LOCK_WAIT, TICK, chart, create, entry, logged
 
@@ -27,14 +28,6 @@ from statifier.sql.blobs import rewrite_blobs
 KEY = IdempotencyKey("ex_1", send_id="book", macrostep=1, microstep=1, round=0,
                      content_index=0, ordinal=0)  # fmt: skip
 RAW = b'{"pan": "4111"}'
-
-
-class Quiet:
-    async def assigned(self, partitions: Any) -> None:
-        pass
-
-    async def revoked(self, partitions: Any) -> None:
-        pass
 
 
 def sealed(router_db: RouterDb, codec: FernetCodec) -> RouterConfig:

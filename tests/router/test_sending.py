@@ -6,12 +6,14 @@ the sender, the step standing), sends to the execution itself becoming timers,
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime, timedelta
+from dataclasses import replace
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from tests.router.conftest import RouterDb
 from tests.router.test_route import caller_transaction, end, table_rows
+from tests.router.test_timers import entry
 
 from statifier.chart import Machine, compile_chart
 from statifier.core import Event
@@ -32,7 +34,6 @@ from statifier.router.delivery import Delivery, deliver
 from statifier.router.errors import OnCompleteFailed
 from statifier.router.locations import start_options
 from statifier.router.routes import IdempotencyKey
-from statifier.router.timer_queue import TimerEntry, TimerKind
 from statifier.router.timer_worker import TimerWorker
 
 SCOPE = "tenant_a"
@@ -451,8 +452,11 @@ async def test_a_timer_batch_steps_a_target_its_sender_stepped_from_the_row_as_w
         await unit.executions.create("sender_1", compile_chart(TARGETED), options=options)
     go = Event("go", data={"target": "r", "create": "never", "n": 5})
     entries = [
-        _timer("sender_1", 1, now - timedelta(seconds=2), go),
-        _timer(receiver, 2, now - timedelta(seconds=1), Event("poke", data={"n": 1})),
+        replace(entry("sender_1", 1, now - timedelta(seconds=2), event=go), scope=SCOPE),
+        replace(
+            entry(receiver, 2, now - timedelta(seconds=1), event=Event("poke", data={"n": 1})),
+            scope=SCOPE,
+        ),
     ]
     assert config.timers is not None
     async with config.transaction() as unit:
@@ -465,28 +469,6 @@ async def test_a_timer_batch_steps_a_target_its_sender_stepped_from_the_row_as_w
     assert await _where(config, receiver) == ("poked",)
     assert (await _datamodel(config, receiver))["got"] == 5
     assert await _where(config, "sender_1") == ("asked",)
-
-
-def _timer(execution_id: str, n: int, due_at: datetime, event: Event) -> TimerEntry:
-    key = IdempotencyKey(
-        execution_id,
-        send_id=f"t{n}",
-        macrostep=n,
-        microstep=1,
-        round=0,
-        content_index=0,
-        ordinal=0,
-    )
-    return TimerEntry(
-        execution_id=execution_id,
-        send_id=f"t{n}",
-        key=key,
-        due_at=due_at,
-        step_position=0,
-        kind=TimerKind.EXTERNAL,
-        event=event,
-        scope=SCOPE,
-    )
 
 
 @pytest.mark.asyncio

@@ -14,22 +14,20 @@ import json
 import random
 import signal
 import sys
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
-from tests.persistence.conftest import SqlStore
-from tests.router.conftest import Clock, RouterDb
+from tests.router.conftest import RouterDb
 
 from statifier import telemetry
 from statifier.chart import Machine, compile_chart
 from statifier.core import Event
 from statifier.persistence import Executions, Refused, Status
-from statifier.persistence.sql import SqlAdapter, SqlTransaction
+from statifier.persistence.sql import SqlTransaction
 from statifier.persistence.sql.schema import TableNames
 from statifier.router import RouterConfig, StaticResolver, ledger
 from statifier.router.routes import IdempotencyKey
@@ -554,27 +552,16 @@ async def test_ten_thousand_timers_fire_in_due_order(router_db: RouterDb) -> Non
 # Races and crashes.
 
 
-@pytest_asyncio.fixture
-async def postgres_db(postgresql_store: SqlStore) -> AsyncIterator[RouterDb]:
-    """PostgreSQL's database alone: for a race only its concurrent writers can run."""
-    postgresql_store.empty()
-    adapter = SqlAdapter(postgresql_store.url, postgresql_store.tables)
-    try:
-        yield RouterDb("postgresql", postgresql_store, adapter, Clock())
-    finally:
-        await adapter.close()
-
-
 @pytest.mark.asyncio
 async def test_a_row_held_elsewhere_keeps_the_later_timers_of_its_execution_waiting(
-    postgres_db: RouterDb,
+    pg_db: RouterDb,
 ) -> None:
     """Another worker's claim that did not get an execution's lock still holds the row
     it picked: a worker that gets the lock then must not fire that execution's later
     timers before it. The other executions' timers fire."""
-    config = timer_config(postgres_db)
+    config = timer_config(pg_db)
     await create(config, "count", "ex_1", "ex_2")
-    now = postgres_db.clock.now
+    now = pg_db.clock.now
     await schedule(
         config,
         [

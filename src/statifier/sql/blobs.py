@@ -126,6 +126,11 @@ def _engine(target: str | sa.URL | sa.Engine) -> Iterator[sa.Engine]:
         engine.dispose()
 
 
+Change = Callable[[Any], dict[str, Any] | None]
+"""The write for one row's stored value: the update's parameters beside ``row_id``, or
+``None`` to leave the row as it is."""
+
+
 def _rewrite_column(
     engine: sa.Engine,
     table: sa.Table,
@@ -133,30 +138,21 @@ def _rewrite_column(
     rewrite: Callable[[bytes], bytes],
     batch: int,
 ) -> int:
-    key, blob = table.c["id"], table.c[column]
-    page = sa.select(key, blob).where(blob.is_not(None)).order_by(key).limit(batch)
+    blob = table.c[column]
     write = (
         table.update()
-        .where(key == sa.bindparam("row_id"), blob == sa.bindparam("old"))
+        .where(table.c["id"] == sa.bindparam("row_id"), blob == sa.bindparam("old"))
         .values({column: sa.bindparam("new")})
     )
-    rewritten = 0
-    after: Any = None
-    while True:
-        with engine.begin() as connection:
-            query = page if after is None else page.where(key > after)
-            rows = connection.execute(query).all()
-        if not rows:
-            return rewritten
-        changes = [
-            {"row_id": row_id, "old": old, "new": rewrite(bytes(old))} for row_id, old in rows
-        ]
-        with engine.begin() as connection:
-            for change in changes:
-                rewritten += connection.execute(write, change).rowcount
-        if len(rows) < batch:
-            return rewritten
-        after = rows[-1][0]
+    return _sweep(
+        engine,
+        table,
+        blob,
+        lambda old: {"old": old, "new": rewrite(bytes(old))},
+        write,
+        batch,
+        blob.is_not(None),
+    )
 
 
 def _reseal_column(
@@ -167,11 +163,32 @@ def _reseal_column(
     rewrite: Callable[[bytes], bytes],
     batch: int,
 ) -> int:
-    key, document = table.c["id"], table.c[column]
-    page = sa.select(key, document).order_by(key).limit(batch)
+    def change(stored: Any) -> dict[str, Any] | None:
+        new = _resealed(stored, field, rewrite)
+        return None if new is None else {"new": new}
+
     write = (
-        table.update().where(key == sa.bindparam("row_id")).values({column: sa.bindparam("new")})
+        table.update()
+        .where(table.c["id"] == sa.bindparam("row_id"))
+        .values({column: sa.bindparam("new")})
     )
+    return _sweep(engine, table, table.c[column], change, write, batch)
+
+
+def _sweep(
+    engine: sa.Engine,
+    table: sa.Table,
+    value: sa.Column[Any],
+    change: Change,
+    write: sa.Update,
+    batch: int,
+    *where: sa.ColumnElement[bool],
+) -> int:
+    """Read ``table``'s rows in key order, ``batch`` at a time, each batch in a short
+    transaction; compute each row's change outside any; write the changes in a second
+    transaction. Answers how many rows the writes reached."""
+    key = table.c["id"]
+    page = sa.select(key, value).where(*where).order_by(key).limit(batch)
     rewritten = 0
     after: Any = None
     while True:
@@ -182,13 +199,13 @@ def _reseal_column(
             return rewritten
         changes = []
         for row_id, stored in rows:
-            new = _resealed(stored, field, rewrite)
-            if new is not None:
-                changes.append({"row_id": row_id, "new": new})
+            found = change(stored)
+            if found is not None:
+                changes.append({"row_id": row_id, **found})
         if changes:
             with engine.begin() as connection:
-                for change in changes:
-                    rewritten += connection.execute(write, change).rowcount
+                for one in changes:
+                    rewritten += connection.execute(write, one).rowcount
         if len(rows) < batch:
             return rewritten
         after = rows[-1][0]
