@@ -71,6 +71,7 @@ async def _setup(db: RouterDb) -> list[tuple[str, str]]:
             "queue": "joined",
             "key": f"o{index}",
             "payload": {"event": "e", "execution_id": "ex_1", "scope": "web"},
+            "execution_id": "ex_1",
             "attempts": 8,
             "next_attempt_at": now,
             "dead_at": now,

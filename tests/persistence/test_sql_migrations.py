@@ -19,7 +19,7 @@ from statifier.cli import main
 from statifier.sql import TableOptions, migrations
 from statifier.sql.tables import autogenerate_filter
 
-HEAD = "statifier_0006"
+HEAD = "statifier_0007"
 """The newest revision."""
 
 DURABLE_TABLES = ("mig_charts", "mig_positions", "mig_executions", "mig_inputs")
@@ -337,5 +337,44 @@ def _index_names(url: str, options: TableOptions) -> set[str]:
                 for table in inspector.get_table_names(schema=options.schema)
                 for index in inspector.get_indexes(table, schema=options.schema)
             }
+    finally:
+        engine.dispose()
+
+
+def test_the_outbox_execution_revision_fills_its_column_and_goes_back(
+    fresh_database: Any,
+) -> None:
+    # statifier_0007 gives the outbox its sending execution as an indexed column,
+    # filled from the payload of the rows already there; going back drops exactly that.
+    options = _options(fresh_database)
+    migrations.upgrade(fresh_database.url, options, "statifier_0006")
+    table = f"{options.schema}.mig_outbox" if options.schema else "mig_outbox"
+    engine = sa.create_engine(migrations.sync_url(fresh_database.url))
+    try:
+        with engine.begin() as connection:
+            for key, payload in (("k1", '{"execution_id": "ex_9"}'), ("k2", "{}")):
+                connection.execute(
+                    sa.text(
+                        f"INSERT INTO {table} (queue, key, payload, attempts, "
+                        "next_attempt_at, inserted_at) VALUES ('q', :key, :payload, 0, "
+                        "CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"
+                    ),
+                    {"key": key, "payload": payload},
+                )
+        before = _index_names(fresh_database.url, options)
+        migrations.upgrade(fresh_database.url, options)
+        assert migrations.current(fresh_database.url, options) == HEAD
+        assert _differences(fresh_database.url, options) == []
+        assert _index_names(fresh_database.url, options) - before == {
+            "mig_outbox_execution_id_inserted_at_idx"
+        }
+        with engine.connect() as connection:
+            rows = connection.execute(sa.text(f"SELECT key, execution_id FROM {table}"))
+            assert sorted(rows) == [("k1", "ex_9"), ("k2", None)]
+        migrations.downgrade(fresh_database.url, options, "statifier_0006")
+        assert _index_names(fresh_database.url, options) == before
+        with engine.connect() as connection:
+            columns = sa.inspect(connection).get_columns("mig_outbox", schema=options.schema)
+        assert "execution_id" not in {column["name"] for column in columns}
     finally:
         engine.dispose()

@@ -8,7 +8,8 @@ holds, or one of :meth:`ConsoleQueries.open`). Every answer is a frozen value.
 
 Lists are pages in keyset order, newest first, with an opaque cursor for the next page
 (:class:`Page`); a page holds at most :data:`MAX_PAGE` rows. The indexes the pages walk
-are built by the migration ``statifier_0006`` (see ``docs/decisions/0083``).
+are built by the migrations ``statifier_0006`` and ``statifier_0007`` (see
+``docs/decisions/0083``).
 
 >>> import asyncio, os, tempfile
 >>> from statifier.sql import migrations
@@ -528,12 +529,6 @@ class ConsoleQueries:
             UndecodableBlob: a blob the queries' codec cannot decode.
         """
         t, codec = self.tables, self.codec
-        postgres = _dialect(self.engine) == "postgresql"
-        sent_by = (
-            sa.type_coerce(t.outbox.c.payload, postgresql.JSONB())["execution_id"].astext
-            if postgres
-            else sa.func.json_extract(t.outbox.c.payload, "$.execution_id")
-        )
 
         def read(connection: sa.Connection) -> ExecutionDetail | None:
             row = connection.execute(
@@ -553,7 +548,7 @@ class ConsoleQueries:
             )
             outbox = connection.execute(
                 sa.select(t.outbox)
-                .where(sent_by == execution_id)
+                .where(t.outbox.c.execution_id == execution_id)
                 .order_by(t.outbox.c.inserted_at.desc(), t.outbox.c.id.desc())
                 .limit(MAX_DETAIL_ROWS)
             )

@@ -637,8 +637,9 @@ class _PostgresOutbox:
         key_column, key_value = ("id, ", "%(id)s, ") if self.client_keys else ("", "")
         self.insert_text = (
             f"INSERT INTO {table} ({key_column}queue, key, payload, attempts, "
-            f"next_attempt_at, inserted_at) VALUES ({key_value}%(queue)s, %(key)s, "
-            "%(payload)s::jsonb, 0, %(now)s, %(now)s) ON CONFLICT (queue, key) DO NOTHING"
+            f"next_attempt_at, inserted_at, execution_id) VALUES ({key_value}%(queue)s, "
+            "%(key)s, %(payload)s::jsonb, 0, %(now)s, %(now)s, %(execution_id)s) "
+            "ON CONFLICT (queue, key) DO NOTHING"
         )
         # The rows are locked as they are picked and skipped by a concurrent claim; a
         # row another claim committed meanwhile is re-checked against the conditions
@@ -679,6 +680,7 @@ class _PostgresOutbox:
             "key": key,
             "payload": json.dumps(payload),
             "now": now,
+            "execution_id": payload["execution_id"],
         }
         if self.client_keys is not None:
             values["id"] = self.client_keys()
@@ -757,8 +759,8 @@ class _SqliteOutbox:
         key_column, key_value = ("id, ", ":id, ") if self.client_keys else ("", "")
         self.insert_text = (
             f"INSERT INTO {table} ({key_column}queue, key, payload, attempts, "
-            f"next_attempt_at, inserted_at) VALUES ({key_value}:queue, :key, :payload, 0, "
-            ":now, :now) ON CONFLICT (queue, key) DO NOTHING"
+            f"next_attempt_at, inserted_at, execution_id) VALUES ({key_value}:queue, :key, "
+            ":payload, 0, :now, :now, :execution_id) ON CONFLICT (queue, key) DO NOTHING"
         )
         self.pick_text = (
             f"SELECT id, queue, key, payload, attempts, lease IS NOT NULL FROM {table} "
@@ -797,6 +799,7 @@ class _SqliteOutbox:
             "key": key,
             "payload": json.dumps(payload),
             "now": utc_text(now),
+            "execution_id": payload["execution_id"],
         }
         if self.client_keys is not None:
             values["id"] = self.client_keys().hex  # as SQLAlchemy stores a UUID there

@@ -505,9 +505,13 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         sa.Column("dead_at", UtcDateTime(), nullable=True),
         sa.Column("last_error", sa.Text(), nullable=True),
         sa.Column("inserted_at", UtcDateTime(), nullable=False),
+        # The sending execution (``None`` for a hand-off outside one), also in the
+        # payload: a column, so that an execution's rows are found by an index.
+        sa.Column("execution_id", sa.Text(), nullable=True),
         sa.UniqueConstraint("queue", "key", name=name("outbox_queue_key_key")),
         sa.Index(name("outbox_next_attempt_at_idx"), "next_attempt_at"),
         sa.Index(name("outbox_dead_at_idx"), "dead_at"),
+        sa.Index(name("outbox_execution_id_inserted_at_idx"), "execution_id", "inserted_at", "id"),
         schema=schema,
     )
     subscriptions = sa.Table(
