@@ -140,7 +140,7 @@ def _seed(url: str, tables: Tables, executions: int, ledger: int, outbox: int) -
                     )
             with cursor.copy(
                 f"COPY {name(tables.outbox)} (queue, key, payload, attempts, next_attempt_at, "
-                "sent_at, dead_at, last_error, inserted_at) FROM STDIN"
+                "sent_at, dead_at, last_error, inserted_at, execution_id) FROM STDIN"
             ) as copy:
                 for index in range(outbox):
                     at = START + timedelta(seconds=chooser.random() * span)
@@ -158,6 +158,7 @@ def _seed(url: str, tables: Tables, executions: int, ledger: int, outbox: int) -
                             at if dead else None,
                             "503 Service Unavailable" if dead else None,
                             at,
+                            sender,
                         )
                     )
         connection.commit()
