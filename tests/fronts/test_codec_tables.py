@@ -12,10 +12,10 @@ import sqlalchemy as sa
 from tests.router.conftest import RouterDb
 
 from statifier.fronts.dead_letters import DeadLetterEntry, TableDeadLetters
-from statifier.fronts.source import Malformed
+from statifier.fronts.source import Malformed, Message
 from statifier.fronts.table_source import TableSource, append_events
 from statifier.persistence import UndecodableBlob
-from statifier.persistence.codec import SEALED
+from statifier.persistence.codec import PLAIN, SEALED, BlobCodec
 from statifier.persistence.fernet import FernetCodec
 from statifier.router import InboundEvent
 from statifier.sql import migrations
@@ -40,6 +40,17 @@ def column(router_db: RouterDb, table: sa.Table, name: str) -> list[Any]:
         engine.dispose()
 
 
+async def first_message(router_db: RouterDb, group: str, codec: BlobCodec = PLAIN) -> Message:
+    """The one message partition ``a`` holds, as ``group`` reads it with ``codec``."""
+    source = TableSource(router_db.adapter, group=group, partitions=["a"], codec=codec)
+    await source.start(Quiet())
+    try:
+        (message,) = await source.fetch(10, wait=0.1)
+    finally:
+        await source.close()
+    return message
+
+
 @pytest.mark.asyncio
 async def test_sealed_inbound_events_are_handed_over_decoded(router_db: RouterDb) -> None:
     codec = FernetCodec([FernetCodec.generate_key()])
@@ -49,22 +60,12 @@ async def test_sealed_inbound_events_are_handed_over_decoded(router_db: RouterDb
     assert list(data) == [SEALED]
     assert MARKER not in str(data)
 
-    source = TableSource(router_db.adapter, group="g", partitions=["a"], codec=codec)
-    await source.start(Quiet())
-    try:
-        (message,) = await source.fetch(10, wait=0.1)
-    finally:
-        await source.close()
+    message = await first_message(router_db, "g", codec)
     assert isinstance(message.event, InboundEvent)
     assert message.event.data == {"pan": MARKER}
 
     # Read without the codec: malformed (the consumer dead-letters it), not plaintext.
-    plain = TableSource(router_db.adapter, group="other", partitions=["a"])
-    await plain.start(Quiet())
-    try:
-        (unread,) = await plain.fetch(10, wait=0.1)
-    finally:
-        await plain.close()
+    unread = await first_message(router_db, "other")
     assert isinstance(unread.event, Malformed)
     assert "inbound event a/1 is encoded, and no codec was given" in unread.event.reason
     assert MARKER.encode() not in unread.raw

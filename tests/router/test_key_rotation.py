@@ -6,17 +6,16 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime
-from typing import Any
 
 import pytest
-from tests.fronts.test_codec_tables import Quiet
+from tests.fronts.test_codec_tables import first_message
 from tests.router.conftest import RouterDb
 from tests.router.test_timers import COUNT, LOCK_WAIT, TICK, chart, create, entry, logged
 
 from statifier.core import Event
 from statifier.fronts.dead_letters import DeadLetterEntry, TableDeadLetters
 from statifier.fronts.source import Malformed
-from statifier.fronts.table_source import TableSource, append_events
+from statifier.fronts.table_source import append_events
 from statifier.persistence import Storage, UndecodableBlob
 from statifier.persistence.fernet import FernetCodec
 from statifier.router import InboundEvent, OutboxDrain, OutboxRoute, RouterConfig, StaticResolver
@@ -37,16 +36,6 @@ def sealed(router_db: RouterDb, codec: FernetCodec) -> RouterConfig:
         resolver=StaticResolver({"tick": chart(TICK), "count": chart(COUNT)}),
         lock_wait=LOCK_WAIT,
     )
-
-
-async def _inbound(router_db: RouterDb, codec: FernetCodec) -> Any:
-    source = TableSource(router_db.adapter, group="g", partitions=["a"], codec=codec)
-    await source.start(Quiet())
-    try:
-        (message,) = await source.fetch(10, wait=0.1)
-    finally:
-        await source.close()
-    return message.event
 
 
 @pytest.mark.asyncio
@@ -70,7 +59,7 @@ async def test_a_rewrite_moves_the_waiting_rows_to_the_new_key(router_db: Router
 
     under_new = FernetCodec([new])
     # Before the rewrite the new key alone cannot read them.
-    assert isinstance(await _inbound(router_db, under_new), Malformed)
+    assert isinstance((await first_message(router_db, "g", under_new)).event, Malformed)
     with pytest.raises(UndecodableBlob):
         await TableDeadLetters(router_db.adapter, under_new).entries()
 
@@ -88,6 +77,8 @@ async def test_a_rewrite_moves_the_waiting_rows_to_the_new_key(router_db: Router
     report = await OutboxDrain(later, {"pickups": seen.append}).drain_once()
     assert (report.claimed, report.sent) == (1, 1)
     assert [(m.event.name, m.event.data) for m in seen] == [("pickup.requested", {"card": "4111"})]
-    assert (await _inbound(router_db, under_new)).data == {"pan": "4111"}
+    read = (await first_message(router_db, "g", under_new)).event
+    assert isinstance(read, InboundEvent)
+    assert read.data == {"pan": "4111"}
     [kept] = await TableDeadLetters(router_db.adapter, under_new).entries()
     assert kept.raw == RAW

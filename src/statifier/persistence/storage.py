@@ -345,8 +345,8 @@ class Storage:
         (``fetch_executions``, which locks their rows as ``fetch_execution`` would) and
         answer each at its next :meth:`find_execution` through this storage, once,
         without asking the adapter again. A write of one through this storage
-        (``update_execution``, ``rechart_execution``, ``prune``) drops what is held
-        for it.
+        (``update_execution``, ``record_step``, ``rechart_execution``, ``prune``) drops
+        what is held for it.
 
         For a caller that steps many executions in one transaction (the timer worker's
         batch): one round trip instead of one per step. Call it inside that
