@@ -11,6 +11,7 @@ import pytest
 from statifier.chart import Machine, compile_chart
 from statifier.core import Event
 from statifier.persistence import Executions, MemoryAdapter, Storage
+from statifier.persistence.codec import PLAIN
 from statifier.persistence.fernet import FernetCodec
 from statifier.persistence.records import ExecutionRecord
 
@@ -48,8 +49,8 @@ async def _counted(storage: Storage, machine: Machine, execution_id: str) -> obj
 @pytest.mark.parametrize("sealed", [False, True])
 async def test_held_executions_are_read_at_once_and_answered_once(sealed: bool) -> None:
     adapter = CountingAdapter()
-    codec = FernetCodec([FernetCodec.generate_key()]) if sealed else None
-    storage = Storage(adapter) if codec is None else Storage(adapter, codec=codec)
+    codec = FernetCodec([FernetCodec.generate_key()]) if sealed else PLAIN
+    storage = Storage(adapter, codec=codec)
     executions = Executions(storage)
     for execution_id in ("a", "b", "c"):
         await executions.create(execution_id, COUNTER)
