@@ -31,6 +31,7 @@ EVENTS: Final[Mapping[str, str]] = {
     "statifier.session.error": "a session raised error.communication or error.execution itself",
     # durable executions (see the persistence section of docs/telemetry.md)
     "statifier.persistence.step": "a durable call ran the chart and stored the result",
+    "statifier.persistence.error": "a durable call's chart raised an error event (stored)",
     "statifier.persistence.lock": "a durable call got its execution's exclusion",
     "statifier.persistence.adapter": "a storage adapter call returned",
     "statifier.persistence.lifecycle": "an execution was created, ended, parked or unparked",

@@ -215,7 +215,9 @@ def test_targetless_transition_runs_content_without_exiting() -> None:
 def test_unmatched_event_changes_nothing_but_counters() -> None:
     state, _ = initialize(COMPOUND)
     after, effects = handle_event(state, Event("nobody.listens"))
-    assert effects == []
+    assert effects == [
+        fx.Unmatched(macrostep=state.macrostep + 1, microstep=0, round=0, event="nobody.listens")
+    ]
     assert after.configuration == state.configuration
     assert after.macrostep == state.macrostep + 1
 

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from statifier.chart import Machine, compile_chart
 from statifier.core import Event, MachineState, handle_event, initialize
+from statifier.core import effects as fx
 from statifier.core.memo import KEY, TABLE_LIMIT, ChartMemo, Table, tables_for
 
 from .test_properties import CHARTS
@@ -230,5 +231,12 @@ def test_a_memoised_guarded_step_still_tests_its_guards() -> None:
     assert memo.outcomes
     assert seen[0] == seen[1] == (("a1", "b2"), "go", [])
     assert seen[2] == seen[3] == seen[6] == (("a2", "b2"), "go", [])
-    assert seen[4] == seen[7] == (("a1", "b2"), "error.execution", [])
+    assert seen[4] == seen[7]
+    configuration, name, errors = seen[4]
+    assert (configuration, name) == (("a1", "b2"), "error.execution")
+    assert all(isinstance(e, fx.ChartError) for e in errors)
+    assert [(e.event.data["element"], e.taken) for e in errors if isinstance(e, fx.ChartError)] == [
+        ("transition:0", False),
+        ("transition:1", False),
+    ]
     assert seen[5] == (("a3", "b2"), "go", [])

@@ -13,11 +13,12 @@ import pytest
 
 from statifier.persistence import ExecutionRecord, MemoryAdapter, Status
 from statifier.persistence.adapter import Capabilities
-from statifier.persistence.records import AnswerRecord, ChartRecord, InputRecord
+from statifier.persistence.records import AnswerRecord, ChartRecord, ErrorRecord, InputRecord
 from statifier.persistence.testing import (
     AdapterConformance,
     AnswersConformance,
     ChartRetirementConformance,
+    ErrorsConformance,
     FullConformance,
     InputLogConformance,
     LockConformance,
@@ -77,8 +78,15 @@ class _BareAdapter(MemoryAdapter):
         event: bytes,
         recorded_at: datetime,
         cap: int | None,
+        errors: Sequence[ErrorRecord] = (),
     ) -> int | None:
         raise _UndeclaredError("record_step")
+
+    async def record_errors(self, errors: Sequence[ErrorRecord]) -> None:
+        raise _UndeclaredError("record_errors")
+
+    async def errors(self, execution_id: str, limit: int) -> list[ErrorRecord]:
+        raise _UndeclaredError("errors")
 
     async def insert_answer(self, record: AnswerRecord) -> None:
         raise _UndeclaredError("insert_answer")
@@ -132,6 +140,7 @@ async def test_an_adapter_without_capabilities_passes_the_required_operations() 
         (InputLogConformance, "input_log"),
         (LockConformance, "lock"),
         (AnswersConformance, "answers"),
+        (ErrorsConformance, "errors"),
     ],
 )
 async def test_a_capability_suite_refuses_an_adapter_that_does_not_declare_it(

@@ -19,7 +19,7 @@ from statifier.cli import main
 from statifier.sql import TableOptions, migrations
 from statifier.sql.tables import autogenerate_filter
 
-HEAD = "statifier_0007"
+HEAD = "statifier_0008"
 """The newest revision."""
 
 DURABLE_TABLES = ("mig_charts", "mig_positions", "mig_executions", "mig_inputs")
@@ -44,6 +44,8 @@ CHILDREN_TABLES = ("mig_child_answers", "mig_settlements")
 """What ``statifier_0005`` adds."""
 CONSOLE_TABLES = ("mig_console_audit",)
 """What ``statifier_0006`` adds (with the indexes of the console's pages)."""
+ERRORS_TABLES = ("mig_step_errors",)
+"""What ``statifier_0008`` adds (with each execution's error count)."""
 
 
 def _options(fresh: Any, **more: Any) -> TableOptions:
@@ -109,6 +111,7 @@ def test_migrations_build_exactly_the_tables(fresh_database: Any) -> None:
         *FRONTS_TABLES,
         *CHILDREN_TABLES,
         *CONSOLE_TABLES,
+        *ERRORS_TABLES,
     }
 
 
@@ -362,9 +365,8 @@ def test_the_outbox_execution_revision_fills_its_column_and_goes_back(
                     {"key": key, "payload": payload},
                 )
         before = _index_names(fresh_database.url, options)
-        migrations.upgrade(fresh_database.url, options)
-        assert migrations.current(fresh_database.url, options) == HEAD
-        assert _differences(fresh_database.url, options) == []
+        migrations.upgrade(fresh_database.url, options, "statifier_0007")
+        assert migrations.current(fresh_database.url, options) == "statifier_0007"
         assert _index_names(fresh_database.url, options) - before == {
             "mig_outbox_execution_id_inserted_at_idx"
         }
@@ -376,5 +378,45 @@ def test_the_outbox_execution_revision_fills_its_column_and_goes_back(
         with engine.connect() as connection:
             columns = sa.inspect(connection).get_columns("mig_outbox", schema=options.schema)
         assert "execution_id" not in {column["name"] for column in columns}
+    finally:
+        engine.dispose()
+
+
+def test_the_step_errors_revision_counts_from_zero_and_goes_back(fresh_database: Any) -> None:
+    # statifier_0008 adds the step_errors table and each execution's error count (0 for
+    # the executions already there) and time of its last error; going back drops them.
+    options = _options(fresh_database)
+    migrations.upgrade(fresh_database.url, options, "statifier_0007")
+    table = f"{options.schema}.mig_executions" if options.schema else "mig_executions"
+    engine = sa.create_engine(migrations.sync_url(fresh_database.url))
+    try:
+        with engine.begin() as connection:
+            connection.execute(
+                sa.text(
+                    f"INSERT INTO {table} (execution_id, content_hash, status, metadata, "
+                    "created_at, updated_at) VALUES ('ex_1', 'h', 'active', '{}', "
+                    "CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"
+                )
+            )
+        before = _index_names(fresh_database.url, options)
+        migrations.upgrade(fresh_database.url, options)
+        assert migrations.current(fresh_database.url, options) == HEAD
+        assert _differences(fresh_database.url, options) == []
+        assert _index_names(fresh_database.url, options) - before == {
+            "mig_executions_last_error_at_idx",
+            "mig_step_errors_execution_id_idx",
+            "mig_step_errors_recorded_at_idx",
+        }
+        with engine.connect() as connection:
+            rows = connection.execute(
+                sa.text(f"SELECT execution_id, error_count, last_error_at FROM {table}")
+            )
+            assert list(rows) == [("ex_1", 0, None)]
+        migrations.downgrade(fresh_database.url, options, "statifier_0007")
+        assert _index_names(fresh_database.url, options) == before
+        assert "mig_step_errors" not in _table_names(fresh_database.url, fresh_database.schema)
+        with engine.connect() as connection:
+            columns = sa.inspect(connection).get_columns("mig_executions", schema=options.schema)
+        assert not {"error_count", "last_error_at"} & {column["name"] for column in columns}
     finally:
         engine.dispose()

@@ -22,6 +22,7 @@ __all__ = [
     "BudgetExhausted",
     "Cancel",
     "CancelInvoke",
+    "ChartError",
     "DatamodelChange",
     "DatamodelInit",
     "Done",
@@ -39,6 +40,7 @@ __all__ = [
     "TraceInvokePass",
     "TraceMacrostepStable",
     "TraceTransitionsSelected",
+    "Unmatched",
     "as_json",
     "kind",
 ]
@@ -140,6 +142,29 @@ class Done(_Stamped):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ChartError(_Stamped):
+    """An error event the chart raised (``error.execution``, ``error.communication``,
+    ...), reported when the interpreter takes it off the internal queue: ``taken`` says
+    whether a transition took it. An error event still queued when the chart finishes
+    (an ``onexit`` that failed, say) is reported at the finish, not taken.
+
+    ``event`` is the error event as the chart sees it: its ``data`` carries what the
+    failing element reported (``element``, ``reason``, ``message``, ``line``,
+    ``column``), its ``sendid`` the send it is about, if any."""
+
+    event: Event
+    taken: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Unmatched(_Stamped):
+    """The external event ``event`` enabled no transition: the chart discarded it,
+    as SCXML does (only an external event is reported so)."""
+
+    event: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Log(_Stamped):
     """``<log label expr>``."""
 
@@ -232,6 +257,8 @@ Effect: TypeAlias = (
     | Autoforward
     | BudgetExhausted
     | Done
+    | ChartError
+    | Unmatched
     | Log
     | DatamodelChange
     | DatamodelInit

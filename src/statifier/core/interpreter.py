@@ -77,7 +77,8 @@ def handle_event(state: MachineState, event: Event) -> tuple[MachineState, list[
         plan = tables.steps.get(key)
         if plan is not None:
             if state.round_budget is None or state.round_budget >= plan.rounds:
-                return _take_step(state, event, plan, _with_event(state.datamodel, event)), []
+                after = _take_step(state, event, plan, _with_event(state.datamodel, event))
+                return after, _plan_effects(after, event, plan)
         else:
             candidates = tables.guards.get(key)
             if candidates is not None:
@@ -88,12 +89,22 @@ def handle_event(state: MachineState, event: Event) -> tuple[MachineState, list[
                     if plan is not None and (
                         state.round_budget is None or state.round_budget >= plan.rounds
                     ):
-                        return _take_step(state, event, plan, datamodel), []
+                        after = _take_step(state, event, plan, datamodel)
+                        return after, _plan_effects(after, event, plan)
     work = _Interpreter.resume(state)
     work.external_event(event, selected)
     if settled:
         work.remember_step(event.name)
     return work.freeze(), work.effects
+
+
+def _plan_effects(after: MachineState, event: Event, plan: StepPlan) -> list[fx.Effect]:
+    """The effects of a macrostep a memoised plan took: none, but the
+    :class:`~statifier.core.effects.Unmatched` of an event that took no transition
+    (a plan is memoised only for a step with no other effect)."""
+    if plan.microsteps:
+        return []
+    return [fx.Unmatched(macrostep=after.macrostep, microstep=0, round=0, event=event.name)]
 
 
 def _with_event(datamodel: Mapping[str, Value], event: Event) -> dict[str, Value]:
@@ -442,6 +453,7 @@ class _Interpreter(ContentRunner):
             self.begin_macrostep()
             self.main_event_loop()
             if not self.running:
+                self.emit(fx.Unmatched, event=event.name)
                 return
         self.begin_macrostep()
         if self.trace:
@@ -458,6 +470,8 @@ class _Interpreter(ContentRunner):
         if enabled:
             self.begin_microstep()
             self.microstep(enabled)
+        else:
+            self.emit(fx.Unmatched, event=event.name)
         self.main_event_loop()
 
     def remember_step(self, event: str) -> None:
@@ -471,8 +485,9 @@ class _Interpreter(ContentRunner):
         ``steps``); one that tested conditions makes it the rest of the step for what
         they enabled (``outcomes``, beside the candidates in ``guards``), and
         :func:`handle_event` tests them again on every event."""
+        effects = self.effects
         if (
-            self.effects
+            (effects and not (len(effects) == 1 and type(effects[0]) is fx.Unmatched))
             or self.conditions_tested != self.tested_by_selection
             or self.selection_raised
             or self.ran_content
@@ -543,6 +558,8 @@ class _Interpreter(ContentRunner):
                 self.emit(fx.TraceEventDequeued, event=event, queue="internal")
             self.datamodel["_event"] = event.as_value()
             enabled = self.select_transitions(event)
+            if _is_error(event):
+                self.emit(fx.ChartError, event=event, taken=bool(enabled))
         if enabled:
             self.begin_microstep()
             self.microstep(enabled)
@@ -563,6 +580,10 @@ class _Interpreter(ContentRunner):
                 donedata = self.done_data(node)
         self.running = False
         self.states_to_invoke.clear()
+        # Error events the chart raised but will never take: reported all the same.
+        for event in self.internal_queue:
+            if _is_error(event):
+                self.emit(fx.ChartError, event=event, taken=False)
         if self.trace:
             self.emit(fx.TraceDone, donedata=donedata, configuration=())
         self.emit(fx.Done, donedata=donedata, configuration=final_configuration)
@@ -1117,6 +1138,12 @@ class _Interpreter(ContentRunner):
     def leaf_ids(self) -> tuple[str, ...]:
         states = self.states
         return tuple(sorted(states[s].id or "" for s in self.configuration if states[s].is_atomic))
+
+
+def _is_error(event: Event) -> bool:
+    """Whether ``event`` is an error event: ``error`` or a name under it."""
+    name = event.name
+    return name == "error" or name.startswith("error.")
 
 
 def name_match(descriptors: tuple[tuple[str, ...], ...], tokens: list[str]) -> bool:

@@ -18,6 +18,7 @@ from typing import Protocol
 from statifier.persistence.records import (
     AnswerRecord,
     ChartRecord,
+    ErrorRecord,
     ExecutionRecord,
     InputRecord,
     PositionRecord,
@@ -42,6 +43,8 @@ class Capabilities:
         chart_retirement: ``retire_chart`` can tombstone a chart.
         answers: durable children's answers and fan-out settlements are kept
             (``insert_answer`` ... ``take_settlement``); durable children need it.
+        errors: the error events steps raise are kept (``record_errors``, ``errors``,
+            and ``record_step``'s ``errors``). Executions count them either way.
     """
 
     lock: bool = False
@@ -49,6 +52,7 @@ class Capabilities:
     input_log: bool = False
     chart_retirement: bool = False
     answers: bool = False
+    errors: bool = False
 
 
 class Adapter(Protocol):
@@ -238,23 +242,37 @@ class Adapter(Protocol):
         event: bytes,
         recorded_at: datetime,
         cap: int | None,
+        errors: Sequence[ErrorRecord] = (),
     ) -> int | None:
-        """A step's two writes as one: ``update_execution(record)`` and
-        ``append_input(record.id, door, event, recorded_at, cap)``, both or neither;
-        answers what the append answers. A database adapter makes it one round trip
-        where it can (a step writes both every time).
+        """A step's writes as one: ``update_execution(record)``,
+        ``append_input(record.id, door, event, recorded_at, cap)`` and, with the
+        capability ``errors``, ``record_errors(errors)`` with each error's ``seq`` set
+        to what the append answers; all or nothing. Answers what the append answers.
+        A database adapter makes it one round trip where it can (a step writes the
+        first two every time; errors are rare).
 
         Raises:
             ExecutionNotFound: there is no such execution (nothing is written).
         """
         ...
 
+    # Errors (capability ``errors``).
+
+    async def record_errors(self, errors: Sequence[ErrorRecord]) -> None:
+        """Store ``errors`` as given, in order."""
+        ...
+
+    async def errors(self, execution_id: str, limit: int) -> list[ErrorRecord]:
+        """The execution's ``limit`` most recent errors, oldest first (empty when
+        there are none)."""
+        ...
+
     # Retention.
 
     async def prune(self, ended_before: datetime, limit: int) -> list[str]:
-        """Clear the position and the input log of up to ``limit`` executions that
-        ended before ``ended_before`` and still hold a position; keep their rows.
-        Answers the ids pruned."""
+        """Clear the position, the input log and the errors of up to ``limit``
+        executions that ended before ``ended_before`` and still hold a position; keep
+        their rows (and their error counts). Answers the ids pruned."""
         ...
 
     # Serialization (capability ``lock``).

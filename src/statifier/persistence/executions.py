@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Container, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -74,8 +75,21 @@ from statifier.persistence.migration import (
     carry,
     renamed_ids,
 )
-from statifier.persistence.records import AnswerRecord, ChartRecord, ExecutionRecord, Status
+from statifier.persistence.records import (
+    AnswerRecord,
+    ChartRecord,
+    ErrorRecord,
+    ExecutionRecord,
+    Status,
+)
 from statifier.persistence.serialization import AdapterLock, Serialization
+from statifier.persistence.step_errors import (
+    MAX_STEP_ERRORS,
+    OnError,
+    StepError,
+    error_record,
+    step_errors,
+)
 from statifier.persistence.storage import Storage
 from statifier.telemetry import enabled, report
 
@@ -125,6 +139,10 @@ MIGRATION_BATCH: Final = 64
 
 MAX_METADATA_PAIRS: Final = 64
 MAX_METADATA_TEXT: Final = 1_024
+UNHANDLED_ERROR: Final = "unhandled_error"
+"""The outcome's ``reason`` of an execution :attr:`OnError.FAIL` failed."""
+_MAX_FAILURE: Final = 500
+_log = logging.getLogger("statifier.persistence")
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +167,18 @@ class Stepped:
     def finished(self) -> bool:
         """Whether this call ended the execution."""
         return self.execution.status.terminal
+
+    @property
+    def matched(self) -> bool:
+        """Whether a transition took the call's external event (``False`` when the
+        chart discarded it unused: :class:`~statifier.core.effects.Unmatched`)."""
+        return not any(isinstance(effect, fx.Unmatched) for effect in self.effects)
+
+    @property
+    def errors(self) -> tuple[StepError, ...]:
+        """The error events this call raised, in order (see
+        :mod:`statifier.persistence.step_errors`)."""
+        return step_errors(self.effects)
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +233,15 @@ class Executions:
             adapter's lock (see :mod:`statifier.persistence.serialization`).
         lock_wait: for the default serialization, the most seconds a call waits for
             the execution's lock before :class:`LockTimeout`; ``None`` waits on.
+        on_error: what an error event no transition takes does (see
+            :class:`~statifier.persistence.step_errors.OnError`): ``continue`` (SCXML's
+            behaviour, the default) or ``fail``; a call may say otherwise for itself.
+
+    Every error event a call raises is recorded whatever the policy: counted on the
+    execution (``error_count``, ``last_error_at``), stored with the step where the
+    adapter keeps errors, answered in :attr:`Stepped.errors`, reported as the
+    telemetry event ``statifier.persistence.error`` and logged at warning level on the
+    logger ``statifier.persistence``.
     """
 
     def __init__(
@@ -212,10 +251,12 @@ class Executions:
         executor: Executor = refuse_unperformed,
         serialization: Serialization | None = None,
         lock_wait: float | None = None,
+        on_error: OnError | str = OnError.CONTINUE,
     ) -> None:
         self.storage = storage
         self.executor = executor
         self.serialization = serialization or AdapterLock(storage.adapter, lock_wait)
+        self.on_error = OnError.of(on_error)
 
     @asynccontextmanager
     async def _exclusive(self, execution_id: str) -> AsyncIterator[None]:
@@ -232,14 +273,15 @@ class Executions:
         options: StartOptions | None = None,
         metadata: Mapping[str, str] | None = None,
         executor: Executor | None = None,
+        on_error: OnError | str | None = None,
     ) -> Stepped:
         """Start ``machine`` as a new execution: store the chart, initialize, hand the
         effects over, store the position.
 
         ``options.session_id`` is replaced by ``execution_id``, so a replay of the input
         log starts exactly where this did. ``metadata`` holds host identities (never
-        personal data); it is written once. ``executor`` replaces this lifecycle's
-        executor for the call.
+        personal data); it is written once. ``executor`` and ``on_error`` replace this
+        lifecycle's for the call.
 
         Raises:
             ExecutionExists: the id is taken (checked before any effect).
@@ -258,7 +300,8 @@ class Executions:
                 raise ExecutionExists(execution_id)
             state, effects = initialize(machine, start)
             state, effects = await self._carry_out(state, effects, execution_id, "create", executor)
-            status, failure, outcome, donedata = _ending(effects)
+            errors = step_errors(effects)
+            status, failure, outcome, donedata = _ending(effects, errors, self._policy(on_error))
             position = _dump(state)
             now = self.storage.clock()
             record = ExecutionRecord(
@@ -272,18 +315,23 @@ class Executions:
                 created_at=now,
                 updated_at=now,
                 ended_at=now if status.terminal else None,
+                error_count=len(errors),
+                last_error_at=now if errors else None,
             )
             await self.storage.insert_execution(record)
+            seq = None
             if start.datamodel and self.storage.capabilities.input_log:
-                await self.storage.append_input(
+                seq = await self.storage.append_input(
                     execution_id, CREATE_DOOR, _dump_event(_start_entry(start)), now
                 )
+            if errors:
+                await self.storage.record_errors(_records(record, errors, CREATE_DOOR, seq))
             if status.terminal:
                 await self._owe_answer(record)
         self._lifecycle(record, "created")
         if status.terminal:
             self._lifecycle(record, status.value)
-        self._stepped(record, "create", effects, started)
+        self._stepped(record, "create", effects, started, errors)
         return Stepped(record, state=state, effects=tuple(effects), donedata=donedata)
 
     async def step(
@@ -297,6 +345,7 @@ class Executions:
         when: Callable[[MachineState], bool] | None = None,
         executor: Executor | None = None,
         internal: bool = False,
+        on_error: OnError | str | None = None,
     ) -> Stepped | Discarded:
         """Deliver one external event (or, with ``internal``, one for the internal
         queue: a delayed ``<send target="#_internal">`` when it fires).
@@ -312,6 +361,7 @@ class Executions:
             executor: replaces this lifecycle's executor for the call (the driver
                 passes one that collects the answers of the call's invocations).
             internal: put ``event`` on the internal queue rather than the external one.
+            on_error: replaces this lifecycle's :class:`OnError` for the call.
 
         Returns:
             :class:`Stepped`, or :class:`Discarded` when the execution has ended or is
@@ -337,6 +387,7 @@ class Executions:
                 when=when,
                 executor=executor,
                 internal=internal,
+                on_error=on_error,
             )
         self.report_step(result, door, started)
         return result
@@ -352,6 +403,7 @@ class Executions:
         when: Callable[[MachineState], bool] | None = None,
         executor: Executor | None = None,
         internal: bool = False,
+        on_error: OnError | str | None = None,
     ) -> Stepped | Discarded:
         """:meth:`step`, for a caller that already holds the execution's exclusion
         (``self.serialization.exclusive(execution_id)``) and does more in the same unit
@@ -382,7 +434,8 @@ class Executions:
         performer = self.executor if executor is None else executor
         if performer is not ignore_effects and effects:
             state, effects = await self._carry_out(state, effects, execution_id, door, performer)
-        status, failure, outcome, donedata = _ending(effects)
+        errors = step_errors(effects) if effects else ()
+        status, failure, outcome, donedata = _ending(effects, errors, self._policy(on_error))
         ended = status is not Status.ACTIVE  # _ending answers active or an end
         position = _dump(state)
         now = storage.clock()
@@ -397,11 +450,16 @@ class Executions:
             created_at=record.created_at,
             updated_at=now,
             ended_at=now if ended else None,
+            error_count=record.error_count + len(errors),
+            last_error_at=now if errors else record.last_error_at,
         )
         if storage.capabilities.input_log:
-            await storage.record_step(record, door, entry, now)
+            await storage.record_step(
+                record, door, entry, now, _records(record, errors, door, None)
+            )
         else:
             await storage.update_execution(record)
+            await storage.record_errors(_records(record, errors, door, None))
         if ended:
             await self._owe_answer(record)
         storage.remember(execution_id, position, state)
@@ -414,7 +472,7 @@ class Executions:
         record = result.execution
         if record.status.terminal:
             self._lifecycle(record, record.status.value)
-        self._stepped(record, door, result.effects, started)
+        self._stepped(record, door, result.effects, started, result.errors)
 
     async def fail(self, execution_id: str, reason: str) -> ExecutionRecord | Discarded:
         """End an execution as failed on the host's word; its position stays as it was
@@ -459,6 +517,7 @@ class Executions:
                 state, effects = cancel_chart(state)
             position = _dump(state)
             await self._perform(effects, execution_id, "cancel")
+            errors = step_errors(effects)
             now = self.storage.clock()
             record = replace(
                 record,
@@ -467,11 +526,14 @@ class Executions:
                 outcome=None,
                 updated_at=now,
                 ended_at=now,
+                error_count=record.error_count + len(errors),
+                last_error_at=now if errors else record.last_error_at,
             )
             await self.storage.update_execution(record)
+            await self.storage.record_errors(_records(record, errors, "cancel", None))
             await self._owe_answer(record, delivered=by_parent)
         self._lifecycle(record, "cancelled")
-        self._stepped(record, "cancel", effects, started)
+        self._stepped(record, "cancel", effects, started, errors)
         if self.storage.capabilities.metadata:
             await self.cancel_matching({PARENT_KEY: execution_id})
         return Stepped(record, state=state, effects=tuple(effects))
@@ -852,17 +914,77 @@ class Executions:
             {"execution_id": record.id, "transition": transition, "failure": record.failure},
         )
 
+    def _policy(self, on_error: OnError | str | None) -> OnError:
+        return self.on_error if on_error is None else OnError.of(on_error)
+
     @staticmethod
     def _stepped(
-        record: ExecutionRecord, door: str, effects: Sequence[fx.Effect], started: float
+        record: ExecutionRecord,
+        door: str,
+        effects: Sequence[fx.Effect],
+        started: float,
+        errors: Sequence[StepError] = (),
     ) -> None:
+        if errors:
+            _errors_raised(record, door, errors)
         if not enabled("statifier.persistence.step"):
             return
         report(
             "statifier.persistence.step",
-            {"duration": time.perf_counter() - started, "effects": len(effects)},
+            {
+                "duration": time.perf_counter() - started,
+                "effects": len(effects),
+                "errors": len(errors),
+            },
             {"execution_id": record.id, "door": door, "status": record.status.value},
         )
+
+
+def _errors_raised(record: ExecutionRecord, door: str, errors: Sequence[StepError]) -> None:
+    """Report and log each error a committed call raised: no error goes unseen."""
+    for error in errors:
+        report(
+            "statifier.persistence.error",
+            {},
+            {
+                "execution_id": record.id,
+                "door": door,
+                "error": error.name,
+                "message": error.message,
+                "element": error.element,
+                "line": error.line,
+                "column": error.column,
+                "taken": error.taken,
+                "status": record.status.value,
+            },
+        )
+        _log.warning(
+            "execution %s (%s): %s",
+            record.id,
+            door,
+            error.describe(),
+            extra={
+                "execution_id": record.id,
+                "door": door,
+                "error": error.name,
+                "element": error.element,
+                "line": error.line,
+                "column": error.column,
+                "taken": error.taken,
+            },
+        )
+
+
+def _records(
+    record: ExecutionRecord, errors: Sequence[StepError], door: str, seq: int | None
+) -> list[ErrorRecord]:
+    """What a call stores of ``errors``: the first :data:`MAX_STEP_ERRORS`."""
+    at = record.updated_at or record.created_at
+    assert at is not None
+    return [
+        error_record(record.id, error, door=door, seq=seq, recorded_at=at)
+        for error in errors[:MAX_STEP_ERRORS]
+    ]
 
 
 def _summarized(
@@ -905,9 +1027,10 @@ def _locked(execution_id: str, started: float) -> None:
 
 
 def _ending(
-    effects: list[fx.Effect],
+    effects: list[fx.Effect], errors: Sequence[StepError] = (), on_error: OnError = OnError.CONTINUE
 ) -> tuple[Status, str | None, bytes | None, Value]:
-    """Status, failure, outcome and donedata that a call's effects lead to."""
+    """Status, failure, outcome and donedata that a call's effects lead to: a finish,
+    a spent budget, or (under :attr:`OnError.FAIL`) an error no transition took."""
     for effect in effects:
         if isinstance(effect, fx.Done):
             donedata = effect.donedata
@@ -918,7 +1041,25 @@ def _ending(
         if isinstance(effect, fx.BudgetExhausted):
             outcome = {"reason": "round_budget", "budget": effect.budget}
             return Status.FAILED, "round_budget", _encode(outcome), UNDEFINED
+    if on_error is OnError.FAIL:
+        untaken = next((error for error in errors if not error.taken), None)
+        if untaken is not None:
+            failure = f"unhandled {untaken.summary()}"
+            if len(failure) > _MAX_FAILURE:
+                failure = failure[: _MAX_FAILURE - 1] + "…"
+            answer = {"reason": UNHANDLED_ERROR, "error": _said(untaken)}
+            return Status.FAILED, failure, _encode(answer), UNDEFINED
     return Status.ACTIVE, None, None, UNDEFINED
+
+
+def _said(error: StepError) -> dict[str, Value]:
+    """What an unhandled error's outcome says of it (a parent reads it)."""
+    fields = error.as_json()
+    return {
+        key: fields[key]
+        for key in ("name", "message", "element", "line", "column", "sendid")
+        if fields[key] is not None
+    }
 
 
 def _encode(value: Value) -> bytes:

@@ -32,6 +32,7 @@ from statifier.persistence.errors import (
 from statifier.persistence.records import (
     AnswerRecord,
     ChartRecord,
+    ErrorRecord,
     ExecutionRecord,
     InputRecord,
     PositionRecord,
@@ -41,7 +42,7 @@ from statifier.persistence.records import (
 __all__ = ["MemoryAdapter"]
 
 _EVERYTHING = Capabilities(
-    lock=True, metadata=True, input_log=True, chart_retirement=True, answers=True
+    lock=True, metadata=True, input_log=True, chart_retirement=True, answers=True, errors=True
 )
 
 
@@ -53,6 +54,7 @@ class MemoryAdapter:
         self.executions: dict[str, ExecutionRecord] = {}
         self.positions: dict[str, PositionRecord] = {}
         self.logs: dict[str, list[InputRecord]] = {}
+        self.step_errors: dict[str, list[ErrorRecord]] = {}
         self.answers: dict[str, AnswerRecord] = {}
         self.settlements: dict[tuple[str, str], datetime] = {}
         self._locks: dict[str, asyncio.Lock] = {}
@@ -131,6 +133,8 @@ class MemoryAdapter:
             failure=record.failure,
             updated_at=record.updated_at,
             ended_at=record.ended_at,
+            error_count=record.error_count,
+            last_error_at=record.last_error_at,
         )
 
     async def rechart_execution(self, record: ExecutionRecord, from_hash: str) -> bool:
@@ -239,12 +243,23 @@ class MemoryAdapter:
         event: bytes,
         recorded_at: datetime,
         cap: int | None,
+        errors: Sequence[ErrorRecord] = (),
     ) -> int | None:
         await self.update_execution(record)
-        return await self.append_input(record.id, door, event, recorded_at, cap)
+        seq = await self.append_input(record.id, door, event, recorded_at, cap)
+        await self.record_errors([replace(error, seq=seq) for error in errors])
+        return seq
 
     async def inputs(self, execution_id: str) -> list[InputRecord]:
         return list(self.logs.get(execution_id, ()))
+
+    async def record_errors(self, errors: Sequence[ErrorRecord]) -> None:
+        for error in errors:
+            self.step_errors.setdefault(error.execution_id, []).append(error)
+
+    async def errors(self, execution_id: str, limit: int) -> list[ErrorRecord]:
+        kept = self.step_errors.get(execution_id, [])
+        return kept[-limit:] if limit > 0 else []
 
     async def prune(self, ended_before: datetime, limit: int) -> list[str]:
         pruned: list[str] = []
@@ -255,6 +270,7 @@ class MemoryAdapter:
             if ended is not None and ended < ended_before and record.position is not None:
                 self.executions[record.id] = replace(record, position=None)
                 self.logs.pop(record.id, None)
+                self.step_errors.pop(record.id, None)
                 pruned.append(record.id)
         return pruned
 

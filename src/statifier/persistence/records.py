@@ -10,6 +10,7 @@ from datetime import datetime
 __all__ = [
     "AnswerRecord",
     "ChartRecord",
+    "ErrorRecord",
     "ExecutionRecord",
     "InputRecord",
     "PositionRecord",
@@ -80,6 +81,8 @@ class ExecutionRecord:
             host gave to ``fail``); ``None`` otherwise.
         created_at, updated_at, ended_at: timezone-aware times; ``ended_at`` is set
             when the execution reaches a terminal status.
+        error_count: how many error events (``error.*``) its steps raised, all told.
+        last_error_at: when a step last raised one; ``None`` if none ever did.
     """
 
     id: str
@@ -93,6 +96,8 @@ class ExecutionRecord:
     created_at: datetime | None = None
     updated_at: datetime | None = None
     ended_at: datetime | None = None
+    error_count: int = 0
+    last_error_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +125,33 @@ class InputRecord:
     seq: int
     door: str
     event: bytes | None
+    recorded_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorRecord:
+    """One error event a step raised, as stored (capability ``errors``).
+
+    Attributes:
+        execution_id: the execution whose step raised it.
+        seq: the step's entry in the input log, or ``None`` when the step logged none
+            (a create without start data, a cancel, a log closed at its cap).
+        door: how the step's event entered (``"step"``, ``"timer"``, ``"create"``...).
+        name: the error event's name (``error.execution``, ``error.communication``...).
+        taken: whether a transition of the chart took it.
+        error: what the error event carried, as JSON bytes: its data (``element``,
+            ``reason``, ``message``, ``line``, ``column`` for an expression's failure)
+            and its ``sendid``; stored through the storage's codec.
+        recorded_at: when the step was stored.
+    """
+
+    execution_id: str
+    _: KW_ONLY
+    seq: int | None
+    door: str
+    name: str
+    taken: bool
+    error: bytes
     recorded_at: datetime
 
 

@@ -46,6 +46,7 @@ from statifier.persistence.errors import (
 from statifier.persistence.records import (
     AnswerRecord,
     ChartRecord,
+    ErrorRecord,
     ExecutionRecord,
     InputRecord,
     PositionRecord,
@@ -430,8 +431,8 @@ class Storage:
         return self._call("pinning_executions", self.adapter.pinning_executions(content_hash))
 
     def prune(self, ended_before: datetime, limit: int) -> Awaitable[list[str]]:
-        """Clear the position and input log of up to ``limit`` executions that ended
-        before ``ended_before``; answers their ids."""
+        """Clear the position, input log and errors of up to ``limit`` executions that
+        ended before ``ended_before``; answers their ids."""
         self._held.clear()
         return self._call("prune", self.adapter.prune(ended_before, limit))
 
@@ -499,11 +500,17 @@ class Storage:
         return self._call("append_input", appending)
 
     def record_step(
-        self, record: ExecutionRecord, door: str, event: bytes, recorded_at: datetime
+        self,
+        record: ExecutionRecord,
+        door: str,
+        event: bytes,
+        recorded_at: datetime,
+        errors: Sequence[ErrorRecord] = (),
     ) -> Awaitable[int | None]:
-        """:meth:`update_execution` and :meth:`append_input` in one adapter call,
-        both or neither (see ``Adapter.record_step``); answers the append's ``seq``, or
-        ``None``.
+        """:meth:`update_execution`, :meth:`append_input` and (where the adapter keeps
+        them) :meth:`record_errors` in one adapter call, all or nothing (see
+        ``Adapter.record_step``); answers the append's ``seq``, or ``None``. Each
+        error's ``seq`` becomes the append's.
 
         Raises:
             ExecutionNotFound: there is no such execution (nothing is written).
@@ -513,8 +520,49 @@ class Storage:
         if self._sealing is not None:
             record = self._encoded(record)
             event = self._sealing.encode(event)
-        writing = self.adapter.record_step(record, door, event, recorded_at, self.input_log_cap)
+        cap = self.input_log_cap
+        if errors and self.adapter.capabilities.errors:
+            sealed = self._sealed_errors(errors)
+            writing = self.adapter.record_step(record, door, event, recorded_at, cap, sealed)
+        else:
+            writing = self.adapter.record_step(record, door, event, recorded_at, cap)
         return self._call("record_step", writing)
+
+    # Errors.
+
+    async def record_errors(self, errors: Sequence[ErrorRecord]) -> None:
+        """Store ``errors`` (their bytes encoded); nothing where the adapter keeps no
+        errors (capability ``errors``)."""
+        if errors and self.adapter.capabilities.errors:
+            sealed = self._sealed_errors(errors)
+            await self._call("record_errors", self.adapter.record_errors(sealed))
+
+    async def errors(self, execution_id: str, limit: int = 100) -> list[ErrorRecord]:
+        """The execution's ``limit`` most recent stored errors, oldest first, their
+        bytes decoded (empty where the adapter keeps none).
+
+        Raises:
+            UndecodableBlob: the codec cannot decode one.
+        """
+        if not self.adapter.capabilities.errors:
+            return []
+        found = await self._call("errors", self.adapter.errors(execution_id, limit))
+        codec = self._sealing
+        if codec is None:
+            return found
+        return [
+            replace(
+                error,
+                error=_decoded(codec, error.error, f"an error of execution {execution_id!r}"),
+            )
+            for error in found
+        ]
+
+    def _sealed_errors(self, errors: Sequence[ErrorRecord]) -> Sequence[ErrorRecord]:
+        codec = self._sealing
+        if codec is None:
+            return errors
+        return [replace(error, error=codec.encode(error.error)) for error in errors]
 
     async def inputs(self, execution_id: str) -> list[InputRecord]:
         """The execution's input log, in ``seq`` order, its events decoded.

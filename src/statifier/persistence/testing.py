@@ -5,7 +5,7 @@ The suite is a set of test classes: :class:`AdapterConformance` checks the requi
 operations, and one class per optional capability checks it
 (:class:`ChartRetirementConformance`, :class:`MetadataConformance`,
 :class:`InputLogConformance`, :class:`LockConformance`,
-:class:`AnswersConformance`); :class:`FullConformance` is all
+:class:`AnswersConformance`, :class:`ErrorsConformance`); :class:`FullConformance` is all
 of them together. Subclass the ones your adapter declares in a test module, name the
 subclass ``Test...`` so pytest collects it, and answer a fresh adapter over an empty
 store from ``make_adapter``:
@@ -70,6 +70,7 @@ from statifier.persistence.errors import (
 from statifier.persistence.records import (
     AnswerRecord,
     ChartRecord,
+    ErrorRecord,
     ExecutionRecord,
     InputRecord,
     PositionRecord,
@@ -80,6 +81,7 @@ __all__ = [
     "AdapterConformance",
     "AnswersConformance",
     "ChartRetirementConformance",
+    "ErrorsConformance",
     "FullConformance",
     "InputLogConformance",
     "LockConformance",
@@ -226,8 +228,43 @@ def _assert_same_execution(actual: ExecutionRecord | None, expected: ExecutionRe
         f"execution {expected.id!r} metadata: expected {dict(expected.metadata)!r}, "
         f"got {dict(actual.metadata)!r}"
     )
-    for name in ("created_at", "updated_at", "ended_at"):
+    for name in ("created_at", "updated_at", "ended_at", "last_error_at"):
         _assert_same_time(getattr(actual, name), getattr(expected, name), f"execution {name}")
+    assert actual.error_count == expected.error_count, (
+        f"execution {expected.id!r} error_count: expected {expected.error_count!r}, "
+        f"got {actual.error_count!r}"
+    )
+
+
+def _error(
+    execution_id: str = "exec-1",
+    name: str = "error.execution",
+    *,
+    seq: int | None = None,
+    door: str = "step",
+    taken: bool = False,
+    error: bytes = b'{"message": "boom"}',
+    recorded_at: datetime = _BASE,
+) -> ErrorRecord:
+    return ErrorRecord(
+        execution_id,
+        seq=seq,
+        door=door,
+        name=name,
+        taken=taken,
+        error=error,
+        recorded_at=recorded_at,
+    )
+
+
+def _assert_same_errors(actual: list[ErrorRecord], expected: list[ErrorRecord]) -> None:
+    def fields(record: ErrorRecord) -> tuple[object, ...]:
+        return (record.execution_id, record.seq, record.door, record.name, record.taken)
+
+    assert [fields(r) for r in actual] == [fields(r) for r in expected]
+    for got, want in zip(actual, expected, strict=True):
+        assert got.error == want.error, f"error bytes: expected {want.error!r}, got {got.error!r}"
+        _assert_same_time(got.recorded_at, want.recorded_at, "error recorded_at")
 
 
 def _assert_same_position(actual: PositionRecord | None, expected: PositionRecord) -> None:
@@ -408,9 +445,18 @@ class AdapterConformance(_AdapterSuite):
             created_at=_at(1),
             updated_at=_at(2).astimezone(_INDIA),
             ended_at=_at(3),
+            error_count=7,
+            last_error_at=_at(2).astimezone(_INDIA),
         )
         await _insert(adapter, record)
         _assert_same_execution(await adapter.fetch_execution(record.id), record)
+
+    @pytest.mark.asyncio
+    async def test_execution_update_keeps_its_error_count(self, adapter: Adapter) -> None:
+        await _insert(adapter, _execution())
+        counted = replace(_execution(updated_at=_at(1)), error_count=3, last_error_at=_at(1))
+        await adapter.update_execution(counted)
+        _assert_same_execution(await adapter.fetch_execution("exec-1"), counted)
 
     @pytest.mark.asyncio
     async def test_execution_round_trips_a_running_record(self, adapter: Adapter) -> None:
@@ -1286,6 +1332,46 @@ class LockConformance(_AdapterSuite):
         _assert_same_execution(await adapter.fetch_execution("child"), _execution("child"))
 
 
+class ErrorsConformance(_AdapterSuite):
+    """The errors steps raised, for an adapter declaring ``errors``."""
+
+    @pytest.mark.asyncio
+    async def test_errors_is_declared(self, adapter: Adapter) -> None:
+        assert adapter.capabilities.errors, "these checks are for an adapter declaring errors"
+
+    @pytest.mark.asyncio
+    async def test_errors_come_back_as_stored_oldest_first(self, adapter: Adapter) -> None:
+        await _insert(adapter, _execution())
+        assert await adapter.errors("exec-1", 10) == []
+        stored = [
+            _error(seq=None, door="create", recorded_at=_at(0)),
+            _error(name="error.communication", seq=4, taken=True, recorded_at=_at(1)),
+            _error(seq=5, error=_BLOB, recorded_at=_at(2).astimezone(_INDIA)),
+        ]
+        await adapter.record_errors(stored[:2])
+        await adapter.record_errors(stored[2:])
+        await adapter.record_errors([])
+        _assert_same_errors(await adapter.errors("exec-1", 10), stored)
+
+    @pytest.mark.asyncio
+    async def test_errors_answer_the_most_recent_up_to_the_limit(self, adapter: Adapter) -> None:
+        await _insert(adapter, _execution())
+        stored = [_error(seq=n, recorded_at=_at(n)) for n in range(6)]
+        await adapter.record_errors(stored)
+        _assert_same_errors(await adapter.errors("exec-1", 2), stored[4:])
+        _assert_same_errors(await adapter.errors("exec-1", 6), stored)
+        assert await adapter.errors("exec-1", 0) == []
+
+    @pytest.mark.asyncio
+    async def test_errors_are_per_execution(self, adapter: Adapter) -> None:
+        for execution_id in ("exec-1", "exec-2"):
+            await _insert(adapter, _execution(execution_id))
+        await adapter.record_errors([_error("exec-1", seq=0), _error("exec-2", seq=3)])
+        _assert_same_errors(await adapter.errors("exec-1", 10), [_error("exec-1", seq=0)])
+        _assert_same_errors(await adapter.errors("exec-2", 10), [_error("exec-2", seq=3)])
+        assert await adapter.errors("exec-missing", 10) == []
+
+
 class FullConformance(
     AdapterConformance,
     AnswersConformance,
@@ -1293,6 +1379,7 @@ class FullConformance(
     MetadataConformance,
     InputLogConformance,
     LockConformance,
+    ErrorsConformance,
 ):
     """Everything, for an adapter declaring every capability (the shipped ones do),
     plus the checks that need two capabilities at once."""
@@ -1312,3 +1399,39 @@ class FullConformance(
         log = await adapter.inputs("exec-1")
         assert [r.seq for r in log] == list(range(8))
         assert sorted(r.event or b"" for r in log) == sorted(b"[%d]" % n for n in range(8))
+
+    @pytest.mark.asyncio
+    async def test_recorded_step_files_its_errors_under_its_entry(self, adapter: Adapter) -> None:
+        await _insert(adapter, _execution())
+        first = replace(_execution(updated_at=_at(1)), error_count=2, last_error_at=_at(1))
+        raised = [_error(recorded_at=_at(1)), _error("exec-1", "error.communication", taken=True)]
+        assert await adapter.record_step(first, "step", b"[0]", _at(1), None, raised) == 0
+        assert await adapter.record_step(first, "step", b"[1]", _at(2), None) == 1
+        # A log closed at its cap files the step's errors under no entry.
+        assert await adapter.record_step(first, "timer", b"[2]", _at(3), 3, [_error()]) is None
+        _assert_same_execution(await adapter.fetch_execution("exec-1"), first)
+        _assert_same_errors(
+            await adapter.errors("exec-1", 10),
+            [replace(raised[0], seq=0), replace(raised[1], seq=0), _error()],
+        )
+
+    @pytest.mark.asyncio
+    async def test_recorded_step_of_a_missing_execution_files_no_error(
+        self, adapter: Adapter
+    ) -> None:
+        with pytest.raises(ExecutionNotFound):
+            await adapter.record_step(
+                _execution("exec-9"), "step", b"[0]", _at(1), None, [_error("exec-9")]
+            )
+        assert await adapter.errors("exec-9", 10) == []
+
+    @pytest.mark.asyncio
+    async def test_prune_clears_the_errors_with_the_log(self, adapter: Adapter) -> None:
+        records = await self._insert_for_prune(adapter)
+        for execution_id in records:
+            await adapter.record_errors([_error(execution_id, seq=0)])
+        pruned = await adapter.prune(_at(60), 100)
+        assert sorted(pruned) == ["old-completed", "old-failed"]
+        for execution_id in records:
+            kept = await adapter.errors(execution_id, 10)
+            assert (kept == []) is (execution_id in pruned), execution_id

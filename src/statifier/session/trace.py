@@ -280,6 +280,9 @@ def _notices(effects: list[Effect], trace: bool) -> tuple[tuple[Effect, ...], tu
                 )
                 notices.append(NoTransition(effect.event, queue=queue, before=len(kept)))
             dequeued = None
+        # The interpreter's own reports of errors and unused events are the notices.
+        if isinstance(effect, fx.ChartError | fx.Unmatched):
+            continue
         if trace or not isinstance(effect, _TRACE_KINDS):
             kept.append(effect)
     return tuple(kept), tuple(notices)

@@ -6,6 +6,7 @@ metadata.
 - ``positions``: positions a host saved under keys of its own.
 - ``executions``: one row per durable execution: status, position, metadata, outcome.
 - ``inputs``: the input log, one row per event, dense ``seq`` per execution.
+- ``step_errors``: the error events steps raised, each with its step.
 - ``addresses``: which execution a ``(scope, document, key)`` names.
 - ``dedupe``: the messages each binding has claimed, until ``expires_at``.
 - ``routing_ledger``: what happened to each routed event, per binding.
@@ -47,6 +48,7 @@ shop_partition_leases
 shop_positions
 shop_routing_ledger
 shop_settlements
+shop_step_errors
 shop_subscriptions
 shop_timers
 >>> [column.name for column in tables.inputs.columns]
@@ -202,7 +204,7 @@ class TableOptions:
         return [column._copy() for column in self.leading_columns]
 
     def define(self, metadata: sa.MetaData | None = None) -> Tables:
-        """The eighteen tables under these options, in ``metadata`` (a new one if ``None``).
+        """The nineteen tables under these options, in ``metadata`` (a new one if ``None``).
 
         Raises:
             sqlalchemy.exc.InvalidRequestError: ``metadata`` already holds a table of
@@ -230,6 +232,10 @@ _PACKAGE_COLUMNS = frozenset(
         "created_at",
         "updated_at",
         "ended_at",
+        "error_count",
+        "last_error_at",
+        "taken",
+        "error_blob",
         "seq",
         "door",
         "input_blob",
@@ -285,13 +291,13 @@ _PACKAGE_COLUMNS = frozenset(
 
 @dataclass(frozen=True, slots=True)
 class Tables:
-    """The eighteen tables of durable executions, of the event router, of its fronts and
+    """The nineteen tables of durable executions, of the event router, of its fronts and
     of the console, defined under one :class:`TableOptions`.
 
     Attributes:
         metadata: holds the tables.
-        charts, positions, executions, inputs: the tables of durable executions (see
-            the module docstring).
+        charts, positions, executions, inputs, step_errors: the tables of durable
+            executions (see the module docstring).
         addresses, dedupe, routing_ledger, timers, outbox, subscriptions: the event
             router's tables (see the module docstring).
         inbound_events, consumer_positions, consumer_dead_letters, partition_leases,
@@ -321,6 +327,7 @@ class Tables:
     child_answers: sa.Table
     settlements: sa.Table
     console_audit: sa.Table
+    step_errors: sa.Table
     options: TableOptions
 
     @classmethod
@@ -386,10 +393,14 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         sa.Column("created_at", UtcDateTime(), nullable=False),
         sa.Column("updated_at", UtcDateTime(), nullable=False),
         sa.Column("ended_at", UtcDateTime(), nullable=True),
+        sa.Column("error_count", sa.Integer(), nullable=False, server_default="0"),
+        sa.Column("last_error_at", UtcDateTime(), nullable=True),
         sa.UniqueConstraint("execution_id", name=name("executions_execution_id_key")),
         sa.Index(name("executions_content_hash_status_idx"), "content_hash", "status"),
         sa.Index(name("executions_ended_at_idx"), "ended_at"),
         *_console_execution_indexes(options),
+        # The console's "errors" filter: executions whose steps raised, newest first.
+        sa.Index(name("executions_last_error_at_idx"), "last_error_at"),
         schema=schema,
     )
     sa.Index(
@@ -534,6 +545,7 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
     inbound, positions_, dead_letters, leases, members = _fronts(options, metadata)
     child_answers, settlements = _children(options, metadata)
     console_audit = _console_audit(options, metadata)
+    step_errors = _step_errors(options, metadata)
     return Tables(
         metadata,
         charts,
@@ -554,6 +566,7 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         child_answers,
         settlements,
         console_audit,
+        step_errors,
         options,
     )
 
@@ -685,6 +698,29 @@ def _children(options: TableOptions, metadata: sa.MetaData) -> tuple[sa.Table, s
         schema=schema,
     )
     return child_answers, settlements
+
+
+def _step_errors(options: TableOptions, metadata: sa.MetaData) -> sa.Table:
+    """The error events steps raised: one row each, the step's input-log ``seq`` when it
+    has one; ``error_blob`` (what the event said) goes through the storage's codec."""
+    name = options.name
+    return sa.Table(
+        name("step_errors"),
+        metadata,
+        options.key_column(),
+        *options.leading(),
+        sa.Column("execution_id", sa.Text(), nullable=False),
+        sa.Column("seq", sa.Integer(), nullable=True),
+        sa.Column("door", sa.Text(), nullable=False),
+        sa.Column("name", sa.Text(), nullable=False),
+        sa.Column("taken", sa.Boolean(), nullable=False),
+        sa.Column("error_blob", sa.LargeBinary(), nullable=False),
+        sa.Column("recorded_at", UtcDateTime(), nullable=False),
+        sa.Index(name("step_errors_execution_id_idx"), "execution_id", "id"),
+        # The console's failures page: the newest errors of every execution.
+        sa.Index(name("step_errors_recorded_at_idx"), "recorded_at", "id"),
+        schema=options.schema,
+    )
 
 
 def _console_execution_indexes(options: TableOptions) -> list[sa.Index]:

@@ -62,6 +62,7 @@ from statifier.persistence.adapter import Capabilities
 from statifier.persistence.records import (
     AnswerRecord,
     ChartRecord,
+    ErrorRecord,
     ExecutionRecord,
     InputRecord,
     PositionRecord,
@@ -297,8 +298,15 @@ class SqlAdapter:
         event: bytes,
         recorded_at: datetime,
         cap: int | None,
+        errors: Sequence[ErrorRecord] = (),
     ) -> Coroutine[Any, Any, int | None]:
-        return self._db.record_step(record, door, event, recorded_at, cap)
+        return self._db.record_step(record, door, event, recorded_at, cap, errors)
+
+    def record_errors(self, errors: Sequence[ErrorRecord]) -> Coroutine[Any, Any, None]:
+        return self._db.record_errors(errors)
+
+    def errors(self, execution_id: str, limit: int) -> Coroutine[Any, Any, list[ErrorRecord]]:
+        return self._db.errors(execution_id, limit)
 
     def rechart_execution(
         self, record: ExecutionRecord, from_hash: str

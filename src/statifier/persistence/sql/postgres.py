@@ -19,6 +19,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
+from dataclasses import replace
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Final, TypeVar
@@ -39,6 +40,7 @@ from statifier.persistence.errors import (
 from statifier.persistence.records import (
     AnswerRecord,
     ChartRecord,
+    ErrorRecord,
     ExecutionRecord,
     InputRecord,
     PositionRecord,
@@ -47,6 +49,7 @@ from statifier.persistence.records import (
 from statifier.persistence.sql.schema import (
     ANSWER_COLUMNS,
     CHART_COLUMNS,
+    ERROR_COLUMNS,
     EXECUTION_COLUMNS,
     PINNING,
     TableNames,
@@ -54,6 +57,7 @@ from statifier.persistence.sql.schema import (
     answer,
     appended,
     chart,
+    error,
     execution_record,
     table_names,
 )
@@ -102,6 +106,8 @@ def _updated(record: ExecutionRecord) -> dict[str, Any]:
         "failure": record.failure,
         "updated_at": utc(record.updated_at),
         "ended_at": utc(record.ended_at),
+        "error_count": record.error_count,
+        "last_error_at": utc(record.last_error_at),
         "execution_id": record.id,
     }
 
@@ -134,7 +140,8 @@ class Statements:
         self.insert_execution = (
             f"INSERT INTO {t.executions} ({key}{EXECUTION_COLUMNS}) VALUES ({key_value}"
             "%(execution_id)s, %(content_hash)s, %(status)s, %(position_blob)s, %(metadata)s, "
-            "%(outcome_blob)s, %(failure)s, %(created_at)s, %(updated_at)s, %(ended_at)s) "
+            "%(outcome_blob)s, %(failure)s, %(created_at)s, %(updated_at)s, %(ended_at)s, "
+            "%(error_count)s, %(last_error_at)s) "
             "ON CONFLICT (execution_id) DO NOTHING RETURNING 1"
         )
         fetch = f"SELECT {EXECUTION_COLUMNS} FROM {t.executions} WHERE execution_id = %(id)s"
@@ -152,7 +159,8 @@ class Statements:
         self.update_execution = (
             f"UPDATE {t.executions} SET status = %(status)s, position_blob = %(position_blob)s, "
             "outcome_blob = %(outcome_blob)s, failure = %(failure)s, "
-            "updated_at = %(updated_at)s, ended_at = %(ended_at)s "
+            "updated_at = %(updated_at)s, ended_at = %(ended_at)s, "
+            "error_count = %(error_count)s, last_error_at = %(last_error_at)s "
             "WHERE execution_id = %(execution_id)s"
         )
         self.rechart_execution = (
@@ -249,6 +257,16 @@ class Statements:
             "ORDER BY ended_at, id LIMIT %(limit)s) RETURNING execution_id"
         )
         self.drop_logs = f"DELETE FROM {t.inputs} WHERE execution_id = ANY(%(ids)s)"
+        self.drop_errors = f"DELETE FROM {t.step_errors} WHERE execution_id = ANY(%(ids)s)"
+        self.insert_error = (
+            f"INSERT INTO {t.step_errors} ({key}{ERROR_COLUMNS}) VALUES ({key_value}"
+            "%(execution_id)s, %(seq)s, %(door)s, %(name)s, %(taken)s, %(error_blob)s, "
+            "%(recorded_at)s)"
+        )
+        self.errors = (
+            f"SELECT {ERROR_COLUMNS} FROM (SELECT id, {ERROR_COLUMNS} FROM {t.step_errors} "
+            "WHERE execution_id = %(id)s ORDER BY id DESC LIMIT %(limit)s) AS newest ORDER BY id"
+        )
         self.lock = "SELECT pg_advisory_xact_lock(hashtextextended(%(id)s, 0))"
         self.set_timeout = (
             "SELECT current_setting('lock_timeout'), set_config('lock_timeout', %(t)s, true)"
@@ -718,6 +736,8 @@ class PostgresDatabase:
             "created_at": utc(record.created_at),
             "updated_at": utc(record.updated_at),
             "ended_at": utc(record.ended_at),
+            "error_count": record.error_count,
+            "last_error_at": utc(record.last_error_at),
         }
         await cursor.execute(s.insert_execution, s.keyed(values))
         if await cursor.fetchone() is None:
@@ -767,8 +787,9 @@ class PostgresDatabase:
         event: bytes,
         recorded_at: datetime,
         cap: int | None,
+        errors: Sequence[ErrorRecord] = (),
     ) -> int | None:
-        return await self._run(self._record_step, record, door, event, recorded_at, cap)
+        return await self._run(self._record_step, record, door, event, recorded_at, cap, errors)
 
     async def _record_step(
         self,
@@ -778,6 +799,7 @@ class PostgresDatabase:
         event: bytes,
         recorded_at: datetime,
         cap: int | None,
+        errors: Sequence[ErrorRecord] = (),
     ) -> int | None:
         s = self.statements
         values = _updated(record)
@@ -788,7 +810,47 @@ class PostgresDatabase:
         updated, seq = row
         if not updated:
             raise ExecutionNotFound(record.id)
-        return None if seq is None else appended([(seq,)], cap)
+        answer = None if seq is None else appended([(seq,)], cap)
+        if errors:
+            # Rare: a second statement, in the same transaction, rather than a wider
+            # statement for every step.
+            await self._record_errors(cursor, [replace(each, seq=answer) for each in errors])
+        return answer
+
+    # Errors.
+
+    async def record_errors(self, errors: Sequence[ErrorRecord]) -> None:
+        if errors:
+            await self._run(self._record_errors, errors)
+
+    async def _record_errors(self, cursor: Cursor, errors: Sequence[ErrorRecord]) -> None:
+        s = self.statements
+        await cursor.executemany(
+            s.insert_error,
+            [
+                s.keyed(
+                    {
+                        "execution_id": each.execution_id,
+                        "seq": each.seq,
+                        "door": each.door,
+                        "name": each.name,
+                        "taken": each.taken,
+                        "error_blob": each.error,
+                        "recorded_at": utc(each.recorded_at),
+                    }
+                )
+                for each in errors
+            ],
+        )
+
+    async def errors(self, execution_id: str, limit: int) -> list[ErrorRecord]:
+        if limit <= 0:
+            return []
+        return await self._run(self._errors, execution_id, limit)
+
+    async def _errors(self, cursor: Cursor, execution_id: str, limit: int) -> list[ErrorRecord]:
+        await cursor.execute(self.statements.errors, {"id": execution_id, "limit": limit})
+        return [error(row, utc_time) for row in await cursor.fetchall()]
 
     async def rechart_execution(self, record: ExecutionRecord, from_hash: str) -> bool:
         return await self._run(self._rechart_execution, record, from_hash)
@@ -1001,4 +1063,5 @@ class PostgresDatabase:
         pruned = [execution_id for (execution_id,) in await cursor.fetchall()]
         if pruned:
             await cursor.execute(s.drop_logs, {"ids": pruned})
+            await cursor.execute(s.drop_errors, {"ids": pruned})
         return pruned

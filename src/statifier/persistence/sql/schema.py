@@ -16,12 +16,19 @@ from datetime import datetime
 from typing import Any, Final
 
 from statifier.persistence.adapter import Capabilities
-from statifier.persistence.records import AnswerRecord, ChartRecord, ExecutionRecord, Status
+from statifier.persistence.records import (
+    AnswerRecord,
+    ChartRecord,
+    ErrorRecord,
+    ExecutionRecord,
+    Status,
+)
 from statifier.sql import migrations
 from statifier.sql.tables import TableOptions, Tables
 
 __all__ = [
     "ANSWER_COLUMNS",
+    "ERROR_COLUMNS",
     "EVERYTHING",
     "EXECUTION_COLUMNS",
     "PINNING",
@@ -33,13 +40,14 @@ __all__ = [
     "appended",
     "chart",
     "chosen_tables",
+    "error",
     "execution_record",
     "migrations",
     "table_names",
 ]
 
 EVERYTHING: Final = Capabilities(
-    lock=True, metadata=True, input_log=True, chart_retirement=True, answers=True
+    lock=True, metadata=True, input_log=True, chart_retirement=True, answers=True, errors=True
 )
 STATUSES: Final = {status.value: status for status in Status}
 
@@ -62,6 +70,8 @@ def execution_record(
         created_at,
         updated_at,
         ended_at,
+        error_count,
+        last_error_at,
     ) = row
     return ExecutionRecord(
         execution_id,
@@ -74,6 +84,24 @@ def execution_record(
         created_at=time(created_at),
         updated_at=time(updated_at),
         ended_at=time(ended_at),
+        error_count=error_count,
+        last_error_at=None if last_error_at is None else time(last_error_at),
+    )
+
+
+def error(row: Sequence[Any], read_time: Callable[[Any], datetime | None]) -> ErrorRecord:
+    """An error record from a row of :data:`ERROR_COLUMNS`, times read by ``read_time``."""
+    execution_id, seq, door, name, taken, blob, recorded = row
+    recorded_at = read_time(recorded)
+    assert recorded_at is not None  # the column is NOT NULL
+    return ErrorRecord(
+        execution_id,
+        seq=seq,
+        door=door,
+        name=name,
+        taken=bool(taken),
+        error=bytes(blob),
+        recorded_at=recorded_at,
     )
 
 
@@ -81,8 +109,10 @@ PINNING: Final = tuple(status.value for status in Status if status.pins)
 # The columns of an execution record, in the order ExecutionRecord takes them.
 EXECUTION_COLUMNS: Final = (
     "execution_id, content_hash, status, position_blob, metadata, outcome_blob, failure, "
-    "created_at, updated_at, ended_at"
+    "created_at, updated_at, ended_at, error_count, last_error_at"
 )
+# The columns of an error record, in the order ErrorRecord takes them.
+ERROR_COLUMNS: Final = "execution_id, seq, door, name, taken, error_blob, recorded_at"
 # The columns of an answer record, in the order AnswerRecord takes them.
 ANSWER_COLUMNS: Final = (
     "child_id, parent_id, invoke_id, content_hash, kind, answer_blob, failure, created_at, "
@@ -114,6 +144,7 @@ class TableNames:
     consumer_members: str
     child_answers: str
     settlements: str
+    step_errors: str
 
     @classmethod
     def of(cls, tables: Tables) -> TableNames:
@@ -140,6 +171,7 @@ class TableNames:
                     "consumer_members",
                     "child_answers",
                     "settlements",
+                    "step_errors",
                 )
             )
         )

@@ -26,6 +26,7 @@ import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Final, TypeVar
@@ -43,6 +44,7 @@ from statifier.persistence.errors import (
 from statifier.persistence.records import (
     AnswerRecord,
     ChartRecord,
+    ErrorRecord,
     ExecutionRecord,
     InputRecord,
     PositionRecord,
@@ -51,6 +53,7 @@ from statifier.persistence.records import (
 from statifier.persistence.sql.schema import (
     ANSWER_COLUMNS,
     CHART_COLUMNS,
+    ERROR_COLUMNS,
     EXECUTION_COLUMNS,
     PINNING,
     TableNames,
@@ -58,6 +61,7 @@ from statifier.persistence.sql.schema import (
     answer,
     appended,
     chart,
+    error,
     execution_record,
     table_names,
 )
@@ -117,7 +121,7 @@ class Statements:
         self.insert_execution = (
             f"INSERT INTO {t.executions} ({key}{EXECUTION_COLUMNS}) VALUES ({key_value}"
             ":execution_id, :content_hash, :status, :position_blob, :metadata, :outcome_blob, "
-            ":failure, :created_at, :updated_at, :ended_at) "
+            ":failure, :created_at, :updated_at, :ended_at, :error_count, :last_error_at) "
             "ON CONFLICT (execution_id) DO NOTHING RETURNING 1"
         )
         self.fetch_execution = (
@@ -130,7 +134,8 @@ class Statements:
         self.update_execution = (
             f"UPDATE {t.executions} SET status = :status, position_blob = :position_blob, "
             "outcome_blob = :outcome_blob, failure = :failure, updated_at = :updated_at, "
-            "ended_at = :ended_at WHERE execution_id = :id"
+            "ended_at = :ended_at, error_count = :error_count, last_error_at = :last_error_at "
+            "WHERE execution_id = :id"
         )
         self.rechart_execution = (
             f"UPDATE {t.executions} SET content_hash = :to, status = :status, "
@@ -210,6 +215,15 @@ class Statements:
             "ORDER BY ended_at, id LIMIT :limit) RETURNING execution_id"
         )
         self.drop_log = f"DELETE FROM {t.inputs} WHERE execution_id = :id"
+        self.drop_errors = f"DELETE FROM {t.step_errors} WHERE execution_id = :id"
+        self.insert_error = (
+            f"INSERT INTO {t.step_errors} ({key}{ERROR_COLUMNS}) VALUES ({key_value}"
+            ":execution_id, :seq, :door, :name, :taken, :error_blob, :recorded_at)"
+        )
+        self.errors = (
+            f"SELECT {ERROR_COLUMNS} FROM (SELECT id, {ERROR_COLUMNS} FROM {t.step_errors} "
+            "WHERE execution_id = :id ORDER BY id DESC LIMIT :limit) ORDER BY id"
+        )
         # A write that touches no row: it makes a caller's open transaction the writer.
         self.claim_writer = f"UPDATE {t.executions} SET status = status WHERE 0"
         self._by_metadata: dict[tuple[int, bool], str] = {}
@@ -673,6 +687,8 @@ class SqliteDatabase:
             "created_at": utc_text(record.created_at),
             "updated_at": utc_text(record.updated_at),
             "ended_at": utc_text(record.ended_at),
+            "error_count": record.error_count,
+            "last_error_at": utc_text(record.last_error_at),
         }
         if cursor.execute(s.insert_execution, s.keyed(values)).fetchone() is None:
             raise ExecutionExists(record.id)
@@ -715,6 +731,8 @@ class SqliteDatabase:
             "failure": record.failure,
             "updated_at": utc_text(record.updated_at),
             "ended_at": utc_text(record.ended_at),
+            "error_count": record.error_count,
+            "last_error_at": utc_text(record.last_error_at),
             "id": record.id,
         }
         if not cursor.execute(self.statements.update_execution, values).rowcount:
@@ -727,11 +745,14 @@ class SqliteDatabase:
         event: bytes,
         recorded_at: datetime,
         cap: int | None,
+        errors: Sequence[ErrorRecord] = (),
     ) -> int | None:
         tx = self.current()
         if tx is not None:
-            return self._record_step(tx.cursor, record, door, event, recorded_at, cap)
-        return await self._alone(self._record_step, True, record, door, event, recorded_at, cap)
+            return self._record_step(tx.cursor, record, door, event, recorded_at, cap, errors)
+        return await self._alone(
+            self._record_step, True, record, door, event, recorded_at, cap, errors
+        )
 
     def _record_step(
         self,
@@ -741,11 +762,56 @@ class SqliteDatabase:
         event: bytes,
         recorded_at: datetime,
         cap: int | None,
+        errors: Sequence[ErrorRecord] = (),
     ) -> int | None:
         # In process, two statements cost no round trip: the update first, so a
         # missing execution appends nothing.
         self._update_execution(cursor, record)
-        return self._append_input(cursor, record.id, door, event, recorded_at, cap)
+        seq = self._append_input(cursor, record.id, door, event, recorded_at, cap)
+        if errors:
+            self._record_errors(cursor, [replace(each, seq=seq) for each in errors])
+        return seq
+
+    # Errors.
+
+    async def record_errors(self, errors: Sequence[ErrorRecord]) -> None:
+        if not errors:
+            return
+        tx = self.current()
+        if tx is not None:
+            self._record_errors(tx.cursor, errors)
+            return
+        await self._alone(self._record_errors, True, errors)
+
+    def _record_errors(self, cursor: sqlite3.Cursor, errors: Sequence[ErrorRecord]) -> None:
+        s = self.statements
+        cursor.executemany(
+            s.insert_error,
+            [
+                s.keyed(
+                    {
+                        "execution_id": each.execution_id,
+                        "seq": each.seq,
+                        "door": each.door,
+                        "name": each.name,
+                        "taken": each.taken,
+                        "error_blob": each.error,
+                        "recorded_at": utc_text(each.recorded_at),
+                    }
+                )
+                for each in errors
+            ],
+        )
+
+    async def errors(self, execution_id: str, limit: int) -> list[ErrorRecord]:
+        if limit <= 0:
+            return []
+        return await self._run(self._errors, False, execution_id, limit)
+
+    def _errors(self, cursor: sqlite3.Cursor, execution_id: str, limit: int) -> list[ErrorRecord]:
+        values = {"id": execution_id, "limit": limit}
+        rows = cursor.execute(self.statements.errors, values).fetchall()
+        return [error(row, utc_time) for row in rows]
 
     async def rechart_execution(self, record: ExecutionRecord, from_hash: str) -> bool:
         tx = self.current()
@@ -955,7 +1021,9 @@ class SqliteDatabase:
         values = {"before": utc_text(ended_before), "limit": limit}
         pruned = [execution_id for (execution_id,) in cursor.execute(s.prune, values).fetchall()]
         if pruned:
-            cursor.executemany(s.drop_log, [{"id": execution_id} for execution_id in pruned])
+            ids = [{"id": execution_id} for execution_id in pruned]
+            cursor.executemany(s.drop_log, ids)
+            cursor.executemany(s.drop_errors, ids)
         return pruned
 
 

@@ -18,7 +18,7 @@ Three ways to run them:
 >>> path = os.path.join(tempfile.mkdtemp(), "doc.db")
 >>> upgrade(f"sqlite:///{path}", TableOptions(prefix="doc_"))
 >>> current(f"sqlite:///{path}", TableOptions(prefix="doc_"))
-'statifier_0007'
+'statifier_0008'
 >>> downgrade(f"sqlite:///{path}", TableOptions(prefix="doc_"))
 >>> current(f"sqlite:///{path}", TableOptions(prefix="doc_")) is None
 True
