@@ -43,6 +43,7 @@ from statifier.persistence.migration import (
 )
 from statifier.persistence.records import ExecutionRecord, Status
 from statifier.persistence.retention import prune
+from statifier.persistence.step_errors import ErrorPolicy, OnError, StepError
 from statifier.persistence.storage import Storage
 
 __all__ = [
@@ -52,6 +53,7 @@ __all__ = [
     "Discarded",
     "Driver",
     "EffectContext",
+    "ErrorPolicy",
     "ExecutionExists",
     "ExecutionNotFound",
     "ExecutionRecord",
@@ -66,10 +68,12 @@ __all__ = [
     "Migrated",
     "MigrationPlan",
     "MigrationSummary",
+    "OnError",
     "Parked",
     "PersistenceError",
     "Refused",
     "Status",
+    "StepError",
     "Stepped",
     "Storage",
     "UndecodableBlob",

@@ -85,6 +85,7 @@ from statifier.persistence.records import (
 from statifier.persistence.serialization import AdapterLock, Serialization
 from statifier.persistence.step_errors import (
     MAX_STEP_ERRORS,
+    ErrorPolicy,
     OnError,
     StepError,
     error_record,
@@ -235,7 +236,9 @@ class Executions:
             the execution's lock before :class:`LockTimeout`; ``None`` waits on.
         on_error: what an error event no transition takes does (see
             :class:`~statifier.persistence.step_errors.OnError`): ``continue`` (SCXML's
-            behaviour, the default) or ``fail``; a call may say otherwise for itself.
+            behaviour, the default) or ``fail``, for every chart or per chart (an
+            :class:`~statifier.persistence.step_errors.ErrorPolicy`); a call may say
+            otherwise for itself.
 
     Every error event a call raises is recorded whatever the policy: counted on the
     execution (``error_count``, ``last_error_at``), stored with the step where the
@@ -251,12 +254,12 @@ class Executions:
         executor: Executor = refuse_unperformed,
         serialization: Serialization | None = None,
         lock_wait: float | None = None,
-        on_error: OnError | str = OnError.CONTINUE,
+        on_error: ErrorPolicy | OnError | str = OnError.CONTINUE,
     ) -> None:
         self.storage = storage
         self.executor = executor
         self.serialization = serialization or AdapterLock(storage.adapter, lock_wait)
-        self.on_error = OnError.of(on_error)
+        self.on_error = ErrorPolicy.of_value(on_error)
 
     @asynccontextmanager
     async def _exclusive(self, execution_id: str) -> AsyncIterator[None]:
@@ -301,7 +304,8 @@ class Executions:
             state, effects = initialize(machine, start)
             state, effects = await self._carry_out(state, effects, execution_id, "create", executor)
             errors = step_errors(effects)
-            status, failure, outcome, donedata = _ending(effects, errors, self._policy(on_error))
+            policy = self._policy(on_error, machine.identity.content_hash)
+            status, failure, outcome, donedata = _ending(effects, errors, policy)
             position = _dump(state)
             now = self.storage.clock()
             record = ExecutionRecord(
@@ -435,7 +439,8 @@ class Executions:
         if performer is not ignore_effects and effects:
             state, effects = await self._carry_out(state, effects, execution_id, door, performer)
         errors = step_errors(effects) if effects else ()
-        status, failure, outcome, donedata = _ending(effects, errors, self._policy(on_error))
+        policy = self._policy(on_error, record.content_hash)
+        status, failure, outcome, donedata = _ending(effects, errors, policy)
         ended = status is not Status.ACTIVE  # _ending answers active or an end
         position = _dump(state)
         now = storage.clock()
@@ -914,8 +919,9 @@ class Executions:
             {"execution_id": record.id, "transition": transition, "failure": record.failure},
         )
 
-    def _policy(self, on_error: OnError | str | None) -> OnError:
-        return self.on_error if on_error is None else OnError.of(on_error)
+    def _policy(self, on_error: OnError | str | None, content_hash: str) -> OnError:
+        """A call's policy: its own, else the chart's."""
+        return self.on_error.of(content_hash) if on_error is None else OnError.of(on_error)
 
     @staticmethod
     def _stepped(

@@ -34,7 +34,7 @@ from __future__ import annotations
 import enum
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import KW_ONLY, dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
@@ -44,6 +44,7 @@ from statifier.persistence.records import ErrorRecord
 
 __all__ = [
     "MAX_STEP_ERRORS",
+    "ErrorPolicy",
     "OnError",
     "StepError",
     "decode_error",
@@ -83,6 +84,35 @@ class OnError(enum.Enum):
             return cls(value)
         except ValueError:
             raise ValueError(f"on_error is 'continue' or 'fail', not {value!r}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorPolicy:
+    """:class:`OnError` per chart: ``charts`` by content hash, ``default`` for every
+    other chart.
+
+    >>> policy = ErrorPolicy(OnError.CONTINUE, {"h1": OnError.FAIL})
+    >>> policy.of("h1"), policy.of("h2")
+    (<OnError.FAIL: 'fail'>, <OnError.CONTINUE: 'continue'>)
+    """
+
+    default: OnError = OnError.CONTINUE
+    charts: Mapping[str, OnError] = field(default_factory=dict)
+
+    def of(self, content_hash: str) -> OnError:
+        """The policy of the chart ``content_hash``."""
+        return self.charts.get(content_hash, self.default)
+
+    @classmethod
+    def of_value(cls, value: ErrorPolicy | OnError | str) -> ErrorPolicy:
+        """``value`` as a policy: one :class:`OnError` (or its name) for every chart.
+
+        Raises:
+            ValueError: a name other than ``continue`` and ``fail``.
+        """
+        if isinstance(value, ErrorPolicy):
+            return value
+        return cls(OnError.of(value))
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,6 +45,7 @@ from typing import Any, Final
 
 from statifier.expr import UNDEFINED, ExprError, Expression, ParseError, Value, compile_expression
 from statifier.expr.values import Undefined, type_name
+from statifier.persistence import OnError
 from statifier.router.errors import BindingError
 
 __all__ = [
@@ -144,11 +145,13 @@ class Plan:
     create: Create = Create.NEVER
     horizon: timedelta = DEFAULT_HORIZON
     subscription: bool = False
+    on_error: OnError | None = None
 
     def __post_init__(self) -> None:
         _text(self.id, "id", self.id)
         _text(self.id, "document", self.document)
         object.__setattr__(self, "create", _choice(self.id, "create", self.create, Create))
+        object.__setattr__(self, "on_error", _on_error(self.id, self.on_error))
         horizon: object = self.horizon
         if not isinstance(horizon, timedelta) or horizon <= timedelta(0):
             raise BindingError(self.id, "dedupe", "the horizon must be a positive timedelta")
@@ -180,6 +183,10 @@ class Binding:
             subscribed to it (:mod:`statifier.router.subscriptions`); to any other it
             answers ``dropped: not_subscribed``. Such a binding never creates: its
             ``create`` must be ``never``.
+        on_error: what an error event no transition takes does to the executions this
+            binding's deliveries step (:class:`~statifier.persistence.OnError`:
+            ``continue`` or ``fail``); ``None`` leaves it to the router's
+            configuration (per document, else its default).
 
     Raises:
         BindingError: a field of the wrong type or value, a program that does not
@@ -201,6 +208,7 @@ class Binding:
     order: Order = Order.BY_KEY
     enabled: bool = True
     subscription: bool = False
+    on_error: OnError | None = None
     _match: Expression = field(init=False, repr=False, compare=False)
     _key: Expression = field(init=False, repr=False, compare=False)
     _paths: tuple[tuple[str, ...], ...] = field(init=False, repr=False, compare=False)
@@ -231,14 +239,17 @@ class Binding:
             create=self.create,
             horizon=self.dedupe.horizon,
             subscription=self.subscription,
+            on_error=self.on_error,
         )
+        object.__setattr__(self, "on_error", plan.on_error)
         object.__setattr__(self, "_plan", plan)
 
     @classmethod
     def from_mapping(cls, entry: Mapping[str, Any]) -> Binding:
         """A binding from a plain mapping, as a TOML or JSON file spells it: ``create``
         and ``order`` as strings, ``dedupe`` as ``{"by": "message_id", "horizon_ms":
-        N}`` (either key optional), ``enabled`` and ``subscription`` as booleans.
+        N}`` (either key optional), ``enabled`` and ``subscription`` as booleans,
+        ``on_error`` as ``"continue"`` or ``"fail"``.
 
         Raises:
             BindingError: an unknown or reserved field, a missing required one, or a
@@ -318,7 +329,17 @@ class Binding:
 
 _REQUIRED: Final = ("id", "source", "match", "key", "document", "event")
 _MAPPING_FIELDS: Final = frozenset(
-    {*_REQUIRED, "selector", "data", "create", "dedupe", "order", "enabled", "subscription"}
+    {
+        *_REQUIRED,
+        "selector",
+        "data",
+        "create",
+        "dedupe",
+        "order",
+        "enabled",
+        "subscription",
+        "on_error",
+    }
 )
 
 
@@ -380,6 +401,17 @@ def _subscription(where: str, subscription: object, create: Create) -> None:
         raise BindingError(
             where, "create", f"a subscription binding never creates: 'never', not {create.value!r}"
         )
+
+
+def _on_error(where: str, value: object) -> OnError | None:
+    if value is None or isinstance(value, OnError):
+        return value
+    if isinstance(value, str):
+        try:
+            return OnError(value)
+        except ValueError:
+            pass
+    raise BindingError(where, "on_error", f"must be one of continue, fail, not {value!r}")
 
 
 def _program(where: str, name: str, source: object) -> Expression:

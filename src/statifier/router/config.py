@@ -29,7 +29,15 @@ from statifier.callbacks import settle
 from statifier.chart import Machine
 from statifier.core import SCXML_INVOKE_TYPES, Event, StartOptions
 from statifier.ids import new_execution_id
-from statifier.persistence import Discarded, Executions, Executor, Stepped, Storage
+from statifier.persistence import (
+    Discarded,
+    ErrorPolicy,
+    Executions,
+    Executor,
+    OnError,
+    Stepped,
+    Storage,
+)
 from statifier.persistence.executor import refuse_unperformed
 from statifier.persistence.sql import SqlAdapter
 from statifier.router.binding import Binding, unique_ids
@@ -147,6 +155,14 @@ class StaticResolver:
         """Every document it names."""
         return frozenset(name if isinstance(name, str) else name[1] for name in self._charts)
 
+    def machines(self, document: str) -> tuple[Machine, ...]:
+        """The charts ``document`` names, for every scope and for any one scope."""
+        return tuple(
+            machine
+            for name, machine in self._charts.items()
+            if (name if isinstance(name, str) else name[1]) == document
+        )
+
 
 @dataclass(frozen=True)
 class RouterConfig:
@@ -190,6 +206,12 @@ class RouterConfig:
             write of one door's call (a tenancy context, say); it must call ``work``
             exactly once and answer what it answered.
         lock_wait: the most seconds a delivery waits for an execution's lock.
+        on_error: what an error event no transition takes does to an execution
+            (:class:`~statifier.persistence.OnError`: ``continue``, SCXML's behaviour,
+            or ``fail``), unless its document or the delivering binding says otherwise.
+        document_on_error: ``document -> OnError`` for the documents whose executions
+            differ from ``on_error`` (it needs a :class:`StaticResolver`, whose charts
+            say which executions run a document).
         basichttp: where the BasicHTTP front answers
             (:class:`~statifier.router.locations.BasicHttpLocations`): each execution
             created under a new address row then gets a location of its own (it
@@ -222,7 +244,10 @@ class RouterConfig:
     on_step: OnStep | None = None
     around_delivery: AroundDelivery[Any] | None = None
     lock_wait: float | None = None
+    on_error: OnError | str = OnError.CONTINUE
+    document_on_error: Mapping[str, OnError | str] = field(default_factory=dict)
     basichttp: BasicHttpLocations | None = None
+    error_policy: ErrorPolicy = field(init=False, repr=False, compare=False)
     storage: Storage = field(init=False, repr=False, compare=False)
     adapter: SqlAdapter = field(init=False, repr=False, compare=False)
     statements: Statements = field(init=False, repr=False, compare=False)
@@ -261,7 +286,37 @@ class RouterConfig:
             raise ConfigError(f"lock_wait must be positive seconds, not {self.lock_wait!r}")
         if self.basichttp is not None and not isinstance(self.basichttp, BasicHttpLocations):
             raise ConfigError(f"basichttp must be a BasicHttpLocations, not {self.basichttp!r}")
+        object.__setattr__(self, "error_policy", self._error_policy())
         self._check_outbound()
+
+    def _error_policy(self) -> ErrorPolicy:
+        """``on_error`` and ``document_on_error`` as a policy per chart."""
+        try:
+            default = OnError.of(self.on_error)
+            documents = {
+                document: OnError.of(value) for document, value in self.document_on_error.items()
+            }
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+        if not documents:
+            return ErrorPolicy(default)
+        resolver = self.resolver
+        if not isinstance(resolver, StaticResolver):
+            raise ConfigError(
+                "document_on_error needs a StaticResolver: it says which chart a document runs"
+            )
+        charts: dict[str, OnError] = {}
+        for document, policy in documents.items():
+            machines = resolver.machines(document)
+            if not machines:
+                raise ConfigError(f"document_on_error names {document!r}, which has no chart")
+            for machine in machines:
+                content_hash = machine.identity.content_hash
+                if charts.setdefault(content_hash, policy) is not policy:
+                    raise ConfigError(
+                        f"document_on_error: documents of one chart differ ({document!r})"
+                    )
+        return ErrorPolicy(default, charts)
 
     def _check_outbound(self) -> None:
         send_type: object = self.send_type
@@ -360,7 +415,14 @@ class RouterConfig:
         def executor(unit: Unit) -> Executor:
             return SendHandler(self, unit)
 
-        return transaction(self.storage, self.statements, executor, connection, self.lock_wait)
+        return transaction(
+            self.storage,
+            self.statements,
+            executor,
+            connection,
+            self.lock_wait,
+            self.error_policy,
+        )
 
     async def resolve(self, scope: str, document: str) -> Resolved:
         assert self.resolver is not None

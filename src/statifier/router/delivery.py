@@ -215,7 +215,9 @@ async def _create(
         if config.on_create is not None:
             created = await config.on_create(executions, execution_id, machine, options)
         else:
-            created = await executions.create(execution_id, machine, options=options)
+            created = await executions.create(
+                execution_id, machine, options=options, on_error=plan.on_error
+            )
     if created.finished:
         await completed(unit, config, created)
         if address_id is not None:
@@ -223,7 +225,7 @@ async def _create(
         return Dropped(
             plan.id, reason=DropReason.FINISHED, key=delivery.key, execution_id=execution_id
         )
-    stepped = await _step(unit, config, execution_id, machine, delivery.event)
+    stepped = await _step(unit, config, execution_id, machine, delivery.event, plan)
     return await _stepped(unit, delivery, stepped, address_id, now, created=True)
 
 
@@ -244,7 +246,7 @@ async def _existing(
             machine = await settle(config.chart_resolver(record.content_hash))
         except Exception as error:
             raise ChartUnresolved(record.content_hash, _said(error)) from error
-    result = await _step(unit, config, execution_id, machine, delivery.event)
+    result = await _step(unit, config, execution_id, machine, delivery.event, plan)
     return await _stepped(unit, delivery, result, found.id, now, created=False)
 
 
@@ -254,13 +256,14 @@ async def _step(
     execution_id: str,
     machine: Machine | None,
     event: Event,
+    plan: Plan,
 ) -> Stepped | Discarded:
     executions: Executions = unit.executions
     async with _stepping(unit, execution_id):
         if config.on_step is not None:
             stepped = await config.on_step(executions, execution_id, machine, event)
         else:
-            stepped = await executions.step(execution_id, machine, event)
+            stepped = await executions.step(execution_id, machine, event, on_error=plan.on_error)
     if isinstance(stepped, Stepped):
         await completed(unit, config, stepped)
     return stepped
@@ -384,8 +387,8 @@ async def _stepped(
     if stepped.finished and address_id is not None:
         # The first sighting of the end: the address's horizon counts from here.
         await unit.sql.stamp([address_id], now)
-    if stepped.state.microstep == 0:
-        # The macrostep took no transition: the event is in the input log, unused.
+    if not stepped.matched:
+        # No transition took the event: it is in the input log, unused.
         return Dropped(
             plan.id, reason=DropReason.UNMATCHED_EVENT, key=delivery.key, execution_id=execution_id
         )

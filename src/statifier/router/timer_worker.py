@@ -246,6 +246,7 @@ async def _under_claim(unit: Unit, timers: Sequence[DueTimer | UnreadableTimer])
         current.storage,
         executor=current.executor,
         serialization=_ClaimedLocks(held, current.serialization),
+        on_error=current.on_error,
     )
 
 

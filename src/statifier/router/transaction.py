@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from statifier.persistence import Executions, Executor, Storage
+from statifier.persistence import ErrorPolicy, Executions, Executor, Storage
 from statifier.persistence.serialization import Unserialized
 from statifier.persistence.sql import SqlAdapter, SqlTransaction
 from statifier.router.postgres import PostgresSession, PostgresStatements
@@ -84,6 +84,7 @@ async def transaction(
     executor: Callable[[Unit], Executor],
     connection: sa.Connection | AsyncConnection | None = None,
     lock_wait: float | None = None,
+    on_error: ErrorPolicy | None = None,
 ) -> AsyncIterator[Unit]:
     """Open a router transaction on ``storage``'s SQL adapter, commit it when the block
     ends and roll it back when it raises; or, given ``connection`` (with a transaction
@@ -91,13 +92,15 @@ async def transaction(
 
     ``executor`` makes the executor of the unit's lifecycle from the unit (the send
     handler reads the delivery in progress from it). ``lock_wait`` bounds the wait for
-    an execution's lock and for SQLite's single writer.
+    an execution's lock and for SQLite's single writer; ``on_error`` is the lifecycle's
+    policy for errors no transition takes.
     """
     adapter = storage.adapter
     assert isinstance(adapter, SqlAdapter)
     source = adapter if connection is None else adapter.joined(connection)
+    policy = ErrorPolicy() if on_error is None else on_error
     async with source.transaction(lock_wait) as tx:
-        yield _unit(storage, statements, executor, tx, lock_wait)
+        yield _unit(storage, statements, executor, tx, lock_wait, policy)
 
 
 def _unit(
@@ -106,18 +109,23 @@ def _unit(
     executor: Callable[[Unit], Executor],
     tx: SqlTransaction,
     lock_wait: float | None,
+    on_error: ErrorPolicy,
 ) -> Unit:
     view = storage.over(tx.adapter)
     if isinstance(statements, PostgresStatements):
         # Each step takes its execution's advisory lock, held until the commit.
         unit = Unit(PostgresSession(statements, tx.driver), Executions(view), tx)
-        unit.executions = Executions(view, executor=executor(unit), lock_wait=lock_wait)
+        unit.executions = Executions(
+            view, executor=executor(unit), lock_wait=lock_wait, on_error=on_error
+        )
         return unit
     # The transaction already holds SQLite's single writer, the exclusion every step
     # needs: a step opens no nested block of its own (and no savepoint), and a step
     # that raises is undone with its delivery.
     unit = Unit(SqliteSession(statements, tx.driver), Executions(view), tx)
-    unit.executions = Executions(view, executor=executor(unit), serialization=Unserialized())
+    unit.executions = Executions(
+        view, executor=executor(unit), serialization=Unserialized(), on_error=on_error
+    )
     return unit
 
 
