@@ -71,6 +71,7 @@ class Recorder:
         event: Event,
         key: IdempotencyKey,
         tx: SqlTransaction | None,
+        scope: str | None,
     ) -> Refused | None:
         self.calls.append((dict(config), event, key, tx is not None))
         return None if self.refuse is None else Refused(self.refuse)

@@ -48,6 +48,7 @@ class Recorder:
         event: Event,
         key: IdempotencyKey,
         tx: SqlTransaction | None,
+        scope: str | None,
     ) -> Refused | None:
         self.calls.append((dict(config), event, key, tx))
         return None if self.refuse is None else Refused(self.refuse)

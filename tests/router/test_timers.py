@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import random
 import signal
 import sys
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -26,13 +27,15 @@ from tests.router.conftest import RouterDb
 from statifier import telemetry
 from statifier.chart import Machine, compile_chart
 from statifier.core import Event
-from statifier.persistence import Executions, Refused, Status
+from statifier.core import effects as fx
+from statifier.persistence import EffectContext, Executions, Executor, Refused, Status
 from statifier.persistence.sql import SqlTransaction
 from statifier.persistence.sql.schema import TableNames
 from statifier.router import RouterConfig, StaticResolver, ledger
+from statifier.router.outbox import Backoff
 from statifier.router.routes import IdempotencyKey
 from statifier.router.timer_queue import TimerEntry, TimerKind
-from statifier.router.timer_worker import TimerWorker
+from statifier.router.timer_worker import RouteRetries, TimerWorker
 from statifier.router.timers import DueTimer, SqlTimerQueue
 
 TIMER_EVENT = "statifier.router.timer"
@@ -74,6 +77,7 @@ class Recorder:
 
     seen: list[tuple[Event, IdempotencyKey]] = field(default_factory=list)
     answers: dict[str, Refused | Exception] = field(default_factory=dict)
+    scopes: list[str | None] = field(default_factory=list)
 
     def deliver(
         self,
@@ -81,8 +85,10 @@ class Recorder:
         event: Event,
         key: IdempotencyKey,
         tx: SqlTransaction | None,
+        scope: str | None,
     ) -> Refused | None:
         assert tx is not None  # a fire hands off inside its transaction
+        self.scopes.append(scope)
         answer = self.answers.get(event.name)
         if isinstance(answer, Exception):
             raise answer
@@ -91,14 +97,29 @@ class Recorder:
         return answer
 
 
-def timer_config(router_db: RouterDb, recorder: Recorder | None = None) -> RouterConfig:
+def timer_config(
+    router_db: RouterDb, recorder: Recorder | None = None, executor: Executor | None = None
+) -> RouterConfig:
+    options: dict[str, Any] = {} if executor is None else {"executor": executor}
     return router_db.config(
         [],
         resolver=StaticResolver({"tick": chart(TICK), "count": chart(COUNT)}),
         send_type="test:sink",
         routes={"rec": (recorder or Recorder(), {})},
         lock_wait=LOCK_WAIT,
+        **options,
     )
+
+
+def failing_for(*execution_ids: str) -> Executor:
+    """An executor that raises on the log of ``execution_ids``' steps (the count
+    chart logs on each tick), and performs nothing else."""
+
+    def execute(effect: fx.Effect, context: EffectContext) -> None:
+        if isinstance(effect, fx.Log) and context.execution_id in execution_ids:
+            raise RuntimeError("the executor is down")
+
+    return execute
 
 
 def entry(
@@ -333,66 +354,135 @@ async def test_a_parked_execution_keeps_its_timer_until_it_is_unparked(
 async def test_a_route_timer_reaches_its_route_under_the_sends_key(router_db: RouterDb) -> None:
     recorder = Recorder()
     config = timer_config(router_db, recorder)
+    await create(config, "count", "ex_1")
     now = router_db.clock.now
     due = entry("ex_1", 1, now, kind=TimerKind.ROUTE, route="rec", event=Event("joined"))
     await schedule(config, [due])
     assert await TimerWorker(config).fire_due(now) == 1
     assert recorder.seen == [(Event("joined"), due.key)]
+    assert recorder.scopes == ["tenant"]  # the timer's scope reaches the route
     assert await pending(config) == []
     assert await ledger(config) == []
 
 
 @pytest.mark.asyncio
-async def test_an_unregistered_or_refusing_route_discards_its_timer(
+async def test_a_route_timer_of_an_ended_or_missing_execution_is_discarded_unsent(
     router_db: RouterDb, timer_reports: list[dict[str, Any]]
+) -> None:
+    recorder = Recorder()
+    config = timer_config(router_db, recorder)
+    await create(config, "tick", "finished", "cancelled")
+    now = router_db.clock.now
+    async with config.transaction() as unit:
+        await unit.executions.step("finished", None, Event("tick"))
+        await unit.executions.cancel("cancelled")
+    await schedule(
+        config,
+        [
+            entry(name, n, now, kind=TimerKind.ROUTE, route="rec")
+            for n, name in enumerate(("finished", "cancelled", "missing"))
+        ],
+    )
+    assert await TimerWorker(config).fire_due(now) == 3
+    assert recorder.seen == []
+    assert await pending(config) == []
+    assert {(r["execution_id"], r["outcome"], r["reason"]) for r in timer_reports} == {
+        ("finished", "discarded", "finished"),
+        ("cancelled", "discarded", "finished"),
+        ("missing", "discarded", "no_execution"),
+    }
+
+
+RETRIES = RouteRetries(attempts=3, backoff=Backoff(base=SECOND, factor=2.0))
+
+
+@pytest.mark.asyncio
+async def test_a_refusing_route_is_asked_again_then_given_up_and_the_chart_hears_of_it(
+    router_db: RouterDb, timer_reports: list[dict[str, Any]], caplog: pytest.LogCaptureFixture
 ) -> None:
     recorder = Recorder(answers={"no": Refused("the sink is full")})
     config = timer_config(router_db, recorder)
+    await create(config, "count", "ex_1")
+    now = router_db.clock.now
+    refused = entry("ex_1", 1, now, kind=TimerKind.ROUTE, route="rec", event=Event("no"))
+    await schedule(config, [replace(refused, event=Event("no", sendid="book"))])
+    worker = TimerWorker(config, route_retries=RETRIES)
+    # The first attempt, then one a second later, then two seconds after that.
+    assert await worker.fire_due(now) == 1
+    assert await pending(config) == [("ex_1", "t1", now + SECOND)]
+    assert await worker.fire_due(now + SECOND) == 1
+    assert await pending(config) == [("ex_1", "t1", now + 3 * SECOND)]
+    assert await worker.fire_due(now + 2 * SECOND) == 0  # not due yet
+    assert await worker.fire_due(now + 3 * SECOND) == 1
+    assert await pending(config) == []
+    assert [(r["outcome"], r.get("attempt")) for r in timer_reports] == [
+        ("retried", "1"),
+        ("retried", "2"),
+        ("given_up", None),
+    ]
+    # Given up: a ledger row, and error.communication with the send's id in the chart.
+    (row,) = await ledger(config, "ex_1")
+    assert (row.binding_id, row.outcome, row.key) == ("route", "send_refused", "rec")
+    assert row.reason == ("route_failed: route 'rec': the sink is full (gave up after 3 attempts)")
+    log = await logged(config, "ex_1")
+    assert [(door, name) for door, name, _ in log] == [("timer", "error.communication")]
+    (error,) = await config.storage.errors("ex_1")
+    assert (error.name, error.door) == ("error.communication", "timer")
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("attempt 1 of 3" in line for line in warnings)
+    assert any("was given up" in line for line in warnings)
+
+
+@pytest.mark.asyncio
+async def test_a_route_that_raises_is_asked_again_and_an_unregistered_one_given_up(
+    router_db: RouterDb, timer_reports: list[dict[str, Any]]
+) -> None:
+    recorder = Recorder(answers={"boom": RuntimeError("the sink is down")})
+    config = timer_config(router_db, recorder)
+    await create(config, "count", "ex_1")
     now = router_db.clock.now
     await schedule(
         config,
         [
             entry("ex_1", 1, now, kind=TimerKind.ROUTE, route="gone"),
-            entry("ex_1", 2, now + SECOND, kind=TimerKind.ROUTE, route="rec", event=Event("no")),
+            entry("ex_1", 2, now, kind=TimerKind.ROUTE, route="rec", event=Event("boom")),
+            entry("ex_1", 3, now, kind=TimerKind.ROUTE, route="rec", event=Event("b")),
         ],
     )
-    assert await TimerWorker(config).fire_due(now + SECOND) == 2
-    assert await pending(config) == []
-    assert recorder.seen == []
-    assert [(r["outcome"], r["reason"]) for r in timer_reports] == [
-        ("unregistered", "no route 'gone'"),
-        ("refused", "the sink is full"),
+    worker = TimerWorker(config, route_retries=RETRIES)
+    assert await worker.fire_due(now) == 3
+    # The raise was undone at its own savepoint: the batch stood, "b" was handed off.
+    assert [event.name for event, _ in recorder.seen] == ["b"]
+    assert await pending(config) == [("ex_1", "t2", now + SECOND)]
+    assert [(r["send_id"], r["outcome"], r.get("reason")) for r in timer_reports] == [
+        ("t1", "given_up", "no route named 'gone' is registered"),
+        ("t2", "retried", "route 'rec': RuntimeError: the sink is down"),
+        ("t3", "fired", None),
     ]
+    del recorder.answers["boom"]
+    assert await worker.fire_due(now + SECOND) == 1
+    assert [event.name for event, _ in recorder.seen] == ["b", "boom"]
 
 
 @pytest.mark.asyncio
 async def test_a_fire_that_raises_is_retried_later_and_the_rest_of_its_batch_stands(
     router_db: RouterDb, timer_reports: list[dict[str, Any]]
 ) -> None:
-    recorder = Recorder(answers={"boom": RuntimeError("the sink is down")})
-    config = timer_config(router_db, recorder)
+    config = timer_config(router_db, executor=failing_for("ex_bad"))
+    await create(config, "count", "ex_1", "ex_bad", "ex_2")
     now = router_db.clock.now
-    await schedule(
-        config,
-        [
-            entry("ex_1", 1, now, kind=TimerKind.ROUTE, route="rec", event=Event("a")),
-            entry("ex_1", 2, now, kind=TimerKind.ROUTE, route="rec", event=Event("boom")),
-            entry("ex_1", 3, now, kind=TimerKind.ROUTE, route="rec", event=Event("b")),
-        ],
-    )
+    await schedule(config, [entry("ex_1", 1, now), entry("ex_bad", 2, now), entry("ex_2", 3, now)])
     worker = TimerWorker(config, retry=10.0)
     assert await worker.fire_due(now) == 2
-    # The batch at once reached "a", then raised at "boom" and was rolled back whole;
-    # one by one, "a" was handed off again (this adapter keeps nothing in the
-    # transaction), "boom" failed at its savepoint and "b" stood.
-    assert [event.name for event, _ in recorder.seen] == ["a", "a", "b"]
-    assert await pending(config) == [("ex_1", "t2", now + 10 * SECOND)]
+    # The batch at once stepped ex_1, then raised at ex_bad and was rolled back whole;
+    # one by one, ex_1 stepped again, ex_bad failed at its savepoint and ex_2 stood.
+    assert await logged(config, "ex_1") == [("timer", "tick", {"k": 1})]
+    assert await logged(config, "ex_2") == [("timer", "tick", {"k": 3})]
+    assert await logged(config, "ex_bad") == []
+    assert await pending(config) == [("ex_bad", "t2", now + 10 * SECOND)]
     # Only what committed is reported: nothing of the batch rolled back.
     assert [r["outcome"] for r in timer_reports] == ["fired", "failed", "fired"]
-    assert timer_reports[1]["error"] == "RuntimeError: the sink is down"
-    del recorder.answers["boom"]
-    assert await worker.fire_due(now + 10 * SECOND) == 1
-    assert [event.name for event, _ in recorder.seen] == ["a", "a", "b", "boom"]
+    assert timer_reports[1]["error"] == "RuntimeError: the executor is down"
 
 
 @pytest.mark.asyncio
@@ -401,15 +491,14 @@ async def test_a_batch_that_raises_is_rolled_back_whole_and_fired_one_by_one(
 ) -> None:
     """The steps the batch at once made before the failing timer are undone with it
     and made again one by one: each is in its execution's log once."""
-    recorder = Recorder(answers={"boom": RuntimeError("the sink is down")})
-    config = timer_config(router_db, recorder)
-    await create(config, "count", "ex_1", "ex_2")
+    config = timer_config(router_db, executor=failing_for("ex_9"))
+    await create(config, "count", "ex_1", "ex_2", "ex_9")
     now = router_db.clock.now
     await schedule(
         config,
         [
             entry("ex_1", 1, now),
-            entry("ex_9", 2, now, kind=TimerKind.ROUTE, route="rec", event=Event("boom")),
+            entry("ex_9", 2, now),
             entry("ex_2", 3, now + SECOND),
             entry("ex_1", 4, now + SECOND),
         ],
@@ -540,6 +629,7 @@ async def test_ten_thousand_timers_fire_in_due_order(router_db: RouterDb) -> Non
                 event=Event("tick", data={"n": n}),
             )
         )
+    await create(config, "count", *(f"ex_{n}" for n in range(37)))
     await schedule(config, entries)
     worker = TimerWorker(config, batch=500)
     assert await worker.fire_due(now + timedelta(milliseconds=999)) == sum(d < 1000 for d in dues)

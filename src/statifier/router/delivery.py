@@ -298,7 +298,7 @@ async def completed(unit: Unit, config: RouterConfig, stepped: Stepped) -> None:
         content_index=None,
         ordinal=None,
     )
-    answer = await settle(adapter.deliver(route_config, event, key, unit.tx))
+    answer = await settle(adapter.deliver(route_config, event, key, unit.tx, unit.scope))
     if isinstance(answer, Refused):
         raise OnCompleteFailed(route_name, execution_id, answer.reason)
 

@@ -40,8 +40,8 @@ own clock: keep the workers' clocks in step to well within the lease.
 ...         route = OutboxRoute(adapter)
 ...         event = Event("pickup.requested", data={"parcel_id": "p1"}, sendid="book")
 ...         async with adapter.transaction() as tx:
-...             await route.deliver({"queue": "pickups"}, event, key, tx)
-...             await route.deliver({"queue": "pickups"}, event, key, tx)  # a redrive
+...             await route.deliver({"queue": "pickups"}, event, key, tx, "shop_a")
+...             await route.deliver({"queue": "pickups"}, event, key, tx, "shop_a")  # a redrive
 ...         drain = OutboxDrain(adapter, {"pickups": lambda m: sent.append((m.key, m.event.name))})
 ...         return await drain.drain_once(), await drain.pending()
 >>> asyncio.run(main())
@@ -265,9 +265,11 @@ class OutboxRoute:
         event: Event,
         key: IdempotencyKey,
         tx: SqlTransaction | None,
+        scope: str | None = None,
     ) -> Refused | None:
         """Insert the send's row on ``tx`` (a transaction of its own when ``tx`` is
-        ``None``, on a live session), once per ``(queue, key)``.
+        ``None``, on a live session), once per ``(queue, key)``; the row carries
+        ``scope``, which its sink reads as :attr:`OutboxMessage.scope`.
 
         Raises:
             ConfigError: the configuration names no queue.
@@ -288,6 +290,7 @@ class OutboxRoute:
             # At the executor seam the key's scope is the sending execution's id; on a
             # live session it is a session id, which names no execution.
             execution_id=key.scope if tx is not None else None,
+            scope=scope,
         )
         return None
 

@@ -5,9 +5,10 @@ router's send type and the target the route's name, which the router resolves ag
 the host's registry (``RouterConfig.routes``) and never parses. A scope may override a
 route's configuration (``RouterConfig.route_overrides``), never its existence.
 
-A :class:`Route` is handed its configuration, the built event and the
-:class:`IdempotencyKey` the router composed, and the open transaction of the delivery
-that sent (``None`` on a live session). It hands off durably, or answers
+A :class:`Route` is handed its configuration, the built event, the
+:class:`IdempotencyKey` the router composed, the open transaction of the delivery
+that sent (``None`` on a live session) and the scope the route was resolved in (the
+delivery's; ``None`` when it has none). It hands off durably, or answers
 :class:`~statifier.persistence.Refused` (the sender hears ``error.communication``);
 what it raises rolls the delivery back.
 
@@ -94,8 +95,11 @@ class Route(Protocol):
     ``deliver`` runs inside the delivery's transaction (``tx``), under the sending
     execution's lock, so it may only hand off durably: a row written on ``tx.driver``
     commits with the step that sent and rolls back with it. It must never call back
-    into the sending execution. On a live session ``tx`` is ``None`` and ``deliver``
-    may be called more than once for one send, always under the same key.
+    into the sending execution: such a call is refused at once with
+    :class:`~statifier.persistence.ReentrantCall`. On a live session ``tx`` is ``None``
+    and ``deliver`` may be called more than once for one send, always under the same
+    key. ``scope`` is the scope the route was resolved in (the delivery's, the timer's,
+    or a live session's processor scope), so a sink can answer into the same scope.
 
     Answers ``None`` (handed off) or :class:`~statifier.persistence.Refused` (not
     handed off: the sender hears ``error.communication``); a plain function or a
@@ -108,6 +112,7 @@ class Route(Protocol):
         event: Event,
         key: IdempotencyKey,
         tx: SqlTransaction | None,
+        scope: str | None,
     ) -> Awaitable[Refused | None] | Refused | None: ...
 
 

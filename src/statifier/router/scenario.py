@@ -133,6 +133,7 @@ class RecordingRoute:
         event: Event,
         key: IdempotencyKey,
         tx: SqlTransaction | None,
+        scope: str | None,
     ) -> None:
         # A hand-off whose transaction then rolls back stays recorded: in a scenario
         # only a failure rolls back, and a failure ends the case.

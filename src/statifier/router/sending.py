@@ -218,7 +218,9 @@ class SendHandler:
             return await self._schedule(effect, context, TimerKind.ROUTE, event, target)
         key = send_key(effect, context)
         adapter, route_config = found
-        answer = await settle(adapter.deliver(route_config, event, key, self.unit.tx))
+        answer = await settle(
+            adapter.deliver(route_config, event, key, self.unit.tx, self.unit.scope)
+        )
         if isinstance(answer, Refused):
             return await self._refuse(
                 effect, context, "route_failed", f"route {target!r}: {answer.reason}"

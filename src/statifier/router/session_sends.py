@@ -18,8 +18,8 @@ through deliveries only, and is refused here.
 >>> from statifier.router import RouterConfig, StaticResolver
 >>> from statifier.persistence.sql import SqlAdapter
 >>> class Print:
-...     def deliver(self, config, event, key, tx):
-...         print(event.name, config["queue"], tx)
+...     def deliver(self, config, event, key, tx, scope):
+...         print(event.name, config["queue"], tx, scope)
 >>> config = RouterConfig(SqlAdapter("sqlite://"), bindings=[], resolver=StaticResolver({}),
 ...                       send_type="myapp:sink", routes={"joined": (Print(), {"queue": "q"})})
 >>> routes = SessionRoutes(config)
@@ -81,7 +81,10 @@ class SessionRoutes:
             # No counters to key it by: a key made up here could name another send.
             return "a route delivery needs the send it carries out (the session sets it)"
         adapter, route_config = found
-        answer = await settle(adapter.deliver(route_config, delivery.event, _key(delivery), None))
+        scope = delivery.headers.get(_SCOPE_HEADER)
+        answer = await settle(
+            adapter.deliver(route_config, delivery.event, _key(delivery), None, scope)
+        )
         return answer.reason if isinstance(answer, Refused) else None
 
     def _scope(self) -> str | None:

@@ -52,6 +52,8 @@ class TimerEntry:
         event: the event it delivers.
         route: for :attr:`TimerKind.ROUTE`, the route's name.
         scope: for :attr:`TimerKind.ROUTE`, the scope the route resolves in.
+        attempts: for :attr:`TimerKind.ROUTE`, how many times the route refused it
+            already (it is scheduled again, later, until it gives up).
     """
 
     execution_id: str
@@ -63,6 +65,7 @@ class TimerEntry:
     event: Event
     route: str | None = None
     scope: str | None = None
+    attempts: int = 0
 
 
 class TimerQueue(Protocol):

@@ -34,6 +34,14 @@ Locks:
   statement after the claim (``Storage.hold_executions``).
 - On SQLite the router's transaction holds the single writer: nothing races a pass.
 
+A route timer whose execution has ended (or is gone) is discarded unsent: a delayed
+send dies with the execution that sent it. A route that refuses a due send, or raises
+(rolled back to a savepoint of its own), is asked again later: the row is scheduled
+again after the :class:`RouteRetries` backoff, and after its last attempt it is given
+up: a ``send_refused`` routing-ledger row records it (reason ``route_failed``), the
+execution hears ``error.communication`` carrying the send's id (if it still runs), and
+a warning is logged. A route no longer registered is given up at once.
+
 A fire that raises (in a batch one by one) is rolled back to its savepoint (the row
 stays) and the row is made due again ``retry`` seconds later, so a failing timer is
 retried without being spun on. A row whose payload the codec cannot decode
@@ -47,26 +55,30 @@ Telemetry: every timer taken off the queue or retried reports
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
 from statifier.callbacks import settle
+from statifier.core.events import engine_event
 from statifier.persistence import Discarded, Executions, Refused, Stepped
 from statifier.persistence.errors import ExecutionNotFound
 from statifier.persistence.serialization import Serialization
 from statifier.router.config import RouterConfig
 from statifier.router.delivery import step_timer_event
 from statifier.router.errors import ConfigError, ExecutionParked
+from statifier.router.outbox import Backoff
+from statifier.router.records import LedgerRow
 from statifier.router.timer_queue import TimerEntry, TimerKind
 from statifier.router.timers import DueTimer, SqlTimerQueue, UnreadableTimer
 from statifier.router.transaction import Unit
 from statifier.telemetry import enabled, report
 
-__all__ = ["FIRED", "TimerWorker", "fire"]
+__all__ = ["FIRED", "RouteRetries", "TimerWorker", "fire"]
 
 _TIMER: Final = "statifier.router.timer"
 FIRED: Final = "fired"
@@ -79,8 +91,31 @@ _RECHECK: Final = 0.002
 """Seconds before the first look after a wake: a schedule wakes the worker before its
 transaction commits, so the new row may not be readable yet."""
 
+_RETRIED: Final = "retried"
+"""The telemetry outcome of a route timer the route refused: it is scheduled again."""
+_GIVEN_UP: Final = "given_up"
+"""The telemetry outcome of a route timer given up: out of attempts, or unregistered."""
+_log = logging.getLogger(__name__)
+
 Clock = Callable[[], datetime]
 Sleep = Callable[[float], Awaitable[object]]
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRetries:
+    """How often a due route send is offered to a route that refuses it: ``attempts``
+    in all (at least 1), waiting ``backoff`` between them.
+
+    >>> RouteRetries().attempts
+    8
+    """
+
+    attempts: int = 8
+    backoff: Backoff = field(default_factory=Backoff)
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ConfigError(f"attempts must be a positive integer, not {self.attempts!r}")
 
 
 def _said(error: BaseException) -> str:
@@ -145,7 +180,9 @@ def _report(outcomes: Iterable[_Outcome]) -> None:
         )
 
 
-async def fire(unit: Unit, config: RouterConfig, entry: TimerEntry) -> bool:
+async def fire(
+    unit: Unit, config: RouterConfig, entry: TimerEntry, retries: RouteRetries | None = None
+) -> bool:
     """Perform the due ``entry`` in ``unit`` (the caller deletes its row in the same
     transaction) and report it. The delayed sends of a step it runs are timed from
     ``unit.now``.
@@ -153,28 +190,33 @@ async def fire(unit: Unit, config: RouterConfig, entry: TimerEntry) -> bool:
     - ``external`` and ``internal``: step the event into the execution (door
       ``timer``; ``internal`` on its internal queue), with no routing-ledger row.
     - ``route``: hand the event to the route, resolved in ``entry.scope`` at fire
-      time, under the send's key, in ``unit``'s transaction.
+      time, under the send's key, in ``unit``'s transaction; a refusal schedules it
+      again on the configuration's queue until ``retries`` runs out (see the module
+      docstring).
 
-    Answers ``True`` when it fired, ``False`` when the timer is discarded: the execution
-    is gone or has ended, the route is no longer registered, or it refused (the last
-    two are reported as telemetry outcomes ``unregistered`` and ``refused``).
+    Answers ``True`` when it fired, ``False`` when the timer is discarded (the
+    execution is gone or has ended), scheduled again, or given up.
 
     Raises:
         ExecutionParked: the execution is parked; the timer must stay (roll back).
-        Exception: whatever the step, the route or the database raised.
+        Exception: whatever the step or the database raised.
     """
-    done = await _perform(unit, config, entry, unit.executions)
+    done = await _perform(unit, config, entry, unit.executions, retries or RouteRetries())
     _report([done])
     return done.outcome == FIRED
 
 
 async def _perform(
-    unit: Unit, config: RouterConfig, entry: TimerEntry, executions: Executions
+    unit: Unit,
+    config: RouterConfig,
+    entry: TimerEntry,
+    executions: Executions,
+    retries: RouteRetries,
 ) -> _Outcome:
     """:func:`fire` without its report; a step runs through ``executions``."""
     started = time.perf_counter()
     if entry.kind is TimerKind.ROUTE:
-        return await _hand_off(unit, config, entry, started)
+        return await _hand_off(unit, config, entry, started, executions, retries)
     try:
         stepped = await _step(unit, config, entry, executions)
     except ExecutionNotFound:
@@ -204,16 +246,108 @@ async def _step(
 
 
 async def _hand_off(
-    unit: Unit, config: RouterConfig, entry: TimerEntry, started: float
+    unit: Unit,
+    config: RouterConfig,
+    entry: TimerEntry,
+    started: float,
+    executions: Executions,
+    retries: RouteRetries,
 ) -> _Outcome:
+    """Hand a due route send to its route, unless its execution has ended; a refusal
+    schedules it again, or gives it up (see the module docstring)."""
+    record = await executions.storage.find_execution(entry.execution_id)
+    if record is None:
+        return _done(entry, "discarded", unit.now, started, reason="no_execution")
+    if record.status.terminal:
+        return _done(entry, "discarded", unit.now, started, reason="finished")
     found = None if entry.route is None else config.route(entry.scope, entry.route)
     if found is None:
-        return _done(entry, "unregistered", unit.now, started, reason=f"no route {entry.route!r}")
+        why = f"no route named {entry.route!r} is registered"
+        return await _give_up(unit, config, entry, started, executions, why)
     adapter, route_config = found
-    answer = await settle(adapter.deliver(route_config, entry.event, entry.key, unit.tx))
-    if isinstance(answer, Refused):
-        return _done(entry, "refused", unit.now, started, reason=answer.reason)
-    return _done(entry, FIRED, unit.now, started)
+    try:
+        # A route that raises leaves nothing half-written behind it.
+        async with unit.savepoint():
+            answer = await settle(
+                adapter.deliver(route_config, entry.event, entry.key, unit.tx, entry.scope)
+            )
+    except Exception as error:  # noqa: BLE001 - a route's failure is a refusal of the send
+        answer = Refused(_said(error))
+    if not isinstance(answer, Refused):
+        return _done(entry, FIRED, unit.now, started)
+    why = f"route {entry.route!r}: {answer.reason}"
+    attempts = entry.attempts + 1
+    queue = config.timers
+    if attempts < retries.attempts and queue is not None:
+        due_at = unit.now + retries.backoff.delay(attempts)
+        await queue.schedule(unit.tx, replace(entry, due_at=due_at, attempts=attempts))
+        _log.warning(
+            "execution %s: %s (attempt %d of %d); trying again at %s",
+            entry.execution_id,
+            why,
+            attempts,
+            retries.attempts,
+            due_at.isoformat(),
+            extra={
+                "execution_id": entry.execution_id,
+                "route": entry.route,
+                "send_id": entry.send_id,
+                "attempt": attempts,
+                "attempts": retries.attempts,
+            },
+        )
+        return _done(entry, _RETRIED, unit.now, started, reason=why, attempt=str(attempts))
+    given_up = f"{why} (gave up after {attempts} attempt{'s' if attempts != 1 else ''})"
+    return await _give_up(unit, config, entry, started, executions, given_up)
+
+
+async def _give_up(
+    unit: Unit,
+    config: RouterConfig,
+    entry: TimerEntry,
+    started: float,
+    executions: Executions,
+    why: str,
+) -> _Outcome:
+    """A route send that will not go: a ``send_refused`` ledger row, the chart told
+    (``error.communication`` with the send's id, if it still runs), a warning."""
+    row = LedgerRow(
+        "route",
+        message_id=str(entry.key),
+        scope=entry.scope,
+        source=None,
+        outcome="send_refused",
+        reason=f"route_failed: {why}",
+        document=None,
+        key=entry.route,
+        execution_id=entry.execution_id,
+        inserted_at=unit.now,
+    )
+    await unit.sql.record(row)
+    failure = engine_event(
+        "error.communication", "platform", {"message": why}, entry.event.sendid
+    )
+    await step_timer_event(
+        unit,
+        config,
+        entry.execution_id,
+        failure,
+        internal=True,
+        scope=entry.scope,
+        now=unit.now,
+        executions=executions,
+    )
+    _log.warning(
+        "execution %s: a delayed send to a route was given up: %s",
+        entry.execution_id,
+        why,
+        extra={
+            "execution_id": entry.execution_id,
+            "route": entry.route,
+            "send_id": entry.send_id,
+        },
+    )
+    return _done(entry, _GIVEN_UP, unit.now, started, reason=why)
 
 
 class _ClaimedLocks:
@@ -268,6 +402,7 @@ class TimerWorker:
         poll: the most seconds :meth:`run` sleeps without looking (schedules of other
             processes wake no one here).
         retry: seconds after which a timer whose fire raised is tried again.
+        route_retries: how often a route that refuses a due send is asked again.
         clock: "now" as an aware UTC datetime; by default the storage's clock.
         sleep: ``asyncio.sleep``, or a stand-in for tests.
 
@@ -283,6 +418,7 @@ class TimerWorker:
         batch: int = 100,
         poll: float = 1.0,
         retry: float = 5.0,
+        route_retries: RouteRetries | None = None,
         clock: Clock | None = None,
         sleep: Sleep = asyncio.sleep,
     ) -> None:
@@ -298,6 +434,7 @@ class TimerWorker:
         self.batch = batch
         self.poll = poll
         self.retry = timedelta(seconds=retry)
+        self.route_retries = route_retries or RouteRetries()
         self.clock: Clock = config.storage.clock if clock is None else clock
         self.sleep = sleep
         self._woken = asyncio.Event()
@@ -362,7 +499,8 @@ class TimerWorker:
             taken = await self.queue.take_due(unit.tx, now, self.batch)
             executions = await _under_claim(unit, taken.timers)
             outcomes = [
-                await _perform(unit, self.config, timer.entry, executions) for timer in taken.timers
+                await _perform(unit, self.config, timer.entry, executions, self.route_retries)
+                for timer in taken.timers
             ]
         _report(outcomes)
         done = len(outcomes)
@@ -401,7 +539,9 @@ class TimerWorker:
             async with unit.savepoint():
                 if not await self.queue.take(unit.tx, timer.id):
                     return None  # pragma: no cover - a claimed row is held by this claim
-                return await _perform(unit, self.config, timer.entry, executions)
+                return await _perform(
+                    unit, self.config, timer.entry, executions, self.route_retries
+                )
         except Exception as error:  # noqa: BLE001 - one timer's failure is its own
             await self.queue.retry_at(unit.tx, timer.id, unit.now + self.retry)
             return _done(timer.entry, _FAILED, unit.now, started, error=_said(error))

@@ -9,8 +9,8 @@ statement, and :meth:`SqlTimerQueue.claim` with :meth:`SqlTimerQueue.take` lock 
 and delete them one at a time (the worker's fallback). Whichever of a cancel and a fire
 deletes a row first wins: the other deletes nothing.
 
-The payload column holds what the other columns do not: the event, the route and scope
-of a route timer, and the idempotency key's parts (``dedup_key`` is only its string
+The payload column holds what the other columns do not: the event, the route, scope and
+attempts of a route timer, and the idempotency key's parts (``dedup_key`` is only its string
 form). With a blob codec (the configuration storage's), the payload is stored in the
 codec's sealed form (:func:`~statifier.persistence.codec.sealed_json`): the event's
 data is the host's, like an input-log entry's. ``inserted_at`` is the database's clock
@@ -117,6 +117,7 @@ def _payload(entry: TimerEntry) -> dict[str, Any]:
         "event": json.loads(dump_event(entry.event)),
         "route": entry.route,
         "scope": entry.scope,
+        "attempts": entry.attempts,
         "key": {
             "scope": key.scope,
             "send_id": key.send_id,
@@ -152,6 +153,7 @@ def _entry(row: Sequence[Any], due_at: datetime, codec: BlobCodec) -> TimerEntry
         event=load_event(json.dumps(body["event"]).encode()),
         route=body["route"],
         scope=body["scope"],
+        attempts=body.get("attempts", 0),
     )
 
 
