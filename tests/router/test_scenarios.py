@@ -449,8 +449,8 @@ def test_the_recording_route_records_the_name_and_tagged_data() -> None:
         "ex_1", send_id="s", macrostep=1, microstep=1, round=0, content_index=0, ordinal=0
     )
     at = datetime(2026, 1, 2, tzinfo=UTC)
-    route.deliver({}, Event("paid", data={"at": at, "n": 1}), key, None)
-    route.deliver({}, Event("bare"), key, None)
+    route.deliver({}, Event("paid", data={"at": at, "n": 1}), key, None, None)
+    route.deliver({}, Event("bare"), key, None, None)
     assert sends == [
         {"route": "sink", "event": {"name": "paid", "data": {"at": encode(at), "n": 1}}},
         {"route": "sink", "event": {"name": "bare", "data": encode(Event("bare").data)}},

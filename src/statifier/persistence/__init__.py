@@ -20,6 +20,7 @@ from statifier.persistence.errors import (
     InvalidMigrationPlan,
     LockTimeout,
     PersistenceError,
+    ReentrantCall,
 )
 from statifier.persistence.executions import (
     Discarded,
@@ -43,10 +44,12 @@ from statifier.persistence.migration import (
 )
 from statifier.persistence.records import ExecutionRecord, Status
 from statifier.persistence.retention import prune
+from statifier.persistence.serialization import DEFAULT_LOCK_WAIT
 from statifier.persistence.step_errors import ErrorPolicy, OnError, StepError
 from statifier.persistence.storage import Storage
 
 __all__ = [
+    "DEFAULT_LOCK_WAIT",
     "PLAIN",
     "Answered",
     "BlobCodec",
@@ -71,6 +74,7 @@ __all__ = [
     "OnError",
     "Parked",
     "PersistenceError",
+    "ReentrantCall",
     "Refused",
     "Status",
     "StepError",

@@ -58,7 +58,7 @@ from statifier.persistence.executions import (
 )
 from statifier.persistence.executor import EffectContext, Executor, Refused, refuse_unperformed
 from statifier.persistence.records import AnswerRecord, ExecutionRecord, Status
-from statifier.persistence.serialization import Serialization
+from statifier.persistence.serialization import DEFAULT_LOCK_WAIT, Serialization
 from statifier.persistence.storage import Storage
 from statifier.session.children import invoked_chart, seeded_datamodel
 from statifier.session.handlers import invocation_done, invocation_failed
@@ -179,7 +179,7 @@ class Driver:
         effects: Executor = refuse_unperformed,
         options: StartOptions | None = None,
         serialization: Serialization | None = None,
-        lock_wait: float | None = None,
+        lock_wait: float | None = DEFAULT_LOCK_WAIT,
         max_turns: int = 64,
         child_canceller: ChildCanceller | None = None,
     ) -> None:
@@ -452,7 +452,7 @@ class Driver:
         parent stays owed."""
         started = time.perf_counter()
         executions, storage = self.executions, self.storage
-        async with executions.serialization.exclusive(answer.parent_id):
+        async with executions.exclusive(answer.parent_id):
             owed = await storage.fetch_answer(answer.child_id)
             if owed is None or owed.delivered_at is not None:
                 return None  # delivered by another path (deduplicated by the child's id)
@@ -554,7 +554,7 @@ class Driver:
         prefix = f"{parent_id}/{invoke_id}/"
         siblings = {PARENT_KEY: parent_id, INVOKE_KEY: invoke_id}
         started = time.perf_counter()
-        async with executions.serialization.exclusive(parent_id):
+        async with executions.exclusive(parent_id):
             now = storage.clock()
             owed = await storage.fetch_answer(answer.child_id)
             if owed is None or owed.delivered_at is not None:

@@ -16,6 +16,7 @@ __all__ = [
     "PersistenceError",
     "PinSourceFailed",
     "Pinned",
+    "ReentrantCall",
     "RefusalsUnsettled",
     "SerializationUnsupported",
     "StoredChartDamaged",
@@ -85,6 +86,21 @@ class LockTimeout(PersistenceError):  # noqa: N818
         super().__init__(f"execution {execution_id!r} stayed locked for {waited:.3f}s")
         self.execution_id = execution_id
         self.waited = waited
+
+
+class ReentrantCall(PersistenceError):  # noqa: N818 - names the refusal
+    """A call made from inside a step (by its route, executor or sink) would wait for
+    something that step holds until the call returns: it would wait for ever, so it is
+    refused at once. A route hands off durably and answers; it never calls back into
+    the execution it serves."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(
+            f"{what} is held by the step this call was made from: a route, executor or "
+            "sink must not call back into the execution it serves (it would wait for "
+            "itself)"
+        )
+        self.what = what
 
 
 class Pinned(PersistenceError):  # noqa: N818

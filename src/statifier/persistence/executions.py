@@ -82,7 +82,8 @@ from statifier.persistence.records import (
     ExecutionRecord,
     Status,
 )
-from statifier.persistence.serialization import AdapterLock, Serialization
+from statifier.persistence.reentry import stepping
+from statifier.persistence.serialization import DEFAULT_LOCK_WAIT, AdapterLock, Serialization
 from statifier.persistence.step_errors import (
     MAX_STEP_ERRORS,
     ErrorPolicy,
@@ -233,7 +234,9 @@ class Executions:
         serialization: how calls for one execution are kept apart; by default the
             adapter's lock (see :mod:`statifier.persistence.serialization`).
         lock_wait: for the default serialization, the most seconds a call waits for
-            the execution's lock before :class:`LockTimeout`; ``None`` waits on.
+            the execution's lock before :class:`LockTimeout` (30 by default,
+            :data:`~statifier.persistence.serialization.DEFAULT_LOCK_WAIT`); ``None``
+            waits without bound.
         on_error: what an error event no transition takes does (see
             :class:`~statifier.persistence.step_errors.OnError`): ``continue`` (SCXML's
             behaviour, the default) or ``fail``, for every chart or per chart (an
@@ -253,7 +256,7 @@ class Executions:
         *,
         executor: Executor = refuse_unperformed,
         serialization: Serialization | None = None,
-        lock_wait: float | None = None,
+        lock_wait: float | None = DEFAULT_LOCK_WAIT,
         on_error: ErrorPolicy | OnError | str = OnError.CONTINUE,
     ) -> None:
         self.storage = storage
@@ -262,11 +265,20 @@ class Executions:
         self.on_error = ErrorPolicy.of_value(on_error)
 
     @asynccontextmanager
-    async def _exclusive(self, execution_id: str) -> AsyncIterator[None]:
+    async def exclusive(self, execution_id: str) -> AsyncIterator[None]:
+        """The execution's exclusion for the block, the way every call of this
+        lifecycle takes it (for :meth:`step_held`).
+
+        Raises:
+            ReentrantCall: the block would be inside a call for the same execution
+                (from its route, executor or sink).
+            LockTimeout: the execution stayed locked longer than the lock wait.
+        """
         started = time.perf_counter()
-        async with self.serialization.exclusive(execution_id):
-            _locked(execution_id, started)
-            yield
+        with stepping(execution_id):
+            async with self.serialization.exclusive(execution_id):
+                _locked(execution_id, started)
+                yield
 
     async def create(
         self,
@@ -298,7 +310,7 @@ class Executions:
             raise MetadataUnsupported("this adapter cannot store execution metadata")
         await self.storage.save_chart(machine)
         start = replace(options or StartOptions(), session_id=execution_id)
-        async with self._exclusive(execution_id):
+        async with self.exclusive(execution_id):
             if await self.storage.find_execution(execution_id):
                 raise ExecutionExists(execution_id)
             state, effects = initialize(machine, start)
@@ -379,20 +391,21 @@ class Executions:
                 happened: no effect ran).
         """
         started = time.perf_counter()
-        # The hot path: the exclusion is entered directly, not through _exclusive.
-        async with self.serialization.exclusive(execution_id):
-            _locked(execution_id, started)
-            result = await self.step_held(
-                execution_id,
-                machine,
-                event,
-                routes=routes,
-                door=door,
-                when=when,
-                executor=executor,
-                internal=internal,
-                on_error=on_error,
-            )
+        # The hot path: the exclusion is entered directly, not through exclusive().
+        with stepping(execution_id):
+            async with self.serialization.exclusive(execution_id):
+                _locked(execution_id, started)
+                result = await self.step_held(
+                    execution_id,
+                    machine,
+                    event,
+                    routes=routes,
+                    door=door,
+                    when=when,
+                    executor=executor,
+                    internal=internal,
+                    on_error=on_error,
+                )
         self.report_step(result, door, started)
         return result
 
@@ -410,7 +423,7 @@ class Executions:
         on_error: OnError | str | None = None,
     ) -> Stepped | Discarded:
         """:meth:`step`, for a caller that already holds the execution's exclusion
-        (``self.serialization.exclusive(execution_id)``) and does more in the same unit
+        (:meth:`exclusive`) and does more in the same unit
         of work (the driver marks a child's answer delivered in the step that takes
         it). Reports nothing: pass the result to :meth:`report_step` once the
         exclusion is released. Arguments, results and errors as :meth:`step`."""
@@ -482,7 +495,7 @@ class Executions:
     async def fail(self, execution_id: str, reason: str) -> ExecutionRecord | Discarded:
         """End an execution as failed on the host's word; its position stays as it was
         and its outcome is ``{"reason": reason}``. A terminal execution is discarded."""
-        async with self._exclusive(execution_id):
+        async with self.exclusive(execution_id):
             record = await self.storage.fetch_execution(execution_id)
             if record.status.terminal:
                 return Discarded(record)
@@ -511,7 +524,7 @@ class Executions:
         ``by_parent`` (its parent, or the parent's driver, cancels it) writes it
         already delivered, since the parent asked for the end it would be told of."""
         started = time.perf_counter()
-        async with self._exclusive(execution_id):
+        async with self.exclusive(execution_id):
             record = await self.storage.fetch_execution(execution_id)
             if record.status.terminal:
                 return Discarded(record)
@@ -593,7 +606,7 @@ class Executions:
     async def _set_status(
         self, execution_id: str, before: Status, after: Status
     ) -> ExecutionRecord | Discarded:
-        async with self._exclusive(execution_id):
+        async with self.exclusive(execution_id):
             record = await self.storage.fetch_execution(execution_id)
             if record.status is not before:
                 return Discarded(record)
@@ -648,7 +661,7 @@ class Executions:
         self, execution_id: str, plan: MigrationPlan
     ) -> Migrated | Parked | Discarded:
         storage = self.storage
-        async with self._exclusive(execution_id):
+        async with self.exclusive(execution_id):
             record = await storage.fetch_execution(execution_id)
             if not record.status.pins or record.content_hash == plan.target_hash:
                 return Discarded(record)

@@ -13,12 +13,17 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Protocol
+from typing import Final, Protocol
 
 from statifier.persistence.adapter import Adapter
 from statifier.persistence.errors import SerializationUnsupported
 
-__all__ = ["AdapterLock", "Serialization", "Unserialized"]
+__all__ = ["DEFAULT_LOCK_WAIT", "AdapterLock", "Serialization", "Unserialized"]
+
+DEFAULT_LOCK_WAIT: Final = 30.0
+"""The most seconds a call waits for an execution's lock unless told otherwise: far
+longer than any step holds it, short enough that a call stuck behind one that never
+lets go fails with ``LockTimeout`` instead of waiting for ever."""
 
 
 class Serialization(Protocol):
@@ -30,13 +35,14 @@ class Serialization(Protocol):
 
 
 class AdapterLock:
-    """The adapter's own per-execution lock, waiting at most ``wait`` seconds.
+    """The adapter's own per-execution lock, waiting at most ``wait`` seconds
+    (:data:`DEFAULT_LOCK_WAIT` unless given; ``None`` waits without bound).
 
     Raises:
         SerializationUnsupported: (at construction) the adapter declares no lock.
     """
 
-    def __init__(self, adapter: Adapter, wait: float | None = None) -> None:
+    def __init__(self, adapter: Adapter, wait: float | None = DEFAULT_LOCK_WAIT) -> None:
         if not adapter.capabilities.lock:
             raise SerializationUnsupported(
                 f"{type(adapter).__name__} has no per-execution lock; pass a serialization "

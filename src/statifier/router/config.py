@@ -39,6 +39,7 @@ from statifier.persistence import (
     Storage,
 )
 from statifier.persistence.executor import refuse_unperformed
+from statifier.persistence.serialization import DEFAULT_LOCK_WAIT
 from statifier.persistence.sql import SqlAdapter
 from statifier.router.binding import Binding, unique_ids
 from statifier.router.errors import BindingError, ConfigError
@@ -205,7 +206,8 @@ class RouterConfig:
         around_delivery: ``(scope, door, work) -> await work()``: wraps every read and
             write of one door's call (a tenancy context, say); it must call ``work``
             exactly once and answer what it answered.
-        lock_wait: the most seconds a delivery waits for an execution's lock.
+        lock_wait: the most seconds a delivery waits for an execution's lock (30 by
+            default); ``None`` waits without bound.
         on_error: what an error event no transition takes does to an execution
             (:class:`~statifier.persistence.OnError`: ``continue``, SCXML's behaviour,
             or ``fail``), unless its document or the delivering binding says otherwise.
@@ -243,7 +245,7 @@ class RouterConfig:
     on_create: OnCreate | None = None
     on_step: OnStep | None = None
     around_delivery: AroundDelivery[Any] | None = None
-    lock_wait: float | None = None
+    lock_wait: float | None = DEFAULT_LOCK_WAIT
     on_error: OnError | str = OnError.CONTINUE
     document_on_error: Mapping[str, OnError | str] = field(default_factory=dict)
     basichttp: BasicHttpLocations | None = None

@@ -19,6 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from statifier.core import Event
+from statifier.persistence.reentry import hold
 from statifier.router.binding import Binding, Create, Keyed, Plan, Refused
 from statifier.router.config import RESERVED_BINDING_IDS, Door, RouterConfig
 from statifier.router.delivery import Delivery, deliver
@@ -176,11 +177,18 @@ async def _alone(
     advisory locks first (sorted, bounded by ``lock_wait``), then ``settle``."""
     async with config.transaction(connection) as unit:
         if connection is None:
-            await unit.sql.lock(sorted_locks(locks), config.lock_wait)
+            await _lock(unit, config, sorted_locks(locks))
             return await settle(unit)
         async with unit.savepoint():
-            await unit.sql.lock(sorted_locks(locks), config.lock_wait)
+            await _lock(unit, config, sorted_locks(locks))
             return await settle(unit)
+
+
+async def _lock(unit: Unit, config: RouterConfig, keys: list[int]) -> None:
+    """Take the router's locks ``keys`` in ``unit``, refusing at once a wait on one the
+    calling task's own delivery holds (a route calling back into its sender)."""
+    hold(unit.tx, [("router", key) for key in keys], "the router's lock of this address")
+    await unit.sql.lock(keys, config.lock_wait)
 
 
 def _reported(routed: Routed, started: float, duration: float | None = None) -> Routed:
@@ -287,7 +295,7 @@ async def route_many(
     answers: list[Routed | Failed] = []
     durations: list[float] = []
     async with config.transaction(connection) as unit:
-        await unit.sql.lock(locks, config.lock_wait)
+        await _lock(unit, config, locks)
         blocked: dict[tuple[str, str, str], str] = {}
         blocked_scopes: dict[str, str] = {}
         # The deliveries' ledger rows, written at once before the commit: a row is

@@ -67,6 +67,7 @@ from statifier.callbacks import settle
 from statifier.core.events import engine_event
 from statifier.persistence import Discarded, Executions, Refused, Stepped
 from statifier.persistence.errors import ExecutionNotFound
+from statifier.persistence.reentry import hold
 from statifier.persistence.serialization import Serialization
 from statifier.router.config import RouterConfig
 from statifier.router.delivery import step_timer_event
@@ -324,9 +325,7 @@ async def _give_up(
         inserted_at=unit.now,
     )
     await unit.sql.record(row)
-    failure = engine_event(
-        "error.communication", "platform", {"message": why}, entry.event.sendid
-    )
+    failure = engine_event("error.communication", "platform", {"message": why}, entry.event.sendid)
     await step_timer_event(
         unit,
         config,
@@ -370,6 +369,9 @@ async def _under_claim(unit: Unit, timers: Sequence[DueTimer | UnreadableTimer])
     executions they step read ahead in one statement (each step would read its own)."""
     current = unit.executions
     held = {timer.execution_id for timer in timers if timer.locked}
+    # What the claim locked, noted as this transaction's: a route that calls back into
+    # one of them is refused rather than left waiting for this very transaction.
+    hold(unit.tx, [("execution", execution_id) for execution_id in held], "a timer's execution")
     stepped = {
         timer.execution_id
         for timer in timers

@@ -77,6 +77,7 @@ from statifier.chart import InvalidChart, Machine, ReadLimits, compile_chart
 from statifier.console.standalone import is_loopback
 from statifier.extras import MissingExtra
 from statifier.persistence import PLAIN, BlobCodec, Storage
+from statifier.persistence.serialization import DEFAULT_LOCK_WAIT
 from statifier.persistence.sql import SqlAdapter
 from statifier.router import (
     Backoff,
@@ -187,13 +188,14 @@ class DatabaseSettings:
         url: a ``postgresql://`` or ``sqlite:///`` URL (kept out of ``repr``: it may
             carry a password).
         prefix, schema: the tables' :class:`~statifier.sql.TableOptions`.
-        lock_wait: the most seconds a delivery waits for an execution's lock.
+        lock_wait: the most seconds a delivery waits for an execution's lock (30 by
+            default).
     """
 
     url: str = field(default=DEFAULT_DATABASE, repr=False)
     prefix: str = "statifier_"
     schema: str | None = None
-    lock_wait: float | None = None
+    lock_wait: float = DEFAULT_LOCK_WAIT
 
 
 @dataclass(frozen=True, slots=True)
@@ -795,7 +797,7 @@ class _Reader:
             url=url,
             prefix=table.text("prefix", "statifier_"),
             schema=schema,
-            lock_wait=table.optional_seconds("lock_wait"),
+            lock_wait=table.seconds("lock_wait", DEFAULT_LOCK_WAIT),
         )
         table.done()
         return settings

@@ -87,10 +87,12 @@ class SqlTransaction(Protocol):
             :class:`sqlite3.Connection` on SQLite.
         adapter: the adapter bound to the transaction: every call, ``exclusive``
             included, runs in it, and a block nested in a block is a savepoint.
+        held: the locks taken in it (:mod:`statifier.persistence.reentry`).
     """
 
     driver: Any
     adapter: SqlAdapter
+    held: set[object]
 
     def savepoint(self) -> AbstractAsyncContextManager[None]:
         """``async with tx.savepoint():`` undoes what the block wrote if it raises; the

@@ -19,6 +19,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
+from contextvars import Token
 from dataclasses import replace
 from datetime import UTC, datetime
 from types import TracebackType
@@ -46,6 +47,7 @@ from statifier.persistence.records import (
     PositionRecord,
     Status,
 )
+from statifier.persistence.reentry import hold, opened, register, unregister
 from statifier.persistence.sql.schema import (
     ANSWER_COLUMNS,
     CHART_COLUMNS,
@@ -298,7 +300,7 @@ class PostgresTransaction:
             savepoint).
     """
 
-    __slots__ = ("adapter", "blocks", "cursor", "driver", "savepoints")
+    __slots__ = ("adapter", "blocks", "cursor", "driver", "held", "savepoints")
 
     def __init__(self, driver: Driver) -> None:
         self.driver = driver
@@ -306,6 +308,8 @@ class PostgresTransaction:
         self.blocks = 0
         self.savepoints = 0
         self.adapter: Any = None
+        # The locks taken in it (see statifier.persistence.reentry).
+        self.held: set[object] = set()
 
     def savepoint(self) -> _Savepoint:
         """``async with tx.savepoint():`` undoes what the block wrote if it raises; the
@@ -419,7 +423,16 @@ class _Block:
     path.
     """
 
-    __slots__ = ("_db", "_execution_id", "_own", "_savepoint", "_task", "_tx", "_wait")
+    __slots__ = (
+        "_db",
+        "_execution_id",
+        "_own",
+        "_registered",
+        "_savepoint",
+        "_task",
+        "_tx",
+        "_wait",
+    )
 
     def __init__(self, db: PostgresDatabase, execution_id: str, wait: float | None) -> None:
         self._db = db
@@ -429,6 +442,7 @@ class _Block:
         self._own = False
         self._savepoint = ""
         self._task: asyncio.Task[Any] | None = None
+        self._registered: Token[Any] | None = None
 
     async def __aenter__(self) -> None:
         db = self._db
@@ -465,6 +479,7 @@ class _Block:
         self._task = task = asyncio.current_task()
         assert task is not None
         db.shared.blocks[task] = tx
+        self._registered = register(tx)
 
     async def __aexit__(
         self,
@@ -484,7 +499,9 @@ class _Block:
             return
         shared = self._db.shared
         assert self._task is not None
+        assert self._registered is not None
         del shared.blocks[self._task]
+        unregister(self._registered)
         driver = tx.driver
         try:
             if error is None:
@@ -584,6 +601,7 @@ class PostgresDatabase:
         """Take the execution's advisory lock in ``tx``, waiting at most ``wait``
         seconds. ``keep_usable``: the transaction must outlive a timeout (it is not the
         block's own), so the attempt runs in a savepoint."""
+        hold(tx, [("execution", execution_id)], f"execution {execution_id!r}")
         cursor, s = tx.cursor, self.statements
         values = {"id": execution_id}
         if wait is None:
@@ -623,7 +641,8 @@ class PostgresDatabase:
         pool = self.shared.pool
         tx = PostgresTransaction(await pool.take())
         try:
-            yield tx
+            with opened(tx):
+                yield tx
             await tx.driver.commit()
         except BaseException as error:
             await _rollback(tx.driver)

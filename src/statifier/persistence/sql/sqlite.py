@@ -40,6 +40,7 @@ from statifier.persistence.errors import (
     ExecutionNotFound,
     LockTimeout,
     Pinned,
+    ReentrantCall,
 )
 from statifier.persistence.records import (
     AnswerRecord,
@@ -261,7 +262,7 @@ class SqliteTransaction:
         holds_writer: whether it holds the adapter's single writer now.
     """
 
-    __slots__ = ("adapter", "cursor", "driver", "holds_writer", "savepoints")
+    __slots__ = ("adapter", "cursor", "driver", "held", "holds_writer", "savepoints")
 
     def __init__(self, driver: sqlite3.Connection, holds_writer: bool) -> None:
         self.driver = driver
@@ -269,6 +270,9 @@ class SqliteTransaction:
         self.holds_writer = holds_writer
         self.savepoints = 0
         self.adapter: Any = None
+        # The locks taken in it (see statifier.persistence.reentry): on SQLite the
+        # single writer is the one, so none is ever noted.
+        self.held: set[object] = set()
 
     def savepoint(self) -> _Savepoint:
         """``async with tx.savepoint():`` undoes what the block wrote if it raises; the
@@ -431,10 +435,9 @@ class _Block:
                 self._savepoint = f"statifier_{tx.savepoints}"
                 tx.cursor.execute(f"SAVEPOINT {self._savepoint}")
             elif db.view is None:
-                raise RuntimeError(
-                    "a transaction of the adapter's own inside a block of the same task "
-                    "would wait for itself: use the block's adapter (tx.adapter)"
-                )
+                # A transaction of the adapter's own inside a block of the same task
+                # would wait for itself (use the block's adapter, tx.adapter).
+                raise ReentrantCall("the SQLite database's single writer")
             return
         wait = self._wait
         deadline = None if wait is None else time.monotonic() + wait
