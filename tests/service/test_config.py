@@ -419,7 +419,7 @@ async def test_the_route_of_a_loaded_file_writes_outbox_rows(tmp_path: Path) -> 
             "ex_1", send_id="s", macrostep=1, microstep=1, round=0, content_index=1, ordinal=0
         )
         async with config.transaction() as unit:
-            assert await settle(found[0].deliver(found[1], Event("e"), key, unit.tx)) is None
+            assert await settle(found[0].deliver(found[1], Event("e"), key, unit.tx, None)) is None
         rows = await OutboxDrain(config, {}).pending()
         assert [(row.queue, row.key) for row in rows] == [("q", str(key))]
 
