@@ -41,6 +41,7 @@ EVENTS: Final[Mapping[str, str]] = {
     "statifier.router.route": "an inbound event was routed: an outcome per enabled binding",
     "statifier.router.delivery": "one binding's delivery of one event settled",
     "statifier.router.outbox": "an outbox drain pass leased rows and settled their sinks",
+    "statifier.router.outbox_failed": "an outbox row's sink failed: retried later, or dead",
     "statifier.router.timer": "a due timer was fired, discarded, refused or failed",
     # the stream consumer (see the fronts section of docs/telemetry.md)
     "statifier.fronts.commit": "a stream consumer committed the settled prefix to its source",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import logging
 import random
 import signal
 import sys
@@ -255,6 +256,52 @@ async def test_a_failing_sink_backs_off_on_the_clock_then_is_dead_lettered_and_r
     ]
     for row in await drain.rows():
         assert secret not in (row.last_error or "")
+
+
+@pytest.mark.asyncio
+async def test_every_failed_attempt_and_the_dead_letter_warn_once_and_report(
+    router_db: RouterDb, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = router_db.config([])
+    clock = router_db.clock
+    token = "https://sink.example/hook?token=s3cr3t"
+    event = Event("charge", data={"to": token})
+    await OutboxRoute(router_db.adapter, clock=clock).hand_off(
+        None, "charges", "charge/1", event, execution_id="ex_1"
+    )
+
+    def sink(message: OutboxMessage) -> None:
+        raise RuntimeError(f"POST {token} answered 500")
+
+    failures: list[dict[str, Any]] = []
+    telemetry.attach(
+        "outbox-failed-test",
+        "statifier.router.outbox_failed",
+        lambda name, counts, meta: failures.append({**counts, **meta}),
+    )
+    drain = OutboxDrain(
+        config, {"charges": sink}, max_attempts=2, backoff=Backoff(base=timedelta(seconds=1))
+    )
+    try:
+        with caplog.at_level(logging.WARNING, logger="statifier.router.outbox"):
+            assert (await drain.drain_once()).failed == 1
+            clock.advance(timedelta(seconds=1))
+            assert (await drain.drain_once()).dead == 1
+    finally:
+        telemetry.detach("outbox-failed-test")
+    lines = [r for r in caplog.records if r.name == "statifier.router.outbox"]
+    assert [r.levelno for r in lines] == [logging.WARNING, logging.WARNING]
+    assert "failed (attempt 1 of 2)" in lines[0].getMessage()
+    assert "dead-lettered after 2 attempts" in lines[1].getMessage()
+    assert [
+        (f["queue"], f["key"], f["execution_id"], f["attempt"], f["dead"], f["error"])
+        for f in failures
+    ] == [
+        ("charges", "charge/1", "ex_1", 1, False, "RuntimeError"),
+        ("charges", "charge/1", "ex_1", 2, True, "RuntimeError"),
+    ]
+    # What the sink was handed stays out of the log and the telemetry.
+    assert "s3cr3t" not in " ".join(r.getMessage() for r in lines) + repr(failures)
 
 
 @pytest.mark.asyncio

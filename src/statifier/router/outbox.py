@@ -93,6 +93,7 @@ __all__ = [
 ]
 
 _TELEMETRY: Final = "statifier.router.outbox"
+_FAILED: Final = "statifier.router.outbox_failed"
 _ERROR_LIMIT: Final = 500
 """The most characters of a failure kept in ``last_error``."""
 _log = logging.getLogger(__name__)
@@ -484,6 +485,9 @@ class OutboxDrain:
             )
         if not marked:
             return "lost"
+        _failed(
+            row, failures, self.max_attempts, dead, error, moment + self.backoff.delay(failures)
+        )
         return "dead" if dead else "failed"
 
     async def run(self, stop: asyncio.Event, idle: float = 0.5) -> None:
@@ -541,6 +545,47 @@ class OutboxDrain:
         are re-armed when ``tx`` commits, and stay dead if it rolls back. Answers how
         many were re-armed."""
         return await self._sql.retry_dead(tx.driver, key_or_id, queue, self.clock())
+
+
+def _failed(
+    row: _Claimed, failures: int, attempts: int, dead: bool, error: str, next_at: datetime
+) -> None:
+    """Say that a row's sink failed: one warning, one telemetry event. Only the
+    failure's class is said (its message, kept in ``last_error`` for the console, may
+    carry what a sink was handed, a URL with a token say)."""
+    kind = error.split(":", 1)[0]
+    execution_id = row.payload.get("execution_id")
+    fields = {
+        "queue": row.queue,
+        "key": row.key,
+        "execution_id": execution_id if isinstance(execution_id, str) else None,
+        "attempt": failures,
+        "attempts": attempts,
+        "dead": dead,
+        "error": kind,
+    }
+    report(_FAILED, {"attempt": float(failures)}, fields)
+    if dead:
+        _log.warning(
+            "outbox row %s of queue %r was dead-lettered after %d attempt%s: %s",
+            row.key,
+            row.queue,
+            failures,
+            "" if failures == 1 else "s",
+            kind,
+            extra=fields,
+        )
+    else:
+        _log.warning(
+            "outbox row %s of queue %r failed (attempt %d of %d), tried again at %s: %s",
+            row.key,
+            row.queue,
+            failures,
+            attempts,
+            next_at.isoformat(),
+            kind,
+            extra=fields,
+        )
 
 
 def _message(row: _Claimed, codec: BlobCodec, *, final: bool) -> OutboxMessage:
