@@ -39,12 +39,8 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Final, TypeVar
 
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
-
 from statifier.core import Event
+from statifier.extras import MissingExtra
 from statifier.fronts.http_body import (
     DEFAULT_MAX_BODY,
     DEFAULT_TIMEOUT,
@@ -64,6 +60,14 @@ from statifier.router.outcomes import Dropped, DropReason, Outcome
 from statifier.router.routing import delivery_locks
 from statifier.router.transaction import sorted_locks
 from statifier.session.basichttp import decode_post
+
+try:
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+except ModuleNotFoundError as missing:  # Starlette: the http extra
+    raise MissingExtra.of(missing) from missing
 
 __all__ = [
     "MAX_SEND_KEY_LENGTH",

@@ -15,11 +15,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Final
 
-from starlette.requests import ClientDisconnect, Request
-from starlette.responses import PlainTextResponse, Response
-from starlette.types import Receive, Scope, Send
-
 from statifier import telemetry
+from statifier.extras import MissingExtra
+
+try:
+    from starlette.requests import ClientDisconnect, Request
+    from starlette.responses import PlainTextResponse, Response
+    from starlette.types import Receive, Scope, Send
+except ModuleNotFoundError as missing:  # Starlette: the http extra
+    raise MissingExtra.of(missing) from missing
 
 __all__ = [
     "DEFAULT_MAX_BODY",

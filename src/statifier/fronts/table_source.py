@@ -66,9 +66,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from statifier.callbacks import settle
+from statifier.extras import MissingExtra
 from statifier.fronts.lanes import event_key, lane_of
 from statifier.fronts.leases import Clock, LeaseChange, PartitionLeases, group_lock
 from statifier.fronts.source import Malformed, Message, Rebalance
@@ -80,6 +79,11 @@ from statifier.persistence.sql.sqlite import utc_text
 from statifier.router import InboundEvent, RouterConfig
 from statifier.router.errors import ConfigError, InvalidEvent
 from statifier.router.transaction import lock_key
+
+try:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+except ModuleNotFoundError as missing:  # SQLAlchemy: the sqlite extra
+    raise MissingExtra.of(missing) from missing
 
 __all__ = ["ByKey", "Partitioner", "TableSource", "append_events"]
 

@@ -36,13 +36,9 @@ from datetime import datetime
 from typing import Any, Final
 from urllib.parse import parse_qsl
 
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
-
 from statifier.callbacks import settle
 from statifier.expr import Value
+from statifier.extras import MissingExtra
 from statifier.fronts.http_body import (
     DEFAULT_MAX_BODY,
     DEFAULT_TIMEOUT,
@@ -57,6 +53,14 @@ from statifier.fronts.verifiers import Verifier
 from statifier.router import Failed, InboundEvent, Routed, RouterConfig, route
 from statifier.router.errors import InvalidEvent
 from statifier.router.outcomes import MAX_ID_LENGTH
+
+try:
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+except ModuleNotFoundError as missing:  # Starlette: the http extra
+    raise MissingExtra.of(missing) from missing
 
 __all__ = [
     "MAX_FORM_FIELDS",
