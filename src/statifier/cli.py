@@ -51,8 +51,11 @@ Subcommands:
     Migrates the tables of durable executions (:mod:`statifier.sql.migrations`) up to
     ``R`` (default ``head``) or down to it (default ``base``: drops them). The default
     URL is a SQLite file in the working directory, ``statifier.db``; a bare
-    ``postgresql://`` URL uses psycopg 3. Prints the revision reached; a database that
-    cannot be reached or a bad option prints a message and exits with 2.
+    ``postgresql://`` URL uses psycopg 3. It holds the migration lock that
+    ``statifier serve`` and ``Durable(migrate=True)`` take too, so that any of them
+    starting together migrate once. Prints the revision reached; a database that cannot
+    be reached, a bad option, or another process holding the lock for five minutes
+    prints a message and exits with 2.
 
 ``statifier executions list|show|create|send|cancel --database URL [--charts DIR]``
     Reads and drives durable executions through :class:`statifier.durable.Durable`
@@ -507,7 +510,7 @@ def _run_db(args: argparse.Namespace, out: TextIO) -> int:
         else:
             migrations.downgrade(args.url, options, args.revision or "base")
         reached = migrations.current(args.url, options)
-    except (ValueError, sa.exc.SQLAlchemyError) as error:
+    except (ValueError, migrations.MigrationBusy, sa.exc.SQLAlchemyError) as error:
         _debug_traceback(args)
         sys.stderr.write(f"statifier db {args.action}: {describe(error)}\n")
         return 2

@@ -44,7 +44,6 @@ import signal
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol, TextIO
 
 from statifier.extras import MissingExtra
@@ -118,61 +117,37 @@ def _options(settings: ServiceSettings) -> TableOptions:
     return TableOptions(prefix=settings.database.prefix, schema=settings.database.schema)
 
 
-def _head() -> str | None:
-    """The latest revision of the migrations shipped."""
-    from alembic.config import Config
-    from alembic.script import ScriptDirectory
-
-    from statifier.sql import migrations
-
-    config = Config()
-    config.set_main_option("script_location", str(Path(migrations.__file__).parent))
-    return ScriptDirectory.from_config(config).get_current_head()
-
-
 def prepare_database(settings: ServiceSettings) -> None:
-    """Migrate the database (``migrate = true``) or check that it is migrated.
-
-    On PostgreSQL the migration holds a transaction-scoped advisory lock, so services
-    starting together migrate one after the other.
+    """Migrate the database (``migrate = true``) or check that it is migrated, through
+    :func:`statifier.sql.migrations.prepare`: the migration holds the migration lock
+    (``statifier db upgrade`` and ``Durable(migrate=True)`` take the same one), so
+    services starting together migrate one after the other.
 
     Raises:
         NotMigrated: not migrated, and the file does not ask for it.
+        MigrationBusy: another process held the migration lock too long.
         sqlalchemy.exc.SQLAlchemyError: the database cannot be reached.
     """
-    import sqlalchemy as sa
-
     from statifier.sql import migrations
     from statifier.sql.locations import upgrade_locations
 
     url, options = settings.database.url, _options(settings)
     locations = any(isinstance(front, BasicHttpFront) for front in settings.fronts)
-    if settings.migrate:
-        engine = sa.create_engine(migrations.sync_url(url))
-        try:
-            with engine.begin() as connection:
-                if connection.dialect.name == "postgresql":
-                    connection.execute(sa.text("SELECT pg_advisory_xact_lock(7464946373)"))
-                migrations.upgrade(connection, options)
-                if locations:
-                    upgrade_locations(connection, options)
-        finally:
-            engine.dispose()
-        return
-    reached, head = migrations.current(url, options), _head()
-    if reached == head:
-        if locations and not _has_locations(url, options):
-            raise NotMigrated(
-                f"the BasicHTTP front needs the table {options.prefix}locations: set "
-                "migrate = true, or create it with statifier.sql.locations.upgrade_locations"
-            )
-        return
-    found = f"at revision {reached}" if reached else "not there"
-    raise NotMigrated(
-        f"the database's {options.prefix}* tables are {found}, and this release needs "
-        f"revision {head}: run `statifier db upgrade` (with the same --url and --prefix) "
-        "first, or set migrate = true in the configuration"
-    )
+    then = (lambda connection: upgrade_locations(connection, options)) if locations else None
+    try:
+        migrations.prepare(url, options, migrate=settings.migrate, then=then)
+    except migrations.NotAtHead as behind:
+        found = f"at revision {behind.revision}" if behind.revision else "not there"
+        raise NotMigrated(
+            f"the database's {options.prefix}* tables are {found}, and this release needs "
+            f"revision {behind.head}: run `statifier db upgrade` (with the same --url and "
+            "--prefix) first, or set migrate = true in the configuration"
+        ) from None
+    if locations and not settings.migrate and not _has_locations(url, options):
+        raise NotMigrated(
+            f"the BasicHTTP front needs the table {options.prefix}locations: set "
+            "migrate = true, or create it with statifier.sql.locations.upgrade_locations"
+        )
 
 
 def _has_locations(url: str, options: TableOptions) -> bool:
