@@ -579,3 +579,5 @@ def test_a_command_without_its_extra_names_it(
         assert migrated.returncode == 0, migrated.stderr
     done = fresh[extras].command(*(part.format(tmp=tmp_path) for part in argv), cwd=tmp_path)
     assert (done.returncode, done.stderr, done.stdout) == (2, line + "\n", "")
+    # docs/errors.md shows each of these lines as it is.
+    assert line in (ROOT / "docs" / "errors.md").read_text(encoding="utf-8")

@@ -5,7 +5,6 @@ migrations are synchronous)."""
 from __future__ import annotations
 
 import re
-from functools import cache
 from typing import TYPE_CHECKING, Final
 
 from statifier.durable.errors import DurableError
@@ -30,9 +29,11 @@ class NotMigrated(DurableError):  # noqa: N818
     """
 
     def __init__(self, where: str, how: str, revision: str | None, head: str) -> None:
+        from statifier.sql import migrations
+
         if revision is None:
             state = "has no tables for durable executions"
-        elif revision in _revisions():
+        elif revision in migrations.revisions():
             state = f"has its tables at revision {revision}, this statifier needs {head}"
         else:
             state = (
@@ -44,17 +45,6 @@ class NotMigrated(DurableError):  # noqa: N818
         super().__init__(f"{self.finding}: run `{self.upgrade}`, or pass migrate=True")
         self.revision = revision
         self.head = head
-
-
-@cache
-def _revisions() -> tuple[str, ...]:
-    from alembic.config import Config
-    from alembic.script import ScriptDirectory
-
-    config = Config()
-    config.set_main_option("script_location", _MIGRATIONS)
-    script = ScriptDirectory.from_config(config)
-    return tuple(revision.revision for revision in script.walk_revisions())
 
 
 def _options(tables: TableOptions | None) -> TableOptions:

@@ -38,6 +38,7 @@ True
 from __future__ import annotations
 
 import hashlib
+import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from functools import cache
@@ -71,6 +72,7 @@ __all__ = [
     "downgrade",
     "head",
     "prepare",
+    "revisions",
     "run_environment",
     "sync_url",
     "upgrade",
@@ -99,7 +101,7 @@ class BadRevision(ValueError):  # noqa: N818 - names the refusal
     that direction). A :class:`ValueError`; the message is one line."""
 
     def __init__(self, revision: str, why: str) -> None:
-        known = ", ".join(["head", "base", *_revisions()])
+        known = ", ".join(["head", "base", *revisions()])
         super().__init__(f"revision {revision!r}: {why} (the revisions are {known})")
         self.revision = revision
 
@@ -134,11 +136,14 @@ def head() -> str:
     return found
 
 
-def _revisions() -> list[str]:
+@cache
+def revisions() -> tuple[str, ...]:
+    """Every revision of the migrations shipped, sorted (oldest first: they are
+    numbered), e.g. ``('statifier_0001', ...)``."""
     config = Config()
     config.set_main_option("script_location", str(_HERE))
     script = ScriptDirectory.from_config(config)
-    return sorted(revision.revision for revision in script.walk_revisions())
+    return tuple(sorted(revision.revision for revision in script.walk_revisions()))
 
 
 def _options(options: TableOptions | Tables | None) -> TableOptions:
@@ -164,7 +169,7 @@ def _gated(target: str | sa.URL | sa.Connection, wait: float) -> Iterator[sa.Con
         with engine.connect() as connection:
             try:
                 (_lock_sqlite if sqlite else _lock_postgres)(connection, wait)
-            except sa.exc.OperationalError as busy:
+            except (sa.exc.OperationalError, sqlite3.OperationalError) as busy:
                 if not _lock_refused(busy):
                     raise
                 raise MigrationBusy(
@@ -199,11 +204,12 @@ def _lock_sqlite(connection: sa.Connection, wait: float) -> None:
     connection.begin()  # the transaction begun above; pysqlite emits nothing
 
 
-def _lock_refused(error: sa.exc.OperationalError) -> bool:
-    """Whether ``error`` is the lock's wait running out (PostgreSQL's lock_timeout, or
-    SQLite's busy timeout)."""
-    code = getattr(error.orig, "sqlstate", None)
-    return code == _LOCK_NOT_AVAILABLE or "database is locked" in str(error.orig)
+def _lock_refused(error: Exception) -> bool:
+    """Whether ``error`` (SQLAlchemy's, or the SQLite driver's own) is the lock's wait
+    running out: PostgreSQL's lock_timeout, or SQLite's busy timeout."""
+    cause = getattr(error, "orig", error)
+    code = getattr(cause, "sqlstate", None)
+    return code == _LOCK_NOT_AVAILABLE or "database is locked" in str(cause)
 
 
 @contextmanager
