@@ -408,6 +408,17 @@ def test_the_readme_table_and_the_matrix_agree() -> None:
         assert ("beside `sqlite` or `postgres`" in text) == bool(enables.beside_a_database)
 
 
+def test_the_errors_page_shows_what_an_import_without_its_extra_says(
+    fresh: dict[frozenset[str], Fresh],
+) -> None:
+    modules = fresh[frozenset({"sqlite"})].report["modules"]
+    page = (ROOT / "docs" / "errors.md").read_text(encoding="utf-8")
+    for name in ("statifier.service", "scriba.sources"):
+        assert modules[name]["outcome"] == "missing_extra"
+        assert f"$ python -c 'import {name}'" in page
+        assert f"statifier.extras.MissingExtra: {modules[name]['message']}\n" in page
+
+
 # The commands the docs promise, under their set.
 
 

@@ -17,12 +17,12 @@ One gate (``docs/decisions/0087-one-migration-gate.md``): every migration this p
 runs on a URL holds the migration lock, so that processes starting together migrate one
 after the other and the later ones find nothing to do: on PostgreSQL the
 transaction-scoped advisory lock :data:`MIGRATION_LOCK`, on SQLite the database's write
-lock, taken with ``BEGIN IMMEDIATE`` before the version table is read. :func:`prepare`
-("at head, or upgraded to head under the lock") is what ``statifier db upgrade``,
-``statifier serve``, ``Durable(migrate=True)`` and ``statifier console`` open a database
-with; it raises :class:`NotAtHead` when the tables are behind and migrating was not
-asked for. On a connection a caller gives, the caller's transaction governs and no lock
-is taken.
+lock, taken with ``BEGIN IMMEDIATE`` before the version table is read. ``statifier db
+upgrade`` runs :func:`upgrade` through it; :func:`prepare` ("at head, or upgraded to head
+under the lock") is what ``statifier serve``, :class:`~statifier.durable.Durable` (and
+so ``statifier executions``) and ``statifier console`` open a database with, and it
+raises :class:`NotAtHead` when the tables are behind and migrating was not asked for. On
+a connection a caller gives, the caller's transaction governs and no lock is taken.
 
 >>> import os, tempfile
 >>> from statifier.sql import TableOptions
@@ -281,8 +281,8 @@ def prepare(
     then: Callable[[sa.Connection], None] | None = None,
     wait: float = MIGRATION_WAIT,
 ) -> None:
-    """At head, or upgraded to head under the lock: the one way the command line, the
-    service, :class:`~statifier.durable.Durable` and the console open a database.
+    """At head, or upgraded to head under the lock: how the service,
+    :class:`~statifier.durable.Durable` and the console open a database.
 
     With ``migrate``, upgrade the tables of ``options`` to :func:`head` holding the
     migration lock (another process migrating at the same time is waited for, and then
