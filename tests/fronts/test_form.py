@@ -199,3 +199,26 @@ async def test_handling_that_outlives_the_timeout_is_503_and_rolled_back(db: Rou
         answer = await http.post("/", content=form(card="c-8", name="Bo"), headers=FORM)
     assert answer.status_code == 503
     assert await ledger(config) == []
+
+
+@pytest.mark.asyncio
+async def test_a_form_carries_no_json_and_no_lone_surrogate(db: RouterDb) -> None:
+    """A form's one rule is strict UTF-8 (the body and every percent-escape); what looks
+    like a number that is not finite is text, kept as posted."""
+    config = config_of(db)
+    async with client(app_of(config)) as http:
+        escaped = await http.post("/", content=b"card=c-1&name=%ED%A0%80", headers=FORM)
+        raw = await http.post("/", content=b"card=c-1&name=\xed\xa0\x80", headers=FORM)
+        assert await ledger(config) == []
+        numbers = await http.post(
+            "/", content=form(card="c-2", name="1e999999", topics="NaN"), headers=FORM
+        )
+    assert [(a.status_code, a.text) for a in (escaped, raw)] == [
+        (400, "the form is not UTF-8 (invalid continuation byte)"),
+        (400, "the form is not UTF-8 (invalid continuation byte)"),
+    ]
+    assert numbers.status_code == 200
+    [row] = await rows_of(config, "patron_registrations")
+    assert row.execution_id is not None
+    model = await datamodel(config, row.execution_id)
+    assert (model["name"], model["topics"]) == ("1e999999", "NaN")

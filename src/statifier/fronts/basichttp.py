@@ -49,11 +49,10 @@ from statifier.fronts.http_body import (
     DEFAULT_MAX_BODY,
     DEFAULT_TIMEOUT,
     AnyMethod,
-    BodyRefused,
+    Refused,
     check_bounds,
     method_not_allowed,
     read_body,
-    text,
 )
 from statifier.router import Door, RouterConfig
 from statifier.router.binding import Create, Plan
@@ -82,6 +81,7 @@ MAX_SEND_KEY_LENGTH: Final = 256
 
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
+_NOWHERE: Final = Refused(404, "location", "no execution takes events at this location")
 
 
 def send_key_refusal(send_key: str) -> str | None:
@@ -181,32 +181,33 @@ def basichttp_app(
         raise ConfigError("the BasicHTTP front needs a configuration with basichttp")
     check_bounds(max_body, timeout)
 
-    async def answer(request: Request) -> Response:
+    async def answer(request: Request) -> Response | Refused:
         if request.method != "POST":
             return method_not_allowed()
         deadline = asyncio.get_running_loop().time() + timeout
         body = await read_body(request, max_body=max_body, deadline=deadline)
-        if isinstance(body, BodyRefused):
-            return text(body.status, body.reason)
+        if isinstance(body, Refused):
+            return body
         query: bytes = request.scope.get("query_string", b"")
         event = decode_post(request.headers.get("content-type"), body, query)
         if isinstance(event, str):
-            return text(400, event)
+            return Refused(400, "event", event)
         send_key = request.headers.get(SEND_KEY_HEADER)
         if send_key is not None and (refused := send_key_refusal(send_key)) is not None:
-            return text(400, refused)
+            return Refused(400, "send_key", refused)
         token = str(request.path_params["token"])
         if not token_shaped(token):
-            return Response(status_code=404)
+            return _NOWHERE
         try:
             async with asyncio.timeout_at(deadline):
                 outcome = await deliver_posted(config, token, event, send_key=send_key)
         except TimeoutError:
-            return text(503, "the event was not delivered in time; post it again")
+            return Refused(503, "deadline", "the event was not delivered in time; post it again")
         except Exception as error:  # noqa: BLE001 - the post's answer, never the server's
             _log.error("basichttp: a delivery failed with %s", type(error).__name__)
             return Response(status_code=500)
-        return Response(status_code=_status(outcome))
+        answered = _status(outcome)
+        return _NOWHERE if answered == 404 else Response(status_code=answered)
 
     answered = AnyMethod(answer, front="basichttp", source="basichttp")
     return Starlette(routes=[Route("/{token}", answered)])
