@@ -34,6 +34,7 @@ from tests.persistence.conftest import postgresql_store, sqlite_store  # noqa: F
 from tests.router.conftest import RouterDb, router_db, router_store  # noqa: F401 - fixtures
 
 from statifier import telemetry
+from statifier._repeats import Repeats
 from statifier.chart import Machine
 from statifier.core import Event
 from statifier.fronts.verifiers import hmac_sha256
@@ -535,3 +536,29 @@ async def test_a_repeated_refusal_is_one_line_in_its_interval_and_each_is_report
         "webhook parcel_scans refused a request: "
         "400 the body is not JSON: unexpected byte 0x6E at position 1"
     )
+    assert vars(lines[0])["count"] == 1
+
+
+@pytest.mark.asyncio
+async def test_the_refusals_of_an_interval_are_counted_in_one_line_at_its_end(
+    db: RouterDb, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    caplog.set_level(logging.WARNING, FRONTS)
+    monkeypatch.setattr(Repeats, "interval", 0.1)
+    async with client(app_of(config_of(db))) as http:
+        for _ in range(5):
+            await http.post("/", content=b"[1, 2]")
+        async with asyncio.timeout(10):
+            while len(warnings_of(caplog)) < 2:  # noqa: ASYNC110 - the log has no event
+                await asyncio.sleep(0.02)
+        # Ten intervals without a refusal (the summary's interval saw none): the
+        # next refusal is written at once.
+        await asyncio.sleep(1.0)
+        await http.post("/", content=b"[1, 2]")
+    lines = warnings_of(caplog)
+    assert [line.getMessage() for line in lines] == [
+        "webhook parcel_scans refused a request: 400 the body is JSON but not an object: list",
+        "webhook parcel_scans refused 4 more requests by the rule json (400) in the last 0.1 s",
+        "webhook parcel_scans refused a request: 400 the body is JSON but not an object: list",
+    ]
+    assert [vars(line)["count"] for line in lines] == [1, 4, 1]

@@ -8,9 +8,10 @@ further than the bound, so an untrusted client can make a front hold at most
 
 A front answers what it refuses as a :class:`Refused`: the status, the short name of
 the rule the request broke, and a one-line reason. :class:`AnyMethod` turns it into
-the answer, reports it as telemetry and logs it at warning level, once per rule and
-interval (a count of the ones held back goes with the next line), never with the
-body, a header or the path (a BasicHTTP path is a credential).
+the answer, reports it as telemetry and logs it at warning level: the first of a
+rule at once, then one line with the count of each ten seconds in which the rule
+refused more; never with the body, a header or the path (a BasicHTTP path is a
+credential).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from statifier import telemetry
-from statifier.fronts._repeats import Repeats
+from statifier._repeats import Repeats
 
 __all__ = [
     "DEFAULT_MAX_BODY",
@@ -105,8 +106,8 @@ class AnyMethod:
     :class:`Refused` answer its ``refusal`` (the rule) and ``reason`` (``None``
     otherwise). Nothing of the request (path, query, headers, body) is reported: a
     BasicHTTP path is a credential. A refusal is also logged at warning level under
-    ``statifier.fronts.http_body``: the first of its status and rule at once, then at
-    most one line each ten seconds, saying how many were held back meanwhile."""
+    ``statifier.fronts.http_body``: the first of its status and rule at once, then one
+    line at the end of each ten seconds in which more came, with their count."""
 
     def __init__(
         self,
@@ -148,24 +149,36 @@ class AnyMethod:
         await response(scope, receive, send)
 
     def _warn(self, refused: Refused) -> None:
-        held = self._repeats.admit((refused.status, refused.rule))
-        if held is None:
-            return
-        _log.warning(
-            "%s %s refused a request: %d %s%s",
-            self._front,
-            self._source,
-            refused.status,
-            refused.reason,
-            f" ({held} more refused by this rule since the last line)" if held else "",
-            extra={
-                "front": self._front,
-                "source": self._source,
-                "status": refused.status,
-                "refusal": refused.rule,
-                "held_back": held,
-            },
-        )
+        fields = {
+            "front": self._front,
+            "source": self._source,
+            "status": refused.status,
+            "refusal": refused.rule,
+        }
+
+        def first() -> None:
+            _log.warning(
+                "%s %s refused a request: %d %s",
+                self._front,
+                self._source,
+                refused.status,
+                refused.reason,
+                extra={**fields, "count": 1},
+            )
+
+        def later(count: int) -> None:
+            _log.warning(
+                "%s %s refused %d more requests by the rule %s (%d) in the last %g s",
+                self._front,
+                self._source,
+                count,
+                refused.rule,
+                refused.status,
+                self._repeats.interval,
+                extra={**fields, "count": count},
+            )
+
+        self._repeats.note((refused.status, refused.rule), first, later)
 
 
 def _refusal(refused: Refused) -> Response:
