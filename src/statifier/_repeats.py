@@ -67,6 +67,14 @@ class Repeats:
         self._open[kind] = _Window(0, later)
         asyncio.get_running_loop().call_later(self.interval, self._close, kind)
 
+    def flush(self) -> None:
+        """Write the count of every open interval now (the interval's timer then finds
+        nothing more to write): for a process that stops before its intervals end."""
+        for window in self._open.values():
+            if window.count:
+                window.later(window.count)
+                window.count = 0
+
     def _close(self, kind: Hashable) -> None:
         window = self._open.pop(kind)
         if window.count:

@@ -168,12 +168,12 @@ class AnyMethod:
 
         def later(count: int) -> None:
             _log.warning(
-                "%s %s refused %d more requests by the rule %s (%d) in the last %g s",
+                "%s %s refused requests by the rule %s (%d): %d more in the last %g s",
                 self._front,
                 self._source,
-                count,
                 refused.rule,
                 refused.status,
+                count,
                 self._repeats.interval,
                 extra={**fields, "count": count},
             )
