@@ -558,7 +558,7 @@ async def test_the_refusals_of_an_interval_are_counted_in_one_line_at_its_end(
     lines = warnings_of(caplog)
     assert [line.getMessage() for line in lines] == [
         "webhook parcel_scans refused a request: 400 the body is JSON but not an object: list",
-        "webhook parcel_scans refused 4 more requests by the rule json (400) in the last 0.1 s",
+        "webhook parcel_scans refused requests by the rule json (400): 4 more in the last 0.1 s",
         "webhook parcel_scans refused a request: 400 the body is JSON but not an object: list",
     ]
     assert [vars(line)["count"] for line in lines] == [1, 4, 1]
