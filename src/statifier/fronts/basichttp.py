@@ -10,8 +10,9 @@ row a location, ``<base_url>/<token>`` (:mod:`statifier.router.locations`).
 - 413 for a body over ``max_body``, 408 for one not all there in time;
 - 400 for a post the decoder refuses (see
   :func:`statifier.session.basichttp.decode_post`: the event is named by
-  ``_scxmleventname``, a form's other fields are its data) or a malformed
-  ``scxml-send-key``;
+  ``_scxmleventname``, a form's other fields are its data, any other body is its data
+  as text, never parsed as JSON; a body that is not UTF-8, a lone surrogate's
+  encoding included, is refused) or a malformed ``scxml-send-key``;
 - 404 for a token that reaches no execution: unknown, rotated away, or its execution
   has ended;
 - 204 once the event is delivered (taken by a transition or not), and for a
@@ -27,7 +28,8 @@ token's scope is known), with ``create = never``: a post never starts an executi
 
 The token is a bearer capability and appears in the request path: keep the server's
 access log from recording paths under the base URL. Nothing here logs a token or a
-body; a 500 is logged with the error's type name only.
+body; a 500 is logged with the error's type name only, a refusal (404 included) at
+warning level with its rule, once per rule and interval.
 """
 
 from __future__ import annotations

@@ -9,8 +9,11 @@ answers ``POST /`` and nothing else:
 1. any other method: 405 with ``Allow: POST``;
 2. the body, read under ``max_body`` (413) and the request's deadline (408);
 3. the host's verifier, if one is given: a refusal answers 401 and nothing is routed;
-4. the body decoded (a JSON object for a webhook, an urlencoded form for a form
-   post): 400 for one that is not, 415 for a form post of another content type;
+4. the body decoded: for a webhook a JSON object by the one rule every front reads
+   JSON by (:func:`~statifier.fronts.source.json_object`: UTF-8, nested at most 128
+   deep, no number that is not finite, no lone surrogate), for a form post an
+   urlencoded form, strict UTF-8 in its bytes and its percent-escapes: 400 naming
+   the rule broken, 415 for a form post of another content type;
 5. the scope, from the host (a string, or a function of the request: never the
    posted body), and :func:`handle`: 200 for every recorded outcome, 500 for an
    error, 503 when the handling outlived the deadline (its transaction is rolled
@@ -22,7 +25,9 @@ a provider's retry of the same body is the same message. A body-hash id is
 scope-free: the same body under two scopes through one binding is one message; give
 each scope its own binding, or use a provider event id.
 
-No front logs a body; a 500 is logged with the error's type name only.
+No front logs a body; a 500 is logged with the error's type name only, and every
+refusal at warning level with its rule, once per rule and interval
+(:class:`~statifier.fronts.http_body.AnyMethod`).
 """
 
 from __future__ import annotations
