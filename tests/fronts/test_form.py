@@ -6,6 +6,7 @@ routed, and every status (200, 400, 401, 405, 408, 413, 415, 500, 503)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 from urllib.parse import urlencode
 
@@ -222,3 +223,29 @@ async def test_a_form_carries_no_json_and_no_lone_surrogate(db: RouterDb) -> Non
     assert row.execution_id is not None
     model = await datamodel(config, row.execution_id)
     assert (model["name"], model["topics"]) == ("1e999999", "NaN")
+
+
+@pytest.mark.asyncio
+async def test_each_refusal_of_a_form_is_a_warning_naming_its_rule(
+    db: RouterDb, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, "statifier.fronts")
+    async with client(app_of(config_of(db), max_body=256)) as http:
+        answers = [
+            await http.post("/", content=b'{"card": "c-5"}', headers={"content-type": "text/json"}),
+            await http.post("/", content=b"card=%ff", headers=FORM),
+            await http.post("/", content=b"card=" + b"x" * 300, headers=FORM),
+            await http.put("/", content=form(card="c-5"), headers=FORM),
+        ]
+    assert [a.status_code for a in answers] == [415, 400, 413, 405]
+    lines = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert [(vars(r)["status"], vars(r)["refusal"]) for r in lines] == [
+        (415, "content_type"),
+        (400, "form"),
+        (413, "size"),
+        (405, "method"),
+    ]
+    assert {(vars(r)["front"], vars(r)["source"]) for r in lines} == {
+        ("form", "patron_registration_form")
+    }
+    assert "c-5" not in caplog.text
