@@ -33,7 +33,7 @@ that failed, error) and reported as the telemetry event ``statifier.service.list
 (``action``: ``shed``, ``refused``, ``head_timeout`` or ``accept_failed``): the first
 of each action at once, then one line and one event per ten seconds in which more
 came, with their ``count``. A connection closed idle is routine and goes unreported.
-A request head over 16 KiB is refused by uvicorn itself (400).
+A request head still incomplete past 16 KiB is refused by uvicorn itself (400).
 """
 
 from __future__ import annotations
@@ -75,6 +75,7 @@ _UNLIMITED: Final = 65_536
 _ACCEPT_RETRY: Final = 0.5
 """Seconds the listener waits after an accept that failed for want of resources."""
 _OUT_OF_RESOURCES: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+_PEER_GONE: Final = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EINTR})
 _CONNECTION: Final = "statifier.listener.connection"
 """The key of the per-connection state that carries its guard to the app."""
 _REQUEST_TIMEOUT: Final = (
@@ -390,8 +391,13 @@ class GuardedServer(uvicorn.Server):
             try:
                 accepted, _ = await loop.sock_accept(self.listener)
             except OSError as error:
-                if error.errno not in _OUT_OF_RESOURCES:
+                if error.errno in _PEER_GONE:
                     continue  # the peer gave up between its connect and the accept
+                if error.errno not in _OUT_OF_RESOURCES:
+                    # The socket itself is broken: stop, so the service sees it.
+                    _log.error("the listener cannot accept connections: %s", error)
+                    self.should_exit = True
+                    return
                 self.guard.accept_failed(error)
                 await asyncio.sleep(_ACCEPT_RETRY)
                 continue
