@@ -19,8 +19,8 @@ events through the router:
     way; ``{"reap": "addresses"}`` and ``{"reap": "dedupe"}`` run one reaper pass.
 ``routes`` (optional)
     The names of the registered routes, each served by a recording adapter: a chart
-    reaches one with ``<send type=SEND_TYPE target="NAME">``, and a send to any other
-    name is refused.
+    reaches one with ``<send type="T" target="NAME">``, ``T`` the case's send type,
+    and a send to any other name is refused.
 ``send_type`` (optional)
     The router's send type: the ``type`` of a chart's sends to routes and to
     ``target="execution"`` (default :data:`SEND_TYPE`). A chart written for a
