@@ -8,22 +8,37 @@ never imports statechart internals (``statifier.chart``, ``statifier.core``,
 (``docs/telemetry.md``). The guide is ``docs/scriba.md``.
 """
 
-from scriba.coordinator import Status
-from scriba.errors import (
-    ConfigError,
-    IdentityOverride,
-    InvalidState,
-    ProjectionBusy,
-    ProjectionNameWarning,
-    ScribaError,
-    StartFailed,
-    UnknownProjection,
-)
-from scriba.event import Event, Meta, ProjectionKey
-from scriba.memory import MemorySource, MemoryTarget
-from scriba.operations import Delete, Error, Execute, Insert, Multi, Operation, Result, Skip, Update
-from scriba.projection import Projection, RetryPolicy
-from scriba.runtime import Info, Listing, Scriba
+from statifier.extras import MissingExtra
+
+try:
+    from scriba.coordinator import Status
+    from scriba.errors import (
+        ConfigError,
+        IdentityOverride,
+        InvalidState,
+        ProjectionBusy,
+        ProjectionNameWarning,
+        ScribaError,
+        StartFailed,
+        UnknownProjection,
+    )
+    from scriba.event import Event, Meta, ProjectionKey
+    from scriba.memory import MemorySource, MemoryTarget
+    from scriba.operations import (
+        Delete,
+        Error,
+        Execute,
+        Insert,
+        Multi,
+        Operation,
+        Result,
+        Skip,
+        Update,
+    )
+    from scriba.projection import Projection, RetryPolicy
+    from scriba.runtime import Info, Listing, Scriba
+except ModuleNotFoundError as missing:  # SQLAlchemy: the scriba extra
+    raise MissingExtra.of(missing, extra="scriba", what="scriba") from missing
 
 __all__ = [
     "ConfigError",

@@ -51,21 +51,31 @@ Subcommands:
     Migrates the tables of durable executions (:mod:`statifier.sql.migrations`) up to
     ``R`` (default ``head``) or down to it (default ``base``: drops them). The default
     URL is a SQLite file in the working directory, ``statifier.db``; a bare
-    ``postgresql://`` URL uses psycopg 3. Prints the revision reached; a database that
-    cannot be reached or a bad option prints a message and exits with 2.
+    ``postgresql://`` URL uses psycopg 3. It holds the migration lock that
+    ``statifier serve`` and ``Durable(migrate=True)`` take too, so that any of them
+    starting together migrate once. Prints the revision reached; a database that cannot
+    be reached, a bad option, or another process holding the lock for five minutes
+    prints a message and exits with 2.
 
 ``statifier executions list|show|create|send|cancel --database URL [--charts DIR]``
     Reads and drives durable executions through :class:`statifier.durable.Durable`
     (see :mod:`statifier.executions_command` and ``docs/durable.md``); never migrates.
 
-``statifier scenario CASE.json --charts DIR [--start ISO] [--database URL] [--prefix P]``
+``statifier scenario CASE.json --charts DIR | --config CONFIG.toml [--start ISO]
+[--database URL] [--prefix P]``
     Runs one routing case (bindings and a script of deliveries, clock moves and reaper
     passes; see :mod:`statifier.router.scenario`) on a virtual clock, against a freshly
     migrated database (a temporary SQLite file unless ``--database`` names one; tables
     under ``--prefix``, default ``statifier_``), and prints its report as one JSON
-    document: the ledger and the case's execution. When the case carries ``expected``,
-    prints one line per differing key on stderr and exits with 1; a case that cannot be
-    read or run prints one line naming the file and exits with 2.
+    document: the ledger, the case's execution, the sends, and the final state of every
+    execution the case touched. With ``--config``, the charts, bindings, routes,
+    ``on_complete`` and send type are a serve file's, read as ``statifier serve`` reads
+    it (its ``*_env`` variables set), and the case names none of them; nothing the file
+    names is opened. When the case carries ``expected``, prints one line per differing
+    key on stderr and exits with 1; each send the scenario does not handle is such a
+    line when ``expected`` has ``sends``, else a ``warning:`` line on stderr (the exit
+    status unchanged). A case or serve file that cannot be read or run prints one line
+    naming the file and exits with 2.
 
 ``statifier check CONFIG [--charts DIR] [--json]``
     Checks one chart against the router's publish-time contracts (see
@@ -131,6 +141,7 @@ from statifier.expr.tagged import TaggedValueError, decode, encode
 from statifier.extras import MissingExtra
 
 if TYPE_CHECKING:
+    from statifier.router.scenario import Deployment
     from statifier.session.trace import Notice, Step
 
 __all__ = ["main"]
@@ -507,7 +518,7 @@ def _run_db(args: argparse.Namespace, out: TextIO) -> int:
         else:
             migrations.downgrade(args.url, options, args.revision or "base")
         reached = migrations.current(args.url, options)
-    except (ValueError, sa.exc.SQLAlchemyError) as error:
+    except (ValueError, migrations.MigrationBusy, sa.exc.SQLAlchemyError) as error:
         _debug_traceback(args)
         sys.stderr.write(f"statifier db {args.action}: {describe(error)}\n")
         return 2
@@ -524,10 +535,22 @@ def _run_scenario(args: argparse.Namespace, out: TextIO) -> int:
     from statifier.router import scenario
 
     where = f"statifier scenario: {args.case}"
+    charts: Path | scenario.Deployment
+    if args.config is None:
+        charts = Path(args.charts)
+    else:
+        from statifier.service import ServiceConfigError
+
+        try:
+            charts = _deployment(args.config)
+        except ServiceConfigError as error:  # its message names the file
+            _debug_traceback(args)
+            sys.stderr.write(f"statifier scenario: {_one_line(error)}\n")
+            return 2
     try:
         case = scenario.Case.load(Path(args.case))
         start = None if args.start is None else scenario.parse_start(args.start)
-        run = scenario.run_case(case, Path(args.charts), args.database, start, prefix=args.prefix)
+        run = scenario.run_case(case, charts, args.database, start, prefix=args.prefix)
         report = asyncio.run(run)
     except scenario.CaseError as error:
         _debug_traceback(args)
@@ -539,9 +562,47 @@ def _run_scenario(args: argparse.Namespace, out: TextIO) -> int:
         return 2
     _dump(report, out)
     differences = [] if case.expected is None else scenario.compare(report, case.expected)
-    for line in differences:
+    for line in [*scenario.warning_lines(report, case.expected), *differences]:
         sys.stderr.write(f"{where}: {line}\n")
     return 1 if differences else 0
+
+
+def _deployment(path: str) -> Deployment:
+    """What the serve file at ``path`` deploys, read by the service's own loader: its
+    documents, and the bindings, routes (each with its configuration), ``on_complete``
+    and send type of the router ``statifier serve`` would build from it.
+
+    Raises:
+        ServiceConfigError: the file is refused (the message names the file).
+    """
+    # Imported here: the service needs the http extra, the other commands do not.
+    import asyncio
+
+    from statifier.persistence.sql import SqlAdapter
+    from statifier.router.scenario import Deployment
+    from statifier.service import config
+
+    settings = config.load(path)
+
+    async def deployed() -> Deployment:
+        # An in-memory adapter, never written: it only carries the router's
+        # configuration, which is built as the service builds it.
+        async with SqlAdapter("sqlite://") as adapter:
+            router = config.router_config(settings, adapter)
+        return Deployment(
+            file=settings.file,
+            documents=settings.documents,
+            bindings=tuple(router.bindings or ()),
+            send_type=router.send_type,
+            routes={
+                name: dict(found[1])
+                for name in router.routes
+                if (found := router.route(None, name)) is not None
+            },
+            on_complete=router.on_complete,
+        )
+
+    return asyncio.run(deployed())
 
 
 def _run_serve(args: argparse.Namespace, out: TextIO) -> int:
@@ -705,7 +766,13 @@ def _parser() -> argparse.ArgumentParser:
     database.add_argument("--revision", default=None, help="head/base, or a revision id")
     routing = commands.add_parser("scenario", help="run a routing case and print its report")
     routing.add_argument("case", metavar="CASE.json")
-    routing.add_argument("--charts", required=True, metavar="DIR", help="DOCUMENT.scxml files")
+    given = routing.add_mutually_exclusive_group(required=True)
+    given.add_argument("--charts", metavar="DIR", help="DOCUMENT.scxml files")
+    given.add_argument(
+        "--config",
+        metavar="CONFIG.toml",
+        help="a serve file: its charts, bindings, routes and send type",
+    )
     routing.add_argument("--start", default=None, help="the clock's start (ISO 8601 datetime)")
     routing.add_argument("--database", default=None, metavar="URL", help="default: temp SQLite")
     routing.add_argument("--prefix", default="statifier_", help="the table name prefix")

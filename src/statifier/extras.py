@@ -10,6 +10,17 @@ missing library becomes :class:`MissingExtra`, whose message names the extra:
 >>> error.extra, isinstance(error, ModuleNotFoundError)
 ('postgres', True)
 
+A module whose feature has an extra of its own that installs every library it imports
+(scriba) names that extra instead of the library's:
+
+>>> missing = ModuleNotFoundError("No module named 'psycopg'", name="psycopg")
+>>> str(MissingExtra.of(missing, extra="scriba", what="scriba.sources"))
+"scriba.sources needs the scriba extra: pip install 'statifier[scriba]'"
+
+Every module of the project that imports an optional library when it is imported turns
+the :class:`ModuleNotFoundError` into this one, so that importing any module without its
+extra names the extra to install (``docs/decisions/0086-fresh-installs-that-run.md``).
+
 A leaf: it imports nothing of the project.
 """
 
@@ -27,8 +38,8 @@ EXTRAS: Final[dict[str, tuple[str, str]]] = {
     "alembic": ("sqlite", "the SQL layer (durable executions, migrations, the router)"),
     "greenlet": ("sqlite", "the SQL layer (durable executions, migrations, the router)"),
     "httpx": ("http", "BasicHTTP"),
-    "starlette": ("http", "BasicHTTP"),
-    "uvicorn": ("http", "BasicHTTP"),
+    "starlette": ("http", "HTTP serving (Starlette, uvicorn)"),
+    "uvicorn": ("http", "HTTP serving (Starlette, uvicorn)"),
     "confluent_kafka": ("kafka", "Kafka"),
     "nats": ("nats", "NATS"),
     "eventsourcing": ("scriba", "scriba's sources"),
@@ -61,12 +72,21 @@ class MissingExtra(ModuleNotFoundError):  # noqa: N818 - names the finding
         self.extra = extra
 
     @classmethod
-    def of(cls, error: ModuleNotFoundError) -> ModuleNotFoundError:
+    def of(
+        cls, error: ModuleNotFoundError, *, extra: str | None = None, what: str | None = None
+    ) -> ModuleNotFoundError:
         """The :class:`MissingExtra` for ``error``, or ``error`` itself when no extra
-        installs the missing module (or it already is one)."""
+        installs the missing module (or it already is one).
+
+        ``extra`` and ``what``, given together, name the extra of the feature being
+        imported instead of the missing library's own: only for a feature whose extra
+        installs every optional library it imports.
+        """
         if isinstance(error, MissingExtra):
             return error
         found = extra_for(error)
         if found is None:
             return error
+        if extra is not None and what is not None:
+            found = (extra, what)
         return cls(found[0], found[1], error.name or "")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any
@@ -494,8 +495,79 @@ async def test_every_answer_is_reported_without_the_location(db: RouterDb) -> No
     finally:
         telemetry.detach("test.basichttp")
     assert [metadata for _, metadata in seen] == [
-        {"front": "basichttp", "source": "basichttp", "status": status}
-        for status in (204, 404, 405)
+        {
+            "front": "basichttp",
+            "source": "basichttp",
+            "status": status,
+            "refusal": refusal,
+            "reason": reason,
+        }
+        for status, refusal, reason in (
+            (204, None, None),
+            (404, "location", "no execution takes events at this location"),
+            (405, "method", "a front takes POST only"),
+        )
     ]
     assert all(measurements["duration"] >= 0 for measurements, _ in seen)
     assert token not in repr(seen)
+
+
+@pytest.mark.asyncio
+async def test_a_post_carries_no_json_and_refuses_a_lone_surrogate(db: RouterDb) -> None:
+    """BasicHTTP data is form fields or text (SCXML C.2), never parsed as JSON: its one
+    rule is strict UTF-8, so a raw surrogate is refused and JSON-looking text is kept
+    as the text it is."""
+    config = config_of(db)
+    execution_id = await loaded(config)
+    token = await token_of(config, execution_id)
+    plain = {"content-type": "text/plain"}
+    as_json = {"content-type": "application/json"}
+    poisoned = b'{"n": 1e999999, "k": "\\ud800", "deep": ' + b"[" * 900 + b"]" * 900 + b"}"
+    async with client(basichttp_app(config)) as http:
+        raw_text = await http.post(
+            f"/{token}?_scxmleventname=scanned", content=b"\xed\xa0\x80", headers=plain
+        )
+        raw_field = await http.post(
+            f"/{token}", content=b"_scxmleventname=scanned&at=\xed\xa0\x80", headers=FORM
+        )
+        assert await scans(config, execution_id) == 0
+        text = await http.post(
+            f"/{token}?_scxmleventname=scanned", content=poisoned, headers=as_json
+        )
+    assert [(a.status_code, a.text) for a in (raw_text, raw_field)] == [
+        (400, "the request is not UTF-8"),
+        (400, "the request is not UTF-8"),
+    ]
+    assert text.status_code == 204
+    assert (await datamodel(config, execution_id))["note"] == poisoned.decode()
+
+
+@pytest.mark.asyncio
+async def test_refusals_are_warnings_that_never_name_the_location(
+    db: RouterDb, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, "statifier.fronts")
+    config = config_of(db)
+    token = await token_of(config, await loaded(config))
+    unknown = "u" * 43
+    async with client(basichttp_app(config, max_body=64)) as http:
+        answers = [
+            await http.post(f"/{unknown}", content=b"_scxmleventname=scanned", headers=FORM),
+            await http.post(f"/{token}", content=b"_scxmleventname=two words", headers=FORM),
+            await http.post(f"/{token}", content=b"x" * 100, headers=FORM),
+            await http.post(
+                f"/{token}",
+                content=b"_scxmleventname=scanned",
+                headers={**FORM, SEND_KEY_HEADER: " "},
+            ),
+        ]
+    assert [a.status_code for a in answers] == [404, 400, 413, 400]
+    lines = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert [(vars(r)["status"], vars(r)["refusal"]) for r in lines] == [
+        (404, "location"),
+        (400, "event"),
+        (413, "size"),
+        (400, "send_key"),
+    ]
+    assert token not in caplog.text
+    assert unknown not in caplog.text

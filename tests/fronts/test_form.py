@@ -6,6 +6,7 @@ routed, and every status (200, 400, 401, 405, 408, 413, 415, 500, 503)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 from urllib.parse import urlencode
 
@@ -199,3 +200,52 @@ async def test_handling_that_outlives_the_timeout_is_503_and_rolled_back(db: Rou
         answer = await http.post("/", content=form(card="c-8", name="Bo"), headers=FORM)
     assert answer.status_code == 503
     assert await ledger(config) == []
+
+
+@pytest.mark.asyncio
+async def test_a_form_carries_no_json_and_no_lone_surrogate(db: RouterDb) -> None:
+    """A form's one rule is strict UTF-8 (the body and every percent-escape); what looks
+    like a number that is not finite is text, kept as posted."""
+    config = config_of(db)
+    async with client(app_of(config)) as http:
+        escaped = await http.post("/", content=b"card=c-1&name=%ED%A0%80", headers=FORM)
+        raw = await http.post("/", content=b"card=c-1&name=\xed\xa0\x80", headers=FORM)
+        assert await ledger(config) == []
+        numbers = await http.post(
+            "/", content=form(card="c-2", name="1e999999", topics="NaN"), headers=FORM
+        )
+    assert [(a.status_code, a.text) for a in (escaped, raw)] == [
+        (400, "the form is not UTF-8 (invalid continuation byte)"),
+        (400, "the form is not UTF-8 (invalid continuation byte)"),
+    ]
+    assert numbers.status_code == 200
+    [row] = await rows_of(config, "patron_registrations")
+    assert row.execution_id is not None
+    model = await datamodel(config, row.execution_id)
+    assert (model["name"], model["topics"]) == ("1e999999", "NaN")
+
+
+@pytest.mark.asyncio
+async def test_each_refusal_of_a_form_is_a_warning_naming_its_rule(
+    db: RouterDb, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, "statifier.fronts")
+    async with client(app_of(config_of(db), max_body=256)) as http:
+        answers = [
+            await http.post("/", content=b'{"card": "c-5"}', headers={"content-type": "text/json"}),
+            await http.post("/", content=b"card=%ff", headers=FORM),
+            await http.post("/", content=b"card=" + b"x" * 300, headers=FORM),
+            await http.put("/", content=form(card="c-5"), headers=FORM),
+        ]
+    assert [a.status_code for a in answers] == [415, 400, 413, 405]
+    lines = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert [(vars(r)["status"], vars(r)["refusal"]) for r in lines] == [
+        (415, "content_type"),
+        (400, "form"),
+        (413, "size"),
+        (405, "method"),
+    ]
+    assert {(vars(r)["front"], vars(r)["source"]) for r in lines} == {
+        ("form", "patron_registration_form")
+    }
+    assert "c-5" not in caplog.text

@@ -11,6 +11,7 @@ import base64
 import hashlib
 import hmac
 import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -33,6 +34,7 @@ from tests.persistence.conftest import postgresql_store, sqlite_store  # noqa: F
 from tests.router.conftest import RouterDb, router_db, router_store  # noqa: F401 - fixtures
 
 from statifier import telemetry
+from statifier._repeats import Repeats
 from statifier.chart import Machine
 from statifier.core import Event
 from statifier.fronts.verifiers import hmac_sha256
@@ -410,6 +412,153 @@ async def test_every_answer_is_reported_as_telemetry(db: RouterDb) -> None:
     finally:
         telemetry.detach("test.webhook")
     assert seen == [
-        {"front": "webhook", "source": "parcel_scans", "status": status}
-        for status in (200, 400, 413)
+        {
+            "front": "webhook",
+            "source": "parcel_scans",
+            "status": status,
+            "refusal": refusal,
+            "reason": reason,
+        }
+        for status, refusal, reason in (
+            (200, None, None),
+            (400, "json", "the body is not JSON: unexpected byte 0x6E at position 1"),
+            (413, "size", "the body is over 1024 bytes"),
+        )
     ]
+
+
+# The one JSON rule, and refusals that reach an operator.
+
+LOADED_HEAD = b'{"kind": "loaded", "parcel": "p1", "n": '
+POISONED = [
+    (LOADED_HEAD + b"[" * 900 + b"]" * 900 + b"}", "nesting deeper than 128 at position 167"),
+    (LOADED_HEAD + b'"\\ud800"}', "a lone surrogate U+D800 at position 41"),
+    (LOADED_HEAD + b'"\xed\xa0\x80"}', "a lone surrogate U+D800 at position 41"),
+    (LOADED_HEAD + b"1e999999}", "a non-finite number (out of range) at position 40"),
+    (LOADED_HEAD + b"NaN}", "a non-finite number (NaN) at position 40"),
+    (LOADED_HEAD + b"Infinity}", "a non-finite number (Infinity) at position 40"),
+    (LOADED_HEAD + b"-Infinity}", "a non-finite number (-Infinity) at position 40"),
+]
+
+
+@pytest.mark.asyncio
+async def test_each_json_rule_is_a_400_naming_it_and_nothing_is_routed(db: RouterDb) -> None:
+    config = config_of(db)
+    async with client(app_of(config)) as http:
+        for body, rule in POISONED:
+            answer = await http.post("/", content=body)
+            assert (answer.status_code, answer.text) == (400, f"the body is not JSON: {rule}")
+        assert await ledger(config) == []
+        # The same post within the rule is routed.
+        fine = await http.post("/", content=LOADED_HEAD + b'"\\ud83d\\ude00"}')
+    assert fine.status_code == 200
+    assert [row.outcome for row in await ledger(config)] == ["created_and_delivered"]
+
+
+FRONTS = "statifier.fronts"
+
+
+def warnings_of(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.levelno == logging.WARNING and r.name.startswith(FRONTS)]
+
+
+def sign(body: bytes) -> str:
+    return hmac.new(SECRET, body, hashlib.sha256).hexdigest()
+
+
+@pytest.mark.asyncio
+async def test_every_refusal_is_one_warning_without_the_body_or_the_signature(
+    db: RouterDb, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, FRONTS)
+    config = config_of(db)
+    verifier = hmac_sha256(SECRET, header="x-signature")
+    signed = scan(parcel="secret-parcel")
+    good = sign(signed)
+    app = app_of(config, verifier=verifier, provider_id_header="x-id", max_body=2048)
+    async with client(app) as http:
+        statuses = [
+            (await http.get("/")).status_code,
+            (await http.post("/", content=signed, headers={"x-signature": "0" * 64})).status_code,
+            (
+                await http.post(
+                    "/",
+                    content=b'{"card": "4111-secret"',
+                    headers={"x-signature": sign(b'{"card": "4111-secret"')},
+                )
+            ).status_code,
+            (await http.post("/", content=b"x" * 4096, headers={"x-signature": good})).status_code,
+            (
+                await http.post(
+                    "/", content=signed, headers={"x-signature": good, "x-id": "e" * 1025}
+                )
+            ).status_code,
+        ]
+    assert statuses == [405, 401, 400, 413, 400]
+    lines = warnings_of(caplog)
+    assert [(vars(r)["status"], vars(r)["refusal"]) for r in lines] == [
+        (405, "method"),
+        (401, "verifier"),
+        (400, "json"),
+        (413, "size"),
+        (400, "provider_id"),
+    ]
+    assert {(vars(r)["front"], vars(r)["source"]) for r in lines} == {("webhook", "parcel_scans")}
+    text = caplog.text
+    for secret in ("secret-parcel", "4111-secret", good, "0" * 64, SECRET.decode(), "e" * 1025):
+        assert secret not in text
+    assert await ledger(config) == []
+
+
+@pytest.mark.asyncio
+async def test_a_repeated_refusal_is_one_line_in_its_interval_and_each_is_reported(
+    db: RouterDb, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, FRONTS)
+    seen: list[Any] = []
+    telemetry.attach(
+        "test.refusals",
+        "statifier.fronts.request",
+        lambda _name, _measurements, metadata: seen.append(metadata["refusal"]),
+    )
+    try:
+        async with client(app_of(config_of(db))) as http:
+            for _ in range(40):
+                await http.post("/", content=b"{not json")
+            await http.post("/", content=b'{"n": NaN}')
+    finally:
+        telemetry.detach("test.refusals")
+    assert seen == ["json"] * 41
+    lines = warnings_of(caplog)
+    # One line for the rule within the interval; the NaN is the same rule (json).
+    assert len(lines) == 1
+    assert lines[0].getMessage() == (
+        "webhook parcel_scans refused a request: "
+        "400 the body is not JSON: unexpected byte 0x6E at position 1"
+    )
+    assert vars(lines[0])["count"] == 1
+
+
+@pytest.mark.asyncio
+async def test_the_refusals_of_an_interval_are_counted_in_one_line_at_its_end(
+    db: RouterDb, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    caplog.set_level(logging.WARNING, FRONTS)
+    monkeypatch.setattr(Repeats, "interval", 0.1)
+    async with client(app_of(config_of(db))) as http:
+        for _ in range(5):
+            await http.post("/", content=b"[1, 2]")
+        async with asyncio.timeout(10):
+            while len(warnings_of(caplog)) < 2:  # noqa: ASYNC110 - the log has no event
+                await asyncio.sleep(0.02)
+        # Ten intervals without a refusal (the summary's interval saw none): the
+        # next refusal is written at once.
+        await asyncio.sleep(1.0)
+        await http.post("/", content=b"[1, 2]")
+    lines = warnings_of(caplog)
+    assert [line.getMessage() for line in lines] == [
+        "webhook parcel_scans refused a request: 400 the body is JSON but not an object: list",
+        "webhook parcel_scans refused requests by the rule json (400): 4 more in the last 0.1 s",
+        "webhook parcel_scans refused a request: 400 the body is JSON but not an object: list",
+    ]
+    assert [vars(line)["count"] for line in lines] == [1, 4, 1]

@@ -111,6 +111,10 @@ def test_the_corpus_expects_every_report_key_and_shows_every_outcome() -> None:
     assert all(set(case["expected"]) == set(REPORT_KEYS) for case in scripted)
     shown = {row["outcome"] for case in scripted for row in case["expected"]["ledger"]}
     assert shown == SPELLINGS
+    # Final states, of the case's execution and of each other one a run touched.
+    reports = [case["expected"] for case in scripted]
+    assert any(report["final_state"] for report in reports)
+    assert any(len(report["executions"]) > 1 for report in reports)
 
 
 def test_the_corpus_shows_routes_timers_and_sends() -> None:
@@ -212,6 +216,13 @@ MALFORMED: list[tuple[str, str, str]] = [
     ("key_twice", '{"scope": "a", "scope": "b"}', "the key 'scope' is given twice"),
     ("unknown_key", json.dumps(_case(owner="me")), "unknown key 'owner'"),
     ("missing_key", json.dumps(_case(script=None)), "the key 'script' is required"),
+    ("no_bindings", json.dumps(_case(bindings=None)), "the key 'bindings' is required"),
+    ("empty_send_type", json.dumps(_case(send_type="")), "send_type must be a non-empty string"),
+    (
+        "built_in_send_type",
+        json.dumps(_case(send_type="basichttp")),
+        "send_type 'basichttp' is a built-in send type",
+    ),
     ("empty_scope", json.dumps(_case(scope="")), "scope must be a non-empty string"),
     ("unknown_step", json.dumps(_case(script=[{"jump": "PT1S"}])), "unknown step 'jump'"),
     ("two_key_step", json.dumps(_case(script=[{"reap": "dedupe", "advance": "PT1S"}])), "one key"),

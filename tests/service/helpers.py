@@ -21,7 +21,8 @@ from tests.service.recording import RECORD_ENV
 from statifier.service import Service, load
 
 ROOT = Path(__file__).resolve().parents[2]
-"""The repository: on the serve processes' path, so ``tests.service.recording``
+"""The repository: on the serve processes' path (its ``src`` first, so that they run
+this checkout's code whatever the environment installed), so ``tests.service.recording``
 imports there."""
 START_TIMEOUT = 60.0
 _LISTENING = re.compile(rb"listening on http://([^:]+):(\d+)")
@@ -116,21 +117,31 @@ def _text(log: Path) -> str:
     return log.read_text(encoding="utf-8", errors="replace")
 
 
-async def start_serve(config: Path, log: Path, record: Path | None = None) -> Served:
+_UNDER_LIMIT = (
+    "import resource, runpy, sys; limit = int(sys.argv.pop(1)); "
+    "resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit)); "
+    "sys.argv[0] = 'statifier'; runpy.run_module('statifier.cli', run_name='__main__')"
+)
+"""``statifier`` run with its descriptor limit (soft and hard) set to ``argv[1]``."""
+
+
+async def start_serve(
+    config: Path, log: Path, record: Path | None = None, *, max_files: int | None = None
+) -> Served:
     """Start ``statifier serve config`` (its stderr to ``log``) and wait until it says
-    where it listens.
+    where it listens; with ``max_files``, under that descriptor limit.
 
     Raises:
         AssertionError: it exited or said nothing in time (with its stderr).
     """
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
     if record is not None:
         env[RECORD_ENV] = str(record)
+    command = ["-m", "statifier.cli"] if max_files is None else ["-c", _UNDER_LIMIT, str(max_files)]
     with log.open("wb") as errors:
         process = await asyncio.create_subprocess_exec(
             sys.executable,
-            "-m",
-            "statifier.cli",
+            *command,
             "serve",
             str(config),
             stdout=asyncio.subprocess.PIPE,

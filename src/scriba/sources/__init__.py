@@ -13,9 +13,14 @@ is :class:`~scriba.sources.subscription.SubscribedSource`; each source adds only
 reads and decodes.
 """
 
-from scriba.sources.eventsourcing import EventDecodeError, NotificationLogSource
-from scriba.sources.sql_table import NewEvent, SqlTableSource, append, append_async, event_table
-from scriba.sources.standby import LostLockError
+from statifier.extras import MissingExtra
+
+try:
+    from scriba.sources.eventsourcing import EventDecodeError, NotificationLogSource
+    from scriba.sources.sql_table import NewEvent, SqlTableSource, append, append_async, event_table
+    from scriba.sources.standby import LostLockError
+except ModuleNotFoundError as missing:  # eventsourcing and psycopg: the scriba extra
+    raise MissingExtra.of(missing, extra="scriba", what="scriba.sources") from missing
 
 __all__ = [
     "EventDecodeError",

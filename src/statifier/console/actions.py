@@ -32,10 +32,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from statifier.console.queries import run_on
+from statifier.extras import MissingExtra
 from statifier.persistence import Discarded, ExecutionNotFound, UndecodableBlob
 from statifier.persistence.sql import SqlTransaction
 from statifier.persistence.sql.schema import TableNames
@@ -43,6 +41,12 @@ from statifier.router import ConfigError, InboundEvent, OutboxDrain, RouterConfi
 from statifier.router.errors import RouterError
 from statifier.router.locations import NoLocation, rotate_location_in
 from statifier.sql.tables import Tables
+
+try:
+    import sqlalchemy as sa
+    from sqlalchemy.ext.asyncio import AsyncEngine
+except ModuleNotFoundError as missing:  # SQLAlchemy: the sqlite extra
+    raise MissingExtra.of(missing) from missing
 
 __all__ = [
     "Done",

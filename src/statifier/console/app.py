@@ -58,14 +58,6 @@ from pathlib import Path
 from typing import Any, Final
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
-from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
-from markupsafe import Markup
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
-from starlette.routing import BaseRoute, Mount, Route
-from starlette.staticfiles import StaticFiles
-
 from scriba.sql.tables import Tables as ScribaTables
 from statifier.chart import Machine
 from statifier.console import actions
@@ -84,9 +76,21 @@ from statifier.console.queries import (
 from statifier.console.replay import ReplayStep, diverges, replay, shown_datamodel
 from statifier.core import MachineState
 from statifier.expr import tagged
+from statifier.extras import MissingExtra
 from statifier.persistence import LoggedInput, Status
 from statifier.persistence.sql import SqlTransaction
 from statifier.router import Binding, RouterConfig
+
+try:
+    from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
+    from markupsafe import Markup
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
+    from starlette.routing import BaseRoute, Mount, Route
+    from starlette.staticfiles import StaticFiles
+except ModuleNotFoundError as missing:  # Jinja2 and Starlette: the console extra
+    raise MissingExtra.of(missing) from missing
 
 __all__ = [
     "BASE",

@@ -51,9 +51,6 @@ from dataclasses import KW_ONLY, dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
-import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from statifier.console.queries import (
     DEFAULT_PAGE,
     MAX_PAGE,
@@ -63,9 +60,16 @@ from statifier.console.queries import (
     encode_cursor,
     run_on,
 )
+from statifier.extras import MissingExtra
 from statifier.persistence.sql import SqlTransaction
 from statifier.persistence.sql.sqlite import utc_text
 from statifier.sql.tables import Tables, UtcDateTime
+
+try:
+    import sqlalchemy as sa
+    from sqlalchemy.ext.asyncio import AsyncEngine
+except ModuleNotFoundError as missing:  # SQLAlchemy: the sqlite extra
+    raise MissingExtra.of(missing) from missing
 
 __all__ = ["ACTIONS", "OUTCOMES", "Audit", "AuditEntry", "AuditRow"]
 

@@ -36,11 +36,8 @@ from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import Any, Final, Generic, TypeVar
 
-import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
-
 from scriba.sql.tables import Tables as ScribaTables
+from statifier.extras import MissingExtra
 from statifier.persistence import PLAIN, BlobCodec, LoggedInput, UndecodableBlob, logged_input
 from statifier.persistence.codec import PlainBlobs, opened_json, opened_text
 from statifier.persistence.records import ChartRecord, ExecutionRecord, Status
@@ -48,6 +45,13 @@ from statifier.router.outbox import OutboxRow
 from statifier.router.records import LedgerRow
 from statifier.sql.engines import busy_wait, database_url, is_busy, retry_busy, sqlite_engine
 from statifier.sql.tables import Tables, UtcDateTime
+
+try:
+    import sqlalchemy as sa
+    from sqlalchemy.dialects import postgresql
+    from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+except ModuleNotFoundError as missing:  # SQLAlchemy: the sqlite extra
+    raise MissingExtra.of(missing) from missing
 
 __all__ = [
     "DEFAULT_PAGE",

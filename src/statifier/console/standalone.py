@@ -25,7 +25,6 @@ import signal
 import socket
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TextIO
 
 from statifier.console.auth import Operator, Operators, Role, Sessions
@@ -108,27 +107,18 @@ def parse_operator(text: str, environ: Mapping[str, str]) -> tuple[str, str, str
     return name, role, token
 
 
-def _head() -> str | None:
-    from alembic.config import Config
-    from alembic.script import ScriptDirectory
-
-    from statifier.sql import migrations
-
-    config = Config()
-    config.set_main_option("script_location", str(Path(migrations.__file__).parent))
-    return ScriptDirectory.from_config(config).get_current_head()
-
-
 def _check_migrated(url: str, options: TableOptions) -> None:
     from statifier.sql import migrations
 
-    reached, head = migrations.current(url, options), _head()
-    if reached != head:
-        found = f"at revision {reached}" if reached else "not there"
+    try:
+        migrations.prepare(url, options, migrate=False)
+    except migrations.NotAtHead as behind:
+        found = f"at revision {behind.revision}" if behind.revision else "not there"
         raise ConsoleRefused(
             f"the database's {options.prefix}* tables are {found}, and the console needs "
-            f"revision {head}: run `statifier db upgrade` (with the same --url and --prefix)"
-        )
+            f"revision {behind.head}: run `statifier db upgrade` (with the same --url and "
+            "--prefix)"
+        ) from None
 
 
 def _operators(options: StandaloneOptions) -> tuple[Operators, str | None]:

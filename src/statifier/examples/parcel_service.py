@@ -31,14 +31,18 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Final, TextIO
 
-import httpx
-
 from statifier.durable import Durable
+from statifier.extras import MissingExtra
 from statifier.persistence.sql import SqlAdapter
 from statifier.router import OutboxDrain, OutboxMessage, address, ledger
 from statifier.router.locations import location as location_of
 from statifier.service import Service, load
 from statifier.service.config import router_config
+
+try:
+    import httpx
+except ModuleNotFoundError as missing:  # httpx: the http extra
+    raise MissingExtra.of(missing) from missing
 
 __all__ = ["CHART", "CONFIG", "run", "warehouse"]
 

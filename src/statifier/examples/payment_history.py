@@ -23,14 +23,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final, TextIO
 
-import sqlalchemy as sa
-
 from scriba import Event, Insert, MemorySource, Meta, Projection, Result, Scriba
 from scriba.sql import SqlTarget, upgrade
 from statifier.examples.card_payment import TRANSACTION
 from statifier.expr import tagged
+from statifier.extras import MissingExtra
 from statifier.persistence import Executions, Storage
 from statifier.persistence.sql import SqlAdapter
+
+try:
+    import sqlalchemy as sa
+except ModuleNotFoundError as missing:  # SQLAlchemy: the sqlite extra
+    raise MissingExtra.of(missing) from missing
 
 __all__ = ["HISTORY", "PaymentHistory", "project"]
 

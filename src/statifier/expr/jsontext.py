@@ -1,7 +1,15 @@
-"""``JSON.parse`` and ``JSON.stringify`` for the language's values.
+"""``JSON.parse`` and ``JSON.stringify`` for the language's values, and the one JSON
+rule every front of the library reads untrusted text by.
 
-Parsing is strict RFC 8259 over UTF-8 with a nesting bound; a failure names the
-offending byte and its offset, e.g. ``unexpected byte 0x6F at position 1``.
+Parsing is strict RFC 8259 over UTF-8, with the further rules of I-JSON (RFC 7493)
+that keep a parsed value storable and writable again: nesting at most
+:data:`MAX_JSON_DEPTH` deep, optionally at most ``max_bytes`` bytes, no number that
+is not finite (``NaN``, ``Infinity``, or one out of a float's range, ``1e999999``),
+and no lone surrogate, escaped (``"\\ud800"``) or raw (its UTF-8 encoding, or a
+surrogate code point in a ``str``). A failure is a :class:`JSONTextError` whose
+``rule`` names the rule broken and whose message says where, e.g. ``unexpected byte
+0x6F at position 1`` or ``a lone surrogate U+D800 at position 7``.
+
 Stringifying writes compact JSON with map keys sorted, so equal values give equal
 text. Dates and datetimes become ISO 8601 strings and durations their canonical
 string (``"2w3d"``); an undefined map entry is left out and an undefined elsewhere
@@ -13,17 +21,44 @@ from __future__ import annotations
 import json
 import math
 from datetime import date, datetime
-from typing import Final
+from typing import Final, Literal
 
 from statifier.expr.values import Duration, Undefined, Value, format_datetime
 
-__all__ = ["MAX_JSON_DEPTH", "MAX_JSON_NODES", "JSONTextError", "dumps", "loads"]
+__all__ = [
+    "MAX_JSON_DEPTH",
+    "MAX_JSON_NODES",
+    "RULES",
+    "JSONTextError",
+    "Rule",
+    "dumps",
+    "loads",
+]
 
 MAX_JSON_DEPTH: Final = 128
 
+Rule = Literal["syntax", "utf-8", "depth", "size", "non-finite", "surrogate"]
+"""The rule a JSON text broke: ``syntax`` (not JSON), ``utf-8`` (bytes that are not
+UTF-8), ``depth`` (nested deeper than :data:`MAX_JSON_DEPTH`), ``size`` (over the
+bound given, or an integer of more digits than Python converts), ``non-finite`` (a
+number that is not finite) and ``surrogate`` (a lone surrogate)."""
+RULES: Final[tuple[Rule, ...]] = ("syntax", "utf-8", "depth", "size", "non-finite", "surrogate")
+
 
 class JSONTextError(ValueError):
-    """Malformed JSON text; the message says which byte and where."""
+    """JSON text the rule refuses (or a value :func:`dumps` cannot write); the message
+    says what and where.
+
+    Attributes:
+        rule: the rule broken (:data:`Rule`).
+        position: the byte offset in the UTF-8 text where it was found, when there is
+            one.
+    """
+
+    def __init__(self, message: str, rule: Rule = "syntax", position: int | None = None) -> None:
+        super().__init__(message)
+        self.rule: Rule = rule
+        self.position = position
 
 
 _WHITESPACE: Final = b" \t\n\r"
@@ -37,13 +72,23 @@ _ESCAPES: Final = {
     ord("r"): "\r",
     ord("t"): "\t",
 }
+_NON_FINITE: Final = (b"NaN", b"Infinity", b"-Infinity")
+"""Words some encoders write for numbers JSON has no text for."""
+_NON_FINITE_START: Final = frozenset(word[0] for word in _NON_FINITE)
 
 
-def loads(text: str) -> Value:
-    """Parse JSON text.
+def loads(text: str | bytes, *, max_bytes: int | None = None) -> Value:
+    """Parse JSON text: a ``str``, or ``bytes`` that must be UTF-8 (without a byte
+    order mark).
+
+    Args:
+        text: the text.
+        max_bytes: the most bytes its UTF-8 encoding may have (unbounded when
+            ``None``).
 
     Raises:
-        JSONTextError: malformed text, or nesting deeper than :data:`MAX_JSON_DEPTH`.
+        JSONTextError: text the rule refuses (see the module docstring); ``rule`` says
+            which rule.
 
     >>> loads('{"b": [1, 2.5, null, true]}')
     {'b': [1, 2.5, None, True]}
@@ -51,8 +96,19 @@ def loads(text: str) -> Value:
     Traceback (most recent call last):
     ...
     statifier.expr.jsontext.JSONTextError: unexpected byte 0x6F at position 1
+    >>> loads(b'{"n": 1e999999}')
+    Traceback (most recent call last):
+    ...
+    statifier.expr.jsontext.JSONTextError: a non-finite number (out of range) at position 6
+    >>> loads('["\\\\ud800"]')
+    Traceback (most recent call last):
+    ...
+    statifier.expr.jsontext.JSONTextError: a lone surrogate U+D800 at position 2
     """
-    data = text.encode("utf-8", "surrogatepass")
+    data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
+    if max_bytes is not None and len(data) > max_bytes:
+        raise JSONTextError(f"{len(data)} bytes, over the {max_bytes}", "size")
+    _check_utf8(data)
     parser = _Parser(data)
     parser.skip()
     value = parser.value(0)
@@ -60,6 +116,22 @@ def loads(text: str) -> Value:
     if parser.offset < len(data):
         raise parser.unexpected()
     return value
+
+
+def _check_utf8(data: bytes) -> None:
+    """Refuse bytes that are not UTF-8, naming a surrogate's encoding as such (the
+    strict codec refuses both; a ``str`` holding a surrogate arrives here encoded)."""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        at = error.start
+        lead, second, third = data[at : at + 3].ljust(3, b"\x00")
+        if lead == 0xED and 0xA0 <= second <= 0xBF and 0x80 <= third <= 0xBF:
+            code = 0xD000 | ((second & 0x3F) << 6) | (third & 0x3F)
+            raise JSONTextError(
+                f"a lone surrogate U+{code:04X} at position {at}", "surrogate", at
+            ) from None
+        raise JSONTextError(f"invalid UTF-8 at position {at}", "utf-8", at) from None
 
 
 class _Parser:
@@ -70,11 +142,11 @@ class _Parser:
         self.offset = 0
 
     def unexpected(self) -> JSONTextError:
-        if self.offset >= len(self.data):
-            return JSONTextError(f"unexpected end of input at position {self.offset}")
-        return JSONTextError(
-            f"unexpected byte 0x{self.data[self.offset]:02X} at position {self.offset}"
-        )
+        at = self.offset
+        if at >= len(self.data):
+            return JSONTextError(f"unexpected end of input at position {at}", "syntax", at)
+        found = self.data[at]
+        return JSONTextError(f"unexpected byte 0x{found:02X} at position {at}", "syntax", at)
 
     def skip(self) -> None:
         data, offset = self.data, self.offset
@@ -93,6 +165,14 @@ class _Parser:
             return self.array(depth + 1)
         if byte == ord('"'):
             return self.string()
+        if byte in _NON_FINITE_START:
+            for word in _NON_FINITE:
+                if self.data.startswith(word, self.offset):
+                    raise JSONTextError(
+                        f"a non-finite number ({word.decode()}) at position {self.offset}",
+                        "non-finite",
+                        self.offset,
+                    )
         if byte == ord("-") or ord("0") <= byte <= ord("9"):
             return self.number()
         for word, result in ((b"true", True), (b"false", False), (b"null", None)):
@@ -106,7 +186,11 @@ class _Parser:
 
     def nest(self, depth: int) -> None:
         if depth > MAX_JSON_DEPTH:
-            raise JSONTextError(f"nesting deeper than {MAX_JSON_DEPTH} at position {self.offset}")
+            raise JSONTextError(
+                f"nesting deeper than {MAX_JSON_DEPTH} at position {self.offset}",
+                "depth",
+                self.offset,
+            )
         self.offset += 1
         self.skip()
 
@@ -182,10 +266,17 @@ class _Parser:
                 self.offset += 1
             self.digits()
         text = self.data[start : self.offset].decode("ascii")
+        if is_float:
+            number = float(text)
+            if not math.isfinite(number):
+                raise JSONTextError(
+                    f"a non-finite number (out of range) at position {start}", "non-finite", start
+                )
+            return number
         try:
-            return float(text) if is_float else int(text)
-        except ValueError:
-            raise JSONTextError(f"number too long at position {start}") from None
+            return int(text)
+        except ValueError:  # more digits than Python converts
+            raise JSONTextError(f"number too long at position {start}", "size", start) from None
 
     def string(self) -> str:
         self.offset += 1
@@ -199,11 +290,7 @@ class _Parser:
                 and data[self.offset] >= 0x20
             ):
                 self.offset += 1
-            try:
-                pieces.append(data[start : self.offset].decode("utf-8"))
-            except UnicodeDecodeError as error:
-                self.offset = start + error.start
-                raise self.unexpected() from None
+            pieces.append(data[start : self.offset].decode("utf-8"))  # checked by loads
             byte = self.peek()
             if byte == ord('"'):
                 self.offset += 1
@@ -221,6 +308,7 @@ class _Parser:
                 raise self.unexpected()
 
     def unicode_escape(self) -> str:
+        start = self.offset - 1  # the backslash
         code = self.hex4()
         if 0xD800 <= code < 0xDC00 and self.data[self.offset : self.offset + 2] == b"\\u":
             saved = self.offset
@@ -230,7 +318,11 @@ class _Parser:
                 return chr(0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00))
             self.offset = saved
         if 0xD800 <= code < 0xE000:
-            return "\ufffd"
+            # A lone surrogate cannot be written as UTF-8: it would fail wherever the
+            # value is stored or sent, long after this answer.
+            raise JSONTextError(
+                f"a lone surrogate U+{code:04X} at position {start}", "surrogate", start
+            )
         return chr(code)
 
     def hex4(self) -> int:
@@ -275,9 +367,9 @@ class _Plain:
     def convert(self, value: Value, depth: int) -> object:
         self.count += 1
         if self.count > MAX_JSON_NODES:
-            raise JSONTextError(f"more than {MAX_JSON_NODES} values to write")
+            raise JSONTextError(f"more than {MAX_JSON_NODES} values to write", "size")
         if depth > MAX_JSON_DEPTH:
-            raise JSONTextError(f"nesting deeper than {MAX_JSON_DEPTH}")
+            raise JSONTextError(f"nesting deeper than {MAX_JSON_DEPTH}", "depth")
         kind = type(value)
         if kind is dict:
             return {
@@ -296,5 +388,5 @@ class _Plain:
         if kind is Duration:
             return str(value)
         if kind is float and not math.isfinite(value):
-            raise JSONTextError("non-finite number")
+            raise JSONTextError("non-finite number", "non-finite")
         return value

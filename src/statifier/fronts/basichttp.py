@@ -10,8 +10,9 @@ row a location, ``<base_url>/<token>`` (:mod:`statifier.router.locations`).
 - 413 for a body over ``max_body``, 408 for one not all there in time;
 - 400 for a post the decoder refuses (see
   :func:`statifier.session.basichttp.decode_post`: the event is named by
-  ``_scxmleventname``, a form's other fields are its data) or a malformed
-  ``scxml-send-key``;
+  ``_scxmleventname``, a form's other fields are its data, any other body is its data
+  as text, never parsed as JSON; a body that is not UTF-8, a lone surrogate's
+  encoding included, is refused) or a malformed ``scxml-send-key``;
 - 404 for a token that reaches no execution: unknown, rotated away, or its execution
   has ended;
 - 204 once the event is delivered (taken by a transition or not), and for a
@@ -27,7 +28,8 @@ token's scope is known), with ``create = never``: a post never starts an executi
 
 The token is a bearer capability and appears in the request path: keep the server's
 access log from recording paths under the base URL. Nothing here logs a token or a
-body; a 500 is logged with the error's type name only.
+body; a 500 is logged with the error's type name only, a refusal (404 included) at
+warning level with its rule, once per rule and interval.
 """
 
 from __future__ import annotations
@@ -39,21 +41,16 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Final, TypeVar
 
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
-
 from statifier.core import Event
+from statifier.extras import MissingExtra
 from statifier.fronts.http_body import (
     DEFAULT_MAX_BODY,
     DEFAULT_TIMEOUT,
     AnyMethod,
-    BodyRefused,
+    Refused,
     check_bounds,
     method_not_allowed,
     read_body,
-    text,
 )
 from statifier.router import Door, RouterConfig
 from statifier.router.binding import Create, Plan
@@ -64,6 +61,14 @@ from statifier.router.outcomes import Dropped, DropReason, Outcome
 from statifier.router.routing import delivery_locks
 from statifier.router.transaction import sorted_locks
 from statifier.session.basichttp import decode_post
+
+try:
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+except ModuleNotFoundError as missing:  # Starlette: the http extra
+    raise MissingExtra.of(missing) from missing
 
 __all__ = [
     "MAX_SEND_KEY_LENGTH",
@@ -82,6 +87,7 @@ MAX_SEND_KEY_LENGTH: Final = 256
 
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
+_NOWHERE: Final = Refused(404, "location", "no execution takes events at this location")
 
 
 def send_key_refusal(send_key: str) -> str | None:
@@ -181,32 +187,33 @@ def basichttp_app(
         raise ConfigError("the BasicHTTP front needs a configuration with basichttp")
     check_bounds(max_body, timeout)
 
-    async def answer(request: Request) -> Response:
+    async def answer(request: Request) -> Response | Refused:
         if request.method != "POST":
             return method_not_allowed()
         deadline = asyncio.get_running_loop().time() + timeout
         body = await read_body(request, max_body=max_body, deadline=deadline)
-        if isinstance(body, BodyRefused):
-            return text(body.status, body.reason)
+        if isinstance(body, Refused):
+            return body
         query: bytes = request.scope.get("query_string", b"")
         event = decode_post(request.headers.get("content-type"), body, query)
         if isinstance(event, str):
-            return text(400, event)
+            return Refused(400, "event", event)
         send_key = request.headers.get(SEND_KEY_HEADER)
         if send_key is not None and (refused := send_key_refusal(send_key)) is not None:
-            return text(400, refused)
+            return Refused(400, "send_key", refused)
         token = str(request.path_params["token"])
         if not token_shaped(token):
-            return Response(status_code=404)
+            return _NOWHERE
         try:
             async with asyncio.timeout_at(deadline):
                 outcome = await deliver_posted(config, token, event, send_key=send_key)
         except TimeoutError:
-            return text(503, "the event was not delivered in time; post it again")
+            return Refused(503, "deadline", "the event was not delivered in time; post it again")
         except Exception as error:  # noqa: BLE001 - the post's answer, never the server's
             _log.error("basichttp: a delivery failed with %s", type(error).__name__)
             return Response(status_code=500)
-        return Response(status_code=_status(outcome))
+        answered = _status(outcome)
+        return _NOWHERE if answered == 404 else Response(status_code=answered)
 
     answered = AnyMethod(answer, front="basichttp", source="basichttp")
     return Starlette(routes=[Route("/{token}", answered)])

@@ -32,13 +32,17 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final, Protocol
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
+from statifier.extras import MissingExtra
 from statifier.persistence import PLAIN, BlobCodec, UndecodableBlob
 from statifier.persistence.codec import PlainBlobs
 from statifier.persistence.sql import SqlAdapter
 from statifier.persistence.sql.schema import TableNames
 from statifier.persistence.sql.sqlite import utc_text, utc_time
+
+try:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+except ModuleNotFoundError as missing:  # SQLAlchemy: the sqlite extra
+    raise MissingExtra.of(missing) from missing
 
 __all__ = ["DeadLetterEntry", "DeadLetters", "TableDeadLetters"]
 

@@ -69,12 +69,16 @@ from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
-import confluent_kafka
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-
+from statifier.extras import MissingExtra
 from statifier.fronts.dead_letters import DeadLetterEntry, cut
 from statifier.fronts.source import Malformed, Message, Rebalance, json_object
 from statifier.router import ConfigError, InboundEvent, InvalidEvent
+
+try:
+    import confluent_kafka
+    from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+except ModuleNotFoundError as missing:  # confluent-kafka: the kafka extra
+    raise MissingExtra.of(missing) from missing
 
 __all__ = [
     "DEFAULT_MAX_PAYLOAD",

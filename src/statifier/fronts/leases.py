@@ -61,13 +61,17 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
+from statifier.extras import MissingExtra
 from statifier.persistence.sql import SqlAdapter
 from statifier.persistence.sql.schema import TableNames
 from statifier.persistence.sql.sqlite import utc_text, utc_time
 from statifier.router.errors import ConfigError
 from statifier.router.transaction import lock_key
+
+try:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+except ModuleNotFoundError as missing:  # SQLAlchemy: the sqlite extra
+    raise MissingExtra.of(missing) from missing
 
 __all__ = ["Clock", "Holding", "LeaseChange", "PartitionLeases", "divide", "group_lock"]
 

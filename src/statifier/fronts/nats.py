@@ -50,17 +50,21 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-import nats
-import nats.errors
-import nats.js.errors
-from nats.aio.client import Client
-from nats.aio.msg import Msg
-from nats.js import JetStreamContext
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-
+from statifier.extras import MissingExtra
 from statifier.fronts.leases import LeaseChange, PartitionLeases
 from statifier.fronts.source import Malformed, Message, Rebalance, json_object
 from statifier.router import ConfigError, InboundEvent, InvalidEvent
+
+try:
+    import nats
+    import nats.errors
+    import nats.js.errors
+    from nats.aio.client import Client
+    from nats.aio.msg import Msg
+    from nats.js import JetStreamContext
+    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+except ModuleNotFoundError as missing:  # nats-py: the nats extra
+    raise MissingExtra.of(missing) from missing
 
 __all__ = ["MESSAGE_ID_HEADER", "AcknowledgementFailed", "JetStreamSource"]
 

@@ -22,6 +22,7 @@ settled, so the next owner starts exactly after them.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -29,7 +30,7 @@ from typing import Protocol
 from statifier.expr import Value, jsontext
 from statifier.router import InboundEvent
 
-__all__ = ["Malformed", "Message", "Rebalance", "Source", "json_object"]
+__all__ = ["Malformed", "Message", "Rebalance", "Source", "json_object", "stored_object"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,28 +59,56 @@ class Message:
     raw: bytes = b""
 
 
-def json_object(payload: bytes, *, max_bytes: int, what: str) -> dict[str, Value] | Malformed:
-    """A message's bytes as the event's data: a JSON object of at most ``max_bytes``
-    bytes, UTF-8, parsed strictly (nesting bounded by
-    :data:`~statifier.expr.jsontext.MAX_JSON_DEPTH`); else why not, naming the bytes
-    ``what`` (``"value"``, ``"payload"``).
+def json_object(
+    payload: bytes, *, max_bytes: int | None, what: str
+) -> dict[str, Value] | Malformed:
+    """A message's bytes as the event's data, by the one JSON rule every front reads
+    by (:func:`statifier.expr.jsontext.loads`): a JSON object of at most ``max_bytes``
+    bytes (unbounded when ``None``), UTF-8, nested at most
+    :data:`~statifier.expr.jsontext.MAX_JSON_DEPTH` deep, with no number that is not
+    finite and no lone surrogate; else why not, naming the bytes ``what``
+    (``"value"``, ``"payload"``, ``"body"``) and the rule broken.
 
     >>> json_object(b'{"key": "k1"}', max_bytes=64, what="payload")
     {'key': 'k1'}
     >>> json_object(b"[1]", max_bytes=64, what="value")
     Malformed(reason='the value is JSON but not an object: list')
+    >>> json_object(b'{"n": 1e999999}', max_bytes=64, what="body")
+    Malformed(reason='the body is not JSON: a non-finite number (out of range) at position 6')
     """
-    if len(payload) > max_bytes:
-        return Malformed(f"a {what} of {len(payload)} bytes, over the {max_bytes}")
     try:
-        data = jsontext.loads(payload.decode("utf-8"))
-    except UnicodeDecodeError as error:
-        return Malformed(f"the {what} is not UTF-8 (byte {error.start})")
+        data = jsontext.loads(payload, max_bytes=max_bytes)
     except jsontext.JSONTextError as error:
+        if error.rule == "size" and max_bytes is not None and len(payload) > max_bytes:
+            return Malformed(f"a {what} of {len(payload)} bytes, over the {max_bytes}")
+        if error.rule == "utf-8":
+            return Malformed(f"the {what} is not UTF-8 (byte {error.position})")
         return Malformed(f"the {what} is not JSON: {error}")
     if not isinstance(data, dict):
         return Malformed(f"the {what} is JSON but not an object: {type(data).__name__}")
     return data
+
+
+def stored_object(document: object, *, what: str) -> dict[str, Value] | Malformed:
+    """A document a database handed over, by the same rule as :func:`json_object`:
+    JSON text (``str`` or ``bytes``), or what the driver parsed already, which is
+    written again as JSON and read by the rule (a lone surrogate is written as its
+    escape and a non-finite number as ``NaN`` or ``Infinity``, which the rule
+    refuses).
+
+    >>> stored_object({"n": float("inf")}, what="data")
+    Malformed(reason='the data is not JSON: a non-finite number (Infinity) at position 6')
+    """
+    if isinstance(document, str):
+        text = document.encode("utf-8", "surrogatepass")
+    elif isinstance(document, bytes):
+        text = document
+    else:
+        try:
+            text = json.dumps(document).encode("ascii")
+        except (TypeError, ValueError, RecursionError) as error:
+            return Malformed(f"the {what} is not JSON: {type(error).__name__}")
+    return json_object(text, max_bytes=None, what=what)
 
 
 class Rebalance(Protocol):

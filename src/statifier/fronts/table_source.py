@@ -66,12 +66,11 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from statifier.callbacks import settle
+from statifier.extras import MissingExtra
 from statifier.fronts.lanes import event_key, lane_of
 from statifier.fronts.leases import Clock, LeaseChange, PartitionLeases, group_lock
-from statifier.fronts.source import Malformed, Message, Rebalance
+from statifier.fronts.source import Malformed, Message, Rebalance, stored_object
 from statifier.persistence import PLAIN, BlobCodec, UndecodableBlob
 from statifier.persistence.codec import opened_json, sealed_json
 from statifier.persistence.sql import SqlAdapter, SqlTransaction
@@ -80,6 +79,11 @@ from statifier.persistence.sql.sqlite import utc_text
 from statifier.router import InboundEvent, RouterConfig
 from statifier.router.errors import ConfigError, InvalidEvent
 from statifier.router.transaction import lock_key
+
+try:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+except ModuleNotFoundError as missing:  # SQLAlchemy: the sqlite extra
+    raise MissingExtra.of(missing) from missing
 
 __all__ = ["ByKey", "Partitioner", "TableSource", "append_events"]
 
@@ -334,12 +338,21 @@ def _message(partition: str, row: Sequence[Any], codec: BlobCodec) -> Message:
         stored = json.loads(data) if isinstance(data, str | bytes) else data
         raw = json.dumps({"scope": scope, "source": source, "data": stored}).encode("utf-8")
         return Message(partition, int(position), Malformed(str(undecodable)), raw)
+    except (ValueError, RecursionError) as unreadable:  # text written past append_events
+        found = stored_object(data, what="data")  # names the rule the text breaks
+        if not isinstance(found, Malformed):
+            found = Malformed(f"the data is not JSON: {type(unreadable).__name__}")
+        raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else b""
+        return Message(partition, int(position), found, raw)
     raw = json.dumps(
         {"scope": scope, "source": source, "message_id": message_id, "data": loaded}
     ).encode("utf-8")
+    checked = stored_object(loaded, what="data")  # every front's one JSON rule
     try:
-        event: InboundEvent | Malformed = InboundEvent(
-            scope=scope, source=source, message_id=message_id, data=loaded
+        event: InboundEvent | Malformed = (
+            checked
+            if isinstance(checked, Malformed)
+            else InboundEvent(scope=scope, source=source, message_id=message_id, data=checked)
         )
     except InvalidEvent as error:
         event = Malformed(str(error))

@@ -26,9 +26,10 @@ import hashlib
 import hmac
 import time
 from collections.abc import Awaitable, Callable
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
-from starlette.requests import Request
+if TYPE_CHECKING:
+    from starlette.requests import Request
 
 __all__ = ["SignedMessage", "Verifier", "hmac_sha256", "timestamp_dot_body"]
 

@@ -9,8 +9,11 @@ answers ``POST /`` and nothing else:
 1. any other method: 405 with ``Allow: POST``;
 2. the body, read under ``max_body`` (413) and the request's deadline (408);
 3. the host's verifier, if one is given: a refusal answers 401 and nothing is routed;
-4. the body decoded (a JSON object for a webhook, an urlencoded form for a form
-   post): 400 for one that is not, 415 for a form post of another content type;
+4. the body decoded: for a webhook a JSON object by the one rule every front reads
+   JSON by (:func:`~statifier.fronts.source.json_object`: UTF-8, nested at most 128
+   deep, no number that is not finite, no lone surrogate), for a form post an
+   urlencoded form, strict UTF-8 in its bytes and its percent-escapes: 400 naming
+   the rule broken, 415 for a form post of another content type;
 5. the scope, from the host (a string, or a function of the request: never the
    posted body), and :func:`handle`: 200 for every recorded outcome, 500 for an
    error, 503 when the handling outlived the deadline (its transaction is rolled
@@ -22,41 +25,46 @@ a provider's retry of the same body is the same message. A body-hash id is
 scope-free: the same body under two scopes through one binding is one message; give
 each scope its own binding, or use a provider event id.
 
-No front logs a body; a 500 is logged with the error's type name only.
+No front logs a body; a 500 is logged with the error's type name only, and every
+refusal at warning level with its rule, once per rule and interval
+(:class:`~statifier.fronts.http_body.AnyMethod`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
-from typing import Any, Final
+from typing import Final
 from urllib.parse import parse_qsl
-
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 
 from statifier.callbacks import settle
 from statifier.expr import Value
+from statifier.extras import MissingExtra
 from statifier.fronts.http_body import (
     DEFAULT_MAX_BODY,
     DEFAULT_TIMEOUT,
     AnyMethod,
-    BodyRefused,
+    Refused,
     check_bounds,
     method_not_allowed,
     read_body,
-    text,
 )
+from statifier.fronts.source import Malformed, json_object
 from statifier.fronts.verifiers import Verifier
 from statifier.router import Failed, InboundEvent, Routed, RouterConfig, route
 from statifier.router.errors import InvalidEvent
 from statifier.router.outcomes import MAX_ID_LENGTH
+
+try:
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+except ModuleNotFoundError as missing:  # Starlette: the http extra
+    raise MissingExtra.of(missing) from missing
 
 __all__ = [
     "MAX_FORM_FIELDS",
@@ -76,7 +84,7 @@ _log = logging.getLogger(__name__)
 ScopeOf = str | Callable[[Request], "str | Awaitable[str]"]
 """The scope of every post (a string), or a function of the request answering it."""
 
-Decode = Callable[[Request, bytes], "Mapping[str, Value] | Response"]
+Decode = Callable[[Request, bytes], "Mapping[str, Value] | Refused"]
 
 
 def body_message_id(raw_body: bytes) -> str:
@@ -153,11 +161,13 @@ def webhook_app(
     """
     header = provider_id_header
 
-    def decode(request: Request, body: bytes) -> Mapping[str, Value] | Response:
+    def decode(request: Request, body: bytes) -> Mapping[str, Value] | Refused:
         given = request.headers.get(header) if header is not None else None
         if given is not None and len(given) > MAX_ID_LENGTH:
-            return text(400, f"the provider event id is over {MAX_ID_LENGTH} characters")
-        return _json_object(body)
+            reason = f"the provider event id is over {MAX_ID_LENGTH} characters"
+            return Refused(400, "provider_id", reason)
+        data = json_object(body, max_bytes=max_body, what="body")
+        return Refused(400, "json", data.reason) if isinstance(data, Malformed) else data
 
     def provider_id(request: Request) -> str | None:
         return request.headers.get(header) if header is not None else None
@@ -207,20 +217,20 @@ def _app(
         raise ValueError(f"a front needs a source name, not {source!r}")
     check_bounds(max_body, timeout)
 
-    async def answer(request: Request) -> Response:
+    async def answer(request: Request) -> Response | Refused:
         if request.method != "POST":
             return method_not_allowed()
         deadline = asyncio.get_running_loop().time() + timeout
         body = await read_body(request, max_body=max_body, deadline=deadline)
-        if isinstance(body, BodyRefused):
-            return text(body.status, body.reason)
+        if isinstance(body, Refused):
+            return body
         try:
             async with asyncio.timeout_at(deadline):
                 return await handled(request, body)
         except TimeoutError:
-            return text(503, "the post was not handled in time; post it again")
+            return Refused(503, "deadline", "the post was not handled in time; post it again")
 
-    async def handled(request: Request, body: bytes) -> Response:
+    async def handled(request: Request, body: bytes) -> Response | Refused:
         if verifier is not None:
             try:
                 accepted = await settle(verifier(request, body))
@@ -228,9 +238,9 @@ def _app(
                 _log.error("%s: the verifier raised %s", source, type(error).__name__)
                 return Response(status_code=500)
             if accepted is not True:
-                return Response(status_code=401)
+                return Refused(401, "verifier", "the post is not authentic")
         data = decode(request, body)
-        if isinstance(data, Response):
+        if isinstance(data, Refused):
             return data
         try:
             chosen = scope if isinstance(scope, str) else await settle(scope(request))
@@ -256,26 +266,13 @@ def _app(
     return Starlette(routes=[Route("/", AnyMethod(answer, front=front, source=source))])
 
 
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def _json_object(body: bytes) -> Mapping[str, Value] | Response:
-    """The body as a JSON object, or a 400."""
-    try:
-        parsed = json.loads(body.decode("utf-8"), parse_constant=_refuse_constant)
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        return text(400, "the body is not JSON (UTF-8)")
-    if not isinstance(parsed, dict):
-        return text(400, "the body is not a JSON object")
-    return parsed
-
-
-def _form_fields(request: Request, body: bytes) -> Mapping[str, Value] | Response:
-    """The body as form fields, or a 415 or 400."""
+def _form_fields(request: Request, body: bytes) -> Mapping[str, Value] | Refused:
+    """The body as form fields, or a 415 or 400. A form carries no JSON: its one
+    rule is strict UTF-8, of the body and of every percent-escape, so no field holds
+    a lone surrogate."""
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind != _FORM:
-        return text(415, f"a form post is {_FORM}")
+        return Refused(415, "content_type", f"a form post is {_FORM}")
     try:
         pairs = parse_qsl(
             body.decode("utf-8"),
@@ -283,8 +280,10 @@ def _form_fields(request: Request, body: bytes) -> Mapping[str, Value] | Respons
             max_num_fields=MAX_FORM_FIELDS,
             errors="strict",
         )
-    except (UnicodeDecodeError, ValueError):
-        return text(400, f"the form is not UTF-8 or has over {MAX_FORM_FIELDS} fields")
+    except UnicodeDecodeError as error:
+        return Refused(400, "form", f"the form is not UTF-8 ({error.reason})")
+    except ValueError:
+        return Refused(400, "form", f"the form has over {MAX_FORM_FIELDS} fields")
     fields: dict[str, Value] = {}
     for name, value in pairs:
         earlier = fields.get(name)

@@ -12,6 +12,13 @@ host calls the router itself: fronts that read Kafka, NATS or HTTP are planned, 
 built. See ``docs/router.md``.
 """
 
+from statifier.extras import MissingExtra
+
+try:  # first: every part of the router runs on SQLAlchemy (the sqlite or postgres extra)
+    import sqlalchemy  # noqa: F401 - imported for the error it raises when missing
+except ModuleNotFoundError as missing:
+    raise MissingExtra.of(missing) from missing
+
 from statifier.ids import new_execution_id
 from statifier.router.basichttp_sends import basichttp_sink
 from statifier.router.binding import (

@@ -42,8 +42,8 @@ from statifier.persistence import ExecutionNotFound
 from statifier.persistence.sql.schema import TableNames
 from statifier.persistence.sql.sqlite import utc_text, utc_time
 from statifier.router.errors import ConfigError, RouterError
-from statifier.router.postgres import PostgresSession
 from statifier.router.sending import BASICHTTP_TYPES
+from statifier.router.sqlite import SqliteSession
 from statifier.sql.tables import Tables
 
 if TYPE_CHECKING:
@@ -308,7 +308,7 @@ class _Session:
         tables: Tables = unit.tx.adapter.tables
         options = tables.options
         schema = f"{options.schema}." if options.schema else ""
-        self.postgres = isinstance(unit.sql, PostgresSession)
+        self.postgres = not isinstance(unit.sql, SqliteSession)
         self._driver = unit.tx.driver
         self._key = options.key_default
         self._s = _statements(

@@ -12,13 +12,17 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-import psycopg
-
+from statifier.extras import MissingExtra
 from statifier.persistence.errors import LockTimeout
 from statifier.persistence.sql.postgres import lock_timeout
 from statifier.persistence.sql.schema import TableNames
 from statifier.router.records import AddressRow, LedgerRow, ReapRow
 from statifier.sql.tables import Tables
+
+try:
+    import psycopg
+except ModuleNotFoundError as missing:  # psycopg: the postgres extra
+    raise MissingExtra.of(missing) from missing
 
 __all__ = ["PostgresSession", "PostgresStatements"]
 

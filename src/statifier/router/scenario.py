@@ -1,17 +1,23 @@
 """Routing cases: one JSON file of bindings and a script, run through the router on a
-virtual clock, answered by one report (``statifier scenario CASE.json --charts DIR``).
-The case format is :mod:`statifier.router.scenario_case`.
+virtual clock, answered by one report (``statifier scenario CASE.json --charts DIR``,
+or ``--config statifier.toml`` for the charts, bindings, routes and send type a serve
+file deploys). The case format is :mod:`statifier.router.scenario_case`.
 
-The chart of document ``D`` is ``DIR/D.scxml``; every ``*.scxml`` of the directory is
-compiled at boot, named by its stem. Each run of a script case migrates its database
-first: a SQLite file in a temporary directory unless a URL is given, under a table
-prefix (by default the package's). The router runs with the send type
-:data:`~statifier.router.scenario_case.SEND_TYPE`, the case's ``routes`` (each a
-:class:`RecordingRoute`), its ``on_complete``, and the built-in timer queue, fired by
-a :class:`~statifier.router.timer_worker.TimerWorker` on the virtual clock.
-Executions are named ``ex_1``, ``ex_2``, ... in the order the run creates them (past
-any the database already holds), so a report that shows a send's key is the same on
-every run.
+**What a case runs with.** Either a charts directory and the case's own keys: the
+chart of document ``D`` is ``DIR/D.scxml`` (every ``*.scxml`` of the directory is
+compiled at boot, named by its stem), with the case's ``bindings``, its ``routes``
+(each a :class:`RecordingRoute`), its ``on_complete`` and its ``send_type`` (else
+:data:`~statifier.router.scenario_case.SEND_TYPE`). Or a :class:`Deployment`: a serve
+file's documents, bindings, routes (each a :class:`RecordingRoute` with the route's
+configuration as the service registers it), ``on_complete`` and send type, as plain
+values the command line reads with the service's own loader; the case then names none
+of those keys. Each run of a script case migrates its database first: a SQLite file
+in a temporary directory unless a URL is given, under a table prefix (by default the
+package's); a deployment's own database is never opened. Timers live in the built-in
+timer queue, fired by a :class:`~statifier.router.timer_worker.TimerWorker` on the
+virtual clock. Executions are named ``ex_1``, ``ex_2``, ... in the order the run
+creates them (past any the database already holds), so a report that shows a send's
+key is the same on every run.
 
 **Timers.** After every step the runner fires every timer due up to the step's time
 (for ``advance``, the new time), one due instant at a time, in order of due time,
@@ -22,6 +28,19 @@ itself with no delay is due at once, so it is delivered at the end of the step t
 sent it (the script never sees it pending). A fire that raises fails the case, and so
 do more than :data:`MAX_FIRES` fires in one step (a chart that keeps sending to itself).
 
+**Sends the scenario does not handle.** The router performs sends of its send type
+(to routes and to ``target="execution"``), sends to the execution itself, and
+BasicHTTP sends (into the outbox, which no scenario drains). Any other send, a type
+written for a host's executor or for another deployment's send type, or an SCXML send
+to a target no execution is, is *unhandled*: the runner lists it in the report and
+refuses it as ``statifier serve`` refuses it (the chart hears ``error.communication``).
+So that a send of a literal type the router does not know reaches that list instead
+of raising ``error.execution`` at the ``<send>``, executions start accepting every
+literal send type the charts write (found as the publish-time contracts find
+``unsupported_types``); a type computed by ``typeexpr`` is not known in advance, and
+a send of one the executions do not accept raises ``error.execution`` as it would
+when deployed.
+
 **The report** of a script case: ``ledger``, every ledger row oldest first as
 ``{"binding", "message_id", "outcome", "key"}`` (the outcome as
 :attr:`~statifier.router.LedgerRow.spelled`); the case's execution, the one the
@@ -29,18 +48,27 @@ address table names for the case's document and scope (remembered after every st
 so it stays the case's execution after a reaper deletes its address; with no address
 ever, as under ``always_new``, the first execution the ledger names for the
 document): ``status`` (``null`` without one), ``configuration`` (its sorted active
-leaf states, ``[]`` once finished) and ``datamodel`` (its data without the ``_``
-system variables, tagged JSON); ``timers``, the event names of the pending timers,
-sorted; and ``sends``, every hand-off to a route in order, each ``{"route", "event":
-{"name", "data"}}`` (the data in tagged JSON: a send's resolved params, the donedata
-of ``done.execution``).
+leaf states, ``[]`` once ended), ``final_state`` (the id of the top-level ``<final>``
+it ended in, else ``null``) and ``datamodel`` (its data without the ``_`` system
+variables, tagged JSON); ``timers``, the event names of the pending timers, sorted;
+``sends``, every hand-off to a route in order, each ``{"route", "event": {"name",
+"data"}}`` (the data in tagged JSON: a send's resolved params, the donedata of
+``done.execution``), with ``"config"``, the route's configuration, when it has one (a
+serve file's route: its ``queue``, its ``target``); ``unhandled_sends``, every
+unhandled send in order, each ``{"step", "execution", "type", "target", "event"}``
+(``step`` the index in the script of the step during which it was sent); and
+``executions``, every execution the run created or stepped, by id (those it created
+first, in order), each ``{"document", "status", "configuration", "final_state"}``.
+
+A case that expects ``sends`` fails on any unhandled send (:func:`compare` names each);
+a case that does not is warned of each (:func:`warning_lines`).
 
 The report of a publish case is ``{"contracts": {...}}``, the five lists of
 :meth:`~statifier.router.contracts.Contracts.as_json`, each finding
 ``{"event", "document", "reason"}`` with ``"binding_id"`` or ``"location": {"line",
 "column"}`` (and ``"route"`` or ``"type"`` where it has one). The chart checked is the
-case's document's; the directory's other charts judge the documents the declarations
-leave out.
+case's document's; the other charts (of the directory or the deployment) judge the
+documents the declarations leave out.
 """
 
 from __future__ import annotations
@@ -49,18 +77,28 @@ import asyncio
 import contextlib
 import itertools
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
 from statifier.chart import InvalidChart, Machine, compile_chart
-from statifier.core import Event
+from statifier.core import Event, MachineState, StartOptions
+from statifier.core import effects as fx
 from statifier.expr.tagged import encode
 from statifier.ids import new_execution_id
-from statifier.persistence import ExecutionNotFound, PersistenceError, Storage
+from statifier.persistence import (
+    EffectContext,
+    ExecutionNotFound,
+    ExecutionRecord,
+    PersistenceError,
+    Refused,
+    Storage,
+)
+from statifier.persistence.executor import Executor, refuse_unperformed
 from statifier.persistence.sql import SqlAdapter, SqlTransaction
+from statifier.router.binding import Binding
 from statifier.router.config import MintExecutionId, RouterConfig, StaticResolver
 from statifier.router.contracts import check
 from statifier.router.errors import RouterError
@@ -71,6 +109,7 @@ from statifier.router.routing import route
 from statifier.router.scenario_case import (
     CONTRACT_KEYS,
     DEFAULT_START,
+    DEPLOYED_KEYS,
     MAX_CASE_BYTES,
     MAX_STEPS,
     REPORT_KEYS,
@@ -93,6 +132,7 @@ from statifier.sql import DEFAULT_PREFIX, TableOptions, migrations
 __all__ = [
     "CONTRACT_KEYS",
     "DEFAULT_START",
+    "DEPLOYED_KEYS",
     "MAX_CASE_BYTES",
     "MAX_FIRES",
     "MAX_STEPS",
@@ -102,6 +142,7 @@ __all__ = [
     "Case",
     "CaseError",
     "Deliver",
+    "Deployment",
     "Reap",
     "RecordingRoute",
     "Step",
@@ -109,6 +150,8 @@ __all__ = [
     "parse_duration",
     "parse_start",
     "run_case",
+    "unhandled_line",
+    "warning_lines",
 ]
 
 MAX_FIRES: Final = 10_000
@@ -119,10 +162,39 @@ _MAX_PENDING: Final = 100_000
 
 
 @dataclass(frozen=True, slots=True)
+class Deployment:
+    """What a serve file deploys, as plain values a case runs with in place of a charts
+    directory and its own bindings, routes, ``on_complete`` and send type. ``statifier
+    scenario --config`` reads the file with the loader ``statifier serve`` uses and
+    hands its values over; the runner opens nothing the file names (its database, its
+    sinks, fronts and sources).
+
+    Attributes:
+        file: the file as it was named, for messages.
+        documents: document -> its compiled chart.
+        bindings: every binding, in file order.
+        send_type: the router's send type (``None`` when the file names none: then
+            every typed send is unhandled).
+        routes: route name -> its configuration as the service registers it (JSON
+            values: an outbox ``queue``, a ``target``); each is served by a
+            :class:`RecordingRoute`.
+        on_complete: the route handed ``done.execution``, or ``None``.
+    """
+
+    file: str
+    documents: Mapping[str, Machine]
+    bindings: Sequence[Binding] = ()
+    send_type: str | None = None
+    routes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    on_complete: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class RecordingRoute:
     """A route adapter that hands nothing anywhere: it appends each hand-off to
-    ``sends`` as ``{"route": name, "event": {"name", "data"}}`` (data in tagged JSON)
-    and answers ``None``, so every send to it succeeds."""
+    ``sends`` as ``{"route": name, "event": {"name", "data"}}`` (data in tagged JSON),
+    with ``"config"``, the route's configuration, when it is not empty, and answers
+    ``None``, so every send to it succeeds."""
 
     name: str
     sends: list[dict[str, Any]] = field(default_factory=list)
@@ -137,7 +209,51 @@ class RecordingRoute:
     ) -> None:
         # A hand-off whose transaction then rolls back stays recorded: in a scenario
         # only a failure rolls back, and a failure ends the case.
-        self.sends.append({"route": self.name, "event": {"name": event.name, "data": _data(event)}})
+        sent: dict[str, Any] = {
+            "route": self.name,
+            "event": {"name": event.name, "data": _data(event)},
+        }
+        if config:
+            sent["config"] = dict(config)
+        self.sends.append(sent)
+
+
+class _Unhandled:
+    """The executor of a scenario's router: what the router hands on (a send of a type
+    it does not perform, an SCXML send to a target no execution is, an invocation)
+    reaches it. It lists each send with the script step it came from, then refuses it
+    as ``statifier serve``'s executor does (:func:`refuse_unperformed`)."""
+
+    def __init__(self) -> None:
+        self.step = 0
+        self.sends: list[dict[str, Any]] = []
+
+    def __call__(self, effect: fx.Effect, context: EffectContext) -> Refused | None:
+        if isinstance(effect, fx.Send | fx.SendDelayed):
+            # Like the recording route: a step that rolls back would leave its entry,
+            # but in a scenario a rollback is a failure, and a failure ends the case.
+            self.sends.append(
+                {
+                    "step": self.step,
+                    "execution": context.execution_id,
+                    "type": effect.type,
+                    "target": effect.target,
+                    "event": effect.event,
+                }
+            )
+        return refuse_unperformed(effect, context)
+
+
+@dataclass(frozen=True, slots=True)
+class _Setup:
+    """What a case runs with: its own keys over a charts directory, or a deployment's."""
+
+    source: Path | Deployment
+    charts: Mapping[str, Machine]
+    bindings: tuple[Binding, ...]
+    send_type: str | None
+    routes: Mapping[str, Mapping[str, Any]]
+    on_complete: str | None
 
 
 class _Clock:
@@ -152,44 +268,50 @@ class _Clock:
 
 class _Mint:
     """Execution ids ``ex_1``, ``ex_2``, ...: deterministic, so a report is the same on
-    every run, and past every id in ``taken`` (a kept database's)."""
+    every run, and past every id in ``taken`` (a kept database's). ``minted`` keeps
+    them in the order given."""
 
     def __init__(self, taken: set[str]) -> None:
         self.taken = taken
         self.numbers = itertools.count(1)
+        self.minted: list[str] = []
 
     def __call__(self, scope: str, document: str, key: str) -> str:
         while True:
             candidate = f"ex_{next(self.numbers)}"
             if candidate not in self.taken:
                 self.taken.add(candidate)
+                self.minted.append(candidate)
                 return candidate
 
 
 async def run_case(
     case: Case,
-    charts_dir: Path,
+    charts: Path | Deployment,
     database_url: str | None = None,
     start: datetime | None = None,
     *,
     prefix: str = DEFAULT_PREFIX,
 ) -> dict[str, Any]:
-    """Run ``case`` and answer its report: a publish case by the contracts alone (no
-    database); a script case on a freshly migrated database (``database_url``, else
-    SQLite in a temporary file) with tables under ``prefix``, from ``start`` (else the
-    case's, else :data:`DEFAULT_START`).
+    """Run ``case`` and answer its report (see the module docstring), with the charts
+    of the directory ``charts`` and the case's own bindings, routes and send type, or
+    with a :class:`Deployment`'s: a publish case by the contracts alone (no database);
+    a script case on a freshly migrated database (``database_url``, else SQLite in a
+    temporary file) with tables under ``prefix``, from ``start`` (else the case's,
+    else :data:`DEFAULT_START`).
 
     Raises:
-        CaseError: a chart is missing, unreadable or invalid, the prefix is not one, or
-            a step failed in the router, persistence or a timer's fire (named by its
-            index).
+        CaseError: a chart is missing, unreadable or invalid; a script case without
+            bindings run on a directory, or a case naming one of
+            :data:`DEPLOYED_KEYS` run on a deployment; the router refuses the
+            configuration; the prefix is not one; or a step failed in the router,
+            persistence or a timer's fire (named by its index).
         sqlalchemy.exc.SQLAlchemyError, OSError: the database failed.
     """
-    charts = _charts(charts_dir)
+    setup = _setup(case, charts)
     if case.publish:
-        return await _publish(case, charts, charts_dir)
-    wanted = [case.document, *(b.document for b in case.bindings if b.enabled)]
-    _require(charts, charts_dir, wanted)
+        return await _publish(case, setup)
+    _require(setup, [case.document, *(b.document for b in setup.bindings if b.enabled)])
     try:
         options = TableOptions(prefix=prefix)
     except ValueError as error:
@@ -206,14 +328,18 @@ async def run_case(
             raise CaseError(f"database: {error}") from None
         async with adapter:
             storage = Storage(adapter, clock=clock)
-            taken = {record.id for record in await storage.list_executions()}
+            before = {record.id: _seen(record) for record in await storage.list_executions()}
+            mint = _Mint(set(before))
             sends: list[dict[str, Any]] = []
-            config = _config(case, storage, _resolver(charts), sends, _Mint(taken))
+            unhandled = _Unhandled()
+            accepted = _literal_types(_config(setup, storage, sends), setup.charts)
+            config = _config(setup, storage, sends, mint, unhandled, accepted)
             worker = TimerWorker(config, clock=clock)
             # The case's execution: the one the address table names, remembered after
             # every step, so that it stays the case's once a reap deletes its row.
             named: str | None = None
             for index, step in enumerate(case.script):
+                unhandled.step = index
                 try:
                     await _run_step(config, worker, step, clock)
                     named = await newest_address(config, case.scope, case.document) or named
@@ -225,27 +351,59 @@ async def run_case(
             report = await _report(config, case.document, named)
             report["timers"] = sorted(entry.event.name for entry in await _pending(config))
             report["sends"] = sends
-            return report
+            report["unhandled_sends"] = unhandled.sends
+            report["executions"] = await _executions(config, setup.charts, before, mint.minted)
+            return {key: report[key] for key in REPORT_KEYS}
 
 
 def compare(report: Mapping[str, Any], expected: Mapping[str, Any]) -> list[str]:
     """One line per key of ``expected`` whose value differs from the report's, compared
     exactly as JSON (``1``, ``1.0`` and ``true`` differ); a list names its first
-    differing item, and ``contracts`` each differing list (``contracts.unchecked[0]``)."""
+    differing item, and ``contracts`` each differing list (``contracts.unchecked[0]``).
+    When ``expected`` has ``sends``, each of the report's ``unhandled_sends`` is one
+    more line (``sends: script[1]: ...``, :func:`unhandled_line`): the sends a case
+    expects are not all there while one went to no handler."""
     lines: list[str] = []
     for key in (*REPORT_KEYS, *CONTRACT_KEYS):
-        if key not in expected or as_json(expected[key]) == as_json(report.get(key)):
+        if key not in expected:
             continue
-        want, got = expected[key], report.get(key)
-        if key == "contracts" and isinstance(want, dict) and isinstance(got, dict):
-            lines.extend(
-                _difference(f"{key}.{name}", want.get(name), got.get(name))
-                for name in dict.fromkeys([*want, *got])
-                if as_json(want.get(name)) != as_json(got.get(name))
-            )
-        else:
-            lines.append(_difference(key, want, got))
+        if as_json(expected[key]) != as_json(report.get(key)):
+            want, got = expected[key], report.get(key)
+            if key == "contracts" and isinstance(want, dict) and isinstance(got, dict):
+                lines.extend(
+                    _difference(f"{key}.{name}", want.get(name), got.get(name))
+                    for name in dict.fromkeys([*want, *got])
+                    if as_json(want.get(name)) != as_json(got.get(name))
+                )
+            else:
+                lines.append(_difference(key, want, got))
+        if key == "sends":
+            lines.extend(f"sends: {unhandled_line(s)}" for s in report.get("unhandled_sends", []))
     return lines
+
+
+def warning_lines(report: Mapping[str, Any], expected: Mapping[str, Any] | None) -> list[str]:
+    """One ``warning: ...`` line per unhandled send of ``report``
+    (:func:`unhandled_line`), unless ``expected`` has ``sends``: then :func:`compare`
+    names each as a difference instead."""
+    if expected is not None and "sends" in expected:
+        return []
+    return [f"warning: {unhandled_line(s)}" for s in report.get("unhandled_sends", [])]
+
+
+def unhandled_line(send: Mapping[str, Any]) -> str:
+    """An entry of a report's ``unhandled_sends`` in words.
+
+    >>> unhandled_line({"step": 1, "execution": "ex_1", "type": "shop:route",
+    ...                 "target": "paid", "event": "ok"})
+    "script[1]: ex_1 sent 'ok' to 'paid' with type 'shop:route', which the scenario does not handle"
+    """
+    target = "no target" if send.get("target") is None else repr(send["target"])
+    kind = "no type" if send.get("type") is None else f"type {send['type']!r}"
+    return (
+        f"script[{send.get('step')}]: {send.get('execution')} sent {send.get('event')!r} "
+        f"to {target} with {kind}, which the scenario does not handle"
+    )
 
 
 def _difference(where: str, want: object, got: object) -> str:
@@ -261,33 +419,92 @@ def _difference(where: str, want: object, got: object) -> str:
     return f"{where}: expected {as_json(want)}, got {as_json(got)}"
 
 
-def _config(
-    case: Case,
-    store: SqlAdapter | Storage,
-    resolver: StaticResolver,
-    sends: list[dict[str, Any]],
-    mint: MintExecutionId = new_execution_id,
-) -> RouterConfig:
-    """The router a case runs with: its bindings, its routes recording into ``sends``,
-    its ``on_complete``, the built-in timer queue."""
-    return RouterConfig(
-        store,
-        bindings=case.bindings,
-        resolver=resolver,
-        send_type=SEND_TYPE,
-        routes={name: (RecordingRoute(name, sends), {}) for name in case.routes},
-        on_complete=case.on_complete,
-        execution_id=mint,
+def _setup(case: Case, source: Path | Deployment) -> _Setup:
+    """What ``case`` runs with on ``source``.
+
+    Raises:
+        CaseError: a deployment and a case that names one of its keys, a directory and
+            a script case without bindings, or a chart the directory cannot give.
+    """
+    if isinstance(source, Deployment):
+        named = case.deployed
+        if named:
+            raise CaseError(
+                f"{named[0]}: {source.file} gives the bindings, routes, on_complete and "
+                "send type: a case run on a serve file names none of them"
+            )
+        return _Setup(
+            source,
+            source.documents,
+            tuple(source.bindings),
+            source.send_type,
+            source.routes,
+            source.on_complete,
+        )
+    if case.bindings is None and not case.publish:
+        raise CaseError("the key 'bindings' is required (unless the case runs on a serve file)")
+    return _Setup(
+        source,
+        _charts(source),
+        case.bindings or (),
+        case.send_type or SEND_TYPE,
+        {name: {} for name in case.routes or ()},
+        case.on_complete,
     )
 
 
-async def _publish(case: Case, charts: dict[str, Machine], directory: Path) -> dict[str, Any]:
-    _require(charts, directory, [case.document])
+def _config(
+    setup: _Setup,
+    store: SqlAdapter | Storage,
+    sends: list[dict[str, Any]],
+    mint: MintExecutionId = new_execution_id,
+    executor: Executor = refuse_unperformed,
+    send_types: frozenset[str] = frozenset(),
+) -> RouterConfig:
+    """The router a case runs with: its bindings, its routes recording into ``sends``,
+    its ``on_complete`` and send type, the built-in timer queue, executions started
+    accepting ``send_types`` besides the router's own.
+
+    Raises:
+        CaseError: the router refuses the combination (a built-in send type, say).
+    """
+    try:
+        return RouterConfig(
+            store,
+            bindings=setup.bindings,
+            resolver=_resolver(setup.charts),
+            send_type=setup.send_type,
+            routes={
+                name: (RecordingRoute(name, sends), config) for name, config in setup.routes.items()
+            },
+            on_complete=setup.on_complete,
+            execution_id=mint,
+            executor=executor,
+            start_options=StartOptions(send_types=send_types),
+        )
+    except RouterError as error:
+        raise CaseError(str(error)) from None
+
+
+def _literal_types(config: RouterConfig, charts: Mapping[str, Machine]) -> frozenset[str]:
+    """Every literal send type of ``charts`` that executions under ``config`` do not
+    accept: the ``unsupported_types`` of the publish-time contracts."""
+    return frozenset(
+        finding.type
+        for document, chart in charts.items()
+        for finding in check(config, document, chart, {}).unsupported_types
+        if finding.type is not None
+    )
+
+
+async def _publish(case: Case, setup: _Setup) -> dict[str, Any]:
+    _require(setup, [case.document])
     assert case.declarations is not None
+    charts = setup.charts
     others = {name: chart for name, chart in charts.items() if name != case.document}
     # An in-memory adapter, never written: it only satisfies the configuration.
     async with SqlAdapter("sqlite://") as adapter:
-        config = _config(case, adapter, _resolver(charts), [])
+        config = _config(setup, adapter, [])
         found = check(config, case.document, charts[case.document], case.declarations, others)
     return {"contracts": found.as_json()}
 
@@ -361,6 +578,7 @@ async def _report(config: RouterConfig, document: str, named: str | None) -> dic
         ],
         "status": None,
         "configuration": [],
+        "final_state": None,
         "datamodel": {},
     }
     # Without an address (create always_new), the first execution of the document.
@@ -375,18 +593,83 @@ async def _report(config: RouterConfig, document: str, named: str | None) -> dic
         record = await storage.fetch_execution(execution_id)
     except ExecutionNotFound:
         return report
-    report["status"] = record.status.value
-    if record.position is None:
-        return report
-    state = storage.load(record, await storage.machine(record.content_hash))
-    if state.running and not record.status.terminal:
-        report["configuration"] = list(state.leaf_configuration())
-    report["datamodel"] = {
-        name: encode(value)
-        for name, value in sorted(state.datamodel.items())
-        if not name.startswith("_")
-    }
+    state = await _state(storage, record)
+    report.update(_where(record, state))
+    if state is not None:
+        report["datamodel"] = {
+            name: encode(value)
+            for name, value in sorted(state.datamodel.items())
+            if not name.startswith("_")
+        }
     return report
+
+
+_Seen = tuple[object, ...]
+
+
+def _seen(record: ExecutionRecord) -> _Seen:
+    """What changes when a call stores an execution: a step moves its position (its
+    counters at least) and its update time."""
+    return (record.status, record.updated_at, record.position)
+
+
+async def _executions(
+    config: RouterConfig,
+    charts: Mapping[str, Machine],
+    before: Mapping[str, _Seen],
+    minted: Sequence[str],
+) -> dict[str, Any]:
+    """Every execution the run created or stepped, by id: those it created in order of
+    creation, then the rest by id; each ``{"document", "status", "configuration",
+    "final_state"}``."""
+    storage = config.storage
+    records = {record.id: record for record in await storage.list_executions()}
+    order = {execution_id: index for index, execution_id in enumerate(minted)}
+    touched = sorted(
+        (r for r in records.values() if before.get(r.id) != _seen(r)),
+        key=lambda r: (r.id in before, order.get(r.id, len(order)), r.id),
+    )
+    # A document's chart by content hash; two documents of one source share it, and
+    # the first name (sorted) speaks for both.
+    documents = {chart.identity.content_hash: name for name, chart in sorted(charts.items())[::-1]}
+    described: dict[str, Any] = {}
+    for record in touched:
+        state = await _state(storage, record)
+        document = documents.get(record.content_hash)
+        if document is None and state is not None:
+            document = state.machine.name
+        described[record.id] = {"document": document, **_where(record, state)}
+    return described
+
+
+async def _state(storage: Storage, record: ExecutionRecord) -> MachineState | None:
+    """The execution's stored position, ``None`` once pruned."""
+    if record.position is None:
+        return None
+    return storage.load(record, await storage.machine(record.content_hash))
+
+
+def _where(record: ExecutionRecord, state: MachineState | None) -> dict[str, Any]:
+    """``status``, ``configuration`` (the sorted active leaf states while it runs, else
+    ``[]``) and ``final_state`` (the top-level final it ended in, else ``None``)."""
+    running = state is not None and state.running and not record.status.terminal
+    return {
+        "status": record.status.value,
+        "configuration": list(state.leaf_configuration()) if state is not None and running else [],
+        "final_state": _final_state(state),
+    }
+
+
+def _final_state(state: MachineState | None) -> str | None:
+    """The id of the top-level ``<final>`` a finished chart entered. Entering one ends
+    the chart, so a position holds at most one among the states it ever entered; a
+    cancelled or failed chart may hold none."""
+    if state is None or state.running:
+        return None
+    nodes = state.machine.states
+    # Index 0 is the root: a top-level state's parent.
+    finals = (nodes[i] for i in sorted(state.entered) if i != 0 and nodes[i].parent == 0)
+    return next((node.id for node in finals if node.kind == "final"), None)
 
 
 def _charts(directory: Path) -> dict[str, Machine]:
@@ -410,10 +693,14 @@ def _resolver(charts: Mapping[str, Machine]) -> StaticResolver:
     return StaticResolver(by_document)
 
 
-def _require(charts: Mapping[str, Machine], directory: Path, documents: list[str]) -> None:
+def _require(setup: _Setup, documents: list[str]) -> None:
+    source = setup.source
     for document in documents:
-        if document not in charts:
-            raise CaseError(f"no chart for document {document!r}: no {directory / document}.scxml")
+        if document in setup.charts:
+            continue
+        if isinstance(source, Deployment):
+            raise CaseError(f"no chart for document {document!r} in {source.file}")
+        raise CaseError(f"no chart for document {document!r}: no {source / document}.scxml")
 
 
 def _data(event: Event) -> Any:

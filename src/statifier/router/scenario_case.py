@@ -9,7 +9,8 @@ events through the router:
 ``scope``
     The scope of every delivered event.
 ``bindings``
-    A list of bindings as :meth:`~statifier.router.Binding.from_mapping` reads them.
+    A list of bindings as :meth:`~statifier.router.Binding.from_mapping` reads them
+    (left out when the case runs on a serve file, which gives them).
 ``script``
     The steps, in order: ``{"deliver": {"source": S, "message_id": M, "data": {...}}}``
     routes one event (``data`` in the tagged JSON encoding, see
@@ -18,8 +19,12 @@ events through the router:
     way; ``{"reap": "addresses"}`` and ``{"reap": "dedupe"}`` run one reaper pass.
 ``routes`` (optional)
     The names of the registered routes, each served by a recording adapter: a chart
-    reaches one with ``<send type="scenario:route" target="NAME">`` (the router's
-    send type is always :data:`SEND_TYPE`), and a send to any other name is refused.
+    reaches one with ``<send type="T" target="NAME">``, ``T`` the case's send type,
+    and a send to any other name is refused.
+``send_type`` (optional)
+    The router's send type: the ``type`` of a chart's sends to routes and to
+    ``target="execution"`` (default :data:`SEND_TYPE`). A chart written for a
+    deployment names the deployment's (``"shop:route"``).
 ``on_complete`` (optional)
     One of ``routes``: it is handed ``done.execution`` when an execution finishes.
 ``expected`` (optional)
@@ -34,8 +39,13 @@ A *publish case* has ``declarations`` and no script: it runs the publish-time
 contracts (:func:`statifier.router.contracts.check`) over the chart of ``document``
 and touches no database. Its keys are ``document``, ``declarations`` (an object:
 document -> the list of event names it declares, or ``null`` for none), and
-optionally ``bindings``, ``routes``, ``on_complete``, ``expected`` (with the one key
-``contracts``) and ``description``.
+optionally ``bindings``, ``routes``, ``send_type``, ``on_complete``, ``expected``
+(with the one key ``contracts``) and ``description``.
+
+A case run on a serve file (:class:`statifier.router.scenario.Deployment`, ``statifier
+scenario --config``) takes its bindings, routes, ``on_complete`` and send type from
+the file, and names none of them itself. A key a case leaves out is ``None`` on the
+:class:`Case` (``routes`` included), so the runner can tell the two apart.
 
 >>> parse_duration("P1DT0.5S")
 datetime.timedelta(days=1, microseconds=500000)
@@ -65,6 +75,7 @@ from statifier.router.outcomes import InboundEvent
 __all__ = [
     "CONTRACT_KEYS",
     "DEFAULT_START",
+    "DEPLOYED_KEYS",
     "MAX_CASE_BYTES",
     "MAX_STEPS",
     "REPORT_KEYS",
@@ -83,16 +94,28 @@ MAX_CASE_BYTES: Final = 1 << 20
 MAX_STEPS: Final = 10_000
 DEFAULT_START: Final = datetime(2026, 1, 1, tzinfo=UTC)
 SEND_TYPE: Final = "scenario:route"
-"""The router's send type in every case: the ``type`` of a chart's sends to routes and
-to ``target="execution"``."""
-REPORT_KEYS: Final = ("ledger", "status", "configuration", "datamodel", "timers", "sends")
+"""The router's send type of a case that names none: the ``type`` of a chart's sends to
+routes and to ``target="execution"``."""
+REPORT_KEYS: Final = (
+    "ledger",
+    "status",
+    "configuration",
+    "final_state",
+    "datamodel",
+    "timers",
+    "sends",
+    "unhandled_sends",
+    "executions",
+)
 """The keys of a script case's report, in report order."""
 CONTRACT_KEYS: Final = ("contracts",)
 """The one key of a publish case's report."""
-_SCRIPT_KEYS: Final = ("document", "scope", "bindings", "script")
-_SCRIPT_OPTIONAL: Final = ("expected", "start", "description", "routes", "on_complete")
+DEPLOYED_KEYS: Final = ("bindings", "routes", "send_type", "on_complete")
+"""The keys a serve file gives a case run on it (and the case then leaves out)."""
+_SCRIPT_KEYS: Final = ("document", "scope", "script")
+_SCRIPT_OPTIONAL: Final = ("expected", "start", "description", *DEPLOYED_KEYS)
 _PUBLISH_KEYS: Final = ("document", "declarations")
-_PUBLISH_OPTIONAL: Final = ("bindings", "routes", "on_complete", "expected", "description")
+_PUBLISH_OPTIONAL: Final = (*DEPLOYED_KEYS, "expected", "description")
 _DURATION: Final = re.compile(
     r"P(?:(?P<days>\d+)D)?"
     r"(?:T(?:(?P<hours>\d+(?:\.\d+)?)H)?(?:(?P<minutes>\d+(?:\.\d+)?)M)?"
@@ -136,17 +159,31 @@ class Case:
     """A routing case, checked as it is read (see the module docstring).
 
     A publish case has ``declarations`` (and an empty ``scope`` and ``script``).
+    ``bindings``, ``routes``, ``send_type`` and ``on_complete`` are ``None`` when the
+    case leaves them out (:data:`DEPLOYED_KEYS`).
     """
 
     document: str
     scope: str
-    bindings: tuple[Binding, ...]
+    bindings: tuple[Binding, ...] | None
     script: tuple[Step, ...]
     expected: Mapping[str, Any] | None = None
     start: datetime | None = None
-    routes: tuple[str, ...] = ()
+    routes: tuple[str, ...] | None = None
     on_complete: str | None = None
     declarations: Declarations | None = None
+    send_type: str | None = None
+
+    @property
+    def deployed(self) -> tuple[str, ...]:
+        """The keys of :data:`DEPLOYED_KEYS` the case names, in that order."""
+        named = {
+            "bindings": self.bindings,
+            "routes": self.routes,
+            "send_type": self.send_type,
+            "on_complete": self.on_complete,
+        }
+        return tuple(key for key in DEPLOYED_KEYS if named[key] is not None)
 
     @property
     def publish(self) -> bool:
@@ -205,9 +242,12 @@ class Case:
             if name not in raw:
                 raise CaseError(f"the key {name!r} is required")
         document = _text(raw, "document")
-        routes = _routes(raw.get("routes", []))
-        on_complete = _on_complete(raw["on_complete"], routes) if "on_complete" in raw else None
-        bindings = _bindings(raw.get("bindings", []))
+        routes = _routes(raw["routes"]) if "routes" in raw else None
+        on_complete = (
+            _on_complete(raw["on_complete"], routes or ()) if "on_complete" in raw else None
+        )
+        bindings = _bindings(raw["bindings"]) if "bindings" in raw else None
+        send_type = _text(raw, "send_type") if "send_type" in raw else None
         expected_keys = CONTRACT_KEYS if publish else REPORT_KEYS
         expected = _expected(raw["expected"], expected_keys) if "expected" in raw else None
         if publish:
@@ -220,6 +260,7 @@ class Case:
                 routes=routes,
                 on_complete=on_complete,
                 declarations=_declarations(raw["declarations"]),
+                send_type=send_type,
             )
         scope = _text(raw, "scope")
         return cls(
@@ -231,6 +272,7 @@ class Case:
             parse_start(raw["start"], "start") if "start" in raw else None,
             routes,
             on_complete,
+            send_type=send_type,
         )
 
 

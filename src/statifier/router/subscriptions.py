@@ -44,7 +44,7 @@ from statifier.expr import UNDEFINED
 from statifier.persistence.sql.schema import TableNames
 from statifier.persistence.sql.sqlite import utc_text, utc_time
 from statifier.router.errors import RouterError
-from statifier.router.postgres import PostgresSession
+from statifier.router.sqlite import SqliteSession
 
 if TYPE_CHECKING:
     from statifier.router.config import RouterConfig
@@ -298,7 +298,7 @@ class _Session:
 
     def __init__(self, unit: Unit) -> None:
         tables = unit.tx.adapter.tables
-        self.postgres = isinstance(unit.sql, PostgresSession)
+        self.postgres = not isinstance(unit.sql, SqliteSession)
         self._driver = unit.tx.driver
         self._key = tables.options.key_default
         self._s = _statements(TableNames.of(tables), self.postgres, self._key is not None)

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING, TypeAlias
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -25,13 +26,16 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from statifier.persistence import ErrorPolicy, Executions, Executor, Storage
 from statifier.persistence.serialization import Unserialized
 from statifier.persistence.sql import SqlAdapter, SqlTransaction
-from statifier.router.postgres import PostgresSession, PostgresStatements
 from statifier.router.sqlite import SqliteSession, SqliteStatements
+
+if TYPE_CHECKING:
+    # Imported where PostgreSQL is met: psycopg is the postgres extra's alone.
+    from statifier.router.postgres import PostgresSession, PostgresStatements
 
 __all__ = ["Session", "Statements", "Unit", "lock_key", "statements_for", "transaction"]
 
-Session = PostgresSession | SqliteSession
-Statements = PostgresStatements | SqliteStatements
+Session: TypeAlias = "PostgresSession | SqliteSession"
+Statements: TypeAlias = "PostgresStatements | SqliteStatements"
 
 
 @dataclass(slots=True)
@@ -66,6 +70,8 @@ class Unit:
 def statements_for(adapter: SqlAdapter) -> Statements:
     """The router's statement texts for the adapter's database and tables."""
     if isinstance(adapter.engine, AsyncEngine):
+        from statifier.router.postgres import PostgresStatements
+
         return PostgresStatements(adapter.tables)
     return SqliteStatements(adapter.tables)
 
@@ -112,7 +118,9 @@ def _unit(
     on_error: ErrorPolicy,
 ) -> Unit:
     view = storage.over(tx.adapter)
-    if isinstance(statements, PostgresStatements):
+    if not isinstance(statements, SqliteStatements):
+        from statifier.router.postgres import PostgresSession
+
         # Each step takes its execution's advisory lock, held until the commit.
         unit = Unit(PostgresSession(statements, tx.driver), Executions(view), tx)
         unit.executions = Executions(

@@ -21,8 +21,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
 
-from statifier.service.config import LoggingSettings, ServiceConfigError, ServiceSettings, load
-from statifier.service.service import NotMigrated, Service
+from statifier.extras import MissingExtra
+
+try:
+    from statifier.service.config import (
+        LoggingSettings,
+        ServiceConfigError,
+        ServiceSettings,
+        load,
+    )
+    from statifier.service.service import NotMigrated, Service
+except ModuleNotFoundError as missing:  # the SQL layer, Starlette and uvicorn: their extras
+    raise MissingExtra.of(missing) from missing
 
 __all__ = [
     "NotMigrated",

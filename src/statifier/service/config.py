@@ -100,6 +100,7 @@ __all__ = [
     "LOG_FORMATS",
     "LOG_LEVELS",
     "MAX_CONFIG_BYTES",
+    "MAX_CONNECTIONS",
     "MAX_DOCUMENTS",
     "BasicHttpFront",
     "CallSink",
@@ -138,6 +139,8 @@ MAX_DOCUMENTS: Final = 1000
 """The most charts one configuration names."""
 MAX_NAMED: Final = 1000
 """The most routes, sinks, fronts or sources of one configuration."""
+MAX_CONNECTIONS: Final = 1_000_000
+"""The largest ``[http] max_connections`` taken."""
 DEFAULT_DATABASE: Final = "sqlite:///statifier.db"
 """The database when the file names none: ``statifier.db`` in the working directory."""
 HEALTH_PATHS: Final = frozenset({"/healthz", "/readyz"})
@@ -200,11 +203,24 @@ class DatabaseSettings:
 
 @dataclass(frozen=True, slots=True)
 class HttpSettings:
-    """Where the HTTP fronts and the health endpoints listen (port 0: any free one)."""
+    """Where the HTTP fronts and the health endpoints listen (port 0: any free one),
+    and the listener's bounds (:mod:`statifier.service.listener`).
+
+    Attributes:
+        head_timeout: seconds from the accept, or the end of the previous response, to
+            a complete request head.
+        idle_timeout: seconds from the accept, or the end of the previous response, to
+            a first byte; an idle connection is closed then.
+        max_connections: the most open connections; ``None`` for the default, derived
+            from the process's descriptor limit when the service starts.
+    """
 
     host: str = "127.0.0.1"
     port: int = 8080
     access_log: bool = False
+    head_timeout: float = 10.0
+    idle_timeout: float = 5.0
+    max_connections: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -807,6 +823,9 @@ class _Reader:
             host=table.text("host", "127.0.0.1"),
             port=table.integer("port", 8080, minimum=0, maximum=65535),
             access_log=table.boolean("access_log", False),
+            head_timeout=table.seconds("head_timeout", 10.0),
+            idle_timeout=table.seconds("idle_timeout", 5.0),
+            max_connections=table.optional_integer("max_connections", maximum=MAX_CONNECTIONS),
         )
         table.done()
         return settings

@@ -6,7 +6,9 @@ then runs, on one event loop:
 
 - the HTTP fronts, each mounted at its path in one Starlette app beside ``/healthz``
   and ``/readyz`` (:mod:`statifier.service.health`), served by uvicorn on a socket the
-  service binds itself (``127.0.0.1`` unless the file says otherwise);
+  service binds itself (``127.0.0.1`` unless the file says otherwise), behind a guard
+  that bounds the connections and the time a request head may take
+  (:mod:`statifier.service.listener`);
 - one :class:`~statifier.fronts.consumer.StreamConsumer` per configured source;
 - the :class:`~statifier.router.timer_worker.TimerWorker`;
 - the :class:`~statifier.router.OutboxDrain`, with every queue's sink
@@ -42,16 +44,20 @@ import contextlib
 import logging
 import signal
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol, TextIO
 
 from statifier.extras import MissingExtra
 from statifier.persistence.sql import SqlAdapter
 from statifier.router import OutboxDrain, RouterConfig, reap_addresses, reap_dedupe
 from statifier.router.timer_worker import TimerWorker
-from statifier.service.config import BasicHttpFront, ServiceSettings, router_config
+from statifier.service.config import (
+    BasicHttpFront,
+    HttpSettings,
+    ServiceSettings,
+    router_config,
+)
 from statifier.service.console import ServedConsole, service_console
 from statifier.service.consumers import FIRST_RESTART, LAST_RESTART, SupervisedConsumer
 from statifier.service.health import Health, health_routes
@@ -61,6 +67,8 @@ from statifier.sql import TableOptions
 
 if TYPE_CHECKING:
     import uvicorn
+
+    from statifier.service.listener import GuardedServer
 
 __all__ = ["Bridge", "NotMigrated", "Service", "Supervised", "install_bridges", "prepare_database"]
 
@@ -118,61 +126,37 @@ def _options(settings: ServiceSettings) -> TableOptions:
     return TableOptions(prefix=settings.database.prefix, schema=settings.database.schema)
 
 
-def _head() -> str | None:
-    """The latest revision of the migrations shipped."""
-    from alembic.config import Config
-    from alembic.script import ScriptDirectory
-
-    from statifier.sql import migrations
-
-    config = Config()
-    config.set_main_option("script_location", str(Path(migrations.__file__).parent))
-    return ScriptDirectory.from_config(config).get_current_head()
-
-
 def prepare_database(settings: ServiceSettings) -> None:
-    """Migrate the database (``migrate = true``) or check that it is migrated.
-
-    On PostgreSQL the migration holds a transaction-scoped advisory lock, so services
-    starting together migrate one after the other.
+    """Migrate the database (``migrate = true``) or check that it is migrated, through
+    :func:`statifier.sql.migrations.prepare`: the migration holds the migration lock
+    (``statifier db upgrade`` and ``Durable(migrate=True)`` take the same one), so
+    services starting together migrate one after the other.
 
     Raises:
         NotMigrated: not migrated, and the file does not ask for it.
+        MigrationBusy: another process held the migration lock too long.
         sqlalchemy.exc.SQLAlchemyError: the database cannot be reached.
     """
-    import sqlalchemy as sa
-
     from statifier.sql import migrations
     from statifier.sql.locations import upgrade_locations
 
     url, options = settings.database.url, _options(settings)
     locations = any(isinstance(front, BasicHttpFront) for front in settings.fronts)
-    if settings.migrate:
-        engine = sa.create_engine(migrations.sync_url(url))
-        try:
-            with engine.begin() as connection:
-                if connection.dialect.name == "postgresql":
-                    connection.execute(sa.text("SELECT pg_advisory_xact_lock(7464946373)"))
-                migrations.upgrade(connection, options)
-                if locations:
-                    upgrade_locations(connection, options)
-        finally:
-            engine.dispose()
-        return
-    reached, head = migrations.current(url, options), _head()
-    if reached == head:
-        if locations and not _has_locations(url, options):
-            raise NotMigrated(
-                f"the BasicHTTP front needs the table {options.prefix}locations: set "
-                "migrate = true, or create it with statifier.sql.locations.upgrade_locations"
-            )
-        return
-    found = f"at revision {reached}" if reached else "not there"
-    raise NotMigrated(
-        f"the database's {options.prefix}* tables are {found}, and this release needs "
-        f"revision {head}: run `statifier db upgrade` (with the same --url and --prefix) "
-        "first, or set migrate = true in the configuration"
-    )
+    then = (lambda connection: upgrade_locations(connection, options)) if locations else None
+    try:
+        migrations.prepare(url, options, migrate=settings.migrate, then=then)
+    except migrations.NotAtHead as behind:
+        found = f"at revision {behind.revision}" if behind.revision else "not there"
+        raise NotMigrated(
+            f"the database's {options.prefix}* tables are {found}, and this release needs "
+            f"revision {behind.head}: run `statifier db upgrade` (with the same --url and "
+            "--prefix) first, or set migrate = true in the configuration"
+        ) from None
+    if locations and not settings.migrate and not _has_locations(url, options):
+        raise NotMigrated(
+            f"the BasicHTTP front needs the table {options.prefix}locations: set "
+            "migrate = true, or create it with statifier.sql.locations.upgrade_locations"
+        )
 
 
 def _has_locations(url: str, options: TableOptions) -> bool:
@@ -278,28 +262,18 @@ def _listening_socket(host: str, port: int) -> socket.socket:
     return listener
 
 
-def _uvicorn_server(app: Any, settings: ServiceSettings) -> uvicorn.Server:
+def _http_server() -> Callable[[Any, HttpSettings, socket.socket, float], GuardedServer]:
+    """What builds the HTTP server (:func:`statifier.service.listener.http_server`),
+    imported here so that a missing ``http`` extra is refused before anything binds.
+
+    Raises:
+        MissingExtra: uvicorn is not installed.
+    """
     try:
-        import uvicorn
+        from statifier.service.listener import http_server
     except ModuleNotFoundError as missing:
         raise MissingExtra.of(missing) from missing
-
-    class QuietServer(uvicorn.Server):
-        """uvicorn without its signal handlers: the service stops it, in order."""
-
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            yield
-
-    config = uvicorn.Config(
-        app,
-        lifespan="off",
-        log_config=None,
-        access_log=settings.http.access_log,
-        timeout_graceful_shutdown=max(1, int(settings.shutdown_timeout)),
-        server_header=False,
-    )
-    return QuietServer(config)
+    return http_server
 
 
 async def _abandon(tasks: list[asyncio.Task[Any]]) -> None:
@@ -383,7 +357,7 @@ class Service:
             self._console = service_console(settings, config)
             routes.extend(self._console.routes)
         app = Mounted(fronts, Starlette(routes=routes))
-        server = _uvicorn_server(app, settings)
+        make_server = _http_server()
         consumers = [
             SupervisedConsumer(source, config, settings.file) for source in settings.sources
         ]
@@ -391,6 +365,11 @@ class Service:
             consumer.prepare()
         workers = self._workers(config, sinks)
         listener = _listening_socket(settings.http.host, settings.http.port)
+        try:
+            server = make_server(app, settings.http, listener, settings.shutdown_timeout)
+        except BaseException:
+            listener.close()
+            raise
         host, port = listener.getsockname()[:2]
         loop = asyncio.get_running_loop()
         started: list[asyncio.Task[Any]] = []
@@ -401,7 +380,7 @@ class Service:
                 part.start()
                 assert part.task is not None
                 started.append(part.task)
-            serving = asyncio.create_task(server.serve(sockets=[listener]), name="http")
+            serving = asyncio.create_task(server.serve(), name="http")
             started.append(serving)
             health.watch("http", lambda: None if server.started else "not listening yet")
             for signum in (signal.SIGTERM, signal.SIGINT):

@@ -25,12 +25,7 @@ from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Final, TypeVar
 
-import psycopg
-import sqlalchemy as sa
-from psycopg.types.json import Jsonb
-from psycopg_pool import AsyncConnectionPool
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
-
+from statifier.extras import MissingExtra
 from statifier.persistence.errors import (
     ChartRetired,
     ExecutionExists,
@@ -64,6 +59,15 @@ from statifier.persistence.sql.schema import (
     table_names,
 )
 from statifier.sql.engines import tables_missing
+
+try:
+    import psycopg
+    import sqlalchemy as sa
+    from psycopg.types.json import Jsonb
+    from psycopg_pool import AsyncConnectionPool
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+except ModuleNotFoundError as missing:  # psycopg: the postgres extra
+    raise MissingExtra.of(missing) from missing
 
 __all__ = ["PostgresDatabase", "PostgresTransaction", "lock_timeout"]
 

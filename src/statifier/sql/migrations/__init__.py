@@ -13,6 +13,17 @@ Three ways to run them:
   recipe);
 - from the shell: ``statifier db upgrade [--url URL] [--prefix P] [--schema S]``.
 
+One gate (``docs/decisions/0087-one-migration-gate.md``): every migration this package
+runs on a URL holds the migration lock, so that processes starting together migrate one
+after the other and the later ones find nothing to do: on PostgreSQL the
+transaction-scoped advisory lock :data:`MIGRATION_LOCK`, on SQLite the database's write
+lock, taken with ``BEGIN IMMEDIATE`` before the version table is read. ``statifier db
+upgrade`` runs :func:`upgrade` through it; :func:`prepare` ("at head, or upgraded to head
+under the lock") is what ``statifier serve``, :class:`~statifier.durable.Durable` (and
+so ``statifier executions``) and ``statifier console`` open a database with, and it
+raises :class:`NotAtHead` when the tables are behind and migrating was not asked for. On
+a connection a caller gives, the caller's transaction governs and no lock is taken.
+
 >>> import os, tempfile
 >>> from statifier.sql import TableOptions
 >>> path = os.path.join(tempfile.mkdtemp(), "doc.db")
@@ -26,8 +37,11 @@ True
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import hashlib
+import sqlite3
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
+from functools import cache
 from pathlib import Path
 from typing import Any, Final, Protocol
 
@@ -47,11 +61,18 @@ except ModuleNotFoundError as missing:  # Alembic: the sqlite extra
     raise MissingExtra.of(missing) from missing
 
 __all__ = [
+    "MIGRATION_LOCK",
+    "MIGRATION_WAIT",
     "OPTIONS_ATTRIBUTE",
     "BadRevision",
+    "MigrationBusy",
+    "NotAtHead",
     "current",
     "current_options",
     "downgrade",
+    "head",
+    "prepare",
+    "revisions",
     "run_environment",
     "sync_url",
     "upgrade",
@@ -59,6 +80,17 @@ __all__ = [
 
 OPTIONS_ATTRIBUTE: Final = "statifier_table_options"
 """The key of ``alembic.config.Config.attributes`` that carries the :class:`TableOptions`."""
+
+MIGRATION_LOCK: Final = int.from_bytes(
+    hashlib.blake2b(b"statifier.migrations", digest_size=8).digest(), "big", signed=True
+)
+"""The PostgreSQL advisory lock key every migration of these tables holds (one per
+database, whatever the prefix or schema): a signed 64-bit integer."""
+
+MIGRATION_WAIT: Final = 300.0
+"""Seconds a migration waits for another one holding the lock before it gives up."""
+
+_LOCK_NOT_AVAILABLE: Final = "55P03"  # PostgreSQL's lock_timeout
 
 _CONNECTION_ATTRIBUTE: Final = "connection"
 _HERE = Path(__file__).parent
@@ -69,22 +101,115 @@ class BadRevision(ValueError):  # noqa: N818 - names the refusal
     that direction). A :class:`ValueError`; the message is one line."""
 
     def __init__(self, revision: str, why: str) -> None:
-        known = ", ".join(["head", "base", *_revisions()])
+        known = ", ".join(["head", "base", *revisions()])
         super().__init__(f"revision {revision!r}: {why} (the revisions are {known})")
         self.revision = revision
 
 
-def _revisions() -> list[str]:
+class NotAtHead(ValueError):  # noqa: N818 - names the finding
+    """The tables are not at the head revision, and migrating them was not asked for.
+
+    Attributes:
+        revision: the revision they are at (``None``: no tables, or no SQLite file).
+        head: the revision this version of statifier needs (:func:`head`).
+    """
+
+    def __init__(self, revision: str | None, head: str) -> None:
+        found = f"at revision {revision}" if revision else "not there"
+        super().__init__(f"the tables are {found}, and this statifier needs revision {head}")
+        self.revision = revision
+        self.head = head
+
+
+class MigrationBusy(TimeoutError):  # noqa: N818 - names the refusal
+    """Another process held the migration lock for longer than the wait; nothing was
+    migrated. The message says how long it waited."""
+
+
+@cache
+def head() -> str:
+    """The latest revision of the migrations shipped, e.g. ``'statifier_0007'``."""
+    config = Config()
+    config.set_main_option("script_location", str(_HERE))
+    found = ScriptDirectory.from_config(config).get_current_head()
+    assert found is not None  # the history is shipped with the package
+    return found
+
+
+@cache
+def revisions() -> tuple[str, ...]:
+    """Every revision of the migrations shipped, sorted (oldest first: they are
+    numbered), e.g. ``('statifier_0001', ...)``."""
     config = Config()
     config.set_main_option("script_location", str(_HERE))
     script = ScriptDirectory.from_config(config)
-    return sorted(revision.revision for revision in script.walk_revisions())
+    return tuple(sorted(revision.revision for revision in script.walk_revisions()))
 
 
 def _options(options: TableOptions | Tables | None) -> TableOptions:
     if options is None:
         return TableOptions()
     return options.options if isinstance(options, Tables) else options
+
+
+@contextmanager
+def _gated(target: str | sa.URL | sa.Connection, wait: float) -> Iterator[sa.Connection]:
+    """A connection in a transaction that holds the migration lock (a caller's
+    connection as it is); commits when the block ends, rolls back when it raises."""
+    if isinstance(target, sa.Connection):
+        yield target
+        return
+    url = sync_url(target)
+    sqlite = url.get_backend_name() == "sqlite"
+    try:
+        engine = sa.create_engine(url, connect_args={"timeout": wait} if sqlite else {})
+    except ModuleNotFoundError as missing:  # psycopg: the postgres extra
+        raise MissingExtra.of(missing) from missing
+    try:
+        with engine.connect() as connection:
+            try:
+                (_lock_sqlite if sqlite else _lock_postgres)(connection, wait)
+            except (sa.exc.OperationalError, sqlite3.OperationalError) as busy:
+                if not _lock_refused(busy):
+                    raise
+                raise MigrationBusy(
+                    f"another process held the migration lock for {wait:g} s: it may still "
+                    "be migrating; nothing was migrated"
+                ) from None
+            yield connection
+            connection.commit()
+    finally:
+        engine.dispose()
+
+
+def _lock_postgres(connection: sa.Connection, wait: float) -> None:
+    # The transaction-scoped advisory lock ends with the transaction, commit or not;
+    # the bounded wait covers taking it alone.
+    connection.execute(sa.text(f"SET LOCAL lock_timeout = '{int(wait * 1000)}ms'"))
+    connection.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
+    connection.execute(sa.text("SET LOCAL lock_timeout = DEFAULT"))
+
+
+def _lock_sqlite(connection: sa.Connection, wait: float) -> None:
+    driver = connection.connection.driver_connection
+    assert driver is not None
+    driver.isolation_level = None  # transactions begun by hand, below
+    # WAL first, as the adapter's connections ask for it: switching needs the database
+    # to itself, so it is done here, waiting (the connection's busy timeout is
+    # ``wait``), rather than by a process opening while another migrates.
+    driver.execute("PRAGMA journal_mode = WAL")
+    # The write lock, before the version table is read: a second migration waits here
+    # and then finds the tables at the revision the first reached.
+    driver.execute("BEGIN IMMEDIATE")
+    connection.begin()  # the transaction begun above; pysqlite emits nothing
+
+
+def _lock_refused(error: Exception) -> bool:
+    """Whether ``error`` (SQLAlchemy's, or the SQLite driver's own) is the lock's wait
+    running out: PostgreSQL's lock_timeout, or SQLite's busy timeout."""
+    cause = getattr(error, "orig", error)
+    code = getattr(cause, "sqlstate", None)
+    return code == _LOCK_NOT_AVAILABLE or "database is locked" in str(cause)
 
 
 @contextmanager
@@ -107,23 +232,29 @@ def upgrade(
     target: str | sa.URL | sa.Connection,
     options: TableOptions | Tables | None = None,
     revision: str = "head",
+    *,
+    wait: float = MIGRATION_WAIT,
 ) -> None:
     """Migrate the tables of ``options`` (the defaults if ``None``) up to ``revision``.
 
     ``target`` is a database URL (a bare ``postgresql://`` uses psycopg 3) or an open
-    synchronous connection. On a connection with a transaction already begun, the
-    migration runs inside it and the caller commits; otherwise it runs in a transaction
-    of its own. On PostgreSQL the schema is created if it does not exist. It may be
-    called from inside a host's own Alembic ``env.py`` (it does not take over Alembic's
-    module-level ``context``). From async code:
-    ``await connection.run_sync(upgrade, options)``.
+    synchronous connection. On a URL the migration runs in a transaction of its own
+    that holds the migration lock (waiting ``wait`` seconds at most for another
+    process's), and reads the revision reached under it: two processes upgrading at
+    once migrate once. On a connection with a transaction already begun, the migration
+    runs inside it and the caller commits; otherwise it runs in a transaction of its
+    own; either way the caller's discipline governs and no lock is taken. On PostgreSQL
+    the schema is created if it does not exist. It may be called from inside a host's
+    own Alembic ``env.py`` (it does not take over Alembic's module-level ``context``).
+    From async code: ``await connection.run_sync(upgrade, options)``.
 
     Raises:
         ValueError: a schema was given for a database other than PostgreSQL.
         BadRevision: ``revision`` is not one of this history (a ``ValueError``).
+        MigrationBusy: another process held the lock for longer than ``wait``.
         MissingExtra: a PostgreSQL URL without psycopg (the postgres extra).
     """
-    with _connected(target) as connection:
+    with _gated(target, wait) as connection:
         _migrate(connection, _options(options), revision, upward=True)
 
 
@@ -131,12 +262,60 @@ def downgrade(
     target: str | sa.URL | sa.Connection,
     options: TableOptions | Tables | None = None,
     revision: str = "base",
+    *,
+    wait: float = MIGRATION_WAIT,
 ) -> None:
     """Migrate down to ``revision`` (``"base"``: drop every table; the schema and the
-    version table stay). Takes the same ``target`` and ``options`` as :func:`upgrade`.
+    version table stay). Takes the same ``target``, ``options`` and ``wait`` as
+    :func:`upgrade`, and the same lock.
     """
-    with _connected(target) as connection:
+    with _gated(target, wait) as connection:
         _migrate(connection, _options(options), revision, upward=False)
+
+
+def prepare(
+    url: str | sa.URL,
+    options: TableOptions | Tables | None = None,
+    *,
+    migrate: bool,
+    then: Callable[[sa.Connection], None] | None = None,
+    wait: float = MIGRATION_WAIT,
+) -> None:
+    """At head, or upgraded to head under the lock: how the service,
+    :class:`~statifier.durable.Durable` and the console open a database.
+
+    With ``migrate``, upgrade the tables of ``options`` to :func:`head` holding the
+    migration lock (another process migrating at the same time is waited for, and then
+    there is nothing left to do), then call ``then`` with the same connection, in the
+    same transaction, still under the lock (the service creates an opt-in table there).
+    Without it, only read the revision; a SQLite file that does not exist is not
+    created.
+
+    Raises:
+        NotAtHead: without ``migrate``, the tables are not at :func:`head`.
+        MigrationBusy: another process held the lock for longer than ``wait``.
+        ValueError: a schema for a database other than PostgreSQL; a URL that names
+            neither.
+        MissingExtra: the database's driver is not installed.
+        sqlalchemy.exc.SQLAlchemyError: the database cannot be reached.
+    """
+    chosen = _options(options)
+    if migrate:
+        with _gated(url, wait) as connection:
+            _migrate(connection, chosen, "head", upward=True)
+            if then is not None:
+                then(connection)
+        return
+    parsed = sync_url(url)
+    database = parsed.database
+    in_a_file = parsed.get_backend_name() == "sqlite" and database not in (None, "", ":memory:")
+    if in_a_file and not Path(str(database)).exists():
+        # Connecting would create an empty file, and a mistyped path would leave a stray
+        # database behind.
+        raise NotAtHead(None, head())
+    reached = current(url, chosen)
+    if reached != head():
+        raise NotAtHead(reached, head())
 
 
 def _migrate(
