@@ -410,8 +410,8 @@ def test_the_recording_route_records_a_configuration_it_has() -> None:
     key = IdempotencyKey(
         "ex_1", send_id="s", macrostep=1, microstep=1, round=0, content_index=0, ordinal=0
     )
-    route.deliver(ROUTES["invoices"], Event("invoice.requested", data={"n": 1}), key, None)
-    route.deliver({}, Event("bare", data={"n": 2}), key, None)
+    route.deliver(ROUTES["invoices"], Event("invoice.requested", data={"n": 1}), key, None, None)
+    route.deliver({}, Event("bare", data={"n": 2}), key, None, None)
     assert sends == [
         {
             "route": "invoices",
