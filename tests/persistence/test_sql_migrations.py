@@ -409,14 +409,17 @@ def test_the_step_errors_revision_counts_from_zero_and_goes_back(fresh_database:
         }
         with engine.connect() as connection:
             rows = connection.execute(
-                sa.text(f"SELECT execution_id, error_count, last_error_at FROM {table}")
+                sa.text(
+                    f"SELECT execution_id, error_count, last_error_at, final_state FROM {table}"
+                )
             )
-            assert list(rows) == [("ex_1", 0, None)]
+            assert list(rows) == [("ex_1", 0, None, None)]
         migrations.downgrade(fresh_database.url, options, "statifier_0007")
         assert _index_names(fresh_database.url, options) == before
         assert "mig_step_errors" not in _table_names(fresh_database.url, fresh_database.schema)
         with engine.connect() as connection:
             columns = sa.inspect(connection).get_columns("mig_executions", schema=options.schema)
-        assert not {"error_count", "last_error_at"} & {column["name"] for column in columns}
+        added = {"error_count", "last_error_at", "final_state"}
+        assert not added & {column["name"] for column in columns}
     finally:
         engine.dispose()

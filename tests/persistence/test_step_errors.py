@@ -385,3 +385,27 @@ def test_a_step_error_reads_back_what_it_stored() -> None:
         recorded_at=at,
     )
     assert error.describe() == "error.communication: no route 'x' (a transition took it)"
+
+
+@pytest.mark.asyncio
+async def test_the_final_state_an_execution_ended_in_is_stored_with_its_end(
+    adapter: Adapter,
+) -> None:
+    chart = machine(ORDER)
+    executions = _executions(adapter)
+    await executions.create("paid", chart)
+    await executions.create("expired", chart)
+    await executions.create("cancelled", chart)
+    for execution_id, events in (
+        ("paid", [Event("pay", data={"amount": 3}), Event("paid")]),
+        ("expired", [Event("pay", data={"amount": 3}), Event("payment.timeout")]),
+    ):
+        for event in events:
+            stepped = await executions.step(execution_id, chart, event)
+            assert isinstance(stepped, Stepped)
+        assert stepped.execution.status is Status.COMPLETED
+    await executions.cancel("cancelled")
+    storage = executions.storage
+    assert (await storage.fetch_execution("paid")).final_state == "paid"
+    assert (await storage.fetch_execution("expired")).final_state == "expired"
+    assert (await storage.fetch_execution("cancelled")).final_state is None

@@ -107,6 +107,21 @@ class MachineState(NamedTuple):
             )
         )
 
+    def final_state(self) -> str | None:
+        """The id of the top-level ``<final>`` a finished chart ended in, else ``None``
+        (it runs, or was cancelled).
+
+        A chart ends the moment it enters a top-level final, so at most one is ever
+        entered, and ``entered`` keeps every state ever entered."""
+        if self.running:
+            return None
+        states = self.machine.states
+        for index in sorted(self.entered):
+            node = states[index]
+            if node.kind == "final" and node.parent == 0 and index != 0:
+                return node.id
+        return None
+
     def is_in(self, state_id: str) -> bool:
         """Whether the state with this author id is active (``In()`` in expressions)."""
         index = self.machine.ids.get(state_id)

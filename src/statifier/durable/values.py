@@ -13,6 +13,7 @@ from statifier.persistence import (
     ExecutionRecord,
     LoggedInput,
     Status,
+    StepError,
 )
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "Description",
     "ExecutionSummary",
     "Moved",
+    "PendingTimer",
     "Position",
     "Sent",
 ]
@@ -33,6 +35,41 @@ Position: TypeAlias = Literal["kept", "pruned", "chart_gone"]
 """Whether an execution's stored position could be read: ``"kept"``; ``"pruned"``
 (:func:`statifier.persistence.prune` cleared it); ``"chart_gone"`` (its chart was
 retired, or its stored source no longer compiles)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PendingTimer:
+    """A delayed send (or a send to the execution itself) waiting for its due time in
+    the database, until a timer worker fires it.
+
+    Attributes:
+        send_id: the send's id (generated when the chart wrote none).
+        event: the event it delivers; ``None`` when the row cannot be read here (its
+            payload is sealed under a key this process lacks).
+        kind: ``external`` (steps the execution), ``internal`` (its internal queue) or
+            ``route`` (handed to a route).
+        due_at: when it is due (timezone-aware UTC).
+        route: the route of a ``route`` timer.
+        attempts: how often a ``route`` timer's route refused it already.
+    """
+
+    send_id: str
+    event: str | None
+    kind: str
+    due_at: datetime
+    route: str | None = None
+    attempts: int = 0
+
+    def as_json(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {
+            "send_id": self.send_id,
+            "event": self.event,
+            "kind": self.kind,
+            "due_at": self.due_at.isoformat(),
+            "route": self.route,
+            "attempts": self.attempts,
+        }
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -55,9 +92,12 @@ class Description:
             unless it failed.
         metadata: the host's identities given at create (without :data:`CHART_KEY`).
         inputs: the input log, decoded: every event it took, in order.
-        timers: always ``()``: this front runs no timer queue (a delayed ``<send>``
-            reaches its executor as ``SendDelayed``); the router's built-in queue
-            keeps the timers of the executions it steps (``statifier.router``).
+        timers: its pending timers, in firing order (on a SQL database; ``()`` on an
+            adapter that keeps none). Those of an execution that has ended are
+            discarded when due.
+        error_count: how many error events its steps raised, all told.
+        errors: the most recent of them (at most 20), oldest first, each with its
+            step (see :class:`~statifier.persistence.StepError`).
         position: whether the stored position could be read (see :data:`Position`);
             when not, ``configuration`` is ``()`` and ``final_state`` ``None``.
         created_at, updated_at, ended_at: timezone-aware UTC times; ``ended_at`` is
@@ -74,11 +114,13 @@ class Description:
     failure: str | None
     metadata: Mapping[str, str]
     inputs: tuple[LoggedInput, ...]
-    timers: tuple[()]
+    timers: tuple[PendingTimer, ...]
     position: Position
     created_at: datetime | None
     updated_at: datetime | None
     ended_at: datetime | None
+    error_count: int = 0
+    errors: tuple[StepError, ...] = ()
 
     @property
     def finished(self) -> bool:
@@ -100,7 +142,9 @@ class Description:
             "failure": self.failure,
             "metadata": dict(self.metadata),
             "inputs": [_input_json(entry) for entry in self.inputs],
-            "timers": [],
+            "timers": [timer.as_json() for timer in self.timers],
+            "error_count": self.error_count,
+            "errors": [error.as_json() for error in self.errors],
             "position": self.position,
             "created_at": _iso(self.created_at),
             "updated_at": _iso(self.updated_at),
@@ -124,6 +168,11 @@ class Sent:
         status: the status after the call.
         configuration, final_state, outcome, failure: as in :class:`Description`,
             after the call.
+        errors: the error events this send raised, in order: an element that failed
+            (``error.execution``), a send that could not go (``error.communication``).
+        timers: the execution's pending timers after the call.
+        notices: what the caller should know that is not an error: timers or sends
+            waiting for a worker that does not run in this process.
     """
 
     execution_id: str
@@ -136,6 +185,9 @@ class Sent:
     final_state: str | None
     outcome: Value = UNDEFINED
     failure: str | None = None
+    errors: tuple[StepError, ...] = ()
+    timers: tuple[PendingTimer, ...] = ()
+    notices: tuple[str, ...] = ()
 
     def as_json(self) -> dict[str, Any]:
         """A JSON-ready dict (values in the tagged encoding)."""
@@ -150,6 +202,9 @@ class Sent:
             "final_state": self.final_state,
             "outcome": tagged.encode(self.outcome),
             "failure": self.failure,
+            "errors": [error.as_json() for error in self.errors],
+            "timers": [timer.as_json() for timer in self.timers],
+            "notices": list(self.notices),
         }
 
 
@@ -211,6 +266,8 @@ class ExecutionSummary:
     created_at: datetime | None = None
     updated_at: datetime | None = None
     ended_at: datetime | None = None
+    error_count: int = 0
+    last_error_at: datetime | None = None
 
     def as_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -223,6 +280,8 @@ class ExecutionSummary:
             "created_at": _iso(self.created_at),
             "updated_at": _iso(self.updated_at),
             "ended_at": _iso(self.ended_at),
+            "error_count": self.error_count,
+            "last_error_at": _iso(self.last_error_at),
         }
 
 
@@ -231,20 +290,8 @@ def _configuration(state: MachineState | None) -> tuple[str, ...]:
 
 
 def _final_state(state: MachineState | None) -> str | None:
-    """The top-level ``<final>`` a finished chart ended in, read off the position.
-
-    A chart ends the moment it enters a top-level final, so at most one is ever
-    entered, and the position keeps every state ever entered (``entered``): the final
-    it holds is the one the finishing step's ``Done`` named. A cancelled chart entered
-    none."""
-    if state is None or state.running:
-        return None
-    states = state.machine.states
-    for index in sorted(state.entered):
-        node = states[index]
-        if node.kind == "final" and node.parent == 0 and index != 0:
-            return node.id
-    return None
+    """The top-level ``<final>`` a finished chart ended in, read off the position."""
+    return None if state is None else state.final_state()
 
 
 def _text(value: object, what: str) -> str:

@@ -333,6 +333,7 @@ class Executions:
                 ended_at=now if status.terminal else None,
                 error_count=len(errors),
                 last_error_at=now if errors else None,
+                final_state=state.final_state(),
             )
             await self.storage.insert_execution(record)
             seq = None
@@ -470,6 +471,7 @@ class Executions:
             ended_at=now if ended else None,
             error_count=record.error_count + len(errors),
             last_error_at=now if errors else record.last_error_at,
+            final_state=state.final_state() if ended else None,
         )
         if storage.capabilities.input_log:
             await storage.record_step(

@@ -135,6 +135,7 @@ class MemoryAdapter:
             ended_at=record.ended_at,
             error_count=record.error_count,
             last_error_at=record.last_error_at,
+            final_state=record.final_state,
         )
 
     async def rechart_execution(self, record: ExecutionRecord, from_hash: str) -> bool:

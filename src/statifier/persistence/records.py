@@ -83,6 +83,9 @@ class ExecutionRecord:
             when the execution reaches a terminal status.
         error_count: how many error events (``error.*``) its steps raised, all told.
         last_error_at: when a step last raised one; ``None`` if none ever did.
+        final_state: the id of the top-level ``<final>`` it ended in, written by the
+            call that finished it; ``None`` while it runs and for an end without one
+            (cancelled, failed by the host or by a spent budget).
     """
 
     id: str
@@ -98,6 +101,7 @@ class ExecutionRecord:
     ended_at: datetime | None = None
     error_count: int = 0
     last_error_at: datetime | None = None
+    final_state: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

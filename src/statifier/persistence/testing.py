@@ -221,7 +221,7 @@ def _assert_same_chart(actual: ChartRecord | None, expected: ChartRecord) -> Non
 
 def _assert_same_execution(actual: ExecutionRecord | None, expected: ExecutionRecord) -> None:
     assert actual is not None, f"execution {expected.id!r}: expected a record, got None"
-    for name in ("id", "content_hash", "status", "position", "outcome", "failure"):
+    for name in ("id", "content_hash", "status", "position", "outcome", "failure", "final_state"):
         got, want = getattr(actual, name), getattr(expected, name)
         assert got == want, f"execution {expected.id!r} {name}: expected {want!r}, got {got!r}"
     assert dict(actual.metadata) == dict(expected.metadata), (
@@ -447,16 +447,22 @@ class AdapterConformance(_AdapterSuite):
             ended_at=_at(3),
             error_count=7,
             last_error_at=_at(2).astimezone(_INDIA),
+            final_state="declined",
         )
         await _insert(adapter, record)
         _assert_same_execution(await adapter.fetch_execution(record.id), record)
 
     @pytest.mark.asyncio
-    async def test_execution_update_keeps_its_error_count(self, adapter: Adapter) -> None:
+    async def test_execution_update_keeps_its_error_count_and_final_state(
+        self, adapter: Adapter
+    ) -> None:
         await _insert(adapter, _execution())
         counted = replace(_execution(updated_at=_at(1)), error_count=3, last_error_at=_at(1))
         await adapter.update_execution(counted)
         _assert_same_execution(await adapter.fetch_execution("exec-1"), counted)
+        ended = replace(_ended("exec-1", _at(2)), error_count=3, final_state="settled")
+        await adapter.update_execution(ended)
+        _assert_same_execution(await adapter.fetch_execution("exec-1"), ended)
 
     @pytest.mark.asyncio
     async def test_execution_round_trips_a_running_record(self, adapter: Adapter) -> None:

@@ -269,6 +269,10 @@ class SqlTimerQueue:
         self._take = f"DELETE FROM {timers} WHERE id = {mark('id')}"
         self._retry = f"UPDATE {timers} SET due_at = {mark('due_at')} WHERE id = {mark('id')}"
         self._next_due = f"SELECT min(due_at) FROM {timers}"
+        self._of_execution = (
+            f"SELECT {_ENTRY_COLUMNS} FROM {timers} WHERE execution_id = {mark('execution_id')} "
+            f"ORDER BY {_ORDER} LIMIT {mark('limit')}"
+        )
         self._upcoming = f"SELECT min(due_at) FROM {timers} WHERE due_at > {mark('now')}"
 
     async def schedule(self, tx: SqlTransaction, entry: TimerEntry) -> None:
@@ -380,6 +384,18 @@ class SqlTimerQueue:
             return None if row is None else row[0]
         (text,) = tx.driver.execute(self._upcoming, {"now": utc_text(now)}).fetchone()
         return utc_time(text)
+
+    async def pending(
+        self, tx: SqlTransaction, execution_id: str, limit: int = 100
+    ) -> list[DueTimer | UnreadableTimer]:
+        """The execution's pending timers (at most ``limit``), in firing order, read
+        without locking them (``locked`` says nothing here)."""
+        values = {"execution_id": execution_id, "limit": limit}
+        if self.postgres:
+            cursor = await tx.driver.execute(self._of_execution, values)
+            return [self._claimed(row, row[4], False) for row in await cursor.fetchall()]
+        rows = tx.driver.execute(self._of_execution, values).fetchall()
+        return [self._claimed(row, _aware(row[4]), False) for row in rows]
 
     async def next_due(self, tx: SqlTransaction) -> datetime | None:
         """The earliest due time of any row, or ``None`` when the table is empty."""

@@ -114,6 +114,7 @@ def _updated(record: ExecutionRecord) -> dict[str, Any]:
         "ended_at": utc(record.ended_at),
         "error_count": record.error_count,
         "last_error_at": utc(record.last_error_at),
+        "final_state": record.final_state,
         "execution_id": record.id,
     }
 
@@ -147,7 +148,7 @@ class Statements:
             f"INSERT INTO {t.executions} ({key}{EXECUTION_COLUMNS}) VALUES ({key_value}"
             "%(execution_id)s, %(content_hash)s, %(status)s, %(position_blob)s, %(metadata)s, "
             "%(outcome_blob)s, %(failure)s, %(created_at)s, %(updated_at)s, %(ended_at)s, "
-            "%(error_count)s, %(last_error_at)s) "
+            "%(error_count)s, %(last_error_at)s, %(final_state)s) "
             "ON CONFLICT (execution_id) DO NOTHING RETURNING 1"
         )
         fetch = f"SELECT {EXECUTION_COLUMNS} FROM {t.executions} WHERE execution_id = %(id)s"
@@ -166,8 +167,8 @@ class Statements:
             f"UPDATE {t.executions} SET status = %(status)s, position_blob = %(position_blob)s, "
             "outcome_blob = %(outcome_blob)s, failure = %(failure)s, "
             "updated_at = %(updated_at)s, ended_at = %(ended_at)s, "
-            "error_count = %(error_count)s, last_error_at = %(last_error_at)s "
-            "WHERE execution_id = %(execution_id)s"
+            "error_count = %(error_count)s, last_error_at = %(last_error_at)s, "
+            "final_state = %(final_state)s WHERE execution_id = %(execution_id)s"
         )
         self.rechart_execution = (
             f"UPDATE {t.executions} SET content_hash = %(to)s, status = %(status)s, "
@@ -761,6 +762,7 @@ class PostgresDatabase:
             "ended_at": utc(record.ended_at),
             "error_count": record.error_count,
             "last_error_at": utc(record.last_error_at),
+            "final_state": record.final_state,
         }
         await cursor.execute(s.insert_execution, s.keyed(values))
         if await cursor.fetchone() is None:

@@ -72,6 +72,7 @@ def execution_record(
         ended_at,
         error_count,
         last_error_at,
+        final_state,
     ) = row
     return ExecutionRecord(
         execution_id,
@@ -86,6 +87,7 @@ def execution_record(
         ended_at=time(ended_at),
         error_count=error_count,
         last_error_at=None if last_error_at is None else time(last_error_at),
+        final_state=final_state,
     )
 
 
@@ -109,7 +111,7 @@ PINNING: Final = tuple(status.value for status in Status if status.pins)
 # The columns of an execution record, in the order ExecutionRecord takes them.
 EXECUTION_COLUMNS: Final = (
     "execution_id, content_hash, status, position_blob, metadata, outcome_blob, failure, "
-    "created_at, updated_at, ended_at, error_count, last_error_at"
+    "created_at, updated_at, ended_at, error_count, last_error_at, final_state"
 )
 # The columns of an error record, in the order ErrorRecord takes them.
 ERROR_COLUMNS: Final = "execution_id, seq, door, name, taken, error_blob, recorded_at"

@@ -122,7 +122,8 @@ class Statements:
         self.insert_execution = (
             f"INSERT INTO {t.executions} ({key}{EXECUTION_COLUMNS}) VALUES ({key_value}"
             ":execution_id, :content_hash, :status, :position_blob, :metadata, :outcome_blob, "
-            ":failure, :created_at, :updated_at, :ended_at, :error_count, :last_error_at) "
+            ":failure, :created_at, :updated_at, :ended_at, :error_count, :last_error_at, "
+            ":final_state) "
             "ON CONFLICT (execution_id) DO NOTHING RETURNING 1"
         )
         self.fetch_execution = (
@@ -135,8 +136,8 @@ class Statements:
         self.update_execution = (
             f"UPDATE {t.executions} SET status = :status, position_blob = :position_blob, "
             "outcome_blob = :outcome_blob, failure = :failure, updated_at = :updated_at, "
-            "ended_at = :ended_at, error_count = :error_count, last_error_at = :last_error_at "
-            "WHERE execution_id = :id"
+            "ended_at = :ended_at, error_count = :error_count, last_error_at = :last_error_at, "
+            "final_state = :final_state WHERE execution_id = :id"
         )
         self.rechart_execution = (
             f"UPDATE {t.executions} SET content_hash = :to, status = :status, "
@@ -692,6 +693,7 @@ class SqliteDatabase:
             "ended_at": utc_text(record.ended_at),
             "error_count": record.error_count,
             "last_error_at": utc_text(record.last_error_at),
+            "final_state": record.final_state,
         }
         if cursor.execute(s.insert_execution, s.keyed(values)).fetchone() is None:
             raise ExecutionExists(record.id)
@@ -736,6 +738,7 @@ class SqliteDatabase:
             "ended_at": utc_text(record.ended_at),
             "error_count": record.error_count,
             "last_error_at": utc_text(record.last_error_at),
+            "final_state": record.final_state,
             "id": record.id,
         }
         if not cursor.execute(self.statements.update_execution, values).rowcount:

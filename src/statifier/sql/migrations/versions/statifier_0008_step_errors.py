@@ -1,5 +1,5 @@
 """The error events steps raise: a table of them, and each execution's count and time
-of the last one.
+of the last one; and the final state a finished execution ended in.
 
 Revision ID: statifier_0008
 Revises: statifier_0007
@@ -31,6 +31,7 @@ def upgrade() -> None:
     op.add_column(
         executions, sa.Column("last_error_at", UtcDateTime(), nullable=True), schema=schema
     )
+    op.add_column(executions, sa.Column("final_state", sa.Text(), nullable=True), schema=schema)
     op.create_index(
         name("executions_last_error_at_idx"), executions, ["last_error_at"], schema=schema
     )
@@ -63,5 +64,6 @@ def downgrade() -> None:
     executions = name("executions")
     op.drop_index(name("executions_last_error_at_idx"), table_name=executions, schema=schema)
     with op.batch_alter_table(executions, schema=schema) as batch:
+        batch.drop_column("final_state")
         batch.drop_column("last_error_at")
         batch.drop_column("error_count")
