@@ -43,6 +43,20 @@ COUNTER = (
 )
 
 
+# A payment whose amount may come as a string (the <assign> then fails) and whose
+# timeout is a delayed send to itself, a second out.
+ORDER = (
+    '<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="placed" datamodel="predicator">'
+    '<datamodel><data id="amount" expr="0"/></datamodel>'
+    '<state id="placed"><transition event="pay" target="paying">'
+    '<assign location="amount" expr="_event.data.amount * 2"/>'
+    '<send id="timeout" event="payment.timeout" delay="1s"/></transition></state>'
+    '<state id="paying"><transition event="payment.timeout" target="expired"/></state>'
+    '<final id="expired"/>'
+    "</scxml>"
+)
+
+
 class Place:
     """A database for the command, and the options that name its tables."""
 
@@ -65,6 +79,7 @@ def _place(request: pytest.FixtureRequest, backend: str, tmp_path: Path) -> Iter
     charts.mkdir()
     (charts / "door.scxml").write_text(DOOR, encoding="utf-8")
     (charts / "counter.scxml").write_text(COUNTER, encoding="utf-8")
+    (charts / "order.scxml").write_text(ORDER, encoding="utf-8")
     if backend == "sqlite":
         yield Place(f"sqlite:///{tmp_path / 'cli.db'}", TableOptions(prefix="c_"), charts)
         return
@@ -130,13 +145,14 @@ def test_create_send_show_list_cancel(place: Place, capsys: pytest.CaptureFixtur
         'outcome      {"knocks": 2}',
     ]
     assert "metadata     tenant=acme" in lines
-    assert lines[-6:] == [
+    assert lines[-7:] == [
+        "errors       none",
         "inputs       4",
         "  0  step  knock",
         '  1  step  knock {"by": "me"}',
         "  2  step  clsoe",
         "  3  step  close",
-        "timers       none (statifier keeps no timers yet)",
+        "timers       none",
     ]
     shown = json.loads(cli(capsys, "show", "d1", "--json", *at)[1])
     assert {key: shown[key] for key in ("status", "final_state", "outcome", "timers")} == {
@@ -150,10 +166,10 @@ def test_create_send_show_list_cancel(place: Place, capsys: pytest.CaptureFixtur
 
     cli(capsys, "create", "door", "--id", "d2", *at, *charts)
     listed = cli(capsys, "list", *at)[1].splitlines()
-    assert [line.split()[:3] for line in listed] == [
-        ["ID", "STATUS", "CHART"],
-        ["d1", "completed", "door"],
-        ["d2", "active", "door"],
+    assert [line.split()[:-1] for line in listed] == [
+        ["ID", "STATUS", "CHART", "ERRORS"],
+        ["d1", "completed", "in", "closed", "door", "0"],
+        ["d2", "active", "door", "0"],
     ]
     assert cli(capsys, "list", "--status", "cancelled", *at) == (0, "no executions\n", "")
     rows = json.loads(cli(capsys, "list", "--where", "tenant=acme", "--json", *at)[1])
@@ -168,6 +184,48 @@ def test_create_send_show_list_cancel(place: Place, capsys: pytest.CaptureFixtur
     )
     status, text, _ = cli(capsys, "show", "d2", *at)
     assert "configuration  none (it ended in no final state)" in text.splitlines()
+
+
+def test_send_and_show_tell_of_errors_and_timers_and_fire_fires_them(
+    place: Place, capsys: pytest.CaptureFixture[str]
+) -> None:
+    place.migrate()
+    at = place.options
+    charts = ["--charts", str(place.charts)]
+    assert cli(capsys, "create", "order", "--id", "o1", *at, *charts)[0] == 0
+    assert cli(capsys, "create", "order", "--id", "o2", *at, *charts)[0] == 0
+    # The newcomer's mistake: taken, but the error is said and the status is 1.
+    status, text, _ = cli(capsys, "send", "o1", 'pay={"amount": "12"}', *at)
+    assert status == 1
+    error = (
+        "  error.execution at <assign>, line 1, column 198: '*' expects numbers, got a "
+        "string (no transition took it)"
+    )
+    assert text.splitlines() == ["o1: pay taken; active in paying", error]
+    shown = cli(capsys, "show", "o1", *at)[1].splitlines()
+    assert ["errors", "1"] in [line.split() for line in shown]
+    (line,) = [line for line in shown if "error.execution at <assign>" in line]
+    assert "  step input 0  error.execution" in line
+    assert ["timers", "none"] in [line.split() for line in shown]
+    # A clean send: its timer waits for a worker, and the answer says so.
+    status, text, _ = cli(capsys, "send", "o2", 'pay={"amount": 12}', *at)
+    assert status == 0
+    lines = text.splitlines()
+    assert lines[0] == "o2: pay taken; active in paying"
+    assert lines[1].startswith("  timer: payment.timeout (external, send timeout) due ")
+    assert lines[2].startswith("  note: 1 timer pending")
+    assert "`statifier executions run`" in lines[2]
+    shown = cli(capsys, "show", "o2", *at)[1].splitlines()
+    assert ["timers", "1"] in [line.split() for line in shown]
+    # A second later the timer is due: fire fires it and the order expires.
+    asyncio.run(asyncio.sleep(1.1))
+    assert cli(capsys, "fire", *at) == (0, "1 timer fired\n", "")
+    assert cli(capsys, "fire", *at) == (0, "0 timers fired\n", "")
+    listed = cli(capsys, "list", *at)[1].splitlines()
+    assert [line.split()[:-1] for line in listed[1:]] == [
+        ["o1", "active", "order", "1"],
+        ["o2", "completed", "in", "expired", "order", "0"],
+    ]
 
 
 def test_errors_are_one_line_with_status_2(
@@ -190,7 +248,7 @@ def test_errors_are_one_line_with_status_2(
         ("send", "nope", "close"): "statifier executions send: no execution 'nope'\n",
         ("create", "dor", *charts): (
             "statifier executions create: no chart named 'dor' (did you mean 'door'?); "
-            "the charts are: counter, door\n"
+            "the charts are: counter, door, order\n"
         ),
         ("create", "door"): (
             "statifier executions create: create needs --charts DIR "

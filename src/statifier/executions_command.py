@@ -5,13 +5,22 @@
     One line per execution, oldest first: id, status, chart, last update.
 ``statifier executions show ID [--json]``
     The execution described: status, configuration or the final state it ended in,
-    outcome, failure, metadata, times, the input log, pending timers.
+    outcome, failure, metadata, times, the errors its steps raised, the input log, the
+    pending timers.
 ``statifier executions create CHART --charts DIR [--id ID] [--data JSON] [--metadata KEY=VALUE]...``
     Starts an execution of ``DIR/CHART.scxml``; prints its id and where it is.
 ``statifier executions send ID EVENT[=JSON] [--json]``
-    Steps one event in (with optional JSON data, as ``statifier trace --event``).
+    Steps one event in (with optional JSON data, as ``statifier trace --event``);
+    prints whether a transition took it, where the execution is, every error the step
+    raised, and the timers that wait for a worker.
 ``statifier executions cancel ID [--json]``
     Cancels an execution.
+``statifier executions fire``
+    Fires the timers due now, until none is (their steps' own due timers too), and
+    prints how many.
+``statifier executions run``
+    Fires timers as they come due and drains the outbox (BasicHTTP sends), until
+    interrupted: the workers ``statifier serve`` runs, without its fronts.
 ``statifier executions migrate CHART --charts DIR [--id ID] [--map OLD=NEW]... [--json]``
     Moves the executions of the chart named ``CHART`` that run an earlier revision
     (or only ``ID``) onto ``DIR/CHART.scxml``, by state id: ``--map`` names a renamed
@@ -28,8 +37,9 @@ database without the tables says to run ``statifier db upgrade``. Values print i
 tagged JSON encoding (:mod:`statifier.expr.tagged`).
 
 Exit status: 0 done; 1 when ``send`` or ``cancel`` was discarded (the execution had
-ended or is parked: nothing changed, and the line says why), or ``migrate`` parked or
-failed to move an execution; 2 for an error of the
+ended or is parked: nothing changed, and the line says why), when ``send`` or
+``create`` raised an error event no transition took (the step was stored; the lines
+say which), or ``migrate`` parked or failed to move an execution; 2 for an error of the
 command, printed as one line, ``statifier executions ACTION: message`` (with
 ``statifier --debug``, after the traceback).
 
@@ -51,8 +61,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TextIO
 from statifier.expr import UNDEFINED, Value, tagged
 
 if TYPE_CHECKING:
-    from statifier.durable import Description, Durable
-    from statifier.persistence import BlobCodec
+    from statifier.durable import Description, Durable, PendingTimer
+    from statifier.persistence import BlobCodec, StepError
 
 __all__ = ["DEFAULT_DATABASE", "add_parser", "main", "run"]
 
@@ -147,6 +157,10 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     cancel = actions.add_parser("cancel", parents=[common], help="cancel an execution")
     cancel.add_argument("execution_id", metavar="ID")
     cancel.add_argument("--json", action="store_true", help="print one JSON document")
+    actions.add_parser("fire", parents=[common], help="fire the timers due now, and exit")
+    actions.add_parser(
+        "run", parents=[common], help="fire timers and drain the outbox until interrupted"
+    )
     return executions  # type: ignore[no-any-return]
 
 
@@ -231,11 +245,16 @@ async def _run(args: argparse.Namespace, out: TextIO) -> int:
                 _dump(created.as_json(), out)
             else:
                 out.write(f"{created.id}: created, {_where(created.status.value, created)}\n")
-            return 0
+                _write_errors(created.errors, out)
+            return 1 if _untaken(created.errors) else 0
         if args.action == "send":
             return await _send(durable, args, out)
         if args.action == "migrate":
             return await _migrate(durable, args, out)
+        if args.action == "fire":
+            return await _fire(durable, out)
+        if args.action == "run":
+            return await _run_workers(durable, out)
         return await _cancel(durable, args, out)
 
 
@@ -248,14 +267,17 @@ async def _list(durable: Durable, args: argparse.Namespace, out: TextIO) -> int:
     if not rows:
         out.write("no executions\n")
         return 0
-    table = [("ID", "STATUS", "CHART", "UPDATED")]
+    table = [("ID", "STATUS", "CHART", "ERRORS", "UPDATED")]
     for row in rows:
         updated = "-" if row.updated_at is None else row.updated_at.isoformat(timespec="seconds")
-        table.append((row.id, row.status.value, row.chart or "-", updated))
-    widths = [max(len(line[column]) for line in table) for column in range(3)]
+        status = row.status.value
+        if row.final_state is not None:
+            status = f"{status} in {row.final_state}"
+        table.append((row.id, status, row.chart or "-", str(row.error_count), updated))
+    widths = [max(len(line[column]) for line in table) for column in range(4)]
     for line in table:
         cells = [cell.ljust(width) for cell, width in zip(line, widths, strict=False)]
-        out.write("  ".join([*cells, line[3]]) + "\n")
+        out.write("  ".join([*cells, line[4]]) + "\n")
     return 0
 
 
@@ -264,7 +286,7 @@ async def _send(durable: Durable, args: argparse.Namespace, out: TextIO) -> int:
     sent = await durable.send(args.execution_id, name, data)
     if args.json:
         _dump(sent.as_json(), out)
-        return 0 if sent.delivered else 1
+        return 0 if sent.delivered and not _untaken(sent.errors) else 1
     status = sent.status.value
     if not sent.delivered:
         why = "is parked (needs_migration)" if status == "needs_migration" else f"has {status}"
@@ -279,6 +301,42 @@ async def _send(durable: Durable, args: argparse.Namespace, out: TextIO) -> int:
             f"{sent.execution_id}: no transition took {name} (it is in the input log); "
             f"{_where(status, sent)}\n"
         )
+    if sent.failure is not None:
+        out.write(f"  failure: {sent.failure}\n")
+    _write_errors(sent.errors, out)
+    for timer in sent.timers:
+        out.write(f"  timer: {_timer(timer)}\n")
+    for notice in sent.notices:
+        out.write(f"  note: {notice}\n")
+    return 1 if _untaken(sent.errors) else 0
+
+
+async def _fire(durable: Durable, out: TextIO) -> int:
+    fired = 0
+    while True:  # a fired timer's step may schedule another, due at once
+        taken = await durable.fire_due()
+        if not taken:
+            break
+        fired += taken
+    out.write(f"{fired} timer{'s' if fired != 1 else ''} fired\n")
+    return 0
+
+
+async def _run_workers(durable: Durable, out: TextIO) -> int:
+    import signal
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    out.write("firing timers and draining the outbox; interrupt to stop\n")
+    out.flush()
+    try:
+        await durable.run(stop)
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+    out.write("stopped\n")
     return 0
 
 
@@ -398,11 +456,22 @@ def _print_description(description: Description, as_json: bool, out: TextIO) -> 
     ):
         if moment is not None:
             lines.append((label, moment.isoformat()))
+    lines.append(("errors", str(description.error_count) if description.error_count else "none"))
     lines.append(("inputs", str(len(description.inputs)) if description.inputs else "none"))
-    lines.append(("timers", "none (statifier keeps no timers yet)"))
+    lines.append(("timers", str(len(description.timers)) if description.timers else "none"))
     width = max(len(label) for label, _ in lines)
     for label, text in lines:
         out.write(f"{label.ljust(width)}  {text}\n")
+        if label == "errors":
+            for error in description.errors:
+                step = "" if error.seq is None else f" input {error.seq}"
+                at = "" if error.recorded_at is None else error.recorded_at.isoformat()
+                out.write(f"  {at}  {error.door}{step}  {error.describe()}\n")
+        if label == "timers":
+            ended = description.finished
+            for timer in description.timers:
+                gone = "  (discarded when due: the execution has ended)" if ended else ""
+                out.write(f"  {_timer(timer)}{gone}\n")
         if label == "inputs":
             for entry in description.inputs:
                 migration = entry.migration
@@ -419,6 +488,22 @@ def _print_description(description: Description, as_json: bool, out: TextIO) -> 
                     continue
                 data = "" if entry.event.data is UNDEFINED else " " + _value(entry.event.data)
                 out.write(f"  {entry.seq}  {entry.door}  {entry.event.name}{data}\n")
+
+
+def _write_errors(errors: Sequence[StepError], out: TextIO) -> None:
+    for error in errors:
+        out.write(f"  {error.describe()}\n")
+
+
+def _untaken(errors: Sequence[StepError]) -> bool:
+    return any(not error.taken for error in errors)
+
+
+def _timer(timer: PendingTimer) -> str:
+    what = timer.event or "(unreadable here)"
+    to = f" to route {timer.route}" if timer.route else ""
+    tries = f", {timer.attempts} refused" if timer.attempts else ""
+    return f"{what}{to} ({timer.kind}, send {timer.send_id}) due {timer.due_at.isoformat()}{tries}"
 
 
 def _value(value: Value) -> str:

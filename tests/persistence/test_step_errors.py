@@ -403,7 +403,7 @@ async def test_the_final_state_an_execution_ended_in_is_stored_with_its_end(
         for event in events:
             stepped = await executions.step(execution_id, chart, event)
             assert isinstance(stepped, Stepped)
-        assert stepped.execution.status is Status.COMPLETED
+        assert (await executions.storage.fetch_execution(execution_id)).status is Status.COMPLETED
     await executions.cancel("cancelled")
     storage = executions.storage
     assert (await storage.fetch_execution("paid")).final_state == "paid"

@@ -28,9 +28,11 @@ off stored positions), ``charts`` (compiling the charts it is given), ``database
 >>> asyncio.run(main())
 ('completed', 'closed')
 
-This module sits above :mod:`statifier.persistence` and beside :mod:`statifier.router`
-(it imports neither the router nor the command line). SQLAlchemy, Alembic and the
-database drivers are imported when a :class:`Durable` opens, not on import.
+This module sits above :mod:`statifier.router`: on a SQL database its calls step
+through the router's transaction, so the timers and the outbox of durable executions
+are the router's (:meth:`Durable.run` fires and drains them). SQLAlchemy, Alembic, the
+router and the database drivers are imported when a :class:`Durable` opens, not on
+import.
 """
 
 from statifier.durable.charts import ChartSource
@@ -43,6 +45,7 @@ from statifier.durable.values import (
     Description,
     ExecutionSummary,
     Moved,
+    PendingTimer,
     Position,
     Sent,
 )
@@ -74,6 +77,7 @@ __all__ = [
     "MigrationSummary",
     "Moved",
     "NotMigrated",
+    "PendingTimer",
     "Position",
     "Sent",
     "Status",

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import datetime
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final, TypeVar
 
 from statifier.chart import Machine
 from statifier.core import Event, MachineState, StartOptions
@@ -19,6 +20,7 @@ from statifier.durable.values import (
     Description,
     ExecutionSummary,
     Moved,
+    PendingTimer,
     Position,
     Sent,
     _configuration,
@@ -31,9 +33,11 @@ from statifier.durable.values import (
 from statifier.expr import UNDEFINED, Function, Value
 from statifier.ids import new_execution_id
 from statifier.persistence import (
+    DEFAULT_LOCK_WAIT,
     PLAIN,
     BlobCodec,
     Discarded,
+    ErrorPolicy,
     ExecutionRecord,
     Executions,
     Executor,
@@ -41,18 +45,31 @@ from statifier.persistence import (
     Migrated,
     MigrationPlan,
     MigrationSummary,
+    OnError,
     Parked,
     PersistenceError,
     Status,
+    StepError,
+    Stepped,
     Storage,
     decode_outcome,
 )
+from statifier.persistence.executor import refuse_unperformed
+from statifier.persistence.step_errors import decode_error
 
 __all__ = ["Durable"]
 
+_T = TypeVar("_T")
+
 if TYPE_CHECKING:
     from statifier.persistence.adapter import Adapter
+    from statifier.router import RouterConfig
+    from statifier.router.outbox import Sink
     from statifier.sql import TableOptions
+
+_DESCRIBED_ERRORS: Final = 20
+"""How many of an execution's most recent errors :meth:`Durable.describe` reads."""
+_DESCRIBED_TIMERS: Final = 100
 
 
 class Durable:
@@ -75,10 +92,17 @@ class Durable:
         migrate: run the migrations when opening (under a lock, so processes opening
             together do not race). By default the tables are only checked: a database
             that lacks them raises :class:`NotMigrated` naming ``statifier db upgrade``.
-        executor: receives every effect of every call (see
-            :class:`~statifier.persistence.Executor`); by default effects are dropped.
+        executor: receives every effect the front door does not carry out itself (see
+            below and :class:`~statifier.persistence.Executor`); by default it refuses
+            every send and invocation it is handed, so the chart hears
+            ``error.communication``.
         lock_wait: the most seconds a call waits for an execution's lock
-            (:class:`~statifier.persistence.LockTimeout`); ``None``: no bound.
+            (:class:`~statifier.persistence.LockTimeout`; 30 by default); ``None``: no
+            bound.
+        on_error: what an error event no transition takes does (see
+            :class:`~statifier.persistence.OnError`): ``"continue"`` (SCXML's way, the
+            default) or ``"fail"``, for every chart, or a mapping of chart names to
+            either (the others continue).
         loader: reads ``<data src>`` and ``<script src>`` when a chart is compiled.
         functions: host expression functions the charts' conditions, values and scripts
             may call (:class:`~statifier.expr.Function` by name; see
@@ -90,6 +114,17 @@ class Durable:
             and decodes every blob read, e.g. a
             :class:`~statifier.persistence.fernet.FernetCodec` to encrypt them; stored
             as given by default (:data:`~statifier.persistence.PLAIN`).
+
+    On a SQL database the calls step through the router's transaction
+    (:mod:`statifier.router`), as :func:`~statifier.router.route` does: a delayed
+    ``<send>`` and a send to the execution itself become rows of the database's timer
+    queue, a BasicHTTP send a row of its outbox, each committed with the step; a
+    ``<cancel>`` deletes them. :meth:`run` fires the timers and drains the outbox as
+    they come due (:meth:`fire_due` once); ``statifier serve`` or ``statifier
+    executions run`` on the same database do the same. Until a worker runs, a send's
+    answer says what waits (:attr:`Sent.notices`). On an adapter that is not SQL
+    (:class:`~statifier.persistence.MemoryAdapter`) there is no timer queue: such
+    sends go to the executor.
 
     Raises:
         UnknownChart, ChartUnusable: at construction, for the charts given.
@@ -103,11 +138,12 @@ class Durable:
         tables: TableOptions | None = None,
         migrate: bool = False,
         executor: Executor | None = None,
-        lock_wait: float | None = None,
+        lock_wait: float | None = DEFAULT_LOCK_WAIT,
         loader: Callable[[str], str] | None = None,
         functions: Mapping[str, Function] | None = None,
         input_log_cap: int | None = None,
         codec: BlobCodec = PLAIN,
+        on_error: OnError | str | Mapping[str, OnError | str] = OnError.CONTINUE,
     ) -> None:
         if not isinstance(migrate, bool):
             raise TypeError(f"migrate is True or False, not {migrate!r}")
@@ -122,8 +158,11 @@ class Durable:
         self._codec = codec
         self._charts = _compiled(charts, loader, self._functions)
         self._names = {machine.identity.content_hash: n for n, machine in self._charts.items()}
+        self._on_error = self._policy(on_error)
         self._executions: Executions | None = None
+        self._router: RouterConfig | None = None
         self._owned: Adapter | None = None
+        self._workers = 0
 
     def __repr__(self) -> str:
         where = _redacted(self._database) if isinstance(self._database, str) else "an adapter"
@@ -175,17 +214,17 @@ class Durable:
             functions=self._functions,
             codec=self._codec,
         )
-        if self._executor is None:
-            self._executions = Executions(storage, lock_wait=self._lock_wait)
-        else:
-            self._executions = Executions(
-                storage, executor=self._executor, lock_wait=self._lock_wait
-            )
+        executor = self._executor or refuse_unperformed
+        self._executions = Executions(
+            storage, executor=executor, lock_wait=self._lock_wait, on_error=self._on_error
+        )
+        self._router = _router(storage, self._charts, executor, self._lock_wait, self._on_error)
         return self
 
     async def close(self) -> None:
         """Close the adapter it opened (an adapter given stays open)."""
         owned, self._owned, self._executions = self._owned, None, None
+        self._router = None
         if owned is not None:
             close = getattr(owned, "close", None)
             if close is not None:
@@ -254,8 +293,13 @@ class Durable:
         options = None
         if data is not None:
             options = StartOptions(datamodel=_datamodel(data))
-        stepped = await executions.create(execution_id, machine, options=options, metadata=pairs)
-        return self._described(stepped.execution, stepped.state, "kept", ())
+
+        async def start(lifecycle: Executions) -> Stepped:
+            return await lifecycle.create(execution_id, machine, options=options, metadata=pairs)
+
+        stepped = await self._call(start)
+        timers = await self._timers(stepped.execution.id)
+        return self._described(stepped.execution, stepped.state, "kept", (), timers, stepped.errors)
 
     async def send(self, execution_id: str, event: str, data: Value = UNDEFINED) -> Sent:
         """Step one external event into the execution.
@@ -275,7 +319,11 @@ class Durable:
             LockTimeout: another call held it longer than ``lock_wait``.
         """
         _text(event, "an event name")
-        answer = await self.executions.step(execution_id, None, Event(event, data=data))
+
+        async def step(lifecycle: Executions) -> Stepped | Discarded:
+            return await lifecycle.step(execution_id, None, Event(event, data=data))
+
+        answer = await self._call(step)
         if isinstance(answer, Discarded):
             record = answer.execution
             state, _ = await self._state(record)
@@ -292,22 +340,26 @@ class Durable:
                 failure=record.failure,
             )
         record, state = answer.execution, answer.state
+        timers = await self._timers(record.id)
         return Sent(
             execution_id=record.id,
             event=event,
             delivered=True,
-            matched=state.microstep > 0,
+            matched=answer.matched,
             finished=answer.finished,
             status=record.status,
             configuration=_configuration(state),
             final_state=_final_state(state),
             outcome=decode_outcome(record),
             failure=record.failure,
+            errors=answer.errors,
+            timers=timers,
+            notices=self._waiting(record, timers),
         )
 
     async def describe(self, execution_id: str) -> Description:
         """The execution as stored: status, configuration or final state, outcome,
-        inputs, timers.
+        inputs, pending timers, errors.
 
         Raises:
             ExecutionNotFound: no such execution.
@@ -316,7 +368,10 @@ class Durable:
         record = await executions.storage.fetch_execution(execution_id)
         state, position = await self._state(record)
         inputs = tuple(await executions.inputs(execution_id))
-        return self._described(record, state, position, inputs)
+        stored = await executions.storage.errors(execution_id, _DESCRIBED_ERRORS)
+        timers = await self._timers(execution_id)
+        errors = tuple(decode_error(error) for error in stored)
+        return self._described(record, state, position, inputs, timers, errors)
 
     async def list(
         self,
@@ -351,6 +406,9 @@ class Durable:
                 created_at=r.created_at,
                 updated_at=r.updated_at,
                 ended_at=r.ended_at,
+                final_state=r.final_state,
+                error_count=r.error_count,
+                last_error_at=r.last_error_at,
             )
             for r in chosen
         )
@@ -364,7 +422,11 @@ class Durable:
         Raises:
             ExecutionNotFound: no such execution.
         """
-        answer = await self.executions.cancel(execution_id)
+
+        async def stop(lifecycle: Executions) -> Stepped | Discarded:
+            return await lifecycle.cancel(execution_id)
+
+        answer = await self._call(stop)
         record = answer.execution
         return Cancelled(
             execution_id=record.id,
@@ -463,7 +525,121 @@ class Durable:
             summary = summary + await executions.migrate_all(content_hash, plan)
         return summary
 
+    # Workers.
+
+    async def run(
+        self, stop: asyncio.Event | None = None, *, sinks: Mapping[str, Sink] | None = None
+    ) -> None:
+        """Fire the timers as they come due and drain the outbox, until ``stop`` is
+        set (or the task is cancelled): the workers ``statifier serve`` runs, for the
+        executions of this database. Any number of processes may run them on one
+        PostgreSQL database; each timer fires once.
+
+        Args:
+            stop: set it to stop; the workers finish what they started.
+            sinks: ``queue -> sink`` for the outbox (see
+                :class:`~statifier.router.OutboxDrain`); BasicHTTP sends are drained
+                by the BasicHTTP sink unless a sink is given for ``basichttp``.
+
+        Raises:
+            RuntimeError: not open, or the database is not SQL (no timer queue).
+            Exception: a worker's pass failed (the database went away).
+        """
+        router = self._sql("run its workers")
+        from statifier.router import OutboxDrain
+        from statifier.router.timer_worker import TimerWorker
+
+        stopping = stop or asyncio.Event()
+        drain = OutboxDrain(router, _sinks(router, sinks))
+        self._workers += 1
+        try:
+            await asyncio.gather(TimerWorker(router).run(stopping), drain.run(stopping))
+        finally:
+            self._workers -= 1
+
+    async def fire_due(self, now: datetime | None = None) -> int:
+        """Fire every timer due at ``now`` (the storage's clock by default), once;
+        answers how many were taken off the queue (fired, or discarded because their
+        execution had ended). Sends to the outbox are left to :meth:`run`.
+
+        Raises:
+            RuntimeError: not open, or the database is not SQL (no timer queue).
+        """
+        from statifier.router.timer_worker import TimerWorker
+
+        return await TimerWorker(self._sql("fire timers")).fire_due(now)
+
     # Helpers.
+
+    def _sql(self, what: str) -> RouterConfig:
+        router = self._router
+        if router is None:
+            if self._executions is None:
+                raise RuntimeError("open the Durable first: async with Durable(...) as durable")
+            raise RuntimeError(f"only a SQL database keeps timers: nothing to {what} here")
+        return router
+
+    async def _call(self, work: Callable[[Executions], Awaitable[_T]]) -> _T:
+        """``work`` on the lifecycle, in a router transaction on a SQL database (its
+        sends become timer and outbox rows committed with the step)."""
+        router = self._router
+        if router is None:
+            return await work(self.executions)
+        async with router.transaction() as unit:
+            unit.now = router.storage.clock()
+            return await work(unit.executions)
+
+    async def _timers(self, execution_id: str) -> tuple[PendingTimer, ...]:
+        """The execution's pending timers (none without a timer queue)."""
+        router = self._router
+        if router is None:
+            return ()
+        from statifier.router.timers import DueTimer, SqlTimerQueue
+
+        queue = router.timers
+        assert isinstance(queue, SqlTimerQueue)
+        async with router.transaction() as unit:
+            rows = await queue.pending(unit.tx, execution_id, _DESCRIBED_TIMERS)
+        return tuple(
+            PendingTimer(
+                send_id=row.entry.send_id,
+                event=row.entry.event.name,
+                kind=row.entry.kind.value,
+                due_at=row.entry.due_at,
+                route=row.entry.route,
+                attempts=row.entry.attempts,
+            )
+            if isinstance(row, DueTimer)
+            else PendingTimer(
+                send_id=row.send_id, event=None, kind=row.kind.value, due_at=row.due_at
+            )
+            for row in rows
+        )
+
+    def _waiting(
+        self, record: ExecutionRecord, timers: tuple[PendingTimer, ...]
+    ) -> tuple[str, ...]:
+        """What waits for a worker that does not run here, said, so that nothing the
+        chart scheduled is silently left behind."""
+        if not timers or self._workers or record.status.terminal:
+            return ()
+        first = min(timers, key=lambda timer: timer.due_at)
+        count = f"{len(timers)} timer{'s' if len(timers) != 1 else ''}"
+        notice = (
+            f"{count} pending (the first, {first.event or first.send_id!r}, due "
+            f"{first.due_at.isoformat()}); no worker runs in this process to fire them: "
+            "run Durable.run(), `statifier executions run`, or `statifier serve` on "
+            "this database"
+        )
+        return (notice,)
+
+    def _policy(self, on_error: OnError | str | Mapping[str, OnError | str]) -> ErrorPolicy:
+        if isinstance(on_error, OnError | str):
+            return ErrorPolicy(OnError.of(on_error))
+        charts: dict[str, OnError] = {}
+        for name, value in on_error.items():
+            charts[self.chart(name).identity.content_hash] = OnError.of(value)
+        return ErrorPolicy(OnError.CONTINUE, charts)
 
     async def _moved(self, record: ExecutionRecord, migrated: bool, reason: str | None) -> Moved:
         state, _ = await self._state(record)
@@ -495,6 +671,8 @@ class Durable:
         state: MachineState | None,
         position: Position,
         inputs: tuple[LoggedInput, ...],
+        timers: tuple[PendingTimer, ...],
+        errors: tuple[StepError, ...],
     ) -> Description:
         return Description(
             id=record.id,
@@ -507,9 +685,53 @@ class Durable:
             failure=record.failure,
             metadata=_host_metadata(record),
             inputs=inputs,
-            timers=(),
+            timers=timers,
             position=position,
             created_at=record.created_at,
             updated_at=record.updated_at,
             ended_at=record.ended_at,
+            error_count=record.error_count,
+            errors=errors,
         )
+
+
+def _router(
+    storage: Storage,
+    charts: Mapping[str, Machine],
+    executor: Executor,
+    lock_wait: float | None,
+    on_error: ErrorPolicy,
+) -> RouterConfig | None:
+    """The router configuration the front door steps through on a SQL database: no
+    binding, the charts by name as documents, the built-in timer queue; ``None`` on
+    another adapter."""
+    from statifier.persistence.sql import SqlAdapter
+
+    if not isinstance(storage.adapter, SqlAdapter):
+        return None
+    from statifier.router import RouterConfig, StaticResolver
+
+    documents: dict[str | tuple[str, str], Machine] = dict(charts.items())
+    return RouterConfig(
+        storage,
+        bindings=(),
+        resolver=StaticResolver(documents),
+        executor=executor,
+        lock_wait=lock_wait,
+        on_error=on_error,
+    )
+
+
+def _sinks(router: RouterConfig, given: Mapping[str, Sink] | None) -> dict[str, Sink]:
+    """The outbox's sinks: ``given``, and the BasicHTTP sink for BasicHTTP sends when
+    the ``http`` extra is installed and none was given for them."""
+    from statifier.router.sending import BASICHTTP_QUEUE
+
+    sinks = dict(given or {})
+    if BASICHTTP_QUEUE not in sinks:
+        try:
+            from statifier.router import basichttp_sink
+        except ImportError:  # the http extra: BasicHTTP sends wait in the outbox
+            return sinks
+        sinks[BASICHTTP_QUEUE] = basichttp_sink(router)
+    return sinks

@@ -256,7 +256,9 @@ class Moved:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ExecutionSummary:
     """One row of :meth:`Durable.list`: what the record says, without loading the
-    position or the input log."""
+    position or the input log: its status and, once it ended in one, the id of its
+    top-level ``<final>``; its failure; how many error events its steps raised and
+    when the last one was."""
 
     id: str
     chart: str | None
@@ -266,6 +268,7 @@ class ExecutionSummary:
     created_at: datetime | None = None
     updated_at: datetime | None = None
     ended_at: datetime | None = None
+    final_state: str | None = None
     error_count: int = 0
     last_error_at: datetime | None = None
 
@@ -280,6 +283,7 @@ class ExecutionSummary:
             "created_at": _iso(self.created_at),
             "updated_at": _iso(self.updated_at),
             "ended_at": _iso(self.ended_at),
+            "final_state": self.final_state,
             "error_count": self.error_count,
             "last_error_at": _iso(self.last_error_at),
         }

@@ -210,7 +210,8 @@ class RouterConfig:
             default); ``None`` waits without bound.
         on_error: what an error event no transition takes does to an execution
             (:class:`~statifier.persistence.OnError`: ``continue``, SCXML's behaviour,
-            or ``fail``), unless its document or the delivering binding says otherwise.
+            or ``fail``; or an :class:`~statifier.persistence.ErrorPolicy` per chart),
+            unless its document or the delivering binding says otherwise.
         document_on_error: ``document -> OnError`` for the documents whose executions
             differ from ``on_error`` (it needs a :class:`StaticResolver`, whose charts
             say which executions run a document).
@@ -246,7 +247,7 @@ class RouterConfig:
     on_step: OnStep | None = None
     around_delivery: AroundDelivery[Any] | None = None
     lock_wait: float | None = DEFAULT_LOCK_WAIT
-    on_error: OnError | str = OnError.CONTINUE
+    on_error: ErrorPolicy | OnError | str = OnError.CONTINUE
     document_on_error: Mapping[str, OnError | str] = field(default_factory=dict)
     basichttp: BasicHttpLocations | None = None
     error_policy: ErrorPolicy = field(init=False, repr=False, compare=False)
@@ -294,20 +295,20 @@ class RouterConfig:
     def _error_policy(self) -> ErrorPolicy:
         """``on_error`` and ``document_on_error`` as a policy per chart."""
         try:
-            default = OnError.of(self.on_error)
+            base = ErrorPolicy.of_value(self.on_error)
             documents = {
                 document: OnError.of(value) for document, value in self.document_on_error.items()
             }
         except ValueError as error:
             raise ConfigError(str(error)) from None
         if not documents:
-            return ErrorPolicy(default)
+            return base
         resolver = self.resolver
         if not isinstance(resolver, StaticResolver):
             raise ConfigError(
                 "document_on_error needs a StaticResolver: it says which chart a document runs"
             )
-        charts: dict[str, OnError] = {}
+        charts: dict[str, OnError] = dict(base.charts)
         for document, policy in documents.items():
             machines = resolver.machines(document)
             if not machines:
@@ -318,7 +319,7 @@ class RouterConfig:
                     raise ConfigError(
                         f"document_on_error: documents of one chart differ ({document!r})"
                     )
-        return ErrorPolicy(default, charts)
+        return ErrorPolicy(base.default, charts)
 
     def _check_outbound(self) -> None:
         send_type: object = self.send_type
