@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from statifier import telemetry
+from statifier._repeats import Repeats
 from statifier.chart import Machine, compile_chart
 from statifier.core import Event, StartOptions
 from statifier.core import effects as fx
@@ -25,6 +26,7 @@ from statifier.persistence import (
     decode_outcome,
     prune,
 )
+from statifier.persistence import executions as executions_module
 from statifier.persistence.adapter import Adapter
 from statifier.persistence.executions import CREATE_DOOR
 from statifier.persistence.fernet import FernetCodec
@@ -97,6 +99,13 @@ STORMY = f"""<scxml {SCXML} initial="a" datamodel="predicator">
 
 def machine(source: str) -> Machine:
     return compile_chart(source)
+
+
+@pytest.fixture(autouse=True)
+def fresh_log_intervals(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test's first error of a kind is logged at once (an interval opened by an
+    earlier test would only count it)."""
+    monkeypatch.setattr(executions_module, "_repeats", Repeats())
 
 
 @pytest.fixture
@@ -409,3 +418,24 @@ async def test_the_final_state_an_execution_ended_in_is_stored_with_its_end(
     assert (await storage.fetch_execution("paid")).final_state == "paid"
     assert (await storage.fetch_execution("expired")).final_state == "expired"
     assert (await storage.fetch_execution("cancelled")).final_state is None
+
+
+@pytest.mark.asyncio
+async def test_a_chart_failing_on_every_event_logs_one_line_then_a_count(
+    caplog: pytest.LogCaptureFixture, reports: list[Mapping[str, Any]]
+) -> None:
+    from statifier.persistence import MemoryAdapter
+
+    chart = machine(ROUTED)
+    executions = Executions(Storage(MemoryAdapter()), executor=_dropping)
+    with caplog.at_level(logging.WARNING, logger="statifier.persistence"):
+        for n in range(50):
+            await executions.create(f"order-{n}", chart)
+            await executions.step(f"order-{n}", chart, Event("pay", data={"amount": "x"}))
+        executions_module._repeats.flush()
+    lines = [r.getMessage() for r in caplog.records if r.name == "statifier.persistence"]
+    assert len(lines) == 2
+    assert lines[0].startswith("execution order-0 (step): error.execution at <assign>")
+    assert lines[1].startswith("49 more of: error.execution at <assign>")
+    assert lines[1].endswith("(the last in execution order-49)")
+    assert len(reports) == 50  # telemetry is not bounded: it carries every one

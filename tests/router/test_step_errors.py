@@ -4,6 +4,8 @@ transition was taken never filed as unused, even when a send of that step was re
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import Any
 
 import pytest
@@ -23,6 +25,7 @@ from statifier.router import (
     route,
 )
 from statifier.router.errors import BindingError
+from statifier.router.timer_worker import TimerWorker
 
 SCXML = 'xmlns="http://www.w3.org/2005/07/scxml"'
 
@@ -169,3 +172,46 @@ async def test_an_event_taken_by_a_step_whose_send_was_refused_is_delivered(
         ("created_and_delivered", None),
         ("dropped", "unmatched_event"),
     ]
+
+
+# A chart whose step sends to itself: what only a timer worker delivers.
+SELF_SEND = f"""<scxml {SCXML} initial="a" datamodel="predicator">
+  <state id="a"><transition event="pay" target="b"><send event="next"/></transition></state>
+  <state id="b"><transition event="next" target="c"/></state>
+  <final id="c"/>
+</scxml>"""
+
+
+@pytest.mark.asyncio
+async def test_route_says_when_no_timer_worker_runs_to_fire_what_it_scheduled(
+    router_db: RouterDb, caplog: pytest.LogCaptureFixture
+) -> None:
+    resolver = StaticResolver({"order": compile_chart(SELF_SEND)})
+    config = router_db.config([_binding()], resolver=resolver)
+    with caplog.at_level(logging.WARNING, logger="statifier.router.routing"):
+        routed = await route(config, _pay("m1"))
+    (notice,) = routed.notices
+    assert notice.startswith("1 timer scheduled, and no timer worker runs in this process")
+    assert [r.getMessage() for r in caplog.records if r.name == "statifier.router.routing"] == [
+        notice
+    ]
+    # While a worker runs here it is woken instead, and nothing is said.
+    worker = TimerWorker(config, poll=0.05)
+    stop = asyncio.Event()
+    running = asyncio.create_task(worker.run(stop))
+    try:
+        await asyncio.sleep(0.05)
+        quiet = await route(config, _pay("m2", order="o-2"))
+        assert quiet.notices == ()
+    finally:
+        stop.set()
+        await running
+    # Nor when the configuration says a worker runs elsewhere.
+    elsewhere = router_db.config([_binding()], resolver=resolver, timers_elsewhere=True)
+    assert (await route(elsewhere, _pay("m3", order="o-3"))).notices == ()
+    # A routing that schedules nothing says nothing either.
+    quiet_chart = compile_chart(
+        f'<scxml {SCXML} initial="a"><state id="a"><transition event="pay"/></state></scxml>'
+    )
+    plain = router_db.config([_binding()], resolver=StaticResolver({"order": quiet_chart}))
+    assert (await route(plain, _pay("m4", order="o-4"))).notices == ()

@@ -340,6 +340,10 @@ ROUTED = '[routes.r]\nqueue = "q"\n'
             "[sources.other.consumer]\nlanes = 0\n",
             "[sources.other.consumer] lanes: must be an integer from 1 to 1024, not 0",
         ),
+        ("[errors]\ndefault = 'sometimes'\n", "[errors] default: must be one of continue, fail"),
+        ("[errors.documents]\nghost = 'fail'\n", "[errors.documents] ghost: no such document"),
+        (f"{HEAD}[errors.documents]\nhits = 'never'\n", "[errors.documents] hits: must be one"),
+        ("[errors]\nfail = true\n", "[errors] fail: unknown key"),
         ("charts = 'missing'\n", 'charts: "missing" is not a directory'),
         ("[documents]\nx = 'charts/none.scxml'\n", "[documents] x: cannot read"),
         ("bindings = 'none.toml'\n", "bindings: cannot read"),
@@ -347,6 +351,27 @@ ROUTED = '[routes.r]\nqueue = "q"\n'
 )
 def test_refusals_name_the_table_and_the_key(tmp_path: Path, body: str, said: str) -> None:
     assert refused(tmp_path, body).startswith(said)
+
+
+@pytest.mark.asyncio
+async def test_the_errors_table_sets_the_policy_per_document(tmp_path: Path) -> None:
+    config = write_config(
+        tmp_path,
+        f"{HEAD}[errors]\ndefault = 'fail'\n[errors.documents]\nhits = 'continue'\n",
+        {"hits": HITS, "order": ORDER},
+    )
+    settings = load(config, {})
+    assert (settings.errors.default, dict(settings.errors.documents)) == (
+        "fail",
+        {"hits": "continue"},
+    )
+    async with SqlAdapter("sqlite://") as adapter:
+        router = router_config(settings, adapter)
+        policy = router.error_policy
+        hits = (await router.resolve("s", "hits")).machine.identity.content_hash
+        order = (await router.resolve("s", "order")).machine.identity.content_hash
+        assert (policy.of(hits).value, policy.of(order).value) == ("continue", "fail")
+        assert router.timers_elsewhere is False
 
 
 def test_a_file_over_the_cap_is_refused_before_it_is_parsed(tmp_path: Path) -> None:

@@ -189,6 +189,8 @@ async def _serve(
             bindings=[],
             resolver=StaticResolver({}),
             basichttp=locations,
+            # The service on the same database fires the timers.
+            timers_elsewhere=True,
         )
         sessions = Sessions(operators, key=options.session_key, secure=options.secure_cookie)
         console = Console.of(router, sessions, scriba=scriba)

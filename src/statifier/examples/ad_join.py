@@ -160,6 +160,8 @@ async def run(url: str, out: TextIO) -> list[LedgerRow]:
                 "joined_records": (outbox, {"queue": "joined"}),
                 "orphaned": (outbox, {"queue": "orphaned"}),
             },
+            # The demo fires the timers itself, a virtual day later.
+            timers_elsewhere=True,
         )
         for minute, event in enumerate(events):
             clock[0] = _START + timedelta(minutes=minute)

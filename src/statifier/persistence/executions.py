@@ -36,6 +36,7 @@ from dataclasses import KW_ONLY, dataclass, replace
 from datetime import datetime
 from typing import Any, Final, Protocol
 
+from statifier._repeats import Repeats
 from statifier.chart import Machine
 from statifier.chart.model import ChartIdentity
 from statifier.core import (
@@ -145,6 +146,7 @@ UNHANDLED_ERROR: Final = "unhandled_error"
 """The outcome's ``reason`` of an execution :attr:`OnError.FAIL` failed."""
 _MAX_FAILURE: Final = 500
 _log = logging.getLogger("statifier.persistence")
+_repeats = Repeats()
 
 
 @dataclass(frozen=True, slots=True)
@@ -962,7 +964,9 @@ class Executions:
 
 
 def _errors_raised(record: ExecutionRecord, door: str, errors: Sequence[StepError]) -> None:
-    """Report and log each error a committed call raised: no error goes unseen."""
+    """Report each error a committed call raised, and log it: the first of its kind (a
+    chart's element failing the same way) at once, the rest as one count an interval,
+    so that a chart failing on every event cannot flood the log."""
     for error in errors:
         report(
             "statifier.persistence.error",
@@ -979,21 +983,31 @@ def _errors_raised(record: ExecutionRecord, door: str, errors: Sequence[StepErro
                 "status": record.status.value,
             },
         )
-        _log.warning(
-            "execution %s (%s): %s",
-            record.id,
-            door,
-            error.describe(),
-            extra={
-                "execution_id": record.id,
-                "door": door,
-                "error": error.name,
-                "element": error.element,
-                "line": error.line,
-                "column": error.column,
-                "taken": error.taken,
-            },
-        )
+        fields: dict[str, object] = {
+            "execution_id": record.id,
+            "door": door,
+            "error": error.name,
+            "element": error.element,
+            "line": error.line,
+            "column": error.column,
+            "taken": error.taken,
+        }
+        said = error.describe()
+        kind = (record.content_hash, error.name, error.element, error.line, error.column)
+
+        def first(said: str = said, fields: dict[str, object] = fields) -> None:
+            _log.warning("execution %s (%s): %s", record.id, door, said, extra=fields)
+
+        def later(count: int, said: str = said, fields: dict[str, object] = fields) -> None:
+            _log.warning(
+                "%d more of: %s (the last in execution %s)",
+                count,
+                said,
+                record.id,
+                extra={**fields, "count": count},
+            )
+
+        _repeats.note(kind, first, later)
 
 
 def _records(

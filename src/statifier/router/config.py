@@ -196,6 +196,11 @@ class RouterConfig:
         timer_queue: where delayed sends wait: ``"built-in"`` (the timer table on
             this database), a :class:`~statifier.router.timer_queue.TimerQueue` of
             the host's, or ``None`` (a delayed send is refused).
+        timers_elsewhere: a timer worker runs in another process (``statifier
+            serve``, a worker of the host's): a delivery that schedules timers while
+            no :class:`~statifier.router.timer_worker.TimerWorker` runs in this one is
+            then no news. Otherwise :attr:`~statifier.router.Routed.notices` says so,
+            and a warning is logged (once an interval).
         on_complete: a registered route handed ``done.execution`` when a delivery
             finishes an execution. If that route refuses or raises, the finishing
             delivery rolls back: a route that never succeeds is a poison pill.
@@ -242,6 +247,7 @@ class RouterConfig:
     route_overrides: Mapping[str, Mapping[str, Mapping[str, Any]]] = field(default_factory=dict)
     processor_scope: str | Callable[[], str | None] | None = None
     timer_queue: TimerQueue | Literal["built-in"] | None = BUILT_IN
+    timers_elsewhere: bool = False
     on_complete: str | None = None
     on_create: OnCreate | None = None
     on_step: OnStep | None = None

@@ -157,10 +157,13 @@ Outcome = Delivered | CreatedAndDelivered | Duplicate | NoMatch | KeyRefused | D
 @dataclass(frozen=True, slots=True)
 class Routed:
     """One event routed: an outcome per enabled binding of its source, in the order of
-    the bindings."""
+    the bindings; ``notices`` says what the caller should know that is no outcome (the
+    deliveries scheduled timers and no timer worker runs in this process to fire
+    them)."""
 
     event: InboundEvent
     outcomes: tuple[Outcome, ...]
+    notices: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

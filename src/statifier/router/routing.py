@@ -9,6 +9,7 @@ under a plan of the host's.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from typing import TypeVar
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from statifier._repeats import Repeats
 from statifier.core import Event
 from statifier.persistence.reentry import hold
 from statifier.router.binding import Binding, Create, Keyed, Plan, Refused
@@ -33,10 +35,14 @@ from statifier.router.outcomes import (
     Routed,
 )
 from statifier.router.records import LedgerRow
+from statifier.router.timers import SqlTimerQueue
 from statifier.router.transaction import Unit, lock_key, sorted_locks
 from statifier.telemetry import enabled, report
 
 __all__ = ["BlockedByEarlierFailure", "deliver_event", "route", "route_many"]
+
+_log = logging.getLogger(__name__)
+_repeats = Repeats()
 
 _T = TypeVar("_T")
 _ROUTE = "statifier.router.route"
@@ -172,16 +178,43 @@ async def _alone(
     connection: Connection | None,
     locks: list[int],
     settle: Callable[[Unit], Awaitable[Outcome]],
+    scheduled: list[int] | None = None,
 ) -> Outcome:
     """One delivery in a transaction of its own, or in a savepoint of the caller's: its
-    advisory locks first (sorted, bounded by ``lock_wait``), then ``settle``."""
+    advisory locks first (sorted, bounded by ``lock_wait``), then ``settle``; the count
+    of timers it scheduled goes to ``scheduled``."""
     async with config.transaction(connection) as unit:
         if connection is None:
             await _lock(unit, config, sorted_locks(locks))
-            return await settle(unit)
-        async with unit.savepoint():
-            await _lock(unit, config, sorted_locks(locks))
-            return await settle(unit)
+            outcome = await settle(unit)
+        else:
+            async with unit.savepoint():
+                await _lock(unit, config, sorted_locks(locks))
+                outcome = await settle(unit)
+        if scheduled is not None:
+            scheduled.append(unit.scheduled)
+        return outcome
+
+
+def _waiting(config: RouterConfig, scheduled: int) -> tuple[str, ...]:
+    """What an event's deliveries leave waiting for a timer worker that does not run in
+    this process, said (and logged, once an interval), unless one runs elsewhere."""
+    queue = config.timers
+    if not scheduled or config.timers_elsewhere or not isinstance(queue, SqlTimerQueue):
+        return ()
+    if queue.on_schedule:  # a TimerWorker runs here: it was woken
+        return ()
+    notice = (
+        f"{scheduled} timer{'s' if scheduled != 1 else ''} scheduled, and no timer worker "
+        "runs in this process to fire them: run a TimerWorker (or statifier serve) on this "
+        "database, or set RouterConfig(timers_elsewhere=True) where one runs elsewhere"
+    )
+    _repeats.note(
+        ("no_timer_worker", id(queue)),
+        lambda: _log.warning("%s", notice),
+        lambda count: _log.warning("%d more deliveries scheduled timers no worker fires", count),
+    )
+    return (notice,)
 
 
 async def _lock(unit: Unit, config: RouterConfig, keys: list[int]) -> None:
@@ -230,6 +263,7 @@ async def route(
 
     async def work() -> Routed:
         outcomes: list[Outcome] = []
+        scheduled: list[int] = []
         for verdict in await _verdicts(config, event):
             if verdict.answer is None:
                 outcomes.append(NoMatch(verdict.binding.id))
@@ -239,8 +273,8 @@ async def route(
             async def settle(unit: Unit, verdict: _Verdict = verdict) -> Outcome:
                 return await _settle_one(unit, config, event, verdict, moment)
 
-            outcomes.append(await _alone(config, connection, locks, settle))
-        return Routed(event, tuple(outcomes))
+            outcomes.append(await _alone(config, connection, locks, settle, scheduled))
+        return Routed(event, tuple(outcomes), _waiting(config, sum(scheduled)))
 
     return _reported(await _around(config, event.scope, Door.ROUTE, work), started)
 
@@ -350,6 +384,7 @@ async def _batch_event(
             blocked.setdefault(address, earlier)
         return Failed(event, BlockedByEarlierFailure(earlier))
     outcomes: list[Outcome] = []
+    before = unit.scheduled
     for verdict in verdicts:
         if verdict.answer is None:
             outcomes.append(NoMatch(verdict.binding.id))
@@ -361,7 +396,7 @@ async def _batch_event(
             for address in addresses:
                 blocked.setdefault(address, event.message_id)
             return Failed(event, error)
-    return Routed(event, tuple(outcomes))
+    return Routed(event, tuple(outcomes), _waiting(config, unit.scheduled - before))
 
 
 async def deliver_event(

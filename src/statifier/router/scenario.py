@@ -481,6 +481,8 @@ def _config(
             execution_id=mint,
             executor=executor,
             start_options=StartOptions(send_types=send_types),
+            # The scenario fires the timers itself, on its virtual clock.
+            timers_elsewhere=True,
         )
     except RouterError as error:
         raise CaseError(str(error)) from None

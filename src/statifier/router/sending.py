@@ -179,6 +179,7 @@ class SendHandler:
             scope=self.unit.scope,
         )
         await queue.schedule(self.unit.tx, entry)
+        self.unit.scheduled += 1
         return None
 
     # Sends of the router's type.

@@ -52,6 +52,7 @@ class Unit:
         now: the time of the delivery in progress: delayed sends are timed from it.
         stepping: the executions mid-step in this transaction, innermost last: a send
             to one of them would step it inside its own step, and is refused.
+        scheduled: how many timers the transaction's steps scheduled.
     """
 
     sql: Session
@@ -60,6 +61,7 @@ class Unit:
     scope: str | None = None
     now: datetime = field(default_factory=lambda: datetime.now(UTC))
     stepping: list[str] = field(default_factory=list)
+    scheduled: int = 0
 
     def savepoint(self) -> AbstractAsyncContextManager[None]:
         """A savepoint: what the block wrote is undone if it raises, and the rest of

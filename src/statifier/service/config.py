@@ -108,6 +108,7 @@ __all__ = [
     "ConsoleSettings",
     "ConsumerSettings",
     "DatabaseSettings",
+    "ErrorSettings",
     "FormFront",
     "Front",
     "HmacSettings",
@@ -231,6 +232,17 @@ class TimerSettings:
     batch: int = 100
     poll: float = 1.0
     retry: float = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorSettings:
+    """What an error event no transition takes does to an execution (``[errors]``):
+    ``default`` for every document, ``documents`` per document (``continue``, SCXML's
+    behaviour, or ``fail``); a binding's own ``on_error`` wins over both for the
+    deliveries it makes."""
+
+    default: str = "continue"
+    documents: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -533,6 +545,7 @@ class ServiceSettings:
     timers: TimerSettings
     outbox: OutboxSettings
     reapers: ReaperSettings
+    errors: ErrorSettings = field(default_factory=ErrorSettings)
     logging: LoggingSettings = field(default_factory=LoggingSettings)
     otel: OtelSettings = field(default_factory=OtelSettings)
     console: ConsoleSettings = field(default_factory=ConsoleSettings)
@@ -587,6 +600,9 @@ def router_config(settings: ServiceSettings, adapter: SqlAdapter) -> RouterConfi
             routes=routes,
             on_complete=settings.on_complete,
             lock_wait=settings.database.lock_wait,
+            on_error=settings.errors.default,
+            document_on_error=settings.errors.documents,
+            timers_elsewhere=not settings.timers.enabled,
             basichttp=None if basichttp is None else _locations(basichttp),
         )
     except (RouterError, ValueError, TypeError) as error:
@@ -759,6 +775,7 @@ class _Reader:
         timers = self.timers(top.table("timers"))
         outbox = self.outbox(top.table("outbox"))
         reapers = self.reapers(top.table("reapers"))
+        errors = self.errors(top.table("errors"), documents)
         logging = self.logging(top.table("logging"))
         otel = self.otel(top.table("otel"))
         console = self.console(top)
@@ -781,6 +798,7 @@ class _Reader:
             timers=timers,
             outbox=outbox,
             reapers=reapers,
+            errors=errors,
             logging=logging,
             otel=otel,
             console=console,
@@ -1139,6 +1157,19 @@ class _Reader:
         )
         table.done()
         return settings
+
+    def errors(self, table: _Table, documents: Mapping[str, Machine]) -> ErrorSettings:
+        policies = ("continue", "fail")
+        default = self.choice(table, "default", policies)
+        per_document = table.table("documents")
+        chosen: dict[str, str] = {}
+        for document in per_document.raw:
+            if document not in documents:
+                raise per_document.refuse(document, "no such document")
+            chosen[document] = self.choice(per_document, document, policies)
+        per_document.done()
+        table.done()
+        return ErrorSettings(default, chosen)
 
     # Workers.
 
