@@ -7,9 +7,11 @@ create when the binding's mode calls for one, the step, the ledger row. The reap
 clear expired dedupe claims and the addresses of executions that ended longer ago
 than their horizon; a source invoke (:mod:`statifier.router.subscriptions`) subscribes
 an execution to a binding while a state of it is active;
-:mod:`statifier.router.scenario` runs a routing case (``statifier scenario``). The
-host calls the router itself: fronts that read Kafka, NATS or HTTP are planned, not
-built. See ``docs/router.md``.
+:mod:`statifier.router.scenario` runs a routing case (``statifier scenario``). What
+executions send (routes, the outbox, durable timers, ``on_complete``, execution
+targets) is :mod:`statifier.router.sending` and its neighbours. The fronts that read
+Kafka, NATS or HTTP and call the router are :mod:`statifier.fronts`; ``statifier serve``
+runs them with the workers. See ``docs/router.md`` and ``docs/router-outbound.md``.
 """
 
 from statifier.extras import MissingExtra

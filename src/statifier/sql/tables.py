@@ -402,7 +402,7 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         sa.Index(name("executions_ended_at_idx"), "ended_at"),
         *_console_execution_indexes(options),
         # The console's "errors" filter: executions whose steps raised, newest first.
-        sa.Index(name("executions_last_error_at_idx"), "last_error_at"),
+        sa.Index(name("executions_last_error_at_idx"), "last_error_at", "execution_id"),
         schema=schema,
     )
     sa.Index(

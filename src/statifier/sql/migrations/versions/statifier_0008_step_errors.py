@@ -33,7 +33,10 @@ def upgrade() -> None:
     )
     op.add_column(executions, sa.Column("final_state", sa.Text(), nullable=True), schema=schema)
     op.create_index(
-        name("executions_last_error_at_idx"), executions, ["last_error_at"], schema=schema
+        name("executions_last_error_at_idx"),
+        executions,
+        ["last_error_at", "execution_id"],
+        schema=schema,
     )
     errors = name("step_errors")
     op.create_table(
