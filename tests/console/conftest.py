@@ -32,6 +32,7 @@ from tests.persistence.conftest import (  # noqa: F401 - fixtures used through S
 )
 
 from statifier.console.queries import ConsoleQueries
+from statifier.router import Binding, Create
 from statifier.sql import migrations
 
 
@@ -77,6 +78,63 @@ async def console_db(console_store: SqlStore, writer: sa.Engine) -> AsyncIterato
         yield ConsoleDb(console_store.backend, console_store, queries, writer)
     finally:
         await queries.close()
+
+
+# -- an order that pays or expires, and meets an error -----------------------------------
+
+CHECKOUT = """<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="placed">
+  <datamodel><data id="total" expr="0"/></datamodel>
+  <state id="placed">
+    <transition event="checkout" target="awaiting_payment">
+      <assign location="total" expr="_event.data.amount * 2"/>
+      <send id="payment_timeout" event="payment.timeout" delayexpr="_event.data.timeout"/>{receipt}
+    </transition>
+  </state>
+  <state id="awaiting_payment">
+    <transition event="pay" target="paid"><cancel sendid="payment_timeout"/></transition>
+    <transition event="payment.timeout" target="expired"/>
+  </state>
+  <final id="paid"/>
+  <final id="expired"/>
+</scxml>"""
+"""An order: a checkout doubles its amount and arms a payment timeout; a payment
+finishes it as paid (and cancels the timeout), the timeout as expired. A checkout whose
+amount is not a number raises error.execution at the ``<assign>`` (line 5, column 7):
+the rest of the transition (the timeout) never runs, and the order waits for ever.
+``{receipt}`` is where a test adds a send of its own."""
+
+RECEIPT = (
+    '\n      <send type="shop:route" target="receipts" event="order.placed">'
+    '<param name="total" expr="total"/></send>'
+)
+"""A receipt handed to the ``receipts`` route after the timeout is armed."""
+
+ASSIGN_AT = (5, 7)
+"""Where CHECKOUT's ``<assign>`` is: line and column."""
+
+
+def shop_bindings() -> list[Binding]:
+    """Checkouts and payments of source ``shop``, keyed by order."""
+    return [
+        Binding(
+            id="checkouts",
+            source="shop",
+            match="event.kind == 'checkout'",
+            key="event.order",
+            document="order",
+            event="checkout",
+            data=("amount", "timeout"),
+        ),
+        Binding(
+            id="payments",
+            source="shop",
+            match="event.kind == 'pay'",
+            key="event.order",
+            document="order",
+            event="pay",
+            create=Create.NEVER,
+        ),
+    ]
 
 
 # -- the browser tests: a real `statifier serve` and a headless Chromium ----------------
