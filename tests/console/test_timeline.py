@@ -38,6 +38,7 @@ from statifier.router import InboundEvent, OutboxRoute, RouterConfig, StaticReso
 from statifier.router.timer_worker import TimerWorker
 from statifier.sql import migrations
 
+
 @dataclass
 class Shop:
     """The checkout chart routed on one backend, with a receipts route and timers."""
@@ -170,7 +171,7 @@ async def test_a_paid_order_cancelled_its_timeout_and_an_expired_one_fired_it(sh
     ]
     timeout = steps[1].sends[0]
     assert (found[timeout.key].status, found[timeout.key].step) == ("fired", 2)
-    assert found[timeout.key].describe() == "fired: step 2"
+    assert found[timeout.key].describe() == "fired at step 2"
 
 
 @pytest.mark.asyncio

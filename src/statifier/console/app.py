@@ -78,6 +78,7 @@ from statifier.console.auth import COOKIE, Session, Sessions
 from statifier.console.diagram import render_chart_svg
 from statifier.console.live import Live, TooManyClients
 from statifier.console.queries import (
+    MAX_DETAIL_ROWS,
     MAX_PAGE,
     BadCursor,
     BucketCount,
@@ -100,6 +101,7 @@ from statifier.core import MachineState, StartOptions
 from statifier.core.positions import load as load_position
 from statifier.expr import tagged
 from statifier.persistence import LoggedInput, Status
+from statifier.persistence.step_errors import MAX_STEP_ERRORS
 from statifier.persistence.sql import SqlTransaction
 from statifier.router import Binding, RouterConfig
 
@@ -836,6 +838,8 @@ class _Pages:
                 inputs_truncated=detail.inputs_truncated,
                 errors=detail.errors,
                 raised_in=raised_in,
+                max_step_errors=MAX_STEP_ERRORS,
+                max_rows=MAX_DETAIL_ROWS,
                 timers=detail.timers,
                 outbox=detail.outbox,
                 made_by=makers,

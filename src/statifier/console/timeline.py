@@ -81,7 +81,7 @@ class SendFate:
     def describe(self) -> str:
         """What became of it, in a few words (without the row's own fields)."""
         if self.status == "fired":
-            return f"fired: step {self.step}"
+            return f"fired at step {self.step}"
         if self.status == "cancelled":
             return f"cancelled at step {self.step}"
         if self.status == "gone":
