@@ -631,7 +631,8 @@ async def test_the_timeline_shows_each_steps_data_errors_and_what_its_sends_made
     await shop.send("pay", "o-1")
     page = (await site.page(f"/console/executions/{execution_id}")).text
     step = _part(page, 'id="step-1"', "</li>\n  ")
-    assert 'payment.timeout</code>: cancelled at <a class="fate-step" href="?step=2#step-2">' in step
+    cancelled = 'payment.timeout</code>: cancelled at <a class="fate-step" href="?step=2#step-2">'
+    assert cancelled in step
     assert 'class="step-cancel">cancel <code>payment_timeout</code>' in _part(
         page, 'id="step-2"', "</li>\n  "
     )

@@ -18,6 +18,7 @@ from statifier.console.queries import (
     MAX_STEP_KEYS,
     BadCursor,
     ConsoleQueries,
+    ErrorView,
     ExecutionFilter,
     ExecutionSummary,
     LedgerFilter,
@@ -527,7 +528,7 @@ def _errors_seed(db: ConsoleDb) -> list[dict[str, Any]]:
     t = db.store.tables
     chooser = random.Random(23)
     rows = []
-    errors = []
+    errors: list[dict[str, Any]] = []
     for index in range(60):
         row = _execution(index, status=chooser.choice(["active", "failed"]))
         if index % 3 == 0:
@@ -587,7 +588,7 @@ async def test_the_errors_filter_walks_every_erring_execution_newest_error_first
 async def test_chart_errors_page_newest_first_across_executions(console_db: ConsoleDb) -> None:
     _errors_seed(console_db)
     queries = console_db.queries
-    seen = []
+    seen: list[ErrorView] = []
     cursor = None
     while True:
         page = await queries.chart_errors(cursor=cursor, size=7)

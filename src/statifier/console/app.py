@@ -101,8 +101,8 @@ from statifier.core import MachineState, StartOptions
 from statifier.core.positions import load as load_position
 from statifier.expr import tagged
 from statifier.persistence import LoggedInput, Status
-from statifier.persistence.step_errors import MAX_STEP_ERRORS
 from statifier.persistence.sql import SqlTransaction
+from statifier.persistence.step_errors import MAX_STEP_ERRORS
 from statifier.router import Binding, RouterConfig
 
 __all__ = [
