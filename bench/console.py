@@ -46,7 +46,9 @@ from statifier.console.queries import (
     LedgerFilter,
     encode_cursor,
 )
-from statifier.core import Event, handle_event, initialize
+from statifier.console.replay import replay
+from statifier.console.timeline import send_keys
+from statifier.core import Event, StartOptions, handle_event, initialize
 from statifier.core.positions import dump
 from statifier.persistence import Status, Storage
 from statifier.persistence.sql import SqlAdapter
@@ -395,7 +397,13 @@ def _walks(plan: str, prefix: str) -> str:
 
 
 async def _pages(
-    queries: ConsoleQueries, url: str, runs: int, deep: str, depth: int
+    queries: ConsoleQueries,
+    url: str,
+    runs: int,
+    deep: str,
+    depth: int,
+    deep_errors: str,
+    errors_depth: int,
 ) -> list[Result]:
     engine = queries.engine
     assert isinstance(engine, AsyncEngine)
@@ -463,6 +471,23 @@ async def _pages(
         ("live probe (fingerprint)", lambda: _one(queries.fingerprint())),
         ("one execution's detail", lambda: _one(queries.execution("ex-0001042"))),
         (f"{DETAIL_ID}'s detail", lambda: _one(queries.execution(DETAIL_ID))),
+        (
+            f"{DETAIL_ID}'s step rows (every send's key)",
+            lambda: _step_rows(queries, DETAIL_ID),
+        ),
+        (
+            "executions, errors filter",
+            lambda: count(queries.executions(ExecutionFilter(errors=True))),
+        ),
+        (
+            f"executions, errors filter, keyset page at row {errors_depth:,}",
+            lambda: count(queries.executions(ExecutionFilter(errors=True), cursor=deep_errors)),
+        ),
+        (
+            "executions, errors filter and status failed",
+            lambda: count(queries.executions(ExecutionFilter(errors=True, status=Status.FAILED))),
+        ),
+        ("failures, chart errors", lambda: count(queries.chart_errors())),
     ]
     return [await _time(name, call, runs, url, captured) for name, call in cases]
 
@@ -471,16 +496,37 @@ async def _one(answer: Awaitable[Any]) -> int:
     return 0 if await answer is None else 1
 
 
-def _deep_cursor(url: str, tables: Tables, offset: int) -> str:
+async def _step_rows(queries: ConsoleQueries, execution_id: str) -> int:
+    """What the execution page looks up for its timeline: the rows of every send the
+    replay of the log computes (the replay itself is not timed here)."""
+    detail = await queries.execution(execution_id)
+    assert detail is not None
+    keys = _keys.get(execution_id)
+    if keys is None:
+        machine = compile_chart(CART, name="cart")
+        steps = replay(machine, detail.inputs, execution_id=execution_id, options=_CART_OPTIONS)
+        keys = _keys[execution_id] = send_keys(steps, steps)
+    rows = await queries.step_rows(execution_id, keys)
+    return len(rows.timers) + len(rows.outbox) + len(rows.refused)
+
+
+_keys: dict[str, list[str]] = {}
+_CART_OPTIONS = StartOptions(send_types=frozenset({"bench:route"}))
+
+
+def _deep_cursor(url: str, tables: Tables, offset: int, errors: bool = False) -> str:
     e = tables.executions
+    moment, where = (
+        ("last_error_at", "WHERE last_error_at IS NOT NULL") if errors else ("created_at", "")
+    )
     with psycopg.connect(url) as connection:
         row = connection.execute(
-            f"SELECT created_at, execution_id FROM {tables.options.schema}.{e.name} "
-            "ORDER BY created_at DESC, execution_id DESC OFFSET %s LIMIT 1",
+            f"SELECT {moment}, execution_id FROM {tables.options.schema}.{e.name} {where} "
+            f"ORDER BY {moment} DESC, execution_id DESC OFFSET %s LIMIT 1",
             (offset,),
         ).fetchone()
     assert row is not None
-    return encode_cursor("executions", row[0], row[1])
+    return encode_cursor("errors" if errors else "executions", row[0], row[1])
 
 
 async def _http(url: str, tables: Tables, runs: int, deep: str) -> list[Result]:
@@ -506,6 +552,7 @@ async def _http(url: str, tables: Tables, runs: int, deep: str) -> list[Result]:
             assert login.status_code == 303, login.text
             for path in (
                 "/console/executions",
+                "/console/executions?errors=1",
                 f"/console/executions?cursor={deep}",
                 "/console/executions?status=failed&meta=tenant%3Dt7",
                 "/console/executions/ex-0001042",
@@ -522,6 +569,17 @@ async def _http(url: str, tables: Tables, runs: int, deep: str) -> list[Result]:
 
                 shown = path if len(path) < 60 else path[:40] + "..."
                 results.append(await _time(f"HTTP GET {shown} (bytes)", fetch, runs, "", None))
+
+            async def afresh() -> int:
+                # The console keeps the final states it read (a completed execution's
+                # never changes): forget them, to time the page as first seen.
+                console._finals.clear()
+                response = await client.get("/console/executions")
+                assert response.status_code == 200, response.status_code
+                return len(response.content)
+
+            name = "HTTP GET /console/executions, final states read afresh (bytes)"
+            results.append(await _time(name, afresh, runs, "", None))
     return results
 
 
@@ -559,8 +617,12 @@ async def main() -> int:
             f"{DETAIL_ID} ({args.detail_steps} inputs) in {time.perf_counter() - started:.1f} s"
         )
         deep = _deep_cursor(url, tables, args.executions // 2)
+        erring = round(args.executions * ERRORED)
+        deep_errors = _deep_cursor(url, tables, erring // 2, errors=True)
         async with ConsoleQueries.open(url, tables) as queries:
-            results = await _pages(queries, url, args.runs, deep, args.executions // 2)
+            results = await _pages(
+                queries, url, args.runs, deep, args.executions // 2, deep_errors, erring // 2
+            )
         if args.http:
             results += await _http(url, tables, args.runs, deep)
     finally:

@@ -14,6 +14,7 @@ from tests.console.conftest import ConsoleDb
 from scriba.sql.tables import define_tables
 from statifier.chart import compile_chart
 from statifier.console.queries import (
+    MAX_DETAIL_ROWS,
     MAX_PAGE,
     MAX_STEP_KEYS,
     BadCursor,
@@ -413,6 +414,39 @@ async def test_timers_of_an_execution_soonest_first(console_db: ConsoleDb) -> No
     assert detail is not None
     assert [timer.send_id for timer in detail.timers] == ["s2", "s1", "s0"]
     assert detail.timers[0].payload == {"name": "tick"}
+
+
+async def test_a_detail_at_its_bound_leaves_the_step_rows_to_a_query(
+    console_db: ConsoleDb,
+) -> None:
+    t = console_db.store.tables
+    console_db.insert(t.executions, [_execution(1)])
+    timers = [
+        {
+            "execution_id": "ex-0001",
+            "send_id": f"s{i}",
+            "dedup_key": f"d{i}",
+            "kind": "external",
+            "due_at": T0 + timedelta(seconds=i),
+            "step_position": 0,
+            "payload": {},
+            "inserted_at": T0,
+        }
+        for i in range(MAX_DETAIL_ROWS + 1)
+    ]
+    console_db.insert(t.timers, timers[:-2])
+    detail = await console_db.queries.execution("ex-0001")
+    assert detail is not None
+    rows = detail.step_rows(["d3", "nope"])
+    assert rows is not None
+    assert list(rows.timers) == ["d3"]
+    console_db.insert(t.timers, timers[-2:])
+    detail = await console_db.queries.execution("ex-0001")
+    assert detail is not None
+    assert len(detail.timers) == MAX_DETAIL_ROWS
+    assert detail.step_rows([f"d{MAX_DETAIL_ROWS}"]) is None  # it may not hold them all
+    looked_up = await console_db.queries.step_rows("ex-0001", [f"d{MAX_DETAIL_ROWS}"])
+    assert list(looked_up.timers) == [f"d{MAX_DETAIL_ROWS}"]
 
 
 async def test_projections_read_from_scribas_tables(console_db: ConsoleDb) -> None:

@@ -140,6 +140,9 @@ async def test_send_keys_are_the_rows_the_router_wrote(shop: Shop) -> None:
     assert found[timeout.key].status == "pending"
     assert found[timeout.key].timer == timer
     assert (found[receipt.key].kind, found[receipt.key].status) == ("outbox", "pending")
+    # The detail's own rows answer the same, while its lists are not at their bound.
+    keys = [timeout.key, receipt.key]
+    assert detail.step_rows(keys) == await shop.queries.step_rows(execution_id, keys)
     # Only keys looked up are known; another execution's timer is never matched.
     assert (await shop.queries.step_rows("someone-else", [timeout.key])).timers == {}
     unknown = fates(steps, await shop.queries.step_rows(execution_id, []), [])

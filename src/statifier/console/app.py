@@ -806,7 +806,7 @@ class _Pages:
                 note = "The position is pruned or unreadable: no datamodel to show."
             listed = _timeline(steps, selected)
             keys = send_keys(steps, [step for step, _ in listed])
-            rows = await console.queries.step_rows(record.id, keys)
+            rows = detail.step_rows(keys) or await console.queries.step_rows(record.id, keys)
             raised_in = error_steps(steps, detail.errors)
             by_step: dict[int, list[ErrorView]] = {}
             for view in reversed(detail.errors):  # oldest first within a step

@@ -31,7 +31,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
@@ -306,6 +306,23 @@ class ExecutionDetail:
     inputs: tuple[LoggedInput, ...]
     inputs_truncated: bool
     errors: tuple[ErrorView, ...] = ()
+
+    def step_rows(self, keys: Iterable[str]) -> StepRows | None:
+        """The rows of the sends with these ``keys`` among the rows this detail holds,
+        or ``None`` when it may not hold them all (a list of it is at
+        :data:`MAX_DETAIL_ROWS`): then :meth:`ConsoleQueries.step_rows` looks them up."""
+        if max(len(self.timers), len(self.outbox), len(self.ledger)) >= MAX_DETAIL_ROWS:
+            return None
+        wanted = set(keys)
+        return StepRows(
+            timers={t.key: t for t in self.timers if t.key in wanted},
+            outbox={row.key: row for row in self.outbox if row.key in wanted},
+            refused={
+                row.message_id: row
+                for row in self.ledger
+                if row.outcome == "send_refused" and row.message_id in wanted
+            },
+        )
 
 
 @dataclass(frozen=True, slots=True)
