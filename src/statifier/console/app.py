@@ -404,6 +404,14 @@ def _when(value: datetime) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
+def _time_tag(value: datetime | None) -> Markup:
+    """A time as a ``<time>`` element, its text as :func:`_when` writes it (an en dash
+    for none): a filter, which a long page calls far faster than a template macro."""
+    if value is None:
+        return Markup("\N{EN DASH}")
+    return Markup('<time datetime="{}">{}</time>').format(value.isoformat(), _when(value))
+
+
 def _seconds(value: timedelta | None) -> str:
     if value is None:
         return "-"
@@ -419,6 +427,7 @@ def _environment() -> Environment:
         lstrip_blocks=True,
     )
     environment.filters["when"] = _when
+    environment.filters["timetag"] = _time_tag
     environment.filters["seconds"] = _seconds
     environment.filters["urlpart"] = lambda value: quote(str(value), safe="")
     return environment
