@@ -402,6 +402,7 @@ async def _pages(
     runs: int,
     deep: str,
     depth: int,
+    second_errors: str,
     deep_errors: str,
     errors_depth: int,
 ) -> list[Result]:
@@ -478,6 +479,10 @@ async def _pages(
         (
             "executions, errors filter",
             lambda: count(queries.executions(ExecutionFilter(errors=True))),
+        ),
+        (
+            "executions, errors filter, second page",
+            lambda: count(queries.executions(ExecutionFilter(errors=True), cursor=second_errors)),
         ),
         (
             f"executions, errors filter, keyset page at row {errors_depth:,}",
@@ -618,10 +623,18 @@ async def main() -> int:
         )
         deep = _deep_cursor(url, tables, args.executions // 2)
         erring = round(args.executions * ERRORED)
+        second_errors = _deep_cursor(url, tables, 49, errors=True)
         deep_errors = _deep_cursor(url, tables, erring // 2, errors=True)
         async with ConsoleQueries.open(url, tables) as queries:
             results = await _pages(
-                queries, url, args.runs, deep, args.executions // 2, deep_errors, erring // 2
+                queries,
+                url,
+                args.runs,
+                deep,
+                args.executions // 2,
+                second_errors,
+                deep_errors,
+                erring // 2,
             )
         if args.http:
             results += await _http(url, tables, args.runs, deep)

@@ -553,13 +553,15 @@ class ConsoleQueries:
         )
         if after is not None:
             at, last_id = after
-            bound = sa.literal(at, UtcDateTime())
-            statement = statement.where(
-                # The plain bound lets an index on the time alone bound the range.
-                moment <= bound,
-                sa.tuple_(moment, e.c.execution_id)
-                < sa.tuple_(bound, sa.literal(last_id, sa.Text())),
-            )
+            bound, key = sa.literal(at, UtcDateTime()), sa.literal(last_id, sa.Text())
+            if where.errors:
+                # The same order as the row comparison, spelled so that PostgreSQL walks
+                # the index of last_error_at alone backwards from the bound and stops
+                # after a page (a row comparison there makes it read every older row).
+                after_it = sa.and_(moment <= bound, sa.or_(moment < bound, e.c.execution_id < key))
+            else:
+                after_it = sa.tuple_(moment, e.c.execution_id) < sa.tuple_(bound, key)
+            statement = statement.where(after_it)
         codec = self.codec
 
         def read(connection: sa.Connection) -> list[sa.Row[Any]]:
