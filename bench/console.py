@@ -98,7 +98,7 @@ CART = """<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="cart">
   <state id="cart">
     <transition event="item">
       <assign location="items" expr="items + 1"/>
-      <assign location="total" expr="total + _event.data.price"/>
+      <assign location="total" expr="total + _event.data.price * _event.data.quantity"/>
       <cancel sendid="nudge"/>
       <send id="nudge" event="cart.nudge" delay="1h"/>
       <send type="bench:route" target="receipts" event="item.added">
@@ -307,7 +307,7 @@ async def _detail(url: str, tables: Tables, steps: int) -> None:
                     key="event.cart",
                     document="cart",
                     event="item",
-                    data=("price",),
+                    data=("price", "quantity"),
                 )
             ],
             resolver=StaticResolver({"cart": cart}),
@@ -324,7 +324,7 @@ async def _detail(url: str, tables: Tables, steps: int) -> None:
                 scope="shop",
                 source="shop",
                 message_id=f"item-{step}",
-                data={"cart": "c-1", "price": price},
+                data={"cart": "c-1", "price": price, "quantity": 1},
             )
             await route(config, event)
             now[0] += timedelta(minutes=1)
