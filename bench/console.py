@@ -7,8 +7,8 @@ dropped at the end), then ANALYZEd. The executions run four real charts, each wi
 stored position (a completed one ended in one of its chart's finals, which the list
 reads back); 5% of them raised chart errors (each error a ``step_errors`` row). One
 more execution, ``ex-detail``, is made through the router itself: a shopping cart of
-``--detail-steps`` logged inputs whose steps schedule and cancel timers, hand rows to
-the outbox and, now and then, raise ``error.execution``; the detail page is timed on it.
+``--detail-steps`` items whose steps schedule and cancel timers, hand rows to the
+outbox and, now and then, raise ``error.execution``; the detail page is timed on it.
 
 Each query is the one ``statifier.console.queries`` runs for the page (captured from
 the engine and shown with ``EXPLAIN (ANALYZE)``), timed through ``ConsoleQueries`` over
@@ -292,7 +292,7 @@ def _seed(url: str, tables: Tables, executions: int, ledger: int, outbox: int) -
 async def _detail(url: str, tables: Tables, steps: int) -> None:
     """``ex-detail`` made through the router on a clock of the seed's: ``steps`` items
     (every 25th priced in words: error.execution), the pending nudge fired by the timer
-    worker after every tenth; it stays active, its last nudge pending."""
+    worker after every tenth; it stays active."""
     cart = compile_chart(CART, name="cart")
     now = [NOW - timedelta(days=1)]
     async with SqlAdapter(url, tables) as adapter:
