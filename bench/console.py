@@ -3,11 +3,18 @@ routing-ledger rows: p50/p95 of each page's query, and the plan that shows which
 it walks.
 
 The rows are written with COPY into a schema of the benchmark's own (migrated to head,
-dropped at the end), then ANALYZEd. Each query is the one ``statifier.console.queries``
-runs for the page (captured from the engine and shown with ``EXPLAIN (ANALYZE)``), timed
-through ``ConsoleQueries`` over an asyncio engine, repeated ``--runs`` times. The goal is
-200 ms a page. With ``--http``, the same pages are fetched through the console's ASGI app
-(httpx's ASGI transport, no network) as well.
+dropped at the end), then ANALYZEd. The executions run four real charts, each with a
+stored position (a completed one ended in one of its chart's finals, which the list
+reads back); 5% of them raised chart errors (each error a ``step_errors`` row). One
+more execution, ``ex-detail``, is made through the router itself: a shopping cart of
+``--detail-steps`` items whose steps schedule and cancel timers, hand rows to the
+outbox and, now and then, raise ``error.execution``; the detail page is timed on it.
+
+Each query is the one ``statifier.console.queries`` runs for the page (captured from
+the engine and shown with ``EXPLAIN (ANALYZE)``), timed through ``ConsoleQueries`` over
+an asyncio engine, repeated ``--runs`` times. The goal is 200 ms a page. With
+``--http``, the same pages are fetched through the console's ASGI app (httpx's ASGI
+transport, no network) as well.
 
     DATABASE_URL=postgresql://postgres@127.0.0.1:5432/test python bench/console.py
 """
@@ -32,13 +39,21 @@ import sqlalchemy as sa
 from harness import machine_info, machine_summary, new_parser, versions_line
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from statifier.chart import compile_chart
 from statifier.console.queries import (
     ConsoleQueries,
     ExecutionFilter,
     LedgerFilter,
     encode_cursor,
 )
-from statifier.persistence import Status
+from statifier.console.replay import replay
+from statifier.console.timeline import send_keys
+from statifier.core import Event, StartOptions, handle_event, initialize
+from statifier.core.positions import dump
+from statifier.persistence import Status, Storage
+from statifier.persistence.sql import SqlAdapter
+from statifier.router import Binding, InboundEvent, OutboxRoute, RouterConfig, StaticResolver, route
+from statifier.router.timer_worker import TimerWorker
 from statifier.sql import TableOptions, Tables, migrations
 
 GOAL_MS = 200.0
@@ -52,7 +67,88 @@ START = NOW - timedelta(days=DAYS)
 STATUSES = ["active"] * 70 + ["completed"] * 18 + ["failed"] * 8 + ["cancelled"] * 4
 OUTCOMES = ["delivered"] * 80 + ["created_and_delivered"] * 10 + ["dropped"] * 6
 OUTCOMES += ["duplicate"] * 3 + ["key_refused"]  # the rarest, 1%: the filter's worst case
-DOCUMENTS = {"h-order-1": "order", "h-order-2": "order", "h-parcel": "parcel", "h-pay": "payment"}
+ERRORED = 0.05
+"""The share of executions whose steps raised chart errors (1 to 3 each)."""
+DETAIL_STEPS = 200
+DETAIL_ID = "ex-detail"
+ERROR_BLOB = (
+    b'{"column":7,"element":"assign","line":5,'
+    b'"message":"\'*\' expects numbers, got a string","reason":"multiply"}'
+)
+
+_CHART = """<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="{start}">
+  <datamodel><data id="seen" expr="0"/></datamodel>
+  <state id="{start}">
+    <transition event="a" target="{a}"><assign location="seen" expr="seen + 1"/></transition>
+    <transition event="b" target="{b}"><assign location="seen" expr="seen + {step}"/></transition>
+  </state>
+  <final id="{a}"/>
+  <final id="{b}"/>
+</scxml>"""
+CHARTS = [
+    ("order", "1", {"start": "placed", "a": "paid", "b": "expired", "step": 1}),
+    ("order", "2", {"start": "placed", "a": "paid", "b": "expired", "step": 2}),
+    ("parcel", "1", {"start": "received", "a": "delivered", "b": "lost", "step": 1}),
+    ("payment", "1", {"start": "authorized", "a": "captured", "b": "declined", "step": 1}),
+]
+"""Four charts of three documents, each able to end in one of two finals."""
+
+CART = """<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="cart">
+  <datamodel><data id="items" expr="0"/><data id="total" expr="0"/></datamodel>
+  <state id="cart">
+    <transition event="item">
+      <assign location="items" expr="items + 1"/>
+      <assign location="total" expr="total + _event.data.price * _event.data.quantity"/>
+      <cancel sendid="nudge"/>
+      <send id="nudge" event="cart.nudge" delay="1h"/>
+      <send type="bench:route" target="receipts" event="item.added">
+        <param name="items" expr="items"/>
+      </send>
+    </transition>
+    <transition event="cart.nudge"/>
+    <transition event="checkout" target="paid"/>
+  </state>
+  <final id="paid"/>
+</scxml>"""
+"""The detail page's execution: each item cancels the last nudge, schedules a new one
+and hands a receipt to the outbox; an item whose price is not a number raises
+error.execution and does neither."""
+
+
+@dataclass(frozen=True)
+class Charted:
+    """A chart of the seed: its hash, document and a position per status."""
+
+    content_hash: str
+    document: str
+    source: bytes
+    positions: dict[str, list[bytes]]
+
+
+def _charts() -> list[Charted]:
+    """The four charts, with positions: running (active, failed, cancelled) and ended
+    in each final (completed)."""
+    made = []
+    for document, version, parts in CHARTS:
+        source = _CHART.format(**parts)
+        machine = compile_chart(source, name=document, version=version)
+        start, _ = initialize(machine)
+        running = dump(start)
+        ended = [dump(handle_event(start, Event(name))[0]) for name in ("a", "b")]
+        made.append(
+            Charted(
+                machine.identity.content_hash,
+                document,
+                source.encode(),
+                {
+                    "active": [running],
+                    "failed": [running],
+                    "cancelled": [running],
+                    "completed": ended,
+                },
+            )
+        )
+    return made
 
 
 @dataclass(frozen=True)
@@ -66,6 +162,7 @@ class Result:
 
 def _seed(url: str, tables: Tables, executions: int, ledger: int, outbox: int) -> None:
     """Write the rows with COPY (one transaction per table), then ANALYZE."""
+    charts = _charts()
     schema = tables.options.schema
     chooser = random.Random(1042771)
     span = (NOW - START).total_seconds()
@@ -79,18 +176,22 @@ def _seed(url: str, tables: Tables, executions: int, ledger: int, outbox: int) -
                 f"COPY {name(tables.charts)} (content_hash, chart_blob, name, version, saved_at)"
                 " FROM STDIN"
             ) as copy:
-                for content_hash, document in DOCUMENTS.items():
-                    copy.write_row((content_hash, b"<scxml/>", document, "1", START))
+                for chart, (_, version, _) in zip(charts, CHARTS, strict=True):
+                    copy.write_row(
+                        (chart.content_hash, chart.source, chart.document, version, START)
+                    )
             ids = []
+            errors: list[tuple[str, datetime]] = []
             with cursor.copy(
                 f"COPY {name(tables.executions)} (execution_id, content_hash, status, "
-                "metadata, failure, created_at, updated_at, ended_at) FROM STDIN"
+                "position_blob, metadata, failure, created_at, updated_at, ended_at, "
+                "error_count, last_error_at) FROM STDIN"
             ) as copy:
-                hashes = list(DOCUMENTS)
                 for index in range(executions):
                     execution_id = f"ex-{index:07d}"
                     ids.append(execution_id)
                     status = chooser.choice(STATUSES)
+                    chart = chooser.choice(charts)
                     created = START + timedelta(seconds=chooser.random() * span)
                     updated = created + timedelta(seconds=chooser.random() * 3600)
                     ended = updated if status != "active" else None
@@ -99,18 +200,30 @@ def _seed(url: str, tables: Tables, executions: int, ledger: int, outbox: int) -
                         f'"region": "{chooser.choice("nesw")}"}}'
                     )
                     failure = "the card was declined" if status == "failed" else None
+                    raised = chooser.randint(1, 3) if chooser.random() < ERRORED else 0
+                    errors.extend((execution_id, updated) for _ in range(raised))
                     copy.write_row(
                         (
                             execution_id,
-                            chooser.choice(hashes),
+                            chart.content_hash,
                             status,
+                            chooser.choice(chart.positions[status]),
                             metadata,
                             failure,
                             created,
                             updated,
                             ended,
+                            raised,
+                            updated if raised else None,
                         )
                     )
+            with cursor.copy(
+                f"COPY {name(tables.step_errors)} (execution_id, seq, door, name, taken, "
+                "error_blob, recorded_at) FROM STDIN"
+            ) as copy:
+                for execution_id, at in errors:
+                    row = (execution_id, 0, "step", "error.execution", False, ERROR_BLOB, at)
+                    copy.write_row(row)
             with cursor.copy(
                 f"COPY {name(tables.addresses)} (scope, document, key, execution_id, inserted_at)"
                 " FROM STDIN"
@@ -171,8 +284,53 @@ def _seed(url: str, tables: Tables, executions: int, ledger: int, outbox: int) -
             tables.addresses,
             tables.charts,
             tables.outbox,
+            tables.step_errors,
         ):
             connection.execute(f"VACUUM (ANALYZE) {name(table)}")
+
+
+async def _detail(url: str, tables: Tables, steps: int) -> None:
+    """``ex-detail`` made through the router on a clock of the seed's: ``steps`` items
+    (every 25th priced in words: error.execution), the pending nudge fired by the timer
+    worker after every tenth; it stays active."""
+    cart = compile_chart(CART, name="cart")
+    now = [NOW - timedelta(days=1)]
+    async with SqlAdapter(url, tables) as adapter:
+        storage = Storage(adapter, clock=lambda: now[0])
+        config = RouterConfig(
+            storage,
+            bindings=[
+                Binding(
+                    id="cart_items",
+                    source="shop",
+                    match="true",
+                    key="event.cart",
+                    document="cart",
+                    event="item",
+                    data=("price", "quantity"),
+                )
+            ],
+            resolver=StaticResolver({"cart": cart}),
+            execution_id=lambda scope, document, key: DETAIL_ID,
+            send_type="bench:route",
+            routes={
+                "receipts": (OutboxRoute(adapter, clock=lambda: now[0]), {"queue": "receipts"})
+            },
+        )
+        worker = TimerWorker(config, clock=lambda: now[0])
+        for step in range(steps):
+            price: object = "twelve" if step % 25 == 24 else 12
+            event = InboundEvent(
+                scope="shop",
+                source="shop",
+                message_id=f"item-{step}",
+                data={"cart": "c-1", "price": price, "quantity": 1},
+            )
+            await route(config, event)
+            now[0] += timedelta(minutes=1)
+            if step % 10 == 9:
+                now[0] += timedelta(hours=2)
+                await worker.fire_due()
 
 
 class Captured:
@@ -239,7 +397,14 @@ def _walks(plan: str, prefix: str) -> str:
 
 
 async def _pages(
-    queries: ConsoleQueries, url: str, runs: int, deep: str, depth: int
+    queries: ConsoleQueries,
+    url: str,
+    runs: int,
+    deep: str,
+    depth: int,
+    second_errors: str,
+    deep_errors: str,
+    errors_depth: int,
 ) -> list[Result]:
     engine = queries.engine
     assert isinstance(engine, AsyncEngine)
@@ -306,6 +471,28 @@ async def _pages(
         ("failures, outbox dead letters", lambda: count(queries.outbox_dead_letters())),
         ("live probe (fingerprint)", lambda: _one(queries.fingerprint())),
         ("one execution's detail", lambda: _one(queries.execution("ex-0001042"))),
+        (f"{DETAIL_ID}'s detail", lambda: _one(queries.execution(DETAIL_ID))),
+        (
+            f"{DETAIL_ID}'s step rows (every send's key)",
+            lambda: _step_rows(queries, DETAIL_ID),
+        ),
+        (
+            "executions, errors filter",
+            lambda: count(queries.executions(ExecutionFilter(errors=True))),
+        ),
+        (
+            "executions, errors filter, second page",
+            lambda: count(queries.executions(ExecutionFilter(errors=True), cursor=second_errors)),
+        ),
+        (
+            f"executions, errors filter, keyset page at row {errors_depth:,}",
+            lambda: count(queries.executions(ExecutionFilter(errors=True), cursor=deep_errors)),
+        ),
+        (
+            "executions, errors filter and status failed",
+            lambda: count(queries.executions(ExecutionFilter(errors=True, status=Status.FAILED))),
+        ),
+        ("failures, chart errors", lambda: count(queries.chart_errors())),
     ]
     return [await _time(name, call, runs, url, captured) for name, call in cases]
 
@@ -314,16 +501,37 @@ async def _one(answer: Awaitable[Any]) -> int:
     return 0 if await answer is None else 1
 
 
-def _deep_cursor(url: str, tables: Tables, offset: int) -> str:
+async def _step_rows(queries: ConsoleQueries, execution_id: str) -> int:
+    """What the execution page looks up for its timeline: the rows of every send the
+    replay of the log computes (the replay itself is not timed here)."""
+    detail = await queries.execution(execution_id)
+    assert detail is not None
+    keys = _keys.get(execution_id)
+    if keys is None:
+        machine = compile_chart(CART, name="cart")
+        steps = replay(machine, detail.inputs, execution_id=execution_id, options=_CART_OPTIONS)
+        keys = _keys[execution_id] = send_keys(steps, steps)
+    rows = await queries.step_rows(execution_id, keys)
+    return len(rows.timers) + len(rows.outbox) + len(rows.refused)
+
+
+_keys: dict[str, list[str]] = {}
+_CART_OPTIONS = StartOptions(send_types=frozenset({"bench:route"}))
+
+
+def _deep_cursor(url: str, tables: Tables, offset: int, errors: bool = False) -> str:
     e = tables.executions
+    moment, where = (
+        ("last_error_at", "WHERE last_error_at IS NOT NULL") if errors else ("created_at", "")
+    )
     with psycopg.connect(url) as connection:
         row = connection.execute(
-            f"SELECT created_at, execution_id FROM {tables.options.schema}.{e.name} "
-            "ORDER BY created_at DESC, execution_id DESC OFFSET %s LIMIT 1",
+            f"SELECT {moment}, execution_id FROM {tables.options.schema}.{e.name} {where} "
+            f"ORDER BY {moment} DESC, execution_id DESC OFFSET %s LIMIT 1",
             (offset,),
         ).fetchone()
     assert row is not None
-    return encode_cursor("executions", row[0], row[1])
+    return encode_cursor("errors" if errors else "executions", row[0], row[1])
 
 
 async def _http(url: str, tables: Tables, runs: int, deep: str) -> list[Result]:
@@ -349,9 +557,11 @@ async def _http(url: str, tables: Tables, runs: int, deep: str) -> list[Result]:
             assert login.status_code == 303, login.text
             for path in (
                 "/console/executions",
+                "/console/executions?errors=1",
                 f"/console/executions?cursor={deep}",
                 "/console/executions?status=failed&meta=tenant%3Dt7",
                 "/console/executions/ex-0001042",
+                f"/console/executions/{DETAIL_ID}",
                 "/console/routing",
                 "/console/routing?outcome=key_refused",
                 "/console/failures",
@@ -364,6 +574,17 @@ async def _http(url: str, tables: Tables, runs: int, deep: str) -> list[Result]:
 
                 shown = path if len(path) < 60 else path[:40] + "..."
                 results.append(await _time(f"HTTP GET {shown} (bytes)", fetch, runs, "", None))
+
+            async def afresh() -> int:
+                # The console keeps the final states it read (a completed execution's
+                # never changes): forget them, to time the page as first seen.
+                console._finals.clear()
+                response = await client.get("/console/executions")
+                assert response.status_code == 200, response.status_code
+                return len(response.content)
+
+            name = "HTTP GET /console/executions, final states read afresh (bytes)"
+            results.append(await _time(name, afresh, runs, "", None))
     return results
 
 
@@ -373,6 +594,9 @@ async def main() -> int:
     parser.add_argument("--executions", type=int, default=EXECUTIONS)
     parser.add_argument("--ledger", type=int, default=LEDGER)
     parser.add_argument("--outbox", type=int, default=OUTBOX, help="outbox rows (2%% dead)")
+    parser.add_argument(
+        "--detail-steps", type=int, default=DETAIL_STEPS, help=f"inputs of {DETAIL_ID}"
+    )
     parser.add_argument("--plans", action="store_true", help="print each plan in full")
     parser.add_argument("--http", action="store_true", help="also time the pages over ASGI")
     args = parser.parse_args()
@@ -391,14 +615,27 @@ async def main() -> int:
     try:
         started = time.perf_counter()
         _seed(url, tables, args.executions, args.ledger, args.outbox)
+        await _detail(url, tables, args.detail_steps)
         print(
             f"seeded {args.executions:,} executions, {args.executions:,} addresses, "
-            f"{args.ledger:,} ledger rows and {args.outbox:,} outbox rows in "
-            f"{time.perf_counter() - started:.1f} s"
+            f"{args.ledger:,} ledger rows, {args.outbox:,} outbox rows and "
+            f"{DETAIL_ID} ({args.detail_steps} inputs) in {time.perf_counter() - started:.1f} s"
         )
         deep = _deep_cursor(url, tables, args.executions // 2)
+        erring = round(args.executions * ERRORED)
+        second_errors = _deep_cursor(url, tables, 49, errors=True)
+        deep_errors = _deep_cursor(url, tables, erring // 2, errors=True)
         async with ConsoleQueries.open(url, tables) as queries:
-            results = await _pages(queries, url, args.runs, deep, args.executions // 2)
+            results = await _pages(
+                queries,
+                url,
+                args.runs,
+                deep,
+                args.executions // 2,
+                second_errors,
+                deep_errors,
+                erring // 2,
+            )
         if args.http:
             results += await _http(url, tables, args.runs, deep)
     finally:

@@ -32,6 +32,7 @@ from tests.persistence.conftest import (  # noqa: F401 - fixtures used through S
 )
 
 from statifier.console.queries import ConsoleQueries
+from statifier.router import Binding, Create
 from statifier.sql import migrations
 
 
@@ -77,6 +78,67 @@ async def console_db(console_store: SqlStore, writer: sa.Engine) -> AsyncIterato
         yield ConsoleDb(console_store.backend, console_store, queries, writer)
     finally:
         await queries.close()
+
+
+# -- an order that pays or expires, and meets an error -----------------------------------
+
+CHECKOUT = """<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="placed">
+  <datamodel><data id="total" expr="0"/></datamodel>
+  <state id="placed">
+    <transition event="checkout" target="awaiting_payment">
+      <assign location="total" expr="_event.data.amount * 2"/>
+      <send id="payment_timeout" event="payment.timeout" delayexpr="_event.data.timeout"/>{receipt}
+    </transition>
+  </state>
+  <state id="awaiting_payment">
+    <transition event="checkout">
+      <assign location="total" expr="_event.data.amount * 2"/>
+    </transition>
+    <transition event="pay" target="paid"><cancel sendid="payment_timeout"/></transition>
+    <transition event="payment.timeout" target="expired"/>
+  </state>
+  <final id="paid"/>
+  <final id="expired"/>
+</scxml>"""
+"""An order: a checkout doubles its amount and arms a payment timeout; a payment
+finishes it as paid (and cancels the timeout), the timeout as expired; a checkout again
+while it waits changes the total. A checkout whose amount is not a number raises
+error.execution at the ``<assign>`` (line 5, column 7): the rest of the transition (the
+timeout) never runs, and the order waits for ever.
+``{receipt}`` is where a test adds a send of its own."""
+
+RECEIPT = (
+    '\n      <send type="shop:route" target="receipts" event="order.placed">'
+    '<param name="total" expr="total"/></send>'
+)
+"""A receipt handed to the ``receipts`` route after the timeout is armed."""
+
+ASSIGN_AT = (5, 7)
+"""Where CHECKOUT's ``<assign>`` is: line and column."""
+
+
+def shop_bindings() -> list[Binding]:
+    """Checkouts and payments of source ``shop``, keyed by order."""
+    return [
+        Binding(
+            id="checkouts",
+            source="shop",
+            match="event.kind == 'checkout'",
+            key="event.order",
+            document="order",
+            event="checkout",
+            data=("amount", "timeout", "note"),
+        ),
+        Binding(
+            id="payments",
+            source="shop",
+            match="event.kind == 'pay'",
+            key="event.order",
+            document="order",
+            event="pay",
+            create=Create.NEVER,
+        ),
+    ]
 
 
 # -- the browser tests: a real `statifier serve` and a headless Chromium ----------------
@@ -127,6 +189,24 @@ document = "parcel"
 event = "scan"
 data = ["note"]
 
+[[bindings]]
+id = "checkouts"
+source = "shop"
+match = "event.kind == 'checkout'"
+key = "event.order"
+document = "order"
+event = "checkout"
+data = ["amount", "timeout"]
+
+[[bindings]]
+id = "payments"
+source = "shop"
+match = "event.kind == 'pay'"
+key = "event.order"
+document = "order"
+event = "pay"
+create = "never"
+
 [database]
 url = "{url}"
 
@@ -138,6 +218,15 @@ path = "/hooks/carrier"
 source = "carrier"
 scope = "depot_7"
 provider_id_header = "X-Event-Id"
+
+[fronts.webhook.shop]
+path = "/hooks/shop"
+source = "shop"
+scope = "web"
+provider_id_header = "X-Event-Id"
+
+[timers]
+poll = 0.2
 
 [console]
 live_interval = 0.2
@@ -154,8 +243,8 @@ role = "read_only"
 
 @dataclass
 class ServedConsole:
-    """A running ``statifier serve`` with the console, its SQLite database and a
-    webhook that routes carrier scans."""
+    """A running ``statifier serve`` with the console, its SQLite database and the
+    webhooks that route carrier scans and shop orders."""
 
     url: str
     database: str
@@ -172,14 +261,27 @@ class ServedConsole:
         )
         assert response.is_success, response.text
 
+    def order(self, kind: str, order: str, message_id: str, **data: object) -> None:
+        """Post one shop event (``checkout`` or ``pay``) of ``order``; it must be taken."""
+        response = httpx.post(
+            f"{self.url}/hooks/shop",
+            json={"kind": kind, "order": order, **data},
+            headers={"X-Event-Id": message_id},
+            timeout=10,
+        )
+        assert response.is_success, response.text
+
 
 @pytest.fixture
 def served_console(tmp_path: Path) -> Iterator[ServedConsole]:
     """``statifier serve`` as a real process on 127.0.0.1 (any free port), over a
-    SQLite file, with the console enabled for an operator and a read-only operator."""
+    SQLite file, with the console enabled for an operator and a read-only operator;
+    parcels (scanned at ``/hooks/carrier``) and orders (checked out and paid at
+    ``/hooks/shop``, their payment timeouts fired by the service's timer worker)."""
     charts = tmp_path / "charts"
     charts.mkdir()
     (charts / "parcel.scxml").write_text(PARCEL, encoding="utf-8")
+    (charts / "order.scxml").write_text(CHECKOUT.format(receipt=""), encoding="utf-8")
     database = f"sqlite:///{tmp_path / 'console.db'}"
     config = tmp_path / "statifier.toml"
     config.write_text(CONFIG.format(url=database), encoding="utf-8")

@@ -25,6 +25,7 @@ import httpx
 import pytest
 import pytest_asyncio
 import sqlalchemy as sa
+from tests.console.conftest import ASSIGN_AT, CHECKOUT, RECEIPT, shop_bindings
 from tests.persistence.conftest import (  # noqa: F401 - fixtures used by name
     FreshDatabase,
     fresh_database,
@@ -46,11 +47,13 @@ from statifier.console.audit import Audit, AuditEntry, AuditRow
 from statifier.console.auth import COOKIE, Operator, Operators, Role, Sessions
 from statifier.console.live import Live, TooManyClients
 from statifier.console.queries import ConsoleQueries
+from statifier.console.timeline import PREVIEW_CHARS
 from statifier.core import Event
 from statifier.persistence import Executions, Status
 from statifier.persistence.sql import SqlTransaction
-from statifier.router import InboundEvent, RouterConfig, StaticResolver, route
+from statifier.router import InboundEvent, OutboxRoute, RouterConfig, StaticResolver, route
 from statifier.router.locations import BasicHttpLocations, location
+from statifier.router.timer_worker import TimerWorker
 from statifier.service import Service
 from statifier.service.config import ServiceConfigError, load
 from statifier.sql import migrations
@@ -429,6 +432,211 @@ async def test_the_assets_are_the_packages_own_and_need_no_session(site: Site) -
         assert "http://" not in asset
         assert "https://" not in asset  # nothing fetched from elsewhere (no CDN)
     assert (await site.client.get("/console/static/%2e%2e/app.py")).status_code == 404
+
+
+# Errors, final states and the timeline: the newcomer's order.
+
+
+@dataclass
+class Shop:
+    """A console over the checkout chart, routed with a receipts route and timers."""
+
+    site: Site
+
+    async def send(self, kind: str, order: str, **data: Any) -> str:
+        event = InboundEvent(
+            scope="web",
+            source="shop",
+            message_id=f"{kind}-{order}-{sorted(data.items())}",
+            data={"kind": kind, "order": order, **data},
+        )
+        routed = await route(self.site.config, event)
+        (execution_id,) = {getattr(o, "execution_id", None) for o in routed.outcomes} - {None}
+        assert isinstance(execution_id, str), routed
+        return execution_id
+
+    async def fire(self, after: timedelta) -> None:
+        self.site.db.clock.advance(after)
+        await TimerWorker(self.site.config).fire_due()
+
+
+@pytest_asyncio.fixture
+async def shop(router_db: RouterDb) -> AsyncIterator[Shop]:  # noqa: F811 - the fixture
+    adapter = router_db.adapter
+    machine = compile_chart(CHECKOUT.format(receipt=RECEIPT), name="order")
+    config = router_db.config(
+        shop_bindings(),
+        resolver=StaticResolver({"order": machine}),
+        send_type="shop:route",
+        routes={"receipts": (OutboxRoute(adapter, clock=router_db.clock), {"queue": "receipts"})},
+    )
+    console = Console(
+        queries=ConsoleQueries(adapter.engine, adapter.tables),
+        audit=Audit(adapter.engine, adapter.tables),
+        router=config,
+        sessions=Sessions(Operators([Operator("ada", ADA, Role.OPERATOR)]), key=b"k" * 32),
+        live_interval=0.05,
+    )
+    transport = httpx.ASGITransport(app=console_app(console))
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+        site = Site(router_db, config, console, client)
+        await site.login(ADA)
+        yield Shop(site)
+
+
+def _part(page: str, marker: str, end: str = "</section>") -> str:
+    return page.split(marker, 1)[1].split(end, 1)[0]
+
+
+def _listed(page: str) -> list[str]:
+    return re.findall(
+        r'<tr data-execution-id="([^"]+)"', _part(page, 'id="executions"', "</table>")
+    )
+
+
+@pytest.mark.asyncio
+async def test_a_chart_error_shows_on_its_page_in_the_list_and_on_the_failures_page(
+    shop: Shop,
+) -> None:
+    healthy = await shop.send("checkout", "o-1", amount=5, timeout="1h")
+    stuck = await shop.send("checkout", "o-2", amount="two", timeout="15s")
+    site = shop.site
+    page = (await site.page(f"/console/executions/{stuck}")).text
+    assert 'id="status" class="status-active">active<' in page
+    assert re.search(r'id="error-count"><a href="#errors">1</a>, the last <time', page)
+    errors = _part(page, 'id="execution-errors"', "</table>")
+    (row,) = re.findall(
+        r'<tr class="error-row" data-error="error.execution">(.*?)</tr>', errors, re.S
+    )
+    cells = [
+        unescape(re.sub(r"<[^>]+>", "", cell)).strip()
+        for cell in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)
+    ]
+    assert cells[1:7] == [
+        "error.execution",
+        "<assign>",
+        str(ASSIGN_AT[0]),
+        str(ASSIGN_AT[1]),
+        "'*' expects numbers, got a string",
+        "no transition took it",
+    ]
+    assert '<a class="error-step" href="?step=1#step-1">step 1</a>' in row
+    # The step that raised it says so, and made no timer: the rest of the transition
+    # never ran (the healthy order's step did make one).
+    step = _part(page, 'id="step-1"', "</li>\n  ")
+    assert 'class="step raised"' in page
+    assert "error.execution at &lt;assign&gt;, line 5, column 7" in step
+    assert "step-send" not in step
+    assert _part(page, 'id="timers"', "</table>").count("<tr data-send-id") == 0
+    other = (await site.page(f"/console/executions/{healthy}")).text
+    assert 'id="error-count">none<' in other
+    assert _part(other, 'id="timers"', "</table>").count('<tr data-send-id="payment_timeout"') == 1
+
+    listed = (await site.page("/console/executions")).text
+    assert re.search(rf'data-execution-id="{stuck}".*?data-errors="1"', listed, re.S)
+    assert re.search(rf'data-execution-id="{healthy}".*?data-errors="0"', listed, re.S)
+    assert _listed((await site.page("/console/executions?errors=1")).text) == [stuck]
+
+    failures = (await site.page("/console/failures")).text
+    section = _part(failures, 'id="chart-error-rows"', "</table>")
+    assert f'data-execution-id="{stuck}" data-error="error.execution"' in section
+    assert f'href="/console/executions/{stuck}#errors"' in section
+    assert "expects numbers" in unescape(section)
+
+
+@pytest.mark.asyncio
+async def test_the_errors_filter_lists_the_newest_error_first_a_page_at_a_time(
+    shop: Shop,
+) -> None:
+    made = [await shop.send("checkout", "o-0", amount=1, timeout="1h")]  # no error
+    for n in (1, 2):
+        shop.site.db.clock.advance(timedelta(seconds=1))
+        made.append(await shop.send("checkout", f"o-{n}", amount="two", timeout="1s"))
+    await shop.send("checkout", "o-3", amount=1, timeout="1h")  # never errs
+    shop.site.db.clock.advance(timedelta(seconds=1))
+    # The oldest order errs last (a second checkout): its error is the newest.
+    await shop.send("checkout", "o-0", amount="three")
+    site = shop.site
+    seen: list[str] = []
+    path: str | None = "/console/executions?errors=1&size=2"
+    while path is not None:
+        page = (await site.page(path)).text
+        seen.extend(_listed(page))
+        found = re.search(r'class="next-page" rel="next" href="([^"]+)"', page)
+        path = unescape(found.group(1)) if found else None
+    assert seen == [made[0], made[2], made[1]]  # not the order they were created in
+    assert (await site.client.get("/console/executions?errors=yes")).status_code == 400
+    # A cursor of the other list is refused, not misread.
+    first = (await site.page("/console/executions?size=1")).text
+    cursor = re.search(r"cursor=([^&\"]+)", first)
+    assert cursor is not None
+    wrong = await site.client.get(f"/console/executions?errors=1&cursor={cursor.group(1)}")
+    assert wrong.status_code == 400
+
+
+@pytest.mark.asyncio
+async def test_paid_and_expired_orders_are_told_apart_in_the_list_and_on_their_pages(
+    shop: Shop,
+) -> None:
+    paid = await shop.send("checkout", "o-1", amount=5, timeout="1h")
+    await shop.send("pay", "o-1")
+    expired = await shop.send("checkout", "o-2", amount=5, timeout="1s")
+    await shop.fire(timedelta(seconds=2))
+    site = shop.site
+    listed = (await site.page("/console/executions")).text
+    assert re.findall(r'data-final-state="([^"]+)"', listed) == ["expired", "paid"]
+    for execution_id, final in ((paid, "paid"), (expired, "expired")):
+        page = (await site.page(f"/console/executions/{execution_id}")).text
+        assert 'class="status-completed">completed<' in page
+        assert f'id="final-state"><code>{final}</code></dd>' in page
+        assert 'id="configuration"' not in page  # never an empty configuration
+        assert _lit(page) == [final]
+        last = page.split('class="replay-step"')[-1]
+        assert f"final <code>{final}</code>" in last
+    cancelled = await shop.send("checkout", "o-3", amount=5, timeout="1h")
+    path = f"/console/executions/{cancelled}/cancel"
+    await site.client.post(path, data={"csrf": await site.csrf(path)})
+    page = (await site.page(f"/console/executions/{cancelled}")).text
+    assert "none: it was cancelled before it reached one" in page
+    listed = (await site.page("/console/executions?status=cancelled")).text
+    assert "data-final-state" not in listed
+
+
+@pytest.mark.asyncio
+async def test_the_timeline_shows_each_steps_data_errors_and_what_its_sends_made(
+    shop: Shop,
+) -> None:
+    note = MARKUP + "x" * 300
+    execution_id = await shop.send("checkout", "o-1", amount=5, timeout="1h", note=note)
+    site = shop.site
+    page = (await site.page(f"/console/executions/{execution_id}")).text
+    step = _part(page, 'id="step-1"', "</li>\n  ")
+    assert "<script>" not in page
+    preview = _part(step, '<code class="data-preview">', "</code>")
+    assert len(unescape(preview)) == PREVIEW_CHARS
+    assert '<a class="more" href="?step=1#step-1">more</a>' in step
+    sends = re.findall(r'data-kind="(\w+)" data-status="(\w+)"', step)
+    assert sends == [("timer", "pending"), ("outbox", "pending")]
+    assert "timer <code>payment_timeout</code> <code>payment.timeout</code>: pending, due" in step
+    assert "outbox <code>receipts</code>: pending" in step
+    timers = _part(page, 'id="timers"', "</table>")
+    assert '<a href="?step=1#step-1">step 1</a>' in timers
+    outbox = _part(page, 'id="outbox"', "</table>")
+    assert '<a href="?step=1#step-1">step 1</a>' in outbox
+    whole = (await site.page(f"/console/executions/{execution_id}?step=1")).text
+    full = _part(whole, '<pre class="data-full">', "</pre>")
+    assert note.replace('"', '\\"') in unescape(full)
+    assert "&lt;script&gt;" in full
+
+    await shop.send("pay", "o-1")
+    page = (await site.page(f"/console/executions/{execution_id}")).text
+    step = _part(page, 'id="step-1"', "</li>\n  ")
+    cancelled = 'payment.timeout</code>: cancelled at <a class="fate-step" href="?step=2#step-2">'
+    assert cancelled in step
+    assert 'class="step-cancel">cancel <code>payment_timeout</code>' in _part(
+        page, 'id="step-2"', "</li>\n  "
+    )
+    assert _part(page, 'id="timers"', "</table>").count("<tr data-send-id") == 0
 
 
 # Actions and the audit.

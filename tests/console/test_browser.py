@@ -6,14 +6,17 @@ One walk through the console as an operator would make it: refused without the t
 logged in with it, an execution opened with its active states lit, its input log
 stepped through, a datamodel value holding markup shown as text (no script ran), the
 execution cancelled behind its confirmation (and audited), the executions list updated
-live while the page stays loaded. With ``STATIFIER_SCREENSHOTS=1`` the same walk writes
-the screenshots of ``docs/console.md``.
+live while the page stays loaded. Another follows a chart error from the list's errors
+filter to its execution and its step, finds it on the failures page, and tells a paid
+order from an expired one. With ``STATIFIER_SCREENSHOTS=1`` the walks write the
+screenshots of ``docs/console.md``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import time
 from datetime import UTC, datetime
 
 import httpx
@@ -187,7 +190,6 @@ def test_an_operators_walk_through_the_console(
     assert MARKUP in datamodel.text
     assert datamodel.find_elements(By.TAG_NAME, "script") == []
     _no_alert(browser)
-    _screenshot(browser, "execution.png")
 
     # The timeline replays it: step 0 is the start, then one step per scan.
     steps = browser.find_elements(By.CSS_SELECTOR, "#timeline a.replay-step")
@@ -245,8 +247,105 @@ def test_an_operators_walk_through_the_console(
     browser.get(f"{served.url}/console/failures")
     _wait(browser).until(expected_conditions.title_contains("Failures"))
     assert "malformed: not a JSON object" in browser.find_element(By.TAG_NAME, "main").text
-    _screenshot(browser, "failures.png")
     browser.get(f"{served.url}/console/executions")
     rows = browser.find_elements(By.CSS_SELECTOR, "#executions tr[data-execution-id]")
     assert len(rows) == 9  # p-1 (cancelled), p-2, p-3 and p-10 to p-15
+
+
+def _wait_for_status(database: str, execution_id: str, status: str) -> None:
+    """Poll the database (bounded) until the execution has ``status``."""
+    deadline = time.monotonic() + WAIT
+    while _status(database, execution_id) != status:
+        assert time.monotonic() < deadline, f"{execution_id} never became {status}"
+        time.sleep(0.1)
+
+
+def _texts(browser: WebDriver, selector: str) -> list[str]:
+    return [element.text for element in browser.find_elements(By.CSS_SELECTOR, selector)]
+
+
+def test_an_error_and_final_states_as_an_operator_sees_them(
+    served_console: ServedConsole, browser: WebDriver
+) -> None:
+    """The newcomer's order: a checkout whose amount is a word raises error.execution
+    at the <assign>, and the payment timeout is never armed; the error shows on the
+    execution page, in the list's errors filter and on the failures page. A paid order
+    and an expired one read apart."""
+    served = served_console
+    served.order("checkout", "o-stuck", "c-1", amount="two", timeout="15s")
+    served.order("checkout", "o-paid", "c-2", amount=5, timeout="1h")
+    served.order("pay", "o-paid", "p-2")
+    served.order("checkout", "o-late", "c-3", amount=5, timeout="1s")
+    stuck = _address(served.database, "o-stuck")
+    paid = _address(served.database, "o-paid")
+    late = _address(served.database, "o-late")
+    _wait_for_status(served.database, paid, "completed")
+    _wait_for_status(served.database, late, "completed")  # the service's timer fired
+    _dead_letter(served.database)
+
+    _log_in(browser, served, OPERATOR_TOKEN)
+    row = '#executions tr[data-execution-id="{}"]'
+    assert _texts(browser, row.format(paid) + " .final-state") == ["→ paid"]
+    assert _texts(browser, row.format(late) + " .final-state") == ["→ expired"]
+    assert _texts(browser, row.format(stuck) + " td.errors") == ["1"]
+    assert _texts(browser, row.format(paid) + " td.errors") == ["\N{EN DASH}"]
     _screenshot(browser, "executions.png")
+
+    # The errors filter: only the execution whose step raised.
+    browser.find_element(By.ID, "errors-filter").click()
+    _follow(browser, browser.find_element(By.CSS_SELECTOR, "form.filters button"))
+    assert "errors=1" in browser.current_url
+    listed = browser.find_elements(By.CSS_SELECTOR, "#executions tr[data-execution-id]")
+    assert [r.get_attribute("data-execution-id") for r in listed] == [stuck]
+
+    # Its page: the count, the error with where it was raised, and its step.
+    _follow(browser, browser.find_element(By.CSS_SELECTOR, f'tr[data-execution-id="{stuck}"] a'))
+    assert browser.find_element(By.ID, "status").text == "active"
+    assert browser.find_element(By.ID, "error-count").text.startswith("1, the last ")
+    (error,) = browser.find_elements(By.CSS_SELECTOR, "#execution-errors tr.error-row")
+    cells = [cell.text for cell in error.find_elements(By.TAG_NAME, "td")]
+    assert cells[1:7] == [
+        "error.execution",
+        "<assign>",
+        "5",
+        "7",
+        "'*' expects numbers, got a string",
+        "no transition took it",
+    ]
+    assert _texts(browser, "#timers tr[data-send-id]") == []  # no timeout was armed
+    _screenshot(browser, "execution-error.png")
+    _follow(browser, error.find_element(By.CSS_SELECTOR, "a.error-step"))
+    assert browser.current_url.endswith("?step=1#step-1")
+    step = browser.find_element(By.ID, "step-1")
+    assert "selected" in str(step.get_attribute("class")).split()
+    assert "error.execution at <assign>, line 5, column 7" in step.text
+    assert "two" in step.find_element(By.CSS_SELECTOR, ".data-preview").text
+
+    # The failures page names it beside the dead letters, and leads back to it.
+    browser.get(f"{served.url}/console/failures")
+    _wait(browser).until(expected_conditions.title_contains("Failures"))
+    (listed_error,) = browser.find_elements(By.CSS_SELECTOR, "#chart-error-rows tr[data-error]")
+    assert listed_error.get_attribute("data-execution-id") == stuck
+    assert "expects numbers" in listed_error.text
+    assert "malformed: not a JSON object" in browser.find_element(By.TAG_NAME, "main").text
+    _screenshot(browser, "failures.png")
+    _follow(browser, listed_error.find_element(By.TAG_NAME, "a"))
+    assert browser.find_element(By.ID, "execution-id").text == stuck
+
+    # A finished order says where it ended, in the header and at its last step.
+    for execution_id, final in ((paid, "paid"), (late, "expired")):
+        browser.get(f"{served.url}/console/executions/{execution_id}")
+        _wait(browser).until(
+            expected_conditions.presence_of_element_located((By.ID, "final-state"))
+        )
+        assert browser.find_element(By.ID, "final-state").text == final
+        assert browser.find_elements(By.ID, "configuration") == []
+        assert _active_states(browser) == {final}
+        last = browser.find_elements(By.CSS_SELECTOR, "#timeline li.step")[-1]
+        assert f"final {final}" in last.text
+        if final == "expired":
+            fired = browser.find_element(By.CSS_SELECTOR, "#step-1 .step-send")
+            assert "fired at step 2" in fired.text
+    _screenshot(browser, "execution.png")
+    browser.execute_script("document.getElementById('timeline').scrollIntoView();")
+    _screenshot(browser, "timeline.png")

@@ -14,13 +14,17 @@ from tests.console.conftest import ConsoleDb
 from scriba.sql.tables import define_tables
 from statifier.chart import compile_chart
 from statifier.console.queries import (
+    MAX_DETAIL_ROWS,
     MAX_PAGE,
+    MAX_STEP_KEYS,
     BadCursor,
     ConsoleQueries,
+    ErrorView,
     ExecutionFilter,
     ExecutionSummary,
     LedgerFilter,
     Page,
+    StepRows,
     encode_cursor,
 )
 from statifier.core import Event
@@ -56,6 +60,8 @@ def _execution(index: int, **fields: Any) -> dict[str, Any]:
         "created_at": T0 + timedelta(seconds=index // 3),  # three share each second
         "updated_at": T0 + timedelta(seconds=index),
         "ended_at": None,
+        "error_count": 0,
+        "last_error_at": None,
     }
     row.update(fields)
     return row
@@ -410,6 +416,39 @@ async def test_timers_of_an_execution_soonest_first(console_db: ConsoleDb) -> No
     assert detail.timers[0].payload == {"name": "tick"}
 
 
+async def test_a_detail_at_its_bound_leaves_the_step_rows_to_a_query(
+    console_db: ConsoleDb,
+) -> None:
+    t = console_db.store.tables
+    console_db.insert(t.executions, [_execution(1)])
+    timers = [
+        {
+            "execution_id": "ex-0001",
+            "send_id": f"s{i}",
+            "dedup_key": f"d{i}",
+            "kind": "external",
+            "due_at": T0 + timedelta(seconds=i),
+            "step_position": 0,
+            "payload": {},
+            "inserted_at": T0,
+        }
+        for i in range(MAX_DETAIL_ROWS + 1)
+    ]
+    console_db.insert(t.timers, timers[:-2])
+    detail = await console_db.queries.execution("ex-0001")
+    assert detail is not None
+    rows = detail.step_rows(["d3", "nope"])
+    assert rows is not None
+    assert list(rows.timers) == ["d3"]
+    console_db.insert(t.timers, timers[-2:])
+    detail = await console_db.queries.execution("ex-0001")
+    assert detail is not None
+    assert len(detail.timers) == MAX_DETAIL_ROWS
+    assert detail.step_rows([f"d{MAX_DETAIL_ROWS}"]) is None  # it may not hold them all
+    looked_up = await console_db.queries.step_rows("ex-0001", [f"d{MAX_DETAIL_ROWS}"])
+    assert list(looked_up.timers) == [f"d{MAX_DETAIL_ROWS}"]
+
+
 async def test_projections_read_from_scribas_tables(console_db: ConsoleDb) -> None:
     scriba = define_tables(prefix="csl_", schema=console_db.store.tables.options.schema)
     scriba.metadata.create_all(console_db.writer)
@@ -512,3 +551,174 @@ async def test_the_fingerprint_moves_with_each_write(console_db: ConsoleDb) -> N
     )
     assert await queries.execution_fingerprint("ex-0001") == (T0 + timedelta(hours=1), 2)
     assert await queries.execution_fingerprint("nobody") is None
+
+
+# Errors and final states.
+
+
+def _errors_seed(db: ConsoleDb) -> list[dict[str, Any]]:
+    """60 executions, a third of which raised errors (their last error's time in an
+    order of its own, ties included); each error one ``step_errors`` row."""
+    t = db.store.tables
+    chooser = random.Random(23)
+    rows = []
+    errors: list[dict[str, Any]] = []
+    for index in range(60):
+        row = _execution(index, status=chooser.choice(["active", "failed"]))
+        if index % 3 == 0:
+            count = chooser.randint(1, 3)
+            last = T0 + timedelta(minutes=chooser.randrange(0, 8))  # ties on purpose
+            row.update(error_count=count, last_error_at=last)
+            errors.extend(
+                {
+                    "execution_id": row["execution_id"],
+                    "seq": n,
+                    "door": "step",
+                    "name": "error.execution",
+                    "taken": n % 2 == 1,
+                    "error_blob": (
+                        b'{"element":"assign","line":5,"column":7,'
+                        b'"message":"\'*\' expects numbers, got a string"}'
+                    ),
+                    "recorded_at": last - timedelta(seconds=count - 1 - n),
+                }
+                for n in range(count)
+            )
+        rows.append(row)
+    db.insert(t.charts, _charts())
+    db.insert(t.executions, rows)
+    db.insert(t.step_errors, errors)
+    return rows
+
+
+async def test_the_errors_filter_walks_every_erring_execution_newest_error_first(
+    console_db: ConsoleDb,
+) -> None:
+    rows = _errors_seed(console_db)
+    erring = [r for r in rows if r.get("last_error_at") is not None]
+    expected = [
+        r["execution_id"]
+        for r in sorted(erring, key=lambda r: (r["last_error_at"], r["execution_id"]), reverse=True)
+    ]
+    for size in (1, 4, 20, MAX_PAGE):
+        assert await _walk(console_db.queries, ExecutionFilter(errors=True), size) == expected
+    failed = ExecutionFilter(errors=True, status=Status.FAILED)
+    assert await _walk(console_db.queries, failed, 3) == [
+        i for i in expected if next(r for r in rows if r["execution_id"] == i)["status"] == "failed"
+    ]
+    page = await console_db.queries.executions(ExecutionFilter(errors=True), size=1)
+    (first,) = page.rows
+    source = next(r for r in rows if r["execution_id"] == first.id)
+    assert (first.error_count, first.last_error_at) == (
+        source["error_count"],
+        source["last_error_at"],
+    )
+    plain = await console_db.queries.executions(size=1)
+    assert plain.next_cursor is not None
+    with pytest.raises(BadCursor):  # a cursor of the list by creation is not this list's
+        await console_db.queries.executions(ExecutionFilter(errors=True), cursor=plain.next_cursor)
+
+
+async def test_chart_errors_page_newest_first_across_executions(console_db: ConsoleDb) -> None:
+    _errors_seed(console_db)
+    queries = console_db.queries
+    seen: list[ErrorView] = []
+    cursor = None
+    while True:
+        page = await queries.chart_errors(cursor=cursor, size=7)
+        seen.extend(page.rows)
+        if page.next_cursor is None:
+            break
+        cursor = page.next_cursor
+    keys = [(v.error.recorded_at, v.id) for v in seen]
+    assert keys == sorted(keys, reverse=True)
+    assert len({v.id for v in seen}) == len(seen) == sum(1 for r in (await _all_errors(console_db)))
+    view = seen[0]
+    error = view.error
+    assert (error.name, error.element, error.line, error.column) == (
+        "error.execution",
+        "assign",
+        5,
+        7,
+    )
+    assert error.message == "'*' expects numbers, got a string"
+    assert (error.door, view.unreadable) == ("step", None)
+    detail = await queries.execution(view.execution_id)
+    assert detail is not None
+    assert detail.record.error_count == len(detail.errors) >= 1
+    assert [v.id for v in detail.errors] == sorted((v.id for v in detail.errors), reverse=True)
+    with pytest.raises(BadCursor):
+        await queries.chart_errors(cursor=encode_cursor("outbox", T0, 1))
+
+
+async def _all_errors(db: ConsoleDb) -> list[Any]:
+    with db.writer.connect() as connection:
+        return list(connection.execute(db.store.tables.step_errors.select()))
+
+
+async def test_an_error_the_codec_cannot_decode_is_listed_as_unreadable(
+    console_db: ConsoleDb, caplog: pytest.LogCaptureFixture
+) -> None:
+    from statifier.persistence.fernet import FernetCodec
+
+    _errors_seed(console_db)  # plain bytes: not what a Fernet codec reads
+    sealed = ConsoleQueries(
+        console_db.queries.engine,
+        console_db.store.tables,
+        codec=FernetCodec([FernetCodec.generate_key()]),
+    )
+    page = await sealed.chart_errors(size=3)
+    assert len(page.rows) == 3
+    for view in page.rows:
+        assert view.unreadable is not None
+        assert view.error.name == "error.execution"  # what the row says in the clear
+        assert view.error.message is None
+    assert "could not be decoded" in caplog.text
+
+
+async def test_a_completed_rows_position_is_read_for_its_final_state(
+    console_db: ConsoleDb,
+) -> None:
+    t = console_db.store.tables
+    console_db.insert(t.charts, _charts())
+    console_db.insert(
+        t.executions,
+        [
+            _execution(1, status="completed", position_blob=b"ended here"),
+            _execution(2, status="active", position_blob=b"running"),
+            _execution(3, status="completed", position_blob=None),  # pruned
+        ],
+    )
+    page = await console_db.queries.executions()
+    positions = {row.id: row.final_position for row in page.rows}
+    assert positions == {"ex-0001": b"ended here", "ex-0002": None, "ex-0003": None}
+
+
+async def test_the_fingerprint_moves_with_an_error_and_step_rows_are_bounded(
+    console_db: ConsoleDb,
+) -> None:
+    t = console_db.store.tables
+    queries = console_db.queries
+    console_db.insert(t.executions, [_execution(1)])
+    before = await queries.fingerprint()
+    assert before.errors is None
+    console_db.insert(
+        t.step_errors,
+        [
+            {
+                "execution_id": "ex-0001",
+                "seq": None,
+                "door": "step",
+                "name": "error.execution",
+                "taken": False,
+                "error_blob": b"{}",
+                "recorded_at": T0 + timedelta(hours=2),
+            }
+        ],
+    )
+    after = await queries.fingerprint()
+    assert after != before
+    assert after.errors == T0 + timedelta(hours=2)
+    with pytest.raises(ValueError, match="at most"):
+        await queries.step_rows("ex-0001", [f"k{i}" for i in range(MAX_STEP_KEYS + 1)])
+    assert await queries.step_rows("ex-0001", []) == StepRows({}, {}, {})

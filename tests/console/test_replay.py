@@ -300,9 +300,15 @@ def test_replay_agrees_with_the_lifecycle_after_every_input(
     positions: list[bytes] = []
     computed = replay_module._step
 
-    def step(index: int, door: str, entry: LoggedInput | None, state: MachineState) -> ReplayStep:
+    def step(
+        index: int,
+        door: str,
+        entry: LoggedInput | None,
+        state: MachineState,
+        made: replay_module.Made,
+    ) -> ReplayStep:
         positions.append(stored_positions.dump(state._replace(trace=False)))
-        return computed(index, door, entry, state)
+        return computed(index, door, entry, state, made)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(replay_module, "_step", step)

@@ -15,6 +15,8 @@ Served by ``statifier serve`` (a ``[console]`` table) and by
   pages read, and the audit trail of every action;
 * :mod:`statifier.console.diagram` and :mod:`statifier.console.replay` -- a chart
   drawn as SVG, an input log replayed through the pure core;
+* :mod:`statifier.console.timeline` -- each replayed step with its data, its errors
+  and the timer and outbox rows its sends made;
 * :mod:`statifier.console.standalone` -- ``statifier console``.
 
 Importing the package imports nothing else: the app needs the ``console`` extra

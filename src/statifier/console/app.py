@@ -7,16 +7,20 @@ pages:
 - ``/console/`` redirects to ``/console/executions``;
 - ``/console/login`` (the token form; ``POST`` starts a session), ``/console/logout``;
 - ``/console/executions``: the list, filtered by status, document, scope, a metadata
-  pair and created/updated times, a page at a time (``cursor``);
-- ``/console/executions/{id}`` (``?step=N`` picks a replay step): the chart as a
-  diagram with the active states lit, the datamodel, the input log as a timeline
-  replayed through the pure core, pending timers, outbox rows, ledger rows, the
-  actions taken on it;
+  pair, created/updated times and ``errors=1`` (executions whose steps raised errors,
+  newest error first), a page at a time (``cursor``); each row with its error count
+  and, once completed, the final state it ended in;
+- ``/console/executions/{id}`` (``?step=N`` picks a replay step): the final state or
+  the configuration, its errors (each linked to the step that raised it), the chart as
+  a diagram with the active states lit, the datamodel, the input log as a timeline
+  replayed through the pure core (each step with its event's data, its errors and what
+  became of its sends: see :mod:`statifier.console.timeline`), pending timers, outbox
+  rows, ledger rows, the actions taken on it;
 - ``/console/routing``: the ledger (outcome and binding filters), counts per binding
   over a window as a bar chart, the configured bindings and routes, the addresses of
   a key;
-- ``/console/failures``: outbox and consumer dead letters, failed executions, scriba's
-  projections;
+- ``/console/failures``: outbox and consumer dead letters, failed executions, the
+  error events steps raised across executions, scriba's projections;
 - ``/console/audit``: every action taken;
 - ``/console/events``: the server-sent events of :mod:`statifier.console.live`.
 
@@ -66,19 +70,32 @@ from statifier.console.auth import COOKIE, Session, Sessions
 from statifier.console.diagram import render_chart_svg
 from statifier.console.live import Live, TooManyClients
 from statifier.console.queries import (
+    MAX_DETAIL_ROWS,
     MAX_PAGE,
     BadCursor,
     BucketCount,
     ConsoleQueries,
+    ErrorView,
     ExecutionFilter,
+    ExecutionSummary,
     LedgerFilter,
 )
-from statifier.console.replay import ReplayStep, diverges, replay, shown_datamodel
-from statifier.core import MachineState
+from statifier.console.replay import (
+    ReplayStep,
+    diverges,
+    final_state,
+    replay,
+    shown_datamodel,
+    stored_options,
+)
+from statifier.console.timeline import error_steps, fates, made_by, send_keys, timeline
+from statifier.core import MachineState, StartOptions
+from statifier.core.positions import load as load_position
 from statifier.expr import tagged
 from statifier.extras import MissingExtra
 from statifier.persistence import LoggedInput, Status
 from statifier.persistence.sql import SqlTransaction
+from statifier.persistence.step_errors import MAX_STEP_ERRORS
 from statifier.router import Binding, RouterConfig
 
 try:
@@ -97,6 +114,7 @@ __all__ = [
     "Configured",
     "ConfiguredRoute",
     "Console",
+    "Ending",
     "console_app",
     "console_routes",
 ]
@@ -111,6 +129,9 @@ MAX_MACHINES: Final = 64
 """Compiled charts kept for the execution pages, by content hash."""
 MAX_REPLAYS: Final = 16
 """Replayed input logs kept (an execution page refreshed live replays nothing twice)."""
+MAX_FINALS: Final = 4_096
+"""Final states of completed executions kept, by execution id (a completed execution
+never moves again, so its final state never changes)."""
 TIMELINE_LINKS: Final = 200
 """The most steps a timeline lists: beyond it, the start, the last step and the steps
 around the one shown, with the gaps marked."""
@@ -155,6 +176,7 @@ _NOTICES: Final = {
 """What a page says after an action redirected to it (``?done=ACTION``): fixed texts,
 so the query string can never put words on the page."""
 _NOT_THIS_SESSION: Final = "The form was not this session's (log in again, then retry)."
+_STOPPED: Final = "none: the chart stopped without reaching one"
 _CROSS_SITE: Final = "A login is taken only from the console's own form."
 
 
@@ -193,6 +215,15 @@ class Configured:
     routes: Sequence[ConfiguredRoute] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class Ending:
+    """Where a completed execution ended: ``state``, the id of its top-level
+    ``<final>``, or ``note``, why that cannot be told."""
+
+    state: str | None
+    note: str | None = None
+
+
 @dataclass(eq=False)
 class Console:
     """Everything the console's pages and actions work with.
@@ -225,6 +256,7 @@ class Console:
     _replays: OrderedDict[tuple[str, str, int], list[ReplayStep]] = field(
         init=False, default_factory=OrderedDict
     )
+    _finals: OrderedDict[str, str] = field(init=False, default_factory=OrderedDict)
 
     def __post_init__(self) -> None:
         self.live = Live(
@@ -262,20 +294,65 @@ class Console:
         )
 
     def replayed(
-        self, record_id: str, machine: Machine, inputs: Sequence[LoggedInput]
+        self,
+        record_id: str,
+        machine: Machine,
+        inputs: Sequence[LoggedInput],
+        options: StartOptions | None = None,
     ) -> list[ReplayStep]:
-        """The replay of an execution's input log, kept for the same log: a log only
-        grows, so its length names it (bounded by :data:`MAX_REPLAYS`)."""
+        """The replay of an execution's input log (started with ``options``: those its
+        position keeps, :func:`~statifier.console.replay.stored_options`), kept for the
+        same log: a log only grows, so its length names it (bounded by
+        :data:`MAX_REPLAYS`)."""
         key = (record_id, machine.identity.content_hash, len(inputs))
         found = self._replays.get(key)
         if found is not None:
             self._replays.move_to_end(key)
             return found
-        steps = replay(machine, inputs, execution_id=record_id)
+        steps = replay(machine, inputs, execution_id=record_id, options=options)
         self._replays[key] = steps
         while len(self._replays) > MAX_REPLAYS:
             self._replays.popitem(last=False)
         return steps
+
+    async def endings(self, rows: Sequence[ExecutionSummary]) -> dict[str, Ending]:
+        """Where each completed execution of ``rows`` ended, by execution id, read off
+        its stored position with its chart (kept for :data:`MAX_FINALS` executions:
+        a completed execution's never changes)."""
+        found: dict[str, Ending] = {}
+        for row in rows:
+            if row.status is not Status.COMPLETED:
+                continue
+            known = self._finals.get(row.id)
+            if known is not None:
+                self._finals.move_to_end(row.id)
+                found[row.id] = Ending(known)
+                continue
+            found[row.id] = ending = await self._ending(row)
+            if ending.state is not None:
+                self._finals[row.id] = ending.state
+                while len(self._finals) > MAX_FINALS:
+                    self._finals.popitem(last=False)
+        return found
+
+    async def _ending(self, row: ExecutionSummary) -> Ending:
+        if row.final_position is None:
+            return Ending(None, "unknown: the position was pruned")
+        machine = await self.machine(row.content_hash)
+        if machine is None:
+            return Ending(None, "unknown: the chart is retired or gone")
+        try:
+            state = load_position(machine, row.final_position)
+        except Exception:  # noqa: BLE001 - one unreadable row must not hide the list
+            _log.warning(
+                "console: the position of execution %s cannot be read",
+                row.id,
+                exc_info=True,
+                extra={"execution_id": row.id},
+            )
+            return Ending(None, "unknown: the position cannot be read")
+        ended = final_state(state)
+        return Ending(ended, None if ended else "none: it stopped in no final state")
 
     async def machine(self, content_hash: str) -> Machine | None:
         """The chart stored under ``content_hash`` (compiled once, kept in a bounded
@@ -331,6 +408,14 @@ def _when(value: datetime) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
+def _time_tag(value: datetime | None) -> Markup:
+    """A time as a ``<time>`` element, its text as :func:`_when` writes it (an en dash
+    for none): a filter, which a long page calls far faster than a template macro."""
+    if value is None:
+        return Markup("\N{EN DASH}")
+    return Markup('<time datetime="{}">{}</time>').format(value.isoformat(), _when(value))
+
+
 def _seconds(value: timedelta | None) -> str:
     if value is None:
         return "-"
@@ -346,6 +431,7 @@ def _environment() -> Environment:
         lstrip_blocks=True,
     )
     environment.filters["when"] = _when
+    environment.filters["timetag"] = _time_tag
     environment.filters["seconds"] = _seconds
     environment.filters["urlpart"] = lambda value: quote(str(value), safe="")
     return environment
@@ -616,8 +702,11 @@ class _Pages:
                     "created_until",
                     "updated_from",
                     "updated_until",
+                    "errors",
                 )
             }
+            if form["errors"] not in ("", "1"):
+                raise _BadRequest("errors: 1 (executions whose steps raised errors), or nothing")
             status = None
             if form["status"]:
                 try:
@@ -639,6 +728,7 @@ class _Pages:
                 created_until=_time_field(form["created_until"], "created until"),
                 updated_from=_time_field(form["updated_from"], "updated from"),
                 updated_until=_time_field(form["updated_until"], "updated until"),
+                errors=form["errors"] == "1",
             )
             page = await self.console.queries.executions(
                 where, cursor=params.get("cursor") or None, size=_size(request)
@@ -650,6 +740,7 @@ class _Pages:
                 nav="executions",
                 title="Executions",
                 page=page,
+                endings=await self.console.endings(page.rows),
                 form=form,
                 statuses=[s.value for s in Status],
                 next_url=_next_url(request, page.next_cursor),
@@ -681,7 +772,8 @@ class _Pages:
             if machine is None:
                 replay_note = "The chart is retired or gone: the log cannot be replayed."
             else:
-                steps = console.replayed(record.id, machine, detail.inputs)
+                options = None if state is None else stored_options(state)
+                steps = console.replayed(record.id, machine, detail.inputs, options)
                 diverged = state is None or not steps or diverges(steps[-1], state)
                 if state is not None and diverged:
                     replay_note = (
@@ -689,26 +781,52 @@ class _Pages:
                         "options, or met refusals or host functions, the log does not hold."
                     )
             selected = _step(request, len(steps))
+            final: str | None = None
+            final_note: str | None = None
+            configuration: Sequence[str] | None = None
             if selected is not None:
                 chosen = steps[selected]
                 active: Sequence[str] = chosen.active
-                configuration: Sequence[str] = chosen.configuration
+                if chosen.running:
+                    configuration = chosen.configuration
+                else:
+                    final = chosen.final_state
+                    final_note = None if final else _STOPPED
                 datamodel: list[tuple[str, str]] | None = [
                     (name, _json_text(value)) for name, value in chosen.datamodel.items()
                 ]
                 note = ""
             elif state is not None:
                 active = _active(state)
-                if not state.running and not diverged and steps[-1].final_state is not None:
-                    active = (steps[-1].final_state,)  # where it ended, lit as the replay does
-                configuration = state.leaf_configuration()
+                if state.running:
+                    configuration = state.leaf_configuration()
+                else:
+                    final = final_state(state)
+                    if final is not None:
+                        active = (final,)  # where it ended, lit as the replay does
+                    elif record.status is Status.CANCELLED:
+                        final_note = "none: it was cancelled before it reached one"
+                    else:
+                        final_note = _STOPPED
                 datamodel = [
                     (name, _json_text(value)) for name, value in shown_datamodel(state).items()
                 ]
                 note = ""
             else:
-                active, configuration, datamodel = (), (), None
+                active, datamodel = (), None
+                if record.status.terminal:
+                    final_note = "unknown: the position is pruned or cannot be read"
                 note = "The position is pruned or unreadable: no datamodel to show."
+            listed = _timeline(steps, selected)
+            keys = send_keys(steps, [step for step, _ in listed])
+            rows = detail.step_rows(keys) or await console.queries.step_rows(record.id, keys)
+            raised_in = error_steps(steps, detail.errors)
+            by_step: dict[int, list[ErrorView]] = {}
+            for view in reversed(detail.errors):  # oldest first within a step
+                index = raised_in.get(view.id)
+                if index is not None:
+                    by_step.setdefault(index, []).append(view)
+            makers = made_by(steps)
             audit = await console.audit.entries(target=record.id, size=20)
             return self.render(
                 request,
@@ -719,16 +837,25 @@ class _Pages:
                 record=record,
                 chart_name=None if detail.chart is None else detail.chart.name,
                 configuration=configuration,
+                final_state=final,
+                final_note=final_note,
                 diagram=_diagram(machine, active),
                 datamodel=datamodel,
                 datamodel_note=note,
-                steps=_timeline(steps, selected),
+                steps=timeline(
+                    listed, selected=selected, errors=by_step, fates=fates(steps, rows, keys)
+                ),
                 step_count=len(steps),
                 selected=selected,
                 replay_note=replay_note,
                 inputs_truncated=detail.inputs_truncated,
+                errors=detail.errors,
+                raised_in=raised_in,
+                max_step_errors=MAX_STEP_ERRORS,
+                max_rows=MAX_DETAIL_ROWS,
                 timers=detail.timers,
                 outbox=detail.outbox,
+                made_by=makers,
                 ledger=detail.ledger,
                 addresses=detail.addresses,
                 audit=audit.rows,
@@ -797,6 +924,9 @@ class _Pages:
                 cursor=params.get("consumer_cursor") or None, size=size
             )
             failed = await queries.failed(cursor=params.get("failed_cursor") or None, size=size)
+            errors = await queries.chart_errors(
+                cursor=params.get("errors_cursor") or None, size=size
+            )
             projections = await queries.projections()
             return self.render(
                 request,
@@ -810,6 +940,8 @@ class _Pages:
                 consumer_next=_next_url(request, consumer.next_cursor, "consumer_cursor"),
                 failed=failed,
                 failed_next=_next_url(request, failed.next_cursor, "failed_cursor"),
+                errors=errors,
+                errors_next=_next_url(request, errors.next_cursor, "errors_cursor"),
                 projections=projections,
                 projections_note=(
                     "No projection."

@@ -8,8 +8,8 @@ holds, or one of :meth:`ConsoleQueries.open`). Every answer is a frozen value.
 
 Lists are pages in keyset order, newest first, with an opaque cursor for the next page
 (:class:`Page`); a page holds at most :data:`MAX_PAGE` rows. The indexes the pages walk
-are built by the migrations ``statifier_0006`` and ``statifier_0007`` (see
-``docs/decisions/0083``).
+are built by the migrations ``statifier_0006``, ``statifier_0007`` and
+``statifier_0008`` (see ``docs/decisions/0083`` and ``0093``).
 
 >>> import asyncio, os, tempfile
 >>> from statifier.sql import migrations
@@ -28,19 +28,29 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import Any, Final, Generic, TypeVar
 
 from scriba.sql.tables import Tables as ScribaTables
+from statifier.core.positions import NotAPosition, load_event
 from statifier.extras import MissingExtra
-from statifier.persistence import PLAIN, BlobCodec, LoggedInput, UndecodableBlob, logged_input
+from statifier.persistence import (
+    PLAIN,
+    BlobCodec,
+    LoggedInput,
+    StepError,
+    UndecodableBlob,
+    logged_input,
+)
 from statifier.persistence.codec import PlainBlobs, opened_json, opened_text
-from statifier.persistence.records import ChartRecord, ExecutionRecord, Status
+from statifier.persistence.records import ChartRecord, ErrorRecord, ExecutionRecord, Status
+from statifier.persistence.step_errors import decode_error
 from statifier.router.outbox import OutboxRow
 from statifier.router.records import LedgerRow
 from statifier.sql.engines import busy_wait, database_url, is_busy, retry_busy, sqlite_engine
@@ -59,11 +69,13 @@ __all__ = [
     "MAX_DETAIL_ROWS",
     "MAX_INPUTS",
     "MAX_PAGE",
+    "MAX_STEP_KEYS",
     "AddressView",
     "BadCursor",
     "BucketCount",
     "ConsoleQueries",
     "ConsumerDeadLetter",
+    "ErrorView",
     "ExecutionDetail",
     "ExecutionFilter",
     "ExecutionSummary",
@@ -71,6 +83,7 @@ __all__ = [
     "LedgerFilter",
     "Page",
     "ProjectionView",
+    "StepRows",
     "TimerView",
     "decode_cursor",
     "encode_cursor",
@@ -91,8 +104,13 @@ MAX_INPUTS: Final = 10_000
 left off and ``inputs_truncated`` says so)."""
 
 MAX_DETAIL_ROWS: Final = 500
-"""The most timers, outbox rows and ledger rows the detail of one execution shows each
-(newest first)."""
+"""The most timers, outbox rows, ledger rows and errors the detail of one execution
+shows each (newest first)."""
+
+MAX_STEP_KEYS: Final = 1_000
+"""The most send keys :meth:`ConsoleQueries.step_rows` looks up at once."""
+
+_log = logging.getLogger("statifier.console")
 
 MAX_BUCKETS: Final = 1_000
 """The most time buckets a count over a window may ask for."""
@@ -127,6 +145,8 @@ class ExecutionFilter:
         metadata: pairs the execution's metadata must all hold.
         created_from, created_until: ``created_at`` in ``[from, until)``.
         updated_from, updated_until: ``updated_at`` in ``[from, until)``.
+        errors: only executions whose steps raised error events; the list is then
+            ordered by the newest error (``last_error_at``), not by creation.
 
     Raises:
         ValueError: a naive time, or a metadata key or value that is not a string.
@@ -140,6 +160,7 @@ class ExecutionFilter:
     created_until: datetime | None = None
     updated_from: datetime | None = None
     updated_until: datetime | None = None
+    errors: bool = False
 
     def __post_init__(self) -> None:
         for name in ("created_from", "created_until", "updated_from", "updated_until"):
@@ -165,6 +186,12 @@ class ExecutionSummary:
         metadata: its metadata, as stored.
         created_at, updated_at: when it was created and last changed.
         ended_at: when it ended, if it has.
+        error_count: how many error events its steps raised, all told.
+        last_error_at: when a step last raised one (``None``: never).
+        final_position: a completed execution's stored position (decoded), to read the
+            final state it ended in from (see
+            :func:`statifier.console.replay.final_state`); ``None`` for any other
+            status, and once pruned.
     """
 
     id: str
@@ -178,11 +205,18 @@ class ExecutionSummary:
     created_at: datetime
     updated_at: datetime
     ended_at: datetime | None
+    error_count: int = 0
+    last_error_at: datetime | None = None
+    final_position: bytes | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
 class TimerView:
-    """A pending durable timer (a delayed send) of an execution."""
+    """A pending durable timer (a delayed send) of an execution.
+
+    ``key`` is the send's idempotency key (the row's ``dedup_key``), which names the
+    step that made it; ``event`` the name of the event it delivers (``None`` when the
+    payload does not say)."""
 
     send_id: str
     _: KW_ONLY
@@ -190,6 +224,44 @@ class TimerView:
     due_at: datetime
     payload: Mapping[str, Any]
     inserted_at: datetime
+    key: str = ""
+    event: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorView:
+    """An error event a step raised, as stored (a ``step_errors`` row).
+
+    Attributes:
+        execution_id: the execution whose step raised it.
+        id: the row's key.
+        error: what it said, with the step it belongs to (``door``, ``seq``,
+            ``recorded_at``).
+        unreadable: why what it said could not be decoded (its detail is then empty),
+            ``None`` when it could.
+    """
+
+    execution_id: str
+    _: KW_ONLY
+    id: Any
+    error: StepError
+    unreadable: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StepRows:
+    """The rows the sends of some steps made, by send key (see
+    :meth:`ConsoleQueries.step_rows`).
+
+    Attributes:
+        timers: pending timer rows, by their ``dedup_key``.
+        outbox: outbox rows of the execution, by their ``key``.
+        refused: the execution's ``send_refused`` ledger rows, by their ``message_id``.
+    """
+
+    timers: Mapping[str, TimerView]
+    outbox: Mapping[str, OutboxRow]
+    refused: Mapping[str, LedgerRow]
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +295,9 @@ class ExecutionDetail:
         addresses: the addresses naming it.
         inputs: its input log, oldest first, decoded.
         inputs_truncated: whether the log is longer than :data:`MAX_INPUTS`.
+        errors: the error events its steps raised, newest first (at most
+            :data:`MAX_DETAIL_ROWS`; ``record.error_count`` counts them all, including
+            those a step raised beyond the most it stores).
     """
 
     record: ExecutionRecord
@@ -234,6 +309,24 @@ class ExecutionDetail:
     addresses: tuple[AddressView, ...]
     inputs: tuple[LoggedInput, ...]
     inputs_truncated: bool
+    errors: tuple[ErrorView, ...] = ()
+
+    def step_rows(self, keys: Iterable[str]) -> StepRows | None:
+        """The rows of the sends with these ``keys`` among the rows this detail holds,
+        or ``None`` when it may not hold them all (a list of it is at
+        :data:`MAX_DETAIL_ROWS`): then :meth:`ConsoleQueries.step_rows` looks them up."""
+        if max(len(self.timers), len(self.outbox), len(self.ledger)) >= MAX_DETAIL_ROWS:
+            return None
+        wanted = set(keys)
+        return StepRows(
+            timers={t.key: t for t in self.timers if t.key in wanted},
+            outbox={row.key: row for row in self.outbox if row.key in wanted},
+            refused={
+                row.message_id: row
+                for row in self.ledger
+                if row.outcome == "send_refused" and row.message_id in wanted
+            },
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -329,6 +422,7 @@ class Fingerprint:
         ledger: the newest routing-ledger row.
         outbox_dead, consumer_dead: the newest dead letter of each kind.
         audit: the newest recorded action.
+        errors: the newest error event a step raised.
     """
 
     executions: datetime | None
@@ -336,6 +430,7 @@ class Fingerprint:
     outbox_dead: datetime | None
     consumer_dead: datetime | None
     audit: datetime | None
+    errors: datetime | None = None
 
 
 def _aware(name: str, value: datetime | None) -> None:
@@ -423,15 +518,21 @@ class ConsoleQueries:
         cursor: str | None = None,
         size: int = DEFAULT_PAGE,
     ) -> Page[ExecutionSummary]:
-        """A page of executions, newest created first (ties by id, descending).
+        """A page of executions, newest created first (ties by id, descending); with
+        ``where.errors``, those whose steps raised errors, newest error first.
 
         Raises:
             BadCursor: ``cursor`` is not one this list made.
             ValueError: ``size`` outside ``1..MAX_PAGE``.
         """
         _check_size(size)
-        after = None if cursor is None else decode_cursor(cursor, "executions")
         e, charts = self.tables.executions, self.tables.charts
+        # The errors filter walks executions_last_error_at_idx, the others
+        # (created_at, execution_id): a cursor is one list's or the other's.
+        kind = "errors" if where.errors else "executions"
+        moment = e.c.last_error_at if where.errors else e.c.created_at
+        after = None if cursor is None else decode_cursor(cursor, kind)
+        completed = e.c.status == Status.COMPLETED.value
         statement = (
             sa.select(
                 e.c.execution_id,
@@ -444,28 +545,40 @@ class ConsoleQueries:
                 e.c.created_at,
                 e.c.updated_at,
                 e.c.ended_at,
+                e.c.error_count,
+                e.c.last_error_at,
+                # Only a completed execution's position: the final state it ended in.
+                sa.case((completed, e.c.position_blob), else_=sa.null()).label("final_position"),
             )
             .select_from(e.outerjoin(charts, charts.c.content_hash == e.c.content_hash))
             .where(*self._execution_conditions(where))
-            .order_by(e.c.created_at.desc(), e.c.execution_id.desc())
+            .order_by(moment.desc(), e.c.execution_id.desc())
             .limit(size + 1)
         )
         if after is not None:
-            moment, last_id = after
-            statement = statement.where(
-                sa.tuple_(e.c.created_at, e.c.execution_id)
-                < sa.tuple_(sa.literal(moment, UtcDateTime()), sa.literal(last_id, sa.Text()))
-            )
+            at, last_id = after
+            bound, key = sa.literal(at, UtcDateTime()), sa.literal(last_id, sa.Text())
+            if where.errors:
+                # The same order as the row comparison, spelled so that PostgreSQL walks
+                # the index of last_error_at alone backwards from the bound and stops
+                # after a page (a row comparison there makes it read every older row).
+                after_it = sa.and_(moment <= bound, sa.or_(moment < bound, e.c.execution_id < key))
+            else:
+                after_it = sa.tuple_(moment, e.c.execution_id) < sa.tuple_(bound, key)
+            statement = statement.where(after_it)
+        codec = self.codec
 
         def read(connection: sa.Connection) -> list[sa.Row[Any]]:
             return list(connection.execute(statement))
 
         rows = await run_on(self.engine, read)
-        summaries = tuple(_summary(row) for row in rows[:size])
+        summaries = tuple(_summary(row, codec) for row in rows[:size])
         next_cursor = None
         if len(rows) > size:
             last = summaries[-1]
-            next_cursor = encode_cursor("executions", last.created_at, last.id)
+            newest = last.last_error_at if where.errors else last.created_at
+            assert newest is not None  # the errors filter lists only executions with one
+            next_cursor = encode_cursor(kind, newest, last.id)
         return Page(summaries, next_cursor)
 
     def _execution_conditions(self, where: ExecutionFilter) -> list[sa.ColumnElement[bool]]:
@@ -496,6 +609,8 @@ class ConsoleQueries:
                 conditions.append(column >= low)
             if high is not None:
                 conditions.append(column < high)
+        if where.errors:
+            conditions.append(e.c.last_error_at.is_not(None))
         return conditions
 
     def _metadata_conditions(self, pairs: Mapping[str, str]) -> list[sa.ColumnElement[bool]]:
@@ -524,9 +639,10 @@ class ConsoleQueries:
         return await self.executions(failed, cursor=cursor, size=size)
 
     async def execution(self, execution_id: str) -> ExecutionDetail | None:
-        """One execution with its chart, timers, outbox rows, ledger rows, addresses
-        and input log (all read in one transaction); ``None`` when there is no such
-        execution.
+        """One execution with its chart, timers, outbox rows, ledger rows, addresses,
+        input log and errors (all read in one transaction); ``None`` when there is no
+        such execution. An error whose detail cannot be decoded is shown as unreadable
+        (and logged), not refused.
 
         Raises:
             statifier.core.NotAPosition: an input log entry that is not a stored event.
@@ -570,6 +686,12 @@ class ConsoleQueries:
                     .limit(MAX_INPUTS + 1)
                 )
             )
+            errors = connection.execute(
+                sa.select(t.step_errors)
+                .where(t.step_errors.c.execution_id == execution_id)
+                .order_by(t.step_errors.c.id.desc())
+                .limit(MAX_DETAIL_ROWS)
+            )
             return ExecutionDetail(
                 record,
                 chart=None if chart_row is None else _chart(chart_row, codec),
@@ -584,6 +706,53 @@ class ConsoleQueries:
                 ),
                 inputs=tuple(_input(r, codec) for r in inputs[:MAX_INPUTS]),
                 inputs_truncated=len(inputs) > MAX_INPUTS,
+                errors=tuple(_error(r, codec) for r in errors),
+            )
+
+        return await run_on(self.engine, read)
+
+    async def step_rows(self, execution_id: str, keys: Sequence[str]) -> StepRows:
+        """The rows the sends with these idempotency ``keys`` made (the keys a replay
+        computes, :attr:`statifier.console.replay.StepSend.key`): pending timer rows
+        (by the unique ``dedup_key``), the execution's outbox rows and its refused
+        sends' ledger rows (by its ``execution_id`` index), in one transaction.
+
+        Raises:
+            ValueError: more than :data:`MAX_STEP_KEYS` keys.
+            UndecodableBlob: a timer payload or outbox event the codec cannot decode.
+        """
+        wanted = sorted(set(keys))
+        if len(wanted) > MAX_STEP_KEYS:
+            raise ValueError(f"at most {MAX_STEP_KEYS} send keys at once, not {len(wanted)}")
+        if not wanted:
+            return StepRows({}, {}, {})
+        t, codec = self.tables, self.codec
+        timers = sa.select(t.timers).where(
+            t.timers.c.dedup_key.in_(sa.bindparam("keys", expanding=True))
+        )
+        outbox = sa.select(t.outbox).where(
+            t.outbox.c.execution_id == execution_id,
+            t.outbox.c.key.in_(sa.bindparam("keys", expanding=True)),
+        )
+        ledger = t.routing_ledger
+        refused = sa.select(ledger).where(
+            ledger.c.execution_id == execution_id,
+            ledger.c.outcome == "send_refused",
+            ledger.c.message_id.in_(sa.bindparam("keys", expanding=True)),
+        )
+
+        def read(connection: sa.Connection) -> StepRows:
+            bound = {"keys": wanted}
+            return StepRows(
+                timers={
+                    row.dedup_key: _timer(row, codec)
+                    for row in connection.execute(timers, bound)
+                    if row.execution_id == execution_id
+                },
+                outbox={row.key: _outbox(row, codec) for row in connection.execute(outbox, bound)},
+                refused={
+                    row.message_id: _ledger(row) for row in connection.execute(refused, bound)
+                },
             )
 
         return await run_on(self.engine, read)
@@ -719,6 +888,22 @@ class ConsoleQueries:
         rows = await self._keyset(outbox, outbox.c.dead_at, "outbox", dead, cursor, size)
         return _paged(rows, size, "outbox", "dead_at", lambda row: _outbox(row, codec))
 
+    async def chart_errors(
+        self, *, cursor: str | None = None, size: int = DEFAULT_PAGE
+    ) -> Page[ErrorView]:
+        """The error events steps raised, across executions, newest first (by
+        ``(recorded_at, id)``). An error whose detail cannot be decoded is listed as
+        unreadable (and logged), not refused.
+
+        Raises:
+            BadCursor: ``cursor`` is not one this list made.
+            ValueError: ``size`` outside ``1..MAX_PAGE``.
+        """
+        _check_size(size)
+        errors, codec = self.tables.step_errors, self.codec
+        rows = await self._keyset(errors, errors.c.recorded_at, "errors", [], cursor, size)
+        return _paged(rows, size, "errors", "recorded_at", lambda row: _error(row, codec))
+
     async def consumer_dead_letters(
         self, *, cursor: str | None = None, size: int = DEFAULT_PAGE
     ) -> Page[ConsumerDeadLetter]:
@@ -785,7 +970,8 @@ class ConsoleQueries:
 
     async def fingerprint(self) -> Fingerprint:
         """The newest write time of each listed table, in one cheap statement (each
-        a ``max`` an index answers)."""
+        a ``max`` an index answers): executions, inputs, ledger rows, dead letters,
+        audit rows and step errors."""
         t = self.tables
         # Not executions.updated_at: an index on it would change with every step's
         # update and make each one a full (not heap-only) update of the row. A step
@@ -798,6 +984,8 @@ class ConsoleQueries:
             t.outbox.c.dead_at,
             t.consumer_dead_letters.c.dead_at,
             t.console_audit.c.at,
+            # A step that logs no input (its log closed at the cap) may still raise.
+            t.step_errors.c.recorded_at,
         )
         statement = sa.select(*(sa.select(sa.func.max(c)).scalar_subquery() for c in newest))
 
@@ -810,6 +998,7 @@ class ConsoleQueries:
                 outbox_dead=row[4],
                 consumer_dead=row[5],
                 audit=row[6],
+                errors=row[7],
             )
 
         return await run_on(self.engine, read)
@@ -990,7 +1179,19 @@ def _metadata(value: Any) -> Mapping[str, str]:
     return dict(found) if isinstance(found, dict) else {}
 
 
-def _summary(row: sa.Row[Any]) -> ExecutionSummary:
+def _summary(row: sa.Row[Any], codec: BlobCodec) -> ExecutionSummary:
+    position = None
+    if row.final_position is not None:
+        what = f"the position of execution {row.execution_id!r}"
+        try:
+            position = _decoded(codec, row.final_position, what)
+        except UndecodableBlob as failure:
+            # The row is still worth listing: its final state then reads as unknown.
+            _log.warning(
+                "console: %s",
+                failure,
+                extra={"execution_id": row.execution_id, "blob": "position"},
+            )
     return ExecutionSummary(
         row.execution_id,
         status=Status(row.status),
@@ -1002,6 +1203,9 @@ def _summary(row: sa.Row[Any]) -> ExecutionSummary:
         created_at=row.created_at,
         updated_at=row.updated_at,
         ended_at=row.ended_at,
+        error_count=int(row.error_count),
+        last_error_at=row.last_error_at,
+        final_position=position,
     )
 
 
@@ -1034,6 +1238,8 @@ def _record(row: sa.Row[Any], codec: BlobCodec) -> ExecutionRecord:
         created_at=row.created_at,
         updated_at=row.updated_at,
         ended_at=row.ended_at,
+        error_count=int(row.error_count),
+        last_error_at=row.last_error_at,
     )
 
 
@@ -1051,13 +1257,50 @@ def _chart(row: sa.Row[Any], codec: BlobCodec) -> ChartRecord:
 
 def _timer(row: sa.Row[Any], codec: BlobCodec) -> TimerView:
     what = f"the payload of timer {row.send_id!r}"
+    payload = _metadata(opened_json(codec, row.payload, what))
     return TimerView(
         row.send_id,
         kind=row.kind,
         due_at=row.due_at,
-        payload=_metadata(opened_json(codec, row.payload, what)),
+        payload=payload,
         inserted_at=row.inserted_at,
+        key=row.dedup_key,
+        event=_event_name(payload.get("event")),
     )
+
+
+def _event_name(stored: Any) -> str | None:
+    """The name of an event a timer payload holds (as ``dump_event`` wrote it)."""
+    try:
+        return load_event(json.dumps(stored).encode()).name
+    except (NotAPosition, TypeError, ValueError):
+        return None
+
+
+def _error(row: sa.Row[Any], codec: BlobCodec) -> ErrorView:
+    """A ``step_errors`` row; a detail the codec cannot decode is logged and left out."""
+    unreadable = None
+    what = f"an error of execution {row.execution_id!r}"
+    try:
+        detail = _decoded(codec, row.error_blob, what) or b"{}"
+    except UndecodableBlob as failure:
+        unreadable = str(failure)
+        detail = b"{}"
+        _log.warning(
+            "console: %s",
+            failure,
+            extra={"execution_id": row.execution_id, "blob": "error"},
+        )
+    record = ErrorRecord(
+        row.execution_id,
+        seq=row.seq,
+        door=row.door,
+        name=row.name,
+        taken=bool(row.taken),
+        error=detail,
+        recorded_at=row.recorded_at,
+    )
+    return ErrorView(row.execution_id, id=row.id, error=decode_error(record), unreadable=unreadable)
 
 
 def _outbox(row: sa.Row[Any], codec: BlobCodec) -> OutboxRow:

@@ -6,6 +6,10 @@ not the positions in between. :func:`replay` recomputes them: it starts the char
 functions ``Executions.step`` calls, so the console can show the configuration and the
 datamodel after every input.
 
+Each step also says what it handed over: the sends it made (:class:`StepSend`, each
+with the idempotency key the router gives it, which names its timer row or outbox row)
+and the delayed sends it cancelled.
+
 A create's start data (initial values, a BasicHTTP location) is the log's first entry,
 at door ``"create"``, and starts the replay. What the log does not hold cannot be
 replayed exactly: other start options a host passed, which sends and invocations the
@@ -39,12 +43,13 @@ so a page can say when the replay is not to be trusted.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import KW_ONLY, dataclass, replace
 from datetime import datetime
 from typing import Final
 
 from statifier.chart import Machine
 from statifier.core import (
+    SCXML_PROCESSOR,
     Event,
     MachineState,
     StartOptions,
@@ -57,6 +62,7 @@ from statifier.expr import UNDEFINED, Value
 from statifier.persistence import LoggedInput, logged_start
 from statifier.persistence.executor import EffectContext, Refused, refusal_event
 from statifier.persistence.migration import MIGRATE_DOOR
+from statifier.router.sending import send_key
 
 __all__ = [
     "MAX_REPLAY_INPUTS",
@@ -64,10 +70,14 @@ __all__ = [
     "UNKNOWN_FUNCTION",
     "Refusals",
     "ReplayStep",
+    "StepCancel",
+    "StepSend",
     "assume_performed",
     "diverges",
+    "final_state",
     "replay",
     "shown_datamodel",
+    "stored_options",
 ]
 
 MAX_REPLAY_INPUTS: Final = 2_000
@@ -105,6 +115,48 @@ for a send or an invocation that was not. :func:`assume_performed` refuses nothi
 ``statifier.persistence.executor.refuse_unperformed`` is what ``Executions`` and
 ``Durable`` use when given no executor."""
 
+Made = Sequence[tuple[fx.Effect, EffectContext]]
+"""What a step handed over: each effect with the context the executor got it in."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepSend:
+    """A send a replayed step handed over, as the executor saw it.
+
+    Attributes:
+        send_id: the send's id (the author's, or one the interpreter generated).
+        event: the event's name.
+        type: the send's type (``None``: SCXML's own).
+        target: the author's target (``None``: the execution itself).
+        delay_ms: the delay of a delayed send; ``None`` for a send with none.
+        author_id: whether ``send_id`` was written by the author (only then does the
+            event it delivers carry it as ``sendid``).
+        key: the idempotency key the router composes for it (``str`` of
+            :func:`statifier.router.sending.send_key`): a timer row's ``dedup_key``, an
+            outbox row's ``key``, a refused send's ledger ``message_id``.
+        to_self: whether the router delivers it back to the execution that sent it
+            (SCXML's type with no target or the execution's own ``#_scxml_`` target,
+            or, delayed, ``#_internal``), always through a timer row.
+    """
+
+    send_id: str
+    _: KW_ONLY
+    event: str
+    type: str | None
+    target: str | None
+    delay_ms: int | None
+    author_id: bool
+    key: str
+    to_self: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StepCancel:
+    """A ``<cancel>`` a replayed step ran: the router deletes the execution's pending
+    timers of ``send_id``."""
+
+    send_id: str
+
 
 @dataclass(frozen=True, slots=True)
 class ReplayStep:
@@ -130,7 +182,11 @@ class ReplayStep:
         recorded_at: when the input was logged (``None`` for the start).
         not_replayed: ``None`` when this step was computed; otherwise why not, and then
             ``configuration``, ``datamodel``, ``active`` and ``running`` repeat the last
-            step that was.
+            step that was, and ``handed`` is empty (unknown).
+        event_sendid: the input's ``sendid`` (a fired timer's event carries its
+            send's id when the author wrote one).
+        handed: the sends (:class:`StepSend`) and cancels (:class:`StepCancel`) the
+            step handed over, in the order the executor got them.
     """
 
     index: int
@@ -145,11 +201,30 @@ class ReplayStep:
     seq: int | None = None
     recorded_at: datetime | None = None
     not_replayed: str | None = None
+    event_sendid: str | None = None
+    handed: tuple[StepSend | StepCancel, ...] = ()
+
+    @property
+    def sends(self) -> tuple[StepSend, ...]:
+        """The sends the step handed over, in order."""
+        return tuple(item for item in self.handed if isinstance(item, StepSend))
 
 
 def assume_performed(effect: fx.Effect, context: EffectContext) -> Refused | None:
     """The refusals of a host whose executor performed every effect: none."""
     return None
+
+
+def stored_options(state: MachineState) -> StartOptions:
+    """The start options an execution's position says it was started with: the send
+    and invoke types its host handles and its round budget, which every position keeps
+    (a router stamps its send type there). A replay started with them accepts the sends
+    the execution's host did."""
+    return StartOptions(
+        round_budget=state.round_budget,
+        send_types=state.send_types,
+        invoke_types=state.invoke_types,
+    )
 
 
 def shown_datamodel(state: MachineState) -> dict[str, Value]:
@@ -202,11 +277,11 @@ def replay(
     start, rest = logged_start(inputs, start)
     opening = inputs[0] if len(rest) < len(inputs) else None
     inputs = rest
-    state, missing = _start(machine, start, execution_id, refusals)
+    state, missing, started = _start(machine, start, execution_id, refusals)
     if state is None:
         first = ReplayStep(0, "create", None, UNDEFINED, (), {}, running=False)
         return [replace(first, not_replayed=missing), *_unknown(first, inputs, missing or "")]
-    first = _step(0, "create", opening, state)
+    first = _step(0, "create", opening, state, started)
     if opening is not None and opening.event is not None:
         # A BasicHTTP location in the start data's _ioprocessors is a credential.
         data = opening.event.data
@@ -217,14 +292,15 @@ def replay(
     stopped: str | None = None
     for number, entry in enumerate(inputs, start=1):
         last = steps[-1]
+        made: Made = ()
         if stopped is None:
-            stopped, state = _advance(state, entry, number, limit, execution_id, refusals)
+            stopped, state, made = _advance(state, entry, number, limit, execution_id, refusals)
         if stopped is not None:
             steps.append(_marked(last, number, entry, stopped))
             stopped = _after(stopped)
             continue
         assert state is not None
-        steps.append(_step(number, entry.door, entry, state))
+        steps.append(_step(number, entry.door, entry, state, made))
     return steps
 
 
@@ -240,15 +316,16 @@ def diverges(step: ReplayStep, stored: MachineState) -> bool:
 
 def _start(
     machine: Machine, start: StartOptions, execution_id: str, refusals: Refusals
-) -> tuple[MachineState | None, str | None]:
-    """The chart started: ``(position, None)`` or ``(None, why it cannot be replayed)``."""
+) -> tuple[MachineState | None, str | None, Made]:
+    """The chart started: ``(position, None, handed over)`` or ``(None, why it cannot be
+    replayed, ())``."""
     try:
         state, effects = initialize(machine, start)
-        state, effects = _told(state, effects, execution_id, "create", refusals)
+        state, effects, made = _told(state, effects, execution_id, "create", refusals)
     except Exception as error:  # noqa: BLE001 - a page shows why, nothing after it is known
-        return None, f"the start could not be replayed: {_said(error)}"
+        return None, f"the start could not be replayed: {_said(error)}", ()
     missing = _missing_function(effects)
-    return (state, None) if missing is None else (None, missing)
+    return (state, None, made) if missing is None else (None, missing, ())
 
 
 def _advance(
@@ -258,17 +335,18 @@ def _advance(
     limit: int,
     execution_id: str,
     refusals: Refusals,
-) -> tuple[str | None, MachineState | None]:
-    """One input through the core: ``(None, new position)`` or ``(why not, None)``."""
+) -> tuple[str | None, MachineState | None, Made]:
+    """One input through the core: ``(None, new position, handed over)`` or ``(why
+    not, None, ())``."""
     if number > limit:
-        return f"past the replay limit of {limit} inputs", None
+        return f"past the replay limit of {limit} inputs", None, ()
     event = entry.event
     if entry.door == MIGRATE_DOOR:
-        return "the execution moved to another revision of its chart here", None
+        return "the execution moved to another revision of its chart here", None, ()
     if event is None:
-        return "the input log was closed here at its cap", None
+        return "the input log was closed here at its cap", None, ()
     if state is None or not state.running:
-        return "the chart had stopped before this input", None
+        return "the chart had stopped before this input", None, ()
     try:
         # A fired timer of a send to #_internal goes on the internal queue, as the
         # timer worker steps it; everything else is an external event.
@@ -276,11 +354,11 @@ def _advance(
             state, effects = deliver_internal(state, event)
         else:
             state, effects = handle_event(state, event)
-        state, effects = _told(state, effects, execution_id, entry.door, refusals)
+        state, effects, made = _told(state, effects, execution_id, entry.door, refusals)
     except Exception as error:  # noqa: BLE001 - a replay shows what failed, never fails
-        return f"the interpreter could not replay this input: {_said(error)}", None
+        return f"the interpreter could not replay this input: {_said(error)}", None, ()
     missing = _missing_function(effects)
-    return (None, state) if missing is None else (missing, None)
+    return (None, state, made) if missing is None else (missing, None, ())
 
 
 def _told(
@@ -289,10 +367,12 @@ def _told(
     execution_id: str,
     door: str,
     refusals: Refusals,
-) -> tuple[MachineState, list[fx.Effect]]:
+) -> tuple[MachineState, list[fx.Effect], Made]:
     """Tell the chart of the refused effects, round after round, as the lifecycle's
-    ``_carry_out`` does; answers the position and every effect."""
-    refused = _refused(effects, execution_id, door, refusals)
+    ``_carry_out`` does; answers the position, every effect, and what was handed over
+    (each round's effects with their contexts)."""
+    made = _handed(effects, execution_id, door)
+    refused = _refused(made, refusals)
     rounds = 0
     while refused and state.running:
         rounds += 1
@@ -300,8 +380,10 @@ def _told(
             raise RuntimeError(f"refusals kept coming for {MAX_REFUSAL_ROUNDS} rounds")
         state, more = deliver_internal(state, *refused)
         effects = [*effects, *more]
-        refused = _refused(more, execution_id, door, refusals)
-    return state, effects
+        round_made = _handed(more, execution_id, door)
+        made = [*made, *round_made]
+        refused = _refused(round_made, refusals)
+    return state, effects, made
 
 
 def _missing_function(effects: list[fx.Effect]) -> str | None:
@@ -317,31 +399,78 @@ def _missing_function(effects: list[fx.Effect]) -> str | None:
     return None
 
 
-def _refused(
-    effects: list[fx.Effect], execution_id: str, door: str, refusals: Refusals
-) -> list[Event]:
-    events: list[Event] = []
+def _handed(
+    effects: list[fx.Effect], execution_id: str, door: str
+) -> list[tuple[fx.Effect, EffectContext]]:
+    """One round's effects as the lifecycle hands them over (``perform``): the traces a
+    replay asks for left out, as an untraced step never has them, so each ordinal is
+    the one the executor saw; ``Done`` is counted but not handed over."""
     seen = [effect for effect in effects if not isinstance(effect, _TRACES)]
-    for ordinal, effect in enumerate(seen):
-        if isinstance(effect, fx.Done):
-            continue
-        context = EffectContext(
-            execution_id,
-            door=door,
-            ordinal=ordinal,
-            macrostep=effect.macrostep,
-            microstep=effect.microstep,
-            round=effect.round,
+    return [
+        (
+            effect,
+            EffectContext(
+                execution_id,
+                door=door,
+                ordinal=ordinal,
+                macrostep=effect.macrostep,
+                microstep=effect.microstep,
+                round=effect.round,
+            ),
         )
+        for ordinal, effect in enumerate(seen)
+        if not isinstance(effect, fx.Done)
+    ]
+
+
+def _refused(made: Made, refusals: Refusals) -> list[Event]:
+    events: list[Event] = []
+    for effect, context in made:
         answer = refusals(effect, context)
         if answer is not None:
             events.append(refusal_event(effect, answer))
     return events
 
 
-def _step(index: int, door: str, entry: LoggedInput | None, state: MachineState) -> ReplayStep:
+def _handed_over(made: Made) -> tuple[StepSend | StepCancel, ...]:
+    """The sends and cancels among what a step handed over, in order."""
+    found: list[StepSend | StepCancel] = []
+    for effect, context in made:
+        if isinstance(effect, fx.Cancel):
+            found.append(StepCancel(effect.send_id))
+        elif isinstance(effect, fx.Send | fx.SendDelayed):
+            found.append(
+                StepSend(
+                    effect.send_id,
+                    event=effect.event,
+                    type=effect.type,
+                    target=effect.target,
+                    delay_ms=effect.delay_ms if isinstance(effect, fx.SendDelayed) else None,
+                    author_id=effect.author_id,
+                    key=str(send_key(effect, context)),
+                    to_self=_to_self(effect, context.execution_id),
+                )
+            )
+    return tuple(found)
+
+
+def _to_self(effect: fx.Send | fx.SendDelayed, execution_id: str) -> bool:
+    """Whether the router makes ``effect`` a timer of its own execution (as its send
+    handler decides: SCXML's type, no target or the execution's own, or a delayed
+    ``#_internal``)."""
+    if effect.type not in (None, "scxml", SCXML_PROCESSOR):
+        return False
+    target = effect.target
+    if target is None or target == f"#_scxml_{execution_id}":
+        return True
+    return target in ("#_internal", "_internal") and isinstance(effect, fx.SendDelayed)
+
+
+def _step(
+    index: int, door: str, entry: LoggedInput | None, state: MachineState, made: Made
+) -> ReplayStep:
     event = None if entry is None else entry.event
-    final = _final_state(state)
+    final = final_state(state)
     return ReplayStep(
         index,
         door,
@@ -354,6 +483,8 @@ def _step(index: int, door: str, entry: LoggedInput | None, state: MachineState)
         final_state=final,
         seq=None if entry is None else entry.seq,
         recorded_at=None if entry is None else entry.recorded_at,
+        event_sendid=None if event is None else event.sendid,
+        handed=_handed_over(made),
     )
 
 
@@ -374,6 +505,7 @@ def _marked(last: ReplayStep, index: int, entry: LoggedInput, reason: str) -> Re
         seq=entry.seq,
         recorded_at=entry.recorded_at,
         not_replayed=reason,
+        event_sendid=None if event is None else event.sendid,
     )
 
 
@@ -393,9 +525,13 @@ def _active(state: MachineState) -> tuple[str, ...]:
     return tuple(node_id for index in sorted(state.configuration) if (node_id := states[index].id))
 
 
-def _final_state(state: MachineState) -> str | None:
-    # A chart stops the moment it enters a top-level final, so the one final child of
-    # the root it ever entered is where it ended (a cancelled chart entered none).
+def final_state(state: MachineState) -> str | None:
+    """The id of the top-level ``<final>`` a finished chart ended in, read off the
+    position; ``None`` while it runs, and for a chart stopped otherwise (cancelled).
+
+    A chart stops the moment it enters a top-level final, and a position keeps every
+    state it ever entered (``entered``), so the one final child of the root among them
+    is where it ended."""
     if state.running:
         return None
     states = state.machine.states
