@@ -62,6 +62,7 @@ def _execution(index: int, **fields: Any) -> dict[str, Any]:
         "ended_at": None,
         "error_count": 0,
         "last_error_at": None,
+        "final_state": None,
     }
     row.update(fields)
     return row
@@ -676,7 +677,7 @@ async def test_an_error_the_codec_cannot_decode_is_listed_as_unreadable(
     assert "could not be decoded" in caplog.text
 
 
-async def test_a_completed_rows_position_is_read_for_its_final_state(
+async def test_a_completed_rows_final_state_is_its_records_else_read_off_its_position(
     console_db: ConsoleDb,
 ) -> None:
     t = console_db.store.tables
@@ -687,11 +688,17 @@ async def test_a_completed_rows_position_is_read_for_its_final_state(
             _execution(1, status="completed", position_blob=b"ended here"),
             _execution(2, status="active", position_blob=b"running"),
             _execution(3, status="completed", position_blob=None),  # pruned
+            _execution(4, status="completed", position_blob=b"filed", final_state="paid"),
         ],
     )
     page = await console_db.queries.executions()
-    positions = {row.id: row.final_position for row in page.rows}
-    assert positions == {"ex-0001": b"ended here", "ex-0002": None, "ex-0003": None}
+    found = {row.id: (row.final_state, row.final_position) for row in page.rows}
+    assert found == {
+        "ex-0001": (None, b"ended here"),  # ended before records kept it: read it there
+        "ex-0002": (None, None),
+        "ex-0003": (None, None),
+        "ex-0004": ("paid", None),  # filed: no position is read
+    }
 
 
 async def test_the_fingerprint_moves_with_an_error_and_step_rows_are_bounded(

@@ -83,7 +83,6 @@ from statifier.console.queries import (
 from statifier.console.replay import (
     ReplayStep,
     diverges,
-    final_state,
     replay,
     shown_datamodel,
     stored_options,
@@ -316,12 +315,16 @@ class Console:
         return steps
 
     async def endings(self, rows: Sequence[ExecutionSummary]) -> dict[str, Ending]:
-        """Where each completed execution of ``rows`` ended, by execution id, read off
-        its stored position with its chart (kept for :data:`MAX_FINALS` executions:
-        a completed execution's never changes)."""
+        """Where each completed execution of ``rows`` ended, by execution id: as its
+        record files it, else (it ended before records kept it) read off its stored
+        position with its chart, kept for :data:`MAX_FINALS` executions (a completed
+        execution's never changes)."""
         found: dict[str, Ending] = {}
         for row in rows:
             if row.status is not Status.COMPLETED:
+                continue
+            if row.final_state is not None:
+                found[row.id] = Ending(row.final_state)
                 continue
             known = self._finals.get(row.id)
             if known is not None:
@@ -351,7 +354,7 @@ class Console:
                 extra={"execution_id": row.id},
             )
             return Ending(None, "unknown: the position cannot be read")
-        ended = final_state(state)
+        ended = state.final_state()
         return Ending(ended, None if ended else "none: it stopped in no final state")
 
     async def machine(self, content_hash: str) -> Machine | None:
@@ -801,7 +804,7 @@ class _Pages:
                 if state.running:
                     configuration = state.leaf_configuration()
                 else:
-                    final = final_state(state)
+                    final = state.final_state()
                     if final is not None:
                         active = (final,)  # where it ended, lit as the replay does
                     elif record.status is Status.CANCELLED:

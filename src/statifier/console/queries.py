@@ -188,10 +188,11 @@ class ExecutionSummary:
         ended_at: when it ended, if it has.
         error_count: how many error events its steps raised, all told.
         last_error_at: when a step last raised one (``None``: never).
-        final_position: a completed execution's stored position (decoded), to read the
-            final state it ended in from (see
-            :func:`statifier.console.replay.final_state`); ``None`` for any other
-            status, and once pruned.
+        final_state: the top-level ``<final>`` a completed execution ended in, as its
+            record files it.
+        final_position: the stored position (decoded) of a completed execution whose
+            record files no final state (it ended before records kept one), to read it
+            from; ``None`` otherwise, and once pruned.
     """
 
     id: str
@@ -207,6 +208,7 @@ class ExecutionSummary:
     ended_at: datetime | None
     error_count: int = 0
     last_error_at: datetime | None = None
+    final_state: str | None = None
     final_position: bytes | None = field(default=None, repr=False)
 
 
@@ -547,8 +549,13 @@ class ConsoleQueries:
                 e.c.ended_at,
                 e.c.error_count,
                 e.c.last_error_at,
-                # Only a completed execution's position: the final state it ended in.
-                sa.case((completed, e.c.position_blob), else_=sa.null()).label("final_position"),
+                e.c.final_state,
+                # The position only of a completed execution whose record files no final
+                # state (one that ended before records kept it): it is read off there.
+                sa.case(
+                    (sa.and_(completed, e.c.final_state.is_(None)), e.c.position_blob),
+                    else_=sa.null(),
+                ).label("final_position"),
             )
             .select_from(e.outerjoin(charts, charts.c.content_hash == e.c.content_hash))
             .where(*self._execution_conditions(where))
@@ -1205,6 +1212,7 @@ def _summary(row: sa.Row[Any], codec: BlobCodec) -> ExecutionSummary:
         ended_at=row.ended_at,
         error_count=int(row.error_count),
         last_error_at=row.last_error_at,
+        final_state=row.final_state,
         final_position=position,
     )
 

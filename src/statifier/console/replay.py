@@ -74,7 +74,6 @@ __all__ = [
     "StepSend",
     "assume_performed",
     "diverges",
-    "final_state",
     "replay",
     "shown_datamodel",
     "stored_options",
@@ -470,7 +469,7 @@ def _step(
     index: int, door: str, entry: LoggedInput | None, state: MachineState, made: Made
 ) -> ReplayStep:
     event = None if entry is None else entry.event
-    final = final_state(state)
+    final = state.final_state()
     return ReplayStep(
         index,
         door,
@@ -523,23 +522,6 @@ def _after(reason: str) -> str:
 def _active(state: MachineState) -> tuple[str, ...]:
     states = state.machine.states
     return tuple(node_id for index in sorted(state.configuration) if (node_id := states[index].id))
-
-
-def final_state(state: MachineState) -> str | None:
-    """The id of the top-level ``<final>`` a finished chart ended in, read off the
-    position; ``None`` while it runs, and for a chart stopped otherwise (cancelled).
-
-    A chart stops the moment it enters a top-level final, and a position keeps every
-    state it ever entered (``entered``), so the one final child of the root among them
-    is where it ended."""
-    if state.running:
-        return None
-    states = state.machine.states
-    for index in sorted(state.entered):
-        node = states[index]
-        if node.kind == "final" and node.parent == 0 and index != 0:
-            return node.id
-    return None
 
 
 def _said(error: Exception) -> str:
