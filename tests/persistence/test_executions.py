@@ -509,6 +509,10 @@ async def test_an_unstorable_event_is_refused_before_any_effect(
     recorder.seen.clear()
     with pytest.raises(Unstorable):
         await executions.step("c", counter, Event("n", data={"$type": "sneaky"}))
+    # Neither NaN nor an infinity is JSON: a sink or a jsonb column could not take it.
+    for number in (float("inf"), float("-inf"), float("nan")):
+        with pytest.raises(Unstorable, match="not JSON compliant"):
+            await executions.step("c", counter, Event("n", data={"amount": number}))
     assert recorder.seen == []
     assert await executions.inputs("c") == []
 

@@ -221,8 +221,9 @@ def dump(state: MachineState) -> bytes:
 
     Raises:
         ValueError: the datamodel holds a map with a ``"$type"`` key, a value outside
-            the expression language's domain, or more than :data:`MAX_STORED_VALUES`
-            values once written out (shared substructure counts each time it appears).
+            the expression language's domain (NaN or an infinity among them), or more
+            than :data:`MAX_STORED_VALUES` values once written out (shared substructure
+            counts each time it appears).
     """
     datamodel = state.datamodel
     data = {key: value for key, value in datamodel.items() if key not in _SYSTEM_DERIVED}
@@ -281,8 +282,11 @@ def _written_size(values: Any, sizes: dict[int, int]) -> int:
 
 _ALL_STATES: Final = ("positions", "all states")  # memo key: every state index
 
+# No NaN or infinity: they are not JSON, and what a position or an event holds travels
+# on (to a sink, into a jsonb column) as JSON. The expression language makes none; a
+# host's data that holds one is refused when it would be stored.
 _ENCODER: Final = json.JSONEncoder(
-    sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_tag
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_tag, allow_nan=False
 )
 _DECODER: Final = json.JSONDecoder(object_hook=_untag)
 
@@ -297,8 +301,8 @@ def _json_text(value: object) -> str:
     if _C_ENCODER is None:  # pragma: no cover - CPython always has it
         return _ENCODER.encode(value)
     # The arguments _ENCODER's own one-shot encoding passes: a fresh circularity
-    # check, no indent, compact separators, sorted keys, no skipped keys, NaN allowed.
-    encode = _C_ENCODER({}, _tag, encode_basestring, None, ":", ",", True, False, True)
+    # check, no indent, compact separators, sorted keys, no skipped keys, no NaN.
+    encode = _C_ENCODER({}, _tag, encode_basestring, None, ":", ",", True, False, False)
     return "".join(encode(value, 0))
 
 
@@ -342,7 +346,7 @@ def dump_event(event: Event) -> bytes:
 
     Raises:
         ValueError: the data holds a map with a ``"$type"`` key or a value outside the
-            expression language's domain.
+            expression language's domain (NaN or an infinity among them).
     """
     body = _event_json(event)
     if type(event.data) is Undefined:
