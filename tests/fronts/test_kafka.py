@@ -13,14 +13,16 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 import time
 from collections import Counter
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import Consumer
 from tests.fronts.kafka_broker import (
     KafkaBroker,
     committed,
@@ -478,3 +480,82 @@ async def test_a_dead_letter_is_a_record_with_its_reason_in_headers(
     assert reason.decode().endswith("…")
     with pytest.raises(ConfigError):
         KafkaDeadLetters(kafka_broker.bootstrap, "no/slashes")
+
+
+def _join_and_leave(broker: KafkaBroker, topic: str, group: str, stop: threading.Event) -> None:
+    """A second member of ``group``: joins, polls (so the group can move partitions to
+    it) without committing anything, and leaves once ``stop`` is set."""
+    member = Consumer(
+        {
+            "bootstrap.servers": broker.bootstrap,
+            "group.id": group,
+            "partition.assignment.strategy": "cooperative-sticky",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            **FAST_GROUP,
+            "logger": logging.getLogger("tests.kafka"),
+        }
+    )
+    member.subscribe([topic])
+    try:
+        while not stop.is_set():
+            member.poll(0.1)
+    finally:
+        member.close()
+
+
+@pytest.mark.asyncio
+async def test_a_paused_partition_revoked_and_assigned_back_is_read_again(
+    kafka_broker: KafkaBroker,  # noqa: F811 - the imported fixture
+) -> None:
+    topic, group = unique("orders"), unique("g")
+    create_topic(kafka_broker, topic, 2)
+    for partition in (0, 1):
+        produce(kafka_broker, topic, [(None, order(n)) for n in range(60)], partition=partition)
+    names = {f"{topic}/0", f"{topic}/1"}
+    source = source_of(kafka_broker, topic, group, partition_buffer=5)
+    moves = await started(source)
+    seen: list[tuple[str, int]] = []
+
+    async def pull_until(done: Callable[[], bool], max_messages: int = 1) -> None:
+        async with asyncio.timeout(60):
+            while not done():
+                fetched = await source.fetch(max_messages, 0.2)
+                seen.extend((m.partition, m.position) for m in fetched)
+                if not max_messages:
+                    await asyncio.sleep(0.05)  # polled (the rebalance runs in a poll)
+
+    stop = threading.Event()
+    second: asyncio.Future[None] | None = None
+    try:
+        # One message at a time: both partitions' buffers fill past 5 and are paused.
+        await pull_until(lambda: {p for p, _ in seen} == names)
+        # A second member joins: one paused partition is revoked and moves to it ...
+        second = asyncio.ensure_future(
+            asyncio.to_thread(_join_and_leave, kafka_broker, topic, group, stop)
+        )
+        # Polled, nothing taken: the buffers stay full and the partitions paused.
+        await pull_until(lambda: len(source.owned) == 1, max_messages=0)
+        [moved] = names - source.owned
+        assert ("revoked", [moved]) in moves.moves
+        before = {n for p, n in seen if p == moved}
+        assert len(before) < 60  # it was paused with records left unread
+        mark = len(seen)
+        # ... and back when it leaves. Nothing was committed, so every record of it
+        # comes again: librdkafka kept its pause, which the revocation lifted.
+        stop.set()
+        await second
+
+        def all_read() -> bool:
+            again = {n for p, n in seen[mark:] if p == moved}
+            return source.owned == names and again == set(range(60))
+
+        await pull_until(all_read, max_messages=100)
+        assert moves.moves.count(("assigned", [moved])) == 1
+        [kept] = names - {moved}
+        assert {n for p, n in seen if p == kept} == set(range(60))
+    finally:
+        stop.set()
+        if second is not None:
+            await second
+        await source.close()

@@ -3,7 +3,13 @@ on psycopg 3's :class:`~psycopg.AsyncConnection`.
 
 The adapter's own transactions take connections from a ``psycopg_pool`` pool (an
 adapter made from a URL) or from the engine it was given (SQLAlchemy's pool), for one
-transaction at a time. ``exclusive`` is a transaction holding
+transaction at a time. The pool checks each connection as it hands it out (a
+connection the server closed, after a restart or ``pg_terminate_backend``, is dropped
+and another taken: it fails no transaction), waits at most :data:`POOL_WAIT` seconds
+for one (then :class:`DatabaseUnavailable`: a request during an outage fails well
+within an HTTP front's deadline), and while the server is away tries to connect about
+every second as long as someone waits, so work resumes within a second or two of the
+server's return. ``exclusive`` is a transaction holding
 ``pg_advisory_xact_lock(hashtextextended(execution_id, 0))``; ``lock_timeout`` bounds a
 wait, and SQLSTATE 55P03 becomes ``LockTimeout``.
 
@@ -26,7 +32,7 @@ from typing import Any, Final, TypeVar
 import psycopg
 import sqlalchemy as sa
 from psycopg.types.json import Jsonb
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from statifier.persistence.errors import (
@@ -59,7 +65,14 @@ from statifier.persistence.sql.schema import (
 )
 from statifier.sql.engines import tables_missing
 
-__all__ = ["PostgresDatabase", "PostgresTransaction", "lock_timeout"]
+__all__ = [
+    "CONNECT_TIMEOUT",
+    "POOL_WAIT",
+    "DatabaseUnavailable",
+    "PostgresDatabase",
+    "PostgresTransaction",
+    "lock_timeout",
+]
 
 _T = TypeVar("_T")
 Cursor = psycopg.AsyncCursor[Any]
@@ -68,6 +81,25 @@ Driver = psycopg.AsyncConnection[Any]
 POOL_SIZE: Final = 20
 """Connections an adapter made from a URL keeps at most: past as many blocks at once,
 blocks wait for one."""
+POOL_WAIT: Final = 5.0
+"""The most seconds a transaction waits for a pooled connection (then
+:class:`DatabaseUnavailable`): half the HTTP fronts' default deadline, so a request
+during an outage is answered with the database's error, not the front's timeout."""
+CONNECT_TIMEOUT: Final = 5
+"""Seconds one connection attempt waits for the server (libpq's ``connect_timeout``),
+unless the URL sets its own: a server that does not answer at all (a host down) costs
+one attempt no longer than a refused connection would make it wait."""
+_RECONNECT_FOR: Final = 1.0
+"""Seconds the pool keeps trying one connection (twice, a second apart) before it
+gives up; the next transaction that waits starts a new attempt at once. psycopg_pool's
+own backoff would wait up to minutes between attempts, long after the server is back."""
+
+
+class DatabaseUnavailable(PoolTimeout):
+    """No pooled connection within :data:`POOL_WAIT` seconds: the server does not
+    answer (stopped, restarting, unreachable), or every connection stays busy."""
+
+
 _LOCK_NOT_AVAILABLE: Final = "55P03"
 
 
@@ -332,7 +364,16 @@ class _Pool:
         self._pool: AsyncConnectionPool[Any] | None = None
         if url is not None:
             conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
-            self._pool = AsyncConnectionPool(conninfo, min_size=1, max_size=POOL_SIZE, open=False)
+            timeout = {} if "connect_timeout" in url.query else {"connect_timeout": CONNECT_TIMEOUT}
+            self._pool = AsyncConnectionPool(
+                conninfo,
+                kwargs=timeout,
+                min_size=1,
+                max_size=POOL_SIZE,
+                open=False,
+                timeout=POOL_WAIT,
+                reconnect_timeout=_RECONNECT_FOR,
+            )
         self._opening: asyncio.Lock | None = None
         self._opened = False
         self._checked_out: dict[int, AsyncConnection] = {}
@@ -354,8 +395,24 @@ class _Pool:
                 if not self._opened:
                     await pool.open()
                     self._opened = True
-        taken: Driver = await pool.getconn()
-        return taken
+        deadline = time.monotonic() + POOL_WAIT
+        while True:
+            try:
+                taken: Driver = await pool.getconn(max(deadline - time.monotonic(), 0.001))
+            except PoolTimeout:
+                raise DatabaseUnavailable(
+                    f"no PostgreSQL connection within {POOL_WAIT:g} s: the server does not "
+                    "answer, or every pooled connection stays busy"
+                ) from None
+            try:
+                # psycopg_pool's own check, here rather than as the pool's ``check``:
+                # the pool would back off a second, then two, between dead connections.
+                await AsyncConnectionPool.check_connection(taken)
+            except psycopg.Error:
+                await taken.close()
+                await pool.putconn(taken)  # a closed one is replaced by the pool
+                continue
+            return taken
 
     async def give_back(self, driver: Driver) -> None:
         """Give back a connection whose transaction has ended (or failed: one left in
