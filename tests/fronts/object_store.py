@@ -69,7 +69,7 @@ class ObjectStore:
         self.thread.join(10)
 
     def put(self, bucket: str, key: str, body: bytes) -> _Object:
-        stored = _Object(body, f'"{hashlib.md5(body).hexdigest()}"', datetime.now(UTC))  # noqa: S324 - an S3 ETag
+        stored = _Object(body, f'"{hashlib.md5(body).hexdigest()}"', datetime.now(UTC))
         self.objects[(bucket, key)] = stored
         return stored
 
@@ -105,7 +105,7 @@ def _handler(store: ObjectStore) -> type[BaseHTTPRequestHandler]:
 
         # Requests.
 
-        def do_PUT(self) -> None:  # noqa: N802 - http.server's name
+        def do_PUT(self) -> None:
             bucket, key, _ = self._target()
             body = self._body()
             with store.lock:
@@ -129,24 +129,24 @@ def _handler(store: ObjectStore) -> type[BaseHTTPRequestHandler]:
                 stored = store.put(bucket, key, body)
             self._send(200, b"", {"ETag": stored.etag})
 
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        def do_GET(self) -> None:
             bucket, key, query = self._target()
             if not key:
                 self._list(bucket, query)
                 return
             self._read(bucket, key, body=True)
 
-        def do_HEAD(self) -> None:  # noqa: N802 - http.server's name
+        def do_HEAD(self) -> None:
             bucket, key, _ = self._target()
             self._read(bucket, key, body=False)
 
-        def do_DELETE(self) -> None:  # noqa: N802 - http.server's name
+        def do_DELETE(self) -> None:
             bucket, key, _ = self._target()
             with store.lock:
                 store.objects.pop((bucket, key), None)
             self._send(204, b"", {})
 
-        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        def do_POST(self) -> None:
             bucket, _, query = self._target()
             body = self._body()
             if "delete" not in query:

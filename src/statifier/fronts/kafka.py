@@ -643,7 +643,7 @@ class KafkaSource:
         settings = {
             **self._settings,
             "error_cb": self._on_error,
-            "logger": _log,
+            "logger": _ClientLog(self.name, self._repeats),
             "stats_cb": self._on_stats,
             "statistics.interval.ms": _STATS_EVERY_MS,
         }
@@ -882,6 +882,24 @@ class KafkaSource:
         if self._consumer is None:
             raise RuntimeError(f"{self.name} is not started")
         return self._consumer
+
+
+class _ClientLog:
+    """Where librdkafka's own log lines go (its ``logger`` setting): this module's
+    logger, at most one line per facility and level per interval, with the count of
+    the others. A broker that does not answer makes librdkafka log every failed
+    connection attempt, dozens a second."""
+
+    def __init__(self, source: str, repeats: Repeats) -> None:
+        self._source = source
+        self._repeats = repeats
+
+    def log(self, level: int, message: str, *args: object) -> None:
+        # confluent-kafka calls log(level, "%s [%s] %s", facility, client, text).
+        facility = args[0] if args else message
+        self._repeats.log(
+            _log, level, ("log", level, facility), message, *args, extra={"source": self._source}
+        )
 
 
 def _headers(record: confluent_kafka.Message) -> tuple[tuple[str, bytes | None], ...]:
