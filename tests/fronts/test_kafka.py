@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 import threading
 import time
 from collections import Counter
@@ -559,3 +560,47 @@ async def test_a_paused_partition_revoked_and_assigned_back_is_read_again(
         if second is not None:
             await second
         await source.close()
+
+
+@pytest.mark.asyncio
+async def test_a_source_whose_brokers_do_not_answer_says_so_and_logs_a_few_lines(
+    kafka_broker: KafkaBroker,  # noqa: F811 - the imported fixture
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        nowhere = f"127.0.0.1:{probe.getsockname()[1]}"
+    caplog.set_level(logging.DEBUG, "statifier.fronts.kafka")
+    source = KafkaSource(
+        nowhere,
+        group=unique("g"),
+        topics=["orders"],
+        source="orders",
+        scope="acme",
+        settings={"reconnect.backoff.ms": 10, "reconnect.backoff.max.ms": 50},
+    )
+    await started(source)
+    try:
+        async with asyncio.timeout(30):
+            while source.trouble() is None:
+                await source.fetch(10, 0.2)
+        assert source.trouble() == "no broker answers"
+        for _ in range(25):  # 5 s of polls, about a hundred refused connections
+            await source.fetch(10, 0.2)
+    finally:
+        await source.close()
+    lines = [r for r in caplog.records if r.name == "statifier.fronts.kafka"]
+    assert len(lines) <= 12, [r.getMessage() for r in lines]
+    assert not any(nowhere in str(getattr(r, "source", "")) for r in lines)
+    # A source on a broker that answers has no trouble.
+    topic = unique("orders")
+    create_topic(kafka_broker, topic, 1)
+    healthy = source_of(kafka_broker, topic, unique("g"))
+    await started(healthy)
+    try:
+        async with asyncio.timeout(30):
+            while not healthy._links.reported:
+                await healthy.fetch(10, 0.2)
+        assert healthy.trouble() is None
+    finally:
+        await healthy.close()
