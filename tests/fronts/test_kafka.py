@@ -36,6 +36,7 @@ from tests.fronts.kafka_broker import (
     unique,
 )
 
+from statifier import telemetry
 from statifier.fronts.dead_letters import DeadLetterEntry
 from statifier.fronts.kafka import (
     CommitFailed,
@@ -579,6 +580,8 @@ async def test_a_source_whose_brokers_do_not_answer_says_so_and_logs_a_few_lines
         scope="acme",
         settings={"reconnect.backoff.ms": 10, "reconnect.backoff.max.ms": 50},
     )
+    heard: list[Any] = []
+    telemetry.attach("trouble", "statifier.fronts.trouble", lambda n, m, meta: heard.append(meta))
     await started(source)
     try:
         async with asyncio.timeout(30):
@@ -588,7 +591,9 @@ async def test_a_source_whose_brokers_do_not_answer_says_so_and_logs_a_few_lines
         for _ in range(25):  # 5 s of polls, about a hundred refused connections
             await source.fetch(10, 0.2)
     finally:
+        telemetry.detach("trouble")
         await source.close()
+    assert heard == [{"source": source.name, "trouble": "no broker answers"}]
     lines = [r for r in caplog.records if r.name == "statifier.fronts.kafka"]
     assert len(lines) <= 12, [r.getMessage() for r in lines]
     assert not any(nowhere in str(getattr(r, "source", "")) for r in lines)

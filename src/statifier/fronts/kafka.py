@@ -77,6 +77,7 @@ from statifier.fronts.dead_letters import DeadLetterEntry, cut
 from statifier.fronts.source import Malformed, Message, Rebalance, json_object
 from statifier.repeats import Repeats
 from statifier.router import ConfigError, InboundEvent, InvalidEvent
+from statifier.telemetry import report
 
 __all__ = [
     "DEFAULT_MAX_PAYLOAD",
@@ -779,7 +780,9 @@ class KafkaSource:
                 self.name,
                 extra={"source": self.name},
             )
+            self._report_trouble("no broker answers")
         elif not before.brokers_up and links.brokers_up and before.reported:
+            self._report_trouble(None)
             held = self._repeats.forget(("client", KafkaError._ALL_BROKERS_DOWN))
             held += self._repeats.forget(("client", KafkaError._TRANSPORT))
             _log.warning(
@@ -788,6 +791,15 @@ class KafkaSource:
                 held,
                 extra={"source": self.name, "repeated": held},
             )
+
+    def _report_trouble(self, trouble: str | None) -> None:
+        """Report ``statifier.fronts.trouble`` on the loop (this runs on the thread)."""
+        loop = self._loop
+        if loop is None:
+            return
+        metadata = {"source": self.name, "trouble": trouble}
+        with contextlib.suppress(RuntimeError):  # the loop is closed
+            loop.call_soon_threadsafe(report, "statifier.fronts.trouble", {}, metadata)
 
     def _on_assign(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
         names = [partition_name(tp.topic, tp.partition) for tp in partitions]

@@ -62,6 +62,7 @@ from statifier.fronts.leases import LeaseChange, PartitionLeases
 from statifier.fronts.source import Malformed, Message, Rebalance, json_object
 from statifier.repeats import Repeats
 from statifier.router import ConfigError, InboundEvent, InvalidEvent
+from statifier.telemetry import report
 
 __all__ = ["MESSAGE_ID_HEADER", "AcknowledgementFailed", "JetStreamSource"]
 
@@ -72,6 +73,7 @@ _TOKEN: Final = re.compile(r"[A-Za-z0-9_-]+")
 valid consumer name."""
 _ACK: Final = b"+ACK"
 _log = logging.getLogger(__name__)
+_TROUBLE: Final = "statifier.fronts.trouble"
 
 
 class AcknowledgementFailed(Exception):  # noqa: N818 - names the failure
@@ -344,6 +346,9 @@ class JetStreamSource:
             async with asyncio.timeout(self._claim_interval / 2):
                 change = await self._leases.claim()
         except Exception as error:  # noqa: BLE001 - the database may come back
+            if self._unclaimed is None:
+                trouble = f"claims failing: {type(error).__name__}"
+                report(_TROUBLE, {}, {"source": self.name, "trouble": trouble})
             self._unclaimed = type(error).__name__
             self._repeats.log(
                 _log,
@@ -368,6 +373,7 @@ class JetStreamSource:
                 extra={"source": self.name, "repeated": held},
             )
             self._unclaimed = None
+            report(_TROUBLE, {}, {"source": self.name, "trouble": None})
         self._waiting = change.waiting
         await self._move(change)
 

@@ -81,10 +81,12 @@ from statifier.repeats import Repeats
 from statifier.router import InboundEvent, RouterConfig
 from statifier.router.errors import ConfigError, InvalidEvent
 from statifier.router.transaction import lock_key
+from statifier.telemetry import report
 
 __all__ = ["ByKey", "Partitioner", "TableSource", "append_events"]
 
 _log = logging.getLogger(__name__)
+_TROUBLE: Final = "statifier.fronts.trouble"
 _IDLE: Final = 0.05
 """Seconds between looks at the table while a fetch waits for a first row."""
 
@@ -253,6 +255,9 @@ class TableSource:
             try:
                 change = await self.leases.claim()
             except Exception as error:  # noqa: BLE001 - the leases run on until they expire
+                if self._unrenewed is None:
+                    trouble = f"leases not renewed: {type(error).__name__}"
+                    report(_TROUBLE, {}, {"source": self.name, "trouble": trouble})
                 self._unrenewed = type(error).__name__
                 self._repeats.log(
                     _log,
@@ -274,6 +279,7 @@ class TableSource:
                     extra={"source": self.name, "repeated": held},
                 )
                 self._unrenewed = None
+                report(_TROUBLE, {}, {"source": self.name, "trouble": None})
             self._waiting = change.waiting
             # Applied by the next fetch: a rebalance runs beside the intake only.
             self._changes.append(change)
