@@ -35,8 +35,12 @@ from tests.fronts.kafka_broker import (
     stop_kafka_broker,
     unique,
 )
+from tests.fronts.test_consumer import config_of
+from tests.router.conftest import RouterDb
+from tests.router.racing_router import SCOPE, SOURCE
 
 from statifier import telemetry
+from statifier.fronts.consumer import StreamConsumer
 from statifier.fronts.dead_letters import DeadLetterEntry
 from statifier.fronts.kafka import (
     CommitFailed,
@@ -46,7 +50,7 @@ from statifier.fronts.kafka import (
     header_scope,
 )
 from statifier.fronts.source import Malformed, Message
-from statifier.router import ConfigError, InboundEvent
+from statifier.router import ConfigError, InboundEvent, RouterConfig, ledger
 
 FAST_GROUP = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
 """A member that stops is out of the group within seconds."""
@@ -609,3 +613,68 @@ async def test_a_source_whose_brokers_do_not_answer_says_so_and_logs_a_few_lines
         assert healthy.trouble() is None
     finally:
         await healthy.close()
+
+
+@pytest.mark.asyncio
+async def test_a_consumer_whose_paused_partition_moves_away_and_back_steps_each_record_once(
+    kafka_broker: KafkaBroker,  # noqa: F811 - the imported fixture
+    router_db: RouterDb,
+) -> None:
+    topic, group = unique("hits"), unique("g")
+    create_topic(kafka_broker, topic, 2)
+    count = 150
+    for partition in (0, 1):
+        records = []
+        for n in range(count):
+            message_id = f"{partition}-{n}"
+            data = {"kind": "hit", "key": f"k{partition}-{n % 5}", "message_id": message_id}
+            records.append((None, json.dumps(data).encode()))
+        produce(kafka_broker, topic, records, partition=partition)
+    source = KafkaSource(
+        kafka_broker.bootstrap,
+        group=group,
+        topics=[topic],
+        source=SOURCE,
+        scope=SCOPE,
+        message_id=lambda record: json.loads(record.value)["message_id"],
+        partition_buffer=5,
+        settings=FAST_GROUP,
+    )
+    config = config_of(router_db)
+    consumer = StreamConsumer(
+        config, source, lanes=2, batch_size=2, max_in_flight=8, commit_interval=0.05
+    )
+    running = asyncio.create_task(consumer.run())
+    stop = threading.Event()
+    second: asyncio.Future[None] | None = None
+    try:
+        async with asyncio.timeout(60):
+            while consumer.counts.routed < 40:  # noqa: ASYNC110 - polls the consumer's state
+                await asyncio.sleep(0.02)
+        second = asyncio.ensure_future(
+            asyncio.to_thread(_join_and_leave, kafka_broker, topic, group, stop)
+        )
+        async with asyncio.timeout(60):
+            while len(source.owned) != 1:  # noqa: ASYNC110 - polls the source's state
+                await asyncio.sleep(0.02)
+        stop.set()
+        await second
+        async with asyncio.timeout(90):
+            while len(source.owned) != 2 or len(await _stepped(config)) < 2 * count:  # noqa: ASYNC110
+                await asyncio.sleep(0.1)
+        assert source.trouble() is None
+    finally:
+        stop.set()
+        if second is not None:
+            await second
+        await consumer.stop()
+        await running
+    stepped = await _stepped(config)
+    assert stepped == Counter({f"{p}-{n}": 1 for p in (0, 1) for n in range(count)})
+
+
+async def _stepped(config: RouterConfig) -> Counter[str]:
+    rows = await ledger(config)
+    return Counter(
+        str(row.message_id) for row in rows if row.outcome in ("created_and_delivered", "delivered")
+    )
