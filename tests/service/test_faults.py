@@ -10,8 +10,12 @@ while it lasted, 200 after):
   answered 500 well within its deadline, and the first delivery after the server is
   back comes within seconds (printed).
 
-The third fault, a member assigned back its paused partition, is
-``tests/fronts/test_kafka.py::test_a_paused_partition_revoked_and_assigned_back_is_read_again``.
+The third fault, a member assigned back its paused partition, is in
+``tests/fronts/test_kafka.py``: the source reads every record of it again
+(``test_a_paused_partition_revoked_and_assigned_back_is_read_again``), and a consumer
+steps each record exactly once
+(``test_a_consumer_whose_paused_partition_moves_away_and_back_steps_each_record_once``).
+The member holds a partition all along, so readiness has no outage to report there.
 """
 
 from __future__ import annotations

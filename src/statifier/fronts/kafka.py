@@ -45,7 +45,17 @@ time, so one busy partition could fill the runtime's in-flight budget while the 
 wait. The source therefore reads ahead into a buffer per partition, pauses a partition
 whose buffer holds ``partition_buffer`` messages (librdkafka then drops its queued
 records and fetches them again on resume, from the first not handed over), and hands
-messages over taking turns between the partitions.
+messages over taking turns between the partitions. librdkafka keeps a partition's pause
+across a revocation, so a paused partition is resumed before it is given up: assigned
+back to this member later, it is read again.
+
+librdkafka's statistics, every second, tell whether a broker of the cluster is
+reachable and whether the member is a steady member of its group:
+:meth:`KafkaSource.trouble` answers from them (for ``/readyz``), and the source reports
+``statifier.fronts.trouble`` when its brokers stop and start answering. The client's
+errors and its own log lines go to this module's logger once per kind and interval
+(:class:`~statifier.repeats.Repeats`): a cluster that does not answer writes a few
+lines, not one per connection attempt.
 
 >>> source = KafkaSource("127.0.0.1:9092", group="billing", topics=["orders"],
 ...                      source="orders", scope="acme")
