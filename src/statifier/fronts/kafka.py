@@ -908,9 +908,10 @@ class KafkaSource:
 
 class _ClientLog:
     """Where librdkafka's own log lines go (its ``logger`` setting): this module's
-    logger, at most one line per facility and level per interval, with the count of
-    the others. A broker that does not answer makes librdkafka log every failed
-    connection attempt, dozens a second."""
+    logger, warnings and errors at most one line per facility and level per interval,
+    with the count of the others (a broker that does not answer makes librdkafka log
+    every failed connection attempt, dozens a second); lines below warning, which only
+    librdkafka's ``debug`` setting asks for, all of them."""
 
     def __init__(self, source: str, repeats: Repeats) -> None:
         self._source = source
@@ -918,10 +919,12 @@ class _ClientLog:
 
     def log(self, level: int, message: str, *args: object) -> None:
         # confluent-kafka calls log(level, "%s [%s] %s", facility, client, text).
+        fields = {"source": self._source}
+        if level < logging.WARNING:  # asked for (librdkafka's ``debug``): all of it
+            _log.log(level, message, *args, extra=fields)
+            return
         facility = args[0] if args else message
-        self._repeats.log(
-            _log, level, ("log", level, facility), message, *args, extra={"source": self._source}
-        )
+        self._repeats.log(_log, level, ("log", level, facility), message, *args, extra=fields)
 
 
 def _headers(record: confluent_kafka.Message) -> tuple[tuple[str, bytes | None], ...]:
