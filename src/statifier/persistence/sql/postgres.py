@@ -3,13 +3,13 @@ on psycopg 3's :class:`~psycopg.AsyncConnection`.
 
 The adapter's own transactions take connections from a ``psycopg_pool`` pool (an
 adapter made from a URL) or from the engine it was given (SQLAlchemy's pool), for one
-transaction at a time. The pool checks each connection as it hands it out (a
-connection the server closed, after a restart or ``pg_terminate_backend``, is dropped
-and another taken: it fails no transaction), waits at most :data:`POOL_WAIT` seconds
+transaction at a time. Each pooled connection is checked as it is handed out (one the
+server closed, after a restart or ``pg_terminate_backend``, is dropped and another
+taken: it fails no transaction), a transaction waits at most :data:`POOL_WAIT` seconds
 for one (then :class:`DatabaseUnavailable`: a request during an outage fails well
-within an HTTP front's deadline), and while the server is away tries to connect about
-every second as long as someone waits, so work resumes within a second or two of the
-server's return. ``exclusive`` is a transaction holding
+within an HTTP front's deadline), and while the server is away the pool tries to
+connect about every second as long as someone waits, so work resumes within a second
+or two of the server's return. ``exclusive`` is a transaction holding
 ``pg_advisory_xact_lock(hashtextextended(execution_id, 0))``; ``lock_timeout`` bounds a
 wait, and SQLSTATE 55P03 becomes ``LockTimeout``.
 
@@ -89,6 +89,9 @@ CONNECT_TIMEOUT: Final = 5
 """Seconds one connection attempt waits for the server (libpq's ``connect_timeout``),
 unless the URL sets its own: a server that does not answer at all (a host down) costs
 one attempt no longer than a refused connection would make it wait."""
+_CHECK_IDLE: Final = 10.0
+"""Seconds a pooled connection may sit idle before its checkout asks the server whether
+it is still there (a round trip); a busier one is only looked at (no round trip)."""
 _RECONNECT_FOR: Final = 1.0
 """Seconds the pool keeps trying one connection (twice, a second apart) before it
 gives up; the next transaction that waits starts a new attempt at once. psycopg_pool's
@@ -377,6 +380,8 @@ class _Pool:
         self._opening: asyncio.Lock | None = None
         self._opened = False
         self._checked_out: dict[int, AsyncConnection] = {}
+        self._returned: dict[int, float] = {}
+        """When each pooled connection was last given back (monotonic seconds)."""
 
     async def take(self) -> Driver:
         pool = self._pool
@@ -404,21 +409,46 @@ class _Pool:
                     f"no PostgreSQL connection within {POOL_WAIT:g} s: the server does not "
                     "answer, or every pooled connection stays busy"
                 ) from None
+            if await self._usable(taken):
+                return taken
+            await taken.close()
+            await pool.putconn(taken)  # a closed one is replaced by the pool
+
+    async def _usable(self, driver: Driver) -> bool:
+        """Whether a pooled connection still works. Here rather than as the pool's
+        ``check``, which backs off a second, then two, between dead connections.
+
+        First what the server sent while the connection sat in the pool, read without
+        waiting (twice: the first read takes a termination notice, the second meets
+        the end of the stream): a server that ended it (a restart,
+        ``pg_terminate_backend``) is seen at no round trip. A connection idle for
+        over :data:`_CHECK_IDLE` seconds, which may have died without a word (a
+        firewall dropping an idle flow), is also asked, by psycopg_pool's own check
+        (one round trip)."""
+        returned = self._returned.pop(id(driver), None)
+        pgconn = driver.pgconn
+        try:
+            pgconn.consume_input()
+            pgconn.consume_input()
+        except psycopg.OperationalError:
+            return False
+        if pgconn.status != psycopg.pq.ConnStatus.OK:
+            return False
+        if returned is None or time.monotonic() - returned > _CHECK_IDLE:
             try:
-                # psycopg_pool's own check, here rather than as the pool's ``check``:
-                # the pool would back off a second, then two, between dead connections.
-                await AsyncConnectionPool.check_connection(taken)
+                await AsyncConnectionPool.check_connection(driver)
             except psycopg.Error:
-                await taken.close()
-                await pool.putconn(taken)  # a closed one is replaced by the pool
-                continue
-            return taken
+                return False
+        return True
 
     async def give_back(self, driver: Driver) -> None:
         """Give back a connection whose transaction has ended (or failed: one left in
         a transaction is rolled back, one broken is closed)."""
         pool = self._pool
         if pool is not None:
+            if len(self._returned) > 4 * POOL_SIZE:  # ids of connections the pool dropped
+                self._returned.clear()
+            self._returned[id(driver)] = time.monotonic()
             await pool.putconn(driver)
             return
         connection = self._checked_out.pop(id(driver))
