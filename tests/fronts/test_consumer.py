@@ -286,7 +286,7 @@ async def test_out_of_attempts_an_event_is_dead_lettered_and_the_lane_moves_on(
     assert (letter.source, letter.partition, letter.position) == ("memory", "p0", 1)
     assert letter.message_id == "poison/0"
     assert letter.raw == b"raw poison"
-    assert "the chart store of broken is down" in vars(letter)["reason"]
+    assert "the chart store of broken is down" in letter.reason
     assert [m["message_id"] for m in seen] == ["poison/0"]
     assert {r.message_id for r in await ledger(config)} == {"a/0"}
 
