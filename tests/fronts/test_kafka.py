@@ -516,8 +516,9 @@ async def test_a_paused_partition_revoked_and_assigned_back_is_read_again(
 ) -> None:
     topic, group = unique("orders"), unique("g")
     create_topic(kafka_broker, topic, 2)
+    count = 500  # more than the first turns can drain before both partitions show
     for partition in (0, 1):
-        produce(kafka_broker, topic, [(None, order(n)) for n in range(60)], partition=partition)
+        produce(kafka_broker, topic, [(None, order(n)) for n in range(count)], partition=partition)
     names = {f"{topic}/0", f"{topic}/1"}
     source = source_of(kafka_broker, topic, group, partition_buffer=5)
     moves = await started(source)
@@ -545,7 +546,7 @@ async def test_a_paused_partition_revoked_and_assigned_back_is_read_again(
         [moved] = names - source.owned
         assert ("revoked", [moved]) in moves.moves
         before = {n for p, n in seen if p == moved}
-        assert len(before) < 60  # it was paused with records left unread
+        assert len(before) < count  # it was paused with records left unread
         mark = len(seen)
         # ... and back when it leaves. Nothing was committed, so every record of it
         # comes again: librdkafka kept its pause, which the revocation lifted.
@@ -554,12 +555,12 @@ async def test_a_paused_partition_revoked_and_assigned_back_is_read_again(
 
         def all_read() -> bool:
             again = {n for p, n in seen[mark:] if p == moved}
-            return source.owned == names and again == set(range(60))
+            return source.owned == names and again == set(range(count))
 
         await pull_until(all_read, max_messages=100)
         assert moves.moves.count(("assigned", [moved])) == 1
         [kept] = names - {moved}
-        assert {n for p, n in seen if p == kept} == set(range(60))
+        assert {n for p, n in seen if p == kept} == set(range(count))
     finally:
         stop.set()
         if second is not None:
