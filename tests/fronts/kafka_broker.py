@@ -101,9 +101,18 @@ def _answers(bootstrap: str) -> bool:
     return True
 
 
-def start_kafka_broker(directory: Path) -> KafkaBroker:
-    """Start ``tansu broker`` on a free local port with ``memory://`` storage, its
-    output in ``directory``, and return once it answers the Kafka protocol.
+def start_kafka_broker(
+    directory: Path,
+    *,
+    port: int | None = None,
+    storage: str = "memory://tansu/",
+    environment: Mapping[str, str] | None = None,
+) -> KafkaBroker:
+    """Start ``tansu broker`` on ``port`` (a free local one by default) with
+    ``storage`` (``memory://``: the broker's data dies with it; ``s3://`` with the
+    ``environment`` of :func:`tests.fronts.object_store.s3_environment`: it outlives
+    the process), its output in ``directory``, and return once it answers the Kafka
+    protocol.
 
     Raises:
         FileNotFoundError: no binary (see :func:`tansu_binary`).
@@ -111,7 +120,7 @@ def start_kafka_broker(directory: Path) -> KafkaBroker:
             message carries its output.
     """
     binary = tansu_binary()
-    port = _free_port()
+    port = _free_port() if port is None else port
     bootstrap = f"127.0.0.1:{port}"
     log = directory / "tansu.log"
     command = [
@@ -122,10 +131,11 @@ def start_kafka_broker(directory: Path) -> KafkaBroker:
         "--advertised-listener-url",
         f"tcp://{bootstrap}",
         "--storage-engine",
-        "memory://tansu/",
+        storage,
     ]
-    with log.open("wb") as output:
-        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
+    env = {**os.environ, **(environment or {})}
+    with log.open("ab") as output:
+        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env=env)
     deadline = time.monotonic() + _STARTUP
     while not _answers(bootstrap):
         if process.poll() is not None or time.monotonic() > deadline:

@@ -6,6 +6,7 @@ drain and commit, and a bounded stop."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
@@ -456,3 +457,54 @@ async def test_bounds_out_of_range_are_refused(router_db: RouterDb) -> None:
     with pytest.raises(ConfigError, match="attempts"):
         DeadLetterAfter(0, TableDeadLetters(router_db.adapter))
     assert isinstance(StreamConsumer(config, source).failure, Retry)
+
+
+@pytest.mark.asyncio
+async def test_retries_and_dead_letters_are_structured_warnings_with_telemetry(
+    router_db: RouterDb, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = config_of(router_db, Flaky(BROKEN))
+    dead = TableDeadLetters(router_db.adapter)
+    source = MemorySource([Message("p0", 1, hit("poison/0", "poison", scope=BROKEN), b"raw")])
+    heard: list[tuple[str, Mapping[str, Any]]] = []
+    for name in ("statifier.fronts.retry", "statifier.fronts.dead_letter"):
+        telemetry.attach(f"test {name}", name, lambda n, m, meta: heard.append((n, meta)))
+    caplog.set_level(logging.WARNING, "statifier.fronts.consumer")
+    try:
+        consumer = consumer_of(
+            config, source, lanes=1, failure=DeadLetterAfter(4, dead, backoff=Backoff())
+        )
+        running = asyncio.create_task(consumer.run())
+        await until(lambda: consumer.counts.committed == 1)
+        await consumer.stop()
+        await running
+    finally:
+        for name in ("statifier.fronts.retry", "statifier.fronts.dead_letter"):
+            telemetry.detach(f"test {name}")
+    records = [r for r in caplog.records if r.name == "statifier.fronts.consumer"]
+    # Four failed attempts of one kind within the interval: one line for them all ...
+    [retry, letter] = records
+    assert retry.levelno == logging.WARNING
+    assert "tried again" in retry.getMessage()
+    fields = {k: vars(retry)[k] for k in ("source", "partition", "position", "message_id")}
+    assert fields == {
+        "source": "memory",
+        "partition": "p0",
+        "position": 1,
+        "message_id": "poison/0",
+    }
+    assert (vars(retry)["attempts"], vars(retry)["repeated"]) == (1, 0)
+    assert "the chart store of broken is down" in vars(retry)["error"]
+    # ... and one for the dead letter, with its reason.
+    assert letter.levelno == logging.WARNING
+    assert letter.getMessage().startswith("memory: dead-lettered 'poison/0'")
+    assert [vars(letter)[k] for k in ("message_id", "partition", "position")] == [
+        "poison/0",
+        "p0",
+        1,
+    ]
+    assert "the chart store of broken is down" in vars(letter)["reason"]
+    # Telemetry has every attempt, and the dead letter.
+    assert [n for n, _ in heard] == ["statifier.fronts.retry"] * 4 + [
+        "statifier.fronts.dead_letter"
+    ]

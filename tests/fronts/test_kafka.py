@@ -13,14 +13,17 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
+import threading
 import time
 from collections import Counter
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import Consumer
 from tests.fronts.kafka_broker import (
     KafkaBroker,
     committed,
@@ -32,7 +35,12 @@ from tests.fronts.kafka_broker import (
     stop_kafka_broker,
     unique,
 )
+from tests.fronts.test_consumer import config_of
+from tests.router.conftest import RouterDb
+from tests.router.racing_router import SCOPE, SOURCE
 
+from statifier import telemetry
+from statifier.fronts.consumer import StreamConsumer
 from statifier.fronts.dead_letters import DeadLetterEntry
 from statifier.fronts.kafka import (
     CommitFailed,
@@ -42,7 +50,7 @@ from statifier.fronts.kafka import (
     header_scope,
 )
 from statifier.fronts.source import Malformed, Message
-from statifier.router import ConfigError, InboundEvent
+from statifier.router import ConfigError, InboundEvent, RouterConfig, ledger
 
 FAST_GROUP = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
 """A member that stops is out of the group within seconds."""
@@ -478,3 +486,196 @@ async def test_a_dead_letter_is_a_record_with_its_reason_in_headers(
     assert reason.decode().endswith("…")
     with pytest.raises(ConfigError):
         KafkaDeadLetters(kafka_broker.bootstrap, "no/slashes")
+
+
+def _join_and_leave(broker: KafkaBroker, topic: str, group: str, stop: threading.Event) -> None:
+    """A second member of ``group``: joins, polls (so the group can move partitions to
+    it) without committing anything, and leaves once ``stop`` is set."""
+    member = Consumer(
+        {
+            "bootstrap.servers": broker.bootstrap,
+            "group.id": group,
+            "partition.assignment.strategy": "cooperative-sticky",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            **FAST_GROUP,
+            "logger": logging.getLogger("tests.kafka"),
+        }
+    )
+    member.subscribe([topic])
+    try:
+        while not stop.is_set():
+            member.poll(0.1)
+    finally:
+        member.close()
+
+
+@pytest.mark.asyncio
+async def test_a_paused_partition_revoked_and_assigned_back_is_read_again(
+    kafka_broker: KafkaBroker,  # noqa: F811 - the imported fixture
+) -> None:
+    topic, group = unique("orders"), unique("g")
+    create_topic(kafka_broker, topic, 2)
+    count = 500  # more than the first turns can drain before both partitions show
+    for partition in (0, 1):
+        produce(kafka_broker, topic, [(None, order(n)) for n in range(count)], partition=partition)
+    names = {f"{topic}/0", f"{topic}/1"}
+    source = source_of(kafka_broker, topic, group, partition_buffer=5)
+    moves = await started(source)
+    seen: list[tuple[str, int]] = []
+
+    async def pull_until(done: Callable[[], bool], max_messages: int = 1) -> None:
+        async with asyncio.timeout(60):
+            while not done():
+                fetched = await source.fetch(max_messages, 0.2)
+                seen.extend((m.partition, m.position) for m in fetched)
+                if not max_messages:
+                    await asyncio.sleep(0.05)  # polled (the rebalance runs in a poll)
+
+    stop = threading.Event()
+    second: asyncio.Future[None] | None = None
+    try:
+        # One message at a time: both partitions' buffers fill past 5 and are paused.
+        await pull_until(lambda: {p for p, _ in seen} == names)
+        # A second member joins: one paused partition is revoked and moves to it ...
+        second = asyncio.ensure_future(
+            asyncio.to_thread(_join_and_leave, kafka_broker, topic, group, stop)
+        )
+        # Polled, nothing taken: the buffers stay full and the partitions paused.
+        await pull_until(lambda: len(source.owned) == 1, max_messages=0)
+        [moved] = names - source.owned
+        assert ("revoked", [moved]) in moves.moves
+        before = {n for p, n in seen if p == moved}
+        assert len(before) < count  # it was paused with records left unread
+        mark = len(seen)
+        # ... and back when it leaves. Nothing was committed, so every record of it
+        # comes again: librdkafka kept its pause, which the revocation lifted.
+        stop.set()
+        await second
+
+        def all_read() -> bool:
+            again = {n for p, n in seen[mark:] if p == moved}
+            return source.owned == names and again == set(range(count))
+
+        await pull_until(all_read, max_messages=100)
+        assert moves.moves.count(("assigned", [moved])) == 1
+        [kept] = names - {moved}
+        assert {n for p, n in seen if p == kept} == set(range(count))
+    finally:
+        stop.set()
+        if second is not None:
+            await second
+        await source.close()
+
+
+@pytest.mark.asyncio
+async def test_a_source_whose_brokers_do_not_answer_says_so_and_logs_a_few_lines(
+    kafka_broker: KafkaBroker,  # noqa: F811 - the imported fixture
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        nowhere = f"127.0.0.1:{probe.getsockname()[1]}"
+    caplog.set_level(logging.DEBUG, "statifier.fronts.kafka")
+    source = KafkaSource(
+        nowhere,
+        group=unique("g"),
+        topics=["orders"],
+        source="orders",
+        scope="acme",
+        settings={"reconnect.backoff.ms": 10, "reconnect.backoff.max.ms": 50},
+    )
+    heard: list[Any] = []
+    telemetry.attach("trouble", "statifier.fronts.trouble", lambda n, m, meta: heard.append(meta))
+    await started(source)
+    try:
+        async with asyncio.timeout(30):
+            while source.trouble() is None:
+                await source.fetch(10, 0.2)
+        assert source.trouble() == "no broker answers"
+        for _ in range(25):  # 5 s of polls, about a hundred refused connections
+            await source.fetch(10, 0.2)
+    finally:
+        telemetry.detach("trouble")
+        await source.close()
+    assert heard == [{"source": source.name, "trouble": "no broker answers"}]
+    lines = [r for r in caplog.records if r.name == "statifier.fronts.kafka"]
+    assert len(lines) <= 12, [r.getMessage() for r in lines]
+    assert not any(nowhere in str(getattr(r, "source", "")) for r in lines)
+    # A source on a broker that answers has no trouble.
+    topic = unique("orders")
+    create_topic(kafka_broker, topic, 1)
+    healthy = source_of(kafka_broker, topic, unique("g"))
+    await started(healthy)
+    try:
+        async with asyncio.timeout(30):
+            while not healthy._links.reported:
+                await healthy.fetch(10, 0.2)
+        assert healthy.trouble() is None
+    finally:
+        await healthy.close()
+
+
+@pytest.mark.asyncio
+async def test_a_consumer_whose_paused_partition_moves_away_and_back_steps_each_record_once(
+    kafka_broker: KafkaBroker,  # noqa: F811 - the imported fixture
+    router_db: RouterDb,
+) -> None:
+    topic, group = unique("hits"), unique("g")
+    create_topic(kafka_broker, topic, 2)
+    count = 150
+    for partition in (0, 1):
+        records = []
+        for n in range(count):
+            message_id = f"{partition}-{n}"
+            data = {"kind": "hit", "key": f"k{partition}-{n % 5}", "message_id": message_id}
+            records.append((None, json.dumps(data).encode()))
+        produce(kafka_broker, topic, records, partition=partition)
+    source = KafkaSource(
+        kafka_broker.bootstrap,
+        group=group,
+        topics=[topic],
+        source=SOURCE,
+        scope=SCOPE,
+        message_id=lambda record: json.loads(record.value)["message_id"],
+        partition_buffer=5,
+        settings=FAST_GROUP,
+    )
+    config = config_of(router_db)
+    consumer = StreamConsumer(
+        config, source, lanes=2, batch_size=2, max_in_flight=8, commit_interval=0.05
+    )
+    running = asyncio.create_task(consumer.run())
+    stop = threading.Event()
+    second: asyncio.Future[None] | None = None
+    try:
+        async with asyncio.timeout(60):
+            while consumer.counts.routed < 40:  # noqa: ASYNC110 - polls the consumer's state
+                await asyncio.sleep(0.02)
+        second = asyncio.ensure_future(
+            asyncio.to_thread(_join_and_leave, kafka_broker, topic, group, stop)
+        )
+        async with asyncio.timeout(60):
+            while len(source.owned) != 1:  # noqa: ASYNC110 - polls the source's state
+                await asyncio.sleep(0.02)
+        stop.set()
+        await second
+        async with asyncio.timeout(90):
+            while len(source.owned) != 2 or len(await _stepped(config)) < 2 * count:  # noqa: ASYNC110
+                await asyncio.sleep(0.1)
+        assert source.trouble() is None
+    finally:
+        stop.set()
+        if second is not None:
+            await second
+        await consumer.stop()
+        await running
+    stepped = await _stepped(config)
+    assert stepped == Counter({f"{p}-{n}": 1 for p in (0, 1) for n in range(count)})
+
+
+async def _stepped(config: RouterConfig) -> Counter[str]:
+    rows = await ledger(config)
+    return Counter(
+        str(row.message_id) for row in rows if row.outcome in ("created_and_delivered", "delivered")
+    )

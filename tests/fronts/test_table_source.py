@@ -304,3 +304,78 @@ async def test_the_table_source_runs_on_uuid_keys_in_a_prefixed_schema(
         await source.commit({"0": 2})
         assert await source.committed() == {"0": 2}
         await source.close()
+
+
+@pytest.mark.asyncio
+async def test_a_claim_names_the_partitions_no_live_member_reads(router_db: RouterDb) -> None:
+    clock: Clock = router_db.clock
+    a, b = leases_of(router_db, "a", ttl=9), leases_of(router_db, "b", ttl=9)
+    first = await a.claim()
+    assert first.waiting == ()  # a reads all four
+    clock.advance(timedelta(seconds=2))
+    assert (await b.claim()).waiting == ()  # a's leases were renewed within a third
+    clock.advance(timedelta(seconds=5))  # a missed two renewals: 2 s of 9 are left
+    joined = await b.claim()
+    assert (joined.held, joined.waiting) == ((), ("0", "1", "2", "3"))
+    clock.advance(timedelta(seconds=3))  # expired, and a with them: b takes all four
+    taken = await b.claim()
+    assert (taken.gained, taken.waiting) == (("0", "1", "2", "3"), ())
+
+
+@pytest.mark.asyncio
+async def test_a_member_holding_nothing_while_partitions_wait_says_so(
+    router_db: RouterDb,
+) -> None:
+    clock: Clock = router_db.clock
+    adapter = router_db.adapter
+    # A ttl of 0.9 s on the test's clock, renewed every 0.3 s of real time.
+    gone = PartitionLeases(
+        adapter, group="g", partitions=PARTITIONS, owner="gone", ttl=0.9, clock=clock
+    )
+    await gone.claim()  # then never renews: its process died
+    late = TableSource(
+        adapter, group="g", partitions=PARTITIONS, owner="late", ttl=0.9, clock=clock
+    )
+    await late.start(Recorder())
+    try:
+        assert late.leases.held == frozenset()
+        assert late.trouble() is None  # gone's leases are fresh: it may well be alive
+        clock.advance(timedelta(seconds=0.7))  # gone missed a renewal: 0.2 s are left
+        await until(lambda: late.trouble() is not None)
+        assert late.trouble() == "no partition while 4 wait"
+        clock.advance(timedelta(seconds=0.3))  # expired: late takes them at its renewal
+        await until(lambda: late.trouble() is None)
+        await late.fetch(1, wait=0.01)  # the change is applied by a fetch
+        assert late.leases.held == set(PARTITIONS)
+    finally:
+        await late.close()
+
+
+@pytest.mark.asyncio
+async def test_a_member_started_again_under_its_owner_takes_its_leases_back_at_once(
+    router_db: RouterDb,
+) -> None:
+    adapter, clock = router_db.adapter, router_db.clock
+
+    def source(owner: str) -> TableSource:
+        return TableSource(
+            adapter, group="g", partitions=PARTITIONS, owner=owner, ttl=30, clock=clock
+        )
+
+    crashed = source("host-1-a1b2")
+    await crashed.start(Recorder())
+    # The consumer failed and its source could not leave the group (the database was
+    # away): its leases stay, with 30 s to run.
+    assert crashed._renewer is not None  # stopped as a crash stops it
+    crashed._renewer.cancel()
+    again, stranger = source("host-1-a1b2"), source("host-2-c3d4")
+    heard = Recorder()
+    await again.start(heard)
+    await stranger.start(Recorder())
+    try:
+        assert heard.heard == [("assigned", PARTITIONS)]
+        assert again.leases.held == set(PARTITIONS)
+        assert stranger.leases.held == frozenset()
+    finally:
+        await again.close()
+        await stranger.close()

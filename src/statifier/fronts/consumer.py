@@ -71,6 +71,7 @@ from statifier.fronts.acks import Acks
 from statifier.fronts.dead_letters import DeadLetterEntry, DeadLetters, TableDeadLetters, cut
 from statifier.fronts.lanes import event_key, lane_of
 from statifier.fronts.source import Malformed, Message, Source
+from statifier.repeats import Repeats
 from statifier.router import Backoff, Failed, InboundEvent, Routed, RouterConfig, route_many
 from statifier.router.errors import ConfigError
 from statifier.router.routing import BlockedByEarlierFailure
@@ -236,6 +237,7 @@ class StreamConsumer:
         self._finished = asyncio.Event()
         self._drain_timeout = 10.0
         self._running = False
+        self._repeats = Repeats()
 
     @property
     def counts(self) -> ConsumerCounts:
@@ -444,13 +446,28 @@ class StreamConsumer:
 
     def _failed(self, pending: _Pending) -> None:
         self._count(failed_attempts=1)
-        _log.warning(
-            "routing %r (partition %s, position %d) failed (attempt %d): %s",
+        # While the database is down every lane fails the same way at each backoff:
+        # one line per partition and kind of error per interval, with the count.
+        error_class = pending.error.split(":", 1)[0]
+        self._repeats.log(
+            _log,
+            logging.WARNING,
+            ("retry", pending.message.partition, error_class),
+            "%s: routing %r (partition %s, position %d) failed (attempt %d), it is tried again: %s",
+            self.source.name,
             pending.event.message_id,
             pending.message.partition,
             pending.message.position,
             pending.attempts,
             pending.error,
+            extra={
+                "source": self.source.name,
+                "partition": pending.message.partition,
+                "position": pending.message.position,
+                "message_id": pending.event.message_id,
+                "attempts": pending.attempts,
+                "error": pending.error,
+            },
         )
         if enabled(_RETRY):
             report(
@@ -480,23 +497,41 @@ class StreamConsumer:
             self.clock(),
         )
         failures = 0
+        fields: dict[str, object] = {
+            "source": letter.source,
+            "partition": letter.partition,
+            "position": letter.position,
+            "message_id": message_id,
+        }
         while True:
             try:
                 await sink.put(letter)
                 break
-            except Exception:  # noqa: BLE001 - a sink's failure leaves the message unsettled
+            except Exception as error:  # noqa: BLE001 - a sink's failure leaves the message unsettled
                 failures += 1
-                _log.exception("a dead letter for %r was not kept", message_id)
+                self._repeats.log(
+                    _log,
+                    logging.ERROR,
+                    ("dead letter", type(error).__name__),
+                    "%s: a dead letter for %r was not kept (attempt %d), it is tried again: %s",
+                    self.source.name,
+                    message_id,
+                    failures,
+                    _said(error),
+                    extra={**fields, "attempts": failures, "error": _said(error)},
+                )
                 if self._stopping.is_set():
                     return
                 await self._pause(self.failure.backoff.delay(failures).total_seconds())
         self._settle(message)
         _log.warning(
-            "dead-lettered %r (partition %s, position %d): %s",
+            "%s: dead-lettered %r (partition %s, position %d): %s",
+            self.source.name,
             message_id,
             message.partition,
             message.position,
             letter.reason,
+            extra={**fields, "reason": letter.reason},
         )
         report(
             _DEAD_LETTER,
@@ -517,8 +552,16 @@ class StreamConsumer:
             await asyncio.sleep(self.commit_interval)
             try:
                 await self._commit()
-            except Exception:  # noqa: BLE001 - what did not commit is committed later
-                _log.exception("a commit to %s failed", self.source.name)
+            except Exception as error:  # noqa: BLE001 - what did not commit is committed later
+                self._repeats.log(
+                    _log,
+                    logging.WARNING,
+                    ("commit", type(error).__name__),
+                    "%s: a commit failed, it is made again later: %s",
+                    self.source.name,
+                    _said(error),
+                    extra={"source": self.source.name, "error": _said(error)},
+                )
 
     async def _commit(self, partitions: Collection[str] | None = None) -> None:
         async with self._commit_lock:

@@ -45,7 +45,17 @@ time, so one busy partition could fill the runtime's in-flight budget while the 
 wait. The source therefore reads ahead into a buffer per partition, pauses a partition
 whose buffer holds ``partition_buffer`` messages (librdkafka then drops its queued
 records and fetches them again on resume, from the first not handed over), and hands
-messages over taking turns between the partitions.
+messages over taking turns between the partitions. librdkafka keeps a partition's pause
+across a revocation, so a paused partition is resumed before it is given up: assigned
+back to this member later, it is read again.
+
+librdkafka's statistics, every second, tell whether a broker of the cluster is
+reachable and whether the member is a steady member of its group:
+:meth:`KafkaSource.trouble` answers from them (for ``/readyz``), and the source reports
+``statifier.fronts.trouble`` when its brokers stop and start answering. The client's
+errors and its own log lines go to this module's logger once per kind and interval
+(:class:`~statifier.repeats.Repeats`): a cluster that does not answer writes a few
+lines, not one per connection attempt.
 
 >>> source = KafkaSource("127.0.0.1:9092", group="billing", topics=["orders"],
 ...                      source="orders", scope="acme")
@@ -60,6 +70,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import json
 import logging
 import re
 import threading
@@ -72,7 +83,9 @@ from typing import Any, Final, TypeVar
 from statifier.extras import MissingExtra
 from statifier.fronts.dead_letters import DeadLetterEntry, cut
 from statifier.fronts.source import Malformed, Message, Rebalance, json_object
+from statifier.repeats import Repeats
 from statifier.router import ConfigError, InboundEvent, InvalidEvent
+from statifier.telemetry import report
 
 try:
     import confluent_kafka
@@ -106,6 +119,8 @@ RESERVED_SETTINGS: Final = frozenset(
         "error_cb",
         "on_commit",
         "logger",
+        "stats_cb",
+        "statistics.interval.ms",
     }
 )
 """librdkafka settings the source sets itself; ``settings`` may not name them."""
@@ -114,6 +129,12 @@ _SLICE: Final = 0.05
 """Seconds one poll waits before pending commits are served."""
 _CHUNK: Final = 64
 """Records taken from librdkafka's queue at a time, between checks of the bound."""
+_STATS_EVERY_MS: Final = 1000
+"""How often librdkafka reports its brokers' and group's states (for readiness)."""
+OUT_OF_GROUP_AFTER: Final = 30.0
+"""Seconds a member may hold no partition while it is not a steady member of its group
+(no coordinator, or a join or rebalance under way) before :meth:`KafkaSource.trouble`
+says so."""
 _log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -326,6 +347,45 @@ class _ConsumerThread:
 # The source.
 
 
+_REACHABLE_BROKERS: Final = frozenset({"configured", "learned"})
+"""The brokers of librdkafka's statistics that are the cluster's (not its internal
+and logical ones)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Links:
+    """What librdkafka's statistics said last: whether a connection to a broker of the
+    cluster is up, and since when the member has not been a steady member of its
+    group (``None``: it is one)."""
+
+    reported: bool = False
+    brokers_up: bool = True
+    outside_since: float | None = None
+
+    def seen(self, stats: Mapping[str, Any], now: float) -> _Links:
+        """The links after one report of statistics, at monotonic ``now``."""
+        brokers = stats.get("brokers")
+        up = isinstance(brokers, dict) and any(
+            isinstance(broker, dict)
+            and broker.get("source") in _REACHABLE_BROKERS
+            and broker.get("state") == "UP"
+            for broker in brokers.values()
+        )
+        group = stats.get("cgrp")
+        steady = (
+            isinstance(group, dict)
+            and group.get("state") == "up"
+            and group.get("join_state") == "steady"
+        )
+        if steady:
+            outside = None
+        elif self.outside_since is not None:
+            outside = self.outside_since
+        else:
+            outside = now
+        return _Links(reported=True, brokers_up=up, outside_since=outside)
+
+
 @dataclass
 class _Buffers:
     """Messages polled and not handed over yet, by partition, each in its order.
@@ -455,6 +515,10 @@ class KafkaSource:
         """Partitions paused because their buffer is full (touched on the thread only)."""
         self._failure: KafkaError | None = None
         self._closed = False
+        self._repeats = Repeats()
+        self._links = _Links()
+        """What librdkafka's statistics last said (written on the thread, read on the
+        loop: a frozen value, replaced whole)."""
 
     @property
     def name(self) -> str:
@@ -471,6 +535,36 @@ class KafkaSource:
     def owned(self) -> frozenset[str]:
         """The partitions this member owns now."""
         return frozenset(self._owned)
+
+    def trouble(self) -> str | None:
+        """Why this member cannot read now, for readiness; ``None`` when it can (or
+        before librdkafka's first statistics, a second after the start).
+
+        - ``"failed: ..."``: the client reported a fatal error.
+        - ``"no broker answers"``: no connection to a broker of the cluster is up (the
+          brokers are down or unreachable); until one is again.
+        - ``"no partition and not in the group for N s"``: the member holds no
+          partition and has not been a steady member of its group (it has no group
+          coordinator, or its join or a rebalance has not completed) for at least
+          :data:`OUT_OF_GROUP_AFTER` seconds. The coordinator gives every partition to
+          some steady member, so a member that holds none while it is steady leaves
+          nothing unread; one that cannot join may be the reason partitions wait.
+
+        Never names a broker's address or a setting.
+        """
+        if self._failure is not None:
+            return f"failed: {self._failure.name()}"
+        links = self._links
+        if not links.reported:
+            return None
+        if not links.brokers_up:
+            return "no broker answers"
+        outside = links.outside_since
+        if outside is not None and not self._owned:
+            waited = time.monotonic() - outside
+            if waited >= OUT_OF_GROUP_AFTER:
+                return f"no partition and not in the group for {waited:.0f} s"
+        return None
 
     async def start(self, rebalance: Rebalance) -> None:
         """Create the consumer and subscribe; partitions come with the first polls.
@@ -561,7 +655,13 @@ class KafkaSource:
     # On the consumer's thread.
 
     def _subscribe(self) -> Consumer:
-        settings = {**self._settings, "error_cb": self._on_error, "logger": _log}
+        settings = {
+            **self._settings,
+            "error_cb": self._on_error,
+            "logger": _ClientLog(self.name, self._repeats),
+            "stats_cb": self._on_stats,
+            "statistics.interval.ms": _STATS_EVERY_MS,
+        }
         consumer = Consumer(settings)
         consumer.subscribe(
             self._topics,
@@ -625,7 +725,15 @@ class KafkaSource:
             if error.fatal():
                 self._failure = error
             elif error.code() != KafkaError._PARTITION_EOF:
-                _log.warning("%s: %s", self.name, error.str())
+                self._repeats.log(
+                    _log,
+                    logging.WARNING,
+                    ("record", error.code()),
+                    "%s: %s",
+                    self.name,
+                    error.str(),
+                    extra={"source": self.name, "error": error.name()},
+                )
             return None
         topic, partition, offset = record.topic(), record.partition(), record.offset()
         assert topic is not None
@@ -657,11 +765,55 @@ class KafkaSource:
             return Malformed(str(error))
 
     def _on_error(self, error: KafkaError) -> None:
+        fields = {"source": self.name, "error": error.name()}
         if error.fatal():
             self._failure = error
-            _log.error("%s: fatal: %s", self.name, error.str())
+            _log.error("%s: fatal: %s", self.name, error.str(), extra=fields)
         else:
-            _log.warning("%s: %s", self.name, error.str())
+            # An unreachable cluster reports every failed connection attempt: one
+            # line per kind of error and interval, with the count of the others.
+            key = ("client", error.code())
+            self._repeats.log(
+                _log, logging.WARNING, key, "%s: %s", self.name, error.str(), extra=fields
+            )
+
+    def _on_stats(self, text: str) -> None:
+        """librdkafka's statistics (every second, inside a poll): keep whether a broker
+        connection is up and whether the member is a steady member of its group, and
+        say when the brokers become unreachable and reachable again."""
+        try:
+            stats = json.loads(text)
+        except ValueError:
+            return
+        before = self._links
+        links = before.seen(stats, time.monotonic())
+        self._links = links
+        if before.brokers_up and not links.brokers_up:
+            _log.warning(
+                "%s: no broker answers; reading waits until one does",
+                self.name,
+                extra={"source": self.name},
+            )
+            self._report_trouble("no broker answers")
+        elif not before.brokers_up and links.brokers_up and before.reported:
+            self._report_trouble(None)
+            held = self._repeats.forget(("client", KafkaError._ALL_BROKERS_DOWN))
+            held += self._repeats.forget(("client", KafkaError._TRANSPORT))
+            _log.warning(
+                "%s: a broker answers again (%d connection errors held back meanwhile)",
+                self.name,
+                held,
+                extra={"source": self.name, "repeated": held},
+            )
+
+    def _report_trouble(self, trouble: str | None) -> None:
+        """Report ``statifier.fronts.trouble`` on the loop (this runs on the thread)."""
+        loop = self._loop
+        if loop is None:
+            return
+        metadata = {"source": self.name, "trouble": trouble}
+        with contextlib.suppress(RuntimeError):  # the loop is closed
+            loop.call_soon_threadsafe(report, "statifier.fronts.trouble", {}, metadata)
 
     def _on_assign(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
         names = [partition_name(tp.topic, tp.partition) for tp in partitions]
@@ -669,19 +821,39 @@ class KafkaSource:
         if names:
             self._bridge(self._assigned(names), names, "assigned")
 
-    def _on_revoke(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         names = [partition_name(tp.topic, tp.partition) for tp in partitions]
         _log.info("%s: revoking %s", self.name, names)
-        self._paused.difference_update(names)
+        self._unpause(consumer, names)
         if names:
             self._bridge(self._revoked(names, lost=False), names, "revoked")
 
-    def _on_lost(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         names = [partition_name(tp.topic, tp.partition) for tp in partitions]
         _log.warning("%s: lost %s", self.name, names)
-        self._paused.difference_update(names)
+        self._unpause(consumer, names)
         if names:
             self._bridge(self._revoked(names, lost=True), names, "lost")
+
+    def _unpause(self, consumer: Consumer, names: Collection[str]) -> None:
+        """Resume the paused ones of ``names`` before they are given up. librdkafka
+        keeps a partition's pause across its revocation: a partition assigned back to
+        this member later would stay paused, its records never fetched, while the
+        source (whose buffer of it is dropped) no longer knows to resume it."""
+        paused = sorted(self._paused.intersection(names))
+        self._paused.difference_update(names)
+        if not paused:
+            return
+        try:
+            consumer.resume([TopicPartition(*_topic_partition(name)) for name in paused])
+        except KafkaException as error:
+            _log.warning(
+                "%s: resuming %s before giving them up failed: %s",
+                self.name,
+                paused,
+                error.args[0],
+                extra={"source": self.name},
+            )
 
     def _bridge(self, move: Coroutine[Any, Any, None], names: list[str], what: str) -> None:
         """Run ``move`` on the loop and wait for it here, serving its commits."""
@@ -736,6 +908,27 @@ class KafkaSource:
         if self._consumer is None:
             raise RuntimeError(f"{self.name} is not started")
         return self._consumer
+
+
+class _ClientLog:
+    """Where librdkafka's own log lines go (its ``logger`` setting): this module's
+    logger, warnings and errors at most one line per facility and level per interval,
+    with the count of the others (a broker that does not answer makes librdkafka log
+    every failed connection attempt, dozens a second); lines below warning, which only
+    librdkafka's ``debug`` setting asks for, all of them."""
+
+    def __init__(self, source: str, repeats: Repeats) -> None:
+        self._source = source
+        self._repeats = repeats
+
+    def log(self, level: int, message: str, *args: object) -> None:
+        # confluent-kafka calls log(level, "%s [%s] %s", facility, client, text).
+        fields = {"source": self._source}
+        if level < logging.WARNING:  # asked for (librdkafka's ``debug``): all of it
+            _log.log(level, message, *args, extra=fields)
+            return
+        facility = args[0] if args else message
+        self._repeats.log(_log, level, ("log", level, facility), message, *args, extra=fields)
 
 
 def _headers(record: confluent_kafka.Message) -> tuple[tuple[str, bytes | None], ...]:

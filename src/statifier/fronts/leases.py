@@ -5,7 +5,7 @@ API::
 
     leases = PartitionLeases(adapter, group="billing", partitions=["0", "1", "2"],
                              owner="host-a/1234", ttl=15.0)
-    change = await leases.claim()   # LeaseChange(gained, lost, surplus, held)
+    change = await leases.claim()   # LeaseChange(gained, lost, surplus, held, waiting)
     ...                             # revoke change.surplus's work, then:
     await leases.release(change.surplus)
     await leases.leave()            # on shutdown: release everything, leave the group
@@ -73,7 +73,15 @@ try:
 except ModuleNotFoundError as missing:  # SQLAlchemy: the sqlite extra
     raise MissingExtra.of(missing) from missing
 
-__all__ = ["Clock", "Holding", "LeaseChange", "PartitionLeases", "divide", "group_lock"]
+__all__ = [
+    "Clock",
+    "Holding",
+    "LeaseChange",
+    "PartitionLeases",
+    "divide",
+    "group_lock",
+    "waiting",
+]
 
 Clock = Callable[[], datetime]
 
@@ -99,12 +107,15 @@ class LeaseChange:
         surplus: partitions held beyond the fair share: finish their work, commit it,
             then :meth:`~PartitionLeases.release` them.
         held: every partition held after the claim (``surplus`` included).
+        waiting: partitions of the group that no live member reads, as the claim
+            found them (see :func:`waiting`).
     """
 
     gained: tuple[str, ...] = ()
     lost: tuple[str, ...] = ()
     surplus: tuple[str, ...] = ()
     held: tuple[str, ...] = ()
+    waiting: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +160,47 @@ def divide(
     if len(mine) > share:
         return tuple(mine[:share]), (), tuple(mine[share:])
     return tuple(mine), tuple(free[: share - len(mine)]), ()
+
+
+def waiting(
+    partitions: Sequence[str],
+    holdings: Mapping[str, Holding],
+    held: Collection[str],
+    ttl: timedelta,
+    now: datetime,
+) -> tuple[str, ...]:
+    """The partitions of a group that wait for a reader, as one member's claim sees
+    them at ``now``: those it does not hold (``held``, after the claim) that are free,
+    whose lease has expired, or whose lease has less than a third of ``ttl`` left. A
+    live holder renews its leases every third of the ttl, so a lease that has run down
+    below a third has missed a renewal: its holder is dead or cut off from the
+    database, and the partition is read by nobody until the lease runs out and
+    another member takes it.
+
+    >>> now = datetime(2026, 1, 1, tzinfo=UTC)
+    >>> ttl = timedelta(seconds=15)
+    >>> holdings = {
+    ...     "0": Holding("0", "a", now + timedelta(seconds=12)),  # renewed on time
+    ...     "1": Holding("1", "b", now + timedelta(seconds=2)),   # missed a renewal
+    ...     "2": Holding("2", None, None),                        # free
+    ... }
+    >>> waiting(["0", "1", "2", "3"], holdings, [], ttl, now)
+    ('1', '2', '3')
+    """
+    fresh = now + ttl / 3
+    found = []
+    for partition in sorted(partitions):
+        if partition in held:
+            continue
+        holding = holdings.get(partition)
+        if (
+            holding is None
+            or holding.owner is None
+            or holding.leased_until is None
+            or holding.leased_until < fresh
+        ):
+            found.append(partition)
+    return tuple(found)
 
 
 class PartitionLeases:
@@ -228,6 +280,7 @@ class PartitionLeases:
             lost=tuple(sorted(before - set(held))),
             surplus=surplus,
             held=tuple(sorted(held)),
+            waiting=waiting(self.partitions, holdings, held, self.ttl, now),
         )
 
     async def release(self, partitions: Collection[str]) -> None:

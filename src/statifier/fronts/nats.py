@@ -53,7 +53,9 @@ from typing import Any, Final
 from statifier.extras import MissingExtra
 from statifier.fronts.leases import LeaseChange, PartitionLeases
 from statifier.fronts.source import Malformed, Message, Rebalance, json_object
+from statifier.repeats import Repeats
 from statifier.router import ConfigError, InboundEvent, InvalidEvent
+from statifier.telemetry import report
 
 try:
     import nats
@@ -75,6 +77,7 @@ _TOKEN: Final = re.compile(r"[A-Za-z0-9_-]+")
 valid consumer name."""
 _ACK: Final = b"+ACK"
 _log = logging.getLogger(__name__)
+_TROUBLE: Final = "statifier.fronts.trouble"
 
 
 class AcknowledgementFailed(Exception):  # noqa: N818 - names the failure
@@ -125,7 +128,9 @@ class JetStreamSource:
         ack_timeout: seconds an acknowledgement waits for the server's confirmation.
         claim_interval: seconds between lease claims; ``ttl / 3`` by default.
         connect_options: further keyword arguments of :func:`nats.connect` (credentials,
-            TLS); never logged.
+            TLS); never logged. Unless they name an ``error_cb``, the client's errors
+            (each failed reconnection, say) are logged once per kind and interval,
+            with a count.
 
     Raises:
         ConfigError: a stream, group, partition or prefix that is not a plain name, or
@@ -194,6 +199,11 @@ class JetStreamSource:
         self._claims: asyncio.Task[None] | None = None
         self._valid_until = 0.0
         """Monotonic time the leases of the last successful claim run out."""
+        self._waiting: tuple[str, ...] = ()
+        """The partitions the last claim found waiting for a reader."""
+        self._unclaimed: str | None = None
+        """Why the last claim failed (the error's class), ``None`` once one succeeds."""
+        self._repeats = Repeats()
 
     @property
     def name(self) -> str:
@@ -204,6 +214,25 @@ class JetStreamSource:
     def held(self) -> frozenset[str]:
         """The partitions this source reads now."""
         return frozenset(self._held)
+
+    def trouble(self) -> str | None:
+        """Why this member does not read its share now, for readiness; ``None`` when
+        it does.
+
+        - ``"server unreachable"``: the client is not connected (it reconnects).
+        - ``"claims failing: <error class>"``: the last lease claim failed.
+        - ``"no partition while N wait"``: the member holds no partition while the last
+          claim found partitions waiting for a reader (see
+          :func:`~statifier.fronts.leases.waiting`).
+        """
+        client = self._client
+        if client is not None and not client.is_connected:
+            return "server unreachable"
+        if self._unclaimed is not None:
+            return f"claims failing: {self._unclaimed}"
+        if client is not None and not self._held and self._waiting:
+            return f"no partition while {len(self._waiting)} wait"
+        return None
 
     def consumer_name(self, partition: str) -> str:
         """The durable consumer of ``partition``: ``<group>-<partition>``."""
@@ -221,11 +250,13 @@ class JetStreamSource:
             Exception: the connection, the first claim or a consumer's set-up failed.
         """
         self._rebalance = rebalance
-        self._client = await nats.connect(servers=self._servers, **self._connect_options)
+        options = {"error_cb": self._on_error, **self._connect_options}
+        self._client = await nats.connect(servers=self._servers, **options)
         self._js = self._client.jetstream()
         asked = time.monotonic()
         change = await self._leases.claim()
         self._valid_until = asked + self._leases.ttl.total_seconds()
+        self._waiting = change.waiting
         await self._move(change)
         self._claims = asyncio.create_task(self._keep_claiming(), name=f"{self.name} leases")
 
@@ -319,13 +350,50 @@ class JetStreamSource:
             async with asyncio.timeout(self._claim_interval / 2):
                 change = await self._leases.claim()
         except Exception as error:  # noqa: BLE001 - the database may come back
-            _log.warning("%s: claiming partitions failed: %s", self.name, type(error).__name__)
+            if self._unclaimed is None:
+                trouble = f"claims failing: {type(error).__name__}"
+                report(_TROUBLE, {}, {"source": self.name, "trouble": trouble})
+            self._unclaimed = type(error).__name__
+            self._repeats.log(
+                _log,
+                logging.WARNING,
+                ("claim", self._unclaimed),
+                "%s: claiming partitions failed: %s",
+                self.name,
+                self._unclaimed,
+                extra={"source": self.name, "error": self._unclaimed},
+            )
             next_ends = time.monotonic() + self._claim_interval * 1.5
             if self._held and next_ends >= self._valid_until:
                 await self._revoke(tuple(self._held), fenced=True)
             return
         self._valid_until = asked + self._leases.ttl.total_seconds()
+        if self._unclaimed is not None:
+            held = self._repeats.forget(("claim", self._unclaimed))
+            _log.warning(
+                "%s: claiming partitions works again (after %d more failures)",
+                self.name,
+                held,
+                extra={"source": self.name, "repeated": held},
+            )
+            self._unclaimed = None
+            report(_TROUBLE, {}, {"source": self.name, "trouble": None})
+        self._waiting = change.waiting
         await self._move(change)
+
+    async def _on_error(self, error: Exception) -> None:
+        """The client's errors (a failed reconnection, a slow consumer), one line per
+        kind of error and interval; the class only, as a message may name a server
+        (whose URL may carry credentials)."""
+        self._repeats.log(
+            _log,
+            logging.WARNING,
+            ("client", type(error).__name__),
+            "%s: the client reported %s",
+            self.name,
+            type(error).__name__,
+            extra={"source": self.name, "error": type(error).__name__},
+        )
 
     async def _move(self, change: LeaseChange) -> None:
         lost = [p for p in change.lost if p in self._held]

@@ -76,9 +76,11 @@ from statifier.persistence.codec import opened_json, sealed_json
 from statifier.persistence.sql import SqlAdapter, SqlTransaction
 from statifier.persistence.sql.schema import TableNames
 from statifier.persistence.sql.sqlite import utc_text
+from statifier.repeats import Repeats
 from statifier.router import InboundEvent, RouterConfig
 from statifier.router.errors import ConfigError, InvalidEvent
 from statifier.router.transaction import lock_key
+from statifier.telemetry import report
 
 try:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -88,6 +90,7 @@ except ModuleNotFoundError as missing:  # SQLAlchemy: the sqlite extra
 __all__ = ["ByKey", "Partitioner", "TableSource", "append_events"]
 
 _log = logging.getLogger(__name__)
+_TROUBLE: Final = "statifier.fronts.trouble"
 _IDLE: Final = 0.05
 """Seconds between looks at the table while a fetch waits for a first row."""
 
@@ -174,7 +177,9 @@ class TableSource:
             position per partition.
         partitions: every partition of the group (the same in every member).
         owner: this member's name in the group; a fresh one (host, process, random) by
-            default.
+            default. A member started again in the same process should keep its name:
+            it then takes its own leases back at once, where a new name would wait
+            for them to run out.
         ttl: seconds the member's leases last; they are renewed every ``ttl / 3``.
         clock: the time leases and commits are measured by.
         codec: decodes each event's data (what :func:`append_events` was given); a row
@@ -211,28 +216,77 @@ class TableSource:
         self._changes: list[LeaseChange] = []
         self._renewer: asyncio.Task[None] | None = None
         self._turn = 0
+        self._waiting: tuple[str, ...] = ()
+        """The partitions the last claim found waiting for a reader."""
+        self._unrenewed: str | None = None
+        """Why the last renewal failed (the error's class), ``None`` once one succeeds."""
+        self._repeats = Repeats()
 
     @property
     def name(self) -> str:
         """``inbound_events/<group>``."""
         return f"inbound_events/{self.group}"
 
+    def trouble(self) -> str | None:
+        """Why this member does not read its share now, for readiness; ``None`` when
+        it does.
+
+        - ``"leases not renewed: <error class>"``: the last renewal failed (the
+          database did not answer); until one succeeds.
+        - ``"no partition while N wait"``: the member holds no partition while the last
+          claim found partitions waiting for a reader: free, expired, or leased by a
+          member that missed a renewal (see :func:`~statifier.fronts.leases.waiting`).
+        """
+        if self._unrenewed is not None:
+            return f"leases not renewed: {self._unrenewed}"
+        if not self.leases.held and self._waiting:
+            return f"no partition while {len(self._waiting)} wait"
+        return None
+
     async def start(self, rebalance: Rebalance) -> None:
         """Claim this member's share of the partitions, tell ``rebalance`` which, and
         keep the leases renewed from then on (a task of its own, so a consumer that is
         busy routing keeps them)."""
         self._rebalance = rebalance
-        await self._apply(await self.leases.claim())
+        change = await self.leases.claim()
+        self._waiting = change.waiting
+        await self._apply(change)
         self._renewer = asyncio.create_task(self._renew())
 
     async def _renew(self) -> None:
         while True:
             await asyncio.sleep(self.renew_every)
             try:
-                # Applied by the next fetch: a rebalance runs beside the intake only.
-                self._changes.append(await self.leases.claim())
-            except Exception:  # noqa: BLE001 - the leases run on until they expire
-                _log.exception("%s: renewing the leases failed", self.name)
+                change = await self.leases.claim()
+            except Exception as error:  # noqa: BLE001 - the leases run on until they expire
+                if self._unrenewed is None:
+                    trouble = f"leases not renewed: {type(error).__name__}"
+                    report(_TROUBLE, {}, {"source": self.name, "trouble": trouble})
+                self._unrenewed = type(error).__name__
+                self._repeats.log(
+                    _log,
+                    logging.WARNING,
+                    self._unrenewed,
+                    "%s: renewing the leases failed, tried again in %.1f s: %s",
+                    self.name,
+                    self.renew_every,
+                    self._unrenewed,
+                    extra={"source": self.name, "error": self._unrenewed},
+                )
+                continue
+            if self._unrenewed is not None:
+                held = self._repeats.forget(self._unrenewed)
+                _log.warning(
+                    "%s: the leases are renewed again (after %d more failures)",
+                    self.name,
+                    held,
+                    extra={"source": self.name, "repeated": held},
+                )
+                self._unrenewed = None
+                report(_TROUBLE, {}, {"source": self.name, "trouble": None})
+            self._waiting = change.waiting
+            # Applied by the next fetch: a rebalance runs beside the intake only.
+            self._changes.append(change)
 
     async def _apply(self, change: LeaseChange) -> None:
         """Bring the partitions read in line with the leases held: revoke those no

@@ -6,10 +6,18 @@ A source's module is imported only when a source of its kind is configured, so a
 service without one needs no broker client; a missing client library is a
 :class:`~statifier.extras.MissingExtra` naming the extra to install.
 
-Members of one consumer group share the partitions (NATS: by the lease tables of the
-service's own database; each member's ``owner`` is the host name and process id
-unless the file names one), so several services on one database share a source and
-take over the partitions of one that dies.
+Members of one consumer group share the partitions (the inbound-events table and
+NATS: by the lease tables of the service's own database; each member's ``owner`` is
+:func:`process_owner` unless the file names one), so several services on one database
+share a source and take over the partitions of one that dies. A consumer started again
+after a failure keeps its process's owner, so it takes its own leases back at once
+rather than waiting for them to run out.
+
+A failed consumer is started again after a backoff (:class:`Restarts`); its failures
+are logged once per kind and interval (:class:`~statifier.repeats.Repeats`), and
+meanwhile :meth:`SupervisedConsumer.trouble` says why it does not read, for
+``/readyz``: restarting, not started yet, or what its source says (a broker that does
+not answer, leases not renewed, no partition while others wait).
 """
 
 from __future__ import annotations
@@ -18,12 +26,16 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 import socket
+import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Final
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final, Protocol, runtime_checkable
 
 from statifier.extras import MissingExtra
 from statifier.fronts.source import Message, Rebalance, Source
+from statifier.repeats import Repeats
 from statifier.router import RouterConfig
 from statifier.service.config import (
     InboundTableOptions,
@@ -36,7 +48,17 @@ from statifier.service.config import (
 if TYPE_CHECKING:
     from statifier.fronts.consumer import StreamConsumer
 
-__all__ = ["FIRST_RESTART", "LAST_RESTART", "SupervisedConsumer", "build_source"]
+__all__ = [
+    "FIRST_RESTART",
+    "HEALTHY_RUN",
+    "LAST_RESTART",
+    "Restarts",
+    "SupervisedConsumer",
+    "Troubled",
+    "build_source",
+    "log_failure",
+    "process_owner",
+]
 
 _log = logging.getLogger("statifier.service")
 
@@ -44,10 +66,73 @@ FIRST_RESTART: Final = 1.0
 """Seconds before a failed part (a consumer, a worker) is started again the first
 time; the wait doubles after each further failure, to at most ``LAST_RESTART``."""
 LAST_RESTART: Final = 30.0
+HEALTHY_RUN: Final = 60.0
+"""Seconds a part must have run before it failed for its next restart to wait
+``FIRST_RESTART`` again: a failure after a healthy run is a new trouble, not one more
+of a series."""
+
+_OWNERS: dict[int, str] = {}
 
 
-def _owner() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}"
+def process_owner() -> str:
+    """This process's name in the consumer groups whose leases are in the database:
+    ``<host>-<pid>-<random>``, the same for every source and every restart of a
+    consumer in this process (so a restarted consumer holds its leases still), and
+    another in every other process, a forked child included."""
+    pid = os.getpid()
+    owner = _OWNERS.get(pid)
+    if owner is None:
+        owner = _OWNERS[pid] = f"{socket.gethostname()}-{pid}-{secrets.token_hex(4)}"
+    return owner
+
+
+@dataclass
+class Restarts:
+    """The waits between the restarts of a supervised part: ``FIRST_RESTART`` seconds,
+    doubling after each failure to at most ``LAST_RESTART``, and ``FIRST_RESTART``
+    again after a run of at least ``HEALTHY_RUN`` seconds.
+
+    >>> restarts = Restarts()
+    >>> [restarts.after(ran=0.5) for _ in range(7)]
+    [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
+    >>> restarts.after(ran=HEALTHY_RUN)
+    1.0
+    """
+
+    next_wait: float = FIRST_RESTART
+
+    def after(self, *, ran: float) -> float:
+        """The seconds to wait before the next start, after a run of ``ran`` seconds
+        that failed."""
+        if ran >= HEALTHY_RUN:
+            self.next_wait = FIRST_RESTART
+        wait = self.next_wait
+        self.next_wait = min(wait * 2, LAST_RESTART)
+        return wait
+
+
+@runtime_checkable
+class Troubled(Protocol):
+    """A source that can say what keeps it from reading (for ``/readyz``)."""
+
+    def trouble(self) -> str | None:
+        """``None`` while it reads, else why not: one short phrase naming no address
+        and no secret."""
+
+
+def log_failure(repeats: Repeats, name: str, error: Exception, wait: float) -> None:
+    """Log a supervised part's failure (with its traceback) and the wait before its
+    restart, once per part, kind of error and interval."""
+    repeats.log(
+        _log,
+        logging.ERROR,
+        (name, type(error).__name__),
+        "%s failed; starting it again in %.0f s",
+        name,
+        wait,
+        extra={"part": name, "error": type(error).__name__, "restart_in": wait},
+        exc_info=error,
+    )
 
 
 def build_source(settings: SourceSettings, config: RouterConfig, file: str) -> Source:
@@ -75,7 +160,7 @@ def _built(settings: SourceSettings, config: RouterConfig) -> Source:
             config.adapter,
             group=options.group,
             partitions=options.partitions,
-            owner=options.owner,
+            owner=options.owner or process_owner(),
             ttl=options.lease_ttl,
             codec=config.storage.codec,
         )
@@ -102,7 +187,7 @@ def _built(settings: SourceSettings, config: RouterConfig) -> Source:
             config.adapter,
             group=options.group,
             partitions=options.partitions,
-            owner=options.owner or _owner(),
+            owner=options.owner or process_owner(),
             ttl=options.lease_ttl,
         )
         return JetStreamSource(
@@ -124,7 +209,8 @@ def _built(settings: SourceSettings, config: RouterConfig) -> Source:
 
 
 class _Watched:
-    """A source that remembers whether it has started (for ``/readyz``)."""
+    """A source that remembers whether it has started, and asks the source what keeps
+    it from reading (for ``/readyz``)."""
 
     def __init__(self, source: Source) -> None:
         self.source = source
@@ -133,6 +219,10 @@ class _Watched:
     @property
     def name(self) -> str:
         return self.source.name
+
+    def trouble(self) -> str | None:
+        source = self.source
+        return source.trouble() if isinstance(source, Troubled) else None
 
     async def start(self, rebalance: Rebalance) -> None:
         await self.source.start(rebalance)
@@ -151,7 +241,7 @@ class _Watched:
 
 class SupervisedConsumer:
     """One configured source's consumer, started again (with a new source) after a
-    backoff of 1 s, doubling to 30 s, whenever it fails.
+    backoff (:class:`Restarts`) whenever it fails.
 
     Args:
         settings: the source's settings.
@@ -170,6 +260,7 @@ class SupervisedConsumer:
         self._failure: str | None = None
         self._task: asyncio.Task[None] | None = None
         self._first: StreamConsumer | None = None
+        self._repeats = Repeats()
 
     def consumer(self) -> StreamConsumer:
         """A new consumer over a new source (what each start runs).
@@ -221,14 +312,16 @@ class SupervisedConsumer:
         return self._task
 
     def trouble(self) -> str | None:
-        """``None`` once the source has started and while it runs, else why not."""
+        """``None`` once the source has started and while it reads, else why not: not
+        running, restarting after a failure (its class), not started yet, or what the
+        source says keeps it from reading (see :class:`Troubled`)."""
         if self._task is None or self._task.done():
             return "not running"
         if self._failure is not None:
             return f"restarting after {self._failure}"
         if self._watched is None or not self._watched.started:
             return "not started yet"
-        return None
+        return self._watched.trouble()
 
     async def stop(self, drain_timeout: float) -> None:
         """Stop fetching, let in-flight deliveries finish (at most ``drain_timeout``
@@ -240,8 +333,9 @@ class SupervisedConsumer:
             await self._task
 
     async def _run(self) -> None:
-        delay = FIRST_RESTART
+        restarts = Restarts()
         while not self._stopping.is_set():
+            began = time.monotonic()
             try:
                 self._current, self._first = self._first or self.consumer(), None
                 await self._current.run()
@@ -252,10 +346,10 @@ class SupervisedConsumer:
                 raise  # nothing a restart changes
             except Exception as error:  # noqa: BLE001 - a consumer outlives its failures
                 self._failure = type(error).__name__
-                _log.exception("%s failed; starting it again in %.0f s", self.name, delay)
+                wait = restarts.after(ran=time.monotonic() - began)
+                log_failure(self._repeats, self.name, error, wait)
             finally:
                 self._current = None
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), delay)
-            delay = min(delay * 2, LAST_RESTART)
+                await asyncio.wait_for(self._stopping.wait(), wait)
             self._failure = None

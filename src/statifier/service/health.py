@@ -5,12 +5,32 @@ all: a failing liveness check means the process is stuck and should be restarted
 
 ``GET /readyz`` answers ``200 {"status": "ready"}`` when the service can do its work,
 else ``503 {"status": "not ready", "reasons": [...]}``, one short reason per failed
-check: the database did not answer ``SELECT 1`` within ``probe_timeout`` seconds, a
-worker (the timer worker, the outbox drain, the reapers) is not running (it failed and
-waits to be started again), a stream consumer's source has not started, or the service
-is stopping. A database answer is kept for ``probe_interval`` seconds, so probes
-polled often do not load the database. A reason names the part, never a URL or a
-secret.
+check, each ``"<part>: <why>"``:
+
+- ``database: ...``: the database did not answer ``SELECT 1`` within
+  ``probe_timeout`` seconds (or answered with an error: its class is named);
+- a worker (``timers``, ``outbox``, ``reapers``): not running, or restarting after
+  a failure (its class is named);
+- a stream consumer (``source NAME``): not running, restarting after a failure, not
+  started yet, or what its source says keeps it from reading:
+
+  - Kafka: ``no broker answers`` (no connection to a broker of the cluster is up, as
+    the client's statistics report every second), or ``no partition and not in the
+    group for N s`` (the member holds no partition and has not been a steady member
+    of its group for 30 s: the coordinator gives every partition to a steady member,
+    so only a member that cannot join can leave partitions unread);
+  - the inbound-events table and NATS: ``leases not renewed: ...`` /
+    ``claims failing: ...`` (the last lease claim failed), ``server unreachable``
+    (NATS: the client is not connected), or ``no partition while N wait``: the member
+    holds no partition while its last claim found partitions no live member reads
+    (free, expired, or leased by a member that missed a renewal: less than a third of
+    the ttl left; see :func:`statifier.fronts.leases.waiting`);
+- ``http: not listening yet``, or ``stopping``.
+
+Each check answers from what the part knows now, so the answer is green again as soon
+as the fault clears (the database's within ``probe_interval``, a broker's within a
+second). A database answer is kept for ``probe_interval`` seconds, so probes polled
+often do not load the database. A reason names the part, never a URL or a secret.
 """
 
 from __future__ import annotations

@@ -18,12 +18,17 @@ then runs, on one event loop:
   (:mod:`statifier.service.console`, ``docs/console.md``).
 
 A worker or a consumer that fails (the database went away, a broker dropped) is logged
-and started again after a backoff (1 s, doubling, at most 30 s); meanwhile
-``/readyz`` says so. Several services may run on one PostgreSQL database: timers and
-outbox rows are claimed with ``SKIP LOCKED``, and consumers of one source share its
-partitions through the source's group; a service killed outright leaves nothing that
-the others do not take over (a leased outbox row once its lease runs out, a timer row
-at once, a partition once its lease, or the consumer group's session, runs out).
+(once per kind of failure and interval, with a count) and started again after a
+backoff (1 s, doubling, at most 30 s, and 1 s again after a run of a minute or more);
+meanwhile ``/readyz`` says so, as it says when a consumer's broker or the database does
+not answer, or a consumer holds no partition while others wait (see
+:mod:`statifier.service.health`).
+
+Several services may run on one PostgreSQL database: timers and outbox rows are
+claimed with ``SKIP LOCKED``, and consumers of one source share its partitions through
+the source's group; a service killed outright leaves nothing that the others do not
+take over (a leased outbox row once its lease runs out, a timer row at once, a
+partition once its lease, or the consumer group's session, runs out).
 
 :meth:`Service.stop` (what SIGTERM and SIGINT call) stops intake first: the listener
 closes and in-flight requests are answered, and consumers stop fetching, finish the
@@ -44,12 +49,14 @@ import contextlib
 import logging
 import signal
 import socket
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final, Protocol, TextIO
 
 from statifier.extras import MissingExtra
 from statifier.persistence.sql import SqlAdapter
+from statifier.repeats import Repeats
 from statifier.router import OutboxDrain, RouterConfig, reap_addresses, reap_dedupe
 from statifier.router.timer_worker import TimerWorker
 from statifier.service.config import (
@@ -59,7 +66,11 @@ from statifier.service.config import (
     router_config,
 )
 from statifier.service.console import ServedConsole, service_console
-from statifier.service.consumers import FIRST_RESTART, LAST_RESTART, SupervisedConsumer
+from statifier.service.consumers import (
+    Restarts,
+    SupervisedConsumer,
+    log_failure,
+)
 from statifier.service.health import Health, health_routes
 from statifier.service.mounts import Mounted, front_app
 from statifier.service.sinks import Sinks, build_sinks
@@ -178,7 +189,9 @@ def _has_locations(url: str, options: TableOptions) -> bool:
 class Supervised:
     """One long-running part (a worker): ``work()`` run until ``stop`` is set, and
     started again after a backoff (:data:`FIRST_RESTART` seconds, doubling to
-    :data:`LAST_RESTART`) whenever it raises; each failure is logged.
+    :data:`LAST_RESTART`, and :data:`FIRST_RESTART` again after a run of
+    :data:`HEALTHY_RUN` seconds or more) whenever it raises; its failures are logged
+    once per kind and interval, with a count.
 
     Args:
         name: the part's name, in logs and readiness reasons.
@@ -192,6 +205,7 @@ class Supervised:
         self.stop = stop
         self.failure: str | None = None
         self.task: asyncio.Task[None] | None = None
+        self._repeats = Repeats()
 
     def start(self) -> None:
         """Run the part in a task of its own (:attr:`task`)."""
@@ -204,24 +218,26 @@ class Supervised:
         return None if self.failure is None else f"restarting after {self.failure}"
 
     async def _run(self) -> None:
-        delay = FIRST_RESTART
+        restarts = Restarts()
         while not self.stop.is_set():
+            began = time.monotonic()
             try:
                 await self.work()
                 return
             except Exception as error:  # noqa: BLE001 - a part outlives its failures
                 self.failure = type(error).__name__
-                _log.exception("%s failed; starting it again in %.0f s", self.name, delay)
+                wait = restarts.after(ran=time.monotonic() - began)
+                log_failure(self._repeats, self.name, error, wait)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stop.wait(), delay)
-            delay = min(delay * 2, LAST_RESTART)
+                await asyncio.wait_for(self.stop.wait(), wait)
             self.failure = None
 
 
 async def _reap(config: RouterConfig, settings: ServiceSettings, stop: asyncio.Event) -> None:
     """Run both reapers every ``interval`` seconds until ``stop``; a failed pass is
-    logged, and the next comes on schedule."""
+    logged (once per kind of failure and interval), and the next comes on schedule."""
     every = settings.reapers
+    repeats = Repeats()
     while not stop.is_set():
         try:
             now = datetime.now(UTC)
@@ -232,8 +248,16 @@ async def _reap(config: RouterConfig, settings: ServiceSettings, stop: asyncio.E
                 if page.next is None:
                     break
                 after = page.next
-        except Exception:  # noqa: BLE001 - the next pass may succeed
-            _log.exception("a reaper pass failed")
+        except Exception as error:  # noqa: BLE001 - the next pass may succeed
+            repeats.log(
+                _log,
+                logging.ERROR,
+                type(error).__name__,
+                "a reaper pass failed; the next comes in %g s",
+                every.interval,
+                extra={"part": "reapers", "error": type(error).__name__},
+                exc_info=error,
+            )
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), every.interval)
 

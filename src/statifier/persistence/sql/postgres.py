@@ -3,7 +3,13 @@ on psycopg 3's :class:`~psycopg.AsyncConnection`.
 
 The adapter's own transactions take connections from a ``psycopg_pool`` pool (an
 adapter made from a URL) or from the engine it was given (SQLAlchemy's pool), for one
-transaction at a time. ``exclusive`` is a transaction holding
+transaction at a time. Each pooled connection is checked as it is handed out (one the
+server closed, after a restart or ``pg_terminate_backend``, is dropped and another
+taken: it fails no transaction), a transaction waits at most :data:`POOL_WAIT` seconds
+for one (then :class:`DatabaseUnavailable`: a request during an outage fails well
+within an HTTP front's deadline), and while the server is away the pool tries to
+connect about every second as long as someone waits, so work resumes within a second
+or two of the server's return. ``exclusive`` is a transaction holding
 ``pg_advisory_xact_lock(hashtextextended(execution_id, 0))``; ``lock_timeout`` bounds a
 wait, and SQLSTATE 55P03 becomes ``LockTimeout``.
 
@@ -64,12 +70,19 @@ try:
     import psycopg
     import sqlalchemy as sa
     from psycopg.types.json import Jsonb
-    from psycopg_pool import AsyncConnectionPool
+    from psycopg_pool import AsyncConnectionPool, PoolTimeout
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 except ModuleNotFoundError as missing:  # psycopg: the postgres extra
     raise MissingExtra.of(missing) from missing
 
-__all__ = ["PostgresDatabase", "PostgresTransaction", "lock_timeout"]
+__all__ = [
+    "CONNECT_TIMEOUT",
+    "POOL_WAIT",
+    "DatabaseUnavailable",
+    "PostgresDatabase",
+    "PostgresTransaction",
+    "lock_timeout",
+]
 
 _T = TypeVar("_T")
 Cursor = psycopg.AsyncCursor[Any]
@@ -78,6 +91,28 @@ Driver = psycopg.AsyncConnection[Any]
 POOL_SIZE: Final = 20
 """Connections an adapter made from a URL keeps at most: past as many blocks at once,
 blocks wait for one."""
+POOL_WAIT: Final = 5.0
+"""The most seconds a transaction waits for a pooled connection (then
+:class:`DatabaseUnavailable`): half the HTTP fronts' default deadline, so a request
+during an outage is answered with the database's error, not the front's timeout."""
+CONNECT_TIMEOUT: Final = 5
+"""Seconds one connection attempt waits for the server (libpq's ``connect_timeout``),
+unless the URL sets its own: a server that does not answer at all (a host down) costs
+one attempt no longer than a refused connection would make it wait."""
+_CHECK_IDLE: Final = 10.0
+"""Seconds a pooled connection may sit idle before its checkout asks the server whether
+it is still there (a round trip); a busier one is only looked at (no round trip)."""
+_RECONNECT_FOR: Final = 1.0
+"""Seconds the pool keeps trying one connection (twice, a second apart) before it
+gives up; the next transaction that waits starts a new attempt at once. psycopg_pool's
+own backoff would wait up to minutes between attempts, long after the server is back."""
+
+
+class DatabaseUnavailable(PoolTimeout):
+    """No pooled connection within :data:`POOL_WAIT` seconds: the server does not
+    answer (stopped, restarting, unreachable), or every connection stays busy."""
+
+
 _LOCK_NOT_AVAILABLE: Final = "55P03"
 
 
@@ -359,10 +394,21 @@ class _Pool:
         self._pool: AsyncConnectionPool[Any] | None = None
         if url is not None:
             conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
-            self._pool = AsyncConnectionPool(conninfo, min_size=1, max_size=POOL_SIZE, open=False)
+            timeout = {} if "connect_timeout" in url.query else {"connect_timeout": CONNECT_TIMEOUT}
+            self._pool = AsyncConnectionPool(
+                conninfo,
+                kwargs=timeout,
+                min_size=1,
+                max_size=POOL_SIZE,
+                open=False,
+                timeout=POOL_WAIT,
+                reconnect_timeout=_RECONNECT_FOR,
+            )
         self._opening: asyncio.Lock | None = None
         self._opened = False
         self._checked_out: dict[int, AsyncConnection] = {}
+        self._returned: dict[int, float] = {}
+        """When each pooled connection was last given back (monotonic seconds)."""
 
     async def take(self) -> Driver:
         pool = self._pool
@@ -381,14 +427,55 @@ class _Pool:
                 if not self._opened:
                     await pool.open()
                     self._opened = True
-        taken: Driver = await pool.getconn()
-        return taken
+        deadline = time.monotonic() + POOL_WAIT
+        while True:
+            try:
+                taken: Driver = await pool.getconn(max(deadline - time.monotonic(), 0.001))
+            except PoolTimeout:
+                raise DatabaseUnavailable(
+                    f"no PostgreSQL connection within {POOL_WAIT:g} s: the server does not "
+                    "answer, or every pooled connection stays busy"
+                ) from None
+            if await self._usable(taken):
+                return taken
+            await taken.close()
+            await pool.putconn(taken)  # a closed one is replaced by the pool
+
+    async def _usable(self, driver: Driver) -> bool:
+        """Whether a pooled connection still works. Here rather than as the pool's
+        ``check``, which backs off a second, then two, between dead connections.
+
+        First what the server sent while the connection sat in the pool, read without
+        waiting (twice: the first read takes a termination notice, the second meets
+        the end of the stream): a server that ended it (a restart,
+        ``pg_terminate_backend``) is seen at no round trip. A connection idle for
+        over :data:`_CHECK_IDLE` seconds, which may have died without a word (a
+        firewall dropping an idle flow), is also asked, by psycopg_pool's own check
+        (one round trip)."""
+        returned = self._returned.pop(id(driver), None)
+        pgconn = driver.pgconn
+        try:
+            pgconn.consume_input()
+            pgconn.consume_input()
+        except psycopg.OperationalError:
+            return False
+        if pgconn.status != psycopg.pq.ConnStatus.OK:
+            return False
+        if returned is None or time.monotonic() - returned > _CHECK_IDLE:
+            try:
+                await AsyncConnectionPool.check_connection(driver)
+            except psycopg.Error:
+                return False
+        return True
 
     async def give_back(self, driver: Driver) -> None:
         """Give back a connection whose transaction has ended (or failed: one left in
         a transaction is rolled back, one broken is closed)."""
         pool = self._pool
         if pool is not None:
+            if len(self._returned) > 4 * POOL_SIZE:  # ids of connections the pool dropped
+                self._returned.clear()
+            self._returned[id(driver)] = time.monotonic()
             await pool.putconn(driver)
             return
         connection = self._checked_out.pop(id(driver))

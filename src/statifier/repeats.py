@@ -1,0 +1,125 @@
+"""Repeated errors logged once per interval, with a count of the ones held back.
+
+A part that fails the same way again and again (a broker that does not answer, a
+database that is down, a worker restarted after each failure) would otherwise write a
+line per attempt. :class:`Repeats` keys each kind of line (an error code, a part's
+name): the first line of a key is logged at once; the same key again within
+``interval`` seconds is only counted; the first one after the interval is logged with
+the count of those held back, and starts the next interval. So one cause writes at
+most one line per interval, and the operator still learns how often it happened.
+
+A leaf: it imports nothing of the project, and any layer may use it.
+
+>>> import logging, sys
+>>> log = logging.getLogger("demo.repeats")
+>>> log.addHandler(logging.StreamHandler(sys.stdout)); log.propagate = False
+>>> now = [0.0]
+>>> repeats = Repeats(interval=60.0, clock=lambda: now[0])
+>>> for second in (0.0, 1.0, 2.0, 61.0):
+...     now[0] = second
+...     _ = repeats.log(log, logging.WARNING, "refused", "the broker refused: %s", "timeout")
+the broker refused: timeout
+the broker refused: timeout (2 more like it in the last 61 s)
+>>> repeats.forget("refused")
+0
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass
+from typing import Final
+
+__all__ = ["DEFAULT_INTERVAL", "Repeats"]
+
+DEFAULT_INTERVAL: Final = 30.0
+"""Seconds between two lines of one key, by default."""
+_KEYS: Final = 1024
+"""Keys remembered at most; the oldest is forgotten first (its count with it)."""
+
+
+@dataclass(slots=True)
+class _Seen:
+    logged_at: float
+    held: int = 0
+
+
+class Repeats:
+    """Which occurrences of repeated lines to log (see the module docstring).
+
+    Safe to share between threads (a client library's callback thread and the event
+    loop's).
+
+    Args:
+        interval: seconds between two lines of one key.
+        clock: monotonic seconds (``time.monotonic``), for tests.
+
+    Raises:
+        ValueError: ``interval`` is not positive.
+    """
+
+    def __init__(
+        self, interval: float = DEFAULT_INTERVAL, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        if not interval > 0:
+            raise ValueError(f"interval is a positive number of seconds, not {interval!r}")
+        self.interval = interval
+        self.clock = clock
+        self._seen: dict[Hashable, _Seen] = {}
+        self._lock = threading.Lock()
+
+    def note(self, key: Hashable) -> int | None:
+        """Count one occurrence of ``key``: ``None`` when it is to be held back, else
+        the number held back since the key's last line (log it now)."""
+        noted = self._note(key)
+        return None if noted is None else noted[0]
+
+    def forget(self, key: Hashable) -> int:
+        """Forget ``key`` (its cause has cleared: its next occurrence is logged at
+        once); answers how many of it were held back since its last line."""
+        with self._lock:
+            seen = self._seen.pop(key, None)
+        return 0 if seen is None else seen.held
+
+    def log(
+        self,
+        logger: logging.Logger,
+        level: int,
+        key: Hashable,
+        message: str,
+        *args: object,
+        extra: Mapping[str, object] | None = None,
+        exc_info: BaseException | bool | None = None,
+    ) -> bool:
+        """Log ``message % args`` on ``logger`` at ``level`` if :meth:`note` says so,
+        with ``" (N more like it in the last S s)"`` after it when some were held back
+        (S: the seconds since the key's last line); the record's ``repeated`` field is
+        that N. Answers whether it logged."""
+        noted = self._note(key)
+        if noted is None:
+            return False
+        held, span = noted
+        if held:
+            message = f"{message} (%d more like it in the last %.0f s)"
+            args = (*args, held, span)
+        fields = {**(extra or {}), "repeated": held}
+        logger.log(level, message, *args, extra=fields, exc_info=exc_info)
+        return True
+
+    def _note(self, key: Hashable) -> tuple[int, float] | None:
+        now = self.clock()
+        with self._lock:
+            seen = self._seen.get(key)
+            if seen is not None and now - seen.logged_at < self.interval:
+                seen.held += 1
+                return None
+            self._seen.pop(key, None)
+            self._seen[key] = _Seen(now)
+            while len(self._seen) > _KEYS:
+                del self._seen[next(iter(self._seen))]
+        if seen is None:
+            return 0, 0.0
+        return seen.held, now - seen.logged_at

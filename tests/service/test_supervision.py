@@ -1,0 +1,102 @@
+"""Supervision of the service's parts: the restart backoff goes back to its first wait
+after a healthy run, failures of one kind are logged once per interval, readiness says
+a part is restarting, and every restart of a consumer keeps its process's lease owner."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import pytest
+from tests.service.helpers import HITS, HITS_BINDING, write_config
+
+from statifier.fronts.table_source import TableSource
+from statifier.persistence.sql import SqlAdapter
+from statifier.service import load
+from statifier.service.config import router_config
+from statifier.service.consumers import (
+    FIRST_RESTART,
+    HEALTHY_RUN,
+    LAST_RESTART,
+    Restarts,
+    build_source,
+    process_owner,
+)
+from statifier.service.service import Supervised
+from statifier.sql import migrations
+
+
+def test_the_backoff_doubles_to_its_cap_and_starts_over_after_a_healthy_run() -> None:
+    restarts = Restarts()
+    waits = [restarts.after(ran=1.0) for _ in range(8)]
+    assert waits == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
+    assert (waits[0], waits[-1]) == (FIRST_RESTART, LAST_RESTART)
+    assert restarts.after(ran=HEALTHY_RUN - 1) == LAST_RESTART
+    assert restarts.after(ran=HEALTHY_RUN) == FIRST_RESTART
+    assert restarts.after(ran=0.0) == 2.0
+
+
+@pytest.mark.asyncio
+async def test_a_failing_worker_restarts_says_so_and_logs_one_line_per_interval(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, "statifier.service")
+    stop = asyncio.Event()
+    runs: list[float] = []
+
+    async def work() -> None:
+        runs.append(asyncio.get_running_loop().time())
+        raise ConnectionError("the database went away")
+
+    worker = Supervised("timers", work, stop)
+    worker.start()
+    try:
+        async with asyncio.timeout(20):
+            while len(runs) < 3:  # noqa: ASYNC110 - failed at once, after 1 s, after 2 s more
+                await asyncio.sleep(0.01)
+        assert worker.trouble() == "restarting after ConnectionError"
+    finally:
+        stop.set()
+        assert worker.task is not None
+        await worker.task
+    assert runs[1] - runs[0] >= 0.9
+    assert runs[2] - runs[1] >= 1.9
+    failed = [r for r in caplog.records if r.getMessage().startswith("timers failed")]
+    assert len(failed) == 1  # three failures of one kind within the interval
+    assert [vars(failed[0])[k] for k in ("part", "error", "restart_in")] == [
+        "timers",
+        "ConnectionError",
+        FIRST_RESTART,
+    ]
+    assert failed[0].exc_info is not None
+    assert worker.trouble() == "not running"
+
+
+def test_every_build_of_a_table_source_takes_the_processs_owner(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'owner.db'}"
+    migrations.upgrade(url)
+    body = f"""
+charts = "charts"
+{HITS_BINDING}
+[database]
+url = "{url}"
+
+[sources.clicks]
+kind = "table"
+partitions = ["0", "1"]
+"""
+    config = write_config(tmp_path, body, {"hits": HITS})
+    settings = load(config)
+    adapter = SqlAdapter(url)
+    try:
+        router = router_config(settings, adapter)
+        [source] = settings.sources
+        first = build_source(source, router, str(config))
+        again = build_source(source, router, str(config))
+        assert isinstance(first, TableSource)
+        assert isinstance(again, TableSource)
+        assert first.owner == again.owner == process_owner()
+        assert process_owner().count("-") >= 2  # host, process, and a random token
+    finally:
+        asyncio.run(adapter.close())
