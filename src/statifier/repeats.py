@@ -1,5 +1,10 @@
 """Repeated errors logged once per interval, with a count of the ones held back.
 
+Two ways, one rule (one line a kind and interval, and the count of the rest):
+:class:`Repeats` appends the count to the kind's next line and serves any thread (a
+client library's callbacks); :class:`IntervalTally` writes the count when the interval
+ends, on the event loop, for a burst whose size must be told even when nothing follows.
+
 A part that fails the same way again and again (a broker that does not answer, a
 database that is down, a worker restarted after each failure) would otherwise write a
 line per attempt. :class:`Repeats` keys each kind of line (an error code, a part's
@@ -26,6 +31,7 @@ the broker refused: timeout (2 more like it in the last 61 s)
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -33,10 +39,12 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-__all__ = ["DEFAULT_INTERVAL", "Repeats"]
+__all__ = ["DEFAULT_INTERVAL", "TALLY_INTERVAL", "IntervalTally", "Repeats"]
 
 DEFAULT_INTERVAL: Final = 30.0
 """Seconds between two lines of one key, by default."""
+TALLY_INTERVAL: Final = 10.0
+"""Seconds between two lines of one kind of an :class:`IntervalTally`, by default."""
 _KEYS: Final = 1024
 """Keys remembered at most; the oldest is forgotten first (its count with it)."""
 
@@ -123,3 +131,70 @@ class Repeats:
         if seen is None:
             return 0, 0.0
         return seen.held, now - seen.logged_at
+
+
+@dataclass
+class _Window:
+    count: int
+    later: Callable[[int], None]
+
+
+class IntervalTally:
+    """Bounded lines whose count is told when the interval ends: the first occurrence
+    of a kind is written at once, the ones that follow are counted, and when the
+    interval ends one line says how many came (a new interval opens if any did). A
+    kind quiet for a whole interval starts over.
+
+    For a burst whose size must be told even when nothing follows it (a client's
+    refusals, a listener's shed connections); it runs on the event loop that calls it
+    (its timers are the loop's), where :class:`Repeats` serves any thread.
+
+    >>> import asyncio
+    >>> async def main():
+    ...     tally = IntervalTally(interval=0.05)
+    ...     for _ in range(3):
+    ...         tally.note("413", lambda: print("refused: 413"), lambda n: print(f"{n} more"))
+    ...     await asyncio.sleep(0.2)
+    >>> asyncio.run(main())
+    refused: 413
+    2 more
+
+    Args:
+        interval: the fewest seconds between two lines of one kind
+            (:data:`TALLY_INTERVAL` when not given).
+    """
+
+    interval: float = TALLY_INTERVAL
+
+    def __init__(self, interval: float | None = None) -> None:
+        if interval is not None:
+            self.interval = interval
+        self._open: dict[Hashable, _Window] = {}
+
+    def note(self, kind: Hashable, first: Callable[[], None], later: Callable[[int], None]) -> None:
+        """Count one occurrence of ``kind``: ``first()`` writes it when no interval of
+        its kind is open; otherwise it is counted, and ``later(count)`` writes the
+        count when the interval ends."""
+        window = self._open.get(kind)
+        if window is not None:
+            window.count += 1
+            window.later = later
+            return
+        first()
+        self._open[kind] = _Window(0, later)
+        asyncio.get_running_loop().call_later(self.interval, self._close, kind)
+
+    def flush(self) -> None:
+        """Write the count of every open interval now (the interval's timer then finds
+        nothing more to write): for a process that stops before its intervals end."""
+        for window in self._open.values():
+            if window.count:
+                window.later(window.count)
+                window.count = 0
+
+    def _close(self, kind: Hashable) -> None:
+        window = self._open.pop(kind)
+        if window.count:
+            window.later(window.count)
+            self._open[kind] = _Window(0, window.later)
+            asyncio.get_running_loop().call_later(self.interval, self._close, kind)

@@ -48,9 +48,9 @@ EVENTS: Final[Mapping[str, str]] = {
     "statifier.fronts.retry": "a stream consumer's routing attempt failed; the event waits",
     "statifier.fronts.dead_letter": "a stream consumer dead-lettered a message and moved on",
     "statifier.fronts.request": "an HTTP front (webhook, form, BasicHTTP) answered a request",
+    "statifier.fronts.trouble": "a stream source began, or stopped, being kept from reading",
     # the service (see the service section of docs/telemetry.md)
     "statifier.service.listener": "the HTTP listener shed, refused or timed out connections",
-    "statifier.fronts.trouble": "a stream source began, or stopped, being kept from reading",
     # scriba, the projection engine (see the scriba section of docs/telemetry.md)
     "scriba.projection.started": "a projection started running, or resumed after a pause",
     "scriba.projection.paused": "a projection paused: it stopped reading its source",

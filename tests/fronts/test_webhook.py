@@ -34,12 +34,12 @@ from tests.persistence.conftest import postgresql_store, sqlite_store  # noqa: F
 from tests.router.conftest import RouterDb, router_db, router_store  # noqa: F401 - fixtures
 
 from statifier import telemetry
-from statifier._repeats import Repeats
 from statifier.chart import Machine
 from statifier.core import Event
 from statifier.fronts.verifiers import hmac_sha256
 from statifier.fronts.webhook import body_message_id, handle, status, webhook_app
 from statifier.persistence import Discarded, Executions, Stepped
+from statifier.repeats import IntervalTally
 from statifier.router import Binding, Create, Failed, Routed, RouterConfig, ledger
 
 SECRET = b"whsec_test_secret"
@@ -544,7 +544,7 @@ async def test_the_refusals_of_an_interval_are_counted_in_one_line_at_its_end(
     db: RouterDb, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     caplog.set_level(logging.WARNING, FRONTS)
-    monkeypatch.setattr(Repeats, "interval", 0.1)
+    monkeypatch.setattr(IntervalTally, "interval", 0.1)
     async with client(app_of(config_of(db))) as http:
         for _ in range(5):
             await http.post("/", content=b"[1, 2]")

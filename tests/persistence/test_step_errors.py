@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from statifier import telemetry
-from statifier._repeats import Repeats
 from statifier.chart import Machine, compile_chart
 from statifier.core import Event, StartOptions
 from statifier.core import effects as fx
@@ -38,6 +37,7 @@ from statifier.persistence.step_errors import (
     error_record,
     step_errors,
 )
+from statifier.repeats import IntervalTally
 
 SCXML = 'xmlns="http://www.w3.org/2005/07/scxml"'
 
@@ -105,7 +105,7 @@ def machine(source: str) -> Machine:
 def fresh_log_intervals(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test's first error of a kind is logged at once (an interval opened by an
     earlier test would only count it)."""
-    monkeypatch.setattr(executions_module, "_repeats", Repeats())
+    monkeypatch.setattr(executions_module, "_repeats", IntervalTally())
 
 
 @pytest.fixture

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Final
 
 from statifier import telemetry
-from statifier._repeats import Repeats
 from statifier.extras import MissingExtra
+from statifier.repeats import IntervalTally
 
 try:
     from starlette.requests import ClientDisconnect, Request
@@ -123,7 +123,7 @@ class AnyMethod:
         self._answer = answer
         self._front = front
         self._source = source
-        self._repeats = Repeats()
+        self._repeats = IntervalTally()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()

@@ -36,7 +36,6 @@ from dataclasses import KW_ONLY, dataclass, replace
 from datetime import datetime
 from typing import Any, Final, Protocol
 
-from statifier._repeats import Repeats
 from statifier.chart import Machine
 from statifier.chart.model import ChartIdentity
 from statifier.core import (
@@ -94,6 +93,7 @@ from statifier.persistence.step_errors import (
     step_errors,
 )
 from statifier.persistence.storage import Storage
+from statifier.repeats import IntervalTally
 from statifier.telemetry import enabled, report
 
 __all__ = [
@@ -146,7 +146,7 @@ UNHANDLED_ERROR: Final = "unhandled_error"
 """The outcome's ``reason`` of an execution :attr:`OnError.FAIL` failed."""
 _MAX_FAILURE: Final = 500
 _log = logging.getLogger("statifier.persistence")
-_repeats = Repeats()
+_repeats = IntervalTally()
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,9 +19,9 @@ from typing import TypeVar
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from statifier._repeats import Repeats
 from statifier.core import Event
 from statifier.persistence.reentry import hold
+from statifier.repeats import IntervalTally
 from statifier.router.binding import Binding, Create, Keyed, Plan, Refused
 from statifier.router.config import RESERVED_BINDING_IDS, Door, RouterConfig
 from statifier.router.delivery import Delivery, deliver
@@ -42,7 +42,7 @@ from statifier.telemetry import enabled, report
 __all__ = ["BlockedByEarlierFailure", "deliver_event", "route", "route_many"]
 
 _log = logging.getLogger(__name__)
-_repeats = Repeats()
+_repeats = IntervalTally()
 
 _T = TypeVar("_T")
 _ROUTE = "statifier.router.route"

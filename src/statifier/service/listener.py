@@ -52,7 +52,7 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from statifier import telemetry
-from statifier._repeats import Repeats
+from statifier.repeats import IntervalTally
 from statifier.service.config import HttpSettings
 
 __all__ = [
@@ -128,7 +128,7 @@ class Guard:
         """The connections handed to uvicorn and not lost yet."""
         self._waiting: dict[GuardedConnection, None] = {}
         """The connections waiting for a request head, the longest waiting first."""
-        self._repeats = Repeats()
+        self._repeats = IntervalTally()
 
     def make_room(self) -> bool:
         """Make room for one more connection: under the cap there is; at the cap the
