@@ -122,6 +122,9 @@ def test_failures_are_catalog_events_or_carry_an_error() -> None:
     assert set(FAILURES) <= set(telemetry.EVENTS)
     assert failed("statifier.router.timer", {"outcome": "failed", "error": "Boom"})
     assert not failed("statifier.router.timer", {"outcome": "fired", "error": None})
+    assert failed("statifier.persistence.error", {"error": "error.execution"})
+    assert failed("statifier.fronts.request", {"status": 400, "refusal": "json"})
+    assert not failed("statifier.fronts.request", {"status": 200, "refusal": None})
 
 
 def test_every_catalog_event_passes_both_bridges(
