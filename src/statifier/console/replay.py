@@ -406,17 +406,7 @@ def _handed(
     the one the executor saw; ``Done`` is counted but not handed over."""
     seen = [effect for effect in effects if not isinstance(effect, _TRACES)]
     return [
-        (
-            effect,
-            EffectContext(
-                execution_id,
-                door=door,
-                ordinal=ordinal,
-                macrostep=effect.macrostep,
-                microstep=effect.microstep,
-                round=effect.round,
-            ),
-        )
+        (effect, EffectContext.of(effect, execution_id, door, ordinal))
         for ordinal, effect in enumerate(seen)
         if not isinstance(effect, fx.Done)
     ]

@@ -78,9 +78,7 @@ def failed(event_name: str, metadata: Mapping[str, Any]) -> bool:
     """Whether an event reports a failure: it is one of :data:`FAILURES`, or its
     metadata carries a non-empty ``error`` (a timer that failed, an executor that
     raised, a chart's error event) or ``refusal`` (a front that refused a request)."""
-    return (
-        event_name in FAILURES or bool(metadata.get("error")) or bool(metadata.get("refusal"))
-    )
+    return event_name in FAILURES or bool(metadata.get("error")) or bool(metadata.get("refusal"))
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,19 @@ class EffectContext:
     def key(self) -> str:
         return f"{self.execution_id}/{self.macrostep}.{self.microstep}.{self.round}/{self.ordinal}"
 
+    @classmethod
+    def of(cls, effect: fx.Effect, execution_id: str, door: str, ordinal: int) -> EffectContext:
+        """The context of ``effect``, the ``ordinal``-th effect of a call of ``door``
+        on ``execution_id``: its counters are the effect's own."""
+        return cls(
+            execution_id,
+            door=door,
+            ordinal=ordinal,
+            macrostep=effect.macrostep,
+            microstep=effect.microstep,
+            round=effect.round,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class Refused:
@@ -140,14 +153,7 @@ async def perform(
     for ordinal, effect in enumerate(effects):
         if isinstance(effect, fx.Done):
             continue
-        context = EffectContext(
-            execution_id,
-            door=door,
-            ordinal=ordinal,
-            macrostep=effect.macrostep,
-            microstep=effect.microstep,
-            round=effect.round,
-        )
+        context = EffectContext.of(effect, execution_id, door, ordinal)
         answer = await settle(executor(effect, context))
         if answer is None:
             continue

@@ -41,6 +41,7 @@ __all__ = [
     "chart",
     "chosen_tables",
     "error",
+    "error_values",
     "execution_record",
     "migrations",
     "table_names",
@@ -89,6 +90,20 @@ def execution_record(
         last_error_at=None if last_error_at is None else time(last_error_at),
         final_state=final_state,
     )
+
+
+def error_values(record: ErrorRecord, write_time: Callable[[datetime], Any]) -> dict[str, Any]:
+    """The parameters of an error row's insert, by column name; each dialect writes
+    times its own way (``write_time``)."""
+    return {
+        "execution_id": record.execution_id,
+        "seq": record.seq,
+        "door": record.door,
+        "name": record.name,
+        "taken": record.taken,
+        "error_blob": record.error,
+        "recorded_at": write_time(record.recorded_at),
+    }
 
 
 def error(row: Sequence[Any], read_time: Callable[[Any], datetime | None]) -> ErrorRecord:

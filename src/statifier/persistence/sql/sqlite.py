@@ -63,6 +63,7 @@ from statifier.persistence.sql.schema import (
     appended,
     chart,
     error,
+    error_values,
     execution_record,
     table_names,
 )
@@ -793,20 +794,7 @@ class SqliteDatabase:
         s = self.statements
         cursor.executemany(
             s.insert_error,
-            [
-                s.keyed(
-                    {
-                        "execution_id": each.execution_id,
-                        "seq": each.seq,
-                        "door": each.door,
-                        "name": each.name,
-                        "taken": each.taken,
-                        "error_blob": each.error,
-                        "recorded_at": utc_text(each.recorded_at),
-                    }
-                )
-                for each in errors
-            ],
+            [s.keyed(error_values(each, utc_text)) for each in errors],
         )
 
     async def errors(self, execution_id: str, limit: int) -> list[ErrorRecord]:
