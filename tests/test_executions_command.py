@@ -319,3 +319,24 @@ def test_three_sends_from_three_processes(place: Place) -> None:
         return described.status, described.final_state, described.outcome, len(described.inputs)
 
     assert asyncio.run(read()) == (Status.COMPLETED, "done", {"n": 3}, 3)
+
+
+def test_fire_stops_at_a_chart_that_sends_to_itself_without_end(
+    sqlite_place: Place, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sqlite_place.migrate()
+    (sqlite_place.charts / "loop.scxml").write_text(
+        '<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="s">'
+        '<state id="s"><onentry><send event="again"/></onentry>'
+        '<transition event="again" target="s"/></state></scxml>',
+        encoding="utf-8",
+    )
+    at = sqlite_place.options
+    charts = ["--charts", str(sqlite_place.charts)]
+    assert cli(capsys, "create", "loop", "--id", "l1", *at, *charts)[0] == 0
+    status, text, _ = cli(capsys, "fire", *at)
+    assert status == 1
+    assert text == (
+        "100 timers fired; more are still due after 100 passes (a chart sending to itself "
+        "without end?): run `statifier executions run`\n"
+    )

@@ -39,7 +39,9 @@ tagged JSON encoding (:mod:`statifier.expr.tagged`).
 Exit status: 0 done; 1 when ``send`` or ``cancel`` was discarded (the execution had
 ended or is parked: nothing changed, and the line says why), when ``send`` or
 ``create`` raised an error event no transition took (the step was stored; the lines
-say which), or ``migrate`` parked or failed to move an execution; 2 for an error of the
+say which), when ``fire`` found timers still due after 100 passes (a chart sending to
+itself without end), or ``migrate`` parked or failed to move an execution; 2 for an
+error of the
 command, printed as one line, ``statifier executions ACTION: message`` (with
 ``statifier --debug``, after the traceback).
 
@@ -71,6 +73,8 @@ DEFAULT_DATABASE = "sqlite:///statifier.db"
 migrates by default."""
 
 _DRIVER_ERRORS = ("sqlalchemy", "psycopg", "psycopg_pool")
+_FIRE_PASSES = 100
+"""The most passes ``fire`` makes over the timers due now."""
 
 
 def add_parser(commands: Any) -> argparse.ArgumentParser:
@@ -313,11 +317,19 @@ async def _send(durable: Durable, args: argparse.Namespace, out: TextIO) -> int:
 
 async def _fire(durable: Durable, out: TextIO) -> int:
     fired = 0
-    while True:  # a fired timer's step may schedule another, due at once
+    # A fired timer's step may schedule another, due at once: pass again until none is
+    # due, but not for ever (a chart may send to itself in an endless loop).
+    for _ in range(_FIRE_PASSES):
         taken = await durable.fire_due()
         if not taken:
             break
         fired += taken
+    else:
+        out.write(
+            f"{fired} timers fired; more are still due after {_FIRE_PASSES} passes "
+            "(a chart sending to itself without end?): run `statifier executions run`\n"
+        )
+        return 1
     out.write(f"{fired} timer{'s' if fired != 1 else ''} fired\n")
     return 0
 
