@@ -39,6 +39,18 @@ async def test_connections_the_server_ended_fail_no_transaction(database_url: st
                 (name,),
             )
             row = await cursor.fetchone()
+            # pg_terminate_backend only signals: wait until the backends have left
+            # pg_stat_activity, which they do after sending their FATAL goodbye.
+            async with asyncio.timeout(10):
+                while True:
+                    cursor = await admin.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+                        (name,),
+                    )
+                    left = await cursor.fetchone()
+                    if left is not None and left[0] == 0:
+                        break
+                    await asyncio.sleep(0.02)
         assert row is not None
         assert row[0] >= 6
         started = time.monotonic()

@@ -446,21 +446,31 @@ class _Pool:
         """Whether a pooled connection still works. Here rather than as the pool's
         ``check``, which backs off a second, then two, between dead connections.
 
-        First what the server sent while the connection sat in the pool, read without
-        waiting (twice: the first read takes a termination notice, the second meets
-        the end of the stream): a server that ended it (a restart,
-        ``pg_terminate_backend``) is seen at no round trip. A connection idle for
-        over :data:`_CHECK_IDLE` seconds, which may have died without a word (a
-        firewall dropping an idle flow), is also asked, by psycopg_pool's own check
-        (one round trip)."""
+        First what the server sent while the connection sat in the pool, read and
+        parsed without waiting: a server that ended it (a restart,
+        ``pg_terminate_backend``) sends a FATAL notice before it closes the stream,
+        so the notice alone tells, even before the end of the stream arrives, at no
+        round trip. A connection idle for over :data:`_CHECK_IDLE` seconds, which
+        may have died without a word (a firewall dropping an idle flow), is also
+        asked, by psycopg_pool's own check (one round trip)."""
         returned = self._returned.pop(id(driver), None)
         pgconn = driver.pgconn
+        ended: list[bool] = []
+
+        def note(notice: psycopg.errors.Diagnostic) -> None:
+            if notice.severity_nonlocalized in ("FATAL", "PANIC"):
+                ended.append(True)
+
+        driver.add_notice_handler(note)
         try:
             pgconn.consume_input()
+            pgconn.is_busy()  # parses what was read: an idle connection's FATAL is a notice
             pgconn.consume_input()
         except psycopg.OperationalError:
             return False
-        if pgconn.status != psycopg.pq.ConnStatus.OK:
+        finally:
+            driver.remove_notice_handler(note)
+        if ended or pgconn.status != psycopg.pq.ConnStatus.OK:
             return False
         if returned is None or time.monotonic() - returned > _CHECK_IDLE:
             try:
