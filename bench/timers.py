@@ -89,12 +89,12 @@ from statifier.chart import Machine, compile_chart
 from statifier.core import Event, handle_event, initialize
 from statifier.core.positions import dump, load_event
 from statifier.persistence.sql import SqlAdapter
-from statifier.persistence.sql.schema import TableNames
 from statifier.router import RouterConfig, StaticResolver
 from statifier.router.routes import IdempotencyKey
 from statifier.router.timer_queue import TimerEntry, TimerKind
 from statifier.router.timer_worker import TimerWorker
 from statifier.sql import TableOptions, migrations
+from statifier.sql.names import TableNames
 
 CHART = b"""<scxml xmlns="http://www.w3.org/2005/07/scxml" version="1.0" initial="counting">
   <datamodel><data id="count" expr="0"/></datamodel>

@@ -35,10 +35,10 @@ from statifier.fronts.consumer import StreamConsumer
 from statifier.fronts.source import Rebalance
 from statifier.fronts.table_source import TableSource
 from statifier.persistence.sql import SqlAdapter
-from statifier.persistence.sql.schema import TableNames
 from statifier.router import RouterConfig, StaticResolver
 from statifier.router.config import Door
 from statifier.sql import TableOptions
+from statifier.sql.names import TableNames
 
 sys.path.insert(0, str(Path(__file__).parents[2]))  # the repository, for tests.router
 from tests.router.racing_router import DOCUMENT, HITS, LOCK_WAIT

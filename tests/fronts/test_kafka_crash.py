@@ -40,8 +40,8 @@ from tests.router.conftest import RouterDb
 from tests.router.racing_router import DOCUMENT, SCOPE
 from tests.router.test_races import COUNTER, count_of, counter_config, logged_messages
 
-from statifier.persistence.sql.schema import TableNames
 from statifier.router import address, ledger
+from statifier.sql.names import TableNames
 
 WORKER = Path(__file__).with_name("kafka_worker.py")
 PARTITIONS = 4

@@ -35,8 +35,8 @@ from tests.router.test_races import COUNTER, count_of, counter_config, logged_me
 
 from statifier.fronts.dead_letters import TableDeadLetters
 from statifier.fronts.nats import MESSAGE_ID_HEADER
-from statifier.persistence.sql.schema import TableNames
 from statifier.router import address, ledger
+from statifier.sql.names import TableNames
 
 WORKER = Path(__file__).with_name("nats_worker.py")
 PARTITIONS = ("p0", "p1", "p2", "p3")

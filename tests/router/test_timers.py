@@ -30,13 +30,13 @@ from statifier.core import Event
 from statifier.core import effects as fx
 from statifier.persistence import EffectContext, Executions, Executor, Refused, Status
 from statifier.persistence.sql import SqlTransaction
-from statifier.persistence.sql.schema import TableNames
 from statifier.router import RouterConfig, StaticResolver, ledger
 from statifier.router.outbox import Backoff
 from statifier.router.routes import IdempotencyKey
 from statifier.router.timer_queue import TimerEntry, TimerKind
 from statifier.router.timer_worker import RouteRetries, TimerWorker
 from statifier.router.timers import DueTimer, SqlTimerQueue
+from statifier.sql.names import TableNames
 
 TIMER_EVENT = "statifier.router.timer"
 PROCESS = Path(__file__).with_name("timer_process.py")

@@ -33,11 +33,11 @@ from tests.service.helpers import HITS, Served, database_table, start_serve, wri
 
 from statifier.persistence import Executions
 from statifier.persistence.sql import SqlAdapter
-from statifier.persistence.sql.schema import TableNames
 from statifier.router import RouterConfig, address, ledger
 from statifier.service import load
 from statifier.service.config import router_config
 from statifier.sql import TableOptions
+from statifier.sql.names import TableNames
 
 PARTITIONS = 4
 KEYS = 60

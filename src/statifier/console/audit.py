@@ -62,7 +62,7 @@ from statifier.console.queries import (
 )
 from statifier.extras import MissingExtra
 from statifier.persistence.sql import SqlTransaction
-from statifier.persistence.sql.sqlite import utc_text
+from statifier.sql.dialect import utc_text
 from statifier.sql.tables import Tables, UtcDateTime
 
 try:

@@ -36,8 +36,8 @@ from statifier.extras import MissingExtra
 from statifier.persistence import PLAIN, BlobCodec, UndecodableBlob
 from statifier.persistence.codec import PlainBlobs
 from statifier.persistence.sql import SqlAdapter
-from statifier.persistence.sql.schema import TableNames
-from statifier.persistence.sql.sqlite import utc_text, utc_time
+from statifier.sql.dialect import utc_text, utc_time
+from statifier.sql.names import TableNames
 
 try:
     from sqlalchemy.ext.asyncio import AsyncEngine

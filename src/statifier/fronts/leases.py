@@ -63,10 +63,10 @@ from typing import Any
 
 from statifier.extras import MissingExtra
 from statifier.persistence.sql import SqlAdapter
-from statifier.persistence.sql.schema import TableNames
-from statifier.persistence.sql.sqlite import utc_text, utc_time
 from statifier.router.errors import ConfigError
 from statifier.router.transaction import lock_key
+from statifier.sql.dialect import utc_text, utc_time
+from statifier.sql.names import TableNames
 
 try:
     from sqlalchemy.ext.asyncio import AsyncEngine

@@ -74,12 +74,12 @@ from statifier.fronts.source import Malformed, Message, Rebalance, stored_object
 from statifier.persistence import PLAIN, BlobCodec, UndecodableBlob
 from statifier.persistence.codec import opened_json, sealed_json
 from statifier.persistence.sql import SqlAdapter, SqlTransaction
-from statifier.persistence.sql.schema import TableNames
-from statifier.persistence.sql.sqlite import utc_text
 from statifier.repeats import Repeats
 from statifier.router import InboundEvent, RouterConfig
 from statifier.router.errors import ConfigError, InvalidEvent
 from statifier.router.transaction import lock_key
+from statifier.sql.dialect import utc_text
+from statifier.sql.names import TableNames
 from statifier.telemetry import report
 
 try:

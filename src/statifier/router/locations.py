@@ -39,11 +39,11 @@ from urllib.parse import urlsplit
 from statifier.core import StartOptions
 from statifier.core.positions import NotAPosition
 from statifier.persistence import ExecutionNotFound
-from statifier.persistence.sql.schema import TableNames
-from statifier.persistence.sql.sqlite import utc_text, utc_time
 from statifier.router.errors import ConfigError, RouterError
 from statifier.router.sending import BASICHTTP_TYPES
 from statifier.router.sqlite import SqliteSession
+from statifier.sql.dialect import utc_text, utc_time
+from statifier.sql.names import TableNames
 from statifier.sql.tables import Tables
 
 if TYPE_CHECKING:

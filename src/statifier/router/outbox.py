@@ -72,10 +72,10 @@ from statifier.core.positions import NotAPosition, dump_event, load_event
 from statifier.persistence import PLAIN, BlobCodec, Refused, UndecodableBlob
 from statifier.persistence.codec import PlainBlobs, opened_text, sealed_json
 from statifier.persistence.sql import SqlAdapter, SqlTransaction
-from statifier.persistence.sql.schema import TableNames
-from statifier.persistence.sql.sqlite import utc_text, utc_time
 from statifier.router.errors import ConfigError
 from statifier.router.routes import IdempotencyKey
+from statifier.sql.dialect import utc_text, utc_time
+from statifier.sql.names import TableNames
 from statifier.telemetry import report
 
 if TYPE_CHECKING:

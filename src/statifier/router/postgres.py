@@ -15,8 +15,8 @@ from typing import Any
 from statifier.extras import MissingExtra
 from statifier.persistence.errors import LockTimeout
 from statifier.persistence.sql.postgres import lock_timeout
-from statifier.persistence.sql.schema import TableNames
 from statifier.router.records import AddressRow, LedgerRow, ReapRow
+from statifier.sql.names import TableNames
 from statifier.sql.tables import Tables
 
 try:

@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from statifier.persistence.sql.schema import TableNames
-from statifier.persistence.sql.sqlite import utc_text, utc_time
 from statifier.router.records import AddressRow, LedgerRow, ReapRow
+from statifier.sql.dialect import utc_text, utc_time
+from statifier.sql.names import TableNames
 from statifier.sql.tables import Tables
 
 __all__ = ["SqliteSession", "SqliteStatements"]

@@ -41,10 +41,10 @@ from typing import TYPE_CHECKING, Any, Final
 
 from statifier.core import effects as fx
 from statifier.expr import UNDEFINED
-from statifier.persistence.sql.schema import TableNames
-from statifier.persistence.sql.sqlite import utc_text, utc_time
 from statifier.router.errors import RouterError
 from statifier.router.sqlite import SqliteSession
+from statifier.sql.dialect import utc_text, utc_time
+from statifier.sql.names import TableNames
 
 if TYPE_CHECKING:
     from statifier.router.config import RouterConfig

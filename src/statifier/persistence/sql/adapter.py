@@ -69,7 +69,10 @@ from statifier.persistence.records import (
     Status,
 )
 from statifier.persistence.sql.schema import EVERYTHING, TableOptions, Tables, chosen_tables
+from statifier.sql.dialect import Dialect
 from statifier.sql.engines import database_url, sqlite_engine
+from statifier.sql.postgres import POSTGRES
+from statifier.sql.sqlite import SQLITE
 
 if TYPE_CHECKING:
     from statifier.persistence.sql.postgres import PostgresDatabase
@@ -191,6 +194,12 @@ class SqlAdapter:
     def tables(self) -> Tables:
         """The tables this adapter reads and writes."""
         return self._tables
+
+    @property
+    def dialect(self) -> Dialect:
+        """How the statements of :mod:`statifier.sql` bind, convert and run on this
+        adapter's database (on ``tx.driver`` of its transactions)."""
+        return POSTGRES if isinstance(self._engine, AsyncEngine) else SQLITE
 
     @property
     def engine(self) -> sa.Engine | AsyncEngine:

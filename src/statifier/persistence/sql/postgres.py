@@ -55,7 +55,6 @@ from statifier.persistence.sql.schema import (
     ERROR_COLUMNS,
     EXECUTION_COLUMNS,
     PINNING,
-    TableNames,
     Tables,
     answer,
     appended,
@@ -63,9 +62,9 @@ from statifier.persistence.sql.schema import (
     error,
     error_values,
     execution_record,
-    table_names,
 )
 from statifier.sql.engines import tables_missing
+from statifier.sql.names import TableNames, table_names
 
 try:
     import psycopg

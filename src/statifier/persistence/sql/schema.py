@@ -1,17 +1,13 @@
 """What the SQL adapter's statements are written against: the tables (defined with
-SQLAlchemy Core in :mod:`statifier.sql.tables` and built by the Alembic migrations in
-:mod:`statifier.sql.migrations`, both unchanged by this package), their names as the SQL
-text spells them, and the few rules every dialect shares.
-
->>> names = TableNames.of(TableOptions(prefix="app_", schema="flow").define())
->>> names.executions, names.inputs
-('flow.app_executions', 'flow.app_inputs')
+SQLAlchemy Core in :mod:`statifier.sql.tables`, built by the Alembic migrations in
+:mod:`statifier.sql.migrations` and named as SQL text spells them by
+:mod:`statifier.sql.names`, all unchanged by this package), and the few rules every
+dialect shares.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import astuple, dataclass
 from datetime import datetime
 from typing import Any, Final
 
@@ -33,7 +29,6 @@ __all__ = [
     "EXECUTION_COLUMNS",
     "PINNING",
     "STATUSES",
-    "TableNames",
     "TableOptions",
     "Tables",
     "answer",
@@ -44,7 +39,6 @@ __all__ = [
     "error_values",
     "execution_record",
     "migrations",
-    "table_names",
 ]
 
 EVERYTHING: Final = Capabilities(
@@ -136,68 +130,6 @@ ANSWER_COLUMNS: Final = (
     "delivered_at"
 )
 CHART_COLUMNS: Final = "content_hash, chart_blob, name, version, saved_at, retired_at, retired_by"
-
-
-@dataclass(frozen=True, slots=True)
-class TableNames:
-    """The names of the tables (durable executions' and the router's) as SQL text writes
-    them: with the prefix, and on PostgreSQL the schema. ``TableOptions`` admits only
-    plain lowercase identifiers for both, so no name needs quoting."""
-
-    charts: str
-    positions: str
-    executions: str
-    inputs: str
-    addresses: str
-    dedupe: str
-    routing_ledger: str
-    timers: str
-    outbox: str
-    subscriptions: str
-    inbound_events: str
-    consumer_positions: str
-    consumer_dead_letters: str
-    partition_leases: str
-    consumer_members: str
-    child_answers: str
-    settlements: str
-    step_errors: str
-
-    @classmethod
-    def of(cls, tables: Tables) -> TableNames:
-        options = tables.options
-        schema = f"{options.schema}." if options.schema else ""
-        return cls(
-            *(
-                f"{schema}{options.name(table)}"
-                for table in (
-                    "charts",
-                    "positions",
-                    "executions",
-                    "inputs",
-                    "addresses",
-                    "dedupe",
-                    "routing_ledger",
-                    "timers",
-                    "outbox",
-                    "subscriptions",
-                    "inbound_events",
-                    "consumer_positions",
-                    "consumer_dead_letters",
-                    "partition_leases",
-                    "consumer_members",
-                    "child_answers",
-                    "settlements",
-                    "step_errors",
-                )
-            )
-        )
-
-
-def table_names(tables: Tables) -> frozenset[str]:
-    """Every table name of ``tables`` as SQL text writes it: what a missing-table error
-    is checked against (:func:`statifier.sql.engines.tables_missing`)."""
-    return frozenset(astuple(TableNames.of(tables)))
 
 
 def chosen_tables(tables: Tables | TableOptions | None) -> Tables:

@@ -27,7 +27,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import datetime
 from types import TracebackType
 from typing import Any, Final, TypeVar
 
@@ -57,7 +57,6 @@ from statifier.persistence.sql.schema import (
     ERROR_COLUMNS,
     EXECUTION_COLUMNS,
     PINNING,
-    TableNames,
     Tables,
     answer,
     appended,
@@ -65,33 +64,15 @@ from statifier.persistence.sql.schema import (
     error,
     error_values,
     execution_record,
-    table_names,
 )
+from statifier.sql.dialect import utc_text, utc_time
 from statifier.sql.engines import configure_sqlite, is_busy, retry_busy, tables_missing
+from statifier.sql.names import TableNames, table_names
 
-__all__ = ["SqliteDatabase", "SqliteTransaction", "utc_text", "utc_time"]
+__all__ = ["SqliteDatabase", "SqliteTransaction"]
 
 _T = TypeVar("_T")
 _TRANSACTION: Final = "(transaction)"  # what a LockTimeout of transaction() names
-
-
-def utc_text(value: datetime | None) -> str | None:
-    """A time as SQLite stores it: the UTC wall time, microseconds always written."""
-    if value is None:
-        return None
-    if value.tzinfo is not UTC:
-        if value.tzinfo is None or value.utcoffset() is None:
-            raise ValueError(f"stored times must be timezone-aware, not {value!r}")
-        value = value.astimezone(UTC)
-    # In UTC the text ends in "+00:00"; cutting it is cheaper than replace(tzinfo=None).
-    return value.isoformat(" ", "microseconds")[:-6]
-
-
-def utc_time(text: str | None) -> datetime | None:
-    """A stored time read back as an aware UTC datetime."""
-    if text is None:
-        return None
-    return datetime.fromisoformat(text).replace(tzinfo=UTC)
 
 
 def _metadata(text: str) -> Any:

@@ -1,0 +1,129 @@
+"""What PostgreSQL and SQLite do differently under statifier's SQL, said once.
+
+A statement is written once, as SQL text with named parameters in SQLite's style
+(``:name``), against the table names of :mod:`statifier.sql.tables`. A
+:class:`Dialect` turns that text into what its driver binds (:meth:`Dialect.statement`),
+converts the values that its driver stores differently (times, keys, JSON documents),
+and runs the statement on the driver's connection of a transaction
+(:meth:`Dialect.execute`, :meth:`Dialect.rows`, :meth:`Dialect.row`), so that a module
+of statements reads the same for both databases. The two dialects are
+:data:`statifier.sql.postgres.POSTGRES` (psycopg 3's ``AsyncConnection``) and
+:data:`statifier.sql.sqlite.SQLITE` (``sqlite3.Connection``); a statement that truly
+reads differently on the two is written in those modules.
+
+Times are stored as aware UTC datetimes on PostgreSQL and as UTC wall-time text with
+microseconds on SQLite (the text SQLAlchemy's ``DATETIME`` writes, which sorts as the
+times do); :func:`utc_text` and :func:`utc_time` convert.
+
+>>> from statifier.sql.sqlite import SQLITE
+>>> from statifier.sql.postgres import POSTGRES
+>>> text = "SELECT id FROM t WHERE due_at <= :now AND kind = 'a:b' LIMIT :limit"
+>>> POSTGRES.statement(text)
+"SELECT id FROM t WHERE due_at <= %(now)s AND kind = 'a:b' LIMIT %(limit)s"
+>>> SQLITE.statement(text) == text
+True
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any, Final
+from uuid import UUID
+
+__all__ = ["Dialect", "Values", "named_to_pyformat", "utc_text", "utc_time"]
+
+Values = Mapping[str, Any]
+"""A statement's parameters, by name."""
+
+# A parameter is a colon and a name, not preceded by a colon (PostgreSQL's ``::type``
+# cast) nor by a name's character (a time such as '10:30' in a literal).
+_PARAMETER: Final = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
+
+
+def utc_text(value: datetime | None) -> str | None:
+    """A time as SQLite stores it: the UTC wall time, microseconds always written.
+
+    Raises:
+        ValueError: a naive time (stored times are aware).
+    """
+    if value is None:
+        return None
+    if value.tzinfo is not UTC:
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise ValueError(f"stored times must be timezone-aware, not {value!r}")
+        value = value.astimezone(UTC)
+    # In UTC the text ends in "+00:00"; cutting it is cheaper than replace(tzinfo=None).
+    return value.isoformat(" ", "microseconds")[:-6]
+
+
+def utc_time(text: str | None) -> datetime | None:
+    """A time SQLite stored (:func:`utc_text`) read back as an aware UTC datetime."""
+    if text is None:
+        return None
+    return datetime.fromisoformat(text).replace(tzinfo=UTC)
+
+
+class Dialect:
+    """One database's way of binding, converting and running statifier's statements.
+
+    Subclassed once per database; the instances are constants. Every method is safe to
+    call from any task: a dialect holds no state.
+
+    Attributes:
+        name: ``"postgresql"`` or ``"sqlite"``, as SQLAlchemy names the database.
+        row_locks: whether a statement can lock the rows it reads and skip those
+            another transaction holds (``FOR UPDATE SKIP LOCKED``), and try an
+            execution's advisory lock; SQLite's writers are serialized instead.
+        server_clock: the SQL that reads the database's own clock in a statement, or
+            ``None`` where the process's clock is bound instead (SQLite, whose writers
+            are serialized, so that one process's clock orders them).
+    """
+
+    name: str = ""
+    row_locks: bool = False
+    server_clock: str | None = None
+
+    def statement(self, text: str) -> str:
+        """``text`` (parameters as ``:name``) as this dialect's driver binds it."""
+        return text
+
+    def json(self, parameter: str) -> str:
+        """The SQL (parameters as ``:name``, like the statement it goes in) for a bound
+        JSON document ``:parameter`` stored in a JSON column."""
+        return f":{parameter}"
+
+    def time(self, value: datetime) -> Any:
+        """An aware time as this driver binds it into a time column."""
+        return value
+
+    def read_time(self, value: Any) -> datetime | None:
+        """A time column's value as this driver reads it, as an aware UTC datetime."""
+        return value  # type: ignore[no-any-return]
+
+    def key(self, value: UUID) -> Any:
+        """A client-made UUID key as this driver binds it into a key column."""
+        return value
+
+    async def execute(self, driver: Any, sql: str, values: Values | None = None) -> int:
+        """Run ``sql`` (already :meth:`statement`) on ``driver``; the rows it changed."""
+        raise NotImplementedError
+
+    async def rows(
+        self, driver: Any, sql: str, values: Values | None = None
+    ) -> list[tuple[Any, ...]]:
+        """Run ``sql`` on ``driver`` and read every row it answers."""
+        raise NotImplementedError
+
+    async def row(
+        self, driver: Any, sql: str, values: Values | None = None
+    ) -> tuple[Any, ...] | None:
+        """Run ``sql`` on ``driver`` and read its first row, or ``None``."""
+        raise NotImplementedError
+
+
+def named_to_pyformat(text: str) -> str:
+    """``text`` with ``:name`` parameters written as ``%(name)s`` and every other
+    ``%`` doubled, as psycopg binds a statement with parameters by name."""
+    return _PARAMETER.sub(r"%(\1)s", text.replace("%", "%%"))

@@ -1,0 +1,285 @@
+"""The statements of the ``timers`` table: pending delayed sends, one row each.
+
+:class:`TimerTable` inserts a row once per dedup key, deletes a send's rows (a cancel),
+takes due rows off the table in firing order (one statement for a batch, or a claim
+then one delete per row) and reads what is pending. What a row's payload means is the
+router's (:mod:`statifier.router.timers`); here it is a JSON document, stored as
+given.
+
+The firing order is the due time, then the scheduling order (``inserted_at``), then the
+send's place in its step (two sends of one step share an insert time on a coarse
+clock), then the key. Where the database locks rows (:attr:`Dialect.row_locks`), a
+claim skips the rows another transaction holds and tries each execution's advisory
+lock once, so that two workers never fire one execution's timers at once or out of
+order; on SQLite the transaction is the single writer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final
+
+from statifier.sql.dialect import Dialect
+from statifier.sql.names import TableNames
+from statifier.sql.tables import Tables
+
+__all__ = ["TakenRows", "TimerRow", "TimerTable"]
+
+_COLUMNS: Final = ("id", "execution_id", "send_id", "kind", "due_at", "step_position", "payload")
+_ORDER: Final = ("due_at", "inserted_at", "step_position", "id")
+
+
+def _listed(columns: Sequence[str], alias: str = "") -> str:
+    return ", ".join(f"{alias}{column}" for column in columns)
+
+
+@dataclass(frozen=True, slots=True)
+class TimerRow:
+    """A row of the timers table as read.
+
+    Attributes:
+        id: the row's key.
+        execution_id, send_id, kind, step_position: its columns.
+        due_at: when it is due (aware, UTC).
+        payload: its JSON document, as the driver reads it (a ``dict`` from a
+            ``jsonb`` column, text from SQLite).
+        locked: whether the transaction that read it holds its execution's lock and no
+            earlier row of that execution is held by another transaction: always true on
+            SQLite; meaningless for rows read by :meth:`TimerTable.of_execution`.
+    """
+
+    id: Any
+    execution_id: str
+    send_id: str
+    kind: str
+    due_at: datetime
+    step_position: int
+    payload: Any
+    locked: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TakenRows:
+    """What :meth:`TimerTable.take_due` deleted.
+
+    Attributes:
+        rows: the deleted rows, in firing order.
+        picked: how many due rows the statement looked at (at most the limit).
+        upcoming: the earliest due time after ``now`` of any row, or ``None``.
+    """
+
+    rows: list[TimerRow]
+    picked: int
+    upcoming: datetime | None
+
+
+class TimerTable:
+    """The statements of one ``timers`` table on one database, made once.
+
+    Args:
+        tables: the tables the migrations built (names the table, and says whether
+            keys are made by the client).
+        dialect: the database's dialect (``SqlAdapter.dialect``).
+
+    Every method takes the driver's connection of the caller's transaction
+    (``tx.driver``) and runs in it.
+    """
+
+    def __init__(self, tables: Tables, dialect: Dialect) -> None:
+        self.dialect = dialect
+        self.new_key = tables.options.key_default
+        timers = TableNames.of(tables).timers
+        order = _listed(_ORDER)
+        columns = [
+            "execution_id",
+            "send_id",
+            "dedup_key",
+            "kind",
+            "due_at",
+            "step_position",
+            "payload",
+            "inserted_at",
+        ]
+        if self.new_key:
+            columns.insert(0, "id")
+        values = {column: f":{column}" for column in columns}
+        values["payload"] = dialect.json("payload")
+        if dialect.server_clock:
+            # The server's clock, read at the insert: it orders the schedules of every
+            # process and machine on one clock.
+            values["inserted_at"] = dialect.server_clock
+        sql = dialect.statement
+        self._insert = sql(
+            f"INSERT INTO {timers} ({', '.join(columns)}) VALUES "
+            f"({', '.join(values.values())}) ON CONFLICT (dedup_key) DO NOTHING"
+        )
+        self._delete_send = sql(
+            f"DELETE FROM {timers} WHERE execution_id = :execution_id AND send_id = :send_id"
+        )
+        self._delete = sql(f"DELETE FROM {timers} WHERE id = :id")
+        self._move = sql(f"UPDATE {timers} SET due_at = :due_at WHERE id = :id")
+        self._next_due = sql(f"SELECT min(due_at) FROM {timers}")
+        self._upcoming = sql(f"SELECT min(due_at) FROM {timers} WHERE due_at > :now")
+        self._of_execution = sql(
+            f"SELECT {_listed(_COLUMNS)}, 0 FROM {timers} WHERE execution_id = :execution_id "
+            f"ORDER BY {order} LIMIT :limit"
+        )
+        if dialect.row_locks:
+            # Rows another worker holds are skipped, never waited for; the execution's
+            # lock is only tried: a step that holds it may be deleting these rows (a
+            # cancel) and wait for the row locks taken here. The lock is tried once an
+            # execution, so its rows are all granted or none; and a row waits while an
+            # earlier row of its execution is held elsewhere (skipped here: another
+            # worker's claim that did not get the lock), so that one execution's timers
+            # never fire out of order.
+            locked = (
+                "locked AS MATERIALIZED (SELECT execution_id FROM "
+                "(SELECT DISTINCT execution_id FROM picked) AS d "
+                "WHERE pg_try_advisory_xact_lock(hashtextextended(execution_id, 0)))"
+            )
+            ready = (
+                "p.execution_id IN (SELECT execution_id FROM locked) "
+                f"AND NOT EXISTS (SELECT 1 FROM {timers} AS e "
+                f"WHERE e.execution_id = p.execution_id "
+                f"AND ({_listed(_ORDER, 'e.')}) < ({_listed(_ORDER, 'p.')}) "
+                "AND e.id NOT IN (SELECT id FROM picked))"
+            )
+            # One row even when nothing is taken: it carries the counts.
+            self._take_due = sql(
+                f"WITH picked AS MATERIALIZED (SELECT id, execution_id, due_at, inserted_at, "
+                f"step_position FROM {timers} "
+                f"WHERE due_at <= :now ORDER BY {order} LIMIT :limit "
+                f"FOR UPDATE SKIP LOCKED), {locked}, "
+                f"granted AS MATERIALIZED (SELECT p.id FROM picked AS p WHERE {ready}), "
+                f"taken AS (DELETE FROM {timers} AS t USING granted WHERE t.id = granted.id "
+                f"RETURNING {_listed(_COLUMNS, 't.')}, t.inserted_at) "
+                f"SELECT {_listed(_COLUMNS, 'taken.')}, true, (SELECT count(*) FROM picked), "
+                f"(SELECT min(due_at) FROM {timers} WHERE due_at > :now) "
+                "FROM (SELECT 1) AS one LEFT JOIN taken ON true "
+                f"ORDER BY {_listed(_ORDER, 'taken.')}"
+            )
+            self._claim = sql(
+                f"WITH picked AS MATERIALIZED (SELECT {_listed(_COLUMNS)}, inserted_at "
+                f"FROM {timers} WHERE due_at <= :now ORDER BY {order} "
+                f"LIMIT :limit FOR UPDATE SKIP LOCKED), {locked} "
+                f"SELECT {_listed(_COLUMNS, 'p.')}, {ready} "
+                f"FROM picked AS p ORDER BY {_listed(_ORDER, 'p.')}"
+            )
+        else:
+            # RETURNING comes in no promised order: take_due sorts.
+            self._take_due = sql(
+                f"DELETE FROM {timers} WHERE id IN (SELECT id FROM {timers} "
+                f"WHERE due_at <= :now ORDER BY {order} LIMIT :limit) "
+                f"RETURNING {_listed(_COLUMNS)}, 1, inserted_at"
+            )
+            self._claim = sql(
+                f"SELECT {_listed(_COLUMNS)}, 1 FROM {timers} WHERE due_at <= :now "
+                f"ORDER BY {order} LIMIT :limit"
+            )
+
+    def _row(self, row: Sequence[Any]) -> TimerRow:
+        due_at = self.dialect.read_time(row[4])
+        assert due_at is not None  # due_at is NOT NULL
+        return TimerRow(row[0], row[1], row[2], row[3], due_at, row[5], row[6], bool(row[7]))
+
+    async def insert(
+        self,
+        driver: Any,
+        *,
+        execution_id: str,
+        send_id: str,
+        dedup_key: str,
+        kind: str,
+        due_at: datetime,
+        step_position: int,
+        payload: str,
+        now: datetime,
+    ) -> None:
+        """Insert a row unless one with ``dedup_key`` exists (a redriven step).
+
+        ``payload`` is the JSON document's text; ``now`` orders the row among those due
+        at the same time where the database has no clock of its own to read.
+        """
+        dialect = self.dialect
+        values: dict[str, Any] = {
+            "execution_id": execution_id,
+            "send_id": send_id,
+            "dedup_key": dedup_key,
+            "kind": kind,
+            "due_at": dialect.time(due_at),
+            "step_position": step_position,
+            "payload": payload,
+        }
+        if self.new_key:
+            values["id"] = dialect.key(self.new_key())
+        if not dialect.server_clock:
+            values["inserted_at"] = dialect.time(now)
+        await dialect.execute(driver, self._insert, values)
+
+    async def delete_send(self, driver: Any, execution_id: str, send_id: str) -> int:
+        """Delete every row of ``(execution_id, send_id)``; answer how many."""
+        values = {"execution_id": execution_id, "send_id": send_id}
+        return await self.dialect.execute(driver, self._delete_send, values)
+
+    async def take_due(self, driver: Any, now: datetime, limit: int) -> TakenRows:
+        """Delete at most ``limit`` rows due at ``now`` in one statement and answer
+        them in firing order; a rollback of the caller's transaction puts them back.
+
+        Where rows are locked, only the rows whose execution's lock was granted are
+        deleted, and of those not one that an earlier row of its execution, held by
+        another transaction, precedes; the locks are held until the transaction ends.
+        """
+        dialect = self.dialect
+        values = {"now": dialect.time(now), "limit": limit}
+        found = await dialect.rows(driver, self._take_due, values)
+        if dialect.row_locks:
+            rows = [self._row(row) for row in found if row[0] is not None]
+            return TakenRows(rows, int(found[0][8]), found[0][9])
+        found.sort(key=_firing_order)
+        rows = [self._row(row) for row in found]
+        return TakenRows(rows, len(rows), await self.upcoming(driver, now))
+
+    async def claim(self, driver: Any, now: datetime, limit: int) -> list[TimerRow]:
+        """At most ``limit`` rows due at ``now``, in firing order, left in the table.
+
+        Where rows are locked, each is locked (rows other transactions hold are
+        skipped) and its execution's lock tried, both held until the transaction ends;
+        a row is :attr:`TimerRow.locked` only if the lock was granted and no earlier row
+        of its execution is held by another transaction.
+        """
+        values = {"now": self.dialect.time(now), "limit": limit}
+        return [self._row(row) for row in await self.dialect.rows(driver, self._claim, values)]
+
+    async def delete(self, driver: Any, timer_id: Any) -> bool:
+        """Delete the row ``timer_id``; answer whether it was still there."""
+        return await self.dialect.execute(driver, self._delete, {"id": timer_id}) == 1
+
+    async def move(self, driver: Any, timer_id: Any, due_at: datetime) -> None:
+        """Make the row ``timer_id`` due at ``due_at`` instead."""
+        values = {"id": timer_id, "due_at": self.dialect.time(due_at)}
+        await self.dialect.execute(driver, self._move, values)
+
+    async def upcoming(self, driver: Any, now: datetime) -> datetime | None:
+        """The earliest due time after ``now`` of any row, or ``None``."""
+        row = await self.dialect.row(driver, self._upcoming, {"now": self.dialect.time(now)})
+        return None if row is None else self.dialect.read_time(row[0])
+
+    async def of_execution(self, driver: Any, execution_id: str, limit: int) -> list[TimerRow]:
+        """The execution's rows (at most ``limit``), in firing order, read without
+        locking them."""
+        values = {"execution_id": execution_id, "limit": limit}
+        return [
+            self._row(row) for row in await self.dialect.rows(driver, self._of_execution, values)
+        ]
+
+    async def next_due(self, driver: Any) -> datetime | None:
+        """The earliest due time of any row, or ``None`` when the table is empty."""
+        row = await self.dialect.row(driver, self._next_due)
+        return None if row is None else self.dialect.read_time(row[0])
+
+
+def _firing_order(row: Sequence[Any]) -> tuple[Any, ...]:
+    """A SQLite row's place in the firing order (its times are sortable text)."""
+    return (row[4], row[8], row[5], row[0])
