@@ -18,8 +18,8 @@ from statifier.persistence.sql import SqlAdapter
 from statifier.router import OutboxDrain, OutboxRoute
 from statifier.router.routes import IdempotencyKey
 from statifier.service import NotMigrated, ServiceConfigError, load
-from statifier.service.config import (
-    MAX_CONFIG_BYTES,
+from statifier.service.service import prepare_database
+from statifier.service.settings import (
     BasicHttpFront,
     CallSink,
     HttpSink,
@@ -28,9 +28,9 @@ from statifier.service.config import (
     NatsOptions,
     OtelSettings,
     WebhookFront,
-    router_config,
 )
-from statifier.service.service import prepare_database
+from statifier.service.toml_reader import MAX_CONFIG_BYTES
+from statifier.service.wiring import router_config
 from statifier.sql import TableOptions, migrations
 
 WHOLE = """

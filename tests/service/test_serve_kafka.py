@@ -36,7 +36,7 @@ from statifier.persistence.sql import SqlAdapter
 from statifier.persistence.sql.schema import TableNames
 from statifier.router import RouterConfig, address, ledger
 from statifier.service import load
-from statifier.service.config import router_config
+from statifier.service.wiring import router_config
 from statifier.sql import TableOptions
 
 PARTITIONS = 4
