@@ -1,9 +1,8 @@
-"""The sections of a ``statifier serve`` file, each read into its settings, and the
-checks only the whole file can tell (a queue no sink drains, a front whose source no
-binding reads, paths that overlap).
+"""The sections of a ``statifier serve`` file, each read into its settings.
 
 :class:`SectionReader` reads one file's top table (a
-:class:`~statifier.service.toml_reader.Table`); every refusal is a
+:class:`~statifier.service.toml_reader.Table`) and then has the whole checked
+(:func:`~statifier.service.cross_checks.cross_check`); every refusal is a
 :class:`~statifier.service.settings.ServiceConfigError` naming the file, the table and
 the key. Charts are compiled, bindings built and ``[codec]``'s keys read here; sources'
 modules are imported only when the service starts one.
@@ -18,18 +17,16 @@ from pathlib import Path
 from typing import Final
 
 from statifier.chart import InvalidChart, Machine, ReadLimits, compile_chart
-from statifier.console.standalone import is_loopback
 from statifier.extras import MissingExtra
 from statifier.persistence import PLAIN, BlobCodec
 from statifier.persistence.serialization import DEFAULT_LOCK_WAIT
 from statifier.router import Backoff, Binding, BindingError, load_bindings
 from statifier.router.sending import BASICHTTP_QUEUE
+from statifier.service.cross_checks import cross_check
 from statifier.service.settings import (
     CODEC_KINDS,
-    CONSOLE_PATH,
     CONSOLE_ROLES,
     DEFAULT_DATABASE,
-    HEALTH_PATHS,
     LOG_FORMATS,
     LOG_LEVELS,
     SOURCE_KINDS,
@@ -60,7 +57,6 @@ from statifier.service.settings import (
     SourceSettings,
     TimerSettings,
     WebhookFront,
-    front_table,
 )
 from statifier.service.toml_reader import (
     MAX_NAMED,
@@ -145,7 +141,7 @@ class SectionReader:
             console=console,
             codec=codec,
         )
-        self.cross_check(top, settings)
+        cross_check(top, settings)
         return settings
 
     # The database and the listener.
@@ -644,84 +640,6 @@ class SectionReader:
             raise table.refuse(key, f"must be one of {', '.join(choices)}, not {shown(value)}")
         assert isinstance(value, str)
         return value
-
-    # What only the whole file can tell.
-
-    def cross_check(self, top: Table, settings: ServiceSettings) -> None:
-        queues = {route.queue for route in settings.routes}
-        drained = {sink.queue for sink in settings.sinks}
-        for route in settings.routes:
-            if route.queue not in drained:
-                raise ServiceConfigError(
-                    self.file,
-                    f"routes.{route.name}",
-                    "queue",
-                    f"no [sinks.{route.queue}] drains queue {shown(route.queue)}",
-                )
-        for sink in settings.sinks:
-            if sink.queue not in queues:
-                raise ServiceConfigError(
-                    self.file, f"sinks.{sink.queue}", "", "no route writes to this queue"
-                )
-        if settings.routes and settings.send_type is None:
-            raise top.refuse("send_type", "required when there are routes: their sends' type")
-        if settings.on_complete is not None and settings.on_complete not in {
-            r.name for r in settings.routes
-        }:
-            raise top.refuse("on_complete", f"no [routes.{settings.on_complete}]")
-        lease = settings.outbox.lease
-        for sink in settings.sinks:
-            if isinstance(sink, HttpSink) and sink.timeout >= lease:
-                raise ServiceConfigError(
-                    self.file,
-                    f"sinks.{sink.queue}",
-                    "timeout",
-                    f"must be shorter than the outbox lease ({lease:g} seconds)",
-                )
-        console = settings.console
-        if console.enabled and not console.operators and not is_loopback(settings.http.host):
-            raise ServiceConfigError(
-                self.file,
-                "console",
-                "operators",
-                f"a console listening on {shown(settings.http.host)} (not loopback) needs "
-                "operators ([console.operators.NAME] with token_env and role)",
-            )
-        read = {binding.source for binding in settings.bindings if binding.enabled}
-        paths: dict[str, str] = {}
-        if console.enabled:
-            paths[CONSOLE_PATH] = "the console"
-        for front in settings.fronts:
-            table = front_table(front)
-            if not isinstance(front, BasicHttpFront) and front.source not in read:
-                raise ServiceConfigError(
-                    self.file,
-                    table,
-                    "source",
-                    f"no enabled binding reads source {shown(front.source)}",
-                )
-            for taken in (*HEALTH_PATHS, *paths):
-                if _nested(front.path, taken) or _nested(taken, front.path):
-                    other = paths.get(taken, "the health endpoints")
-                    raise ServiceConfigError(
-                        self.file,
-                        table,
-                        "path",
-                        f"{shown(front.path)} overlaps {other} ({shown(taken)})",
-                    )
-            paths[front.path] = f"[{table}]"
-        for source in settings.sources:
-            if source.kind != "table" and source.name not in read:
-                raise ServiceConfigError(
-                    self.file,
-                    source.table,
-                    "",
-                    f"no enabled binding reads source {shown(source.name)}",
-                )
-
-
-def _nested(path: str, under: str) -> bool:
-    return path == under or path.startswith(under.rstrip("/") + "/")
 
 
 def _bare(error: BindingError) -> str:
