@@ -4,6 +4,7 @@ combinations that cannot work are refused here (see :func:`cross_check`)."""
 from __future__ import annotations
 
 from statifier.console.standalone import is_loopback
+from statifier.router import ConfigError, check_on_complete, check_send_type
 from statifier.service.settings import (
     CONSOLE_PATH,
     HEALTH_PATHS,
@@ -13,14 +14,15 @@ from statifier.service.settings import (
     ServiceSettings,
     front_table,
 )
-from statifier.service.toml_reader import Table, shown
+from statifier.service.toml_reader import Table, one_line, shown
 
 __all__ = ["cross_check"]
 
 
 def cross_check(top: Table, settings: ServiceSettings) -> None:
-    """Refuse what no one table tells: a queue no sink drains or no route writes, a
-    sink that outlives the outbox lease, a console on a listener other than loopback
+    """Refuse what no one table tells: a queue no sink drains or no route writes, routes
+    without a send type (or a send type the router refuses), an ``on_complete`` naming
+    no route, a sink that outlives the outbox lease, a console on a listener other than loopback
     without operators, a front or a stream source whose source no enabled binding reads,
     a front whose path overlaps another's, the console's or the health endpoints.
 
@@ -44,12 +46,16 @@ def cross_check(top: Table, settings: ServiceSettings) -> None:
             raise ServiceConfigError(
                 file, f"sinks.{sink.queue}", "", "no route writes to this queue"
             )
-    if settings.routes and settings.send_type is None:
-        raise top.refuse("send_type", "required when there are routes: their sends' type")
-    if settings.on_complete is not None and settings.on_complete not in {
-        r.name for r in settings.routes
-    }:
-        raise top.refuse("on_complete", f"no [routes.{settings.on_complete}]")
+    # The router's own checks of these options, run now to name the key at fault.
+    names = [route.name for route in settings.routes]
+    try:
+        check_send_type(settings.send_type, names)
+    except ConfigError as error:
+        raise top.refuse("send_type", one_line(error)) from None
+    try:
+        check_on_complete(settings.on_complete, names)
+    except ConfigError as error:
+        raise top.refuse("on_complete", one_line(error)) from None
     lease = settings.outbox.lease
     for sink in settings.sinks:
         if isinstance(sink, HttpSink) and sink.timeout >= lease:

@@ -18,9 +18,17 @@ from typing import Final
 
 from statifier.chart import InvalidChart, Machine, ReadLimits, compile_chart
 from statifier.extras import MissingExtra
-from statifier.persistence import PLAIN, BlobCodec
+from statifier.persistence import PLAIN, BlobCodec, OnError
 from statifier.persistence.serialization import DEFAULT_LOCK_WAIT
-from statifier.router import Backoff, Binding, BindingError, load_bindings
+from statifier.router import (
+    Backoff,
+    Binding,
+    BindingError,
+    ConfigError,
+    StaticResolver,
+    error_policy_of,
+    load_bindings,
+)
 from statifier.router.sending import BASICHTTP_QUEUE
 from statifier.service.cross_checks import cross_check
 from statifier.service.settings import (
@@ -492,14 +500,18 @@ class SectionReader:
         return settings
 
     def errors(self, table: Table, documents: Mapping[str, Machine]) -> ErrorSettings:
-        policies = ("continue", "fail")
+        policies = tuple(policy.value for policy in OnError)
         default = self.choice(table, "default", policies)
         per_document = table.table("documents")
+        charts: dict[str | tuple[str, str], Machine] = dict(documents.items())
+        resolver = StaticResolver(charts)
         chosen: dict[str, str] = {}
         for document in per_document.raw:
-            if document not in documents:
-                raise per_document.refuse(document, "no such document")
             chosen[document] = self.choice(per_document, document, policies)
+            try:  # the router's check, one document at a time to name the key
+                error_policy_of(default, {document: chosen[document]}, resolver)
+            except ConfigError as error:
+                raise per_document.refuse(document, one_line(error)) from None
         per_document.done()
         table.done()
         return ErrorSettings(default, chosen)
@@ -520,14 +532,16 @@ class SectionReader:
         base = table.seconds("backoff_base", 1.0)
         cap = table.seconds("backoff_cap", 300.0)
         factor = table.seconds("backoff_factor", 2.0)
-        if factor < 1:
-            raise table.refuse("backoff_factor", f"must be at least 1, not {shown(factor)}")
+        try:
+            backoff = Backoff(timedelta(seconds=base), factor, timedelta(seconds=cap))
+        except ConfigError as error:  # base and cap are positive: the factor is refused
+            raise table.refuse("backoff_factor", one_line(error)) from None
         settings = OutboxSettings(
             batch=table.integer("batch", 10, maximum=10_000),
             lease=table.seconds("lease", 60.0),
             max_attempts=table.integer("max_attempts", 8, maximum=1_000_000),
             idle=table.seconds("idle", 0.5),
-            backoff=Backoff(timedelta(seconds=base), factor, timedelta(seconds=cap)),
+            backoff=backoff,
             basichttp_timeout=table.seconds("basichttp_timeout", 10.0),
         )
         table.done()
