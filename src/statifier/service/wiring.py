@@ -22,8 +22,10 @@ def router_config(settings: ServiceSettings, adapter: SqlAdapter) -> RouterConfi
     :class:`~statifier.router.OutboxRoute` for every route, the built-in timer queue.
 
     Raises:
-        ServiceConfigError: the router refuses the combination (named at the top
-            level of the file).
+        ServiceConfigError: the router refuses what only the whole configuration
+            tells (a reserved binding id, two documents of one chart under different
+            error policies, the BasicHTTP base URL), named at the top level of the
+            file; each option's own check ran when the file was loaded.
     """
     outbox = OutboxRoute(adapter, codec=settings.codec)
     basichttp = next((f for f in settings.fronts if isinstance(f, BasicHttpFront)), None)
