@@ -580,15 +580,16 @@ def _deployment(path: str) -> Deployment:
 
     from statifier.persistence.sql import SqlAdapter
     from statifier.router.scenario import Deployment
-    from statifier.service import config
+    from statifier.service.config_file import load
+    from statifier.service.wiring import router_config
 
-    settings = config.load(path)
+    settings = load(path)
 
     async def deployed() -> Deployment:
         # An in-memory adapter, never written: it only carries the router's
         # configuration, which is built as the service builds it.
         async with SqlAdapter("sqlite://") as adapter:
-            router = config.router_config(settings, adapter)
+            router = router_config(settings, adapter)
         return Deployment(
             file=settings.file,
             documents=settings.documents,

@@ -55,7 +55,8 @@ from statifier.router import InboundEvent, OutboxRoute, RouterConfig, StaticReso
 from statifier.router.locations import BasicHttpLocations, location
 from statifier.router.timer_worker import TimerWorker
 from statifier.service import Service
-from statifier.service.config import ServiceConfigError, load
+from statifier.service.config_file import load
+from statifier.service.settings import ServiceConfigError
 from statifier.sql import migrations
 from statifier.sql.locations import upgrade_locations
 

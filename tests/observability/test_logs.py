@@ -254,7 +254,7 @@ def test_the_json_formatter_under_dict_config(capsys: pytest.CaptureFixture[str]
 
 def test_the_services_text_lines_mask_credentials_of_any_logger() -> None:
     from statifier.service import configure_logging
-    from statifier.service.config import LoggingSettings
+    from statifier.service.settings import LoggingSettings
 
     stream = io.StringIO()
     root = logging.getLogger()

@@ -18,8 +18,8 @@ from statifier.persistence.sql import SqlAdapter
 from statifier.router import OutboxDrain, OutboxRoute
 from statifier.router.routes import IdempotencyKey
 from statifier.service import NotMigrated, ServiceConfigError, load
-from statifier.service.config import (
-    MAX_CONFIG_BYTES,
+from statifier.service.service import prepare_database
+from statifier.service.settings import (
     BasicHttpFront,
     CallSink,
     HttpSink,
@@ -28,9 +28,9 @@ from statifier.service.config import (
     NatsOptions,
     OtelSettings,
     WebhookFront,
-    router_config,
 )
-from statifier.service.service import prepare_database
+from statifier.service.toml_reader import MAX_CONFIG_BYTES
+from statifier.service.wiring import router_config
 from statifier.sql import TableOptions, migrations
 
 WHOLE = """
@@ -262,7 +262,19 @@ ROUTED = '[routes.r]\nqueue = "q"\n'
         (SENDING + ROUTED, '[routes.r] queue: no [sinks.q] drains queue "q"'),
         (
             HEAD + '[routes.r]\nqueue = "q"\n[sinks.q]\ncall = "m:f"\n',
-            "send_type: required when there are routes",
+            "send_type: routes need a send_type: the type whose targets name them",
+        ),
+        (
+            'send_type = "basichttp"\n' + HEAD,
+            "send_type: send_type 'basichttp' is a built-in send type",
+        ),
+        (
+            'on_complete = "done"\n' + SENDING + ROUTED + '[sinks.q]\ncall = "m:f"\n',
+            "on_complete: on_complete names 'done', which is not a route",
+        ),
+        (
+            "[outbox]\nbackoff_factor = 0.5\n",
+            "[outbox] backoff_factor: a backoff's factor must be at least 1, not 0.5",
         ),
         (HEAD + '[sinks.q]\ncall = "m:f"\n', "[sinks.q] no route writes to this queue"),
         (
@@ -341,7 +353,10 @@ ROUTED = '[routes.r]\nqueue = "q"\n'
             "[sources.other.consumer] lanes: must be an integer from 1 to 1024, not 0",
         ),
         ("[errors]\ndefault = 'sometimes'\n", "[errors] default: must be one of continue, fail"),
-        ("[errors.documents]\nghost = 'fail'\n", "[errors.documents] ghost: no such document"),
+        (
+            "[errors.documents]\nghost = 'fail'\n",
+            "[errors.documents] ghost: document_on_error names 'ghost', which has no chart",
+        ),
         (f"{HEAD}[errors.documents]\nhits = 'never'\n", "[errors.documents] hits: must be one"),
         ("[errors]\nfail = true\n", "[errors] fail: unknown key"),
         ("charts = 'missing'\n", 'charts: "missing" is not a directory'),

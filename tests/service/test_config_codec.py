@@ -17,7 +17,7 @@ from statifier.persistence.fernet import FernetCodec
 from statifier.persistence.sql import SqlAdapter
 from statifier.router.timers import SqlTimerQueue
 from statifier.service import ServiceConfigError, load
-from statifier.service.config import router_config
+from statifier.service.wiring import router_config
 from statifier.sql import TableOptions, migrations
 
 CODEC = '[codec]\nkind = "fernet"\nkeys_env = ["BLOB_KEY_NEW", "BLOB_KEY_OLD"]\n'

@@ -47,7 +47,7 @@ from tests.service.own_postgres import OwnPostgres, own_postgres  # noqa: F401 -
 from statifier.persistence.sql import SqlAdapter
 from statifier.router import RouterConfig, ledger
 from statifier.service import load
-from statifier.service.config import router_config
+from statifier.service.wiring import router_config
 from statifier.sql import TableOptions
 
 SCOPE = "web"

@@ -50,8 +50,9 @@ from statifier.router import (
 )
 from statifier.router.timer_worker import TimerWorker
 from statifier.service import Service, load
-from statifier.service.config import HttpSink, router_config
+from statifier.service.settings import HttpSink
 from statifier.service.sinks import IDEMPOTENCY_HEADER, HttpPostSink, SinkFailed, body_of
+from statifier.service.wiring import router_config
 from statifier.sql import TableOptions
 
 SHUTDOWN_TIMEOUT = 8.0

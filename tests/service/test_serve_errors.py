@@ -26,7 +26,7 @@ from statifier.persistence import Status, Storage
 from statifier.persistence.sql import SqlAdapter
 from statifier.router import ledger
 from statifier.service import load
-from statifier.service.config import router_config
+from statifier.service.wiring import router_config
 from statifier.sql import TableOptions
 
 ORDER = """<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="placed" datamodel="predicator">

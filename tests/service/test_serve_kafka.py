@@ -35,7 +35,7 @@ from statifier.persistence import Executions
 from statifier.persistence.sql import SqlAdapter
 from statifier.router import RouterConfig, address, ledger
 from statifier.service import load
-from statifier.service.config import router_config
+from statifier.service.wiring import router_config
 from statifier.sql import TableOptions
 from statifier.sql.names import TableNames
 

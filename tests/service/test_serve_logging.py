@@ -35,7 +35,7 @@ from statifier.extras import MissingExtra
 from statifier.persistence.sql import SqlAdapter
 from statifier.router import LedgerRow, ledger
 from statifier.service import Service, load
-from statifier.service.config import router_config
+from statifier.service.wiring import router_config
 from statifier.sql import TableOptions
 
 SECRET = "hmac-secret-5d1e0b"

@@ -34,7 +34,7 @@ from statifier.fronts.nats import MESSAGE_ID_HEADER
 from statifier.persistence.sql import SqlAdapter
 from statifier.router import LedgerRow, RouterConfig, ledger
 from statifier.service import load
-from statifier.service.config import router_config
+from statifier.service.wiring import router_config
 
 EVENTS = 12
 

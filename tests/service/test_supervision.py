@@ -14,7 +14,6 @@ from tests.service.helpers import HITS, HITS_BINDING, write_config
 from statifier.fronts.table_source import TableSource
 from statifier.persistence.sql import SqlAdapter
 from statifier.service import load
-from statifier.service.config import router_config
 from statifier.service.consumers import (
     FIRST_RESTART,
     HEALTHY_RUN,
@@ -24,6 +23,7 @@ from statifier.service.consumers import (
     process_owner,
 )
 from statifier.service.service import Supervised
+from statifier.service.wiring import router_config
 from statifier.sql import migrations
 
 

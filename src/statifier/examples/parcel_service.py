@@ -37,7 +37,7 @@ from statifier.persistence.sql import SqlAdapter
 from statifier.router import OutboxDrain, OutboxMessage, address, ledger
 from statifier.router.locations import location as location_of
 from statifier.service import Service, load
-from statifier.service.config import router_config
+from statifier.service.wiring import router_config
 
 try:
     import httpx

@@ -40,6 +40,9 @@ from statifier.router.config import (
     Resolved,
     RouterConfig,
     StaticResolver,
+    check_on_complete,
+    check_send_type,
+    error_policy_of,
 )
 from statifier.router.contracts import Contracts, Finding
 from statifier.router.errors import (
@@ -141,7 +144,10 @@ __all__ = [
     "address",
     "address_of",
     "basichttp_sink",
+    "check_on_complete",
+    "check_send_type",
     "deliver_event",
+    "error_policy_of",
     "ledger",
     "load_bindings",
     "new_execution_id",

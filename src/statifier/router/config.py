@@ -15,7 +15,7 @@ statifier.router.errors.BindingError: binding 'b', field 'id': two bindings shar
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import KW_ONLY, dataclass, field, replace
 from enum import StrEnum
@@ -62,6 +62,9 @@ __all__ = [
     "Resolver",
     "RouterConfig",
     "StaticResolver",
+    "check_on_complete",
+    "check_send_type",
+    "error_policy_of",
 ]
 
 RESERVED_BINDING_IDS: Final = frozenset({"execution", "basichttp", "route"})
@@ -295,47 +298,13 @@ class RouterConfig:
             raise ConfigError(f"lock_wait must be positive seconds, not {self.lock_wait!r}")
         if self.basichttp is not None and not isinstance(self.basichttp, BasicHttpLocations):
             raise ConfigError(f"basichttp must be a BasicHttpLocations, not {self.basichttp!r}")
-        object.__setattr__(self, "error_policy", self._error_policy())
+        policy = error_policy_of(self.on_error, self.document_on_error, self.resolver)
+        object.__setattr__(self, "error_policy", policy)
         self._check_outbound()
 
-    def _error_policy(self) -> ErrorPolicy:
-        """``on_error`` and ``document_on_error`` as a policy per chart."""
-        try:
-            base = ErrorPolicy.of_value(self.on_error)
-            documents = {
-                document: OnError.of(value) for document, value in self.document_on_error.items()
-            }
-        except ValueError as error:
-            raise ConfigError(str(error)) from None
-        if not documents:
-            return base
-        resolver = self.resolver
-        if not isinstance(resolver, StaticResolver):
-            raise ConfigError(
-                "document_on_error needs a StaticResolver: it says which chart a document runs"
-            )
-        charts: dict[str, OnError] = dict(base.charts)
-        for document, policy in documents.items():
-            machines = resolver.machines(document)
-            if not machines:
-                raise ConfigError(f"document_on_error names {document!r}, which has no chart")
-            for machine in machines:
-                content_hash = machine.identity.content_hash
-                if charts.setdefault(content_hash, policy) is not policy:
-                    raise ConfigError(
-                        f"document_on_error: documents of one chart differ ({document!r})"
-                    )
-        return ErrorPolicy(base.default, charts)
-
     def _check_outbound(self) -> None:
-        send_type: object = self.send_type
-        if send_type is not None and (not isinstance(send_type, str) or not send_type):
-            raise ConfigError(f"send_type must be a non-empty string, not {send_type!r}")
-        if send_type in BUILT_IN_SEND_TYPES:
-            raise ConfigError(f"send_type {send_type!r} is a built-in send type")
+        check_send_type(self.send_type, self.routes)
         routes = {name: _route_entry(name, entry) for name, entry in self.routes.items()}
-        if routes and self.send_type is None:
-            raise ConfigError("routes need a send_type: the type whose targets name them")
         object.__setattr__(self, "routes", MappingProxyType(routes))
         overrides: dict[str, Mapping[str, Mapping[str, Any]]] = {}
         for scope, by_route in self.route_overrides.items():
@@ -347,8 +316,7 @@ class RouterConfig:
                     )
             overrides[scope] = MappingProxyType({n: dict(c) for n, c in by_route.items()})
         object.__setattr__(self, "route_overrides", MappingProxyType(overrides))
-        if self.on_complete is not None and self.on_complete not in routes:
-            raise ConfigError(f"on_complete names {self.on_complete!r}, which is not a route")
+        check_on_complete(self.on_complete, routes)
         processor_scope: object = self.processor_scope
         if processor_scope is not None and not (
             isinstance(processor_scope, str) or callable(processor_scope)
@@ -439,6 +407,77 @@ class RouterConfig:
         if not isinstance(resolved, Resolved):
             raise TypeError(f"the resolver answered {resolved!r}, not a Resolved")
         return resolved
+
+
+# The checks of single options, for a host that reads a configuration in parts (a file,
+# say) and would name the part at fault before the whole RouterConfig exists.
+
+
+def check_send_type(send_type: object, routes: Collection[str] = ()) -> None:
+    """Refuse a ``send_type`` the router cannot take: one that is not a non-empty
+    string, a built-in send type, or none while ``routes`` names routes (a route is
+    reached only by a send of that type).
+
+    Raises:
+        ConfigError: naming what is wrong.
+    """
+    if send_type is None:
+        if routes:
+            raise ConfigError("routes need a send_type: the type whose targets name them")
+        return
+    if not isinstance(send_type, str) or not send_type:
+        raise ConfigError(f"send_type must be a non-empty string, not {send_type!r}")
+    if send_type in BUILT_IN_SEND_TYPES:
+        raise ConfigError(f"send_type {send_type!r} is a built-in send type")
+
+
+def check_on_complete(on_complete: str | None, routes: Collection[str]) -> None:
+    """Refuse an ``on_complete`` that is none of ``routes``' names.
+
+    Raises:
+        ConfigError: naming it.
+    """
+    if on_complete is not None and on_complete not in routes:
+        raise ConfigError(f"on_complete names {on_complete!r}, which is not a route")
+
+
+def error_policy_of(
+    on_error: ErrorPolicy | OnError | str,
+    document_on_error: Mapping[str, OnError | str],
+    resolver: Resolver | None,
+) -> ErrorPolicy:
+    """``on_error``, and ``document_on_error`` laid over it, as a policy per chart:
+    ``resolver``, a :class:`StaticResolver` when ``document_on_error`` names documents,
+    says which charts each document runs.
+
+    Raises:
+        ConfigError: a policy other than ``continue`` and ``fail``; a document without
+            a chart; two documents of one chart with different policies; documents
+            named while ``resolver`` is not a :class:`StaticResolver`.
+    """
+    try:
+        base = ErrorPolicy.of_value(on_error)
+        documents = {document: OnError.of(value) for document, value in document_on_error.items()}
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    if not documents:
+        return base
+    if not isinstance(resolver, StaticResolver):
+        raise ConfigError(
+            "document_on_error needs a StaticResolver: it says which chart a document runs"
+        )
+    charts: dict[str, OnError] = dict(base.charts)
+    for document, policy in documents.items():
+        machines = resolver.machines(document)
+        if not machines:
+            raise ConfigError(f"document_on_error names {document!r}, which has no chart")
+        for machine in machines:
+            content_hash = machine.identity.content_hash
+            if charts.setdefault(content_hash, policy) is not policy:
+                raise ConfigError(
+                    f"document_on_error: documents of one chart differ ({document!r})"
+                )
+    return ErrorPolicy(base.default, charts)
 
 
 def _route_entry(name: object, entry: object) -> RouteEntry:

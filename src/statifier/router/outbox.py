@@ -194,8 +194,10 @@ class Backoff:
     cap: timedelta = timedelta(minutes=5)
 
     def __post_init__(self) -> None:
-        if self.base < timedelta(0) or self.cap < timedelta(0) or not self.factor >= 1:
-            raise ConfigError(f"a backoff needs base, cap >= 0 and factor >= 1: {self!r}")
+        if self.base < timedelta(0) or self.cap < timedelta(0):
+            raise ConfigError(f"a backoff's base and cap are never negative: {self!r}")
+        if not self.factor >= 1:
+            raise ConfigError(f"a backoff's factor must be at least 1, not {self.factor!r}")
 
     def delay(self, failures: int) -> timedelta:
         """The wait after ``failures`` failed attempts (at least 1)."""

@@ -1,10 +1,10 @@
 """``statifier serve CONFIG.toml``: the router, its fronts and its workers as one
 service process.
 
-:func:`~statifier.service.config.load` reads and checks the configuration file
-(:mod:`statifier.service.config`); :class:`~statifier.service.service.Service` runs
-what it names on one event loop: the HTTP fronts under uvicorn
-(:mod:`statifier.service.mounts`) beside the health endpoints
+:func:`~statifier.service.config_file.load` reads and checks the configuration file
+(:mod:`statifier.service.config_file`) into settings (:mod:`statifier.service.settings`);
+:class:`~statifier.service.service.Service` runs what it names on one event loop: the
+HTTP fronts under uvicorn (:mod:`statifier.service.mounts`) beside the health endpoints
 (:mod:`statifier.service.health`), the stream consumers
 (:mod:`statifier.service.consumers`), the timer worker, the outbox drain with its sinks
 (:mod:`statifier.service.sinks`) and the reapers. :func:`serve` is the command, and
@@ -24,13 +24,9 @@ from typing import TextIO
 from statifier.extras import MissingExtra
 
 try:
-    from statifier.service.config import (
-        LoggingSettings,
-        ServiceConfigError,
-        ServiceSettings,
-        load,
-    )
+    from statifier.service.config_file import load
     from statifier.service.service import NotMigrated, Service
+    from statifier.service.settings import LoggingSettings, ServiceConfigError, ServiceSettings
 except ModuleNotFoundError as missing:  # the SQL layer, Starlette and uvicorn: their extras
     raise MissingExtra.of(missing) from missing
 

@@ -22,7 +22,7 @@ from starlette.routing import BaseRoute
 
 from statifier.console.live import Live
 from statifier.router import RouterConfig
-from statifier.service.config import ServiceSettings
+from statifier.service.settings import ServiceSettings
 
 __all__ = ["ServedConsole", "service_console"]
 

@@ -37,7 +37,7 @@ from statifier.extras import MissingExtra
 from statifier.fronts.source import Message, Rebalance, Source
 from statifier.repeats import Repeats
 from statifier.router import RouterConfig
-from statifier.service.config import (
+from statifier.service.settings import (
     InboundTableOptions,
     KafkaOptions,
     NatsOptions,

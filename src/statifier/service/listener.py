@@ -53,7 +53,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from statifier import telemetry
 from statifier.repeats import IntervalTally
-from statifier.service.config import HttpSettings
+from statifier.service.settings import HttpSettings
 
 __all__ = [
     "HEADROOM",

@@ -21,7 +21,7 @@ from typing import Any, Literal
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from statifier.router import RouterConfig
-from statifier.service.config import (
+from statifier.service.settings import (
     BasicHttpFront,
     Front,
     HmacSettings,

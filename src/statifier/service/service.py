@@ -59,12 +59,6 @@ from statifier.persistence.sql import SqlAdapter
 from statifier.repeats import Repeats
 from statifier.router import OutboxDrain, RouterConfig, reap_addresses, reap_dedupe
 from statifier.router.timer_worker import TimerWorker
-from statifier.service.config import (
-    BasicHttpFront,
-    HttpSettings,
-    ServiceSettings,
-    router_config,
-)
 from statifier.service.console import ServedConsole, service_console
 from statifier.service.consumers import (
     Restarts,
@@ -73,7 +67,9 @@ from statifier.service.consumers import (
 )
 from statifier.service.health import Health, health_routes
 from statifier.service.mounts import Mounted, front_app
+from statifier.service.settings import BasicHttpFront, HttpSettings, ServiceSettings
 from statifier.service.sinks import Sinks, build_sinks
+from statifier.service.wiring import router_config
 from statifier.sql import TableOptions
 
 if TYPE_CHECKING:
@@ -314,7 +310,7 @@ class Service:
     docstring).
 
     Args:
-        settings: the checked configuration (:func:`statifier.service.config.load`).
+        settings: the checked configuration (:func:`statifier.service.config_file.load`).
         out: where the service says where it listens and that it stopped.
     """
 

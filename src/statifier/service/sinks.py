@@ -39,7 +39,7 @@ from statifier.expr.tagged import encode
 from statifier.extras import MissingExtra
 from statifier.router import DeadLetter, OutboxMessage, RouterConfig, Sink, basichttp_sink
 from statifier.router.sending import BASICHTTP_QUEUE
-from statifier.service.config import (
+from statifier.service.settings import (
     CallSink,
     HttpSink,
     ServiceConfigError,
