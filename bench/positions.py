@@ -7,6 +7,7 @@ Run from the repository root::
     PYTHONPATH=src python3 bench/positions.py            # 15 repeats x 20,000 calls per row
     PYTHONPATH=src python3 bench/positions.py --quick    # 5 repeats x 5,000 calls
     PYTHONPATH=src python3 bench/positions.py --json out.json
+    PYTHONPATH=src python3 bench/positions.py --beside ../before/src   # against another tree
 
 Rows, each timed as the median over repeats of a repeat's time per call, the rows
 taking turns in a rotating order so that drifting load hits them alike:
@@ -23,15 +24,24 @@ taking turns in a rotating order so that drifting load hits them alike:
 
 Every row checks its output against the bytes the first call gave (the bytes are
 deterministic), and ``encode, position`` that it gives ``dump``'s bytes back.
+
+``--beside SRC`` also loads ``SRC/statifier/core/positions.py`` (another checkout's
+module, on this checkout's other modules) and times its ``dump`` and ``dump_event``
+rows in the same turns, marked ``beside``, checking that they write the same bytes:
+a change's cost measured in one process, which drifting load cannot tell apart.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import statistics
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from harness import (
@@ -49,8 +59,7 @@ from harness import (
 )
 
 from statifier.chart import compile_chart
-from statifier.core import Event, handle_event, initialize
-from statifier.core.positions import dump, dump_event
+from statifier.core import Event, handle_event, initialize, positions
 
 CHART = b"""<scxml xmlns="http://www.w3.org/2005/07/scxml" version="1.0"
        datamodel="predicator" initial="left">
@@ -80,7 +89,19 @@ CONTAINERS = b"""<scxml xmlns="http://www.w3.org/2005/07/scxml" version="1.0"
 """
 
 
-def _rows() -> dict[str, Callable[[], bytes | str]]:
+def _module_beside(src: Path) -> ModuleType:
+    """``statifier.core.positions`` of the checkout whose sources are at ``src``."""
+    spec = importlib.util.spec_from_file_location(
+        "positions_beside", src / "statifier" / "core" / "positions.py"
+    )
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"no positions module under {src}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _rows(beside: ModuleType | None) -> dict[str, Callable[[], bytes | str]]:
     machine = compile_chart(CHART)
     state, _ = initialize(machine)
     state, _ = handle_event(state, Event("next"))
@@ -91,18 +112,25 @@ def _rows() -> dict[str, Callable[[], bytes | str]]:
     encoder = json.JSONEncoder(
         sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
     )
-    parsed = json.loads(dump(state))
-    return {
-        "dump": lambda: dump(state),
-        "dump, containers": lambda: dump(other),
-        "dump_event": lambda: dump_event(plain),
-        "dump_event, data": lambda: dump_event(with_data),
-        "encode, position": lambda: encoder.encode(parsed),
+    parsed = json.loads(positions.dump(state))
+    calls: dict[str, tuple[str, object]] = {
+        "dump": ("dump", state),
+        "dump, containers": ("dump", other),
+        "dump_event": ("dump_event", plain),
+        "dump_event, data": ("dump_event", with_data),
     }
+    rows: dict[str, Callable[[], bytes | str]] = {}
+    for name, (function, argument) in calls.items():
+        for suffix, module in [("", positions), *([(" beside", beside)] if beside else [])]:
+            rows[name + suffix] = partial(getattr(module, function), argument)
+    rows["encode, position"] = partial(encoder.encode, parsed)
+    return rows
 
 
-def measure(repeats: int, number: int, keep_gc: bool) -> dict[str, Any]:
-    rows = _rows()
+def measure(
+    repeats: int, number: int, keep_gc: bool, beside: ModuleType | None = None
+) -> dict[str, Any]:
+    rows = _rows(beside)
     expected = {name: call() for name, call in rows.items()}
     problems = [
         f"{name}: the output changed between calls"
@@ -111,6 +139,11 @@ def measure(repeats: int, number: int, keep_gc: bool) -> dict[str, Any]:
     ]
     if str(expected["encode, position"]).encode() != expected["dump"]:
         problems.append("encode, position: not the bytes dump wrote")
+    problems.extend(
+        f"{name}: not the bytes this checkout writes"
+        for name in rows
+        if name.endswith(" beside") and expected[name] != expected[name.removesuffix(" beside")]
+    )
     samples: dict[str, list[float]] = {name: [] for name in rows}
     names = list(rows)
     with collector_paused(keep_gc):
@@ -141,6 +174,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="short run: 5 repeats x 5,000")
     parser.add_argument("--repeats", type=int, help="timed passes per row (default 15)")
     parser.add_argument("--number", type=int, help="calls per row and pass (default 20,000)")
+    parser.add_argument(
+        "--beside",
+        metavar="SRC",
+        type=Path,
+        help="also time the positions module of the checkout whose sources are at SRC",
+    )
     add_gc_option(parser)
     add_json_option(parser)
     args = parser.parse_args(argv)
@@ -151,18 +190,25 @@ def main(argv: list[str] | None = None) -> int:
     print(versions_line(info))
     print(f"{repeats} repeats x {number:,} calls per row; collector {collector_state(args.gc)}")
     print()
-    result = measure(repeats, number, args.gc)
-    print_table_header(f"{'row':<20} {'bytes':>6} {'median us':>10} {'min..max us':>14}")
+    beside = None if args.beside is None else _module_beside(args.beside)
+    result = measure(repeats, number, args.gc, beside)
+    print_table_header(f"{'row':<24} {'bytes':>6} {'median us':>10} {'min..max us':>14}")
     for row in result["rows"]:
         spread = f"{row['min_us']:.2f}..{row['max_us']:.2f}"
-        print(f"{row['row']:<20} {row['bytes']:>6} {row['median_us']:>10.2f} {spread:>14}")
+        print(f"{row['row']:<24} {row['bytes']:>6} {row['median_us']:>10.2f} {spread:>14}")
     for problem in result["problems"]:
         print(f"WARNING: {problem}", file=sys.stderr)
     if args.json is not None:
         write_json(
             args.json,
             "positions",
-            {"machine": info, "repeats": repeats, "number": number, **result},
+            {
+                "machine": info,
+                "repeats": repeats,
+                "number": number,
+                "beside": None if args.beside is None else str(args.beside),
+                **result,
+            },
         )
     return 1 if result["problems"] else 0
 
