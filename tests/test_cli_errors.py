@@ -128,7 +128,7 @@ def test_a_bad_revision_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixtur
     url = f"sqlite:///{tmp_path / 'r.db'}"
     assert run("db", "upgrade", "--url", url, "--revision", "nope") == (2, "")
     assert capsys.readouterr().err == (
-        "statifier db upgrade: revision 'nope': Can't locate revision identified by 'nope' "
+        "statifier db upgrade: revision 'nope': there is no revision 'nope' "
         "(the revisions are head, base, statifier_0001, statifier_0002, statifier_0003, "
         "statifier_0004, statifier_0005, statifier_0006, statifier_0007, statifier_0008)\n"
     )
@@ -293,7 +293,7 @@ def test_the_docs_show_these_outputs() -> None:
             "pip install 'statifier[http]'"
         ),
         (
-            "statifier db upgrade: revision 'nope': Can't locate revision identified by 'nope' "
+            "statifier db upgrade: revision 'nope': there is no revision 'nope' "
             "(the revisions are head, base, statifier_0001, statifier_0002, statifier_0003, "
             "statifier_0004, statifier_0005, statifier_0006, statifier_0007, statifier_0008)"
         ),

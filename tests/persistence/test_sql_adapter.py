@@ -273,7 +273,7 @@ async def keyed_adapter(sql_store: Any) -> AsyncIterator[SqlAdapter]:
         prefix=f"k{uuid.uuid4().hex[:6]}_",
         schema=sql_store.tables.options.schema,
         key_type=sa.Uuid,
-        leading_columns=[
+        leading_columns=lambda: [
             sa.Column("tenant_id", sa.Text(), nullable=False, server_default="shared")
         ],
     )

@@ -48,6 +48,11 @@ ERRORS_TABLES = ("mig_step_errors",)
 """What ``statifier_0008`` adds (with each execution's error count)."""
 
 
+def _tenant() -> list[sa.Column[Any]]:
+    """A leading column for the host, new on every call as ``leading_columns`` asks."""
+    return [sa.Column("tenant_id", sa.Text(), nullable=True)]
+
+
 def _options(fresh: Any, **more: Any) -> TableOptions:
     return TableOptions(prefix="mig_", schema=fresh.schema, **more)
 
@@ -94,10 +99,23 @@ def _differences(url: str, options: TableOptions) -> list[Any]:
         engine.dispose()
 
 
+def test_leading_columns_come_from_a_function_making_new_ones() -> None:
+    with pytest.raises(TypeError, match="a function that makes new columns"):
+        TableOptions(leading_columns=[sa.Column("tenant_id", sa.Text())])  # type: ignore[arg-type]
+    shared = [sa.Column("tenant_id", sa.Text())]
+    with pytest.raises(ValueError, match="new columns on every call"):
+        TableOptions(leading_columns=lambda: shared)
+    with pytest.raises(ValueError, match="a name of its own"):
+        TableOptions(leading_columns=lambda: [sa.Column("status", sa.Text())])
+    tables = TableOptions(leading_columns=_tenant).define()
+    assert [column.name for column in tables.executions.columns][:2] == ["id", "tenant_id"]
+    assert tables.executions.c.tenant_id is not tables.inputs.c.tenant_id
+
+
 def test_migrations_build_exactly_the_tables(fresh_database: Any) -> None:
     options = _options(
         fresh_database,
-        leading_columns=[sa.Column("tenant_id", sa.Text(), nullable=True)],
+        leading_columns=_tenant,
         key_type=sa.Uuid,
     )
     migrations.upgrade(fresh_database.url, options)
@@ -125,14 +143,12 @@ def test_a_difference_is_seen(fresh_database: Any) -> None:
     # The comparison is not vacuous: tables defined with a leading column the
     # migrations did not build differ.
     migrations.upgrade(fresh_database.url, _options(fresh_database))
-    wider = _options(fresh_database, leading_columns=[sa.Column("tenant_id", sa.Text())])
+    wider = _options(fresh_database, leading_columns=lambda: [sa.Column("tenant_id", sa.Text())])
     assert _differences(fresh_database.url, wider) != []
 
 
 def test_leading_columns_come_right_after_the_key(fresh_database: Any) -> None:
-    options = _options(
-        fresh_database, leading_columns=[sa.Column("tenant_id", sa.Text(), nullable=True)]
-    )
+    options = _options(fresh_database, leading_columns=_tenant)
     migrations.upgrade(fresh_database.url, options)
     engine = sa.create_engine(migrations.sync_url(fresh_database.url))
     try:
@@ -168,7 +184,7 @@ def test_the_router_revision_goes_up_and_down_on_its_own(fresh_database: Any) ->
     # away exactly those, leaving the durable executions' tables as they were.
     options = _options(
         fresh_database,
-        leading_columns=[sa.Column("tenant_id", sa.Text(), nullable=True)],
+        leading_columns=_tenant,
         key_type=sa.Uuid,
     )
     migrations.upgrade(fresh_database.url, options, "statifier_0001")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -33,7 +34,10 @@ def uuid_database(
 ) -> Iterator[tuple[str, TableOptions]]:
     """A database migrated with a prefix, a leading column and UUID keys (and on
     PostgreSQL a schema of its own)."""
-    leading = [sa.Column("tenant_id", sa.Text(), nullable=True)]
+
+    def leading() -> list[sa.Column[Any]]:
+        return [sa.Column("tenant_id", sa.Text(), nullable=True)]
+
     if request.param == "sqlite":
         options = TableOptions(prefix="u_", leading_columns=leading, key_type=sa.Uuid)
         url = f"sqlite:///{tmp_path / 'uuid.db'}"

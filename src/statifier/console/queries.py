@@ -1176,8 +1176,8 @@ def _paged(
     chosen = rows[:size]
     next_cursor = None
     if len(rows) > size:
-        last = chosen[-1]._mapping
-        next_cursor = encode_cursor(kind, last[moment], last["id"])
+        last = chosen[-1]
+        next_cursor = encode_cursor(kind, getattr(last, moment), last.id)
     return Page(tuple(make(row) for row in chosen), next_cursor)
 
 

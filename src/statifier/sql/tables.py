@@ -66,7 +66,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final
 
 import sqlalchemy as sa
@@ -123,21 +123,26 @@ class TableOptions:
         prefix: prepended to every table, index and constraint name: lowercase letters,
             digits and underscores, at most 32 long (may be empty).
         schema: the schema the tables live in (PostgreSQL); ``None`` for the default.
-        leading_columns: host columns placed right after ``id`` in every table, in
-            order. They are copied into each table; the package never reads or
-            writes them, so give them a default or make them nullable.
+        leading_columns: a function that makes the host's columns placed right after
+            ``id`` in every table, in order (``None``: none). It is called once per
+            table and must make new :class:`sqlalchemy.Column` objects on every call,
+            since a column belongs to one table. The package never reads or writes
+            them, so give them a default or make them nullable.
         key_type: the type of the surrogate key ``id``: an integer type
             (autoincrementing) or :class:`sqlalchemy.Uuid` (a random UUID made on
             insert).
 
     Raises:
         ValueError: a prefix or schema that is not a plain identifier, a leading
-            column named like a package column, or an unsupported key type.
+            column named like a package column or made again by the next call, or an
+            unsupported key type.
+        TypeError: a prefix that is not a string, or ``leading_columns`` that is not
+            callable.
     """
 
     prefix: str = DEFAULT_PREFIX
     schema: str | None = None
-    leading_columns: Sequence[sa.Column[Any]] = field(default=())
+    leading_columns: Callable[[], Sequence[sa.Column[Any]]] | None = None
     key_type: type[sa.types.TypeEngine[Any]] | sa.types.TypeEngine[Any] = sa.BigInteger
 
     def __post_init__(self) -> None:
@@ -156,12 +161,20 @@ class TableOptions:
                 "a schema name is lowercase letters, digits and underscores, starting with "
                 f"a letter or underscore, at most 63 long; got {self.schema!r}"
             )
-        object.__setattr__(self, "leading_columns", tuple(self.leading_columns))
+        if self.leading_columns is not None and not callable(self.leading_columns):
+            raise TypeError(
+                "leading_columns is a function that makes new columns, "
+                f"not {self.leading_columns!r}"
+            )
         taken = {"id"} | _PACKAGE_COLUMNS
-        given: tuple[object, ...] = tuple(self.leading_columns)
+        given: tuple[object, ...] = tuple(self.leading())
         for column in given:
             if not isinstance(column, sa.Column) or column.name in taken:
                 raise ValueError(f"a leading column needs a name of its own: {column!r}")
+        # Two calls that hand back the same object would fail later, when the second
+        # table is defined; say so here, where the options are made.
+        if any(again is first for again, first in zip(self.leading(), given, strict=False)):
+            raise ValueError("leading_columns must make new columns on every call")
         key = self._key_instance()
         if isinstance(key, sa.Uuid) and not key.native_uuid:
             raise ValueError(
@@ -200,8 +213,9 @@ class TableOptions:
         return sa.Column("id", key, primary_key=True, autoincrement=False, nullable=False)
 
     def leading(self) -> list[sa.Column[Any]]:
-        """Fresh copies of the host's leading columns (a column belongs to one table)."""
-        return [column._copy() for column in self.leading_columns]
+        """The host's leading columns, new from :attr:`leading_columns` (a column
+        belongs to one table)."""
+        return [] if self.leading_columns is None else list(self.leading_columns())
 
     def define(self, metadata: sa.MetaData | None = None) -> Tables:
         """The nineteen tables under these options, in ``metadata`` (a new one if ``None``).
@@ -336,7 +350,7 @@ class Tables:
         cls,
         prefix: str = DEFAULT_PREFIX,
         schema: str | None = None,
-        leading_columns: Sequence[sa.Column[Any]] = (),
+        leading_columns: Callable[[], Sequence[sa.Column[Any]]] | None = None,
         key_type: type[sa.types.TypeEngine[Any]] | sa.types.TypeEngine[Any] = sa.BigInteger,
     ) -> Tables:
         """Shorthand for ``TableOptions(...).define()``.

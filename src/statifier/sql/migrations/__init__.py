@@ -54,8 +54,9 @@ from statifier.sql.tables import TableOptions, Tables
 try:
     from alembic.config import Config
     from alembic.runtime.environment import EnvironmentContext
-    from alembic.runtime.migration import MigrationContext
+    from alembic.runtime.migration import MigrationContext, MigrationStep
     from alembic.script import ScriptDirectory
+    from alembic.script.revision import RangeNotAncestorError, ResolutionError, RevisionError
     from alembic.util import CommandError
 except ModuleNotFoundError as missing:  # Alembic: the sqlite extra
     raise MissingExtra.of(missing) from missing
@@ -328,18 +329,38 @@ def _migrate(
     config.attributes[OPTIONS_ATTRIBUTE] = options
     script = ScriptDirectory.from_config(config)
 
-    def steps(revision: Any, _context: MigrationContext) -> Any:
-        if upward:
-            return script._upgrade_revs(destination, revision)
-        return script._downgrade_revs(destination, revision)
+    def steps(heads: Any, _context: MigrationContext) -> list[Any]:
+        # The steps Alembic's upgrade and downgrade commands plan, from the revision map:
+        # the revisions between the heads the tables are at and the destination, run
+        # oldest first going up and newest first going down.
+        revision_map = script.revision_map
+        try:
+            if upward:
+                found = list(script.iterate_revisions(destination, heads, implicit_base=True))
+                return [MigrationStep.upgrade_from_script(revision_map, s) for s in found[::-1]]
+            found = list(script.iterate_revisions(heads, destination, select_for_downgrade=True))
+            return [MigrationStep.downgrade_from_script(revision_map, s) for s in found]
+        except RevisionError as refused:
+            raise BadRevision(destination, _refusal(refused, upward)) from None
 
     # Used without ``with``, the environment does not install itself as Alembic's
     # module-level ``context``, so this also runs inside a host's own env.py.
     environment = EnvironmentContext(config, script, fn=steps)
     try:
         _run(environment, connection, options)
-    except CommandError as refused:  # Alembic's: an unknown or unreachable revision
+    except CommandError as refused:  # Alembic's, should its environment refuse the revision
         raise BadRevision(destination, " ".join(str(refused).split())) from None
+
+
+def _refusal(error: RevisionError, upward: bool) -> str:
+    """Why Alembic's revision map found no way to ``destination``, in one line."""
+    if isinstance(error, ResolutionError):
+        return f"there is no revision {error.argument!r}"
+    if isinstance(error, RangeNotAncestorError):
+        return (
+            f"{'an upgrade' if upward else 'a downgrade'} cannot reach it from where the tables are"
+        )
+    return " ".join(str(error).split())  # a relative step that goes past either end
 
 
 def current(
