@@ -51,8 +51,7 @@ from statifier.persistence import (
 from statifier.persistence.codec import PlainBlobs, opened_json, opened_text
 from statifier.persistence.records import ChartRecord, ErrorRecord, ExecutionRecord, Status
 from statifier.persistence.step_errors import decode_error
-from statifier.router.outbox import OutboxRow
-from statifier.router.records import LedgerRow
+from statifier.router import LedgerRow, OutboxRow
 from statifier.sql.engines import busy_wait, database_url, is_busy, retry_busy, sqlite_engine
 from statifier.sql.tables import Tables, UtcDateTime
 

@@ -63,8 +63,7 @@ _T = TypeVar("_T")
 
 if TYPE_CHECKING:
     from statifier.persistence.adapter import Adapter
-    from statifier.router import RouterConfig
-    from statifier.router.outbox import Sink
+    from statifier.router import RouterConfig, Sink
     from statifier.sql import TableOptions
 
 _DESCRIBED_ERRORS: Final = 20

@@ -65,7 +65,7 @@ from statifier.extras import MissingExtra
 from statifier.persistence.sql import SqlAdapter
 from statifier.persistence.sql.schema import TableNames
 from statifier.persistence.sql.sqlite import utc_text, utc_time
-from statifier.router.errors import ConfigError
+from statifier.router import ConfigError
 from statifier.router.transaction import lock_key
 
 try:

@@ -77,8 +77,7 @@ from statifier.persistence.sql import SqlAdapter, SqlTransaction
 from statifier.persistence.sql.schema import TableNames
 from statifier.persistence.sql.sqlite import utc_text
 from statifier.repeats import Repeats
-from statifier.router import InboundEvent, RouterConfig
-from statifier.router.errors import ConfigError, InvalidEvent
+from statifier.router import ConfigError, InboundEvent, InvalidEvent, RouterConfig
 from statifier.router.transaction import lock_key
 from statifier.telemetry import report
 
