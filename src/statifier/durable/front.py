@@ -33,7 +33,6 @@ from statifier.durable.values import (
 from statifier.expr import UNDEFINED, Function, Value
 from statifier.ids import new_execution_id
 from statifier.persistence import (
-    DEFAULT_LOCK_WAIT,
     PLAIN,
     BlobCodec,
     Discarded,
@@ -55,6 +54,7 @@ from statifier.persistence import (
     decode_outcome,
 )
 from statifier.persistence.executor import refuse_unperformed
+from statifier.persistence.serialization import DEFAULT_LOCK_WAIT
 from statifier.persistence.step_errors import decode_error
 
 __all__ = ["Durable"]
