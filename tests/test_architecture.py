@@ -219,3 +219,17 @@ def test_the_check_sees_an_import_of_a_module_that_is_not_public() -> None:
         "Not `statifier.d.e`.\n"
     )
     assert public_modules(page) == {"statifier.a.b", "scriba.c"}
+
+
+def test_the_library_takes_no_name_from_the_root_package() -> None:
+    # The root package's names are the user's shortcuts, loaded on first use; a module
+    # of the library imports each from the layer that owns it.
+    found = [
+        f"{_module(path)} imports {alias.name} from statifier"
+        for path in sorted(SRC.rglob("*.py"))
+        for node, _ in _imports(path)
+        if isinstance(node, ast.ImportFrom) and node.module == "statifier"
+        for alias in node.names
+        if not _is_module(["statifier", alias.name])
+    ]
+    assert found == []
