@@ -68,9 +68,7 @@ def handle_event(state: MachineState, event: Event) -> tuple[MachineState, list[
     # A position between macrosteps with nothing pending, no invocation and no trace:
     # the macrostep may be one the chart alone decides (see StepPlan), possibly once
     # the conditions of its selection are tested.
-    idle = not (
-        state.internal_queue or state.invocations or state.states_to_invoke or state.trace
-    )
+    idle = not (state.internal_queue or state.invocations or state.states_to_invoke or state.trace)
     selected: tuple[int, ...] | None = None
     if idle:
         key = (state.configuration, event.name)
