@@ -5,6 +5,7 @@ from __future__ import annotations
 import doctest
 import importlib
 import pkgutil
+import re
 from pathlib import Path
 
 import pytest
@@ -38,3 +39,52 @@ def test_document_examples(path: Path) -> None:
         str(path), module_relative=False, optionflags=doctest.ELLIPSIS, encoding="utf-8"
     )
     assert result.failed == 0
+
+
+GLOSSARY_WORDS = (
+    "address",
+    "answer",
+    "binding",
+    "dedupe",
+    "door",
+    "driver",
+    "execution",
+    "front",
+    "held",
+    "lane",
+    "ledger",
+    "macrostep",
+    "microstep",
+    "outbox",
+    "position",
+    "projection",
+    "refusal",
+    "route",
+    "scope",
+    "scriba",
+    "settle",
+    "sink",
+    "step",
+    "timer",
+)
+
+
+def test_the_glossary_defines_its_words_and_ends_with_the_renames_proposed() -> None:
+    page = (ROOT / "docs" / "glossary.md").read_text(encoding="utf-8")
+    headings = re.findall(r"^## (.+)$", page, re.M)
+    defined = {word.strip("`").lower() for heading in headings for word in heading.split(", ")}
+    assert set(GLOSSARY_WORDS) <= defined
+    assert headings[-1] == "Renames proposed"
+    for linking in (ROOT / "README.md", ROOT / "docs" / "architecture.md"):
+        assert "glossary.md" in linking.read_text(encoding="utf-8"), linking.name
+    # Every module and name the glossary points at exists.
+    for dotted in sorted(set(re.findall(r"`((?:statifier|scriba)(?:\.\w+)+)", page))):
+        parts = dotted.split(".")
+        for split in range(len(parts), 0, -1):
+            try:
+                found: object = importlib.import_module(".".join(parts[:split]))
+            except ModuleNotFoundError:
+                continue
+            for name in parts[split:]:
+                found = getattr(found, name)
+            break

@@ -18,7 +18,6 @@ from statifier.chart import compile_chart
 from statifier.core import Event
 from statifier.core.effects import Done
 from statifier.durable import (
-    CHART_KEY,
     ChartUnusable,
     Durable,
     ExecutionExists,
@@ -26,9 +25,10 @@ from statifier.durable import (
     NotMigrated,
     Status,
     UnknownChart,
-    new_execution_id,
 )
+from statifier.durable.values import CHART_KEY
 from statifier.expr import UNDEFINED
+from statifier.ids import new_execution_id
 from statifier.persistence import MemoryAdapter, Stepped, prune
 from statifier.sql import TableOptions, migrations
 

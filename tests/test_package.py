@@ -64,3 +64,39 @@ def test_package_docstrings_name_what_exists() -> None:
     for name in subpackages:
         module = importlib.import_module(f"statifier.{name}")
         assert module.__doc__, name
+
+
+def test_the_top_level_names_need_no_extra_and_load_nothing_until_used() -> None:
+    import subprocess
+    import sys
+
+    # Every optional library made unimportable, as in an install with no extra.
+    script = (
+        "import sys\n"
+        "for name in ('sqlalchemy', 'alembic', 'psycopg', 'httpx', 'starlette', 'uvicorn',\n"
+        "             'jinja2', 'cryptography', 'opentelemetry', 'eventsourcing',\n"
+        "             'confluent_kafka', 'nats'):\n"
+        "    sys.modules[name] = None\n"
+        "import statifier.telemetry\n"
+        "print(sorted(name for name in sys.modules if name.startswith('statifier')))\n"
+        "import statifier\n"
+        "print([name for name in statifier.__all__ if getattr(statifier, name) is None])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["['statifier', 'statifier.telemetry']", "[]"]
+
+
+def test_the_top_level_names_are_their_homes_objects() -> None:
+    import importlib
+
+    from statifier import durable
+
+    for name in statifier.__all__:
+        if name != "__version__":
+            home = importlib.import_module(statifier._HOMES[name])
+            assert getattr(statifier, name) is getattr(home, name), name
+    assert statifier.Durable is durable.Durable
+    assert set(statifier.__all__) <= set(dir(statifier))

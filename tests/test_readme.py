@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import statifier
 from statifier.cli import main
 
 ROOT = Path(__file__).parent.parent
@@ -57,7 +58,9 @@ def test_the_quickstart_runs_as_written_one_process_per_event(tmp_path: Path) ->
         "python step.py ship",
         "python step.py deliver",
     ]
-    environment = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    # The statifier under test (the one this suite imported), and nothing else of the
+    # suite's paths.
+    environment = {**os.environ, "PYTHONPATH": str(Path(statifier.__file__).parent.parent)}
     printed = []
     for command, shown in steps:
         program, *arguments = shlex.split(command)
@@ -83,7 +86,23 @@ def test_the_quickstart_runs_as_written_one_process_per_event(tmp_path: Path) ->
 
 
 def test_the_install_line_is_the_sqlite_extra() -> None:
-    assert "```sh\npip install 'statifier[sqlite]'\n```" in section("Install")
+    install = section("Install")
+    assert "```sh\npip install 'statifier[sqlite]'\n```" in install
+    assert "`pip install -e '.[sqlite]'`" in install  # the same, from a checkout
+
+
+def test_the_readme_asks_for_one_install_line_and_two_set_up_commands() -> None:
+    commands = re.findall(r"^```sh\n(.*?)^```", README, re.M | re.S)
+    assert commands == ["pip install 'statifier[sqlite]'\n", "./dev demo\n", "./dev test\n"]
+    assert "./dev demo" in section("Set up")
+    assert "./dev test" in section("Set up")
+
+
+def test_the_quickstart_is_written_on_the_front_door() -> None:
+    script = quickstart_files()["step.py"]
+    assert "from statifier import Durable" in script
+    lines = [line for line in script.splitlines() if line.strip()]
+    assert len(lines) <= 15
 
 
 def test_the_readme_names_every_extra() -> None:

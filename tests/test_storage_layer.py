@@ -43,7 +43,7 @@ TESTS_DIALECT = {
     "statifier/router/outbox.py",
     "statifier/router/subscriptions.py",
     "statifier/router/transaction.py",
-    "statifier/service/config.py",
+    "statifier/service/sections.py",
 }
 
 

@@ -10,12 +10,13 @@ from typing import Any
 
 import pytest
 
-from statifier.chart import ChartIdentity, Problem, ReadLimits, compile_chart
-from statifier.chart.model import SourceLocation
+from statifier.chart import Problem, ReadLimits, compile_chart
+from statifier.chart.model import ChartIdentity, SourceLocation
 from statifier.core import Event, StartOptions, handle_event, initialize
 from statifier.core.events import engine_event
 from statifier.expr import UNDEFINED
-from statifier.persistence import EffectContext, ExecutionRecord, InvocationFailed, Stepped
+from statifier.persistence import EffectContext, ExecutionRecord, Stepped
+from statifier.persistence.driver import InvocationFailed
 from statifier.persistence.records import ChartRecord, InputRecord, PositionRecord
 from statifier.router import (
     AddressReap,

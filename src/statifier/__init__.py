@@ -1,7 +1,34 @@
 """statifier: durable, observable, long-lived event-driven processes.
 
-The library is built in layers, each using only the public API of the ones below.
-These exist today:
+The names here are the main jobs': :class:`Durable` runs executions of charts in a
+database (``sqlite:///...`` needs the ``sqlite`` extra, ``postgresql://...`` the
+``postgres`` one) and answers :class:`Description`, :class:`Sent`,
+:class:`Cancelled` and :class:`ExecutionSummary`, whose ``status`` is a
+:class:`Status`; :func:`compile_chart` reads and checks a chart before it runs
+(:class:`InvalidChart`); :class:`MissingExtra` is what an import or a call raises
+when an extra it needs is not installed. The errors a caller of :class:`Durable`
+catches are :class:`DurableError` (:class:`NotMigrated`, :class:`UnknownChart`),
+:class:`ExecutionNotFound`, :class:`ExecutionExists` and :class:`LockTimeout`.
+Importing ``statifier`` needs no extra.
+
+>>> import asyncio, os, tempfile
+>>> import statifier
+>>> chart = statifier.compile_chart(
+...     '<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="placed">'
+...     '<state id="placed"><transition event="pay" target="paid"/></state>'
+...     '<final id="paid"/></scxml>'
+... )
+>>> url = f"sqlite:///{os.path.join(tempfile.mkdtemp(), 'orders.db')}"
+>>> async def main():
+...     async with statifier.Durable(url, charts={"order": chart}, migrate=True) as durable:
+...         await durable.create("order", "order-1")
+...         sent = await durable.send("order-1", "pay")
+...         return sent.status is statifier.Status.COMPLETED, sent.final_state
+>>> asyncio.run(main())
+(True, 'paid')
+
+Everything else is in the layer that owns it, each using only the public API of the
+ones below (``docs/architecture.md``). These exist today:
 
 * ``statifier.expr`` -- a small, safe expression language for guards and data;
 * ``statifier.chart``, ``statifier.core``, ``statifier.session`` -- W3C SCXML
@@ -39,6 +66,87 @@ The core has no runtime dependencies: integrations are installed through optiona
 extras. See ``README.md`` and ``docs/architecture.md`` in the source tree.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from statifier.chart import InvalidChart, compile_chart
+    from statifier.durable import (
+        Cancelled,
+        Description,
+        Durable,
+        DurableError,
+        ExecutionExists,
+        ExecutionNotFound,
+        ExecutionSummary,
+        LockTimeout,
+        NotMigrated,
+        Sent,
+        Status,
+        UnknownChart,
+    )
+    from statifier.extras import MissingExtra
+
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = [
+    "Cancelled",
+    "Description",
+    "Durable",
+    "DurableError",
+    "ExecutionExists",
+    "ExecutionNotFound",
+    "ExecutionSummary",
+    "InvalidChart",
+    "LockTimeout",
+    "MissingExtra",
+    "NotMigrated",
+    "Sent",
+    "Status",
+    "UnknownChart",
+    "__version__",
+    "compile_chart",
+]
+
+_HOMES: Final = {
+    "InvalidChart": "statifier.chart",
+    "compile_chart": "statifier.chart",
+    "MissingExtra": "statifier.extras",
+    **dict.fromkeys(
+        (
+            "Cancelled",
+            "Description",
+            "Durable",
+            "DurableError",
+            "ExecutionExists",
+            "ExecutionNotFound",
+            "ExecutionSummary",
+            "LockTimeout",
+            "NotMigrated",
+            "Sent",
+            "Status",
+            "UnknownChart",
+        ),
+        "statifier.durable",
+    ),
+}
+"""Where each name of :data:`__all__` lives. They are imported on first use, not here:
+every import of a ``statifier`` module runs this package first, and the leaves
+(``statifier.telemetry``, ``statifier.expr``) and ``scriba`` must not load the
+statechart layers and the front door with it (docs/decisions/0098)."""
+
+
+def __getattr__(name: str) -> object:
+    """Import a name of :data:`__all__` from its home on first use, and keep it."""
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'statifier' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

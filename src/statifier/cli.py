@@ -580,8 +580,7 @@ def _deployment(path: str) -> Deployment:
 
     from statifier.persistence.sql import SqlAdapter
     from statifier.router.scenario import Deployment
-    from statifier.service.config_file import load
-    from statifier.service.wiring import router_config
+    from statifier.service import load, router_config
 
     settings = load(path)
 

@@ -63,7 +63,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TextIO
 from statifier.expr import UNDEFINED, Value, tagged
 
 if TYPE_CHECKING:
-    from statifier.durable import Description, Durable, PendingTimer
+    from statifier.durable import Description, Durable
+    from statifier.durable.values import PendingTimer
     from statifier.persistence import BlobCodec, StepError
 
 __all__ = ["DEFAULT_DATABASE", "add_parser", "main", "run"]
@@ -226,7 +227,8 @@ def codec_of(keys_env: Sequence[str] | None) -> BlobCodec:
 
 async def _run(args: argparse.Namespace, out: TextIO) -> int:
     from statifier.durable import Durable
-    from statifier.sql import DEFAULT_PREFIX, TableOptions
+    from statifier.sql import TableOptions
+    from statifier.sql.tables import DEFAULT_PREFIX
 
     tables = TableOptions(prefix=args.prefix or DEFAULT_PREFIX, schema=args.schema)
     if args.action in ("create", "migrate") and args.charts is None:

@@ -1,4 +1,4 @@
-"""Repeated errors logged once per interval, with a count of the ones held back.
+"""Repeated errors logged once per interval, with a count of the ones not logged.
 
 Two ways, one rule (one line a kind and interval, and the count of the rest):
 :class:`Repeats` appends the count to the kind's next line and serves any thread (a
@@ -10,7 +10,7 @@ database that is down, a worker restarted after each failure) would otherwise wr
 line per attempt. :class:`Repeats` keys each kind of line (an error code, a part's
 name): the first line of a key is logged at once; the same key again within
 ``interval`` seconds is only counted; the first one after the interval is logged with
-the count of those held back, and starts the next interval. So one cause writes at
+the count of those skipped, and starts the next interval. So one cause writes at
 most one line per interval, and the operator still learns how often it happened.
 
 A leaf: it imports nothing of the project, and any layer may use it.
@@ -52,7 +52,7 @@ _KEYS: Final = 1024
 @dataclass(slots=True)
 class _Seen:
     logged_at: float
-    held: int = 0
+    skipped: int = 0
 
 
 class Repeats:
@@ -80,17 +80,17 @@ class Repeats:
         self._lock = threading.Lock()
 
     def note(self, key: Hashable) -> int | None:
-        """Count one occurrence of ``key``: ``None`` when it is to be held back, else
-        the number held back since the key's last line (log it now)."""
+        """Count one occurrence of ``key``: ``None`` when it is to be skipped, else
+        the number skipped since the key's last line (log it now)."""
         noted = self._note(key)
         return None if noted is None else noted[0]
 
     def forget(self, key: Hashable) -> int:
         """Forget ``key`` (its cause has cleared: its next occurrence is logged at
-        once); answers how many of it were held back since its last line."""
+        once); answers how many of it were skipped since its last line."""
         with self._lock:
             seen = self._seen.pop(key, None)
-        return 0 if seen is None else seen.held
+        return 0 if seen is None else seen.skipped
 
     def log(
         self,
@@ -103,17 +103,17 @@ class Repeats:
         exc_info: BaseException | bool | None = None,
     ) -> bool:
         """Log ``message % args`` on ``logger`` at ``level`` if :meth:`note` says so,
-        with ``" (N more like it in the last S s)"`` after it when some were held back
+        with ``" (N more like it in the last S s)"`` after it when some were skipped
         (S: the seconds since the key's last line); the record's ``repeated`` field is
         that N. Answers whether it logged."""
         noted = self._note(key)
         if noted is None:
             return False
-        held, span = noted
-        if held:
+        skipped, span = noted
+        if skipped:
             message = f"{message} (%d more like it in the last %.0f s)"
-            args = (*args, held, span)
-        fields = {**(extra or {}), "repeated": held}
+            args = (*args, skipped, span)
+        fields = {**(extra or {}), "repeated": skipped}
         logger.log(level, message, *args, extra=fields, exc_info=exc_info)
         return True
 
@@ -122,7 +122,7 @@ class Repeats:
         with self._lock:
             seen = self._seen.get(key)
             if seen is not None and now - seen.logged_at < self.interval:
-                seen.held += 1
+                seen.skipped += 1
                 return None
             self._seen.pop(key, None)
             self._seen[key] = _Seen(now)
@@ -130,7 +130,7 @@ class Repeats:
                 del self._seen[next(iter(self._seen))]
         if seen is None:
             return 0, 0.0
-        return seen.held, now - seen.logged_at
+        return seen.skipped, now - seen.logged_at
 
 
 @dataclass

@@ -11,7 +11,9 @@ import pytest
 from statifier.chart import Machine, compile_chart
 from statifier.core import Event, MachineState, StartOptions, handle_event, initialize
 from statifier.core import effects as fx
-from statifier.expr import UNDEFINED, Duration, LocationError, Value, put
+from statifier.expr import UNDEFINED, Duration, Value
+from statifier.expr.errors import LocationError
+from statifier.expr.location import put
 
 NS = "http://www.w3.org/2005/07/scxml"
 T = TypeVar("T")

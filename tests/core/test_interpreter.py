@@ -14,13 +14,11 @@ from statifier.core import (
     MachineNotRunning,
     MachineState,
     StartOptions,
-    cancel,
     handle_event,
     initialize,
-    macrostep,
-    microstep,
 )
 from statifier.core import effects as fx
+from statifier.core.interpreter import cancel, macrostep, microstep
 from statifier.expr import UNDEFINED
 
 NS = "http://www.w3.org/2005/07/scxml"

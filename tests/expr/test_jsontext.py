@@ -13,7 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from statifier.expr import EvaluationError, evaluate
+from statifier.expr import evaluate
+from statifier.expr.errors import EvaluationError
 from statifier.expr.jsontext import MAX_JSON_DEPTH, JSONTextError, dumps, loads
 
 REFUSED: list[tuple[str | bytes, str, str]] = [

@@ -7,8 +7,10 @@ from typing import Any, cast
 
 import pytest
 
-from statifier.expr import UNDEFINED, LocationError, ParseError, assign, nodes, put, resolve
+from statifier.expr import UNDEFINED, ParseError, assign, nodes, resolve
 from statifier.expr import location as location_module
+from statifier.expr.errors import LocationError
+from statifier.expr.location import put
 
 REASONS = {
     "not_assignable",

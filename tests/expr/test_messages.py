@@ -9,15 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from statifier.expr import (
-    EvaluationError,
-    ExprError,
-    Function,
-    FunctionError,
-    Options,
-    evaluate,
-    execute,
-)
+from statifier.expr import ExprError, Function, FunctionError, Options, evaluate, execute
+from statifier.expr.errors import EvaluationError
 
 CORPUS = Path(__file__).parent.parent / "conformance" / "predicator"
 

@@ -17,16 +17,14 @@ import pytest
 
 from statifier.expr import (
     UNDEFINED,
-    EvaluationError,
     Execution,
     ExprError,
     Options,
     ParseError,
-    TypeMismatchError,
-    UndefinedVariableError,
     compile_program,
     execute,
 )
+from statifier.expr.errors import EvaluationError, TypeMismatchError, UndefinedVariableError
 from statifier.expr.tagged import encode
 
 

@@ -20,10 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from statifier.expr import (
-    BUILTINS,
     UNDEFINED,
     Duration,
-    EvaluationError,
     Execution,
     ExprError,
     Expression,
@@ -31,13 +29,15 @@ from statifier.expr import (
     Options,
     ParseError,
     Program,
-    Undefined,
     compile_expression,
     compile_program,
     evaluate,
     execute,
 )
+from statifier.expr.errors import EvaluationError
+from statifier.expr.functions import BUILTINS
 from statifier.expr.tagged import decode, encode
+from statifier.expr.values import Undefined
 
 PROPERTY = settings(
     max_examples=200,

@@ -10,18 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from statifier.expr import (
-    Duration,
-    Limits,
-    ParseError,
-    Program,
-    TypeMismatchError,
-    compile_program,
-    evaluate,
-    execute,
-)
+from statifier.expr import Duration, Limits, ParseError, Program, compile_program, evaluate, execute
 from statifier.expr import nodes as n
-from statifier.expr.errors import ExprError, Span
+from statifier.expr.errors import ExprError, Span, TypeMismatchError
 from statifier.expr.lexer import tokenize
 from statifier.expr.parser import parse_expression, parse_program
 

@@ -16,21 +16,19 @@ from typing import Any
 import pytest
 
 from statifier.expr import (
-    BUILTINS,
     UNDEFINED,
     CallContext,
     Duration,
-    EvaluationError,
     ExprError,
     Function,
     FunctionError,
     Options,
     ParseError,
-    TypeMismatchError,
-    UndefinedVariableError,
     compile_expression,
     evaluate,
 )
+from statifier.expr.errors import EvaluationError, TypeMismatchError, UndefinedVariableError
+from statifier.expr.functions import BUILTINS
 from statifier.expr.tagged import encode
 
 NOW = datetime(2024, 6, 15, 12, 0, tzinfo=UTC)

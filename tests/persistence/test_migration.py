@@ -20,7 +20,6 @@ from statifier.persistence import (
     ExecutionNotFound,
     Executions,
     InvalidMigrationPlan,
-    LoggedMigration,
     MemoryAdapter,
     Migrated,
     MigrationPlan,
@@ -32,6 +31,7 @@ from statifier.persistence import (
 )
 from statifier.persistence.adapter import Adapter, Capabilities
 from statifier.persistence.errors import MetadataUnsupported
+from statifier.persistence.migration import LoggedMigration
 from statifier.persistence.sql import SqlAdapter
 from statifier.telemetry import attach, detach
 

@@ -10,9 +10,9 @@ from statifier.chart import Machine, compile_chart
 from statifier.core import Event, MachineState, handle_event, initialize
 from statifier.core import effects as fx
 from statifier.core.positions import IdentityMismatch
-from statifier.persistence import InvalidMigrationPlan, LoggedMigration, MigrationPlan
+from statifier.persistence import InvalidMigrationPlan, MigrationPlan
 from statifier.persistence.errors import UndeclaredPlanData, UnknownPlanStates
-from statifier.persistence.migration import Unmappable, carry, renamed_ids
+from statifier.persistence.migration import LoggedMigration, Unmappable, carry, renamed_ids
 
 NS = 'xmlns="http://www.w3.org/2005/07/scxml" datamodel="predicator"'
 

@@ -13,7 +13,8 @@ from tests.router.conftest import RouterDb
 
 from statifier.chart import compile_chart
 from statifier.core import Event
-from statifier.persistence import DEFAULT_LOCK_WAIT, Executions, ReentrantCall, Refused, Stepped
+from statifier.persistence import Executions, ReentrantCall, Refused, Stepped
+from statifier.persistence.serialization import DEFAULT_LOCK_WAIT
 from statifier.persistence.sql import SqlTransaction
 from statifier.router import (
     Binding,

@@ -14,11 +14,10 @@ Needs SQLAlchemy and Alembic (the ``scriba`` extra), plus psycopg 3 for PostgreS
 
 from scriba.sql.failures import classify
 from scriba.sql.migrate import HEAD, current_revision, downgrade, upgrade
-from scriba.sql.tables import DEFAULT_PREFIX, Tables, define_tables
+from scriba.sql.tables import Tables, define_tables
 from scriba.sql.target import SchemaNotReadyError, SqlTarget
 
 __all__ = [
-    "DEFAULT_PREFIX",
     "HEAD",
     "SchemaNotReadyError",
     "SqlTarget",

@@ -11,22 +11,12 @@
 'sha256:'
 """
 
-from statifier.chart.compiler import (
-    SCXML_NS,
-    InvalidChart,
-    Loader,
-    Problem,
-    compile_chart,
-    validate,
-)
-from statifier.chart.model import ChartIdentity, Machine
+from statifier.chart.compiler import InvalidChart, Problem, compile_chart, validate
+from statifier.chart.model import Machine
 from statifier.chart.reader import ReadLimits
 
 __all__ = [
-    "SCXML_NS",
-    "ChartIdentity",
     "InvalidChart",
-    "Loader",
     "Machine",
     "Problem",
     "ReadLimits",

@@ -36,17 +36,16 @@ from statifier.expr import (
     ExprError,
     Expression,
     Function,
-    Location,
-    LocationError,
     Options,
     ParseError,
     Program,
     Value,
     compile_expression,
-    compile_location,
     compile_program,
     nodes,
 )
+from statifier.expr.errors import LocationError
+from statifier.expr.location import Location, compile_location
 
 __all__ = ["SCXML_NS", "InvalidChart", "Loader", "Problem", "compile_chart", "validate"]
 

@@ -17,7 +17,7 @@ from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Literal, TypeAlias
 
 from statifier.expr import Expression, Function, ParseError, Program, Value
-from statifier.expr import Location as ExprLocation
+from statifier.expr.location import Location as ExprLocation
 
 __all__ = [
     "Assign",

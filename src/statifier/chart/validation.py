@@ -57,7 +57,9 @@ from statifier.chart.reader import (
     XMLProblem,
     start_tag_end,
 )
-from statifier.expr import Expression, Location, ParseError, Program, Span, nodes
+from statifier.expr import Expression, ParseError, Program, nodes
+from statifier.expr.errors import Span
+from statifier.expr.location import Location
 
 __all__ = ["SYSTEM_VARIABLES", "Finding", "Severity", "check"]
 

@@ -36,8 +36,14 @@ from statifier.console.queries import run_on
 from statifier.extras import MissingExtra
 from statifier.persistence import Discarded, ExecutionNotFound, UndecodableBlob
 from statifier.persistence.sql import SqlTransaction
-from statifier.router import ConfigError, InboundEvent, OutboxDrain, RouterConfig, route
-from statifier.router.errors import RouterError
+from statifier.router import (
+    ConfigError,
+    InboundEvent,
+    OutboxDrain,
+    RouterConfig,
+    RouterError,
+    route,
+)
 from statifier.router.locations import NoLocation, rotate_location_in
 from statifier.sql.names import TableNames
 from statifier.sql.tables import Tables

@@ -40,19 +40,12 @@ from typing import Any, Final, Generic, TypeVar
 from scriba.sql.tables import Tables as ScribaTables
 from statifier.core.positions import NotAPosition, load_event
 from statifier.extras import MissingExtra
-from statifier.persistence import (
-    PLAIN,
-    BlobCodec,
-    LoggedInput,
-    StepError,
-    UndecodableBlob,
-    logged_input,
-)
+from statifier.persistence import PLAIN, BlobCodec, LoggedInput, StepError, UndecodableBlob
 from statifier.persistence.codec import PlainBlobs, opened_json, opened_text
+from statifier.persistence.executions import logged_input
 from statifier.persistence.records import ChartRecord, ErrorRecord, ExecutionRecord, Status
 from statifier.persistence.step_errors import decode_error
-from statifier.router.outbox import OutboxRow
-from statifier.router.records import LedgerRow
+from statifier.router import LedgerRow, OutboxRow
 from statifier.sql.engines import busy_wait, database_url, is_busy, retry_busy, sqlite_engine
 from statifier.sql.tables import Tables, UtcDateTime
 

@@ -48,18 +48,13 @@ from datetime import datetime
 from typing import Final
 
 from statifier.chart import Machine
-from statifier.core import (
-    SCXML_PROCESSOR,
-    Event,
-    MachineState,
-    StartOptions,
-    deliver_internal,
-    handle_event,
-    initialize,
-)
+from statifier.core import Event, MachineState, StartOptions, handle_event, initialize
 from statifier.core import effects as fx
+from statifier.core.events import SCXML_PROCESSOR
+from statifier.core.interpreter import deliver_internal
 from statifier.expr import UNDEFINED, Value
-from statifier.persistence import LoggedInput, logged_start
+from statifier.persistence import LoggedInput
+from statifier.persistence.executions import logged_start
 from statifier.persistence.executor import EffectContext, Refused, refusal_event
 from statifier.persistence.migration import MIGRATE_DOOR
 from statifier.router.sending import send_key

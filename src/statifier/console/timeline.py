@@ -29,9 +29,9 @@ from typing import Any, Final
 
 from statifier.console.queries import MAX_STEP_KEYS, ErrorView, StepRows, TimerView
 from statifier.console.replay import ReplayStep, StepCancel, StepSend
-from statifier.expr import Undefined, tagged
-from statifier.router.outbox import OutboxRow
-from statifier.router.records import LedgerRow
+from statifier.expr import tagged
+from statifier.expr.values import Undefined
+from statifier.router import LedgerRow, OutboxRow
 
 __all__ = [
     "MAX_DATA_CHARS",

@@ -16,39 +16,15 @@
 (('busy',), [('entered', 2)])
 """
 
-from statifier.core.content import (
-    SCXML_INVOKE_TYPE,
-    SCXML_INVOKE_TYPES,
-    SCXML_PROCESSOR,
-    SCXML_SEND_TYPES,
-)
-from statifier.core.events import Event, EventType
-from statifier.core.interpreter import (
-    MachineNotRunning,
-    cancel,
-    deliver_internal,
-    handle_event,
-    initialize,
-    macrostep,
-    microstep,
-)
-from statifier.core.state import DEFAULT_ROUND_BUDGET, MachineState, StartOptions
+from statifier.core.events import Event
+from statifier.core.interpreter import MachineNotRunning, handle_event, initialize
+from statifier.core.state import MachineState, StartOptions
 
 __all__ = [
-    "DEFAULT_ROUND_BUDGET",
-    "SCXML_INVOKE_TYPE",
-    "SCXML_INVOKE_TYPES",
-    "SCXML_PROCESSOR",
-    "SCXML_SEND_TYPES",
     "Event",
-    "EventType",
     "MachineNotRunning",
     "MachineState",
     "StartOptions",
-    "cancel",
-    "deliver_internal",
     "handle_event",
     "initialize",
-    "macrostep",
-    "microstep",
 ]

@@ -16,7 +16,14 @@ from typing import Any, Final
 
 from statifier.chart import model as m
 from statifier.core import effects as fx
-from statifier.core.events import Event, engine_event
+from statifier.core.events import (
+    SCXML_INVOKE_TYPE,
+    SCXML_INVOKE_TYPES,
+    SCXML_PROCESSOR,
+    SCXML_SEND_TYPES,
+    Event,
+    engine_event,
+)
 from statifier.expr import (
     UNDEFINED,
     Duration,
@@ -28,31 +35,14 @@ from statifier.expr import (
     Program,
     Value,
     parse_duration,
-    put,
 )
+from statifier.expr.location import put
 
 __all__ = [
-    "SCXML_INVOKE_TYPE",
-    "SCXML_INVOKE_TYPES",
-    "SCXML_PROCESSOR",
-    "SCXML_SEND_TYPES",
     "ConditionContext",
     "ContentRunner",
 ]
 
-SCXML_PROCESSOR: Final = "http://www.w3.org/TR/scxml/#SCXMLEventProcessor"
-"""The SCXML event I/O processor's type URI (``_ioprocessors`` and ``origintype``)."""
-SCXML_SEND_TYPES: Final = frozenset({SCXML_PROCESSOR, "scxml"})
-"""The ``<send type>`` spellings the SCXML processor answers to (no type means it too)."""
-SCXML_INVOKE_TYPE: Final = "http://www.w3.org/TR/scxml/"
-"""The SCXML invoke type as every ``Invoke`` effect carries it, whatever the chart
-wrote."""
-SCXML_INVOKE_TYPES: Final = frozenset(
-    {SCXML_INVOKE_TYPE, "http://www.w3.org/TR/scxml", "scxml", SCXML_PROCESSOR}
-)
-"""The ``<invoke type>`` spellings charts use for an SCXML child (the W3C corpus writes
-the URI without its trailing slash too); the core answers each as
-:data:`SCXML_INVOKE_TYPE`."""
 _VARIABLE: Final = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 
 

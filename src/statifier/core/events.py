@@ -1,4 +1,5 @@
-"""Events: what a chart reacts to."""
+"""Events: what a chart reacts to, and the type URIs of the SCXML processor that
+carries them between charts."""
 
 from __future__ import annotations
 
@@ -8,9 +9,31 @@ from typing import Final, Literal, NoReturn, TypeAlias
 
 from statifier.expr import UNDEFINED, Value
 
-__all__ = ["Event", "EventType", "engine_event"]
+__all__ = [
+    "SCXML_INVOKE_TYPE",
+    "SCXML_INVOKE_TYPES",
+    "SCXML_PROCESSOR",
+    "SCXML_SEND_TYPES",
+    "Event",
+    "EventType",
+    "engine_event",
+]
 
 EventType: TypeAlias = Literal["external", "internal", "platform"]
+
+SCXML_PROCESSOR: Final = "http://www.w3.org/TR/scxml/#SCXMLEventProcessor"
+"""The SCXML event I/O processor's type URI (``_ioprocessors`` and ``origintype``)."""
+SCXML_SEND_TYPES: Final = frozenset({SCXML_PROCESSOR, "scxml"})
+"""The ``<send type>`` spellings the SCXML processor answers to (no type means it too)."""
+SCXML_INVOKE_TYPE: Final = "http://www.w3.org/TR/scxml/"
+"""The SCXML invoke type as every ``Invoke`` effect carries it, whatever the chart
+wrote."""
+SCXML_INVOKE_TYPES: Final = frozenset(
+    {SCXML_INVOKE_TYPE, "http://www.w3.org/TR/scxml", "scxml", SCXML_PROCESSOR}
+)
+"""The ``<invoke type>`` spellings charts use for an SCXML child (the W3C corpus writes
+the URI without its trailing slash too); the core answers each as
+:data:`SCXML_INVOKE_TYPE`."""
 
 _EVENT_TYPES: Final = frozenset({"external", "internal", "platform"})
 _OPTIONAL_TEXT: Final = ("sendid", "origin", "origintype", "invokeid")

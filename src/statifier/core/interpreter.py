@@ -68,11 +68,9 @@ def handle_event(state: MachineState, event: Event) -> tuple[MachineState, list[
     # A position between macrosteps with nothing pending, no invocation and no trace:
     # the macrostep may be one the chart alone decides (see StepPlan), possibly once
     # the conditions of its selection are tested.
-    settled = not (
-        state.internal_queue or state.invocations or state.states_to_invoke or state.trace
-    )
+    idle = not (state.internal_queue or state.invocations or state.states_to_invoke or state.trace)
     selected: tuple[int, ...] | None = None
-    if settled:
+    if idle:
         key = (state.configuration, event.name)
         plan = tables.steps.get(key)
         if plan is not None:
@@ -93,7 +91,7 @@ def handle_event(state: MachineState, event: Event) -> tuple[MachineState, list[
                         return after, _plan_effects(after, event, plan)
     work = _Interpreter.resume(state)
     work.external_event(event, selected)
-    if settled:
+    if idle:
         work.remember_step(event.name)
     return work.freeze(), work.effects
 
@@ -135,7 +133,7 @@ def _test_guards(
     datamodel: Mapping[str, Value],
     tables: ChartMemo,
 ) -> tuple[int, ...] | None:
-    """The transitions ``selectTransitions`` enables from a settled ``state`` (before
+    """The transitions ``selectTransitions`` enables from an idle ``state`` (before
     conflicts are removed), testing the conditions of ``candidates`` (the memoised
     selection candidates) in the same order against ``datamodel`` (``_event`` already
     set) and the configuration, without building a working interpreter; or None if a
@@ -475,7 +473,7 @@ class _Interpreter(ContentRunner):
         self.main_event_loop()
 
     def remember_step(self, event: str) -> None:
-        """After :meth:`external_event` from a settled position: store the macrostep as
+        """After :meth:`external_event` from an idle position: store the macrostep as
         a :class:`~statifier.core.memo.StepPlan` if the chart alone decided it (at most
         one microstep, no content run, no history consulted, nothing queued or
         invoked, no effect, still running, and no condition tested but by the

@@ -34,11 +34,11 @@ from functools import lru_cache
 from typing import Any, Final
 
 from statifier.chart.model import ChartIdentity, Machine
-from statifier.core.content import SCXML_PROCESSOR
-from statifier.core.events import Event, engine_event
+from statifier.core.events import SCXML_PROCESSOR, Event, engine_event
 from statifier.core.state import MachineState
-from statifier.expr import UNDEFINED, Undefined
+from statifier.expr import UNDEFINED
 from statifier.expr.tagged import TaggedValueError, decode, encode
+from statifier.expr.values import Undefined
 
 __all__ = [
     "FORMAT_VERSION",

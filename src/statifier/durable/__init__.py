@@ -35,35 +35,21 @@ router and the database drivers are imported when a :class:`Durable` opens, not 
 import.
 """
 
-from statifier.durable.charts import ChartSource
 from statifier.durable.database import NotMigrated
 from statifier.durable.errors import ChartUnusable, DurableError, UnknownChart
 from statifier.durable.front import Durable
-from statifier.durable.values import (
-    CHART_KEY,
-    Cancelled,
-    Description,
-    ExecutionSummary,
-    Moved,
-    PendingTimer,
-    Position,
-    Sent,
-)
-from statifier.ids import new_execution_id
+from statifier.durable.values import Cancelled, Description, ExecutionSummary, Moved, Sent
 from statifier.persistence import (
     ExecutionExists,
     ExecutionNotFound,
     InvalidMigrationPlan,
     LockTimeout,
-    LoggedInput,
     MigrationSummary,
     Status,
 )
 
 __all__ = [
-    "CHART_KEY",
     "Cancelled",
-    "ChartSource",
     "ChartUnusable",
     "Description",
     "Durable",
@@ -73,14 +59,10 @@ __all__ = [
     "ExecutionSummary",
     "InvalidMigrationPlan",
     "LockTimeout",
-    "LoggedInput",
     "MigrationSummary",
     "Moved",
     "NotMigrated",
-    "PendingTimer",
-    "Position",
     "Sent",
     "Status",
     "UnknownChart",
-    "new_execution_id",
 ]

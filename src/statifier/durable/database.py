@@ -63,7 +63,7 @@ def _redacted(url: str) -> str:
 
 
 def _upgrade_command(url: str, options: TableOptions) -> str:
-    from statifier.sql import DEFAULT_PREFIX
+    from statifier.sql.tables import DEFAULT_PREFIX
 
     parts = [f"--url {_redacted(url)}"]
     if options.prefix != DEFAULT_PREFIX:

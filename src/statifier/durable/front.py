@@ -33,7 +33,6 @@ from statifier.durable.values import (
 from statifier.expr import UNDEFINED, Function, Value
 from statifier.ids import new_execution_id
 from statifier.persistence import (
-    DEFAULT_LOCK_WAIT,
     PLAIN,
     BlobCodec,
     Discarded,
@@ -55,6 +54,7 @@ from statifier.persistence import (
     decode_outcome,
 )
 from statifier.persistence.executor import refuse_unperformed
+from statifier.persistence.serialization import DEFAULT_LOCK_WAIT
 from statifier.persistence.step_errors import decode_error
 
 __all__ = ["Durable"]
@@ -63,8 +63,7 @@ _T = TypeVar("_T")
 
 if TYPE_CHECKING:
     from statifier.persistence.adapter import Adapter
-    from statifier.router import RouterConfig
-    from statifier.router.outbox import Sink
+    from statifier.router import RouterConfig, Sink
     from statifier.sql import TableOptions
 
 _DESCRIBED_ERRORS: Final = 20

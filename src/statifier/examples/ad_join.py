@@ -40,13 +40,15 @@ from statifier.router import (
     Create,
     InboundEvent,
     LedgerRow,
+    OutboxDrain,
+    OutboxMessage,
+    OutboxRoute,
     RouterConfig,
     StaticResolver,
     address,
     ledger,
     route,
 )
-from statifier.router.outbox import OutboxDrain, OutboxMessage, OutboxRoute
 from statifier.router.timer_worker import TimerWorker
 from statifier.sql import migrations
 

@@ -36,8 +36,7 @@ from statifier.extras import MissingExtra
 from statifier.persistence.sql import SqlAdapter
 from statifier.router import OutboxDrain, OutboxMessage, address, ledger
 from statifier.router.locations import location as location_of
-from statifier.service import Service, load
-from statifier.service.wiring import router_config
+from statifier.service import Service, load, router_config
 
 try:
     import httpx

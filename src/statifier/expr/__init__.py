@@ -23,32 +23,19 @@ from statifier.expr.api import (
     compile_program,
     evaluate,
     execute,
-    system_clock,
 )
 from statifier.expr.durations import parse as parse_duration
-from statifier.expr.errors import (
-    EvaluationError,
-    ExprError,
-    ExpressionError,
-    LocationError,
-    ParseError,
-    Span,
-    TypeMismatchError,
-    UndefinedVariableError,
-    unwrap,
-)
-from statifier.expr.functions import BUILTINS, CallContext, Function, FunctionError
+from statifier.expr.errors import ExprError, ExpressionError, ParseError, unwrap
+from statifier.expr.functions import CallContext, Function, FunctionError
 from statifier.expr.lexer import parse_date, parse_datetime
-from statifier.expr.location import Location, Path, assign, compile_location, put, resolve
+from statifier.expr.location import assign, resolve
 from statifier.expr.parser import Limits
-from statifier.expr.values import UNDEFINED, Duration, Undefined, Value, type_name
+from statifier.expr.values import UNDEFINED, Duration, Value
 
 __all__ = [
-    "BUILTINS",
     "UNDEFINED",
     "CallContext",
     "Duration",
-    "EvaluationError",
     "Execution",
     "ExprError",
     "Expression",
@@ -56,29 +43,18 @@ __all__ = [
     "Function",
     "FunctionError",
     "Limits",
-    "Location",
-    "LocationError",
     "Options",
     "ParseError",
-    "Path",
     "Program",
-    "Span",
-    "TypeMismatchError",
-    "Undefined",
-    "UndefinedVariableError",
     "Value",
     "assign",
     "compile_expression",
-    "compile_location",
     "compile_program",
     "evaluate",
     "execute",
     "parse_date",
     "parse_datetime",
     "parse_duration",
-    "put",
     "resolve",
-    "system_clock",
-    "type_name",
     "unwrap",
 ]

@@ -52,12 +52,18 @@ from statifier.fronts.http_body import (
     method_not_allowed,
     read_body,
 )
-from statifier.router import Door, RouterConfig
-from statifier.router.binding import Create, Plan
+from statifier.router import (
+    ConfigError,
+    Create,
+    Door,
+    Dropped,
+    DropReason,
+    Outcome,
+    Plan,
+    RouterConfig,
+)
 from statifier.router.delivery import Delivery, deliver
-from statifier.router.errors import ConfigError
 from statifier.router.locations import Located, resolve, token_shaped
-from statifier.router.outcomes import Dropped, DropReason, Outcome
 from statifier.router.routing import delivery_locks
 from statifier.router.transaction import sorted_locks
 from statifier.session.basichttp import decode_post

@@ -72,9 +72,16 @@ from statifier.fronts.dead_letters import DeadLetterEntry, DeadLetters, TableDea
 from statifier.fronts.lanes import event_key, lane_of
 from statifier.fronts.source import Malformed, Message, Source
 from statifier.repeats import Repeats
-from statifier.router import Backoff, Failed, InboundEvent, Routed, RouterConfig, route_many
-from statifier.router.errors import ConfigError
-from statifier.router.routing import BlockedByEarlierFailure
+from statifier.router import (
+    Backoff,
+    BlockedByEarlierFailure,
+    ConfigError,
+    Failed,
+    InboundEvent,
+    Routed,
+    RouterConfig,
+    route_many,
+)
 from statifier.telemetry import enabled, report
 
 __all__ = ["ConsumerCounts", "DeadLetterAfter", "FailurePolicy", "Retry", "StreamConsumer"]

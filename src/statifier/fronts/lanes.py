@@ -26,9 +26,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Sequence
 
-from statifier.router import Binding, InboundEvent, RouterConfig
-from statifier.router.binding import Keyed, Order
-from statifier.router.config import Door
+from statifier.router import Binding, Door, InboundEvent, Keyed, Order, RouterConfig
 
 __all__ = ["event_key", "lane_of", "partition_key"]
 

@@ -63,7 +63,7 @@ from typing import Any
 
 from statifier.extras import MissingExtra
 from statifier.persistence.sql import SqlAdapter
-from statifier.router.errors import ConfigError
+from statifier.router import ConfigError
 from statifier.router.transaction import lock_key
 from statifier.sql.dialect import utc_text, utc_time
 from statifier.sql.names import TableNames

@@ -75,8 +75,7 @@ from statifier.persistence import PLAIN, BlobCodec, UndecodableBlob
 from statifier.persistence.codec import opened_json, sealed_json
 from statifier.persistence.sql import SqlAdapter, SqlTransaction
 from statifier.repeats import Repeats
-from statifier.router import InboundEvent, RouterConfig
-from statifier.router.errors import ConfigError, InvalidEvent
+from statifier.router import ConfigError, InboundEvent, InvalidEvent, RouterConfig
 from statifier.router.transaction import lock_key
 from statifier.sql.dialect import utc_text
 from statifier.sql.names import TableNames

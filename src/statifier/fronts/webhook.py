@@ -54,8 +54,7 @@ from statifier.fronts.http_body import (
 )
 from statifier.fronts.source import Malformed, json_object
 from statifier.fronts.verifiers import Verifier
-from statifier.router import Failed, InboundEvent, Routed, RouterConfig, route
-from statifier.router.errors import InvalidEvent
+from statifier.router import Failed, InboundEvent, InvalidEvent, Routed, RouterConfig, route
 from statifier.router.outcomes import MAX_ID_LENGTH
 
 try:

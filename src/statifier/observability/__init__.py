@@ -15,7 +15,7 @@ configuration asks); nothing else of the library imports them.
 The guide is ``docs/observability.md``.
 """
 
-from statifier.observability.fields import DENIED_WORDS, FieldPolicy
+from statifier.observability.fields import FieldPolicy
 from statifier.observability.logs import (
     JsonFormatter,
     LogBridge,
@@ -24,7 +24,6 @@ from statifier.observability.logs import (
 )
 
 __all__ = [
-    "DENIED_WORDS",
     "FieldPolicy",
     "JsonFormatter",
     "LogBridge",

@@ -13,7 +13,7 @@ of the returned values and the format of effect keys.
 """
 
 from statifier.persistence.codec import PLAIN, BlobCodec, UndecodableBlob
-from statifier.persistence.driver import Answered, Driver, InvocationFailed
+from statifier.persistence.driver import Driver
 from statifier.persistence.errors import (
     ExecutionExists,
     ExecutionNotFound,
@@ -28,30 +28,17 @@ from statifier.persistence.executions import (
     LoggedInput,
     Stepped,
     decode_outcome,
-    logged_input,
-    logged_start,
 )
 from statifier.persistence.executor import EffectContext, Executor, Refused
 from statifier.persistence.memory import MemoryAdapter
-from statifier.persistence.migration import (
-    LoggedMigration,
-    Migrated,
-    MigrationPlan,
-    MigrationSummary,
-    Parked,
-    Unmappable,
-    carry,
-)
+from statifier.persistence.migration import Migrated, MigrationPlan, MigrationSummary, Parked
 from statifier.persistence.records import ExecutionRecord, Status
 from statifier.persistence.retention import prune
-from statifier.persistence.serialization import DEFAULT_LOCK_WAIT
 from statifier.persistence.step_errors import ErrorPolicy, OnError, StepError
 from statifier.persistence.storage import Storage
 
 __all__ = [
-    "DEFAULT_LOCK_WAIT",
     "PLAIN",
-    "Answered",
     "BlobCodec",
     "Discarded",
     "Driver",
@@ -63,10 +50,8 @@ __all__ = [
     "Executions",
     "Executor",
     "InvalidMigrationPlan",
-    "InvocationFailed",
     "LockTimeout",
     "LoggedInput",
-    "LoggedMigration",
     "MemoryAdapter",
     "Migrated",
     "MigrationPlan",
@@ -81,10 +66,6 @@ __all__ = [
     "Stepped",
     "Storage",
     "UndecodableBlob",
-    "Unmappable",
-    "carry",
     "decode_outcome",
-    "logged_input",
-    "logged_start",
     "prune",
 ]

@@ -39,8 +39,9 @@ from typing import Final, Literal, TypeAlias, TypeVar
 
 from statifier.callbacks import settle
 from statifier.chart import Machine
-from statifier.core import SCXML_INVOKE_TYPE, Event, MachineState, StartOptions
+from statifier.core import Event, MachineState, StartOptions
 from statifier.core import effects as fx
+from statifier.core.events import SCXML_INVOKE_TYPE
 from statifier.expr import UNDEFINED, Value, tagged
 from statifier.persistence.errors import (
     ExecutionExists,
@@ -81,7 +82,7 @@ __all__ = [
 CHILD_TYPES: Final = frozenset({SCXML_INVOKE_TYPE})
 """Invoke types the driver runs as durable child executions: the SCXML type, which every
 ``Invoke`` effect carries whichever spelling the chart wrote (see
-:data:`statifier.core.SCXML_INVOKE_TYPES`)."""
+:data:`statifier.core.events.SCXML_INVOKE_TYPES`)."""
 
 INDEX_KEY: Final = "statifier.index"
 """Metadata key: a fan-out child's place among its siblings."""

@@ -38,17 +38,11 @@ from typing import Any, Final, Protocol
 
 from statifier.chart import Machine
 from statifier.chart.model import ChartIdentity
-from statifier.core import (
-    Event,
-    MachineState,
-    StartOptions,
-    deliver_internal,
-    handle_event,
-    initialize,
-)
-from statifier.core import cancel as cancel_chart
+from statifier.core import Event, MachineState, StartOptions, handle_event, initialize
 from statifier.core import effects as fx
 from statifier.core import positions as stored
+from statifier.core.interpreter import cancel as cancel_chart
+from statifier.core.interpreter import deliver_internal
 from statifier.expr import UNDEFINED, Value, tagged
 from statifier.persistence.errors import (
     ChartNotFound,
@@ -635,7 +629,7 @@ class Executions:
     ) -> Migrated | Parked | Discarded:
         """Move one execution onto ``plan.target``, as one guarded operation under its
         exclusion: its position is carried by state id (see
-        :func:`~statifier.persistence.carry`), and the record moves to the new
+        :func:`~statifier.persistence.migration.carry`), and the record moves to the new
         chart only while it is still on the old one. No executable content runs and
         no effect is emitted: states keep being active, invocations stay live. The
         attempt is logged in the input log (door ``"migrate"``) either way.

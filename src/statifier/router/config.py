@@ -27,7 +27,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from statifier.callbacks import settle
 from statifier.chart import Machine
-from statifier.core import SCXML_INVOKE_TYPES, Event, StartOptions
+from statifier.core import Event, StartOptions
+from statifier.core.events import SCXML_INVOKE_TYPES
 from statifier.ids import new_execution_id
 from statifier.persistence import (
     Discarded,

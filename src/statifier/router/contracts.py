@@ -97,7 +97,7 @@ from typing import Any, Final
 
 from statifier.chart import Machine
 from statifier.chart import model as m
-from statifier.core import SCXML_SEND_TYPES
+from statifier.core.events import SCXML_SEND_TYPES
 from statifier.expr import Expression, parse_duration
 from statifier.expr import nodes as expr_nodes
 from statifier.router.binding import Binding

@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from statifier.extras import MissingExtra
-from statifier.persistence.errors import LockTimeout
+from statifier.persistence import LockTimeout
 from statifier.persistence.sql.postgres import lock_timeout
 from statifier.router.records import AddressRow, LedgerRow, ReapRow
 from statifier.sql.names import TableNames

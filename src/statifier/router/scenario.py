@@ -127,7 +127,8 @@ from statifier.router.scenario_case import (
 from statifier.router.timer_queue import TimerEntry
 from statifier.router.timer_worker import TimerWorker
 from statifier.router.timers import SqlTimerQueue, UnreadableTimer
-from statifier.sql import DEFAULT_PREFIX, TableOptions, migrations
+from statifier.sql import TableOptions, migrations
+from statifier.sql.tables import DEFAULT_PREFIX
 
 __all__ = [
     "CONTRACT_KEYS",

@@ -65,8 +65,7 @@ from typing import Final
 
 from statifier.callbacks import settle
 from statifier.core.events import engine_event
-from statifier.persistence import Discarded, Executions, Refused, Stepped
-from statifier.persistence.errors import ExecutionNotFound
+from statifier.persistence import Discarded, ExecutionNotFound, Executions, Refused, Stepped
 from statifier.persistence.reentry import hold
 from statifier.persistence.serialization import Serialization
 from statifier.router.config import RouterConfig

@@ -27,6 +27,7 @@ try:
     from statifier.service.config_file import load
     from statifier.service.service import NotMigrated, Service
     from statifier.service.settings import LoggingSettings, ServiceConfigError, ServiceSettings
+    from statifier.service.wiring import router_config
 except ModuleNotFoundError as missing:  # the SQL layer, Starlette and uvicorn: their extras
     raise MissingExtra.of(missing) from missing
 
@@ -37,6 +38,7 @@ __all__ = [
     "ServiceSettings",
     "configure_logging",
     "load",
+    "router_config",
     "serve",
 ]
 

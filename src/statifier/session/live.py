@@ -50,17 +50,9 @@ from types import MappingProxyType
 from typing import Any, Literal, NamedTuple
 
 from statifier.chart import Machine
-from statifier.core import (
-    SCXML_INVOKE_TYPE,
-    SCXML_PROCESSOR,
-    SCXML_SEND_TYPES,
-    Event,
-    MachineState,
-    StartOptions,
-    initialize,
-)
+from statifier.core import Event, MachineState, StartOptions, initialize
 from statifier.core import effects as fx
-from statifier.core.events import engine_event
+from statifier.core.events import SCXML_INVOKE_TYPE, SCXML_PROCESSOR, SCXML_SEND_TYPES, engine_event
 from statifier.expr import UNDEFINED, Value
 from statifier.session.children import invoked_chart, seeded_datamodel
 from statifier.session.clock import Clock, RealClock, TimerHandle, VirtualClock

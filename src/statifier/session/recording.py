@@ -33,16 +33,9 @@ from dataclasses import KW_ONLY, dataclass, field
 from typing import Literal
 
 from statifier.chart import Machine
-from statifier.core import (
-    Event,
-    MachineState,
-    StartOptions,
-    cancel,
-    deliver_internal,
-    handle_event,
-    initialize,
-)
+from statifier.core import Event, MachineState, StartOptions, handle_event, initialize
 from statifier.core import effects as fx
+from statifier.core.interpreter import cancel, deliver_internal
 from statifier.expr import Value
 
 __all__ = ["Input", "Recording", "RecordingRoutes", "replay", "step"]

@@ -17,8 +17,8 @@ from statifier.extras import MissingExtra
 
 try:
     from statifier.sql.engines import TablesMissing
-    from statifier.sql.tables import DEFAULT_PREFIX, TableOptions, Tables, UtcDateTime
+    from statifier.sql.tables import TableOptions, Tables
 except ModuleNotFoundError as missing:  # SQLAlchemy: the sqlite extra
     raise MissingExtra.of(missing) from missing
 
-__all__ = ["DEFAULT_PREFIX", "TableOptions", "Tables", "TablesMissing", "UtcDateTime"]
+__all__ = ["TableOptions", "Tables", "TablesMissing"]

@@ -35,16 +35,15 @@ from statifier.core import effects as fx
 from statifier.core.positions import dump
 from statifier.examples import read
 from statifier.persistence import (
-    Answered,
     Driver,
     EffectContext,
     ExecutionRecord,
     Stepped,
     Storage,
     decode_outcome,
-    logged_start,
 )
-from statifier.persistence.driver import Answer
+from statifier.persistence.driver import Answer, Answered
+from statifier.persistence.executions import logged_start
 
 __all__ = ["TRANSACTION", "Host", "run", "run_on_sqlite"]
 
