@@ -17,7 +17,6 @@ _SQL = re.compile(r"\b(SELECT\s|INSERT INTO\s|UPDATE\s+\S+\s+SET\s|DELETE FROM\s
 HOLDS_SQL = {
     "statifier/console/actions.py",
     "statifier/console/audit.py",
-    "statifier/fronts/dead_letters.py",
     "statifier/fronts/leases.py",
     "statifier/fronts/table_source.py",
     "statifier/persistence/sql/postgres.py",
@@ -35,7 +34,6 @@ TESTS_DIALECT = {
     "statifier/console/audit.py",
     "statifier/console/queries.py",
     "statifier/durable/database.py",
-    "statifier/fronts/dead_letters.py",
     "statifier/fronts/leases.py",
     "statifier/fronts/table_source.py",
     "statifier/persistence/sql/adapter.py",

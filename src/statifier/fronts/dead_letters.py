@@ -30,19 +30,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Final, Protocol
+from typing import Final, Protocol
 
-from statifier.extras import MissingExtra
 from statifier.persistence import PLAIN, BlobCodec, UndecodableBlob
 from statifier.persistence.codec import PlainBlobs
 from statifier.persistence.sql import SqlAdapter
-from statifier.sql.dialect import utc_text, utc_time
-from statifier.sql.names import TableNames
-
-try:
-    from sqlalchemy.ext.asyncio import AsyncEngine
-except ModuleNotFoundError as missing:  # SQLAlchemy: the sqlite extra
-    raise MissingExtra.of(missing) from missing
+from statifier.sql.dead_letters import DeadLetterRow, DeadLetterTable
 
 __all__ = ["DeadLetterEntry", "DeadLetters", "TableDeadLetters"]
 
@@ -95,70 +88,36 @@ class TableDeadLetters:
     def __init__(self, adapter: SqlAdapter, codec: BlobCodec = PLAIN) -> None:
         self.adapter = adapter
         self.codec = codec
-        table = TableNames.of(adapter.tables).consumer_dead_letters
-        self._postgres = isinstance(adapter.engine, AsyncEngine)
-        self._client_keys = adapter.tables.options.key_default
-        key_column = "id, " if self._client_keys else ""
-        columns = "source, partition, position, message_id, reason, raw, dead_at"
-        if self._postgres:
-            key_value = "%(id)s, " if self._client_keys else ""
-            self._insert = (
-                f"INSERT INTO {table} ({key_column}{columns}) VALUES ({key_value}%(source)s, "
-                "%(partition)s, %(position)s, %(message_id)s, %(reason)s, %(raw)s, %(at)s)"
-            )
-            self._select = (
-                f"SELECT {columns} FROM {table} "
-                "WHERE %(source)s::text IS NULL OR source = %(source)s ORDER BY id"
-            )
-        else:
-            key_value = ":id, " if self._client_keys else ""
-            self._insert = (
-                f"INSERT INTO {table} ({key_column}{columns}) VALUES ({key_value}:source, "
-                ":partition, :position, :message_id, :reason, :raw, :at)"
-            )
-            self._select = (
-                f"SELECT {columns} FROM {table} "
-                "WHERE :source IS NULL OR source = :source ORDER BY id"
-            )
+        self.table = DeadLetterTable(adapter.tables, adapter.dialect)
 
     async def put(self, letter: DeadLetterEntry) -> None:
         """Insert ``letter`` as a row of its own."""
-        values: dict[str, Any] = {
-            "source": letter.source,
-            "partition": letter.partition,
-            "position": letter.position,
-            "message_id": letter.message_id,
-            "reason": cut(letter.reason),
-            "raw": self.codec.encode(letter.raw),
-            "at": letter.at if self._postgres else utc_text(letter.at),
-        }
-        if self._client_keys is not None:
-            key = self._client_keys()
-            values["id"] = key if self._postgres else key.hex
+        row = DeadLetterRow(
+            letter.source,
+            letter.partition,
+            letter.position,
+            letter.message_id,
+            cut(letter.reason),
+            self.codec.encode(letter.raw),
+            letter.at,
+        )
         async with self.adapter.transaction() as tx:
-            if self._postgres:
-                await tx.driver.execute(self._insert, values)
-            else:
-                tx.driver.execute(self._insert, values)
+            await self.table.insert(tx.driver, row)
 
     async def entries(self, source: str | None = None) -> list[DeadLetterEntry]:
         """The dead letters kept (of ``source``, or all), oldest first."""
         async with self.adapter.transaction() as tx:
-            if self._postgres:
-                cursor = await tx.driver.execute(self._select, {"source": source})
-                rows = await cursor.fetchall()
-            else:
-                rows = tx.driver.execute(self._select, {"source": source}).fetchall()
+            rows = await self.table.rows(tx.driver, source)
         return [self._entry(row) for row in rows]
 
-    def _entry(self, row: Any) -> DeadLetterEntry:
-        at = row[6] if self._postgres else utc_time(row[6])
-        assert at is not None
-        raw = bytes(row[5])
+    def _entry(self, row: DeadLetterRow) -> DeadLetterEntry:
+        raw = row.raw
         if not isinstance(self.codec, PlainBlobs):
-            where = f"the dead letter of {row[0]} at {row[1]}/{row[2]}"
+            where = f"the dead letter of {row.source} at {row.partition}/{row.position}"
             try:
                 raw = self.codec.decode(raw)
             except UndecodableBlob as failure:
                 raise UndecodableBlob(f"{where} could not be decoded: {failure}") from None
-        return DeadLetterEntry(row[0], row[1], int(row[2]), row[3], row[4], raw, at)
+        return DeadLetterEntry(
+            row.source, row.partition, row.position, row.message_id, row.reason, raw, row.dead_at
+        )
