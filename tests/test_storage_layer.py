@@ -26,7 +26,6 @@ HOLDS_SQL = {
     "statifier/router/postgres.py",
     "statifier/router/sqlite.py",
     "statifier/router/subscriptions.py",
-    "statifier/service/health.py",
 }
 # Modules outside the storage layer that still ask which database they run on.
 TESTS_DIALECT = {

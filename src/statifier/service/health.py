@@ -36,20 +36,17 @@ often do not load the database. A reason names the part, never a URL or a secret
 from __future__ import annotations
 
 import asyncio
-import inspect
 import time
 from collections.abc import Callable, Mapping
-from typing import Final
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from statifier.persistence.sql import SqlAdapter
+from statifier.sql.dialect import ping
 
 __all__ = ["Health", "health_routes"]
-
-_PROBE: Final = "SELECT 1"
 
 
 class Health:
@@ -117,9 +114,7 @@ class Health:
 
     async def _select_one(self) -> None:
         async with self.adapter.transaction(wait=self.probe_timeout) as tx:
-            answered = tx.driver.execute(_PROBE)  # psycopg's is awaited, sqlite3's not
-            if inspect.isawaitable(answered):
-                await answered
+            await ping(self.adapter.dialect, tx.driver)
 
 
 def health_routes(health: Health) -> list[Route]:

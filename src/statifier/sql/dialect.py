@@ -32,7 +32,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 from uuid import UUID
 
-__all__ = ["Dialect", "Values", "named_to_pyformat", "utc_text", "utc_time"]
+__all__ = ["Dialect", "Values", "named_to_pyformat", "ping", "utc_text", "utc_time"]
 
 Values = Mapping[str, Any]
 """A statement's parameters, by name."""
@@ -121,6 +121,12 @@ class Dialect:
     ) -> tuple[Any, ...] | None:
         """Run ``sql`` on ``driver`` and read its first row, or ``None``."""
         raise NotImplementedError
+
+
+async def ping(dialect: Dialect, driver: Any) -> None:
+    """Run the smallest statement on ``driver``: returns once the database answered,
+    raises what the driver raised when it did not."""
+    await dialect.row(driver, "SELECT 1")
 
 
 def named_to_pyformat(text: str) -> str:
