@@ -15,8 +15,6 @@ _SQL = re.compile(r"\b(SELECT\s|INSERT INTO\s|UPDATE\s+\S+\s+SET\s|DELETE FROM\s
 
 # Modules outside the storage layer that still hold SQL text (to be moved into it).
 HOLDS_SQL = {
-    "statifier/console/actions.py",
-    "statifier/console/audit.py",
     "statifier/fronts/leases.py",
     "statifier/fronts/table_source.py",
     "statifier/persistence/sql/postgres.py",
@@ -29,8 +27,6 @@ HOLDS_SQL = {
 }
 # Modules outside the storage layer that still ask which database they run on.
 TESTS_DIALECT = {
-    "statifier/console/actions.py",
-    "statifier/console/audit.py",
     "statifier/console/queries.py",
     "statifier/durable/database.py",
     "statifier/fronts/leases.py",

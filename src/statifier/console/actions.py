@@ -32,7 +32,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from statifier.console.queries import run_on
 from statifier.extras import MissingExtra
 from statifier.persistence import Discarded, ExecutionNotFound, UndecodableBlob
 from statifier.persistence.sql import SqlTransaction
@@ -45,12 +44,13 @@ from statifier.router import (
     route,
 )
 from statifier.router.locations import NoLocation, rotate_location_in
-from statifier.sql.names import TableNames
+from statifier.sql.dead_letters import DeadLetterTable
+from statifier.sql.engines import run_on
+from statifier.sql.outbox import OutboxTable
 from statifier.sql.tables import Tables
 
 try:
     import sqlalchemy as sa
-    from sqlalchemy.ext.asyncio import AsyncEngine
 except ModuleNotFoundError as missing:  # SQLAlchemy: the sqlite extra
     raise MissingExtra.of(missing) from missing
 
@@ -154,8 +154,8 @@ async def discard_outbox(config: RouterConfig, row: Any, *, record: Record) -> D
     """
     done = Done(f"discarded dead outbox row {row}")
     async with config.transaction() as unit:
-        sql = _Sql(config, unit.tx)
-        if await sql.delete(sql.names.outbox, row, dead_only=True) == 0:
+        outbox = OutboxTable(config.adapter.tables, config.adapter.dialect)
+        if await outbox.delete_dead(unit.tx.driver, row) == 0:
             raise Refused(f"no dead outbox row {row}")
         await record(unit.tx, done)
     return done
@@ -169,8 +169,8 @@ async def discard_consumer(config: RouterConfig, row: Any, *, record: Record) ->
     """
     done = Done(f"discarded consumer dead letter {row}")
     async with config.transaction() as unit:
-        sql = _Sql(config, unit.tx)
-        if await sql.delete(sql.names.consumer_dead_letters, row) == 0:
+        letters = DeadLetterTable(config.adapter.tables, config.adapter.dialect)
+        if await letters.delete(unit.tx.driver, row) == 0:
             raise Refused(f"no consumer dead letter {row}")
         await record(unit.tx, done)
     return done
@@ -220,8 +220,8 @@ async def retry_consumer(
     outcomes = ", ".join(type(outcome).__name__ for outcome in routed.outcomes) or "no binding"
     done = Done(f"routed consumer dead letter {row} again: {outcomes}")
     async with config.transaction() as unit:
-        sql = _Sql(config, unit.tx)
-        await sql.delete(sql.names.consumer_dead_letters, row)
+        table = DeadLetterTable(adapter.tables, adapter.dialect)
+        await table.delete(unit.tx.driver, row)
         await record(unit.tx, done)
     return done
 
@@ -273,29 +273,3 @@ async def rotate(config: RouterConfig, execution_id: str, *, record: Record) -> 
         done = Done(f"rotated the BasicHTTP location of {execution_id!r}", secret=location)
         await record(unit.tx, done)
     return done
-
-
-class _Sql:
-    """The console's own deletes, as driver SQL on a router transaction's connection
-    (psycopg's ``%(name)s`` or ``sqlite3``'s ``:name`` parameters), so they commit with
-    what else the transaction writes."""
-
-    def __init__(self, config: RouterConfig, tx: SqlTransaction) -> None:
-        adapter = config.adapter
-        self.names = TableNames.of(adapter.tables)
-        self.postgres = isinstance(adapter.engine, AsyncEngine)
-        self._tx = tx
-
-    async def delete(self, table: str, row: Any, *, dead_only: bool = False) -> int:
-        """Delete the row of key ``row`` from ``table`` (only if ``dead_at`` is set,
-        with ``dead_only``); answers the rows deleted."""
-        mark = "%(id)s" if self.postgres else ":id"
-        sql = f"DELETE FROM {table} WHERE id = {mark}"
-        if dead_only:
-            sql += " AND dead_at IS NOT NULL"
-        if self.postgres:
-            cursor = await self._tx.driver.execute(sql, {"id": row})
-            return int(cursor.rowcount)
-        # A UUID key is stored as its hex digits on SQLite, as SQLAlchemy writes it.
-        key = row.hex if isinstance(row, uuid.UUID) else row
-        return int(self._tx.driver.execute(sql, {"id": key}).rowcount)

@@ -58,11 +58,11 @@ from statifier.console.queries import (
     Page,
     decode_cursor,
     encode_cursor,
-    run_on,
 )
 from statifier.extras import MissingExtra
 from statifier.persistence.sql import SqlTransaction
-from statifier.sql.dialect import utc_text
+from statifier.sql.audit import AUDIT_COLUMNS, AuditTable
+from statifier.sql.engines import dialect_of, run_on
 from statifier.sql.tables import Tables, UtcDateTime
 
 try:
@@ -151,6 +151,7 @@ class Audit:
         self.engine = engine
         self.tables = tables
         self._clock = clock
+        self._table = AuditTable(tables, dialect_of(engine))
 
     async def record(self, entry: AuditEntry) -> AuditRow:
         """Write ``entry`` in a transaction of its own (texts cut to
@@ -181,17 +182,7 @@ class Audit:
                 its block does when the error leaves it.
         """
         values = self._values(entry)
-        postgres = isinstance(self.engine, AsyncEngine)
-        sql = _insert_text(self.tables, postgres, "id" in values)
-        if postgres:
-            cursor = await tx.driver.execute(sql, values)
-            found = await cursor.fetchone()
-        else:
-            stored = dict(values, at=utc_text(values["at"]))
-            if isinstance(values.get("id"), uuid.UUID):
-                stored["id"] = values["id"].hex  # as SQLAlchemy stores a UUID there
-            found = tx.driver.execute(sql, stored).fetchone()
-        key = values["id"] if "id" in values else found[0]
+        key = await self._table.insert(tx.driver, values)
         return AuditRow(key, **{name: values[name] for name in _FIELDS})
 
     def _values(self, entry: AuditEntry) -> dict[str, Any]:
@@ -252,20 +243,7 @@ class Audit:
             raise BadCursor(f"not a cursor of this list: a bad key {text!r}") from None
 
 
-_FIELDS: Final = ("at", "actor", "action", "target", "outcome", "detail")
-
-
-def _insert_text(tables: Tables, postgres: bool, keyed: bool) -> str:
-    """The audit insert as driver SQL: psycopg's ``%(name)s`` or ``sqlite3``'s
-    ``:name`` parameters, answering the row's key."""
-    options = tables.options
-    schema = f"{options.schema}." if options.schema else ""
-    columns = (("id",) if keyed else ()) + _FIELDS
-    marks = ", ".join(f"%({c})s" if postgres else f":{c}" for c in columns)
-    return (
-        f"INSERT INTO {schema}{options.name('console_audit')} ({', '.join(columns)}) "
-        f"VALUES ({marks}) RETURNING id"
-    )
+_FIELDS: Final = AUDIT_COLUMNS
 
 
 def _cut(text: str) -> str:

@@ -29,7 +29,6 @@ import base64
 import binascii
 import json
 import logging
-import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
@@ -46,7 +45,7 @@ from statifier.persistence.executions import logged_input
 from statifier.persistence.records import ChartRecord, ErrorRecord, ExecutionRecord, Status
 from statifier.persistence.step_errors import decode_error
 from statifier.router import LedgerRow, OutboxRow
-from statifier.sql.engines import busy_wait, database_url, is_busy, retry_busy, sqlite_engine
+from statifier.sql.engines import database_url, dispose, run_on, sqlite_engine
 from statifier.sql.tables import Tables, UtcDateTime
 
 try:
@@ -80,7 +79,6 @@ __all__ = [
     "TimerView",
     "decode_cursor",
     "encode_cursor",
-    "run_on",
 ]
 
 _T = TypeVar("_T")
@@ -488,10 +486,7 @@ class ConsoleQueries:
         """Dispose the engine when :meth:`open` made it."""
         if not self._owned:
             return
-        if isinstance(self.engine, AsyncEngine):
-            await self.engine.dispose()
-        else:
-            self.engine.dispose()
+        await dispose(self.engine)
 
     async def __aenter__(self) -> ConsoleQueries:
         return self
@@ -1068,50 +1063,6 @@ class ConsoleQueries:
 
 def _dialect(engine: sa.Engine | AsyncEngine) -> str:
     return engine.dialect.name
-
-
-async def run_on(
-    engine: sa.Engine | AsyncEngine, work: Callable[[sa.Connection], _R], *, write: bool = False
-) -> _R:
-    """Run ``work`` on a connection of ``engine`` in one transaction, rolled back after
-    a read and committed after a ``write``; answer what it answers.
-
-    On an async engine ``work`` runs in the driver's greenlet
-    (:meth:`~sqlalchemy.ext.asyncio.AsyncConnection.run_sync`); on a synchronous
-    SQLite engine it runs inline, and is tried again, waiting on the loop, while
-    another connection holds the database's lock (bounded by the connection's
-    timeout: :func:`~statifier.sql.engines.retry_busy`).
-
-    Raises:
-        sqlite3.OperationalError: SQLite stayed locked past the connection's timeout.
-        sqlalchemy.exc.DBAPIError: any other failure of the database.
-    """
-    if isinstance(engine, AsyncEngine):
-        async with engine.connect() as connection:
-            answer = await connection.run_sync(work)
-            if write:
-                await connection.commit()
-            return answer
-    with engine.connect() as sync:
-        wait = busy_wait(sync)
-
-        def attempt() -> _R:
-            try:
-                answer = work(sync)
-                if write:
-                    sync.commit()
-                return answer
-            except sa.exc.DBAPIError as error:
-                # retry_busy knows the driver's error; SQLAlchemy wraps it.
-                cause = error.orig
-                if cause is not None and is_busy(cause):
-                    raise cause from None
-                raise
-            finally:
-                sync.rollback()
-
-        deadline = None if wait is None else time.monotonic() + wait
-        return await retry_busy(attempt, deadline)
 
 
 # -- cursors ----------------------------------------------------------------------

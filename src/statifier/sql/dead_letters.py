@@ -50,6 +50,7 @@ class DeadLetterTable:
             f"INSERT INTO {table} ({key_column}{_COLUMNS}) VALUES ({key_value}:source, "
             ":partition, :position, :message_id, :reason, :raw, :dead_at)"
         )
+        self._delete = dialect.statement(f"DELETE FROM {table} WHERE id = :id")
         # The cast types the parameter where it is only compared with NULL.
         self._select = dialect.statement(
             f"SELECT {_COLUMNS} FROM {table} "
@@ -71,6 +72,10 @@ class DeadLetterTable:
         if self.new_key:
             values["id"] = dialect.key(self.new_key())
         await dialect.execute(driver, self._insert, values)
+
+    async def delete(self, driver: Any, key: Any) -> int:
+        """Delete the row of ``key``; answer how many rows went (0 or 1)."""
+        return await self.dialect.execute(driver, self._delete, {"id": self.dialect.key(key)})
 
     async def rows(self, driver: Any, source: str | None) -> list[DeadLetterRow]:
         """The rows (of ``source``, or all), oldest first."""

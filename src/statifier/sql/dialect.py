@@ -30,7 +30,6 @@ import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
-from uuid import UUID
 
 __all__ = ["Dialect", "Values", "named_to_pyformat", "ping", "utc_text", "utc_time"]
 
@@ -102,8 +101,9 @@ class Dialect:
         """A time column's value as this driver reads it, as an aware UTC datetime."""
         return value  # type: ignore[no-any-return]
 
-    def key(self, value: UUID) -> Any:
-        """A client-made UUID key as this driver binds it into a key column."""
+    def key(self, value: Any) -> Any:
+        """A row's key as this driver binds it into a key column (a UUID key as the
+        driver stores it; an integer as it is)."""
         return value
 
     async def execute(self, driver: Any, sql: str, values: Values | None = None) -> int:

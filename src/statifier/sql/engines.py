@@ -33,6 +33,11 @@ from collections.abc import Callable, Collection
 from typing import Any, Final, TypeVar
 
 import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from statifier.sql.dialect import Dialect
+from statifier.sql.postgres import POSTGRES
+from statifier.sql.sqlite import SQLITE
 
 __all__ = [
     "BUSY_WAIT",
@@ -40,9 +45,12 @@ __all__ = [
     "busy_wait",
     "configure_sqlite",
     "database_url",
+    "dialect_of",
+    "dispose",
     "is_busy",
     "missing_table",
     "retry_busy",
+    "run_on",
     "sqlite_engine",
     "tables_missing",
 ]
@@ -241,3 +249,61 @@ async def retry_busy(
         pause = backoff if deadline is None else min(backoff, deadline - now)
         await asyncio.sleep(pause)
         backoff = min(backoff * 2, _LAST_BACKOFF)
+
+
+def dialect_of(engine: sa.Engine | AsyncEngine) -> Dialect:
+    """The dialect of ``engine``'s database: an async engine is PostgreSQL's (psycopg),
+    a synchronous one SQLite's."""
+    return POSTGRES if isinstance(engine, AsyncEngine) else SQLITE
+
+
+async def dispose(engine: sa.Engine | AsyncEngine) -> None:
+    """Close every pooled connection of ``engine``."""
+    if isinstance(engine, AsyncEngine):
+        await engine.dispose()
+    else:
+        engine.dispose()
+
+
+async def run_on(
+    engine: sa.Engine | AsyncEngine, work: Callable[[sa.Connection], _T], *, write: bool = False
+) -> _T:
+    """Run ``work`` on a connection of ``engine`` in one transaction, rolled back after
+    a read and committed after a ``write``; answer what it answers.
+
+    On an async engine ``work`` runs in the driver's greenlet
+    (:meth:`~sqlalchemy.ext.asyncio.AsyncConnection.run_sync`); on a synchronous
+    SQLite engine it runs inline, and is tried again, waiting on the loop, while
+    another connection holds the database's lock (bounded by the connection's
+    timeout: :func:`~statifier.sql.engines.retry_busy`).
+
+    Raises:
+        sqlite3.OperationalError: SQLite stayed locked past the connection's timeout.
+        sqlalchemy.exc.DBAPIError: any other failure of the database.
+    """
+    if isinstance(engine, AsyncEngine):
+        async with engine.connect() as connection:
+            answer = await connection.run_sync(work)
+            if write:
+                await connection.commit()
+            return answer
+    with engine.connect() as sync:
+        wait = busy_wait(sync)
+
+        def attempt() -> _T:
+            try:
+                answer = work(sync)
+                if write:
+                    sync.commit()
+                return answer
+            except sa.exc.DBAPIError as error:
+                # retry_busy knows the driver's error; SQLAlchemy wraps it.
+                cause = error.orig
+                if cause is not None and is_busy(cause):
+                    raise cause from None
+                raise
+            finally:
+                sync.rollback()
+
+        deadline = None if wait is None else time.monotonic() + wait
+        return await retry_busy(attempt, deadline)

@@ -34,8 +34,9 @@ class SqliteDialect(Dialect):
     def read_time(self, value: Any) -> datetime | None:
         return utc_time(value)
 
-    def key(self, value: UUID) -> Any:
-        return value.hex
+    def key(self, value: Any) -> Any:
+        # 32 hex digits, as SQLAlchemy stores a UUID on SQLite.
+        return value.hex if isinstance(value, UUID) else value
 
     async def execute(
         self, driver: sqlite3.Connection, sql: str, values: Values | None = None
