@@ -70,9 +70,7 @@ from statifier.persistence.records import (
 )
 from statifier.persistence.sql.schema import EVERYTHING, TableOptions, Tables, chosen_tables
 from statifier.sql.dialect import Dialect
-from statifier.sql.engines import database_url, sqlite_engine
-from statifier.sql.postgres import POSTGRES
-from statifier.sql.sqlite import SQLITE
+from statifier.sql.engines import database_url, dialect_of, sqlite_engine
 
 if TYPE_CHECKING:
     from statifier.persistence.sql.postgres import PostgresDatabase
@@ -199,7 +197,7 @@ class SqlAdapter:
     def dialect(self) -> Dialect:
         """How the statements of :mod:`statifier.sql` bind, convert and run on this
         adapter's database (on ``tx.driver`` of its transactions)."""
-        return POSTGRES if isinstance(self._engine, AsyncEngine) else SQLITE
+        return dialect_of(self._engine)
 
     @property
     def engine(self) -> sa.Engine | AsyncEngine:
