@@ -21,7 +21,8 @@ A location is a capability: whoever holds it can post events to the execution. T
 position of an execution carries the first token in the clear (the chart reads it
 there), so it is as secret as the positions are; rotate a location that may have
 leaked. The table needs its opt-in migration,
-:func:`statifier.sql.locations.upgrade_locations`.
+:func:`statifier.sql.locations.upgrade_locations`; its statements are
+:class:`statifier.sql.locations.LocationTable`'s, and this module says what a row means.
 """
 
 from __future__ import annotations
@@ -41,9 +42,8 @@ from statifier.core.positions import NotAPosition
 from statifier.persistence import ExecutionNotFound
 from statifier.router.errors import ConfigError, RouterError
 from statifier.router.sending import BASICHTTP_TYPES
-from statifier.router.sqlite import SqliteSession
-from statifier.sql.dialect import utc_text, utc_time
-from statifier.sql.names import TableNames
+from statifier.sql.dialect import Dialect
+from statifier.sql.locations import LocationTable
 from statifier.sql.tables import Tables
 
 if TYPE_CHECKING:
@@ -167,7 +167,7 @@ async def location(config: RouterConfig, execution_id: str) -> str | None:
     """
     settings = _settings(config)
     async with config.transaction() as unit:
-        live = await _Session(unit).live_digest(execution_id)
+        live = await _table(unit).token_hash(unit.tx.driver, execution_id)
         if live is None:
             return None
         storage = unit.executions.storage
@@ -208,7 +208,7 @@ async def rotate_location_in(unit: Unit, config: RouterConfig, execution_id: str
     """
     settings = _settings(config)
     token = mint_token()
-    if not await _Session(unit).rotate(execution_id, token_digest(token)):
+    if not await _table(unit).rotate(unit.tx.driver, execution_id, token_digest(token)):
         raise NoLocation(execution_id)
     return settings.location(token)
 
@@ -227,7 +227,13 @@ async def start_options(
     if settings is None or address_id is None:
         return options
     token = mint_token()
-    await _Session(unit).insert(address_id, execution_id, token_digest(token), now)
+    await _table(unit).insert(
+        unit.tx.driver,
+        address_id=address_id,
+        execution_id=execution_id,
+        token_hash=token_digest(token),
+        inserted_at=now,
+    )
     entry = {"location": settings.location(token)}
     hosted = options.datamodel.get("_ioprocessors")
     processors: dict[str, Any] = dict(hosted) if isinstance(hosted, Mapping) else {}
@@ -236,9 +242,20 @@ async def start_options(
 
 
 async def resolve(unit: Unit, token: str) -> Located | None:
-    """The execution ``token`` reaches, read in ``unit`` (on PostgreSQL the location row
-    is held against a rotation until the commit), or ``None``."""
-    return await _Session(unit).resolve(token_digest(token))
+    """The execution ``token`` reaches, read in ``unit`` (where the database locks rows,
+    PostgreSQL, the location row is held against a rotation until the commit), or
+    ``None``."""
+    row = await _table(unit).resolve(unit.tx.driver, token_digest(token))
+    if row is None:
+        return None
+    return Located(
+        row.address_id,
+        row.scope,
+        row.document,
+        row.key,
+        row.execution_id,
+        row.terminal_seen_at is not None,
+    )
 
 
 def _settings(config: RouterConfig) -> BasicHttpLocations:
@@ -257,99 +274,14 @@ def _chart_token(processors: object) -> str | None:
     return token if token_shaped(token) else None
 
 
-# The SQL, per database.
-
-
-@dataclass(frozen=True, slots=True)
-class _Statements:
-    insert: str
-    resolve: str
-    live_digest: str
-    rotate: str
+# The table, made once per set of tables and database.
 
 
 @cache
-def _statements(names: TableNames, locations: str, postgres: bool, keyed: bool) -> _Statements:
-    def mark(name: str) -> str:
-        return f"%({name})s" if postgres else f":{name}"
-
-    columns: tuple[str, ...] = ("address_id", "execution_id", "token_hash", "inserted_at")
-    if keyed:
-        columns = ("id", *columns)
-    return _Statements(
-        insert=(
-            f"INSERT INTO {locations} ({', '.join(columns)}) VALUES "
-            f"({', '.join(mark(c) for c in columns)})"
-        ),
-        # The execution id must match too: where the reference is not enforced
-        # (SQLite), a reaped address's id may come back naming another execution.
-        resolve=(
-            "SELECT a.id, a.scope, a.document, a.key, a.execution_id, a.terminal_seen_at "
-            f"FROM {locations} AS l JOIN {names.addresses} AS a ON a.id = l.address_id "
-            f"AND a.execution_id = l.execution_id WHERE l.token_hash = {mark('digest')}"
-            + (" FOR SHARE OF l" if postgres else "")
-        ),
-        live_digest=(
-            f"SELECT token_hash FROM {locations} WHERE execution_id = {mark('execution_id')}"
-        ),
-        rotate=(
-            f"UPDATE {locations} SET token_hash = {mark('digest')} "
-            f"WHERE execution_id = {mark('execution_id')}"
-        ),
-    )
+def _made(tables: Tables, dialect: Dialect) -> LocationTable:
+    return LocationTable(tables, dialect)
 
 
-class _Session:
-    """The statements on one router transaction's driver connection."""
-
-    __slots__ = ("_driver", "_key", "_s", "postgres")
-
-    def __init__(self, unit: Unit) -> None:
-        tables: Tables = unit.tx.adapter.tables
-        options = tables.options
-        schema = f"{options.schema}." if options.schema else ""
-        self.postgres = not isinstance(unit.sql, SqliteSession)
-        self._driver = unit.tx.driver
-        self._key = options.key_default
-        self._s = _statements(
-            TableNames.of(tables),
-            f"{schema}{options.name('locations')}",
-            self.postgres,
-            self._key is not None,
-        )
-
-    async def _run(self, sql: str, values: Mapping[str, Any]) -> tuple[list[Any], int]:
-        if self.postgres:
-            cursor = await self._driver.execute(sql, values)
-            rows = await cursor.fetchall() if cursor.description is not None else []
-            return rows, int(cursor.rowcount)
-        cursor = self._driver.execute(sql, values)
-        return cursor.fetchall(), int(cursor.rowcount)
-
-    async def insert(self, address_id: Any, execution_id: str, digest: str, now: datetime) -> None:
-        values: dict[str, Any] = {
-            "address_id": address_id,
-            "execution_id": execution_id,
-            "token_hash": digest,
-            "inserted_at": now if self.postgres else utc_text(now),
-        }
-        if self._key is not None:
-            values["id"] = self._key() if self.postgres else self._key().hex
-        await self._run(self._s.insert, values)
-
-    async def resolve(self, digest: str) -> Located | None:
-        rows, _ = await self._run(self._s.resolve, {"digest": digest})
-        if not rows:
-            return None
-        address_id, scope, document, key, execution_id, seen = rows[0]
-        ended = seen if self.postgres else utc_time(seen)
-        return Located(address_id, scope, document, key, execution_id, ended is not None)
-
-    async def live_digest(self, execution_id: str) -> str | None:
-        rows, _ = await self._run(self._s.live_digest, {"execution_id": execution_id})
-        return str(rows[0][0]) if rows else None
-
-    async def rotate(self, execution_id: str, digest: str) -> bool:
-        values = {"execution_id": execution_id, "digest": digest}
-        _, count = await self._run(self._s.rotate, values)
-        return count > 0
+def _table(unit: Unit) -> LocationTable:
+    adapter = unit.tx.adapter
+    return _made(adapter.tables, adapter.dialect)

@@ -28,11 +28,13 @@ Bindings without the flag never read this table.
 a transaction of its own. A row outlives nothing it should not: apart from the
 invocation's cancel, the address reaper deletes the subscriptions of the executions
 whose address rows it deletes.
+
+The statements are :class:`statifier.sql.subscriptions.SubscriptionTable`'s; this
+module says what a row means.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -42,9 +44,9 @@ from typing import TYPE_CHECKING, Any, Final
 from statifier.core import effects as fx
 from statifier.expr import UNDEFINED
 from statifier.router.errors import RouterError
-from statifier.router.sqlite import SqliteSession
-from statifier.sql.dialect import utc_text, utc_time
-from statifier.sql.names import TableNames
+from statifier.sql.dialect import Dialect
+from statifier.sql.subscriptions import SubscriptionRow, SubscriptionTable
+from statifier.sql.tables import Tables
 
 if TYPE_CHECKING:
     from statifier.router.config import RouterConfig
@@ -128,7 +130,8 @@ async def unsubscribe(config: RouterConfig, execution_id: str, invoke_id: str) -
 async def subscriptions_of(config: RouterConfig, execution_id: str) -> list[Subscription]:
     """The live subscriptions of ``execution_id``, oldest first."""
     async with config.transaction() as unit:
-        return await _Session(unit).of_execution(execution_id)
+        rows = await _table(unit).of_execution(unit.tx.driver, execution_id)
+    return [_subscription(row) for row in rows]
 
 
 # Inside a router transaction: the send handler, the delivery and the reaper.
@@ -190,7 +193,9 @@ async def subscribe_in(
         why = f"binding {binding_id!r} addresses {found.document!r}, not {document!r}"
     if why is not None:
         raise SubscriptionRefused(execution_id, binding_id, why)
-    row = Subscription(
+    table, driver = _table(unit), unit.tx.driver
+    await table.insert(
+        driver,
         binding_id=binding_id,
         execution_id=execution_id,
         invoke_id=invoke_id,
@@ -198,22 +203,22 @@ async def subscribe_in(
         key=key,
         inserted_at=now,
     )
-    session = _Session(unit)
-    await session.insert(row)
     # A redriven step (or a second call) inserted nothing: answer the row that stands.
-    return next(s for s in await session.of_execution(execution_id) if s.invoke_id == invoke_id)
+    rows = await table.of_execution(driver, execution_id)
+    return _subscription(next(row for row in rows if row.invoke_id == invoke_id))
 
 
 async def unsubscribe_in(unit: Unit, execution_id: str, invoke_id: str) -> bool:
     """:func:`unsubscribe` in ``unit``."""
-    return await _Session(unit).delete(execution_id, invoke_id)
+    return await _table(unit).delete(unit.tx.driver, execution_id, invoke_id)
 
 
 async def subscribed(
     unit: Unit, config: RouterConfig, binding_id: str, execution_id: str, scope: str, key: str
 ) -> bool:
     """Whether a live subscription of ``execution_id`` to ``binding_id`` under ``(scope,
-    key)`` exists, read under the execution's lock on PostgreSQL.
+    key)`` exists, read under the execution's lock where the database has more than one
+    writer (PostgreSQL).
 
     The lock is the one the step takes next (held until the commit either way): a
     step of the execution that is subscribing or cancelling right now has committed
@@ -222,12 +227,12 @@ async def subscribed(
     Raises:
         LockTimeout: the lock was not granted within ``lock_wait``.
     """
-    session = _Session(unit)
-    if not session.postgres:
-        # SQLite's single writer, held by this transaction, already excludes them.
-        return await session.exists(binding_id, execution_id, scope, key)
-    async with unit.tx.adapter.exclusive(execution_id, config.lock_wait):
-        return await session.exists(binding_id, execution_id, scope, key)
+    table, tx = _table(unit), unit.tx
+    if table.dialect.single_writer:
+        # The database's single writer, held by this transaction, already excludes them.
+        return await table.exists(tx.driver, binding_id, execution_id, scope, key)
+    async with tx.adapter.exclusive(execution_id, config.lock_wait):
+        return await table.exists(tx.driver, binding_id, execution_id, scope, key)
 
 
 async def forget_addressed(unit: Unit, address_ids: Sequence[Any]) -> int:
@@ -235,125 +240,28 @@ async def forget_addressed(unit: Unit, address_ids: Sequence[Any]) -> int:
     name (before those rows go); answers how many."""
     if not address_ids:
         return 0
-    return await _Session(unit).forget_addressed(address_ids)
+    return await _table(unit).delete_addressed(unit.tx.driver, address_ids)
 
 
-# The SQL, per database.
-
-
-@dataclass(frozen=True, slots=True)
-class _Statements:
-    insert: str
-    delete: str
-    exists: str
-    of_execution: str
-    forget_addressed: str
-
-
-_COLUMNS: Final = ("binding_id", "execution_id", "invoke_id", "scope", "key", "inserted_at")
+# The table, made once per set of tables and database.
 
 
 @cache
-def _statements(names: TableNames, postgres: bool, client_keys: bool) -> _Statements:
-    subscriptions, addresses = names.subscriptions, names.addresses
+def _made(tables: Tables, dialect: Dialect) -> SubscriptionTable:
+    return SubscriptionTable(tables, dialect)
 
-    def mark(name: str) -> str:
-        return f"%({name})s" if postgres else f":{name}"
 
-    columns = ("id", *_COLUMNS) if client_keys else _COLUMNS
-    # Address ids as one parameter: an array on PostgreSQL, a JSON list on SQLite.
-    among = "= ANY(%(ids)s)" if postgres else "IN (SELECT value FROM json_each(:ids))"
-    return _Statements(
-        insert=(
-            f"INSERT INTO {subscriptions} ({', '.join(columns)}) VALUES "
-            f"({', '.join(mark(c) for c in columns)}) "
-            "ON CONFLICT (execution_id, invoke_id) DO NOTHING"
-        ),
-        delete=(
-            f"DELETE FROM {subscriptions} WHERE execution_id = {mark('execution_id')} "
-            f"AND invoke_id = {mark('invoke_id')}"
-        ),
-        # The leading columns of the (binding_id, scope, key) index, then the execution.
-        exists=(
-            f"SELECT 1 FROM {subscriptions} WHERE binding_id = {mark('binding_id')} "
-            f"AND scope = {mark('scope')} AND key = {mark('key')} "
-            f"AND execution_id = {mark('execution_id')} LIMIT 1"
-        ),
-        of_execution=(
-            f"SELECT {', '.join(_COLUMNS)} FROM {subscriptions} "
-            f"WHERE execution_id = {mark('execution_id')} ORDER BY inserted_at, id"
-        ),
-        forget_addressed=(
-            f"DELETE FROM {subscriptions} WHERE execution_id IN "
-            f"(SELECT execution_id FROM {addresses} WHERE id {among})"
-        ),
+def _table(unit: Unit) -> SubscriptionTable:
+    adapter = unit.tx.adapter
+    return _made(adapter.tables, adapter.dialect)
+
+
+def _subscription(row: SubscriptionRow) -> Subscription:
+    return Subscription(
+        binding_id=row.binding_id,
+        execution_id=row.execution_id,
+        invoke_id=row.invoke_id,
+        scope=row.scope,
+        key=row.key,
+        inserted_at=row.inserted_at,
     )
-
-
-class _Session:
-    """The statements on one router transaction's driver connection: psycopg 3 async
-    on PostgreSQL, ``sqlite3`` (UTC times as text) on SQLite."""
-
-    __slots__ = ("_driver", "_key", "_s", "postgres")
-
-    def __init__(self, unit: Unit) -> None:
-        tables = unit.tx.adapter.tables
-        self.postgres = not isinstance(unit.sql, SqliteSession)
-        self._driver = unit.tx.driver
-        self._key = tables.options.key_default
-        self._s = _statements(TableNames.of(tables), self.postgres, self._key is not None)
-
-    async def _run(self, sql: str, values: Mapping[str, Any]) -> tuple[list[Any], int]:
-        """The rows ``sql`` answers (none for a plain write) and its row count."""
-        if self.postgres:
-            cursor = await self._driver.execute(sql, values)
-            rows = await cursor.fetchall() if cursor.description is not None else []
-            return rows, int(cursor.rowcount)
-        cursor = self._driver.execute(sql, values)
-        return cursor.fetchall(), int(cursor.rowcount)
-
-    async def insert(self, row: Subscription) -> None:
-        values: dict[str, Any] = {
-            "binding_id": row.binding_id,
-            "execution_id": row.execution_id,
-            "invoke_id": row.invoke_id,
-            "scope": row.scope,
-            "key": row.key,
-            "inserted_at": row.inserted_at if self.postgres else utc_text(row.inserted_at),
-        }
-        if self._key is not None:
-            values["id"] = self._key() if self.postgres else self._key().hex
-        await self._run(self._s.insert, values)
-
-    async def delete(self, execution_id: str, invoke_id: str) -> bool:
-        values = {"execution_id": execution_id, "invoke_id": invoke_id}
-        _, count = await self._run(self._s.delete, values)
-        return count > 0
-
-    async def exists(self, binding_id: str, execution_id: str, scope: str, key: str) -> bool:
-        values = {"binding_id": binding_id, "execution_id": execution_id, "scope": scope}
-        rows, _ = await self._run(self._s.exists, {**values, "key": key})
-        return bool(rows)
-
-    async def of_execution(self, execution_id: str) -> list[Subscription]:
-        rows, _ = await self._run(self._s.of_execution, {"execution_id": execution_id})
-        found = []
-        for binding_id, execution, invoke_id, scope, key, at in rows:
-            inserted_at = at if self.postgres else utc_time(at)
-            assert inserted_at is not None  # inserted_at is NOT NULL
-            found.append(
-                Subscription(
-                    binding_id=binding_id,
-                    execution_id=execution,
-                    invoke_id=invoke_id,
-                    scope=scope,
-                    key=key,
-                    inserted_at=inserted_at,
-                )
-            )
-        return found
-
-    async def forget_addressed(self, address_ids: Sequence[Any]) -> int:
-        ids: Any = list(address_ids) if self.postgres else json.dumps(list(address_ids))
-        _, count = await self._run(self._s.forget_addressed, {"ids": ids})
-        return count

@@ -27,7 +27,7 @@ True
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -78,11 +78,17 @@ class Dialect:
         server_clock: the SQL that reads the database's own clock in a statement, or
             ``None`` where the process's clock is bound instead (SQLite, whose writers
             are serialized, so that one process's clock orders them).
+        single_writer: whether a transaction holds the database's one writer from its
+            start to its end (SQLite), so that it already excludes every other writer
+            and needs no lock of an execution's own to read what that execution's
+            steps write; where false (PostgreSQL), such a read takes the execution's
+            lock.
     """
 
     name: str = ""
     row_locks: bool = False
     server_clock: str | None = None
+    single_writer: bool = False
 
     def statement(self, text: str) -> str:
         """``text`` (parameters as ``:name``) as this dialect's driver binds it."""
@@ -92,6 +98,16 @@ class Dialect:
         """The SQL (parameters as ``:name``, like the statement it goes in) for a bound
         JSON document ``:parameter`` stored in a JSON column."""
         return f":{parameter}"
+
+    def among(self, parameter: str) -> str:
+        """The SQL (parameters as ``:name``) that follows a value to test whether it is
+        one of the list bound as ``:parameter`` (made by :meth:`listed`), so that a list
+        of any length is one parameter: ``f"WHERE id {dialect.among('ids')}"``."""
+        raise NotImplementedError
+
+    def listed(self, values: Iterable[Any]) -> Any:
+        """``values`` as this driver binds the list that :meth:`among` reads."""
+        raise NotImplementedError
 
     def time(self, value: datetime) -> Any:
         """An aware time as this driver binds it into a time column."""

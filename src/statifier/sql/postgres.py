@@ -1,13 +1,14 @@
 """PostgreSQL's dialect (:class:`PostgresDialect`, the constant :data:`POSTGRES`): its
 statements run on a psycopg 3 ``AsyncConnection``, with parameters bound by name
-(``%(name)s``), times and UUID keys as the driver's own types and JSON documents cast
-to ``jsonb`` where they are bound.
+(``%(name)s``), times and UUID keys as the driver's own types, JSON documents cast
+to ``jsonb`` where they are bound and a list of values as an array.
 
 Nothing here imports psycopg: the connection is handed in.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, Final
 
 from statifier.sql.dialect import Dialect, Values, named_to_pyformat
@@ -29,6 +30,13 @@ class PostgresDialect(Dialect):
 
     def json(self, parameter: str) -> str:
         return f":{parameter}::jsonb"
+
+    def among(self, parameter: str) -> str:
+        return f"= ANY(:{parameter})"
+
+    def listed(self, values: Iterable[Any]) -> Any:
+        # psycopg binds a list as an array.
+        return list(values)
 
     async def execute(self, driver: Any, sql: str, values: Values | None = None) -> int:
         # Always a mapping: psycopg reads a text bound without one as it is, and the

@@ -1,7 +1,7 @@
 """SQLite's dialect (:class:`SqliteDialect`, the constant :data:`SQLITE`): its
 statements run on a ``sqlite3.Connection`` with parameters bound by name (``:name``),
 times stored as UTC text (:func:`~statifier.sql.dialect.utc_text`), UUID keys as 32 hex
-digits and JSON documents as text.
+digits, JSON documents as text and a list of values as a JSON array.
 
 A call runs the statement at once on the event loop's thread: SQLite's writers are
 serialized by the transaction that holds the connection, and its busy wait is off
@@ -10,7 +10,9 @@ serialized by the transaction that holds the connection, and its busy wait is of
 
 from __future__ import annotations
 
+import json
 import sqlite3
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any, Final
 from uuid import UUID
@@ -27,6 +29,14 @@ class SqliteDialect(Dialect):
 
     name = "sqlite"
     row_locks = False
+    single_writer = True
+
+    def among(self, parameter: str) -> str:
+        return f"IN (SELECT value FROM json_each(:{parameter}))"
+
+    def listed(self, values: Iterable[Any]) -> Any:
+        # sqlite3 binds no list: a JSON array, which json_each reads back.
+        return json.dumps(list(values))
 
     def time(self, value: datetime) -> Any:
         return utc_text(value)
