@@ -19,11 +19,9 @@ HOLDS_SQL = {
     "statifier/fronts/table_source.py",
     "statifier/persistence/sql/postgres.py",
     "statifier/persistence/sql/sqlite.py",
-    "statifier/router/locations.py",
     "statifier/router/outbox.py",
     "statifier/router/postgres.py",
     "statifier/router/sqlite.py",
-    "statifier/router/subscriptions.py",
 }
 # Modules outside the storage layer that still ask which database they run on.
 TESTS_DIALECT = {
@@ -32,9 +30,7 @@ TESTS_DIALECT = {
     "statifier/fronts/leases.py",
     "statifier/fronts/table_source.py",
     "statifier/persistence/sql/adapter.py",
-    "statifier/router/locations.py",
     "statifier/router/outbox.py",
-    "statifier/router/subscriptions.py",
     "statifier/router/transaction.py",
     "statifier/service/sections.py",
 }
