@@ -1,13 +1,15 @@
 """PostgreSQL's dialect (:class:`PostgresDialect`, the constant :data:`POSTGRES`): its
 statements run on a psycopg 3 ``AsyncConnection``, with parameters bound by name
-(``%(name)s``), times and UUID keys as the driver's own types and JSON documents cast
-to ``jsonb`` where they are bound.
+(``%(name)s``), times and UUID keys as the driver's own types, JSON documents cast
+to ``jsonb`` where they are bound, lists of texts as arrays, and advisory locks held
+until the transaction ends.
 
 Nothing here imports psycopg: the connection is handed in.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, Final
 
 from statifier.sql.dialect import Dialect, Values, named_to_pyformat
@@ -29,6 +31,17 @@ class PostgresDialect(Dialect):
 
     def json(self, parameter: str) -> str:
         return f":{parameter}::jsonb"
+
+    def among(self, column: str, parameter: str) -> str:
+        # psycopg binds a list as an array.
+        return f"{column} = ANY(:{parameter})"
+
+    def texts(self, values: Iterable[str]) -> Any:
+        return list(values)
+
+    def advisory_lock(self, parameter: str, *, shared: bool = False) -> str | None:
+        function = "pg_advisory_xact_lock_shared" if shared else "pg_advisory_xact_lock"
+        return f"SELECT {function}(:{parameter})"
 
     async def execute(self, driver: Any, sql: str, values: Values | None = None) -> int:
         # Always a mapping: psycopg reads a text bound without one as it is, and the

@@ -1,7 +1,8 @@
 """SQLite's dialect (:class:`SqliteDialect`, the constant :data:`SQLITE`): its
 statements run on a ``sqlite3.Connection`` with parameters bound by name (``:name``),
 times stored as UTC text (:func:`~statifier.sql.dialect.utc_text`), UUID keys as 32 hex
-digits and JSON documents as text.
+digits, JSON documents as text and a list of texts as one JSON array; it takes no
+advisory lock, since a transaction holds the single writer.
 
 A call runs the statement at once on the event loop's thread: SQLite's writers are
 serialized by the transaction that holds the connection, and its busy wait is off
@@ -10,7 +11,9 @@ serialized by the transaction that holds the connection, and its busy wait is of
 
 from __future__ import annotations
 
+import json
 import sqlite3
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any, Final
 from uuid import UUID
@@ -27,6 +30,16 @@ class SqliteDialect(Dialect):
 
     name = "sqlite"
     row_locks = False
+
+    def among(self, column: str, parameter: str) -> str:
+        # sqlite3 binds no list: the texts come as one JSON array.
+        return f"{column} IN (SELECT value FROM json_each(:{parameter}))"
+
+    def texts(self, values: Iterable[str]) -> Any:
+        return json.dumps(list(values))
+
+    def advisory_lock(self, parameter: str, *, shared: bool = False) -> str | None:
+        return None  # the transaction holds the single writer already
 
     def time(self, value: datetime) -> Any:
         return utc_text(value)
