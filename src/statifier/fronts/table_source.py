@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -75,6 +76,8 @@ from statifier.persistence.codec import opened_json, sealed_json
 from statifier.persistence.sql import SqlAdapter, SqlTransaction
 from statifier.repeats import Repeats
 from statifier.router import ConfigError, InboundEvent, InvalidEvent, RouterConfig
+from statifier.sql import Tables
+from statifier.sql.dialect import Dialect
 from statifier.sql.inbound import EventRow, InboundTable, NewEvent
 from statifier.telemetry import report
 
@@ -157,11 +160,18 @@ async def append_events(
         ]
     except (TypeError, ValueError) as error:
         raise ValueError(f"an inbound event's data is not JSON: {error}") from None
-    table = InboundTable(adapter.tables, adapter.dialect)
+    table = _inbound_table(adapter.tables, adapter.dialect)
     if tx is not None:
         return await table.append(tx.driver, rows, moment)
     async with adapter.transaction() as own:
         return await table.append(own.driver, rows, moment)
+
+
+@functools.lru_cache(maxsize=32)
+def _inbound_table(tables: Tables, dialect: Dialect) -> InboundTable:
+    """The statements of ``tables`` on ``dialect``, made once for all the appends that
+    use them rather than on each (binding the texts for psycopg takes about 0.1 ms)."""
+    return InboundTable(tables, dialect)
 
 
 class TableSource:
