@@ -125,8 +125,6 @@ ALLOWED: Final = frozenset(
         ("statifier.fronts.basichttp", "statifier.router.locations"),  # resolve
         ("statifier.fronts.basichttp", "statifier.router.routing"),  # delivery_locks
         ("statifier.fronts.basichttp", "statifier.router.transaction"),  # sorted_locks
-        ("statifier.fronts.leases", "statifier.router.transaction"),  # lock_key
-        ("statifier.fronts.table_source", "statifier.router.transaction"),  # lock_key
         ("statifier.fronts.webhook", "statifier.router.outcomes"),  # MAX_ID_LENGTH
         ("statifier.service.sections", "statifier.router.sending"),  # BASICHTTP_QUEUE
         ("statifier.service.service", "statifier.router.timer_worker"),  # TimerWorker

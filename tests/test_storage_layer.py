@@ -15,8 +15,6 @@ _SQL = re.compile(r"\b(SELECT\s|INSERT INTO\s|UPDATE\s+\S+\s+SET\s|DELETE FROM\s
 
 # Modules outside the storage layer that still hold SQL text (to be moved into it).
 HOLDS_SQL = {
-    "statifier/fronts/leases.py",
-    "statifier/fronts/table_source.py",
     "statifier/persistence/sql/postgres.py",
     "statifier/persistence/sql/sqlite.py",
     "statifier/router/outbox.py",
@@ -27,8 +25,6 @@ HOLDS_SQL = {
 TESTS_DIALECT = {
     "statifier/console/queries.py",
     "statifier/durable/database.py",
-    "statifier/fronts/leases.py",
-    "statifier/fronts/table_source.py",
     "statifier/persistence/sql/adapter.py",
     "statifier/router/outbox.py",
     "statifier/router/transaction.py",

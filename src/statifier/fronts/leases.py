@@ -54,24 +54,14 @@ database included).
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
-from statifier.extras import MissingExtra
 from statifier.persistence.sql import SqlAdapter
 from statifier.router import ConfigError
-from statifier.router.transaction import lock_key
-from statifier.sql.dialect import utc_text, utc_time
-from statifier.sql.names import TableNames
-
-try:
-    from sqlalchemy.ext.asyncio import AsyncEngine
-except ModuleNotFoundError as missing:  # SQLAlchemy: the sqlite extra
-    raise MissingExtra.of(missing) from missing
+from statifier.sql.leases import LeaseTable, group_lock
 
 __all__ = [
     "Clock",
@@ -88,12 +78,6 @@ Clock = Callable[[], datetime]
 
 def _wall_clock() -> datetime:
     return datetime.now(UTC)
-
-
-def group_lock(names: TableNames, group: str) -> int:
-    """The PostgreSQL advisory lock key that claims of ``group`` take exclusively: a
-    writer that must not race a claim (a fenced commit) takes it shared."""
-    return lock_key("partition_leases", names.partition_leases, group)
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,7 +226,7 @@ class PartitionLeases:
         self.ttl = timedelta(seconds=ttl)
         self.clock = clock or _wall_clock
         self._held: frozenset[str] = frozenset()
-        self._sql = _statements(adapter)
+        self.table = LeaseTable(adapter.tables, adapter.dialect)
         # A claim and a release of one member never interleave: each sets ``held``.
         self._lock = asyncio.Lock()
 
@@ -266,13 +250,16 @@ class PartitionLeases:
         now = self.clock()
         until = now + self.ttl
         async with self.adapter.transaction() as tx:
-            driver = tx.driver
-            await self._sql.serialize(driver, self.group)
-            members = await self._sql.alive(driver, self.group, self.owner, now, until)
-            holdings = await self._sql.holdings(driver, self.group, self.partitions)
+            driver, table = tx.driver, self.table
+            await table.serialize(driver, self.group)
+            members = await table.alive(driver, self.group, self.owner, now, until)
+            holdings = {
+                row.partition: Holding(row.partition, row.owner, row.leased_until)
+                for row in await table.holdings(driver, self.group, self.partitions)
+            }
             kept, taken, surplus = divide(self.partitions, holdings, self.owner, members, now)
             held = (*kept, *taken, *surplus)
-            await self._sql.hold(driver, self.group, self.owner, held, until)
+            await table.hold(driver, self.group, self.owner, held, until)
         before = self._held
         self._held = frozenset(held)
         return LeaseChange(
@@ -290,196 +277,15 @@ class PartitionLeases:
         if not chosen:
             return
         async with self._lock, self.adapter.transaction() as tx:
-            await self._sql.serialize(tx.driver, self.group)
-            await self._sql.free(tx.driver, self.group, self.owner, chosen)
+            await self.table.serialize(tx.driver, self.group)
+            await self.table.free(tx.driver, self.group, self.owner, chosen)
             self._held = self._held - set(chosen)
 
     async def leave(self) -> None:
         """Release every partition and leave the group, so the others' next claims
         share the partitions without waiting for this member's ttl."""
         async with self._lock, self.adapter.transaction() as tx:
-            await self._sql.serialize(tx.driver, self.group)
-            await self._sql.free(tx.driver, self.group, self.owner, self.partitions)
-            await self._sql.forget(tx.driver, self.group, self.owner)
+            await self.table.serialize(tx.driver, self.group)
+            await self.table.free(tx.driver, self.group, self.owner, self.partitions)
+            await self.table.forget(tx.driver, self.group, self.owner)
             self._held = frozenset()
-
-
-# The statements, one class per database.
-
-
-def _statements(adapter: SqlAdapter) -> _PostgresLeases | _SqliteLeases:
-    if isinstance(adapter.engine, AsyncEngine):
-        return _PostgresLeases(adapter)
-    return _SqliteLeases(adapter)
-
-
-class _PostgresLeases:
-    """The leases' statements on psycopg 3."""
-
-    def __init__(self, adapter: SqlAdapter) -> None:
-        names = TableNames.of(adapter.tables)
-        leases, members = names.partition_leases, names.consumer_members
-        self.names = names
-        self.client_keys = adapter.tables.options.key_default
-        key_column, key_value = ("id, ", "%(id)s, ") if self.client_keys else ("", "")
-        self.member_text = (
-            f"INSERT INTO {members} ({key_column}consumer_group, owner, seen_until) "
-            f"VALUES ({key_value}%(group)s, %(owner)s, %(until)s) "
-            "ON CONFLICT (consumer_group, owner) DO UPDATE SET seen_until = EXCLUDED.seen_until"
-        )
-        self.prune_text = (
-            f"DELETE FROM {members} WHERE consumer_group = %(group)s AND seen_until <= %(now)s"
-        )
-        self.count_text = f"SELECT count(*) FROM {members} WHERE consumer_group = %(group)s"
-        self.ensure_text = (
-            f"INSERT INTO {leases} ({key_column}consumer_group, partition) "
-            f"VALUES ({key_value}%(group)s, %(partition)s) "
-            "ON CONFLICT (consumer_group, partition) DO NOTHING"
-        )
-        self.read_text = (
-            f"SELECT partition, owner, leased_until FROM {leases} "
-            "WHERE consumer_group = %(group)s AND partition = ANY(%(partitions)s)"
-        )
-        self.hold_text = (
-            f"UPDATE {leases} SET owner = %(owner)s, leased_until = %(until)s "
-            "WHERE consumer_group = %(group)s AND partition = ANY(%(partitions)s)"
-        )
-        self.free_text = (
-            f"UPDATE {leases} SET owner = NULL, leased_until = NULL "
-            "WHERE consumer_group = %(group)s AND owner = %(owner)s "
-            "AND partition = ANY(%(partitions)s)"
-        )
-        self.forget_text = (
-            f"DELETE FROM {members} WHERE consumer_group = %(group)s AND owner = %(owner)s"
-        )
-
-    async def serialize(self, driver: Any, group: str) -> None:
-        key = group_lock(self.names, group)
-        await driver.execute("SELECT pg_advisory_xact_lock(%(key)s)", {"key": key})
-
-    def _keyed(self, values: dict[str, Any]) -> dict[str, Any]:
-        if self.client_keys is not None:
-            values["id"] = self.client_keys()
-        return values
-
-    async def alive(
-        self, driver: Any, group: str, owner: str, now: datetime, until: datetime
-    ) -> int:
-        await driver.execute(self.prune_text, {"group": group, "now": now})
-        await driver.execute(
-            self.member_text, self._keyed({"group": group, "owner": owner, "until": until})
-        )
-        cursor = await driver.execute(self.count_text, {"group": group})
-        row = await cursor.fetchone()
-        return int(row[0])
-
-    async def holdings(
-        self, driver: Any, group: str, partitions: Sequence[str]
-    ) -> dict[str, Holding]:
-        for partition in partitions:
-            await driver.execute(
-                self.ensure_text, self._keyed({"group": group, "partition": partition})
-            )
-        cursor = await driver.execute(
-            self.read_text, {"group": group, "partitions": list(partitions)}
-        )
-        return {r[0]: Holding(r[0], r[1], r[2]) for r in await cursor.fetchall()}
-
-    async def hold(
-        self, driver: Any, group: str, owner: str, partitions: Sequence[str], until: datetime
-    ) -> None:
-        values = {"group": group, "owner": owner, "until": until, "partitions": list(partitions)}
-        await driver.execute(self.hold_text, values)
-
-    async def free(self, driver: Any, group: str, owner: str, partitions: Sequence[str]) -> None:
-        values = {"group": group, "owner": owner, "partitions": list(partitions)}
-        await driver.execute(self.free_text, values)
-
-    async def forget(self, driver: Any, group: str, owner: str) -> None:
-        await driver.execute(self.forget_text, {"group": group, "owner": owner})
-
-
-class _SqliteLeases:
-    """The leases' statements on ``sqlite3``, under the adapter's single writer (which
-    serializes claims, other processes' included)."""
-
-    def __init__(self, adapter: SqlAdapter) -> None:
-        names = TableNames.of(adapter.tables)
-        leases, members = names.partition_leases, names.consumer_members
-        self.client_keys = adapter.tables.options.key_default
-        key_column, key_value = ("id, ", ":id, ") if self.client_keys else ("", "")
-        self.member_text = (
-            f"INSERT INTO {members} ({key_column}consumer_group, owner, seen_until) "
-            f"VALUES ({key_value}:group, :owner, :until) "
-            "ON CONFLICT (consumer_group, owner) DO UPDATE SET seen_until = excluded.seen_until"
-        )
-        self.prune_text = (
-            f"DELETE FROM {members} WHERE consumer_group = :group AND seen_until <= :now"
-        )
-        self.count_text = f"SELECT count(*) FROM {members} WHERE consumer_group = :group"
-        self.ensure_text = (
-            f"INSERT INTO {leases} ({key_column}consumer_group, partition) "
-            f"VALUES ({key_value}:group, :partition) "
-            "ON CONFLICT (consumer_group, partition) DO NOTHING"
-        )
-        among = "partition IN (SELECT value FROM json_each(:partitions))"
-        self.read_text = (
-            f"SELECT partition, owner, leased_until FROM {leases} "
-            f"WHERE consumer_group = :group AND {among}"
-        )
-        self.hold_text = (
-            f"UPDATE {leases} SET owner = :owner, leased_until = :until "
-            f"WHERE consumer_group = :group AND {among}"
-        )
-        self.free_text = (
-            f"UPDATE {leases} SET owner = NULL, leased_until = NULL "
-            f"WHERE consumer_group = :group AND owner = :owner AND {among}"
-        )
-        self.forget_text = f"DELETE FROM {members} WHERE consumer_group = :group AND owner = :owner"
-
-    async def serialize(self, driver: Any, group: str) -> None:
-        """Nothing to take: the transaction holds the single writer already."""
-
-    def _keyed(self, values: dict[str, Any]) -> dict[str, Any]:
-        if self.client_keys is not None:
-            values["id"] = self.client_keys().hex  # as SQLAlchemy stores a UUID there
-        return values
-
-    async def alive(
-        self, driver: Any, group: str, owner: str, now: datetime, until: datetime
-    ) -> int:
-        driver.execute(self.prune_text, {"group": group, "now": utc_text(now)})
-        driver.execute(
-            self.member_text,
-            self._keyed({"group": group, "owner": owner, "until": utc_text(until)}),
-        )
-        return int(driver.execute(self.count_text, {"group": group}).fetchone()[0])
-
-    async def holdings(
-        self, driver: Any, group: str, partitions: Sequence[str]
-    ) -> dict[str, Holding]:
-        for partition in partitions:
-            driver.execute(self.ensure_text, self._keyed({"group": group, "partition": partition}))
-        values = {"group": group, "partitions": json.dumps(list(partitions))}
-        return {
-            r[0]: Holding(r[0], r[1], utc_time(r[2]))
-            for r in driver.execute(self.read_text, values).fetchall()
-        }
-
-    async def hold(
-        self, driver: Any, group: str, owner: str, partitions: Sequence[str], until: datetime
-    ) -> None:
-        values = {
-            "group": group,
-            "owner": owner,
-            "until": utc_text(until),
-            "partitions": json.dumps(list(partitions)),
-        }
-        driver.execute(self.hold_text, values)
-
-    async def free(self, driver: Any, group: str, owner: str, partitions: Sequence[str]) -> None:
-        values = {"group": group, "owner": owner, "partitions": json.dumps(list(partitions))}
-        driver.execute(self.free_text, values)
-
-    async def forget(self, driver: Any, group: str, owner: str) -> None:
-        driver.execute(self.forget_text, {"group": group, "owner": owner})

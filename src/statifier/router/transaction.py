@@ -13,7 +13,6 @@ caller's transaction through :meth:`SqlAdapter.joined`, and the caller ends it.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from statifier.persistence import ErrorPolicy, Executions, Executor, Storage
 from statifier.persistence.serialization import Unserialized
 from statifier.persistence.sql import SqlAdapter, SqlTransaction
 from statifier.router.sqlite import SqliteSession, SqliteStatements
+from statifier.sql.dialect import lock_key
 
 if TYPE_CHECKING:
     # Imported where PostgreSQL is met: psycopg is the postgres extra's alone.
@@ -76,13 +76,6 @@ def statements_for(adapter: SqlAdapter) -> Statements:
 
         return PostgresStatements(adapter.tables)
     return SqliteStatements(adapter.tables)
-
-
-def lock_key(*parts: str) -> int:
-    """A signed 64-bit advisory lock key for an address or a dedupe claim (``parts``
-    name which, and what)."""
-    digest = hashlib.blake2b("\x00".join(("statifier.router", *parts)).encode(), digest_size=8)
-    return int.from_bytes(digest.digest(), "big", signed=True)
 
 
 @asynccontextmanager

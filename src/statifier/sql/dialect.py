@@ -3,10 +3,12 @@
 A statement is written once, as SQL text with named parameters in SQLite's style
 (``:name``), against the table names of :mod:`statifier.sql.tables`. A
 :class:`Dialect` turns that text into what its driver binds (:meth:`Dialect.statement`),
-converts the values that its driver stores differently (times, keys, JSON documents),
-and runs the statement on the driver's connection of a transaction
-(:meth:`Dialect.execute`, :meth:`Dialect.rows`, :meth:`Dialect.row`), so that a module
-of statements reads the same for both databases. The two dialects are
+converts the values that its driver stores differently (times, keys, JSON documents,
+lists of texts), says how a transaction takes an advisory lock
+(:meth:`Dialect.advisory_lock`, keyed by :func:`lock_key`), and runs the statement on
+the driver's connection of a transaction (:meth:`Dialect.execute`,
+:meth:`Dialect.rows`, :meth:`Dialect.row`), so that a module of statements reads the
+same for both databases. The two dialects are
 :data:`statifier.sql.postgres.POSTGRES` (psycopg 3's ``AsyncConnection``) and
 :data:`statifier.sql.sqlite.SQLITE` (``sqlite3.Connection``); a statement that truly
 reads differently on the two is written in those modules.
@@ -26,12 +28,13 @@ True
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
 
-__all__ = ["Dialect", "Values", "named_to_pyformat", "ping", "utc_text", "utc_time"]
+__all__ = ["Dialect", "Values", "lock_key", "named_to_pyformat", "ping", "utc_text", "utc_time"]
 
 Values = Mapping[str, Any]
 """A statement's parameters, by name."""
@@ -62,6 +65,16 @@ def utc_time(text: str | None) -> datetime | None:
     if text is None:
         return None
     return datetime.fromisoformat(text).replace(tzinfo=UTC)
+
+
+def lock_key(*parts: str) -> int:
+    """A signed 64-bit advisory lock key (:meth:`Dialect.advisory_lock`) for what
+    ``parts`` name: a kind of thing, then what identifies it. The same parts give the
+    same key in every process and every version."""
+    # The leading name is part of every key ever taken: changing it would let a process
+    # of an older version and one of this version hold the same thing at once.
+    digest = hashlib.blake2b("\x00".join(("statifier.router", *parts)).encode(), digest_size=8)
+    return int.from_bytes(digest.digest(), "big", signed=True)
 
 
 class Dialect:
@@ -107,6 +120,17 @@ class Dialect:
 
     def listed(self, values: Iterable[Any]) -> Any:
         """``values`` as this driver binds the list that :meth:`among` reads."""
+        raise NotImplementedError
+
+    def advisory_lock(self, parameter: str, *, shared: bool = False) -> str | None:
+        """The statement (parameters as ``:name``) that takes the advisory lock on the
+        key bound as ``:parameter`` (a :func:`lock_key`), exclusive or ``shared``, held
+        until the transaction ends; it waits while a conflicting holder has it.
+
+        ``None`` where the database has no such locks and needs none: SQLite's
+        transaction holds the single writer, which serializes every writer (of every
+        process on one file) as the lock would.
+        """
         raise NotImplementedError
 
     def time(self, value: datetime) -> Any:

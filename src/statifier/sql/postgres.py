@@ -1,7 +1,8 @@
 """PostgreSQL's dialect (:class:`PostgresDialect`, the constant :data:`POSTGRES`): its
 statements run on a psycopg 3 ``AsyncConnection``, with parameters bound by name
 (``%(name)s``), times and UUID keys as the driver's own types, JSON documents cast
-to ``jsonb`` where they are bound and a list of values as an array.
+to ``jsonb`` where they are bound, a list of values as an array, and advisory
+locks held until the transaction ends.
 
 Nothing here imports psycopg: the connection is handed in.
 """
@@ -37,6 +38,10 @@ class PostgresDialect(Dialect):
     def listed(self, values: Iterable[Any]) -> Any:
         # psycopg binds a list as an array.
         return list(values)
+
+    def advisory_lock(self, parameter: str, *, shared: bool = False) -> str | None:
+        function = "pg_advisory_xact_lock_shared" if shared else "pg_advisory_xact_lock"
+        return f"SELECT {function}(:{parameter})"
 
     async def execute(self, driver: Any, sql: str, values: Values | None = None) -> int:
         # Always a mapping: psycopg reads a text bound without one as it is, and the

@@ -1,7 +1,8 @@
 """SQLite's dialect (:class:`SqliteDialect`, the constant :data:`SQLITE`): its
 statements run on a ``sqlite3.Connection`` with parameters bound by name (``:name``),
 times stored as UTC text (:func:`~statifier.sql.dialect.utc_text`), UUID keys as 32 hex
-digits, JSON documents as text and a list of values as a JSON array.
+digits, JSON documents as text and a list of values as a JSON array; it takes no
+advisory lock, since a transaction holds the single writer.
 
 A call runs the statement at once on the event loop's thread: SQLite's writers are
 serialized by the transaction that holds the connection, and its busy wait is off
@@ -37,6 +38,9 @@ class SqliteDialect(Dialect):
     def listed(self, values: Iterable[Any]) -> Any:
         # sqlite3 binds no list: a JSON array, which json_each reads back.
         return json.dumps(list(values))
+
+    def advisory_lock(self, parameter: str, *, shared: bool = False) -> str | None:
+        return None  # the transaction holds the single writer already
 
     def time(self, value: datetime) -> Any:
         return utc_text(value)

@@ -1,0 +1,160 @@
+"""The statements of the ``partition_leases`` and ``consumer_members`` tables: which
+member of a consumer group holds each of its partitions, until when, and which members
+are alive.
+
+:class:`LeaseTable` serializes the claims of one group (:meth:`LeaseTable.serialize`),
+marks a member alive and counts the live ones, reads the leases (making a row for each
+partition the first time), and sets, frees and forgets them. What a claim decides from
+the rows (the fair share) is the fronts' (:mod:`statifier.fronts.leases`).
+
+Where the database has advisory locks (:meth:`Dialect.advisory_lock`), the claims of one
+group take the group's lock (:func:`group_lock`) exclusively, so members on several
+machines never split a partition, and a writer that must not race a claim (a fenced
+commit of :mod:`statifier.sql.inbound`) takes it shared; on SQLite the transaction
+holds the single writer, which serializes them (several processes on one file
+included).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from statifier.sql.dialect import Dialect, lock_key
+from statifier.sql.names import TableNames
+from statifier.sql.tables import Tables
+
+__all__ = ["LeaseRow", "LeaseTable", "group_lock"]
+
+
+def group_lock(names: TableNames, group: str) -> int:
+    """The advisory lock key that claims of ``group`` take exclusively: a writer that
+    must not race a claim (a fenced commit) takes it shared."""
+    return lock_key("partition_leases", names.partition_leases, group)
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRow:
+    """A row of the leases table as read: a partition's holder (``None``: free) and
+    until when (aware, UTC; ``None`` when free)."""
+
+    partition: str
+    owner: str | None
+    leased_until: datetime | None
+
+
+class LeaseTable:
+    """The statements of one group's lease and member tables on one database, made once.
+
+    Args:
+        tables: the tables the migrations built.
+        dialect: the database's dialect (``SqlAdapter.dialect``).
+
+    Every method takes the driver's connection of the caller's transaction
+    (``tx.driver``) and runs in it; call :meth:`serialize` first in a transaction that
+    changes a group's leases.
+    """
+
+    def __init__(self, tables: Tables, dialect: Dialect) -> None:
+        self.dialect = dialect
+        self.names = names = TableNames.of(tables)
+        self.new_key = tables.options.key_default
+        leases, members = names.partition_leases, names.consumer_members
+        key_column, key_value = ("id, ", ":id, ") if self.new_key else ("", "")
+        among = f"partition {dialect.among('partitions')}"
+        sql = dialect.statement
+        lock = dialect.advisory_lock("key")
+        self._serialize = None if lock is None else sql(lock)
+        self._member = sql(
+            f"INSERT INTO {members} ({key_column}consumer_group, owner, seen_until) "
+            f"VALUES ({key_value}:group, :owner, :until) "
+            "ON CONFLICT (consumer_group, owner) DO UPDATE SET seen_until = EXCLUDED.seen_until"
+        )
+        self._prune = sql(
+            f"DELETE FROM {members} WHERE consumer_group = :group AND seen_until <= :now"
+        )
+        self._count = sql(f"SELECT count(*) FROM {members} WHERE consumer_group = :group")
+        self._ensure = sql(
+            f"INSERT INTO {leases} ({key_column}consumer_group, partition) "
+            f"VALUES ({key_value}:group, :partition) "
+            "ON CONFLICT (consumer_group, partition) DO NOTHING"
+        )
+        self._read = sql(
+            f"SELECT partition, owner, leased_until FROM {leases} "
+            f"WHERE consumer_group = :group AND {among}"
+        )
+        self._hold = sql(
+            f"UPDATE {leases} SET owner = :owner, leased_until = :until "
+            f"WHERE consumer_group = :group AND {among}"
+        )
+        self._free = sql(
+            f"UPDATE {leases} SET owner = NULL, leased_until = NULL "
+            f"WHERE consumer_group = :group AND owner = :owner AND {among}"
+        )
+        self._forget = sql(
+            f"DELETE FROM {members} WHERE consumer_group = :group AND owner = :owner"
+        )
+
+    def _keyed(self, values: dict[str, Any]) -> dict[str, Any]:
+        if self.new_key:
+            values["id"] = self.dialect.key(self.new_key())
+        return values
+
+    async def serialize(self, driver: Any, group: str) -> None:
+        """Take ``group``'s lock exclusively until the transaction ends (see the module
+        docstring); nothing to take where the transaction holds the single writer."""
+        if self._serialize is not None:
+            key = group_lock(self.names, group)
+            await self.dialect.execute(driver, self._serialize, {"key": key})
+
+    async def alive(
+        self, driver: Any, group: str, owner: str, now: datetime, until: datetime
+    ) -> int:
+        """Forget the members of ``group`` not seen alive after ``now``, mark ``owner``
+        alive until ``until``, and answer how many members are alive (``owner``
+        counted)."""
+        dialect = self.dialect
+        await dialect.execute(driver, self._prune, {"group": group, "now": dialect.time(now)})
+        values = {"group": group, "owner": owner, "until": dialect.time(until)}
+        await dialect.execute(driver, self._member, self._keyed(values))
+        row = await dialect.row(driver, self._count, {"group": group})
+        assert row is not None  # count(*) answers a row
+        return int(row[0])
+
+    async def holdings(self, driver: Any, group: str, partitions: Sequence[str]) -> list[LeaseRow]:
+        """The rows of ``partitions`` of ``group``, in no promised order; a partition
+        without one gets a free row first."""
+        dialect = self.dialect
+        for partition in partitions:
+            values = {"group": group, "partition": partition}
+            await dialect.execute(driver, self._ensure, self._keyed(values))
+        values = {"group": group, "partitions": dialect.listed(partitions)}
+        return [
+            LeaseRow(row[0], row[1], dialect.read_time(row[2]))
+            for row in await dialect.rows(driver, self._read, values)
+        ]
+
+    async def hold(
+        self, driver: Any, group: str, owner: str, partitions: Sequence[str], until: datetime
+    ) -> None:
+        """Lease ``partitions`` of ``group`` to ``owner`` until ``until``, whoever held
+        them."""
+        dialect = self.dialect
+        values = {
+            "group": group,
+            "owner": owner,
+            "until": dialect.time(until),
+            "partitions": dialect.listed(partitions),
+        }
+        await dialect.execute(driver, self._hold, values)
+
+    async def free(self, driver: Any, group: str, owner: str, partitions: Sequence[str]) -> None:
+        """Free those of ``partitions`` of ``group`` that ``owner`` holds."""
+        values = {"group": group, "owner": owner, "partitions": self.dialect.listed(partitions)}
+        await self.dialect.execute(driver, self._free, values)
+
+    async def forget(self, driver: Any, group: str, owner: str) -> None:
+        """Take ``owner`` off ``group``'s live members."""
+        await self.dialect.execute(driver, self._forget, {"group": group, "owner": owner})
