@@ -17,7 +17,6 @@ _SQL = re.compile(r"\b(SELECT\s|INSERT INTO\s|UPDATE\s+\S+\s+SET\s|DELETE FROM\s
 HOLDS_SQL = {
     "statifier/persistence/sql/postgres.py",
     "statifier/persistence/sql/sqlite.py",
-    "statifier/router/outbox.py",
     "statifier/router/postgres.py",
     "statifier/router/sqlite.py",
 }
@@ -26,7 +25,6 @@ TESTS_DIALECT = {
     "statifier/console/queries.py",
     "statifier/durable/database.py",
     "statifier/persistence/sql/adapter.py",
-    "statifier/router/outbox.py",
     "statifier/router/transaction.py",
     "statifier/service/sections.py",
 }

@@ -22,7 +22,8 @@ an unreadable payload.
 On PostgreSQL the claim locks the rows it picks with ``FOR UPDATE SKIP LOCKED``, so
 workers on several machines share one outbox without waiting for one another; on
 SQLite it runs under the adapter's single writer. Leases are timed by each worker's
-own clock: keep the workers' clocks in step to well within the lease.
+own clock: keep the workers' clocks in step to well within the lease. The statements
+are :class:`statifier.sql.outbox.OutboxTable`'s; this module says what a row means.
 
 >>> import asyncio, tempfile
 >>> from pathlib import Path
@@ -59,12 +60,10 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import KW_ONLY, dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final, Literal
-
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from statifier.callbacks import settle
 from statifier.core import Event
@@ -74,8 +73,7 @@ from statifier.persistence.codec import PlainBlobs, opened_text, sealed_json
 from statifier.persistence.sql import SqlAdapter, SqlTransaction
 from statifier.router.errors import ConfigError
 from statifier.router.routes import IdempotencyKey
-from statifier.sql.dialect import utc_text, utc_time
-from statifier.sql.names import TableNames
+from statifier.sql.outbox import LeasedRow, OutboxTable, StoredRow
 from statifier.telemetry import report
 
 if TYPE_CHECKING:
@@ -260,7 +258,7 @@ class OutboxRoute:
         self.adapter = adapter
         self.clock = clock or _wall_clock
         self.codec = codec
-        self._sql = _statements(adapter)
+        self._sql = OutboxTable(adapter.tables, adapter.dialect)
 
     async def deliver(
         self,
@@ -330,9 +328,26 @@ class OutboxRoute:
         }
         if tx is None:
             async with self.adapter.transaction() as own:
-                await self._sql.insert(own.driver, queue, str(key), payload, moment)
+                await self._insert(own, queue, str(key), payload, moment)
             return
-        await self._sql.insert(tx.driver, queue, str(key), payload, moment)
+        await self._insert(tx, queue, str(key), payload, moment)
+
+    async def _insert(
+        self,
+        tx: SqlTransaction,
+        queue: str,
+        key: str,
+        payload: Mapping[str, Any],
+        now: datetime,
+    ) -> None:
+        await self._sql.insert(
+            tx.driver,
+            queue=queue,
+            key=key,
+            payload=json.dumps(payload),
+            execution_id=payload["execution_id"],
+            now=now,
+        )
 
 
 # The drain.
@@ -405,7 +420,7 @@ class OutboxDrain:
         self.backoff = backoff or Backoff()
         self.lease = held
         self.batch = batch
-        self._sql = _statements(self.adapter)
+        self._sql = OutboxTable(self.adapter.tables, self.adapter.dialect)
 
     async def drain_once(self, now: datetime | None = None) -> DrainReport:
         """One pass: lease up to ``batch`` due rows of the sinks' queues, call their
@@ -422,11 +437,17 @@ class OutboxDrain:
         moment = self.clock() if now is None else _aware(now)
         token = secrets.token_hex(16)
         async with self.adapter.transaction() as tx:
-            claimed = await self._sql.claim(
-                tx.driver, sorted(self.sinks), moment, moment + self.lease, token, self.batch
+            leased = await self._sql.claim(
+                tx.driver,
+                sorted(self.sinks),
+                now=moment,
+                until=moment + self.lease,
+                token=token,
+                limit=self.batch,
             )
-        if not claimed:
+        if not leased:
             return DrainReport()
+        claimed = [_claimed(row) for row in leased]
         answers = await asyncio.gather(
             *(self._settle(row, token, now) for row in claimed), return_exceptions=True
         )
@@ -517,7 +538,7 @@ class OutboxDrain:
         """Outbox rows in id order: every row, or one queue's, or those pending (not
         sent, not dead: leased ones too), sent, or dead."""
         async with self.adapter.transaction() as tx:
-            found = await self._sql.rows(tx.driver, queue, state)
+            found = [_row(row) for row in await self._sql.rows(tx.driver, queue=queue, state=state)]
         if isinstance(self.codec, PlainBlobs):
             return found
         return [replace(row, payload=_opened(row.payload, self.codec, row.key)) for row in found]
@@ -546,7 +567,9 @@ class OutboxDrain:
         drain's adapter (``adapter.transaction()``, or a router unit's ``tx``): the rows
         are re-armed when ``tx`` commits, and stay dead if it rolls back. Answers how
         many were re-armed."""
-        return await self._sql.retry_dead(tx.driver, key_or_id, queue, self.clock())
+        if isinstance(key_or_id, str):
+            return await self._sql.retry_dead_key(tx.driver, key_or_id, queue, self.clock())
+        return await self._sql.retry_dead_id(tx.driver, key_or_id, queue, self.clock())
 
 
 def _failed(
@@ -656,301 +679,28 @@ def _said(error: BaseException) -> str:
     return said if len(said) <= _ERROR_LIMIT else f"{said[: _ERROR_LIMIT - 1]}…"
 
 
-# The statements, one class per database.
-
-_COLUMNS: Final = (
-    "id, queue, key, payload, attempts, next_attempt_at, lease, leased_until, sent_at, "
-    "dead_at, last_error, inserted_at"
-)
-_STATES: Final = {
-    None: "1 = 1",
-    "pending": "sent_at IS NULL AND dead_at IS NULL",
-    "sent": "sent_at IS NOT NULL",
-    "dead": "dead_at IS NOT NULL",
-}
-
-
-def _statements(adapter: SqlAdapter) -> _PostgresOutbox | _SqliteOutbox:
-    if isinstance(adapter.engine, AsyncEngine):
-        return _PostgresOutbox(adapter)
-    return _SqliteOutbox(adapter)
-
-
-class _PostgresOutbox:
-    """The outbox's statements on psycopg 3 (``%(name)s`` parameters, JSON as text
-    cast to ``jsonb``)."""
-
-    def __init__(self, adapter: SqlAdapter) -> None:
-        table = TableNames.of(adapter.tables).outbox
-        self.table = table
-        self.client_keys = adapter.tables.options.key_default
-        key_column, key_value = ("id, ", "%(id)s, ") if self.client_keys else ("", "")
-        self.insert_text = (
-            f"INSERT INTO {table} ({key_column}queue, key, payload, attempts, "
-            f"next_attempt_at, inserted_at, execution_id) VALUES ({key_value}%(queue)s, "
-            "%(key)s, %(payload)s::jsonb, 0, %(now)s, %(now)s, %(execution_id)s) "
-            "ON CONFLICT (queue, key) DO NOTHING"
-        )
-        # The rows are locked as they are picked and skipped by a concurrent claim; a
-        # row another claim committed meanwhile is re-checked against the conditions
-        # (it is leased now) and left out.
-        self.claim_text = (
-            f"WITH picked AS (SELECT id, lease IS NOT NULL AS lapsed FROM {table} "
-            "WHERE sent_at IS NULL AND dead_at IS NULL AND next_attempt_at <= %(now)s "
-            "AND (leased_until IS NULL OR leased_until <= %(now)s) "
-            "AND queue = ANY(%(queues)s) ORDER BY id LIMIT %(limit)s "
-            f"FOR UPDATE SKIP LOCKED) UPDATE {table} AS o SET lease = %(token)s, "
-            "leased_until = %(until)s FROM picked WHERE o.id = picked.id "
-            "RETURNING o.id, o.queue, o.key, o.payload, o.attempts, picked.lapsed"
-        )
-        self.sent_text = (
-            f"UPDATE {table} SET sent_at = %(now)s, lease = NULL, leased_until = NULL "
-            "WHERE id = %(id)s AND lease = %(token)s"
-        )
-        self.failed_text = (
-            f"UPDATE {table} SET attempts = attempts + 1, last_error = %(error)s, "
-            "next_attempt_at = %(next_at)s, dead_at = %(dead_at)s, lease = NULL, "
-            "leased_until = NULL WHERE id = %(id)s AND lease = %(token)s"
-        )
-        self.rows_text = (
-            f"SELECT {_COLUMNS} FROM {table} WHERE {{state}} "
-            "AND (%(queue)s::text IS NULL OR queue = %(queue)s) ORDER BY id"
-        )
-        self.retry_text = (
-            f"UPDATE {table} SET dead_at = NULL, attempts = 0, next_attempt_at = %(now)s, "
-            "lease = NULL, leased_until = NULL WHERE dead_at IS NOT NULL AND {which} "
-            "AND (%(queue)s::text IS NULL OR queue = %(queue)s)"
-        )
-
-    async def insert(
-        self, driver: Any, queue: str, key: str, payload: Mapping[str, Any], now: datetime
-    ) -> None:
-        values: dict[str, Any] = {
-            "queue": queue,
-            "key": key,
-            "payload": json.dumps(payload),
-            "now": now,
-            "execution_id": payload["execution_id"],
-        }
-        if self.client_keys is not None:
-            values["id"] = self.client_keys()
-        await driver.execute(self.insert_text, values)
-
-    async def claim(
-        self,
-        driver: Any,
-        queues: Sequence[str],
-        now: datetime,
-        until: datetime,
-        token: str,
-        limit: int,
-    ) -> list[_Claimed]:
-        values = {
-            "now": now,
-            "until": until,
-            "token": token,
-            "queues": list(queues),
-            "limit": limit,
-        }
-        cursor = await driver.execute(self.claim_text, values)
-        rows = [
-            _Claimed(r[0], r[1], r[2], _loaded(r[3]), int(r[4]), bool(r[5]))
-            for r in await cursor.fetchall()
-        ]
-        return sorted(rows, key=lambda row: row.id)  # RETURNING keeps no order
-
-    async def mark_sent(self, driver: Any, row_id: Any, token: str, now: datetime) -> bool:
-        cursor = await driver.execute(self.sent_text, {"id": row_id, "token": token, "now": now})
-        return int(cursor.rowcount) == 1
-
-    async def mark_failed(
-        self,
-        driver: Any,
-        row_id: Any,
-        token: str,
-        *,
-        error: str,
-        next_at: datetime,
-        dead_at: datetime | None,
-    ) -> bool:
-        values = {
-            "id": row_id,
-            "token": token,
-            "error": error,
-            "next_at": next_at,
-            "dead_at": dead_at,
-        }
-        cursor = await driver.execute(self.failed_text, values)
-        return int(cursor.rowcount) == 1
-
-    async def rows(self, driver: Any, queue: str | None, state: str | None) -> list[OutboxRow]:
-        text = self.rows_text.format(state=_STATES[state])
-        cursor = await driver.execute(text, {"queue": queue})
-        return [
-            _row(r, _loaded(r[3]), r[5], r[7], r[8], r[9], r[11]) for r in await cursor.fetchall()
-        ]
-
-    async def retry_dead(
-        self, driver: Any, key_or_id: str | int | uuid.UUID, queue: str | None, now: datetime
-    ) -> int:
-        which = "key = %(which)s" if isinstance(key_or_id, str) else "id = %(which)s"
-        values = {"which": key_or_id, "queue": queue, "now": now}
-        cursor = await driver.execute(self.retry_text.format(which=which), values)
-        return int(cursor.rowcount)
-
-
-class _SqliteOutbox:
-    """The outbox's statements on ``sqlite3`` (``:name`` parameters, times as UTC
-    text), run under the adapter's single writer: no claim races another."""
-
-    def __init__(self, adapter: SqlAdapter) -> None:
-        table = TableNames.of(adapter.tables).outbox
-        self.client_keys = adapter.tables.options.key_default
-        key_column, key_value = ("id, ", ":id, ") if self.client_keys else ("", "")
-        self.insert_text = (
-            f"INSERT INTO {table} ({key_column}queue, key, payload, attempts, "
-            f"next_attempt_at, inserted_at, execution_id) VALUES ({key_value}:queue, :key, "
-            ":payload, 0, :now, :now, :execution_id) ON CONFLICT (queue, key) DO NOTHING"
-        )
-        self.pick_text = (
-            f"SELECT id, queue, key, payload, attempts, lease IS NOT NULL FROM {table} "
-            "WHERE sent_at IS NULL AND dead_at IS NULL AND next_attempt_at <= :now "
-            "AND (leased_until IS NULL OR leased_until <= :now) "
-            "AND queue IN (SELECT value FROM json_each(:queues)) ORDER BY id LIMIT :limit"
-        )
-        self.lease_text = (
-            f"UPDATE {table} SET lease = :token, leased_until = :until "
-            "WHERE id IN (SELECT value FROM json_each(:ids))"
-        )
-        self.sent_text = (
-            f"UPDATE {table} SET sent_at = :now, lease = NULL, leased_until = NULL "
-            "WHERE id = :id AND lease = :token"
-        )
-        self.failed_text = (
-            f"UPDATE {table} SET attempts = attempts + 1, last_error = :error, "
-            "next_attempt_at = :next_at, dead_at = :dead_at, lease = NULL, "
-            "leased_until = NULL WHERE id = :id AND lease = :token"
-        )
-        self.rows_text = (
-            f"SELECT {_COLUMNS} FROM {table} WHERE {{state}} "
-            "AND (:queue IS NULL OR queue = :queue) ORDER BY id"
-        )
-        self.retry_text = (
-            f"UPDATE {table} SET dead_at = NULL, attempts = 0, next_attempt_at = :now, "
-            "lease = NULL, leased_until = NULL WHERE dead_at IS NOT NULL AND {which} "
-            "AND (:queue IS NULL OR queue = :queue)"
-        )
-
-    async def insert(
-        self, driver: Any, queue: str, key: str, payload: Mapping[str, Any], now: datetime
-    ) -> None:
-        values: dict[str, Any] = {
-            "queue": queue,
-            "key": key,
-            "payload": json.dumps(payload),
-            "now": utc_text(now),
-            "execution_id": payload["execution_id"],
-        }
-        if self.client_keys is not None:
-            values["id"] = self.client_keys().hex  # as SQLAlchemy stores a UUID there
-        driver.execute(self.insert_text, values)
-
-    async def claim(
-        self,
-        driver: Any,
-        queues: Sequence[str],
-        now: datetime,
-        until: datetime,
-        token: str,
-        limit: int,
-    ) -> list[_Claimed]:
-        values = {"now": utc_text(now), "queues": json.dumps(list(queues)), "limit": limit}
-        rows = [
-            _Claimed(r[0], r[1], r[2], _loaded(r[3]), int(r[4]), bool(r[5]))
-            for r in driver.execute(self.pick_text, values).fetchall()
-        ]
-        if rows:
-            ids = json.dumps([row.id for row in rows])
-            driver.execute(self.lease_text, {"token": token, "until": utc_text(until), "ids": ids})
-        return rows
-
-    async def mark_sent(self, driver: Any, row_id: Any, token: str, now: datetime) -> bool:
-        values = {"id": row_id, "token": token, "now": utc_text(now)}
-        return int(driver.execute(self.sent_text, values).rowcount) == 1
-
-    async def mark_failed(
-        self,
-        driver: Any,
-        row_id: Any,
-        token: str,
-        *,
-        error: str,
-        next_at: datetime,
-        dead_at: datetime | None,
-    ) -> bool:
-        values = {
-            "id": row_id,
-            "token": token,
-            "error": error,
-            "next_at": utc_text(next_at),
-            "dead_at": utc_text(dead_at),
-        }
-        return int(driver.execute(self.failed_text, values).rowcount) == 1
-
-    async def rows(self, driver: Any, queue: str | None, state: str | None) -> list[OutboxRow]:
-        text = self.rows_text.format(state=_STATES[state])
-        uuids = self.client_keys is not None
-        return [
-            _row(
-                # A UUID key is stored as its hex digits: read back as the UUID it is.
-                (uuid.UUID(r[0]), *r[1:]) if uuids else r,
-                _loaded(r[3]),
-                utc_time(r[5]),
-                utc_time(r[7]),
-                utc_time(r[8]),
-                utc_time(r[9]),
-                utc_time(r[11]),
-            )
-            for r in driver.execute(text, {"queue": queue}).fetchall()
-        ]
-
-    async def retry_dead(
-        self, driver: Any, key_or_id: str | int | uuid.UUID, queue: str | None, now: datetime
-    ) -> int:
-        which = "key = :which" if isinstance(key_or_id, str) else "id = :which"
-        chosen = key_or_id.hex if isinstance(key_or_id, uuid.UUID) else key_or_id
-        values = {"which": chosen, "queue": queue, "now": utc_text(now)}
-        return int(driver.execute(self.retry_text.format(which=which), values).rowcount)
-
-
 def _loaded(payload: Any) -> Mapping[str, Any]:
     """A payload as read: PostgreSQL's driver answers ``jsonb`` parsed, SQLite text."""
     value = json.loads(payload) if isinstance(payload, str | bytes) else payload
     return value if isinstance(value, dict) else {}
 
 
-def _row(
-    r: Sequence[Any],
-    payload: Mapping[str, Any],
-    next_attempt_at: datetime | None,
-    leased_until: datetime | None,
-    sent_at: datetime | None,
-    dead_at: datetime | None,
-    inserted_at: datetime | None,
-) -> OutboxRow:
-    assert next_attempt_at is not None
-    assert inserted_at is not None
+def _claimed(row: LeasedRow) -> _Claimed:
+    return _Claimed(row.id, row.queue, row.key, _loaded(row.payload), row.attempts, row.reclaimed)
+
+
+def _row(row: StoredRow) -> OutboxRow:
     return OutboxRow(
-        r[0],
-        queue=r[1],
-        key=r[2],
-        payload=payload,
-        attempts=int(r[4]),
-        next_attempt_at=next_attempt_at,
-        lease=r[6],
-        leased_until=leased_until,
-        sent_at=sent_at,
-        dead_at=dead_at,
-        last_error=r[10],
-        inserted_at=inserted_at,
+        row.id,
+        queue=row.queue,
+        key=row.key,
+        payload=_loaded(row.payload),
+        attempts=row.attempts,
+        next_attempt_at=row.next_attempt_at,
+        lease=row.lease,
+        leased_until=row.leased_until,
+        sent_at=row.sent_at,
+        dead_at=row.dead_at,
+        last_error=row.last_error,
+        inserted_at=row.inserted_at,
     )

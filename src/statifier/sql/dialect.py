@@ -146,6 +146,11 @@ class Dialect:
         driver stores it; an integer as it is)."""
         return value
 
+    def read_key(self, value: Any) -> Any:
+        """A key column's value as this driver reads it, as :meth:`key` was given it
+        (a UUID key as a :class:`uuid.UUID`; an integer as it is)."""
+        return value
+
     async def execute(self, driver: Any, sql: str, values: Values | None = None) -> int:
         """Run ``sql`` (already :meth:`statement`) on ``driver``; the rows it changed."""
         raise NotImplementedError

@@ -52,6 +52,10 @@ class SqliteDialect(Dialect):
         # 32 hex digits, as SQLAlchemy stores a UUID on SQLite.
         return value.hex if isinstance(value, UUID) else value
 
+    def read_key(self, value: Any) -> Any:
+        # A key column holds integers, or UUIDs as 32 hex digits: text is a UUID.
+        return UUID(hex=value) if isinstance(value, str) else value
+
     async def execute(
         self, driver: sqlite3.Connection, sql: str, values: Values | None = None
     ) -> int:
