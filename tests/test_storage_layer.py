@@ -23,10 +23,8 @@ HOLDS_SQL = {
 # Modules outside the storage layer that still ask which database they run on.
 TESTS_DIALECT = {
     "statifier/console/queries.py",
-    "statifier/durable/database.py",
     "statifier/persistence/sql/adapter.py",
     "statifier/router/transaction.py",
-    "statifier/service/sections.py",
 }
 
 

@@ -78,14 +78,13 @@ def _prepare(url: str, options: TableOptions, migrate: bool) -> None:
     the migration lock every other way of migrating holds too (``statifier db
     upgrade``, ``statifier serve``), so processes opening together migrate once."""
     from statifier.sql import migrations
-    from statifier.sql.engines import database_url
+    from statifier.sql.engines import lasts_one_connection
 
     try:
-        parsed = database_url(url)
+        in_memory = lasts_one_connection(url)
     except ValueError:
         raise ValueError(f"durable executions run on PostgreSQL or SQLite, not {url!r}") from None
-    sqlite = parsed.get_backend_name() == "sqlite"
-    if sqlite and parsed.database in (None, "", ":memory:"):
+    if in_memory:
         raise ValueError(
             "an in-memory SQLite database lasts one connection: give a file, "
             "sqlite:///app.db (or a MemoryAdapter)"

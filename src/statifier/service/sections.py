@@ -155,7 +155,7 @@ class SectionReader:
     # The database and the listener.
 
     def database(self, table: Table) -> DatabaseSettings:
-        from statifier.sql.engines import database_url
+        from statifier.sql.engines import database_url, url_dialect
 
         if table.has("url") and table.has("url_env"):
             raise table.refuse("url", "give url or url_env, not both")
@@ -170,7 +170,7 @@ class SectionReader:
         except Exception:  # noqa: BLE001 - SQLAlchemy's parse errors quote the URL
             raise table.refuse(key, "is not a database URL") from None
         schema = table.optional_text("schema")
-        if schema is not None and parsed.get_backend_name() != "postgresql":
+        if schema is not None and not url_dialect(parsed).schemas:
             raise table.refuse("schema", "a schema needs PostgreSQL")
         settings = DatabaseSettings(
             url=url,

@@ -96,12 +96,15 @@ class Dialect:
             and needs no lock of an execution's own to read what that execution's
             steps write; where false (PostgreSQL), such a read takes the execution's
             lock.
+        schemas: whether tables may live in a schema of their own (PostgreSQL's
+            ``schema.table``); SQLite has one namespace per file.
     """
 
     name: str = ""
     row_locks: bool = False
     server_clock: str | None = None
     single_writer: bool = False
+    schemas: bool = False
 
     def statement(self, text: str) -> str:
         """``text`` (parameters as ``:name``) as this dialect's driver binds it."""

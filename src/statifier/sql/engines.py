@@ -48,11 +48,13 @@ __all__ = [
     "dialect_of",
     "dispose",
     "is_busy",
+    "lasts_one_connection",
     "missing_table",
     "retry_busy",
     "run_on",
     "sqlite_engine",
     "tables_missing",
+    "url_dialect",
 ]
 
 _T = TypeVar("_T")
@@ -249,6 +251,26 @@ async def retry_busy(
         pause = backoff if deadline is None else min(backoff, deadline - now)
         await asyncio.sleep(pause)
         backoff = min(backoff * 2, _LAST_BACKOFF)
+
+
+def url_dialect(url: str | sa.URL) -> Dialect:
+    """The dialect of the database ``url`` names.
+
+    Raises:
+        ValueError: a database other than PostgreSQL or SQLite (:func:`database_url`).
+    """
+    return SQLITE if database_url(url).get_backend_name() == "sqlite" else POSTGRES
+
+
+def lasts_one_connection(url: str | sa.URL) -> bool:
+    """Whether ``url`` names a database that lives only as long as its connection
+    (SQLite in memory): nothing written there outlives the process's connection.
+
+    Raises:
+        ValueError: a database other than PostgreSQL or SQLite (:func:`database_url`).
+    """
+    parsed = database_url(url)
+    return parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:")
 
 
 def dialect_of(engine: sa.Engine | AsyncEngine) -> Dialect:

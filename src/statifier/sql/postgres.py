@@ -25,6 +25,7 @@ class PostgresDialect(Dialect):
     name = "postgresql"
     row_locks = True
     server_clock = "clock_timestamp()"
+    schemas = True
 
     def statement(self, text: str) -> str:
         return named_to_pyformat(text)
