@@ -22,7 +22,6 @@ HOLDS_SQL = {
 }
 # Modules outside the storage layer that still ask which database they run on.
 TESTS_DIALECT = {
-    "statifier/console/queries.py",
     "statifier/persistence/sql/adapter.py",
     "statifier/router/transaction.py",
 }

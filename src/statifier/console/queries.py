@@ -45,13 +45,12 @@ from statifier.persistence.executions import logged_input
 from statifier.persistence.records import ChartRecord, ErrorRecord, ExecutionRecord, Status
 from statifier.persistence.step_errors import decode_error
 from statifier.router import LedgerRow, OutboxRow
-from statifier.sql.engines import database_url, dispose, run_on, sqlite_engine
+from statifier.sql.engines import dialect_of, dispose, open_engine, run_on
 from statifier.sql.tables import Tables, UtcDateTime
 
 try:
     import sqlalchemy as sa
-    from sqlalchemy.dialects import postgresql
-    from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+    from sqlalchemy.ext.asyncio import AsyncEngine
 except ModuleNotFoundError as missing:  # SQLAlchemy: the sqlite extra
     raise MissingExtra.of(missing) from missing
 
@@ -472,12 +471,7 @@ class ConsoleQueries:
         Raises:
             ValueError: a database other than PostgreSQL or SQLite.
         """
-        parsed = database_url(url)
-        engine: sa.Engine | AsyncEngine
-        if parsed.get_backend_name() == "sqlite":
-            engine = sqlite_engine(parsed)
-        else:
-            engine = create_async_engine(parsed, pool_size=5)
+        engine = open_engine(url, pool_size=5)
         queries = cls(engine, Tables.define() if tables is None else tables, scriba=scriba)
         queries._owned = True
         return queries
@@ -610,16 +604,7 @@ class ConsoleQueries:
 
     def _metadata_conditions(self, pairs: Mapping[str, str]) -> list[sa.ColumnElement[bool]]:
         e = self.tables.executions
-        if _dialect(self.engine) == "postgresql":
-            # jsonb containment, which the GIN index on metadata answers.
-            return [sa.type_coerce(e.c.metadata, postgresql.JSONB()).contains(dict(pairs))]
-        conditions: list[sa.ColumnElement[bool]] = []
-        for index, (key, value) in enumerate(sorted(pairs.items())):
-            each = sa.func.json_each(e.c.metadata).table_valued("key", "value").alias(f"m{index}")
-            conditions.append(
-                sa.exists().select_from(each).where(each.c.key == key, each.c.value == value)
-            )
-        return conditions
+        return dialect_of(self.engine).json_has(e.c.metadata, pairs)
 
     async def failed(
         self, *, cursor: str | None = None, size: int = DEFAULT_PAGE
@@ -806,16 +791,7 @@ class ConsoleQueries:
         width = int(seconds)
         start = int(since.timestamp() // 1)
         ledger = self.tables.routing_ledger
-        epoch: sa.ColumnElement[Any]
-        index: sa.ColumnElement[Any]
-        if _dialect(self.engine) == "postgresql":
-            # date_part answers a double, which is several times cheaper per row than
-            # the numeric extract() answers.
-            epoch = sa.func.floor(sa.func.date_part("epoch", ledger.c.inserted_at))
-            index = sa.cast(sa.func.floor((epoch - start) / width), sa.BigInteger)
-        else:
-            epoch = sa.cast(sa.func.strftime("%s", ledger.c.inserted_at), sa.Integer)
-            index = (epoch - start) // width  # the integer division of the database
+        index = dialect_of(self.engine).bucket(ledger.c.inserted_at, start, width)
         number = index.label("bucket")
         statement = (
             sa.select(ledger.c.binding_id, number, ledger.c.outcome, sa.func.count())
@@ -1059,10 +1035,6 @@ class ConsoleQueries:
 
 
 # -- running reads ----------------------------------------------------------------
-
-
-def _dialect(engine: sa.Engine | AsyncEngine) -> str:
-    return engine.dialect.name
 
 
 # -- cursors ----------------------------------------------------------------------

@@ -136,6 +136,17 @@ class Dialect:
         """
         raise NotImplementedError
 
+    def json_has(self, column: Any, pairs: Mapping[str, str]) -> list[Any]:
+        """SQLAlchemy conditions that the JSON object in ``column`` holds every
+        ``key: value`` of ``pairs`` (text values), for a Core statement."""
+        raise NotImplementedError
+
+    def bucket(self, column: Any, start: int, width: int) -> Any:
+        """A SQLAlchemy expression of the number of whole ``width``-second buckets from
+        ``start`` (seconds since 1970) to the time in ``column`` (not before
+        ``start``), for a Core statement."""
+        raise NotImplementedError
+
     def time(self, value: datetime) -> Any:
         """An aware time as this driver binds it into a time column."""
         return value

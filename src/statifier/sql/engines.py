@@ -33,7 +33,7 @@ from collections.abc import Callable, Collection
 from typing import Any, Final, TypeVar
 
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from statifier.sql.dialect import Dialect
 from statifier.sql.postgres import POSTGRES
@@ -50,6 +50,7 @@ __all__ = [
     "is_busy",
     "lasts_one_connection",
     "missing_table",
+    "open_engine",
     "retry_busy",
     "run_on",
     "sqlite_engine",
@@ -251,6 +252,20 @@ async def retry_busy(
         pause = backoff if deadline is None else min(backoff, deadline - now)
         await asyncio.sleep(pause)
         backoff = min(backoff * 2, _LAST_BACKOFF)
+
+
+def open_engine(url: str | sa.URL, *, pool_size: int = 5) -> sa.Engine | AsyncEngine:
+    """An engine of the database ``url`` names: an async engine of at most
+    ``pool_size`` pooled connections on PostgreSQL (psycopg 3), a synchronous one on
+    SQLite (:func:`sqlite_engine`). The caller disposes it (:func:`dispose`).
+
+    Raises:
+        ValueError: a database other than PostgreSQL or SQLite.
+    """
+    parsed = database_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        return sqlite_engine(parsed)
+    return create_async_engine(parsed, pool_size=pool_size)
 
 
 def url_dialect(url: str | sa.URL) -> Dialect:

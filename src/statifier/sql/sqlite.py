@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any, Final
 from uuid import UUID
+
+import sqlalchemy as sa
 
 from statifier.sql.dialect import Dialect, Values, utc_text, utc_time
 
@@ -55,6 +57,19 @@ class SqliteDialect(Dialect):
     def read_key(self, value: Any) -> Any:
         # A key column holds integers, or UUIDs as 32 hex digits: text is a UUID.
         return UUID(hex=value) if isinstance(value, str) else value
+
+    def json_has(self, column: Any, pairs: Mapping[str, str]) -> list[Any]:
+        conditions = []
+        for index, (key, value) in enumerate(sorted(pairs.items())):
+            each = sa.func.json_each(column).table_valued("key", "value").alias(f"m{index}")
+            conditions.append(
+                sa.exists().select_from(each).where(each.c.key == key, each.c.value == value)
+            )
+        return conditions
+
+    def bucket(self, column: Any, start: int, width: int) -> Any:
+        epoch = sa.cast(sa.func.strftime("%s", column), sa.Integer)
+        return (epoch - start) // width  # the integer division of the database
 
     async def execute(
         self, driver: sqlite3.Connection, sql: str, values: Values | None = None
