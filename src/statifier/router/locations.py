@@ -41,7 +41,6 @@ from statifier.core.positions import NotAPosition
 from statifier.persistence import ExecutionNotFound
 from statifier.router.errors import ConfigError, RouterError
 from statifier.router.sending import BASICHTTP_TYPES
-from statifier.router.sqlite import SqliteSession
 from statifier.sql.dialect import utc_text, utc_time
 from statifier.sql.names import TableNames
 from statifier.sql.tables import Tables
@@ -308,7 +307,7 @@ class _Session:
         tables: Tables = unit.tx.adapter.tables
         options = tables.options
         schema = f"{options.schema}." if options.schema else ""
-        self.postgres = not isinstance(unit.sql, SqliteSession)
+        self.postgres = unit.tx.adapter.dialect.name == "postgresql"
         self._driver = unit.tx.driver
         self._key = options.key_default
         self._s = _statements(

@@ -42,7 +42,6 @@ from typing import TYPE_CHECKING, Any, Final
 from statifier.core import effects as fx
 from statifier.expr import UNDEFINED
 from statifier.router.errors import RouterError
-from statifier.router.sqlite import SqliteSession
 from statifier.sql.dialect import utc_text, utc_time
 from statifier.sql.names import TableNames
 
@@ -298,7 +297,7 @@ class _Session:
 
     def __init__(self, unit: Unit) -> None:
         tables = unit.tx.adapter.tables
-        self.postgres = not isinstance(unit.sql, SqliteSession)
+        self.postgres = unit.tx.adapter.dialect.name == "postgresql"
         self._driver = unit.tx.driver
         self._key = tables.options.key_default
         self._s = _statements(TableNames.of(tables), self.postgres, self._key is not None)

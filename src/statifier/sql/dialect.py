@@ -27,7 +27,7 @@ True
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final
 from uuid import UUID
@@ -79,11 +79,16 @@ class Dialect:
         server_clock: the SQL that reads the database's own clock in a statement, or
             ``None`` where the process's clock is bound instead (SQLite, whose writers
             are serialized, so that one process's clock orders them).
+        writes_in_with: whether a statement's ``WITH`` clause can hold an ``INSERT``,
+            ``UPDATE`` or ``DELETE`` whose ``RETURNING`` rows the rest of the statement
+            reads, so that a write and a read take one round trip; where it cannot
+            (SQLite), the two are separate statements.
     """
 
     name: str = ""
     row_locks: bool = False
     server_clock: str | None = None
+    writes_in_with: bool = False
 
     def statement(self, text: str) -> str:
         """``text`` (parameters as ``:name``) as this dialect's driver binds it."""
@@ -106,8 +111,30 @@ class Dialect:
         """A client-made UUID key as this driver binds it into a key column."""
         return value
 
+    def among(self, parameter: str) -> str:
+        """The SQL (parameters as ``:name``) that tests a value against the list bound
+        as the one parameter ``:parameter``, written after the value: ``id {among}``.
+        Bind the list with :meth:`listed`."""
+        raise NotImplementedError
+
+    def listed(self, values: Iterable[Any]) -> Any:
+        """``values`` as this driver binds them into :meth:`among`'s parameter."""
+        raise NotImplementedError
+
+    def lock_not_granted(self, error: BaseException) -> bool:
+        """Whether ``error``, raised by a statement that waited for a lock, says the
+        wait ran past the bound the transaction set (the transaction must then be
+        rolled back, or rolled back to a savepoint). Never, where nothing waits for a
+        lock in a statement (SQLite)."""
+        return False
+
     async def execute(self, driver: Any, sql: str, values: Values | None = None) -> int:
         """Run ``sql`` (already :meth:`statement`) on ``driver``; the rows it changed."""
+        raise NotImplementedError
+
+    async def execute_many(self, driver: Any, sql: str, values: Sequence[Values]) -> None:
+        """Run ``sql`` on ``driver`` once for each of ``values``, in order, sending them
+        together where the driver can."""
         raise NotImplementedError
 
     async def rows(

@@ -10,7 +10,9 @@ serialized by the transaction that holds the connection, and its busy wait is of
 
 from __future__ import annotations
 
+import json
 import sqlite3
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any, Final
 from uuid import UUID
@@ -37,10 +39,21 @@ class SqliteDialect(Dialect):
     def key(self, value: UUID) -> Any:
         return value.hex
 
+    def among(self, parameter: str) -> str:
+        return f"IN (SELECT value FROM json_each(:{parameter}))"
+
+    def listed(self, values: Iterable[Any]) -> Any:
+        return json.dumps(list(values))  # a JSON list, which json_each reads
+
     async def execute(
         self, driver: sqlite3.Connection, sql: str, values: Values | None = None
     ) -> int:
         return int(driver.execute(sql, _NO_VALUES if values is None else values).rowcount)
+
+    async def execute_many(
+        self, driver: sqlite3.Connection, sql: str, values: Sequence[Values]
+    ) -> None:
+        driver.executemany(sql, values)
 
     async def rows(
         self, driver: sqlite3.Connection, sql: str, values: Values | None = None
