@@ -1,7 +1,7 @@
 """PostgreSQL's dialect (:class:`PostgresDialect`, the constant :data:`POSTGRES`): its
 statements run on a psycopg 3 ``AsyncConnection``, with parameters bound by name
-(``%(name)s``), times and UUID keys as the driver's own types and JSON documents cast
-to ``jsonb`` where they are bound.
+(``%(name)s``), times and UUID keys as the driver's own types, JSON documents cast
+to ``jsonb`` where they are bound, and a list in one parameter as an array.
 
 Nothing here imports psycopg: the connection is handed in.
 """

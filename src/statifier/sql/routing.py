@@ -188,8 +188,8 @@ class RoutingStatements:
             f"({key_value}{', '.join(f':{column}' for column in _LEDGER_COLUMNS)})"
         )
         self.reap_dedupe = sql(f"DELETE FROM {dedupe} WHERE expires_at < :now")
-        # The cast types the cursor where it is only compared with NULL; the cursor is
-        # bound twice, as text there and as the key it is beside the key column.
+        # The cursor is bound twice: as text where it is only compared with NULL (the
+        # cast gives that parameter a type), and as it is where the key is compared.
         self.reap_page = sql(
             "SELECT a.id, a.document, a.terminal_seen_at, e.status "
             f"FROM {addresses} AS a LEFT JOIN {executions} AS e "

@@ -1,7 +1,8 @@
 """SQLite's dialect (:class:`SqliteDialect`, the constant :data:`SQLITE`): its
 statements run on a ``sqlite3.Connection`` with parameters bound by name (``:name``),
 times stored as UTC text (:func:`~statifier.sql.dialect.utc_text`), UUID keys as 32 hex
-digits and JSON documents as text.
+digits, JSON documents as text, and a list in one parameter as a JSON list that
+``json_each`` reads.
 
 A call runs the statement at once on the event loop's thread: SQLite's writers are
 serialized by the transaction that holds the connection, and its busy wait is off
