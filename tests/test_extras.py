@@ -96,7 +96,6 @@ MATRIX: Final[dict[str, Enables]] = {
             "statifier.persistence.sql",
             "statifier.persistence.sql.postgres",
             "statifier.router",
-            "statifier.router.postgres",
             "statifier.fronts",
         )
     ),
@@ -121,9 +120,9 @@ MATRIX: Final[dict[str, Enables]] = {
 }
 """Each extra of ``pyproject.toml`` a user installs: what it enables. The core (no
 extra) enables :data:`CORE`. A module belongs to the rows whose tree names it most
-closely (``statifier.router.postgres`` to ``postgres`` alone, the rest of
-``statifier.router`` to ``sqlite`` and ``postgres``), and is enabled under a set that
-satisfies one of them."""
+closely (``statifier.persistence.sql.postgres`` to ``postgres`` alone, the rest of
+``statifier.persistence.sql`` to ``sqlite`` and ``postgres``), and is enabled under a
+set that satisfies one of them."""
 
 CORE: Final = ("statifier",)
 """What no extra is needed for: everything of ``statifier`` no row claims more closely
@@ -361,9 +360,10 @@ def test_the_judge_refuses_what_a_fresh_install_must_not_do() -> None:
     }
     named = {"outcome": "missing_extra", "extra": "postgres", "message": "..."}
     sqlite = frozenset({"sqlite"})
-    assert judge(sqlite, {"statifier.router.postgres": named}) == []
-    assert judge(frozenset({"postgres"}), {"statifier.router.postgres": named}) != []
-    assert judge(sqlite, {"statifier.router.postgres": bare}) != []  # a bare missing library
+    postgres_only = "statifier.persistence.sql.postgres"
+    assert judge(sqlite, {postgres_only: named}) == []
+    assert judge(frozenset({"postgres"}), {postgres_only: named}) != []
+    assert judge(sqlite, {postgres_only: bare}) != []  # a bare missing library
     assert judge(sqlite, {"statifier.router": named}) != []  # documented under sqlite
     assert judge(sqlite, {"statifier.router": imported}) == []
     assert judge(sqlite, {"statifier.persistence.sql": {**named, "extra": "sqlite"}}) != []
@@ -374,7 +374,7 @@ def test_the_judge_refuses_what_a_fresh_install_must_not_do() -> None:
     assert judge(frozenset(), {"statifier.router": tool}) != []
     # The rows: the closest tree decides, and extras bring the extras they name.
     assert enabled("statifier.router.outbox", sqlite)
-    assert not enabled("statifier.router.postgres", sqlite)
+    assert not enabled(postgres_only, sqlite)
     assert enabled("statifier.session.basichttp", frozenset({"console"}))
     assert not enabled("statifier.console.app", frozenset({"console"}))
     assert enabled("statifier.console.app", frozenset({"console", "postgres"}))

@@ -17,13 +17,10 @@ _SQL = re.compile(r"\b(SELECT\s|INSERT INTO\s|UPDATE\s+\S+\s+SET\s|DELETE FROM\s
 HOLDS_SQL = {
     "statifier/persistence/sql/postgres.py",
     "statifier/persistence/sql/sqlite.py",
-    "statifier/router/postgres.py",
-    "statifier/router/sqlite.py",
 }
 # Modules outside the storage layer that still ask which database they run on.
 TESTS_DIALECT = {
     "statifier/persistence/sql/adapter.py",
-    "statifier/router/transaction.py",
 }
 
 

@@ -146,7 +146,7 @@ async def deliver_posted(
 
     async def work() -> Outcome | None:
         async with config.transaction() as unit:
-            await unit.sql.lock(locks, config.lock_wait)
+            await unit.lock(locks, config.lock_wait)
             again = await resolve(unit, token)
             if again is None or again.execution_id != found.execution_id:
                 return None

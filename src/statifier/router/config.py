@@ -49,7 +49,8 @@ from statifier.router.routes import Route, RouteEntry
 from statifier.router.sending import BASICHTTP_TYPES, SendHandler
 from statifier.router.timer_queue import TimerQueue
 from statifier.router.timers import SqlTimerQueue
-from statifier.router.transaction import Statements, Unit, statements_for, transaction
+from statifier.router.transaction import Unit, statements_for, transaction
+from statifier.sql.routing import RoutingStatements
 
 __all__ = [
     "RESERVED_BINDING_IDS",
@@ -263,7 +264,7 @@ class RouterConfig:
     error_policy: ErrorPolicy = field(init=False, repr=False, compare=False)
     storage: Storage = field(init=False, repr=False, compare=False)
     adapter: SqlAdapter = field(init=False, repr=False, compare=False)
-    statements: Statements = field(init=False, repr=False, compare=False)
+    statements: RoutingStatements = field(init=False, repr=False, compare=False)
     timers: TimerQueue | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

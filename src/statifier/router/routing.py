@@ -221,7 +221,7 @@ async def _lock(unit: Unit, config: RouterConfig, keys: list[int]) -> None:
     """Take the router's locks ``keys`` in ``unit``, refusing at once a wait on one the
     calling task's own delivery holds (a route calling back into its sender)."""
     hold(unit.tx, [("router", key) for key in keys], "the router's lock of this address")
-    await unit.sql.lock(keys, config.lock_wait)
+    await unit.lock(keys, config.lock_wait)
 
 
 def _reported(routed: Routed, started: float, duration: float | None = None) -> Routed:

@@ -13,29 +13,22 @@ caller's transaction through :meth:`SqlAdapter.joined`, and the caller ends it.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterable
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, TypeAlias
 
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection
 
-from statifier.persistence import ErrorPolicy, Executions, Executor, Storage
+from statifier.persistence import ErrorPolicy, Executions, Executor, LockTimeout, Storage
 from statifier.persistence.serialization import Unserialized
 from statifier.persistence.sql import SqlAdapter, SqlTransaction
-from statifier.router.sqlite import SqliteSession, SqliteStatements
 from statifier.sql.dialect import lock_key
+from statifier.sql.routing import RoutingSession, RoutingStatements
 
-if TYPE_CHECKING:
-    # Imported where PostgreSQL is met: psycopg is the postgres extra's alone.
-    from statifier.router.postgres import PostgresSession, PostgresStatements
-
-__all__ = ["Session", "Statements", "Unit", "lock_key", "statements_for", "transaction"]
-
-Session: TypeAlias = "PostgresSession | SqliteSession"
-Statements: TypeAlias = "PostgresStatements | SqliteStatements"
+__all__ = ["Unit", "lock_key", "statements_for", "transaction"]
 
 
 @dataclass(slots=True)
@@ -55,7 +48,7 @@ class Unit:
         scheduled: how many timers the transaction's steps scheduled.
     """
 
-    sql: Session
+    sql: RoutingSession
     executions: Executions
     tx: SqlTransaction
     scope: str | None = None
@@ -68,20 +61,30 @@ class Unit:
         the transaction stays usable."""
         return self.tx.savepoint()
 
+    async def lock(self, keys: Sequence[int], wait: float | None) -> None:
+        """Take the router's locks ``keys`` (sorted: :func:`sorted_locks`), held until
+        the transaction ends, waiting at most ``wait`` seconds for them (``None``: as
+        long as it takes). On SQLite the transaction's single writer already excludes
+        every other: nothing is taken.
 
-def statements_for(adapter: SqlAdapter) -> Statements:
-    """The router's statement texts for the adapter's database and tables."""
-    if isinstance(adapter.engine, AsyncEngine):
-        from statifier.router.postgres import PostgresStatements
+        Raises:
+            LockTimeout: not granted in time; the transaction must be rolled back (or
+                rolled back to the savepoint the call runs in).
+        """
+        started = time.monotonic()
+        if not await self.sql.lock(keys, wait):
+            raise LockTimeout("(the router's locks)", time.monotonic() - started)
 
-        return PostgresStatements(adapter.tables)
-    return SqliteStatements(adapter.tables)
+
+def statements_for(adapter: SqlAdapter) -> RoutingStatements:
+    """The router's statements for the adapter's database and tables."""
+    return RoutingStatements(adapter.tables, adapter.dialect)
 
 
 @asynccontextmanager
 async def transaction(
     storage: Storage,
-    statements: Statements,
+    statements: RoutingStatements,
     executor: Callable[[Unit], Executor],
     connection: sa.Connection | AsyncConnection | None = None,
     lock_wait: float | None = None,
@@ -106,18 +109,16 @@ async def transaction(
 
 def _unit(
     storage: Storage,
-    statements: Statements,
+    statements: RoutingStatements,
     executor: Callable[[Unit], Executor],
     tx: SqlTransaction,
     lock_wait: float | None,
     on_error: ErrorPolicy,
 ) -> Unit:
     view = storage.over(tx.adapter)
-    if not isinstance(statements, SqliteStatements):
-        from statifier.router.postgres import PostgresSession
-
+    unit = Unit(RoutingSession(statements, tx.driver), Executions(view), tx)
+    if statements.dialect.row_locks:
         # Each step takes its execution's advisory lock, held until the commit.
-        unit = Unit(PostgresSession(statements, tx.driver), Executions(view), tx)
         unit.executions = Executions(
             view, executor=executor(unit), lock_wait=lock_wait, on_error=on_error
         )
@@ -125,7 +126,6 @@ def _unit(
     # The transaction already holds SQLite's single writer, the exclusion every step
     # needs: a step opens no nested block of its own (and no savepoint), and a step
     # that raises is undone with its delivery.
-    unit = Unit(SqliteSession(statements, tx.driver), Executions(view), tx)
     unit.executions = Executions(
         view, executor=executor(unit), serialization=Unserialized(), on_error=on_error
     )

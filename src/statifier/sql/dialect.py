@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -98,6 +98,10 @@ class Dialect:
             lock.
         schemas: whether tables may live in a schema of their own (PostgreSQL's
             ``schema.table``); SQLite has one namespace per file.
+        writes_in_with: whether a statement's ``WITH`` clause can hold an ``INSERT``,
+            ``UPDATE`` or ``DELETE`` whose ``RETURNING`` rows the rest of the statement
+            reads, so that a write and a read take one round trip; where it cannot
+            (SQLite), the two are separate statements.
     """
 
     name: str = ""
@@ -105,6 +109,7 @@ class Dialect:
     server_clock: str | None = None
     single_writer: bool = False
     schemas: bool = False
+    writes_in_with: bool = False
 
     def statement(self, text: str) -> str:
         """``text`` (parameters as ``:name``) as this dialect's driver binds it."""
@@ -165,8 +170,20 @@ class Dialect:
         (a UUID key as a :class:`uuid.UUID`; an integer as it is)."""
         return value
 
+    def lock_not_granted(self, error: BaseException) -> bool:
+        """Whether ``error``, raised by a statement that waited for a lock, says the
+        wait ran past the bound the transaction set (the transaction must then be
+        rolled back, or rolled back to a savepoint). Never, where nothing waits for a
+        lock in a statement (SQLite)."""
+        return False
+
     async def execute(self, driver: Any, sql: str, values: Values | None = None) -> int:
         """Run ``sql`` (already :meth:`statement`) on ``driver``; the rows it changed."""
+        raise NotImplementedError
+
+    async def execute_many(self, driver: Any, sql: str, values: Sequence[Values]) -> None:
+        """Run ``sql`` on ``driver`` once for each of ``values``, in order, sending them
+        together where the driver can."""
         raise NotImplementedError
 
     async def rows(

@@ -9,7 +9,7 @@ Nothing here imports psycopg: the connection is handed in.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 import sqlalchemy as sa
@@ -17,9 +17,16 @@ from sqlalchemy.dialects import postgresql
 
 from statifier.sql.dialect import Dialect, Values, named_to_pyformat
 
-__all__ = ["POSTGRES", "PostgresDialect"]
+__all__ = ["POSTGRES", "PostgresDialect", "lock_timeout"]
 
 _NO_VALUES: Final[Values] = {}
+_LOCK_NOT_AVAILABLE: Final = "55P03"  # the SQLSTATE of a wait past lock_timeout
+
+
+def lock_timeout(wait: float) -> str:
+    """PostgreSQL's ``lock_timeout`` for a wait in seconds (at least 1 ms: 0 means no
+    bound there)."""
+    return f"{max(1, round(wait * 1000))}ms"
 
 
 class PostgresDialect(Dialect):
@@ -29,6 +36,7 @@ class PostgresDialect(Dialect):
     row_locks = True
     server_clock = "clock_timestamp()"
     schemas = True
+    writes_in_with = True
 
     def statement(self, text: str) -> str:
         return named_to_pyformat(text)
@@ -57,11 +65,19 @@ class PostgresDialect(Dialect):
         epoch = sa.func.floor(sa.func.date_part("epoch", column))
         return sa.cast(sa.func.floor((epoch - start) / width), sa.BigInteger)
 
+    def lock_not_granted(self, error: BaseException) -> bool:
+        # psycopg's errors carry the server's SQLSTATE; nothing here imports psycopg.
+        return getattr(error, "sqlstate", None) == _LOCK_NOT_AVAILABLE
+
     async def execute(self, driver: Any, sql: str, values: Values | None = None) -> int:
         # Always a mapping: psycopg reads a text bound without one as it is, and the
         # statement's "%%" would reach the server.
         cursor = await driver.execute(sql, _NO_VALUES if values is None else values)
         return int(cursor.rowcount)
+
+    async def execute_many(self, driver: Any, sql: str, values: Sequence[Values]) -> None:
+        async with driver.cursor() as cursor:
+            await cursor.executemany(sql, values)
 
     async def rows(
         self, driver: Any, sql: str, values: Values | None = None

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Final
 from uuid import UUID
@@ -75,6 +75,11 @@ class SqliteDialect(Dialect):
         self, driver: sqlite3.Connection, sql: str, values: Values | None = None
     ) -> int:
         return int(driver.execute(sql, _NO_VALUES if values is None else values).rowcount)
+
+    async def execute_many(
+        self, driver: sqlite3.Connection, sql: str, values: Sequence[Values]
+    ) -> None:
+        driver.executemany(sql, values)
 
     async def rows(
         self, driver: sqlite3.Connection, sql: str, values: Values | None = None

@@ -65,6 +65,7 @@ from statifier.persistence.sql.schema import (
 )
 from statifier.sql.engines import tables_missing
 from statifier.sql.names import TableNames, table_names
+from statifier.sql.postgres import lock_timeout
 
 try:
     import psycopg
@@ -321,12 +322,6 @@ class Statements:
         if self.new_key is not None:
             values["id"] = self.new_key()
         return values
-
-
-def lock_timeout(wait: float) -> str:
-    """PostgreSQL's ``lock_timeout`` for a wait in seconds (at least 1 ms: 0 means no
-    bound there)."""
-    return f"{max(1, round(wait * 1000))}ms"
 
 
 class PostgresTransaction:

@@ -1,0 +1,466 @@
+"""The statements of the router's tables: the dedupe claims (``dedupe``), the
+addresses (``addresses``, beside ``executions`` for the reaper) and the routing ledger
+(``routing_ledger``), and the locks a delivery takes.
+
+:class:`RoutingStatements` writes them once for a set of tables and a dialect;
+:class:`RoutingSession` runs them on the driver connection of one transaction. What a
+row means (an outcome, a refusal, a horizon) is the router's
+(:mod:`statifier.router`); here a row is its columns, times aware.
+
+On PostgreSQL the unique indexes settle every race: a second claim of one message, or
+a second address for one key, waits for the first transaction and then inserts
+nothing. On SQLite the transaction holds the database's single write lock, so no race
+reaches these statements.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import KW_ONLY, dataclass
+from datetime import datetime
+from typing import Any, Final, Protocol
+
+from statifier.sql.dialect import Dialect, Values
+from statifier.sql.names import TableNames
+from statifier.sql.postgres import lock_timeout
+from statifier.sql.tables import Tables
+
+__all__ = [
+    "AddressRow",
+    "LedgerColumns",
+    "ReapRow",
+    "RoutingLedgerRow",
+    "RoutingSession",
+    "RoutingStatements",
+]
+
+_LEDGER_COLUMNS: Final = (
+    "binding_id",
+    "message_id",
+    "scope",
+    "source",
+    "outcome",
+    "reason",
+    "document",
+    "key",
+    "execution_id",
+    "inserted_at",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class AddressRow:
+    """An address: which execution a (scope, document, key) names.
+
+    Attributes:
+        id: the row's surrogate key.
+        execution_id: the execution the address names.
+        terminal_seen_at: when the router first saw that execution ended, else ``None``.
+    """
+
+    id: Any
+    _: KW_ONLY
+    execution_id: str
+    terminal_seen_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class ReapRow:
+    """An address as the reaper reads it, beside its execution's status (``None`` when
+    the execution is gone)."""
+
+    id: Any
+    _: KW_ONLY
+    document: str
+    terminal_seen_at: datetime | None
+    status: str | None
+
+
+class LedgerColumns(Protocol):
+    """What a routing-ledger row is written from: its columns (``inserted_at`` aware).
+    :class:`RoutingLedgerRow` is one; so is the router's ``LedgerRow``."""
+
+    @property
+    def binding_id(self) -> str: ...
+    @property
+    def message_id(self) -> str | None: ...
+    @property
+    def scope(self) -> str | None: ...
+    @property
+    def source(self) -> str | None: ...
+    @property
+    def outcome(self) -> str: ...
+    @property
+    def reason(self) -> str | None: ...
+    @property
+    def document(self) -> str | None: ...
+    @property
+    def key(self) -> str | None: ...
+    @property
+    def execution_id(self) -> str | None: ...
+    @property
+    def inserted_at(self) -> datetime: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingLedgerRow:
+    """A routing-ledger row as read (``inserted_at`` aware, UTC)."""
+
+    binding_id: str
+    _: KW_ONLY
+    message_id: str | None
+    scope: str | None
+    source: str | None
+    outcome: str
+    reason: str | None
+    document: str | None
+    key: str | None
+    execution_id: str | None
+    inserted_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class _LockStatements:
+    take: str
+    set_timeout: str
+    restore_timeout: str
+
+
+class RoutingStatements:
+    """The router's statements on one set of tables and one database, made once (a
+    router configuration holds them).
+
+    Args:
+        tables: the tables the migrations built (names them, and says whether keys
+            are made by the client).
+        dialect: the database's dialect (``SqlAdapter.dialect``).
+    """
+
+    def __init__(self, tables: Tables, dialect: Dialect) -> None:
+        self.dialect = dialect
+        self.new_key = tables.options.key_default
+        names = TableNames.of(tables)
+        dedupe, addresses = names.dedupe, names.addresses
+        ledger, executions = names.routing_ledger, names.executions
+        key_column, key_value = ("id, ", ":id, ") if self.new_key else ("", "")
+        # One parameter holds a list: an array on PostgreSQL, a JSON list on SQLite.
+        ids = dialect.among("ids")
+        sql = dialect.statement
+        # A claim inserts the message's row, or takes over an expired one; it answers a
+        # row unless a live claim exists (a duplicate).
+        claim = (
+            f"INSERT INTO {dedupe} AS d ({key_column}binding_id, message_id, expires_at) "
+            f"VALUES ({key_value}:binding_id, :message_id, :expires_at) "
+            "ON CONFLICT (binding_id, message_id) DO UPDATE SET expires_at = "
+            "excluded.expires_at WHERE d.expires_at <= :now RETURNING 1"
+        )
+        find_address = (
+            f"SELECT id, execution_id, terminal_seen_at FROM {addresses} "
+            "WHERE scope = :scope AND document = :document AND key = :key"
+        )
+        self.claim = sql(claim)
+        self.find_address = sql(find_address)
+        # The claim and the address lookup in one round trip where a WITH clause can
+        # write: the lookup reads the address table only, so the claim's insert in the
+        # same statement cannot hide anything from it. Elsewhere they are two
+        # statements, and the lookup runs only for a fresh claim.
+        self.claim_and_find = (
+            sql(
+                f"WITH claim AS ({claim}) SELECT EXISTS (SELECT 1 FROM claim), "
+                "a.id, a.execution_id, a.terminal_seen_at FROM (VALUES (1)) AS one "
+                f"LEFT JOIN {addresses} AS a ON a.scope = :scope "
+                "AND a.document = :document AND a.key = :key"
+            )
+            if dialect.writes_in_with
+            else None
+        )
+        self.insert_address = sql(
+            f"INSERT INTO {addresses} ({key_column}scope, document, key, execution_id, "
+            f"inserted_at) VALUES ({key_value}:scope, :document, :key, :execution_id, :now) "
+            "ON CONFLICT (scope, document, key) DO NOTHING RETURNING id"
+        )
+        self.stamp = sql(
+            f"UPDATE {addresses} SET terminal_seen_at = :now "
+            f"WHERE id {ids} AND terminal_seen_at IS NULL"
+        )
+        self.record = sql(
+            f"INSERT INTO {ledger} ({key_column}{', '.join(_LEDGER_COLUMNS)}) VALUES "
+            f"({key_value}{', '.join(f':{column}' for column in _LEDGER_COLUMNS)})"
+        )
+        self.reap_dedupe = sql(f"DELETE FROM {dedupe} WHERE expires_at < :now")
+        # The cursor is bound twice: as text where it is only compared with NULL (the
+        # cast gives that parameter a type), and as it is where the key is compared.
+        self.reap_page = sql(
+            "SELECT a.id, a.document, a.terminal_seen_at, e.status "
+            f"FROM {addresses} AS a LEFT JOIN {executions} AS e "
+            "ON e.execution_id = a.execution_id WHERE CAST(:after AS TEXT) IS NULL OR "
+            "a.id > :after_id ORDER BY a.id LIMIT :limit"
+        )
+        self.delete_addresses = sql(f"DELETE FROM {addresses} WHERE id {ids}")
+        self.count_addresses = sql(f"SELECT count(*) FROM {addresses} WHERE execution_id {ids}")
+        self.named_by = sql(
+            f"SELECT execution_id FROM {addresses} WHERE scope = :scope "
+            "AND document = :document ORDER BY inserted_at DESC, id DESC LIMIT 1"
+        )
+        self.address_of = sql(
+            f"SELECT scope, document, key FROM {addresses} WHERE execution_id = :execution_id"
+        )
+        self.ledger = sql(
+            f"SELECT {', '.join(_LEDGER_COLUMNS)} FROM {ledger} "
+            "WHERE CAST(:execution_id AS TEXT) IS NULL OR execution_id = :execution_id "
+            "ORDER BY inserted_at, id"
+        )
+        self.locks: _LockStatements | None = None
+        if dialect.row_locks:
+            # Transaction-scoped advisory locks, taken in the order given: the caller
+            # sorts them, so two transactions that need the same keys take them in the
+            # same order and cannot deadlock. A bounded wait sets lock_timeout for the
+            # lock statement alone and puts the transaction's own back after it.
+            self.locks = _LockStatements(
+                take=sql("SELECT pg_advisory_xact_lock(k) FROM unnest(:keys::bigint[]) AS k"),
+                set_timeout=sql(
+                    "SELECT current_setting('lock_timeout'), set_config('lock_timeout', :t, true)"
+                ),
+                restore_timeout=sql("SELECT set_config('lock_timeout', :t, true)"),
+            )
+
+    def keyed(self, values: dict[str, Any]) -> dict[str, Any]:
+        """``values`` for an insert, with the row's key when the client makes keys."""
+        if self.new_key is not None:
+            values["id"] = self.dialect.key(self.new_key())
+        return values
+
+
+class RoutingSession:
+    """The router's statements on the driver connection of one transaction
+    (``tx.driver``): every method runs in that transaction.
+
+    Args:
+        statements: the statements, made once for the tables and the database.
+        driver: the transaction's driver connection.
+    """
+
+    __slots__ = ("_driver", "_s", "dialect")
+
+    def __init__(self, statements: RoutingStatements, driver: Any) -> None:
+        self._s = statements
+        self._driver = driver
+        self.dialect = statements.dialect
+
+    async def lock(self, keys: Sequence[int], wait: float | None) -> bool:
+        """Take ``keys`` (sorted by the caller) as locks held until the transaction
+        ends, waiting at most ``wait`` seconds for them (``None``: as long as it
+        takes); answer whether they were granted.
+
+        Where rows are not locked (SQLite), the transaction already holds the single
+        write lock: nothing is taken, and the answer is ``True``. After ``False`` the
+        transaction must be rolled back (or rolled back to the savepoint the call runs
+        in).
+        """
+        locks, dialect, driver = self._s.locks, self.dialect, self._driver
+        if locks is None or not keys:
+            return True
+        values = {"keys": list(keys)}
+        if wait is None:
+            await dialect.execute(driver, locks.take, values)
+            return True
+        row = await dialect.row(driver, locks.set_timeout, {"t": lock_timeout(wait)})
+        assert row is not None  # a SELECT without FROM answers one row
+        try:
+            await dialect.execute(driver, locks.take, values)
+        except Exception as error:
+            if not dialect.lock_not_granted(error):
+                raise
+            return False
+        await dialect.execute(driver, locks.restore_timeout, {"t": row[0]})
+        return True
+
+    async def claim(
+        self, binding_id: str, message_id: str, now: datetime, expires_at: datetime
+    ) -> bool:
+        """Claim the message for the binding until ``expires_at``; ``False``: a claim
+        that has not expired at ``now`` exists (a duplicate)."""
+        dialect = self.dialect
+        values = {
+            "binding_id": binding_id,
+            "message_id": message_id,
+            "expires_at": dialect.time(expires_at),
+            "now": dialect.time(now),
+        }
+        return await dialect.row(self._driver, self._s.claim, self._s.keyed(values)) is not None
+
+    async def claim_and_find(
+        self,
+        binding_id: str,
+        message_id: str,
+        now: datetime,
+        expires_at: datetime,
+        address: tuple[str, str, str] | None,
+    ) -> tuple[bool, AddressRow | None]:
+        """Claim the message for the binding (``False``: a live claim exists, a
+        duplicate) and read ``address`` (scope, document, key), if one is asked for.
+
+        The address of a duplicate may be left unread (``None``): a duplicate is
+        delivered nowhere.
+        """
+        statement = self._s.claim_and_find
+        if address is None or statement is None:
+            fresh = await self.claim(binding_id, message_id, now, expires_at)
+            if address is None or not fresh:
+                return fresh, None
+            return fresh, await self.find_address(*address)
+        dialect = self.dialect
+        scope, document, key = address
+        values = {
+            "binding_id": binding_id,
+            "message_id": message_id,
+            "expires_at": dialect.time(expires_at),
+            "now": dialect.time(now),
+            "scope": scope,
+            "document": document,
+            "key": key,
+        }
+        row = await dialect.row(self._driver, statement, self._s.keyed(values))
+        assert row is not None  # the statement answers one row, found or not
+        fresh, address_id, execution_id, terminal_seen_at = row
+        found = (
+            None
+            if address_id is None
+            else AddressRow(
+                address_id,
+                execution_id=execution_id,
+                terminal_seen_at=dialect.read_time(terminal_seen_at),
+            )
+        )
+        return bool(fresh), found
+
+    async def find_address(self, scope: str, document: str, key: str) -> AddressRow | None:
+        """The address row of ``(scope, document, key)``, if there is one."""
+        values = {"scope": scope, "document": document, "key": key}
+        row = await self.dialect.row(self._driver, self._s.find_address, values)
+        if row is None:
+            return None
+        return AddressRow(
+            row[0], execution_id=row[1], terminal_seen_at=self.dialect.read_time(row[2])
+        )
+
+    async def insert_address(
+        self, scope: str, document: str, key: str, execution_id: str, now: datetime
+    ) -> Any:
+        """Insert the address of ``(scope, document, key)`` naming ``execution_id``;
+        answer its key, or ``None`` if the address exists (another transaction's insert
+        won, and committed first)."""
+        values = {
+            "scope": scope,
+            "document": document,
+            "key": key,
+            "execution_id": execution_id,
+            "now": self.dialect.time(now),
+        }
+        row = await self.dialect.row(self._driver, self._s.insert_address, self._s.keyed(values))
+        return None if row is None else row[0]
+
+    async def stamp(self, address_ids: Sequence[Any], now: datetime) -> None:
+        """Set ``terminal_seen_at`` to ``now`` on those of the addresses not yet
+        stamped."""
+        dialect = self.dialect
+        values = {"ids": dialect.listed(address_ids), "now": dialect.time(now)}
+        await dialect.execute(self._driver, self._s.stamp, values)
+
+    def _ledger_values(self, row: LedgerColumns) -> dict[str, Any]:
+        return self._s.keyed(
+            {
+                "binding_id": row.binding_id,
+                "message_id": row.message_id,
+                "scope": row.scope,
+                "source": row.source,
+                "outcome": row.outcome,
+                "reason": row.reason,
+                "document": row.document,
+                "key": row.key,
+                "execution_id": row.execution_id,
+                "inserted_at": self.dialect.time(row.inserted_at),
+            }
+        )
+
+    async def record(self, row: LedgerColumns) -> None:
+        """Insert ``row`` into the routing ledger."""
+        await self.dialect.execute(self._driver, self._s.record, self._ledger_values(row))
+
+    async def record_many(self, rows: Sequence[LedgerColumns]) -> None:
+        """Insert ``rows`` into the routing ledger, in order, sent together."""
+        if rows:
+            values = [self._ledger_values(row) for row in rows]
+            await self.dialect.execute_many(self._driver, self._s.record, values)
+
+    async def reap_dedupe(self, now: datetime) -> int:
+        """Delete every claim that expired before ``now``; answer how many."""
+        values = {"now": self.dialect.time(now)}
+        return await self.dialect.execute(self._driver, self._s.reap_dedupe, values)
+
+    async def reap_page(self, after: Any, limit: int) -> list[ReapRow]:
+        """At most ``limit`` addresses whose key is above ``after`` (``None``: from the
+        first), in key order, each beside its execution's status."""
+        dialect = self.dialect
+        values: Values = {
+            "after": None if after is None else str(after),
+            "after_id": after,
+            "limit": limit,
+        }
+        return [
+            ReapRow(
+                row[0], document=row[1], terminal_seen_at=dialect.read_time(row[2]), status=row[3]
+            )
+            for row in await dialect.rows(self._driver, self._s.reap_page, values)
+        ]
+
+    async def delete_addresses(self, address_ids: Sequence[Any]) -> None:
+        """Delete the addresses ``address_ids``."""
+        values = {"ids": self.dialect.listed(address_ids)}
+        await self.dialect.execute(self._driver, self._s.delete_addresses, values)
+
+    async def count_addresses(self, execution_ids: Sequence[str]) -> int:
+        """How many addresses name one of ``execution_ids``."""
+        values = {"ids": self.dialect.listed(execution_ids)}
+        row = await self.dialect.row(self._driver, self._s.count_addresses, values)
+        assert row is not None  # count(*) answers one row
+        return int(row[0])
+
+    async def named_by(self, scope: str, document: str) -> str | None:
+        """The execution the newest address of ``document`` in ``scope`` names, if
+        any."""
+        values = {"scope": scope, "document": document}
+        row = await self.dialect.row(self._driver, self._s.named_by, values)
+        return None if row is None else str(row[0])
+
+    async def address_of(self, execution_id: str) -> tuple[str, str, str] | None:
+        """The ``(scope, document, key)`` an execution is addressed under, if any."""
+        values = {"execution_id": execution_id}
+        row = await self.dialect.row(self._driver, self._s.address_of, values)
+        return None if row is None else (row[0], row[1], row[2])
+
+    async def ledger(self, execution_id: str | None) -> list[RoutingLedgerRow]:
+        """The ledger's rows (naming ``execution_id``, or all), by insert time, then
+        key."""
+        dialect = self.dialect
+        values = {"execution_id": execution_id}
+        rows = await dialect.rows(self._driver, self._s.ledger, values)
+        return [_ledger_row(dialect, row) for row in rows]
+
+
+def _ledger_row(dialect: Dialect, row: Sequence[Any]) -> RoutingLedgerRow:
+    binding_id, message_id, scope, source, outcome, reason, document, key, execution_id, at = row
+    inserted_at = dialect.read_time(at)
+    assert inserted_at is not None  # inserted_at is NOT NULL
+    return RoutingLedgerRow(
+        binding_id,
+        message_id=message_id,
+        scope=scope,
+        source=source,
+        outcome=outcome,
+        reason=reason,
+        document=document,
+        key=key,
+        execution_id=execution_id,
+        inserted_at=inserted_at,
+    )

@@ -1,0 +1,192 @@
+"""The router's statements in the storage layer (:mod:`statifier.sql.routing`) on both
+databases: one statement text each, bound by name, converted and run alike; and, on
+PostgreSQL, the locks a delivery takes with a bounded wait."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from tests.persistence.conftest import SqlStore
+
+from statifier.persistence.sql import SqlAdapter
+from statifier.sql.routing import (
+    AddressRow,
+    ReapRow,
+    RoutingLedgerRow,
+    RoutingSession,
+    RoutingStatements,
+)
+
+START = datetime(2026, 12, 2, 12, tzinfo=UTC)
+HOUR = timedelta(hours=1)
+
+
+def _ledger_row(message_id: str, execution_id: str | None, at: datetime) -> RoutingLedgerRow:
+    return RoutingLedgerRow(
+        "clicks",
+        message_id=message_id,
+        scope="s",
+        source="ad_events",
+        outcome="delivered",
+        reason=None,
+        document="doc",
+        key="k",
+        execution_id=execution_id,
+        inserted_at=at,
+    )
+
+
+@pytest.mark.asyncio
+async def test_the_dedupe_claims_read_alike_on_both_databases(sql_adapter: SqlAdapter) -> None:
+    statements = RoutingStatements(sql_adapter.tables, sql_adapter.dialect)
+    async with sql_adapter.transaction() as tx:
+        sql = RoutingSession(statements, tx.driver)
+        assert await sql.claim("clicks", "m1", START, START + HOUR)
+        assert not await sql.claim("clicks", "m1", START, START + HOUR)  # a live claim
+        assert await sql.claim("views", "m1", START, START + HOUR)  # another binding's
+        # An expired claim is taken over, until the new expiry.
+        assert await sql.claim("clicks", "m1", START + HOUR, START + 3 * HOUR)
+        assert not await sql.claim("clicks", "m1", START + 2 * HOUR, START + 4 * HOUR)
+
+        assert await sql.reap_dedupe(START + HOUR) == 0  # expired before now only
+        assert await sql.reap_dedupe(START + HOUR + timedelta(microseconds=1)) == 1
+        assert await sql.claim("views", "m1", START + 2 * HOUR, START + 3 * HOUR)
+
+
+@pytest.mark.asyncio
+async def test_the_address_statements_read_alike_on_both_databases(
+    sql_adapter: SqlAdapter,
+) -> None:
+    statements = RoutingStatements(sql_adapter.tables, sql_adapter.dialect)
+    address = ("s", "doc", "k")
+    async with sql_adapter.transaction() as tx:
+        sql = RoutingSession(statements, tx.driver)
+        assert await sql.claim_and_find("clicks", "m1", START, START + HOUR, None) == (True, None)
+        assert await sql.claim_and_find("clicks", "m2", START, START + HOUR, address) == (
+            True,
+            None,
+        )
+        first = await sql.insert_address(*address, "x1", START)
+        assert first is not None
+        assert await sql.insert_address(*address, "x2", START) is None  # the key has one
+        unstamped = AddressRow(first, execution_id="x1", terminal_seen_at=None)
+        assert await sql.claim_and_find("clicks", "m3", START, START + HOUR, address) == (
+            True,
+            unstamped,
+        )
+        fresh, _ = await sql.claim_and_find("clicks", "m3", START, START + HOUR, address)
+        assert not fresh  # a duplicate; its address may go unread
+        assert await sql.find_address(*address) == unstamped
+        assert await sql.find_address("s", "doc", "other") is None
+
+        seen = START + timedelta(minutes=1)
+        await sql.stamp([first], seen)
+        await sql.stamp([first], seen + HOUR)  # the first sighting stays
+        stamped = await sql.find_address(*address)
+        assert stamped == AddressRow(first, execution_id="x1", terminal_seen_at=seen)
+        assert stamped.terminal_seen_at is not None
+        assert stamped.terminal_seen_at.utcoffset() == timedelta(0)
+
+        second = await sql.insert_address("s", "doc", "k2", "x2", START + timedelta(seconds=1))
+        assert await sql.named_by("s", "doc") == "x2"  # the newest
+        assert await sql.named_by("s", "nothing") is None
+        assert await sql.address_of("x1") == address
+        assert await sql.address_of("x9") is None
+        assert await sql.count_addresses(["x1", "x2", "x9"]) == 2
+
+        # No execution row: the reaper reads no status.
+        assert await sql.reap_page(None, 1) == [
+            ReapRow(first, document="doc", terminal_seen_at=seen, status=None)
+        ]
+        assert await sql.reap_page(first, 10) == [
+            ReapRow(second, document="doc", terminal_seen_at=None, status=None)
+        ]
+        assert await sql.reap_page(second, 10) == []
+        await sql.delete_addresses([first, second])
+        assert await sql.count_addresses(["x1", "x2"]) == 0
+
+
+@pytest.mark.asyncio
+async def test_the_ledger_statements_read_alike_on_both_databases(
+    sql_adapter: SqlAdapter,
+) -> None:
+    statements = RoutingStatements(sql_adapter.tables, sql_adapter.dialect)
+    rows = [
+        _ledger_row("m1", "x1", START),
+        _ledger_row("m2", None, START + timedelta(seconds=1)),
+        _ledger_row("m3", "x1", START + timedelta(seconds=2)),
+    ]
+    async with sql_adapter.transaction() as tx:
+        sql = RoutingSession(statements, tx.driver)
+        await sql.record(rows[0])
+        await sql.record_many([])
+        await sql.record_many(rows[1:])
+        assert await sql.ledger(None) == rows
+        assert await sql.ledger("x1") == [rows[0], rows[2]]
+        assert await sql.ledger("x9") == []
+        assert all(row.inserted_at.utcoffset() == timedelta(0) for row in rows)
+
+
+@pytest.mark.asyncio
+async def test_locks_are_granted_at_once_where_the_writer_is_single_or_free(
+    sql_adapter: SqlAdapter,
+) -> None:
+    statements = RoutingStatements(sql_adapter.tables, sql_adapter.dialect)
+    async with sql_adapter.transaction() as tx:
+        sql = RoutingSession(statements, tx.driver)
+        assert await sql.lock([], 0.1)
+        assert await sql.lock([-3, 7], None)
+        assert await sql.lock([-3, 7], 0.1)  # held by this transaction already
+
+
+class RolledBackError(Exception):
+    """Ends a transaction that must not commit; its argument is what the lock said."""
+
+
+async def _try_locks(adapter: SqlAdapter, statements: RoutingStatements, keys: list[int]) -> None:
+    """Try ``keys`` for at most 50 ms in a transaction rolled back after: a lock not
+    granted leaves the transaction aborted."""
+    async with adapter.transaction() as tx:
+        granted = await RoutingSession(statements, tx.driver).lock(keys, 0.05)
+        raise RolledBackError(granted)
+
+
+@pytest.mark.asyncio
+async def test_a_lock_held_elsewhere_past_the_wait_is_not_granted(
+    postgresql_store: SqlStore,
+) -> None:
+    postgresql_store.empty()
+    adapter = SqlAdapter(postgresql_store.url, postgresql_store.tables)
+    statements = RoutingStatements(adapter.tables, adapter.dialect)
+    held, release = asyncio.Event(), asyncio.Event()
+
+    async def holder() -> None:
+        async with adapter.transaction() as tx:
+            assert await RoutingSession(statements, tx.driver).lock([7], None)
+            held.set()
+            await release.wait()
+
+    task = asyncio.create_task(holder())
+    try:
+        await held.wait()
+        async with adapter.transaction() as tx:
+            sql = RoutingSession(statements, tx.driver)
+            assert await sql.lock([5], 0.05)  # a free key, and the setting put back
+            setting = await adapter.dialect.row(tx.driver, "SELECT current_setting('lock_timeout')")
+            assert setting == ("0",)
+        started = time.monotonic()
+        with pytest.raises(RolledBackError) as ended:
+            await _try_locks(adapter, statements, [5, 7])
+        assert ended.value.args == (False,)
+        assert time.monotonic() - started < 5
+        release.set()
+        await task
+        async with adapter.transaction() as tx:  # released with the holder's commit
+            assert await RoutingSession(statements, tx.driver).lock([5, 7], 0.05)
+    finally:
+        release.set()
+        await asyncio.gather(task, return_exceptions=True)
+        await adapter.close()
