@@ -96,12 +96,22 @@ class Dialect:
             and needs no lock of an execution's own to read what that execution's
             steps write; where false (PostgreSQL), such a read takes the execution's
             lock.
+        writes_in_with: whether a statement's ``WITH`` clause may hold writes that
+            answer rows (``INSERT``/``UPDATE ... RETURNING``, PostgreSQL), so that two
+            writes where the second depends on the first take one round trip; SQLite
+            runs them as two statements (in process, no round trip).
+        json_contains: whether a JSON column can be asked in one comparison whether it
+            holds every pair of a bound document (PostgreSQL's ``jsonb @>``); where
+            false (SQLite), each pair is compared through ``json_each``, one bound key
+            and value each.
     """
 
     name: str = ""
     row_locks: bool = False
     server_clock: str | None = None
     single_writer: bool = False
+    writes_in_with: bool = False
+    json_contains: bool = False
 
     def statement(self, text: str) -> str:
         """``text`` (parameters as ``:name``) as this dialect's driver binds it."""

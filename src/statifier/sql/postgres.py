@@ -25,6 +25,8 @@ class PostgresDialect(Dialect):
     name = "postgresql"
     row_locks = True
     server_clock = "clock_timestamp()"
+    writes_in_with = True
+    json_contains = True
 
     def statement(self, text: str) -> str:
         return named_to_pyformat(text)
