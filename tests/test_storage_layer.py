@@ -40,13 +40,19 @@ def _holds_sql(tree: ast.Module) -> bool:
         and owner.body
         and isinstance(owner.body[0], ast.Expr)
     }
-    return any(
-        isinstance(node, ast.Constant)
-        and isinstance(node.value, str)
-        and id(node) not in docstrings
-        and _SQL.search(node.value)
-        for node in ast.walk(tree)
-    )
+    return any(_SQL.search(text) for node in ast.walk(tree) for text in _texts(node, docstrings))
+
+
+def _texts(node: ast.AST, docstrings: set[int]) -> list[str]:
+    """The string a constant holds, or an f-string's with a name where each value goes
+    (so that ``f"UPDATE {table} SET"`` reads as a statement)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [] if id(node) in docstrings else [node.value]
+    if isinstance(node, ast.JoinedStr):
+        return [
+            "".join(part.value if isinstance(part, ast.Constant) else "t" for part in node.values)
+        ]
+    return []
 
 
 def _tests_dialect(tree: ast.Module) -> bool:
@@ -86,6 +92,7 @@ def test_the_checks_see_what_they_look_for() -> None:
     sample = ast.parse('"""SELECT x FROM y"""\nQ = "DELETE FROM t WHERE id = :id"\n')
     assert _holds_sql(sample)
     assert not _holds_sql(ast.parse('"""SELECT x FROM y"""\n'))
+    assert _holds_sql(ast.parse('q = f"UPDATE {table} SET status = status WHERE 0"'))
     assert _tests_dialect(ast.parse("ok = isinstance(engine, AsyncEngine)"))
     assert _tests_dialect(ast.parse("ok = engine.dialect.name == 'sqlite'"))
     assert not _tests_dialect(ast.parse("ok = adapter.dialect.row_locks"))

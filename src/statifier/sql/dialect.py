@@ -100,8 +100,13 @@ class Dialect:
             ``schema.table``); SQLite has one namespace per file.
         writes_in_with: whether a statement's ``WITH`` clause can hold an ``INSERT``,
             ``UPDATE`` or ``DELETE`` whose ``RETURNING`` rows the rest of the statement
-            reads, so that a write and a read take one round trip; where it cannot
-            (SQLite), the two are separate statements.
+            reads, so that a write and a read (or two writes, the second depending on
+            the first) take one round trip; where it cannot (SQLite), they are separate
+            statements, run in process.
+        json_contains: whether a JSON column can be asked in one comparison whether it
+            holds every pair of a bound document (PostgreSQL's ``jsonb @>``); where
+            false (SQLite), each pair is compared through ``json_each``, one bound key
+            and value each.
     """
 
     name: str = ""
@@ -110,6 +115,7 @@ class Dialect:
     single_writer: bool = False
     schemas: bool = False
     writes_in_with: bool = False
+    json_contains: bool = False
 
     def statement(self, text: str) -> str:
         """``text`` (parameters as ``:name``) as this dialect's driver binds it."""

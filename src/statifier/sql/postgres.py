@@ -37,6 +37,7 @@ class PostgresDialect(Dialect):
     server_clock = "clock_timestamp()"
     schemas = True
     writes_in_with = True
+    json_contains = True
 
     def statement(self, text: str) -> str:
         return named_to_pyformat(text)

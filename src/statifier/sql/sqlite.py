@@ -33,6 +33,8 @@ class SqliteDialect(Dialect):
     name = "sqlite"
     row_locks = False
     single_writer = True
+    writes_in_with = False
+    json_contains = False
 
     def among(self, parameter: str) -> str:
         return f"IN (SELECT value FROM json_each(:{parameter}))"

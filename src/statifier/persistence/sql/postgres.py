@@ -1,5 +1,5 @@
-"""The SQL adapter on PostgreSQL: its statements as SQL text with named parameters, run
-on psycopg 3's :class:`~psycopg.AsyncConnection`.
+"""The SQL adapter on PostgreSQL: the statements of :mod:`statifier.sql.executions`
+run on psycopg 3's :class:`~psycopg.AsyncConnection`.
 
 The adapter's own transactions take connections from a ``psycopg_pool`` pool (an
 adapter made from a URL) or from the engine it was given (SQLAlchemy's pool), for one
@@ -50,10 +50,6 @@ from statifier.persistence.records import (
 )
 from statifier.persistence.reentry import hold, opened, register, unregister
 from statifier.persistence.sql.schema import (
-    ANSWER_COLUMNS,
-    CHART_COLUMNS,
-    ERROR_COLUMNS,
-    EXECUTION_COLUMNS,
     PINNING,
     Tables,
     answer,
@@ -64,8 +60,9 @@ from statifier.persistence.sql.schema import (
     execution_record,
 )
 from statifier.sql.engines import tables_missing
-from statifier.sql.names import TableNames, table_names
-from statifier.sql.postgres import lock_timeout
+from statifier.sql.executions import ExecutionStatements
+from statifier.sql.names import table_names
+from statifier.sql.postgres import POSTGRES, lock_timeout
 
 try:
     import psycopg
@@ -155,173 +152,14 @@ def _updated(record: ExecutionRecord) -> dict[str, Any]:
     }
 
 
-class Statements:
-    """The adapter's SQL for one set of tables, written once."""
-
-    def __init__(self, tables: Tables) -> None:
-        t = TableNames.of(tables)
-        self.new_key = tables.options.key_default
-        key, key_value = ("id, ", "%(id)s, ") if self.new_key else ("", "")
-        self.insert_chart = (
-            f"INSERT INTO {t.charts} ({key}{CHART_COLUMNS}) VALUES ({key_value}"
-            "%(content_hash)s, %(chart_blob)s, %(name)s, %(version)s, %(saved_at)s, "
-            "%(retired_at)s, %(retired_by)s) ON CONFLICT (content_hash) DO NOTHING"
-        )
-        self.fetch_chart = f"SELECT {CHART_COLUMNS} FROM {t.charts} WHERE content_hash = %(h)s"
-        self.retire_chart = (
-            f"UPDATE {t.charts} SET chart_blob = NULL, retired_at = %(at)s, "
-            "retired_by = %(by)s WHERE content_hash = %(h)s AND retired_at IS NULL"
-        )
-        # Retirement and create meet on the chart's row: a retirement holds it FOR
-        # UPDATE from its count to its tombstone; a create holds it FOR KEY SHARE
-        # (which creates do not contend on) until its transaction ends.
-        self.lock_chart = f"SELECT retired_at FROM {t.charts} WHERE content_hash = %(h)s FOR UPDATE"
-        self.guard_chart = (
-            f"SELECT retired_at, retired_by FROM {t.charts} "
-            "WHERE content_hash = %(h)s FOR KEY SHARE"
-        )
-        self.insert_execution = (
-            f"INSERT INTO {t.executions} ({key}{EXECUTION_COLUMNS}) VALUES ({key_value}"
-            "%(execution_id)s, %(content_hash)s, %(status)s, %(position_blob)s, %(metadata)s, "
-            "%(outcome_blob)s, %(failure)s, %(created_at)s, %(updated_at)s, %(ended_at)s, "
-            "%(error_count)s, %(last_error_at)s, %(final_state)s) "
-            "ON CONFLICT (execution_id) DO NOTHING RETURNING 1"
-        )
-        fetch = f"SELECT {EXECUTION_COLUMNS} FROM {t.executions} WHERE execution_id = %(id)s"
-        self.fetch_execution = fetch
-        # Inside a block the row lock too: it keeps out writers that bypass the
-        # advisory lock; outside, it would cost a lock for nothing.
-        self.fetch_execution_locked = f"{fetch} FOR UPDATE"
-        fetch_many = (
-            f"SELECT {EXECUTION_COLUMNS} FROM {t.executions} "
-            "WHERE execution_id = ANY(%(ids)s) ORDER BY execution_id"
-        )
-        self.fetch_executions = fetch_many
-        # In one order: two transactions locking overlapping sets cannot deadlock.
-        self.fetch_executions_locked = f"{fetch_many} FOR UPDATE"
-        self.update_execution = (
-            f"UPDATE {t.executions} SET status = %(status)s, position_blob = %(position_blob)s, "
-            "outcome_blob = %(outcome_blob)s, failure = %(failure)s, "
-            "updated_at = %(updated_at)s, ended_at = %(ended_at)s, "
-            "error_count = %(error_count)s, last_error_at = %(last_error_at)s, "
-            "final_state = %(final_state)s WHERE execution_id = %(execution_id)s"
-        )
-        self.rechart_execution = (
-            f"UPDATE {t.executions} SET content_hash = %(to)s, status = %(status)s, "
-            "position_blob = %(position_blob)s, failure = %(failure)s, "
-            "updated_at = %(updated_at)s WHERE execution_id = %(id)s AND content_hash = %(from)s"
-        )
-        self.count_executions = (
-            f"SELECT status, count(*) FROM {t.executions} WHERE content_hash = %(h)s "
-            "GROUP BY status"
-        )
-        pinning = ", ".join(f"'{status}'" for status in PINNING)
-        self.pinning = (
-            f"SELECT execution_id FROM {t.executions} "
-            f"WHERE content_hash = %(h)s AND status IN ({pinning})"
-        )
-        self.linked = (
-            f"SELECT count(*) FROM {t.child_answers} AS a JOIN {t.executions} AS p "
-            "ON p.execution_id = a.parent_id "
-            f"WHERE a.content_hash = %(h)s AND p.status IN ({pinning})"
-        )
-        self.insert_answer = (
-            f"INSERT INTO {t.child_answers} ({key}{ANSWER_COLUMNS}) VALUES ({key_value}"
-            "%(child_id)s, %(parent_id)s, %(invoke_id)s, %(content_hash)s, %(kind)s, "
-            "%(answer_blob)s, %(failure)s, %(created_at)s, %(delivered_at)s) "
-            "ON CONFLICT (child_id) DO NOTHING"
-        )
-        self.fetch_answer = (
-            f"SELECT {ANSWER_COLUMNS} FROM {t.child_answers} WHERE child_id = %(id)s"
-        )
-        self.undelivered = (
-            f"SELECT {ANSWER_COLUMNS} FROM {t.child_answers} WHERE delivered_at IS NULL "
-            "ORDER BY created_at, child_id LIMIT %(limit)s"
-        )
-        self.mark_delivered = (
-            f"UPDATE {t.child_answers} SET delivered_at = %(at)s "
-            "WHERE child_id = ANY(%(ids)s) AND delivered_at IS NULL"
-        )
-        self.take_settlement = (
-            f"INSERT INTO {t.settlements} ({key}parent_id, invoke_id, settled_at) "
-            f"VALUES ({key_value}%(parent)s, %(invoke)s, %(at)s) "
-            "ON CONFLICT (parent_id, invoke_id) DO NOTHING RETURNING 1"
-        )
-        self.settled = (
-            f"SELECT 1 FROM {t.settlements} WHERE parent_id = %(parent)s AND invoke_id = %(invoke)s"
-        )
-        self.list_by_metadata = (
-            f"SELECT {EXECUTION_COLUMNS} FROM {t.executions} WHERE metadata @> %(metadata)s"
-        )
-        self.statuses_by_metadata = (
-            f"SELECT execution_id, status FROM {t.executions} WHERE metadata @> %(metadata)s"
-        )
-        self.save_position = (
-            f"INSERT INTO {t.positions} ({key}key, content_hash, position_blob, saved_at) "
-            f"VALUES ({key_value}%(key)s, %(content_hash)s, %(position_blob)s, %(saved_at)s) "
-            "ON CONFLICT (key) DO UPDATE SET content_hash = EXCLUDED.content_hash, "
-            "position_blob = EXCLUDED.position_blob, saved_at = EXCLUDED.saved_at"
-        )
-        self.fetch_position = (
-            f"SELECT key, content_hash, position_blob, saved_at FROM {t.positions} "
-            "WHERE key = %(key)s"
-        )
-        self.delete_position = f"DELETE FROM {t.positions} WHERE key = %(key)s"
-        self.count_positions = f"SELECT count(*) FROM {t.positions} WHERE content_hash = %(h)s"
-        # One statement appends at the next seq: nothing when the log is closed (its
-        # last entry is the marker), the marker when the entry takes the cap's last slot.
-        append = (
-            f"INSERT INTO {t.inputs} ({key}execution_id, seq, door, input_blob, recorded_at) "
-            f"SELECT {key_value}%(execution_id)s, following.seq, %(door)s, "
-            "CASE WHEN CAST(%(cap)s AS INTEGER) IS NOT NULL "
-            "AND following.seq >= CAST(%(cap)s AS INTEGER) - 1 THEN NULL "
-            "ELSE %(input_blob)s END, %(recorded_at)s "
-            "FROM (SELECT coalesce(max(seq), -1) + 1 AS seq "
-            f"FROM {t.inputs} WHERE execution_id = %(execution_id)s) AS following "
-            f"WHERE NOT EXISTS (SELECT 1 FROM {t.inputs} AS last "
-            "WHERE last.execution_id = %(execution_id)s AND last.seq = following.seq - 1 "
-            "AND last.input_blob IS NULL)"
-        )
-        self.append_input = f"{append} RETURNING seq"
-        # A step's two writes in one round trip: the row's update, and the log's
-        # append only where the update found the row. Answers (rows updated, seq).
-        self.record_step = (
-            f"WITH stepped AS ({self.update_execution} RETURNING 1), "
-            f"logged AS ({append} AND EXISTS (SELECT 1 FROM stepped) RETURNING seq) "
-            "SELECT (SELECT count(*) FROM stepped), (SELECT seq FROM logged)"
-        )
-        self.inputs = (
-            f"SELECT execution_id, seq, door, input_blob, recorded_at FROM {t.inputs} "
-            "WHERE execution_id = %(id)s ORDER BY seq"
-        )
-        self.prune = (
-            f"UPDATE {t.executions} SET position_blob = NULL WHERE id IN (SELECT id "
-            f"FROM {t.executions} WHERE ended_at < %(before)s AND position_blob IS NOT NULL "
-            "ORDER BY ended_at, id LIMIT %(limit)s) RETURNING execution_id"
-        )
-        self.drop_logs = f"DELETE FROM {t.inputs} WHERE execution_id = ANY(%(ids)s)"
-        self.drop_errors = f"DELETE FROM {t.step_errors} WHERE execution_id = ANY(%(ids)s)"
-        self.insert_error = (
-            f"INSERT INTO {t.step_errors} ({key}{ERROR_COLUMNS}) VALUES ({key_value}"
-            "%(execution_id)s, %(seq)s, %(door)s, %(name)s, %(taken)s, %(error_blob)s, "
-            "%(recorded_at)s)"
-        )
-        self.errors = (
-            f"SELECT {ERROR_COLUMNS} FROM (SELECT id, {ERROR_COLUMNS} FROM {t.step_errors} "
-            "WHERE execution_id = %(id)s ORDER BY id DESC LIMIT %(limit)s) AS newest ORDER BY id"
-        )
-        self.lock = "SELECT pg_advisory_xact_lock(hashtextextended(%(id)s, 0))"
-        self.try_lock = "SELECT pg_try_advisory_xact_lock(hashtextextended(%(id)s, 0))"
-        self.set_timeout = (
-            "SELECT current_setting('lock_timeout'), set_config('lock_timeout', %(t)s, true)"
-        )
-        self.restore_timeout = "SELECT set_config('lock_timeout', %(t)s, true)"
-
-    def keyed(self, values: dict[str, Any]) -> dict[str, Any]:
-        """``values`` for an insert, with the row's key when the client makes keys."""
-        if self.new_key is not None:
-            values["id"] = self.new_key()
-        return values
+# PostgreSQL's own: an execution's advisory lock (the key the router's statements take
+# too), and a bounded wait for it.
+_LOCK: Final = "SELECT pg_advisory_xact_lock(hashtextextended(%(id)s, 0))"
+_TRY_LOCK: Final = "SELECT pg_try_advisory_xact_lock(hashtextextended(%(id)s, 0))"
+_SET_TIMEOUT: Final = (
+    "SELECT current_setting('lock_timeout'), set_config('lock_timeout', %(t)s, true)"
+)
+_RESTORE_TIMEOUT: Final = "SELECT set_config('lock_timeout', %(t)s, true)"
 
 
 class PostgresTransaction:
@@ -626,7 +464,10 @@ class Shared:
         self.engine = engine
         self.owned = owned
         self.tables = tables
-        self.statements = Statements(tables)
+        self.statements = ExecutionStatements(tables, POSTGRES, PINNING)
+        # PostgreSQL writes in WITH: a step's update and append are one statement.
+        assert self.statements.record_step is not None
+        self.record_step: str = self.statements.record_step
         self.names = table_names(tables)
         self.pool = _Pool(engine, url)
         self.blocks: dict[asyncio.Task[Any], PostgresTransaction] = {}
@@ -705,13 +546,13 @@ class PostgresDatabase:
         trip, as an unbounded one is; only a contended lock pays the three statements
         that bound the wait."""
         hold(tx, [("execution", execution_id)], f"execution {execution_id!r}")
-        cursor, s = tx.cursor, self.statements
+        cursor = tx.cursor
         values = {"id": execution_id}
         if wait is None:
-            await cursor.execute(s.lock, values)
+            await cursor.execute(_LOCK, values)
             return
         started = time.monotonic()
-        await cursor.execute(s.try_lock, values)
+        await cursor.execute(_TRY_LOCK, values)
         taken = await cursor.fetchone()
         if taken is not None and taken[0]:
             return
@@ -719,11 +560,11 @@ class PostgresDatabase:
         if savepoint:
             await cursor.execute(f"SAVEPOINT {savepoint}")
         try:
-            await cursor.execute(s.set_timeout, {"t": lock_timeout(wait)})
+            await cursor.execute(_SET_TIMEOUT, {"t": lock_timeout(wait)})
             row = await cursor.fetchone()
             assert row is not None
-            await cursor.execute(s.lock, values)
-            await cursor.execute(s.restore_timeout, {"t": row[0]})
+            await cursor.execute(_LOCK, values)
+            await cursor.execute(_RESTORE_TIMEOUT, {"t": row[0]})
         except psycopg.Error as error:
             if not _lock_not_available(error):
                 raise
@@ -931,7 +772,7 @@ class PostgresDatabase:
         s = self.statements
         values = _updated(record)
         values.update(door=door, cap=cap, input_blob=event, recorded_at=utc(recorded_at))
-        await cursor.execute(s.record_step, s.keyed(values))
+        await cursor.execute(self.shared.record_step, s.keyed(values))
         row = await cursor.fetchone()
         assert row is not None
         updated, seq = row
@@ -999,11 +840,11 @@ class PostgresDatabase:
         return [execution_id for (execution_id,) in await cursor.fetchall()]
 
     async def list_by_metadata(self, pairs: Mapping[str, str]) -> list[ExecutionRecord]:
-        rows = await self._run(self._by_metadata, self.statements.list_by_metadata, pairs)
+        rows = await self._run(self._by_metadata, self.statements.by_metadata(0, True), pairs)
         return [_execution(row) for row in rows]
 
     async def statuses_by_metadata(self, pairs: Mapping[str, str]) -> dict[str, Status]:
-        rows = await self._run(self._by_metadata, self.statements.statuses_by_metadata, pairs)
+        rows = await self._run(self._by_metadata, self.statements.by_metadata(0, False), pairs)
         return {execution_id: Status(status) for execution_id, status in rows}
 
     async def _by_metadata(

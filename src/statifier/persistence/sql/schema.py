@@ -20,6 +20,11 @@ from statifier.persistence.records import (
     Status,
 )
 from statifier.sql import migrations
+from statifier.sql.executions import (
+    ANSWER_COLUMNS,
+    ERROR_COLUMNS,
+    EXECUTION_COLUMNS,
+)
 from statifier.sql.tables import TableOptions, Tables
 
 __all__ = [
@@ -117,19 +122,6 @@ def error(row: Sequence[Any], read_time: Callable[[Any], datetime | None]) -> Er
 
 
 PINNING: Final = tuple(status.value for status in Status if status.pins)
-# The columns of an execution record, in the order ExecutionRecord takes them.
-EXECUTION_COLUMNS: Final = (
-    "execution_id, content_hash, status, position_blob, metadata, outcome_blob, failure, "
-    "created_at, updated_at, ended_at, error_count, last_error_at, final_state"
-)
-# The columns of an error record, in the order ErrorRecord takes them.
-ERROR_COLUMNS: Final = "execution_id, seq, door, name, taken, error_blob, recorded_at"
-# The columns of an answer record, in the order AnswerRecord takes them.
-ANSWER_COLUMNS: Final = (
-    "child_id, parent_id, invoke_id, content_hash, kind, answer_blob, failure, created_at, "
-    "delivered_at"
-)
-CHART_COLUMNS: Final = "content_hash, chart_blob, name, version, saved_at, retired_at, retired_by"
 
 
 def chosen_tables(tables: Tables | TableOptions | None) -> Tables:

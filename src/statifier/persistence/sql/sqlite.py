@@ -1,4 +1,4 @@
-"""The SQL adapter on SQLite: its statements as SQL text with named parameters, run
+"""The SQL adapter on SQLite: the statements of :mod:`statifier.sql.executions` run
 inline on one ``sqlite3`` connection (a statement takes microseconds, less than a hop
 to a thread would cost).
 
@@ -52,10 +52,6 @@ from statifier.persistence.records import (
     Status,
 )
 from statifier.persistence.sql.schema import (
-    ANSWER_COLUMNS,
-    CHART_COLUMNS,
-    ERROR_COLUMNS,
-    EXECUTION_COLUMNS,
     PINNING,
     Tables,
     answer,
@@ -67,7 +63,9 @@ from statifier.persistence.sql.schema import (
 )
 from statifier.sql.dialect import utc_text, utc_time
 from statifier.sql.engines import configure_sqlite, is_busy, retry_busy, tables_missing
-from statifier.sql.names import TableNames, table_names
+from statifier.sql.executions import ExecutionStatements
+from statifier.sql.names import table_names
+from statifier.sql.sqlite import SQLITE
 
 __all__ = ["SqliteDatabase", "SqliteTransaction"]
 
@@ -82,157 +80,6 @@ def _metadata(text: str) -> Any:
 
 def _execution(row: tuple[Any, ...]) -> ExecutionRecord:
     return execution_record(row, utc_time, _metadata)
-
-
-class Statements:
-    """The adapter's SQL for one set of tables, written once."""
-
-    def __init__(self, tables: Tables) -> None:
-        t = TableNames.of(tables)
-        self.new_key = tables.options.key_default
-        key, key_value = ("id, ", ":id, ") if self.new_key else ("", "")
-        self.insert_chart = (
-            f"INSERT INTO {t.charts} ({key}{CHART_COLUMNS}) VALUES ({key_value}:content_hash, "
-            ":chart_blob, :name, :version, :saved_at, :retired_at, :retired_by) "
-            "ON CONFLICT (content_hash) DO NOTHING"
-        )
-        self.fetch_chart = f"SELECT {CHART_COLUMNS} FROM {t.charts} WHERE content_hash = :h"
-        self.retire_chart = (
-            f"UPDATE {t.charts} SET chart_blob = NULL, retired_at = :at, retired_by = :by "
-            "WHERE content_hash = :h AND retired_at IS NULL"
-        )
-        self.insert_execution = (
-            f"INSERT INTO {t.executions} ({key}{EXECUTION_COLUMNS}) VALUES ({key_value}"
-            ":execution_id, :content_hash, :status, :position_blob, :metadata, :outcome_blob, "
-            ":failure, :created_at, :updated_at, :ended_at, :error_count, :last_error_at, "
-            ":final_state) "
-            "ON CONFLICT (execution_id) DO NOTHING RETURNING 1"
-        )
-        self.fetch_execution = (
-            f"SELECT {EXECUTION_COLUMNS} FROM {t.executions} WHERE execution_id = :id"
-        )
-        self.fetch_executions = (
-            f"SELECT {EXECUTION_COLUMNS} FROM {t.executions} "
-            "WHERE execution_id IN (SELECT value FROM json_each(:ids)) ORDER BY execution_id"
-        )
-        self.update_execution = (
-            f"UPDATE {t.executions} SET status = :status, position_blob = :position_blob, "
-            "outcome_blob = :outcome_blob, failure = :failure, updated_at = :updated_at, "
-            "ended_at = :ended_at, error_count = :error_count, last_error_at = :last_error_at, "
-            "final_state = :final_state WHERE execution_id = :id"
-        )
-        self.rechart_execution = (
-            f"UPDATE {t.executions} SET content_hash = :to, status = :status, "
-            "position_blob = :position_blob, failure = :failure, updated_at = :updated_at "
-            "WHERE execution_id = :id AND content_hash = :from"
-        )
-        self.count_executions = (
-            f"SELECT status, count(*) FROM {t.executions} WHERE content_hash = :h GROUP BY status"
-        )
-        pinning = ", ".join(f"'{status}'" for status in PINNING)
-        self.pinning = (
-            f"SELECT execution_id FROM {t.executions} "
-            f"WHERE content_hash = :h AND status IN ({pinning})"
-        )
-        self.executions = t.executions
-        # Retirement and create are both writes, so SQLite's single writer already
-        # serializes them; each reads the chart's row inside its write transaction.
-        self.guard_chart = f"SELECT retired_at, retired_by FROM {t.charts} WHERE content_hash = :h"
-        self.linked = (
-            f"SELECT count(*) FROM {t.child_answers} AS a JOIN {t.executions} AS p "
-            "ON p.execution_id = a.parent_id "
-            f"WHERE a.content_hash = :h AND p.status IN ({pinning})"
-        )
-        self.insert_answer = (
-            f"INSERT INTO {t.child_answers} ({key}{ANSWER_COLUMNS}) VALUES ({key_value}"
-            ":child_id, :parent_id, :invoke_id, :content_hash, :kind, :answer_blob, :failure, "
-            ":created_at, :delivered_at) ON CONFLICT (child_id) DO NOTHING"
-        )
-        self.fetch_answer = f"SELECT {ANSWER_COLUMNS} FROM {t.child_answers} WHERE child_id = :id"
-        self.undelivered = (
-            f"SELECT {ANSWER_COLUMNS} FROM {t.child_answers} WHERE delivered_at IS NULL "
-            "ORDER BY created_at, child_id LIMIT :limit"
-        )
-        self.mark_delivered = (
-            f"UPDATE {t.child_answers} SET delivered_at = :at "
-            "WHERE child_id = :id AND delivered_at IS NULL"
-        )
-        self.take_settlement = (
-            f"INSERT INTO {t.settlements} ({key}parent_id, invoke_id, settled_at) "
-            f"VALUES ({key_value}:parent, :invoke, :at) "
-            "ON CONFLICT (parent_id, invoke_id) DO NOTHING RETURNING 1"
-        )
-        self.settled = (
-            f"SELECT 1 FROM {t.settlements} WHERE parent_id = :parent AND invoke_id = :invoke"
-        )
-        self.save_position = (
-            f"INSERT INTO {t.positions} ({key}key, content_hash, position_blob, saved_at) "
-            f"VALUES ({key_value}:key, :content_hash, :position_blob, :saved_at) "
-            "ON CONFLICT (key) DO UPDATE SET content_hash = excluded.content_hash, "
-            "position_blob = excluded.position_blob, saved_at = excluded.saved_at"
-        )
-        self.fetch_position = (
-            f"SELECT key, content_hash, position_blob, saved_at FROM {t.positions} WHERE key = :key"
-        )
-        self.delete_position = f"DELETE FROM {t.positions} WHERE key = :key"
-        self.count_positions = f"SELECT count(*) FROM {t.positions} WHERE content_hash = :h"
-        # One statement appends at the next seq: nothing when the log is closed (its
-        # last entry is the marker), the marker when the entry takes the cap's last slot.
-        self.append_input = (
-            f"INSERT INTO {t.inputs} ({key}execution_id, seq, door, input_blob, recorded_at) "
-            f"SELECT {key_value}:execution_id, following.seq, :door, "
-            "CASE WHEN CAST(:cap AS INTEGER) IS NOT NULL "
-            "AND following.seq >= CAST(:cap AS INTEGER) - 1 THEN NULL ELSE :input_blob END, "
-            ":recorded_at FROM (SELECT coalesce(max(seq), -1) + 1 AS seq "
-            f"FROM {t.inputs} WHERE execution_id = :execution_id) AS following "
-            f"WHERE NOT EXISTS (SELECT 1 FROM {t.inputs} AS last "
-            "WHERE last.execution_id = :execution_id AND last.seq = following.seq - 1 "
-            "AND last.input_blob IS NULL) RETURNING seq"
-        )
-        self.inputs = (
-            f"SELECT execution_id, seq, door, input_blob, recorded_at FROM {t.inputs} "
-            "WHERE execution_id = :id ORDER BY seq"
-        )
-        self.prune = (
-            f"UPDATE {t.executions} SET position_blob = NULL WHERE id IN (SELECT id "
-            f"FROM {t.executions} WHERE ended_at < :before AND position_blob IS NOT NULL "
-            "ORDER BY ended_at, id LIMIT :limit) RETURNING execution_id"
-        )
-        self.drop_log = f"DELETE FROM {t.inputs} WHERE execution_id = :id"
-        self.drop_errors = f"DELETE FROM {t.step_errors} WHERE execution_id = :id"
-        self.insert_error = (
-            f"INSERT INTO {t.step_errors} ({key}{ERROR_COLUMNS}) VALUES ({key_value}"
-            ":execution_id, :seq, :door, :name, :taken, :error_blob, :recorded_at)"
-        )
-        self.errors = (
-            f"SELECT {ERROR_COLUMNS} FROM (SELECT id, {ERROR_COLUMNS} FROM {t.step_errors} "
-            "WHERE execution_id = :id ORDER BY id DESC LIMIT :limit) ORDER BY id"
-        )
-        # A write that touches no row: it makes a caller's open transaction the writer.
-        self.claim_writer = f"UPDATE {t.executions} SET status = status WHERE 0"
-        self._by_metadata: dict[tuple[int, bool], str] = {}
-
-    def keyed(self, values: dict[str, Any]) -> dict[str, Any]:
-        """``values`` for an insert, with the row's key when the client makes keys."""
-        if self.new_key is not None:
-            values["id"] = self.new_key().hex  # how sqlalchemy.Uuid stores it on SQLite
-        return values
-
-    def by_metadata(self, pairs: int, whole: bool) -> str:
-        """Executions (whole, or id and status) whose metadata holds ``pairs`` pairs,
-        bound as ``k0``, ``v0``, ``k1``... and compared through ``json_each``."""
-        found = self._by_metadata.get((pairs, whole))
-        if found is None:
-            columns = EXECUTION_COLUMNS if whole else "execution_id, status"
-            conditions = [
-                f"EXISTS (SELECT 1 FROM json_each({self.executions}.metadata) AS m{index} "
-                f"WHERE m{index}.key = :k{index} AND m{index}.value = :v{index})"
-                for index in range(pairs)
-            ]
-            where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
-            found = f"SELECT {columns} FROM {self.executions}{where}"
-            self._by_metadata[(pairs, whole)] = found
-        return found
 
 
 class SqliteTransaction:
@@ -333,7 +180,10 @@ class Shared:
         self.engine = engine
         self.owned = owned
         self.tables = tables
-        self.statements = Statements(tables)
+        self.statements = ExecutionStatements(tables, SQLITE, PINNING)
+        # SQLite's own: a write that touches no row, which makes a caller's open
+        # transaction the writer.
+        self.claim_writer = f"UPDATE {self.statements.executions} SET status = status WHERE 0"
         self.names = table_names(tables)
         self.writer = Writer()
         self._pooled: Any = None
@@ -427,7 +277,7 @@ class _Block:
         await writer.acquire(wait, self._name)
         try:
             if tx is not None:  # a caller's transaction
-                await _take_database(tx, db.statements.claim_writer, deadline, self._name)
+                await _take_database(tx, db.shared.claim_writer, deadline, self._name)
                 self._mode = "claimed"
             else:
                 tx = db.shared.own()
@@ -440,7 +290,7 @@ class _Block:
                 except sqlite3.OperationalError as error:
                     if not is_busy(error):
                         raise
-                    await _take_database(tx, db.statements.claim_writer, deadline, self._name)
+                    await _take_database(tx, db.shared.claim_writer, deadline, self._name)
                 self._mode = "own"
         except BaseException:
             writer.lock.release()
@@ -721,7 +571,7 @@ class SqliteDatabase:
             "error_count": record.error_count,
             "last_error_at": utc_text(record.last_error_at),
             "final_state": record.final_state,
-            "id": record.id,
+            "execution_id": record.id,
         }
         if not cursor.execute(self.statements.update_execution, values).rowcount:
             raise ExecutionNotFound(record.id)
@@ -877,8 +727,8 @@ class SqliteDatabase:
             await self._run(self._mark_delivered, True, list(child_ids), delivered_at)
 
     def _mark_delivered(self, cursor: sqlite3.Cursor, ids: list[str], at: datetime) -> None:
-        when = utc_text(at)
-        cursor.executemany(self.statements.mark_delivered, [{"id": i, "at": when} for i in ids])
+        values = {"ids": json.dumps(ids), "at": utc_text(at)}
+        cursor.execute(self.statements.mark_delivered, values)
 
     async def take_settlement(self, parent_id: str, invoke_id: str, settled_at: datetime) -> bool:
         return await self._run(self._take_settlement, True, parent_id, invoke_id, settled_at)
@@ -996,9 +846,9 @@ class SqliteDatabase:
         values = {"before": utc_text(ended_before), "limit": limit}
         pruned = [execution_id for (execution_id,) in cursor.execute(s.prune, values).fetchall()]
         if pruned:
-            ids = [{"id": execution_id} for execution_id in pruned]
-            cursor.executemany(s.drop_log, ids)
-            cursor.executemany(s.drop_errors, ids)
+            ids = {"ids": json.dumps(pruned)}
+            cursor.execute(s.drop_logs, ids)
+            cursor.execute(s.drop_errors, ids)
         return pruned
 
 

@@ -1,0 +1,295 @@
+"""The statements of the durable executions' tables: charts, executions, saved
+positions, input logs, step errors, child answers and settlements, one text each.
+
+:class:`ExecutionStatements` holds every statement of the SQL adapter
+(:mod:`statifier.persistence.sql`) for one set of tables on one database, bound once
+when it is made. The adapter's per-database modules run them on their driver's
+connection (the hot path of every durable step: no work per call here) and decide
+what a row means (records, codecs, errors).
+
+Where the two databases truly differ, a capability of the :class:`Dialect` chooses:
+row locks (:attr:`Dialect.row_locks`: an execution's row held ``FOR UPDATE`` inside a
+block, a chart's row held between a retirement and a create), the two writes of a step
+in one statement (:attr:`Dialect.writes_in_with`), and the metadata query
+(:attr:`Dialect.json_contains`). A list of ids is one parameter
+(:meth:`Dialect.among`, bound by :meth:`Dialect.listed`).
+
+>>> from statifier.sql import TableOptions
+>>> from statifier.sql.postgres import POSTGRES
+>>> from statifier.sql.sqlite import SQLITE
+>>> tables = TableOptions().define()
+>>> s = ExecutionStatements(tables, POSTGRES, pinning=("running",))
+>>> s.fetch_execution_locked.endswith("FOR UPDATE")
+True
+>>> s = ExecutionStatements(tables, SQLITE, pinning=("running",))
+>>> s.fetch_execution_locked == s.fetch_execution, s.record_step
+(True, None)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, Final
+
+from statifier.sql.dialect import Dialect
+from statifier.sql.names import TableNames
+from statifier.sql.tables import Tables
+
+__all__ = [
+    "ANSWER_COLUMNS",
+    "CHART_COLUMNS",
+    "ERROR_COLUMNS",
+    "EXECUTION_COLUMNS",
+    "ExecutionStatements",
+]
+
+# The columns of an execution record, in the order ExecutionRecord takes them.
+EXECUTION_COLUMNS: Final = (
+    "execution_id, content_hash, status, position_blob, metadata, outcome_blob, failure, "
+    "created_at, updated_at, ended_at, error_count, last_error_at, final_state"
+)
+# The columns of an error record, in the order ErrorRecord takes them.
+ERROR_COLUMNS: Final = "execution_id, seq, door, name, taken, error_blob, recorded_at"
+# The columns of an answer record, in the order AnswerRecord takes them.
+ANSWER_COLUMNS: Final = (
+    "child_id, parent_id, invoke_id, content_hash, kind, answer_blob, failure, created_at, "
+    "delivered_at"
+)
+CHART_COLUMNS: Final = "content_hash, chart_blob, name, version, saved_at, retired_at, retired_by"
+
+
+class ExecutionStatements:
+    """The statements of one set of durable executions' tables on one database, each
+    an attribute holding the text as the dialect's driver binds it.
+
+    Args:
+        tables: the tables the migrations built (names them, and says whether keys
+            are made by the client: then every insert binds ``:id``, see :meth:`keyed`).
+        dialect: the database's dialect (``SqlAdapter.dialect``).
+        pinning: the execution statuses that keep a chart from retiring (stored
+            values); what a status means is the adapter's.
+
+    Parameters by statement (``:name``):
+
+    - ``insert_chart``: the chart's columns; does nothing where the hash is stored.
+      ``fetch_chart``, ``lock_chart``, ``guard_chart``: ``h``. ``retire_chart``:
+      ``h``, ``at``, ``by``.
+    - ``insert_execution``: the execution's columns (``metadata`` a JSON document);
+      answers a row only when it inserted. ``fetch_execution`` (and ``_locked``):
+      ``id``. ``fetch_executions`` (and ``_locked``): ``ids``, a :meth:`Dialect.listed`
+      list, rows in ``execution_id`` order. ``update_execution``: the columns a step
+      changes and ``execution_id``. ``rechart_execution``: ``id``, ``from``, ``to``,
+      ``status``, ``position_blob``, ``failure``, ``updated_at``.
+      ``count_executions``, ``pinning``, ``linked``: ``h``.
+    - ``append_input``: ``execution_id``, ``door``, ``cap``, ``input_blob``,
+      ``recorded_at``; answers the new ``seq``, or no row where the log is closed.
+      ``record_step``: the parameters of both; ``None`` without
+      :attr:`Dialect.writes_in_with`. ``inputs``: ``id``.
+    - ``insert_error``: the error's columns. ``errors``: ``id``, ``limit``.
+    - ``insert_answer``: the answer's columns. ``fetch_answer``: ``id``.
+      ``undelivered``: ``limit``. ``mark_delivered``: ``ids``, ``at``.
+    - ``take_settlement``: ``parent``, ``invoke``, ``at``; answers a row only when it
+      took it. ``settled``: ``parent``, ``invoke``.
+    - ``save_position``: the position's columns. ``fetch_position``,
+      ``delete_position``: ``key``. ``count_positions``: ``h``.
+    - ``prune``: ``before``, ``limit``; answers the pruned executions' ids.
+      ``drop_logs``, ``drop_errors``: ``ids``.
+    - :meth:`by_metadata`: see there.
+    """
+
+    def __init__(self, tables: Tables, dialect: Dialect, pinning: Iterable[str]) -> None:
+        self.dialect = dialect
+        t = TableNames.of(tables)
+        self.executions = t.executions
+        self.new_key: Callable[[], Any] | None = tables.options.key_default
+        key, key_value = ("id, ", ":id, ") if self.new_key else ("", "")
+        sql = dialect.statement
+        # Row locks where the database has them; SQLite's single writer serializes
+        # every writer instead, so there the locked forms read as the plain ones.
+        for_update = " FOR UPDATE" if dialect.row_locks else ""
+        self.insert_chart = sql(
+            f"INSERT INTO {t.charts} ({key}{CHART_COLUMNS}) VALUES ({key_value}"
+            ":content_hash, :chart_blob, :name, :version, :saved_at, :retired_at, "
+            ":retired_by) ON CONFLICT (content_hash) DO NOTHING"
+        )
+        self.fetch_chart = sql(f"SELECT {CHART_COLUMNS} FROM {t.charts} WHERE content_hash = :h")
+        self.retire_chart = sql(
+            f"UPDATE {t.charts} SET chart_blob = NULL, retired_at = :at, retired_by = :by "
+            "WHERE content_hash = :h AND retired_at IS NULL"
+        )
+        # Retirement and create meet on the chart's row: a retirement holds it FOR
+        # UPDATE from its count to its tombstone; a create holds it FOR KEY SHARE
+        # (which creates do not contend on) until its transaction ends. On SQLite both
+        # are writes, which the single writer already serializes; each reads the
+        # chart's row inside its write transaction.
+        self.lock_chart = sql(
+            f"SELECT retired_at FROM {t.charts} WHERE content_hash = :h{for_update}"
+        )
+        key_share = " FOR KEY SHARE" if dialect.row_locks else ""
+        self.guard_chart = sql(
+            f"SELECT retired_at, retired_by FROM {t.charts} WHERE content_hash = :h{key_share}"
+        )
+        self.insert_execution = sql(
+            f"INSERT INTO {t.executions} ({key}{EXECUTION_COLUMNS}) VALUES ({key_value}"
+            f":execution_id, :content_hash, :status, :position_blob, {dialect.json('metadata')}, "
+            ":outcome_blob, :failure, :created_at, :updated_at, :ended_at, :error_count, "
+            ":last_error_at, :final_state) "
+            "ON CONFLICT (execution_id) DO NOTHING RETURNING 1"
+        )
+        fetch = f"SELECT {EXECUTION_COLUMNS} FROM {t.executions} WHERE execution_id = :id"
+        self.fetch_execution = sql(fetch)
+        # Inside a block the row lock too: it keeps out writers that bypass the
+        # advisory lock; outside, it would cost a lock for nothing.
+        self.fetch_execution_locked = sql(f"{fetch}{for_update}")
+        fetch_many = (
+            f"SELECT {EXECUTION_COLUMNS} FROM {t.executions} "
+            f"WHERE execution_id {dialect.among('ids')} ORDER BY execution_id"
+        )
+        self.fetch_executions = sql(fetch_many)
+        # In one order: two transactions locking overlapping sets cannot deadlock.
+        self.fetch_executions_locked = sql(f"{fetch_many}{for_update}")
+        update = (
+            f"UPDATE {t.executions} SET status = :status, position_blob = :position_blob, "
+            "outcome_blob = :outcome_blob, failure = :failure, updated_at = :updated_at, "
+            "ended_at = :ended_at, error_count = :error_count, last_error_at = :last_error_at, "
+            "final_state = :final_state WHERE execution_id = :execution_id"
+        )
+        self.update_execution = sql(update)
+        self.rechart_execution = sql(
+            f"UPDATE {t.executions} SET content_hash = :to, status = :status, "
+            "position_blob = :position_blob, failure = :failure, updated_at = :updated_at "
+            "WHERE execution_id = :id AND content_hash = :from"
+        )
+        self.count_executions = sql(
+            f"SELECT status, count(*) FROM {t.executions} WHERE content_hash = :h GROUP BY status"
+        )
+        pins = ", ".join(f"'{status}'" for status in pinning)
+        self.pinning = sql(
+            f"SELECT execution_id FROM {t.executions} "
+            f"WHERE content_hash = :h AND status IN ({pins})"
+        )
+        self.linked = sql(
+            f"SELECT count(*) FROM {t.child_answers} AS a JOIN {t.executions} AS p "
+            "ON p.execution_id = a.parent_id "
+            f"WHERE a.content_hash = :h AND p.status IN ({pins})"
+        )
+        self.insert_answer = sql(
+            f"INSERT INTO {t.child_answers} ({key}{ANSWER_COLUMNS}) VALUES ({key_value}"
+            ":child_id, :parent_id, :invoke_id, :content_hash, :kind, :answer_blob, :failure, "
+            ":created_at, :delivered_at) ON CONFLICT (child_id) DO NOTHING"
+        )
+        self.fetch_answer = sql(
+            f"SELECT {ANSWER_COLUMNS} FROM {t.child_answers} WHERE child_id = :id"
+        )
+        self.undelivered = sql(
+            f"SELECT {ANSWER_COLUMNS} FROM {t.child_answers} WHERE delivered_at IS NULL "
+            "ORDER BY created_at, child_id LIMIT :limit"
+        )
+        self.mark_delivered = sql(
+            f"UPDATE {t.child_answers} SET delivered_at = :at "
+            f"WHERE child_id {dialect.among('ids')} AND delivered_at IS NULL"
+        )
+        self.take_settlement = sql(
+            f"INSERT INTO {t.settlements} ({key}parent_id, invoke_id, settled_at) "
+            f"VALUES ({key_value}:parent, :invoke, :at) "
+            "ON CONFLICT (parent_id, invoke_id) DO NOTHING RETURNING 1"
+        )
+        self.settled = sql(
+            f"SELECT 1 FROM {t.settlements} WHERE parent_id = :parent AND invoke_id = :invoke"
+        )
+        self.save_position = sql(
+            f"INSERT INTO {t.positions} ({key}key, content_hash, position_blob, saved_at) "
+            f"VALUES ({key_value}:key, :content_hash, :position_blob, :saved_at) "
+            "ON CONFLICT (key) DO UPDATE SET content_hash = excluded.content_hash, "
+            "position_blob = excluded.position_blob, saved_at = excluded.saved_at"
+        )
+        self.fetch_position = sql(
+            f"SELECT key, content_hash, position_blob, saved_at FROM {t.positions} WHERE key = :key"
+        )
+        self.delete_position = sql(f"DELETE FROM {t.positions} WHERE key = :key")
+        self.count_positions = sql(f"SELECT count(*) FROM {t.positions} WHERE content_hash = :h")
+        # One statement appends at the next seq: nothing when the log is closed (its
+        # last entry is the marker), the marker when the entry takes the cap's last slot.
+        append = (
+            f"INSERT INTO {t.inputs} ({key}execution_id, seq, door, input_blob, recorded_at) "
+            f"SELECT {key_value}:execution_id, following.seq, :door, "
+            "CASE WHEN CAST(:cap AS INTEGER) IS NOT NULL "
+            "AND following.seq >= CAST(:cap AS INTEGER) - 1 THEN NULL ELSE :input_blob END, "
+            ":recorded_at FROM (SELECT coalesce(max(seq), -1) + 1 AS seq "
+            f"FROM {t.inputs} WHERE execution_id = :execution_id) AS following "
+            f"WHERE NOT EXISTS (SELECT 1 FROM {t.inputs} AS last "
+            "WHERE last.execution_id = :execution_id AND last.seq = following.seq - 1 "
+            "AND last.input_blob IS NULL)"
+        )
+        self.append_input = sql(f"{append} RETURNING seq")
+        # A step's two writes in one round trip: the row's update, and the log's
+        # append only where the update found the row. Answers (rows updated, seq).
+        # Without writes in WITH (SQLite, in process) they are two statements, the
+        # update first, which cost no round trip.
+        self.record_step: str | None = None
+        if dialect.writes_in_with:
+            self.record_step = sql(
+                f"WITH stepped AS ({update} RETURNING 1), "
+                f"logged AS ({append} AND EXISTS (SELECT 1 FROM stepped) RETURNING seq) "
+                "SELECT (SELECT count(*) FROM stepped), (SELECT seq FROM logged)"
+            )
+        self.inputs = sql(
+            f"SELECT execution_id, seq, door, input_blob, recorded_at FROM {t.inputs} "
+            "WHERE execution_id = :id ORDER BY seq"
+        )
+        self.prune = sql(
+            f"UPDATE {t.executions} SET position_blob = NULL WHERE id IN (SELECT id "
+            f"FROM {t.executions} WHERE ended_at < :before AND position_blob IS NOT NULL "
+            "ORDER BY ended_at, id LIMIT :limit) RETURNING execution_id"
+        )
+        self.drop_logs = sql(f"DELETE FROM {t.inputs} WHERE execution_id {dialect.among('ids')}")
+        self.drop_errors = sql(
+            f"DELETE FROM {t.step_errors} WHERE execution_id {dialect.among('ids')}"
+        )
+        self.insert_error = sql(
+            f"INSERT INTO {t.step_errors} ({key}{ERROR_COLUMNS}) VALUES ({key_value}"
+            ":execution_id, :seq, :door, :name, :taken, :error_blob, :recorded_at)"
+        )
+        self.errors = sql(
+            f"SELECT {ERROR_COLUMNS} FROM (SELECT id, {ERROR_COLUMNS} FROM {t.step_errors} "
+            "WHERE execution_id = :id ORDER BY id DESC LIMIT :limit) AS newest ORDER BY id"
+        )
+        self._by_metadata: dict[tuple[int, bool], str] = {}
+        if dialect.json_contains:
+            for whole in (True, False):
+                columns = EXECUTION_COLUMNS if whole else "execution_id, status"
+                self._by_metadata[(0, whole)] = sql(
+                    f"SELECT {columns} FROM {t.executions} "
+                    f"WHERE metadata @> {dialect.json('metadata')}"
+                )
+
+    def keyed(self, values: dict[str, Any]) -> dict[str, Any]:
+        """``values`` for an insert, with the row's new key (``:id``) when the client
+        makes keys; ``values`` itself, changed in place."""
+        if self.new_key is not None:
+            values["id"] = self.dialect.key(self.new_key())
+        return values
+
+    def by_metadata(self, pairs: int, whole: bool) -> str:
+        """The executions (``whole``: every column of :data:`EXECUTION_COLUMNS`, else
+        ``execution_id, status``) whose metadata holds every pair asked.
+
+        With :attr:`Dialect.json_contains` one statement serves any number of pairs,
+        bound as one JSON document ``:metadata``; without, the statement for ``pairs``
+        pairs binds them as ``k0``, ``v0``, ``k1``... compared through ``json_each``
+        (made on first use, then kept).
+        """
+        if self.dialect.json_contains:
+            pairs = 0
+        found = self._by_metadata.get((pairs, whole))
+        if found is None:
+            columns = EXECUTION_COLUMNS if whole else "execution_id, status"
+            conditions = [
+                f"EXISTS (SELECT 1 FROM json_each({self.executions}.metadata) AS m{index} "
+                f"WHERE m{index}.key = :k{index} AND m{index}.value = :v{index})"
+                for index in range(pairs)
+            ]
+            where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
+            found = self.dialect.statement(f"SELECT {columns} FROM {self.executions}{where}")
+            self._by_metadata[(pairs, whole)] = found
+        return found
