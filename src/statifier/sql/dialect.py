@@ -4,14 +4,14 @@ A statement is written once, as SQL text with named parameters in SQLite's style
 (``:name``), against the table names of :mod:`statifier.sql.tables`. A
 :class:`Dialect` turns that text into what its driver binds (:meth:`Dialect.statement`),
 converts the values that its driver stores differently (times, keys, JSON documents,
-lists of texts), says how a transaction takes an advisory lock
-(:meth:`Dialect.advisory_lock`, keyed by :func:`lock_key`), and runs the statement on
-the driver's connection of a transaction (:meth:`Dialect.execute`,
-:meth:`Dialect.rows`, :meth:`Dialect.row`), so that a module of statements reads the
-same for both databases. The two dialects are
+lists), says how a transaction takes an advisory lock (:meth:`Dialect.advisory_lock`,
+keyed by :func:`lock_key`), and runs the statement on the driver's connection of a
+transaction (:meth:`Dialect.execute`, :meth:`Dialect.rows`, :meth:`Dialect.row`), so
+that a module of statements reads the same for both databases. The two dialects are
 :data:`statifier.sql.postgres.POSTGRES` (psycopg 3's ``AsyncConnection``) and
-:data:`statifier.sql.sqlite.SQLITE` (``sqlite3.Connection``); a statement that truly
-reads differently on the two is written in those modules.
+:data:`statifier.sql.sqlite.SQLITE` (``sqlite3.Connection``). A statement that truly
+reads differently on the two is chosen in its table family's module by what the
+database can do (the attributes below), never by its name.
 
 Times are stored as aware UTC datetimes on PostgreSQL and as UTC wall-time text with
 microseconds on SQLite (the text SQLAlchemy's ``DATETIME`` writes, which sorts as the
