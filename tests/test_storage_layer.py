@@ -50,7 +50,9 @@ def _texts(node: ast.AST, docstrings: set[int]) -> list[str]:
         return [] if id(node) in docstrings else [node.value]
     if isinstance(node, ast.JoinedStr):
         return [
-            "".join(part.value if isinstance(part, ast.Constant) else "t" for part in node.values)
+            "".join(
+                str(part.value) if isinstance(part, ast.Constant) else "t" for part in node.values
+            )
         ]
     return []
 
