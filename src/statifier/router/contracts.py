@@ -447,7 +447,7 @@ def _route(
                 route=name,
             )
         )
-    elif config.timers is None and _delayed(send.delay):
+    elif config.timer_queue is None and _delayed(send.delay):
         routes.append(
             Finding(
                 reason="no_timer_queue",
@@ -457,7 +457,7 @@ def _route(
                 route=name,
             )
         )
-    elif config.timers is None and send.delayexpr is not None:
+    elif config.timer_queue is None and send.delayexpr is not None:
         unchecked.append(_at(send, document, where, "delayexpr"))
 
 
