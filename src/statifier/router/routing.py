@@ -168,16 +168,17 @@ class Router:
     ...   <state id="a"><transition event="go" target="b"/></state><state id="b"/></scxml>''')
     >>> hits = Binding(id="hits", source="clicks", match="true", key="event.user",
     ...                document="counter", event="go")
-    >>> async def main(url: str) -> list[str]:
-    ...     adapter = SqlAdapter(url)
-    ...     await migrations.upgrade(adapter)
-    ...     router = Router(RouterConfig(adapter, bindings=[hits],
-    ...                                  resolver=StaticResolver({"counter": chart})))
-    ...     routed = await router.route(InboundEvent("clicks", "m1", {"user": "ada"}))
-    ...     await adapter.close()
-    ...     return [outcome.outcome for outcome in routed.outcomes]
-    >>> with tempfile.TemporaryDirectory() as scratch:
-    ...     asyncio.run(main(f"sqlite:///{Path(scratch) / 'router.db'}"))
+    >>> url = f"sqlite:///{Path(tempfile.mkdtemp()) / 'router.db'}"
+    >>> migrations.upgrade(url)
+    >>> async def main() -> list[str]:
+    ...     async with SqlAdapter(url) as adapter:
+    ...         router = Router(RouterConfig(adapter, bindings=[hits],
+    ...                                      resolver=StaticResolver({"counter": chart})))
+    ...         event = InboundEvent(scope="demo", source="clicks", message_id="m1",
+    ...                              data={"user": "ada"})
+    ...         routed = await router.route(event)
+    ...         return [outcome.outcome for outcome in routed.outcomes]
+    >>> asyncio.run(main())
     ['created_and_delivered']
 
     Raises:
