@@ -105,6 +105,7 @@ def public_modules(page: str) -> frozenset[str]:
 
 PUBLIC: Final = public_modules(ARCHITECTURE.read_text(encoding="utf-8"))
 
+
 def _unit(module: str) -> str:
     """What a module belongs to, for this rule: a package of ``statifier`` (its first two
     parts), a top-level module of ``statifier`` (itself), or ``scriba``."""
