@@ -50,7 +50,6 @@ from statifier.fronts.http_body import (
     read_body,
 )
 from statifier.router import ConfigError, Dropped, DropReason, Outcome, Router
-from statifier.router.locations import token_shaped
 from statifier.session.basichttp import decode_post
 
 try:
@@ -126,8 +125,6 @@ def basichttp_app(
         if send_key is not None and (refused := send_key_refusal(send_key)) is not None:
             return Refused(400, "send_key", refused)
         token = str(request.path_params["token"])
-        if not token_shaped(token):
-            return _NOWHERE
         try:
             async with asyncio.timeout_at(deadline):
                 outcome = await router.deliver_post(token, event, send_key=send_key)

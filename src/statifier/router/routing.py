@@ -40,7 +40,13 @@ from statifier.router.config import (
 )
 from statifier.router.delivery import Delivery, deliver
 from statifier.router.errors import BindingsUnresolved, ConfigError, RouterError
-from statifier.router.locations import Located, location_in, resolve, rotate_location_in
+from statifier.router.locations import (
+    Located,
+    location_in,
+    resolve,
+    rotate_location_in,
+    token_shaped,
+)
 from statifier.router.outcomes import (
     Failed,
     InboundEvent,
@@ -60,7 +66,7 @@ from statifier.router.subscriptions import (
 from statifier.router.timer_queue import TimerQueue
 from statifier.router.timers import SqlTimerQueue
 from statifier.router.transaction import (
-    Opening,
+    RouterParts,
     Unit,
     lock_key,
     sorted_locks,
@@ -204,7 +210,7 @@ class Router:
         self.storage: Final = storage
         self.adapter: Final = adapter
         self.timers: Final = timers
-        self._opening = Opening(
+        self._parts = RouterParts(
             config,
             storage,
             statements_for(adapter),
@@ -220,7 +226,7 @@ class Router:
         """A router transaction on this router's database (see
         :mod:`statifier.router.transaction`), or one joined to ``connection`` (with a
         transaction the caller began, and ends)."""
-        return transaction(self._opening, connection)
+        return transaction(self._parts, connection)
 
     # Routing an event.
 
@@ -425,6 +431,8 @@ class Router:
         if settings is None:
             raise ConfigError("the configuration has no basichttp: no execution has a location")
         moment = self._now(now)
+        if not token_shaped(token):
+            return None  # no token ever minted: nothing to read
         async with self.transaction() as unit:
             found = await resolve(unit, token)
         if found is None:

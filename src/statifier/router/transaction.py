@@ -36,7 +36,16 @@ from statifier.router.timer_queue import TimerQueue
 from statifier.sql.dialect import lock_key
 from statifier.sql.routing import RoutingSession, RoutingStatements
 
-__all__ = ["Delivering", "Unit", "lock_key", "sorted_locks", "statements_for", "transaction"]
+__all__ = [
+    "Delivering",
+    "RouterParts",
+    "SendsOf",
+    "Unit",
+    "lock_key",
+    "sorted_locks",
+    "statements_for",
+    "transaction",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,9 +151,10 @@ def statements_for(adapter: SqlAdapter) -> RoutingStatements:
 
 
 @dataclass(frozen=True, slots=True)
-class Opening:
-    """What every transaction of one router opens with: its configuration and what it
-    runs on, built once."""
+class RouterParts:
+    """What every transaction of one router is opened with, built once by the router:
+    its configuration, the storage and statements it runs on, the timer queue, the
+    start options and error policy of its steps, and what performs their sends."""
 
     config: RouterConfig
     storage: Storage
@@ -157,24 +167,24 @@ class Opening:
 
 @asynccontextmanager
 async def transaction(
-    opening: Opening, connection: sa.Connection | AsyncConnection | None = None
+    parts: RouterParts, connection: sa.Connection | AsyncConnection | None = None
 ) -> AsyncIterator[Unit]:
-    """Open a router transaction on ``opening.storage``'s SQL adapter, commit it when
+    """Open a router transaction on ``parts.storage``'s SQL adapter, commit it when
     the block ends and roll it back when it raises; or, given ``connection`` (with a
     transaction the caller began), run in that transaction and leave its end to the
     caller. The configuration's ``lock_wait`` bounds the wait for an execution's lock
     and for SQLite's single writer.
     """
-    adapter = opening.storage.adapter
+    adapter = parts.storage.adapter
     assert isinstance(adapter, SqlAdapter)
     source = adapter if connection is None else adapter.joined(connection)
-    lock_wait = opening.config.lock_wait
+    lock_wait = parts.config.lock_wait
     async with source.transaction(lock_wait) as tx:
-        view = opening.storage.over(tx.adapter)
-        policy = opening.error_policy
+        view = parts.storage.over(tx.adapter)
+        policy = parts.error_policy
 
         def lifecycle(executor: Executor) -> Executions:
-            if opening.statements.dialect.row_locks:
+            if parts.statements.dialect.row_locks:
                 # Each step takes its execution's advisory lock, held until the commit.
                 return Executions(view, executor=executor, lock_wait=lock_wait, on_error=policy)
             # The transaction already holds SQLite's single writer, the exclusion every
@@ -185,14 +195,14 @@ async def transaction(
             )
 
         yield Unit(
-            RoutingSession(opening.statements, tx.driver),
+            RoutingSession(parts.statements, tx.driver),
             tx,
-            opening.config,
+            parts.config,
             view,
-            opening.timers,
-            opening.start_options,
+            parts.timers,
+            parts.start_options,
             lifecycle,
-            opening.sends_of,
+            parts.sends_of,
         )
 
 
