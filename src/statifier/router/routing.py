@@ -75,7 +75,14 @@ from statifier.router.transaction import (
 )
 from statifier.telemetry import enabled, report
 
-__all__ = ["POST_PLAN_ID", "BlockedByEarlierFailure", "Planned", "Router", "delivery_locks"]
+__all__ = [
+    "POST_PLAN_ID",
+    "BlockedByEarlierFailure",
+    "Planned",
+    "Router",
+    "Verdict",
+    "delivery_locks",
+]
 
 _log = logging.getLogger(__name__)
 _repeats = IntervalTally()
@@ -100,9 +107,15 @@ class BlockedByEarlierFailure(RouterError):  # noqa: N818 - names the refusal
 
 
 @dataclass(frozen=True, slots=True)
-class _Verdict:
-    """One enabled binding's answer for one event: ``Keyed`` (deliver), ``Refused``
-    (write a refusal) or ``None`` (no match)."""
+class Verdict:
+    """One enabled binding's answer for one event.
+
+    Attributes:
+        binding: the binding.
+        answer: :class:`~statifier.router.Keyed` (deliver under that key),
+            :class:`~statifier.router.binding.Refused` (write the refusal to the
+            ledger) or ``None`` (its match does not hold).
+    """
 
     binding: Binding
     answer: Keyed | Refused | None
@@ -129,13 +142,14 @@ class Planned:
 
     Attributes:
         event: the event.
+        verdicts: the answers of the enabled bindings of its source, in binding order.
         key: its partition key: ``scope/document/key`` of the first enabled binding of
             its source with ``order = by_key`` that keys it, else its message id. Events
             with one partition key must be routed in order; others need not be.
     """
 
     event: InboundEvent
-    verdicts: tuple[_Verdict, ...]
+    verdicts: tuple[Verdict, ...]
 
     @property
     def key(self) -> str:
@@ -277,7 +291,7 @@ class Router:
                     outcomes.append(NoMatch(verdict.binding.id))
                     continue
 
-                async def settle(unit: Unit, verdict: _Verdict = verdict) -> Outcome:
+                async def settle(unit: Unit, verdict: Verdict = verdict) -> Outcome:
                     return await _settle_one(unit, event, verdict, moment)
 
                 locks = verdict.locks(event)
@@ -533,7 +547,7 @@ class Router:
         except Exception as error:
             raise BindingsUnresolved(event.scope, f"{type(error).__name__}: {error}") from error
         verdicts = tuple(
-            _Verdict(binding, binding.evaluate(event.data))
+            Verdict(binding, binding.evaluate(event.data))
             for binding in bindings
             if binding.enabled and binding.source == event.source
         )
@@ -644,7 +658,7 @@ class _Blocked:
     scopes: dict[str, str] = field(default_factory=dict)
 
 
-def _refusal_row(event: InboundEvent, verdict: _Verdict, now: datetime) -> LedgerRow:
+def _refusal_row(event: InboundEvent, verdict: Verdict, now: datetime) -> LedgerRow:
     assert isinstance(verdict.answer, Refused)
     binding = verdict.binding
     return LedgerRow(
@@ -664,7 +678,7 @@ def _refusal_row(event: InboundEvent, verdict: _Verdict, now: datetime) -> Ledge
 async def _settle_one(
     unit: Unit,
     event: InboundEvent,
-    verdict: _Verdict,
+    verdict: Verdict,
     now: datetime,
     rows: list[LedgerRow] | None = None,
 ) -> Outcome:
