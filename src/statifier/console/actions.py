@@ -17,7 +17,7 @@ refused action has written nothing and calls no ``record``.
 - :func:`retry_outbox`: :meth:`statifier.router.OutboxDrain.retry_dead_in` of one row.
 - :func:`discard_outbox`: deletes one dead-lettered outbox row (never a pending one).
 - :func:`retry_consumer`: routes a consumer dead letter's event again with
-  :func:`statifier.router.route` (the router's dedupe answers a message already
+  :meth:`statifier.router.Router.route` (the router's dedupe answers a message already
   delivered ``duplicate``), then deletes the dead letter and records, in one
   transaction after the routing (the routing cannot join it: see the function).
 - :func:`discard_consumer`: deletes one consumer dead letter.
@@ -190,7 +190,7 @@ async def retry_consumer(
     its fixed scope, from the service's configuration) and the message id from the
     letter.
 
-    The routing is :func:`statifier.router.route`, which opens transactions of its own
+    The routing is :meth:`statifier.router.Router.route`, which opens transactions of its own
     (one per binding the event matches) and cannot join the delete's: it stays the
     router's one way in, with its locks and its dedupe. The dedupe is what makes the
     order safe: if the process dies after the routing and before the delete, the

@@ -115,7 +115,7 @@ class Durable:
             as given by default (:data:`~statifier.persistence.PLAIN`).
 
     On a SQL database the calls step through the router's transaction
-    (:mod:`statifier.router`), as :func:`~statifier.router.route` does: a delayed
+    (:mod:`statifier.router`), as :meth:`~statifier.router.Router.route` does: a delayed
     ``<send>`` and a send to the execution itself become rows of the database's timer
     queue, a BasicHTTP send a row of its outbox, each committed with the step; a
     ``<cancel>`` deletes them. :meth:`run` fires the timers and drains the outbox as

@@ -1,4 +1,4 @@
-"""The webhook and form-post fronts: a POST in, one :func:`~statifier.router.route`
+"""The webhook and form-post fronts: a POST in, one :meth:`~statifier.router.Router.route`
 call, a status out.
 
 :func:`handle` and :func:`status` are the whole contract, for a host that writes its

@@ -125,13 +125,17 @@ class Door(StrEnum):
     """Where a delivery entered: what ``around_delivery`` is told."""
 
     ROUTE = "route"
-    """:func:`~statifier.router.route` and :func:`~statifier.router.route_many`."""
+    """:meth:`Router.route <statifier.router.Router.route>` and
+    :meth:`~statifier.router.Router.route_many`."""
     PARTITION = "partition"
-    """A front's partitioner reading the bindings for one message."""
+    """:meth:`Router.plan <statifier.router.Router.plan>`: a front reading an event's
+    bindings to choose its lane or partition."""
     BASICHTTP = "basichttp"
-    """The BasicHTTP front."""
+    """:meth:`Router.deliver_post <statifier.router.Router.deliver_post>`: the BasicHTTP
+    front."""
     TARGET = "target"
-    """A send to an execution target."""
+    """Reserved: no call is told it today (a send to an execution target runs inside
+    the sending step, under the door that drove that step)."""
 
 
 AroundDelivery = Callable[[str, Door, Callable[[], Awaitable[_T]]], Awaitable[_T]]

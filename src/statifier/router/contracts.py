@@ -270,7 +270,7 @@ def check(
 
     Args:
         config: the router's configuration: its ``send_type``, ``routes``,
-            ``timers``, ``start_options``, and its bindings (or resolver).
+            ``timer_queue``, ``start_options``, and its bindings (or resolver).
         document: the document ``chart`` is published as.
         chart: its compiled chart.
         declarations: document -> the event names it declares (``None``: none).
