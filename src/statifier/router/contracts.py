@@ -11,7 +11,7 @@ blocks the publish.
 ``unsupported_types``
     A ``<send>`` whose literal ``type`` the executions are not started with: not the
     SCXML processor (or no type at all), not the router's ``send_type``, not one of
-    ``config.start_options.send_types``. At run time the send raises
+    ``config.chart_start_options.send_types``. At run time the send raises
     ``error.execution``.
 ``unregistered_routes``
     A ``<send>`` of the router's type that never reaches the route its literal
@@ -281,7 +281,7 @@ def check(
         TypeError: a declaration that is not a list of strings (or ``None``).
     """
     contract = _Receivers(document, chart, declarations, charts or {})
-    supported = SCXML_SEND_TYPES | config.start_options.send_types
+    supported = SCXML_SEND_TYPES | config.chart_start_options.send_types
     if config.send_type is not None:
         supported = supported | {config.send_type}
     unsupported: list[Finding] = []
