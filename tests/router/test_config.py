@@ -17,6 +17,7 @@ from statifier.router import (
     BindingError,
     ConfigError,
     Resolved,
+    Router,
     RouterConfig,
     StaticResolver,
 )
@@ -51,7 +52,7 @@ async def test_a_valid_configuration_keeps_its_bindings(router_db: RouterDb) -> 
     bindings = impression_bindings()
     config = router_db.config(bindings)
     assert config.bindings == tuple(bindings)
-    assert config.adapter is router_db.adapter
+    assert Router(config).adapter is router_db.adapter
     assert await config.bindings_for("any scope") == tuple(bindings)
 
 
@@ -176,9 +177,9 @@ def test_a_store_that_is_not_sql_is_refused() -> None:
 
 def test_the_store_may_be_an_adapter_or_a_storage(router_db: RouterDb) -> None:
     resolver = StaticResolver({"join": join_chart()})
-    config = RouterConfig(router_db.adapter, bindings=[], resolver=resolver)
-    assert config.adapter is router_db.adapter
-    assert config.storage.adapter is router_db.adapter
+    router = Router(RouterConfig(router_db.adapter, bindings=[], resolver=resolver))
+    assert router.adapter is router_db.adapter
+    assert router.storage.adapter is router_db.adapter
 
 
 # --- StaticResolver -------------------------------------------------------------------
