@@ -28,7 +28,7 @@ from statifier.chart import compile_chart
 from statifier.fronts.consumer import DeadLetterAfter, StreamConsumer
 from statifier.fronts.kafka import KafkaDeadLetters, KafkaSource
 from statifier.persistence.sql import SqlAdapter
-from statifier.router import Backoff, Binding, RouterConfig, StaticResolver
+from statifier.router import Backoff, Binding, Router, RouterConfig, StaticResolver
 from statifier.sql import TableOptions
 
 sys.path.insert(0, str(Path(__file__).parents[2]))  # the repository, for tests.router
@@ -57,6 +57,7 @@ async def _consume(job: dict[str, Any], chart: bytes) -> None:
             resolver=StaticResolver({DOCUMENT: compile_chart(chart)}),
             lock_wait=LOCK_WAIT,
         )
+        router = Router(config)
         source = KafkaSource(
             job["brokers"],
             group=job["group"],
@@ -68,7 +69,7 @@ async def _consume(job: dict[str, Any], chart: bytes) -> None:
         dead_letters = KafkaDeadLetters(job["brokers"], job["dead_letters"])
         backoff = Backoff(base=timedelta(milliseconds=20), factor=2.0, cap=timedelta(seconds=1))
         consumer = StreamConsumer(
-            config,
+            router,
             source,
             failure=DeadLetterAfter(ATTEMPTS, dead_letters, backoff=backoff),
             malformed=dead_letters,

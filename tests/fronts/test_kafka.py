@@ -35,7 +35,7 @@ from tests.fronts.kafka_broker import (
     stop_kafka_broker,
     unique,
 )
-from tests.fronts.test_consumer import config_of
+from tests.fronts.test_consumer import router_of
 from tests.router.conftest import RouterDb
 from tests.router.racing_router import SCOPE, SOURCE
 
@@ -50,7 +50,7 @@ from statifier.fronts.kafka import (
     header_scope,
 )
 from statifier.fronts.source import Malformed, Message
-from statifier.router import ConfigError, InboundEvent, RouterConfig, ledger
+from statifier.router import ConfigError, InboundEvent, Router, ledger
 
 FAST_GROUP = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
 """A member that stops is out of the group within seconds."""
@@ -641,9 +641,9 @@ async def test_a_consumer_whose_paused_partition_moves_away_and_back_steps_each_
         partition_buffer=5,
         settings=FAST_GROUP,
     )
-    config = config_of(router_db)
+    router = router_of(router_db)
     consumer = StreamConsumer(
-        config, source, lanes=2, batch_size=2, max_in_flight=8, commit_interval=0.05
+        router, source, lanes=2, batch_size=2, max_in_flight=8, commit_interval=0.05
     )
     running = asyncio.create_task(consumer.run())
     stop = threading.Event()
@@ -661,7 +661,7 @@ async def test_a_consumer_whose_paused_partition_moves_away_and_back_steps_each_
         stop.set()
         await second
         async with asyncio.timeout(90):
-            while len(source.owned) != 2 or len(await _stepped(config)) < 2 * count:  # noqa: ASYNC110
+            while len(source.owned) != 2 or len(await _stepped(router)) < 2 * count:  # noqa: ASYNC110
                 await asyncio.sleep(0.1)
         assert source.trouble() is None
     finally:
@@ -670,12 +670,12 @@ async def test_a_consumer_whose_paused_partition_moves_away_and_back_steps_each_
             await second
         await consumer.stop()
         await running
-    stepped = await _stepped(config)
+    stepped = await _stepped(router)
     assert stepped == Counter({f"{p}-{n}": 1 for p in (0, 1) for n in range(count)})
 
 
-async def _stepped(config: RouterConfig) -> Counter[str]:
-    rows = await ledger(config)
+async def _stepped(router: Router) -> Counter[str]:
+    rows = await ledger(router)
     return Counter(
         str(row.message_id) for row in rows if row.outcome in ("created_and_delivered", "delivered")
     )

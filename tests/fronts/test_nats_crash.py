@@ -35,7 +35,7 @@ from tests.router.test_races import COUNTER, count_of, counter_config, logged_me
 
 from statifier.fronts.dead_letters import TableDeadLetters
 from statifier.fronts.nats import MESSAGE_ID_HEADER
-from statifier.router import address, ledger
+from statifier.router import Router, address, ledger
 from statifier.sql.names import TableNames
 
 WORKER = Path(__file__).with_name("nats_worker.py")
@@ -290,8 +290,8 @@ async def test_a_consumer_killed_mid_stream_loses_no_hit_and_steps_none_twice(
         await js.delete_stream(stream)
         await client.close()
 
-    config = counter_config(pg_db)
-    rows = await ledger(config)
+    router = Router(counter_config(pg_db))
+    rows = await ledger(router)
     assert {r.outcome for r in rows} <= {"created_and_delivered", "delivered", "duplicate"}
     stepped = Counter(
         r.message_id for r in rows if r.outcome in ("created_and_delivered", "delivered")
@@ -300,11 +300,11 @@ async def test_a_consumer_killed_mid_stream_loses_no_hit_and_steps_none_twice(
     duplicates = sum(1 for r in rows if r.outcome == "duplicate")
 
     for key in sorted({m.key for m in hits if m.key is not None}):
-        found = await address(config, SCOPE, DOCUMENT, key)
+        found = await address(router, SCOPE, DOCUMENT, key)
         assert found is not None, key
         expected = [m.message_id for m in sorted(hits, key=lambda m: m.seq) if m.key == key]
-        assert await logged_messages(config, found.execution_id) == expected
-        assert await count_of(config, found.execution_id) == len(expected)
+        assert await logged_messages(router, found.execution_id) == expected
+        assert await count_of(router, found.execution_id) == len(expected)
     created = [r.execution_id for r in rows if r.outcome == "created_and_delivered"]
     assert len(created) == len(set(created)) == KEYS
 
