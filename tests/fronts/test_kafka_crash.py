@@ -38,9 +38,9 @@ from tests.fronts.kafka_broker import (
 from tests.persistence.conftest import SqlStore, postgresql_store  # noqa: F401 - fixture
 from tests.router.conftest import RouterDb
 from tests.router.racing_router import DOCUMENT, SCOPE
-from tests.router.test_races import COUNTER, count_of, counter_config, logged_messages
+from tests.router.test_races import COUNTER, count_of, counter_router, logged_messages
 
-from statifier.router import Router, address, ledger
+from statifier.router import address, ledger
 from statifier.sql.names import TableNames
 
 WORKER = Path(__file__).with_name("kafka_worker.py")
@@ -284,7 +284,7 @@ async def test_a_consumer_killed_mid_stream_loses_no_hit_and_steps_none_twice(
             worker.output.close()
         tail.close()
 
-    router = Router(counter_config(pg_db))
+    router = counter_router(pg_db)
     rows = await ledger(router)
     assert {r.outcome for r in rows} <= {"created_and_delivered", "delivered", "duplicate"}
     stepped = Counter(

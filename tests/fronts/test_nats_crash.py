@@ -31,11 +31,11 @@ from nats.js.api import StreamConfig
 from tests.fronts.nats_server import NatsServer, nats_server  # noqa: F401 - the fixture
 from tests.router.conftest import RouterDb
 from tests.router.racing_router import DOCUMENT, SCOPE
-from tests.router.test_races import COUNTER, count_of, counter_config, logged_messages
+from tests.router.test_races import COUNTER, count_of, counter_router, logged_messages
 
 from statifier.fronts.dead_letters import TableDeadLetters
 from statifier.fronts.nats import MESSAGE_ID_HEADER
-from statifier.router import Router, address, ledger
+from statifier.router import address, ledger
 from statifier.sql.names import TableNames
 
 WORKER = Path(__file__).with_name("nats_worker.py")
@@ -290,7 +290,7 @@ async def test_a_consumer_killed_mid_stream_loses_no_hit_and_steps_none_twice(
         await js.delete_stream(stream)
         await client.close()
 
-    router = Router(counter_config(pg_db))
+    router = counter_router(pg_db)
     rows = await ledger(router)
     assert {r.outcome for r in rows} <= {"created_and_delivered", "delivered", "duplicate"}
     stepped = Counter(

@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 from tests.router.conftest import RouterDb
 from tests.router.racing_router import DOCUMENT, SCOPE, hit
-from tests.router.test_races import COUNTER, count_of, counter_config, logged_messages
+from tests.router.test_races import COUNTER, count_of, counter_router, logged_messages
 
 from statifier.fronts.table_source import ByKey, TableSource, append_events
-from statifier.router import Router, address, ledger
+from statifier.router import address, ledger
 
 WORKER = Path(__file__).with_name("table_consumer.py")
 PARTITIONS = ["0", "1", "2", "3"]
@@ -88,7 +88,7 @@ async def _spawn(
 async def _enqueue(router_db: RouterDb) -> dict[str, int]:
     """Append the stream, each key's events in one partition; answers each partition's
     last position."""
-    router = Router(counter_config(router_db))
+    router = counter_router(router_db)
     events = [hit(message_id, key) for message_id, key in _stream()]
     placed = await append_events(router_db.adapter, events, partition=ByKey(router, PARTITIONS))
     ends: dict[str, int] = {}
@@ -158,7 +158,7 @@ async def test_consumers_killed_at_random_points_route_every_event_once(
     assert await _done(router_db, ends)
     assert audit.read_text().split() == []  # no commit passed an unsettled event
 
-    router = Router(counter_config(router_db))
+    router = counter_router(router_db)
     rows = await ledger(router)
     stream = _stream()
     assert {r.outcome for r in rows} <= {"created_and_delivered", "delivered", "duplicate"}
