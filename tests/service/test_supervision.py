@@ -13,6 +13,7 @@ from tests.service.helpers import HITS, HITS_BINDING, write_config
 
 from statifier.fronts.table_source import TableSource
 from statifier.persistence.sql import SqlAdapter
+from statifier.router import Router
 from statifier.service import load
 from statifier.service.consumers import (
     FIRST_RESTART,
@@ -90,7 +91,7 @@ partitions = ["0", "1"]
     settings = load(config)
     adapter = SqlAdapter(url)
     try:
-        router = router_config(settings, adapter)
+        router = Router(router_config(settings, adapter))
         [source] = settings.sources
         first = build_source(source, router, str(config))
         again = build_source(source, router, str(config))
