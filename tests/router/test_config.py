@@ -12,7 +12,6 @@ from tests.router.conftest import RouterDb, impression_bindings, join_chart
 from statifier.chart import Machine, compile_chart
 from statifier.persistence import MemoryAdapter, Storage
 from statifier.router import (
-    RESERVED_BINDING_IDS,
     Binding,
     BindingError,
     ConfigError,
@@ -21,6 +20,7 @@ from statifier.router import (
     RouterConfig,
     StaticResolver,
 )
+from statifier.router.config import RESERVED_BINDING_IDS
 
 OTHER = """<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="idle">
   <state id="idle"><transition event="go" target="done"/></state>

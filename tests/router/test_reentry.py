@@ -13,6 +13,7 @@ from tests.router.conftest import RouterDb
 
 from statifier.chart import compile_chart
 from statifier.core import Event
+from statifier.ids import new_execution_id
 from statifier.persistence import Executions, ReentrantCall, Refused, Stepped
 from statifier.persistence.serialization import DEFAULT_LOCK_WAIT
 from statifier.persistence.sql import SqlTransaction
@@ -22,7 +23,6 @@ from statifier.router import (
     InboundEvent,
     Router,
     StaticResolver,
-    new_execution_id,
 )
 from statifier.router.routes import IdempotencyKey
 

@@ -22,21 +22,17 @@ try:  # first: every part of the router runs on SQLAlchemy (the sqlite or postgr
 except ModuleNotFoundError as missing:
     raise MissingExtra.of(missing) from missing
 
-from statifier.ids import new_execution_id
 from statifier.router.basichttp_sends import basichttp_sink
 from statifier.router.binding import (
-    DEFAULT_HORIZON,
     Binding,
     Create,
     Dedupe,
     Keyed,
     Order,
     Plan,
-    Refused,
     load_bindings,
 )
 from statifier.router.config import (
-    RESERVED_BINDING_IDS,
     BasicHttpLocations,
     Door,
     Resolved,
@@ -91,8 +87,6 @@ from statifier.router.timer_worker import TimerWorker
 
 __all__ = [
     "BASICHTTP_QUEUE",
-    "DEFAULT_HORIZON",
-    "RESERVED_BINDING_IDS",
     "AddressPins",
     "AddressReap",
     "AddressRow",
@@ -132,7 +126,6 @@ __all__ = [
     "Outcome",
     "Plan",
     "Planned",
-    "Refused",
     "Resolved",
     "Routed",
     "Router",
@@ -152,7 +145,6 @@ __all__ = [
     "error_policy_of",
     "ledger",
     "load_bindings",
-    "new_execution_id",
     "reap_addresses",
     "reap_dedupe",
 ]
