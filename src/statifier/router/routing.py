@@ -202,8 +202,8 @@ class Router:
     ['created_and_delivered']
 
     Raises:
-        ConfigError: the configuration's ``document_on_error`` is refused (see
-            :func:`~statifier.router.error_policy_of`).
+        ConfigError: ``config`` is not a :class:`RouterConfig` (which refused at its
+            construction whatever cannot work).
     """
 
     def __init__(self, config: RouterConfig) -> None:
@@ -253,7 +253,6 @@ class Router:
         Raises:
             BindingsUnresolved: the bindings resolver failed for the event's scope.
         """
-
         return await self._read(event, Door.PARTITION)
 
     async def route(
