@@ -28,13 +28,25 @@ True
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
-__all__ = ["Dialect", "Values", "lock_key", "named_to_pyformat", "ping", "utc_text", "utc_time"]
+__all__ = [
+    "Dialect",
+    "Savepoint",
+    "Values",
+    "lock_key",
+    "named_to_pyformat",
+    "ping",
+    "savepoint_statements",
+    "utc_text",
+    "utc_time",
+]
 
 Values = Mapping[str, Any]
 """A statement's parameters, by name."""
@@ -75,6 +87,36 @@ def lock_key(*parts: str) -> int:
     # of an older version and one of this version hold the same thing at once.
     digest = hashlib.blake2b("\x00".join(("statifier.router", *parts)).encode(), digest_size=8)
     return int.from_bytes(digest.digest(), "big", signed=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Savepoint:
+    """The statements of one savepoint, the same on both databases: run ``begin`` where
+    it starts; where it ends, ``undo`` (only if what followed must be undone), then
+    ``release``.
+
+    Attributes:
+        begin: opens it.
+        undo: rolls the transaction back to it, which stays open (and usable again
+            after an error).
+        release: forgets it, keeping what was written since.
+    """
+
+    begin: str
+    undo: str
+    release: str
+
+
+@functools.lru_cache(maxsize=64)
+def savepoint_statements(number: int) -> Savepoint:
+    """The savepoint ``number`` of a transaction (numbered from 1 as they are opened,
+    so that nested ones have names of their own)."""
+    name = f"statifier_{number}"
+    return Savepoint(
+        begin=f"SAVEPOINT {name}",
+        undo=f"ROLLBACK TO SAVEPOINT {name}",
+        release=f"RELEASE SAVEPOINT {name}",
+    )
 
 
 class Dialect:

@@ -33,6 +33,7 @@ from typing import Any, Final
 
 from statifier.sql.dialect import Dialect
 from statifier.sql.names import TableNames
+from statifier.sql.postgres import execution_lock_key
 from statifier.sql.tables import Tables
 
 __all__ = [
@@ -94,6 +95,9 @@ class ExecutionStatements:
       ``delete_position``: ``key``. ``count_positions``: ``h``.
     - ``prune``: ``before``, ``limit``; answers the pruned executions' ids.
       ``drop_logs``, ``drop_errors``: ``ids``.
+    - ``lock_execution``: ``id``; ``try_lock_execution``: ``id``, answers whether the
+      lock was granted; both ``None`` without :attr:`Dialect.row_locks`.
+      ``claim_writer``: no parameters; ``None`` without :attr:`Dialect.single_writer`.
     - :meth:`by_metadata`: see there.
     """
 
@@ -254,6 +258,20 @@ class ExecutionStatements:
             f"SELECT {ERROR_COLUMNS} FROM (SELECT id, {ERROR_COLUMNS} FROM {t.step_errors} "
             "WHERE execution_id = :id ORDER BY id DESC LIMIT :limit) AS newest ORDER BY id"
         )
+        # An execution's own lock, held until the transaction ends (an ``exclusive``
+        # block): taken, or only tried (answers whether it was granted). Without row
+        # locks (SQLite) the single writer excludes every other writer instead, and a
+        # transaction becomes that writer, in a caller's transaction already open, by a
+        # write that touches no row.
+        self.lock_execution: str | None = None
+        self.try_lock_execution: str | None = None
+        self.claim_writer: str | None = None
+        if dialect.row_locks:
+            key = execution_lock_key(":id")
+            self.lock_execution = sql(f"SELECT pg_advisory_xact_lock({key})")
+            self.try_lock_execution = sql(f"SELECT pg_try_advisory_xact_lock({key})")
+        if dialect.single_writer:
+            self.claim_writer = sql(f"UPDATE {t.executions} SET status = status WHERE 0")
         self._by_metadata: dict[tuple[int, bool], str] = {}
         if dialect.json_contains:
             for whole in (True, False):

@@ -17,7 +17,14 @@ from sqlalchemy.dialects import postgresql
 
 from statifier.sql.dialect import Dialect, Values, named_to_pyformat
 
-__all__ = ["POSTGRES", "PostgresDialect", "lock_timeout"]
+__all__ = [
+    "POSTGRES",
+    "RESTORE_LOCK_TIMEOUT",
+    "SET_LOCK_TIMEOUT",
+    "PostgresDialect",
+    "execution_lock_key",
+    "lock_timeout",
+]
 
 _NO_VALUES: Final[Values] = {}
 _LOCK_NOT_AVAILABLE: Final = "55P03"  # the SQLSTATE of a wait past lock_timeout
@@ -27,6 +34,22 @@ def lock_timeout(wait: float) -> str:
     """PostgreSQL's ``lock_timeout`` for a wait in seconds (at least 1 ms: 0 means no
     bound there)."""
     return f"{max(1, round(wait * 1000))}ms"
+
+
+# A bounded wait for a lock: SET_LOCK_TIMEOUT binds ``t`` (a lock_timeout()) for the
+# rest of the transaction and answers the setting it replaced, which RESTORE_LOCK_TIMEOUT
+# binds as ``t`` once the lock is held, so that later statements wait as before.
+SET_LOCK_TIMEOUT: Final = named_to_pyformat(
+    "SELECT current_setting('lock_timeout'), set_config('lock_timeout', :t, true)"
+)
+RESTORE_LOCK_TIMEOUT: Final = named_to_pyformat("SELECT set_config('lock_timeout', :t, true)")
+
+
+def execution_lock_key(expression: str) -> str:
+    """The SQL of the advisory lock key of the execution whose id ``expression`` (SQL)
+    reads: the one key every statement that holds an execution's lock takes (an
+    ``exclusive`` block of the SQL adapter, the timer claim)."""
+    return f"hashtextextended({expression}, 0)"
 
 
 class PostgresDialect(Dialect):

@@ -22,7 +22,7 @@ from typing import Any, Final, Protocol
 
 from statifier.sql.dialect import Dialect, Values
 from statifier.sql.names import TableNames
-from statifier.sql.postgres import lock_timeout
+from statifier.sql.postgres import RESTORE_LOCK_TIMEOUT, SET_LOCK_TIMEOUT, lock_timeout
 from statifier.sql.tables import Tables
 
 __all__ = [
@@ -218,10 +218,8 @@ class RoutingStatements:
             # lock statement alone and puts the transaction's own back after it.
             self.locks = _LockStatements(
                 take=sql("SELECT pg_advisory_xact_lock(k) FROM unnest(:keys::bigint[]) AS k"),
-                set_timeout=sql(
-                    "SELECT current_setting('lock_timeout'), set_config('lock_timeout', :t, true)"
-                ),
-                restore_timeout=sql("SELECT set_config('lock_timeout', :t, true)"),
+                set_timeout=SET_LOCK_TIMEOUT,
+                restore_timeout=RESTORE_LOCK_TIMEOUT,
             )
 
     def keyed(self, values: dict[str, Any]) -> dict[str, Any]:

@@ -22,9 +22,16 @@ import sqlalchemy as sa
 
 from statifier.sql.dialect import Dialect, Values, utc_text, utc_time
 
-__all__ = ["SQLITE", "SqliteDialect"]
+__all__ = ["BEGIN_WRITE", "COMMIT", "SQLITE", "SqliteDialect"]
 
 _NO_VALUES: Final[Values] = {}
+
+BEGIN_WRITE: Final = "BEGIN IMMEDIATE"
+"""Begins a transaction that holds the database's one writer from its start (or
+answers busy at once, with the busy wait off), so that it never fails later for
+want of the write lock."""
+COMMIT: Final = "COMMIT"
+"""Ends the transaction, keeping what it wrote."""
 
 
 class SqliteDialect(Dialect):

@@ -23,6 +23,7 @@ from typing import Any, Final
 
 from statifier.sql.dialect import Dialect
 from statifier.sql.names import TableNames
+from statifier.sql.postgres import execution_lock_key
 from statifier.sql.tables import Tables
 
 __all__ = ["TakenRows", "TimerRow", "TimerTable"]
@@ -137,7 +138,7 @@ class TimerTable:
             locked = (
                 "locked AS MATERIALIZED (SELECT execution_id FROM "
                 "(SELECT DISTINCT execution_id FROM picked) AS d "
-                "WHERE pg_try_advisory_xact_lock(hashtextextended(execution_id, 0)))"
+                f"WHERE pg_try_advisory_xact_lock({execution_lock_key('execution_id')}))"
             )
             ready = (
                 "p.execution_id IN (SELECT execution_id FROM locked) "
