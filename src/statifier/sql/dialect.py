@@ -145,10 +145,6 @@ class Dialect:
             reads, so that a write and a read (or two writes, the second depending on
             the first) take one round trip; where it cannot (SQLite), they are separate
             statements, run in process.
-        json_contains: whether a JSON column can be asked in one comparison whether it
-            holds every pair of a bound document (PostgreSQL's ``jsonb @>``); where
-            false (SQLite), each pair is compared through ``json_each``, one bound key
-            and value each.
     """
 
     name: str = ""
@@ -157,7 +153,6 @@ class Dialect:
     single_writer: bool = False
     schemas: bool = False
     writes_in_with: bool = False
-    json_contains: bool = False
 
     def statement(self, text: str) -> str:
         """``text`` (parameters as ``:name``) as this dialect's driver binds it."""
@@ -191,7 +186,15 @@ class Dialect:
 
     def json_has(self, column: Any, pairs: Mapping[str, str]) -> list[Any]:
         """SQLAlchemy conditions that the JSON object in ``column`` holds every
-        ``key: value`` of ``pairs`` (text values), for a Core statement."""
+        ``key: value`` of ``pairs`` (text values), for a Core statement: what
+        :meth:`json_has_sql` asks in a statement of text."""
+        raise NotImplementedError
+
+    def json_has_sql(self, column: str, parameter: str) -> str:
+        """The SQL condition (parameters as ``:name``) that the JSON object in
+        ``column`` (SQL naming a column) holds every ``key: value`` of the JSON object
+        bound as ``:parameter`` (a document, bound as :meth:`json` takes it): one
+        statement, and one parameter, for any number of pairs."""
         raise NotImplementedError
 
     def bucket(self, column: Any, start: int, width: int) -> Any:

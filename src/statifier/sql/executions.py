@@ -9,9 +9,9 @@ what a row means (records, codecs, errors).
 
 Where the two databases truly differ, a capability of the :class:`Dialect` chooses:
 row locks (:attr:`Dialect.row_locks`: an execution's row held ``FOR UPDATE`` inside a
-block, a chart's row held between a retirement and a create), the two writes of a step
-in one statement (:attr:`Dialect.writes_in_with`), and the metadata query
-(:attr:`Dialect.json_contains`). A list of ids is one parameter
+block, a chart's row held between a retirement and a create), and the two writes of a step
+in one statement (:attr:`Dialect.writes_in_with`); the metadata query asks the
+dialect (:meth:`Dialect.json_has_sql`). A list of ids is one parameter
 (:meth:`Dialect.among`, bound by :meth:`Dialect.listed`).
 
 >>> from statifier.sql import TableOptions
@@ -98,7 +98,9 @@ class ExecutionStatements:
     - ``lock_execution``: ``id``; ``try_lock_execution``: ``id``, answers whether the
       lock was granted; both ``None`` without :attr:`Dialect.row_locks`.
       ``claim_writer``: no parameters; ``None`` without :attr:`Dialect.single_writer`.
-    - :meth:`by_metadata`: see there.
+    - ``by_metadata`` (every column of :data:`EXECUTION_COLUMNS`),
+      ``statuses_by_metadata`` (``execution_id, status``): ``metadata``, a JSON
+      document whose every pair the executions' metadata holds.
     """
 
     def __init__(self, tables: Tables, dialect: Dialect, pinning: Iterable[str]) -> None:
@@ -272,14 +274,13 @@ class ExecutionStatements:
             self.try_lock_execution = sql(f"SELECT pg_try_advisory_xact_lock({key})")
         if dialect.single_writer:
             self.claim_writer = sql(f"UPDATE {t.executions} SET status = status WHERE 0")
-        self._by_metadata: dict[tuple[int, bool], str] = {}
-        if dialect.json_contains:
-            for whole in (True, False):
-                columns = EXECUTION_COLUMNS if whole else "execution_id, status"
-                self._by_metadata[(0, whole)] = sql(
-                    f"SELECT {columns} FROM {t.executions} "
-                    f"WHERE metadata @> {dialect.json('metadata')}"
-                )
+        # The executions whose metadata holds every pair asked, bound as one JSON
+        # document: every column, or the id and the status.
+        holds = dialect.json_has_sql(f"{t.executions}.metadata", "metadata")
+        self.by_metadata = sql(f"SELECT {EXECUTION_COLUMNS} FROM {t.executions} WHERE {holds}")
+        self.statuses_by_metadata = sql(
+            f"SELECT execution_id, status FROM {t.executions} WHERE {holds}"
+        )
 
     def keyed(self, values: dict[str, Any]) -> dict[str, Any]:
         """``values`` for an insert, with the row's new key (``:id``) when the client
@@ -287,27 +288,3 @@ class ExecutionStatements:
         if self.new_key is not None:
             values["id"] = self.dialect.key(self.new_key())
         return values
-
-    def by_metadata(self, pairs: int, whole: bool) -> str:
-        """The executions (``whole``: every column of :data:`EXECUTION_COLUMNS`, else
-        ``execution_id, status``) whose metadata holds every pair asked.
-
-        With :attr:`Dialect.json_contains` one statement serves any number of pairs,
-        bound as one JSON document ``:metadata``; without, the statement for ``pairs``
-        pairs binds them as ``k0``, ``v0``, ``k1``... compared through ``json_each``
-        (made on first use, then kept).
-        """
-        if self.dialect.json_contains:
-            pairs = 0
-        found = self._by_metadata.get((pairs, whole))
-        if found is None:
-            columns = EXECUTION_COLUMNS if whole else "execution_id, status"
-            conditions = [
-                f"EXISTS (SELECT 1 FROM json_each({self.executions}.metadata) AS m{index} "
-                f"WHERE m{index}.key = :k{index} AND m{index}.value = :v{index})"
-                for index in range(pairs)
-            ]
-            where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
-            found = self.dialect.statement(f"SELECT {columns} FROM {self.executions}{where}")
-            self._by_metadata[(pairs, whole)] = found
-        return found

@@ -60,7 +60,6 @@ class PostgresDialect(Dialect):
     server_clock = "clock_timestamp()"
     schemas = True
     writes_in_with = True
-    json_contains = True
 
     def statement(self, text: str) -> str:
         return named_to_pyformat(text)
@@ -82,6 +81,10 @@ class PostgresDialect(Dialect):
     def json_has(self, column: Any, pairs: Mapping[str, str]) -> list[Any]:
         # jsonb containment, which a GIN index on the column answers.
         return [sa.type_coerce(column, postgresql.JSONB()).contains(dict(pairs))]
+
+    def json_has_sql(self, column: str, parameter: str) -> str:
+        # jsonb containment, which a GIN index on the column answers.
+        return f"{column} @> {self.json(parameter)}"
 
     def bucket(self, column: Any, start: int, width: int) -> Any:
         # date_part answers a double, several times cheaper per row than the numeric

@@ -834,17 +834,17 @@ class PostgresDatabase:
         return [execution_id for (execution_id,) in await cursor.fetchall()]
 
     async def list_by_metadata(self, pairs: Mapping[str, str]) -> list[ExecutionRecord]:
-        rows = await self._run(self._by_metadata, self.statements.by_metadata(0, True), pairs)
+        rows = await self._run(self._by_metadata, self.statements.by_metadata, pairs)
         return [_execution(row) for row in rows]
 
     async def statuses_by_metadata(self, pairs: Mapping[str, str]) -> dict[str, Status]:
-        rows = await self._run(self._by_metadata, self.statements.by_metadata(0, False), pairs)
+        rows = await self._run(self._by_metadata, self.statements.statuses_by_metadata, pairs)
         return {execution_id: Status(status) for execution_id, status in rows}
 
     async def _by_metadata(
         self, cursor: Cursor, sql: str, pairs: Mapping[str, str]
     ) -> list[tuple[Any, ...]]:
-        # jsonb containment: every pair given, keys and values bound, never spliced.
+        # Every pair given, as one document: keys and values bound, never spliced.
         await cursor.execute(sql, {"metadata": Jsonb(dict(pairs))})
         return await cursor.fetchall()
 

@@ -684,20 +684,19 @@ class SqliteDatabase:
         return [execution_id for (execution_id,) in rows]
 
     async def list_by_metadata(self, pairs: Mapping[str, str]) -> list[ExecutionRecord]:
-        rows = await self._run(self._by_metadata, False, dict(pairs), True)
+        rows = await self._run(self._by_metadata, False, self.statements.by_metadata, pairs)
         return [_execution(row) for row in rows]
 
     async def statuses_by_metadata(self, pairs: Mapping[str, str]) -> dict[str, Status]:
-        rows = await self._run(self._by_metadata, False, dict(pairs), False)
+        sql = self.statements.statuses_by_metadata
+        rows = await self._run(self._by_metadata, False, sql, pairs)
         return {execution_id: Status(status) for execution_id, status in rows}
 
     def _by_metadata(
-        self, cursor: sqlite3.Cursor, pairs: dict[str, str], whole: bool
+        self, cursor: sqlite3.Cursor, sql: str, pairs: Mapping[str, str]
     ) -> list[tuple[Any, ...]]:
-        values: dict[str, str] = {}
-        for index, (key, value) in enumerate(pairs.items()):
-            values[f"k{index}"], values[f"v{index}"] = key, value
-        return cursor.execute(self.statements.by_metadata(len(pairs), whole), values).fetchall()
+        # Every pair given, as one document: keys and values bound, never spliced.
+        return cursor.execute(sql, {"metadata": json.dumps(dict(pairs))}).fetchall()
 
     # Durable children's answers.
 
