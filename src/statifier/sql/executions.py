@@ -28,10 +28,11 @@ True
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import Any, Final
+from collections.abc import Iterable
+from typing import Final
 
 from statifier.sql.dialect import Dialect
+from statifier.sql.keys import RowKeys
 from statifier.sql.names import TableNames
 from statifier.sql.postgres import execution_lock_key
 from statifier.sql.tables import Tables
@@ -65,7 +66,7 @@ class ExecutionStatements:
 
     Args:
         tables: the tables the migrations built (names them, and says whether keys
-            are made by the client: then every insert binds ``:id``, see :meth:`keyed`).
+            are made by the client: then every insert binds ``:id``, see ``keyed``).
         dialect: the database's dialect (``SqlAdapter.dialect``).
         pinning: the execution statuses that keep a chart from retiring (stored
             values); what a status means is the adapter's.
@@ -107,16 +108,17 @@ class ExecutionStatements:
         self.dialect = dialect
         t = TableNames.of(tables)
         self.executions = t.executions
-        self.new_key: Callable[[], Any] | None = tables.options.key_default
-        key, key_value = ("id, ", ":id, ") if self.new_key else ("", "")
+        keys = RowKeys.of(tables, dialect)
+        self.keyed = keys.keyed
+        """``values`` for an insert, with the row's new key (``:id``) where the client
+        makes keys (:meth:`RowKeys.keyed`)."""
         sql = dialect.statement
         # Row locks where the database has them; SQLite's single writer serializes
         # every writer instead, so there the locked forms read as the plain ones.
         for_update = " FOR UPDATE" if dialect.row_locks else ""
         self.insert_chart = sql(
-            f"INSERT INTO {t.charts} ({key}{CHART_COLUMNS}) VALUES ({key_value}"
-            ":content_hash, :chart_blob, :name, :version, :saved_at, :retired_at, "
-            ":retired_by) ON CONFLICT (content_hash) DO NOTHING"
+            f"{keys.insert(t.charts, CHART_COLUMNS.split(', '))} "
+            "ON CONFLICT (content_hash) DO NOTHING"
         )
         self.fetch_chart = sql(f"SELECT {CHART_COLUMNS} FROM {t.charts} WHERE content_hash = :h")
         self.retire_chart = sql(
@@ -135,11 +137,9 @@ class ExecutionStatements:
         self.guard_chart = sql(
             f"SELECT retired_at, retired_by FROM {t.charts} WHERE content_hash = :h{key_share}"
         )
+        metadata = {"metadata": dialect.json("metadata")}
         self.insert_execution = sql(
-            f"INSERT INTO {t.executions} ({key}{EXECUTION_COLUMNS}) VALUES ({key_value}"
-            f":execution_id, :content_hash, :status, :position_blob, {dialect.json('metadata')}, "
-            ":outcome_blob, :failure, :created_at, :updated_at, :ended_at, :error_count, "
-            ":last_error_at, :final_state) "
+            f"{keys.insert(t.executions, EXECUTION_COLUMNS.split(', '), metadata)} "
             "ON CONFLICT (execution_id) DO NOTHING RETURNING 1"
         )
         fetch = f"SELECT {EXECUTION_COLUMNS} FROM {t.executions} WHERE execution_id = :id"
@@ -180,9 +180,8 @@ class ExecutionStatements:
             f"WHERE a.content_hash = :h AND p.status IN ({pins})"
         )
         self.insert_answer = sql(
-            f"INSERT INTO {t.child_answers} ({key}{ANSWER_COLUMNS}) VALUES ({key_value}"
-            ":child_id, :parent_id, :invoke_id, :content_hash, :kind, :answer_blob, :failure, "
-            ":created_at, :delivered_at) ON CONFLICT (child_id) DO NOTHING"
+            f"{keys.insert(t.child_answers, ANSWER_COLUMNS.split(', '))} "
+            "ON CONFLICT (child_id) DO NOTHING"
         )
         self.fetch_answer = sql(
             f"SELECT {ANSWER_COLUMNS} FROM {t.child_answers} WHERE child_id = :id"
@@ -195,17 +194,17 @@ class ExecutionStatements:
             f"UPDATE {t.child_answers} SET delivered_at = :at "
             f"WHERE child_id {dialect.among('ids')} AND delivered_at IS NULL"
         )
+        settlement = {"parent_id": ":parent", "invoke_id": ":invoke", "settled_at": ":at"}
         self.take_settlement = sql(
-            f"INSERT INTO {t.settlements} ({key}parent_id, invoke_id, settled_at) "
-            f"VALUES ({key_value}:parent, :invoke, :at) "
+            f"{keys.insert(t.settlements, tuple(settlement), settlement)} "
             "ON CONFLICT (parent_id, invoke_id) DO NOTHING RETURNING 1"
         )
         self.settled = sql(
             f"SELECT 1 FROM {t.settlements} WHERE parent_id = :parent AND invoke_id = :invoke"
         )
+        position = ("key", "content_hash", "position_blob", "saved_at")
         self.save_position = sql(
-            f"INSERT INTO {t.positions} ({key}key, content_hash, position_blob, saved_at) "
-            f"VALUES ({key_value}:key, :content_hash, :position_blob, :saved_at) "
+            f"{keys.insert(t.positions, position)} "
             "ON CONFLICT (key) DO UPDATE SET content_hash = excluded.content_hash, "
             "position_blob = excluded.position_blob, saved_at = excluded.saved_at"
         )
@@ -216,12 +215,15 @@ class ExecutionStatements:
         self.count_positions = sql(f"SELECT count(*) FROM {t.positions} WHERE content_hash = :h")
         # One statement appends at the next seq: nothing when the log is closed (its
         # last entry is the marker), the marker when the entry takes the cap's last slot.
+        entry = {
+            "seq": "following.seq",
+            "input_blob": "CASE WHEN CAST(:cap AS INTEGER) IS NOT NULL "
+            "AND following.seq >= CAST(:cap AS INTEGER) - 1 THEN NULL ELSE :input_blob END",
+        }
+        inputs = ("execution_id", "seq", "door", "input_blob", "recorded_at")
         append = (
-            f"INSERT INTO {t.inputs} ({key}execution_id, seq, door, input_blob, recorded_at) "
-            f"SELECT {key_value}:execution_id, following.seq, :door, "
-            "CASE WHEN CAST(:cap AS INTEGER) IS NOT NULL "
-            "AND following.seq >= CAST(:cap AS INTEGER) - 1 THEN NULL ELSE :input_blob END, "
-            ":recorded_at FROM (SELECT coalesce(max(seq), -1) + 1 AS seq "
+            f"{keys.insert(t.inputs, inputs, entry, select=True)} "
+            "FROM (SELECT coalesce(max(seq), -1) + 1 AS seq "
             f"FROM {t.inputs} WHERE execution_id = :execution_id) AS following "
             f"WHERE NOT EXISTS (SELECT 1 FROM {t.inputs} AS last "
             "WHERE last.execution_id = :execution_id AND last.seq = following.seq - 1 "
@@ -252,10 +254,7 @@ class ExecutionStatements:
         self.drop_errors = sql(
             f"DELETE FROM {t.step_errors} WHERE execution_id {dialect.among('ids')}"
         )
-        self.insert_error = sql(
-            f"INSERT INTO {t.step_errors} ({key}{ERROR_COLUMNS}) VALUES ({key_value}"
-            ":execution_id, :seq, :door, :name, :taken, :error_blob, :recorded_at)"
-        )
+        self.insert_error = sql(keys.insert(t.step_errors, ERROR_COLUMNS.split(", ")))
         self.errors = sql(
             f"SELECT {ERROR_COLUMNS} FROM (SELECT id, {ERROR_COLUMNS} FROM {t.step_errors} "
             "WHERE execution_id = :id ORDER BY id DESC LIMIT :limit) AS newest ORDER BY id"
@@ -281,10 +280,3 @@ class ExecutionStatements:
         self.statuses_by_metadata = sql(
             f"SELECT execution_id, status FROM {t.executions} WHERE {holds}"
         )
-
-    def keyed(self, values: dict[str, Any]) -> dict[str, Any]:
-        """``values`` for an insert, with the row's new key (``:id``) when the client
-        makes keys; ``values`` itself, changed in place."""
-        if self.new_key is not None:
-            values["id"] = self.dialect.key(self.new_key())
-        return values

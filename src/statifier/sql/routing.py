@@ -21,6 +21,7 @@ from datetime import datetime
 from typing import Any, Final, Protocol
 
 from statifier.sql.dialect import Dialect, Values
+from statifier.sql.keys import RowKeys
 from statifier.sql.names import TableNames
 from statifier.sql.postgres import RESTORE_LOCK_TIMEOUT, SET_LOCK_TIMEOUT, lock_timeout
 from statifier.sql.tables import Tables
@@ -138,19 +139,20 @@ class RoutingStatements:
 
     def __init__(self, tables: Tables, dialect: Dialect) -> None:
         self.dialect = dialect
-        self.new_key = tables.options.key_default
+        keys = RowKeys.of(tables, dialect)
+        self.keyed = keys.keyed
+        """``values`` for an insert, with the row's key where the client makes keys
+        (:meth:`RowKeys.keyed`)."""
         names = TableNames.of(tables)
         dedupe, addresses = names.dedupe, names.addresses
         ledger, executions = names.routing_ledger, names.executions
-        key_column, key_value = ("id, ", ":id, ") if self.new_key else ("", "")
         # One parameter holds a list: an array on PostgreSQL, a JSON list on SQLite.
         ids = dialect.among("ids")
         sql = dialect.statement
         # A claim inserts the message's row, or takes over an expired one; it answers a
         # row unless a live claim exists (a duplicate).
         claim = (
-            f"INSERT INTO {dedupe} AS d ({key_column}binding_id, message_id, expires_at) "
-            f"VALUES ({key_value}:binding_id, :message_id, :expires_at) "
+            f"{keys.insert(f'{dedupe} AS d', ('binding_id', 'message_id', 'expires_at'))} "
             "ON CONFLICT (binding_id, message_id) DO UPDATE SET expires_at = "
             "excluded.expires_at WHERE d.expires_at <= :now RETURNING 1"
         )
@@ -174,19 +176,16 @@ class RoutingStatements:
             if dialect.writes_in_with
             else None
         )
+        address = ("scope", "document", "key", "execution_id", "inserted_at")
         self.insert_address = sql(
-            f"INSERT INTO {addresses} ({key_column}scope, document, key, execution_id, "
-            f"inserted_at) VALUES ({key_value}:scope, :document, :key, :execution_id, :now) "
+            f"{keys.insert(addresses, address, {'inserted_at': ':now'})} "
             "ON CONFLICT (scope, document, key) DO NOTHING RETURNING id"
         )
         self.stamp = sql(
             f"UPDATE {addresses} SET terminal_seen_at = :now "
             f"WHERE id {ids} AND terminal_seen_at IS NULL"
         )
-        self.record = sql(
-            f"INSERT INTO {ledger} ({key_column}{', '.join(_LEDGER_COLUMNS)}) VALUES "
-            f"({key_value}{', '.join(f':{column}' for column in _LEDGER_COLUMNS)})"
-        )
+        self.record = sql(keys.insert(ledger, _LEDGER_COLUMNS))
         self.reap_dedupe = sql(f"DELETE FROM {dedupe} WHERE expires_at < :now")
         # The cursor is bound twice: as text where it is only compared with NULL (the
         # cast gives that parameter a type), and as it is where the key is compared.
@@ -221,12 +220,6 @@ class RoutingStatements:
                 set_timeout=SET_LOCK_TIMEOUT,
                 restore_timeout=RESTORE_LOCK_TIMEOUT,
             )
-
-    def keyed(self, values: dict[str, Any]) -> dict[str, Any]:
-        """``values`` for an insert, with the row's key when the client makes keys."""
-        if self.new_key is not None:
-            values["id"] = self.dialect.key(self.new_key())
-        return values
 
 
 class RoutingSession:
