@@ -1,6 +1,8 @@
 """The statements of the router's tables: the dedupe claims (``dedupe``), the
 addresses (``addresses``, beside ``executions`` for the reaper) and the routing ledger
-(``routing_ledger``), and the locks a delivery takes.
+(``routing_ledger``), and the locks a delivery takes; and the rows they read and write
+(:class:`AddressRow`, :class:`ReapRow`, :class:`LedgerRow`), which the router exports
+as its own.
 
 :class:`RoutingStatements` writes them once for a set of tables and a dialect;
 :class:`RoutingSession` runs them on the driver connection of one transaction. What a
@@ -15,10 +17,10 @@ reaches these statements.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass
 from datetime import datetime
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 from statifier.sql.dialect import Dialect, Values
 from statifier.sql.keys import RowKeys
@@ -28,9 +30,8 @@ from statifier.sql.tables import Tables
 
 __all__ = [
     "AddressRow",
-    "LedgerColumns",
+    "LedgerRow",
     "ReapRow",
-    "RoutingLedgerRow",
     "RoutingSession",
     "RoutingStatements",
 ]
@@ -77,35 +78,14 @@ class ReapRow:
     status: str | None
 
 
-class LedgerColumns(Protocol):
-    """What a routing-ledger row is written from: its columns (``inserted_at`` aware).
-    :class:`RoutingLedgerRow` is one; so is the router's ``LedgerRow``."""
-
-    @property
-    def binding_id(self) -> str: ...
-    @property
-    def message_id(self) -> str | None: ...
-    @property
-    def scope(self) -> str | None: ...
-    @property
-    def source(self) -> str | None: ...
-    @property
-    def outcome(self) -> str: ...
-    @property
-    def reason(self) -> str | None: ...
-    @property
-    def document(self) -> str | None: ...
-    @property
-    def key(self) -> str | None: ...
-    @property
-    def execution_id(self) -> str | None: ...
-    @property
-    def inserted_at(self) -> datetime: ...
-
-
 @dataclass(frozen=True, slots=True)
-class RoutingLedgerRow:
-    """A routing-ledger row as read (``inserted_at`` aware, UTC)."""
+class LedgerRow:
+    """One routing-ledger row: what happened to one event on one binding, as the
+    router writes it and as it is read back (``inserted_at`` aware, UTC).
+
+    ``outcome`` is ``delivered``, ``created_and_delivered``, ``duplicate``,
+    ``key_refused`` or ``dropped``; ``reason`` is the drop reason or the refusal.
+    """
 
     binding_id: str
     _: KW_ONLY
@@ -118,6 +98,19 @@ class RoutingLedgerRow:
     key: str | None
     execution_id: str | None
     inserted_at: datetime
+
+    @classmethod
+    def of(cls, columns: Mapping[str, Any]) -> LedgerRow:
+        """The row of the ledger's ``columns`` by name (``inserted_at`` aware; other
+        columns, such as the table's key, are left out)."""
+        return cls(**{name: columns[name] for name in _LEDGER_COLUMNS})
+
+    @property
+    def spelled(self) -> str:
+        """The outcome as the scenario report spells it (``dropped: finished``)."""
+        if self.outcome == "dropped":
+            return f"dropped: {self.reason}"
+        return self.outcome
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,7 +351,7 @@ class RoutingSession:
         values = {"ids": dialect.listed(address_ids), "now": dialect.time(now)}
         await dialect.execute(self._driver, self._s.stamp, values)
 
-    def _ledger_values(self, row: LedgerColumns) -> dict[str, Any]:
+    def _ledger_values(self, row: LedgerRow) -> dict[str, Any]:
         return self._s.keyed(
             {
                 "binding_id": row.binding_id,
@@ -374,11 +367,11 @@ class RoutingSession:
             }
         )
 
-    async def record(self, row: LedgerColumns) -> None:
+    async def record(self, row: LedgerRow) -> None:
         """Insert ``row`` into the routing ledger."""
         await self.dialect.execute(self._driver, self._s.record, self._ledger_values(row))
 
-    async def record_many(self, rows: Sequence[LedgerColumns]) -> None:
+    async def record_many(self, rows: Sequence[LedgerRow]) -> None:
         """Insert ``rows`` into the routing ledger, in order, sent together."""
         if rows:
             values = [self._ledger_values(row) for row in rows]
@@ -430,7 +423,7 @@ class RoutingSession:
         row = await self.dialect.row(self._driver, self._s.address_of, values)
         return None if row is None else (row[0], row[1], row[2])
 
-    async def ledger(self, execution_id: str | None) -> list[RoutingLedgerRow]:
+    async def ledger(self, execution_id: str | None) -> list[LedgerRow]:
         """The ledger's rows (naming ``execution_id``, or all), by insert time, then
         key."""
         dialect = self.dialect
@@ -439,19 +432,7 @@ class RoutingSession:
         return [_ledger_row(dialect, row) for row in rows]
 
 
-def _ledger_row(dialect: Dialect, row: Sequence[Any]) -> RoutingLedgerRow:
-    binding_id, message_id, scope, source, outcome, reason, document, key, execution_id, at = row
-    inserted_at = dialect.read_time(at)
-    assert inserted_at is not None  # inserted_at is NOT NULL
-    return RoutingLedgerRow(
-        binding_id,
-        message_id=message_id,
-        scope=scope,
-        source=source,
-        outcome=outcome,
-        reason=reason,
-        document=document,
-        key=key,
-        execution_id=execution_id,
-        inserted_at=inserted_at,
-    )
+def _ledger_row(dialect: Dialect, row: Sequence[Any]) -> LedgerRow:
+    columns = dict(zip(_LEDGER_COLUMNS, row, strict=True))
+    columns["inserted_at"] = dialect.read_time(columns["inserted_at"])
+    return LedgerRow.of(columns)
