@@ -7,7 +7,9 @@ converts the values that its driver stores differently (times, keys, JSON docume
 lists), says how a transaction takes an advisory lock (:meth:`Dialect.advisory_lock`,
 keyed by :func:`lock_key`), and runs the statement on the driver's connection of a
 transaction (:meth:`Dialect.execute`, :meth:`Dialect.rows`, :meth:`Dialect.row`), so
-that a module of statements reads the same for both databases. The two dialects are
+that a module of statements reads the same for both databases. A savepoint's
+statements, the same on both, are here as well (:func:`savepoint_statements`). The
+two dialects are
 :data:`statifier.sql.postgres.POSTGRES` (psycopg 3's ``AsyncConnection``) and
 :data:`statifier.sql.sqlite.SQLITE` (``sqlite3.Connection``). A statement that truly
 reads differently on the two is chosen in its table family's module by what the
