@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from statifier.router.records import AddressRow, LedgerRow
 from statifier.router.routing import Router
-from statifier.sql.routing import RoutingLedgerRow
 
 __all__ = ["address", "address_of", "ledger", "newest_address"]
 
@@ -16,8 +15,7 @@ async def ledger(router: Router, execution_id: str | None = None) -> list[Ledger
     a UUID key (``TableOptions(key_type=sa.Uuid)``) their order among themselves is
     unspecified."""
     async with router.transaction() as unit:
-        rows = await unit.sql.ledger(execution_id)
-    return [_ledger_row(row) for row in rows]
+        return await unit.sql.ledger(execution_id)
 
 
 async def address(router: Router, scope: str, document: str, key: str) -> AddressRow | None:
@@ -36,18 +34,3 @@ async def newest_address(router: Router, scope: str, document: str) -> str | Non
     """The execution the newest address of ``document`` in ``scope`` names, if any."""
     async with router.transaction() as unit:
         return await unit.sql.named_by(scope, document)
-
-
-def _ledger_row(row: RoutingLedgerRow) -> LedgerRow:
-    return LedgerRow(
-        row.binding_id,
-        message_id=row.message_id,
-        scope=row.scope,
-        source=row.source,
-        outcome=row.outcome,
-        reason=row.reason,
-        document=row.document,
-        key=row.key,
-        execution_id=row.execution_id,
-        inserted_at=row.inserted_at,
-    )
