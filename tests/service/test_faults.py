@@ -34,6 +34,7 @@ import pytest
 from tests.fronts.kafka_broker import (
     KafkaBroker,
     create_topic,
+    fast_group_toml,
     kafka_broker,  # noqa: F401 - the fixture
     produce,
     start_kafka_broker,
@@ -101,8 +102,7 @@ topics = ["{topic}"]
 group = "{group}"
 
 [sources.clicks.settings]
-"session.timeout.ms" = 6000
-"heartbeat.interval.ms" = 500
+{fast_group_toml()}
 "reconnect.backoff.max.ms" = 1000
 
 [sources.clicks.consumer]
