@@ -155,14 +155,19 @@ def start_kafka_broker(
     return KafkaBroker(bootstrap, process, log)
 
 
-def stop_kafka_broker(broker: KafkaBroker) -> None:
-    """Stop the broker and wait for it to exit."""
-    broker.process.terminate()
-    try:
-        broker.process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        broker.process.kill()
-        broker.process.wait()
+def stop_kafka_broker(broker: KafkaBroker, *, grace: float = 10.0) -> None:
+    """Stop the broker and wait for it to exit: ``SIGTERM``, and ``SIGKILL`` after
+    ``grace`` seconds (at once when ``grace`` is 0). Tansu takes seconds to exit on
+    ``SIGTERM`` while clients are connected."""
+    if grace > 0:
+        broker.process.terminate()
+        try:
+            broker.process.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+    broker.process.kill()
+    broker.process.wait()
 
 
 @pytest.fixture(scope="session")
