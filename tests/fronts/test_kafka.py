@@ -430,7 +430,7 @@ async def test_a_commit_that_does_not_reach_the_broker_raises(tmp_path: Path) ->
         await started(source)
         await take(source, 1)
     finally:
-        stop_kafka_broker(broker, grace=0)  # gone at once, as a crashed broker is
+        stop_kafka_broker(broker)
     try:
         started_at = time.monotonic()
         with pytest.raises(CommitFailed, match="the commit failed"):
