@@ -32,6 +32,7 @@ from statifier.router import Backoff, Binding, Router, RouterConfig, StaticResol
 from statifier.sql import TableOptions
 
 sys.path.insert(0, str(Path(__file__).parents[2]))  # the repository, for tests.router
+from tests.fronts.kafka_broker import FAST_GROUP
 from tests.router.racing_router import DOCUMENT, HITS, LOCK_WAIT, SCOPE
 
 POISON = Binding(
@@ -44,8 +45,6 @@ POISON = Binding(
 )
 """Routes to a document no resolver holds: every attempt fails."""
 ATTEMPTS = 3
-GROUP_SETTINGS = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
-"""A killed member is out of the group within seconds."""
 
 
 async def _consume(job: dict[str, Any], chart: bytes) -> None:
@@ -64,7 +63,7 @@ async def _consume(job: dict[str, Any], chart: bytes) -> None:
             topics=[job["topic"]],
             source=HITS.source,
             scope=SCOPE,
-            settings=GROUP_SETTINGS,
+            settings=FAST_GROUP,
         )
         dead_letters = KafkaDeadLetters(job["brokers"], job["dead_letters"])
         backoff = Backoff(base=timedelta(milliseconds=20), factor=2.0, cap=timedelta(seconds=1))

@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from nats.js.api import StreamConfig
 from sqlalchemy.dialects.postgresql import JSONB
 from tests.fronts.kafka_broker import (  # noqa: F401 - the fixture
+    FAST_GROUP,
     KafkaBroker,
     committed,
     create_topic,
@@ -99,7 +100,7 @@ async def test_kafka_dead_letters_each_rule_and_reads_on(
         topics=[topic],
         source=SOURCE,
         scope="acme",
-        settings={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500},
+        settings=FAST_GROUP,
     )
     ends = {0: len(POISONED) + 1}
 

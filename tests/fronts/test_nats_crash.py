@@ -170,6 +170,18 @@ async def _stepped(db: RouterDb) -> int:
     return int(row[0])
 
 
+async def _holders(db: RouterDb) -> dict[str, str | None]:
+    """Each partition's lease holder in the workers' group (``None``: free)."""
+    names = TableNames.of(db.store.tables)
+    async with db.adapter.transaction() as tx:
+        cursor = await tx.driver.execute(
+            f"SELECT partition, owner FROM {names.partition_leases} "
+            "WHERE consumer_group = %(group)s",
+            {"group": GROUP},
+        )
+        return {row[0]: row[1] for row in await cursor.fetchall()}
+
+
 async def _unsettled(db: RouterDb, messages: list[Published]) -> list[Published]:
     """Those of ``messages`` neither in the ledger nor dead-lettered."""
     names = TableNames.of(db.store.tables)
@@ -261,7 +273,11 @@ async def test_a_consumer_killed_mid_stream_loses_no_hit_and_steps_none_twice(
             await workers[0].process.wait()
             stepped_at_kill = watch.stepped
             checks_at_kill = watch.checks
-            await asyncio.sleep(TTL + 1.0)  # b takes the dead member's partitions over
+
+            async def taken_over() -> bool:  # b holds the dead member's partitions
+                return await _holders(pg_db) == dict.fromkeys(PARTITIONS, "b")
+
+            await _until(taken_over, watch)
             workers.append(await _start(pg_db, nats_server, chart, stream, prefix, "a", tmp_path))
             await _until(all_acknowledged, watch)
             checks = watch.checks

@@ -495,12 +495,14 @@ async def test_a_failing_worker_is_reported_and_started_again() -> None:
             raise ConnectionError("the database went away")
         await stop.wait()
 
-    part = Supervised("timers", work, stop)
+    part = Supervised("timers", work, stop, first_restart=0.5)
     assert part.trouble() == "not running"
     part.start()
     await asyncio.sleep(0.1)
     assert part.trouble() == "restarting after ConnectionError"
-    await asyncio.sleep(1.2)  # FIRST_RESTART later, it runs again
+    async with asyncio.timeout(10):  # first_restart later, it runs again
+        while len(runs) < 2:  # noqa: ASYNC110 - polls the part's runs
+            await asyncio.sleep(0.01)
     assert (runs, part.trouble()) == ([0, 1], None)
     stop.set()
     assert part.task is not None

@@ -24,6 +24,7 @@ from tests.fronts.kafka_broker import (
     KafkaBroker,
     committed,
     create_topic,
+    fast_group_toml,
     kafka_broker,  # noqa: F401 - the fixture
     produce,
     unique,
@@ -98,8 +99,7 @@ topics = ["{topic}"]
 group = "{group}"
 
 [sources.clicks.settings]
-"session.timeout.ms" = 6000
-"heartbeat.interval.ms" = 500
+{fast_group_toml()}
 
 [sources.clicks.consumer]
 commit_interval = 0.05

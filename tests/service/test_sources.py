@@ -23,6 +23,7 @@ from tests.fronts.kafka_broker import (  # noqa: F401 - the fixture
     KafkaBroker,
     committed,
     create_topic,
+    fast_group_toml,
     kafka_broker,
     produce,
     unique,
@@ -71,7 +72,7 @@ topics = ["{topic}"]
 group = "{group}"
 
 [sources.clicks.settings]
-"session.timeout.ms" = 10000
+{fast_group_toml()}
 
 [sources.clicks.consumer]
 commit_interval = 0.05

@@ -30,7 +30,7 @@ import secrets
 import socket
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, Protocol, runtime_checkable
 
 from statifier.extras import MissingExtra
@@ -88,9 +88,10 @@ def process_owner() -> str:
 
 @dataclass
 class Restarts:
-    """The waits between the restarts of a supervised part: ``FIRST_RESTART`` seconds,
-    doubling after each failure to at most ``LAST_RESTART``, and ``FIRST_RESTART``
-    again after a run of at least ``HEALTHY_RUN`` seconds.
+    """The waits between the restarts of a supervised part: ``first`` seconds
+    (``FIRST_RESTART`` by default), doubling after each failure to at most
+    ``LAST_RESTART``, and ``first`` again after a run of at least ``HEALTHY_RUN``
+    seconds.
 
     >>> restarts = Restarts()
     >>> [restarts.after(ran=0.5) for _ in range(7)]
@@ -99,13 +100,17 @@ class Restarts:
     1.0
     """
 
-    next_wait: float = FIRST_RESTART
+    first: float = FIRST_RESTART
+    next_wait: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.next_wait = self.first
 
     def after(self, *, ran: float) -> float:
         """The seconds to wait before the next start, after a run of ``ran`` seconds
         that failed."""
         if ran >= HEALTHY_RUN:
-            self.next_wait = FIRST_RESTART
+            self.next_wait = self.first
         wait = self.next_wait
         self.next_wait = min(wait * 2, LAST_RESTART)
         return wait

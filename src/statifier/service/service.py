@@ -60,6 +60,7 @@ from statifier.repeats import Repeats
 from statifier.router import OutboxDrain, Router, TimerWorker, reap_addresses, reap_dedupe
 from statifier.service.console import ServedConsole, service_console
 from statifier.service.consumers import (
+    FIRST_RESTART,
     Restarts,
     SupervisedConsumer,
     log_failure,
@@ -183,8 +184,8 @@ def _has_locations(url: str, options: TableOptions) -> bool:
 
 class Supervised:
     """One long-running part (a worker): ``work()`` run until ``stop`` is set, and
-    started again after a backoff (:data:`FIRST_RESTART` seconds, doubling to
-    :data:`LAST_RESTART`, and :data:`FIRST_RESTART` again after a run of
+    started again after a backoff (``first_restart`` seconds, doubling to
+    :data:`LAST_RESTART`, and ``first_restart`` again after a run of
     :data:`HEALTHY_RUN` seconds or more) whenever it raises; its failures are logged
     once per kind and interval, with a count.
 
@@ -192,12 +193,22 @@ class Supervised:
         name: the part's name, in logs and readiness reasons.
         work: runs the part; returns once ``stop`` is set.
         stop: set when the part is to stop.
+        first_restart: the seconds before the first restart, where the backoff
+            starts (:data:`FIRST_RESTART` by default).
     """
 
-    def __init__(self, name: str, work: Callable[[], Awaitable[None]], stop: asyncio.Event) -> None:
+    def __init__(
+        self,
+        name: str,
+        work: Callable[[], Awaitable[None]],
+        stop: asyncio.Event,
+        *,
+        first_restart: float = FIRST_RESTART,
+    ) -> None:
         self.name = name
         self.work = work
         self.stop = stop
+        self.first_restart = first_restart
         self.failure: str | None = None
         self.task: asyncio.Task[None] | None = None
         self._repeats = Repeats()
@@ -213,7 +224,7 @@ class Supervised:
         return None if self.failure is None else f"restarting after {self.failure}"
 
     async def _run(self) -> None:
-        restarts = Restarts()
+        restarts = Restarts(self.first_restart)
         while not self.stop.is_set():
             began = time.monotonic()
             try:
