@@ -2,8 +2,8 @@
 exactly once afterwards and that ``/readyz`` reported the outage (503 naming the cause
 while it lasted, 200 after):
 
-- the Kafka broker stopped (killed) and started again: a Tansu process on an ``s3://``
-  storage engine (:mod:`tests.fronts.object_store`), so the broker started again keeps its
+- the Kafka broker stopped and started again: a Tansu process on an ``s3://`` storage
+  engine (:mod:`tests.fronts.object_store`), so the broker started again keeps its
   topics, records and committed offsets; the log stays bounded meanwhile;
 - the database stopped for 20 seconds and started again: a PostgreSQL server of the
   test's own (:mod:`tests.service.own_postgres`); a webhook post during the outage is
@@ -191,7 +191,7 @@ async def test_the_kafka_broker_stopped_and_started_again(
             await _until_stepped(router, _ids(topic, before))
             await _until_ready(client, base)
 
-            stop_kafka_broker(broker, grace=0)  # killed: a graceful stop takes seconds
+            stop_kafka_broker(broker)
             stopped = time.monotonic()
             lines = len(caplog.records)
             reasons = await _until_unready(client, base, "source clicks: no broker answers")
