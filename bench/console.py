@@ -52,8 +52,15 @@ from statifier.core import Event, StartOptions, handle_event, initialize
 from statifier.core.positions import dump
 from statifier.persistence import Status, Storage
 from statifier.persistence.sql import SqlAdapter
-from statifier.router import Binding, InboundEvent, OutboxRoute, RouterConfig, StaticResolver, route
-from statifier.router.timer_worker import TimerWorker
+from statifier.router import (
+    Binding,
+    InboundEvent,
+    OutboxRoute,
+    Router,
+    RouterConfig,
+    StaticResolver,
+    TimerWorker,
+)
 from statifier.sql import TableOptions, Tables, migrations
 
 GOAL_MS = 200.0
@@ -317,7 +324,8 @@ async def _detail(url: str, tables: Tables, steps: int) -> None:
                 "receipts": (OutboxRoute(adapter, clock=lambda: now[0]), {"queue": "receipts"})
             },
         )
-        worker = TimerWorker(config, clock=lambda: now[0])
+        router = Router(config)
+        worker = TimerWorker(router, clock=lambda: now[0])
         for step in range(steps):
             price: object = "twelve" if step % 25 == 24 else 12
             event = InboundEvent(
@@ -326,7 +334,7 @@ async def _detail(url: str, tables: Tables, steps: int) -> None:
                 message_id=f"item-{step}",
                 data={"cart": "c-1", "price": price, "quantity": 1},
             )
-            await route(config, event)
+            await router.route(event)
             now[0] += timedelta(minutes=1)
             if step % 10 == 9:
                 now[0] += timedelta(hours=2)
@@ -543,13 +551,13 @@ async def _http(url: str, tables: Tables, runs: int, deep: str) -> list[Result]:
     from statifier.console.auth import Operator, Operators, Role, Sessions
     from statifier.persistence import Storage
     from statifier.persistence.sql import SqlAdapter
-    from statifier.router import RouterConfig, StaticResolver
+    from statifier.router import Router, RouterConfig, StaticResolver
 
     token = uuid.uuid4().hex
     results = []
     async with SqlAdapter(url, tables) as adapter:
         sessions = Sessions(Operators([Operator("bench", token, Role.OPERATOR)]))
-        router = RouterConfig(Storage(adapter), bindings=[], resolver=StaticResolver({}))
+        router = Router(RouterConfig(Storage(adapter), bindings=[], resolver=StaticResolver({})))
         console = Console.of(router, sessions)
         transport = httpx.ASGITransport(app=console_app(console))
         async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:

@@ -111,16 +111,9 @@ from harness import (
 )
 
 from statifier.chart import compile_chart
-from statifier.fronts.lanes import lane_of, partition_key
+from statifier.fronts.lanes import lane_of
 from statifier.persistence.sql import SqlAdapter
-from statifier.router import (
-    Failed,
-    InboundEvent,
-    RouterConfig,
-    StaticResolver,
-    route,
-    route_many,
-)
+from statifier.router import Failed, InboundEvent, Planned, Router, RouterConfig, StaticResolver
 from statifier.sql import TableOptions, migrations
 
 LANES = 8
@@ -150,9 +143,9 @@ def _payload(n: int, keys: int, scope: str) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode()
 
 
-def _config(adapter: SqlAdapter) -> RouterConfig:
+def _router(adapter: SqlAdapter) -> Router:
     resolver = StaticResolver({DOCUMENT: compile_chart(CHART)})
-    return RouterConfig(adapter, bindings=[BINDING], resolver=resolver)
+    return Router(RouterConfig(adapter, bindings=[BINDING], resolver=resolver))
 
 
 # --- where the CPU goes -----------------------------------------------------------------
@@ -322,7 +315,7 @@ class Run:
     work: Workload
     logs: Path
     adapter: SqlAdapter
-    config: RouterConfig
+    router: Router
     ledger: Ledger
 
 
@@ -332,16 +325,17 @@ class Run:
 async def _route_many_row(run: Run, scope: str) -> Measured:
     """The events on the consumer's lanes, ``route_many`` batches, the lanes at once."""
     work = run.work
-    lanes: list[list[InboundEvent]] = [[] for _ in range(LANES)]
+    lanes: list[list[Planned]] = [[] for _ in range(LANES)]
     for n in range(work.events):
         data = json.loads(_payload(n, work.keys, scope))
         event = InboundEvent(scope=scope, source=SOURCE, message_id=f"{scope}/{n}", data=data)
-        lanes[lane_of(partition_key([BINDING], event), LANES)].append(event)
+        planned = await run.router.plan(event)
+        lanes[lane_of(planned.key, LANES)].append(planned)
     outcomes: Counter[str] = Counter()
 
-    async def lane(events: list[InboundEvent]) -> None:
+    async def lane(events: list[Planned]) -> None:
         for start in range(0, len(events), BATCH):
-            for answer in await route_many(run.config, events[start : start + BATCH]):
+            for answer in await run.router.route_many(events[start : start + BATCH]):
                 if isinstance(answer, Failed):
                     raise answer.error
                 outcomes.update(outcome.outcome for outcome in answer.outcomes)
@@ -385,7 +379,7 @@ async def _route_row(run: Run, scope: str) -> Measured:
                 message_id=hashlib.sha256(body).hexdigest(),
                 data=json.loads(body),
             )
-            routed = await route(run.config, event)
+            routed = await run.router.route(event)
             latencies.append(time.perf_counter() - began)
             outcomes.update(outcome.outcome for outcome in routed.outcomes)
 
@@ -578,7 +572,7 @@ async def _consume(job: dict[str, Any]) -> None:
             scope=job["scope"],
             settings=GROUP_SETTINGS,
         )
-        consumer = StreamConsumer(_config(adapter), source)
+        consumer = StreamConsumer(_router(adapter), source)
         loop = asyncio.get_running_loop()
         stopping: list[asyncio.Task[None]] = []
         loop.add_signal_handler(
@@ -670,7 +664,7 @@ async def _serve(job: dict[str, Any]) -> None:
     options = TableOptions(prefix=job["prefix"], schema=job["schema"])
     async with SqlAdapter(job["database"], options) as adapter:
         await _warm(adapter)
-        app = webhook_app(_config(adapter), source=SOURCE, scope=job["scope"])
+        app = webhook_app(_router(adapter), source=SOURCE, scope=job["scope"])
         server = QuietServer(
             uvicorn.Config(
                 app, lifespan="off", log_config=None, access_log=False, server_header=False
@@ -701,7 +695,7 @@ async def _rows(
 ) -> dict[str, list[Measured]]:
     adapter = SqlAdapter(url, options)
     ledger = await Ledger.open(url, options)
-    run = Run(url, options, broker, work, logs, adapter, _config(adapter), ledger)
+    run = Run(url, options, broker, work, logs, adapter, _router(adapter), ledger)
     measured: dict[str, list[Measured]] = {row: [] for row in ROWS}
     try:
         await _route_many_row(run, "warm-many")  # connections, statements, caches

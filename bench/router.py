@@ -104,15 +104,8 @@ from statifier.chart import Machine, compile_chart
 from statifier.core import Event, StartOptions, handle_event, initialize
 from statifier.core.positions import dump, dump_event
 from statifier.persistence.sql import SqlAdapter
-from statifier.router import (
-    DEFAULT_HORIZON,
-    Failed,
-    InboundEvent,
-    RouterConfig,
-    StaticResolver,
-    route,
-    route_many,
-)
+from statifier.router import Failed, InboundEvent, Router, RouterConfig, StaticResolver
+from statifier.router.binding import DEFAULT_HORIZON
 from statifier.sql import TableOptions, migrations
 
 ROUTERS = 8
@@ -185,12 +178,12 @@ async def _workload(deliver: Deliver, scope: str, keys: int, events: int, chunk:
 
 
 class Library:
-    """The rows under test: ``route`` and ``route_many`` over ``SqlAdapter``."""
+    """The rows under test: ``Router.route`` and ``Router.route_many`` over ``SqlAdapter``."""
 
     def __init__(self, url: str, options: TableOptions, machine: Machine) -> None:
         self.adapter = SqlAdapter(url, options)
         resolver = StaticResolver({DOCUMENT: machine})
-        self.config = RouterConfig(self.adapter, bindings=[BINDING], resolver=resolver)
+        self.router = Router(RouterConfig(self.adapter, bindings=[BINDING], resolver=resolver))
         self.scope = "bench"
 
     def _event(self, message: Message) -> InboundEvent:
@@ -203,11 +196,11 @@ class Library:
 
     async def one(self, messages: Sequence[Message]) -> list[str]:
         (message,) = messages
-        routed = await route(self.config, self._event(message))
+        routed = await self.router.route(self._event(message))
         return [outcome.outcome for outcome in routed.outcomes]
 
     async def batch(self, messages: Sequence[Message]) -> list[str]:
-        answers = await route_many(self.config, [self._event(m) for m in messages])
+        answers = await self.router.route_many([self._event(m) for m in messages])
         names: list[str] = []
         for answer in answers:
             if isinstance(answer, Failed):

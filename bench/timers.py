@@ -35,7 +35,7 @@ Rows:
   UPDATE`` in one ``SELECT``, then per timer the step's one write (the row's ``UPDATE``
   and the input-log append in one statement); ``COMMIT``. What separates it from the
   library is the library's Python.
-* ``fire_due()``: the library, ``TimerWorker(config, batch=100).fire_due()`` until none
+* ``fire_due()``: the library, ``TimerWorker(router, batch=100).fire_due()`` until none
   is left.
 * ``x2`` rows: the same in two worker processes (this script started again with
   ``--worker``), released together; timed from the release to the last exit.
@@ -89,10 +89,10 @@ from statifier.chart import Machine, compile_chart
 from statifier.core import Event, handle_event, initialize
 from statifier.core.positions import dump, load_event
 from statifier.persistence.sql import SqlAdapter
-from statifier.router import RouterConfig, StaticResolver
+from statifier.router import Router, RouterConfig, StaticResolver, TimerWorker
 from statifier.router.routes import IdempotencyKey
 from statifier.router.timer_queue import TimerEntry, TimerKind
-from statifier.router.timer_worker import TimerWorker
+from statifier.router.transaction import Delivering
 from statifier.sql import TableOptions, migrations
 from statifier.sql.names import TableNames
 
@@ -227,8 +227,8 @@ def _options(schema: str) -> TableOptions:
     return TableOptions(prefix=PREFIX, schema=schema)
 
 
-def _config(adapter: SqlAdapter) -> RouterConfig:
-    return RouterConfig(adapter, bindings=[], resolver=StaticResolver({}))
+def _router(adapter: SqlAdapter) -> Router:
+    return Router(RouterConfig(adapter, bindings=[], resolver=StaticResolver({})))
 
 
 def _entry(execution_id: str, k: int, due_at: datetime) -> TimerEntry:
@@ -252,11 +252,11 @@ def _entry(execution_id: str, k: int, due_at: datetime) -> TimerEntry:
     )
 
 
-async def _schedule(config: RouterConfig, executions: int, dues: list[datetime]) -> None:
-    assert config.timers is not None
-    async with config.transaction() as unit:
+async def _schedule(router: Router, executions: int, dues: list[datetime]) -> None:
+    assert router.timers is not None
+    async with router.transaction() as unit:
         for k, due_at in enumerate(dues):
-            await config.timers.schedule(unit.tx, _entry(f"ex_{k % executions}", k, due_at))
+            await router.timers.schedule(unit.tx, _entry(f"ex_{k % executions}", k, due_at))
 
 
 async def _raw_drain(url: str, names: TableNames, same: bool, batch: int) -> tuple[int, int]:
@@ -273,8 +273,8 @@ async def _raw_drain(url: str, names: TableNames, same: bool, batch: int) -> tup
                 await asyncio.sleep(0.005)  # what is left is the other worker's
 
 
-async def _ours_drain(config: RouterConfig, batch: int) -> int:
-    worker = TimerWorker(config, batch=batch)
+async def _ours_drain(router: Router, batch: int) -> int:
+    worker = TimerWorker(router, batch=batch)
     taken = 0
     while True:
         taken += await worker.fire_due()
@@ -291,24 +291,24 @@ async def _worker_main(url: str, schema: str, mode: str, batch: int) -> None:
     """``--worker``: one worker process of an ``x2`` row."""
     names = TableNames.of(_options(schema).define())
     async with SqlAdapter(url, _options(schema)) as adapter:
-        config = _config(adapter)
-        await TimerWorker(config).next_due()  # connected and warm
+        router = _router(adapter)
+        await TimerWorker(router).next_due()  # connected and warm
         print("ready", flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
         if mode == "run":
-            await _run_until_told(config)
+            await _run_until_told(router)
             fired, deadlocks = 0, 0
         elif mode == "raw":
             fired, deadlocks = await _raw_drain(_libpq(url), names, False, batch)
         else:
-            fired, deadlocks = await _ours_drain(config, batch), 0
+            fired, deadlocks = await _ours_drain(router, batch), 0
     print(json.dumps({"fired": fired, "deadlocks": deadlocks}), flush=True)
 
 
-async def _run_until_told(config: RouterConfig) -> None:
+async def _run_until_told(router: Router) -> None:
     """``--worker run``: ``TimerWorker.run`` until a line on standard input."""
     stop = asyncio.Event()
-    running = asyncio.create_task(TimerWorker(config, poll=POLL).run(stop))
+    running = asyncio.create_task(TimerWorker(router, poll=POLL).run(stop))
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
     stop.set()
     await running
@@ -356,13 +356,13 @@ async def _count_inputs(url: str, names: TableNames) -> int:
 
 
 async def _throughput(
-    url: str, schema: str, config: RouterConfig, row: str, timers: int, executions: int, batch: int
+    url: str, schema: str, router: Router, row: str, timers: int, executions: int, batch: int
 ) -> tuple[float, int]:
     """One pass of one row: schedule, fire all, check. Answers (timers/s, deadlocks)."""
     names = TableNames.of(_options(schema).define())
     libpq = _libpq(url)
     past = datetime.now(UTC) - timedelta(hours=1)
-    await _schedule(config, executions, [past + timedelta(microseconds=k) for k in range(timers)])
+    await _schedule(router, executions, [past + timedelta(microseconds=k) for k in range(timers)])
     before = await _count_inputs(libpq, names)
     deadlocks = 0
     started = time.perf_counter()
@@ -371,7 +371,7 @@ async def _throughput(
     elif row == "raw, same statements":
         fired, deadlocks = await _raw_drain(libpq, names, True, batch)
     elif row == "fire_due()":
-        fired = await _ours_drain(config, batch)
+        fired = await _ours_drain(router, batch)
     else:
         mode = "raw" if row.startswith("raw") else "ours"
         elapsed, fired, deadlocks = await asyncio.to_thread(
@@ -407,7 +407,7 @@ async def _lags(url: str, names: TableNames, t0: datetime, rate: int) -> list[fl
 async def _lag_run(
     url: str,
     schema: str,
-    config: RouterConfig,
+    router: Router,
     row: str,
     seconds: float,
     executions: int,
@@ -419,11 +419,11 @@ async def _lag_run(
     # The first timer is due after the schedule has committed: a schedule still running
     # at t0 would start every row with a backlog and measure the insert, not the worker.
     t0 = datetime.now(UTC) + SCHEDULE_LEAD + count * SCHEDULE_PER_TIMER
-    await _schedule(config, executions, [t0 + timedelta(seconds=k / rate) for k in range(count)])
+    await _schedule(router, executions, [t0 + timedelta(seconds=k / rate) for k in range(count)])
     if datetime.now(UTC) >= t0:
         raise RuntimeError(f"{row}: scheduling ran past the first due time")
     if row == "fire_due()":
-        worker = TimerWorker(config, poll=POLL)
+        worker = TimerWorker(router, poll=POLL)
         stop = asyncio.Event()
         running = asyncio.create_task(worker.run(stop))
         deadline = t0 + timedelta(seconds=seconds + 60)
@@ -436,7 +436,7 @@ async def _lag_run(
         stop.set()
         await running
     elif workers:
-        await _until_drained(config, t0 + timedelta(seconds=seconds))
+        await _until_drained(router, t0 + timedelta(seconds=seconds))
         for process in workers:
             process.communicate("stop\n", timeout=60)
             if process.returncode != 0:
@@ -449,9 +449,9 @@ async def _lag_run(
     return lags
 
 
-async def _until_drained(config: RouterConfig, last_due: datetime) -> None:
+async def _until_drained(router: Router, last_due: datetime) -> None:
     """Wait until every timer due by ``last_due`` has fired (a minute at most)."""
-    probe = TimerWorker(config)
+    probe = TimerWorker(router)
     deadline = last_due + timedelta(seconds=60)
     while datetime.now(UTC) < deadline:
         await asyncio.sleep(0.25)
@@ -510,17 +510,18 @@ async def main() -> None:
     results: dict[str, Any] = {"machine": info, "args": {k: str(v) for k, v in vars(args).items()}}
     try:
         async with SqlAdapter(args.url, _options(schema)) as adapter:
-            config = _config(adapter)
+            router = _router(adapter)
             machine = compile_chart(CHART)
-            async with config.transaction() as unit:
+            async with router.transaction() as unit:
+                executions = unit.executions(Delivering(None, router.storage.clock()))
                 for index in range(args.executions):
-                    await unit.executions.create(f"ex_{index}", machine)
+                    await executions.create(f"ex_{index}", machine)
             rates: dict[str, list[float]] = {row: [] for row in THROUGHPUT_ROWS}
             deadlocks: dict[str, int] = dict.fromkeys(THROUGHPUT_ROWS, 0)
             for turn in range(args.rounds):
                 for row in rotated(THROUGHPUT_ROWS, turn):
                     rate, dead = await _throughput(
-                        args.url, schema, config, row, args.timers, args.executions, args.batch
+                        args.url, schema, router, row, args.timers, args.executions, args.batch
                     )
                     rates[row].append(rate)
                     deadlocks[row] += dead
@@ -560,7 +561,7 @@ async def main() -> None:
                 name = {"fire_due()": "run()", "raw": "raw (run's loop)"}.get(row, row)
                 label = f"{name} at {rate:,}/s"
                 lags = await _lag_run(
-                    args.url, schema, config, row, args.lag_seconds, args.executions, rate
+                    args.url, schema, router, row, args.lag_seconds, args.executions, rate
                 )
                 cells = {
                     "p50": _percentile(lags, 0.50),

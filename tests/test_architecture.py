@@ -4,7 +4,7 @@
   no module outside that package imports it;
 - a package is used through its facade (its ``__init__``) and the public modules the
   architecture page lists, so no module of one package imports another module of
-  another package, except the imports :data:`ALLOWED` names.
+  another package.
 """
 
 from __future__ import annotations
@@ -105,37 +105,6 @@ def public_modules(page: str) -> frozenset[str]:
 
 PUBLIC: Final = public_modules(ARCHITECTURE.read_text(encoding="utf-8"))
 
-ALLOWED: Final = frozenset(
-    {
-        # The router's own modules that other layers still reach into, for names its
-        # facade does not export. Restructuring the router (a facade or a public module
-        # for each of these) empties this group; the test fails on an entry that no
-        # longer occurs, so it only ever shrinks.
-        ("statifier.check_command", "statifier.router.contracts"),  # check
-        ("statifier.check_command", "statifier.router.routes"),  # RouteEntry
-        ("statifier.console.actions", "statifier.router.locations"),  # rotate_location_in
-        ("statifier.console.replay", "statifier.router.sending"),  # send_key
-        ("statifier.console.standalone", "statifier.router.locations"),  # BasicHttpLocations
-        ("statifier.durable.front", "statifier.router.sending"),  # BASICHTTP_QUEUE
-        ("statifier.durable.front", "statifier.router.timer_worker"),  # TimerWorker
-        ("statifier.durable.front", "statifier.router.timers"),  # DueTimer, SqlTimerQueue
-        ("statifier.examples.ad_join", "statifier.router.timer_worker"),  # TimerWorker
-        ("statifier.examples.parcel_service", "statifier.router.locations"),  # location
-        ("statifier.fronts.basichttp", "statifier.router.delivery"),  # deliver
-        ("statifier.fronts.basichttp", "statifier.router.locations"),  # resolve
-        ("statifier.fronts.basichttp", "statifier.router.routing"),  # delivery_locks
-        ("statifier.fronts.basichttp", "statifier.router.transaction"),  # sorted_locks
-        ("statifier.fronts.webhook", "statifier.router.outcomes"),  # MAX_ID_LENGTH
-        ("statifier.service.sections", "statifier.router.sending"),  # BASICHTTP_QUEUE
-        ("statifier.service.service", "statifier.router.timer_worker"),  # TimerWorker
-        ("statifier.service.sinks", "statifier.router.sending"),  # BASICHTTP_QUEUE
-        ("statifier.service.wiring", "statifier.router.locations"),  # BasicHttpLocations
-        ("statifier.service.wiring", "statifier.router.routes"),  # RouteEntry
-    }
-)
-"""Imports of another package's module that is neither its facade nor public, allowed
-for now: (importing module, imported module)."""
-
 
 def _unit(module: str) -> str:
     """What a module belongs to, for this rule: a package of ``statifier`` (its first two
@@ -180,15 +149,10 @@ def non_public_imports(public: frozenset[str]) -> set[tuple[str, str]]:
 
 
 def test_no_module_imports_what_another_package_does_not_make_public() -> None:
-    unlisted = sorted(non_public_imports(PUBLIC) - ALLOWED)
+    unlisted = sorted(non_public_imports(PUBLIC))
     # Either the module is public (list it in docs/architecture.md, if users need it), or
     # the importer takes the name from the package's facade.
     assert unlisted == []
-
-
-def test_every_allowed_import_still_occurs() -> None:
-    gone = sorted(ALLOWED - non_public_imports(PUBLIC))
-    assert gone == []  # no longer imported: remove them from ALLOWED
 
 
 def test_every_public_module_exists() -> None:

@@ -30,9 +30,9 @@ from statifier.router import (
     KeyRefused,
     LedgerRow,
     Plan,
-    Refused,
     RouterConfig,
 )
+from statifier.router.binding import Refused
 from statifier.router.records import ReapRow
 from statifier.session.handlers import InvokePlan
 from statifier.session.recording import Recording

@@ -27,7 +27,7 @@ from typing import Any
 from statifier.console import actions
 from statifier.console.audit import Audit, AuditEntry
 from statifier.persistence.sql import SqlAdapter, SqlTransaction
-from statifier.router import RouterConfig, StaticResolver
+from statifier.router import Router, RouterConfig, StaticResolver
 from statifier.sql import TableOptions
 
 sys.path.insert(0, str(Path(__file__).parents[2]))  # the repository, for tests.router
@@ -46,19 +46,17 @@ def target_of(action: str, target: str) -> str:
     return target
 
 
-async def _take(
-    config: RouterConfig, action: str, target: str, record: actions.Record
-) -> actions.Done:
+async def _take(router: Router, action: str, target: str, record: actions.Record) -> actions.Done:
     if action == "cancel":
-        return await actions.cancel(config, target, record=record)
-    row = actions.row_id(config.adapter.tables, target)
+        return await actions.cancel(router, target, record=record)
+    row = actions.row_id(router.adapter.tables, target)
     if action == "retry_outbox":
-        return await actions.retry_outbox(config, row, record=record)
+        return await actions.retry_outbox(router, row, record=record)
     if action == "discard_outbox":
-        return await actions.discard_outbox(config, row, record=record)
+        return await actions.discard_outbox(router, row, record=record)
     if action == "retry_consumer":
-        return await actions.retry_consumer(config, row, {}, record=record)
-    return await actions.discard_consumer(config, row, record=record)
+        return await actions.retry_consumer(router, row, {}, record=record)
+    return await actions.discard_consumer(router, row, record=record)
 
 
 async def _act(url: str, options: TableOptions, job: dict[str, Any]) -> None:
@@ -70,6 +68,7 @@ async def _act(url: str, options: TableOptions, job: dict[str, Any]) -> None:
             resolver=StaticResolver({"join": join_chart()}),
             lock_wait=LOCK_WAIT,
         )
+        router = Router(config)
         audit = Audit(adapter.engine, adapter.tables)
         await audit.entries(size=1)  # connected and warm
         print("ready", flush=True)
@@ -85,7 +84,7 @@ async def _act(url: str, options: TableOptions, job: dict[str, Any]) -> None:
                 await audit.record_in(tx, entry)
 
             try:
-                await _take(config, action, target, record)
+                await _take(router, action, target, record)
             except actions.Refused as refused:
                 entry = AuditEntry(
                     ACTOR, action=action, target=audited, outcome="refused", detail=str(refused)

@@ -51,9 +51,15 @@ from statifier.console.timeline import PREVIEW_CHARS
 from statifier.core import Event
 from statifier.persistence import Executions, Status
 from statifier.persistence.sql import SqlTransaction
-from statifier.router import InboundEvent, OutboxRoute, RouterConfig, StaticResolver, route
-from statifier.router.locations import BasicHttpLocations, location
-from statifier.router.timer_worker import TimerWorker
+from statifier.router import (
+    BasicHttpLocations,
+    InboundEvent,
+    OutboxRoute,
+    Router,
+    RouterConfig,
+    StaticResolver,
+    TimerWorker,
+)
 from statifier.service import Service
 from statifier.service.config_file import load
 from statifier.service.settings import ServiceConfigError
@@ -73,7 +79,7 @@ class Site:
     """A console over one backend's database, and a client of it."""
 
     db: RouterDb
-    config: RouterConfig
+    router: Router
     console: Console
     client: httpx.AsyncClient
 
@@ -100,7 +106,7 @@ class Site:
             message_id=message or f"m-{key}",
             data={"kind": "impression", "impression_id": key, "shown_at": "now"},
         )
-        routed = await route(self.config, event)
+        routed = await self.router.route(event)
         execution_id = getattr(routed.outcomes[0], "execution_id", None)
         assert isinstance(execution_id, str)
         return execution_id
@@ -131,9 +137,11 @@ async def site(router_db: RouterDb) -> AsyncIterator[Site]:  # noqa: F811 - the 
             connection.execute(sa.text(f"DELETE FROM {where}{options.name('locations')}"))
     finally:
         engine.dispose()
-    config = router_db.config(
-        impression_bindings(),
-        basichttp=BasicHttpLocations("http://127.0.0.1:9/basichttp"),
+    router = Router(
+        router_db.config(
+            impression_bindings(),
+            basichttp=BasicHttpLocations("http://127.0.0.1:9/basichttp"),
+        )
     )
     operators = Operators(
         [Operator("ada", ADA, Role.OPERATOR), Operator("bob", BOB, Role.READ_ONLY)]
@@ -142,7 +150,7 @@ async def site(router_db: RouterDb) -> AsyncIterator[Site]:  # noqa: F811 - the 
     console = Console(
         queries=ConsoleQueries(adapter.engine, adapter.tables),
         audit=Audit(adapter.engine, adapter.tables),
-        router=config,
+        router=router,
         sessions=Sessions(operators, key=b"k" * 32),
         configured=Configured(bindings=impression_bindings()),
         scopes={},
@@ -150,7 +158,7 @@ async def site(router_db: RouterDb) -> AsyncIterator[Site]:  # noqa: F811 - the 
     )
     transport = httpx.ASGITransport(app=console_app(console))
     async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
-        yield Site(router_db, config, console, client)
+        yield Site(router_db, router, console, client)
 
 
 def _lit(page: str) -> list[str]:
@@ -184,7 +192,7 @@ async def test_without_a_session_every_page_sends_to_login_and_events_answer_401
     execution_id = await site.impression("k1")
     refused = await site.client.post(f"/console/executions/{execution_id}/cancel", data={})
     assert refused.status_code == 401
-    record = await site.config.storage.fetch_execution(execution_id)
+    record = await site.router.storage.fetch_execution(execution_id)
     assert record.status is Status.ACTIVE
     login = await site.client.get("/console/login")
     assert login.status_code == 200
@@ -281,7 +289,7 @@ async def test_a_read_only_operator_sees_no_action_and_is_refused_every_one(site
         assert csrf is not None  # the logout form's: a valid token of this session
         answer = await site.client.post(path, data={"csrf": csrf.group(1)})
         assert answer.status_code == 403, path
-    record = await site.config.storage.fetch_execution(execution_id)
+    record = await site.router.storage.fetch_execution(execution_id)
     assert record.status is Status.ACTIVE
     assert await site.audit_rows() == []
 
@@ -298,7 +306,7 @@ async def test_an_action_without_the_sessions_csrf_token_is_refused(site: Site) 
     )
     assert other is not None  # another session of the same operator: another token
     assert (await site.client.post(path, data={"csrf": other.csrf})).status_code == 403
-    record = await site.config.storage.fetch_execution(execution_id)
+    record = await site.router.storage.fetch_execution(execution_id)
     assert record.status is Status.ACTIVE
     assert await site.audit_rows() == []
 
@@ -335,7 +343,7 @@ async def test_the_execution_page_draws_the_chart_lit_and_steps_through_the_log(
         message_id="c-1",
         data={"kind": "click", "impression_id": "k1", "url": "u"},
     )
-    await route(site.config, click)
+    await site.router.route(click)
     page = (await site.page(f"/console/executions/{execution_id}")).text
     assert 'id="status" class="status-completed">completed<' in page
     assert _lit(page) == ["joined"]  # the final state it ended in
@@ -363,7 +371,7 @@ async def test_a_long_log_lists_the_start_the_end_and_the_steps_around_the_one_s
         '<transition event="hit"><assign location="n" expr="n + 1"/></transition>'
         "</state></scxml>"
     )
-    executions = Executions(site.config.storage)
+    executions = Executions(site.router.storage)
     await executions.create("long-1", counter)
     for _ in range(TIMELINE_LINKS + 50):
         await executions.step("long-1", counter, Event("hit"))
@@ -451,36 +459,40 @@ class Shop:
             message_id=f"{kind}-{order}-{sorted(data.items())}",
             data={"kind": kind, "order": order, **data},
         )
-        routed = await route(self.site.config, event)
+        routed = await self.site.router.route(event)
         (execution_id,) = {getattr(o, "execution_id", None) for o in routed.outcomes} - {None}
         assert isinstance(execution_id, str), routed
         return execution_id
 
     async def fire(self, after: timedelta) -> None:
         self.site.db.clock.advance(after)
-        await TimerWorker(self.site.config).fire_due()
+        await TimerWorker(self.site.router).fire_due()
 
 
 @pytest_asyncio.fixture
 async def shop(router_db: RouterDb) -> AsyncIterator[Shop]:  # noqa: F811 - the fixture
     adapter = router_db.adapter
     machine = compile_chart(CHECKOUT.format(receipt=RECEIPT), name="order")
-    config = router_db.config(
-        shop_bindings(),
-        resolver=StaticResolver({"order": machine}),
-        send_type="shop:route",
-        routes={"receipts": (OutboxRoute(adapter, clock=router_db.clock), {"queue": "receipts"})},
+    router = Router(
+        router_db.config(
+            shop_bindings(),
+            resolver=StaticResolver({"order": machine}),
+            send_type="shop:route",
+            routes={
+                "receipts": (OutboxRoute(adapter, clock=router_db.clock), {"queue": "receipts"})
+            },
+        )
     )
     console = Console(
         queries=ConsoleQueries(adapter.engine, adapter.tables),
         audit=Audit(adapter.engine, adapter.tables),
-        router=config,
+        router=router,
         sessions=Sessions(Operators([Operator("ada", ADA, Role.OPERATOR)]), key=b"k" * 32),
         live_interval=0.05,
     )
     transport = httpx.ASGITransport(app=console_app(console))
     async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
-        site = Site(router_db, config, console, client)
+        site = Site(router_db, router, console, client)
         await site.login(ADA)
         yield Shop(site)
 
@@ -652,7 +664,7 @@ async def test_cancel_behind_a_confirmation_is_done_once_and_audited(site: Site)
     path = f"/console/executions/{execution_id}/cancel"
     confirm = await site.page(path)
     assert 'id="confirm"' in confirm.text
-    record = await site.config.storage.fetch_execution(execution_id)
+    record = await site.router.storage.fetch_execution(execution_id)
     assert record.status is Status.ACTIVE  # the confirmation page changed nothing
     done = await site.client.post(path, data={"csrf": await site.csrf(path)})
     assert done.status_code == 303  # back to the execution, which says it was done
@@ -660,7 +672,7 @@ async def test_cancel_behind_a_confirmation_is_done_once_and_audited(site: Site)
     back = (await site.page(done.headers["location"])).text
     assert 'id="notice"' in back
     assert 'id="status" class="status-cancelled">cancelled<' in back
-    record = await site.config.storage.fetch_execution(execution_id)
+    record = await site.router.storage.fetch_execution(execution_id)
     assert record.status is Status.CANCELLED
     again = await site.client.post(path, data={"csrf": await site.csrf(path)})
     assert again.status_code == 409
@@ -803,7 +815,7 @@ async def test_a_rotation_shows_the_new_location_once_and_the_old_one_is_dead(
     site: Site,
 ) -> None:
     execution_id = await site.impression("k1")
-    before = await location(site.config, execution_id)
+    before = await site.router.location(execution_id)
     assert before is not None
     await site.login(ADA)
     path = f"/console/executions/{execution_id}/rotate"
@@ -814,7 +826,7 @@ async def test_a_rotation_shows_the_new_location_once_and_the_old_one_is_dead(
     assert shown is not None
     assert shown.group(1).startswith("http://127.0.0.1:9/basichttp/")
     assert shown.group(1) != before
-    assert await location(site.config, execution_id) is None  # the chart's copy is dead
+    assert await site.router.location(execution_id) is None  # the chart's copy is dead
     (row,) = await site.audit_rows()
     assert row == ("ada", "rotate", execution_id, "done")
     audit = (await site.page("/console/audit")).text
@@ -845,8 +857,8 @@ async def _case(site: Site, action: str) -> _Case:
         execution_id = await site.impression("k1")
 
         async def execution() -> object:
-            record = await site.config.storage.fetch_execution(execution_id)
-            return record.status, await location(site.config, execution_id)
+            record = await site.router.storage.fetch_execution(execution_id)
+            return record.status, await site.router.location(execution_id)
 
         return _Case(f"/console/executions/{execution_id}/{action}", execution_id, execution)
     verb, kind = action.split("_")
@@ -1239,12 +1251,14 @@ async def test_under_a_fernet_codec_the_pages_show_what_the_database_keeps_seale
     from statifier.persistence.fernet import FernetCodec
 
     codec = FernetCodec([FernetCodec.generate_key()])
-    config = RouterConfig(
-        Storage(router_db.adapter, clock=router_db.clock, codec=codec),
-        bindings=impression_bindings(),
-        resolver=StaticResolver({"join": join_chart()}),
+    router = Router(
+        RouterConfig(
+            Storage(router_db.adapter, clock=router_db.clock, codec=codec),
+            bindings=impression_bindings(),
+            resolver=StaticResolver({"join": join_chart()}),
+        )
     )
-    console = Console.of(config, Sessions(Operators([Operator("ada", ADA, Role.OPERATOR)])))
+    console = Console.of(router, Sessions(Operators([Operator("ada", ADA, Role.OPERATOR)])))
     secret = "impression-kept-sealed-42"
     event = InboundEvent(
         scope="web",
@@ -1252,17 +1266,17 @@ async def test_under_a_fernet_codec_the_pages_show_what_the_database_keeps_seale
         message_id="m-sealed",
         data={"kind": "impression", "impression_id": secret, "shown_at": "now"},
     )
-    routed = await route(config, event)
+    routed = await router.route(event)
     execution_id = getattr(routed.outcomes[0], "execution_id", None)
     assert isinstance(execution_id, str)
     executions = router_db.adapter.tables.executions
     read = sa.select(executions.c.position_blob).where(executions.c.execution_id == execution_id)
     async with httpx.AsyncClient() as unused:
-        stored = Site(router_db, config, console, unused).sql(read)
+        stored = Site(router_db, router, console, unused).sql(read)
     assert secret.encode() not in bytes(stored[0][0])
     transport = httpx.ASGITransport(app=console_app(console))
     async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
-        site = Site(router_db, config, console, client)
+        site = Site(router_db, router, console, client)
         await site.login(ADA)
         page = await site.page(f"/console/executions/{execution_id}")
     datamodel = page.text.split('id="datamodel"', 1)[1].split("</section>", 1)[0]

@@ -32,7 +32,7 @@ from tests.router.conftest import (  # noqa: F401 - fixtures used by name
 )
 
 from statifier.persistence import Status
-from statifier.router import InboundEvent, route
+from statifier.router import InboundEvent, Router
 from statifier.sql import migrations
 
 CRASHER = Path(__file__).with_name("crashing_console.py")
@@ -51,7 +51,7 @@ def _engine(db: RouterDb) -> sa.Engine:
 async def _setup(db: RouterDb) -> list[tuple[str, str]]:
     """Executions to cancel, dead outbox rows to retry and to discard, consumer dead
     letters to route again and to discard: the actions, in the order they are taken."""
-    config = db.config(impression_bindings())
+    router = Router(db.config(impression_bindings()))
     executions = []
     for index in range(PER_ACTION):
         event = InboundEvent(
@@ -60,7 +60,7 @@ async def _setup(db: RouterDb) -> list[tuple[str, str]]:
             message_id=f"m-{index}",
             data={"kind": "impression", "impression_id": f"k{index}", "shown_at": "now"},
         )
-        routed = await route(config, event)
+        routed = await router.route(event)
         execution_id = getattr(routed.outcomes[0], "execution_id", None)
         assert isinstance(execution_id, str)
         executions.append(execution_id)

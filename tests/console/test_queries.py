@@ -30,7 +30,7 @@ from statifier.console.queries import (
 from statifier.core import Event
 from statifier.persistence import Executions, Status, Storage
 from statifier.persistence.sql import SqlAdapter
-from statifier.router import Binding, InboundEvent, RouterConfig, StaticResolver, route
+from statifier.router import Binding, InboundEvent, Router, RouterConfig, StaticResolver
 
 pytestmark = pytest.mark.asyncio
 
@@ -148,14 +148,13 @@ async def test_what_the_durable_api_and_the_router_write_reads_back(console_db: 
             ],
             resolver=StaticResolver({"order": machine}),
         )
-        await route(
-            config,
+        router = Router(config)
+        await router.route(
             InboundEvent(
                 scope="eu", source="shop", message_id="m-1", data={"kind": "pay", "order": "o-9"}
             ),
         )
-        await route(
-            config,
+        await router.route(
             InboundEvent(
                 scope="eu", source="shop", message_id="m-2", data={"kind": "pay", "order": "o-9"}
             ),

@@ -31,8 +31,14 @@ from statifier.durable import Durable
 from statifier.expr import UNDEFINED, Function
 from statifier.persistence import Executions, LoggedInput, MemoryAdapter, Stepped, Storage
 from statifier.persistence.executor import EffectContext, Refused, refuse_unperformed
-from statifier.router import Binding, CreatedAndDelivered, InboundEvent, StaticResolver, route
-from statifier.router.timer_worker import TimerWorker
+from statifier.router import (
+    Binding,
+    CreatedAndDelivered,
+    InboundEvent,
+    Router,
+    StaticResolver,
+    TimerWorker,
+)
 from statifier.sql import TableOptions
 
 NS = 'xmlns="http://www.w3.org/2005/07/scxml"'
@@ -212,21 +218,21 @@ async def test_timers_fired_by_the_router_replay_as_they_were_stepped(
         document="reminder",
         event="start",
     )
-    config = router_db.config(
-        [binding], resolver=StaticResolver({"reminder": machine}), lock_wait=30.0
+    router = Router(
+        router_db.config([binding], resolver=StaticResolver({"reminder": machine}), lock_wait=30.0)
     )
     job = InboundEvent(
         scope="tenant", source="jobs", message_id="m1", data={"kind": "start", "id": "r-1"}
     )
-    routed = await route(config, job)
+    routed = await router.route(job)
     created = routed.outcomes[0]
     assert isinstance(created, CreatedAndDelivered)
     execution_id = created.execution_id
-    worker = TimerWorker(config)
+    worker = TimerWorker(router)
     now = router_db.clock.now
     assert await worker.fire_due(now + timedelta(seconds=1)) == 1  # remind, internal
     assert await worker.fire_due(now + timedelta(seconds=2)) == 1  # nudge, external
-    storage = config.storage
+    storage = router.storage
     record = await storage.fetch_execution(execution_id)
     state = storage.load(record, machine)
     inputs = await Executions(storage).inputs(execution_id)

@@ -34,8 +34,7 @@ from statifier.console.timeline import (
 )
 from statifier.core import Event
 from statifier.persistence import LoggedInput
-from statifier.router import InboundEvent, OutboxRoute, RouterConfig, StaticResolver, route
-from statifier.router.timer_worker import TimerWorker
+from statifier.router import InboundEvent, OutboxRoute, Router, StaticResolver, TimerWorker
 from statifier.sql import migrations
 
 
@@ -44,7 +43,7 @@ class Shop:
     """The checkout chart routed on one backend, with a receipts route and timers."""
 
     db: RouterDb
-    config: RouterConfig
+    router: Router
     queries: ConsoleQueries
 
     async def send(self, kind: str, order: str, **data: Any) -> str:
@@ -54,7 +53,7 @@ class Shop:
             message_id=f"{kind}-{order}-{len(data)}-{sorted(data.items())}",
             data={"kind": kind, "order": order, **data},
         )
-        routed = await route(self.config, event)
+        routed = await self.router.route(event)
         (execution_id,) = {getattr(o, "execution_id", None) for o in routed.outcomes} - {None}
         assert isinstance(execution_id, str), routed
         return execution_id
@@ -62,7 +61,7 @@ class Shop:
     async def seen(self, execution_id: str) -> tuple[ExecutionDetail, list[ReplayStep]]:
         detail = await self.queries.execution(execution_id)
         assert detail is not None
-        storage = self.config.storage
+        storage = self.router.storage
         machine = await storage.machine(detail.record.content_hash)
         options = stored_options(storage.load(detail.record, machine))
         return detail, replay(machine, detail.inputs, execution_id=execution_id, options=options)
@@ -78,13 +77,17 @@ class Shop:
 def shop(router_db: RouterDb) -> Shop:  # noqa: F811 - the fixture
     machine = compile_chart(CHECKOUT.format(receipt=RECEIPT), name="order")
     adapter = router_db.adapter
-    config = router_db.config(
-        shop_bindings(),
-        resolver=StaticResolver({"order": machine}),
-        send_type="shop:route",
-        routes={"receipts": (OutboxRoute(adapter, clock=router_db.clock), {"queue": "receipts"})},
+    router = Router(
+        router_db.config(
+            shop_bindings(),
+            resolver=StaticResolver({"order": machine}),
+            send_type="shop:route",
+            routes={
+                "receipts": (OutboxRoute(adapter, clock=router_db.clock), {"queue": "receipts"})
+            },
+        )
     )
-    return Shop(router_db, config, ConsoleQueries(adapter.engine, adapter.tables))
+    return Shop(router_db, router, ConsoleQueries(adapter.engine, adapter.tables))
 
 
 def _sends(steps: Sequence[ReplayStep], found: dict[str, SendFate]) -> list[list[tuple[str, ...]]]:
@@ -155,7 +158,7 @@ async def test_a_paid_order_cancelled_its_timeout_and_an_expired_one_fired_it(sh
     await shop.send("pay", "o-1")
     expired = await shop.send("checkout", "o-2", amount=5, timeout="1s")
     shop.db.clock.advance(timedelta(seconds=2))
-    assert await TimerWorker(shop.config).fire_due() == 1
+    assert await TimerWorker(shop.router).fire_due() == 1
 
     steps, found = await shop.fates(paid)
     assert [s.final_state for s in steps] == [None, None, "paid"]
@@ -193,11 +196,12 @@ async def test_a_refused_send_is_named_by_its_ledger_row(shop: Shop) -> None:
         CHECKOUT.format(receipt='\n<send type="shop:route" target="nowhere" event="lost"/>'),
         name="order",
     )
-    config = shop.db.config(
-        shop_bindings(), resolver=StaticResolver({"order": unrouted}), send_type="shop:route"
+    router = Router(
+        shop.db.config(
+            shop_bindings(), resolver=StaticResolver({"order": unrouted}), send_type="shop:route"
+        )
     )
-    routed = await route(
-        config,
+    routed = await router.route(
         InboundEvent(
             scope="web",
             source="shop",

@@ -21,7 +21,7 @@ from tests.router.conftest import RouterDb, router_db, router_store  # noqa: F40
 
 from statifier.chart import Machine, compile_chart
 from statifier.expr import Value
-from statifier.router import Binding, LedgerRow, RouterConfig, StaticResolver, ledger
+from statifier.router import Binding, LedgerRow, Router, StaticResolver, ledger
 from statifier.sql import migrations
 from statifier.sql.locations import downgrade_locations, upgrade_locations
 from statifier.sql.tables import define_locations
@@ -70,10 +70,11 @@ def parcel_chart() -> Machine:
     return _PARCEL[0]
 
 
-def parcel_config(db: RouterDb, bindings: list[Binding], **options: Any) -> RouterConfig:
-    """A configuration routing ``bindings`` to the parcel chart (document ``parcel``)."""
+def parcel_router(db: RouterDb, bindings: list[Binding], **options: Any) -> Router:
+    """A router routing ``bindings`` to the parcel chart (document ``parcel``)."""
     options.setdefault("resolver", StaticResolver({"parcel": parcel_chart()}))
-    return db.config(bindings, **options)
+    config = db.config(bindings, **options)
+    return Router(config)
 
 
 @pytest_asyncio.fixture
@@ -104,16 +105,16 @@ def client(app: Any) -> httpx.AsyncClient:
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://front")
 
 
-async def datamodel(config: RouterConfig, execution_id: str) -> Mapping[str, Value]:
+async def datamodel(router: Router, execution_id: str) -> Mapping[str, Value]:
     """The datamodel of the execution's stored position."""
-    storage = config.storage
+    storage = router.storage
     record = await storage.fetch_execution(execution_id)
     return storage.load(record, await storage.machine(record.content_hash)).datamodel
 
 
-async def rows_of(config: RouterConfig, binding_id: str) -> list[LedgerRow]:
+async def rows_of(router: Router, binding_id: str) -> list[LedgerRow]:
     """The ledger rows filed under ``binding_id``, oldest first."""
-    return [row for row in await ledger(config) if row.binding_id == binding_id]
+    return [row for row in await ledger(router) if row.binding_id == binding_id]
 
 
 @asynccontextmanager

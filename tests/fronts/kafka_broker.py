@@ -35,9 +35,11 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 __all__ = [
+    "FAST_GROUP",
     "KafkaBroker",
     "committed",
     "create_topic",
+    "fast_group_toml",
     "kafka_broker",
     "produce",
     "read_records",
@@ -53,6 +55,11 @@ _client_log = logging.getLogger("tests.kafka")
 """Where the helpers' clients log (librdkafka writes to stderr otherwise)."""
 _STARTUP = 20.0
 """Seconds a starting broker gets to answer a metadata request."""
+FAST_GROUP = {"session.timeout.ms": 2000, "heartbeat.interval.ms": 300}
+"""Consumer group settings for the tests: a member that stops is out of the group
+within two seconds. Tansu also holds each JoinGroup for a time that grows with the
+session timeout (about 1 s at 2 s, 3 s at 6 s), and every start, rebalance and
+takeover waits for one or two joins."""
 
 
 @dataclass(frozen=True)
@@ -148,14 +155,19 @@ def start_kafka_broker(
     return KafkaBroker(bootstrap, process, log)
 
 
-def stop_kafka_broker(broker: KafkaBroker) -> None:
-    """Stop the broker and wait for it to exit."""
-    broker.process.terminate()
-    try:
-        broker.process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        broker.process.kill()
-        broker.process.wait()
+def stop_kafka_broker(broker: KafkaBroker, *, grace: float = 10.0) -> None:
+    """Stop the broker and wait for it to exit: ``SIGTERM``, and ``SIGKILL`` after
+    ``grace`` seconds (at once when ``grace`` is 0). Tansu takes seconds to exit on
+    ``SIGTERM`` while clients are connected."""
+    if grace > 0:
+        broker.process.terminate()
+        try:
+            broker.process.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+    broker.process.kill()
+    broker.process.wait()
 
 
 @pytest.fixture(scope="session")
@@ -169,6 +181,12 @@ def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBrok
         yield broker
     finally:
         stop_kafka_broker(broker)
+
+
+def fast_group_toml() -> str:
+    """:data:`FAST_GROUP` as the lines of a service configuration's
+    ``[sources.NAME.settings]`` table."""
+    return "\n".join(f'"{name}" = {value}' for name, value in FAST_GROUP.items())
 
 
 def unique(prefix: str) -> str:

@@ -28,10 +28,11 @@ from statifier.chart import compile_chart
 from statifier.fronts.consumer import DeadLetterAfter, StreamConsumer
 from statifier.fronts.kafka import KafkaDeadLetters, KafkaSource
 from statifier.persistence.sql import SqlAdapter
-from statifier.router import Backoff, Binding, RouterConfig, StaticResolver
+from statifier.router import Backoff, Binding, Router, RouterConfig, StaticResolver
 from statifier.sql import TableOptions
 
 sys.path.insert(0, str(Path(__file__).parents[2]))  # the repository, for tests.router
+from tests.fronts.kafka_broker import FAST_GROUP
 from tests.router.racing_router import DOCUMENT, HITS, LOCK_WAIT, SCOPE
 
 POISON = Binding(
@@ -44,8 +45,6 @@ POISON = Binding(
 )
 """Routes to a document no resolver holds: every attempt fails."""
 ATTEMPTS = 3
-GROUP_SETTINGS = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
-"""A killed member is out of the group within seconds."""
 
 
 async def _consume(job: dict[str, Any], chart: bytes) -> None:
@@ -57,18 +56,19 @@ async def _consume(job: dict[str, Any], chart: bytes) -> None:
             resolver=StaticResolver({DOCUMENT: compile_chart(chart)}),
             lock_wait=LOCK_WAIT,
         )
+        router = Router(config)
         source = KafkaSource(
             job["brokers"],
             group=job["group"],
             topics=[job["topic"]],
             source=HITS.source,
             scope=SCOPE,
-            settings=GROUP_SETTINGS,
+            settings=FAST_GROUP,
         )
         dead_letters = KafkaDeadLetters(job["brokers"], job["dead_letters"])
         backoff = Backoff(base=timedelta(milliseconds=20), factor=2.0, cap=timedelta(seconds=1))
         consumer = StreamConsumer(
-            config,
+            router,
             source,
             failure=DeadLetterAfter(ATTEMPTS, dead_letters, backoff=backoff),
             malformed=dead_letters,

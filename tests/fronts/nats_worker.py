@@ -30,7 +30,7 @@ from statifier.fronts.dead_letters import TableDeadLetters
 from statifier.fronts.leases import PartitionLeases
 from statifier.fronts.nats import JetStreamSource
 from statifier.persistence.sql import SqlAdapter
-from statifier.router import Backoff, Binding, RouterConfig, StaticResolver
+from statifier.router import Backoff, Binding, Router, RouterConfig, StaticResolver
 from statifier.sql import TableOptions
 
 sys.path.insert(0, str(Path(__file__).parents[2]))  # the repository, for tests.router
@@ -59,6 +59,7 @@ async def _consume(job: dict[str, Any]) -> None:
             resolver=StaticResolver({DOCUMENT: machine}),
             lock_wait=LOCK_WAIT,
         )
+        router = Router(config)
         leases = PartitionLeases(
             adapter,
             group=GROUP,
@@ -78,7 +79,7 @@ async def _consume(job: dict[str, Any]) -> None:
         )
         backoff = Backoff(base=timedelta(milliseconds=20), factor=2.0, cap=timedelta(seconds=1))
         consumer = StreamConsumer(
-            config,
+            router,
             source,
             failure=DeadLetterAfter(ATTEMPTS, TableDeadLetters(adapter), backoff=backoff),
             batch_size=64,

@@ -35,7 +35,7 @@ from statifier.fronts.consumer import StreamConsumer
 from statifier.fronts.source import Rebalance
 from statifier.fronts.table_source import TableSource
 from statifier.persistence.sql import SqlAdapter
-from statifier.router import RouterConfig, StaticResolver
+from statifier.router import Router, RouterConfig, StaticResolver
 from statifier.router.config import Door
 from statifier.sql import TableOptions
 from statifier.sql.names import TableNames
@@ -133,6 +133,7 @@ async def _consume(
             lock_wait=LOCK_WAIT,
             around_delivery=_paced(float(job.get("pause", 0.0))),
         )
+        router = Router(config)
         source = AuditedSource(
             adapter,
             audit,
@@ -142,7 +143,7 @@ async def _consume(
             ttl=float(job["ttl"]),
         )
         consumer = StreamConsumer(
-            config,
+            router,
             source,
             lanes=int(job["lanes"]),
             batch_size=int(job["batch"]),

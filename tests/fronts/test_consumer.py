@@ -27,6 +27,7 @@ from statifier.router import (
     ConfigError,
     InboundEvent,
     Resolved,
+    Router,
     RouterConfig,
     address,
     ledger,
@@ -146,8 +147,9 @@ def stream(partitions: int, keys: int, per_key: int) -> list[Message]:
     return messages
 
 
-def config_of(router_db: RouterDb, resolver: Flaky | None = None, **more: Any) -> RouterConfig:
-    return router_db.config([HITS], resolver=resolver or Flaky(), lock_wait=LOCK_WAIT, **more)
+def router_of(router_db: RouterDb, resolver: Flaky | None = None, **more: Any) -> Router:
+    config = router_db.config([HITS], resolver=resolver or Flaky(), lock_wait=LOCK_WAIT, **more)
+    return Router(config)
 
 
 async def until(check: Callable[[], bool]) -> None:
@@ -162,21 +164,21 @@ async def quick(seconds: float) -> None:
     await asyncio.sleep(0.001)
 
 
-def consumer_of(config: RouterConfig, source: MemorySource, **options: Any) -> StreamConsumer:
+def consumer_of(router: Router, source: MemorySource, **options: Any) -> StreamConsumer:
     options.setdefault("commit_interval", 0.01)
     options.setdefault("poll", 0.01)
     options.setdefault("sleep", quick)
-    return StreamConsumer(config, source, **options)
+    return StreamConsumer(router, source, **options)
 
 
 @pytest.mark.asyncio
 async def test_every_event_is_routed_once_in_its_keys_order_and_committed(
     router_db: RouterDb,
 ) -> None:
-    config = config_of(router_db)
+    router = router_of(router_db)
     messages = stream(partitions=3, keys=6, per_key=8)
     source = MemorySource(messages)
-    consumer = consumer_of(config, source, lanes=3, batch_size=4)
+    consumer = consumer_of(router, source, lanes=3, batch_size=4)
     running = asyncio.create_task(consumer.run())
     await until(lambda: consumer.counts.committed == len(messages))
     await consumer.stop()
@@ -184,13 +186,13 @@ async def test_every_event_is_routed_once_in_its_keys_order_and_committed(
     assert consumer.counts == ConsumerCounts(routed=48, committed=48)
     assert source.closed
     assert source.committed == {"p0": 16, "p1": 16, "p2": 16}
-    rows = await ledger(config)
+    rows = await ledger(router)
     sent = [m.event.message_id for m in messages if isinstance(m.event, InboundEvent)]
     assert sorted(str(r.message_id) for r in rows) == sorted(sent)
     for key in range(6):
-        found = await address(config, SCOPE, DOCUMENT, f"k{key}")
+        found = await address(router, SCOPE, DOCUMENT, f"k{key}")
         assert found is not None
-        assert await logged_messages(config, found.execution_id) == [
+        assert await logged_messages(router, found.execution_id) == [
             f"k{key}/{turn}" for turn in range(8)
         ]
 
@@ -200,7 +202,7 @@ async def test_a_failing_event_holds_its_lane_and_the_commit_below_it(
     router_db: RouterDb,
 ) -> None:
     resolver = Flaky(BROKEN)
-    config = config_of(router_db, resolver)
+    router = router_of(router_db, resolver)
     messages = [
         Message("p0", 1, hit("a/0", "a")),
         Message("p0", 2, hit("poison/0", "poison", scope=BROKEN)),
@@ -209,7 +211,7 @@ async def test_a_failing_event_holds_its_lane_and_the_commit_below_it(
     ]
     source = MemorySource(messages)
     # One lane, one event a call: everything after the poison waits behind it.
-    consumer = consumer_of(config, source, lanes=1, batch_size=1)
+    consumer = consumer_of(router, source, lanes=1, batch_size=1)
     running = asyncio.create_task(consumer.run())
     await until(lambda: source.committed == {"p0": 1})
     # Ten commit intervals later the committer has still not passed the poison.
@@ -217,15 +219,15 @@ async def test_a_failing_event_holds_its_lane_and_the_commit_below_it(
     assert consumer.counts.failed_attempts >= 5
     assert consumer.counts.routed == 1
     assert source.committed == {"p0": 1}
-    assert {r.message_id for r in await ledger(config)} == {"a/0"}
+    assert {r.message_id for r in await ledger(router)} == {"a/0"}
     resolver.broken.clear()  # the chart store is back
     await until(lambda: consumer.counts.committed == 4)
     await consumer.stop()
     await running
     assert source.committed == {"p0": 3, "p1": 1}
-    found = await address(config, SCOPE, DOCUMENT, "a")
+    found = await address(router, SCOPE, DOCUMENT, "a")
     assert found is not None
-    assert await logged_messages(config, found.execution_id) == ["a/0", "a/1"]
+    assert await logged_messages(router, found.execution_id) == ["a/0", "a/1"]
     assert consumer.counts.dead_lettered == 0
 
 
@@ -234,7 +236,7 @@ async def test_a_failure_in_a_batch_holds_only_its_keys_events_behind_it(
     router_db: RouterDb,
 ) -> None:
     resolver = Flaky(BROKEN)
-    config = config_of(router_db, resolver)
+    router = router_of(router_db, resolver)
     messages = [
         Message("p0", 1, hit("poison/0", "poison", scope=BROKEN)),
         Message("p0", 2, hit("a/0", "a")),
@@ -242,7 +244,7 @@ async def test_a_failure_in_a_batch_holds_only_its_keys_events_behind_it(
         Message("p0", 4, hit("a/1", "a")),
     ]
     source = MemorySource(messages)
-    consumer = consumer_of(config, source, lanes=1, batch_size=8)
+    consumer = consumer_of(router, source, lanes=1, batch_size=8)
     running = asyncio.create_task(consumer.run())
     await until(lambda: consumer.counts.routed == 2 and consumer.counts.failed_attempts >= 3)
     await asyncio.sleep(0.05)
@@ -251,16 +253,16 @@ async def test_a_failure_in_a_batch_holds_only_its_keys_events_behind_it(
     await until(lambda: consumer.counts.committed == 4)
     await consumer.stop()
     await running
-    found = await address(config, BROKEN, DOCUMENT, "poison")
+    found = await address(router, BROKEN, DOCUMENT, "poison")
     assert found is not None
-    assert await logged_messages(config, found.execution_id) == ["poison/0", "poison/1"]
+    assert await logged_messages(router, found.execution_id) == ["poison/0", "poison/1"]
 
 
 @pytest.mark.asyncio
 async def test_out_of_attempts_an_event_is_dead_lettered_and_the_lane_moves_on(
     router_db: RouterDb,
 ) -> None:
-    config = config_of(router_db, Flaky(BROKEN))
+    router = router_of(router_db, Flaky(BROKEN))
     dead = TableDeadLetters(router_db.adapter)
     messages = [
         Message("p0", 1, hit("poison/0", "poison", scope=BROKEN), b"raw poison"),
@@ -271,7 +273,7 @@ async def test_out_of_attempts_an_event_is_dead_lettered_and_the_lane_moves_on(
     telemetry.attach("test", "statifier.fronts.dead_letter", lambda n, m, meta: seen.append(meta))
     try:
         consumer = consumer_of(
-            config, source, lanes=1, failure=DeadLetterAfter(3, dead, backoff=Backoff())
+            router, source, lanes=1, failure=DeadLetterAfter(3, dead, backoff=Backoff())
         )
         running = asyncio.create_task(consumer.run())
         await until(lambda: consumer.counts.committed == 2)
@@ -288,7 +290,7 @@ async def test_out_of_attempts_an_event_is_dead_lettered_and_the_lane_moves_on(
     assert letter.raw == b"raw poison"
     assert "the chart store of broken is down" in letter.reason
     assert [m["message_id"] for m in seen] == ["poison/0"]
-    assert {r.message_id for r in await ledger(config)} == {"a/0"}
+    assert {r.message_id for r in await ledger(router)} == {"a/0"}
 
 
 @pytest.mark.asyncio
@@ -308,12 +310,13 @@ async def test_unreadable_bindings_hold_the_intake_then_dead_letter_under_the_po
         resolver=Flaky(),
         lock_wait=LOCK_WAIT,
     )
+    router = Router(config)
     messages = [
         Message("p0", 1, hit("poison/0", "poison", scope=BROKEN)),
         Message("p0", 2, hit("a/0", "a")),
     ]
     held = MemorySource(messages)
-    waiting = consumer_of(config, held)
+    waiting = consumer_of(router, held)
     running = asyncio.create_task(waiting.run())
     await until(lambda: waiting.counts.failed_attempts >= 3)
     assert waiting.counts.routed == 0  # nothing passes an event whose lane is unknown
@@ -325,7 +328,7 @@ async def test_unreadable_bindings_hold_the_intake_then_dead_letter_under_the_po
     broken.add(BROKEN)
     dead = TableDeadLetters(router_db.adapter)
     source = MemorySource([Message("p0", 3, hit("poison/1", "poison", scope=BROKEN))])
-    giving_up = consumer_of(config, source, failure=DeadLetterAfter(2, dead))
+    giving_up = consumer_of(router, source, failure=DeadLetterAfter(2, dead))
     running = asyncio.create_task(giving_up.run())
     await until(lambda: giving_up.counts.committed == 1)
     await giving_up.stop()
@@ -339,13 +342,13 @@ async def test_unreadable_bindings_hold_the_intake_then_dead_letter_under_the_po
 async def test_a_malformed_message_is_dead_lettered_with_its_reason(
     router_db: RouterDb,
 ) -> None:
-    config = config_of(router_db)
+    router = router_of(router_db)
     messages = [
         Message("p0", 1, Malformed("not JSON"), b"{oops"),
         Message("p0", 2, hit("a/0", "a")),
     ]
     source = MemorySource(messages)
-    consumer = consumer_of(config, source)
+    consumer = consumer_of(router, source)
     running = asyncio.create_task(consumer.run())
     await until(lambda: consumer.counts.committed == 2)
     await consumer.stop()
@@ -360,11 +363,11 @@ async def test_a_revoke_drains_the_partitions_work_and_commits_before_returning(
     router_db: RouterDb,
 ) -> None:
     gate = Gate()
-    config = config_of(router_db, around_delivery=gate)
+    router = router_of(router_db, around_delivery=gate)
     messages = [Message("p0", n, hit(f"a/{n}", "a")) for n in range(1, 6)]
     messages.append(Message("p1", 1, hit("b/0", "b")))
     source = MemorySource(messages)
-    consumer = consumer_of(config, source, lanes=1, batch_size=2)
+    consumer = consumer_of(router, source, lanes=1, batch_size=2)
     running = asyncio.create_task(consumer.run())
     await until(lambda: gate.waiting > 0)  # the lane is routing a/1 and a/2
     done = source.revoke(["p0"])
@@ -377,7 +380,7 @@ async def test_a_revoke_drains_the_partitions_work_and_commits_before_returning(
     await consumer.stop()
     await running
     # a/3 .. a/5 were queued, not begun: dropped for the next owner.
-    assert sorted(str(r.message_id) for r in await ledger(config)) == ["a/1", "a/2", "b/0"]
+    assert sorted(str(r.message_id) for r in await ledger(router)) == ["a/1", "a/2", "b/0"]
     assert consumer.counts.routed == 3
 
 
@@ -386,9 +389,9 @@ async def test_a_stop_is_bounded_and_what_did_not_settle_is_not_committed(
     router_db: RouterDb,
 ) -> None:
     gate = Gate()
-    config = config_of(router_db, around_delivery=gate)
+    router = router_of(router_db, around_delivery=gate)
     source = MemorySource([Message("p0", 1, hit("a/0", "a"))])
-    consumer = consumer_of(config, source)
+    consumer = consumer_of(router, source)
     running = asyncio.create_task(consumer.run())
     await until(lambda: gate.waiting > 0)
     started = time.monotonic()
@@ -397,7 +400,7 @@ async def test_a_stop_is_bounded_and_what_did_not_settle_is_not_committed(
     await running
     assert source.closed
     assert source.commits == []
-    assert await ledger(config) == []
+    assert await ledger(router) == []
 
 
 @pytest.mark.asyncio
@@ -405,9 +408,9 @@ async def test_a_stop_lets_the_calls_in_flight_finish_and_commits_them(
     router_db: RouterDb,
 ) -> None:
     gate = Gate()
-    config = config_of(router_db, around_delivery=gate)
+    router = router_of(router_db, around_delivery=gate)
     source = MemorySource([Message("p0", 1, hit("a/0", "a"))])
-    consumer = consumer_of(config, source, commit_interval=60.0)
+    consumer = consumer_of(router, source, commit_interval=60.0)
     running = asyncio.create_task(consumer.run())
     await until(lambda: gate.waiting > 0)
     stopping = asyncio.create_task(consumer.stop())
@@ -423,9 +426,9 @@ async def test_a_stop_lets_the_calls_in_flight_finish_and_commits_them(
 @pytest.mark.asyncio
 async def test_the_intake_pauses_at_max_in_flight(router_db: RouterDb) -> None:
     gate = Gate()
-    config = config_of(router_db, around_delivery=gate)
+    router = router_of(router_db, around_delivery=gate)
     source = MemorySource(stream(partitions=1, keys=4, per_key=5))
-    consumer = consumer_of(config, source, lanes=2, batch_size=1, max_in_flight=3)
+    consumer = consumer_of(router, source, lanes=2, batch_size=1, max_in_flight=3)
     running = asyncio.create_task(consumer.run())
     await until(lambda: gate.waiting >= 1)
     await asyncio.sleep(0.05)
@@ -439,7 +442,7 @@ async def test_the_intake_pauses_at_max_in_flight(router_db: RouterDb) -> None:
 @pytest.mark.asyncio
 async def test_a_failing_source_stops_the_consumer_and_is_closed(router_db: RouterDb) -> None:
     source = MemorySource([], fail_fetch=True)
-    consumer = consumer_of(config_of(router_db), source)
+    consumer = consumer_of(router_of(router_db), source)
     with pytest.raises(ConnectionError, match="went away"):
         await consumer.run()
     assert source.closed
@@ -449,21 +452,21 @@ async def test_a_failing_source_stops_the_consumer_and_is_closed(router_db: Rout
 
 @pytest.mark.asyncio
 async def test_bounds_out_of_range_are_refused(router_db: RouterDb) -> None:
-    config = config_of(router_db)
+    router = router_of(router_db)
     source = MemorySource([])
     for options in ({"lanes": 0}, {"batch_size": 0}, {"max_in_flight": -1}, {"poll": 0.0}):
         with pytest.raises(ConfigError):
-            StreamConsumer(config, source, **options)
+            StreamConsumer(router, source, **options)
     with pytest.raises(ConfigError, match="attempts"):
         DeadLetterAfter(0, TableDeadLetters(router_db.adapter))
-    assert isinstance(StreamConsumer(config, source).failure, Retry)
+    assert isinstance(StreamConsumer(router, source).failure, Retry)
 
 
 @pytest.mark.asyncio
 async def test_retries_and_dead_letters_are_structured_warnings_with_telemetry(
     router_db: RouterDb, caplog: pytest.LogCaptureFixture
 ) -> None:
-    config = config_of(router_db, Flaky(BROKEN))
+    router = router_of(router_db, Flaky(BROKEN))
     dead = TableDeadLetters(router_db.adapter)
     source = MemorySource([Message("p0", 1, hit("poison/0", "poison", scope=BROKEN), b"raw")])
     heard: list[tuple[str, Mapping[str, Any]]] = []
@@ -472,7 +475,7 @@ async def test_retries_and_dead_letters_are_structured_warnings_with_telemetry(
     caplog.set_level(logging.WARNING, "statifier.fronts.consumer")
     try:
         consumer = consumer_of(
-            config, source, lanes=1, failure=DeadLetterAfter(4, dead, backoff=Backoff())
+            router, source, lanes=1, failure=DeadLetterAfter(4, dead, backoff=Backoff())
         )
         running = asyncio.create_task(consumer.run())
         await until(lambda: consumer.counts.committed == 1)

@@ -26,7 +26,7 @@ from statifier.router import (
     Binding,
     CreatedAndDelivered,
     Routed,
-    RouterConfig,
+    Router,
     StaticResolver,
     ledger,
 )
@@ -62,15 +62,15 @@ async def db(router_db: RouterDb) -> RouterDb:  # noqa: F811 - the imported fixt
     return router_db
 
 
-def config_of(db: RouterDb, **options: Any) -> RouterConfig:
+def router_of(db: RouterDb, **options: Any) -> Router:
     options.setdefault("resolver", StaticResolver({"patron": compile_chart(PATRON)}))
-    return db.config([REGISTRATIONS], **options)
+    return Router(db.config([REGISTRATIONS], **options))
 
 
-def app_of(config: RouterConfig, **options: Any) -> Starlette:
+def app_of(router: Router, **options: Any) -> Starlette:
     options.setdefault("source", "patron_registration_form")
     options.setdefault("scope", BRANCH)
-    return form_app(config, **options)
+    return form_app(router, **options)
 
 
 def form(**fields: Any) -> bytes:
@@ -79,78 +79,78 @@ def form(**fields: Any) -> bytes:
 
 @pytest.mark.asyncio
 async def test_the_fields_are_the_data_and_a_double_submit_is_one_message(db: RouterDb) -> None:
-    config = config_of(db)
+    router = router_of(db)
     body = form(card="c-1", name="Ada", topics=["maps", "rivers"], csrf="t0k")
-    async with client(app_of(config)) as http:
+    async with client(app_of(router)) as http:
         first = await http.post("/", content=body, headers=FORM)
         double = await http.post("/", content=body, headers=FORM)
     assert (first.status_code, double.status_code) == (200, 200)
-    rows = await rows_of(config, "patron_registrations")
+    rows = await rows_of(router, "patron_registrations")
     assert [(row.message_id, row.outcome) for row in rows] == [
         (body_message_id(body), "created_and_delivered"),
         (body_message_id(body), "duplicate"),
     ]
     execution_id = rows[0].execution_id
     assert execution_id is not None
-    model = await datamodel(config, execution_id)
+    model = await datamodel(router, execution_id)
     assert (model["name"], model["topics"]) == ("Ada", ["maps", "rivers"])
 
 
 @pytest.mark.asyncio
 async def test_concurrent_double_submits_are_routed_once(db: RouterDb) -> None:
-    config = config_of(db)
+    router = router_of(db)
     body = form(card="c-2", name="Grace")
-    async with client(app_of(config)) as http:
+    async with client(app_of(router)) as http:
         answers = await asyncio.gather(
             *(http.post("/", content=body, headers=FORM) for _ in range(6))
         )
     assert [answer.status_code for answer in answers] == [200] * 6
-    outcomes = sorted(row.outcome for row in await ledger(config))
+    outcomes = sorted(row.outcome for row in await ledger(router))
     assert outcomes == ["created_and_delivered"] + ["duplicate"] * 5
 
 
 @pytest.mark.asyncio
 async def test_the_scope_is_the_hosts_never_the_posted_one(db: RouterDb) -> None:
-    config = config_of(db)
+    router = router_of(db)
 
     def from_session(request: Request) -> str:
         return str(request.headers["x-session-branch"])
 
     body = form(card="c-3", name="Lin", scope="branch_south")
-    async with client(app_of(config, scope=from_session)) as http:
+    async with client(app_of(router, scope=from_session)) as http:
         answer = await http.post("/", content=body, headers={**FORM, "x-session-branch": BRANCH})
     assert answer.status_code == 200
-    assert [row.scope for row in await ledger(config)] == [BRANCH]
+    assert [row.scope for row in await ledger(router)] == [BRANCH]
 
 
 @pytest.mark.asyncio
 async def test_the_hosts_check_refusing_is_401_and_routes_nothing(db: RouterDb) -> None:
-    config = config_of(db)
+    router = router_of(db)
 
     def csrf_checked(request: Request, body: bytes) -> bool:
         return request.cookies.get("csrf") == "t0k" and b"csrf=t0k" in body
 
     body = form(card="c-4", name="Mo", csrf="t0k")
-    async with client(app_of(config, verifier=csrf_checked)) as http:
+    async with client(app_of(router, verifier=csrf_checked)) as http:
         forged = await http.post("/", content=body, headers={**FORM, "cookie": "csrf=other"})
         assert forged.status_code == 401
-        assert await ledger(config) == []
+        assert await ledger(router) == []
         checked = await http.post("/", content=body, headers={**FORM, "cookie": "csrf=t0k"})
     assert checked.status_code == 200
 
 
 @pytest.mark.asyncio
 async def test_a_post_that_is_not_a_form_is_415_and_a_broken_form_400(db: RouterDb) -> None:
-    config = config_of(db)
+    router = router_of(db)
     many = "&".join(f"f{n}=v" for n in range(MAX_FORM_FIELDS + 1)).encode()
-    async with client(app_of(config)) as http:
+    async with client(app_of(router)) as http:
         as_json = {"content-type": "application/json"}
         json_post = await http.post("/", content=b'{"card": "c-5"}', headers=as_json)
         untyped = await http.post("/", content=form(card="c-5"))
         not_utf8 = await http.post("/", content=b"card=%ff%fe", headers=FORM)
         too_many = await http.post("/", content=many, headers=FORM)
     assert [a.status_code for a in (json_post, untyped, not_utf8, too_many)] == [415, 415, 400, 400]
-    assert await ledger(config) == []
+    assert await ledger(router) == []
 
 
 @pytest.mark.asyncio
@@ -158,25 +158,25 @@ async def test_another_method_an_oversized_or_slow_body_and_an_error(db: RouterD
     def unresolvable(scope: str, document: str) -> Any:
         raise LookupError("the chart store is down")
 
-    config = config_of(db)
-    async with client(app_of(config, max_body=256)) as http:
+    router = router_of(db)
+    async with client(app_of(router, max_body=256)) as http:
         wrong = await http.get("/")
         big = await http.post("/", content=form(card="c-6", name="x" * 300), headers=FORM)
-    async with client(app_of(config_of(db, resolver=unresolvable))) as http:
+    async with client(app_of(router_of(db, resolver=unresolvable))) as http:
         failed = await http.post("/", content=form(card="c-6", name="Kay"), headers=FORM)
-    slow = await slow_post(app_of(config, timeout=0.2), "/")
+    slow = await slow_post(app_of(router, timeout=0.2), "/")
     assert [wrong.status_code, big.status_code, failed.status_code, slow] == [405, 413, 500, 408]
     assert wrong.headers["allow"] == "POST"
-    assert await ledger(config) == []
+    assert await ledger(router) == []
 
 
 @pytest.mark.asyncio
 async def test_the_routed_answer_is_a_created_execution(db: RouterDb) -> None:
     # The same post through the contract the app is built on.
-    config = config_of(db)
+    router = router_of(db)
     body = form(card="c-7", name="Ida")
     routed = await handle(
-        config,
+        router,
         scope=BRANCH,
         source="patron_registration_form",
         raw_body=body,
@@ -195,22 +195,22 @@ async def test_handling_that_outlives_the_timeout_is_503_and_rolled_back(db: Rou
         await asyncio.sleep(2)
         return await executions.step(execution_id, machine, event)
 
-    config = config_of(db, on_step=on_step)
-    async with client(app_of(config, timeout=0.3)) as http:
+    router = router_of(db, on_step=on_step)
+    async with client(app_of(router, timeout=0.3)) as http:
         answer = await http.post("/", content=form(card="c-8", name="Bo"), headers=FORM)
     assert answer.status_code == 503
-    assert await ledger(config) == []
+    assert await ledger(router) == []
 
 
 @pytest.mark.asyncio
 async def test_a_form_carries_no_json_and_no_lone_surrogate(db: RouterDb) -> None:
     """A form's one rule is strict UTF-8 (the body and every percent-escape); what looks
     like a number that is not finite is text, kept as posted."""
-    config = config_of(db)
-    async with client(app_of(config)) as http:
+    router = router_of(db)
+    async with client(app_of(router)) as http:
         escaped = await http.post("/", content=b"card=c-1&name=%ED%A0%80", headers=FORM)
         raw = await http.post("/", content=b"card=c-1&name=\xed\xa0\x80", headers=FORM)
-        assert await ledger(config) == []
+        assert await ledger(router) == []
         numbers = await http.post(
             "/", content=form(card="c-2", name="1e999999", topics="NaN"), headers=FORM
         )
@@ -219,9 +219,9 @@ async def test_a_form_carries_no_json_and_no_lone_surrogate(db: RouterDb) -> Non
         (400, "the form is not UTF-8 (invalid continuation byte)"),
     ]
     assert numbers.status_code == 200
-    [row] = await rows_of(config, "patron_registrations")
+    [row] = await rows_of(router, "patron_registrations")
     assert row.execution_id is not None
-    model = await datamodel(config, row.execution_id)
+    model = await datamodel(router, row.execution_id)
     assert (model["name"], model["topics"]) == ("1e999999", "NaN")
 
 
@@ -230,7 +230,7 @@ async def test_each_refusal_of_a_form_is_a_warning_naming_its_rule(
     db: RouterDb, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, "statifier.fronts")
-    async with client(app_of(config_of(db), max_body=256)) as http:
+    async with client(app_of(router_of(db), max_body=256)) as http:
         answers = [
             await http.post("/", content=b'{"card": "c-5"}', headers={"content-type": "text/json"}),
             await http.post("/", content=b"card=%ff", headers=FORM),

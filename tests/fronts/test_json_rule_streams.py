@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from nats.js.api import StreamConfig
 from sqlalchemy.dialects.postgresql import JSONB
 from tests.fronts.kafka_broker import (  # noqa: F401 - the fixture
+    FAST_GROUP,
     KafkaBroker,
     committed,
     create_topic,
@@ -25,7 +26,7 @@ from tests.fronts.kafka_broker import (  # noqa: F401 - the fixture
     unique,
 )
 from tests.fronts.nats_server import NatsServer, nats_server  # noqa: F401 - the fixture
-from tests.fronts.test_consumer import Flaky, config_of
+from tests.fronts.test_consumer import Flaky, router_of
 from tests.router.conftest import RouterDb
 from tests.router.racing_router import SOURCE
 
@@ -60,14 +61,14 @@ async def consume(
     """Run a consumer over ``source`` until the good message is routed, ``letters``
     dead letters are kept and ``settled()`` holds (60 s at most); answers the dead
     letters by position."""
-    config = config_of(router_db, Flaky())
+    router = router_of(router_db, Flaky())
     dead = TableDeadLetters(router_db.adapter)
-    consumer = StreamConsumer(config, source, malformed=dead, commit_interval=0.05, poll=0.05)
+    consumer = StreamConsumer(router, source, malformed=dead, commit_interval=0.05, poll=0.05)
     running = asyncio.create_task(consumer.run())
     try:
         async with asyncio.timeout(60):
             while True:
-                routed = await ledger(config)
+                routed = await ledger(router)
                 entries = await dead.entries()
                 if routed and len(entries) >= letters and (settled is None or await settled()):
                     break
@@ -75,7 +76,7 @@ async def consume(
     finally:
         await consumer.stop()
         await running
-    assert [row.outcome for row in await ledger(config)] == ["created_and_delivered"]
+    assert [row.outcome for row in await ledger(router)] == ["created_and_delivered"]
     return sorted(entries, key=lambda entry: entry.position)
 
 
@@ -99,7 +100,7 @@ async def test_kafka_dead_letters_each_rule_and_reads_on(
         topics=[topic],
         source=SOURCE,
         scope="acme",
-        settings={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500},
+        settings=FAST_GROUP,
     )
     ends = {0: len(POISONED) + 1}
 

@@ -38,7 +38,7 @@ from tests.fronts.kafka_broker import (
 from tests.persistence.conftest import SqlStore, postgresql_store  # noqa: F401 - fixture
 from tests.router.conftest import RouterDb
 from tests.router.racing_router import DOCUMENT, SCOPE
-from tests.router.test_races import COUNTER, count_of, counter_config, logged_messages
+from tests.router.test_races import COUNTER, count_of, counter_router, logged_messages
 
 from statifier.router import address, ledger
 from statifier.sql.names import TableNames
@@ -284,8 +284,8 @@ async def test_a_consumer_killed_mid_stream_loses_no_hit_and_steps_none_twice(
             worker.output.close()
         tail.close()
 
-    config = counter_config(pg_db)
-    rows = await ledger(config)
+    router = counter_router(pg_db)
+    rows = await ledger(router)
     assert {r.outcome for r in rows} <= {"created_and_delivered", "delivered", "duplicate"}
     stepped = Counter(
         r.message_id for r in rows if r.outcome in ("created_and_delivered", "delivered")
@@ -294,13 +294,13 @@ async def test_a_consumer_killed_mid_stream_loses_no_hit_and_steps_none_twice(
     duplicates = sum(1 for r in rows if r.outcome == "duplicate")
 
     for key in sorted({r.key for r in hits if r.key is not None}):
-        found = await address(config, SCOPE, DOCUMENT, key)
+        found = await address(router, SCOPE, DOCUMENT, key)
         assert found is not None, key
         mine = sorted((r for r in hits if r.key == key), key=lambda r: (r.partition, r.offset))
         assert len({r.partition for r in mine}) == 1  # a key's records share a partition
         expected = [r.message_id for r in mine]
-        assert await logged_messages(config, found.execution_id) == expected
-        assert await count_of(config, found.execution_id) == len(expected)
+        assert await logged_messages(router, found.execution_id) == expected
+        assert await count_of(router, found.execution_id) == len(expected)
     created = [r.execution_id for r in rows if r.outcome == "created_and_delivered"]
     assert len(created) == len(set(created)) == KEYS
 

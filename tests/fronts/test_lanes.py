@@ -1,16 +1,18 @@
 """Partition keys and lanes: the address of the first enabled by-key binding of the
-event's source whose match holds and whose key resolves, else the message id; one key
-always hashes to one lane."""
+event's source whose match holds and whose key resolves, else the message id (the key
+:meth:`Router.plan` gives); one key always hashes to one lane."""
 
 from __future__ import annotations
 
 import zlib
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from statifier.fronts.lanes import lane_of, partition_key
-from statifier.router import Binding, InboundEvent, Order
+from statifier.fronts.lanes import lane_of
+from statifier.persistence.sql import SqlAdapter
+from statifier.router import Binding, InboundEvent, Order, Router, RouterConfig, StaticResolver
 
 
 def _binding(binding_id: str, **more: object) -> Binding:
@@ -33,13 +35,22 @@ def _event(message_id: str = "m1", **data: object) -> InboundEvent:
 CLICK = _event(kind="click", impression_id="i7", user="u3")
 
 
-def test_the_first_keyed_binding_gives_the_address() -> None:
+async def partition_key(bindings: list[Binding], event: InboundEvent) -> str:
+    """The partition key a router with ``bindings`` plans ``event`` under."""
+    async with SqlAdapter("sqlite://") as adapter:
+        config = RouterConfig(adapter, bindings=bindings, resolver=StaticResolver({}))
+        return (await Router(config).plan(event)).key
+
+
+@pytest.mark.asyncio
+async def test_the_first_keyed_binding_gives_the_address() -> None:
     by_user = _binding("by_user", key="event.user", document="people")
-    assert partition_key([_binding("clicks"), by_user], CLICK) == "tenant/join/i7"
-    assert partition_key([by_user, _binding("clicks")], CLICK) == "tenant/people/u3"
+    assert await partition_key([_binding("clicks"), by_user], CLICK) == "tenant/join/i7"
+    assert await partition_key([by_user, _binding("clicks")], CLICK) == "tenant/people/u3"
 
 
-def test_bindings_that_cannot_key_the_event_are_passed_over() -> None:
+@pytest.mark.asyncio
+async def test_bindings_that_cannot_key_the_event_are_passed_over() -> None:
     passed_over = [
         _binding("off", enabled=False, document="off"),
         _binding("unordered", order=Order.NONE, document="unordered"),
@@ -48,13 +59,14 @@ def test_bindings_that_cannot_key_the_event_are_passed_over() -> None:
         _binding("no_key", key="event.missing", document="no_key"),
         _binding("failing", match="event.kind.nope()", document="failing"),
     ]
-    assert partition_key(passed_over, CLICK) == "m1"
-    assert partition_key([*passed_over, _binding("clicks")], CLICK) == "tenant/join/i7"
+    assert await partition_key(passed_over, CLICK) == "m1"
+    assert await partition_key([*passed_over, _binding("clicks")], CLICK) == "tenant/join/i7"
 
 
-def test_an_unkeyed_event_falls_back_to_its_message_id() -> None:
-    assert partition_key([], CLICK) == "m1"
-    assert partition_key([_binding("clicks")], _event("m9", kind="view")) == "m9"
+@pytest.mark.asyncio
+async def test_an_unkeyed_event_falls_back_to_its_message_id() -> None:
+    assert await partition_key([], CLICK) == "m1"
+    assert await partition_key([_binding("clicks")], _event("m9", kind="view")) == "m9"
 
 
 def test_a_lane_is_the_crc32_of_the_key() -> None:

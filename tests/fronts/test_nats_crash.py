@@ -31,7 +31,7 @@ from nats.js.api import StreamConfig
 from tests.fronts.nats_server import NatsServer, nats_server  # noqa: F401 - the fixture
 from tests.router.conftest import RouterDb
 from tests.router.racing_router import DOCUMENT, SCOPE
-from tests.router.test_races import COUNTER, count_of, counter_config, logged_messages
+from tests.router.test_races import COUNTER, count_of, counter_router, logged_messages
 
 from statifier.fronts.dead_letters import TableDeadLetters
 from statifier.fronts.nats import MESSAGE_ID_HEADER
@@ -170,6 +170,18 @@ async def _stepped(db: RouterDb) -> int:
     return int(row[0])
 
 
+async def _holders(db: RouterDb) -> dict[str, str | None]:
+    """Each partition's lease holder in the workers' group (``None``: free)."""
+    names = TableNames.of(db.store.tables)
+    async with db.adapter.transaction() as tx:
+        cursor = await tx.driver.execute(
+            f"SELECT partition, owner FROM {names.partition_leases} "
+            "WHERE consumer_group = %(group)s",
+            {"group": GROUP},
+        )
+        return {row[0]: row[1] for row in await cursor.fetchall()}
+
+
 async def _unsettled(db: RouterDb, messages: list[Published]) -> list[Published]:
     """Those of ``messages`` neither in the ledger nor dead-lettered."""
     names = TableNames.of(db.store.tables)
@@ -261,7 +273,11 @@ async def test_a_consumer_killed_mid_stream_loses_no_hit_and_steps_none_twice(
             await workers[0].process.wait()
             stepped_at_kill = watch.stepped
             checks_at_kill = watch.checks
-            await asyncio.sleep(TTL + 1.0)  # b takes the dead member's partitions over
+
+            async def taken_over() -> bool:  # b holds the dead member's partitions
+                return await _holders(pg_db) == dict.fromkeys(PARTITIONS, "b")
+
+            await _until(taken_over, watch)
             workers.append(await _start(pg_db, nats_server, chart, stream, prefix, "a", tmp_path))
             await _until(all_acknowledged, watch)
             checks = watch.checks
@@ -290,8 +306,8 @@ async def test_a_consumer_killed_mid_stream_loses_no_hit_and_steps_none_twice(
         await js.delete_stream(stream)
         await client.close()
 
-    config = counter_config(pg_db)
-    rows = await ledger(config)
+    router = counter_router(pg_db)
+    rows = await ledger(router)
     assert {r.outcome for r in rows} <= {"created_and_delivered", "delivered", "duplicate"}
     stepped = Counter(
         r.message_id for r in rows if r.outcome in ("created_and_delivered", "delivered")
@@ -300,11 +316,11 @@ async def test_a_consumer_killed_mid_stream_loses_no_hit_and_steps_none_twice(
     duplicates = sum(1 for r in rows if r.outcome == "duplicate")
 
     for key in sorted({m.key for m in hits if m.key is not None}):
-        found = await address(config, SCOPE, DOCUMENT, key)
+        found = await address(router, SCOPE, DOCUMENT, key)
         assert found is not None, key
         expected = [m.message_id for m in sorted(hits, key=lambda m: m.seq) if m.key == key]
-        assert await logged_messages(config, found.execution_id) == expected
-        assert await count_of(config, found.execution_id) == len(expected)
+        assert await logged_messages(router, found.execution_id) == expected
+        assert await count_of(router, found.execution_id) == len(expected)
     created = [r.execution_id for r in rows if r.outcome == "created_and_delivered"]
     assert len(created) == len(set(created)) == KEYS
 

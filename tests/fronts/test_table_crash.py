@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from tests.router.conftest import RouterDb
 from tests.router.racing_router import DOCUMENT, SCOPE, hit
-from tests.router.test_races import COUNTER, count_of, counter_config, logged_messages
+from tests.router.test_races import COUNTER, count_of, counter_router, logged_messages
 
 from statifier.fronts.table_source import ByKey, TableSource, append_events
 from statifier.router import address, ledger
@@ -88,9 +88,9 @@ async def _spawn(
 async def _enqueue(router_db: RouterDb) -> dict[str, int]:
     """Append the stream, each key's events in one partition; answers each partition's
     last position."""
-    config = counter_config(router_db)
+    router = counter_router(router_db)
     events = [hit(message_id, key) for message_id, key in _stream()]
-    placed = await append_events(router_db.adapter, events, partition=ByKey(config, PARTITIONS))
+    placed = await append_events(router_db.adapter, events, partition=ByKey(router, PARTITIONS))
     ends: dict[str, int] = {}
     for partition, position in placed:
         ends[partition] = max(ends.get(partition, 0), position)
@@ -158,8 +158,8 @@ async def test_consumers_killed_at_random_points_route_every_event_once(
     assert await _done(router_db, ends)
     assert audit.read_text().split() == []  # no commit passed an unsettled event
 
-    config = counter_config(router_db)
-    rows = await ledger(config)
+    router = counter_router(router_db)
+    rows = await ledger(router)
     stream = _stream()
     assert {r.outcome for r in rows} <= {"created_and_delivered", "delivered", "duplicate"}
     stepped = sorted(
@@ -167,14 +167,14 @@ async def test_consumers_killed_at_random_points_route_every_event_once(
     )
     assert stepped == sorted(message_id for message_id, _ in stream)  # each exactly once
     for key in sorted({key for _, key in stream}):
-        found = await address(config, SCOPE, DOCUMENT, key)
+        found = await address(router, SCOPE, DOCUMENT, key)
         assert found is not None, key
         expected = [message_id for message_id, k in stream if k == key]
-        assert await logged_messages(config, found.execution_id) == expected
-        assert await count_of(config, found.execution_id) == EVENTS_PER_KEY
+        assert await logged_messages(router, found.execution_id) == expected
+        assert await count_of(router, found.execution_id) == EVENTS_PER_KEY
     created = [r.execution_id for r in rows if r.outcome == "created_and_delivered"]
     assert len(created) == len(set(created)) == KEYS  # one execution per key, no more
-    assert len(await config.adapter.list_by_metadata({})) == KEYS
+    assert len(await router.adapter.list_by_metadata({})) == KEYS
     duplicates = sum(1 for r in rows if r.outcome == "duplicate")
     print(f"kills: {kills}, redeliveries answered duplicate: {duplicates}")
 

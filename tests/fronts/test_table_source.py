@@ -11,7 +11,7 @@ from datetime import timedelta
 
 import pytest
 import sqlalchemy as sa
-from tests.fronts.test_consumer import Flaky, config_of, hit, until
+from tests.fronts.test_consumer import Flaky, hit, router_of, until
 from tests.router.conftest import Clock, RouterDb
 from tests.router.test_table_options import uuid_database  # noqa: F401 - a fixture
 
@@ -103,13 +103,13 @@ async def test_data_that_is_not_json_and_blank_partitions_are_refused(
 
 @pytest.mark.asyncio
 async def test_by_key_keeps_one_keys_events_in_one_partition(router_db: RouterDb) -> None:
-    config = config_of(router_db)
-    choose = ByKey(config, PARTITIONS)
+    router = router_of(router_db)
+    choose = ByKey(router, PARTITIONS)
     chosen = {key: {await choose(hit(f"{key}/{n}", key)) for n in range(5)} for key in "abcdefgh"}
     assert all(len(partitions) == 1 for partitions in chosen.values())
     assert len(set().union(*chosen.values())) > 1  # the keys spread over the partitions
     with pytest.raises(ConfigError):
-        ByKey(config, [])
+        ByKey(router, [])
 
 
 @pytest.mark.asyncio
@@ -274,18 +274,18 @@ async def test_two_sources_of_a_group_share_the_partitions_as_they_come_and_go(
 
 @pytest.mark.asyncio
 async def test_a_consumer_routes_the_table_and_commits_it(router_db: RouterDb) -> None:
-    config = config_of(router_db, Flaky())
+    router = router_of(router_db, Flaky())
     adapter = router_db.adapter
     events = [hit(f"k{key}/{turn}", f"k{key}") for turn in range(5) for key in range(6)]
-    await append_events(adapter, events, partition=ByKey(config, PARTITIONS))
+    await append_events(adapter, events, partition=ByKey(router, PARTITIONS))
     source = TableSource(adapter, group="routing", partitions=PARTITIONS)
-    consumer = StreamConsumer(config, source, lanes=4, commit_interval=0.02, poll=0.05)
+    consumer = StreamConsumer(router, source, lanes=4, commit_interval=0.02, poll=0.05)
     running = asyncio.create_task(consumer.run())
     await until(lambda: consumer.counts.committed == len(events))
     await consumer.stop()
     await running
     assert consumer.counts.routed == 30
-    assert len(await ledger(config)) == 30
+    assert len(await ledger(router)) == 30
     check = TableSource(adapter, group="routing", partitions=PARTITIONS)
     committed = await check.committed()
     assert sum(committed.values()) == 30

@@ -25,7 +25,7 @@ from tests.fronts.http_support import (
     LOADED,
     SCOPE,
     client,
-    parcel_config,
+    parcel_router,
     rows_of,
     serving,
     slow_post,
@@ -40,7 +40,7 @@ from statifier.fronts.verifiers import hmac_sha256
 from statifier.fronts.webhook import body_message_id, handle, status, webhook_app
 from statifier.persistence import Discarded, Executions, Stepped
 from statifier.repeats import IntervalTally
-from statifier.router import Binding, Create, Failed, Routed, RouterConfig, ledger
+from statifier.router import Binding, Create, Failed, Routed, Router, ledger
 
 SECRET = b"whsec_test_secret"
 SCANNED = Binding(
@@ -61,8 +61,8 @@ async def db(router_db: RouterDb) -> RouterDb:  # noqa: F811 - the imported fixt
     return router_db
 
 
-def config_of(db: RouterDb, **options: Any) -> RouterConfig:
-    return parcel_config(db, [LOADED, SCANNED], **options)
+def router_of(db: RouterDb, **options: Any) -> Router:
+    return parcel_router(db, [LOADED, SCANNED], **options)
 
 
 def scan(kind: str = "loaded", parcel: str | None = "p1", **more: Any) -> bytes:
@@ -72,16 +72,16 @@ def scan(kind: str = "loaded", parcel: str | None = "p1", **more: Any) -> bytes:
     return json.dumps(fields).encode()
 
 
-def app_of(config: RouterConfig, **options: Any) -> Starlette:
+def app_of(router: Router, **options: Any) -> Starlette:
     options.setdefault("source", "parcel_scans")
     options.setdefault("scope", SCOPE)
-    return webhook_app(config, **options)
+    return webhook_app(router, **options)
 
 
 @pytest.mark.asyncio
 async def test_the_provider_event_id_is_the_message_id_when_it_sends_one(db: RouterDb) -> None:
-    config = config_of(db)
-    async with client(app_of(config, provider_id_header="x-provider-event-id")) as http:
+    router = router_of(db)
+    async with client(app_of(router, provider_id_header="x-provider-event-id")) as http:
         first = await http.post("/", content=scan(), headers={"x-provider-event-id": "evt_1"})
         # The provider's retry carries the same id, whatever its body now says.
         retry = await http.post("/", content=scan(at="x"), headers={"x-provider-event-id": "evt_1"})
@@ -89,7 +89,7 @@ async def test_the_provider_event_id_is_the_message_id_when_it_sends_one(db: Rou
             "/", content=scan(parcel="p2"), headers={"x-provider-event-id": ""}
         )
     assert [a.status_code for a in (first, retry, hashed)] == [200, 200, 200]
-    rows = await rows_of(config, "parcels_loaded")
+    rows = await rows_of(router, "parcels_loaded")
     assert [(row.message_id, row.outcome) for row in rows] == [
         ("evt_1", "created_and_delivered"),
         ("evt_1", "duplicate"),
@@ -101,12 +101,12 @@ async def test_the_provider_event_id_is_the_message_id_when_it_sends_one(db: Rou
 
 @pytest.mark.asyncio
 async def test_without_a_provider_id_the_body_hash_is_the_message_id(db: RouterDb) -> None:
-    config = config_of(db)
-    async with client(app_of(config)) as http:
+    router = router_of(db)
+    async with client(app_of(router)) as http:
         first = await http.post("/", content=scan(), headers={"x-provider-event-id": "evt_9"})
         again = await http.post("/", content=scan())
     assert (first.status_code, again.status_code) == (200, 200)
-    rows = await rows_of(config, "parcels_loaded")
+    rows = await rows_of(router, "parcels_loaded")
     assert [row.message_id for row in rows] == [body_message_id(scan())] * 2
     assert [row.outcome for row in rows] == ["created_and_delivered", "duplicate"]
     assert body_message_id(scan()) == hashlib.sha256(scan()).hexdigest()
@@ -114,8 +114,8 @@ async def test_without_a_provider_id_the_body_hash_is_the_message_id(db: RouterD
 
 @pytest.mark.asyncio
 async def test_every_recorded_outcome_is_200(db: RouterDb) -> None:
-    config = config_of(db)
-    async with client(app_of(config)) as http:
+    router = router_of(db)
+    async with client(app_of(router)) as http:
         answers = [
             await http.post("/", content=scan(kind="weighed")),  # no match
             await http.post("/", content=scan(parcel=None)),  # key refused
@@ -125,7 +125,7 @@ async def test_every_recorded_outcome_is_200(db: RouterDb) -> None:
             await http.post("/", content=scan(kind="scan", at="gate_3")),  # delivered
         ]
     assert [answer.status_code for answer in answers] == [200] * 6
-    outcomes = [(row.binding_id, row.outcome, row.reason) for row in await ledger(config)]
+    outcomes = [(row.binding_id, row.outcome, row.reason) for row in await ledger(router)]
     assert outcomes == [  # the event no binding matched leaves no row
         ("parcels_loaded", "key_refused", outcomes[0][2]),
         ("parcels_scanned", "dropped", "no_execution"),
@@ -143,21 +143,21 @@ async def test_an_error_is_500_and_leaves_nothing(
     def unresolvable(scope: str, document: str) -> Any:
         raise LookupError("the chart store is down")
 
-    config = config_of(db, resolver=unresolvable)
+    router = router_of(db, resolver=unresolvable)
     body = scan(secret_note="do-not-log-me")
-    async with client(app_of(config)) as http:
+    async with client(app_of(router)) as http:
         answer = await http.post("/", content=body)
     assert answer.status_code == 500
-    assert await ledger(config) == []
+    assert await ledger(router) == []
     assert "UnresolvedDocument" in caplog.text
     assert "do-not-log-me" not in caplog.text
 
 
 @pytest.mark.asyncio
 async def test_handle_and_status_are_the_contract(db: RouterDb) -> None:
-    config = config_of(db)
+    router = router_of(db)
     routed = await handle(
-        config, scope=SCOPE, source="parcel_scans", raw_body=scan(), data=json.loads(scan())
+        router, scope=SCOPE, source="parcel_scans", raw_body=scan(), data=json.loads(scan())
     )
     assert isinstance(routed, Routed)
     assert status(routed) == 200
@@ -167,7 +167,7 @@ async def test_handle_and_status_are_the_contract(db: RouterDb) -> None:
         raise LookupError("down")
 
     failed = await handle(
-        config_of(db, resolver=unresolvable),
+        router_of(db, resolver=unresolvable),
         scope=SCOPE,
         source="parcel_scans",
         raw_body=scan(parcel="p2"),
@@ -187,10 +187,10 @@ def signed(body: bytes, *, encoding: str = "hex", timestamp: str | None = None) 
 
 @pytest.mark.asyncio
 async def test_a_bad_signature_is_401_before_anything_is_routed(db: RouterDb) -> None:
-    config = config_of(db)
+    router = router_of(db)
     verifier = hmac_sha256(SECRET, header="x-signature", prefix="sha256=")
     body = scan()
-    async with client(app_of(config, verifier=verifier)) as http:
+    async with client(app_of(router, verifier=verifier)) as http:
         forged = await http.post("/", content=body, headers={"x-signature": "sha256=" + "ab" * 32})
         unsigned = await http.post("/", content=body)
         other_body = await http.post(
@@ -198,15 +198,15 @@ async def test_a_bad_signature_is_401_before_anything_is_routed(db: RouterDb) ->
         )
         garbled = await http.post("/", content=body, headers={"x-signature": "sha256=zz"})
         assert [a.status_code for a in (forged, unsigned, other_body, garbled)] == [401] * 4
-        assert await ledger(config) == []
+        assert await ledger(router) == []
         good = await http.post("/", content=body, headers={"x-signature": "sha256=" + signed(body)})
     assert good.status_code == 200
-    assert [row.outcome for row in await ledger(config)] == ["created_and_delivered"]
+    assert [row.outcome for row in await ledger(router)] == ["created_and_delivered"]
 
 
 @pytest.mark.asyncio
 async def test_a_base64_signature_over_a_timestamp_within_tolerance(db: RouterDb) -> None:
-    config = config_of(db)
+    router = router_of(db)
     now = 1_800_000_000.0
     verifier = hmac_sha256(
         SECRET,
@@ -222,14 +222,14 @@ async def test_a_base64_signature_over_a_timestamp_within_tolerance(db: RouterDb
         stamp = str(at)
         return {"x-timestamp": stamp, "x-signature": signed(body, encoding="b64", timestamp=stamp)}
 
-    async with client(app_of(config, verifier=verifier)) as http:
+    async with client(app_of(router, verifier=verifier)) as http:
         stale = await http.post("/", content=body, headers=headers(int(now) - 301))
         early = await http.post("/", content=body, headers=headers(int(now) + 301))
         no_time = await http.post(
             "/", content=body, headers={"x-signature": signed(body, encoding="b64")}
         )
         assert [a.status_code for a in (stale, early, no_time)] == [401] * 3
-        assert await ledger(config) == []
+        assert await ledger(router) == []
         fresh = await http.post("/", content=body, headers=headers(int(now) - 299))
     assert fresh.status_code == 200
 
@@ -238,7 +238,7 @@ async def test_a_base64_signature_over_a_timestamp_within_tolerance(db: RouterDb
 async def test_a_verifier_of_the_hosts_own_may_be_async_and_its_failure_is_500(
     db: RouterDb,
 ) -> None:
-    config = config_of(db)
+    router = router_of(db)
 
     async def verified(request: Request, body: bytes) -> bool:
         return request.headers.get("authorization") == "Bearer host-checked"
@@ -246,15 +246,15 @@ async def test_a_verifier_of_the_hosts_own_may_be_async_and_its_failure_is_500(
     def broken(request: Request, body: bytes) -> bool:
         raise RuntimeError("the key store is down")
 
-    async with client(app_of(config, verifier=verified)) as http:
+    async with client(app_of(router, verifier=verified)) as http:
         refused = await http.post("/", content=scan())
         accepted = await http.post(
             "/", content=scan(), headers={"authorization": "Bearer host-checked"}
         )
-    async with client(app_of(config, verifier=broken)) as http:
+    async with client(app_of(router, verifier=broken)) as http:
         failed = await http.post("/", content=scan(parcel="p2"))
     assert [a.status_code for a in (refused, accepted, failed)] == [401, 200, 500]
-    assert [row.key for row in await ledger(config)] == ["p1"]
+    assert [row.key for row in await ledger(router)] == ["p1"]
 
 
 def test_the_hmac_helper_refuses_what_cannot_verify() -> None:
@@ -270,7 +270,7 @@ def test_the_hmac_helper_refuses_what_cannot_verify() -> None:
 
 @pytest.mark.asyncio
 async def test_the_scope_comes_from_the_host_never_the_body(db: RouterDb) -> None:
-    config = config_of(db)
+    router = router_of(db)
 
     async def tenant(request: Request) -> str:
         return str(request.headers["x-host-tenant"])
@@ -279,18 +279,18 @@ async def test_the_scope_comes_from_the_host_never_the_body(db: RouterDb) -> Non
         raise KeyError("no session")
 
     body = scan(scope="someone_elses")
-    async with client(app_of(config, scope=tenant)) as http:
+    async with client(app_of(router, scope=tenant)) as http:
         answer = await http.post("/", content=body, headers={"x-host-tenant": "depot_9"})
-    async with client(app_of(config, scope=broken)) as http:
+    async with client(app_of(router, scope=broken)) as http:
         failed = await http.post("/", content=scan(parcel="p2"))
     assert (answer.status_code, failed.status_code) == (200, 500)
-    assert [row.scope for row in await ledger(config)] == ["depot_9"]
+    assert [row.scope for row in await ledger(router)] == ["depot_9"]
 
 
 @pytest.mark.asyncio
 async def test_another_method_is_405_naming_post(db: RouterDb) -> None:
-    config = config_of(db)
-    async with client(app_of(config)) as http:
+    router = router_of(db)
+    async with client(app_of(router)) as http:
         for method in ("GET", "PUT", "DELETE"):
             answer = await http.request(method, "/")
             assert (answer.status_code, answer.headers["allow"]) == (405, "POST")
@@ -298,8 +298,8 @@ async def test_another_method_is_405_naming_post(db: RouterDb) -> None:
 
 @pytest.mark.asyncio
 async def test_malformed_bodies_are_400(db: RouterDb) -> None:
-    config = config_of(db)
-    async with client(app_of(config, provider_id_header="x-provider-event-id")) as http:
+    router = router_of(db)
+    async with client(app_of(router, provider_id_header="x-provider-event-id")) as http:
         for content in (
             b"{not json",
             b'["a", "list"]',
@@ -312,28 +312,28 @@ async def test_malformed_bodies_are_400(db: RouterDb) -> None:
             assert answer.status_code == 400, content[:20]
         long_id = await http.post("/", content=scan(), headers={"x-provider-event-id": "e" * 1025})
     assert long_id.status_code == 400
-    assert await ledger(config) == []
+    assert await ledger(router) == []
 
 
 @pytest.mark.asyncio
 async def test_an_oversized_body_is_413_declared_or_streamed(db: RouterDb) -> None:
-    config = config_of(db)
+    router = router_of(db)
 
     async def chunks() -> AsyncIterator[bytes]:
         for _ in range(20):
             yield b" " * 100
 
-    async with client(app_of(config, max_body=1024)) as http:
+    async with client(app_of(router, max_body=1024)) as http:
         declared = await http.post("/", content=scan(pad="x" * 2000))
         streamed = await http.post("/", content=chunks())
         fits = await http.post("/", content=scan())
     assert (declared.status_code, streamed.status_code, fits.status_code) == (413, 413, 200)
-    assert [row.outcome for row in await ledger(config)] == ["created_and_delivered"]
+    assert [row.outcome for row in await ledger(router)] == ["created_and_delivered"]
 
 
 @pytest.mark.asyncio
 async def test_a_slow_body_is_408_and_slow_handling_503(db: RouterDb) -> None:
-    assert await slow_post(app_of(config_of(db), timeout=0.2), "/", "application/json") == 408
+    assert await slow_post(app_of(router_of(db), timeout=0.2), "/", "application/json") == 408
 
     async def on_step(
         executions: Executions, execution_id: str, machine: Machine | None, event: Event
@@ -341,20 +341,20 @@ async def test_a_slow_body_is_408_and_slow_handling_503(db: RouterDb) -> None:
         await asyncio.sleep(2)
         return await executions.step(execution_id, machine, event)
 
-    config = config_of(db, on_step=on_step)
-    async with client(app_of(config, timeout=0.3)) as http:
+    router = router_of(db, on_step=on_step)
+    async with client(app_of(router, timeout=0.3)) as http:
         answer = await http.post("/", content=scan())
     assert answer.status_code == 503
-    assert await ledger(config) == []  # the delivery's transaction was rolled back
+    assert await ledger(router) == []  # the delivery's transaction was rolled back
 
 
 @pytest.mark.asyncio
 async def test_concurrent_duplicate_posts_give_one_delivery(db: RouterDb) -> None:
-    config = config_of(db)
-    async with client(app_of(config)) as http:
+    router = router_of(db)
+    async with client(app_of(router)) as http:
         answers = await asyncio.gather(*(http.post("/", content=scan()) for _ in range(8)))
     assert [answer.status_code for answer in answers] == [200] * 8
-    outcomes = sorted(row.outcome for row in await ledger(config))
+    outcomes = sorted(row.outcome for row in await ledger(router))
     assert outcomes == ["created_and_delivered"] + ["duplicate"] * 7
 
 
@@ -364,8 +364,8 @@ def _mounted(app: Starlette) -> Starlette:
 
 @pytest.mark.asyncio
 async def test_mounted_in_a_hosts_app_and_served_on_loopback(db: RouterDb) -> None:
-    config = config_of(db)
-    host = _mounted(app_of(config))
+    router = router_of(db)
+    host = _mounted(app_of(router))
     async with client(host) as http:
         mounted = await http.post("/hooks/parcels/", content=scan())
     async with (
@@ -379,7 +379,7 @@ async def test_mounted_in_a_hosts_app_and_served_on_loopback(db: RouterDb) -> No
     assert [a.status_code for a in (mounted, served, duplicate, wrong, big)] == [
         200, 200, 200, 405, 413,
     ]  # fmt: skip
-    assert sorted(row.outcome for row in await ledger(config)) == [
+    assert sorted(row.outcome for row in await ledger(router)) == [
         "created_and_delivered",
         "created_and_delivered",
         "duplicate",
@@ -388,16 +388,16 @@ async def test_mounted_in_a_hosts_app_and_served_on_loopback(db: RouterDb) -> No
 
 @pytest.mark.asyncio
 async def test_a_front_refuses_bounds_that_are_not_positive(db: RouterDb) -> None:
-    config = config_of(db)
+    router = router_of(db)
     bad: list[dict[str, Any]] = [{"max_body": 0}, {"timeout": 0}, {"timeout": -1.0}, {"source": ""}]
     for options in bad:
         with pytest.raises(ValueError, match=r"max_body|timeout|source"):
-            app_of(config, **options)
+            app_of(router, **options)
 
 
 @pytest.mark.asyncio
 async def test_every_answer_is_reported_as_telemetry(db: RouterDb) -> None:
-    config = config_of(db)
+    router = router_of(db)
     seen: list[dict[str, Any]] = []
     telemetry.attach(
         "test.webhook",
@@ -405,7 +405,7 @@ async def test_every_answer_is_reported_as_telemetry(db: RouterDb) -> None:
         lambda _name, _measurements, metadata: seen.append(dict(metadata)),
     )
     try:
-        async with client(app_of(config, max_body=1024)) as http:
+        async with client(app_of(router, max_body=1024)) as http:
             await http.post("/", content=scan())
             await http.post("/", content=b"{not json")
             await http.post("/", content=scan(pad="x" * 2000))
@@ -443,16 +443,16 @@ POISONED = [
 
 @pytest.mark.asyncio
 async def test_each_json_rule_is_a_400_naming_it_and_nothing_is_routed(db: RouterDb) -> None:
-    config = config_of(db)
-    async with client(app_of(config)) as http:
+    router = router_of(db)
+    async with client(app_of(router)) as http:
         for body, rule in POISONED:
             answer = await http.post("/", content=body)
             assert (answer.status_code, answer.text) == (400, f"the body is not JSON: {rule}")
-        assert await ledger(config) == []
+        assert await ledger(router) == []
         # The same post within the rule is routed.
         fine = await http.post("/", content=LOADED_HEAD + b'"\\ud83d\\ude00"}')
     assert fine.status_code == 200
-    assert [row.outcome for row in await ledger(config)] == ["created_and_delivered"]
+    assert [row.outcome for row in await ledger(router)] == ["created_and_delivered"]
 
 
 FRONTS = "statifier.fronts"
@@ -471,11 +471,11 @@ async def test_every_refusal_is_one_warning_without_the_body_or_the_signature(
     db: RouterDb, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, FRONTS)
-    config = config_of(db)
+    router = router_of(db)
     verifier = hmac_sha256(SECRET, header="x-signature")
     signed = scan(parcel="secret-parcel")
     good = sign(signed)
-    app = app_of(config, verifier=verifier, provider_id_header="x-id", max_body=2048)
+    app = app_of(router, verifier=verifier, provider_id_header="x-id", max_body=2048)
     async with client(app) as http:
         statuses = [
             (await http.get("/")).status_code,
@@ -507,7 +507,7 @@ async def test_every_refusal_is_one_warning_without_the_body_or_the_signature(
     text = caplog.text
     for secret in ("secret-parcel", "4111-secret", good, "0" * 64, SECRET.decode(), "e" * 1025):
         assert secret not in text
-    assert await ledger(config) == []
+    assert await ledger(router) == []
 
 
 @pytest.mark.asyncio
@@ -522,7 +522,7 @@ async def test_a_repeated_refusal_is_one_line_in_its_interval_and_each_is_report
         lambda _name, _measurements, metadata: seen.append(metadata["refusal"]),
     )
     try:
-        async with client(app_of(config_of(db))) as http:
+        async with client(app_of(router_of(db))) as http:
             for _ in range(40):
                 await http.post("/", content=b"{not json")
             await http.post("/", content=b'{"n": NaN}')
@@ -545,7 +545,7 @@ async def test_the_refusals_of_an_interval_are_counted_in_one_line_at_its_end(
 ) -> None:
     caplog.set_level(logging.WARNING, FRONTS)
     monkeypatch.setattr(IntervalTally, "interval", 0.1)
-    async with client(app_of(config_of(db))) as http:
+    async with client(app_of(router_of(db))) as http:
         for _ in range(5):
             await http.post("/", content=b"[1, 2]")
         async with asyncio.timeout(10):

@@ -23,7 +23,7 @@ from statifier.chart import compile_chart
 from statifier.core import Event
 from statifier.observability.otel import install_otel
 from statifier.persistence import Executions, Storage
-from statifier.router import InboundEvent, route
+from statifier.router import InboundEvent, Router
 
 ROWS = sa.Table("observed_rows", sa.MetaData(), sa.Column("id", sa.Text, primary_key=True))
 DOOR = compile_chart(
@@ -107,11 +107,11 @@ async def test_a_durable_execution_reports_its_steps_as_spans_and_metrics(
 async def test_a_routed_event_reports_its_route_and_each_delivery(
     router_db: RouterDb, otel: Otel
 ) -> None:
-    config = router_db.config(impression_bindings(create="never"))
-    await route(config, ad("m1", "click", "imp_9"))
-    config = router_db.config(impression_bindings())
-    await route(config, ad("m2", "impression", "imp_1"))
-    await route(config, ad("m3", "click", "imp_1"))
+    router = Router(router_db.config(impression_bindings(create="never")))
+    await router.route(ad("m1", "click", "imp_9"))
+    router = Router(router_db.config(impression_bindings()))
+    await router.route(ad("m2", "impression", "imp_1"))
+    await router.route(ad("m3", "click", "imp_1"))
 
     routes = otel.spans("statifier.router.route")
     assert [dict(span.attributes or {}) for span in routes] == [

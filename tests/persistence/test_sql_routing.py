@@ -14,8 +14,8 @@ from tests.persistence.conftest import SqlStore
 from statifier.persistence.sql import SqlAdapter
 from statifier.sql.routing import (
     AddressRow,
+    LedgerRow,
     ReapRow,
-    RoutingLedgerRow,
     RoutingSession,
     RoutingStatements,
 )
@@ -24,8 +24,8 @@ START = datetime(2026, 12, 2, 12, tzinfo=UTC)
 HOUR = timedelta(hours=1)
 
 
-def _ledger_row(message_id: str, execution_id: str | None, at: datetime) -> RoutingLedgerRow:
-    return RoutingLedgerRow(
+def _ledger_row(message_id: str, execution_id: str | None, at: datetime) -> LedgerRow:
+    return LedgerRow(
         "clicks",
         message_id=message_id,
         scope="s",

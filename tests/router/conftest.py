@@ -20,7 +20,7 @@ from tests.persistence.conftest import (  # noqa: F401 - fixtures used through S
 from statifier.chart import Machine, compile_chart
 from statifier.persistence import Storage
 from statifier.persistence.sql import SqlAdapter
-from statifier.router import Binding, RouterConfig, StaticResolver
+from statifier.router import Binding, Router, RouterConfig, StaticResolver
 
 JOIN = """<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="waiting">
   <datamodel><data id="impression_id" expr="null"/><data id="clicks" expr="0"/></datamodel>
@@ -69,6 +69,10 @@ class RouterDb:
         options.setdefault("resolver", StaticResolver({"join": join_chart()}))
         storage = Storage(self.adapter, clock=self.clock)
         return RouterConfig(storage, bindings=bindings, **options)  # type: ignore[arg-type]
+
+    def router(self, bindings: list[Binding], **options: object) -> Router:
+        """A router running :meth:`config` with the same arguments."""
+        return Router(self.config(bindings, **options))
 
 
 _JOIN: list[Machine] = []

@@ -25,7 +25,7 @@ from typing import Any
 
 from statifier.chart import Machine, compile_chart
 from statifier.persistence.sql import SqlAdapter
-from statifier.router import Routed, RouterConfig, StaticResolver, ledger, route, route_many
+from statifier.router import Routed, Router, RouterConfig, StaticResolver, ledger
 from statifier.sql import TableOptions
 
 sys.path.insert(0, str(Path(__file__).parents[2]))  # the repository, for tests.router
@@ -52,14 +52,15 @@ async def _route(
             resolver=StaticResolver({"count": machine}),
             lock_wait=LOCK_WAIT,
         )
-        await ledger(config)  # connected and warm
+        router = Router(config)
+        await ledger(router)  # connected and warm
         print("ready", flush=True)
         for start in range(0, len(pending), batch):
             chunk = pending[start : start + batch]
             if batch == 1:
-                answers: list[object] = [await route(config, chunk[0])]
+                answers: list[object] = [await router.route(chunk[0])]
             else:
-                answers = list(await route_many(config, chunk))
+                answers = list(await router.route_many(chunk))
             if not all(isinstance(answer, Routed) for answer in answers):
                 raise RuntimeError(f"an event of {[e.message_id for e in chunk]} failed")
             _acknowledge(acks, [event.message_id for event in chunk])

@@ -3,9 +3,9 @@
 Usage: ``python racing_router.py URL PREFIX SCHEMA CHART JOB`` (``SCHEMA`` ``-`` for
 none; ``CHART`` a file holding the counter chart of document ``count``). ``JOB`` is JSON:
 ``{"lanes": [[[message_id, key], ...], ...], "batch": false, "pause": 0.01}``. Every
-lane is one task: it routes its events one by one with :func:`~statifier.router.route`,
-``pause`` seconds apart (none by default), or, with ``"batch": true``, as one
-:func:`~statifier.router.route_many` call.
+lane is one task: it routes its events one by one with
+:meth:`~statifier.router.Router.route`, ``pause`` seconds apart (none by default), or,
+with ``"batch": true``, as one :meth:`~statifier.router.Router.route_many` call.
 
 It prints ``ready`` once connected, waits for a line on its standard input so the test
 can start every process at once, then prints one JSON line: the outcome of every event
@@ -29,11 +29,10 @@ from statifier.router import (
     Failed,
     InboundEvent,
     Routed,
+    Router,
     RouterConfig,
     StaticResolver,
     ledger,
-    route,
-    route_many,
 )
 from statifier.sql import TableOptions
 
@@ -63,10 +62,10 @@ def hit(message_id: str, key: str) -> InboundEvent:
 
 
 async def _lane(
-    config: RouterConfig, events: list[InboundEvent], batch: bool, pause: float
+    router: Router, events: list[InboundEvent], batch: bool, pause: float
 ) -> list[list[str]]:
     if batch:
-        answers = await route_many(config, events)
+        answers = await router.route_many(events)
         for answer in answers:
             if isinstance(answer, Failed):
                 raise RuntimeError(f"{answer.event.message_id} failed") from answer.error
@@ -74,7 +73,7 @@ async def _lane(
         return [[r.event.message_id, outcome.outcome] for r in routed for outcome in r.outcomes]
     outcomes: list[list[str]] = []
     for event in events:
-        one = await route(config, event)
+        one = await router.route(event)
         outcomes.extend([event.message_id, outcome.outcome] for outcome in one.outcomes)
         # Events arrive a little apart. Back to back, this process's tasks would keep
         # SQLite's writer busy, and another process, which can only poll for the file's
@@ -96,11 +95,12 @@ async def _main(argv: list[str]) -> None:
             resolver=StaticResolver({DOCUMENT: machine}),
             lock_wait=LOCK_WAIT,
         )
-        await ledger(config)  # connected and warm
+        router = Router(config)
+        await ledger(router)  # connected and warm
         print("ready", flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
         batch, pause = job["batch"], job.get("pause", 0.0)
-        done = await asyncio.gather(*(_lane(config, lane, batch, pause) for lane in lanes))
+        done = await asyncio.gather(*(_lane(router, lane, batch, pause) for lane in lanes))
     print(json.dumps([pair for lane in done for pair in lane]))
 
 

@@ -18,16 +18,15 @@ from hypothesis import strategies as st
 
 from statifier.expr import Value
 from statifier.router import (
-    DEFAULT_HORIZON,
     Binding,
     BindingError,
     Create,
     Dedupe,
     Keyed,
     Order,
-    Refused,
     load_bindings,
 )
+from statifier.router.binding import DEFAULT_HORIZON, Refused
 
 BASE: dict[str, Any] = {
     "id": "parcels",

@@ -12,14 +12,15 @@ from tests.router.conftest import RouterDb, impression_bindings, join_chart
 from statifier.chart import Machine, compile_chart
 from statifier.persistence import MemoryAdapter, Storage
 from statifier.router import (
-    RESERVED_BINDING_IDS,
     Binding,
     BindingError,
     ConfigError,
     Resolved,
+    Router,
     RouterConfig,
     StaticResolver,
 )
+from statifier.router.config import RESERVED_BINDING_IDS
 
 OTHER = """<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="idle">
   <state id="idle"><transition event="go" target="done"/></state>
@@ -51,7 +52,7 @@ async def test_a_valid_configuration_keeps_its_bindings(router_db: RouterDb) -> 
     bindings = impression_bindings()
     config = router_db.config(bindings)
     assert config.bindings == tuple(bindings)
-    assert config.adapter is router_db.adapter
+    assert Router(config).adapter is router_db.adapter
     assert await config.bindings_for("any scope") == tuple(bindings)
 
 
@@ -176,9 +177,9 @@ def test_a_store_that_is_not_sql_is_refused() -> None:
 
 def test_the_store_may_be_an_adapter_or_a_storage(router_db: RouterDb) -> None:
     resolver = StaticResolver({"join": join_chart()})
-    config = RouterConfig(router_db.adapter, bindings=[], resolver=resolver)
-    assert config.adapter is router_db.adapter
-    assert config.storage.adapter is router_db.adapter
+    router = Router(RouterConfig(router_db.adapter, bindings=[], resolver=resolver))
+    assert router.adapter is router_db.adapter
+    assert router.storage.adapter is router_db.adapter
 
 
 # --- StaticResolver -------------------------------------------------------------------

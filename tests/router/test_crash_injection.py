@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from tests.router.conftest import RouterDb
 from tests.router.racing_router import DOCUMENT, SCOPE
-from tests.router.test_races import COUNTER, count_of, counter_config, logged_messages
+from tests.router.test_races import COUNTER, count_of, counter_router, logged_messages
 
 from statifier.router import address, ledger
 
@@ -98,8 +98,8 @@ async def test_a_router_killed_at_random_points_steps_every_event_once(
     stream = _stream()
     assert sorted(acknowledged) == sorted(message_id for message_id, _ in stream)
 
-    config = counter_config(router_db)
-    rows = await ledger(config)
+    router = counter_router(router_db)
+    rows = await ledger(router)
     stepped = Counter(
         r.message_id for r in rows if r.outcome in ("created_and_delivered", "delivered")
     )
@@ -109,10 +109,10 @@ async def test_a_router_killed_at_random_points_steps_every_event_once(
     print(f"kills: {kills}, redeliveries answered duplicate: {duplicates}")
 
     for key in sorted({key for _, key in stream}):
-        found = await address(config, SCOPE, DOCUMENT, key)
+        found = await address(router, SCOPE, DOCUMENT, key)
         assert found is not None, key
         expected = [message_id for message_id, k in stream if k == key]
-        assert await logged_messages(config, found.execution_id) == expected
-        assert await count_of(config, found.execution_id) == EVENTS_PER_KEY
+        assert await logged_messages(router, found.execution_id) == expected
+        assert await count_of(router, found.execution_id) == EVENTS_PER_KEY
     created = [r.execution_id for r in rows if r.outcome == "created_and_delivered"]
     assert len(created) == len(set(created)) == KEYS  # one execution per key, no more

@@ -18,7 +18,14 @@ from statifier.fronts.source import Malformed
 from statifier.fronts.table_source import append_events
 from statifier.persistence import Storage, UndecodableBlob
 from statifier.persistence.fernet import FernetCodec
-from statifier.router import InboundEvent, OutboxDrain, OutboxRoute, RouterConfig, StaticResolver
+from statifier.router import (
+    InboundEvent,
+    OutboxDrain,
+    OutboxRoute,
+    Router,
+    RouterConfig,
+    StaticResolver,
+)
 from statifier.router.outbox import OutboxMessage
 from statifier.router.routes import IdempotencyKey
 from statifier.router.timer_worker import TimerWorker
@@ -29,12 +36,14 @@ KEY = IdempotencyKey("ex_1", send_id="book", macrostep=1, microstep=1, round=0,
 RAW = b'{"pan": "4111"}'
 
 
-def sealed(router_db: RouterDb, codec: FernetCodec) -> RouterConfig:
-    return RouterConfig(
-        Storage(router_db.adapter, clock=router_db.clock, codec=codec),
-        bindings=[],
-        resolver=StaticResolver({"tick": chart(TICK), "count": chart(COUNT)}),
-        lock_wait=LOCK_WAIT,
+def sealed(router_db: RouterDb, codec: FernetCodec) -> Router:
+    return Router(
+        RouterConfig(
+            Storage(router_db.adapter, clock=router_db.clock, codec=codec),
+            bindings=[],
+            resolver=StaticResolver({"tick": chart(TICK), "count": chart(COUNT)}),
+            lock_wait=LOCK_WAIT,
+        )
     )
 
 
@@ -42,12 +51,12 @@ def sealed(router_db: RouterDb, codec: FernetCodec) -> RouterConfig:
 async def test_a_rewrite_moves_the_waiting_rows_to_the_new_key(router_db: RouterDb) -> None:
     old, new = FernetCodec.generate_key(), FernetCodec.generate_key()
     under_old = FernetCodec([old])
-    config = sealed(router_db, under_old)
-    assert config.timers is not None
-    await create(config, "count", "ex_1")
+    router = sealed(router_db, under_old)
+    assert router.timers is not None
+    await create(router, "count", "ex_1")
     now = router_db.clock.now
-    async with config.transaction() as unit:
-        await config.timers.schedule(unit.tx, entry("ex_1", 1, now))
+    async with router.transaction() as unit:
+        await router.timers.schedule(unit.tx, entry("ex_1", 1, now))
     event = Event("pickup.requested", data={"card": "4111"}, sendid="book")
     route = OutboxRoute(router_db.adapter, codec=under_old)
     await route.hand_off(None, "pickups", KEY, event, now=now)
@@ -74,7 +83,7 @@ async def test_a_rewrite_moves_the_waiting_rows_to_the_new_key(router_db: Router
     assert await TimerWorker(later).fire_due(now) == 1
     assert [data["k"] for _, _, data in await logged(later, "ex_1")] == [1]
     seen: list[OutboxMessage] = []
-    report = await OutboxDrain(later, {"pickups": seen.append}).drain_once()
+    report = await OutboxDrain(later.storage, {"pickups": seen.append}).drain_once()
     assert (report.claimed, report.sent) == (1, 1)
     assert [(m.event.name, m.event.data) for m in seen] == [("pickup.requested", {"card": "4111"})]
     read = (await first_message(router_db, "g", under_new)).event

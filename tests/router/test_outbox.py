@@ -40,10 +40,10 @@ from statifier.router import (
     ConfigError,
     Create,
     InboundEvent,
+    Router,
     RouterConfig,
     StaticResolver,
     ledger,
-    route,
 )
 from statifier.router.basichttp_sends import BASICHTTP_QUEUE, FAILURE_PLAN_ID, basichttp_sink
 from statifier.router.outbox import (
@@ -75,9 +75,9 @@ def send_key(
     )
 
 
-async def leaves(config: RouterConfig, execution_id: str) -> list[str]:
+async def leaves(router: Router, execution_id: str) -> list[str]:
     """The execution's active leaf states, read back from the database."""
-    storage = config.storage
+    storage = router.storage
     record = await storage.fetch_execution(execution_id)
     state = storage.load(record, await storage.machine(record.content_hash))
     return sorted(state.leaf_configuration())
@@ -95,14 +95,14 @@ def only(rows: list[OutboxRow]) -> OutboxRow:
 async def test_the_route_inserts_once_per_key_and_commits_or_rolls_back_with_the_step(
     router_db: RouterDb,
 ) -> None:
-    config = router_db.config([])
+    router = router_db.router([])
     route_ = OutboxRoute(router_db.adapter, clock=router_db.clock)
-    reader = OutboxDrain(config, {})
+    reader = OutboxDrain(router.storage, {})
     event = Event("pickup.requested", data={"parcel_id": "p1"}, sendid="book")
     settings = {"queue": "pickups"}
 
     # A redriven step re-emits the send under the same key: one row.
-    async with config.transaction() as unit:
+    async with router.transaction() as unit:
         assert await route_.deliver(settings, event, send_key(), unit.tx) is None
         assert await route_.deliver(settings, event, send_key(), unit.tx) is None
     row = only(await reader.rows())
@@ -118,7 +118,7 @@ async def test_the_route_inserts_once_per_key_and_commits_or_rolls_back_with_the
         pass
 
     async def rolled_back() -> None:
-        async with config.transaction() as unit:
+        async with router.transaction() as unit:
             await route_.deliver(settings, event, send_key(macrostep=2), unit.tx)
             raise RolledBackError
 
@@ -149,7 +149,7 @@ async def test_the_route_inserts_once_per_key_and_commits_or_rolls_back_with_the
 async def test_the_sink_gets_the_row_key_and_a_sent_row_is_not_sent_again(
     router_db: RouterDb,
 ) -> None:
-    config = router_db.config([])
+    router = router_db.router([])
     route_ = OutboxRoute(router_db.adapter, clock=router_db.clock)
     event = Event("pickup.requested", data={"parcel_id": "p1"}, sendid="book")
     await route_.hand_off(
@@ -161,7 +161,7 @@ async def test_the_sink_gets_the_row_key_and_a_sent_row_is_not_sent_again(
     async def sink(message: OutboxMessage) -> None:
         seen.append(message)
 
-    drain = OutboxDrain(config, {"pickups": sink})
+    drain = OutboxDrain(router.storage, {"pickups": sink})
     report = await drain.drain_once()
     assert (report.claimed, report.sent, report.failed, report.dead) == (1, 1, 0, 0)
     assert seen == [
@@ -189,7 +189,7 @@ async def test_the_sink_gets_the_row_key_and_a_sent_row_is_not_sent_again(
 async def test_a_failing_sink_backs_off_on_the_clock_then_is_dead_lettered_and_re_armed(
     router_db: RouterDb,
 ) -> None:
-    config = router_db.config([])
+    router = router_db.router([])
     clock = router_db.clock
     secret = "card 4111 1111 1111 1111"
     event = Event("charge", data={"card": secret})
@@ -210,7 +210,7 @@ async def test_a_failing_sink_backs_off_on_the_clock_then_is_dead_lettered_and_r
     )
     try:
         drain = OutboxDrain(
-            config,
+            router.storage,
             {"charges": sink},
             max_attempts=3,
             backoff=Backoff(base=timedelta(seconds=1), factor=2, cap=timedelta(seconds=3)),
@@ -262,7 +262,7 @@ async def test_a_failing_sink_backs_off_on_the_clock_then_is_dead_lettered_and_r
 async def test_every_failed_attempt_and_the_dead_letter_warn_once_and_report(
     router_db: RouterDb, caplog: pytest.LogCaptureFixture
 ) -> None:
-    config = router_db.config([])
+    router = router_db.router([])
     clock = router_db.clock
     token = "https://sink.example/hook?token=s3cr3t"
     event = Event("charge", data={"to": token})
@@ -280,7 +280,10 @@ async def test_every_failed_attempt_and_the_dead_letter_warn_once_and_report(
         lambda name, counts, meta: failures.append({**counts, **meta}),
     )
     drain = OutboxDrain(
-        config, {"charges": sink}, max_attempts=2, backoff=Backoff(base=timedelta(seconds=1))
+        router.storage,
+        {"charges": sink},
+        max_attempts=2,
+        backoff=Backoff(base=timedelta(seconds=1)),
     )
     try:
         with caplog.at_level(logging.WARNING, logger="statifier.router.outbox"):
@@ -306,14 +309,14 @@ async def test_every_failed_attempt_and_the_dead_letter_warn_once_and_report(
 
 @pytest.mark.asyncio
 async def test_a_dead_letter_raised_by_the_sink_is_final_at_once(router_db: RouterDb) -> None:
-    config = router_db.config([])
+    router = router_db.router([])
     route_ = OutboxRoute(router_db.adapter, clock=router_db.clock)
     await route_.hand_off(None, "q", "k/1", Event("e"))
 
     def sink(message: OutboxMessage) -> None:
         raise DeadLetter("no such carrier account")
 
-    drain = OutboxDrain(config, {"q": sink}, max_attempts=5)
+    drain = OutboxDrain(router.storage, {"q": sink}, max_attempts=5)
     assert (await drain.drain_once()).dead == 1
     dead = only(await drain.dead_letters())
     assert (dead.attempts, dead.last_error) == (1, "DeadLetter: no such carrier account")
@@ -324,10 +327,10 @@ async def test_a_dead_letter_raised_by_the_sink_is_final_at_once(router_db: Rout
 async def test_a_row_whose_lease_passed_to_another_worker_keeps_that_workers_mark(
     router_db: RouterDb,
 ) -> None:
-    config = router_db.config([])
+    router = router_db.router([])
     clock = router_db.clock
     await OutboxRoute(router_db.adapter, clock=clock).hand_off(None, "q", "k/1", Event("e"))
-    second = OutboxDrain(config, {"q": lambda message: None}, lease=timedelta(seconds=5))
+    second = OutboxDrain(router.storage, {"q": lambda message: None}, lease=timedelta(seconds=5))
     later: list[Any] = []
 
     async def slow(message: OutboxMessage) -> None:
@@ -335,7 +338,7 @@ async def test_a_row_whose_lease_passed_to_another_worker_keeps_that_workers_mar
         clock.advance(timedelta(seconds=10))
         later.append(await second.drain_once())
 
-    first = OutboxDrain(config, {"q": slow}, lease=timedelta(seconds=5))
+    first = OutboxDrain(router.storage, {"q": slow}, lease=timedelta(seconds=5))
     report = await first.drain_once()
     assert (report.claimed, report.sent, report.lost) == (1, 0, 1)
     assert (later[0].claimed, later[0].sent, later[0].reclaimed) == (1, 1, 1)
@@ -540,13 +543,13 @@ PARCEL_BINDINGS = [
 async def test_a_sinks_answer_routed_back_under_the_row_key_is_a_duplicate_the_second_time(
     router_db: RouterDb,
 ) -> None:
-    config = router_db.config(
+    router = router_db.router(
         PARCEL_BINDINGS, resolver=StaticResolver({"parcel": compile_chart(PARCEL)})
     )
     scan = InboundEvent(
         scope=SCOPE, source="depot", message_id="depot/1", data={"kind": "scan", "parcel_id": "p1"}
     )
-    [created] = (await route(config, scan)).outcomes
+    [created] = (await router.route(scan)).outcomes
     execution_id = getattr(created, "execution_id", None)
     assert isinstance(execution_id, str)
     await OutboxRoute(router_db.adapter, clock=router_db.clock).hand_off(
@@ -573,19 +576,19 @@ async def test_a_sinks_answer_routed_back_under_the_row_key_is_a_duplicate_the_s
                 "booking_id": "bk_1",
             },
         )
-        routed = await route(config, answer)
+        routed = await router.route(answer)
         answers.append(routed.outcomes[-1].outcome)
         if len(answers) == 1:
             raise ConnectionError("the worker lost the carrier's acknowledgement")
 
-    drain = OutboxDrain(config, {"pickups": carrier})
+    drain = OutboxDrain(router.storage, {"pickups": carrier})
     assert (await drain.drain_once()).failed == 1
     router_db.clock.advance(timedelta(seconds=1))
     assert (await drain.drain_once()).sent == 1
     assert answers == ["delivered", "duplicate"]
-    assert await leaves(config, execution_id) == ["booked"]
-    record = await config.storage.fetch_execution(execution_id)
-    position = config.storage.load(record, await config.storage.machine(record.content_hash))
+    assert await leaves(router, execution_id) == ["booked"]
+    record = await router.storage.fetch_execution(execution_id)
+    position = router.storage.load(record, await router.storage.machine(record.content_hash))
     assert position.datamodel["answered"] == 1
 
 
@@ -663,13 +666,13 @@ VAN_BINDINGS = [
 ]
 
 
-def _van_config(router_db: RouterDb) -> RouterConfig:
-    return router_db.config(
+def _van_router(router_db: RouterDb) -> Router:
+    return router_db.router(
         VAN_BINDINGS, resolver=StaticResolver({"parcel_manifest": compile_chart(MANIFEST)})
     )
 
 
-async def _loaded(config: RouterConfig, parcel_id: str) -> str:
+async def _loaded(router: Router, parcel_id: str) -> str:
     """Route a parcel's loading: answers the execution it created."""
     event = InboundEvent(
         scope=SCOPE,
@@ -677,7 +680,7 @@ async def _loaded(config: RouterConfig, parcel_id: str) -> str:
         message_id=f"van/{parcel_id}/loaded",
         data={"kind": "loaded", "parcel_id": parcel_id},
     )
-    outcome = (await route(config, event)).outcomes[0]
+    outcome = (await router.route(event)).outcomes[0]
     assert outcome.outcome == "created_and_delivered"
     execution_id = getattr(outcome, "execution_id", None)
     assert isinstance(execution_id, str)
@@ -702,9 +705,9 @@ async def _manifest_row(router_db: RouterDb, server: _Server, execution_id: str)
 async def test_a_basichttp_send_posts_the_event_with_the_row_key(
     router_db: RouterDb, http_server: _Server
 ) -> None:
-    config = _van_config(router_db)
+    router = _van_router(router_db)
     key = await _manifest_row(router_db, http_server, "ex_1")
-    drain = OutboxDrain(config, {BASICHTTP_QUEUE: basichttp_sink(config)})
+    drain = OutboxDrain(router.storage, {BASICHTTP_QUEUE: basichttp_sink(router)})
     assert (await drain.drain_once()).sent == 1
     [(path, headers, body)] = http_server.requests
     assert path == "/manifests"
@@ -718,25 +721,25 @@ async def test_a_basichttp_send_posts_the_event_with_the_row_key(
 async def test_a_failing_basichttp_send_is_retried_then_reported_to_the_sender(
     router_db: RouterDb, http_server: _Server
 ) -> None:
-    config = _van_config(router_db)
+    router = _van_router(router_db)
     clock = router_db.clock
-    execution_id = await _loaded(config, "p1")
+    execution_id = await _loaded(router, "p1")
     key = await _manifest_row(router_db, http_server, execution_id)
     http_server.statuses = [500, 503, 500, 500]
     async with httpx.AsyncClient() as client:
-        sink = basichttp_sink(config, client=client, timeout=5)
-        drain = OutboxDrain(config, {BASICHTTP_QUEUE: sink}, max_attempts=3)
+        sink = basichttp_sink(router, client=client, timeout=5)
+        drain = OutboxDrain(router.storage, {BASICHTTP_QUEUE: sink}, max_attempts=3)
         assert (await drain.drain_once()).failed == 1
         assert only(await drain.pending()).last_error == (
             f"BasicHTTPFailed: BasicHTTP POST to {http_server.url}/manifests answered 500"
         )
-        assert await leaves(config, execution_id) == ["on_van"]
+        assert await leaves(router, execution_id) == ["on_van"]
         clock.advance(timedelta(seconds=1))
         assert (await drain.drain_once()).failed == 1
         clock.advance(timedelta(seconds=2))
         # The last attempt fails too: the failure goes back to the sender, settled.
         assert (await drain.drain_once()).sent == 1
-        assert await leaves(config, execution_id) == ["returned_to_depot"]
+        assert await leaves(router, execution_id) == ["returned_to_depot"]
         assert [h["idempotency-key"] for _, h, _ in http_server.requests] == [str(key)] * 3
 
         # A report retried (a worker lost after reporting) is a duplicate.
@@ -753,7 +756,7 @@ async def test_a_failing_basichttp_send_is_retried_then_reported_to_the_sender(
             final=True,
         )
         await settle(sink(again))
-    reports = [r for r in await ledger(config) if r.binding_id == FAILURE_PLAN_ID]
+    reports = [r for r in await ledger(router) if r.binding_id == FAILURE_PLAN_ID]
     assert [(r.outcome, r.message_id, r.execution_id) for r in reports] == [
         ("delivered", str(key), execution_id),
         ("duplicate", str(key), None),
@@ -764,19 +767,19 @@ async def test_a_failing_basichttp_send_is_retried_then_reported_to_the_sender(
 async def test_a_basichttp_failure_with_no_one_to_tell_is_dead_lettered(
     router_db: RouterDb, http_server: _Server
 ) -> None:
-    config = _van_config(router_db)
-    finished = await _loaded(config, "p2")
+    router = _van_router(router_db)
+    finished = await _loaded(router, "p2")
     delivered = InboundEvent(
         scope=SCOPE,
         source="van",
         message_id="van/p2/delivered",
         data={"kind": "delivered", "parcel_id": "p2"},
     )
-    assert (await route(config, delivered)).outcomes[1].outcome == "delivered"
+    assert (await router.route(delivered)).outcomes[1].outcome == "delivered"
     await _manifest_row(router_db, http_server, "ex_never_addressed")
     await _manifest_row(router_db, http_server, finished)
     http_server.statuses = [500, 500]
-    drain = OutboxDrain(config, {BASICHTTP_QUEUE: basichttp_sink(config)}, max_attempts=1)
+    drain = OutboxDrain(router.storage, {BASICHTTP_QUEUE: basichttp_sink(router)}, max_attempts=1)
     assert (await drain.drain_once()).dead == 2
     errors = sorted(row.last_error or "" for row in await drain.dead_letters())
     assert "answered 500; no addressed execution 'ex_never_addressed' to tell" in errors[0]
@@ -796,15 +799,16 @@ async def test_the_outbox_runs_on_uuid_keys_in_a_prefixed_schema(
         config = RouterConfig(
             Storage(adapter, clock=clock), bindings=[], resolver=StaticResolver({})
         )
+        router = Router(config)
         route_ = OutboxRoute(adapter, clock=clock)
-        async with config.transaction() as unit:
+        async with router.transaction() as unit:
             await route_.deliver({"queue": "q"}, Event("e"), send_key(), unit.tx)
             await route_.deliver({"queue": "q"}, Event("e"), send_key(), unit.tx)
 
         def sink(message: OutboxMessage) -> None:
             raise DeadLetter("no")
 
-        drain = OutboxDrain(config, {"q": sink})
+        drain = OutboxDrain(router.storage, {"q": sink})
         assert (await drain.drain_once()).dead == 1
         dead = only(await drain.dead_letters())
         assert isinstance(dead.id, sa.Uuid().python_type)
@@ -837,7 +841,7 @@ async def test_a_charts_route_send_reaches_the_sink_after_the_commit_and_its_ans
     router_db: RouterDb,
 ) -> None:
     scans = replace(PARCEL_BINDINGS[0], data=("parcel_id",))
-    config = router_db.config(
+    router = router_db.router(
         [scans, PARCEL_BINDINGS[1]],
         resolver=StaticResolver({"parcel": compile_chart(PICKUP)}),
         send_type="test:sink",
@@ -848,15 +852,15 @@ async def test_a_charts_route_send_reaches_the_sink_after_the_commit_and_its_ans
     scan = InboundEvent(
         scope=SCOPE, source="depot", message_id="depot/9", data={"kind": "scan", "parcel_id": "p9"}
     )
-    reader = OutboxDrain(config, {})
+    reader = OutboxDrain(router.storage, {})
 
     # The step that sent rolled back: so did its row, and nothing reaches the sink.
-    async with caller_transaction(config) as connection:
-        await route(config, scan, connection=connection)
+    async with caller_transaction(router) as connection:
+        await router.route(scan, connection=connection)
         await end(connection, commit=False)
     assert await reader.rows() == []
 
-    [created] = (await route(config, scan)).outcomes
+    [created] = (await router.route(scan)).outcomes
     execution_id = getattr(created, "execution_id", None)
     assert isinstance(execution_id, str)
     row = only(await reader.pending())
@@ -880,12 +884,12 @@ async def test_a_charts_route_send_reaches_the_sink_after_the_commit_and_its_ans
             },
         )
         # The carrier's webhook may call twice.
-        answers.append((await route(config, answer)).outcomes[-1].outcome)
-        answers.append((await route(config, answer)).outcomes[-1].outcome)
+        answers.append((await router.route(answer)).outcomes[-1].outcome)
+        answers.append((await router.route(answer)).outcomes[-1].outcome)
 
-    assert (await OutboxDrain(config, {"pickups": carrier}).drain_once()).sent == 1
+    assert (await OutboxDrain(router.storage, {"pickups": carrier}).drain_once()).sent == 1
     assert answers == ["delivered", "duplicate"]
-    assert await leaves(config, execution_id) == ["booked"]
+    assert await leaves(router, execution_id) == ["booked"]
 
 
 @pytest.mark.asyncio
@@ -897,21 +901,21 @@ async def test_a_charts_basichttp_send_is_posted_and_its_failure_reaches_the_cha
         '<state id="on_van"><onentry><send id="manifest" type="basichttp" '
         f'target="{http_server.url}/manifests" event="parcel.loaded"/></onentry>',
     )
-    config = router_db.config(
+    router = router_db.router(
         VAN_BINDINGS, resolver=StaticResolver({"parcel_manifest": compile_chart(chart)})
     )
-    execution_id = await _loaded(config, "p3")
-    row = only(await OutboxDrain(config, {}).pending(BASICHTTP_QUEUE))
+    execution_id = await _loaded(router, "p3")
+    row = only(await OutboxDrain(router.storage, {}).pending(BASICHTTP_QUEUE))
     assert row.payload["sendid"] == "manifest"
     assert row.payload["scope"] == SCOPE
     http_server.statuses = [500, 500]
-    drain = OutboxDrain(config, {BASICHTTP_QUEUE: basichttp_sink(config)}, max_attempts=2)
+    drain = OutboxDrain(router.storage, {BASICHTTP_QUEUE: basichttp_sink(router)}, max_attempts=2)
     # The send handler stamps rows on the wall clock: drain after it, whatever the
     # test's clock says.
     later = max(datetime.now(UTC), router_db.clock.now) + timedelta(seconds=1)
     assert (await drain.drain_once(now=later)).failed == 1
     assert (await drain.drain_once(now=later + timedelta(seconds=2))).sent == 1
     assert [path for path, _, _ in http_server.requests] == ["/manifests"] * 2
-    assert await leaves(config, execution_id) == ["returned_to_depot"]
-    [report] = [r for r in await ledger(config) if r.binding_id == FAILURE_PLAN_ID]
+    assert await leaves(router, execution_id) == ["returned_to_depot"]
+    [report] = [r for r in await ledger(router) if r.binding_id == FAILURE_PLAN_ID]
     assert (report.outcome, report.message_id) == ("delivered", row.key)

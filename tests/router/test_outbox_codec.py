@@ -15,7 +15,7 @@ from statifier.core import Event
 from statifier.persistence import Storage
 from statifier.persistence.codec import SEALED
 from statifier.persistence.fernet import FernetCodec
-from statifier.router import OutboxDrain, OutboxRoute, RouterConfig, StaticResolver
+from statifier.router import OutboxDrain, OutboxRoute, Router, RouterConfig, StaticResolver
 from statifier.router.outbox import OutboxMessage
 from statifier.router.routes import IdempotencyKey
 from statifier.sql import migrations
@@ -53,8 +53,9 @@ async def test_a_sealed_outbox_row_reaches_its_sink_decoded(router_db: RouterDb)
         bindings=[],
         resolver=StaticResolver({}),
     )
+    router = Router(config)
     seen: list[OutboxMessage] = []
-    drain = OutboxDrain(config, {"pickups": seen.append})  # the configuration's codec
+    drain = OutboxDrain(router.storage, {"pickups": seen.append})  # the configuration's codec
     assert drain.codec is codec
     (listed,) = await drain.pending()
     assert listed.event.data == {"card": MARKER}

@@ -20,17 +20,7 @@ from tests.router.racing_router import DOCUMENT, HITS, LOCK_WAIT, SCOPE, hit
 
 from statifier.chart import Machine, compile_chart
 from statifier.persistence import Executions
-from statifier.router import (
-    Failed,
-    InboundEvent,
-    Routed,
-    RouterConfig,
-    StaticResolver,
-    address,
-    ledger,
-    route,
-    route_many,
-)
+from statifier.router import Failed, InboundEvent, Routed, Router, StaticResolver, address, ledger
 
 COUNTER = b"""<scxml xmlns="http://www.w3.org/2005/07/scxml" version="1.0"
        datamodel="predicator" initial="counting">
@@ -65,11 +55,11 @@ def counter_chart() -> Machine:
     return _CHART[0]
 
 
-def counter_config(router_db: RouterDb) -> RouterConfig:
+def counter_router(router_db: RouterDb) -> Router:
     """Hits routed to counters on ``router_db``, with a lock wait long enough that only
     a lost or duplicated event, never a slow machine, fails a test."""
     resolver = StaticResolver({DOCUMENT: counter_chart()})
-    return router_db.config([HITS], resolver=resolver, lock_wait=LOCK_WAIT)
+    return router_db.router([HITS], resolver=resolver, lock_wait=LOCK_WAIT)
 
 
 async def all_at_once(count: int, work: Callable[[int], Awaitable[_T]]) -> list[_T]:
@@ -89,10 +79,10 @@ def outcomes_of(answers: list[Routed]) -> list[tuple[str, str]]:
     return [(a.event.message_id, outcome.outcome) for a in answers for outcome in a.outcomes]
 
 
-async def logged_messages(config: RouterConfig, execution_id: str) -> list[str]:
+async def logged_messages(router: Router, execution_id: str) -> list[str]:
     """The message ids of the execution's input log, in log order."""
     logged = []
-    for entry in await Executions(config.storage).inputs(execution_id):
+    for entry in await Executions(router.storage).inputs(execution_id):
         assert entry.event is not None
         data = entry.event.data
         assert isinstance(data, dict)
@@ -100,30 +90,30 @@ async def logged_messages(config: RouterConfig, execution_id: str) -> list[str]:
     return logged
 
 
-async def count_of(config: RouterConfig, execution_id: str) -> object:
+async def count_of(router: Router, execution_id: str) -> object:
     """The counter ``n`` the execution holds."""
-    record = await config.adapter.fetch_execution(execution_id)
+    record = await router.adapter.fetch_execution(execution_id)
     assert record is not None
-    return config.storage.load(record, counter_chart()).datamodel["n"]
+    return router.storage.load(record, counter_chart()).datamodel["n"]
 
 
 async def assert_each_message_once(
-    config: RouterConfig, sent: dict[str, list[str]], answered: list[tuple[str, str]]
+    router: Router, sent: dict[str, list[str]], answered: list[tuple[str, str]]
 ) -> None:
     """Every key of ``sent`` has one execution, named by its address; every message in
     ``sent`` has one ledger row (the first of each key created the execution, the rest
     were delivered to it), its event is in that execution's input log once, and the
     counter counted it; ``answered`` (what the routing calls returned) agrees with the
     ledger."""
-    executions = {record.id for record in await config.adapter.list_by_metadata({})}
+    executions = {record.id for record in await router.adapter.list_by_metadata({})}
     assert len(executions) == len(sent)
-    rows = await ledger(config)
+    rows = await ledger(router)
     assert Counter(row.message_id for row in rows) == Counter(
         message_id for messages in sent.values() for message_id in messages
     )
     assert sorted(answered) == sorted((row.message_id, row.spelled) for row in rows)
     for key, messages in sent.items():
-        found = await address(config, SCOPE, DOCUMENT, key)
+        found = await address(router, SCOPE, DOCUMENT, key)
         assert found is not None
         execution_id = found.execution_id
         assert execution_id in executions
@@ -133,9 +123,9 @@ async def assert_each_message_once(
             "created_and_delivered": 1,
             "delivered": len(messages) - 1,
         }
-        logged = await logged_messages(config, execution_id)
+        logged = await logged_messages(router, execution_id)
         assert sorted(logged) == sorted(messages)
-        assert await count_of(config, execution_id) == len(messages)
+        assert await count_of(router, execution_id) == len(messages)
 
 
 async def start_racers(
@@ -196,15 +186,15 @@ async def test_tasks_racing_first_events_for_a_new_key_create_one_execution(
     """Eight first events for one new key at once: the address's unique index (and, on
     PostgreSQL, its advisory lock) lets one create; the others deliver to its execution,
     none creates a second and none is lost."""
-    config = counter_config(router_db)
+    router = counter_router(router_db)
     messages = [f"m{index}" for index in range(TASKS)]
 
     async def send(index: int) -> Routed:
-        return await route(config, hit(messages[index], "k"))
+        return await router.route(hit(messages[index], "k"))
 
     answers = await all_at_once(TASKS, send)
 
-    await assert_each_message_once(config, {"k": messages}, outcomes_of(answers))
+    await assert_each_message_once(router, {"k": messages}, outcomes_of(answers))
 
 
 @pytest.mark.asyncio
@@ -214,7 +204,7 @@ async def test_processes_racing_for_a_new_key_share_one_execution(
     """Two processes of five tasks each route 25 hits for one new key at once: across
     processes (SQLite's file lock, PostgreSQL's advisory locks) there is still one
     execution, and its input log holds the 50 events once each."""
-    config = counter_config(router_db)
+    router = counter_router(router_db)
     sent = [f"p{p}-m{m}" for p in range(PROCESSES) for m in range(PER_PROCESS)]
     jobs: list[dict[str, object]] = []
     for p in range(PROCESSES):
@@ -224,11 +214,11 @@ async def test_processes_racing_for_a_new_key_share_one_execution(
 
     answered = await finish_racers(await start_racers(router_db, tmp_path, jobs))
 
-    await assert_each_message_once(config, {"k": sent}, answered)
+    await assert_each_message_once(router, {"k": sent}, answered)
     # They really ran at once: each process's first event was logged before the other's
     # last one.
-    (execution,) = await config.adapter.list_by_metadata({})
-    logged = await logged_messages(config, execution.id)
+    (execution,) = await router.adapter.list_by_metadata({})
+    logged = await logged_messages(router, execution.id)
     by_process = [[at for at, m in enumerate(logged) if m.startswith(f"p{p}-")] for p in (0, 1)]
     assert by_process[0][0] < by_process[1][-1]
     assert by_process[1][0] < by_process[0][-1]
@@ -242,14 +232,14 @@ async def test_tasks_redelivering_one_message_deliver_it_once(
     """Eight tasks route the same message at once: the dedupe claim lets one through,
     the other seven are duplicates (a ledger row each, nothing stepped), for a new key
     and for one whose execution exists."""
-    config = counter_config(router_db)
+    router = counter_router(router_db)
     before = []
     if existing:
-        await route(config, hit("m0", "k"))
+        await router.route(hit("m0", "k"))
         before = ["m0"]
 
     async def send(_index: int) -> Routed:
-        return await route(config, hit("m1", "k"))
+        return await router.route(hit("m1", "k"))
 
     answers = await all_at_once(TASKS, send)
 
@@ -258,11 +248,11 @@ async def test_tasks_redelivering_one_message_deliver_it_once(
         first: 1,
         "duplicate": TASKS - 1,
     }
-    rows = [row for row in await ledger(config) if row.message_id == "m1"]
+    rows = [row for row in await ledger(router) if row.message_id == "m1"]
     assert Counter(row.spelled for row in rows) == {first: 1, "duplicate": TASKS - 1}
-    (execution,) = await config.adapter.list_by_metadata({})
-    assert await logged_messages(config, execution.id) == [*before, "m1"]
-    assert await count_of(config, execution.id) == len(before) + 1
+    (execution,) = await router.adapter.list_by_metadata({})
+    assert await logged_messages(router, execution.id) == [*before, "m1"]
+    assert await count_of(router, execution.id) == len(before) + 1
 
 
 def opposite_batches(prefixes: tuple[str, str]) -> tuple[list[InboundEvent], list[InboundEvent]]:
@@ -293,18 +283,18 @@ async def test_batches_taking_keys_in_opposite_orders_do_not_deadlock(
     """Two ``route_many`` batches for the same 20 new keys, in opposite orders, at once:
     each takes its locks in one sorted order, so both complete; each key has one
     execution that got both its events."""
-    config = counter_config(router_db)
+    router = counter_router(router_db)
     batches = opposite_batches(("a", "b"))
 
     async def send(index: int) -> list[Routed | Failed]:
-        return await route_many(config, batches[index])
+        return await router.route_many(batches[index])
 
     results = await asyncio.wait_for(all_at_once(2, send), DEADLINE)
 
     answers = [answer for result in results for answer in result]
     routed = [answer for answer in answers if isinstance(answer, Routed)]
     assert routed == answers
-    await assert_each_message_once(config, sent_by_key(*batches), outcomes_of(routed))
+    await assert_each_message_once(router, sent_by_key(*batches), outcomes_of(routed))
 
 
 @pytest.mark.asyncio
@@ -314,7 +304,7 @@ async def test_batches_from_two_processes_in_opposite_orders_do_not_deadlock(
     """The same opposite batches from two OS processes: on SQLite they contend for the
     file's write lock rather than the process's writer, on PostgreSQL for the advisory
     locks from two connections of two engines; both complete, nothing lost."""
-    config = counter_config(router_db)
+    router = counter_router(router_db)
     batches = opposite_batches(("a", "b"))
     jobs: list[dict[str, object]] = [
         {"batch": True, "lanes": [[[event.message_id, event.data["key"]] for event in batch]]}
@@ -323,4 +313,4 @@ async def test_batches_from_two_processes_in_opposite_orders_do_not_deadlock(
 
     answered = await finish_racers(await start_racers(router_db, tmp_path, jobs))
 
-    await assert_each_message_once(config, sent_by_key(*batches), answered)
+    await assert_each_message_once(router, sent_by_key(*batches), answered)

@@ -13,6 +13,7 @@ from tests.router.conftest import RouterDb
 
 from statifier.chart import compile_chart
 from statifier.core import Event
+from statifier.ids import new_execution_id
 from statifier.persistence import Executions, ReentrantCall, Refused, Stepped
 from statifier.persistence.serialization import DEFAULT_LOCK_WAIT
 from statifier.persistence.sql import SqlTransaction
@@ -20,9 +21,8 @@ from statifier.router import (
     Binding,
     CreatedAndDelivered,
     InboundEvent,
-    RouterConfig,
+    Router,
     StaticResolver,
-    route,
 )
 from statifier.router.routes import IdempotencyKey
 
@@ -71,12 +71,13 @@ class CallingBack:
         return None
 
 
-def _config(router_db: RouterDb, adapter: CallingBack) -> RouterConfig:
-    return router_db.config(
+def _router(router_db: RouterDb, adapter: CallingBack, **options: object) -> Router:
+    return router_db.router(
         [BINDING],
         resolver=StaticResolver({"sender": compile_chart(SENDER)}),
         send_type="app:route",
         routes={"back": (adapter, {})},
+        **options,
     )
 
 
@@ -85,46 +86,44 @@ def _event(order: str, message_id: str) -> InboundEvent:
 
 
 def test_the_lock_wait_is_bounded_by_default(router_db: RouterDb) -> None:
-    config = router_db.config([BINDING], resolver=StaticResolver({}))
-    assert config.lock_wait == DEFAULT_LOCK_WAIT == 30.0
-    assert Executions(config.storage).serialization.wait == 30.0  # type: ignore[attr-defined]
+    router = router_db.router([BINDING], resolver=StaticResolver({}))
+    assert router.config.lock_wait == DEFAULT_LOCK_WAIT == 30.0
+    assert Executions(router.storage).serialization.wait == 30.0  # type: ignore[attr-defined]
 
 
 @pytest.mark.asyncio
 async def test_routing_back_to_the_sender_is_refused_at_once(router_db: RouterDb) -> None:
     adapter = CallingBack()
-    config = _config(router_db, adapter)
-    adapter.call = lambda: route(config, _event("o-1", "m-back"))
+    router = _router(router_db, adapter)
+    adapter.call = lambda: router.route(_event("o-1", "m-back"))
     async with asyncio.timeout(PROMPTLY):
-        routed = await route(config, _event("o-1", "m-1"))
+        routed = await router.route(_event("o-1", "m-1"))
     (outcome,) = routed.outcomes
     assert isinstance(outcome, CreatedAndDelivered)
     (refused,) = adapter.raised
     assert "must not call back into the execution it serves" in str(refused)
     # The chart heard the refusal as error.communication; its own step stood.
-    record = await config.storage.fetch_execution(outcome.execution_id)
+    record = await router.storage.fetch_execution(outcome.execution_id)
     assert record.error_count == 1
 
 
 @pytest.mark.asyncio
 async def test_stepping_the_sender_from_its_route_is_refused_at_once(router_db: RouterDb) -> None:
     adapter = CallingBack()
-    config = _config(router_db, adapter)
     ids: list[str] = []
 
-    async def step_sender() -> object:
-        return await Executions(config.storage).step(ids[0], None, Event("again"))
-
-    adapter.call = step_sender
-    original = config.execution_id
-
     def minted(scope: str, document: str, key: str) -> str:
-        ids.append(str(original(scope, document, key)))
+        ids.append(str(new_execution_id(scope, document, key)))
         return ids[-1]
 
-    object.__setattr__(config, "execution_id", minted)
+    router = _router(router_db, adapter, execution_id=minted)
+
+    async def step_sender() -> object:
+        return await Executions(router.storage).step(ids[0], None, Event("again"))
+
+    adapter.call = step_sender
     async with asyncio.timeout(PROMPTLY):
-        routed = await route(config, _event("o-1", "m-1"))
+        routed = await router.route(_event("o-1", "m-1"))
     assert isinstance(routed.outcomes[0], CreatedAndDelivered)
     assert len(adapter.raised) == 1
 
@@ -132,9 +131,9 @@ async def test_stepping_the_sender_from_its_route_is_refused_at_once(router_db: 
 @pytest.mark.asyncio
 async def test_a_route_may_reach_another_execution(router_db: RouterDb) -> None:
     adapter = CallingBack()
-    config = _config(router_db, adapter)
+    router = _router(router_db, adapter)
     other = compile_chart(SENDER)
-    executions = Executions(config.storage)
+    executions = Executions(router.storage)
     await executions.create("other", other)
 
     async def step_other() -> object:
@@ -144,6 +143,6 @@ async def test_a_route_may_reach_another_execution(router_db: RouterDb) -> None:
 
     adapter.call = step_other
     async with asyncio.timeout(PROMPTLY):
-        routed = await route(config, _event("o-1", "m-1"))
+        routed = await router.route(_event("o-1", "m-1"))
     assert isinstance(routed.outcomes[0], CreatedAndDelivered)
     assert adapter.raised == []

@@ -42,16 +42,14 @@ from statifier.router import (
     Plan,
     Resolved,
     Routed,
+    Router,
     RouterConfig,
     StaticResolver,
     UnresolvedDocument,
     address,
-    deliver_event,
     ledger,
     reap_addresses,
     reap_dedupe,
-    route,
-    route_many,
 )
 from statifier.sql import migrations
 
@@ -103,13 +101,13 @@ class Minter:
         return f"ex_{self.minted}"
 
 
-def configure(db: RouterDb, bindings: list[Binding], **options: object) -> RouterConfig:
-    """``db.config`` with the counter chart beside the join and predictable ids."""
+def configure(db: RouterDb, bindings: list[Binding], **options: object) -> Router:
+    """``db.router`` with the counter chart beside the join and predictable ids."""
     options.setdefault(
         "resolver", StaticResolver({"join": join_chart(), "counter": compile_chart(COUNTER)})
     )
     options.setdefault("execution_id", Minter())
-    return db.config(bindings, **options)
+    return db.router(bindings, **options)
 
 
 def ad(
@@ -147,13 +145,13 @@ def counts(db: RouterDb) -> dict[str, int]:
     return {name: len(table_rows(db, name)) for name in names}
 
 
-async def executions_count(config: RouterConfig) -> int:
-    return len(await config.adapter.list_by_metadata({}))
+async def executions_count(router: Router) -> int:
+    return len(await router.adapter.list_by_metadata({}))
 
 
-async def logged(config: RouterConfig, execution_id: str) -> list[Event | None]:
+async def logged(router: Router, execution_id: str) -> list[Event | None]:
     """The events in an execution's input log, in order."""
-    return [entry.event for entry in await Executions(config.storage).inputs(execution_id)]
+    return [entry.event for entry in await Executions(router.storage).inputs(execution_id)]
 
 
 def spelled(rows: list[LedgerRow]) -> list[tuple[str, str | None, str | None, str]]:
@@ -167,9 +165,9 @@ def spelled(rows: list[LedgerRow]) -> list[tuple[str, str | None, str | None, st
 async def test_an_impression_creates_the_execution_and_a_click_is_delivered_to_it(
     router_db: RouterDb,
 ) -> None:
-    config = configure(router_db, impression_bindings())
-    opened = await route(config, ad("m1", "impression", "imp_1", shown_at=1))
-    clicked = await route(config, ad("m2", "click", "imp_1", url="u"))
+    router = configure(router_db, impression_bindings())
+    opened = await router.route(ad("m1", "impression", "imp_1", shown_at=1))
+    clicked = await router.route(ad("m2", "click", "imp_1", url="u"))
     assert opened.outcomes == (
         CreatedAndDelivered(IMPRESSIONS, key="imp_1", execution_id="ex_1"),
         NoMatch(CLICKS),
@@ -178,7 +176,7 @@ async def test_an_impression_creates_the_execution_and_a_click_is_delivered_to_i
         NoMatch(IMPRESSIONS),
         Delivered(CLICKS, key="imp_1", execution_id="ex_1"),
     )
-    assert await logged(config, "ex_1") == [
+    assert await logged(router, "ex_1") == [
         Event("impression.served", data={"impression_id": "imp_1", "shown_at": 1}),
         Event("click.recorded", data={"impression_id": "imp_1", "url": "u"}),
     ]
@@ -188,12 +186,12 @@ async def test_an_impression_creates_the_execution_and_a_click_is_delivered_to_i
 async def test_a_redelivered_message_is_a_duplicate_and_changes_nothing(
     router_db: RouterDb,
 ) -> None:
-    config = configure(router_db, impression_bindings())
-    await route(config, ad("m1", "impression", "imp_1"))
-    again = await route(config, ad("m1", "impression", "imp_1"))
+    router = configure(router_db, impression_bindings())
+    await router.route(ad("m1", "impression", "imp_1"))
+    again = await router.route(ad("m1", "impression", "imp_1"))
     assert again.outcomes == (Duplicate(IMPRESSIONS, key="imp_1"), NoMatch(CLICKS))
-    assert await executions_count(config) == 1
-    assert len(await logged(config, "ex_1")) == 1
+    assert await executions_count(router) == 1
+    assert len(await logged(router, "ex_1")) == 1
     assert counts(router_db)["routing_ledger"] == 2
 
 
@@ -201,17 +199,16 @@ async def test_a_redelivered_message_is_a_duplicate_and_changes_nothing(
 async def test_an_event_no_binding_matches_is_never_written(router_db: RouterDb) -> None:
     """``no_match`` is counted, not recorded: the ledger would otherwise grow with
     every event of a busy source that no binding wants."""
-    config = configure(router_db, impression_bindings())
-    routed = await route(config, ad("m1", "view", "imp_1"))
+    router = configure(router_db, impression_bindings())
+    routed = await router.route(ad("m1", "view", "imp_1"))
     assert routed.outcomes == (NoMatch(IMPRESSIONS), NoMatch(CLICKS))
     assert counts(router_db) == dict.fromkeys(counts(router_db), 0)
 
 
 @pytest.mark.asyncio
 async def test_an_event_of_another_source_gets_no_outcome(router_db: RouterDb) -> None:
-    config = configure(router_db, impression_bindings())
-    routed = await route(
-        config,
+    router = configure(router_db, impression_bindings())
+    routed = await router.route(
         InboundEvent(scope=SCOPE, source="elsewhere", message_id="m1", data={"kind": "impression"}),
     )
     assert routed.outcomes == ()
@@ -219,8 +216,8 @@ async def test_an_event_of_another_source_gets_no_outcome(router_db: RouterDb) -
 
 @pytest.mark.asyncio
 async def test_a_disabled_binding_is_never_evaluated(router_db: RouterDb) -> None:
-    config = configure(router_db, impression_bindings(enabled=False, key="1/0"))
-    routed = await route(config, ad("m1", "click", "imp_1"))
+    router = configure(router_db, impression_bindings(enabled=False, key="1/0"))
+    routed = await router.route(ad("m1", "click", "imp_1"))
     assert routed.outcomes == (NoMatch(IMPRESSIONS),)
 
 
@@ -239,13 +236,13 @@ async def test_a_disabled_binding_is_never_evaluated(router_db: RouterDb) -> Non
 async def test_a_refused_match_or_key_is_in_the_ledger_with_its_reason(
     router_db: RouterDb, clicks: dict[str, Any], event: InboundEvent, reason: str
 ) -> None:
-    config = configure(router_db, impression_bindings(**clicks))
-    routed = await route(config, event)
+    router = configure(router_db, impression_bindings(**clicks))
+    routed = await router.route(event)
     refused = routed.outcomes[1]
     assert isinstance(refused, KeyRefused)
     assert refused.binding_id == CLICKS
     assert refused.reason.startswith(reason)
-    (row,) = await ledger(config)
+    (row,) = await ledger(router)
     assert (row.binding_id, row.message_id, row.outcome, row.reason) == (
         CLICKS,
         "m1",
@@ -267,16 +264,16 @@ async def test_a_refused_match_or_key_is_in_the_ledger_with_its_reason(
 async def test_never_creating_a_missing_execution_is_dropped_no_execution(
     router_db: RouterDb,
 ) -> None:
-    config = configure(router_db, impression_bindings(create="never"))
-    routed = await route(config, ad("m1", "click", "imp_9"))
+    router = configure(router_db, impression_bindings(create="never"))
+    routed = await router.route(ad("m1", "click", "imp_9"))
     assert routed.outcomes == (
         NoMatch(IMPRESSIONS),
         Dropped(CLICKS, reason=DropReason.NO_EXECUTION, key="imp_9"),
     )
     assert routed.outcomes[1].outcome == "dropped: no_execution"
-    assert await address(config, SCOPE, "join", "imp_9") is None
-    assert await executions_count(config) == 0
-    assert spelled(await ledger(config)) == [(CLICKS, "m1", None, "dropped: no_execution")]
+    assert await address(router, SCOPE, "join", "imp_9") is None
+    assert await executions_count(router) == 0
+    assert spelled(await ledger(router)) == [(CLICKS, "m1", None, "dropped: no_execution")]
 
 
 @pytest.mark.asyncio
@@ -286,13 +283,13 @@ async def test_a_late_event_after_the_finish_is_dropped_and_never_reopens(
     """The address keeps naming the ended execution, stamped when its end was first
     seen; neither a late click nor a late impression (whose binding would create)
     starts a new one."""
-    config = configure(router_db, impression_bindings())
-    await route(config, ad("m1", "impression", "imp_1"))
+    router = configure(router_db, impression_bindings())
+    await router.route(ad("m1", "impression", "imp_1"))
     finished_at = router_db.clock.advance(timedelta(seconds=1))
-    await route(config, ad("m2", "click", "imp_1"))
+    await router.route(ad("m2", "click", "imp_1"))
     router_db.clock.advance(timedelta(minutes=5))
-    late_click = await route(config, ad("m3", "click", "imp_1"))
-    late_impression = await route(config, ad("m4", "impression", "imp_1"))
+    late_click = await router.route(ad("m3", "click", "imp_1"))
+    late_impression = await router.route(ad("m4", "impression", "imp_1"))
     assert late_click.outcomes[1] == Dropped(
         CLICKS, reason=DropReason.FINISHED, key="imp_1", execution_id="ex_1"
     )
@@ -300,25 +297,25 @@ async def test_a_late_event_after_the_finish_is_dropped_and_never_reopens(
         IMPRESSIONS, reason=DropReason.FINISHED, key="imp_1", execution_id="ex_1"
     )
     assert late_click.outcomes[1].outcome == "dropped: finished"
-    row = await address(config, SCOPE, "join", "imp_1")
+    row = await address(router, SCOPE, "join", "imp_1")
     assert row is not None
     assert (row.execution_id, row.terminal_seen_at) == ("ex_1", finished_at)
-    assert await executions_count(config) == 1
-    assert len(await logged(config, "ex_1")) == 2
+    assert await executions_count(router) == 1
+    assert len(await logged(router, "ex_1")) == 2
 
 
 @pytest.mark.asyncio
 async def test_an_event_that_selects_no_transition_is_dropped_but_logged(
     router_db: RouterDb,
 ) -> None:
-    config = configure(router_db, impression_bindings())
-    await route(config, ad("m1", "impression", "imp_1", shown_at=1))
-    second = await route(config, ad("m2", "impression", "imp_1", shown_at=2))
+    router = configure(router_db, impression_bindings())
+    await router.route(ad("m1", "impression", "imp_1", shown_at=1))
+    second = await router.route(ad("m2", "impression", "imp_1", shown_at=2))
     assert second.outcomes[0] == Dropped(
         IMPRESSIONS, reason=DropReason.UNMATCHED_EVENT, key="imp_1", execution_id="ex_1"
     )
     assert second.outcomes[0].outcome == "dropped: unmatched_event"
-    assert await logged(config, "ex_1") == [
+    assert await logged(router, "ex_1") == [
         Event("impression.served", data={"impression_id": "imp_1", "shown_at": 1}),
         Event("impression.served", data={"impression_id": "imp_1", "shown_at": 2}),
     ]
@@ -329,15 +326,15 @@ async def test_a_created_execution_that_takes_no_transition_is_dropped_unmatched
     router_db: RouterDb,
 ) -> None:
     """A click first: its binding creates the join, which waits for an impression."""
-    config = configure(router_db, impression_bindings())
-    routed = await route(config, ad("m1", "click", "imp_1"))
+    router = configure(router_db, impression_bindings())
+    routed = await router.route(ad("m1", "click", "imp_1"))
     assert routed.outcomes[1] == Dropped(
         CLICKS, reason=DropReason.UNMATCHED_EVENT, key="imp_1", execution_id="ex_1"
     )
-    row = await address(config, SCOPE, "join", "imp_1")
+    row = await address(router, SCOPE, "join", "imp_1")
     assert row is not None
     assert row.execution_id == "ex_1"
-    assert [event.name for event in await logged(config, "ex_1") if event] == ["click.recorded"]
+    assert [event.name for event in await logged(router, "ex_1") if event] == ["click.recorded"]
 
 
 # --- the create modes -----------------------------------------------------------------
@@ -391,11 +388,11 @@ async def test_the_create_mode_decides_what_a_delivery_reaches(
     """``before`` is what the address names when the tested binding's event arrives:
     nothing, a waiting execution, or one that has ended (cancelled behind the router's
     back). ``addressed`` is what the address row names afterwards."""
-    config = configure(router_db, [OPENER, under_test(mode)])
+    router = configure(router_db, [OPENER, under_test(mode)])
     existing: str | None = None
     if before != "none":
-        opened = await route(
-            config, InboundEvent(scope=SCOPE, source="setup", message_id="open", data={"key": "k"})
+        opened = await router.route(
+            InboundEvent(scope=SCOPE, source="setup", message_id="open", data={"key": "k"})
         )
         existing = "ex_1"
         assert opened.outcomes == (
@@ -403,23 +400,23 @@ async def test_the_create_mode_decides_what_a_delivery_reaches(
         )
     if before == "terminal":
         assert existing is not None
-        await Executions(config.storage).cancel(existing)
-    executions_before = await executions_count(config)
+        await Executions(router.storage).cancel(existing)
+    executions_before = await executions_count(router)
 
-    routed = await route(
-        config, InboundEvent(scope=SCOPE, source="test", message_id="m1", data={"key": "k"})
+    routed = await router.route(
+        InboundEvent(scope=SCOPE, source="test", message_id="m1", data={"key": "k"})
     )
 
     (answer,) = routed.outcomes
     assert answer.outcome == outcome
-    assert await executions_count(config) == executions_before + (1 if created else 0)
+    assert await executions_count(router) == executions_before + (1 if created else 0)
     reached = getattr(answer, "execution_id", None)
     if created:
         assert reached is not None
         assert reached != existing
     elif outcome != "dropped: no_execution":
         assert reached == existing
-    row = await address(config, SCOPE, "join", "k")
+    row = await address(router, SCOPE, "join", "k")
     expected = {None: None, "new": reached, "existing": existing}[addressed]
     assert (row.execution_id if row else None) == expected
     if before == "terminal" and mode is not Create.ALWAYS_NEW:
@@ -432,11 +429,10 @@ async def test_the_create_mode_decides_what_a_delivery_reaches(
 async def test_always_new_creates_one_execution_per_delivery_and_no_address(
     router_db: RouterDb,
 ) -> None:
-    config = configure(router_db, [under_test(Create.ALWAYS_NEW)])
+    router = configure(router_db, [under_test(Create.ALWAYS_NEW)])
     answers = [
         (
-            await route(
-                config,
+            await router.route(
                 InboundEvent(scope=SCOPE, source="test", message_id=f"m{n}", data={"key": "k"}),
             )
         ).outcomes
@@ -447,14 +443,14 @@ async def test_always_new_creates_one_execution_per_delivery_and_no_address(
         (CreatedAndDelivered("tested", key="k", execution_id="ex_2"),),
         (CreatedAndDelivered("tested", key="k", execution_id="ex_3"),),
     ]
-    assert await executions_count(config) == 3
+    assert await executions_count(router) == 3
     assert table_rows(router_db, "addresses") == []
     # It still deduplicates: a redelivery creates nothing.
-    again = await route(
-        config, InboundEvent(scope=SCOPE, source="test", message_id="m0", data={"key": "k"})
+    again = await router.route(
+        InboundEvent(scope=SCOPE, source="test", message_id="m0", data={"key": "k"})
     )
     assert again.outcomes == (Duplicate("tested", key="k"),)
-    assert await executions_count(config) == 3
+    assert await executions_count(router) == 3
 
 
 # --- dedupe ---------------------------------------------------------------------------
@@ -464,47 +460,47 @@ async def test_always_new_creates_one_execution_per_delivery_and_no_address(
 async def test_a_message_id_is_a_duplicate_only_within_the_horizon(router_db: RouterDb) -> None:
     """An expired claim counts as absent even before the reaper removes it, and the
     redelivery claims it again for a new horizon."""
-    config = configure(router_db, [TICKS])
+    router = configure(router_db, [TICKS])
     horizon = TICKS.dedupe.horizon
-    first = await route(config, tick("m1", "meter_1"))
+    first = await router.route(tick("m1", "meter_1"))
     router_db.clock.advance(horizon - timedelta(milliseconds=1))
-    inside = await route(config, tick("m1", "meter_1"))
+    inside = await router.route(tick("m1", "meter_1"))
     router_db.clock.advance(timedelta(milliseconds=1))
-    after = await route(config, tick("m1", "meter_1"))
+    after = await router.route(tick("m1", "meter_1"))
     router_db.clock.advance(horizon - timedelta(milliseconds=1))
-    reclaimed = await route(config, tick("m1", "meter_1"))
+    reclaimed = await router.route(tick("m1", "meter_1"))
     assert [routed.outcomes for routed in (first, inside, after, reclaimed)] == [
         (CreatedAndDelivered("ticks", key="meter_1", execution_id="ex_1"),),
         (Duplicate("ticks", key="meter_1"),),
         (Delivered("ticks", key="meter_1", execution_id="ex_1"),),
         (Duplicate("ticks", key="meter_1"),),
     ]
-    assert len(await logged(config, "ex_1")) == 2
+    assert len(await logged(router, "ex_1")) == 2
 
 
 @pytest.mark.asyncio
 async def test_dedupe_is_per_binding(router_db: RouterDb) -> None:
     """Two bindings may each deliver one message once."""
     other = replace(TICKS, id="ticks_again", document="counter")
-    config = configure(router_db, [TICKS, other])
-    routed = await route(config, tick("m1", "meter_1"))
+    router = configure(router_db, [TICKS, other])
+    routed = await router.route(tick("m1", "meter_1"))
     assert [answer.outcome for answer in routed.outcomes] == ["created_and_delivered", "delivered"]
 
 
 @pytest.mark.asyncio
 async def test_reap_dedupe_deletes_only_expired_claims(router_db: RouterDb) -> None:
-    config = configure(router_db, [TICKS])
+    router = configure(router_db, [TICKS])
     horizon = TICKS.dedupe.horizon
     start = router_db.clock.now
-    await route(config, tick("m1", "meter_1"))
+    await router.route(tick("m1", "meter_1"))
     router_db.clock.advance(horizon / 2)
-    await route(config, tick("m2", "meter_1"))
+    await router.route(tick("m2", "meter_1"))
 
-    assert await reap_dedupe(config, start + horizon) == 0
-    assert await reap_dedupe(config, start + horizon + timedelta(milliseconds=1)) == 1
+    assert await reap_dedupe(router, start + horizon) == 0
+    assert await reap_dedupe(router, start + horizon + timedelta(milliseconds=1)) == 1
     assert [row["message_id"] for row in table_rows(router_db, "dedupe")] == ["m2"]
-    assert await reap_dedupe(config, start + horizon + timedelta(milliseconds=1)) == 0
-    assert await reap_dedupe(config, start + horizon * 2) == 1
+    assert await reap_dedupe(router, start + horizon + timedelta(milliseconds=1)) == 0
+    assert await reap_dedupe(router, start + horizon * 2) == 1
     assert table_rows(router_db, "dedupe") == []
 
 
@@ -515,7 +511,7 @@ async def test_reap_dedupe_deletes_only_expired_claims(router_db: RouterDb) -> N
 async def test_the_ledger_holds_one_row_per_recorded_outcome_in_order(
     router_db: RouterDb,
 ) -> None:
-    config = configure(router_db, impression_bindings())
+    router = configure(router_db, impression_bindings())
     start = router_db.clock.now
     events = [
         ad("m1", "impression", "imp_1"),
@@ -526,9 +522,9 @@ async def test_the_ledger_holds_one_row_per_recorded_outcome_in_order(
         ad("m4", "click", "imp_1"),
     ]
     for event in events:
-        await route(config, event)
+        await router.route(event)
         router_db.clock.advance(timedelta(seconds=1))
-    rows = await ledger(config)
+    rows = await ledger(router)
     assert [
         (row.binding_id, row.message_id, row.key, row.execution_id, row.outcome, row.reason)
         for row in rows
@@ -543,18 +539,18 @@ async def test_the_ledger_holds_one_row_per_recorded_outcome_in_order(
         start + timedelta(seconds=n) for n in (0, 1, 3, 4, 5)
     ]
     assert {(row.scope, row.source, row.document) for row in rows} == {(SCOPE, "ad_events", "join")}
-    assert [row.message_id for row in await ledger(config, "ex_1")] == ["m1", "m4", "m5"]
+    assert [row.message_id for row in await ledger(router, "ex_1")] == ["m1", "m4", "m5"]
 
 
 @pytest.mark.asyncio
 async def test_rows_written_at_one_moment_keep_their_order(router_db: RouterDb) -> None:
     """On a clock that does not move, the ledger still reads in the order written."""
-    config = configure(
+    router = configure(
         router_db, [TICKS, replace(TICKS, id="ticks_2"), replace(TICKS, id="ticks_3")]
     )
-    await route(config, tick("m1", "meter_1"))
-    await route(config, tick("m2", "meter_1"))
-    assert [(row.message_id, row.binding_id) for row in await ledger(config)] == [
+    await router.route(tick("m1", "meter_1"))
+    await router.route(tick("m2", "meter_1"))
+    assert [(row.message_id, row.binding_id) for row in await ledger(router)] == [
         ("m1", "ticks"),
         ("m1", "ticks_2"),
         ("m1", "ticks_3"),
@@ -570,9 +566,9 @@ Connection = sa.Connection | AsyncConnection
 
 
 @asynccontextmanager
-async def caller_transaction(config: RouterConfig) -> AsyncIterator[Connection]:
+async def caller_transaction(router: Router) -> AsyncIterator[Connection]:
     """A transaction the caller began on a connection of the adapter's engine."""
-    engine = config.adapter.engine
+    engine = router.adapter.engine
     if isinstance(engine, sa.Engine):
         with engine.connect() as connection:
             connection.begin()
@@ -599,10 +595,10 @@ async def test_routing_in_a_callers_transaction_ends_with_it(
 ) -> None:
     """Everything a delivery writes (claim, address, execution, input log, ledger) is
     in the caller's transaction: its commit keeps all of it, its rollback none."""
-    config = configure(router_db, impression_bindings())
-    async with caller_transaction(config) as connection:
-        opened = await route(config, ad("m1", "impression", "imp_1"), connection=connection)
-        clicked = await route(config, ad("m2", "click", "imp_1"), connection=connection)
+    router = configure(router_db, impression_bindings())
+    async with caller_transaction(router) as connection:
+        opened = await router.route(ad("m1", "impression", "imp_1"), connection=connection)
+        clicked = await router.route(ad("m2", "click", "imp_1"), connection=connection)
         # Inside the transaction the second event already sees the first's address.
         assert clicked.outcomes[1] == Delivered(CLICKS, key="imp_1", execution_id="ex_1")
         assert opened.outcomes[0] == CreatedAndDelivered(
@@ -618,10 +614,9 @@ async def test_routing_in_a_callers_transaction_ends_with_it(
 async def test_a_batch_in_a_callers_transaction_ends_with_it(
     router_db: RouterDb, commit: bool
 ) -> None:
-    config = configure(router_db, impression_bindings())
-    async with caller_transaction(config) as connection:
-        answers = await route_many(
-            config,
+    router = configure(router_db, impression_bindings())
+    async with caller_transaction(router) as connection:
+        answers = await router.route_many(
             [ad("m1", "impression", "imp_1"), ad("m2", "impression", "imp_2")],
             connection=connection,
         )
@@ -642,9 +637,9 @@ def failing_resolver(scope: str, document: str) -> Resolved:
 async def test_a_resolver_that_raises_is_unresolved_document_and_writes_nothing(
     router_db: RouterDb,
 ) -> None:
-    config = configure(router_db, impression_bindings(), resolver=failing_resolver)
+    router = configure(router_db, impression_bindings(), resolver=failing_resolver)
     with pytest.raises(UnresolvedDocument) as error:
-        await route(config, ad("m1", "impression", "imp_1"))
+        await router.route(ad("m1", "impression", "imp_1"))
     assert (error.value.scope, error.value.document) == (SCOPE, "join")
     assert error.value.reason == "RuntimeError: the chart store is down"
     assert counts(router_db) == dict.fromkeys(counts(router_db), 0)
@@ -658,17 +653,17 @@ async def test_a_failing_binding_leaves_the_earlier_bindings_delivery_committed(
     delivery committed in its own transaction; the second left nothing, not even its
     claim, so a redelivery tries it again (and the first is then a duplicate)."""
     cursed = replace(CURSED, match="event.kind == 'impression'")
-    config = configure(router_db, [impression_bindings()[0], cursed])
+    router = configure(router_db, [impression_bindings()[0], cursed])
     for _ in range(2):
         with pytest.raises(UnresolvedDocument, match="'cursed'"):
-            await route(config, ad("m1", "impression", "imp_1"))
-    assert spelled(await ledger(config)) == [
+            await router.route(ad("m1", "impression", "imp_1"))
+    assert spelled(await ledger(router)) == [
         (IMPRESSIONS, "m1", "ex_1", "created_and_delivered"),
         (IMPRESSIONS, "m1", None, "duplicate"),
     ]
     assert [row["binding_id"] for row in table_rows(router_db, "dedupe")] == [IMPRESSIONS]
     assert [row["document"] for row in table_rows(router_db, "addresses")] == ["join"]
-    assert await executions_count(config) == 1
+    assert await executions_count(router) == 1
 
 
 # --- batches --------------------------------------------------------------------------
@@ -678,7 +673,7 @@ async def test_a_failing_binding_leaves_the_earlier_bindings_delivery_committed(
 async def test_a_poisoned_event_fails_alone_and_blocks_only_its_address(
     router_db: RouterDb,
 ) -> None:
-    config = configure(router_db, [*impression_bindings(), CURSED])
+    router = configure(router_db, [*impression_bindings(), CURSED])
     batch = [
         ad("m1", "impression", "imp_1"),
         ad("m2", "cursed", "imp_2"),
@@ -687,7 +682,7 @@ async def test_a_poisoned_event_fails_alone_and_blocks_only_its_address(
         ad("m5", "click", "imp_1"),
         ad("m6", "impression", "imp_2"),
     ]
-    answers = await route_many(config, batch)
+    answers = await router.route_many(batch)
 
     assert [answer.event.message_id for answer in answers] == ["m1", "m2", "m3", "m4", "m5", "m6"]
     poisoned, blocked = answers[1], answers[3]
@@ -706,7 +701,7 @@ async def test_a_poisoned_event_fails_alone_and_blocks_only_its_address(
         # imp_2 of the join is another address than imp_2 of the cursed document.
         ["created_and_delivered"],
     ]
-    assert [row.message_id for row in await ledger(config)] == ["m1", "m3", "m5", "m6"]
+    assert [row.message_id for row in await ledger(router)] == ["m1", "m3", "m5", "m6"]
     assert {row["message_id"] for row in table_rows(router_db, "dedupe")} == {
         "m1",
         "m3",
@@ -718,7 +713,7 @@ async def test_a_poisoned_event_fails_alone_and_blocks_only_its_address(
         ("join", "imp_2"),
         ("join", "imp_3"),
     ]
-    assert [event.name for event in await logged(config, "ex_1") if event] == [
+    assert [event.name for event in await logged(router, "ex_1") if event] == [
         "impression.served",
         "click.recorded",
     ]
@@ -726,7 +721,7 @@ async def test_a_poisoned_event_fails_alone_and_blocks_only_its_address(
 
 @pytest.mark.asyncio
 async def test_a_batch_keeps_each_keys_order(router_db: RouterDb) -> None:
-    config = configure(router_db, [TICKS])
+    router = configure(router_db, [TICKS])
     batch = [
         tick("m1", "meter_a", 1),
         tick("m2", "meter_b", 1),
@@ -734,24 +729,24 @@ async def test_a_batch_keeps_each_keys_order(router_db: RouterDb) -> None:
         tick("m4", "meter_a", 3),
         tick("m5", "meter_b", 2),
     ]
-    answers = await route_many(config, batch)
+    answers = await router.route_many(batch)
     assert all(isinstance(answer, Routed) for answer in answers)
-    meter_a = await address(config, SCOPE, "counter", "meter_a")
-    meter_b = await address(config, SCOPE, "counter", "meter_b")
+    meter_a = await address(router, SCOPE, "counter", "meter_a")
+    meter_b = await address(router, SCOPE, "counter", "meter_b")
     assert meter_a is not None
     assert meter_b is not None
-    assert [e.data for e in await logged(config, meter_a.execution_id) if e] == [
+    assert [e.data for e in await logged(router, meter_a.execution_id) if e] == [
         {"n": 1},
         {"n": 2},
         {"n": 3},
     ]
-    assert [e.data for e in await logged(config, meter_b.execution_id) if e] == [{"n": 1}, {"n": 2}]
+    assert [e.data for e in await logged(router, meter_b.execution_id) if e] == [{"n": 1}, {"n": 2}]
 
 
 @pytest.mark.asyncio
 async def test_a_batch_answers_a_duplicate_within_itself(router_db: RouterDb) -> None:
-    config = configure(router_db, [TICKS])
-    answers = await route_many(config, [tick("m1", "meter_a"), tick("m1", "meter_a")])
+    router = configure(router_db, [TICKS])
+    answers = await router.route_many([tick("m1", "meter_a"), tick("m1", "meter_a")])
     assert [answer.outcomes for answer in answers if isinstance(answer, Routed)] == [
         (CreatedAndDelivered("ticks", key="meter_a", execution_id="ex_1"),),
         (Duplicate("ticks", key="meter_a"),),
@@ -766,13 +761,13 @@ FAILURES = Plan(id="basichttp_failure", document="join", create=Create.NEVER)
 @pytest.mark.asyncio
 async def test_deliver_event_reaches_an_existing_address_once(router_db: RouterDb) -> None:
     """A host job's answer coming back: claimed and recorded under the plan's id."""
-    config = configure(router_db, impression_bindings())
-    await route(config, ad("m1", "impression", "imp_1"))
+    router = configure(router_db, impression_bindings())
+    await router.route(ad("m1", "impression", "imp_1"))
     click = Event("click.recorded", data={"url": "u"})
 
     async def deliver(key: str, message_id: str) -> object:
-        return await deliver_event(
-            config, FAILURES, scope=SCOPE, key=key, event=click, message_id=message_id
+        return await router.deliver_event(
+            FAILURES, scope=SCOPE, key=key, event=click, message_id=message_id
         )
 
     assert await deliver("imp_1", "job-1") == Delivered(
@@ -782,11 +777,11 @@ async def test_deliver_event_reaches_an_existing_address_once(router_db: RouterD
     assert await deliver("imp_404", "job-2") == Dropped(
         "basichttp_failure", reason=DropReason.NO_EXECUTION, key="imp_404"
     )
-    assert await logged(config, "ex_1") == [
+    assert await logged(router, "ex_1") == [
         Event("impression.served", data={"impression_id": "imp_1"}),
         click,
     ]
-    rows = [row for row in await ledger(config) if row.binding_id == "basichttp_failure"]
+    rows = [row for row in await ledger(router) if row.binding_id == "basichttp_failure"]
     assert [(row.message_id, row.key, row.spelled, row.source) for row in rows] == [
         ("job-1", "imp_1", "delivered", None),
         ("job-1", "imp_1", "duplicate", None),
@@ -798,12 +793,11 @@ async def test_deliver_event_reaches_an_existing_address_once(router_db: RouterD
 async def test_deliver_event_in_a_rolled_back_callers_transaction_leaves_nothing(
     router_db: RouterDb,
 ) -> None:
-    config = configure(router_db, impression_bindings())
-    await route(config, ad("m1", "impression", "imp_1"))
+    router = configure(router_db, impression_bindings())
+    await router.route(ad("m1", "impression", "imp_1"))
     before = counts(router_db)
-    async with caller_transaction(config) as connection:
-        delivered = await deliver_event(
-            config,
+    async with caller_transaction(router) as connection:
+        delivered = await router.deliver_event(
             FAILURES,
             scope=SCOPE,
             key="imp_1",
@@ -819,19 +813,18 @@ async def test_deliver_event_in_a_rolled_back_callers_transaction_leaves_nothing
 # --- reap_addresses -------------------------------------------------------------------
 
 
-async def open_joins(config: RouterConfig, keys: list[str], cancel: bool) -> list[str]:
+async def open_joins(router: Router, keys: list[str], cancel: bool) -> list[str]:
     """One waiting join per key (through ``OPENER``), cancelled behind the router's back
     when ``cancel``; answers their execution ids."""
     ids = []
     for key in keys:
-        routed = await route(
-            config,
+        routed = await router.route(
             InboundEvent(scope=SCOPE, source="setup", message_id=f"open-{key}", data={"key": key}),
         )
         execution_id = getattr(routed.outcomes[0], "execution_id", None)
         assert isinstance(execution_id, str)
         if cancel:
-            await Executions(config.storage).cancel(execution_id)
+            await Executions(router.storage).cancel(execution_id)
         ids.append(execution_id)
     return ids
 
@@ -846,43 +839,43 @@ async def test_a_finished_address_is_stamped_then_deleted_after_the_documents_ho
     opener = replace(OPENER, dedupe=Dedupe(timedelta(hours=1)))
     longer = replace(under_test(Create.NEVER), dedupe=Dedupe(timedelta(hours=3)))
     disabled = replace(under_test(Create.NEVER), id="off", dedupe=Dedupe(timedelta(hours=10)))
-    config = configure(router_db, [opener, longer, replace(disabled, enabled=False)])
-    await open_joins(config, ["k"], cancel=True)
+    router = configure(router_db, [opener, longer, replace(disabled, enabled=False)])
+    await open_joins(router, ["k"], cancel=True)
     seen = router_db.clock.advance(timedelta(minutes=1))
 
-    first = await reap_addresses(config, seen)
+    first = await reap_addresses(router, seen)
     assert (first.examined, first.stamped, first.deleted, first.next) == (1, 1, 0, None)
-    row = await address(config, SCOPE, "join", "k")
+    row = await address(router, SCOPE, "join", "k")
     assert row is not None
     assert row.terminal_seen_at == seen
 
-    early = await reap_addresses(config, seen + timedelta(hours=3) - timedelta(seconds=1))
+    early = await reap_addresses(router, seen + timedelta(hours=3) - timedelta(seconds=1))
     assert (early.examined, early.stamped, early.deleted) == (1, 0, 0)
-    assert await address(config, SCOPE, "join", "k") is not None
+    assert await address(router, SCOPE, "join", "k") is not None
 
-    due = await reap_addresses(config, seen + timedelta(hours=3))
+    due = await reap_addresses(router, seen + timedelta(hours=3))
     assert (due.examined, due.stamped, due.deleted) == (1, 0, 1)
-    assert await address(config, SCOPE, "join", "k") is None
+    assert await address(router, SCOPE, "join", "k") is None
 
 
 @pytest.mark.asyncio
 async def test_a_document_no_binding_names_has_no_horizon(router_db: RouterDb) -> None:
-    config = configure(router_db, [OPENER])
-    await open_joins(config, ["k"], cancel=True)
-    reaped = await reap_addresses(config, router_db.clock.now, bindings=[TICKS])
+    router = configure(router_db, [OPENER])
+    await open_joins(router, ["k"], cancel=True)
+    reaped = await reap_addresses(router, router_db.clock.now, bindings=[TICKS])
     assert (reaped.examined, reaped.stamped, reaped.deleted) == (1, 1, 1)
     assert table_rows(router_db, "addresses") == []
 
 
 @pytest.mark.asyncio
 async def test_an_active_executions_address_is_never_deleted(router_db: RouterDb) -> None:
-    config = configure(router_db, [OPENER])
-    await open_joins(config, ["k"], cancel=False)
+    router = configure(router_db, [OPENER])
+    await open_joins(router, ["k"], cancel=False)
     far = router_db.clock.advance(timedelta(days=1000))
     for bindings in ([OPENER], []):
-        reaped = await reap_addresses(config, far, bindings=bindings)
+        reaped = await reap_addresses(router, far, bindings=bindings)
         assert (reaped.examined, reaped.stamped, reaped.deleted) == (1, 0, 0)
-    row = await address(config, SCOPE, "join", "k")
+    row = await address(router, SCOPE, "join", "k")
     assert row is not None
     assert row.terminal_seen_at is None
 
@@ -890,12 +883,12 @@ async def test_an_active_executions_address_is_never_deleted(router_db: RouterDb
 @pytest.mark.parametrize("rows", [4, 5])
 @pytest.mark.asyncio
 async def test_paging_visits_every_address_once(router_db: RouterDb, rows: int) -> None:
-    config = configure(router_db, [OPENER])
-    await open_joins(config, [f"k{n}" for n in range(rows)], cancel=True)
+    router = configure(router_db, [OPENER])
+    await open_joins(router, [f"k{n}" for n in range(rows)], cancel=True)
     pages = []
     after: Any = None
     while True:
-        page = await reap_addresses(config, router_db.clock.now, limit=2, after=after)
+        page = await reap_addresses(router, router_db.clock.now, limit=2, after=after)
         pages.append((page.examined, page.stamped, page.deleted))
         if page.next is None:
             break
@@ -907,14 +900,14 @@ async def test_paging_visits_every_address_once(router_db: RouterDb, rows: int) 
 
 @pytest.mark.asyncio
 async def test_reap_addresses_refuses_what_it_cannot_compute(router_db: RouterDb) -> None:
-    config = configure(router_db, [OPENER])
+    router = configure(router_db, [OPENER])
     with pytest.raises(ValueError, match="limit"):
-        await reap_addresses(config, router_db.clock.now, limit=0)
+        await reap_addresses(router, router_db.clock.now, limit=0)
     resolved = RouterConfig(
-        config.storage, bindings_resolver=lambda scope: [OPENER], resolver=config.resolver
+        router.storage, bindings_resolver=lambda scope: [OPENER], resolver=router.config.resolver
     )
     with pytest.raises(ValueError, match="pass bindings"):
-        await reap_addresses(resolved, router_db.clock.now)
+        await reap_addresses(Router(resolved), router_db.clock.now)
 
 
 # --- pins -----------------------------------------------------------------------------
@@ -924,15 +917,15 @@ async def test_reap_addresses_refuses_what_it_cannot_compute(router_db: RouterDb
 async def test_address_pins_count_the_address_rows_naming_the_executions(
     router_db: RouterDb,
 ) -> None:
-    config = configure(router_db, [OPENER, under_test(Create.ALWAYS_NEW)])
-    first, second = await open_joins(config, ["k1", "k2"], cancel=False)
-    unaddressed = await route(
-        config, InboundEvent(scope=SCOPE, source="test", message_id="m1", data={"key": "k3"})
+    router = configure(router_db, [OPENER, under_test(Create.ALWAYS_NEW)])
+    first, second = await open_joins(router, ["k1", "k2"], cancel=False)
+    unaddressed = await router.route(
+        InboundEvent(scope=SCOPE, source="test", message_id="m1", data={"key": "k3"})
     )
     third = getattr(unaddressed.outcomes[0], "execution_id", None)
     assert isinstance(third, str)
     content_hash = join_chart().identity.content_hash
-    pins = AddressPins(config)
+    pins = AddressPins(router)
     assert await pins.pins(content_hash, [first, second, third, "ex_unknown"]) == {"addresses": 2}
     assert await pins.pins(content_hash, [second]) == {"addresses": 1}
     assert await pins.pins(content_hash, [third]) == {"addresses": 0}
@@ -962,20 +955,20 @@ async def test_on_create_and_on_step_stand_in_with_the_same_arguments(
         return await executions.step(execution_id, machine, event)
 
     options = StartOptions(round_budget=50)
-    config = configure(
+    router = configure(
         router_db,
         impression_bindings(),
         on_create=on_create,
         on_step=on_step,
         start_options=options,
     )
-    await route(config, ad("m1", "impression", "imp_1"))
-    await route(config, ad("m2", "click", "imp_1"))
+    await router.route(ad("m1", "impression", "imp_1"))
+    await router.route(ad("m2", "click", "imp_1"))
 
     # The options as configured, with the send types the router handles stamped on.
-    assert config.start_options.round_budget == 50
+    assert router.config.chart_start_options.round_budget == 50
     assert [(execution_id, machine, opts) for _, execution_id, machine, opts in creates] == [
-        ("ex_1", join_chart(), config.start_options)
+        ("ex_1", join_chart(), router.config.chart_start_options)
     ]
     assert [(execution_id, machine, event) for _, execution_id, machine, event in steps] == [
         ("ex_1", join_chart(), Event("impression.served", data={"impression_id": "imp_1"})),
@@ -1018,14 +1011,14 @@ async def test_a_create_answered_as_ended_is_dropped_finished_and_never_stepped(
         steps.append(execution_id)
         return await executions.step(execution_id, machine, event)
 
-    config = configure(router_db, impression_bindings(), on_create=ended_create, on_step=on_step)
-    routed = await route(config, ad("m1", "impression", "imp_1"))
+    router = configure(router_db, impression_bindings(), on_create=ended_create, on_step=on_step)
+    routed = await router.route(ad("m1", "impression", "imp_1"))
     assert routed.outcomes[0] == Dropped(
         IMPRESSIONS, reason=DropReason.FINISHED, key="imp_1", execution_id="ex_1"
     )
     assert steps == []
-    assert await logged(config, "ex_1") == []
-    row = await address(config, SCOPE, "join", "imp_1")
+    assert await logged(router, "ex_1") == []
+    row = await address(router, SCOPE, "join", "imp_1")
     assert row is not None
     assert row.terminal_seen_at == router_db.clock.now
 
@@ -1034,13 +1027,13 @@ async def test_a_create_answered_as_ended_is_dropped_finished_and_never_stepped(
 async def test_a_step_answered_as_discarded_on_an_ended_record_is_dropped_finished(
     router_db: RouterDb,
 ) -> None:
-    config = configure(router_db, impression_bindings(), on_step=discarding(Status.CANCELLED))
-    routed = await route(config, ad("m1", "impression", "imp_1"))
+    router = configure(router_db, impression_bindings(), on_step=discarding(Status.CANCELLED))
+    routed = await router.route(ad("m1", "impression", "imp_1"))
     assert routed.outcomes[0] == Dropped(
         IMPRESSIONS, reason=DropReason.FINISHED, key="imp_1", execution_id="ex_1"
     )
-    assert await logged(config, "ex_1") == []
-    row = await address(config, SCOPE, "join", "imp_1")
+    assert await logged(router, "ex_1") == []
+    row = await address(router, SCOPE, "join", "imp_1")
     assert row is not None
     assert row.terminal_seen_at == router_db.clock.now
 
@@ -1050,9 +1043,9 @@ async def test_a_step_answered_as_discarded_on_an_active_record_is_parked_and_ro
     router_db: RouterDb,
 ) -> None:
     """Discarded while active means parked: an error, so the event is not lost."""
-    config = configure(router_db, impression_bindings(), on_step=discarding(None))
+    router = configure(router_db, impression_bindings(), on_step=discarding(None))
     with pytest.raises(ExecutionParked, match="'ex_1'"):
-        await route(config, ad("m1", "impression", "imp_1"))
+        await router.route(ad("m1", "impression", "imp_1"))
     assert counts(router_db) == dict.fromkeys(counts(router_db), 0)
 
 
@@ -1077,10 +1070,10 @@ async def test_around_delivery_wraps_each_route_once(router_db: RouterDb) -> Non
         resolved_in.append(tenant.get())
         return static(scope, document)
 
-    config = configure(router_db, impression_bindings(), around_delivery=around, resolver=resolver)
-    first = await route(config, ad("m1", "impression", "imp_1"))
+    router = configure(router_db, impression_bindings(), around_delivery=around, resolver=resolver)
+    first = await router.route(ad("m1", "impression", "imp_1"))
     assert calls == [(SCOPE, Door.ROUTE)]
     assert first.outcomes[0] == CreatedAndDelivered(IMPRESSIONS, key="imp_1", execution_id="ex_1")
     assert resolved_in == [SCOPE]
-    await route(config, ad("m2", "click", "imp_1"))
+    await router.route(ad("m2", "click", "imp_1"))
     assert calls == [(SCOPE, Door.ROUTE), (SCOPE, Door.ROUTE)]

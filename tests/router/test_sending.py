@@ -24,10 +24,9 @@ from statifier.router import (
     ConfigError,
     CreatedAndDelivered,
     InboundEvent,
-    RouterConfig,
+    Router,
     StaticResolver,
     ledger,
-    route,
 )
 from statifier.router.binding import Create, Plan
 from statifier.router.delivery import Delivery, deliver
@@ -35,6 +34,7 @@ from statifier.router.errors import OnCompleteFailed
 from statifier.router.locations import start_options
 from statifier.router.routes import IdempotencyKey
 from statifier.router.timer_worker import TimerWorker
+from statifier.router.transaction import Delivering
 
 SCOPE = "tenant_a"
 SINK = "test:sink"
@@ -102,13 +102,13 @@ def _finishing(document: str) -> Binding:
     )
 
 
-def _config(db: RouterDb, charts: Mapping[str, str], **options: object) -> RouterConfig:
+def _router(db: RouterDb, charts: Mapping[str, str], **options: object) -> Router:
     machines: dict[str | tuple[str, str], Machine] = {
         name: compile_chart(source) for name, source in charts.items()
     }
     bindings = [b for name in charts for b in (_binding(name), _finishing(name))]
     options.setdefault("send_type", SINK)
-    return db.config(bindings, resolver=StaticResolver(machines), **options)
+    return db.router(bindings, resolver=StaticResolver(machines), **options)
 
 
 def _command(document: str, message_id: str, key: str = "k1", n: int = 7) -> InboundEvent:
@@ -127,20 +127,20 @@ def _executed(routed: Any) -> str:
     return execution_id
 
 
-async def _where(config: RouterConfig, execution_id: str) -> tuple[str, ...]:
-    async with config.transaction() as unit:
-        record = await unit.executions.storage.fetch_execution(execution_id)
-        machine = await unit.executions.storage.machine(record.content_hash)
-        state = unit.executions.storage.load(record, machine)
+async def _where(router: Router, execution_id: str) -> tuple[str, ...]:
+    async with router.transaction() as unit:
+        record = await unit.storage.fetch_execution(execution_id)
+        machine = await unit.storage.machine(record.content_hash)
+        state = unit.storage.load(record, machine)
         ids = (machine.states[i].id for i in state.configuration)
         return tuple(i for i in ids if i is not None)
 
 
-async def _datamodel(config: RouterConfig, execution_id: str) -> Mapping[str, Any]:
-    async with config.transaction() as unit:
-        record = await unit.executions.storage.fetch_execution(execution_id)
-        machine = await unit.executions.storage.machine(record.content_hash)
-        return unit.executions.storage.load(record, machine).datamodel
+async def _datamodel(router: Router, execution_id: str) -> Mapping[str, Any]:
+    async with router.transaction() as unit:
+        record = await unit.storage.fetch_execution(execution_id)
+        machine = await unit.storage.machine(record.content_hash)
+        return unit.storage.load(record, machine).datamodel
 
 
 ROUTED = (
@@ -154,8 +154,8 @@ async def test_a_route_send_reaches_its_adapter_with_the_built_event_and_a_stabl
     router_db: RouterDb,
 ) -> None:
     recorder = Recorder()
-    config = _config(router_db, {"doc": _chart(ROUTED)}, routes={"ledger": (recorder, {"q": 1})})
-    routed = await route(config, _command("doc", "m1"))
+    router = _router(router_db, {"doc": _chart(ROUTED)}, routes={"ledger": (recorder, {"q": 1})})
+    routed = await router.route(_command("doc", "m1"))
     [outcome] = routed.outcomes
     assert isinstance(outcome, CreatedAndDelivered)
     [(route_config, event, key, in_tx)] = recorder.calls
@@ -165,7 +165,7 @@ async def test_a_route_send_reaches_its_adapter_with_the_built_event_and_a_stabl
     assert event.origin == f"#_scxml_{outcome.execution_id}"
     assert (key.scope, key.send_id) == (outcome.execution_id, "s1")
     assert str(key).startswith(f"{outcome.execution_id}/s1/")
-    assert await _where(config, outcome.execution_id) == ("sent",)
+    assert await _where(router, outcome.execution_id) == ("sent",)
 
 
 LOOP = """<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="idle">
@@ -180,14 +180,14 @@ LOOP = """<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="idle">
 @pytest.mark.asyncio
 async def test_a_redriven_step_hands_off_again_under_the_same_key(router_db: RouterDb) -> None:
     recorder = Recorder()
-    config = _config(router_db, {"doc": LOOP}, routes={"ledger": (recorder, {})})
-    await route(config, _command("doc", "m1"))
+    router = _router(router_db, {"doc": LOOP}, routes={"ledger": (recorder, {})})
+    await router.route(_command("doc", "m1"))
     # The second event's delivery rolls back after the hand-off (the caller's
     # transaction ends in a rollback); redriven, it hands off under the same key.
-    async with caller_transaction(config) as connection:
-        await route(config, _command("doc", "m2"), connection=connection)
+    async with caller_transaction(router) as connection:
+        await router.route(_command("doc", "m2"), connection=connection)
         await end(connection, commit=False)
-    await route(config, _command("doc", "m2"))
+    await router.route(_command("doc", "m2"))
     first, rolled_back, redriven = (str(call[2]) for call in recorder.calls)
     assert rolled_back == redriven != first
 
@@ -195,16 +195,16 @@ async def test_a_redriven_step_hands_off_again_under_the_same_key(router_db: Rou
 @pytest.mark.asyncio
 async def test_a_scope_overrides_a_routes_config_never_its_existence(router_db: RouterDb) -> None:
     recorder = Recorder()
-    config = _config(
+    router = _router(
         router_db,
         {"doc": _chart(ROUTED)},
         routes={"ledger": (recorder, {"queue": "joined", "region": "eu"})},
         route_overrides={SCOPE: {"ledger": {"queue": "staging_joined"}}},
     )
-    await route(config, _command("doc", "m1"))
+    await router.route(_command("doc", "m1"))
     assert recorder.calls[0][0] == {"queue": "staging_joined", "region": "eu"}
     with pytest.raises(ConfigError, match="never adds one"):
-        _config(
+        _router(
             router_db,
             {"doc": _chart(ROUTED)},
             routes={"ledger": (recorder, {})},
@@ -236,14 +236,14 @@ async def test_a_refused_send_writes_one_ledger_row_and_the_sender_hears_it(
 ) -> None:
     options = dict(options)
     recorder = Recorder(refuse=options.pop("refuse", None))
-    config = _config(router_db, {"doc": _chart(send)}, routes={"ledger": (recorder, {})}, **options)
-    routed = await route(config, _command("doc", "m1"))
+    router = _router(router_db, {"doc": _chart(send)}, routes={"ledger": (recorder, {})}, **options)
+    routed = await router.route(_command("doc", "m1"))
     [outcome] = routed.outcomes
     assert isinstance(outcome, CreatedAndDelivered)  # the step stands
     execution_id = outcome.execution_id
-    assert await _where(config, execution_id) == ("failed",)
-    assert (await _datamodel(config, execution_id))["why"]
-    refused = [row for row in await ledger(config, execution_id) if row.outcome == "send_refused"]
+    assert await _where(router, execution_id) == ("failed",)
+    assert (await _datamodel(router, execution_id))["why"]
+    refused = [row for row in await ledger(router, execution_id) if row.outcome == "send_refused"]
     assert len(refused) == 1
     assert refused[0].reason is not None
     assert refused[0].reason.startswith(code + ":")
@@ -256,11 +256,11 @@ async def test_a_send_nothing_performs_is_refused_by_the_default_executor(
     router_db: RouterDb,
 ) -> None:
     send = '<send target="#_elsewhere" id="s1" event="ping"/>'
-    config = _config(router_db, {"doc": _chart(send)})
-    routed = await route(config, _command("doc", "m1"))
+    router = _router(router_db, {"doc": _chart(send)})
+    routed = await router.route(_command("doc", "m1"))
     execution_id = _executed(routed)
-    assert await _where(config, execution_id) == ("failed",)
-    assert "nothing delivers" in (await _datamodel(config, execution_id))["why"]
+    assert await _where(router, execution_id) == ("failed",)
+    assert "nothing delivers" in (await _datamodel(router, execution_id))["why"]
 
 
 @pytest.mark.asyncio
@@ -273,8 +273,8 @@ async def test_sends_to_the_execution_itself_and_delayed_sends_become_timers(
         '<send event="inner" target="#_internal" id="s3" delay="1s"/>'
         '<send type="test:sink" target="ledger" event="out" id="s4" delay="3s"/>'
     )
-    config = _config(router_db, {"doc": _chart(sends)}, routes={"ledger": (Recorder(), {})})
-    routed = await route(config, _command("doc", "m1"))
+    router = _router(router_db, {"doc": _chart(sends)}, routes={"ledger": (Recorder(), {})})
+    routed = await router.route(_command("doc", "m1"))
     execution_id = _executed(routed)
     rows = sorted(table_rows(router_db, "timers"), key=lambda row: row["step_position"])
     now = router_db.clock.now
@@ -292,7 +292,7 @@ async def test_sends_to_the_execution_itself_and_delayed_sends_become_timers(
     ]
     assert {row["execution_id"] for row in rows} == {execution_id}
     # A redelivery of the same message is a duplicate and schedules nothing more.
-    await route(config, _command("doc", "m1"))
+    await router.route(_command("doc", "m1"))
     assert len(table_rows(router_db, "timers")) == 4
 
 
@@ -305,8 +305,8 @@ CANCELLING = (
 
 @pytest.mark.asyncio
 async def test_a_cancel_deletes_the_executions_timers_of_that_send_id(router_db: RouterDb) -> None:
-    config = _config(router_db, {"doc": _chart(CANCELLING)})
-    await route(config, _command("doc", "m1"))
+    router = _router(router_db, {"doc": _chart(CANCELLING)})
+    await router.route(_command("doc", "m1"))
     assert [row["send_id"] for row in table_rows(router_db, "timers")] == ["t2"]
 
 
@@ -321,8 +321,8 @@ async def test_on_complete_receives_the_donedata_on_the_finishing_delivery_only(
     router_db: RouterDb,
 ) -> None:
     recorder = Recorder()
-    config = _config(router_db, {"doc": DONE}, routes={"done": (recorder, {})}, on_complete="done")
-    routed = await route(config, _command("doc", "m1", n=21))
+    router = _router(router_db, {"doc": DONE}, routes={"done": (recorder, {})}, on_complete="done")
+    routed = await router.route(_command("doc", "m1", n=21))
     execution_id = _executed(routed)
     [(_, event, key, _)] = recorder.calls
     assert (event.name, event.data, event.origin) == (
@@ -331,7 +331,7 @@ async def test_on_complete_receives_the_donedata_on_the_finishing_delivery_only(
         f"#_scxml_{execution_id}",
     )
     assert (key.scope, key.send_id, key.ordinal) == (execution_id, None, None)
-    await route(config, _command("doc", "m2", n=1))  # finished: dropped, fires nothing
+    await router.route(_command("doc", "m2", n=1))  # finished: dropped, fires nothing
     assert len(recorder.calls) == 1
 
 
@@ -339,18 +339,18 @@ async def test_on_complete_receives_the_donedata_on_the_finishing_delivery_only(
 async def test_a_refusing_on_complete_rolls_the_finishing_delivery_back(
     router_db: RouterDb,
 ) -> None:
-    config = _config(
+    router = _router(
         router_db,
         {"doc": DONE},
         routes={"done": (Recorder(refuse="sink down"), {})},
         on_complete="done",
     )
     with pytest.raises(OnCompleteFailed, match="sink down"):
-        await route(config, _command("doc", "m1"))
+        await router.route(_command("doc", "m1"))
     assert table_rows(router_db, "executions") == []
     assert table_rows(router_db, "routing_ledger") == []
     with pytest.raises(ConfigError, match="not a route"):
-        _config(router_db, {"doc": DONE}, routes={"done": (Recorder(), {})}, on_complete="gone")
+        _router(router_db, {"doc": DONE}, routes={"done": (Recorder(), {})}, on_complete="gone")
 
 
 TARGETED = """<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="idle">
@@ -398,7 +398,7 @@ def _target_command(message_id: str, target: str, create: str = "never") -> Inbo
     )
 
 
-def _target_config(db: RouterDb) -> RouterConfig:
+def _target_router(db: RouterDb) -> Router:
     bindings = [
         Binding(
             id="sender_commands",
@@ -417,22 +417,22 @@ def _target_config(db: RouterDb) -> RouterConfig:
         "sender": compile_chart(TARGETED),
         "receiver": compile_chart(RECEIVER),
     }
-    return db.config(bindings, resolver=StaticResolver(charts), send_type=SINK)
+    return db.router(bindings, resolver=StaticResolver(charts), send_type=SINK)
 
 
 @pytest.mark.asyncio
 async def test_an_execution_target_send_steps_the_receiver_in_the_senders_transaction(
     router_db: RouterDb,
 ) -> None:
-    config = _target_config(router_db)
-    made = await route(config, _command("receiver", "r1", key="r"))
+    router = _target_router(router_db)
+    made = await router.route(_command("receiver", "r1", key="r"))
     receiver = _executed(made)
-    routed = await route(config, _target_command("m1", "r"))
+    routed = await router.route(_target_command("m1", "r"))
     sender = _executed(routed)
-    assert await _where(config, sender) == ("asked",)
-    assert await _where(config, receiver) == ("poked",)
-    assert (await _datamodel(config, receiver))["got"] == 5
-    [row] = [row for row in await ledger(config, receiver) if row.binding_id == "execution"]
+    assert await _where(router, sender) == ("asked",)
+    assert await _where(router, receiver) == ("poked",)
+    assert (await _datamodel(router, receiver))["got"] == 5
+    [row] = [row for row in await ledger(router, receiver) if row.binding_id == "execution"]
     assert (row.outcome, row.scope, row.key) == ("delivered", SCOPE, "r")
     assert row.message_id is not None
     assert row.message_id.startswith(f"{sender}/s1/")
@@ -445,12 +445,13 @@ async def test_a_timer_batch_steps_a_target_its_sender_stepped_from_the_row_as_w
     """The timer worker reads a batch's executions ahead: one stepped by another's
     execution-target send earlier in the batch must step from what that send wrote,
     not from the row as read before the batch."""
-    config = _target_config(router_db)
-    receiver = _executed(await route(config, _command("receiver", "r1", key="r")))
+    router = _target_router(router_db)
+    receiver = _executed(await router.route(_command("receiver", "r1", key="r")))
     now = router_db.clock.now
-    async with config.transaction() as unit:
-        options = await start_options(unit, config, None, "sender_1", now)
-        await unit.executions.create("sender_1", compile_chart(TARGETED), options=options)
+    async with router.transaction() as unit:
+        options = await start_options(unit, None, "sender_1", now)
+        executions = unit.executions(Delivering(None, now))
+        await executions.create("sender_1", compile_chart(TARGETED), options=options)
     go = Event("go", data={"target": "r", "create": "never", "n": 5})
     entries = [
         replace(entry("sender_1", 1, now - timedelta(seconds=2), event=go), scope=SCOPE),
@@ -459,24 +460,24 @@ async def test_a_timer_batch_steps_a_target_its_sender_stepped_from_the_row_as_w
             scope=SCOPE,
         ),
     ]
-    assert config.timers is not None
-    async with config.transaction() as unit:
+    assert router.timers is not None
+    async with router.transaction() as unit:
         for one in entries:
-            await config.timers.schedule(unit.tx, one)
-    assert await TimerWorker(config, batch=10).fire_due(now) == 2
+            await router.timers.schedule(unit.tx, one)
+    assert await TimerWorker(router, batch=10).fire_due(now) == 2
     # The sender's poke moved the receiver to "poked" (got 5); its own poke, second,
     # finds it there and does nothing. From the row read ahead it would have been the
     # first poke, and got 1.
-    assert await _where(config, receiver) == ("poked",)
-    assert (await _datamodel(config, receiver))["got"] == 5
-    assert await _where(config, "sender_1") == ("asked",)
+    assert await _where(router, receiver) == ("poked",)
+    assert (await _datamodel(router, receiver))["got"] == 5
+    assert await _where(router, "sender_1") == ("asked",)
 
 
 @pytest.mark.asyncio
 async def test_an_execution_target_may_be_created_if_absent(router_db: RouterDb) -> None:
-    config = _target_config(router_db)
-    await route(config, _target_command("m1", "new", create=Create.IF_ABSENT))
-    rows = [row for row in await ledger(config) if row.binding_id == "execution"]
+    router = _target_router(router_db)
+    await router.route(_target_command("m1", "new", create=Create.IF_ABSENT))
+    rows = [row for row in await ledger(router) if row.binding_id == "execution"]
     assert [row.outcome for row in rows] == ["created_and_delivered"]
 
 
@@ -485,11 +486,10 @@ async def test_an_execution_target_may_be_created_if_absent(router_db: RouterDb)
 async def test_a_missing_or_finished_target_is_refused_to_the_sender(
     router_db: RouterDb, setup: str, code: str
 ) -> None:
-    config = _target_config(router_db)
+    router = _target_router(router_db)
     if setup == "finished":
-        await route(config, _command("receiver", "r1", key="r"))
-        await route(
-            config,
+        await router.route(_command("receiver", "r1", key="r"))
+        await router.route(
             InboundEvent(
                 scope=SCOPE,
                 source="finish",
@@ -497,10 +497,10 @@ async def test_a_missing_or_finished_target_is_refused_to_the_sender(
                 data={"document": "receiver", "key": "r"},
             ),
         )
-    routed = await route(config, _target_command("m1", "r"))
+    routed = await router.route(_target_command("m1", "r"))
     sender = _executed(routed)
-    assert await _where(config, sender) == ("failed",)
-    [row] = [row for row in await ledger(config, sender) if row.outcome == "send_refused"]
+    assert await _where(router, sender) == ("failed",)
+    [row] = [row for row in await ledger(router, sender) if row.outcome == "send_refused"]
     assert row.binding_id == "execution"
     assert row.reason is not None
     assert row.reason.startswith(code + ":")
@@ -514,7 +514,7 @@ async def test_a_send_to_the_senders_own_address_is_refused_as_reentrant(
     charts: dict[str | tuple[str, str], Machine] = {
         "sender": compile_chart(TARGETED.replace("'receiver'", "'sender'"))
     }
-    config = router_db.config(
+    router = router_db.router(
         [
             Binding(
                 id="sender_commands",
@@ -530,18 +530,18 @@ async def test_a_send_to_the_senders_own_address_is_refused_as_reentrant(
         resolver=StaticResolver(charts),
         send_type=SINK,
     )
-    routed = await route(config, _target_command("m1", "s"))
+    routed = await router.route(_target_command("m1", "s"))
     sender = _executed(routed)
-    assert await _where(config, sender) == ("failed",)
-    [row] = [row for row in await ledger(config, sender) if row.outcome == "send_refused"]
+    assert await _where(router, sender) == ("failed",)
+    [row] = [row for row in await ledger(router, sender) if row.outcome == "send_refused"]
     assert row.reason is not None
     assert row.reason.startswith("reentrant:")
 
 
 @pytest.mark.asyncio
 async def test_a_rolled_back_sender_takes_the_receivers_step_with_it(router_db: RouterDb) -> None:
-    config = _target_config(router_db)
-    made = await route(config, _command("receiver", "r1", key="r"))
+    router = _target_router(router_db)
+    made = await router.route(_command("receiver", "r1", key="r"))
     receiver = _executed(made)
 
     class BoomError(Exception):
@@ -550,17 +550,17 @@ async def test_a_rolled_back_sender_takes_the_receivers_step_with_it(router_db: 
     outcomes = []
 
     async def deliver_then_fail() -> None:
-        async with config.transaction() as unit:
+        async with router.transaction() as unit:
             plan = Plan("sender_commands", document="sender", create=Create.IF_ABSENT)
             event = Event("go", data={"n": 5, "target": "r", "create": "never"})
             delivery = Delivery(plan, SCOPE, "s", event, "m1")
-            outcomes.append(await deliver(unit, config, delivery, router_db.clock.now))
+            outcomes.append(await deliver(unit, delivery, router_db.clock.now))
             raise BoomError
 
     with pytest.raises(BoomError):
         await deliver_then_fail()
     assert isinstance(outcomes[0], CreatedAndDelivered)
-    assert await _where(config, receiver) == ("waiting",)
+    assert await _where(router, receiver) == ("waiting",)
     record = [row for row in table_rows(router_db, "executions") if row["execution_id"] == receiver]
     assert record[0]["status"] == Status.ACTIVE.value
     assert [

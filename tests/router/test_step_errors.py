@@ -22,7 +22,6 @@ from statifier.router import (
     InboundEvent,
     StaticResolver,
     ledger,
-    route,
 )
 from statifier.router.errors import BindingError
 from statifier.router.timer_worker import TimerWorker
@@ -80,16 +79,16 @@ def _pay(message_id: str, order: str = "o-1", amount: object = "12") -> InboundE
 async def test_a_routed_error_is_recorded_and_the_execution_keeps_running(
     router_db: RouterDb,
 ) -> None:
-    config = router_db.config(
+    router = router_db.router(
         [_binding()], resolver=StaticResolver({"order": compile_chart(ORDER)})
     )
-    routed = await route(config, _pay("m1"))
+    routed = await router.route(_pay("m1"))
     (outcome,) = routed.outcomes
     assert isinstance(outcome, CreatedAndDelivered)
-    record = await config.storage.fetch_execution(outcome.execution_id)
+    record = await router.storage.fetch_execution(outcome.execution_id)
     assert record.status is Status.ACTIVE
     assert record.error_count == 1
-    (stored,) = await config.storage.errors(outcome.execution_id)
+    (stored,) = await router.storage.errors(outcome.execution_id)
     assert (stored.name, stored.door, stored.taken) == ("error.execution", "step", False)
 
 
@@ -112,11 +111,11 @@ async def test_the_policy_comes_from_the_binding_the_document_or_the_configurati
         "order": compile_chart(ORDER),
         "other": compile_chart(REFUSED),
     }
-    config = router_db.config([_binding(**binding)], resolver=StaticResolver(charts), **options)
-    routed = await route(config, _pay("m1"))
+    router = router_db.router([_binding(**binding)], resolver=StaticResolver(charts), **options)
+    routed = await router.route(_pay("m1"))
     (outcome,) = routed.outcomes
     assert isinstance(outcome, CreatedAndDelivered)
-    record = await config.storage.fetch_execution(outcome.execution_id)
+    record = await router.storage.fetch_execution(outcome.execution_id)
     assert record.status is status
     assert record.error_count == 1
     if status is Status.FAILED:
@@ -127,9 +126,9 @@ async def test_the_policy_comes_from_the_binding_the_document_or_the_configurati
 def test_a_policy_that_is_not_one_is_refused(router_db: RouterDb) -> None:
     resolver = StaticResolver({"order": compile_chart(ORDER)})
     with pytest.raises(ConfigError, match="on_error is 'continue' or 'fail'"):
-        router_db.config([_binding()], resolver=resolver, on_error="sometimes")
+        router_db.router([_binding()], resolver=resolver, on_error="sometimes")
     with pytest.raises(ConfigError, match="names 'ghost', which has no chart"):
-        router_db.config([_binding()], resolver=resolver, document_on_error={"ghost": "fail"})
+        router_db.router([_binding()], resolver=resolver, document_on_error={"ghost": "fail"})
     with pytest.raises(BindingError, match="on_error"):
         _binding(on_error="explode")
     assert (
@@ -152,22 +151,22 @@ def test_a_policy_that_is_not_one_is_refused(router_db: RouterDb) -> None:
 async def test_an_event_taken_by_a_step_whose_send_was_refused_is_delivered(
     router_db: RouterDb,
 ) -> None:
-    config = router_db.config(
+    router = router_db.router(
         [_binding("refused", event="go")],
         resolver=StaticResolver({"refused": compile_chart(REFUSED)}),
         send_type="app:route",
     )
-    created = await route(config, _pay("m1"))
+    created = await router.route(_pay("m1"))
     (first,) = created.outcomes
     assert isinstance(first, CreatedAndDelivered)
-    again = await route(config, _pay("m2"))
+    again = await router.route(_pay("m2"))
     (second,) = again.outcomes
     # b takes no "go": that one is unused.
     assert isinstance(second, Dropped)
     assert second.reason is DropReason.UNMATCHED_EVENT
-    record = await config.storage.fetch_execution(first.execution_id)
+    record = await router.storage.fetch_execution(first.execution_id)
     assert record.error_count == 1  # the refusal's error.communication
-    rows = await ledger(config, first.execution_id)
+    rows = await ledger(router, first.execution_id)
     assert [(row.outcome, row.reason) for row in rows if row.binding_id != "route"] == [
         ("created_and_delivered", None),
         ("dropped", "unmatched_event"),
@@ -187,31 +186,31 @@ async def test_route_says_when_no_timer_worker_runs_to_fire_what_it_scheduled(
     router_db: RouterDb, caplog: pytest.LogCaptureFixture
 ) -> None:
     resolver = StaticResolver({"order": compile_chart(SELF_SEND)})
-    config = router_db.config([_binding()], resolver=resolver)
+    router = router_db.router([_binding()], resolver=resolver)
     with caplog.at_level(logging.WARNING, logger="statifier.router.routing"):
-        routed = await route(config, _pay("m1"))
+        routed = await router.route(_pay("m1"))
     (notice,) = routed.notices
     assert notice.startswith("1 timer scheduled, and no timer worker runs in this process")
     assert [r.getMessage() for r in caplog.records if r.name == "statifier.router.routing"] == [
         notice
     ]
     # While a worker runs here it is woken instead, and nothing is said.
-    worker = TimerWorker(config, poll=0.05)
+    worker = TimerWorker(router, poll=0.05)
     stop = asyncio.Event()
     running = asyncio.create_task(worker.run(stop))
     try:
         await asyncio.sleep(0.05)
-        quiet = await route(config, _pay("m2", order="o-2"))
+        quiet = await router.route(_pay("m2", order="o-2"))
         assert quiet.notices == ()
     finally:
         stop.set()
         await running
     # Nor when the configuration says a worker runs elsewhere.
-    elsewhere = router_db.config([_binding()], resolver=resolver, timers_elsewhere=True)
-    assert (await route(elsewhere, _pay("m3", order="o-3"))).notices == ()
+    elsewhere = router_db.router([_binding()], resolver=resolver, timers_elsewhere=True)
+    assert (await elsewhere.route(_pay("m3", order="o-3"))).notices == ()
     # A routing that schedules nothing says nothing either.
     quiet_chart = compile_chart(
         f'<scxml {SCXML} initial="a"><state id="a"><transition event="pay"/></state></scxml>'
     )
-    plain = router_db.config([_binding()], resolver=StaticResolver({"order": quiet_chart}))
-    assert (await route(plain, _pay("m4", order="o-4"))).notices == ()
+    plain = router_db.router([_binding()], resolver=StaticResolver({"order": quiet_chart}))
+    assert (await plain.route(_pay("m4", order="o-4"))).notices == ()

@@ -34,20 +34,17 @@ from statifier.router import (
     DropReason,
     InboundEvent,
     Plan,
+    Router,
     RouterConfig,
     StaticResolver,
     Subscription,
     SubscriptionRefused,
-    deliver_event,
     ledger,
     load_bindings,
     reap_addresses,
-    route,
-    subscribe,
-    subscriptions_of,
-    unsubscribe,
 )
 from statifier.router.sending import SendHandler
+from statifier.router.transaction import Delivering
 
 SCOPE = "tenant_a"
 SOURCE = "test:source"
@@ -160,56 +157,56 @@ def _bindings() -> list[Binding]:
     ]
 
 
-def _config(db: RouterDb, chart: str | None = None, **options: object) -> RouterConfig:
+def _router(db: RouterDb, chart: str | None = None, **options: object) -> Router:
     options.setdefault("source_type", SOURCE)
     machine = compile_chart(_chart() if chart is None else chart)
-    return db.config(_bindings(), resolver=StaticResolver({"watch": machine}), **options)
+    return db.router(_bindings(), resolver=StaticResolver({"watch": machine}), **options)
 
 
-async def _routed(config: RouterConfig, source: str, message_id: str, key: str = "k1") -> Any:
+async def _routed(router: Router, source: str, message_id: str, key: str = "k1") -> Any:
     event = InboundEvent(scope=SCOPE, source=source, message_id=message_id, data={"id": key})
-    [outcome] = (await route(config, event)).outcomes
+    [outcome] = (await router.route(event)).outcomes
     return outcome
 
 
 HOST = Plan("host_commands", document="watch", create=Create.NEVER)
 
 
-async def _command(config: RouterConfig, name: str, message_id: str, key: str = "k1") -> str:
-    outcome = await deliver_event(
-        config, HOST, scope=SCOPE, key=key, event=Event(name), message_id=message_id
+async def _command(router: Router, name: str, message_id: str, key: str = "k1") -> str:
+    outcome = await router.deliver_event(
+        HOST, scope=SCOPE, key=key, event=Event(name), message_id=message_id
     )
     return outcome.outcome
 
 
-async def _where(config: RouterConfig, execution_id: str) -> set[str]:
-    async with config.transaction() as unit:
-        storage = unit.executions.storage
+async def _where(router: Router, execution_id: str) -> set[str]:
+    async with router.transaction() as unit:
+        storage = unit.storage
         record = await storage.fetch_execution(execution_id)
         machine = await storage.machine(record.content_hash)
         return set(storage.load(record, machine).leaf_configuration())
 
 
-async def _datamodel(config: RouterConfig, execution_id: str) -> Mapping[str, Any]:
-    async with config.transaction() as unit:
-        storage = unit.executions.storage
+async def _datamodel(router: Router, execution_id: str) -> Mapping[str, Any]:
+    async with router.transaction() as unit:
+        storage = unit.storage
         record = await storage.fetch_execution(execution_id)
         return storage.load(record, await storage.machine(record.content_hash)).datamodel
 
 
-async def _invokes(config: RouterConfig, execution_id: str) -> list[tuple[str, str]]:
-    return [(s.invoke_id, s.binding_id) for s in await subscriptions_of(config, execution_id)]
+async def _invokes(router: Router, execution_id: str) -> list[tuple[str, str]]:
+    return [(s.invoke_id, s.binding_id) for s in await router.subscriptions_of(execution_id)]
 
 
 @pytest.mark.asyncio
 async def test_a_subscription_lives_while_its_invoking_state_is_active(
     router_db: RouterDb,
 ) -> None:
-    config = _config(router_db)
-    opened = await _routed(config, "opens", "o1")
+    router = _router(router_db)
+    opened = await _routed(router, "opens", "o1")
     assert isinstance(opened, CreatedAndDelivered)
     execution_id = opened.execution_id
-    [subscription] = await subscriptions_of(config, execution_id)
+    [subscription] = await router.subscriptions_of(execution_id)
     assert subscription == Subscription(
         binding_id="clicks",
         execution_id=execution_id,
@@ -218,19 +215,19 @@ async def test_a_subscription_lives_while_its_invoking_state_is_active(
         key="k1",
         inserted_at=router_db.clock.now,
     )
-    clicked = await _routed(config, "clicks", "c1")
+    clicked = await _routed(router, "clicks", "c1")
     assert clicked == Delivered("clicks", key="k1", execution_id=execution_id)
 
     # Leaving the state cancels the invocation, and with it the subscription.
-    assert await _command(config, "stop", "h1") == "delivered"
-    assert await _invokes(config, execution_id) == []
-    late = await _routed(config, "clicks", "c2")
+    assert await _command(router, "stop", "h1") == "delivered"
+    assert await _invokes(router, execution_id) == []
+    late = await _routed(router, "clicks", "c2")
     assert late == Dropped(
         "clicks", reason=DropReason.NOT_SUBSCRIBED, key="k1", execution_id=execution_id
     )
     assert late.outcome == "dropped: not_subscribed"
-    assert (await _datamodel(config, execution_id))["clicks"] == 1  # never stepped
-    row = (await ledger(config, execution_id))[-1]
+    assert (await _datamodel(router, execution_id))["clicks"] == 1  # never stepped
+    row = (await ledger(router, execution_id))[-1]
     assert (row.binding_id, row.message_id, row.outcome, row.reason) == (
         "clicks",
         "c2",
@@ -239,47 +236,47 @@ async def test_a_subscription_lives_while_its_invoking_state_is_active(
     )
 
     # Entering it again subscribes again, under the same invoke id.
-    assert await _command(config, "open", "h2") == "delivered"
-    assert await _invokes(config, execution_id) == [("src", "clicks")]
-    assert isinstance(await _routed(config, "clicks", "c3"), Delivered)
-    assert (await _datamodel(config, execution_id))["clicks"] == 2
+    assert await _command(router, "open", "h2") == "delivered"
+    assert await _invokes(router, execution_id) == [("src", "clicks")]
+    assert isinstance(await _routed(router, "clicks", "c3"), Delivered)
+    assert (await _datamodel(router, execution_id))["clicks"] == 2
 
 
 @pytest.mark.asyncio
 async def test_a_subscription_binding_never_reaches_another_key_or_a_missing_execution(
     router_db: RouterDb,
 ) -> None:
-    config = _config(router_db)
-    subscribed = await _routed(config, "opens", "o1", key="k1")
-    await _routed(config, "opens", "o2", key="k2")
-    await _command(config, "stop", "h1", key="k2")  # k2 is no longer watching
-    assert isinstance(await _routed(config, "clicks", "c1", key="k1"), Delivered)
-    other = await _routed(config, "clicks", "c2", key="k2")
+    router = _router(router_db)
+    subscribed = await _routed(router, "opens", "o1", key="k1")
+    await _routed(router, "opens", "o2", key="k2")
+    await _command(router, "stop", "h1", key="k2")  # k2 is no longer watching
+    assert isinstance(await _routed(router, "clicks", "c1", key="k1"), Delivered)
+    other = await _routed(router, "clicks", "c2", key="k2")
     assert isinstance(other, Dropped)
     assert other.reason is DropReason.NOT_SUBSCRIBED
     assert other.execution_id != subscribed.execution_id
-    missing = await _routed(config, "clicks", "c3", key="k3")
+    missing = await _routed(router, "clicks", "c3", key="k3")
     assert missing == Dropped("clicks", reason=DropReason.NO_EXECUTION, key="k3")
 
 
 @pytest.mark.asyncio
 async def test_two_invocations_of_one_binding_cancel_independently(router_db: RouterDb) -> None:
-    config = _config(router_db, PAIR)
-    opened = await _routed(config, "opens", "o1")
+    router = _router(router_db, PAIR)
+    opened = await _routed(router, "opens", "o1")
     execution_id = opened.execution_id
-    assert await _invokes(config, execution_id) == [("a", "clicks"), ("b", "clicks")]
-    assert isinstance(await _routed(config, "clicks", "c1"), Delivered)
+    assert await _invokes(router, execution_id) == [("a", "clicks"), ("b", "clicks")]
+    assert isinstance(await _routed(router, "clicks", "c1"), Delivered)
 
-    assert await _command(config, "stop_left", "h1") == "delivered"
-    assert await _invokes(config, execution_id) == [("b", "clicks")]
-    assert isinstance(await _routed(config, "clicks", "c2"), Delivered)
+    assert await _command(router, "stop_left", "h1") == "delivered"
+    assert await _invokes(router, execution_id) == [("b", "clicks")]
+    assert isinstance(await _routed(router, "clicks", "c2"), Delivered)
 
-    assert await _command(config, "stop_right", "h2") == "delivered"
-    assert await _invokes(config, execution_id) == []
-    late = await _routed(config, "clicks", "c3")
+    assert await _command(router, "stop_right", "h2") == "delivered"
+    assert await _invokes(router, execution_id) == []
+    late = await _routed(router, "clicks", "c3")
     assert isinstance(late, Dropped)
     assert late.reason is DropReason.NOT_SUBSCRIBED
-    assert (await _datamodel(config, execution_id))["clicks"] == 2
+    assert (await _datamodel(router, execution_id))["clicks"] == 2
 
 
 def _invoke(binding: str) -> str:
@@ -315,12 +312,12 @@ def _invoke(binding: str) -> str:
 async def test_a_refused_source_invoke_reaches_the_chart_as_error_execution(
     router_db: RouterDb, invoke: str, message: str
 ) -> None:
-    config = _config(router_db, _chart(invoke))
-    opened = await _routed(config, "opens", "o1")
+    router = _router(router_db, _chart(invoke))
+    opened = await _routed(router, "opens", "o1")
     assert isinstance(opened, CreatedAndDelivered)  # the step stands
     execution_id = opened.execution_id
-    assert await _where(config, execution_id) == {"refused"}
-    datamodel = await _datamodel(config, execution_id)
+    assert await _where(router, execution_id) == {"refused"}
+    datamodel = await _datamodel(router, execution_id)
     assert message in datamodel["why"]
     assert datamodel["why"].startswith("source invoke: ")
     assert datamodel["inv"] == "src"
@@ -329,10 +326,10 @@ async def test_a_refused_source_invoke_reaches_the_chart_as_error_execution(
 
 @pytest.mark.asyncio
 async def test_an_execution_with_no_address_cannot_subscribe(router_db: RouterDb) -> None:
-    config = _config(router_db)
-    opened = await _routed(config, "fresh", "o1")  # always_new: no address row
+    router = _router(router_db)
+    opened = await _routed(router, "fresh", "o1")  # always_new: no address row
     assert isinstance(opened, CreatedAndDelivered)
-    datamodel = await _datamodel(config, opened.execution_id)
+    datamodel = await _datamodel(router, opened.execution_id)
     assert "has no address" in datamodel["why"]
     assert datamodel["inv"] == "src"
     assert table_rows(router_db, "subscriptions") == []
@@ -340,16 +337,16 @@ async def test_an_execution_with_no_address_cannot_subscribe(router_db: RouterDb
 
 @pytest.mark.asyncio
 async def test_a_redriven_step_subscribes_once(router_db: RouterDb) -> None:
-    config = _config(router_db)
+    router = _router(router_db)
     # The opening delivery rolls back after the invocation subscribed; redriven, it
     # subscribes again, once.
-    async with caller_transaction(config) as connection:
+    async with caller_transaction(router) as connection:
         event = InboundEvent(scope=SCOPE, source="opens", message_id="o1", data={"id": "k1"})
-        await route(config, event, connection=connection)
+        await router.route(event, connection=connection)
         await end(connection, commit=False)
-    opened = await _routed(config, "opens", "o1")
+    opened = await _routed(router, "opens", "o1")
     execution_id = opened.execution_id
-    assert await _invokes(config, execution_id) == [("src", "clicks")]
+    assert await _invokes(router, execution_id) == [("src", "clicks")]
     # The same effect handed to the seam again (effects are at least once) adds nothing.
     effect = fx.Invoke(
         macrostep=1,
@@ -367,9 +364,10 @@ async def test_a_redriven_step_subscribes_once(router_db: RouterDb) -> None:
     context = EffectContext(execution_id, door="step", ordinal=0, macrostep=1, microstep=1, round=0)
     router_db.clock.advance(timedelta(minutes=5))
     for _ in range(2):
-        async with config.transaction() as unit:
-            assert await SendHandler(config, unit)(effect, context) is None
-    [subscription] = await subscriptions_of(config, execution_id)
+        async with router.transaction() as unit:
+            delivering = Delivering(None, router_db.clock.now)
+            assert await SendHandler(unit, delivering)(effect, context) is None
+    [subscription] = await router.subscriptions_of(execution_id)
     assert subscription.inserted_at == router_db.clock.now - timedelta(minutes=5)
     assert len(table_rows(router_db, "subscriptions")) == 1
 
@@ -385,10 +383,10 @@ async def test_the_host_executor_hears_other_invocations_and_every_cancel(
         return None
 
     invokes = SOURCE_INVOKE + '<invoke id="job" type="test:job"/>'
-    config = _config(router_db, _chart(invokes), executor=executor)
-    opened = await _routed(config, "opens", "o1")
-    await _command(config, "stop", "h1")
-    assert await _where(config, opened.execution_id) == {"done"}
+    router = _router(router_db, _chart(invokes), executor=executor)
+    opened = await _routed(router, "opens", "o1")
+    await _command(router, "stop", "h1")
+    assert await _where(router, opened.execution_id) == {"done"}
     invoked = [e.invoke_id for e in heard if isinstance(e, fx.Invoke)]
     cancelled = sorted(e.invoke_id for e in heard if isinstance(e, fx.CancelInvoke))
     assert (invoked, cancelled) == (["job"], ["job", "src"])
@@ -398,18 +396,17 @@ async def test_the_host_executor_hears_other_invocations_and_every_cancel(
 async def test_without_a_source_type_a_source_invoke_goes_to_the_host_executor(
     router_db: RouterDb,
 ) -> None:
-    config = _config(router_db, source_type=None)  # the default executor refuses it
-    opened = await _routed(config, "opens", "o1")
-    datamodel = await _datamodel(config, opened.execution_id)
+    router = _router(router_db, source_type=None)  # the default executor refuses it
+    opened = await _routed(router, "opens", "o1")
+    datamodel = await _datamodel(router, opened.execution_id)
     assert datamodel["why"] == f"nothing starts an invocation of type {SOURCE!r}"
     assert table_rows(router_db, "subscriptions") == []
 
 
 @pytest.mark.asyncio
 async def test_the_host_subscribes_and_unsubscribes_by_invoke_id(router_db: RouterDb) -> None:
-    config = _config(router_db)
-    created = await deliver_event(
-        config,
+    router = _router(router_db)
+    created = await router.deliver_event(
         Plan("host_commands", document="watch", create=Create.IF_ABSENT),
         scope=SCOPE,
         key="k1",
@@ -420,58 +417,58 @@ async def test_the_host_subscribes_and_unsubscribes_by_invoke_id(router_db: Rout
     assert created.reason is DropReason.UNMATCHED_EVENT  # created, idle
     execution_id = created.execution_id
     assert execution_id is not None
-    assert isinstance(await _routed(config, "clicks", "c1"), Dropped)
+    assert isinstance(await _routed(router, "clicks", "c1"), Dropped)
 
-    subscription = await subscribe(config, execution_id, "clicks", "host-1")
+    subscription = await router.subscribe(execution_id, "clicks", "host-1")
     assert (subscription.scope, subscription.key, subscription.invoke_id) == (
         SCOPE,
         "k1",
         "host-1",
     )
-    assert await subscribe(config, execution_id, "clicks", "host-1") == subscription
-    await subscribe(config, execution_id, "clicks", "host-2")
-    assert isinstance(await _routed(config, "clicks", "c2"), Delivered)
+    assert await router.subscribe(execution_id, "clicks", "host-1") == subscription
+    await router.subscribe(execution_id, "clicks", "host-2")
+    assert isinstance(await _routed(router, "clicks", "c2"), Delivered)
 
-    assert await unsubscribe(config, execution_id, "host-1") is True
-    assert await unsubscribe(config, execution_id, "host-1") is False
-    assert await _invokes(config, execution_id) == [("host-2", "clicks")]
-    assert isinstance(await _routed(config, "clicks", "c3"), Delivered)
-    assert await unsubscribe(config, execution_id, "host-2") is True
-    assert isinstance(await _routed(config, "clicks", "c4"), Dropped)
+    assert await router.unsubscribe(execution_id, "host-1") is True
+    assert await router.unsubscribe(execution_id, "host-1") is False
+    assert await _invokes(router, execution_id) == [("host-2", "clicks")]
+    assert isinstance(await _routed(router, "clicks", "c3"), Delivered)
+    assert await router.unsubscribe(execution_id, "host-2") is True
+    assert isinstance(await _routed(router, "clicks", "c4"), Dropped)
 
     with pytest.raises(SubscriptionRefused, match="not a subscription binding") as refused:
-        await subscribe(config, execution_id, "opens", "host-3")
+        await router.subscribe(execution_id, "opens", "host-3")
     assert (refused.value.execution_id, refused.value.binding_id) == (execution_id, "opens")
     with pytest.raises(SubscriptionRefused, match="has no address"):
-        await subscribe(config, "ex_unknown", "clicks", "host-3")
+        await router.subscribe("ex_unknown", "clicks", "host-3")
     with pytest.raises(SubscriptionRefused, match="no binding 'nope'"):
-        await subscribe(config, execution_id, "nope", "host-3")
+        await router.subscribe(execution_id, "nope", "host-3")
     with pytest.raises(ValueError, match="invoke id"):
-        await subscribe(config, execution_id, "clicks", "")
-    assert await _invokes(config, execution_id) == []
+        await router.subscribe(execution_id, "clicks", "")
+    assert await _invokes(router, execution_id) == []
 
 
 @pytest.mark.asyncio
 async def test_the_address_reaper_deletes_the_subscriptions_of_reaped_addresses(
     router_db: RouterDb,
 ) -> None:
-    config = _config(router_db)
-    ended = (await _routed(config, "opens", "o1", key="k1")).execution_id
-    live = (await _routed(config, "opens", "o2", key="k2")).execution_id
+    router = _router(router_db)
+    ended = (await _routed(router, "opens", "o1", key="k1")).execution_id
+    live = (await _routed(router, "opens", "o2", key="k2")).execution_id
     # A host subscription nothing cancels, on the execution that is about to end.
-    await subscribe(config, ended, "clicks", "host-1")
-    assert await _command(config, "finish", "h1", key="k1") == "delivered"
+    await router.subscribe(ended, "clicks", "host-1")
+    assert await _command(router, "finish", "h1", key="k1") == "delivered"
     # The end exited the invoking state: its invocation's row is gone, the host's not.
-    assert await _invokes(config, ended) == [("host-1", "clicks")]
-    finished = await _routed(config, "clicks", "c1", key="k1")
+    assert await _invokes(router, ended) == [("host-1", "clicks")]
+    finished = await _routed(router, "clicks", "c1", key="k1")
     assert isinstance(finished, Dropped)
     assert finished.reason is DropReason.FINISHED
 
     later = router_db.clock.advance(timedelta(days=30))
-    reaped = await reap_addresses(config, later)
+    reaped = await reap_addresses(router, later)
     assert reaped.deleted == 1
-    assert await _invokes(config, ended) == []
-    assert await _invokes(config, live) == [("src", "clicks")]
+    assert await _invokes(router, ended) == []
+    assert await _invokes(router, live) == [("src", "clicks")]
 
 
 def test_bindings_files_spell_subscription(tmp_path: Path) -> None:
@@ -549,4 +546,5 @@ def test_a_host_listing_its_invoke_types_gets_the_source_type_too() -> None:
         source_type=SOURCE,
         start_options=StartOptions(invoke_types=frozenset({"test:job"})),
     )
-    assert config.start_options.invoke_types == frozenset({"test:job", SOURCE})
+    router = Router(config)
+    assert router.config.chart_start_options.invoke_types == frozenset({"test:job", SOURCE})

@@ -17,13 +17,12 @@ from statifier.persistence import Storage
 from statifier.persistence.sql import SqlAdapter
 from statifier.router import (
     InboundEvent,
+    Router,
     RouterConfig,
     StaticResolver,
     ledger,
     reap_addresses,
     reap_dedupe,
-    route,
-    route_many,
 )
 from statifier.sql import TableOptions, migrations
 
@@ -66,25 +65,25 @@ async def test_every_statement_runs_on_uuid_keys_in_a_prefixed_schema(
             bindings=impression_bindings(),
             resolver=StaticResolver({"join": join_chart()}),
         )
+        router = Router(config)
         impression = {"kind": "impression", "impression_id": "imp_1"}
-        first = await route(
-            config, InboundEvent(scope="s", source="ad_events", message_id="m1", data=impression)
+        first = await router.route(
+            InboundEvent(scope="s", source="ad_events", message_id="m1", data=impression)
         )
         # A UUID key does not order rows: the ledger is oldest first by time alone.
         clock.advance(timedelta(seconds=1))
-        again = await route(
-            config, InboundEvent(scope="s", source="ad_events", message_id="m1", data=impression)
+        again = await router.route(
+            InboundEvent(scope="s", source="ad_events", message_id="m1", data=impression)
         )
         clock.advance(timedelta(seconds=1))
         click = {"kind": "click", "impression_id": "imp_1"}
         batch = [
-            *await route_many(
-                config, [InboundEvent(scope="s", source="ad_events", message_id="m2", data=click)]
+            *await router.route_many(
+                [InboundEvent(scope="s", source="ad_events", message_id="m2", data=click)]
             )
         ]
         clock.advance(timedelta(seconds=1))
-        batch += await route_many(
-            config,
+        batch += await router.route_many(
             [InboundEvent(scope="s", source="ad_events", message_id="m3", data={"kind": "click"})],
         )
         assert [o.outcome for o in first.outcomes] == ["created_and_delivered", "no_match"]
@@ -93,14 +92,14 @@ async def test_every_statement_runs_on_uuid_keys_in_a_prefixed_schema(
             ["no_match", "delivered"],
             ["no_match", "key_refused"],
         ]
-        rows = await ledger(config)
+        rows = await ledger(router)
         assert [row.spelled for row in rows] == [
             "created_and_delivered",
             "duplicate",
             "delivered",
             "key_refused",
         ]
-        clock.advance(config.bindings[0].dedupe.horizon * 2)  # type: ignore[index]
-        assert await reap_dedupe(config, clock()) == 2  # a refusal claims nothing
-        swept = await reap_addresses(config, clock())
+        clock.advance(router.config.bindings[0].dedupe.horizon * 2)  # type: ignore[index]
+        assert await reap_dedupe(router, clock()) == 2  # a refusal claims nothing
+        swept = await reap_addresses(router, clock())
         assert (swept.examined, swept.stamped, swept.deleted) == (1, 0, 1)

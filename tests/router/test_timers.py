@@ -30,12 +30,13 @@ from statifier.core import Event
 from statifier.core import effects as fx
 from statifier.persistence import EffectContext, Executions, Executor, Refused, Status
 from statifier.persistence.sql import SqlTransaction
-from statifier.router import RouterConfig, StaticResolver, ledger
+from statifier.router import Router, StaticResolver, ledger
 from statifier.router.outbox import Backoff
 from statifier.router.routes import IdempotencyKey
 from statifier.router.timer_queue import TimerEntry, TimerKind
 from statifier.router.timer_worker import RouteRetries, TimerWorker
 from statifier.router.timers import DueTimer, SqlTimerQueue
+from statifier.router.transaction import Delivering
 from statifier.sql.names import TableNames
 
 TIMER_EVENT = "statifier.router.timer"
@@ -97,11 +98,11 @@ class Recorder:
         return answer
 
 
-def timer_config(
+def timer_router(
     router_db: RouterDb, recorder: Recorder | None = None, executor: Executor | None = None
-) -> RouterConfig:
+) -> Router:
     options: dict[str, Any] = {} if executor is None else {"executor": executor}
-    return router_db.config(
+    return router_db.router(
         [],
         resolver=StaticResolver({"tick": chart(TICK), "count": chart(COUNT)}),
         send_type="test:sink",
@@ -156,25 +157,26 @@ def entry(
     )
 
 
-async def schedule(config: RouterConfig, entries: Sequence[TimerEntry]) -> None:
-    assert config.timers is not None
-    async with config.transaction() as unit:
+async def schedule(router: Router, entries: Sequence[TimerEntry]) -> None:
+    assert router.timers is not None
+    async with router.transaction() as unit:
         for one in entries:
-            await config.timers.schedule(unit.tx, one)
+            await router.timers.schedule(unit.tx, one)
 
 
-async def create(config: RouterConfig, document: str, *execution_ids: str) -> None:
-    async with config.transaction() as unit:
+async def create(router: Router, document: str, *execution_ids: str) -> None:
+    async with router.transaction() as unit:
+        executions = unit.executions(Delivering(None, router.storage.clock()))
         for execution_id in execution_ids:
-            await unit.executions.create(execution_id, chart(TICK if document == "tick" else COUNT))
+            await executions.create(execution_id, chart(TICK if document == "tick" else COUNT))
 
 
-async def pending(config: RouterConfig) -> list[tuple[str, str, datetime]]:
+async def pending(router: Router) -> list[tuple[str, str, datetime]]:
     """Every pending row's ``(execution_id, send_id, due_at)``, in firing order."""
-    queue = config.timers
+    queue = router.timers
     assert isinstance(queue, SqlTimerQueue)
     far = datetime(9999, 1, 1, tzinfo=UTC)
-    async with config.transaction() as unit:
+    async with router.transaction() as unit:
         claimed = await queue.claim(unit.tx, far, 1_000_000)
     assert all(isinstance(t, DueTimer) for t in claimed)
     return [
@@ -184,15 +186,15 @@ async def pending(config: RouterConfig) -> list[tuple[str, str, datetime]]:
     ]
 
 
-async def status(config: RouterConfig, execution_id: str) -> Status:
-    record = await config.adapter.fetch_execution(execution_id)
+async def status(router: Router, execution_id: str) -> Status:
+    record = await router.adapter.fetch_execution(execution_id)
     assert record is not None
     return record.status
 
 
-async def logged(config: RouterConfig, execution_id: str) -> list[tuple[str, str, Any]]:
+async def logged(router: Router, execution_id: str) -> list[tuple[str, str, Any]]:
     """The execution's input log as ``(door, event name, event data)``."""
-    entries = await Executions(config.storage).inputs(execution_id)
+    entries = await Executions(router.storage).inputs(execution_id)
     return [(e.door, e.event.name, e.event.data) for e in entries if e.event is not None]
 
 
@@ -221,59 +223,59 @@ def timer_reports(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, An
 async def test_a_due_external_timer_steps_its_execution_and_a_later_one_waits(
     router_db: RouterDb,
 ) -> None:
-    config = timer_config(router_db)
-    await create(config, "tick", "ex_1", "ex_2")
+    router = timer_router(router_db)
+    await create(router, "tick", "ex_1", "ex_2")
     now = router_db.clock.now
-    await schedule(config, [entry("ex_1", 1, now + SECOND), entry("ex_2", 2, now + 60 * SECOND)])
-    worker = TimerWorker(config)
+    await schedule(router, [entry("ex_1", 1, now + SECOND), entry("ex_2", 2, now + 60 * SECOND)])
+    worker = TimerWorker(router)
     assert await worker.next_due() == now + SECOND
 
     assert await worker.fire_due(now) == 0  # nothing due yet
-    assert await status(config, "ex_1") is Status.ACTIVE
+    assert await status(router, "ex_1") is Status.ACTIVE
     assert await worker.fire_due(now + SECOND) == 1
-    assert await status(config, "ex_1") is Status.COMPLETED
-    assert await logged(config, "ex_1") == [("timer", "tick", {"k": 1})]
-    assert await status(config, "ex_2") is Status.ACTIVE
-    assert [row[:2] for row in await pending(config)] == [("ex_2", "t2")]
+    assert await status(router, "ex_1") is Status.COMPLETED
+    assert await logged(router, "ex_1") == [("timer", "tick", {"k": 1})]
+    assert await status(router, "ex_2") is Status.ACTIVE
+    assert [row[:2] for row in await pending(router)] == [("ex_2", "t2")]
     assert await worker.next_due() == now + 60 * SECOND
-    assert await ledger(config) == []  # a fire writes no routing-ledger row
+    assert await ledger(router) == []  # a fire writes no routing-ledger row
 
     router_db.clock.advance(60 * SECOND)
     assert await worker.fire_due() == 1  # the storage's clock by default
-    assert await status(config, "ex_2") is Status.COMPLETED
+    assert await status(router, "ex_2") is Status.COMPLETED
     assert await worker.next_due() is None
 
 
 @pytest.mark.asyncio
 async def test_an_internal_timer_steps_on_the_internal_queue(router_db: RouterDb) -> None:
-    config = timer_config(router_db)
-    await create(config, "tick", "ex_1")
+    router = timer_router(router_db)
+    await create(router, "tick", "ex_1")
     now = router_db.clock.now
     inner = Event("inner", type="internal", sendid="t1")
-    await schedule(config, [entry("ex_1", 1, now, event=inner, kind=TimerKind.INTERNAL)])
-    assert await TimerWorker(config).fire_due(now) == 1
-    assert await status(config, "ex_1") is Status.COMPLETED
-    assert [(door, name) for door, name, _ in await logged(config, "ex_1")] == [("timer", "inner")]
+    await schedule(router, [entry("ex_1", 1, now, event=inner, kind=TimerKind.INTERNAL)])
+    assert await TimerWorker(router).fire_due(now) == 1
+    assert await status(router, "ex_1") is Status.COMPLETED
+    assert [(door, name) for door, name, _ in await logged(router, "ex_1")] == [("timer", "inner")]
 
 
 @pytest.mark.asyncio
 async def test_one_key_scheduled_twice_is_one_row(router_db: RouterDb) -> None:
-    config = timer_config(router_db)
-    await create(config, "tick", "ex_1")
+    router = timer_router(router_db)
+    await create(router, "tick", "ex_1")
     now = router_db.clock.now
-    await schedule(config, [entry("ex_1", 1, now)])
-    await schedule(config, [entry("ex_1", 1, now + SECOND), entry("ex_1", 1, now)])  # redriven
-    assert await pending(config) == [("ex_1", "t1", now)]
+    await schedule(router, [entry("ex_1", 1, now)])
+    await schedule(router, [entry("ex_1", 1, now + SECOND), entry("ex_1", 1, now)])  # redriven
+    assert await pending(router) == [("ex_1", "t1", now)]
 
 
 @pytest.mark.asyncio
 async def test_a_cancel_deletes_every_row_of_the_send_and_answers_how_many(
     router_db: RouterDb,
 ) -> None:
-    config = timer_config(router_db)
+    router = timer_router(router_db)
     now = router_db.clock.now
     await schedule(
-        config,
+        router,
         [
             entry("ex_1", 1, now, send_id="remind"),
             entry("ex_1", 2, now + SECOND, send_id="remind"),  # a second send of the id
@@ -282,11 +284,11 @@ async def test_a_cancel_deletes_every_row_of_the_send_and_answers_how_many(
             entry("ex_2", 5, now, send_id="remind"),  # another execution's
         ],
     )
-    assert config.timers is not None
-    async with config.transaction() as unit:
-        assert await config.timers.cancel(unit.tx, "ex_1", "remind") == 3
-        assert await config.timers.cancel(unit.tx, "ex_1", "nothing") == 0
-    assert sorted(row[:2] for row in await pending(config)) == [
+    assert router.timers is not None
+    async with router.transaction() as unit:
+        assert await router.timers.cancel(unit.tx, "ex_1", "remind") == 3
+        assert await router.timers.cancel(unit.tx, "ex_1", "nothing") == 0
+    assert sorted(row[:2] for row in await pending(router)) == [
         ("ex_1", "other"),
         ("ex_2", "remind"),
     ]
@@ -296,14 +298,15 @@ async def test_a_cancel_deletes_every_row_of_the_send_and_answers_how_many(
 async def test_timers_of_ended_cancelled_or_missing_executions_are_discarded(
     router_db: RouterDb, timer_reports: list[dict[str, Any]]
 ) -> None:
-    config = timer_config(router_db)
-    await create(config, "tick", "finished", "cancelled", "live")
+    router = timer_router(router_db)
+    await create(router, "tick", "finished", "cancelled", "live")
     now = router_db.clock.now
-    async with config.transaction() as unit:
-        await unit.executions.step("finished", None, Event("tick"))
-        await unit.executions.cancel("cancelled")
+    async with router.transaction() as unit:
+        executions = unit.executions(Delivering(None, now))
+        await executions.step("finished", None, Event("tick"))
+        await executions.cancel("cancelled")
     await schedule(
-        config,
+        router,
         [
             entry("finished", 1, now),
             entry("cancelled", 2, now),
@@ -311,8 +314,8 @@ async def test_timers_of_ended_cancelled_or_missing_executions_are_discarded(
             entry("live", 4, now + SECOND),
         ],
     )
-    assert await TimerWorker(config).fire_due(now + SECOND) == 4  # all off the queue
-    assert await pending(config) == []
+    assert await TimerWorker(router).fire_due(now + SECOND) == 4  # all off the queue
+    assert await pending(router) == []
     outcomes = {(r["execution_id"], r["outcome"], r.get("reason")) for r in timer_reports}
     assert outcomes == {
         ("finished", "discarded", "finished"),
@@ -320,8 +323,8 @@ async def test_timers_of_ended_cancelled_or_missing_executions_are_discarded(
         ("missing", "discarded", "no_execution"),
         ("live", "fired", None),
     }
-    assert await status(config, "live") is Status.COMPLETED
-    assert [name for _, name, _ in await logged(config, "finished")] == ["tick"]  # not twice
+    assert await status(router, "live") is Status.COMPLETED
+    assert [name for _, name, _ in await logged(router, "finished")] == ["tick"]  # not twice
     lags = sorted(r["lag"] for r in timer_reports)
     assert lags == [0.0, 1.0, 1.0, 1.0]
 
@@ -330,21 +333,21 @@ async def test_timers_of_ended_cancelled_or_missing_executions_are_discarded(
 async def test_a_parked_execution_keeps_its_timer_until_it_is_unparked(
     router_db: RouterDb, timer_reports: list[dict[str, Any]]
 ) -> None:
-    config = timer_config(router_db)
-    await create(config, "tick", "ex_1")
+    router = timer_router(router_db)
+    await create(router, "tick", "ex_1")
     now = router_db.clock.now
-    await schedule(config, [entry("ex_1", 1, now)])
-    await Executions(config.storage).park("ex_1")
-    worker = TimerWorker(config, retry=30.0)
+    await schedule(router, [entry("ex_1", 1, now)])
+    await Executions(router.storage).park("ex_1")
+    worker = TimerWorker(router, retry=30.0)
     assert await worker.fire_due(now) == 0
-    assert await pending(config) == [("ex_1", "t1", now + 30 * SECOND)]  # retried later
+    assert await pending(router) == [("ex_1", "t1", now + 30 * SECOND)]  # retried later
     assert [(r["outcome"], r["error"].split(":")[0]) for r in timer_reports] == [
         ("failed", "ExecutionParked")
     ]
-    await Executions(config.storage).unpark("ex_1")
+    await Executions(router.storage).unpark("ex_1")
     assert await worker.fire_due(now + 29 * SECOND) == 0
     assert await worker.fire_due(now + 30 * SECOND) == 1
-    assert await status(config, "ex_1") is Status.COMPLETED
+    assert await status(router, "ex_1") is Status.COMPLETED
 
 
 # Route timers.
@@ -353,16 +356,16 @@ async def test_a_parked_execution_keeps_its_timer_until_it_is_unparked(
 @pytest.mark.asyncio
 async def test_a_route_timer_reaches_its_route_under_the_sends_key(router_db: RouterDb) -> None:
     recorder = Recorder()
-    config = timer_config(router_db, recorder)
-    await create(config, "count", "ex_1")
+    router = timer_router(router_db, recorder)
+    await create(router, "count", "ex_1")
     now = router_db.clock.now
     due = entry("ex_1", 1, now, kind=TimerKind.ROUTE, route="rec", event=Event("joined"))
-    await schedule(config, [due])
-    assert await TimerWorker(config).fire_due(now) == 1
+    await schedule(router, [due])
+    assert await TimerWorker(router).fire_due(now) == 1
     assert recorder.seen == [(Event("joined"), due.key)]
     assert recorder.scopes == ["tenant"]  # the timer's scope reaches the route
-    assert await pending(config) == []
-    assert await ledger(config) == []
+    assert await pending(router) == []
+    assert await ledger(router) == []
 
 
 @pytest.mark.asyncio
@@ -370,22 +373,23 @@ async def test_a_route_timer_of_an_ended_or_missing_execution_is_discarded_unsen
     router_db: RouterDb, timer_reports: list[dict[str, Any]]
 ) -> None:
     recorder = Recorder()
-    config = timer_config(router_db, recorder)
-    await create(config, "tick", "finished", "cancelled")
+    router = timer_router(router_db, recorder)
+    await create(router, "tick", "finished", "cancelled")
     now = router_db.clock.now
-    async with config.transaction() as unit:
-        await unit.executions.step("finished", None, Event("tick"))
-        await unit.executions.cancel("cancelled")
+    async with router.transaction() as unit:
+        executions = unit.executions(Delivering(None, now))
+        await executions.step("finished", None, Event("tick"))
+        await executions.cancel("cancelled")
     await schedule(
-        config,
+        router,
         [
             entry(name, n, now, kind=TimerKind.ROUTE, route="rec")
             for n, name in enumerate(("finished", "cancelled", "missing"))
         ],
     )
-    assert await TimerWorker(config).fire_due(now) == 3
+    assert await TimerWorker(router).fire_due(now) == 3
     assert recorder.seen == []
-    assert await pending(config) == []
+    assert await pending(router) == []
     assert {(r["execution_id"], r["outcome"], r["reason"]) for r in timer_reports} == {
         ("finished", "discarded", "finished"),
         ("cancelled", "discarded", "finished"),
@@ -401,32 +405,32 @@ async def test_a_refusing_route_is_asked_again_then_given_up_and_the_chart_hears
     router_db: RouterDb, timer_reports: list[dict[str, Any]], caplog: pytest.LogCaptureFixture
 ) -> None:
     recorder = Recorder(answers={"no": Refused("the sink is full")})
-    config = timer_config(router_db, recorder)
-    await create(config, "count", "ex_1")
+    router = timer_router(router_db, recorder)
+    await create(router, "count", "ex_1")
     now = router_db.clock.now
     refused = entry("ex_1", 1, now, kind=TimerKind.ROUTE, route="rec", event=Event("no"))
-    await schedule(config, [replace(refused, event=Event("no", sendid="book"))])
-    worker = TimerWorker(config, route_retries=RETRIES)
+    await schedule(router, [replace(refused, event=Event("no", sendid="book"))])
+    worker = TimerWorker(router, route_retries=RETRIES)
     # The first attempt, then one a second later, then two seconds after that.
     assert await worker.fire_due(now) == 1
-    assert await pending(config) == [("ex_1", "t1", now + SECOND)]
+    assert await pending(router) == [("ex_1", "t1", now + SECOND)]
     assert await worker.fire_due(now + SECOND) == 1
-    assert await pending(config) == [("ex_1", "t1", now + 3 * SECOND)]
+    assert await pending(router) == [("ex_1", "t1", now + 3 * SECOND)]
     assert await worker.fire_due(now + 2 * SECOND) == 0  # not due yet
     assert await worker.fire_due(now + 3 * SECOND) == 1
-    assert await pending(config) == []
+    assert await pending(router) == []
     assert [(r["outcome"], r.get("attempt")) for r in timer_reports] == [
         ("retried", "1"),
         ("retried", "2"),
         ("given_up", None),
     ]
     # Given up: a ledger row, and error.communication with the send's id in the chart.
-    (row,) = await ledger(config, "ex_1")
+    (row,) = await ledger(router, "ex_1")
     assert (row.binding_id, row.outcome, row.key) == ("route", "send_refused", "rec")
     assert row.reason == ("route_failed: route 'rec': the sink is full (gave up after 3 attempts)")
-    log = await logged(config, "ex_1")
+    log = await logged(router, "ex_1")
     assert [(door, name) for door, name, _ in log] == [("timer", "error.communication")]
-    (error,) = await config.storage.errors("ex_1")
+    (error,) = await router.storage.errors("ex_1")
     assert (error.name, error.door) == ("error.communication", "timer")
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("attempt 1 of 3" in line for line in warnings)
@@ -438,22 +442,22 @@ async def test_a_route_that_raises_is_asked_again_and_an_unregistered_one_given_
     router_db: RouterDb, timer_reports: list[dict[str, Any]]
 ) -> None:
     recorder = Recorder(answers={"boom": RuntimeError("the sink is down")})
-    config = timer_config(router_db, recorder)
-    await create(config, "count", "ex_1")
+    router = timer_router(router_db, recorder)
+    await create(router, "count", "ex_1")
     now = router_db.clock.now
     await schedule(
-        config,
+        router,
         [
             entry("ex_1", 1, now, kind=TimerKind.ROUTE, route="gone"),
             entry("ex_1", 2, now, kind=TimerKind.ROUTE, route="rec", event=Event("boom")),
             entry("ex_1", 3, now, kind=TimerKind.ROUTE, route="rec", event=Event("b")),
         ],
     )
-    worker = TimerWorker(config, route_retries=RETRIES)
+    worker = TimerWorker(router, route_retries=RETRIES)
     assert await worker.fire_due(now) == 3
     # The raise was undone at its own savepoint: the batch stood, "b" was handed off.
     assert [event.name for event, _ in recorder.seen] == ["b"]
-    assert await pending(config) == [("ex_1", "t2", now + SECOND)]
+    assert await pending(router) == [("ex_1", "t2", now + SECOND)]
     assert [(r["send_id"], r["outcome"], r.get("reason")) for r in timer_reports] == [
         ("t1", "given_up", "no route named 'gone' is registered"),
         ("t2", "retried", "route 'rec': RuntimeError: the sink is down"),
@@ -468,18 +472,18 @@ async def test_a_route_that_raises_is_asked_again_and_an_unregistered_one_given_
 async def test_a_fire_that_raises_is_retried_later_and_the_rest_of_its_batch_stands(
     router_db: RouterDb, timer_reports: list[dict[str, Any]]
 ) -> None:
-    config = timer_config(router_db, executor=failing_for("ex_bad"))
-    await create(config, "count", "ex_1", "ex_bad", "ex_2")
+    router = timer_router(router_db, executor=failing_for("ex_bad"))
+    await create(router, "count", "ex_1", "ex_bad", "ex_2")
     now = router_db.clock.now
-    await schedule(config, [entry("ex_1", 1, now), entry("ex_bad", 2, now), entry("ex_2", 3, now)])
-    worker = TimerWorker(config, retry=10.0)
+    await schedule(router, [entry("ex_1", 1, now), entry("ex_bad", 2, now), entry("ex_2", 3, now)])
+    worker = TimerWorker(router, retry=10.0)
     assert await worker.fire_due(now) == 2
     # The batch at once stepped ex_1, then raised at ex_bad and was rolled back whole;
     # one by one, ex_1 stepped again, ex_bad failed at its savepoint and ex_2 stood.
-    assert await logged(config, "ex_1") == [("timer", "tick", {"k": 1})]
-    assert await logged(config, "ex_2") == [("timer", "tick", {"k": 3})]
-    assert await logged(config, "ex_bad") == []
-    assert await pending(config) == [("ex_bad", "t2", now + 10 * SECOND)]
+    assert await logged(router, "ex_1") == [("timer", "tick", {"k": 1})]
+    assert await logged(router, "ex_2") == [("timer", "tick", {"k": 3})]
+    assert await logged(router, "ex_bad") == []
+    assert await pending(router) == [("ex_bad", "t2", now + 10 * SECOND)]
     # Only what committed is reported: nothing of the batch rolled back.
     assert [r["outcome"] for r in timer_reports] == ["fired", "failed", "fired"]
     assert timer_reports[1]["error"] == "RuntimeError: the executor is down"
@@ -491,11 +495,11 @@ async def test_a_batch_that_raises_is_rolled_back_whole_and_fired_one_by_one(
 ) -> None:
     """The steps the batch at once made before the failing timer are undone with it
     and made again one by one: each is in its execution's log once."""
-    config = timer_config(router_db, executor=failing_for("ex_9"))
-    await create(config, "count", "ex_1", "ex_2", "ex_9")
+    router = timer_router(router_db, executor=failing_for("ex_9"))
+    await create(router, "count", "ex_1", "ex_2", "ex_9")
     now = router_db.clock.now
     await schedule(
-        config,
+        router,
         [
             entry("ex_1", 1, now),
             entry("ex_9", 2, now),
@@ -503,18 +507,18 @@ async def test_a_batch_that_raises_is_rolled_back_whole_and_fired_one_by_one(
             entry("ex_1", 4, now + SECOND),
         ],
     )
-    worker = TimerWorker(config, retry=10.0)
+    worker = TimerWorker(router, retry=10.0)
     assert await worker.fire_due(now + SECOND) == 3
-    assert await logged(config, "ex_1") == [
+    assert await logged(router, "ex_1") == [
         ("timer", "tick", {"k": 1}),
         ("timer", "tick", {"k": 4}),
     ]
-    assert await logged(config, "ex_2") == [("timer", "tick", {"k": 3})]
+    assert await logged(router, "ex_2") == [("timer", "tick", {"k": 3})]
     for execution_id, ticks in (("ex_1", 2), ("ex_2", 1)):
-        record = await config.adapter.fetch_execution(execution_id)
+        record = await router.adapter.fetch_execution(execution_id)
         assert record is not None
-        assert config.storage.load(record, chart(COUNT)).datamodel["n"] == ticks
-    assert await pending(config) == [("ex_9", "t2", now + 11 * SECOND)]
+        assert router.storage.load(record, chart(COUNT)).datamodel["n"] == ticks
+    assert await pending(router) == [("ex_9", "t2", now + 11 * SECOND)]
     assert [(r["send_id"], r["outcome"]) for r in timer_reports] == [
         ("t1", "fired"),
         ("t2", "failed"),
@@ -522,21 +526,21 @@ async def test_a_batch_that_raises_is_rolled_back_whole_and_fired_one_by_one(
         ("t4", "fired"),
     ]
     # The next batch has no failing timer: at once again.
-    await schedule(config, [entry("ex_2", 5, now + 2 * SECOND)])
+    await schedule(router, [entry("ex_2", 5, now + 2 * SECOND)])
     assert await worker.fire_due(now + 2 * SECOND) == 1
-    assert [k for _, _, data in await logged(config, "ex_2") for k in [data["k"]]] == [3, 5]
+    assert [k for _, _, data in await logged(router, "ex_2") for k in [data["k"]]] == [3, 5]
 
 
 @pytest.mark.asyncio
 async def test_take_due_deletes_a_batch_in_firing_order_and_a_rollback_puts_it_back(
     router_db: RouterDb,
 ) -> None:
-    config = timer_config(router_db)
-    queue = config.timers
+    router = timer_router(router_db)
+    queue = router.timers
     assert isinstance(queue, SqlTimerQueue)
     now = router_db.clock.now
     await schedule(
-        config,
+        router,
         [
             entry("ex_1", 1, now, position=1),
             entry("ex_2", 2, now - SECOND),
@@ -545,13 +549,13 @@ async def test_take_due_deletes_a_batch_in_firing_order_and_a_rollback_puts_it_b
             entry("ex_5", 5, now + SECOND),  # not due
         ],
     )
-    before = await pending(config)
+    before = await pending(router)
 
     class UndoError(Exception):
         pass
 
     async def take_then_undo() -> None:
-        async with config.transaction() as unit:
+        async with router.transaction() as unit:
             taken = await queue.take_due(unit.tx, now, 3)
             assert [t.entry.send_id for t in taken.timers] == ["t2", "t1", "t3"]
             assert taken.picked == 3
@@ -561,13 +565,13 @@ async def test_take_due_deletes_a_batch_in_firing_order_and_a_rollback_puts_it_b
 
     with pytest.raises(UndoError):
         await take_then_undo()
-    assert await pending(config) == before  # a rollback leaves every row
-    async with config.transaction() as unit:
+    assert await pending(router) == before  # a rollback leaves every row
+    async with router.transaction() as unit:
         taken = await queue.take_due(unit.tx, now, 10)
     assert [t.entry.send_id for t in taken.timers] == ["t2", "t1", "t3", "t4"]
     assert taken.picked == 4  # fewer than the limit: no other due row
-    assert [row[1] for row in await pending(config)] == ["t5"]
-    async with config.transaction() as unit:
+    assert [row[1] for row in await pending(router)] == ["t5"]
+    async with router.transaction() as unit:
         empty = await queue.take_due(unit.tx, now, 10)
         assert (empty.timers, empty.picked, empty.upcoming) == ([], 0, now + SECOND)
         last = await queue.take_due(unit.tx, now + SECOND, 10)
@@ -578,11 +582,11 @@ async def test_take_due_deletes_a_batch_in_firing_order_and_a_rollback_puts_it_b
 async def test_run_sleeps_until_the_next_due_time_at_most_poll_seconds(
     router_db: RouterDb,
 ) -> None:
-    config = timer_config(router_db)
-    await create(config, "count", "ex_1")
+    router = timer_router(router_db)
+    await create(router, "count", "ex_1")
     clock = router_db.clock
     start = clock.now
-    await schedule(config, [entry("ex_1", 1, start + SECOND), entry("ex_1", 2, start + 3 * SECOND)])
+    await schedule(router, [entry("ex_1", 1, start + SECOND), entry("ex_1", 2, start + 3 * SECOND)])
     stop = asyncio.Event()
     naps: list[float] = []
 
@@ -592,14 +596,14 @@ async def test_run_sleeps_until_the_next_due_time_at_most_poll_seconds(
         if clock.now >= start + 4 * SECOND:
             stop.set()
 
-    worker = TimerWorker(config, poll=1.5, clock=clock, sleep=sleep)
+    worker = TimerWorker(router, poll=1.5, clock=clock, sleep=sleep)
     async with asyncio.timeout(30):
         await worker.run(stop)
     # Nothing due: until t1; t1 fired, t2 is 2 s off: the poll bound, then the rest;
     # t2 fired, nothing pending: the poll bound.
     assert naps == [1.0, 1.5, 0.5, 1.5]
-    assert [data["k"] for _, _, data in await logged(config, "ex_1")] == [1, 2]
-    assert await pending(config) == []
+    assert [data["k"] for _, _, data in await logged(router, "ex_1")] == [1, 2]
+    assert await pending(router) == []
 
 
 # Order.
@@ -608,7 +612,7 @@ async def test_run_sleeps_until_the_next_due_time_at_most_poll_seconds(
 @pytest.mark.asyncio
 async def test_ten_thousand_timers_fire_in_due_order(router_db: RouterDb) -> None:
     recorder = Recorder()
-    config = timer_config(router_db, recorder)
+    router = timer_router(router_db, recorder)
     now = router_db.clock.now
     chooser = random.Random(1201)
     # About five timers per due instant, scheduled out of due order; among one
@@ -629,14 +633,14 @@ async def test_ten_thousand_timers_fire_in_due_order(router_db: RouterDb) -> Non
                 event=Event("tick", data={"n": n}),
             )
         )
-    await create(config, "count", *(f"ex_{n}" for n in range(37)))
-    await schedule(config, entries)
-    worker = TimerWorker(config, batch=500)
+    await create(router, "count", *(f"ex_{n}" for n in range(37)))
+    await schedule(router, entries)
+    worker = TimerWorker(router, batch=500)
     assert await worker.fire_due(now + timedelta(milliseconds=999)) == sum(d < 1000 for d in dues)
     assert await worker.fire_due(now + 2 * SECOND) == sum(d >= 1000 for d in dues)
     fired = [event.data["n"] for event, _ in recorder.seen]
     assert fired == sorted(range(10_000), key=lambda n: (dues[n], n))
-    assert await pending(config) == []
+    assert await pending(router) == []
 
 
 # Races and crashes.
@@ -649,26 +653,26 @@ async def test_a_row_held_elsewhere_keeps_the_later_timers_of_its_execution_wait
     """Another worker's claim that did not get an execution's lock still holds the row
     it picked: a worker that gets the lock then must not fire that execution's later
     timers before it. The other executions' timers fire."""
-    config = timer_config(pg_db)
-    await create(config, "count", "ex_1", "ex_2")
+    router = timer_router(pg_db)
+    await create(router, "count", "ex_1", "ex_2")
     now = pg_db.clock.now
     await schedule(
-        config,
+        router,
         [
             entry("ex_1", 1, now - 2 * SECOND),
             entry("ex_1", 2, now - SECOND),
             entry("ex_2", 3, now - SECOND),
         ],
     )
-    timers = TableNames.of(config.adapter.tables).timers
-    async with config.transaction() as other:  # the other worker's claim, on t1 alone
+    timers = TableNames.of(router.adapter.tables).timers
+    async with router.transaction() as other:  # the other worker's claim, on t1 alone
         await other.tx.driver.execute(f"SELECT id FROM {timers} WHERE send_id = 't1' FOR UPDATE")
-        fired = await asyncio.create_task(TimerWorker(config).fire_due(now))
+        fired = await asyncio.create_task(TimerWorker(router).fire_due(now))
         assert fired == 1
-        assert [data["k"] for _, _, data in await logged(config, "ex_2")] == [3]
-        assert await logged(config, "ex_1") == []
-    assert await TimerWorker(config).fire_due(now) == 2
-    assert [data["k"] for _, _, data in await logged(config, "ex_1")] == [1, 2]
+        assert [data["k"] for _, _, data in await logged(router, "ex_2")] == [3]
+        assert await logged(router, "ex_1") == []
+    assert await TimerWorker(router).fire_due(now) == 2
+    assert [data["k"] for _, _, data in await logged(router, "ex_1")] == [1, 2]
 
 
 @pytest.mark.asyncio
@@ -676,16 +680,16 @@ async def test_a_cancel_and_a_fire_never_both_succeed(router_db: RouterDb) -> No
     """Each round, a worker fires a due timer while another transaction steps the
     execution (taking its lock) and cancels the timer, a random moment apart: on
     PostgreSQL two connections, two transactions racing."""
-    config = timer_config(router_db)
-    await create(config, "count", "ex_1")
-    assert config.timers is not None
-    timers = config.timers
-    worker = TimerWorker(config)
+    router = timer_router(router_db)
+    await create(router, "count", "ex_1")
+    assert router.timers is not None
+    timers = router.timers
+    worker = TimerWorker(router)
     chooser = random.Random(20261201)
     now = router_db.clock.now
     fired_rounds = cancelled_rounds = 0
     for n in range(200):
-        await schedule(config, [entry("ex_1", n, now)])
+        await schedule(router, [entry("ex_1", n, now)])
         delays = [chooser.choice([0.0, 0.0, 0.0005, 0.001, 0.002]) for _ in range(3)]
 
         async def fire_it(delay: float = delays[0]) -> int:
@@ -694,21 +698,22 @@ async def test_a_cancel_and_a_fire_never_both_succeed(router_db: RouterDb) -> No
 
         async def cancel_it(n: int = n, before: float = delays[1], held: float = delays[2]) -> int:
             await asyncio.sleep(before)
-            async with config.transaction() as unit:
-                await unit.executions.step("ex_1", None, Event("noop"))  # the step's lock
+            async with router.transaction() as unit:
+                executions = unit.executions(Delivering(None, now))
+                await executions.step("ex_1", None, Event("noop"))  # the step's lock
                 await asyncio.sleep(held)
                 return await timers.cancel(unit.tx, "ex_1", f"t{n}")
 
         async with asyncio.timeout(30):
             fired, cancelled = await asyncio.gather(fire_it(), cancel_it())
         assert (fired, cancelled) in ((1, 0), (0, 1)), f"round {n}: {fired=} {cancelled=}"
-        assert await pending(config) == []
+        assert await pending(router) == []
         fired_rounds += fired
         cancelled_rounds += cancelled
-    record = await config.adapter.fetch_execution("ex_1")
+    record = await router.adapter.fetch_execution("ex_1")
     assert record is not None
-    assert config.storage.load(record, chart(COUNT)).datamodel["n"] == fired_rounds
-    ticks = [data["k"] for _, name, data in await logged(config, "ex_1") if name == "tick"]
+    assert router.storage.load(record, chart(COUNT)).datamodel["n"] == fired_rounds
+    ticks = [data["k"] for _, name, data in await logged(router, "ex_1") if name == "tick"]
     assert len(ticks) == len(set(ticks)) == fired_rounds
     print(f"{router_db.backend}: fired {fired_rounds}, cancelled {cancelled_rounds}")
     assert fired_rounds  # both sides won some rounds
@@ -737,13 +742,13 @@ async def _start(router_db: RouterDb, job: dict[str, Any]) -> asyncio.subprocess
 
 
 async def _wall_clock_timers(
-    config: RouterConfig, executions: int, per_execution: int
+    router: Router, executions: int, per_execution: int
 ) -> dict[str, list[int]]:
     """``per_execution`` tick timers for each of ``executions`` new counters, all due
     (in the wall clock's past), each execution's in ``k`` order. Answers each
     execution's ``k``s."""
     ids = [f"ex_{i:03d}" for i in range(executions)]
-    await create(config, "count", *ids)
+    await create(router, "count", *ids)
     start = datetime.now(UTC) - timedelta(hours=1)
     expected: dict[str, list[int]] = {execution_id: [] for execution_id in ids}
     entries = []
@@ -751,27 +756,25 @@ async def _wall_clock_timers(
         execution_id = ids[k % executions]
         expected[execution_id].append(k)
         entries.append(entry(execution_id, k, start + timedelta(milliseconds=k)))
-    await schedule(config, entries)
+    await schedule(router, entries)
     return expected
 
 
-async def _assert_each_fired_once_in_order(
-    config: RouterConfig, expected: dict[str, list[int]]
-) -> None:
-    assert await pending(config) == []
+async def _assert_each_fired_once_in_order(router: Router, expected: dict[str, list[int]]) -> None:
+    assert await pending(router) == []
     for execution_id, ks in expected.items():
-        log = await logged(config, execution_id)
+        log = await logged(router, execution_id)
         assert [data["k"] for _, _, data in log] == ks, execution_id
         assert {door for door, _, _ in log} == {"timer"}
-        record = await config.adapter.fetch_execution(execution_id)
+        record = await router.adapter.fetch_execution(execution_id)
         assert record is not None
-        assert config.storage.load(record, chart(COUNT)).datamodel["n"] == len(ks)
+        assert router.storage.load(record, chart(COUNT)).datamodel["n"] == len(ks)
 
 
 @pytest.mark.asyncio
 async def test_two_worker_processes_fire_every_timer_once(router_db: RouterDb) -> None:
-    config = timer_config(router_db)
-    expected = await _wall_clock_timers(config, executions=100, per_execution=20)
+    router = timer_router(router_db)
+    expected = await _wall_clock_timers(router, executions=100, per_execution=20)
     job = {"batch": 20, "pause": 0.0, "barrier": True}
     processes = [await _start(router_db, job) for _ in range(2)]
     for process in processes:
@@ -785,7 +788,7 @@ async def test_two_worker_processes_fire_every_timer_once(router_db: RouterDb) -
         answers.append(json.loads(out.decode().strip().splitlines()[-1])["taken"])
     assert sum(answers) == 2_000  # none fired twice, none left
     print(f"{router_db.backend}: the workers took {answers}")
-    await _assert_each_fired_once_in_order(config, expected)
+    await _assert_each_fired_once_in_order(router, expected)
 
 
 KILLS = 20
@@ -796,8 +799,8 @@ MAX_RUNS = 100
 async def test_a_worker_killed_at_random_points_fires_every_timer_once(
     router_db: RouterDb,
 ) -> None:
-    config = timer_config(router_db)
-    expected = await _wall_clock_timers(config, executions=40, per_execution=20)
+    router = timer_router(router_db)
+    expected = await _wall_clock_timers(router, executions=40, per_execution=20)
     chooser = random.Random(1212)
     job = {"batch": 4, "pause": 0.001, "barrier": False}
     kills = 0
@@ -813,4 +816,4 @@ async def test_a_worker_killed_at_random_points_fires_every_timer_once(
             break
         kills += 1
     assert kills >= KILLS
-    await _assert_each_fired_once_in_order(config, expected)
+    await _assert_each_fired_once_in_order(router, expected)

@@ -25,7 +25,7 @@ from statifier.core import Event
 from statifier.persistence import Storage, UndecodableBlob
 from statifier.persistence.codec import SEALED
 from statifier.persistence.fernet import FernetCodec
-from statifier.router import RouterConfig, StaticResolver
+from statifier.router import Router, RouterConfig, StaticResolver
 from statifier.router.timer_worker import TimerWorker
 from statifier.router.timers import SqlTimerQueue, UnreadableTimer
 from statifier.sql import migrations
@@ -34,28 +34,30 @@ MARKER = "TIMER-MARKER-3e8f"
 TIMER_EVENT = "statifier.router.timer"
 
 
-def sealed_config(router_db: RouterDb, *keys: str) -> RouterConfig:
-    """The timer configuration sealing with the first of ``keys``, opening with any."""
+def sealed_router(router_db: RouterDb, *keys: str) -> Router:
+    """The timer router sealing with the first of ``keys``, opening with any."""
     storage = Storage(router_db.adapter, clock=router_db.clock, codec=FernetCodec(list(keys)))
-    return RouterConfig(
-        storage,
-        bindings=[],
-        resolver=StaticResolver({"tick": chart(TICK), "count": chart(COUNT)}),
-        lock_wait=LOCK_WAIT,
+    return Router(
+        RouterConfig(
+            storage,
+            bindings=[],
+            resolver=StaticResolver({"tick": chart(TICK), "count": chart(COUNT)}),
+            lock_wait=LOCK_WAIT,
+        )
     )
 
 
 @pytest.mark.asyncio
 async def test_a_sealed_timer_payload_fires_with_its_data(router_db: RouterDb) -> None:
     key = FernetCodec.generate_key()
-    config = sealed_config(router_db, key)
-    assert isinstance(config.timers, SqlTimerQueue)
-    assert config.timers.codec is config.storage.codec
-    await create(config, "tick", "ex_1")
+    router = sealed_router(router_db, key)
+    assert isinstance(router.timers, SqlTimerQueue)
+    assert router.timers.codec is router.storage.codec
+    await create(router, "tick", "ex_1")
     now = router_db.clock.now
     secret = Event("tick", data={"card": MARKER})
-    async with config.transaction() as unit:
-        await config.timers.schedule(unit.tx, entry("ex_1", 1, now + SECOND, event=secret))
+    async with router.transaction() as unit:
+        await router.timers.schedule(unit.tx, entry("ex_1", 1, now + SECOND, event=secret))
 
     table = router_db.store.tables.timers
     engine = sa.create_engine(migrations.sync_url(router_db.store.url))
@@ -70,16 +72,16 @@ async def test_a_sealed_timer_payload_fires_with_its_data(router_db: RouterDb) -
     # A queue without the codec cannot read the row: refused, typed, naming the timer.
     plain = SqlTimerQueue(router_db.adapter)
     with pytest.raises(UndecodableBlob, match="the payload of timer 't1' of 'ex_1'"):
-        async with config.transaction() as unit:  # rolled back: the row stays
+        async with router.transaction() as unit:  # rolled back: the row stays
             await plain.take_due(unit.tx, now + SECOND, 10)
-    async with config.transaction() as unit:
+    async with router.transaction() as unit:
         [unreadable] = await plain.claim(unit.tx, now + SECOND, 10)
     assert isinstance(unreadable, UnreadableTimer)
     assert (unreadable.execution_id, unreadable.send_id) == ("ex_1", "t1")
     assert "the payload of timer 't1' of 'ex_1'" in str(unreadable.error)
 
-    assert await TimerWorker(config).fire_due(now + SECOND) == 1
-    assert await logged(config, "ex_1") == [("timer", "tick", {"card": MARKER})]
+    assert await TimerWorker(router).fire_due(now + SECOND) == 1
+    assert await logged(router, "ex_1") == [("timer", "tick", {"card": MARKER})]
 
 
 @pytest.mark.asyncio
@@ -90,29 +92,29 @@ async def test_a_timer_sealed_under_a_missing_key_waits_and_the_others_fire(
     that row (due again ``retry`` later, reported as failed), and fires it once a
     worker with the key runs."""
     key, other = FernetCodec.generate_key(), FernetCodec.generate_key()
-    config = sealed_config(router_db, key)
-    assert config.timers is not None
-    await create(config, "count", "ex_1", "ex_2")
+    router = sealed_router(router_db, key)
+    assert router.timers is not None
+    await create(router, "count", "ex_1", "ex_2")
     now = router_db.clock.now
     elsewhere = SqlTimerQueue(router_db.adapter, FernetCodec([other]))
-    async with config.transaction() as unit:
+    async with router.transaction() as unit:
         await elsewhere.schedule(unit.tx, entry("ex_1", 1, now))
-        await config.timers.schedule(unit.tx, entry("ex_2", 2, now))
-        await config.timers.schedule(unit.tx, entry("ex_2", 3, now))
+        await router.timers.schedule(unit.tx, entry("ex_2", 2, now))
+        await router.timers.schedule(unit.tx, entry("ex_2", 3, now))
 
     reports: list[dict[str, Any]] = []
     telemetry.attach("codec_test", TIMER_EVENT, lambda _, m, meta: reports.append({**m, **meta}))
     try:
-        assert await TimerWorker(config, retry=30).fire_due(now) == 2
+        assert await TimerWorker(router, retry=30).fire_due(now) == 2
     finally:
         telemetry.detach("codec_test")
-    assert [data["k"] for _, _, data in await logged(config, "ex_2")] == [2, 3]
-    assert await logged(config, "ex_1") == []
+    assert [data["k"] for _, _, data in await logged(router, "ex_2")] == [2, 3]
+    assert await logged(router, "ex_1") == []
     [failed] = [r for r in reports if r["outcome"] == "failed"]
     assert (failed["execution_id"], failed["send_id"]) == ("ex_1", "t1")
     assert "UndecodableBlob" in failed["error"]
-    assert await TimerWorker(config).next_due() == now + 30 * SECOND  # kept, put off
+    assert await TimerWorker(router).next_due() == now + 30 * SECOND  # kept, put off
 
-    both = sealed_config(router_db, key, other)
+    both = sealed_router(router_db, key, other)
     assert await TimerWorker(both).fire_due(now + 30 * SECOND) == 1
     assert [data["k"] for _, _, data in await logged(both, "ex_1")] == [1]

@@ -24,7 +24,7 @@ from statifier.chart import Machine, compile_chart
 from statifier.core import Event
 from statifier.expr import Value
 from statifier.persistence import Status
-from statifier.router import Create, Plan, RouterConfig, StaticResolver, deliver_event
+from statifier.router import Create, Plan, Router, StaticResolver
 from statifier.router.timer_worker import TimerWorker
 from statifier.session.clock import VirtualClock
 from statifier.session.live import System
@@ -69,8 +69,8 @@ async def test_a_self_sending_w3c_chart_ends_durably_where_it_ends_live(
 ) -> None:
     live = await _run_virtual(chart.path)
     machine = _compiled(chart)
-    config = router_db.config([], resolver=StaticResolver({chart.name: machine}), lock_wait=30.0)
-    durable = await run_durable(config, router_db.clock, machine, f"ex_{chart.name}")
+    router = router_db.router([], resolver=StaticResolver({chart.name: machine}), lock_wait=30.0)
+    durable = await run_durable(router, router_db.clock, machine, f"ex_{chart.name}")
     finished = bool(set(live) & final_ids(machine))
     assert (durable.status, durable.configuration) == (
         Status.COMPLETED if finished else Status.ACTIVE,
@@ -115,13 +115,12 @@ PARENT = """<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="idle">
 PLAN = Plan("w3c_durable_test", document="doc", create=Create.IF_ABSENT)
 
 
-def _config(router_db: RouterDb, source: str) -> RouterConfig:
-    return router_db.config([], resolver=StaticResolver({"doc": compile_chart(source)}))
+def _router(router_db: RouterDb, source: str) -> Router:
+    return router_db.router([], resolver=StaticResolver({"doc": compile_chart(source)}))
 
 
-async def _go(config: RouterConfig, message_id: str, connection: Connection | None = None) -> str:
-    outcome = await deliver_event(
-        config,
+async def _go(router: Router, message_id: str, connection: Connection | None = None) -> str:
+    outcome = await router.deliver_event(
         PLAN,
         scope=SCOPE,
         key="k1",
@@ -134,9 +133,9 @@ async def _go(config: RouterConfig, message_id: str, connection: Connection | No
     return execution_id
 
 
-async def _at(config: RouterConfig, execution_id: str) -> tuple[tuple[str, ...], dict[str, Value]]:
+async def _at(router: Router, execution_id: str) -> tuple[tuple[str, ...], dict[str, Value]]:
     """The execution's active leaves and datamodel, read back from the storage."""
-    storage = config.storage
+    storage = router.storage
     record = await storage.fetch_execution(execution_id)
     state = storage.load(record, await storage.machine(record.content_hash))
     return tuple(sorted(state.leaf_configuration())), dict(state.datamodel)
@@ -155,21 +154,21 @@ async def _live(source: str) -> tuple[tuple[str, ...], dict[str, Value]]:
 async def test_targetless_sends_come_back_after_the_step_commits_in_send_order(
     router_db: RouterDb,
 ) -> None:
-    config = _config(router_db, ORDER)
+    router = _router(router_db, ORDER)
     # A step that rolls back takes its sends with it: they were rows of its transaction.
-    async with caller_transaction(config) as connection:
-        await _go(config, "m0", connection)
+    async with caller_transaction(router) as connection:
+        await _go(router, "m0", connection)
         await end(connection, commit=False)
     assert table_rows(router_db, "timers") == []
-    execution_id = await _go(config, "m1")
+    execution_id = await _go(router, "m1")
     # Committed, and not yet heard: they wait on the timer queue, due now.
-    leaves, datamodel = await _at(config, execution_id)
+    leaves, datamodel = await _at(router, execution_id)
     assert (leaves, datamodel["seen"]) == (("waiting",), "")
     rows = table_rows(router_db, "timers")
     assert len(rows) == 2
     assert {row["execution_id"] for row in rows} == {execution_id}
-    assert await TimerWorker(config).fire_due(router_db.clock.now) == 2
-    leaves, datamodel = await _at(config, execution_id)
+    assert await TimerWorker(router).fire_due(router_db.clock.now) == 2
+    leaves, datamodel = await _at(router, execution_id)
     assert (leaves, datamodel["seen"]) == (("waiting",), "ba")
     assert datamodel["seen"] == (await _live(ORDER))[1]["seen"]
     assert table_rows(router_db, "timers") == []
@@ -179,10 +178,10 @@ async def test_targetless_sends_come_back_after_the_step_commits_in_send_order(
 async def test_a_send_nothing_performs_reaches_the_chart_as_error_communication(
     router_db: RouterDb,
 ) -> None:
-    config = _config(router_db, PARENT)
-    execution_id = await _go(config, "m1")
+    router = _router(router_db, PARENT)
+    execution_id = await _go(router, "m1")
     # Heard in the same step, as a live session with no parent raises it.
-    leaves, datamodel = await _at(config, execution_id)
+    leaves, datamodel = await _at(router, execution_id)
     assert leaves == ("refused",) == (await _live(PARENT))[0]
     assert isinstance(datamodel["why"], str)
     assert "nothing delivers" in datamodel["why"]

@@ -21,7 +21,7 @@ import sys
 from statifier.core import effects as fx
 from statifier.persistence import EffectContext, Refused
 from statifier.persistence.sql import SqlAdapter
-from statifier.router import RouterConfig, StaticResolver, ledger
+from statifier.router import Router, RouterConfig, StaticResolver, ledger
 from statifier.router.timer_worker import TimerWorker
 from statifier.sql import TableOptions
 
@@ -49,8 +49,9 @@ async def _main(argv: list[str]) -> None:
             executor=slow,
             lock_wait=LOCK_WAIT,
         )
-        worker = TimerWorker(config, batch=int(job["batch"]))
-        await ledger(config)  # connected and warm
+        router = Router(config)
+        worker = TimerWorker(router, batch=int(job["batch"]))
+        await ledger(router)  # connected and warm
         print("ready", flush=True)
         if job.get("barrier"):
             await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)

@@ -24,8 +24,9 @@ from tests.session.test_scxml_sessions import CORPUS
 
 from statifier.chart import Machine
 from statifier.persistence import Status
-from statifier.router import RouterConfig
+from statifier.router import Router
 from statifier.router.timer_worker import TimerWorker
+from statifier.router.transaction import Delivering
 
 __all__ = [
     "SCOPE",
@@ -251,26 +252,26 @@ class DurableEnd:
 
 
 async def run_durable(
-    config: RouterConfig, clock: Clock, machine: Machine, execution_id: str
+    router: Router, clock: Clock, machine: Machine, execution_id: str
 ) -> DurableEnd:
     """Create ``execution_id`` on ``machine`` and fire its timers until it ends, no
     timer is pending, or :data:`MAX_PASSES` passes have run; answer where it stopped,
     read back from the storage.
 
-    The create runs in a router transaction with the unit's ``now`` and ``scope`` set,
-    as a delivery sets them (and as the timer worker does for a fire): the chart's
-    initial sends go through the router's send handler and are timed from the clock.
+    The create runs in a router transaction as a delivery in ``SCOPE`` at the clock's
+    time (as the timer worker's fire is one): the chart's initial sends go through the
+    router's send handler and are timed from the clock.
     The router's doors would step an event into the new execution after the create,
     and W3C charts end in ``fail`` on any event they do not expect.
 
     Each pass fires what is due at the clock, then moves the clock to the next due
     time.
     """
-    async with config.transaction() as unit:
-        unit.now, unit.scope = clock.now, SCOPE
-        await unit.executions.create(execution_id, machine, options=config.start_options)
-    worker = TimerWorker(config, clock=clock)
-    storage = config.storage
+    async with router.transaction() as unit:
+        executions = unit.executions(Delivering(SCOPE, clock.now))
+        await executions.create(execution_id, machine, options=unit.start_options)
+    worker = TimerWorker(router, clock=clock)
+    storage = router.storage
     passes = 0
     while passes < MAX_PASSES:
         passes += 1

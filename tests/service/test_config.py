@@ -15,7 +15,7 @@ from tests.service.helpers import HITS, HITS_BINDING, ORDER, database_table, wri
 from statifier.callbacks import settle
 from statifier.core import Event
 from statifier.persistence.sql import SqlAdapter
-from statifier.router import OutboxDrain, OutboxRoute
+from statifier.router import OutboxDrain, OutboxRoute, Router, error_policy_of
 from statifier.router.routes import IdempotencyKey
 from statifier.service import NotMigrated, ServiceConfigError, load
 from statifier.service.service import prepare_database
@@ -370,23 +370,23 @@ def test_refusals_name_the_table_and_the_key(tmp_path: Path, body: str, said: st
 
 @pytest.mark.asyncio
 async def test_the_errors_table_sets_the_policy_per_document(tmp_path: Path) -> None:
-    config = write_config(
+    path = write_config(
         tmp_path,
         f"{HEAD}[errors]\ndefault = 'fail'\n[errors.documents]\nhits = 'continue'\n",
         {"hits": HITS, "order": ORDER},
     )
-    settings = load(config, {})
+    settings = load(path, {})
     assert (settings.errors.default, dict(settings.errors.documents)) == (
         "fail",
         {"hits": "continue"},
     )
     async with SqlAdapter("sqlite://") as adapter:
-        router = router_config(settings, adapter)
-        policy = router.error_policy
-        hits = (await router.resolve("s", "hits")).machine.identity.content_hash
-        order = (await router.resolve("s", "order")).machine.identity.content_hash
+        config = router_config(settings, adapter)
+        policy = error_policy_of(config.on_error, config.document_on_error, config.resolver)
+        hits = (await config.resolve("s", "hits")).machine.identity.content_hash
+        order = (await config.resolve("s", "order")).machine.identity.content_hash
         assert (policy.of(hits).value, policy.of(order).value) == ("continue", "fail")
-        assert router.timers_elsewhere is False
+        assert config.timers_elsewhere is False
 
 
 def test_a_file_over_the_cap_is_refused_before_it_is_parsed(tmp_path: Path) -> None:
@@ -453,14 +453,15 @@ async def test_the_route_of_a_loaded_file_writes_outbox_rows(tmp_path: Path) -> 
     prepare_database(settings)
     async with SqlAdapter(url) as adapter:
         config = router_config(settings, adapter)
+        router = Router(config)
         found = config.route("any", "r")
         assert found is not None
         key = IdempotencyKey(
             "ex_1", send_id="s", macrostep=1, microstep=1, round=0, content_index=1, ordinal=0
         )
-        async with config.transaction() as unit:
+        async with router.transaction() as unit:
             assert await settle(found[0].deliver(found[1], Event("e"), key, unit.tx, None)) is None
-        rows = await OutboxDrain(config, {}).pending()
+        rows = await OutboxDrain(router.storage, {}).pending()
         assert [(row.queue, row.key) for row in rows] == [("q", str(key))]
 
 
@@ -494,12 +495,14 @@ async def test_a_failing_worker_is_reported_and_started_again() -> None:
             raise ConnectionError("the database went away")
         await stop.wait()
 
-    part = Supervised("timers", work, stop)
+    part = Supervised("timers", work, stop, first_restart=0.5)
     assert part.trouble() == "not running"
     part.start()
     await asyncio.sleep(0.1)
     assert part.trouble() == "restarting after ConnectionError"
-    await asyncio.sleep(1.2)  # FIRST_RESTART later, it runs again
+    async with asyncio.timeout(10):  # first_restart later, it runs again
+        while len(runs) < 2:  # noqa: ASYNC110 - polls the part's runs
+            await asyncio.sleep(0.01)
     assert (runs, part.trouble()) == ([0, 1], None)
     stop.set()
     assert part.task is not None

@@ -15,6 +15,7 @@ from statifier.core import Event
 from statifier.persistence import PLAIN, Executions
 from statifier.persistence.fernet import FernetCodec
 from statifier.persistence.sql import SqlAdapter
+from statifier.router import Router
 from statifier.router.timers import SqlTimerQueue
 from statifier.service import ServiceConfigError, load
 from statifier.service.wiring import router_config
@@ -46,12 +47,12 @@ async def test_the_router_storage_encrypts_with_the_newest_key(tmp_path: Path) -
     migrations.upgrade(url, options)
     chart = compile_chart(NOTED)
     async with SqlAdapter(url, options) as adapter:
-        config = router_config(settings, adapter)
-        assert config.storage.codec is settings.codec
-        assert isinstance(config.timers, SqlTimerQueue)
-        assert config.timers.codec is settings.codec  # timer payloads sealed too
-        await Executions(config.storage).create("served-1", chart)
-        await Executions(config.storage).step("served-1", chart, Event("hit"))
+        router = Router(router_config(settings, adapter))
+        assert router.storage.codec is settings.codec
+        assert isinstance(router.timers, SqlTimerQueue)
+        assert router.timers.codec is settings.codec  # timer payloads sealed too
+        await Executions(router.storage).create("served-1", chart)
+        await Executions(router.storage).step("served-1", chart, Event("hit"))
     engine = sa.create_engine(url)
     try:
         with engine.connect() as connection:

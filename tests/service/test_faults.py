@@ -34,6 +34,7 @@ import pytest
 from tests.fronts.kafka_broker import (
     KafkaBroker,
     create_topic,
+    fast_group_toml,
     kafka_broker,  # noqa: F401 - the fixture
     produce,
     start_kafka_broker,
@@ -45,7 +46,7 @@ from tests.service.helpers import HITS, running, write_config
 from tests.service.own_postgres import OwnPostgres, own_postgres  # noqa: F401 - the fixture
 
 from statifier.persistence.sql import SqlAdapter
-from statifier.router import RouterConfig, ledger
+from statifier.router import Router, ledger
 from statifier.service import load
 from statifier.service.wiring import router_config
 from statifier.sql import TableOptions
@@ -101,8 +102,7 @@ topics = ["{topic}"]
 group = "{group}"
 
 [sources.clicks.settings]
-"session.timeout.ms" = 6000
-"heartbeat.interval.ms" = 500
+{fast_group_toml()}
 "reconnect.backoff.max.ms" = 1000
 
 [sources.clicks.consumer]
@@ -119,14 +119,14 @@ def _hits(first: int, count: int) -> list[tuple[bytes, bytes]]:
     return records
 
 
-def _router(config: Path) -> tuple[SqlAdapter, RouterConfig]:
+def _router(config: Path) -> tuple[SqlAdapter, Router]:
     settings = load(config)
     options = TableOptions(prefix=settings.database.prefix, schema=settings.database.schema)
     adapter = SqlAdapter(settings.database.url, options)
-    return adapter, router_config(settings, adapter)
+    return adapter, Router(router_config(settings, adapter))
 
 
-async def _stepped(router: RouterConfig) -> Counter[str]:
+async def _stepped(router: Router) -> Counter[str]:
     """How often each message was stepped into its execution (duplicates aside)."""
     rows = await ledger(router)
     assert {row.outcome for row in rows} <= {"created_and_delivered", "delivered", "duplicate"}
@@ -135,7 +135,7 @@ async def _stepped(router: RouterConfig) -> Counter[str]:
     )
 
 
-async def _until_stepped(router: RouterConfig, expected: set[str]) -> None:
+async def _until_stepped(router: Router, expected: set[str]) -> None:
     deadline = time.monotonic() + WAIT
     while set(await _stepped(router)) != expected:
         assert time.monotonic() < deadline, "not every event was stepped in time"
@@ -270,7 +270,7 @@ async def test_the_database_stopped_20_seconds_and_started_again(
         await adapter.close()
 
 
-async def _until_stepped_any(router: RouterConfig, wanted: set[str]) -> None:
+async def _until_stepped_any(router: Router, wanted: set[str]) -> None:
     """Wait until one of ``wanted`` is stepped (the database's reads may fail at first:
     the test's own pool reconnects too)."""
     deadline = time.monotonic() + WAIT

@@ -198,12 +198,17 @@ async def test_a_trickling_head_and_1100_idle_connections_do_not_hold_the_servic
     assert len(during) < 15, "\n".join(during)
 
 
+IDLE = 1.5
+"""The held connections' idle deadline: the outage it makes outlasts a few accept
+attempts, and the test waits for it to end."""
+
+
 @pytest.mark.asyncio
 async def test_accept_failures_are_a_line_an_interval_and_the_service_comes_back(
     tmp_path: Path,
 ) -> None:
     client_files(HELD + 200)
-    config = served_config(tmp_path, "max_connections = 5000")
+    config = served_config(tmp_path, f"max_connections = 5000\nidle_timeout = {IDLE}")
     served = await start_serve(config, tmp_path / "serve.log", max_files=LIMIT)
     assert "max_connections = 5000 is over" in served.stderr()
     held = Held()
@@ -212,8 +217,8 @@ async def test_accept_failures_are_a_line_an_interval_and_the_service_comes_back
         async with asyncio.timeout(30):
             while "accepting a connection failed" not in served.stderr():  # noqa: ASYNC110
                 await asyncio.sleep(0.1)
-        # The held connections are closed at their idle deadline (5 s), and the
-        # service answers again.
+        # The held connections are closed at their idle deadline, and the service
+        # answers again.
         async with asyncio.timeout(60):
             while True:
                 with contextlib.suppress(httpx.HTTPError):

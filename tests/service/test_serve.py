@@ -44,11 +44,10 @@ from statifier.router import (
     InboundEvent,
     OutboxDrain,
     OutboxMessage,
-    RouterConfig,
+    Router,
+    TimerWorker,
     ledger,
-    route,
 )
-from statifier.router.timer_worker import TimerWorker
 from statifier.service import Service, load
 from statifier.service.settings import HttpSink
 from statifier.service.sinks import IDEMPOTENCY_HEADER, HttpPostSink, SinkFailed, body_of
@@ -68,12 +67,12 @@ def options_of(database: FreshDatabase) -> TableOptions:
 @contextlib.asynccontextmanager
 async def router_on(
     config_path: Path, database: FreshDatabase
-) -> Any:  # an async iterator of RouterConfig
-    """The router configuration the file names, over an adapter of the test's own."""
+) -> Any:  # an async iterator of Router
+    """The router of the configuration the file names, over an adapter of the test's own."""
     settings = load(config_path)
     adapter = SqlAdapter(database.url, options_of(database))
     try:
-        yield router_config(settings, adapter)
+        yield Router(router_config(settings, adapter))
     finally:
         await adapter.close()
 
@@ -297,9 +296,9 @@ def _drained_by(record: Path, served: Served) -> bool:
     return any(line["pid"] == served.process.pid for line in recorded(record))
 
 
-async def _until_settled(router: RouterConfig) -> None:
+async def _until_settled(router: Router) -> None:
     """Wait until no timer and no outbox row is pending."""
-    drain = OutboxDrain(router, {})
+    drain = OutboxDrain(router.storage, {})
     timers = TimerWorker(router)
     deadline = time.monotonic() + 30
     while await drain.pending() or await timers.next_due() is not None:
@@ -515,7 +514,7 @@ async def test_a_stop_cut_short_by_the_bound_exits_1_in_time(tmp_path: Path) -> 
     try:
         async with router_on(config, database) as router:
             event = InboundEvent(scope="shop", source="shop", message_id="o1", data={"order": "o1"})
-            await route(router, event)
+            await router.route(event)
         deadline = time.monotonic() + 30
         while not recorded(record):  # the sink is called, and hangs
             assert time.monotonic() < deadline, served.stderr()

@@ -24,7 +24,7 @@ from tests.service.helpers import database_table, start_serve, until, write_conf
 from statifier import executions_command
 from statifier.persistence import Status, Storage
 from statifier.persistence.sql import SqlAdapter
-from statifier.router import ledger
+from statifier.router import Router, ledger
 from statifier.service import load
 from statifier.service.wiring import router_config
 from statifier.sql import TableOptions
@@ -127,7 +127,7 @@ async def test_the_newcomers_error_is_seen_everywhere_an_operator_looks(
                 settings.database.url,
                 TableOptions(prefix="t_", schema=database.schema),
             ) as adapter:
-                router = router_config(settings, adapter)
+                router = Router(router_config(settings, adapter))
                 storage = Storage(adapter)
                 rows = {row.key: row for row in await ledger(router)}
                 assert (rows["o-1"].outcome, rows["o-2"].outcome) == (

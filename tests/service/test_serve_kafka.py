@@ -24,6 +24,7 @@ from tests.fronts.kafka_broker import (
     KafkaBroker,
     committed,
     create_topic,
+    fast_group_toml,
     kafka_broker,  # noqa: F401 - the fixture
     produce,
     unique,
@@ -33,7 +34,7 @@ from tests.service.helpers import HITS, Served, database_table, start_serve, wri
 
 from statifier.persistence import Executions
 from statifier.persistence.sql import SqlAdapter
-from statifier.router import RouterConfig, address, ledger
+from statifier.router import Router, address, ledger
 from statifier.service import load
 from statifier.service.wiring import router_config
 from statifier.sql import TableOptions
@@ -98,8 +99,7 @@ topics = ["{topic}"]
 group = "{group}"
 
 [sources.clicks.settings]
-"session.timeout.ms" = 6000
-"heartbeat.interval.ms" = 500
+{fast_group_toml()}
 
 [sources.clicks.consumer]
 commit_interval = 0.05
@@ -151,7 +151,7 @@ class Run:
     config: Path
     directory: Path
     adapter: SqlAdapter
-    router: RouterConfig
+    router: Router
     served: list[Served] = field(default_factory=list)
 
     async def start(self, name: str) -> Served:
@@ -197,7 +197,7 @@ def _ends(hits: list[Hit]) -> dict[int, int]:
     return ends
 
 
-async def _logged(router: RouterConfig, key: str) -> list[int]:
+async def _logged(router: Router, key: str) -> list[int]:
     """The ``seq`` of every hit in the input log of ``key``'s execution, in log order."""
     found = await address(router, SCOPE, "hits", key)
     assert found is not None, key
@@ -225,7 +225,7 @@ async def test_two_services_in_one_group_each_killed_once_step_every_hit_once(
     options = TableOptions(prefix=settings.database.prefix, schema=settings.database.schema)
     adapter = SqlAdapter(settings.database.url, options)
     began = time.monotonic()
-    run = Run(config, tmp_path, adapter, router_config(settings, adapter))
+    run = Run(config, tmp_path, adapter, Router(router_config(settings, adapter)))
     producing: asyncio.Task[None] | None = None
     try:
         async with asyncio.timeout(DEADLINE):

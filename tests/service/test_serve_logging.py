@@ -33,7 +33,7 @@ from tests.service.helpers import HITS, HITS_BINDING, running, start_serve, writ
 from statifier import telemetry
 from statifier.extras import MissingExtra
 from statifier.persistence.sql import SqlAdapter
-from statifier.router import LedgerRow, ledger
+from statifier.router import LedgerRow, Router, ledger
 from statifier.service import Service, load
 from statifier.service.wiring import router_config
 from statifier.sql import TableOptions
@@ -91,7 +91,7 @@ def with_password(database_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterato
 async def ledger_of(url: str, schema: str | None, config: Path) -> list[LedgerRow]:
     adapter = SqlAdapter(url, TableOptions(prefix="t_", schema=schema))
     try:
-        return await ledger(router_config(load(config), adapter))
+        return await ledger(Router(router_config(load(config), adapter)))
     finally:
         await adapter.close()
 

@@ -23,6 +23,7 @@ from tests.fronts.kafka_broker import (  # noqa: F401 - the fixture
     KafkaBroker,
     committed,
     create_topic,
+    fast_group_toml,
     kafka_broker,
     produce,
     unique,
@@ -32,7 +33,7 @@ from tests.service.helpers import HITS, HITS_BINDING, running, until, write_conf
 
 from statifier.fronts.nats import MESSAGE_ID_HEADER
 from statifier.persistence.sql import SqlAdapter
-from statifier.router import LedgerRow, RouterConfig, ledger
+from statifier.router import LedgerRow, Router, ledger
 from statifier.service import load
 from statifier.service.wiring import router_config
 
@@ -51,7 +52,7 @@ def served(tmp_path: Path, tables: str) -> Path:
 async def rows_of(config: Path) -> list[LedgerRow]:
     settings = load(config)
     async with SqlAdapter(settings.database.url) as adapter:
-        router: RouterConfig = router_config(settings, adapter)
+        router = Router(router_config(settings, adapter))
         return await ledger(router)
 
 
@@ -71,7 +72,7 @@ topics = ["{topic}"]
 group = "{group}"
 
 [sources.clicks.settings]
-"session.timeout.ms" = 10000
+{fast_group_toml()}
 
 [sources.clicks.consumer]
 commit_interval = 0.05

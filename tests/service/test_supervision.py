@@ -13,6 +13,7 @@ from tests.service.helpers import HITS, HITS_BINDING, write_config
 
 from statifier.fronts.table_source import TableSource
 from statifier.persistence.sql import SqlAdapter
+from statifier.router import Router
 from statifier.service import load
 from statifier.service.consumers import (
     FIRST_RESTART,
@@ -35,6 +36,9 @@ def test_the_backoff_doubles_to_its_cap_and_starts_over_after_a_healthy_run() ->
     assert restarts.after(ran=HEALTHY_RUN - 1) == LAST_RESTART
     assert restarts.after(ran=HEALTHY_RUN) == FIRST_RESTART
     assert restarts.after(ran=0.0) == 2.0
+    shorter = Restarts(0.25)
+    assert [shorter.after(ran=1.0) for _ in range(3)] == [0.25, 0.5, 1.0]
+    assert shorter.after(ran=HEALTHY_RUN) == 0.25
 
 
 @pytest.mark.asyncio
@@ -49,25 +53,26 @@ async def test_a_failing_worker_restarts_says_so_and_logs_one_line_per_interval(
         runs.append(asyncio.get_running_loop().time())
         raise ConnectionError("the database went away")
 
-    worker = Supervised("timers", work, stop)
+    first = 0.2
+    worker = Supervised("timers", work, stop, first_restart=first)
     worker.start()
     try:
         async with asyncio.timeout(20):
-            while len(runs) < 3:  # noqa: ASYNC110 - failed at once, after 1 s, after 2 s more
+            while len(runs) < 3:  # noqa: ASYNC110 - failed at once, after 0.2 s, after 0.4 s more
                 await asyncio.sleep(0.01)
         assert worker.trouble() == "restarting after ConnectionError"
     finally:
         stop.set()
         assert worker.task is not None
         await worker.task
-    assert runs[1] - runs[0] >= 0.9
-    assert runs[2] - runs[1] >= 1.9
+    assert runs[1] - runs[0] >= first * 0.9
+    assert runs[2] - runs[1] >= 2 * first * 0.9
     failed = [r for r in caplog.records if r.getMessage().startswith("timers failed")]
     assert len(failed) == 1  # three failures of one kind within the interval
     assert [vars(failed[0])[k] for k in ("part", "error", "restart_in")] == [
         "timers",
         "ConnectionError",
-        FIRST_RESTART,
+        first,
     ]
     assert failed[0].exc_info is not None
     assert worker.trouble() == "not running"
@@ -90,7 +95,7 @@ partitions = ["0", "1"]
     settings = load(config)
     adapter = SqlAdapter(url)
     try:
-        router = router_config(settings, adapter)
+        router = Router(router_config(settings, adapter))
         [source] = settings.sources
         first = build_source(source, router, str(config))
         again = build_source(source, router, str(config))

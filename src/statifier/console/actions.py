@@ -17,7 +17,7 @@ refused action has written nothing and calls no ``record``.
 - :func:`retry_outbox`: :meth:`statifier.router.OutboxDrain.retry_dead_in` of one row.
 - :func:`discard_outbox`: deletes one dead-lettered outbox row (never a pending one).
 - :func:`retry_consumer`: routes a consumer dead letter's event again with
-  :func:`statifier.router.route` (the router's dedupe answers a message already
+  :meth:`statifier.router.Router.route` (the router's dedupe answers a message already
   delivered ``duplicate``), then deletes the dead letter and records, in one
   transaction after the routing (the routing cannot join it: see the function).
 - :func:`discard_consumer`: deletes one consumer dead letter.
@@ -39,11 +39,11 @@ from statifier.router import (
     ConfigError,
     InboundEvent,
     OutboxDrain,
-    RouterConfig,
+    Router,
     RouterError,
-    route,
 )
 from statifier.router.locations import NoLocation, rotate_location_in
+from statifier.router.transaction import Delivering
 from statifier.sql.dead_letters import DeadLetterTable
 from statifier.sql.engines import run_on
 from statifier.sql.outbox import OutboxTable
@@ -109,7 +109,7 @@ def row_id(tables: Tables, text: str) -> int | uuid.UUID:
         raise Refused(f"{text[:40]!r} is not a row id") from None
 
 
-async def cancel(config: RouterConfig, execution_id: str, *, record: Record) -> Done:
+async def cancel(router: Router, execution_id: str, *, record: Record) -> Done:
     """Cancel ``execution_id`` (and the durable children it started), ``record`` in the
     same router transaction.
 
@@ -117,9 +117,11 @@ async def cancel(config: RouterConfig, execution_id: str, *, record: Record) -> 
         Refused: no such execution, or it has ended already (nothing written).
     """
     done = Done(f"cancelled execution {execution_id!r}")
-    async with config.transaction() as unit:
+    async with router.transaction() as unit:
+        # Sends of the exit handlers resolve in no scope, timed from now.
+        executions = unit.executions(Delivering(None, router.storage.clock()))
         try:
-            answer = await unit.executions.cancel(execution_id)
+            answer = await executions.cancel(execution_id)
         except ExecutionNotFound:
             raise Refused(f"no execution {execution_id!r}") from None
         if isinstance(answer, Discarded):
@@ -129,23 +131,23 @@ async def cancel(config: RouterConfig, execution_id: str, *, record: Record) -> 
     return done
 
 
-async def retry_outbox(config: RouterConfig, row: int | uuid.UUID, *, record: Record) -> Done:
+async def retry_outbox(router: Router, row: int | uuid.UUID, *, record: Record) -> Done:
     """Re-arm one dead outbox row: due at once, with a fresh round of attempts;
     ``record`` in the same transaction.
 
     Raises:
         Refused: no dead row with that id.
     """
-    drain = OutboxDrain(config, {})
+    drain = OutboxDrain(router.storage, {})
     done = Done(f"outbox row {row} is due again")
-    async with config.transaction() as unit:
+    async with router.transaction() as unit:
         if await drain.retry_dead_in(unit.tx, row) == 0:
             raise Refused(f"no dead outbox row {row}")
         await record(unit.tx, done)
     return done
 
 
-async def discard_outbox(config: RouterConfig, row: Any, *, record: Record) -> Done:
+async def discard_outbox(router: Router, row: Any, *, record: Record) -> Done:
     """Delete one dead outbox row (a row still pending or sent is left alone);
     ``record`` in the same transaction.
 
@@ -153,23 +155,23 @@ async def discard_outbox(config: RouterConfig, row: Any, *, record: Record) -> D
         Refused: no dead row with that id.
     """
     done = Done(f"discarded dead outbox row {row}")
-    async with config.transaction() as unit:
-        outbox = OutboxTable(config.adapter.tables, config.adapter.dialect)
+    async with router.transaction() as unit:
+        outbox = OutboxTable(router.adapter.tables, router.adapter.dialect)
         if await outbox.delete_dead(unit.tx.driver, row) == 0:
             raise Refused(f"no dead outbox row {row}")
         await record(unit.tx, done)
     return done
 
 
-async def discard_consumer(config: RouterConfig, row: Any, *, record: Record) -> Done:
+async def discard_consumer(router: Router, row: Any, *, record: Record) -> Done:
     """Delete one consumer dead letter; ``record`` in the same transaction.
 
     Raises:
         Refused: no dead letter with that id.
     """
     done = Done(f"discarded consumer dead letter {row}")
-    async with config.transaction() as unit:
-        letters = DeadLetterTable(config.adapter.tables, config.adapter.dialect)
+    async with router.transaction() as unit:
+        letters = DeadLetterTable(router.adapter.tables, router.adapter.dialect)
         if await letters.delete(unit.tx.driver, row) == 0:
             raise Refused(f"no consumer dead letter {row}")
         await record(unit.tx, done)
@@ -177,7 +179,7 @@ async def discard_consumer(config: RouterConfig, row: Any, *, record: Record) ->
 
 
 async def retry_consumer(
-    config: RouterConfig, row: Any, scopes: Mapping[str, str], *, record: Record
+    router: Router, row: Any, scopes: Mapping[str, str], *, record: Record
 ) -> Done:
     """Route one consumer dead letter's event again, then delete the dead letter and
     ``record``, those two in one transaction.
@@ -188,7 +190,7 @@ async def retry_consumer(
     its fixed scope, from the service's configuration) and the message id from the
     letter.
 
-    The routing is :func:`statifier.router.route`, which opens transactions of its own
+    The routing is :meth:`statifier.router.Router.route`, which opens transactions of its own
     (one per binding the event matches) and cannot join the delete's: it stays the
     router's one way in, with its locks and its dedupe. The dedupe is what makes the
     order safe: if the process dies after the routing and before the delete, the
@@ -202,7 +204,7 @@ async def retry_consumer(
             message id, a source whose scope is not fixed).
         Exception: the routing failed (the letter stays).
     """
-    adapter = config.adapter
+    adapter = router.adapter
     letters = adapter.tables.consumer_dead_letters
     query = sa.select(letters.c.source, letters.c.message_id, letters.c.raw).where(
         letters.c.id == row
@@ -212,14 +214,14 @@ async def retry_consumer(
         raise Refused(f"no consumer dead letter {row}")
     source, message_id, raw = found
     try:  # the raw bytes are stored encoded under the configuration's codec
-        plain = config.storage.codec.decode(bytes(raw))
+        plain = router.storage.codec.decode(bytes(raw))
     except UndecodableBlob as undecodable:
         raise Refused(f"the dead letter's bytes cannot be decoded: {undecodable}") from None
     event = _event(str(source), message_id, plain, scopes)
-    routed = await route(config, event)
+    routed = await router.route(event)
     outcomes = ", ".join(type(outcome).__name__ for outcome in routed.outcomes) or "no binding"
     done = Done(f"routed consumer dead letter {row} again: {outcomes}")
-    async with config.transaction() as unit:
+    async with router.transaction() as unit:
         table = DeadLetterTable(adapter.tables, adapter.dialect)
         await table.delete(unit.tx.driver, row)
         await record(unit.tx, done)
@@ -256,7 +258,7 @@ def _event(
         raise Refused(f"the dead letter holds no valid event: {error}") from None
 
 
-async def rotate(config: RouterConfig, execution_id: str, *, record: Record) -> Done:
+async def rotate(router: Router, execution_id: str, *, record: Record) -> Done:
     """Give ``execution_id`` a new BasicHTTP location; the old one reaches nothing.
     ``record`` runs in the rotation's transaction; the new location is the answer's
     ``secret``, never handed to ``record`` but inside that answer.
@@ -265,9 +267,9 @@ async def rotate(config: RouterConfig, execution_id: str, *, record: Record) -> 
         Refused: the console has no BasicHTTP base URL, or the execution has no
             location.
     """
-    async with config.transaction() as unit:
+    async with router.transaction() as unit:
         try:
-            location = await rotate_location_in(unit, config, execution_id)
+            location = await rotate_location_in(unit, execution_id)
         except (ConfigError, NoLocation) as error:
             raise Refused(str(error)) from None
         done = Done(f"rotated the BasicHTTP location of {execution_id!r}", secret=location)

@@ -95,7 +95,7 @@ from statifier.extras import MissingExtra
 from statifier.persistence import LoggedInput, Status
 from statifier.persistence.sql import SqlTransaction
 from statifier.persistence.step_errors import MAX_STEP_ERRORS
-from statifier.router import Binding, RouterConfig
+from statifier.router import Binding, Router
 
 try:
     from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
@@ -231,7 +231,7 @@ class Console:
         queries: the read side over the database shown.
         audit: where actions are recorded: the database and tables of ``router``'s
             adapter (a done action's row is written in the action's transaction).
-        router: the router's configuration over the same database: actions go through
+        router: the router over the same database: actions go through
             it (its ``basichttp`` decides whether locations can be rotated).
         sessions: the operators and the session cookie.
         configured: the service's bindings and routes, ``None`` when not served by
@@ -244,7 +244,7 @@ class Console:
 
     queries: ConsoleQueries
     audit: Audit
-    router: RouterConfig
+    router: Router
     sessions: Sessions
     configured: Configured | None = None
     scopes: Mapping[str, str] = field(default_factory=dict)
@@ -265,7 +265,7 @@ class Console:
     @classmethod
     def of(
         cls,
-        router: RouterConfig,
+        router: Router,
         sessions: Sessions,
         *,
         scriba: ScribaTables | None = None,
@@ -862,7 +862,7 @@ class _Pages:
                 ledger=detail.ledger,
                 addresses=detail.addresses,
                 audit=audit.rows,
-                rotatable=console.router.basichttp is not None and bool(detail.addresses),
+                rotatable=console.router.config.basichttp is not None and bool(detail.addresses),
             )
 
         return await self.page(request, build)

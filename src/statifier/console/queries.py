@@ -1248,18 +1248,7 @@ def _outbox(row: sa.Row[Any], codec: BlobCodec) -> OutboxRow:
 
 
 def _ledger(row: sa.Row[Any]) -> LedgerRow:
-    return LedgerRow(
-        row.binding_id,
-        message_id=row.message_id,
-        scope=row.scope,
-        source=row.source,
-        outcome=row.outcome,
-        reason=row.reason,
-        document=row.document,
-        key=row.key,
-        execution_id=row.execution_id,
-        inserted_at=row.inserted_at,
-    )
+    return LedgerRow.of(row._asdict())
 
 
 def _address(row: sa.Row[Any]) -> AddressView:

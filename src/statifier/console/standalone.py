@@ -167,8 +167,7 @@ async def _serve(
 
     from statifier.persistence import Storage
     from statifier.persistence.sql import SqlAdapter
-    from statifier.router import RouterConfig, StaticResolver
-    from statifier.router.locations import BasicHttpLocations
+    from statifier.router import BasicHttpLocations, Router, RouterConfig, StaticResolver
 
     scriba = None
     if options.scriba_prefix is not None:
@@ -184,13 +183,15 @@ async def _serve(
                 raise ConsoleRefused(str(error)) from None
         # No bindings: the console routes nothing of its own; its router configuration
         # is what its actions (cancel, retry, rotate) run through.
-        router = RouterConfig(
-            Storage(adapter, codec=options.codec),
-            bindings=[],
-            resolver=StaticResolver({}),
-            basichttp=locations,
-            # The service on the same database fires the timers.
-            timers_elsewhere=True,
+        router = Router(
+            RouterConfig(
+                Storage(adapter, codec=options.codec),
+                bindings=[],
+                resolver=StaticResolver({}),
+                basichttp=locations,
+                # The service on the same database fires the timers.
+                timers_elsewhere=True,
+            )
         )
         sessions = Sessions(operators, key=options.session_key, secure=options.secure_cookie)
         console = Console.of(router, sessions, scriba=scriba)

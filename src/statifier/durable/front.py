@@ -63,7 +63,7 @@ _T = TypeVar("_T")
 
 if TYPE_CHECKING:
     from statifier.persistence.adapter import Adapter
-    from statifier.router import RouterConfig, Sink
+    from statifier.router import Router, Sink
     from statifier.sql import TableOptions
 
 _DESCRIBED_ERRORS: Final = 20
@@ -115,7 +115,7 @@ class Durable:
             as given by default (:data:`~statifier.persistence.PLAIN`).
 
     On a SQL database the calls step through the router's transaction
-    (:mod:`statifier.router`), as :func:`~statifier.router.route` does: a delayed
+    (:mod:`statifier.router`), as :meth:`~statifier.router.Router.route` does: a delayed
     ``<send>`` and a send to the execution itself become rows of the database's timer
     queue, a BasicHTTP send a row of its outbox, each committed with the step; a
     ``<cancel>`` deletes them. :meth:`run` fires the timers and drains the outbox as
@@ -159,7 +159,7 @@ class Durable:
         self._names = {machine.identity.content_hash: n for n, machine in self._charts.items()}
         self._on_error = self._policy(on_error)
         self._executions: Executions | None = None
-        self._router: RouterConfig | None = None
+        self._router: Router | None = None
         self._owned: Adapter | None = None
         self._workers = 0
 
@@ -545,11 +545,10 @@ class Durable:
             Exception: a worker's pass failed (the database went away).
         """
         router = self._sql("run its workers")
-        from statifier.router import OutboxDrain
-        from statifier.router.timer_worker import TimerWorker
+        from statifier.router import OutboxDrain, TimerWorker
 
         stopping = stop or asyncio.Event()
-        drain = OutboxDrain(router, _sinks(router, sinks))
+        drain = OutboxDrain(router.storage, _sinks(router, sinks))
         self._workers += 1
         try:
             await asyncio.gather(TimerWorker(router).run(stopping), drain.run(stopping))
@@ -564,13 +563,13 @@ class Durable:
         Raises:
             RuntimeError: not open, or the database is not SQL (no timer queue).
         """
-        from statifier.router.timer_worker import TimerWorker
+        from statifier.router import TimerWorker
 
         return await TimerWorker(self._sql("fire timers")).fire_due(now)
 
     # Helpers.
 
-    def _sql(self, what: str) -> RouterConfig:
+    def _sql(self, what: str) -> Router:
         router = self._router
         if router is None:
             if self._executions is None:
@@ -584,9 +583,12 @@ class Durable:
         router = self._router
         if router is None:
             return await work(self.executions)
+        from statifier.router.transaction import Delivering
+
         async with router.transaction() as unit:
-            unit.now = router.storage.clock()
-            return await work(unit.executions)
+            # A call of the host's delivers nothing: its sends resolve in no scope, and
+            # its delayed sends are timed from now.
+            return await work(unit.executions(Delivering(None, router.storage.clock())))
 
     async def _timers(self, execution_id: str) -> tuple[PendingTimer, ...]:
         """The execution's pending timers (none without a timer queue)."""
@@ -700,18 +702,18 @@ def _router(
     executor: Executor,
     lock_wait: float | None,
     on_error: ErrorPolicy,
-) -> RouterConfig | None:
-    """The router configuration the front door steps through on a SQL database: no
-    binding, the charts by name as documents, the built-in timer queue; ``None`` on
-    another adapter."""
+) -> Router | None:
+    """The router the front door steps through on a SQL database: no binding, the
+    charts by name as documents, the built-in timer queue; ``None`` on another
+    adapter."""
     from statifier.persistence.sql import SqlAdapter
 
     if not isinstance(storage.adapter, SqlAdapter):
         return None
-    from statifier.router import RouterConfig, StaticResolver
+    from statifier.router import Router, RouterConfig, StaticResolver
 
     documents: dict[str | tuple[str, str], Machine] = dict(charts.items())
-    return RouterConfig(
+    config = RouterConfig(
         storage,
         bindings=(),
         resolver=StaticResolver(documents),
@@ -719,12 +721,13 @@ def _router(
         lock_wait=lock_wait,
         on_error=on_error,
     )
+    return Router(config)
 
 
-def _sinks(router: RouterConfig, given: Mapping[str, Sink] | None) -> dict[str, Sink]:
+def _sinks(router: Router, given: Mapping[str, Sink] | None) -> dict[str, Sink]:
     """The outbox's sinks: ``given``, and the BasicHTTP sink for BasicHTTP sends when
     the ``http`` extra is installed and none was given for them."""
-    from statifier.router.sending import BASICHTTP_QUEUE
+    from statifier.router import BASICHTTP_QUEUE
 
     sinks = dict(given or {})
     if BASICHTTP_QUEUE not in sinks:

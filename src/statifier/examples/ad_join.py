@@ -43,13 +43,13 @@ from statifier.router import (
     OutboxDrain,
     OutboxMessage,
     OutboxRoute,
+    Router,
     RouterConfig,
     StaticResolver,
+    TimerWorker,
     address,
     ledger,
-    route,
 )
-from statifier.router.timer_worker import TimerWorker
 from statifier.sql import migrations
 
 __all__ = ["BINDINGS", "CHART", "DOCUMENT", "SCOPE", "run"]
@@ -165,27 +165,28 @@ async def run(url: str, out: TextIO) -> list[LedgerRow]:
             # The demo fires the timers itself, a virtual day later.
             timers_elsewhere=True,
         )
+        router = Router(config)
         for minute, event in enumerate(events):
             clock[0] = _START + timedelta(minutes=minute)
-            await route(config, event)
-        rows = await ledger(config)
+            await router.route(event)
+        rows = await ledger(router)
         _print_ledger(rows, out)
         clock[0] = _START + timedelta(hours=25)  # the virtual clock moves a day on
-        fired = await TimerWorker(config).fire_due()
+        fired = await TimerWorker(router).fire_due()
         out.write(f"\n  a day later: {fired} click window(s) closed by the timer queue\n")
         out.write("\n  outbox, drained after the commit:\n")
 
         def sink(message: OutboxMessage) -> None:
             out.write(f"    {message.queue:<9} {message.event.name:<20} {message.event.data}\n")
 
-        await OutboxDrain(config, {"joined": sink, "orphaned": sink}).drain_once()
+        await OutboxDrain(router.storage, {"joined": sink, "orphaned": sink}).drain_once()
         out.write("\n  joins:\n")
         for key in ("imp_1", "imp_2", "imp_3", "imp_404"):
-            found = await address(config, SCOPE, DOCUMENT, key)
+            found = await address(router, SCOPE, DOCUMENT, key)
             if found is None:
                 out.write(f"    {key:<8} no execution\n")
                 continue
-            record = await config.storage.fetch_execution(found.execution_id)
+            record = await router.storage.fetch_execution(found.execution_id)
             out.write(f"    {key:<8} {record.status.value}\n")
     return rows
 

@@ -34,8 +34,7 @@ from typing import Final, TextIO
 from statifier.durable import Durable
 from statifier.extras import MissingExtra
 from statifier.persistence.sql import SqlAdapter
-from statifier.router import OutboxDrain, OutboxMessage, address, ledger
-from statifier.router.locations import location as location_of
+from statifier.router import OutboxDrain, OutboxMessage, Router, address, ledger
 from statifier.service import Service, load, router_config
 
 try:
@@ -185,8 +184,8 @@ async def run(directory: Path, out: TextIO) -> int:
     base = f"http://127.0.0.1:{port}"
     out.write(f"  statifier serve {config_file.name}: listening on {base}\n\n")
     adapter = SqlAdapter(f"sqlite:///{database}")
-    router = router_config(settings, adapter)
-    drain = OutboxDrain(router, {})
+    router = Router(router_config(settings, adapter))
+    drain = OutboxDrain(router.storage, {})
     try:
         async with httpx.AsyncClient(base_url=base) as client:
             scan = {"kind": "scan", "parcel_id": "p_1042771", "depot": "north"}
@@ -213,7 +212,7 @@ async def run(directory: Path, out: TextIO) -> int:
 
                 await _until(overdue)
                 out.write("  ... one second later the overdue timer fired: the parcel is overdue\n")
-                location = await location_of(router, execution_id)
+                location = await router.location(execution_id)
                 assert location is not None
                 token = location.removeprefix(f"{base}/scxml/")
                 posted = await client.post(

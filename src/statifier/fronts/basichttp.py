@@ -22,9 +22,10 @@ row a location, ``<base_url>/<token>`` (:mod:`statifier.router.locations`).
 - 500 for a delivery that did not settle (it was rolled back), 503 for one that ran
   out of time.
 
-The deliveries are the router's own (the ledger files them under the reserved binding
-id ``basichttp``; ``around_delivery`` wraps each with the door ``basichttp``, once the
-token's scope is known), with ``create = never``: a post never starts an execution.
+The deliveries are the router's own (:meth:`~statifier.router.Router.deliver_post`: the
+ledger files them under the reserved binding id ``basichttp``; ``around_delivery`` wraps
+each with the door ``basichttp``, once the token's scope is known), with ``create =
+never``: a post never starts an execution.
 
 The token is a bearer capability and appears in the request path: keep the server's
 access log from recording paths under the base URL. Nothing here logs a token or a
@@ -36,12 +37,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
-from collections.abc import Awaitable, Callable
-from datetime import datetime
 from typing import Final, TypeVar
 
-from statifier.core import Event
 from statifier.extras import MissingExtra
 from statifier.fronts.http_body import (
     DEFAULT_MAX_BODY,
@@ -52,20 +49,7 @@ from statifier.fronts.http_body import (
     method_not_allowed,
     read_body,
 )
-from statifier.router import (
-    ConfigError,
-    Create,
-    Door,
-    Dropped,
-    DropReason,
-    Outcome,
-    Plan,
-    RouterConfig,
-)
-from statifier.router.delivery import Delivery, deliver
-from statifier.router.locations import Located, resolve, token_shaped
-from statifier.router.routing import delivery_locks
-from statifier.router.transaction import sorted_locks
+from statifier.router import ConfigError, Dropped, DropReason, Outcome, Router
 from statifier.session.basichttp import decode_post
 
 try:
@@ -78,15 +62,11 @@ except ModuleNotFoundError as missing:  # Starlette: the http extra
 
 __all__ = [
     "MAX_SEND_KEY_LENGTH",
-    "PLAN_ID",
     "SEND_KEY_HEADER",
     "basichttp_app",
-    "deliver_posted",
     "send_key_refusal",
 ]
 
-PLAN_ID: Final = "basichttp"
-"""The reserved binding id the ledger files the front's deliveries under."""
 SEND_KEY_HEADER: Final = "scxml-send-key"
 """The header a sender names a post by, so that its retry is a duplicate."""
 MAX_SEND_KEY_LENGTH: Final = 256
@@ -108,71 +88,8 @@ def send_key_refusal(send_key: str) -> str | None:
     return f"a send key is 1 to {MAX_SEND_KEY_LENGTH} visible ASCII characters"
 
 
-async def deliver_posted(
-    config: RouterConfig,
-    token: str,
-    event: Event,
-    *,
-    send_key: str | None = None,
-    now: datetime | None = None,
-) -> Outcome | None:
-    """Deliver ``event`` to the execution ``token`` reaches, in a transaction of its
-    own; ``None`` when it reaches none (unknown or rotated away).
-
-    The outcome is the router's: :class:`~statifier.router.Delivered` or ``dropped:
-    unmatched_event`` (delivered), :class:`~statifier.router.Duplicate` (the send key
-    was delivered already), ``dropped: finished`` (the execution has ended). The token
-    is read again inside the delivery's transaction, after its locks: a rotation
-    committed in between makes it ``None``.
-
-    Raises:
-        ConfigError: the configuration has no ``basichttp``.
-        ValueError: ``now`` is naive.
-        Exception: as :func:`~statifier.router.route`, for its one delivery.
-    """
-    settings = config.basichttp
-    if settings is None:
-        raise ConfigError("the configuration has no basichttp: no execution has a location")
-    if now is not None and now.utcoffset() is None:
-        raise ValueError(f"now must be timezone-aware, not {now!r}")
-    moment = config.storage.clock() if now is None else now
-    async with config.transaction() as unit:
-        found = await resolve(unit, token)
-    if found is None:
-        return None
-    plan = Plan(PLAN_ID, document=found.document, create=Create.NEVER, horizon=settings.horizon)
-    delivery = Delivery(plan, found.scope, found.key, event, _message_id(found, send_key))
-    locks = sorted_locks(delivery_locks(plan, found.scope, found.key, delivery.message_id))
-
-    async def work() -> Outcome | None:
-        async with config.transaction() as unit:
-            await unit.lock(locks, config.lock_wait)
-            again = await resolve(unit, token)
-            if again is None or again.execution_id != found.execution_id:
-                return None
-            return await deliver(unit, config, delivery, moment)
-
-    return await _around(config, found.scope, work)
-
-
-def _message_id(found: Located, send_key: str | None) -> str:
-    """The claim of one post: the execution and the send key (length-prefixed, so no
-    two pairs spell one id), or a fresh id when there is no key."""
-    execution_id = found.execution_id
-    if send_key is None:
-        return f"post:{execution_id}:{secrets.token_hex(16)}"
-    return f"key:{len(execution_id)}:{execution_id}:{send_key}"
-
-
-async def _around(config: RouterConfig, scope: str, work: Callable[[], Awaitable[_T]]) -> _T:
-    if config.around_delivery is None:
-        return await work()
-    result: _T = await config.around_delivery(scope, Door.BASICHTTP, work)
-    return result
-
-
 def basichttp_app(
-    config: RouterConfig,
+    router: Router,
     *,
     max_body: int = DEFAULT_MAX_BODY,
     timeout: float = DEFAULT_TIMEOUT,
@@ -181,7 +98,7 @@ def basichttp_app(
     docstring for the statuses).
 
     Args:
-        config: a router configuration with ``basichttp``.
+        router: a router whose configuration has ``basichttp``.
         max_body: the largest body read, in bytes.
         timeout: the seconds one request may take, the body's reading included.
 
@@ -189,7 +106,7 @@ def basichttp_app(
         ConfigError: the configuration has no ``basichttp``.
         ValueError: a ``max_body`` or ``timeout`` that is not positive.
     """
-    if config.basichttp is None:
+    if router.config.basichttp is None:
         raise ConfigError("the BasicHTTP front needs a configuration with basichttp")
     check_bounds(max_body, timeout)
 
@@ -208,11 +125,9 @@ def basichttp_app(
         if send_key is not None and (refused := send_key_refusal(send_key)) is not None:
             return Refused(400, "send_key", refused)
         token = str(request.path_params["token"])
-        if not token_shaped(token):
-            return _NOWHERE
         try:
             async with asyncio.timeout_at(deadline):
-                outcome = await deliver_posted(config, token, event, send_key=send_key)
+                outcome = await router.deliver_post(token, event, send_key=send_key)
         except TimeoutError:
             return Refused(503, "deadline", "the event was not delivered in time; post it again")
         except Exception as error:  # noqa: BLE001 - the post's answer, never the server's

@@ -8,7 +8,7 @@ events on per-key lanes, and acknowledges only what committed.
   malformed ones, and queues every event on its lane: ``crc32(partition key) % lanes``
   (:mod:`statifier.fronts.lanes`), so one key's events queue on one lane in the order
   the source handed them over.
-- Each lane routes its queue through :func:`~statifier.router.route_many`, up to
+- Each lane routes its queue through :meth:`~statifier.router.Router.route_many`, up to
   ``batch_size`` events per call, one call at a time. An event is *settled* when the
   call that answered it :class:`~statifier.router.Routed` returned (its delivery
   transaction committed) or when it was dead-lettered.
@@ -29,7 +29,7 @@ a message holds crashes the consumer.
 >>> from statifier.chart import compile_chart
 >>> from statifier.fronts.table_source import TableSource, append_events
 >>> from statifier.persistence.sql import SqlAdapter
->>> from statifier.router import Binding, InboundEvent, RouterConfig, StaticResolver
+>>> from statifier.router import Binding, InboundEvent, Router, RouterConfig, StaticResolver
 >>> from statifier.sql import migrations
 >>> url = f"sqlite:///{Path(tempfile.mkdtemp()) / 'consumer.db'}"
 >>> migrations.upgrade(url)
@@ -39,13 +39,13 @@ a message holds crashes the consumer.
 ...                document="counter", event="hit")
 >>> async def main():
 ...     async with SqlAdapter(url) as adapter:
-...         config = RouterConfig(adapter, bindings=[hits],
-...                               resolver=StaticResolver({"counter": chart}))
+...         router = Router(RouterConfig(adapter, bindings=[hits],
+...                                      resolver=StaticResolver({"counter": chart})))
 ...         events = [InboundEvent(scope="demo", source="hits", message_id=f"m{n}",
 ...                                data={"key": f"k{n % 2}"}) for n in range(4)]
 ...         await append_events(adapter, events, partition="0")
 ...         source = TableSource(adapter, group="demo", partitions=["0"])
-...         consumer = StreamConsumer(config, source, commit_interval=0.01)
+...         consumer = StreamConsumer(router, source, commit_interval=0.01)
 ...         running = asyncio.create_task(consumer.run())
 ...         while consumer.counts.committed < 4:
 ...             await asyncio.sleep(0.01)
@@ -69,7 +69,7 @@ from typing import Final
 
 from statifier.fronts.acks import Acks
 from statifier.fronts.dead_letters import DeadLetterEntry, DeadLetters, TableDeadLetters, cut
-from statifier.fronts.lanes import event_key, lane_of
+from statifier.fronts.lanes import lane_of
 from statifier.fronts.source import Malformed, Message, Source
 from statifier.repeats import Repeats
 from statifier.router import (
@@ -78,9 +78,9 @@ from statifier.router import (
     ConfigError,
     Failed,
     InboundEvent,
+    Planned,
     Routed,
-    RouterConfig,
-    route_many,
+    Router,
 )
 from statifier.telemetry import enabled, report
 
@@ -163,6 +163,8 @@ class _Pending:
     event: InboundEvent
     attempts: int = 0
     error: str = ""
+    planned: Planned | None = None
+    """The event's bindings, read once to choose its lane, and routed by."""
 
 
 @dataclass(eq=False)
@@ -182,7 +184,7 @@ class StreamConsumer:
     committed (see the module docstring).
 
     Args:
-        config: the router's configuration.
+        router: the router.
         source: the stream; the consumer starts, commits and closes it.
         lanes: lanes routing concurrently (one key's events always on one lane).
         batch_size: the most events one ``route_many`` call of a lane takes.
@@ -202,7 +204,7 @@ class StreamConsumer:
 
     def __init__(
         self,
-        config: RouterConfig,
+        router: Router,
         source: Source,
         *,
         lanes: int = 8,
@@ -224,12 +226,12 @@ class StreamConsumer:
                 raise ConfigError(f"{name} is a positive integer, not {value!r}")
         if not commit_interval > 0 or not poll > 0:
             raise ConfigError(f"commit_interval and poll are positive: {commit_interval}, {poll}")
-        self.config = config
+        self.router = router
         self.source = source
         self.batch_size = batch_size
         self.max_in_flight = max_in_flight
         self.failure: FailurePolicy = failure or Retry()
-        self.malformed = malformed or TableDeadLetters(config.adapter, config.storage.codec)
+        self.malformed = malformed or TableDeadLetters(router.adapter, router.storage.codec)
         self.commit_interval = commit_interval
         self.poll = poll
         self.clock = clock or _wall_clock
@@ -352,7 +354,8 @@ class StreamConsumer:
         policy = self.failure
         while True:
             try:
-                return await event_key(self.config, event)
+                pending.planned = await self.router.plan(event)
+                return pending.planned.key
             except Exception as error:  # noqa: BLE001 - the bindings resolver's failure
                 pending.attempts += 1
                 pending.error = _said(error)
@@ -420,8 +423,8 @@ class StreamConsumer:
         """Route ``batch``; settle what was routed; answer the events to try again, in
         order (each with its failed attempt counted, unless it was only blocked)."""
         try:
-            answers: Sequence[Routed | Failed] = await route_many(
-                self.config, [pending.event for pending in batch]
+            answers: Sequence[Routed | Failed] = await self.router.route_many(
+                [pending.planned or pending.event for pending in batch]
             )
         except Exception as error:  # noqa: BLE001 - nothing of the batch committed
             said = _said(error)

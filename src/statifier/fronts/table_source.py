@@ -68,14 +68,14 @@ from datetime import UTC, datetime
 from typing import Final
 
 from statifier.callbacks import settle
-from statifier.fronts.lanes import event_key, lane_of
+from statifier.fronts.lanes import lane_of
 from statifier.fronts.leases import Clock, LeaseChange, PartitionLeases
 from statifier.fronts.source import Malformed, Message, Rebalance, stored_object
 from statifier.persistence import PLAIN, BlobCodec, UndecodableBlob
 from statifier.persistence.codec import opened_json, sealed_json
 from statifier.persistence.sql import SqlAdapter, SqlTransaction
 from statifier.repeats import Repeats
-from statifier.router import ConfigError, InboundEvent, InvalidEvent, RouterConfig
+from statifier.router import ConfigError, InboundEvent, InvalidEvent, Router
 from statifier.sql import Tables
 from statifier.sql.dialect import Dialect
 from statifier.sql.inbound import EventRow, InboundTable, NewEvent
@@ -105,14 +105,14 @@ class ByKey:
         ConfigError: no partitions.
     """
 
-    def __init__(self, config: RouterConfig, partitions: Sequence[str]) -> None:
+    def __init__(self, router: Router, partitions: Sequence[str]) -> None:
         if not partitions:
             raise ConfigError("ByKey needs at least one partition")
-        self.config = config
+        self.router = router
         self.partitions = tuple(partitions)
 
     async def __call__(self, event: InboundEvent) -> str:
-        key = await event_key(self.config, event)
+        key = (await self.router.plan(event)).key
         return self.partitions[lane_of(key, len(self.partitions))]
 
 

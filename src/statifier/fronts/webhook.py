@@ -1,4 +1,4 @@
-"""The webhook and form-post fronts: a POST in, one :func:`~statifier.router.route`
+"""The webhook and form-post fronts: a POST in, one :meth:`~statifier.router.Router.route`
 call, a status out.
 
 :func:`handle` and :func:`status` are the whole contract, for a host that writes its
@@ -54,7 +54,7 @@ from statifier.fronts.http_body import (
 )
 from statifier.fronts.source import Malformed, json_object
 from statifier.fronts.verifiers import Verifier
-from statifier.router import Failed, InboundEvent, InvalidEvent, Routed, RouterConfig, route
+from statifier.router import Failed, InboundEvent, InvalidEvent, Routed, Router
 from statifier.router.outcomes import MAX_ID_LENGTH
 
 try:
@@ -97,7 +97,7 @@ def body_message_id(raw_body: bytes) -> str:
 
 
 async def handle(
-    config: RouterConfig,
+    router: Router,
     *,
     scope: str,
     source: str,
@@ -120,7 +120,7 @@ async def handle(
     message_id = provider_id if provider_id else body_message_id(raw_body)
     event = InboundEvent(scope=scope, source=source, message_id=message_id, data=data)
     try:
-        return await route(config, event, now=now)
+        return await router.route(event, now=now)
     except Exception as error:  # noqa: BLE001 - the post's answer, never the server's
         return Failed(event, error)
 
@@ -132,7 +132,7 @@ def status(answer: Routed | Failed) -> int:
 
 
 def webhook_app(
-    config: RouterConfig,
+    router: Router,
     *,
     source: str,
     scope: ScopeOf,
@@ -145,7 +145,7 @@ def webhook_app(
     routed from ``source`` (see the module docstring for the statuses).
 
     Args:
-        config: the router configuration.
+        router: the router.
         source: the source name the bindings read.
         scope: the scope of every post, or a function of the request answering it.
         provider_id_header: the header carrying the provider's event id, if any.
@@ -171,11 +171,11 @@ def webhook_app(
     def provider_id(request: Request) -> str | None:
         return request.headers.get(header) if header is not None else None
 
-    return _app(config, "webhook", source, scope, verifier, max_body, timeout, decode, provider_id)
+    return _app(router, "webhook", source, scope, verifier, max_body, timeout, decode, provider_id)
 
 
 def form_app(
-    config: RouterConfig,
+    router: Router,
     *,
     source: str,
     scope: ScopeOf,
@@ -193,7 +193,7 @@ def form_app(
     that an execution received it; a host that tells more mounts its own endpoint on
     :func:`handle`.
     """
-    return _app(config, "form", source, scope, verifier, max_body, timeout, _form_fields, _no_id)
+    return _app(router, "form", source, scope, verifier, max_body, timeout, _form_fields, _no_id)
 
 
 def _no_id(_request: Request) -> None:
@@ -201,7 +201,7 @@ def _no_id(_request: Request) -> None:
 
 
 def _app(
-    config: RouterConfig,
+    router: Router,
     front: str,
     source: str,
     scope: ScopeOf,
@@ -248,7 +248,7 @@ def _app(
             return Response(status_code=500)
         try:
             routed = await handle(
-                config,
+                router,
                 scope=chosen,
                 source=source,
                 raw_body=body,

@@ -1,8 +1,9 @@
 """The event router: inbound events routed by key to durable executions.
 
 A :class:`Binding` says which events of a source an execution of a document receives
-and under which key; :func:`route` delivers an :class:`InboundEvent` to every binding
-whose match holds, each delivery one transaction: the dedupe claim, the address, the
+and under which key; a :class:`Router` runs a :class:`RouterConfig` on its database, and
+:meth:`Router.route` delivers an :class:`InboundEvent` to every binding whose match
+holds, each delivery one transaction: the dedupe claim, the address, the
 create when the binding's mode calls for one, the step, the ledger row. The reapers
 clear expired dedupe claims and the addresses of executions that ended longer ago
 than their horizon; a source invoke (:mod:`statifier.router.subscriptions`) subscribes
@@ -21,21 +22,18 @@ try:  # first: every part of the router runs on SQLAlchemy (the sqlite or postgr
 except ModuleNotFoundError as missing:
     raise MissingExtra.of(missing) from missing
 
-from statifier.ids import new_execution_id
 from statifier.router.basichttp_sends import basichttp_sink
 from statifier.router.binding import (
-    DEFAULT_HORIZON,
     Binding,
     Create,
     Dedupe,
     Keyed,
     Order,
     Plan,
-    Refused,
     load_bindings,
 )
 from statifier.router.config import (
-    RESERVED_BINDING_IDS,
+    BasicHttpLocations,
     Door,
     Resolved,
     RouterConfig,
@@ -82,22 +80,18 @@ from statifier.router.pins import AddressPins
 from statifier.router.queries import address, address_of, ledger
 from statifier.router.reapers import AddressReap, reap_addresses, reap_dedupe
 from statifier.router.records import AddressRow, LedgerRow
-from statifier.router.routing import BlockedByEarlierFailure, deliver_event, route, route_many
-from statifier.router.subscriptions import (
-    Subscription,
-    SubscriptionRefused,
-    subscribe,
-    subscriptions_of,
-    unsubscribe,
-)
+from statifier.router.routing import BlockedByEarlierFailure, Planned, Router
+from statifier.router.sending import BASICHTTP_QUEUE
+from statifier.router.subscriptions import Subscription, SubscriptionRefused
+from statifier.router.timer_worker import TimerWorker
 
 __all__ = [
-    "DEFAULT_HORIZON",
-    "RESERVED_BINDING_IDS",
+    "BASICHTTP_QUEUE",
     "AddressPins",
     "AddressReap",
     "AddressRow",
     "Backoff",
+    "BasicHttpLocations",
     "Binding",
     "BindingError",
     "BindingsUnresolved",
@@ -131,31 +125,26 @@ __all__ = [
     "OutboxRow",
     "Outcome",
     "Plan",
-    "Refused",
+    "Planned",
     "Resolved",
     "Routed",
+    "Router",
     "RouterConfig",
     "RouterError",
     "Sink",
     "StaticResolver",
     "Subscription",
     "SubscriptionRefused",
+    "TimerWorker",
     "UnresolvedDocument",
     "address",
     "address_of",
     "basichttp_sink",
     "check_on_complete",
     "check_send_type",
-    "deliver_event",
     "error_policy_of",
     "ledger",
     "load_bindings",
-    "new_execution_id",
     "reap_addresses",
     "reap_dedupe",
-    "route",
-    "route_many",
-    "subscribe",
-    "subscriptions_of",
-    "unsubscribe",
 ]

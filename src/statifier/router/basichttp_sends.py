@@ -30,15 +30,13 @@ from statifier.router.binding import Create, Plan
 from statifier.router.outbox import DeadLetter, OutboxMessage, Sink
 from statifier.router.outcomes import Dropped, DropReason
 from statifier.router.queries import address_of
-from statifier.router.routing import deliver_event
+from statifier.router.routing import Router
 from statifier.router.sending import BASICHTTP_QUEUE
 from statifier.session.basichttp import BasicHTTP
 from statifier.session.handlers import Delivery
 
 if TYPE_CHECKING:
     import httpx
-
-    from statifier.router.config import RouterConfig
 
 __all__ = [
     "BASICHTTP_QUEUE",
@@ -60,12 +58,12 @@ class BasicHTTPFailed(Exception):  # noqa: N818 - names the failure
 
 
 def basichttp_sink(
-    config: RouterConfig, *, timeout: float = 10.0, client: httpx.AsyncClient | None = None
+    router: Router, *, timeout: float = 10.0, client: httpx.AsyncClient | None = None
 ) -> Sink:
     """The sink of the ``basichttp`` queue (see the module docstring).
 
     Args:
-        config: the router configuration whose executions sent: failures are
+        router: the router whose executions sent: failures are
             delivered back through it.
         timeout: seconds a POST may take.
         client: an ``httpx.AsyncClient`` to POST with (the caller's to close); one per
@@ -81,7 +79,7 @@ def basichttp_sink(
         planned = processor.plan(message.target, message.event)
         if isinstance(planned, str):
             # No attempt can change the verdict: tell the sender now.
-            await _report(config, message, planned)
+            await _report(router, message, planned)
             return
         headers = {**planned.headers, IDEMPOTENCY_HEADER: message.key}
         failure = await processor.perform(
@@ -91,19 +89,19 @@ def basichttp_sink(
             return
         if not message.final:
             raise BasicHTTPFailed(failure)
-        await _report(config, message, failure)
+        await _report(router, message, failure)
 
     return sink
 
 
-async def _report(config: RouterConfig, message: OutboxMessage, reason: str) -> None:
+async def _report(router: Router, message: OutboxMessage, reason: str) -> None:
     """Deliver ``error.communication`` for the failed send to its execution.
 
     Raises:
         DeadLetter: the execution has no address row, or it has ended.
     """
     execution_id = message.execution_id
-    found = None if execution_id is None else await address_of(config, execution_id)
+    found = None if execution_id is None else await address_of(router, execution_id)
     if found is None:
         raise DeadLetter(f"{reason}; no addressed execution {execution_id!r} to tell")
     scope, document, key = found
@@ -111,8 +109,8 @@ async def _report(config: RouterConfig, message: OutboxMessage, reason: str) -> 
     event = Event(
         "error.communication", type="platform", data={"message": reason}, sendid=message.sendid
     )
-    outcome = await deliver_event(
-        config, plan, scope=scope, key=key, event=event, message_id=message.key
+    outcome = await router.deliver_event(
+        plan, scope=scope, key=key, event=event, message_id=message.key
     )
     if isinstance(outcome, Dropped) and outcome.reason in (
         DropReason.NO_EXECUTION,

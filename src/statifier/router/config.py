@@ -16,14 +16,12 @@ statifier.router.errors.BindingError: binding 'b', field 'id': two bindings shar
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
 from dataclasses import KW_ONLY, dataclass, field, replace
+from datetime import timedelta
 from enum import StrEnum
 from types import MappingProxyType
 from typing import Any, Final, Literal, TypeVar
-
-import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncConnection
+from urllib.parse import urlsplit
 
 from statifier.callbacks import settle
 from statifier.chart import Machine
@@ -44,16 +42,14 @@ from statifier.persistence.serialization import DEFAULT_LOCK_WAIT
 from statifier.persistence.sql import SqlAdapter
 from statifier.router.binding import Binding, unique_ids
 from statifier.router.errors import BindingError, ConfigError
-from statifier.router.locations import BasicHttpLocations
 from statifier.router.routes import Route, RouteEntry
-from statifier.router.sending import BASICHTTP_TYPES, SendHandler
 from statifier.router.timer_queue import TimerQueue
-from statifier.router.timers import SqlTimerQueue
-from statifier.router.transaction import Unit, statements_for, transaction
-from statifier.sql.routing import RoutingStatements
 
 __all__ = [
+    "BASICHTTP_TYPES",
+    "DEFAULT_SEND_KEY_HORIZON",
     "RESERVED_BINDING_IDS",
+    "BasicHttpLocations",
     "BindingsResolver",
     "ChartResolver",
     "Door",
@@ -85,6 +81,14 @@ BUILT_IN_SEND_TYPES: Final = frozenset(
     }
 )
 """Send types the engine or the router performs; none can be the router's send type."""
+
+BASICHTTP_TYPES: Final = frozenset(
+    {"basichttp", "http://www.w3.org/TR/scxml/#BasicHTTPEventProcessor"}
+)
+"""The BasicHTTP send type's two names: the router hands such sends to the outbox."""
+
+DEFAULT_SEND_KEY_HORIZON: Final = timedelta(hours=72)
+"""How long a posted ``scxml-send-key`` is remembered per execution."""
 
 _T = TypeVar("_T")
 
@@ -121,16 +125,62 @@ class Door(StrEnum):
     """Where a delivery entered: what ``around_delivery`` is told."""
 
     ROUTE = "route"
-    """:func:`~statifier.router.route` and :func:`~statifier.router.route_many`."""
+    """:meth:`Router.route <statifier.router.Router.route>` and
+    :meth:`~statifier.router.Router.route_many`."""
     PARTITION = "partition"
-    """A front's partitioner reading the bindings for one message."""
+    """:meth:`Router.plan <statifier.router.Router.plan>`: a front reading an event's
+    bindings to choose its lane or partition."""
     BASICHTTP = "basichttp"
-    """The BasicHTTP front."""
+    """:meth:`Router.deliver_post <statifier.router.Router.deliver_post>`: the BasicHTTP
+    front."""
     TARGET = "target"
-    """A send to an execution target."""
+    """Reserved: no call is told it today (a send to an execution target runs inside
+    the sending step, under the door that drove that step)."""
 
 
 AroundDelivery = Callable[[str, Door, Callable[[], Awaitable[_T]]], Awaitable[_T]]
+
+
+@dataclass(frozen=True, slots=True)
+class BasicHttpLocations:
+    """The ``basichttp`` option of a router configuration: where its BasicHTTP front
+    answers (see :mod:`statifier.router.locations`).
+
+    Attributes:
+        base_url: the ``http`` or ``https`` URL the front is mounted at (no query, no
+            fragment; a trailing ``/`` is dropped). Serve it over TLS.
+        horizon: how long a posted send key is remembered per execution.
+
+    Raises:
+        ConfigError: a base URL that is not an absolute http(s) URL, or a horizon that
+            is not a positive timedelta.
+    """
+
+    base_url: str
+    horizon: timedelta = DEFAULT_SEND_KEY_HORIZON
+
+    def __post_init__(self) -> None:
+        given: object = self.base_url
+        parts = urlsplit(given) if isinstance(given, str) else None
+        if (
+            parts is None
+            or parts.scheme not in ("http", "https")
+            or not parts.netloc
+            or parts.query
+            or parts.fragment
+        ):
+            raise ConfigError(
+                f"basichttp base_url must be an http(s) URL without query or fragment, "
+                f"not {given!r}"
+            )
+        object.__setattr__(self, "base_url", self.base_url.rstrip("/"))
+        horizon: object = self.horizon
+        if not isinstance(horizon, timedelta) or horizon <= timedelta(0):
+            raise ConfigError(f"basichttp horizon must be a positive timedelta, not {horizon!r}")
+
+    def location(self, token: str) -> str:
+        """The location of ``token``: the base URL, ``/``, the token."""
+        return f"{self.base_url}/{token}"
 
 
 class StaticResolver:
@@ -172,7 +222,8 @@ class StaticResolver:
 
 @dataclass(frozen=True)
 class RouterConfig:
-    """Everything a delivery needs.
+    """What a router is configured with: plain data, validated at construction; a
+    :class:`~statifier.router.Router` runs it.
 
     Args:
         store: the SQL adapter the executions live in (the router's tables are in the
@@ -210,7 +261,8 @@ class RouterConfig:
             finishes an execution. If that route refuses or raises, the finishing
             delivery rolls back: a route that never succeeds is a poison pill.
         start_options: what every create starts with (send and invoke types, round
-            budget); the session id is always the execution id.
+            budget), widened by :attr:`chart_start_options`; the session id is always
+            the execution id.
         on_create, on_step: stand-ins for ``Executions.create`` and ``Executions.step``,
             called in the same transaction and savepoint.
         around_delivery: ``(scope, door, work) -> await work()``: wraps every read and
@@ -226,7 +278,7 @@ class RouterConfig:
             differ from ``on_error`` (it needs a :class:`StaticResolver`, whose charts
             say which executions run a document).
         basichttp: where the BasicHTTP front answers
-            (:class:`~statifier.router.locations.BasicHttpLocations`): each execution
+            (:class:`BasicHttpLocations`): each execution
             created under a new address row then gets a location of its own (it
             needs the opt-in location table); ``None``, no execution gets one.
 
@@ -261,20 +313,14 @@ class RouterConfig:
     on_error: ErrorPolicy | OnError | str = OnError.CONTINUE
     document_on_error: Mapping[str, OnError | str] = field(default_factory=dict)
     basichttp: BasicHttpLocations | None = None
-    error_policy: ErrorPolicy = field(init=False, repr=False, compare=False)
-    storage: Storage = field(init=False, repr=False, compare=False)
-    adapter: SqlAdapter = field(init=False, repr=False, compare=False)
-    statements: RoutingStatements = field(init=False, repr=False, compare=False)
-    timers: TimerQueue | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        store = self.store
-        storage = store if isinstance(store, Storage) else Storage(store)
-        if not isinstance(storage.adapter, SqlAdapter):
+        store: object = self.store
+        if not isinstance(store, SqlAdapter | Storage):
+            raise ConfigError(f"store must be a SqlAdapter or a Storage, not {store!r}")
+        adapter = store if isinstance(store, SqlAdapter) else store.adapter
+        if not isinstance(adapter, SqlAdapter):
             raise ConfigError("the router runs on a SqlAdapter (PostgreSQL or SQLite)")
-        object.__setattr__(self, "storage", storage)
-        object.__setattr__(self, "adapter", storage.adapter)
-        object.__setattr__(self, "statements", statements_for(storage.adapter))
         if (self.bindings is None) == (self.bindings_resolver is None):
             raise ConfigError("give exactly one of bindings and bindings_resolver")
         if self.bindings is not None:
@@ -300,9 +346,9 @@ class RouterConfig:
             raise ConfigError(f"lock_wait must be positive seconds, not {self.lock_wait!r}")
         if self.basichttp is not None and not isinstance(self.basichttp, BasicHttpLocations):
             raise ConfigError(f"basichttp must be a BasicHttpLocations, not {self.basichttp!r}")
-        policy = error_policy_of(self.on_error, self.document_on_error, self.resolver)
-        object.__setattr__(self, "error_policy", policy)
+        error_policy_of(self.on_error, self.document_on_error, self.resolver)
         self._check_outbound()
+        self._check_source_type()
 
     def _check_outbound(self) -> None:
         check_send_type(self.send_type, self.routes)
@@ -326,23 +372,9 @@ class RouterConfig:
             raise ConfigError(
                 f"processor_scope must be a string or callable, not {processor_scope!r}"
             )
-        queue = self.timer_queue
-        timers: TimerQueue | None
-        if queue == BUILT_IN:
-            timers = SqlTimerQueue(self.adapter, self.storage.codec)
-        elif queue is None or not isinstance(queue, str):
-            timers = queue
-        else:
+        queue: object = self.timer_queue
+        if isinstance(queue, str) and queue != BUILT_IN:
             raise ConfigError(f"timer_queue must be 'built-in', None or a TimerQueue: {queue!r}")
-        object.__setattr__(self, "timers", timers)
-        # A chart must accept the router's type and BasicHTTP (which the router hands
-        # to the outbox); the types are stamped on every position it starts.
-        options = self.start_options
-        types = options.send_types | BASICHTTP_TYPES
-        if self.send_type is not None:
-            types |= {self.send_type}
-        object.__setattr__(self, "start_options", replace(options, send_types=types))
-        self._check_source_type()
 
     def _check_source_type(self) -> None:
         source_type: object = self.source_type
@@ -352,11 +384,21 @@ class RouterConfig:
             raise ConfigError(f"source_type must be a non-empty string, not {source_type!r}")
         if source_type in SCXML_INVOKE_TYPES:
             raise ConfigError(f"source_type {source_type!r} is the SCXML invoke type")
-        # A chart whose host lists its invoke types must accept the source type too.
+
+    @property
+    def chart_start_options(self) -> StartOptions:
+        """What every create starts with: ``start_options``, accepting the router's send
+        type and BasicHTTP (which the router hands to the outbox), and, when the host
+        lists its invoke types, the source type. The types are stamped on every
+        position a create starts."""
         options = self.start_options
-        if options.invoke_types is not None:
-            types = options.invoke_types | {source_type}
-            object.__setattr__(self, "start_options", replace(options, invoke_types=types))
+        send_types = options.send_types | BASICHTTP_TYPES
+        if self.send_type is not None:
+            send_types |= {self.send_type}
+        invoke_types = options.invoke_types
+        if invoke_types is not None and self.source_type is not None:
+            invoke_types = invoke_types | {self.source_type}
+        return replace(options, send_types=send_types, invoke_types=invoke_types)
 
     def overridden_somewhere(self, name: str) -> bool:
         """Whether some scope overrides the route ``name`` (a send to it then needs the
@@ -385,25 +427,13 @@ class RouterConfig:
         assert self.bindings_resolver is not None
         return checked_bindings(await settle(self.bindings_resolver(scope)))
 
-    def transaction(
-        self, connection: sa.Connection | AsyncConnection | None = None
-    ) -> AbstractAsyncContextManager[Unit]:
-        """A router transaction on this configuration's database (see
-        :mod:`statifier.router.transaction`), or one joined to ``connection``."""
-
-        def executor(unit: Unit) -> Executor:
-            return SendHandler(self, unit)
-
-        return transaction(
-            self.storage,
-            self.statements,
-            executor,
-            connection,
-            self.lock_wait,
-            self.error_policy,
-        )
-
     async def resolve(self, scope: str, document: str) -> Resolved:
+        """The chart a new execution of ``document`` in ``scope`` starts on.
+
+        Raises:
+            TypeError: the resolver answered something other than a :class:`Resolved`.
+            Exception: whatever the resolver raised.
+        """
         assert self.resolver is not None
         resolved = await settle(self.resolver(scope, document))
         if not isinstance(resolved, Resolved):

@@ -11,7 +11,7 @@ blocks the publish.
 ``unsupported_types``
     A ``<send>`` whose literal ``type`` the executions are not started with: not the
     SCXML processor (or no type at all), not the router's ``send_type``, not one of
-    ``config.start_options.send_types``. At run time the send raises
+    ``config.chart_start_options.send_types``. At run time the send raises
     ``error.execution``.
 ``unregistered_routes``
     A ``<send>`` of the router's type that never reaches the route its literal
@@ -270,7 +270,7 @@ def check(
 
     Args:
         config: the router's configuration: its ``send_type``, ``routes``,
-            ``timers``, ``start_options``, and its bindings (or resolver).
+            ``timer_queue``, ``start_options``, and its bindings (or resolver).
         document: the document ``chart`` is published as.
         chart: its compiled chart.
         declarations: document -> the event names it declares (``None``: none).
@@ -281,7 +281,7 @@ def check(
         TypeError: a declaration that is not a list of strings (or ``None``).
     """
     contract = _Receivers(document, chart, declarations, charts or {})
-    supported = SCXML_SEND_TYPES | config.start_options.send_types
+    supported = SCXML_SEND_TYPES | config.chart_start_options.send_types
     if config.send_type is not None:
         supported = supported | {config.send_type}
     unsupported: list[Finding] = []
@@ -447,7 +447,7 @@ def _route(
                 route=name,
             )
         )
-    elif config.timers is None and _delayed(send.delay):
+    elif config.timer_queue is None and _delayed(send.delay):
         routes.append(
             Finding(
                 reason="no_timer_queue",
@@ -457,7 +457,7 @@ def _route(
                 route=name,
             )
         )
-    elif config.timers is None and send.delayexpr is not None:
+    elif config.timer_queue is None and send.delayexpr is not None:
         unchecked.append(_at(send, document, where, "delayexpr"))
 
 

@@ -21,8 +21,6 @@ delivery nested in the sender's (:func:`deliver_to_execution`).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -31,7 +29,8 @@ from statifier.callbacks import settle
 from statifier.chart import Machine
 from statifier.core import Event
 from statifier.core.events import engine_event
-from statifier.persistence import Discarded, Executions, Refused, Stepped
+from statifier.persistence import Discarded, Refused, Stepped
+from statifier.persistence.serialization import Serialization
 from statifier.router.binding import Create, Plan
 from statifier.router.config import RouterConfig
 from statifier.router.errors import (
@@ -52,7 +51,7 @@ from statifier.router.outcomes import (
 from statifier.router.records import AddressRow, LedgerRow
 from statifier.router.routes import IdempotencyKey
 from statifier.router.subscriptions import subscribed
-from statifier.router.transaction import Unit
+from statifier.router.transaction import Delivering, Unit
 
 EXECUTION_PLAN_ID = "execution"
 """The id the ledger files sends to execution targets under (reserved for bindings)."""
@@ -82,15 +81,17 @@ class Delivery:
 
 async def deliver(
     unit: Unit,
-    config: RouterConfig,
     delivery: Delivery,
     now: datetime,
     rows: list[LedgerRow] | None = None,
+    within: Delivering | None = None,
 ) -> Outcome:
     """Deliver one event on one binding in ``unit``; see the module docstring.
 
     The ledger row is written last, or, given ``rows``, appended there for the caller
-    to write later in the same transaction (a batch writes its rows at once).
+    to write later in the same transaction (a batch writes its rows at once). A
+    delivery nested in another's step (a send to an execution target) gives the outer
+    one as ``within``: the executions mid-step there stay refused as targets.
 
     Raises:
         UnresolvedDocument: the resolver names no chart for a new execution.
@@ -98,39 +99,16 @@ async def deliver(
         ExecutionParked: the addressed execution is parked.
         Exception: whatever persistence, the executor or the database raised.
     """
-    async with _delivering(unit, delivery.scope, now):
-        return await _deliver(unit, config, delivery, now, rows)
-
-
-@asynccontextmanager
-async def _delivering(unit: Unit, scope: str | None, now: datetime) -> AsyncIterator[None]:
-    """Make ``scope`` and ``now`` the unit's delivery in progress for the block (the
-    send handler reads them), and put back the outer one after (a nested delivery)."""
-    outer = unit.scope, unit.now
-    unit.scope, unit.now = scope, now
-    try:
-        yield
-    finally:
-        unit.scope, unit.now = outer
-
-
-@asynccontextmanager
-async def _stepping(unit: Unit, execution_id: str) -> AsyncIterator[None]:
-    unit.stepping.append(execution_id)
-    try:
-        yield
-    finally:
-        unit.stepping.pop()
+    stepping = () if within is None else within.stepping
+    delivering = Delivering(delivery.scope, now, stepping)
+    return await _deliver(unit, delivery, delivering, rows)
 
 
 async def _deliver(
-    unit: Unit,
-    config: RouterConfig,
-    delivery: Delivery,
-    now: datetime,
-    rows: list[LedgerRow] | None,
+    unit: Unit, delivery: Delivery, delivering: Delivering, rows: list[LedgerRow] | None
 ) -> Outcome:
     plan = delivery.plan
+    now = delivering.now
     addressed = plan.create is not Create.ALWAYS_NEW
     address = (delivery.scope, plan.document, delivery.key) if addressed else None
     fresh, found = await unit.sql.claim_and_find(
@@ -139,12 +117,12 @@ async def _deliver(
     if not fresh:
         outcome: Outcome = Duplicate(plan.id, key=delivery.key)
     elif not addressed:
-        outcome = await _create(unit, config, delivery, None, now)
+        outcome = await _create(unit, delivery, delivering, None)
     elif found is None and plan.create is Create.NEVER:
         outcome = Dropped(plan.id, reason=DropReason.NO_EXECUTION, key=delivery.key)
     elif found is None:
-        outcome = await _claim_address(unit, config, delivery, now)
-    elif plan.subscription and await _unsubscribed(unit, config, delivery, found):
+        outcome = await _claim_address(unit, delivery, delivering)
+    elif plan.subscription and await _unsubscribed(unit, delivery, found):
         outcome = Dropped(
             plan.id,
             reason=DropReason.NOT_SUBSCRIBED,
@@ -152,7 +130,7 @@ async def _deliver(
             execution_id=found.execution_id,
         )
     else:
-        outcome = await _existing(unit, config, delivery, found, now)
+        outcome = await _existing(unit, delivery, delivering, found)
     row = ledger_row(delivery, outcome, now)
     if rows is None:
         await unit.sql.record(row)
@@ -161,46 +139,43 @@ async def _deliver(
     return outcome
 
 
-async def _unsubscribed(
-    unit: Unit, config: RouterConfig, delivery: Delivery, found: AddressRow
-) -> bool:
+async def _unsubscribed(unit: Unit, delivery: Delivery, found: AddressRow) -> bool:
     """Whether a subscription binding's event is dropped ``not_subscribed``: the
     addressed execution has not been seen ended (an ended one answers ``finished``, as
     on any binding) and no live source invoke of it subscribes to the binding."""
     if found.terminal_seen_at is not None:
         return False
     return not await subscribed(
-        unit, config, delivery.plan.id, found.execution_id, delivery.scope, delivery.key
+        unit, delivery.plan.id, found.execution_id, delivery.scope, delivery.key
     )
 
 
-async def _claim_address(
-    unit: Unit, config: RouterConfig, delivery: Delivery, now: datetime
-) -> Outcome:
+async def _claim_address(unit: Unit, delivery: Delivery, delivering: Delivering) -> Outcome:
     plan = delivery.plan
-    execution_id = minted(config, delivery.scope, plan.document, delivery.key)
+    execution_id = minted(unit.config, delivery.scope, plan.document, delivery.key)
     address_id = await unit.sql.insert_address(
-        delivery.scope, plan.document, delivery.key, execution_id, now
+        delivery.scope, plan.document, delivery.key, execution_id, delivering.now
     )
     if address_id is not None:
-        return await _create(unit, config, delivery, address_id, now, execution_id)
+        return await _create(unit, delivery, delivering, address_id, execution_id)
     # Another delivery inserted the address first and has committed (the insert waited
     # for it): deliver to its execution; the id minted here names nothing.
     found = await unit.sql.find_address(delivery.scope, plan.document, delivery.key)
     if found is None:  # pragma: no cover - a committed row cannot vanish in between
         raise RuntimeError("an address row that won a race is not readable")
-    return await _existing(unit, config, delivery, found, now)
+    return await _existing(unit, delivery, delivering, found)
 
 
 async def _create(
     unit: Unit,
-    config: RouterConfig,
     delivery: Delivery,
+    delivering: Delivering,
     address_id: Any,
-    now: datetime,
     execution_id: str | None = None,
 ) -> Outcome:
     plan = delivery.plan
+    config = unit.config
+    now = delivering.now
     if execution_id is None:
         execution_id = minted(config, delivery.scope, plan.document, delivery.key)
     try:
@@ -208,29 +183,28 @@ async def _create(
     except Exception as error:
         raise UnresolvedDocument(delivery.scope, plan.document, _said(error)) from error
     machine = resolved.machine
-    executions = unit.executions
+    executions = unit.executions(delivering.into(execution_id))
     # With basichttp, an addressed execution starts knowing its own location.
-    options = await start_options(unit, config, address_id, execution_id, now)
-    async with _stepping(unit, execution_id):
-        if config.on_create is not None:
-            created = await config.on_create(executions, execution_id, machine, options)
-        else:
-            created = await executions.create(
-                execution_id, machine, options=options, on_error=plan.on_error
-            )
+    options = await start_options(unit, address_id, execution_id, now)
+    if config.on_create is not None:
+        created = await config.on_create(executions, execution_id, machine, options)
+    else:
+        created = await executions.create(
+            execution_id, machine, options=options, on_error=plan.on_error
+        )
     if created.finished:
-        await completed(unit, config, created)
+        await completed(unit, created, delivery.scope)
         if address_id is not None:
             await unit.sql.stamp([address_id], now)
         return Dropped(
             plan.id, reason=DropReason.FINISHED, key=delivery.key, execution_id=execution_id
         )
-    stepped = await _step(unit, config, execution_id, machine, delivery.event, plan)
+    stepped = await _step(unit, delivering, execution_id, machine, delivery.event, plan)
     return await _stepped(unit, delivery, stepped, address_id, now, created=True)
 
 
 async def _existing(
-    unit: Unit, config: RouterConfig, delivery: Delivery, found: AddressRow, now: datetime
+    unit: Unit, delivery: Delivery, delivering: Delivering, found: AddressRow
 ) -> Outcome:
     plan = delivery.plan
     execution_id = found.execution_id
@@ -238,50 +212,52 @@ async def _existing(
         return Dropped(
             plan.id, reason=DropReason.FINISHED, key=delivery.key, execution_id=execution_id
         )
-    executions = unit.executions
     machine: Machine | None = None
-    if config.chart_resolver is not None:
-        record = await executions.storage.fetch_execution(execution_id)
+    chart_resolver = unit.config.chart_resolver
+    if chart_resolver is not None:
+        record = await unit.storage.fetch_execution(execution_id)
         try:
-            machine = await settle(config.chart_resolver(record.content_hash))
+            machine = await settle(chart_resolver(record.content_hash))
         except Exception as error:
             raise ChartUnresolved(record.content_hash, _said(error)) from error
-    result = await _step(unit, config, execution_id, machine, delivery.event, plan)
-    return await _stepped(unit, delivery, result, found.id, now, created=False)
+    result = await _step(unit, delivering, execution_id, machine, delivery.event, plan)
+    return await _stepped(unit, delivery, result, found.id, delivering.now, created=False)
 
 
 async def _step(
     unit: Unit,
-    config: RouterConfig,
+    delivering: Delivering,
     execution_id: str,
     machine: Machine | None,
     event: Event,
     plan: Plan,
 ) -> Stepped | Discarded:
-    executions: Executions = unit.executions
-    async with _stepping(unit, execution_id):
-        if config.on_step is not None:
-            stepped = await config.on_step(executions, execution_id, machine, event)
-        else:
-            stepped = await executions.step(execution_id, machine, event, on_error=plan.on_error)
+    executions = unit.executions(delivering.into(execution_id))
+    on_step = unit.config.on_step
+    if on_step is not None:
+        stepped = await on_step(executions, execution_id, machine, event)
+    else:
+        stepped = await executions.step(execution_id, machine, event, on_error=plan.on_error)
     if isinstance(stepped, Stepped):
-        await completed(unit, config, stepped)
+        await completed(unit, stepped, delivering.scope)
     return stepped
 
 
-async def completed(unit: Unit, config: RouterConfig, stepped: Stepped) -> None:
+async def completed(unit: Unit, stepped: Stepped, scope: str | None) -> None:
     """If ``stepped`` finished its execution, hand ``done.execution`` (the donedata
-    verbatim, the execution as origin) to the ``on_complete`` route, under the
-    execution id and the finishing step's counters, in the delivery's transaction.
+    verbatim, the execution as origin) to the ``on_complete`` route, resolved in
+    ``scope``, under the execution id and the finishing step's counters, in the
+    delivery's transaction.
 
     Raises:
         OnCompleteFailed: the route refused; the delivery must roll back (a finished
             execution has no transition left to hear of it).
     """
+    config = unit.config
     route_name = config.on_complete
     if route_name is None or not stepped.finished:
         return
-    found = config.route(unit.scope, route_name)
+    found = config.route(scope, route_name)
     assert found is not None  # the configuration refuses an unregistered name
     adapter, route_config = found
     execution_id = stepped.execution.id
@@ -298,68 +274,69 @@ async def completed(unit: Unit, config: RouterConfig, stepped: Stepped) -> None:
         content_index=None,
         ordinal=None,
     )
-    answer = await settle(adapter.deliver(route_config, event, key, unit.tx, unit.scope))
+    answer = await settle(adapter.deliver(route_config, event, key, unit.tx, scope))
     if isinstance(answer, Refused):
         raise OnCompleteFailed(route_name, execution_id, answer.reason)
 
 
 async def step_timer_event(
     unit: Unit,
-    config: RouterConfig,
     execution_id: str,
     event: Event,
     *,
     internal: bool,
     scope: str | None,
     now: datetime,
-    executions: Executions | None = None,
+    serialization: Serialization | None = None,
 ) -> Stepped | Discarded:
     """Step a fired timer's event into its execution, as a delivery would (its sends
     resolve in ``scope``, a finishing step reaches ``on_complete``), writing no ledger
-    row. The step runs through ``executions`` (default ``unit.executions``): the timer
-    worker passes one whose exclusion knows the locks its claim holds.
+    row. Given ``serialization``, the step takes that exclusion (the timer worker's,
+    which knows the locks its claim holds) instead of the unit's.
 
     Raises:
         ExecutionNotFound: the execution is gone.
     """
-    lifecycle = unit.executions if executions is None else executions
-    async with _delivering(unit, scope, now):
-        async with _stepping(unit, execution_id):
-            stepped = await lifecycle.step(
-                execution_id, None, event, door="timer", internal=internal
-            )
-        if isinstance(stepped, Stepped):
-            await completed(unit, config, stepped)
+    delivering = Delivering(scope, now, (execution_id,))
+    if serialization is None:
+        lifecycle = unit.executions(delivering)
+    else:
+        lifecycle = unit.executions_with(serialization, delivering)
+    stepped = await lifecycle.step(execution_id, None, event, door="timer", internal=internal)
+    if isinstance(stepped, Stepped):
+        await completed(unit, stepped, scope)
     return stepped
 
 
 async def deliver_to_execution(
     unit: Unit,
-    config: RouterConfig,
+    within: Delivering,
     *,
-    scope: str,
     document: str,
     key: str,
     create: str,
     event: Event,
     message_id: str,
-    now: datetime,
 ) -> tuple[str, str] | None:
-    """Deliver a send of the router's type to ``target="execution"``: the execution
-    ``(scope, document, key)`` addresses receives ``event`` in this transaction, filed
-    under the ledger's ``execution`` binding id with ``message_id`` (the send's
-    composed key, so a replayed step is a duplicate).
+    """Deliver a send of the router's type to ``target="execution"``, from a step of
+    the delivery ``within``: the execution ``(within.scope, document, key)`` addresses
+    receives ``event`` in this transaction, at ``within``'s time, filed under the
+    ledger's ``execution`` binding id with ``message_id`` (the send's composed key, so
+    a replayed step is a duplicate).
 
     Answers ``None`` when delivered (or a duplicate, or delivered and unused), else the
     refusal's ``(code, detail)``: ``reentrant`` (the target is mid-step in this
     transaction: the sender itself, or a sender further out), ``no_execution``,
     ``finished``.
     """
+    scope = within.scope
+    assert scope is not None  # the send handler refuses a send with no scope
     found = await unit.sql.find_address(scope, document, key)
-    if found is not None and found.execution_id in unit.stepping:
+    if found is not None and found.execution_id in within.stepping:
         return "reentrant", f"execution {found.execution_id!r} is sending; it cannot receive"
     plan = Plan(EXECUTION_PLAN_ID, document=document, create=Create(create))
-    outcome = await deliver(unit, config, Delivery(plan, scope, key, event, message_id), now)
+    delivery = Delivery(plan, scope, key, event, message_id)
+    outcome = await deliver(unit, delivery, within.now, within=within)
     if isinstance(outcome, Dropped) and outcome.reason is not DropReason.UNMATCHED_EVENT:
         reason = outcome.reason.value
         return reason, f"no live execution of {document!r} at key {key!r} ({reason})"

@@ -11,11 +11,12 @@ alone answers which execution a posted token reaches and never which token reach
 an execution. An execution created under ``always_new`` has no address row and no
 location.
 
-:func:`rotate_location` replaces the token; the old one then reaches nothing
-(:func:`rotate_location_in` does it inside a router transaction the caller holds). The
-chart's own copy is written once, at the start, and is not rotated. :func:`location`
-answers the location the chart holds while it is still the live one; after a rotation
-the live location exists only in :func:`rotate_location`'s answer.
+:meth:`Router.rotate_location <statifier.router.Router.rotate_location>` replaces the
+token; the old one then reaches nothing (:func:`rotate_location_in` does it inside a
+router transaction the caller holds). The chart's own copy is written once, at the
+start, and is not rotated. :meth:`~statifier.router.Router.location` answers the
+location the chart holds while it is still the live one; after a rotation the live
+location exists only in the rotation's answer.
 
 A location is a capability: whoever holds it can post events to the execution. The
 position of an execution carries the first token in the clear (the chart reads it
@@ -32,87 +33,38 @@ import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from datetime import datetime
 from functools import cache
-from typing import TYPE_CHECKING, Any, Final
-from urllib.parse import urlsplit
+from typing import Any, Final
 
 from statifier.core import StartOptions
 from statifier.core.positions import NotAPosition
 from statifier.persistence import ExecutionNotFound
+from statifier.router.config import BASICHTTP_TYPES, BasicHttpLocations
 from statifier.router.errors import ConfigError, RouterError
-from statifier.router.sending import BASICHTTP_TYPES
+from statifier.router.transaction import Unit
 from statifier.sql.dialect import Dialect
 from statifier.sql.locations import LocationTable
 from statifier.sql.tables import Tables
 
-if TYPE_CHECKING:
-    from statifier.router.config import RouterConfig
-    from statifier.router.transaction import Unit
-
 __all__ = [
-    "DEFAULT_SEND_KEY_HORIZON",
-    "BasicHttpLocations",
     "Located",
     "NoLocation",
-    "location",
+    "location_in",
     "mint_token",
-    "rotate_location",
+    "resolve",
     "rotate_location_in",
+    "start_options",
     "token_digest",
     "token_shaped",
 ]
 
-DEFAULT_SEND_KEY_HORIZON: Final = timedelta(hours=72)
-"""How long a posted ``scxml-send-key`` is remembered per execution."""
 TOKEN_BYTES: Final = 32
 """A token's entropy: 256 bits."""
 PROCESSOR: Final = "basichttp"
 """The ``_ioprocessors`` entry the chart reads its location at."""
 
 _TOKEN: Final = re.compile(r"[A-Za-z0-9_-]{43}")
-
-
-@dataclass(frozen=True, slots=True)
-class BasicHttpLocations:
-    """The ``basichttp`` option of a router configuration: where its BasicHTTP front
-    answers.
-
-    Attributes:
-        base_url: the ``http`` or ``https`` URL the front is mounted at (no query, no
-            fragment; a trailing ``/`` is dropped). Serve it over TLS.
-        horizon: how long a posted send key is remembered per execution.
-
-    Raises:
-        ConfigError: a base URL that is not an absolute http(s) URL, or a horizon that
-            is not a positive timedelta.
-    """
-
-    base_url: str
-    horizon: timedelta = DEFAULT_SEND_KEY_HORIZON
-
-    def __post_init__(self) -> None:
-        given: object = self.base_url
-        parts = urlsplit(given) if isinstance(given, str) else None
-        if (
-            parts is None
-            or parts.scheme not in ("http", "https")
-            or not parts.netloc
-            or parts.query
-            or parts.fragment
-        ):
-            raise ConfigError(
-                f"basichttp base_url must be an http(s) URL without query or fragment, "
-                f"not {given!r}"
-            )
-        object.__setattr__(self, "base_url", self.base_url.rstrip("/"))
-        horizon: object = self.horizon
-        if not isinstance(horizon, timedelta) or horizon <= timedelta(0):
-            raise ConfigError(f"basichttp horizon must be a positive timedelta, not {horizon!r}")
-
-    def location(self, token: str) -> str:
-        """The location of ``token``: the base URL, ``/``, the token."""
-        return f"{self.base_url}/{token}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,57 +108,46 @@ def token_shaped(token: str) -> bool:
     return _TOKEN.fullmatch(token) is not None
 
 
-async def location(config: RouterConfig, execution_id: str) -> str | None:
+async def location_in(unit: Unit, execution_id: str) -> str | None:
     """The location of ``execution_id`` as its chart holds it, while that is the live
-    one (on the configuration's current base URL).
+    one (on the configuration's current base URL), read in ``unit``.
 
     Answers ``None`` when the execution has no location, when it was rotated (the
     router keeps only the token's hash, so the live location is the answer
-    :func:`rotate_location` gave, and nowhere else), and when its position is gone
+    :func:`rotate_location_in` gave, and nowhere else), and when its position is gone
     (pruned after it ended, or deleted; its location answers 404 then anyway).
+
+    Raises:
+        ConfigError: the configuration has no ``basichttp``.
     """
-    settings = _settings(config)
-    async with config.transaction() as unit:
-        live = await _table(unit).token_hash(unit.tx.driver, execution_id)
-        if live is None:
-            return None
-        storage = unit.executions.storage
-        try:
-            record = await storage.fetch_execution(execution_id)
-            state = storage.load(record, await storage.machine(record.content_hash))
-        except (ExecutionNotFound, NotAPosition):
-            return None
+    settings = _settings(unit.config.basichttp)
+    live = await _table(unit).token_hash(unit.tx.driver, execution_id)
+    if live is None:
+        return None
+    storage = unit.storage
+    try:
+        record = await storage.fetch_execution(execution_id)
+        state = storage.load(record, await storage.machine(record.content_hash))
+    except (ExecutionNotFound, NotAPosition):
+        return None
     token = _chart_token(state.datamodel.get("_ioprocessors"))
     if token is None or not secrets.compare_digest(token_digest(token), live):
         return None
     return settings.location(token)
 
 
-async def rotate_location(config: RouterConfig, execution_id: str) -> str:
-    """Give ``execution_id`` a new location and answer it; the old one reaches nothing
-    from the commit on. The chart's ``_ioprocessors`` still holds the first one.
-
-    Raises:
-        ConfigError: the configuration has no ``basichttp``.
-        NoLocation: the execution has no location to replace.
-    """
-    _settings(config)  # refused before any transaction opens
-    async with config.transaction() as unit:
-        return await rotate_location_in(unit, config, execution_id)
-
-
-async def rotate_location_in(unit: Unit, config: RouterConfig, execution_id: str) -> str:
-    """:func:`rotate_location` inside ``unit``, a router transaction the caller opened
-    on ``config`` (``config.transaction()``), so that what the caller writes beside it
-    commits or rolls back with the rotation. The old location reaches nothing from
-    ``unit``'s commit on; if ``unit`` rolls back, the old one stays live and the
-    location answered reaches nothing.
+async def rotate_location_in(unit: Unit, execution_id: str) -> str:
+    """Give ``execution_id`` a new location in ``unit`` and answer it, so that what
+    the caller writes beside it commits or rolls back with the rotation. The old
+    location reaches nothing from ``unit``'s commit on; if ``unit`` rolls back, the old
+    one stays live and the location answered reaches nothing. The chart's
+    ``_ioprocessors`` still holds the first one.
 
     Raises:
         ConfigError: the configuration has no ``basichttp``.
         NoLocation: the execution has no location to replace (nothing was written).
     """
-    settings = _settings(config)
+    settings = _settings(unit.config.basichttp)
     token = mint_token()
     if not await _table(unit).rotate(unit.tx.driver, execution_id, token_digest(token)):
         raise NoLocation(execution_id)
@@ -217,13 +158,13 @@ async def rotate_location_in(unit: Unit, config: RouterConfig, execution_id: str
 
 
 async def start_options(
-    unit: Unit, config: RouterConfig, address_id: Any, execution_id: str, now: datetime
+    unit: Unit, address_id: Any, execution_id: str, now: datetime
 ) -> StartOptions:
-    """The start options of a new execution: the configuration's, and, when it has
-    ``basichttp`` and the execution an address row (``address_id``), a location of its
-    own, recorded in ``unit`` and written into ``_ioprocessors``."""
-    options = config.start_options
-    settings = config.basichttp
+    """The start options of a new execution: the unit's, and, when the configuration
+    has ``basichttp`` and the execution an address row (``address_id``), a location of
+    its own, recorded in ``unit`` and written into ``_ioprocessors``."""
+    options = unit.start_options
+    settings = unit.config.basichttp
     if settings is None or address_id is None:
         return options
     token = mint_token()
@@ -258,10 +199,10 @@ async def resolve(unit: Unit, token: str) -> Located | None:
     )
 
 
-def _settings(config: RouterConfig) -> BasicHttpLocations:
-    if config.basichttp is None:
+def _settings(settings: BasicHttpLocations | None) -> BasicHttpLocations:
+    if settings is None:
         raise ConfigError("the configuration has no basichttp: executions have no location")
-    return config.basichttp
+    return settings
 
 
 def _chart_token(processors: object) -> str | None:

@@ -63,21 +63,18 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import KW_ONLY, dataclass, replace
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import Any, Final, Literal
 
 from statifier.callbacks import settle
 from statifier.core import Event
 from statifier.core.positions import NotAPosition, dump_event, load_event
-from statifier.persistence import PLAIN, BlobCodec, Refused, UndecodableBlob
+from statifier.persistence import PLAIN, BlobCodec, Refused, Storage, UndecodableBlob
 from statifier.persistence.codec import PlainBlobs, opened_text, sealed_json
 from statifier.persistence.sql import SqlAdapter, SqlTransaction
 from statifier.router.errors import ConfigError
 from statifier.router.routes import IdempotencyKey
 from statifier.sql.outbox import LeasedRow, OutboxTable, StoredRow
 from statifier.telemetry import report
-
-if TYPE_CHECKING:
-    from statifier.router.config import RouterConfig
 
 __all__ = [
     "Backoff",
@@ -369,8 +366,9 @@ class OutboxDrain:
     """Hands committed outbox rows to their queues' sinks (see the module docstring).
 
     Args:
-        source: the SQL adapter, or a router configuration (its adapter, and its
-            storage's clock unless ``clock`` is given).
+        source: the SQL adapter, or a storage over one (a router's
+            :attr:`~statifier.router.Router.storage`: its clock unless ``clock`` is
+            given, and its codec unless ``codec`` is).
         sinks: ``queue -> sink``; only these queues are drained (none: read only).
         max_attempts: attempts before a row is dead-lettered (at least 1).
         backoff: the wait between attempts.
@@ -378,16 +376,17 @@ class OutboxDrain:
             sink call, or another worker may call the sink for the row meanwhile.
         batch: the most rows one pass claims; their sinks run concurrently.
         clock: the time leases, attempts and marks are measured by.
-        codec: decodes each row's event (the routes' codec); by default a router
-            configuration's ``storage.codec``, else stored as given.
+        codec: decodes each row's event (the routes' codec); by default the storage's
+            codec, else stored as given.
 
     Raises:
-        ConfigError: a sink that is not callable, or a bound out of range.
+        ConfigError: a sink that is not callable, a bound out of range, or a storage
+            that is not over a SQL adapter.
     """
 
     def __init__(
         self,
-        source: SqlAdapter | RouterConfig,
+        source: SqlAdapter | Storage,
         sinks: Mapping[str, Sink],
         *,
         max_attempts: int = 8,
@@ -402,9 +401,12 @@ class OutboxDrain:
             self.clock = clock or _wall_clock
             self.codec: BlobCodec = codec or PLAIN
         else:
-            self.adapter = source.adapter
-            self.clock = clock or source.storage.clock
-            self.codec = codec or source.storage.codec
+            adapter = source.adapter
+            if not isinstance(adapter, SqlAdapter):
+                raise ConfigError(f"the outbox lives in a SQL database, not in {adapter!r}")
+            self.adapter = adapter
+            self.clock = clock or source.clock
+            self.codec = codec or source.codec
         for queue, sink in sinks.items():
             if not queue or not callable(sink):
                 raise ConfigError(f"a sink is a callable under a queue name: {queue!r}: {sink!r}")

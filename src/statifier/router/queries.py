@@ -2,52 +2,35 @@
 
 from __future__ import annotations
 
-from statifier.router.config import RouterConfig
 from statifier.router.records import AddressRow, LedgerRow
-from statifier.sql.routing import RoutingLedgerRow
+from statifier.router.routing import Router
 
 __all__ = ["address", "address_of", "ledger", "newest_address"]
 
 
-async def ledger(config: RouterConfig, execution_id: str | None = None) -> list[LedgerRow]:
+async def ledger(router: Router, execution_id: str | None = None) -> list[LedgerRow]:
     """Routing-ledger rows, oldest first: every row, or those naming ``execution_id``.
 
     Rows written at the same instant come in insertion order with an integer key; with
     a UUID key (``TableOptions(key_type=sa.Uuid)``) their order among themselves is
     unspecified."""
-    async with config.transaction() as unit:
-        rows = await unit.sql.ledger(execution_id)
-    return [_ledger_row(row) for row in rows]
+    async with router.transaction() as unit:
+        return await unit.sql.ledger(execution_id)
 
 
-async def address(config: RouterConfig, scope: str, document: str, key: str) -> AddressRow | None:
+async def address(router: Router, scope: str, document: str, key: str) -> AddressRow | None:
     """The address row of ``(scope, document, key)``, if there is one."""
-    async with config.transaction() as unit:
+    async with router.transaction() as unit:
         return await unit.sql.find_address(scope, document, key)
 
 
-async def address_of(config: RouterConfig, execution_id: str) -> tuple[str, str, str] | None:
+async def address_of(router: Router, execution_id: str) -> tuple[str, str, str] | None:
     """The ``(scope, document, key)`` an execution is addressed under, if any."""
-    async with config.transaction() as unit:
+    async with router.transaction() as unit:
         return await unit.sql.address_of(execution_id)
 
 
-async def newest_address(config: RouterConfig, scope: str, document: str) -> str | None:
+async def newest_address(router: Router, scope: str, document: str) -> str | None:
     """The execution the newest address of ``document`` in ``scope`` names, if any."""
-    async with config.transaction() as unit:
+    async with router.transaction() as unit:
         return await unit.sql.named_by(scope, document)
-
-
-def _ledger_row(row: RoutingLedgerRow) -> LedgerRow:
-    return LedgerRow(
-        row.binding_id,
-        message_id=row.message_id,
-        scope=row.scope,
-        source=row.source,
-        outcome=row.outcome,
-        reason=row.reason,
-        document=row.document,
-        key=row.key,
-        execution_id=row.execution_id,
-        inserted_at=row.inserted_at,
-    )

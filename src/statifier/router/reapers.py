@@ -15,7 +15,7 @@ from typing import Any
 
 from statifier.persistence import Status
 from statifier.router.binding import Binding
-from statifier.router.config import RouterConfig
+from statifier.router.routing import Router
 from statifier.router.subscriptions import forget_addressed
 
 __all__ = ["AddressReap", "horizons", "reap_addresses", "reap_dedupe"]
@@ -23,9 +23,9 @@ __all__ = ["AddressReap", "horizons", "reap_addresses", "reap_dedupe"]
 _TERMINAL = frozenset(status.value for status in Status if status.terminal)
 
 
-async def reap_dedupe(config: RouterConfig, now: datetime) -> int:
+async def reap_dedupe(router: Router, now: datetime) -> int:
     """Delete every dedupe claim that expired before ``now``; answers how many."""
-    async with config.transaction() as unit:
+    async with router.transaction() as unit:
         return await unit.sql.reap_dedupe(now)
 
 
@@ -60,7 +60,7 @@ def horizons(bindings: Iterable[Binding]) -> dict[str, timedelta]:
 
 
 async def reap_addresses(
-    config: RouterConfig,
+    router: Router,
     now: datetime,
     *,
     bindings: Sequence[Binding] | None = None,
@@ -87,11 +87,11 @@ async def reap_addresses(
     """
     if limit < 1:
         raise ValueError(f"limit must be at least 1, not {limit}")
-    chosen = config.bindings if bindings is None else bindings
+    chosen = router.config.bindings if bindings is None else bindings
     if chosen is None:
         raise ValueError("pass bindings: the configuration resolves them per scope")
     longest = horizons(chosen)
-    async with config.transaction() as unit:
+    async with router.transaction() as unit:
         rows = await unit.sql.reap_page(after, limit)
         stamp: list[Any] = []
         delete: list[Any] = []

@@ -1,31 +1,52 @@
-"""Routing: an inbound event in, one outcome per enabled binding of its source out.
+"""The router: a :class:`RouterConfig` run on its database, and every door into it.
 
-:func:`route` routes one event, one transaction per binding delivery (or a savepoint
-each inside a caller's transaction). :func:`route_many` routes a batch in one
-transaction, a savepoint per delivery, so a stream front commits once per batch.
-:func:`deliver_event` is the door for a host's own jobs: one event to one address,
-under a plan of the host's.
+:meth:`Router.route` routes one event, one transaction per binding delivery (or a
+savepoint each inside a caller's transaction). :meth:`Router.route_many` routes a batch
+in one transaction, a savepoint per delivery, so a stream front commits once per batch;
+:meth:`Router.plan` reads an event's bindings once, for a front that chooses a lane by
+the event's key before it routes. :meth:`Router.deliver_event` is the door for a host's
+own jobs: one event to one address, under a plan of the host's.
+:meth:`Router.deliver_post` is the BasicHTTP front's: an event posted to an execution's
+location. Each door opens its own router transaction
+(:mod:`statifier.router.transaction`) and passes the delivery down explicitly.
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TypeVar
+from typing import Final, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from statifier.core import Event
+from statifier.persistence import Storage
 from statifier.persistence.reentry import hold
+from statifier.persistence.sql import SqlAdapter
 from statifier.repeats import IntervalTally
-from statifier.router.binding import Binding, Create, Keyed, Plan, Refused
-from statifier.router.config import RESERVED_BINDING_IDS, Door, RouterConfig
+from statifier.router.binding import Binding, Create, Keyed, Order, Plan, Refused
+from statifier.router.config import (
+    BUILT_IN,
+    RESERVED_BINDING_IDS,
+    Door,
+    RouterConfig,
+    error_policy_of,
+)
 from statifier.router.delivery import Delivery, deliver
-from statifier.router.errors import BindingsUnresolved, RouterError
+from statifier.router.errors import BindingsUnresolved, ConfigError, RouterError
+from statifier.router.locations import (
+    Located,
+    location_in,
+    resolve,
+    rotate_location_in,
+    token_shaped,
+)
 from statifier.router.outcomes import (
     Failed,
     InboundEvent,
@@ -35,11 +56,33 @@ from statifier.router.outcomes import (
     Routed,
 )
 from statifier.router.records import LedgerRow
+from statifier.router.sending import SendHandler
+from statifier.router.subscriptions import (
+    Subscription,
+    subscribe_in,
+    subscriptions_in,
+    unsubscribe_in,
+)
+from statifier.router.timer_queue import TimerQueue
 from statifier.router.timers import SqlTimerQueue
-from statifier.router.transaction import Unit, lock_key, sorted_locks
+from statifier.router.transaction import (
+    RouterParts,
+    Unit,
+    lock_key,
+    sorted_locks,
+    statements_for,
+    transaction,
+)
 from statifier.telemetry import enabled, report
 
-__all__ = ["BlockedByEarlierFailure", "deliver_event", "route", "route_many"]
+__all__ = [
+    "POST_PLAN_ID",
+    "BlockedByEarlierFailure",
+    "Planned",
+    "Router",
+    "Verdict",
+    "delivery_locks",
+]
 
 _log = logging.getLogger(__name__)
 _repeats = IntervalTally()
@@ -47,6 +90,9 @@ _repeats = IntervalTally()
 _T = TypeVar("_T")
 _ROUTE = "statifier.router.route"
 _DELIVERY = "statifier.router.delivery"
+
+POST_PLAN_ID: Final = "basichttp"
+"""The reserved binding id the ledger files posts to BasicHTTP locations under."""
 
 Connection = sa.Connection | AsyncConnection
 
@@ -61,9 +107,15 @@ class BlockedByEarlierFailure(RouterError):  # noqa: N818 - names the refusal
 
 
 @dataclass(frozen=True, slots=True)
-class _Verdict:
-    """One enabled binding's answer for one event: ``Keyed`` (deliver), ``Refused``
-    (write a refusal) or ``None`` (no match)."""
+class Verdict:
+    """One enabled binding's answer for one event.
+
+    Attributes:
+        binding: the binding.
+        answer: :class:`~statifier.router.Keyed` (deliver under that key),
+            :class:`~statifier.router.binding.Refused` (write the refusal to the
+            ledger) or ``None`` (its match does not hold).
+    """
 
     binding: Binding
     answer: Keyed | Refused | None
@@ -83,6 +135,32 @@ class _Verdict:
         return delivery_locks(self.binding.plan, event.scope, self.answer.key, event.message_id)
 
 
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """An event with its bindings read and evaluated (:meth:`Router.plan`), ready to
+    route without reading them again.
+
+    Attributes:
+        event: the event.
+        verdicts: the answers of the enabled bindings of its source, in binding order.
+        key: its partition key: ``scope/document/key`` of the first enabled binding of
+            its source with ``order = by_key`` that keys it, else its message id. Events
+            with one partition key must be routed in order; others need not be.
+    """
+
+    event: InboundEvent
+    verdicts: tuple[Verdict, ...]
+
+    @property
+    def key(self) -> str:
+        event = self.event
+        for verdict in self.verdicts:
+            binding = verdict.binding
+            if binding.order is Order.BY_KEY and isinstance(verdict.answer, Keyed):
+                return f"{event.scope}/{binding.document}/{verdict.answer.key}"
+        return event.message_id
+
+
 def delivery_locks(plan: Plan, scope: str, key: str, message_id: str) -> list[int]:
     """The lock keys of one delivery: its dedupe claim and, unless it creates a new
     execution every time, its address."""
@@ -92,26 +170,494 @@ def delivery_locks(plan: Plan, scope: str, key: str, message_id: str) -> list[in
     return keys
 
 
-def _aware(now: datetime) -> datetime:
-    """``now``, refused if naive: every stored time is an instant."""
-    if now.tzinfo is None or now.utcoffset() is None:
-        raise ValueError(f"now must be timezone-aware, not {now!r}")
-    return now
+class Router:
+    """A router configuration run on its database: the one object every door into the
+    router goes through.
+
+    It builds, once, what every transaction needs (the storage, the router's
+    statements, the timer queue, the error policy, the start options), and opens the
+    router transactions its doors and a host's jobs run in.
+
+    >>> import asyncio, tempfile
+    >>> from pathlib import Path
+    >>> from statifier.chart import compile_chart
+    >>> from statifier.persistence.sql import SqlAdapter
+    >>> from statifier.router import Binding, InboundEvent, RouterConfig, StaticResolver
+    >>> from statifier.sql import migrations
+    >>> chart = compile_chart('''<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="a">
+    ...   <state id="a"><transition event="go" target="b"/></state><state id="b"/></scxml>''')
+    >>> hits = Binding(id="hits", source="clicks", match="true", key="event.user",
+    ...                document="counter", event="go")
+    >>> url = f"sqlite:///{Path(tempfile.mkdtemp()) / 'router.db'}"
+    >>> migrations.upgrade(url)
+    >>> async def main() -> list[str]:
+    ...     async with SqlAdapter(url) as adapter:
+    ...         router = Router(RouterConfig(adapter, bindings=[hits],
+    ...                                      resolver=StaticResolver({"counter": chart})))
+    ...         event = InboundEvent(scope="demo", source="clicks", message_id="m1",
+    ...                              data={"user": "ada"})
+    ...         routed = await router.route(event)
+    ...         return [outcome.outcome for outcome in routed.outcomes]
+    >>> asyncio.run(main())
+    ['created_and_delivered']
+
+    Raises:
+        ConfigError: ``config`` is not a :class:`RouterConfig` (which refused at its
+            construction whatever cannot work).
+    """
+
+    def __init__(self, config: RouterConfig) -> None:
+        if not isinstance(config, RouterConfig):
+            raise ConfigError(f"a Router runs a RouterConfig, not {config!r}")
+        store = config.store
+        storage = store if isinstance(store, Storage) else Storage(store)
+        adapter = storage.adapter
+        assert isinstance(adapter, SqlAdapter)  # the configuration refuses any other
+        queue = config.timer_queue
+        timers: TimerQueue | None
+        if queue == BUILT_IN:
+            timers = SqlTimerQueue(adapter, storage.codec)
+        else:
+            assert not isinstance(queue, str)
+            timers = queue
+        self.config: Final = config
+        self.storage: Final = storage
+        self.adapter: Final = adapter
+        self.timers: Final = timers
+        self._parts = RouterParts(
+            config,
+            storage,
+            statements_for(adapter),
+            timers,
+            config.chart_start_options,
+            error_policy_of(config.on_error, config.document_on_error, config.resolver),
+            SendHandler,
+        )
+
+    def transaction(
+        self, connection: Connection | None = None
+    ) -> AbstractAsyncContextManager[Unit]:
+        """A router transaction on this router's database (see
+        :mod:`statifier.router.transaction`), or one joined to ``connection`` (with a
+        transaction the caller began, and ends)."""
+        return transaction(self._parts, connection)
+
+    # Routing an event.
+
+    async def plan(self, event: InboundEvent) -> Planned:
+        """Read the bindings of ``event``'s scope under ``around_delivery`` with
+        :attr:`~statifier.router.Door.PARTITION`, and evaluate those of its source:
+        :attr:`Planned.key` chooses a lane, and :meth:`route_many` routes it without
+        reading them again.
+
+        Raises:
+            BindingsUnresolved: the bindings resolver failed for the event's scope.
+        """
+        return await self._read(event, Door.PARTITION)
+
+    async def route(
+        self,
+        event: InboundEvent,
+        *,
+        now: datetime | None = None,
+        connection: Connection | None = None,
+    ) -> Routed:
+        """Route ``event``: one outcome per enabled binding of its source, in binding
+        order.
+
+        Each binding's delivery is one transaction (a savepoint each, given
+        ``connection``, a connection of the adapter's engine on which the caller began a
+        transaction: it all commits or rolls back with the caller's transaction).
+        ``now`` defaults to the storage's clock.
+
+        Raises:
+            ValueError: ``now`` is naive.
+            BindingsUnresolved: the bindings resolver failed for the event's scope.
+            UnresolvedDocument, ChartUnresolved, ExecutionParked: see
+                :func:`~statifier.router.delivery.deliver`.
+            Exception: from the database, persistence or the executor. The delivery that
+                raised left nothing behind; those of earlier bindings stay committed. A
+                front must not acknowledge the event.
+        """
+        started = time.perf_counter()
+        moment = self._now(now)
+
+        async def work() -> Routed:
+            outcomes: list[Outcome] = []
+            scheduled: list[int] = []
+            for verdict in (await self._planned(event)).verdicts:
+                if verdict.answer is None:
+                    outcomes.append(NoMatch(verdict.binding.id))
+                    continue
+
+                async def settle(unit: Unit, verdict: Verdict = verdict) -> Outcome:
+                    return await _settle_one(unit, event, verdict, moment)
+
+                locks = verdict.locks(event)
+                outcomes.append(await self._alone(connection, locks, settle, scheduled))
+            return Routed(event, tuple(outcomes), self._waiting(sum(scheduled)))
+
+        return _reported(await self._around(event.scope, Door.ROUTE, work), started)
+
+    async def route_many(
+        self,
+        events: Sequence[InboundEvent | Planned],
+        *,
+        now: datetime | None = None,
+        connection: Connection | None = None,
+    ) -> list[Routed | Failed]:
+        """Route a batch in one transaction (or inside the caller's, given
+        ``connection``): one answer per event, in order. A :class:`Planned` event is
+        routed by the verdicts :meth:`plan` made; for any other the bindings are read
+        here.
+
+        Every delivery settles at its own savepoint, so an event whose routing raises is
+        answered :class:`Failed` (its earlier bindings' deliveries stand) and the others
+        commit. Later events of the batch for an address a failed event touched, and for
+        any address in a scope whose bindings could not be read, fail as
+        :class:`BlockedByEarlierFailure`: a key's events keep their order. On PostgreSQL
+        the batch takes its advisory locks for every claim and address up front, in one
+        sorted order, so two batches never deadlock.
+
+        ``around_delivery`` is called under the event's scope around reading its
+        bindings (unless it comes planned) and around its deliveries; the batch's
+        begin, locks and commit run outside it.
+
+        Raises:
+            ValueError: ``now`` is naive.
+            LockTimeout: on PostgreSQL, the batch's locks were not granted within
+                ``lock_wait``; nothing was written.
+            Exception: the transaction itself failed (the database went away, the
+                commit failed): nothing of the batch is committed.
+        """
+        moment = self._now(now)
+        planned: list[Planned | BaseException] = []
+        for given in events:
+            if isinstance(given, Planned):
+                planned.append(given)
+                continue
+            try:
+                planned.append(await self._read(given, Door.ROUTE))
+            except Exception as error:  # noqa: BLE001 - the event's own answer, not the batch's
+                planned.append(error)
+        batch = [given.event if isinstance(given, Planned) else given for given in events]
+        locks = sorted_locks(
+            key
+            for plan in planned
+            if isinstance(plan, Planned)
+            for verdict in plan.verdicts
+            for key in verdict.locks(plan.event)
+        )
+        answers: list[Routed | Failed] = []
+        durations: list[float] = []
+        async with self.transaction(connection) as unit:
+            await _lock(unit, locks)
+            blocked = _Blocked()
+            # The deliveries' ledger rows, written at once before the commit: a row is
+            # appended only by a delivery that settled, so the rows are exactly theirs.
+            rows: list[LedgerRow] = []
+            for event, plan in zip(batch, planned, strict=True):
+
+                async def settle(
+                    event: InboundEvent = event, plan: Planned | BaseException = plan
+                ) -> Routed | Failed:
+                    return await self._batch_event(unit, event, plan, moment, blocked, rows)
+
+                started = time.perf_counter()
+                try:
+                    answers.append(await self._around(event.scope, Door.ROUTE, settle))
+                except Exception as error:  # noqa: BLE001 - around_delivery raised for it
+                    blocked.scopes.setdefault(event.scope, event.message_id)
+                    answers.append(Failed(event, error))
+                durations.append(time.perf_counter() - started)
+            await unit.sql.record_many(rows)
+        for answer, duration in zip(answers, durations, strict=True):
+            if isinstance(answer, Routed):
+                _reported(answer, 0.0, duration)
+        return answers
+
+    async def deliver_event(
+        self,
+        plan: Plan,
+        *,
+        scope: str,
+        key: str,
+        event: Event,
+        message_id: str,
+        now: datetime | None = None,
+        connection: Connection | None = None,
+    ) -> Outcome:
+        """Deliver ``event`` to the execution ``(scope, plan.document, key)`` addresses,
+        with the same claim, address lookup and ledger row as a binding's delivery,
+        filed under ``plan.id`` (a host job's answer coming back: a failed send, a
+        sink's reply). Use an id of your own, not a binding's; ``create`` is usually
+        ``never``.
+
+        Raises:
+            ValueError: ``plan.id`` is a binding's or a reserved id (its dedupe claims
+                would be the binding's), or ``now`` is naive.
+            Exception: as :meth:`route`, for its one delivery.
+        """
+        bindings = self.config.bindings or ()
+        if plan.id in RESERVED_BINDING_IDS or plan.id in {b.id for b in bindings}:
+            raise ValueError(
+                f"plan id {plan.id!r} is a binding's or reserved: its claims would be the "
+                "binding's; give the host job an id of its own"
+            )
+        moment = self._now(now)
+        delivery = Delivery(plan, scope, key, event, message_id)
+
+        async def settle(unit: Unit) -> Outcome:
+            return await deliver(unit, delivery, moment)
+
+        locks = delivery_locks(plan, scope, key, message_id)
+        return await self._alone(connection, locks, settle)
+
+    async def deliver_post(
+        self,
+        token: str,
+        event: Event,
+        *,
+        send_key: str | None = None,
+        now: datetime | None = None,
+    ) -> Outcome | None:
+        """Deliver ``event`` to the execution the BasicHTTP location ``token`` reaches,
+        in a transaction of its own, filed under :data:`POST_PLAN_ID` and never
+        creating one; ``None`` when it reaches none (unknown or rotated away). A post
+        with a ``send_key`` is delivered once per execution and key within the
+        ``basichttp`` horizon.
+
+        The outcome is the router's: :class:`~statifier.router.Delivered` or
+        ``dropped: unmatched_event`` (delivered), :class:`~statifier.router.Duplicate`
+        (the send key was delivered already), ``dropped: finished`` (the execution has
+        ended). The token is read again inside the delivery's transaction, after its
+        locks: a rotation committed in between makes it ``None``. ``around_delivery``
+        wraps the delivery with :attr:`~statifier.router.Door.BASICHTTP`, once the
+        token's scope is known.
+
+        Raises:
+            ConfigError: the configuration has no ``basichttp``.
+            ValueError: ``now`` is naive.
+            Exception: as :meth:`route`, for its one delivery.
+        """
+        settings = self.config.basichttp
+        if settings is None:
+            raise ConfigError("the configuration has no basichttp: no execution has a location")
+        moment = self._now(now)
+        if not token_shaped(token):
+            return None  # no token ever minted: nothing to read
+        async with self.transaction() as unit:
+            found = await resolve(unit, token)
+        if found is None:
+            return None
+        plan = Plan(
+            POST_PLAN_ID, document=found.document, create=Create.NEVER, horizon=settings.horizon
+        )
+        delivery = Delivery(plan, found.scope, found.key, event, _post_id(found, send_key))
+        locks = sorted_locks(delivery_locks(plan, found.scope, found.key, delivery.message_id))
+
+        async def work() -> Outcome | None:
+            async with self.transaction() as unit:
+                await unit.lock(locks, self.config.lock_wait)
+                again = await resolve(unit, token)
+                if again is None or again.execution_id != found.execution_id:
+                    return None
+                return await deliver(unit, delivery, moment)
+
+        return await self._around(found.scope, Door.BASICHTTP, work)
+
+    # A host's operations on executions.
+
+    async def subscribe(self, execution_id: str, binding_id: str, invoke_id: str) -> Subscription:
+        """Subscribe ``execution_id`` to ``binding_id`` under the invocation
+        ``invoke_id``, as a source invoke does (:mod:`statifier.router.subscriptions`),
+        in a transaction of its own. Subscribing an invocation that is already
+        subscribed writes nothing and answers the row written first.
+
+        Raises:
+            SubscriptionRefused: the execution has no address, or the binding is unknown
+                in its scope, disabled, not a ``subscription`` binding, or addresses
+                another document.
+            ValueError: an empty ``invoke_id``.
+        """
+        given: object = invoke_id
+        if not isinstance(given, str) or not given:
+            raise ValueError(f"an invoke id is a non-empty string, not {given!r}")
+        async with self.transaction() as unit:
+            now = self.storage.clock()
+            return await subscribe_in(unit, execution_id, binding_id, invoke_id, now)
+
+    async def unsubscribe(self, execution_id: str, invoke_id: str) -> bool:
+        """Delete the subscription of the invocation ``invoke_id`` of ``execution_id``,
+        and nothing else (not the execution's other subscriptions, not its address);
+        answers whether there was one."""
+        async with self.transaction() as unit:
+            return await unsubscribe_in(unit, execution_id, invoke_id)
+
+    async def subscriptions_of(self, execution_id: str) -> list[Subscription]:
+        """The live subscriptions of ``execution_id``, oldest first."""
+        async with self.transaction() as unit:
+            return await subscriptions_in(unit, execution_id)
+
+    async def location(self, execution_id: str) -> str | None:
+        """The BasicHTTP location of ``execution_id`` as its chart holds it, while that
+        is the live one (see :func:`~statifier.router.locations.location_in`).
+
+        Raises:
+            ConfigError: the configuration has no ``basichttp``.
+        """
+        async with self.transaction() as unit:
+            return await location_in(unit, execution_id)
+
+    async def rotate_location(self, execution_id: str) -> str:
+        """Give ``execution_id`` a new BasicHTTP location and answer it; the old one
+        reaches nothing from the commit on. The chart's ``_ioprocessors`` still holds
+        the first one.
+
+        Raises:
+            ConfigError: the configuration has no ``basichttp``.
+            NoLocation: the execution has no location to replace.
+        """
+        async with self.transaction() as unit:
+            return await rotate_location_in(unit, execution_id)
+
+    # Helpers.
+
+    def _now(self, now: datetime | None) -> datetime:
+        """``now``, refused if naive (every stored time is an instant), or the storage's
+        clock."""
+        if now is None:
+            return self.storage.clock()
+        if now.tzinfo is None or now.utcoffset() is None:
+            raise ValueError(f"now must be timezone-aware, not {now!r}")
+        return now
+
+    async def _read(self, event: InboundEvent, door: Door) -> Planned:
+        """:meth:`_planned` under ``around_delivery``, told ``door``."""
+
+        async def read() -> Planned:
+            return await self._planned(event)
+
+        return await self._around(event.scope, door, read)
+
+    async def _planned(self, event: InboundEvent) -> Planned:
+        try:
+            bindings = await self.config.bindings_for(event.scope)
+        except Exception as error:
+            raise BindingsUnresolved(event.scope, f"{type(error).__name__}: {error}") from error
+        verdicts = tuple(
+            Verdict(binding, binding.evaluate(event.data))
+            for binding in bindings
+            if binding.enabled and binding.source == event.source
+        )
+        return Planned(event, verdicts)
+
+    async def _around(self, scope: str, door: Door, work: Callable[[], Awaitable[_T]]) -> _T:
+        """``work`` under the configuration's ``around_delivery``, if any."""
+        around = self.config.around_delivery
+        if around is None:
+            return await work()
+        result: _T = await around(scope, door, work)
+        return result
+
+    async def _alone(
+        self,
+        connection: Connection | None,
+        locks: list[int],
+        settle: Callable[[Unit], Awaitable[Outcome]],
+        scheduled: list[int] | None = None,
+    ) -> Outcome:
+        """One delivery in a transaction of its own, or in a savepoint of the caller's:
+        its advisory locks first (sorted, bounded by ``lock_wait``), then ``settle``;
+        the count of timers it scheduled goes to ``scheduled``."""
+        async with self.transaction(connection) as unit:
+            if connection is None:
+                await _lock(unit, sorted_locks(locks))
+                outcome = await settle(unit)
+            else:
+                async with unit.savepoint():
+                    await _lock(unit, sorted_locks(locks))
+                    outcome = await settle(unit)
+            if scheduled is not None:
+                scheduled.append(unit.scheduled)
+            return outcome
+
+    def _waiting(self, scheduled: int) -> tuple[str, ...]:
+        """What an event's deliveries leave waiting for a timer worker that does not
+        run in this process, said (and logged, once an interval), unless one runs
+        elsewhere."""
+        queue = self.timers
+        if not scheduled or self.config.timers_elsewhere or not isinstance(queue, SqlTimerQueue):
+            return ()
+        if queue.on_schedule:  # a TimerWorker runs here: it was woken
+            return ()
+        notice = (
+            f"{scheduled} timer{'s' if scheduled != 1 else ''} scheduled, and no timer "
+            "worker runs in this process to fire them: run a TimerWorker (or statifier "
+            "serve) on this database, or set RouterConfig(timers_elsewhere=True) where one "
+            "runs elsewhere"
+        )
+        _repeats.note(
+            ("no_timer_worker", id(queue)),
+            lambda: _log.warning("%s", notice),
+            lambda count: _log.warning(
+                "%d more deliveries scheduled timers no worker fires", count
+            ),
+        )
+        return (notice,)
+
+    async def _batch_event(
+        self,
+        unit: Unit,
+        event: InboundEvent,
+        plan: Planned | BaseException,
+        now: datetime,
+        blocked: _Blocked,
+        rows: list[LedgerRow],
+    ) -> Routed | Failed:
+        if isinstance(plan, BaseException):
+            blocked.scopes.setdefault(event.scope, event.message_id)
+            return Failed(event, plan)
+        verdicts = plan.verdicts
+        addresses = [
+            (event.scope, verdict.binding.document, verdict.answer.key)
+            for verdict in verdicts
+            if isinstance(verdict.answer, Keyed)
+        ]
+        earlier = blocked.scopes.get(event.scope) or next(
+            (blocked.addresses[address] for address in addresses if address in blocked.addresses),
+            None,
+        )
+        if earlier is not None:
+            for address in addresses:
+                blocked.addresses.setdefault(address, earlier)
+            return Failed(event, BlockedByEarlierFailure(earlier))
+        outcomes: list[Outcome] = []
+        before = unit.scheduled
+        for verdict in verdicts:
+            if verdict.answer is None:
+                outcomes.append(NoMatch(verdict.binding.id))
+                continue
+            try:
+                async with unit.savepoint():
+                    outcomes.append(await _settle_one(unit, event, verdict, now, rows))
+            except Exception as error:  # noqa: BLE001 - one event's failure is its own answer
+                for address in addresses:
+                    blocked.addresses.setdefault(address, event.message_id)
+                return Failed(event, error)
+        return Routed(event, tuple(outcomes), self._waiting(unit.scheduled - before))
 
 
-async def _verdicts(config: RouterConfig, event: InboundEvent) -> list[_Verdict]:
-    try:
-        bindings = await config.bindings_for(event.scope)
-    except Exception as error:
-        raise BindingsUnresolved(event.scope, f"{type(error).__name__}: {error}") from error
-    return [
-        _Verdict(binding, binding.evaluate(event.data))
-        for binding in bindings
-        if binding.enabled and binding.source == event.source
-    ]
+@dataclass(slots=True)
+class _Blocked:
+    """What a batch's failures block: addresses, and scopes whose bindings could not be
+    read, each naming the message id that failed first."""
+
+    addresses: dict[tuple[str, str, str], str] = field(default_factory=dict)
+    scopes: dict[str, str] = field(default_factory=dict)
 
 
-def _refusal_row(event: InboundEvent, verdict: _Verdict, now: datetime) -> LedgerRow:
+def _refusal_row(event: InboundEvent, verdict: Verdict, now: datetime) -> LedgerRow:
     assert isinstance(verdict.answer, Refused)
     binding = verdict.binding
     return LedgerRow(
@@ -128,20 +674,10 @@ def _refusal_row(event: InboundEvent, verdict: _Verdict, now: datetime) -> Ledge
     )
 
 
-async def _around(
-    config: RouterConfig, scope: str, door: Door, work: Callable[[], Awaitable[_T]]
-) -> _T:
-    if config.around_delivery is None:
-        return await work()
-    result: _T = await config.around_delivery(scope, door, work)
-    return result
-
-
 async def _settle_one(
     unit: Unit,
-    config: RouterConfig,
     event: InboundEvent,
-    verdict: _Verdict,
+    verdict: Verdict,
     now: datetime,
     rows: list[LedgerRow] | None = None,
 ) -> Outcome:
@@ -157,7 +693,7 @@ async def _settle_one(
             rows.append(row)
         outcome = KeyRefused(verdict.binding.id, reason=verdict.answer.reason)
     else:
-        outcome = await deliver(unit, config, verdict.delivery(event), now, rows)
+        outcome = await deliver(unit, verdict.delivery(event), now, rows)
     if enabled(_DELIVERY):
         report(
             _DELIVERY,
@@ -173,55 +709,11 @@ async def _settle_one(
     return outcome
 
 
-async def _alone(
-    config: RouterConfig,
-    connection: Connection | None,
-    locks: list[int],
-    settle: Callable[[Unit], Awaitable[Outcome]],
-    scheduled: list[int] | None = None,
-) -> Outcome:
-    """One delivery in a transaction of its own, or in a savepoint of the caller's: its
-    advisory locks first (sorted, bounded by ``lock_wait``), then ``settle``; the count
-    of timers it scheduled goes to ``scheduled``."""
-    async with config.transaction(connection) as unit:
-        if connection is None:
-            await _lock(unit, config, sorted_locks(locks))
-            outcome = await settle(unit)
-        else:
-            async with unit.savepoint():
-                await _lock(unit, config, sorted_locks(locks))
-                outcome = await settle(unit)
-        if scheduled is not None:
-            scheduled.append(unit.scheduled)
-        return outcome
-
-
-def _waiting(config: RouterConfig, scheduled: int) -> tuple[str, ...]:
-    """What an event's deliveries leave waiting for a timer worker that does not run in
-    this process, said (and logged, once an interval), unless one runs elsewhere."""
-    queue = config.timers
-    if not scheduled or config.timers_elsewhere or not isinstance(queue, SqlTimerQueue):
-        return ()
-    if queue.on_schedule:  # a TimerWorker runs here: it was woken
-        return ()
-    notice = (
-        f"{scheduled} timer{'s' if scheduled != 1 else ''} scheduled, and no timer worker "
-        "runs in this process to fire them: run a TimerWorker (or statifier serve) on this "
-        "database, or set RouterConfig(timers_elsewhere=True) where one runs elsewhere"
-    )
-    _repeats.note(
-        ("no_timer_worker", id(queue)),
-        lambda: _log.warning("%s", notice),
-        lambda count: _log.warning("%d more deliveries scheduled timers no worker fires", count),
-    )
-    return (notice,)
-
-
-async def _lock(unit: Unit, config: RouterConfig, keys: list[int]) -> None:
+async def _lock(unit: Unit, keys: list[int]) -> None:
     """Take the router's locks ``keys`` in ``unit``, refusing at once a wait on one the
     calling task's own delivery holds (a route calling back into its sender)."""
     hold(unit.tx, [("router", key) for key in keys], "the router's lock of this address")
-    await unit.lock(keys, config.lock_wait)
+    await unit.lock(keys, unit.config.lock_wait)
 
 
 def _reported(routed: Routed, started: float, duration: float | None = None) -> Routed:
@@ -236,199 +728,10 @@ def _reported(routed: Routed, started: float, duration: float | None = None) -> 
     return routed
 
 
-async def route(
-    config: RouterConfig,
-    event: InboundEvent,
-    *,
-    now: datetime | None = None,
-    connection: Connection | None = None,
-) -> Routed:
-    """Route ``event``: one outcome per enabled binding of its source, in binding order.
-
-    Each binding's delivery is one transaction (a savepoint each, given ``connection``,
-    a connection of the adapter's engine on which the caller began a transaction: it
-    all commits or rolls back with the caller's transaction). ``now`` defaults to the
-    storage's clock.
-
-    Raises:
-        BindingsUnresolved: the bindings resolver failed for the event's scope.
-        UnresolvedDocument, ChartUnresolved, ExecutionParked: see
-            :func:`~statifier.router.delivery.deliver`.
-        Exception: from the database, persistence or the executor. The delivery that
-            raised left nothing behind; those of earlier bindings stay committed. A
-            front must not acknowledge the event.
-    """
-    started = time.perf_counter()
-    moment = config.storage.clock() if now is None else _aware(now)
-
-    async def work() -> Routed:
-        outcomes: list[Outcome] = []
-        scheduled: list[int] = []
-        for verdict in await _verdicts(config, event):
-            if verdict.answer is None:
-                outcomes.append(NoMatch(verdict.binding.id))
-                continue
-            locks = verdict.locks(event)
-
-            async def settle(unit: Unit, verdict: _Verdict = verdict) -> Outcome:
-                return await _settle_one(unit, config, event, verdict, moment)
-
-            outcomes.append(await _alone(config, connection, locks, settle, scheduled))
-        return Routed(event, tuple(outcomes), _waiting(config, sum(scheduled)))
-
-    return _reported(await _around(config, event.scope, Door.ROUTE, work), started)
-
-
-async def route_many(
-    config: RouterConfig,
-    events: Sequence[InboundEvent],
-    *,
-    now: datetime | None = None,
-    connection: Connection | None = None,
-) -> list[Routed | Failed]:
-    """Route a batch in one transaction (or inside the caller's, given ``connection``):
-    one answer per event, in order.
-
-    Every delivery settles at its own savepoint, so an event whose routing raises is
-    answered :class:`Failed` (its earlier bindings' deliveries stand) and the others
-    commit. Later events of the batch for an address a failed event touched, and for
-    any address in a scope whose bindings could not be read, fail as
-    :class:`BlockedByEarlierFailure`: a key's events keep their order. On PostgreSQL
-    the batch takes its advisory locks for every claim and address up front, in one
-    sorted order, so two batches never deadlock.
-
-    ``around_delivery`` is called twice per event, under the event's scope: around
-    reading its bindings, and around its deliveries; the batch's begin, locks and
-    commit run outside it.
-
-    Raises:
-        ValueError: ``now`` is naive.
-        LockTimeout: on PostgreSQL, the batch's locks were not granted within
-            ``lock_wait``; nothing was written.
-        Exception: the transaction itself failed (the database went away, the commit
-            failed): nothing of the batch is committed.
-    """
-    moment = config.storage.clock() if now is None else _aware(now)
-    planned: list[list[_Verdict] | BaseException] = []
-    for event in events:
-
-        async def read(event: InboundEvent = event) -> list[_Verdict]:
-            return await _verdicts(config, event)
-
-        try:
-            planned.append(await _around(config, event.scope, Door.ROUTE, read))
-        except Exception as error:  # noqa: BLE001 - the event's own answer, not the batch's
-            planned.append(error)
-    locks = sorted_locks(
-        key
-        for event, verdicts in zip(events, planned, strict=True)
-        if isinstance(verdicts, list)
-        for verdict in verdicts
-        for key in verdict.locks(event)
-    )
-    answers: list[Routed | Failed] = []
-    durations: list[float] = []
-    async with config.transaction(connection) as unit:
-        await _lock(unit, config, locks)
-        blocked: dict[tuple[str, str, str], str] = {}
-        blocked_scopes: dict[str, str] = {}
-        # The deliveries' ledger rows, written at once before the commit: a row is
-        # appended only by a delivery that settled, so the rows are exactly theirs.
-        rows: list[LedgerRow] = []
-        for event, verdicts in zip(events, planned, strict=True):
-
-            async def settle(
-                event: InboundEvent = event, verdicts: list[_Verdict] | BaseException = verdicts
-            ) -> Routed | Failed:
-                return await _batch_event(
-                    unit, config, event, verdicts, moment, blocked, blocked_scopes, rows
-                )
-
-            started = time.perf_counter()
-            try:
-                answers.append(await _around(config, event.scope, Door.ROUTE, settle))
-            except Exception as error:  # noqa: BLE001 - around_delivery raised for it
-                blocked_scopes.setdefault(event.scope, event.message_id)
-                answers.append(Failed(event, error))
-            durations.append(time.perf_counter() - started)
-        await unit.sql.record_many(rows)
-    for answer, duration in zip(answers, durations, strict=True):
-        if isinstance(answer, Routed):
-            _reported(answer, 0.0, duration)
-    return answers
-
-
-async def _batch_event(
-    unit: Unit,
-    config: RouterConfig,
-    event: InboundEvent,
-    verdicts: list[_Verdict] | BaseException,
-    now: datetime,
-    blocked: dict[tuple[str, str, str], str],
-    blocked_scopes: dict[str, str],
-    rows: list[LedgerRow],
-) -> Routed | Failed:
-    if isinstance(verdicts, BaseException):
-        blocked_scopes.setdefault(event.scope, event.message_id)
-        return Failed(event, verdicts)
-    addresses = [
-        (event.scope, verdict.binding.document, verdict.answer.key)
-        for verdict in verdicts
-        if isinstance(verdict.answer, Keyed)
-    ]
-    earlier = blocked_scopes.get(event.scope) or next(
-        (blocked[address] for address in addresses if address in blocked), None
-    )
-    if earlier is not None:
-        for address in addresses:
-            blocked.setdefault(address, earlier)
-        return Failed(event, BlockedByEarlierFailure(earlier))
-    outcomes: list[Outcome] = []
-    before = unit.scheduled
-    for verdict in verdicts:
-        if verdict.answer is None:
-            outcomes.append(NoMatch(verdict.binding.id))
-            continue
-        try:
-            async with unit.savepoint():
-                outcomes.append(await _settle_one(unit, config, event, verdict, now, rows))
-        except Exception as error:  # noqa: BLE001 - one event's failure is its own answer
-            for address in addresses:
-                blocked.setdefault(address, event.message_id)
-            return Failed(event, error)
-    return Routed(event, tuple(outcomes), _waiting(config, unit.scheduled - before))
-
-
-async def deliver_event(
-    config: RouterConfig,
-    plan: Plan,
-    *,
-    scope: str,
-    key: str,
-    event: Event,
-    message_id: str,
-    now: datetime | None = None,
-    connection: Connection | None = None,
-) -> Outcome:
-    """Deliver ``event`` to the execution ``(scope, plan.document, key)`` addresses,
-    with the same claim, address lookup and ledger row as a binding's delivery, filed
-    under ``plan.id`` (a host job's answer coming back: a failed send, a sink's
-    reply). Use an id of your own, not a binding's; ``create`` is usually ``never``.
-
-    Raises:
-        ValueError: ``plan.id`` is a binding's or a reserved id (its dedupe claims
-            would be the binding's), or ``now`` is naive.
-        Exception: as :func:`route`, for its one delivery.
-    """
-    if plan.id in RESERVED_BINDING_IDS or plan.id in {b.id for b in config.bindings or ()}:
-        raise ValueError(
-            f"plan id {plan.id!r} is a binding's or reserved: its claims would be the "
-            "binding's; give the host job an id of its own"
-        )
-    moment = config.storage.clock() if now is None else _aware(now)
-    delivery = Delivery(plan, scope, key, event, message_id)
-
-    async def settle(unit: Unit) -> Outcome:
-        return await deliver(unit, config, delivery, moment)
-
-    return await _alone(config, connection, delivery_locks(plan, scope, key, message_id), settle)
+def _post_id(found: Located, send_key: str | None) -> str:
+    """The claim of one post: the execution and the send key (length-prefixed, so no
+    two pairs spell one id), or a fresh id when there is no key."""
+    execution_id = found.execution_id
+    if send_key is None:
+        return f"post:{execution_id}:{secrets.token_hex(16)}"
+    return f"key:{len(execution_id)}:{execution_id}:{send_key}"

@@ -105,7 +105,7 @@ from statifier.router.errors import RouterError
 from statifier.router.queries import ledger, newest_address
 from statifier.router.reapers import reap_addresses, reap_dedupe
 from statifier.router.routes import IdempotencyKey
-from statifier.router.routing import route
+from statifier.router.routing import Router
 from statifier.router.scenario_case import (
     CONTRACT_KEYS,
     DEFAULT_START,
@@ -334,26 +334,26 @@ async def run_case(
             sends: list[dict[str, Any]] = []
             unhandled = _Unhandled()
             accepted = _literal_types(_config(setup, storage, sends), setup.charts)
-            config = _config(setup, storage, sends, mint, unhandled, accepted)
-            worker = TimerWorker(config, clock=clock)
+            router = Router(_config(setup, storage, sends, mint, unhandled, accepted))
+            worker = TimerWorker(router, clock=clock)
             # The case's execution: the one the address table names, remembered after
             # every step, so that it stays the case's once a reap deletes its row.
             named: str | None = None
             for index, step in enumerate(case.script):
                 unhandled.step = index
                 try:
-                    await _run_step(config, worker, step, clock)
-                    named = await newest_address(config, case.scope, case.document) or named
+                    await _run_step(router, worker, step, clock)
+                    named = await newest_address(router, case.scope, case.document) or named
                 except CaseError as error:
                     raise CaseError(f"script[{index}]: {error}") from None
                 except (RouterError, PersistenceError) as error:
                     name = type(error).__name__
                     raise CaseError(f"script[{index}]: {name}: {error}") from None
-            report = await _report(config, case.document, named)
-            report["timers"] = sorted(entry.event.name for entry in await _pending(config))
+            report = await _report(router, case.document, named)
+            report["timers"] = sorted(entry.event.name for entry in await _pending(router))
             report["sends"] = sends
             report["unhandled_sends"] = unhandled.sends
-            report["executions"] = await _executions(config, setup.charts, before, mint.minted)
+            report["executions"] = await _executions(router, setup.charts, before, mint.minted)
             return {key: report[key] for key in REPORT_KEYS}
 
 
@@ -512,23 +512,21 @@ async def _publish(case: Case, setup: _Setup) -> dict[str, Any]:
     return {"contracts": found.as_json()}
 
 
-async def _run_step(config: RouterConfig, worker: TimerWorker, step: Step, clock: _Clock) -> None:
+async def _run_step(router: Router, worker: TimerWorker, step: Step, clock: _Clock) -> None:
     until = clock.now
     if isinstance(step, Deliver):
-        await route(config, step.event, now=clock.now)
+        await router.route(step.event, now=clock.now)
     elif isinstance(step, Advance):
         until = clock.now + step.by
     elif step.table == "addresses":
-        await reap_addresses(config, clock.now)
+        await reap_addresses(router, clock.now)
     else:
-        await reap_dedupe(config, clock.now)
-    await _fire_until(config, worker, clock, until)
+        await reap_dedupe(router, clock.now)
+    await _fire_until(router, worker, clock, until)
     clock.now = until
 
 
-async def _fire_until(
-    config: RouterConfig, worker: TimerWorker, clock: _Clock, until: datetime
-) -> None:
+async def _fire_until(router: Router, worker: TimerWorker, clock: _Clock, until: datetime) -> None:
     """Fire every timer due at or before ``until``, one due instant at a time, the clock
     moved to each first (never back: a timer due now is due at the clock).
 
@@ -542,9 +540,9 @@ async def _fire_until(
         if upcoming is None or upcoming > until:
             return
         clock.now = max(clock.now, upcoming)
-        due = {str(entry.key): entry for entry in await _pending(config, clock.now)}
+        due = {str(entry.key): entry for entry in await _pending(router, clock.now)}
         fired += await worker.fire_due(clock.now)
-        still = {str(entry.key) for entry in await _pending(config)}
+        still = {str(entry.key) for entry in await _pending(router)}
         left = [entry for key, entry in due.items() if key in still]
         if left:
             at = left[0].due_at.isoformat()
@@ -553,12 +551,12 @@ async def _fire_until(
             raise CaseError(f"more than {MAX_FIRES} timers fired in one step")
 
 
-async def _pending(config: RouterConfig, upto: datetime = _FAR_FUTURE) -> list[TimerEntry]:
+async def _pending(router: Router, upto: datetime = _FAR_FUTURE) -> list[TimerEntry]:
     """The pending timers due at or before ``upto``, in firing order."""
-    queue = config.timers
+    queue = router.timers
     assert isinstance(queue, SqlTimerQueue)
     # A claim reads the rows without taking them; its locks end with this transaction.
-    async with config.transaction() as unit:
+    async with router.transaction() as unit:
         entries = []
         for timer in await queue.claim(unit.tx, upto, _MAX_PENDING):
             if isinstance(timer, UnreadableTimer):
@@ -567,8 +565,8 @@ async def _pending(config: RouterConfig, upto: datetime = _FAR_FUTURE) -> list[T
         return entries
 
 
-async def _report(config: RouterConfig, document: str, named: str | None) -> dict[str, Any]:
-    rows = await ledger(config)
+async def _report(router: Router, document: str, named: str | None) -> dict[str, Any]:
+    rows = await ledger(router)
     report: dict[str, Any] = {
         "ledger": [
             {
@@ -591,7 +589,7 @@ async def _report(config: RouterConfig, document: str, named: str | None) -> dic
     )
     if execution_id is None:
         return report
-    storage = config.storage
+    storage = router.storage
     try:
         record = await storage.fetch_execution(execution_id)
     except ExecutionNotFound:
@@ -617,7 +615,7 @@ def _seen(record: ExecutionRecord) -> _Seen:
 
 
 async def _executions(
-    config: RouterConfig,
+    router: Router,
     charts: Mapping[str, Machine],
     before: Mapping[str, _Seen],
     minted: Sequence[str],
@@ -625,7 +623,7 @@ async def _executions(
     """Every execution the run created or stepped, by id: those it created in order of
     creation, then the rest by id; each ``{"document", "status", "configuration",
     "final_state"}``."""
-    storage = config.storage
+    storage = router.storage
     records = {record.id: record for record in await storage.list_executions()}
     order = {execution_id: index for index, execution_id in enumerate(minted)}
     touched = sorted(

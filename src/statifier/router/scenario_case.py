@@ -132,7 +132,7 @@ class CaseError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Deliver:
-    """Route one event with :func:`~statifier.router.route`."""
+    """Route one event with :meth:`~statifier.router.Router.route`."""
 
     event: InboundEvent
 

@@ -29,13 +29,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import timedelta
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 from statifier.callbacks import settle
 from statifier.core import Event
 from statifier.core import effects as fx
 from statifier.core.events import engine_event
 from statifier.persistence import EffectContext, Refused
+from statifier.router.config import BASICHTTP_TYPES
+from statifier.router.delivery import deliver_to_execution
+from statifier.router.outbox import OutboxRoute
 from statifier.router.records import LedgerRow
 from statifier.router.routes import IdempotencyKey
 from statifier.router.subscriptions import (
@@ -45,14 +48,10 @@ from statifier.router.subscriptions import (
     unsubscribe_in,
 )
 from statifier.router.timer_queue import TimerEntry, TimerKind
-
-if TYPE_CHECKING:
-    from statifier.router.config import RouterConfig
-    from statifier.router.transaction import Unit
+from statifier.router.transaction import Delivering, Unit
 
 __all__ = [
     "BASICHTTP_QUEUE",
-    "BASICHTTP_TYPES",
     "EXECUTION_TARGET",
     "SendHandler",
     "send_key",
@@ -64,9 +63,6 @@ EXECUTION_TARGET: Final = "execution"
 BASICHTTP_QUEUE: Final = "basichttp"
 """The outbox queue BasicHTTP sends of durable executions wait in."""
 
-BASICHTTP_TYPES: Final = frozenset(
-    {"basichttp", "http://www.w3.org/TR/scxml/#BasicHTTPEventProcessor"}
-)
 SCXML_PROCESSOR: Final = "http://www.w3.org/TR/scxml/#SCXMLEventProcessor"
 _SCXML_TYPES: Final = frozenset({"scxml", SCXML_PROCESSOR})
 _INTERNAL: Final = frozenset({"#_internal", "_internal"})
@@ -86,16 +82,19 @@ def send_key(effect: fx.Send | fx.SendDelayed, context: EffectContext) -> Idempo
 
 
 class SendHandler:
-    """The executor of one router transaction: performs what the router owns (see the
-    module docstring) and hands everything else to ``config.executor``.
+    """The executor of one delivery's steps in a router transaction: performs what the
+    router owns (see the module docstring) and hands everything else to the
+    configuration's ``executor``.
 
-    It reads the delivery in progress from ``unit`` (its scope, its time, and which
-    executions are mid-step), so one handler serves every delivery of a batch.
+    Args:
+        unit: the router transaction the delivery runs in.
+        delivering: the delivery: its scope, its time, the executions mid-step.
     """
 
-    def __init__(self, config: RouterConfig, unit: Unit) -> None:
-        self.config = config
+    def __init__(self, unit: Unit, delivering: Delivering) -> None:
         self.unit = unit
+        self.config = unit.config
+        self.delivering = delivering
 
     async def __call__(self, effect: fx.Effect, context: EffectContext) -> Refused | None:
         config = self.config
@@ -109,8 +108,8 @@ class SendHandler:
                 return await self._routed(effect, context)
             elif kind in BASICHTTP_TYPES:
                 return await self._basichttp(effect, context)
-        elif isinstance(effect, fx.Cancel) and config.timers is not None:
-            await config.timers.cancel(self.unit.tx, context.execution_id, effect.send_id)
+        elif isinstance(effect, fx.Cancel) and self.unit.timers is not None:
+            await self.unit.timers.cancel(self.unit.tx, context.execution_id, effect.send_id)
         elif isinstance(effect, fx.Invoke) and config.source_type is not None:
             if effect.type == config.source_type:
                 return await self._source_invoke(effect, context)
@@ -131,7 +130,7 @@ class SendHandler:
         try:
             binding_id = source_binding(effect, execution_id)
             await subscribe_in(
-                self.unit, self.config, execution_id, binding_id, effect.invoke_id, self.unit.now
+                self.unit, execution_id, binding_id, effect.invoke_id, self.delivering.now
             )
         except SubscriptionRefused as refused:
             return Refused(f"source invoke: {refused.reason}")
@@ -159,7 +158,7 @@ class SendHandler:
     ) -> Refused | None:
         """Put the send on the timer queue, due its delay after the delivery's time (at
         once for a send with none), or refuse it when there is no queue."""
-        queue = self.config.timers
+        queue = self.unit.timers
         if queue is None:
             if route is None:
                 detail = "no timer queue is configured"
@@ -171,12 +170,12 @@ class SendHandler:
             execution_id=context.execution_id,
             send_id=effect.send_id,
             key=send_key(effect, context),
-            due_at=self.unit.now + timedelta(milliseconds=delay),
+            due_at=self.delivering.now + timedelta(milliseconds=delay),
             step_position=context.ordinal,
             kind=kind,
             event=event,
             route=route,
-            scope=self.unit.scope,
+            scope=self.delivering.scope,
         )
         await queue.schedule(self.unit.tx, entry)
         self.unit.scheduled += 1
@@ -204,10 +203,11 @@ class SendHandler:
                 "host_scheme",
                 f"target {target!r} names a transport, not a route",
             )
-        found = self.config.route(self.unit.scope, target)
+        scope = self.delivering.scope
+        found = self.config.route(scope, target)
         if found is None:
             return await self._refuse(effect, context, "unregistered", f"no route named {target!r}")
-        if self.unit.scope is None and self.config.overridden_somewhere(target):
+        if scope is None and self.config.overridden_somewhere(target):
             return await self._refuse(
                 effect,
                 context,
@@ -219,9 +219,7 @@ class SendHandler:
             return await self._schedule(effect, context, TimerKind.ROUTE, event, target)
         key = send_key(effect, context)
         adapter, route_config = found
-        answer = await settle(
-            adapter.deliver(route_config, event, key, self.unit.tx, self.unit.scope)
-        )
+        answer = await settle(adapter.deliver(route_config, event, key, self.unit.tx, scope))
         if isinstance(answer, Refused):
             return await self._refuse(
                 effect, context, "route_failed", f"route {target!r}: {answer.reason}"
@@ -231,9 +229,6 @@ class SendHandler:
     async def _to_execution(
         self, effect: fx.Send | fx.SendDelayed, context: EffectContext
     ) -> Refused | None:
-        # Imported here: delivery steps executions through this handler.
-        from statifier.router.delivery import deliver_to_execution
-
         if isinstance(effect, fx.SendDelayed):
             return await self._refuse(
                 effect,
@@ -270,8 +265,7 @@ class SendHandler:
             f"#_scxml_{context.execution_id}",
             self.config.send_type,
         )
-        scope = self.unit.scope
-        if scope is None:
+        if self.delivering.scope is None:
             return await self._refuse(
                 effect,
                 context,
@@ -281,14 +275,12 @@ class SendHandler:
             )
         why = await deliver_to_execution(
             self.unit,
-            self.config,
-            scope=scope,
+            self.delivering,
             document=document,
             key=key,
             create=str(create),
             event=event,
             message_id=str(send_key(effect, context)),
-            now=self.unit.now,
         )
         if why is not None:
             return await self._refuse(effect, context, why[0], why[1], ledger_id=EXECUTION_TARGET)
@@ -299,8 +291,6 @@ class SendHandler:
     async def _basichttp(
         self, effect: fx.Send | fx.SendDelayed, context: EffectContext
     ) -> Refused | None:
-        from statifier.router.outbox import OutboxRoute
-
         if isinstance(effect, fx.SendDelayed):
             return await self._refuse(
                 effect,
@@ -319,15 +309,15 @@ class SendHandler:
                 ledger_id=BASICHTTP_QUEUE,
             )
         event = _built(effect, context.execution_id, "basichttp")
-        await OutboxRoute(self.config.adapter, codec=self.config.storage.codec).hand_off(
+        await OutboxRoute(self.unit.tx.adapter, codec=self.unit.storage.codec).hand_off(
             self.unit.tx,
             BASICHTTP_QUEUE,
             send_key(effect, context),
             event,
             target=target,
             execution_id=context.execution_id,
-            scope=self.unit.scope,
-            now=self.unit.now,
+            scope=self.delivering.scope,
+            now=self.delivering.now,
         )
         return None
 
@@ -347,14 +337,14 @@ class SendHandler:
         row = LedgerRow(
             ledger_id,
             message_id=str(send_key(effect, context)),
-            scope=self.unit.scope,
+            scope=self.delivering.scope,
             source=None,
             outcome="send_refused",
             reason=f"{code}: {detail}",
             document=None,
             key=effect.target,
             execution_id=context.execution_id,
-            inserted_at=self.unit.now,
+            inserted_at=self.delivering.now,
         )
         async with self.unit.savepoint():
             await self.unit.sql.record(row)

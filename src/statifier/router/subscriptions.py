@@ -24,8 +24,9 @@ A binding with ``subscription = true`` delivers only to an execution subscribed 
 to any other, the delivery answers ``dropped: not_subscribed`` and steps nothing.
 Bindings without the flag never read this table.
 
-:func:`subscribe` and :func:`unsubscribe` do the same from the host's own code, each in
-a transaction of its own. A row outlives nothing it should not: apart from the
+:meth:`Router.subscribe <statifier.router.Router.subscribe>` and
+:meth:`~statifier.router.Router.unsubscribe` do the same from the host's own code, each
+in a transaction of its own. A row outlives nothing it should not: apart from the
 invocation's cancel, the address reaper deletes the subscriptions of the executions
 whose address rows it deletes.
 
@@ -39,26 +40,26 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from statifier.core import effects as fx
 from statifier.expr import UNDEFINED
 from statifier.router.errors import RouterError
+from statifier.router.transaction import Unit
 from statifier.sql.dialect import Dialect
 from statifier.sql.subscriptions import SubscriptionRow, SubscriptionTable
 from statifier.sql.tables import Tables
-
-if TYPE_CHECKING:
-    from statifier.router.config import RouterConfig
-    from statifier.router.transaction import Unit
 
 __all__ = [
     "BINDING_PARAM",
     "Subscription",
     "SubscriptionRefused",
-    "subscribe",
-    "subscriptions_of",
-    "unsubscribe",
+    "forget_addressed",
+    "source_binding",
+    "subscribe_in",
+    "subscribed",
+    "subscriptions_in",
+    "unsubscribe_in",
 ]
 
 BINDING_PARAM: Final = "binding"
@@ -97,40 +98,9 @@ class SubscriptionRefused(RouterError):  # noqa: N818 - names the refusal
         self.reason = reason
 
 
-async def subscribe(
-    config: RouterConfig, execution_id: str, binding_id: str, invoke_id: str
-) -> Subscription:
-    """Subscribe ``execution_id`` to ``binding_id`` under the invocation ``invoke_id``,
-    as a source invoke does, in a transaction of its own. Subscribing an invocation
-    that is already subscribed writes nothing and answers the row written first.
-
-    Raises:
-        SubscriptionRefused: the execution has no address, or the binding is unknown in
-            its scope, disabled, not a ``subscription`` binding, or addresses another
-            document.
-        ValueError: an empty ``invoke_id``.
-    """
-    given: object = invoke_id
-    if not isinstance(given, str) or not given:
-        raise ValueError(f"an invoke id is a non-empty string, not {given!r}")
-    async with config.transaction() as unit:
-        return await subscribe_in(
-            unit, config, execution_id, binding_id, invoke_id, config.storage.clock()
-        )
-
-
-async def unsubscribe(config: RouterConfig, execution_id: str, invoke_id: str) -> bool:
-    """Delete the subscription of the invocation ``invoke_id`` of ``execution_id``, and
-    nothing else (not the execution's other subscriptions, not its address); answers
-    whether there was one."""
-    async with config.transaction() as unit:
-        return await unsubscribe_in(unit, execution_id, invoke_id)
-
-
-async def subscriptions_of(config: RouterConfig, execution_id: str) -> list[Subscription]:
-    """The live subscriptions of ``execution_id``, oldest first."""
-    async with config.transaction() as unit:
-        rows = await _table(unit).of_execution(unit.tx.driver, execution_id)
+async def subscriptions_in(unit: Unit, execution_id: str) -> list[Subscription]:
+    """The live subscriptions of ``execution_id``, oldest first, read in ``unit``."""
+    rows = await _table(unit).of_execution(unit.tx.driver, execution_id)
     return [_subscription(row) for row in rows]
 
 
@@ -160,17 +130,16 @@ def source_binding(effect: fx.Invoke, execution_id: str) -> str:
 
 
 async def subscribe_in(
-    unit: Unit,
-    config: RouterConfig,
-    execution_id: str,
-    binding_id: str,
-    invoke_id: str,
-    now: datetime,
+    unit: Unit, execution_id: str, binding_id: str, invoke_id: str, now: datetime
 ) -> Subscription:
-    """:func:`subscribe` in ``unit``, the row stamped ``now``.
+    """Subscribe ``execution_id`` to ``binding_id`` under the invocation ``invoke_id``
+    in ``unit``, the row stamped ``now``. Subscribing an invocation that is already
+    subscribed writes nothing and answers the row written first.
 
     Raises:
-        SubscriptionRefused: see :func:`subscribe`.
+        SubscriptionRefused: the execution has no address, or the binding is unknown in
+            its scope, disabled, not a ``subscription`` binding, or addresses another
+            document.
         Exception: what the bindings resolver raised.
     """
     address = await unit.sql.address_of(execution_id)
@@ -181,7 +150,7 @@ async def subscribe_in(
             "it has no address to subscribe under (an always_new binding created it)",
         )
     scope, document, key = address
-    found = next((b for b in await config.bindings_for(scope) if b.id == binding_id), None)
+    found = next((b for b in await unit.config.bindings_for(scope) if b.id == binding_id), None)
     why = None
     if found is None:
         why = f"no binding {binding_id!r} in scope {scope!r}"
@@ -209,13 +178,13 @@ async def subscribe_in(
 
 
 async def unsubscribe_in(unit: Unit, execution_id: str, invoke_id: str) -> bool:
-    """:func:`unsubscribe` in ``unit``."""
+    """Delete the subscription of the invocation ``invoke_id`` of ``execution_id`` in
+    ``unit``, and nothing else (not the execution's other subscriptions, not its
+    address); answers whether there was one."""
     return await _table(unit).delete(unit.tx.driver, execution_id, invoke_id)
 
 
-async def subscribed(
-    unit: Unit, config: RouterConfig, binding_id: str, execution_id: str, scope: str, key: str
-) -> bool:
+async def subscribed(unit: Unit, binding_id: str, execution_id: str, scope: str, key: str) -> bool:
     """Whether a live subscription of ``execution_id`` to ``binding_id`` under ``(scope,
     key)`` exists, read under the execution's lock where the database has more than one
     writer (PostgreSQL).
@@ -231,7 +200,7 @@ async def subscribed(
     if table.dialect.single_writer:
         # The database's single writer, held by this transaction, already excludes them.
         return await table.exists(tx.driver, binding_id, execution_id, scope, key)
-    async with tx.adapter.exclusive(execution_id, config.lock_wait):
+    async with tx.adapter.exclusive(execution_id, unit.config.lock_wait):
         return await table.exists(tx.driver, binding_id, execution_id, scope, key)
 
 

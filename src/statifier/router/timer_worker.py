@@ -64,18 +64,19 @@ from datetime import UTC, datetime, timedelta
 from typing import Final
 
 from statifier.callbacks import settle
+from statifier.core import Event
 from statifier.core.events import engine_event
-from statifier.persistence import Discarded, ExecutionNotFound, Executions, Refused, Stepped
+from statifier.persistence import Discarded, ExecutionNotFound, Refused, Stepped
 from statifier.persistence.reentry import hold
 from statifier.persistence.serialization import Serialization
-from statifier.router.config import RouterConfig
 from statifier.router.delivery import step_timer_event
 from statifier.router.errors import ConfigError, ExecutionParked
 from statifier.router.outbox import Backoff
 from statifier.router.records import LedgerRow
+from statifier.router.routing import Router
 from statifier.router.timer_queue import TimerEntry, TimerKind
 from statifier.router.timers import DueTimer, SqlTimerQueue, UnreadableTimer
-from statifier.router.transaction import Unit
+from statifier.router.transaction import Delivering, Unit
 from statifier.telemetry import enabled, report
 
 __all__ = ["FIRED", "RouteRetries", "TimerWorker", "fire"]
@@ -181,11 +182,11 @@ def _report(outcomes: Iterable[_Outcome]) -> None:
 
 
 async def fire(
-    unit: Unit, config: RouterConfig, entry: TimerEntry, retries: RouteRetries | None = None
+    unit: Unit, entry: TimerEntry, now: datetime, retries: RouteRetries | None = None
 ) -> bool:
     """Perform the due ``entry`` in ``unit`` (the caller deletes its row in the same
-    transaction) and report it. The delayed sends of a step it runs are timed from
-    ``unit.now``.
+    transaction) at ``now``, and report it. The delayed sends of a step it runs are
+    timed from ``now``.
 
     - ``external`` and ``internal``: step the event into the execution (door
       ``timer``; ``internal`` on its internal queue), with no routing-ledger row.
@@ -201,69 +202,74 @@ async def fire(
         ExecutionParked: the execution is parked; the timer must stay (roll back).
         Exception: whatever the step or the database raised.
     """
-    done = await _perform(unit, config, entry, unit.executions, retries or RouteRetries())
+    done = await _perform(unit, entry, now, None, retries or RouteRetries())
     _report([done])
     return done.outcome == FIRED
 
 
 async def _perform(
     unit: Unit,
-    config: RouterConfig,
     entry: TimerEntry,
-    executions: Executions,
+    now: datetime,
+    claim: Serialization | None,
     retries: RouteRetries,
 ) -> _Outcome:
-    """:func:`fire` without its report; a step runs through ``executions``."""
+    """:func:`fire` without its report; a step takes the exclusion ``claim`` (the
+    unit's own when ``None``)."""
     started = time.perf_counter()
     if entry.kind is TimerKind.ROUTE:
-        return await _hand_off(unit, config, entry, started, executions, retries)
+        return await _hand_off(unit, entry, now, started, claim, retries)
     try:
-        stepped = await _step(unit, config, entry, executions)
+        stepped = await _step(unit, entry, entry.event, now, claim)
     except ExecutionNotFound:
-        return _done(entry, "discarded", unit.now, started, reason="no_execution")
+        return _done(entry, "discarded", now, started, reason="no_execution")
     if isinstance(stepped, Discarded):
         if not stepped.execution.status.terminal:
             raise ExecutionParked(entry.execution_id)
-        return _done(entry, "discarded", unit.now, started, reason="finished")
-    return _done(entry, FIRED, unit.now, started)
+        return _done(entry, "discarded", now, started, reason="finished")
+    return _done(entry, FIRED, now, started)
 
 
 async def _step(
-    unit: Unit, config: RouterConfig, entry: TimerEntry, executions: Executions
+    unit: Unit,
+    entry: TimerEntry,
+    event: Event,
+    now: datetime,
+    claim: Serialization | None,
+    internal: bool | None = None,
 ) -> Stepped | Discarded:
     """The one step a fire makes: through the router's step of a timer event (its sends
     resolve in the timer's scope, a finishing step reaches ``on_complete``)."""
     return await step_timer_event(
         unit,
-        config,
         entry.execution_id,
-        entry.event,
-        internal=entry.kind is TimerKind.INTERNAL,
+        event,
+        internal=entry.kind is TimerKind.INTERNAL if internal is None else internal,
         scope=entry.scope,
-        now=unit.now,
-        executions=executions,
+        now=now,
+        serialization=claim,
     )
 
 
 async def _hand_off(
     unit: Unit,
-    config: RouterConfig,
     entry: TimerEntry,
+    now: datetime,
     started: float,
-    executions: Executions,
+    claim: Serialization | None,
     retries: RouteRetries,
 ) -> _Outcome:
     """Hand a due route send to its route, unless its execution has ended; a refusal
     schedules it again, or gives it up (see the module docstring)."""
-    record = await executions.storage.find_execution(entry.execution_id)
+    record = await unit.storage.find_execution(entry.execution_id)
     if record is None:
-        return _done(entry, "discarded", unit.now, started, reason="no_execution")
+        return _done(entry, "discarded", now, started, reason="no_execution")
     if record.status.terminal:
-        return _done(entry, "discarded", unit.now, started, reason="finished")
-    found = None if entry.route is None else config.route(entry.scope, entry.route)
+        return _done(entry, "discarded", now, started, reason="finished")
+    found = None if entry.route is None else unit.config.route(entry.scope, entry.route)
     if found is None:
         why = f"no route named {entry.route!r} is registered"
-        return await _give_up(unit, config, entry, started, executions, why)
+        return await _give_up(unit, entry, now, started, claim, why)
     adapter, route_config = found
     try:
         # A route that raises leaves nothing half-written behind it.
@@ -274,12 +280,12 @@ async def _hand_off(
     except Exception as error:  # noqa: BLE001 - a route's failure is a refusal of the send
         answer = Refused(_said(error))
     if not isinstance(answer, Refused):
-        return _done(entry, FIRED, unit.now, started)
+        return _done(entry, FIRED, now, started)
     why = f"route {entry.route!r}: {answer.reason}"
     attempts = entry.attempts + 1
-    queue = config.timers
+    queue = unit.timers
     if attempts < retries.attempts and queue is not None:
-        due_at = unit.now + retries.backoff.delay(attempts)
+        due_at = now + retries.backoff.delay(attempts)
         await queue.schedule(unit.tx, replace(entry, due_at=due_at, attempts=attempts))
         _log.warning(
             "execution %s: %s (attempt %d of %d); trying again at %s",
@@ -296,17 +302,17 @@ async def _hand_off(
                 "attempts": retries.attempts,
             },
         )
-        return _done(entry, _RETRIED, unit.now, started, reason=why, attempt=str(attempts))
+        return _done(entry, _RETRIED, now, started, reason=why, attempt=str(attempts))
     given_up = f"{why} (gave up after {attempts} attempt{'s' if attempts != 1 else ''})"
-    return await _give_up(unit, config, entry, started, executions, given_up)
+    return await _give_up(unit, entry, now, started, claim, given_up)
 
 
 async def _give_up(
     unit: Unit,
-    config: RouterConfig,
     entry: TimerEntry,
+    now: datetime,
     started: float,
-    executions: Executions,
+    claim: Serialization | None,
     why: str,
 ) -> _Outcome:
     """A route send that will not go: a ``send_refused`` ledger row, the chart told
@@ -321,20 +327,11 @@ async def _give_up(
         document=None,
         key=entry.route,
         execution_id=entry.execution_id,
-        inserted_at=unit.now,
+        inserted_at=now,
     )
     await unit.sql.record(row)
     failure = engine_event("error.communication", "platform", {"message": why}, entry.event.sendid)
-    await step_timer_event(
-        unit,
-        config,
-        entry.execution_id,
-        failure,
-        internal=True,
-        scope=entry.scope,
-        now=unit.now,
-        executions=executions,
-    )
+    await _step(unit, entry, failure, now, claim, internal=True)
     _log.warning(
         "execution %s: a delayed send to a route was given up: %s",
         entry.execution_id,
@@ -345,7 +342,7 @@ async def _give_up(
             "send_id": entry.send_id,
         },
     )
-    return _done(entry, _GIVEN_UP, unit.now, started, reason=why)
+    return _done(entry, _GIVEN_UP, now, started, reason=why)
 
 
 class _ClaimedLocks:
@@ -363,10 +360,12 @@ class _ClaimedLocks:
         return self.others.exclusive(execution_id)
 
 
-async def _under_claim(unit: Unit, timers: Sequence[DueTimer | UnreadableTimer]) -> Executions:
-    """``unit``'s lifecycle for the steps of claimed ``timers`` (their locks held), the
+async def _under_claim(
+    unit: Unit, timers: Sequence[DueTimer | UnreadableTimer], now: datetime
+) -> Serialization:
+    """The exclusion for the steps of claimed ``timers`` (their locks held), the
     executions they step read ahead in one statement (each step would read its own)."""
-    current = unit.executions
+    current = unit.executions(Delivering(None, now))
     held = {timer.execution_id for timer in timers if timer.locked}
     # What the claim locked, noted as this transaction's: a route that calls back into
     # one of them is refused rather than left waiting for this very transaction.
@@ -376,13 +375,8 @@ async def _under_claim(unit: Unit, timers: Sequence[DueTimer | UnreadableTimer])
         for timer in timers
         if isinstance(timer, DueTimer) and timer.locked and timer.entry.kind is not TimerKind.ROUTE
     }
-    await current.storage.hold_executions(sorted(stepped))
-    return Executions(
-        current.storage,
-        executor=current.executor,
-        serialization=_ClaimedLocks(held, current.serialization),
-        on_error=current.on_error,
-    )
+    await unit.storage.hold_executions(sorted(stepped))
+    return _ClaimedLocks(held, current.serialization)
 
 
 def _aware(now: datetime) -> datetime:
@@ -392,13 +386,13 @@ def _aware(now: datetime) -> datetime:
 
 
 class TimerWorker:
-    """Fires the due timers of ``config``'s built-in timer queue.
+    """Fires the due timers of ``router``'s built-in timer queue.
 
     Workers in any number of processes (and machines) may run on one database: each
     timer fires in one of them, once in effect.
 
     Args:
-        config: the router configuration; its ``timer_queue`` must be the built-in one.
+        router: the router; its configuration's ``timer_queue`` must be the built-in one.
         batch: the most timers one transaction claims.
         poll: the most seconds :meth:`run` sleeps without looking (schedules of other
             processes wake no one here).
@@ -414,7 +408,7 @@ class TimerWorker:
 
     def __init__(
         self,
-        config: RouterConfig,
+        router: Router,
         *,
         batch: int = 100,
         poll: float = 1.0,
@@ -423,20 +417,20 @@ class TimerWorker:
         clock: Clock | None = None,
         sleep: Sleep = asyncio.sleep,
     ) -> None:
-        queue = config.timers
+        queue = router.timers
         if not isinstance(queue, SqlTimerQueue):
             raise ConfigError(f"the timer worker fires the built-in timer queue, not {queue!r}")
         if batch < 1:
             raise ConfigError(f"batch must be at least 1, not {batch!r}")
         if not poll > 0 or not retry > 0:
             raise ConfigError(f"poll and retry must be positive seconds: {poll!r}, {retry!r}")
-        self.config = config
+        self.router = router
         self.queue = queue
         self.batch = batch
         self.poll = poll
         self.retry = timedelta(seconds=retry)
         self.route_retries = route_retries or RouteRetries()
-        self.clock: Clock = config.storage.clock if clock is None else clock
+        self.clock: Clock = router.storage.clock if clock is None else clock
         self.sleep = sleep
         self._woken = asyncio.Event()
 
@@ -448,7 +442,7 @@ class TimerWorker:
 
     async def next_due(self) -> datetime | None:
         """The earliest due time of any pending timer, or ``None`` when none is."""
-        async with self.config.transaction() as unit:
+        async with self.router.transaction() as unit:
             return await self.queue.next_due(unit.tx)
 
     async def fire_due(self, now: datetime | None = None) -> int:
@@ -495,12 +489,11 @@ class TimerWorker:
     async def _at_once(self, now: datetime) -> _Batch:
         """One transaction: delete a batch of due rows, fire every one; whatever raises
         undoes the whole batch."""
-        async with self.config.transaction() as unit:
-            unit.now = now
+        async with self.router.transaction() as unit:
             taken = await self.queue.take_due(unit.tx, now, self.batch)
-            executions = await _under_claim(unit, taken.timers)
+            claim = await _under_claim(unit, taken.timers, now)
             outcomes = [
-                await _perform(unit, self.config, timer.entry, executions, self.route_retries)
+                await _perform(unit, timer.entry, now, claim, self.route_retries)
                 for timer in taken.timers
             ]
         _report(outcomes)
@@ -511,18 +504,17 @@ class TimerWorker:
         """One transaction: lock a batch of due rows, delete and fire each at a
         savepoint of its own."""
         outcomes: list[_Outcome] = []
-        async with self.config.transaction() as unit:
-            unit.now = now
+        async with self.router.transaction() as unit:
             due = await self.queue.claim(unit.tx, now, self.batch)
-            executions = await _under_claim(unit, due)
+            claim = await _under_claim(unit, due, now)
             for timer in due:
                 if not timer.locked:
                     continue
                 done: _Outcome | None
                 if isinstance(timer, UnreadableTimer):
-                    done = await self._put_off(unit, timer)
+                    done = await self._put_off(unit, timer, now)
                 else:
-                    done = await self._fire_one(unit, timer, executions)
+                    done = await self._fire_one(unit, timer, now, claim)
                 if done is not None:
                     outcomes.append(done)
             upcoming = await self.queue.upcoming(unit.tx, now)
@@ -531,7 +523,7 @@ class TimerWorker:
         return _Batch(len(due), taken, len(due) - len(outcomes), upcoming)
 
     async def _fire_one(
-        self, unit: Unit, timer: DueTimer, executions: Executions
+        self, unit: Unit, timer: DueTimer, now: datetime, claim: Serialization
     ) -> _Outcome | None:
         """Delete the row and fire it at one savepoint. A fire that raises leaves the
         row, due ``retry`` later."""
@@ -540,19 +532,17 @@ class TimerWorker:
             async with unit.savepoint():
                 if not await self.queue.take(unit.tx, timer.id):
                     return None  # pragma: no cover - a claimed row is held by this claim
-                return await _perform(
-                    unit, self.config, timer.entry, executions, self.route_retries
-                )
+                return await _perform(unit, timer.entry, now, claim, self.route_retries)
         except Exception as error:  # noqa: BLE001 - one timer's failure is its own
-            await self.queue.retry_at(unit.tx, timer.id, unit.now + self.retry)
-            return _done(timer.entry, _FAILED, unit.now, started, error=_said(error))
+            await self.queue.retry_at(unit.tx, timer.id, now + self.retry)
+            return _done(timer.entry, _FAILED, now, started, error=_said(error))
 
-    async def _put_off(self, unit: Unit, timer: UnreadableTimer) -> _Outcome:
+    async def _put_off(self, unit: Unit, timer: UnreadableTimer, now: datetime) -> _Outcome:
         """A row that cannot be read here cannot fire: it stays, due ``retry`` later,
         reported as a failed fire, while the rest of the batch fires."""
         started = time.perf_counter()
-        await self.queue.retry_at(unit.tx, timer.id, unit.now + self.retry)
-        return _done(timer, _FAILED, unit.now, started, error=_said(timer.error))
+        await self.queue.retry_at(unit.tx, timer.id, now + self.retry)
+        return _done(timer, _FAILED, now, started, error=_said(timer.error))
 
     async def run(self, stop: asyncio.Event) -> None:
         """Fire due timers until ``stop`` is set: a pass, then sleep until the next due

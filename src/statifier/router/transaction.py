@@ -9,6 +9,11 @@ commit; on SQLite the adapter's single writer (the in-process lock and the datab
 write lock) for the whole transaction, so every writer of the process, the router's and
 the adapter's own, queues on one lock. Given a caller's connection, the same runs in the
 caller's transaction through :meth:`SqlAdapter.joined`, and the caller ends it.
+
+What a step's sends must know of the delivery that stepped it (its scope, its time, the
+executions mid-step) travels as a :class:`Delivering`, passed down explicitly: each
+delivery asks the unit for the lifecycle that performs its sends
+(:meth:`Unit.executions`).
 """
 
 from __future__ import annotations
@@ -16,45 +21,109 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from dataclasses import dataclass, replace
+from datetime import datetime
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from statifier.core import StartOptions
 from statifier.persistence import ErrorPolicy, Executions, Executor, LockTimeout, Storage
-from statifier.persistence.serialization import Unserialized
+from statifier.persistence.serialization import Serialization, Unserialized
 from statifier.persistence.sql import SqlAdapter, SqlTransaction
+from statifier.router.config import RouterConfig
+from statifier.router.timer_queue import TimerQueue
 from statifier.sql.dialect import lock_key
 from statifier.sql.routing import RoutingSession, RoutingStatements
 
-__all__ = ["Unit", "lock_key", "statements_for", "transaction"]
+__all__ = [
+    "Delivering",
+    "RouterParts",
+    "SendsOf",
+    "Unit",
+    "lock_key",
+    "sorted_locks",
+    "statements_for",
+    "transaction",
+]
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
+class Delivering:
+    """The delivery in progress, as the sends of its steps see it.
+
+    Attributes:
+        scope: the delivery's scope (``None`` for one with no scope): route sends
+            resolve there.
+        now: the delivery's time: delayed sends are timed from it.
+        stepping: the executions mid-step, innermost last: a send to one of them would
+            step it inside its own step, and is refused.
+    """
+
+    scope: str | None
+    now: datetime
+    stepping: tuple[str, ...] = ()
+
+    def into(self, execution_id: str) -> Delivering:
+        """This delivery with ``execution_id`` mid-step, innermost."""
+        return replace(self, stepping=(*self.stepping, execution_id))
+
+
+SendsOf = Callable[["Unit", Delivering], Executor]
+"""Makes the executor that performs a delivery's sends, from the unit and the delivery."""
+
+
 class Unit:
     """An open router transaction.
 
     Attributes:
         sql: the router's statements on the transaction's driver connection.
-        executions: the lifecycle over the adapter bound to the transaction (its
-            executor is the router's send handler).
         tx: the SQL adapter's transaction itself.
-        scope: the scope of the delivery in progress (``None`` outside one, or for a
-            delivery with no scope): the sends of its steps resolve routes there.
-        now: the time of the delivery in progress: delayed sends are timed from it.
-        stepping: the executions mid-step in this transaction, innermost last: a send
-            to one of them would step it inside its own step, and is refused.
-        scheduled: how many timers the transaction's steps scheduled.
+        config: the router's configuration.
+        storage: the storage, bound to the transaction.
+        timers: where delayed sends wait, or ``None``.
+        start_options: what every create starts with
+            (:attr:`RouterConfig.chart_start_options`).
+        scheduled: how many timers the transaction's steps scheduled (the send
+            handler counts them).
     """
 
-    sql: RoutingSession
-    executions: Executions
-    tx: SqlTransaction
-    scope: str | None = None
-    now: datetime = field(default_factory=lambda: datetime.now(UTC))
-    stepping: list[str] = field(default_factory=list)
-    scheduled: int = 0
+    def __init__(
+        self,
+        sql: RoutingSession,
+        tx: SqlTransaction,
+        config: RouterConfig,
+        storage: Storage,
+        timers: TimerQueue | None,
+        start_options: StartOptions,
+        lifecycle: Callable[[Executor], Executions],
+        sends_of: SendsOf,
+    ) -> None:
+        self.sql = sql
+        self.tx = tx
+        self.config = config
+        self.storage = storage
+        self.timers = timers
+        self.start_options = start_options
+        self.scheduled = 0
+        self._lifecycle = lifecycle
+        self._sends_of = sends_of
+
+    def executions(self, delivering: Delivering) -> Executions:
+        """The lifecycle over this transaction whose executor performs the sends of
+        ``delivering``'s steps (the router's send handler)."""
+        return self._lifecycle(self._sends_of(self, delivering))
+
+    def executions_with(self, serialization: Serialization, delivering: Delivering) -> Executions:
+        """:meth:`executions` with another exclusion (the timer worker's, which knows
+        the locks its claim holds)."""
+        lifecycle = self.executions(delivering)
+        return Executions(
+            lifecycle.storage,
+            executor=lifecycle.executor,
+            serialization=serialization,
+            on_error=lifecycle.on_error,
+        )
 
     def savepoint(self) -> AbstractAsyncContextManager[None]:
         """A savepoint: what the block wrote is undone if it raises, and the rest of
@@ -81,55 +150,60 @@ def statements_for(adapter: SqlAdapter) -> RoutingStatements:
     return RoutingStatements(adapter.tables, adapter.dialect)
 
 
+@dataclass(frozen=True, slots=True)
+class RouterParts:
+    """What every transaction of one router is opened with, built once by the router:
+    its configuration, the storage and statements it runs on, the timer queue, the
+    start options and error policy of its steps, and what performs their sends."""
+
+    config: RouterConfig
+    storage: Storage
+    statements: RoutingStatements
+    timers: TimerQueue | None
+    start_options: StartOptions
+    error_policy: ErrorPolicy
+    sends_of: SendsOf
+
+
 @asynccontextmanager
 async def transaction(
-    storage: Storage,
-    statements: RoutingStatements,
-    executor: Callable[[Unit], Executor],
-    connection: sa.Connection | AsyncConnection | None = None,
-    lock_wait: float | None = None,
-    on_error: ErrorPolicy | None = None,
+    parts: RouterParts, connection: sa.Connection | AsyncConnection | None = None
 ) -> AsyncIterator[Unit]:
-    """Open a router transaction on ``storage``'s SQL adapter, commit it when the block
-    ends and roll it back when it raises; or, given ``connection`` (with a transaction
-    the caller began), run in that transaction and leave its end to the caller.
-
-    ``executor`` makes the executor of the unit's lifecycle from the unit (the send
-    handler reads the delivery in progress from it). ``lock_wait`` bounds the wait for
-    an execution's lock and for SQLite's single writer; ``on_error`` is the lifecycle's
-    policy for errors no transition takes.
+    """Open a router transaction on ``parts.storage``'s SQL adapter, commit it when
+    the block ends and roll it back when it raises; or, given ``connection`` (with a
+    transaction the caller began), run in that transaction and leave its end to the
+    caller. The configuration's ``lock_wait`` bounds the wait for an execution's lock
+    and for SQLite's single writer.
     """
-    adapter = storage.adapter
+    adapter = parts.storage.adapter
     assert isinstance(adapter, SqlAdapter)
     source = adapter if connection is None else adapter.joined(connection)
-    policy = ErrorPolicy() if on_error is None else on_error
+    lock_wait = parts.config.lock_wait
     async with source.transaction(lock_wait) as tx:
-        yield _unit(storage, statements, executor, tx, lock_wait, policy)
+        view = parts.storage.over(tx.adapter)
+        policy = parts.error_policy
 
+        def lifecycle(executor: Executor) -> Executions:
+            if parts.statements.dialect.row_locks:
+                # Each step takes its execution's advisory lock, held until the commit.
+                return Executions(view, executor=executor, lock_wait=lock_wait, on_error=policy)
+            # The transaction already holds SQLite's single writer, the exclusion every
+            # step needs: a step opens no nested block of its own (and no savepoint),
+            # and a step that raises is undone with its delivery.
+            return Executions(
+                view, executor=executor, serialization=Unserialized(), on_error=policy
+            )
 
-def _unit(
-    storage: Storage,
-    statements: RoutingStatements,
-    executor: Callable[[Unit], Executor],
-    tx: SqlTransaction,
-    lock_wait: float | None,
-    on_error: ErrorPolicy,
-) -> Unit:
-    view = storage.over(tx.adapter)
-    unit = Unit(RoutingSession(statements, tx.driver), Executions(view), tx)
-    if statements.dialect.row_locks:
-        # Each step takes its execution's advisory lock, held until the commit.
-        unit.executions = Executions(
-            view, executor=executor(unit), lock_wait=lock_wait, on_error=on_error
+        yield Unit(
+            RoutingSession(parts.statements, tx.driver),
+            tx,
+            parts.config,
+            view,
+            parts.timers,
+            parts.start_options,
+            lifecycle,
+            parts.sends_of,
         )
-        return unit
-    # The transaction already holds SQLite's single writer, the exclusion every step
-    # needs: a step opens no nested block of its own (and no savepoint), and a step
-    # that raises is undone with its delivery.
-    unit.executions = Executions(
-        view, executor=executor(unit), serialization=Unserialized(), on_error=on_error
-    )
-    return unit
 
 
 def sorted_locks(keys: Iterable[int]) -> list[int]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from starlette.routing import BaseRoute
 
 from statifier.console.live import Live
-from statifier.router import RouterConfig
+from statifier.router import Router
 from statifier.service.settings import ServiceSettings
 
 __all__ = ["ServedConsole", "service_console"]
@@ -44,7 +44,7 @@ class ServedConsole:
         return f"ServedConsole(routes={len(self.routes)}, generated={self.generated is not None})"
 
 
-def service_console(settings: ServiceSettings, config: RouterConfig) -> ServedConsole:
+def service_console(settings: ServiceSettings, router: Router) -> ServedConsole:
     """The console of ``settings`` (which must have ``[console]`` enabled) over the
     router configuration's database.
 
@@ -72,7 +72,7 @@ def service_console(settings: ServiceSettings, config: RouterConfig) -> ServedCo
 
         scriba = define_tables(prefix=chosen.scriba_prefix, schema=settings.database.schema)
     console = Console.of(
-        config,
+        router,
         Sessions(
             operators,
             key=chosen.session_key,

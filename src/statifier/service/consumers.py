@@ -30,13 +30,13 @@ import secrets
 import socket
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, Protocol, runtime_checkable
 
 from statifier.extras import MissingExtra
 from statifier.fronts.source import Message, Rebalance, Source
 from statifier.repeats import Repeats
-from statifier.router import RouterConfig
+from statifier.router import Router
 from statifier.service.settings import (
     InboundTableOptions,
     KafkaOptions,
@@ -88,9 +88,10 @@ def process_owner() -> str:
 
 @dataclass
 class Restarts:
-    """The waits between the restarts of a supervised part: ``FIRST_RESTART`` seconds,
-    doubling after each failure to at most ``LAST_RESTART``, and ``FIRST_RESTART``
-    again after a run of at least ``HEALTHY_RUN`` seconds.
+    """The waits between the restarts of a supervised part: ``first`` seconds
+    (``FIRST_RESTART`` by default), doubling after each failure to at most
+    ``LAST_RESTART``, and ``first`` again after a run of at least ``HEALTHY_RUN``
+    seconds.
 
     >>> restarts = Restarts()
     >>> [restarts.after(ran=0.5) for _ in range(7)]
@@ -99,13 +100,17 @@ class Restarts:
     1.0
     """
 
-    next_wait: float = FIRST_RESTART
+    first: float = FIRST_RESTART
+    next_wait: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.next_wait = self.first
 
     def after(self, *, ran: float) -> float:
         """The seconds to wait before the next start, after a run of ``ran`` seconds
         that failed."""
         if ran >= HEALTHY_RUN:
-            self.next_wait = FIRST_RESTART
+            self.next_wait = self.first
         wait = self.next_wait
         self.next_wait = min(wait * 2, LAST_RESTART)
         return wait
@@ -135,15 +140,15 @@ def log_failure(repeats: Repeats, name: str, error: Exception, wait: float) -> N
     )
 
 
-def build_source(settings: SourceSettings, config: RouterConfig, file: str) -> Source:
-    """The source ``settings`` names, over ``config``'s database where it needs one.
+def build_source(settings: SourceSettings, router: Router, file: str) -> Source:
+    """The source ``settings`` names, over ``router``'s database where it needs one.
 
     Raises:
         MissingExtra: the kind's client library is not installed.
         ServiceConfigError: the source refuses its options (named at its table).
     """
     try:
-        return _built(settings, config)
+        return _built(settings, router)
     except ModuleNotFoundError as missing:
         raise MissingExtra.of(missing) from missing
     except ValueError as error:
@@ -151,18 +156,18 @@ def build_source(settings: SourceSettings, config: RouterConfig, file: str) -> S
         raise ServiceConfigError(file, settings.table, "", message) from None
 
 
-def _built(settings: SourceSettings, config: RouterConfig) -> Source:
+def _built(settings: SourceSettings, router: Router) -> Source:
     options = settings.options
     if isinstance(options, InboundTableOptions):
         from statifier.fronts.table_source import TableSource
 
         return TableSource(
-            config.adapter,
+            router.adapter,
             group=options.group,
             partitions=options.partitions,
             owner=options.owner or process_owner(),
             ttl=options.lease_ttl,
-            codec=config.storage.codec,
+            codec=router.storage.codec,
         )
     if isinstance(options, KafkaOptions):
         from statifier.fronts.kafka import KafkaSource, header_scope
@@ -184,7 +189,7 @@ def _built(settings: SourceSettings, config: RouterConfig) -> Source:
         from statifier.fronts.nats import JetStreamSource
 
         leases = PartitionLeases(
-            config.adapter,
+            router.adapter,
             group=options.group,
             partitions=options.partitions,
             owner=options.owner or process_owner(),
@@ -245,13 +250,13 @@ class SupervisedConsumer:
 
     Args:
         settings: the source's settings.
-        config: the router configuration its events are routed through.
+        router: the router its events are routed through.
         file: the configuration file, for errors.
     """
 
-    def __init__(self, settings: SourceSettings, config: RouterConfig, file: str) -> None:
+    def __init__(self, settings: SourceSettings, router: Router, file: str) -> None:
         self.settings = settings
-        self.config = config
+        self.router = router
         self.file = file
         self.name = f"source {settings.name}"
         self._stopping = asyncio.Event()
@@ -272,18 +277,18 @@ class SupervisedConsumer:
         from statifier.fronts.dead_letters import TableDeadLetters
 
         chosen = self.settings.consumer
-        watched = _Watched(build_source(self.settings, self.config, self.file))
+        watched = _Watched(build_source(self.settings, self.router, self.file))
         self._watched = watched
         failure = (
             Retry()
             if chosen.dead_letter_after is None
             else DeadLetterAfter(
                 chosen.dead_letter_after,
-                TableDeadLetters(self.config.adapter, self.config.storage.codec),
+                TableDeadLetters(self.router.adapter, self.router.storage.codec),
             )
         )
         return StreamConsumer(
-            self.config,
+            self.router,
             watched,
             lanes=chosen.lanes,
             batch_size=chosen.batch_size,

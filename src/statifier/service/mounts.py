@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from statifier.router import RouterConfig
+from statifier.router import Router
 from statifier.service.settings import (
     BasicHttpFront,
     Front,
@@ -33,30 +33,30 @@ from statifier.service.settings import (
 __all__ = ["Mounted", "front_app"]
 
 
-def front_app(front: Front, config: RouterConfig, file: str) -> Any:
-    """The ASGI app of ``front``, routing through ``config``.
+def front_app(front: Front, router: Router, file: str) -> Any:
+    """The ASGI app of ``front``, routing through ``router``.
 
     Raises:
         ServiceConfigError: the front refuses its settings (named at its table).
     """
     try:
-        return _built(front, config)
+        return _built(front, router)
     except ValueError as error:
         message = " ".join(str(error).split()) or type(error).__name__
         raise ServiceConfigError(file, front_table(front), "", message) from None
 
 
-def _built(front: Front, config: RouterConfig) -> Any:
+def _built(front: Front, router: Router) -> Any:
     if isinstance(front, BasicHttpFront):
         from statifier.fronts.basichttp import basichttp_app
 
-        return basichttp_app(config, max_body=front.max_body, timeout=front.timeout)
+        return basichttp_app(router, max_body=front.max_body, timeout=front.timeout)
     from statifier.fronts.webhook import form_app, webhook_app
 
     verifier = None if front.hmac is None else _verifier(front.hmac)
     if isinstance(front, WebhookFront):
         return webhook_app(
-            config,
+            router,
             source=front.source,
             scope=front.scope,
             provider_id_header=front.provider_id_header,
@@ -65,7 +65,7 @@ def _built(front: Front, config: RouterConfig) -> Any:
             timeout=front.timeout,
         )
     return form_app(
-        config,
+        router,
         source=front.source,
         scope=front.scope,
         verifier=verifier,

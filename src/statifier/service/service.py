@@ -10,7 +10,7 @@ then runs, on one event loop:
   that bounds the connections and the time a request head may take
   (:mod:`statifier.service.listener`);
 - one :class:`~statifier.fronts.consumer.StreamConsumer` per configured source;
-- the :class:`~statifier.router.timer_worker.TimerWorker`;
+- the :class:`~statifier.router.TimerWorker`;
 - the :class:`~statifier.router.OutboxDrain`, with every queue's sink
   (:mod:`statifier.service.sinks`);
 - the reapers, every ``[reapers] interval`` seconds;
@@ -57,10 +57,10 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, TextIO
 from statifier.extras import MissingExtra
 from statifier.persistence.sql import SqlAdapter
 from statifier.repeats import Repeats
-from statifier.router import OutboxDrain, RouterConfig, reap_addresses, reap_dedupe
-from statifier.router.timer_worker import TimerWorker
+from statifier.router import OutboxDrain, Router, TimerWorker, reap_addresses, reap_dedupe
 from statifier.service.console import ServedConsole, service_console
 from statifier.service.consumers import (
+    FIRST_RESTART,
     Restarts,
     SupervisedConsumer,
     log_failure,
@@ -184,8 +184,8 @@ def _has_locations(url: str, options: TableOptions) -> bool:
 
 class Supervised:
     """One long-running part (a worker): ``work()`` run until ``stop`` is set, and
-    started again after a backoff (:data:`FIRST_RESTART` seconds, doubling to
-    :data:`LAST_RESTART`, and :data:`FIRST_RESTART` again after a run of
+    started again after a backoff (``first_restart`` seconds, doubling to
+    :data:`LAST_RESTART`, and ``first_restart`` again after a run of
     :data:`HEALTHY_RUN` seconds or more) whenever it raises; its failures are logged
     once per kind and interval, with a count.
 
@@ -193,12 +193,22 @@ class Supervised:
         name: the part's name, in logs and readiness reasons.
         work: runs the part; returns once ``stop`` is set.
         stop: set when the part is to stop.
+        first_restart: the seconds before the first restart, where the backoff
+            starts (:data:`FIRST_RESTART` by default).
     """
 
-    def __init__(self, name: str, work: Callable[[], Awaitable[None]], stop: asyncio.Event) -> None:
+    def __init__(
+        self,
+        name: str,
+        work: Callable[[], Awaitable[None]],
+        stop: asyncio.Event,
+        *,
+        first_restart: float = FIRST_RESTART,
+    ) -> None:
         self.name = name
         self.work = work
         self.stop = stop
+        self.first_restart = first_restart
         self.failure: str | None = None
         self.task: asyncio.Task[None] | None = None
         self._repeats = Repeats()
@@ -214,7 +224,7 @@ class Supervised:
         return None if self.failure is None else f"restarting after {self.failure}"
 
     async def _run(self) -> None:
-        restarts = Restarts()
+        restarts = Restarts(self.first_restart)
         while not self.stop.is_set():
             began = time.monotonic()
             try:
@@ -229,7 +239,7 @@ class Supervised:
             self.failure = None
 
 
-async def _reap(config: RouterConfig, settings: ServiceSettings, stop: asyncio.Event) -> None:
+async def _reap(router: Router, settings: ServiceSettings, stop: asyncio.Event) -> None:
     """Run both reapers every ``interval`` seconds until ``stop``; a failed pass is
     logged (once per kind of failure and interval), and the next comes on schedule."""
     every = settings.reapers
@@ -237,10 +247,10 @@ async def _reap(config: RouterConfig, settings: ServiceSettings, stop: asyncio.E
     while not stop.is_set():
         try:
             now = datetime.now(UTC)
-            await reap_dedupe(config, now)
+            await reap_dedupe(router, now)
             after: Any = None
             while not stop.is_set():
-                page = await reap_addresses(config, now, limit=every.limit, after=after)
+                page = await reap_addresses(router, now, limit=every.limit, after=after)
                 if page.next is None:
                     break
                 after = page.next
@@ -345,45 +355,45 @@ class Service:
         try:
             # Synchronous (Alembic's), and before anything else runs on the loop.
             prepare_database(self.settings)
-            async with self._opened() as (config, health, sinks):
-                return await self._serve(config, health, sinks)
+            async with self._opened() as (router, health, sinks):
+                return await self._serve(router, health, sinks)
         finally:
             for bridge in bridges:
                 bridge.uninstall()
 
     @contextlib.asynccontextmanager
-    async def _opened(self) -> AsyncIterator[tuple[RouterConfig, Health, Sinks]]:
+    async def _opened(self) -> AsyncIterator[tuple[Router, Health, Sinks]]:
         adapter = SqlAdapter(self.settings.database.url, _options(self.settings))
         try:
-            config = router_config(self.settings, adapter)
-            sinks = build_sinks(self.settings, config)
+            router = Router(router_config(self.settings, adapter))
+            sinks = build_sinks(self.settings, router)
             try:
-                yield config, Health(adapter), sinks
+                yield router, Health(adapter), sinks
             finally:
                 await sinks.aclose()
         finally:
             await adapter.close()
 
-    async def _serve(self, config: RouterConfig, health: Health, sinks: Sinks) -> int:
+    async def _serve(self, router: Router, health: Health, sinks: Sinks) -> int:
         settings = self.settings
         from starlette.applications import Starlette
 
         # Everything that can be refused is built before any task starts.
         fronts = [
-            (front.path, front_app(front, config, settings.file)) for front in settings.fronts
+            (front.path, front_app(front, router, settings.file)) for front in settings.fronts
         ]
         routes: list[Any] = list(health_routes(health))
         if settings.console.enabled:
-            self._console = service_console(settings, config)
+            self._console = service_console(settings, router)
             routes.extend(self._console.routes)
         app = Mounted(fronts, Starlette(routes=routes))
         make_server = _http_server()
         consumers = [
-            SupervisedConsumer(source, config, settings.file) for source in settings.sources
+            SupervisedConsumer(source, router, settings.file) for source in settings.sources
         ]
         for consumer in consumers:
             consumer.prepare()
-        workers = self._workers(config, sinks)
+        workers = self._workers(router, sinks)
         listener = _listening_socket(settings.http.host, settings.http.port)
         try:
             server = make_server(app, settings.http, listener, settings.shutdown_timeout)
@@ -430,16 +440,16 @@ class Service:
         self._say("stopped" if status == _EXIT_CLEAN else "stopped, cut short by shutdown_timeout")
         return status
 
-    def _workers(self, config: RouterConfig, sinks: Sinks) -> list[Supervised]:
+    def _workers(self, router: Router, sinks: Sinks) -> list[Supervised]:
         settings, stop = self.settings, self._workers_stop
         workers: list[Supervised] = []
         if settings.timers.enabled:
             timers = settings.timers
-            worker = TimerWorker(config, batch=timers.batch, poll=timers.poll, retry=timers.retry)
+            worker = TimerWorker(router, batch=timers.batch, poll=timers.poll, retry=timers.retry)
             workers.append(Supervised("timers", lambda: worker.run(stop), stop))
         outbox = settings.outbox
         drain = OutboxDrain(
-            config,
+            router.storage,
             sinks.by_queue,
             max_attempts=outbox.max_attempts,
             backoff=outbox.backoff,
@@ -448,7 +458,7 @@ class Service:
         )
         workers.append(Supervised("outbox", lambda: drain.run(stop, outbox.idle), stop))
         if settings.reapers.enabled:
-            workers.append(Supervised("reapers", lambda: _reap(config, settings, stop), stop))
+            workers.append(Supervised("reapers", lambda: _reap(router, settings, stop), stop))
         return workers
 
     async def _shutdown(

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Final
 
 from statifier.expr.tagged import encode
 from statifier.extras import MissingExtra
-from statifier.router import DeadLetter, OutboxMessage, RouterConfig, Sink, basichttp_sink
+from statifier.router import DeadLetter, OutboxMessage, Router, Sink, basichttp_sink
 from statifier.router.sending import BASICHTTP_QUEUE
 from statifier.service.settings import (
     CallSink,
@@ -180,16 +180,16 @@ class Sinks:
             await sink.aclose()
 
 
-def build_sinks(settings: ServiceSettings, config: RouterConfig) -> Sinks:
+def build_sinks(settings: ServiceSettings, router: Router) -> Sinks:
     """Every queue's sink: the configured ones, and the BasicHTTP sink of the
-    ``basichttp`` queue (failures reported back through ``config``).
+    ``basichttp`` queue (failures reported back through ``router``).
 
     Raises:
         ServiceConfigError: a callable that cannot be loaded.
         MissingExtra: an HTTP sink without httpx.
     """
     by_queue: dict[str, Sink] = {
-        BASICHTTP_QUEUE: basichttp_sink(config, timeout=settings.outbox.basichttp_timeout)
+        BASICHTTP_QUEUE: basichttp_sink(router, timeout=settings.outbox.basichttp_timeout)
     }
     closing: list[HttpPostSink] = []
     for entry in settings.sinks:

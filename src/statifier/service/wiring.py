@@ -7,8 +7,13 @@ from datetime import timedelta
 from statifier.chart import Machine
 from statifier.persistence import Storage
 from statifier.persistence.sql import SqlAdapter
-from statifier.router import OutboxRoute, RouterConfig, RouterError, StaticResolver
-from statifier.router.locations import BasicHttpLocations
+from statifier.router import (
+    BasicHttpLocations,
+    OutboxRoute,
+    RouterConfig,
+    RouterError,
+    StaticResolver,
+)
 from statifier.router.routes import RouteEntry
 from statifier.service.settings import BasicHttpFront, ServiceConfigError, ServiceSettings
 from statifier.service.toml_reader import one_line

@@ -7,15 +7,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 from statifier.sql.dialect import Dialect
+from statifier.sql.keys import RowKeys
 from statifier.sql.names import TableNames
 from statifier.sql.tables import Tables
 
 __all__ = ["DeadLetterRow", "DeadLetterTable"]
 
-_COLUMNS = "source, partition, position, message_id, reason, raw, dead_at"
+_COLUMNS: Final = ("source", "partition", "position", "message_id", "reason", "raw", "dead_at")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,17 +44,13 @@ class DeadLetterTable:
 
     def __init__(self, tables: Tables, dialect: Dialect) -> None:
         self.dialect = dialect
-        self.new_key = tables.options.key_default
+        self.keys = RowKeys.of(tables, dialect)
         table = TableNames.of(tables).consumer_dead_letters
-        key_column, key_value = ("id, ", ":id, ") if self.new_key else ("", "")
-        self._insert = dialect.statement(
-            f"INSERT INTO {table} ({key_column}{_COLUMNS}) VALUES ({key_value}:source, "
-            ":partition, :position, :message_id, :reason, :raw, :dead_at)"
-        )
+        self._insert = dialect.statement(self.keys.insert(table, _COLUMNS))
         self._delete = dialect.statement(f"DELETE FROM {table} WHERE id = :id")
         # The cast types the parameter where it is only compared with NULL.
         self._select = dialect.statement(
-            f"SELECT {_COLUMNS} FROM {table} "
+            f"SELECT {', '.join(_COLUMNS)} FROM {table} "
             "WHERE CAST(:source AS TEXT) IS NULL OR source = :source ORDER BY id"
         )
 
@@ -69,9 +66,7 @@ class DeadLetterTable:
             "raw": row.raw,
             "dead_at": dialect.time(row.dead_at),
         }
-        if self.new_key:
-            values["id"] = dialect.key(self.new_key())
-        await dialect.execute(driver, self._insert, values)
+        await dialect.execute(driver, self._insert, self.keys.keyed(values))
 
     async def delete(self, driver: Any, key: Any) -> int:
         """Delete the row of ``key``; answer how many rows went (0 or 1)."""

@@ -7,7 +7,9 @@ converts the values that its driver stores differently (times, keys, JSON docume
 lists), says how a transaction takes an advisory lock (:meth:`Dialect.advisory_lock`,
 keyed by :func:`lock_key`), and runs the statement on the driver's connection of a
 transaction (:meth:`Dialect.execute`, :meth:`Dialect.rows`, :meth:`Dialect.row`), so
-that a module of statements reads the same for both databases. The two dialects are
+that a module of statements reads the same for both databases. A savepoint's
+statements, the same on both, are here as well (:func:`savepoint_statements`). The
+two dialects are
 :data:`statifier.sql.postgres.POSTGRES` (psycopg 3's ``AsyncConnection``) and
 :data:`statifier.sql.sqlite.SQLITE` (``sqlite3.Connection``). A statement that truly
 reads differently on the two is chosen in its table family's module by what the
@@ -28,13 +30,25 @@ True
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
-__all__ = ["Dialect", "Values", "lock_key", "named_to_pyformat", "ping", "utc_text", "utc_time"]
+__all__ = [
+    "Dialect",
+    "Savepoint",
+    "Values",
+    "lock_key",
+    "named_to_pyformat",
+    "ping",
+    "savepoint_statements",
+    "utc_text",
+    "utc_time",
+]
 
 Values = Mapping[str, Any]
 """A statement's parameters, by name."""
@@ -77,6 +91,36 @@ def lock_key(*parts: str) -> int:
     return int.from_bytes(digest.digest(), "big", signed=True)
 
 
+@dataclass(frozen=True, slots=True)
+class Savepoint:
+    """The statements of one savepoint, the same on both databases: run ``begin`` where
+    it starts; where it ends, ``undo`` (only if what followed must be undone), then
+    ``release``.
+
+    Attributes:
+        begin: opens it.
+        undo: rolls the transaction back to it, which stays open (and usable again
+            after an error).
+        release: forgets it, keeping what was written since.
+    """
+
+    begin: str
+    undo: str
+    release: str
+
+
+@functools.lru_cache(maxsize=64)
+def savepoint_statements(number: int) -> Savepoint:
+    """The savepoint ``number`` of a transaction (numbered from 1 as they are opened,
+    so that nested ones have names of their own)."""
+    name = f"statifier_{number}"
+    return Savepoint(
+        begin=f"SAVEPOINT {name}",
+        undo=f"ROLLBACK TO SAVEPOINT {name}",
+        release=f"RELEASE SAVEPOINT {name}",
+    )
+
+
 class Dialect:
     """One database's way of binding, converting and running statifier's statements.
 
@@ -103,10 +147,6 @@ class Dialect:
             reads, so that a write and a read (or two writes, the second depending on
             the first) take one round trip; where it cannot (SQLite), they are separate
             statements, run in process.
-        json_contains: whether a JSON column can be asked in one comparison whether it
-            holds every pair of a bound document (PostgreSQL's ``jsonb @>``); where
-            false (SQLite), each pair is compared through ``json_each``, one bound key
-            and value each.
     """
 
     name: str = ""
@@ -115,7 +155,6 @@ class Dialect:
     single_writer: bool = False
     schemas: bool = False
     writes_in_with: bool = False
-    json_contains: bool = False
 
     def statement(self, text: str) -> str:
         """``text`` (parameters as ``:name``) as this dialect's driver binds it."""
@@ -149,7 +188,15 @@ class Dialect:
 
     def json_has(self, column: Any, pairs: Mapping[str, str]) -> list[Any]:
         """SQLAlchemy conditions that the JSON object in ``column`` holds every
-        ``key: value`` of ``pairs`` (text values), for a Core statement."""
+        ``key: value`` of ``pairs`` (text values), for a Core statement: what
+        :meth:`json_has_sql` asks in a statement of text."""
+        raise NotImplementedError
+
+    def json_has_sql(self, column: str, parameter: str) -> str:
+        """The SQL condition (parameters as ``:name``) that the JSON object in
+        ``column`` (SQL naming a column) holds every ``key: value`` of the JSON object
+        bound as ``:parameter`` (a document, bound as :meth:`json` takes it): one
+        statement, and one parameter, for any number of pairs."""
         raise NotImplementedError
 
     def bucket(self, column: Any, start: int, width: int) -> Any:

@@ -53,6 +53,7 @@ __all__ = [
     "open_engine",
     "retry_busy",
     "run_on",
+    "set_busy_timeout",
     "sqlite_engine",
     "tables_missing",
     "url_dialect",
@@ -155,8 +156,14 @@ def configure_sqlite(connection: sqlite3.Connection) -> float:
     caller's own asynchronous wait keeps."""
     (timeout_ms,) = connection.execute("PRAGMA busy_timeout").fetchone()
     connection.isolation_level = None
-    connection.execute("PRAGMA busy_timeout = 0")
+    set_busy_timeout(connection, 0)
     return int(timeout_ms) / 1000
+
+
+def set_busy_timeout(connection: sqlite3.Connection, seconds: float) -> None:
+    """Set how long SQLite itself waits, blocking, for another connection's lock on
+    ``connection`` (to the millisecond); 0: it answers busy at once."""
+    connection.execute(f"PRAGMA busy_timeout = {round(seconds * 1000):d}")
 
 
 def sqlite_engine(url: str | sa.URL, **options: Any) -> sa.Engine:
@@ -199,11 +206,11 @@ def _switch_to_wal(driver: sqlite3.Connection) -> None:
     for a moment, so a connection opening while another process writes to a database
     not yet in WAL waits for it here, at most ``WAL_SWITCH_WAIT_MS``: the one wait that
     blocks, once per connection as it opens, instead of failing the open at once."""
-    driver.execute(f"PRAGMA busy_timeout = {WAL_SWITCH_WAIT_MS:d}")
+    set_busy_timeout(driver, WAL_SWITCH_WAIT_MS / 1000)
     try:
         driver.execute("PRAGMA journal_mode = WAL")
     finally:
-        driver.execute("PRAGMA busy_timeout = 0")
+        set_busy_timeout(driver, 0)
 
 
 def busy_wait(connection: sa.Connection) -> float | None:
@@ -290,8 +297,19 @@ def lasts_one_connection(url: str | sa.URL) -> bool:
 
 def dialect_of(engine: sa.Engine | AsyncEngine) -> Dialect:
     """The dialect of ``engine``'s database: an async engine is PostgreSQL's (psycopg),
-    a synchronous one SQLite's."""
-    return POSTGRES if isinstance(engine, AsyncEngine) else SQLITE
+    a synchronous one SQLite's.
+
+    Raises:
+        ValueError: an async engine on another database than PostgreSQL, or a
+            synchronous one on another than SQLite.
+    """
+    if isinstance(engine, AsyncEngine):
+        if engine.dialect.name != POSTGRES.name:
+            raise ValueError("an AsyncEngine is for PostgreSQL; give SQLite a sync Engine")
+        return POSTGRES
+    if engine.dialect.name != SQLITE.name:
+        raise ValueError("a sync Engine is for SQLite; give PostgreSQL an AsyncEngine")
+    return SQLITE
 
 
 async def dispose(engine: sa.Engine | AsyncEngine) -> None:

@@ -9,9 +9,9 @@ what a row means (records, codecs, errors).
 
 Where the two databases truly differ, a capability of the :class:`Dialect` chooses:
 row locks (:attr:`Dialect.row_locks`: an execution's row held ``FOR UPDATE`` inside a
-block, a chart's row held between a retirement and a create), the two writes of a step
-in one statement (:attr:`Dialect.writes_in_with`), and the metadata query
-(:attr:`Dialect.json_contains`). A list of ids is one parameter
+block, a chart's row held between a retirement and a create), and the two writes of a step
+in one statement (:attr:`Dialect.writes_in_with`); the metadata query asks the
+dialect (:meth:`Dialect.json_has_sql`). A list of ids is one parameter
 (:meth:`Dialect.among`, bound by :meth:`Dialect.listed`).
 
 >>> from statifier.sql import TableOptions
@@ -28,11 +28,13 @@ True
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import Any, Final
+from collections.abc import Iterable
+from typing import Final
 
 from statifier.sql.dialect import Dialect
+from statifier.sql.keys import RowKeys
 from statifier.sql.names import TableNames
+from statifier.sql.postgres import execution_lock_key
 from statifier.sql.tables import Tables
 
 __all__ = [
@@ -64,7 +66,7 @@ class ExecutionStatements:
 
     Args:
         tables: the tables the migrations built (names them, and says whether keys
-            are made by the client: then every insert binds ``:id``, see :meth:`keyed`).
+            are made by the client: then every insert binds ``:id``, see ``keyed``).
         dialect: the database's dialect (``SqlAdapter.dialect``).
         pinning: the execution statuses that keep a chart from retiring (stored
             values); what a status means is the adapter's.
@@ -94,23 +96,29 @@ class ExecutionStatements:
       ``delete_position``: ``key``. ``count_positions``: ``h``.
     - ``prune``: ``before``, ``limit``; answers the pruned executions' ids.
       ``drop_logs``, ``drop_errors``: ``ids``.
-    - :meth:`by_metadata`: see there.
+    - ``lock_execution``: ``id``; ``try_lock_execution``: ``id``, answers whether the
+      lock was granted; both ``None`` without :attr:`Dialect.row_locks`.
+      ``claim_writer``: no parameters; ``None`` without :attr:`Dialect.single_writer`.
+    - ``by_metadata`` (every column of :data:`EXECUTION_COLUMNS`),
+      ``statuses_by_metadata`` (``execution_id, status``): ``metadata``, a JSON
+      document whose every pair the executions' metadata holds.
     """
 
     def __init__(self, tables: Tables, dialect: Dialect, pinning: Iterable[str]) -> None:
         self.dialect = dialect
         t = TableNames.of(tables)
         self.executions = t.executions
-        self.new_key: Callable[[], Any] | None = tables.options.key_default
-        key, key_value = ("id, ", ":id, ") if self.new_key else ("", "")
+        keys = RowKeys.of(tables, dialect)
+        self.keyed = keys.keyed
+        """``values`` for an insert, with the row's new key (``:id``) where the client
+        makes keys (:meth:`RowKeys.keyed`)."""
         sql = dialect.statement
         # Row locks where the database has them; SQLite's single writer serializes
         # every writer instead, so there the locked forms read as the plain ones.
         for_update = " FOR UPDATE" if dialect.row_locks else ""
         self.insert_chart = sql(
-            f"INSERT INTO {t.charts} ({key}{CHART_COLUMNS}) VALUES ({key_value}"
-            ":content_hash, :chart_blob, :name, :version, :saved_at, :retired_at, "
-            ":retired_by) ON CONFLICT (content_hash) DO NOTHING"
+            f"{keys.insert(t.charts, CHART_COLUMNS.split(', '))} "
+            "ON CONFLICT (content_hash) DO NOTHING"
         )
         self.fetch_chart = sql(f"SELECT {CHART_COLUMNS} FROM {t.charts} WHERE content_hash = :h")
         self.retire_chart = sql(
@@ -129,11 +137,9 @@ class ExecutionStatements:
         self.guard_chart = sql(
             f"SELECT retired_at, retired_by FROM {t.charts} WHERE content_hash = :h{key_share}"
         )
+        metadata = {"metadata": dialect.json("metadata")}
         self.insert_execution = sql(
-            f"INSERT INTO {t.executions} ({key}{EXECUTION_COLUMNS}) VALUES ({key_value}"
-            f":execution_id, :content_hash, :status, :position_blob, {dialect.json('metadata')}, "
-            ":outcome_blob, :failure, :created_at, :updated_at, :ended_at, :error_count, "
-            ":last_error_at, :final_state) "
+            f"{keys.insert(t.executions, EXECUTION_COLUMNS.split(', '), metadata)} "
             "ON CONFLICT (execution_id) DO NOTHING RETURNING 1"
         )
         fetch = f"SELECT {EXECUTION_COLUMNS} FROM {t.executions} WHERE execution_id = :id"
@@ -174,9 +180,8 @@ class ExecutionStatements:
             f"WHERE a.content_hash = :h AND p.status IN ({pins})"
         )
         self.insert_answer = sql(
-            f"INSERT INTO {t.child_answers} ({key}{ANSWER_COLUMNS}) VALUES ({key_value}"
-            ":child_id, :parent_id, :invoke_id, :content_hash, :kind, :answer_blob, :failure, "
-            ":created_at, :delivered_at) ON CONFLICT (child_id) DO NOTHING"
+            f"{keys.insert(t.child_answers, ANSWER_COLUMNS.split(', '))} "
+            "ON CONFLICT (child_id) DO NOTHING"
         )
         self.fetch_answer = sql(
             f"SELECT {ANSWER_COLUMNS} FROM {t.child_answers} WHERE child_id = :id"
@@ -189,17 +194,17 @@ class ExecutionStatements:
             f"UPDATE {t.child_answers} SET delivered_at = :at "
             f"WHERE child_id {dialect.among('ids')} AND delivered_at IS NULL"
         )
+        settlement = {"parent_id": ":parent", "invoke_id": ":invoke", "settled_at": ":at"}
         self.take_settlement = sql(
-            f"INSERT INTO {t.settlements} ({key}parent_id, invoke_id, settled_at) "
-            f"VALUES ({key_value}:parent, :invoke, :at) "
+            f"{keys.insert(t.settlements, tuple(settlement), settlement)} "
             "ON CONFLICT (parent_id, invoke_id) DO NOTHING RETURNING 1"
         )
         self.settled = sql(
             f"SELECT 1 FROM {t.settlements} WHERE parent_id = :parent AND invoke_id = :invoke"
         )
+        position = ("key", "content_hash", "position_blob", "saved_at")
         self.save_position = sql(
-            f"INSERT INTO {t.positions} ({key}key, content_hash, position_blob, saved_at) "
-            f"VALUES ({key_value}:key, :content_hash, :position_blob, :saved_at) "
+            f"{keys.insert(t.positions, position)} "
             "ON CONFLICT (key) DO UPDATE SET content_hash = excluded.content_hash, "
             "position_blob = excluded.position_blob, saved_at = excluded.saved_at"
         )
@@ -210,12 +215,15 @@ class ExecutionStatements:
         self.count_positions = sql(f"SELECT count(*) FROM {t.positions} WHERE content_hash = :h")
         # One statement appends at the next seq: nothing when the log is closed (its
         # last entry is the marker), the marker when the entry takes the cap's last slot.
+        entry = {
+            "seq": "following.seq",
+            "input_blob": "CASE WHEN CAST(:cap AS INTEGER) IS NOT NULL "
+            "AND following.seq >= CAST(:cap AS INTEGER) - 1 THEN NULL ELSE :input_blob END",
+        }
+        inputs = ("execution_id", "seq", "door", "input_blob", "recorded_at")
         append = (
-            f"INSERT INTO {t.inputs} ({key}execution_id, seq, door, input_blob, recorded_at) "
-            f"SELECT {key_value}:execution_id, following.seq, :door, "
-            "CASE WHEN CAST(:cap AS INTEGER) IS NOT NULL "
-            "AND following.seq >= CAST(:cap AS INTEGER) - 1 THEN NULL ELSE :input_blob END, "
-            ":recorded_at FROM (SELECT coalesce(max(seq), -1) + 1 AS seq "
+            f"{keys.insert(t.inputs, inputs, entry, select=True)} "
+            "FROM (SELECT coalesce(max(seq), -1) + 1 AS seq "
             f"FROM {t.inputs} WHERE execution_id = :execution_id) AS following "
             f"WHERE NOT EXISTS (SELECT 1 FROM {t.inputs} AS last "
             "WHERE last.execution_id = :execution_id AND last.seq = following.seq - 1 "
@@ -246,50 +254,29 @@ class ExecutionStatements:
         self.drop_errors = sql(
             f"DELETE FROM {t.step_errors} WHERE execution_id {dialect.among('ids')}"
         )
-        self.insert_error = sql(
-            f"INSERT INTO {t.step_errors} ({key}{ERROR_COLUMNS}) VALUES ({key_value}"
-            ":execution_id, :seq, :door, :name, :taken, :error_blob, :recorded_at)"
-        )
+        self.insert_error = sql(keys.insert(t.step_errors, ERROR_COLUMNS.split(", ")))
         self.errors = sql(
             f"SELECT {ERROR_COLUMNS} FROM (SELECT id, {ERROR_COLUMNS} FROM {t.step_errors} "
             "WHERE execution_id = :id ORDER BY id DESC LIMIT :limit) AS newest ORDER BY id"
         )
-        self._by_metadata: dict[tuple[int, bool], str] = {}
-        if dialect.json_contains:
-            for whole in (True, False):
-                columns = EXECUTION_COLUMNS if whole else "execution_id, status"
-                self._by_metadata[(0, whole)] = sql(
-                    f"SELECT {columns} FROM {t.executions} "
-                    f"WHERE metadata @> {dialect.json('metadata')}"
-                )
-
-    def keyed(self, values: dict[str, Any]) -> dict[str, Any]:
-        """``values`` for an insert, with the row's new key (``:id``) when the client
-        makes keys; ``values`` itself, changed in place."""
-        if self.new_key is not None:
-            values["id"] = self.dialect.key(self.new_key())
-        return values
-
-    def by_metadata(self, pairs: int, whole: bool) -> str:
-        """The executions (``whole``: every column of :data:`EXECUTION_COLUMNS`, else
-        ``execution_id, status``) whose metadata holds every pair asked.
-
-        With :attr:`Dialect.json_contains` one statement serves any number of pairs,
-        bound as one JSON document ``:metadata``; without, the statement for ``pairs``
-        pairs binds them as ``k0``, ``v0``, ``k1``... compared through ``json_each``
-        (made on first use, then kept).
-        """
-        if self.dialect.json_contains:
-            pairs = 0
-        found = self._by_metadata.get((pairs, whole))
-        if found is None:
-            columns = EXECUTION_COLUMNS if whole else "execution_id, status"
-            conditions = [
-                f"EXISTS (SELECT 1 FROM json_each({self.executions}.metadata) AS m{index} "
-                f"WHERE m{index}.key = :k{index} AND m{index}.value = :v{index})"
-                for index in range(pairs)
-            ]
-            where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
-            found = self.dialect.statement(f"SELECT {columns} FROM {self.executions}{where}")
-            self._by_metadata[(pairs, whole)] = found
-        return found
+        # An execution's own lock, held until the transaction ends (an ``exclusive``
+        # block): taken, or only tried (answers whether it was granted). Without row
+        # locks (SQLite) the single writer excludes every other writer instead, and a
+        # transaction becomes that writer, in a caller's transaction already open, by a
+        # write that touches no row.
+        self.lock_execution: str | None = None
+        self.try_lock_execution: str | None = None
+        self.claim_writer: str | None = None
+        if dialect.row_locks:
+            key = execution_lock_key(":id")
+            self.lock_execution = sql(f"SELECT pg_advisory_xact_lock({key})")
+            self.try_lock_execution = sql(f"SELECT pg_try_advisory_xact_lock({key})")
+        if dialect.single_writer:
+            self.claim_writer = sql(f"UPDATE {t.executions} SET status = status WHERE 0")
+        # The executions whose metadata holds every pair asked, bound as one JSON
+        # document: every column, or the id and the status.
+        holds = dialect.json_has_sql(f"{t.executions}.metadata", "metadata")
+        self.by_metadata = sql(f"SELECT {EXECUTION_COLUMNS} FROM {t.executions} WHERE {holds}")
+        self.statuses_by_metadata = sql(
+            f"SELECT execution_id, status FROM {t.executions} WHERE {holds}"
+        )

@@ -23,6 +23,7 @@ from datetime import datetime
 from typing import Any
 
 from statifier.sql.dialect import Dialect, lock_key
+from statifier.sql.keys import RowKeys
 from statifier.sql.leases import group_lock
 from statifier.sql.names import TableNames
 from statifier.sql.tables import Tables
@@ -77,9 +78,8 @@ class InboundTable:
     def __init__(self, tables: Tables, dialect: Dialect) -> None:
         self.dialect = dialect
         self.names = names = TableNames.of(tables)
-        self.new_key = tables.options.key_default
+        self.keys = keys = RowKeys.of(tables, dialect)
         events, positions = names.inbound_events, names.consumer_positions
-        key_column, key_value = ("id, ", ":id, ") if self.new_key else ("", "")
         sql = dialect.statement
         lock, shared = dialect.advisory_lock("key"), dialect.advisory_lock("key", shared=True)
         self._lock = None if lock is None else sql(lock)
@@ -87,11 +87,9 @@ class InboundTable:
         self._next = sql(
             f"SELECT coalesce(max(position), 0) FROM {events} WHERE partition = :partition"
         )
-        self._insert = sql(
-            f"INSERT INTO {events} ({key_column}partition, position, scope, source, "
-            f"message_id, data, appended_at) VALUES ({key_value}:partition, :position, "
-            f":scope, :source, :message_id, {dialect.json('data')}, :now)"
-        )
+        event = ("partition", "position", "scope", "source", "message_id", "data", "appended_at")
+        given = {"data": dialect.json("data"), "appended_at": ":now"}
+        self._insert = sql(keys.insert(events, event, given))
         self._read = sql(
             f"SELECT position, scope, source, message_id, data FROM {events} "
             "WHERE partition = :partition AND position > :after ORDER BY position LIMIT :limit"
@@ -101,9 +99,10 @@ class InboundTable:
             f"AND partition {dialect.among('partitions')}"
         )
         # Stored only while the lease is the owner's; a position never moves back.
+        position = ("consumer_group", "partition", "position", "updated_at")
+        given = {"consumer_group": ":group", "updated_at": ":now"}
         self._commit = sql(
-            f"INSERT INTO {positions} AS p ({key_column}consumer_group, partition, position, "
-            f"updated_at) SELECT {key_value}:group, :partition, :position, :now "
+            f"{keys.insert(f'{positions} AS p', position, given, select=True)} "
             f"WHERE EXISTS (SELECT 1 FROM {names.partition_leases} "
             "WHERE consumer_group = :group AND partition = :partition AND owner = :owner) "
             "ON CONFLICT (consumer_group, partition) DO UPDATE "
@@ -111,11 +110,6 @@ class InboundTable:
             "THEN EXCLUDED.position ELSE p.position END, "
             "updated_at = EXCLUDED.updated_at RETURNING partition"
         )
-
-    def _keyed(self, values: dict[str, Any]) -> dict[str, Any]:
-        if self.new_key:
-            values["id"] = self.dialect.key(self.new_key())
-        return values
 
     async def append(
         self, driver: Any, events: Sequence[NewEvent], now: datetime
@@ -148,7 +142,7 @@ class InboundTable:
                 "data": event.data,
                 "now": appended_at,
             }
-            await dialect.execute(driver, self._insert, self._keyed(values))
+            await dialect.execute(driver, self._insert, self.keys.keyed(values))
             placed.append((partition, heads[partition]))
         return placed
 
@@ -192,6 +186,6 @@ class InboundTable:
                 "position": position,
                 "now": updated_at,
             }
-            if await dialect.row(driver, self._commit, self._keyed(values)) is not None:
+            if await dialect.row(driver, self._commit, self.keys.keyed(values)) is not None:
                 stored.add(partition)
         return stored

@@ -23,6 +23,7 @@ from datetime import datetime
 from typing import Any
 
 from statifier.sql.dialect import Dialect, lock_key
+from statifier.sql.keys import RowKeys
 from statifier.sql.names import TableNames
 from statifier.sql.tables import Tables
 
@@ -60,25 +61,24 @@ class LeaseTable:
     def __init__(self, tables: Tables, dialect: Dialect) -> None:
         self.dialect = dialect
         self.names = names = TableNames.of(tables)
-        self.new_key = tables.options.key_default
+        self.keys = keys = RowKeys.of(tables, dialect)
         leases, members = names.partition_leases, names.consumer_members
-        key_column, key_value = ("id, ", ":id, ") if self.new_key else ("", "")
         among = f"partition {dialect.among('partitions')}"
         sql = dialect.statement
         lock = dialect.advisory_lock("key")
         self._serialize = None if lock is None else sql(lock)
+        member = {"consumer_group": ":group", "seen_until": ":until"}
         self._member = sql(
-            f"INSERT INTO {members} ({key_column}consumer_group, owner, seen_until) "
-            f"VALUES ({key_value}:group, :owner, :until) "
+            f"{keys.insert(members, ('consumer_group', 'owner', 'seen_until'), member)} "
             "ON CONFLICT (consumer_group, owner) DO UPDATE SET seen_until = EXCLUDED.seen_until"
         )
         self._prune = sql(
             f"DELETE FROM {members} WHERE consumer_group = :group AND seen_until <= :now"
         )
         self._count = sql(f"SELECT count(*) FROM {members} WHERE consumer_group = :group")
+        lease = {"consumer_group": ":group"}
         self._ensure = sql(
-            f"INSERT INTO {leases} ({key_column}consumer_group, partition) "
-            f"VALUES ({key_value}:group, :partition) "
+            f"{keys.insert(leases, ('consumer_group', 'partition'), lease)} "
             "ON CONFLICT (consumer_group, partition) DO NOTHING"
         )
         self._read = sql(
@@ -97,11 +97,6 @@ class LeaseTable:
             f"DELETE FROM {members} WHERE consumer_group = :group AND owner = :owner"
         )
 
-    def _keyed(self, values: dict[str, Any]) -> dict[str, Any]:
-        if self.new_key:
-            values["id"] = self.dialect.key(self.new_key())
-        return values
-
     async def serialize(self, driver: Any, group: str) -> None:
         """Take ``group``'s lock exclusively until the transaction ends (see the module
         docstring); nothing to take where the transaction holds the single writer."""
@@ -118,7 +113,7 @@ class LeaseTable:
         dialect = self.dialect
         await dialect.execute(driver, self._prune, {"group": group, "now": dialect.time(now)})
         values = {"group": group, "owner": owner, "until": dialect.time(until)}
-        await dialect.execute(driver, self._member, self._keyed(values))
+        await dialect.execute(driver, self._member, self.keys.keyed(values))
         row = await dialect.row(driver, self._count, {"group": group})
         assert row is not None  # count(*) answers a row
         return int(row[0])
@@ -129,7 +124,7 @@ class LeaseTable:
         dialect = self.dialect
         for partition in partitions:
             values = {"group": group, "partition": partition}
-            await dialect.execute(driver, self._ensure, self._keyed(values))
+            await dialect.execute(driver, self._ensure, self.keys.keyed(values))
         values = {"group": group, "partitions": dialect.listed(partitions)}
         return [
             LeaseRow(row[0], row[1], dialect.read_time(row[2]))

@@ -41,6 +41,7 @@ import sqlalchemy as sa
 from statifier.extras import MissingExtra
 from statifier.sql.dialect import Dialect
 from statifier.sql.engines import database_url
+from statifier.sql.keys import RowKeys
 from statifier.sql.names import TableNames
 from statifier.sql.tables import TableOptions, Tables, define_locations
 
@@ -131,18 +132,13 @@ class LocationTable:
 
     def __init__(self, tables: Tables, dialect: Dialect) -> None:
         self.dialect = dialect
-        self.new_key = tables.options.key_default
+        self.keys = RowKeys.of(tables, dialect)
         options = tables.options
         schema = f"{options.schema}." if options.schema else ""
         locations = f"{schema}{options.name('locations')}"
-        columns: tuple[str, ...] = ("address_id", "execution_id", "token_hash", "inserted_at")
-        if self.new_key:
-            columns = ("id", *columns)
+        columns = ("address_id", "execution_id", "token_hash", "inserted_at")
         sql = dialect.statement
-        self._insert = sql(
-            f"INSERT INTO {locations} ({', '.join(columns)}) VALUES "
-            f"({', '.join(f':{column}' for column in columns)})"
-        )
+        self._insert = sql(self.keys.insert(locations, columns))
         # Where rows are locked, the location row is held against a rotation until the
         # transaction ends; SQLite's single writer excludes a rotation already.
         held = " FOR SHARE OF l" if dialect.row_locks else ""
@@ -179,9 +175,7 @@ class LocationTable:
             "token_hash": token_hash,
             "inserted_at": dialect.time(inserted_at),
         }
-        if self.new_key:
-            values["id"] = dialect.key(self.new_key())
-        await dialect.execute(driver, self._insert, values)
+        await dialect.execute(driver, self._insert, self.keys.keyed(values))
 
     async def resolve(self, driver: Any, token_hash: str) -> LocatedRow | None:
         """The address row the location of ``token_hash`` reaches (of the same

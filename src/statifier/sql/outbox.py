@@ -23,6 +23,7 @@ from datetime import datetime
 from typing import Any, Final, Literal
 
 from statifier.sql.dialect import Dialect
+from statifier.sql.keys import RowKeys
 from statifier.sql.names import TableNames
 from statifier.sql.tables import Tables
 
@@ -102,14 +103,14 @@ class OutboxTable:
 
     def __init__(self, tables: Tables, dialect: Dialect) -> None:
         self.dialect = dialect
-        self.new_key = tables.options.key_default
+        self.keys = keys = RowKeys.of(tables, dialect)
         outbox = TableNames.of(tables).outbox
         sql = dialect.statement
-        key_column, key_value = ("id, ", ":id, ") if self.new_key else ("", "")
+        columns = ("queue", "key", "payload", "attempts", "next_attempt_at", "inserted_at")
+        given = {"payload": dialect.json("payload"), "attempts": "0"}
+        given.update(next_attempt_at=":now", inserted_at=":now")
         self._insert = sql(
-            f"INSERT INTO {outbox} ({key_column}queue, key, payload, attempts, "
-            f"next_attempt_at, inserted_at, execution_id) VALUES ({key_value}:queue, :key, "
-            f"{dialect.json('payload')}, 0, :now, :now, :execution_id) "
+            f"{keys.insert(outbox, (*columns, 'execution_id'), given)} "
             "ON CONFLICT (queue, key) DO NOTHING"
         )
         due = (
@@ -188,9 +189,7 @@ class OutboxTable:
             "now": dialect.time(now),
             "execution_id": execution_id,
         }
-        if self.new_key:
-            values["id"] = dialect.key(self.new_key())
-        await dialect.execute(driver, self._insert, values)
+        await dialect.execute(driver, self._insert, self.keys.keyed(values))
 
     async def claim(
         self,

@@ -17,7 +17,14 @@ from sqlalchemy.dialects import postgresql
 
 from statifier.sql.dialect import Dialect, Values, named_to_pyformat
 
-__all__ = ["POSTGRES", "PostgresDialect", "lock_timeout"]
+__all__ = [
+    "POSTGRES",
+    "RESTORE_LOCK_TIMEOUT",
+    "SET_LOCK_TIMEOUT",
+    "PostgresDialect",
+    "execution_lock_key",
+    "lock_timeout",
+]
 
 _NO_VALUES: Final[Values] = {}
 _LOCK_NOT_AVAILABLE: Final = "55P03"  # the SQLSTATE of a wait past lock_timeout
@@ -29,6 +36,22 @@ def lock_timeout(wait: float) -> str:
     return f"{max(1, round(wait * 1000))}ms"
 
 
+# A bounded wait for a lock: SET_LOCK_TIMEOUT binds ``t`` (a lock_timeout()) for the
+# rest of the transaction and answers the setting it replaced, which RESTORE_LOCK_TIMEOUT
+# binds as ``t`` once the lock is held, so that later statements wait as before.
+SET_LOCK_TIMEOUT: Final = named_to_pyformat(
+    "SELECT current_setting('lock_timeout'), set_config('lock_timeout', :t, true)"
+)
+RESTORE_LOCK_TIMEOUT: Final = named_to_pyformat("SELECT set_config('lock_timeout', :t, true)")
+
+
+def execution_lock_key(expression: str) -> str:
+    """The SQL of the advisory lock key of the execution whose id ``expression`` (SQL)
+    reads: the one key every statement that holds an execution's lock takes (an
+    ``exclusive`` block of the SQL adapter, the timer claim)."""
+    return f"hashtextextended({expression}, 0)"
+
+
 class PostgresDialect(Dialect):
     """PostgreSQL through psycopg 3 (see :class:`~statifier.sql.dialect.Dialect`)."""
 
@@ -37,7 +60,6 @@ class PostgresDialect(Dialect):
     server_clock = "clock_timestamp()"
     schemas = True
     writes_in_with = True
-    json_contains = True
 
     def statement(self, text: str) -> str:
         return named_to_pyformat(text)
@@ -59,6 +81,10 @@ class PostgresDialect(Dialect):
     def json_has(self, column: Any, pairs: Mapping[str, str]) -> list[Any]:
         # jsonb containment, which a GIN index on the column answers.
         return [sa.type_coerce(column, postgresql.JSONB()).contains(dict(pairs))]
+
+    def json_has_sql(self, column: str, parameter: str) -> str:
+        # jsonb containment, which a GIN index on the column answers.
+        return f"{column} @> {self.json(parameter)}"
 
     def bucket(self, column: Any, start: int, width: int) -> Any:
         # date_part answers a double, several times cheaper per row than the numeric

@@ -1,6 +1,8 @@
 """The statements of the router's tables: the dedupe claims (``dedupe``), the
 addresses (``addresses``, beside ``executions`` for the reaper) and the routing ledger
-(``routing_ledger``), and the locks a delivery takes.
+(``routing_ledger``), and the locks a delivery takes; and the rows they read and write
+(:class:`AddressRow`, :class:`ReapRow`, :class:`LedgerRow`), which the router exports
+as its own.
 
 :class:`RoutingStatements` writes them once for a set of tables and a dialect;
 :class:`RoutingSession` runs them on the driver connection of one transaction. What a
@@ -15,21 +17,21 @@ reaches these statements.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass
 from datetime import datetime
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 from statifier.sql.dialect import Dialect, Values
+from statifier.sql.keys import RowKeys
 from statifier.sql.names import TableNames
-from statifier.sql.postgres import lock_timeout
+from statifier.sql.postgres import RESTORE_LOCK_TIMEOUT, SET_LOCK_TIMEOUT, lock_timeout
 from statifier.sql.tables import Tables
 
 __all__ = [
     "AddressRow",
-    "LedgerColumns",
+    "LedgerRow",
     "ReapRow",
-    "RoutingLedgerRow",
     "RoutingSession",
     "RoutingStatements",
 ]
@@ -76,35 +78,14 @@ class ReapRow:
     status: str | None
 
 
-class LedgerColumns(Protocol):
-    """What a routing-ledger row is written from: its columns (``inserted_at`` aware).
-    :class:`RoutingLedgerRow` is one; so is the router's ``LedgerRow``."""
-
-    @property
-    def binding_id(self) -> str: ...
-    @property
-    def message_id(self) -> str | None: ...
-    @property
-    def scope(self) -> str | None: ...
-    @property
-    def source(self) -> str | None: ...
-    @property
-    def outcome(self) -> str: ...
-    @property
-    def reason(self) -> str | None: ...
-    @property
-    def document(self) -> str | None: ...
-    @property
-    def key(self) -> str | None: ...
-    @property
-    def execution_id(self) -> str | None: ...
-    @property
-    def inserted_at(self) -> datetime: ...
-
-
 @dataclass(frozen=True, slots=True)
-class RoutingLedgerRow:
-    """A routing-ledger row as read (``inserted_at`` aware, UTC)."""
+class LedgerRow:
+    """One routing-ledger row: what happened to one event on one binding, as the
+    router writes it and as it is read back (``inserted_at`` aware, UTC).
+
+    ``outcome`` is ``delivered``, ``created_and_delivered``, ``duplicate``,
+    ``key_refused`` or ``dropped``; ``reason`` is the drop reason or the refusal.
+    """
 
     binding_id: str
     _: KW_ONLY
@@ -117,6 +98,19 @@ class RoutingLedgerRow:
     key: str | None
     execution_id: str | None
     inserted_at: datetime
+
+    @classmethod
+    def of(cls, columns: Mapping[str, Any]) -> LedgerRow:
+        """The row of the ledger's ``columns`` by name (``inserted_at`` aware; other
+        columns, such as the table's key, are left out)."""
+        return cls(**{name: columns[name] for name in _LEDGER_COLUMNS})
+
+    @property
+    def spelled(self) -> str:
+        """The outcome as the scenario report spells it (``dropped: finished``)."""
+        if self.outcome == "dropped":
+            return f"dropped: {self.reason}"
+        return self.outcome
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,19 +132,20 @@ class RoutingStatements:
 
     def __init__(self, tables: Tables, dialect: Dialect) -> None:
         self.dialect = dialect
-        self.new_key = tables.options.key_default
+        keys = RowKeys.of(tables, dialect)
+        self.keyed = keys.keyed
+        """``values`` for an insert, with the row's key where the client makes keys
+        (:meth:`RowKeys.keyed`)."""
         names = TableNames.of(tables)
         dedupe, addresses = names.dedupe, names.addresses
         ledger, executions = names.routing_ledger, names.executions
-        key_column, key_value = ("id, ", ":id, ") if self.new_key else ("", "")
         # One parameter holds a list: an array on PostgreSQL, a JSON list on SQLite.
         ids = dialect.among("ids")
         sql = dialect.statement
         # A claim inserts the message's row, or takes over an expired one; it answers a
         # row unless a live claim exists (a duplicate).
         claim = (
-            f"INSERT INTO {dedupe} AS d ({key_column}binding_id, message_id, expires_at) "
-            f"VALUES ({key_value}:binding_id, :message_id, :expires_at) "
+            f"{keys.insert(f'{dedupe} AS d', ('binding_id', 'message_id', 'expires_at'))} "
             "ON CONFLICT (binding_id, message_id) DO UPDATE SET expires_at = "
             "excluded.expires_at WHERE d.expires_at <= :now RETURNING 1"
         )
@@ -174,19 +169,16 @@ class RoutingStatements:
             if dialect.writes_in_with
             else None
         )
+        address = ("scope", "document", "key", "execution_id", "inserted_at")
         self.insert_address = sql(
-            f"INSERT INTO {addresses} ({key_column}scope, document, key, execution_id, "
-            f"inserted_at) VALUES ({key_value}:scope, :document, :key, :execution_id, :now) "
+            f"{keys.insert(addresses, address, {'inserted_at': ':now'})} "
             "ON CONFLICT (scope, document, key) DO NOTHING RETURNING id"
         )
         self.stamp = sql(
             f"UPDATE {addresses} SET terminal_seen_at = :now "
             f"WHERE id {ids} AND terminal_seen_at IS NULL"
         )
-        self.record = sql(
-            f"INSERT INTO {ledger} ({key_column}{', '.join(_LEDGER_COLUMNS)}) VALUES "
-            f"({key_value}{', '.join(f':{column}' for column in _LEDGER_COLUMNS)})"
-        )
+        self.record = sql(keys.insert(ledger, _LEDGER_COLUMNS))
         self.reap_dedupe = sql(f"DELETE FROM {dedupe} WHERE expires_at < :now")
         # The cursor is bound twice: as text where it is only compared with NULL (the
         # cast gives that parameter a type), and as it is where the key is compared.
@@ -218,17 +210,9 @@ class RoutingStatements:
             # lock statement alone and puts the transaction's own back after it.
             self.locks = _LockStatements(
                 take=sql("SELECT pg_advisory_xact_lock(k) FROM unnest(:keys::bigint[]) AS k"),
-                set_timeout=sql(
-                    "SELECT current_setting('lock_timeout'), set_config('lock_timeout', :t, true)"
-                ),
-                restore_timeout=sql("SELECT set_config('lock_timeout', :t, true)"),
+                set_timeout=SET_LOCK_TIMEOUT,
+                restore_timeout=RESTORE_LOCK_TIMEOUT,
             )
-
-    def keyed(self, values: dict[str, Any]) -> dict[str, Any]:
-        """``values`` for an insert, with the row's key when the client makes keys."""
-        if self.new_key is not None:
-            values["id"] = self.dialect.key(self.new_key())
-        return values
 
 
 class RoutingSession:
@@ -367,7 +351,7 @@ class RoutingSession:
         values = {"ids": dialect.listed(address_ids), "now": dialect.time(now)}
         await dialect.execute(self._driver, self._s.stamp, values)
 
-    def _ledger_values(self, row: LedgerColumns) -> dict[str, Any]:
+    def _ledger_values(self, row: LedgerRow) -> dict[str, Any]:
         return self._s.keyed(
             {
                 "binding_id": row.binding_id,
@@ -383,11 +367,11 @@ class RoutingSession:
             }
         )
 
-    async def record(self, row: LedgerColumns) -> None:
+    async def record(self, row: LedgerRow) -> None:
         """Insert ``row`` into the routing ledger."""
         await self.dialect.execute(self._driver, self._s.record, self._ledger_values(row))
 
-    async def record_many(self, rows: Sequence[LedgerColumns]) -> None:
+    async def record_many(self, rows: Sequence[LedgerRow]) -> None:
         """Insert ``rows`` into the routing ledger, in order, sent together."""
         if rows:
             values = [self._ledger_values(row) for row in rows]
@@ -439,7 +423,7 @@ class RoutingSession:
         row = await self.dialect.row(self._driver, self._s.address_of, values)
         return None if row is None else (row[0], row[1], row[2])
 
-    async def ledger(self, execution_id: str | None) -> list[RoutingLedgerRow]:
+    async def ledger(self, execution_id: str | None) -> list[LedgerRow]:
         """The ledger's rows (naming ``execution_id``, or all), by insert time, then
         key."""
         dialect = self.dialect
@@ -448,19 +432,7 @@ class RoutingSession:
         return [_ledger_row(dialect, row) for row in rows]
 
 
-def _ledger_row(dialect: Dialect, row: Sequence[Any]) -> RoutingLedgerRow:
-    binding_id, message_id, scope, source, outcome, reason, document, key, execution_id, at = row
-    inserted_at = dialect.read_time(at)
-    assert inserted_at is not None  # inserted_at is NOT NULL
-    return RoutingLedgerRow(
-        binding_id,
-        message_id=message_id,
-        scope=scope,
-        source=source,
-        outcome=outcome,
-        reason=reason,
-        document=document,
-        key=key,
-        execution_id=execution_id,
-        inserted_at=inserted_at,
-    )
+def _ledger_row(dialect: Dialect, row: Sequence[Any]) -> LedgerRow:
+    columns = dict(zip(_LEDGER_COLUMNS, row, strict=True))
+    columns["inserted_at"] = dialect.read_time(columns["inserted_at"])
+    return LedgerRow.of(columns)

@@ -22,9 +22,16 @@ import sqlalchemy as sa
 
 from statifier.sql.dialect import Dialect, Values, utc_text, utc_time
 
-__all__ = ["SQLITE", "SqliteDialect"]
+__all__ = ["BEGIN_WRITE", "COMMIT", "SQLITE", "SqliteDialect"]
 
 _NO_VALUES: Final[Values] = {}
+
+BEGIN_WRITE: Final = "BEGIN IMMEDIATE"
+"""Begins a transaction that holds the database's one writer from its start (or
+answers busy at once, with the busy wait off), so that it never fails later for
+want of the write lock."""
+COMMIT: Final = "COMMIT"
+"""Ends the transaction, keeping what it wrote."""
 
 
 class SqliteDialect(Dialect):
@@ -34,7 +41,6 @@ class SqliteDialect(Dialect):
     row_locks = False
     single_writer = True
     writes_in_with = False
-    json_contains = False
 
     def among(self, parameter: str) -> str:
         return f"IN (SELECT value FROM json_each(:{parameter}))"
@@ -68,6 +74,14 @@ class SqliteDialect(Dialect):
                 sa.exists().select_from(each).where(each.c.key == key, each.c.value == value)
             )
         return conditions
+
+    def json_has_sql(self, column: str, parameter: str) -> str:
+        # No pair asked is missing from the column's object.
+        return (
+            f"NOT EXISTS (SELECT 1 FROM json_each(:{parameter}) AS asked "
+            f"WHERE NOT EXISTS (SELECT 1 FROM json_each({column}) AS held "
+            "WHERE held.key = asked.key AND held.value = asked.value))"
+        )
 
     def bucket(self, column: Any, start: int, width: int) -> Any:
         epoch = sa.cast(sa.func.strftime("%s", column), sa.Integer)

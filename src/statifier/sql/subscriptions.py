@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any, Final
 
 from statifier.sql.dialect import Dialect
+from statifier.sql.keys import RowKeys
 from statifier.sql.names import TableNames
 from statifier.sql.tables import Tables
 
@@ -51,14 +52,12 @@ class SubscriptionTable:
 
     def __init__(self, tables: Tables, dialect: Dialect) -> None:
         self.dialect = dialect
-        self.new_key = tables.options.key_default
+        self.keys = keys = RowKeys.of(tables, dialect)
         names = TableNames.of(tables)
         subscriptions = names.subscriptions
-        columns = ("id", *_COLUMNS) if self.new_key else _COLUMNS
         sql = dialect.statement
         self._insert = sql(
-            f"INSERT INTO {subscriptions} ({', '.join(columns)}) VALUES "
-            f"({', '.join(f':{column}' for column in columns)}) "
+            f"{keys.insert(subscriptions, _COLUMNS)} "
             "ON CONFLICT (execution_id, invoke_id) DO NOTHING"
         )
         self._delete = sql(
@@ -102,9 +101,7 @@ class SubscriptionTable:
             "key": key,
             "inserted_at": dialect.time(inserted_at),
         }
-        if self.new_key:
-            values["id"] = dialect.key(self.new_key())
-        await dialect.execute(driver, self._insert, values)
+        await dialect.execute(driver, self._insert, self.keys.keyed(values))
 
     async def delete(self, driver: Any, execution_id: str, invoke_id: str) -> bool:
         """Delete the row of the invocation ``invoke_id`` of ``execution_id``; answer

@@ -22,7 +22,9 @@ from datetime import datetime
 from typing import Any, Final
 
 from statifier.sql.dialect import Dialect
+from statifier.sql.keys import RowKeys
 from statifier.sql.names import TableNames
+from statifier.sql.postgres import execution_lock_key
 from statifier.sql.tables import Tables
 
 __all__ = ["TakenRows", "TimerRow", "TimerTable"]
@@ -89,10 +91,10 @@ class TimerTable:
 
     def __init__(self, tables: Tables, dialect: Dialect) -> None:
         self.dialect = dialect
-        self.new_key = tables.options.key_default
+        self.keys = keys = RowKeys.of(tables, dialect)
         timers = TableNames.of(tables).timers
         order = _listed(_ORDER)
-        columns = [
+        columns = (
             "execution_id",
             "send_id",
             "dedup_key",
@@ -101,19 +103,15 @@ class TimerTable:
             "step_position",
             "payload",
             "inserted_at",
-        ]
-        if self.new_key:
-            columns.insert(0, "id")
-        values = {column: f":{column}" for column in columns}
-        values["payload"] = dialect.json("payload")
+        )
+        values = {"payload": dialect.json("payload")}
         if dialect.server_clock:
             # The server's clock, read at the insert: it orders the schedules of every
             # process and machine on one clock.
             values["inserted_at"] = dialect.server_clock
         sql = dialect.statement
         self._insert = sql(
-            f"INSERT INTO {timers} ({', '.join(columns)}) VALUES "
-            f"({', '.join(values.values())}) ON CONFLICT (dedup_key) DO NOTHING"
+            f"{keys.insert(timers, columns, values)} ON CONFLICT (dedup_key) DO NOTHING"
         )
         self._delete_send = sql(
             f"DELETE FROM {timers} WHERE execution_id = :execution_id AND send_id = :send_id"
@@ -137,7 +135,7 @@ class TimerTable:
             locked = (
                 "locked AS MATERIALIZED (SELECT execution_id FROM "
                 "(SELECT DISTINCT execution_id FROM picked) AS d "
-                "WHERE pg_try_advisory_xact_lock(hashtextextended(execution_id, 0)))"
+                f"WHERE pg_try_advisory_xact_lock({execution_lock_key('execution_id')}))"
             )
             ready = (
                 "p.execution_id IN (SELECT execution_id FROM locked) "
@@ -212,11 +210,9 @@ class TimerTable:
             "step_position": step_position,
             "payload": payload,
         }
-        if self.new_key:
-            values["id"] = dialect.key(self.new_key())
         if not dialect.server_clock:
             values["inserted_at"] = dialect.time(now)
-        await dialect.execute(driver, self._insert, values)
+        await dialect.execute(driver, self._insert, self.keys.keyed(values))
 
     async def delete_send(self, driver: Any, execution_id: str, send_id: str) -> int:
         """Delete every row of ``(execution_id, send_id)``; answer how many."""

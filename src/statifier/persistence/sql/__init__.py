@@ -3,8 +3,8 @@
 - :mod:`statifier.persistence.sql.adapter`: the front, :class:`SqlAdapter` (opening
   the database, views, :meth:`SqlAdapter.transaction`), handing each call to
 - :mod:`statifier.persistence.sql.postgres` (psycopg 3) or
-  :mod:`statifier.persistence.sql.sqlite` (``sqlite3``): the statements as SQL text with
-  named parameters, run on the driver, with the lock and the transactions;
+  :mod:`statifier.persistence.sql.sqlite` (``sqlite3``): the statements of
+  :mod:`statifier.sql` run on the driver, with the lock and the transactions;
 - :mod:`statifier.persistence.sql.schema`: what the statements are written against
   (the tables of :mod:`statifier.sql`, their names in SQL text).
 

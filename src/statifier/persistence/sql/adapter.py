@@ -1,8 +1,10 @@
 """The SQL adapter: durable executions on PostgreSQL or SQLite.
 
 :class:`SqlAdapter` is the front: it opens the database, and hands every call to the
-module of its database, where the statements are written out as SQL text and run on
-the driver (:mod:`statifier.persistence.sql.postgres` on psycopg 3,
+module of its database, which runs the statements of the storage layer
+(:mod:`statifier.sql.executions`, and the transaction control of
+:mod:`statifier.sql.dialect` and the database's dialect module) on the driver
+(:mod:`statifier.persistence.sql.postgres` on psycopg 3,
 :mod:`statifier.persistence.sql.sqlite` on ``sqlite3``).
 
 On PostgreSQL ``exclusive`` is a transaction holding ``pg_advisory_xact_lock`` on a
@@ -52,10 +54,10 @@ from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from statifier.extras import MissingExtra
 from statifier.persistence.adapter import Capabilities
@@ -70,13 +72,17 @@ from statifier.persistence.records import (
 )
 from statifier.persistence.sql.schema import EVERYTHING, TableOptions, Tables, chosen_tables
 from statifier.sql.dialect import Dialect
-from statifier.sql.engines import database_url, dialect_of, sqlite_engine
+from statifier.sql.engines import database_url, dialect_of, dispose, open_engine
 
 if TYPE_CHECKING:
     from statifier.persistence.sql.postgres import PostgresDatabase
     from statifier.persistence.sql.sqlite import SqliteDatabase
 
-__all__ = ["SqlAdapter", "SqlTransaction"]
+__all__ = ["POOL_SIZE", "SqlAdapter", "SqlTransaction"]
+
+POOL_SIZE: Final = 20
+"""Connections an adapter made from a PostgreSQL URL keeps at most: past as many
+blocks at once, blocks wait for one."""
 
 
 class SqlTransaction(Protocol):
@@ -125,7 +131,7 @@ class SqlAdapter:
     adapter.
     """
 
-    __slots__ = ("_db", "_engine", "_owned", "_tables")
+    __slots__ = ("_db", "_dialect", "_engine", "_owned", "_tables")
 
     _db: PostgresDatabase | SqliteDatabase
 
@@ -144,44 +150,41 @@ class SqlAdapter:
                 raise ValueError(
                     f"durable executions run on PostgreSQL or SQLite, not {target!r}"
                 ) from None
-            if url.get_backend_name() == "sqlite":
-                engine = sqlite_engine(url)
-            else:
-                try:
-                    from statifier.persistence.sql.postgres import POOL_SIZE
-
-                    engine = create_async_engine(url, pool_size=POOL_SIZE)
-                except ModuleNotFoundError as missing:  # psycopg: the postgres extra
-                    raise MissingExtra.of(missing) from missing
+            try:
+                engine = open_engine(url, pool_size=POOL_SIZE)
+            except ModuleNotFoundError as missing:  # psycopg: the postgres extra
+                raise MissingExtra.of(missing) from missing
         else:
             engine = target
-        name = engine.dialect.name
-        if isinstance(engine, AsyncEngine) and name != "postgresql":
-            raise ValueError("an AsyncEngine is for PostgreSQL; give SQLite a sync Engine")
-        if not isinstance(engine, AsyncEngine) and name != "sqlite":
-            raise ValueError("a sync Engine is for SQLite; give PostgreSQL an AsyncEngine")
-        if name == "sqlite" and chosen.options.schema is not None:
+        dialect = dialect_of(engine)
+        if chosen.options.schema is not None and not dialect.schemas:
             raise ValueError("a schema needs PostgreSQL")
         self._tables = chosen
         self._engine = engine
+        self._dialect = dialect
         self._owned = url is not None
         # The database's module is imported only when it is used: the sqlite extra
-        # comes without psycopg.
-        if isinstance(engine, AsyncEngine):
+        # comes without psycopg. SQLite's is the single writer's (one connection, a
+        # transaction that holds the writer from its start); PostgreSQL's pools
+        # connections and locks each execution of its own.
+        if dialect.single_writer:
+            from statifier.persistence.sql import sqlite
+
+            assert isinstance(engine, sa.Engine)
+            self._db = sqlite.SqliteDatabase(sqlite.Shared(engine, self._owned, chosen))
+        else:
             try:
                 from statifier.persistence.sql import postgres
             except ModuleNotFoundError as missing:  # psycopg: the postgres extra
                 raise MissingExtra.of(missing) from missing
 
+            assert not isinstance(engine, sa.Engine)
             self._db = postgres.PostgresDatabase(postgres.Shared(engine, self._owned, chosen, url))
-        else:
-            from statifier.persistence.sql import sqlite
-
-            self._db = sqlite.SqliteDatabase(sqlite.Shared(engine, self._owned, chosen))
 
     def _view(self, db: PostgresDatabase | SqliteDatabase) -> SqlAdapter:
         view = SqlAdapter.__new__(SqlAdapter)
-        view._tables, view._engine, view._owned, view._db = self._tables, self._engine, False, db
+        view._tables, view._engine, view._dialect = self._tables, self._engine, self._dialect
+        view._owned, view._db = False, db
         return view
 
     @property
@@ -197,7 +200,7 @@ class SqlAdapter:
     def dialect(self) -> Dialect:
         """How the statements of :mod:`statifier.sql` bind, convert and run on this
         adapter's database (on ``tx.driver`` of its transactions)."""
-        return dialect_of(self._engine)
+        return self._dialect
 
     @property
     def engine(self) -> sa.Engine | AsyncEngine:
@@ -255,11 +258,7 @@ class SqlAdapter:
         made it from a URL. Closing a view closes nothing."""
         await self._db.close()
         if self._owned and self._db.view is None:
-            engine = self._engine
-            if isinstance(engine, AsyncEngine):
-                await engine.dispose()
-            else:
-                engine.dispose()
+            await dispose(self._engine)
 
     async def __aenter__(self) -> SqlAdapter:
         return self

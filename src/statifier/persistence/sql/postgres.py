@@ -49,6 +49,7 @@ from statifier.persistence.records import (
     Status,
 )
 from statifier.persistence.reentry import hold, opened, register, unregister
+from statifier.persistence.sql.adapter import POOL_SIZE
 from statifier.persistence.sql.schema import (
     PINNING,
     Tables,
@@ -59,10 +60,16 @@ from statifier.persistence.sql.schema import (
     error_values,
     execution_record,
 )
+from statifier.sql.dialect import Savepoint, savepoint_statements
 from statifier.sql.engines import tables_missing
 from statifier.sql.executions import ExecutionStatements
 from statifier.sql.names import table_names
-from statifier.sql.postgres import POSTGRES, lock_timeout
+from statifier.sql.postgres import (
+    POSTGRES,
+    RESTORE_LOCK_TIMEOUT,
+    SET_LOCK_TIMEOUT,
+    lock_timeout,
+)
 
 try:
     import psycopg
@@ -86,9 +93,6 @@ _T = TypeVar("_T")
 Cursor = psycopg.AsyncCursor[Any]
 Driver = psycopg.AsyncConnection[Any]
 
-POOL_SIZE: Final = 20
-"""Connections an adapter made from a URL keeps at most: past as many blocks at once,
-blocks wait for one."""
 POOL_WAIT: Final = 5.0
 """The most seconds a transaction waits for a pooled connection (then
 :class:`DatabaseUnavailable`): half the HTTP fronts' default deadline, so a request
@@ -109,9 +113,6 @@ own backoff would wait up to minutes between attempts, long after the server is 
 class DatabaseUnavailable(PoolTimeout):
     """No pooled connection within :data:`POOL_WAIT` seconds: the server does not
     answer (stopped, restarting, unreachable), or every connection stays busy."""
-
-
-_LOCK_NOT_AVAILABLE: Final = "55P03"
 
 
 def utc(value: datetime | None) -> datetime | None:
@@ -152,16 +153,6 @@ def _updated(record: ExecutionRecord) -> dict[str, Any]:
     }
 
 
-# PostgreSQL's own: an execution's advisory lock (the key the router's statements take
-# too), and a bounded wait for it.
-_LOCK: Final = "SELECT pg_advisory_xact_lock(hashtextextended(%(id)s, 0))"
-_TRY_LOCK: Final = "SELECT pg_try_advisory_xact_lock(hashtextextended(%(id)s, 0))"
-_SET_TIMEOUT: Final = (
-    "SELECT current_setting('lock_timeout'), set_config('lock_timeout', %(t)s, true)"
-)
-_RESTORE_TIMEOUT: Final = "SELECT set_config('lock_timeout', %(t)s, true)"
-
-
 class PostgresTransaction:
     """A transaction on one psycopg connection: the adapter's own, or a caller's.
 
@@ -190,21 +181,21 @@ class PostgresTransaction:
         rest of the transaction stays usable."""
         return _Savepoint(self)
 
-    def next_savepoint(self) -> str:
+    def next_savepoint(self) -> Savepoint:
         self.savepoints += 1
-        return f"statifier_{self.savepoints}"
+        return savepoint_statements(self.savepoints)
 
 
 class _Savepoint:
-    __slots__ = ("_name", "_tx")
+    __slots__ = ("_savepoint", "_tx")
 
     def __init__(self, tx: PostgresTransaction) -> None:
         self._tx = tx
-        self._name = ""
+        self._savepoint: Savepoint | None = None
 
     async def __aenter__(self) -> None:
-        self._name = self._tx.next_savepoint()
-        await self._tx.cursor.execute(f"SAVEPOINT {self._name}")
+        self._savepoint = point = self._tx.next_savepoint()
+        await self._tx.cursor.execute(point.begin)
 
     async def __aexit__(
         self,
@@ -212,10 +203,11 @@ class _Savepoint:
         error: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        cursor = self._tx.cursor
+        cursor, point = self._tx.cursor, self._savepoint
+        assert point is not None
         if error is not None:
-            await cursor.execute(f"ROLLBACK TO SAVEPOINT {self._name}")
-        await cursor.execute(f"RELEASE SAVEPOINT {self._name}")
+            await cursor.execute(point.undo)
+        await cursor.execute(point.release)
 
 
 class _Pool:
@@ -332,10 +324,6 @@ class _Pool:
             await self._pool.close()
 
 
-def _lock_not_available(error: BaseException) -> bool:
-    return getattr(error, "sqlstate", None) == _LOCK_NOT_AVAILABLE
-
-
 async def _rollback(driver: Driver) -> None:
     """Roll back a transaction that failed; a connection that cannot is left to the
     pool, which drops a broken one."""
@@ -376,7 +364,7 @@ class _Block:
         self._wait = wait
         self._tx: PostgresTransaction | None = None
         self._own = False
-        self._savepoint = ""
+        self._savepoint: Savepoint | None = None
         self._task: asyncio.Task[Any] | None = None
         self._registered: Token[Any] | None = None
 
@@ -384,19 +372,20 @@ class _Block:
         db = self._db
         tx = db.current()
         if tx is not None:
+            point = None
             if tx.blocks:
-                self._savepoint = tx.next_savepoint()
-                await tx.cursor.execute(f"SAVEPOINT {self._savepoint}")
+                self._savepoint = point = tx.next_savepoint()
+                await tx.cursor.execute(point.begin)
             try:
                 await db.acquire(tx, self._execution_id, self._wait, keep_usable=True)
             except BaseException:
-                if self._savepoint:
+                if point is not None:
                     # Undo to the savepoint first: after an error other than a lock
                     # timeout (a deadlock, a cancellation) the transaction is aborted, and
                     # a bare RELEASE would raise and hide the error that got us here.
                     with contextlib.suppress(psycopg.Error):
-                        await tx.cursor.execute(f"ROLLBACK TO SAVEPOINT {self._savepoint}")
-                        await tx.cursor.execute(f"RELEASE SAVEPOINT {self._savepoint}")
+                        await tx.cursor.execute(point.undo)
+                        await tx.cursor.execute(point.release)
                 raise
             tx.blocks += 1
             self._tx = tx
@@ -427,11 +416,11 @@ class _Block:
         assert tx is not None
         tx.blocks -= 1
         if not self._own:
-            name = self._savepoint
-            if name:
+            point = self._savepoint
+            if point is not None:
                 if error is not None:
-                    await tx.cursor.execute(f"ROLLBACK TO SAVEPOINT {name}")
-                await tx.cursor.execute(f"RELEASE SAVEPOINT {name}")
+                    await tx.cursor.execute(point.undo)
+                await tx.cursor.execute(point.release)
             return
         shared = self._db.shared
         assert self._task is not None
@@ -464,10 +453,15 @@ class Shared:
         self.engine = engine
         self.owned = owned
         self.tables = tables
-        self.statements = ExecutionStatements(tables, POSTGRES, PINNING)
-        # PostgreSQL writes in WITH: a step's update and append are one statement.
-        assert self.statements.record_step is not None
-        self.record_step: str = self.statements.record_step
+        self.statements = s = ExecutionStatements(tables, POSTGRES, PINNING)
+        # PostgreSQL writes in WITH (a step's update and append are one statement) and
+        # locks each execution of its own.
+        assert s.record_step is not None
+        assert s.lock_execution is not None
+        assert s.try_lock_execution is not None
+        self.record_step: str = s.record_step
+        self.lock_execution: str = s.lock_execution
+        self.try_lock_execution: str = s.try_lock_execution
         self.names = table_names(tables)
         self.pool = _Pool(engine, url)
         self.blocks: dict[asyncio.Task[Any], PostgresTransaction] = {}
@@ -546,34 +540,34 @@ class PostgresDatabase:
         trip, as an unbounded one is; only a contended lock pays the three statements
         that bound the wait."""
         hold(tx, [("execution", execution_id)], f"execution {execution_id!r}")
-        cursor = tx.cursor
+        cursor, shared = tx.cursor, self.shared
         values = {"id": execution_id}
         if wait is None:
-            await cursor.execute(_LOCK, values)
+            await cursor.execute(shared.lock_execution, values)
             return
         started = time.monotonic()
-        await cursor.execute(_TRY_LOCK, values)
+        await cursor.execute(shared.try_lock_execution, values)
         taken = await cursor.fetchone()
         if taken is not None and taken[0]:
             return
-        savepoint = tx.next_savepoint() if keep_usable else ""
-        if savepoint:
-            await cursor.execute(f"SAVEPOINT {savepoint}")
+        point = tx.next_savepoint() if keep_usable else None
+        if point is not None:
+            await cursor.execute(point.begin)
         try:
-            await cursor.execute(_SET_TIMEOUT, {"t": lock_timeout(wait)})
+            await cursor.execute(SET_LOCK_TIMEOUT, {"t": lock_timeout(wait)})
             row = await cursor.fetchone()
             assert row is not None
-            await cursor.execute(_LOCK, values)
-            await cursor.execute(_RESTORE_TIMEOUT, {"t": row[0]})
+            await cursor.execute(shared.lock_execution, values)
+            await cursor.execute(RESTORE_LOCK_TIMEOUT, {"t": row[0]})
         except psycopg.Error as error:
-            if not _lock_not_available(error):
+            if not POSTGRES.lock_not_granted(error):
                 raise
-            if savepoint:
-                await cursor.execute(f"ROLLBACK TO SAVEPOINT {savepoint}")
-                await cursor.execute(f"RELEASE SAVEPOINT {savepoint}")
+            if point is not None:
+                await cursor.execute(point.undo)
+                await cursor.execute(point.release)
             raise LockTimeout(execution_id, time.monotonic() - started) from None
-        if savepoint:
-            await cursor.execute(f"RELEASE SAVEPOINT {savepoint}")
+        if point is not None:
+            await cursor.execute(point.release)
 
     def exclusive(self, execution_id: str, wait: float | None) -> _Block:
         return _Block(self, execution_id, wait)
@@ -840,17 +834,17 @@ class PostgresDatabase:
         return [execution_id for (execution_id,) in await cursor.fetchall()]
 
     async def list_by_metadata(self, pairs: Mapping[str, str]) -> list[ExecutionRecord]:
-        rows = await self._run(self._by_metadata, self.statements.by_metadata(0, True), pairs)
+        rows = await self._run(self._by_metadata, self.statements.by_metadata, pairs)
         return [_execution(row) for row in rows]
 
     async def statuses_by_metadata(self, pairs: Mapping[str, str]) -> dict[str, Status]:
-        rows = await self._run(self._by_metadata, self.statements.by_metadata(0, False), pairs)
+        rows = await self._run(self._by_metadata, self.statements.statuses_by_metadata, pairs)
         return {execution_id: Status(status) for execution_id, status in rows}
 
     async def _by_metadata(
         self, cursor: Cursor, sql: str, pairs: Mapping[str, str]
     ) -> list[tuple[Any, ...]]:
-        # jsonb containment: every pair given, keys and values bound, never spliced.
+        # Every pair given, as one document: keys and values bound, never spliced.
         await cursor.execute(sql, {"metadata": Jsonb(dict(pairs))})
         return await cursor.fetchall()
 

@@ -61,11 +61,17 @@ from statifier.persistence.sql.schema import (
     error_values,
     execution_record,
 )
-from statifier.sql.dialect import utc_text, utc_time
-from statifier.sql.engines import configure_sqlite, is_busy, retry_busy, tables_missing
+from statifier.sql.dialect import Savepoint, savepoint_statements, utc_text, utc_time
+from statifier.sql.engines import (
+    configure_sqlite,
+    is_busy,
+    retry_busy,
+    set_busy_timeout,
+    tables_missing,
+)
 from statifier.sql.executions import ExecutionStatements
 from statifier.sql.names import table_names
-from statifier.sql.sqlite import SQLITE
+from statifier.sql.sqlite import BEGIN_WRITE, COMMIT, SQLITE
 
 __all__ = ["SqliteDatabase", "SqliteTransaction"]
 
@@ -109,18 +115,21 @@ class SqliteTransaction:
         rest of the transaction stays usable."""
         return _Savepoint(self)
 
+    def next_savepoint(self) -> Savepoint:
+        self.savepoints += 1
+        return savepoint_statements(self.savepoints)
+
 
 class _Savepoint:
-    __slots__ = ("_name", "_tx")
+    __slots__ = ("_savepoint", "_tx")
 
     def __init__(self, tx: SqliteTransaction) -> None:
         self._tx = tx
-        self._name = ""
+        self._savepoint: Savepoint | None = None
 
     async def __aenter__(self) -> None:
-        self._tx.savepoints += 1
-        self._name = f"statifier_{self._tx.savepoints}"
-        self._tx.cursor.execute(f"SAVEPOINT {self._name}")
+        self._savepoint = point = self._tx.next_savepoint()
+        self._tx.cursor.execute(point.begin)
 
     async def __aexit__(
         self,
@@ -128,10 +137,11 @@ class _Savepoint:
         error: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        cursor = self._tx.cursor
+        cursor, point = self._tx.cursor, self._savepoint
+        assert point is not None
         if error is not None:
-            cursor.execute(f"ROLLBACK TO SAVEPOINT {self._name}")
-        cursor.execute(f"RELEASE SAVEPOINT {self._name}")
+            cursor.execute(point.undo)
+        cursor.execute(point.release)
 
 
 class Writer:
@@ -181,9 +191,9 @@ class Shared:
         self.owned = owned
         self.tables = tables
         self.statements = ExecutionStatements(tables, SQLITE, PINNING)
-        # SQLite's own: a write that touches no row, which makes a caller's open
-        # transaction the writer.
-        self.claim_writer = f"UPDATE {self.statements.executions} SET status = status WHERE 0"
+        # SQLite has a single writer: a caller's open transaction becomes it by a write.
+        assert self.statements.claim_writer is not None
+        self.claim_writer: str = self.statements.claim_writer
         self.names = table_names(tables)
         self.writer = Writer()
         self._pooled: Any = None
@@ -211,7 +221,7 @@ class Shared:
         if restore is not None:
             isolation_level, timeout = restore
             tx.driver.isolation_level = isolation_level
-            tx.driver.execute(f"PRAGMA busy_timeout = {round(timeout * 1000):d}")
+            set_busy_timeout(tx.driver, timeout)
         pooled.close()
 
 
@@ -225,7 +235,7 @@ async def _take_database(
     cursor, driver = tx.cursor, tx.driver
 
     def attempt() -> None:
-        cursor.execute(claim if driver.in_transaction else "BEGIN IMMEDIATE")
+        cursor.execute(claim if driver.in_transaction else BEGIN_WRITE)
 
     await retry_busy(attempt, deadline, lambda _: LockTimeout(name, time.monotonic() - started))
 
@@ -254,7 +264,7 @@ class _Block:
         # What a block inside a transaction that holds the writer does: a savepoint
         # (exclusive), or nothing (transaction on a view).
         self._mode = "savepoint" if nested else "part"
-        self._savepoint = ""
+        self._savepoint: Savepoint | None = None
         self.tx: SqliteTransaction | None = None
 
     async def __aenter__(self) -> None:
@@ -264,9 +274,8 @@ class _Block:
         if tx is not None and tx.holds_writer:
             self.tx = tx
             if self._mode == "savepoint":
-                tx.savepoints += 1
-                self._savepoint = f"statifier_{tx.savepoints}"
-                tx.cursor.execute(f"SAVEPOINT {self._savepoint}")
+                self._savepoint = point = tx.next_savepoint()
+                tx.cursor.execute(point.begin)
             elif db.view is None:
                 # A transaction of the adapter's own inside a block of the same task
                 # would wait for itself (use the block's adapter, tx.adapter).
@@ -286,7 +295,7 @@ class _Block:
                     # nothing the caller keeps of it outlives the block.
                     tx = SqliteTransaction(tx.driver, holds_writer=False)
                 try:  # the usual case: the writer is free
-                    tx.cursor.execute("BEGIN IMMEDIATE")
+                    tx.cursor.execute(BEGIN_WRITE)
                 except sqlite3.OperationalError as error:
                     if not is_busy(error):
                         raise
@@ -308,9 +317,11 @@ class _Block:
         assert tx is not None
         mode = self._mode
         if mode == "savepoint":
+            point = self._savepoint
+            assert point is not None
             if error is not None:
-                tx.cursor.execute(f"ROLLBACK TO SAVEPOINT {self._savepoint}")
-            tx.cursor.execute(f"RELEASE SAVEPOINT {self._savepoint}")
+                tx.cursor.execute(point.undo)
+            tx.cursor.execute(point.release)
             return
         if mode == "part":
             return
@@ -325,11 +336,11 @@ class _Block:
                     raise missing from error
                 return
             try:  # the usual case: nothing in the way of the commit
-                tx.cursor.execute("COMMIT")
+                tx.cursor.execute(COMMIT)
             except sqlite3.OperationalError as failed:
                 if not is_busy(failed):
                     raise
-                await retry_busy(lambda: tx.cursor.execute("COMMIT"), None)
+                await retry_busy(lambda: tx.cursor.execute(COMMIT), None)
         finally:
             # A commit that failed or was cancelled must not leave the shared connection
             # inside a transaction for the next holder of the writer.
@@ -365,7 +376,7 @@ class SqliteDatabase:
         if not isinstance(driver, sqlite3.Connection):
             raise TypeError(f"a SQLite adapter joins a sqlite3 connection, not {driver!r}")
         # A caller's connection must not busy-wait on the loop either.
-        driver.execute("PRAGMA busy_timeout = 0")
+        set_busy_timeout(driver, 0)
         return self.bound(SqliteTransaction(driver, holds_writer=False))
 
     def current(self) -> SqliteTransaction | None:
@@ -395,7 +406,7 @@ class SqliteDatabase:
                     if missing is None:
                         raise
                     raise missing from error  # an unmigrated database: say so
-            await retry_busy(lambda: cursor.execute("BEGIN IMMEDIATE"), None)
+            await retry_busy(lambda: cursor.execute(BEGIN_WRITE), None)
             try:
                 result = work(cursor, *args)
             except BaseException as error:
@@ -405,7 +416,7 @@ class SqliteDatabase:
                     raise
                 raise missing from error
             try:
-                await retry_busy(lambda: cursor.execute("COMMIT"), None)
+                await retry_busy(lambda: cursor.execute(COMMIT), None)
             finally:
                 # A commit that failed or was cancelled must not leave the shared
                 # connection inside a transaction for the next holder of the writer.
@@ -673,20 +684,19 @@ class SqliteDatabase:
         return [execution_id for (execution_id,) in rows]
 
     async def list_by_metadata(self, pairs: Mapping[str, str]) -> list[ExecutionRecord]:
-        rows = await self._run(self._by_metadata, False, dict(pairs), True)
+        rows = await self._run(self._by_metadata, False, self.statements.by_metadata, pairs)
         return [_execution(row) for row in rows]
 
     async def statuses_by_metadata(self, pairs: Mapping[str, str]) -> dict[str, Status]:
-        rows = await self._run(self._by_metadata, False, dict(pairs), False)
+        sql = self.statements.statuses_by_metadata
+        rows = await self._run(self._by_metadata, False, sql, pairs)
         return {execution_id: Status(status) for execution_id, status in rows}
 
     def _by_metadata(
-        self, cursor: sqlite3.Cursor, pairs: dict[str, str], whole: bool
+        self, cursor: sqlite3.Cursor, sql: str, pairs: Mapping[str, str]
     ) -> list[tuple[Any, ...]]:
-        values: dict[str, str] = {}
-        for index, (key, value) in enumerate(pairs.items()):
-            values[f"k{index}"], values[f"v{index}"] = key, value
-        return cursor.execute(self.statements.by_metadata(len(pairs), whole), values).fetchall()
+        # Every pair given, as one document: keys and values bound, never spliced.
+        return cursor.execute(sql, {"metadata": json.dumps(dict(pairs))}).fetchall()
 
     # Durable children's answers.
 

@@ -49,6 +49,7 @@ import sqlalchemy as sa
 
 from statifier.extras import MissingExtra
 from statifier.sql.engines import database_url as sync_url
+from statifier.sql.sqlite import BEGIN_WRITE
 from statifier.sql.tables import TableOptions, Tables
 
 try:
@@ -201,7 +202,7 @@ def _lock_sqlite(connection: sa.Connection, wait: float) -> None:
     driver.execute("PRAGMA journal_mode = WAL")
     # The write lock, before the version table is read: a second migration waits here
     # and then finds the tables at the revision the first reached.
-    driver.execute("BEGIN IMMEDIATE")
+    driver.execute(BEGIN_WRITE)
     connection.begin()  # the transaction begun above; pysqlite emits nothing
 
 
