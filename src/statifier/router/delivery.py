@@ -297,11 +297,7 @@ async def step_timer_event(
     Raises:
         ExecutionNotFound: the execution is gone.
     """
-    delivering = Delivering(scope, now, (execution_id,))
-    if serialization is None:
-        lifecycle = unit.executions(delivering)
-    else:
-        lifecycle = unit.executions_with(serialization, delivering)
+    lifecycle = unit.executions(Delivering(scope, now, (execution_id,)), serialization)
     stepped = await lifecycle.step(execution_id, None, event, door="timer", internal=internal)
     if isinstance(stepped, Stepped):
         await completed(unit, stepped, scope)

@@ -76,7 +76,7 @@ from statifier.router.records import LedgerRow
 from statifier.router.routing import Router
 from statifier.router.timer_queue import TimerEntry, TimerKind
 from statifier.router.timers import DueTimer, SqlTimerQueue, UnreadableTimer
-from statifier.router.transaction import Delivering, Unit
+from statifier.router.transaction import Unit
 from statifier.telemetry import enabled, report
 
 __all__ = ["FIRED", "RouteRetries", "TimerWorker", "fire"]
@@ -360,12 +360,9 @@ class _ClaimedLocks:
         return self.others.exclusive(execution_id)
 
 
-async def _under_claim(
-    unit: Unit, timers: Sequence[DueTimer | UnreadableTimer], now: datetime
-) -> Serialization:
+async def _under_claim(unit: Unit, timers: Sequence[DueTimer | UnreadableTimer]) -> Serialization:
     """The exclusion for the steps of claimed ``timers`` (their locks held), the
     executions they step read ahead in one statement (each step would read its own)."""
-    current = unit.executions(Delivering(None, now))
     held = {timer.execution_id for timer in timers if timer.locked}
     # What the claim locked, noted as this transaction's: a route that calls back into
     # one of them is refused rather than left waiting for this very transaction.
@@ -376,7 +373,7 @@ async def _under_claim(
         if isinstance(timer, DueTimer) and timer.locked and timer.entry.kind is not TimerKind.ROUTE
     }
     await unit.storage.hold_executions(sorted(stepped))
-    return _ClaimedLocks(held, current.serialization)
+    return _ClaimedLocks(held, unit.exclusion)
 
 
 def _aware(now: datetime) -> datetime:
@@ -491,7 +488,7 @@ class TimerWorker:
         undoes the whole batch."""
         async with self.router.transaction() as unit:
             taken = await self.queue.take_due(unit.tx, now, self.batch)
-            claim = await _under_claim(unit, taken.timers, now)
+            claim = await _under_claim(unit, taken.timers)
             outcomes = [
                 await _perform(unit, timer.entry, now, claim, self.route_retries)
                 for timer in taken.timers
@@ -506,7 +503,7 @@ class TimerWorker:
         outcomes: list[_Outcome] = []
         async with self.router.transaction() as unit:
             due = await self.queue.claim(unit.tx, now, self.batch)
-            claim = await _under_claim(unit, due, now)
+            claim = await _under_claim(unit, due)
             for timer in due:
                 if not timer.locked:
                     continue

@@ -29,7 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from statifier.core import StartOptions
 from statifier.persistence import ErrorPolicy, Executions, Executor, LockTimeout, Storage
-from statifier.persistence.serialization import Serialization, Unserialized
+from statifier.persistence.serialization import AdapterLock, Serialization, Unserialized
 from statifier.persistence.sql import SqlAdapter, SqlTransaction
 from statifier.router.config import RouterConfig
 from statifier.router.timer_queue import TimerQueue
@@ -79,50 +79,59 @@ class Unit:
     Attributes:
         sql: the router's statements on the transaction's driver connection.
         tx: the SQL adapter's transaction itself.
-        config: the router's configuration.
         storage: the storage, bound to the transaction.
-        timers: where delayed sends wait, or ``None``.
-        start_options: what every create starts with
-            (:attr:`RouterConfig.chart_start_options`).
+        exclusion: what a step of an execution takes before it runs: on PostgreSQL
+            the execution's advisory lock, held until the commit; on SQLite nothing,
+            since the transaction already holds the database's single writer (a step
+            then opens no nested block of its own, and one that raises is undone
+            with its delivery).
         scheduled: how many timers the transaction's steps scheduled (the send
             handler counts them).
     """
 
     def __init__(
         self,
+        parts: RouterParts,
         sql: RoutingSession,
         tx: SqlTransaction,
-        config: RouterConfig,
         storage: Storage,
-        timers: TimerQueue | None,
-        start_options: StartOptions,
-        lifecycle: Callable[[Executor], Executions],
-        sends_of: SendsOf,
+        exclusion: Serialization,
     ) -> None:
         self.sql = sql
         self.tx = tx
-        self.config = config
         self.storage = storage
-        self.timers = timers
-        self.start_options = start_options
+        self.exclusion = exclusion
         self.scheduled = 0
-        self._lifecycle = lifecycle
-        self._sends_of = sends_of
+        self._parts = parts
 
-    def executions(self, delivering: Delivering) -> Executions:
+    @property
+    def config(self) -> RouterConfig:
+        """The router's configuration."""
+        return self._parts.config
+
+    @property
+    def timers(self) -> TimerQueue | None:
+        """Where delayed sends wait, or ``None``."""
+        return self._parts.timers
+
+    @property
+    def start_options(self) -> StartOptions:
+        """What every create starts with (:attr:`RouterConfig.chart_start_options`)."""
+        return self._parts.start_options
+
+    def executions(
+        self, delivering: Delivering, exclusion: Serialization | None = None
+    ) -> Executions:
         """The lifecycle over this transaction whose executor performs the sends of
-        ``delivering``'s steps (the router's send handler)."""
-        return self._lifecycle(self._sends_of(self, delivering))
-
-    def executions_with(self, serialization: Serialization, delivering: Delivering) -> Executions:
-        """:meth:`executions` with another exclusion (the timer worker's, which knows
+        ``delivering``'s steps (the router's send handler), each step taking
+        ``exclusion`` (by default the unit's: the timer worker passes one that knows
         the locks its claim holds)."""
-        lifecycle = self.executions(delivering)
+        parts = self._parts
         return Executions(
-            lifecycle.storage,
-            executor=lifecycle.executor,
-            serialization=serialization,
-            on_error=lifecycle.on_error,
+            self.storage,
+            executor=parts.sends_of(self, delivering),
+            serialization=self.exclusion if exclusion is None else exclusion,
+            on_error=parts.error_policy,
         )
 
     def savepoint(self) -> AbstractAsyncContextManager[None]:
@@ -180,30 +189,13 @@ async def transaction(
     source = adapter if connection is None else adapter.joined(connection)
     lock_wait = parts.config.lock_wait
     async with source.transaction(lock_wait) as tx:
+        exclusion: Serialization
+        if parts.statements.dialect.row_locks:
+            exclusion = AdapterLock(tx.adapter, lock_wait)
+        else:
+            exclusion = Unserialized()
         view = parts.storage.over(tx.adapter)
-        policy = parts.error_policy
-
-        def lifecycle(executor: Executor) -> Executions:
-            if parts.statements.dialect.row_locks:
-                # Each step takes its execution's advisory lock, held until the commit.
-                return Executions(view, executor=executor, lock_wait=lock_wait, on_error=policy)
-            # The transaction already holds SQLite's single writer, the exclusion every
-            # step needs: a step opens no nested block of its own (and no savepoint),
-            # and a step that raises is undone with its delivery.
-            return Executions(
-                view, executor=executor, serialization=Unserialized(), on_error=policy
-            )
-
-        yield Unit(
-            RoutingSession(parts.statements, tx.driver),
-            tx,
-            parts.config,
-            view,
-            parts.timers,
-            parts.start_options,
-            lifecycle,
-            parts.sends_of,
-        )
+        yield Unit(parts, RoutingSession(parts.statements, tx.driver), tx, view, exclusion)
 
 
 def sorted_locks(keys: Iterable[int]) -> list[int]:
