@@ -80,6 +80,7 @@ from scriba.target import (
     Watermark,
 )
 from statifier.sql.engines import busy_wait, database_url, retry_busy, sqlite_engine
+from statifier.sql.sqlite import BEGIN_WRITE
 
 __all__ = ["SchemaNotReadyError", "SqlTarget"]
 
@@ -468,7 +469,7 @@ class _InlineRunner:
                 driver = connection.connection.driver_connection
                 assert isinstance(driver, sqlite3.Connection)
                 deadline = time.monotonic() + wait
-                await retry_busy(lambda: driver.execute("BEGIN IMMEDIATE"), deadline)
+                await retry_busy(lambda: driver.execute(BEGIN_WRITE), deadline)
             with connection.begin():
                 return work(connection)
 
