@@ -25,9 +25,9 @@ What it measures:
   * ``core``: the bare pure core, ``state, effects = handle_event(state, Event("next"))``
     threaded, as ``bench/statecharts.py`` drives it.
   * ``session, batch``: one ``Session`` on a ``System(VirtualClock())``; a turn queues
-    its events with ``session.send(Event("next"))`` then awaits ``system.settle()``
+    its events with ``session.send(Event("next"))`` then awaits ``system.drain()``
     once (the session's task drains its queue, one macrostep per loop iteration).
-  * ``session, one at a time``: ``send`` then ``await system.settle()`` for every event.
+  * ``session, one at a time``: ``send`` then ``await system.drain()`` for every event.
     The session is parked each time, so the event is stepped by ``settle()`` itself on
     the caller's turn (``System._turn_on_callers_turn``) rather than by waking its task
     and going round the event loop, as it was until 2026-12-01.
@@ -205,7 +205,7 @@ async def prepare_session(
         await system.start(machine)
     session = await system.start(machine)
     await asyncio.sleep(0)  # every session task runs to its first wait
-    await system.settle()
+    await system.drain()
     send, settle = session.send, system.settle
 
     if batch:

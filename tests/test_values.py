@@ -32,7 +32,7 @@ from statifier.router import (
     Plan,
     RouterConfig,
 )
-from statifier.router.binding import Refused
+from statifier.router.binding import ProgramFailed
 from statifier.router.records import ReapRow
 from statifier.session.handlers import InvokePlan
 from statifier.session.recording import Recording
@@ -118,7 +118,7 @@ POSITIONAL: dict[type[Any], tuple[str, ...]] = {
     Duplicate: ("binding_id",),
     KeyRefused: ("binding_id",),
     Dropped: ("binding_id",),
-    Refused: (),
+    ProgramFailed: (),
     Plan: ("id",),
     Binding: ("id",),
     RouterConfig: ("store",),

@@ -1,4 +1,4 @@
-"""``Storage.hold_executions``: a batch of executions read in one adapter call, each
+"""``Storage.read_ahead``: a batch of executions read in one adapter call, each
 answered once from memory, and dropped by a write, so a step never steps from a row
 older than what this storage wrote."""
 
@@ -56,7 +56,7 @@ async def test_held_executions_are_read_at_once_and_answered_once(sealed: bool) 
         await executions.create(execution_id, COUNTER)
     adapter.single_reads.clear()
 
-    await storage.hold_executions(["a", "b", "missing"])
+    await storage.read_ahead(["a", "b", "missing"])
     assert adapter.batch_reads == [["a", "b", "missing"]]
     await executions.step("a", COUNTER, Event("tick"))
     await executions.step("b", COUNTER, Event("tick"))
@@ -74,10 +74,10 @@ async def test_a_write_drops_what_is_held_for_that_execution() -> None:
     storage = Storage(adapter)
     executions = Executions(storage)
     await executions.create("a", COUNTER)
-    await storage.hold_executions(["a"])
+    await storage.read_ahead(["a"])
     # A write through the storage (here a step's, which reads "a" itself first) ...
     stepped = await executions.step("a", COUNTER, Event("tick"))
-    await storage.hold_executions(["a"])
+    await storage.read_ahead(["a"])
     await storage.update_execution(stepped.execution)
     # ... leaves nothing held: the next read is the adapter's.
     adapter.single_reads.clear()
@@ -88,5 +88,5 @@ async def test_a_write_drops_what_is_held_for_that_execution() -> None:
 @pytest.mark.asyncio
 async def test_holding_nothing_reads_nothing() -> None:
     adapter = CountingAdapter()
-    await Storage(adapter).hold_executions([])
+    await Storage(adapter).read_ahead([])
     assert adapter.batch_reads == []

@@ -26,7 +26,7 @@ from statifier.router import (
     Order,
     load_bindings,
 )
-from statifier.router.binding import DEFAULT_HORIZON, Refused
+from statifier.router.binding import DEFAULT_HORIZON, ProgramFailed
 
 BASE: dict[str, Any] = {
     "id": "parcels",
@@ -333,7 +333,7 @@ def test_a_match_that_errs_or_answers_a_non_boolean_is_a_refusal(match: str, rea
     """Neither is silently a "no": the ledger says the binding could not decide."""
     binding = make(match=match)
     answer = binding.evaluate({"kind": "scan", "parcel_id": "p1"})
-    assert isinstance(answer, Refused)
+    assert isinstance(answer, ProgramFailed)
     assert answer.program == "match"
     assert answer.reason.startswith(reason)
 
@@ -375,7 +375,7 @@ def test_a_key_is_used_exactly_as_answered(key: str, parcel_id: Value, expected:
 def test_a_key_that_is_not_a_non_empty_string_is_refused(key: str, reason: str) -> None:
     binding = make(match="true", key=key)
     answer = binding.evaluate({"parcel_id": "p1"})
-    assert isinstance(answer, Refused)
+    assert isinstance(answer, ProgramFailed)
     assert answer.program == "key"
     assert answer.reason.startswith(reason)
 

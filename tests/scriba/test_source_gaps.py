@@ -11,7 +11,7 @@ from scriba.sources.gaps import MAX_READS_PER_CALL, GapTracker
 
 def _read(tracker: GapTracker, visible: set[int], running: set[int], limit: int) -> list[int]:
     """One read as the sources make it: select after the cursor, accept, fence with
-    the writers running just after, settle and read again once they have all ended."""
+    the writers running just after, close the gaps and read again once they have all ended."""
     out: list[int] = []
     for _ in range(MAX_READS_PER_CALL):
         rows = sorted(p for p in visible if p > tracker.cursor)[: limit - len(out)]
@@ -25,7 +25,7 @@ def _read(tracker: GapTracker, visible: set[int], running: set[int], limit: int)
         assert writers is not None
         if any(int(w) in running for w in writers):
             break
-        tracker.settle()
+        tracker.close_gaps()
     return out
 
 
@@ -76,18 +76,18 @@ def test_positions_must_ascend_above_the_cursor() -> None:
         GapTracker(-1, gaps_can_fill=True)
 
 
-def test_the_first_fence_is_kept_until_settled() -> None:
+def test_the_first_fence_is_kept_until_closed() -> None:
     tracker = GapTracker(0, gaps_can_fill=True)
     assert tracker.accept([2]) == 0
     tracker.fence(2, frozenset({"a"}))
     tracker.fence(9, frozenset({"b"}))
     assert tracker.fenced_writers == frozenset({"a"})
-    tracker.settle()
+    tracker.close_gaps()
     assert _writers(tracker) is None
-    assert tracker.accept([2, 4]) == 1  # 1 is passed; 3 is above the settled horizon
+    assert tracker.accept([2, 4]) == 1  # 1 is passed; 3 is above the closed horizon
     assert tracker.blocked
 
 
 def _writers(tracker: GapTracker) -> frozenset[str] | None:
-    # A function, so that mypy does not keep the narrowing from before settle().
+    # A function, so that mypy does not keep the narrowing from before close_gaps().
     return tracker.fenced_writers

@@ -86,10 +86,10 @@ def events(session: Session) -> list[Any]:
     return got
 
 
-async def settled(system: System) -> None:
+async def drained(system: System) -> None:
     """Every queued event handled and every send answered (a POST that was answered
     has already queued its event)."""
-    await asyncio.wait_for(system.settle(), timeout=10)
+    await asyncio.wait_for(system.drain(), timeout=10)
 
 
 def test_two_sessions_exchange_events_over_http() -> None:
@@ -147,12 +147,12 @@ def test_names_fields_and_content_become_the_event() -> None:
             one = await system.start(
                 compile_chart(sender), datamodel={"peer": peer}, send_types=http
             )
-            await settled(system)
+            await drained(system)
             async with httpx.AsyncClient() as client:
                 unnamed = await client.post(peer, data={"k": "v"})
                 raw = await client.post(peer, content=b"{not a form}")
                 assert (unnamed.status_code, raw.status_code) == (204, 204)
-            await settled(system)
+            await drained(system)
             return events(receiver), one
 
     got, one = asyncio.run(main())
@@ -215,7 +215,7 @@ def test_the_app_answers_404_405_and_413() -> None:
                     await client.post(f"{base}/{session.id}", data={"_scxmleventname": "a b"}),
                     await client.post(f"{base}/{session.id}", content=b"x" * 1024),
                 ]
-            await settled(system)
+            await drained(system)
             assert events(session) == [["HTTP.POST", "x" * 1024, BASICHTTP]]
             return [answer.status_code for answer in answers]
 

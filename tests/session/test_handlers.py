@@ -206,17 +206,17 @@ async def drive(worker: Worker, *, finish: bool) -> Session:
     async with System(VirtualClock()) as system:
         session = await system.start(compile_chart(WORKER_CHART), invoke_types={"x-worker": worker})
         await asyncio.wait_for(worker.ready.wait(), timeout=5)
-        await system.settle()
+        await system.drain()
         session.send("poke")
-        await system.settle()
+        await system.drain()
         if finish:
             worker.ports["w"].done({"result": 7})
         else:
             session.send("stop")
         await asyncio.wait_for(session.wait(), timeout=5)
-        await system.settle()
+        await system.drain()
         worker.ports["w"].send_to_parent("late")  # ignored: the invocation is over
-        await system.settle()
+        await system.drain()
     return session
 
 
@@ -275,7 +275,7 @@ def test_sends_to_a_service_are_forwarded() -> None:
             session = await system.start(compile_chart(source), invoke_types={"x-worker": worker})
             await asyncio.wait_for(worker.ready.wait(), timeout=5)
             for _ in range(3):
-                await system.settle()
+                await system.drain()
             return session.configuration
 
     assert asyncio.run(main()) == ("a",)

@@ -25,7 +25,7 @@ async def run_virtual(source: str, *events: str) -> tuple[System, Session]:
     async with System(VirtualClock()) as system:
         session = await system.start(compile_chart(source))
         for event in events:
-            await system.settle()
+            await system.drain()
             session.send(Event(event))
         await system.run_until_idle()
     return system, session
@@ -216,7 +216,7 @@ def test_a_stored_position_resumes_as_a_live_session() -> None:
             session = await system.start(machine, session_id="order-7")
             session.send("inc")
             session.send("inc")
-            await system.settle()
+            await system.drain()
             return dump(session.state)
 
     async def second_life(blob: bytes) -> Session:
@@ -224,7 +224,7 @@ def test_a_stored_position_resumes_as_a_live_session() -> None:
             session = await system.resume(load(compile_chart(source), blob), keep_effects=True)
             session.send("inc")
             session.send("stop")
-            await system.settle()
+            await system.drain()
             return session
 
     resumed = asyncio.run(second_life(asyncio.run(first_life())))

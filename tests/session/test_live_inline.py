@@ -1,6 +1,6 @@
-"""``System.settle()`` taking a lone session's turn on the caller's turn of the loop.
+"""``System.drain()`` taking a lone session's turn on the caller's turn of the loop.
 
-The turn a parked session was given when an input reached it is taken by ``settle()``
+The turn a parked session was given when an input reached it is taken by ``drain()``
 itself when nothing else in the system could act first (see
 ``System._turn_on_callers_turn``). These tests check that it changes nothing a chart,
 a host or a recording can see: the same steps in the same order across sessions and
@@ -96,14 +96,14 @@ EVENTS = ("go", "spawn", "tick", "stop", "poke", "bad", "fin", "noise")
 Op = tuple[str, ...]
 ops = st.one_of(
     st.tuples(st.sampled_from(("p", "q", "r")), st.sampled_from(EVENTS)),
-    st.just(("settle",)),
+    st.just(("drain",)),
     st.just(("advance",)),
 )
 
 
 @contextmanager
-def settle_through_the_loop() -> Iterator[None]:
-    """Every turn taken by a callback or a task, none by settle() itself."""
+def drain_through_the_loop() -> Iterator[None]:
+    """Every turn taken by a callback or a task, none by drain() itself."""
     with mock.patch.object(System, "_turn_on_callers_turn", return_value=False):
         yield
 
@@ -163,12 +163,12 @@ async def play(machine: Machine, script: list[Op]) -> dict[str, Any]:
             }
             seen = [snapshot(system)]
             for op in script:
-                if op == ("settle",):
-                    await system.settle()
+                if op == ("drain",):
+                    await system.drain()
                     seen.append(snapshot(system))
                 elif op == ("advance",):
-                    await system.settle()
-                    clock.advance()  # fires one timer; the next settle steps it
+                    await system.drain()
+                    clock.advance()  # fires one timer; the next drain steps it
                 else:
                     sessions[op[0]].send(Event(op[1]))
             await system.run_until_idle(max_timers=100)
@@ -192,7 +192,7 @@ def hub() -> Machine:
 @given(script=st.lists(ops, max_size=30))
 def test_settling_on_the_callers_turn_changes_nothing(hub: Machine, script: list[Op]) -> None:
     inline = asyncio.run(play(hub, script))
-    with settle_through_the_loop():
+    with drain_through_the_loop():
         looped = asyncio.run(play(hub, script))
     assert inline == looped
 
@@ -200,19 +200,19 @@ def test_settling_on_the_callers_turn_changes_nothing(hub: Machine, script: list
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(events=st.lists(st.sampled_from(EVENTS), max_size=20))
 def test_one_event_at_a_time_matches_the_loop(hub: Machine, events: list[str]) -> None:
-    """The benchmark's pattern: send one event, settle, again; and fire timers."""
+    """The benchmark's pattern: send one event, drain, again; and fire timers."""
     script: list[Op] = []
     for event in events:
-        script += [("p", event), ("settle",)]
+        script += [("p", event), ("drain",)]
     script.append(("advance",))
     inline = asyncio.run(play(hub, script))
-    with settle_through_the_loop():
+    with drain_through_the_loop():
         looped = asyncio.run(play(hub, script))
     assert inline == looped
 
 
 def test_a_lone_session_steps_on_the_callers_turn(hub: Machine) -> None:
-    """send() then settle() on a quiet system: the turn is taken inline, and nothing is
+    """send() then drain() on a quiet system: the turn is taken inline, and nothing is
     left scheduled for the session."""
     taken: list[bool] = []
     original = Session._take_turn
@@ -229,7 +229,7 @@ def test_a_lone_session_steps_on_the_callers_turn(hub: Machine) -> None:
             await asyncio.sleep(0)  # its task runs to its first wait
             for event in ("noise", "stop", "noise"):
                 session.send(Event(event))
-                await system.settle()
+                await system.drain()
                 assert system.idle()
                 assert session._turn_call is None
             assert session.logs == [("heard", "noise"), ("heard", "noise")]  # stop: cancel
@@ -240,7 +240,7 @@ def test_a_lone_session_steps_on_the_callers_turn(hub: Machine) -> None:
 
 
 def test_inline_turns_run_in_the_sessions_context() -> None:
-    """Steps see the context the session was started in, not settle()'s caller's."""
+    """Steps see the context the session was started in, not drain()'s caller's."""
     who: contextvars.ContextVar[str] = contextvars.ContextVar("who", default="nobody")
     machine = compile_chart(
         f'<scxml xmlns="{NS}"><state id="a"><transition event="e"/></state></scxml>'
@@ -256,19 +256,19 @@ def test_inline_turns_run_in_the_sessions_context() -> None:
             who.set("starter")
             session = await system.start(machine, on_step=observe)
             await asyncio.sleep(0)
-            who.set("settler")
+            who.set("drainer")
             for _ in range(3):
                 session.send("e")
-                await system.settle()
+                await system.drain()
 
     asyncio.run(main())
     assert seen == ["starter"] * 3
 
 
 @pytest.mark.parametrize("inline", [True, False])
-def test_a_failing_step_ends_the_sessions_task_not_settle(inline: bool) -> None:
+def test_a_failing_step_ends_the_sessions_task_not_drain(inline: bool) -> None:
     """An observer that raises ends the session's task with the error, whoever took the
-    turn; settle() returns, and the error comes out of the task."""
+    turn; drain() returns, and the error comes out of the task."""
     machine = compile_chart(
         f'<scxml xmlns="{NS}"><state id="a"><transition event="e"/></state></scxml>'
     )
@@ -283,7 +283,7 @@ def test_a_failing_step_ends_the_sessions_task_not_settle(inline: bool) -> None:
         await asyncio.sleep(0)
         session.send("e")
         session.send("e")
-        await system.settle()
+        await system.drain()
         assert system.idle()
         task = session._task
         assert task is not None
@@ -296,15 +296,15 @@ def test_a_failing_step_ends_the_sessions_task_not_settle(inline: bool) -> None:
     if inline:
         error = asyncio.run(main())
     else:
-        with settle_through_the_loop():
+        with drain_through_the_loop():
             error = asyncio.run(main())
     assert isinstance(error, RuntimeError)
     assert str(error) == "observer broke"
 
 
 @pytest.mark.parametrize("inline", [True, False])
-def test_a_chart_that_never_settles_still_lets_the_loop_turn(inline: bool) -> None:
-    """A chart sending itself events forever: settle() never returns, but it keeps
+def test_a_chart_that_never_drains_still_lets_the_loop_turn(inline: bool) -> None:
+    """A chart sending itself events forever: drain() never returns, but it keeps
     yielding, so a timeout around it fires."""
     machine = compile_chart(
         f'<scxml xmlns="{NS}"><state id="a"><transition event="e"><send event="e"/>'
@@ -317,13 +317,13 @@ def test_a_chart_that_never_settles_still_lets_the_loop_turn(inline: bool) -> No
             await asyncio.sleep(0)
             session.send("e")
             with pytest.raises(TimeoutError):
-                await asyncio.wait_for(system.settle(), 0.05)
+                await asyncio.wait_for(system.drain(), 0.05)
             return session.state.macrostep
 
     if inline:
         steps = asyncio.run(main())
     else:
-        with settle_through_the_loop():
+        with drain_through_the_loop():
             steps = asyncio.run(main())
     assert steps > 16
 
@@ -381,7 +381,7 @@ def test_the_trace_driver_keeps_its_delivery_order() -> None:
         Event("go"),
     ]
     inline = trace.run(machine, script, trace=True)
-    with settle_through_the_loop():
+    with drain_through_the_loop():
         looped = trace.run(machine, script, trace=True)
     assert inline == looped
     names = [step.event for step in inline]

@@ -170,7 +170,7 @@ class NotificationLogSource(SubscribedSource):
             raise SourceError(f"reading the notification log failed: {exc}") from exc
 
     def _select_batch(self, tracker: GapTracker, limit: int) -> list[Event]:
-        """Runs in a worker thread: select, hold back at unsettled gaps, decode."""
+        """Runs in a worker thread: select, stop at open gaps, decode."""
         out: list[Event] = []
         for _ in range(MAX_READS_PER_CALL):
             notifications = self._recorder.select_notifications(
@@ -186,7 +186,7 @@ class NotificationLogSource(SubscribedSource):
                 writers = tracker.fenced_writers
             if writers and self._pg_running(writers):
                 break
-            tracker.settle()
+            tracker.close_gaps()
         return out
 
     def _pg_writers(self) -> frozenset[str]:

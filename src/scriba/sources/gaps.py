@@ -7,13 +7,13 @@ never exist. Delivering 7 there and moving on would lose 6 for good if it commit
 later, because every cursor and the watermark rest on ``position`` order.
 
 :class:`GapTracker` keeps the reader honest. It delivers the run of positions that
-continues from the last one delivered, and stops at a gap until the gap is *settled*:
+continues from the last one delivered, and stops at a gap until the gap is *closed*:
 every transaction that could still fill it has ended. The reader supplies who those
 are. On PostgreSQL they are the transactions holding a write lock on the table when
 the gap was seen (a transaction takes that lock before it draws a position from the
 column's default, and keeps it until it ends); once they have all ended, whatever is
 still missing below the highest position seen then never will appear. On SQLite a gap
-is settled at once: writes are serialized and a new row never gets a rowid below one
+is closed at once: writes are serialized and a new row never gets a rowid below one
 that is already visible.
 
 >>> tracker = GapTracker(after=0, gaps_can_fill=True)
@@ -24,7 +24,7 @@ True
 >>> tracker.fence(horizon=5, writers=frozenset({"4/17"}))
 >>> tracker.fenced_writers
 frozenset({'4/17'})
->>> tracker.settle()  # transaction 4/17 has ended: 3 will never exist
+>>> tracker.close_gaps()  # transaction 4/17 has ended: 3 will never exist
 >>> tracker.accept([4, 5])
 2
 >>> tracker.cursor
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 __all__ = ["MAX_READS_PER_CALL", "PG_RUNNING_SQL", "PG_WRITERS_SQL", "GapTracker"]
 
-# A read that settles a gap reads again; a bound keeps one read() short even when
+# A read that closes a gap reads again; a bound keeps one read() short even when
 # every re-read meets a new gap.
 MAX_READS_PER_CALL = 3
 
@@ -55,7 +55,7 @@ class GapTracker:
     """The last position delivered, and the gap (if any) the reader waits at.
 
     Invariants: ``cursor`` only grows; a position is accepted only if every position
-    between it and ``cursor`` is known never to appear (it was passed by a settled
+    between it and ``cursor`` is known never to appear (it was passed by a closed
     fence) or ``gaps_can_fill`` is false.
     """
 
@@ -112,12 +112,12 @@ class GapTracker:
         """Record that, just after a read that saw positions up to ``horizon``,
         ``writers`` were the transactions that could still fill a gap below it.
 
-        An existing fence is kept: it was recorded first, so it is settled first.
+        An existing fence is kept: it was recorded first, so it is closed first.
         """
         if self._fence is None:
             self._fence = _Fence(horizon, writers)
 
-    def settle(self) -> None:
+    def close_gaps(self) -> None:
         """The fenced writers have all ended: positions still missing at or below the
         fence's horizon never will appear. The caller reads again before accepting
         more, so that what those writers committed is seen."""

@@ -326,7 +326,7 @@ class SqlTableSource(SubscribedSource):
                 running = await conn.execute(PG_RUNNING_SQL, (list(writers),))
                 if await running.fetchone() is not None:
                     break
-            tracker.settle()
+            tracker.close_gaps()
         return out
 
     def _read_sqlite(self, engine: sa.Engine, tracker: GapTracker, limit: int) -> list[Event]:

@@ -180,7 +180,7 @@ class Storage:
         # a step reads back what the step before it wrote, and the same encoded bytes
         # need not be decoded again (one decryption a step saved).
         self._written: dict[str, tuple[bytes, bytes]] = {}
-        # Records read ahead by hold_executions, each answered once (as the adapter
+        # Records read ahead by read_ahead, each answered once (as the adapter
         # returned them, still encoded).
         self._held: dict[str, ExecutionRecord] = {}
 
@@ -329,7 +329,7 @@ class Storage:
         return record
 
     def find_execution(self, execution_id: str) -> Awaitable[ExecutionRecord | None]:
-        """The execution record, or ``None``: the one :meth:`hold_executions` read, if
+        """The execution record, or ``None``: the one :meth:`read_ahead` read, if
         it holds one for ``execution_id``, else the adapter's.
 
         Raises:
@@ -341,7 +341,7 @@ class Storage:
         found = self._call("fetch_execution", self.adapter.fetch_execution(execution_id))
         return found if self._sealing is None else self._open_execution(found)
 
-    async def hold_executions(self, execution_ids: Sequence[str]) -> None:
+    async def read_ahead(self, execution_ids: Sequence[str]) -> None:
         """Read the executions ``execution_ids`` names in one adapter call
         (``fetch_executions``, which locks their rows as ``fetch_execution`` would) and
         answer each at its next :meth:`find_execution` through this storage, once,

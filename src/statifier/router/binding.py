@@ -18,7 +18,7 @@ Keyed(key='imp_7f3a')
 >>> clicks.evaluate({"kind": "impression", "impression_id": "imp_7f3a"}) is None
 True
 >>> clicks.evaluate({"kind": "click"})
-Refused(program='key', kind='value', detail='undefined')
+ProgramFailed(program='key', kind='value', detail='undefined')
 >>> clicks.project({"kind": "click", "impression_id": "imp_7f3a", "url": "u", "ip": "…"})
 {'impression_id': 'imp_7f3a', 'url': 'u'}
 
@@ -56,7 +56,7 @@ __all__ = [
     "Keyed",
     "Order",
     "Plan",
-    "Refused",
+    "ProgramFailed",
     "load_bindings",
 ]
 
@@ -111,7 +111,7 @@ class Keyed:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Refused:
+class ProgramFailed:
     """A binding's match or key program could not be used for this event.
 
     Attributes:
@@ -286,29 +286,29 @@ class Binding:
         subscription flag), made once with the binding."""
         return self._plan
 
-    def matches(self, event: Mapping[str, Value]) -> bool | Refused:
+    def matches(self, event: Mapping[str, Value]) -> bool | ProgramFailed:
         """Whether this binding applies to ``event``: ``True`` only when ``match``
         answered exactly ``true``; ``False`` for false, null and undefined; a
-        :class:`Refused` for an error or any other value."""
+        :class:`ProgramFailed` for an error or any other value."""
         answer = self._match.evaluate({"event": event})
         if answer is True:
             return True
         if answer is False or answer is None or type(answer) is Undefined:
             return False
         if isinstance(answer, ExprError):
-            return Refused(program="match", kind="error", detail=_error(answer))
-        return Refused(program="match", kind="value", detail=_describe(answer))
+            return ProgramFailed(program="match", kind="error", detail=_error(answer))
+        return ProgramFailed(program="match", kind="value", detail=_describe(answer))
 
-    def key_for(self, event: Mapping[str, Value]) -> Keyed | Refused:
+    def key_for(self, event: Mapping[str, Value]) -> Keyed | ProgramFailed:
         """The key ``event`` is addressed under, or why there is none."""
         answer = self._key.evaluate({"event": event})
         if type(answer) is str and answer:
             return Keyed(answer)
         if isinstance(answer, ExprError):
-            return Refused(program="key", kind="error", detail=_error(answer))
-        return Refused(program="key", kind="value", detail=_describe(answer))
+            return ProgramFailed(program="key", kind="error", detail=_error(answer))
+        return ProgramFailed(program="key", kind="value", detail=_describe(answer))
 
-    def evaluate(self, event: Mapping[str, Value]) -> Keyed | Refused | None:
+    def evaluate(self, event: Mapping[str, Value]) -> Keyed | ProgramFailed | None:
         """``match`` then ``key``: ``None`` when the binding does not apply."""
         held = self.matches(event)
         if held is True:

@@ -30,7 +30,7 @@ from statifier.persistence import Storage
 from statifier.persistence.reentry import hold
 from statifier.persistence.sql import SqlAdapter
 from statifier.repeats import IntervalTally
-from statifier.router.binding import Binding, Create, Keyed, Order, Plan, Refused
+from statifier.router.binding import Binding, Create, Keyed, Order, Plan, ProgramFailed
 from statifier.router.config import (
     BUILT_IN,
     RESERVED_BINDING_IDS,
@@ -113,12 +113,12 @@ class Verdict:
     Attributes:
         binding: the binding.
         answer: :class:`~statifier.router.Keyed` (deliver under that key),
-            :class:`~statifier.router.binding.Refused` (write the refusal to the
+            :class:`~statifier.router.binding.ProgramFailed` (write the refusal to the
             ledger) or ``None`` (its match does not hold).
     """
 
     binding: Binding
-    answer: Keyed | Refused | None
+    answer: Keyed | ProgramFailed | None
 
     def delivery(self, event: InboundEvent) -> Delivery:
         assert isinstance(self.answer, Keyed)
@@ -658,7 +658,7 @@ class _Blocked:
 
 
 def _refusal_row(event: InboundEvent, verdict: Verdict, now: datetime) -> LedgerRow:
-    assert isinstance(verdict.answer, Refused)
+    assert isinstance(verdict.answer, ProgramFailed)
     binding = verdict.binding
     return LedgerRow(
         binding.id,
@@ -685,7 +685,7 @@ async def _settle_one(
     ``rows``, ledger rows are appended there instead of written (see ``deliver``)."""
     started = time.perf_counter()
     outcome: Outcome
-    if isinstance(verdict.answer, Refused):
+    if isinstance(verdict.answer, ProgramFailed):
         row = _refusal_row(event, verdict, now)
         if rows is None:
             await unit.sql.record(row)

@@ -31,7 +31,7 @@ Locks:
   worker holds: one execution's timers fire in order whatever the number of workers.
   The steps of a batch then run under the locks its claim took: they do not ask for
   them again; the rows of the executions they step are read, and locked, in one
-  statement after the claim (``Storage.hold_executions``).
+  statement after the claim (``Storage.read_ahead``).
 - On SQLite the router's transaction holds the single writer: nothing races a pass.
 
 A route timer whose execution has ended (or is gone) is discarded unsent: a delayed
@@ -372,7 +372,7 @@ async def _under_claim(unit: Unit, timers: Sequence[DueTimer | UnreadableTimer])
         for timer in timers
         if isinstance(timer, DueTimer) and timer.locked and timer.entry.kind is not TimerKind.ROUTE
     }
-    await unit.storage.hold_executions(sorted(stepped))
+    await unit.storage.read_ahead(sorted(stepped))
     return _ClaimedLocks(held, unit.exclusion)
 
 

@@ -194,13 +194,13 @@ class System:
         sets, so the check is constant time)."""
         return not self.active and not self.handler_calls
 
-    async def settle(self) -> None:
+    async def drain(self) -> None:
         """Let every session work through its queue.
 
         Returns once no session has queued work and no handler call is under way. It
         yields to the event loop only while it must: the turn of a lone session that
         is next in line is taken right here (see :meth:`_turn_on_callers_turn`), so
-        ``send()`` then ``settle()`` on an otherwise quiet system need not wake a task.
+        ``send()`` then ``drain()`` on an otherwise quiet system need not wake a task.
         """
         # A scheduling barrier: yield until the session tasks have run dry.
         while not self.idle():
@@ -211,7 +211,7 @@ class System:
         """Take the next session turn here, on the caller's turn of the loop, when it is
         certainly the next thing the system would do; False when it is not.
 
-        Why: one event sent and settled costs a core step of a few microseconds, and
+        Why: one event sent and drained costs a core step of a few microseconds, and
         twice that again to wake the session and go round the event loop for it (issue
         16). When exactly one session has work, it was parked (its turn is scheduled
         but has not run) and no handler call is under way, nothing else in the system
@@ -242,18 +242,18 @@ class System:
         await self.close()
 
     async def run_until_idle(self, *, max_timers: int = 1_000_000) -> int:
-        """With a virtual clock: settle, then fire the next timer, until none remain
+        """With a virtual clock: drain, then fire the next timer, until none remain
         or every session has finished. Returns how many timers fired; stops after
         ``max_timers`` (a chart that re-arms a timer forever would never end)."""
         clock = self.clock
         assert isinstance(clock, VirtualClock), "run_until_idle needs a VirtualClock"
         fired = 0
         while fired < max_timers:
-            await self.settle()
+            await self.drain()
             if not self.unfinished or not clock.advance():
                 break
             fired += 1
-        await self.settle()
+        await self.drain()
         return fired
 
     def spawn(self, call: Coroutine[Any, Any, None]) -> None:
@@ -442,7 +442,7 @@ class Session:
     def _turn(self) -> None:
         """Step a few queued inputs (a turn of the loop costs more than a simple step),
         then let the other sessions run. A session stays in system.active while it
-        steps, so settle() waits."""
+        steps, so drain() waits."""
         for _ in range(_STEPS_PER_TURN):
             if not self._inbox or not self.state.running:
                 break
@@ -451,7 +451,7 @@ class Session:
     def _take_turn(self, *, inline: bool = False) -> bool:
         """The first turn after the session was parked: scheduled as a callback by the
         input that found it parked, exactly where waking the task would have put it,
-        or, with ``inline``, taken in its stead by :meth:`System.settle` (False: no such
+        or, with ``inline``, taken in its stead by :meth:`System.drain` (False: no such
         turn is scheduled). Afterwards the task goes on from the end of the turn, as
         after a turn of its own; an inline turn that leaves the whole system idle
         parks the session again instead, so nothing is left to wake.
@@ -464,7 +464,7 @@ class Session:
         task = self._task
         if task is None or task.done() or task.cancelling():
             return True  # the system is closing: the task ends without another turn
-        # A callback runs in the session's context already; settle()'s caller does not.
+        # A callback runs in the session's context already; drain()'s caller does not.
         if not (self._context.run(self._turn_or_fail) if inline else self._turn_or_fail()):
             return True
         if inline and self._alone_and_done():

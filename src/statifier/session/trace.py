@@ -227,7 +227,7 @@ async def _run(
         def going() -> bool:
             return session.running and len(steps) < max_steps
 
-        await system.settle()
+        await system.drain()
         for item in script:
             if not going():
                 break
@@ -235,12 +235,12 @@ async def _run(
                 await _advance(system, clock, item.ms, going)
             else:
                 session.send(item)
-                await system.settle()
+                await system.drain()
         while going():
-            await system.settle()
+            await system.drain()
             if not clock.advance():
                 break
-        await system.settle()
+        await system.drain()
     return steps
 
 
@@ -403,7 +403,7 @@ async def _advance(system: System, clock: VirtualClock, ms: int, going: Callable
     # ``until`` too, and the loop goes on to any armed meanwhile for that instant.
     marker = clock.call_later(ms, _nothing)
     while going() and clock.advance(until_ms=until):
-        await system.settle()
+        await system.drain()
     marker.cancel()
 
 
