@@ -54,7 +54,7 @@ from scriba.projection import Projection, Settings
 from scriba.source import Source
 from scriba.target import ApplyFailed, DeadLetter, FailureKind, Target
 from statifier import telemetry
-from statifier.callbacks import settle
+from statifier.callbacks import awaited
 
 __all__ = ["WATERMARK_INTERVAL", "Circuit", "Pipeline"]
 
@@ -432,7 +432,7 @@ class Pipeline:
         started = time.perf_counter()
         try:
             meta = Meta(self._key, partition, attempt)
-            result: object = await settle(self._projection.handle(event, meta))
+            result: object = await awaited(self._projection.handle(event, meta))
         except Exception as exc:  # noqa: BLE001 - a raising handler is a failed event
             text = traceback.format_exc()
             _emit(

@@ -36,7 +36,7 @@ from scriba.event import Event, Meta
 from scriba.operations import Error, Operation, Result, not_a_result
 from scriba.projection import Projection, made_target
 from scriba.target import ApplyFailed, Target
-from statifier.callbacks import settle
+from statifier.callbacks import awaited
 
 __all__ = ["Handled", "Report", "project"]
 
@@ -106,7 +106,7 @@ async def project(
     handled: list[Handled] = []
     for event in events:
         try:
-            result: object = await settle(handler.handle(event, Meta(key, partition, 1)))
+            result: object = await awaited(handler.handle(event, Meta(key, partition, 1)))
         except Exception as exc:  # noqa: BLE001 - reported to the test, not handled
             handled.append(Handled(event, None, exc))
             continue

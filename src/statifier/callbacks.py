@@ -3,7 +3,7 @@
 >>> import asyncio
 >>> async def later() -> int:
 ...     return 2
->>> asyncio.run(settle(1)), asyncio.run(settle(later()))
+>>> asyncio.run(awaited(1)), asyncio.run(awaited(later()))
 (1, 2)
 """
 
@@ -13,14 +13,14 @@ import inspect
 from collections.abc import Awaitable
 from typing import TypeVar
 
-__all__ = ["settle"]
+__all__ = ["awaited"]
 
 T = TypeVar("T")
 
 
-async def settle(answer: T | Awaitable[T]) -> T:
+async def awaited(answer: T | Awaitable[T]) -> T:
     """``answer`` itself, or what it gives when awaited if it is awaitable: call a host
-    callback, then ``await settle(result)``."""
+    callback, then ``await awaited(result)``."""
     if inspect.isawaitable(answer):
         return await answer
     return answer

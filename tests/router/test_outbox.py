@@ -30,7 +30,7 @@ from tests.router.test_route import caller_transaction, end
 from tests.router.test_table_options import uuid_database  # noqa: F401 - a fixture
 
 from statifier import telemetry
-from statifier.callbacks import settle
+from statifier.callbacks import awaited
 from statifier.chart import compile_chart
 from statifier.core import Event
 from statifier.persistence import Storage
@@ -755,7 +755,7 @@ async def test_a_failing_basichttp_send_is_retried_then_reported_to_the_sender(
             attempts=2,
             final=True,
         )
-        await settle(sink(again))
+        await awaited(sink(again))
     reports = [r for r in await ledger(router) if r.binding_id == FAILURE_PLAN_ID]
     assert [(r.outcome, r.message_id, r.execution_id) for r in reports] == [
         ("delivered", str(key), execution_id),

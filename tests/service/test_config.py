@@ -12,7 +12,7 @@ import pytest
 from tests.persistence.conftest import FreshDatabase, fresh_database  # noqa: F401 - a fixture
 from tests.service.helpers import HITS, HITS_BINDING, ORDER, database_table, write_config
 
-from statifier.callbacks import settle
+from statifier.callbacks import awaited
 from statifier.core import Event
 from statifier.persistence.sql import SqlAdapter
 from statifier.router import OutboxDrain, OutboxRoute, Router, error_policy_of
@@ -460,7 +460,7 @@ async def test_the_route_of_a_loaded_file_writes_outbox_rows(tmp_path: Path) -> 
             "ex_1", send_id="s", macrostep=1, microstep=1, round=0, content_index=1, ordinal=0
         )
         async with router.transaction() as unit:
-            assert await settle(found[0].deliver(found[1], Event("e"), key, unit.tx, None)) is None
+            assert await awaited(found[0].deliver(found[1], Event("e"), key, unit.tx, None)) is None
         rows = await OutboxDrain(router.storage, {}).pending()
         assert [(row.queue, row.key) for row in rows] == [("q", str(key))]
 

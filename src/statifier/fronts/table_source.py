@@ -67,7 +67,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Final
 
-from statifier.callbacks import settle
+from statifier.callbacks import awaited
 from statifier.fronts.lanes import lane_of
 from statifier.fronts.leases import Clock, LeaseChange, PartitionLeases
 from statifier.fronts.source import Malformed, Message, Rebalance, stored_object
@@ -143,7 +143,7 @@ async def append_events(
         raise ValueError(f"now must be timezone-aware, not {moment!r}")
     chosen: list[str] = []
     for event in events:
-        name = partition if isinstance(partition, str) else await settle(partition(event))
+        name = partition if isinstance(partition, str) else await awaited(partition(event))
         if not name:
             raise ValueError(f"a partition is a non-empty string, not {name!r}")
         chosen.append(name)

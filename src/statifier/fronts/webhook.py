@@ -40,7 +40,7 @@ from datetime import datetime
 from typing import Final
 from urllib.parse import parse_qsl
 
-from statifier.callbacks import settle
+from statifier.callbacks import awaited
 from statifier.expr import Value
 from statifier.extras import MissingExtra
 from statifier.fronts.http_body import (
@@ -232,7 +232,7 @@ def _app(
     async def handled(request: Request, body: bytes) -> Response | Refused:
         if verifier is not None:
             try:
-                accepted = await settle(verifier(request, body))
+                accepted = await awaited(verifier(request, body))
             except Exception as error:  # noqa: BLE001 - a broken verifier routes nothing
                 _log.error("%s: the verifier raised %s", source, type(error).__name__)
                 return Response(status_code=500)
@@ -242,7 +242,7 @@ def _app(
         if isinstance(data, Refused):
             return data
         try:
-            chosen = scope if isinstance(scope, str) else await settle(scope(request))
+            chosen = scope if isinstance(scope, str) else await awaited(scope(request))
         except Exception as error:  # noqa: BLE001 - the host's scope function failed
             _log.error("%s: the scope function raised %s", source, type(error).__name__)
             return Response(status_code=500)

@@ -37,7 +37,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Final, Literal, TypeAlias, TypeVar
 
-from statifier.callbacks import settle
+from statifier.callbacks import awaited
 from statifier.chart import Machine
 from statifier.core import Event, MachineState, StartOptions
 from statifier.core import effects as fx
@@ -354,7 +354,7 @@ class Driver:
         if isinstance(effect, fx.CancelInvoke):
             await self._cancel_children(context.execution_id, effect.invoke_id)
         if not isinstance(effect, fx.Invoke):
-            return await settle(self.effects(effect, context))
+            return await awaited(self.effects(effect, context))
         if pending is None:
             raise RuntimeError(f"an invocation outside a driver call: {effect.invoke_id!r}")
         if effect.type in CHILD_TYPES:
@@ -363,7 +363,7 @@ class Driver:
         if self.dispatch is None:
             answer: Answer | None = InvocationFailed("no dispatch for invoke type " + effect.type)
         else:
-            answer = await settle(self.dispatch(effect, context))
+            answer = await awaited(self.dispatch(effect, context))
         if answer is not None:
             event = _answer_event(effect.invoke_id, answer)
             pending.answers.append((effect.invoke_id, event, None))
@@ -612,7 +612,7 @@ class Driver:
             executions.report_step(result, "answer", started)
         missing = tuple(i for i in range(count) if i not in by_index)
         if missing and self.child_canceller is not None:
-            await settle(self.child_canceller(parent_id, invoke_id, missing))
+            await awaited(self.child_canceller(parent_id, invoke_id, missing))
         report(
             "statifier.persistence.child",
             {"count": count},

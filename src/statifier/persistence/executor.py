@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import KW_ONLY, dataclass
 
-from statifier.callbacks import settle
+from statifier.callbacks import awaited
 from statifier.core import Event
 from statifier.core import effects as fx
 
@@ -154,7 +154,7 @@ async def perform(
         if isinstance(effect, fx.Done):
             continue
         context = EffectContext.of(effect, execution_id, door, ordinal)
-        answer = await settle(executor(effect, context))
+        answer = await awaited(executor(effect, context))
         if answer is None:
             continue
         if not isinstance(answer, Refused):

@@ -23,7 +23,7 @@ from types import MappingProxyType
 from typing import Any, Final, Literal, TypeVar
 from urllib.parse import urlsplit
 
-from statifier.callbacks import settle
+from statifier.callbacks import awaited
 from statifier.chart import Machine
 from statifier.core import Event, StartOptions
 from statifier.core.events import SCXML_INVOKE_TYPES
@@ -425,7 +425,7 @@ class RouterConfig:
         if self.bindings is not None:
             return self.bindings
         assert self.bindings_resolver is not None
-        return checked_bindings(await settle(self.bindings_resolver(scope)))
+        return checked_bindings(await awaited(self.bindings_resolver(scope)))
 
     async def resolve(self, scope: str, document: str) -> Resolved:
         """The chart a new execution of ``document`` in ``scope`` starts on.
@@ -435,7 +435,7 @@ class RouterConfig:
             Exception: whatever the resolver raised.
         """
         assert self.resolver is not None
-        resolved = await settle(self.resolver(scope, document))
+        resolved = await awaited(self.resolver(scope, document))
         if not isinstance(resolved, Resolved):
             raise TypeError(f"the resolver answered {resolved!r}, not a Resolved")
         return resolved

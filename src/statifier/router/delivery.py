@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from statifier.callbacks import settle
+from statifier.callbacks import awaited
 from statifier.chart import Machine
 from statifier.core import Event
 from statifier.core.events import engine_event
@@ -217,7 +217,7 @@ async def _existing(
     if chart_resolver is not None:
         record = await unit.storage.fetch_execution(execution_id)
         try:
-            machine = await settle(chart_resolver(record.content_hash))
+            machine = await awaited(chart_resolver(record.content_hash))
         except Exception as error:
             raise ChartUnresolved(record.content_hash, _said(error)) from error
     result = await _step(unit, delivering, execution_id, machine, delivery.event, plan)
@@ -274,7 +274,7 @@ async def completed(unit: Unit, stepped: Stepped, scope: str | None) -> None:
         content_index=None,
         ordinal=None,
     )
-    answer = await settle(adapter.deliver(route_config, event, key, unit.tx, scope))
+    answer = await awaited(adapter.deliver(route_config, event, key, unit.tx, scope))
     if isinstance(answer, Refused):
         raise OnCompleteFailed(route_name, execution_id, answer.reason)
 

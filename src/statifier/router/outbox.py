@@ -65,7 +65,7 @@ from dataclasses import KW_ONLY, dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Literal
 
-from statifier.callbacks import settle
+from statifier.callbacks import awaited
 from statifier.core import Event
 from statifier.core.positions import NotAPosition, dump_event, load_event
 from statifier.persistence import PLAIN, BlobCodec, Refused, Storage, UndecodableBlob
@@ -488,7 +488,7 @@ class OutboxDrain:
             error, dead = f"the payload is unreadable: {unreadable}", True
         else:
             try:
-                await settle(self.sinks[row.queue](message))
+                await awaited(self.sinks[row.queue](message))
             except DeadLetter as given_up:
                 error, dead = _said(given_up), True
             except Exception as failure:  # noqa: BLE001 - a sink's failure is the row's

@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Final
 
-from statifier.callbacks import settle
+from statifier.callbacks import awaited
 from statifier.core import Event
 from statifier.core import effects as fx
 from statifier.core.events import engine_event
@@ -117,7 +117,7 @@ class SendHandler:
             # Whatever the invocation was: deleting no row costs nothing, and the host's
             # executor still hears the cancel of its own invocations.
             await unsubscribe_in(self.unit, context.execution_id, effect.invoke_id)
-        answer: Refused | None = await settle(config.executor(effect, context))
+        answer: Refused | None = await awaited(config.executor(effect, context))
         return answer
 
     # Source invokes.
@@ -219,7 +219,7 @@ class SendHandler:
             return await self._schedule(effect, context, TimerKind.ROUTE, event, target)
         key = send_key(effect, context)
         adapter, route_config = found
-        answer = await settle(adapter.deliver(route_config, event, key, self.unit.tx, scope))
+        answer = await awaited(adapter.deliver(route_config, event, key, self.unit.tx, scope))
         if isinstance(answer, Refused):
             return await self._refuse(
                 effect, context, "route_failed", f"route {target!r}: {answer.reason}"

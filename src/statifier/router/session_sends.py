@@ -32,7 +32,7 @@ through deliveries only, and is refused here.
 
 from __future__ import annotations
 
-from statifier.callbacks import settle
+from statifier.callbacks import awaited
 from statifier.core import Event
 from statifier.persistence import Refused
 from statifier.router.config import RouterConfig
@@ -82,7 +82,7 @@ class SessionRoutes:
             return "a route delivery needs the send it carries out (the session sets it)"
         adapter, route_config = found
         scope = delivery.headers.get(_SCOPE_HEADER)
-        answer = await settle(
+        answer = await awaited(
             adapter.deliver(route_config, delivery.event, _key(delivery), None, scope)
         )
         return answer.reason if isinstance(answer, Refused) else None

@@ -63,7 +63,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
-from statifier.callbacks import settle
+from statifier.callbacks import awaited
 from statifier.core import Event
 from statifier.core.events import engine_event
 from statifier.persistence import Discarded, ExecutionNotFound, Refused, Stepped
@@ -274,7 +274,7 @@ async def _hand_off(
     try:
         # A route that raises leaves nothing half-written behind it.
         async with unit.savepoint():
-            answer = await settle(
+            answer = await awaited(
                 adapter.deliver(route_config, entry.event, entry.key, unit.tx, entry.scope)
             )
     except Exception as error:  # noqa: BLE001 - a route's failure is a refusal of the send
