@@ -17,10 +17,10 @@ import pytest
 
 from statifier.expr import (
     UNDEFINED,
-    Execution,
     ExprError,
     Options,
     ParseError,
+    ProgramResult,
     compile_program,
     execute,
 )
@@ -34,7 +34,7 @@ def typed(value: object) -> str:
 
 def run(
     source: str, context: Mapping[str, Any] | None = None, options: Options | None = None
-) -> Execution:
+) -> ProgramResult:
     result = execute(source, {} if context is None else context, options or Options())
     assert not isinstance(result, ParseError), f"{source!r} did not parse: {result}"
     return result
@@ -50,7 +50,7 @@ def ok(
 
 def failed(
     source: str, context: Mapping[str, Any] | None = None, options: Options | None = None
-) -> Execution:
+) -> ProgramResult:
     result = run(source, context, options)
     assert result.error is not None, f"{source!r} succeeded with {result.context}"
     return result
@@ -287,7 +287,7 @@ def test_while(source: str, expected: dict[str, Any]) -> None:
     assert typed(ok(source, {"u": UNDEFINED} if "u" in expected else {})) == typed(expected)
 
 
-def _exceeded(result: Execution) -> None:
+def _exceeded(result: ProgramResult) -> None:
     assert isinstance(result.error, EvaluationError), result.error
     assert result.error.reason == "loop_budget_exceeded"
     assert result.error.span is not None

@@ -22,13 +22,13 @@ from hypothesis import strategies as st
 from statifier.expr import (
     UNDEFINED,
     Duration,
-    Execution,
     ExprError,
     Expression,
     Limits,
     Options,
     ParseError,
     Program,
+    ProgramResult,
     compile_expression,
     compile_program,
     evaluate,
@@ -135,8 +135,8 @@ def check_result(result: object, source: str) -> None:
         assert in_domain(result), f"{source!r} gave {result!r}, outside the domain"
 
 
-def check_execution(result: Execution, source: str) -> None:
-    assert isinstance(result, Execution)
+def check_execution(result: ProgramResult, source: str) -> None:
+    assert isinstance(result, ProgramResult)
     assert isinstance(result.context, dict)
     assert in_domain(result.context)
     assert in_domain(result.value)
@@ -508,7 +508,7 @@ def test_an_endless_loop_always_stops_with_an_error(statements: list[str], budge
 @given(st.integers(0, 60), st.integers(0, 60))
 def test_a_counting_loop_succeeds_exactly_when_the_budget_allows(count: int, budget: int) -> None:
     result = execute(f"i = 0; while i < {count} {{ i = i + 1 }}", {}, Options(loop_budget=budget))
-    assert isinstance(result, Execution)
+    assert isinstance(result, ProgramResult)
     if count <= budget:
         assert result.error is None
         assert result.context == {"i": count}
@@ -804,7 +804,7 @@ def test_exploding_values_fail_instead_of_exhausting_memory(
 ) -> None:
     with time_limit(10):
         result = execute(source)
-    assert isinstance(result, Execution)
+    assert isinstance(result, ProgramResult)
     assert isinstance(result.error, EvaluationError), result.error
     assert result.error.reason != "loop_budget_exceeded"
     if reasons is not None:
@@ -826,7 +826,7 @@ def test_repeatedly_doubled_structures_do_not_hang() -> None:
     source = "i = 0; x = [1]; y = [1]; while i < 30 { x = [x, x]; y = [y, y]; i = i + 1 }; x == y"
     with time_limit(3):
         result = execute(source)
-    assert isinstance(result, Execution)
+    assert isinstance(result, ProgramResult)
     check_execution(result, source)
 
 
@@ -879,7 +879,7 @@ def test_deeply_nested_context_data_is_a_value_or_an_error(source: str) -> None:
     program = compile_program(f"r = {source}; a[0][0] = 1")
     assert isinstance(program, Program)
     with time_limit(10):
-        assert isinstance(program.execute(context), Execution)
+        assert isinstance(program.execute(context), ProgramResult)
 
 
 def test_cyclic_context_data_is_a_value_or_an_error() -> None:

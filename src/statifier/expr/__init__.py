@@ -15,10 +15,10 @@ True
 """
 
 from statifier.expr.api import (
-    Execution,
     Expression,
     Options,
     Program,
+    ProgramResult,
     compile_expression,
     compile_program,
     evaluate,
@@ -36,7 +36,6 @@ __all__ = [
     "UNDEFINED",
     "CallContext",
     "Duration",
-    "Execution",
     "ExprError",
     "Expression",
     "ExpressionError",
@@ -46,6 +45,7 @@ __all__ = [
     "Options",
     "ParseError",
     "Program",
+    "ProgramResult",
     "Value",
     "assign",
     "compile_expression",

@@ -30,10 +30,10 @@ from statifier.expr.semantics import Fail
 from statifier.expr.values import UNDEFINED, Undefined, Value
 
 __all__ = [
-    "Execution",
     "Expression",
     "Options",
     "Program",
+    "ProgramResult",
     "compile_expression",
     "compile_program",
     "evaluate",
@@ -185,7 +185,7 @@ class Expression:
 
 
 @dataclass(frozen=True, slots=True)
-class Execution:
+class ProgramResult:
     """What running a program produced.
 
     Attributes:
@@ -216,7 +216,7 @@ class Program:
 
     def execute(
         self, context: Mapping[str, Value] = _EMPTY, options: Options = DEFAULT_OPTIONS
-    ) -> Execution:
+    ) -> ProgramResult:
         """Run the statements against a copy of ``context``; never raises.
 
         The caller's mapping and everything nested in it are left unchanged.
@@ -231,7 +231,7 @@ class Program:
         except Exception as unexpected:  # noqa: BLE001 - nothing escapes execution
             error = _unexpected(unexpected)
         value = UNDEFINED if type(run.last) is Undefined else run.last
-        return Execution(data, value, error)
+        return ProgramResult(data, value, error)
 
 
 def compile_expression(source: str, limits: Limits = DEFAULT_LIMITS) -> Expression | ParseError:
@@ -272,7 +272,7 @@ def evaluate(
 
 def execute(
     source: str, context: Mapping[str, Value] = _EMPTY, options: Options = DEFAULT_OPTIONS
-) -> Execution | ParseError:
+) -> ProgramResult | ParseError:
     """Compile and run a program in one step.
 
     >>> execute("x = 1; if x > 0 { y = 2 } else { y = 3 }").context
