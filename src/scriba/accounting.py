@@ -43,7 +43,7 @@ class Ledger:
         return len(self._pending)
 
     def delivered(self, position: int, occurred_at: datetime | None) -> bool:
-        """Record an event handed to the pipeline; answers whether it is new.
+        """Record an event handed to the pipeline; returns whether it is new.
 
         An event at or below a position already recorded (or the starting point) is a
         redelivery: it is not recorded, and must not be handled again.

@@ -283,7 +283,7 @@ class Coordinator:
         while True:
             try:
                 await run
-            except Exception as exc:  # noqa: BLE001 - a pipeline crash is answered here
+            except Exception as exc:  # noqa: BLE001 - a pipeline crash is handled here
                 error: Exception = exc
             else:
                 return

@@ -485,7 +485,7 @@ class Pipeline:
         )
 
     async def _sleep(self, seconds: float) -> bool:
-        """Sleep, unless stopping first; answers whether to carry on."""
+        """Sleep, unless stopping first; returns whether to carry on."""
         if self._stopping.is_set():
             return False
         try:
@@ -512,7 +512,7 @@ class Pipeline:
     async def _apply(self, partition: int, outcomes: Sequence[_Outcome]) -> str:
         """Apply ``outcomes`` in one call, replaying transient failures.
 
-        Answers ``"committed"``, ``"integrity"`` (the target refused a write on
+        Returns ``"committed"``, ``"integrity"`` (the target refused a write on
         integrity grounds), or ``"abandoned"`` (halted, or stopping during a backoff).
 
         Raises:

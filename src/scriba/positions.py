@@ -35,7 +35,7 @@ class PositionCache:
         self._complete = complete
 
     def knows(self, stream_id: str) -> bool:
-        """Whether :meth:`get` answers for ``stream_id`` without asking the target."""
+        """Whether :meth:`get` knows ``stream_id``'s position without asking the target."""
         return self._complete or stream_id in self._positions
 
     def get(self, stream_id: str) -> int | None:

@@ -235,7 +235,7 @@ class Scriba:
     ) -> builtins.list[StoredDeadLetter]:
         """The newest ``limit`` dead letters of the projection, newest first.
 
-        A class not started in this runtime is answered through its own target.
+        A class not started in this runtime is handled through its own target.
         """
         key, target, made = self._target_for(projection, version)
         try:

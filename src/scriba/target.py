@@ -24,7 +24,7 @@ __all__ = [
 
 
 class FailureKind(enum.Enum):
-    """How a failed commit is answered (see the projection guide).
+    """How a failed commit is handled (see the projection guide).
 
     ``TRANSIENT``: replay the whole batch after a backoff. ``INTEGRITY``: specific to one
     event; retry the batch event by event and dead-letter the offenders.

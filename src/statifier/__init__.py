@@ -2,7 +2,7 @@
 
 The names here are the main jobs': :class:`Durable` runs executions of charts in a
 database (``sqlite:///...`` needs the ``sqlite`` extra, ``postgresql://...`` the
-``postgres`` one) and answers :class:`Description`, :class:`Sent`,
+``postgres`` one) and returns :class:`Description`, :class:`Sent`,
 :class:`Cancelled` and :class:`ExecutionSummary`, whose ``status`` is a
 :class:`Status`; :func:`compile_chart` reads and checks a chart before it runs
 (:class:`InvalidChart`); :class:`MissingExtra` is what an import or a call raises

@@ -87,7 +87,7 @@ class CheckInputError(ValueError):
 
 def add_parser(commands: Any) -> argparse.ArgumentParser:
     """Add ``check`` to ``commands`` (what ``ArgumentParser.add_subparsers``
-    answered) and answer its parser."""
+    returned) and return its parser."""
     parser = commands.add_parser(
         "check", help="check a chart against the router's publish-time contracts"
     )
@@ -98,7 +98,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace, out: TextIO) -> int:
-    """Run ``statifier check``; answers the exit status."""
+    """Run ``statifier check``; returns the exit status."""
     from statifier.router.contracts import check
 
     try:

@@ -80,7 +80,7 @@ _FIRE_PASSES = 100
 
 def add_parser(commands: Any) -> argparse.ArgumentParser:
     """Add ``executions`` to ``commands`` (what ``ArgumentParser.add_subparsers``
-    answered) and answer its parser."""
+    returned) and return its parser."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--database",
@@ -170,7 +170,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace, out: TextIO) -> int:
-    """Run ``statifier executions ACTION``; answers the exit status."""
+    """Run ``statifier executions ACTION``; returns the exit status."""
     from statifier.core.positions import PositionError
     from statifier.durable import DurableError, NotMigrated
     from statifier.extras import MissingExtra

@@ -87,7 +87,7 @@ class Repeats:
 
     def forget(self, key: Hashable) -> int:
         """Forget ``key`` (its cause has cleared: its next occurrence is logged at
-        once); answers how many of it were skipped since its last line."""
+        once); returns how many of it were skipped since its last line."""
         with self._lock:
             seen = self._seen.pop(key, None)
         return 0 if seen is None else seen.skipped
@@ -105,7 +105,7 @@ class Repeats:
         """Log ``message % args`` on ``logger`` at ``level`` if :meth:`note` says so,
         with ``" (N more like it in the last S s)"`` after it when some were skipped
         (S: the seconds since the key's last line); the record's ``repeated`` field is
-        that N. Answers whether it logged."""
+        that N. Returns whether it logged."""
         noted = self._note(key)
         if noted is None:
             return False

@@ -92,7 +92,7 @@ def attach(handler_id: str, event_name: str, handler: Handler) -> None:
 
 
 def detach(handler_id: str) -> bool:
-    """Remove ``handler_id`` from every event; answers whether it was attached."""
+    """Remove ``handler_id`` from every event; returns whether it was attached."""
     found = False
     for handlers in _handlers.values():
         found = handlers.pop(handler_id, None) is not None or found

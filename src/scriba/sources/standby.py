@@ -170,7 +170,7 @@ class FileLock:
 class Standby:
     """Whether this source holds its projection, with the telemetry that says so.
 
-    ``ensure()`` is called before every read: it answers whether the source may read.
+    ``ensure()`` is called before every read: it returns whether the source may read.
     While it stands by it retries the lock on every call and reports
     ``scriba.source.standby`` once per period; on acquiring it reports
     ``scriba.source.subscribed`` (with ``after``, where delivery starts: nothing is

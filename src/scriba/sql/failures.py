@@ -1,4 +1,4 @@
-"""How a failed commit is answered, read from the database's own error codes.
+"""How a failed commit is handled, read from the database's own error codes.
 
 :func:`classify` maps an exception to a :class:`~scriba.target.FailureKind`:
 

@@ -101,7 +101,7 @@ def compile_chart(
             builtins of the same name; ``In`` is the chart's own). Like every part of a
             chart they must be pure: a durable execution replays its inputs through
             them, and the interpreter may memoise a step whose conditions called them
-            only by their answers.
+            only by their results.
 
     Raises:
         InvalidChart: with every problem found.

@@ -62,7 +62,7 @@ class Expr:
     """An attribute's expression: compiled, or the ParseError kept for run time.
 
     ``state_test`` names the state when the whole expression is ``In('id')``, which
-    the interpreter answers without evaluating anything.
+    the interpreter decides without evaluating anything.
     """
 
     source: str

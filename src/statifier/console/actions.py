@@ -1,7 +1,7 @@
 """What the console's action buttons do, through the library's own APIs.
 
 Each function takes the router's configuration of the database the console shows and
-a :data:`Record`, and answers a :class:`Done` (what happened, in one line for the page
+a :data:`Record`, and returns a :class:`Done` (what happened, in one line for the page
 and the audit row) or raises :class:`Refused` (nothing to do: the execution has ended,
 the dead letter is gone...). Anything else raised is a failure the page reports.
 
@@ -17,7 +17,7 @@ refused action has written nothing and calls no ``record``.
 - :func:`retry_outbox`: :meth:`statifier.router.OutboxDrain.retry_dead_in` of one row.
 - :func:`discard_outbox`: deletes one dead-lettered outbox row (never a pending one).
 - :func:`retry_consumer`: routes a consumer dead letter's event again with
-  :meth:`statifier.router.Router.route` (the router's dedupe answers a message already
+  :meth:`statifier.router.Router.route` (the router's dedupe finds a message already
   delivered ``duplicate``), then deletes the dead letter and records, in one
   transaction after the routing (the routing cannot join it: see the function).
 - :func:`discard_consumer`: deletes one consumer dead letter.
@@ -194,7 +194,7 @@ async def retry_consumer(
     (one per binding the event matches) and cannot join the delete's: it stays the
     router's one way in, with its locks and its dedupe. The dedupe is what makes the
     order safe: if the process dies after the routing and before the delete, the
-    letter and no audit row remain, and a second retry is answered ``duplicate`` by
+    letter and no audit row remain, and a second retry is found ``duplicate`` by
     every binding the first one reached (within the bindings' dedupe horizon). A
     letter deleted meanwhile by another operator is not a refusal: the event was
     routed, and the action is recorded as done.

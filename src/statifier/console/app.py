@@ -1,6 +1,6 @@
 """The console as a Starlette app: pages, confirmation forms and actions.
 
-:func:`console_routes` answers the routes to mount (everything under ``/console``);
+:func:`console_routes` returns the routes to mount (everything under ``/console``);
 :func:`console_app` wraps them in an app of their own (``statifier console``). The
 pages:
 

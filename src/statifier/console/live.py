@@ -45,7 +45,7 @@ class Live:
     """Watches ``probe`` and tells every open stream when its answer changes.
 
     Args:
-        probe: answers a value that changes when the listed tables change (compared
+        probe: returns a value that changes when the listed tables change (compared
             with ``==``); called every ``interval`` seconds while a stream is open.
         interval: seconds between probes.
         max_clients: the most streams open at once.

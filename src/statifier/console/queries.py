@@ -941,7 +941,7 @@ class ConsoleQueries:
 
     async def fingerprint(self) -> Fingerprint:
         """The newest write time of each listed table, in one cheap statement (each
-        a ``max`` an index answers): executions, inputs, ledger rows, dead letters,
+        a ``max`` an index serves): executions, inputs, ledger rows, dead letters,
         audit rows and step errors."""
         t = self.tables
         # Not executions.updated_at: an index on it would change with every step's

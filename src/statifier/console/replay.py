@@ -75,7 +75,7 @@ __all__ = [
 ]
 
 MAX_REPLAY_INPUTS: Final = 2_000
-"""The most logged inputs one replay computes; later ones are answered as not replayed
+"""The most logged inputs one replay computes; later ones are returned as not replayed
 (a page shows a bounded timeline, and each step runs the interpreter)."""
 
 MAX_REFUSAL_ROUNDS: Final = 32
@@ -164,7 +164,7 @@ class ReplayStep:
             that closed a log at its cap).
         event_data: the input's event data (undefined when it had none).
         configuration: the sorted ids of the active atomic states, as
-            ``Durable.describe`` answers them.
+            ``Durable.describe`` returns them.
         datamodel: the data after the input, without :data:`SYSTEM_VARIABLES`.
         active: what :func:`statifier.console.diagram.render_chart_svg` should light:
             every active named state (ancestors included) in document order, or, once
@@ -363,7 +363,7 @@ def _told(
     refusals: Refusals,
 ) -> tuple[MachineState, list[fx.Effect], Made]:
     """Tell the chart of the refused effects, round after round, as the lifecycle's
-    ``_carry_out`` does; answers the position, every effect, and what was handed over
+    ``_carry_out`` does; returns the position, every effect, and what was handed over
     (each round's effects with their contexts)."""
     made = _handed(effects, execution_id, door)
     refused = _refused(made, refusals)

@@ -137,7 +137,7 @@ def _operators(options: StandaloneOptions) -> tuple[Operators, str | None]:
 
 
 def run(options: StandaloneOptions, out: TextIO) -> int:
-    """Serve the console until SIGINT or SIGTERM; answers 0.
+    """Serve the console until SIGINT or SIGTERM; returns 0.
 
     Raises:
         ConsoleRefused: options refused, or the database is not migrated.

@@ -120,7 +120,7 @@ class ConditionContext:
     configuration (memo table ``contexts``) instead of building expression options
     on every event. It decides a condition as :meth:`ContentRunner.test` does, but
     where ``test`` would raise ``error.execution`` (a failure, or a value that is not
-    a boolean) it answers ``None`` and raises nothing: the caller then has the
+    a boolean) it returns ``None`` and raises nothing: the caller then has the
     working interpreter test the condition again with ``test``, which raises the
     error (expressions have no side effects, so the second evaluation gives the same
     value).

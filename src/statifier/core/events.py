@@ -32,7 +32,7 @@ SCXML_INVOKE_TYPES: Final = frozenset(
     {SCXML_INVOKE_TYPE, "http://www.w3.org/TR/scxml", "scxml", SCXML_PROCESSOR}
 )
 """The ``<invoke type>`` spellings charts use for an SCXML child (the W3C corpus writes
-the URI without its trailing slash too); the core answers each as
+the URI without its trailing slash too); the core reads each as
 :data:`SCXML_INVOKE_TYPE`."""
 
 _EVENT_TYPES: Final = frozenset({"external", "internal", "platform"})

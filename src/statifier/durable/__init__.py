@@ -3,13 +3,13 @@ charts, with ``create``, ``send``, ``describe``, ``list``, ``cancel`` and ``migr
 
 :class:`Durable` opens the SQL adapter (:mod:`statifier.persistence.sql`), checks that
 the tables are migrated (or migrates them when asked), compiles the charts it is given
-by name, and answers plain frozen values: :class:`Description`, :class:`Sent`,
+by name, and returns plain frozen values: :class:`Description`, :class:`Sent`,
 :class:`Cancelled`, :class:`ExecutionSummary`, :class:`Moved`. Underneath it is the lifecycle of
 :mod:`statifier.persistence` (:class:`~statifier.persistence.Executions` over a
 :class:`~statifier.persistence.Storage`), reachable as :attr:`Durable.executions`. See
 ``docs/durable.md``.
 
-The package's modules: ``front`` (:class:`Durable`), ``values`` (what it answers, read
+The package's modules: ``front`` (:class:`Durable`), ``values`` (what it returns, read
 off stored positions), ``charts`` (compiling the charts it is given), ``database``
 (checking or migrating the tables) and ``errors``.
 

@@ -557,7 +557,7 @@ class Durable:
 
     async def fire_due(self, now: datetime | None = None) -> int:
         """Fire every timer due at ``now`` (the storage's clock by default), once;
-        answers how many were taken off the queue (fired, or discarded because their
+        returns how many were taken off the queue (fired, or discarded because their
         execution had ended). Sends to the outbox are left to :meth:`run`.
 
         Raises:

@@ -139,7 +139,7 @@ def _click(offset: int, impression_id: str) -> InboundEvent:
 
 async def run(url: str, out: TextIO) -> list[LedgerRow]:
     """Migrate the database at ``url``, route the demo's events, print the ledger and
-    each join's status to ``out``; answers the ledger rows."""
+    each join's status to ``out``; returns the ledger rows."""
     migrations.upgrade(url)
     events = [
         _impression(1, "imp_1"),

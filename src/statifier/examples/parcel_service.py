@@ -165,7 +165,7 @@ async def _until(check: Callable[[], Awaitable[bool]], within: float = 10.0) -> 
 
 async def run(directory: Path, out: TextIO) -> int:
     """Write the service's files into ``directory``, run it, drive one parcel through
-    its fronts over loopback, stop it; answers the service's exit status."""
+    its fronts over loopback, stop it; returns the service's exit status."""
     port = _free_port()
     database = directory / "parcels.db"
     (directory / "parcel.scxml").write_text(CHART)

@@ -73,7 +73,7 @@ class PaymentHistory(Projection):
 
 async def project(path: Path, out: TextIO) -> int:
     """Project the input log of the card payment stored in the SQLite database at
-    ``path`` into ``payment_history`` beside it, twice; answers the rows there."""
+    ``path`` into ``payment_history`` beside it, twice; returns the rows there."""
     url = f"sqlite:///{path}"
     async with SqlAdapter(url) as adapter:
         inputs = await Executions(Storage(adapter)).inputs(TRANSACTION)

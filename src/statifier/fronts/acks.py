@@ -3,7 +3,7 @@
 A consumer settles messages out of order (lanes run concurrently), but a source is
 acknowledged by position: committing position ``P`` of a partition acknowledges every
 message up to ``P``. :class:`Acks` remembers, per partition, the positions fetched and
-not yet settled, and answers the highest position whose every fetched message up to
+not yet settled, and returns the highest position whose every fetched message up to
 it is settled: the only position that may be committed without acknowledging a message
 whose delivery has not committed.
 
@@ -53,7 +53,7 @@ class Acks:
     """The fetched and settled positions of every partition a consumer reads.
 
     Invariants: the prefix of a partition never passes a fetched position that has not
-    settled, and what :meth:`committable` answers only grows for a partition until it
+    settled, and what :meth:`committable` returns only grows for a partition until it
     is :meth:`forget`-ten.
     """
 
@@ -61,7 +61,7 @@ class Acks:
         self._partitions: dict[str, _Partition] = {}
 
     def fetched(self, partition: str, position: int) -> bool:
-        """Note a message handed over by the source. Answers ``False`` (and notes
+        """Note a message handed over by the source. Returns ``False`` (and notes
         nothing) for a position not beyond the partition's highest: a repeat, which is
         in flight or settled already and must not be routed twice."""
         state = self._partitions.setdefault(partition, _Partition())
@@ -97,7 +97,7 @@ class Acks:
         }
 
     def committed(self, positions: Mapping[str, int]) -> int:
-        """Note that ``positions`` were committed; answers how many messages the
+        """Note that ``positions`` were committed; returns how many messages the
         commit acknowledged (those the prefixes passed since the previous commit)."""
         count = 0
         for name, position in positions.items():

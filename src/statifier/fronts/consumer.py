@@ -10,7 +10,7 @@ events on per-key lanes, and acknowledges only what committed.
   the source handed them over.
 - Each lane routes its queue through :meth:`~statifier.router.Router.route_many`, up to
   ``batch_size`` events per call, one call at a time. An event is *settled* when the
-  call that answered it :class:`~statifier.router.Routed` returned (its delivery
+  call that returned :class:`~statifier.router.Routed` for it is over (its delivery
   transaction committed) or when it was dead-lettered.
 - The committer calls :meth:`Source.commit` every ``commit_interval`` seconds with, per
   partition, the highest position whose every fetched message up to it settled.
@@ -139,7 +139,7 @@ class ConsumerCounts:
     """What a consumer has done since it was made.
 
     Attributes:
-        routed: events answered :class:`~statifier.router.Routed` (their deliveries
+        routed: events routed as :class:`~statifier.router.Routed` (their deliveries
             committed).
         failed_attempts: routing attempts that failed (an event retried three times
             counts three).
@@ -348,7 +348,7 @@ class StreamConsumer:
         """The event's partition key. While its scope's bindings cannot be read the
         intake waits, retrying with backoff (a guessed lane could break its key's
         order); under :class:`DeadLetterAfter` the event is dead-lettered once out of
-        attempts (answers ``None``), and when the consumer stops it is left unrouted
+        attempts (returns ``None``), and when the consumer stops it is left unrouted
         (the stop drops what was not begun)."""
         event = pending.event
         policy = self.failure

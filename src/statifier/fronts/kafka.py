@@ -25,13 +25,13 @@ A record becomes an :class:`~statifier.router.InboundEvent`:
 - ``message_id``: ``<topic>/<partition>/<offset>``, stable across redeliveries, unless
   the host passes its own ``message_id`` function of the :class:`KafkaRecord` (a
   producer's event id in a header, say).
-- ``scope``: the configured ``scope``, or what ``scope_of`` answers for the record
+- ``scope``: the configured ``scope``, or what ``scope_of`` returns for the record
   (:func:`header_scope` reads it from a header).
 - ``data``: the value, a JSON object of at most ``max_payload`` bytes, parsed strictly
   (UTF-8, RFC 8259, nesting bounded by :data:`~statifier.expr.jsontext.MAX_JSON_DEPTH`).
 
 A record without a value, over the bound, undecodable, not an object, or whose id or
-scope cannot be had (the host's function raised or answered an unusable value) is a
+scope cannot be had (the host's function raised or returned an unusable value) is a
 :class:`~statifier.fronts.source.Malformed` message: the runtime dead-letters it.
 
 confluent-kafka's consumer blocks and must be called from one thread at a time, so
@@ -51,7 +51,7 @@ back to this member later, it is read again.
 
 librdkafka's statistics, every second, tell whether a broker of the cluster is
 reachable and whether the member is a steady member of its group:
-:meth:`KafkaSource.trouble` answers from them (for ``/readyz``), and the source reports
+:meth:`KafkaSource.trouble` reads them (for ``/readyz``), and the source reports
 ``statifier.fronts.trouble`` when its brokers stop and start answering. The client's
 errors and its own log lines go to this module's logger once per kind and interval
 (:class:`~statifier.repeats.Repeats`): a cluster that does not answer writes a few
@@ -321,7 +321,7 @@ class _ConsumerThread:
 
     def serve_until(self, done: Callable[[], bool], timeout: float) -> bool:
         """Serve urgent jobs until ``done()`` (call :meth:`wake` when it may have
-        become true) or ``timeout`` seconds passed; answers whether it is done."""
+        become true) or ``timeout`` seconds passed; returns whether it is done."""
         deadline = time.monotonic() + timeout
         while True:
             self.serve_urgent()

@@ -11,7 +11,7 @@ The runtime acknowledges with :meth:`Source.commit`, naming for each partition t
 position whose every message, and every message before it, has been settled (its
 delivery transaction committed, or it was dead-lettered): a gapless prefix. A source
 never hands a committed position over again; everything after it may come again after
-a crash, a restart or a rebalance, and the router's dedupe answers it ``duplicate``.
+a crash, a restart or a rebalance, and the router's dedupe finds it ``duplicate``.
 
 A source whose partitions move between processes (a consumer group) tells the runtime
 through the :class:`Rebalance` it was started with: ``assigned`` when it gains

@@ -17,7 +17,7 @@ when what enqueued it committed. :class:`TableSource` reads the table as a
 - :meth:`TableSource.commit` stores the group's position per partition in
   ``consumer_positions``, only while the partition's lease is this member's (a member
   whose lease passed on commits nothing for it: the next holder reads from the last
-  committed position and the router answers the repeats ``duplicate``). Positions only
+  committed position and the router finds the repeats ``duplicate``). Positions only
   grow.
 
 Keep one key's events in one partition (:class:`ByKey` chooses it as the consumer
@@ -126,12 +126,12 @@ async def append_events(
     codec: BlobCodec = PLAIN,
 ) -> list[tuple[str, int]]:
     """Append ``events`` to the inbound-events table, in order: each at the next
-    position of its partition (``partition`` itself, or what it answers for the
+    position of its partition (``partition`` itself, or what it returns for the
     event). On ``tx`` (a transaction of ``adapter``'s), the rows commit with it, and
     the partitions stay locked for appends until it ends; otherwise in a transaction
     of their own. With a blob codec (the router configuration storage's; the source
     must read with the same), each event's data is stored in the codec's sealed form.
-    Answers each event's ``(partition, position)``.
+    Returns each event's ``(partition, position)``.
 
     Raises:
         ValueError: an event's data is not JSON, a partition is blank, or ``now`` is

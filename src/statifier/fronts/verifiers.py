@@ -1,7 +1,7 @@
 """Verifying a posted request before anything of it is routed.
 
 A :class:`Verifier` is the host's: it is handed the request and its raw body, and
-answers whether the post is authentic. The webhook and form fronts run it first, on
+returns whether the post is authentic. The webhook and form fronts run it first, on
 every POST, and answer 401 to a refusal without routing anything. :func:`hmac_sha256`
 builds the verifier of the common provider scheme: an HMAC-SHA256 of the body (and,
 optionally, a timestamp) under a shared secret, sent in a header.

@@ -109,7 +109,7 @@ async def handle(
     """Route one post: its message id is ``provider_id`` when non-empty, else
     :func:`body_message_id` of ``raw_body``; ``data`` is the decoded body.
 
-    Answers :class:`~statifier.router.Routed` (one outcome per enabled binding of
+    Returns :class:`~statifier.router.Routed` (one outcome per enabled binding of
     ``source``), or :class:`~statifier.router.Failed` when the routing raised (nothing
     of the failing delivery stands; the post must not be acknowledged).
 

@@ -1,7 +1,7 @@
 """Telemetry as structured log records, and a JSON formatter to write them.
 
 :func:`install_logging` attaches one handler to every event of
-:data:`statifier.telemetry.EVENTS` and answers a :class:`LogBridge`;
+:data:`statifier.telemetry.EVENTS` and returns a :class:`LogBridge`;
 :meth:`LogBridge.uninstall` detaches it. Each event becomes one :mod:`logging` record
 on the logger ``statifier.events`` (or the one given), at ``level``, or at
 ``failure_level`` for a failure (:func:`statifier.observability.fields.failed`).

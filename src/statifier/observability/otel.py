@@ -1,7 +1,7 @@
 """The OpenTelemetry bridge: every telemetry event of every layer as spans and metrics.
 
 :func:`install_otel` attaches one handler to every event of
-:data:`statifier.telemetry.EVENTS` (``statifier.*`` and ``scriba.*``) and answers an
+:data:`statifier.telemetry.EVENTS` (``statifier.*`` and ``scriba.*``) and returns an
 :class:`OtelBridge`; :meth:`OtelBridge.uninstall` detaches it. The bridge reads
 events as they are reported, so what it shows is exactly what telemetry reports:
 

@@ -3,7 +3,7 @@
 :class:`Storage` puts an adapter (:class:`MemoryAdapter`, or the SQL one in
 ``statifier.persistence.sql``) behind the identity guard; :class:`Executions` creates,
 steps, fails and cancels executions over it, handing every effect to an executor, and
-answers :class:`Stepped` or :class:`Discarded`, and moves them onto a new revision of
+returns :class:`Stepped` or :class:`Discarded`, and moves them onto a new revision of
 their chart along a :class:`MigrationPlan`; :class:`Driver` drives charts that
 invoke services (durable children and fan-out); :func:`prune` clears what finished.
 A :class:`BlobCodec` given to the storage encodes every blob it stores (the Fernet one,

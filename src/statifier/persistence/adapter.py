@@ -86,8 +86,8 @@ class Adapter(Protocol):
         self, content_hash: str, retired_by: str, retired_at: datetime
     ) -> ChartRecord | None:
         """Tombstone a chart: drop its source, keep the row (capability
-        ``chart_retirement``). Answers the tombstone, or ``None`` if there is no such
-        chart. Retiring a retired chart answers it unchanged.
+        ``chart_retirement``). Returns the tombstone, or ``None`` if there is no such
+        chart. Retiring a retired chart returns it unchanged.
 
         The check that nothing in the store pins the chart (an active or parked
         execution on it, a saved position on it, a linked child: an answer of a child
@@ -137,7 +137,7 @@ class Adapter(Protocol):
         """Move an execution onto another chart: overwrite its chart
         (``record.content_hash``), status, position, failure and ``updated_at``, but only
         while it is still on ``from_hash`` (the identity guard of a migration).
-        Answers whether it was written: ``False`` when there is no such execution or
+        Returns whether it was written: ``False`` when there is no such execution or
         it runs another chart, and then nothing changed."""
         ...
 
@@ -206,7 +206,7 @@ class Adapter(Protocol):
         ...
 
     async def delete_position(self, key: str) -> bool:
-        """Forget the position saved under ``key``; answers whether there was one."""
+        """Forget the position saved under ``key``; returns whether there was one."""
         ...
 
     async def count_positions_on(self, content_hash: str) -> int:
@@ -247,7 +247,7 @@ class Adapter(Protocol):
         """A step's writes as one: ``update_execution(record)``,
         ``append_input(record.id, door, event, recorded_at, cap)`` and, with the
         capability ``errors``, ``record_errors(errors)`` with each error's ``seq`` set
-        to what the append answers; all or nothing. Answers what the append answers.
+        to what the append returns; all or nothing. Returns what the append returns.
         A database adapter makes it one round trip where it can (a step writes the
         first two every time; errors are rare).
 
@@ -272,7 +272,7 @@ class Adapter(Protocol):
     async def prune(self, ended_before: datetime, limit: int) -> list[str]:
         """Clear the position, the input log and the errors of up to ``limit``
         executions that ended before ``ended_before`` and still hold a position; keep
-        their rows (and their error counts). Answers the ids pruned."""
+        their rows (and their error counts). Returns the ids pruned."""
         ...
 
     # Serialization (capability ``lock``).

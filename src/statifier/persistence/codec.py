@@ -1,7 +1,7 @@
 """The blob codec: the one seam every stored blob of durable executions crosses.
 
 :class:`~statifier.persistence.Storage` hands every blob it writes to its codec's
-``encode`` before the adapter sees it, and every blob the adapter answers to ``decode``
+``encode`` before the adapter sees it, and every blob the adapter returns to ``decode``
 before anything else does. The blobs are the payloads a host's data can reach: the
 position of an execution and of a saved position (the datamodel), the outcome of a
 finished execution (its donedata), each entry of the input log (the events, their data
@@ -123,7 +123,7 @@ def sealed_json(codec: BlobCodec, text: str) -> str:
 
 
 def opened_text(codec: BlobCodec, stored: str, what: str) -> str:
-    """The JSON text :func:`sealed_json` was given, from the text it answered: ``stored``
+    """The JSON text :func:`sealed_json` was given, from the text it returned: ``stored``
     itself under :data:`PLAIN`, else its sealed form decoded. A sealed text under
     :data:`PLAIN`, or a plain one under another codec, is refused: one table holds one
     codec's documents.

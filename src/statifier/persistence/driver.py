@@ -251,9 +251,9 @@ class Driver:
         deduplicated at the parent (an answer is marked delivered in the parent's step
         that takes it), so a redrive beside the normal path delivers nothing twice.
 
-        Answers how many owed answers it handed over; one whose delivery raised is
+        Returns how many owed answers it handed over; one whose delivery raised is
         reported (``statifier.persistence.effect_failed``) and left owed for the next
-        pass. Answers 0 when the adapter keeps no answers.
+        pass. Returns 0 when the adapter keeps no answers.
 
         Raises:
             ValueError: ``limit`` is below 1.

@@ -91,7 +91,7 @@ class LockTimeout(PersistenceError):  # noqa: N818
 class ReentrantCall(PersistenceError):  # noqa: N818 - names the refusal
     """A call made from inside a step (by its route, executor or sink) would wait for
     something that step holds until the call returns: it would wait for ever, so it is
-    refused at once. A route hands off durably and answers; it never calls back into
+    refused at once. A route hands off durably and returns; it never calls back into
     the execution it serves."""
 
     def __init__(self, what: str) -> None:
@@ -128,7 +128,7 @@ class Unstorable(PersistenceError):  # noqa: N818
 
 
 class RefusalsUnsettled(PersistenceError):  # noqa: N818
-    """The chart answered refused effects with more refused effects, round after round:
+    """The chart met refused effects with more refused effects, round after round:
     the call was abandoned before anything was stored."""
 
     def __init__(self, execution_id: str, rounds: int) -> None:

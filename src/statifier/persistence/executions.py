@@ -129,7 +129,7 @@ names both a parent and an invoke id owes its parent an answer when it ends, wri
 
 MAX_REFUSAL_ROUNDS: Final = 32
 """How many times one call tells the chart of refused effects before it gives up: a
-chart that answers every refusal with another refused send would never settle."""
+chart that meets every refusal with another refused send would never settle."""
 
 MIGRATION_BATCH: Final = 64
 """How many executions :meth:`Executions.migrate_all` migrates at once by default."""
@@ -241,7 +241,7 @@ class Executions:
 
     Every error event a call raises is recorded whatever the policy: counted on the
     execution (``error_count``, ``last_error_at``), stored with the step where the
-    adapter keeps errors, answered in :attr:`Stepped.errors`, reported as the
+    adapter keeps errors, returned in :attr:`Stepped.errors`, reported as the
     telemetry event ``statifier.persistence.error`` and logged at warning level on the
     logger ``statifier.persistence``.
     """
@@ -451,7 +451,7 @@ class Executions:
         errors = step_errors(effects) if effects else ()
         policy = self._policy(on_error, record.content_hash)
         status, failure, outcome, donedata = _ending(effects, errors, policy)
-        ended = status is not Status.ACTIVE  # _ending answers active or an end
+        ended = status is not Status.ACTIVE  # _ending returns active or an end
         position = _dump(state)
         now = storage.clock()
         record = ExecutionRecord(
@@ -887,7 +887,7 @@ class Executions:
     ) -> tuple[MachineState, list[fx.Effect]]:
         """Hand ``effects`` over; tell the chart of what the executor refused (each
         refusal raises its event on the internal queue, in order) and hand over what
-        that ran, until nothing is refused. Answers the position and every effect.
+        that ran, until nothing is refused. Returns the position and every effect.
 
         Raises:
             RefusalsUnsettled: refusals kept coming for :data:`MAX_REFUSAL_ROUNDS`.
@@ -1123,7 +1123,7 @@ def logged_start(
     """Where a replay of ``inputs`` (an input log, in order) starts: ``options`` (the
     host's start options; defaults when ``None``) with the datamodel values of the
     log's opening :data:`CREATE_DOOR` entry added, and the entries after it. A log that
-    opens with no such entry answers ``options`` and every entry.
+    opens with no such entry returns ``options`` and every entry.
 
     >>> from datetime import UTC, datetime
     >>> at = datetime(2026, 1, 1, tzinfo=UTC)

@@ -55,7 +55,7 @@ class FernetCodec:
     Raises:
         FernetKeyError: no key, or one that is not a Fernet key.
 
-    ``encode`` answers a fresh token each time (a random IV and the time of encryption,
+    ``encode`` returns a fresh token each time (a random IV and the time of encryption,
     which this codec does not check: a stored blob has no expiry). ``decode`` raises
     :class:`~statifier.persistence.codec.UndecodableBlob` for a token none of the keys
     made, or one altered since.

@@ -7,7 +7,7 @@ the new one (by author id; an id the map does not name keeps its id), and
 :func:`carry` moves a position along it: the position is exported by state id, its ids
 are mapped, and it is imported onto the new chart, then checked to be a configuration
 the new chart can be in. What cannot be carried (a removed state is active, a datamodel
-variable the new chart declares is missing) is answered as a reason, never guessed
+variable the new chart declares is missing) is returned as a reason, never guessed
 at: the execution is then parked on its old chart.
 
 >>> from statifier.chart import compile_chart

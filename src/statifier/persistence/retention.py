@@ -20,7 +20,7 @@ async def prune(storage: Storage, ended_before: datetime, *, batch_size: int = 5
     """Clear the position and the input log of every execution that ended before
     ``ended_before``, ``batch_size`` executions at a time; their rows stay (status,
     outcome, ``ended_at``), so counts and a parent's reading of a child's answer still
-    work. The cutoff is the host's policy: nothing here reads a clock. Answers how many
+    work. The cutoff is the host's policy: nothing here reads a clock. Returns how many
     executions were pruned.
 
     Raises:

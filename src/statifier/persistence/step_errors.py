@@ -5,7 +5,7 @@ A chart reports a failure as an event (``error.execution`` when an expression or
 element fails, ``error.communication`` when a send cannot be delivered): SCXML's way,
 which a chart may answer with a transition. The interpreter reports each one as a
 :class:`~statifier.core.effects.ChartError` effect, saying whether a transition took
-it. The lifecycle turns those into :class:`StepError` values, answers them with the
+it. The lifecycle turns those into :class:`StepError` values, returns them with the
 step (:attr:`~statifier.persistence.Stepped.errors`), counts them on the execution,
 stores them (:class:`~statifier.persistence.records.ErrorRecord`, at most
 :data:`MAX_STEP_ERRORS` a step), reports them as telemetry and logs them; and, under

@@ -57,7 +57,7 @@ from statifier.telemetry import enabled, report
 __all__ = ["Clock", "Storage", "utc_now"]
 
 Clock = Callable[[], datetime]
-"""Answers "now" as a timezone-aware datetime."""
+"""Returns "now" as a timezone-aware datetime."""
 
 _T = TypeVar("_T")
 _MACHINES: Final = 64  # compiled charts kept per storage
@@ -180,7 +180,7 @@ class Storage:
         # a step reads back what the step before it wrote, and the same encoded bytes
         # need not be decoded again (one decryption a step saved).
         self._written: dict[str, tuple[bytes, bytes]] = {}
-        # Records read ahead by read_ahead, each answered once (as the adapter
+        # Records read ahead by read_ahead, each returned once (as the adapter
         # returned them, still encoded).
         self._held: dict[str, ExecutionRecord] = {}
 
@@ -399,7 +399,7 @@ class Storage:
 
     def rechart_execution(self, record: ExecutionRecord, from_hash: str) -> Awaitable[bool]:
         """Move the execution onto ``record.content_hash`` while it is still on
-        ``from_hash`` (see ``Adapter.rechart_execution``); answers whether it moved.
+        ``from_hash`` (see ``Adapter.rechart_execution``); returns whether it moved.
         The decoded position kept for it is dropped: it belongs to the old chart. The
         position and outcome are encoded, as :meth:`update_execution` encodes them."""
         self._states.pop(record.id, None)
@@ -432,7 +432,7 @@ class Storage:
 
     def prune(self, ended_before: datetime, limit: int) -> Awaitable[list[str]]:
         """Clear the position, input log and errors of up to ``limit`` executions that
-        ended before ``ended_before``; answers their ids."""
+        ended before ``ended_before``; returns their ids."""
         self._held.clear()
         return self._call("prune", self.adapter.prune(ended_before, limit))
 
@@ -490,7 +490,7 @@ class Storage:
         self, execution_id: str, door: str, event: bytes, recorded_at: datetime
     ) -> Awaitable[int | None]:
         """Append one entry to the execution's input log, under this storage's cap;
-        answers its ``seq``, or ``None`` when the log is (or just got) closed. The event
+        returns its ``seq``, or ``None`` when the log is (or just got) closed. The event
         is stored encoded."""
         if self._sealing is not None:
             event = self._sealing.encode(event)
@@ -509,7 +509,7 @@ class Storage:
     ) -> Awaitable[int | None]:
         """:meth:`update_execution`, :meth:`append_input` and (where the adapter keeps
         them) :meth:`record_errors` in one adapter call, all or nothing (see
-        ``Adapter.record_step``); answers the append's ``seq``, or ``None``. Each
+        ``Adapter.record_step``); returns the append's ``seq``, or ``None``. Each
         error's ``seq`` becomes the append's.
 
         Raises:
@@ -666,7 +666,7 @@ class Storage:
         return self.load(record, machine)
 
     async def delete_position(self, key: str) -> bool:
-        """Forget the position saved under ``key``; answers whether there was one."""
+        """Forget the position saved under ``key``; returns whether there was one."""
         return await self._call("delete_position", self.adapter.delete_position(key))
 
     async def counts_on(self, content_hash: str) -> Mapping[str, int]:

@@ -105,7 +105,7 @@ class Order(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Keyed:
-    """A binding whose match held and whose key program answered ``key``."""
+    """A binding whose match held and whose key program returned ``key``."""
 
     key: str
 
@@ -116,7 +116,7 @@ class ProgramFailed:
 
     Attributes:
         program: ``"match"`` or ``"key"``.
-        kind: ``"error"`` (the program failed) or ``"value"`` (it answered a value the
+        kind: ``"error"`` (the program failed) or ``"value"`` (it returned a value the
             router cannot use).
         detail: the error's kind and reason token, or the value described.
     """
@@ -165,11 +165,11 @@ class Binding:
     Attributes:
         id: unique among the bindings of one configuration (or one scope).
         source: the name of the source whose events this binding reads.
-        match: an expression over ``event``; the binding applies only when it answers
+        match: an expression over ``event``; the binding applies only when it returns
             exactly ``true`` (``false``, ``null`` and undefined mean "not for this
             binding"; an error or any other value is a refusal).
         key: an expression over ``event`` answering the key: a non-empty string, used
-            exactly as answered (normalize in the program, e.g. ``trim(x::string)``).
+            exactly as returned (normalize in the program, e.g. ``trim(x::string)``).
         document: the document whose executions the key addresses.
         event: the name of the chart event delivered.
         selector: the source's own selection, never read by the router.
@@ -181,7 +181,7 @@ class Binding:
         enabled: a disabled binding is never evaluated.
         subscription: the binding delivers only to an execution a source invoke has
             subscribed to it (:mod:`statifier.router.subscriptions`); to any other it
-            answers ``dropped: not_subscribed``. Such a binding never creates: its
+            returns ``dropped: not_subscribed``. Such a binding never creates: its
             ``create`` must be ``never``.
         on_error: what an error event no transition takes does to the executions this
             binding's deliveries step (:class:`~statifier.persistence.OnError`:
@@ -288,7 +288,7 @@ class Binding:
 
     def matches(self, event: Mapping[str, Value]) -> bool | ProgramFailed:
         """Whether this binding applies to ``event``: ``True`` only when ``match``
-        answered exactly ``true``; ``False`` for false, null and undefined; a
+        returned exactly ``true``; ``False`` for false, null and undefined; a
         :class:`ProgramFailed` for an error or any other value."""
         answer = self._match.evaluate({"event": event})
         if answer is True:

@@ -267,7 +267,7 @@ class RouterConfig:
             called in the same transaction and savepoint.
         around_delivery: ``(scope, door, work) -> await work()``: wraps every read and
             write of one door's call (a tenancy context, say); it must call ``work``
-            exactly once and answer what it answered.
+            exactly once and return what it returned.
         lock_wait: the most seconds a delivery waits for an execution's lock (30 by
             default); ``None`` waits without bound.
         on_error: what an error event no transition takes does to an execution
@@ -418,7 +418,7 @@ class RouterConfig:
         """The bindings ``scope`` routes by (checked like a static list).
 
         Raises:
-            BindingError: the resolver answered two bindings with one id, or a
+            BindingError: the resolver returned two bindings with one id, or a
                 reserved one.
             Exception: whatever the resolver raised.
         """
@@ -431,7 +431,7 @@ class RouterConfig:
         """The chart a new execution of ``document`` in ``scope`` starts on.
 
         Raises:
-            TypeError: the resolver answered something other than a :class:`Resolved`.
+            TypeError: the resolver returned something other than a :class:`Resolved`.
             Exception: whatever the resolver raised.
         """
         assert self.resolver is not None

@@ -2,7 +2,7 @@
 run time, checked before the chart or the configuration ships.
 
 :func:`check` reads a :class:`~statifier.router.RouterConfig`, the compiled chart of
-the document being published and the host's declarations, and answers a
+the document being published and the host's declarations, and returns a
 :class:`Contracts` report of five lists. It is pure: it touches no database, calls
 no resolver and evaluates no expression, so a host runs it when it saves a revision,
 in CI (``statifier check``), or in an editor, and decides itself whether a finding
@@ -497,7 +497,7 @@ def _sends(chart: Machine) -> Iterator[m.Send]:
 
 
 class _Receivers:
-    """Answers whether a document accepts an event: by its declaration, else by its
+    """Returns whether a document accepts an event: by its declaration, else by its
     chart, else it is not published."""
 
     def __init__(

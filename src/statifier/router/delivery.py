@@ -141,7 +141,7 @@ async def _deliver(
 
 async def _unsubscribed(unit: Unit, delivery: Delivery, found: AddressRow) -> bool:
     """Whether a subscription binding's event is dropped ``not_subscribed``: the
-    addressed execution has not been seen ended (an ended one answers ``finished``, as
+    addressed execution has not been seen ended (an ended one returns ``finished``, as
     on any binding) and no live source invoke of it subscribes to the binding."""
     if found.terminal_seen_at is not None:
         return False
@@ -320,7 +320,7 @@ async def deliver_to_execution(
     ledger's ``execution`` binding id with ``message_id`` (the send's composed key, so
     a replayed step is a duplicate).
 
-    Answers ``None`` when delivered (or a duplicate, or delivered and unused), else the
+    Returns ``None`` when delivered (or a duplicate, or delivered and unused), else the
     refusal's ``(code, detail)``: ``reentrant`` (the target is mid-step in this
     transaction: the sender itself, or a sender further out), ``no_execution``,
     ``finished``.
@@ -374,7 +374,7 @@ def minted(config: RouterConfig, scope: str, document: str, key: str) -> str:
     """A new execution id from the configured minting function.
 
     Raises:
-        TypeError: it answered something other than a non-empty string.
+        TypeError: it returned something other than a non-empty string.
     """
     execution_id: object = config.execution_id(scope, document, key)
     if not isinstance(execution_id, str) or not execution_id:

@@ -48,7 +48,7 @@ class InvalidEvent(RouterError, ValueError):  # noqa: N818 - names the refusal
 
 
 class BindingsUnresolved(RouterError):  # noqa: N818 - names the refusal
-    """The bindings resolver failed, or answered bindings the router refuses, for a
+    """The bindings resolver failed, or returned bindings the router refuses, for a
     scope; nothing was evaluated."""
 
     def __init__(self, scope: str, reason: str) -> None:

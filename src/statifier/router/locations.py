@@ -7,14 +7,14 @@ token is 32 bytes from :mod:`secrets` (43 URL-safe characters), never derived fr
 execution id. The location is written into the execution's ``_ioprocessors`` under
 ``basichttp`` (and the processor's type URI) when it starts, so the chart can hand it
 on; the router's ``locations`` table keeps the SHA-256 of the token, so the table
-alone answers which execution a posted token reaches and never which token reaches
+alone tells which execution a posted token reaches and never which token reaches
 an execution. An execution created under ``always_new`` has no address row and no
 location.
 
 :meth:`Router.rotate_location <statifier.router.Router.rotate_location>` replaces the
 token; the old one then reaches nothing (:func:`rotate_location_in` does it inside a
 router transaction the caller holds). The chart's own copy is written once, at the
-start, and is not rotated. :meth:`~statifier.router.Router.location` answers the
+start, and is not rotated. :meth:`~statifier.router.Router.location` returns the
 location the chart holds while it is still the live one; after a rotation the live
 location exists only in the rotation's answer.
 
@@ -112,7 +112,7 @@ async def location_in(unit: Unit, execution_id: str) -> str | None:
     """The location of ``execution_id`` as its chart holds it, while that is the live
     one (on the configuration's current base URL), read in ``unit``.
 
-    Answers ``None`` when the execution has no location, when it was rotated (the
+    Returns ``None`` when the execution has no location, when it was rotated (the
     router keeps only the token's hash, so the live location is the answer
     :func:`rotate_location_in` gave, and nowhere else), and when its position is gone
     (pruned after it ended, or deleted; its location answers 404 then anyway).
@@ -140,7 +140,7 @@ async def rotate_location_in(unit: Unit, execution_id: str) -> str:
     """Give ``execution_id`` a new location in ``unit`` and answer it, so that what
     the caller writes beside it commits or rolls back with the rotation. The old
     location reaches nothing from ``unit``'s commit on; if ``unit`` rolls back, the old
-    one stays live and the location answered reaches nothing. The chart's
+    one stays live and the location returned reaches nothing. The chart's
     ``_ioprocessors`` still holds the first one.
 
     Raises:

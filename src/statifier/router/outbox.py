@@ -479,7 +479,7 @@ class OutboxDrain:
     async def _settle(
         self, row: _Claimed, token: str, now: datetime | None
     ) -> Literal["sent", "failed", "dead", "lost"]:
-        """Call the row's sink and mark the row; answers what became of it."""
+        """Call the row's sink and mark the row; returns what became of it."""
         error: str | None = None
         dead = False
         try:
@@ -558,7 +558,7 @@ class OutboxDrain:
     ) -> int:
         """Re-arm dead rows: a string is a row key (in every queue, or ``queue``'s),
         anything else a row id. They are due at once with a fresh round of attempts;
-        ``last_error`` stays until the next failure. Answers how many were re-armed."""
+        ``last_error`` stays until the next failure. Returns how many were re-armed."""
         async with self.adapter.transaction() as tx:
             return await self.retry_dead_in(tx, key_or_id, queue=queue)
 
@@ -567,7 +567,7 @@ class OutboxDrain:
     ) -> int:
         """:meth:`retry_dead` inside ``tx``, a transaction the caller opened on this
         drain's adapter (``adapter.transaction()``, or a router unit's ``tx``): the rows
-        are re-armed when ``tx`` commits, and stay dead if it rolls back. Answers how
+        are re-armed when ``tx`` commits, and stay dead if it rolls back. Returns how
         many were re-armed."""
         if isinstance(key_or_id, str):
             return await self._sql.retry_dead_key(tx.driver, key_or_id, queue, self.clock())
@@ -682,7 +682,7 @@ def _said(error: BaseException) -> str:
 
 
 def _loaded(payload: Any) -> Mapping[str, Any]:
-    """A payload as read: PostgreSQL's driver answers ``jsonb`` parsed, SQLite text."""
+    """A payload as read: PostgreSQL's driver returns ``jsonb`` parsed, SQLite text."""
     value = json.loads(payload) if isinstance(payload, str | bytes) else payload
     return value if isinstance(value, dict) else {}
 

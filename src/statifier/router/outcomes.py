@@ -1,4 +1,4 @@
-"""What routing one event answers: an inbound event in, one outcome per binding out.
+"""What routing one event returns: an inbound event in, one outcome per binding out.
 
 Every outcome is a plain frozen value. All but :class:`NoMatch` are written to the
 routing ledger; ``outcome`` is the ledger's spelling of each.
@@ -126,7 +126,7 @@ class NoMatch:
 
 @dataclass(frozen=True, slots=True)
 class KeyRefused:
-    """The binding's match or key program answered something unusable; ``reason`` says
+    """The binding's match or key program returned something unusable; ``reason`` says
     which program and what (e.g. ``"key value: undefined"``)."""
 
     binding_id: str

@@ -24,7 +24,7 @@ _TERMINAL = frozenset(status.value for status in Status if status.terminal)
 
 
 async def reap_dedupe(router: Router, now: datetime) -> int:
-    """Delete every dedupe claim that expired before ``now``; answers how many."""
+    """Delete every dedupe claim that expired before ``now``; returns how many."""
     async with router.transaction() as unit:
         return await unit.sql.reap_dedupe(now)
 

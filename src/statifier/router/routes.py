@@ -8,7 +8,7 @@ route's configuration (``RouterConfig.route_overrides``), never its existence.
 A :class:`Route` is handed its configuration, the built event, the
 :class:`IdempotencyKey` the router composed, the open transaction of the delivery
 that sent (``None`` on a live session) and the scope the route was resolved in (the
-delivery's; ``None`` when it has none). It hands off durably, or answers
+delivery's; ``None`` when it has none). It hands off durably, or returns
 :class:`~statifier.persistence.Refused` (the sender hears ``error.communication``);
 what it raises rolls the delivery back.
 
@@ -101,7 +101,7 @@ class Route(Protocol):
     key. ``scope`` is the scope the route was resolved in (the delivery's, the timer's,
     or a live session's processor scope), so a sink can answer into the same scope.
 
-    Answers ``None`` (handed off) or :class:`~statifier.persistence.Refused` (not
+    Returns ``None`` (handed off) or :class:`~statifier.persistence.Refused` (not
     handed off: the sender hears ``error.communication``); a plain function or a
     coroutine function.
     """

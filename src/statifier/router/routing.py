@@ -142,7 +142,7 @@ class Planned:
 
     Attributes:
         event: the event.
-        verdicts: the answers of the enabled bindings of its source, in binding order.
+        verdicts: the results of the enabled bindings of its source, in binding order.
         key: its partition key: ``scope/document/key`` of the first enabled binding of
             its source with ``order = by_key`` that keys it, else its message id. Events
             with one partition key must be routed in order; others need not be.
@@ -312,7 +312,7 @@ class Router:
         here.
 
         Every delivery settles at its own savepoint, so an event whose routing raises is
-        answered :class:`Failed` (its earlier bindings' deliveries stand) and the others
+        returned :class:`Failed` (its earlier bindings' deliveries stand) and the others
         commit. Later events of the batch for an address a failed event touched, and for
         any address in a scope whose bindings could not be read, fail as
         :class:`BlockedByEarlierFailure`: a key's events keep their order. On PostgreSQL
@@ -472,7 +472,7 @@ class Router:
         """Subscribe ``execution_id`` to ``binding_id`` under the invocation
         ``invoke_id``, as a source invoke does (:mod:`statifier.router.subscriptions`),
         in a transaction of its own. Subscribing an invocation that is already
-        subscribed writes nothing and answers the row written first.
+        subscribed writes nothing and returns the row written first.
 
         Raises:
             SubscriptionRefused: the execution has no address, or the binding is unknown
@@ -490,7 +490,7 @@ class Router:
     async def unsubscribe(self, execution_id: str, invoke_id: str) -> bool:
         """Delete the subscription of the invocation ``invoke_id`` of ``execution_id``,
         and nothing else (not the execution's other subscriptions, not its address);
-        answers whether there was one."""
+        returns whether there was one."""
         async with self.transaction() as unit:
             return await unsubscribe_in(unit, execution_id, invoke_id)
 

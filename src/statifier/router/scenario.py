@@ -1,5 +1,5 @@
 """Routing cases: one JSON file of bindings and a script, run through the router on a
-virtual clock, answered by one report (``statifier scenario CASE.json --charts DIR``,
+virtual clock, summed up in one report (``statifier scenario CASE.json --charts DIR``,
 or ``--config statifier.toml`` for the charts, bindings, routes and send type a serve
 file deploys). The case format is :mod:`statifier.router.scenario_case`.
 
@@ -194,7 +194,7 @@ class Deployment:
 class RecordingRoute:
     """A route adapter that hands nothing anywhere: it appends each hand-off to
     ``sends`` as ``{"route": name, "event": {"name", "data"}}`` (data in tagged JSON),
-    with ``"config"``, the route's configuration, when it is not empty, and answers
+    with ``"config"``, the route's configuration, when it is not empty, and returns
     ``None``, so every send to it succeeds."""
 
     name: str

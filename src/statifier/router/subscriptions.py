@@ -21,7 +21,7 @@ could name another execution's), and an execution with no address (one an
 ``always_new`` binding created) cannot subscribe.
 
 A binding with ``subscription = true`` delivers only to an execution subscribed to it;
-to any other, the delivery answers ``dropped: not_subscribed`` and steps nothing.
+to any other, the delivery returns ``dropped: not_subscribed`` and steps nothing.
 Bindings without the flag never read this table.
 
 :meth:`Router.subscribe <statifier.router.Router.subscribe>` and
@@ -134,7 +134,7 @@ async def subscribe_in(
 ) -> Subscription:
     """Subscribe ``execution_id`` to ``binding_id`` under the invocation ``invoke_id``
     in ``unit``, the row stamped ``now``. Subscribing an invocation that is already
-    subscribed writes nothing and answers the row written first.
+    subscribed writes nothing and returns the row written first.
 
     Raises:
         SubscriptionRefused: the execution has no address, or the binding is unknown in
@@ -180,7 +180,7 @@ async def subscribe_in(
 async def unsubscribe_in(unit: Unit, execution_id: str, invoke_id: str) -> bool:
     """Delete the subscription of the invocation ``invoke_id`` of ``execution_id`` in
     ``unit``, and nothing else (not the execution's other subscriptions, not its
-    address); answers whether there was one."""
+    address); returns whether there was one."""
     return await _table(unit).delete(unit.tx.driver, execution_id, invoke_id)
 
 
@@ -206,7 +206,7 @@ async def subscribed(unit: Unit, binding_id: str, execution_id: str, scope: str,
 
 async def forget_addressed(unit: Unit, address_ids: Sequence[Any]) -> int:
     """Delete the subscriptions of the executions the address rows ``address_ids``
-    name (before those rows go); answers how many."""
+    name (before those rows go); returns how many."""
     if not address_ids:
         return 0
     return await _table(unit).delete_addressed(unit.tx.driver, address_ids)

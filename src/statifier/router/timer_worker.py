@@ -195,7 +195,7 @@ async def fire(
       again on the configuration's queue until ``retries`` runs out (see the module
       docstring).
 
-    Answers ``True`` when it fired, ``False`` when the timer is discarded (the
+    Returns ``True`` when it fired, ``False`` when the timer is discarded (the
     execution is gone or has ended), scheduled again, or given up.
 
     Raises:
@@ -462,7 +462,7 @@ class TimerWorker:
     async def _pass(
         self, now: datetime | None, stop: asyncio.Event | None
     ) -> tuple[int, _Batch | None]:
-        """Batches until the due rows are done; answers how many were taken off the
+        """Batches until the due rows are done; returns how many were taken off the
         queue, and the last batch (``None`` when stopped before one)."""
         moment = self.clock() if now is None else _aware(now)
         taken = 0
@@ -577,7 +577,7 @@ class TimerWorker:
             self.queue.on_schedule.remove(self.wake)
 
     async def _nap(self, stop: asyncio.Event, seconds: float) -> bool:
-        """Sleep ``seconds``, or less if woken or stopped; answers whether woken."""
+        """Sleep ``seconds``, or less if woken or stopped; returns whether woken."""
         if seconds <= 0:
             return False
         nap = asyncio.ensure_future(self.sleep(seconds))

@@ -215,7 +215,7 @@ class SqlTimerQueue:
         self, tx: SqlTransaction, now: datetime, limit: int
     ) -> list[DueTimer | UnreadableTimer]:
         """At most ``limit`` rows due at ``now``, in firing order; a row whose payload
-        the codec cannot decode is answered as an :class:`UnreadableTimer` (where
+        the codec cannot decode is returned as an :class:`UnreadableTimer` (where
         :meth:`take_due` raises), so that one row does not hold up the others.
 
         On PostgreSQL each row is locked (rows other transactions hold are skipped)
@@ -240,7 +240,7 @@ class SqlTimerQueue:
             )
 
     async def take(self, tx: SqlTransaction, timer_id: Any) -> bool:
-        """Delete the claimed row ``timer_id``; answers whether it was still there."""
+        """Delete the claimed row ``timer_id``; returns whether it was still there."""
         return await self.table.delete(tx.driver, timer_id)
 
     async def retry_at(self, tx: SqlTransaction, timer_id: Any, due_at: datetime) -> None:

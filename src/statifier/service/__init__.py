@@ -48,7 +48,7 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 def serve(path: Path | str, out: TextIO, environ: Mapping[str, str] | None = None) -> int:
     """Load the configuration at ``path`` and run the service until SIGTERM or SIGINT;
-    answers the exit status (0: stopped in order, 1: cut short by
+    returns the exit status (0: stopped in order, 1: cut short by
     ``shutdown_timeout``). Logs go to standard error (unless the host configured
     logging already); ``out`` hears where the service listens and when it stopped.
 

@@ -50,7 +50,7 @@ secret is named, never written: ``secret_env = "NAME"`` reads the environment va
 ``NAME`` when the file is loaded, and neither errors nor ``repr`` ever show its value
 (nor a database URL's).
 
-:func:`load` answers a :class:`~statifier.service.settings.ServiceSettings`: plain
+:func:`load` returns a :class:`~statifier.service.settings.ServiceSettings`: plain
 frozen values, the charts compiled and the bindings built, but nothing opened. Each
 table is read by :mod:`statifier.service.sections`, sources' own options too (their
 modules are imported only when the service starts one);

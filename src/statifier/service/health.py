@@ -27,7 +27,7 @@ check, each ``"<part>: <why>"``:
     the ttl left; see :func:`statifier.fronts.leases.waiting`);
 - ``http: not listening yet``, or ``stopping``.
 
-Each check answers from what the part knows now, so the answer is green again as soon
+Each check reads what the part knows now, so its result is green again as soon
 as the fault clears (the database's within ``probe_interval``, a broker's within a
 second). A database answer is kept for ``probe_interval`` seconds, so probes polled
 often do not load the database. A reason names the part, never a URL or a secret.
@@ -77,7 +77,7 @@ class Health:
         self._probing: asyncio.Lock = asyncio.Lock()
 
     def watch(self, part: str, check: Callable[[], str | None]) -> None:
-        """Check ``part`` on every readiness probe: ``check`` answers ``None`` when it
+        """Check ``part`` on every readiness probe: ``check`` returns ``None`` when it
         is fine, else why not (one short phrase)."""
         self._parts[part] = check
 

@@ -132,7 +132,7 @@ class Guard:
 
     def make_room(self) -> bool:
         """Make room for one more connection: under the cap there is; at the cap the
-        connection that has waited longest for a request head is closed; answers
+        connection that has waited longest for a request head is closed; returns
         ``False`` when every connection is inside a request (the newcomer is to be
         refused)."""
         if len(self.open) < self.max_connections:

@@ -35,7 +35,7 @@ closes and in-flight requests are answered, and consumers stop fetching, finish 
 deliveries they started and commit their offsets. Then the workers finish the pass
 they are in. All of it within ``shutdown_timeout`` seconds; what is still running then
 is cancelled (its transaction rolls back, and at-least-once delivery redoes it), and
-:meth:`Service.run` answers 1 instead of 0. A second signal cancels at once.
+:meth:`Service.run` returns 1 instead of 0. A second signal cancels at once.
 
 While it runs, the telemetry bridges the file asks for are installed
 (:func:`install_bridges`: ``[logging] events`` and ``[otel] enabled``); they are
@@ -341,7 +341,7 @@ class Service:
         self._stopping.set()
 
     async def run(self) -> int:
-        """Start everything, run until :meth:`stop`, stop in order; answers 0 when
+        """Start everything, run until :meth:`stop`, stop in order; returns 0 when
         everything stopped within ``shutdown_timeout``, else 1.
 
         Raises:
@@ -498,7 +498,7 @@ class Service:
 
     async def _within(self, tasks: list[asyncio.Task[Any]], deadline: float) -> bool:
         """Wait for ``tasks`` until ``deadline`` (or a second signal); cancel what is
-        left. Answers whether all of them finished on their own."""
+        left. Returns whether all of them finished on their own."""
         if not tasks:
             return True
         loop = asyncio.get_running_loop()

@@ -5,7 +5,7 @@ them, for PostgreSQL and SQLite.
 :class:`TableOptions` (prefix, schema, leading host columns, key type);
 :mod:`statifier.sql.migrations` builds them with Alembic, from Python, from a host's
 own Alembic environment, or with ``statifier db upgrade``. A database without them
-answers :class:`TablesMissing` (from the SQL adapter), whose message says to run
+raises :class:`TablesMissing` (from the SQL adapter), whose message says to run
 ``statifier db upgrade``. The statements live one module per table family
 (:mod:`statifier.sql.executions`, :mod:`statifier.sql.routing`,
 :mod:`statifier.sql.timers`, :mod:`statifier.sql.outbox`, ...), each written once and

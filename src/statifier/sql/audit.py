@@ -50,5 +50,5 @@ class AuditTable:
         if keyed:
             stored["id"] = dialect.key(values["id"])
         found = await dialect.row(driver, self._insert_keyed if keyed else self._insert, stored)
-        assert found is not None  # RETURNING answers the inserted row
+        assert found is not None  # RETURNING gives the inserted row
         return values["id"] if keyed else found[0]

@@ -186,7 +186,7 @@ def _sweep(
 ) -> int:
     """Read ``table``'s rows in key order, ``batch`` at a time, each batch in a short
     transaction; compute each row's change outside any; write the changes in a second
-    transaction. Answers how many rows the writes reached."""
+    transaction. Returns how many rows the writes reached."""
     key = table.c["id"]
     page = sa.select(key, value).where(*where).order_by(key).limit(batch)
     rewritten = 0

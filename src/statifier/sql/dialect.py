@@ -242,7 +242,7 @@ class Dialect:
     async def rows(
         self, driver: Any, sql: str, values: Values | None = None
     ) -> list[tuple[Any, ...]]:
-        """Run ``sql`` on ``driver`` and read every row it answers."""
+        """Run ``sql`` on ``driver`` and read every row it returns."""
         raise NotImplementedError
 
     async def row(
@@ -253,7 +253,7 @@ class Dialect:
 
 
 async def ping(dialect: Dialect, driver: Any) -> None:
-    """Run the smallest statement on ``driver``: returns once the database answered,
+    """Run the smallest statement on ``driver``: returns once the database responded,
     raises what the driver raised when it did not."""
     await dialect.row(driver, "SELECT 1")
 

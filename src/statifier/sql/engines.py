@@ -73,7 +73,7 @@ BUSY_WAIT: Final = "statifier.busy_wait"
 """The key, in a pooled SQLite connection's ``info``, of the seconds a caller may wait
 for the database's lock (the ``timeout`` the connection was opened with)."""
 
-# SQLite answers SQLITE_BUSY (5, and extended codes whose low byte is 5) at once when
+# SQLite returns SQLITE_BUSY (5, and extended codes whose low byte is 5) at once when
 # busy_timeout is 0. The first retry comes soon (a commit takes about 0.1 ms in WAL),
 # later ones less often.
 _SQLITE_BUSY: Final = 5
@@ -152,7 +152,7 @@ def database_url(url: str | sa.URL) -> sa.URL:
 def configure_sqlite(connection: sqlite3.Connection) -> float:
     """Put a ``sqlite3`` connection under the caller's transaction control
     (``isolation_level`` ``None``: nothing begins or commits behind its back) and switch
-    SQLite's busy wait off. Answers the busy timeout it had, in seconds: the bound the
+    SQLite's busy wait off. Returns the busy timeout it had, in seconds: the bound the
     caller's own asynchronous wait keeps."""
     (timeout_ms,) = connection.execute("PRAGMA busy_timeout").fetchone()
     connection.isolation_level = None
@@ -162,7 +162,7 @@ def configure_sqlite(connection: sqlite3.Connection) -> float:
 
 def set_busy_timeout(connection: sqlite3.Connection, seconds: float) -> None:
     """Set how long SQLite itself waits, blocking, for another connection's lock on
-    ``connection`` (to the millisecond); 0: it answers busy at once."""
+    ``connection`` (to the millisecond); 0: it returns busy at once."""
     connection.execute(f"PRAGMA busy_timeout = {round(seconds * 1000):d}")
 
 
@@ -239,7 +239,7 @@ async def retry_busy(
     on_timeout: Callable[[sqlite3.OperationalError], BaseException] | None = None,
 ) -> _T:
     """Call ``attempt`` until SQLite stops answering busy, sleeping on the loop (never
-    blocking it) between tries, and answer what it answers.
+    blocking it) between tries, and return what it returns.
 
     Past ``deadline`` (a :func:`time.monotonic` time; ``None``: no bound) the last busy
     error is raised, or ``on_timeout(error)`` if given. Any other error is raised at once.
@@ -324,7 +324,7 @@ async def run_on(
     engine: sa.Engine | AsyncEngine, work: Callable[[sa.Connection], _T], *, write: bool = False
 ) -> _T:
     """Run ``work`` on a connection of ``engine`` in one transaction, rolled back after
-    a read and committed after a ``write``; answer what it answers.
+    a read and committed after a ``write``; return what it returns.
 
     On an async engine ``work`` runs in the driver's greenlet
     (:meth:`~sqlalchemy.ext.asyncio.AsyncConnection.run_sync`); on a synchronous

@@ -77,26 +77,26 @@ class ExecutionStatements:
       ``fetch_chart``, ``lock_chart``, ``guard_chart``: ``h``. ``retire_chart``:
       ``h``, ``at``, ``by``.
     - ``insert_execution``: the execution's columns (``metadata`` a JSON document);
-      answers a row only when it inserted. ``fetch_execution`` (and ``_locked``):
+      returns a row only when it inserted. ``fetch_execution`` (and ``_locked``):
       ``id``. ``fetch_executions`` (and ``_locked``): ``ids``, a :meth:`Dialect.listed`
       list, rows in ``execution_id`` order. ``update_execution``: the columns a step
       changes and ``execution_id``. ``rechart_execution``: ``id``, ``from``, ``to``,
       ``status``, ``position_blob``, ``failure``, ``updated_at``.
       ``count_executions``, ``pinning``, ``linked``: ``h``.
     - ``append_input``: ``execution_id``, ``door``, ``cap``, ``input_blob``,
-      ``recorded_at``; answers the new ``seq``, or no row where the log is closed.
+      ``recorded_at``; returns the new ``seq``, or no row where the log is closed.
       ``record_step``: the parameters of both; ``None`` without
       :attr:`Dialect.writes_in_with`. ``inputs``: ``id``.
     - ``insert_error``: the error's columns. ``errors``: ``id``, ``limit``.
     - ``insert_answer``: the answer's columns. ``fetch_answer``: ``id``.
       ``undelivered``: ``limit``. ``mark_delivered``: ``ids``, ``at``.
-    - ``take_settlement``: ``parent``, ``invoke``, ``at``; answers a row only when it
+    - ``take_settlement``: ``parent``, ``invoke``, ``at``; returns a row only when it
       took it. ``settled``: ``parent``, ``invoke``.
     - ``save_position``: the position's columns. ``fetch_position``,
       ``delete_position``: ``key``. ``count_positions``: ``h``.
-    - ``prune``: ``before``, ``limit``; answers the pruned executions' ids.
+    - ``prune``: ``before``, ``limit``; returns the pruned executions' ids.
       ``drop_logs``, ``drop_errors``: ``ids``.
-    - ``lock_execution``: ``id``; ``try_lock_execution``: ``id``, answers whether the
+    - ``lock_execution``: ``id``; ``try_lock_execution``: ``id``, returns whether the
       lock was granted; both ``None`` without :attr:`Dialect.row_locks`.
       ``claim_writer``: no parameters; ``None`` without :attr:`Dialect.single_writer`.
     - ``by_metadata`` (every column of :data:`EXECUTION_COLUMNS`),
@@ -231,7 +231,7 @@ class ExecutionStatements:
         )
         self.append_input = sql(f"{append} RETURNING seq")
         # A step's two writes in one round trip: the row's update, and the log's
-        # append only where the update found the row. Answers (rows updated, seq).
+        # append only where the update found the row. Returns (rows updated, seq).
         # Without writes in WITH (SQLite, in process) they are two statements, the
         # update first, which cost no round trip.
         self.record_step: str | None = None
@@ -260,7 +260,7 @@ class ExecutionStatements:
             "WHERE execution_id = :id ORDER BY id DESC LIMIT :limit) AS newest ORDER BY id"
         )
         # An execution's own lock, held until the transaction ends (an ``exclusive``
-        # block): taken, or only tried (answers whether it was granted). Without row
+        # block): taken, or only tried (returns whether it was granted). Without row
         # locks (SQLite) the single writer excludes every other writer instead, and a
         # transaction becomes that writer, in a caller's transaction already open, by a
         # write that touches no row.

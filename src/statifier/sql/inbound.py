@@ -130,7 +130,7 @@ class InboundTable:
             partition = event.partition
             if partition not in heads:
                 row = await dialect.row(driver, self._next, {"partition": partition})
-                assert row is not None  # an aggregate answers a row
+                assert row is not None  # an aggregate returns a row
                 heads[partition] = int(row[0])
             heads[partition] += 1
             values = {

@@ -115,7 +115,7 @@ class LeaseTable:
         values = {"group": group, "owner": owner, "until": dialect.time(until)}
         await dialect.execute(driver, self._member, self.keys.keyed(values))
         row = await dialect.row(driver, self._count, {"group": group})
-        assert row is not None  # count(*) answers a row
+        assert row is not None  # count(*) returns a row
         return int(row[0])
 
     async def holdings(self, driver: Any, group: str, partitions: Sequence[str]) -> list[LeaseRow]:

@@ -37,7 +37,7 @@ def lock_timeout(wait: float) -> str:
 
 
 # A bounded wait for a lock: SET_LOCK_TIMEOUT binds ``t`` (a lock_timeout()) for the
-# rest of the transaction and answers the setting it replaced, which RESTORE_LOCK_TIMEOUT
+# rest of the transaction and returns the setting it replaced, which RESTORE_LOCK_TIMEOUT
 # binds as ``t`` once the lock is held, so that later statements wait as before.
 SET_LOCK_TIMEOUT: Final = named_to_pyformat(
     "SELECT current_setting('lock_timeout'), set_config('lock_timeout', :t, true)"
@@ -79,16 +79,16 @@ class PostgresDialect(Dialect):
         return f"SELECT {function}(:{parameter})"
 
     def json_has(self, column: Any, pairs: Mapping[str, str]) -> list[Any]:
-        # jsonb containment, which a GIN index on the column answers.
+        # jsonb containment, which a GIN index on the column serves.
         return [sa.type_coerce(column, postgresql.JSONB()).contains(dict(pairs))]
 
     def json_has_sql(self, column: str, parameter: str) -> str:
-        # jsonb containment, which a GIN index on the column answers.
+        # jsonb containment, which a GIN index on the column serves.
         return f"{column} @> {self.json(parameter)}"
 
     def bucket(self, column: Any, start: int, width: int) -> Any:
-        # date_part answers a double, several times cheaper per row than the numeric
-        # that extract() answers.
+        # date_part returns a double, several times cheaper per row than the numeric
+        # that extract() returns.
         epoch = sa.func.floor(sa.func.date_part("epoch", column))
         return sa.cast(sa.func.floor((epoch - start) / width), sa.BigInteger)
 

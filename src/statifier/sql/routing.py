@@ -142,7 +142,7 @@ class RoutingStatements:
         # One parameter holds a list: an array on PostgreSQL, a JSON list on SQLite.
         ids = dialect.among("ids")
         sql = dialect.statement
-        # A claim inserts the message's row, or takes over an expired one; it answers a
+        # A claim inserts the message's row, or takes over an expired one; it returns a
         # row unless a live claim exists (a duplicate).
         claim = (
             f"{keys.insert(f'{dedupe} AS d', ('binding_id', 'message_id', 'expires_at'))} "
@@ -249,7 +249,7 @@ class RoutingSession:
             await dialect.execute(driver, locks.take, values)
             return True
         row = await dialect.row(driver, locks.set_timeout, {"t": lock_timeout(wait)})
-        assert row is not None  # a SELECT without FROM answers one row
+        assert row is not None  # a SELECT without FROM returns one row
         try:
             await dialect.execute(driver, locks.take, values)
         except Exception as error:
@@ -305,7 +305,7 @@ class RoutingSession:
             "key": key,
         }
         row = await dialect.row(self._driver, statement, self._s.keyed(values))
-        assert row is not None  # the statement answers one row, found or not
+        assert row is not None  # the statement returns one row, found or not
         fresh, address_id, execution_id, terminal_seen_at = row
         found = (
             None
@@ -407,7 +407,7 @@ class RoutingSession:
         """How many addresses name one of ``execution_ids``."""
         values = {"ids": self.dialect.listed(execution_ids)}
         row = await self.dialect.row(self._driver, self._s.count_addresses, values)
-        assert row is not None  # count(*) answers one row
+        assert row is not None  # count(*) returns one row
         return int(row[0])
 
     async def named_by(self, scope: str, document: str) -> str | None:

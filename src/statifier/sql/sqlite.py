@@ -28,7 +28,7 @@ _NO_VALUES: Final[Values] = {}
 
 BEGIN_WRITE: Final = "BEGIN IMMEDIATE"
 """Begins a transaction that holds the database's one writer from its start (or
-answers busy at once, with the busy wait off), so that it never fails later for
+returns busy at once, with the busy wait off), so that it never fails later for
 want of the write lock."""
 COMMIT: Final = "COMMIT"
 """Ends the transaction, keeping what it wrote."""

@@ -93,7 +93,7 @@ def _options() -> StartOptions:
 
 async def run(make_storage: Callable[[], Storage], out: TextIO) -> ExecutionRecord:
     """Run the payment through two restarts; ``make_storage`` opens the storage anew
-    each time (as a new process would). Writes what happens to ``out`` and answers the
+    each time (as a new process would). Writes what happens to ``out`` and returns the
     final execution record."""
     host = Host()
 

@@ -9,7 +9,7 @@
   (the tables of :mod:`statifier.sql`, their names in SQL text).
 
 Engines, URLs and SQLite's settings come from :mod:`statifier.sql.engines`, which scriba
-shares. A database without the tables answers :class:`statifier.sql.TablesMissing`
+shares. A database without the tables raises :class:`statifier.sql.TablesMissing`
 (run ``statifier db upgrade``); a missing library, :class:`statifier.extras.MissingExtra`
 naming the extra to install.
 """

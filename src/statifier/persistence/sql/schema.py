@@ -133,7 +133,7 @@ def chosen_tables(tables: Tables | TableOptions | None) -> Tables:
 
 
 def appended(rows: Sequence[Sequence[Any]], cap: int | None) -> int | None:
-    """The ``seq`` an append answers: ``None`` when the log was closed (no row) or the
+    """The ``seq`` an append returns: ``None`` when the log was closed (no row) or the
     entry became the closing marker."""
     if not rows:
         return None  # the log is closed
