@@ -137,11 +137,9 @@ async def site(router_db: RouterDb) -> AsyncIterator[Site]:  # noqa: F811 - the 
             connection.execute(sa.text(f"DELETE FROM {where}{options.name('locations')}"))
     finally:
         engine.dispose()
-    router = Router(
-        router_db.config(
-            impression_bindings(),
-            basichttp=BasicHttpLocations("http://127.0.0.1:9/basichttp"),
-        )
+    router = router_db.router(
+        impression_bindings(),
+        basichttp=BasicHttpLocations("http://127.0.0.1:9/basichttp"),
     )
     operators = Operators(
         [Operator("ada", ADA, Role.OPERATOR), Operator("bob", BOB, Role.READ_ONLY)]
@@ -473,15 +471,11 @@ class Shop:
 async def shop(router_db: RouterDb) -> AsyncIterator[Shop]:  # noqa: F811 - the fixture
     adapter = router_db.adapter
     machine = compile_chart(CHECKOUT.format(receipt=RECEIPT), name="order")
-    router = Router(
-        router_db.config(
-            shop_bindings(),
-            resolver=StaticResolver({"order": machine}),
-            send_type="shop:route",
-            routes={
-                "receipts": (OutboxRoute(adapter, clock=router_db.clock), {"queue": "receipts"})
-            },
-        )
+    router = router_db.router(
+        shop_bindings(),
+        resolver=StaticResolver({"order": machine}),
+        send_type="shop:route",
+        routes={"receipts": (OutboxRoute(adapter, clock=router_db.clock), {"queue": "receipts"})},
     )
     console = Console(
         queries=ConsoleQueries(adapter.engine, adapter.tables),

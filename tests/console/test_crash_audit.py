@@ -32,7 +32,7 @@ from tests.router.conftest import (  # noqa: F401 - fixtures used by name
 )
 
 from statifier.persistence import Status
-from statifier.router import InboundEvent, Router
+from statifier.router import InboundEvent
 from statifier.sql import migrations
 
 CRASHER = Path(__file__).with_name("crashing_console.py")
@@ -51,7 +51,7 @@ def _engine(db: RouterDb) -> sa.Engine:
 async def _setup(db: RouterDb) -> list[tuple[str, str]]:
     """Executions to cancel, dead outbox rows to retry and to discard, consumer dead
     letters to route again and to discard: the actions, in the order they are taken."""
-    router = Router(db.config(impression_bindings()))
+    router = db.router(impression_bindings())
     executions = []
     for index in range(PER_ACTION):
         event = InboundEvent(

@@ -35,7 +35,6 @@ from statifier.router import (
     Binding,
     CreatedAndDelivered,
     InboundEvent,
-    Router,
     StaticResolver,
     TimerWorker,
 )
@@ -218,8 +217,8 @@ async def test_timers_fired_by_the_router_replay_as_they_were_stepped(
         document="reminder",
         event="start",
     )
-    router = Router(
-        router_db.config([binding], resolver=StaticResolver({"reminder": machine}), lock_wait=30.0)
+    router = router_db.router(
+        [binding], resolver=StaticResolver({"reminder": machine}), lock_wait=30.0
     )
     job = InboundEvent(
         scope="tenant", source="jobs", message_id="m1", data={"kind": "start", "id": "r-1"}

@@ -77,15 +77,11 @@ class Shop:
 def shop(router_db: RouterDb) -> Shop:  # noqa: F811 - the fixture
     machine = compile_chart(CHECKOUT.format(receipt=RECEIPT), name="order")
     adapter = router_db.adapter
-    router = Router(
-        router_db.config(
-            shop_bindings(),
-            resolver=StaticResolver({"order": machine}),
-            send_type="shop:route",
-            routes={
-                "receipts": (OutboxRoute(adapter, clock=router_db.clock), {"queue": "receipts"})
-            },
-        )
+    router = router_db.router(
+        shop_bindings(),
+        resolver=StaticResolver({"order": machine}),
+        send_type="shop:route",
+        routes={"receipts": (OutboxRoute(adapter, clock=router_db.clock), {"queue": "receipts"})},
     )
     return Shop(router_db, router, ConsoleQueries(adapter.engine, adapter.tables))
 
@@ -196,10 +192,8 @@ async def test_a_refused_send_is_named_by_its_ledger_row(shop: Shop) -> None:
         CHECKOUT.format(receipt='\n<send type="shop:route" target="nowhere" event="lost"/>'),
         name="order",
     )
-    router = Router(
-        shop.db.config(
-            shop_bindings(), resolver=StaticResolver({"order": unrouted}), send_type="shop:route"
-        )
+    router = shop.db.router(
+        shop_bindings(), resolver=StaticResolver({"order": unrouted}), send_type="shop:route"
     )
     routed = await router.route(
         InboundEvent(

@@ -64,7 +64,7 @@ async def db(router_db: RouterDb) -> RouterDb:  # noqa: F811 - the imported fixt
 
 def router_of(db: RouterDb, **options: Any) -> Router:
     options.setdefault("resolver", StaticResolver({"patron": compile_chart(PATRON)}))
-    return Router(db.config([REGISTRATIONS], **options))
+    return db.router([REGISTRATIONS], **options)
 
 
 def app_of(router: Router, **options: Any) -> Starlette:

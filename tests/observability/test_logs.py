@@ -16,7 +16,7 @@ from tests.router.conftest import RouterDb, impression_bindings
 
 from statifier import telemetry
 from statifier.observability import FieldPolicy, JsonFormatter, install_logging
-from statifier.router import InboundEvent, Router
+from statifier.router import InboundEvent
 
 Logged = tuple[logging.Logger, Kept]
 
@@ -41,7 +41,7 @@ async def test_a_routed_event_logs_its_route_deliveries_and_steps_with_their_ids
     logger, handler = kept
     bridge = install_logging(logger)
     try:
-        router = Router(router_db.config(impression_bindings()))
+        router = router_db.router(impression_bindings())
         await router.route(ad("m1", "impression", "imp_1"))
         await router.route(ad("m2", "click", "imp_1"))
     finally:

@@ -23,7 +23,7 @@ from statifier.chart import compile_chart
 from statifier.core import Event
 from statifier.observability.otel import install_otel
 from statifier.persistence import Executions, Storage
-from statifier.router import InboundEvent, Router
+from statifier.router import InboundEvent
 
 ROWS = sa.Table("observed_rows", sa.MetaData(), sa.Column("id", sa.Text, primary_key=True))
 DOOR = compile_chart(
@@ -107,9 +107,9 @@ async def test_a_durable_execution_reports_its_steps_as_spans_and_metrics(
 async def test_a_routed_event_reports_its_route_and_each_delivery(
     router_db: RouterDb, otel: Otel
 ) -> None:
-    router = Router(router_db.config(impression_bindings(create="never")))
+    router = router_db.router(impression_bindings(create="never"))
     await router.route(ad("m1", "click", "imp_9"))
-    router = Router(router_db.config(impression_bindings()))
+    router = router_db.router(impression_bindings())
     await router.route(ad("m2", "impression", "imp_1"))
     await router.route(ad("m3", "click", "imp_1"))
 
