@@ -29,7 +29,7 @@ from statifier.callbacks import awaited
 from statifier.chart import Machine
 from statifier.core import Event
 from statifier.core.events import engine_event
-from statifier.persistence import Discarded, Refused, Stepped
+from statifier.persistence import Discarded, Executions, Refused, Stepped
 from statifier.persistence.serialization import Serialization
 from statifier.router.binding import Create, Plan
 from statifier.router.config import RouterConfig
@@ -199,7 +199,7 @@ async def _create(
         return Dropped(
             plan.id, reason=DropReason.FINISHED, key=delivery.key, execution_id=execution_id
         )
-    stepped = await _step(unit, delivering, execution_id, machine, delivery.event, plan)
+    stepped = await _step(unit, delivering, execution_id, machine, delivery.event, plan, executions)
     return await _stepped(unit, delivery, stepped, address_id, now, created=True)
 
 
@@ -231,8 +231,12 @@ async def _step(
     machine: Machine | None,
     event: Event,
     plan: Plan,
+    executions: Executions | None = None,
 ) -> Stepped | Discarded:
-    executions = unit.executions(delivering.into(execution_id))
+    """Step ``event`` into the execution through ``executions`` (made for this
+    delivery's step of it unless given: a create hands on the lifecycle it ran)."""
+    if executions is None:
+        executions = unit.executions(delivering.into(execution_id))
     on_step = unit.config.on_step
     if on_step is not None:
         stepped = await on_step(executions, execution_id, machine, event)
