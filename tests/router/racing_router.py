@@ -9,7 +9,10 @@ with ``"batch": true``, as one :meth:`~statifier.router.Router.route_many` call.
 
 It prints ``ready`` once connected, waits for a line on its standard input so the test
 can start every process at once, then prints one JSON line: the outcome of every event
-it routed (``[[message_id, outcome], ...]``).
+it routed (``[[message_id, outcome], ...]``). With ``"meet": true`` it first routes the
+first event of its first lane alone, prints ``first`` and waits for another line, so
+the test can hold every process until each has routed one event: then no process can
+route all its events before another has begun, however the machine schedules them.
 
 The test imports :data:`HITS` and :func:`hit` from here, so both route the same way.
 """
@@ -100,8 +103,14 @@ async def _main(argv: list[str]) -> None:
         print("ready", flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
         batch, pause = job["batch"], job.get("pause", 0.0)
+        met: list[list[str]] = []
+        if job.get("meet"):
+            met = await _lane(router, lanes[0][:1], batch, 0.0)
+            lanes[0] = lanes[0][1:]
+            print("first", flush=True)
+            await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
         done = await asyncio.gather(*(_lane(router, lane, batch, pause) for lane in lanes))
-    print(json.dumps([pair for lane in done for pair in lane]))
+    print(json.dumps([*met, *(pair for lane in done for pair in lane)]))
 
 
 if __name__ == "__main__":

@@ -168,6 +168,23 @@ async def start_racers(
     return processes
 
 
+async def meet(processes: list[asyncio.subprocess.Process]) -> None:
+    """Wait until every process (started with ``"meet": true``) has routed its first
+    event, then let them all go on. Without it a loaded machine can run one process to
+    its end before the other routes anything (SQLite's writer waits by polling the
+    file's lock), and the race the test is about never happens."""
+    async with asyncio.timeout(DEADLINE):
+        for process in processes:
+            assert process.stdout is not None
+            if (await process.stdout.readline()).strip() != b"first":
+                _, err = await process.communicate()
+                pytest.fail(f"a racing router did not route its first event: {err.decode()}")
+    for process in processes:
+        assert process.stdin is not None
+        process.stdin.write(b"on\n")
+        await process.stdin.drain()
+
+
 async def finish_racers(processes: list[asyncio.subprocess.Process]) -> list[tuple[str, str]]:
     """What every process answered, once all have exited cleanly."""
     answered: list[tuple[str, str]] = []
@@ -210,13 +227,15 @@ async def test_processes_racing_for_a_new_key_share_one_execution(
     for p in range(PROCESSES):
         mine = sent[p * PER_PROCESS : (p + 1) * PER_PROCESS]
         lanes = [[[m, "k"] for m in mine[n::LANES_PER_PROCESS]] for n in range(LANES_PER_PROCESS)]
-        jobs.append({"batch": False, "pause": PAUSE, "lanes": lanes})
+        jobs.append({"batch": False, "pause": PAUSE, "lanes": lanes, "meet": True})
 
-    answered = await finish_racers(await start_racers(router_db, tmp_path, jobs))
+    processes = await start_racers(router_db, tmp_path, jobs)
+    await meet(processes)
+    answered = await finish_racers(processes)
 
     await assert_each_message_once(router, {"k": sent}, answered)
     # They really ran at once: each process's first event was logged before the other's
-    # last one.
+    # last one (the meeting makes sure of it; the rest then race freely).
     (execution,) = await router.adapter.list_by_metadata({})
     logged = await logged_messages(router, execution.id)
     by_process = [[at for at, m in enumerate(logged) if m.startswith(f"p{p}-")] for p in (0, 1)]
