@@ -6,7 +6,7 @@
 - :mod:`statifier.session.handlers`: the seams for host send and invoke types.
 - :mod:`statifier.session.basichttp`: the BasicHTTP Event I/O Processor.
 - :mod:`statifier.session.children`: the chart and datamodel an ``<invoke type="scxml">``
-  starts (shared with the durable driver).
+  starts (shared with the durable ``Driver``).
 - :mod:`statifier.session.recording`: recording a session's inputs and replaying them.
-- :mod:`statifier.session.trace`: the virtual-clock driver behind ``statifier trace``.
+- :mod:`statifier.session.trace`: the virtual-clock run behind ``statifier trace``.
 """

@@ -1,5 +1,5 @@
 """What an ``<invoke type="scxml">`` starts: the child's chart and the datamodel it is
-seeded with. Live sessions and the durable driver start children alike through these.
+seeded with. Live sessions and the durable ``Driver`` start children alike through these.
 
 >>> from statifier.core import effects as fx
 >>> chart = (

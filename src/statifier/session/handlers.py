@@ -151,7 +151,7 @@ class InvokeType(Protocol):
 def invocation_done(invoke_id: str, donedata: Value = UNDEFINED) -> Event:
     """The event that tells an invoking chart its invocation finished:
     ``done.invoke.<id>`` carrying the donedata, tagged with the invoke id. Sessions and
-    durable drivers both build it here, so a chart sees the same event either way.
+    the durable ``Driver`` both build it here, so a chart sees the same event either way.
 
     >>> invocation_done("pay", {"auth": "A1"}).name
     'done.invoke.pay'
