@@ -54,7 +54,7 @@ from statifier.router import (
     InboundEvent,
     Router,
 )
-from statifier.router.locations import NoLocation, token_digest
+from statifier.router.locations import LocationRotated, NoLocation, token_digest
 from statifier.router.routing import POST_PLAN_ID
 from statifier.sql import TableOptions, migrations
 from statifier.sql.locations import downgrade_locations, upgrade_locations
@@ -209,8 +209,10 @@ async def test_a_rotated_location_answers_404_and_the_new_one_204(db: RouterDb) 
     new = rotated.removeprefix(BASE + "/")
     assert new != old
     assert len(new) == 43
-    # Only the hash is kept: the router cannot hand the rotated location out again.
-    assert await router.location(execution_id) is None
+    # Only the hash is kept: the router cannot hand the rotated location out again,
+    # and says so.
+    with pytest.raises(LocationRotated, match="rotate again"):
+        await router.location(execution_id)
     assert (await datamodel(router, execution_id))["where"] == f"{BASE}/{old}"  # the chart's copy
     async with client(basichttp_app(router)) as http:
         stale = await http.post(f"/{old}", content=b"_scxmleventname=scanned", headers=FORM)

@@ -49,6 +49,7 @@ from statifier.sql.tables import Tables
 
 __all__ = [
     "Located",
+    "LocationRotated",
     "NoLocation",
     "location_in",
     "mint_token",
@@ -88,6 +89,21 @@ class NoLocation(RouterError, LookupError):  # noqa: N818 - names the finding
         self.execution_id = execution_id
 
 
+class LocationRotated(RouterError, LookupError):  # noqa: N818 - names the finding
+    """The execution's location was rotated. The router keeps only the live token's
+    hash, so the live location was in :func:`rotate_location_in`'s return value and is
+    nowhere else; the chart's copy reaches nothing. Rotate again to get one to hand
+    out."""
+
+    def __init__(self, execution_id: str) -> None:
+        super().__init__(
+            f"execution {execution_id!r} has a rotated BasicHTTP location: only its hash "
+            "is kept, so the live one is the location the rotation returned; rotate "
+            "again for a new one"
+        )
+        self.execution_id = execution_id
+
+
 def mint_token() -> str:
     """A new token: 256 random bits, URL-safe base64 without padding (43 characters)."""
     return secrets.token_urlsafe(TOKEN_BYTES)
@@ -109,16 +125,17 @@ def token_shaped(token: str) -> bool:
 
 
 async def location_in(unit: Unit, execution_id: str) -> str | None:
-    """The location of ``execution_id`` as its chart holds it, while that is the live
-    one (on the configuration's current base URL), read in ``unit``.
+    """The live location of ``execution_id`` (on the configuration's current base
+    URL), read in ``unit``: the one its chart holds, unless it was rotated.
 
-    Returns ``None`` when the execution has no location, when it was rotated (the
-    router keeps only the token's hash, so the live location is the answer
-    :func:`rotate_location_in` gave, and nowhere else), and when its position is gone
+    Returns ``None`` when the execution has no location, and when its position is gone
     (pruned after it ended, or deleted; its location answers 404 then anyway).
 
     Raises:
         ConfigError: the configuration has no ``basichttp``.
+        LocationRotated: the location was rotated: the router keeps only the token's
+            hash, so the live location is the one :func:`rotate_location_in` returned,
+            and nowhere else.
     """
     settings = _settings(unit.config.basichttp)
     live = await _table(unit).token_hash(unit.tx.driver, execution_id)
@@ -132,7 +149,9 @@ async def location_in(unit: Unit, execution_id: str) -> str | None:
         return None
     token = _chart_token(state.datamodel.get("_ioprocessors"))
     if token is None or not secrets.compare_digest(token_digest(token), live):
-        return None
+        # A location row whose hash is not the chart's token was rotated: the chart's
+        # copy is the only token the router ever held in the clear.
+        raise LocationRotated(execution_id)
     return settings.location(token)
 
 

@@ -500,11 +500,13 @@ class Router:
             return await subscriptions_in(unit, execution_id)
 
     async def location(self, execution_id: str) -> str | None:
-        """The BasicHTTP location of ``execution_id`` as its chart holds it, while that
-        is the live one (see :func:`~statifier.router.locations.location_in`).
+        """The live BasicHTTP location of ``execution_id``, ``None`` when it has none
+        (see :func:`~statifier.router.locations.location_in`).
 
         Raises:
             ConfigError: the configuration has no ``basichttp``.
+            LocationRotated: it was rotated; the router keeps only the live token's
+                hash, so the live location is the one :meth:`rotate_location` returned.
         """
         async with self.transaction() as unit:
             return await location_in(unit, execution_id)
