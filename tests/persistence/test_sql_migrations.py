@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import io
 import textwrap
-from pathlib import Path
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest

@@ -104,9 +104,7 @@ async def project(path: Path, out: TextIO) -> int:
                 info = await runtime.info(PaymentHistory)
             with engine.connect() as connection:
                 rows = connection.execute(
-                    sa.select(HISTORY.c.seq, HISTORY.c.via, HISTORY.c.event).order_by(
-                        HISTORY.c.seq
-                    )
+                    sa.select(HISTORY.c.seq, HISTORY.c.via, HISTORY.c.event).order_by(HISTORY.c.seq)
                 ).all()
             out.write(
                 f"  {attempt}: {len(rows)} rows, cursors {info.stream_positions}, "

@@ -470,9 +470,7 @@ class Executions:
             final_state=state.final_state() if ended else None,
         )
         if storage.capabilities.input_log:
-            await storage.record_step(
-                record, via, entry, now, _records(record, errors, via, None)
-            )
+            await storage.record_step(record, via, entry, now, _records(record, errors, via, None))
         else:
             await storage.update_execution(record)
             await storage.record_errors(_records(record, errors, via, None))

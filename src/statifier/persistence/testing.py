@@ -16,7 +16,7 @@ store from ``make_adapter``:
 ...     async def make_adapter(self) -> MemoryAdapter:
 ...         return MemoryAdapter()
 >>> sorted(name for name in dir(TestMemoryAdapter) if name.startswith("test_"))[:2]
-['test_answers_a_fan_out_end_is_taken_once', 'test_answers_is_declared']
+['test_answers_a_fan_out_end_is_taken_once', 'test_answers_fan_out_ends_are_not_executions']
 
 The suite needs pytest and pytest-asyncio (it marks its coroutines itself, so it runs in
 strict mode) and no particular database. Every check it collects runs; nothing is

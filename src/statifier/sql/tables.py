@@ -294,7 +294,6 @@ _PACKAGE_COLUMNS = frozenset(
         "parent_id",
         "answer_blob",
         "delivered_at",
-        "ended_at",
         "at",
         "actor",
         "action",

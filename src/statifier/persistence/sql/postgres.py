@@ -905,7 +905,9 @@ class PostgresDatabase:
         return await self._run(self._fan_out_ended, parent_id, invoke_id)
 
     async def _fan_out_ended(self, cursor: Cursor, parent_id: str, invoke_id: str) -> bool:
-        await cursor.execute(self.statements.fan_out_ended, {"parent": parent_id, "invoke": invoke_id})
+        await cursor.execute(
+            self.statements.fan_out_ended, {"parent": parent_id, "invoke": invoke_id}
+        )
         return await cursor.fetchone() is not None
 
     # Saved positions.

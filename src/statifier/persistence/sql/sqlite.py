@@ -838,9 +838,7 @@ class SqliteDatabase:
     def _inputs(self, cursor: sqlite3.Cursor, execution_id: str) -> list[InputRecord]:
         rows = cursor.execute(self.statements.inputs, {"id": execution_id}).fetchall()
         return [
-            InputRecord(
-                execution_id, seq=seq, via=via, event=blob, recorded_at=_aware(recorded_at)
-            )
+            InputRecord(execution_id, seq=seq, via=via, event=blob, recorded_at=_aware(recorded_at))
             for execution_id, seq, via, blob, recorded_at in rows
         ]
 

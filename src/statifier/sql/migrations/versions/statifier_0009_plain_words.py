@@ -66,6 +66,4 @@ def _rename_fan_out_table(old: tuple[str, str], new: tuple[str, str]) -> None:
         return
     with op.batch_alter_table(name(new_table), schema=schema) as batch:
         batch.drop_constraint(name(unique.format(old_table)), type_="unique")
-        batch.create_unique_constraint(
-            name(unique.format(new_table)), ["parent_id", "invoke_id"]
-        )
+        batch.create_unique_constraint(name(unique.format(new_table)), ["parent_id", "invoke_id"])
