@@ -52,7 +52,7 @@ def _rename_fan_out_table(old: tuple[str, str], new: tuple[str, str]) -> None:
     op.rename_table(name(old_table), name(new_table), schema=schema)
     op.alter_column(name(new_table), old_column, new_column_name=new_column, schema=schema)
     unique = "{}_parent_id_invoke_id_key"
-    if op.get_bind().dialect.name == "postgresql":
+    if op.get_context().dialect.name == "postgresql":
         # Names need no quoting: TableOptions admits plain lowercase identifiers only.
         table = f"{schema}.{name(new_table)}" if schema else name(new_table)
         for constraint in (unique, "{}_pkey"):
