@@ -225,7 +225,7 @@ def _seed(url: str, tables: Tables, executions: int, ledger: int, outbox: int) -
                         )
                     )
             with cursor.copy(
-                f"COPY {name(tables.step_errors)} (execution_id, seq, door, name, taken, "
+                f"COPY {name(tables.step_errors)} (execution_id, seq, via, name, taken, "
                 "error_blob, recorded_at) FROM STDIN"
             ) as copy:
                 for execution_id, at in errors:

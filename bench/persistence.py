@@ -159,7 +159,7 @@ _SELECT = (
     "{e}.ended_at FROM {e} WHERE {e}.execution_id = {p}{lock}"
 )
 _APPEND = (
-    "INSERT INTO {i} (execution_id, seq, door, input_blob, recorded_at) "
+    "INSERT INTO {i} (execution_id, seq, via, input_blob, recorded_at) "
     "SELECT {p} AS anon_1, following.seq, {p} AS anon_2, "
     "CASE WHEN (CAST({p} AS INTEGER) IS NOT NULL AND following.seq >= CAST({p} AS INTEGER) - 1) "
     "THEN NULL ELSE {p} END AS anon_3, "

@@ -246,7 +246,7 @@ _INSERT_EXECUTION = (
     "ON CONFLICT (execution_id) DO NOTHING RETURNING id"
 )
 _APPEND = (
-    "INSERT INTO {inputs} (execution_id, seq, door, input_blob, recorded_at) "
+    "INSERT INTO {inputs} (execution_id, seq, via, input_blob, recorded_at) "
     "SELECT {p} AS anon_1, following.seq, {p} AS anon_2, "
     "CASE WHEN (CAST({p} AS INTEGER) IS NOT NULL AND following.seq >= CAST({p} AS INTEGER) - 1) "
     "THEN NULL ELSE {p} END AS anon_3, "

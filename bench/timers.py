@@ -154,7 +154,7 @@ class Raw:
             "updated_at = %(now)s WHERE execution_id = %(id)s"
         )
         self.append = (
-            f"INSERT INTO {tables.inputs} (execution_id, seq, door, input_blob, recorded_at) "
+            f"INSERT INTO {tables.inputs} (execution_id, seq, via, input_blob, recorded_at) "
             "SELECT %(id)s, coalesce(max(seq), -1) + 1, 'timer', %(blob)s, %(now)s "
             f"FROM {tables.inputs} WHERE execution_id = %(id)s"
         )
@@ -163,7 +163,7 @@ class Raw:
         self.step = (
             f"WITH stepped AS ({self.update} RETURNING 1), "
             f"logged AS (INSERT INTO {tables.inputs} "
-            "(execution_id, seq, door, input_blob, recorded_at) "
+            "(execution_id, seq, via, input_blob, recorded_at) "
             "SELECT %(id)s, following.seq, 'timer', %(blob)s, %(now)s "
             "FROM (SELECT coalesce(max(seq), -1) + 1 AS seq "
             f"FROM {tables.inputs} WHERE execution_id = %(id)s) AS following "

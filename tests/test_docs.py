@@ -66,6 +66,7 @@ GLOSSARY_WORDS = (
     "sink",
     "step",
     "timer",
+    "via",
 )
 
 

@@ -141,7 +141,7 @@ async def test_create_send_describe_on_each_backend(database: Database) -> None:
     assert description.outcome == {"knocks": 1}
     assert description.failure is None
     assert description.metadata == {"tenant": "acme"}  # the chart's own key is not shown
-    assert [(i.seq, i.door, i.event and i.event.name) for i in description.inputs] == [
+    assert [(i.seq, i.via, i.event and i.event.name) for i in description.inputs] == [
         (0, "step", "knock"),
         (1, "step", "close"),
     ]
@@ -250,7 +250,7 @@ async def test_an_unmigrated_database_says_to_run_db_upgrade(database: Database)
     assert "--prefix d_" in message
     assert message.endswith("or pass migrate=True")
     assert refused.value.revision is None
-    assert refused.value.head == "statifier_0008"
+    assert refused.value.head == "statifier_0009"
     if database.backend == "sqlite":  # checking did not leave an empty file behind
         assert not _exists(database.url.removeprefix("sqlite:///"))
     else:
@@ -372,8 +372,8 @@ async def test_data_overrides_the_datamodel_and_event_data_keeps_null_apart(
         with pytest.raises(TypeError, match="data maps variable names to values"):
             await durable.create("door", data=[1])  # type: ignore[arg-type]
     assert closed.outcome == {"knocks": 42}
-    # The start data opens the log (door "create"), so a replay starts where d1 did.
-    assert [i.door for i in inputs] == ["create", "step", "step", "step"]
+    # The start data opens the log (via "create"), so a replay starts where d1 did.
+    assert [i.via for i in inputs] == ["create", "step", "step", "step"]
     assert [i.event.data if i.event else "marker" for i in inputs] == [
         {"knocks": 40},
         None,

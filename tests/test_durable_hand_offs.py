@@ -87,7 +87,7 @@ async def test_the_newcomers_error_is_in_the_answer_and_the_description(
         assert (sent.timers, sent.notices) == ((), ())
         described = await front.describe("order-1")
         assert described.error_count == 1
-        assert [(e.name, e.door, e.seq) for e in described.errors] == [
+        assert [(e.name, e.via, e.seq) for e in described.errors] == [
             ("error.execution", "step", 0)
         ]
         assert described.as_json()["errors"][0]["element"] == "assign"

@@ -82,7 +82,7 @@ async def test_executions_move_to_the_revision_given_under_their_name(
         shipped = await new.send("o1", "ship")
         assert (shipped.delivered, shipped.status) == (True, Status.COMPLETED)
         moved = await new.describe("o0")
-        assert [entry.door for entry in moved.inputs] == ["migrate"]
+        assert [entry.via for entry in moved.inputs] == ["migrate"]
         assert (await new.send("o0", "pay")).configuration == ("charged",)
 
         # o2 is still on the old revision: a map that does not fit it is refused.

@@ -480,7 +480,7 @@ def _print_description(description: Description, as_json: bool, out: TextIO) -> 
             for error in description.errors:
                 step = "" if error.seq is None else f" input {error.seq}"
                 at = "" if error.recorded_at is None else error.recorded_at.isoformat()
-                out.write(f"  {at}  {error.door}{step}  {error.describe()}\n")
+                out.write(f"  {at}  {error.via}{step}  {error.describe()}\n")
         if label == "timers":
             ended = description.finished
             for timer in description.timers:
@@ -495,13 +495,13 @@ def _print_description(description: Description, as_json: bool, out: TextIO) -> 
                         if migration.reason is not None
                         else f"to {migration.target_hash}"
                     )
-                    out.write(f"  {entry.seq}  {entry.door}  {moved}\n")
+                    out.write(f"  {entry.seq}  {entry.via}  {moved}\n")
                     continue
                 if entry.event is None:
                     out.write(f"  {entry.seq}  (the log was closed at its cap)\n")
                     continue
                 data = "" if entry.event.data is UNDEFINED else " " + _value(entry.event.data)
-                out.write(f"  {entry.seq}  {entry.door}  {entry.event.name}{data}\n")
+                out.write(f"  {entry.seq}  {entry.via}  {entry.event.name}{data}\n")
 
 
 def _write_errors(errors: Sequence[StepError], out: TextIO) -> None:

@@ -36,7 +36,7 @@ EVENTS: Final[Mapping[str, str]] = {
     "statifier.persistence.adapter": "a storage adapter call returned",
     "statifier.persistence.lifecycle": "an execution was created, ended, parked or unparked",
     "statifier.persistence.effect_failed": "an executor raised; the call stored nothing",
-    "statifier.persistence.child": "a durable child was started, or its siblings settled",
+    "statifier.persistence.child": "a durable child was started, or its fan-out closed",
     # the event router (see the router section of docs/telemetry.md)
     "statifier.router.route": "an inbound event was routed: an outcome per enabled binding",
     "statifier.router.delivery": "one binding's delivery of one event settled",

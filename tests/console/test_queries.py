@@ -170,7 +170,7 @@ async def test_what_the_durable_api_and_the_router_write_reads_back(console_db: 
     assert detail.record.metadata == {"tenant": "t<1>"}
     assert detail.chart is not None
     assert detail.chart.source is not None
-    assert [(i.seq, i.door) for i in detail.inputs] == [(0, "step")]
+    assert [(i.seq, i.via) for i in detail.inputs] == [(0, "step")]
     stepped = detail.inputs[0].event
     assert stepped is not None
     assert (stepped.name, stepped.data) == ("pay", {"amount": 12})
@@ -521,7 +521,7 @@ async def test_the_fingerprint_moves_with_each_write(console_db: ConsoleDb) -> N
             {
                 "execution_id": "ex-0001",
                 "seq": 0,
-                "door": "step",
+                "via": "step",
                 "input_blob": None,
                 "recorded_at": T0 + timedelta(minutes=5),
             }
@@ -543,7 +543,7 @@ async def test_the_fingerprint_moves_with_each_write(console_db: ConsoleDb) -> N
             {
                 "execution_id": "ex-0001",
                 "seq": 1,
-                "door": "step",
+                "via": "step",
                 "input_blob": None,
                 "recorded_at": T0,
             }
@@ -573,7 +573,7 @@ def _errors_seed(db: ConsoleDb) -> list[dict[str, Any]]:
                 {
                     "execution_id": row["execution_id"],
                     "seq": n,
-                    "door": "step",
+                    "via": "step",
                     "name": "error.execution",
                     "taken": n % 2 == 1,
                     "error_blob": (
@@ -642,7 +642,7 @@ async def test_chart_errors_page_newest_first_across_executions(console_db: Cons
         7,
     )
     assert error.message == "'*' expects numbers, got a string"
-    assert (error.door, view.unreadable) == ("step", None)
+    assert (error.via, view.unreadable) == ("step", None)
     detail = await queries.execution(view.execution_id)
     assert detail is not None
     assert detail.record.error_count == len(detail.errors) >= 1
@@ -714,7 +714,7 @@ async def test_the_fingerprint_moves_with_an_error_and_step_rows_are_bounded(
             {
                 "execution_id": "ex-0001",
                 "seq": None,
-                "door": "step",
+                "via": "step",
                 "name": "error.execution",
                 "taken": False,
                 "error_blob": b"{}",

@@ -72,8 +72,8 @@ PARCEL = (
 AT = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-def logged(*events: Event | None, door: str = "step") -> list[LoggedInput]:
-    return [LoggedInput(seq, door, event, AT) for seq, event in enumerate(events)]
+def logged(*events: Event | None, via: str = "step") -> list[LoggedInput]:
+    return [LoggedInput(seq, via, event, AT) for seq, event in enumerate(events)]
 
 
 # Against the stored execution, on both databases.
@@ -131,7 +131,7 @@ async def test_each_step_is_where_the_stored_execution_was(database: Database) -
             refusals=refuse_unperformed,
         )
         # The create's start data opens the log and is step 0: no options needed.
-        assert [(s.index, s.door, s.event_name, s.seq) for s in steps] == [
+        assert [(s.index, s.via, s.event_name, s.seq) for s in steps] == [
             (0, "create", "statifier.start", 0),
             (1, "step", "scan", 1),
             (2, "step", "scan", 2),
@@ -187,7 +187,7 @@ async def test_each_step_is_where_the_stored_execution_was(database: Database) -
     assert all(step.not_replayed is None for step in steps)
 
 
-# Through the router: its timers step the execution (door "timer"), internal or not.
+# Through the router: its timers step the execution (via "timer"), internal or not.
 
 REMINDER = (
     f'<scxml {NS} initial="waiting">'
@@ -235,14 +235,14 @@ async def test_timers_fired_by_the_router_replay_as_they_were_stepped(
     record = await storage.fetch_execution(execution_id)
     state = storage.load(record, machine)
     inputs = await Executions(storage).inputs(execution_id)
-    assert [(i.door, i.event and i.event.type) for i in inputs] == [
+    assert [(i.via, i.event and i.event.type) for i in inputs] == [
         ("step", "external"),
         ("timer", "internal"),
         ("timer", "external"),
     ]
     # The router scheduled the sends: nothing was refused, the default policy.
     steps = replay(machine, inputs, execution_id=execution_id)
-    assert [(s.door, s.event_name, s.configuration) for s in steps] == [
+    assert [(s.via, s.event_name, s.configuration) for s in steps] == [
         ("create", None, ("waiting",)),
         ("step", "start", ("waiting",)),
         ("timer", "remind", ("waiting",)),
@@ -292,11 +292,11 @@ def test_replay_agrees_with_the_lifecycle_after_every_input(
         executions = Executions(storage)
         created = await executions.create("ex", machine)
         after = [_seen(created.state, created.execution.position)]
-        for name, door, internal in inputs:
+        for name, via, internal in inputs:
             # A timer's send to #_internal is stepped onto the internal queue.
-            internal = internal and door == "timer"
+            internal = internal and via == "timer"
             event = Event(name, type="internal" if internal else "external")
-            stepped = await executions.step("ex", machine, event, door=door, internal=internal)
+            stepped = await executions.step("ex", machine, event, via=via, internal=internal)
             if isinstance(stepped, Stepped):
                 after.append(_seen(stepped.state, stepped.execution.position))
         return after, await executions.inputs("ex")
@@ -307,13 +307,13 @@ def test_replay_agrees_with_the_lifecycle_after_every_input(
 
     def step(
         index: int,
-        door: str,
+        via: str,
         entry: LoggedInput | None,
         state: MachineState,
         made: replay_module.Made,
     ) -> ReplayStep:
         positions.append(stored_positions.dump(state._replace(trace=False)))
-        return computed(index, door, entry, state, made)
+        return computed(index, via, entry, state, made)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(replay_module, "_step", step)
@@ -430,7 +430,7 @@ def test_system_variables_never_reach_a_step() -> None:
 
 
 def test_assume_performed_refuses_nothing() -> None:
-    context = EffectContext("ex", door="step", ordinal=0, macrostep=0, microstep=0, round=0)
+    context = EffectContext("ex", via="step", ordinal=0, macrostep=0, microstep=0, round=0)
     send = fx.Send(
         macrostep=0,
         microstep=0,

@@ -166,7 +166,7 @@ async def test_a_paid_order_cancelled_its_timeout_and_an_expired_one_fired_it(sh
     assert found[steps[1].sends[0].key].describe() == "cancelled at step 2"
 
     steps, found = await shop.fates(expired)
-    assert [(s.door, s.final_state) for s in steps] == [
+    assert [(s.via, s.final_state) for s in steps] == [
         ("create", None),
         ("step", None),
         ("timer", "expired"),

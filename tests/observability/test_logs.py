@@ -79,16 +79,16 @@ async def test_a_routed_event_logs_its_route_deliveries_and_steps_with_their_ids
     assert execution_id
     assert delivered.execution_id == execution_id  # type: ignore[attr-defined]
     steps = handler.of("statifier.persistence.step")
-    assert [fields(r, "execution_id", "door", "status") for r in steps] == [
-        {"execution_id": execution_id, "door": "create", "status": "active"},
-        {"execution_id": execution_id, "door": "step", "status": "active"},
-        {"execution_id": execution_id, "door": "step", "status": "completed"},
+    assert [fields(r, "execution_id", "via", "status") for r in steps] == [
+        {"execution_id": execution_id, "via": "create", "status": "active"},
+        {"execution_id": execution_id, "via": "step", "status": "active"},
+        {"execution_id": execution_id, "via": "step", "status": "completed"},
     ]
     assert (
         steps[0]
         .getMessage()
         .startswith(
-            f"statifier.persistence.step execution_id={execution_id} door=create status=active"
+            f"statifier.persistence.step execution_id={execution_id} via=create status=active"
             " duration="
         )
     )
@@ -151,7 +151,7 @@ def test_secret_named_keys_never_reach_a_record_or_its_json(kept: Logged) -> Non
             {},
             {
                 "execution_id": "ex_1",
-                "door": "step",
+                "via": "step",
                 "error": "ConnectError('https://svc:pw@api.test/v1?api_key=zzz')",
                 "session_token": "t0k",
                 "x_secret": "s",

@@ -71,8 +71,8 @@ async def test_a_durable_execution_reports_its_steps_as_spans_and_metrics(
 
     steps = otel.spans("statifier.persistence.step")
     assert [dict(span.attributes or {}) for span in steps] == [
-        {"execution_id": "door_1", "door": "create", "status": "active"},
-        {"execution_id": "door_1", "door": "step", "status": "completed"},
+        {"execution_id": "door_1", "via": "create", "status": "active"},
+        {"execution_id": "door_1", "via": "step", "status": "completed"},
     ]
     # The span is the call the event timed: it ends when reported, ``duration`` long.
     assert [seconds(span) for span in steps] == pytest.approx(reported, abs=1e-6)
@@ -90,12 +90,12 @@ async def test_a_durable_execution_reports_its_steps_as_spans_and_metrics(
     assert operations  # every adapter call is a span of its own
     assert all(span.status.status_code is StatusCode.UNSET for span in otel.spans())
 
-    assert otel.total("statifier.persistence.step", door="create") == 1
-    assert otel.total("statifier.persistence.step", door="step", status="completed") == 1
+    assert otel.total("statifier.persistence.step", via="create") == 1
+    assert otel.total("statifier.persistence.step", via="step", status="completed") == 1
     count, total = otel.recorded("statifier.persistence.step.duration")
     assert count == 2
     assert total == pytest.approx(sum(reported))
-    assert otel.recorded("statifier.persistence.step.duration", door="create")[0] == 1
+    assert otel.recorded("statifier.persistence.step.duration", via="create")[0] == 1
     assert otel.metrics()["statifier.persistence.step.duration"].unit == "s"
     assert otel.total("statifier.persistence.lifecycle", transition="completed") == 1
     # Ids are attributes of spans, never dimensions of metrics.

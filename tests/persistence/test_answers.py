@@ -1,5 +1,5 @@
 """Durable children's answers: written when the child ends, delivered once, re-driven
-after a crash; fan-out settlement in its own table; retirement pins on linked children
+after a crash; a fan-out closed in its own table; retirement pins on linked children
 and refuses a create it races with (every backend; the race on two real connections)."""
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ async def answers_logged(driver: Driver, execution_id: str = "p") -> list[str]:
     return [
         entry.event.name
         for entry in await driver.executions.inputs(execution_id)
-        if entry.door == "answer" and entry.event is not None
+        if entry.via == "answer" and entry.event is not None
     ]
 
 
@@ -160,14 +160,14 @@ async def fan_out(driver: Driver, count: int) -> fx.Invoke:
 
 
 @pytest.mark.asyncio
-async def test_a_fan_out_settles_in_its_own_table_not_as_an_execution(adapter: Adapter) -> None:
+async def test_a_fan_out_closes_in_its_own_table_not_as_an_execution(adapter: Adapter) -> None:
     driver = Driver(Storage(adapter))
     await fan_out(driver, 3)
     for index in range(3):
         await driver.send_event(f"p/each/{index}", Event("ok"))
     parent = await driver.storage.fetch_execution("p")
     assert parent.status is Status.COMPLETED
-    assert await driver.storage.settled("p", "each")
+    assert await driver.storage.fan_out_ended("p", "each")
     assert await driver.executions.executions_on(parent.content_hash) == {"executions_completed": 1}
     listed = sorted(record.id for record in await driver.storage.list_executions())
     assert listed == ["p", "p/each/0", "p/each/1", "p/each/2"]
@@ -175,10 +175,10 @@ async def test_a_fan_out_settles_in_its_own_table_not_as_an_execution(adapter: A
 
 
 @pytest.mark.asyncio
-async def test_fan_out_answers_left_owed_settle_once_when_redriven(adapter: Adapter) -> None:
+async def test_fan_out_answers_left_owed_close_once_when_redriven(adapter: Adapter) -> None:
     driver = Driver(Storage(adapter))
     await fan_out(driver, 3)
-    for index in range(3):  # every child ends; every process dies before settling
+    for index in range(3):  # every child ends; every process dies before closing it
         await driver.executions.step(f"p/each/{index}", None, Event("ok"))
     assert len(await driver.storage.undelivered_answers(10)) == 3
     assert (await driver.storage.fetch_execution("p")).status is Status.ACTIVE

@@ -1,7 +1,7 @@
 """Children's answers cannot be lost: a parent with five fan-out children and one
 single durable child, driven by processes SIGKILLed at random adapter calls (inside a
-transaction, between two, just after a commit), always ends settled exactly once, on
-both databases, with no settlement row among the executions."""
+transaction, between two, just after a commit), always closes its fan-out exactly once, on
+both databases, with no fan-out end row among the executions."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def _run(store: SqlStore, parent: str, kill_at: int) -> subprocess.CompletedProc
     return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
 
 
-async def _settled_once(store: SqlStore, parent: str) -> None:
+async def _closed_once(store: SqlStore, parent: str) -> None:
     async with SqlAdapter(store.url, store.tables) as adapter:
         driver = Driver(Storage(adapter))
         record = await driver.storage.fetch_execution(parent)
@@ -45,11 +45,11 @@ async def _settled_once(store: SqlStore, parent: str) -> None:
         answers = [
             entry.event.name
             for entry in await driver.executions.inputs(parent)
-            if entry.door == "answer" and entry.event is not None
+            if entry.via == "answer" and entry.event is not None
         ]
         assert sorted(answers) == ["done.invoke.each", "done.invoke.solo"], answers
-        assert await adapter.settled(parent, "each")
-        assert not await adapter.take_settlement(parent, "each", datetime.now(UTC))
+        assert await adapter.fan_out_ended(parent, "each")
+        assert not await adapter.take_fan_out_end(parent, "each", datetime.now(UTC))
         owed = [a for a in await adapter.undelivered_answers(100) if a.parent_id == parent]
         assert owed == []
         for child in [f"{parent}/solo", *(f"{parent}/each/{i}" for i in range(5))]:
@@ -70,7 +70,7 @@ def _execution_ids(store: SqlStore) -> list[str]:
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
-def test_killed_drivers_settle_the_parent_exactly_once(
+def test_killed_drivers_close_the_fan_out_exactly_once(
     backend: str, request: pytest.FixtureRequest
 ) -> None:
     store: SqlStore = request.getfixturevalue(f"{backend}_store")
@@ -91,8 +91,8 @@ def test_killed_drivers_settle_the_parent_exactly_once(
             break
         else:
             pytest.fail(f"{parent} never completed")
-        asyncio.run(_settled_once(store, parent))
-    # Nothing but the parents and their children is an execution: no settlement marker.
+        asyncio.run(_closed_once(store, parent))
+    # Nothing but the parents and their children is an execution: no fan-out end marker.
     expected = sorted(
         child
         for parent in parents

@@ -74,8 +74,8 @@ async def test_an_invocation_is_dispatched_inside_the_step_and_answered_durably(
     assert event["name"] == "done.invoke.pay"
     assert event["invokeid"] == "pay"
     assert event["data"] == {"auth": "A1"}
-    doors = [(entry.door, entry.event) for entry in await driver.executions.inputs("txn")]
-    assert doors == [("answer", Event("done.invoke.pay", data={"auth": "A1"}, invokeid="pay"))]
+    vias = [(entry.via, entry.event) for entry in await driver.executions.inputs("txn")]
+    assert vias == [("answer", Event("done.invoke.pay", data={"auth": "A1"}, invokeid="pay"))]
 
 
 @pytest.mark.asyncio
@@ -223,7 +223,7 @@ async def results(driver: Driver) -> Value:
 
 
 @pytest.mark.asyncio
-async def test_a_fan_out_settles_once_with_the_dense_ordered_list(adapter: Adapter) -> None:
+async def test_a_fan_out_closes_once_with_the_dense_ordered_list(adapter: Adapter) -> None:
     driver, invoke = await fan_out(adapter, 3)
     again = await driver.start_child_at("p", invoke, 1, 3, data={"item": "other"})
     assert again.id == "p/each/1"  # adopted, not made twice
@@ -247,7 +247,7 @@ async def test_a_fan_out_settles_once_with_the_dense_ordered_list(adapter: Adapt
 async def test_siblings_ending_together_answer_the_parent_once(adapter: Adapter) -> None:
     driver, _ = await fan_out(adapter, 4)
     await asyncio.gather(*(driver.send_event(f"p/each/{i}", Event("ok")) for i in range(4)))
-    answers = [e for e in await driver.executions.inputs("p") if e.door == "answer"]
+    answers = [e for e in await driver.executions.inputs("p") if e.via == "answer"]
     assert len(answers) == 1
     assert isinstance(await results(driver), list)
 

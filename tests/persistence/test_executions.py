@@ -37,7 +37,7 @@ from statifier.persistence.errors import (
     SerializationUnsupported,
     Unstorable,
 )
-from statifier.persistence.executions import CREATE_DOOR, PARENT_KEY, START_EVENT, logged_start
+from statifier.persistence.executions import CREATE_VIA, PARENT_KEY, START_EVENT, logged_start
 from statifier.persistence.serialization import Unserialized
 
 SCXML = 'xmlns="http://www.w3.org/2005/07/scxml"'
@@ -277,10 +277,10 @@ async def test_the_input_log_replays_to_the_same_position(make: Make, counter: M
     executions = make()
     await executions.create("c", counter)
     for n in range(5):
-        await executions.step("c", counter, Event("n", data=n), door="webhook" if n % 2 else "step")
+        await executions.step("c", counter, Event("n", data=n), via="webhook" if n % 2 else "step")
     entries = await executions.inputs("c")
     assert [entry.seq for entry in entries] == [0, 1, 2, 3, 4]
-    assert [entry.door for entry in entries] == ["step", "webhook", "step", "webhook", "step"]
+    assert [entry.via for entry in entries] == ["step", "webhook", "step", "webhook", "step"]
     state, _ = initialize(counter, StartOptions(session_id="c"))
     for entry in entries:
         assert entry.event is not None
@@ -321,7 +321,7 @@ async def test_start_data_opens_the_log_and_a_replay_from_it_reaches_the_stored_
         await executions.step("seeded", counter, Event("n", data=n))
     assert await executions.inputs("plain") == []
     entries = await executions.inputs("seeded")
-    assert [(entry.seq, entry.door) for entry in entries] == [
+    assert [(entry.seq, entry.via) for entry in entries] == [
         (0, "create"),
         (1, "step"),
         (2, "step"),
@@ -336,7 +336,7 @@ async def test_start_data_opens_the_log_and_a_replay_from_it_reaches_the_stored_
     assert dump(state) == record.position
     assert state.datamodel["seen"] == [7, 1, 2]
     with pytest.raises(ValueError, match="lifecycle's own"):
-        await executions.step("seeded", counter, Event("n", data=3), door=CREATE_DOOR)
+        await executions.step("seeded", counter, Event("n", data=3), via=CREATE_VIA)
 
 
 @pytest.mark.asyncio

@@ -64,7 +64,7 @@ class _BareAdapter(MemoryAdapter):
         raise _UndeclaredError("statuses_by_metadata")
 
     async def append_input(
-        self, execution_id: str, door: str, event: bytes, recorded_at: datetime, cap: int | None
+        self, execution_id: str, via: str, event: bytes, recorded_at: datetime, cap: int | None
     ) -> int | None:
         raise _UndeclaredError("append_input")
 
@@ -74,7 +74,7 @@ class _BareAdapter(MemoryAdapter):
     async def record_step(
         self,
         record: ExecutionRecord,
-        door: str,
+        via: str,
         event: bytes,
         recorded_at: datetime,
         cap: int | None,
@@ -100,11 +100,11 @@ class _BareAdapter(MemoryAdapter):
     async def mark_delivered(self, child_ids: Sequence[str], delivered_at: datetime) -> None:
         raise _UndeclaredError("mark_delivered")
 
-    async def take_settlement(self, parent_id: str, invoke_id: str, settled_at: datetime) -> bool:
-        raise _UndeclaredError("take_settlement")
+    async def take_fan_out_end(self, parent_id: str, invoke_id: str, ended_at: datetime) -> bool:
+        raise _UndeclaredError("take_fan_out_end")
 
-    async def settled(self, parent_id: str, invoke_id: str) -> bool:
-        raise _UndeclaredError("settled")
+    async def fan_out_ended(self, parent_id: str, invoke_id: str) -> bool:
+        raise _UndeclaredError("fan_out_ended")
 
     @asynccontextmanager
     async def exclusive(self, execution_id: str, wait: float | None) -> AsyncIterator[None]:

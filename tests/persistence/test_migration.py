@@ -119,7 +119,7 @@ async def test_one_execution_moves_and_steps_on_the_new_chart(adapter: Adapter) 
     assert done.execution.status is Status.COMPLETED
 
     log = await executions.inputs("order-1")
-    assert [(entry.door, entry.event and entry.event.name) for entry in log] == [
+    assert [(entry.via, entry.event and entry.event.name) for entry in log] == [
         ("step", "pay"),
         ("migrate", None),
         ("step", "ship"),
@@ -142,7 +142,7 @@ async def test_an_unmappable_execution_is_parked_with_the_reason(adapter: Adapte
     assert record.failure == HELD
     assert record.content_hash == V1.identity.content_hash  # left on its chart
     (*_, entry) = await executions.inputs("order-2")
-    assert entry.door == "migrate"
+    assert entry.via == "migrate"
     assert entry.migration is not None
     assert entry.migration.reason == HELD
     # Parked, it takes no event; nothing is logged for the discarded one.
@@ -201,7 +201,7 @@ async def test_what_a_migration_leaves_alone(adapter: Adapter) -> None:
     assert isinstance(await executions.migrate("twice", PLAN), Migrated)
     again = await executions.migrate("twice", PLAN)  # already on the new chart
     assert isinstance(again, Discarded)
-    assert [entry.door for entry in await executions.inputs("twice")] == ["migrate"]
+    assert [entry.via for entry in await executions.inputs("twice")] == ["migrate"]
     with pytest.raises(ExecutionNotFound):
         await executions.migrate("nobody", PLAN)
     other = compile_chart(f'<scxml {NS}><state id="x"/></scxml>')
@@ -213,7 +213,7 @@ async def test_what_a_migration_leaves_alone(adapter: Adapter) -> None:
     with pytest.raises(ValueError, match="batch"):
         await executions.migrate_all(PLAN.source_hash, PLAN, batch=0)
     with pytest.raises(ValueError, match="lifecycle's own"):
-        await executions.step("elsewhere", None, Event("x"), door="migrate")
+        await executions.step("elsewhere", None, Event("x"), via="migrate")
 
 
 MANY = 1_000
@@ -246,7 +246,7 @@ async def test_a_thousand_executions_move_across_renames_and_removals(adapter: A
         record = await storage.fetch_execution(execution_id)
         events, leaf = GROUPS[i % 4]
         log = await executions.inputs(execution_id)
-        assert [entry.door for entry in log] == ["step"] * len(events) + ["migrate"]
+        assert [entry.via for entry in log] == ["step"] * len(events) + ["migrate"]
         migration = log[-1].migration
         assert migration is not None
         assert (migration.source_hash, migration.target_hash) == (
@@ -307,11 +307,11 @@ async def test_a_migration_racing_steps_loses_neither(adapter: Adapter) -> None:
             state = executions.storage.load(record, V2)
             assert state.leaf_configuration() == ("charged",)
             assert state.datamodel["n"] == 1
-            doors = [entry.door for entry in await executions.inputs(execution_id)]
-            assert sorted(doors) == ["migrate", "step"]
+            vias = [entry.via for entry in await executions.inputs(execution_id)]
+            assert sorted(vias) == ["migrate", "step"]
             # The step that ran first stepped the old chart; after, the new one.
             on = stepped.execution.content_hash
-            assert on == (V1 if doors[0] == "step" else V2).identity.content_hash
+            assert on == (V1 if vias[0] == "step" else V2).identity.content_hash
 
 
 COUNTER_V1 = compile_chart(
@@ -356,9 +356,9 @@ async def test_a_migration_lands_between_concurrent_steps(adapter: Adapter) -> N
         *_, moved = await asyncio.gather(*(task(i) for i in range(4)), migrator(other))
     assert isinstance(moved, Migrated)
     log = await executions.inputs("counter")
-    doors = [entry.door for entry in log]
-    assert doors.count("migrate") == 1
-    at_ = doors.index("migrate")
+    vias = [entry.via for entry in log]
+    assert vias.count("migrate") == 1
+    at_ = vias.index("migrate")
     assert 10 <= at_ < len(log) - 1  # after ten steps, before the last
     logged = [_number(entry.event.data) for entry in log if entry.event is not None]
     assert sorted(logged) == sorted(i * 100 + k for i in range(4) for k in range(15))

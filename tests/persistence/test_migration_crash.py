@@ -86,7 +86,7 @@ def test_a_migration_killed_at_random_moves_each_execution_exactly_once(
                 state = executions.storage.load(record, NEW)
                 assert state.leaf_configuration() == (("charged",) if i % 2 else ("placed",))
                 assert state.datamodel["n"] == i % 2
-                doors = [entry.door for entry in await executions.inputs(execution_id)]
-                assert doors == ["step"] * (i % 2) + ["migrate"]  # moved once, logged once
+                vias = [entry.via for entry in await executions.inputs(execution_id)]
+                assert vias == ["step"] * (i % 2) + ["migrate"]  # moved once, logged once
 
     asyncio.run(check())

@@ -76,7 +76,7 @@ def _step(dialect: Dialect, execution_id: str, ended: bool) -> dict[str, Any]:
 def _append(dialect: Dialect, execution_id: str, blob: bytes, cap: int | None) -> dict[str, Any]:
     return {
         "execution_id": execution_id,
-        "door": "go",
+        "via": "go",
         "cap": cap,
         "input_blob": blob,
         "recorded_at": dialect.time(START),
@@ -148,7 +148,7 @@ async def test_the_execution_statements_read_alike_on_both_databases(
             error = {
                 "execution_id": "e1",
                 "seq": seq,
-                "door": "go",
+                "via": "go",
                 "name": "Boom",
                 "taken": seq == 2,
                 "error_blob": b"e",
@@ -185,11 +185,11 @@ async def test_the_execution_statements_read_alike_on_both_databases(
         assert await run(d, s.mark_delivered, delivered) == 0  # already delivered
         assert await rows(d, s.undelivered, {"limit": 10}) == []
 
-        settlement = {"parent": "e2", "invoke": "i", "at": dialect.time(START)}
-        assert await row(d, s.take_settlement, s.keyed(dict(settlement))) is not None
-        assert await row(d, s.take_settlement, s.keyed(dict(settlement))) is None
-        assert await row(d, s.settled, {"parent": "e2", "invoke": "i"}) is not None
-        assert await row(d, s.settled, {"parent": "e2", "invoke": "j"}) is None
+        ending = {"parent": "e2", "invoke": "i", "at": dialect.time(START)}
+        assert await row(d, s.take_fan_out_end, s.keyed(dict(ending))) is not None
+        assert await row(d, s.take_fan_out_end, s.keyed(dict(ending))) is None
+        assert await row(d, s.fan_out_ended, {"parent": "e2", "invoke": "i"}) is not None
+        assert await row(d, s.fan_out_ended, {"parent": "e2", "invoke": "j"}) is None
 
         for blob in (b"s1", b"s2"):  # the second replaces the first
             position = {

@@ -3,8 +3,10 @@ SQLite, and run from Python, from a host's own Alembic environment and from the 
 
 from __future__ import annotations
 
+import asyncio
 import io
 import textwrap
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +18,12 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 
 from statifier.cli import main
+from statifier.persistence.records import InputRecord
+from statifier.persistence.sql import SqlAdapter
 from statifier.sql import TableOptions, migrations
-from statifier.sql.tables import autogenerate_filter
+from statifier.sql.tables import UtcDateTime, autogenerate_filter
 
-HEAD = "statifier_0008"
+HEAD = "statifier_0009"
 """The newest revision."""
 
 DURABLE_TABLES = ("mig_charts", "mig_positions", "mig_executions", "mig_inputs")
@@ -40,8 +44,9 @@ FRONTS_TABLES = (
 )
 """What ``statifier_0004`` adds."""
 
-CHILDREN_TABLES = ("mig_child_answers", "mig_settlements")
-"""What ``statifier_0005`` adds."""
+CHILDREN_TABLES = ("mig_child_answers", "mig_fan_out_ends")
+"""What ``statifier_0005`` adds (the second named ``mig_settlements`` until
+``statifier_0009``)."""
 CONSOLE_TABLES = ("mig_console_audit",)
 """What ``statifier_0006`` adds (with the indexes of the console's pages)."""
 ERRORS_TABLES = ("mig_step_errors",)
@@ -415,9 +420,8 @@ def test_the_step_errors_revision_counts_from_zero_and_goes_back(fresh_database:
                 )
             )
         before = _index_names(fresh_database.url, options)
-        migrations.upgrade(fresh_database.url, options)
-        assert migrations.current(fresh_database.url, options) == HEAD
-        assert _differences(fresh_database.url, options) == []
+        migrations.upgrade(fresh_database.url, options, "statifier_0008")
+        assert migrations.current(fresh_database.url, options) == "statifier_0008"
         assert _index_names(fresh_database.url, options) - before == {
             "mig_executions_last_error_at_idx",
             "mig_step_errors_execution_id_idx",
@@ -437,5 +441,113 @@ def test_the_step_errors_revision_counts_from_zero_and_goes_back(fresh_database:
             columns = sa.inspect(connection).get_columns("mig_executions", schema=options.schema)
         added = {"error_count", "last_error_at", "final_state"}
         assert not added & {column["name"] for column in columns}
+    finally:
+        engine.dispose()
+
+
+_AT = datetime(2026, 5, 4, 9, 30, tzinfo=UTC)
+
+
+def _old_words(options: TableOptions) -> tuple[sa.Table, sa.Table, sa.Table]:
+    """The input log, the step errors and the fan-outs' table as ``statifier_0008``
+    left them: the ``door`` columns and the ``settlements`` table."""
+    metadata = sa.MetaData(schema=options.schema)
+    inputs = sa.Table(
+        options.name("inputs"),
+        metadata,
+        sa.Column("execution_id", sa.Text()),
+        sa.Column("seq", sa.Integer()),
+        sa.Column("door", sa.Text()),
+        sa.Column("input_blob", sa.LargeBinary()),
+        sa.Column("recorded_at", UtcDateTime()),
+    )
+    errors = sa.Table(
+        options.name("step_errors"),
+        metadata,
+        sa.Column("execution_id", sa.Text()),
+        sa.Column("seq", sa.Integer()),
+        sa.Column("door", sa.Text()),
+        sa.Column("name", sa.Text()),
+        sa.Column("taken", sa.Boolean()),
+        sa.Column("error_blob", sa.LargeBinary()),
+        sa.Column("recorded_at", UtcDateTime()),
+    )
+    settlements = sa.Table(
+        options.name("settlements"),
+        metadata,
+        sa.Column("parent_id", sa.Text()),
+        sa.Column("invoke_id", sa.Text()),
+        sa.Column("settled_at", UtcDateTime()),
+    )
+    return inputs, errors, settlements
+
+
+async def _read_through_the_library(url: str, options: TableOptions) -> tuple[Any, ...]:
+    async with SqlAdapter(url, options) as adapter:
+        return (
+            await adapter.inputs("ex_1"),
+            [(e.via, e.seq, e.name, e.error) for e in await adapter.errors("ex_1", 10)],
+            await adapter.fan_out_ended("p", "each"),
+            await adapter.fan_out_ended("p", "other"),
+            await adapter.take_fan_out_end("p", "each", _AT),
+        )
+
+
+def test_the_plain_words_revision_renames_in_place_and_goes_back(fresh_database: Any) -> None:
+    # statifier_0009 renames the door columns via and the settlements table fan_out_ends
+    # (its time column and its unique constraint too), keeping the rows, which the
+    # library then reads under the new names; going back restores the old names.
+    options = _options(fresh_database)
+    migrations.upgrade(fresh_database.url, options, "statifier_0008")
+    inputs, errors, settlements = _old_words(options)
+    logged = (("create", b"[0]"), ("timer", b"[1]"))
+    engine = sa.create_engine(migrations.sync_url(fresh_database.url))
+    try:
+        with engine.begin() as connection:
+            connection.execute(
+                inputs.insert(),
+                [
+                    {"execution_id": "ex_1", "seq": seq, "door": door, "input_blob": blob}
+                    | {"recorded_at": _AT}
+                    for seq, (door, blob) in enumerate(logged)
+                ],
+            )
+            connection.execute(
+                errors.insert(),
+                {"execution_id": "ex_1", "seq": 1, "door": "timer", "name": "error.execution"}
+                | {"taken": False, "error_blob": b"{}", "recorded_at": _AT},
+            )
+            connection.execute(
+                settlements.insert(), {"parent_id": "p", "invoke_id": "each", "settled_at": _AT}
+            )
+        migrations.upgrade(fresh_database.url, options)
+        assert migrations.current(fresh_database.url, options) == HEAD
+        assert _differences(fresh_database.url, options) == []
+        read, stored_errors, each, other, taken = asyncio.run(
+            _read_through_the_library(fresh_database.url, options)
+        )
+        assert read == [
+            InputRecord("ex_1", seq=seq, via=via, event=blob, recorded_at=_AT)
+            for seq, (via, blob) in enumerate(logged)
+        ]
+        assert stored_errors == [("timer", 1, "error.execution", b"{}")]
+        # The fan-out closed before the migration stays closed, taken once only.
+        assert (each, other, taken) == (True, False, False)
+        migrations.downgrade(fresh_database.url, options, "statifier_0008")
+        assert migrations.current(fresh_database.url, options) == "statifier_0008"
+        assert "mig_settlements" in _table_names(fresh_database.url, fresh_database.schema)
+        with engine.connect() as connection:
+            assert list(connection.execute(sa.select(inputs.c.seq, inputs.c.door))) == [
+                (0, "create"),
+                (1, "timer"),
+            ]
+            assert list(connection.execute(sa.select(errors.c.door))) == [("timer",)]
+            assert list(
+                connection.execute(sa.select(settlements.c.parent_id, settlements.c.settled_at))
+            ) == [("p", _AT)]
+            uniques = sa.inspect(connection).get_unique_constraints(
+                "mig_settlements", schema=options.schema
+            )
+        assert [u["name"] for u in uniques] == ["mig_settlements_parent_id_invoke_id_key"]
     finally:
         engine.dispose()

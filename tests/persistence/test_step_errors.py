@@ -27,7 +27,7 @@ from statifier.persistence import (
 )
 from statifier.persistence import executions as executions_module
 from statifier.persistence.adapter import Adapter
-from statifier.persistence.executions import CREATE_DOOR
+from statifier.persistence.executions import CREATE_VIA
 from statifier.persistence.fernet import FernetCodec
 from statifier.persistence.step_errors import (
     MAX_STEP_ERRORS,
@@ -153,9 +153,9 @@ async def test_an_error_is_answered_counted_and_stored_with_its_step(
     assert record.error_count == 1
     assert record.last_error_at == record.updated_at
     # Stored with the step: under the input-log entry of the event that raised it.
-    (logged,) = [entry for entry in await executions.inputs("order-1") if entry.door == "step"]
+    (logged,) = [entry for entry in await executions.inputs("order-1") if entry.via == "step"]
     (stored,) = await executions.storage.errors("order-1")
-    assert (stored.seq, stored.door, stored.name, stored.taken) == (
+    assert (stored.seq, stored.via, stored.name, stored.taken) == (
         logged.seq,
         "step",
         "error.execution",
@@ -169,7 +169,7 @@ async def test_an_error_is_answered_counted_and_stored_with_its_step(
         line=5,
         column=7,
         reason=error.reason,
-        door="step",
+        via="step",
         seq=logged.seq,
         recorded_at=stored.recorded_at,
     )
@@ -279,14 +279,14 @@ async def test_errors_of_a_create_are_recorded_and_may_fail_it(adapter: Adapter)
     assert created.execution.error_count == 1
     (stored,) = await executions.storage.errors("start-1")
     # No start data: the create logs no input, so its error stands under no entry.
-    assert (stored.door, stored.seq) == (CREATE_DOOR, None)
+    assert (stored.via, stored.seq) == (CREATE_VIA, None)
     with_data = await executions.create(
         "start-2", chart, options=StartOptions(datamodel={"other": 1}), on_error="fail"
     )
     assert with_data.execution.status is Status.FAILED
     (stored,) = await executions.storage.errors("start-2")
     (logged,) = await executions.inputs("start-2")
-    assert (stored.door, stored.seq) == (CREATE_DOOR, logged.seq)
+    assert (stored.via, stored.seq) == (CREATE_VIA, logged.seq)
 
 
 @pytest.mark.asyncio
@@ -321,7 +321,7 @@ async def test_a_cancel_records_what_its_onexit_raised(adapter: Adapter) -> None
     ]
     assert cancelled.execution.error_count == 1
     (stored,) = await executions.storage.errors("c-1")
-    assert stored.door == "cancel"
+    assert stored.via == "cancel"
 
 
 @pytest.mark.asyncio
@@ -382,14 +382,14 @@ def test_a_step_error_reads_back_what_it_stored() -> None:
     error = StepError(
         "error.communication", taken=True, message="no route 'x'", sendid="s1", reason="r"
     )
-    record = error_record("ex_1", error, door="timer", seq=3, recorded_at=at)
+    record = error_record("ex_1", error, via="timer", seq=3, recorded_at=at)
     assert decode_error(record) == StepError(
         "error.communication",
         taken=True,
         message="no route 'x'",
         sendid="s1",
         reason="r",
-        door="timer",
+        via="timer",
         seq=3,
         recorded_at=at,
     )

@@ -469,13 +469,13 @@ def test_the_recording_route_records_the_name_and_tagged_data() -> None:
 
 
 def input_log(url: str, execution_id: str) -> list[tuple[str, str, datetime]]:
-    """``(door, event name, recorded_at)`` of every input of an execution."""
+    """``(via, event name, recorded_at)`` of every input of an execution."""
 
     async def read() -> list[tuple[str, str, datetime]]:
         async with SqlAdapter(url) as adapter:
             inputs = await Storage(adapter).inputs(execution_id)
         return [
-            (i.door, load_event(i.event).name, i.recorded_at) for i in inputs if i.event is not None
+            (i.via, load_event(i.event).name, i.recorded_at) for i in inputs if i.event is not None
         ]
 
     return asyncio.run(read())
@@ -490,7 +490,7 @@ def test_advance_moves_the_clock_to_each_fire(
     case = CORPUS / "reminders_rearmed_from_each_fire.json"
     assert scenario(capsys, case, "--database", url)[0] == 0
     start = datetime(2026, 1, 1, tzinfo=UTC)
-    assert [(door, name, at - start) for door, name, at in input_log(url, "ex_1")] == [
+    assert [(via, name, at - start) for via, name, at in input_log(url, "ex_1")] == [
         ("step", "order.placed", timedelta(0)),
         ("timer", "payment.reminder", timedelta(hours=10)),
         ("timer", "payment.reminder", timedelta(hours=20)),

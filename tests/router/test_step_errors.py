@@ -89,7 +89,7 @@ async def test_a_routed_error_is_recorded_and_the_execution_keeps_running(
     assert record.status is Status.ACTIVE
     assert record.error_count == 1
     (stored,) = await router.storage.errors(outcome.execution_id)
-    assert (stored.name, stored.door, stored.taken) == ("error.execution", "step", False)
+    assert (stored.name, stored.via, stored.taken) == ("error.execution", "step", False)
 
 
 @pytest.mark.asyncio

@@ -361,7 +361,7 @@ async def test_a_redriven_step_subscribes_once(router_db: RouterDb) -> None:
         state_index=2,
         invoke_index=0,
     )
-    context = EffectContext(execution_id, door="step", ordinal=0, macrostep=1, microstep=1, round=0)
+    context = EffectContext(execution_id, via="step", ordinal=0, macrostep=1, microstep=1, round=0)
     router_db.clock.advance(timedelta(minutes=5))
     for _ in range(2):
         async with router.transaction() as unit:

@@ -193,9 +193,9 @@ async def status(router: Router, execution_id: str) -> Status:
 
 
 async def logged(router: Router, execution_id: str) -> list[tuple[str, str, Any]]:
-    """The execution's input log as ``(door, event name, event data)``."""
+    """The execution's input log as ``(via, event name, event data)``."""
     entries = await Executions(router.storage).inputs(execution_id)
-    return [(e.door, e.event.name, e.event.data) for e in entries if e.event is not None]
+    return [(e.via, e.event.name, e.event.data) for e in entries if e.event is not None]
 
 
 @pytest.fixture
@@ -255,7 +255,7 @@ async def test_an_internal_timer_steps_on_the_internal_queue(router_db: RouterDb
     await schedule(router, [entry("ex_1", 1, now, event=inner, kind=TimerKind.INTERNAL)])
     assert await TimerWorker(router).fire_due(now) == 1
     assert await status(router, "ex_1") is Status.COMPLETED
-    assert [(door, name) for door, name, _ in await logged(router, "ex_1")] == [("timer", "inner")]
+    assert [(via, name) for via, name, _ in await logged(router, "ex_1")] == [("timer", "inner")]
 
 
 @pytest.mark.asyncio
@@ -429,9 +429,9 @@ async def test_a_refusing_route_is_asked_again_then_given_up_and_the_chart_hears
     assert (row.binding_id, row.outcome, row.key) == ("route", "send_refused", "rec")
     assert row.reason == ("route_failed: route 'rec': the sink is full (gave up after 3 attempts)")
     log = await logged(router, "ex_1")
-    assert [(door, name) for door, name, _ in log] == [("timer", "error.communication")]
+    assert [(via, name) for via, name, _ in log] == [("timer", "error.communication")]
     (error,) = await router.storage.errors("ex_1")
-    assert (error.name, error.door) == ("error.communication", "timer")
+    assert (error.name, error.via) == ("error.communication", "timer")
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("attempt 1 of 3" in line for line in warnings)
     assert any("was given up" in line for line in warnings)
@@ -765,7 +765,7 @@ async def _assert_each_fired_once_in_order(router: Router, expected: dict[str, l
     for execution_id, ks in expected.items():
         log = await logged(router, execution_id)
         assert [data["k"] for _, _, data in log] == ks, execution_id
-        assert {door for door, _, _ in log} == {"timer"}
+        assert {via for via, _, _ in log} == {"timer"}
         record = await router.adapter.fetch_execution(execution_id)
         assert record is not None
         assert router.storage.load(record, chart(COUNT)).datamodel["n"] == len(ks)

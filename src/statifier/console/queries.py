@@ -227,7 +227,7 @@ class ErrorView:
     Attributes:
         execution_id: the execution whose step raised it.
         id: the row's key.
-        error: what it said, with the step it belongs to (``door``, ``seq``,
+        error: what it said, with the step it belongs to (``via``, ``seq``,
             ``recorded_at``).
         unreadable: why what it said could not be decoded (its detail is then empty),
             ``None`` when it could.
@@ -1218,7 +1218,7 @@ def _error(row: sa.Row[Any], codec: BlobCodec) -> ErrorView:
     record = ErrorRecord(
         row.execution_id,
         seq=row.seq,
-        door=row.door,
+        via=row.via,
         name=row.name,
         taken=bool(row.taken),
         error=detail,
@@ -1278,4 +1278,4 @@ def _consumer_letter(row: sa.Row[Any], codec: BlobCodec) -> ConsumerDeadLetter:
 
 def _input(row: sa.Row[Any], codec: BlobCodec) -> LoggedInput:
     what = f"input {row.seq} of execution {row.execution_id!r}"
-    return logged_input(row.seq, row.door, _decoded(codec, row.input_blob, what), row.recorded_at)
+    return logged_input(row.seq, row.via, _decoded(codec, row.input_blob, what), row.recorded_at)

@@ -11,7 +11,7 @@ with the idempotency key the router gives it, which names its timer row or outbo
 and the delayed sends it cancelled.
 
 A create's start data (initial values, a BasicHTTP location) is the log's first entry,
-at door ``"create"``, and starts the replay. What the log does not hold cannot be
+via ``"create"``, and starts the replay. What the log does not hold cannot be
 replayed exactly: other start options a host passed, which sends and invocations the
 host's executor refused, and host expression functions the machine given lacks.
 :func:`replay` takes the first two as arguments and marks a step that called a missing
@@ -56,7 +56,7 @@ from statifier.expr import UNDEFINED, Value
 from statifier.persistence import LoggedInput
 from statifier.persistence.executions import logged_start
 from statifier.persistence.executor import EffectContext, Refused, refusal_event
-from statifier.persistence.migration import MIGRATE_DOOR
+from statifier.persistence.migration import MIGRATE_VIA
 from statifier.router.sending import send_key
 
 __all__ = [
@@ -158,7 +158,7 @@ class ReplayStep:
 
     Attributes:
         index: 0 for the start, ``n`` for after the ``n``-th logged input.
-        door: ``"create"`` for the start, else the log's door (``"step"``, ``"timer"``,
+        via: ``"create"`` for the start, else the entry's ``via`` (``"step"``, ``"timer"``,
             ``"answer"``...).
         event_name: the input's event name (``None`` for the start and for the marker
             that closed a log at its cap).
@@ -184,7 +184,7 @@ class ReplayStep:
     """
 
     index: int
-    door: str
+    via: str
     event_name: str | None
     event_data: Value
     configuration: tuple[str, ...]
@@ -246,7 +246,7 @@ def replay(
             it, which a chart may read).
         options: the start options its create was given, if known (the session id is
             replaced by ``execution_id``, as ``Executions.create`` does). A log that
-            opens with the create's start data (door ``"create"``) adds its values to
+            opens with the create's start data (via ``"create"``) adds its values to
             ``options.datamodel``, and that entry is step 0.
         refusals: which sends and invocations the host refused; each refusal is told to
             the chart in the same step, as the lifecycle does.
@@ -294,7 +294,7 @@ def replay(
             stopped = _after(stopped)
             continue
         assert state is not None
-        steps.append(_step(number, entry.door, entry, state, made))
+        steps.append(_step(number, entry.via, entry, state, made))
     return steps
 
 
@@ -335,7 +335,7 @@ def _advance(
     if number > limit:
         return f"past the replay limit of {limit} inputs", None, ()
     event = entry.event
-    if entry.door == MIGRATE_DOOR:
+    if entry.via == MIGRATE_VIA:
         return "the execution moved to another revision of its chart here", None, ()
     if event is None:
         return "the input log was closed here at its cap", None, ()
@@ -344,11 +344,11 @@ def _advance(
     try:
         # A fired timer of a send to #_internal goes on the internal queue, as the
         # timer worker steps it; everything else is an external event.
-        if entry.door == "timer" and event.type == "internal":
+        if entry.via == "timer" and event.type == "internal":
             state, effects = deliver_internal(state, event)
         else:
             state, effects = handle_event(state, event)
-        state, effects, made = _told(state, effects, execution_id, entry.door, refusals)
+        state, effects, made = _told(state, effects, execution_id, entry.via, refusals)
     except Exception as error:  # noqa: BLE001 - a replay shows what failed, never fails
         return f"the interpreter could not replay this input: {_said(error)}", None, ()
     missing = _missing_function(effects)
@@ -359,13 +359,13 @@ def _told(
     state: MachineState,
     effects: list[fx.Effect],
     execution_id: str,
-    door: str,
+    via: str,
     refusals: Refusals,
 ) -> tuple[MachineState, list[fx.Effect], Made]:
     """Tell the chart of the refused effects, round after round, as the lifecycle's
     ``_carry_out`` does; returns the position, every effect, and what was handed over
     (each round's effects with their contexts)."""
-    made = _handed(effects, execution_id, door)
+    made = _handed(effects, execution_id, via)
     refused = _refused(made, refusals)
     rounds = 0
     while refused and state.running:
@@ -374,7 +374,7 @@ def _told(
             raise RuntimeError(f"refusals kept coming for {MAX_REFUSAL_ROUNDS} rounds")
         state, more = deliver_internal(state, *refused)
         effects = [*effects, *more]
-        round_made = _handed(more, execution_id, door)
+        round_made = _handed(more, execution_id, via)
         made = [*made, *round_made]
         refused = _refused(round_made, refusals)
     return state, effects, made
@@ -394,14 +394,14 @@ def _missing_function(effects: list[fx.Effect]) -> str | None:
 
 
 def _handed(
-    effects: list[fx.Effect], execution_id: str, door: str
+    effects: list[fx.Effect], execution_id: str, via: str
 ) -> list[tuple[fx.Effect, EffectContext]]:
     """One round's effects as the lifecycle hands them over (``perform``): the traces a
     replay asks for left out, as an untraced step never has them, so each ordinal is
     the one the executor saw; ``Done`` is counted but not handed over."""
     seen = [effect for effect in effects if not isinstance(effect, _TRACES)]
     return [
-        (effect, EffectContext.of(effect, execution_id, door, ordinal))
+        (effect, EffectContext.of(effect, execution_id, via, ordinal))
         for ordinal, effect in enumerate(seen)
         if not isinstance(effect, fx.Done)
     ]
@@ -451,13 +451,13 @@ def _to_self(effect: fx.Send | fx.SendDelayed, execution_id: str) -> bool:
 
 
 def _step(
-    index: int, door: str, entry: LoggedInput | None, state: MachineState, made: Made
+    index: int, via: str, entry: LoggedInput | None, state: MachineState, made: Made
 ) -> ReplayStep:
     event = None if entry is None else entry.event
     final = state.final_state()
     return ReplayStep(
         index,
-        door,
+        via,
         None if event is None else event.name,
         UNDEFINED if event is None else event.data,
         state.leaf_configuration(),
@@ -478,7 +478,7 @@ def _marked(last: ReplayStep, index: int, entry: LoggedInput, reason: str) -> Re
     event = entry.event
     return ReplayStep(
         index,
-        entry.door,
+        entry.via,
         None if event is None else event.name,
         UNDEFINED if event is None else event.data,
         last.configuration,

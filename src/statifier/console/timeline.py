@@ -1,14 +1,14 @@
 """The input-log timeline of an execution page: each replayed step with what it left
 behind: its event's data, the errors it raised, and what became of each send it made.
 
-A step's stored errors name it by their input-log ``seq`` (a create's by its door). A
+A step's stored errors name it by their input-log ``seq`` (a create's by its ``via``). A
 send names its rows by the idempotency key the router composed for it, which the replay
 recomputes (:attr:`~statifier.console.replay.StepSend.key`): a pending timer row's
 ``dedup_key``, an outbox row's ``key``, a refused send's ``send_refused`` ledger
 ``message_id``. A timer row is deleted when it fires or is cancelled, so a delayed send
 (or a send to the execution itself, which the router also makes a timer) with no row
-left is followed through the log: the first later step that took its event through the
-timer door (its ``sendid`` the send's when the author wrote one) fired it; a later
+left is followed through the log: the first later step that took its event via
+``"timer"`` (its ``sendid`` the send's when the author wrote one) fired it; a later
 ``<cancel>`` of its id cancelled it; otherwise it is *gone* (it fired after the
 execution ended, or into a route that keeps no row). Nothing is hidden: a send is listed
 whatever became of it.
@@ -50,7 +50,7 @@ PREVIEW_CHARS: Final = 120
 MAX_DATA_CHARS: Final = 20_000
 """The most characters of one step's event data a page shows (the step picked)."""
 
-TIMER_DOOR: Final = "timer"
+TIMER_VIA: Final = "timer"
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +147,7 @@ def fates(
     found: dict[str, SendFate] = {}
     outstanding: list[StepSend] = []  # timers with no row left, oldest first
     for step in steps:
-        if step.door == TIMER_DOOR and step.event_name is not None:
+        if step.via == TIMER_VIA and step.event_name is not None:
             fired = next((s for s in outstanding if _fired_by(s, step)), None)
             if fired is not None:
                 outstanding.remove(fired)
@@ -165,7 +165,7 @@ def fates(
 
 
 def _fired_by(send: StepSend, step: ReplayStep) -> bool:
-    """Whether ``step`` (through the timer door) took ``send``'s event."""
+    """Whether ``step`` (via ``"timer"``) took ``send``'s event."""
     if send.event != step.event_name:
         return False
     return step.event_sendid == (send.send_id if send.author_id else None)
@@ -201,7 +201,7 @@ def error_steps(steps: Sequence[ReplayStep], errors: Iterable[ErrorView]) -> dic
         error = view.error
         if error.seq is not None and error.seq in by_seq:
             found[view.id] = by_seq[error.seq]
-        elif error.seq is None and error.door == "create" and steps:
+        elif error.seq is None and error.via == "create" and steps:
             found[view.id] = 0  # a create that logged no start data is still step 0
     return found
 

@@ -333,7 +333,7 @@ def _input_json(entry: LoggedInput) -> dict[str, Any]:
     event, migration = entry.event, entry.migration
     answer: dict[str, Any] = {
         "seq": entry.seq,
-        "door": entry.door,
+        "via": entry.via,
         "event": None if event is None else event.name,
         "data": None if event is None else tagged.encode(event.data),
         "recorded_at": _iso(entry.recorded_at),

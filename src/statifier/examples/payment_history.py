@@ -44,7 +44,7 @@ HISTORY: Final = sa.Table(
     _METADATA,
     sa.Column("execution_id", sa.Text, primary_key=True),
     sa.Column("seq", sa.Integer, primary_key=True),
-    sa.Column("door", sa.Text, nullable=False),
+    sa.Column("via", sa.Text, nullable=False),
     sa.Column("event", sa.Text, nullable=False),
     sa.Column("data", sa.JSON),
 )
@@ -58,13 +58,13 @@ class PaymentHistory(Projection):
     batch_timeout = 0.01
 
     def handle(self, event: Event, meta: Meta) -> Result:
-        seq, door, data = event.data
+        seq, via, data = event.data
         return Insert(
             HISTORY,
             {
                 "execution_id": event.stream_id,
                 "seq": seq,
-                "door": door,
+                "via": via,
                 "event": event.type,
                 "data": data,
             },
@@ -82,7 +82,7 @@ async def project(path: Path, out: TextIO) -> int:
             id=f"{TRANSACTION}/{entry.seq}",
             stream_id=TRANSACTION,
             type=entry.event.name,
-            data=(entry.seq, entry.door, tagged.encode(entry.event.data)),
+            data=(entry.seq, entry.via, tagged.encode(entry.event.data)),
             position=entry.seq + 1,
             occurred_at=entry.recorded_at,
         )
@@ -104,16 +104,14 @@ async def project(path: Path, out: TextIO) -> int:
                 info = await runtime.info(PaymentHistory)
             with engine.connect() as connection:
                 rows = connection.execute(
-                    sa.select(HISTORY.c.seq, HISTORY.c.door, HISTORY.c.event).order_by(
-                        HISTORY.c.seq
-                    )
+                    sa.select(HISTORY.c.seq, HISTORY.c.via, HISTORY.c.event).order_by(HISTORY.c.seq)
                 ).all()
             out.write(
                 f"  {attempt}: {len(rows)} rows, cursors {info.stream_positions}, "
                 f"watermark {info.watermark}\n"
             )
-        for seq, door, name in rows:
-            out.write(f"    {seq} {door:<6} {name}\n")
+        for seq, via, name in rows:
+            out.write(f"    {seq} {via:<6} {name}\n")
         return len(rows)
     finally:
         engine.dispose()

@@ -70,7 +70,6 @@ METRIC_KEYS: Final[frozenset[str]] = frozenset(
         "action",
         "binding_id",
         "complete",
-        "door",
         "from_state",
         "input",
         "kind",
@@ -84,9 +83,10 @@ METRIC_KEYS: Final[frozenset[str]] = frozenset(
         "status",
         "transition",
         "version",
+        "via",
     }
 )
-"""The metadata keys that become metric attributes: each takes a few values (a door, an
+"""The metadata keys that become metric attributes: each takes a few values (a ``via``, an
 outcome, a binding, a projection's name). ``scope``, ids, positions and messages are
 left out: one time series per execution or message would swamp a metrics store."""
 

@@ -41,8 +41,8 @@ class Capabilities:
             (``list_by_metadata`` and ``statuses_by_metadata``).
         input_log: ``append_input`` and ``inputs`` keep an input log.
         chart_retirement: ``retire_chart`` can tombstone a chart.
-        answers: durable children's answers and fan-out settlements are kept
-            (``insert_answer`` ... ``take_settlement``); durable children need it.
+        answers: durable children's answers and fan-out ends are kept
+            (``insert_answer`` ... ``take_fan_out_end``); durable children need it.
         errors: the error events steps raise are kept (``record_errors``, ``errors``,
             and ``record_step``'s ``errors``). Executions count them either way.
     """
@@ -158,7 +158,7 @@ class Adapter(Protocol):
 
     async def statuses_by_metadata(self, pairs: Mapping[str, str]) -> dict[str, Status]:
         """The status of every execution whose metadata holds every pair, by id
-        (capability ``metadata``): the cheap projection settlement asks for."""
+        (capability ``metadata``): the cheap projection closing a fan-out asks for."""
         ...
 
     async def count_linked_children_on(self, content_hash: str) -> int:
@@ -186,13 +186,13 @@ class Adapter(Protocol):
         keeps its first time; an id with no answer is ignored)."""
         ...
 
-    async def take_settlement(self, parent_id: str, invoke_id: str, settled_at: datetime) -> bool:
-        """Record that the fan-out ``invoke_id`` of ``parent_id`` settled: ``True`` for
+    async def take_fan_out_end(self, parent_id: str, invoke_id: str, ended_at: datetime) -> bool:
+        """Record that the fan-out ``invoke_id`` of ``parent_id`` closed: ``True`` for
         the one call that takes it, ``False`` for every later one."""
         ...
 
-    async def settled(self, parent_id: str, invoke_id: str) -> bool:
-        """Whether the fan-out has settled."""
+    async def fan_out_ended(self, parent_id: str, invoke_id: str) -> bool:
+        """Whether the fan-out has closed (its end was taken)."""
         ...
 
     # Saved positions.
@@ -218,7 +218,7 @@ class Adapter(Protocol):
     async def append_input(
         self,
         execution_id: str,
-        door: str,
+        via: str,
         event: bytes,
         recorded_at: datetime,
         cap: int | None,
@@ -238,14 +238,14 @@ class Adapter(Protocol):
     async def record_step(
         self,
         record: ExecutionRecord,
-        door: str,
+        via: str,
         event: bytes,
         recorded_at: datetime,
         cap: int | None,
         errors: Sequence[ErrorRecord] = (),
     ) -> int | None:
         """A step's writes as one: ``update_execution(record)``,
-        ``append_input(record.id, door, event, recorded_at, cap)`` and, with the
+        ``append_input(record.id, via, event, recorded_at, cap)`` and, with the
         capability ``errors``, ``record_errors(errors)`` with each error's ``seq`` set
         to what the append returns; all or nothing. Returns what the append returns.
         A database adapter makes it one round trip where it can (a step writes the

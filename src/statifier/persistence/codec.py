@@ -7,7 +7,7 @@ position of an execution and of a saved position (the datamodel), the outcome of
 finished execution (its donedata), each entry of the input log (the events, their data
 included) and the chart's source. The columns things are looked up by stay plain: ids,
 content hashes, statuses, failures, the metadata map, the input log's ``seq`` and
-``door``, and every time; the identity guard, the unique keys and the listings read them
+``via``, and every time; the identity guard, the unique keys and the listings read them
 back verbatim.
 
 The default, :data:`PLAIN`, stores blobs as they are. An encrypting codec is

@@ -11,8 +11,8 @@ same functions a live session uses, until nothing is left to answer.
 in the transaction that ends it and delivered to the parent once, marked delivered in
 the parent's step that takes it; :meth:`Driver.redrive_answers` delivers what a crash
 left owed. A fan-out (one ``<invoke>`` over N items) is started child by child with
-:meth:`Driver.start_child_at`, and settled under the parent's exclusion once all N
-have ended, recorded in the settlements table.
+:meth:`Driver.start_child_at`, and closed under the parent's exclusion once all N
+have ended, recorded in the fan-out ends table.
 
 >>> import asyncio
 >>> from statifier.chart import compile_chart
@@ -115,7 +115,7 @@ Dispatch: TypeAlias = Callable[[fx.Invoke, EffectContext], Answer | Awaitable[An
 through :meth:`Driver.answer`. A plain function or a coroutine function."""
 ChildCanceller: TypeAlias = Callable[[str, str, tuple[int, ...]], Awaitable[None] | None]
 """Told ``(parent id, invoke id, indices)`` of fan-out children never started, when a
-``first_error`` settlement cancels the rest."""
+fan-out closed under ``first_error`` cancels the rest."""
 Policy: TypeAlias = Literal["all", "first_error"]
 
 
@@ -270,7 +270,7 @@ class Driver:
                 report(
                     "statifier.persistence.effect_failed",
                     {},
-                    {"execution_id": answer.parent_id, "door": "answer", "error": repr(error)},
+                    {"execution_id": answer.parent_id, "via": "answer", "error": repr(error)},
                 )
                 continue
             handed += 1
@@ -280,12 +280,12 @@ class Driver:
         self,
         execution_id: str,
         event: Event,
-        door: str,
+        via: str,
         when: Callable[[MachineState], bool] | None,
     ) -> Stepped | Discarded:
         pending = _Pending()
         result = await self.executions.step(
-            execution_id, None, event, door=door, when=when, executor=self._collecting(pending)
+            execution_id, None, event, via=via, when=when, executor=self._collecting(pending)
         )
         return await self._drain(execution_id, result, pending)
 
@@ -315,7 +315,7 @@ class Driver:
                     execution_id,
                     result.state.machine,
                     event,
-                    door="answer",
+                    via="answer",
                     when=_live(invoke_id),
                     executor=self._collecting(pending),
                 )
@@ -418,8 +418,8 @@ class Driver:
         return driven.execution
 
     async def _answer_parent(self, child: ExecutionRecord) -> None:
-        """A durable child ended: hand its stored answer to its parent (or its
-        fan-out's settlement)."""
+        """A durable child ended: hand its stored answer to its parent (or closes
+        its fan-out)."""
         if PARENT_KEY not in child.metadata or INVOKE_KEY not in child.metadata:
             return
         if not self.storage.capabilities.answers:
@@ -436,11 +436,11 @@ class Driver:
             await self._drain(answer.parent_id, result, pending)
 
     async def _deliver(self, answer: AnswerRecord, pending: _Pending) -> Stepped | Discarded | None:
-        """Deliver one owed answer: a fan-out child's to its settlement, any other's
+        """Deliver one owed answer: a fan-out child's to its fan-out's close, any other's
         as one step of its parent. ``None`` when nothing was stepped."""
         child = await self.storage.find_execution(answer.child_id)
         if child is not None and INDEX_KEY in child.metadata:
-            return await self._settle(answer, child.metadata, pending)
+            return await self._close_fan_out(answer, child.metadata, pending)
         return await self._deliver_one(answer, pending)
 
     async def _deliver_one(
@@ -462,7 +462,7 @@ class Driver:
                     answer.parent_id,
                     None,
                     _answer_event_of(owed),
-                    door="answer",
+                    via="answer",
                     when=_live(owed.invoke_id),
                     executor=self._collecting(pending),
                 )
@@ -529,21 +529,21 @@ class Driver:
             await self._answer_parent(record)
         return record
 
-    async def _settle(
+    async def _close_fan_out(
         self, answer: AnswerRecord, metadata: Mapping[str, str], pending: _Pending
     ) -> Stepped | Discarded | None:
-        """Hand a fan-out child's answer to its settlement: the parent is answered
+        """Hand a fan-out child's answer to its fan-out's close: the parent is answered
         once, when every sibling has ended (or, under ``first_error``, one failed: the
         rest are then cancelled).
 
         Under the parent's exclusion, in one unit of work: read whether the fan-out
-        has settled (its row in the settlements table), read the siblings' statuses
+        has closed (its row in the fan-out ends table), read the siblings' statuses
         from the indexed projection, and then either step the dense outcome list into
-        the parent, take the settlement and mark every ended sibling's answer
+        the parent, take the fan-out's end and mark every ended sibling's answer
         delivered; or, when siblings still run, mark only this answer delivered. Each
         child's end commits before its own answer is handed over, and handovers are
         serialized by the parent's exclusion, so the last one sees every sibling
-        ended: the fan-out settles exactly once, and a crash anywhere leaves the
+        ended: the fan-out closes exactly once, and a crash anywhere leaves the
         answer owed, for :meth:`redrive_answers`. Under ``first_error`` the running
         siblings are cancelled in the same unit of work; the ``child_canceller`` is
         told of the unstarted ones after it commits.
@@ -564,8 +564,8 @@ class Driver:
             by_index = _by_index(statuses, prefix)
             first_error = policy == "first_error" and Status.FAILED in by_index.values()
             ended = len(by_index) == count and all(s.terminal for s in by_index.values())
-            if await storage.settled(parent_id, invoke_id) or not (first_error or ended):
-                # Settled already, or the last sibling to end settles: nothing owed.
+            if await storage.fan_out_ended(parent_id, invoke_id) or not (first_error or ended):
+                # Closed already, or the last sibling to end closes it: nothing owed.
                 await storage.mark_delivered([answer.child_id], now)
                 return None
             running = sorted(i for i, status in by_index.items() if not status.terminal)
@@ -582,7 +582,7 @@ class Driver:
             ]
             # The rest are cancelled in this unit of work too (each child's exclusion
             # nested in the parent's, the order every nesting takes), so a crash
-            # cannot leave them running past the settlement.
+            # cannot leave them running past the close.
             for index in running:
                 await executions.cancel(prefix + str(index), by_parent=True)
             try:
@@ -590,7 +590,7 @@ class Driver:
                     parent_id,
                     None,
                     invocation_done(invoke_id, outcomes),
-                    door="answer",
+                    via="answer",
                     when=_live(invoke_id),
                     executor=self._collecting(pending),
                 )
@@ -600,10 +600,10 @@ class Driver:
                 return None  # every answer stays owed until the parent is put back
             # Taken after the step, so a step that raises takes nothing (the in-memory
             # adapter keeps what a raising block wrote); under the parent's exclusion
-            # nobody else can have taken it since `settled` said no.
-            if not await storage.take_settlement(parent_id, invoke_id, now):
+            # nobody else can have taken it since `fan_out_ended` said no.
+            if not await storage.take_fan_out_end(parent_id, invoke_id, now):
                 raise RuntimeError(
-                    f"the fan-out {invoke_id!r} of {parent_id!r} settled concurrently: "
+                    f"the fan-out {invoke_id!r} of {parent_id!r} closed concurrently: "
                     "the serialization does not keep the parent's calls apart"
                 )
             answered = [prefix + str(i) for i, status in by_index.items() if status.terminal]
@@ -616,7 +616,7 @@ class Driver:
         report(
             "statifier.persistence.child",
             {"count": count},
-            {"parent": parent_id, "invoke_id": invoke_id, "action": "settled", "index": -1},
+            {"parent": parent_id, "invoke_id": invoke_id, "action": "closed", "index": -1},
         )
         return result
 
@@ -632,7 +632,7 @@ def _by_index(children: Mapping[str, _V], prefix: str) -> dict[int, _V]:
 
 
 def _outcome(index: int, record: ExecutionRecord) -> Value:
-    """What an ended fan-out child contributes to the settled answer."""
+    """What an ended fan-out child contributes to its closed fan-out's answer."""
     entry: dict[str, Value] = {"index": index, "status": record.status.value}
     if record.status is Status.COMPLETED:
         entry["donedata"] = decode_outcome(record)

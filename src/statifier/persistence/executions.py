@@ -59,7 +59,7 @@ from statifier.persistence.errors import (
 )
 from statifier.persistence.executor import Executor, ignore_effects, perform, refuse_unperformed
 from statifier.persistence.migration import (
-    MIGRATE_DOOR,
+    MIGRATE_VIA,
     LoggedMigration,
     Migrated,
     MigrationPlan,
@@ -91,7 +91,7 @@ from statifier.repeats import IntervalTally
 from statifier.telemetry import enabled, report
 
 __all__ = [
-    "CREATE_DOOR",
+    "CREATE_VIA",
     "EXECUTION_STATUS_KEY",
     "INVOKE_KEY",
     "PARENT_KEY",
@@ -106,14 +106,14 @@ __all__ = [
     "logged_start",
 ]
 
-CREATE_DOOR: Final = "create"
-"""The input-log door of a create's start data: an execution created with initial
+CREATE_VIA: Final = "create"
+"""The input log's ``via`` for a create's start data: an execution created with initial
 datamodel values logs them first, as the event :data:`START_EVENT` whose data is those
 values, so that a replay of the log from the chart alone starts where the execution
-did. A create with no start data logs nothing. No step takes this door."""
+did. A create with no start data logs nothing. No step may log under it."""
 
 START_EVENT: Final = "statifier.start"
-"""The name of the :data:`CREATE_DOOR` entry's event (never delivered to a chart)."""
+"""The name of the :data:`CREATE_VIA` entry's event (never delivered to a chart)."""
 
 EXECUTION_STATUS_KEY: Final = "statifier_persistence:execution_status"
 """A top-level ``<final>`` whose donedata maps this key to ``"failed"`` ends its
@@ -190,12 +190,12 @@ class Discarded:
 
 @dataclass(frozen=True, slots=True)
 class LoggedInput:
-    """An input log entry, decoded. ``event`` is ``None`` for a migration (door
+    """An input log entry, decoded. ``event`` is ``None`` for a migration (via
     ``"migrate"``; ``migration`` says what it did) and for the marker that closed a log
     at its cap (``migration`` is ``None`` too)."""
 
     seq: int
-    door: str
+    via: str
     event: Event | None
     recorded_at: datetime
     migration: LoggedMigration | None = None
@@ -335,10 +335,10 @@ class Executions:
             seq = None
             if start.datamodel and self.storage.capabilities.input_log:
                 seq = await self.storage.append_input(
-                    execution_id, CREATE_DOOR, _dump_event(_start_entry(start)), now
+                    execution_id, CREATE_VIA, _dump_event(_start_entry(start)), now
                 )
             if errors:
-                await self.storage.record_errors(_records(record, errors, CREATE_DOOR, seq))
+                await self.storage.record_errors(_records(record, errors, CREATE_VIA, seq))
             if status.terminal:
                 await self._owe_answer(record)
         self._lifecycle(record, "created")
@@ -354,7 +354,7 @@ class Executions:
         event: Event,
         *,
         routes: Container[str] | None = None,
-        door: str = "step",
+        via: str = "step",
         when: Callable[[MachineState], bool] | None = None,
         executor: Executor | None = None,
         internal: bool = False,
@@ -368,7 +368,7 @@ class Executions:
                 use the stored chart (compiled once per storage).
             routes: the send targets reachable during this step (see
                 :class:`~statifier.core.StartOptions`); never stored.
-            door: how the event entered, recorded in the input log.
+            via: how the event entered, recorded in the input log.
             when: checked against the loaded position; ``False`` discards the event
                 (the driver drops answers to invocations the chart has cancelled).
             executor: replaces this lifecycle's executor for the call (the driver
@@ -397,13 +397,13 @@ class Executions:
                     machine,
                     event,
                     routes=routes,
-                    door=door,
+                    via=via,
                     when=when,
                     executor=executor,
                     internal=internal,
                     on_error=on_error,
                 )
-        self.report_step(result, door, started)
+        self.report_step(result, via, started)
         return result
 
     async def step_held(
@@ -413,7 +413,7 @@ class Executions:
         event: Event,
         *,
         routes: Container[str] | None = None,
-        door: str = "step",
+        via: str = "step",
         when: Callable[[MachineState], bool] | None = None,
         executor: Executor | None = None,
         internal: bool = False,
@@ -424,8 +424,8 @@ class Executions:
         of work (the driver marks a child's answer delivered in the step that takes
         it). Reports nothing: pass the result to :meth:`report_step` once the
         exclusion is released. Arguments, results and errors as :meth:`step`."""
-        if door in (MIGRATE_DOOR, CREATE_DOOR):
-            raise ValueError(f"the door {door!r} is the lifecycle's own")
+        if via in (MIGRATE_VIA, CREATE_VIA):
+            raise ValueError(f"the via {via!r} is the lifecycle's own")
         storage = self.storage
         found = await storage.find_execution(execution_id)
         if found is None:
@@ -447,7 +447,7 @@ class Executions:
             state, effects = handle_event(state, event)
         performer = self.executor if executor is None else executor
         if performer is not ignore_effects and effects:
-            state, effects = await self._carry_out(state, effects, execution_id, door, performer)
+            state, effects = await self._carry_out(state, effects, execution_id, via, performer)
         errors = step_errors(effects) if effects else ()
         policy = self._policy(on_error, record.content_hash)
         status, failure, outcome, donedata = _ending(effects, errors, policy)
@@ -470,25 +470,23 @@ class Executions:
             final_state=state.final_state() if ended else None,
         )
         if storage.capabilities.input_log:
-            await storage.record_step(
-                record, door, entry, now, _records(record, errors, door, None)
-            )
+            await storage.record_step(record, via, entry, now, _records(record, errors, via, None))
         else:
             await storage.update_execution(record)
-            await storage.record_errors(_records(record, errors, door, None))
+            await storage.record_errors(_records(record, errors, via, None))
         if ended:
             await self._owe_answer(record)
         storage.remember(execution_id, position, state)
         return Stepped(record, state=state, effects=tuple(effects), donedata=donedata)
 
-    def report_step(self, result: Stepped | Discarded, door: str, started: float) -> None:
+    def report_step(self, result: Stepped | Discarded, via: str, started: float) -> None:
         """Report what :meth:`step_held` did (``started``: its ``time.perf_counter()``)."""
         if not isinstance(result, Stepped):
             return
         record = result.execution
         if record.status.terminal:
             self._lifecycle(record, record.status.value)
-        self._stepped(record, door, result.effects, started, result.errors)
+        self._stepped(record, via, result.effects, started, result.errors)
 
     async def fail(self, execution_id: str, reason: str) -> ExecutionRecord | Discarded:
         """End an execution as failed on the host's word; its position stays as it was
@@ -619,7 +617,7 @@ class Executions:
             return []
         entries = await self.storage.inputs(execution_id)
         return [
-            logged_input(entry.seq, entry.door, entry.event, entry.recorded_at) for entry in entries
+            logged_input(entry.seq, entry.via, entry.event, entry.recorded_at) for entry in entries
         ]
 
     # Migration.
@@ -632,7 +630,7 @@ class Executions:
         :func:`~statifier.persistence.migration.carry`), and the record moves to the new
         chart only while it is still on the old one. No executable content runs and
         no effect is emitted: states keep being active, invocations stay live. The
-        attempt is logged in the input log (door ``"migrate"``) either way.
+        attempt is logged in the input log (via ``"migrate"``) either way.
 
         The new chart is stored first (idempotent). An ``active`` or ``needs_migration``
         execution is migrated; one whose position the plan cannot carry is parked on
@@ -705,7 +703,7 @@ class Executions:
         self, execution_id: str, entry: LoggedMigration, now: datetime
     ) -> None:
         if self.storage.capabilities.input_log:
-            await self.storage.append_input(execution_id, MIGRATE_DOOR, entry.dump(), now)
+            await self.storage.append_input(execution_id, MIGRATE_VIA, entry.dump(), now)
 
     async def migrate_all(
         self, content_hash: str, plan: MigrationPlan, *, batch: int = MIGRATION_BATCH
@@ -819,7 +817,7 @@ class Executions:
         """What refers to a chart: executions by status, saved positions and linked
         children (``children_linked``: ended durable children on it whose parent is
         active or parked). Finished executions are included, though they never hold
-        a chart in use; fan-out settlements are not executions and never appear."""
+        a chart in use; fan-out ends are not executions and never appear."""
         return await self.storage.counts_on(content_hash)
 
     async def retire_chart(
@@ -882,7 +880,7 @@ class Executions:
         state: MachineState,
         effects: list[fx.Effect],
         execution_id: str,
-        door: str,
+        via: str,
         executor: Executor | None = None,
     ) -> tuple[MachineState, list[fx.Effect]]:
         """Hand ``effects`` over; tell the chart of what the executor refused (each
@@ -892,7 +890,7 @@ class Executions:
         Raises:
             RefusalsUnsettled: refusals kept coming for :data:`MAX_REFUSAL_ROUNDS`.
         """
-        refusals = await self._perform(effects, execution_id, door, executor)
+        refusals = await self._perform(effects, execution_id, via, executor)
         rounds = 0
         while refusals and state.running:
             rounds += 1
@@ -900,25 +898,25 @@ class Executions:
                 raise RefusalsUnsettled(execution_id, MAX_REFUSAL_ROUNDS)
             state, more = deliver_internal(state, *refusals)
             effects = [*effects, *more]
-            refusals = await self._perform(more, execution_id, door, executor)
+            refusals = await self._perform(more, execution_id, via, executor)
         return state, effects
 
     async def _perform(
         self,
         effects: list[fx.Effect],
         execution_id: str,
-        door: str,
+        via: str,
         executor: Executor | None = None,
     ) -> list[Event]:
         try:
             return await perform(
-                self.executor if executor is None else executor, effects, execution_id, door
+                self.executor if executor is None else executor, effects, execution_id, via
             )
         except Exception as error:
             report(
                 "statifier.persistence.effect_failed",
                 {},
-                {"execution_id": execution_id, "door": door, "error": repr(error)},
+                {"execution_id": execution_id, "via": via, "error": repr(error)},
             )
             raise
 
@@ -937,13 +935,13 @@ class Executions:
     @staticmethod
     def _stepped(
         record: ExecutionRecord,
-        door: str,
+        via: str,
         effects: Sequence[fx.Effect],
         started: float,
         errors: Sequence[StepError] = (),
     ) -> None:
         if errors:
-            _errors_raised(record, door, errors)
+            _errors_raised(record, via, errors)
         if not enabled("statifier.persistence.step"):
             return
         report(
@@ -953,11 +951,11 @@ class Executions:
                 "effects": len(effects),
                 "errors": len(errors),
             },
-            {"execution_id": record.id, "door": door, "status": record.status.value},
+            {"execution_id": record.id, "via": via, "status": record.status.value},
         )
 
 
-def _errors_raised(record: ExecutionRecord, door: str, errors: Sequence[StepError]) -> None:
+def _errors_raised(record: ExecutionRecord, via: str, errors: Sequence[StepError]) -> None:
     """Report each error a committed call raised, and log it: the first of its kind (a
     chart's element failing the same way) at once, the rest as one count an interval,
     so that a chart failing on every event cannot flood the log."""
@@ -967,7 +965,7 @@ def _errors_raised(record: ExecutionRecord, door: str, errors: Sequence[StepErro
             {},
             {
                 "execution_id": record.id,
-                "door": door,
+                "via": via,
                 "error": error.name,
                 "message": error.message,
                 "element": error.element,
@@ -979,7 +977,7 @@ def _errors_raised(record: ExecutionRecord, door: str, errors: Sequence[StepErro
         )
         fields: dict[str, object] = {
             "execution_id": record.id,
-            "door": door,
+            "via": via,
             "error": error.name,
             "element": error.element,
             "line": error.line,
@@ -990,7 +988,7 @@ def _errors_raised(record: ExecutionRecord, door: str, errors: Sequence[StepErro
         kind = (record.content_hash, error.name, error.element, error.line, error.column)
 
         def first(said: str = said, fields: dict[str, object] = fields) -> None:
-            _log.warning("execution %s (%s): %s", record.id, door, said, extra=fields)
+            _log.warning("execution %s (%s): %s", record.id, via, said, extra=fields)
 
         def later(count: int, said: str = said, fields: dict[str, object] = fields) -> None:
             _log.warning(
@@ -1005,13 +1003,13 @@ def _errors_raised(record: ExecutionRecord, door: str, errors: Sequence[StepErro
 
 
 def _records(
-    record: ExecutionRecord, errors: Sequence[StepError], door: str, seq: int | None
+    record: ExecutionRecord, errors: Sequence[StepError], via: str, seq: int | None
 ) -> list[ErrorRecord]:
     """What a call stores of ``errors``: the first :data:`MAX_STEP_ERRORS`."""
     at = record.updated_at or record.created_at
     assert at is not None
     return [
-        error_record(record.id, error, door=door, seq=seq, recorded_at=at)
+        error_record(record.id, error, via=via, seq=seq, recorded_at=at)
         for error in errors[:MAX_STEP_ERRORS]
     ]
 
@@ -1102,19 +1100,19 @@ def _dump(state: MachineState) -> bytes:
         raise Unstorable(f"the new position cannot be stored: {error}") from None
 
 
-def logged_input(seq: int, door: str, blob: bytes | None, recorded_at: datetime) -> LoggedInput:
+def logged_input(seq: int, via: str, blob: bytes | None, recorded_at: datetime) -> LoggedInput:
     """One input-log entry decoded from its stored (plain, already decoded by the
-    codec) bytes: a stored event, a migration's record (door ``"migrate"``), or the
+    codec) bytes: a stored event, a migration's record (via ``"migrate"``), or the
     cap's marker (``blob`` ``None``).
 
     Raises:
-        statifier.core.NotAPosition: the bytes are not what the door stores.
+        statifier.core.NotAPosition: the bytes are not what that ``via`` stores.
     """
     if blob is None:
-        return LoggedInput(seq, door, None, recorded_at)
-    if door == MIGRATE_DOOR:
-        return LoggedInput(seq, door, None, recorded_at, LoggedMigration.load(blob))
-    return LoggedInput(seq, door, stored.load_event(blob), recorded_at)
+        return LoggedInput(seq, via, None, recorded_at)
+    if via == MIGRATE_VIA:
+        return LoggedInput(seq, via, None, recorded_at, LoggedMigration.load(blob))
+    return LoggedInput(seq, via, stored.load_event(blob), recorded_at)
 
 
 def logged_start(
@@ -1122,19 +1120,19 @@ def logged_start(
 ) -> tuple[StartOptions, Sequence[LoggedInput]]:
     """Where a replay of ``inputs`` (an input log, in order) starts: ``options`` (the
     host's start options; defaults when ``None``) with the datamodel values of the
-    log's opening :data:`CREATE_DOOR` entry added, and the entries after it. A log that
+    log's opening :data:`CREATE_VIA` entry added, and the entries after it. A log that
     opens with no such entry returns ``options`` and every entry.
 
     >>> from datetime import UTC, datetime
     >>> at = datetime(2026, 1, 1, tzinfo=UTC)
-    >>> log = [LoggedInput(0, CREATE_DOOR, Event(START_EVENT, data={"n": 2}), at),
+    >>> log = [LoggedInput(0, CREATE_VIA, Event(START_EVENT, data={"n": 2}), at),
     ...        LoggedInput(1, "step", Event("go"), at)]
     >>> start, rest = logged_start(log)
     >>> dict(start.datamodel), [entry.seq for entry in rest]
     ({'n': 2}, [1])
     """
     start = options or StartOptions()
-    if not inputs or inputs[0].door != CREATE_DOOR:
+    if not inputs or inputs[0].via != CREATE_VIA:
         return start, inputs
     event = inputs[0].event
     if event is None or event.name != START_EVENT or not isinstance(event.data, dict):
@@ -1143,7 +1141,7 @@ def logged_start(
 
 
 def _start_entry(start: StartOptions) -> Event:
-    """The :data:`CREATE_DOOR` entry of a create's start data."""
+    """The :data:`CREATE_VIA` entry of a create's start data."""
     return Event(START_EVENT, data=dict(start.datamodel))
 
 

@@ -34,7 +34,7 @@ class EffectContext:
 
     Attributes:
         execution_id: the execution that emitted it.
-        door: the call that emitted it (``"create"``, ``"step"``, ``"answer"``,
+        via: the call that emitted it (``"create"``, ``"step"``, ``"answer"``,
             ``"cancel"``, ``"timer"``).
         ordinal: its place in that call's effects, from 0.
         macrostep, microstep, round: the interpreter's counters stamped on it.
@@ -46,7 +46,7 @@ class EffectContext:
 
     execution_id: str
     _: KW_ONLY
-    door: str
+    via: str
     ordinal: int
     macrostep: int
     microstep: int
@@ -57,12 +57,12 @@ class EffectContext:
         return f"{self.execution_id}/{self.macrostep}.{self.microstep}.{self.round}/{self.ordinal}"
 
     @classmethod
-    def of(cls, effect: fx.Effect, execution_id: str, door: str, ordinal: int) -> EffectContext:
-        """The context of ``effect``, the ``ordinal``-th effect of a call of ``door``
+    def of(cls, effect: fx.Effect, execution_id: str, via: str, ordinal: int) -> EffectContext:
+        """The context of ``effect``, the ``ordinal``-th effect of a call of ``via``
         on ``execution_id``: its counters are the effect's own."""
         return cls(
             execution_id,
-            door=door,
+            via=via,
             ordinal=ordinal,
             macrostep=effect.macrostep,
             microstep=effect.microstep,
@@ -109,7 +109,7 @@ def refuse_unperformed(effect: fx.Effect, context: EffectContext) -> Refused | N
     ... )
     >>> state, effects = initialize(chart)
     >>> send = next(e for e in effects if type(e).__name__ == "Send")
-    >>> context = EffectContext("ex_1", door="create", ordinal=0, macrostep=0,
+    >>> context = EffectContext("ex_1", via="create", ordinal=0, macrostep=0,
     ...                         microstep=0, round=0)
     >>> refuse_unperformed(send, context).reason
     "nothing delivers a send to '#_elsewhere' from a durable execution"
@@ -140,7 +140,7 @@ def refusal_event(effect: fx.Effect, refused: Refused) -> Event:
 
 
 async def perform(
-    executor: Executor, effects: list[fx.Effect], execution_id: str, door: str
+    executor: Executor, effects: list[fx.Effect], execution_id: str, via: str
 ) -> list[Event]:
     """Hand ``effects`` to ``executor`` in order, leaving out :class:`~fx.Done` (the
     lifecycle consumes it), and answer the events its refusals raise, in order.
@@ -153,7 +153,7 @@ async def perform(
     for ordinal, effect in enumerate(effects):
         if isinstance(effect, fx.Done):
             continue
-        context = EffectContext.of(effect, execution_id, door, ordinal)
+        context = EffectContext.of(effect, execution_id, via, ordinal)
         answer = await awaited(executor(effect, context))
         if answer is None:
             continue

@@ -56,7 +56,7 @@ class MemoryAdapter:
         self.logs: dict[str, list[InputRecord]] = {}
         self.step_errors: dict[str, list[ErrorRecord]] = {}
         self.answers: dict[str, AnswerRecord] = {}
-        self.settlements: dict[tuple[str, str], datetime] = {}
+        self.fan_out_ends: dict[tuple[str, str], datetime] = {}
         self._locks: dict[str, asyncio.Lock] = {}
 
     @property
@@ -193,15 +193,15 @@ class MemoryAdapter:
             if answer is not None and answer.delivered_at is None:
                 self.answers[child_id] = replace(answer, delivered_at=delivered_at)
 
-    async def take_settlement(self, parent_id: str, invoke_id: str, settled_at: datetime) -> bool:
+    async def take_fan_out_end(self, parent_id: str, invoke_id: str, ended_at: datetime) -> bool:
         key = (parent_id, invoke_id)
-        if key in self.settlements:
+        if key in self.fan_out_ends:
             return False
-        self.settlements[key] = settled_at
+        self.fan_out_ends[key] = ended_at
         return True
 
-    async def settled(self, parent_id: str, invoke_id: str) -> bool:
-        return (parent_id, invoke_id) in self.settlements
+    async def fan_out_ended(self, parent_id: str, invoke_id: str) -> bool:
+        return (parent_id, invoke_id) in self.fan_out_ends
 
     async def save_position(self, record: PositionRecord) -> None:
         self.positions[record.key] = record
@@ -218,7 +218,7 @@ class MemoryAdapter:
     async def append_input(
         self,
         execution_id: str,
-        door: str,
+        via: str,
         event: bytes,
         recorded_at: datetime,
         cap: int | None,
@@ -229,25 +229,25 @@ class MemoryAdapter:
             return None  # closed by its marker
         if cap is not None and seq >= cap - 1:
             log.append(
-                InputRecord(execution_id, seq=seq, door=door, event=None, recorded_at=recorded_at)
+                InputRecord(execution_id, seq=seq, via=via, event=None, recorded_at=recorded_at)
             )
             return None
         log.append(
-            InputRecord(execution_id, seq=seq, door=door, event=event, recorded_at=recorded_at)
+            InputRecord(execution_id, seq=seq, via=via, event=event, recorded_at=recorded_at)
         )
         return seq
 
     async def record_step(
         self,
         record: ExecutionRecord,
-        door: str,
+        via: str,
         event: bytes,
         recorded_at: datetime,
         cap: int | None,
         errors: Sequence[ErrorRecord] = (),
     ) -> int | None:
         await self.update_execution(record)
-        seq = await self.append_input(record.id, door, event, recorded_at, cap)
+        seq = await self.append_input(record.id, via, event, recorded_at, cap)
         await self.record_errors([replace(error, seq=seq) for error in errors])
         return seq
 

@@ -48,7 +48,7 @@ from statifier.persistence.errors import (
 from statifier.persistence.records import ExecutionRecord
 
 __all__ = [
-    "MIGRATE_DOOR",
+    "MIGRATE_VIA",
     "LoggedMigration",
     "Migrated",
     "MigrationPlan",
@@ -59,8 +59,8 @@ __all__ = [
     "renamed_ids",
 ]
 
-MIGRATE_DOOR: Final = "migrate"
-"""The input log's door for a migration: its entry holds a :class:`LoggedMigration`,
+MIGRATE_VIA: Final = "migrate"
+"""The input log's ``via`` for a migration: its entry holds a :class:`LoggedMigration`,
 not an event, so a replay that feeds logged events to the chart skips it."""
 
 _LOG_TAG: Final = "statifier.migration"

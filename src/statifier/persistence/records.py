@@ -119,7 +119,7 @@ class PositionRecord:
 class InputRecord:
     """One entry of an execution's input log.
 
-    ``seq`` is dense and starts at 0. ``door`` names how the event entered (``"step"``,
+    ``seq`` is dense and starts at 0. ``via`` names how the event entered (``"step"``,
     ``"answer"``, ``"cancel"``...). ``event`` holds ``positions.dump_event`` bytes, or
     ``None`` for the marker that closes a log which reached its cap.
     """
@@ -127,7 +127,7 @@ class InputRecord:
     execution_id: str
     _: KW_ONLY
     seq: int
-    door: str
+    via: str
     event: bytes | None
     recorded_at: datetime
 
@@ -140,7 +140,7 @@ class ErrorRecord:
         execution_id: the execution whose step raised it.
         seq: the step's entry in the input log, or ``None`` when the step logged none
             (a create without start data, a cancel, a log closed at its cap).
-        door: how the step's event entered (``"step"``, ``"timer"``, ``"create"``...).
+        via: how the step's event entered (``"step"``, ``"timer"``, ``"create"``...).
         name: the error event's name (``error.execution``, ``error.communication``...).
         taken: whether a transition of the chart took it.
         error: what the error event carried, as JSON bytes: its data (``element``,
@@ -152,7 +152,7 @@ class ErrorRecord:
     execution_id: str
     _: KW_ONLY
     seq: int | None
-    door: str
+    via: str
     name: str
     taken: bool
     error: bytes
@@ -172,7 +172,7 @@ class AnswerRecord:
         outcome: the child's outcome bytes (donedata, or a failure's details).
         failure: the child's failure string when it failed.
         created_at: when the child ended.
-        delivered_at: when the parent took the answer (stepped it in, settled its
+        delivered_at: when the parent took the answer (stepped it in, closed its
             fan-out, or had no use for it); ``None`` while it is owed.
     """
 

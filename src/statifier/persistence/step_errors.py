@@ -128,7 +128,7 @@ class StepError:
         line, column: where that element is in the chart's source.
         reason: the failure's short token (``multiply``, ``invalid``...).
         sendid: the send the error is about, if any.
-        door, seq, recorded_at: the step it belongs to (how its event entered, its
+        via, seq, recorded_at: the step it belongs to (how its event entered, its
             input-log entry if it has one, when it was stored); set when read back.
     """
 
@@ -141,7 +141,7 @@ class StepError:
     column: int | None = None
     reason: str | None = None
     sendid: str | None = None
-    door: str | None = None
+    via: str | None = None
     seq: int | None = None
     recorded_at: datetime | None = None
 
@@ -174,7 +174,7 @@ class StepError:
             "column": self.column,
             "reason": self.reason,
             "sendid": self.sendid,
-            "door": self.door,
+            "via": self.via,
             "seq": self.seq,
             "recorded_at": None if self.recorded_at is None else self.recorded_at.isoformat(),
         }
@@ -212,7 +212,7 @@ def _text(value: str) -> str:
 
 
 def error_record(
-    execution_id: str, error: StepError, *, door: str, seq: int | None, recorded_at: datetime
+    execution_id: str, error: StepError, *, via: str, seq: int | None, recorded_at: datetime
 ) -> ErrorRecord:
     """The stored form of ``error``, raised by a step of ``execution_id`` (its bytes
     are plain: the storage encodes them)."""
@@ -231,7 +231,7 @@ def error_record(
     return ErrorRecord(
         execution_id,
         seq=seq,
-        door=door,
+        via=via,
         name=error.name,
         taken=error.taken,
         error=json.dumps(detail, sort_keys=True, separators=(",", ":")).encode(),
@@ -254,7 +254,7 @@ def decode_error(record: ErrorRecord) -> StepError:
         record.name,
         taken=record.taken,
         sendid=sendid if isinstance(sendid, str) else None,
-        door=record.door,
+        via=record.via,
         seq=record.seq,
         recorded_at=record.recorded_at,
         **fields,

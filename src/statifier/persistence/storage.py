@@ -473,21 +473,21 @@ class Storage:
         """Record that these children's answers were delivered."""
         return self._call("mark_delivered", self.adapter.mark_delivered(child_ids, delivered_at))
 
-    def take_settlement(
-        self, parent_id: str, invoke_id: str, settled_at: datetime
+    def take_fan_out_end(
+        self, parent_id: str, invoke_id: str, ended_at: datetime
     ) -> Awaitable[bool]:
-        """Take a fan-out's settlement: ``True`` once, ``False`` afterwards."""
-        taking = self.adapter.take_settlement(parent_id, invoke_id, settled_at)
-        return self._call("take_settlement", taking)
+        """Take a fan-out's end (close it): ``True`` once, ``False`` afterwards."""
+        taking = self.adapter.take_fan_out_end(parent_id, invoke_id, ended_at)
+        return self._call("take_fan_out_end", taking)
 
-    def settled(self, parent_id: str, invoke_id: str) -> Awaitable[bool]:
-        """Whether the fan-out has settled."""
-        return self._call("settled", self.adapter.settled(parent_id, invoke_id))
+    def fan_out_ended(self, parent_id: str, invoke_id: str) -> Awaitable[bool]:
+        """Whether the fan-out has closed (its end was taken)."""
+        return self._call("fan_out_ended", self.adapter.fan_out_ended(parent_id, invoke_id))
 
     # The input log.
 
     def append_input(
-        self, execution_id: str, door: str, event: bytes, recorded_at: datetime
+        self, execution_id: str, via: str, event: bytes, recorded_at: datetime
     ) -> Awaitable[int | None]:
         """Append one entry to the execution's input log, under this storage's cap;
         returns its ``seq``, or ``None`` when the log is (or just got) closed. The event
@@ -495,14 +495,14 @@ class Storage:
         if self._sealing is not None:
             event = self._sealing.encode(event)
         appending = self.adapter.append_input(
-            execution_id, door, event, recorded_at, self.input_log_cap
+            execution_id, via, event, recorded_at, self.input_log_cap
         )
         return self._call("append_input", appending)
 
     def record_step(
         self,
         record: ExecutionRecord,
-        door: str,
+        via: str,
         event: bytes,
         recorded_at: datetime,
         errors: Sequence[ErrorRecord] = (),
@@ -523,9 +523,9 @@ class Storage:
         cap = self.input_log_cap
         if errors and self.adapter.capabilities.errors:
             sealed = self._sealed_errors(errors)
-            writing = self.adapter.record_step(record, door, event, recorded_at, cap, sealed)
+            writing = self.adapter.record_step(record, via, event, recorded_at, cap, sealed)
         else:
-            writing = self.adapter.record_step(record, door, event, recorded_at, cap)
+            writing = self.adapter.record_step(record, via, event, recorded_at, cap)
         return self._call("record_step", writing)
 
     # Errors.

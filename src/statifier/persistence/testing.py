@@ -16,7 +16,7 @@ store from ``make_adapter``:
 ...     async def make_adapter(self) -> MemoryAdapter:
 ...         return MemoryAdapter()
 >>> sorted(name for name in dir(TestMemoryAdapter) if name.startswith("test_"))[:2]
-['test_answers_a_settlement_is_taken_once', 'test_answers_is_declared']
+['test_answers_a_fan_out_end_is_taken_once', 'test_answers_fan_out_ends_are_not_executions']
 
 The suite needs pytest and pytest-asyncio (it marks its coroutines itself, so it runs in
 strict mode) and no particular database. Every check it collects runs; nothing is
@@ -30,7 +30,7 @@ skipped. It assumes what the contract promises and nothing more:
   timezone-aware (a time stored with a ``+05:30`` offset may come back in UTC).
 - ``list_by_metadata({})`` lists every execution: the contract lists executions whose
   metadata holds every given pair, and with no pairs every execution does.
-- The closing marker of a capped input log keeps the ``door`` and ``recorded_at`` of the
+- The closing marker of a capped input log keeps the ``via`` and ``recorded_at`` of the
   append it replaced.
 - The suite writes in the facade's order: an execution after its chart, an input log
   entry for an execution that exists. Saved positions are written without their chart
@@ -241,7 +241,7 @@ def _error(
     name: str = "error.execution",
     *,
     seq: int | None = None,
-    door: str = "step",
+    via: str = "step",
     taken: bool = False,
     error: bytes = b'{"message": "boom"}',
     recorded_at: datetime = _BASE,
@@ -249,7 +249,7 @@ def _error(
     return ErrorRecord(
         execution_id,
         seq=seq,
-        door=door,
+        via=via,
         name=name,
         taken=taken,
         error=error,
@@ -259,7 +259,7 @@ def _error(
 
 def _assert_same_errors(actual: list[ErrorRecord], expected: list[ErrorRecord]) -> None:
     def fields(record: ErrorRecord) -> tuple[object, ...]:
-        return (record.execution_id, record.seq, record.door, record.name, record.taken)
+        return (record.execution_id, record.seq, record.via, record.name, record.taken)
 
     assert [fields(r) for r in actual] == [fields(r) for r in expected]
     for got, want in zip(actual, expected, strict=True):
@@ -276,8 +276,8 @@ def _assert_same_position(actual: PositionRecord | None, expected: PositionRecor
 
 
 def _assert_same_log(actual: list[InputRecord], expected: list[InputRecord]) -> None:
-    assert [(r.execution_id, r.seq, r.door, r.event) for r in actual] == [
-        (r.execution_id, r.seq, r.door, r.event) for r in expected
+    assert [(r.execution_id, r.seq, r.via, r.event) for r in actual] == [
+        (r.execution_id, r.seq, r.via, r.event) for r in expected
     ], f"input log: expected {expected!r}, got {actual!r}"
     for got, want in zip(actual, expected, strict=True):
         _assert_same_time(got.recorded_at, want.recorded_at, f"input {want.seq} recorded_at")
@@ -473,7 +473,7 @@ class AdapterConformance(_AdapterSuite):
 
     @pytest.mark.asyncio
     async def test_execution_round_trips_without_a_position(self, adapter: Adapter) -> None:
-        # Settlement markers are ended executions that never had a position.
+        # Markers of a closed fan-out are ended executions that never had a position.
         record = _ended("exec-1", _at(2), position=None)
         await _insert(adapter, record)
         _assert_same_execution(await adapter.fetch_execution("exec-1"), record)
@@ -832,7 +832,7 @@ class ChartRetirementConformance(_AdapterSuite):
 
 
 class AnswersConformance(_AdapterSuite):
-    """Durable children's answers and fan-out settlements, for an adapter declaring
+    """Durable children's answers and fan-out ends, for an adapter declaring
     ``answers``."""
 
     @pytest.mark.asyncio
@@ -879,17 +879,17 @@ class AnswersConformance(_AdapterSuite):
         assert [a.child_id for a in await adapter.undelivered_answers(10)] == ["c-2"]
 
     @pytest.mark.asyncio
-    async def test_answers_a_settlement_is_taken_once(self, adapter: Adapter) -> None:
-        assert not await adapter.settled("parent-1", "each")
-        assert await adapter.take_settlement("parent-1", "each", _at(1))
-        assert not await adapter.take_settlement("parent-1", "each", _at(2))
-        assert await adapter.settled("parent-1", "each")
-        assert not await adapter.settled("parent-1", "other")
-        assert not await adapter.settled("parent-2", "each")
+    async def test_answers_a_fan_out_end_is_taken_once(self, adapter: Adapter) -> None:
+        assert not await adapter.fan_out_ended("parent-1", "each")
+        assert await adapter.take_fan_out_end("parent-1", "each", _at(1))
+        assert not await adapter.take_fan_out_end("parent-1", "each", _at(2))
+        assert await adapter.fan_out_ended("parent-1", "each")
+        assert not await adapter.fan_out_ended("parent-1", "other")
+        assert not await adapter.fan_out_ended("parent-2", "each")
 
     @pytest.mark.asyncio
-    async def test_answers_settlements_are_not_executions(self, adapter: Adapter) -> None:
-        await adapter.take_settlement("parent-1", "each", _at(1))
+    async def test_answers_fan_out_ends_are_not_executions(self, adapter: Adapter) -> None:
+        await adapter.take_fan_out_end("parent-1", "each", _at(1))
         assert await adapter.fetch_execution("parent-1") is None
         assert _nonzero(await adapter.count_executions_on(_HASH_A)) == {}
 
@@ -1039,11 +1039,11 @@ class InputLogConformance(_AdapterSuite):
             ("answer", b'["done.invoke.call", {"ok": 1}]', _at(2).astimezone(_INDIA)),
             ("cancel", _BLOB, _at(3)),
         ]
-        for seq, (door, event, recorded_at) in enumerate(entries):
-            assert await adapter.append_input("exec-1", door, event, recorded_at, None) == seq
+        for seq, (via, event, recorded_at) in enumerate(entries):
+            assert await adapter.append_input("exec-1", via, event, recorded_at, None) == seq
         expected = [
-            InputRecord("exec-1", seq=seq, door=door, event=event, recorded_at=recorded_at)
-            for seq, (door, event, recorded_at) in enumerate(entries)
+            InputRecord("exec-1", seq=seq, via=via, event=event, recorded_at=recorded_at)
+            for seq, (via, event, recorded_at) in enumerate(entries)
         ]
         _assert_same_log(await adapter.inputs("exec-1"), expected)
 
@@ -1070,9 +1070,9 @@ class InputLogConformance(_AdapterSuite):
         assert await adapter.append_input("exec-1", "step", b"[4]", _at(4), None) is None
         assert await adapter.append_input("exec-1", "step", b"[5]", _at(5), 10) is None
         expected = [
-            InputRecord("exec-1", seq=0, door="step", event=b"[0]", recorded_at=_at(0)),
-            InputRecord("exec-1", seq=1, door="step", event=b"[1]", recorded_at=_at(1)),
-            InputRecord("exec-1", seq=2, door="answer", event=None, recorded_at=_at(2)),
+            InputRecord("exec-1", seq=0, via="step", event=b"[0]", recorded_at=_at(0)),
+            InputRecord("exec-1", seq=1, via="step", event=b"[1]", recorded_at=_at(1)),
+            InputRecord("exec-1", seq=2, via="answer", event=None, recorded_at=_at(2)),
         ]
         _assert_same_log(await adapter.inputs("exec-1"), expected)
 
@@ -1081,7 +1081,7 @@ class InputLogConformance(_AdapterSuite):
         await _insert(adapter, _execution())
         assert await adapter.append_input("exec-1", "step", b"[0]", _at(0), 1) is None
         assert await adapter.append_input("exec-1", "step", b"[1]", _at(1), 1) is None
-        expected = [InputRecord("exec-1", seq=0, door="step", event=None, recorded_at=_at(0))]
+        expected = [InputRecord("exec-1", seq=0, via="step", event=None, recorded_at=_at(0))]
         _assert_same_log(await adapter.inputs("exec-1"), expected)
 
     @pytest.mark.asyncio
@@ -1130,8 +1130,8 @@ class InputLogConformance(_AdapterSuite):
         assert await adapter.record_step(done, "timer", b'["tick"]', _at(2), None) == 1
         _assert_same_execution(await adapter.fetch_execution("exec-1"), done)
         expected = [
-            InputRecord("exec-1", seq=0, door="step", event=b'["go"]', recorded_at=_at(1)),
-            InputRecord("exec-1", seq=1, door="timer", event=b'["tick"]', recorded_at=_at(2)),
+            InputRecord("exec-1", seq=0, via="step", event=b'["go"]', recorded_at=_at(1)),
+            InputRecord("exec-1", seq=1, via="timer", event=b'["tick"]', recorded_at=_at(2)),
         ]
         _assert_same_log(await adapter.inputs("exec-1"), expected)
         _assert_same_execution(await adapter.fetch_execution("exec-2"), _execution("exec-2"))
@@ -1319,7 +1319,7 @@ class LockConformance(_AdapterSuite):
 
     @pytest.mark.asyncio
     async def test_exclusive_block_survives_a_refusal(self, adapter: Adapter) -> None:
-        # Settlement inserts a marker under a parent's lock and carries on when the id
+        # Closing a fan-out inserts a marker under a parent's lock and carries on when the id
         # is taken: a typed refusal must leave the block usable and its writes kept.
         taken = _ended("marker", _at(1), position=None)
         await _insert(adapter, taken)
@@ -1350,7 +1350,7 @@ class ErrorsConformance(_AdapterSuite):
         await _insert(adapter, _execution())
         assert await adapter.errors("exec-1", 10) == []
         stored = [
-            _error(seq=None, door="create", recorded_at=_at(0)),
+            _error(seq=None, via="create", recorded_at=_at(0)),
             _error(name="error.communication", seq=4, taken=True, recorded_at=_at(1)),
             _error(seq=5, error=_BLOB, recorded_at=_at(2).astimezone(_INDIA)),
         ]

@@ -302,7 +302,7 @@ async def step_timer_event(
         ExecutionNotFound: the execution is gone.
     """
     lifecycle = unit.executions(Delivering(scope, now, (execution_id,)), serialization)
-    stepped = await lifecycle.step(execution_id, None, event, door="timer", internal=internal)
+    stepped = await lifecycle.step(execution_id, None, event, via="timer", internal=internal)
     if isinstance(stepped, Stepped):
         await completed(unit, stepped, scope)
     return stepped

@@ -188,7 +188,7 @@ async def fire(
     transaction) at ``now``, and report it. The delayed sends of a step it runs are
     timed from ``now``.
 
-    - ``external`` and ``internal``: step the event into the execution (door
+    - ``external`` and ``internal``: step the event into the execution (via
       ``timer``; ``internal`` on its internal queue), with no routing-ledger row.
     - ``route``: hand the event to the route, resolved in ``entry.scope`` at fire
       time, under the send's key, in ``unit``'s transaction; a refusal schedules it

@@ -1,5 +1,5 @@
 """The statements of the durable executions' tables: charts, executions, saved
-positions, input logs, step errors, child answers and settlements, one text each.
+positions, input logs, step errors, child answers and fan-out ends, one text each.
 
 :class:`ExecutionStatements` holds every statement of the SQL adapter
 (:mod:`statifier.persistence.sql`) for one set of tables on one database, bound once
@@ -51,7 +51,7 @@ EXECUTION_COLUMNS: Final = (
     "created_at, updated_at, ended_at, error_count, last_error_at, final_state"
 )
 # The columns of an error record, in the order ErrorRecord takes them.
-ERROR_COLUMNS: Final = "execution_id, seq, door, name, taken, error_blob, recorded_at"
+ERROR_COLUMNS: Final = "execution_id, seq, via, name, taken, error_blob, recorded_at"
 # The columns of an answer record, in the order AnswerRecord takes them.
 ANSWER_COLUMNS: Final = (
     "child_id, parent_id, invoke_id, content_hash, kind, answer_blob, failure, created_at, "
@@ -83,15 +83,15 @@ class ExecutionStatements:
       changes and ``execution_id``. ``rechart_execution``: ``id``, ``from``, ``to``,
       ``status``, ``position_blob``, ``failure``, ``updated_at``.
       ``count_executions``, ``pinning``, ``linked``: ``h``.
-    - ``append_input``: ``execution_id``, ``door``, ``cap``, ``input_blob``,
+    - ``append_input``: ``execution_id``, ``via``, ``cap``, ``input_blob``,
       ``recorded_at``; returns the new ``seq``, or no row where the log is closed.
       ``record_step``: the parameters of both; ``None`` without
       :attr:`Dialect.writes_in_with`. ``inputs``: ``id``.
     - ``insert_error``: the error's columns. ``errors``: ``id``, ``limit``.
     - ``insert_answer``: the answer's columns. ``fetch_answer``: ``id``.
       ``undelivered``: ``limit``. ``mark_delivered``: ``ids``, ``at``.
-    - ``take_settlement``: ``parent``, ``invoke``, ``at``; returns a row only when it
-      took it. ``settled``: ``parent``, ``invoke``.
+    - ``take_fan_out_end``: ``parent``, ``invoke``, ``at``; returns a row only when it
+      took it. ``fan_out_ended``: ``parent``, ``invoke``.
     - ``save_position``: the position's columns. ``fetch_position``,
       ``delete_position``: ``key``. ``count_positions``: ``h``.
     - ``prune``: ``before``, ``limit``; returns the pruned executions' ids.
@@ -194,13 +194,13 @@ class ExecutionStatements:
             f"UPDATE {t.child_answers} SET delivered_at = :at "
             f"WHERE child_id {dialect.among('ids')} AND delivered_at IS NULL"
         )
-        settlement = {"parent_id": ":parent", "invoke_id": ":invoke", "settled_at": ":at"}
-        self.take_settlement = sql(
-            f"{keys.insert(t.settlements, tuple(settlement), settlement)} "
+        ending = {"parent_id": ":parent", "invoke_id": ":invoke", "ended_at": ":at"}
+        self.take_fan_out_end = sql(
+            f"{keys.insert(t.fan_out_ends, tuple(ending), ending)} "
             "ON CONFLICT (parent_id, invoke_id) DO NOTHING RETURNING 1"
         )
-        self.settled = sql(
-            f"SELECT 1 FROM {t.settlements} WHERE parent_id = :parent AND invoke_id = :invoke"
+        self.fan_out_ended = sql(
+            f"SELECT 1 FROM {t.fan_out_ends} WHERE parent_id = :parent AND invoke_id = :invoke"
         )
         position = ("key", "content_hash", "position_blob", "saved_at")
         self.save_position = sql(
@@ -220,7 +220,7 @@ class ExecutionStatements:
             "input_blob": "CASE WHEN CAST(:cap AS INTEGER) IS NOT NULL "
             "AND following.seq >= CAST(:cap AS INTEGER) - 1 THEN NULL ELSE :input_blob END",
         }
-        inputs = ("execution_id", "seq", "door", "input_blob", "recorded_at")
+        inputs = ("execution_id", "seq", "via", "input_blob", "recorded_at")
         append = (
             f"{keys.insert(t.inputs, inputs, entry, select=True)} "
             "FROM (SELECT coalesce(max(seq), -1) + 1 AS seq "
@@ -242,7 +242,7 @@ class ExecutionStatements:
                 "SELECT (SELECT count(*) FROM stepped), (SELECT seq FROM logged)"
             )
         self.inputs = sql(
-            f"SELECT execution_id, seq, door, input_blob, recorded_at FROM {t.inputs} "
+            f"SELECT execution_id, seq, via, input_blob, recorded_at FROM {t.inputs} "
             "WHERE execution_id = :id ORDER BY seq"
         )
         self.prune = sql(

@@ -37,7 +37,7 @@ class TableNames:
     partition_leases: str
     consumer_members: str
     child_answers: str
-    settlements: str
+    fan_out_ends: str
     step_errors: str
 
     @classmethod
@@ -64,7 +64,7 @@ class TableNames:
                     "partition_leases",
                     "consumer_members",
                     "child_answers",
-                    "settlements",
+                    "fan_out_ends",
                     "step_errors",
                 )
             )

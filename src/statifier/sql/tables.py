@@ -21,7 +21,7 @@ metadata.
 - ``consumer_members``: the members of each consumer group, while they are alive.
 - ``child_answers``: what each ended durable child owes its parent, and whether it
   was delivered.
-- ``settlements``: the fan-outs that have answered their parent, one row each.
+- ``fan_out_ends``: the fan-outs that have answered their parent, one row each.
 - ``console_audit``: the actions operators took in the console, who and when.
 
 Every table starts with a surrogate primary key ``id`` of the configured type, then
@@ -41,18 +41,18 @@ shop_consumer_members
 shop_consumer_positions
 shop_dedupe
 shop_executions
+shop_fan_out_ends
 shop_inbound_events
 shop_inputs
 shop_outbox
 shop_partition_leases
 shop_positions
 shop_routing_ledger
-shop_settlements
 shop_step_errors
 shop_subscriptions
 shop_timers
 >>> [column.name for column in tables.inputs.columns]
-['id', 'execution_id', 'seq', 'door', 'input_blob', 'recorded_at']
+['id', 'execution_id', 'seq', 'via', 'input_blob', 'recorded_at']
 >>> TableOptions(prefix="Shop-")
 Traceback (most recent call last):
 ...
@@ -252,7 +252,7 @@ _PACKAGE_COLUMNS = frozenset(
         "taken",
         "error_blob",
         "seq",
-        "door",
+        "via",
         "input_blob",
         "recorded_at",
         "scope",
@@ -294,7 +294,6 @@ _PACKAGE_COLUMNS = frozenset(
         "parent_id",
         "answer_blob",
         "delivered_at",
-        "settled_at",
         "at",
         "actor",
         "action",
@@ -317,8 +316,8 @@ class Tables:
             router's tables (see the module docstring).
         inbound_events, consumer_positions, consumer_dead_letters, partition_leases,
             consumer_members: the stream consumer's tables (see the module docstring).
-        child_answers, settlements: durable children's answers and fan-out
-            settlements (see the module docstring).
+        child_answers, fan_out_ends: durable children's answers and the fan-outs
+            closed (see the module docstring).
         console_audit: the console's audit trail.
         options: what they were defined with.
     """
@@ -340,7 +339,7 @@ class Tables:
     partition_leases: sa.Table
     consumer_members: sa.Table
     child_answers: sa.Table
-    settlements: sa.Table
+    fan_out_ends: sa.Table
     console_audit: sa.Table
     step_errors: sa.Table
     options: TableOptions
@@ -433,7 +432,7 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         *options.leading(),
         sa.Column("execution_id", sa.Text(), nullable=False),
         sa.Column("seq", sa.Integer(), nullable=False),
-        sa.Column("door", sa.Text(), nullable=False),
+        sa.Column("via", sa.Text(), nullable=False),
         sa.Column("input_blob", sa.LargeBinary(), nullable=True),
         sa.Column("recorded_at", UtcDateTime(), nullable=False),
         sa.UniqueConstraint("execution_id", "seq", name=name("inputs_execution_id_seq_key")),
@@ -559,7 +558,7 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         schema=schema,
     )
     inbound, positions_, dead_letters, leases, members = _fronts(options, metadata)
-    child_answers, settlements = _children(options, metadata)
+    child_answers, fan_out_ends = _children(options, metadata)
     console_audit = _console_audit(options, metadata)
     step_errors = _step_errors(options, metadata)
     return Tables(
@@ -580,7 +579,7 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         leases,
         members,
         child_answers,
-        settlements,
+        fan_out_ends,
         console_audit,
         step_errors,
         options,
@@ -678,7 +677,7 @@ def _fronts(
 
 
 def _children(options: TableOptions, metadata: sa.MetaData) -> tuple[sa.Table, sa.Table]:
-    """Durable children's answers and fan-out settlements (in that order)."""
+    """Durable children's answers and fan-out ends (in that order)."""
     name = options.name
     schema = options.schema
     child_answers = sa.Table(
@@ -700,20 +699,20 @@ def _children(options: TableOptions, metadata: sa.MetaData) -> tuple[sa.Table, s
         sa.Index(name("child_answers_content_hash_idx"), "content_hash"),
         schema=schema,
     )
-    settlements = sa.Table(
-        name("settlements"),
+    fan_out_ends = sa.Table(
+        name("fan_out_ends"),
         metadata,
         options.key_column(),
         *options.leading(),
         sa.Column("parent_id", sa.Text(), nullable=False),
         sa.Column("invoke_id", sa.Text(), nullable=False),
-        sa.Column("settled_at", UtcDateTime(), nullable=False),
+        sa.Column("ended_at", UtcDateTime(), nullable=False),
         sa.UniqueConstraint(
-            "parent_id", "invoke_id", name=name("settlements_parent_id_invoke_id_key")
+            "parent_id", "invoke_id", name=name("fan_out_ends_parent_id_invoke_id_key")
         ),
         schema=schema,
     )
-    return child_answers, settlements
+    return child_answers, fan_out_ends
 
 
 def _step_errors(options: TableOptions, metadata: sa.MetaData) -> sa.Table:
@@ -727,7 +726,7 @@ def _step_errors(options: TableOptions, metadata: sa.MetaData) -> sa.Table:
         *options.leading(),
         sa.Column("execution_id", sa.Text(), nullable=False),
         sa.Column("seq", sa.Integer(), nullable=True),
-        sa.Column("door", sa.Text(), nullable=False),
+        sa.Column("via", sa.Text(), nullable=False),
         sa.Column("name", sa.Text(), nullable=False),
         sa.Column("taken", sa.Boolean(), nullable=False),
         sa.Column("error_blob", sa.LargeBinary(), nullable=False),

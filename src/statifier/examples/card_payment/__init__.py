@@ -141,7 +141,7 @@ async def run(make_storage: Callable[[], Storage], out: TextIO) -> ExecutionReco
     out.write("  input log:\n")
     for entry in inputs:
         name = entry.event.name if entry.event else "(closed)"
-        out.write(f"    {entry.seq} {entry.door:<6} {name}\n")
+        out.write(f"    {entry.seq} {entry.via:<6} {name}\n")
     start, logged = logged_start(inputs, replace(_options(), session_id=TRANSACTION))
     state, _ = initialize(machine, start)
     for entry in logged:

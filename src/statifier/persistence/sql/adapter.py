@@ -302,13 +302,13 @@ class SqlAdapter:
     def record_step(
         self,
         record: ExecutionRecord,
-        door: str,
+        via: str,
         event: bytes,
         recorded_at: datetime,
         cap: int | None,
         errors: Sequence[ErrorRecord] = (),
     ) -> Coroutine[Any, Any, int | None]:
-        return self._db.record_step(record, door, event, recorded_at, cap, errors)
+        return self._db.record_step(record, via, event, recorded_at, cap, errors)
 
     def record_errors(self, errors: Sequence[ErrorRecord]) -> Coroutine[Any, Any, None]:
         return self._db.record_errors(errors)
@@ -354,13 +354,13 @@ class SqlAdapter:
     ) -> Coroutine[Any, Any, None]:
         return self._db.mark_delivered(child_ids, delivered_at)
 
-    def take_settlement(
-        self, parent_id: str, invoke_id: str, settled_at: datetime
+    def take_fan_out_end(
+        self, parent_id: str, invoke_id: str, ended_at: datetime
     ) -> Coroutine[Any, Any, bool]:
-        return self._db.take_settlement(parent_id, invoke_id, settled_at)
+        return self._db.take_fan_out_end(parent_id, invoke_id, ended_at)
 
-    def settled(self, parent_id: str, invoke_id: str) -> Coroutine[Any, Any, bool]:
-        return self._db.settled(parent_id, invoke_id)
+    def fan_out_ended(self, parent_id: str, invoke_id: str) -> Coroutine[Any, Any, bool]:
+        return self._db.fan_out_ended(parent_id, invoke_id)
 
     def save_position(self, record: PositionRecord) -> Coroutine[Any, Any, None]:
         return self._db.save_position(record)
@@ -377,12 +377,12 @@ class SqlAdapter:
     def append_input(
         self,
         execution_id: str,
-        door: str,
+        via: str,
         event: bytes,
         recorded_at: datetime,
         cap: int | None,
     ) -> Coroutine[Any, Any, int | None]:
-        return self._db.append_input(execution_id, door, event, recorded_at, cap)
+        return self._db.append_input(execution_id, via, event, recorded_at, cap)
 
     def inputs(self, execution_id: str) -> Coroutine[Any, Any, list[InputRecord]]:
         return self._db.inputs(execution_id)

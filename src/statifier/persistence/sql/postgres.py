@@ -745,19 +745,19 @@ class PostgresDatabase:
     async def record_step(
         self,
         record: ExecutionRecord,
-        door: str,
+        via: str,
         event: bytes,
         recorded_at: datetime,
         cap: int | None,
         errors: Sequence[ErrorRecord] = (),
     ) -> int | None:
-        return await self._run(self._record_step, record, door, event, recorded_at, cap, errors)
+        return await self._run(self._record_step, record, via, event, recorded_at, cap, errors)
 
     async def _record_step(
         self,
         cursor: Cursor,
         record: ExecutionRecord,
-        door: str,
+        via: str,
         event: bytes,
         recorded_at: datetime,
         cap: int | None,
@@ -765,7 +765,7 @@ class PostgresDatabase:
     ) -> int | None:
         s = self.statements
         values = _updated(record)
-        values.update(door=door, cap=cap, input_blob=event, recorded_at=utc(recorded_at))
+        values.update(via=via, cap=cap, input_blob=event, recorded_at=utc(recorded_at))
         await cursor.execute(self.shared.record_step, s.keyed(values))
         row = await cursor.fetchone()
         assert row is not None
@@ -890,22 +890,24 @@ class PostgresDatabase:
     async def _mark_delivered(self, cursor: Cursor, ids: list[str], at: datetime) -> None:
         await cursor.execute(self.statements.mark_delivered, {"ids": ids, "at": utc(at)})
 
-    async def take_settlement(self, parent_id: str, invoke_id: str, settled_at: datetime) -> bool:
-        return await self._run(self._take_settlement, parent_id, invoke_id, settled_at)
+    async def take_fan_out_end(self, parent_id: str, invoke_id: str, ended_at: datetime) -> bool:
+        return await self._run(self._take_fan_out_end, parent_id, invoke_id, ended_at)
 
-    async def _take_settlement(
+    async def _take_fan_out_end(
         self, cursor: Cursor, parent_id: str, invoke_id: str, at: datetime
     ) -> bool:
         s = self.statements
         values = {"parent": parent_id, "invoke": invoke_id, "at": utc(at)}
-        await cursor.execute(s.take_settlement, s.keyed(values))
+        await cursor.execute(s.take_fan_out_end, s.keyed(values))
         return await cursor.fetchone() is not None
 
-    async def settled(self, parent_id: str, invoke_id: str) -> bool:
-        return await self._run(self._settled, parent_id, invoke_id)
+    async def fan_out_ended(self, parent_id: str, invoke_id: str) -> bool:
+        return await self._run(self._fan_out_ended, parent_id, invoke_id)
 
-    async def _settled(self, cursor: Cursor, parent_id: str, invoke_id: str) -> bool:
-        await cursor.execute(self.statements.settled, {"parent": parent_id, "invoke": invoke_id})
+    async def _fan_out_ended(self, cursor: Cursor, parent_id: str, invoke_id: str) -> bool:
+        await cursor.execute(
+            self.statements.fan_out_ended, {"parent": parent_id, "invoke": invoke_id}
+        )
         return await cursor.fetchone() is not None
 
     # Saved positions.
@@ -956,18 +958,18 @@ class PostgresDatabase:
     async def append_input(
         self,
         execution_id: str,
-        door: str,
+        via: str,
         event: bytes,
         recorded_at: datetime,
         cap: int | None,
     ) -> int | None:
-        return await self._run(self._append_input, execution_id, door, event, recorded_at, cap)
+        return await self._run(self._append_input, execution_id, via, event, recorded_at, cap)
 
     async def _append_input(
         self,
         cursor: Cursor,
         execution_id: str,
-        door: str,
+        via: str,
         event: bytes,
         recorded_at: datetime,
         cap: int | None,
@@ -975,7 +977,7 @@ class PostgresDatabase:
         s = self.statements
         values = {
             "execution_id": execution_id,
-            "door": door,
+            "via": via,
             "cap": cap,
             "input_blob": event,
             "recorded_at": utc(recorded_at),
@@ -992,11 +994,11 @@ class PostgresDatabase:
             InputRecord(
                 execution_id,
                 seq=seq,
-                door=door,
+                via=via,
                 event=blob,
                 recorded_at=recorded_at.astimezone(UTC),
             )
-            for execution_id, seq, door, blob, recorded_at in await cursor.fetchall()
+            for execution_id, seq, via, blob, recorded_at in await cursor.fetchall()
         ]
 
     # Retention.

@@ -97,7 +97,7 @@ def error_values(record: ErrorRecord, write_time: Callable[[datetime], Any]) -> 
     return {
         "execution_id": record.execution_id,
         "seq": record.seq,
-        "door": record.door,
+        "via": record.via,
         "name": record.name,
         "taken": record.taken,
         "error_blob": record.error,
@@ -107,13 +107,13 @@ def error_values(record: ErrorRecord, write_time: Callable[[datetime], Any]) -> 
 
 def error(row: Sequence[Any], read_time: Callable[[Any], datetime | None]) -> ErrorRecord:
     """An error record from a row of :data:`ERROR_COLUMNS`, times read by ``read_time``."""
-    execution_id, seq, door, name, taken, blob, recorded = row
+    execution_id, seq, via, name, taken, blob, recorded = row
     recorded_at = read_time(recorded)
     assert recorded_at is not None  # the column is NOT NULL
     return ErrorRecord(
         execution_id,
         seq=seq,
-        door=door,
+        via=via,
         name=name,
         taken=bool(taken),
         error=bytes(blob),

@@ -590,7 +590,7 @@ class SqliteDatabase:
     async def record_step(
         self,
         record: ExecutionRecord,
-        door: str,
+        via: str,
         event: bytes,
         recorded_at: datetime,
         cap: int | None,
@@ -598,16 +598,16 @@ class SqliteDatabase:
     ) -> int | None:
         tx = self.current()
         if tx is not None:
-            return self._record_step(tx.cursor, record, door, event, recorded_at, cap, errors)
+            return self._record_step(tx.cursor, record, via, event, recorded_at, cap, errors)
         return await self._alone(
-            self._record_step, True, record, door, event, recorded_at, cap, errors
+            self._record_step, True, record, via, event, recorded_at, cap, errors
         )
 
     def _record_step(
         self,
         cursor: sqlite3.Cursor,
         record: ExecutionRecord,
-        door: str,
+        via: str,
         event: bytes,
         recorded_at: datetime,
         cap: int | None,
@@ -616,7 +616,7 @@ class SqliteDatabase:
         # In process, two statements cost no round trip: the update first, so a
         # missing execution appends nothing.
         self._update_execution(cursor, record)
-        seq = self._append_input(cursor, record.id, door, event, recorded_at, cap)
+        seq = self._append_input(cursor, record.id, via, event, recorded_at, cap)
         if errors:
             self._record_errors(cursor, [replace(each, seq=seq) for each in errors])
         return seq
@@ -740,22 +740,22 @@ class SqliteDatabase:
         values = {"ids": json.dumps(ids), "at": utc_text(at)}
         cursor.execute(self.statements.mark_delivered, values)
 
-    async def take_settlement(self, parent_id: str, invoke_id: str, settled_at: datetime) -> bool:
-        return await self._run(self._take_settlement, True, parent_id, invoke_id, settled_at)
+    async def take_fan_out_end(self, parent_id: str, invoke_id: str, ended_at: datetime) -> bool:
+        return await self._run(self._take_fan_out_end, True, parent_id, invoke_id, ended_at)
 
-    def _take_settlement(
+    def _take_fan_out_end(
         self, cursor: sqlite3.Cursor, parent_id: str, invoke_id: str, at: datetime
     ) -> bool:
         s = self.statements
         values = {"parent": parent_id, "invoke": invoke_id, "at": utc_text(at)}
-        return cursor.execute(s.take_settlement, s.keyed(values)).fetchone() is not None
+        return cursor.execute(s.take_fan_out_end, s.keyed(values)).fetchone() is not None
 
-    async def settled(self, parent_id: str, invoke_id: str) -> bool:
-        return await self._run(self._settled, False, parent_id, invoke_id)
+    async def fan_out_ended(self, parent_id: str, invoke_id: str) -> bool:
+        return await self._run(self._fan_out_ended, False, parent_id, invoke_id)
 
-    def _settled(self, cursor: sqlite3.Cursor, parent_id: str, invoke_id: str) -> bool:
+    def _fan_out_ended(self, cursor: sqlite3.Cursor, parent_id: str, invoke_id: str) -> bool:
         values = {"parent": parent_id, "invoke": invoke_id}
-        return cursor.execute(self.statements.settled, values).fetchone() is not None
+        return cursor.execute(self.statements.fan_out_ended, values).fetchone() is not None
 
     # Saved positions.
 
@@ -801,23 +801,23 @@ class SqliteDatabase:
     async def append_input(
         self,
         execution_id: str,
-        door: str,
+        via: str,
         event: bytes,
         recorded_at: datetime,
         cap: int | None,
     ) -> int | None:
         tx = self.current()
         if tx is not None:
-            return self._append_input(tx.cursor, execution_id, door, event, recorded_at, cap)
+            return self._append_input(tx.cursor, execution_id, via, event, recorded_at, cap)
         return await self._alone(
-            self._append_input, True, execution_id, door, event, recorded_at, cap
+            self._append_input, True, execution_id, via, event, recorded_at, cap
         )
 
     def _append_input(
         self,
         cursor: sqlite3.Cursor,
         execution_id: str,
-        door: str,
+        via: str,
         event: bytes,
         recorded_at: datetime,
         cap: int | None,
@@ -825,7 +825,7 @@ class SqliteDatabase:
         s = self.statements
         values = {
             "execution_id": execution_id,
-            "door": door,
+            "via": via,
             "cap": cap,
             "input_blob": event,
             "recorded_at": utc_text(recorded_at),
@@ -838,10 +838,8 @@ class SqliteDatabase:
     def _inputs(self, cursor: sqlite3.Cursor, execution_id: str) -> list[InputRecord]:
         rows = cursor.execute(self.statements.inputs, {"id": execution_id}).fetchall()
         return [
-            InputRecord(
-                execution_id, seq=seq, door=door, event=blob, recorded_at=_aware(recorded_at)
-            )
-            for execution_id, seq, door, blob, recorded_at in rows
+            InputRecord(execution_id, seq=seq, via=via, event=blob, recorded_at=_aware(recorded_at))
+            for execution_id, seq, via, blob, recorded_at in rows
         ]
 
     # Retention.
