@@ -93,7 +93,7 @@ class AuditedSource(TableSource):
 
 
 def _break_the_commit_rule() -> None:
-    """Commit the highest position fetched, settled or not: the rule the audit and the
+    """Commit the highest position fetched, done or not: the rule the audit and the
     test's final checks must catch."""
 
     def committable(self: Acks, partitions: Collection[str] | None = None) -> dict[str, int]:
