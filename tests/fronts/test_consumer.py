@@ -32,7 +32,7 @@ from statifier.router import (
     address,
     ledger,
 )
-from statifier.router.config import Door
+from statifier.router.config import Entry
 
 SCOPE = "consumer"
 BROKEN = "broken"
@@ -119,8 +119,8 @@ class Gate:
         self.waiting = 0
         self.partitioned = 0
 
-    async def __call__(self, scope: str, door: Door, work: Callable[[], Awaitable[Any]]) -> Any:
-        if door is Door.PARTITION:
+    async def __call__(self, scope: str, entry: Entry, work: Callable[[], Awaitable[Any]]) -> Any:
+        if entry is Entry.PARTITION:
             self.partitioned += 1
             return await work()
         self.waiting += 1
