@@ -1,4 +1,4 @@
-"""The front door to durable executions, on SQLite and PostgreSQL: `Durable`."""
+"""`Durable`, the shortest way in to durable executions, on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 

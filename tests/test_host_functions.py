@@ -1,6 +1,6 @@
 """Host expression functions: a chart compiled with ``functions=`` calls them in its
 conditions, values and scripts, in a live session, in a durable execution whose
-stored chart is compiled again after a restart, through the front door, and in an
+stored chart is compiled again after a restart, through `Durable`, and in an
 invoked child."""
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def test_a_durable_execution_steps_its_stored_chart_with_the_storage_functions()
     assert asyncio.run(run()) == (("priority",), 480)
 
 
-def test_the_front_door_compiles_its_charts_with_them(tmp_path: Path) -> None:
+def test_durable_compiles_its_charts_with_them(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'app.db'}"
 
     async def run() -> tuple[str, ...]:

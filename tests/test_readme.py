@@ -98,7 +98,7 @@ def test_the_readme_asks_for_one_install_line_and_two_set_up_commands() -> None:
     assert "./dev test" in section("Set up")
 
 
-def test_the_quickstart_is_written_on_the_front_door() -> None:
+def test_the_quickstart_is_written_on_durable() -> None:
     script = quickstart_files()["step.py"]
     assert "from statifier import Durable" in script
     lines = [line for line in script.splitlines() if line.strip()]

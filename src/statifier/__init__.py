@@ -36,8 +36,8 @@ ones below (``docs/architecture.md``). These exist today:
   sessions (with the BasicHTTP Event I/O Processor);
 * ``statifier.persistence`` and ``statifier.sql`` -- durable executions stored in
   memory, PostgreSQL or SQLite, and the tables' migrations;
-* ``statifier.durable`` -- the front door to durable executions: ``Durable(url,
-  charts=...)`` with create, send, describe, list and cancel (``statifier
+* ``statifier.durable`` -- ``Durable``, the shortest way in to durable executions:
+  ``Durable(url, charts=...)`` with create, send, describe, list and cancel (``statifier
   executions`` on the command line);
 * ``statifier.router`` -- inbound events routed by key to durable executions:
   bindings, dedupe, addresses, the routing ledger, ``route``/``route_many``, the
@@ -135,7 +135,7 @@ _HOMES: Final = {
 """Where each name of :data:`__all__` lives. They are imported on first use, not here:
 every import of a ``statifier`` module runs this package first, and the leaves
 (``statifier.telemetry``, ``statifier.expr``) and ``scriba`` must not load the
-statechart layers and the front door with it (docs/decisions/0098)."""
+statechart layers and ``Durable`` with it (docs/decisions/0098)."""
 
 
 def __getattr__(name: str) -> object:

@@ -1,4 +1,4 @@
-"""Execution ids minted for the host (by the router, by the front door): a prefix and a
+"""Execution ids minted for the host (by the router, by ``Durable``): a prefix and a
 ULID, time-sortable and random after the millisecond, never derived from anything the
 execution is about.
 

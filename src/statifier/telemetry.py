@@ -44,7 +44,7 @@ EVENTS: Final[Mapping[str, str]] = {
     "statifier.router.outbox_failed": "an outbox row's sink failed: retried later, or dead",
     "statifier.router.timer": "a due timer was fired, discarded, refused or failed",
     # the stream consumer (see the fronts section of docs/telemetry.md)
-    "statifier.fronts.commit": "a stream consumer committed the settled prefix to its source",
+    "statifier.fronts.commit": "a stream consumer committed its gapless prefix of done messages",
     "statifier.fronts.retry": "a stream consumer's routing attempt failed; the event waits",
     "statifier.fronts.dead_letter": "a stream consumer dead-lettered a message and moved on",
     "statifier.fronts.request": "an HTTP front (webhook, form, BasicHTTP) answered a request",

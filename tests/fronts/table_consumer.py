@@ -36,7 +36,7 @@ from statifier.fronts.source import Rebalance
 from statifier.fronts.table_source import TableSource
 from statifier.persistence.sql import SqlAdapter
 from statifier.router import Router, RouterConfig, StaticResolver
-from statifier.router.config import Door
+from statifier.router.config import Entry
 from statifier.sql import TableOptions
 from statifier.sql.names import TableNames
 
@@ -93,7 +93,7 @@ class AuditedSource(TableSource):
 
 
 def _break_the_commit_rule() -> None:
-    """Commit the highest position fetched, settled or not: the rule the audit and the
+    """Commit the highest position fetched, done or not: the rule the audit and the
     test's final checks must catch."""
 
     def committable(self: Acks, partitions: Collection[str] | None = None) -> dict[str, int]:
@@ -108,11 +108,11 @@ def _break_the_commit_rule() -> None:
     Acks.committable = committable  # type: ignore[method-assign]
 
 
-def _paced(pause: float) -> Callable[[str, Door, Callable[[], Awaitable[Any]]], Awaitable[Any]]:
+def _paced(pause: float) -> Callable[[str, Entry, Callable[[], Awaitable[Any]]], Awaitable[Any]]:
     # An event is paced twice, as it is read (to choose its lane) and as it is routed,
     # so that the work outlasts the kills.
-    async def around(scope: str, door: Door, work: Callable[[], Awaitable[Any]]) -> Any:
-        if door in (Door.PARTITION, Door.ROUTE):
+    async def around(scope: str, entry: Entry, work: Callable[[], Awaitable[Any]]) -> Any:
+        if entry in (Entry.PARTITION, Entry.ROUTE):
             await asyncio.sleep(pause)
         return await work()
 

@@ -355,8 +355,8 @@ async def test_a_delivery_that_outlives_the_timeout_is_503_and_rolled_back(
 async def test_around_delivery_wraps_each_post_under_its_scope(db: RouterDb) -> None:
     seen: list[tuple[str, str]] = []
 
-    async def around(scope: str, door: Any, work: Callable[[], Awaitable[Any]]) -> Any:
-        seen.append((scope, str(door)))
+    async def around(scope: str, entry: Any, work: Callable[[], Awaitable[Any]]) -> Any:
+        seen.append((scope, str(entry)))
         return await work()
 
     router = router_of(db, around_delivery=around)

@@ -32,7 +32,7 @@ from statifier.router import (
     address,
     ledger,
 )
-from statifier.router.config import Door
+from statifier.router.config import Entry
 
 SCOPE = "consumer"
 BROKEN = "broken"
@@ -119,8 +119,8 @@ class Gate:
         self.waiting = 0
         self.partitioned = 0
 
-    async def __call__(self, scope: str, door: Door, work: Callable[[], Awaitable[Any]]) -> Any:
-        if door is Door.PARTITION:
+    async def __call__(self, scope: str, entry: Entry, work: Callable[[], Awaitable[Any]]) -> Any:
+        if entry is Entry.PARTITION:
             self.partitioned += 1
             return await work()
         self.waiting += 1
@@ -249,7 +249,7 @@ async def test_a_failure_in_a_batch_holds_only_its_keys_events_behind_it(
     running = asyncio.create_task(consumer.run())
     await until(lambda: consumer.counts.routed == 2 and consumer.counts.failed_attempts >= 3)
     await asyncio.sleep(0.05)
-    assert source.committed == {}  # position 1 never settled: nothing may be committed
+    assert source.committed == {}  # position 1 is never done: nothing may be committed
     resolver.broken.clear()
     await until(lambda: consumer.counts.committed == 4)
     await consumer.stop()
@@ -386,7 +386,7 @@ async def test_a_revoke_drains_the_partitions_work_and_commits_before_returning(
 
 
 @pytest.mark.asyncio
-async def test_a_stop_is_bounded_and_what_did_not_settle_is_not_committed(
+async def test_a_stop_is_bounded_and_what_is_not_done_is_not_committed(
     router_db: RouterDb,
 ) -> None:
     gate = Gate()

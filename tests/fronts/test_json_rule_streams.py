@@ -56,10 +56,10 @@ async def consume(
     router_db: RouterDb,
     source: Source,
     letters: int,
-    settled: Callable[[], Awaitable[bool]] | None = None,
+    done: Callable[[], Awaitable[bool]] | None = None,
 ) -> list[DeadLetterEntry]:
     """Run a consumer over ``source`` until the good message is routed, ``letters``
-    dead letters are kept and ``settled()`` holds (60 s at most); answers the dead
+    dead letters are kept and ``done()`` holds (60 s at most); answers the dead
     letters by position."""
     router = router_of(router_db, Flaky())
     dead = TableDeadLetters(router_db.adapter)
@@ -70,7 +70,7 @@ async def consume(
             while True:
                 routed = await ledger(router)
                 entries = await dead.entries()
-                if routed and len(entries) >= letters and (settled is None or await settled()):
+                if routed and len(entries) >= letters and (done is None or await done()):
                     break
                 await asyncio.sleep(0.1)
     finally:

@@ -59,12 +59,12 @@ SHORT_WAITS = {"socket.timeout.ms": 3000, "reconnect.backoff.max.ms": 500}
 
 class Moves:
     """A runtime stand-in: records each partition move and, on a revocation, commits
-    the positions it was told to (as the runtime commits its settled prefix)."""
+    the positions it was told to (as the runtime commits its prefix of done messages)."""
 
     def __init__(self) -> None:
         self.moves: list[tuple[str, list[str]]] = []
         self.source: KafkaSource | None = None
-        self.settled: dict[str, int] = {}
+        self.done: dict[str, int] = {}
         self.revoke_delay = 0.0
         self.revocations_ended = 0
 
@@ -76,7 +76,7 @@ class Moves:
         try:
             await asyncio.sleep(self.revoke_delay)
             assert self.source is not None
-            await self.source.commit({p: self.settled[p] for p in partitions if p in self.settled})
+            await self.source.commit({p: self.done[p] for p in partitions if p in self.done})
         finally:
             self.revocations_ended += 1
 
@@ -222,7 +222,7 @@ async def test_a_member_dropped_from_the_group_revokes_its_lost_partitions_uncom
     moves = await started(source)
     try:
         await take(source, 4)
-        moves.settled = {f"{topic}/0": 3}  # what a runtime would commit on revocation
+        moves.done = {f"{topic}/0": 3}  # what a runtime would commit on revocation
         await asyncio.sleep(4.5)  # not polling is what drops it: no condition to wait for
         async with asyncio.timeout(30):
             while source.owned:
@@ -332,8 +332,8 @@ async def test_two_members_share_the_partitions_and_a_revocation_commits_before_
     try:
         seen["first"] = await take(first, 20)
         assert first.owned == names
-        # The runtime settled positions 0..2 of every partition; the rest is in flight.
-        first_moves.settled = dict.fromkeys(names, 2)
+        # The runtime is done with positions 0..2 of every partition; the rest is in flight.
+        first_moves.done = dict.fromkeys(names, 2)
         first_moves.revoke_delay = 0.5  # the revocation waits on in-flight work
 
         async def poll(source: KafkaSource, into: list[Message]) -> None:
@@ -377,7 +377,7 @@ async def test_two_members_share_the_partitions_and_a_revocation_commits_before_
 
 
 @pytest.mark.asyncio
-async def test_closing_revokes_through_the_runtime_so_its_settled_prefix_commits(
+async def test_closing_revokes_through_the_runtime_so_its_done_prefix_commits(
     kafka_broker: KafkaBroker,  # noqa: F811 - the imported fixture
 ) -> None:
     topic, group = unique("orders"), unique("g")
@@ -386,7 +386,7 @@ async def test_closing_revokes_through_the_runtime_so_its_settled_prefix_commits
     source = source_of(kafka_broker, topic, group)
     moves = await started(source)
     await take(source, 4)
-    moves.settled = {f"{topic}/0": 1}
+    moves.done = {f"{topic}/0": 1}
     await source.close()
     assert moves.moves[-1] == ("revoked", [f"{topic}/0", f"{topic}/1"])
     assert committed(kafka_broker, group, topic, 2) == {0: 2}
@@ -406,7 +406,7 @@ async def test_a_revocation_outlasting_the_rebalance_timeout_lets_the_partitions
     source = source_of(kafka_broker, topic, group, rebalance_timeout=0.5)
     moves = await started(source)
     await take(source, 2)
-    moves.settled = {f"{topic}/0": 1}
+    moves.done = {f"{topic}/0": 1}
     moves.revoke_delay = 2.0  # the runtime's in-flight work does not finish in time
     started_at = time.monotonic()
     await source.close()

@@ -31,12 +31,12 @@ DEADLINE = 20.0
 @dataclass
 class Moves:
     """A stand-in for the runtime's rebalance listener: records every move and, on a
-    revoke, commits what the test says settled."""
+    revoke, commits what the test says is done."""
 
     source: JetStreamSource | None = None
     assigned: list[list[str]] = field(default_factory=list)
     revoked: list[list[str]] = field(default_factory=list)
-    settled: dict[str, int] = field(default_factory=dict)
+    done: dict[str, int] = field(default_factory=dict)
 
     async def on_assigned(self, partitions: Collection[str]) -> None:
         self.assigned.append(sorted(partitions))
@@ -44,7 +44,7 @@ class Moves:
     async def on_revoked(self, partitions: Collection[str]) -> None:
         self.revoked.append(sorted(partitions))
         assert self.source is not None
-        await self.source.commit({p: self.settled[p] for p in partitions if p in self.settled})
+        await self.source.commit({p: self.done[p] for p in partitions if p in self.done})
 
 
 class _Listener:
@@ -335,8 +335,8 @@ async def test_partitions_move_between_two_members_after_the_first_commits(
     b = source_of(stream, router_db, "b", claim_interval=0.3)
     try:
         first = await fetch_exactly(a, 12)
-        # "a" settled the first two of each partition; b's arrival takes two away.
-        moves_a.settled = {p: published[p][1] for p in PARTITIONS}
+        # "a" is done with the first two of each partition; b's arrival takes two away.
+        moves_a.done = {p: published[p][1] for p in PARTITIONS}
         moves_b = await started(b)
         async with asyncio.timeout(DEADLINE):
             await until(lambda: len(b.held) == 2)
@@ -367,7 +367,7 @@ async def test_a_member_whose_claims_fail_stops_reading_before_its_leases_run_ou
     moves = await started(source)
     try:
         await fetch_exactly(source, 3)
-        moves.settled = {"p0": seqs[0]}
+        moves.done = {"p0": seqs[0]}
         leases.failing = True
         async with asyncio.timeout(2.0):  # within the ttl
             await until(lambda: not source.held)

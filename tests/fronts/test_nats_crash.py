@@ -182,7 +182,7 @@ async def _holders(db: RouterDb) -> dict[str, str | None]:
         return {row[0]: row[1] for row in await cursor.fetchall()}
 
 
-async def _unsettled(db: RouterDb, messages: list[Published]) -> list[Published]:
+async def _pending(db: RouterDb, messages: list[Published]) -> list[Published]:
     """Those of ``messages`` neither in the ledger nor dead-lettered."""
     names = TableNames.of(db.store.tables)
     ids = [m.message_id for m in messages if m.message_id is not None]
@@ -206,7 +206,7 @@ async def _watch(
 ) -> None:
     """Check, again and again, that every message at or below a partition's ack floor
     is in the ledger or dead-lettered. The floors are read first: what the ledger holds
-    a moment later only grows, so a message found settled once stays so, and each look
+    a moment later only grows, so a message found done once stays so, and each look
     checks only what the floors passed since the last."""
     ordered = sorted(published, key=lambda m: m.seq)
     checked = dict.fromkeys(PARTITIONS, 0)
@@ -216,7 +216,7 @@ async def _watch(
         watch.violations.extend(
             f"{m.partition}/{m.seq} ({m.message_id}) acknowledged (floor "
             f"{floors[m.partition]}) before its delivery committed"
-            for m in (await _unsettled(db, passed))[:20]
+            for m in (await _pending(db, passed))[:20]
         )
         checked = {p: max(checked[p], floors[p]) for p in PARTITIONS}
         watch.stepped = await _stepped(db)

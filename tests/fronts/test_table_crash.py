@@ -156,7 +156,7 @@ async def test_consumers_killed_at_random_points_route_every_event_once(
                 member.process.send_signal(signal.SIGKILL)
             await member.process.communicate()
     assert await _done(router_db, ends)
-    assert audit.read_text().split() == []  # no commit passed an unsettled event
+    assert audit.read_text().split() == []  # no commit passed a pending event
 
     router = counter_router(router_db)
     rows = await ledger(router)
@@ -180,7 +180,7 @@ async def test_consumers_killed_at_random_points_route_every_event_once(
 
 
 @pytest.mark.asyncio
-async def test_the_audit_catches_a_commit_past_an_unsettled_event(
+async def test_the_audit_catches_a_commit_past_a_pending_event(
     router_db: RouterDb, tmp_path: Path
 ) -> None:
     chart = tmp_path / "counter.scxml"

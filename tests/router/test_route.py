@@ -29,10 +29,10 @@ from statifier.router import (
     CreatedAndDelivered,
     Dedupe,
     Delivered,
-    Door,
     Dropped,
     DropReason,
     Duplicate,
+    Entry,
     ExecutionParked,
     Failed,
     InboundEvent,
@@ -1051,15 +1051,15 @@ async def test_a_step_answered_as_discarded_on_an_active_record_is_parked_and_ro
 
 @pytest.mark.asyncio
 async def test_around_delivery_wraps_each_route_once(router_db: RouterDb) -> None:
-    """Called once per ``route`` under the event's scope, with the route door; the
+    """Called once per ``route`` under the event's scope, with the route entry; the
     deliveries run inside it (the resolver sees what it set)."""
-    calls: list[tuple[str, Door]] = []
+    calls: list[tuple[str, Entry]] = []
     tenant: contextvars.ContextVar[str] = contextvars.ContextVar("tenant", default="outside")
     resolved_in: list[str] = []
     static = StaticResolver({"join": join_chart()})
 
-    async def around(scope: str, door: Door, work: Any) -> Any:
-        calls.append((scope, door))
+    async def around(scope: str, entry: Entry, work: Any) -> Any:
+        calls.append((scope, entry))
         token = tenant.set(scope)
         try:
             return await work()
@@ -1072,8 +1072,8 @@ async def test_around_delivery_wraps_each_route_once(router_db: RouterDb) -> Non
 
     router = configure(router_db, impression_bindings(), around_delivery=around, resolver=resolver)
     first = await router.route(ad("m1", "impression", "imp_1"))
-    assert calls == [(SCOPE, Door.ROUTE)]
+    assert calls == [(SCOPE, Entry.ROUTE)]
     assert first.outcomes[0] == CreatedAndDelivered(IMPRESSIONS, key="imp_1", execution_id="ex_1")
     assert resolved_in == [SCOPE]
     await router.route(ad("m2", "click", "imp_1"))
-    assert calls == [(SCOPE, Door.ROUTE), (SCOPE, Door.ROUTE)]
+    assert calls == [(SCOPE, Entry.ROUTE), (SCOPE, Entry.ROUTE)]

@@ -1,4 +1,4 @@
-"""The front door to durable executions: one object built from a database URL and
+"""``Durable``, the shortest way in to durable executions: one object built from a database URL and
 charts, with ``create``, ``send``, ``describe``, ``list``, ``cancel`` and ``migrate``.
 
 :class:`Durable` opens the SQL adapter (:mod:`statifier.persistence.sql`), checks that

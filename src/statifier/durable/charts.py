@@ -1,4 +1,4 @@
-"""The charts the front door is given, compiled once by name."""
+"""The charts :class:`~statifier.durable.Durable` is given, compiled once by name."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What the front door raises, besides persistence's own errors."""
+"""What :class:`~statifier.durable.Durable` raises, besides persistence's own errors."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ __all__ = ["ChartUnusable", "DurableError", "UnknownChart"]
 
 
 class DurableError(Exception):
-    """Something the front door refuses; nothing was changed."""
+    """Something ``Durable`` refuses; nothing was changed."""
 
 
 class UnknownChart(DurableError, LookupError):  # noqa: N818 - names the refusal

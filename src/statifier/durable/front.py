@@ -1,4 +1,4 @@
-"""The front door itself: :class:`Durable`."""
+"""The shortest way in to durable executions: :class:`Durable`."""
 
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ class Durable:
         migrate: run the migrations when opening (under a lock, so processes opening
             together do not race). By default the tables are only checked: a database
             that lacks them raises :class:`NotMigrated` naming ``statifier db upgrade``.
-        executor: receives every effect the front door does not carry out itself (see
+        executor: receives every effect ``Durable`` does not carry out itself (see
             below and :class:`~statifier.persistence.Executor`); by default it refuses
             every send and invocation it is handed, so the chart hears
             ``error.communication``.
@@ -174,7 +174,7 @@ class Durable:
 
     @property
     def executions(self) -> Executions:
-        """The lifecycle underneath, for what the front door does not offer (``fail``,
+        """The lifecycle underneath, for what ``Durable`` does not offer (``fail``,
         ``park``, ``retire_chart``...).
 
         Raises:
@@ -703,7 +703,7 @@ def _router(
     lock_wait: float | None,
     on_error: ErrorPolicy,
 ) -> Router | None:
-    """The router the front door steps through on a SQL database: no binding, the
+    """The router ``Durable`` steps through on a SQL database: no binding, the
     charts by name as documents, the built-in timer queue; ``None`` on another
     adapter."""
     from statifier.persistence.sql import SqlAdapter

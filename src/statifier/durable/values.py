@@ -1,4 +1,4 @@
-"""The plain values the front door returns, and reading them off a stored position."""
+"""The plain values ``Durable`` returns, and reading them off a stored position."""
 
 from __future__ import annotations
 

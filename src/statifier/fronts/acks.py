@@ -1,10 +1,11 @@
 """The gapless prefix: how far each partition may be acknowledged.
 
-A consumer settles messages out of order (lanes run concurrently), but a source is
-acknowledged by position: committing position ``P`` of a partition acknowledges every
-message up to ``P``. :class:`Acks` remembers, per partition, the positions fetched and
-not yet settled, and returns the highest position whose every fetched message up to
-it is settled: the only position that may be committed without acknowledging a message
+A consumer is done with messages out of order (lanes run concurrently), but a source
+is acknowledged by position: committing position ``P`` of a partition acknowledges
+every message up to ``P``. A message is *done* once its delivery committed or it was
+dead-lettered. :class:`Acks` remembers, per partition, the positions fetched and still
+pending, and returns the highest position whose every fetched message up to it is
+done: the only position that may be committed without acknowledging a message
 whose delivery has not committed.
 
 >>> acks = Acks()
@@ -13,15 +14,15 @@ whose delivery has not committed.
 True
 True
 True
->>> acks.settled("p", 2)
+>>> acks.done("p", 2)
 >>> acks.committable()
 {}
->>> acks.settled("p", 1)
+>>> acks.done("p", 1)
 >>> acks.committable()
 {'p': 2}
 >>> acks.committed({"p": 2})  # the messages it acknowledged
 2
->>> acks.committable(), acks.unsettled()
+>>> acks.committable(), acks.pending()
 ({}, 1)
 """
 
@@ -36,24 +37,24 @@ __all__ = ["Acks"]
 
 @dataclass
 class _Partition:
-    """One partition's fetched positions in order, and which of them settled."""
+    """One partition's fetched positions in order, and which of them are done."""
 
     waiting: deque[int] = field(default_factory=deque)
-    settled: set[int] = field(default_factory=set)
+    done: set[int] = field(default_factory=set)
     highest: int | None = None
     """The highest position fetched."""
     prefix: int | None = None
-    """The highest position whose every fetched predecessor settled."""
+    """The highest position whose every fetched predecessor is done."""
     committed: int | None = None
     passed: deque[int] = field(default_factory=deque)
     """The positions the prefix passed that no commit has covered yet."""
 
 
 class Acks:
-    """The fetched and settled positions of every partition a consumer reads.
+    """The fetched and done positions of every partition a consumer reads.
 
-    Invariants: the prefix of a partition never passes a fetched position that has not
-    settled, and what :meth:`committable` returns only grows for a partition until it
+    Invariants: the prefix of a partition never passes a fetched position that is not
+    done, and what :meth:`committable` returns only grows for a partition until it
     is :meth:`forget`-ten.
     """
 
@@ -63,7 +64,7 @@ class Acks:
     def fetched(self, partition: str, position: int) -> bool:
         """Note a message handed over by the source. Returns ``False`` (and notes
         nothing) for a position not beyond the partition's highest: a repeat, which is
-        in flight or settled already and must not be routed twice."""
+        in flight or done already and must not be routed twice."""
         state = self._partitions.setdefault(partition, _Partition())
         if state.highest is not None and position <= state.highest:
             return False
@@ -71,17 +72,17 @@ class Acks:
         state.waiting.append(position)
         return True
 
-    def settled(self, partition: str, position: int) -> None:
-        """Note that the message at ``position`` settled (its delivery committed, or
-        it was dead-lettered); the prefix moves over every settled position at its
+    def done(self, partition: str, position: int) -> None:
+        """Note that the message at ``position`` is done (its delivery committed, or
+        it was dead-lettered); the prefix moves over every done position at its
         front. A position not waiting (forgotten, or never fetched) is ignored."""
         state = self._partitions.get(partition)
-        if state is None or position in state.settled or position not in state.waiting:
+        if state is None or position in state.done or position not in state.waiting:
             return
-        state.settled.add(position)
-        while state.waiting and state.waiting[0] in state.settled:
+        state.done.add(position)
+        while state.waiting and state.waiting[0] in state.done:
             front = state.waiting.popleft()
-            state.settled.discard(front)
+            state.done.discard(front)
             state.prefix = front
             state.passed.append(front)
 
@@ -110,10 +111,10 @@ class Acks:
                 count += 1
         return count
 
-    def unsettled(self, partitions: Collection[str] | None = None) -> int:
-        """How many fetched messages (of ``partitions``, or of all) have not settled."""
+    def pending(self, partitions: Collection[str] | None = None) -> int:
+        """How many fetched messages (of ``partitions``, or of all) are not done."""
         return sum(
-            len(state.waiting) - len(state.settled)
+            len(state.waiting) - len(state.done)
             for name, state in self._partitions.items()
             if partitions is None or name in partitions
         )

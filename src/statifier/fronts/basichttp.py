@@ -24,7 +24,7 @@ row a location, ``<base_url>/<token>`` (:mod:`statifier.router.locations`).
 
 The deliveries are the router's own (:meth:`~statifier.router.Router.deliver_post`: the
 ledger files them under the reserved binding id ``basichttp``; ``around_delivery`` wraps
-each with the door ``basichttp``, once the token's scope is known), with ``create =
+each with the entry ``basichttp``, once the token's scope is known), with ``create =
 never``: a post never starts an execution.
 
 The token is a bearer capability and appears in the request path: keep the server's

@@ -3,17 +3,17 @@ events on per-key lanes, and acknowledges only what committed.
 
 :class:`StreamConsumer` runs three kinds of task:
 
-- The intake fetches messages (pausing while ``max_in_flight`` are unsettled), notes
+- The intake fetches messages (pausing while ``max_in_flight`` are pending), notes
   each in the gapless-prefix tracker (:mod:`statifier.fronts.acks`), dead-letters the
   malformed ones, and queues every event on its lane: ``crc32(partition key) % lanes``
   (:mod:`statifier.fronts.lanes`), so one key's events queue on one lane in the order
   the source handed them over.
 - Each lane routes its queue through :meth:`~statifier.router.Router.route_many`, up to
-  ``batch_size`` events per call, one call at a time. An event is *settled* when the
+  ``batch_size`` events per call, one call at a time. An event is *done* when the
   call that returned :class:`~statifier.router.Routed` for it is over (its delivery
   transaction committed) or when it was dead-lettered.
 - The committer calls :meth:`Source.commit` every ``commit_interval`` seconds with, per
-  partition, the highest position whose every fetched message up to it settled.
+  partition, the highest position whose every fetched message up to it is done.
 
 An event whose routing fails (a :class:`~statifier.router.Failed` answer, or the
 ``route_many`` call raising) is never acknowledged as done. Under :class:`Retry` (the
@@ -188,11 +188,12 @@ class StreamConsumer:
         source: the stream; the consumer starts, commits and closes it.
         lanes: lanes routing concurrently (one key's events always on one lane).
         batch_size: the most events one ``route_many`` call of a lane takes.
-        max_in_flight: fetched but unsettled messages at most; the intake pauses above.
+        max_in_flight: fetched messages not yet done at most; the intake pauses above.
         failure: what a lane does with an event whose routing fails.
         malformed: where malformed messages go; the ``consumer_dead_letters`` table of
             the configuration's database by default.
-        commit_interval: seconds between commits of the settled prefix.
+        commit_interval: seconds between commits of the gapless prefix of done
+            messages.
         poll: the longest one fetch waits for a first message (so a stop is heard).
         clock: the time dead letters are stamped with.
         sleep: how a lane waits out a backoff (tests give one that returns at once).
@@ -240,7 +241,7 @@ class StreamConsumer:
         self._acks = Acks()
         self._counts = ConsumerCounts()
         self._room = asyncio.Event()
-        self._settled = asyncio.Condition()
+        self._calls_ended = asyncio.Condition()
         self._commit_lock = asyncio.Lock()
         self._stopping = asyncio.Event()
         self._finished = asyncio.Event()
@@ -258,12 +259,12 @@ class StreamConsumer:
     async def run(self) -> None:
         """Start the source and consume until :meth:`stop`; then let the lanes finish
         the calls they began (within the stop's ``drain_timeout``), commit what
-        settled and close the source.
+        is done and close the source.
 
         Raises:
             RuntimeError: the consumer is running already, or ran before.
             Exception: the source failed to start or to fetch (after the same
-                shutdown: what settled is committed if the source still takes it).
+                shutdown: what is done is committed if the source still takes it).
         """
         if self._running or self._finished.is_set():
             raise RuntimeError("a stream consumer runs once")
@@ -283,7 +284,7 @@ class StreamConsumer:
     async def stop(self, *, drain_timeout: float = 10.0) -> None:
         """Stop fetching; let the lanes finish the ``route_many`` calls they began, for
         at most ``drain_timeout`` seconds (then they are cancelled: what they had not
-        committed is rolled back and comes again); commit what settled; close the
+        committed is rolled back and comes again); commit what is done; close the
         source. Returns once :meth:`run` has done all that (at once if it never ran).
         Events queued but not begun are not routed: the source hands them over again.
         """
@@ -317,7 +318,7 @@ class StreamConsumer:
 
     async def _intake(self) -> None:
         while not self._stopping.is_set():
-            room = self.max_in_flight - self._acks.unsettled()
+            room = self.max_in_flight - self._acks.pending()
             if room <= 0:
                 self._room.clear()
                 await self._room.wait()
@@ -330,7 +331,7 @@ class StreamConsumer:
 
     async def _take(self, message: Message) -> None:
         if not self._acks.fetched(message.partition, message.position):
-            return  # a repeat of a message in flight or settled
+            return  # a repeat of a message in flight or done
         event = message.event
         if isinstance(event, Malformed):
             await self._dead_letter(message, None, f"malformed: {event.reason}", self.malformed)
@@ -399,8 +400,8 @@ class StreamConsumer:
                     head = None
             finally:
                 lane.busy = []
-                async with self._settled:
-                    self._settled.notify_all()
+                async with self._calls_ended:
+                    self._calls_ended.notify_all()
             if head is not None:
                 await self._backoff(head)
 
@@ -420,7 +421,7 @@ class StreamConsumer:
             stopping.cancel()
 
     async def _route(self, batch: list[_Pending]) -> list[_Pending]:
-        """Route ``batch``; settle what was routed; answer the events to try again, in
+        """Route ``batch``; mark what was routed done; answer the events to try again, in
         order (each with its failed attempt counted, unless it was only blocked)."""
         try:
             answers: Sequence[Routed | Failed] = await self.router.route_many(
@@ -438,7 +439,7 @@ class StreamConsumer:
         routed = 0
         for pending, answer in zip(batch, answers, strict=True):
             if isinstance(answer, Routed):
-                self._settle(pending.message)
+                self._mark_done(pending.message)
                 routed += 1
                 continue
             if not isinstance(answer.error, BlockedByEarlierFailure):
@@ -449,9 +450,9 @@ class StreamConsumer:
         self._count(routed=routed)
         return again
 
-    def _settle(self, message: Message) -> None:
-        self._acks.settled(message.partition, message.position)
-        if self._acks.unsettled() < self.max_in_flight:
+    def _mark_done(self, message: Message) -> None:
+        self._acks.done(message.partition, message.position)
+        if self._acks.pending() < self.max_in_flight:
             self._room.set()
 
     def _failed(self, pending: _Pending) -> None:
@@ -496,7 +497,7 @@ class StreamConsumer:
         self, message: Message, message_id: str | None, reason: str, sink: DeadLetters
     ) -> None:
         """Put ``message`` to ``sink`` (again and again while the sink fails, unless
-        the consumer stops: then it stays unsettled), and settle it."""
+        the consumer stops: then it stays pending), and mark it done."""
         letter = DeadLetterEntry(
             self.source.name,
             message.partition,
@@ -517,7 +518,7 @@ class StreamConsumer:
             try:
                 await sink.put(letter)
                 break
-            except Exception as error:  # noqa: BLE001 - a sink's failure leaves the message unsettled
+            except Exception as error:  # noqa: BLE001 - a sink's failure leaves the message pending
                 failures += 1
                 self._repeats.log(
                     _log,
@@ -533,7 +534,7 @@ class StreamConsumer:
                 if self._stopping.is_set():
                     return
                 await self._pause(self.failure.backoff.delay(failures).total_seconds())
-        self._settle(message)
+        self._mark_done(message)
         _log.warning(
             "%s: dead-lettered %r (partition %s, position %d): %s",
             self.source.name,
@@ -593,11 +594,11 @@ class StreamConsumer:
 
     async def revoked(self, partitions: Collection[str]) -> None:
         """Drop the queued events of ``partitions``, wait for the lanes' calls routing
-        any of them, commit what settled, and forget the partitions."""
+        any of them, commit what is done, and forget the partitions."""
         given_up = set(partitions)
         self._drop(given_up)
-        async with self._settled:
-            await self._settled.wait_for(
+        async with self._calls_ended:
+            await self._calls_ended.wait_for(
                 lambda: (
                     not any(
                         p.message.partition in given_up for lane in self._lanes for p in lane.busy

@@ -3,7 +3,7 @@
 A message is dead-lettered when it is malformed (no event could be read from it) or,
 under :class:`~statifier.fronts.consumer.DeadLetterAfter`, when its routing failed
 too often. The consumer hands a :class:`DeadLetterEntry` to a :class:`DeadLetters`
-sink and, once the sink returned, counts the message settled: it is acknowledged
+sink and, once the sink returned, counts the message done: it is acknowledged
 with the others and never routed again. :class:`TableDeadLetters` keeps them in the
 ``consumer_dead_letters`` table of the router's database (both PostgreSQL and
 SQLite); a sink of another kind (a topic) keeps the same protocol.

@@ -14,10 +14,10 @@ committed.
 Partition moves reach the runtime's :class:`~statifier.fronts.source.Rebalance`. The
 assignment strategy is ``cooperative-sticky`` by default: a rebalance revokes only the
 partitions that move. A revocation runs ``Rebalance.revoked`` to its end (in-flight
-messages settled, the settled prefix committed) before librdkafka gives the partitions
-up; partitions *lost* (the member was dropped from the group, its session ran out) are
-revoked too, but their commits are not sent, since another member may already read
-them. A commit for a partition the source no longer owns is skipped for the same
+messages done, the gapless prefix of done messages committed) before librdkafka gives
+the partitions up; partitions *lost* (the member was dropped from the group, its
+session ran out) are revoked too, but their commits are not sent, since another member
+may already read them. A commit for a partition the source no longer owns is skipped for the same
 reason: its next owner starts from the last commit that was made while it was owned.
 
 A record becomes an :class:`~statifier.router.InboundEvent`:
@@ -638,8 +638,8 @@ class KafkaSource:
 
     async def close(self) -> None:
         """Leave the group (revoking what is owned through the runtime first, so its
-        settled prefix is committed) and release the client. What was committed stays;
-        closing twice does nothing."""
+        gapless prefix of done messages is committed) and release the client. What was
+        committed stays; closing twice does nothing."""
         if self._closed or self._thread is None:
             return
         self._closed = True
@@ -951,7 +951,7 @@ class KafkaDeadLetters:
     and ``statifier.at`` (ISO 8601), all UTF-8.
 
     :meth:`put` returns once the brokers acknowledged the record (``acks=all``, an
-    idempotent producer), so a letter the consumer counted settled is kept. The topic
+    idempotent producer), so a letter the consumer counted done is kept. The topic
     must exist (or the brokers create topics on first use).
 
     Args:

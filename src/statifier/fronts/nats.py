@@ -16,9 +16,10 @@ fetched and not acknowledged, a process that crashed included, is delivered agai
 once and in stream order, rather than after its ack wait. The message after the ack
 floor is the first the new holder hands over, so positions (stream sequences) rise
 strictly within a partition. A surplus partition is revoked through the runtime (its
-settled prefix acknowledged) and then released; a partition another member took after
-this one's lease expired is *fenced*: its in-flight work is settled or abandoned, but
-no acknowledgement of it is sent, since its new holder reset the consumer. A member
+gapless prefix of done messages acknowledged) and then released; a partition another
+member took after this one's lease expired is *fenced*: its in-flight work is done or
+abandoned, but no acknowledgement of it is sent, since its new holder reset the
+consumer. A member
 whose claims keep failing (its database is away) lets its partitions go the same way
 before their leases could run out, and takes them up again after a claim succeeds.
 
@@ -414,7 +415,7 @@ class JetStreamSource:
 
     async def _revoke(self, partitions: Collection[str], *, fenced: bool) -> None:
         """Stop reading ``partitions``, forget their messages not handed over, let the
-        runtime settle the rest (and commit, unless ``fenced``), then let go."""
+        runtime finish the rest (and commit, unless ``fenced``), then let go."""
         for partition in partitions:
             held = self._held[partition]
             held.fenced = fenced

@@ -8,7 +8,7 @@ partition of the table). Positions increase strictly within a partition in the o
 the source hands them over.
 
 The runtime acknowledges with :meth:`Source.commit`, naming for each partition the last
-position whose every message, and every message before it, has been settled (its
+position whose every message, and every message before it, is done (its
 delivery transaction committed, or it was dead-lettered): a gapless prefix. A source
 never hands a committed position over again; everything after it may come again after
 a crash, a restart or a rebalance, and the router's dedupe finds it ``duplicate``.
@@ -16,8 +16,8 @@ a crash, a restart or a rebalance, and the router's dedupe finds it ``duplicate`
 A source whose partitions move between processes (a consumer group) tells the runtime
 through the :class:`Rebalance` it was started with: ``assigned`` when it gains
 partitions, ``revoked`` before it gives some up. ``revoked`` returns once the runtime
-has settled or abandoned the in-flight messages of those partitions and committed what
-settled, so the next owner starts exactly after them.
+is done with or has abandoned the in-flight messages of those partitions and committed
+what is done, so the next owner starts exactly after them.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ class Rebalance(Protocol):
 
     async def revoked(self, partitions: Collection[str]) -> None:
         """The source is about to give ``partitions`` up: returns once their in-flight
-        messages are settled or abandoned and what settled is committed."""
+        messages are done or abandoned and what is done is committed."""
 
 
 class Source(Protocol):

@@ -34,7 +34,7 @@ from statifier.router.binding import (
 )
 from statifier.router.config import (
     BasicHttpLocations,
-    Door,
+    Entry,
     Resolved,
     RouterConfig,
     StaticResolver,
@@ -104,11 +104,11 @@ __all__ = [
     "DeadLetter",
     "Dedupe",
     "Delivered",
-    "Door",
     "DrainReport",
     "DropReason",
     "Dropped",
     "Duplicate",
+    "Entry",
     "ExecutionParked",
     "Failed",
     "Finding",

@@ -52,7 +52,7 @@ __all__ = [
     "BasicHttpLocations",
     "BindingsResolver",
     "ChartResolver",
-    "Door",
+    "Entry",
     "MintExecutionId",
     "OnCreate",
     "OnStep",
@@ -121,8 +121,9 @@ OnStep = Callable[[Executions, str, "Machine | None", Event], "Awaitable[Stepped
 """Stands in for ``Executions.step(execution_id, machine, event)``."""
 
 
-class Door(StrEnum):
-    """Where a delivery entered: what ``around_delivery`` is told."""
+class Entry(StrEnum):
+    """Which of the router's calls a delivery entered by: what ``around_delivery`` is
+    told."""
 
     ROUTE = "route"
     """:meth:`Router.route <statifier.router.Router.route>` and
@@ -135,10 +136,10 @@ class Door(StrEnum):
     front."""
     TARGET = "target"
     """Reserved: no call is told it today (a send to an execution target runs inside
-    the sending step, under the door that drove that step)."""
+    the sending step, under the entry that drove that step)."""
 
 
-AroundDelivery = Callable[[str, Door, Callable[[], Awaitable[_T]]], Awaitable[_T]]
+AroundDelivery = Callable[[str, Entry, Callable[[], Awaitable[_T]]], Awaitable[_T]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,8 +266,8 @@ class RouterConfig:
             the execution id.
         on_create, on_step: stand-ins for ``Executions.create`` and ``Executions.step``,
             called in the same transaction and savepoint.
-        around_delivery: ``(scope, door, work) -> await work()``: wraps every read and
-            write of one door's call (a tenancy context, say); it must call ``work``
+        around_delivery: ``(scope, entry, work) -> await work()``: wraps every read and
+            write of one of the router's calls (a tenancy context, say); it must call ``work``
             exactly once and return what it returned.
         lock_wait: the most seconds a delivery waits for an execution's lock (30 by
             default); ``None`` waits without bound.

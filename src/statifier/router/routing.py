@@ -1,13 +1,13 @@
-"""The router: a :class:`RouterConfig` run on its database, and every door into it.
+"""The router: a :class:`RouterConfig` run on its database, and every way into it.
 
 :meth:`Router.route` routes one event, one transaction per binding delivery (or a
 savepoint each inside a caller's transaction). :meth:`Router.route_many` routes a batch
 in one transaction, a savepoint per delivery, so a stream front commits once per batch;
 :meth:`Router.plan` reads an event's bindings once, for a front that chooses a lane by
-the event's key before it routes. :meth:`Router.deliver_event` is the door for a host's
-own jobs: one event to one address, under a plan of the host's.
+the event's key before it routes. :meth:`Router.deliver_event` is the way in for a
+host's own jobs: one event to one address, under a plan of the host's.
 :meth:`Router.deliver_post` is the BasicHTTP front's: an event posted to an execution's
-location. Each door opens its own router transaction
+location. Each of these calls opens its own router transaction
 (:mod:`statifier.router.transaction`) and passes the delivery down explicitly.
 """
 
@@ -34,7 +34,7 @@ from statifier.router.binding import Binding, Create, Keyed, Order, Plan, Progra
 from statifier.router.config import (
     BUILT_IN,
     RESERVED_BINDING_IDS,
-    Door,
+    Entry,
     RouterConfig,
     error_policy_of,
 )
@@ -171,12 +171,12 @@ def delivery_locks(plan: Plan, scope: str, key: str, message_id: str) -> list[in
 
 
 class Router:
-    """A router configuration run on its database: the one object every door into the
+    """A router configuration run on its database: the one object every call into the
     router goes through.
 
     It builds, once, what every transaction needs (the storage, the router's
     statements, the timer queue, the error policy, the start options), and opens the
-    router transactions its doors and a host's jobs run in.
+    router transactions its calls and a host's jobs run in.
 
     >>> import asyncio, tempfile
     >>> from pathlib import Path
@@ -246,14 +246,14 @@ class Router:
 
     async def plan(self, event: InboundEvent) -> Planned:
         """Read the bindings of ``event``'s scope under ``around_delivery`` with
-        :attr:`~statifier.router.Door.PARTITION`, and evaluate those of its source:
+        :attr:`~statifier.router.Entry.PARTITION`, and evaluate those of its source:
         :attr:`Planned.key` chooses a lane, and :meth:`route_many` routes it without
         reading them again.
 
         Raises:
             BindingsUnresolved: the bindings resolver failed for the event's scope.
         """
-        return await self._read(event, Door.PARTITION)
+        return await self._read(event, Entry.PARTITION)
 
     async def route(
         self,
@@ -297,7 +297,7 @@ class Router:
                 outcomes.append(await self._alone(connection, locks, settle, scheduled))
             return Routed(event, tuple(outcomes), self._waiting(sum(scheduled)))
 
-        return _reported(await self._around(event.scope, Door.ROUTE, work), started)
+        return _reported(await self._around(event.scope, Entry.ROUTE, work), started)
 
     async def route_many(
         self,
@@ -337,7 +337,7 @@ class Router:
                 planned.append(given)
                 continue
             try:
-                planned.append(await self._read(given, Door.ROUTE))
+                planned.append(await self._read(given, Entry.ROUTE))
             except Exception as error:  # noqa: BLE001 - the event's own answer, not the batch's
                 planned.append(error)
         batch = [given.event if isinstance(given, Planned) else given for given in events]
@@ -365,7 +365,7 @@ class Router:
 
                 started = time.perf_counter()
                 try:
-                    answers.append(await self._around(event.scope, Door.ROUTE, settle))
+                    answers.append(await self._around(event.scope, Entry.ROUTE, settle))
                 except Exception as error:  # noqa: BLE001 - around_delivery raised for it
                     blocked.scopes.setdefault(event.scope, event.message_id)
                     answers.append(Failed(event, error))
@@ -432,7 +432,7 @@ class Router:
         (the send key was delivered already), ``dropped: finished`` (the execution has
         ended). The token is read again inside the delivery's transaction, after its
         locks: a rotation committed in between makes it ``None``. ``around_delivery``
-        wraps the delivery with :attr:`~statifier.router.Door.BASICHTTP`, once the
+        wraps the delivery with :attr:`~statifier.router.Entry.BASICHTTP`, once the
         token's scope is known.
 
         Raises:
@@ -464,7 +464,7 @@ class Router:
                     return None
                 return await deliver(unit, delivery, moment)
 
-        return await self._around(found.scope, Door.BASICHTTP, work)
+        return await self._around(found.scope, Entry.BASICHTTP, work)
 
     # A host's operations on executions.
 
@@ -534,13 +534,13 @@ class Router:
             raise ValueError(f"now must be timezone-aware, not {now!r}")
         return now
 
-    async def _read(self, event: InboundEvent, door: Door) -> Planned:
-        """:meth:`_planned` under ``around_delivery``, told ``door``."""
+    async def _read(self, event: InboundEvent, entry: Entry) -> Planned:
+        """:meth:`_planned` under ``around_delivery``, told ``entry``."""
 
         async def read() -> Planned:
             return await self._planned(event)
 
-        return await self._around(event.scope, door, read)
+        return await self._around(event.scope, entry, read)
 
     async def _planned(self, event: InboundEvent) -> Planned:
         try:
@@ -554,12 +554,12 @@ class Router:
         )
         return Planned(event, verdicts)
 
-    async def _around(self, scope: str, door: Door, work: Callable[[], Awaitable[_T]]) -> _T:
+    async def _around(self, scope: str, entry: Entry, work: Callable[[], Awaitable[_T]]) -> _T:
         """``work`` under the configuration's ``around_delivery``, if any."""
         around = self.config.around_delivery
         if around is None:
             return await work()
-        result: _T = await around(scope, door, work)
+        result: _T = await around(scope, entry, work)
         return result
 
     async def _alone(
