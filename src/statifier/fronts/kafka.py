@@ -28,7 +28,14 @@ A record becomes an :class:`~statifier.router.InboundEvent`:
 - ``scope``: the configured ``scope``, or what ``scope_of`` returns for the record
   (:func:`header_scope` reads it from a header).
 - ``data``: the value, a JSON object of at most ``max_payload`` bytes, parsed strictly
-  (UTF-8, RFC 8259, nesting bounded by :data:`~statifier.expr.jsontext.MAX_JSON_DEPTH`).
+  (UTF-8, RFC 8259, nesting bounded by :data:`~statifier.expr.jsontext.MAX_JSON_DEPTH`);
+  or what the host's ``decode`` makes of the value's bytes (Avro, say), held to the
+  same values (:mod:`statifier.fronts.normalize`).
+
+A host whose producers put the id, the scope or the source elsewhere (an envelope in
+the value) passes ``normalize``, a function of the :class:`KafkaRecord` and the decoded
+data answering :class:`~statifier.fronts.normalize.Normalized`; ``scope_of`` and
+``message_id`` are its shorthands, so it takes the place of both.
 
 A record without a value, over the bound, undecodable, not an object, or whose id or
 scope cannot be had (the host's function raised or returned an unusable value) is a
@@ -80,11 +87,13 @@ from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
+from statifier.expr import Value
 from statifier.extras import MissingExtra
 from statifier.fronts.dead_letters import DeadLetterEntry, cut
-from statifier.fronts.source import Malformed, Message, Rebalance, json_object
+from statifier.fronts.normalize import Decode, Normalize, Normalized, decoded, normalized_event
+from statifier.fronts.source import Malformed, Message, Rebalance
 from statifier.repeats import Repeats
-from statifier.router import ConfigError, InboundEvent, InvalidEvent
+from statifier.router import ConfigError, InboundEvent
 from statifier.telemetry import report
 
 try:
@@ -156,7 +165,8 @@ class DeadLetterNotKept(Exception):  # noqa: N818 - names the failure
 
 @dataclass(frozen=True, slots=True)
 class KafkaRecord:
-    """A record as read, handed to the host's ``message_id`` and ``scope_of`` functions.
+    """A record as read, handed to the host's ``normalize``, ``message_id`` and
+    ``scope_of`` functions.
 
     Attributes:
         topic, partition, offset: where it sits.
@@ -219,11 +229,22 @@ def header_scope(header: str) -> ScopeOf:
     return scope_of
 
 
-def _fixed(scope: str) -> ScopeOf:
-    def scope_of(_record: KafkaRecord) -> str:
-        return scope
+def _shorthand(
+    scope_of: ScopeOf | None, message_id: MessageIdOf | None
+) -> Normalize[KafkaRecord] | None:
+    """``scope_of`` and ``message_id`` as the one ``normalize`` they are shorthands
+    for (``None`` when neither is given); the data is handed back untouched."""
+    if scope_of is None and message_id is None:
+        return None
 
-    return scope_of
+    def normalize(record: KafkaRecord, data: dict[str, Value]) -> Normalized:
+        return Normalized(
+            data,
+            scope=None if scope_of is None else scope_of(record),
+            message_id=None if message_id is None else message_id(record),
+        )
+
+    return normalize
 
 
 def _topic_partition(name: str) -> tuple[str, int]:
@@ -434,10 +455,20 @@ class KafkaSource:
         topics: the topics to read.
         source: the source name of every event (bindings are chosen by it).
         scope: the scope of every event; or
-        scope_of: a function answering a record's scope (exactly one of the two).
+        scope_of: a function answering a record's scope (exactly one of the two,
+            unless ``normalize`` is given: then ``scope`` is the scope of the records
+            it answers none for).
         message_id: a function answering a record's message id; by default
             :func:`record_id`.
+        decode: a function reading a value's bytes as a mapping (an Avro reader, say);
+            what it answers is held to JSON values, and a value it cannot read (it
+            raises) is malformed. By default the one JSON rule.
+        normalize: a function of the :class:`KafkaRecord` and the decoded data
+            answering :class:`~statifier.fronts.normalize.Normalized`: the data, and
+            the scope, message id and source it reads from the record (``None`` for
+            the source's own). It takes the place of ``scope_of`` and ``message_id``.
         max_payload: the largest value, in bytes, decoded; a larger one is malformed.
+            A value ``decode`` reads is held to it again as JSON text.
         assignment: librdkafka's ``partition.assignment.strategy``:
             ``cooperative-sticky`` (incremental rebalances) or an eager one
             (``range``, ``roundrobin``).
@@ -455,7 +486,8 @@ class KafkaSource:
 
     Raises:
         ConfigError: no topic, a topic that is not a Kafka topic name, an empty group,
-            not exactly one of ``scope`` and ``scope_of``, a bound that is not
+            not exactly one of ``scope`` and ``scope_of`` (without ``normalize``),
+            ``normalize`` beside ``scope_of`` or ``message_id``, a bound that is not
             positive, or a setting in :data:`RESERVED_SETTINGS`.
     """
 
@@ -469,6 +501,8 @@ class KafkaSource:
         scope: str | None = None,
         scope_of: ScopeOf | None = None,
         message_id: MessageIdOf | None = None,
+        decode: Decode | None = None,
+        normalize: Normalize[KafkaRecord] | None = None,
         max_payload: int = DEFAULT_MAX_PAYLOAD,
         assignment: str = "cooperative-sticky",
         rebalance_timeout: float = 60.0,
@@ -479,7 +513,12 @@ class KafkaSource:
             raise ConfigError(f"Kafka topics are 1-249 of [A-Za-z0-9._-], not {list(topics)!r}")
         if not group:
             raise ConfigError("a Kafka source needs a consumer group")
-        if (scope is None) == (scope_of is None):
+        if normalize is not None and (scope_of is not None or message_id is not None):
+            raise ConfigError(
+                "normalize answers a record's scope and message id itself:"
+                " pass it or scope_of and message_id, not both"
+            )
+        if normalize is None and (scope is None) == (scope_of is None):
             raise ConfigError("a Kafka source needs exactly one of scope and scope_of")
         if not max_payload > 0 or not rebalance_timeout > 0 or not partition_buffer > 0:
             raise ConfigError("max_payload, rebalance_timeout and partition_buffer are positive")
@@ -489,8 +528,12 @@ class KafkaSource:
         self._group = group
         self._topics = list(topics)
         self._source = source
-        self._scope_of = scope_of or _fixed(scope or "")
-        self._message_id = message_id or record_id
+        self._scope = scope
+        self._decode = decode
+        self._normalize = normalize or _shorthand(scope_of, message_id)
+        self._own_normalize = normalize is None
+        """Whether ``_normalize`` is the shorthand of ``scope_of`` and ``message_id``
+        (its data needs no second check, and its failure keeps its reason)."""
         self._max_payload = max_payload
         self._rebalance_timeout = rebalance_timeout
         self._bound = partition_buffer
@@ -750,19 +793,21 @@ class KafkaSource:
         value = record.value()
         if not isinstance(value, bytes):
             return Malformed("the record has no value")
-        data = json_object(value, max_bytes=self._max_payload, what="value")
+        data = decoded(value, self._decode, max_bytes=self._max_payload, what="value")
         if isinstance(data, Malformed):
             return data
         read = KafkaRecord(topic, partition, offset, record.key(), value, _headers(record))
-        try:
-            message_id = self._message_id(read)
-            scope = self._scope_of(read)
-        except Exception as error:  # noqa: BLE001 - the host's function: the record's fault
-            return Malformed(f"no id or scope for the record: {type(error).__name__}: {error}")
-        try:
-            return InboundEvent(scope=scope, source=self._source, message_id=message_id, data=data)
-        except InvalidEvent as error:
-            return Malformed(str(error))
+        return normalized_event(
+            read,
+            data,
+            self._normalize,
+            scope=self._scope,
+            source=self._source,
+            message_id=record_id(read),
+            max_bytes=self._max_payload,
+            failure="no id or scope for the record:" if self._own_normalize else "normalize raised",
+            recheck=not self._own_normalize,
+        )
 
     def _on_error(self, error: KafkaError) -> None:
         fields = {"source": self.name, "error": error.name()}

@@ -30,8 +30,14 @@ A message is handed over as :class:`~statifier.router.InboundEvent`:
   ``<stream>/<stream sequence>`` (stable across redeliveries of one stored message).
 - ``data``: the payload, a JSON object of at most ``max_payload`` bytes, parsed
   strictly (UTF-8, RFC 8259, nesting bounded by
-  :data:`~statifier.expr.jsontext.MAX_JSON_DEPTH`). Anything else is a
+  :data:`~statifier.expr.jsontext.MAX_JSON_DEPTH`); or what the host's ``decode``
+  makes of the payload's bytes, held to the same values
+  (:mod:`statifier.fronts.normalize`). Anything else is a
   :class:`~statifier.fronts.source.Malformed` message, dead-lettered by the runtime.
+
+A host whose publishers put the id, the scope or the source elsewhere (an envelope)
+passes ``normalize``, a function of the :class:`NatsRecord` and the decoded data
+answering :class:`~statifier.fronts.normalize.Normalized`.
 
 A redelivery the server sends while the source still holds the first copy (its ack
 wait ran out under a slow delivery) is dropped: the held copy will be acknowledged.
@@ -53,9 +59,10 @@ from typing import Any, Final
 
 from statifier.extras import MissingExtra
 from statifier.fronts.leases import LeaseChange, PartitionLeases
-from statifier.fronts.source import Malformed, Message, Rebalance, json_object
+from statifier.fronts.normalize import Decode, Normalize, decoded, normalized_event
+from statifier.fronts.source import Malformed, Message, Rebalance
 from statifier.repeats import Repeats
-from statifier.router import ConfigError, InboundEvent, InvalidEvent
+from statifier.router import ConfigError, InboundEvent
 from statifier.telemetry import report
 
 try:
@@ -69,7 +76,7 @@ try:
 except ModuleNotFoundError as missing:  # nats-py: the nats extra
     raise MissingExtra.of(missing) from missing
 
-__all__ = ["MESSAGE_ID_HEADER", "AcknowledgementFailed", "JetStreamSource"]
+__all__ = ["MESSAGE_ID_HEADER", "AcknowledgementFailed", "JetStreamSource", "NatsRecord"]
 
 MESSAGE_ID_HEADER: Final = "Nats-Msg-Id"
 """The header a message's id is read from, when present."""
@@ -89,6 +96,25 @@ class AcknowledgementFailed(Exception):  # noqa: N818 - names the failure
         super().__init__(f"the acknowledgement of partition {partition!r} up to {position} failed")
         self.partition = partition
         self.position = position
+
+
+@dataclass(frozen=True, slots=True)
+class NatsRecord:
+    """A message as read, handed to the host's ``normalize``.
+
+    Attributes:
+        stream: the JetStream stream.
+        subject: the subject it was published on (``<subject_prefix>.<partition>``).
+        position: its stream sequence.
+        headers: its headers (empty when it has none).
+        payload: its bytes, at most ``max_payload``.
+    """
+
+    stream: str
+    subject: str
+    position: int
+    headers: Mapping[str, str]
+    payload: bytes
 
 
 @dataclass(eq=False)
@@ -118,10 +144,19 @@ class JetStreamSource:
             consumers, its ``partitions`` the subjects.
         stream: the JetStream stream's name.
         subject_prefix: partition ``p`` is the subject ``<subject_prefix>.<p>``.
-        scope: the scope of every event.
+        scope: the scope of every event; with ``normalize``, of those it answers no
+            scope for (then it may be left out).
         source: the source name of every event (bindings are chosen by it).
+        decode: a function reading a payload's bytes as a mapping (an Avro reader,
+            say); what it answers is held to JSON values, and a payload it cannot read
+            (it raises) is malformed. By default the one JSON rule.
+        normalize: a function of the :class:`NatsRecord` and the decoded data
+            answering :class:`~statifier.fronts.normalize.Normalized`: the data, and
+            the scope, message id and source it reads from the message (``None`` for
+            the source's own).
         ack_wait: seconds the server waits for an acknowledgement before redelivering.
         max_payload: the largest payload, in bytes, decoded; a larger one is malformed.
+            A payload ``decode`` reads is held to it again as JSON text.
         pull_batch: messages asked of one partition's consumer at a time.
         buffer: messages fetched from the server and not handed over yet, at most
             (each partition's puller may bring one ``pull_batch`` beyond it).
@@ -134,8 +169,8 @@ class JetStreamSource:
             with a count.
 
     Raises:
-        ConfigError: a stream, group, partition or prefix that is not a plain name, or
-            a bound that is not positive.
+        ConfigError: a stream, group, partition or prefix that is not a plain name, a
+            bound that is not positive, or no scope and no ``normalize``.
     """
 
     def __init__(
@@ -145,8 +180,10 @@ class JetStreamSource:
         *,
         stream: str,
         subject_prefix: str,
-        scope: str,
+        scope: str | None = None,
         source: str,
+        decode: Decode | None = None,
+        normalize: Normalize[NatsRecord] | None = None,
         ack_wait: float = 60.0,
         max_payload: int = 1_048_576,
         pull_batch: int = 64,
@@ -163,6 +200,8 @@ class JetStreamSource:
                 raise ConfigError(f"a JetStream {what} is letters, digits, _ and -, not {value!r}")
         if not subject_prefix or any(not _TOKEN.fullmatch(t) for t in subject_prefix.split(".")):
             raise ConfigError(f"a subject prefix is dot-separated plain tokens: {subject_prefix!r}")
+        if scope is None and normalize is None:
+            raise ConfigError("a JetStream source needs a scope, or a normalize that reads one")
         interval = leases.ttl.total_seconds() / 3 if claim_interval is None else claim_interval
         bounds = {
             "ack_wait": ack_wait,
@@ -182,6 +221,8 @@ class JetStreamSource:
         self._prefix = subject_prefix
         self._scope = scope
         self._source = source
+        self._decode = decode
+        self._normalize = normalize
         self._ack_wait = ack_wait
         self._max_payload = max_payload
         self._pull_batch = pull_batch
@@ -501,16 +542,20 @@ class JetStreamSource:
         self._buffer.append(message)
 
     def _event(self, msg: Msg, position: int) -> InboundEvent | Malformed:
-        value = json_object(msg.data, max_bytes=self._max_payload, what="payload")
+        value = decoded(msg.data, self._decode, max_bytes=self._max_payload, what="payload")
         if isinstance(value, Malformed):
             return value
-        message_id = (msg.headers or {}).get(MESSAGE_ID_HEADER) or f"{self._stream}/{position}"
-        try:
-            return InboundEvent(
-                scope=self._scope, source=self._source, message_id=message_id, data=value
-            )
-        except InvalidEvent as error:
-            return Malformed(str(error))
+        headers = msg.headers or {}
+        record = NatsRecord(self._stream, msg.subject, position, headers, msg.data)
+        return normalized_event(
+            record,
+            value,
+            self._normalize,
+            scope=self._scope,
+            source=self._source,
+            message_id=headers.get(MESSAGE_ID_HEADER) or f"{self._stream}/{position}",
+            max_bytes=self._max_payload,
+        )
 
     async def _fail(self, error: BaseException) -> None:
         _log.error("%s failed: %s", self.name, type(error).__name__)

@@ -89,15 +89,21 @@ def json_object(
     return data
 
 
-def stored_object(document: object, *, what: str) -> dict[str, Value] | Malformed:
-    """A document a database handed over, by the same rule as :func:`json_object`:
-    JSON text (``str`` or ``bytes``), or what the driver parsed already, which is
-    written again as JSON and read by the rule (a lone surrogate is written as its
-    escape and a non-finite number as ``NaN`` or ``Infinity``, which the rule
-    refuses).
+def stored_object(
+    document: object, *, what: str, max_bytes: int | None = None
+) -> dict[str, Value] | Malformed:
+    """A document a database (or a host's decoder) handed over, by the same rule as
+    :func:`json_object`: JSON text (``str`` or ``bytes``), or values parsed already,
+    which are written again as JSON and read by the rule (a lone surrogate is written
+    as its UTF-8 form and a non-finite number as ``NaN`` or ``Infinity``, which the
+    rule refuses; a value JSON has no form for, bytes or a datetime, is refused with
+    the writer's reason). At most ``max_bytes`` bytes of JSON text (unbounded when
+    ``None``).
 
     >>> stored_object({"n": float("inf")}, what="data")
     Malformed(reason='the data is not JSON: a non-finite number (Infinity) at position 6')
+    >>> stored_object({"at": b"x"}, what="data").reason
+    'the data is not JSON: TypeError: Object of type bytes is not JSON serializable'
     """
     if isinstance(document, str):
         text = document.encode("utf-8", "surrogatepass")
@@ -105,10 +111,10 @@ def stored_object(document: object, *, what: str) -> dict[str, Value] | Malforme
         text = document
     else:
         try:
-            text = json.dumps(document).encode("ascii")
+            text = json.dumps(document, ensure_ascii=False).encode("utf-8", "surrogatepass")
         except (TypeError, ValueError, RecursionError) as error:
-            return Malformed(f"the {what} is not JSON: {type(error).__name__}")
-    return json_object(text, max_bytes=None, what=what)
+            return Malformed(f"the {what} is not JSON: {type(error).__name__}: {error}")
+    return json_object(text, max_bytes=max_bytes, what=what)
 
 
 class Rebalance(Protocol):

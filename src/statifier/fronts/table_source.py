@@ -23,6 +23,11 @@ when what enqueued it committed. :class:`TableSource` reads the table as a
 Keep one key's events in one partition (:class:`ByKey` chooses it as the consumer
 chooses lanes), or two members could route one key's events side by side.
 
+A row's scope, source and message id are the event's, unless the source is given
+``normalize``: a function of the row as read (:class:`~statifier.sql.inbound.EventRow`)
+and its decoded data answering :class:`~statifier.fronts.normalize.Normalized`, whose
+parts take the place of the row's (an envelope a host's own SQL wrote, say).
+
 >>> import asyncio, tempfile
 >>> from pathlib import Path
 >>> from statifier.persistence.sql import SqlAdapter
@@ -70,12 +75,13 @@ from typing import Final
 from statifier.callbacks import awaited
 from statifier.fronts.lanes import lane_of
 from statifier.fronts.leases import Clock, LeaseChange, PartitionLeases
+from statifier.fronts.normalize import Normalize, normalized_event
 from statifier.fronts.source import Malformed, Message, Rebalance, stored_object
 from statifier.persistence import PLAIN, BlobCodec, UndecodableBlob
 from statifier.persistence.codec import opened_json, sealed_json
 from statifier.persistence.sql import SqlAdapter, SqlTransaction
 from statifier.repeats import Repeats
-from statifier.router import ConfigError, InboundEvent, InvalidEvent, Router
+from statifier.router import ConfigError, InboundEvent, Router
 from statifier.sql import Tables
 from statifier.sql.dialect import Dialect
 from statifier.sql.inbound import EventRow, InboundTable, NewEvent
@@ -191,6 +197,10 @@ class TableSource:
         clock: the time leases and commits are measured by.
         codec: decodes each event's data (what :func:`append_events` was given); a row
             it cannot decode is a malformed message (dead-lettered by the consumer).
+        normalize: a function of the row as read and its decoded data answering
+            :class:`~statifier.fronts.normalize.Normalized`: the data, and the scope,
+            message id and source in place of the row's (``None`` keeps the row's);
+            a row it raises for, or answers data that is not JSON for, is malformed.
 
     Raises:
         ConfigError: see :class:`~statifier.fronts.leases.PartitionLeases`.
@@ -206,9 +216,11 @@ class TableSource:
         ttl: float = 15.0,
         clock: Clock | None = None,
         codec: BlobCodec = PLAIN,
+        normalize: Normalize[EventRow] | None = None,
     ) -> None:
         self.adapter = adapter
         self.codec = codec
+        self.normalize = normalize
         self.group = group
         self.owner = owner or f"{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(4)}"
         self.clock = clock or _wall_clock
@@ -346,7 +358,9 @@ class TableSource:
                 if len(messages) >= limit:
                     break
                 rows = await self.table.read(tx.driver, partition, after, limit - len(messages))
-                messages.extend(_message(partition, row, self.codec) for row in rows)
+                messages.extend(
+                    _message(partition, row, self.codec, self.normalize) for row in rows
+                )
         for message in messages:
             self._cursors[message.partition] = max(
                 self._cursors.get(message.partition, 0), message.position
@@ -391,7 +405,9 @@ class TableSource:
             _log.exception("%s: leaving the group failed", self.name)
 
 
-def _message(partition: str, row: EventRow, codec: BlobCodec) -> Message:
+def _message(
+    partition: str, row: EventRow, codec: BlobCodec, normalize: Normalize[EventRow] | None
+) -> Message:
     data = row.data
     try:
         loaded = opened_json(codec, data, f"inbound event {partition}/{row.position}")
@@ -409,14 +425,16 @@ def _message(partition: str, row: EventRow, codec: BlobCodec) -> Message:
         {"scope": row.scope, "source": row.source, "message_id": row.message_id, "data": loaded}
     ).encode("utf-8")
     checked = stored_object(loaded, what="data")  # every front's one JSON rule
-    try:
-        event: InboundEvent | Malformed = (
-            checked
-            if isinstance(checked, Malformed)
-            else InboundEvent(
-                scope=row.scope, source=row.source, message_id=row.message_id, data=checked
-            )
+    event: InboundEvent | Malformed = (
+        checked
+        if isinstance(checked, Malformed)
+        else normalized_event(
+            row,
+            checked,
+            normalize,
+            scope=row.scope,
+            source=row.source,
+            message_id=row.message_id,
         )
-    except InvalidEvent as error:
-        event = Malformed(str(error))
+    )
     return Message(partition, row.position, event, raw)
