@@ -246,7 +246,7 @@ class Driver:
 
     async def redrive_answers(self, limit: int = 100) -> int:
         """Deliver up to ``limit`` answers durable children still owe their parents,
-        oldest first: the door a reaper calls, since a crash between a child's end and
+        oldest first: the call a reaper makes, since a crash between a child's end and
         its parent's step leaves the answer written and undelivered. Delivery is
         deduplicated at the parent (an answer is marked delivered in the parent's step
         that takes it), so a redrive beside the normal path delivers nothing twice.
