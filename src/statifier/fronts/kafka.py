@@ -15,11 +15,14 @@ A commit waits at most ``commit_timeout`` seconds for the coordinator's answer, 
 raises :class:`CommitFailed` (the runtime commits again later). librdkafka's
 synchronous commit can wait without end when the coordinator disappears without
 closing its connections (a killed broker whose member session is still considered
-alive), so commits run on a thread of their own, one at a time: an unanswered one holds
-neither the consumer's polls nor the event loop, only the commits queued behind it
-(each of which times out in turn), and each commit gets its own answer, so a late one
-is never taken for a later commit's. A commit answered after its timeout is logged; the
-positions it confirms are committed again by the next commit, which is harmless.
+alive), even once the broker is back; so commits run on a thread of their own, one at
+a time, and an unanswered one holds neither the consumer's polls nor the event loop.
+Once a sent commit's waiter gives up, the next commits run on a new thread; those
+already queued behind it wait within their own bounds, and are not sent once given up.
+Each commit gets its own answer, so a late one is never taken for a later commit's: it
+is only logged. It may set an offset back to an older settled position (whose later
+records then come again, and the router dedupes them), never past a record that did
+not settle.
 
 Partition moves reach the runtime's :class:`~statifier.fronts.source.Rebalance`. The
 assignment strategy is ``cooperative-sticky`` by default: a rebalance revokes only the
