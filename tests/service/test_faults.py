@@ -2,7 +2,8 @@
 exactly once afterwards and that ``/readyz`` reported the outage (503 naming the cause
 while it lasted, 200 after):
 
-- the Kafka broker stopped and started again: a Tansu process on an ``s3://`` storage
+- the Kafka broker killed (``SIGKILL``: no connection closed cleanly, the member's
+  session still alive) and started again: a Tansu process on an ``s3://`` storage
   engine (:mod:`tests.fronts.object_store`), so the broker started again keeps its
   topics, records and committed offsets; the log stays bounded meanwhile;
 - the database stopped for 20 seconds and started again: a PostgreSQL server of the
@@ -100,6 +101,7 @@ scope = "{SCOPE}"
 brokers = "{broker}"
 topics = ["{topic}"]
 group = "{group}"
+commit_timeout = 2
 
 [sources.clicks.settings]
 {fast_group_toml()}
@@ -172,7 +174,7 @@ def _ids(topic: str, placed: list[tuple[int, int]]) -> set[str]:
 
 
 @pytest.mark.asyncio
-async def test_the_kafka_broker_stopped_and_started_again(
+async def test_the_kafka_broker_killed_and_started_again(
     store: ObjectStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     environment = s3_environment(store)
@@ -191,7 +193,7 @@ async def test_the_kafka_broker_stopped_and_started_again(
             await _until_stepped(router, _ids(topic, before))
             await _until_ready(client, base)
 
-            stop_kafka_broker(broker)
+            stop_kafka_broker(broker, grace=0)  # SIGKILL: no connection is closed cleanly
             stopped = time.monotonic()
             lines = len(caplog.records)
             reasons = await _until_unready(client, base, "source clicks: no broker answers")

@@ -6,10 +6,23 @@ brokers share the topics' partitions among the group's members and move them as
 members come and go. Each topic-partition is a source partition named
 ``<topic>/<partition>``, and a record's offset is its position. Nothing is committed
 behind the runtime's back (``enable.auto.commit`` and ``enable.auto.offset.store`` are
-off): :meth:`KafkaSource.commit` commits, synchronously, exactly the positions the
-runtime names, as Kafka offsets ``position + 1`` (the next record to read), so a member
-that takes a partition over starts right after the last record whose delivery
-committed.
+off): :meth:`KafkaSource.commit` commits exactly the positions the runtime names, as
+Kafka offsets ``position + 1`` (the next record to read), so a member that takes a
+partition over starts right after the last record whose delivery committed, and returns
+once the group coordinator confirmed.
+
+A commit waits at most ``commit_timeout`` seconds for the coordinator's answer, then
+raises :class:`CommitFailed` (the runtime commits again later). librdkafka's
+synchronous commit can wait without end when the coordinator disappears without
+closing its connections (a killed broker whose member session is still considered
+alive), even once the broker is back; so commits run on a thread of their own, one at
+a time, and an unanswered one holds neither the consumer's polls nor the event loop.
+Once a sent commit's waiter gives up, the next commits run on a new thread; those
+already queued behind it wait within their own bounds, and are not sent once given up.
+Each commit gets its own answer, so a late one is never taken for a later commit's: it
+is only logged. It may set an offset back to an older done position (whose later
+records then come again, and the router dedupes them), never past a record not yet
+done.
 
 Partition moves reach the runtime's :class:`~statifier.fronts.source.Rebalance`. The
 assignment strategy is ``cooperative-sticky`` by default: a rebalance revokes only the
@@ -41,11 +54,12 @@ A record without a value, over the bound, undecodable, not an object, or whose i
 scope cannot be had (the host's function raised or returned an unusable value) is a
 :class:`~statifier.fronts.source.Malformed` message: the runtime dead-letters it.
 
-confluent-kafka's consumer blocks and must be called from one thread at a time, so
-every call on it runs on one thread the source owns. A poll there serves pending
-commits between short waits, and a rebalance callback (which librdkafka runs inside a
-poll) serves them while it waits for the runtime: the commits ``Rebalance.revoked``
-makes reach the broker before the partitions are given up. The event loop never blocks.
+confluent-kafka's consumer blocks, so every call on it but the commits runs on one
+thread the source owns, in order; the commits run on the commit thread (librdkafka
+takes calls from several threads). A rebalance callback, which librdkafka runs inside a
+poll, waits there for the runtime, whose ``Rebalance.revoked`` commits through the
+commit thread: its commits reach the broker before the partitions are given up. The
+event loop never blocks.
 
 librdkafka queues each partition's fetched records together, a whole backlog at a
 time, so one busy partition could fill the runtime's in-flight budget while the others
@@ -103,6 +117,7 @@ except ModuleNotFoundError as missing:  # confluent-kafka: the kafka extra
     raise MissingExtra.of(missing) from missing
 
 __all__ = [
+    "DEFAULT_COMMIT_TIMEOUT",
     "DEFAULT_MAX_PAYLOAD",
     "RESERVED_SETTINGS",
     "CommitFailed",
@@ -134,8 +149,8 @@ RESERVED_SETTINGS: Final = frozenset(
 )
 """librdkafka settings the source sets itself; ``settings`` may not name them."""
 _TOPIC: Final = re.compile(r"[A-Za-z0-9._-]{1,249}")
-_SLICE: Final = 0.05
-"""Seconds one poll waits before pending commits are served."""
+DEFAULT_COMMIT_TIMEOUT: Final = 10.0
+"""The most seconds :meth:`KafkaSource.commit` waits for the coordinator by default."""
 _CHUNK: Final = 64
 """Records taken from librdkafka's queue at a time, between checks of the bound."""
 _STATS_EVERY_MS: Final = 1000
@@ -288,13 +303,12 @@ class _Job:
 
 
 class _ConsumerThread:
-    """The one thread that calls a consumer, in order.
+    """A thread that makes calls on a consumer, one at a time, in order.
 
-    Jobs run one at a time in the order given. An *urgent* job (a commit) may also run
-    inside a running job, at the points where that job calls :meth:`serve_urgent`:
-    between the slices of a poll and while a rebalance callback waits for the runtime.
-    confluent-kafka allows such calls because they come from the thread already in the
-    consumer.
+    Jobs run in the order given. An *urgent* job (a commit made while the consumer
+    closes) may also run inside a running job, at the points where that job calls
+    :meth:`serve_urgent`: while a rebalance callback waits for the runtime. confluent-kafka
+    allows such calls because they come from the thread already in the consumer.
     """
 
     def __init__(self, name: str) -> None:
@@ -476,6 +490,11 @@ class KafkaSource:
             runtime's ``assigned``/``revoked``; after that the partitions move anyway
             (their uncommitted records come again to their next owner). Keep it below
             ``max.poll.interval.ms``.
+        commit_timeout: the most seconds :meth:`commit` waits for the coordinator's
+            answer (:data:`DEFAULT_COMMIT_TIMEOUT`) before it raises
+            :class:`CommitFailed`; also how long commits must have kept failing before
+            :meth:`trouble` says so. Keep it below ``rebalance_timeout``, so a
+            revocation's commit is answered or given up before its partitions move.
         partition_buffer: messages of one partition polled and not handed over at
             most before the partition is paused (resumed once they are taken); the
             source holds at most about this many per owned partition, each at most
@@ -487,8 +506,8 @@ class KafkaSource:
     Raises:
         ConfigError: no topic, a topic that is not a Kafka topic name, an empty group,
             not exactly one of ``scope`` and ``scope_of`` (without ``normalize``),
-            ``normalize`` beside ``scope_of`` or ``message_id``, a bound that is not
-            positive, or a setting in :data:`RESERVED_SETTINGS`.
+            ``normalize`` beside ``scope_of`` or ``message_id``, a bound or timeout
+            that is not positive, or a setting in :data:`RESERVED_SETTINGS`.
     """
 
     def __init__(
@@ -506,6 +525,7 @@ class KafkaSource:
         max_payload: int = DEFAULT_MAX_PAYLOAD,
         assignment: str = "cooperative-sticky",
         rebalance_timeout: float = 60.0,
+        commit_timeout: float = DEFAULT_COMMIT_TIMEOUT,
         partition_buffer: int = 1000,
         settings: Mapping[str, Any] | None = None,
     ) -> None:
@@ -522,6 +542,8 @@ class KafkaSource:
             raise ConfigError("a Kafka source needs exactly one of scope and scope_of")
         if not max_payload > 0 or not rebalance_timeout > 0 or not partition_buffer > 0:
             raise ConfigError("max_payload, rebalance_timeout and partition_buffer are positive")
+        if not commit_timeout > 0:
+            raise ConfigError(f"commit_timeout must be positive, not {commit_timeout!r}")
         reserved = sorted(RESERVED_SETTINGS.intersection(settings or {}))
         if reserved:
             raise ConfigError(f"the Kafka source sets {reserved} itself")
@@ -536,6 +558,7 @@ class KafkaSource:
         (its data needs no second check, and its failure keeps its reason)."""
         self._max_payload = max_payload
         self._rebalance_timeout = rebalance_timeout
+        self._commit_timeout = commit_timeout
         self._bound = partition_buffer
         self._settings: dict[str, Any] = {
             "auto.offset.reset": "earliest",
@@ -550,6 +573,13 @@ class KafkaSource:
         }
         self._consumer: Consumer | None = None
         self._thread: _ConsumerThread | None = None
+        self._commits: _ConsumerThread | None = None
+        self._unanswered: set[asyncio.Future[Any]] = set()
+        """The answers of the commits sent, given up on and not answered yet."""
+        self._failing_since: float | None = None
+        """When the first of the commits failing since the last that succeeded began
+        (monotonic); ``None`` while commits succeed."""
+        self._failing_reported = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._rebalance: Rebalance | None = None
         self._owned: set[str] = set()
@@ -586,6 +616,10 @@ class KafkaSource:
         - ``"failed: ..."``: the client reported a fatal error.
         - ``"no broker answers"``: no connection to a broker of the cluster is up (the
           brokers are down or unreachable); until one is again.
+        - ``"commits failing for N s"``: every commit for at least ``commit_timeout``
+          seconds failed (refused, or not answered in time); until one succeeds. The
+          done records are not acknowledged meanwhile: they come again after a
+          rebalance or a restart (the router dedupes them).
         - ``"no partition and not in the group for N s"``: the member holds no
           partition and has not been a steady member of its group (it has no group
           coordinator, or its join or a rebalance has not completed) for at least
@@ -598,10 +632,13 @@ class KafkaSource:
         if self._failure is not None:
             return f"failed: {self._failure.name()}"
         links = self._links
+        if links.reported and not links.brokers_up:
+            return "no broker answers"
+        failing = self._failing_since
+        if failing is not None and time.monotonic() - failing >= self._commit_timeout:
+            return f"commits failing for {time.monotonic() - failing:.0f} s"
         if not links.reported:
             return None
-        if not links.brokers_up:
-            return "no broker answers"
         outside = links.outside_since
         if outside is not None and not self._owned:
             waited = time.monotonic() - outside
@@ -623,6 +660,7 @@ class KafkaSource:
         thread = _ConsumerThread(f"statifier {self.name}")
         thread.start()
         self._thread = thread
+        self._commits = self._commit_thread()
         self._consumer = await thread.call(self._subscribe)
 
     async def fetch(self, max_messages: int, wait: float) -> Sequence[Message]:
@@ -648,15 +686,18 @@ class KafkaSource:
 
     async def commit(self, positions: Mapping[str, int]) -> None:
         """Commit, for each owned partition, offset ``position + 1``; a partition not
-        owned (revoked, lost) is skipped. Returns once the coordinator confirmed.
+        owned (revoked, lost) is skipped. Returns once the coordinator confirmed, within
+        ``commit_timeout`` seconds (counted from the call: a commit queued behind an
+        unanswered one waits for its turn within the same bound).
 
         Raises:
             CommitFailed: the coordinator refused or did not answer (a rebalance in
-                progress, a member fenced out of the group, the brokers unreachable).
+                progress, a member fenced out of the group, the brokers unreachable),
+                or no answer came within ``commit_timeout``.
             ValueError: a partition name that is not ``<topic>/<partition>``, or a
                 negative position.
         """
-        thread = self._started()
+        self._started()
         offsets = []
         for name, position in positions.items():
             topic, partition = _topic_partition(name)
@@ -668,32 +709,156 @@ class KafkaSource:
                 _log.info("%s: not committing %s: it is no longer owned", self.name, name)
         if not offsets:
             return
-        consumer = self._started_consumer()
+        began = time.monotonic()
         try:
-            answered = await thread.call(
-                lambda: consumer.commit(offsets=offsets, asynchronous=False), urgent=True
-            )
-        except KafkaException as error:
-            raise CommitFailed(f"{self.name}: the commit failed: {error.args[0]}") from error
+            answered = await self._commit_in_time(offsets)
+        except CommitFailed:
+            self._commit_ended(began, failed=True)
+            raise
         refused = [f"{tp.topic}/{tp.partition}: {tp.error}" for tp in answered or [] if tp.error]
         if refused:
+            self._commit_ended(began, failed=True)
             raise CommitFailed(f"{self.name}: the commit was refused for {refused}")
+        self._commit_ended(began, failed=False)
+
+    async def _commit_in_time(self, offsets: list[TopicPartition]) -> Any:
+        """Hand ``offsets`` to the commit thread and wait at most ``commit_timeout``
+        for the coordinator's answer (librdkafka's per-partition results)."""
+        consumer, commits = self._started_consumer(), self._started_commits()
+        withdrawn, sent = threading.Event(), threading.Event()
+        # librdkafka answers a commit made while the consumer closes (a revocation's,
+        # inside the close) only on the thread in the close: there it is urgent.
+        closing = self._closed
+
+        def commit_now() -> Any:
+            if withdrawn.is_set():  # its waiter gave up before its turn: not sent
+                return None
+            sent.set()
+            return consumer.commit(offsets=offsets, asynchronous=False)
+
+        if closing:
+            answer = self._started().call(commit_now, urgent=True)
+        else:
+            answer = commits.call(commit_now)
+        try:
+            async with asyncio.timeout(self._commit_timeout):
+                return await asyncio.shield(answer)
+        except TimeoutError:
+            raise CommitFailed(
+                f"{self.name}: the coordinator did not answer the commit within "
+                f"{self._commit_timeout:g} s"
+            ) from None
+        except KafkaException as error:
+            raise CommitFailed(f"{self.name}: the commit failed: {error.args[0]}") from error
+        finally:
+            if not answer.done():
+                withdrawn.set()
+                answer.add_done_callback(self._answered_late)
+                if sent.is_set() and not closing:
+                    self._retire(commits, answer)
+
+    def _commit_thread(self) -> _ConsumerThread:
+        commits = _ConsumerThread(f"statifier {self.name} commits")
+        commits.start()
+        return commits
+
+    def _retire(self, commits: _ConsumerThread, answer: asyncio.Future[Any]) -> None:
+        """Leave ``commits`` to its unanswered call and run the next commits on a new
+        thread: librdkafka may never answer that call (it can lose a commit's answer
+        when the coordinator is killed), and the commits queued behind it would all
+        wait in vain. The call, if answered, may then commit older offsets after newer
+        ones: the records between come again to the partition's next owner, and the
+        router dedupes them; no offset past a record not yet done is ever committed."""
+        self._unanswered.add(answer)
+        answer.add_done_callback(self._unanswered.discard)
+        commits.stop()  # ends once its call returns; what is queued behind is withdrawn
+        if self._commits is commits:
+            self._commits = self._commit_thread()
+
+    def _answered_late(self, answer: asyncio.Future[Any]) -> None:
+        """Log the answer of a commit whose waiter gave up: its offsets are committed
+        again by a later commit, or come again (the router dedupes them)."""
+        if answer.cancelled():
+            return
+        error = answer.exception()
+        if error is None and answer.result() is None:
+            return  # withdrawn before its turn: never sent
+        said = "" if error is None else f": {error}"
+        _log.info(
+            "%s: a commit given up on was answered late%s",
+            self.name,
+            said,
+            extra={"source": self.name},
+        )
+
+    def _commit_ended(self, began: float, *, failed: bool) -> None:
+        """Keep whether commits keep failing, for :meth:`trouble`, and report
+        ``statifier.fronts.trouble`` when that begins and ends."""
+        if not failed:
+            self._failing_since = None
+            if self._failing_reported:
+                self._failing_reported = False
+                report("statifier.fronts.trouble", {}, {"source": self.name, "trouble": None})
+            return
+        if self._failing_since is None:
+            self._failing_since = began
+        if (
+            not self._failing_reported
+            and time.monotonic() - self._failing_since >= self._commit_timeout
+        ):
+            self._failing_reported = True
+            metadata = {"source": self.name, "trouble": "commits failing"}
+            report("statifier.fronts.trouble", {}, metadata)
 
     async def close(self) -> None:
         """Leave the group (revoking what is owned through the runtime first, so its
         gapless prefix of done messages is committed) and release the client. What was
-        committed stays; closing twice does nothing."""
+        committed stays; closing twice does nothing.
+
+        A commit sent and not answered yet is waited for, at most ``commit_timeout``,
+        then the client is closed all the same (librdkafka may never answer it). The
+        commits of the revocation inside the close run on the consumer's thread
+        (librdkafka answers them only there), each waited for at most
+        ``commit_timeout``; the close itself is waited for at most
+        ``rebalance_timeout + commit_timeout``, then left to that thread."""
         if self._closed or self._thread is None:
             return
         self._closed = True
-        thread = self._thread
+        thread, commits = self._thread, self._commits
         consumer = self._consumer
         try:
             if consumer is not None:
-                await thread.call(consumer.close)
+                await self._commits_answered()
+                closed = thread.call(consumer.close)
+                bound = self._rebalance_timeout + self._commit_timeout
+                await asyncio.wait([closed], timeout=bound)
+                if not closed.done():
+                    _log.error(
+                        "%s: the client did not close within %g s; going on",
+                        self.name,
+                        bound,
+                        extra={"source": self.name},
+                    )
+                else:
+                    closed.result()
         finally:
             thread.stop()
+            if commits is not None:
+                commits.stop()
             await asyncio.to_thread(thread.join, 10.0)
+
+    async def _commits_answered(self) -> None:
+        """Wait at most ``commit_timeout`` for the commits sent and not answered."""
+        commits = self._started_commits()
+        answers = [*self._unanswered, commits.call(lambda: None)]
+        await asyncio.wait(answers, timeout=self._commit_timeout)
+        if not all(answer.done() for answer in answers):
+            _log.warning(
+                "%s: a commit is still unanswered after %g s; closing the client anyway",
+                self.name,
+                self._commit_timeout,
+                extra={"source": self.name},
+            )
 
     # On the consumer's thread.
 
@@ -720,24 +885,13 @@ class KafkaSource:
         A partition holding ``partition_buffer`` messages (those ``buffered`` already
         and those read now) is paused, which drops its queued records from librdkafka's
         queue, so the other partitions' records come next; a partition whose buffer
-        was taken below the bound is resumed. Commits queued meanwhile are served
-        between short polls.
+        was taken below the bound is resumed.
         """
         consumer = self._started_consumer()
-        thread = self._started()
         held = Counter(buffered)
         self._pause_only(consumer, {name for name, count in held.items() if count >= self._bound})
-        deadline = time.monotonic() + wait
-        records: list[confluent_kafka.Message] = []
-        while True:
-            thread.serve_urgent()
-            left = deadline - time.monotonic()
-            first = consumer.poll(max(0.0, min(_SLICE, left)))
-            if first is not None:
-                records.append(first)
-                break
-            if left <= 0:
-                break
+        first = consumer.poll(max(0.0, wait))
+        records: list[confluent_kafka.Message] = [] if first is None else [first]
         while records:
             batch = consumer.consume(_CHUNK, 0)
             if not batch:
@@ -901,7 +1055,8 @@ class KafkaSource:
             )
 
     def _bridge(self, move: Coroutine[Any, Any, None], names: list[str], what: str) -> None:
-        """Run ``move`` on the loop and wait for it here, serving its commits."""
+        """Run ``move`` on the loop and wait for it here, serving the commits it makes
+        while the consumer closes (the others run on the commit thread)."""
         loop, thread = self._loop, self._started()
         assert loop is not None
         if loop.is_closed():
@@ -948,6 +1103,11 @@ class KafkaSource:
         if self._thread is None:
             raise RuntimeError(f"{self.name} is not started")
         return self._thread
+
+    def _started_commits(self) -> _ConsumerThread:
+        if self._commits is None:
+            raise RuntimeError(f"{self.name} is not started")
+        return self._commits
 
     def _started_consumer(self) -> Consumer:
         if self._consumer is None:

@@ -182,6 +182,7 @@ def _built(settings: SourceSettings, router: Router) -> Source:
             max_payload=options.max_payload,
             assignment=options.assignment,
             rebalance_timeout=options.rebalance_timeout,
+            commit_timeout=options.commit_timeout,
             settings=dict(options.settings),
         )
     if isinstance(options, NatsOptions):

@@ -472,6 +472,7 @@ class SectionReader:
             max_payload=table.integer("max_payload", 1_048_576),
             assignment=table.text("assignment", "cooperative-sticky"),
             rebalance_timeout=table.seconds("rebalance_timeout", 60.0),
+            commit_timeout=table.seconds("commit_timeout", 10.0),
             settings=settings,
         )
 

@@ -337,6 +337,7 @@ class KafkaOptions:
     max_payload: int = 1_048_576
     assignment: str = "cooperative-sticky"
     rebalance_timeout: float = 60.0
+    commit_timeout: float = 10.0
     settings: Mapping[str, str | int | float | bool] = field(default_factory=dict, repr=False)
 
 
