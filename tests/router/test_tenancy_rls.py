@@ -106,7 +106,7 @@ class Tenancy:
     def table(self, name: str) -> sql.Composed:
         return sql.SQL("{}.{}").format(sql.Identifier(self.schema), sql.Identifier(PREFIX + name))
 
-    def rows(self, query: sql.Composable) -> list[tuple[Any, ...]]:
+    def rows(self, query: sql.Composed) -> list[tuple[Any, ...]]:
         """``query``'s rows, read as the superuser: every tenant's."""
         with psycopg.connect(self.admin_url) as connection:
             return connection.execute(query).fetchall()
