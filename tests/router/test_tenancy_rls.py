@@ -4,7 +4,8 @@ The tables get a leading ``tenant`` column whose default is the transaction's
 ``app.tenant`` setting, and the executions' and the router's tables a forced policy: a
 row is seen when its tenant is the setting, or when no tenant is set (what the router
 runs before ``on_begin``: a timer batch's claim and read-ahead, a route batch's
-locks); a row is written only with the tenant set, and only as its own. The charts
+locks); a row is inserted only with the tenant set, and only as its own (one may be
+moved with none set: a timer whose payload cannot be read is put off unscoped). The charts
 table is shared: a chart is stored once by its content hash, whoever runs it. The
 router connects as a plain login role (a superuser bypasses every policy), and
 ``on_begin`` sets the tenant with ``SET LOCAL`` (``set_config(..., true)``).
@@ -136,7 +137,7 @@ def _guard(connection: psycopg.Connection[Any], tenancy: Tenancy, role: str) -> 
             sql.SQL(
                 "CREATE POLICY tenant_rows ON {} "
                 "USING (tenant = {setting} OR {setting} = '') "
-                "WITH CHECK (tenant = {setting} AND {setting} <> '')"
+                "WITH CHECK (coalesce(tenant, '') <> '' AND (tenant = {setting} OR {setting} = ''))"
             ).format(table, setting=sql.SQL(setting))
         )
 
