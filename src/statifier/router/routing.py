@@ -236,15 +236,15 @@ class Router:
         )
 
     def transaction(
-        self, connection: Connection | None = None, *, door: Entry | None = None
+        self, connection: Connection | None = None, *, entered: Entry | None = None
     ) -> AbstractAsyncContextManager[Unit]:
         """A router transaction on this router's database (see
         :mod:`statifier.router.transaction`), or one joined to ``connection`` (with a
-        transaction the caller began, and ends). ``door`` is the entry whose
+        transaction the caller began, and ends). ``entered`` is the entry whose
         ``around_delivery`` call encloses what runs in it (a send to an execution
         target there is not wrapped again): the timer worker's fires pass
         :attr:`~statifier.router.Entry.TIMER`."""
-        return transaction(self._parts, connection, door)
+        return transaction(self._parts, connection, entered)
 
     # Routing an event.
 
@@ -363,7 +363,7 @@ class Router:
         answers: list[Routed | Failed] = []
         durations: list[float] = []
         hooked = self.config.around_delivery is not None or self.config.on_begin is not None
-        async with self.transaction(connection, door=Entry.ROUTE) as unit:
+        async with self.transaction(connection, entered=Entry.ROUTE) as unit:
             await _lock(unit, locks)
             blocked = _Blocked()
             # The deliveries' ledger rows, written at once before the commit: a row is
@@ -440,12 +440,12 @@ class Router:
         locks = delivery_locks(plan, scope, key, message_id)
         if entry is None:
             return await self._alone(connection, locks, settle)
-        door = entry
+        entered = entry
 
         async def work() -> Outcome:
-            return await self._alone(connection, locks, settle, None, (scope, door))
+            return await self._alone(connection, locks, settle, None, (scope, entered))
 
-        return await self._around(scope, door, work)
+        return await self._around(scope, entered, work)
 
     async def deliver_post(
         self,
@@ -492,7 +492,7 @@ class Router:
         locks = sorted_locks(delivery_locks(plan, found.scope, found.key, delivery.message_id))
 
         async def work() -> Outcome | None:
-            async with self.transaction(door=Entry.BASICHTTP) as unit:
+            async with self.transaction(entered=Entry.BASICHTTP) as unit:
                 await unit.begin(found.scope, Entry.BASICHTTP)
                 await unit.lock(locks, self.config.lock_wait)
                 again = await resolve(unit, token)
@@ -600,20 +600,21 @@ class Router:
         locks: list[int],
         settle: Callable[[Unit], Awaitable[Outcome]],
         scheduled: list[int] | None = None,
-        door: tuple[str, Entry] | None = None,
+        under: tuple[str, Entry] | None = None,
     ) -> Outcome:
         """One delivery in a transaction of its own, or in a savepoint of the caller's:
-        given ``door`` (the scope and entry it runs under), ``on_begin`` first, then
+        given ``under`` (the scope and entry it runs under), ``on_begin`` first, then
         its advisory locks (sorted, bounded by ``lock_wait``), then ``settle``; the
         count of timers it scheduled goes to ``scheduled``."""
-        async with self.transaction(connection, door=None if door is None else door[1]) as unit:
+        entered = None if under is None else under[1]
+        async with self.transaction(connection, entered=entered) as unit:
             if connection is None:
-                await _begun(unit, door)
+                await _begun(unit, under)
                 await _lock(unit, sorted_locks(locks))
                 outcome = await settle(unit)
             else:
                 async with unit.savepoint():
-                    await _begun(unit, door)
+                    await _begun(unit, under)
                     await _lock(unit, sorted_locks(locks))
                     outcome = await settle(unit)
             if scheduled is not None:
@@ -764,10 +765,10 @@ async def _settle_one(
     return outcome
 
 
-async def _begun(unit: Unit, door: tuple[str, Entry] | None) -> None:
-    """``on_begin`` for a delivery run under ``door`` (its scope and entry), if any."""
-    if door is not None:
-        await unit.begin(*door)
+async def _begun(unit: Unit, under: tuple[str, Entry] | None) -> None:
+    """``on_begin`` for a delivery run ``under`` its scope and entry, if any."""
+    if under is not None:
+        await unit.begin(*under)
 
 
 async def _lock(unit: Unit, keys: list[int]) -> None:

@@ -294,7 +294,7 @@ class SendHandler:
                 return None
             return await self._refuse(effect, context, *why, ledger_id=EXECUTION_TARGET)
 
-        if not self.config.wrap_target or self.unit.door is not None:
+        if not self.config.wrap_target or self.unit.entered is not None:
             return await work()
         return await self._wrapped(scope, work, effect, context)
 
@@ -313,7 +313,7 @@ class SendHandler:
         raised: list[BaseException] = []
 
         async def enclosed() -> Refused | None:
-            unit.door = Entry.TARGET
+            unit.entered = Entry.TARGET
             try:
                 await unit.begin(scope, Entry.TARGET)
                 return await work()
@@ -321,7 +321,7 @@ class SendHandler:
                 raised.append(error)
                 raise
             finally:
-                unit.door = None
+                unit.entered = None
 
         try:
             async with unit.savepoint():

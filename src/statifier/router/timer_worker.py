@@ -505,7 +505,7 @@ class TimerWorker:
     async def _at_once(self, now: datetime) -> _Batch:
         """One transaction: delete a batch of due rows, fire every one; whatever raises
         undoes the whole batch."""
-        async with self.router.transaction(door=Entry.TIMER) as unit:
+        async with self.router.transaction(entered=Entry.TIMER) as unit:
             taken = await self.queue.take_due(unit.tx, now, self.batch)
             claim = await _under_claim(unit, taken.timers)
             outcomes = [await self._fire(unit, timer.entry, now, claim) for timer in taken.timers]
@@ -517,7 +517,7 @@ class TimerWorker:
         """One transaction: lock a batch of due rows, delete and fire each at a
         savepoint of its own."""
         outcomes: list[_Outcome] = []
-        async with self.router.transaction(door=Entry.TIMER) as unit:
+        async with self.router.transaction(entered=Entry.TIMER) as unit:
             due = await self.queue.claim(unit.tx, now, self.batch)
             claim = await _under_claim(unit, due)
             # What is not a fire runs before the fires, with no scope set: a fire's

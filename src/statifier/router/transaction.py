@@ -16,7 +16,7 @@ delivery asks the unit for the lifecycle that performs its sends
 (:meth:`Unit.executions`).
 
 A transaction the router opens for one of its entries (:class:`~statifier.router.Entry`)
-knows it (:attr:`Unit.door`): a send to an execution target inside it is enclosed by
+knows it (:attr:`Unit.entered`): a send to an execution target inside it is enclosed by
 that entry's ``around_delivery`` call, and not wrapped again. :func:`around` is that
 call, and :meth:`Unit.begin` the configuration's ``on_begin``.
 """
@@ -96,7 +96,7 @@ class Unit:
             with its delivery).
         scheduled: how many timers the transaction's steps scheduled (the send
             handler counts them).
-        door: the entry whose ``around_delivery`` call encloses the deliveries run in
+        entered: the entry whose ``around_delivery`` call encloses the deliveries run in
             this transaction, or ``None`` when none does (a call of the host's own).
     """
 
@@ -107,14 +107,14 @@ class Unit:
         tx: SqlTransaction,
         storage: Storage,
         exclusion: Serialization,
-        door: Entry | None = None,
+        entered: Entry | None = None,
     ) -> None:
         self.sql = sql
         self.tx = tx
         self.storage = storage
         self.exclusion = exclusion
         self.scheduled = 0
-        self.door = door
+        self.entered = entered
         self._parts = parts
 
     @property
@@ -198,14 +198,14 @@ class RouterParts:
 async def transaction(
     parts: RouterParts,
     connection: sa.Connection | AsyncConnection | None = None,
-    door: Entry | None = None,
+    entered: Entry | None = None,
 ) -> AsyncIterator[Unit]:
     """Open a router transaction on ``parts.storage``'s SQL adapter, commit it when
     the block ends and roll it back when it raises; or, given ``connection`` (with a
     transaction the caller began), run in that transaction and leave its end to the
     caller. The configuration's ``lock_wait`` bounds the wait for an execution's lock
-    and for SQLite's single writer. ``door`` is the entry whose ``around_delivery``
-    call encloses its deliveries (:attr:`Unit.door`).
+    and for SQLite's single writer. ``entered`` is the entry whose ``around_delivery``
+    call encloses its deliveries (:attr:`Unit.entered`).
     """
     adapter = parts.storage.adapter
     assert isinstance(adapter, SqlAdapter)
@@ -219,7 +219,7 @@ async def transaction(
             exclusion = Unserialized()
         view = parts.storage.over(tx.adapter)
         sql = RoutingSession(parts.statements, tx.driver)
-        yield Unit(parts, sql, tx, view, exclusion, door)
+        yield Unit(parts, sql, tx, view, exclusion, entered)
 
 
 async def around(
