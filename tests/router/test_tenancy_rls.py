@@ -272,8 +272,11 @@ async def test_every_step_writes_and_sees_its_own_tenants_rows_only(
         hooks.refuse = {("globex", Entry.TIMER)}
         now = clock.advance(timedelta(seconds=2))
         assert await worker.fire_due(now) == 1
-        waiting = tenancy.rows(sql.SQL("SELECT tenant FROM {}").format(tenancy.table("timers")))
-        assert waiting == [("globex",)]
+        # Moved under its own tenant: the policy hides it from any other.
+        waiting = tenancy.rows(
+            sql.SQL("SELECT tenant, due_at FROM {}").format(tenancy.table("timers"))
+        )
+        assert waiting == [("globex", now + timedelta(seconds=5))]
         hooks.refuse.clear()
         assert await worker.fire_due(now + timedelta(seconds=5)) == 1
     assert not tenancy.rows(sql.SQL("SELECT 1 FROM {}").format(tenancy.table("timers")))
