@@ -352,19 +352,22 @@ async def test_a_delivery_that_outlives_the_timeout_is_503_and_rolled_back(
 
 
 @pytest.mark.asyncio
-async def test_around_delivery_wraps_each_post_under_its_scope(db: RouterDb) -> None:
+async def test_around_delivery_and_on_begin_take_each_post_under_its_scope(db: RouterDb) -> None:
     seen: list[tuple[str, str]] = []
 
     async def around(scope: str, entry: Any, work: Callable[[], Awaitable[Any]]) -> Any:
         seen.append((scope, str(entry)))
         return await work()
 
-    router = router_of(db, around_delivery=around)
+    async def on_begin(tx: Any, scope: str, entry: Any) -> None:
+        seen.append((scope, f"begin {entry}"))
+
+    router = router_of(db, around_delivery=around, on_begin=on_begin)
     token = await token_of(router, await loaded(router))
     seen.clear()
     async with client(basichttp_app(router)) as http:
         await http.post(f"/{token}", content=b"_scxmleventname=scanned", headers=FORM)
-    assert seen == [(SCOPE, "basichttp")]
+    assert seen == [(SCOPE, "basichttp"), (SCOPE, "begin basichttp")]
 
 
 @pytest.mark.asyncio

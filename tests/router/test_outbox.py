@@ -39,6 +39,7 @@ from statifier.router import (
     Binding,
     ConfigError,
     Create,
+    Entry,
     InboundEvent,
     Router,
     RouterConfig,
@@ -919,3 +920,35 @@ async def test_a_charts_basichttp_send_is_posted_and_its_failure_reaches_the_cha
     assert await leaves(router, execution_id) == ["returned_to_depot"]
     [report] = [r for r in await ledger(router) if r.binding_id == FAILURE_PLAN_ID]
     assert (report.outcome, report.message_id) == ("delivered", row.key)
+
+
+@pytest.mark.asyncio
+async def test_the_failure_report_is_wrapped_and_begun_under_the_outbox_entry(
+    router_db: RouterDb, http_server: _Server
+) -> None:
+    """The one step the drain drives, the failure report, runs under ``around_delivery``
+    and ``on_begin`` with ``Entry.OUTBOX`` and the sender's scope; the sink's POSTs run
+    under neither."""
+    calls: list[tuple[str, str, str]] = []
+
+    async def around(scope: str, entry: Entry, work: Any) -> Any:
+        calls.append(("around", scope, entry.value))
+        return await work()
+
+    async def on_begin(tx: Any, scope: str, entry: Entry) -> None:
+        calls.append(("begin", scope, entry.value))
+
+    router = router_db.router(
+        VAN_BINDINGS,
+        resolver=StaticResolver({"parcel_manifest": compile_chart(MANIFEST)}),
+        around_delivery=around,
+        on_begin=on_begin,
+    )
+    execution_id = await _loaded(router, "p4")
+    await _manifest_row(router_db, http_server, execution_id)
+    calls.clear()
+    http_server.statuses = [500]
+    drain = OutboxDrain(router.storage, {BASICHTTP_QUEUE: basichttp_sink(router)}, max_attempts=1)
+    assert (await drain.drain_once()).sent == 1
+    assert calls == [("around", SCOPE, "outbox"), ("begin", SCOPE, "outbox")]
+    assert await leaves(router, execution_id) == ["returned_to_depot"]

@@ -13,7 +13,10 @@ reported back instead: :func:`~statifier.router.deliver_event` delivers
 ``error.communication`` (``_event.sendid`` the send's author id, ``_event.data.message``
 what went wrong) to the sending execution, under the plan ``basichttp_failure``
 (``create=never``, deduped on the row's key for 72 hours, so a repeated report is a
-duplicate), and the row is marked sent: settled. A send whose event BasicHTTP cannot
+duplicate), and the row is marked sent: settled. That delivery is the one step the
+outbox drain drives: it runs under ``around_delivery`` and ``on_begin`` with
+:attr:`~statifier.router.Entry.OUTBOX` and the scope of the execution's address row
+(read before, outside them). A send whose event BasicHTTP cannot
 carry is reported at once. When there is no one to tell (the execution has no address
 row, or it has ended) the row is dead-lettered.
 
@@ -27,6 +30,7 @@ from typing import TYPE_CHECKING, Final
 
 from statifier.core import Event
 from statifier.router.binding import Create, Plan
+from statifier.router.config import Entry
 from statifier.router.outbox import DeadLetter, OutboxMessage, Sink
 from statifier.router.outcomes import Dropped, DropReason
 from statifier.router.queries import address_of
@@ -110,7 +114,7 @@ async def _report(router: Router, message: OutboxMessage, reason: str) -> None:
         "error.communication", type="platform", data={"message": reason}, sendid=message.sendid
     )
     outcome = await router.deliver_event(
-        plan, scope=scope, key=key, event=event, message_id=message.key
+        plan, scope=scope, key=key, event=event, message_id=message.key, entry=Entry.OUTBOX
     )
     if isinstance(outcome, Dropped) and outcome.reason in (
         DropReason.NO_EXECUTION,

@@ -39,7 +39,7 @@ from statifier.persistence import (
 )
 from statifier.persistence.executor import refuse_unperformed
 from statifier.persistence.serialization import DEFAULT_LOCK_WAIT
-from statifier.persistence.sql import SqlAdapter
+from statifier.persistence.sql import SqlAdapter, SqlTransaction
 from statifier.router.binding import Binding, unique_ids
 from statifier.router.errors import BindingError, ConfigError
 from statifier.router.routes import Route, RouteEntry
@@ -54,6 +54,7 @@ __all__ = [
     "ChartResolver",
     "Entry",
     "MintExecutionId",
+    "OnBegin",
     "OnCreate",
     "OnStep",
     "Resolved",
@@ -122,8 +123,8 @@ OnStep = Callable[[Executions, str, "Machine | None", Event], "Awaitable[Stepped
 
 
 class Entry(StrEnum):
-    """Which of the router's calls a delivery entered by: what ``around_delivery`` is
-    told."""
+    """Which of the router's calls a delivery entered by: what ``around_delivery`` and
+    ``on_begin`` are told."""
 
     ROUTE = "route"
     """:meth:`Router.route <statifier.router.Router.route>` and
@@ -134,12 +135,25 @@ class Entry(StrEnum):
     BASICHTTP = "basichttp"
     """:meth:`Router.deliver_post <statifier.router.Router.deliver_post>`: the BasicHTTP
     front."""
+    TIMER = "timer"
+    """The built-in timer worker firing one timer
+    (:class:`~statifier.router.TimerWorker`), under the scope its payload holds: the
+    scope of the delivery whose step scheduled it."""
+    OUTBOX = "outbox"
+    """The outbox drain's BasicHTTP sink telling a sender that its send failed for good
+    (``error.communication``, delivered through
+    :meth:`Router.deliver_event <statifier.router.Router.deliver_event>`)."""
     TARGET = "target"
-    """Reserved: no call is told it today (a send to an execution target runs inside
-    the sending step, under the entry that drove that step)."""
+    """A send to an execution target, only with ``wrap_target=True`` and only when no
+    other entry's work encloses the sending step (a step of the host's own call, such
+    as :meth:`Router.deliver_event <statifier.router.Router.deliver_event>`)."""
 
 
 AroundDelivery = Callable[[str, Entry, Callable[[], Awaitable[_T]]], Awaitable[_T]]
+
+OnBegin = Callable[[SqlTransaction, str, Entry], Awaitable[None]]
+"""``(tx, scope, entry)``: called first in each delivery's transaction or savepoint, on
+its connection, before any statement of the delivery (``SET LOCAL`` of a tenant)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,8 +281,25 @@ class RouterConfig:
         on_create, on_step: stand-ins for ``Executions.create`` and ``Executions.step``,
             called in the same transaction and savepoint.
         around_delivery: ``(scope, entry, work) -> await work()``: wraps every read and
-            write of one of the router's calls (a tenancy context, say); it must call ``work``
-            exactly once and return what it returned.
+            write of one of the router's calls, and every timer fire (a tenancy context,
+            say; :class:`Entry` says which); it must call ``work`` exactly once and
+            return what it returned. One that raises refuses that delivery or fire
+            alone: the rest of a batch goes on, and a refused fire is tried again later.
+        wrap_target: a send to an execution target whose sending step no entry's work
+            encloses is wrapped under :attr:`Entry.TARGET` too (by default a target
+            delivery is enclosed by its sender's and not wrapped again); it needs
+            ``around_delivery`` or ``on_begin``.
+        on_begin: ``async (tx, scope, entry)``, called first in the transaction (or
+            savepoint) of each delivery and timer fire the router drives, on its
+            connection, before any statement of it, so that a ``SET LOCAL`` reaches
+            every statement of it; in a batch transaction it is called again before
+            each delivery or fire, with that one's scope. What runs before it is not
+            covered: a timer batch's claim (the due rows taken or locked, the
+            executions they step read ahead), a route batch's plan (the bindings
+            read: the host's resolver, no statement) and its advisory locks, the
+            BasicHTTP token's first lookup, the failed send's address lookup; a
+            row-level security policy must let those through with the setting unset.
+            What it raises refuses the delivery or fire, as ``around_delivery`` does.
         lock_wait: the most seconds a delivery waits for an execution's lock (30 by
             default); ``None`` waits without bound.
         on_error: what an error event no transition takes does to an execution
@@ -286,7 +317,8 @@ class RouterConfig:
     Raises:
         ConfigError: both or neither of ``bindings`` and ``bindings_resolver``, a
             reserved binding id, something not callable, a store that is not SQL, a
-            ``source_type`` that is empty or an SCXML invoke type.
+            ``source_type`` that is empty or an SCXML invoke type, ``wrap_target``
+            without ``around_delivery`` or ``on_begin``.
         BindingError: two bindings with one id.
     """
 
@@ -310,6 +342,8 @@ class RouterConfig:
     on_create: OnCreate | None = None
     on_step: OnStep | None = None
     around_delivery: AroundDelivery[Any] | None = None
+    wrap_target: bool = False
+    on_begin: OnBegin | None = None
     lock_wait: float | None = DEFAULT_LOCK_WAIT
     on_error: ErrorPolicy | OnError | str = OnError.CONTINUE
     document_on_error: Mapping[str, OnError | str] = field(default_factory=dict)
@@ -337,12 +371,17 @@ class RouterConfig:
             "on_create",
             "on_step",
             "around_delivery",
+            "on_begin",
         ):
             value = getattr(self, name)
             if value is not None and not callable(value):
                 raise ConfigError(f"{name} must be callable, not {value!r}")
         if not isinstance(self.start_options, StartOptions):
             raise ConfigError("start_options must be a StartOptions")
+        if not isinstance(self.wrap_target, bool):
+            raise ConfigError(f"wrap_target must be a boolean, not {self.wrap_target!r}")
+        if self.wrap_target and self.around_delivery is None and self.on_begin is None:
+            raise ConfigError("wrap_target needs around_delivery or on_begin: nothing to wrap with")
         if self.lock_wait is not None and not self.lock_wait > 0:
             raise ConfigError(f"lock_wait must be positive seconds, not {self.lock_wait!r}")
         if self.basichttp is not None and not isinstance(self.basichttp, BasicHttpLocations):

@@ -68,6 +68,7 @@ from statifier.router.timers import SqlTimerQueue
 from statifier.router.transaction import (
     RouterParts,
     Unit,
+    around,
     lock_key,
     sorted_locks,
     statements_for,
@@ -235,12 +236,15 @@ class Router:
         )
 
     def transaction(
-        self, connection: Connection | None = None
+        self, connection: Connection | None = None, *, entered: Entry | None = None
     ) -> AbstractAsyncContextManager[Unit]:
         """A router transaction on this router's database (see
         :mod:`statifier.router.transaction`), or one joined to ``connection`` (with a
-        transaction the caller began, and ends)."""
-        return transaction(self._parts, connection)
+        transaction the caller began, and ends). ``entered`` is the entry whose
+        ``around_delivery`` call encloses what runs in it (a send to an execution
+        target there is not wrapped again): the timer worker's fires pass
+        :attr:`~statifier.router.Entry.TIMER`."""
+        return transaction(self._parts, connection, entered)
 
     # Routing an event.
 
@@ -294,7 +298,11 @@ class Router:
                     return await _settle_one(unit, event, verdict, moment)
 
                 locks = verdict.locks(event)
-                outcomes.append(await self._alone(connection, locks, settle, scheduled))
+                outcomes.append(
+                    await self._alone(
+                        connection, locks, settle, scheduled, (event.scope, Entry.ROUTE)
+                    )
+                )
             return Routed(event, tuple(outcomes), self._waiting(sum(scheduled)))
 
         return _reported(await self._around(event.scope, Entry.ROUTE, work), started)
@@ -321,7 +329,11 @@ class Router:
 
         ``around_delivery`` is called under the event's scope around reading its
         bindings (unless it comes planned) and around its deliveries; the batch's
-        begin, locks and commit run outside it.
+        begin, locks and commit run outside it. With ``around_delivery`` or
+        ``on_begin`` configured, each event settles at a savepoint of its own around
+        the wrapper's call, ``on_begin`` first in it and the event's ledger rows last
+        (a wrapper that raises undoes its event's work); without either, the ledger
+        rows of the whole batch are written at once before the commit.
 
         Raises:
             ValueError: ``now`` is naive.
@@ -350,7 +362,8 @@ class Router:
         )
         answers: list[Routed | Failed] = []
         durations: list[float] = []
-        async with self.transaction(connection) as unit:
+        hooked = self.config.around_delivery is not None or self.config.on_begin is not None
+        async with self.transaction(connection, entered=Entry.ROUTE) as unit:
             await _lock(unit, locks)
             blocked = _Blocked()
             # The deliveries' ledger rows, written at once before the commit: a row is
@@ -361,11 +374,19 @@ class Router:
                 async def settle(
                     event: InboundEvent = event, plan: Planned | BaseException = plan
                 ) -> Routed | Failed:
+                    if hooked:
+                        return await self._own_batch_event(unit, event, plan, moment, blocked)
                     return await self._batch_event(unit, event, plan, moment, blocked, rows)
 
                 started = time.perf_counter()
                 try:
-                    answers.append(await self._around(event.scope, Entry.ROUTE, settle))
+                    if hooked:
+                        # A wrapper that raises after its work undoes the work too.
+                        async with unit.savepoint():
+                            answer = await self._around(event.scope, Entry.ROUTE, settle)
+                    else:
+                        answer = await self._around(event.scope, Entry.ROUTE, settle)
+                    answers.append(answer)
                 except Exception as error:  # noqa: BLE001 - around_delivery raised for it
                     blocked.scopes.setdefault(event.scope, event.message_id)
                     answers.append(Failed(event, error))
@@ -386,12 +407,18 @@ class Router:
         message_id: str,
         now: datetime | None = None,
         connection: Connection | None = None,
+        entry: Entry | None = None,
     ) -> Outcome:
         """Deliver ``event`` to the execution ``(scope, plan.document, key)`` addresses,
         with the same claim, address lookup and ledger row as a binding's delivery,
         filed under ``plan.id`` (a host job's answer coming back: a failed send, a
         sink's reply). Use an id of your own, not a binding's; ``create`` is usually
         ``never``.
+
+        It is the host's call, wrapped by nothing of the router's, unless ``entry`` is
+        given: then ``around_delivery`` encloses it, and ``on_begin`` begins its
+        transaction, told ``scope`` and ``entry``, as for the router's own entries
+        (the outbox's failure report passes :attr:`~statifier.router.Entry.OUTBOX`).
 
         Raises:
             ValueError: ``plan.id`` is a binding's or a reserved id (its dedupe claims
@@ -411,7 +438,14 @@ class Router:
             return await deliver(unit, delivery, moment)
 
         locks = delivery_locks(plan, scope, key, message_id)
-        return await self._alone(connection, locks, settle)
+        if entry is None:
+            return await self._alone(connection, locks, settle)
+        entered = entry
+
+        async def work() -> Outcome:
+            return await self._alone(connection, locks, settle, None, (scope, entered))
+
+        return await self._around(scope, entered, work)
 
     async def deliver_post(
         self,
@@ -433,7 +467,8 @@ class Router:
         ended). The token is read again inside the delivery's transaction, after its
         locks: a rotation committed in between makes it ``None``. ``around_delivery``
         wraps the delivery with :attr:`~statifier.router.Entry.BASICHTTP`, once the
-        token's scope is known.
+        token's scope is known, and ``on_begin`` begins the delivery's transaction, before
+        its locks.
 
         Raises:
             ConfigError: the configuration has no ``basichttp``.
@@ -457,7 +492,8 @@ class Router:
         locks = sorted_locks(delivery_locks(plan, found.scope, found.key, delivery.message_id))
 
         async def work() -> Outcome | None:
-            async with self.transaction() as unit:
+            async with self.transaction(entered=Entry.BASICHTTP) as unit:
+                await unit.begin(found.scope, Entry.BASICHTTP)
                 await unit.lock(locks, self.config.lock_wait)
                 again = await resolve(unit, token)
                 if again is None or again.execution_id != found.execution_id:
@@ -556,11 +592,7 @@ class Router:
 
     async def _around(self, scope: str, entry: Entry, work: Callable[[], Awaitable[_T]]) -> _T:
         """``work`` under the configuration's ``around_delivery``, if any."""
-        around = self.config.around_delivery
-        if around is None:
-            return await work()
-        result: _T = await around(scope, entry, work)
-        return result
+        return await around(self.config, scope, entry, work)
 
     async def _alone(
         self,
@@ -568,16 +600,21 @@ class Router:
         locks: list[int],
         settle: Callable[[Unit], Awaitable[Outcome]],
         scheduled: list[int] | None = None,
+        under: tuple[str, Entry] | None = None,
     ) -> Outcome:
         """One delivery in a transaction of its own, or in a savepoint of the caller's:
-        its advisory locks first (sorted, bounded by ``lock_wait``), then ``settle``;
-        the count of timers it scheduled goes to ``scheduled``."""
-        async with self.transaction(connection) as unit:
+        given ``under`` (the scope and entry it runs under), ``on_begin`` first, then
+        its advisory locks (sorted, bounded by ``lock_wait``), then ``settle``; the
+        count of timers it scheduled goes to ``scheduled``."""
+        entered = None if under is None else under[1]
+        async with self.transaction(connection, entered=entered) as unit:
             if connection is None:
+                await _begun(unit, under)
                 await _lock(unit, sorted_locks(locks))
                 outcome = await settle(unit)
             else:
                 async with unit.savepoint():
+                    await _begun(unit, under)
                     await _lock(unit, sorted_locks(locks))
                     outcome = await settle(unit)
             if scheduled is not None:
@@ -607,6 +644,23 @@ class Router:
             ),
         )
         return (notice,)
+
+    async def _own_batch_event(
+        self,
+        unit: Unit,
+        event: InboundEvent,
+        plan: Planned | BaseException,
+        now: datetime,
+        blocked: _Blocked,
+    ) -> Routed | Failed:
+        """:meth:`_batch_event` under the hooks, in the savepoint the batch opened for
+        the event: ``on_begin`` first, the event's own ledger rows last."""
+        rows: list[LedgerRow] = []
+        await unit.begin(event.scope, Entry.ROUTE)
+        answer = await self._batch_event(unit, event, plan, now, blocked, rows)
+        if rows:
+            await unit.sql.record_many(rows)
+        return answer
 
     async def _batch_event(
         self,
@@ -709,6 +763,12 @@ async def _settle_one(
             },
         )
     return outcome
+
+
+async def _begun(unit: Unit, under: tuple[str, Entry] | None) -> None:
+    """``on_begin`` for a delivery run ``under`` its scope and entry, if any."""
+    if under is not None:
+        await unit.begin(*under)
 
 
 async def _lock(unit: Unit, keys: list[int]) -> None:

@@ -8,7 +8,12 @@ seam, inside the transaction of the delivery whose step emitted them.
 - A send of the router's type to a route name goes to the route's adapter (delayed:
   onto the timer queue, fired later through the same adapter).
 - A send of the router's type to ``execution`` is delivered to another execution,
-  resolved in the sender's scope, in the same transaction.
+  resolved in the sender's scope, in the same transaction. It is enclosed by the
+  ``around_delivery`` call of the entry that drove the sending step; with
+  ``wrap_target=True`` one that no entry encloses (a step of a call of the host's own)
+  is wrapped under ``Entry.TARGET``, handed the sender's scope, with ``on_begin``
+  called first: the target's delivery, or its refusal row. A wrapper that raises
+  refuses the send (``wrapper_refused``) and nothing of the target's delivery stays.
 - A BasicHTTP send is handed to the outbox (queue ``basichttp``) and performed after
   the commit by the drain; a delayed one is refused.
 - ``<cancel>`` deletes the execution's timers of that send id.
@@ -27,7 +32,7 @@ host scheme in a target, a missing or finished target execution) writes one
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import timedelta
 from typing import Final
 
@@ -36,7 +41,7 @@ from statifier.core import Event
 from statifier.core import effects as fx
 from statifier.core.events import engine_event
 from statifier.persistence import EffectContext, Refused
-from statifier.router.config import BASICHTTP_TYPES
+from statifier.router.config import BASICHTTP_TYPES, Entry
 from statifier.router.delivery import deliver_to_execution
 from statifier.router.outbox import OutboxRoute
 from statifier.router.records import LedgerRow
@@ -48,7 +53,7 @@ from statifier.router.subscriptions import (
     unsubscribe_in,
 )
 from statifier.router.timer_queue import TimerEntry, TimerKind
-from statifier.router.transaction import Delivering, Unit
+from statifier.router.transaction import Delivering, Unit, around
 
 __all__ = [
     "BASICHTTP_QUEUE",
@@ -265,7 +270,8 @@ class SendHandler:
             f"#_scxml_{context.execution_id}",
             self.config.send_type,
         )
-        if self.delivering.scope is None:
+        scope = self.delivering.scope
+        if scope is None:
             return await self._refuse(
                 effect,
                 context,
@@ -273,18 +279,60 @@ class SendHandler:
                 "the sender has no scope",
                 ledger_id=EXECUTION_TARGET,
             )
-        why = await deliver_to_execution(
-            self.unit,
-            self.delivering,
-            document=document,
-            key=key,
-            create=str(create),
-            event=event,
-            message_id=str(send_key(effect, context)),
-        )
-        if why is not None:
-            return await self._refuse(effect, context, why[0], why[1], ledger_id=EXECUTION_TARGET)
-        return None
+
+        async def work() -> Refused | None:
+            why = await deliver_to_execution(
+                self.unit,
+                self.delivering,
+                document=document,
+                key=key,
+                create=str(create),
+                event=event,
+                message_id=str(send_key(effect, context)),
+            )
+            if why is None:
+                return None
+            return await self._refuse(effect, context, *why, ledger_id=EXECUTION_TARGET)
+
+        if not self.config.wrap_target or self.unit.entered is not None:
+            return await work()
+        return await self._wrapped(scope, work, effect, context)
+
+    async def _wrapped(
+        self,
+        scope: str,
+        work: Callable[[], Awaitable[Refused | None]],
+        effect: fx.Send | fx.SendDelayed,
+        context: EffectContext,
+    ) -> Refused | None:
+        """A target's delivery no entry encloses, under ``Entry.TARGET`` at a savepoint
+        of its own: ``on_begin`` first; while it runs, a target delivery nested in it
+        is enclosed. What the work raises is raised; a wrapper that raises (before or
+        after the work) undoes the work and refuses the send."""
+        unit = self.unit
+        raised: list[BaseException] = []
+
+        async def enclosed() -> Refused | None:
+            unit.entered = Entry.TARGET
+            try:
+                await unit.begin(scope, Entry.TARGET)
+                return await work()
+            except BaseException as error:
+                raised.append(error)
+                raise
+            finally:
+                unit.entered = None
+
+        try:
+            async with unit.savepoint():
+                return await around(self.config, scope, Entry.TARGET, enclosed)
+        except Exception as error:
+            if raised and raised[-1] is error:
+                raise
+            detail = f"around_delivery refused the target: {_said(error)}"
+            return await self._refuse(
+                effect, context, "wrapper_refused", detail, ledger_id=EXECUTION_TARGET
+            )
 
     # BasicHTTP.
 
@@ -360,6 +408,11 @@ def _own_timer(effect: fx.Send | fx.SendDelayed, execution_id: str) -> TimerKind
     if target in _INTERNAL and isinstance(effect, fx.SendDelayed):
         return TimerKind.INTERNAL
     return None
+
+
+def _said(error: BaseException) -> str:
+    text = str(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def _sendid(effect: fx.Send | fx.SendDelayed) -> str | None:

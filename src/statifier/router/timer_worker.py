@@ -48,6 +48,18 @@ retried without being spun on. A row whose payload the codec cannot decode
 (:class:`~statifier.router.timers.UnreadableTimer`: sealed under a key this worker
 lacks) is put off the same way, unfired, while the rest of its batch fires.
 
+Every fire runs under the configuration's ``around_delivery``, told
+:attr:`~statifier.router.Entry.TIMER` and the timer's scope: the scope its payload
+holds, that of the delivery whose step scheduled it (the empty string for a timer a
+step of no scope scheduled: a call of the host's own). ``on_begin`` is called first in
+the fire, before any statement of it, so a ``SET LOCAL`` it makes reaches the fire's
+step and the rows it writes; what the batch runs before its fires (the claim that
+takes or locks the due rows, the read-ahead of the executions they step) runs before
+any ``on_begin``, with no scope set. A fire the wrapper (or ``on_begin``) refuses is a
+fire that raised: a batch at once is rolled back and fired one by one, where the
+refused fire is rolled back to its savepoint and made due ``retry`` seconds later,
+under its own scope (``on_begin`` is called again for that), while the rest fire.
+
 Telemetry: every timer taken off the queue or retried reports
 ``statifier.router.timer``, once its batch has committed.
 """
@@ -69,6 +81,7 @@ from statifier.core.events import engine_event
 from statifier.persistence import Discarded, ExecutionNotFound, Refused, Stepped
 from statifier.persistence.reentry import hold
 from statifier.persistence.serialization import Serialization
+from statifier.router.config import Entry
 from statifier.router.delivery import step_timer_event
 from statifier.router.errors import ConfigError, ExecutionParked
 from statifier.router.outbox import Backoff
@@ -76,7 +89,7 @@ from statifier.router.records import LedgerRow
 from statifier.router.routing import Router
 from statifier.router.timer_queue import TimerEntry, TimerKind
 from statifier.router.timers import DueTimer, SqlTimerQueue, UnreadableTimer
-from statifier.router.transaction import Unit
+from statifier.router.transaction import Unit, around
 from statifier.telemetry import enabled, report
 
 __all__ = ["FIRED", "RouteRetries", "TimerWorker", "fire"]
@@ -376,6 +389,12 @@ async def _under_claim(unit: Unit, timers: Sequence[DueTimer | UnreadableTimer])
     return _ClaimedLocks(held, unit.exclusion)
 
 
+def _scope(entry: TimerEntry) -> str:
+    """The scope a fire runs under: the payload's, the scope of the delivery whose step
+    scheduled the timer; the empty string when that step had none."""
+    return entry.scope or ""
+
+
 def _aware(now: datetime) -> datetime:
     if now.tzinfo is None or now.utcoffset() is None:
         raise ValueError(f"now must be timezone-aware, not {now!r}")
@@ -486,13 +505,10 @@ class TimerWorker:
     async def _at_once(self, now: datetime) -> _Batch:
         """One transaction: delete a batch of due rows, fire every one; whatever raises
         undoes the whole batch."""
-        async with self.router.transaction() as unit:
+        async with self.router.transaction(entered=Entry.TIMER) as unit:
             taken = await self.queue.take_due(unit.tx, now, self.batch)
             claim = await _under_claim(unit, taken.timers)
-            outcomes = [
-                await _perform(unit, timer.entry, now, claim, self.route_retries)
-                for timer in taken.timers
-            ]
+            outcomes = [await self._fire(unit, timer.entry, now, claim) for timer in taken.timers]
         _report(outcomes)
         done = len(outcomes)
         return _Batch(taken.picked, done, taken.picked - done, taken.upcoming)
@@ -501,38 +517,79 @@ class TimerWorker:
         """One transaction: lock a batch of due rows, delete and fire each at a
         savepoint of its own."""
         outcomes: list[_Outcome] = []
-        async with self.router.transaction() as unit:
+        async with self.router.transaction(entered=Entry.TIMER) as unit:
             due = await self.queue.claim(unit.tx, now, self.batch)
             claim = await _under_claim(unit, due)
-            for timer in due:
-                if not timer.locked:
-                    continue
-                done: _Outcome | None
-                if isinstance(timer, UnreadableTimer):
-                    done = await self._put_off(unit, timer, now)
-                else:
-                    done = await self._fire_one(unit, timer, now, claim)
-                if done is not None:
-                    outcomes.append(done)
+            # What is not a fire runs before the fires, with no scope set: a fire's
+            # on_begin leaves its setting in force for the rest of the transaction.
+            held = [timer for timer in due if timer.locked]
+            outcomes.extend(
+                [
+                    await self._put_off(unit, timer, now)
+                    for timer in held
+                    if isinstance(timer, UnreadableTimer)
+                ]
+            )
             upcoming = await self.queue.upcoming(unit.tx, now)
+            for timer in held:
+                if isinstance(timer, DueTimer):
+                    done = await self._fire_one(unit, timer, now, claim)
+                    if done is not None:
+                        outcomes.append(done)
+            if any(done.outcome == _FAILED for done in outcomes):
+                again = now + self.retry
+                upcoming = again if upcoming is None else min(upcoming, again)
         _report(outcomes)
         taken = sum(done.outcome != _FAILED for done in outcomes)
         return _Batch(len(due), taken, len(due) - len(outcomes), upcoming)
 
+    async def _fire(
+        self, unit: Unit, entry: TimerEntry, now: datetime, claim: Serialization
+    ) -> _Outcome:
+        """Fire ``entry`` under ``around_delivery``, ``on_begin`` first (see the module
+        docstring)."""
+        scope = _scope(entry)
+
+        async def work() -> _Outcome:
+            await unit.begin(scope, Entry.TIMER)
+            return await _perform(unit, entry, now, claim, self.route_retries)
+
+        return await around(unit.config, scope, Entry.TIMER, work)
+
     async def _fire_one(
         self, unit: Unit, timer: DueTimer, now: datetime, claim: Serialization
     ) -> _Outcome | None:
-        """Delete the row and fire it at one savepoint. A fire that raises leaves the
-        row, due ``retry`` later."""
+        """Delete the row and fire it at one savepoint, under ``around_delivery`` and
+        ``on_begin``. A fire that raises, or that the wrapper refuses, leaves the row,
+        due ``retry`` later."""
         started = time.perf_counter()
+        scope = _scope(timer.entry)
+
+        async def work() -> _Outcome | None:
+            await unit.begin(scope, Entry.TIMER)
+            if not await self.queue.take(unit.tx, timer.id):
+                return None  # pragma: no cover - a claimed row is held by this claim
+            return await _perform(unit, timer.entry, now, claim, self.route_retries)
+
+        try:
+            # The savepoint encloses the wrapper: one that raises after the work undoes it.
+            async with unit.savepoint():
+                return await around(unit.config, scope, Entry.TIMER, work)
+        except Exception as error:  # noqa: BLE001 - one timer's failure is its own
+            await self._retry(unit, timer, scope, now + self.retry)
+            return _done(timer.entry, _FAILED, now, started, error=_said(error))
+
+    async def _retry(self, unit: Unit, timer: DueTimer, scope: str, due_at: datetime) -> None:
+        """Make a fire that raised due at ``due_at``, under its own scope: the setting
+        the failed fire's ``on_begin`` made was undone with it. If ``on_begin`` refuses
+        here too, the row is moved under whatever is set (a host's policy may hide it:
+        it then stays due, for the next pass)."""
         try:
             async with unit.savepoint():
-                if not await self.queue.take(unit.tx, timer.id):
-                    return None  # pragma: no cover - a claimed row is held by this claim
-                return await _perform(unit, timer.entry, now, claim, self.route_retries)
-        except Exception as error:  # noqa: BLE001 - one timer's failure is its own
-            await self.queue.retry_at(unit.tx, timer.id, now + self.retry)
-            return _done(timer.entry, _FAILED, now, started, error=_said(error))
+                await unit.begin(scope, Entry.TIMER)
+                await self.queue.retry_at(unit.tx, timer.id, due_at)
+        except Exception:  # noqa: BLE001 - on_begin refused the scope again
+            await self.queue.retry_at(unit.tx, timer.id, due_at)
 
     async def _put_off(self, unit: Unit, timer: UnreadableTimer, now: datetime) -> _Outcome:
         """A row that cannot be read here cannot fire: it stays, due ``retry`` later,

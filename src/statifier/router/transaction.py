@@ -14,15 +14,21 @@ What a step's sends must know of the delivery that stepped it (its scope, its ti
 executions mid-step) travels as a :class:`Delivering`, passed down explicitly: each
 delivery asks the unit for the lifecycle that performs its sends
 (:meth:`Unit.executions`).
+
+A transaction the router opens for one of its entries (:class:`~statifier.router.Entry`)
+knows it (:attr:`Unit.entered`): a send to an execution target inside it is enclosed by
+that entry's ``around_delivery`` call, and not wrapped again. :func:`around` is that
+call, and :meth:`Unit.begin` the configuration's ``on_begin``.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime
+from typing import TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -31,7 +37,7 @@ from statifier.core import StartOptions
 from statifier.persistence import ErrorPolicy, Executions, Executor, LockTimeout, Storage
 from statifier.persistence.serialization import AdapterLock, Serialization, Unserialized
 from statifier.persistence.sql import SqlAdapter, SqlTransaction
-from statifier.router.config import RouterConfig
+from statifier.router.config import Entry, RouterConfig
 from statifier.router.timer_queue import TimerQueue
 from statifier.sql.dialect import lock_key
 from statifier.sql.routing import RoutingSession, RoutingStatements
@@ -41,11 +47,14 @@ __all__ = [
     "RouterParts",
     "SendsOf",
     "Unit",
+    "around",
     "lock_key",
     "sorted_locks",
     "statements_for",
     "transaction",
 ]
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +96,8 @@ class Unit:
             with its delivery).
         scheduled: how many timers the transaction's steps scheduled (the send
             handler counts them).
+        entered: the entry whose ``around_delivery`` call encloses the deliveries run in
+            this transaction, or ``None`` when none does (a call of the host's own).
     """
 
     def __init__(
@@ -96,12 +107,14 @@ class Unit:
         tx: SqlTransaction,
         storage: Storage,
         exclusion: Serialization,
+        entered: Entry | None = None,
     ) -> None:
         self.sql = sql
         self.tx = tx
         self.storage = storage
         self.exclusion = exclusion
         self.scheduled = 0
+        self.entered = entered
         self._parts = parts
 
     @property
@@ -133,6 +146,13 @@ class Unit:
             serialization=self.exclusion if exclusion is None else exclusion,
             on_error=parts.error_policy,
         )
+
+    async def begin(self, scope: str, entry: Entry) -> None:
+        """Call the configuration's ``on_begin``, if any, on this transaction: first in
+        a delivery (or a fire), before any statement of it."""
+        on_begin = self._parts.config.on_begin
+        if on_begin is not None:
+            await on_begin(self.tx, scope, entry)
 
     def savepoint(self) -> AbstractAsyncContextManager[None]:
         """A savepoint: what the block wrote is undone if it raises, and the rest of
@@ -176,13 +196,16 @@ class RouterParts:
 
 @asynccontextmanager
 async def transaction(
-    parts: RouterParts, connection: sa.Connection | AsyncConnection | None = None
+    parts: RouterParts,
+    connection: sa.Connection | AsyncConnection | None = None,
+    entered: Entry | None = None,
 ) -> AsyncIterator[Unit]:
     """Open a router transaction on ``parts.storage``'s SQL adapter, commit it when
     the block ends and roll it back when it raises; or, given ``connection`` (with a
     transaction the caller began), run in that transaction and leave its end to the
     caller. The configuration's ``lock_wait`` bounds the wait for an execution's lock
-    and for SQLite's single writer.
+    and for SQLite's single writer. ``entered`` is the entry whose ``around_delivery``
+    call encloses its deliveries (:attr:`Unit.entered`).
     """
     adapter = parts.storage.adapter
     assert isinstance(adapter, SqlAdapter)
@@ -195,7 +218,20 @@ async def transaction(
         else:
             exclusion = Unserialized()
         view = parts.storage.over(tx.adapter)
-        yield Unit(parts, RoutingSession(parts.statements, tx.driver), tx, view, exclusion)
+        sql = RoutingSession(parts.statements, tx.driver)
+        yield Unit(parts, sql, tx, view, exclusion, entered)
+
+
+async def around(
+    config: RouterConfig, scope: str, entry: Entry, work: Callable[[], Awaitable[_T]]
+) -> _T:
+    """``work`` under the configuration's ``around_delivery``, told ``scope`` and
+    ``entry``; ``work`` alone when there is none."""
+    wrapper = config.around_delivery
+    if wrapper is None:
+        return await work()
+    result: _T = await wrapper(scope, entry, work)
+    return result
 
 
 def sorted_locks(keys: Iterable[int]) -> list[int]:
