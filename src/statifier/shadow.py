@@ -5,8 +5,8 @@ Every durable execution keeps its input log, and the core is pure: the log repla
 through the chart the execution runs gives back every position it went through (see
 :mod:`statifier.console.replay`). :func:`shadow_replay` replays each selected
 execution's log twice, on its own stored chart and on the revision, in lockstep, with
-the same start options (the ones its stored position keeps,
-:func:`~statifier.console.replay.stored_options`, and its logged start data), every
+the same start options (the ones its stored position keeps, as
+:func:`statifier.console.replay.stored_options` reads them, and its logged start data), every
 effect recorded and none performed: a send or an invocation is taken as performed, as
 :func:`~statifier.console.replay.assume_performed` takes it, so no refusal is told to
 either chart. It returns one :class:`ShadowResult` per execution:
@@ -65,7 +65,7 @@ from typing import Any, Final
 from urllib.parse import quote
 
 from statifier.chart import InvalidChart, Machine, ReadLimits, compile_chart
-from statifier.console.replay import UNKNOWN_FUNCTION, shown_datamodel, stored_options
+from statifier.chart.validation import SYSTEM_VARIABLES
 from statifier.core import Event, MachineState, StartOptions, handle_event, initialize
 from statifier.core import effects as fx
 from statifier.core.interpreter import cancel as cancel_chart
@@ -78,13 +78,13 @@ from statifier.persistence import (
     ExecutionRecord,
     Executions,
     LoggedInput,
+    PersistenceError,
     Status,
     StepError,
     Storage,
     UndecodableBlob,
 )
-from statifier.persistence.errors import ChartNotFound, ChartRetired, StoredChartDamaged
-from statifier.persistence.executions import logged_start
+from statifier.persistence.executions import logged_input, logged_start
 from statifier.persistence.migration import MIGRATE_DOOR
 from statifier.persistence.step_errors import step_errors
 
@@ -111,6 +111,10 @@ that has not parted before is reported untrusted (its rest was not compared)."""
 MAX_NEW_ERRORS: Final = 16
 """The most new errors kept per execution; :attr:`ShadowResult.new_error_count`
 counts them all (a chart failing in a loop raises thousands)."""
+
+_UNKNOWN_FUNCTION: Final = "Unknown function: "
+"""How the expression language spells the ``reason`` of a call to a function it does
+not have, in the ``error.execution`` it raises (as the console's replay reads it)."""
 
 _READ_AHEAD: Final = 200
 """Executions whose records are read in one query."""
@@ -540,7 +544,7 @@ class _Comparison:
         old_data, new_data = old.datamodel, new.datamodel
         changed: tuple[str, ...] = ()
         if old_data != new_data:  # the system variables are compared when this fails
-            changed = _changed(shown_datamodel(old), shown_datamodel(new))
+            changed = _changed(_shown(old), _shown(new))
             if changed:
                 parts.append("datamodel")
         old_handed, new_handed = _handed(old_effects), _handed(new_effects)
@@ -628,8 +632,8 @@ def _missing_function(effects: list[fx.Effect]) -> str | None:
         if isinstance(effect, fx.ChartError):
             data = effect.event.data
             reason = data.get("reason") if isinstance(data, dict) else None
-            if isinstance(reason, str) and reason.startswith(UNKNOWN_FUNCTION):
-                name = reason.removeprefix(UNKNOWN_FUNCTION)
+            if isinstance(reason, str) and reason.startswith(_UNKNOWN_FUNCTION):
+                name = reason.removeprefix(_UNKNOWN_FUNCTION)
                 return f"the stored chart called {name}(), a host function not given"
     return None
 
@@ -643,9 +647,24 @@ def _ends_at(replayed: MachineState, stored: MachineState, status: Status | None
     not logged, so a cancelled execution's replay is cancelled first."""
     if status is Status.CANCELLED and replayed.running:
         replayed, _ = cancel_chart(replayed)
-    return _where(replayed)[0] == stored.leaf_configuration() and shown_datamodel(
-        replayed
-    ) == shown_datamodel(stored)
+    return _where(replayed)[0] == stored.leaf_configuration() and _shown(replayed) == _shown(stored)
+
+
+def _shown(state: MachineState) -> dict[str, Value]:
+    """The datamodel without the interpreter's own variables (as the console shows it:
+    ``_ioprocessors`` may hold a credential)."""
+    data = state.datamodel
+    return {name: value for name, value in data.items() if name not in SYSTEM_VARIABLES}
+
+
+def _start_options(state: MachineState) -> StartOptions:
+    """The start options a stored position keeps (as the console's replay starts a
+    log): the send and invoke types its host handles, and its round budget."""
+    return StartOptions(
+        round_budget=state.round_budget,
+        send_types=state.send_types,
+        invoke_types=state.invoke_types,
+    )
 
 
 def _changed(old: Mapping[str, Value], new: Mapping[str, Value]) -> tuple[str, ...]:
@@ -800,13 +819,16 @@ async def _replay_all(
     progress: Progress | None,
 ) -> ShadowSummary:
     ids = await _selected(storage, selection)
-    lifecycle = Executions(storage)  # read through: its input log decoding
+    lifecycle = Executions(storage)  # only read through: its input log, decoded
+    sql = _sql_adapter(storage)
     results: list[ShadowResult] = []
     for first in range(0, len(ids), _READ_AHEAD):
         batch = ids[first : first + _READ_AHEAD]
         await storage.read_ahead(batch)
+        logs = None if sql is None else await _read_logs(sql, storage.codec, batch)
         for execution_id in batch:
-            result = await _replay_one(storage, lifecycle, revision, execution_id, max_inputs)
+            log = None if logs is None else logs.get(execution_id, [])
+            result = await _replay_one(storage, lifecycle, revision, execution_id, log, max_inputs)
             results.append(result)
             if progress is not None:
                 progress(len(results), len(ids), result)
@@ -814,8 +836,16 @@ async def _replay_all(
 
 
 async def _replay_one(
-    storage: Storage, lifecycle: Executions, revision: Machine, execution_id: str, max_inputs: int
+    storage: Storage,
+    lifecycle: Executions,
+    revision: Machine,
+    execution_id: str,
+    log: list[LoggedInput] | str | None,
+    max_inputs: int,
 ) -> ShadowResult:
+    """One execution replayed; ``log`` is its input log read ahead (a string: why it
+    could not be read), or ``None`` to read it now."""
+
     def untrusted(why: str, record: ExecutionRecord | None = None) -> ShadowResult:
         return ShadowResult(
             execution_id,
@@ -833,14 +863,16 @@ async def _replay_one(
         return untrusted("it was deleted while the replay ran")
     try:
         old = await storage.machine(record.content_hash)
-    except (ChartNotFound, ChartRetired, StoredChartDamaged, UndecodableBlob) as error:
+    except PersistenceError as error:  # not found, retired, damaged, undecodable
         return untrusted(f"its stored chart cannot be read: {_said(error)}", record)
     try:
         stored = storage.load(record, old)
     except PositionError as error:  # pruned, damaged, or another chart's
         return untrusted(f"its position cannot be read: {error}", record)
+    if isinstance(log, str):
+        return untrusted(f"its input log cannot be read: {log}", record)
     try:
-        inputs = await lifecycle.inputs(execution_id)
+        inputs = await lifecycle.inputs(execution_id) if log is None else log
     except (UndecodableBlob, PositionError) as error:
         return untrusted(f"its input log cannot be read: {_said(error)}", record)
     return compare_logs(
@@ -848,17 +880,58 @@ async def _replay_one(
         revision,
         inputs,
         execution_id=execution_id,
-        options=stored_options(stored),
+        options=_start_options(stored),
         stored=stored,
         status=record.status,
         max_inputs=max_inputs,
     )
 
 
+def _sql_adapter(storage: Storage) -> Any:
+    """The storage's SQL adapter, or ``None`` for another (the memory adapter)."""
+    adapter = storage.adapter
+    return adapter if hasattr(adapter, "tables") and hasattr(adapter, "engine") else None
+
+
+async def _read_logs(
+    adapter: Any, codec: BlobCodec, execution_ids: Sequence[str]
+) -> dict[str, list[LoggedInput] | str]:
+    """The input logs of ``execution_ids`` in one query (one per execution through
+    the storage would cost as much as replaying them), decoded as the storage and the
+    lifecycle decode them; an execution with an entry that does not decode gets why."""
+    import sqlalchemy as sa
+
+    from statifier.sql.engines import run_on
+
+    t = adapter.tables.inputs
+    query = (
+        sa.select(t.c.execution_id, t.c.seq, t.c.door, t.c.input_blob, t.c.recorded_at)
+        .where(t.c.execution_id.in_(list(execution_ids)))
+        .order_by(t.c.execution_id, t.c.seq)
+    )
+
+    def read(connection: sa.Connection) -> list[Any]:
+        return list(connection.execute(query))
+
+    logs: dict[str, list[LoggedInput] | str] = {}
+    plain = codec is PLAIN
+    for execution_id, seq, door, blob, recorded_at in await run_on(adapter.engine, read):
+        log = logs.setdefault(execution_id, [])
+        if isinstance(log, str):
+            continue
+        try:
+            if blob is not None and not plain:
+                blob = codec.decode(blob)
+            log.append(logged_input(seq, door, blob, recorded_at))
+        except (UndecodableBlob, PositionError) as error:
+            logs[execution_id] = f"input {seq}: {_said(error)}"
+    return logs
+
+
 async def _selected(storage: Storage, selection: Selection) -> list[str]:
     """The ids of the selected executions, oldest first."""
-    adapter = storage.adapter
-    if hasattr(adapter, "tables") and hasattr(adapter, "engine"):
+    adapter = _sql_adapter(storage)
+    if adapter is not None:
         rows = await _selected_rows(adapter, selection)
     else:
         rows = await _listed_rows(storage, selection)
