@@ -628,3 +628,146 @@ def test_the_command_on_a_database_without_tables(
     assert "statifier db upgrade" in capsys.readouterr().err
     assert run_cli("--chart", str(chart), "--database", f"sqlite:///{tmp_path / 'no.db'}")[0] == 2
     assert "database:" in capsys.readouterr().err
+
+
+# Other sources: a storage in memory, encrypted blobs.
+
+
+def test_a_storage_in_memory_is_read_through_its_calls() -> None:
+    async def main() -> list[tuple[int, int, str]]:
+        storage = Storage(MemoryAdapter())
+        lifecycle = Executions(storage, executor=ignore_effects)
+        other = compile_chart(CART + "<!-- another chart -->", name="other")
+        for number, machine in enumerate((cart(), other, cart())):
+            await lifecycle.create(f"ex-{number}", machine)
+            await lifecycle.step(f"ex-{number}", None, Event("add", data={"amount": 60}))
+        told: list[tuple[int, int, str]] = []
+        summary = await shadow_replay(
+            storage,
+            cart(GUARD),
+            progress=lambda done, total, result: told.append((done, total, result.execution_id)),
+        )
+        assert [r.verdict for r in summary.results] == [Verdict.DIVERGED, Verdict.DIVERGED]
+        return told
+
+    assert asyncio.run(main()) == [(1, 2, "ex-0"), (2, 2, "ex-2")]
+
+
+def test_encrypted_blobs_are_read_with_the_codec(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from statifier.persistence.fernet import FernetCodec
+
+    key = FernetCodec.generate_key()
+    codec = FernetCodec([key])
+    place = Place(f"sqlite:///{tmp_path / 'sealed.db'}", TableOptions(prefix="s_"))
+    migrations.upgrade(place.url, place.tables)
+
+    async def main() -> tuple[list[Verdict], list[Verdict]]:
+        async with SqlAdapter(place.url, place.tables) as adapter:
+            lifecycle = Executions(Storage(adapter, codec=codec), executor=ignore_effects)
+            for number in range(3):
+                await lifecycle.create(f"ex-{number}", cart())
+                await lifecycle.step(f"ex-{number}", None, Event("add", data={"amount": 60}))
+        opened = await shadow_replay(place.url, cart(GUARD), tables=place.tables, codec=codec)
+        sealed = await shadow_replay(place.url, cart(GUARD), tables=place.tables)
+        return [r.verdict for r in opened.results], [r.verdict for r in sealed.results]
+
+    opened, sealed = asyncio.run(main())
+    assert opened == [Verdict.DIVERGED] * 3
+    assert sealed == [Verdict.UNTRUSTED] * 3  # without the key nothing can be read
+    chart = tmp_path / "cart.scxml"
+    chart.write_text(GUARD, encoding="utf-8")
+    monkeypatch.setenv("SHADOW_KEY", key)
+    options = ["--database", place.url, "--prefix", "s_", "--chart", str(chart)]
+    status, text = run_cli(*options, "--keys-env", "SHADOW_KEY")
+    assert status == 1
+    assert text.splitlines()[-1].endswith(": 0 same, 3 diverged, 0 with new errors, 0 untrusted")
+    status, text = run_cli(*options)
+    assert status == 1
+    assert "untrusted: its stored chart cannot be read" in text.splitlines()[0]
+
+
+# Executions recorded through Durable: fired timers, a capped log.
+
+TIMED = """<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="waiting">
+<datamodel><data id="polls" expr="0"/></datamodel>
+<state id="waiting">
+  <onentry>
+    <send id="timeout" event="timeout" delay="1s"/>
+    <send event="poll" target="#_internal" delay="500ms"/>
+  </onentry>
+  <transition event="poll" type="internal"><assign location="polls" expr="polls + 1"/></transition>
+  <transition event="timeout" target="expired"/>
+  <transition event="done" target="finished"><cancel sendid="timeout"/></transition>
+</state>
+<final id="expired"/>
+<final id="finished"/>
+</scxml>
+"""
+
+
+def test_fired_timers_replay_as_the_timer_worker_stepped_them(tmp_path: Path) -> None:
+    from statifier.durable import Durable
+
+    charts = tmp_path / "charts"
+    charts.mkdir()
+    (charts / "timed.scxml").write_text(TIMED, encoding="utf-8")
+    url = f"sqlite:///{tmp_path / 'timed.db'}"
+
+    async def main() -> tuple[list[ShadowResult], list[ShadowResult], list[ShadowResult]]:
+        async with Durable(url, charts=charts, migrate=True) as durable:
+            await durable.create("timed", "t-1")
+            await durable.create("timed", "t-2")
+            await durable.send("t-2", "done")
+            later = datetime.now(UTC) + timedelta(seconds=5)
+            # t-1's poll and timeout; t-2's poll, discarded (t-2 had finished).
+            assert await durable.fire_due(later) == 3
+            doors = [entry.door for entry in (await durable.describe("t-1")).inputs]
+            assert doors == ["timer", "timer"]
+        same = await shadow_replay(url, compile_chart(TIMED, name="timed"))
+        slower = TIMED.replace('delay="1s"', 'delay="2s"')
+        moved = await shadow_replay(url, compile_chart(slower, name="timed"))
+        renamed = TIMED.replace('"expired"', '"lapsed"')
+        ends = await shadow_replay(url, compile_chart(renamed, name="timed"))
+        return list(same.results), list(moved.results), list(ends.results)
+
+    same, moved, ends = asyncio.run(main())
+    # Same: each replay on the stored chart ended where its execution is, the poll
+    # counted (the stored position says polls 1 for t-1).
+    assert [r.verdict for r in same] == [Verdict.SAME, Verdict.SAME]
+    assert [r.inputs for r in same] == [2, 1]
+    # The longer timeout is a difference at the start, where the timer is made.
+    assert [r.verdict for r in moved] == [Verdict.DIVERGED, Verdict.DIVERGED]
+    assert {r.divergence.index for r in moved if r.divergence} == {0}
+    assert moved[0].divergence is not None
+    assert [h.delay_ms for h in moved[0].divergence.new.handed] == [2000, 500]
+    # The timeout fired into a final the revision names otherwise: input 2 of t-1.
+    assert ends[0].divergence is not None
+    assert (ends[0].divergence.index, ends[0].divergence.event) == (2, "timeout")
+    assert ends[0].divergence.old.final_state == "expired"
+    assert ends[0].divergence.new.final_state == "lapsed"
+    assert ends[0].same_final is False
+    assert ends[1].verdict is Verdict.SAME
+
+
+def test_a_log_closed_at_its_cap_is_untrusted(tmp_path: Path) -> None:
+    from statifier.durable import Durable
+
+    charts = tmp_path / "charts"
+    charts.mkdir()
+    (charts / "cart.scxml").write_text(CART, encoding="utf-8")
+    url = f"sqlite:///{tmp_path / 'capped.db'}"
+
+    async def main() -> ShadowResult:
+        async with Durable(url, charts=charts, migrate=True, input_log_cap=2) as durable:
+            await durable.create("cart", "c-1")
+            for amount in (5, 20, 30):
+                await durable.send("c-1", "add", {"amount": amount})
+        summary = await shadow_replay(url, cart())
+        (result,) = summary.results
+        return result
+
+    result = asyncio.run(main())
+    assert result.verdict is Verdict.UNTRUSTED
+    assert result.untrusted == "input 2: the log was closed here at its cap"
