@@ -481,6 +481,28 @@ def test_the_selection_filters_by_chart_status_time_sample_and_limit(tmp_path: P
         assert set(sampled) <= set(everyone)
         assert sampled == sorted(sampled)  # still oldest first
         assert await ids(Selection(sample=3, seed=5)) == sampled
+        # The router's address table names the executions of a scope.
+        addresses = Tables.define(prefix="s_").addresses
+        engine = sa.create_engine(migrations.sync_url(place.url))
+        with engine.begin() as connection:
+            for scope, key, execution_id in (
+                ("eu", "a", "ex-1"),
+                ("eu", "b", "ex-6"),
+                ("us", "c", "ex-2"),
+            ):
+                connection.execute(
+                    addresses.insert().values(
+                        scope=scope,
+                        document="cart",
+                        key=key,
+                        execution_id=execution_id,
+                        inserted_at=start,
+                    )
+                )
+        engine.dispose()
+        assert await ids(Selection(scope="eu")) == ["ex-1", "ex-6"]
+        assert await ids(Selection(scope="eu", status=Status.ACTIVE)) == ["ex-6"]
+        assert await ids(Selection(scope="nowhere")) == []
 
     asyncio.run(main())
 
@@ -651,6 +673,9 @@ def test_a_storage_in_memory_is_read_through_its_calls() -> None:
         return told
 
     assert asyncio.run(main()) == [(1, 2, "ex-0"), (2, 2, "ex-2")]
+
+    with pytest.raises(ValueError, match="SQL only"):
+        asyncio.run(shadow_replay(Storage(MemoryAdapter()), cart(), Selection(scope="eu")))
 
 
 def test_encrypted_blobs_are_read_with_the_codec(

@@ -2,13 +2,14 @@
 chart, read-only (:func:`statifier.shadow.shadow_replay`).
 
 ``statifier replay --chart NEW.scxml --database URL [--document NAME] [--status S]
-[--created-after T] [--created-before T] [--sample N] [--seed N] [--limit N]
+[--scope S] [--created-after T] [--created-before T] [--sample N] [--seed N] [--limit N]
 [--max-inputs N] [--json] [--prefix P] [--schema S] [--keys-env NAME]...``
     Replays the input log of each selected execution (of the chart stored under
     ``NAME``, by default the file's stem) on its own stored chart and on ``NEW.scxml``,
     and prints one line per execution that did not replay the same (where it parted
     and how, the errors only the revision raised, or why its replay cannot be
-    trusted), then a summary line; with ``--json``, one document
+    trusted), then a summary line; ``--scope`` keeps the executions the router addresses
+    in that scope; with ``--json``, one document
     (:meth:`statifier.shadow.ShadowSummary.as_json`). ``T`` is an ISO 8601 time with
     an offset. The database is opened read-only.
 
@@ -51,6 +52,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         "--document", default=None, metavar="NAME", help="the chart's name (default: the stem)"
     )
     replay.add_argument("--status", default=None, help="only executions in this status")
+    replay.add_argument("--scope", default=None, help="only executions addressed in this scope")
     replay.add_argument("--created-after", default=None, metavar="T", help="ISO 8601, offset")
     replay.add_argument("--created-before", default=None, metavar="T", help="ISO 8601, offset")
     replay.add_argument("--sample", type=int, default=None, metavar="N", help="N at random")
@@ -113,6 +115,7 @@ async def _replay(args: argparse.Namespace) -> ShadowSummary:
     selection = Selection(
         document=args.document,
         status=status,
+        scope=args.scope,
         created_after=_moment(args.created_after, "--created-after"),
         created_before=_moment(args.created_before, "--created-before"),
         sample=args.sample,

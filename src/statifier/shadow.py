@@ -350,6 +350,8 @@ class Selection:
             chart was stored under); ``None``: the revision's own name, or every
             execution when the revision has none.
         status: only executions in this status.
+        scope: only executions the router addresses in this scope (a row of its
+            address table names them); SQL storage only.
         created_after, created_before: only executions created at or after, and
             before, these times (timezone-aware).
         sample: draw this many at random among those selected (``seed`` fixes the
@@ -360,6 +362,7 @@ class Selection:
 
     document: str | None = None
     status: Status | None = None
+    scope: str | None = None
     created_after: datetime | None = None
     created_before: datetime | None = None
     sample: int | None = None
@@ -461,6 +464,7 @@ class _Comparison:
     divergence: Divergence | None = None
     new_errors: list[NewError] = field(default_factory=list)
     new_error_count: int = 0
+    _last_placed: tuple[object, ...] | None = None
 
     def run(
         self,
@@ -477,10 +481,11 @@ class _Comparison:
             new_state, new_effects = initialize(self.new, start)
         except Exception as error:  # noqa: BLE001 - reported, never raised
             return self._untrusted(f"the revision could not be started: {_said(error)}")
-        missing = _missing_function(old_effects)
+        old_scan = _scanned(old_effects)
+        missing = _missing_function(old_effects) if old_scan[1] else None
         if missing is not None:
             return self._untrusted(f"at the start, {missing}")
-        self._compare(0, None, old_state, old_effects, new_state, new_effects)
+        self._compare(0, None, old_state, old_effects, old_scan, new_state, new_effects)
         for index, entry in enumerate(inputs, start=1):
             if index > max_inputs:
                 return self._untrusted(f"the log is longer than {max_inputs} inputs")
@@ -495,7 +500,8 @@ class _Comparison:
             except Exception as error:  # noqa: BLE001 - reported, never raised
                 why = f"the stored chart could not replay it: {_said(error)}"
                 return self._untrusted(f"input {index}: {why}")
-            missing = _missing_function(old_effects)
+            old_scan = _scanned(old_effects)
+            missing = _missing_function(old_effects) if old_scan[1] else None
             if missing is not None:
                 return self._untrusted(f"input {index}: {missing}")
             # A durable execution takes nothing once its chart has stopped: neither
@@ -509,7 +515,7 @@ class _Comparison:
             else:
                 new_effects = []
             self.replayed = index
-            self._compare(index, entry, old_state, old_effects, new_state, new_effects)
+            self._compare(index, entry, old_state, old_effects, old_scan, new_state, new_effects)
         if stored is not None and not _ends_at(old_state, stored, self.status):
             return self._untrusted(
                 "the replay on the stored chart does not end where the execution is "
@@ -531,23 +537,24 @@ class _Comparison:
         entry: LoggedInput | None,
         old: MachineState,
         old_effects: list[fx.Effect],
+        old_scan: tuple[tuple[Handed, ...], bool],
         new: MachineState,
         new_effects: list[fx.Effect],
     ) -> None:
-        if new_effects and any(isinstance(e, fx.ChartError) for e in new_effects):
+        old_handed = old_scan[0]
+        new_handed, new_errors = _scanned(new_effects)
+        if new_errors:
             self._errors(index, entry, old_effects, new_effects)
         if self.divergence is not None:
             return  # the first parting is the one reported
         parts: list[str] = []
-        if _where(old) != _where(new):
+        if not self._placed_alike(old, new):
             parts.append("configuration")
-        old_data, new_data = old.datamodel, new.datamodel
         changed: tuple[str, ...] = ()
-        if old_data != new_data:  # the system variables are compared when this fails
+        if old.datamodel != new.datamodel:  # the system variables are compared if this fails
             changed = _changed(_shown(old), _shown(new))
             if changed:
                 parts.append("datamodel")
-        old_handed, new_handed = _handed(old_effects), _handed(new_effects)
         if old_handed != new_handed:
             parts.append("handed")
         if parts:
@@ -559,6 +566,18 @@ class _Comparison:
                 _side(old, changed, old_handed),
                 _side(new, changed, new_handed),
             )
+
+    def _placed_alike(self, old: MachineState, new: MachineState) -> bool:
+        """Whether both are in the same states (by id) and final state. Until they part,
+        a step that changed neither configuration (the same objects as the last
+        comparison's, which found them alike) needs no ids computed."""
+        seen = (old.configuration, new.configuration, old.running, new.running)
+        last = self._last_placed
+        if last is not None and all(a is b for a, b in zip(seen, last, strict=True)):
+            return True
+        alike = _where(old) == _where(new)
+        self._last_placed = seen if alike else None
+        return alike
 
     def _errors(
         self,
@@ -673,26 +692,29 @@ def _changed(old: Mapping[str, Value], new: Mapping[str, Value]) -> tuple[str, .
     return tuple(name for name in names if old.get(name, missing) != new.get(name, missing))
 
 
-def _handed(effects: list[fx.Effect]) -> tuple[Handed, ...]:
-    if not effects:
-        return ()
+def _scanned(effects: list[fx.Effect]) -> tuple[tuple[Handed, ...], bool]:
+    """What a step handed over, and whether it raised an error event: one pass."""
     found: list[Handed] = []
+    errors = False
     for effect in effects:
-        if isinstance(effect, fx.Cancel):
+        if isinstance(effect, fx.ChartError):
+            errors = True
+        elif isinstance(effect, fx.Cancel):
             found.append(Handed("cancel", effect.send_id))
-        elif isinstance(effect, fx.Send | fx.SendDelayed):
+        elif isinstance(effect, (fx.Send, fx.SendDelayed)):
+            delay = effect.delay_ms if isinstance(effect, fx.SendDelayed) else None
             found.append(
                 Handed(
-                    "delayed" if isinstance(effect, fx.SendDelayed) else "send",
+                    "send" if delay is None else "delayed",
                     effect.send_id if effect.author_id else None,
                     effect.event,
                     effect.type,
                     effect.target,
                     effect.data,
-                    effect.delay_ms if isinstance(effect, fx.SendDelayed) else None,
+                    delay,
                 )
             )
-    return tuple(found)
+    return tuple(found), errors
 
 
 def _side(state: MachineState, changed: Sequence[str], handed: tuple[Handed, ...]) -> Side:
@@ -959,6 +981,10 @@ async def _selected_rows(adapter: Any, selection: Selection) -> list[tuple[str, 
         )
     if selection.status is not None:
         query = query.where(e.c.status == selection.status.value)
+    if selection.scope is not None:
+        a = tables.addresses
+        addressed = sa.select(a.c.execution_id).where(a.c.scope == selection.scope)
+        query = query.where(e.c.execution_id.in_(addressed))
     if selection.created_after is not None:
         query = query.where(e.c.created_at >= selection.created_after)
     if selection.created_before is not None:
@@ -975,7 +1001,13 @@ async def _selected_rows(adapter: Any, selection: Selection) -> list[tuple[str, 
 
 
 async def _listed_rows(storage: Storage, selection: Selection) -> list[tuple[str, datetime]]:
-    """The selection from an adapter without SQL (the memory adapter), in Python."""
+    """The selection from an adapter without SQL (the memory adapter), in Python.
+
+    Raises:
+        ValueError: a scope asked for (the router's addresses live in SQL only).
+    """
+    if selection.scope is not None:
+        raise ValueError("a scope selects through the router's address table: SQL only")
     names: dict[str, str | None] = {}
     rows: list[tuple[str, datetime]] = []
     for record in await storage.list_executions():
