@@ -796,3 +796,21 @@ def test_a_log_closed_at_its_cap_is_untrusted(tmp_path: Path) -> None:
     result = asyncio.run(main())
     assert result.verdict is Verdict.UNTRUSTED
     assert result.untrusted == "input 2: the log was closed here at its cap"
+
+
+@pytest.mark.parametrize(("before", "after"), [("1", "true"), ("1", "1.0"), ("[1]", "[true]")])
+def test_values_of_another_type_differ(before: str, after: str) -> None:
+    def chart(value: str) -> Machine:
+        return compile_chart(
+            '<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="s">'
+            '<datamodel><data id="x" expr="0"/></datamodel>'
+            f'<state id="s"><transition event="set"><assign location="x" expr="{value}"/>'
+            "</transition></state></scxml>"
+        )
+
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    log = [LoggedInput(1, "step", Event("set"), at)]
+    result = compare_logs(chart(before), chart(after), log)
+    assert result.divergence is not None
+    assert (result.divergence.index, result.divergence.parts) == (1, ("datamodel",))
+    assert compare_logs(chart(before), chart(before), log).verdict is Verdict.SAME

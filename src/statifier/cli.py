@@ -122,8 +122,8 @@ install (``PostgreSQL needs the postgres extra: pip install 'statifier[postgres]
 database without the tables says to run ``statifier db upgrade``, and an unexpected
 exception is named with its type. ``statifier --debug COMMAND ...`` adds the traceback.
 What a command reports as its finding keeps its own status (1 for ``validate``'s
-errors, ``scenario``'s differences, ``check``'s findings and ``expr``'s evaluation
-errors).
+errors, ``scenario``'s differences, ``check``'s findings, ``replay``'s divergences and
+``expr``'s evaluation errors).
 """
 
 from __future__ import annotations

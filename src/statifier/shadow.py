@@ -550,11 +550,9 @@ class _Comparison:
         parts: list[str] = []
         if not self._placed_alike(old, new):
             parts.append("configuration")
-        changed: tuple[str, ...] = ()
-        if old.datamodel != new.datamodel:  # the system variables are compared if this fails
-            changed = _changed(_shown(old), _shown(new))
-            if changed:
-                parts.append("datamodel")
+        changed = _changed(old.datamodel, new.datamodel)
+        if changed:
+            parts.append("datamodel")
         if old_handed != new_handed:
             parts.append("handed")
         if parts:
@@ -666,14 +664,8 @@ def _ends_at(replayed: MachineState, stored: MachineState, status: Status | None
     not logged, so a cancelled execution's replay is cancelled first."""
     if status is Status.CANCELLED and replayed.running:
         replayed, _ = cancel_chart(replayed)
-    return _where(replayed)[0] == stored.leaf_configuration() and _shown(replayed) == _shown(stored)
-
-
-def _shown(state: MachineState) -> dict[str, Value]:
-    """The datamodel without the interpreter's own variables (as the console shows it:
-    ``_ioprocessors`` may hold a credential)."""
-    data = state.datamodel
-    return {name: value for name, value in data.items() if name not in SYSTEM_VARIABLES}
+    alike = _where(replayed)[0] == stored.leaf_configuration()
+    return alike and not _changed(replayed.datamodel, stored.datamodel)
 
 
 def _start_options(state: MachineState) -> StartOptions:
@@ -687,9 +679,34 @@ def _start_options(state: MachineState) -> StartOptions:
 
 
 def _changed(old: Mapping[str, Value], new: Mapping[str, Value]) -> tuple[str, ...]:
-    names = sorted(old.keys() | new.keys())
+    """The variables (the interpreter's own left out) whose values differ, by name."""
+    hidden = SYSTEM_VARIABLES
+    if old.keys() == new.keys():
+        names: list[str] = [
+            name
+            for name, value in old.items()
+            if name not in hidden and value is not (other := new[name]) and not _same(value, other)
+        ]
+        return tuple(sorted(names)) if names else ()
     missing = object()
-    return tuple(name for name in names if old.get(name, missing) != new.get(name, missing))
+    names = [
+        name
+        for name in old.keys() | new.keys()
+        if name not in hidden and not _same(old.get(name, missing), new.get(name, missing))
+    ]
+    return tuple(sorted(names))
+
+
+def _same(left: object, right: object) -> bool:
+    """Equal values of the same type, as the language's ``===`` sees them: ``1``,
+    ``1.0`` and ``true`` differ (Python's ``==`` would not tell them apart)."""
+    if type(left) is not type(right):
+        return False
+    if isinstance(left, dict) and isinstance(right, dict):
+        return left.keys() == right.keys() and all(_same(v, right[k]) for k, v in left.items())
+    if isinstance(left, list) and isinstance(right, list):
+        return len(left) == len(right) and all(map(_same, left, right))
+    return bool(left == right)
 
 
 def _scanned(effects: list[fx.Effect]) -> tuple[tuple[Handed, ...], bool]:
