@@ -814,3 +814,21 @@ def test_values_of_another_type_differ(before: str, after: str) -> None:
     assert result.divergence is not None
     assert (result.divergence.index, result.divergence.parts) == (1, ("datamodel",))
     assert compare_logs(chart(before), chart(before), log).verdict is Verdict.SAME
+
+
+def test_send_data_of_another_type_differs() -> None:
+    def chart(value: str) -> Machine:
+        return compile_chart(
+            '<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="s">'
+            '<state id="s"><transition event="go">'
+            f'<send event="out" target="#_elsewhere"><param name="n" expr="{value}"/></send>'
+            "</transition></state></scxml>"
+        )
+
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    log = [LoggedInput(1, "step", Event("go"), at)]
+    result = compare_logs(chart("1"), chart("true"), log)
+    assert result.divergence is not None
+    assert (result.divergence.index, result.divergence.parts) == (1, ("handed",))
+    assert result.divergence.old.handed[0].data == {"n": 1}
+    assert compare_logs(chart("1"), chart("1"), log).verdict is Verdict.SAME

@@ -553,7 +553,7 @@ class _Comparison:
         changed = _changed(old.datamodel, new.datamodel)
         if changed:
             parts.append("datamodel")
-        if old_handed != new_handed:
+        if not _same_handed(old_handed, new_handed):
             parts.append("handed")
         if parts:
             self.divergence = Divergence(
@@ -707,6 +707,16 @@ def _same(left: object, right: object) -> bool:
     if isinstance(left, list) and isinstance(right, list):
         return len(left) == len(right) and all(map(_same, left, right))
     return bool(left == right)
+
+
+def _same_handed(old: tuple[Handed, ...], new: tuple[Handed, ...]) -> bool:
+    """Whether two steps handed over the same, their data compared as :func:`_same`."""
+    if len(old) != len(new):
+        return False
+    return all(
+        a == b and (a.data is b.data or _same(a.data, b.data))
+        for a, b in zip(old, new, strict=True)
+    )
 
 
 def _scanned(effects: list[fx.Effect]) -> tuple[tuple[Handed, ...], bool]:
