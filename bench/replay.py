@@ -120,31 +120,43 @@ async def read_logs(url: str, tables: TableOptions) -> dict[str, list[LoggedInpu
         return {record.id: await lifecycle.inputs(record.id) for record in records}
 
 
-def run_core(machine: Machine, logs: dict[str, list[LoggedInput]]) -> float:
-    started = time.perf_counter()
+Timed = tuple[float, float]
+"""Wall-clock and process CPU seconds."""
+
+
+def clocks() -> Timed:
+    return time.perf_counter(), time.process_time()
+
+
+def since(started: Timed) -> Timed:
+    wall, cpu = clocks()
+    return wall - started[0], cpu - started[1]
+
+
+def run_core(machine: Machine, logs: dict[str, list[LoggedInput]]) -> Timed:
+    started = clocks()
     for execution_id, log in logs.items():
         state, _ = initialize(machine, StartOptions(session_id=execution_id))
         for entry in log:
             assert entry.event is not None
             state, _ = handle_event(state, entry.event)
-    return time.perf_counter() - started
+    return since(started)
 
 
 def run_compare(
     old: Machine, new: Machine, logs: dict[str, list[LoggedInput]]
-) -> tuple[float, Counter[Verdict]]:
-    started = time.perf_counter()
+) -> tuple[Timed, Counter[Verdict]]:
+    started = clocks()
     verdicts: Counter[Verdict] = Counter()
     for execution_id, log in logs.items():
         verdicts[compare_logs(old, new, log, execution_id=execution_id).verdict] += 1
-    return time.perf_counter() - started, verdicts
+    return since(started), verdicts
 
 
-def run_shadow(url: str, tables: TableOptions, new: Machine) -> tuple[float, Counter[Verdict]]:
-    started = time.perf_counter()
+def run_shadow(url: str, tables: TableOptions, new: Machine) -> tuple[Timed, Counter[Verdict]]:
+    started = clocks()
     summary = asyncio.run(shadow_replay(url, new, tables=tables))
-    elapsed = time.perf_counter() - started
-    return elapsed, Counter({v: n for v, n in summary.counts.items() if n})
+    return since(started), Counter({v: n for v, n in summary.counts.items() if n})
 
 
 def main() -> int:
@@ -168,13 +180,15 @@ def main() -> int:
             schema = f"bench_replay_{uuid.uuid4().hex[:8]}"
             url, tables = args.url, TableOptions(schema=schema)
         try:
-            return measure(url, tables, count, repeats, args)
+            return measure(url, tables, count, repeats, args, info)
         finally:
             if schema is not None:
                 drop(url, schema)
 
 
-def measure(url: str, tables: TableOptions, count: int, repeats: int, args: Any) -> int:
+def measure(
+    url: str, tables: TableOptions, count: int, repeats: int, args: Any, info: dict[str, Any]
+) -> int:
     migrations.upgrade(url, tables)
     started = time.perf_counter()
     asyncio.run(record(url, tables, count))
@@ -184,13 +198,14 @@ def measure(url: str, tables: TableOptions, count: int, repeats: int, args: Any)
     print(f"{inputs:,} logged inputs ({inputs / count:.1f} per execution)\n")
     old = compile_chart(CART, name="cart")
     new = compile_chart(REVISION, name="cart")
-    times: dict[str, list[float]] = {"core": [], "core x2": [], "compare": [], "shadow": []}
+    times: dict[str, list[Timed]] = {"core": [], "core x2": [], "compare": [], "shadow": []}
     found: dict[str, Counter[Verdict]] = {}
     for _ in range(repeats):
         with collector_paused(args.gc):
             times["core"].append(run_core(old, logs))
         with collector_paused(args.gc):
-            times["core x2"].append(run_core(old, logs) + run_core(new, logs))
+            first, second = run_core(old, logs), run_core(new, logs)
+            times["core x2"].append((first[0] + second[0], first[1] + second[1]))
         with collector_paused(args.gc):
             elapsed, found["compare"] = run_compare(old, new, logs)
             times["compare"].append(elapsed)
@@ -201,22 +216,29 @@ def measure(url: str, tables: TableOptions, count: int, repeats: int, args: Any)
         print(f"MISMATCH: shadow {found['shadow']} != compare {found['compare']}", file=sys.stderr)
         return 1
     rows: dict[str, dict[str, float]] = {}
-    header = f"{'row':<8} {'median s':>9} {'inputs/s':>10} {'executions/s':>13} {'vs core':>8}"
+    header = (
+        f"{'row':<8} {'median s':>9} {'inputs/s':>10} {'executions/s':>13} {'vs core':>8}"
+        f" {'cpu s':>7} {'cpu vs core':>12}"
+    )
     print(header)
     print("-" * len(header))
-    core_rate = inputs / statistics.median(times["core"])
+    core_wall = statistics.median(wall for wall, _ in times["core"])
+    core_cpu = statistics.median(cpu for _, cpu in times["core"])
     for name, samples in times.items():
-        median = statistics.median(samples)
+        median = statistics.median(wall for wall, _ in samples)
+        cpu = statistics.median(cpu for _, cpu in samples)
         rate = inputs / median
         rows[name] = {
             "median_s": median,
+            "median_cpu_s": cpu,
             "inputs_per_s": rate,
             "executions_per_s": count / median,
-            "vs_core": rate / core_rate,
+            "vs_core": core_wall / median,
+            "cpu_vs_core": core_cpu / cpu,
         }
         print(
             f"{name:<8} {median:>9.3f} {rate:>10,.0f} {count / median:>13,.0f} "
-            f"{fmt_ratio(rate / core_rate):>8}"
+            f"{fmt_ratio(core_wall / median):>8} {cpu:>7.3f} {fmt_ratio(core_cpu / cpu):>12}"
         )
     verdicts = {v.value: n for v, n in sorted(found["shadow"].items(), key=lambda i: i[0].value)}
     print(f"\nverdicts: {verdicts}")
@@ -224,13 +246,14 @@ def measure(url: str, tables: TableOptions, count: int, repeats: int, args: Any)
     print(f"goal: shadow at least {GOAL}x of core: {ratio:.2f}x, {verdict(ratio >= GOAL)}")
     both = rows["shadow"]["inputs_per_s"] / rows["core x2"]["inputs_per_s"]
     print(f"shadow against the bare core on both charts (core x2): {both:.2f}x")
+    print(f"in CPU time: {rows['shadow']['cpu_vs_core']:.2f}x of core")
     print(f"collector {collector_state(args.gc)}; {repeats} repeat(s)")
     if args.json:
         write_json(
             args.json,
             "replay",
             {
-                "machine": info_or_empty(),
+                "machine": info,
                 "executions": count,
                 "inputs": inputs,
                 "database": "sqlite" if url.startswith("sqlite") else "postgresql",
@@ -240,10 +263,6 @@ def measure(url: str, tables: TableOptions, count: int, repeats: int, args: Any)
             },
         )
     return 0
-
-
-def info_or_empty() -> dict[str, Any]:
-    return machine_info(["statifier", "sqlalchemy", "psycopg"], load_average=False)
 
 
 def drop(url: str, schema: str) -> None:
