@@ -832,3 +832,36 @@ def test_send_data_of_another_type_differs() -> None:
     assert (result.divergence.index, result.divergence.parts) == (1, ("handed",))
     assert result.divergence.old.handed[0].data == {"n": 1}
     assert compare_logs(chart("1"), chart("1"), log).verdict is Verdict.SAME
+
+
+def test_host_functions_are_given_to_the_stored_charts(tmp_path: Path) -> None:
+    from statifier.expr import Function
+
+    def rate(args: tuple[object, ...]) -> object:
+        (amount,) = args
+        assert isinstance(amount, int)
+        return amount * 2
+
+    functions = {"rate": Function(rate, 1)}
+    source = CART.replace(
+        'expr="total + _event.data.amount"', 'expr="total + rate(_event.data.amount)"'
+    )
+    place = Place(f"sqlite:///{tmp_path / 'host.db'}", TableOptions(prefix="s_"))
+    migrations.upgrade(place.url, place.tables)
+
+    async def main() -> tuple[ShadowResult, ShadowResult]:
+        machine = compile_chart(source, name="cart", functions=functions)
+        async with SqlAdapter(place.url, place.tables) as adapter:
+            lifecycle = Executions(Storage(adapter, functions=functions), executor=ignore_effects)
+            await lifecycle.create("ex-1", machine)
+            await lifecycle.step("ex-1", None, Event("add", data={"amount": 5}))
+        given = await shadow_replay(place.url, machine, tables=place.tables, functions=functions)
+        lacking = await shadow_replay(place.url, machine, tables=place.tables)
+        return given.results[0], lacking.results[0]
+
+    given, lacking = asyncio.run(main())
+    assert given.verdict is Verdict.SAME
+    assert lacking.verdict is Verdict.UNTRUSTED
+    assert lacking.untrusted == (
+        "input 1: the stored chart called rate(), a host function not given"
+    )

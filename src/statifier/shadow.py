@@ -61,7 +61,7 @@ from contextlib import asynccontextmanager
 from dataclasses import KW_ONLY, dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import quote
 
 from statifier.chart import InvalidChart, Machine, ReadLimits, compile_chart
@@ -71,7 +71,7 @@ from statifier.core import effects as fx
 from statifier.core.interpreter import cancel as cancel_chart
 from statifier.core.interpreter import deliver_internal
 from statifier.core.positions import PositionError
-from statifier.expr import Value, tagged
+from statifier.expr import Function, Value, tagged
 from statifier.persistence import (
     PLAIN,
     BlobCodec,
@@ -87,6 +87,11 @@ from statifier.persistence import (
 from statifier.persistence.executions import logged_input, logged_start
 from statifier.persistence.migration import MIGRATE_DOOR
 from statifier.persistence.step_errors import step_errors
+
+if TYPE_CHECKING:
+    from statifier.persistence.adapter import Adapter
+    from statifier.persistence.sql import SqlAdapter
+    from statifier.sql import TableOptions
 
 __all__ = [
     "MAX_INPUTS",
@@ -386,7 +391,7 @@ def read_revision(
     path: str | Path,
     *,
     name: str | None = None,
-    functions: Mapping[str, Any] | None = None,
+    functions: Mapping[str, Function] | None = None,
     limits: ReadLimits | None = None,
 ) -> Machine:
     """The chart file ``path`` compiled under ``limits`` (the charts' defaults, as the
@@ -766,7 +771,9 @@ def _said(error: Exception) -> str:
 
 
 @asynccontextmanager
-async def open_read_only(url: str, *, tables: Any = None) -> AsyncIterator[Any]:
+async def open_read_only(
+    url: str, *, tables: TableOptions | None = None
+) -> AsyncIterator[SqlAdapter]:
     """``async with open_read_only(url) as adapter:`` a
     :class:`~statifier.persistence.sql.SqlAdapter` on connections the database itself
     keeps from writing: SQLite opened with ``mode=ro``, PostgreSQL sessions with
@@ -805,7 +812,8 @@ def _read_only_engine(url: str) -> Any:
         def connect() -> sqlite3.Connection:
             return sqlite3.connect(located, uri=True, check_same_thread=False)
 
-        return sa.create_engine("sqlite://", creator=connect)
+        # One connection serves the adapter and the selection's queries alike.
+        return sa.create_engine("sqlite://", creator=connect, poolclass=sa.pool.StaticPool)
     from sqlalchemy.ext.asyncio import create_async_engine
 
     read_only = {"options": "-c default_transaction_read_only=on"}
@@ -817,13 +825,13 @@ Progress = Callable[[int, int, ShadowResult], None]
 
 
 async def shadow_replay(
-    source: Storage | Any,
+    source: Storage | Adapter | str,
     revision: Machine,
     selection: Selection | None = None,
     *,
     codec: BlobCodec = PLAIN,
-    functions: Mapping[str, Any] | None = None,
-    tables: Any = None,
+    functions: Mapping[str, Function] | None = None,
+    tables: TableOptions | None = None,
     max_inputs: int = MAX_INPUTS,
     progress: Progress | None = None,
 ) -> ShadowSummary:
