@@ -84,6 +84,12 @@ Subcommands:
     ``FILE: ok`` and 0; input it cannot use prints one line naming the file and key and
     exits with 2.
 
+``statifier replay --chart NEW.scxml --database URL [--document NAME] [--status S] ...``
+    Replays recorded executions' input logs on their stored chart and on a revision of
+    it, read-only, and prints where the revision would part from what they did (see
+    :mod:`statifier.replay_command` and ``docs/replay.md``): 0 when every execution
+    replayed the same, 1 when one did not (or could not be trusted), 2 for an error.
+
 ``statifier serve CONFIG.toml``
     Runs the service a configuration file names (see :mod:`statifier.service` and
     ``docs/serve.md``): the HTTP fronts and health endpoints (on ``127.0.0.1`` unless
@@ -116,8 +122,8 @@ install (``PostgreSQL needs the postgres extra: pip install 'statifier[postgres]
 database without the tables says to run ``statifier db upgrade``, and an unexpected
 exception is named with its type. ``statifier --debug COMMAND ...`` adds the traceback.
 What a command reports as its finding keeps its own status (1 for ``validate``'s
-errors, ``scenario``'s differences, ``check``'s findings and ``expr``'s evaluation
-errors).
+errors, ``scenario``'s differences, ``check``'s findings, ``replay``'s divergences and
+``expr``'s evaluation errors).
 """
 
 from __future__ import annotations
@@ -132,7 +138,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from statifier import check_command, executions_command, expr
+from statifier import check_command, executions_command, expr, replay_command
 from statifier.chart import InvalidChart, Machine, compile_chart
 from statifier.chart.graph import dot, mermaid
 from statifier.core import Event
@@ -778,6 +784,7 @@ def _parser() -> argparse.ArgumentParser:
     routing.add_argument("--prefix", default="statifier_", help="the table name prefix")
     executions_command.add_parser(commands)
     check_command.add_parser(commands)
+    replay_command.add_parser(commands)
     serving = commands.add_parser("serve", help="run the fronts, consumers and workers")
     serving.add_argument("config", metavar="CONFIG.toml", help="the service's configuration")
     console = commands.add_parser("console", help="serve the operator console in a browser")
@@ -844,6 +851,8 @@ def _dispatch(args: argparse.Namespace, stream: TextIO) -> int:
         return executions_command.run(args, stream)
     if args.command == "check":
         return check_command.run(args, stream)
+    if args.command == "replay":
+        return replay_command.run(args, stream)
     if args.command == "serve":
         return _run_serve(args, stream)
     if args.command == "console":

@@ -30,7 +30,9 @@ import re
 import sqlite3
 import time
 from collections.abc import Callable, Collection
+from pathlib import Path
 from typing import Any, Final, TypeVar
+from urllib.parse import quote
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -166,9 +168,10 @@ def set_busy_timeout(connection: sqlite3.Connection, seconds: float) -> None:
     connection.execute(f"PRAGMA busy_timeout = {round(seconds * 1000):d}")
 
 
-def sqlite_engine(url: str | sa.URL, **options: Any) -> sa.Engine:
+def sqlite_engine(url: str | sa.URL, *, wal: bool = True, **options: Any) -> sa.Engine:
     """A synchronous engine on ``sqlite3`` whose connections never busy-wait on the loop
-    and use WAL on a file (readers never wait for the writer).
+    and use WAL on a file (readers never wait for the writer; ``wal=False`` leaves the
+    journal as it is, for a connection that may not write).
 
     Each connection is configured by :func:`configure_sqlite` once, when it opens, and
     keeps its former busy timeout in ``info[BUSY_WAIT]``. ``Connection.begin()`` on the
@@ -185,7 +188,7 @@ def sqlite_engine(url: str | sa.URL, **options: Any) -> sa.Engine:
     @sa.event.listens_for(engine, "connect")
     def _connect(driver: sqlite3.Connection, record: Any) -> None:
         record.info[BUSY_WAIT] = configure_sqlite(driver)
-        if not in_memory:
+        if wal and not in_memory:
             _switch_to_wal(driver)
 
     @sa.event.listens_for(engine, "begin")
@@ -273,6 +276,33 @@ def open_engine(url: str | sa.URL, *, pool_size: int = 5) -> sa.Engine | AsyncEn
     if parsed.get_backend_name() == "sqlite":
         return sqlite_engine(parsed)
     return create_async_engine(parsed, pool_size=pool_size)
+
+
+def read_only_engine(url: str | sa.URL, *, pool_size: int = 2) -> sa.Engine | AsyncEngine:
+    """An engine of the database ``url`` names whose connections the database itself
+    keeps from writing: a SQLite file opened with ``mode=ro`` (one connection, its
+    journal left as it is: the switch to WAL would be a write), PostgreSQL sessions
+    with ``default_transaction_read_only`` on (at most ``pool_size`` of them). The
+    caller disposes it (:func:`dispose`).
+
+    Raises:
+        ValueError: a database other than PostgreSQL or SQLite, or SQLite in memory
+            (nothing recorded there outlives its connection, so nothing is there to
+            read).
+    """
+    parsed = database_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        read_only = {"options": "-c default_transaction_read_only=on"}
+        return create_async_engine(parsed, pool_size=pool_size, connect_args=read_only)
+    path = parsed.database
+    if path in (None, "", ":memory:") or path.startswith("file:"):
+        raise ValueError(f"a read-only engine reads a SQLite file, not {parsed!r}")
+    located = f"file:{quote(str(Path(path).absolute()))}?mode=ro"
+
+    def connect() -> sqlite3.Connection:
+        return sqlite3.connect(located, uri=True, check_same_thread=False)
+
+    return sqlite_engine(parsed, wal=False, creator=connect, poolclass=sa.pool.StaticPool)
 
 
 def url_dialect(url: str | sa.URL) -> Dialect:

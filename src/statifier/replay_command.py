@@ -1,0 +1,224 @@
+"""``statifier replay``: a revision of a chart tried on the recorded executions of its
+chart, read-only (:func:`statifier.shadow.shadow_replay`).
+
+``statifier replay --chart NEW.scxml --database URL [--document NAME] [--status S]
+[--scope S] [--created-after T] [--created-before T] [--sample N] [--seed N] [--limit N]
+[--max-inputs N] [--json] [--prefix P] [--schema S] [--keys-env NAME]...``
+    Replays the input log of each selected execution (of the chart stored under
+    ``NAME``, by default the file's stem) on its own stored chart and on ``NEW.scxml``,
+    and prints one line per execution that did not replay the same (where it parted
+    and how, the errors only the revision raised, or why its replay cannot be
+    trusted), then a summary line; ``--scope`` keeps the executions the router addresses
+    in that scope; with ``--json``, one document
+    (:meth:`statifier.shadow.ShadowSummary.as_json`). ``T`` is an ISO 8601 time with
+    an offset. The database is opened read-only.
+
+Exit status: 0 when every execution replayed the same; 1 when one diverged, raised
+errors the stored chart did not, or could not be trusted; 2 for an error of the
+command, printed as one line, ``statifier replay: message``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sqlite3
+import sys
+import traceback
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, TextIO
+
+from statifier.executions_command import codec_of
+from statifier.expr import tagged
+
+if TYPE_CHECKING:
+    from statifier.shadow import ShadowResult, ShadowSummary
+
+__all__ = ["add_parser", "run"]
+
+_DRIVER_ERRORS = ("sqlalchemy", "psycopg", "psycopg_pool")
+
+
+def add_parser(commands: Any) -> argparse.ArgumentParser:
+    """Add ``replay`` to ``commands`` (what ``ArgumentParser.add_subparsers``
+    returned) and return its parser."""
+    replay = commands.add_parser(
+        "replay", help="try a chart revision on recorded executions' input logs, read-only"
+    )
+    replay.add_argument("--chart", required=True, metavar="NEW.scxml", help="the revision")
+    replay.add_argument("--database", "--url", dest="database", required=True, metavar="URL")
+    replay.add_argument(
+        "--document", default=None, metavar="NAME", help="the chart's name (default: the stem)"
+    )
+    replay.add_argument("--status", default=None, help="only executions in this status")
+    replay.add_argument("--scope", default=None, help="only executions addressed in this scope")
+    replay.add_argument("--created-after", default=None, metavar="T", help="ISO 8601, offset")
+    replay.add_argument("--created-before", default=None, metavar="T", help="ISO 8601, offset")
+    replay.add_argument("--sample", type=int, default=None, metavar="N", help="N at random")
+    replay.add_argument("--seed", type=int, default=0, metavar="N", help="the sample's seed")
+    replay.add_argument("--limit", type=int, default=None, metavar="N", help="at most N")
+    replay.add_argument(
+        "--max-inputs", type=int, default=None, metavar="N", help="inputs per execution"
+    )
+    replay.add_argument("--json", action="store_true", help="print one JSON document")
+    replay.add_argument("--prefix", default=None, help="the table name prefix (statifier_)")
+    replay.add_argument("--schema", default=None, help="the schema (PostgreSQL)")
+    replay.add_argument(
+        "--keys-env",
+        dest="keys_env",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="an environment variable holding a Fernet key the blobs are encrypted with "
+        "(repeat, the newest first; the crypto extra)",
+    )
+    return replay  # type: ignore[no-any-return]
+
+
+def run(args: argparse.Namespace, out: TextIO) -> int:
+    """Run ``statifier replay``; returns the exit status."""
+    from statifier.extras import MissingExtra
+    from statifier.persistence import PersistenceError
+
+    try:
+        summary = asyncio.run(_replay(args))
+    except (ValueError, TypeError, PersistenceError, MissingExtra) as error:
+        return _refused(args, str(error))
+    except sqlite3.Error as error:
+        return _refused(args, f"database: {_database_error(error)}")
+    except Exception as error:
+        if type(error).__module__.partition(".")[0] not in _DRIVER_ERRORS:
+            raise
+        return _refused(args, f"database: {_database_error(error)}")
+    if args.json:
+        out.write(json.dumps(summary.as_json(), ensure_ascii=False) + "\n")
+    else:
+        _print(summary, out)
+    return 0 if summary.all_same else 1
+
+
+async def _replay(args: argparse.Namespace) -> ShadowSummary:
+    from statifier.persistence import Status
+    from statifier.shadow import MAX_INPUTS, Selection, read_revision, shadow_replay
+    from statifier.sql import TableOptions
+    from statifier.sql.tables import DEFAULT_PREFIX
+
+    revision = read_revision(args.chart)
+    status = None
+    if args.status is not None:
+        try:
+            status = Status(args.status)
+        except ValueError:
+            known = ", ".join(s.value for s in Status)
+            raise ValueError(f"--status is one of {known}, not {args.status!r}") from None
+    selection = Selection(
+        document=args.document,
+        status=status,
+        scope=args.scope,
+        created_after=_moment(args.created_after, "--created-after"),
+        created_before=_moment(args.created_before, "--created-before"),
+        sample=args.sample,
+        limit=args.limit,
+        seed=args.seed,
+    )
+    if args.max_inputs is not None and args.max_inputs < 0:
+        raise ValueError(f"--max-inputs is a count, not {args.max_inputs}")
+    return await shadow_replay(
+        args.database,
+        revision,
+        selection,
+        codec=codec_of(args.keys_env),
+        tables=TableOptions(prefix=args.prefix or DEFAULT_PREFIX, schema=args.schema),
+        max_inputs=MAX_INPUTS if args.max_inputs is None else args.max_inputs,
+    )
+
+
+def _moment(text: str | None, option: str) -> datetime | None:
+    if text is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"{option} is an ISO 8601 time, not {text!r}") from None
+    if moment.tzinfo is None:
+        raise ValueError(f"{option} needs an offset (2026-01-01T00:00:00+00:00), not {text!r}")
+    return moment
+
+
+def _print(summary: ShadowSummary, out: TextIO) -> None:
+    from statifier.shadow import Verdict
+
+    for result in summary.results:
+        if result.verdict is not Verdict.SAME:
+            out.write(_line(result) + "\n")
+    counts = summary.counts
+    out.write(
+        f"{len(summary.results)} executions replayed on {summary.revision}: "
+        f"{counts[Verdict.SAME]} same, {counts[Verdict.DIVERGED]} diverged, "
+        f"{counts[Verdict.NEW_ERRORS]} with new errors, {counts[Verdict.UNTRUSTED]} untrusted\n"
+    )
+
+
+def _line(result: ShadowResult) -> str:
+    """``ID: diverged at input 3 (seq 3, checkout): configuration cart -> review; ...``"""
+    said: list[str] = []
+    if result.untrusted is not None:
+        said.append(f"untrusted: {result.untrusted}")
+    divergence = result.divergence
+    if divergence is not None:
+        at = "the start" if divergence.seq is None else f"input {divergence.index}"
+        if divergence.seq is not None:
+            at += f" (seq {divergence.seq}, {divergence.event})"
+        old, new = divergence.old, divergence.new
+        parts = []
+        if "configuration" in divergence.parts:
+            parts.append(f"configuration {_where(old)} -> {_where(new)}")
+        if "datamodel" in divergence.parts:
+            names = sorted(old.datamodel.keys() | new.datamodel.keys())
+            changes = ", ".join(
+                f"{name} {_value(old.datamodel, name)} -> {_value(new.datamodel, name)}"
+                for name in names
+            )
+            parts.append(f"datamodel {changes}")
+        if "handed" in divergence.parts:
+            parts.append(f"handed {_handed(old.handed)} -> {_handed(new.handed)}")
+        said.append(f"diverged at {at}: {'; '.join(parts)}")
+    if result.new_errors:
+        first = result.new_errors[0]
+        more = result.new_error_count - 1
+        also = f" (and {more} more)" if more else ""
+        said.append(f"new error at input {first.index}: {first.error.summary()}{also}")
+    return f"{result.execution_id}: {'; '.join(said)}"
+
+
+def _where(side: Any) -> str:
+    if side.final_state is not None:
+        return f"ended in {side.final_state}"
+    return " ".join(side.configuration) or "(none)"
+
+
+def _value(data: Any, name: str) -> str:
+    if name not in data:
+        return "(unset)"
+    return json.dumps(tagged.encode(data[name]), sort_keys=True, ensure_ascii=False)
+
+
+def _handed(items: Any) -> str:
+    return "[" + ", ".join(item.describe() for item in items) + "]"
+
+
+def _database_error(error: BaseException) -> str:
+    from statifier.sql.engines import missing_table
+
+    table = missing_table(error)
+    if table is not None:
+        return f"it has no table {table}: run `statifier db upgrade` (same --url and --prefix)"
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+def _refused(args: argparse.Namespace, message: str) -> int:
+    if getattr(args, "debug", False):
+        traceback.print_exc(file=sys.stderr)
+    sys.stderr.write(f"statifier replay: {' '.join(message.split())}\n")
+    return 2
