@@ -808,15 +808,7 @@ def _parser() -> argparse.ArgumentParser:
         "--basichttp-base-url", default=None, metavar="URL", help="for rotating locations"
     )
     console.add_argument("--scriba-prefix", default=None, help="show scriba's projections")
-    console.add_argument(
-        "--keys-env",
-        dest="keys_env",
-        action="append",
-        default=None,
-        metavar="NAME",
-        help="an environment variable holding a Fernet key the blobs are encrypted with "
-        "(repeat, the newest first; the crypto extra)",
-    )
+    executions_command.add_keys_env(console)
     return parser
 
 

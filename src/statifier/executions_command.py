@@ -93,15 +93,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     common.add_argument("--prefix", default=None, help="the table name prefix (statifier_)")
     common.add_argument("--schema", default=None, help="the schema (PostgreSQL)")
     common.add_argument("--charts", default=None, metavar="DIR", help="DIR/NAME.scxml charts")
-    common.add_argument(
-        "--keys-env",
-        dest="keys_env",
-        action="append",
-        default=None,
-        metavar="NAME",
-        help="an environment variable holding a Fernet key the blobs are encrypted with "
-        "(repeat, the newest first; the crypto extra)",
-    )
+    add_keys_env(common)
     executions = commands.add_parser(
         "executions", help="list, show, create, send to, cancel and migrate durable executions"
     )
@@ -203,6 +195,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _codec(args: argparse.Namespace) -> BlobCodec:
     return codec_of(args.keys_env)
+
+
+def add_keys_env(parser: argparse.ArgumentParser) -> None:
+    """The ``--keys-env NAME`` option (repeated, the newest first) of every command that
+    reads blobs a database may hold encrypted; :func:`codec_of` reads it."""
+    parser.add_argument(
+        "--keys-env",
+        dest="keys_env",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="an environment variable holding a Fernet key the blobs are encrypted with "
+        "(repeat, the newest first; the crypto extra)",
+    )
 
 
 def codec_of(keys_env: Sequence[str] | None) -> BlobCodec:
@@ -569,11 +575,17 @@ def _one_line(error: BaseException | str) -> str:
     return " ".join(str(error).split()) or type(error).__name__
 
 
-def _refused(args: argparse.Namespace, message: str) -> int:
+def refused(command: str, args: argparse.Namespace, message: str) -> int:
+    """Say on standard error that ``command`` refused, in one line (with the traceback
+    under ``--debug``), and return the exit status of a refusal, 2."""
     if getattr(args, "debug", False):
         traceback.print_exc(file=sys.stderr)
-    sys.stderr.write(f"statifier executions {args.action}: {_one_line(message)}\n")
+    sys.stderr.write(f"statifier {command}: {_one_line(message)}\n")
     return 2
+
+
+def _refused(args: argparse.Namespace, message: str) -> int:
+    return refused(f"executions {args.action}", args, message)
 
 
 if __name__ == "__main__":  # pragma: no cover

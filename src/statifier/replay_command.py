@@ -24,12 +24,10 @@ import argparse
 import asyncio
 import json
 import sqlite3
-import sys
-import traceback
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TextIO
 
-from statifier.executions_command import codec_of
+from statifier.executions_command import add_keys_env, codec_of, refused
 from statifier.expr import tagged
 
 if TYPE_CHECKING:
@@ -64,15 +62,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     replay.add_argument("--json", action="store_true", help="print one JSON document")
     replay.add_argument("--prefix", default=None, help="the table name prefix (statifier_)")
     replay.add_argument("--schema", default=None, help="the schema (PostgreSQL)")
-    replay.add_argument(
-        "--keys-env",
-        dest="keys_env",
-        action="append",
-        default=None,
-        metavar="NAME",
-        help="an environment variable holding a Fernet key the blobs are encrypted with "
-        "(repeat, the newest first; the crypto extra)",
-    )
+    add_keys_env(replay)
     return replay  # type: ignore[no-any-return]
 
 
@@ -218,7 +208,4 @@ def _database_error(error: BaseException) -> str:
 
 
 def _refused(args: argparse.Namespace, message: str) -> int:
-    if getattr(args, "debug", False):
-        traceback.print_exc(file=sys.stderr)
-    sys.stderr.write(f"statifier replay: {' '.join(message.split())}\n")
-    return 2
+    return refused("replay", args, message)
