@@ -22,7 +22,8 @@ def upgrade() -> None:
     options = current_options()
     name, schema = options.name, options.schema
     outbox = name("outbox")
-    op.add_column(outbox, sa.Column("execution_id", sa.Text(), nullable=True), schema=schema)
+    execution_id = options.collated(sa.Column("execution_id", sa.Text(), nullable=True))
+    op.add_column(outbox, execution_id, schema=schema)
     table = f"{schema}.{outbox}" if schema else outbox
     if op.get_bind().dialect.name == "postgresql":
         op.execute(f"UPDATE {table} SET execution_id = payload->>'execution_id'")

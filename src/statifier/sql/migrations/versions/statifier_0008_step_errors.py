@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from statifier.sql.migrations import current_options
+from statifier.sql.migrations import create_table, current_options
 from statifier.sql.tables import UtcDateTime
 
 revision = "statifier_0008"
@@ -31,7 +31,8 @@ def upgrade() -> None:
     op.add_column(
         executions, sa.Column("last_error_at", UtcDateTime(), nullable=True), schema=schema
     )
-    op.add_column(executions, sa.Column("final_state", sa.Text(), nullable=True), schema=schema)
+    final_state = options.collated(sa.Column("final_state", sa.Text(), nullable=True))
+    op.add_column(executions, final_state, schema=schema)
     op.create_index(
         name("executions_last_error_at_idx"),
         executions,
@@ -39,10 +40,8 @@ def upgrade() -> None:
         schema=schema,
     )
     errors = name("step_errors")
-    op.create_table(
+    create_table(
         errors,
-        options.key_column(),
-        *options.leading(),
         sa.Column("execution_id", sa.Text(), nullable=False),
         sa.Column("seq", sa.Integer(), nullable=True),
         sa.Column("door", sa.Text(), nullable=False),
