@@ -58,10 +58,11 @@ shop_timers
 Traceback (most recent call last):
 ...
 ValueError: a table prefix is lowercase letters, digits and underscores...
->>> laid_out = TableOptions(timestamps_position="leading", column_collations={"door": "C"})
+>>> collated = {"execution_id": "C"}
+>>> laid_out = TableOptions(timestamps_position="leading", column_collations=collated)
 >>> [column.name for column in laid_out.define().addresses.columns]
 ['id', 'inserted_at', 'scope', 'document', 'key', 'execution_id', 'terminal_seen_at']
->>> laid_out.define().inputs.c.door.type.collation
+>>> laid_out.define().inputs.c.execution_id.type.collation
 'C'
 
 The migrations in :mod:`statifier.sql.migrations` build exactly these tables.
