@@ -160,8 +160,9 @@ class TableOptions:
             column of the host's own takes its collation in its own type
             (``sa.Text(collation="C")``).
 
-    The last four apply when a table is created: a table that already exists keeps
-    the layout it has. Left out, they build the tables the package has always built.
+    Every option but ``prefix`` and ``schema`` shapes a table when it is created: a
+    table that already exists keeps the layout it has. Left out, the options build
+    the tables the package has always built.
 
     Raises:
         ValueError: a prefix or schema that is not a plain identifier; a leading
