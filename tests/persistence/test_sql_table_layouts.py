@@ -287,6 +287,19 @@ def test_each_option_goes_up_and_down_and_builds_what_define_defines(
     assert _differences(fresh_database.url, options) == []
 
 
+def test_a_downgrade_that_copies_a_table_keeps_its_layout(fresh_database: FreshDatabase) -> None:
+    # SQLite drops a column by copying the table from what it reflects, which has no
+    # collation: the revisions hand the copy the collated columns.
+    options = _layout(fresh_database, "all")
+    migrations.upgrade(fresh_database.url, options)
+    migrations.downgrade(fresh_database.url, options, "statifier_0006")
+    migrations.upgrade(fresh_database.url, options)
+    assert _differences(fresh_database.url, options) == []
+    _check_timestamps(fresh_database, options)
+    _check_collations(fresh_database, options)
+    _check_text_key(fresh_database, options)
+
+
 def test_the_comparison_sees_an_option_the_tables_were_not_built_with(
     fresh_database: FreshDatabase,
 ) -> None:
@@ -518,6 +531,13 @@ def test_the_key_type_says_who_makes_keys_and_how_text_carries_them() -> None:
         integer.key_from_text("k-1")
     assert text.define().inputs.c.id.server_default is not None
     assert integer.define().inputs.c.id.server_default is None
+
+
+def test_a_column_a_later_revision_renames_takes_the_collation_of_its_new_name() -> None:
+    options = TableOptions(column_collations={"execution_id": "C"})
+    renamed = options.collated(sa.Column("run_id", sa.Text()), named="execution_id")
+    assert _collation(renamed) == "C"
+    assert _collation(options.collated(sa.Column("run_id", sa.Text()))) is None
 
 
 def test_the_collations_are_kept_apart_from_the_callers_mapping() -> None:

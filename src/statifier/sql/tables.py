@@ -350,11 +350,13 @@ class TableOptions:
         belongs to one table)."""
         return [] if self.leading_columns is None else list(self.leading_columns())
 
-    def collated(self, column: sa.Column[Any]) -> sa.Column[Any]:
+    def collated(self, column: sa.Column[Any], named: str | None = None) -> sa.Column[Any]:
         """``column`` (new, not yet in a table) with the collation
         ``column_collations`` gives its name, if any: for a column a revision adds to
-        a table that exists."""
-        collation = self.column_collations.get(column.name)
+        a table that exists. ``named``: the name to look up instead, the one a later
+        revision renames the column to (the options name columns as the tables have
+        them at the head revision)."""
+        collation = self.column_collations.get(column.name if named is None else named)
         if collation is not None and isinstance(column.type, sa.String):
             # The declaration's type, with the collation: a new instance, so that no
             # other column sharing the declared one changes with it.

@@ -69,6 +69,7 @@ __all__ = [
     "BadRevision",
     "MigrationBusy",
     "NotAtHead",
+    "batch_columns",
     "create_table",
     "current",
     "current_options",
@@ -413,6 +414,37 @@ def create_table(name: str, *declared: Any, schema: str | None) -> None:
     from alembic import op
 
     op.create_table(name, *current_options().laid_out(name, *declared), schema=schema)
+
+
+def batch_columns(table: str) -> tuple[sa.Column[Any], ...]:
+    """The columns to hand ``op.batch_alter_table(..., reflect_args=...)`` for the
+    table ``table`` (unprefixed, as the head revision names it): the host's leading
+    columns and the package's collated text columns, as the running migration's
+    options declare them, among the columns the table has. SQLite alters a table by
+    copying it from what it reflects, and its reflection reads no collation: without
+    these, the copy would lose them. For the revision files; only callable while
+    Alembic runs them."""
+    from alembic import op
+
+    options = current_options()
+    defined = options.define().metadata.tables[
+        f"{options.schema}.{options.name(table)}" if options.schema else options.name(table)
+    ]
+    present = {
+        column["name"]
+        for column in sa.inspect(op.get_bind()).get_columns(
+            options.name(table), schema=options.schema
+        )
+    }
+    kept = [
+        *options.leading(),
+        *(
+            sa.Column(column.name, column.type, nullable=column.nullable)
+            for column in defined.columns
+            if column.name in options.column_collations
+        ),
+    ]
+    return tuple(column for column in kept if column.name in present)
 
 
 def run_environment(config: Config) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from statifier.sql.migrations import current_options
+from statifier.sql.migrations import batch_columns, current_options
 
 revision = "statifier_0007"
 down_revision: str | None = "statifier_0006"
@@ -42,5 +42,6 @@ def downgrade() -> None:
     name, schema = options.name, options.schema
     outbox = name("outbox")
     op.drop_index(name("outbox_execution_id_inserted_at_idx"), table_name=outbox, schema=schema)
-    with op.batch_alter_table(outbox, schema=schema) as batch:
+    kept = batch_columns("outbox")
+    with op.batch_alter_table(outbox, schema=schema, reflect_args=kept) as batch:
         batch.drop_column("execution_id")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from statifier.sql.migrations import create_table, current_options
+from statifier.sql.migrations import batch_columns, create_table, current_options
 from statifier.sql.tables import UtcDateTime
 
 revision = "statifier_0008"
@@ -65,7 +65,8 @@ def downgrade() -> None:
     op.drop_table(name("step_errors"), schema=schema)
     executions = name("executions")
     op.drop_index(name("executions_last_error_at_idx"), table_name=executions, schema=schema)
-    with op.batch_alter_table(executions, schema=schema) as batch:
+    kept = batch_columns("executions")
+    with op.batch_alter_table(executions, schema=schema, reflect_args=kept) as batch:
         batch.drop_column("final_state")
         batch.drop_column("last_error_at")
         batch.drop_column("error_count")
