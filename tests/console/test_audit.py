@@ -212,3 +212,29 @@ async def test_a_row_written_in_a_transaction_of_a_uuid_keyed_database_reads_bac
         assert sorted(rows, key=lambda r: r.target) == written
         (one,) = (await audit.entries(target="t1")).rows
         assert one == written[1]
+
+
+async def test_a_text_key_the_database_fills_in_is_read_back_and_pages(
+    fresh_database: FreshDatabase,
+) -> None:
+    made = {
+        "postgresql": "gen_random_uuid()::text",
+        "sqlite": "(lower(hex(randomblob(16))))",
+    }[fresh_database.backend]
+    options = TableOptions(
+        prefix="x_", schema=fresh_database.schema, key_type=sa.Text, key_default=sa.text(made)
+    )
+    migrations.upgrade(fresh_database.url, options)
+    tables = options.define()
+    async with ConsoleQueries.open(fresh_database.url, tables) as queries:
+        audit = Audit(queries.engine, tables, clock=lambda: T0)
+        async with SqlAdapter(queries.engine, tables) as adapter:
+            written = []
+            for index in range(5):
+                async with adapter.transaction() as tx:
+                    entry = AuditEntry("ops", action="cancel", target=f"t{index}")
+                    written.append(await audit.record_in(tx, entry))
+        assert all(isinstance(row.id, str) and row.id for row in written)
+        # Pages of four: the cursors carry the text keys back.
+        rows = await _all(audit)
+        assert sorted(rows, key=lambda r: r.target) == written

@@ -73,6 +73,43 @@ def _migrate(request: pytest.FixtureRequest, backend: str, path: Path) -> Iterat
         drop_schema(url, options.schema)
 
 
+def hand_layout(schema: str, **more: object) -> TableOptions:
+    """PostgreSQL tables in ``schema`` laid out the way a host may have written them by
+    hand: a leading ``tenant_id``, the timestamps right after it, ``execution_id`` and
+    ``status`` in the ``"C"`` collation, and a text key the database fills in from the
+    sequence ``<schema>.hand_ids``, which the caller creates (zero-padded, so that the
+    keys sort in the order the rows were written, as the package's reads by ``id``
+    expect)."""
+    return TableOptions(
+        schema=schema,
+        leading_columns=lambda: [sa.Column("tenant_id", sa.Text(), nullable=True)],
+        timestamps_position="leading",
+        column_collations={"execution_id": "C", "status": "C"},
+        key_type=sa.Text,
+        key_default=sa.text(f"lpad(nextval('{schema}.hand_ids')::text, 19, '0')"),
+        **more,  # type: ignore[arg-type]
+    )
+
+
+@pytest.fixture(scope="session")
+def hand_store(database_url: str) -> Iterator[SqlStore]:
+    """The session's PostgreSQL schema under :func:`hand_layout`, prefix ``h_``."""
+    schema = unique_name("statifier_hand_")
+    engine = sa.create_engine(migrations.sync_url(database_url))
+    try:
+        with engine.begin() as connection:
+            connection.execute(sa.schema.CreateSchema(schema))
+            connection.execute(sa.text(f"CREATE SEQUENCE {schema}.hand_ids"))
+    finally:
+        engine.dispose()
+    options = hand_layout(schema, prefix="h_")
+    try:
+        migrations.upgrade(database_url, options)
+        yield SqlStore("postgresql", database_url, options.define())
+    finally:
+        drop_schema(database_url, schema)
+
+
 @pytest.fixture(scope="session")
 def sqlite_store(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory

@@ -50,7 +50,7 @@ async def address(
 ) -> Any:
     """Insert an address row of ``execution_id`` under ``key`` (seen to end at
     ``ended``); its id as the driver reads it back (what the router hands on)."""
-    dialect, new_key = adapter.dialect, adapter.tables.options.key_default
+    dialect, new_key = adapter.dialect, adapter.tables.options.new_key
     columns = "scope, document, key, execution_id, inserted_at, terminal_seen_at"
     values: dict[str, Any] = {
         "key": key,

@@ -812,8 +812,9 @@ async def test_the_outbox_runs_on_uuid_keys_in_a_prefixed_schema(
         drain = OutboxDrain(router.storage, {"q": sink})
         assert (await drain.drain_once()).dead == 1
         dead = only(await drain.dead_letters())
-        assert isinstance(dead.id, sa.Uuid().python_type)
-        assert await drain.retry_dead(dead.id) == 1
+        # A text key comes back as the text the database made.
+        assert isinstance(dead.id, str if options.key_kind == "text" else sa.Uuid().python_type)
+        assert await drain.retry_dead(dead.id, by_id=options.key_kind == "text") == 1
         assert only(await drain.pending()).id == dead.id
 
 

@@ -1,5 +1,6 @@
 """The router's statements honour the table options the persistence tables take: a
-prefix, a PostgreSQL schema, host leading columns and a UUID key made on the client."""
+prefix, a PostgreSQL schema, host leading columns, and a UUID key made on the client
+or a text key the database fills in."""
 
 from __future__ import annotations
 
@@ -26,26 +27,42 @@ from statifier.router import (
 )
 from statifier.sql import TableOptions, migrations
 
+_TEXT_KEYS = {
+    "sqlite": sa.text("(lower(hex(randomblob(16))))"),
+    "postgresql": sa.text("gen_random_uuid()::text"),
+}
+"""A random text key each database fills in."""
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+
+@pytest.fixture(
+    params=[("sqlite", "uuid"), ("postgresql", "uuid"), ("sqlite", "text"), ("postgresql", "text")],
+    ids="-".join,
+)
 def uuid_database(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> Iterator[tuple[str, TableOptions]]:
-    """A database migrated with a prefix, a leading column and UUID keys (and on
-    PostgreSQL a schema of its own)."""
+    """A database migrated with a prefix, a leading column and keys that do not order
+    rows: UUIDs made on the client, or text the database fills in and the router
+    reads back (and on PostgreSQL a schema of its own)."""
 
     def leading() -> list[sa.Column[Any]]:
         return [sa.Column("tenant_id", sa.Text(), nullable=True)]
 
-    if request.param == "sqlite":
-        options = TableOptions(prefix="u_", leading_columns=leading, key_type=sa.Uuid)
+    backend, key = request.param
+    keys: dict[str, Any] = (
+        {"key_type": sa.Uuid}
+        if key == "uuid"
+        else {"key_type": sa.Text, "key_default": _TEXT_KEYS[backend]}
+    )
+    if backend == "sqlite":
+        options = TableOptions(prefix="u_", leading_columns=leading, **keys)
         url = f"sqlite:///{tmp_path / 'uuid.db'}"
         migrations.upgrade(url, options)
         yield url, options
         return
     url = request.getfixturevalue("database_url")
     schema = unique_name("statifier_router_")
-    options = TableOptions(prefix="u_", schema=schema, leading_columns=leading, key_type=sa.Uuid)
+    options = TableOptions(prefix="u_", schema=schema, leading_columns=leading, **keys)
     migrations.upgrade(url, options)
     try:
         yield url, options

@@ -95,16 +95,14 @@ runs after the action's statements and before the commit; what it raises rolls t
 action back and leaves the action's function."""
 
 
-def row_id(tables: Tables, text: str) -> int | uuid.UUID:
-    """A row key as a URL carries it: an integer, or a UUID when the tables use them.
+def row_id(tables: Tables, text: str) -> int | uuid.UUID | str:
+    """A row key as a URL carries it: an integer, or a UUID or text when the tables use them.
 
     Raises:
         Refused: ``text`` is neither.
     """
     try:
-        if tables.options.key_default is None:
-            return int(text)
-        return uuid.UUID(text)
+        return tables.options.key_from_text(text)
     except ValueError:
         raise Refused(f"{text[:40]!r} is not a row id") from None
 
@@ -131,7 +129,7 @@ async def cancel(router: Router, execution_id: str, *, record: Record) -> Done:
     return done
 
 
-async def retry_outbox(router: Router, row: int | uuid.UUID, *, record: Record) -> Done:
+async def retry_outbox(router: Router, row: int | uuid.UUID | str, *, record: Record) -> Done:
     """Re-arm one dead outbox row: due at once, with a fresh round of attempts;
     ``record`` in the same transaction.
 
@@ -141,7 +139,7 @@ async def retry_outbox(router: Router, row: int | uuid.UUID, *, record: Record) 
     drain = OutboxDrain(router.storage, {})
     done = Done(f"outbox row {row} is due again")
     async with router.transaction() as unit:
-        if await drain.retry_dead_in(unit.tx, row) == 0:
+        if await drain.retry_dead_in(unit.tx, row, by_id=True) == 0:
             raise Refused(f"no dead outbox row {row}")
         await record(unit.tx, done)
     return done

@@ -45,7 +45,6 @@ Inside a transaction of the adapter, the row goes the way the transaction goes:
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass
 from datetime import UTC, datetime
@@ -194,7 +193,7 @@ class Audit:
             "outcome": entry.outcome,
             "detail": None if entry.detail is None else _cut(entry.detail),
         }
-        new_key = self.tables.options.key_default
+        new_key = self.tables.options.new_key
         if new_key is not None:
             values["id"] = new_key()
         return values
@@ -236,9 +235,7 @@ class Audit:
 
     def _key(self, text: str) -> Any:
         try:
-            if self.tables.options.key_default is None:
-                return int(text)
-            return uuid.UUID(text)
+            return self.tables.options.key_from_text(text)
         except ValueError:
             raise BadCursor(f"not a cursor of this list: a bad key {text!r}") from None
 

@@ -29,7 +29,6 @@ import base64
 import binascii
 import json
 import logging
-import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -1027,9 +1026,7 @@ class ConsoleQueries:
     def _key(self, text: str) -> Any:
         """A key as the cursor carried it, back in the key type."""
         try:
-            if self.tables.options.key_default is None:
-                return int(text)
-            return uuid.UUID(text)
+            return self.tables.options.key_from_text(text)
         except ValueError:
             raise BadCursor(f"not a cursor of this list: a bad key {text!r}") from None
 

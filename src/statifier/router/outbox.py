@@ -554,22 +554,33 @@ class OutboxDrain:
         return await self.rows(queue=queue, state="dead")
 
     async def retry_dead(
-        self, key_or_id: str | int | uuid.UUID, *, queue: str | None = None
+        self,
+        key_or_id: str | int | uuid.UUID,
+        *,
+        queue: str | None = None,
+        by_id: bool = False,
     ) -> int:
         """Re-arm dead rows: a string is a row key (in every queue, or ``queue``'s),
-        anything else a row id. They are due at once with a fresh round of attempts;
-        ``last_error`` stays until the next failure. Returns how many were re-armed."""
+        anything else a row id; with ``by_id``, ``key_or_id`` is a row id whatever its
+        type (a text row id, under ``TableOptions(key_type=sa.Text)``, is a string).
+        They are due at once with a fresh round of attempts; ``last_error`` stays
+        until the next failure. Returns how many were re-armed."""
         async with self.adapter.transaction() as tx:
-            return await self.retry_dead_in(tx, key_or_id, queue=queue)
+            return await self.retry_dead_in(tx, key_or_id, queue=queue, by_id=by_id)
 
     async def retry_dead_in(
-        self, tx: SqlTransaction, key_or_id: str | int | uuid.UUID, *, queue: str | None = None
+        self,
+        tx: SqlTransaction,
+        key_or_id: str | int | uuid.UUID,
+        *,
+        queue: str | None = None,
+        by_id: bool = False,
     ) -> int:
         """:meth:`retry_dead` inside ``tx``, a transaction the caller opened on this
         drain's adapter (``adapter.transaction()``, or a router unit's ``tx``): the rows
         are re-armed when ``tx`` commits, and stay dead if it rolls back. Returns how
         many were re-armed."""
-        if isinstance(key_or_id, str):
+        if isinstance(key_or_id, str) and not by_id:
             return await self._sql.retry_dead_key(tx.driver, key_or_id, queue, self.clock())
         return await self._sql.retry_dead_id(tx.driver, key_or_id, queue, self.clock())
 

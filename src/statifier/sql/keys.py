@@ -1,10 +1,12 @@
 """Who makes a new row's key, said once for every insert of the storage layer.
 
-Every table has an ``id`` key. By default the database makes it (an identity column),
-and an insert names no ``id``; under ``TableOptions(key_default=...)`` the client makes
-it (UUIDs, say), and every insert binds it as ``:id``. A :class:`RowKeys` writes the
-inserts of one set of tables for either case (:meth:`RowKeys.insert`) and binds the
-new key where the client makes it (:meth:`RowKeys.keyed`).
+Every table has an ``id`` key. By default the database makes it (an identity column,
+or the ``TableOptions.key_default`` of a UUID or text key), and an insert names no
+``id``; under ``TableOptions(key_type=sa.Uuid)`` without a ``key_default`` the client
+makes it (:attr:`TableOptions.new_key`), and every insert binds it as ``:id``. A
+:class:`RowKeys` writes the inserts of one set of tables for either case
+(:meth:`RowKeys.insert`), binds the new key where the client makes it
+(:meth:`RowKeys.keyed`) and reads a key the database gives back (:meth:`RowKeys.read`).
 
 >>> from statifier.sql import TableOptions
 >>> from statifier.sql.sqlite import SQLITE
@@ -34,16 +36,20 @@ class RowKeys:
     Attributes:
         dialect: binds a key the client made as its driver stores it.
         new_key: makes a new key where the client makes them
-            (``TableOptions.key_default``), else ``None``: the database does.
+            (``TableOptions.new_key``), else ``None``: the database does.
+        text_keys: the keys are text (``TableOptions(key_type=sa.Text, ...)``), read
+            back as they are.
     """
 
     dialect: Dialect
     new_key: Callable[[], Any] | None
+    text_keys: bool = False
 
     @classmethod
     def of(cls, tables: Tables, dialect: Dialect) -> RowKeys:
         """The keys of ``tables`` (as their options say) on ``dialect``'s database."""
-        return cls(dialect, tables.options.key_default)
+        options = tables.options
+        return cls(dialect, options.new_key, options.key_kind == "text")
 
     def insert(
         self,
@@ -76,3 +82,8 @@ class RowKeys:
         if self.new_key is not None:
             values["id"] = self.dialect.key(self.new_key())
         return values
+
+    def read(self, value: Any) -> Any:
+        """A key column's value as the driver read it, as the package hands keys on: a
+        text key as it is, others as :meth:`Dialect.read_key` says."""
+        return value if self.text_keys else self.dialect.read_key(value)

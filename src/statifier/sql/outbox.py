@@ -230,8 +230,7 @@ class OutboxTable:
                 }
                 await dialect.execute(driver, self._lease, leased)
         return [
-            LeasedRow(dialect.read_key(r[0]), r[1], r[2], r[3], int(r[4]), bool(r[5]))
-            for r in found
+            LeasedRow(self.keys.read(r[0]), r[1], r[2], r[3], int(r[4]), bool(r[5])) for r in found
         ]
 
     async def mark_sent(self, driver: Any, row_id: Any, token: str, now: datetime) -> bool:
@@ -273,7 +272,7 @@ class OutboxTable:
         found = await dialect.rows(driver, self._rows[state], {"queue": queue})
         return [
             StoredRow(
-                dialect.read_key(r[0]),
+                self.keys.read(r[0]),
                 r[1],
                 r[2],
                 r[3],

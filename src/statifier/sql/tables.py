@@ -25,9 +25,10 @@ metadata.
 - ``console_audit``: the actions operators took in the console, who and when.
 
 Every table starts with a surrogate primary key ``id`` of the configured type, then
-the host's leading columns, then the package's own. Names carry a prefix and the
-tables may live in a schema of their own, so several hosts (or test runs) share a
-database without meeting.
+the host's leading columns, then the package's own (each row's insert and update
+times first, where ``timestamps_position="leading"`` asks for them there). Names
+carry a prefix and the tables may live in a schema of their own, so several hosts
+(or test runs) share a database without meeting.
 
 >>> tables = TableOptions(prefix="shop_").define()
 >>> for table in tables.metadata.sorted_tables:
@@ -57,6 +58,12 @@ shop_timers
 Traceback (most recent call last):
 ...
 ValueError: a table prefix is lowercase letters, digits and underscores...
+>>> collated = {"execution_id": "C"}
+>>> laid_out = TableOptions(timestamps_position="leading", column_collations=collated)
+>>> [column.name for column in laid_out.define().addresses.columns]
+['id', 'inserted_at', 'scope', 'document', 'key', 'execution_id', 'terminal_seen_at']
+>>> laid_out.define().inputs.c.execution_id.type.collation
+'C'
 
 The migrations in :mod:`statifier.sql.migrations` build exactly these tables.
 """
@@ -65,9 +72,11 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Final
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from types import MappingProxyType
+from typing import Any, Final, Literal
 
 import sqlalchemy as sa
 
@@ -117,33 +126,65 @@ def autogenerate_filter(dialect_name: str) -> Callable[..., bool]:
 
 @dataclass(frozen=True, slots=True)
 class TableOptions:
-    """How the tables are named and keyed; the migrations take the same options.
+    """How the tables are named, keyed and laid out; the migrations take the same options.
 
     Attributes:
         prefix: prepended to every table, index and constraint name: lowercase letters,
             digits and underscores, at most 32 long (may be empty).
         schema: the schema the tables live in (PostgreSQL); ``None`` for the default.
         leading_columns: a function that makes the host's columns placed right after
-            ``id`` in every table, in order (``None``: none). It is called once per
+            ``id`` in every table, in order (``None``: none). It is called for every
             table and must make new :class:`sqlalchemy.Column` objects on every call,
             since a column belongs to one table. The package never reads or writes
-            them, so give them a default or make them nullable.
+            them, so give them a default or make them nullable. A name that a table
+            the migrations create declares (``id`` included) is refused.
         key_type: the type of the surrogate key ``id``: an integer type
-            (autoincrementing) or :class:`sqlalchemy.Uuid` (a random UUID made on
-            insert).
+            (autoincrementing), :class:`sqlalchemy.Uuid` (a random UUID made on insert,
+            or the database's ``key_default``), or a text type (:class:`sqlalchemy.Text`,
+            :class:`sqlalchemy.String`), which needs ``key_default``.
+        key_default: the SQL the database fills a new ``id`` in with, as
+            :func:`sqlalchemy.text` (``sa.text("gen_random_uuid()::text")`` on
+            PostgreSQL, ``sa.text("(lower(hex(randomblob(16))))")`` on SQLite): the
+            column's server default. With it, inserts name no ``id`` and read the new
+            key back from the database. For UUID and text keys; ``None``: integer keys
+            autoincrement and UUID keys are made on the client.
+        timestamps_position: ``"trailing"`` (the default, the layout the package has
+            always built) leaves each row's insert and update times (:data:`TIMESTAMPS`)
+            where the table declares them; ``"leading"`` puts them right after the
+            leading columns (after ``id`` when there are none), in the order declared.
+            A column a later revision adds to a table lands at the end either way.
+        column_collations: ``{column: collation}`` for the package's text columns:
+            every table that declares the column declares it with that collation
+            (PostgreSQL: any collation the database knows, such as ``"C"``; SQLite:
+            ``BINARY``, ``NOCASE`` or ``RTRIM``, others are refused when migrating). A
+            column of the host's own takes its collation in its own type
+            (``sa.Text(collation="C")``).
+
+    Every option but ``prefix`` and ``schema`` shapes a table when it is created: a
+    table that already exists keeps the layout it has. Left out, the options build
+    the tables the package has always built.
 
     Raises:
-        ValueError: a prefix or schema that is not a plain identifier, a leading
-            column named like a package column or made again by the next call, or an
-            unsupported key type.
-        TypeError: a prefix that is not a string, or ``leading_columns`` that is not
-            callable.
+        ValueError: a prefix or schema that is not a plain identifier; a leading
+            column named like a column a table of the migrations declares (the message
+            names the column and those tables), named twice, or made again by the next
+            call; an unsupported key type, a text key without ``key_default`` or an
+            integer key with one; a ``timestamps_position`` other than the two; a
+            ``column_collations`` name that is not a text column of the package's (the
+            message lists them) or a collation that is not a non-empty string.
+        TypeError: a prefix that is not a string, ``leading_columns`` that is not
+            callable, a ``key_default`` that is not :func:`sqlalchemy.text`, or
+            ``column_collations`` that is not a mapping.
     """
 
     prefix: str = DEFAULT_PREFIX
     schema: str | None = None
     leading_columns: Callable[[], Sequence[sa.Column[Any]]] | None = None
     key_type: type[sa.types.TypeEngine[Any]] | sa.types.TypeEngine[Any] = sa.BigInteger
+    key_default: sa.TextClause | None = None
+    timestamps_position: Literal["trailing", "leading"] = "trailing"
+    # Kept out of the hash (a mapping has none); compared like the other fields.
+    column_collations: Mapping[str, str] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.prefix, str):
@@ -166,22 +207,81 @@ class TableOptions:
                 "leading_columns is a function that makes new columns, "
                 f"not {self.leading_columns!r}"
             )
-        taken = {"id"} | _PACKAGE_COLUMNS
+        self._check_leading()
+        self._check_key()
+        if self.timestamps_position not in ("trailing", "leading"):
+            raise ValueError(
+                f'timestamps_position is "trailing" or "leading", not {self.timestamps_position!r}'
+            )
+        self._check_collations()
+
+    def _check_leading(self) -> None:
         given: tuple[object, ...] = tuple(self.leading())
+        named: set[str] = set()
         for column in given:
-            if not isinstance(column, sa.Column) or column.name in taken:
-                raise ValueError(f"a leading column needs a name of its own: {column!r}")
+            if not isinstance(column, sa.Column):
+                raise ValueError(f"a leading column is a sqlalchemy.Column, not {column!r}")
+            if column.name == "id":
+                raise ValueError(
+                    "a leading column needs a name of its own: 'id' is every table's key"
+                )
+            declared = _declared_by(column.name)
+            if declared:
+                tables = ", ".join(self.name(table) for table in declared)
+                raise ValueError(
+                    f"a leading column needs a name of its own: {column.name!r} is "
+                    f"declared by {tables}"
+                )
+            if column.name in named:
+                raise ValueError(f"a leading column needs a name of its own: {column.name!r} twice")
+            named.add(column.name)
         # Two calls that hand back the same object would fail later, when the second
         # table is defined; say so here, where the options are made.
         if any(again is first for again, first in zip(self.leading(), given, strict=False)):
             raise ValueError("leading_columns must make new columns on every call")
+
+    def _check_key(self) -> None:
         key = self._key_instance()
         if isinstance(key, sa.Uuid) and not key.native_uuid:
             raise ValueError(
                 "a UUID key is stored natively: sqlalchemy.Uuid(), not native_uuid=False"
             )
-        if not isinstance(key, (*_INTEGER_KEYS, sa.Uuid)):
-            raise ValueError(f"the key type is an integer type or sqlalchemy.Uuid, not {key!r}")
+        if not isinstance(key, (*_INTEGER_KEYS, sa.Uuid, sa.String)):
+            raise ValueError(
+                f"the key type is an integer type, sqlalchemy.Uuid or a text type, not {key!r}"
+            )
+        default = self.key_default
+        if default is not None and not isinstance(default, sa.TextClause):
+            raise TypeError(
+                "key_default is the SQL the database fills the key in with, as "
+                f"sqlalchemy.text(...), not {default!r}"
+            )
+        if isinstance(key, _INTEGER_KEYS) and default is not None:
+            raise ValueError("an integer key autoincrements: key_default is for a UUID or text key")
+        if isinstance(key, sa.String) and not isinstance(key, sa.Uuid) and default is None:
+            raise ValueError(
+                "a text key is made by the database: give key_default, e.g. "
+                'sqlalchemy.text("gen_random_uuid()::text")'
+            )
+
+    def _check_collations(self) -> None:
+        given: object = self.column_collations
+        if not isinstance(given, Mapping):
+            raise TypeError(f"column_collations is a mapping of column to collation, not {given!r}")
+        for column, collation in given.items():
+            allowed = _text_columns()
+            if column not in allowed:
+                raise ValueError(
+                    f"column_collations: {column!r} is not a text column of the package's; "
+                    f"the text columns are {', '.join(sorted(allowed))}"
+                )
+            if not isinstance(collation, str) or not collation:
+                raise ValueError(
+                    f"column_collations: the collation of {column!r} is a non-empty str, "
+                    f"not {collation!r}"
+                )
+        # A copy no caller can change after the check.
+        object.__setattr__(self, "column_collations", MappingProxyType(dict(given)))
 
     def _key_instance(self) -> sa.types.TypeEngine[Any]:
         key = self.key_type
@@ -194,10 +294,35 @@ class TableOptions:
         return f"{self.prefix}alembic_version"
 
     @property
-    def key_default(self) -> Callable[[], Any] | None:
-        """What makes a new ``id`` on the client: ``None`` for an autoincrementing
-        integer, :func:`uuid.uuid4` for a UUID key."""
-        return uuid.uuid4 if isinstance(self._key_instance(), sa.Uuid) else None
+    def new_key(self) -> Callable[[], Any] | None:
+        """What makes a new ``id`` on the client: :func:`uuid.uuid4` for a UUID key
+        without ``key_default``; ``None`` where the database makes it (an
+        autoincrementing integer, or ``key_default``)."""
+        made_here = self.key_kind == "uuid" and self.key_default is None
+        return uuid.uuid4 if made_here else None
+
+    @property
+    def key_kind(self) -> Literal["integer", "uuid", "text"]:
+        """What the key type is: an integer, a UUID or text."""
+        key = self._key_instance()
+        if isinstance(key, _INTEGER_KEYS):
+            return "integer"
+        return "uuid" if isinstance(key, sa.Uuid) else "text"
+
+    def key_from_text(self, text: str) -> int | uuid.UUID | str:
+        """A key as text carries it (a URL, a cursor), back in the key type: an
+        integer, a :class:`uuid.UUID`, or the text itself for a text key.
+
+        >>> TableOptions().key_from_text("12")
+        12
+
+        Raises:
+            ValueError: ``text`` is not a key of that type.
+        """
+        kind = self.key_kind
+        if kind == "integer":
+            return int(text)
+        return uuid.UUID(text) if kind == "uuid" else text
 
     def name(self, suffix: str) -> str:
         """The prefixed name of a table, index or constraint."""
@@ -205,17 +330,69 @@ class TableOptions:
 
     def key_column(self) -> sa.Column[Any]:
         """A fresh ``id`` column of the key type (SQLite autoincrements only an
-        ``INTEGER PRIMARY KEY``, so every integer key is ``INTEGER`` there)."""
+        ``INTEGER PRIMARY KEY``, so every integer key is ``INTEGER`` there), with
+        ``key_default`` as its server default when given."""
         key = self._key_instance()
         if isinstance(key, _INTEGER_KEYS):
             kind = key.with_variant(sa.Integer(), "sqlite")
             return sa.Column("id", kind, primary_key=True, autoincrement=True, nullable=False)
-        return sa.Column("id", key, primary_key=True, autoincrement=False, nullable=False)
+        return sa.Column(
+            "id",
+            key,
+            primary_key=True,
+            autoincrement=False,
+            nullable=False,
+            server_default=self.key_default,
+        )
 
     def leading(self) -> list[sa.Column[Any]]:
         """The host's leading columns, new from :attr:`leading_columns` (a column
         belongs to one table)."""
         return [] if self.leading_columns is None else list(self.leading_columns())
+
+    def collated(self, column: sa.Column[Any], named: str | None = None) -> sa.Column[Any]:
+        """``column`` (new, not yet in a table) with the collation
+        ``column_collations`` gives its name, if any: for a column a revision adds to
+        a table that exists. ``named``: the name to look up instead, the one a later
+        revision renames the column to (the options name columns as the tables have
+        them at the head revision)."""
+        collation = self.column_collations.get(column.name if named is None else named)
+        if collation is not None and isinstance(column.type, sa.String):
+            # The declaration's type, with the collation: a new instance, so that no
+            # other column sharing the declared one changes with it.
+            column.type = type(column.type)(column.type.length, collation=collation)
+        return column
+
+    def laid_out(self, table: str, *declared: Any) -> list[Any]:
+        """The columns and constraints of a new table ``table`` whose package columns
+        (and constraints, indexes) are ``declared``, in order: ``id``, the leading
+        columns, then ``declared`` with the timestamps first when
+        ``timestamps_position`` is ``"leading"``, each text column collated as
+        ``column_collations`` says. What every table the package creates is built
+        from, by :meth:`define` and by the migrations alike.
+
+        Raises:
+            ValueError: a leading column is named like a column ``table`` declares.
+        """
+        leading = self.leading()
+        names = {item.name for item in declared if isinstance(item, sa.Column)}
+        for column in leading:
+            if column.name in names:
+                raise ValueError(
+                    f"a leading column needs a name of its own: {column.name!r} is "
+                    f"declared by {table}"
+                )
+        items = [self.collated(item) if isinstance(item, sa.Column) else item for item in declared]
+        if self.timestamps_position == "leading":
+            first = [i for i in items if isinstance(i, sa.Column) and i.name in TIMESTAMPS]
+            items = first + [item for item in items if not any(item is f for f in first)]
+        return [self.key_column(), *leading, *items]
+
+    def table(
+        self, name: str, metadata: sa.MetaData, *declared: Any, schema: str | None
+    ) -> sa.Table:
+        """The table ``name`` in ``metadata``, laid out as :meth:`laid_out` says."""
+        return sa.Table(name, metadata, *self.laid_out(name, *declared), schema=schema)
 
     def define(self, metadata: sa.MetaData | None = None) -> Tables:
         """The nineteen tables under these options, in ``metadata`` (a new one if ``None``).
@@ -227,80 +404,47 @@ class TableOptions:
         return _define(self, sa.MetaData() if metadata is None else metadata)
 
 
-_PACKAGE_COLUMNS = frozenset(
-    {
-        "content_hash",
-        "chart_blob",
-        "name",
-        "version",
-        "saved_at",
-        "retired_at",
-        "retired_by",
-        "key",
-        "position_blob",
-        "execution_id",
-        "status",
-        "metadata",
-        "outcome_blob",
-        "failure",
-        "created_at",
-        "updated_at",
-        "ended_at",
-        "error_count",
-        "last_error_at",
-        "final_state",
-        "taken",
-        "error_blob",
-        "seq",
-        "via",
-        "input_blob",
-        "recorded_at",
-        "scope",
-        "document",
-        "inserted_at",
-        "terminal_seen_at",
-        "binding_id",
-        "message_id",
-        "expires_at",
-        "source",
-        "outcome",
-        "reason",
-        "send_id",
-        "dedup_key",
-        "kind",
-        "due_at",
-        "step_position",
-        "payload",
-        "queue",
-        "attempts",
-        "next_attempt_at",
-        "lease",
-        "leased_until",
-        "sent_at",
-        "dead_at",
-        "last_error",
-        "invoke_id",
-        "partition",
-        "position",
-        "data",
-        "appended_at",
-        "consumer_group",
-        "raw",
-        "owner",
-        "seen_until",
-        "address_id",
-        "token_hash",
-        "child_id",
-        "parent_id",
-        "answer_blob",
-        "delivered_at",
-        "at",
-        "actor",
-        "action",
-        "target",
-        "detail",
-    }
-)
+TIMESTAMPS: Final = ("inserted_at", "created_at", "updated_at")
+"""The columns ``timestamps_position`` moves: each row's insert time (``inserted_at``;
+``created_at`` in the executions and child answers tables) and its update time
+(``updated_at``). The other times (``saved_at``, ``recorded_at``, ``due_at``, ...) say
+when something happened to what the row holds, and stay where they are."""
+
+SQLITE_COLLATIONS: Final = frozenset({"BINARY", "NOCASE", "RTRIM"})
+"""The collations SQLite knows without an application's own."""
+
+
+@cache
+def _columns_declared() -> dict[str, tuple[str, ...]]:
+    """Each column name the tables of :meth:`TableOptions.define` declare, with the
+    tables (unprefixed) that declare it: what a leading column may not be named."""
+    found: dict[str, list[str]] = {}
+    for table in _define(TableOptions(prefix=""), sa.MetaData()).metadata.sorted_tables:
+        for column in table.columns:
+            found.setdefault(column.name, []).append(table.name)
+    return {column: tuple(tables) for column, tables in found.items()}
+
+
+_RENAMED_COLUMNS: Final = {"door": ("inputs", "step_errors"), "settled_at": ("settlements",)}
+"""Columns the migrations create under an earlier name, which a later revision renames
+(``statifier_0009``): a leading column may not take the earlier name either, or the
+walk would fail at the revision that creates it."""
+
+
+def _declared_by(column: str) -> tuple[str, ...]:
+    return _columns_declared().get(column, ()) + _RENAMED_COLUMNS.get(column, ())
+
+
+@cache
+def _text_columns() -> frozenset[str]:
+    """The package's text columns (``id`` aside): what ``column_collations`` takes."""
+    tables = _define(TableOptions(prefix=""), sa.MetaData())
+    return frozenset(
+        column.name
+        for table in tables.metadata.sorted_tables
+        for column in table.columns
+        if isinstance(column.type, sa.String) and column.name != "id"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -351,23 +495,32 @@ class Tables:
         schema: str | None = None,
         leading_columns: Callable[[], Sequence[sa.Column[Any]]] | None = None,
         key_type: type[sa.types.TypeEngine[Any]] | sa.types.TypeEngine[Any] = sa.BigInteger,
+        key_default: sa.TextClause | None = None,
+        timestamps_position: Literal["trailing", "leading"] = "trailing",
+        column_collations: Mapping[str, str] | None = None,
     ) -> Tables:
         """Shorthand for ``TableOptions(...).define()``.
 
         >>> Tables.define(prefix="app_").executions.name
         'app_executions'
         """
-        return TableOptions(prefix, schema, leading_columns, key_type).define()
+        return TableOptions(
+            prefix,
+            schema,
+            leading_columns,
+            key_type,
+            key_default,
+            timestamps_position,
+            {} if column_collations is None else column_collations,
+        ).define()
 
 
 def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
     name = options.name
     schema = options.schema
-    charts = sa.Table(
+    charts = options.table(
         name("charts"),
         metadata,
-        options.key_column(),
-        *options.leading(),
         sa.Column("content_hash", sa.Text(), nullable=False),
         sa.Column("chart_blob", sa.LargeBinary(), nullable=True),
         sa.Column("name", sa.Text(), nullable=True),
@@ -379,11 +532,9 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         sa.Index(name("charts_name_idx"), "name"),
         schema=schema,
     )
-    positions = sa.Table(
+    positions = options.table(
         name("positions"),
         metadata,
-        options.key_column(),
-        *options.leading(),
         sa.Column("key", sa.Text(), nullable=False),
         sa.Column("content_hash", sa.Text(), nullable=False),
         sa.Column("position_blob", sa.LargeBinary(), nullable=False),
@@ -392,11 +543,9 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         sa.Index(name("positions_content_hash_idx"), "content_hash"),
         schema=schema,
     )
-    executions = sa.Table(
+    executions = options.table(
         name("executions"),
         metadata,
-        options.key_column(),
-        *options.leading(),
         sa.Column("execution_id", sa.Text(), nullable=False),
         sa.Column("content_hash", sa.Text(), nullable=False),
         sa.Column("status", sa.Text(), nullable=False),
@@ -425,11 +574,9 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         postgresql_ops={"metadata": "jsonb_path_ops"},
         info={_ONLY_ON: "postgresql"},
     ).ddl_if(dialect="postgresql")
-    inputs = sa.Table(
+    inputs = options.table(
         name("inputs"),
         metadata,
-        options.key_column(),
-        *options.leading(),
         sa.Column("execution_id", sa.Text(), nullable=False),
         sa.Column("seq", sa.Integer(), nullable=False),
         sa.Column("via", sa.Text(), nullable=False),
@@ -440,11 +587,9 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         sa.Index(name("inputs_recorded_at_idx"), "recorded_at"),
         schema=schema,
     )
-    addresses = sa.Table(
+    addresses = options.table(
         name("addresses"),
         metadata,
-        options.key_column(),
-        *options.leading(),
         sa.Column("scope", sa.Text(), nullable=False),
         sa.Column("document", sa.Text(), nullable=False),
         sa.Column("key", sa.Text(), nullable=False),
@@ -458,11 +603,9 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         sa.Index(name("addresses_key_idx"), "key"),
         schema=schema,
     )
-    dedupe = sa.Table(
+    dedupe = options.table(
         name("dedupe"),
         metadata,
-        options.key_column(),
-        *options.leading(),
         sa.Column("binding_id", sa.Text(), nullable=False),
         sa.Column("message_id", sa.Text(), nullable=False),
         sa.Column("expires_at", UtcDateTime(), nullable=False),
@@ -472,11 +615,9 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         sa.Index(name("dedupe_expires_at_idx"), "expires_at"),
         schema=schema,
     )
-    routing_ledger = sa.Table(
+    routing_ledger = options.table(
         name("routing_ledger"),
         metadata,
-        options.key_column(),
-        *options.leading(),
         sa.Column("binding_id", sa.Text(), nullable=False),
         sa.Column("message_id", sa.Text(), nullable=True),
         sa.Column("scope", sa.Text(), nullable=True),
@@ -497,11 +638,9 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         sa.Index(name("routing_ledger_outcome_inserted_at_idx"), "outcome", "inserted_at", "id"),
         schema=schema,
     )
-    timers = sa.Table(
+    timers = options.table(
         name("timers"),
         metadata,
-        options.key_column(),
-        *options.leading(),
         sa.Column("execution_id", sa.Text(), nullable=False),
         sa.Column("send_id", sa.Text(), nullable=False),
         sa.Column("dedup_key", sa.Text(), nullable=False),
@@ -515,11 +654,9 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         sa.Index(name("timers_execution_id_send_id_idx"), "execution_id", "send_id"),
         schema=schema,
     )
-    outbox = sa.Table(
+    outbox = options.table(
         name("outbox"),
         metadata,
-        options.key_column(),
-        *options.leading(),
         sa.Column("queue", sa.Text(), nullable=False),
         sa.Column("key", sa.Text(), nullable=False),
         sa.Column("payload", json_document(), nullable=False),
@@ -540,11 +677,9 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         sa.Index(name("outbox_execution_id_inserted_at_idx"), "execution_id", "inserted_at", "id"),
         schema=schema,
     )
-    subscriptions = sa.Table(
+    subscriptions = options.table(
         name("subscriptions"),
         metadata,
-        options.key_column(),
-        *options.leading(),
         sa.Column("binding_id", sa.Text(), nullable=False),
         sa.Column("execution_id", sa.Text(), nullable=False),
         sa.Column("invoke_id", sa.Text(), nullable=False),
@@ -593,11 +728,9 @@ def _fronts(
     partition leases and group members (in that order)."""
     name = options.name
     schema = options.schema
-    inbound_events = sa.Table(
+    inbound_events = options.table(
         name("inbound_events"),
         metadata,
-        options.key_column(),
-        *options.leading(),
         sa.Column("partition", sa.Text(), nullable=False),
         sa.Column("position", sa.BigInteger(), nullable=False),
         sa.Column("scope", sa.Text(), nullable=False),
@@ -610,11 +743,9 @@ def _fronts(
         ),
         schema=schema,
     )
-    consumer_positions = sa.Table(
+    consumer_positions = options.table(
         name("consumer_positions"),
         metadata,
-        options.key_column(),
-        *options.leading(),
         sa.Column("consumer_group", sa.Text(), nullable=False),
         sa.Column("partition", sa.Text(), nullable=False),
         sa.Column("position", sa.BigInteger(), nullable=False),
@@ -624,11 +755,9 @@ def _fronts(
         ),
         schema=schema,
     )
-    consumer_dead_letters = sa.Table(
+    consumer_dead_letters = options.table(
         name("consumer_dead_letters"),
         metadata,
-        options.key_column(),
-        *options.leading(),
         sa.Column("source", sa.Text(), nullable=False),
         sa.Column("partition", sa.Text(), nullable=False),
         sa.Column("position", sa.BigInteger(), nullable=False),
@@ -640,11 +769,9 @@ def _fronts(
         sa.Index(name("consumer_dead_letters_dead_at_idx"), "dead_at"),
         schema=schema,
     )
-    partition_leases = sa.Table(
+    partition_leases = options.table(
         name("partition_leases"),
         metadata,
-        options.key_column(),
-        *options.leading(),
         sa.Column("consumer_group", sa.Text(), nullable=False),
         sa.Column("partition", sa.Text(), nullable=False),
         sa.Column("owner", sa.Text(), nullable=True),
@@ -654,11 +781,9 @@ def _fronts(
         ),
         schema=schema,
     )
-    consumer_members = sa.Table(
+    consumer_members = options.table(
         name("consumer_members"),
         metadata,
-        options.key_column(),
-        *options.leading(),
         sa.Column("consumer_group", sa.Text(), nullable=False),
         sa.Column("owner", sa.Text(), nullable=False),
         sa.Column("seen_until", UtcDateTime(), nullable=False),
@@ -680,11 +805,9 @@ def _children(options: TableOptions, metadata: sa.MetaData) -> tuple[sa.Table, s
     """Durable children's answers and fan-out ends (in that order)."""
     name = options.name
     schema = options.schema
-    child_answers = sa.Table(
+    child_answers = options.table(
         name("child_answers"),
         metadata,
-        options.key_column(),
-        *options.leading(),
         sa.Column("child_id", sa.Text(), nullable=False),
         sa.Column("parent_id", sa.Text(), nullable=False),
         sa.Column("invoke_id", sa.Text(), nullable=False),
@@ -699,11 +822,9 @@ def _children(options: TableOptions, metadata: sa.MetaData) -> tuple[sa.Table, s
         sa.Index(name("child_answers_content_hash_idx"), "content_hash"),
         schema=schema,
     )
-    fan_out_ends = sa.Table(
+    fan_out_ends = options.table(
         name("fan_out_ends"),
         metadata,
-        options.key_column(),
-        *options.leading(),
         sa.Column("parent_id", sa.Text(), nullable=False),
         sa.Column("invoke_id", sa.Text(), nullable=False),
         sa.Column("ended_at", UtcDateTime(), nullable=False),
@@ -719,11 +840,9 @@ def _step_errors(options: TableOptions, metadata: sa.MetaData) -> sa.Table:
     """The error events steps raised: one row each, the step's input-log ``seq`` when it
     has one; ``error_blob`` (what the event said) goes through the storage's codec."""
     name = options.name
-    return sa.Table(
+    return options.table(
         name("step_errors"),
         metadata,
-        options.key_column(),
-        *options.leading(),
         sa.Column("execution_id", sa.Text(), nullable=False),
         sa.Column("seq", sa.Integer(), nullable=True),
         sa.Column("via", sa.Text(), nullable=False),
@@ -759,11 +878,9 @@ def _console_execution_indexes(options: TableOptions) -> list[sa.Index]:
 def _console_audit(options: TableOptions, metadata: sa.MetaData) -> sa.Table:
     """The console's audit trail: one row per operator action."""
     name = options.name
-    return sa.Table(
+    return options.table(
         name("console_audit"),
         metadata,
-        options.key_column(),
-        *options.leading(),
         sa.Column("at", UtcDateTime(), nullable=False),
         sa.Column("actor", sa.Text(), nullable=False),
         sa.Column("action", sa.Text(), nullable=False),
@@ -795,11 +912,9 @@ def define_locations(tables: Tables) -> sa.Table:
     options = tables.options
     name = options.name
     address_key = tables.addresses.c["id"].type
-    return sa.Table(
+    return options.table(
         name("locations"),
         sa.MetaData(),
-        options.key_column(),
-        *options.leading(),
         sa.Column(
             "address_id",
             address_key,

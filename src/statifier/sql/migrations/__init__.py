@@ -50,7 +50,7 @@ import sqlalchemy as sa
 from statifier.extras import MissingExtra
 from statifier.sql.engines import database_url as sync_url
 from statifier.sql.sqlite import BEGIN_WRITE
-from statifier.sql.tables import TableOptions, Tables
+from statifier.sql.tables import SQLITE_COLLATIONS, TableOptions, Tables
 
 try:
     from alembic.config import Config
@@ -69,6 +69,8 @@ __all__ = [
     "BadRevision",
     "MigrationBusy",
     "NotAtHead",
+    "batch_columns",
+    "create_table",
     "current",
     "current_options",
     "downgrade",
@@ -325,6 +327,8 @@ def _migrate(
 ) -> None:
     if connection.dialect.name != "postgresql" and options.schema is not None:
         raise ValueError(f"a schema ({options.schema!r}) needs PostgreSQL")
+    if connection.dialect.name == "sqlite":
+        _check_sqlite_collations(options)
     config = Config()
     config.set_main_option("script_location", str(_HERE))
     config.attributes[OPTIONS_ATTRIBUTE] = options
@@ -351,6 +355,17 @@ def _migrate(
         _run(environment, connection, options)
     except CommandError as refused:  # Alembic's, should its environment refuse the revision
         raise BadRevision(destination, " ".join(str(refused).split())) from None
+
+
+def _check_sqlite_collations(options: TableOptions) -> None:
+    """Refuse, before any table is touched, a collation SQLite does not know (it
+    would refuse the ``CREATE TABLE`` half-way through the walk)."""
+    for column, collation in options.column_collations.items():
+        if collation.upper() not in SQLITE_COLLATIONS:
+            raise ValueError(
+                f"column_collations: SQLite knows the collations "
+                f"{', '.join(sorted(SQLITE_COLLATIONS))}, not {collation!r} (for {column!r})"
+            )
 
 
 def _refusal(error: RevisionError, upward: bool) -> str:
@@ -388,6 +403,49 @@ def current_options() -> TableOptions:
     if given is None and context.config is not None:
         given = context.config.attributes.get(OPTIONS_ATTRIBUTE)
     return _options(given)
+
+
+def create_table(name: str, *declared: Any, schema: str | None) -> None:
+    """Create the table ``name`` with the package's columns and constraints
+    ``declared``, laid out under the running migration's options
+    (:meth:`TableOptions.laid_out`: the key, the leading columns, the timestamps'
+    position, the collations). For the revision files, in place of
+    ``op.create_table``; only callable while Alembic runs them."""
+    from alembic import op
+
+    op.create_table(name, *current_options().laid_out(name, *declared), schema=schema)
+
+
+def batch_columns(table: str, *, named: str | None = None) -> tuple[sa.Column[Any], ...]:
+    """The columns to hand ``op.batch_alter_table(..., reflect_args=...)`` for the
+    table ``table`` (unprefixed, as the head revision names it; ``named``: the name it
+    has in the database now, where a revision renames it): the host's leading
+    columns and the package's collated text columns, as the running migration's
+    options declare them, among the columns the table has. SQLite alters a table by
+    copying it from what it reflects, and its reflection reads no collation: without
+    these, the copy would lose them. For the revision files; only callable while
+    Alembic runs them."""
+    from alembic import op
+
+    options = current_options()
+    defined = options.define().metadata.tables[
+        f"{options.schema}.{options.name(table)}" if options.schema else options.name(table)
+    ]
+    present = {
+        column["name"]
+        for column in sa.inspect(op.get_bind()).get_columns(
+            options.name(named or table), schema=options.schema
+        )
+    }
+    kept = [
+        *options.leading(),
+        *(
+            sa.Column(column.name, column.type, nullable=column.nullable)
+            for column in defined.columns
+            if column.name in options.column_collations
+        ),
+    ]
+    return tuple(column for column in kept if column.name in present)
 
 
 def run_environment(config: Config) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from statifier.sql.migrations import current_options
+from statifier.sql.migrations import create_table, current_options
 from statifier.sql.tables import UtcDateTime, json_document
 
 revision = "statifier_0001"
@@ -21,10 +21,8 @@ depends_on: str | None = None
 def upgrade() -> None:
     options = current_options()
     name, schema = options.name, options.schema
-    op.create_table(
+    create_table(
         name("charts"),
-        options.key_column(),
-        *options.leading(),
         sa.Column("content_hash", sa.Text(), nullable=False),
         sa.Column("chart_blob", sa.LargeBinary(), nullable=True),
         sa.Column("name", sa.Text(), nullable=True),
@@ -35,10 +33,8 @@ def upgrade() -> None:
         sa.UniqueConstraint("content_hash", name=name("charts_content_hash_key")),
         schema=schema,
     )
-    op.create_table(
+    create_table(
         name("positions"),
-        options.key_column(),
-        *options.leading(),
         sa.Column("key", sa.Text(), nullable=False),
         sa.Column("content_hash", sa.Text(), nullable=False),
         sa.Column("position_blob", sa.LargeBinary(), nullable=False),
@@ -49,10 +45,8 @@ def upgrade() -> None:
     op.create_index(
         name("positions_content_hash_idx"), name("positions"), ["content_hash"], schema=schema
     )
-    op.create_table(
+    create_table(
         name("executions"),
-        options.key_column(),
-        *options.leading(),
         sa.Column("execution_id", sa.Text(), nullable=False),
         sa.Column("content_hash", sa.Text(), nullable=False),
         sa.Column("status", sa.Text(), nullable=False),
@@ -84,13 +78,12 @@ def upgrade() -> None:
             postgresql_using="gin",
             postgresql_ops={"metadata": "jsonb_path_ops"},
         )
-    op.create_table(
+    create_table(
         name("inputs"),
-        options.key_column(),
-        *options.leading(),
         sa.Column("execution_id", sa.Text(), nullable=False),
         sa.Column("seq", sa.Integer(), nullable=False),
-        sa.Column("door", sa.Text(), nullable=False),
+        # The column is `via` from statifier_0009 on: collated as the options say of it.
+        options.collated(sa.Column("door", sa.Text(), nullable=False), named="via"),
         sa.Column("input_blob", sa.LargeBinary(), nullable=True),
         sa.Column("recorded_at", UtcDateTime(), nullable=False),
         sa.UniqueConstraint("execution_id", "seq", name=name("inputs_execution_id_seq_key")),

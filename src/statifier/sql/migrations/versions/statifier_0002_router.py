@@ -9,7 +9,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from statifier.sql.migrations import current_options
+from statifier.sql.migrations import create_table, current_options
 from statifier.sql.tables import UtcDateTime
 
 revision = "statifier_0002"
@@ -21,10 +21,8 @@ depends_on: str | None = None
 def upgrade() -> None:
     options = current_options()
     name, schema = options.name, options.schema
-    op.create_table(
+    create_table(
         name("addresses"),
-        options.key_column(),
-        *options.leading(),
         sa.Column("scope", sa.Text(), nullable=False),
         sa.Column("document", sa.Text(), nullable=False),
         sa.Column("key", sa.Text(), nullable=False),
@@ -39,10 +37,8 @@ def upgrade() -> None:
     op.create_index(
         name("addresses_execution_id_idx"), name("addresses"), ["execution_id"], schema=schema
     )
-    op.create_table(
+    create_table(
         name("dedupe"),
-        options.key_column(),
-        *options.leading(),
         sa.Column("binding_id", sa.Text(), nullable=False),
         sa.Column("message_id", sa.Text(), nullable=False),
         sa.Column("expires_at", UtcDateTime(), nullable=False),
@@ -52,10 +48,8 @@ def upgrade() -> None:
         schema=schema,
     )
     op.create_index(name("dedupe_expires_at_idx"), name("dedupe"), ["expires_at"], schema=schema)
-    op.create_table(
+    create_table(
         name("routing_ledger"),
-        options.key_column(),
-        *options.leading(),
         sa.Column("binding_id", sa.Text(), nullable=False),
         sa.Column("message_id", sa.Text(), nullable=True),
         sa.Column("scope", sa.Text(), nullable=True),

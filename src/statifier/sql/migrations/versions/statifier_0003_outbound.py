@@ -9,7 +9,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from statifier.sql.migrations import current_options
+from statifier.sql.migrations import create_table, current_options
 from statifier.sql.tables import UtcDateTime, json_document
 
 revision = "statifier_0003"
@@ -21,10 +21,8 @@ depends_on: str | None = None
 def upgrade() -> None:
     options = current_options()
     name, schema = options.name, options.schema
-    op.create_table(
+    create_table(
         name("timers"),
-        options.key_column(),
-        *options.leading(),
         sa.Column("execution_id", sa.Text(), nullable=False),
         sa.Column("send_id", sa.Text(), nullable=False),
         sa.Column("dedup_key", sa.Text(), nullable=False),
@@ -43,10 +41,8 @@ def upgrade() -> None:
         ["execution_id", "send_id"],
         schema=schema,
     )
-    op.create_table(
+    create_table(
         name("outbox"),
-        options.key_column(),
-        *options.leading(),
         sa.Column("queue", sa.Text(), nullable=False),
         sa.Column("key", sa.Text(), nullable=False),
         sa.Column("payload", json_document(), nullable=False),
@@ -64,10 +60,8 @@ def upgrade() -> None:
     op.create_index(
         name("outbox_next_attempt_at_idx"), name("outbox"), ["next_attempt_at"], schema=schema
     )
-    op.create_table(
+    create_table(
         name("subscriptions"),
-        options.key_column(),
-        *options.leading(),
         sa.Column("binding_id", sa.Text(), nullable=False),
         sa.Column("execution_id", sa.Text(), nullable=False),
         sa.Column("invoke_id", sa.Text(), nullable=False),

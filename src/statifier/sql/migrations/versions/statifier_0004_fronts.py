@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from statifier.sql.migrations import current_options
+from statifier.sql.migrations import create_table, current_options
 from statifier.sql.tables import UtcDateTime, json_document
 
 revision = "statifier_0004"
@@ -22,10 +22,8 @@ depends_on: str | None = None
 def upgrade() -> None:
     options = current_options()
     name, schema = options.name, options.schema
-    op.create_table(
+    create_table(
         name("inbound_events"),
-        options.key_column(),
-        *options.leading(),
         sa.Column("partition", sa.Text(), nullable=False),
         sa.Column("position", sa.BigInteger(), nullable=False),
         sa.Column("scope", sa.Text(), nullable=False),
@@ -38,10 +36,8 @@ def upgrade() -> None:
         ),
         schema=schema,
     )
-    op.create_table(
+    create_table(
         name("consumer_positions"),
-        options.key_column(),
-        *options.leading(),
         sa.Column("consumer_group", sa.Text(), nullable=False),
         sa.Column("partition", sa.Text(), nullable=False),
         sa.Column("position", sa.BigInteger(), nullable=False),
@@ -51,10 +47,8 @@ def upgrade() -> None:
         ),
         schema=schema,
     )
-    op.create_table(
+    create_table(
         name("consumer_dead_letters"),
-        options.key_column(),
-        *options.leading(),
         sa.Column("source", sa.Text(), nullable=False),
         sa.Column("partition", sa.Text(), nullable=False),
         sa.Column("position", sa.BigInteger(), nullable=False),
@@ -70,10 +64,8 @@ def upgrade() -> None:
         ["source", "dead_at"],
         schema=schema,
     )
-    op.create_table(
+    create_table(
         name("partition_leases"),
-        options.key_column(),
-        *options.leading(),
         sa.Column("consumer_group", sa.Text(), nullable=False),
         sa.Column("partition", sa.Text(), nullable=False),
         sa.Column("owner", sa.Text(), nullable=True),
@@ -83,10 +75,8 @@ def upgrade() -> None:
         ),
         schema=schema,
     )
-    op.create_table(
+    create_table(
         name("consumer_members"),
-        options.key_column(),
-        *options.leading(),
         sa.Column("consumer_group", sa.Text(), nullable=False),
         sa.Column("owner", sa.Text(), nullable=False),
         sa.Column("seen_until", UtcDateTime(), nullable=False),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from statifier.sql.migrations import current_options
+from statifier.sql.migrations import create_table, current_options
 from statifier.sql.tables import UtcDateTime
 
 revision = "statifier_0005"
@@ -21,10 +21,8 @@ depends_on: str | None = None
 def upgrade() -> None:
     options = current_options()
     name, schema = options.name, options.schema
-    op.create_table(
+    create_table(
         name("child_answers"),
-        options.key_column(),
-        *options.leading(),
         sa.Column("child_id", sa.Text(), nullable=False),
         sa.Column("parent_id", sa.Text(), nullable=False),
         sa.Column("invoke_id", sa.Text(), nullable=False),
@@ -49,10 +47,8 @@ def upgrade() -> None:
         ["content_hash"],
         schema=schema,
     )
-    op.create_table(
+    create_table(
         name("settlements"),
-        options.key_column(),
-        *options.leading(),
         sa.Column("parent_id", sa.Text(), nullable=False),
         sa.Column("invoke_id", sa.Text(), nullable=False),
         sa.Column("settled_at", UtcDateTime(), nullable=False),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from statifier.sql.migrations import current_options
+from statifier.sql.migrations import create_table, current_options
 from statifier.sql.tables import UtcDateTime
 
 revision = "statifier_0006"
@@ -45,10 +45,8 @@ def upgrade() -> None:
     name, schema = options.name, options.schema
     for index, table, columns in INDEXES:
         op.create_index(name(index), name(table), columns, schema=schema)
-    op.create_table(
+    create_table(
         name("console_audit"),
-        options.key_column(),
-        *options.leading(),
         sa.Column("at", UtcDateTime(), nullable=False),
         sa.Column("actor", sa.Text(), nullable=False),
         sa.Column("action", sa.Text(), nullable=False),

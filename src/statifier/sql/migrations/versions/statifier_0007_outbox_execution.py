@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from statifier.sql.migrations import current_options
+from statifier.sql.migrations import batch_columns, current_options
 
 revision = "statifier_0007"
 down_revision: str | None = "statifier_0006"
@@ -22,7 +22,8 @@ def upgrade() -> None:
     options = current_options()
     name, schema = options.name, options.schema
     outbox = name("outbox")
-    op.add_column(outbox, sa.Column("execution_id", sa.Text(), nullable=True), schema=schema)
+    execution_id = options.collated(sa.Column("execution_id", sa.Text(), nullable=True))
+    op.add_column(outbox, execution_id, schema=schema)
     table = f"{schema}.{outbox}" if schema else outbox
     if op.get_bind().dialect.name == "postgresql":
         op.execute(f"UPDATE {table} SET execution_id = payload->>'execution_id'")
@@ -41,5 +42,6 @@ def downgrade() -> None:
     name, schema = options.name, options.schema
     outbox = name("outbox")
     op.drop_index(name("outbox_execution_id_inserted_at_idx"), table_name=outbox, schema=schema)
-    with op.batch_alter_table(outbox, schema=schema) as batch:
+    kept = batch_columns("outbox")
+    with op.batch_alter_table(outbox, schema=schema, reflect_args=kept) as batch:
         batch.drop_column("execution_id")

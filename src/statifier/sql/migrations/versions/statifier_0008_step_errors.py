@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from statifier.sql.migrations import current_options
+from statifier.sql.migrations import batch_columns, create_table, current_options
 from statifier.sql.tables import UtcDateTime
 
 revision = "statifier_0008"
@@ -31,7 +31,8 @@ def upgrade() -> None:
     op.add_column(
         executions, sa.Column("last_error_at", UtcDateTime(), nullable=True), schema=schema
     )
-    op.add_column(executions, sa.Column("final_state", sa.Text(), nullable=True), schema=schema)
+    final_state = options.collated(sa.Column("final_state", sa.Text(), nullable=True))
+    op.add_column(executions, final_state, schema=schema)
     op.create_index(
         name("executions_last_error_at_idx"),
         executions,
@@ -39,13 +40,12 @@ def upgrade() -> None:
         schema=schema,
     )
     errors = name("step_errors")
-    op.create_table(
+    create_table(
         errors,
-        options.key_column(),
-        *options.leading(),
         sa.Column("execution_id", sa.Text(), nullable=False),
         sa.Column("seq", sa.Integer(), nullable=True),
-        sa.Column("door", sa.Text(), nullable=False),
+        # The column is `via` from statifier_0009 on: collated as the options say of it.
+        options.collated(sa.Column("door", sa.Text(), nullable=False), named="via"),
         sa.Column("name", sa.Text(), nullable=False),
         sa.Column("taken", sa.Boolean(), nullable=False),
         sa.Column("error_blob", sa.LargeBinary(), nullable=False),
@@ -66,7 +66,8 @@ def downgrade() -> None:
     op.drop_table(name("step_errors"), schema=schema)
     executions = name("executions")
     op.drop_index(name("executions_last_error_at_idx"), table_name=executions, schema=schema)
-    with op.batch_alter_table(executions, schema=schema) as batch:
+    kept = batch_columns("executions")
+    with op.batch_alter_table(executions, schema=schema, reflect_args=kept) as batch:
         batch.drop_column("final_state")
         batch.drop_column("last_error_at")
         batch.drop_column("error_count")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from alembic import op
 
-from statifier.sql.migrations import current_options
+from statifier.sql.migrations import batch_columns, current_options
 
 revision = "statifier_0009"
 down_revision: str | None = "statifier_0008"
@@ -64,6 +64,9 @@ def _rename_fan_out_table(old: tuple[str, str], new: tuple[str, str]) -> None:
         sequence = f"{schema}.{name(old_table)}_id_seq" if schema else f"{name(old_table)}_id_seq"
         op.execute(f"ALTER SEQUENCE IF EXISTS {sequence} RENAME TO {name(new_table)}_id_seq")
         return
-    with op.batch_alter_table(name(new_table), schema=schema) as batch:
+    # SQLite renames a constraint by copying the table, from what it reflects, which
+    # holds no collation: the leading and collated columns are handed over as declared.
+    kept = batch_columns("fan_out_ends", named=new_table)
+    with op.batch_alter_table(name(new_table), schema=schema, reflect_args=kept) as batch:
         batch.drop_constraint(name(unique.format(old_table)), type_="unique")
         batch.create_unique_constraint(name(unique.format(new_table)), ["parent_id", "invoke_id"])
