@@ -554,3 +554,35 @@ def test_the_collations_are_kept_apart_from_the_callers_mapping() -> None:
     given["status"] = "POSIX"
     assert options.column_collations == {"status": "C"}
     assert hash(options) == hash(TableOptions(column_collations={"status": "C"}))
+
+
+def test_tables_built_by_hand_and_stamped_are_upgraded_from_there(
+    fresh_database: FreshDatabase,
+) -> None:
+    # The tables as a host's own migration built them (here: from the definitions, at
+    # the revision before head), stamped at that revision: the next upgrade runs only
+    # what comes after it, and meets no table it would build again.
+    options = _layout(fresh_database, "all")
+    migrations.upgrade(fresh_database.url, options, "statifier_0008")
+    engine = _engine(fresh_database.url)
+    try:
+        with engine.begin() as connection:
+            connection.execute(sa.delete(_version_table(options)))
+    finally:
+        engine.dispose()
+    assert migrations.current(fresh_database.url, options) is None
+    migrations.stamp(fresh_database.url, options, "statifier_0008")
+    assert migrations.current(fresh_database.url, options) == "statifier_0008"
+    migrations.upgrade(fresh_database.url, options)
+    assert migrations.current(fresh_database.url, options) == migrations.head()
+    assert _differences(fresh_database.url, options) == []
+    with pytest.raises(migrations.BadRevision, match="'statifier_9999'"):
+        migrations.stamp(fresh_database.url, options, "statifier_9999")
+
+
+def _version_table(options: TableOptions) -> sa.Table:
+    return sa.Table(
+        options.version_table,
+        sa.MetaData(schema=options.schema),
+        sa.Column("version_num", sa.String(32)),
+    )

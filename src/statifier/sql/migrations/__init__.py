@@ -78,6 +78,7 @@ __all__ = [
     "prepare",
     "revisions",
     "run_environment",
+    "stamp",
     "sync_url",
     "upgrade",
 ]
@@ -275,6 +276,39 @@ def downgrade(
     """
     with _gated(target, wait) as connection:
         _migrate(connection, _options(options), revision, upward=False)
+
+
+def stamp(
+    target: str | sa.URL | sa.Connection,
+    options: TableOptions | Tables | None = None,
+    revision: str = "head",
+    *,
+    wait: float = MIGRATION_WAIT,
+) -> None:
+    """Record in the package's version table (``<prefix>alembic_version``) that the
+    tables of ``options`` are at ``revision``, running no revision: for tables built
+    some other way that match it exactly (a host's hand-written migration, once the
+    catalogs prove them identical; see ``docs/persistence-sql.md``). The next
+    :func:`upgrade` goes on from there. Takes the same ``target``, ``options`` and
+    ``wait`` as :func:`upgrade`, and the same lock.
+
+    Raises:
+        BadRevision: ``revision`` is not one of this history (a ``ValueError``).
+        MigrationBusy: another process held the lock for longer than ``wait``.
+    """
+    chosen = _options(options)
+    config = Config()
+    config.set_main_option("script_location", str(_HERE))
+    script = ScriptDirectory.from_config(config)
+    with _gated(target, wait) as connection:
+        context = MigrationContext.configure(
+            connection,
+            opts={"version_table": chosen.version_table, "version_table_schema": chosen.schema},
+        )
+        try:
+            context.stamp(script, revision)
+        except (RevisionError, CommandError) as refused:
+            raise BadRevision(revision, " ".join(str(refused).split())) from None
 
 
 def prepare(
