@@ -321,7 +321,10 @@ async def test_a_dead_letter_raised_by_the_sink_is_final_at_once(router_db: Rout
     assert (await drain.drain_once()).dead == 1
     dead = only(await drain.dead_letters())
     assert (dead.attempts, dead.last_error) == (1, "DeadLetter: no such carrier account")
-    assert await drain.retry_dead(dead.id) == 1  # by id as well as by key
+    assert await drain.retry_dead(row_id=dead.id) == 1  # by id as well as by key
+    for neither_or_both in ({}, {"key": "k/1", "row_id": dead.id}):
+        with pytest.raises(ValueError, match="exactly one"):
+            await drain.retry_dead(**neither_or_both)
 
 
 @pytest.mark.asyncio
@@ -814,7 +817,7 @@ async def test_the_outbox_runs_on_uuid_keys_in_a_prefixed_schema(
         dead = only(await drain.dead_letters())
         # A text key comes back as the text the database made.
         assert isinstance(dead.id, str if options.key_kind == "text" else sa.Uuid().python_type)
-        assert await drain.retry_dead(dead.id, by_id=options.key_kind == "text") == 1
+        assert await drain.retry_dead(row_id=dead.id) == 1
         assert only(await drain.pending()).id == dead.id
 
 

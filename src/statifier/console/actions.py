@@ -139,7 +139,7 @@ async def retry_outbox(router: Router, row: int | uuid.UUID | str, *, record: Re
     drain = OutboxDrain(router.storage, {})
     done = Done(f"outbox row {row} is due again")
     async with router.transaction() as unit:
-        if await drain.retry_dead_in(unit.tx, row, by_id=True) == 0:
+        if await drain.retry_dead_in(unit.tx, row_id=row) == 0:
             raise Refused(f"no dead outbox row {row}")
         await record(unit.tx, done)
     return done

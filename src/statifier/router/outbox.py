@@ -555,34 +555,44 @@ class OutboxDrain:
 
     async def retry_dead(
         self,
-        key_or_id: str | int | uuid.UUID,
+        key: str | None = None,
         *,
+        row_id: int | uuid.UUID | str | None = None,
         queue: str | None = None,
-        by_id: bool = False,
     ) -> int:
-        """Re-arm dead rows: a string is a row key (in every queue, or ``queue``'s),
-        anything else a row id; with ``by_id``, ``key_or_id`` is a row id whatever its
-        type (a text row id, under ``TableOptions(key_type=sa.Text)``, is a string).
-        They are due at once with a fresh round of attempts; ``last_error`` stays
-        until the next failure. Returns how many were re-armed."""
+        """Re-arm dead rows: those of the row key ``key`` (in every queue, or
+        ``queue``'s), or the one row whose id is ``row_id`` (an integer, a UUID or, under
+        ``TableOptions(key_type=sa.Text)``, a string). They are due at once with a fresh
+        round of attempts; ``last_error`` stays until the next failure. Returns how many
+        were re-armed.
+
+        Raises:
+            ValueError: both or neither of ``key`` and ``row_id``.
+        """
         async with self.adapter.transaction() as tx:
-            return await self.retry_dead_in(tx, key_or_id, queue=queue, by_id=by_id)
+            return await self.retry_dead_in(tx, key, row_id=row_id, queue=queue)
 
     async def retry_dead_in(
         self,
         tx: SqlTransaction,
-        key_or_id: str | int | uuid.UUID,
+        key: str | None = None,
         *,
+        row_id: int | uuid.UUID | str | None = None,
         queue: str | None = None,
-        by_id: bool = False,
     ) -> int:
         """:meth:`retry_dead` inside ``tx``, a transaction the caller opened on this
         drain's adapter (``adapter.transaction()``, or a router unit's ``tx``): the rows
         are re-armed when ``tx`` commits, and stay dead if it rolls back. Returns how
-        many were re-armed."""
-        if isinstance(key_or_id, str) and not by_id:
-            return await self._sql.retry_dead_key(tx.driver, key_or_id, queue, self.clock())
-        return await self._sql.retry_dead_id(tx.driver, key_or_id, queue, self.clock())
+        many were re-armed.
+
+        Raises:
+            ValueError: both or neither of ``key`` and ``row_id``.
+        """
+        if (key is None) == (row_id is None):
+            raise ValueError("retry_dead takes a row key or a row_id, exactly one")
+        if key is not None:
+            return await self._sql.retry_dead_key(tx.driver, key, queue, self.clock())
+        return await self._sql.retry_dead_id(tx.driver, row_id, queue, self.clock())
 
 
 def _failed(
