@@ -2,7 +2,8 @@
 databases: a timer fire under ``Entry.TIMER`` and its timer's scope, a refused fire
 retried later while the rest of its batch fires, a send to an execution target wrapped
 under ``Entry.TARGET`` only with ``wrap_target`` and only where no entry encloses its
-sender, and a wrapper refusing a target refusing that send alone."""
+sender, a wrapper refusing a target refusing that send alone, and an ``on_begin`` that
+raises refusing its delivery alone."""
 
 from __future__ import annotations
 
@@ -75,6 +76,7 @@ class Recorded:
         self.around: list[tuple[str, str]] = []
         self.begun: list[tuple[str, str]] = []
         self.refuse: set[tuple[str, Entry]] = set()
+        self.refuse_begin: set[str] = set()
 
     async def wrapper(self, scope: str, entry: Entry, work: Callable[[], Awaitable[_T]]) -> _T:
         self.around.append((scope, entry.value))
@@ -85,6 +87,8 @@ class Recorded:
     async def on_begin(self, tx: SqlTransaction, scope: str, entry: Entry) -> None:
         assert tx.driver is not None
         self.begun.append((scope, entry.value))
+        if scope in self.refuse_begin:
+            raise PermissionError(f"no tenant {scope}")
 
     def clear(self) -> None:
         self.around.clear()
@@ -232,3 +236,21 @@ def test_wrap_target_needs_a_wrapper_or_on_begin(router_db: RouterDb) -> None:
         router_db.config([], resolver=StaticResolver({}), wrap_target=1)
     with pytest.raises(ConfigError, match="on_begin must be callable"):
         router_db.config([], resolver=StaticResolver({}), on_begin="SET LOCAL")
+
+
+@pytest.mark.asyncio
+async def test_an_on_begin_that_raises_refuses_that_delivery_and_nothing_else(
+    router_db: RouterDb,
+) -> None:
+    recorded = Recorded()
+    router = _router(router_db, recorded)
+    recorded.refuse_begin = {"acme"}
+    with pytest.raises(PermissionError, match="no tenant acme"):
+        await router.route(_command("acme", "m1"))
+    answers = await router.route_many(
+        [_command("acme", "m2"), _command("globex", "m3"), _command("initech", "m4")]
+    )
+    assert [type(answer).__name__ for answer in answers] == ["Failed", "Routed", "Routed"]
+    states = await _states(router)
+    assert set(states) == {"globex/sender/k", "initech/sender/k"}  # acme wrote nothing
+    assert {row.message_id for row in await ledger(router)} == {"m3", "m4"}
