@@ -7,6 +7,7 @@ raises refusing its delivery alone."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -162,7 +163,7 @@ async def test_a_timer_fire_runs_under_the_timer_entry_and_the_scope_that_schedu
 
 @pytest.mark.asyncio
 async def test_a_refused_fire_is_retried_later_while_the_rest_of_its_batch_fires(
-    router_db: RouterDb,
+    router_db: RouterDb, caplog: pytest.LogCaptureFixture
 ) -> None:
     recorded = Recorded()
     router = _router(router_db, recorded)
@@ -171,7 +172,12 @@ async def test_a_refused_fire_is_retried_later_while_the_rest_of_its_batch_fires
     recorded.refuse = {("globex", Entry.TIMER)}
     now = router_db.clock.advance(timedelta(seconds=2))
     worker = TimerWorker(router, retry=5.0)
-    assert await worker.fire_due() == 1
+    with caplog.at_level(logging.WARNING, "statifier.router.timer_worker"):
+        assert await worker.fire_due() == 1
+    [said] = [r for r in caplog.records if r.name == "statifier.router.timer_worker"]
+    assert said.levelno == logging.WARNING
+    assert "failed to fire; it is tried again at" in said.getMessage()
+    assert "globex may not timer" in said.getMessage()
     states = await _states(router)
     assert states["acme/sender/k"] == ("ticked",)
     assert states["globex/sender/k"] == ("waiting",)
@@ -210,15 +216,20 @@ async def test_a_target_send_no_entry_encloses_is_wrapped_only_with_wrap_target(
 
 @pytest.mark.asyncio
 async def test_a_wrapper_refusing_a_target_refuses_that_send_and_nothing_else(
-    router_db: RouterDb,
+    router_db: RouterDb, caplog: pytest.LogCaptureFixture
 ) -> None:
     recorded = Recorded()
     router = _router(router_db, recorded, wrap_target=True)
     recorded.refuse = {("acme", Entry.TARGET)}
     plan = Plan("host_job", document="sender", create=Create.IF_ABSENT)
-    outcome = await router.deliver_event(
-        plan, scope="acme", key="k", event=Event("poke_now"), message_id="j1"
-    )
+    with caplog.at_level(logging.WARNING, "statifier.router.sending"):
+        outcome = await router.deliver_event(
+            plan, scope="acme", key="k", event=Event("poke_now"), message_id="j1"
+        )
+    [said] = [r for r in caplog.records if r.name == "statifier.router.sending"]
+    assert said.levelno == logging.WARNING
+    assert "a send to an execution target was refused" in said.getMessage()
+    assert "acme may not target" in said.getMessage()
     assert outcome.outcome == "created_and_delivered"
     states = await _states(router)
     assert states["acme/sender/k"] == ("refused",)  # it heard error.communication
@@ -227,6 +238,28 @@ async def test_a_wrapper_refusing_a_target_refuses_that_send_and_nothing_else(
     assert row.binding_id == "execution"
     assert row.reason is not None
     assert row.reason.startswith("wrapper_refused: around_delivery refused the target")
+
+
+@pytest.mark.asyncio
+async def test_an_on_begin_refusing_a_failed_fire_again_still_keeps_its_retry(
+    router_db: RouterDb, caplog: pytest.LogCaptureFixture
+) -> None:
+    recorded = Recorded()
+    router = _router(router_db, recorded)
+    await router.route(_command("globex", "m1"))
+    recorded.refuse_begin = {"globex"}
+    now = router_db.clock.advance(timedelta(seconds=2))
+    worker = TimerWorker(router, retry=5.0)
+    with caplog.at_level(logging.WARNING, "statifier.router.timer_worker"):
+        assert await worker.fire_due() == 0
+    said = [r.getMessage() for r in caplog.records if r.name == "statifier.router.timer_worker"]
+    assert len(said) == 2, said
+    assert "failed to fire" in said[0]
+    assert "on_begin refused scope 'globex' again" in said[1]
+    assert await worker.next_due() == now + timedelta(seconds=5)
+    recorded.refuse_begin.clear()
+    assert await worker.fire_due(now + timedelta(seconds=5)) == 1
+    assert (await _states(router))["globex/sender/k"] == ("ticked",)
 
 
 def test_wrap_target_needs_a_wrapper_or_on_begin(router_db: RouterDb) -> None:

@@ -32,6 +32,7 @@ host scheme in a target, a missing or finished target execution) writes one
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import timedelta
 from typing import Final
@@ -69,6 +70,8 @@ BASICHTTP_QUEUE: Final = "basichttp"
 """The outbox queue BasicHTTP sends of durable executions wait in."""
 
 SCXML_PROCESSOR: Final = "http://www.w3.org/TR/scxml/#SCXMLEventProcessor"
+_log = logging.getLogger(__name__)
+
 _SCXML_TYPES: Final = frozenset({"scxml", SCXML_PROCESSOR})
 _INTERNAL: Final = frozenset({"#_internal", "_internal"})
 
@@ -330,6 +333,12 @@ class SendHandler:
             if raised and raised[-1] is error:
                 raise
             detail = f"around_delivery refused the target: {_said(error)}"
+            _log.warning(
+                "execution %s: a send to an execution target was refused: %s",
+                context.execution_id,
+                detail,
+                extra={"execution_id": context.execution_id},
+            )
             return await self._refuse(
                 effect, context, "wrapper_refused", detail, ledger_id=EXECUTION_TARGET
             )

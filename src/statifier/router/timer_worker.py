@@ -576,7 +576,16 @@ class TimerWorker:
             async with unit.savepoint():
                 return await around(unit.config, scope, Entry.TIMER, work)
         except Exception as error:  # noqa: BLE001 - one timer's failure is its own
-            await self._retry(unit, timer, scope, now + self.retry)
+            due_at = now + self.retry
+            _log.warning(
+                "execution %s: timer %s failed to fire; it is tried again at %s: %s",
+                timer.entry.execution_id,
+                timer.entry.send_id,
+                due_at.isoformat(),
+                _said(error),
+                extra={"execution_id": timer.entry.execution_id},
+            )
+            await self._retry(unit, timer, scope, due_at)
             return _done(timer.entry, _FAILED, now, started, error=_said(error))
 
     async def _retry(self, unit: Unit, timer: DueTimer, scope: str, due_at: datetime) -> None:
@@ -588,7 +597,16 @@ class TimerWorker:
             async with unit.savepoint():
                 await unit.begin(scope, Entry.TIMER)
                 await self.queue.retry_at(unit.tx, timer.id, due_at)
-        except Exception:  # noqa: BLE001 - on_begin refused the scope again
+        except Exception as error:  # noqa: BLE001 - on_begin refused the scope again
+            _log.warning(
+                "execution %s: on_begin refused scope %r again for timer %s; its retry is "
+                "kept under the transaction's own setting: %s",
+                timer.entry.execution_id,
+                scope,
+                timer.entry.send_id,
+                _said(error),
+                extra={"execution_id": timer.entry.execution_id},
+            )
             await self.queue.retry_at(unit.tx, timer.id, due_at)
 
     async def _put_off(self, unit: Unit, timer: UnreadableTimer, now: datetime) -> _Outcome:
