@@ -25,7 +25,25 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, TypeVar
 
+import sqlalchemy as sa
+
+from statifier.sql import migrations
+
 T = TypeVar("T")
+
+# --- the database ---------------------------------------------------------------------
+
+
+def drop_schema(url: str, schema: str) -> None:
+    """Drop ``schema`` and all it holds from the PostgreSQL database at ``url``, if it
+    is there: the rows a benchmark made in a schema of its own."""
+    engine = sa.create_engine(migrations.sync_url(url))
+    try:
+        with engine.begin() as connection:
+            connection.execute(sa.schema.DropSchema(schema, cascade=True, if_exists=True))
+    finally:
+        engine.dispose()
+
 
 # --- the machine ------------------------------------------------------------------------
 

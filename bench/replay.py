@@ -44,6 +44,7 @@ from harness import (
     add_json_option,
     collector_paused,
     collector_state,
+    drop_schema,
     fmt_ratio,
     machine_info,
     machine_summary,
@@ -183,7 +184,7 @@ def main() -> int:
             return measure(url, tables, count, repeats, args, info)
         finally:
             if schema is not None:
-                drop(url, schema)
+                drop_schema(url, schema)
 
 
 def measure(
@@ -263,17 +264,6 @@ def measure(
             },
         )
     return 0
-
-
-def drop(url: str, schema: str) -> None:
-    import sqlalchemy as sa
-
-    engine = sa.create_engine(migrations.sync_url(url))
-    try:
-        with engine.begin() as connection:
-            connection.execute(sa.schema.DropSchema(schema, cascade=True, if_exists=True))
-    finally:
-        engine.dispose()
 
 
 if __name__ == "__main__":

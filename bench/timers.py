@@ -71,9 +71,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
-import sqlalchemy as sa
 from harness import (
     add_json_option,
+    drop_schema,
     fmt_ratio,
     machine_info,
     machine_summary,
@@ -579,19 +579,10 @@ async def main() -> None:
             )
             results["lag"] = lag_rows
     finally:
-        drop(args.url, schema)
+        drop_schema(args.url, schema)
     print(f"\n{time.perf_counter() - started:.0f} s")
     if args.json:
         write_json(args.json, "timers", results)
-
-
-def drop(url: str, schema: str) -> None:
-    engine = sa.create_engine(migrations.sync_url(url))
-    try:
-        with engine.begin() as connection:
-            connection.execute(sa.schema.DropSchema(schema, cascade=True, if_exists=True))
-    finally:
-        engine.dispose()
 
 
 if __name__ == "__main__":
