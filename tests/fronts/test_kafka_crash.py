@@ -148,7 +148,8 @@ def _bytes(value: str | bytes | None) -> bytes:
 
 class DeadLetterTail:
     """Reads the dead-letter topic as it grows: the ``(partition, position)`` of every
-    letter, and the letters themselves."""
+    letter, and the letters themselves. Each :meth:`read` reads up to the topic's end
+    as of its call: a letter acknowledged before then is in what it returns."""
 
     def __init__(self, broker: KafkaBroker, topic: str) -> None:
         self._reader = Consumer(
@@ -158,17 +159,28 @@ class DeadLetterTail:
                 "logger": logging.getLogger("tests.kafka"),
             }
         )
-        self._reader.assign([TopicPartition(topic, 0, 0)])
+        self._partition = TopicPartition(topic, 0, 0)
+        self._reader.assign([self._partition])
+        self._read_to = 0
         self.letters: list[dict[str, bytes]] = []
 
     def read(self) -> set[tuple[str, int]]:
-        for record in self._reader.consume(500, 0.1):
-            if record.error() is None:
-                headers = record.headers() or []
-                pairs = headers.items() if isinstance(headers, dict) else headers
-                letter = {name: _bytes(value) for name, value in pairs}
-                letter["key"] = record.key() or b""
-                self.letters.append(letter)
+        # A letter is acknowledged before its record's offset is committed, so the end
+        # read here, after the offsets, covers every letter below them. Fetching only
+        # what arrives within a moment could miss one still on its way to this reader.
+        _, end = self._reader.get_watermark_offsets(self._partition, timeout=10)
+        deadline = time.monotonic() + 30
+        while self._read_to < end:
+            assert time.monotonic() < deadline, f"dead letters not read to {end}"
+            for record in self._reader.consume(500, 0.1):
+                offset = record.offset()
+                if record.error() is None and offset is not None:
+                    self._read_to = offset + 1
+                    headers = record.headers() or []
+                    pairs = headers.items() if isinstance(headers, dict) else headers
+                    letter = {name: _bytes(value) for name, value in pairs}
+                    letter["key"] = record.key() or b""
+                    self.letters.append(letter)
         return {
             (letter["statifier.partition"].decode(), int(letter["statifier.position"]))
             for letter in self.letters
