@@ -396,6 +396,28 @@ async def test_closing_revokes_through_the_runtime_so_its_done_prefix_commits(
 
 
 @pytest.mark.asyncio
+async def test_a_revocation_that_raises_is_logged_with_its_message(
+    kafka_broker: KafkaBroker,  # noqa: F811 - the imported fixture
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    topic, group = unique("orders"), unique("g")
+    create_topic(kafka_broker, topic, 1)
+    produce(kafka_broker, topic, [(None, order(0))], partition=0)
+    source = source_of(kafka_broker, topic, group)
+    moves = await started(source)
+    await take(source, 1)
+    moves.done = {f"{topic}/0": -1}  # the commit of the revocation refuses it
+    with caplog.at_level(logging.ERROR, "statifier.fronts.kafka"):
+        await source.close()
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert any(
+        f"revoked ['{topic}/0'] failed: ValueError: a Kafka position is an offset >= 0" in line
+        for line in said
+    ), said
+    assert committed(kafka_broker, group, topic, 1) == {}
+
+
+@pytest.mark.asyncio
 async def test_a_revocation_outlasting_the_rebalance_timeout_lets_the_partitions_go(
     kafka_broker: KafkaBroker,  # noqa: F811 - the imported fixture
     caplog: pytest.LogCaptureFixture,

@@ -1074,7 +1074,15 @@ class KafkaSource:
         with contextlib.suppress(concurrent.futures.CancelledError):
             error = done.exception()
             if error is not None:
-                _log.error("%s: %s %s failed: %s", self.name, what, names, type(error).__name__)
+                _log.error(
+                    "%s: %s %s failed: %s: %s",
+                    self.name,
+                    what,
+                    names,
+                    type(error).__name__,
+                    error,
+                    extra={"source": self.name},
+                )
 
     # On the loop.
 
