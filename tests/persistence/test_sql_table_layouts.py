@@ -10,6 +10,7 @@ host to prove its hand-written tables identical.
 
 from __future__ import annotations
 
+import pickle
 import re
 import sqlite3
 import uuid
@@ -554,6 +555,24 @@ def test_the_collations_are_kept_apart_from_the_callers_mapping() -> None:
     given["status"] = "POSIX"
     assert options.column_collations == {"status": "C"}
     assert hash(options) == hash(TableOptions(column_collations={"status": "C"}))
+
+
+def test_options_pickle_as_the_arguments_that_made_them() -> None:
+    options = TableOptions(
+        prefix="p_",
+        schema="s",
+        key_type=sa.Uuid,
+        column_collations={"message_id": "C"},
+        timestamps_position="leading",
+    )
+    again = pickle.loads(pickle.dumps(options))
+    assert again == options
+    assert dict(again.column_collations) == {"message_id": "C"}
+    with pytest.raises(TypeError):
+        again.column_collations["message_id"] = "POSIX"
+    # A clause compares by identity: its SQL is what comes back.
+    text_key = TableOptions(key_type=sa.Text, key_default=sa.text("gen_random_uuid()::text"))
+    assert str(pickle.loads(pickle.dumps(text_key)).key_default) == "gen_random_uuid()::text"
 
 
 def test_tables_built_by_hand_and_stamped_are_upgraded_from_there(

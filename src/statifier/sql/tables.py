@@ -73,7 +73,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cache
 from types import MappingProxyType
 from typing import Any, Final, Literal
@@ -283,6 +283,14 @@ class TableOptions:
         # A copy no caller can change after the check.
         object.__setattr__(self, "column_collations", MappingProxyType(dict(given)))
 
+    def __reduce__(self) -> tuple[Callable[[dict[str, Any]], TableOptions], tuple[Any, ...]]:
+        """Pickled as the arguments that made it: its read-only copy of
+        ``column_collations`` does not pickle as it is. (A ``leading_columns`` that is
+        not a module-level function does not pickle at all.)"""
+        given = {option.name: getattr(self, option.name) for option in fields(self)}
+        given["column_collations"] = dict(self.column_collations)
+        return _table_options, (given,)
+
     def _key_instance(self) -> sa.types.TypeEngine[Any]:
         key = self.key_type
         return key() if isinstance(key, type) else key
@@ -402,6 +410,11 @@ class TableOptions:
                 the same name.
         """
         return _define(self, sa.MetaData() if metadata is None else metadata)
+
+
+def _table_options(given: dict[str, Any]) -> TableOptions:
+    """A :class:`TableOptions` made again from its pickled arguments."""
+    return TableOptions(**given)
 
 
 TIMESTAMPS: Final = ("inserted_at", "created_at", "updated_at")
