@@ -15,12 +15,15 @@ turns, `--repeats` times each:
   moves a guard (about a third of the executions part), in memory: two replays and
   the comparison;
 - `shadow`: `shadow_replay` from the database URL, read-only, end to end: the
-  selection, the records, the charts, the logs, and `compare`.
+  selection, the records, the charts, the logs, and `compare`;
+- `shadow/2p`: the same in two processes (`workers=2`, the machine's cores by
+  default: `--workers`), each reading and replaying its own batches; its CPU seconds
+  are this process's only, so its CPU column is left out.
 
 The rates are logged inputs per second (each input replayed on both charts by
 `core x2`, `compare` and `shadow`); the goal is `shadow` at least 0.5 of `core`, which
-`core x2` bounds from above: what is left is the reading and the comparing. Every
-`shadow` run must find the same verdicts as `compare`.
+`core x2` bounds from above in one process: what is left is the reading and the
+comparing. Every `shadow` run must find the same verdicts as `compare`.
 
     python bench/replay.py            # 10,000 executions on SQLite
     python bench/replay.py --quick    # 1,000, one repeat
@@ -29,6 +32,7 @@ The rates are logged inputs per second (each input replayed on both charts by
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import statistics
 import sys
@@ -154,9 +158,11 @@ def run_compare(
     return since(started), verdicts
 
 
-def run_shadow(url: str, tables: TableOptions, new: Machine) -> tuple[Timed, Counter[Verdict]]:
+def run_shadow(
+    url: str, tables: TableOptions, new: Machine, workers: int = 1
+) -> tuple[Timed, Counter[Verdict]]:
     started = clocks()
-    summary = asyncio.run(shadow_replay(url, new, tables=tables))
+    summary = asyncio.run(shadow_replay(url, new, tables=tables, workers=workers))
     return since(started), Counter({v: n for v, n in summary.counts.items() if n})
 
 
@@ -165,6 +171,9 @@ def main() -> int:
     parser.add_argument("--executions", type=int, default=10_000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="1,000 executions, one repeat")
+    parser.add_argument(
+        "--workers", type=int, default=os.cpu_count() or 2, help="processes of shadow/Np"
+    )
     parser.add_argument("--url", default=None, help="a PostgreSQL URL (default: SQLite)")
     add_gc_option(parser)
     add_json_option(parser)
@@ -199,7 +208,14 @@ def measure(
     print(f"{inputs:,} logged inputs ({inputs / count:.1f} per execution)\n")
     old = compile_chart(CART, name="cart")
     new = compile_chart(REVISION, name="cart")
-    times: dict[str, list[Timed]] = {"core": [], "core x2": [], "compare": [], "shadow": []}
+    parallel = f"shadow/{args.workers}p"
+    times: dict[str, list[Timed]] = {
+        "core": [],
+        "core x2": [],
+        "compare": [],
+        "shadow": [],
+        parallel: [],
+    }
     found: dict[str, Counter[Verdict]] = {}
     for _ in range(repeats):
         with collector_paused(args.gc):
@@ -213,12 +229,16 @@ def measure(
         with collector_paused(args.gc):
             elapsed, found["shadow"] = run_shadow(url, tables, new)
             times["shadow"].append(elapsed)
-    if found["shadow"] != found["compare"]:
-        print(f"MISMATCH: shadow {found['shadow']} != compare {found['compare']}", file=sys.stderr)
-        return 1
+        with collector_paused(args.gc):
+            elapsed, found[parallel] = run_shadow(url, tables, new, args.workers)
+            times[parallel].append(elapsed)
+    for name in ("shadow", parallel):
+        if found[name] != found["compare"]:
+            print(f"MISMATCH: {name} {found[name]} != compare {found['compare']}", file=sys.stderr)
+            return 1
     rows: dict[str, dict[str, float]] = {}
     header = (
-        f"{'row':<8} {'median s':>9} {'inputs/s':>10} {'executions/s':>13} {'vs core':>8}"
+        f"{'row':<9} {'median s':>9} {'inputs/s':>10} {'executions/s':>13} {'vs core':>8}"
         f" {'cpu s':>7} {'cpu vs core':>12}"
     )
     print(header)
@@ -231,15 +251,17 @@ def measure(
         rate = inputs / median
         rows[name] = {
             "median_s": median,
-            "median_cpu_s": cpu,
             "inputs_per_s": rate,
             "executions_per_s": count / median,
             "vs_core": core_wall / median,
-            "cpu_vs_core": core_cpu / cpu,
         }
+        cpu_columns = ""
+        if name != parallel:  # the other processes' CPU is not counted here
+            rows[name] |= {"median_cpu_s": cpu, "cpu_vs_core": core_cpu / cpu}
+            cpu_columns = f" {cpu:>7.3f} {fmt_ratio(core_cpu / cpu):>12}"
         print(
-            f"{name:<8} {median:>9.3f} {rate:>10,.0f} {count / median:>13,.0f} "
-            f"{fmt_ratio(core_wall / median):>8} {cpu:>7.3f} {fmt_ratio(core_cpu / cpu):>12}"
+            f"{name:<9} {median:>9.3f} {rate:>10,.0f} {count / median:>13,.0f} "
+            f"{fmt_ratio(core_wall / median):>8}{cpu_columns}"
         )
     verdicts = {v.value: n for v, n in sorted(found["shadow"].items(), key=lambda i: i[0].value)}
     print(f"\nverdicts: {verdicts}")
@@ -248,6 +270,8 @@ def measure(
     both = rows["shadow"]["inputs_per_s"] / rows["core x2"]["inputs_per_s"]
     print(f"shadow against the bare core on both charts (core x2): {both:.2f}x")
     print(f"in CPU time: {rows['shadow']['cpu_vs_core']:.2f}x of core")
+    spread = rows[parallel]["vs_core"]
+    print(f"in {args.workers} processes: {spread:.2f}x of core, {verdict(spread >= GOAL)}")
     print(f"collector {collector_state(args.gc)}; {repeats} repeat(s)")
     if args.json:
         write_json(

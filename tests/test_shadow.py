@@ -25,6 +25,7 @@ from statifier.chart import Machine, compile_chart
 from statifier.console.replay import shown_datamodel
 from statifier.core import Event, handle_event, positions
 from statifier.core import effects as fx
+from statifier.expr import Function
 from statifier.persistence import (
     ExecutionRecord,
     Executions,
@@ -342,6 +343,39 @@ def test_two_hundred_executions_against_a_fresh_store(place: Place) -> None:
     asyncio.run(record(place, 200, seed=11))
     for revision in (GUARD, TIMER, RAISES):
         asyncio.run(check_against_fresh_store(place, revision))
+
+
+def test_a_replay_in_two_processes_gives_the_same_results_in_the_same_order(
+    place: Place,
+) -> None:
+    asyncio.run(record(place, 450, seed=5))  # three batches
+    told: list[tuple[int, int]] = []
+    alone = asyncio.run(shadow_replay(place.url, cart(GUARD), tables=place.tables))
+    shared = asyncio.run(
+        shadow_replay(
+            place.url,
+            cart(GUARD),
+            tables=place.tables,
+            workers=2,
+            progress=lambda done, total, _: told.append((done, total)),
+        )
+    )
+    assert shared == alone
+    assert told == [(n, 450) for n in range(1, 451)]
+
+
+def test_a_replay_in_several_processes_refuses_what_it_cannot_hand_them(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'p.db'}"
+    migrations.upgrade(url, TableOptions())
+    with pytest.raises(ValueError, match="workers is a whole number of at least 1, not 0"):
+        asyncio.run(shadow_replay(url, cart(), workers=0))
+    with pytest.raises(ValueError, match="several processes reads a database URL"):
+        asyncio.run(shadow_replay(MemoryAdapter(), cart(), workers=2))
+    unpicklable = {"rate": Function(lambda _args: 1, 0)}
+    with pytest.raises(ValueError, match="pickles the table options, codec and functions"):
+        asyncio.run(shadow_replay(url, cart(), workers=2, functions=unpicklable))
 
 
 def test_an_assign_that_raises_parts_and_raises(tmp_path: Path) -> None:

@@ -52,10 +52,15 @@ refuses a write (SQLite ``mode=ro``; PostgreSQL ``default_transaction_read_only`
 
 from __future__ import annotations
 
+import asyncio
 import enum
+import multiprocessing
+import pickle
 import random
+import sys
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import KW_ONLY, dataclass, field, replace
 from datetime import datetime
@@ -803,6 +808,7 @@ async def shadow_replay(
     tables: TableOptions | None = None,
     max_inputs: int = MAX_INPUTS,
     progress: Progress | None = None,
+    workers: int = 1,
 ) -> ShadowSummary:
     """Replay the selected executions' logs on their stored charts and on
     ``revision``, and compare them (:func:`compare_logs`). Nothing is written.
@@ -816,49 +822,167 @@ async def shadow_replay(
             host's expression functions the stored charts are compiled with.
         max_inputs: the most inputs replayed per execution.
         progress: called after each execution.
+        workers: the processes that replay (1: this one). With more, ``source`` is a
+            URL, each process reads and replays batches of executions on its own
+            read-only connection, and ``codec`` and ``functions`` are pickled to them
+            (module-level functions pickle; a lambda does not). The results are the
+            same, in the same order.
 
     Returns:
         The results, oldest execution first, with their counts.
 
     Raises:
-        ValueError: a bad selection or source.
+        ValueError: a bad selection or source, ``workers`` below 1, or more than one
+            with a source that is not a URL or a codec or functions that do not
+            pickle.
         PersistenceError: the database could not be read (a record it cannot decode
             is reported untrusted instead).
     """
     chosen = selection or Selection()
     if chosen.document is None and revision.identity.name is not None:
         chosen = replace(chosen, document=revision.identity.name)
+    count: object = workers  # untyped callers pass anything
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(f"workers is a whole number of at least 1, not {workers!r}")
     if isinstance(source, str):
         async with open_read_only(source, tables=tables) as adapter:
             storage = Storage(adapter, codec=codec, functions=functions)
-            return await _replay_all(storage, revision, chosen, max_inputs, progress)
+            ids = await _selected(storage, chosen)
+            if workers == 1:
+                return await _replay_all(storage, revision, ids, max_inputs, progress)
+        job = _Job.of(source, tables, codec, functions, revision)
+        results = await _replay_in_processes(job, ids, workers, max_inputs, progress)
+        return ShadowSummary.of(revision.identity.content_hash, results)
+    if workers > 1:
+        raise ValueError("a replay in several processes reads a database URL")
     if not isinstance(source, Storage):
         source = Storage(source, codec=codec, functions=functions)
-    return await _replay_all(source, revision, chosen, max_inputs, progress)
+    ids = await _selected(source, chosen)
+    return await _replay_all(source, revision, ids, max_inputs, progress)
 
 
 async def _replay_all(
     storage: Storage,
     revision: Machine,
-    selection: Selection,
+    ids: Sequence[str],
     max_inputs: int,
     progress: Progress | None,
 ) -> ShadowSummary:
-    ids = await _selected(storage, selection)
-    lifecycle = Executions(storage)  # only read through: its input log, decoded
-    sql = _sql_adapter(storage)
     results: list[ShadowResult] = []
     for first in range(0, len(ids), _READ_AHEAD):
-        batch = ids[first : first + _READ_AHEAD]
-        await storage.read_ahead(batch)
-        logs = None if sql is None else await _read_logs(sql, storage.codec, batch)
-        for execution_id in batch:
-            log = None if logs is None else logs.get(execution_id, [])
-            result = await _replay_one(storage, lifecycle, revision, execution_id, log, max_inputs)
+        for result in await _replay_batch(
+            storage, revision, ids[first : first + _READ_AHEAD], max_inputs
+        ):
             results.append(result)
             if progress is not None:
                 progress(len(results), len(ids), result)
     return ShadowSummary.of(revision.identity.content_hash, results)
+
+
+async def _replay_batch(
+    storage: Storage, revision: Machine, batch: Sequence[str], max_inputs: int
+) -> list[ShadowResult]:
+    """The executions of ``batch`` replayed, their records and logs read in one
+    query each."""
+    lifecycle = Executions(storage)  # only read through: its input log, decoded
+    sql = _sql_adapter(storage)
+    await storage.read_ahead(batch)
+    logs = None if sql is None else await _read_logs(sql, storage.codec, batch)
+    results = []
+    for execution_id in batch:
+        log = None if logs is None else logs.get(execution_id, [])
+        results.append(
+            await _replay_one(storage, lifecycle, revision, execution_id, log, max_inputs)
+        )
+    return results
+
+
+# Replaying in several processes.
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What a replaying process needs, pickled: the database, and the revision as its
+    source (a compiled chart holds closures, which do not pickle)."""
+
+    url: str
+    tables: TableOptions | None
+    codec: BlobCodec
+    functions: Mapping[str, Function] | None
+    source: bytes
+    name: str | None
+    version: str | None
+
+    @classmethod
+    def of(
+        cls,
+        url: str,
+        tables: TableOptions | None,
+        codec: BlobCodec,
+        functions: Mapping[str, Function] | None,
+        revision: Machine,
+    ) -> _Job:
+        identity = revision.identity
+        return cls(url, tables, codec, functions, revision.source, identity.name, identity.version)
+
+    def revision(self) -> Machine:
+        # Compiled once already, in the process that started the replay, under the
+        # bounds its caller chose: they held there.
+        unbounded = ReadLimits(
+            max_bytes=len(self.source) + 1, max_depth=sys.maxsize, max_elements=sys.maxsize
+        )
+        return compile_chart(
+            self.source,
+            name=self.name,
+            version=self.version,
+            functions=self.functions,
+            limits=unbounded,
+        )
+
+
+async def _replay_in_processes(
+    job: _Job, ids: Sequence[str], workers: int, max_inputs: int, progress: Progress | None
+) -> list[ShadowResult]:
+    """``ids`` replayed in batches by ``workers`` processes, the results taken in the
+    batches' order. Started with ``spawn``: a forked copy of a process running an
+    event loop and its threads is not safe to use."""
+    try:
+        pickle.dumps(job)
+    except Exception as error:  # noqa: BLE001 - whatever pickling raises, said as one error
+        raise ValueError(
+            "a replay in several processes pickles the table options, codec and "
+            f"functions: {_said(error)}"
+        ) from None
+    loop = asyncio.get_running_loop()
+    batches = [ids[first : first + _READ_AHEAD] for first in range(0, len(ids), _READ_AHEAD)]
+    context = multiprocessing.get_context("spawn")
+    results: list[ShadowResult] = []
+    with ProcessPoolExecutor(min(workers, len(batches) or 1), mp_context=context) as pool:
+        pending = [
+            loop.run_in_executor(pool, _replay_in_process, job, batch, max_inputs)
+            for batch in batches
+        ]
+        try:
+            for done in pending:
+                for result in await done:
+                    results.append(result)
+                    if progress is not None:
+                        progress(len(results), len(ids), result)
+        finally:
+            for left in pending:
+                left.cancel()
+    return results
+
+
+def _replay_in_process(job: _Job, batch: Sequence[str], max_inputs: int) -> list[ShadowResult]:
+    """One batch, in a replaying process."""
+
+    async def replay() -> list[ShadowResult]:
+        async with open_read_only(job.url, tables=job.tables) as adapter:
+            storage = Storage(adapter, codec=job.codec, functions=job.functions)
+            return await _replay_batch(storage, job.revision(), batch, max_inputs)
+
+    return asyncio.run(replay())
 
 
 async def _replay_one(
