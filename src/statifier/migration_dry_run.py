@@ -132,10 +132,10 @@ class Continuation:
     Attributes:
         at: the migration point: 0 for right after the start, ``n`` for after the
             ``n``-th logged input (at most the log's length).
-        outcome: what the migration would have done there (``moved``, ``parked`` or
-            ``failed``); ``None`` when the log cannot be replayed up to it
-            (``replay`` says why).
-        reason: why it would have parked or failed there.
+        outcome: what the migration would have done there: ``moved``, ``parked``,
+            ``unchanged`` (the chart had ended by then) or ``failed``; ``None`` when the
+            log cannot be replayed up to it (``replay`` says why).
+        reason: why it would have parked, left it or failed there.
         replay: the rest of the log on the stored chart and on the revision from the
             carried position, compared (:class:`~statifier.shadow.ShadowResult`; its
             ``inputs`` is the index of the last input replayed, ``divergence`` and
@@ -308,6 +308,8 @@ def continue_log(
     reached = _replayed_to(plan.source, start, rest[:at], max_inputs)
     if isinstance(reached, str):
         return Continuation(at, None, replay=comparison._untrusted(reached))
+    if not reached.running:  # a migration leaves an execution that has ended as it is
+        return Continuation(at, Outcome.UNCHANGED, "the chart had ended")
     try:
         carried = move(reached, plan)
     except PersistenceError as error:
