@@ -31,6 +31,7 @@ from statifier.migration_dry_run import (
 from statifier.persistence import (
     Discarded,
     Executions,
+    InvalidMigrationPlan,
     LoggedInput,
     MemoryAdapter,
     Migrated,
@@ -258,13 +259,28 @@ def test_moved_parked_with_the_reason_and_unchanged(place: Place) -> None:
         }
         assert not summary.clean
         assert all(r.continuation is None for r in summary.results)
-        # A map naming a state the stored chart lacks: the plan does not fit it.
+        # A map naming a state the stored chart lacks: the plan does not fit it, as
+        # migrate_all refuses it, but an ended execution is never read for it.
         wrong = await migration_dry_run(
             place.url, order(REMOVED), tables=place.tables, state_map={"nowhere": None}
         )
-        failed = [r for r in wrong.results if r.outcome is Outcome.FAILED]
-        assert len(failed) == 3
-        assert all(r.reason and r.reason.startswith("the plan does not fit") for r in failed)
+        got = {r.execution_id: r for r in wrong.results}
+        fits = "the plan does not fit its chart: the old chart has no states with the ids"
+        for execution_id in ("in-cart", "paying"):
+            assert got[execution_id].outcome is Outcome.FAILED
+            assert (got[execution_id].reason or "").startswith(fits)
+        assert (got["paid"].outcome, got["paid"].reason) == (Outcome.UNCHANGED, "it is completed")
+        with pytest.raises(InvalidMigrationPlan, match="no states with the ids"):
+            MigrationPlan(order(), order(REMOVED), state_map={"nowhere": None})
+        # Its continuation needs the plan.
+        wrong = await migration_dry_run(
+            place.url, order(REMOVED), tables=place.tables, state_map={"nowhere": None}, at=1
+        )
+        paid = next(r for r in wrong.results if r.execution_id == "paid")
+        assert paid.outcome is Outcome.UNCHANGED
+        assert paid.continuation is not None
+        assert paid.continuation.outcome is Outcome.FAILED
+        assert (paid.continuation.reason or "").startswith(fits)
 
     asyncio.run(main())
 

@@ -69,17 +69,17 @@ from statifier.persistence import (
     BlobCodec,
     ExecutionRecord,
     Executions,
+    InvalidMigrationPlan,
     LoggedInput,
+    MigrationPlan,
+    MigrationSummary,
     PersistenceError,
     Status,
     Storage,
     UndecodableBlob,
 )
-from statifier.persistence.errors import InvalidMigrationPlan
 from statifier.persistence.executions import logged_start
 from statifier.persistence.migration import (
-    MigrationPlan,
-    MigrationSummary,
     Unmappable,
     left_as_is,
     move,
@@ -146,6 +146,11 @@ class Continuation:
     outcome: Outcome | None
     reason: str | None = None
     replay: ShadowResult | None = None
+
+    @property
+    def clean(self) -> bool:
+        """Whether it moved and replayed the same, or found the chart ended."""
+        return self.outcome is Outcome.UNCHANGED or self.verdict is Verdict.SAME
 
     @property
     def verdict(self) -> Verdict | None:
@@ -226,13 +231,12 @@ class DryRunSummary:
 
     @property
     def clean(self) -> bool:
-        """Whether nothing would be parked or fail, and every continuation moved and
-        replayed the same."""
+        """Whether nothing would be parked or fail now, and every continuation either
+        moved and replayed the same or found the chart ended."""
         if self.counts[Outcome.PARKED] or self.counts[Outcome.FAILED]:
             return False
         return all(
-            result.continuation is None or result.continuation.verdict is Verdict.SAME
-            for result in self.results
+            result.continuation is None or result.continuation.clean for result in self.results
         )
 
     def migration_summary(self) -> MigrationSummary:
@@ -465,39 +469,52 @@ async def _dry_run_one(
         )
 
     target = plan.revision.identity.content_hash
-    if record.content_hash == target:
-        return result(Outcome.UNCHANGED, left_as_is(record, target))
-    try:
-        old = await storage.machine(record.content_hash)
-    except PersistenceError as error:  # not found, retired, damaged, undecodable
-        return result(Outcome.FAILED, f"its stored chart cannot be read: {_said(error)}")
-    try:
-        migration = MigrationPlan(old, plan.revision, plan.state_map, plan.data)
-    except (InvalidMigrationPlan, TypeError) as error:
-        return result(Outcome.FAILED, f"the plan does not fit its chart: {error}")
-    try:
-        state: MachineState | None = storage.load(record, old)
-    except PositionError as error:  # as migrate_all reports a damaged or pruned one
-        state, now = None, result(Outcome.FAILED, str(error))
+    unchanged = left_as_is(record, target)
+    if unchanged is not None and (plan.at is None or record.content_hash == target):
+        return result(Outcome.UNCHANGED, unchanged)
+    # A migration never reads an execution it leaves: its chart, position and plan
+    # matter here only for the continuation.
+    migration, state, failure = await _read(storage, record, plan)
+    if unchanged is not None:
+        now = result(Outcome.UNCHANGED, unchanged)
+    elif failure is not None:
+        now = result(Outcome.FAILED, failure)
     else:
+        assert migration is not None  # _read gives a reason when either is missing
         assert state is not None
-        now = _now(record, state, migration, result)
+        now = _now(state, migration, result)
     if plan.at is None:
         return now
+    if migration is None:
+        return replace(now, continuation=Continuation(plan.at, Outcome.FAILED, failure))
     after = await _continuation(lifecycle, record, migration, state, log, plan)
     return replace(now, continuation=after)
 
 
+async def _read(
+    storage: Storage, record: ExecutionRecord, plan: _Plan
+) -> tuple[MigrationPlan | None, MachineState | None, str | None]:
+    """The execution's plan and position, as far as they can be had, and why not."""
+    try:
+        old = await storage.machine(record.content_hash)
+    except PersistenceError as error:  # not found, retired, damaged, undecodable
+        return None, None, f"its stored chart cannot be read: {_said(error)}"
+    try:
+        migration = MigrationPlan(old, plan.revision, plan.state_map, plan.data)
+    except (InvalidMigrationPlan, TypeError) as error:
+        return None, None, f"the plan does not fit its chart: {error}"
+    try:
+        return migration, storage.load(record, old), None
+    except PositionError as error:  # as migrate_all reports a damaged or pruned one
+        return migration, None, str(error)
+
+
 def _now(
-    record: ExecutionRecord,
-    state: MachineState,
-    plan: MigrationPlan,
-    result: Callable[..., DryRunResult],
+    state: MachineState, plan: MigrationPlan, result: Callable[..., DryRunResult]
 ) -> DryRunResult:
-    """What a migration along ``plan`` now does, decided as the migration decides."""
-    unchanged = left_as_is(record, plan.target_hash)
-    if unchanged is not None:
-        return result(Outcome.UNCHANGED, unchanged)
+    """What a migration along ``plan`` now does to an execution it does not leave as
+    it is (:func:`~statifier.persistence.migration.left_as_is`), decided as the
+    migration decides."""
     try:
         carried = move(state, plan)
     except PersistenceError as error:  # the carried position cannot be stored
