@@ -13,9 +13,22 @@ chart, read-only (:func:`statifier.shadow.shadow_replay`).
     (:meth:`statifier.shadow.ShadowSummary.as_json`). ``T`` is an ISO 8601 time with
     an offset. The database is opened read-only.
 
-Exit status: 0 when every execution replayed the same; 1 when one diverged, raised
-errors the stored chart did not, or could not be trusted; 2 for an error of the
-command, printed as one line, ``statifier replay: message``.
+``statifier replay --chart NEW.scxml --database URL --migrate [--map OLD=NEW]...
+[--remove OLD]... [--data JSON] [--from-index K] [selection and output as above]``
+    The migration dry run (:func:`statifier.migration_dry_run.migration_dry_run`):
+    for each selected execution, what migrating it onto ``NEW.scxml`` now would do
+    (moved, with the states it would be in; parked, with the reason; unchanged; or
+    failed), the plan given as ``statifier executions migrate`` takes it. With
+    ``--from-index K``, also a migration after the ``K``-th logged input (0: right
+    after the start) and the rest of the log replayed on the stored chart and, from
+    the migrated position, on ``NEW.scxml``, compared. One line per execution that
+    moves, parks, fails or whose continuation differs, then a summary line; with
+    ``--json``, :meth:`statifier.migration_dry_run.DryRunSummary.as_json`. Nothing is
+    written.
+
+Exit status: 0 when every execution replayed the same (a dry run: nothing would be
+parked or fail, and every continuation moved and replayed the same); 1 otherwise; 2
+for an error of the command, printed as one line, ``statifier replay: message``.
 """
 
 from __future__ import annotations
@@ -27,11 +40,12 @@ import sqlite3
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TextIO
 
-from statifier.executions_command import add_keys_env, codec_of, refused
+from statifier.executions_command import _json_object, _pairs, add_keys_env, codec_of, refused
 from statifier.expr import tagged
 
 if TYPE_CHECKING:
-    from statifier.shadow import ShadowResult, ShadowSummary
+    from statifier.migration_dry_run import DryRunResult, DryRunSummary
+    from statifier.shadow import Selection, ShadowResult, ShadowSummary
 
 __all__ = ["add_parser", "run"]
 
@@ -60,6 +74,33 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         "--max-inputs", type=int, default=None, metavar="N", help="inputs per execution"
     )
     replay.add_argument("--json", action="store_true", help="print one JSON document")
+    replay.add_argument(
+        "--migrate", action="store_true", help="a migration dry run onto the revision"
+    )
+    replay.add_argument(
+        "--map",
+        action="append",
+        default=[],
+        metavar="OLD=NEW",
+        help="with --migrate: state OLD was renamed NEW; repeat for more",
+    )
+    replay.add_argument(
+        "--remove",
+        action="append",
+        default=[],
+        metavar="OLD",
+        help="with --migrate: state OLD was removed on purpose; repeat for more",
+    )
+    replay.add_argument(
+        "--data", default=None, metavar="JSON", help="with --migrate: values for added variables"
+    )
+    replay.add_argument(
+        "--from-index",
+        type=int,
+        default=None,
+        metavar="K",
+        help="with --migrate: also migrate after input K and compare the rest of the log",
+    )
     replay.add_argument("--prefix", default=None, help="the table name prefix (statifier_)")
     replay.add_argument("--schema", default=None, help="the schema (PostgreSQL)")
     add_keys_env(replay)
@@ -70,9 +111,11 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     """Run ``statifier replay``; returns the exit status."""
     from statifier.extras import MissingExtra
     from statifier.persistence import PersistenceError
+    from statifier.shadow import ShadowSummary
 
+    summary: ShadowSummary | DryRunSummary
     try:
-        summary = asyncio.run(_replay(args))
+        summary = asyncio.run(_dry_run(args)) if args.migrate else asyncio.run(_replay(args))
     except (ValueError, TypeError, PersistenceError, MissingExtra) as error:
         return _refused(args, str(error))
     except sqlite3.Error as error:
@@ -83,18 +126,72 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         return _refused(args, f"database: {_database_error(error)}")
     if args.json:
         out.write(json.dumps(summary.as_json(), ensure_ascii=False) + "\n")
-    else:
-        _print(summary, out)
-    return 0 if summary.all_same else 1
+    if isinstance(summary, ShadowSummary):
+        if not args.json:
+            _print(summary, out)
+        return 0 if summary.all_same else 1
+    if not args.json:
+        _print_dry_run(summary, out)
+    return 0 if summary.clean else 1
 
 
 async def _replay(args: argparse.Namespace) -> ShadowSummary:
-    from statifier.persistence import Status
-    from statifier.shadow import MAX_INPUTS, Selection, read_revision, shadow_replay
+    from statifier.shadow import read_revision, shadow_replay
     from statifier.sql import TableOptions
     from statifier.sql.tables import DEFAULT_PREFIX
 
+    if args.map or args.remove or args.data is not None or args.from_index is not None:
+        raise ValueError("--map, --remove, --data and --from-index need --migrate")
     revision = read_revision(args.chart)
+    return await shadow_replay(
+        args.database,
+        revision,
+        _selection(args),
+        codec=codec_of(args.keys_env),
+        tables=TableOptions(prefix=args.prefix or DEFAULT_PREFIX, schema=args.schema),
+        max_inputs=_max_inputs(args),
+    )
+
+
+async def _dry_run(args: argparse.Namespace) -> DryRunSummary:
+    from statifier.migration_dry_run import migration_dry_run
+    from statifier.shadow import read_revision
+    from statifier.sql import TableOptions
+    from statifier.sql.tables import DEFAULT_PREFIX
+
+    # The plan as `statifier executions migrate` takes it.
+    state_map: dict[str, str | None] = dict(_pairs(args.map, "--map"))
+    for old in args.remove:
+        state_map[old] = None
+    data = {} if args.data is None else _json_object(args.data, "--data")
+    if args.from_index is not None and args.from_index < 0:
+        raise ValueError(f"--from-index is an input's index (0 or more), not {args.from_index}")
+    revision = read_revision(args.chart)
+    return await migration_dry_run(
+        args.database,
+        revision,
+        _selection(args),
+        state_map=state_map,
+        data=data,
+        at=args.from_index,
+        codec=codec_of(args.keys_env),
+        tables=TableOptions(prefix=args.prefix or DEFAULT_PREFIX, schema=args.schema),
+        max_inputs=_max_inputs(args),
+    )
+
+
+def _max_inputs(args: argparse.Namespace) -> int:
+    from statifier.shadow import MAX_INPUTS
+
+    if args.max_inputs is not None and args.max_inputs < 0:
+        raise ValueError(f"--max-inputs is a count, not {args.max_inputs}")
+    return MAX_INPUTS if args.max_inputs is None else int(args.max_inputs)
+
+
+def _selection(args: argparse.Namespace) -> Selection:
+    from statifier.persistence import Status
+    from statifier.shadow import Selection
+
     status = None
     if args.status is not None:
         try:
@@ -102,7 +199,7 @@ async def _replay(args: argparse.Namespace) -> ShadowSummary:
         except ValueError:
             known = ", ".join(s.value for s in Status)
             raise ValueError(f"--status is one of {known}, not {args.status!r}") from None
-    selection = Selection(
+    return Selection(
         document=args.document,
         status=status,
         scope=args.scope,
@@ -111,16 +208,6 @@ async def _replay(args: argparse.Namespace) -> ShadowSummary:
         sample=args.sample,
         limit=args.limit,
         seed=args.seed,
-    )
-    if args.max_inputs is not None and args.max_inputs < 0:
-        raise ValueError(f"--max-inputs is a count, not {args.max_inputs}")
-    return await shadow_replay(
-        args.database,
-        revision,
-        selection,
-        codec=codec_of(args.keys_env),
-        tables=TableOptions(prefix=args.prefix or DEFAULT_PREFIX, schema=args.schema),
-        max_inputs=MAX_INPUTS if args.max_inputs is None else args.max_inputs,
     )
 
 
@@ -150,8 +237,60 @@ def _print(summary: ShadowSummary, out: TextIO) -> None:
     )
 
 
+def _print_dry_run(summary: DryRunSummary, out: TextIO) -> None:
+    from statifier.migration_dry_run import Outcome
+    from statifier.shadow import Verdict
+
+    for result in summary.results:
+        line = _dry_run_line(result)
+        if line is not None:
+            out.write(line + "\n")
+    counts = summary.counts
+    out.write(
+        f"{len(summary.results)} executions on {summary.revision}: "
+        f"{counts[Outcome.MOVED]} moved, {counts[Outcome.PARKED]} parked, "
+        f"{counts[Outcome.UNCHANGED]} unchanged, {counts[Outcome.FAILED]} failed"
+    )
+    if summary.at is not None:
+        verdicts = [r.continuation.verdict for r in summary.results if r.continuation]
+        tally = {verdict: verdicts.count(verdict) for verdict in (*Verdict, None)}
+        out.write(
+            f"; after input {summary.at}: {tally[Verdict.SAME]} same, "
+            f"{tally[Verdict.DIVERGED]} diverged, {tally[Verdict.NEW_ERRORS]} with new errors, "
+            f"{tally[Verdict.UNTRUSTED]} untrusted, {tally[None]} not moved"
+        )
+    out.write("\n")
+
+
+def _dry_run_line(result: DryRunResult) -> str | None:
+    """``ID: moved, in cart; after input 2: diverged at input 3 ...``, or ``None`` for
+    an execution left unchanged whose continuation, if any, says nothing."""
+    from statifier.migration_dry_run import Outcome
+    from statifier.shadow import Verdict
+
+    said: list[str] = []
+    if result.outcome is Outcome.MOVED:
+        said.append(f"moved, in {' '.join(result.configuration)}")
+    elif result.outcome is not Outcome.UNCHANGED:
+        said.append(f"{result.outcome.value}: {result.reason}")
+    after = result.continuation
+    if after is not None and after.replay is not None and after.verdict is not Verdict.SAME:
+        said.append(f"after input {after.at}: {'; '.join(_findings(after.replay))}")
+    elif after is not None and after.outcome in (Outcome.PARKED, Outcome.FAILED):
+        assert after.outcome is not None
+        said.append(f"after input {after.at}: {after.outcome.value}: {after.reason}")
+    if not said:
+        return None
+    return f"{result.execution_id}: {'; '.join(said)}"
+
+
 def _line(result: ShadowResult) -> str:
     """``ID: diverged at input 3 (seq 3, checkout): configuration cart -> review; ...``"""
+    return f"{result.execution_id}: {'; '.join(_findings(result))}"
+
+
+def _findings(result: ShadowResult) -> list[str]:
+    """What a replay found: why it is untrusted, where it parted, its new errors."""
     said: list[str] = []
     if result.untrusted is not None:
         said.append(f"untrusted: {result.untrusted}")
@@ -179,7 +318,7 @@ def _line(result: ShadowResult) -> str:
         more = result.new_error_count - 1
         also = f" (and {more} more)" if more else ""
         said.append(f"new error at input {first.index}: {first.error.summary()}{also}")
-    return f"{result.execution_id}: {'; '.join(said)}"
+    return said
 
 
 def _where(side: Any) -> str:

@@ -59,7 +59,7 @@ import pickle
 import random
 import sys
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence, Set
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import KW_ONLY, dataclass, field, replace
@@ -460,14 +460,24 @@ def compare_logs(
     return _Comparison(old, new, execution_id, status).run(start, rest, stored, max_inputs)
 
 
+_Stepped = tuple[MachineState, list[fx.Effect], tuple[tuple[Handed, ...], bool]]
+"""A step of the stored chart: its position, its effects and their scan."""
+
+
 @dataclass(slots=True)
 class _Comparison:
-    """One log replayed on both charts; what it found so far."""
+    """One log replayed on both charts; what it found so far.
+
+    ``old_id`` names a stored chart's state as the revision would (a migration plan's
+    map), so the configurations compare by what the revision calls them; ``hidden``
+    are the variables not compared besides the interpreter's (the ones a plan adds)."""
 
     old: Machine
     new: Machine
     execution_id: str
     status: Status | None
+    old_id: Callable[[str], str | None] | None = None
+    hidden: Set[str] = SYSTEM_VARIABLES
     replayed: int = 0
     divergence: Divergence | None = None
     new_errors: list[NewError] = field(default_factory=list)
@@ -481,42 +491,41 @@ class _Comparison:
         stored: MachineState | None,
         max_inputs: int,
     ) -> ShadowResult:
-        try:
-            old_state, old_effects = initialize(self.old, start)
-        except Exception as error:  # noqa: BLE001 - reported, never raised
-            return self._untrusted(f"the stored chart could not be started: {_said(error)}")
+        started = _start_stored(self.old, start)
+        if isinstance(started, str):
+            return self._untrusted(started)
+        old_state, old_effects, old_scan = started
         try:
             new_state, new_effects = initialize(self.new, start)
         except Exception as error:  # noqa: BLE001 - reported, never raised
             return self._untrusted(f"the revision could not be started: {_said(error)}")
-        old_scan = _scanned(old_effects)
-        missing = _missing_function(old_effects) if old_scan[1] else None
-        if missing is not None:
-            return self._untrusted(f"at the start, {missing}")
         self._compare(0, None, old_state, old_effects, old_scan, new_state, new_effects)
-        for index, entry in enumerate(inputs, start=1):
+        return self.follow(old_state, new_state, inputs, 1, stored, max_inputs)
+
+    def follow(
+        self,
+        old_state: MachineState,
+        new_state: MachineState,
+        inputs: Sequence[LoggedInput],
+        first: int,
+        stored: MachineState | None,
+        max_inputs: int,
+    ) -> ShadowResult:
+        """Replay ``inputs`` on both positions in lockstep, the first as input
+        ``first`` of the log, comparing after each; then the verdict."""
+        for index, entry in enumerate(inputs, start=first):
             if index > max_inputs:
                 return self._untrusted(f"the log is longer than {max_inputs} inputs")
-            why = _unreplayable(entry, old_state)
-            if why is not None:
-                return self._untrusted(f"input {index}: {why}")
-            event = entry.event
-            assert event is not None  # _unreplayable refused the others
-            internal = entry.via == "timer" and event.type == "internal"
-            try:
-                old_state, old_effects = _deliver(old_state, event, internal)
-            except Exception as error:  # noqa: BLE001 - reported, never raised
-                why = f"the stored chart could not replay it: {_said(error)}"
-                return self._untrusted(f"input {index}: {why}")
-            old_scan = _scanned(old_effects)
-            missing = _missing_function(old_effects) if old_scan[1] else None
-            if missing is not None:
-                return self._untrusted(f"input {index}: {missing}")
+            stepped = _step_stored(index, entry, old_state)
+            if isinstance(stepped, str):
+                return self._untrusted(stepped)
+            old_state, old_effects, old_scan = stepped
+            assert entry.event is not None  # _step_stored refused the others
             # A durable execution takes nothing once its chart has stopped: neither
             # does the revision's.
             if new_state.running:
                 try:
-                    new_state, new_effects = _deliver(new_state, event, internal)
+                    new_state, new_effects = _deliver(new_state, entry.event, _internal(entry))
                 except Exception as error:  # noqa: BLE001 - reported, never raised
                     why = f"the revision could not replay it: {_said(error)}"
                     return self._untrusted(f"input {index}: {why}")
@@ -530,7 +539,7 @@ class _Comparison:
                 "(its log does not hold all it saw: start options, refused sends or a "
                 "host's routes)"
             )
-        same_final = _where(old_state) == _where(new_state)
+        same_final = self._old_where(old_state) == _where(new_state)
         if self.divergence is not None:
             verdict = Verdict.DIVERGED
         elif self.new_error_count:
@@ -558,7 +567,7 @@ class _Comparison:
         parts: list[str] = []
         if not self._placed_alike(old, new):
             parts.append("configuration")
-        changed = _changed(old.datamodel, new.datamodel)
+        changed = _changed(old.datamodel, new.datamodel, self.hidden)
         if changed:
             parts.append("datamodel")
         if not _same_handed(old_handed, new_handed):
@@ -569,8 +578,8 @@ class _Comparison:
                 None if entry is None else entry.seq,
                 None if entry is None or entry.event is None else entry.event.name,
                 tuple(parts),
-                _side(old, changed, old_handed),
-                _side(new, changed, new_handed),
+                _side(old, changed, old_handed, self._old_where(old)),
+                _side(new, changed, new_handed, _where(new)),
             )
 
     def _placed_alike(self, old: MachineState, new: MachineState) -> bool:
@@ -581,9 +590,20 @@ class _Comparison:
         last = self._last_placed
         if last is not None and all(a is b for a, b in zip(seen, last, strict=True)):
             return True
-        alike = _where(old) == _where(new)
+        alike = self._old_where(old) == _where(new)
         self._last_placed = seen if alike else None
         return alike
+
+    def _old_where(self, state: MachineState) -> tuple[tuple[str, ...], str | None]:
+        """Where the stored chart is, in the revision's ids when a plan renames them
+        (an id the plan removes keeps its own, so it differs)."""
+        where = _where(state)
+        renamed = self.old_id
+        if renamed is None:
+            return where
+        configuration, final = where
+        ids = tuple(sorted(renamed(old) or old for old in configuration))
+        return ids, None if final is None else (renamed(final) or final)
 
     def _errors(
         self,
@@ -625,6 +645,43 @@ class _Comparison:
         )
 
 
+def _start_stored(old: Machine, start: StartOptions) -> _Stepped | str:
+    """The stored chart started, or why its replay cannot be trusted."""
+    try:
+        state, effects = initialize(old, start)
+    except Exception as error:  # noqa: BLE001 - reported, never raised
+        return f"the stored chart could not be started: {_said(error)}"
+    scan = _scanned(effects)
+    missing = _missing_function(effects) if scan[1] else None
+    if missing is not None:
+        return f"at the start, {missing}"
+    return state, effects, scan
+
+
+def _step_stored(index: int, entry: LoggedInput, old: MachineState) -> _Stepped | str:
+    """Input ``index`` of the log (``entry``) replayed on the stored chart, or why the
+    replay cannot be trusted from there."""
+    why = _unreplayable(entry, old)
+    if why is not None:
+        return f"input {index}: {why}"
+    assert entry.event is not None  # _unreplayable refused the others
+    try:
+        state, effects = _deliver(old, entry.event, _internal(entry))
+    except Exception as error:  # noqa: BLE001 - reported, never raised
+        return f"input {index}: the stored chart could not replay it: {_said(error)}"
+    scan = _scanned(effects)
+    missing = _missing_function(effects) if scan[1] else None
+    if missing is not None:
+        return f"input {index}: {missing}"
+    return state, effects, scan
+
+
+def _internal(entry: LoggedInput) -> bool:
+    # A fired timer of a send to #_internal goes on the internal queue, as the timer
+    # worker steps it; everything else is an external event.
+    return entry.via == "timer" and entry.event is not None and entry.event.type == "internal"
+
+
 def _unreplayable(entry: LoggedInput, old: MachineState) -> str | None:
     if entry.via == MIGRATE_VIA:
         return "the execution moved between revisions of its chart here"
@@ -638,8 +695,6 @@ def _unreplayable(entry: LoggedInput, old: MachineState) -> str | None:
 def _deliver(
     state: MachineState, event: Event, internal: bool
 ) -> tuple[MachineState, list[fx.Effect]]:
-    # A fired timer of a send to #_internal goes on the internal queue, as the timer
-    # worker steps it; everything else is an external event.
     if internal:
         return deliver_internal(state, event)
     return handle_event(state, event)
@@ -681,9 +736,11 @@ def _start_options(state: MachineState) -> StartOptions:
     )
 
 
-def _changed(old: Mapping[str, Value], new: Mapping[str, Value]) -> tuple[str, ...]:
-    """The variables (the interpreter's own left out) whose values differ, by name."""
-    hidden = SYSTEM_VARIABLES
+def _changed(
+    old: Mapping[str, Value], new: Mapping[str, Value], hidden: Set[str] = SYSTEM_VARIABLES
+) -> tuple[str, ...]:
+    """The variables (the interpreter's own and ``hidden`` left out) whose values
+    differ, by name."""
     if old.keys() == new.keys():
         names: list[str] = [
             name
@@ -747,11 +804,16 @@ def _scanned(effects: list[fx.Effect]) -> tuple[tuple[Handed, ...], bool]:
     return tuple(found), errors
 
 
-def _side(state: MachineState, changed: Sequence[str], handed: tuple[Handed, ...]) -> Side:
+def _side(
+    state: MachineState,
+    changed: Sequence[str],
+    handed: tuple[Handed, ...],
+    where: tuple[tuple[str, ...], str | None],
+) -> Side:
     data = state.datamodel
     return Side(
-        state.leaf_configuration(),
-        state.final_state(),
+        where[0],
+        where[1],
         {name: data[name] for name in changed if name in data},
         handed,
     )

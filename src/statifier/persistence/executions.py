@@ -66,8 +66,8 @@ from statifier.persistence.migration import (
     MigrationSummary,
     Parked,
     Unmappable,
-    carry,
-    renamed_ids,
+    left_as_is,
+    move,
 )
 from statifier.persistence.records import (
     AnswerRecord,
@@ -659,13 +659,13 @@ class Executions:
         storage = self.storage
         async with self.exclusive(execution_id):
             record = await storage.fetch_execution(execution_id)
-            if not record.status.pins or record.content_hash == plan.target_hash:
+            if left_as_is(record, plan.target_hash) is not None:
                 return Discarded(record)
             if record.content_hash != plan.source_hash:
                 stored_identity = ChartIdentity(record.content_hash)
                 raise stored.IdentityMismatch(stored_identity, plan.source.identity)
             state = storage.load(record, plan.source)
-            carried = carry(state, plan)
+            carried = move(state, plan)
             now = storage.clock()
             if isinstance(carried, Unmappable):
                 reason = carried.reason
@@ -677,15 +677,12 @@ class Executions:
                 await self._log_migration(execution_id, entry, now)
                 outcome: Migrated | Parked = Parked(record, reason)
             else:
-                position = _dump(carried)
-                carried = stored.load(plan.target, position)  # system variables anew
-                renamed = renamed_ids(state, plan)
-                entry = LoggedMigration(plan.source_hash, plan.target_hash, None, renamed)
+                entry = LoggedMigration(plan.source_hash, plan.target_hash, None, carried.renamed)
                 record = replace(
                     record,
                     content_hash=plan.target_hash,
                     status=Status.ACTIVE,
-                    position=position,
+                    position=carried.position,
                     failure=None,
                     updated_at=now,
                 )
@@ -693,8 +690,8 @@ class Executions:
                     # Only a writer that bypasses the exclusion gets here.
                     raise ExecutionNotFound(execution_id)
                 await self._log_migration(execution_id, entry, now)
-                storage.remember(execution_id, position, carried)
-                outcome = Migrated(record, carried)
+                storage.remember(execution_id, carried.position, carried.state)
+                outcome = Migrated(record, carried.state)
         # A parked one reports as a manual park does, its reason as the failure.
         self._lifecycle(record, "migrated" if isinstance(outcome, Migrated) else "needs_migration")
         return outcome
@@ -1032,9 +1029,9 @@ def _summarized(
             parked[execution_id] = answer.reason
         elif isinstance(answer, Discarded):
             record = answer.execution
-            on_target = record.content_hash == plan.target_hash
+            # A discarded migration found a reason: the same record gives it again.
             unchanged[execution_id] = (
-                "already on the new chart" if on_target else f"it is {record.status.value}"
+                left_as_is(record, plan.target_hash) or f"it is {record.status.value}"
             )
         elif isinstance(answer, PersistenceError | stored.PositionError):
             failed[execution_id] = str(answer)

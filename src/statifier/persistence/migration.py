@@ -44,11 +44,13 @@ from statifier.persistence.errors import (
     InvalidMigrationPlan,
     UndeclaredPlanData,
     UnknownPlanStates,
+    Unstorable,
 )
 from statifier.persistence.records import ExecutionRecord
 
 __all__ = [
     "MIGRATE_VIA",
+    "Carried",
     "LoggedMigration",
     "Migrated",
     "MigrationPlan",
@@ -56,6 +58,8 @@ __all__ = [
     "Parked",
     "Unmappable",
     "carry",
+    "left_as_is",
+    "move",
     "renamed_ids",
 ]
 
@@ -350,6 +354,60 @@ def renamed_ids(state: MachineState, plan: MigrationPlan) -> dict[str, str]:
         if new is not None and new != old:
             changes[old] = new
     return dict(sorted(changes.items()))
+
+
+def left_as_is(record: ExecutionRecord, target_hash: str) -> str | None:
+    """Why a migration onto the chart ``target_hash`` leaves ``record`` as it is, in the words
+    :attr:`MigrationSummary.unchanged` gives, or ``None`` when it tries to carry it:
+    the execution is already on the new chart, or holds no chart any more (it ended).
+
+    >>> from statifier.persistence.records import ExecutionRecord, Status
+    >>> from statifier.chart import compile_chart
+    >>> scxml = '<scxml xmlns="http://www.w3.org/2005/07/scxml"><state id="{}"/></scxml>'
+    >>> one, two = compile_chart(scxml.format("a")), compile_chart(scxml.format("b"))
+    >>> def on_one(status: Status) -> ExecutionRecord:
+    ...     return ExecutionRecord(
+    ...         "x", content_hash=one.identity.content_hash, status=status, position=None
+    ...     )
+    >>> left_as_is(on_one(Status.COMPLETED), two.identity.content_hash)
+    'it is completed'
+    >>> left_as_is(on_one(Status.ACTIVE), two.identity.content_hash) is None
+    True
+    """
+    if record.content_hash == target_hash:
+        return "already on the new chart"
+    if not record.status.pins:
+        return f"it is {record.status.value}"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Carried:
+    """A position :func:`move` carried: ``position`` its stored bytes, ``state`` the
+    position as loaded from them (the interpreter's variables set anew for the new
+    chart), ``renamed`` the ids that changed (see :func:`renamed_ids`)."""
+
+    position: bytes
+    state: MachineState
+    renamed: Mapping[str, str]
+
+
+def move(state: MachineState, plan: MigrationPlan) -> Carried | Unmappable:
+    """``state`` carried along ``plan`` (:func:`carry`) as a migration stores it, or
+    why it cannot be (the execution is then parked). Pure: nothing is stored.
+
+    Raises:
+        IdentityMismatch: ``state`` is not a position of ``plan.source``.
+        Unstorable: the carried position cannot be stored.
+    """
+    carried = carry(state, plan)
+    if isinstance(carried, Unmappable):
+        return carried
+    try:
+        position = stored.dump(carried)
+    except ValueError as error:
+        raise Unstorable(f"the new position cannot be stored: {error}") from None
+    return Carried(position, stored.load(plan.target, position), renamed_ids(state, plan))
 
 
 @dataclass(frozen=True, slots=True)
