@@ -56,7 +56,6 @@ from statifier.persistence import (
 from statifier.persistence.executor import refuse_unperformed
 from statifier.persistence.serialization import DEFAULT_LOCK_WAIT
 from statifier.persistence.step_errors import decode_error
-from statifier.persistence.storage import Clock, utc_now
 
 __all__ = ["Durable"]
 
@@ -148,7 +147,7 @@ class Durable:
         input_log_cap: int | None = None,
         codec: BlobCodec = PLAIN,
         on_error: OnError | str | Mapping[str, OnError | str] = OnError.CONTINUE,
-        clock: Clock = utc_now,
+        clock: Callable[[], datetime] | None = None,
     ) -> None:
         if not isinstance(migrate, bool):
             raise TypeError(f"migrate is True or False, not {migrate!r}")
@@ -219,8 +218,10 @@ class Durable:
             loader=self._loader,
             functions=self._functions,
             codec=self._codec,
-            clock=self._clock,
         )
+        if self._clock is not None:
+            # The storage's "now" is the router's and its timer worker's too.
+            storage.clock = self._clock
         executor = self._executor or refuse_unperformed
         self._executions = Executions(
             storage, executor=executor, lock_wait=self._lock_wait, on_error=self._on_error

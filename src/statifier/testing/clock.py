@@ -71,8 +71,7 @@ class ManualClock:
                 :data:`statifier.router.scenario.MAX_FIRES` timers fired.
             RuntimeError: ``durable`` is not open, or not on a SQL database.
         """
-        from statifier.router.scenario import MAX_FIRES
-        from statifier.router.scenario_case import parse_duration
+        from statifier.router.scenario import MAX_FIRES, parse_duration
 
         step = parse_duration(by) if isinstance(by, str) else by
         if step < timedelta(0):

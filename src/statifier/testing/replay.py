@@ -78,13 +78,15 @@ def replay_input_logs(
             compile.
     """
     from statifier.chart import InvalidChart, compile_chart
-    from statifier.durable import ChartUnusable, UnknownChart
-    from statifier.durable.charts import _compiled
+    from statifier.durable import ChartUnusable, Durable, UnknownChart
     from statifier.durable.export import read_input_logs
+    from statifier.persistence import MemoryAdapter
     from statifier.shadow import MAX_INPUTS, compare_logs
 
     executions = read_input_logs(logs) if isinstance(logs, str | os.PathLike) else tuple(logs)
-    charts = _compiled(revisions, None, {})
+    # Compiled as Durable compiles the charts it is given, by the same names and with
+    # the same errors; the Durable is never opened.
+    charts = Durable(MemoryAdapter(), charts=revisions).charts
     recorded: dict[str, Machine] = {}
     replayed = []
     for execution in executions:

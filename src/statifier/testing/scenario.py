@@ -9,15 +9,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from statifier.router.scenario import Deployment
-    from statifier.router.scenario_case import Case
+    from statifier.router.scenario import Case, Deployment
 
 __all__ = ["ScenarioRunner"]
 
 
 @dataclass(frozen=True, slots=True)
 class ScenarioRunner:
-    """Runs routing cases (the format of :mod:`statifier.router.scenario_case`) as
+    """Runs routing cases (the format of ``statifier scenario``) as
     ``statifier scenario CASE --charts DIR`` does, with
     :func:`statifier.router.scenario.run_case`: on a virtual clock, a freshly migrated
     SQLite file of its own per run unless ``database_url`` names one.
@@ -75,7 +74,7 @@ class ScenarioRunner:
 
 
 def _case(case: Case | Mapping[str, Any] | str | os.PathLike[str]) -> Case:
-    from statifier.router.scenario_case import Case
+    from statifier.router.scenario import Case
 
     if isinstance(case, Case):
         return case
