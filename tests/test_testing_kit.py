@@ -66,7 +66,7 @@ def test_loading_the_plugin_imports_nothing_of_the_library() -> None:
     loaded = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True
     ).stdout
-    assert eval(loaded) == [  # a list of names printed by the probe
+    assert ast.literal_eval(loaded) == [
         "statifier.testing",
         "statifier.testing.clock",
         "statifier.testing.plugin",
@@ -343,3 +343,17 @@ def test_export_input_logs_writes_the_file(tmp_path: Path) -> None:
 
     assert asyncio.run(run()) == 2
     assert json.loads((tmp_path / "all.json").read_text(encoding="utf-8"))["version"] == 1
+
+
+def test_an_execution_whose_position_was_pruned_cannot_be_exported(tmp_path: Path) -> None:
+    clock = ManualClock()
+
+    async def run() -> None:
+        async with sqlite_durable(tmp_path, charts={"door": DOOR}, clock=clock) as durable:
+            await durable.create("door", "d_1")
+            await durable.send("d_1", "close")
+            assert await durable.executions.storage.prune(clock() + timedelta(days=1), 10)
+            await input_logs_json(durable)
+
+    with pytest.raises(ExportError, match=r"^d_1: cannot be exported: "):
+        asyncio.run(run())

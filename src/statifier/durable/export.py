@@ -63,7 +63,7 @@ from statifier.core import MachineState, StartOptions
 from statifier.core import positions as stored
 from statifier.expr import UNDEFINED, Value, parse_datetime, tagged
 from statifier.expr.jsontext import JSONTextError, loads
-from statifier.persistence import LoggedInput, Status
+from statifier.persistence import LoggedInput, PersistenceError, Status
 from statifier.persistence.executions import logged_input
 
 if TYPE_CHECKING:
@@ -87,8 +87,10 @@ MAX_EXPORT_BYTES: Final = 64 << 20
 
 
 class ExportError(ValueError):
-    """An exported file that cannot be read: too big, not JSON, nested too deep, or not
-    the format; the message names the file and the first thing wrong."""
+    """An export refused: a file that cannot be read (too big, not JSON, nested too
+    deep, or not the format; the message names the file and the first thing wrong), or
+    an execution that cannot be written to one (its position was pruned, its chart
+    retired or sealed under a key the codec lacks; the message names it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,8 +138,8 @@ async def input_logs_json(
     Raises:
         ExecutionNotFound: an id given names no execution.
         ValueError: an unknown status.
-        PersistenceError: a stored chart or position cannot be read (retired, pruned,
-            sealed under a key the durable's codec lacks).
+        ExportError: an execution's chart or position cannot be read (retired,
+            pruned, sealed under a key the durable's codec lacks).
     """
     if execution_ids is None:
         ids = [row.id for row in await durable.list(status, chart=chart)]
@@ -149,14 +151,16 @@ async def input_logs_json(
     for execution_id in ids:
         described = await durable.describe(execution_id)
         record = await storage.fetch_execution(execution_id)
-        if record.content_hash not in charts:
+        try:
+            state = storage.load(record, await storage.machine(record.content_hash))
             stored_chart = await storage.fetch_chart(record.content_hash)
-            source = stored_chart.source or b""
+        except (PersistenceError, stored.PositionError) as error:
+            raise ExportError(f"{execution_id}: cannot be exported: {error}") from None
+        if record.content_hash not in charts and stored_chart.source is not None:
             charts[record.content_hash] = {
                 "name": described.chart or stored_chart.name,
-                "source": source.decode("utf-8"),
+                "source": stored_chart.source.decode("utf-8"),
             }
-        state = storage.load(record, await storage.machine(record.content_hash))
         executions.append(
             {
                 "id": described.id,
