@@ -357,3 +357,30 @@ def test_an_execution_whose_position_was_pruned_cannot_be_exported(tmp_path: Pat
 
     with pytest.raises(ExportError, match=r"^d_1: cannot be exported: "):
         asyncio.run(run())
+
+
+def test_a_revision_that_raises_new_errors_fails_with_the_first(tmp_path: Path) -> None:
+    asyncio.run(_export(tmp_path))
+    noisy = DOOR.replace(
+        '<assign location="knocks" expr="knocks + 1"/>',
+        '<assign location="knocks" expr="knocks + 1"/><log expr="nobody.name"/>',
+    )
+    with pytest.raises(AssertionError) as failed:
+        assert_replays_same(tmp_path / "doors.json", {"door": noisy})
+    message = str(failed.value)
+    assert message.startswith(
+        "1 of 2 recorded executions replay differently on the revision:\n"
+        "  d_1 (door, recorded completed in closed): the revision raised 1 new error, "
+        "the first at input 1 ('knock'): error.execution at <log>"
+    ), message
+
+
+def test_next_due_needs_a_timer_queue() -> None:
+    from statifier.persistence import MemoryAdapter
+
+    async def run() -> None:
+        async with Durable(MemoryAdapter()) as durable:
+            await durable.next_due()
+
+    with pytest.raises(RuntimeError, match="only a SQL database keeps timers"):
+        asyncio.run(run())
