@@ -131,6 +131,7 @@ CORE: Final = ("statifier",)
 
 TOOLS: Final[dict[str, tuple[str, ...]]] = {
     "statifier.persistence.testing": ("pytest", "pytest_asyncio"),
+    "statifier.testing.plugin": ("pytest",),
 }
 """Modules for a test suite, and the test tools (no extra's) they import."""
 

@@ -56,6 +56,8 @@ ones below (``docs/architecture.md``). These exist today:
   and ``statifier.ids`` -- small helpers every layer may use;
 * ``statifier.observability`` -- telemetry as OpenTelemetry spans and metrics (the
   ``otel`` extra) and as structured logs, for a host to install;
+* ``statifier.testing`` -- the test kit for a host's suite: a pytest plugin, a clock
+  that skips ahead, routing cases and exported input logs replayed on a revision;
 * ``statifier.examples`` -- what ``statifier demo`` runs; ``statifier.cli`` -- the
   ``statifier`` command.
 

@@ -27,6 +27,10 @@
     state, ``--remove OLD`` (repeatable) a state removed on purpose, ``--data JSON``
     values for variables the revision adds. Prints what moved and what was parked,
     with the reasons.
+``statifier executions export FILE [--chart NAME] [--status S] [--id ID]...``
+    Writes the executions' input logs, each with the chart it ran and where it ended,
+    to the JSON file ``FILE`` (:mod:`statifier.durable.export`), for a test suite to
+    replay on a revision (``statifier.testing.assert_replays_same``); prints how many.
 
 Every action takes ``--database URL`` (default ``sqlite:///statifier.db``, as
 ``statifier db upgrade``), ``--prefix P`` and ``--schema S`` (the tables' options),
@@ -154,6 +158,20 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     cancel = actions.add_parser("cancel", parents=[common], help="cancel an execution")
     cancel.add_argument("execution_id", metavar="ID")
     cancel.add_argument("--json", action="store_true", help="print one JSON document")
+    export = actions.add_parser(
+        "export", parents=[common], help="write executions' input logs to a JSON file"
+    )
+    export.add_argument("file", metavar="FILE", help="the JSON file to write (replaced)")
+    export.add_argument("--chart", default=None, help="only executions of this chart")
+    export.add_argument("--status", default=None, help="only executions in this status")
+    export.add_argument(
+        "--id",
+        dest="execution_ids",
+        action="append",
+        default=None,
+        metavar="ID",
+        help="only this execution; repeat for more",
+    )
     actions.add_parser("fire", parents=[common], help="fire the timers due now, and exit")
     actions.add_parser(
         "run", parents=[common], help="fire timers and drain the outbox until interrupted"
@@ -263,6 +281,8 @@ async def _run(args: argparse.Namespace, out: TextIO) -> int:
             return await _send(durable, args, out)
         if args.action == "migrate":
             return await _migrate(durable, args, out)
+        if args.action == "export":
+            return await _export(durable, args, out)
         if args.action == "fire":
             return await _fire(durable, out)
         if args.action == "run":
@@ -321,6 +341,25 @@ async def _send(durable: Durable, args: argparse.Namespace, out: TextIO) -> int:
     for notice in sent.notices:
         out.write(f"  note: {notice}\n")
     return 1 if _untaken(sent.errors) else 0
+
+
+async def _export(durable: Durable, args: argparse.Namespace, out: TextIO) -> int:
+    from statifier.durable.export import export_input_logs
+
+    if args.execution_ids is not None and (args.chart or args.status):
+        raise ValueError("--id names the executions: give it without --chart and --status")
+    try:
+        count = await export_input_logs(
+            durable,
+            args.file,
+            chart=args.chart,
+            status=args.status,
+            execution_ids=args.execution_ids,
+        )
+    except OSError as error:
+        raise ValueError(f"{args.file}: cannot write: {error.strerror}") from None
+    out.write(f"{count} execution{'s' if count != 1 else ''} exported to {args.file}\n")
+    return 0
 
 
 async def _fire(durable: Durable, out: TextIO) -> int:

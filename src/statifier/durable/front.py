@@ -113,6 +113,10 @@ class Durable:
             and decodes every blob read, e.g. a
             :class:`~statifier.persistence.fernet.FernetCodec` to encrypt them; stored
             as given by default (:data:`~statifier.persistence.PLAIN`).
+        clock: "now", an aware UTC datetime, for the times written on records and for
+            when timers are due (:meth:`fire_due` without ``now`` fires what is due
+            by it); the wall clock by default. A test gives a clock it moves itself
+            (``statifier.testing.ManualClock``).
 
     On a SQL database the calls step through the router's transaction
     (:mod:`statifier.router`), as :meth:`~statifier.router.Router.route` does: a delayed
@@ -143,6 +147,7 @@ class Durable:
         input_log_cap: int | None = None,
         codec: BlobCodec = PLAIN,
         on_error: OnError | str | Mapping[str, OnError | str] = OnError.CONTINUE,
+        clock: Callable[[], datetime] | None = None,
     ) -> None:
         if not isinstance(migrate, bool):
             raise TypeError(f"migrate is True or False, not {migrate!r}")
@@ -155,6 +160,7 @@ class Durable:
         self._functions = dict(functions or {})
         self._input_log_cap = input_log_cap
         self._codec = codec
+        self._clock = clock
         self._charts = _compiled(charts, loader, self._functions)
         self._names = {machine.identity.content_hash: n for n, machine in self._charts.items()}
         self._on_error = self._policy(on_error)
@@ -213,6 +219,9 @@ class Durable:
             functions=self._functions,
             codec=self._codec,
         )
+        if self._clock is not None:
+            # The storage's "now" is the router's and its timer worker's too.
+            storage.clock = self._clock
         executor = self._executor or refuse_unperformed
         self._executions = Executions(
             storage, executor=executor, lock_wait=self._lock_wait, on_error=self._on_error
@@ -554,6 +563,17 @@ class Durable:
             await asyncio.gather(TimerWorker(router).run(stopping), drain.run(stopping))
         finally:
             self._workers -= 1
+
+    async def next_due(self) -> datetime | None:
+        """When the earliest pending timer of the database is due; ``None`` when none
+        is.
+
+        Raises:
+            RuntimeError: not open, or the database is not SQL (no timer queue).
+        """
+        from statifier.router import TimerWorker
+
+        return await TimerWorker(self._sql("read timers")).next_due()
 
     async def fire_due(self, now: datetime | None = None) -> int:
         """Fire every timer due at ``now`` (the storage's clock by default), once;
