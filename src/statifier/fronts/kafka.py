@@ -588,6 +588,9 @@ class KafkaSource:
         """Partitions paused because their buffer is full (touched on the thread only)."""
         self._failure: KafkaError | None = None
         self._closed = False
+        self._moving = 0
+        """Partition moves in progress: their callbacks hold the consumer's thread,
+        and librdkafka answers the commits they make only there."""
         self._repeats = Repeats()
         self._links = _Links()
         """What librdkafka's statistics last said (written on the thread, read on the
@@ -722,13 +725,16 @@ class KafkaSource:
         self._commit_ended(began, failed=False)
 
     async def _commit_in_time(self, offsets: list[TopicPartition]) -> Any:
-        """Hand ``offsets`` to the commit thread and wait at most ``commit_timeout``
-        for the coordinator's answer (librdkafka's per-partition results)."""
+        """Hand ``offsets`` to the commit thread (to the consumer's, during a partition
+        move or the close) and wait at most ``commit_timeout`` for the coordinator's
+        answer (librdkafka's per-partition results)."""
         consumer, commits = self._started_consumer(), self._started_commits()
         withdrawn, sent = threading.Event(), threading.Event()
-        # librdkafka answers a commit made while the consumer closes (a revocation's,
-        # inside the close) only on the thread in the close: there it is urgent.
-        closing = self._closed
+        # A commit a partition move makes (a revocation's, in a poll or inside the
+        # close) is answered reliably only on the consumer's thread, which the move's
+        # callback holds: there it is urgent. Sent from another thread, librdkafka
+        # sometimes never answers it.
+        urgent = self._closed or self._moving > 0
 
         def commit_now() -> Any:
             if withdrawn.is_set():  # its waiter gave up before its turn: not sent
@@ -736,7 +742,7 @@ class KafkaSource:
             sent.set()
             return consumer.commit(offsets=offsets, asynchronous=False)
 
-        if closing:
+        if urgent:
             answer = self._started().call(commit_now, urgent=True)
         else:
             answer = commits.call(commit_now)
@@ -754,7 +760,7 @@ class KafkaSource:
             if not answer.done():
                 withdrawn.set()
                 answer.add_done_callback(self._answered_late)
-                if sent.is_set() and not closing:
+                if sent.is_set() and not urgent:
                     self._retire(commits, answer)
 
     def _commit_thread(self) -> _ConsumerThread:
@@ -1062,7 +1068,7 @@ class KafkaSource:
         if loop.is_closed():
             move.close()
             return
-        done = asyncio.run_coroutine_threadsafe(move, loop)
+        done = asyncio.run_coroutine_threadsafe(self._moved(move), loop)
         done.add_done_callback(lambda _: thread.wake())
         if not thread.serve_until(done.done, self._rebalance_timeout):
             _log.error(
@@ -1085,6 +1091,14 @@ class KafkaSource:
                 )
 
     # On the loop.
+
+    async def _moved(self, move: Coroutine[Any, Any, None]) -> None:
+        """``move``, its commits sent to the consumer's thread while it runs."""
+        self._moving += 1
+        try:
+            await move
+        finally:
+            self._moving -= 1
 
     async def _assigned(self, names: list[str]) -> None:
         self._owned.update(names)
