@@ -650,6 +650,10 @@ def test_the_command(place: Place, tmp_path: Path, capsys: pytest.CaptureFixture
     document = json.loads(text)
     assert document["counts"]["diverged"] == len(checked_out)
     assert len(document["results"]) == 20
+    spread = run_cli(
+        "--chart", str(renamed), "--document", "cart", "--json", "--workers", "2", *options
+    )
+    assert spread == (1, text)
     # Nothing of the chart's name: nothing selected, nothing differs.
     status, text = run_cli("--chart", str(renamed), *options)
     assert (status, text) == (
@@ -664,6 +668,8 @@ def test_the_command(place: Place, tmp_path: Path, capsys: pytest.CaptureFixture
     assert "--status is one of" in capsys.readouterr().err
     assert run_cli("--chart", str(same), *options, "--created-after", "2026-01-01")[0] == 2
     assert "needs an offset" in capsys.readouterr().err
+    assert run_cli("--chart", str(same), *options, "--workers", "0")[0] == 2
+    assert "workers is a whole number of at least 1" in capsys.readouterr().err
     assert run_cli("--chart", str(tmp_path / "none.scxml"), *options)[0] == 2
     assert "cannot read" in capsys.readouterr().err
     big = tmp_path / "big.scxml"

@@ -73,6 +73,9 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     replay.add_argument(
         "--max-inputs", type=int, default=None, metavar="N", help="inputs per execution"
     )
+    replay.add_argument(
+        "--workers", type=int, default=1, metavar="N", help="replay in N processes (1)"
+    )
     replay.add_argument("--json", action="store_true", help="print one JSON document")
     replay.add_argument(
         "--migrate", action="store_true", help="a migration dry run onto the revision"
@@ -150,6 +153,7 @@ async def _replay(args: argparse.Namespace) -> ShadowSummary:
         codec=codec_of(args.keys_env),
         tables=TableOptions(prefix=args.prefix or DEFAULT_PREFIX, schema=args.schema),
         max_inputs=_max_inputs(args),
+        workers=args.workers,
     )
 
 
