@@ -22,6 +22,12 @@ pages:
 - ``/console/failures``: outbox and consumer dead letters, failed executions, the
   error events steps raised across executions, scriba's projections;
 - ``/console/audit``: every action taken;
+- ``/console/revisions``: a chart uploaded (``POST``, ``multipart/form-data`` with the
+  session's CSRF token, under the charts' read limits) is replayed on the recorded
+  executions a filter selects, read-only and in the background
+  (:mod:`statifier.console.revisions`); ``/console/revisions/{job}`` shows its progress,
+  then its verdicts and, for one execution (``?execution=ID``), where it parted, drawn
+  on both charts;
 - ``/console/events``: the server-sent events of :mod:`statifier.console.live`.
 
 Every page but the login form, and the static files, needs a session
