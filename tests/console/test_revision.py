@@ -409,3 +409,40 @@ async def test_a_running_replay_shows_its_progress_and_a_second_is_refused(
     finally:
         engine.dispose()
         console.close()
+
+
+@pytest.mark.asyncio
+async def test_a_stopped_replay_ends_after_the_execution_it_is_on_and_says_so(
+    pg_db: RouterDb,  # noqa: F811 - the fixture
+) -> None:
+    """PostgreSQL alone, as above: one job stopped on its own, then the console
+    closed with another running."""
+    console = console_of(pg_db)
+    await record(pg_db, console)
+    table = pg_db.store.tables.executions
+    engine = sa.create_engine(migrations.sync_url(pg_db.store.url))
+    revision = compile_chart(GUARD, name="cart")
+    revisions = console.revisions
+    where = f"{table.schema}.{table.name}"
+    lock = sa.text(f"LOCK TABLE {where} IN ACCESS EXCLUSIVE MODE")
+    try:
+        with engine.begin() as connection:
+            connection.execute(lock)
+            stopped = revisions.start("ada", revision, Selection())
+            await asyncio.sleep(0.2)  # its thread waits on the lock
+            assert revisions.running == 1
+            stopped.stop()
+        await revisions.wait(stopped)  # the lock is gone: it replays one, then ends
+        assert stopped.state is JobState.STOPPED
+        assert (stopped.done, stopped.summary) == (0, None)
+        with engine.begin() as connection:
+            connection.execute(lock)
+            closed = revisions.start("ada", revision, Selection())
+            await asyncio.sleep(0.2)
+            console.close()
+            await revisions.wait(closed)
+            assert closed.state is JobState.STOPPED
+        assert stopped.error == closed.error == "the console stopped before the replay finished"
+        assert revisions.running == 0
+    finally:
+        engine.dispose()
