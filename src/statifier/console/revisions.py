@@ -80,21 +80,24 @@ class Job:
         revision: the chart tried.
         selection: which executions.
         started: when it started (UTC).
+        state: where it is (:class:`JobState`).
         done, total: executions replayed so far and in all (``total`` is ``None``
             until the first execution is replayed).
         summary: what it found, once ``DONE``.
-        error: why it failed, once ``FAILED``.
+        error: why it failed or stopped, once ``FAILED`` or ``STOPPED``.
+        finished_at: when it ended, on the jobs' monotonic clock (its expiry counts
+            from there), ``None`` while it runs.
     """
 
     id: str
     operator: str
-    revision: Machine
+    revision: Machine = field(repr=False)
     selection: Selection
     started: datetime
     state: JobState = JobState.RUNNING
     done: int = 0
     total: int | None = None
-    summary: ShadowSummary | None = None
+    summary: ShadowSummary | None = field(default=None, repr=False)
     error: str | None = None
     finished_at: float | None = None
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
@@ -122,7 +125,7 @@ class _Source:
     """Where and how the replays read: a database URL (opened read-only), its tables'
     options, the blob codec and the host's functions the stored charts compile with."""
 
-    url: str
+    url: str = field(repr=False)  # may hold a password: kept out of any repr
     tables: TableOptions
     codec: BlobCodec = PLAIN
     functions: Mapping[str, Function] = field(default_factory=dict)
