@@ -22,6 +22,12 @@ pages:
 - ``/console/failures``: outbox and consumer dead letters, failed executions, the
   error events steps raised across executions, scriba's projections;
 - ``/console/audit``: every action taken;
+- ``/console/revisions``: a chart uploaded (``POST``, ``multipart/form-data`` with the
+  session's CSRF token, under the charts' read limits) is replayed on the recorded
+  executions a filter selects, read-only and in the background
+  (:mod:`statifier.console.revisions`); ``/console/revisions/{job}`` shows its progress,
+  then its verdicts and, for one execution (``?execution=ID``), where it parted, drawn
+  on both charts;
 - ``/console/events``: the server-sent events of :mod:`statifier.console.live`.
 
 Every page but the login form, and the static files, needs a session
@@ -63,7 +69,7 @@ from typing import Any, Final
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
 from scriba.sql.tables import Tables as ScribaTables
-from statifier.chart import Machine
+from statifier.chart import Machine, ReadLimits
 from statifier.console import actions
 from statifier.console.audit import Audit, AuditEntry
 from statifier.console.auth import COOKIE, Session, Sessions
@@ -87,7 +93,16 @@ from statifier.console.replay import (
     shown_datamodel,
     stored_options,
 )
+from statifier.console.revision_form import (
+    FILTER_FIELDS,
+    ChartRefused,
+    ChartTooLarge,
+    compile_upload,
+    read_selection,
+)
+from statifier.console.revisions import MAX_EXECUTIONS, Job, Revisions, TooManyJobs
 from statifier.console.timeline import error_steps, fates, made_by, send_keys, timeline
+from statifier.console.upload import BadForm, parse_form_data
 from statifier.core import MachineState, StartOptions
 from statifier.core.positions import load as load_position
 from statifier.expr import tagged
@@ -96,6 +111,7 @@ from statifier.persistence import LoggedInput, Status
 from statifier.persistence.sql import SqlTransaction
 from statifier.persistence.step_errors import MAX_STEP_ERRORS
 from statifier.router import Binding, Router
+from statifier.shadow import ShadowResult, Side, Verdict
 
 try:
     from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
@@ -122,6 +138,12 @@ BASE: Final = "/console"
 """Where the console is mounted."""
 MAX_FORM_BYTES: Final = 16 * 1024
 """The largest form body read (a login token, a CSRF token)."""
+MAX_UPLOAD_BYTES: Final = ReadLimits().max_bytes + MAX_FORM_BYTES
+"""The largest revision form read: a chart at the size every chart is read with, and
+the filter's fields."""
+MAX_LISTED_RESULTS: Final = 200
+"""The most executions a revision's page lists among those that did not replay the
+same (the counts count them all)."""
 LOGIN_DELAY: Final = 0.25
 """Seconds a refused login waits before it is answered (slows guessing)."""
 MAX_MACHINES: Final = 64
@@ -240,6 +262,9 @@ class Console:
             again (from the service's sources).
         live_interval, max_clients: the change probe's period and the most open
             event streams (:class:`~statifier.console.live.Live`).
+        revision_jobs, revision_ttl: the most shadow replays running at once and the
+            seconds a finished one is kept (:class:`~statifier.console.revisions.Revisions`,
+            over a read-only connection to the router's database).
     """
 
     queries: ConsoleQueries
@@ -250,7 +275,10 @@ class Console:
     scopes: Mapping[str, str] = field(default_factory=dict)
     live_interval: float = 0.5
     max_clients: int = 32
+    revision_jobs: int = 2
+    revision_ttl: float = 3600.0
     live: Live = field(init=False)
+    revisions: Revisions = field(init=False)
     _machines: OrderedDict[str, Machine] = field(init=False, default_factory=OrderedDict)
     _replays: OrderedDict[tuple[str, str, int], list[ReplayStep]] = field(
         init=False, default_factory=OrderedDict
@@ -261,6 +289,21 @@ class Console:
         self.live = Live(
             self.queries.fingerprint, interval=self.live_interval, max_clients=self.max_clients
         )
+        adapter, storage = self.router.adapter, self.router.storage
+        self.revisions = Revisions(
+            adapter.engine.url.render_as_string(hide_password=False),
+            adapter.tables.options,
+            codec=storage.codec,
+            functions=storage.functions,
+            max_running=self.revision_jobs,
+            ttl=self.revision_ttl,
+        )
+
+    def close(self) -> None:
+        """End the live streams and stop the running shadow replays (the console is
+        stopping)."""
+        self.live.close()
+        self.revisions.close()
 
     @classmethod
     def of(
@@ -398,6 +441,8 @@ def console_routes(console: Console) -> list[BaseRoute]:
         Route("/failures", pages.failures, methods=["GET"]),
         Route("/failures/{kind}/{row}/{verb}", pages.dead_letter, methods=["GET", "POST"]),
         Route("/audit", pages.audit_page, methods=["GET"]),
+        Route("/revisions", pages.revisions, methods=["GET", "POST"]),
+        Route("/revisions/{job_id}", pages.revision, methods=["GET"]),
         Route("/events", pages.events, methods=["GET"]),
         Mount("/static", app=StaticFiles(directory=_STATIC), name="static"),
     ]
@@ -613,16 +658,24 @@ class _Pages:
         except (_BadRequest, BadCursor, ValueError) as error:
             return self.message(request, session, 400, "Not understood", str(error))
 
-    async def form(self, request: Request) -> dict[str, str] | None:
-        """The urlencoded body (at most :data:`MAX_FORM_BYTES`), or ``None``."""
+    async def body(self, request: Request, limit: int) -> bytes | None:
+        """The request's body, or ``None`` when it is over ``limit`` bytes (the rest is
+        not read)."""
         declared = request.headers.get("content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > MAX_FORM_BYTES):
+        if declared is not None and (not declared.isdigit() or int(declared) > limit):
             return None
         body = bytearray()
         async for chunk in request.stream():
             body.extend(chunk)
-            if len(body) > MAX_FORM_BYTES:
+            if len(body) > limit:
                 return None
+        return bytes(body)
+
+    async def form(self, request: Request) -> dict[str, str] | None:
+        """The urlencoded body (at most :data:`MAX_FORM_BYTES`), or ``None``."""
+        body = await self.body(request, MAX_FORM_BYTES)
+        if body is None:
+            return None
         try:
             pairs = parse_qsl(body.decode("utf-8"), keep_blank_values=True, max_num_fields=20)
         except (UnicodeDecodeError, ValueError):
@@ -1109,6 +1162,141 @@ class _Pages:
         )
         await self.console.audit.record(entry)
 
+    # Trying a revision.
+
+    async def revisions(self, request: Request) -> Response:
+        """The form and the jobs kept (GET), or a job started (POST)."""
+        if request.method == "POST":
+            return await self.try_revision(request)
+
+        async def build(session: Session) -> Response:
+            return self.revisions_form(request, session, dict.fromkeys(FILTER_FIELDS, ""))
+
+        return await self.page(request, build)
+
+    def revisions_form(
+        self,
+        request: Request,
+        session: Session,
+        form: Mapping[str, str],
+        status: int = 200,
+        refused: str | None = None,
+    ) -> HTMLResponse:
+        return self.render(
+            request,
+            "revisions.html",
+            status,
+            session=session,
+            nav="revisions",
+            title="Try a revision",
+            form=form,
+            refused=refused,
+            statuses=[s.value for s in Status],
+            jobs=self.console.revisions.jobs(),
+            max_bytes=ReadLimits().max_bytes,
+            max_executions=MAX_EXECUTIONS,
+        )
+
+    async def try_revision(self, request: Request) -> Response:
+        """Start a shadow replay of the uploaded chart: every refusal is answered with
+        the form again and its reason, and logged; nothing is written."""
+        session = self.session(request)
+        if session is None:
+            return self.message(request, None, 401, "Log in first", "This needs a session.")
+        operator = session.operator.name
+        form = dict.fromkeys(FILTER_FIELDS, "")
+
+        def refuse(status: int, why: str) -> Response:
+            _log.warning("console: a revision from %s was refused: %s", operator, why)
+            return self.revisions_form(request, session, form, status, why)
+
+        body = await self.body(request, MAX_UPLOAD_BYTES)
+        if body is None:
+            return refuse(413, f"The upload is over {MAX_UPLOAD_BYTES} bytes.")
+        try:
+            posted = parse_form_data(request.headers.get("content-type", ""), body)
+        except BadForm as error:
+            return refuse(400, f"The form is not understood: {error}.")
+        form.update((name, posted.fields.get(name, "")[:200]) for name in FILTER_FIELDS)
+        if not session.csrf_ok(posted.fields.get("csrf")):
+            _log.warning("console: a revision from %s refused: bad CSRF token", operator)
+            return self.message(request, session, 403, "Refused", _NOT_THIS_SESSION)
+        storage = self.console.router.storage
+        try:
+            selection = read_selection(form)
+            revision = compile_upload(
+                posted.files.get("chart"),
+                document=form["document"].strip(),
+                functions=storage.functions,
+            )
+            job = self.console.revisions.start(operator, revision, selection)
+        except ChartTooLarge as error:
+            return refuse(413, str(error))
+        except (ChartRefused, ValueError) as error:
+            return refuse(400, str(error))
+        except TooManyJobs as error:
+            return refuse(429, f"Refused: {error}.")
+        return RedirectResponse(
+            f"{self.base(request)}/revisions/{quote(job.id, safe='')}", status_code=303
+        )
+
+    async def revision(self, request: Request) -> Response:
+        """One job: its progress while it runs; then its counts, the executions that
+        did not replay the same, and one of them (``?execution=ID``) with where it
+        parted drawn on both charts."""
+        job_id = request.path_params["job_id"]
+
+        async def build(session: Session) -> Response:
+            job = self.console.revisions.get(job_id)
+            back = f"{self.base(request)}/revisions"
+            if job is None:
+                why = "No such replay: it expired, or the console restarted since."
+                return self.message(request, session, 404, "Not found", why, back)
+            shown = request.query_params.get("execution", "")
+            result = job.result(shown) if shown else None
+            if shown and result is None:
+                raise _BadRequest(f"execution: not one this replay reported: {shown[:80]!r}")
+            listed = []
+            if job.summary is not None:
+                listed = [r for r in job.summary.results if r.verdict is not Verdict.SAME]
+            return self.render(
+                request,
+                "revision.html",
+                session=session,
+                nav="revisions",
+                title=f"Revision {job.revision.identity.name or ''}",
+                job=job,
+                verdicts=list(Verdict),
+                listed=listed[:MAX_LISTED_RESULTS],
+                listed_count=len(listed),
+                result=result,
+                parted=None if result is None else await self.parted(job, result),
+            )
+
+        return await self.page(request, build)
+
+    async def parted(self, job: Job, result: ShadowResult) -> _Parted | None:
+        """Where ``result`` parted, drawn on the stored chart and on the revision."""
+        divergence = result.divergence
+        if divergence is None:
+            return None
+        old = (
+            None if result.content_hash is None else await self.console.machine(result.content_hash)
+        )
+        rows = [
+            (
+                name,
+                _json_text(divergence.old.datamodel.get(name)),
+                _json_text(divergence.new.datamodel.get(name)),
+            )
+            for name in sorted(divergence.old.datamodel.keys() | divergence.new.datamodel.keys())
+        ]
+        return _Parted(
+            old_diagram=_diagram(old, _side_lit(old, divergence.old)),
+            new_diagram=_diagram(job.revision, _side_lit(job.revision, divergence.new)),
+            datamodel=rows,
+        )
+
     # Live.
 
     async def events(self, request: Request) -> Response:
@@ -1183,3 +1371,30 @@ def _diagram(machine: Machine | None, active: Sequence[str]) -> Markup:
         _log.exception("console: the diagram could not be drawn")
         return Markup('<p class="note">The diagram could not be drawn.</p>')
     return Markup(drawn)  # the diagram escapes every text it draws
+
+
+@dataclass(frozen=True, slots=True)
+class _Parted:
+    """Where a revision parted from the stored chart, as the page shows it: both
+    diagrams lit, and the differing variables as JSON text (old, new)."""
+
+    old_diagram: Markup
+    new_diagram: Markup
+    datamodel: list[tuple[str, str, str]]
+
+
+def _side_lit(machine: Machine | None, side: Side) -> tuple[str, ...]:
+    """The states to light for one side of a divergence: the final state it ended in,
+    else its active atomic states and their ancestors (as an execution's diagram lights
+    its whole configuration)."""
+    if side.final_state is not None:
+        return (side.final_state,)
+    if machine is None:
+        return side.configuration
+    by_id = {node.id: node for node in machine.states if node.id}
+    lit = set(side.configuration)
+    for leaf in side.configuration:
+        node = by_id.get(leaf)
+        if node is not None:
+            lit.update(i for index in node.ancestors if (i := machine.states[index].id))
+    return tuple(sorted(lit))

@@ -212,7 +212,7 @@ async def _serve(
         loop = asyncio.get_running_loop()
 
         def stop() -> None:
-            console.live.close()
+            console.close()
             server.should_exit = True
 
         for signum in (signal.SIGTERM, signal.SIGINT):

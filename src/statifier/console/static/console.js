@@ -1,10 +1,13 @@
 // The statifier console's only script: on a "changed" server-sent event, fetch the
 // page again and replace its live fragments ([data-live] elements, matched by id).
+// A page with a [data-poll] element (a shadow replay running) is fetched again every
+// data-poll milliseconds instead, until the fresh page has none.
 // Every page reads the same without it.
 (function () {
   "use strict";
   var source = null;
   var pending = false;
+  var timer = null;
   var status = document.getElementById("live-status");
 
   function refresh() {
@@ -22,7 +25,14 @@
         document.body.dataset.refreshed = String(Date.now());
       })
       .catch(function () { /* the next event tries again */ })
-      .then(function () { pending = false; });
+      .then(function () { pending = false; poll(); });
+  }
+
+  function poll() {
+    var polled = document.querySelector("[data-poll]");
+    if (!polled || timer !== null) { return; }  // one timer, however it was asked for
+    var every = Math.max(250, parseInt(polled.getAttribute("data-poll"), 10) || 1000);
+    timer = window.setTimeout(function () { timer = null; refresh(); }, every);
   }
 
   function listen() {
@@ -34,4 +44,5 @@
   }
 
   listen();
+  poll();
 })();
