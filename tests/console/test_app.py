@@ -1159,9 +1159,9 @@ async def test_serve_mounts_the_console_and_an_open_stream_does_not_hold_the_sto
         assert served is not None
         async with client.stream("GET", "/console/events") as stream:
             assert stream.headers["content-type"].startswith("text/event-stream")
-            assert served.live.clients == 1
+            assert served.console.live.clients == 1
         deadline = time.monotonic() + 5
-        while served.live.clients:
+        while served.console.live.clients:
             assert time.monotonic() < deadline, "a stream the browser left stayed open"
             await asyncio.sleep(0.02)
         async with client.stream("GET", "/console/events") as stream:

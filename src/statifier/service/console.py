@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from starlette.routing import BaseRoute
 
-from statifier.console.live import Live
 from statifier.router import Router
 from statifier.service.settings import ServiceSettings
+
+if TYPE_CHECKING:
+    from statifier.console.app import Console  # the console extra's
 
 __all__ = ["ServedConsole", "service_console"]
 
@@ -32,13 +35,17 @@ GENERATED_OPERATOR = "local"
 
 @dataclass(frozen=True, slots=True)
 class ServedConsole:
-    """The console a service serves: its routes, its live hub (closed when the service
-    stops, so no event stream holds the stop up) and the token made for this start,
-    if any (kept out of ``repr``)."""
+    """The console a service serves: its routes, the console itself (closed when the
+    service stops, so no event stream or shadow replay holds the stop up) and the
+    token made for this start, if any (kept out of ``repr``)."""
 
     routes: list[BaseRoute]
-    live: Live
+    console: Console
     generated: str | None = None
+
+    def close(self) -> None:
+        """End the console's live streams and stop its running replays."""
+        self.console.close()
 
     def __repr__(self) -> str:
         return f"ServedConsole(routes={len(self.routes)}, generated={self.generated is not None})"
@@ -88,4 +95,4 @@ def service_console(settings: ServiceSettings, router: Router) -> ServedConsole:
         live_interval=chosen.live_interval,
         max_clients=chosen.max_clients,
     )
-    return ServedConsole(list(console_routes(console)), console.live, generated)
+    return ServedConsole(list(console_routes(console)), console, generated)

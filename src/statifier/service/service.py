@@ -472,7 +472,8 @@ class Service:
         """Intake first (HTTP, consumers), then the workers, within the bound."""
         health.stopping = True
         if self._console is not None:
-            self._console.live.close()  # its event streams would hold the listener open
+            # Its event streams would hold the listener open; its replays, threads.
+            self._console.close()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.shutdown_timeout
         _log.info(
