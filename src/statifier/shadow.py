@@ -1005,9 +1005,9 @@ class _Job:
 async def _replay_in_processes(
     job: _Job, ids: Sequence[str], workers: int, max_inputs: int, progress: Progress | None
 ) -> list[ShadowResult]:
-    """``ids`` replayed in batches by ``workers`` processes, the results taken in the
-    batches' order. Started with ``spawn``: a forked copy of a process running an
-    event loop and its threads is not safe to use."""
+    """``ids`` replayed by ``workers`` processes, a share at a time, the results taken
+    in the shares' order. Started with ``spawn``: a forked copy of a process running
+    an event loop and its threads is not safe to use."""
     try:
         pickle.dumps(job)
     except Exception as error:  # noqa: BLE001 - whatever pickling raises, said as one error
@@ -1016,13 +1016,13 @@ async def _replay_in_processes(
             f"functions: {_said(error)}"
         ) from None
     loop = asyncio.get_running_loop()
-    batches = [ids[first : first + _READ_AHEAD] for first in range(0, len(ids), _READ_AHEAD)]
+    shares = _shares(ids, workers * _SHARES_PER_WORKER)
     context = multiprocessing.get_context("spawn")
     results: list[ShadowResult] = []
-    with ProcessPoolExecutor(min(workers, len(batches) or 1), mp_context=context) as pool:
+    with ProcessPoolExecutor(min(workers, len(shares) or 1), mp_context=context) as pool:
         pending = [
-            loop.run_in_executor(pool, _replay_in_process, job, batch, max_inputs)
-            for batch in batches
+            loop.run_in_executor(pool, _replay_in_process, job, share, max_inputs)
+            for share in shares
         ]
         try:
             for done in pending:
@@ -1036,13 +1036,30 @@ async def _replay_in_processes(
     return results
 
 
-def _replay_in_process(job: _Job, batch: Sequence[str], max_inputs: int) -> list[ShadowResult]:
-    """One batch, in a replaying process."""
+_SHARES_PER_WORKER: Final = 4
+"""The parts of the selection each replaying process takes in turn: few, since each
+opens a connection and compiles the revision; more than one, so that the processes
+finish close together."""
+
+
+def _shares(ids: Sequence[str], count: int) -> list[Sequence[str]]:
+    """``ids`` cut into at most ``count`` runs of near-equal length, in order."""
+    size = -(-len(ids) // count) if ids else 0
+    return [ids[first : first + size] for first in range(0, len(ids), size)] if size else []
+
+
+def _replay_in_process(job: _Job, share: Sequence[str], max_inputs: int) -> list[ShadowResult]:
+    """One share, in a replaying process, a batch at a time."""
 
     async def replay() -> list[ShadowResult]:
+        revision = job.revision()
+        results: list[ShadowResult] = []
         async with open_read_only(job.url, tables=job.tables) as adapter:
             storage = Storage(adapter, codec=job.codec, functions=job.functions)
-            return await _replay_batch(storage, job.revision(), batch, max_inputs)
+            for first in range(0, len(share), _READ_AHEAD):
+                batch = share[first : first + _READ_AHEAD]
+                results += await _replay_batch(storage, revision, batch, max_inputs)
+        return results
 
     return asyncio.run(replay())
 
