@@ -57,7 +57,9 @@ def _seed(db: ConsoleDb) -> Seeded:
                 "last_error_at": None,
             }
         )
-    addresses = [("eu" if i % 4 else "us", "order", f"k{i}", f"ex-{i:04d}") for i in range(0, 40, 2)]
+    addresses = [
+        ("eu" if i % 4 else "us", "order", f"k{i}", f"ex-{i:04d}") for i in range(0, COUNT, 2)
+    ]
     addresses += [
         # One key in two scopes and two documents, naming three executions.
         ("eu", "order", "shared", "ex-0001"),
@@ -104,14 +106,13 @@ def _expected(seeded: Seeded, where: ExecutionFilter) -> list[str]:
         execution_id = row["execution_id"]
         if where.status is not None and row["status"] != where.status.value:
             return False
-        if where.key is not None or where.scope is not None:
-            if not any(
-                e == execution_id
-                and (where.key is None or k == where.key)
-                and (where.scope is None or s == where.scope)
-                for s, _, k, e in seeded.addresses
-            ):
-                return False
+        if (where.key is not None or where.scope is not None) and not any(
+            e == execution_id
+            and (where.key is None or k == where.key)
+            and (where.scope is None or s == where.scope)
+            for s, _, k, e in seeded.addresses
+        ):
+            return False
         if where.final_state is not None and row["final_state"] != where.final_state:
             return False
         if where.error is not None and where.error not in seeded.errors.get(execution_id, ()):
@@ -225,7 +226,7 @@ async def test_a_search_keeps_its_pages_and_refuses_another_lists_cursor(
         ({"document": ""}, "document: a non-empty text"),
     ],
 )
-def test_bad_search_texts_are_refused(fields: dict[str, str], said: str) -> None:
+def test_bad_search_texts_are_refused(fields: dict[str, Any], said: str) -> None:
     with pytest.raises(BadFilter, match=said):
         ExecutionFilter(**fields)
 

@@ -469,7 +469,7 @@ def _searchable(name: str, text: str | None) -> None:
     """Refuse a search text no stored value can be (and PostgreSQL would refuse)."""
     if text is None:
         return
-    if not isinstance(text, str) or not text:
+    if not text:
         raise BadFilter(f"{name}: a non-empty text, or None for any")
     if len(text) > MAX_SEARCH:
         raise BadFilter(f"{name}: at most {MAX_SEARCH} characters, not {len(text)}")
@@ -634,8 +634,8 @@ class ConsoleQueries:
             conditions.append(e.c.final_state == where.final_state)
         if where.error is not None:
             errors = self.tables.step_errors
-            named = sa.select(errors.c.execution_id).where(errors.c.name == where.error)
-            conditions.append(e.c.execution_id.in_(named))
+            raised = sa.select(errors.c.execution_id).where(errors.c.name == where.error)
+            conditions.append(e.c.execution_id.in_(raised))
         if where.metadata:
             conditions.extend(self._metadata_conditions(where.metadata))
         bounds = (
