@@ -1,5 +1,7 @@
 """`statifier executions list|show|create|send|cancel`, run through the module's own
-parser (`add_parser`) and runner (`run`), and from separate processes."""
+parser (`add_parser`) and runner (`run`), and from separate processes; ``list``'s
+search options (``--key``, ``--scope``, ``--final``, ``--error``) on both databases,
+every page of them, and their refusals."""
 
 from __future__ import annotations
 
@@ -11,12 +13,16 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from tests.persistence.conftest import drop_schema, unique_name
 
 from statifier import executions_command
+from statifier.console.queries import MAX_PAGE, MAX_SEARCH
 from statifier.durable import Durable, Status
 from statifier.sql import TableOptions, migrations
 
@@ -340,3 +346,128 @@ def test_fire_stops_at_a_chart_that_sends_to_itself_without_end(
         "100 timers fired; more are still due after 100 passes (a chart sending to itself "
         "without end?): run `statifier executions run`\n"
     )
+
+
+# Searching: the console's query from the shell.
+
+SEARCHED_AT = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+
+
+def _insert(place: Place, table: str, rows: list[dict[str, Any]]) -> None:
+    tables = place.tables.define()
+    engine = sa.create_engine(migrations.sync_url(place.url))
+    try:
+        with engine.begin() as connection:
+            connection.execute(getattr(tables, table).insert(), rows)
+    finally:
+        engine.dispose()
+
+
+def _ids(text: str) -> list[str]:
+    return [line.split()[0] for line in text.splitlines()[1:]]
+
+
+def _seed(place: Place, capsys: pytest.CaptureFixture[str]) -> list[str]:
+    """d1 closed, d2 open, o1 raised error.execution; addresses of three of them."""
+    place.migrate()
+    at = place.options
+    charts = ["--charts", str(place.charts)]
+    for chart, execution_id in (("door", "d1"), ("door", "d2"), ("order", "o1")):
+        created = cli(capsys, "create", chart, "--id", execution_id, *at, *charts)
+        assert created[0] == 0, created
+    assert cli(capsys, "send", "d1", "close", *at)[0] == 0
+    assert cli(capsys, "send", "o1", 'pay={"amount": "12"}', *at)[0] == 1  # error.execution
+    _insert(
+        place,
+        "addresses",
+        [
+            {"scope": s, "document": d, "key": k, "execution_id": e, "inserted_at": SEARCHED_AT}
+            for s, d, k, e in (
+                ("web", "door", "K-1", "d2"),
+                ("web", "door", "shared", "d1"),
+                ("shop", "order", "shared", "o1"),
+            )
+        ],
+    )
+    return at
+
+
+def test_each_search_option_alone_and_with_the_others(
+    place: Place, capsys: pytest.CaptureFixture[str]
+) -> None:
+    at = _seed(place, capsys)
+    expected = {
+        ("--key", "K-1"): ["d2"],
+        ("--key", "k-1"): [],  # exact
+        ("--key", "shared"): ["d1", "o1"],  # oldest first, as the plain list
+        ("--key", "shared", "--scope", "shop"): ["o1"],
+        ("--key", "K-1", "--scope", "shop"): [],
+        ("--scope", "web"): ["d1", "d2"],
+        ("--final", "closed"): ["d1"],
+        ("--final", "open"): [],  # a state it is in is no final state
+        ("--error", "error.execution"): ["o1"],
+        ("--error", "error.execution", "--final", "closed"): [],
+        ("--key", "shared", "--chart", "door"): ["d1"],
+        ("--key", "shared", "--status", "active"): ["o1"],
+        ("--key", "shared", "--status", "completed", "--final", "closed"): ["d1"],
+    }
+    for argv, ids in expected.items():
+        status, text, err = cli(capsys, "list", *argv, *at)
+        assert (status, err) == (0, ""), argv
+        assert (_ids(text) if ids else text) == (ids or "no executions\n"), argv
+    status, text, _ = cli(capsys, "list", "--key", "shared", *at)
+    lines = [line.split()[:-1] for line in text.splitlines()]
+    assert lines == [
+        ["ID", "STATUS", "CHART", "ERRORS"],
+        ["d1", "completed", "in", "closed", "door", "0"],
+        ["o1", "active", "order", "1"],
+    ]
+    # The JSON rows are the plain list's rows.
+    searched = json.loads(cli(capsys, "list", "--key", "shared", "--json", *at)[1])
+    plain = json.loads(cli(capsys, "list", "--json", *at)[1])
+    assert searched == [row for row in plain if row["id"] in ("d1", "o1")]
+
+
+def test_a_search_lists_every_page(place: Place, capsys: pytest.CaptureFixture[str]) -> None:
+    place.migrate()
+    count = 2 * MAX_PAGE + 3
+    _insert(
+        place,
+        "executions",
+        [
+            {
+                "execution_id": f"ex-{n:05d}",
+                "content_hash": "h",
+                "status": "completed",
+                "metadata": {},
+                "created_at": SEARCHED_AT + timedelta(seconds=n // 4),  # ties across page bounds
+                "updated_at": SEARCHED_AT,
+                "final_state": "done" if n % 2 else "other",
+            }
+            for n in range(count)
+        ],
+    )
+    status, text, _ = cli(capsys, "list", "--final", "done", *place.options)
+    assert status == 0
+    assert _ids(text) == [f"ex-{n:05d}" for n in range(count) if n % 2]
+
+
+def test_bad_searches_are_refused_in_one_line_with_status_2(
+    place: Place, capsys: pytest.CaptureFixture[str]
+) -> None:
+    place.migrate()
+    at = place.options
+    command = "statifier executions list"
+    expected = {
+        ("--key", ""): f"{command}: key: a non-empty text, or None for any\n",
+        ("--error", "e" * (MAX_SEARCH + 1)): (
+            f"{command}: error: at most {MAX_SEARCH} characters, not {MAX_SEARCH + 1}\n"
+        ),
+        ("--final", "a\x00b"): f"{command}: final_state: a NUL character is never stored\n",
+        ("--key", "k", "--status", "done"): (
+            f"{command}: unknown status 'done'; the statuses are active, "
+            "needs_migration, completed, failed, cancelled\n"
+        ),
+    }
+    for argv, error in expected.items():
+        assert cli(capsys, "list", *argv, *at) == (2, "", error), argv

@@ -2,7 +2,13 @@
 :class:`statifier.durable.Durable`.
 
 ``statifier executions list [--status S] [--chart NAME] [--where KEY=VALUE]... [--json]``
-    One line per execution, oldest first: id, status, chart, last update.
+``statifier executions list [...] [--key K] [--scope S] [--final STATE] [--error NAME]``
+    One line per execution, oldest first: id, status, chart, last update. ``--key``
+    finds the executions an address key names (in ``--scope`` when given; ``--scope``
+    alone, those addressed there), ``--final`` those that ended in that final state,
+    ``--error`` those whose steps raised an error event of that name; each exact, at
+    most :data:`~statifier.console.queries.MAX_SEARCH` characters, through the
+    console's query (:class:`~statifier.console.queries.ExecutionFilter`).
 ``statifier executions show ID [--json]``
     The execution described: status, configuration or the final state it ended in,
     outcome, failure, metadata, times, the errors its steps raised, the input log, the
@@ -67,7 +73,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TextIO
 from statifier.expr import UNDEFINED, Value, tagged
 
 if TYPE_CHECKING:
-    from statifier.durable import Description, Durable
+    from statifier.durable import Description, Durable, ExecutionSummary
     from statifier.durable.values import PendingTimer
     from statifier.persistence import BlobCodec, StepError
 
@@ -111,6 +117,14 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         default=[],
         metavar="KEY=VALUE",
         help="only executions whose metadata holds the pair; repeat for more",
+    )
+    listing.add_argument("--key", default=None, help="only executions an address key names")
+    listing.add_argument("--scope", default=None, help="only executions addressed in this scope")
+    listing.add_argument(
+        "--final", default=None, metavar="STATE", help="only executions that ended in STATE"
+    )
+    listing.add_argument(
+        "--error", default=None, metavar="NAME", help="only executions whose steps raised NAME"
     )
     listing.add_argument("--json", action="store_true", help="print one JSON document")
     show = actions.add_parser("show", parents=[common], help="describe one execution")
@@ -292,7 +306,11 @@ async def _run(args: argparse.Namespace, out: TextIO) -> int:
 
 async def _list(durable: Durable, args: argparse.Namespace, out: TextIO) -> int:
     pairs = _pairs(args.where, "--where")
-    rows = await durable.list(args.status, chart=args.chart, **pairs)
+    searched = (args.key, args.scope, args.final, args.error)
+    if any(value is not None for value in searched):
+        rows = await _searched(durable, args, pairs)
+    else:
+        rows = await durable.list(args.status, chart=args.chart, **pairs)
     if args.json:
         _dump([row.as_json() for row in rows], out)
         return 0
@@ -311,6 +329,59 @@ async def _list(durable: Durable, args: argparse.Namespace, out: TextIO) -> int:
         cells = [cell.ljust(width) for cell, width in zip(line, widths, strict=False)]
         out.write("  ".join([*cells, line[4]]) + "\n")
     return 0
+
+
+async def _searched(
+    durable: Durable, args: argparse.Namespace, pairs: dict[str, str]
+) -> tuple[ExecutionSummary, ...]:
+    """The executions the console's list finds for the search options, every page of
+    it, oldest first, as :meth:`Durable.list` answers them."""
+    from statifier.console.queries import MAX_PAGE, ConsoleQueries, ExecutionFilter
+    from statifier.console.queries import ExecutionSummary as ConsoleSummary
+    from statifier.durable import ExecutionSummary
+    from statifier.durable.values import CHART_KEY, _status
+    from statifier.persistence.sql import SqlAdapter
+
+    adapter = durable.executions.storage.adapter
+    if not isinstance(adapter, SqlAdapter):  # the command opens a database URL
+        raise TypeError("--key, --scope, --final and --error search a SQL database")
+    # The status is read as Durable.list reads it (the same refusal).
+    status = None if args.status is None else _status(args.status)
+    if args.chart is not None:
+        pairs = {**pairs, CHART_KEY: args.chart}  # as Durable.list chooses a chart
+    where = ExecutionFilter(
+        status=status,
+        metadata=pairs,
+        key=args.key,
+        scope=args.scope,
+        final_state=args.final,
+        error=args.error,
+    )
+    queries = ConsoleQueries(adapter.engine, adapter.tables, codec=_codec(args))
+    found: list[ConsoleSummary] = []
+    cursor = None
+    while True:
+        page = await queries.executions(where, cursor=cursor, size=MAX_PAGE)
+        found.extend(page.rows)
+        if page.next_cursor is None:
+            break
+        cursor = page.next_cursor
+    return tuple(
+        ExecutionSummary(
+            id=row.id,
+            chart=row.metadata.get(CHART_KEY) or row.document,
+            status=row.status,
+            failure=row.failure,
+            metadata={k: v for k, v in row.metadata.items() if k != CHART_KEY},
+            created_at=row.created_at,
+            updated_at=row.updated_at,
+            ended_at=row.ended_at,
+            final_state=row.final_state,
+            error_count=row.error_count,
+            last_error_at=row.last_error_at,
+        )
+        for row in reversed(found)
+    )
 
 
 async def _send(durable: Durable, args: argparse.Namespace, out: TextIO) -> int:

@@ -46,7 +46,7 @@ from statifier.console.app import TIMELINE_LINKS, Configured, Console, console_a
 from statifier.console.audit import Audit, AuditEntry, AuditRow
 from statifier.console.auth import COOKIE, Operator, Operators, Role, Sessions
 from statifier.console.live import Live, TooManyClients
-from statifier.console.queries import ConsoleQueries
+from statifier.console.queries import MAX_SEARCH, ConsoleQueries
 from statifier.console.timeline import PREVIEW_CHARS
 from statifier.core import Event
 from statifier.persistence import Executions, Status
@@ -580,6 +580,73 @@ async def test_the_errors_filter_lists_the_newest_error_first_a_page_at_a_time(
     assert cursor is not None
     wrong = await site.client.get(f"/console/executions?errors=1&cursor={cursor.group(1)}")
     assert wrong.status_code == 400
+
+
+async def _walked(site: Site, path: str | None) -> list[str]:
+    """The executions every page from ``path`` on lists, following the next links."""
+    seen: list[str] = []
+    while path is not None:
+        page = (await site.page(path)).text
+        seen.extend(_listed(page))
+        found = re.search(r'class="next-page" rel="next" href="([^"]+)"', page)
+        path = unescape(found.group(1)) if found else None
+    return seen
+
+
+@pytest.mark.asyncio
+async def test_the_list_is_searched_by_key_final_state_and_error_a_page_at_a_time(
+    shop: Shop,
+) -> None:
+    paid = await shop.send("checkout", "o-1", amount=5, timeout="1h")
+    await shop.send("pay", "o-1")
+    stuck = [await shop.send("checkout", f"s-{n}", amount="two", timeout="1h") for n in range(3)]
+    expired = await shop.send("checkout", "o-9", amount=5, timeout="1s")
+    await shop.fire(timedelta(seconds=2))
+    site = shop.site
+    searches = {
+        "key=o-1": [paid],
+        "key=s-1": [stuck[1]],
+        "key=s-1&scope=web": [stuck[1]],
+        "key=s-1&scope=elsewhere": [],
+        "key=O-1": [],  # exact
+        "final=paid": [paid],
+        "final=expired": [expired],
+        "final=awaiting_payment": [],  # a state it waits in is no final state
+        "error=error.execution": stuck[::-1],
+        "error=error.communication": [],
+        "key=o-1&final=paid": [paid],
+        "key=o-1&error=error.execution": [],
+        "key=s-2&error=error.execution&status=active": [stuck[2]],
+        "key=&final=&error=": [expired, *stuck[::-1], paid],  # empty fields: any
+    }
+    for query, expected in searches.items():
+        assert await _walked(site, f"/console/executions?{query}") == expected, query
+    # A page at a time, the search kept in the next page's link.
+    first = (await site.page("/console/executions?error=error.execution&size=1")).text
+    found = re.search(r'class="next-page" rel="next" href="([^"]+)"', first)
+    assert found is not None
+    assert "error=error.execution" in unescape(found.group(1))
+    paged = await _walked(site, "/console/executions?error=error.execution&size=1")
+    assert paged == stuck[::-1]
+    # The search is shown in its fields and said above the list, as text.
+    page = (await site.page("/console/executions?key=s-1&scope=web&error=%3Cb%3Ex")).text
+    assert 'id="search-key" name="key" value="s-1"' in page
+    assert 'name="error" value="&lt;b&gt;x"' in page
+    said = _part(page, 'id="search-said">', "</p>")
+    assert unescape(re.sub(r"<[^>]+>", "", said)) == (
+        "Executions addressed by the key s-1 in the scope web whose steps raised <b>x."
+    )
+    assert "<b>x" not in page
+    # Bad input: answered 400 with the reason, never a server error.
+    refused = {
+        "key=" + "k" * (MAX_SEARCH + 1): f"key: at most {MAX_SEARCH} characters",
+        "final=a%00b": "final_state: a NUL character is never stored",
+        "error=" + "e" * (MAX_SEARCH + 1): "error: at most",
+    }
+    for query, reason in refused.items():
+        answer = await site.client.get(f"/console/executions?{query}")
+        assert answer.status_code == 400, query
+        assert reason in unescape(answer.text), query
 
 
 @pytest.mark.asyncio

@@ -8,8 +8,8 @@ stepped through, a datamodel value holding markup shown as text (no script ran),
 execution cancelled behind its confirmation (and audited), the executions list updated
 live while the page stays loaded. Another follows a chart error from the list's errors
 filter to its execution and its step, finds it on the failures page, and tells a paid
-order from an expired one. With ``STATIFIER_SCREENSHOTS=1`` the walks write the
-screenshots of ``docs/console.md``.
+order from an expired one. A third types an order's key in the list's search. With
+``STATIFIER_SCREENSHOTS=1`` the walks write the screenshots of ``docs/console.md``.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import pytest
 import sqlalchemy as sa
 from selenium.common.exceptions import NoAlertPresentException, TimeoutException
 from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support import expected_conditions
@@ -349,3 +350,40 @@ def test_an_error_and_final_states_as_an_operator_sees_them(
     _screenshot(browser, "execution.png")
     browser.execute_script("document.getElementById('timeline').scrollIntoView();")
     _screenshot(browser, "timeline.png")
+
+
+def test_an_operator_types_a_key_in_the_search_and_finds_its_execution(
+    served_console: ServedConsole, browser: WebDriver
+) -> None:
+    """Three orders; the operator types one's business key in the list's search and
+    finds that execution alone, the key kept in the field and said above the list;
+    then narrows to the orders that ended paid."""
+    served = served_console
+    served.order("checkout", "o-wanted", "c-1", amount=5, timeout="1h")
+    served.order("pay", "o-wanted", "p-1")
+    served.order("checkout", "o-other", "c-2", amount=5, timeout="1h")
+    served.order("checkout", "o-stuck", "c-3", amount="two", timeout="1h")
+    wanted = _address(served.database, "o-wanted")
+    _wait_for_status(served.database, wanted, "completed")
+
+    _log_in(browser, served, OPERATOR_TOKEN)
+    listed = browser.find_elements(By.CSS_SELECTOR, "#executions tr[data-execution-id]")
+    assert len(listed) == 3
+    field = browser.find_element(By.ID, "search-key")
+    field.send_keys("o-wanted" + Keys.ENTER)  # Enter in the field submits the search
+    _wait(browser).until(expected_conditions.staleness_of(field))
+    assert "key=o-wanted" in browser.current_url
+    listed = browser.find_elements(By.CSS_SELECTOR, "#executions tr[data-execution-id]")
+    assert [r.get_attribute("data-execution-id") for r in listed] == [wanted]
+    assert browser.find_element(By.ID, "search-key").get_attribute("value") == "o-wanted"
+    said = browser.find_element(By.ID, "search-said").text
+    assert said == "Executions addressed by the key o-wanted."
+
+    # The final state alone: the paid order, not the one still waiting.
+    browser.find_element(By.ID, "search-key").clear()
+    final = browser.find_element(By.ID, "search-final")
+    final.send_keys("paid")
+    _follow(browser, browser.find_element(By.CSS_SELECTOR, "form.filters button"))
+    listed = browser.find_elements(By.CSS_SELECTOR, "#executions tr[data-execution-id]")
+    assert [r.get_attribute("data-execution-id") for r in listed] == [wanted]
+    assert "final=paid" in browser.current_url

@@ -8,8 +8,11 @@ pages:
 - ``/console/login`` (the token form; ``POST`` starts a session), ``/console/logout``;
 - ``/console/executions``: the list, filtered by status, document, scope, a metadata
   pair, created/updated times and ``errors=1`` (executions whose steps raised errors,
-  newest error first), a page at a time (``cursor``); each row with its error count
-  and, once completed, the final state it ended in;
+  newest error first), and searched by an address ``key`` (in ``scope`` when given),
+  the ``final`` state an execution ended in and the name of an ``error`` its steps
+  raised (each exact, at most :data:`~statifier.console.queries.MAX_SEARCH`
+  characters), a page at a time (``cursor``, the filter kept); each row with its
+  error count and, once completed, the final state it ended in;
 - ``/console/executions/{id}`` (``?step=N`` picks a replay step): the final state or
   the configuration, its errors (each linked to the step that raised it), the chart as
   a diagram with the active states lit, the datamodel, the input log as a timeline
@@ -78,6 +81,7 @@ from statifier.console.live import Live, TooManyClients
 from statifier.console.queries import (
     MAX_DETAIL_ROWS,
     MAX_PAGE,
+    MAX_SEARCH,
     BadCursor,
     BucketCount,
     ConsoleQueries,
@@ -759,6 +763,9 @@ class _Pages:
                     "updated_from",
                     "updated_until",
                     "errors",
+                    "key",
+                    "final",
+                    "error",
                 )
             }
             if form["errors"] not in ("", "1"):
@@ -785,6 +792,9 @@ class _Pages:
                 updated_from=_time_field(form["updated_from"], "updated from"),
                 updated_until=_time_field(form["updated_until"], "updated until"),
                 errors=form["errors"] == "1",
+                key=form["key"] or None,
+                final_state=form["final"] or None,
+                error=form["error"] or None,
             )
             page = await self.console.queries.executions(
                 where, cursor=params.get("cursor") or None, size=_size(request)
@@ -799,6 +809,7 @@ class _Pages:
                 endings=await self.console.endings(page.rows),
                 form=form,
                 statuses=[s.value for s in Status],
+                max_search=MAX_SEARCH,
                 next_url=_next_url(request, page.next_cursor),
             )
 

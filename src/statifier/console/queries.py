@@ -59,9 +59,11 @@ __all__ = [
     "MAX_DETAIL_ROWS",
     "MAX_INPUTS",
     "MAX_PAGE",
+    "MAX_SEARCH",
     "MAX_STEP_KEYS",
     "AddressView",
     "BadCursor",
+    "BadFilter",
     "BucketCount",
     "ConsoleQueries",
     "ConsumerDeadLetter",
@@ -99,6 +101,10 @@ shows each (newest first)."""
 MAX_STEP_KEYS: Final = 1_000
 """The most send keys :meth:`ConsoleQueries.step_rows` looks up at once."""
 
+MAX_SEARCH: Final = 500
+"""The most characters of a document, scope, address key, final state or error name
+an :class:`ExecutionFilter` searches for."""
+
 _log = logging.getLogger("statifier.console")
 
 MAX_BUCKETS: Final = 1_000
@@ -107,6 +113,11 @@ MAX_BUCKETS: Final = 1_000
 
 class BadCursor(ValueError):  # noqa: N818 - names the finding
     """A page cursor that this module did not make (or made for another list)."""
+
+
+class BadFilter(ValueError):  # noqa: N818 - names the finding
+    """A search text an :class:`ExecutionFilter` refuses: empty, longer than
+    :data:`MAX_SEARCH` characters, or holding a NUL character."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,9 +147,29 @@ class ExecutionFilter:
         updated_from, updated_until: ``updated_at`` in ``[from, until)``.
         errors: only executions whose steps raised error events; the list is then
             ordered by the newest error (``last_error_at``), not by creation.
+        key: an address key: only executions one of whose addresses has this key
+            (exactly), in ``scope`` when that is given too (the same address).
+            ``document`` stays the chart's name, which need not be the address's.
+        final_state: only executions that ended in the top-level ``<final>`` of this
+            id (exactly), as their records file it (an execution that ended before
+            records kept a final state is not found by it).
+        error: an error event's name (exactly, e.g. ``error.execution``): only
+            executions one of whose stored step errors has it. The messages are not
+            searched: they are stored through the storage's codec, which may encrypt
+            them.
 
     Raises:
         ValueError: a naive time, or a metadata key or value that is not a string.
+        BadFilter: (a ``ValueError``) a document, scope, key, final state or error
+            that is empty, longer than :data:`MAX_SEARCH` characters or holds a NUL
+            character.
+
+    >>> ExecutionFilter(key="order-7", final_state="shipped").key
+    'order-7'
+    >>> ExecutionFilter(error="x" * (MAX_SEARCH + 1))
+    Traceback (most recent call last):
+    ...
+    statifier.console.queries.BadFilter: error: at most 500 characters, not 501
     """
 
     status: Status | None = None
@@ -150,10 +181,15 @@ class ExecutionFilter:
     updated_from: datetime | None = None
     updated_until: datetime | None = None
     errors: bool = False
+    key: str | None = None
+    final_state: str | None = None
+    error: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("created_from", "created_until", "updated_from", "updated_until"):
             _aware(name, getattr(self, name))
+        for name in ("document", "scope", "key", "final_state", "error"):
+            _searchable(name, getattr(self, name))
         pairs: list[tuple[object, object]] = list(self.metadata.items())
         for key, value in pairs:
             if not isinstance(key, str) or not isinstance(value, str):
@@ -429,6 +465,18 @@ def _aware(name: str, value: datetime | None) -> None:
         raise ValueError(f"{name} must be a timezone-aware time, not {value!r}")
 
 
+def _searchable(name: str, text: str | None) -> None:
+    """Refuse a search text no stored value can be (and PostgreSQL would refuse)."""
+    if text is None:
+        return
+    if not text:
+        raise BadFilter(f"{name}: a non-empty text, or None for any")
+    if len(text) > MAX_SEARCH:
+        raise BadFilter(f"{name}: at most {MAX_SEARCH} characters, not {len(text)}")
+    if "\x00" in text:
+        raise BadFilter(f"{name}: a NUL character is never stored")
+
+
 class ConsoleQueries:
     """The console's reads over one database.
 
@@ -581,11 +629,13 @@ class ConsoleQueries:
                     sa.select(named.c.content_hash).where(named.c.name == where.document)
                 )
             )
-        if where.scope is not None:
-            a = self.tables.addresses
-            conditions.append(
-                e.c.execution_id.in_(sa.select(a.c.execution_id).where(a.c.scope == where.scope))
-            )
+        conditions.extend(self._address_conditions(where))
+        if where.final_state is not None:
+            conditions.append(e.c.final_state == where.final_state)
+        if where.error is not None:
+            errors = self.tables.step_errors
+            raised = sa.select(errors.c.execution_id).where(errors.c.name == where.error)
+            conditions.append(e.c.execution_id.in_(raised))
         if where.metadata:
             conditions.extend(self._metadata_conditions(where.metadata))
         bounds = (
@@ -600,6 +650,21 @@ class ConsoleQueries:
         if where.errors:
             conditions.append(e.c.last_error_at.is_not(None))
         return conditions
+
+    def _address_conditions(self, where: ExecutionFilter) -> list[sa.ColumnElement[bool]]:
+        """The scope and key of one address of the execution (``addresses_key_idx``
+        finds a key's few rows; a scope alone is read through the unique
+        ``(scope, document, key)`` index)."""
+        a = self.tables.addresses
+        matches: list[sa.ColumnElement[bool]] = []
+        if where.key is not None:
+            matches.append(a.c.key == where.key)
+        if where.scope is not None:
+            matches.append(a.c.scope == where.scope)
+        if not matches:
+            return []
+        e = self.tables.executions
+        return [e.c.execution_id.in_(sa.select(a.c.execution_id).where(*matches))]
 
     def _metadata_conditions(self, pairs: Mapping[str, str]) -> list[sa.ColumnElement[bool]]:
         e = self.tables.executions
