@@ -339,14 +339,14 @@ async def _searched(
     from statifier.console.queries import MAX_PAGE, ConsoleQueries, ExecutionFilter
     from statifier.console.queries import ExecutionSummary as ConsoleSummary
     from statifier.durable import ExecutionSummary
-    from statifier.durable.values import CHART_KEY, _status
+    from statifier.durable.values import CHART_KEY, status_named
     from statifier.persistence.sql import SqlAdapter
 
     adapter = durable.executions.storage.adapter
     if not isinstance(adapter, SqlAdapter):  # the command opens a database URL
         raise TypeError("--key, --scope, --final and --error search a SQL database")
     # The status is read as Durable.list reads it (the same refusal).
-    status = None if args.status is None else _status(args.status)
+    status = None if args.status is None else status_named(args.status)
     if args.chart is not None:
         pairs = {**pairs, CHART_KEY: args.chart}  # as Durable.list chooses a chart
     where = ExecutionFilter(

@@ -27,8 +27,8 @@ from statifier.durable.values import (
     _datamodel,
     _final_state,
     _host_metadata,
-    _status,
     _text,
+    status_named,
 )
 from statifier.expr import UNDEFINED, Function, Value
 from statifier.ids import new_execution_id
@@ -397,7 +397,7 @@ class Durable:
         Raises:
             ValueError: an unknown status.
         """
-        wanted = None if status is None else _status(status)
+        wanted = None if status is None else status_named(status)
         pairs = dict(metadata)
         if chart is not None:
             pairs[CHART_KEY] = chart

@@ -25,6 +25,7 @@ __all__ = [
     "PendingTimer",
     "Position",
     "Sent",
+    "status_named",
 ]
 
 CHART_KEY: Final = "statifier.chart"
@@ -315,7 +316,12 @@ def _host_metadata(record: ExecutionRecord) -> dict[str, str]:
     return {key: value for key, value in record.metadata.items() if key != CHART_KEY}
 
 
-def _status(status: Status | str) -> Status:
+def status_named(status: Status | str) -> Status:
+    """``status``, or the :class:`~statifier.persistence.Status` its value names.
+
+    Raises:
+        ValueError: no status has that value (the message lists them).
+    """
     if isinstance(status, Status):
         return status
     try:
