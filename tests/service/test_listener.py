@@ -145,6 +145,19 @@ async def post(url: str, key: str) -> int:
         return (await client.post(f"{url}/hooks/clicks/", json={"key": key})).status_code
 
 
+@contextlib.asynccontextmanager
+async def serving(config: Path, log: Path) -> AsyncIterator[Served]:
+    """``statifier serve config`` under :data:`LIMIT` descriptors, killed on the way
+    out if a failed test left it running."""
+    served = await start_serve(config, log, max_files=LIMIT)
+    try:
+        yield served
+    finally:
+        if served.process.returncode is None:
+            served.process.kill()
+            await served.process.wait()
+
+
 async def stop(served: Served) -> str:
     served.signal(signal.SIGTERM)
     assert await served.wait(STOP_TIMEOUT) == 0, served.stderr()
@@ -167,35 +180,35 @@ async def test_a_trickling_head_and_1100_idle_connections_do_not_hold_the_servic
     tmp_path: Path,
 ) -> None:
     client_files(HELD + 200)
-    served = await start_serve(served_config(tmp_path), tmp_path / "serve.log", max_files=LIMIT)
-    started = len(lines_of(served.stderr()))
-    cap = default_max_connections(LIMIT)
-    stopped = asyncio.Event()
-    held = Held()
-    try:
-        slow = asyncio.create_task(trickle(served.url, 0.5, stopped))
-        await held.open(served.url, HELD)
-        assert held.refused == 0
-        # While they are held, fresh connections are answered, one after another.
-        answers = [await healthz(served.url) for _ in range(5)]
-        answers.append(await post(served.url, "k1"))
-        assert answers == [200] * 6
-        # The listener stayed under its cap: to make room for the newcomers, it
-        # closed the connections that had waited longest, the trickling one first.
-        await until_closed(held, HELD - cap)
-        async with asyncio.timeout(30):
-            trickled = await slow
-        assert trickled == b"" or trickled.startswith(b"HTTP/1.1 408"), trickled
-    finally:
-        stopped.set()
-        await held.close()
-    log = await stop(served)
-    during = lines_of(log)[started:]
-    assert any(f"at the cap of {cap} connections" in line for line in during), log
-    assert "Too many open files" not in log
-    assert "ERROR" not in log, log
-    # The guard's few lines, and uvicorn's and the service's on the way out.
-    assert len(during) < 15, "\n".join(during)
+    async with serving(served_config(tmp_path), tmp_path / "serve.log") as served:
+        started = len(lines_of(served.stderr()))
+        cap = default_max_connections(LIMIT)
+        stopped = asyncio.Event()
+        held = Held()
+        try:
+            slow = asyncio.create_task(trickle(served.url, 0.5, stopped))
+            await held.open(served.url, HELD)
+            assert held.refused == 0
+            # While they are held, fresh connections are answered, one after another.
+            answers = [await healthz(served.url) for _ in range(5)]
+            answers.append(await post(served.url, "k1"))
+            assert answers == [200] * 6
+            # The listener stayed under its cap: to make room for the newcomers, it
+            # closed the connections that had waited longest, the trickling one first.
+            await until_closed(held, HELD - cap)
+            async with asyncio.timeout(30):
+                trickled = await slow
+            assert trickled == b"" or trickled.startswith(b"HTTP/1.1 408"), trickled
+        finally:
+            stopped.set()
+            await held.close()
+        log = await stop(served)
+        during = lines_of(log)[started:]
+        assert any(f"at the cap of {cap} connections" in line for line in during), log
+        assert "Too many open files" not in log
+        assert "ERROR" not in log, log
+        # The guard's few lines, and uvicorn's and the service's on the way out.
+        assert len(during) < 15, "\n".join(during)
 
 
 IDLE = 5.0
@@ -211,28 +224,28 @@ async def test_accept_failures_are_a_line_an_interval_and_the_service_comes_back
 ) -> None:
     client_files(HELD + 200)
     config = served_config(tmp_path, f"max_connections = 5000\nidle_timeout = {IDLE}")
-    served = await start_serve(config, tmp_path / "serve.log", max_files=LIMIT)
-    assert "max_connections = 5000 is over" in served.stderr()
-    held = Held()
-    try:
-        await held.open(served.url, HELD)  # the kernel completes what accept cannot
-        async with asyncio.timeout(30):
-            while "accepting a connection failed" not in served.stderr():  # noqa: ASYNC110
-                await asyncio.sleep(0.1)
-        # The held connections are closed at their idle deadline, and the service
-        # answers again.
-        async with asyncio.timeout(60):
-            while True:
-                with contextlib.suppress(httpx.HTTPError):
-                    if await healthz(served.url) == 200:
-                        break
-                await asyncio.sleep(0.2)
-    finally:
-        await held.close()
-    log = await stop(served)
-    failures = [line for line in lines_of(log) if "accept" in line and "ERROR" in line]
-    assert 1 <= len(failures) <= 4, "\n".join(failures)
-    assert all("Too many open files" in line for line in failures)
+    async with serving(config, tmp_path / "serve.log") as served:
+        assert "max_connections = 5000 is over" in served.stderr()
+        held = Held()
+        try:
+            await held.open(served.url, HELD)  # the kernel completes what accept cannot
+            async with asyncio.timeout(30):
+                while "accepting a connection failed" not in served.stderr():  # noqa: ASYNC110
+                    await asyncio.sleep(0.1)
+            # The held connections are closed at their idle deadline, and the service
+            # answers again.
+            async with asyncio.timeout(60):
+                while True:
+                    with contextlib.suppress(httpx.HTTPError):
+                        if await healthz(served.url) == 200:
+                            break
+                    await asyncio.sleep(0.2)
+        finally:
+            await held.close()
+        log = await stop(served)
+        failures = [line for line in lines_of(log) if "accept" in line and "ERROR" in line]
+        assert 1 <= len(failures) <= 4, "\n".join(failures)
+        assert all("Too many open files" in line for line in failures)
 
 
 # Each deadline, and the cap, in process.
