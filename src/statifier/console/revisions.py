@@ -17,7 +17,6 @@ finished job is kept ``ttl`` seconds, and at most ``max_kept`` jobs are kept in 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import logging
 import secrets
@@ -258,9 +257,16 @@ class Revisions:
                 )
             except BaseException as raised:  # noqa: BLE001 - handed to the job's task
                 error = raised
-            # The console's loop may have closed meanwhile (it stopped): nobody waits.
-            with contextlib.suppress(RuntimeError):
+            try:
                 loop.call_soon_threadsafe(settle, summary, error)
+            except RuntimeError:  # the console's loop closed (it stopped): nobody waits
+                if error is not None and not isinstance(error, _Stopped):
+                    _log.error(
+                        "console: the shadow replay %s failed after the console stopped: %s: %s",
+                        job.id,
+                        type(error).__name__,
+                        error,
+                    )
 
         # A daemon thread: a replay still running never holds the process's exit up.
         thread = threading.Thread(target=work, name=f"console-revision-{job.id}", daemon=True)
