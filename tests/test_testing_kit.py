@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests.test_durable import DOOR
 
 from statifier import cli
 from statifier.core import Event
@@ -38,15 +39,6 @@ from statifier.testing import (
 )
 
 TESTS = Path(__file__).parent
-DOOR = (
-    '<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="open">'
-    '<datamodel><data id="knocks" expr="0"/></datamodel>'
-    '<state id="open">'
-    '<transition event="knock"><assign location="knocks" expr="knocks + 1"/></transition>'
-    '<transition event="close" target="closed"/></state>'
-    '<final id="closed"><donedata><param name="knocks" expr="knocks"/></donedata></final>'
-    "</scxml>"
-)
 
 
 def test_the_plugin_is_registered_under_the_pytest11_entry_point() -> None:

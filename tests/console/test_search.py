@@ -12,15 +12,13 @@ from typing import Any
 
 import pytest
 from tests.console.conftest import ConsoleDb
+from tests.console.test_queries import _walk
 
 from statifier.console.queries import (
     MAX_SEARCH,
     BadCursor,
     BadFilter,
-    ConsoleQueries,
     ExecutionFilter,
-    ExecutionSummary,
-    Page,
 )
 from statifier.persistence import Status
 
@@ -126,19 +124,6 @@ def _expected(seeded: Seeded, where: ExecutionFilter) -> list[str]:
         reverse=True,
     )
     return [r["execution_id"] for r in kept]
-
-
-async def _walk(queries: ConsoleQueries, where: ExecutionFilter, size: int) -> list[str]:
-    seen: list[str] = []
-    cursor = None
-    while True:
-        page: Page[ExecutionSummary] = await queries.executions(where, cursor=cursor, size=size)
-        assert len(page.rows) <= size
-        seen.extend(row.id for row in page.rows)
-        if page.next_cursor is None:
-            return seen
-        assert len(page.rows) == size
-        cursor = page.next_cursor
 
 
 @pytest.mark.parametrize(
