@@ -143,6 +143,9 @@ class Entry(StrEnum):
     """The outbox drain's BasicHTTP sink telling a sender that its send failed for good
     (``error.communication``, delivered through
     :meth:`Router.deliver_event <statifier.router.Router.deliver_event>`)."""
+    API = "api"
+    """The HTTP API (:mod:`statifier.api`) sending an event to an execution's address,
+    through :meth:`Router.deliver_event <statifier.router.Router.deliver_event>`."""
     TARGET = "target"
     """A send to an execution target, only with ``wrap_target=True`` and only when no
     other entry's work encloses the sending step (a step of the host's own call, such

@@ -367,11 +367,17 @@ async def _stepped(
     if not stepped.matched:
         # No transition took the event: it is in the input log, unused.
         return Dropped(
-            plan.id, reason=DropReason.UNMATCHED_EVENT, key=delivery.key, execution_id=execution_id
+            plan.id,
+            reason=DropReason.UNMATCHED_EVENT,
+            key=delivery.key,
+            execution_id=execution_id,
+            step=stepped,
         )
     if created:
-        return CreatedAndDelivered(plan.id, key=delivery.key, execution_id=execution_id)
-    return Delivered(plan.id, key=delivery.key, execution_id=execution_id)
+        return CreatedAndDelivered(
+            plan.id, key=delivery.key, execution_id=execution_id, step=stepped
+        )
+    return Delivered(plan.id, key=delivery.key, execution_id=execution_id, step=stepped)
 
 
 def minted(config: RouterConfig, scope: str, document: str, key: str) -> str:

@@ -17,6 +17,7 @@ from enum import StrEnum
 from typing import ClassVar, Final
 
 from statifier.expr import Value
+from statifier.persistence import Stepped
 from statifier.router.errors import InvalidEvent
 
 __all__ = [
@@ -85,23 +86,31 @@ class DropReason(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Delivered:
-    """Stepped into the execution the address already named."""
+    """Stepped into the execution the address already named.
+
+    ``step`` is what the delivery's step left, as its transaction committed it (the
+    record, the new position, the errors it raised); it is neither compared nor shown
+    in ``repr``, and ``None`` on an outcome built by hand.
+    """
 
     binding_id: str
     _: KW_ONLY
     key: str
     execution_id: str
+    step: Stepped | None = field(default=None, compare=False, repr=False)
     outcome: ClassVar[str] = "delivered"
 
 
 @dataclass(frozen=True, slots=True)
 class CreatedAndDelivered:
-    """A new execution was created for the event and stepped with it."""
+    """A new execution was created for the event and stepped with it; ``step`` as
+    :class:`Delivered`'s."""
 
     binding_id: str
     _: KW_ONLY
     key: str
     execution_id: str
+    step: Stepped | None = field(default=None, compare=False, repr=False)
     outcome: ClassVar[str] = "created_and_delivered"
 
 
@@ -137,13 +146,16 @@ class KeyRefused:
 
 @dataclass(frozen=True, slots=True)
 class Dropped:
-    """The delivery reached no execution, or changed nothing in it."""
+    """The delivery reached no execution, or changed nothing in it; ``step`` is
+    :class:`Delivered`'s for ``unmatched_event`` (the event is in the input log,
+    unused), else ``None``."""
 
     binding_id: str
     _: KW_ONLY
     reason: DropReason
     key: str
     execution_id: str | None = None
+    step: Stepped | None = field(default=None, compare=False, repr=False)
 
     @property
     def outcome(self) -> str:
