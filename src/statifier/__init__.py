@@ -49,8 +49,11 @@ ones below (``docs/architecture.md``). These exist today:
 * ``statifier.console`` -- the operator console: executions (the chart drawn, the
   input log replayed), routing, failures and projections in a browser, with audited
   actions (``statifier console``, or ``[console]`` in ``statifier serve``);
+* ``statifier.api`` -- the HTTP API into executions: send an event and get the state
+  its commit left, wait for a state, read, list and cancel, under tokens per scope
+  (``[api]`` in ``statifier serve``);
 * ``statifier.service`` -- ``statifier serve CONFIG.toml``: fronts, consumers, the
-  timer worker, the outbox drain, the reapers and the console as one process;
+  timer worker, the outbox drain, the reapers, the console and the API as one process;
 * ``statifier.telemetry`` -- the events sessions, durable executions, the router and
   scriba report (``docs/telemetry.md``); ``statifier.callbacks``, ``statifier.extras``
   and ``statifier.ids`` -- small helpers every layer may use;
