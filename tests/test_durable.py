@@ -237,6 +237,33 @@ async def test_cancel_and_list(database: Database) -> None:
     assert by_enum[0].metadata == {"tenant": "acme"}
 
 
+@pytest.mark.asyncio
+async def test_a_paused_execution_holds_what_is_sent_and_takes_it_on_resume(
+    database: Database,
+) -> None:
+    async with database.durable(migrate=True) as durable:
+        await durable.create("door", "d")
+        await durable.send("d", "knock")
+        assert await durable.pause("d") is True
+        held = [await durable.send("d", name) for name in ("knock", "knock", "close")]
+        paused = await durable.describe("d")
+        resumed = await durable.resume("d")
+        ended = await durable.describe("d")
+        assert await durable.resume("d") is None
+        await durable.create("door", "e")
+        await durable.pause("e")
+        await durable.send("e", "knock")
+        cancelled = await durable.cancel("e")
+    assert [(s.delivered, s.held, s.status) for s in held] == [(False, True, Status.PAUSED)] * 3
+    assert held[0].as_json()["held"] is True
+    assert (paused.status, len(paused.inputs)) == (Status.PAUSED, 1)
+    assert resumed is not None
+    assert (resumed.stepped, resumed.discarded, resumed.status) == (3, 0, Status.COMPLETED)
+    assert [i.event.name for i in ended.inputs if i.event] == ["knock", "knock", "knock", "close"]
+    assert ended.outcome == {"knocks": 3}
+    assert cancelled.cancelled is True
+
+
 # Errors that say what to do.
 
 

@@ -108,8 +108,8 @@ def row_id(tables: Tables, text: str) -> int | uuid.UUID | str:
 
 
 async def cancel(router: Router, execution_id: str, *, record: Record) -> Done:
-    """Cancel ``execution_id`` (and the durable children it started), ``record`` in the
-    same router transaction.
+    """Cancel ``execution_id`` (and the durable children it started), and drop what was
+    held for it while paused, ``record`` in the same router transaction.
 
     Raises:
         Refused: no such execution, or it has ended already (nothing written).
@@ -125,6 +125,8 @@ async def cancel(router: Router, execution_id: str, *, record: Record) -> Done:
         if isinstance(answer, Discarded):
             status = answer.execution.status.value
             raise Refused(f"execution {execution_id!r} has ended already ({status})")
+        # What a paused execution held goes with it, as later events would be discarded.
+        await unit.sql.drop_held(execution_id)
         await record(unit.tx, done)
     return done
 

@@ -63,7 +63,7 @@ _T = TypeVar("_T")
 
 if TYPE_CHECKING:
     from statifier.persistence.adapter import Adapter
-    from statifier.router import Router, Sink
+    from statifier.router import Resumed, Router, Sink
     from statifier.sql import TableOptions
 
 _DESCRIBED_ERRORS: Final = 20
@@ -327,11 +327,7 @@ class Durable:
             LockTimeout: another call held it longer than ``lock_wait``.
         """
         _text(event, "an event name")
-
-        async def step(lifecycle: Executions) -> Stepped | Discarded:
-            return await lifecycle.step(execution_id, None, Event(event, data=data))
-
-        answer = await self._call(step)
+        answer, held = await self._step_or_hold(execution_id, Event(event, data=data))
         if isinstance(answer, Discarded):
             record = answer.execution
             state, _ = await self._state(record)
@@ -339,6 +335,7 @@ class Durable:
                 execution_id=record.id,
                 event=event,
                 delivered=False,
+                held=held,
                 matched=False,
                 finished=False,
                 status=record.status,
@@ -364,6 +361,64 @@ class Durable:
             timers=timers,
             notices=self._waiting(record, timers),
         )
+
+    async def pause(self, execution_id: str) -> bool:
+        """Pause the active execution: until :meth:`resume`, what is sent to it (by
+        :meth:`send`, or routed) and its timers that come due are held, in order, and
+        stepped in on resume (:mod:`statifier.router.pausing`).
+
+        Returns:
+            ``True`` when it was paused now; ``False`` when it was not active.
+
+        Raises:
+            ExecutionNotFound: no such execution.
+            RuntimeError: the database is not SQL (only a SQL database holds events).
+        """
+        return await self._sql("hold for a paused execution").pause(execution_id)
+
+    async def resume(self, execution_id: str) -> Resumed | None:
+        """Resume the paused execution and step in what was held for it, oldest first,
+        in one transaction (see :meth:`statifier.router.Router.resume`).
+
+        Returns:
+            what the resume did, or ``None`` when it was not paused.
+
+        Raises:
+            ExecutionNotFound: no such execution.
+            RuntimeError: the database is not SQL.
+        """
+        return await self._sql("hold for a paused execution").resume(execution_id)
+
+    async def _step_or_hold(
+        self, execution_id: str, event: Event
+    ) -> tuple[Stepped | Discarded, bool]:
+        """One step of ``event``; on a SQL database, an event a paused execution
+        discards is held for its resume in the same transaction (second: whether it
+        was)."""
+        router = self._router
+        if router is None:
+            return await self.executions.step(execution_id, None, event), False
+        from statifier.router.pausing import STEP_VIA, hold_event
+        from statifier.router.transaction import Delivering
+
+        now = router.storage.clock()
+        async with router.transaction() as unit:
+            # A call of the host's delivers nothing: its sends resolve in no scope, and
+            # its delayed sends are timed from now.
+            answer = await unit.executions(Delivering(None, now)).step(execution_id, None, event)
+            if isinstance(answer, Discarded) and answer.execution.status is Status.PAUSED:
+                await hold_event(
+                    unit,
+                    execution_id,
+                    event,
+                    via=STEP_VIA,
+                    internal=False,
+                    scope=None,
+                    message_id=None,
+                    now=now,
+                )
+                return answer, True
+        return answer, False
 
     async def describe(self, execution_id: str) -> Description:
         """The execution as stored: status, configuration or final state, outcome,
@@ -424,17 +479,25 @@ class Durable:
     async def cancel(self, execution_id: str) -> Cancelled:
         """Stop the execution from outside: its active states are exited (their onexit
         content runs through the executor) and the durable children it started are
-        cancelled too. An execution that has ended is left as it is
-        (``cancelled`` ``False``).
+        cancelled too, and what it held while paused is dropped. An execution that has
+        ended is left as it is (``cancelled`` ``False``).
 
         Raises:
             ExecutionNotFound: no such execution.
         """
 
-        async def stop(lifecycle: Executions) -> Stepped | Discarded:
-            return await lifecycle.cancel(execution_id)
+        router = self._router
+        if router is None:
+            answer = await self.executions.cancel(execution_id)
+        else:
+            from statifier.router.transaction import Delivering
 
-        answer = await self._call(stop)
+            async with router.transaction() as unit:
+                lifecycle = unit.executions(Delivering(None, router.storage.clock()))
+                answer = await lifecycle.cancel(execution_id)
+                if not isinstance(answer, Discarded):
+                    # What it held while paused goes with it.
+                    await unit.sql.drop_held(execution_id)
         record = answer.execution
         return Cancelled(
             execution_id=record.id,

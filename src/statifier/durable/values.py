@@ -161,8 +161,10 @@ class Sent:
         execution_id: the execution.
         event: the event's name.
         delivered: whether the chart ran the event; ``False`` when the execution does
-            not take events (it has ended, or is parked): then nothing ran and nothing
-            was recorded, and ``status`` says why.
+            not take events (it has ended, is parked, or is paused): then nothing ran
+            and nothing was recorded in its log, and ``status`` says why.
+        held: whether the event was kept for the paused execution, to be stepped in
+            when it resumes (on a SQL database).
         matched: whether a transition took the event (``False`` when it was discarded,
             or ran and no transition took it: it is in the input log, unused).
         finished: whether this send ended the execution.
@@ -189,6 +191,7 @@ class Sent:
     errors: tuple[StepError, ...] = ()
     timers: tuple[PendingTimer, ...] = ()
     notices: tuple[str, ...] = ()
+    held: bool = False
 
     def as_json(self) -> dict[str, Any]:
         """A JSON-ready dict (values in the tagged encoding)."""
@@ -196,6 +199,7 @@ class Sent:
             "execution_id": self.execution_id,
             "event": self.event,
             "delivered": self.delivered,
+            "held": self.held,
             "matched": self.matched,
             "finished": self.finished,
             "status": self.status.value,

@@ -642,9 +642,12 @@ def _outcome(index: int, record: ExecutionRecord) -> Value:
 
 
 def _parked(result: Stepped | Discarded | None) -> bool:
-    """Whether a delivery was discarded because the parent is parked: it takes no
-    event now, but will once it is put back, so the answer stays owed."""
-    return isinstance(result, Discarded) and result.execution.status is Status.NEEDS_MIGRATION
+    """Whether a delivery was discarded because the parent is parked or paused: it
+    takes no event now, but will once it is put back, so the answer stays owed."""
+    return isinstance(result, Discarded) and result.execution.status in (
+        Status.NEEDS_MIGRATION,
+        Status.PAUSED,
+    )
 
 
 def _check_children(storage: Storage) -> None:

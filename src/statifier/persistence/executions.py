@@ -599,6 +599,27 @@ class Executions:
         for parking it is cleared)."""
         return await self._set_status(execution_id, Status.NEEDS_MIGRATION, Status.ACTIVE)
 
+    async def pause(self, execution_id: str) -> ExecutionRecord | Discarded:
+        """Pause an active execution: it takes no event until :meth:`resume` (a step
+        to it is discarded; the router keeps what is sent meanwhile and steps it in on
+        resume, :meth:`statifier.router.Router.resume`). An execution that is not
+        active is discarded: nothing changes.
+
+        Raises:
+            ExecutionNotFound: no such execution.
+        """
+        return await self._set_status(execution_id, Status.ACTIVE, Status.PAUSED)
+
+    async def resume(self, execution_id: str) -> ExecutionRecord | Discarded:
+        """Put a paused execution back to ``active``; one that is not paused is
+        discarded. Steps nothing: what was held for it is the router's to step, in the
+        same transaction.
+
+        Raises:
+            ExecutionNotFound: no such execution.
+        """
+        return await self._set_status(execution_id, Status.PAUSED, Status.ACTIVE)
+
     async def _set_status(
         self, execution_id: str, before: Status, after: Status
     ) -> ExecutionRecord | Discarded:

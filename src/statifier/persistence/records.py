@@ -22,12 +22,15 @@ class Status(enum.Enum):
     """Where an execution is in its life.
 
     ``ACTIVE`` takes events. ``NEEDS_MIGRATION`` is parked on its chart and takes none
-    until it is put back. ``COMPLETED``, ``FAILED`` and ``CANCELLED`` are terminal: a
-    step to them is discarded.
+    until it is put back. ``PAUSED`` takes none until it is resumed: the router keeps
+    what is sent to it meanwhile (``held_events``) and steps it in on resume.
+    ``COMPLETED``, ``FAILED`` and ``CANCELLED`` are terminal: a step to them is
+    discarded.
     """
 
     ACTIVE = "active"
     NEEDS_MIGRATION = "needs_migration"
+    PAUSED = "paused"
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -40,7 +43,7 @@ class Status(enum.Enum):
     @property
     def pins(self) -> bool:
         """Whether an execution in this status holds its chart in use."""
-        return self in (Status.ACTIVE, Status.NEEDS_MIGRATION)
+        return self in (Status.ACTIVE, Status.NEEDS_MIGRATION, Status.PAUSED)
 
 
 _TERMINAL = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED})

@@ -624,14 +624,15 @@ class AdapterConformance(_AdapterSuite):
         assert _nonzero(await adapter.count_executions_on(_HASH_A)) == expected
 
     @pytest.mark.asyncio
-    async def test_execution_pinning_lists_active_and_parked(self, adapter: Adapter) -> None:
+    async def test_execution_pinning_lists_active_parked_and_paused(self, adapter: Adapter) -> None:
         assert await adapter.pinning_executions(_HASH_A) == []
         for status in Status:
             await _insert(adapter, _execution(f"exec-{status.value}", status=status))
         await _insert(adapter, _execution("exec-b", _HASH_B))
         pinning = await adapter.pinning_executions(_HASH_A)
-        assert sorted(pinning) == ["exec-active", "exec-needs_migration"], pinning
+        assert sorted(pinning) == ["exec-active", "exec-needs_migration", "exec-paused"], pinning
         await adapter.update_execution(_execution("exec-active", status=Status.COMPLETED))
+        await adapter.update_execution(_execution("exec-paused", status=Status.CANCELLED))
         assert await adapter.pinning_executions(_HASH_A) == ["exec-needs_migration"]
         assert await adapter.pinning_executions(_HASH_B) == ["exec-b"]
 

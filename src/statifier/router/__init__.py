@@ -70,12 +70,14 @@ from statifier.router.outcomes import (
     DropReason,
     Duplicate,
     Failed,
+    Held,
     InboundEvent,
     KeyRefused,
     NoMatch,
     Outcome,
     Routed,
 )
+from statifier.router.pausing import Resumed
 from statifier.router.pins import AddressPins
 from statifier.router.queries import address, address_of, ledger
 from statifier.router.reapers import AddressReap, reap_addresses, reap_dedupe
@@ -112,6 +114,7 @@ __all__ = [
     "ExecutionParked",
     "Failed",
     "Finding",
+    "Held",
     "InboundEvent",
     "InvalidEvent",
     "KeyRefused",
@@ -127,6 +130,7 @@ __all__ = [
     "Plan",
     "Planned",
     "Resolved",
+    "Resumed",
     "Routed",
     "Router",
     "RouterConfig",

@@ -143,6 +143,9 @@ class Entry(StrEnum):
     """The outbox drain's BasicHTTP sink telling a sender that its send failed for good
     (``error.communication``, delivered through
     :meth:`Router.deliver_event <statifier.router.Router.deliver_event>`)."""
+    RESUME = "resume"
+    """:meth:`Router.resume <statifier.router.Router.resume>` stepping in the events
+    held for a paused execution, under the scope of its address."""
     API = "api"
     """The HTTP API (:mod:`statifier.api`) sending an event to an execution's address,
     through :meth:`Router.deliver_event <statifier.router.Router.deliver_event>`."""

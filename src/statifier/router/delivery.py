@@ -23,13 +23,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 from statifier.callbacks import awaited
 from statifier.chart import Machine
 from statifier.core import Event
 from statifier.core.events import engine_event
-from statifier.persistence import Discarded, Executions, Refused, Stepped
+from statifier.core.positions import dump_event
+from statifier.persistence import Discarded, Executions, Refused, Status, Stepped
 from statifier.persistence.serialization import Serialization
 from statifier.router.binding import Create, Plan
 from statifier.router.config import RouterConfig
@@ -46,9 +47,10 @@ from statifier.router.outcomes import (
     Dropped,
     DropReason,
     Duplicate,
+    Held,
     Outcome,
 )
-from statifier.router.records import AddressRow, LedgerRow
+from statifier.router.records import AddressRow, HeldRow, LedgerRow
 from statifier.router.routes import IdempotencyKey
 from statifier.router.subscriptions import subscribed
 from statifier.router.transaction import Delivering, Unit
@@ -56,7 +58,21 @@ from statifier.router.transaction import Delivering, Unit
 EXECUTION_PLAN_ID = "execution"
 """The id the ledger files sends to execution targets under (reserved for bindings)."""
 
-__all__ = ["Delivery", "completed", "deliver", "deliver_to_execution", "step_timer_event"]
+__all__ = [
+    "STEP_VIA",
+    "TIMER_VIA",
+    "Delivery",
+    "completed",
+    "deliver",
+    "deliver_to_execution",
+    "hold_event",
+    "step_timer_event",
+]
+
+STEP_VIA: Final = "step"
+"""The input log's ``via`` of a delivery's step (the lifecycle's default)."""
+TIMER_VIA: Final = "timer"
+"""The input log's ``via`` of a timer's step."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,6 +299,36 @@ async def completed(unit: Unit, stepped: Stepped, scope: str | None) -> None:
         raise OnCompleteFailed(route_name, execution_id, answer.reason)
 
 
+async def hold_event(
+    unit: Unit,
+    execution_id: str,
+    event: Event,
+    *,
+    via: str,
+    internal: bool,
+    scope: str | None,
+    message_id: str | None,
+    now: datetime,
+) -> None:
+    """Keep ``event`` for the paused ``execution_id``, in this transaction, behind what
+    is held for it already: :meth:`Router.resume <statifier.router.Router.resume>` steps
+    it in with ``via``, on the internal queue when ``internal``, its sends resolved in
+    ``scope``. The event is stored as the input log stores it, through the storage's
+    codec. The caller holds the execution's exclusion (the step that found it paused
+    took it, until the commit), so a resume cannot pass between the two."""
+    blob = unit.storage.codec.encode(dump_event(event))
+    row = HeldRow(
+        execution_id,
+        via=via,
+        internal=internal,
+        scope=scope,
+        message_id=message_id,
+        event_blob=blob,
+        held_at=now,
+    )
+    await unit.sql.hold(row)
+
+
 async def step_timer_event(
     unit: Unit,
     execution_id: str,
@@ -302,7 +348,7 @@ async def step_timer_event(
         ExecutionNotFound: the execution is gone.
     """
     lifecycle = unit.executions(Delivering(scope, now, (execution_id,)), serialization)
-    stepped = await lifecycle.step(execution_id, None, event, via="timer", internal=internal)
+    stepped = await lifecycle.step(execution_id, None, event, via=TIMER_VIA, internal=internal)
     if isinstance(stepped, Stepped):
         await completed(unit, stepped, scope)
     return stepped
@@ -354,6 +400,18 @@ async def _stepped(
     plan = delivery.plan
     execution_id = stepped.execution.id
     if isinstance(stepped, Discarded):
+        if stepped.execution.status is Status.PAUSED:
+            await hold_event(
+                unit,
+                execution_id,
+                delivery.event,
+                via=STEP_VIA,
+                internal=False,
+                scope=delivery.scope,
+                message_id=delivery.message_id,
+                now=now,
+            )
+            return Held(plan.id, key=delivery.key, execution_id=execution_id)
         if not stepped.execution.status.terminal:
             raise ExecutionParked(execution_id)
         if address_id is not None:

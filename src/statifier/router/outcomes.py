@@ -27,6 +27,7 @@ __all__ = [
     "Dropped",
     "Duplicate",
     "Failed",
+    "Held",
     "InboundEvent",
     "KeyRefused",
     "NoMatch",
@@ -115,6 +116,19 @@ class CreatedAndDelivered:
 
 
 @dataclass(frozen=True, slots=True)
+class Held:
+    """The addressed execution is paused: the event is kept (a ``held_events`` row,
+    written with the ledger's) and stepped in, in the order it came, when the execution
+    resumes (:meth:`Router.resume <statifier.router.Router.resume>`)."""
+
+    binding_id: str
+    _: KW_ONLY
+    key: str
+    execution_id: str
+    outcome: ClassVar[str] = "held"
+
+
+@dataclass(frozen=True, slots=True)
 class Duplicate:
     """The binding had already claimed this message id within its horizon."""
 
@@ -162,7 +176,7 @@ class Dropped:
         return f"dropped: {self.reason.value}"
 
 
-Outcome = Delivered | CreatedAndDelivered | Duplicate | NoMatch | KeyRefused | Dropped
+Outcome = Delivered | CreatedAndDelivered | Held | Duplicate | NoMatch | KeyRefused | Dropped
 """One binding's outcome for one event."""
 
 

@@ -26,7 +26,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from statifier.core import Event
-from statifier.persistence import Storage
+from statifier.persistence import Discarded, Storage
 from statifier.persistence.reentry import hold
 from statifier.persistence.sql import SqlAdapter
 from statifier.repeats import IntervalTally
@@ -55,6 +55,7 @@ from statifier.router.outcomes import (
     Outcome,
     Routed,
 )
+from statifier.router.pausing import Resumed, step_held
 from statifier.router.records import LedgerRow
 from statifier.router.sending import SendHandler
 from statifier.router.subscriptions import (
@@ -66,6 +67,7 @@ from statifier.router.subscriptions import (
 from statifier.router.timer_queue import TimerQueue
 from statifier.router.timers import SqlTimerQueue
 from statifier.router.transaction import (
+    Delivering,
     RouterParts,
     Unit,
     around,
@@ -534,6 +536,58 @@ class Router:
         """The live subscriptions of ``execution_id``, oldest first."""
         async with self.transaction() as unit:
             return await subscriptions_in(unit, execution_id)
+
+    async def pause(self, execution_id: str) -> bool:
+        """Pause the active ``execution_id``, in a transaction of its own: until
+        :meth:`resume`, what is sent to it and its timers that come due are held, in
+        order (:mod:`statifier.router.pausing`).
+
+        Returns:
+            ``True`` when it was paused now; ``False`` when it was not active (paused
+            already, parked, or ended): nothing changed.
+
+        Raises:
+            ExecutionNotFound: no such execution.
+            LockTimeout: a step held it longer than the lock wait.
+        """
+        async with self.transaction() as unit:
+            lifecycle = unit.executions(Delivering(None, self._now(None)))
+            return not isinstance(await lifecycle.pause(execution_id), Discarded)
+
+    async def resume(self, execution_id: str, *, now: datetime | None = None) -> Resumed | None:
+        """Resume the paused ``execution_id`` and step in what was held for it, oldest
+        first, in one transaction: under ``around_delivery`` and ``on_begin`` with
+        :attr:`~statifier.router.Entry.RESUME` and the scope of its address (none for an
+        execution no address names). Its delayed sends are timed from ``now``.
+
+        Returns:
+            what the resume did, or ``None`` when the execution was not paused
+            (nothing changed).
+
+        Raises:
+            ExecutionNotFound: no such execution.
+            ValueError: ``now`` is naive.
+            Exception: whatever a held event's step or the database raised: nothing
+                of the resume stands, and the execution stays paused with its events.
+        """
+        moment = self._now(now)
+        async with self.transaction() as unit:
+            found = await unit.sql.address_of(execution_id)
+        scope = None if found is None else found[0]
+
+        async def work() -> Resumed | None:
+            entered = None if scope is None else Entry.RESUME
+            async with self.transaction(entered=entered) as unit:
+                if scope is not None:
+                    await unit.begin(scope, Entry.RESUME)
+                lifecycle = unit.executions(Delivering(scope, moment))
+                if isinstance(await lifecycle.resume(execution_id), Discarded):
+                    return None
+                return await step_held(unit, execution_id, moment)
+
+        if scope is None:
+            return await work()
+        return await self._around(scope, Entry.RESUME, work)
 
     async def location(self, execution_id: str) -> str | None:
         """The live BasicHTTP location of ``execution_id``, ``None`` when it has none

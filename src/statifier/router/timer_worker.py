@@ -78,11 +78,11 @@ from typing import Final
 from statifier.callbacks import awaited
 from statifier.core import Event
 from statifier.core.events import engine_event
-from statifier.persistence import Discarded, ExecutionNotFound, Refused, Stepped
+from statifier.persistence import Discarded, ExecutionNotFound, Refused, Status, Stepped
 from statifier.persistence.reentry import hold
 from statifier.persistence.serialization import Serialization
 from statifier.router.config import Entry
-from statifier.router.delivery import step_timer_event
+from statifier.router.delivery import TIMER_VIA, hold_event, step_timer_event
 from statifier.router.errors import ConfigError, ExecutionParked
 from statifier.router.outbox import Backoff
 from statifier.router.records import LedgerRow
@@ -92,11 +92,14 @@ from statifier.router.timers import DueTimer, SqlTimerQueue, UnreadableTimer
 from statifier.router.transaction import Unit, around
 from statifier.telemetry import enabled, report
 
-__all__ = ["FIRED", "RouteRetries", "TimerWorker", "fire"]
+__all__ = ["FIRED", "HELD", "RouteRetries", "TimerWorker", "fire"]
 
 _TIMER: Final = "statifier.router.timer"
 FIRED: Final = "fired"
 """The telemetry outcome of a timer that stepped its execution or reached its route."""
+HELD: Final = "held"
+"""The telemetry outcome of a timer of a paused execution: its event is held, and
+stepped in when the execution resumes."""
 _FAILED: Final = "failed"
 """The telemetry outcome of a timer whose fire raised: it stays, due ``retry`` later."""
 _BUSY: Final = 0.01
@@ -209,7 +212,8 @@ async def fire(
       docstring).
 
     Returns ``True`` when it fired, ``False`` when the timer is discarded (the
-    execution is gone or has ended), scheduled again, or given up.
+    execution is gone or has ended), held (the execution is paused: its event waits
+    for the resume), scheduled again, or given up.
 
     Raises:
         ExecutionParked: the execution is parked; the timer must stay (roll back).
@@ -237,6 +241,20 @@ async def _perform(
     except ExecutionNotFound:
         return _done(entry, "discarded", now, started, reason="no_execution")
     if isinstance(stepped, Discarded):
+        if stepped.execution.status is Status.PAUSED:
+            # A paused execution's timers wait with its events: fired on resume.
+            internal = entry.kind is TimerKind.INTERNAL
+            await hold_event(
+                unit,
+                entry.execution_id,
+                entry.event,
+                via=TIMER_VIA,
+                internal=internal,
+                scope=entry.scope,
+                message_id=None,
+                now=now,
+            )
+            return _done(entry, HELD, now, started)
         if not stepped.execution.status.terminal:
             raise ExecutionParked(entry.execution_id)
         return _done(entry, "discarded", now, started, reason="finished")

@@ -1,8 +1,9 @@
 """The statements of the router's tables: the dedupe claims (``dedupe``), the
-addresses (``addresses``, beside ``executions`` for the reaper) and the routing ledger
-(``routing_ledger``), and the locks a delivery takes; and the rows they read and write
-(:class:`AddressRow`, :class:`ReapRow`, :class:`LedgerRow`), which the router exports
-as its own.
+addresses (``addresses``, beside ``executions`` for the reaper), the routing ledger
+(``routing_ledger``) and the events held for paused executions (``held_events``), and
+the locks a delivery takes; and the rows they read and write (:class:`AddressRow`,
+:class:`ReapRow`, :class:`LedgerRow`, :class:`HeldRow`), which the router exports as
+its own.
 
 :class:`RoutingStatements` writes them once for a set of tables and a dialect;
 :class:`RoutingSession` runs them on the driver connection of one transaction. What a
@@ -30,6 +31,7 @@ from statifier.sql.tables import Tables
 
 __all__ = [
     "AddressRow",
+    "HeldRow",
     "LedgerRow",
     "ReapRow",
     "RoutingSession",
@@ -48,6 +50,44 @@ _LEDGER_COLUMNS: Final = (
     "execution_id",
     "inserted_at",
 )
+
+
+_HELD_COLUMNS: Final = (
+    "execution_id",
+    "via",
+    "internal",
+    "scope",
+    "message_id",
+    "event_blob",
+    "held_at",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class HeldRow:
+    """An event a paused execution was sent, kept until it resumes.
+
+    Attributes:
+        execution_id: the paused execution.
+        via: how the event came (the input log's ``via`` when it is stepped).
+        internal: whether it goes to the internal queue (a timer's internal event).
+        scope: the scope its step's sends resolve in.
+        message_id: the message it came as (``None`` for a timer's event).
+        event_blob: the event as the input log stores it, through the storage's codec.
+        held_at: when it was held.
+        id: the row's key, in the order the events are stepped (``None`` before the
+            insert).
+    """
+
+    execution_id: str
+    _: KW_ONLY
+    via: str
+    internal: bool
+    scope: str | None
+    message_id: str | None
+    event_blob: bytes
+    held_at: datetime
+    id: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +242,14 @@ class RoutingStatements:
             "WHERE CAST(:execution_id AS TEXT) IS NULL OR execution_id = :execution_id "
             "ORDER BY inserted_at, id"
         )
+        held = names.held_events
+        self.hold = sql(keys.insert(held, _HELD_COLUMNS))
+        self.held = sql(
+            f"SELECT id, {', '.join(_HELD_COLUMNS)} FROM {held} "
+            "WHERE execution_id = :execution_id ORDER BY id"
+        )
+        self.count_held = sql(f"SELECT count(*) FROM {held} WHERE execution_id = :execution_id")
+        self.drop_held = sql(f"DELETE FROM {held} WHERE execution_id = :execution_id")
         self.locks: _LockStatements | None = None
         if dialect.row_locks:
             # Transaction-scoped advisory locks, taken in the order given: the caller
@@ -376,6 +424,53 @@ class RoutingSession:
         if rows:
             values = [self._ledger_values(row) for row in rows]
             await self.dialect.execute_many(self._driver, self._s.record, values)
+
+    async def hold(self, row: HeldRow) -> None:
+        """Insert ``row`` into the held events."""
+        values = {
+            "execution_id": row.execution_id,
+            "via": row.via,
+            "internal": row.internal,
+            "scope": row.scope,
+            "message_id": row.message_id,
+            "event_blob": row.event_blob,
+            "held_at": self.dialect.time(row.held_at),
+        }
+        await self.dialect.execute(self._driver, self._s.hold, self._s.keyed(values))
+
+    async def held(self, execution_id: str) -> list[HeldRow]:
+        """The events held for ``execution_id``, in the order they came."""
+        dialect = self.dialect
+        rows = await dialect.rows(self._driver, self._s.held, {"execution_id": execution_id})
+        held: list[HeldRow] = []
+        for row in rows:
+            held_at = dialect.read_time(row[7])
+            assert held_at is not None  # the column is NOT NULL
+            held.append(
+                HeldRow(
+                    row[1],
+                    via=row[2],
+                    internal=bool(row[3]),
+                    scope=row[4],
+                    message_id=row[5],
+                    event_blob=bytes(row[6]),
+                    held_at=held_at,
+                    id=row[0],
+                )
+            )
+        return held
+
+    async def count_held(self, execution_id: str) -> int:
+        """How many events are held for ``execution_id``."""
+        values = {"execution_id": execution_id}
+        row = await self.dialect.row(self._driver, self._s.count_held, values)
+        assert row is not None  # count(*) returns one row
+        return int(row[0])
+
+    async def drop_held(self, execution_id: str) -> int:
+        """Delete the events held for ``execution_id``; answer how many."""
+        values = {"execution_id": execution_id}
+        return await self.dialect.execute(self._driver, self._s.drop_held, values)
 
     async def reap_dedupe(self, now: datetime) -> int:
         """Delete every claim that expired before ``now``; answer how many."""
