@@ -23,7 +23,7 @@ from statifier.persistence.sql import SqlAdapter
 from statifier.sql import TableOptions, migrations
 from statifier.sql.tables import UtcDateTime, autogenerate_filter
 
-HEAD = "statifier_0009"
+HEAD = "statifier_0010"
 """The newest revision."""
 
 DURABLE_TABLES = ("mig_charts", "mig_positions", "mig_executions", "mig_inputs")
@@ -51,6 +51,8 @@ CONSOLE_TABLES = ("mig_console_audit",)
 """What ``statifier_0006`` adds (with the indexes of the console's pages)."""
 ERRORS_TABLES = ("mig_step_errors",)
 """What ``statifier_0008`` adds (with each execution's error count)."""
+HELD_TABLES = ("mig_held_events",)
+"""What ``statifier_0010`` adds."""
 
 
 def _tenant() -> list[sa.Column[Any]]:
@@ -135,6 +137,7 @@ def test_migrations_build_exactly_the_tables(fresh_database: Any) -> None:
         *CHILDREN_TABLES,
         *CONSOLE_TABLES,
         *ERRORS_TABLES,
+        *HELD_TABLES,
     }
 
 

@@ -39,6 +39,7 @@ class TableNames:
     child_answers: str
     fan_out_ends: str
     step_errors: str
+    held_events: str
 
     @classmethod
     def of(cls, tables: Tables) -> TableNames:
@@ -66,6 +67,7 @@ class TableNames:
                     "child_answers",
                     "fan_out_ends",
                     "step_errors",
+                    "held_events",
                 )
             )
         )

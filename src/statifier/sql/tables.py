@@ -23,6 +23,7 @@ metadata.
   was delivered.
 - ``fan_out_ends``: the fan-outs that have answered their parent, one row each.
 - ``console_audit``: the actions operators took in the console, who and when.
+- ``held_events``: the events a paused execution was sent, in order, until it resumes.
 
 Every table starts with a surrogate primary key ``id`` of the configured type, then
 the host's leading columns, then the package's own (each row's insert and update
@@ -43,6 +44,7 @@ shop_consumer_positions
 shop_dedupe
 shop_executions
 shop_fan_out_ends
+shop_held_events
 shop_inbound_events
 shop_inputs
 shop_outbox
@@ -403,7 +405,7 @@ class TableOptions:
         return sa.Table(name, metadata, *self.laid_out(name, *declared), schema=schema)
 
     def define(self, metadata: sa.MetaData | None = None) -> Tables:
-        """The nineteen tables under these options, in ``metadata`` (a new one if ``None``).
+        """The twenty tables under these options, in ``metadata`` (a new one if ``None``).
 
         Raises:
             sqlalchemy.exc.InvalidRequestError: ``metadata`` already holds a table of
@@ -462,7 +464,7 @@ def _text_columns() -> frozenset[str]:
 
 @dataclass(frozen=True, slots=True)
 class Tables:
-    """The nineteen tables of durable executions, of the event router, of its fronts and
+    """The twenty tables of durable executions, of the event router, of its fronts and
     of the console, defined under one :class:`TableOptions`.
 
     Attributes:
@@ -476,6 +478,7 @@ class Tables:
         child_answers, fan_out_ends: durable children's answers and the fan-outs
             closed (see the module docstring).
         console_audit: the console's audit trail.
+        held_events: the events paused executions wait to take.
         options: what they were defined with.
     """
 
@@ -499,6 +502,7 @@ class Tables:
     fan_out_ends: sa.Table
     console_audit: sa.Table
     step_errors: sa.Table
+    held_events: sa.Table
     options: TableOptions
 
     @classmethod
@@ -709,6 +713,7 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
     child_answers, fan_out_ends = _children(options, metadata)
     console_audit = _console_audit(options, metadata)
     step_errors = _step_errors(options, metadata)
+    held_events = _held_events(options, metadata)
     return Tables(
         metadata,
         charts,
@@ -730,6 +735,7 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         fan_out_ends,
         console_audit,
         step_errors,
+        held_events,
         options,
     )
 
@@ -866,6 +872,28 @@ def _step_errors(options: TableOptions, metadata: sa.MetaData) -> sa.Table:
         sa.Index(name("step_errors_execution_id_idx"), "execution_id", "id"),
         # The console's failures page: the newest errors of every execution.
         sa.Index(name("step_errors_recorded_at_idx"), "recorded_at", "id"),
+        schema=options.schema,
+    )
+
+
+def _held_events(options: TableOptions, metadata: sa.MetaData) -> sa.Table:
+    """The events sent to paused executions, each taken in ``id`` order on resume:
+    the event as the input log stores it (``event_blob``, through the storage's codec),
+    how it came (``via``, ``internal`` for a timer's internal event), the scope its
+    step's sends resolve in, and the message it came as (``message_id``, ``None`` for a
+    timer's)."""
+    name = options.name
+    return options.table(
+        name("held_events"),
+        metadata,
+        sa.Column("execution_id", sa.Text(), nullable=False),
+        sa.Column("via", sa.Text(), nullable=False),
+        sa.Column("internal", sa.Boolean(), nullable=False),
+        sa.Column("scope", sa.Text(), nullable=True),
+        sa.Column("message_id", sa.Text(), nullable=True),
+        sa.Column("event_blob", sa.LargeBinary(), nullable=False),
+        sa.Column("held_at", UtcDateTime(), nullable=False),
+        sa.Index(name("held_events_execution_id_idx"), "execution_id", "id"),
         schema=options.schema,
     )
 
