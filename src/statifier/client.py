@@ -116,10 +116,14 @@ class ApiError(Exception):
     """
 
     def __init__(self, status: int, error: str, message: str) -> None:
-        super().__init__(f"{status} {error}: {message}")
+        # The three arguments, so that the error pickles and its repr shows them.
+        super().__init__(status, error, message)
         self.status = status
         self.error = error
         self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.status} {self.error}: {self.message}"
 
 
 class Unauthorized(ApiError):  # noqa: N818 - names the status

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import pickle
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, timedelta
@@ -360,6 +361,8 @@ def test_each_refusal_raises_its_error(calls: Calls, status: int, kind: type[Api
     error = raised.value
     assert (error.status, error.error, error.message) == (status, "some_rule", "one line")
     assert str(error) == f"{status} some_rule: one line"
+    again = pickle.loads(pickle.dumps(error))
+    assert (type(again), str(again)) == (kind, str(error))
 
 
 def test_a_refusal_of_each_call_is_raised(calls: Calls) -> None:
