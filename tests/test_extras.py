@@ -101,7 +101,7 @@ MATRIX: Final[dict[str, Enables]] = {
     ),
     "sql": Enables(alone=("statifier.sql",)),
     "http": Enables(
-        alone=("statifier.session.basichttp",),
+        alone=("statifier.session.basichttp", "statifier.client"),
         beside_a_database=(
             "statifier.fronts.webhook",
             "statifier.fronts.basichttp",

@@ -52,6 +52,8 @@ ones below (``docs/architecture.md``). These exist today:
 * ``statifier.api`` -- the HTTP API into executions: send an event and get the state
   its commit left, wait for a state, read, list and cancel, under tokens per scope
   (``[api]`` in ``statifier serve``);
+* ``statifier.client`` -- the API's Python client, sync and async (the ``http``
+  extra alone);
 * ``statifier.service`` -- ``statifier serve CONFIG.toml``: fronts, consumers, the
   timer worker, the outbox drain, the reapers, the console and the API as one process;
 * ``statifier.telemetry`` -- the events sessions, durable executions, the router and
