@@ -78,10 +78,16 @@ __all__ = [
     "Waited",
 ]
 
-ExecutionStatus = Literal["active", "needs_migration", "completed", "failed", "cancelled"]
+ExecutionStatus = Literal["active", "needs_migration", "paused", "completed", "failed", "cancelled"]
 """Where an execution is in its life, as the API names it."""
 OutcomeKind = Literal[
-    "delivered", "created_and_delivered", "duplicate", "no_match", "key_refused", "dropped"
+    "delivered",
+    "created_and_delivered",
+    "held",
+    "duplicate",
+    "no_match",
+    "key_refused",
+    "dropped",
 ]
 """What one binding (or a send to an address) did with an event."""
 
