@@ -482,7 +482,8 @@ def _waited(body: Mapping[str, Any]) -> Waited:
     return Waited(_field(body, "reached", bool), _execution(_field(body, "execution", dict)))
 
 
-def _cancelled(body: Mapping[str, Any]) -> Execution:
+def _acted(body: Mapping[str, Any]) -> Execution:
+    """The execution an action (cancel, pause, resume) answers with."""
     return _execution(_field(body, "execution", dict))
 
 
@@ -847,7 +848,26 @@ class Client:
             Conflict: it has already ended (``ended``).
             NotFound: no such execution.
         """
-        return self._call(_Call("POST", _path("executions", execution_id, "cancel")), _cancelled)
+        return self._call(_Call("POST", _path("executions", execution_id, "cancel")), _acted)
+
+    def pause(self, execution_id: str) -> Execution:
+        """Pause the execution: until it resumes, what is sent to it is held, in order
+        (a send answers ``held``); answers it paused.
+
+        Raises:
+            Conflict: it is not active (``not_active``).
+            NotFound: no such execution.
+        """
+        return self._call(_Call("POST", _path("executions", execution_id, "pause")), _acted)
+
+    def resume(self, execution_id: str) -> Execution:
+        """Resume the paused execution, stepping in what it held; answers it after.
+
+        Raises:
+            Conflict: it is not paused (``not_paused``).
+            NotFound: no such execution.
+        """
+        return self._call(_Call("POST", _path("executions", execution_id, "resume")), _acted)
 
 
 class AsyncClient:
@@ -996,4 +1016,14 @@ class AsyncClient:
     async def cancel(self, execution_id: str) -> Execution:
         """As :meth:`Client.cancel`."""
         call = _Call("POST", _path("executions", execution_id, "cancel"))
-        return await self._call(call, _cancelled)
+        return await self._call(call, _acted)
+
+    async def pause(self, execution_id: str) -> Execution:
+        """As :meth:`Client.pause`."""
+        call = _Call("POST", _path("executions", execution_id, "pause"))
+        return await self._call(call, _acted)
+
+    async def resume(self, execution_id: str) -> Execution:
+        """As :meth:`Client.resume`."""
+        call = _Call("POST", _path("executions", execution_id, "resume"))
+        return await self._call(call, _acted)

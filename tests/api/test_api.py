@@ -410,3 +410,32 @@ async def test_the_api_refuses_a_binding_that_takes_its_id(router_db: RouterDb) 
         Api(router, tokens=[ApiToken("t", WRITER, ("*",))])
     with pytest.raises(ValueError, match="not a datamodel field"):
         Api(router_db.router([]), tokens=[ApiToken("t", WRITER, ("*",))], visible={"d": ["_event"]})
+
+
+@pytest.mark.asyncio
+async def test_a_paused_execution_holds_what_is_sent_and_takes_it_on_resume(shop: Shop) -> None:
+    execution_id = _execution(await shop.checkout("o-11"))["id"]
+    assert (await shop.call("POST", f"/executions/{execution_id}/pause", READER)).status_code == 403
+    paused = await shop.call("POST", f"/executions/{execution_id}/pause")
+    assert paused.status_code == 200
+    assert paused.json()["execution"]["status"] == "paused"
+    again = await shop.call("POST", f"/executions/{execution_id}/pause")
+    assert again.status_code == 409
+    assert again.json()["error"] == "not_active"
+    sent = await shop.call("POST", "/addresses/web/order/o-11/events", json={"event": "pay"})
+    outcome = sent.json()["outcome"]
+    assert outcome["outcome"] == "held"
+    assert outcome["execution_id"] == execution_id
+    assert outcome["execution"] is None  # nothing stepped
+    resumed = await shop.call("POST", f"/executions/{execution_id}/resume")
+    assert resumed.status_code == 200
+    assert resumed.json()["execution"]["final_state"] == "paid"
+    assert "1 held events stepped in" in resumed.json()["done"]
+    not_paused = await shop.call("POST", f"/executions/{execution_id}/resume")
+    assert not_paused.status_code == 409
+    assert not_paused.json()["error"] == "not_paused"
+    rows = (await Audit(shop.db.adapter.engine, shop.db.adapter.tables).entries()).rows
+    assert [(r.actor, r.action, r.outcome) for r in reversed(rows)] == [
+        ("api:shop", "pause", "done"),
+        ("api:shop", "resume", "done"),
+    ]

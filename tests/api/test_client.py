@@ -692,3 +692,21 @@ async def test_a_wait_returns_when_the_state_is_reached_or_the_time_is_up(shop: 
     assert late.execution.configuration == ("awaiting_payment",)
     with pytest.raises(NotFound):
         await shop.client.wait("nobody", end=True, timeout=0)
+
+
+@pytest.mark.asyncio
+async def test_a_paused_execution_holds_a_send_until_it_resumes(shop: Shop) -> None:
+    execution_id = (await shop.checkout("o-9")).execution_id
+    assert execution_id is not None
+    paused = await shop.client.pause(execution_id)
+    assert paused.status == "paused"
+    with pytest.raises(Conflict) as twice:
+        await shop.client.pause(execution_id)
+    assert twice.value.error == "not_active"
+    held = await shop.client.send(execution_id, "pay")
+    assert held.outcome.outcome == "held"
+    assert held.outcome.execution is None
+    resumed = await shop.client.resume(execution_id)
+    assert (resumed.status, resumed.final_state) == ("completed", "paid")
+    with pytest.raises(Conflict):
+        await shop.client.resume(execution_id)

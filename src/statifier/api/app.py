@@ -28,7 +28,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import sqlalchemy as sa
 
@@ -37,8 +37,8 @@ from statifier.api.openapi import openapi_document
 from statifier.api.tokens import ApiToken, ApiTokens, Rights
 from statifier.api.views import Address, Snapshot, execution_json, outcome_json, reached
 from statifier.api.watcher import Mark, Watcher
+from statifier.console.actions import Done, Record, cancel, pause, resume
 from statifier.console.actions import Refused as ActionRefused
-from statifier.console.actions import cancel
 from statifier.console.audit import Audit, AuditEntry
 from statifier.console.queries import (
     MAX_PAGE,
@@ -94,6 +94,12 @@ _log = logging.getLogger("statifier.api")
 
 Answer = Response | Refused
 Endpoint = Callable[[Request, ApiToken], Awaitable[Answer]]
+
+
+class Action(Protocol):
+    """One of :mod:`statifier.console.actions`' actions on an execution."""
+
+    async def __call__(self, router: Router, execution_id: str, *, record: Record) -> Done: ...
 
 
 class Api:
@@ -174,6 +180,8 @@ class Api:
                 self._route("/executions", "GET", "list", self._list),
                 self._route("/executions/{id}/events", "POST", "send", self._send),
                 self._route("/executions/{id}/cancel", "POST", "cancel", self._cancel),
+                self._route("/executions/{id}/pause", "POST", "pause", self._pause),
+                self._route("/executions/{id}/resume", "POST", "resume", self._resume),
                 self._route("/executions/{id}/wait", "GET", "wait", self._wait),
                 self._route("/executions/{id}", "GET", "read", self._read),
             ]
@@ -321,26 +329,42 @@ class Api:
         return JSONResponse({"executions": rows, "next_cursor": page.next_cursor})
 
     async def _cancel(self, request: Request, caller: ApiToken) -> Answer:
+        return await self._act(request, caller, "cancel", "ended", cancel)
+
+    async def _pause(self, request: Request, caller: ApiToken) -> Answer:
+        return await self._act(request, caller, "pause", "not_active", pause)
+
+    async def _resume(self, request: Request, caller: ApiToken) -> Answer:
+        return await self._act(request, caller, "resume", "not_paused", resume)
+
+    async def _act(
+        self, request: Request, caller: ApiToken, action: str, refusal: str, act: Action
+    ) -> Answer:
+        """One of the console's actions on the execution, its audit row (actor
+        ``api:<token name>``) in the action's transaction; 409 ``refusal`` when the
+        execution is not in a state the action applies to."""
         execution_id = request.path_params["id"]
         found = await self._address(execution_id, caller, Rights.WRITE)
         if isinstance(found, Refused):
             return found
-        entry = AuditEntry(f"api:{caller.name}", action="cancel", target=execution_id)
+        actor = f"api:{caller.name}"
 
-        async def record(tx: SqlTransaction, _done: object) -> None:
+        async def record(tx: SqlTransaction, done: Done) -> None:
+            entry = AuditEntry(actor, action=action, target=execution_id, detail=done.summary)
             await self._audit.record_in(tx, entry)
 
         try:
-            await cancel(self.router, execution_id, record=record)
+            done = await act(self.router, execution_id, record=record)
         except ActionRefused as refused:
             exists = await self.router.storage.find_execution(execution_id)
             if exists is None:
                 return _no_execution(execution_id)
-            return Refused(409, "ended", str(refused))
+            return Refused(409, refusal, str(refused))
         snapshot = await self._snapshot(execution_id, found)
         if snapshot is None:
             return _no_execution(execution_id)
-        return JSONResponse({"execution": execution_json(snapshot, self.visible)})
+        body = {"done": done.summary, "execution": execution_json(snapshot, self.visible)}
+        return JSONResponse(body)
 
     async def _wait(self, request: Request, caller: ApiToken) -> Answer:
         execution_id = request.path_params["id"]

@@ -124,6 +124,7 @@ def _schemas() -> dict[str, Any]:
                 "enum": [
                     "delivered",
                     "created_and_delivered",
+                    "held",
                     "duplicate",
                     "no_match",
                     "key_refused",
@@ -162,6 +163,25 @@ def _responses() -> dict[str, Any]:
         "NotFound": {"description": "no such execution (in the token's scopes)", **error},
         "Failed": {"description": "the call failed; retry it", **error},
         "Deadline": {"description": "the call was not answered in time", **error},
+    }
+
+
+def _action(name: str, summary: str, refusal: str) -> dict[str, Any]:
+    done = {
+        "type": "object",
+        "properties": {"done": {"type": "string"}, "execution": _ref("Execution")},
+    }
+    conflict = {
+        "description": f"{refusal}: the execution is not in a state to {name}",
+        "content": {"application/json": {"schema": _ref("Error")}},
+    }
+    return {
+        "post": {
+            "summary": summary,
+            "operationId": name,
+            "parameters": [_EXECUTION_ID],
+            "responses": {"200": _json(done, "done, and audited"), "409": conflict, **_ERRORS},
+        }
     }
 
 
@@ -271,20 +291,13 @@ def _paths() -> dict[str, Any]:
                 "responses": {"200": sent, **_ERRORS},
             }
         },
-        "/executions/{id}/cancel": {
-            "post": {
-                "summary": "Cancel an execution",
-                "operationId": "cancel",
-                "parameters": [_EXECUTION_ID],
-                "responses": {
-                    "200": _json(
-                        {"type": "object", "properties": {"execution": _ref("Execution")}},
-                        "cancelled",
-                    ),
-                    **_ERRORS,
-                },
-            }
-        },
+        "/executions/{id}/cancel": _action("cancel", "Cancel an execution", "ended"),
+        "/executions/{id}/pause": _action(
+            "pause", "Pause an execution: what is sent to it is held", "not_active"
+        ),
+        "/executions/{id}/resume": _action(
+            "resume", "Resume a paused execution: what it held is stepped in", "not_paused"
+        ),
         "/executions/{id}/wait": {
             "get": {
                 "summary": "Wait until a state is active or the execution ends, bounded",

@@ -25,6 +25,7 @@ from statifier.router import (
     Delivered,
     Dropped,
     Duplicate,
+    Held,
     KeyRefused,
     NoMatch,
     Outcome,
@@ -126,7 +127,7 @@ def outcome_json(
     reason: str | None = None
     kind = outcome.outcome
     match outcome:
-        case Delivered() | CreatedAndDelivered():
+        case Delivered() | CreatedAndDelivered() | Held():
             key, execution_id = outcome.key, outcome.execution_id
         case Dropped():
             key, execution_id, reason = outcome.key, outcome.execution_id, outcome.reason.value

@@ -13,7 +13,11 @@ refused action has written nothing and calls no ``record``.
 
 - :func:`cancel`: :meth:`statifier.persistence.Executions.cancel` inside a router
   transaction (under the execution's lock; the cancel's effects go through the
-  router's own executor, so timers are deleted and sends land in the outbox).
+  router's own executor, so timers are deleted and sends land in the outbox); what it
+  held while paused is dropped.
+- :func:`pause` and :func:`resume`: :meth:`statifier.persistence.Executions.pause`
+  inside a router transaction, and :meth:`statifier.router.Router.resume` (which steps
+  in what was held, recording in its transaction).
 - :func:`retry_outbox`: :meth:`statifier.router.OutboxDrain.retry_dead_in` of one row.
 - :func:`discard_outbox`: deletes one dead-lettered outbox row (never a pending one).
 - :func:`retry_consumer`: routes a consumer dead letter's event again with
@@ -39,6 +43,7 @@ from statifier.router import (
     ConfigError,
     InboundEvent,
     OutboxDrain,
+    Resumed,
     Router,
     RouterError,
 )
@@ -61,6 +66,8 @@ __all__ = [
     "cancel",
     "discard_consumer",
     "discard_outbox",
+    "pause",
+    "resume",
     "retry_consumer",
     "retry_outbox",
     "rotate",
@@ -129,6 +136,57 @@ async def cancel(router: Router, execution_id: str, *, record: Record) -> Done:
         await unit.sql.drop_held(execution_id)
         await record(unit.tx, done)
     return done
+
+
+async def pause(router: Router, execution_id: str, *, record: Record) -> Done:
+    """Pause ``execution_id``: until it resumes, what is sent to it and its timers
+    that come due are held, in order (:mod:`statifier.router.pausing`); ``record`` in
+    the same router transaction.
+
+    Raises:
+        Refused: no such execution, or it is not active (nothing written).
+    """
+    done = Done(f"paused execution {execution_id!r}")
+    async with router.transaction() as unit:
+        lifecycle = unit.executions(Delivering(None, router.storage.clock()))
+        try:
+            answer = await lifecycle.pause(execution_id)
+        except ExecutionNotFound:
+            raise Refused(f"no execution {execution_id!r}") from None
+        if isinstance(answer, Discarded):
+            status = answer.execution.status.value
+            raise Refused(f"execution {execution_id!r} is not active ({status})")
+        await record(unit.tx, done)
+    return done
+
+
+async def resume(router: Router, execution_id: str, *, record: Record) -> Done:
+    """Resume the paused ``execution_id`` and step in what it held, oldest first
+    (:meth:`statifier.router.Router.resume`); ``record`` in the same transaction.
+
+    Raises:
+        Refused: no such execution, or it is not paused (nothing written).
+    """
+
+    async def recorded(tx: SqlTransaction, resumed: Resumed) -> None:
+        await record(tx, _resumed(resumed))
+
+    try:
+        resumed = await router.resume(execution_id, record=recorded)
+    except ExecutionNotFound:
+        raise Refused(f"no execution {execution_id!r}") from None
+    if resumed is None:
+        found = await router.storage.find_execution(execution_id)
+        status = "gone" if found is None else found.status.value
+        raise Refused(f"execution {execution_id!r} is not paused ({status})")
+    return _resumed(resumed)
+
+
+def _resumed(resumed: Resumed) -> Done:
+    said = f"resumed execution {resumed.execution_id!r}: {resumed.stepped} held events stepped in"
+    if resumed.discarded:
+        said += f", {resumed.discarded} discarded (it ended first)"
+    return Done(said)
 
 
 async def retry_outbox(router: Router, row: int | uuid.UUID | str, *, record: Record) -> Done:

@@ -73,7 +73,16 @@ except ModuleNotFoundError as missing:  # SQLAlchemy: the sqlite extra
 __all__ = ["ACTIONS", "OUTCOMES", "Audit", "AuditEntry", "AuditRow"]
 
 ACTIONS: Final = frozenset(
-    {"cancel", "retry_outbox", "discard_outbox", "retry_consumer", "discard_consumer", "rotate"}
+    {
+        "cancel",
+        "pause",
+        "resume",
+        "retry_outbox",
+        "discard_outbox",
+        "retry_consumer",
+        "discard_consumer",
+        "rotate",
+    }
 )
 """The actions the console records."""
 

@@ -28,7 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from statifier.core import Event
 from statifier.persistence import Discarded, Storage
 from statifier.persistence.reentry import hold
-from statifier.persistence.sql import SqlAdapter
+from statifier.persistence.sql import SqlAdapter, SqlTransaction
 from statifier.repeats import IntervalTally
 from statifier.router.binding import Binding, Create, Keyed, Order, Plan, ProgramFailed
 from statifier.router.config import (
@@ -554,11 +554,19 @@ class Router:
             lifecycle = unit.executions(Delivering(None, self._now(None)))
             return not isinstance(await lifecycle.pause(execution_id), Discarded)
 
-    async def resume(self, execution_id: str, *, now: datetime | None = None) -> Resumed | None:
+    async def resume(
+        self,
+        execution_id: str,
+        *,
+        now: datetime | None = None,
+        record: Callable[[SqlTransaction, Resumed], Awaitable[object]] | None = None,
+    ) -> Resumed | None:
         """Resume the paused ``execution_id`` and step in what was held for it, oldest
         first, in one transaction: under ``around_delivery`` and ``on_begin`` with
         :attr:`~statifier.router.Entry.RESUME` and the scope of its address (none for an
         execution no address names). Its delayed sends are timed from ``now``.
+        ``record`` (an audit row, say) runs last in the same transaction, given it and
+        what the resume did; what it raises rolls the resume back.
 
         Returns:
             what the resume did, or ``None`` when the execution was not paused
@@ -583,7 +591,10 @@ class Router:
                 lifecycle = unit.executions(Delivering(scope, moment))
                 if isinstance(await lifecycle.resume(execution_id), Discarded):
                     return None
-                return await step_held(unit, execution_id, moment)
+                resumed = await step_held(unit, execution_id, moment)
+                if record is not None:
+                    await record(unit.tx, resumed)
+                return resumed
 
         if scope is None:
             return await work()
