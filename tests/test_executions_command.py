@@ -122,6 +122,33 @@ def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     return status, out.getvalue(), capsys.readouterr().err
 
 
+def test_pause_holds_what_is_sent_and_resume_steps_it_in(
+    place: Place, capsys: pytest.CaptureFixture[str]
+) -> None:
+    place.migrate()
+    at = place.options
+    charts = ["--charts", str(place.charts)]
+    assert cli(capsys, "create", "door", "--id", "d1", *at, *charts)[0] == 0
+    assert cli(capsys, "pause", "d1", *at) == (
+        0,
+        "d1: paused; what is sent to it waits for the resume\n",
+        "",
+    )
+    assert cli(capsys, "pause", "d1", *at)[:2] == (
+        1,
+        "d1: not paused: it is not active (paused); nothing changed\n",
+    )
+    held = cli(capsys, "send", "d1", "close", *at)
+    assert held == (0, "d1: close held: the execution is paused; it is stepped in on resume\n", "")
+    assert cli(capsys, "resume", "d1", *at) == (
+        0,
+        "d1: resumed; 1 held events stepped in; completed\n",
+        "",
+    )
+    again = json.loads(cli(capsys, "resume", "d1", "--json", *at)[1])
+    assert again == {"execution_id": "d1", "resumed": False, "status": "completed"}
+
+
 def test_create_send_show_list_cancel(place: Place, capsys: pytest.CaptureFixture[str]) -> None:
     place.migrate()
     at = place.options

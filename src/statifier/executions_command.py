@@ -21,6 +21,9 @@
     raised, and the timers that wait for a worker.
 ``statifier executions cancel ID [--json]``
     Cancels an execution.
+``statifier executions pause ID [--json]`` and ``statifier executions resume ID [--json]``
+    Pause an active execution: what is sent to it and its timers that come due wait,
+    in order; resume it: they are stepped in, oldest first, in one transaction.
 ``statifier executions fire``
     Fires the timers due now, until none is (their steps' own due timers too), and
     prints how many.
@@ -47,7 +50,8 @@ database without the tables says to run ``statifier db upgrade``. Values print i
 tagged JSON encoding (:mod:`statifier.expr.tagged`).
 
 Exit status: 0 done; 1 when ``send`` or ``cancel`` was discarded (the execution had
-ended or is parked: nothing changed, and the line says why), when ``send`` or
+ended or is parked: nothing changed, and the line says why), when ``pause`` found the
+execution not active or ``resume`` found it not paused, when ``send`` or
 ``create`` raised an error event no transition took (the step was stored; the lines
 say which), when ``fire`` found timers still due after 100 passes (a chart sending to
 itself without end), or ``migrate`` parked or failed to move an execution; 2 for an
@@ -105,7 +109,8 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     common.add_argument("--charts", default=None, metavar="DIR", help="DIR/NAME.scxml charts")
     add_keys_env(common)
     executions = commands.add_parser(
-        "executions", help="list, show, create, send to, cancel and migrate durable executions"
+        "executions",
+        help="list, show, create, send to, pause, resume, cancel and migrate durable executions",
     )
     actions = executions.add_subparsers(dest="action", required=True, metavar="ACTION")
     listing = actions.add_parser("list", parents=[common], help="list executions, oldest first")
@@ -172,6 +177,16 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     cancel = actions.add_parser("cancel", parents=[common], help="cancel an execution")
     cancel.add_argument("execution_id", metavar="ID")
     cancel.add_argument("--json", action="store_true", help="print one JSON document")
+    pause = actions.add_parser(
+        "pause", parents=[common], help="pause an execution: what is sent to it waits"
+    )
+    pause.add_argument("execution_id", metavar="ID")
+    pause.add_argument("--json", action="store_true", help="print one JSON document")
+    resume = actions.add_parser(
+        "resume", parents=[common], help="resume a paused execution, stepping in what waited"
+    )
+    resume.add_argument("execution_id", metavar="ID")
+    resume.add_argument("--json", action="store_true", help="print one JSON document")
     export = actions.add_parser(
         "export", parents=[common], help="write executions' input logs to a JSON file"
     )
@@ -301,6 +316,10 @@ async def _run(args: argparse.Namespace, out: TextIO) -> int:
             return await _fire(durable, out)
         if args.action == "run":
             return await _run_workers(durable, out)
+        if args.action == "pause":
+            return await _pause(durable, args, out)
+        if args.action == "resume":
+            return await _resume(durable, args, out)
         return await _cancel(durable, args, out)
 
 
@@ -389,8 +408,13 @@ async def _send(durable: Durable, args: argparse.Namespace, out: TextIO) -> int:
     sent = await durable.send(args.execution_id, name, data)
     if args.json:
         _dump(sent.as_json(), out)
-        return 0 if sent.delivered and not _untaken(sent.errors) else 1
+        return 0 if (sent.delivered or sent.held) and not _untaken(sent.errors) else 1
     status = sent.status.value
+    if sent.held:
+        out.write(
+            f"{sent.execution_id}: {name} held: the execution is paused; it is stepped in on resume\n"
+        )
+        return 0
     if not sent.delivered:
         why = "is parked (needs_migration)" if status == "needs_migration" else f"has {status}"
         out.write(
@@ -467,6 +491,48 @@ async def _run_workers(durable: Durable, out: TextIO) -> int:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
     out.write("stopped\n")
+    return 0
+
+
+async def _pause(durable: Durable, args: argparse.Namespace, out: TextIO) -> int:
+    paused = await durable.pause(args.execution_id)
+    status = (await durable.describe(args.execution_id)).status.value
+    if args.json:
+        _dump({"execution_id": args.execution_id, "paused": paused, "status": status}, out)
+    elif paused:
+        out.write(f"{args.execution_id}: paused; what is sent to it waits for the resume\n")
+    else:
+        out.write(
+            f"{args.execution_id}: not paused: it is not active ({status}); nothing changed\n"
+        )
+    return 0 if paused else 1
+
+
+async def _resume(durable: Durable, args: argparse.Namespace, out: TextIO) -> int:
+    resumed = await durable.resume(args.execution_id)
+    if resumed is None:
+        status = (await durable.describe(args.execution_id)).status.value
+        if args.json:
+            _dump({"execution_id": args.execution_id, "resumed": False, "status": status}, out)
+        else:
+            out.write(f"{args.execution_id}: not resumed: it is not paused ({status})\n")
+        return 1
+    if args.json:
+        _dump(
+            {
+                "execution_id": resumed.execution_id,
+                "resumed": True,
+                "stepped": resumed.stepped,
+                "discarded": resumed.discarded,
+                "status": resumed.status.value,
+            },
+            out,
+        )
+    else:
+        said = f"{resumed.execution_id}: resumed; {resumed.stepped} held events stepped in"
+        if resumed.discarded:
+            said += f", {resumed.discarded} discarded (it ended first)"
+        out.write(f"{said}; {resumed.status.value}\n")
     return 0
 
 
