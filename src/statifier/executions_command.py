@@ -411,9 +411,8 @@ async def _send(durable: Durable, args: argparse.Namespace, out: TextIO) -> int:
         return 0 if (sent.delivered or sent.held) and not _untaken(sent.errors) else 1
     status = sent.status.value
     if sent.held:
-        out.write(
-            f"{sent.execution_id}: {name} held: the execution is paused; it is stepped in on resume\n"
-        )
+        held = "held: the execution is paused; it is stepped in on resume"
+        out.write(f"{sent.execution_id}: {name} {held}\n")
         return 0
     if not sent.delivered:
         why = "is parked (needs_migration)" if status == "needs_migration" else f"has {status}"
