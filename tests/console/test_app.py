@@ -718,6 +718,52 @@ async def test_the_timeline_shows_each_steps_data_errors_and_what_its_sends_made
 
 
 @pytest.mark.asyncio
+async def test_pause_and_resume_behind_a_confirmation_show_what_waits_and_are_audited(
+    site: Site,
+) -> None:
+    execution_id = await site.impression("k1")
+    await site.login(ADA)
+    page = await site.page(f"/console/executions/{execution_id}")
+    assert 'id="pause"' in page.text
+    assert 'id="resume"' not in page.text
+    assert 'id="held-panel"' not in page.text
+    pause = f"/console/executions/{execution_id}/pause"
+    assert 'id="confirm"' in (await site.page(pause)).text
+    record = await site.router.storage.fetch_execution(execution_id)
+    assert record.status is Status.ACTIVE  # the confirmation page changed nothing
+    done = await site.client.post(pause, data={"csrf": await site.csrf(pause)})
+    assert done.headers["location"] == f"/console/executions/{execution_id}?done=pause"
+    click = InboundEvent(
+        scope="web",
+        source="ad_events",
+        message_id="click-k1",
+        data={"kind": "click", "impression_id": "k1", "url": "https://example.com"},
+    )
+    (outcome,) = [o for o in (await site.router.route(click)).outcomes if o.outcome == "held"]
+    shown = (await site.page(f"/console/executions/{execution_id}")).text
+    assert 'id="status" class="status-paused">paused<' in shown
+    assert 'id="resume"' in shown
+    assert 'id="pause"' not in shown
+    held = shown.split('id="held-events"', 1)[1].split("</table>", 1)[0]
+    assert "<code>click.recorded</code>" in held
+    assert "<code>click-k1</code>" in held
+    resume = f"/console/executions/{execution_id}/resume"
+    done = await site.client.post(resume, data={"csrf": await site.csrf(resume)})
+    assert done.headers["location"] == f"/console/executions/{execution_id}?done=resume"
+    back = (await site.page(done.headers["location"])).text
+    assert 'id="held-panel"' not in back
+    record = await site.router.storage.fetch_execution(execution_id)
+    assert record.status is not Status.PAUSED
+    again = await site.client.post(resume, data={"csrf": await site.csrf(resume)})
+    assert again.status_code == 409
+    assert await site.audit_rows() == [
+        ("ada", "resume", execution_id, "refused"),
+        ("ada", "resume", execution_id, "done"),
+        ("ada", "pause", execution_id, "done"),
+    ]
+
+
+@pytest.mark.asyncio
 async def test_cancel_behind_a_confirmation_is_done_once_and_audited(site: Site) -> None:
     execution_id = await site.impression("k1")
     await site.login(ADA)

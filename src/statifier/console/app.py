@@ -440,6 +440,8 @@ def console_routes(console: Console) -> list[BaseRoute]:
         Route("/executions", pages.executions, methods=["GET"]),
         Route("/executions/{execution_id:path}/cancel", pages.cancel, methods=["GET", "POST"]),
         Route("/executions/{execution_id:path}/rotate", pages.rotate, methods=["GET", "POST"]),
+        Route("/executions/{execution_id:path}/pause", pages.pause, methods=["GET", "POST"]),
+        Route("/executions/{execution_id:path}/resume", pages.resume, methods=["GET", "POST"]),
         Route("/executions/{execution_id:path}", pages.execution, methods=["GET"]),
         Route("/routing", pages.routing, methods=["GET"]),
         Route("/failures", pages.failures, methods=["GET"]),
@@ -921,6 +923,7 @@ class _Pages:
                 max_step_errors=MAX_STEP_ERRORS,
                 max_rows=MAX_DETAIL_ROWS,
                 timers=detail.timers,
+                held=detail.held,
                 outbox=detail.outbox,
                 made_by=makers,
                 ledger=detail.ledger,
@@ -1052,6 +1055,41 @@ class _Pages:
             label="Cancel the execution",
             back=back,
             run=lambda record: actions.cancel(self.console.router, execution_id, record=record),
+        )
+        return await self.act(request, act)
+
+    async def pause(self, request: Request) -> Response:
+        execution_id = request.path_params["execution_id"]
+        back = f"{self.base(request)}/executions/{quote(execution_id, safe='')}"
+        act = _Act(
+            audit="pause",
+            target=execution_id,
+            title="Pause this execution?",
+            question=(
+                f"Execution {execution_id} takes no event until it is resumed: what is sent "
+                "to it, and its timers that come due, wait in order and are stepped in on "
+                "resume. Nothing is refused."
+            ),
+            label="Pause the execution",
+            back=back,
+            run=lambda record: actions.pause(self.console.router, execution_id, record=record),
+        )
+        return await self.act(request, act)
+
+    async def resume(self, request: Request) -> Response:
+        execution_id = request.path_params["execution_id"]
+        back = f"{self.base(request)}/executions/{quote(execution_id, safe='')}"
+        act = _Act(
+            audit="resume",
+            target=execution_id,
+            title="Resume this execution?",
+            question=(
+                f"Execution {execution_id} takes events again: what it held is stepped in "
+                "first, oldest first, in one transaction."
+            ),
+            label="Resume the execution",
+            back=back,
+            run=lambda record: actions.resume(self.console.router, execution_id, record=record),
         )
         return await self.act(request, act)
 

@@ -72,6 +72,7 @@ __all__ = [
     "ExecutionFilter",
     "ExecutionSummary",
     "Fingerprint",
+    "HeldView",
     "LedgerFilter",
     "Page",
     "ProjectionView",
@@ -256,6 +257,23 @@ class TimerView:
 
 
 @dataclass(frozen=True, slots=True)
+class HeldView:
+    """An event held for a paused execution (a ``held_events`` row), stepped in on
+    resume in ``id`` order.
+
+    ``event`` is the event's name (``None`` when its blob cannot be read here: sealed
+    under a key this process lacks, say); ``via`` how it came (``step``, ``timer``);
+    ``message_id`` the message it came as (``None`` for a timer's)."""
+
+    id: Any
+    _: KW_ONLY
+    via: str
+    event: str | None
+    message_id: str | None
+    held_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
 class ErrorView:
     """An error event a step raised, as stored (a ``step_errors`` row).
 
@@ -325,6 +343,8 @@ class ExecutionDetail:
         errors: the error events its steps raised, newest first (at most
             :data:`MAX_DETAIL_ROWS`; ``record.error_count`` counts them all, including
             those a step raised beyond the most it stores).
+        held: the events held for it while paused, oldest first (at most
+            :data:`MAX_DETAIL_ROWS`).
     """
 
     record: ExecutionRecord
@@ -337,6 +357,7 @@ class ExecutionDetail:
     inputs: tuple[LoggedInput, ...]
     inputs_truncated: bool
     errors: tuple[ErrorView, ...] = ()
+    held: tuple[HeldView, ...] = ()
 
     def step_rows(self, keys: Iterable[str]) -> StepRows | None:
         """The rows of the sends with these ``keys`` among the rows this detail holds,
@@ -736,6 +757,12 @@ class ConsoleQueries:
                 .order_by(t.step_errors.c.id.desc())
                 .limit(MAX_DETAIL_ROWS)
             )
+            held = connection.execute(
+                sa.select(t.held_events)
+                .where(t.held_events.c.execution_id == execution_id)
+                .order_by(t.held_events.c.id)
+                .limit(MAX_DETAIL_ROWS)
+            )
             return ExecutionDetail(
                 record,
                 chart=None if chart_row is None else _chart(chart_row, codec),
@@ -751,6 +778,7 @@ class ConsoleQueries:
                 inputs=tuple(_input(r, codec) for r in inputs[:MAX_INPUTS]),
                 inputs_truncated=len(inputs) > MAX_INPUTS,
                 errors=tuple(_error(r, codec) for r in errors),
+                held=tuple(_held(r, codec) for r in held),
             )
 
         return await run_on(self.engine, read)
@@ -1252,6 +1280,19 @@ def _timer(row: sa.Row[Any], codec: BlobCodec) -> TimerView:
         inserted_at=row.inserted_at,
         key=row.dedup_key,
         event=_event_name(payload.get("event")),
+    )
+
+
+def _held(row: sa.Row[Any], codec: BlobCodec) -> HeldView:
+    """A ``held_events`` row; an event the codec cannot decode shows without its name."""
+    what = f"a held event of execution {row.execution_id!r}"
+    try:
+        event: str | None = load_event(_decoded(codec, row.event_blob, what) or b"").name
+    except (UndecodableBlob, NotAPosition):
+        _log.warning("console: a held event of execution %s cannot be read", row.execution_id)
+        event = None
+    return HeldView(
+        row.id, via=row.via, event=event, message_id=row.message_id, held_at=row.held_at
     )
 
 
