@@ -739,7 +739,8 @@ async def test_pause_and_resume_behind_a_confirmation_show_what_waits_and_are_au
         message_id="click-k1",
         data={"kind": "click", "impression_id": "k1", "url": "https://example.com"},
     )
-    (outcome,) = [o for o in (await site.router.route(click)).outcomes if o.outcome == "held"]
+    outcomes = (await site.router.route(click)).outcomes
+    assert [o.outcome for o in outcomes] == ["no_match", "held"]
     shown = (await site.page(f"/console/executions/{execution_id}")).text
     assert 'id="status" class="status-paused">paused<' in shown
     assert 'id="resume"' in shown
