@@ -8,7 +8,8 @@ stepped through, a datamodel value holding markup shown as text (no script ran),
 execution cancelled behind its confirmation (and audited), the executions list updated
 live while the page stays loaded. Another follows a chart error from the list's errors
 filter to its execution and its step, finds it on the failures page, and tells a paid
-order from an expired one. A third types an order's key in the list's search. With
+order from an expired one. A third types an order's key in the list's search. A fourth
+pauses an order, sees the payment sent meanwhile wait on its page, and resumes it. With
 ``STATIFIER_SCREENSHOTS=1`` the walks write the screenshots of ``docs/console.md``.
 """
 
@@ -387,3 +388,44 @@ def test_an_operator_types_a_key_in_the_search_and_finds_its_execution(
     listed = browser.find_elements(By.CSS_SELECTOR, "#executions tr[data-execution-id]")
     assert [r.get_attribute("data-execution-id") for r in listed] == [wanted]
     assert "final=paid" in browser.current_url
+
+
+def test_an_operator_pauses_an_order_sees_what_waits_and_resumes_it(
+    served_console: ServedConsole, browser: WebDriver
+) -> None:
+    """An order paused behind its confirmation: a payment posted meanwhile waits on its
+    page under "Held while paused" and the order stays where it was; resumed, the
+    payment is stepped in and the order ends paid. Both actions are audited."""
+    served = served_console
+    served.order("checkout", "o-held", "c-1", amount=5, timeout="1h")
+    order = _address(served.database, "o-held")
+    _wait_for_status(served.database, order, "active")
+
+    _log_in(browser, served, OPERATOR_TOKEN)
+    browser.get(f"{served.url}/console/executions/{order}")
+    _follow(browser, browser.find_element(By.ID, "pause"))
+    _follow(browser, browser.find_element(By.ID, "confirm"))
+    _wait(browser).until(
+        expected_conditions.text_to_be_present_in_element((By.ID, "status"), "paused")
+    )
+    assert browser.find_elements(By.ID, "pause") == []
+
+    served.order("pay", "o-held", "p-1")  # answered 200: held, not refused
+    browser.refresh()
+    held = _texts(browser, "#held-events tr.held-row td:nth-child(2)")
+    assert held == ["pay"]
+    assert _active_states(browser) == {"awaiting_payment"}
+    browser.execute_script("document.getElementById('held-panel').scrollIntoView()")
+    _screenshot(browser, "paused.png")
+
+    _follow(browser, browser.find_element(By.ID, "resume"))
+    _follow(browser, browser.find_element(By.ID, "confirm"))
+    _wait(browser).until(
+        expected_conditions.text_to_be_present_in_element((By.ID, "status"), "completed")
+    )
+    assert browser.find_elements(By.ID, "held-events") == []
+    assert _status(served.database, order) == "completed"
+    assert _audited(served.database, order) == [
+        ("ada", "resume", "done"),
+        ("ada", "pause", "done"),
+    ]
