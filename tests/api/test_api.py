@@ -14,6 +14,8 @@ import httpx
 import pytest
 import pytest_asyncio
 import sqlalchemy as sa
+from openapi_spec_validator import validate
+from openapi_spec_validator.validation.exceptions import OpenAPIValidationError
 from tests.console.conftest import CHECKOUT, shop_bindings
 from tests.persistence.conftest import (  # noqa: F401 - fixtures used by name
     fresh_database,
@@ -384,6 +386,9 @@ async def test_the_openapi_document_needs_no_token_and_lists_every_route(shop: S
     assert document["openapi"] == "3.1.0"
     served = {getattr(route, "path", "") for route in shop.api.app.routes} - {"/openapi.json"}
     assert served == set(document["paths"])
+    validate(document)  # against the OpenAPI 3.1 schema
+    with pytest.raises(OpenAPIValidationError):  # which is not vacuous
+        validate(document | {"paths": {"/x": {"get": {"responses": {"200": {}}}}}})
 
 
 def test_tokens_are_checked_and_never_shown() -> None:
