@@ -54,7 +54,7 @@ from statifier.expr import UNDEFINED, Value, tagged
 from statifier.extras import MissingExtra
 from statifier.fronts.http_body import DEFAULT_MAX_BODY, Refused, check_bounds, read_body
 from statifier.fronts.source import Malformed, json_object
-from statifier.persistence import Status
+from statifier.persistence import Status, Stepped
 from statifier.persistence.sql import SqlTransaction
 from statifier.persistence.step_errors import decode_error
 from statifier.repeats import IntervalTally
@@ -63,7 +63,6 @@ from statifier.router import (
     Entry,
     InboundEvent,
     InvalidEvent,
-    Outcome,
     Plan,
     Router,
     address_of,
@@ -224,12 +223,8 @@ class Api:
         except Exception as error:  # noqa: BLE001 - the caller's answer, and the log's
             return self._failed(error)
 
-        def execution(outcome: Outcome) -> dict[str, Any] | None:
-            step = getattr(outcome, "step", None)
-            if step is None:
-                return None
-            document = self._documents.get(outcome.binding_id, "")
-            address = Address(scope, document, getattr(outcome, "key", ""))
+        def execution(binding_id: str, key: str, step: Stepped) -> dict[str, Any]:
+            address = Address(scope, self._documents.get(binding_id, ""), key)
             return execution_json(Snapshot.of_step(step, address), self.visible)
 
         outcomes = [outcome_json(outcome, execution) for outcome in routed.outcomes]
@@ -277,10 +272,7 @@ class Api:
         except Exception as error:  # noqa: BLE001 - the caller's answer, and the log's
             return self._failed(error)
 
-        def execution(outcome: Outcome) -> dict[str, Any] | None:
-            step = getattr(outcome, "step", None)
-            if step is None:
-                return None
+        def execution(_binding_id: str, _key: str, step: Stepped) -> dict[str, Any]:
             return execution_json(Snapshot.of_step(step, address), self.visible)
 
         return JSONResponse({"message_id": message_id, "outcome": outcome_json(outcome, execution)})

@@ -6,7 +6,7 @@ address, and of its datamodel only the fields declared visible for its document:
 nothing else of the datamodel leaves. Values are in the tagged encoding
 (:mod:`statifier.expr.tagged`), times in ISO 8601.
 
->>> outcome_json(Duplicate("orders", key="o-1"), lambda outcome: None)["outcome"]
+>>> outcome_json(Duplicate("orders", key="o-1"), lambda binding, key, step: {})["outcome"]
 'duplicate'
 """
 
@@ -31,7 +31,7 @@ from statifier.router import (
     Outcome,
 )
 
-__all__ = ["Address", "Snapshot", "execution_json", "outcome_json", "reached"]
+__all__ = ["Address", "Snapshot", "StepJson", "execution_json", "outcome_json", "reached"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,35 +116,41 @@ def execution_json(snapshot: Snapshot, visible: Mapping[str, Sequence[str]]) -> 
     }
 
 
-def outcome_json(
-    outcome: Outcome, execution: Callable[[Outcome], dict[str, Any] | None]
-) -> dict[str, Any]:
+StepJson = Callable[[str, str, Stepped], dict[str, Any]]
+"""``(binding id, key, step)``: the JSON of the execution as a delivery's step left it."""
+
+
+def outcome_json(outcome: Outcome, execution: StepJson) -> dict[str, Any]:
     """The JSON of one binding's outcome; ``execution`` gives the JSON of the
-    execution as the outcome's own step left it (``None`` for an outcome without a
-    step)."""
+    execution as the outcome's own step left it (for an outcome that stepped one:
+    delivered, created and delivered, dropped as unmatched)."""
     key: str | None = None
     execution_id: str | None = None
     reason: str | None = None
+    step: Stepped | None = None
     kind = outcome.outcome
     match outcome:
-        case Delivered() | CreatedAndDelivered() | Held():
+        case Delivered() | CreatedAndDelivered():
+            key, execution_id, step = outcome.key, outcome.execution_id, outcome.step
+        case Held():
             key, execution_id = outcome.key, outcome.execution_id
         case Dropped():
             key, execution_id, reason = outcome.key, outcome.execution_id, outcome.reason.value
-            kind = "dropped"
+            step, kind = outcome.step, "dropped"
         case Duplicate():
             key = outcome.key
         case KeyRefused():
             reason = outcome.reason
         case NoMatch():
             pass
+    shown = None if step is None or key is None else execution(outcome.binding_id, key, step)
     return {
         "binding": outcome.binding_id,
         "outcome": kind,
         "key": key,
         "execution_id": execution_id,
         "reason": reason,
-        "execution": execution(outcome),
+        "execution": shown,
     }
 
 
