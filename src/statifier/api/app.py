@@ -1,5 +1,5 @@
 """The HTTP API into executions: send an event and get the execution's state after the
-commit, wait for a state, read, list and cancel (``docs/api.md``).
+commit, wait for a state, read, list, pause, resume and cancel (``docs/api.md``).
 
 :class:`Api` is a Starlette application answering at its own root; ``statifier serve``
 mounts it at ``[api] path`` (``/api`` by default), and a host may mount ``api.app``
