@@ -49,6 +49,10 @@ EVENTS: Final[Mapping[str, str]] = {
     "statifier.fronts.dead_letter": "a stream consumer dead-lettered a message and moved on",
     "statifier.fronts.request": "an HTTP front (webhook, form, BasicHTTP) answered a request",
     "statifier.fronts.trouble": "a stream source began, or stopped, being kept from reading",
+    # the HTTP API (see the API section of docs/telemetry.md)
+    "statifier.api.request": "the HTTP API answered a call",
+    "statifier.api.watch": "the HTTP API's watcher read the executions waited on",
+    "statifier.api.watch_failed": "the HTTP API's watcher failed to read; it reads again",
     # the service (see the service section of docs/telemetry.md)
     "statifier.service.listener": "the HTTP listener shed, refused or timed out connections",
     # scriba, the projection engine (see the scriba section of docs/telemetry.md)

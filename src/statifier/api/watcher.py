@@ -4,7 +4,9 @@ A caller waits for an execution to reach a state (or to end), bounded by a timeo
 However many wait, one task reads the database for all of them: each ``poll`` seconds
 one query reads the status, last change and newest input of every execution waited on, and only an
 execution that changed since the last look is read whole, once for all its waiters.
-The task runs while someone waits and stops when no one does.
+The task runs while someone waits and stops when no one does. Each read is reported
+as the telemetry event ``statifier.api.watch`` (how many executions it read, how many
+calls waited, how many changed).
 
 Nothing is lost to a failed read: it is logged (warning), counted under the telemetry
 event ``statifier.api.watch_failed``, and the next tick reads again; a waiter whose
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -134,8 +137,11 @@ class Watcher:
             await asyncio.sleep(self._poll)
 
     async def _tick(self) -> None:
+        started = time.perf_counter()
         ids = list(self._watched)
+        waiters = self.waiting
         marks = await self._read_marks(ids)
+        changed = 0
         for execution_id in ids:
             watched = self._watched.get(execution_id)
             mark = marks.get(execution_id)
@@ -144,9 +150,20 @@ class Watcher:
             snapshot = await self._load(execution_id)
             if snapshot is None:
                 continue
+            changed += 1
             watched.mark, watched.snapshot = mark, snapshot
             for waiter in list(watched.waiters):
                 self._check(snapshot, waiter)
+        telemetry.report(
+            "statifier.api.watch",
+            {
+                "duration": time.perf_counter() - started,
+                "executions": len(ids),
+                "waiters": waiters,
+                "changed": changed,
+            },
+            {},
+        )
 
     @staticmethod
     def _check(snapshot: Snapshot, waiter: _Waiter) -> None:

@@ -58,6 +58,7 @@ FAILURES: Final[frozenset[str]] = frozenset(
     {
         "statifier.session.error",
         "statifier.persistence.effect_failed",
+        "statifier.api.watch_failed",
         "scriba.projection.event.exception",
         "scriba.projection.halted",
         "scriba.projection.dead_letter",

@@ -78,6 +78,15 @@ def cross_check(top: Table, settings: ServiceSettings) -> None:
     paths: dict[str, str] = {}
     if console.enabled:
         paths[CONSOLE_PATH] = "the console"
+    api = settings.api
+    if api.enabled:
+        for taken in (*HEALTH_PATHS, *paths):
+            if _nested(api.path, taken) or _nested(taken, api.path):
+                other = paths.get(taken, "the health endpoints")
+                raise ServiceConfigError(
+                    file, "api", "path", f"{shown(api.path)} overlaps {other} ({shown(taken)})"
+                )
+        paths[api.path] = "the API"
     for front in settings.fronts:
         table = front_table(front)
         if not isinstance(front, BasicHttpFront) and front.source not in read:

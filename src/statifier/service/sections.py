@@ -32,12 +32,16 @@ from statifier.router import (
 from statifier.router.sending import BASICHTTP_QUEUE
 from statifier.service.cross_checks import cross_check
 from statifier.service.settings import (
+    API_PATH,
+    API_RIGHTS,
     CODEC_KINDS,
     CONSOLE_ROLES,
     DEFAULT_DATABASE,
     LOG_FORMATS,
     LOG_LEVELS,
     SOURCE_KINDS,
+    ApiSettings,
+    ApiTokenSettings,
     BasicHttpFront,
     CallSink,
     ConsoleOperator,
@@ -124,6 +128,7 @@ class SectionReader:
         logging = self.logging(top.table("logging"))
         otel = self.otel(top.table("otel"))
         console = self.console(top)
+        api = self.api(top, documents)
         codec = self.codec(top.table("codec"))
         top.done()
         settings = ServiceSettings(
@@ -147,6 +152,7 @@ class SectionReader:
             logging=logging,
             otel=otel,
             console=console,
+            api=api,
             codec=codec,
         )
         cross_check(top, settings)
@@ -612,6 +618,65 @@ class SectionReader:
             max_clients=table.integer("max_clients", 32, maximum=10_000),
             scriba_prefix=scriba_prefix,
         )
+        table.done()
+        return settings
+
+    # The HTTP API.
+
+    def api(self, top: Table, documents: Mapping[str, Machine]) -> ApiSettings:
+        """``[api]``: absent, no API is served."""
+        if not top.has("api"):
+            top.seen.add("api")
+            return ApiSettings()
+        table = top.table("api")
+        tokens = []
+        seen: dict[str, str] = {}
+        for named in table.named("tokens"):
+            token = named.secret("token_env")
+            if not 16 <= len(token) <= 512:
+                raise named.refuse("token_env", "the token must be 16 to 512 characters")
+            if token in seen:
+                raise named.refuse("token_env", f"the same token as [api.tokens.{seen[token]}]")
+            seen[token] = leaf(named)
+            scopes = named.value("scopes", MISSING)
+            if (
+                not isinstance(scopes, list)
+                or not scopes
+                or not all(isinstance(scope, str) and scope for scope in scopes)
+            ):
+                raise named.refuse(
+                    "scopes", f'must be a list of scopes (["*"]: every one), not {shown(scopes)}'
+                )
+            rights = self.choice(named, "rights", API_RIGHTS, "read")
+            tokens.append(ApiTokenSettings(leaf(named), token, tuple(scopes), rights))
+            named.done()
+        enabled = table.boolean("enabled", True)
+        if enabled and not tokens:
+            raise table.refuse("tokens", "the API needs a token: [api.tokens.NAME]")
+        visible: dict[str, tuple[str, ...]] = {}
+        shown_fields = table.table("visible")
+        for document, fields in shown_fields.raw.items():
+            shown_fields.seen.add(document)
+            if document not in documents:
+                raise shown_fields.refuse(document, "no chart of this document is loaded")
+            if not isinstance(fields, list) or not all(
+                isinstance(name, str) and name and not name.startswith("_") for name in fields
+            ):
+                raise shown_fields.refuse(
+                    document, f"must be a list of datamodel field names, not {shown(fields)}"
+                )
+            visible[document] = tuple(fields)
+        settings = ApiSettings(
+            enabled=enabled,
+            path=self.path(table) if table.has("path") else API_PATH,
+            tokens=tuple(tokens),
+            visible=visible,
+            max_body=table.integer("max_body", 1024 * 1024, maximum=64 * 1024 * 1024),
+            timeout=table.seconds("timeout", 10.0),
+            max_wait=table.seconds("max_wait", 60.0),
+            poll=table.seconds("poll", 0.2),
+        )
+        table.seen.add("path")
         table.done()
         return settings
 

@@ -15,7 +15,9 @@ then runs, on one event loop:
   (:mod:`statifier.service.sinks`);
 - the reapers, every ``[reapers] interval`` seconds;
 - with ``[console]``, the operator console at ``/console`` on the same listener
-  (:mod:`statifier.service.console`, ``docs/console.md``).
+  (:mod:`statifier.service.console`, ``docs/console.md``);
+- with ``[api]``, the HTTP API at its path on the same listener
+  (:mod:`statifier.service.api`, ``docs/api.md``).
 
 A worker or a consumer that fails (the database went away, a broker dropped) is logged
 (once per kind of failure and interval, with a count) and started again after a
@@ -58,6 +60,7 @@ from statifier.extras import MissingExtra
 from statifier.persistence.sql import SqlAdapter
 from statifier.repeats import Repeats
 from statifier.router import OutboxDrain, Router, TimerWorker, reap_addresses, reap_dedupe
+from statifier.service.api import service_api
 from statifier.service.console import ServedConsole, service_console
 from statifier.service.consumers import (
     FIRST_RESTART,
@@ -75,6 +78,7 @@ from statifier.sql import TableOptions
 if TYPE_CHECKING:
     import uvicorn
 
+    from statifier.api import Api
     from statifier.service.listener import GuardedServer
 
 __all__ = ["Bridge", "NotMigrated", "Service", "Supervised", "install_bridges", "prepare_database"]
@@ -333,6 +337,7 @@ class Service:
         self._workers_stop = asyncio.Event()
         self._forced = asyncio.Event()
         self._console: ServedConsole | None = None
+        self._api: Api | None = None
 
     def stop(self) -> None:
         """Begin the orderly stop (SIGTERM, SIGINT); a second call cancels at once."""
@@ -386,6 +391,9 @@ class Service:
         if settings.console.enabled:
             self._console = service_console(settings, router)
             routes.extend(self._console.routes)
+        if settings.api.enabled:
+            self._api = service_api(settings, router)
+            fronts.append((settings.api.path, self._api.app))
         app = Mounted(fronts, Starlette(routes=routes))
         make_server = _http_server()
         consumers = [
@@ -423,6 +431,8 @@ class Service:
                 raise RuntimeError("the HTTP server stopped before it started")
             self.address = (host, port)
             self._say(f"listening on http://{host}:{port}")
+            if self._api is not None:
+                self._say(f"API at http://{host}:{port}{settings.api.path}/")
             if self._console is not None:
                 self._say(f"console at http://{host}:{port}/console/")
                 if self._console.generated is not None:
@@ -474,6 +484,8 @@ class Service:
         if self._console is not None:
             # Its event streams would hold the listener open; its replays, threads.
             self._console.close()
+        if self._api is not None:
+            await self._api.close()  # its waiting calls are answered now
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.shutdown_timeout
         _log.info(

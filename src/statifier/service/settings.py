@@ -18,6 +18,8 @@ from statifier.persistence.serialization import DEFAULT_LOCK_WAIT
 from statifier.router import Backoff, Binding
 
 __all__ = [
+    "API_PATH",
+    "API_RIGHTS",
     "CODEC_KINDS",
     "CONSOLE_PATH",
     "CONSOLE_ROLES",
@@ -26,6 +28,8 @@ __all__ = [
     "LOG_FORMATS",
     "LOG_LEVELS",
     "SOURCE_KINDS",
+    "ApiSettings",
+    "ApiTokenSettings",
     "BasicHttpFront",
     "CallSink",
     "ConsoleOperator",
@@ -62,6 +66,10 @@ HEALTH_PATHS: Final = frozenset({"/healthz", "/readyz"})
 """The service's own paths; no front may be mounted on or under them."""
 CONSOLE_PATH: Final = "/console"
 """Where the console is served (with ``[console]``); no front may be mounted there."""
+API_PATH: Final = "/api"
+"""Where the HTTP API is served by default (with ``[api]``)."""
+API_RIGHTS: Final = ("read", "write")
+"""The rights of ``[api.tokens.NAME]``."""
 CONSOLE_ROLES: Final = ("operator", "read_only")
 """The roles of ``[console.operators.NAME]``."""
 SOURCE_KINDS: Final = frozenset({"table", "kafka", "nats"})
@@ -414,6 +422,45 @@ class ConsoleSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class ApiTokenSettings:
+    """A caller of the HTTP API (``[api.tokens.NAME]``): its name, its token read from
+    the environment (``token_env``; kept out of ``repr``), the scopes it reaches
+    (``["*"]``: every scope) and its rights, one of :data:`API_RIGHTS`."""
+
+    name: str
+    token: str = field(repr=False)
+    scopes: tuple[str, ...]
+    rights: str = "read"
+
+
+@dataclass(frozen=True, slots=True)
+class ApiSettings:
+    """The HTTP API (``[api]``, see ``docs/api.md``), mounted at ``path`` beside the
+    fronts.
+
+    Attributes:
+        enabled: whether it is served (the table's presence, unless ``enabled =
+            false``).
+        path: where it is mounted.
+        tokens: who may call it (at least one).
+        visible: for a document, the datamodel fields an answer may show.
+        max_body: the largest request body read, in bytes.
+        timeout: the seconds one call may take (a wait aside).
+        max_wait: the longest wait answered, in seconds.
+        poll: the seconds between two reads of the executions waited on.
+    """
+
+    enabled: bool = False
+    path: str = API_PATH
+    tokens: tuple[ApiTokenSettings, ...] = ()
+    visible: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    max_body: int = 1024 * 1024
+    timeout: float = 10.0
+    max_wait: float = 60.0
+    poll: float = 0.2
+
+
+@dataclass(frozen=True, slots=True)
 class SourceSettings:
     """A stream source: its name (the events' source, but for the table, whose rows
     name theirs), kind, scope (the table's rows carry their own), the kind's own
@@ -461,6 +508,7 @@ class ServiceSettings:
     logging: LoggingSettings = field(default_factory=LoggingSettings)
     otel: OtelSettings = field(default_factory=OtelSettings)
     console: ConsoleSettings = field(default_factory=ConsoleSettings)
+    api: ApiSettings = field(default_factory=ApiSettings)
     codec: BlobCodec = PLAIN
 
 

@@ -1,0 +1,44 @@
+"""The HTTP API as the service serves it (``[api]``, ``docs/api.md``).
+
+:func:`service_api` builds the :class:`~statifier.api.Api` over the service's router:
+its tokens are those of ``[api.tokens.NAME]`` (each read from the environment variable
+``token_env`` names), its visible fields those of ``[api.visible]``. The service
+mounts ``api.app`` at ``[api] path`` on its listener and closes it when it stops, so
+that no waiting call holds the stop up.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from statifier.router import Router
+from statifier.service.settings import ServiceConfigError, ServiceSettings
+
+if TYPE_CHECKING:
+    from statifier.api import Api
+
+__all__ = ["service_api"]
+
+
+def service_api(settings: ServiceSettings, router: Router) -> Api:
+    """The API of ``settings`` (which must have ``[api]`` enabled) over ``router``.
+
+    Raises:
+        ServiceConfigError: the API refuses the configuration (a binding named ``api``).
+    """
+    from statifier.api import Api, ApiToken, Rights
+
+    chosen = settings.api
+    tokens = [ApiToken(t.name, t.token, t.scopes, Rights(t.rights)) for t in chosen.tokens]
+    try:
+        return Api(
+            router,
+            tokens=tokens,
+            visible=chosen.visible,
+            max_body=chosen.max_body,
+            timeout=chosen.timeout,
+            max_wait=chosen.max_wait,
+            poll=chosen.poll,
+        )
+    except ValueError as refused:
+        raise ServiceConfigError(settings.file, "api", "", str(refused)) from None
