@@ -227,6 +227,7 @@ class Api:
             address = Address(scope, self._documents.get(binding_id, ""), key)
             return execution_json(Snapshot.of_step(step, address), self.visible)
 
+        self.watcher.nudge()
         outcomes = [outcome_json(outcome, execution) for outcome in routed.outcomes]
         return JSONResponse({"message_id": message_id, "outcomes": outcomes})
 
@@ -275,6 +276,7 @@ class Api:
         def execution(_binding_id: str, _key: str, step: Stepped) -> dict[str, Any]:
             return execution_json(Snapshot.of_step(step, address), self.visible)
 
+        self.watcher.nudge()
         return JSONResponse({"message_id": message_id, "outcome": outcome_json(outcome, execution)})
 
     async def _read(self, request: Request, caller: ApiToken) -> Answer:

@@ -1,9 +1,12 @@
 """One watcher for every caller waiting on an execution.
 
 A caller waits for an execution to reach a state (or to end), bounded by a timeout.
-However many wait, one task reads the database for all of them: each ``poll`` seconds
-one query reads the status, last change and newest input of every execution waited on, and only an
+However many wait, one task reads the database for all of them: one query reads the
+status, last change and newest input of every execution waited on, and only an
 execution that changed since the last look is read whole, once for all its waiters.
+It reads every ``poll`` seconds, and sooner when a call waits on an execution not read
+yet or the API's own send has just changed one (:meth:`Watcher.nudge`), but never
+twice within a tenth of ``poll``: the reads are bounded by time, not by the waiters.
 The task runs while someone waits and stops when no one does. Each read is reported
 as the telemetry event ``statifier.api.watch`` (how many executions it read, how many
 calls waited, how many changed).
@@ -16,6 +19,7 @@ timeout passes meanwhile is answered with what was last seen.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -70,6 +74,7 @@ class Watcher:
         self._poll = poll
         self._watched: dict[str, _Watched] = {}
         self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
         self._closed = False
 
     @property
@@ -98,6 +103,8 @@ class Watcher:
         watched.waiters.append(waiter)
         if watched.snapshot is not None:
             self._check(watched.snapshot, waiter)
+        else:
+            self._wake.set()  # a new execution to read: soon, for every new waiter at once
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run(), name="statifier.api.watcher")
         try:
@@ -121,8 +128,16 @@ class Watcher:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
 
+    def nudge(self) -> None:
+        """Read soon, not at the end of the interval: a call has just changed an
+        execution (the API's own sends nudge it after their commit)."""
+        if self._watched:
+            self._wake.set()
+
     async def _run(self) -> None:
+        gap = self._poll / 10
         while self._watched and not self._closed:
+            self._wake.clear()
             try:
                 await self._tick()
             except Exception as error:  # noqa: BLE001 - the next tick reads again
@@ -134,7 +149,11 @@ class Watcher:
                 telemetry.report(
                     "statifier.api.watch_failed", {"count": 1}, {"error": type(error).__name__}
                 )
-            await asyncio.sleep(self._poll)
+            # A tenth of the interval at least between two reads, however many calls
+            # come and nudge: the reads stay bounded by time, never by the waiters.
+            await asyncio.sleep(gap)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._poll - gap)
 
     async def _tick(self) -> None:
         started = time.perf_counter()
