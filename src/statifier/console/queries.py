@@ -259,7 +259,7 @@ class TimerView:
 @dataclass(frozen=True, slots=True)
 class HeldView:
     """An event held for a paused execution (a ``held_events`` row), stepped in on
-    resume in ``id`` order.
+    resume in the order they came.
 
     ``event`` is the event's name (``None`` when its blob cannot be read here: sealed
     under a key this process lacks, say); ``via`` how it came (``step``, ``timer``);
@@ -760,7 +760,7 @@ class ConsoleQueries:
             held = connection.execute(
                 sa.select(t.held_events)
                 .where(t.held_events.c.execution_id == execution_id)
-                .order_by(t.held_events.c.id)
+                .order_by(t.held_events.c.seq)
                 .limit(MAX_DETAIL_ROWS)
             )
             return ExecutionDetail(

@@ -75,8 +75,8 @@ class HeldRow:
         message_id: the message it came as (``None`` for a timer's event).
         event_blob: the event as the input log stores it, through the storage's codec.
         held_at: when it was held.
-        id: the row's key, in the order the events are stepped (``None`` before the
-            insert).
+        id: the row's key (``None`` before the insert); the rows are read in the
+            order they came, which their ``seq`` keeps.
     """
 
     execution_id: str
@@ -243,10 +243,16 @@ class RoutingStatements:
             "ORDER BY inserted_at, id"
         )
         held = names.held_events
-        self.hold = sql(keys.insert(held, _HELD_COLUMNS))
+        # The next seq of the execution's held events, read in the insert itself: the
+        # caller holds the execution's lock, so no other insert of it runs meanwhile.
+        next_seq = {"seq": "COALESCE(MAX(seq), 0) + 1"}
+        self.hold = sql(
+            f"{keys.insert(held, (*_HELD_COLUMNS, 'seq'), next_seq, select=True)} "
+            f"FROM {held} WHERE execution_id = :execution_id"
+        )
         self.held = sql(
             f"SELECT id, {', '.join(_HELD_COLUMNS)} FROM {held} "
-            "WHERE execution_id = :execution_id ORDER BY id"
+            "WHERE execution_id = :execution_id ORDER BY seq"
         )
         self.count_held = sql(f"SELECT count(*) FROM {held} WHERE execution_id = :execution_id")
         self.drop_held = sql(f"DELETE FROM {held} WHERE execution_id = :execution_id")

@@ -877,23 +877,25 @@ def _step_errors(options: TableOptions, metadata: sa.MetaData) -> sa.Table:
 
 
 def _held_events(options: TableOptions, metadata: sa.MetaData) -> sa.Table:
-    """The events sent to paused executions, each taken in ``id`` order on resume:
-    the event as the input log stores it (``event_blob``, through the storage's codec),
-    how it came (``via``, ``internal`` for a timer's internal event), the scope its
-    step's sends resolve in, and the message it came as (``message_id``, ``None`` for a
+    """The events sent to paused executions, each taken in ``seq`` order on resume
+    (dense per execution, from 1: a key of any type says nothing of order): the event
+    as the input log stores it (``event_blob``, through the storage's codec), how it
+    came (``via``, ``internal`` for a timer's internal event), the scope its step's
+    sends resolve in, and the message it came as (``message_id``, ``None`` for a
     timer's)."""
     name = options.name
     return options.table(
         name("held_events"),
         metadata,
         sa.Column("execution_id", sa.Text(), nullable=False),
+        sa.Column("seq", sa.Integer(), nullable=False),
         sa.Column("via", sa.Text(), nullable=False),
         sa.Column("internal", sa.Boolean(), nullable=False),
         sa.Column("scope", sa.Text(), nullable=True),
         sa.Column("message_id", sa.Text(), nullable=True),
         sa.Column("event_blob", sa.LargeBinary(), nullable=False),
         sa.Column("held_at", UtcDateTime(), nullable=False),
-        sa.Index(name("held_events_execution_id_idx"), "execution_id", "id"),
+        sa.UniqueConstraint("execution_id", "seq", name=name("held_events_execution_id_seq_key")),
         schema=options.schema,
     )
 

@@ -25,16 +25,15 @@ def upgrade() -> None:
     create_table(
         held,
         sa.Column("execution_id", sa.Text(), nullable=False),
+        sa.Column("seq", sa.Integer(), nullable=False),
         sa.Column("via", sa.Text(), nullable=False),
         sa.Column("internal", sa.Boolean(), nullable=False),
         sa.Column("scope", sa.Text(), nullable=True),
         sa.Column("message_id", sa.Text(), nullable=True),
         sa.Column("event_blob", sa.LargeBinary(), nullable=False),
         sa.Column("held_at", UtcDateTime(), nullable=False),
+        sa.UniqueConstraint("execution_id", "seq", name=name("held_events_execution_id_seq_key")),
         schema=schema,
-    )
-    op.create_index(
-        name("held_events_execution_id_idx"), held, ["execution_id", "id"], schema=schema
     )
 
 
