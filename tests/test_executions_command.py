@@ -122,6 +122,34 @@ def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     return status, out.getvalue(), capsys.readouterr().err
 
 
+def test_bulk_acts_on_what_a_search_selects_once_confirmed(
+    place: Place, capsys: pytest.CaptureFixture[str]
+) -> None:
+    place.migrate()
+    at = place.options
+    charts = ["--charts", str(place.charts)]
+    for name in ("d1", "d2", "d3"):
+        assert cli(capsys, "create", "door", "--id", name, *at, *charts)[0] == 0
+    assert cli(capsys, "send", "d3", "close", *at)[0] == 0
+    unconfirmed = cli(capsys, "bulk", "pause", *at)
+    assert unconfirmed[0] == 2
+    assert "confirm with --yes to pause 2 executions" in unconfirmed[2]
+    status, text, _ = cli(capsys, "bulk", "pause", "--chart", "door", "--yes", *at)
+    assert status == 0
+    lines = text.splitlines()
+    assert lines[0] == "2 executions selected to pause"
+    assert lines[-1].startswith("pause: 2 done, 1 skipped, 0 failed (audited as cli:")
+    assert cli(capsys, "bulk", "pause", "--yes", *at)[1] == "0 executions selected to pause\n"
+    resumed = cli(capsys, "bulk", "resume", "--status", "paused", "--yes", *at)
+    assert resumed[1].splitlines()[-1].startswith("resume: 2 done, 0 skipped, 0 failed")
+    listed = json.loads(cli(capsys, "list", "--json", *at)[1])
+    assert sorted((row["id"], row["status"]) for row in listed) == [
+        ("d1", "active"),
+        ("d2", "active"),
+        ("d3", "completed"),
+    ]
+
+
 def test_pause_holds_what_is_sent_and_resume_steps_it_in(
     place: Place, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -301,7 +329,7 @@ def test_errors_are_one_line_with_status_2(
         ): "statifier executions list: --where takes KEY=VALUE, not 'tenant'\n",
         ("list", "--status", "done"): (
             "statifier executions list: unknown status 'done'; the statuses are active, "
-            "needs_migration, completed, failed, cancelled\n"
+            "needs_migration, paused, completed, failed, cancelled\n"
         ),
     }
     for argv, error in expected.items():
@@ -493,7 +521,7 @@ def test_bad_searches_are_refused_in_one_line_with_status_2(
         ("--final", "a\x00b"): f"{command}: final_state: a NUL character is never stored\n",
         ("--key", "k", "--status", "done"): (
             f"{command}: unknown status 'done'; the statuses are active, "
-            "needs_migration, completed, failed, cancelled\n"
+            "needs_migration, paused, completed, failed, cancelled\n"
         ),
     }
     for argv, error in expected.items():

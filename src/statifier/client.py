@@ -60,6 +60,7 @@ __all__ = [
     "Address",
     "ApiError",
     "AsyncClient",
+    "BulkRun",
     "Client",
     "Conflict",
     "Execution",
@@ -303,6 +304,29 @@ class Waited:
     execution: Execution
 
 
+@dataclass(frozen=True, slots=True)
+class BulkRun:
+    """How far a bulk action the API runs has come.
+
+    Attributes:
+        job: its id, to ask again (:meth:`Client.bulk_progress`).
+        action: ``cancel``, ``pause`` or ``resume``.
+        selected: how many executions the filter selected when it started.
+        done, skipped, failed: executions acted on, not applying any more, failed.
+        finished: whether it has ended.
+        error: why it stopped early, if it did (an error's type name).
+    """
+
+    job: str
+    action: str
+    selected: int
+    done: int
+    skipped: int
+    failed: int
+    finished: bool
+    error: str | None = None
+
+
 # -- parsing the API's JSON -----------------------------------------------------------
 
 _T = TypeVar("_T")
@@ -480,6 +504,37 @@ def _page(body: Mapping[str, Any]) -> Page:
 
 def _waited(body: Mapping[str, Any]) -> Waited:
     return Waited(_field(body, "reached", bool), _execution(_field(body, "execution", dict)))
+
+
+def _selected(body: Mapping[str, Any]) -> int:
+    return _field(body, "selected", int)
+
+
+def _bulk_run(job: str) -> Callable[[Mapping[str, Any]], BulkRun]:
+    def parse(body: Mapping[str, Any]) -> BulkRun:
+        return BulkRun(
+            job,
+            _text(body, "action"),
+            _field(body, "selected", int),
+            _field(body, "done", int),
+            _field(body, "skipped", int),
+            _field(body, "failed", int),
+            _field(body, "finished", bool),
+            _maybe_text(body, "error"),
+        )
+
+    return parse
+
+
+def _started(body: Mapping[str, Any]) -> BulkRun:
+    return _bulk_run(_text(body, "job"))(body)
+
+
+def _bulk_call(action: str, filters: Mapping[str, str], confirm: int | None) -> _Call:
+    body: dict[str, object] = {"action": action, "filter": dict(filters)}
+    if confirm is not None:
+        body["confirm"] = confirm
+    return _Call("POST", "/bulk", body=_json(body))
 
 
 def _acted(body: Mapping[str, Any]) -> Execution:
@@ -850,6 +905,25 @@ class Client:
         """
         return self._call(_Call("POST", _path("executions", execution_id, "cancel")), _acted)
 
+    def bulk_preview(self, action: str, **filters: str) -> int:
+        """How many executions a bulk ``action`` (``cancel``, ``pause``, ``resume``)
+        over ``filters`` (``scope``, ``document``, ``key``, ``status``,
+        ``final_state``, ``error``) would act on now."""
+        return self._call(_bulk_call(action, filters, None), _selected)
+
+    def bulk(self, action: str, *, confirm: int, **filters: str) -> BulkRun:
+        """Start a bulk ``action`` over ``filters``, confirming the count
+        :meth:`bulk_preview` gave; the API runs it and :meth:`bulk_progress` follows it.
+
+        Raises:
+            Conflict: the count selected changed since (``preview_changed``).
+        """
+        return self._call(_bulk_call(action, filters, confirm), _started)
+
+    def bulk_progress(self, job: str) -> BulkRun:
+        """How far the bulk run ``job`` has come."""
+        return self._call(_Call("GET", _path("bulk", job)), _bulk_run(job))
+
     def pause(self, execution_id: str) -> Execution:
         """Pause the execution: until it resumes, what is sent to it is held, in order
         (a send answers ``held``); answers it paused.
@@ -1017,6 +1091,18 @@ class AsyncClient:
         """As :meth:`Client.cancel`."""
         call = _Call("POST", _path("executions", execution_id, "cancel"))
         return await self._call(call, _acted)
+
+    async def bulk_preview(self, action: str, **filters: str) -> int:
+        """As :meth:`Client.bulk_preview`."""
+        return await self._call(_bulk_call(action, filters, None), _selected)
+
+    async def bulk(self, action: str, *, confirm: int, **filters: str) -> BulkRun:
+        """As :meth:`Client.bulk`."""
+        return await self._call(_bulk_call(action, filters, confirm), _started)
+
+    async def bulk_progress(self, job: str) -> BulkRun:
+        """As :meth:`Client.bulk_progress`."""
+        return await self._call(_Call("GET", _path("bulk", job)), _bulk_run(job))
 
     async def pause(self, execution_id: str) -> Execution:
         """As :meth:`Client.pause`."""

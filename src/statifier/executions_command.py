@@ -24,6 +24,14 @@
 ``statifier executions pause ID [--json]`` and ``statifier executions resume ID [--json]``
     Pause an active execution: what is sent to it and its timers that come due wait,
     in order; resume it: they are stepped in, oldest first, in one transaction.
+``statifier executions bulk cancel|pause|resume [--key K] [--scope S] [--status S] [...] [--yes]``
+    ``--chart NAME``, ``--final STATE`` and ``--error NAME`` search too.
+    Acts on every execution the search selects (as ``list`` searches, through the
+    console's query): prints how many it selects, asks to go on (or takes ``--yes``;
+    without a terminal, ``--yes`` is needed), then acts on each in a transaction of its
+    own with its audit row (actor ``cli:USER``), printing the progress after each
+    page, and one row for the run (:mod:`statifier.console.bulk`). Run again after an
+    interruption, it acts on what is left.
 ``statifier executions fire``
     Fires the timers due now, until none is (their steps' own due timers too), and
     prints how many.
@@ -51,7 +59,8 @@ tagged JSON encoding (:mod:`statifier.expr.tagged`).
 
 Exit status: 0 done; 1 when ``send`` or ``cancel`` was discarded (the execution had
 ended or is parked: nothing changed, and the line says why), when ``pause`` found the
-execution not active or ``resume`` found it not paused, when ``send`` or
+execution not active or ``resume`` found it not paused, when ``bulk`` was not
+confirmed or failed on an execution, when ``send`` or
 ``create`` raised an error event no transition took (the step was stored; the lines
 say which), when ``fire`` found timers still due after 100 passes (a chart sending to
 itself without end), or ``migrate`` parked or failed to move an execution; 2 for an
@@ -67,6 +76,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import getpass
 import json
 import sqlite3
 import sys
@@ -177,6 +187,19 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     cancel = actions.add_parser("cancel", parents=[common], help="cancel an execution")
     cancel.add_argument("execution_id", metavar="ID")
     cancel.add_argument("--json", action="store_true", help="print one JSON document")
+    bulk = actions.add_parser(
+        "bulk",
+        parents=[common],
+        help="cancel, pause or resume every execution a search selects",
+    )
+    bulk.add_argument("bulk_action", metavar="ACTION", choices=("cancel", "pause", "resume"))
+    bulk.add_argument("--key", default=None, help="executions an address key names")
+    bulk.add_argument("--scope", default=None, help="executions addressed in this scope")
+    bulk.add_argument("--status", default=None, help="executions in this status")
+    bulk.add_argument("--chart", default=None, help="executions of this chart")
+    bulk.add_argument("--final", default=None, help="executions that ended in this state")
+    bulk.add_argument("--error", default=None, help="executions that raised this error")
+    bulk.add_argument("--yes", action="store_true", help="act without asking")
     pause = actions.add_parser(
         "pause", parents=[common], help="pause an execution: what is sent to it waits"
     )
@@ -316,6 +339,8 @@ async def _run(args: argparse.Namespace, out: TextIO) -> int:
             return await _fire(durable, out)
         if args.action == "run":
             return await _run_workers(durable, out)
+        if args.action == "bulk":
+            return await _bulk(durable, args, out)
         if args.action == "pause":
             return await _pause(durable, args, out)
         if args.action == "resume":
@@ -491,6 +516,58 @@ async def _run_workers(durable: Durable, out: TextIO) -> int:
             loop.remove_signal_handler(signum)
     out.write("stopped\n")
     return 0
+
+
+async def _bulk(durable: Durable, args: argparse.Namespace, out: TextIO) -> int:
+    from statifier.console.audit import Audit
+    from statifier.console.bulk import BulkProgress, preview, run_bulk
+    from statifier.console.queries import ConsoleQueries, ExecutionFilter
+    from statifier.durable.values import status_named
+    from statifier.persistence.sql import SqlAdapter
+
+    adapter = durable.executions.storage.adapter
+    router = durable.router
+    if not isinstance(adapter, SqlAdapter) or router is None:  # the command opens a URL
+        raise TypeError("bulk actions act on a SQL database")
+    action = args.bulk_action
+    where = ExecutionFilter(
+        status=None if args.status is None else status_named(args.status),
+        document=args.chart,
+        key=args.key,
+        scope=args.scope,
+        final_state=args.final,
+        error=args.error,
+    )
+    queries = ConsoleQueries(adapter.engine, adapter.tables, codec=_codec(args))
+    selected = await preview(queries, action, where)
+    out.write(f"{selected} executions selected to {action}\n")
+    if selected == 0:
+        return 0
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise ValueError(f"confirm with --yes to {action} {selected} executions")
+        out.flush()
+        # The terminal's answer: nothing else runs on this loop meanwhile.
+        answer = await asyncio.to_thread(input, f"{action} {selected} executions? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            out.write("nothing done\n")
+            return 1
+
+    def said(progress: BulkProgress) -> None:
+        out.write(
+            f"  {progress.seen} seen: {progress.done} done, {progress.skipped} skipped, "
+            f"{progress.failed} failed\n"
+        )
+        out.flush()
+
+    actor = f"cli:{getpass.getuser()}"
+    audit = Audit(adapter.engine, adapter.tables)
+    done = await run_bulk(router, queries, audit, action, where, actor=actor, progress=said)
+    out.write(
+        f"{action}: {done.done} done, {done.skipped} skipped, {done.failed} failed "
+        f"(audited as {actor})\n"
+    )
+    return 1 if done.failed else 0
 
 
 async def _pause(durable: Durable, args: argparse.Namespace, out: TextIO) -> int:

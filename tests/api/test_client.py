@@ -710,3 +710,23 @@ async def test_a_paused_execution_holds_a_send_until_it_resumes(shop: Shop) -> N
     assert (resumed.status, resumed.final_state) == ("completed", "paid")
     with pytest.raises(Conflict):
         await shop.client.resume(execution_id)
+
+
+@pytest.mark.asyncio
+async def test_a_bulk_action_is_previewed_started_and_followed(shop: Shop) -> None:
+    for order in ("b-1", "b-2", "b-3"):
+        await shop.checkout(order)
+    selected = await shop.client.bulk_preview("pause", scope="web")
+    assert selected == 3
+    with pytest.raises(Conflict) as changed:
+        await shop.client.bulk("pause", confirm=2, scope="web")
+    assert changed.value.error == "preview_changed"
+    run = await shop.client.bulk("pause", confirm=3, scope="web")
+    assert (run.action, run.selected) == ("pause", 3)
+    for _ in range(200):
+        run = await shop.client.bulk_progress(run.job)
+        if run.finished:
+            break
+        await asyncio.sleep(0.05)
+    assert (run.done, run.skipped, run.failed, run.error) == (3, 0, 0, None)
+    assert await shop.client.bulk_preview("resume", scope="web") == 3

@@ -28,18 +28,20 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Final, Protocol
+from dataclasses import dataclass, field
+from typing import Any, Final
 
 import sqlalchemy as sa
 
 from statifier import telemetry
 from statifier.api.openapi import openapi_document
-from statifier.api.tokens import ApiToken, ApiTokens, Rights
+from statifier.api.tokens import ALL_SCOPES, ApiToken, ApiTokens, Rights
 from statifier.api.views import Address, Snapshot, execution_json, outcome_json, reached
 from statifier.api.watcher import Mark, Watcher
-from statifier.console.actions import Done, Record, cancel, pause, resume
+from statifier.console.actions import Action, Done, cancel, pause, resume
 from statifier.console.actions import Refused as ActionRefused
 from statifier.console.audit import Audit, AuditEntry
+from statifier.console.bulk import BULK_ACTIONS, BulkProgress, preview, run_bulk
 from statifier.console.queries import (
     MAX_PAGE,
     BadCursor,
@@ -84,6 +86,8 @@ API_PLAN_ID: Final = "api"
 while an :class:`Api` runs)."""
 MAX_IDEMPOTENCY_KEY: Final = 200
 """The longest ``Idempotency-Key`` accepted."""
+MAX_JOBS: Final = 100
+"""How many bulk runs the API keeps the progress of (the oldest ended ones go first)."""
 RECENT_ERRORS: Final = 20
 """How many of an execution's most recent errors a read shows."""
 DEFAULT_LIMIT: Final = 50
@@ -93,12 +97,6 @@ _log = logging.getLogger("statifier.api")
 
 Answer = Response | Refused
 Endpoint = Callable[[Request, ApiToken], Awaitable[Answer]]
-
-
-class Action(Protocol):
-    """One of :mod:`statifier.console.actions`' actions on an execution."""
-
-    async def __call__(self, router: Router, execution_id: str, *, record: Record) -> Done: ...
 
 
 class Api:
@@ -165,6 +163,7 @@ class Api:
         self._queries = ConsoleQueries(adapter.engine, adapter.tables, codec=router.storage.codec)
         self._audit = Audit(adapter.engine, adapter.tables)
         self.watcher = Watcher(self._marks, self._load, poll=poll)
+        self._jobs: dict[str, _Job] = {}
         self._repeats = IntervalTally()
         self.app = Starlette(
             routes=[
@@ -183,12 +182,20 @@ class Api:
                 self._route("/executions/{id}/resume", "POST", "resume", self._resume),
                 self._route("/executions/{id}/wait", "GET", "wait", self._wait),
                 self._route("/executions/{id}", "GET", "read", self._read),
+                self._route("/bulk", "POST", "bulk", self._bulk),
+                self._route("/bulk/{job}", "GET", "bulk_progress", self._bulk_progress),
             ]
         )
 
     async def close(self) -> None:
-        """Stop the watcher; waiting calls are answered with what they last saw."""
+        """Stop the watcher (waiting calls are answered with what they last saw) and
+        the bulk runs still going (what they did stays done; posting the same bulk
+        action again does the rest)."""
         await self.watcher.close()
+        running = [job.task for job in self._jobs.values() if not job.task.done()]
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
 
     # -- the endpoints ------------------------------------------------------------
 
@@ -359,6 +366,72 @@ class Api:
             return _no_execution(execution_id)
         body = {"done": done.summary, "execution": execution_json(snapshot, self.visible)}
         return JSONResponse(body)
+
+    async def _bulk(self, request: Request, caller: ApiToken) -> Answer:
+        """Preview a bulk action over a filter, or start it once confirmed with the
+        count the preview gave (a count that changed since is refused, 409)."""
+        body = await self._body(request)
+        if isinstance(body, Refused):
+            return body
+        action = _text(body, "action")
+        if isinstance(action, Refused):
+            return action
+        if action not in BULK_ACTIONS:
+            return Refused(400, "bad_action", f"action is one of {', '.join(BULK_ACTIONS)}")
+        chosen = body.get("filter", {})
+        if not isinstance(chosen, dict):
+            return Refused(400, "bad_filter", "filter is a JSON object")
+        where = _bulk_filter(chosen)
+        if isinstance(where, Refused):
+            return where
+        scope = where.scope
+        if scope is None and not caller.every_scope:
+            return Refused(400, "bad_filter", "name the scope to act in (filter.scope)")
+        if not caller.may(scope or ALL_SCOPES, Rights.WRITE):
+            return _forbidden(scope or ALL_SCOPES)
+        selected = await preview(self._queries, action, where)
+        confirm = body.get("confirm")
+        if confirm is None:
+            return JSONResponse({"action": action, "selected": selected})
+        if confirm != selected:
+            return Refused(
+                409, "preview_changed", f"{selected} executions are selected now; confirm those"
+            )
+        job = _Job(action, BulkProgress(action, selected))
+        actor = f"api:{caller.name}"
+        job.task = asyncio.create_task(self._run_bulk(job, where, actor), name=f"bulk {action}")
+        job_id = uuid.uuid4().hex
+        self._jobs[job_id] = job
+        while len(self._jobs) > MAX_JOBS:
+            oldest = next(iter(self._jobs))
+            if not self._jobs[oldest].task.done():
+                break
+            del self._jobs[oldest]
+        return JSONResponse({"job": job_id, **_progress_json(job)}, status_code=202)
+
+    async def _run_bulk(self, job: _Job, where: ExecutionFilter, actor: str) -> None:
+        def said(progress: BulkProgress) -> None:
+            job.progress = progress
+
+        try:
+            job.progress = await run_bulk(
+                self.router,
+                self._queries,
+                self._audit,
+                job.action,
+                where,
+                actor=actor,
+                progress=said,
+            )
+        except Exception as error:  # noqa: BLE001 - the run's end, told to whoever asks
+            job.error = type(error).__name__
+            self._failed(error)
+
+    async def _bulk_progress(self, request: Request, caller: ApiToken) -> Answer:
+        job = self._jobs.get(request.path_params["job"])
+        if job is None:
+            return Refused(404, "no_job", "no such bulk run (or it ended long ago)")
+        return JSONResponse(_progress_json(job))
 
     async def _wait(self, request: Request, caller: ApiToken) -> Answer:
         execution_id = request.path_params["id"]
@@ -532,6 +605,53 @@ class Api:
             )
 
         self._repeats.note((route, refused.status, refused.rule), first, later)
+
+
+@dataclass(eq=False, slots=True)
+class _Job:
+    """A bulk run the API started: its progress as last told, and how it ended."""
+
+    action: str
+    progress: BulkProgress
+    task: asyncio.Task[None] = field(init=False)
+    error: str | None = None
+
+
+def _progress_json(job: _Job) -> dict[str, Any]:
+    progress = job.progress
+    return {
+        "action": job.action,
+        "selected": progress.selected,
+        "done": progress.done,
+        "skipped": progress.skipped,
+        "failed": progress.failed,
+        "finished": job.task.done(),
+        "error": job.error,
+    }
+
+
+def _bulk_filter(given: Mapping[str, Value]) -> ExecutionFilter | Refused:
+    known = {"scope", "document", "key", "status", "final_state", "error"}
+    unknown = sorted(set(given) - known)
+    if unknown:
+        return Refused(400, "bad_filter", f"unknown filter fields: {', '.join(unknown)}")
+    texts: dict[str, str] = {}
+    for name, value in given.items():
+        if not isinstance(value, str):
+            return Refused(400, "bad_filter", f"filter.{name} is a string")
+        texts[name] = value
+    try:
+        status = None if "status" not in texts else Status(texts["status"])
+        return ExecutionFilter(
+            status=status,
+            document=texts.get("document"),
+            scope=texts.get("scope"),
+            key=texts.get("key"),
+            final_state=texts.get("final_state"),
+            error=texts.get("error"),
+        )
+    except ValueError as bad:  # BadFilter, or an unknown status
+        return Refused(400, "bad_filter", str(bad))
 
 
 def _text(body: Mapping[str, Value], name: str) -> str | Refused:

@@ -4,7 +4,7 @@
 >>> document["openapi"], document["servers"]
 ('3.1.0', [{'url': '/api'}])
 >>> sorted(document["paths"])[:2]
-['/addresses/{scope}/{document}/{key}/events', '/events']
+['/addresses/{scope}/{document}/{key}/events', '/bulk']
 """
 
 from __future__ import annotations
@@ -151,7 +151,26 @@ def _schemas() -> dict[str, Any]:
             "ended_at": _nullable("string"),
         },
     }
-    return {"Error": error, "Execution": execution, "Outcome": outcome, "Summary": summary}
+    progress = {
+        "type": "object",
+        "properties": {
+            "job": {"type": "string"},
+            "action": {"type": "string"},
+            "selected": {"type": "integer"},
+            "done": {"type": "integer"},
+            "skipped": {"type": "integer"},
+            "failed": {"type": "integer"},
+            "finished": {"type": "boolean"},
+            "error": _nullable("string"),
+        },
+    }
+    return {
+        "Error": error,
+        "Execution": execution,
+        "Outcome": outcome,
+        "Summary": summary,
+        "BulkProgress": progress,
+    }
 
 
 def _responses() -> dict[str, Any]:
@@ -253,7 +272,9 @@ def _paths() -> dict[str, Any]:
                     _query("scope", "required unless the token reaches every scope"),
                     _query("document", "the chart's name"),
                     _query("key", "an address key"),
-                    _query("status", "active, needs_migration, completed, failed, cancelled"),
+                    _query(
+                        "status", "active, needs_migration, paused, completed, failed, cancelled"
+                    ),
                     _query("final_state", "the final state it ended in"),
                     _query("error", "an error event's name its steps raised"),
                     _query("cursor", "the next_cursor of the page before"),
@@ -298,6 +319,56 @@ def _paths() -> dict[str, Any]:
         "/executions/{id}/resume": _action(
             "resume", "Resume a paused execution: what it held is stepped in", "not_paused"
         ),
+        "/bulk": {
+            "post": {
+                "summary": "Preview a bulk action over a filter, or start it, confirmed",
+                "operationId": "bulk",
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        "application/json": {
+                            "schema": {
+                                "type": "object",
+                                "required": ["action"],
+                                "properties": {
+                                    "action": {"enum": ["cancel", "pause", "resume"]},
+                                    "filter": {
+                                        "type": "object",
+                                        "description": "scope (required unless the token "
+                                        "reaches every scope), document, key, status, "
+                                        "final_state, error",
+                                    },
+                                    "confirm": {
+                                        "type": "integer",
+                                        "description": "the count the preview gave: starts it",
+                                    },
+                                },
+                            }
+                        }
+                    },
+                },
+                "responses": {
+                    "200": _json(
+                        {"type": "object", "properties": {"selected": {"type": "integer"}}},
+                        "the preview: how many executions it would act on",
+                    ),
+                    "202": _json(_ref("BulkProgress"), "started: its job id and progress"),
+                    "409": {
+                        "description": "preview_changed: confirm the count selected now",
+                        "content": {"application/json": {"schema": _ref("Error")}},
+                    },
+                    **_ERRORS,
+                },
+            }
+        },
+        "/bulk/{job}": {
+            "get": {
+                "summary": "How far a bulk run has come",
+                "operationId": "bulk_progress",
+                "parameters": [_path_param("job", "the job id the start answered")],
+                "responses": {"200": _json(_ref("BulkProgress"), "its progress"), **_ERRORS},
+            }
+        },
         "/executions/{id}/wait": {
             "get": {
                 "summary": "Wait until a state is active or the execution ends, bounded",

@@ -34,7 +34,7 @@ import json
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from statifier.extras import MissingExtra
 from statifier.persistence import Discarded, ExecutionNotFound, UndecodableBlob
@@ -60,6 +60,7 @@ except ModuleNotFoundError as missing:  # SQLAlchemy: the sqlite extra
     raise MissingExtra.of(missing) from missing
 
 __all__ = [
+    "Action",
     "Done",
     "Record",
     "Refused",
@@ -100,6 +101,12 @@ Record = Callable[[SqlTransaction, Done], Awaitable[object]]
 the action's transaction, given that transaction and the action's :class:`Done`. It
 runs after the action's statements and before the commit; what it raises rolls the
 action back and leaves the action's function."""
+
+
+class Action(Protocol):
+    """An action on one execution (:func:`cancel`, :func:`pause`, :func:`resume`)."""
+
+    async def __call__(self, router: Router, execution_id: str, *, record: Record) -> Done: ...
 
 
 def row_id(tables: Tables, text: str) -> int | uuid.UUID | str:

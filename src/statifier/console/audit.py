@@ -74,6 +74,7 @@ __all__ = ["ACTIONS", "OUTCOMES", "Audit", "AuditEntry", "AuditRow"]
 
 ACTIONS: Final = frozenset(
     {
+        "bulk",
         "cancel",
         "pause",
         "resume",

@@ -29,7 +29,7 @@ import base64
 import binascii
 import json
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
@@ -637,6 +637,26 @@ class ConsoleQueries:
             assert newest is not None  # the errors filter lists only executions with one
             next_cursor = encode_cursor(kind, newest, last.id)
         return Page(summaries, next_cursor)
+
+    async def count(
+        self, where: ExecutionFilter = ExecutionFilter(), *, among: Collection[Status] = ()
+    ) -> int:
+        """How many executions ``where`` selects (the list's filter), and, given
+        ``among``, whose status is one of those.
+
+        Raises:
+            sqlalchemy.exc.DBAPIError: the database failed.
+        """
+        e = self.tables.executions
+        conditions = self._execution_conditions(where)
+        if among:
+            conditions.append(e.c.status.in_([status.value for status in among]))
+        statement = sa.select(sa.func.count()).select_from(e).where(*conditions)
+
+        def read(connection: sa.Connection) -> int:
+            return int(connection.execute(statement).scalar_one())
+
+        return await run_on(self.engine, read)
 
     def _execution_conditions(self, where: ExecutionFilter) -> list[sa.ColumnElement[bool]]:
         e = self.tables.executions

@@ -179,6 +179,13 @@ class Durable:
         return dict(self._charts)
 
     @property
+    def router(self) -> Router | None:
+        """The router its calls step through on a SQL database, once open (its timers,
+        outbox and held events are the router's); ``None`` on another adapter or
+        before :meth:`open`."""
+        return self._router
+
+    @property
     def executions(self) -> Executions:
         """The lifecycle underneath, for what ``Durable`` does not offer (``fail``,
         ``park``, ``retire_chart``...).

@@ -1,0 +1,158 @@
+"""Bulk actions on each database: a filter's executions previewed, then paused,
+resumed or cancelled one by one, each with its audit row; a bulk cancel SIGKILLed
+midway and run again: each execution cancelled once, with one row (2,000 executions in
+the suite, 10,000 with ``BULK_CRASH_EXECUTIONS=10000``)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from tests.persistence.conftest import (  # noqa: F401 - fixtures used by name
+    fresh_database,
+    postgresql_store,
+    sqlite_store,
+)
+from tests.router.conftest import (  # noqa: F401 - fixtures used by name
+    RouterDb,
+    router_db,
+    router_store,
+)
+from tests.router.racing_router import SCOPE, hit
+from tests.router.test_races import COUNTER, counter_router
+
+from statifier.console.audit import Audit
+from statifier.console.bulk import BulkProgress, preview, run_bulk
+from statifier.console.queries import ConsoleQueries, ExecutionFilter
+from statifier.router import Router
+from statifier.sql import migrations
+
+CANCELLER = Path(__file__).with_name("bulk_cancelling.py")
+CRASH_EXECUTIONS = int(os.environ.get("BULK_CRASH_EXECUTIONS", "2000"))
+"""How many executions the crash test cancels; BULK_CRASH_EXECUTIONS=10000 runs 10,000."""
+
+
+async def _made(router: Router, count: int) -> list[str]:
+    """``count`` counters of the race scope, one per key: their execution ids."""
+    made: list[str] = []
+    events = [hit(f"k{n}/0", f"k{n}") for n in range(count)]
+    for start in range(0, count, 500):
+        for answer in await router.route_many(events[start : start + 500]):
+            (outcome,) = answer.outcomes  # type: ignore[union-attr]
+            made.append(outcome.execution_id)  # type: ignore[union-attr,arg-type]
+    return made
+
+
+def _statuses(db: RouterDb) -> Counter[str]:
+    engine = sa.create_engine(migrations.sync_url(db.store.url))
+    executions = db.store.tables.executions
+    try:
+        with engine.connect() as connection:
+            rows = connection.execute(sa.select(executions.c.status))
+            return Counter(row.status for row in rows)
+    finally:
+        engine.dispose()
+
+
+def _rows_per_target(db: RouterDb, action: str) -> Counter[str]:
+    engine = sa.create_engine(migrations.sync_url(db.store.url))
+    audit = db.store.tables.console_audit
+    try:
+        with engine.connect() as connection:
+            rows = connection.execute(sa.select(audit.c.target).where(audit.c.action == action))
+            return Counter(row.target for row in rows)
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.asyncio
+async def test_a_filter_is_previewed_then_paused_resumed_and_cancelled_each_with_its_row(
+    router_db: RouterDb,  # noqa: F811 - the fixture
+) -> None:
+    router = counter_router(router_db)
+    made = await _made(router, 30)
+    for execution_id in made[:5]:
+        assert await router.pause(execution_id)
+    adapter = router_db.adapter
+    queries = ConsoleQueries(adapter.engine, adapter.tables)
+    audit = Audit(adapter.engine, adapter.tables)
+    everything = ExecutionFilter(scope=SCOPE)
+    assert await preview(queries, "pause", everything) == 25
+    assert await preview(queries, "resume", everything) == 5
+    assert await preview(queries, "cancel", everything) == 30
+    assert await preview(queries, "cancel", ExecutionFilter(key="k7")) == 1
+    seen: list[BulkProgress] = []
+    paused = await run_bulk(
+        router, queries, audit, "pause", everything, actor="ada", page=7, progress=seen.append
+    )
+    assert (paused.selected, paused.done, paused.skipped, paused.failed) == (25, 25, 5, 0)
+    assert [p.seen for p in seen] == [7, 14, 21, 28, 30]
+    assert _statuses(router_db) == {"paused": 30}
+    resumed = await run_bulk(router, queries, audit, "resume", everything, actor="ada")
+    assert (resumed.done, resumed.skipped) == (30, 0)
+    one = await run_bulk(router, queries, audit, "cancel", ExecutionFilter(key="k7"), actor="bo")
+    assert (one.selected, one.done) == (1, 1)
+    assert _statuses(router_db) == {"active": 29, "cancelled": 1}
+    assert _rows_per_target(router_db, "pause") == Counter(dict.fromkeys(made[5:], 1))
+    assert sum(_rows_per_target(router_db, "resume").values()) == 30
+    assert _rows_per_target(router_db, "bulk") == {"pause": 1, "resume": 1, "cancel": 1}
+    with pytest.raises(ValueError, match="unknown bulk action"):
+        await preview(queries, "delete", everything)
+
+
+@pytest.mark.asyncio
+async def test_a_bulk_cancel_killed_midway_and_run_again_cancels_each_once(
+    router_db: RouterDb,  # noqa: F811 - the fixture
+    tmp_path: Path,
+) -> None:
+    router = counter_router(router_db)
+    made = await _made(router, CRASH_EXECUTIONS)
+    chart = tmp_path / "counter.scxml"
+    chart.write_bytes(COUNTER)
+    options = router_db.store.tables.options
+
+    async def run(kill_after_pages: int | None) -> int:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(CANCELLER),
+            router_db.store.url,
+            options.prefix,
+            options.schema or "-",
+            str(chart),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        assert process.stdout is not None
+        assert await asyncio.wait_for(process.stdout.readline(), 60) == b"ready\n"
+        pages = 0
+        while kill_after_pages is not None:
+            line = await asyncio.wait_for(process.stdout.readline(), 300)
+            assert line.startswith(b"page "), line
+            pages += 1
+            if pages == kill_after_pages:
+                await asyncio.sleep(random.Random(pages).uniform(0.0, 0.3))  # inside a page
+                process.send_signal(signal.SIGKILL)
+                break
+        code = await asyncio.wait_for(process.wait(), 600)
+        if code != -signal.SIGKILL:
+            assert code == 0, (await process.stderr.read()).decode()  # type: ignore[union-attr]
+        return code
+
+    assert await run(kill_after_pages=3) == -signal.SIGKILL
+    midway = _statuses(router_db)
+    assert 0 < midway["cancelled"] < CRASH_EXECUTIONS, midway
+    rows = _rows_per_target(router_db, "cancel")
+    assert set(rows.values()) == {1}  # what was done has its one row
+    assert len(rows) == midway["cancelled"]
+    assert await run(kill_after_pages=None) == 0
+    assert _statuses(router_db) == {"cancelled": CRASH_EXECUTIONS}
+    assert _rows_per_target(router_db, "cancel") == Counter(dict.fromkeys(made, 1))
+    assert _rows_per_target(router_db, "bulk") == {"cancel": 1}  # the run that finished
+    print(f"{midway['cancelled']} of {CRASH_EXECUTIONS} cancelled when killed; the rest after")
