@@ -132,6 +132,10 @@ WEBHOOK = '[fronts.webhook.w]\npath = "/api/hooks"\nsource = "clicks"\nscope = "
             '[api.tokens.t]\ntoken_env = "OPS_TOKEN"\nscopes = "s"\n',
             "[api.tokens.t] scopes: must be a list of scopes",
         ),
+        (
+            '[api.tokens.t]\ntoken_env = "OPS_TOKEN"\nscopes = ["*", "s"]\n',
+            '[api.tokens.t] scopes: "*" is every scope: give it alone',
+        ),
         (f'{TOKEN}rights = "admin"\n', "[api.tokens.t] rights: must be one of read, write"),
         (f"{TOKEN}role = 'x'\n", "[api.tokens.t] role: unknown key"),
         (
