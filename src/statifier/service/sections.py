@@ -647,6 +647,8 @@ class SectionReader:
                 raise named.refuse(
                     "scopes", f'must be a list of scopes (["*"]: every one), not {shown(scopes)}'
                 )
+            if "*" in scopes and len(scopes) > 1:  # the other scopes would read as limits
+                raise named.refuse("scopes", '"*" is every scope: give it alone')
             rights = self.choice(named, "rights", API_RIGHTS, "read")
             tokens.append(ApiTokenSettings(leaf(named), token, tuple(scopes), rights))
             named.done()
