@@ -107,6 +107,7 @@ MATRIX: Final[dict[str, Enables]] = {
             "statifier.fronts.basichttp",
             "statifier.fronts.http_body",
             "statifier.fronts.verifiers",
+            "statifier.api",
             "statifier.service",
         ),
     ),

@@ -31,8 +31,6 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-import sqlalchemy as sa
-
 from statifier import telemetry
 from statifier.api.openapi import openapi_document
 from statifier.api.tokens import ALL_SCOPES, ApiToken, ApiTokens, Rights
@@ -72,6 +70,7 @@ from statifier.router import (
 from statifier.sql.engines import run_on
 
 try:
+    import sqlalchemy as sa
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import JSONResponse, Response
