@@ -477,11 +477,18 @@ class Api:
         record = await storage.find_execution(execution_id)
         if record is None:
             return None
-        try:
-            machine = await storage.machine(record.content_hash)
-            state = storage.load(record, machine)
-        except Exception:  # noqa: BLE001 - a pruned or unreadable position shows as none
-            state = None
+        state = None
+        if record.position is not None:  # a pruned execution has none to show
+            try:
+                machine = await storage.machine(record.content_hash)
+                state = storage.load(record, machine)
+            except Exception:  # noqa: BLE001 - answered without its position, and logged
+                _log.warning(
+                    "api: the position of execution %s cannot be read",
+                    execution_id,
+                    exc_info=True,
+                    extra={"execution_id": execution_id},
+                )
         errors = await storage.errors(execution_id, RECENT_ERRORS)
         return Snapshot(record, state, tuple(decode_error(e) for e in errors), address)
 
