@@ -133,7 +133,7 @@ def test_bulk_acts_on_what_a_search_selects_once_confirmed(
     assert cli(capsys, "send", "d3", "close", *at)[0] == 0
     unconfirmed = cli(capsys, "bulk", "pause", *at)
     assert unconfirmed[0] == 2
-    assert "confirm with --yes to pause 2 executions" in unconfirmed[2]
+    assert "confirm with --yes to pause: 2 executions" in unconfirmed[2]
     status, text, _ = cli(capsys, "bulk", "pause", "--chart", "door", "--yes", *at)
     assert status == 0
     lines = text.splitlines()
@@ -148,6 +148,39 @@ def test_bulk_acts_on_what_a_search_selects_once_confirmed(
         ("d2", "active"),
         ("d3", "completed"),
     ]
+
+
+def test_bulk_migrates_onto_the_charts_given_or_a_stored_revision_and_retries_dead_rows(
+    place: Place, capsys: pytest.CaptureFixture[str]
+) -> None:
+    place.migrate()
+    at = place.options
+    charts = ["--charts", str(place.charts)]
+    for name in ("d1", "d2"):
+        assert cli(capsys, "create", "door", "--id", name, *at, *charts)[0] == 0
+    # The revision renames "open": without a map each execution is parked, with one moved.
+    (place.charts / "door.scxml").write_text(DOOR.replace('"open"', '"ajar"'), encoding="utf-8")
+    parked = cli(capsys, "bulk", "migrate", "--chart", "door", "--yes", *at, *charts)
+    assert parked[0] == 1
+    assert parked[1].splitlines()[-1].startswith("migrate: 0 done, 0 skipped, 0 failed, 2 parked")
+    moved = cli(
+        capsys, "bulk", "migrate", "--chart", "door", "--map", "open=ajar", "--yes", *at, *charts
+    )
+    assert moved[0] == 0, moved
+    assert moved[1].splitlines()[-1].startswith("migrate: 2 done, 0 skipped, 0 failed (audited")
+    shown = json.loads(cli(capsys, "show", "d1", "--json", *at)[1])
+    assert (shown["status"], shown["configuration"]) == ("active", ["ajar"])
+    revision = shown["content_hash"]
+    again = cli(capsys, "bulk", "migrate", "--revision", revision, "--yes", *at)
+    assert again == (0, "0 executions selected to migrate to revision " + revision[:12] + "\n", "")
+    unknown = cli(capsys, "bulk", "migrate", "--revision", "0" * 64, "--yes", *at)
+    assert unknown[0] == 2
+    assert "0000000000" in unknown[2]
+    needs = cli(capsys, "bulk", "migrate", "--yes", *at)
+    assert needs[0] == 2
+    assert "migrate needs --revision HASH, or --charts DIR with --chart NAME" in needs[2]
+    nothing_dead = cli(capsys, "bulk", "retry", "--yes", *at)
+    assert nothing_dead == (0, "0 executions selected to retry the dead outbox rows\n", "")
 
 
 def test_pause_holds_what_is_sent_and_resume_steps_it_in(

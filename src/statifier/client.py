@@ -40,7 +40,7 @@ import enum
 import json
 import math
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Final, Literal, TypeVar, get_args
@@ -66,6 +66,7 @@ __all__ = [
     "Execution",
     "ExecutionStatus",
     "Forbidden",
+    "MigrateTo",
     "NotFound",
     "Outcome",
     "OutcomeKind",
@@ -310,11 +311,13 @@ class BulkRun:
 
     Attributes:
         job: its id, to ask again (:meth:`Client.bulk_progress`).
-        action: ``cancel``, ``pause`` or ``resume``.
+        action: ``cancel``, ``pause``, ``resume``, ``retry`` or ``migrate``.
         selected: how many executions the filter selected when it started.
         done, skipped, failed: executions acted on, not applying any more, failed.
         finished: whether it has ended.
         error: why it stopped early, if it did (an error's type name).
+        parked: ``migrate``: executions the revision could not carry, parked instead.
+        last_error: the last execution's failure, ``"ErrorClass: message"``.
     """
 
     job: str
@@ -325,6 +328,26 @@ class BulkRun:
     failed: int
     finished: bool
     error: str | None = None
+    parked: int = 0
+    last_error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MigrateTo:
+    """What a bulk ``migrate`` moves executions onto: a revision the store holds.
+
+    Attributes:
+        revision: the revision's content hash.
+        state_map: old state id to new, or to ``None`` for a state removed on purpose.
+        data: values for the variables the revision adds.
+
+    >>> MigrateTo("9f2c...", state_map={"review": "checking"}).state_map
+    {'review': 'checking'}
+    """
+
+    revision: str
+    state_map: Mapping[str, str | None] = field(default_factory=dict)
+    data: Mapping[str, Any] = field(default_factory=dict)
 
 
 # -- parsing the API's JSON -----------------------------------------------------------
@@ -521,6 +544,8 @@ def _bulk_run(job: str) -> Callable[[Mapping[str, Any]], BulkRun]:
             _field(body, "failed", int),
             _field(body, "finished", bool),
             _maybe_text(body, "error"),
+            _field(body, "parked", int),
+            _maybe_text(body, "last_error"),
         )
 
     return parse
@@ -530,8 +555,12 @@ def _started(body: Mapping[str, Any]) -> BulkRun:
     return _bulk_run(_text(body, "job"))(body)
 
 
-def _bulk_call(action: str, filters: Mapping[str, str], confirm: int | None) -> _Call:
+def _bulk_call(
+    action: str, filters: Mapping[str, str], confirm: int | None, to: MigrateTo | None
+) -> _Call:
     body: dict[str, object] = {"action": action, "filter": dict(filters)}
+    if to is not None:
+        body.update(revision=to.revision, map=dict(to.state_map), data=dict(to.data))
     if confirm is not None:
         body["confirm"] = confirm
     return _Call("POST", "/bulk", body=_json(body))
@@ -905,20 +934,27 @@ class Client:
         """
         return self._call(_Call("POST", _path("executions", execution_id, "cancel")), _acted)
 
-    def bulk_preview(self, action: str, **filters: str) -> int:
-        """How many executions a bulk ``action`` (``cancel``, ``pause``, ``resume``)
-        over ``filters`` (``scope``, ``document``, ``key``, ``status``,
-        ``final_state``, ``error``) would act on now."""
-        return self._call(_bulk_call(action, filters, None), _selected)
+    def bulk_preview(self, action: str, *, to: MigrateTo | None = None, **filters: str) -> int:
+        """How many executions a bulk ``action`` (``cancel``, ``pause``, ``resume``,
+        ``retry`` their dead outbox rows, or ``migrate`` ``to`` a revision) over
+        ``filters`` (``scope``, ``document``, ``key``, ``status``, ``final_state``,
+        ``error``) would act on now.
 
-    def bulk(self, action: str, *, confirm: int, **filters: str) -> BulkRun:
+        Raises:
+            NotFound: ``migrate`` to a revision the store does not hold.
+        """
+        return self._call(_bulk_call(action, filters, None, to), _selected)
+
+    def bulk(
+        self, action: str, *, confirm: int, to: MigrateTo | None = None, **filters: str
+    ) -> BulkRun:
         """Start a bulk ``action`` over ``filters``, confirming the count
         :meth:`bulk_preview` gave; the API runs it and :meth:`bulk_progress` follows it.
 
         Raises:
             Conflict: the count selected changed since (``preview_changed``).
         """
-        return self._call(_bulk_call(action, filters, confirm), _started)
+        return self._call(_bulk_call(action, filters, confirm, to), _started)
 
     def bulk_progress(self, job: str) -> BulkRun:
         """How far the bulk run ``job`` has come."""
@@ -1092,13 +1128,17 @@ class AsyncClient:
         call = _Call("POST", _path("executions", execution_id, "cancel"))
         return await self._call(call, _acted)
 
-    async def bulk_preview(self, action: str, **filters: str) -> int:
+    async def bulk_preview(
+        self, action: str, *, to: MigrateTo | None = None, **filters: str
+    ) -> int:
         """As :meth:`Client.bulk_preview`."""
-        return await self._call(_bulk_call(action, filters, None), _selected)
+        return await self._call(_bulk_call(action, filters, None, to), _selected)
 
-    async def bulk(self, action: str, *, confirm: int, **filters: str) -> BulkRun:
+    async def bulk(
+        self, action: str, *, confirm: int, to: MigrateTo | None = None, **filters: str
+    ) -> BulkRun:
         """As :meth:`Client.bulk`."""
-        return await self._call(_bulk_call(action, filters, confirm), _started)
+        return await self._call(_bulk_call(action, filters, confirm, to), _started)
 
     async def bulk_progress(self, job: str) -> BulkRun:
         """As :meth:`Client.bulk_progress`."""

@@ -24,8 +24,12 @@
 ``statifier executions pause ID [--json]`` and ``statifier executions resume ID [--json]``
     Pause an active execution: what is sent to it and its timers that come due wait,
     in order; resume it: they are stepped in, oldest first, in one transaction.
-``statifier executions bulk cancel|pause|resume [--key K] [--scope S] [--status S] [...] [--yes]``
-    ``--chart NAME``, ``--final STATE`` and ``--error NAME`` search too.
+``statifier executions bulk ACTION [--key K] [--scope S] [--status S] [...] [--yes]``
+    ``ACTION`` is ``cancel``, ``pause``, ``resume``, ``retry`` (re-arm the dead outbox
+    rows each execution sent) or ``migrate`` (onto the stored chart ``--revision HASH``,
+    or onto ``--charts DIR``'s ``CHART.scxml`` for ``--chart CHART``; ``--map``,
+    ``--remove`` and ``--data`` as ``migrate`` takes them). ``--chart NAME``,
+    ``--final STATE`` and ``--error NAME`` search too.
     Acts on every execution the search selects (as ``list`` searches, through the
     console's query): prints how many it selects, asks to go on (or takes ``--yes``;
     without a terminal, ``--yes`` is needed), then acts on each in a transaction of its
@@ -60,7 +64,7 @@ tagged JSON encoding (:mod:`statifier.expr.tagged`).
 Exit status: 0 done; 1 when ``send`` or ``cancel`` was discarded (the execution had
 ended or is parked: nothing changed, and the line says why), when ``pause`` found the
 execution not active or ``resume`` found it not paused, when ``bulk`` was not
-confirmed or failed on an execution, when ``send`` or
+confirmed, failed on an execution or parked one (``migrate``), when ``send`` or
 ``create`` raised an error event no transition took (the step was stored; the lines
 say which), when ``fire`` found timers still due after 100 passes (a chart sending to
 itself without end), or ``migrate`` parked or failed to move an execution; 2 for an
@@ -166,23 +170,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     )
     migrate.add_argument("chart", metavar="CHART", help="the chart's name (DIR/CHART.scxml)")
     migrate.add_argument("--id", dest="execution_id", default=None, help="only this execution")
-    migrate.add_argument(
-        "--map",
-        action="append",
-        default=[],
-        metavar="OLD=NEW",
-        help="state OLD was renamed NEW; repeat for more",
-    )
-    migrate.add_argument(
-        "--remove",
-        action="append",
-        default=[],
-        metavar="OLD",
-        help="state OLD was removed on purpose (its executions are parked); repeat for more",
-    )
-    migrate.add_argument(
-        "--data", default=None, metavar="JSON", help="values for variables the revision adds"
-    )
+    _plan_arguments(migrate)
     migrate.add_argument("--json", action="store_true", help="print one JSON document")
     cancel = actions.add_parser("cancel", parents=[common], help="cancel an execution")
     cancel.add_argument("execution_id", metavar="ID")
@@ -190,9 +178,22 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     bulk = actions.add_parser(
         "bulk",
         parents=[common],
-        help="cancel, pause or resume every execution a search selects",
+        help="cancel, pause, resume, migrate or retry every execution a search selects",
     )
-    bulk.add_argument("bulk_action", metavar="ACTION", choices=("cancel", "pause", "resume"))
+    bulk.add_argument(
+        "bulk_action",
+        metavar="ACTION",
+        choices=("cancel", "pause", "resume", "retry", "migrate"),
+        help="cancel, pause, resume, retry (the dead outbox rows) or migrate",
+    )
+    bulk.add_argument(
+        "--revision",
+        default=None,
+        metavar="HASH",
+        help="migrate: onto the stored chart of this content hash "
+        "(else onto --charts DIR/CHART.scxml, CHART the --chart searched)",
+    )
+    _plan_arguments(bulk)
     bulk.add_argument("--key", default=None, help="executions an address key names")
     bulk.add_argument("--scope", default=None, help="executions addressed in this scope")
     bulk.add_argument("--status", default=None, help="executions in this status")
@@ -520,7 +521,7 @@ async def _run_workers(durable: Durable, out: TextIO) -> int:
 
 async def _bulk(durable: Durable, args: argparse.Namespace, out: TextIO) -> int:
     from statifier.console.audit import Audit
-    from statifier.console.bulk import BulkProgress, preview, run_bulk
+    from statifier.console.bulk import BulkProgress, bulk_action, migration, preview, run_bulk
     from statifier.console.queries import ConsoleQueries, ExecutionFilter
     from statifier.durable.values import status_named
     from statifier.persistence.sql import SqlAdapter
@@ -529,7 +530,17 @@ async def _bulk(durable: Durable, args: argparse.Namespace, out: TextIO) -> int:
     router = durable.router
     if not isinstance(adapter, SqlAdapter) or router is None:  # the command opens a URL
         raise TypeError("bulk actions act on a SQL database")
-    action = args.bulk_action
+    if args.bulk_action != "migrate":
+        action = bulk_action(args.bulk_action)
+    else:
+        state_map, data = _plan(args)
+        if args.revision is not None:
+            target = await durable.executions.storage.machine(args.revision)
+        elif args.charts is not None and args.chart is not None:
+            target = durable.chart(args.chart)
+        else:
+            raise ValueError("migrate needs --revision HASH, or --charts DIR with --chart NAME")
+        action = migration(target, state_map=state_map, data=data)
     where = ExecutionFilter(
         status=None if args.status is None else status_named(args.status),
         document=args.chart,
@@ -540,34 +551,35 @@ async def _bulk(durable: Durable, args: argparse.Namespace, out: TextIO) -> int:
     )
     queries = ConsoleQueries(adapter.engine, adapter.tables, codec=_codec(args))
     selected = await preview(queries, action, where)
-    out.write(f"{selected} executions selected to {action}\n")
+    out.write(f"{selected} executions selected to {action.said}\n")
     if selected == 0:
         return 0
     if not args.yes:
         if not sys.stdin.isatty():
-            raise ValueError(f"confirm with --yes to {action} {selected} executions")
+            raise ValueError(f"confirm with --yes to {action.said}: {selected} executions")
         out.flush()
         # The terminal's answer: nothing else runs on this loop meanwhile.
-        answer = await asyncio.to_thread(input, f"{action} {selected} executions? [y/N] ")
+        question = f"{action.said}: {selected} executions? [y/N] "
+        answer = await asyncio.to_thread(input, question)
         if answer.strip().lower() not in ("y", "yes"):
             out.write("nothing done\n")
             return 1
 
+    def counts(progress: BulkProgress) -> str:
+        parked = f", {progress.parked} parked" if progress.parked else ""
+        return f"{progress.done} done, {progress.skipped} skipped, {progress.failed} failed{parked}"
+
     def said(progress: BulkProgress) -> None:
-        out.write(
-            f"  {progress.seen} seen: {progress.done} done, {progress.skipped} skipped, "
-            f"{progress.failed} failed\n"
-        )
+        out.write(f"  {progress.seen} seen: {counts(progress)}\n")
         out.flush()
 
     actor = f"cli:{getpass.getuser()}"
     audit = Audit(adapter.engine, adapter.tables)
     done = await run_bulk(router, queries, audit, action, where, actor=actor, progress=said)
-    out.write(
-        f"{action}: {done.done} done, {done.skipped} skipped, {done.failed} failed "
-        f"(audited as {actor})\n"
-    )
-    return 1 if done.failed else 0
+    out.write(f"{action.name}: {counts(done)} (audited as {actor})\n")
+    if done.last_error is not None:
+        out.write(f"  last failure: {done.last_error}\n")
+    return 1 if done.failed or done.parked else 0
 
 
 async def _pause(durable: Durable, args: argparse.Namespace, out: TextIO) -> int:
@@ -633,11 +645,38 @@ async def _cancel(durable: Durable, args: argparse.Namespace, out: TextIO) -> in
     return 0 if cancelled.cancelled else 1
 
 
-async def _migrate(durable: Durable, args: argparse.Namespace, out: TextIO) -> int:
+def _plan_arguments(parser: argparse.ArgumentParser) -> None:
+    """A migration plan's options: ``--map``, ``--remove``, ``--data``."""
+    parser.add_argument(
+        "--map",
+        action="append",
+        default=[],
+        metavar="OLD=NEW",
+        help="state OLD was renamed NEW; repeat for more",
+    )
+    parser.add_argument(
+        "--remove",
+        action="append",
+        default=[],
+        metavar="OLD",
+        help="state OLD was removed on purpose (its executions are parked); repeat for more",
+    )
+    parser.add_argument(
+        "--data", default=None, metavar="JSON", help="values for variables the revision adds"
+    )
+
+
+def _plan(args: argparse.Namespace) -> tuple[dict[str, str | None], dict[str, Value]]:
+    """The plan's state map and data from :func:`_plan_arguments`' options."""
     state_map: dict[str, str | None] = dict(_pairs(args.map, "--map"))
     for old in args.remove:
         state_map[old] = None
     data = {} if args.data is None else _json_object(args.data, "--data")
+    return state_map, data
+
+
+async def _migrate(durable: Durable, args: argparse.Namespace, out: TextIO) -> int:
+    state_map, data = _plan(args)
     if args.execution_id is not None:
         durable.chart(args.chart)  # the name must be one of the charts given
         moved = await durable.migrate(args.execution_id, state_map=state_map, data=data)

@@ -483,3 +483,49 @@ async def test_a_bulk_action_is_previewed_confirmed_and_followed(shop: Shop) -> 
     for bad in ({"action": "delete"}, {"action": "pause", "filter": {"colour": "red"}}):
         assert (await shop.call("POST", "/bulk", ADMIN, json=bad)).status_code == 400
     assert (await shop.call("GET", "/bulk/nope", READER)).status_code == 404
+
+
+async def _finished(shop: Shop, job: str) -> dict[str, Any]:
+    progress: dict[str, Any] = {}
+    for _ in range(200):
+        progress = (await shop.call("GET", f"/bulk/{job}", READER)).json()
+        if progress["finished"]:
+            return progress
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the bulk run did not finish: {progress}")
+
+
+@pytest.mark.asyncio
+async def test_a_bulk_migrate_moves_the_selected_executions_onto_a_stored_revision(
+    shop: Shop,
+) -> None:
+    ids = [_execution(await shop.checkout(f"m-{n}"))["id"] for n in range(3)]
+    # The revision renames the state the orders wait in: they move with a map.
+    revision = compile_chart(
+        CHECKOUT.format(receipt="").replace("awaiting_payment", "to_pay"), name="order"
+    )
+    await shop.api.router.storage.save_chart(revision)
+    content_hash = revision.identity.content_hash
+    body: dict[str, Any] = {
+        "action": "migrate",
+        "revision": content_hash,
+        "map": {"awaiting_payment": "to_pay"},
+        "filter": {"scope": "web"},
+    }
+    preview = await shop.call("POST", "/bulk", json=body)
+    assert preview.json() == {"action": "migrate", "selected": 3}
+    started = await shop.call("POST", "/bulk", json=body | {"confirm": 3})
+    assert started.status_code == 202
+    progress = await _finished(shop, started.json()["job"])
+    assert (progress["done"], progress["parked"], progress["failed"]) == (3, 0, 0)
+    for execution_id in ids:
+        read = (await shop.call("GET", f"/executions/{execution_id}", READER)).json()
+        assert (read["status"], read["configuration"]) == ("active", ["to_pay"])
+    assert (await shop.call("POST", "/bulk", json=body)).json()["selected"] == 0
+    unknown = await shop.call("POST", "/bulk", json=body | {"revision": "0" * 64})
+    assert (unknown.status_code, unknown.json()["error"]) == (404, "no_revision")
+    for bad in ({"map": ["x"]}, {"map": {"a": 1}}, {"data": 3}, {"revision": ""}):
+        answer = await shop.call("POST", "/bulk", json=body | bad)
+        assert answer.status_code == 400, bad
+    retry = await shop.call("POST", "/bulk", json={"action": "retry", "filter": {"scope": "web"}})
+    assert retry.json() == {"action": "retry", "selected": 0}

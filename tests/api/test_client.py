@@ -38,6 +38,7 @@ from statifier.client import (
     Conflict,
     Execution,
     Forbidden,
+    MigrateTo,
     NotFound,
     Outcome,
     Page,
@@ -730,3 +731,22 @@ async def test_a_bulk_action_is_previewed_started_and_followed(shop: Shop) -> No
         await asyncio.sleep(0.05)
     assert (run.done, run.skipped, run.failed, run.error) == (3, 0, 0, None)
     assert await shop.client.bulk_preview("resume", scope="web") == 3
+    revision = compile_chart(CHECKOUT.format(receipt="<log expr=\"'r2'\"/>"), name="order")
+    await shop.api.router.storage.save_chart(revision)
+    to = MigrateTo(revision.identity.content_hash)
+    assert await shop.client.bulk_preview("migrate", to=to, scope="web") == 3
+    run = await shop.client.bulk("migrate", to=to, confirm=3, scope="web")
+    for _ in range(200):
+        run = await shop.client.bulk_progress(run.job)
+        if run.finished:
+            break
+        await asyncio.sleep(0.05)
+    assert (run.action, run.done, run.parked, run.failed, run.last_error) == (
+        "migrate",
+        3,
+        0,
+        0,
+        None,
+    )
+    with pytest.raises(NotFound):
+        await shop.client.bulk_preview("migrate", to=MigrateTo("0" * 64), scope="web")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from statifier.chart import compile_chart
 from statifier.console.audit import Audit
-from statifier.console.bulk import BulkProgress, run_bulk
+from statifier.console.bulk import BULK_ACTIONS, BulkProgress, run_bulk
 from statifier.console.queries import ConsoleQueries, ExecutionFilter
 from statifier.persistence.sql import SqlAdapter
 from statifier.router import Router, RouterConfig, StaticResolver, ledger
@@ -45,7 +45,7 @@ async def _cancel(url: str, options: TableOptions, chart: bytes) -> None:
             router,
             queries,
             audit,
-            "cancel",
+            BULK_ACTIONS["cancel"],
             ExecutionFilter(scope=SCOPE),
             actor="ops",
             progress=said,

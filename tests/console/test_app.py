@@ -718,6 +718,58 @@ async def test_the_timeline_shows_each_steps_data_errors_and_what_its_sends_made
 
 
 @pytest.mark.asyncio
+async def test_a_bulk_action_is_previewed_confirmed_and_followed_to_its_end(site: Site) -> None:
+    ids = [await site.impression(f"b{n}") for n in range(4)]
+    await site.login(ADA)
+    listed = (await site.page("/console/executions?scope=web&status=active")).text
+    assert 'id="bulk-link" href="/console/bulk?status=active&amp;scope=web"' in listed
+    form = (await site.page("/console/bulk?status=active&scope=web")).text
+    assert 'id="bulk-form"' in form
+    assert 'id="preview"' not in form  # no action chosen: nothing counted
+    query = "/console/bulk?action=pause&scope=web"
+    previewed = (await site.page(query)).text
+    assert 'data-selected="4"' in previewed
+    assert "selected to pause." in previewed
+    csrf = await site.csrf(query)
+    fields = {"csrf": csrf, "action": "pause", "scope": "web", "revision": "", "map": ""}
+    moved = await site.client.post("/console/bulk", data=fields | {"confirm": "3"})
+    assert moved.status_code == 409  # not the count selected now: confirm again
+    assert 'id="preview-changed"' in moved.text
+    assert 'data-selected="4"' in moved.text
+    for execution_id in ids:  # nothing was done
+        assert (await site.router.storage.fetch_execution(execution_id)).status is Status.ACTIVE
+    started = await site.client.post("/console/bulk", data=fields | {"confirm": "4"})
+    assert started.status_code == 303
+    run_page = started.headers["location"]
+    assert run_page.startswith("/console/bulk/")
+    shown = ""
+    for _ in range(200):
+        shown = (await site.page(run_page)).text
+        if 'data-state="finished"' in shown:
+            break
+        await asyncio.sleep(0.05)
+    assert 'id="run-state">finished<' in shown
+    assert '<td data-count="done">4</td>' in shown
+    assert '<td data-count="failed">0</td>' in shown
+    for execution_id in ids:
+        assert (await site.router.storage.fetch_execution(execution_id)).status is Status.PAUSED
+    rows = (await site.console.audit.entries()).rows
+    assert sorted(r.target for r in rows if r.action == "pause") == sorted(ids)
+    assert [(r.actor, r.target) for r in rows if r.action == "bulk"] == [("ada", "pause")]
+    assert run_page.rsplit("/", 1)[1] in (await site.page("/console/bulk")).text
+    for bad in ("action=delete", "action=migrate", "action=migrate&revision=nope"):
+        answer = await site.client.get(f"/console/bulk?{bad}&scope=web")
+        assert answer.status_code == 400, bad
+    assert (await site.client.get("/console/bulk/nope")).status_code == 404
+    await site.login(BOB)  # a read-only operator sees the count, no confirmation
+    read_only = (await site.page("/console/bulk?action=resume&scope=web")).text
+    assert 'data-selected="4"' in read_only
+    assert 'id="confirm-bulk"' not in read_only
+    refused = await site.client.post("/console/bulk", data=fields | {"confirm": "0"})
+    assert refused.status_code == 403
+
+
+@pytest.mark.asyncio
 async def test_pause_and_resume_behind_a_confirmation_show_what_waits_and_are_audited(
     site: Site,
 ) -> None:

@@ -9,7 +9,8 @@ execution cancelled behind its confirmation (and audited), the executions list u
 live while the page stays loaded. Another follows a chart error from the list's errors
 filter to its execution and its step, finds it on the failures page, and tells a paid
 order from an expired one. A third types an order's key in the list's search. A fourth
-pauses an order, sees the payment sent meanwhile wait on its page, and resumes it. With
+pauses an order, sees the payment sent meanwhile wait on its page, and resumes it. A
+fifth cancels the orders a filter selects in bulk, from the list to the run's end. With
 ``STATIFIER_SCREENSHOTS=1`` the walks write the screenshots of ``docs/console.md``.
 """
 
@@ -429,3 +430,47 @@ def test_an_operator_pauses_an_order_sees_what_waits_and_resumes_it(
         ("ada", "resume", "done"),
         ("ada", "pause", "done"),
     ]
+
+
+def test_an_operator_cancels_the_orders_a_filter_selects_in_bulk(
+    served_console: ServedConsole, browser: WebDriver
+) -> None:
+    """From the filtered executions list to the bulk page: cancel chosen, previewed (the
+    three waiting orders, not the paid one), confirmed; the run's page follows it to
+    its end by itself. Each order is cancelled with its audit row."""
+    served = served_console
+    for n in range(3):
+        served.order("checkout", f"o-bulk-{n}", f"c-bulk-{n}", amount=5, timeout="1h")
+    served.order("checkout", "o-paid", "c-paid", amount=5, timeout="1h")
+    served.order("pay", "o-paid", "p-paid")
+    orders = [_address(served.database, f"o-bulk-{n}") for n in range(3)]
+    paid = _address(served.database, "o-paid")
+    for order in orders:
+        _wait_for_status(served.database, order, "active")
+    _wait_for_status(served.database, paid, "completed")
+
+    _log_in(browser, served, OPERATOR_TOKEN)
+    browser.get(f"{served.url}/console/executions?document=order&status=active")
+    _follow(browser, browser.find_element(By.ID, "bulk-link"))
+    action = browser.find_element(By.ID, "bulk-action")
+    action.find_element(By.CSS_SELECTOR, 'option[value="cancel"]').click()
+    _follow(browser, browser.find_element(By.ID, "bulk-preview"))
+    said = browser.find_element(By.ID, "preview-said").text
+    assert said == "3 executions selected to cancel."
+    assert [_status(served.database, order) for order in orders] == ["active"] * 3
+    _screenshot(browser, "bulk-preview.png")
+
+    _follow(browser, browser.find_element(By.ID, "confirm-bulk"))
+    _wait(browser).until(
+        expected_conditions.text_to_be_present_in_element((By.ID, "run-state"), "finished")
+    )
+    counts = {
+        str(cell.get_attribute("data-count")): cell.text
+        for cell in browser.find_elements(By.CSS_SELECTOR, "#run-counts td[data-count]")
+    }
+    assert counts == {"done": "3", "skipped": "0", "failed": "0"}
+    _screenshot(browser, "bulk-run.png")
+    assert [_status(served.database, order) for order in orders] == ["cancelled"] * 3
+    assert _status(served.database, paid) == "completed"
+    for order in orders:
+        assert _audited(served.database, order) == [("ada", "cancel", "done")]

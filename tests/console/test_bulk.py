@@ -11,6 +11,7 @@ import random
 import signal
 import sys
 from collections import Counter
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -28,9 +29,19 @@ from tests.router.conftest import (  # noqa: F401 - fixtures used by name
 from tests.router.racing_router import SCOPE, hit
 from tests.router.test_races import COUNTER, counter_router
 
+from statifier.chart import compile_chart
 from statifier.console.audit import Audit
-from statifier.console.bulk import BulkProgress, preview, run_bulk
+from statifier.console.bulk import (
+    BULK_ACTIONS,
+    BulkProgress,
+    bulk_action,
+    migration,
+    preview,
+    run_bulk,
+    stored_migration,
+)
 from statifier.console.queries import ConsoleQueries, ExecutionFilter
+from statifier.persistence import ChartNotFound, Status
 from statifier.router import Router
 from statifier.sql import migrations
 
@@ -84,27 +95,150 @@ async def test_a_filter_is_previewed_then_paused_resumed_and_cancelled_each_with
     queries = ConsoleQueries(adapter.engine, adapter.tables)
     audit = Audit(adapter.engine, adapter.tables)
     everything = ExecutionFilter(scope=SCOPE)
-    assert await preview(queries, "pause", everything) == 25
-    assert await preview(queries, "resume", everything) == 5
-    assert await preview(queries, "cancel", everything) == 30
-    assert await preview(queries, "cancel", ExecutionFilter(key="k7")) == 1
+    pause, resume, cancel = (BULK_ACTIONS[name] for name in ("pause", "resume", "cancel"))
+    assert await preview(queries, pause, everything) == 25
+    assert await preview(queries, resume, everything) == 5
+    assert await preview(queries, cancel, everything) == 30
+    assert await preview(queries, cancel, ExecutionFilter(key="k7")) == 1
     seen: list[BulkProgress] = []
     paused = await run_bulk(
-        router, queries, audit, "pause", everything, actor="ada", page=7, progress=seen.append
+        router, queries, audit, pause, everything, actor="ada", page=7, progress=seen.append
     )
     assert (paused.selected, paused.done, paused.skipped, paused.failed) == (25, 25, 5, 0)
     assert [p.seen for p in seen] == [7, 14, 21, 28, 30]
     assert _statuses(router_db) == {"paused": 30}
-    resumed = await run_bulk(router, queries, audit, "resume", everything, actor="ada")
+    resumed = await run_bulk(router, queries, audit, resume, everything, actor="ada")
     assert (resumed.done, resumed.skipped) == (30, 0)
-    one = await run_bulk(router, queries, audit, "cancel", ExecutionFilter(key="k7"), actor="bo")
+    one = await run_bulk(router, queries, audit, cancel, ExecutionFilter(key="k7"), actor="bo")
     assert (one.selected, one.done) == (1, 1)
     assert _statuses(router_db) == {"active": 29, "cancelled": 1}
     assert _rows_per_target(router_db, "pause") == Counter(dict.fromkeys(made[5:], 1))
     assert sum(_rows_per_target(router_db, "resume").values()) == 30
     assert _rows_per_target(router_db, "bulk") == {"pause": 1, "resume": 1, "cancel": 1}
-    with pytest.raises(ValueError, match="unknown bulk action"):
-        await preview(queries, "delete", everything)
+    with pytest.raises(ValueError, match="unknown bulk action 'delete'"):
+        bulk_action("delete")
+
+
+def _sql(db: RouterDb, statement: sa.Executable) -> list[sa.Row[object]]:
+    engine = sa.create_engine(migrations.sync_url(db.store.url))
+    try:
+        with engine.begin() as connection:
+            result = connection.execute(statement)
+            return list(result) if result.returns_rows else []
+    finally:
+        engine.dispose()
+
+
+def _audit_rows(db: RouterDb, action: str) -> list[tuple[str, str]]:
+    audit = db.store.tables.console_audit
+    rows = _sql(db, sa.select(audit.c.target, audit.c.outcome).where(audit.c.action == action))
+    return sorted((str(row.target), str(row.outcome)) for row in rows)
+
+
+@pytest.mark.asyncio
+async def test_a_bulk_retry_re_arms_the_dead_outbox_rows_of_each_execution_it_selects(
+    router_db: RouterDb,  # noqa: F811 - the fixture
+) -> None:
+    router = counter_router(router_db)
+    made = await _made(router, 6)
+    outbox = router_db.store.tables.outbox
+    now = datetime.now(UTC)
+    rows = [  # (key, execution, dead): two dead rows of one, one of another, one pending
+        ("a", made[0], True),
+        ("b", made[0], True),
+        ("c", made[1], True),
+        ("d", made[2], False),
+        ("e", None, True),  # a hand-off outside an execution: no filter selects it
+    ]
+    for key, execution_id, dead in rows:
+        _sql(
+            router_db,
+            outbox.insert().values(
+                queue="joined",
+                key=key,
+                payload={"event": "e"},
+                execution_id=execution_id,
+                attempts=8 if dead else 0,
+                next_attempt_at=now,
+                dead_at=now if dead else None,
+                last_error="HTTP 500" if dead else None,
+                inserted_at=now,
+            ),
+        )
+    adapter = router_db.adapter
+    queries = ConsoleQueries(adapter.engine, adapter.tables)
+    audit = Audit(adapter.engine, adapter.tables)
+    retry = BULK_ACTIONS["retry"]
+    assert await preview(queries, retry, ExecutionFilter(scope=SCOPE)) == 2
+    assert await preview(queries, retry, ExecutionFilter(key="k1")) == 1
+    done = await run_bulk(router, queries, audit, retry, ExecutionFilter(scope=SCOPE), actor="ada")
+    assert (done.selected, done.done, done.skipped, done.failed) == (2, 2, 4, 0)
+    after = _sql(router_db, sa.select(outbox.c.key, outbox.c.dead_at, outbox.c.attempts))
+    assert sorted((row.key, row.dead_at is None, row.attempts) for row in after) == [
+        ("a", True, 0),
+        ("b", True, 0),
+        ("c", True, 0),
+        ("d", True, 0),
+        ("e", False, 8),
+    ]
+    assert _audit_rows(router_db, "retry") == sorted([(made[0], "done"), (made[1], "done")])
+    again = await run_bulk(router, queries, audit, retry, ExecutionFilter(scope=SCOPE), actor="ada")
+    assert (again.selected, again.done, again.skipped) == (0, 0, 6)
+
+
+RENAMED = COUNTER.replace(b'"counting"', b'"tallying"')
+"""A revision of the counter whose one state has another id: carried only with a map."""
+
+
+@pytest.mark.asyncio
+async def test_a_bulk_migrate_moves_each_execution_once_parks_what_cannot_move_and_keeps_pauses(
+    router_db: RouterDb,  # noqa: F811 - the fixture
+) -> None:
+    router = counter_router(router_db)
+    made = await _made(router, 10)
+    cancel, pause = BULK_ACTIONS["cancel"], BULK_ACTIONS["pause"]
+    adapter = router_db.adapter
+    queries = ConsoleQueries(adapter.engine, adapter.tables)
+    audit = Audit(adapter.engine, adapter.tables)
+    for key in ("k0", "k1"):
+        await run_bulk(router, queries, audit, cancel, ExecutionFilter(key=key), actor="ada")
+    await run_bulk(router, queries, audit, pause, ExecutionFilter(key="k2"), actor="ada")
+    everything = ExecutionFilter(scope=SCOPE)
+
+    renamed = migration(compile_chart(RENAMED))
+    assert await preview(queries, renamed, everything) == 8  # the two cancelled are not
+    parked = await run_bulk(router, queries, audit, renamed, everything, actor="ada")
+    assert (parked.done, parked.parked, parked.skipped, parked.failed) == (0, 8, 2, 0)
+    assert _statuses(router_db) == {"needs_migration": 7, "paused": 1, "cancelled": 2}
+    assert _audit_rows(router_db, "migrate") == sorted((i, "parked") for i in made[2:])
+
+    mapped = migration(compile_chart(RENAMED), state_map={"counting": "tallying"})
+    moved = await run_bulk(router, queries, audit, mapped, everything, actor="bo")
+    assert (moved.done, moved.parked, moved.skipped) == (8, 0, 2)
+    assert _statuses(router_db) == {"active": 7, "paused": 1, "cancelled": 2}
+    executions = router_db.store.tables.executions
+    hashes = _sql(router_db, sa.select(executions.c.execution_id, executions.c.content_hash))
+    target = mapped.revision
+    assert {row.execution_id for row in hashes if row.content_hash == target} == set(made[2:])
+    assert await preview(queries, mapped, everything) == 0
+    again = await run_bulk(router, queries, audit, mapped, everything, actor="bo")
+    assert (again.done, again.skipped) == (0, 10)
+    assert Counter(target for target, _ in _audit_rows(router_db, "migrate")) == Counter(
+        dict.fromkeys(made[2:], 2)
+    )
+
+    # What a stored revision is, a bulk migrate finds by its hash; the moved ones step on.
+    stored = await stored_migration(router, str(target))
+    assert (stored.revision, stored.name) == (target, "migrate")
+    with pytest.raises(ChartNotFound):
+        await stored_migration(router, "0" * 64)
+    revisions = await queries.revisions()
+    assert target in {revision.content_hash for revision in revisions}
+    resumed = await router.resume(made[2])
+    assert resumed is not None
+    record = await router.storage.find_execution(made[2])
+    assert record is not None
+    assert (record.status, record.content_hash) == (Status.ACTIVE, target)
 
 
 @pytest.mark.asyncio

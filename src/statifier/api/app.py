@@ -28,7 +28,6 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Final
 
 from statifier import telemetry
@@ -39,7 +38,14 @@ from statifier.api.watcher import Mark, Watcher
 from statifier.console.actions import Action, Done, cancel, pause, resume
 from statifier.console.actions import Refused as ActionRefused
 from statifier.console.audit import Audit, AuditEntry
-from statifier.console.bulk import BULK_ACTIONS, BulkProgress, preview, run_bulk
+from statifier.console.bulk import (
+    BULK_ACTIONS,
+    BulkAction,
+    BulkRun,
+    BulkRuns,
+    preview,
+    stored_migration,
+)
 from statifier.console.queries import (
     MAX_PAGE,
     BadCursor,
@@ -54,7 +60,7 @@ from statifier.expr import UNDEFINED, Value, tagged
 from statifier.extras import MissingExtra
 from statifier.fronts.http_body import DEFAULT_MAX_BODY, Refused, check_bounds, read_body
 from statifier.fronts.source import Malformed, json_object
-from statifier.persistence import Status, Stepped
+from statifier.persistence import ChartNotFound, ChartRetired, Status, Stepped
 from statifier.persistence.sql import SqlTransaction
 from statifier.persistence.step_errors import decode_error
 from statifier.repeats import IntervalTally
@@ -85,8 +91,6 @@ API_PLAN_ID: Final = "api"
 while an :class:`Api` runs)."""
 MAX_IDEMPOTENCY_KEY: Final = 200
 """The longest ``Idempotency-Key`` accepted."""
-MAX_JOBS: Final = 100
-"""How many bulk runs the API keeps the progress of (the oldest ended ones go first)."""
 RECENT_ERRORS: Final = 20
 """How many of an execution's most recent errors a read shows."""
 DEFAULT_LIMIT: Final = 50
@@ -162,7 +166,7 @@ class Api:
         self._queries = ConsoleQueries(adapter.engine, adapter.tables, codec=router.storage.codec)
         self._audit = Audit(adapter.engine, adapter.tables)
         self.watcher = Watcher(self._marks, self._load, poll=poll)
-        self._jobs: dict[str, _Job] = {}
+        self._runs = BulkRuns(router, self._queries, self._audit)
         self._repeats = IntervalTally()
         self.app = Starlette(
             routes=[
@@ -191,10 +195,7 @@ class Api:
         the bulk runs still going (what they did stays done; posting the same bulk
         action again does the rest)."""
         await self.watcher.close()
-        running = [job.task for job in self._jobs.values() if not job.task.done()]
-        for task in running:
-            task.cancel()
-        await asyncio.gather(*running, return_exceptions=True)
+        await self._runs.close()
 
     # -- the endpoints ------------------------------------------------------------
 
@@ -372,11 +373,9 @@ class Api:
         body = await self._body(request)
         if isinstance(body, Refused):
             return body
-        action = _text(body, "action")
+        action = await self._bulk_action(body)
         if isinstance(action, Refused):
             return action
-        if action not in BULK_ACTIONS:
-            return Refused(400, "bad_action", f"action is one of {', '.join(BULK_ACTIONS)}")
         chosen = body.get("filter", {})
         if not isinstance(chosen, dict):
             return Refused(400, "bad_filter", "filter is a JSON object")
@@ -391,46 +390,47 @@ class Api:
         selected = await preview(self._queries, action, where)
         confirm = body.get("confirm")
         if confirm is None:
-            return JSONResponse({"action": action, "selected": selected})
+            return JSONResponse({"action": action.name, "selected": selected})
         if confirm != selected:
             return Refused(
                 409, "preview_changed", f"{selected} executions are selected now; confirm those"
             )
-        job = _Job(action, BulkProgress(action, selected))
-        actor = f"api:{caller.name}"
-        job.task = asyncio.create_task(self._run_bulk(job, where, actor), name=f"bulk {action}")
-        job_id = uuid.uuid4().hex
-        self._jobs[job_id] = job
-        while len(self._jobs) > MAX_JOBS:
-            oldest = next(iter(self._jobs))
-            if not self._jobs[oldest].task.done():
-                break
-            del self._jobs[oldest]
-        return JSONResponse({"job": job_id, **_progress_json(job)}, status_code=202)
+        run = self._runs.start(action, where, actor=f"api:{caller.name}", selected=selected)
+        return JSONResponse({"job": run.id, **_progress_json(run)}, status_code=202)
 
-    async def _run_bulk(self, job: _Job, where: ExecutionFilter, actor: str) -> None:
-        def said(progress: BulkProgress) -> None:
-            job.progress = progress
-
+    async def _bulk_action(self, body: Mapping[str, Value]) -> BulkAction | Refused:
+        """The body's ``action``; ``migrate`` takes the stored ``revision`` (a content
+        hash) and, optionally, the plan's ``map`` (old state id to new, or null) and
+        ``data``."""
+        name = _text(body, "action")
+        if isinstance(name, Refused):
+            return name
+        if name != "migrate":
+            if name not in BULK_ACTIONS:
+                known = ", ".join([*BULK_ACTIONS, "migrate"])
+                return Refused(400, "bad_action", f"action is one of {known}")
+            return BULK_ACTIONS[name]
+        revision = _text(body, "revision")
+        if isinstance(revision, Refused):
+            return revision
+        state_map = body.get("map", {})
+        data = body.get("data", {})
+        if not isinstance(state_map, dict) or not all(
+            value is None or isinstance(value, str) for value in state_map.values()
+        ):
+            return Refused(400, "bad_plan", "map is an object of state ids to a state id or null")
+        if not isinstance(data, dict):
+            return Refused(400, "bad_plan", "data is an object of variable names to values")
         try:
-            job.progress = await run_bulk(
-                self.router,
-                self._queries,
-                self._audit,
-                job.action,
-                where,
-                actor=actor,
-                progress=said,
-            )
-        except Exception as error:  # noqa: BLE001 - the run's end, told to whoever asks
-            job.error = type(error).__name__
-            self._failed(error)
+            return await stored_migration(self.router, revision, state_map=state_map, data=data)
+        except (ChartNotFound, ChartRetired) as missing:
+            return Refused(404, "no_revision", str(missing))
 
     async def _bulk_progress(self, request: Request, caller: ApiToken) -> Answer:
-        job = self._jobs.get(request.path_params["job"])
-        if job is None:
+        run = self._runs.get(request.path_params["job"])
+        if run is None:
             return Refused(404, "no_job", "no such bulk run (or it ended long ago)")
-        return JSONResponse(_progress_json(job))
+        return JSONResponse(_progress_json(run))
 
     async def _wait(self, request: Request, caller: ApiToken) -> Answer:
         execution_id = request.path_params["id"]
@@ -613,26 +613,18 @@ class Api:
         self._repeats.note((route, refused.status, refused.rule), first, later)
 
 
-@dataclass(eq=False, slots=True)
-class _Job:
-    """A bulk run the API started: its progress as last told, and how it ended."""
-
-    action: str
-    progress: BulkProgress
-    task: asyncio.Task[None] = field(init=False)
-    error: str | None = None
-
-
-def _progress_json(job: _Job) -> dict[str, Any]:
-    progress = job.progress
+def _progress_json(run: BulkRun) -> dict[str, Any]:
+    progress = run.progress
     return {
-        "action": job.action,
+        "action": run.action.name,
         "selected": progress.selected,
         "done": progress.done,
         "skipped": progress.skipped,
         "failed": progress.failed,
-        "finished": job.task.done(),
-        "error": job.error,
+        "parked": progress.parked,
+        "last_error": progress.last_error,
+        "finished": run.finished,
+        "error": run.error,
     }
 
 

@@ -160,6 +160,8 @@ def _schemas() -> dict[str, Any]:
             "done": {"type": "integer"},
             "skipped": {"type": "integer"},
             "failed": {"type": "integer"},
+            "parked": {"type": "integer"},
+            "last_error": _nullable("string"),
             "finished": {"type": "boolean"},
             "error": _nullable("string"),
         },
@@ -331,7 +333,25 @@ def _paths() -> dict[str, Any]:
                                 "type": "object",
                                 "required": ["action"],
                                 "properties": {
-                                    "action": {"enum": ["cancel", "pause", "resume"]},
+                                    "action": {
+                                        "enum": ["cancel", "pause", "resume", "retry", "migrate"]
+                                    },
+                                    "revision": {
+                                        "type": "string",
+                                        "description": "migrate: the content hash of a "
+                                        "stored chart, the revision to move to",
+                                    },
+                                    "map": {
+                                        "type": "object",
+                                        "additionalProperties": _nullable("string"),
+                                        "description": "migrate: old state id to new, or "
+                                        "null for a state removed on purpose",
+                                    },
+                                    "data": {
+                                        "type": "object",
+                                        "description": "migrate: values for variables the "
+                                        "revision adds",
+                                    },
                                     "filter": {
                                         "type": "object",
                                         "description": "scope (required unless the token "

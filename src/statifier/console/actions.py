@@ -18,7 +18,10 @@ refused action has written nothing and calls no ``record``.
 - :func:`pause` and :func:`resume`: :meth:`statifier.persistence.Executions.pause`
   inside a router transaction, and :meth:`statifier.router.Router.resume` (which steps
   in what was held, recording in its transaction).
-- :func:`retry_outbox`: :meth:`statifier.router.OutboxDrain.retry_dead_in` of one row.
+- :func:`migrate_to` makes the action that moves an execution onto a stored revision:
+  :meth:`statifier.persistence.Executions.migrate` inside a router transaction.
+- :func:`retry_outbox`: :meth:`statifier.router.OutboxDrain.retry_dead_in` of one row;
+  :func:`retry_dead_letters`: of every dead row one execution sent.
 - :func:`discard_outbox`: deletes one dead-lettered outbox row (never a pending one).
 - :func:`retry_consumer`: routes a consumer dead letter's event again with
   :meth:`statifier.router.Router.route` (the router's dedupe finds a message already
@@ -36,8 +39,16 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from statifier.chart import Machine
+from statifier.expr import Value
 from statifier.extras import MissingExtra
-from statifier.persistence import Discarded, ExecutionNotFound, UndecodableBlob
+from statifier.persistence import (
+    Discarded,
+    ExecutionNotFound,
+    MigrationPlan,
+    Parked,
+    UndecodableBlob,
+)
 from statifier.persistence.sql import SqlTransaction
 from statifier.router import (
     ConfigError,
@@ -67,9 +78,11 @@ __all__ = [
     "cancel",
     "discard_consumer",
     "discard_outbox",
+    "migrate_to",
     "pause",
     "resume",
     "retry_consumer",
+    "retry_dead_letters",
     "retry_outbox",
     "rotate",
     "row_id",
@@ -90,10 +103,13 @@ class Done:
         summary: one line for the page and the audit row (never a secret).
         secret: what the operator must see once and nothing may keep (a rotated
             location), else ``None``.
+        parked: a migration that could not carry the execution's position and parked
+            it (``needs_migration``) instead: a change, recorded, but not the one asked.
     """
 
     summary: str
     secret: str | None = None
+    parked: bool = False
 
 
 Record = Callable[[SqlTransaction, Done], Awaitable[object]]
@@ -194,6 +210,75 @@ def _resumed(resumed: Resumed) -> Done:
     if resumed.discarded:
         said += f", {resumed.discarded} discarded (it ended first)"
     return Done(said)
+
+
+def migrate_to(
+    target: Machine,
+    *,
+    state_map: Mapping[str, str | None] | None = None,
+    data: Mapping[str, Value] | None = None,
+) -> Action:
+    """The action that moves an execution onto the revision ``target`` (a chart the
+    store holds), by state id with ``state_map`` and ``data`` as
+    :class:`~statifier.persistence.MigrationPlan` takes them, each execution from the
+    revision it runs; ``record`` in the migration's router transaction. One whose
+    position the revision cannot carry is parked (``needs_migration``, a paused one
+    stays paused), and that is recorded too: the answer says so (:attr:`Done.parked`).
+
+    Raises (the action):
+        Refused: no such execution, it has ended, or it is on ``target`` already.
+        PersistenceError: the plan does not fit the revision the execution runs
+            (:class:`~statifier.persistence.InvalidMigrationPlan`), it runs another
+            chart, its lock wait ran out (nothing written).
+    """
+    target_hash = target.identity.content_hash
+    short = target_hash[:12]
+
+    async def migrate(router: Router, execution_id: str, *, record: Record) -> Done:
+        found = await router.storage.find_execution(execution_id)
+        if found is None:
+            raise Refused(f"no execution {execution_id!r}")
+        if found.content_hash == target_hash:
+            raise Refused(f"execution {execution_id!r} is on revision {short} already")
+        if not found.status.pins:
+            raise Refused(f"execution {execution_id!r} has ended ({found.status.value})")
+        source = await router.storage.machine(found.content_hash)
+        plan = MigrationPlan(source, target, state_map=state_map or {}, data=data or {})
+        async with router.transaction() as unit:
+            executions = unit.executions(Delivering(None, router.storage.clock()))
+            answer = await executions.migrate(execution_id, plan)
+            if isinstance(answer, Discarded):  # it moved or ended since it was read
+                why = answer.execution.status.value
+                raise Refused(f"execution {execution_id!r} was left as it is ({why})")
+            if isinstance(answer, Parked):
+                done = Done(
+                    f"could not migrate execution {execution_id!r} to revision {short}, "
+                    f"parked: {answer.reason}",
+                    parked=True,
+                )
+            else:
+                done = Done(f"migrated execution {execution_id!r} to revision {short}")
+            await record(unit.tx, done)
+        return done
+
+    return migrate
+
+
+async def retry_dead_letters(router: Router, execution_id: str, *, record: Record) -> Done:
+    """Re-arm every dead outbox row the execution sent (due at once, a fresh round of
+    attempts); ``record`` in the same transaction.
+
+    Raises:
+        Refused: the execution has no dead outbox row.
+    """
+    drain = OutboxDrain(router.storage, {})
+    async with router.transaction() as unit:
+        count = await drain.retry_dead_in(unit.tx, execution_id=execution_id)
+        if count == 0:
+            raise Refused(f"execution {execution_id!r} has no dead outbox row")
+        done = Done(f"{count} dead outbox rows of execution {execution_id!r} are due again")
+        await record(unit.tx, done)
+    return done
 
 
 async def retry_outbox(router: Router, row: int | uuid.UUID | str, *, record: Record) -> Done:

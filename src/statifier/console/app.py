@@ -76,6 +76,14 @@ from statifier.chart import Machine, ReadLimits
 from statifier.console import actions
 from statifier.console.audit import Audit, AuditEntry
 from statifier.console.auth import COOKIE, Session, Sessions
+from statifier.console.bulk import (
+    BULK_ACTIONS,
+    BulkAction,
+    BulkRuns,
+    bulk_action,
+    preview,
+    stored_migration,
+)
 from statifier.console.diagram import render_chart_svg
 from statifier.console.live import Live, TooManyClients
 from statifier.console.queries import (
@@ -111,7 +119,7 @@ from statifier.core import MachineState, StartOptions
 from statifier.core.positions import load as load_position
 from statifier.expr import tagged
 from statifier.extras import MissingExtra
-from statifier.persistence import LoggedInput, Status
+from statifier.persistence import ChartNotFound, ChartRetired, LoggedInput, Status
 from statifier.persistence.sql import SqlTransaction
 from statifier.persistence.step_errors import MAX_STEP_ERRORS
 from statifier.router import Binding, Router
@@ -176,6 +184,8 @@ OUTCOMES: Final = (
     "key_refused",
     "dropped",
 )
+_BULK_FIELDS: Final = ("action", "revision", "map")
+"""The bulk form's fields beside the executions list's filter."""
 _STATIC: Final = Path(__file__).parent / "static"
 _TEMPLATES: Final = Path(__file__).parent / "templates"
 _HEADERS: Final = {
@@ -283,6 +293,7 @@ class Console:
     revision_ttl: float = 3600.0
     live: Live = field(init=False)
     revisions: Revisions = field(init=False)
+    bulk_runs: BulkRuns = field(init=False)
     _machines: OrderedDict[str, Machine] = field(init=False, default_factory=OrderedDict)
     _replays: OrderedDict[tuple[str, str, int], list[ReplayStep]] = field(
         init=False, default_factory=OrderedDict
@@ -302,12 +313,14 @@ class Console:
             max_running=self.revision_jobs,
             ttl=self.revision_ttl,
         )
+        self.bulk_runs = BulkRuns(self.router, self.queries, self.audit)
 
     def close(self) -> None:
-        """End the live streams and stop the running shadow replays (the console is
-        stopping)."""
+        """End the live streams, stop the running shadow replays and bulk runs (the
+        console is stopping; what a bulk run did stays done)."""
         self.live.close()
         self.revisions.close()
+        self.bulk_runs.cancel()
 
     @classmethod
     def of(
@@ -447,6 +460,8 @@ def console_routes(console: Console) -> list[BaseRoute]:
         Route("/failures", pages.failures, methods=["GET"]),
         Route("/failures/{kind}/{row}/{verb}", pages.dead_letter, methods=["GET", "POST"]),
         Route("/audit", pages.audit_page, methods=["GET"]),
+        Route("/bulk", pages.bulk, methods=["GET", "POST"]),
+        Route("/bulk/{run_id}", pages.bulk_run, methods=["GET"]),
         Route("/revisions", pages.revisions, methods=["GET", "POST"]),
         Route("/revisions/{job_id}", pages.revision, methods=["GET"]),
         Route("/events", pages.events, methods=["GET"]),
@@ -550,6 +565,67 @@ def _counts_svg(counts: Sequence[BucketCount], since: datetime, bucket: timedelt
         )
     parts.append("</svg>")
     return Markup("".join(parts))  # every interpolated text is escaped above
+
+
+def _execution_filter(params: Mapping[str, str]) -> tuple[dict[str, str], ExecutionFilter]:
+    """The executions list's filter from its query (or a form's fields): the fields as
+    given, for the form to show again, and the filter.
+
+    Raises:
+        _BadRequest: a field that does not parse (named in the message).
+        BadFilter: a search text out of bounds.
+    """
+    form = {
+        name: params.get(name, "")
+        for name in (
+            "status",
+            "document",
+            "scope",
+            "meta",
+            "created_from",
+            "created_until",
+            "updated_from",
+            "updated_until",
+            "errors",
+            "key",
+            "final",
+            "error",
+        )
+    }
+    if form["errors"] not in ("", "1"):
+        raise _BadRequest("errors: 1 (executions whose steps raised errors), or nothing")
+    status = None
+    if form["status"]:
+        try:
+            status = Status(form["status"])
+        except ValueError:
+            raise _BadRequest(f"status: not a status: {form['status'][:40]!r}") from None
+    metadata: dict[str, str] = {}
+    if form["meta"]:
+        key, equals, value = form["meta"].partition("=")
+        if not equals or not key:
+            raise _BadRequest("metadata: give key=value")
+        metadata[key] = value
+    where = ExecutionFilter(
+        status=status,
+        document=form["document"] or None,
+        scope=form["scope"] or None,
+        metadata=metadata,
+        created_from=_time_field(form["created_from"], "created from"),
+        created_until=_time_field(form["created_until"], "created until"),
+        updated_from=_time_field(form["updated_from"], "updated from"),
+        updated_until=_time_field(form["updated_until"], "updated until"),
+        errors=form["errors"] == "1",
+        key=form["key"] or None,
+        final_state=form["final"] or None,
+        error=form["error"] or None,
+    )
+    return form, where
+
+
+def _given(form: Mapping[str, str]) -> dict[str, str]:
+    """The fields of a form that were filled in."""
+    return {name: value for name, value in form.items() if value}
 
 
 def _time_field(value: str, name: str) -> datetime | None:
@@ -753,51 +829,7 @@ class _Pages:
     async def executions(self, request: Request) -> Response:
         async def build(session: Session) -> Response:
             params = request.query_params
-            form = {
-                name: params.get(name, "")
-                for name in (
-                    "status",
-                    "document",
-                    "scope",
-                    "meta",
-                    "created_from",
-                    "created_until",
-                    "updated_from",
-                    "updated_until",
-                    "errors",
-                    "key",
-                    "final",
-                    "error",
-                )
-            }
-            if form["errors"] not in ("", "1"):
-                raise _BadRequest("errors: 1 (executions whose steps raised errors), or nothing")
-            status = None
-            if form["status"]:
-                try:
-                    status = Status(form["status"])
-                except ValueError:
-                    raise _BadRequest(f"status: not a status: {form['status'][:40]!r}") from None
-            metadata: dict[str, str] = {}
-            if form["meta"]:
-                key, equals, value = form["meta"].partition("=")
-                if not equals or not key:
-                    raise _BadRequest("metadata: give key=value")
-                metadata[key] = value
-            where = ExecutionFilter(
-                status=status,
-                document=form["document"] or None,
-                scope=form["scope"] or None,
-                metadata=metadata,
-                created_from=_time_field(form["created_from"], "created from"),
-                created_until=_time_field(form["created_until"], "created until"),
-                updated_from=_time_field(form["updated_from"], "updated from"),
-                updated_until=_time_field(form["updated_until"], "updated until"),
-                errors=form["errors"] == "1",
-                key=form["key"] or None,
-                final_state=form["final"] or None,
-                error=form["error"] or None,
-            )
+            form, where = _execution_filter(params)
             page = await self.console.queries.executions(
                 where, cursor=params.get("cursor") or None, size=_size(request)
             )
@@ -813,6 +845,7 @@ class _Pages:
                 statuses=[s.value for s in Status],
                 max_search=MAX_SEARCH,
                 next_url=_next_url(request, page.next_cursor),
+                bulk_url=f"{self.base(request)}/bulk?{urlencode(_given(form))}",
             )
 
         return await self.page(request, build)
@@ -1151,6 +1184,141 @@ class _Pages:
             run=run,
         )
         return await self.act(request, act)
+
+    async def bulk(self, request: Request) -> Response:
+        """Bulk actions over the executions list's filter: the form (``GET``, its
+        fields from the query); with ``action``, the preview, how many executions the
+        action applies to now, and its confirmation; ``POST`` (an operator, the
+        session's CSRF token, the ``confirm`` count the preview gave) starts the run
+        and redirects to its progress. A count that moved since is answered 409 with
+        the new count to confirm."""
+        if request.method == "POST":
+            return await self.start_bulk(request)
+
+        async def build(session: Session) -> Response:
+            params = request.query_params
+            form, where = _execution_filter(params)
+            chosen = {name: params.get(name, "") for name in _BULK_FIELDS}
+            action = await self.bulk_action(chosen) if chosen["action"] else None
+            selected = None
+            if action is not None:
+                selected = await preview(self.console.queries, action, where)
+            return await self.bulk_page(request, session, form, chosen, action, selected)
+
+        return await self.page(request, build)
+
+    async def bulk_page(
+        self,
+        request: Request,
+        session: Session,
+        form: Mapping[str, str],
+        chosen: Mapping[str, str],
+        action: BulkAction | None,
+        selected: int | None,
+        status: int = 200,
+        changed: bool = False,
+    ) -> Response:
+        return self.render(
+            request,
+            "bulk.html",
+            status,
+            session=session,
+            nav="executions",
+            title="Bulk actions",
+            form=form,
+            chosen=chosen,
+            action=action,
+            selected=selected,
+            changed=changed,
+            actions=[*BULK_ACTIONS, "migrate"],
+            statuses=[s.value for s in Status],
+            revisions=await self.console.queries.revisions(form.get("document") or None),
+            runs=self.console.bulk_runs.latest()[:10],
+            max_search=MAX_SEARCH,
+        )
+
+    async def bulk_action(self, chosen: Mapping[str, str]) -> BulkAction:
+        """The action the form chose; ``migrate`` onto the stored ``revision`` with the
+        ``map`` (lines ``OLD=NEW``, or ``OLD=`` for a state removed on purpose).
+
+        Raises:
+            _BadRequest: an unknown action or revision, or a map line that does not parse.
+        """
+        name = chosen["action"]
+        if name != "migrate":
+            try:
+                return bulk_action(name)
+            except ValueError as unknown:
+                raise _BadRequest(f"action: {unknown}") from None
+        if not chosen["revision"]:
+            raise _BadRequest("revision: choose the revision to migrate to")
+        state_map: dict[str, str | None] = {}
+        for line in chosen["map"].splitlines():
+            if not line.strip():
+                continue
+            old, equals, new = (part.strip() for part in line.partition("="))
+            if not equals or not old:
+                raise _BadRequest(f"map: one OLD=NEW a line, not {line[:80]!r}")
+            state_map[old] = new or None
+        try:
+            return await stored_migration(
+                self.console.router, chosen["revision"], state_map=state_map
+            )
+        except (ChartNotFound, ChartRetired) as missing:
+            raise _BadRequest(f"revision: {missing}") from None
+
+    async def start_bulk(self, request: Request) -> Response:
+        back = f"{self.base(request)}/bulk"
+        session = self.session(request)
+        if session is None:
+            return self.message(request, None, 401, "Log in first", "This needs a session.")
+        if not session.may_act:
+            return self.message(
+                request, session, 403, "Refused", "A read-only operator cannot act.", back
+            )
+        fields = await self.form(request)
+        if fields is None or not session.csrf_ok(fields.get("csrf")):
+            _log.warning("console: a bulk run by %s refused: bad CSRF token", session.operator.name)
+            return self.message(request, session, 403, "Refused", _NOT_THIS_SESSION, back)
+        try:
+            form, where = _execution_filter(fields)
+            chosen = {name: fields.get(name, "") for name in _BULK_FIELDS}
+            action = await self.bulk_action(chosen)
+            confirmed = int(fields.get("confirm", ""))
+        except (_BadRequest, ValueError) as error:
+            return self.message(request, session, 400, "Not understood", str(error), back)
+        selected = await preview(self.console.queries, action, where)
+        if selected != confirmed:
+            return await self.bulk_page(
+                request, session, form, chosen, action, selected, status=409, changed=True
+            )
+        run = self.console.bulk_runs.start(
+            action, where, actor=session.operator.name, selected=selected
+        )
+        return RedirectResponse(f"{back}/{run.id}", status_code=303)
+
+    async def bulk_run(self, request: Request) -> Response:
+        """One bulk run: its progress while it runs (the page refreshes itself), then
+        its counts and how it ended."""
+        run_id = request.path_params["run_id"]
+
+        async def build(session: Session) -> Response:
+            run = self.console.bulk_runs.get(run_id)
+            if run is None:
+                why = "No such bulk run: the console restarted since, or it is long over."
+                return self.message(
+                    request, session, 404, "Not found", why, f"{self.base(request)}/bulk"
+                )
+            return self.render(
+                request,
+                "bulk_run.html",
+                session=session,
+                nav="executions",
+                title=f"Bulk {run.action.name}",
+                run=run,
+            )
+
+        return await self.page(request, build)
 
     async def act(self, request: Request, act: _Act) -> Response:
         """The confirmation page (GET) or the act (POST), for an operator only."""

@@ -78,6 +78,8 @@ ACTIONS: Final = frozenset(
         "cancel",
         "pause",
         "resume",
+        "migrate",
+        "retry",
         "retry_outbox",
         "discard_outbox",
         "retry_consumer",
@@ -87,9 +89,10 @@ ACTIONS: Final = frozenset(
 )
 """The actions the console records."""
 
-OUTCOMES: Final = frozenset({"done", "refused", "failed"})
-"""How an action ended: done, refused (nothing to do: already ended, gone...), failed
-(an error; ``detail`` says which)."""
+OUTCOMES: Final = frozenset({"done", "parked", "refused", "failed"})
+"""How an action ended: done, parked (a migration that could not carry the execution
+and parked it instead), refused (nothing to do: already ended, gone...), failed (an
+error; ``detail`` says which)."""
 
 MAX_TEXT: Final = 1000
 """The most characters kept of ``actor``, ``target`` and ``detail``."""

@@ -76,6 +76,7 @@ __all__ = [
     "LedgerFilter",
     "Page",
     "ProjectionView",
+    "RevisionView",
     "StepRows",
     "TimerView",
     "decode_cursor",
@@ -324,6 +325,16 @@ class AddressView:
     inserted_at: datetime
     terminal_seen_at: datetime | None
     status: Status | None
+
+
+@dataclass(frozen=True, slots=True)
+class RevisionView:
+    """A chart the store holds: ``content_hash`` is the revision's identity."""
+
+    content_hash: str
+    name: str | None
+    version: str | None
+    saved_at: datetime
 
 
 @dataclass(frozen=True, slots=True)
@@ -639,10 +650,17 @@ class ConsoleQueries:
         return Page(summaries, next_cursor)
 
     async def count(
-        self, where: ExecutionFilter = ExecutionFilter(), *, among: Collection[Status] = ()
+        self,
+        where: ExecutionFilter = ExecutionFilter(),
+        *,
+        among: Collection[Status] = (),
+        off_revision: str | None = None,
+        dead_letters: bool = False,
     ) -> int:
-        """How many executions ``where`` selects (the list's filter), and, given
-        ``among``, whose status is one of those.
+        """How many executions ``where`` selects (the list's filter) and, given
+        ``among``, whose status is one of those; given ``off_revision`` (a content
+        hash), that run another chart; with ``dead_letters``, that sent an outbox row
+        now dead.
 
         Raises:
             sqlalchemy.exc.DBAPIError: the database failed.
@@ -651,10 +669,42 @@ class ConsoleQueries:
         conditions = self._execution_conditions(where)
         if among:
             conditions.append(e.c.status.in_([status.value for status in among]))
+        if off_revision is not None:
+            conditions.append(e.c.content_hash != off_revision)
+        if dead_letters:
+            outbox = self.tables.outbox
+            dead = sa.select(outbox.c.execution_id).where(outbox.c.dead_at.is_not(None))
+            conditions.append(e.c.execution_id.in_(dead))
         statement = sa.select(sa.func.count()).select_from(e).where(*conditions)
 
         def read(connection: sa.Connection) -> int:
             return int(connection.execute(statement).scalar_one())
+
+        return await run_on(self.engine, read)
+
+    async def revisions(self, document: str | None = None) -> list[RevisionView]:
+        """The charts the store holds and has not retired, newest saved first (at most
+        :data:`MAX_PAGE`), those named ``document`` when it is given: the revisions an
+        execution can be migrated to.
+
+        Raises:
+            sqlalchemy.exc.DBAPIError: the database failed.
+        """
+        charts = self.tables.charts
+        statement = (
+            sa.select(charts.c.content_hash, charts.c.name, charts.c.version, charts.c.saved_at)
+            .where(charts.c.retired_at.is_(None))
+            .order_by(charts.c.saved_at.desc(), charts.c.content_hash)
+            .limit(MAX_PAGE)
+        )
+        if document is not None:
+            statement = statement.where(charts.c.name == document)
+
+        def read(connection: sa.Connection) -> list[RevisionView]:
+            return [
+                RevisionView(row.content_hash, row.name, row.version, row.saved_at)
+                for row in connection.execute(statement)
+            ]
 
         return await run_on(self.engine, read)
 

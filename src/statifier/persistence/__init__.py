@@ -15,6 +15,8 @@ of the returned values and the format of effect keys.
 from statifier.persistence.codec import PLAIN, BlobCodec, UndecodableBlob
 from statifier.persistence.driver import Driver
 from statifier.persistence.errors import (
+    ChartNotFound,
+    ChartRetired,
     ExecutionExists,
     ExecutionNotFound,
     InvalidMigrationPlan,
@@ -40,6 +42,8 @@ from statifier.persistence.storage import Storage
 __all__ = [
     "PLAIN",
     "BlobCodec",
+    "ChartNotFound",
+    "ChartRetired",
     "Discarded",
     "Driver",
     "EffectContext",

@@ -656,7 +656,9 @@ class Executions:
         The new chart is stored first (idempotent). An ``active`` or ``needs_migration``
         execution is migrated; one whose position the plan cannot carry is parked on
         its old chart as ``needs_migration`` with the reason (also its ``failure``),
-        until :meth:`unpark` or a corrected plan.
+        until :meth:`unpark` or a corrected plan. A ``paused`` execution stays paused
+        either way (moved, or left on its old chart with the reason as its
+        ``failure``): what it holds waits for its resume.
 
         Returns:
             :class:`~statifier.persistence.Migrated`,
@@ -691,9 +693,10 @@ class Executions:
             if isinstance(carried, Unmappable):
                 reason = carried.reason
                 entry = LoggedMigration(plan.source_hash, plan.target_hash, reason)
-                record = replace(
-                    record, status=Status.NEEDS_MIGRATION, failure=reason, updated_at=now
-                )
+                # A paused execution stays paused (what it holds waits for its
+                # resume, which a parked one would never get), with the reason.
+                parked = Status.PAUSED if record.status is Status.PAUSED else Status.NEEDS_MIGRATION
+                record = replace(record, status=parked, failure=reason, updated_at=now)
                 await storage.update_execution(record)
                 await self._log_migration(execution_id, entry, now)
                 outcome: Migrated | Parked = Parked(record, reason)
@@ -702,7 +705,7 @@ class Executions:
                 record = replace(
                     record,
                     content_hash=plan.target_hash,
-                    status=Status.ACTIVE,
+                    status=Status.PAUSED if record.status is Status.PAUSED else Status.ACTIVE,
                     position=carried.position,
                     failure=None,
                     updated_at=now,
@@ -714,7 +717,9 @@ class Executions:
                 storage.remember(execution_id, carried.position, carried.state)
                 outcome = Migrated(record, carried.state)
         # A parked one reports as a manual park does, its reason as the failure.
-        self._lifecycle(record, "migrated" if isinstance(outcome, Migrated) else "needs_migration")
+        self._lifecycle(
+            record, "migrated" if isinstance(outcome, Migrated) else record.status.value
+        )
         return outcome
 
     async def _log_migration(

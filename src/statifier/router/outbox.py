@@ -558,19 +558,23 @@ class OutboxDrain:
         key: str | None = None,
         *,
         row_id: int | uuid.UUID | str | None = None,
+        execution_id: str | None = None,
         queue: str | None = None,
     ) -> int:
         """Re-arm dead rows: those of the row key ``key`` (in every queue, or
-        ``queue``'s), or the one row whose id is ``row_id`` (an integer, a UUID or, under
-        ``TableOptions(key_type=sa.Text)``, a string). They are due at once with a fresh
+        ``queue``'s), the one row whose id is ``row_id`` (an integer, a UUID or, under
+        ``TableOptions(key_type=sa.Text)``, a string), or those the execution
+        ``execution_id`` sent. They are due at once with a fresh
         round of attempts; ``last_error`` stays until the next failure. Returns how many
         were re-armed.
 
         Raises:
-            ValueError: both or neither of ``key`` and ``row_id``.
+            ValueError: not exactly one of ``key``, ``row_id`` and ``execution_id``.
         """
         async with self.adapter.transaction() as tx:
-            return await self.retry_dead_in(tx, key, row_id=row_id, queue=queue)
+            return await self.retry_dead_in(
+                tx, key, row_id=row_id, execution_id=execution_id, queue=queue
+            )
 
     async def retry_dead_in(
         self,
@@ -578,6 +582,7 @@ class OutboxDrain:
         key: str | None = None,
         *,
         row_id: int | uuid.UUID | str | None = None,
+        execution_id: str | None = None,
         queue: str | None = None,
     ) -> int:
         """:meth:`retry_dead` inside ``tx``, a transaction the caller opened on this
@@ -586,12 +591,14 @@ class OutboxDrain:
         many were re-armed.
 
         Raises:
-            ValueError: both or neither of ``key`` and ``row_id``.
+            ValueError: not exactly one of ``key``, ``row_id`` and ``execution_id``.
         """
-        if (key is None) == (row_id is None):
-            raise ValueError("retry_dead takes a row key or a row_id, exactly one")
+        if sum(which is not None for which in (key, row_id, execution_id)) != 1:
+            raise ValueError("retry_dead takes a row key, a row_id or an execution_id, exactly one")
         if key is not None:
             return await self._sql.retry_dead_key(tx.driver, key, queue, self.clock())
+        if execution_id is not None:
+            return await self._sql.retry_dead_of(tx.driver, execution_id, queue, self.clock())
         return await self._sql.retry_dead_id(tx.driver, row_id, queue, self.clock())
 
 

@@ -163,6 +163,7 @@ class OutboxTable:
 
         self._retry_key = retry("key = :which")
         self._retry_id = retry("id = :which")
+        self._retry_execution = retry("execution_id = :which")
         self._delete_dead = sql(f"DELETE FROM {outbox} WHERE id = :id AND dead_at IS NOT NULL")
 
     async def insert(
@@ -301,6 +302,13 @@ class OutboxTable:
         dialect = self.dialect
         values = {"which": dialect.key(row_id), "queue": queue, "now": dialect.time(now)}
         return await dialect.execute(driver, self._retry_id, values)
+
+    async def retry_dead_of(
+        self, driver: Any, execution_id: str, queue: str | None, now: datetime
+    ) -> int:
+        """:meth:`retry_dead_key` of every dead row the execution ``execution_id`` sent."""
+        values = {"which": execution_id, "queue": queue, "now": self.dialect.time(now)}
+        return await self.dialect.execute(driver, self._retry_execution, values)
 
     async def delete_dead(self, driver: Any, key: Any) -> int:
         """Delete the row of ``key`` if it is dead (a row still pending or sent stays);

@@ -1,6 +1,6 @@
 // The statifier console's only script: on a "changed" server-sent event, fetch the
 // page again and replace its live fragments ([data-live] elements, matched by id).
-// A page with a [data-poll] element (a shadow replay running) is fetched again every
+// A page with a [data-poll] element (a shadow replay or a bulk run going) is fetched again every
 // data-poll milliseconds instead, until the fresh page has none.
 // Every page reads the same without it.
 (function () {
