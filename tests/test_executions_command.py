@@ -138,6 +138,7 @@ def test_bulk_acts_on_what_a_search_selects_once_confirmed(
     assert status == 0
     lines = text.splitlines()
     assert lines[0] == "2 executions selected to pause"
+    assert lines[1].startswith("bulk run ")  # its row, which the console shows
     assert lines[-1].startswith("pause: 2 done, 1 skipped, 0 failed (audited as cli:")
     assert cli(capsys, "bulk", "pause", "--yes", *at)[1] == "0 executions selected to pause\n"
     resumed = cli(capsys, "bulk", "resume", "--status", "paused", "--yes", *at)

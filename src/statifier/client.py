@@ -318,6 +318,10 @@ class BulkRun:
         error: why it stopped early, if it did (an error's type name).
         parked: ``migrate``: executions the revision could not carry, parked instead.
         last_error: the last execution's failure, ``"ErrorClass: message"``.
+        state: ``running`` (in the API process answering), ``finished``, ``stopped``
+            (``error`` says why), or ``unfinished``: no end recorded and not running
+            there (interrupted, or running in another process); run it again to
+            finish it.
     """
 
     job: str
@@ -330,6 +334,7 @@ class BulkRun:
     error: str | None = None
     parked: int = 0
     last_error: str | None = None
+    state: str = "running"
 
 
 @dataclass(frozen=True, slots=True)
@@ -546,6 +551,7 @@ def _bulk_run(job: str) -> Callable[[Mapping[str, Any]], BulkRun]:
             _maybe_text(body, "error"),
             _field(body, "parked", int),
             _maybe_text(body, "last_error"),
+            _text(body, "state"),
         )
 
     return parse

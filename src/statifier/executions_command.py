@@ -85,6 +85,7 @@ import json
 import sqlite3
 import sys
 import traceback
+import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
@@ -521,7 +522,8 @@ async def _run_workers(durable: Durable, out: TextIO) -> int:
 
 async def _bulk(durable: Durable, args: argparse.Namespace, out: TextIO) -> int:
     from statifier.console.audit import Audit
-    from statifier.console.bulk import BulkProgress, bulk_action, migration, preview, run_bulk
+    from statifier.console.bulk import BulkProgress, bulk_action, migration, preview
+    from statifier.console.bulk_runs import BulkLog, run_recorded
     from statifier.console.queries import ConsoleQueries, ExecutionFilter
     from statifier.durable.values import status_named
     from statifier.persistence.sql import SqlAdapter
@@ -569,13 +571,29 @@ async def _bulk(durable: Durable, args: argparse.Namespace, out: TextIO) -> int:
         parked = f", {progress.parked} parked" if progress.parked else ""
         return f"{progress.done} done, {progress.skipped} skipped, {progress.failed} failed{parked}"
 
-    def said(progress: BulkProgress) -> None:
+    async def said(progress: BulkProgress) -> None:
         out.write(f"  {progress.seen} seen: {counts(progress)}\n")
         out.flush()
 
     actor = f"cli:{getpass.getuser()}"
     audit = Audit(adapter.engine, adapter.tables)
-    done = await run_bulk(router, queries, audit, action, where, actor=actor, progress=said)
+    log = BulkLog(adapter.engine, adapter.tables)
+    run_id = uuid.uuid4().hex
+    now = router.storage.clock()
+    await log.start(run_id, action, where, actor=actor, selected=selected, now=now)
+    out.write(f"bulk run {run_id}\n")
+    done = await run_recorded(
+        router,
+        queries,
+        audit,
+        log,
+        run_id,
+        action,
+        where,
+        actor=actor,
+        selected=selected,
+        progress=said,
+    )
     out.write(f"{action.name}: {counts(done)} (audited as {actor})\n")
     if done.last_error is not None:
         out.write(f"  last failure: {done.last_error}\n")

@@ -53,6 +53,8 @@ EVENTS: Final[Mapping[str, str]] = {
     "statifier.api.request": "the HTTP API answered a call",
     "statifier.api.watch": "the HTTP API's watcher read the executions waited on",
     "statifier.api.watch_failed": "the HTTP API's watcher failed to read; it reads again",
+    # the console's bulk actions (see the console section of docs/telemetry.md)
+    "statifier.console.bulk_run": "a bulk run ended: finished, failed on executions, or stopped",
     # the service (see the service section of docs/telemetry.md)
     "statifier.service.listener": "the HTTP listener shed, refused or timed out connections",
     # scriba, the projection engine (see the scriba section of docs/telemetry.md)

@@ -518,6 +518,9 @@ async def test_a_bulk_migrate_moves_the_selected_executions_onto_a_stored_revisi
     assert started.status_code == 202
     progress = await _finished(shop, started.json()["job"])
     assert (progress["done"], progress["parked"], progress["failed"]) == (3, 0, 0)
+    assert (progress["state"], progress["action"]) == ("finished", "migrate")
+    job = started.json()["job"]
+    assert (await shop.call("GET", f"/bulk/{job}", OTHER)).status_code == 404  # scope web
     for execution_id in ids:
         read = (await shop.call("GET", f"/executions/{execution_id}", READER)).json()
         assert (read["status"], read["configuration"]) == ("active", ["to_pay"])

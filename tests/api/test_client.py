@@ -729,7 +729,7 @@ async def test_a_bulk_action_is_previewed_started_and_followed(shop: Shop) -> No
         if run.finished:
             break
         await asyncio.sleep(0.05)
-    assert (run.done, run.skipped, run.failed, run.error) == (3, 0, 0, None)
+    assert (run.done, run.skipped, run.failed, run.error, run.state) == (3, 0, 0, None, "finished")
     assert await shop.client.bulk_preview("resume", scope="web") == 3
     revision = compile_chart(CHECKOUT.format(receipt="<log expr=\"'r2'\"/>"), name="order")
     await shop.api.router.storage.save_chart(revision)

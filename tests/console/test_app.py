@@ -7,6 +7,7 @@ execution page's diagram and timeline, the live stream; and the ``[console]`` ta
 from __future__ import annotations
 
 import asyncio
+import html
 import io
 import os
 import re
@@ -45,8 +46,9 @@ from statifier.cli import main
 from statifier.console.app import TIMELINE_LINKS, Configured, Console, console_app
 from statifier.console.audit import Audit, AuditEntry, AuditRow
 from statifier.console.auth import COOKIE, Operator, Operators, Role, Sessions
+from statifier.console.bulk import BULK_ACTIONS
 from statifier.console.live import Live, TooManyClients
-from statifier.console.queries import MAX_SEARCH, ConsoleQueries
+from statifier.console.queries import MAX_SEARCH, ConsoleQueries, ExecutionFilter
 from statifier.console.timeline import PREVIEW_CHARS
 from statifier.core import Event
 from statifier.persistence import Executions, Status
@@ -761,6 +763,18 @@ async def test_a_bulk_action_is_previewed_confirmed_and_followed_to_its_end(site
         answer = await site.client.get(f"/console/bulk?{bad}&scope=web")
         assert answer.status_code == 400, bad
     assert (await site.client.get("/console/bulk/nope")).status_code == 404
+    # A run whose process was killed: its row has no end, and no process runs it.
+    log = site.console.bulk_runs.log
+    where = ExecutionFilter(scope="web", status=Status.PAUSED)
+    now = site.router.storage.clock()
+    await log.start("killed", BULK_ACTIONS["resume"], where, actor="ada", selected=4, now=now)
+    interrupted = (await site.page("/console/bulk/killed")).text
+    assert 'id="run-unfinished"' in interrupted
+    again = re.search(r'id="run-again" href="([^"]+)"', interrupted)
+    assert again is not None
+    previewed_again = (await site.page(html.unescape(again.group(1)))).text
+    assert 'data-selected="4"' in previewed_again
+    assert "selected to resume." in previewed_again
     await site.login(BOB)  # a read-only operator sees the count, no confirmation
     read_only = (await site.page("/console/bulk?action=resume&scope=web")).text
     assert 'data-selected="4"' in read_only

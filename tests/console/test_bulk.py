@@ -11,6 +11,7 @@ import random
 import signal
 import sys
 from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from tests.router.conftest import (  # noqa: F401 - fixtures used by name
 from tests.router.racing_router import SCOPE, hit
 from tests.router.test_races import COUNTER, counter_router
 
+from statifier import telemetry
 from statifier.chart import compile_chart
 from statifier.console.audit import Audit
 from statifier.console.bulk import (
@@ -40,6 +42,7 @@ from statifier.console.bulk import (
     run_bulk,
     stored_migration,
 )
+from statifier.console.bulk_runs import BulkLog, BulkRuns, action_of, run_recorded
 from statifier.console.queries import ConsoleQueries, ExecutionFilter
 from statifier.persistence import ChartNotFound, Status
 from statifier.router import Router
@@ -59,6 +62,13 @@ async def _made(router: Router, count: int) -> list[str]:
             (outcome,) = answer.outcomes  # type: ignore[union-attr]
             made.append(outcome.execution_id)  # type: ignore[union-attr,arg-type]
     return made
+
+
+def _into(seen: list[BulkProgress]) -> Callable[[BulkProgress], Awaitable[None]]:
+    async def told(progress: BulkProgress) -> None:
+        seen.append(progress)
+
+    return told
 
 
 def _statuses(db: RouterDb) -> Counter[str]:
@@ -102,7 +112,7 @@ async def test_a_filter_is_previewed_then_paused_resumed_and_cancelled_each_with
     assert await preview(queries, cancel, ExecutionFilter(key="k7")) == 1
     seen: list[BulkProgress] = []
     paused = await run_bulk(
-        router, queries, audit, pause, everything, actor="ada", page=7, progress=seen.append
+        router, queries, audit, pause, everything, actor="ada", page=7, progress=_into(seen)
     )
     assert (paused.selected, paused.done, paused.skipped, paused.failed) == (25, 25, 5, 0)
     assert [p.seen for p in seen] == [7, 14, 21, 28, 30]
@@ -242,6 +252,83 @@ async def test_a_bulk_migrate_moves_each_execution_once_parks_what_cannot_move_a
 
 
 @pytest.mark.asyncio
+async def test_a_recorded_run_keeps_its_row_in_step_and_is_made_again_from_it(
+    router_db: RouterDb,  # noqa: F811 - the fixture
+) -> None:
+    router = counter_router(router_db)
+    made = await _made(router, 12)
+    adapter = router_db.adapter
+    queries = ConsoleQueries(adapter.engine, adapter.tables)
+    audit = Audit(adapter.engine, adapter.tables)
+    log = BulkLog(adapter.engine, adapter.tables)
+    where = ExecutionFilter(scope=SCOPE, metadata={})
+    mapped = migration(compile_chart(RENAMED), state_map={"counting": "tallying"}, data={"n": 0})
+    now = router.storage.clock()
+    await log.start("r1", mapped, where, actor="ada", selected=12, now=now)
+    seen: list[BulkProgress] = []
+    reported: list[tuple[Mapping[str, float], Mapping[str, object]]] = []
+    telemetry.attach(
+        "bulk-test", "statifier.console.bulk_run", lambda _, m, d: reported.append((m, d))
+    )
+    try:
+        done = await run_recorded(
+            router,
+            queries,
+            audit,
+            log,
+            "r1",
+            mapped,
+            where,
+            actor="ada",
+            selected=12,
+            progress=_into(seen),
+        )
+    finally:
+        telemetry.detach("bulk-test")
+    assert (done.done, done.skipped) == (12, 0)
+    ((measured, said),) = reported
+    assert (measured["selected"], measured["done"], measured["failed"]) == (12, 12, 0)
+    assert said == {
+        "action": "migrate",
+        "run_id": "r1",
+        "actor": "ada",
+        "outcome": "finished",
+        "error": None,
+    }
+    row = await log.get("r1")
+    assert row is not None
+    assert (row.action, row.revision, dict(row.state_map), dict(row.data)) == (
+        "migrate",
+        mapped.revision,
+        {"counting": "tallying"},
+        {"n": 0},
+    )
+    assert (row.progress, row.finished, row.error) == (done, True, None)
+    assert row.where == where
+    again = await action_of(router, row)
+    assert (again.name, again.revision, again.state_map) == (
+        "migrate",
+        mapped.revision,
+        {"counting": "tallying"},
+    )
+    assert [run.run_id for run in await log.latest()] == ["r1"]
+    assert await log.get("nope") is None
+
+    # A run cancelled midway (its server stopping) says so in its row.
+    runs = BulkRuns(router, queries, audit, log)
+    run_id = await runs.start(BULK_ACTIONS["pause"], where, actor="bo", selected=12)
+    assert runs.running(run_id)
+    await runs.close()
+    stopped = await log.get(run_id)
+    assert stopped is not None
+    assert runs.state(stopped) == "stopped"  # cancelled before it came to any execution
+    assert stopped.error is not None
+    assert stopped.error.startswith("stopped:")
+    assert not runs.running(run_id)
+    assert len(made) == 12
+
+
+@pytest.mark.asyncio
 async def test_a_bulk_cancel_killed_midway_and_run_again_cancels_each_once(
     router_db: RouterDb,  # noqa: F811 - the fixture
     tmp_path: Path,
@@ -252,7 +339,7 @@ async def test_a_bulk_cancel_killed_midway_and_run_again_cancels_each_once(
     chart.write_bytes(COUNTER)
     options = router_db.store.tables.options
 
-    async def run(kill_after_pages: int | None) -> int:
+    async def run(kill_after_pages: int | None, again: str | None = None) -> tuple[int, str]:
         process = await asyncio.create_subprocess_exec(
             sys.executable,
             str(CANCELLER),
@@ -260,11 +347,14 @@ async def test_a_bulk_cancel_killed_midway_and_run_again_cancels_each_once(
             options.prefix,
             options.schema or "-",
             str(chart),
+            *([again] if again else []),
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )
         assert process.stdout is not None
         assert await asyncio.wait_for(process.stdout.readline(), 60) == b"ready\n"
+        started = (await asyncio.wait_for(process.stdout.readline(), 60)).decode()
+        assert started.startswith("run "), started
         pages = 0
         while kill_after_pages is not None:
             line = await asyncio.wait_for(process.stdout.readline(), 300)
@@ -277,15 +367,30 @@ async def test_a_bulk_cancel_killed_midway_and_run_again_cancels_each_once(
         code = await asyncio.wait_for(process.wait(), 600)
         if code != -signal.SIGKILL:
             assert code == 0, (await process.stderr.read()).decode()  # type: ignore[union-attr]
-        return code
+        return code, started.split()[1]
 
-    assert await run(kill_after_pages=3) == -signal.SIGKILL
+    code, killed = await run(kill_after_pages=3)
+    assert code == -signal.SIGKILL
     midway = _statuses(router_db)
     assert 0 < midway["cancelled"] < CRASH_EXECUTIONS, midway
     rows = _rows_per_target(router_db, "cancel")
     assert set(rows.values()) == {1}  # what was done has its one row
     assert len(rows) == midway["cancelled"]
-    assert await run(kill_after_pages=None) == 0
+    log = BulkLog(router_db.adapter.engine, router_db.adapter.tables)
+    interrupted = await log.get(killed)
+    assert interrupted is not None
+    assert interrupted.finished_at is None  # no end: the row says it was cut short
+    assert 0 < interrupted.progress.done <= midway["cancelled"]  # as of its last page
+    # Run again from its row, in another process: the rest is done, nothing twice.
+    code, finished = await run(kill_after_pages=None, again=killed)
+    assert code == 0
+    ended = await log.get(finished)
+    assert ended is not None
+    assert (ended.finished, ended.error, ended.progress.done) == (
+        True,
+        None,
+        CRASH_EXECUTIONS - midway["cancelled"],
+    )
     assert _statuses(router_db) == {"cancelled": CRASH_EXECUTIONS}
     assert _rows_per_target(router_db, "cancel") == Counter(dict.fromkeys(made, 1))
     assert _rows_per_target(router_db, "bulk") == {"cancel": 1}  # the run that finished

@@ -23,7 +23,7 @@ from statifier.persistence.sql import SqlAdapter
 from statifier.sql import TableOptions, migrations
 from statifier.sql.tables import UtcDateTime, autogenerate_filter
 
-HEAD = "statifier_0010"
+HEAD = "statifier_0011"
 """The newest revision."""
 
 DURABLE_TABLES = ("mig_charts", "mig_positions", "mig_executions", "mig_inputs")
@@ -53,6 +53,8 @@ ERRORS_TABLES = ("mig_step_errors",)
 """What ``statifier_0008`` adds (with each execution's error count)."""
 HELD_TABLES = ("mig_held_events",)
 """What ``statifier_0010`` adds."""
+BULK_TABLES = ("mig_bulk_runs",)
+"""What ``statifier_0011`` adds."""
 
 
 def _tenant() -> list[sa.Column[Any]]:
@@ -138,6 +140,7 @@ def test_migrations_build_exactly_the_tables(fresh_database: Any) -> None:
         *CONSOLE_TABLES,
         *ERRORS_TABLES,
         *HELD_TABLES,
+        *BULK_TABLES,
     }
 
 

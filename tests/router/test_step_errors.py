@@ -214,3 +214,40 @@ async def test_route_says_when_no_timer_worker_runs_to_fire_what_it_scheduled(
     )
     plain = router_db.router([_binding()], resolver=StaticResolver({"order": quiet_chart}))
     assert (await plain.route(_pay("m4", order="o-4"))).notices == ()
+
+
+TOTAL = f"""<scxml {SCXML} initial="open" datamodel="predicator">
+  <datamodel><data id="total" expr="0"/></datamodel>
+  <state id="open">
+    <transition event="pay"><assign location="total" expr="_event.data.amount * 2"/></transition>
+  </state>
+</scxml>"""
+"""Takes every payment where it is; one whose amount is not a number raises
+error.execution at the ``<assign>``."""
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("binding", "options", "status"),
+    [
+        ({"on_error": "fail"}, {}, Status.FAILED),
+        ({"on_error": "continue"}, {"on_error": "fail"}, Status.ACTIVE),
+    ],
+)
+async def test_an_event_held_while_paused_is_stepped_on_resume_under_its_bindings_policy(
+    router_db: RouterDb, binding: dict[str, Any], options: dict[str, Any], status: Status
+) -> None:
+    router = router_db.router(
+        [_binding(**binding)], resolver=StaticResolver({"order": compile_chart(TOTAL)}), **options
+    )
+    (created,) = (await router.route(_pay("m1", amount=5))).outcomes
+    assert isinstance(created, CreatedAndDelivered)
+    execution_id = created.execution_id
+    assert await router.pause(execution_id)
+    (held,) = (await router.route(_pay("m2", amount="five"))).outcomes
+    assert held.outcome == "held"
+    resumed = await router.resume(execution_id)
+    assert resumed is not None
+    assert resumed.stepped == 1
+    record = await router.storage.fetch_execution(execution_id)
+    assert (record.status, record.error_count) == (status, 1)

@@ -38,14 +38,8 @@ from statifier.api.watcher import Mark, Watcher
 from statifier.console.actions import Action, Done, cancel, pause, resume
 from statifier.console.actions import Refused as ActionRefused
 from statifier.console.audit import Audit, AuditEntry
-from statifier.console.bulk import (
-    BULK_ACTIONS,
-    BulkAction,
-    BulkRun,
-    BulkRuns,
-    preview,
-    stored_migration,
-)
+from statifier.console.bulk import BULK_ACTIONS, BulkAction, preview, stored_migration
+from statifier.console.bulk_runs import BulkLog, BulkRuns, LoggedRun
 from statifier.console.queries import (
     MAX_PAGE,
     BadCursor,
@@ -166,7 +160,9 @@ class Api:
         self._queries = ConsoleQueries(adapter.engine, adapter.tables, codec=router.storage.codec)
         self._audit = Audit(adapter.engine, adapter.tables)
         self.watcher = Watcher(self._marks, self._load, poll=poll)
-        self._runs = BulkRuns(router, self._queries, self._audit)
+        self._runs = BulkRuns(
+            router, self._queries, self._audit, BulkLog(adapter.engine, adapter.tables)
+        )
         self._repeats = IntervalTally()
         self.app = Starlette(
             routes=[
@@ -395,8 +391,10 @@ class Api:
             return Refused(
                 409, "preview_changed", f"{selected} executions are selected now; confirm those"
             )
-        run = self._runs.start(action, where, actor=f"api:{caller.name}", selected=selected)
-        return JSONResponse({"job": run.id, **_progress_json(run)}, status_code=202)
+        run_id = await self._runs.start(
+            action, where, actor=f"api:{caller.name}", selected=selected
+        )
+        return await self._progress(run_id, caller, 202)
 
     async def _bulk_action(self, body: Mapping[str, Value]) -> BulkAction | Refused:
         """The body's ``action``; ``migrate`` takes the stored ``revision`` (a content
@@ -427,10 +425,15 @@ class Api:
             return Refused(404, "no_revision", str(missing))
 
     async def _bulk_progress(self, request: Request, caller: ApiToken) -> Answer:
-        run = self._runs.get(request.path_params["job"])
-        if run is None:
-            return Refused(404, "no_job", "no such bulk run (or it ended long ago)")
-        return JSONResponse(_progress_json(run))
+        return await self._progress(request.path_params["job"], caller, 200)
+
+    async def _progress(self, run_id: str, caller: ApiToken, status: int) -> Answer:
+        """The run's progress; a run over a scope the caller may not read is not there
+        for it (as another scope's execution is not)."""
+        run = await self._runs.log.get(run_id)
+        if run is None or not caller.may(run.selection.get("scope", ALL_SCOPES), Rights.READ):
+            return Refused(404, "no_job", "no such bulk run")
+        return JSONResponse(_progress_json(run, self._runs.state(run)), status_code=status)
 
     async def _wait(self, request: Request, caller: ApiToken) -> Answer:
         execution_id = request.path_params["id"]
@@ -613,10 +616,12 @@ class Api:
         self._repeats.note((route, refused.status, refused.rule), first, later)
 
 
-def _progress_json(run: BulkRun) -> dict[str, Any]:
+def _progress_json(run: LoggedRun, state: str) -> dict[str, Any]:
     progress = run.progress
     return {
-        "action": run.action.name,
+        "job": run.run_id,
+        "action": run.action,
+        "state": state,
         "selected": progress.selected,
         "done": progress.done,
         "skipped": progress.skipped,
@@ -625,6 +630,8 @@ def _progress_json(run: BulkRun) -> dict[str, Any]:
         "last_error": progress.last_error,
         "finished": run.finished,
         "error": run.error,
+        "started_at": run.started_at.isoformat(),
+        "updated_at": run.updated_at.isoformat(),
     }
 
 

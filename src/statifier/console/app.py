@@ -25,6 +25,11 @@ pages:
 - ``/console/failures``: outbox and consumer dead letters, failed executions, the
   error events steps raised across executions, scriba's projections;
 - ``/console/audit``: every action taken;
+- ``/console/bulk``: a bulk action (:mod:`statifier.console.bulk`) over the executions
+  list's filter (its query fields), previewed with ``action`` (the count it applies
+  to), started by ``POST`` (an operator, the CSRF token, ``confirm`` equal to the count
+  selected then, else 409 with the new count); ``/console/bulk/{run}`` its progress,
+  read from its row (:mod:`statifier.console.bulk_runs`);
 - ``/console/revisions``: a chart uploaded (``POST``, ``multipart/form-data`` with the
   session's CSRF token, under the charts' read limits) is replayed on the recorded
   executions a filter selects, read-only and in the background
@@ -79,17 +84,18 @@ from statifier.console.auth import COOKIE, Session, Sessions
 from statifier.console.bulk import (
     BULK_ACTIONS,
     BulkAction,
-    BulkRuns,
     bulk_action,
     preview,
     stored_migration,
 )
+from statifier.console.bulk_runs import BulkLog, BulkRuns, LoggedRun
 from statifier.console.diagram import render_chart_svg
 from statifier.console.live import Live, TooManyClients
 from statifier.console.queries import (
     MAX_DETAIL_ROWS,
     MAX_PAGE,
     MAX_SEARCH,
+    QUERY_FIELDS,
     BadCursor,
     BucketCount,
     ConsoleQueries,
@@ -97,6 +103,7 @@ from statifier.console.queries import (
     ExecutionFilter,
     ExecutionSummary,
     LedgerFilter,
+    filter_from_query,
 )
 from statifier.console.replay import (
     ReplayStep,
@@ -184,7 +191,7 @@ OUTCOMES: Final = (
     "key_refused",
     "dropped",
 )
-_BULK_FIELDS: Final = ("action", "revision", "map")
+_BULK_FIELDS: Final = ("action", "revision", "map", "data")
 """The bulk form's fields beside the executions list's filter."""
 _STATIC: Final = Path(__file__).parent / "static"
 _TEMPLATES: Final = Path(__file__).parent / "templates"
@@ -313,7 +320,9 @@ class Console:
             max_running=self.revision_jobs,
             ttl=self.revision_ttl,
         )
-        self.bulk_runs = BulkRuns(self.router, self.queries, self.audit)
+        self.bulk_runs = BulkRuns(
+            self.router, self.queries, self.audit, BulkLog(adapter.engine, adapter.tables)
+        )
 
     def close(self) -> None:
         """End the live streams, stop the running shadow replays and bulk runs (the
@@ -572,71 +581,26 @@ def _execution_filter(params: Mapping[str, str]) -> tuple[dict[str, str], Execut
     given, for the form to show again, and the filter.
 
     Raises:
-        _BadRequest: a field that does not parse (named in the message).
-        BadFilter: a search text out of bounds.
+        BadFilter: a field that does not parse (named in the message).
     """
-    form = {
-        name: params.get(name, "")
-        for name in (
-            "status",
-            "document",
-            "scope",
-            "meta",
-            "created_from",
-            "created_until",
-            "updated_from",
-            "updated_until",
-            "errors",
-            "key",
-            "final",
-            "error",
-        )
-    }
-    if form["errors"] not in ("", "1"):
-        raise _BadRequest("errors: 1 (executions whose steps raised errors), or nothing")
-    status = None
-    if form["status"]:
-        try:
-            status = Status(form["status"])
-        except ValueError:
-            raise _BadRequest(f"status: not a status: {form['status'][:40]!r}") from None
-    metadata: dict[str, str] = {}
-    if form["meta"]:
-        key, equals, value = form["meta"].partition("=")
-        if not equals or not key:
-            raise _BadRequest("metadata: give key=value")
-        metadata[key] = value
-    where = ExecutionFilter(
-        status=status,
-        document=form["document"] or None,
-        scope=form["scope"] or None,
-        metadata=metadata,
-        created_from=_time_field(form["created_from"], "created from"),
-        created_until=_time_field(form["created_until"], "created until"),
-        updated_from=_time_field(form["updated_from"], "updated from"),
-        updated_until=_time_field(form["updated_until"], "updated until"),
-        errors=form["errors"] == "1",
-        key=form["key"] or None,
-        final_state=form["final"] or None,
-        error=form["error"] or None,
-    )
-    return form, where
+    form = {name: params.get(name, "") for name in QUERY_FIELDS}
+    return form, filter_from_query(form)
+
+
+def _again(run: LoggedRun) -> dict[str, str]:
+    """The bulk form's fields that preview ``run`` again."""
+    fields = {"action": run.action, **run.selection}
+    if run.action == "migrate":
+        fields["revision"] = run.revision or ""
+        fields["map"] = "\n".join(f"{old}={new or ''}" for old, new in run.state_map.items())
+        if run.data:
+            fields["data"] = json.dumps({k: tagged.encode(v) for k, v in run.data.items()})
+    return fields
 
 
 def _given(form: Mapping[str, str]) -> dict[str, str]:
     """The fields of a form that were filled in."""
     return {name: value for name, value in form.items() if value}
-
-
-def _time_field(value: str, name: str) -> datetime | None:
-    """A filter's time: ISO 8601; without an offset it is UTC."""
-    if not value:
-        return None
-    try:
-        moment = datetime.fromisoformat(value)
-    except ValueError:
-        raise _BadRequest(f"{name}: not an ISO 8601 time: {value[:40]!r}") from None
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 def _size(request: Request) -> int:
@@ -1218,6 +1182,7 @@ class _Pages:
         status: int = 200,
         changed: bool = False,
     ) -> Response:
+        runs = self.console.bulk_runs
         return self.render(
             request,
             "bulk.html",
@@ -1233,13 +1198,14 @@ class _Pages:
             actions=[*BULK_ACTIONS, "migrate"],
             statuses=[s.value for s in Status],
             revisions=await self.console.queries.revisions(form.get("document") or None),
-            runs=self.console.bulk_runs.latest()[:10],
+            runs=[(run, runs.state(run)) for run in await runs.log.latest()],
             max_search=MAX_SEARCH,
         )
 
     async def bulk_action(self, chosen: Mapping[str, str]) -> BulkAction:
         """The action the form chose; ``migrate`` onto the stored ``revision`` with the
-        ``map`` (lines ``OLD=NEW``, or ``OLD=`` for a state removed on purpose).
+        ``map`` (lines ``OLD=NEW``, or ``OLD=`` for a state removed on purpose) and the
+        ``data`` (a JSON object) for variables the revision adds.
 
         Raises:
             _BadRequest: an unknown action or revision, or a map line that does not parse.
@@ -1260,9 +1226,17 @@ class _Pages:
             if not equals or not old:
                 raise _BadRequest(f"map: one OLD=NEW a line, not {line[:80]!r}")
             state_map[old] = new or None
+        data: object = {}
+        if chosen["data"].strip():
+            try:
+                data = json.loads(chosen["data"])
+            except ValueError:
+                raise _BadRequest("data: not JSON") from None
+        if not isinstance(data, dict):
+            raise _BadRequest("data: a JSON object of variable names to values")
         try:
             return await stored_migration(
-                self.console.router, chosen["revision"], state_map=state_map
+                self.console.router, chosen["revision"], state_map=state_map, data=data
             )
         except (ChartNotFound, ChartRetired) as missing:
             raise _BadRequest(f"revision: {missing}") from None
@@ -1292,10 +1266,10 @@ class _Pages:
             return await self.bulk_page(
                 request, session, form, chosen, action, selected, status=409, changed=True
             )
-        run = self.console.bulk_runs.start(
+        run_id = await self.console.bulk_runs.start(
             action, where, actor=session.operator.name, selected=selected
         )
-        return RedirectResponse(f"{back}/{run.id}", status_code=303)
+        return RedirectResponse(f"{back}/{run_id}", status_code=303)
 
     async def bulk_run(self, request: Request) -> Response:
         """One bulk run: its progress while it runs (the page refreshes itself), then
@@ -1303,19 +1277,26 @@ class _Pages:
         run_id = request.path_params["run_id"]
 
         async def build(session: Session) -> Response:
-            run = self.console.bulk_runs.get(run_id)
+            runs = self.console.bulk_runs
+            run = await runs.log.get(run_id)
             if run is None:
-                why = "No such bulk run: the console restarted since, or it is long over."
                 return self.message(
-                    request, session, 404, "Not found", why, f"{self.base(request)}/bulk"
+                    request,
+                    session,
+                    404,
+                    "Not found",
+                    "There is no such bulk run.",
+                    f"{self.base(request)}/bulk",
                 )
             return self.render(
                 request,
                 "bulk_run.html",
                 session=session,
                 nav="executions",
-                title=f"Bulk {run.action.name}",
+                title=f"Bulk {run.action}",
                 run=run,
+                state=runs.state(run),
+                again=f"{self.base(request)}/bulk?{urlencode(_again(run))}",
             )
 
         return await self.page(request, build)

@@ -16,9 +16,8 @@ A run stopped midway (the process killed, say) is resumed by running it again: w
 did stays done and is skipped, the rest is done; each execution still has exactly one
 row for it.
 
-:class:`BulkRuns` starts runs in the background of a server (the console's page, the
-API's ``/bulk``) and keeps the latest for their progress pages; what they hold lives
-in that process (the audit table is what outlives it).
+:mod:`statifier.console.bulk_runs` records runs in the database and starts them in the
+background of a server.
 
 >>> sorted(BULK_ACTIONS)
 ['cancel', 'pause', 'resume', 'retry']
@@ -28,13 +27,9 @@ frozenset({<Status.ACTIVE: 'active'>})
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import uuid
-from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from typing import Final
 
 from statifier.chart import Machine
@@ -54,11 +49,8 @@ from statifier.router import Router
 
 __all__ = [
     "BULK_ACTIONS",
-    "KEPT_RUNS",
     "BulkAction",
     "BulkProgress",
-    "BulkRun",
-    "BulkRuns",
     "bulk_action",
     "migration",
     "preview",
@@ -67,9 +59,6 @@ __all__ = [
 ]
 
 _log = logging.getLogger("statifier.console")
-
-KEPT_RUNS: Final = 100
-"""How many runs :class:`BulkRuns` keeps for their progress (the oldest finished go first)."""
 
 _HOLDING: Final = frozenset({Status.ACTIVE, Status.NEEDS_MIGRATION, Status.PAUSED})
 
@@ -88,6 +77,7 @@ class BulkAction:
         dead_letters: ``retry``: it applies only to executions that sent an outbox row
             now dead.
         said: what it does, in a few words, for the run's audit row and the pages.
+        state_map, data: ``migrate``: the plan's, as :func:`migration` was given them.
     """
 
     name: str
@@ -96,6 +86,8 @@ class BulkAction:
     revision: str | None = None
     dead_letters: bool = False
     said: str = ""
+    state_map: Mapping[str, str | None] = field(default_factory=dict)
+    data: Mapping[str, Value] = field(default_factory=dict)
 
     def applies(self, row: ExecutionSummary) -> bool:
         """Whether the listed ``row`` is one to try (the action may still refuse it)."""
@@ -150,6 +142,8 @@ def migration(
         _HOLDING,
         revision=content_hash,
         said=f"migrate to revision {content_hash[:12]}",
+        state_map=dict(state_map or {}),
+        data=dict(data or {}),
     )
 
 
@@ -220,11 +214,13 @@ async def run_bulk(
     *,
     actor: str,
     page: int = 200,
-    progress: Callable[[BulkProgress], object] | None = None,
+    selected: int | None = None,
+    progress: Callable[[BulkProgress], Awaitable[object]] | None = None,
 ) -> BulkProgress:
     """Act with ``action`` on every execution ``where`` selects (see the module
-    docstring); ``progress`` is told after each page. Each execution's audit row names
-    ``actor`` and, in its detail, the run.
+    docstring); ``progress`` is told (and awaited) after each page. Each execution's
+    audit row names ``actor`` and, in its detail, the run. ``selected`` is what the
+    preview the run was confirmed with counted (``None``: it is counted now).
 
     Raises:
         ValueError: ``page`` outside ``1..MAX_PAGE``.
@@ -232,7 +228,9 @@ async def run_bulk(
     """
     if not 1 <= page <= MAX_PAGE:
         raise ValueError(f"page is 1 to {MAX_PAGE} executions, not {page!r}")
-    state = BulkProgress(action.name, await preview(queries, action, where))
+    if selected is None:
+        selected = await preview(queries, action, where)
+    state = BulkProgress(action.name, selected)
     said = f"bulk {action.said} of {state.selected} selected"
     cursor: str | None = None
     while True:
@@ -243,7 +241,7 @@ async def run_bulk(
                 continue
             state = await _one(router, audit, action, row.id, actor, said, state)
         if progress is not None:
-            progress(state)
+            await progress(state)
         cursor = listed.next_cursor
         if cursor is None:
             break
@@ -295,110 +293,3 @@ async def _one(
     if done.parked:
         return replace(state, parked=state.parked + 1)
     return replace(state, done=state.done + 1)
-
-
-@dataclass(eq=False, slots=True)
-class BulkRun:
-    """A run :class:`BulkRuns` started: its progress as last told, and how it ended.
-
-    Attributes:
-        id: its id (random, hard to guess), for its progress page.
-        action, where, actor: what it does, to what, for whom.
-        started: when it started (UTC).
-        progress: as the run last told it (after each page, then at the end).
-        error: why it stopped early, ``"ErrorClass: message"`` (``None``: it did not).
-    """
-
-    id: str
-    action: BulkAction
-    where: ExecutionFilter
-    actor: str
-    started: datetime
-    progress: BulkProgress
-    error: str | None = None
-    task: asyncio.Task[None] | None = field(default=None, repr=False)
-
-    @property
-    def finished(self) -> bool:
-        """Whether it has ended, done or stopped."""
-        return self.task is not None and self.task.done()
-
-
-class BulkRuns:
-    """Runs in the background of a server, the latest :data:`KEPT_RUNS` kept (oldest
-    finished first dropped) for their progress; :meth:`close` stops those still going
-    (what they did stays done: starting the same run again does the rest)."""
-
-    def __init__(self, router: Router, queries: ConsoleQueries, audit: Audit) -> None:
-        self.router, self.queries, self.audit = router, queries, audit
-        self._runs: OrderedDict[str, BulkRun] = OrderedDict()
-
-    def start(
-        self, action: BulkAction, where: ExecutionFilter, *, actor: str, selected: int
-    ) -> BulkRun:
-        """Start ``action`` over ``where`` for ``actor``; ``selected`` is what the
-        preview the operator confirmed counted. Call it on the server's event loop."""
-        run = BulkRun(
-            uuid.uuid4().hex,
-            action,
-            where,
-            actor,
-            datetime.now(UTC),
-            BulkProgress(action.name, selected),
-        )
-        run.task = asyncio.create_task(self._run(run), name=f"bulk {action.name} {run.id}")
-        self._runs[run.id] = run
-        while len(self._runs) > KEPT_RUNS:
-            oldest = next((r for r in self._runs.values() if r.finished), None)
-            if oldest is None:
-                break
-            del self._runs[oldest.id]
-        return run
-
-    def get(self, run_id: str) -> BulkRun | None:
-        """The run of ``run_id``, if it is still kept."""
-        return self._runs.get(run_id)
-
-    def latest(self) -> list[BulkRun]:
-        """The runs kept, newest first."""
-        return list(reversed(self._runs.values()))
-
-    def cancel(self) -> list[asyncio.Task[None]]:
-        """Stop the runs still going (each is cancelled where it is: the execution it
-        was acting on is rolled back); answer their tasks."""
-        running = [r.task for r in self._runs.values() if r.task is not None and not r.finished]
-        for task in running:
-            task.cancel()
-        return running
-
-    async def close(self) -> None:
-        """:meth:`cancel`, and wait for the runs to stop."""
-        await asyncio.gather(*self.cancel(), return_exceptions=True)
-
-    async def _run(self, run: BulkRun) -> None:
-        def told(progress: BulkProgress) -> None:
-            run.progress = progress
-
-        try:
-            run.progress = await run_bulk(
-                self.router,
-                self.queries,
-                self.audit,
-                run.action,
-                run.where,
-                actor=run.actor,
-                progress=told,
-            )
-        except asyncio.CancelledError:
-            run.error = "stopped: the server stopped; start it again to do the rest"
-            raise
-        except Exception as error:  # noqa: BLE001 - told on its page and logged
-            run.error = f"{type(error).__name__}: {error}"
-            _log.error(
-                "console: bulk %s run %s by %s stopped: %s",
-                run.action.name,
-                run.id,
-                run.actor,
-                run.error,
-                exc_info=error,
-            )

@@ -61,6 +61,7 @@ __all__ = [
     "MAX_PAGE",
     "MAX_SEARCH",
     "MAX_STEP_KEYS",
+    "QUERY_FIELDS",
     "AddressView",
     "BadCursor",
     "BadFilter",
@@ -81,6 +82,8 @@ __all__ = [
     "TimerView",
     "decode_cursor",
     "encode_cursor",
+    "filter_from_query",
+    "filter_query",
 ]
 
 _T = TypeVar("_T")
@@ -120,6 +123,23 @@ class BadCursor(ValueError):  # noqa: N818 - names the finding
 class BadFilter(ValueError):  # noqa: N818 - names the finding
     """A search text an :class:`ExecutionFilter` refuses: empty, longer than
     :data:`MAX_SEARCH` characters, or holding a NUL character."""
+
+
+QUERY_FIELDS: Final = (
+    "status",
+    "document",
+    "scope",
+    "meta",
+    "created_from",
+    "created_until",
+    "updated_from",
+    "updated_until",
+    "errors",
+    "key",
+    "final",
+    "error",
+)
+"""The executions list's query fields, as :func:`filter_from_query` reads them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -1213,6 +1233,92 @@ def encode_cursor(kind: str, moment: datetime, key: Any) -> str:
     """
     text = json.dumps([kind, _utc(moment).isoformat(), str(key)], separators=(",", ":"))
     return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+
+
+def filter_from_query(fields: Mapping[str, str]) -> ExecutionFilter:
+    """The filter the executions list's query ``fields`` (:data:`QUERY_FIELDS`, each
+    as the console's form sends it; empty or missing: any) select: ``status``, a
+    :class:`~statifier.persistence.Status` value; ``meta``, ``key=value`` pairs one a
+    line; the times ISO 8601 (UTC without an offset); ``errors``, ``1`` or nothing;
+    ``final`` the final state. :func:`filter_query` writes them back.
+
+    Raises:
+        BadFilter: a field that does not parse, or a search out of bounds.
+
+    >>> where = filter_from_query({"status": "paused", "meta": "tenant=acme"})
+    >>> (where.status.value, dict(where.metadata))
+    ('paused', {'tenant': 'acme'})
+    >>> filter_query(where)
+    {'status': 'paused', 'meta': 'tenant=acme'}
+    >>> filter_from_query({"status": "asleep"})
+    Traceback (most recent call last):
+    ...
+    statifier.console.queries.BadFilter: status: not a status: 'asleep'
+    """
+    given = {name: fields.get(name, "") for name in QUERY_FIELDS}
+    if given["errors"] not in ("", "1"):
+        raise BadFilter("errors: 1 (executions whose steps raised errors), or nothing")
+    status = None
+    if given["status"]:
+        try:
+            status = Status(given["status"])
+        except ValueError:
+            raise BadFilter(f"status: not a status: {given['status'][:40]!r}") from None
+    metadata: dict[str, str] = {}
+    for line in given["meta"].splitlines():
+        key, equals, value = line.partition("=")
+        if not equals or not key:
+            raise BadFilter("metadata: give key=value")
+        metadata[key] = value
+    return ExecutionFilter(
+        status=status,
+        document=given["document"] or None,
+        scope=given["scope"] or None,
+        metadata=metadata,
+        created_from=_moment(given["created_from"], "created from"),
+        created_until=_moment(given["created_until"], "created until"),
+        updated_from=_moment(given["updated_from"], "updated from"),
+        updated_until=_moment(given["updated_until"], "updated until"),
+        errors=given["errors"] == "1",
+        key=given["key"] or None,
+        final_state=given["final"] or None,
+        error=given["error"] or None,
+    )
+
+
+def filter_query(where: ExecutionFilter) -> dict[str, str]:
+    """The query fields that select what ``where`` selects (those given only), as
+    :func:`filter_from_query` reads them."""
+    texts = {
+        "status": None if where.status is None else where.status.value,
+        "document": where.document,
+        "scope": where.scope,
+        "meta": "\n".join(f"{key}={value}" for key, value in where.metadata.items()) or None,
+        "created_from": _iso(where.created_from),
+        "created_until": _iso(where.created_until),
+        "updated_from": _iso(where.updated_from),
+        "updated_until": _iso(where.updated_until),
+        "errors": "1" if where.errors else None,
+        "key": where.key,
+        "final": where.final_state,
+        "error": where.error,
+    }
+    return {name: text for name, text in texts.items() if text is not None}
+
+
+def _moment(value: str, name: str) -> datetime | None:
+    """A filter's time: ISO 8601; without an offset it is UTC."""
+    if not value:
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise BadFilter(f"{name}: not an ISO 8601 time: {value[:40]!r}") from None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return None if moment is None else moment.isoformat()
 
 
 def decode_cursor(cursor: str, kind: str) -> tuple[datetime, str]:

@@ -231,6 +231,7 @@ async def _serve(
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(signum)
             listener.close()
+            await console.bulk_runs.close()  # each run's row says it stopped
     out.write("statifier console: stopped\n")
     return 0
 

@@ -30,7 +30,7 @@ from statifier.chart import Machine
 from statifier.core import Event
 from statifier.core.events import engine_event
 from statifier.core.positions import dump_event
-from statifier.persistence import Discarded, Executions, Refused, Status, Stepped
+from statifier.persistence import Discarded, Executions, OnError, Refused, Status, Stepped
 from statifier.persistence.serialization import Serialization
 from statifier.router.binding import Create, Plan
 from statifier.router.config import RouterConfig
@@ -309,13 +309,16 @@ async def hold_event(
     scope: str | None,
     message_id: str | None,
     now: datetime,
+    on_error: OnError | None = None,
 ) -> None:
     """Keep ``event`` for the paused ``execution_id``, in this transaction, behind what
     is held for it already: :meth:`Router.resume <statifier.router.Router.resume>` steps
     it in with ``via``, on the internal queue when ``internal``, its sends resolved in
-    ``scope``. The event is stored as the input log stores it, through the storage's
-    codec. The caller holds the execution's exclusion (the step that found it paused
-    took it, until the commit), so a resume cannot pass between the two."""
+    ``scope``, an error no transition takes handled by ``on_error`` (the delivering
+    binding's; ``None``: the router's). The event is stored as the input log stores it,
+    through the storage's codec. The caller holds the execution's exclusion (the step
+    that found it paused took it, until the commit), so a resume cannot pass between the
+    two."""
     blob = unit.storage.codec.encode(dump_event(event))
     row = HeldRow(
         execution_id,
@@ -325,6 +328,7 @@ async def hold_event(
         message_id=message_id,
         event_blob=blob,
         held_at=now,
+        on_error=None if on_error is None else on_error.value,
     )
     await unit.sql.hold(row)
 
@@ -410,6 +414,7 @@ async def _stepped(
                 scope=delivery.scope,
                 message_id=delivery.message_id,
                 now=now,
+                on_error=plan.on_error,
             )
             return Held(plan.id, key=delivery.key, execution_id=execution_id)
         if not stepped.execution.status.terminal:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from statifier.core.positions import load_event
-from statifier.persistence import Status, Stepped
+from statifier.persistence import OnError, Status, Stepped
 from statifier.router.delivery import STEP_VIA, completed, hold_event
 from statifier.router.transaction import Delivering, Unit
 
@@ -47,7 +47,7 @@ class Resumed:
 
 async def step_held(unit: Unit, execution_id: str, now: datetime) -> Resumed:
     """Step the events held for ``execution_id`` in, oldest first, at ``now``, each
-    with the ``via`` and scope it came with, and delete them, in ``unit``'s
+    with the ``via``, scope and error policy it came with, and delete them, in ``unit``'s
     transaction. The caller has just resumed the execution in the same transaction
     (:meth:`statifier.persistence.Executions.resume`).
 
@@ -61,7 +61,10 @@ async def step_held(unit: Unit, execution_id: str, now: datetime) -> Resumed:
     for row in await unit.sql.held(execution_id):
         event = load_event(codec.decode(row.event_blob))
         lifecycle = unit.executions(Delivering(row.scope, now, (execution_id,)))
-        result = await lifecycle.step(execution_id, None, event, via=row.via, internal=row.internal)
+        on_error = None if row.on_error is None else OnError.of(row.on_error)
+        result = await lifecycle.step(
+            execution_id, None, event, via=row.via, internal=row.internal, on_error=on_error
+        )
         status = result.execution.status
         if isinstance(result, Stepped):
             stepped += 1

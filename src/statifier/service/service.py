@@ -484,6 +484,7 @@ class Service:
         if self._console is not None:
             # Its event streams would hold the listener open; its replays, threads.
             self._console.close()
+            await self._console.console.bulk_runs.close()  # each run's row says it stopped
         if self._api is not None:
             await self._api.close()  # its waiting calls are answered now
         loop = asyncio.get_running_loop()

@@ -60,6 +60,7 @@ _HELD_COLUMNS: Final = (
     "message_id",
     "event_blob",
     "held_at",
+    "on_error",
 )
 
 
@@ -75,6 +76,8 @@ class HeldRow:
         message_id: the message it came as (``None`` for a timer's event).
         event_blob: the event as the input log stores it, through the storage's codec.
         held_at: when it was held.
+        on_error: the error policy of the delivery that held it (``"continue"`` or
+            ``"fail"``; ``None``: the router's), which its step on resume takes.
         id: the row's key (``None`` before the insert); the rows are read in the
             order they came, which their ``seq`` keeps.
     """
@@ -87,6 +90,7 @@ class HeldRow:
     message_id: str | None
     event_blob: bytes
     held_at: datetime
+    on_error: str | None = None
     id: Any = None
 
 
@@ -441,6 +445,7 @@ class RoutingSession:
             "message_id": row.message_id,
             "event_blob": row.event_blob,
             "held_at": self.dialect.time(row.held_at),
+            "on_error": row.on_error,
         }
         await self.dialect.execute(self._driver, self._s.hold, self._s.keyed(values))
 
@@ -461,6 +466,7 @@ class RoutingSession:
                     message_id=row[5],
                     event_blob=bytes(row[6]),
                     held_at=held_at,
+                    on_error=row[8],
                     id=row[0],
                 )
             )

@@ -24,6 +24,8 @@ metadata.
 - ``fan_out_ends``: the fan-outs that have answered their parent, one row each.
 - ``console_audit``: the actions operators took in the console, who and when.
 - ``held_events``: the events a paused execution was sent, in order, until it resumes.
+- ``bulk_runs``: the bulk actions operators started: what, over which executions, how
+  far each has come.
 
 Every table starts with a surrogate primary key ``id`` of the configured type, then
 the host's leading columns, then the package's own (each row's insert and update
@@ -35,6 +37,7 @@ carry a prefix and the tables may live in a schema of their own, so several host
 >>> for table in tables.metadata.sorted_tables:
 ...     print(table.name)
 shop_addresses
+shop_bulk_runs
 shop_charts
 shop_child_answers
 shop_console_audit
@@ -479,6 +482,7 @@ class Tables:
             closed (see the module docstring).
         console_audit: the console's audit trail.
         held_events: the events paused executions wait to take.
+        bulk_runs: the bulk actions started, with their progress.
         options: what they were defined with.
     """
 
@@ -503,6 +507,7 @@ class Tables:
     console_audit: sa.Table
     step_errors: sa.Table
     held_events: sa.Table
+    bulk_runs: sa.Table
     options: TableOptions
 
     @classmethod
@@ -714,6 +719,7 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
     console_audit = _console_audit(options, metadata)
     step_errors = _step_errors(options, metadata)
     held_events = _held_events(options, metadata)
+    bulk_runs = _bulk_runs(options, metadata)
     return Tables(
         metadata,
         charts,
@@ -736,6 +742,7 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         console_audit,
         step_errors,
         held_events,
+        bulk_runs,
         options,
     )
 
@@ -881,8 +888,9 @@ def _held_events(options: TableOptions, metadata: sa.MetaData) -> sa.Table:
     (dense per execution, from 1: a key of any type says nothing of order): the event
     as the input log stores it (``event_blob``, through the storage's codec), how it
     came (``via``, ``internal`` for a timer's internal event), the scope its step's
-    sends resolve in, and the message it came as (``message_id``, ``None`` for a
-    timer's)."""
+    sends resolve in, the message it came as (``message_id``, ``None`` for a
+    timer's), and the error policy of the binding that delivered it (``on_error``,
+    ``None``: the router's)."""
     name = options.name
     return options.table(
         name("held_events"),
@@ -895,7 +903,40 @@ def _held_events(options: TableOptions, metadata: sa.MetaData) -> sa.Table:
         sa.Column("message_id", sa.Text(), nullable=True),
         sa.Column("event_blob", sa.LargeBinary(), nullable=False),
         sa.Column("held_at", UtcDateTime(), nullable=False),
+        sa.Column("on_error", sa.Text(), nullable=True),
         sa.UniqueConstraint("execution_id", "seq", name=name("held_events_execution_id_seq_key")),
+        schema=options.schema,
+    )
+
+
+def _bulk_runs(options: TableOptions, metadata: sa.MetaData) -> sa.Table:
+    """The bulk actions operators started (:mod:`statifier.console.bulk`): ``run_id``
+    names one in URLs; its action (``revision`` and ``plan``, the state map and data,
+    for a migration), the executions list's filter it walks (``selection``, as the
+    list's query fields), who started it and what its preview counted; its counts as
+    of ``updated_at``; ``finished_at`` once it ended, ``error`` if it stopped early."""
+    name = options.name
+    return options.table(
+        name("bulk_runs"),
+        metadata,
+        sa.Column("run_id", sa.Text(), nullable=False),
+        sa.Column("action", sa.Text(), nullable=False),
+        sa.Column("revision", sa.Text(), nullable=True),
+        sa.Column("plan", json_document(), nullable=True),
+        sa.Column("selection", json_document(), nullable=False),
+        sa.Column("actor", sa.Text(), nullable=False),
+        sa.Column("selected", sa.Integer(), nullable=False),
+        sa.Column("done", sa.Integer(), nullable=False),
+        sa.Column("skipped", sa.Integer(), nullable=False),
+        sa.Column("failed", sa.Integer(), nullable=False),
+        sa.Column("parked", sa.Integer(), nullable=False),
+        sa.Column("last_error", sa.Text(), nullable=True),
+        sa.Column("error", sa.Text(), nullable=True),
+        sa.Column("started_at", UtcDateTime(), nullable=False),
+        sa.Column("updated_at", UtcDateTime(), nullable=False),
+        sa.Column("finished_at", UtcDateTime(), nullable=True),
+        sa.UniqueConstraint("run_id", name=name("bulk_runs_run_id_key")),
+        sa.Index(name("bulk_runs_started_at_idx"), "started_at", "id"),
         schema=options.schema,
     )
 
