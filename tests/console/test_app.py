@@ -763,8 +763,19 @@ async def test_a_bulk_action_is_previewed_confirmed_and_followed_to_its_end(site
         answer = await site.client.get(f"/console/bulk?{bad}&scope=web")
         assert answer.status_code == 400, bad
     assert (await site.client.get("/console/bulk/nope")).status_code == 404
-    # A run whose process was killed: its row has no end, and no process runs it.
+
+    async def went_away(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("the database went away")
+
     log = site.console.bulk_runs.log
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(log, "start", went_away)
+        failed = await site.client.post("/console/bulk", data=fields | {"confirm": "0"})
+    assert failed.status_code == 500  # nothing started: the page and the audit say why
+    assert "RuntimeError: the database went away" in failed.text
+    rows = (await site.console.audit.entries()).rows
+    assert (rows[0].action, rows[0].outcome) == ("bulk", "failed")
+    # A run whose process was killed: its row has no end, and no process runs it.
     where = ExecutionFilter(scope="web", status=Status.PAUSED)
     now = site.router.storage.clock()
     await log.start("killed", BULK_ACTIONS["resume"], where, actor="ada", selected=4, now=now)

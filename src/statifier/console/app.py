@@ -1266,9 +1266,22 @@ class _Pages:
             return await self.bulk_page(
                 request, session, form, chosen, action, selected, status=409, changed=True
             )
-        run_id = await self.console.bulk_runs.start(
-            action, where, actor=session.operator.name, selected=selected
-        )
+        actor = session.operator.name
+        try:
+            run_id = await self.console.bulk_runs.start(
+                action, where, actor=actor, selected=selected
+            )
+        except Exception as error:  # noqa: BLE001 - the page, the log and the audit say so
+            said = f"{type(error).__name__}: {' '.join(str(error).split())}"[:500]
+            _log.exception("console: bulk %s by %s could not start", action.name, actor)
+            entry = AuditEntry(
+                actor, action="bulk", target=action.name, outcome="failed", detail=said
+            )
+            try:
+                await self.console.audit.record(entry)
+            except Exception:  # noqa: BLE001 - the database that refused the run, most likely
+                _log.exception("console: the failed start's audit row could not be written")
+            return self.message(request, session, 500, "Failed", said, back)
         return RedirectResponse(f"{back}/{run_id}", status_code=303)
 
     async def bulk_run(self, request: Request) -> Response:
