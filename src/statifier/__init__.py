@@ -57,8 +57,9 @@ ones below (``docs/architecture.md``). These exist today:
 * ``statifier.service`` -- ``statifier serve CONFIG.toml``: fronts, consumers, the
   timer worker, the outbox drain, the reapers, the console and the API as one process;
 * ``statifier.telemetry`` -- the events sessions, durable executions, the router and
-  scriba report (``docs/telemetry.md``); ``statifier.callbacks``, ``statifier.extras``
-  and ``statifier.ids`` -- small helpers every layer may use;
+  scriba report (``docs/telemetry.md``); ``statifier.callbacks``, ``statifier.extras``,
+  ``statifier.ids`` and ``statifier.cron`` (cron expressions and when they fire in a
+  time zone) -- small helpers every layer may use;
 * ``statifier.observability`` -- telemetry as OpenTelemetry spans and metrics (the
   ``otel`` extra) and as structured logs, for a host to install;
 * ``statifier.testing`` -- the test kit for a host's suite: a pytest plugin, a clock
