@@ -237,6 +237,13 @@ async def test_a_bulk_migrate_moves_each_execution_once_parks_what_cannot_move_a
         dict.fromkeys(made[2:], 2)
     )
 
+    # A migration selects the executions of its revision's chart name alone.
+    named = migration(compile_chart(RENAMED, name="counter"))
+    assert named.narrowed(everything) == ExecutionFilter(scope=SCOPE, document="counter")
+    assert named.narrowed(ExecutionFilter(document="other")) is None
+    assert await preview(queries, named, ExecutionFilter(document="other")) == 0
+    assert BULK_ACTIONS["cancel"].narrowed(everything) == everything
+
     # What a stored revision is, a bulk migrate finds by its hash; the moved ones step on.
     stored = await stored_migration(router, str(target))
     assert (stored.revision, stored.name) == (target, "migrate")

@@ -226,7 +226,8 @@ def migrate_to(
     stays paused), and that is recorded too: the answer says so (:attr:`Done.parked`).
 
     Raises (the action):
-        Refused: no such execution, it has ended, or it is on ``target`` already.
+        Refused: no such execution, it has ended, it is on ``target`` already, or it
+            runs a chart of another name (not a revision of ``target``'s).
         PersistenceError: the plan does not fit the revision the execution runs
             (:class:`~statifier.persistence.InvalidMigrationPlan`), it runs another
             chart, its lock wait ran out (nothing written).
@@ -243,6 +244,11 @@ def migrate_to(
         if not found.status.pins:
             raise Refused(f"execution {execution_id!r} has ended ({found.status.value})")
         source = await router.storage.machine(found.content_hash)
+        if source.identity.name != target.identity.name:  # another chart, not a revision
+            raise Refused(
+                f"execution {execution_id!r} runs the chart {source.identity.name!r}, "
+                f"not {target.identity.name!r}"
+            )
         plan = MigrationPlan(source, target, state_map=state_map or {}, data=data or {})
         async with router.transaction() as unit:
             executions = unit.executions(Delivering(None, router.storage.clock()))

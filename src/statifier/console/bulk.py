@@ -78,6 +78,8 @@ class BulkAction:
             now dead.
         said: what it does, in a few words, for the run's audit row and the pages.
         state_map, data: ``migrate``: the plan's, as :func:`migration` was given them.
+        document: ``migrate``: the chart name of the revision; a run selects only the
+            executions of that name (a filter naming another document selects none).
     """
 
     name: str
@@ -88,10 +90,22 @@ class BulkAction:
     said: str = ""
     state_map: Mapping[str, str | None] = field(default_factory=dict)
     data: Mapping[str, Value] = field(default_factory=dict)
+    document: str | None = None
 
     def applies(self, row: ExecutionSummary) -> bool:
         """Whether the listed ``row`` is one to try (the action may still refuse it)."""
         return row.status in self.applies_to and row.content_hash != self.revision
+
+    def narrowed(self, where: ExecutionFilter) -> ExecutionFilter | None:
+        """``where`` as this action reads it: a migration's limited to its chart's
+        name (a revision saved without one is not narrowed: each execution's action
+        still refuses a chart of another name); ``None`` when that leaves nothing
+        (``where`` names another document)."""
+        if self.name != "migrate" or self.document is None:
+            return where
+        if where.document not in (None, self.document):
+            return None
+        return replace(where, document=self.document)
 
 
 BULK_ACTIONS: Final[Mapping[str, BulkAction]] = {
@@ -133,7 +147,8 @@ def migration(
     it runs, by state id (``state_map`` and ``data`` as
     :class:`~statifier.persistence.MigrationPlan` takes them): see
     :func:`statifier.console.actions.migrate_to`. One the revision cannot carry is
-    parked and counted under :attr:`BulkProgress.parked`.
+    parked and counted under :attr:`BulkProgress.parked`. A run of it selects only the
+    executions of ``target``'s chart name (:meth:`BulkAction.narrowed`).
     """
     content_hash = target.identity.content_hash
     return BulkAction(
@@ -144,6 +159,7 @@ def migration(
         said=f"migrate to revision {content_hash[:12]}",
         state_map=dict(state_map or {}),
         data=dict(data or {}),
+        document=target.identity.name,
     )
 
 
@@ -197,8 +213,11 @@ class BulkProgress:
 
 async def preview(queries: ConsoleQueries, action: BulkAction, where: ExecutionFilter) -> int:
     """How many executions a run of ``action`` over ``where`` would act on now."""
+    selected = action.narrowed(where)
+    if selected is None:
+        return 0
     return await queries.count(
-        where,
+        selected,
         among=action.applies_to,
         off_revision=action.revision,
         dead_letters=action.dead_letters,
@@ -232,9 +251,10 @@ async def run_bulk(
         selected = await preview(queries, action, where)
     state = BulkProgress(action.name, selected)
     said = f"bulk {action.said} of {state.selected} selected"
+    walked = action.narrowed(where)
     cursor: str | None = None
-    while True:
-        listed = await queries.executions(where, cursor=cursor, size=page)
+    while walked is not None:
+        listed = await queries.executions(walked, cursor=cursor, size=page)
         for row in listed.rows:
             if not action.applies(row):
                 state = replace(state, skipped=state.skipped + 1)
