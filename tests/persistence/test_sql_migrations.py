@@ -23,7 +23,7 @@ from statifier.persistence.sql import SqlAdapter
 from statifier.sql import TableOptions, migrations
 from statifier.sql.tables import UtcDateTime, autogenerate_filter
 
-HEAD = "statifier_0011"
+HEAD = "statifier_0012"
 """The newest revision."""
 
 DURABLE_TABLES = ("mig_charts", "mig_positions", "mig_executions", "mig_inputs")
@@ -55,6 +55,8 @@ HELD_TABLES = ("mig_held_events",)
 """What ``statifier_0010`` adds."""
 BULK_TABLES = ("mig_bulk_runs",)
 """What ``statifier_0011`` adds."""
+SCHEDULE_TABLES = ("mig_schedules",)
+"""What ``statifier_0012`` adds."""
 
 
 def _tenant() -> list[sa.Column[Any]]:
@@ -141,6 +143,7 @@ def test_migrations_build_exactly_the_tables(fresh_database: Any) -> None:
         *ERRORS_TABLES,
         *HELD_TABLES,
         *BULK_TABLES,
+        *SCHEDULE_TABLES,
     }
 
 

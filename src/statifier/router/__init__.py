@@ -83,6 +83,8 @@ from statifier.router.queries import address, address_of, ledger
 from statifier.router.reapers import AddressReap, reap_addresses, reap_dedupe
 from statifier.router.records import AddressRow, LedgerRow
 from statifier.router.routing import BlockedByEarlierFailure, Planned, Router
+from statifier.router.scheduler import FireReport, Scheduler, ScheduleState
+from statifier.router.schedules import CatchUp, Schedule, ScheduleError
 from statifier.router.sending import BASICHTTP_QUEUE
 from statifier.router.subscriptions import Subscription, SubscriptionRefused
 from statifier.router.timer_worker import TimerWorker
@@ -98,6 +100,7 @@ __all__ = [
     "BindingError",
     "BindingsUnresolved",
     "BlockedByEarlierFailure",
+    "CatchUp",
     "ChartUnresolved",
     "ConfigError",
     "Contracts",
@@ -114,6 +117,7 @@ __all__ = [
     "ExecutionParked",
     "Failed",
     "Finding",
+    "FireReport",
     "Held",
     "InboundEvent",
     "InvalidEvent",
@@ -135,6 +139,10 @@ __all__ = [
     "Router",
     "RouterConfig",
     "RouterError",
+    "Schedule",
+    "ScheduleError",
+    "ScheduleState",
+    "Scheduler",
     "Sink",
     "StaticResolver",
     "Subscription",

@@ -149,6 +149,9 @@ class Entry(StrEnum):
     API = "api"
     """The HTTP API (:mod:`statifier.api`) sending an event to an execution's address,
     through :meth:`Router.deliver_event <statifier.router.Router.deliver_event>`."""
+    SCHEDULE = "schedule"
+    """A schedule's fire (:class:`~statifier.router.Scheduler`) routed as an inbound
+    event, under the schedule's scope."""
     TARGET = "target"
     """A send to an execution target, only with ``wrap_target=True`` and only when no
     other entry's work encloses the sending step (a step of the host's own call, such

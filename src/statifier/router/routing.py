@@ -309,6 +309,37 @@ class Router:
 
         return _reported(await self._around(event.scope, Entry.ROUTE, work), started)
 
+    async def route_in(
+        self, unit: Unit, event: InboundEvent, entry: Entry, *, now: datetime | None = None
+    ) -> Routed:
+        """Route ``event`` in ``unit``, a router transaction the caller opened (and
+        ends) with what else it writes: one outcome per enabled binding of its source,
+        in binding order, each delivery at a savepoint of its own after ``on_begin``
+        (told the event's scope and ``entry``) and under its locks. The caller runs
+        this under ``around_delivery`` if it wants one: the scheduler does, after it
+        claimed the schedule's row in the same transaction.
+
+        Raises:
+            ValueError: ``now`` is naive.
+            BindingsUnresolved, UnresolvedDocument, ChartUnresolved, ExecutionParked,
+                Exception: as :meth:`route`; the delivery that raised was rolled back to
+                its savepoint, those before it stay in ``unit``.
+        """
+        started = time.perf_counter()
+        moment = self._now(now)
+        outcomes: list[Outcome] = []
+        scheduled = unit.scheduled
+        for verdict in (await self._planned(event)).verdicts:
+            if verdict.answer is None:
+                outcomes.append(NoMatch(verdict.binding.id))
+                continue
+            async with unit.savepoint():
+                await unit.begin(event.scope, entry)
+                await _lock(unit, sorted_locks(verdict.locks(event)))
+                outcomes.append(await _settle_one(unit, event, verdict, moment))
+        routed = Routed(event, tuple(outcomes), self._waiting(unit.scheduled - scheduled))
+        return _reported(routed, started)
+
     async def route_many(
         self,
         events: Sequence[InboundEvent | Planned],

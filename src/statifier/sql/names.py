@@ -40,6 +40,7 @@ class TableNames:
     fan_out_ends: str
     step_errors: str
     held_events: str
+    schedules: str
 
     @classmethod
     def of(cls, tables: Tables) -> TableNames:
@@ -68,6 +69,7 @@ class TableNames:
                     "fan_out_ends",
                     "step_errors",
                     "held_events",
+                    "schedules",
                 )
             )
         )

@@ -26,6 +26,8 @@ metadata.
 - ``held_events``: the events a paused execution was sent, in order, until it resumes.
 - ``bulk_runs``: the bulk actions operators started: what, over which executions, how
   far each has come.
+- ``schedules``: the schedules that route an event at the times they name: each one's
+  definition, whether it is paused, its next fire and what its last fires did.
 
 Every table starts with a surrogate primary key ``id`` of the configured type, then
 the host's leading columns, then the package's own (each row's insert and update
@@ -54,6 +56,7 @@ shop_outbox
 shop_partition_leases
 shop_positions
 shop_routing_ledger
+shop_schedules
 shop_step_errors
 shop_subscriptions
 shop_timers
@@ -408,7 +411,7 @@ class TableOptions:
         return sa.Table(name, metadata, *self.laid_out(name, *declared), schema=schema)
 
     def define(self, metadata: sa.MetaData | None = None) -> Tables:
-        """The twenty tables under these options, in ``metadata`` (a new one if ``None``).
+        """The twenty-two tables under these options, in ``metadata`` (a new one if ``None``).
 
         Raises:
             sqlalchemy.exc.InvalidRequestError: ``metadata`` already holds a table of
@@ -467,7 +470,7 @@ def _text_columns() -> frozenset[str]:
 
 @dataclass(frozen=True, slots=True)
 class Tables:
-    """The twenty tables of durable executions, of the event router, of its fronts and
+    """The twenty-two tables of durable executions, of the event router, of its fronts and
     of the console, defined under one :class:`TableOptions`.
 
     Attributes:
@@ -483,6 +486,7 @@ class Tables:
         console_audit: the console's audit trail.
         held_events: the events paused executions wait to take.
         bulk_runs: the bulk actions started, with their progress.
+        schedules: the schedules, their next fires and their last.
         options: what they were defined with.
     """
 
@@ -508,6 +512,7 @@ class Tables:
     step_errors: sa.Table
     held_events: sa.Table
     bulk_runs: sa.Table
+    schedules: sa.Table
     options: TableOptions
 
     @classmethod
@@ -720,6 +725,7 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
     step_errors = _step_errors(options, metadata)
     held_events = _held_events(options, metadata)
     bulk_runs = _bulk_runs(options, metadata)
+    schedules = _schedules(options, metadata)
     return Tables(
         metadata,
         charts,
@@ -743,6 +749,7 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         step_errors,
         held_events,
         bulk_runs,
+        schedules,
         options,
     )
 
@@ -937,6 +944,40 @@ def _bulk_runs(options: TableOptions, metadata: sa.MetaData) -> sa.Table:
         sa.Column("finished_at", UtcDateTime(), nullable=True),
         sa.UniqueConstraint("run_id", name=name("bulk_runs_run_id_key")),
         sa.Index(name("bulk_runs_started_at_idx"), "started_at", "id"),
+        schema=options.schema,
+    )
+
+
+def _schedules(options: TableOptions, metadata: sa.MetaData) -> sa.Table:
+    """The schedules (:mod:`statifier.router.schedules`): ``name`` names one; its
+    ``scope``; its ``definition`` (times, time zone, source, data, catch-up policy) as
+    :meth:`~statifier.router.schedules.Schedule.as_json` writes it; whether it is
+    ``paused``; ``next_fire_at``, the time of its next fire (the fire's identity), and
+    ``due_at``, when a worker next takes it (later than ``next_fire_at`` after a fire
+    failed); the time of its last fire made (``last_fire_at``) and when it was made
+    (``last_made_at``); how many fires it made (``fired``) and let pass unmade
+    (``skipped``); the last failure (``last_error``) and how many came in a row
+    (``failures``)."""
+    name = options.name
+    return options.table(
+        name("schedules"),
+        metadata,
+        sa.Column("name", sa.Text(), nullable=False),
+        sa.Column("scope", sa.Text(), nullable=False),
+        sa.Column("definition", json_document(), nullable=False),
+        sa.Column("paused", sa.Boolean(), nullable=False),
+        sa.Column("next_fire_at", UtcDateTime(), nullable=False),
+        sa.Column("due_at", UtcDateTime(), nullable=False),
+        sa.Column("last_fire_at", UtcDateTime(), nullable=True),
+        sa.Column("last_made_at", UtcDateTime(), nullable=True),
+        sa.Column("fired", sa.BigInteger(), nullable=False),
+        sa.Column("skipped", sa.BigInteger(), nullable=False),
+        sa.Column("failures", sa.Integer(), nullable=False),
+        sa.Column("last_error", sa.Text(), nullable=True),
+        sa.Column("updated_at", UtcDateTime(), nullable=False),
+        sa.UniqueConstraint("name", name=name("schedules_name_key")),
+        # What a worker's claim walks: the schedules due first.
+        sa.Index(name("schedules_due_at_idx"), "due_at"),
         schema=options.schema,
     )
 

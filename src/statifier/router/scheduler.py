@@ -1,0 +1,498 @@
+"""The schedules of a router's database, and the worker that fires them.
+
+A :class:`Scheduler` writes schedules (:meth:`~Scheduler.put`: a new one, or a new
+definition for one that is there), pauses, resumes, removes, reads
+(:meth:`~Scheduler.states`) and backfills them,
+and fires the due ones (:meth:`~Scheduler.fire_due`, :meth:`~Scheduler.run`).
+
+One fire, one transaction: the schedule's row is claimed (locked; on PostgreSQL rows
+another worker holds are skipped), :func:`~statifier.router.schedules.next_step`
+decides what to do, the fire's event is routed through the bindings of its source in
+the same transaction (:meth:`Router.route_in <statifier.router.Router.route_in>`), and
+the row is moved on to the next fire. The route and the row commit together or not at
+all: a crash before the commit leaves the row as it was, and the fire is made again by
+whichever process claims it next; after the commit the row has moved on. Every process
+of a deployment may run a worker: each fire is made once. The fire's message id,
+``NAME/<fire time>``, is the second guard: a fire made again by :meth:`backfill` is a
+duplicate for the router's dedupe.
+
+A fire whose route raises (its bindings cannot be read, a chart is missing, a lock
+is not granted) is rolled back to a savepoint; the row records the error and is taken
+again ``retry`` later, doubled each failure in a row up to ``max_retry``; the error is
+logged and reported. Its next fire waits: once the fire is made, the later ones
+follow as the catch-up policy says.
+
+Telemetry: ``statifier.router.schedule`` for every step of a schedule, made,
+skipped (missed fires let pass) or failed, with its lag.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Final
+
+from statifier.router.config import Entry
+from statifier.router.outcomes import Routed
+from statifier.router.routing import Router
+from statifier.router.schedules import Schedule, ScheduleError, next_step
+from statifier.router.transaction import Unit, around
+from statifier.sql.schedules import ScheduleRow, ScheduleTable
+from statifier.telemetry import enabled, report
+
+__all__ = [
+    "MAX_BACKFILL",
+    "FireReport",
+    "ScheduleState",
+    "Scheduler",
+]
+
+_log = logging.getLogger(__name__)
+
+_SCHEDULE: Final = "statifier.router.schedule"
+MAX_BACKFILL: Final = 10_000
+"""The most fires one :meth:`Scheduler.backfill` makes."""
+_PAGE: Final = 500
+
+Clock = Callable[[], datetime]
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleState:
+    """A schedule as its row stands.
+
+    Attributes:
+        schedule: its definition (``paused`` as the row says).
+        paused: whether it is paused.
+        next_fire_at: the time of its next fire.
+        due_at: when a worker next takes it (later than ``next_fire_at`` after a
+            failure).
+        last_fire_at: the time of the last fire made, or ``None``.
+        last_made_at: when that fire was made, or ``None``.
+        fired, skipped: how many fires were made, and let pass unmade.
+        failures: how many steps in a row failed; ``last_error`` the last one's error.
+        updated_at: when the row last changed.
+    """
+
+    schedule: Schedule
+    paused: bool
+    next_fire_at: datetime
+    due_at: datetime
+    last_fire_at: datetime | None
+    last_made_at: datetime | None
+    fired: int
+    skipped: int
+    failures: int
+    last_error: str | None
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class FireReport:
+    """One step of one schedule by :meth:`Scheduler.fire_due`.
+
+    Attributes:
+        name: the schedule.
+        fire_time: the fire made, or ``None`` when missed fires were only let pass.
+        skipped: how many fires were let pass.
+        routed: the fire's routing, or ``None``.
+        error: why the step failed (it is taken again later), or ``None``.
+    """
+
+    name: str
+    fire_time: datetime | None
+    skipped: int
+    routed: Routed | None
+    error: str | None = None
+
+
+class Scheduler:
+    """The schedules of ``router``'s database, and their worker.
+
+    Args:
+        router: the router whose bindings route each fire.
+        retry: how long after a failed fire it is tried again (doubled each failure in
+            a row, up to ``max_retry``).
+        poll: the longest :meth:`run` sleeps between passes (a schedule put by another
+            process is seen within it).
+        clock: the current time (aware); the router's storage clock by default.
+
+    Every call runs in transactions of its own on the router's database.
+
+    >>> import asyncio, tempfile
+    >>> from pathlib import Path
+    >>> from datetime import UTC, datetime, timedelta
+    >>> from statifier.chart import compile_chart
+    >>> from statifier.persistence.sql import SqlAdapter
+    >>> from statifier.router import Binding, RouterConfig, StaticResolver
+    >>> from statifier.sql import migrations
+    >>> chart = compile_chart('''<scxml xmlns="http://www.w3.org/2005/07/scxml">
+    ...   <state id="counting"><transition event="tick"/></state></scxml>''')
+    >>> ticks = Binding(id="ticks", source="clock", match="true", key="event.schedule",
+    ...                 document="counter", event="tick")
+    >>> url = f"sqlite:///{Path(tempfile.mkdtemp()) / 'schedules.db'}"
+    >>> migrations.upgrade(url)
+    >>> start = datetime(2026, 12, 3, 9, 0, tzinfo=UTC)
+    >>> async def main() -> list[str]:
+    ...     async with SqlAdapter(url) as adapter:
+    ...         router = Router(RouterConfig(adapter, bindings=[ticks],
+    ...                                      resolver=StaticResolver({"counter": chart})))
+    ...         scheduler = Scheduler(router)
+    ...         await scheduler.put(Schedule.from_mapping("quarterly", {
+    ...             "every": "PT15M", "catch_up": "all", "source": "clock", "scope": "demo"}),
+    ...             now=start)
+    ...         made = await scheduler.fire_due(now=start + timedelta(minutes=31))
+    ...         return [report.routed.event.message_id for report in made if report.routed]
+    >>> asyncio.run(main())
+    ['quarterly/2026-12-03T09:15:00Z', 'quarterly/2026-12-03T09:30:00Z']
+    """
+
+    def __init__(
+        self,
+        router: Router,
+        *,
+        retry: timedelta = timedelta(seconds=5),
+        max_retry: timedelta = timedelta(minutes=10),
+        poll: float = 1.0,
+        clock: Clock | None = None,
+    ) -> None:
+        if retry <= timedelta(0) or max_retry < retry:
+            raise ValueError("retry is positive and max_retry at least retry")
+        if poll <= 0:
+            raise ValueError("poll is a positive number of seconds")
+        self.router: Final = router
+        self.retry: Final = retry
+        self.max_retry: Final = max_retry
+        self.poll: Final = poll
+        self.clock: Final[Clock] = clock or router.storage.clock
+        adapter = router.adapter
+        self.table: Final = ScheduleTable(adapter.tables, adapter.dialect)
+        self._woken = asyncio.Event()
+
+    # Writing schedules.
+
+    async def put(self, schedule: Schedule, *, now: datetime | None = None) -> ScheduleState:
+        """Write ``schedule``: inserted (paused if ``schedule.paused``) with its first
+        fire after ``now``; or, when one of its name is there, its definition replaced
+        and its paused state kept, its next fire computed again from ``now`` only if
+        its times changed (``cron``, ``every``, ``start``, ``timezone``).
+
+        Raises:
+            ScheduleError: the schedule's first fire cannot be computed.
+        """
+        moment = self._now(now)
+        definition = schedule.as_json()
+        first = _first_fire(schedule, moment)
+        async with self.router.transaction() as unit:
+            driver = unit.tx.driver
+            inserted = await self.table.insert(
+                driver,
+                name=schedule.name,
+                scope=schedule.scope,
+                definition=definition,
+                paused=schedule.paused,
+                next_fire_at=first,
+                now=moment,
+            )
+            row = await self.table.locked(driver, schedule.name)
+            assert row is not None  # inserted, or there and locked
+            if not inserted and row.definition != definition:
+                before = _read(row)
+                retimed = before is None or before.schedule.timing() != schedule.timing()
+                next_fire_at = first if retimed else row.next_fire_at
+                due_at = first if retimed else row.due_at
+                await self.table.redefine(
+                    driver,
+                    name=schedule.name,
+                    scope=schedule.scope,
+                    definition=definition,
+                    next_fire_at=next_fire_at,
+                    due_at=due_at,
+                    now=moment,
+                )
+                row = await self.table.locked(driver, schedule.name)
+                assert row is not None
+        self.wake()
+        state = _read(row)
+        assert state is not None
+        return state
+
+    async def remove(self, name: str) -> bool:
+        """Delete the schedule ``name``; answer whether it was there. A fire being made
+        when it is removed commits first."""
+        async with self.router.transaction() as unit:
+            return await self.table.remove(unit.tx.driver, name)
+
+    async def pause(self, name: str, *, now: datetime | None = None) -> bool:
+        """Pause ``name``: no fire is made until it resumes. Answer whether it ran.
+
+        Raises:
+            ScheduleError: there is no schedule ``name``.
+        """
+        moment = self._now(now)
+        async with self.router.transaction() as unit:
+            driver = unit.tx.driver
+            if await self.table.locked(driver, name) is None:
+                raise ScheduleError(f"there is no schedule {name!r}")
+            return await self.table.pause(driver, name, moment)
+
+    async def resume(self, name: str, *, now: datetime | None = None) -> bool:
+        """Resume ``name``: its next fire is its first after ``now`` (the fires its
+        pause covered are not made). Answer whether it was paused.
+
+        Raises:
+            ScheduleError: there is no schedule ``name``, or its row cannot be read.
+        """
+        moment = self._now(now)
+        async with self.router.transaction() as unit:
+            driver = unit.tx.driver
+            row = await self.table.locked(driver, name)
+            if row is None:
+                raise ScheduleError(f"there is no schedule {name!r}")
+            state = _read(row)
+            if state is None:
+                raise ScheduleError(f"schedule {name!r}: its stored definition cannot be read")
+            resumed = await self.table.resume(
+                driver, name, _first_fire(state.schedule, moment), moment
+            )
+        self.wake()
+        return resumed
+
+    # Reading schedules.
+
+    async def get(self, name: str) -> ScheduleState | None:
+        """The schedule ``name`` as its row stands, or ``None``.
+
+        Raises:
+            ScheduleError: its stored definition cannot be read.
+        """
+        async with self.router.transaction() as unit:
+            row = await self.table.get(unit.tx.driver, name)
+        if row is None:
+            return None
+        return _readable(row)
+
+    async def states(self, *, after: str = "", limit: int = _PAGE) -> list[ScheduleState]:
+        """At most ``limit`` schedules named after ``after``, by name; one whose
+        stored definition cannot be read is left out, and logged.
+        """
+        async with self.router.transaction() as unit:
+            rows = await self.table.page(unit.tx.driver, after, limit)
+        states = []
+        for row in rows:
+            state = _read(row)
+            if state is None:
+                _log.error("schedule %r: its stored definition cannot be read", row.name)
+                continue
+            states.append(state)
+        return states
+
+    async def next_due(self) -> datetime | None:
+        """When the first running schedule is due, or ``None``."""
+        async with self.router.transaction() as unit:
+            return await self.table.next_due(unit.tx.driver)
+
+    # Firing.
+
+    async def backfill(self, name: str, start: datetime, end: datetime) -> list[Routed]:
+        """Make the fires of ``name`` in ``[start, end)`` now, in order, each routed in
+        a transaction of its own with its usual message id: a fire already made (and
+        still in its bindings' dedupe horizon) is a duplicate, not a second delivery.
+        The schedule's row is left as it is; a paused schedule is backfilled too.
+
+        Raises:
+            ScheduleError: no schedule ``name``, ``end`` not after ``start``, or more
+                than :data:`MAX_BACKFILL` fires in the range.
+            Exception: as :meth:`Router.route`; the fires before it were made.
+        """
+        if end <= start:
+            raise ScheduleError("a backfill's end comes after its start")
+        state = await self.get(name)
+        if state is None:
+            raise ScheduleError(f"there is no schedule {name!r}")
+        schedule = state.schedule
+        fires = []
+        for fire in schedule.fires(start, end):
+            fires.append(fire)
+            if len(fires) > MAX_BACKFILL:
+                raise ScheduleError(f"a backfill makes at most {MAX_BACKFILL} fires")
+        return [await self.router.route(schedule.event(fire)) for fire in fires]
+
+    async def fire_due(self, *, now: datetime | None = None) -> list[FireReport]:
+        """One pass: step every running schedule due at ``now`` (the clock's time by
+        default) until none is, one fire a transaction, the earliest due first. A
+        schedule whose step failed is not taken again in the pass.
+
+        Raises:
+            Exception: the database failed outside a fire (a claim or a commit).
+        """
+        reports: list[FireReport] = []
+        while True:
+            moment = self.clock() if now is None else self._now(now)
+            report_ = await self._step(moment)
+            if report_ is None:
+                return reports
+            reports.append(report_)
+
+    def wake(self) -> None:
+        """Make :meth:`run` look at the table now (a schedule was put or resumed)."""
+        self._woken.set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Fire due schedules until ``stop`` is set: a pass, then sleep until the next
+        due time, at most ``poll`` seconds, or until :meth:`wake` is called.
+
+        Raises:
+            Exception: a pass failed (the database went away); the caller decides
+                whether to start it again.
+        """
+        while not stop.is_set():
+            self._woken.clear()
+            await self.fire_due()
+            wait = self.poll
+            upcoming = await self.next_due()
+            if upcoming is not None:
+                wait = min(wait, max(0.0, (upcoming - self.clock()).total_seconds()))
+            if wait > 0 and not self._woken.is_set():
+                await _nap(stop, self._woken, wait)
+
+    async def _step(self, now: datetime) -> FireReport | None:
+        started = time.perf_counter()
+        async with self.router.transaction(entered=Entry.SCHEDULE) as unit:
+            driver = unit.tx.driver
+            row = await self.table.claim(driver, now)
+            if row is None:
+                return None
+            state = _read(row)
+            if state is None:
+                error = "its stored definition cannot be read"
+                await self._failed(unit, row, error, now)
+                return _reported(FireReport(row.name, None, 0, None, error), row, now, started)
+            schedule = state.schedule
+            step = next_step(schedule, row.next_fire_at, now)
+            routed = None
+            if step.fire is not None:
+                event = schedule.event(step.fire)
+
+                async def work() -> Routed:
+                    return await self.router.route_in(unit, event, Entry.SCHEDULE, now=now)
+
+                try:
+                    async with unit.savepoint():
+                        routed = await around(unit.config, schedule.scope, Entry.SCHEDULE, work)
+                except Exception as failure:  # noqa: BLE001 - recorded on the row, reported
+                    error = f"{type(failure).__name__}: {failure}"
+                    await self._failed(unit, row, error, now)
+                    reported = FireReport(row.name, step.fire, 0, None, error)
+                    return _reported(reported, row, now, started)
+            await self.table.made(
+                driver,
+                row.name,
+                fire_at=step.fire,
+                skipped=step.skipped,
+                next_fire_at=step.next_fire_at,
+                now=now,
+            )
+        if step.skipped:
+            _log.warning(
+                "schedule %r let %d missed fire%s pass (catch_up %s), from %s; next fire %s",
+                row.name,
+                step.skipped,
+                "" if step.skipped == 1 else "s",
+                schedule.catch_up.value,
+                row.next_fire_at.isoformat(),
+                step.next_fire_at.isoformat(),
+            )
+        return _reported(FireReport(row.name, step.fire, step.skipped, routed), row, now, started)
+
+    async def _failed(self, unit: Unit, row: ScheduleRow, error: str, now: datetime) -> None:
+        wait = min(self.retry * 2 ** min(row.failures, 30), self.max_retry)
+        await self.table.failed(unit.tx.driver, row.name, error=error, due_at=now + wait, now=now)
+        _log.error(
+            "schedule %r: the fire at %s failed (%d in a row), tried again in %.0f s: %s",
+            row.name,
+            row.next_fire_at.isoformat(),
+            row.failures + 1,
+            wait.total_seconds(),
+            error,
+        )
+
+    def _now(self, now: datetime | None) -> datetime:
+        if now is None:
+            return self.clock()
+        if now.tzinfo is None or now.utcoffset() is None:
+            raise ValueError(f"now must be timezone-aware, not {now!r}")
+        return now.astimezone(UTC)
+
+
+def _first_fire(schedule: Schedule, now: datetime) -> datetime:
+    try:
+        return schedule.after(now)
+    except ValueError as error:  # a CronError: never fires
+        raise ScheduleError(f"schedule {schedule.name!r}: {error}") from error
+
+
+def _read(row: ScheduleRow) -> ScheduleState | None:
+    """The row as a state, or ``None`` when its definition cannot be read."""
+    try:
+        return _readable(row)
+    except ScheduleError:
+        return None
+
+
+def _readable(row: ScheduleRow) -> ScheduleState:
+    schedule = Schedule.from_mapping(row.name, {**row.definition, "paused": row.paused})
+    return ScheduleState(
+        schedule,
+        row.paused,
+        row.next_fire_at,
+        row.due_at,
+        row.last_fire_at,
+        row.last_made_at,
+        row.fired,
+        row.skipped,
+        row.failures,
+        row.last_error,
+        row.updated_at,
+    )
+
+
+def _reported(made: FireReport, row: ScheduleRow, now: datetime, started: float) -> FireReport:
+    if enabled(_SCHEDULE):
+        outcome = "failed" if made.error else "made" if made.fire_time else "skipped"
+        fire_time = made.fire_time or row.next_fire_at
+        report(
+            _SCHEDULE,
+            {
+                "duration": time.perf_counter() - started,
+                "lag": (now - fire_time).total_seconds(),
+                "skipped": made.skipped,
+            },
+            {
+                "schedule": made.name,
+                "scope": row.scope,
+                "fire_time": fire_time.isoformat(),
+                "outcome": outcome,
+                "error": made.error,
+            },
+        )
+    return made
+
+
+async def _nap(stop: asyncio.Event, woken: asyncio.Event, seconds: float) -> None:
+    """Sleep ``seconds``, or less if woken or stopped."""
+    waits: Iterable[asyncio.Future[object]] = (
+        asyncio.ensure_future(asyncio.sleep(seconds)),
+        asyncio.ensure_future(woken.wait()),
+        asyncio.ensure_future(stop.wait()),
+    )
+    pending = set(waits)
+    try:
+        await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for future in pending:
+            future.cancel()
