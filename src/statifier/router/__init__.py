@@ -84,7 +84,7 @@ from statifier.router.reapers import AddressReap, reap_addresses, reap_dedupe
 from statifier.router.records import AddressRow, LedgerRow
 from statifier.router.routing import BlockedByEarlierFailure, Planned, Router
 from statifier.router.scheduler import FireReport, Scheduler, ScheduleState
-from statifier.router.schedules import CatchUp, Schedule, ScheduleError
+from statifier.router.schedules import CatchUp, Schedule, ScheduleError, ScheduleNotFound
 from statifier.router.sending import BASICHTTP_QUEUE
 from statifier.router.subscriptions import Subscription, SubscriptionRefused
 from statifier.router.timer_worker import TimerWorker
@@ -141,6 +141,7 @@ __all__ = [
     "RouterError",
     "Schedule",
     "ScheduleError",
+    "ScheduleNotFound",
     "ScheduleState",
     "Scheduler",
     "Sink",

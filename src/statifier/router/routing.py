@@ -314,16 +314,16 @@ class Router:
     ) -> Routed:
         """Route ``event`` in ``unit``, a router transaction the caller opened (and
         ends) with what else it writes: one outcome per enabled binding of its source,
-        in binding order, each delivery at a savepoint of its own after ``on_begin``
-        (told the event's scope and ``entry``) and under its locks. The caller runs
-        this under ``around_delivery`` if it wants one: the scheduler does, after it
-        claimed the schedule's row in the same transaction.
+        in binding order, each delivery after ``on_begin`` (told the event's scope and
+        ``entry``) and under its locks, all committed or rolled back with the caller's
+        transaction. The caller runs this under ``around_delivery`` if it wants one: the
+        scheduler does, after it claimed the schedule's row in the same transaction.
 
         Raises:
             ValueError: ``now`` is naive.
             BindingsUnresolved, UnresolvedDocument, ChartUnresolved, ExecutionParked,
-                Exception: as :meth:`route`; the delivery that raised was rolled back to
-                its savepoint, those before it stay in ``unit``.
+                Exception: as :meth:`route`; ``unit`` must then be rolled back (or
+                rolled back to a savepoint the caller took before the call).
         """
         started = time.perf_counter()
         moment = self._now(now)
@@ -333,10 +333,9 @@ class Router:
             if verdict.answer is None:
                 outcomes.append(NoMatch(verdict.binding.id))
                 continue
-            async with unit.savepoint():
-                await unit.begin(event.scope, entry)
-                await _lock(unit, sorted_locks(verdict.locks(event)))
-                outcomes.append(await _settle_one(unit, event, verdict, moment))
+            await unit.begin(event.scope, entry)
+            await _lock(unit, sorted_locks(verdict.locks(event)))
+            outcomes.append(await _settle_one(unit, event, verdict, moment))
         routed = Routed(event, tuple(outcomes), self._waiting(unit.scheduled - scheduled))
         return _reported(routed, started)
 

@@ -17,10 +17,10 @@ of a deployment may run a worker: each fire is made once. The fire's message id,
 duplicate for the router's dedupe.
 
 A fire whose route raises (its bindings cannot be read, a chart is missing, a lock
-is not granted) is rolled back to a savepoint; the row records the error and is taken
-again ``retry`` later, doubled each failure in a row up to ``max_retry``; the error is
-logged and reported. Its next fire waits: once the fire is made, the later ones
-follow as the catch-up policy says.
+is not granted) is rolled back whole; the row records the error, in a transaction of
+its own, and is taken again ``retry`` later, doubled each failure in a row up to
+``max_retry``; the error is logged and reported. Its next fire waits: once the fire is
+made, the later ones follow as the catch-up policy says.
 
 Telemetry: ``statifier.router.schedule`` for every step of a schedule, made,
 skipped (missed fires let pass) or failed, with its lag.
@@ -31,15 +31,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
+from statifier.persistence.sql import SqlTransaction
 from statifier.router.config import Entry
 from statifier.router.outcomes import Routed
 from statifier.router.routing import Router
-from statifier.router.schedules import Schedule, ScheduleError, next_step
+from statifier.router.schedules import Schedule, ScheduleError, ScheduleNotFound, next_step
 from statifier.router.transaction import Unit, around
 from statifier.sql.schedules import ScheduleRow, ScheduleTable
 from statifier.telemetry import enabled, report
@@ -59,6 +60,9 @@ MAX_BACKFILL: Final = 10_000
 _PAGE: Final = 500
 
 Clock = Callable[[], datetime]
+Record = Callable[[SqlTransaction, bool], Awaitable[object]]
+"""What :meth:`Scheduler.pause` and :meth:`Scheduler.resume` call last in their
+transaction: given it, and whether the call changed the schedule."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,38 +231,55 @@ class Scheduler:
         async with self.router.transaction() as unit:
             return await self.table.remove(unit.tx.driver, name)
 
-    async def pause(self, name: str, *, now: datetime | None = None) -> bool:
+    async def pause(
+        self,
+        name: str,
+        *,
+        now: datetime | None = None,
+        record: Record | None = None,
+    ) -> bool:
         """Pause ``name``: no fire is made until it resumes. Answer whether it ran.
+        ``record`` (an audit row, say) runs last in the same transaction, given it and
+        that answer.
 
         Raises:
-            ScheduleError: there is no schedule ``name``.
+            ScheduleNotFound: there is no schedule ``name``.
         """
         moment = self._now(now)
         async with self.router.transaction() as unit:
             driver = unit.tx.driver
             if await self.table.locked(driver, name) is None:
-                raise ScheduleError(f"there is no schedule {name!r}")
-            return await self.table.pause(driver, name, moment)
+                raise ScheduleNotFound(name)
+            paused = await self.table.pause(driver, name, moment)
+            if record is not None:
+                await record(unit.tx, paused)
+        return paused
 
-    async def resume(self, name: str, *, now: datetime | None = None) -> bool:
+    async def resume(
+        self,
+        name: str,
+        *,
+        now: datetime | None = None,
+        record: Record | None = None,
+    ) -> bool:
         """Resume ``name``: its next fire is its first after ``now`` (the fires its
-        pause covered are not made). Answer whether it was paused.
+        pause covered are not made), its failures forgotten. Answer whether it was
+        paused. ``record`` runs last in the same transaction, given it and that answer.
 
         Raises:
-            ScheduleError: there is no schedule ``name``, or its row cannot be read.
+            ScheduleNotFound: there is no schedule ``name``.
+            ScheduleError: its stored definition cannot be read.
         """
         moment = self._now(now)
         async with self.router.transaction() as unit:
             driver = unit.tx.driver
             row = await self.table.locked(driver, name)
             if row is None:
-                raise ScheduleError(f"there is no schedule {name!r}")
-            state = _read(row)
-            if state is None:
-                raise ScheduleError(f"schedule {name!r}: its stored definition cannot be read")
-            resumed = await self.table.resume(
-                driver, name, _first_fire(state.schedule, moment), moment
-            )
+                raise ScheduleNotFound(name)
+            schedule = _readable(row).schedule
+            resumed = await self.table.resume(driver, name, _first_fire(schedule, moment), moment)
+            if record is not None:
+                await record(unit.tx, resumed)
         self.wake()
         return resumed
 
@@ -305,7 +326,8 @@ class Scheduler:
         The schedule's row is left as it is; a paused schedule is backfilled too.
 
         Raises:
-            ScheduleError: no schedule ``name``, ``end`` not after ``start``, or more
+            ScheduleError: no schedule ``name`` (:class:`ScheduleNotFound`), ``end`` not
+                after ``start``, or more
                 than :data:`MAX_BACKFILL` fires in the range.
             Exception: as :meth:`Router.route`; the fires before it were made.
         """
@@ -313,7 +335,7 @@ class Scheduler:
             raise ScheduleError("a backfill's end comes after its start")
         state = await self.get(name)
         if state is None:
-            raise ScheduleError(f"there is no schedule {name!r}")
+            raise ScheduleNotFound(name)
         schedule = state.schedule
         fires = []
         for fire in schedule.fires(start, end):
@@ -361,57 +383,76 @@ class Scheduler:
                 await _nap(stop, self._woken, wait)
 
     async def _step(self, now: datetime) -> FireReport | None:
+        """Claim the schedule due first and step it, in one transaction; a step that
+        raised after the claim is rolled back whole and recorded in another."""
         started = time.perf_counter()
-        async with self.router.transaction(entered=Entry.SCHEDULE) as unit:
-            driver = unit.tx.driver
-            row = await self.table.claim(driver, now)
-            if row is None:
-                return None
-            state = _read(row)
-            if state is None:
-                error = "its stored definition cannot be read"
-                await self._failed(unit, row, error, now)
-                return _reported(FireReport(row.name, None, 0, None, error), row, now, started)
-            schedule = state.schedule
-            step = next_step(schedule, row.next_fire_at, now)
-            routed = None
-            if step.fire is not None:
-                event = schedule.event(step.fire)
-
-                async def work() -> Routed:
-                    return await self.router.route_in(unit, event, Entry.SCHEDULE, now=now)
-
-                try:
-                    async with unit.savepoint():
-                        routed = await around(unit.config, schedule.scope, Entry.SCHEDULE, work)
-                except Exception as failure:  # noqa: BLE001 - recorded on the row, reported
-                    error = f"{type(failure).__name__}: {failure}"
-                    await self._failed(unit, row, error, now)
-                    reported = FireReport(row.name, step.fire, 0, None, error)
-                    return _reported(reported, row, now, started)
-            await self.table.made(
-                driver,
-                row.name,
-                fire_at=step.fire,
-                skipped=step.skipped,
-                next_fire_at=step.next_fire_at,
-                now=now,
-            )
-        if step.skipped:
+        row: ScheduleRow | None = None
+        try:
+            async with self.router.transaction(entered=Entry.SCHEDULE) as unit:
+                row = await self.table.claim(unit.tx.driver, now)
+                if row is None:
+                    return None
+                step = await self._made(unit, row, now)
+        except Exception as failure:
+            if row is None:  # the claim itself: the database's trouble, the caller's
+                raise
+            error = f"{type(failure).__name__}: {failure}"
+            await self._failed(row, error, now)
+            return _reported(FireReport(row.name, None, 0, None, error), row, now, started)
+        made, schedule, next_fire_at = step
+        if made.skipped:
             _log.warning(
                 "schedule %r let %d missed fire%s pass (catch_up %s), from %s; next fire %s",
                 row.name,
-                step.skipped,
-                "" if step.skipped == 1 else "s",
+                made.skipped,
+                "" if made.skipped == 1 else "s",
                 schedule.catch_up.value,
                 row.next_fire_at.isoformat(),
-                step.next_fire_at.isoformat(),
+                next_fire_at.isoformat(),
             )
-        return _reported(FireReport(row.name, step.fire, step.skipped, routed), row, now, started)
+        return _reported(made, row, now, started)
 
-    async def _failed(self, unit: Unit, row: ScheduleRow, error: str, now: datetime) -> None:
+    async def _made(
+        self, unit: Unit, row: ScheduleRow, now: datetime
+    ) -> tuple[FireReport, Schedule, datetime]:
+        """Decide the claimed ``row``'s step, route its fire in ``unit`` and move the
+        row on; answer the report, the schedule and its next fire.
+
+        Raises:
+            ScheduleError: the stored definition cannot be read.
+            Exception: from the routing: ``unit`` must be rolled back.
+        """
+        schedule = _readable(row).schedule
+        step = next_step(schedule, row.next_fire_at, now)
+        routed = None
+        if step.fire is not None:
+            event = schedule.event(step.fire)
+
+            async def work() -> Routed:
+                return await self.router.route_in(unit, event, Entry.SCHEDULE, now=now)
+
+            routed = await around(unit.config, schedule.scope, Entry.SCHEDULE, work)
+        await self.table.made(
+            unit.tx.driver,
+            row.name,
+            fire_at=step.fire,
+            skipped=step.skipped,
+            next_fire_at=step.next_fire_at,
+            now=now,
+        )
+        made = FireReport(row.name, step.fire, step.skipped, routed)
+        return made, schedule, step.next_fire_at
+
+    async def _failed(self, row: ScheduleRow, error: str, now: datetime) -> None:
+        """Record on ``row`` that its step failed with ``error``, unless another worker
+        moved the row on meanwhile; it is taken again after the backoff."""
         wait = min(self.retry * 2 ** min(row.failures, 30), self.max_retry)
-        await self.table.failed(unit.tx.driver, row.name, error=error, due_at=now + wait, now=now)
+        async with self.router.transaction() as unit:
+            driver = unit.tx.driver
+            current = await self.table.locked(driver, row.name)
+            if current is None or current.updated_at != row.updated_at:
+                return  # removed, or stepped by another worker since the claim
+            await self.table.failed(driver, row.name, error=error, due_at=now + wait, now=now)
         _log.error(
             "schedule %r: the fire at %s failed (%d in a row), tried again in %.0f s: %s",
             row.name,

@@ -58,6 +58,7 @@ __all__ = [
     "CatchUp",
     "Schedule",
     "ScheduleError",
+    "ScheduleNotFound",
     "Step",
     "fire_id",
     "next_step",
@@ -98,6 +99,14 @@ _FIELDS: Final = frozenset(
 class ScheduleError(ConfigError):
     """A schedule that cannot work (a bad name, time, policy or data), or a call about
     a schedule that is not there."""
+
+
+class ScheduleNotFound(ScheduleError):  # noqa: N818 - names what is missing
+    """A call named a schedule that is not there."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"there is no schedule {name!r}")
+        self.name = name
 
 
 class CatchUp(StrEnum):

@@ -124,7 +124,7 @@ class ScheduleTable:
         )
         self._resumed = sql(
             f"UPDATE {table} SET paused = :paused, next_fire_at = :next_fire_at, "
-            "due_at = :next_fire_at, failures = 0, updated_at = :now "
+            "due_at = :next_fire_at, failures = 0, last_error = NULL, updated_at = :now "
             "WHERE name = :name AND paused <> :paused"
         )
         self._remove = sql(f"DELETE FROM {table} WHERE name = :name")
@@ -266,8 +266,8 @@ class ScheduleTable:
         return await self.dialect.execute(driver, self._paused, values) == 1
 
     async def resume(self, driver: Any, name: str, next_fire_at: datetime, now: datetime) -> bool:
-        """Resume ``name``, its next fire at ``next_fire_at``; answer whether it was
-        paused."""
+        """Resume ``name``, its next fire at ``next_fire_at``, its failures cleared;
+        answer whether it was paused."""
         time = self.dialect.time
         values = {
             "name": name,
