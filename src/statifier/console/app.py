@@ -25,6 +25,10 @@ pages:
 - ``/console/failures``: outbox and consumer dead letters, failed executions, the
   error events steps raised across executions, scriba's projections;
 - ``/console/audit``: every action taken;
+- ``/console/schedules``: the schedules (:mod:`statifier.console.schedules`), a page at
+  a time by name (``after``, the last name of the page before), of one ``scope`` when
+  given: each one's times, next and last fire, counts, last error and how it stands
+  (running, paused, failing, late, unreadable);
 - ``/console/bulk``: a bulk action (:mod:`statifier.console.bulk`) over the executions
   list's filter (its query fields), previewed with ``action`` (the count it applies
   to), started by ``POST`` (an operator, the CSRF token, ``confirm`` equal to the count
@@ -42,7 +46,8 @@ Every page but the login form, and the static files, needs a session
 (:mod:`statifier.console.auth`): without one a page redirects to the login form and
 ``/console/events`` answers 401. An action (``/console/executions/{id}/cancel`` and
 ``/rotate``, ``/console/failures/outbox/{id}/retry`` and ``/discard``,
-``/console/failures/consumer/{id}/retry`` and ``/discard``) is a confirmation page on
+``/console/failures/consumer/{id}/retry`` and ``/discard``,
+``/console/schedules/{name}/pause`` and ``/resume``) is a confirmation page on
 ``GET`` and the act on ``POST``, whose form must carry the session's CSRF token; a
 ``read_only`` operator sees no action and is answered 403 for both. Each act is
 written to the audit table (:mod:`statifier.console.audit`) with the operator's name,
@@ -79,6 +84,7 @@ from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 from scriba.sql.tables import Tables as ScribaTables
 from statifier.chart import Machine, ReadLimits
 from statifier.console import actions
+from statifier.console import schedules as schedule_actions
 from statifier.console.audit import Audit, AuditEntry
 from statifier.console.auth import COOKIE, Session, Sessions
 from statifier.console.bulk import (
@@ -120,6 +126,7 @@ from statifier.console.revision_form import (
     read_selection,
 )
 from statifier.console.revisions import MAX_EXECUTIONS, Job, Revisions, TooManyJobs
+from statifier.console.schedules import LATE_AFTER, schedules_page
 from statifier.console.timeline import error_steps, fates, made_by, send_keys, timeline
 from statifier.console.upload import BadForm, parse_form_data
 from statifier.core import MachineState, StartOptions
@@ -214,6 +221,8 @@ _NOTICES: Final = {
     "discard_outbox": "Done: the outbox row was discarded.",
     "retry_consumer": "Done: the dead letter's event was routed again.",
     "discard_consumer": "Done: the consumer dead letter was discarded.",
+    "schedule.pause": "Done: the schedule was paused; it makes no fire until resumed.",
+    "schedule.resume": "Done: the schedule was resumed; its next fire is its first from now.",
 }
 """What a page says after an action redirected to it (``?done=ACTION``): fixed texts,
 so the query string can never put words on the page."""
@@ -469,6 +478,9 @@ def console_routes(console: Console) -> list[BaseRoute]:
         Route("/failures", pages.failures, methods=["GET"]),
         Route("/failures/{kind}/{row}/{verb}", pages.dead_letter, methods=["GET", "POST"]),
         Route("/audit", pages.audit_page, methods=["GET"]),
+        Route("/schedules", pages.schedules, methods=["GET"]),
+        Route("/schedules/{name}/pause", pages.pause_schedule, methods=["GET", "POST"]),
+        Route("/schedules/{name}/resume", pages.resume_schedule, methods=["GET", "POST"]),
         Route("/bulk", pages.bulk, methods=["GET", "POST"]),
         Route("/bulk/{run_id}", pages.bulk_run, methods=["GET"]),
         Route("/revisions", pages.revisions, methods=["GET", "POST"]),
@@ -1036,7 +1048,70 @@ class _Pages:
 
         return await self.page(request, build)
 
+    async def schedules(self, request: Request) -> Response:
+        """The schedules, a page at a time by name (``after``), of one ``scope`` when
+        given, each with how it stands now (the router's storage clock)."""
+
+        async def build(session: Session) -> Response:
+            params = request.query_params
+            scope = params.get("scope", "")
+            queries = self.console.queries
+            page = await schedules_page(
+                queries.engine,
+                queries.tables,
+                now=self.console.router.storage.clock(),
+                after=params.get("after") or None,
+                scope=scope or None,
+                size=_size(request),
+            )
+            return self.render(
+                request,
+                "schedules.html",
+                session=session,
+                nav="schedules",
+                title="Schedules",
+                page=page,
+                scope=scope,
+                late_after=int(LATE_AFTER.total_seconds()),
+                next_url=_next_url(request, page.next_cursor, "after"),
+            )
+
+        return await self.page(request, build)
+
     # Actions.
+
+    async def pause_schedule(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        act = _Act(
+            audit="schedule.pause",
+            target=name,
+            title="Pause this schedule?",
+            question=(
+                f"Schedule {name} makes no fire until it is resumed. The fires that come "
+                "due meanwhile are not made: on resume, its next fire is its first after "
+                "that moment."
+            ),
+            label="Pause the schedule",
+            back=f"{self.base(request)}/schedules",
+            run=lambda record: schedule_actions.pause(self.console.router, name, record=record),
+        )
+        return await self.act(request, act)
+
+    async def resume_schedule(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        act = _Act(
+            audit="schedule.resume",
+            target=name,
+            title="Resume this schedule?",
+            question=(
+                f"Schedule {name} fires again: its next fire is its first from now on. "
+                "The fires its pause covered are not made, and its failures are cleared."
+            ),
+            label="Resume the schedule",
+            back=f"{self.base(request)}/schedules",
+            run=lambda record: schedule_actions.resume(self.console.router, name, record=record),
+        )
+        return await self.act(request, act)
 
     async def cancel(self, request: Request) -> Response:
         execution_id = request.path_params["execution_id"]

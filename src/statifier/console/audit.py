@@ -1,12 +1,13 @@
 """The console's audit trail: one row per operator action, who and when.
 
 Every action the console takes (cancel an execution, retry or discard a dead letter,
-rotate a BasicHTTP location) is written here with the operator who confirmed it, what
-it was done to, and how it ended; the table is ``console_audit`` of
-:mod:`statifier.sql.tables`, built by the migration ``statifier_0006``. Rows are only
-ever added. :meth:`Audit.record` writes a row in a transaction of its own (an action
-refused or failed: nothing happened to be joined); :meth:`Audit.record_in` writes it
-inside the action's own transaction, so a done action and its row commit together.
+rotate a BasicHTTP location, pause or resume a schedule) is written here with the
+operator who confirmed it, what it was done to, and how it ended; the table is
+``console_audit`` of :mod:`statifier.sql.tables`, built by the migration
+``statifier_0006``. Rows are only ever added. :meth:`Audit.record` writes a row in a
+transaction of its own (an action refused or failed: nothing happened to be joined);
+:meth:`Audit.record_in` writes it inside the action's own transaction, so a done action
+and its row commit together.
 
 >>> import asyncio, os, tempfile
 >>> from statifier.sql import migrations
@@ -85,6 +86,8 @@ ACTIONS: Final = frozenset(
         "retry_consumer",
         "discard_consumer",
         "rotate",
+        "schedule.pause",
+        "schedule.resume",
     }
 )
 """The actions the console records."""
