@@ -24,7 +24,12 @@ from datetime import UTC, datetime
 import httpx
 import pytest
 import sqlalchemy as sa
-from selenium.common.exceptions import NoAlertPresentException, TimeoutException
+from selenium.common.exceptions import (
+    NoAlertPresentException,
+    StaleElementReferenceException,
+    TimeoutException,
+    WebDriverException,
+)
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -115,7 +120,22 @@ def _active_states(browser: WebDriver) -> set[str]:
 def _follow(browser: WebDriver, element: WebElement) -> None:
     """Click ``element`` and wait until its page has been replaced by the next one."""
     element.click()
-    _wait(browser).until(expected_conditions.staleness_of(element))
+    _wait(browser).until(lambda _: _gone(element))
+
+
+def _gone(element: WebElement) -> bool:
+    """Whether ``element`` has left its document. Chromium, asked in the instant its
+    page is being replaced, may answer that the node "does not belong to the
+    document" rather than that the reference is stale: the same fact."""
+    try:
+        element.is_enabled()
+    except StaleElementReferenceException:
+        return True
+    except WebDriverException as error:
+        if "does not belong to the document" in str(error.msg):
+            return True
+        raise
+    return False
 
 
 def _classes(browser: WebDriver, state: str) -> list[str]:

@@ -374,10 +374,12 @@ ORDER BY tablename, indexname
 
 def _catalog(connection: sa.Connection, schema: str, prefix: str) -> list[tuple[Any, ...]]:
     """The columns and indexes of the tables under ``prefix`` in ``schema``, with the
-    prefix stripped from every name in them."""
+    prefix stripped from the start of every name in them (not from inside a name: a
+    column ``last_made_at`` keeps its ``made_`` under the prefix ``made_``)."""
+    leading = re.compile(rf"\b{re.escape(prefix)}")
 
     def stripped(value: Any) -> Any:
-        return value.replace(prefix, "") if isinstance(value, str) else value
+        return leading.sub("", value) if isinstance(value, str) else value
 
     values = {"schema": schema, "prefix": prefix}
     return [
