@@ -22,6 +22,7 @@ from statifier.core.positions import load_event
 from statifier.expr.tagged import encode
 from statifier.persistence import Storage
 from statifier.persistence.sql import SqlAdapter
+from statifier.router import Router
 from statifier.router import scenario as scenario_module
 from statifier.router.routes import IdempotencyKey
 from statifier.router.scenario import (
@@ -563,3 +564,278 @@ def test_timers_and_execution_targets_run_on_postgresql(
     status, out, err = scenario(capsys, case, *options)
     assert (status, err) == (0, "")
     assert json.loads(out) == load(case)["expected"]
+
+
+# Schedules: a case's schedules put at its start and fired on the virtual clock.
+
+SCHEDULE_CASES = sorted(CORPUS.glob("schedule_*.json"))
+SWEEP_CASE = CORPUS / "schedule_every_sweeps_one_parcel.json"
+_SWEEP = load(SWEEP_CASE)
+
+
+def _sweep(**changes: object) -> dict[str, Any]:
+    case = {key: value for key, value in _SWEEP.items() if key not in ("description", "expected")}
+    case.update(changes)
+    return case
+
+
+def _schedule(**fields: object) -> dict[str, Any]:
+    return {**_SWEEP["schedules"][0], **fields}
+
+
+def _without(entry: dict[str, Any], field: str) -> dict[str, Any]:
+    return {key: value for key, value in entry.items() if key != field}
+
+
+def test_the_corpus_shows_schedules_every_policy_a_pause_and_downtime() -> None:
+    cases = [load(path) for path in SCHEDULE_CASES]
+    schedules = [entry for case in cases for entry in case["schedules"]]
+    assert {entry.get("catch_up", "skip") for entry in schedules} == {"skip", "one", "all"}
+    assert any(entry.get("paused") for entry in schedules)
+    assert {"cron", "every"} <= {key for entry in schedules for key in entry}
+    assert any(entry.get("timezone", "UTC") != "UTC" for entry in schedules)
+    assert any("down" in step for case in cases for step in case["script"])
+    # Every case shows fires in its ledger, under their message ids NAME/<fire time>.
+    for case in cases:
+        names = {entry["id"] for entry in case["schedules"]}
+        fired = [
+            row for row in case["expected"]["ledger"] if row["message_id"].split("/")[0] in names
+        ]
+        assert fired, case["description"]
+
+
+@pytest.mark.parametrize(
+    ("name", "made"),
+    [
+        # Each fire of an advance is made at its own instant, not at the advance's end.
+        ("schedule_every_sweeps_one_parcel", ["00:15", "01:15", "02:15", "03:15"]),
+        # After the downtime, the fire caught up is made when the service is back.
+        ("schedule_catch_up_one_after_downtime", ["01:00", "02:00", "03:00", "06:30", "07:00"]),
+        (
+            "schedule_catch_up_all_within_window",
+            ["01:00", "02:00", "03:00", "06:30", "06:30", "07:00"],
+        ),
+    ],
+)
+def test_each_fire_steps_the_execution_at_the_instant_it_is_made(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, name: str, made: list[str]
+) -> None:
+    url = f"sqlite:///{tmp_path / 'fires.db'}"
+    assert scenario(capsys, CORPUS / f"{name}.json", "--database", url)[0] == 0
+    scans = [(via, at) for via, event, at in input_log(url, "ex_1") if event == "parcel.scanned"]
+    assert [(via, at.strftime("%H:%M")) for via, at in scans] == [("step", at) for at in made]
+
+
+def test_down_holds_the_timers_too_and_the_next_step_fires_them_late(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The reminder due at 10h is not fired while down; the advance of zero at 25h
+    fires it then, and the reminder it arms is timed from that fire (35h)."""
+    case = load(CORPUS / "reminders_rearmed_from_each_fire.json")
+    del case["expected"]
+    case["script"] = [case["script"][0], {"down": "PT25H"}, {"advance": "PT0S"}]
+    url = f"sqlite:///{tmp_path / 'down.db'}"
+    status, out, _ = scenario(capsys, write_case(tmp_path / "down.json", case), "--database", url)
+    assert status == 0
+    assert json.loads(out)["datamodel"]["reminders"] == 1
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    assert [(name, at - start) for _, name, at in input_log(url, "ex_1")] == [
+        ("order.placed", timedelta(0)),
+        ("payment.reminder", timedelta(hours=25)),
+    ]
+
+
+def test_the_schedules_scope_is_the_cases_unless_it_names_one() -> None:
+    case = scenario_module.Case.from_mapping(
+        _sweep(
+            schedules=[
+                _schedule(id="here"),
+                _schedule(id="there", scope="depot_9", every="PT2H", paused=True),
+            ]
+        )
+    )
+    assert [(s.name, s.scope, s.every, s.paused) for s in case.schedules] == [
+        ("here", "depot_7", timedelta(hours=1), False),
+        ("there", "depot_9", timedelta(hours=2), True),
+    ]
+    assert scenario_module.Case.from_mapping(_without(_sweep(), "schedules")).schedules == ()
+
+
+SCHEDULE_MALFORMED: list[tuple[str, object, str]] = [
+    ("not_a_list", {"id": "s"}, "schedules must be a list of schedule objects"),
+    ("not_an_object", ["hourly"], 'schedules[0]: a schedule is an object with an id, not "hourly"'),
+    ("no_id", [{"every": "PT1H", "source": "s"}], "schedules[0]: id must be a non-empty string"),
+    ("twice", [_schedule(), _schedule()], "schedules[1]: 'hub_sweep' is named twice"),
+    ("bad_name", [_schedule(id="a/b")], "schedules[0]: a schedule's name is letters"),
+    (
+        "unknown_field",
+        [_schedule(catchup="all")],
+        "schedules[0]: schedule 'hub_sweep': unknown field 'catchup'",
+    ),
+    (
+        "every_months",
+        [_schedule(every="P1M")],
+        "schedules[0]: schedule 'hub_sweep': every: 'P1M' is not a duration",
+    ),
+    (
+        "grace_text",
+        [_schedule(grace="soon")],
+        "schedules[0]: schedule 'hub_sweep': grace: 'soon' is not a duration",
+    ),
+    (
+        "window_number",
+        [_schedule(catch_up_window=3600)],
+        "schedules[0]: schedule 'hub_sweep': catch_up_window: 3600 is not a duration",
+    ),
+    (
+        "cron_fields",
+        [_without(_schedule(cron="0 2 * *"), "every")],
+        "schedules[0]: schedule 'hub_sweep': cron:",
+    ),
+    (
+        "timezone_number",
+        [_schedule(timezone=1)],
+        "schedules[0]: schedule 'hub_sweep': timezone must be an IANA time zone name",
+    ),
+    (
+        "timezone_unknown",
+        [_schedule(timezone="Mars/Olympus")],
+        "schedules[0]: schedule 'hub_sweep': timezone: unknown time zone 'Mars/Olympus'",
+    ),
+    (
+        "cron_and_every",
+        [_schedule(cron="0 * * * *")],
+        "schedules[0]: schedule 'hub_sweep': give cron or every, one of them",
+    ),
+    (
+        "catch_up_policy",
+        [_schedule(catch_up="most")],
+        "schedules[0]: schedule 'hub_sweep': catch_up is skip, one or all, not 'most'",
+    ),
+    (
+        "no_source",
+        [_without(_schedule(), "source")],
+        "schedules[0]: schedule 'hub_sweep': source is required",
+    ),
+    (
+        "reserved_data",
+        [_schedule(data={"schedule": "x"})],
+        "schedules[0]: schedule 'hub_sweep': data may not hold 'schedule'",
+    ),
+    (
+        "paused_text",
+        [_schedule(paused="yes")],
+        "schedules[0]: schedule 'hub_sweep': paused is true or false",
+    ),
+    (
+        "too_many",
+        [_schedule(id=f"s{i}") for i in range(scenario_module.MAX_SCHEDULES + 1)],
+        (
+            f"schedules has {scenario_module.MAX_SCHEDULES + 1} entries, more than "
+            f"{scenario_module.MAX_SCHEDULES}"
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("schedules", "message"),
+    [m[1:] for m in SCHEDULE_MALFORMED],
+    ids=[m[0] for m in SCHEDULE_MALFORMED],
+)
+def test_a_malformed_schedule_exits_two_naming_it_and_its_field(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, schedules: object, message: str
+) -> None:
+    path = write_case(tmp_path / "bad.json", _sweep(schedules=schedules))
+    status, out, err = scenario(capsys, path)
+    assert (status, out) == (2, "")
+    assert len(err.splitlines()) == 1
+    assert err.startswith(f"statifier scenario: {path}: {message}")
+
+
+@pytest.mark.parametrize(
+    ("step", "message"),
+    [
+        ({"down": "P1M"}, "script[0]: 'P1M' is not a duration"),
+        ({"down": 60}, "script[0]: 60 is not a duration"),
+        ({"sleep": "PT1H"}, 'unknown step \'sleep\' (one of "deliver", "advance", "down", "reap")'),
+    ],
+)
+def test_a_malformed_down_step_exits_two(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, step: object, message: str
+) -> None:
+    path = write_case(tmp_path / "bad.json", _sweep(script=[step]))
+    status, out, err = scenario(capsys, path)
+    assert (status, out) == (2, "")
+    assert message in err
+
+
+def test_a_schedule_whose_fire_fails_fails_the_case(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    async def broken(*_: object, **__: object) -> None:
+        raise RuntimeError("the bindings are gone")
+
+    monkeypatch.setattr(Router, "route_in", broken)
+    path = write_case(tmp_path / "failing.json", _sweep(script=[{"advance": "PT2H"}]))
+    status, out, err = scenario(capsys, path)
+    assert (status, out) == (2, "")
+    assert err == (
+        f"statifier scenario: {path}: script[0]: the schedule 'hub_sweep' failed to fire at "
+        "2026-01-01T00:15:00+00:00: RuntimeError: the bindings are gone\n"
+    )
+
+
+def test_a_schedule_firing_past_the_bound_in_one_step_fails_the_case(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(scenario_module, "MAX_FIRES", 5)
+    case = _sweep(schedules=[_schedule(every="PT1M")], script=[{"advance": "PT1H"}])
+    status, out, err = scenario(capsys, write_case(tmp_path / "busy.json", case))
+    assert (status, out) == (2, "")
+    assert err.endswith(": script[0]: more than 5 schedule fires in one step\n")
+
+
+def test_a_kept_database_keeps_each_schedules_next_fire(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Run twice on one file from one start: the schedule is there, its next fire where
+    the first run left it (05:15), so the second run's advances make none (fires made
+    again would be duplicate rows)."""
+    url = f"sqlite:///{tmp_path / 'kept.db'}"
+    assert scenario(capsys, SWEEP_CASE, "--database", url)[0] == 0
+    status, out, _ = scenario(capsys, SWEEP_CASE, "--database", url)
+    assert status == 1
+    ledger = json.loads(out)["ledger"]
+    sweeps = [row for row in ledger if row["message_id"].startswith("hub_sweep/")]
+    first = _SWEEP["expected"]["ledger"]
+    assert sweeps == [row for row in first if row["message_id"] != "carrier/1"]
+    carrier = [row["outcome"] for row in ledger if row["message_id"] == "carrier/1"]
+    assert carrier == ["delivered", "duplicate"]
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["schedule_catch_up_all_within_window", "schedule_and_timer_same_instant_timer_first"],
+)
+def test_schedules_run_on_postgresql(
+    capsys: pytest.CaptureFixture[str], database_url: str, postgresql_prefix: str, name: str
+) -> None:
+    case = CORPUS / f"{name}.json"
+    options = ("--database", database_url, "--prefix", postgresql_prefix)
+    status, out, err = scenario(capsys, case, *options)
+    assert (status, err) == (0, "")
+    assert json.loads(out) == load(case)["expected"]
+
+
+def test_the_documented_schedules_case_is_the_corpus_case() -> None:
+    """docs/router.md shows a corpus case (without its description and expected) and
+    the ledger it gives."""
+    page = (ROOT / "docs" / "router.md").read_text(encoding="utf-8")
+    section = page.split("### Schedules in a case", 1)[1].split("\n## ", 1)[0]
+    blocks = section.split("```text\n")[1:]
+    shown = json.loads(blocks[0].split("```", 1)[0])
+    case = load(CORPUS / "schedule_catch_up_one_after_downtime.json")
+    assert shown == {k: v for k, v in case.items() if k not in ("description", "expected")}
+    for row in case["expected"]["ledger"]:
+        assert row["message_id"] in blocks[1]

@@ -28,6 +28,27 @@ itself with no delay is due at once, so it is delivered at the end of the step t
 sent it (the script never sees it pending). A fire that raises fails the case, and so
 do more than :data:`MAX_FIRES` fires in one step (a chart that keeps sending to itself).
 
+**Schedules.** A case's ``schedules`` are put (:meth:`Scheduler.put
+<statifier.router.scheduler.Scheduler.put>`) on the run's database when the case
+starts, at its start time, and fired by a :class:`~statifier.router.scheduler.Scheduler`
+on the virtual clock, together with the timers: after every step the runner takes the
+earliest instant at which a timer or a schedule is due, up to the step's time, moves
+the clock there and fires what is due then (:meth:`Scheduler.fire_due
+<statifier.router.scheduler.Scheduler.fire_due>` at that instant), and so on. At one
+instant the timers due fire first (they were armed by steps already taken), then the
+schedules due, by name (each fire is an input from outside, as a ``deliver`` is), then
+any timer those fires armed due at once. So an ``advance`` makes each fire on time, at
+its own instant, whatever the catch-up policy: it models time passing with the
+service running. A ``down`` step models the service stopped: the clock moves and
+nothing fires; the next step (an ``advance`` of ``PT0S`` for nothing else) makes what
+came due, a schedule's missed fires as its catch-up policy and grace say. Each fire
+is routed as the scheduler routes it (message id ``NAME/<fire time, UTC ISO
+8601>``), so its deliveries are the report's ledger rows under that message id, as a
+delivered event's are; a fire no binding matches, or a missed fire let pass, writes
+none. A fire that fails fails the case, and so do more than :data:`MAX_FIRES` schedule
+steps in one step. On a kept database the schedules already there stay, and fire too;
+``put`` keeps a schedule's paused state, and its next fire unless its times changed.
+
 **Sends the scenario does not handle.** The router performs sends of its send type
 (to routes and to ``target="execution"``), sends to the execution itself, and
 BasicHTTP sends (into the outbox, which no scenario drains). Any other send, a type
@@ -111,6 +132,7 @@ from statifier.router.scenario_case import (
     DEFAULT_START,
     DEPLOYED_KEYS,
     MAX_CASE_BYTES,
+    MAX_SCHEDULES,
     MAX_STEPS,
     REPORT_KEYS,
     SEND_TYPE,
@@ -118,12 +140,15 @@ from statifier.router.scenario_case import (
     Case,
     CaseError,
     Deliver,
+    Down,
     Reap,
     Step,
     as_json,
     parse_duration,
     parse_start,
 )
+from statifier.router.scheduler import Scheduler
+from statifier.router.schedules import ScheduleError
 from statifier.router.timer_queue import TimerEntry
 from statifier.router.timer_worker import TimerWorker
 from statifier.router.timers import SqlTimerQueue, UnreadableTimer
@@ -136,6 +161,7 @@ __all__ = [
     "DEPLOYED_KEYS",
     "MAX_CASE_BYTES",
     "MAX_FIRES",
+    "MAX_SCHEDULES",
     "MAX_STEPS",
     "REPORT_KEYS",
     "SEND_TYPE",
@@ -144,6 +170,7 @@ __all__ = [
     "CaseError",
     "Deliver",
     "Deployment",
+    "Down",
     "Reap",
     "RecordingRoute",
     "Step",
@@ -156,7 +183,8 @@ __all__ = [
 ]
 
 MAX_FIRES: Final = 10_000
-"""The most timers one step may fire."""
+"""The most timers one step may fire, and the most schedule steps (fires made, or
+missed ones let pass)."""
 _FAR_FUTURE: Final = datetime(9999, 12, 31, tzinfo=UTC)
 _MAX_PENDING: Final = 100_000
 """The most pending timers a report (or a check after a fire) reads."""
@@ -306,7 +334,8 @@ async def run_case(
             bindings run on a directory, or a case naming one of
             :data:`DEPLOYED_KEYS` run on a deployment; the router refuses the
             configuration; the prefix is not one; or a step failed in the router,
-            persistence or a timer's fire (named by its index).
+            persistence, a timer's fire or a schedule's (named by its index); a
+            schedule could not be put.
         sqlalchemy.exc.SQLAlchemyError, OSError: the database failed.
     """
     setup = _setup(case, charts)
@@ -336,13 +365,20 @@ async def run_case(
             accepted = _literal_types(_config(setup, storage, sends), setup.charts)
             router = Router(_config(setup, storage, sends, mint, unhandled, accepted))
             worker = TimerWorker(router, clock=clock)
+            scheduler = Scheduler(router, clock=clock)
+            for index, schedule in enumerate(case.schedules):
+                try:
+                    await scheduler.put(schedule, now=clock.now)
+                except ScheduleError as error:
+                    raise CaseError(f"schedules[{index}]: {error}") from None
+            firing = _Firing(router, worker, scheduler, clock)
             # The case's execution: the one the address table names, remembered after
             # every step, so that it stays the case's once a reap deletes its row.
             named: str | None = None
             for index, step in enumerate(case.script):
                 unhandled.step = index
                 try:
-                    await _run_step(router, worker, step, clock)
+                    await _run_step(firing, step)
                     named = await newest_address(router, case.scope, case.document) or named
                 except CaseError as error:
                     raise CaseError(f"script[{index}]: {error}") from None
@@ -512,43 +548,99 @@ async def _publish(case: Case, setup: _Setup) -> dict[str, Any]:
     return {"contracts": found.as_json()}
 
 
-async def _run_step(router: Router, worker: TimerWorker, step: Step, clock: _Clock) -> None:
+@dataclass(frozen=True, slots=True)
+class _Firing:
+    """What fires on the virtual clock: the timer worker and the scheduler."""
+
+    router: Router
+    worker: TimerWorker
+    scheduler: Scheduler
+    clock: _Clock
+
+
+async def _run_step(firing: _Firing, step: Step) -> None:
+    router, clock = firing.router, firing.clock
     until = clock.now
     if isinstance(step, Deliver):
         await router.route(step.event, now=clock.now)
     elif isinstance(step, Advance):
         until = clock.now + step.by
+    elif isinstance(step, Down):
+        # Nothing runs while the service is down: what comes due waits for the next
+        # step, which fires it late (a schedule's as its catch-up policy says).
+        clock.now += step.by
+        return
     elif step.table == "addresses":
         await reap_addresses(router, clock.now)
     else:
         await reap_dedupe(router, clock.now)
-    await _fire_until(router, worker, clock, until)
+    await _fire_until(firing, until)
     clock.now = until
 
 
-async def _fire_until(router: Router, worker: TimerWorker, clock: _Clock, until: datetime) -> None:
-    """Fire every timer due at or before ``until``, one due instant at a time, the clock
-    moved to each first (never back: a timer due now is due at the clock).
+async def _fire_until(firing: _Firing, until: datetime) -> None:
+    """Fire every timer and schedule due at or before ``until``, one due instant at a
+    time, the clock moved to each first (never back: what is overdue is due at the
+    clock); at one instant the timers due first, then the schedules due.
 
     Raises:
-        CaseError: a due timer's fire raised (the worker left it, due again later), or
-            more than :data:`MAX_FIRES` timers fired.
+        CaseError: a due timer's fire raised (the worker left it, due again later), a
+            schedule's fire failed, or more than :data:`MAX_FIRES` timers fired, or
+            schedule steps were taken.
     """
-    fired = 0
+    clock = firing.clock
+    timers = steps = 0
     while True:
-        upcoming = await worker.next_due()
-        if upcoming is None or upcoming > until:
+        timer_due = await firing.worker.next_due()
+        schedule_due = await firing.scheduler.next_due()
+        dues = [due for due in (timer_due, schedule_due) if due is not None and due <= until]
+        if not dues:
             return
-        clock.now = max(clock.now, upcoming)
-        due = {str(entry.key): entry for entry in await _pending(router, clock.now)}
-        fired += await worker.fire_due(clock.now)
-        still = {str(entry.key) for entry in await _pending(router)}
-        left = [entry for key, entry in due.items() if key in still]
-        if left:
-            at = left[0].due_at.isoformat()
-            raise CaseError(f"the timer {left[0].event.name!r} due at {at} failed to fire")
-        if fired > MAX_FIRES:
-            raise CaseError(f"more than {MAX_FIRES} timers fired in one step")
+        clock.now = max(clock.now, min(dues))
+        # Timers first: a timer due at this instant was armed by a step already taken,
+        # and settles before the schedules' fires come in from outside, as the steps of
+        # the script come in after the timers their predecessors armed.
+        if timer_due is not None and timer_due <= clock.now:
+            timers += await _fire_timers(firing, clock.now)
+            if timers > MAX_FIRES:
+                raise CaseError(f"more than {MAX_FIRES} timers fired in one step")
+        else:
+            steps += await _fire_schedules(firing.scheduler, clock.now)
+            if steps > MAX_FIRES:
+                raise CaseError(f"more than {MAX_FIRES} schedule fires in one step")
+
+
+async def _fire_timers(firing: _Firing, now: datetime) -> int:
+    """Fire the timers due at ``now``; answer how many the worker took.
+
+    Raises:
+        CaseError: a due timer's fire raised (the worker left it, due again later).
+    """
+    router = firing.router
+    due = {str(entry.key): entry for entry in await _pending(router, now)}
+    fired = await firing.worker.fire_due(now)
+    still = {str(entry.key) for entry in await _pending(router)}
+    left = [entry for key, entry in due.items() if key in still]
+    if left:
+        at = left[0].due_at.isoformat()
+        raise CaseError(f"the timer {left[0].event.name!r} due at {at} failed to fire")
+    return fired
+
+
+async def _fire_schedules(scheduler: Scheduler, now: datetime) -> int:
+    """One pass of ``scheduler`` at ``now``: every schedule due then steps, the
+    earliest due first (by name among those due at one instant), one fire a
+    transaction; answer how many steps were taken.
+
+    Raises:
+        CaseError: a schedule's step failed (the scheduler recorded the error on it).
+    """
+    reports = await scheduler.fire_due(now=now)
+    failed = next((report for report in reports if report.error is not None), None)
+    if failed is not None:
+        at = now.isoformat()
+        raise CaseError(f"the schedule {failed.name!r} failed to fire at {at}: {failed.error}")
+    return len(reports)
 
 
 async def _pending(router: Router, upto: datetime = _FAR_FUTURE) -> list[TimerEntry]:

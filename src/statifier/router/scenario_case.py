@@ -1,8 +1,8 @@
 """The routing case format that ``statifier scenario`` reads (run by
 :mod:`statifier.router.scenario`).
 
-A case is a JSON object (at most 1 MiB, at most 10,000 steps). A *script case* runs
-events through the router:
+A case is a JSON object (at most 1 MiB, at most 10,000 steps, at most 1,000 schedules).
+A *script case* runs events through the router:
 
 ``document``
     The document whose execution the report describes.
@@ -15,8 +15,18 @@ events through the router:
     The steps, in order: ``{"deliver": {"source": S, "message_id": M, "data": {...}}}``
     routes one event (``data`` in the tagged JSON encoding, see
     :mod:`statifier.expr.tagged`); ``{"advance": "PT24H"}`` moves the clock by an ISO
-    8601 duration of days, hours, minutes and seconds, firing the timers due on the
-    way; ``{"reap": "addresses"}`` and ``{"reap": "dedupe"}`` run one reaper pass.
+    8601 duration of days, hours, minutes and seconds, firing the timers and the
+    schedules due on the way; ``{"down": "PT2H"}`` moves it with nothing running (no
+    timer and no schedule fires: what came due fires on the next step, late, a
+    schedule's missed fires as its catch-up policy says); ``{"reap": "addresses"}``
+    and ``{"reap": "dedupe"}`` run one reaper pass.
+``schedules`` (optional)
+    Schedules put when the case starts, at its start time, and fired on the virtual
+    clock: each an object with ``id`` (the schedule's name) and the fields
+    :meth:`Schedule.from_mapping <statifier.router.schedules.Schedule.from_mapping>`
+    reads (``cron`` or ``every``, ``start``, ``timezone``, ``source``, ``scope``,
+    ``data`` in plain JSON, ``catch_up``, ``catch_up_window``, ``grace``, ``paused``);
+    ``scope`` defaults to the case's.
 ``routes`` (optional)
     The names of the registered routes, each served by a recording adapter: a chart
     reaches one with ``<send type="T" target="NAME">``, ``T`` the case's send type,
@@ -63,7 +73,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from statifier.expr import parse_datetime
 from statifier.expr.tagged import TaggedValueError, decode
@@ -72,11 +82,15 @@ from statifier.router.config import checked_bindings
 from statifier.router.errors import RouterError
 from statifier.router.outcomes import InboundEvent
 
+if TYPE_CHECKING:
+    from statifier.router.schedules import Schedule
+
 __all__ = [
     "CONTRACT_KEYS",
     "DEFAULT_START",
     "DEPLOYED_KEYS",
     "MAX_CASE_BYTES",
+    "MAX_SCHEDULES",
     "MAX_STEPS",
     "REPORT_KEYS",
     "SEND_TYPE",
@@ -84,6 +98,7 @@ __all__ = [
     "Case",
     "CaseError",
     "Deliver",
+    "Down",
     "Reap",
     "Step",
     "parse_duration",
@@ -92,6 +107,8 @@ __all__ = [
 
 MAX_CASE_BYTES: Final = 1 << 20
 MAX_STEPS: Final = 10_000
+MAX_SCHEDULES: Final = 1_000
+"""The most schedules a case puts."""
 DEFAULT_START: Final = datetime(2026, 1, 1, tzinfo=UTC)
 SEND_TYPE: Final = "scenario:route"
 """The router's send type of a case that names none: the ``type`` of a chart's sends to
@@ -113,7 +130,7 @@ CONTRACT_KEYS: Final = ("contracts",)
 DEPLOYED_KEYS: Final = ("bindings", "routes", "send_type", "on_complete")
 """The keys a serve file gives a case run on it (and the case then leaves out)."""
 _SCRIPT_KEYS: Final = ("document", "scope", "script")
-_SCRIPT_OPTIONAL: Final = ("expected", "start", "description", *DEPLOYED_KEYS)
+_SCRIPT_OPTIONAL: Final = ("expected", "start", "description", "schedules", *DEPLOYED_KEYS)
 _PUBLISH_KEYS: Final = ("document", "declarations")
 _PUBLISH_OPTIONAL: Final = (*DEPLOYED_KEYS, "expected", "description")
 _DURATION: Final = re.compile(
@@ -145,22 +162,33 @@ class Advance:
 
 
 @dataclass(frozen=True, slots=True)
+class Down:
+    """Move the virtual clock forward with nothing running (the service is down): no
+    timer and no schedule fires on the way, nor at the end. What came due fires on
+    the next step, at that step's time: a timer late, a schedule's missed fires as its
+    catch-up policy says."""
+
+    by: timedelta
+
+
+@dataclass(frozen=True, slots=True)
 class Reap:
     """Run one pass of a reaper: ``"addresses"`` or ``"dedupe"``."""
 
     table: str
 
 
-Step = Deliver | Advance | Reap
+Step = Deliver | Advance | Down | Reap
 
 
 @dataclass(frozen=True, slots=True)
 class Case:
     """A routing case, checked as it is read (see the module docstring).
 
-    A publish case has ``declarations`` (and an empty ``scope`` and ``script``).
-    ``bindings``, ``routes``, ``send_type`` and ``on_complete`` are ``None`` when the
-    case leaves them out (:data:`DEPLOYED_KEYS`).
+    A publish case has ``declarations`` (and an empty ``scope``, ``script`` and
+    ``schedules``). ``bindings``, ``routes``, ``send_type`` and ``on_complete`` are
+    ``None`` when the case leaves them out (:data:`DEPLOYED_KEYS`). ``schedules`` are
+    the case's, each with its scope (the case's unless it names one), in case order.
     """
 
     document: str
@@ -173,6 +201,7 @@ class Case:
     on_complete: str | None = None
     declarations: Declarations | None = None
     send_type: str | None = None
+    schedules: tuple[Schedule, ...] = ()
 
     @property
     def deployed(self) -> tuple[str, ...]:
@@ -273,6 +302,7 @@ class Case:
             routes,
             on_complete,
             send_type=send_type,
+            schedules=_schedules(scope, raw["schedules"]) if "schedules" in raw else (),
         )
 
 
@@ -395,16 +425,18 @@ def _script(scope: str, raw: object) -> tuple[Step, ...]:
 
 def _step(scope: str, entry: object) -> Step:
     if not isinstance(entry, dict) or len(entry) != 1:
-        raise CaseError('a step is an object with one key: "deliver", "advance" or "reap"')
+        raise CaseError('a step is an object with one key: "deliver", "advance", "down" or "reap"')
     ((kind, value),) = entry.items()
     if kind == "advance":
         return Advance(parse_duration(value))
+    if kind == "down":
+        return Down(parse_duration(value))
     if kind == "reap":
         if value not in ("addresses", "dedupe"):
             raise CaseError(f'reap is "addresses" or "dedupe", not {as_json(value)}')
         return Reap(value)
     if kind != "deliver":
-        raise CaseError(f'unknown step {kind!r} (one of "deliver", "advance", "reap")')
+        raise CaseError(f'unknown step {kind!r} (one of "deliver", "advance", "down", "reap")')
     if not isinstance(value, dict):
         raise CaseError("deliver takes an object: source, message_id and data")
     unknown = set(value) - {"source", "message_id", "data"}
@@ -420,6 +452,42 @@ def _step(scope: str, entry: object) -> Step:
         return Deliver(InboundEvent(scope=scope, source=source, message_id=message_id, data=data))
     except (RouterError, TaggedValueError) as error:
         raise CaseError(f"deliver: {error}") from None
+
+
+def _schedules(scope: str, raw: object) -> tuple[Schedule, ...]:
+    """The case's ``schedules``, each read by ``Schedule.from_mapping`` with ``id`` as
+    its name and the case's ``scope`` unless it names one.
+
+    Raises:
+        CaseError: not a list, more than :data:`MAX_SCHEDULES`, an entry without an
+            ``id`` or with one named twice, or one the schedule refuses (naming its
+            index, the schedule and the field).
+    """
+    # Imported here, not above: the schedules module reads its durations with this
+    # module's parse_duration, so importing it at the top would be a cycle.
+    from statifier.router.schedules import Schedule, ScheduleError
+
+    if not isinstance(raw, list):
+        raise CaseError("schedules must be a list of schedule objects")
+    if len(raw) > MAX_SCHEDULES:
+        raise CaseError(f"schedules has {len(raw)} entries, more than {MAX_SCHEDULES}")
+    schedules: list[Schedule] = []
+    for index, entry in enumerate(raw):
+        where = f"schedules[{index}]"
+        if not isinstance(entry, dict):
+            raise CaseError(f"{where}: a schedule is an object with an id, not {as_json(entry)}")
+        name = entry.get("id")
+        if not isinstance(name, str) or not name:
+            raise CaseError(f"{where}: id must be a non-empty string, not {as_json(name)}")
+        if any(schedule.name == name for schedule in schedules):
+            raise CaseError(f"{where}: {name!r} is named twice")
+        fields = {key: value for key, value in entry.items() if key != "id"}
+        fields.setdefault("scope", scope)
+        try:
+            schedules.append(Schedule.from_mapping(name, fields))
+        except ScheduleError as error:
+            raise CaseError(f"{where}: {error}") from None
+    return tuple(schedules)
 
 
 def _expected(raw: object, keys: tuple[str, ...]) -> Mapping[str, Any]:

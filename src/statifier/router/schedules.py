@@ -169,10 +169,13 @@ class Schedule:
             raise ScheduleError(f"{where}: every must be at least a second")
         if self.start.tzinfo is None or self.start.utcoffset() is None:
             raise ScheduleError(f"{where}: start must carry a time zone offset")
+        timezone: object = self.timezone
+        if not isinstance(timezone, str):
+            raise ScheduleError(f"{where}: timezone must be an IANA time zone name")
         try:
-            zone(self.timezone)
+            zone(timezone)
         except CronError as error:
-            raise ScheduleError(f"{where}: {error}") from error
+            raise ScheduleError(f"{where}: timezone: {error}") from error
         if not isinstance(self.catch_up, CatchUp):
             raise ScheduleError(f"{where}: catch_up is skip, one or all")
         if self.grace < timedelta(0) or self.catch_up_window < self.grace:
@@ -210,16 +213,17 @@ class Schedule:
         for text_field in ("source", "scope", "timezone"):
             if text_field in entry:
                 values[text_field] = entry[text_field]
-        try:
-            if "cron" in entry:
+        if "cron" in entry:
+            try:
                 values["cron"] = Cron.parse(entry["cron"])
-            if "every" in entry:
-                values["every"] = parse_duration(entry["every"])
-            for duration in ("catch_up_window", "grace"):
-                if duration in entry:
+            except CronError as error:
+                raise ScheduleError(f"{where}: cron: {error}") from error
+        for duration in ("every", "catch_up_window", "grace"):
+            if duration in entry:
+                try:
                     values[duration] = parse_duration(entry[duration])
-        except (CronError, CaseError) as error:
-            raise ScheduleError(f"{where}: {error}") from error
+                except CaseError as error:
+                    raise ScheduleError(f"{where}: {duration}: {error}") from error
         if "start" in entry:
             values["start"] = _instant(where, entry["start"])
         if "catch_up" in entry:
