@@ -381,11 +381,16 @@ def _latest_before(schedule: Schedule, first: datetime, end: datetime) -> tuple[
 
 
 def _instant(where: str, given: object) -> datetime:
-    text = given if isinstance(given, str) else None
-    try:
-        parsed = datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
-    except ValueError:
-        parsed = None
+    """``given`` as an aware time in UTC: ISO 8601 text, or a time with an offset (a
+    TOML offset date-time)."""
+    if isinstance(given, datetime):
+        parsed: datetime | None = given
+    else:
+        text = given if isinstance(given, str) else None
+        try:
+            parsed = datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
+        except ValueError:
+            parsed = None
     if parsed is None or parsed.tzinfo is None:
         raise ScheduleError(f"{where}: start {given!r} is not an ISO 8601 time with an offset")
     return parsed.astimezone(UTC)

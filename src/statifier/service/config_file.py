@@ -36,6 +36,12 @@ One file names everything the service runs (``docs/serve.md`` shows a whole one)
     brokers_env = "KAFKA_BROKERS"
     topics = ["parcel-scans"]
 
+    [schedules.nightly]                 # a fire at 02:00 Paris time, routed
+    cron = "0 2 * * *"                  # as an event from source "clock"
+    timezone = "Europe/Paris"
+    source = "clock"
+    scope = "depot_7"
+
     [console]                           # the operator console at /console
     [console.operators.ada]
     token_env = "ADA_TOKEN"

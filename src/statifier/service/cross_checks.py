@@ -22,9 +22,10 @@ __all__ = ["cross_check"]
 def cross_check(top: Table, settings: ServiceSettings) -> None:
     """Refuse what no one table tells: a queue no sink drains or no route writes, routes
     without a send type (or a send type the router refuses), an ``on_complete`` naming
-    no route, a sink that outlives the outbox lease, a console on a listener other than loopback
-    without operators, a front or a stream source whose source no enabled binding reads,
-    a front whose path overlaps another's, the console's or the health endpoints.
+    no route, a sink that outlives the outbox lease, a console on a listener other than
+    loopback without operators, a front, a stream source or a schedule whose source no
+    enabled binding reads, a front whose path overlaps another's, the console's or the
+    health endpoints.
 
     Raises:
         ServiceConfigError: naming the table and the key at fault (``top`` is the
@@ -106,6 +107,14 @@ def cross_check(top: Table, settings: ServiceSettings) -> None:
                     f"{shown(front.path)} overlaps {other} ({shown(taken)})",
                 )
         paths[front.path] = f"[{table}]"
+    for schedule in settings.schedules:
+        if schedule.source not in read:
+            raise ServiceConfigError(
+                file,
+                f"schedules.{schedule.name}",
+                "source",
+                f"no enabled binding reads source {shown(schedule.source)}",
+            )
     for source in settings.sources:
         if source.kind != "table" and source.name not in read:
             raise ServiceConfigError(

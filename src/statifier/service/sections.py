@@ -29,6 +29,7 @@ from statifier.router import (
     error_policy_of,
     load_bindings,
 )
+from statifier.router.schedules import Schedule, ScheduleError
 from statifier.router.sending import BASICHTTP_QUEUE
 from statifier.service.cross_checks import cross_check
 from statifier.service.settings import (
@@ -62,6 +63,7 @@ from statifier.service.settings import (
     OutboxSettings,
     ReaperSettings,
     RouteSettings,
+    SchedulerSettings,
     ServiceConfigError,
     ServiceSettings,
     SinkSettings,
@@ -122,6 +124,8 @@ class SectionReader:
         fronts = self.fronts(top.table("fronts"))
         sources = [self.source(table) for table in top.named("sources")]
         timers = self.timers(top.table("timers"))
+        schedules = [self.schedule(table) for table in top.named("schedules")]
+        scheduler = self.scheduler(top.table("scheduler"))
         outbox = self.outbox(top.table("outbox"))
         reapers = self.reapers(top.table("reapers"))
         errors = self.errors(top.table("errors"), documents)
@@ -154,6 +158,8 @@ class SectionReader:
             console=console,
             api=api,
             codec=codec,
+            schedules=schedules,
+            scheduler=scheduler,
         )
         cross_check(top, settings)
         return settings
@@ -533,6 +539,27 @@ class SectionReader:
             retry=table.seconds("retry", 5.0),
         )
         table.done()
+        return settings
+
+    def schedule(self, table: Table) -> Schedule:
+        """``[schedules.NAME]``: the fields :meth:`Schedule.from_mapping
+        <statifier.router.schedules.Schedule.from_mapping>` reads, its unknown keys
+        refused there."""
+        try:
+            return Schedule.from_mapping(leaf(table), table.raw)
+        except ScheduleError as error:
+            raise table.refuse("", one_line(error)) from None
+
+    def scheduler(self, table: Table) -> SchedulerSettings:
+        settings = SchedulerSettings(
+            enabled=table.boolean("enabled", True),
+            poll=table.seconds("poll", 1.0),
+            retry=table.seconds("retry", 5.0),
+            max_retry=table.seconds("max_retry", 600.0),
+        )
+        table.done()
+        if settings.max_retry < settings.retry:
+            raise table.refuse("max_retry", "must be at least retry")
         return settings
 
     def outbox(self, table: Table) -> OutboxSettings:

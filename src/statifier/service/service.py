@@ -53,13 +53,14 @@ import signal
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final, Protocol, TextIO
 
 from statifier.extras import MissingExtra
 from statifier.persistence.sql import SqlAdapter
 from statifier.repeats import Repeats
 from statifier.router import OutboxDrain, Router, TimerWorker, reap_addresses, reap_dedupe
+from statifier.router.scheduler import Scheduler, ScheduleState
 from statifier.service.api import service_api
 from statifier.service.console import ServedConsole, service_console
 from statifier.service.consumers import (
@@ -87,6 +88,8 @@ _log = logging.getLogger("statifier.service")
 
 _EXIT_CLEAN: Final = 0
 _EXIT_CUT_SHORT: Final = 1
+_SHOWN_SCHEDULES: Final = 10
+"""The most names of stored schedules a file leaves out the start's warning lists."""
 
 
 class NotMigrated(RuntimeError):  # noqa: N818 - names the refusal
@@ -241,6 +244,18 @@ class Supervised:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stop.wait(), wait)
             self.failure = None
+
+
+async def _all_states(scheduler: Scheduler) -> AsyncIterator[ScheduleState]:
+    """Every stored schedule, by name, a page at a time."""
+    after = ""
+    while True:
+        page = await scheduler.states(after=after)
+        for state in page:
+            yield state
+        if not page:
+            return
+        after = page[-1].schedule.name
 
 
 async def _reap(router: Router, settings: ServiceSettings, stop: asyncio.Event) -> None:
@@ -401,7 +416,8 @@ class Service:
         ]
         for consumer in consumers:
             consumer.prepare()
-        workers = self._workers(router, sinks)
+        scheduler = await self._put_schedules(router)
+        workers = self._workers(router, sinks, scheduler)
         listener = _listening_socket(settings.http.host, settings.http.port)
         try:
             server = make_server(app, settings.http, listener, settings.shutdown_timeout)
@@ -450,13 +466,50 @@ class Service:
         self._say("stopped" if status == _EXIT_CLEAN else "stopped, cut short by shutdown_timeout")
         return status
 
-    def _workers(self, router: Router, sinks: Sinks) -> list[Supervised]:
+    async def _put_schedules(self, router: Router) -> Scheduler:
+        """Put the file's schedules on the database (each keeps its paused state and,
+        its times unchanged, its next fire); warn of the stored ones the file does not
+        name, which still fire. Answers the scheduler this service runs.
+
+        Raises:
+            ScheduleError: a schedule's first fire cannot be computed.
+        """
+        found = self.settings.scheduler
+        scheduler = Scheduler(
+            router,
+            retry=timedelta(seconds=found.retry),
+            max_retry=timedelta(seconds=found.max_retry),
+            poll=found.poll,
+        )
+        named: set[str] = set()
+        for schedule in self.settings.schedules:
+            await scheduler.put(schedule)
+            named.add(schedule.name)
+        others = [
+            state.schedule.name
+            async for state in _all_states(scheduler)
+            if state.schedule.name not in named
+        ]
+        if others:
+            _log.warning(
+                "%d schedule(s) in the database are not in %s and still fire: %s "
+                "(`statifier schedules remove NAME` drops one)",
+                len(others),
+                self.settings.file,
+                ", ".join(others[:_SHOWN_SCHEDULES])
+                + (", ..." if len(others) > _SHOWN_SCHEDULES else ""),
+            )
+        return scheduler
+
+    def _workers(self, router: Router, sinks: Sinks, scheduler: Scheduler) -> list[Supervised]:
         settings, stop = self.settings, self._workers_stop
         workers: list[Supervised] = []
         if settings.timers.enabled:
             timers = settings.timers
             worker = TimerWorker(router, batch=timers.batch, poll=timers.poll, retry=timers.retry)
             workers.append(Supervised("timers", lambda: worker.run(stop), stop))
+        if settings.scheduler.enabled:
+            workers.append(Supervised("scheduler", lambda: scheduler.run(stop), stop))
         outbox = settings.outbox
         drain = OutboxDrain(
             router.storage,

@@ -16,6 +16,7 @@ from statifier.chart import Machine
 from statifier.persistence import PLAIN, BlobCodec
 from statifier.persistence.serialization import DEFAULT_LOCK_WAIT
 from statifier.router import Backoff, Binding
+from statifier.router.schedules import Schedule
 
 __all__ = [
     "API_PATH",
@@ -50,6 +51,7 @@ __all__ = [
     "OutboxSettings",
     "ReaperSettings",
     "RouteSettings",
+    "SchedulerSettings",
     "ServiceConfigError",
     "ServiceSettings",
     "SinkSettings",
@@ -151,6 +153,19 @@ class TimerSettings:
     batch: int = 100
     poll: float = 1.0
     retry: float = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerSettings:
+    """The scheduler's bounds (``[scheduler]``, :class:`~statifier.router.scheduler.Scheduler`):
+    whether this service fires schedules, the longest sleep between passes, and the
+    delays before a failed fire is tried again (doubling from ``retry`` up to
+    ``max_retry``), in seconds."""
+
+    enabled: bool = True
+    poll: float = 1.0
+    retry: float = 5.0
+    max_retry: float = 600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -486,6 +501,8 @@ class ServiceSettings:
         codec: what encodes the executions' blobs (``[codec]``; stored as given when
             the table is absent). Its keys were read from the environment at load and
             never appear in a ``repr``.
+        schedules: the file's ``[schedules.NAME]``, in file order, put on the
+            database when the service starts.
     """
 
     file: str
@@ -510,6 +527,8 @@ class ServiceSettings:
     console: ConsoleSettings = field(default_factory=ConsoleSettings)
     api: ApiSettings = field(default_factory=ApiSettings)
     codec: BlobCodec = PLAIN
+    schedules: Sequence[Schedule] = ()
+    scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
 
 
 def front_table(front: Front) -> str:
