@@ -36,10 +36,10 @@ nothing written.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import Any, Final
+from typing import Final
 
 from statifier.console.actions import Done, Record, Refused
 from statifier.console.queries import MAX_PAGE, Page
@@ -48,6 +48,7 @@ from statifier.persistence.sql import SqlTransaction
 from statifier.router import Router, Schedule, ScheduleError, ScheduleNotFound, Scheduler
 from statifier.router.schedules import EPOCH
 from statifier.sql.engines import run_on
+from statifier.sql.schedules import ScheduleRow
 from statifier.sql.tables import Tables
 
 try:
@@ -106,28 +107,15 @@ class ScheduleView:
     """One schedule as the page shows it: its row, and what the page makes of it.
 
     Attributes:
-        name, scope, paused, next_fire_at, due_at, last_fire_at, last_made_at, fired,
-        skipped, failures, last_error, updated_at: the row's columns (see
-            :class:`statifier.router.ScheduleState`).
+        row: the row as stored (:class:`~statifier.sql.schedules.ScheduleRow`).
         schedule: its definition, ``None`` when it cannot be read.
         unreadable: why the definition cannot be read, else ``None``.
         state: how it stands at the time the page was read (:func:`state_of`).
     """
 
-    name: str
-    scope: str
+    row: ScheduleRow
     schedule: Schedule | None
     unreadable: str | None
-    paused: bool
-    next_fire_at: datetime
-    due_at: datetime
-    last_fire_at: datetime | None
-    last_made_at: datetime | None
-    fired: int
-    skipped: int
-    failures: int
-    last_error: str | None
-    updated_at: datetime
     state: Standing
 
     @property
@@ -158,8 +146,8 @@ class ScheduleView:
     @property
     def retrying(self) -> bool:
         """Whether a worker takes it later than its next fire's time (a step failed
-        and is tried again at :attr:`due_at`)."""
-        return self.due_at != self.next_fire_at
+        and is tried again at its row's ``due_at``)."""
+        return self.row.due_at != self.row.next_fire_at
 
 
 def every_text(every: timedelta) -> str:
@@ -202,52 +190,39 @@ async def schedules_page(
     if scope is not None and not 0 < len(scope) <= MAX_SCOPE:
         raise ValueError(f"scope: 1 to {MAX_SCOPE} characters")
     table = tables.schedules
-    statement = sa.select(table).order_by(table.c.name).limit(size + 1)
+    names = [column.name for column in fields(ScheduleRow)]
+    statement = sa.select(*(table.c[name] for name in names)).order_by(table.c.name)
+    statement = statement.limit(size + 1)
     if after:
         statement = statement.where(table.c.name > after)
     if scope is not None:
         statement = statement.where(table.c.scope == scope)
 
-    def read(connection: sa.Connection) -> list[sa.Row[Any]]:
-        return list(connection.execute(statement))
+    def read(connection: sa.Connection) -> list[ScheduleRow]:
+        result = connection.execute(statement)
+        return [ScheduleRow(**dict(zip(names, row, strict=True))) for row in result]
 
     rows = await run_on(engine, read)
     views = tuple(_view(row, now) for row in rows[:size])
-    return Page(views, views[-1].name if len(rows) > size else None)
+    return Page(views, views[-1].row.name if len(rows) > size else None)
 
 
-def _view(row: sa.Row[Any], now: datetime) -> ScheduleView:
+def _view(row: ScheduleRow, now: datetime) -> ScheduleView:
     schedule: Schedule | None = None
     unreadable: str | None = None
     definition: object = row.definition
     try:
         if not isinstance(definition, Mapping):
             raise ScheduleError(f"schedule {row.name!r}: its definition is not a table")
-        schedule = Schedule.from_mapping(row.name, {**definition, "paused": bool(row.paused)})
+        schedule = Schedule.from_mapping(row.name, {**definition, "paused": row.paused})
     except ScheduleError as error:
         unreadable = str(error)
     state = (
         Standing.UNREADABLE
         if schedule is None
-        else state_of(paused=bool(row.paused), failures=row.failures, due_at=row.due_at, now=now)
+        else state_of(paused=row.paused, failures=row.failures, due_at=row.due_at, now=now)
     )
-    return ScheduleView(
-        name=row.name,
-        scope=row.scope,
-        schedule=schedule,
-        unreadable=unreadable,
-        paused=bool(row.paused),
-        next_fire_at=row.next_fire_at,
-        due_at=row.due_at,
-        last_fire_at=row.last_fire_at,
-        last_made_at=row.last_made_at,
-        fired=int(row.fired),
-        skipped=int(row.skipped),
-        failures=int(row.failures),
-        last_error=row.last_error,
-        updated_at=row.updated_at,
-        state=state,
-    )
+    return ScheduleView(row, schedule, unreadable, state)
 
 
 async def pause(router: Router, name: str, *, record: Record) -> Done:
