@@ -138,7 +138,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from statifier import check_command, executions_command, expr, replay_command
+from statifier import check_command, executions_command, expr, replay_command, schedules_command
 from statifier.chart import InvalidChart, Machine, compile_chart
 from statifier.chart.graph import dot, mermaid
 from statifier.core import Event
@@ -783,6 +783,7 @@ def _parser() -> argparse.ArgumentParser:
     routing.add_argument("--database", default=None, metavar="URL", help="default: temp SQLite")
     routing.add_argument("--prefix", default="statifier_", help="the table name prefix")
     executions_command.add_parser(commands)
+    schedules_command.add_parser(commands)
     check_command.add_parser(commands)
     replay_command.add_parser(commands)
     serving = commands.add_parser("serve", help="run the fronts, consumers and workers")
@@ -841,6 +842,8 @@ def _dispatch(args: argparse.Namespace, stream: TextIO) -> int:
         return _run_scenario(args, stream)
     if args.command == "executions":
         return executions_command.run(args, stream)
+    if args.command == "schedules":
+        return schedules_command.run(args, stream)
     if args.command == "check":
         return check_command.run(args, stream)
     if args.command == "replay":

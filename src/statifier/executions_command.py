@@ -86,7 +86,7 @@ import sqlite3
 import sys
 import traceback
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from statifier.expr import UNDEFINED, Value, tagged
@@ -235,26 +235,36 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace, out: TextIO) -> int:
     """Run ``statifier executions ACTION``; returns the exit status."""
+    return run_refusing(f"executions {args.action}", args, lambda: _run(args, out))
+
+
+def run_refusing(
+    command: str, args: argparse.Namespace, work: Callable[[], Coroutine[Any, Any, int]]
+) -> int:
+    """Run ``work()`` to its exit status; what a command on a database refuses
+    (not migrated, a library error, bad input, the database failing) is said in one
+    line by :func:`refused`, exit status 2. Anything else raises."""
     from statifier.core.positions import PositionError
     from statifier.durable import DurableError, NotMigrated
     from statifier.extras import MissingExtra
     from statifier.persistence import PersistenceError
 
     try:
-        return asyncio.run(_run(args, out))
+        return asyncio.run(work())
     except NotMigrated as error:  # the command never migrates: one remedy
-        return _refused(args, f"{error.finding}: run `{error.upgrade}` first")
+        return refused(command, args, f"{error.finding}: run `{error.upgrade}` first")
     except (DurableError, PersistenceError, ValueError, TypeError, MissingExtra) as error:
-        return _refused(args, str(error))
+        return refused(command, args, str(error))
     except PositionError as error:  # a stored blob is not what it should be
-        hint = "" if args.keys_env else " (if its blobs are encrypted, give --keys-env)"
-        return _refused(args, f"{error}{hint}")
+        keys = getattr(args, "keys_env", None)
+        hint = "" if keys else " (if its blobs are encrypted, give --keys-env)"
+        return refused(command, args, f"{error}{hint}")
     except sqlite3.Error as error:
-        return _refused(args, f"database: {_one_line(error)}")
+        return refused(command, args, f"database: {_one_line(error)}")
     except Exception as error:
         if type(error).__module__.partition(".")[0] not in _DRIVER_ERRORS:
             raise
-        return _refused(args, f"database: {_one_line(error)}")
+        return refused(command, args, f"database: {_one_line(error)}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -891,10 +901,6 @@ def refused(command: str, args: argparse.Namespace, message: str) -> int:
         traceback.print_exc(file=sys.stderr)
     sys.stderr.write(f"statifier {command}: {_one_line(message)}\n")
     return 2
-
-
-def _refused(args: argparse.Namespace, message: str) -> int:
-    return refused(f"executions {args.action}", args, message)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -493,7 +493,7 @@ class Service:
         if others:
             _log.warning(
                 "%d schedule(s) in the database are not in %s and still fire: %s "
-                "(Scheduler.remove drops one; the console pauses one)",
+                "(`statifier schedules remove NAME` drops one)",
                 len(others),
                 self.settings.file,
                 ", ".join(others[:_SHOWN_SCHEDULES])
