@@ -280,6 +280,13 @@ async def test_a_consumer_killed_mid_stream_loses_no_hit_and_steps_none_twice(
             await _until(taken_over, watch)
             workers.append(await _start(pg_db, nats_server, chart, stream, prefix, "a", tmp_path))
             await _until(all_acknowledged, watch)
+
+            async def shared_again() -> bool:  # the restarted member took its share back
+                return "a" in (await _holders(pg_db)).values()
+
+            # Checked by its leases, not by what it routed: the survivor may well have
+            # routed every message left before the rebalance gave the restarted one any.
+            await _until(shared_again, watch)
             checks = watch.checks
             await _until(lambda: watch.checks > checks, watch)  # a last look at the end
         watcher.cancel()
@@ -293,7 +300,7 @@ async def test_a_consumer_killed_mid_stream_loses_no_hit_and_steps_none_twice(
         for worker in workers[1:]:
             assert await asyncio.wait_for(worker.process.wait(), 30) == 0, worker.log.read_text()
         counts = [json.loads(w.log.read_text().splitlines()[-1]) for w in workers[1:]]
-        assert all(c["routed"] > 0 for c in counts)  # the restarted one took its share back
+        assert counts[0]["routed"] > 0  # the survivor routed what the killed one left
     finally:
         if watch.task is not None:
             watch.task.cancel()
