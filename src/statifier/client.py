@@ -86,6 +86,7 @@ OutcomeKind = Literal[
     "delivered",
     "created_and_delivered",
     "held",
+    "buffered",
     "duplicate",
     "no_match",
     "key_refused",

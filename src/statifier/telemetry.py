@@ -44,6 +44,7 @@ EVENTS: Final[Mapping[str, str]] = {
     "statifier.router.outbox_failed": "an outbox row's sink failed: retried later, or dead",
     "statifier.router.timer": "a due timer was fired, discarded, refused or failed",
     "statifier.router.schedule": "a due schedule made its fire, let missed ones pass, or failed",
+    "statifier.router.flow": "a flow worker delivered what a debounce, batch or throttle held",
     # the stream consumer (see the fronts section of docs/telemetry.md)
     "statifier.fronts.commit": "a stream consumer committed its gapless prefix of done messages",
     "statifier.fronts.retry": "a stream consumer's routing attempt failed; the event waits",

@@ -23,7 +23,7 @@ from statifier.persistence.sql import SqlAdapter
 from statifier.sql import TableOptions, migrations
 from statifier.sql.tables import UtcDateTime, autogenerate_filter
 
-HEAD = "statifier_0012"
+HEAD = "statifier_0013"
 """The newest revision."""
 
 DURABLE_TABLES = ("mig_charts", "mig_positions", "mig_executions", "mig_inputs")
@@ -57,6 +57,8 @@ BULK_TABLES = ("mig_bulk_runs",)
 """What ``statifier_0011`` adds."""
 SCHEDULE_TABLES = ("mig_schedules",)
 """What ``statifier_0012`` adds."""
+FLOW_TABLES = ("mig_flow_groups", "mig_flow_events")
+"""What ``statifier_0013`` adds."""
 
 
 def _tenant() -> list[sa.Column[Any]]:
@@ -144,6 +146,7 @@ def test_migrations_build_exactly_the_tables(fresh_database: Any) -> None:
         *HELD_TABLES,
         *BULK_TABLES,
         *SCHEDULE_TABLES,
+        *FLOW_TABLES,
     }
 
 

@@ -23,6 +23,7 @@ from statifier.router import (
     Create,
     Dedupe,
     Keyed,
+    Mode,
     Order,
     load_bindings,
 )
@@ -148,12 +149,58 @@ def test_from_mapping_without_dedupe_keeps_the_default_horizon() -> None:
     assert Binding.from_mapping({**BASE, "dedupe": {}}).dedupe.horizon == DEFAULT_HORIZON
 
 
-@pytest.mark.parametrize("name", ["mode", "batch", "window"])
-def test_reserved_fields_are_refused(name: str) -> None:
-    """Kept free for a later release: a file using them now must not silently mean
-    something else later."""
-    with pytest.raises(BindingError, match="reserved for a later release") as error:
-        Binding.from_mapping({**BASE, name: 10})
+def test_a_mode_reads_its_fields_from_a_mapping() -> None:
+    debounce = Binding.from_mapping(
+        {**BASE, "mode": "debounce", "window": "PT30S", "max_wait": "PT5M"}
+    )
+    assert (debounce.mode, debounce.window, debounce.max_wait, debounce.batch) == (
+        Mode.DEBOUNCE,
+        timedelta(seconds=30),
+        timedelta(minutes=5),
+        None,
+    )
+    batch = Binding.from_mapping({**BASE, "mode": "batch", "batch": 50, "window": "PT10S"})
+    assert (batch.mode, batch.batch, batch.window) == (Mode.BATCH, 50, timedelta(seconds=10))
+    throttle = Binding(**{**BASE, "mode": "throttle", "batch": 5, "window": timedelta(minutes=1)})
+    assert (throttle.mode, throttle.batch) == (Mode.THROTTLE, 5)
+    assert Binding.from_mapping(BASE).mode is Mode.EACH
+
+
+@pytest.mark.parametrize(
+    ("fields", "name", "said"),
+    [
+        ({"mode": "sometimes"}, "mode", "must be one of each, debounce, batch, throttle"),
+        ({"window": "PT1S"}, "window", "not taken by mode 'each'"),
+        ({"batch": 10}, "batch", "not taken by mode 'each'"),
+        ({"mode": "debounce"}, "window", "required by mode 'debounce'"),
+        ({"mode": "debounce", "window": "PT1S", "batch": 2}, "batch", "not taken by mode"),
+        ({"mode": "batch", "window": "PT1S"}, "batch", "required by mode 'batch'"),
+        ({"mode": "throttle", "batch": 2}, "window", "required by mode 'throttle'"),
+        (
+            {"mode": "throttle", "batch": 2, "window": "PT1S", "max_wait": "PT2S"},
+            "max_wait",
+            "not taken",
+        ),
+        ({"mode": "batch", "batch": 0, "window": "PT1S"}, "batch", "from 1 to 1000"),
+        ({"mode": "batch", "batch": 1001, "window": "PT1S"}, "batch", "from 1 to 1000"),
+        ({"mode": "batch", "batch": "5", "window": "PT1S"}, "batch", "an integer"),
+        ({"mode": "batch", "batch": 5, "window": "P1M"}, "window", "PnDTnHnMnS"),
+        ({"mode": "batch", "batch": 5, "window": "PT0S"}, "window", "a positive duration"),
+        ({"mode": "debounce", "window": "PT1M", "max_wait": "PT30S"}, "max_wait", "at least"),
+        (
+            {"mode": "debounce", "window": "PT1M", "create": "always_new"},
+            "mode",
+            "needs an address",
+        ),
+    ],
+)
+def test_a_mode_refuses_fields_it_does_not_take_or_lacks(
+    fields: dict[str, object], name: str, said: str
+) -> None:
+    """A mode's fields are checked when the binding is read, each refusal naming the
+    field: a file never means something other than it says."""
+    with pytest.raises(BindingError, match=said) as error:
+        Binding.from_mapping({**BASE, **fields})
     assert refusal(error) == ("parcels", name)
 
 

@@ -243,7 +243,7 @@ ROUTED = '[routes.r]\nqueue = "q"\n'
                 f"{HEAD}[[bindings]]\nid='b'\nsource='s'\nmatch='true'\nkey='k'\ndocument='hits'"
                 "\nevent='e'\nbatch=1\n"
             ),
-            '[bindings #2 "b"] batch: reserved for a later release',
+            "[bindings #2 \"b\"] batch: not taken by mode 'each'",
         ),
         (
             (

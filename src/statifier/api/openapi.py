@@ -125,6 +125,7 @@ def _schemas() -> dict[str, Any]:
                     "delivered",
                     "created_and_delivered",
                     "held",
+                    "buffered",
                     "duplicate",
                     "no_match",
                     "key_refused",

@@ -21,6 +21,7 @@ from statifier.core import MachineState
 from statifier.expr import tagged
 from statifier.persistence import ExecutionRecord, StepError, Stepped
 from statifier.router import (
+    Buffered,
     CreatedAndDelivered,
     Delivered,
     Dropped,
@@ -137,7 +138,7 @@ def outcome_json(outcome: Outcome, execution: StepJson) -> dict[str, Any]:
         case Dropped():
             key, execution_id, reason = outcome.key, outcome.execution_id, outcome.reason.value
             step, kind = outcome.step, "dropped"
-        case Duplicate():
+        case Duplicate() | Buffered():
             key = outcome.key
         case KeyRefused():
             reason = outcome.reason

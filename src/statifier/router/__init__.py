@@ -28,6 +28,7 @@ from statifier.router.binding import (
     Create,
     Dedupe,
     Keyed,
+    Mode,
     Order,
     Plan,
     load_bindings,
@@ -53,6 +54,8 @@ from statifier.router.errors import (
     RouterError,
     UnresolvedDocument,
 )
+from statifier.router.flow import BindingGone
+from statifier.router.flow_worker import FlowWorker, FlushReport
 from statifier.router.outbox import (
     Backoff,
     DeadLetter,
@@ -64,6 +67,7 @@ from statifier.router.outbox import (
     Sink,
 )
 from statifier.router.outcomes import (
+    Buffered,
     CreatedAndDelivered,
     Delivered,
     Dropped,
@@ -98,8 +102,10 @@ __all__ = [
     "BasicHttpLocations",
     "Binding",
     "BindingError",
+    "BindingGone",
     "BindingsUnresolved",
     "BlockedByEarlierFailure",
+    "Buffered",
     "CatchUp",
     "ChartUnresolved",
     "ConfigError",
@@ -118,12 +124,15 @@ __all__ = [
     "Failed",
     "Finding",
     "FireReport",
+    "FlowWorker",
+    "FlushReport",
     "Held",
     "InboundEvent",
     "InvalidEvent",
     "KeyRefused",
     "Keyed",
     "LedgerRow",
+    "Mode",
     "NoMatch",
     "Order",
     "OutboxDrain",

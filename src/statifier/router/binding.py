@@ -26,10 +26,20 @@ Bindings also load from plain mappings (a TOML or JSON file's tables), with erro
 name the binding and the field:
 
 >>> Binding.from_mapping({"id": "b", "source": "s", "match": "true", "key": "'k'",
-...                       "document": "d", "event": "e", "batch": 10})
+...                       "document": "d", "event": "e", "mode": "batch", "batch": 10})
 Traceback (most recent call last):
 ...
-statifier.router.errors.BindingError: binding 'b', field 'batch': reserved for a later release
+statifier.router.errors.BindingError: binding 'b', field 'window': required by mode 'batch'
+
+A binding's ``mode`` says how the events of one address reach its execution
+(:class:`Mode`; :mod:`statifier.router.flow` holds the events of the others than
+``each``):
+
+>>> typing = Binding.from_mapping({"id": "typing", "source": "keys", "match": "true",
+...     "key": "event.user", "document": "drafts", "event": "typed",
+...     "mode": "debounce", "window": "PT30S", "max_wait": "PT5M"})
+>>> typing.mode, typing.window, typing.max_wait
+(<Mode.DEBOUNCE: 'debounce'>, datetime.timedelta(seconds=30), datetime.timedelta(seconds=300))
 """
 
 from __future__ import annotations
@@ -46,6 +56,7 @@ from typing import Any, Final
 from statifier.expr import UNDEFINED, ExprError, Expression, ParseError, Value, compile_expression
 from statifier.expr.values import Undefined, type_name
 from statifier.persistence import OnError
+from statifier.router.durations import iso_duration
 from statifier.router.errors import BindingError
 
 __all__ = [
@@ -54,6 +65,7 @@ __all__ = [
     "Create",
     "Dedupe",
     "Keyed",
+    "Mode",
     "Order",
     "Plan",
     "ProgramFailed",
@@ -63,10 +75,9 @@ __all__ = [
 DEFAULT_HORIZON: Final = timedelta(hours=72)
 """How long a binding remembers a message id unless it says otherwise."""
 
-RESERVED_FIELDS: Final = frozenset({"mode", "batch", "window"})
-"""Field names kept free for a later release: a binding carrying one is refused."""
-
 MAX_DATA_PATHS: Final = 256
+MAX_BATCH: Final = 1_000
+"""The most events one ``batch`` or ``throttle`` binding's ``batch`` may name."""
 
 
 class Create(StrEnum):
@@ -94,6 +105,22 @@ class Dedupe:
         horizon: object = self.horizon
         if not isinstance(horizon, timedelta) or horizon <= timedelta(0):
             raise ValueError(f"a dedupe horizon is a positive timedelta, not {horizon!r}")
+
+
+class Mode(StrEnum):
+    """How the events of one address reach its execution."""
+
+    EACH = "each"
+    """Each event is delivered as it comes."""
+    DEBOUNCE = "debounce"
+    """Events less than ``window`` apart coalesce: ``window`` after the last (or
+    ``max_wait`` after the first) one event is delivered, the last one's data with
+    ``count``."""
+    BATCH = "batch"
+    """Events are collected and delivered as one, ``{"events": [...]}``, when ``batch``
+    are held or ``window`` after the first."""
+    THROTTLE = "throttle"
+    """At most ``batch`` deliveries per ``window``; the rest wait, in order."""
 
 
 class Order(StrEnum):
@@ -187,11 +214,21 @@ class Binding:
             binding's deliveries step (:class:`~statifier.persistence.OnError`:
             ``continue`` or ``fail``); ``None`` leaves it to the router's
             configuration (per document, else its default).
+        mode: how one address's events reach its execution (:class:`Mode`);
+            ``each`` by default.
+        window: the debounce quiet time, the batch's longest wait, the throttle's
+            period; required by every mode but ``each``, which refuses it.
+        max_wait: a debounce's longest wait from its first event (at least
+            ``window``); ``None``: none. Only ``debounce`` takes it.
+        batch: the most events one batch delivers, or one throttle window lets
+            through (1 to :data:`MAX_BATCH`); required by ``batch`` and ``throttle``.
 
     Raises:
         BindingError: a field of the wrong type or value, a program that does not
             compile, a data path that is not a dotted path, a subscription binding
-            whose create mode is not ``never``.
+            whose create mode is not ``never``, a mode's field missing or out of
+            range, a mode other than ``each`` on an ``always_new`` binding (it
+            holds events by address, and such a binding has none).
     """
 
     id: str
@@ -209,6 +246,10 @@ class Binding:
     enabled: bool = True
     subscription: bool = False
     on_error: OnError | None = None
+    mode: Mode = Mode.EACH
+    window: timedelta | None = None
+    max_wait: timedelta | None = None
+    batch: int | None = None
     _match: Expression = field(init=False, repr=False, compare=False)
     _key: Expression = field(init=False, repr=False, compare=False)
     _paths: tuple[tuple[str, ...], ...] = field(init=False, repr=False, compare=False)
@@ -233,6 +274,8 @@ class Binding:
             raise BindingError(where, "dedupe", f"must be a Dedupe, not {self.dedupe!r}")
         if not isinstance(self.enabled, bool):
             raise BindingError(where, "enabled", "must be true or false")
+        object.__setattr__(self, "mode", _choice(where, "mode", self.mode, Mode))
+        _flow(where, self)
         plan = Plan(
             self.id,
             document=self.document,
@@ -249,11 +292,13 @@ class Binding:
         """A binding from a plain mapping, as a TOML or JSON file spells it: ``create``
         and ``order`` as strings, ``dedupe`` as ``{"by": "message_id", "horizon_ms":
         N}`` (either key optional), ``enabled`` and ``subscription`` as booleans,
-        ``on_error`` as ``"continue"`` or ``"fail"``.
+        ``on_error`` as ``"continue"`` or ``"fail"``, ``mode`` as a string,
+        ``window`` and ``max_wait`` as ISO 8601 durations (``"PT30S"``), ``batch`` as
+        an integer.
 
         Raises:
-            BindingError: an unknown or reserved field, a missing required one, or a
-                value :class:`Binding` refuses.
+            BindingError: an unknown field, a missing required one, or a value
+                :class:`Binding` refuses.
         """
         given: object = entry
         if not isinstance(given, Mapping):
@@ -262,8 +307,6 @@ class Binding:
         raw_id = entry.get("id")
         where = raw_id if isinstance(raw_id, str) else "?"
         for name in entry:
-            if name in RESERVED_FIELDS:
-                raise BindingError(where, str(name), "reserved for a later release")
             if name not in _MAPPING_FIELDS:
                 raise BindingError(where, str(name), "unknown field")
         for name in _REQUIRED:
@@ -278,6 +321,9 @@ class Binding:
             values["data"] = tuple(values["data"])
         if "dedupe" in entry:
             values["dedupe"] = Dedupe(_horizon(where, entry["dedupe"]))
+        for name in ("window", "max_wait"):
+            if name in values:
+                values[name] = _duration(where, name, values[name])
         return cls(**values)
 
     @property
@@ -339,6 +385,10 @@ _MAPPING_FIELDS: Final = frozenset(
         "enabled",
         "subscription",
         "on_error",
+        "mode",
+        "window",
+        "max_wait",
+        "batch",
     }
 )
 
@@ -401,6 +451,50 @@ def _subscription(where: str, subscription: object, create: Create) -> None:
         raise BindingError(
             where, "create", f"a subscription binding never creates: 'never', not {create.value!r}"
         )
+
+
+def _flow(where: str, binding: Binding) -> None:
+    """Refuse a mode's fields that are missing, out of range, or not its own."""
+    mode = binding.mode
+    fields: dict[str, object] = {
+        "window": binding.window,
+        "max_wait": binding.max_wait,
+        "batch": binding.batch,
+    }
+    takes = {
+        Mode.EACH: (),
+        Mode.DEBOUNCE: ("window", "max_wait"),
+        Mode.BATCH: ("window", "batch"),
+        Mode.THROTTLE: ("window", "batch"),
+    }[mode]
+    for name, value in fields.items():
+        if value is not None and name not in takes:
+            raise BindingError(where, name, f"not taken by mode {mode.value!r}")
+    for name in ("window", "batch"):
+        if name in takes and fields[name] is None:
+            raise BindingError(where, name, f"required by mode {mode.value!r}")
+    for name in ("window", "max_wait"):
+        value = fields[name]
+        if value is not None and (not isinstance(value, timedelta) or value <= timedelta(0)):
+            raise BindingError(where, name, f"must be a positive duration, not {value!r}")
+    window, max_wait, batch = binding.window, binding.max_wait, binding.batch
+    if max_wait is not None and window is not None and max_wait < window:
+        raise BindingError(where, "max_wait", "must be at least the window")
+    if batch is not None and (type(batch) is not int or not 1 <= batch <= MAX_BATCH):
+        raise BindingError(where, "batch", f"must be an integer from 1 to {MAX_BATCH}")
+    # Held events wait under their address; an always_new binding has none.
+    if mode is not Mode.EACH and binding.create is Create.ALWAYS_NEW:
+        raise BindingError(where, "mode", f"{mode.value!r} needs an address: not always_new")
+
+
+def _duration(where: str, name: str, value: object) -> object:
+    """An ISO 8601 duration read as a timedelta (a timedelta passes as it is)."""
+    if isinstance(value, timedelta):
+        return value
+    try:
+        return iso_duration(value)
+    except ValueError as error:
+        raise BindingError(where, name, str(error)) from None
 
 
 def _on_error(where: str, value: object) -> OnError | None:

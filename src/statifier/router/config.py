@@ -152,6 +152,9 @@ class Entry(StrEnum):
     SCHEDULE = "schedule"
     """A schedule's fire (:class:`~statifier.router.Scheduler`) routed as an inbound
     event, under the schedule's scope."""
+    FLOW = "flow"
+    """The flow worker (:class:`~statifier.router.FlowWorker`) delivering what a
+    debounce, batch or throttle binding held, under the scope of the address."""
     TARGET = "target"
     """A send to an execution target, only with ``wrap_target=True`` and only when no
     other entry's work encloses the sending step (a step of the host's own call, such

@@ -101,8 +101,12 @@ async def deliver(
     now: datetime,
     rows: list[LedgerRow] | None = None,
     within: Delivering | None = None,
+    *,
+    claimed: bool = False,
 ) -> Outcome:
     """Deliver one event on one binding in ``unit``; see the module docstring.
+    ``claimed``: the message's dedupe claim was made already (a held event's, when
+    it came), and is not made again.
 
     The ledger row is written last, or, given ``rows``, appended there for the caller
     to write later in the same transaction (a batch writes its rows at once). A
@@ -117,19 +121,26 @@ async def deliver(
     """
     stepping = () if within is None else within.stepping
     delivering = Delivering(delivery.scope, now, stepping)
-    return await _deliver(unit, delivery, delivering, rows)
+    return await _deliver(unit, delivery, delivering, rows, claimed)
 
 
 async def _deliver(
-    unit: Unit, delivery: Delivery, delivering: Delivering, rows: list[LedgerRow] | None
+    unit: Unit,
+    delivery: Delivery,
+    delivering: Delivering,
+    rows: list[LedgerRow] | None,
+    claimed: bool,
 ) -> Outcome:
     plan = delivery.plan
     now = delivering.now
     addressed = plan.create is not Create.ALWAYS_NEW
     address = (delivery.scope, plan.document, delivery.key) if addressed else None
-    fresh, found = await unit.sql.claim_and_find(
-        plan.id, delivery.message_id, now, now + plan.horizon, address
-    )
+    if claimed:
+        fresh, found = True, None if address is None else await unit.sql.find_address(*address)
+    else:
+        fresh, found = await unit.sql.claim_and_find(
+            plan.id, delivery.message_id, now, now + plan.horizon, address
+        )
     if not fresh:
         outcome: Outcome = Duplicate(plan.id, key=delivery.key)
     elif not addressed:

@@ -21,6 +21,7 @@ from statifier.persistence import Stepped
 from statifier.router.errors import InvalidEvent
 
 __all__ = [
+    "Buffered",
     "CreatedAndDelivered",
     "Delivered",
     "DropReason",
@@ -129,6 +130,18 @@ class Held:
 
 
 @dataclass(frozen=True, slots=True)
+class Buffered:
+    """The binding's ``mode`` (debounce, batch or throttle) holds the event under its
+    address (a ``flow_events`` row, written with the ledger's): it reaches the
+    execution later, in its key's order (:mod:`statifier.router.flow`)."""
+
+    binding_id: str
+    _: KW_ONLY
+    key: str
+    outcome: ClassVar[str] = "buffered"
+
+
+@dataclass(frozen=True, slots=True)
 class Duplicate:
     """The binding had already claimed this message id within its horizon."""
 
@@ -176,7 +189,9 @@ class Dropped:
         return f"dropped: {self.reason.value}"
 
 
-Outcome = Delivered | CreatedAndDelivered | Held | Duplicate | NoMatch | KeyRefused | Dropped
+Outcome = (
+    Delivered | CreatedAndDelivered | Held | Buffered | Duplicate | NoMatch | KeyRefused | Dropped
+)
 """One binding's outcome for one event."""
 
 

@@ -30,7 +30,7 @@ from statifier.persistence import Discarded, Storage
 from statifier.persistence.reentry import hold
 from statifier.persistence.sql import SqlAdapter, SqlTransaction
 from statifier.repeats import IntervalTally
-from statifier.router.binding import Binding, Create, Keyed, Order, Plan, ProgramFailed
+from statifier.router.binding import Binding, Create, Keyed, Mode, Order, Plan, ProgramFailed
 from statifier.router.config import (
     BUILT_IN,
     RESERVED_BINDING_IDS,
@@ -40,6 +40,7 @@ from statifier.router.config import (
 )
 from statifier.router.delivery import Delivery, deliver
 from statifier.router.errors import BindingsUnresolved, ConfigError, RouterError
+from statifier.router.flow import arrive
 from statifier.router.locations import (
     Located,
     location_in,
@@ -76,6 +77,7 @@ from statifier.router.transaction import (
     statements_for,
     transaction,
 )
+from statifier.sql.flow import FlowTable
 from statifier.telemetry import enabled, report
 
 __all__ = [
@@ -231,6 +233,7 @@ class Router:
             config,
             storage,
             statements_for(adapter),
+            FlowTable(adapter.tables, adapter.dialect),
             timers,
             config.chart_start_options,
             error_policy_of(config.on_error, config.document_on_error, config.resolver),
@@ -843,6 +846,8 @@ async def _settle_one(
         else:
             rows.append(row)
         outcome = KeyRefused(verdict.binding.id, reason=verdict.answer.reason)
+    elif verdict.binding.mode is not Mode.EACH:
+        outcome = await arrive(unit, verdict.binding, verdict.delivery(event), now, rows)
     else:
         outcome = await deliver(unit, verdict.delivery(event), now, rows)
     if enabled(_DELIVERY):

@@ -68,7 +68,6 @@ statifier.router.scenario_case.CaseError: 'P1M' is not a duration of the form Pn
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -79,6 +78,7 @@ from statifier.expr import parse_datetime
 from statifier.expr.tagged import TaggedValueError, decode
 from statifier.router.binding import Binding
 from statifier.router.config import checked_bindings
+from statifier.router.durations import iso_duration
 from statifier.router.errors import RouterError
 from statifier.router.outcomes import InboundEvent
 
@@ -133,11 +133,6 @@ _SCRIPT_KEYS: Final = ("document", "scope", "script")
 _SCRIPT_OPTIONAL: Final = ("expected", "start", "description", "schedules", *DEPLOYED_KEYS)
 _PUBLISH_KEYS: Final = ("document", "declarations")
 _PUBLISH_OPTIONAL: Final = (*DEPLOYED_KEYS, "expected", "description")
-_DURATION: Final = re.compile(
-    r"P(?:(?P<days>\d+)D)?"
-    r"(?:T(?:(?P<hours>\d+(?:\.\d+)?)H)?(?:(?P<minutes>\d+(?:\.\d+)?)M)?"
-    r"(?:(?P<seconds>\d+(?:\.\d+)?)S)?)?"
-)
 
 Declarations = Mapping[str, tuple[str, ...] | None]
 
@@ -313,11 +308,10 @@ def parse_duration(text: object) -> timedelta:
     Raises:
         CaseError: any other form (years, months, weeks, a sign, nothing at all).
     """
-    found = _DURATION.fullmatch(text) if isinstance(text, str) else None
-    if found is None or text in ("P", "PT") or str(text).endswith("T"):
-        raise CaseError(f"{text!r} is not a duration of the form PnDTnHnMnS")
-    parts = {name: float(value) for name, value in found.groupdict().items() if value}
-    return timedelta(**parts)
+    try:
+        return iso_duration(text)
+    except ValueError as error:
+        raise CaseError(str(error)) from None
 
 
 def parse_start(text: object, where: str = "--start") -> datetime:

@@ -380,7 +380,7 @@ class Scheduler:
             if upcoming is not None:
                 wait = min(wait, max(0.0, (upcoming - self.clock()).total_seconds()))
             if wait > 0 and not self._woken.is_set():
-                await _nap(stop, self._woken, wait)
+                await nap(stop, self._woken, wait)
 
     async def _step(self, now: datetime) -> FireReport | None:
         """Claim the schedule due first and step it, in one transaction; a step that
@@ -524,7 +524,7 @@ def _reported(made: FireReport, row: ScheduleRow, now: datetime, started: float)
     return made
 
 
-async def _nap(stop: asyncio.Event, woken: asyncio.Event, seconds: float) -> None:
+async def nap(stop: asyncio.Event, woken: asyncio.Event, seconds: float) -> None:
     """Sleep ``seconds``, or less if woken or stopped."""
     waits: Iterable[asyncio.Future[object]] = (
         asyncio.ensure_future(asyncio.sleep(seconds)),

@@ -40,6 +40,7 @@ from statifier.persistence.sql import SqlAdapter, SqlTransaction
 from statifier.router.config import Entry, RouterConfig
 from statifier.router.timer_queue import TimerQueue
 from statifier.sql.dialect import lock_key
+from statifier.sql.flow import FlowTable
 from statifier.sql.routing import RoutingSession, RoutingStatements
 
 __all__ = [
@@ -124,6 +125,11 @@ class Unit:
         return self._parts.config
 
     @property
+    def flow(self) -> FlowTable:
+        """The statements of what debounce, batch and throttle bindings hold."""
+        return self._parts.flow
+
+    @property
     def timers(self) -> TimerQueue | None:
         """Where delayed sends wait, or ``None``."""
         return self._parts.timers
@@ -183,12 +189,14 @@ def statements_for(adapter: SqlAdapter) -> RoutingStatements:
 @dataclass(frozen=True, slots=True)
 class RouterParts:
     """What every transaction of one router is opened with, built once by the router:
-    its configuration, the storage and statements it runs on, the timer queue, the
-    start options and error policy of its steps, and what performs their sends."""
+    its configuration, the storage and statements it runs on (the flow tables' too),
+    the timer queue, the start options and error policy of its steps, and what
+    performs their sends."""
 
     config: RouterConfig
     storage: Storage
     statements: RoutingStatements
+    flow: FlowTable
     timers: TimerQueue | None
     start_options: StartOptions
     error_policy: ErrorPolicy

@@ -41,6 +41,8 @@ class TableNames:
     step_errors: str
     held_events: str
     schedules: str
+    flow_groups: str
+    flow_events: str
 
     @classmethod
     def of(cls, tables: Tables) -> TableNames:
@@ -70,6 +72,8 @@ class TableNames:
                     "step_errors",
                     "held_events",
                     "schedules",
+                    "flow_groups",
+                    "flow_events",
                 )
             )
         )

@@ -28,6 +28,9 @@ metadata.
   far each has come.
 - ``schedules``: the schedules that route an event at the times they name: each one's
   definition, whether it is paused, its next fire and what its last fires did.
+- ``flow_groups``: the addresses a debounce, batch or throttle binding holds events
+  for (or whose throttle window is open): how many, and when they are due.
+- ``flow_events``: the events those bindings hold, in order, until they are delivered.
 
 Every table starts with a surrogate primary key ``id`` of the configured type, then
 the host's leading columns, then the package's own (each row's insert and update
@@ -49,6 +52,8 @@ shop_consumer_positions
 shop_dedupe
 shop_executions
 shop_fan_out_ends
+shop_flow_events
+shop_flow_groups
 shop_held_events
 shop_inbound_events
 shop_inputs
@@ -487,6 +492,7 @@ class Tables:
         held_events: the events paused executions wait to take.
         bulk_runs: the bulk actions started, with their progress.
         schedules: the schedules, their next fires and their last.
+        flow_groups, flow_events: what debounce, batch and throttle bindings hold.
         options: what they were defined with.
     """
 
@@ -513,6 +519,8 @@ class Tables:
     held_events: sa.Table
     bulk_runs: sa.Table
     schedules: sa.Table
+    flow_groups: sa.Table
+    flow_events: sa.Table
     options: TableOptions
 
     @classmethod
@@ -726,6 +734,7 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
     held_events = _held_events(options, metadata)
     bulk_runs = _bulk_runs(options, metadata)
     schedules = _schedules(options, metadata)
+    flow_groups, flow_events = _flow(options, metadata)
     return Tables(
         metadata,
         charts,
@@ -750,6 +759,8 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         held_events,
         bulk_runs,
         schedules,
+        flow_groups,
+        flow_events,
         options,
     )
 
@@ -980,6 +991,68 @@ def _schedules(options: TableOptions, metadata: sa.MetaData) -> sa.Table:
         sa.Index(name("schedules_due_at_idx"), "due_at"),
         schema=options.schema,
     )
+
+
+def _flow(options: TableOptions, metadata: sa.MetaData) -> tuple[sa.Table, sa.Table]:
+    """What debounce, batch and throttle bindings hold (:mod:`statifier.router.flow`),
+    by address under a binding (``binding_id``, ``scope``, ``key``; ``document`` said
+    once, on the group).
+
+    ``flow_groups``: one row an address with events held or a throttle window open:
+    how many events are held (``held``), the last ``seq`` given, when the first held
+    one came (``first_at``), the throttle's window (``window_start``, and
+    ``window_count`` deliveries in it), when a worker next takes the row (``due_at``),
+    and the failures of its last deliveries (``failures``, ``last_error``).
+
+    ``flow_events``: the events held, delivered in ``seq`` order: the message they came
+    as, their projected data (``data_blob``, JSON through the storage's codec) and when
+    they came."""
+    name = options.name
+    schema = options.schema
+    groups = options.table(
+        name("flow_groups"),
+        metadata,
+        sa.Column("binding_id", sa.Text(), nullable=False),
+        sa.Column("scope", sa.Text(), nullable=False),
+        sa.Column("key", sa.Text(), nullable=False),
+        sa.Column("document", sa.Text(), nullable=False),
+        sa.Column("held", sa.Integer(), nullable=False),
+        sa.Column("last_seq", sa.BigInteger(), nullable=False),
+        sa.Column("first_at", UtcDateTime(), nullable=True),
+        sa.Column("window_start", UtcDateTime(), nullable=True),
+        sa.Column("window_count", sa.Integer(), nullable=False),
+        sa.Column("due_at", UtcDateTime(), nullable=False),
+        sa.Column("failures", sa.Integer(), nullable=False),
+        sa.Column("last_error", sa.Text(), nullable=True),
+        sa.Column("updated_at", UtcDateTime(), nullable=False),
+        sa.UniqueConstraint(
+            "binding_id", "scope", "key", name=name("flow_groups_binding_id_scope_key_key")
+        ),
+        # What a worker's pass walks: the groups due first.
+        sa.Index(name("flow_groups_due_at_idx"), "due_at"),
+        schema=schema,
+    )
+    events = options.table(
+        name("flow_events"),
+        metadata,
+        sa.Column("binding_id", sa.Text(), nullable=False),
+        sa.Column("scope", sa.Text(), nullable=False),
+        sa.Column("key", sa.Text(), nullable=False),
+        sa.Column("seq", sa.BigInteger(), nullable=False),
+        sa.Column("message_id", sa.Text(), nullable=False),
+        sa.Column("source", sa.Text(), nullable=True),
+        sa.Column("data_blob", sa.LargeBinary(), nullable=False),
+        sa.Column("arrived_at", UtcDateTime(), nullable=False),
+        sa.UniqueConstraint(
+            "binding_id",
+            "scope",
+            "key",
+            "seq",
+            name=name("flow_events_binding_id_scope_key_seq_key"),
+        ),
+        schema=schema,
+    )
+    return groups, events
 
 
 def _console_execution_indexes(options: TableOptions) -> list[sa.Index]:
