@@ -46,6 +46,7 @@ JOIN_CASE = CORPUS / "join_impression_then_click.json"
 SPELLINGS = {
     "delivered",
     "created_and_delivered",
+    "buffered",
     "duplicate",
     "key_refused",
     "dropped: no_execution",
@@ -839,3 +840,21 @@ def test_the_documented_schedules_case_is_the_corpus_case() -> None:
     assert shown == {k: v for k, v in case.items() if k not in ("description", "expected")}
     for row in case["expected"]["ledger"]:
         assert row["message_id"] in blocks[1]
+
+
+def test_the_corpus_shows_every_binding_mode_holding_and_delivering() -> None:
+    """A case for each mode a binding holds events in; each holds some (``buffered``)
+    and delivers them later, its flush filed under a held message's id."""
+    cases = [load(path) for path in sorted(CORPUS.glob("*.json"))]
+    modes: dict[str, list[dict[str, Any]]] = {}
+    for case in cases:
+        for binding in case.get("bindings", []):
+            if binding.get("mode", "each") != "each":
+                modes.setdefault(binding["mode"], []).append(case)
+    assert set(modes) == {"debounce", "batch", "throttle"}
+    for held in modes.values():
+        for case in held:
+            rows = case["expected"]["ledger"]
+            buffered = {row["message_id"] for row in rows if row["outcome"] == "buffered"}
+            later = [row for row in rows if row["outcome"] != "buffered"]
+            assert buffered & {row["message_id"] for row in later}

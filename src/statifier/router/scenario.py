@@ -49,6 +49,16 @@ none. A fire that fails fails the case, and so do more than :data:`MAX_FIRES` sc
 steps in one step. On a kept database the schedules already there stay, and fire too;
 ``put`` keeps a schedule's paused state, and its next fire unless its times changed.
 
+**Held events.** What a binding whose ``mode`` is ``debounce``, ``batch`` or
+``throttle`` holds (:mod:`statifier.router.flow`) is delivered by a
+:class:`~statifier.router.FlowWorker` on the virtual clock, with the timers and the
+schedules: when a group of held events comes due, the clock moves to that instant and
+the group is flushed; at one instant the timers first, then the held events (they came
+in before anything that comes in at that instant), then the schedules. A delivered
+event that a binding holds is ``buffered`` in the report's ledger rows; its flush's
+delivery is filed under the last delivered message's id. A flush that fails fails the
+case, and so do more than :data:`MAX_FIRES` flushes in one step.
+
 **Sends the scenario does not handle.** The router performs sends of its send type
 (to routes and to ``target="execution"``), sends to the execution itself, and
 BasicHTTP sends (into the outbox, which no scenario drains). Any other send, a type
@@ -123,6 +133,7 @@ from statifier.router.binding import Binding
 from statifier.router.config import MintExecutionId, RouterConfig, StaticResolver
 from statifier.router.contracts import check
 from statifier.router.errors import RouterError
+from statifier.router.flow_worker import FlowWorker
 from statifier.router.queries import ledger, newest_address
 from statifier.router.reapers import reap_addresses, reap_dedupe
 from statifier.router.routes import IdempotencyKey
@@ -371,7 +382,8 @@ async def run_case(
                     await scheduler.put(schedule, now=clock.now)
                 except ScheduleError as error:
                     raise CaseError(f"schedules[{index}]: {error}") from None
-            firing = _Firing(router, worker, scheduler, clock)
+            flow = FlowWorker(router, clock=clock)
+            firing = _Firing(router, worker, scheduler, flow, clock)
             # The case's execution: the one the address table names, remembered after
             # every step, so that it stays the case's once a reap deletes its row.
             named: str | None = None
@@ -550,11 +562,13 @@ async def _publish(case: Case, setup: _Setup) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class _Firing:
-    """What fires on the virtual clock: the timer worker and the scheduler."""
+    """What fires on the virtual clock: the timer worker, the scheduler and the flow
+    worker."""
 
     router: Router
     worker: TimerWorker
     scheduler: Scheduler
+    flow: FlowWorker
     clock: _Clock
 
 
@@ -579,31 +593,40 @@ async def _run_step(firing: _Firing, step: Step) -> None:
 
 
 async def _fire_until(firing: _Firing, until: datetime) -> None:
-    """Fire every timer and schedule due at or before ``until``, one due instant at a
-    time, the clock moved to each first (never back: what is overdue is due at the
-    clock); at one instant the timers due first, then the schedules due.
+    """Fire every timer, held group and schedule due at or before ``until``, one due
+    instant at a time, the clock moved to each first (never back: what is overdue is
+    due at the clock); at one instant the timers due first, then the held events, then
+    the schedules.
 
     Raises:
         CaseError: a due timer's fire raised (the worker left it, due again later), a
-            schedule's fire failed, or more than :data:`MAX_FIRES` timers fired, or
-            schedule steps were taken.
+            flush or a schedule's fire failed, or more than :data:`MAX_FIRES` timers
+            fired, groups were flushed, or schedule steps were taken.
     """
     clock = firing.clock
-    timers = steps = 0
+    timers = flushes = steps = 0
     while True:
         timer_due = await firing.worker.next_due()
+        flow_due = await firing.flow.next_due()
         schedule_due = await firing.scheduler.next_due()
-        dues = [due for due in (timer_due, schedule_due) if due is not None and due <= until]
+        dues = [
+            due for due in (timer_due, flow_due, schedule_due) if due is not None and due <= until
+        ]
         if not dues:
             return
         clock.now = max(clock.now, min(dues))
         # Timers first: a timer due at this instant was armed by a step already taken,
         # and settles before the schedules' fires come in from outside, as the steps of
-        # the script come in after the timers their predecessors armed.
+        # the script come in after the timers their predecessors armed. Held events
+        # came in before this instant: they go before the schedules' fires too.
         if timer_due is not None and timer_due <= clock.now:
             timers += await _fire_timers(firing, clock.now)
             if timers > MAX_FIRES:
                 raise CaseError(f"more than {MAX_FIRES} timers fired in one step")
+        elif flow_due is not None and flow_due <= clock.now:
+            flushes += await _flush(firing.flow, clock.now)
+            if flushes > MAX_FIRES:
+                raise CaseError(f"more than {MAX_FIRES} held groups flushed in one step")
         else:
             steps += await _fire_schedules(firing.scheduler, clock.now)
             if steps > MAX_FIRES:
@@ -625,6 +648,21 @@ async def _fire_timers(firing: _Firing, now: datetime) -> int:
         at = left[0].due_at.isoformat()
         raise CaseError(f"the timer {left[0].event.name!r} due at {at} failed to fire")
     return fired
+
+
+async def _flush(flow: FlowWorker, now: datetime) -> int:
+    """One pass of ``flow`` at ``now``: every group of held events due then is
+    delivered; answer how many.
+
+    Raises:
+        CaseError: a flush failed (the worker recorded the error on the group).
+    """
+    reports = await flow.flush_due(now=now)
+    failed = next((report for report in reports if report.error is not None), None)
+    if failed is not None:
+        where = f"binding {failed.binding_id!r}, key {failed.key!r}"
+        raise CaseError(f"the events held for {where} failed to deliver: {failed.error}")
+    return len(reports)
 
 
 async def _fire_schedules(scheduler: Scheduler, now: datetime) -> int:
