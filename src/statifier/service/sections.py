@@ -50,6 +50,7 @@ from statifier.service.settings import (
     ConsumerSettings,
     DatabaseSettings,
     ErrorSettings,
+    FlowSettings,
     FormFront,
     Front,
     HmacSettings,
@@ -126,6 +127,7 @@ class SectionReader:
         timers = self.timers(top.table("timers"))
         schedules = [self.schedule(table) for table in top.named("schedules")]
         scheduler = self.scheduler(top.table("scheduler"))
+        flow = self.flow(top.table("flow"))
         outbox = self.outbox(top.table("outbox"))
         reapers = self.reapers(top.table("reapers"))
         errors = self.errors(top.table("errors"), documents)
@@ -160,6 +162,7 @@ class SectionReader:
             codec=codec,
             schedules=schedules,
             scheduler=scheduler,
+            flow=flow,
         )
         cross_check(top, settings)
         return settings
@@ -552,6 +555,18 @@ class SectionReader:
 
     def scheduler(self, table: Table) -> SchedulerSettings:
         settings = SchedulerSettings(
+            enabled=table.boolean("enabled", True),
+            poll=table.seconds("poll", 1.0),
+            retry=table.seconds("retry", 5.0),
+            max_retry=table.seconds("max_retry", 600.0),
+        )
+        table.done()
+        if settings.max_retry < settings.retry:
+            raise table.refuse("max_retry", "must be at least retry")
+        return settings
+
+    def flow(self, table: Table) -> FlowSettings:
+        settings = FlowSettings(
             enabled=table.boolean("enabled", True),
             poll=table.seconds("poll", 1.0),
             retry=table.seconds("retry", 5.0),

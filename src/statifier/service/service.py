@@ -59,7 +59,15 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, TextIO
 from statifier.extras import MissingExtra
 from statifier.persistence.sql import SqlAdapter
 from statifier.repeats import Repeats
-from statifier.router import OutboxDrain, Router, TimerWorker, reap_addresses, reap_dedupe
+from statifier.router import (
+    FlowWorker,
+    Mode,
+    OutboxDrain,
+    Router,
+    TimerWorker,
+    reap_addresses,
+    reap_dedupe,
+)
 from statifier.router.scheduler import Scheduler, ScheduleState
 from statifier.service.api import service_api
 from statifier.service.console import ServedConsole, service_console
@@ -244,6 +252,18 @@ class Supervised:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stop.wait(), wait)
             self.failure = None
+
+
+def _warn_flow_elsewhere(settings: ServiceSettings) -> None:
+    """Say, once at start, that the bindings holding events wait for a flow worker
+    this service does not run (``[flow] enabled = false``)."""
+    holding = [b.id for b in settings.bindings if b.enabled and b.mode is not Mode.EACH]
+    if holding:
+        _log.warning(
+            "[flow] enabled = false: what bindings %s hold is delivered only by a flow "
+            "worker elsewhere on this database",
+            ", ".join(repr(name) for name in holding),
+        )
 
 
 async def _all_states(scheduler: Scheduler) -> AsyncIterator[ScheduleState]:
@@ -510,6 +530,17 @@ class Service:
             workers.append(Supervised("timers", lambda: worker.run(stop), stop))
         if settings.scheduler.enabled:
             workers.append(Supervised("scheduler", lambda: scheduler.run(stop), stop))
+        if settings.flow.enabled:
+            found = settings.flow
+            flow = FlowWorker(
+                router,
+                poll=found.poll,
+                retry=timedelta(seconds=found.retry),
+                max_retry=timedelta(seconds=found.max_retry),
+            )
+            workers.append(Supervised("flow", lambda: flow.run(stop), stop))
+        else:
+            _warn_flow_elsewhere(settings)
         outbox = settings.outbox
         drain = OutboxDrain(
             router.storage,

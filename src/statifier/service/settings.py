@@ -38,6 +38,7 @@ __all__ = [
     "ConsumerSettings",
     "DatabaseSettings",
     "ErrorSettings",
+    "FlowSettings",
     "FormFront",
     "Front",
     "HmacSettings",
@@ -161,6 +162,19 @@ class SchedulerSettings:
     whether this service fires schedules, the longest sleep between passes, and the
     delays before a failed fire is tried again (doubling from ``retry`` up to
     ``max_retry``), in seconds."""
+
+    enabled: bool = True
+    poll: float = 1.0
+    retry: float = 5.0
+    max_retry: float = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class FlowSettings:
+    """The flow worker's bounds (``[flow]``, :class:`~statifier.router.FlowWorker`):
+    whether this service delivers what debounce, batch and throttle bindings hold, the
+    longest sleep between passes, and the delays before a failed flush is tried again
+    (doubling from ``retry`` up to ``max_retry``), in seconds."""
 
     enabled: bool = True
     poll: float = 1.0
@@ -529,6 +543,7 @@ class ServiceSettings:
     codec: BlobCodec = PLAIN
     schedules: Sequence[Schedule] = ()
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
+    flow: FlowSettings = field(default_factory=FlowSettings)
 
 
 def front_table(front: Front) -> str:
