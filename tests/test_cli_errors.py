@@ -131,7 +131,8 @@ def test_a_bad_revision_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixtur
         "statifier db upgrade: revision 'nope': there is no revision 'nope' "
         "(the revisions are head, base, statifier_0001, statifier_0002, statifier_0003, "
         "statifier_0004, statifier_0005, statifier_0006, statifier_0007, statifier_0008, "
-        "statifier_0009, statifier_0010, statifier_0011, statifier_0012, statifier_0013)\n"
+        "statifier_0009, statifier_0010, statifier_0011, statifier_0012, statifier_0013, "
+        "statifier_0014)\n"
     )
     with pytest.raises(migrations.BadRevision) as raised:
         migrations.upgrade(url, revision="nope")
@@ -147,7 +148,8 @@ def test_debug_adds_the_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert err.endswith(
         "(the revisions are head, base, statifier_0001, statifier_0002, statifier_0003, "
         "statifier_0004, statifier_0005, statifier_0006, statifier_0007, statifier_0008, "
-        "statifier_0009, statifier_0010, statifier_0011, statifier_0012, statifier_0013)\n"
+        "statifier_0009, statifier_0010, statifier_0011, statifier_0012, statifier_0013, "
+        "statifier_0014)\n"
     )
 
 
@@ -298,7 +300,8 @@ def test_the_docs_show_these_outputs() -> None:
             "statifier db upgrade: revision 'nope': there is no revision 'nope' "
             "(the revisions are head, base, statifier_0001, statifier_0002, statifier_0003, "
             "statifier_0004, statifier_0005, statifier_0006, statifier_0007, statifier_0008, "
-            "statifier_0009, statifier_0010, statifier_0011, statifier_0012, statifier_0013)"
+            "statifier_0009, statifier_0010, statifier_0011, statifier_0012, statifier_0013, "
+            "statifier_0014)"
         ),
         (
             "statifier graph: unexpected KeyError: 'oops' "

@@ -23,7 +23,7 @@ from statifier.persistence.sql import SqlAdapter
 from statifier.sql import TableOptions, migrations
 from statifier.sql.tables import UtcDateTime, autogenerate_filter
 
-HEAD = "statifier_0013"
+HEAD = "statifier_0014"
 """The newest revision."""
 
 DURABLE_TABLES = ("mig_charts", "mig_positions", "mig_executions", "mig_inputs")
@@ -59,6 +59,8 @@ SCHEDULE_TABLES = ("mig_schedules",)
 """What ``statifier_0012`` adds."""
 FLOW_TABLES = ("mig_flow_groups", "mig_flow_events")
 """What ``statifier_0013`` adds."""
+CAP_TABLES = ("mig_active_slots", "mig_held_creates")
+"""What ``statifier_0014`` adds."""
 
 
 def _tenant() -> list[sa.Column[Any]]:
@@ -147,6 +149,7 @@ def test_migrations_build_exactly_the_tables(fresh_database: Any) -> None:
         *BULK_TABLES,
         *SCHEDULE_TABLES,
         *FLOW_TABLES,
+        *CAP_TABLES,
     }
 
 

@@ -563,6 +563,14 @@ def test_cli_routes_and_timer_queue(tmp_path: Path, capsys: pytest.CaptureFixtur
             "check.toml: key 'bindings': binding 'b', field 'source': required",
         ),
         (
+            (
+                'document = "depot"\ncharts = "charts"\n[[bindings]]\nid = "b"\nsource = "s"\n'
+                'match = "true"\nkey = "event.k"\ndocument = "depot"\nevent = "e"\n'
+                'mode = "debounce"\nwindow = "P1W"\n'
+            ),
+            "check.toml: key 'bindings': binding 'b', field 'window': 'P1W' is not a duration",
+        ),
+        (
             'document = "depot"\ncharts = "charts"\nbindings = "missing.toml"\n',
             "missing.toml: cannot read: No such file or directory",
         ),

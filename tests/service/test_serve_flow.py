@@ -1,7 +1,8 @@
 """Flow control in a serve file: a batch binding's events (here, a schedule's fires)
 held and delivered by the service's flow worker, in order, each once, on both
-databases; ``[flow] enabled = false`` delivers none and says so; the refusals of
-``[flow]`` and of a binding's mode fields, each naming the field."""
+databases; ``[flow] enabled = false`` delivers none and says so; ``[caps.DOCUMENT]``
+refusing creates beyond it; the refusals of ``[flow]``, ``[caps]`` and of a binding's
+mode fields, each naming the field."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from tests.service.helpers import HITS, database_table, running, write_config
 from tests.service.test_serve import router_on
 
 from statifier.persistence import Executions
-from statifier.router import FlowWorker, Router, address
+from statifier.router import Cap, FlowWorker, OverLimit, Router, address, ledger
 from statifier.service import load
 from statifier.service.settings import ServiceConfigError
 
@@ -149,3 +150,61 @@ def test_a_mode_field_the_file_gets_wrong_is_refused_naming_it(
     config.write_text(config.read_text(encoding="utf-8").replace(old, new), encoding="utf-8")
     with pytest.raises(ServiceConfigError, match=r"\[bindings #1 \"beats\"\] " + message):
         load(config)
+
+
+CAPPED = """
+[[bindings]]
+id = "ticks"
+source = "ticker"
+match = "true"
+key = "event.fire_time"
+document = "hits"
+event = "hit"
+
+[schedules.tick]
+every = "PT1S"
+source = "ticker"
+scope = "ops"
+
+[caps.hits]
+max_active = 2
+over = "drop"
+"""
+"""A new execution a second, at most two of them."""
+
+
+@pytest.mark.asyncio
+async def test_a_service_caps_the_executions_a_document_has_active(
+    fresh_database: FreshDatabase,  # noqa: F811 - the fixture
+    tmp_path: Path,
+) -> None:
+    config = _config(tmp_path, fresh_database, CAPPED)
+    assert load(config).caps == {"hits": Cap(2, over=OverLimit.DROP)}
+    async with running(config), router_on(config, fresh_database) as router:
+        deadline = time.monotonic() + 20
+        while sum(row.spelled == "dropped: over_limit" for row in await ledger(router)) < 2:
+            assert time.monotonic() < deadline, "no create was refused"
+            await asyncio.sleep(0.1)
+    async with router_on(config, fresh_database) as router:
+        outcomes = [row.spelled for row in await ledger(router) if row.binding_id == "ticks"]
+        assert outcomes[:2] == ["created_and_delivered"] * 2
+        assert set(outcomes[2:]) == {"dropped: over_limit"}
+
+
+@pytest.mark.parametrize(
+    ("more", "message"),
+    [
+        ("[caps.nowhere]\nmax_active = 1\n", r"\[caps.nowhere\] no document 'nowhere'"),
+        ("[caps.hits]\nover = 'drop'\n", r"\[caps.hits\] max_active: required"),
+        ("[caps.hits]\nmax_active = 0\n", r"\[caps.hits\] max_active: must be an integer"),
+        ("[caps.hits]\nmax_active = 1\nper = 'tenant'\n", r"\[caps.hits\] per: must be one of"),
+        ("[caps.hits]\nmax_active = 1\nmax = 2\n", r"\[caps.hits\] max: unknown key"),
+    ],
+    ids=["document", "required", "range", "per", "unknown"],
+)
+def test_a_cap_the_file_gets_wrong_is_refused_naming_it(
+    tmp_path: Path, more: str, message: str
+) -> None:
+    database = FreshDatabase("sqlite", f"sqlite:///{tmp_path / 'x.db'}", None)
+    with pytest.raises(ServiceConfigError, match=message):
+        load(_config(tmp_path, database, more))

@@ -35,7 +35,10 @@ from statifier.router.binding import (
 )
 from statifier.router.config import (
     BasicHttpLocations,
+    Cap,
+    CapPer,
     Entry,
+    OverLimit,
     Resolved,
     RouterConfig,
     StaticResolver,
@@ -106,6 +109,8 @@ __all__ = [
     "BindingsUnresolved",
     "BlockedByEarlierFailure",
     "Buffered",
+    "Cap",
+    "CapPer",
     "CatchUp",
     "ChartUnresolved",
     "ConfigError",
@@ -140,6 +145,7 @@ __all__ = [
     "OutboxRoute",
     "OutboxRow",
     "Outcome",
+    "OverLimit",
     "Plan",
     "Planned",
     "Resolved",

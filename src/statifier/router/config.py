@@ -51,12 +51,15 @@ __all__ = [
     "RESERVED_BINDING_IDS",
     "BasicHttpLocations",
     "BindingsResolver",
+    "Cap",
+    "CapPer",
     "ChartResolver",
     "Entry",
     "MintExecutionId",
     "OnBegin",
     "OnCreate",
     "OnStep",
+    "OverLimit",
     "Resolved",
     "Resolver",
     "RouterConfig",
@@ -166,6 +169,81 @@ AroundDelivery = Callable[[str, Entry, Callable[[], Awaitable[_T]]], Awaitable[_
 OnBegin = Callable[[SqlTransaction, str, Entry], Awaitable[None]]
 """``(tx, scope, entry)``: called first in each delivery's transaction or savepoint, on
 its connection, before any statement of the delivery (``SET LOCAL`` of a tenant)."""
+
+
+class CapPer(StrEnum):
+    """What one cap counts."""
+
+    SCOPE = "scope"
+    """The document's active executions in each scope, each scope its own count."""
+    DOCUMENT = "document"
+    """The document's active executions in every scope together; a free slot goes to
+    the scope with the fewest executions, so no scope starves the others."""
+
+
+class OverLimit(StrEnum):
+    """What a create beyond a cap becomes."""
+
+    HOLD = "hold"
+    """Held (outcome ``buffered``) and made when a slot frees, in arrival order."""
+    DROP = "drop"
+    """Refused: ``dropped: over_limit``; nothing is kept."""
+
+
+@dataclass(frozen=True, slots=True)
+class Cap:
+    """At most ``max_active`` executions of one document active at once (active,
+    paused or parked: not ended), counted per scope or over the whole document
+    (:class:`CapPer`); a create beyond it held or dropped (:class:`OverLimit`). Only
+    executions the router created count (:mod:`statifier.router.caps`).
+
+    >>> Cap.from_mapping("orders", {"max_active": 100, "per": "document"})
+    Cap(max_active=100, per=<CapPer.DOCUMENT: 'document'>, over=<OverLimit.HOLD: 'hold'>)
+
+    Raises:
+        ConfigError: ``max_active`` not an integer from 1 to 1,000,000, an unknown
+            ``per`` or ``over``.
+    """
+
+    max_active: int
+    _: KW_ONLY
+    per: CapPer = CapPer.SCOPE
+    over: OverLimit = OverLimit.HOLD
+
+    def __post_init__(self) -> None:
+        given: object = self.max_active
+        if type(given) is not int or not 1 <= given <= 1_000_000:
+            raise ConfigError(f"max_active is an integer from 1 to 1000000, not {given!r}")
+        for name, kind in (("per", CapPer), ("over", OverLimit)):
+            value: object = getattr(self, name)
+            try:
+                object.__setattr__(self, name, kind(str(value)))
+            except ValueError:
+                allowed = ", ".join(member.value for member in kind)
+                raise ConfigError(f"{name} is one of {allowed}, not {value!r}") from None
+
+    @classmethod
+    def from_mapping(cls, document: str, entry: Mapping[str, Any]) -> Cap:
+        """A cap from a plain mapping (a serve file's ``[caps.DOCUMENT]``): ``max_active``,
+        ``per`` and ``over`` as strings.
+
+        Raises:
+            ConfigError: an unknown or missing key, or a value :class:`Cap` refuses;
+                the message names the document.
+        """
+        unknown = sorted(set(entry) - {"max_active", "per", "over"})
+        if unknown:
+            raise ConfigError(f"cap {document!r}: unknown key {unknown[0]!r}")
+        if "max_active" not in entry:
+            raise ConfigError(f"cap {document!r}: max_active is required")
+        try:
+            return cls(
+                entry["max_active"],
+                per=entry.get("per", CapPer.SCOPE),
+                over=entry.get("over", OverLimit.HOLD),
+            )
+        except ConfigError as error:
+            raise ConfigError(f"cap {document!r}: {error}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,6 +403,8 @@ class RouterConfig:
             (:class:`BasicHttpLocations`): each execution
             created under a new address row then gets a location of its own (it
             needs the opt-in location table); ``None``, no execution gets one.
+        caps: a :class:`Cap` per document's name: how many of its executions the
+            router lets be active at once, and what a create beyond that becomes.
 
     Raises:
         ConfigError: both or neither of ``bindings`` and ``bindings_resolver``, a
@@ -360,6 +440,7 @@ class RouterConfig:
     on_error: ErrorPolicy | OnError | str = OnError.CONTINUE
     document_on_error: Mapping[str, OnError | str] = field(default_factory=dict)
     basichttp: BasicHttpLocations | None = None
+    caps: Mapping[str, Cap] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         store: object = self.store
@@ -399,6 +480,11 @@ class RouterConfig:
         if self.basichttp is not None and not isinstance(self.basichttp, BasicHttpLocations):
             raise ConfigError(f"basichttp must be a BasicHttpLocations, not {self.basichttp!r}")
         error_policy_of(self.on_error, self.document_on_error, self.resolver)
+        for document, cap in self.caps.items():
+            given: object = document
+            if not isinstance(given, str) or not given or not isinstance(cap, Cap):
+                raise ConfigError(f"caps maps a document's name to a Cap, not {cap!r}")
+        object.__setattr__(self, "caps", MappingProxyType(dict(self.caps)))
         self._check_outbound()
         self._check_source_type()
 

@@ -8,7 +8,9 @@ makes it safe:
    creates);
 3. the create, when the binding's mode calls for one (a subscription binding never
    creates, and delivers only to an execution a source invoke subscribed to it:
-   otherwise ``dropped: not_subscribed``);
+   otherwise ``dropped: not_subscribed``), if its document's cap lets it
+   (:mod:`statifier.router.caps`: else the event is held, ``buffered``, or
+   ``dropped: over_limit``);
 4. the step, under the execution's lock (the input log is written there, only there);
 5. the ledger row.
 
@@ -33,6 +35,7 @@ from statifier.core.positions import dump_event
 from statifier.persistence import Discarded, Executions, OnError, Refused, Status, Stepped
 from statifier.persistence.serialization import Serialization
 from statifier.router.binding import Create, Plan
+from statifier.router.caps import admit, occupy
 from statifier.router.config import RouterConfig
 from statifier.router.errors import (
     ChartUnresolved,
@@ -103,10 +106,13 @@ async def deliver(
     within: Delivering | None = None,
     *,
     claimed: bool = False,
+    admitted: bool = False,
 ) -> Outcome:
     """Deliver one event on one binding in ``unit``; see the module docstring.
     ``claimed``: the message's dedupe claim was made already (a held event's, when
-    it came), and is not made again.
+    it came), and is not made again. ``admitted``: a create it makes was let through
+    its document's cap by the caller (the flow worker making a held create), and is
+    not checked again.
 
     The ledger row is written last, or, given ``rows``, appended there for the caller
     to write later in the same transaction (a batch writes its rows at once). A
@@ -121,7 +127,7 @@ async def deliver(
     """
     stepping = () if within is None else within.stepping
     delivering = Delivering(delivery.scope, now, stepping)
-    return await _deliver(unit, delivery, delivering, rows, claimed)
+    return await _deliver(unit, delivery, delivering, rows, claimed, admitted)
 
 
 async def _deliver(
@@ -130,6 +136,7 @@ async def _deliver(
     delivering: Delivering,
     rows: list[LedgerRow] | None,
     claimed: bool,
+    admitted: bool,
 ) -> Outcome:
     plan = delivery.plan
     now = delivering.now
@@ -141,8 +148,14 @@ async def _deliver(
         fresh, found = await unit.sql.claim_and_find(
             plan.id, delivery.message_id, now, now + plan.horizon, address
         )
+    capped: Outcome | None = None
+    creates = fresh and (not addressed or (found is None and plan.create is not Create.NEVER))
+    if creates and not admitted:
+        capped = await admit(unit, delivery, now)
     if not fresh:
         outcome: Outcome = Duplicate(plan.id, key=delivery.key)
+    elif capped is not None:
+        outcome = capped
     elif not addressed:
         outcome = await _create(unit, delivery, delivering, None)
     elif found is None and plan.create is Create.NEVER:
@@ -219,6 +232,8 @@ async def _create(
         created = await executions.create(
             execution_id, machine, options=options, on_error=plan.on_error
         )
+    if not created.finished:
+        await occupy(unit, plan.document, delivery.scope, execution_id, now)
     if created.finished:
         await completed(unit, created, delivery.scope)
         if address_id is not None:

@@ -1,5 +1,6 @@
 """The worker that delivers what debounce, batch and throttle bindings hold, when it
-comes due (:mod:`statifier.router.flow`).
+comes due (:mod:`statifier.router.flow`), and makes the creates caps on active
+executions hold, when slots free (:mod:`statifier.router.caps`).
 
 One group, one transaction: the address's lock is taken (the router's lock, the one
 every delivery to the address takes first), the group's row is read again under it
@@ -15,7 +16,12 @@ taken again ``retry`` later, doubled each failure in a row up to ``max_retry``; 
 error is logged and reported. The group's later events wait behind it: its key's order
 holds.
 
-Telemetry: ``statifier.router.flow`` for every flush, with how many events it
+Held creates are made after the due groups, on every pass: for each cap holding any,
+its addresses in their fair order, one a transaction under the address's lock and then
+the cap's, until one finds the cap full. A make that raises is rolled back, logged and
+reported; this worker tries the address again after its backoff.
+
+Telemetry: ``statifier.router.flow`` for every flush and every make, with how many events it
 delivered, how late it came and its error.
 """
 
@@ -30,13 +36,16 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
-from statifier.persistence import LockTimeout
-from statifier.router.binding import Binding
+from statifier.core.positions import load_event
+from statifier.persistence import LockTimeout, OnError
+from statifier.router.binding import Binding, Create, Plan
+from statifier.router.caps import bucket_of, cap_lock, free_slots
 from statifier.router.config import Entry
+from statifier.router.delivery import Delivery, deliver
 from statifier.router.flow import flush
 from statifier.router.routing import Router
 from statifier.router.scheduler import nap
-from statifier.router.transaction import around, lock_key
+from statifier.router.transaction import Unit, around, lock_key
 from statifier.sql.flow import FlowGroupRow
 from statifier.telemetry import enabled, report
 
@@ -130,6 +139,9 @@ class FlowWorker:
         self.poll: Final = poll
         self.clock: Final[Clock] = clock or router.storage.clock
         self._woken = asyncio.Event()
+        # The held creates whose make failed: how many times in a row, and when this
+        # worker tries again.
+        self._backoff: dict[tuple[str, str, str], tuple[int, datetime]] = {}
 
     async def groups(
         self, *, after: tuple[str, str, str] = ("", "", ""), limit: int = _PAGE
@@ -159,24 +171,116 @@ class FlowWorker:
                 commit).
         """
         reports: list[FlushReport] = []
-        failed: set[tuple[str, str, str]] = set()
+        taken: set[tuple[str, str, str]] = set()
+        moment = self.clock() if now is None else self._now(now)
         while True:
-            moment = self.clock() if now is None else self._now(now)
             async with self.router.transaction() as unit:
-                due = await unit.flow.due(unit.tx.driver, moment, _PAGE)
-            due = [where for where in due if where not in failed]
+                due = await unit.flow.due(unit.tx.driver, moment, _PAGE + len(taken))
+            due = [where for where in due if where not in taken]
             if not due:
-                return reports
+                break
             # Workers of several processes read the same earliest groups: each takes
             # them in its own order, so they seldom wait on one another's lock.
             random.shuffle(due)
-            for where in due:
+            for where in due[:_PAGE]:
+                taken.add(where)
                 made = await self._take(where, moment)
+                if made is not None:
+                    reports.append(made)
+            moment = self.clock() if now is None else moment
+        reports.extend(await self._make_creates(moment))
+        return reports
+
+    async def held_creates(self) -> tuple[int, int]:
+        """How many addresses wait on a cap, and how many events they hold."""
+        async with self.router.transaction() as unit:
+            return await unit.caps.totals(unit.tx.driver)
+
+    async def _make_creates(self, now: datetime) -> list[FlushReport]:
+        """Make the creates caps hold while they have room: each cap's addresses in
+        their fair order (:meth:`CapTable.fair <statifier.sql.caps.CapTable.fair>`),
+        one a transaction, until one finds the cap full. An address whose make failed
+        waits ``retry`` (doubling) before it is tried again by this worker."""
+        caps = self.router.config.caps
+        async with self.router.transaction() as unit:
+            held = await unit.caps.buckets(unit.tx.driver)
+        buckets: dict[tuple[str, str | None], None] = {}
+        for document, scope in held:
+            cap = caps.get(document)
+            buckets[(document, scope if cap is None else bucket_of(cap, scope))] = None
+        reports: list[FlushReport] = []
+        for document, bucket in buckets:
+            async with self.router.transaction() as unit:
+                # The slots of ended executions given back first: the fair order
+                # counts the executions each scope has now.
+                await unit.caps.purge(unit.tx.driver, document, bucket)
+                addresses = await unit.caps.fair(unit.tx.driver, document, bucket, _PAGE)
+            for scope, key in addresses:
+                where = (document, scope, key)
+                if self._backoff.get(where, (0, now))[1] > now:
+                    continue
+                made = await self._make(where, now)
                 if made is None:
                     continue
-                if made.error is not None:
-                    failed.add(where)
                 reports.append(made)
+                if made.error is None and made.delivered == 0:
+                    break  # the cap is full: the rest wait for a slot
+        return reports
+
+    async def _make(self, where: tuple[str, str, str], now: datetime) -> FlushReport | None:
+        """Make what a cap holds for one address, in one transaction, under the
+        address's lock and then the cap's; a make that raised is rolled back, logged
+        and reported."""
+        document, scope, key = where
+        router = self.router
+        started = time.perf_counter()
+
+        async def work() -> FlushReport:
+            async with router.transaction(entered=Entry.FLOW) as unit:
+                await unit.begin(scope, Entry.FLOW)
+                wait = unit.config.lock_wait
+                await unit.lock([lock_key("address", scope, document, key)], wait)
+                cap = unit.config.caps.get(document)
+                if cap is not None:
+                    await unit.lock([cap_lock(document, bucket_of(cap, scope))], wait)
+                binding_id, made = await _make_held(unit, document, scope, key, now)
+            return FlushReport(binding_id or "", scope, key, made)
+
+        try:
+            report_ = await around(router.config, scope, Entry.FLOW, work)
+        except LockTimeout:
+            return None  # a delivery holds the address or the cap: a later pass
+        except Exception as failure:  # noqa: BLE001 - one address's failure is its own
+            error = f"{type(failure).__name__}: {failure}"
+            failures = self._backoff.get(where, (0, now))[0] + 1
+            wait = min(self.retry * 2 ** min(failures - 1, 30), self.max_retry)
+            self._backoff[where] = (failures, now + wait)
+            _log.error(
+                "document %r, scope %r, key %r: making its held create failed "
+                "(%d in a row), tried again in %.0f s: %s",
+                document,
+                scope,
+                key,
+                failures,
+                wait.total_seconds(),
+                error,
+            )
+            report_ = FlushReport("", scope, key, 0, error)
+        else:
+            self._backoff.pop(where, None)
+        if enabled(_FLOW):
+            took = time.perf_counter() - started
+            report(
+                _FLOW,
+                {"duration": took, "delivered": report_.delivered, "lag": 0.0},
+                {
+                    "binding_id": report_.binding_id,
+                    "scope": scope,
+                    "key": key,
+                    "error": report_.error,
+                },
+            )
+        return report_
 
     def wake(self) -> None:
         """Make :meth:`run` look at the groups now."""
@@ -281,6 +385,45 @@ class FlowWorker:
         if now.tzinfo is None or now.utcoffset() is None:
             raise ValueError(f"now must be timezone-aware, not {now!r}")
         return now.astimezone(UTC)
+
+
+async def _make_held(
+    unit: Unit, document: str, scope: str, key: str, now: datetime
+) -> tuple[str | None, int]:
+    """Make what the cap holds for the address ``(scope, document, key)``, in order,
+    while the cap has room: each event delivered as it would have been (its dedupe
+    claim already made), the first creating the execution. The caller holds the
+    address's lock, then the cap's (none when the document is no longer capped: then
+    everything is made). Answers the binding of the first held event and how many
+    were made.
+
+    Raises:
+        Exception: as :func:`~statifier.router.delivery.deliver`: ``unit`` must be
+            rolled back.
+    """
+    table, driver = unit.caps, unit.tx.driver
+    held = await table.held(driver, document, scope, key)
+    cap = unit.config.caps.get(document)
+    free = len(held)
+    if cap is not None:
+        free = await free_slots(unit, cap, document, bucket_of(cap, scope))
+    made = 0
+    for row in held:
+        create = Create(row.create_mode)
+        creates = create is Create.ALWAYS_NEW or (
+            await unit.sql.find_address(scope, document, key) is None
+        )
+        if creates and free <= 0:
+            break
+        await table.drop(driver, row)
+        on_error = None if row.on_error is None else OnError(row.on_error)
+        plan = Plan(row.binding_id, document=document, create=create, on_error=on_error)
+        event = load_event(unit.storage.codec.decode(row.event_blob))
+        delivery = Delivery(plan, scope, key, event, row.message_id, row.source)
+        await deliver(unit, delivery, now, claimed=True, admitted=True)
+        free -= 1 if creates else 0
+        made += 1
+    return (held[0].binding_id if held else None), made
 
 
 async def _binding(router: Router, scope: str, binding_id: str) -> Binding | None:

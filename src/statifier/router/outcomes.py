@@ -84,6 +84,9 @@ class DropReason(StrEnum):
     NOT_SUBSCRIBED = "not_subscribed"
     """A subscription binding's event reached an execution that no live source invoke
     has subscribed to that binding: it was not stepped (it is not in the input log)."""
+    OVER_LIMIT = "over_limit"
+    """The event would create an execution of a document whose cap
+    (:class:`~statifier.router.config.Cap`, ``over = "drop"``) is full."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -77,6 +77,7 @@ from statifier.router.transaction import (
     statements_for,
     transaction,
 )
+from statifier.sql.caps import CapTable
 from statifier.sql.flow import FlowTable
 from statifier.telemetry import enabled, report
 
@@ -234,6 +235,7 @@ class Router:
             storage,
             statements_for(adapter),
             FlowTable(adapter.tables, adapter.dialect),
+            CapTable(adapter.tables, adapter.dialect),
             timers,
             config.chart_start_options,
             error_policy_of(config.on_error, config.document_on_error, config.resolver),

@@ -39,6 +39,7 @@ from statifier.persistence.serialization import AdapterLock, Serialization, Unse
 from statifier.persistence.sql import SqlAdapter, SqlTransaction
 from statifier.router.config import Entry, RouterConfig
 from statifier.router.timer_queue import TimerQueue
+from statifier.sql.caps import CapTable
 from statifier.sql.dialect import lock_key
 from statifier.sql.flow import FlowTable
 from statifier.sql.routing import RoutingSession, RoutingStatements
@@ -130,6 +131,11 @@ class Unit:
         return self._parts.flow
 
     @property
+    def caps(self) -> CapTable:
+        """The statements of what caps on active executions count and hold."""
+        return self._parts.caps
+
+    @property
     def timers(self) -> TimerQueue | None:
         """Where delayed sends wait, or ``None``."""
         return self._parts.timers
@@ -189,7 +195,8 @@ def statements_for(adapter: SqlAdapter) -> RoutingStatements:
 @dataclass(frozen=True, slots=True)
 class RouterParts:
     """What every transaction of one router is opened with, built once by the router:
-    its configuration, the storage and statements it runs on (the flow tables' too),
+    its configuration, the storage and statements it runs on (the flow and cap
+    tables' too),
     the timer queue, the start options and error policy of its steps, and what
     performs their sends."""
 
@@ -197,6 +204,7 @@ class RouterParts:
     storage: Storage
     statements: RoutingStatements
     flow: FlowTable
+    caps: CapTable
     timers: TimerQueue | None
     start_options: StartOptions
     error_policy: ErrorPolicy

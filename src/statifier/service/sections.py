@@ -24,7 +24,10 @@ from statifier.router import (
     Backoff,
     Binding,
     BindingError,
+    Cap,
+    CapPer,
     ConfigError,
+    OverLimit,
     StaticResolver,
     error_policy_of,
     load_bindings,
@@ -128,6 +131,7 @@ class SectionReader:
         schedules = [self.schedule(table) for table in top.named("schedules")]
         scheduler = self.scheduler(top.table("scheduler"))
         flow = self.flow(top.table("flow"))
+        caps = {leaf(table): self.cap(table, documents) for table in top.named("caps")}
         outbox = self.outbox(top.table("outbox"))
         reapers = self.reapers(top.table("reapers"))
         errors = self.errors(top.table("errors"), documents)
@@ -163,6 +167,7 @@ class SectionReader:
             schedules=schedules,
             scheduler=scheduler,
             flow=flow,
+            caps=caps,
         )
         cross_check(top, settings)
         return settings
@@ -564,6 +569,22 @@ class SectionReader:
         if settings.max_retry < settings.retry:
             raise table.refuse("max_retry", "must be at least retry")
         return settings
+
+    def cap(self, table: Table, documents: Mapping[str, Machine]) -> Cap:
+        """``[caps.DOCUMENT]``: ``max_active``, ``per`` and ``over``, for a document the
+        file names."""
+        document = leaf(table)
+        if document not in documents:
+            raise table.refuse("", f"no document {document!r} in the file's charts")
+        if not table.has("max_active"):
+            raise table.refuse("max_active", "required")
+        cap = Cap(
+            table.integer("max_active", 1, maximum=1_000_000),
+            per=CapPer(self.choice(table, "per", tuple(member.value for member in CapPer))),
+            over=OverLimit(self.choice(table, "over", tuple(m.value for m in OverLimit))),
+        )
+        table.done()
+        return cap
 
     def flow(self, table: Table) -> FlowSettings:
         settings = FlowSettings(

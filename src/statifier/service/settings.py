@@ -15,7 +15,7 @@ from typing import Final
 from statifier.chart import Machine
 from statifier.persistence import PLAIN, BlobCodec
 from statifier.persistence.serialization import DEFAULT_LOCK_WAIT
-from statifier.router import Backoff, Binding
+from statifier.router import Backoff, Binding, Cap
 from statifier.router.schedules import Schedule
 
 __all__ = [
@@ -544,6 +544,7 @@ class ServiceSettings:
     schedules: Sequence[Schedule] = ()
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
     flow: FlowSettings = field(default_factory=FlowSettings)
+    caps: Mapping[str, Cap] = field(default_factory=dict)
 
 
 def front_table(front: Front) -> str:

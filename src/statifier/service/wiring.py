@@ -55,6 +55,7 @@ def router_config(settings: ServiceSettings, adapter: SqlAdapter) -> RouterConfi
             document_on_error=settings.errors.documents,
             timers_elsewhere=not settings.timers.enabled,
             basichttp=None if basichttp is None else _locations(basichttp),
+            caps=settings.caps,
         )
     except (RouterError, ValueError, TypeError) as error:
         raise ServiceConfigError(settings.file, "", "", one_line(error)) from None

@@ -43,6 +43,8 @@ class TableNames:
     schedules: str
     flow_groups: str
     flow_events: str
+    active_slots: str
+    held_creates: str
 
     @classmethod
     def of(cls, tables: Tables) -> TableNames:
@@ -74,6 +76,8 @@ class TableNames:
                     "schedules",
                     "flow_groups",
                     "flow_events",
+                    "active_slots",
+                    "held_creates",
                 )
             )
         )

@@ -31,6 +31,8 @@ metadata.
 - ``flow_groups``: the addresses a debounce, batch or throttle binding holds events
   for (or whose throttle window is open): how many, and when they are due.
 - ``flow_events``: the events those bindings hold, in order, until they are delivered.
+- ``active_slots``: the executions of capped documents that count against their cap.
+- ``held_creates``: the events whose create a cap holds, in order, until a slot frees.
 
 Every table starts with a surrogate primary key ``id`` of the configured type, then
 the host's leading columns, then the package's own (each row's insert and update
@@ -41,6 +43,7 @@ carry a prefix and the tables may live in a schema of their own, so several host
 >>> tables = TableOptions(prefix="shop_").define()
 >>> for table in tables.metadata.sorted_tables:
 ...     print(table.name)
+shop_active_slots
 shop_addresses
 shop_bulk_runs
 shop_charts
@@ -54,6 +57,7 @@ shop_executions
 shop_fan_out_ends
 shop_flow_events
 shop_flow_groups
+shop_held_creates
 shop_held_events
 shop_inbound_events
 shop_inputs
@@ -493,6 +497,7 @@ class Tables:
         bulk_runs: the bulk actions started, with their progress.
         schedules: the schedules, their next fires and their last.
         flow_groups, flow_events: what debounce, batch and throttle bindings hold.
+        active_slots, held_creates: what caps count, and the creates they hold.
         options: what they were defined with.
     """
 
@@ -521,6 +526,8 @@ class Tables:
     schedules: sa.Table
     flow_groups: sa.Table
     flow_events: sa.Table
+    active_slots: sa.Table
+    held_creates: sa.Table
     options: TableOptions
 
     @classmethod
@@ -735,6 +742,7 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
     bulk_runs = _bulk_runs(options, metadata)
     schedules = _schedules(options, metadata)
     flow_groups, flow_events = _flow(options, metadata)
+    active_slots, held_creates = _caps(options, metadata)
     return Tables(
         metadata,
         charts,
@@ -761,6 +769,8 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         schedules,
         flow_groups,
         flow_events,
+        active_slots,
+        held_creates,
         options,
     )
 
@@ -1053,6 +1063,53 @@ def _flow(options: TableOptions, metadata: sa.MetaData) -> tuple[sa.Table, sa.Ta
         schema=schema,
     )
     return groups, events
+
+
+def _caps(options: TableOptions, metadata: sa.MetaData) -> tuple[sa.Table, sa.Table]:
+    """What caps on active executions keep (:mod:`statifier.router.caps`).
+
+    ``active_slots``: one row an execution of a capped document the router created, by
+    ``document`` and ``scope``, until a cap's check finds it ended and deletes it.
+
+    ``held_creates``: the events whose create a cap holds, by address (``document``,
+    ``scope``, ``key``) in ``seq`` order: the delivering binding (``binding_id``), its
+    create mode and error policy, the message, the chart event as the input log stores
+    it (``event_blob``, through the storage's codec) and when it came."""
+    name = options.name
+    schema = options.schema
+    slots = options.table(
+        name("active_slots"),
+        metadata,
+        sa.Column("document", sa.Text(), nullable=False),
+        sa.Column("scope", sa.Text(), nullable=False),
+        sa.Column("execution_id", sa.Text(), nullable=False),
+        sa.Column("inserted_at", UtcDateTime(), nullable=False),
+        sa.UniqueConstraint("execution_id", name=name("active_slots_execution_id_key")),
+        sa.Index(name("active_slots_document_scope_idx"), "document", "scope"),
+        schema=schema,
+    )
+    held = options.table(
+        name("held_creates"),
+        metadata,
+        sa.Column("document", sa.Text(), nullable=False),
+        sa.Column("scope", sa.Text(), nullable=False),
+        sa.Column("key", sa.Text(), nullable=False),
+        sa.Column("seq", sa.BigInteger(), nullable=False),
+        sa.Column("binding_id", sa.Text(), nullable=False),
+        sa.Column("create_mode", sa.Text(), nullable=False),
+        sa.Column("on_error", sa.Text(), nullable=True),
+        sa.Column("message_id", sa.Text(), nullable=False),
+        sa.Column("source", sa.Text(), nullable=True),
+        sa.Column("event_blob", sa.LargeBinary(), nullable=False),
+        sa.Column("arrived_at", UtcDateTime(), nullable=False),
+        sa.UniqueConstraint(
+            "document", "scope", "key", "seq", name=name("held_creates_document_scope_key_seq_key")
+        ),
+        # What the worker's fair pick walks: each scope's oldest first.
+        sa.Index(name("held_creates_document_arrived_at_idx"), "document", "arrived_at"),
+        schema=schema,
+    )
+    return slots, held
 
 
 def _console_execution_indexes(options: TableOptions) -> list[sa.Index]:
