@@ -172,7 +172,7 @@ class FlowWorker:
         """
         reports: list[FlushReport] = []
         taken: set[tuple[str, str, str]] = set()
-        moment = self.clock() if now is None else self._now(now)
+        moment = self._at(now)
         while True:
             async with self.router.transaction() as unit:
                 due = await unit.flow.due(unit.tx.driver, moment, _PAGE + len(taken))
@@ -184,11 +184,13 @@ class FlowWorker:
             random.shuffle(due)
             for where in due[:_PAGE]:
                 taken.add(where)
-                made = await self._take(where, moment)
+                # Each flush at its own time: its ledger rows never come before the
+                # arrivals of the events it delivers.
+                made = await self._take(where, self._at(now))
                 if made is not None:
                     reports.append(made)
-            moment = self.clock() if now is None else moment
-        reports.extend(await self._make_creates(moment))
+            moment = self._at(now)
+        reports.extend(await self._make_creates(now))
         return reports
 
     async def held_creates(self) -> tuple[int, int]:
@@ -196,7 +198,7 @@ class FlowWorker:
         async with self.router.transaction() as unit:
             return await unit.caps.totals(unit.tx.driver)
 
-    async def _make_creates(self, now: datetime) -> list[FlushReport]:
+    async def _make_creates(self, now: datetime | None) -> list[FlushReport]:
         """Make the creates caps hold while they have room: each cap's addresses in
         their fair order (:meth:`CapTable.fair <statifier.sql.caps.CapTable.fair>`),
         one a transaction, until one finds the cap full. An address whose make failed
@@ -217,9 +219,10 @@ class FlowWorker:
                 addresses = await unit.caps.fair(unit.tx.driver, document, bucket, _PAGE)
             for scope, key in addresses:
                 where = (document, scope, key)
-                if self._backoff.get(where, (0, now))[1] > now:
+                moment = self._at(now)
+                if self._backoff.get(where, (0, moment))[1] > moment:
                     continue
-                made = await self._make(where, now)
+                made = await self._make(where, moment)
                 if made is None:
                     continue
                 reports.append(made)
@@ -380,6 +383,10 @@ class FlowWorker:
             wait.total_seconds(),
             error,
         )
+
+    def _at(self, now: datetime | None) -> datetime:
+        """``now`` as given, else the clock's time."""
+        return self.clock() if now is None else self._now(now)
 
     def _now(self, now: datetime) -> datetime:
         if now.tzinfo is None or now.utcoffset() is None:

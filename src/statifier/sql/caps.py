@@ -7,9 +7,10 @@ create behind the others of its address, says whether a cap holds any, picks the
 addresses to make first (the scope with the fewest slots first), and reads and deletes an
 address's held creates. What a cap means is the router's (:mod:`statifier.router.caps`).
 
-Every writer of one cap's rows holds its lock first (the router's advisory lock on
-PostgreSQL, the single writer on SQLite), so a count and the slot taken after it never
-race another create.
+A create's count, and the slot or the held row it writes after it, run under the cap's
+lock (the router's advisory lock on PostgreSQL, the single writer on SQLite), so they
+never race another create. Deleting the slots of ended executions needs no lock: it
+only removes what no count should see.
 """
 
 from __future__ import annotations
