@@ -29,6 +29,12 @@ pages:
   a time by name (``after``, the last name of the page before), of one ``scope`` when
   given: each one's times, next and last fire, counts, last error and how it stands
   (running, paused, failing, late, unreadable);
+- ``/console/held``: the addresses whose debounce, batch and throttle bindings hold
+  events (:mod:`statifier.console.held`), a page at a time by binding, scope and key
+  (``after``, the last address of the page before): each one's binding and its mode as
+  the router's configuration says it now (or that it is gone: its events wait), the
+  execution its address names, the events held, when they are due (late or not), its
+  failures and last error; the totals held, by bindings and by caps, above;
 - ``/console/bulk``: a bulk action (:mod:`statifier.console.bulk`) over the executions
   list's filter (its query fields), previewed with ``action`` (the count it applies
   to), started by ``POST`` (an operator, the CSRF token, ``confirm`` equal to the count
@@ -96,6 +102,8 @@ from statifier.console.bulk import (
 )
 from statifier.console.bulk_runs import BulkLog, BulkRuns, LoggedRun
 from statifier.console.diagram import render_chart_svg
+from statifier.console.held import LATE_AFTER as HELD_LATE_AFTER
+from statifier.console.held import held_page, held_totals
 from statifier.console.live import Live, TooManyClients
 from statifier.console.queries import (
     MAX_DETAIL_ROWS,
@@ -481,6 +489,7 @@ def console_routes(console: Console) -> list[BaseRoute]:
         Route("/schedules", pages.schedules, methods=["GET"]),
         Route("/schedules/{name}/pause", pages.pause_schedule, methods=["GET", "POST"]),
         Route("/schedules/{name}/resume", pages.resume_schedule, methods=["GET", "POST"]),
+        Route("/held", pages.held, methods=["GET"]),
         Route("/bulk", pages.bulk, methods=["GET", "POST"]),
         Route("/bulk/{run_id}", pages.bulk_run, methods=["GET"]),
         Route("/revisions", pages.revisions, methods=["GET", "POST"]),
@@ -1073,6 +1082,37 @@ class _Pages:
                 page=page,
                 scope=scope,
                 late_after=int(LATE_AFTER.total_seconds()),
+                next_url=_next_url(request, page.next_cursor, "after"),
+            )
+
+        return await self.page(request, build)
+
+    async def held(self, request: Request) -> Response:
+        """The addresses holding events, a page at a time by binding, scope and key
+        (``after``), with the totals held; late as at the router's storage clock. The
+        bindings are judged only when the console was configured with the service's
+        (alone, its router routes by none)."""
+
+        async def build(session: Session) -> Response:
+            router, queries = self.console.router, self.console.queries
+            page = await held_page(
+                router,
+                queries.engine,
+                queries.tables,
+                now=router.storage.clock(),
+                after=request.query_params.get("after") or None,
+                size=_size(request),
+                configured=self.console.configured is not None,
+            )
+            return self.render(
+                request,
+                "held.html",
+                session=session,
+                nav="held",
+                title="Held events",
+                page=page,
+                totals=await held_totals(router),
+                late_after=int(HELD_LATE_AFTER.total_seconds()),
                 next_url=_next_url(request, page.next_cursor, "after"),
             )
 
