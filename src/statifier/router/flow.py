@@ -131,24 +131,22 @@ async def flush(unit: Unit, binding: Binding | None, group: FlowGroupRow, now: d
     if binding is None:
         raise BindingGone(group.binding_id, group.scope, group.held)
     mode = binding.mode
-    consumed = 0
     if mode is Mode.DEBOUNCE:
-        held = await table.events(driver, *where, group.held)
-        last = held[-1]
+        taken = await table.events(driver, *where, group.held)
+        last = taken[-1]
         data = {**_mapping(_data(unit, last)), "count": group.held}
         await deliver(unit, _from_row(binding, last, data), now, claimed=True)
-        taken = held
-        consumed = group.held  # the events it coalesced, whose rows are gone but the last
+        consumed = group.held  # every event it coalesced; only the last kept its row
     elif mode is Mode.BATCH:
         taken = await table.events(driver, *where, _batch(binding))
-        data_list: list[Value] = [_data(unit, row) for row in taken]
-        await deliver(unit, _from_row(binding, taken[-1], {"events": data_list}), now, claimed=True)
+        batch: list[Value] = [_data(unit, row) for row in taken]
+        await deliver(unit, _from_row(binding, taken[-1], {"events": batch}), now, claimed=True)
+        consumed = len(taken)
     else:  # throttle, or each: a binding turned to each delivers what it held
         page = _batch(binding) if mode is Mode.THROTTLE else EACH_PAGE
         taken = await table.events(driver, *where, page)
         for row in taken:
             await deliver(unit, _from_row(binding, row, _data(unit, row)), now, claimed=True)
-    if mode is not Mode.DEBOUNCE:
         consumed = len(taken)
     await table.drop(driver, *where, taken[-1].seq)
     left = group.held - consumed
