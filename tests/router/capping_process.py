@@ -1,14 +1,11 @@
 """Routes jobs under a cap and makes held creates, for the caps' crash injection.
 
-Usage: ``python capping_process.py URL PREFIX SCHEMA`` (``SCHEMA`` ``-`` for none): a
-server that imports and warms up once, prints ``ready``, then forks a working process
-for each line it reads on its standard input, a JSON work: ``jobs``, the job names the
-process works through in order, ``hits``, how many hits each job takes, and
-``window``, how many jobs it has open at once. It answers ``forked PID``; the process
-prints ``working PID`` once connected, ``fresh PID`` when it first sends a message
-that is not a duplicate, and ``done PID`` at the end; the server prints
-``exit PID CODE`` when it has exited (``-9`` when SIGKILLed). Forking, not starting an
-interpreter for each, lets a test kill a process many times a second.
+Usage: ``python -m tests.router.capping_process URL PREFIX SCHEMA`` (``SCHEMA`` ``-`` for none): a
+forking server (:mod:`tests.router.forking_server`) whose work, a JSON line, names
+``jobs``, the job names the process works through in order, ``hits``, how many hits
+each job takes, and ``window``, how many jobs it has open at once. The process prints
+``working PID`` once connected, ``fresh PID`` when it first sends a message that is
+not a duplicate, and ``done PID`` at the end.
 
 The work is the same every time, message ids included: a process started again after
 a kill sends everything again from the first job, and what the killed one had sent
@@ -23,13 +20,11 @@ worker makes what the cap holds, the other process's jobs too.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import select
 import sys
-import traceback
 from collections.abc import Callable
-from typing import NoReturn
+
+from tests.router.forking_server import say, serve
 
 from statifier.chart import compile_chart
 from statifier.persistence.sql import SqlAdapter
@@ -46,7 +41,6 @@ from statifier.router import (
     StaticResolver,
     address,
 )
-from statifier.sql import TableOptions
 
 SCOPE = "crash"
 SOURCE = "jobs"
@@ -56,8 +50,6 @@ LOCK_WAIT = 30.0
 """Generous: a slow, shared machine must not time a writer out while the other works."""
 IDLE = 0.005
 """Seconds a process waits after a round in which it could only wait for slots."""
-REAP = 0.01
-"""Seconds between the server's looks for exited processes."""
 
 JOB = b"""<scxml xmlns="http://www.w3.org/2005/07/scxml" version="1.0" initial="running">
   <datamodel><data id="n" expr="0"/></datamodel>
@@ -160,82 +152,20 @@ async def work(
                 await asyncio.sleep(IDLE)
 
 
-def _say(line: str) -> None:
-    """One line on the standard output, written at once (processes forked from one
-    server share it)."""
-    os.write(1, f"{line}\n".encode())
-
-
-async def _work(url: str, options: TableOptions, spec: dict[str, object]) -> None:
+async def _work(adapter: SqlAdapter, spec: dict[str, object]) -> None:
     jobs = spec["jobs"]
     hits, window = spec["hits"], spec["window"]
     assert isinstance(jobs, list)
     assert isinstance(hits, int)
     assert isinstance(window, int)
-    async with SqlAdapter(url, options) as adapter:
-        router = router_of(adapter)
-        await FlowWorker(router).held_creates()  # connected and warm
-        _say(f"working {os.getpid()}")
-        pid = os.getpid()
-        await work(router, [str(job) for job in jobs], hits, window, lambda: _say(f"fresh {pid}"))
-        _say(f"done {os.getpid()}")
-
-
-def _forked(url: str, options: TableOptions, spec: dict[str, object]) -> NoReturn:
-    """The forked process: do the work, then exit at once (0, or 1 with the error on
-    the standard error), never returning into the server's loop."""
-    code = 0
-    try:
-        asyncio.run(_work(url, options, spec))
-    except BaseException:  # noqa: BLE001 - whatever it is, the test reads it
-        traceback.print_exc()
-        code = 1
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    os._exit(code)
-
-
-def _reap() -> None:
-    """Report every forked process that has exited: ``exit PID CODE`` (``-9`` when
-    SIGKILLed)."""
-    while True:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        _say(f"exit {pid} {os.waitstatus_to_exitcode(status)}")
-
-
-def serve(url: str, options: TableOptions) -> None:
-    """Fork a working process for each line read (a JSON work), answering
-    ``forked PID``; report each one's exit; stop at the end of the input."""
-    compile_chart(JOB)  # the imports and the chart warm before any fork
-    _say("ready")
-    pending = b""
-    while True:
-        readable, _, _ = select.select([0], [], [], REAP)
-        if readable:
-            chunk = os.read(0, 65536)
-            if not chunk:
-                break
-            pending += chunk
-            while b"\n" in pending:
-                line, pending = pending.split(b"\n", 1)
-                spec = json.loads(line)
-                pid = os.fork()
-                if pid == 0:
-                    _forked(url, options, spec)
-                _say(f"forked {pid}")
-        _reap()
-
-
-def main(argv: list[str]) -> None:
-    url, prefix, schema = argv
-    serve(url, TableOptions(prefix=prefix, schema=None if schema == "-" else schema))
+    router = router_of(adapter)
+    await FlowWorker(router).held_creates()  # connected and warm
+    pid = os.getpid()
+    say(f"working {pid}")
+    await work(router, [str(job) for job in jobs], hits, window, lambda: say(f"fresh {pid}"))
+    say(f"done {pid}")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    compile_chart(JOB)  # the imports and the chart warm before any fork
+    serve(sys.argv[1:], _work)

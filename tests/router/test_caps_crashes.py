@@ -44,7 +44,8 @@ from statifier.persistence import Executions, Status
 from statifier.router import FlowWorker, Router, address, ledger
 from statifier.sql import TableOptions, Tables, migrations
 
-PROCESS = Path(__file__).with_name("capping_process.py")
+PROCESS = "tests.router.capping_process"
+ROOT = Path(__file__).parent.parent.parent
 
 JOBS = {"sqlite": 500, "postgresql": 200}
 """Each process's jobs, by database: more than the kills let them finish."""
@@ -112,7 +113,7 @@ async def _text(path: Path) -> str:
 
 
 class Server:
-    """The forking server (:mod:`tests.router.capping_process`) and what it says of the
+    """A forking server (:mod:`tests.router.forking_server`) and what it says of the
     processes it forks."""
 
     def __init__(self, process: asyncio.subprocess.Process, errors: Path) -> None:
@@ -125,22 +126,27 @@ class Server:
         self._reader = asyncio.ensure_future(self._read())
 
     @classmethod
-    async def start(cls, url: str, options: TableOptions, errors: Path) -> Server:
+    async def start(
+        cls, url: str, options: TableOptions, errors: Path, module: str = PROCESS
+    ) -> Server:
+        """The forking server ``module`` (run as ``python -m``) on ``url``."""
         with errors.open("wb") as stderr:
             process = await asyncio.create_subprocess_exec(
                 sys.executable,
-                str(PROCESS),
+                "-m",
+                module,
                 url,
                 options.prefix,
                 options.schema or "-",
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=stderr,
+                cwd=ROOT,
             )
         assert process.stdout is not None
         line = await asyncio.wait_for(process.stdout.readline(), 60)
         if line != b"ready\n":
-            pytest.fail(f"the capping server did not start: {await _text(errors)}")
+            pytest.fail(f"the forking server did not start: {await _text(errors)}")
         return cls(process, errors)
 
     def said(self, word: str, pid: int) -> asyncio.Future[int]:

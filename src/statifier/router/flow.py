@@ -31,6 +31,7 @@ and what its delivery did.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import Final
@@ -44,9 +45,10 @@ from statifier.router.errors import RouterError
 from statifier.router.outcomes import Buffered, Duplicate, Outcome
 from statifier.router.records import LedgerRow
 from statifier.router.transaction import Unit
+from statifier.sql.caps import HeldCreateRow
 from statifier.sql.flow import FlowEventRow, FlowGroupRow
 
-__all__ = ["BindingGone", "arrive", "flush"]
+__all__ = ["BindingGone", "arrive", "flush", "not_before"]
 
 EACH_PAGE: Final = 500
 """The most held events one flush delivers one by one (the group is then due again at
@@ -135,18 +137,21 @@ async def flush(unit: Unit, binding: Binding | None, group: FlowGroupRow, now: d
         taken = await table.events(driver, *where, group.held)
         last = taken[-1]
         data = {**_mapping(_data(unit, last)), "count": group.held}
-        await deliver(unit, _from_row(binding, last, data), now, claimed=True)
+        at = not_before(now, taken)
+        await deliver(unit, _from_row(binding, last, data), at, claimed=True)
         consumed = group.held  # every event it coalesced; only the last kept its row
     elif mode is Mode.BATCH:
         taken = await table.events(driver, *where, _batch(binding))
         batch: list[Value] = [_data(unit, row) for row in taken]
-        await deliver(unit, _from_row(binding, taken[-1], {"events": batch}), now, claimed=True)
+        at = not_before(now, taken)
+        await deliver(unit, _from_row(binding, taken[-1], {"events": batch}), at, claimed=True)
         consumed = len(taken)
     else:  # throttle, or each: a binding turned to each delivers what it held
         page = _batch(binding) if mode is Mode.THROTTLE else EACH_PAGE
         taken = await table.events(driver, *where, page)
+        at = not_before(now, taken)
         for row in taken:
-            await deliver(unit, _from_row(binding, row, _data(unit, row)), now, claimed=True)
+            await deliver(unit, _from_row(binding, row, _data(unit, row)), at, claimed=True)
         consumed = len(taken)
     await table.drop(driver, *where, taken[-1].seq)
     left = group.held - consumed
@@ -164,6 +169,14 @@ async def flush(unit: Unit, binding: Binding | None, group: FlowGroupRow, now: d
     else:
         await table.delete(driver, *where)
     return consumed
+
+
+def not_before(now: datetime, held: Sequence[FlowEventRow | HeldCreateRow]) -> datetime:
+    """The time a delivery of ``held`` is made at: ``now``, or the latest arrival
+    among them if later. A worker reads its clock before the database lets it in, and
+    an arrival that committed meanwhile may carry a later time: its delivery's ledger
+    row must not come before its arrival's."""
+    return max([now, *(row.arrived_at for row in held)])
 
 
 def _window(binding: Binding, group: FlowGroupRow, now: datetime) -> FlowGroupRow | None:

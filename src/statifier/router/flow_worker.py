@@ -42,7 +42,7 @@ from statifier.router.binding import Binding, Create, Plan
 from statifier.router.caps import bucket_of, cap_lock, free_slots
 from statifier.router.config import Entry
 from statifier.router.delivery import Delivery, deliver
-from statifier.router.flow import flush
+from statifier.router.flow import flush, not_before
 from statifier.router.routing import Router
 from statifier.router.scheduler import nap
 from statifier.router.transaction import Unit, around, lock_key
@@ -171,7 +171,7 @@ class FlowWorker:
                 commit).
         """
         reports: list[FlushReport] = []
-        taken: set[tuple[str, str, str]] = set()
+        taken: set[tuple[str, str, str, str]] = set()
         moment = self._at(now)
         while True:
             async with self.router.transaction() as unit:
@@ -307,10 +307,11 @@ class FlowWorker:
             if wait > 0 and not self._woken.is_set():
                 await nap(stop, self._woken, wait)
 
-    async def _take(self, where: tuple[str, str, str], now: datetime) -> FlushReport | None:
-        """Flush the group ``where`` if it is still due, under its address's lock, in
-        one transaction; a flush that raised is rolled back and recorded in another."""
-        binding_id, scope, key = where
+    async def _take(self, where: tuple[str, str, str, str], now: datetime) -> FlushReport | None:
+        """Flush the group ``where`` (binding, scope, key and document) if it is still
+        due, under its address's lock, in one transaction; a flush that raised is rolled
+        back and recorded in another."""
+        binding_id, scope, key, document = where
         started = time.perf_counter()
         router = self.router
         group: FlowGroupRow | None = None
@@ -320,11 +321,9 @@ class FlowWorker:
             async with router.transaction(entered=Entry.FLOW) as unit:
                 await unit.begin(scope, Entry.FLOW)
                 driver = unit.tx.driver
-                # The document is read first to name the lock; it never changes.
-                unlocked = await unit.flow.locked(driver, binding_id, scope, key)
-                if unlocked is None:
-                    return None
-                address = lock_key("address", scope, unlocked.document, key)
+                # The address's lock before the group's row, as an arrival takes them:
+                # the other order could deadlock with it.
+                address = lock_key("address", scope, document, key)
                 await unit.lock([address], unit.config.lock_wait)
                 group = await unit.flow.locked(driver, binding_id, scope, key)
                 if group is None or group.due_at > now:
@@ -427,7 +426,7 @@ async def _make_held(
         plan = Plan(row.binding_id, document=document, create=create, on_error=on_error)
         event = load_event(unit.storage.codec.decode(row.event_blob))
         delivery = Delivery(plan, scope, key, event, row.message_id, row.source)
-        await deliver(unit, delivery, now, claimed=True, admitted=True)
+        await deliver(unit, delivery, not_before(now, [row]), claimed=True, admitted=True)
         free -= 1 if creates else 0
         made += 1
     return (held[0].binding_id if held else None), made

@@ -123,7 +123,7 @@ class FlowTable:
         )
         self._drop = sql(f"DELETE FROM {events} WHERE {_ADDRESS} AND seq <= :through")
         self._due = sql(
-            f"SELECT binding_id, scope, key FROM {groups} WHERE due_at <= :now "
+            f"SELECT binding_id, scope, key, document FROM {groups} WHERE due_at <= :now "
             "ORDER BY due_at LIMIT :limit"
         )
         self._next_due = sql(f"SELECT min(due_at) FROM {groups}")
@@ -214,13 +214,12 @@ class FlowTable:
         values = {"binding_id": binding_id, "scope": scope, "key": key, "through": through}
         await self.dialect.execute(driver, self._drop, values)
 
-    async def due(self, driver: Any, now: datetime, limit: int) -> list[tuple[str, str, str]]:
+    async def due(self, driver: Any, now: datetime, limit: int) -> list[tuple[str, str, str, str]]:
         """At most ``limit`` groups due at ``now``, the earliest first, as
-        ``(binding_id, scope, key)``; read without a lock."""
+        ``(binding_id, scope, key, document)``; read without a lock."""
         values = {"now": self.dialect.time(now), "limit": limit}
-        return [
-            (row[0], row[1], row[2]) for row in await self.dialect.rows(driver, self._due, values)
-        ]
+        rows = await self.dialect.rows(driver, self._due, values)
+        return [(row[0], row[1], row[2], row[3]) for row in rows]
 
     async def next_due(self, driver: Any) -> datetime | None:
         """The earliest due time of a group, or ``None``."""
