@@ -78,7 +78,7 @@ class FlushReport:
 
 class FlowWorker:
     """Delivers what ``router``'s debounce, batch and throttle bindings hold, as it
-    comes due.
+    comes due, and makes the creates its caps hold, as slots free.
 
     Args:
         router: the router whose bindings and database hold the events.
@@ -163,8 +163,9 @@ class FlowWorker:
 
     async def flush_due(self, *, now: datetime | None = None) -> list[FlushReport]:
         """One pass: flush every group due at ``now`` (the clock's time by default),
-        one transaction a group, the earliest due first. A group whose flush failed is
-        not taken again in the pass.
+        one transaction a group, the earliest due first (a group whose flush failed is
+        not taken again in the pass); then make the creates caps hold, while they have
+        room. Answers a report for each group taken and each address made.
 
         Raises:
             Exception: the database failed outside a flush (reading the due groups, a
@@ -271,27 +272,16 @@ class FlowWorker:
             report_ = FlushReport("", scope, key, 0, error)
         else:
             self._backoff.pop(where, None)
-        if enabled(_FLOW):
-            took = time.perf_counter() - started
-            report(
-                _FLOW,
-                {"duration": took, "delivered": report_.delivered, "lag": 0.0},
-                {
-                    "binding_id": report_.binding_id,
-                    "scope": scope,
-                    "key": key,
-                    "error": report_.error,
-                },
-            )
-        return report_
+        return _reported(report_, started, 0.0)
 
     def wake(self) -> None:
         """Make :meth:`run` look at the groups now."""
         self._woken.set()
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Flush due groups until ``stop`` is set: a pass, then sleep until the next
-        due time, at most ``poll`` seconds, or until :meth:`wake` is called.
+        """Flush due groups and make held creates until ``stop`` is set: a pass, then
+        sleep until the next due time, at most ``poll`` seconds, or until :meth:`wake`
+        is called.
 
         Raises:
             Exception: a pass failed (the database went away); the caller decides
@@ -344,17 +334,9 @@ class FlowWorker:
             error = f"{type(failure).__name__}: {failure}"
             await self._failed(group, error, now)
             made = FlushReport(binding_id, scope, key, 0, error)
-        if made is not None and enabled(_FLOW):
+        if made is not None:
             lag = 0.0 if group is None else (now - group.due_at).total_seconds()
-            report(
-                _FLOW,
-                {
-                    "duration": time.perf_counter() - started,
-                    "delivered": made.delivered,
-                    "lag": lag,
-                },
-                {"binding_id": binding_id, "scope": scope, "key": key, "error": made.error},
-            )
+            _reported(made, started, lag)
         return made
 
     async def _failed(self, group: FlowGroupRow, error: str, now: datetime) -> None:
@@ -391,6 +373,24 @@ class FlowWorker:
         if now.tzinfo is None or now.utcoffset() is None:
             raise ValueError(f"now must be timezone-aware, not {now!r}")
         return now.astimezone(UTC)
+
+
+def _reported(made: FlushReport, started: float, lag: float) -> FlushReport:
+    """``made``, reported in the telemetry: how long it took since ``started`` and how
+    late it came (``lag`` seconds after its due time)."""
+    if enabled(_FLOW):
+        took = time.perf_counter() - started
+        report(
+            _FLOW,
+            {"duration": took, "delivered": made.delivered, "lag": lag},
+            {
+                "binding_id": made.binding_id,
+                "scope": made.scope,
+                "key": made.key,
+                "error": made.error,
+            },
+        )
+    return made
 
 
 async def _make_held(
