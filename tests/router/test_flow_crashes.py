@@ -41,6 +41,9 @@ KILLS = 30
 PAUSE = (0.02, 0.3)
 """Seconds a process works before it is killed (from when it sent its first new
 message, or connected)."""
+STALL = 5.0
+"""Seconds a process may take to send its first new message before it is killed
+anyway."""
 EARLY = 0.25
 """How often the time before a kill counts from when the process connected."""
 DEADLINE = 150.0
@@ -127,7 +130,9 @@ async def test_two_processes_killed_anywhere_deliver_each_event_once_in_order(
             pid = await server.fork(spec)
             exited = server.said("exit", pid)
             start = server.said("working" if rng.random() < EARLY else "fresh", pid)
-            await asyncio.wait([start, exited], return_when="FIRST_COMPLETED")
+            # A process that sends nothing new for long (all its jobs wait on the
+            # other's) is killed all the same.
+            await asyncio.wait([start, exited], timeout=STALL, return_when="FIRST_COMPLETED")
             await asyncio.wait([exited], timeout=rng.uniform(*PAUSE))
             if not exited.done():
                 with contextlib.suppress(ProcessLookupError):  # it exited just now
