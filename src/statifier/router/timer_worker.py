@@ -70,7 +70,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Final
@@ -89,7 +88,7 @@ from statifier.router.records import LedgerRow
 from statifier.router.routing import Router
 from statifier.router.timer_queue import TimerEntry, TimerKind
 from statifier.router.timers import DueTimer, SqlTimerQueue, UnreadableTimer
-from statifier.router.transaction import Unit, around
+from statifier.router.transaction import HeldLocks, Unit, around
 from statifier.telemetry import enabled, report
 
 __all__ = ["FIRED", "HELD", "RouteRetries", "TimerWorker", "fire"]
@@ -376,21 +375,6 @@ async def _give_up(
     return _done(entry, _GIVEN_UP, now, started, reason=why)
 
 
-class _ClaimedLocks:
-    """The exclusion of a batch's steps: the executions in ``held`` are locked by the
-    batch's claim, in this transaction, until it ends, so a step of one enters at once;
-    any other execution (a send's target) goes through ``others``."""
-
-    def __init__(self, held: set[str], others: Serialization) -> None:
-        self.held = held
-        self.others = others
-
-    def exclusive(self, execution_id: str) -> AbstractAsyncContextManager[None]:
-        if execution_id in self.held:
-            return nullcontext()
-        return self.others.exclusive(execution_id)
-
-
 async def _under_claim(unit: Unit, timers: Sequence[DueTimer | UnreadableTimer]) -> Serialization:
     """The exclusion for the steps of claimed ``timers`` (their locks held), the
     executions they step read ahead in one statement (each step would read its own)."""
@@ -404,7 +388,7 @@ async def _under_claim(unit: Unit, timers: Sequence[DueTimer | UnreadableTimer])
         if isinstance(timer, DueTimer) and timer.locked and timer.entry.kind is not TimerKind.ROUTE
     }
     await unit.storage.read_ahead(sorted(stepped))
-    return _ClaimedLocks(held, unit.exclusion)
+    return HeldLocks(held, unit.exclusion)
 
 
 def _scope(entry: TimerEntry) -> str:

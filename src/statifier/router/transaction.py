@@ -24,8 +24,16 @@ call, and :meth:`Unit.begin` the configuration's ``on_begin``.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Collection,
+    Iterable,
+    Iterator,
+    Sequence,
+)
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TypeVar
@@ -46,6 +54,7 @@ from statifier.sql.routing import RoutingSession, RoutingStatements
 
 __all__ = [
     "Delivering",
+    "HeldLocks",
     "RouterParts",
     "SendsOf",
     "Unit",
@@ -79,6 +88,22 @@ class Delivering:
         """This delivery with ``execution_id`` mid-step, innermost."""
         # Built directly: dataclasses.replace costs a few microseconds, once a step.
         return Delivering(self.scope, self.now, (*self.stepping, execution_id))
+
+
+class HeldLocks:
+    """The exclusion of steps whose executions' locks the transaction took already
+    (a timer worker's claim, a delivery batch's locks), held until it ends: a step of
+    one of ``held`` enters at once; any other execution (a send's target) goes through
+    ``others``."""
+
+    def __init__(self, held: Collection[str], others: Serialization) -> None:
+        self.held = held
+        self.others = others
+
+    def exclusive(self, execution_id: str) -> AbstractAsyncContextManager[None]:
+        if execution_id in self.held:
+            return nullcontext()
+        return self.others.exclusive(execution_id)
 
 
 SendsOf = Callable[["Unit", Delivering], Executor]
@@ -159,6 +184,17 @@ class Unit:
             serialization=self.exclusion if exclusion is None else exclusion,
             on_error=parts.error_policy,
         )
+
+    @contextmanager
+    def holding(self, execution_ids: Collection[str]) -> Iterator[None]:
+        """For the block, a step of one of ``execution_ids``, whose locks the caller
+        took in this transaction, enters at once (:class:`HeldLocks`)."""
+        before = self.exclusion
+        self.exclusion = HeldLocks(execution_ids, before)
+        try:
+            yield
+        finally:
+            self.exclusion = before
 
     async def begin(self, scope: str, entry: Entry) -> None:
         """Call the configuration's ``on_begin``, if any, on this transaction: first in
