@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -174,6 +175,26 @@ class Dialect:
     def listed(self, values: Iterable[Any]) -> Any:
         """``values`` as this driver binds the list that :meth:`among` reads."""
         raise NotImplementedError
+
+    def table_of(self, parameter: str, columns: Mapping[str, str]) -> str:
+        """The SQL (parameters as ``:name``) of a table, aliased ``r``, whose rows are
+        the objects of the JSON array bound as ``:parameter`` (made by
+        :meth:`tabled`): ``columns`` maps each column to its SQL type (``text``,
+        ``timestamptz``), so that a statement reads any number of rows from one
+        parameter: ``f"INSERT INTO t (a) SELECT a FROM {dialect.table_of('rows',
+        {'a': 'text'})}"``."""
+        raise NotImplementedError
+
+    def tabled(self, rows: Iterable[Mapping[str, Any]]) -> str:
+        """``rows`` (each a mapping of :meth:`table_of`'s columns) as the JSON array
+        :meth:`table_of` reads; a time is written as :meth:`time` would bind it into a
+        time column."""
+        return json.dumps(list(rows), separators=(",", ":"), default=self._json_time)
+
+    def _json_time(self, value: object) -> object:
+        if isinstance(value, datetime):
+            return value.isoformat()
+        raise TypeError(f"{type(value).__name__} is not a table's value")
 
     def advisory_lock(self, parameter: str, *, shared: bool = False) -> str | None:
         """The statement (parameters as ``:name``) that takes the advisory lock on the

@@ -74,6 +74,10 @@ class PostgresDialect(Dialect):
         # psycopg binds a list as an array.
         return list(values)
 
+    def table_of(self, parameter: str, columns: Mapping[str, str]) -> str:
+        typed = ", ".join(f"{name} {kind}" for name, kind in columns.items())
+        return f"jsonb_to_recordset(:{parameter}::jsonb) AS r({typed})"
+
     def advisory_lock(self, parameter: str, *, shared: bool = False) -> str | None:
         function = "pg_advisory_xact_lock_shared" if shared else "pg_advisory_xact_lock"
         return f"SELECT {function}(:{parameter})"

@@ -26,7 +26,12 @@ from typing import Any, Final
 from statifier.sql.dialect import Dialect, Values
 from statifier.sql.keys import RowKeys
 from statifier.sql.names import TableNames
-from statifier.sql.postgres import RESTORE_LOCK_TIMEOUT, SET_LOCK_TIMEOUT, lock_timeout
+from statifier.sql.postgres import (
+    RESTORE_LOCK_TIMEOUT,
+    SET_LOCK_TIMEOUT,
+    execution_lock_key,
+    lock_timeout,
+)
 from statifier.sql.tables import Tables
 
 __all__ = [
@@ -160,6 +165,7 @@ class LedgerRow:
 @dataclass(frozen=True, slots=True)
 class _LockStatements:
     take: str
+    take_executions: str
     set_timeout: str
     restore_timeout: str
 
@@ -212,6 +218,29 @@ class RoutingStatements:
             )
             if dialect.writes_in_with
             else None
+        )
+        # A batch's claims in one statement, and its addresses in another, whatever its
+        # size (the rows come in one JSON parameter). Where the client makes keys, each
+        # claim needs a key of its own: the batch claims one message at a time.
+        asked = dialect.table_of(
+            "asked", {"binding_id": "text", "message_id": "text", "expires_at": "timestamptz"}
+        )
+        self.claim_many = (
+            None
+            if keys.new_key is not None
+            else sql(
+                f"INSERT INTO {dedupe} AS d (binding_id, message_id, expires_at) "
+                f"SELECT binding_id, message_id, expires_at FROM {asked} WHERE true "
+                "ON CONFLICT (binding_id, message_id) DO UPDATE SET expires_at = "
+                "excluded.expires_at WHERE d.expires_at <= :now "
+                "RETURNING binding_id, message_id"
+            )
+        )
+        keyed_by = dialect.table_of("asked", {"scope": "text", "document": "text", "key": "text"})
+        self.find_addresses = sql(
+            "SELECT a.scope, a.document, a.key, a.id, a.execution_id, a.terminal_seen_at "
+            f"FROM {keyed_by} JOIN {addresses} AS a ON a.scope = r.scope "
+            "AND a.document = r.document AND a.key = r.key"
         )
         address = ("scope", "document", "key", "execution_id", "inserted_at")
         self.insert_address = sql(
@@ -268,6 +297,12 @@ class RoutingStatements:
             # lock statement alone and puts the transaction's own back after it.
             self.locks = _LockStatements(
                 take=sql("SELECT pg_advisory_xact_lock(k) FROM unnest(:keys::bigint[]) AS k"),
+                # Executions' locks, the key each step takes, in the keys' order.
+                take_executions=sql(
+                    "SELECT pg_advisory_xact_lock(k) FROM (SELECT DISTINCT "
+                    f"{execution_lock_key('id')} AS k FROM unnest(:ids::text[]) AS id "
+                    "ORDER BY k) AS s"
+                ),
                 set_timeout=SET_LOCK_TIMEOUT,
                 restore_timeout=RESTORE_LOCK_TIMEOUT,
             )
@@ -299,17 +334,31 @@ class RoutingSession:
         transaction must be rolled back (or rolled back to the savepoint the call runs
         in).
         """
-        locks, dialect, driver = self._s.locks, self.dialect, self._driver
+        locks = self._s.locks
         if locks is None or not keys:
             return True
-        values = {"keys": list(keys)}
+        return await self._take(locks, locks.take, {"keys": list(keys)}, wait)
+
+    async def lock_executions(self, execution_ids: Sequence[str], wait: float | None) -> bool:
+        """Take the locks of ``execution_ids``, the ones their steps take, held until
+        the transaction ends, in one statement and in one order every such statement
+        shares; wait and answer as :meth:`lock`."""
+        locks = self._s.locks
+        if locks is None or not execution_ids:
+            return True
+        return await self._take(locks, locks.take_executions, {"ids": list(execution_ids)}, wait)
+
+    async def _take(
+        self, locks: _LockStatements, statement: str, values: Values, wait: float | None
+    ) -> bool:
+        dialect, driver = self.dialect, self._driver
         if wait is None:
-            await dialect.execute(driver, locks.take, values)
+            await dialect.execute(driver, statement, values)
             return True
         row = await dialect.row(driver, locks.set_timeout, {"t": lock_timeout(wait)})
         assert row is not None  # a SELECT without FROM returns one row
         try:
-            await dialect.execute(driver, locks.take, values)
+            await dialect.execute(driver, statement, values)
         except Exception as error:
             if not dialect.lock_not_granted(error):
                 raise
@@ -375,6 +424,52 @@ class RoutingSession:
             )
         )
         return bool(fresh), found
+
+    async def claim_many(
+        self, claims: Sequence[tuple[str, str, datetime]], now: datetime
+    ) -> set[tuple[str, str]]:
+        """Claim each ``(binding_id, message_id, expires_at)`` of ``claims`` (no pair
+        twice) as :meth:`claim` does, in one statement; answer the pairs claimed (the
+        others have a live claim: duplicates)."""
+        statement = self._s.claim_many
+        if statement is None:
+            return {
+                (binding_id, message_id)
+                for binding_id, message_id, expires_at in claims
+                if await self.claim(binding_id, message_id, now, expires_at)
+            }
+        if not claims:
+            return set()
+        dialect = self.dialect
+        asked = dialect.tabled(
+            {"binding_id": binding_id, "message_id": message_id, "expires_at": expires_at}
+            for binding_id, message_id, expires_at in claims
+        )
+        rows = await dialect.rows(
+            self._driver, statement, {"asked": asked, "now": dialect.time(now)}
+        )
+        return {(binding_id, message_id) for binding_id, message_id in rows}
+
+    async def find_addresses(
+        self, addresses: Sequence[tuple[str, str, str]]
+    ) -> dict[tuple[str, str, str], AddressRow]:
+        """The address rows of those of ``addresses`` (scope, document, key) that have
+        one, in one statement."""
+        if not addresses:
+            return {}
+        dialect = self.dialect
+        asked = dialect.tabled(
+            {"scope": scope, "document": document, "key": key} for scope, document, key in addresses
+        )
+        rows = await dialect.rows(self._driver, self._s.find_addresses, {"asked": asked})
+        return {
+            (scope, document, key): AddressRow(
+                address_id,
+                execution_id=execution_id,
+                terminal_seen_at=dialect.read_time(terminal_seen_at),
+            )
+            for scope, document, key, address_id, execution_id, terminal_seen_at in rows
+        }
 
     async def find_address(self, scope: str, document: str, key: str) -> AddressRow | None:
         """The address row of ``(scope, document, key)``, if there is one."""

@@ -49,6 +49,16 @@ class SqliteDialect(Dialect):
         # sqlite3 binds no list: a JSON array, which json_each reads back.
         return json.dumps(list(values))
 
+    def table_of(self, parameter: str, columns: Mapping[str, str]) -> str:
+        # Values are stored as the JSON holds them: text, and times as utc_text.
+        picked = ", ".join(f"json_extract(value, '$.{name}') AS {name}" for name in columns)
+        return f"(SELECT {picked} FROM json_each(:{parameter})) AS r"
+
+    def _json_time(self, value: object) -> object:
+        if isinstance(value, datetime):
+            return utc_text(value)
+        raise TypeError(f"{type(value).__name__} is not a table's value")
+
     def advisory_lock(self, parameter: str, *, shared: bool = False) -> str | None:
         return None  # the transaction holds the single writer already
 
