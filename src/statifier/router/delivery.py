@@ -64,6 +64,7 @@ EXECUTION_PLAN_ID = "execution"
 __all__ = [
     "STEP_VIA",
     "TIMER_VIA",
+    "Claimed",
     "Delivery",
     "completed",
     "deliver",
@@ -98,6 +99,22 @@ class Delivery:
     source: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """A delivery's dedupe claim, made and its address read before the delivery runs
+    (a set-based batch makes every claim of the batch in one statement, and reads
+    every address in another).
+
+    Attributes:
+        fresh: the claim was made (``False``: a live claim existed, a duplicate).
+        found: the address row, if the delivery has an address and it has a row
+            (a duplicate's is not read).
+    """
+
+    fresh: bool
+    found: AddressRow | None
+
+
 async def deliver(
     unit: Unit,
     delivery: Delivery,
@@ -105,14 +122,14 @@ async def deliver(
     rows: list[LedgerRow] | None = None,
     within: Delivering | None = None,
     *,
-    claimed: bool = False,
+    claimed: bool | Claimed = False,
     admitted: bool = False,
 ) -> Outcome:
     """Deliver one event on one binding in ``unit``; see the module docstring.
-    ``claimed``: the message's dedupe claim was made already (a held event's, when
-    it came), and is not made again. ``admitted``: a create it makes was let through
-    its document's cap by the caller (the flow worker making a held create), and is
-    not checked again.
+    ``claimed``: the message's dedupe claim was made already (``True``: a held event's,
+    when it came), and is not made again; given as :class:`Claimed`, its address was
+    read too. ``admitted``: a create it makes was let through its document's cap by
+    the caller (the flow worker making a held create), and is not checked again.
 
     The ledger row is written last, or, given ``rows``, appended there for the caller
     to write later in the same transaction (a batch writes its rows at once). A
@@ -135,14 +152,16 @@ async def _deliver(
     delivery: Delivery,
     delivering: Delivering,
     rows: list[LedgerRow] | None,
-    claimed: bool,
+    claimed: bool | Claimed,
     admitted: bool,
 ) -> Outcome:
     plan = delivery.plan
     now = delivering.now
     addressed = plan.create is not Create.ALWAYS_NEW
     address = (delivery.scope, plan.document, delivery.key) if addressed else None
-    if claimed:
+    if isinstance(claimed, Claimed):
+        fresh, found = claimed.fresh, claimed.found
+    elif claimed:
         fresh, found = True, None if address is None else await unit.sql.find_address(*address)
     else:
         fresh, found = await unit.sql.claim_and_find(

@@ -2,7 +2,8 @@
 
 :meth:`Router.route` routes one event, one transaction per binding delivery (or a
 savepoint each inside a caller's transaction). :meth:`Router.route_many` routes a batch
-in one transaction, a savepoint per delivery, so a stream front commits once per batch;
+in one transaction, its reads set-based (:mod:`statifier.router.batch`), so a stream
+front commits once per batch;
 :meth:`Router.plan` reads an event's bindings once, for a front that chooses a lane by
 the event's key before it routes. :meth:`Router.deliver_event` is the way in for a
 host's own jobs: one event to one address, under a plan of the host's.
@@ -16,7 +17,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -30,6 +31,7 @@ from statifier.persistence import Discarded, Storage
 from statifier.persistence.reentry import hold
 from statifier.persistence.sql import SqlAdapter, SqlTransaction
 from statifier.repeats import IntervalTally
+from statifier.router.batch import prepare
 from statifier.router.binding import Binding, Create, Keyed, Mode, Order, Plan, ProgramFailed
 from statifier.router.config import (
     BUILT_IN,
@@ -38,7 +40,7 @@ from statifier.router.config import (
     RouterConfig,
     error_policy_of,
 )
-from statifier.router.delivery import Delivery, deliver
+from statifier.router.delivery import Claimed, Delivery, deliver
 from statifier.router.errors import BindingsUnresolved, ConfigError, RouterError
 from statifier.router.flow import arrive
 from statifier.router.locations import (
@@ -356,9 +358,12 @@ class Router:
         routed by the verdicts :meth:`plan` made; for any other the bindings are read
         here.
 
-        Every delivery settles at its own savepoint, so an event whose routing raises is
-        returned :class:`Failed` (its earlier bindings' deliveries stand) and the others
-        commit. Later events of the batch for an address a failed event touched, and for
+        The batch is settled set-based first (:mod:`statifier.router.batch`: its claims,
+        addresses, executions' locks and rows read in a fixed number of statements,
+        then each event stepped in order). If a delivery raises, that attempt is rolled
+        back and the batch settled again with every delivery at its own savepoint, so
+        an event whose routing raises is returned :class:`Failed` (its earlier
+        bindings' deliveries stand) and the others commit. Later events of the batch for an address a failed event touched, and for
         any address in a scope whose bindings could not be read, fail as
         :class:`BlockedByEarlierFailure`: a key's events keep their order. On PostgreSQL
         the batch takes its advisory locks for every claim and address up front, in one
@@ -397,42 +402,124 @@ class Router:
             for verdict in plan.verdicts
             for key in verdict.locks(plan.event)
         )
-        answers: list[Routed | Failed] = []
-        durations: list[float] = []
         hooked = self.config.around_delivery is not None or self.config.on_begin is not None
         async with self.transaction(connection, entered=Entry.ROUTE) as unit:
             await _lock(unit, locks)
-            blocked = _Blocked()
-            # The deliveries' ledger rows, written at once before the commit: a row is
-            # appended only by a delivery that settled, so the rows are exactly theirs.
-            rows: list[LedgerRow] = []
-            for event, plan in zip(batch, planned, strict=True):
-
-                async def settle(
-                    event: InboundEvent = event, plan: Planned | BaseException = plan
-                ) -> Routed | Failed:
-                    if hooked:
-                        return await self._own_batch_event(unit, event, plan, moment, blocked)
-                    return await self._batch_event(unit, event, plan, moment, blocked, rows)
-
-                started = time.perf_counter()
-                try:
-                    if hooked:
-                        # A wrapper that raises after its work undoes the work too.
-                        async with unit.savepoint():
-                            answer = await self._around(event.scope, Entry.ROUTE, settle)
-                    else:
-                        answer = await self._around(event.scope, Entry.ROUTE, settle)
-                    answers.append(answer)
-                except Exception as error:  # noqa: BLE001 - around_delivery raised for it
-                    blocked.scopes.setdefault(event.scope, event.message_id)
-                    answers.append(Failed(event, error))
-                durations.append(time.perf_counter() - started)
-            await unit.sql.record_many(rows)
+            ready = [plan for plan in planned if isinstance(plan, Planned)]
+            settled = None
+            if not hooked and len(ready) == len(planned):
+                settled = await self._at_once(unit, ready, moment)
+            if settled is None:
+                settled = await self._one_by_one(unit, batch, planned, moment, hooked)
+        answers, durations = settled
         for answer, duration in zip(answers, durations, strict=True):
             if isinstance(answer, Routed):
                 _reported(answer, 0.0, duration)
         return answers
+
+    async def _at_once(
+        self, unit: Unit, planned: list[Planned], now: datetime
+    ) -> tuple[list[Routed | Failed], list[float]] | None:
+        """Settle a batch set-based (:mod:`statifier.router.batch`): the claims,
+        addresses, executions' locks and rows of every delivery read up front, then
+        each event settled in order, its ledger rows written with the others', all at
+        one savepoint. ``None`` when a delivery raised: the savepoint is rolled back,
+        and the caller settles the batch one event at a time, each at its own
+        savepoint, to answer the failing event alone."""
+        deliveries = [
+            verdict.delivery(plan.event)
+            for plan in planned
+            for verdict in plan.verdicts
+            if isinstance(verdict.answer, Keyed) and verdict.binding.mode is Mode.EACH
+        ]
+        answers: list[Routed | Failed] = []
+        durations: list[float] = []
+        scheduled = unit.scheduled
+        try:
+            async with unit.savepoint():
+                prepared = await prepare(unit, deliveries, now)
+                claims = iter(prepared.claims)
+                rows: list[LedgerRow] = []
+                with unit.holding(prepared.held):
+                    for plan in planned:
+                        started = time.perf_counter()
+                        answers.append(await self._planned_event(unit, plan, now, rows, claims))
+                        durations.append(time.perf_counter() - started)
+                await unit.sql.record_many(rows)
+        except Exception as error:  # noqa: BLE001 - settled again, one event at a time
+            _log.debug("a delivery batch settles one event at a time: %s", type(error).__name__)
+            unit.scheduled = scheduled
+            return None
+        return answers, durations
+
+    async def _planned_event(
+        self,
+        unit: Unit,
+        plan: Planned,
+        now: datetime,
+        rows: list[LedgerRow],
+        claims: Iterator[Claimed | bool],
+    ) -> Routed:
+        """One event of a set-based batch, under ``around_delivery`` (if any): each
+        delivery with its claim, the next of ``claims``."""
+        event = plan.event
+
+        async def settle() -> Routed:
+            outcomes: list[Outcome] = []
+            before = unit.scheduled
+            for verdict in plan.verdicts:
+                if verdict.answer is None:
+                    outcomes.append(NoMatch(verdict.binding.id))
+                    continue
+                claimed = (
+                    next(claims)
+                    if isinstance(verdict.answer, Keyed) and verdict.binding.mode is Mode.EACH
+                    else False
+                )
+                outcomes.append(await _settle_one(unit, event, verdict, now, rows, claimed))
+            return Routed(event, tuple(outcomes), self._waiting(unit.scheduled - before))
+
+        return await self._around(event.scope, Entry.ROUTE, settle)
+
+    async def _one_by_one(
+        self,
+        unit: Unit,
+        batch: list[InboundEvent],
+        planned: list[Planned | BaseException],
+        now: datetime,
+        hooked: bool,
+    ) -> tuple[list[Routed | Failed], list[float]]:
+        """Settle a batch one event at a time, each delivery at its own savepoint."""
+        answers: list[Routed | Failed] = []
+        durations: list[float] = []
+        blocked = _Blocked()
+        # The deliveries' ledger rows, written at once before the commit: a row is
+        # appended only by a delivery that settled, so the rows are exactly theirs.
+        rows: list[LedgerRow] = []
+        for event, plan in zip(batch, planned, strict=True):
+
+            async def settle(
+                event: InboundEvent = event, plan: Planned | BaseException = plan
+            ) -> Routed | Failed:
+                if hooked:
+                    return await self._own_batch_event(unit, event, plan, now, blocked)
+                return await self._batch_event(unit, event, plan, now, blocked, rows)
+
+            started = time.perf_counter()
+            try:
+                if hooked:
+                    # A wrapper that raises after its work undoes the work too.
+                    async with unit.savepoint():
+                        answer = await self._around(event.scope, Entry.ROUTE, settle)
+                else:
+                    answer = await self._around(event.scope, Entry.ROUTE, settle)
+                answers.append(answer)
+            except Exception as error:  # noqa: BLE001 - around_delivery raised for it
+                blocked.scopes.setdefault(event.scope, event.message_id)
+                answers.append(Failed(event, error))
+            durations.append(time.perf_counter() - started)
+        await unit.sql.record_many(rows)
+        return answers, durations
 
     async def deliver_event(
         self,
@@ -836,9 +923,11 @@ async def _settle_one(
     verdict: Verdict,
     now: datetime,
     rows: list[LedgerRow] | None = None,
+    claimed: Claimed | bool = False,
 ) -> Outcome:
-    """Settle one verdict in ``unit``: a refusal's ledger row, or the delivery. Given
-    ``rows``, ledger rows are appended there instead of written (see ``deliver``)."""
+    """Settle one verdict in ``unit``: a refusal's ledger row, or the delivery (with
+    its claim made already, given ``claimed``: see ``deliver``). Given ``rows``, ledger rows are
+    appended there instead of written (see ``deliver``)."""
     started = time.perf_counter()
     outcome: Outcome
     if isinstance(verdict.answer, ProgramFailed):
@@ -851,7 +940,7 @@ async def _settle_one(
     elif verdict.binding.mode is not Mode.EACH:
         outcome = await arrive(unit, verdict.binding, verdict.delivery(event), now, rows)
     else:
-        outcome = await deliver(unit, verdict.delivery(event), now, rows)
+        outcome = await deliver(unit, verdict.delivery(event), now, rows, claimed=claimed)
     if enabled(_DELIVERY):
         report(
             _DELIVERY,
