@@ -81,19 +81,48 @@ async def _run_once(
 async def test_a_router_killed_at_random_points_steps_every_event_once(
     router_db: RouterDb, tmp_path: Path
 ) -> None:
+    # One transaction per event, and batches.
+    kills = await _killed_until_done(router_db, tmp_path, [1, 1, 4, 8], 20261201, 5)
+    assert kills >= KILLS
+    await _every_event_once(router_db, tmp_path, kills)
+
+
+@pytest.mark.asyncio
+async def test_a_router_killed_inside_set_based_batches_steps_every_event_once(
+    router_db: RouterDb, tmp_path: Path
+) -> None:
+    """Every run routes batches (``route_many``, settled set-based: decision 0113), and
+    each kill lands a few milliseconds after an acknowledgement, inside the next batch."""
+    kills = await _killed_until_done(router_db, tmp_path, [4, 6, 8], 20261204, 1)
+    assert kills >= 30
+    await _every_event_once(router_db, tmp_path, kills)
+
+
+async def _killed_until_done(
+    router_db: RouterDb, tmp_path: Path, batches: list[int], seed: int, most_acks: int
+) -> int:
+    """Run router processes on the stream, SIGKILLing each of the first 30 at a random
+    point (after at most ``most_acks`` acknowledged calls), until one finishes; answers
+    the kills that landed."""
     chart = tmp_path / "counter.scxml"
     chart.write_bytes(COUNTER)
     acks = tmp_path / "acks"
-    chooser = random.Random(20261201)
+    chooser = random.Random(seed)
     kills = 0
     for _ in range(MAX_RUNS):
-        batch = chooser.choice([1, 1, 4, 8])  # one transaction per event, and batches
-        kill = (chooser.randint(0, 5), chooser.uniform(0.0, 0.01)) if kills < 30 else None
+        batch = chooser.choice(batches)
+        kill = (chooser.randint(0, most_acks), chooser.uniform(0.0, 0.01)) if kills < 30 else None
         status = await _run_once(router_db, chart, acks, batch, kill)
         if status == 0:
             break
         kills += 1
-    assert kills >= KILLS
+    return kills
+
+
+async def _every_event_once(router_db: RouterDb, tmp_path: Path, kills: int) -> None:
+    """Every event of the stream acknowledged, stepped once into its key's execution,
+    in the key's order."""
+    acks = tmp_path / "acks"
     acknowledged = acks.read_text().split()
     stream = _stream()
     assert sorted(acknowledged) == sorted(message_id for message_id, _ in stream)
