@@ -363,8 +363,9 @@ class Router:
         then each event stepped in order). If a delivery raises, that attempt is rolled
         back and the batch settled again with every delivery at its own savepoint, so
         an event whose routing raises is returned :class:`Failed` (its earlier
-        bindings' deliveries stand) and the others commit. Later events of the batch for an address a failed event touched, and for
-        any address in a scope whose bindings could not be read, fail as
+        bindings' deliveries stand) and the others commit. Later events of the batch
+        for an address a failed event touched, and for any address in a scope whose
+        bindings could not be read, fail as
         :class:`BlockedByEarlierFailure`: a key's events keep their order. On PostgreSQL
         the batch takes its advisory locks for every claim and address up front, in one
         sorted order, so two batches never deadlock.
