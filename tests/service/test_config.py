@@ -22,6 +22,7 @@ from statifier.service.service import prepare_database
 from statifier.service.settings import (
     BasicHttpFront,
     CallSink,
+    FormFront,
     HttpSink,
     InboundTableOptions,
     LoggingSettings,
@@ -387,6 +388,42 @@ async def test_the_errors_table_sets_the_policy_per_document(tmp_path: Path) -> 
         order = (await config.resolve("s", "order")).machine.identity.content_hash
         assert (policy.of(hits).value, policy.of(order).value) == ("continue", "fail")
         assert config.timers_elsewhere is False
+
+
+FORM = '[fronts.form.f]\npath = "/f"\nsource = "clicks"\nscope = "s"\n'
+
+
+def test_group_commit_ms_is_the_fronts_window_in_seconds(tmp_path: Path) -> None:
+    body = HEAD + WEBHOOK + "group_commit_ms = 2\n" + FORM + "group_commit_ms = 0.5\n"
+    settings = load(write_config(tmp_path, body, {"hits": HITS}), {})
+    webhook, form = settings.fronts
+    assert isinstance(webhook, WebhookFront)
+    assert isinstance(form, FormFront)
+    assert (webhook.group_commit, form.group_commit) == (0.002, 0.0005)
+    (alone,) = load(write_config(tmp_path, HEAD + WEBHOOK, {"hits": HITS}), {}).fronts
+    assert isinstance(alone, WebhookFront)
+    assert alone.group_commit is None  # each post routed alone
+
+
+@pytest.mark.parametrize(
+    ("table", "value", "said"),
+    [
+        (WEBHOOK, "0", "must be a number of milliseconds over 0 and at most 1000, not 0"),
+        (WEBHOOK, "-2", "must be a number of milliseconds over 0 and at most 1000, not -2"),
+        (FORM, "1000.5", "must be a number of milliseconds over 0 and at most 1000, not 1000.5"),
+        (FORM, "nan", "must be a number of milliseconds over 0 and at most 1000, not nan"),
+        (WEBHOOK, "true", "must be a number of milliseconds over 0 and at most 1000, not true"),
+        (WEBHOOK, '"2"', 'must be a number of milliseconds over 0 and at most 1000, not "2"'),
+        (FORM, "500\ntimeout = 0.5", "must be shorter than timeout (0.5 seconds)"),
+    ],
+)
+def test_group_commit_ms_out_of_range_is_refused(
+    tmp_path: Path, table: str, value: str, said: str
+) -> None:
+    name = "[fronts.webhook.w]" if table == WEBHOOK else "[fronts.form.f]"
+    assert refused(tmp_path, f"{HEAD}{table}group_commit_ms = {value}\n") == (
+        f"{name} group_commit_ms: {said}"
+    )
 
 
 def test_a_file_over_the_cap_is_refused_before_it_is_parsed(tmp_path: Path) -> None:

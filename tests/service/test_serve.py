@@ -3,8 +3,8 @@ or SIGINT within its bound and exits 0 having lost nothing it answered 200, on S
 and on PostgreSQL, and a stop cut short by the bound exits 1 in time; two services on
 one PostgreSQL share the inbound-events table's partitions, the timers and the outbox,
 and the one left keeps consuming, firing and draining after the other is SIGKILLed.
-In-process: the health endpoints and the table source's consumer, the HTTP sink's
-header and statuses, and the command's refusals."""
+In-process: the health endpoints and the table source's consumer, a webhook with group
+commit, the HTTP sink's header and statuses, and the command's refusals."""
 
 from __future__ import annotations
 
@@ -355,6 +355,60 @@ commit_interval = 0.05
         assert sorted(str(row.message_id) for row in rows) == [f"t{n}" for n in range(5)]
         service.stop()
         assert await asyncio.wait_for(running, SHUTDOWN_TIMEOUT + EXIT_SLACK) == 0
+
+
+@pytest.mark.asyncio
+async def test_a_webhook_with_group_commit_in_process(
+    fresh_database: FreshDatabase,  # noqa: F811 - the fixture
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    batches: list[int] = []
+    route_many = Router.route_many
+
+    async def counted(self: Router, events: Any, **options: Any) -> Any:
+        batches.append(len(events))
+        return await route_many(self, events, **options)
+
+    monkeypatch.setattr(Router, "route_many", counted)
+    body = f"""
+migrate = true
+shutdown_timeout = {SHUTDOWN_TIMEOUT}
+charts = "charts"
+{HITS_BINDING}
+{database_table(fresh_database)}
+[http]
+port = 0
+
+[fronts.webhook.clicks]
+path = "/hooks/clicks"
+source = "clicks"
+scope = "web"
+provider_id_header = "X-Event-Id"
+group_commit_ms = 20
+"""
+    config = write_config(tmp_path, body, {"hits": HITS})
+    service = Service(load(config), io.StringIO())
+    running = asyncio.create_task(service.run())
+    async with httpx.AsyncClient(timeout=5.0) as client:
+        while service.address is None:
+            assert not running.done(), running
+            await asyncio.sleep(0.02)
+        url = f"http://{service.address[0]}:{service.address[1]}/hooks/clicks"
+        answers = await asyncio.gather(
+            *(
+                client.post(url, json={"key": f"k{n % 3}"}, headers={"X-Event-Id": f"e{n}"})
+                for n in range(30)
+            )
+        )
+    assert [answer.status_code for answer in answers] == [200] * 30
+    service.stop()
+    assert await asyncio.wait_for(running, SHUTDOWN_TIMEOUT + EXIT_SLACK) == 0
+    assert sum(batches) == 30
+    assert len(batches) < 30  # the posts shared transactions
+    async with router_on(config, fresh_database) as router:
+        rows = await ledger(router)
+    assert sorted(str(row.message_id) for row in rows) == sorted(f"e{n}" for n in range(30))
 
 
 async def _ready(client: httpx.AsyncClient, base: str) -> dict[str, Any]:

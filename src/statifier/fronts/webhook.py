@@ -1,5 +1,6 @@
 """The webhook and form-post fronts: a POST in, one :meth:`~statifier.router.Router.route`
-call, a status out.
+call (or, with group commit, a place in a batch routed in one transaction), a status
+out.
 
 :func:`handle` and :func:`status` are the whole contract, for a host that writes its
 own endpoint; :func:`webhook_app` and :func:`form_app` are Starlette applications
@@ -19,6 +20,15 @@ answers ``POST /`` and nothing else:
    error, 503 when the handling outlived the deadline (its transaction is rolled
    back; a retry is deduped if it had committed).
 
+With ``group_commit`` (a window in seconds), the events of concurrent posts are routed
+together by a :class:`~statifier.fronts.gather.Gatherer`, one transaction a batch: each
+post is answered once its batch committed, 200 or 500 by its own event's answer (500
+for every post of a batch whose transaction failed). A post that outlives its deadline
+is answered 503 and leaves the batch to the others; its event is routed with them if
+the batch was taken already. The app's lifespan closes the gatherer on shutdown,
+routing what waits; a host that mounts the app in its own enters it there (Starlette
+runs no mounted app's lifespan): ``async with front.router.lifespan_context(front):``.
+
 The message id is the provider's event id when the host names the header it comes in
 and the post carries a non-empty one, else the lowercase hex SHA-256 of the raw body:
 a provider's retry of the same body is the same message. A body-hash id is
@@ -35,7 +45,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
 from typing import Final
 from urllib.parse import parse_qsl
@@ -43,6 +54,7 @@ from urllib.parse import parse_qsl
 from statifier.callbacks import awaited
 from statifier.expr import Value
 from statifier.extras import MissingExtra
+from statifier.fronts.gather import Gatherer, check_window
 from statifier.fronts.http_body import (
     DEFAULT_MAX_BODY,
     DEFAULT_TIMEOUT,
@@ -84,6 +96,8 @@ ScopeOf = str | Callable[[Request], "str | Awaitable[str]"]
 """The scope of every post (a string), or a function of the request answering it."""
 
 Decode = Callable[[Request, bytes], "Mapping[str, Value] | Refused"]
+RouteOne = Callable[[InboundEvent], Awaitable["Routed | Failed"]]
+Lifespan = Callable[[Starlette], "AbstractAsyncContextManager[None]"]
 
 
 def body_message_id(raw_body: bytes) -> str:
@@ -117,8 +131,19 @@ async def handle(
         InvalidEvent: an empty or over-long scope, source or provider id (nothing was
             routed).
     """
+    event = _event(scope, source, raw_body, data, provider_id)
+    return await _alone(router, event, now)
+
+
+def _event(
+    scope: str, source: str, raw_body: bytes, data: Mapping[str, Value], provider_id: str | None
+) -> InboundEvent:
     message_id = provider_id if provider_id else body_message_id(raw_body)
-    event = InboundEvent(scope=scope, source=source, message_id=message_id, data=data)
+    return InboundEvent(scope=scope, source=source, message_id=message_id, data=data)
+
+
+async def _alone(router: Router, event: InboundEvent, now: datetime | None) -> Routed | Failed:
+    """``event`` routed by one :meth:`~statifier.router.Router.route` call."""
     try:
         return await router.route(event, now=now)
     except Exception as error:  # noqa: BLE001 - the post's answer, never the server's
@@ -140,6 +165,7 @@ def webhook_app(
     verifier: Verifier | None = None,
     max_body: int = DEFAULT_MAX_BODY,
     timeout: float = DEFAULT_TIMEOUT,
+    group_commit: float | None = None,
 ) -> Starlette:
     """A provider's webhook as an ASGI app: ``POST /`` with a JSON object body,
     routed from ``source`` (see the module docstring for the statuses).
@@ -153,10 +179,14 @@ def webhook_app(
             decoded or anything routed.
         max_body: the largest body read, in bytes.
         timeout: the seconds one request may take, the body's reading included.
+        group_commit: the seconds the events of concurrent posts are gathered to be
+            routed in one transaction (over 0, at most
+            :data:`~statifier.fronts.gather.MAX_WINDOW` and shorter than ``timeout``);
+            ``None``: each post is routed alone, one ``route()`` call.
 
     Raises:
         ValueError: an empty source, a ``max_body`` or ``timeout`` that is not
-            positive.
+            positive, a ``group_commit`` window out of range.
     """
     header = provider_id_header
 
@@ -171,7 +201,18 @@ def webhook_app(
     def provider_id(request: Request) -> str | None:
         return request.headers.get(header) if header is not None else None
 
-    return _app(router, "webhook", source, scope, verifier, max_body, timeout, decode, provider_id)
+    return _app(
+        router,
+        "webhook",
+        source,
+        scope,
+        verifier,
+        max_body,
+        timeout,
+        group_commit,
+        decode,
+        provider_id,
+    )
 
 
 def form_app(
@@ -182,6 +223,7 @@ def form_app(
     verifier: Verifier | None = None,
     max_body: int = DEFAULT_MAX_BODY,
     timeout: float = DEFAULT_TIMEOUT,
+    group_commit: float | None = None,
 ) -> Starlette:
     """A host's own web form as an ASGI app: ``POST /`` with an urlencoded body; the
     fields are the data (a field posted more than once is a list of its values, in
@@ -193,7 +235,18 @@ def form_app(
     that an execution received it; a host that tells more mounts its own endpoint on
     :func:`handle`.
     """
-    return _app(router, "form", source, scope, verifier, max_body, timeout, _form_fields, _no_id)
+    return _app(
+        router,
+        "form",
+        source,
+        scope,
+        verifier,
+        max_body,
+        timeout,
+        group_commit,
+        _form_fields,
+        _no_id,
+    )
 
 
 def _no_id(_request: Request) -> None:
@@ -208,6 +261,7 @@ def _app(
     verifier: Verifier | None,
     max_body: int,
     timeout: float,
+    group_commit: float | None,
     decode: Decode,
     provider_id: Callable[[Request], str | None],
 ) -> Starlette:
@@ -215,6 +269,7 @@ def _app(
     if not isinstance(named, str) or not named:
         raise ValueError(f"a front needs a source name, not {source!r}")
     check_bounds(max_body, timeout)
+    route, lifespan = _routing(router, group_commit, timeout)
 
     async def answer(request: Request) -> Response | Refused:
         if request.method != "POST":
@@ -247,22 +302,57 @@ def _app(
             _log.error("%s: the scope function raised %s", source, type(error).__name__)
             return Response(status_code=500)
         try:
-            routed = await handle(
-                router,
-                scope=chosen,
-                source=source,
-                raw_body=body,
-                data=data,
-                provider_id=provider_id(request),
-            )
+            event = _event(chosen, source, body, data, provider_id(request))
         except InvalidEvent:  # the provider id is bounded already: the host's scope
             _log.error("%s: the scope is not a valid scope", source)
             return Response(status_code=500)
-        if isinstance(routed, Failed):
-            _log.error("%s: routing failed with %s", source, type(routed.error).__name__)
-        return Response(status_code=status(routed))
+        return Response(status_code=status(await route(event)))
 
-    return Starlette(routes=[Route("/", AnyMethod(answer, front=front, source=source))])
+    return Starlette(
+        routes=[Route("/", AnyMethod(answer, front=front, source=source))], lifespan=lifespan
+    )
+
+
+def _routing(
+    router: Router, group_commit: float | None, timeout: float
+) -> tuple[RouteOne, Lifespan | None]:
+    """How an app routes a post's event, and its lifespan: each event alone (no
+    lifespan), or through a gatherer the lifespan closes on shutdown.
+
+    Raises:
+        ValueError: a ``group_commit`` window out of range, or not shorter than
+            ``timeout`` (every post would run out of time waiting).
+    """
+    if group_commit is None:
+
+        async def alone(event: InboundEvent) -> Routed | Failed:
+            routed = await _alone(router, event, None)
+            if isinstance(routed, Failed):
+                _log.error("%s: routing failed with %s", event.source, type(routed.error).__name__)
+            return routed
+
+        return alone, None
+    window = check_window(group_commit)
+    if window >= timeout:
+        raise ValueError(
+            f"a group commit window ({window:g} s) must be shorter than timeout ({timeout:g} s)"
+        )
+    # The gatherer of this start of the app; the failures it answers, it logs.
+    current = [Gatherer(router, window=window)]
+
+    async def gathered(event: InboundEvent) -> Routed | Failed:
+        return await current[0].route(event)
+
+    @asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            # A next start of the app gathers afresh; this one's waiting posts are routed.
+            closing, current[0] = current[0], Gatherer(router, window=window)
+            await closing.close()
+
+    return gathered, lifespan
 
 
 def _form_fields(request: Request, body: bytes) -> Mapping[str, Value] | Refused:

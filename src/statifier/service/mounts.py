@@ -63,6 +63,7 @@ def _built(front: Front, router: Router) -> Any:
             verifier=verifier,
             max_body=front.max_body,
             timeout=front.timeout,
+            group_commit=front.group_commit,
         )
     return form_app(
         router,
@@ -71,6 +72,7 @@ def _built(front: Front, router: Router) -> Any:
         verifier=verifier,
         max_body=front.max_body,
         timeout=front.timeout,
+        group_commit=front.group_commit,
     )
 
 

@@ -18,6 +18,7 @@ from typing import Final
 
 from statifier.chart import InvalidChart, Machine, ReadLimits, compile_chart
 from statifier.extras import MissingExtra
+from statifier.fronts.gather import MAX_WINDOW
 from statifier.persistence import PLAIN, BlobCodec, OnError
 from statifier.persistence.serialization import DEFAULT_LOCK_WAIT
 from statifier.router import (
@@ -341,6 +342,7 @@ class SectionReader:
                     max_body=named.integer("max_body", 1 << 20),
                     timeout=named.seconds("timeout", 10.0),
                     hmac=self.hmac(named),
+                    group_commit=self.group_commit(named),
                 )
             )
             named.done()
@@ -354,6 +356,7 @@ class SectionReader:
                     max_body=named.integer("max_body", 1 << 16),
                     timeout=named.seconds("timeout", 10.0),
                     hmac=self.hmac(named),
+                    group_commit=self.group_commit(named),
                 )
             )
             named.done()
@@ -381,6 +384,29 @@ class SectionReader:
                 "path", f'must be an absolute path such as "/hooks/x", not {shown(path)}'
             )
         return path
+
+    def group_commit(self, front: Table) -> float | None:
+        """``group_commit_ms``, the group commit window, as seconds (``None`` when
+        absent: each post is routed alone); read after ``timeout``, which it must be
+        shorter than."""
+        key = "group_commit_ms"
+        front.seen.add(key)
+        if not front.has(key):
+            return None
+        value = front.raw[key]
+        longest = MAX_WINDOW * 1000
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not 0 < value <= longest
+        ):
+            wanted = f"a number of milliseconds over 0 and at most {longest:g}"
+            raise front.refuse(key, f"must be {wanted}, not {shown(value)}")
+        window = value / 1000
+        timeout = front.seconds("timeout", 10.0)
+        if window >= timeout:
+            raise front.refuse(key, f"must be shorter than timeout ({timeout:g} seconds)")
+        return window
 
     def hmac(self, front: Table) -> HmacSettings | None:
         if not front.has("hmac"):

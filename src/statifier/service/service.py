@@ -34,10 +34,12 @@ partition once its lease, or the consumer group's session, runs out).
 
 :meth:`Service.stop` (what SIGTERM and SIGINT call) stops intake first: the listener
 closes and in-flight requests are answered, and consumers stop fetching, finish the
-deliveries they started and commit their offsets. Then the workers finish the pass
-they are in. All of it within ``shutdown_timeout`` seconds; what is still running then
-is cancelled (its transaction rolls back, and at-least-once delivery redoes it), and
-:meth:`Service.run` returns 1 instead of 0. A second signal cancels at once.
+deliveries they started and commit their offsets; then the fronts' lifespans end (the
+service runs them: the server runs none), and a front with group commit routes what it
+gathered. Then the workers finish the pass they are in. All of it within
+``shutdown_timeout`` seconds; what is still running then is cancelled (its transaction
+rolls back, and at-least-once delivery redoes it), and :meth:`Service.run` returns 1
+instead of 0. A second signal cancels at once.
 
 While it runs, the telemetry bridges the file asks for are installed
 (:func:`install_bridges`: ``[logging] events`` and ``[otel] enabled``); they are
@@ -419,9 +421,8 @@ class Service:
         from starlette.applications import Starlette
 
         # Everything that can be refused is built before any task starts.
-        fronts = [
-            (front.path, front_app(front, router, settings.file)) for front in settings.fronts
-        ]
+        front_apps = [front_app(front, router, settings.file) for front in settings.fronts]
+        fronts = [(f.path, app) for f, app in zip(settings.fronts, front_apps, strict=True)]
         routes: list[Any] = list(health_routes(health))
         if settings.console.enabled:
             self._console = service_console(settings, router)
@@ -430,6 +431,9 @@ class Service:
             self._api = service_api(settings, router)
             fronts.append((settings.api.path, self._api.app))
         app = Mounted(fronts, Starlette(routes=routes))
+        # The server runs no lifespan: the service runs the fronts' (a group commit's
+        # gatherer closes in its front's), and closes them once intake has stopped.
+        lifespans = contextlib.AsyncExitStack()
         make_server = _http_server()
         consumers = [
             SupervisedConsumer(source, router, settings.file) for source in settings.sources
@@ -449,6 +453,8 @@ class Service:
         started: list[asyncio.Task[Any]] = []
         parts: list[Supervised | SupervisedConsumer] = [*workers, *consumers]
         try:
+            for front in front_apps:
+                await lifespans.enter_async_context(front.router.lifespan_context(front))
             for part in parts:
                 health.watch(part.name, part.trouble)
                 part.start()
@@ -477,12 +483,13 @@ class Service:
             stopped = asyncio.ensure_future(self._stopping.wait())
             await asyncio.wait({stopped, serving}, return_when=asyncio.FIRST_COMPLETED)
             stopped.cancel()
-            status = await self._shutdown(server, serving, consumers, workers, health)
+            status = await self._shutdown(server, serving, consumers, workers, health, lifespans)
         finally:
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(signum)
             listener.close()
             await _abandon(started)  # after an orderly stop, nothing is left
+            await lifespans.aclose()  # after an orderly stop, closed already
         self._say("stopped" if status == _EXIT_CLEAN else "stopped, cut short by shutdown_timeout")
         return status
 
@@ -562,8 +569,10 @@ class Service:
         consumers: list[SupervisedConsumer],
         workers: list[Supervised],
         health: Health,
+        lifespans: contextlib.AsyncExitStack,
     ) -> int:
-        """Intake first (HTTP, consumers), then the workers, within the bound."""
+        """Intake first (HTTP, consumers, then the fronts' lifespans: what a group commit
+        gathered is routed), then the workers, within the bound."""
         health.stopping = True
         if self._console is not None:
             # Its event streams would hold the listener open; its replays, threads.
@@ -586,6 +595,8 @@ class Service:
             ),
         ]
         clean = await self._within(intake, deadline)
+        closing = asyncio.create_task(lifespans.aclose(), name="fronts")
+        clean = await self._within([closing], deadline) and clean
         self._workers_stop.set()
         tasks = [worker.task for worker in workers if worker.task is not None]
         clean = await self._within(tasks, deadline) and clean

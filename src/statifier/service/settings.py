@@ -267,7 +267,8 @@ class HmacSettings:
 @dataclass(frozen=True, slots=True)
 class WebhookFront:
     """A JSON webhook mounted at ``path``: each POST is one event of ``source`` in
-    ``scope``."""
+    ``scope``. ``group_commit``: the seconds concurrent posts are gathered to be routed
+    in one transaction (``group_commit_ms`` / 1000); ``None``: each post routed alone."""
 
     name: str
     path: str
@@ -277,11 +278,12 @@ class WebhookFront:
     max_body: int = 1 << 20
     timeout: float = 10.0
     hmac: HmacSettings | None = None
+    group_commit: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class FormFront:
-    """An HTML form POST front mounted at ``path``."""
+    """An HTML form POST front mounted at ``path``; ``group_commit`` as a webhook's."""
 
     name: str
     path: str
@@ -290,6 +292,7 @@ class FormFront:
     max_body: int = 1 << 16
     timeout: float = 10.0
     hmac: HmacSettings | None = None
+    group_commit: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
