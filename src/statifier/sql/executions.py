@@ -74,6 +74,8 @@ class ExecutionStatements:
     Parameters by statement (``:name``):
 
     - ``insert_chart``: the chart's columns; does nothing where the hash is stored.
+      ``save_chart``: the chart's columns and ``h``; returns the stored row (``None``
+      without :attr:`Dialect.writes_in_with`).
       ``fetch_chart``, ``lock_chart``, ``guard_chart``: ``h``. ``retire_chart``:
       ``h``, ``at``, ``by``.
     - ``insert_execution``: the execution's columns (``metadata`` a JSON document);
@@ -121,6 +123,18 @@ class ExecutionStatements:
             "ON CONFLICT (content_hash) DO NOTHING"
         )
         self.fetch_chart = sql(f"SELECT {CHART_COLUMNS} FROM {t.charts} WHERE content_hash = :h")
+        # The save and the read of what is stored in one round trip where a WITH
+        # clause can write: the row inserted, or else the row stored. A row another
+        # transaction committed while the insert waited on it is not in this
+        # statement's snapshot: then nothing comes back, and fetch_chart reads it.
+        self.save_chart: str | None = None
+        if dialect.writes_in_with:
+            self.save_chart = sql(
+                f"WITH saved AS ({keys.insert(t.charts, CHART_COLUMNS.split(', '))} "
+                f"ON CONFLICT (content_hash) DO NOTHING RETURNING {CHART_COLUMNS}) "
+                f"SELECT {CHART_COLUMNS} FROM saved UNION ALL SELECT {CHART_COLUMNS} "
+                f"FROM {t.charts} WHERE content_hash = :h AND NOT EXISTS (SELECT 1 FROM saved)"
+            )
         self.retire_chart = sql(
             f"UPDATE {t.charts} SET chart_blob = NULL, retired_at = :at, retired_by = :by "
             "WHERE content_hash = :h AND retired_at IS NULL"

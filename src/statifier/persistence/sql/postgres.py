@@ -615,9 +615,13 @@ class PostgresDatabase:
             "retired_at": utc(record.retired_at),
             "retired_by": record.retired_by,
         }
-        await cursor.execute(s.insert_chart, s.keyed(values))
-        await cursor.execute(s.fetch_chart, {"h": record.content_hash})
+        assert s.save_chart is not None  # PostgreSQL writes in WITH
+        values["h"] = record.content_hash
+        await cursor.execute(s.save_chart, s.keyed(values))
         row = await cursor.fetchone()
+        if row is None:  # stored by a transaction that committed during the insert
+            await cursor.execute(s.fetch_chart, {"h": record.content_hash})
+            row = await cursor.fetchone()
         assert row is not None
         return chart(row, utc_time)
 
