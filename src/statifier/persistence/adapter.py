@@ -23,6 +23,7 @@ from statifier.persistence.records import (
     InputRecord,
     PositionRecord,
     Status,
+    StepWrite,
 )
 
 __all__ = ["Adapter", "Capabilities"]
@@ -45,6 +46,10 @@ class Capabilities:
             (``insert_answer`` ... ``take_fan_out_end``); durable children need it.
         errors: the error events steps raise are kept (``record_errors``, ``errors``,
             and ``record_step``'s ``errors``). Executions count them either way.
+        batched_steps: ``record_steps`` sends many steps' writes together (one round
+            trip), so that a caller stepping many executions in one transaction can
+            write their steps at once (:meth:`Storage.deferred_steps
+            <statifier.persistence.Storage.deferred_steps>`).
     """
 
     lock: bool = False
@@ -53,6 +58,7 @@ class Capabilities:
     chart_retirement: bool = False
     answers: bool = False
     errors: bool = False
+    batched_steps: bool = False
 
 
 class Adapter(Protocol):
@@ -253,6 +259,15 @@ class Adapter(Protocol):
 
         Raises:
             ExecutionNotFound: there is no such execution (nothing is written).
+        """
+        ...
+
+    async def record_steps(self, steps: Sequence[StepWrite], cap: int | None) -> None:
+        """``record_step`` for each of ``steps`` (none with errors), in order, all or
+        nothing; with the capability ``batched_steps``, sent together.
+
+        Raises:
+            ExecutionNotFound: one of the executions does not exist.
         """
         ...
 

@@ -37,6 +37,7 @@ from statifier.persistence.records import (
     InputRecord,
     PositionRecord,
     Status,
+    StepWrite,
 )
 
 __all__ = ["MemoryAdapter"]
@@ -250,6 +251,13 @@ class MemoryAdapter:
         seq = await self.append_input(record.id, via, event, recorded_at, cap)
         await self.record_errors([replace(error, seq=seq) for error in errors])
         return seq
+
+    async def record_steps(self, steps: Sequence[StepWrite], cap: int | None) -> None:
+        for step in steps:  # all or nothing: refused before anything is written
+            if step.record.id not in self.executions:
+                raise ExecutionNotFound(step.record.id)
+        for step in steps:
+            await self.record_step(step.record, step.via, step.event, step.recorded_at, cap)
 
     async def inputs(self, execution_id: str) -> list[InputRecord]:
         return list(self.logs.get(execution_id, ()))

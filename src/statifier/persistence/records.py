@@ -15,6 +15,7 @@ __all__ = [
     "InputRecord",
     "PositionRecord",
     "Status",
+    "StepWrite",
 ]
 
 
@@ -132,6 +133,18 @@ class InputRecord:
     seq: int
     via: str
     event: bytes | None
+    recorded_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class StepWrite:
+    """One step's writes, as ``record_step`` takes them without errors: the
+    execution's new record and the input-log entry of the event it stepped."""
+
+    record: ExecutionRecord
+    _: KW_ONLY
+    via: str
+    event: bytes
     recorded_at: datetime
 
 

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Final, TypeVar
@@ -51,6 +52,7 @@ from statifier.persistence.records import (
     InputRecord,
     PositionRecord,
     Status,
+    StepWrite,
 )
 from statifier.telemetry import enabled, report
 
@@ -126,6 +128,17 @@ def _decoded_chart(codec: BlobCodec, chart: ChartRecord) -> ChartRecord:
     return replace(chart, source=source)
 
 
+class _Queued:
+    """What a queued step write answers when awaited: ``None``, at once."""
+
+    def __await__(self) -> Generator[None, None, None]:
+        return None
+        yield  # a generator: awaiting it suspends nothing
+
+
+_QUEUED: Final = _Queued()
+
+
 def utc_now() -> datetime:
     """The current time in UTC (the default clock)."""
     return datetime.now(UTC)
@@ -183,6 +196,10 @@ class Storage:
         # Records read ahead by read_ahead, each returned once (as the adapter
         # returned them, still encoded).
         self._held: dict[str, ExecutionRecord] = {}
+        # Inside deferred_steps: the steps' writes not sent yet (None outside), and
+        # the record each one wrote, encoded, answered by find_execution until sent.
+        self._deferred: list[StepWrite] | None = None
+        self._pending: dict[str, ExecutionRecord] = {}
 
     def over(self, adapter: Adapter) -> Storage:
         """This storage over another adapter, typically a view of this one's bound to a
@@ -208,13 +225,64 @@ class Storage:
     def capabilities(self) -> Capabilities:
         return self.adapter.capabilities
 
-    def _call(self, operation: str, awaitable: Awaitable[_T]) -> Awaitable[_T]:
+    def _call(
+        self, operation: str, awaitable: Awaitable[_T], *, aside: bool = False
+    ) -> Awaitable[_T]:
         """One adapter call, to await: timed and reported
         (``statifier.persistence.adapter``) while a handler observes adapter calls, else
-        handed back untouched (a step makes three; a wrapper each would show)."""
+        handed back untouched (a step makes three; a wrapper each would show). With
+        steps' writes queued (:meth:`deferred_steps`), they are sent first, unless the
+        call is ``aside``: it reads or writes nothing a queued write touches (a chart,
+        an execution no queued write is for)."""
+        if self._deferred and not aside:
+            return self._after_steps(operation, awaitable)
         if not enabled(_ADAPTER_CALLS):
             return awaitable
         return _timed(operation, awaitable)
+
+    async def _after_steps(self, operation: str, awaitable: Awaitable[_T]) -> _T:
+        await self.send_steps()
+        return await self._call(operation, awaitable)
+
+    @asynccontextmanager
+    async def deferred_steps(self) -> AsyncIterator[None]:
+        """For the block, where the adapter sends steps' writes together (capability
+        ``batched_steps``), :meth:`record_step` without errors queues its writes
+        instead of sending them, and :meth:`find_execution` answers the record a
+        queued write holds. They are sent together before any other adapter call,
+        at :meth:`send_steps`, and when the block ends; if it raises, they are
+        dropped (the caller rolls back what the block wrote). Elsewhere it changes
+        nothing.
+
+        For a caller stepping many executions in one transaction of this storage's
+        view (:meth:`over`), which nothing else writes meanwhile: a delivery batch.
+        A statement the caller runs on the transaction itself does not see the queued
+        writes until :meth:`send_steps`.
+        """
+        if not self.adapter.capabilities.batched_steps or self._deferred is not None:
+            yield
+            return
+        self._deferred = []
+        try:
+            yield
+            await self.send_steps()
+        finally:
+            self._deferred = None
+            self._pending.clear()
+
+    async def send_steps(self) -> None:
+        """Send the steps' writes :meth:`deferred_steps` queued, if any, in one adapter
+        call.
+
+        Raises:
+            ExecutionNotFound: one of the executions is gone (nothing is written).
+        """
+        steps = self._deferred
+        if not steps:
+            return
+        self._deferred = []
+        self._pending.clear()
+        await self._call("record_steps", self.adapter.record_steps(steps, self.input_log_cap))
 
     # Charts.
 
@@ -235,10 +303,10 @@ class Storage:
         codec = self._sealing
         if codec is not None and record.source is not None:
             sealed = replace(record, source=codec.encode(record.source))
-            saved = await self._call("save_chart", self.adapter.save_chart(sealed))
+            saved = await self._call("save_chart", self.adapter.save_chart(sealed), aside=True)
             saved = _decoded_chart(codec, saved)
         else:
-            saved = await self._call("save_chart", self.adapter.save_chart(record))
+            saved = await self._call("save_chart", self.adapter.save_chart(record), aside=True)
         if saved.retired_at is not None:
             raise ChartRetired(saved.content_hash, saved.retired_by)
         self._machines.setdefault(identity.content_hash, machine)
@@ -264,7 +332,7 @@ class Storage:
         Raises:
             UndecodableBlob: the codec cannot decode its source.
         """
-        found = self._call("fetch_chart", self.adapter.fetch_chart(content_hash))
+        found = self._call("fetch_chart", self.adapter.fetch_chart(content_hash), aside=True)
         return found if self._sealing is None else self._open_chart(found)
 
     async def _open_chart(self, found: Awaitable[ChartRecord | None]) -> ChartRecord | None:
@@ -335,10 +403,15 @@ class Storage:
         Raises:
             UndecodableBlob: the codec cannot decode its position or outcome.
         """
+        pending = self._pending.get(execution_id) if self._pending else None
+        if pending is not None:
+            return self._open_held(pending)
         held = self._held.pop(execution_id, None) if self._held else None
         if held is not None:
             return self._open_held(held)
-        found = self._call("fetch_execution", self.adapter.fetch_execution(execution_id))
+        # Not queued for (the queued record was answered above): aside.
+        fetching = self.adapter.fetch_execution(execution_id)
+        found = self._call("fetch_execution", fetching, aside=True)
         return found if self._sealing is None else self._open_execution(found)
 
     async def read_ahead(self, execution_ids: Sequence[str]) -> None:
@@ -357,7 +430,9 @@ class Storage:
         """
         if not execution_ids:
             return
-        found = await self._call("fetch_executions", self.adapter.fetch_executions(execution_ids))
+        fetching = self.adapter.fetch_executions(execution_ids)
+        aside = not any(execution_id in self._pending for execution_id in execution_ids)
+        found = await self._call("fetch_executions", fetching, aside=aside)
         self._held.update((record.id, record) for record in found)
 
     async def _open_held(self, record: ExecutionRecord) -> ExecutionRecord:
@@ -382,7 +457,8 @@ class Storage:
         """
         if self._sealing is not None:
             record = self._encoded(record)
-        return self._call("insert_execution", self.adapter.insert_execution(record))
+        inserting = self.adapter.insert_execution(record)
+        return self._call("insert_execution", inserting, aside=record.id not in self._pending)
 
     def update_execution(self, record: ExecutionRecord) -> Awaitable[None]:
         """Write the record's changing fields (see ``Adapter.update_execution``; its
@@ -512,6 +588,9 @@ class Storage:
         ``Adapter.record_step``); returns the append's ``seq``, or ``None``. Each
         error's ``seq`` becomes the append's.
 
+        Inside :meth:`deferred_steps`, a write without errors is queued and answers
+        ``None`` (its ``seq`` is not known until it is sent).
+
         Raises:
             ExecutionNotFound: there is no such execution (nothing is written).
         """
@@ -520,6 +599,10 @@ class Storage:
         if self._sealing is not None:
             record = self._encoded(record)
             event = self._sealing.encode(event)
+        if self._deferred is not None and not errors:
+            self._deferred.append(StepWrite(record, via=via, event=event, recorded_at=recorded_at))
+            self._pending[record.id] = record
+            return _QUEUED
         cap = self.input_log_cap
         if errors and self.adapter.capabilities.errors:
             sealed = self._sealed_errors(errors)

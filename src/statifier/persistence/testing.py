@@ -75,6 +75,7 @@ from statifier.persistence.records import (
     InputRecord,
     PositionRecord,
     Status,
+    StepWrite,
 )
 
 __all__ = [
@@ -1160,6 +1161,42 @@ class InputLogConformance(_AdapterSuite):
         assert refused.value.execution_id == "exec-9"
         assert await adapter.fetch_execution("exec-9") is None
         assert await adapter.inputs("exec-9") == []
+
+    @pytest.mark.asyncio
+    async def test_input_log_recorded_steps_are_written_in_order(self, adapter: Adapter) -> None:
+        await _insert(adapter, _execution())
+        await _insert(adapter, _execution("exec-2"))
+        one = _execution(position=b"one", updated_at=_at(1))
+        two = _execution("exec-2", position=b"two", updated_at=_at(2))
+        three = _execution(position=b"three", updated_at=_at(3))
+        await adapter.record_steps(
+            [
+                StepWrite(one, via="step", event=b"[1]", recorded_at=_at(1)),
+                StepWrite(two, via="step", event=b"[2]", recorded_at=_at(2)),
+                StepWrite(three, via="timer", event=b"[3]", recorded_at=_at(3)),
+            ],
+            None,
+        )
+        _assert_same_execution(await adapter.fetch_execution("exec-1"), three)
+        _assert_same_execution(await adapter.fetch_execution("exec-2"), two)
+        log = await adapter.inputs("exec-1")
+        assert [(r.seq, r.via, r.event) for r in log] == [(0, "step", b"[1]"), (1, "timer", b"[3]")]
+        assert [(r.seq, r.event) for r in await adapter.inputs("exec-2")] == [(0, b"[2]")]
+
+    @pytest.mark.asyncio
+    async def test_input_log_recorded_steps_with_a_missing_execution_write_nothing(
+        self, adapter: Adapter
+    ) -> None:
+        await _insert(adapter, _execution())
+        steps = [
+            StepWrite(_execution(position=b"one"), via="step", event=b"[1]", recorded_at=_at(1)),
+            StepWrite(_execution("exec-9"), via="step", event=b"[0]", recorded_at=_at(1)),
+        ]
+        with pytest.raises(ExecutionNotFound) as refused:
+            await adapter.record_steps(steps, None)
+        assert refused.value.execution_id == "exec-9"
+        assert await adapter.inputs("exec-1") == []
+        _assert_same_execution(await adapter.fetch_execution("exec-1"), _execution())
 
     # Retention.
 

@@ -71,6 +71,9 @@ async def admit(unit: Unit, delivery: Delivery, now: datetime) -> Outcome | None
         return None
     bucket = bucket_of(cap, scope)
     await unit.lock([cap_lock(document, bucket)], unit.config.lock_wait)
+    # The count reads executions' statuses on the transaction: a batch's queued step
+    # writes (an execution it ended) go first.
+    await unit.storage.send_steps()
     table, driver = unit.caps, unit.tx.driver
     waiting = cap.over is OverLimit.HOLD and await table.any_held(driver, document, bucket)
     if not waiting and await free_slots(unit, cap, document, bucket) > 0:

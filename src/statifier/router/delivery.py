@@ -339,6 +339,8 @@ async def completed(unit: Unit, stepped: Stepped, scope: str | None) -> None:
         content_index=None,
         ordinal=None,
     )
+    # The route runs on the transaction and may read what the steps wrote.
+    await unit.storage.send_steps()
     answer = await awaited(adapter.deliver(route_config, event, key, unit.tx, scope))
     if isinstance(answer, Refused):
         raise OnCompleteFailed(route_name, execution_id, answer.reason)

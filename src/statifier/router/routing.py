@@ -423,10 +423,11 @@ class Router:
     ) -> tuple[list[Routed | Failed], list[float]] | None:
         """Settle a batch set-based (:mod:`statifier.router.batch`): the claims,
         addresses, executions' locks and rows of every delivery read up front, then
-        each event settled in order, its ledger rows written with the others', all at
-        one savepoint. ``None`` when a delivery raised: the savepoint is rolled back,
-        and the caller settles the batch one event at a time, each at its own
-        savepoint, to answer the failing event alone."""
+        each event settled in order, the steps' writes sent together where the
+        database gains by it (:meth:`Storage.deferred_steps`) and the ledger rows with
+        the others', all at one savepoint. ``None`` when a delivery raised: the
+        savepoint is rolled back, and the caller settles the batch one event at a
+        time, each at its own savepoint, to answer the failing event alone."""
         deliveries = [
             verdict.delivery(plan.event)
             for plan in planned
@@ -442,10 +443,12 @@ class Router:
                 claims = iter(prepared.claims)
                 rows: list[LedgerRow] = []
                 with unit.holding(prepared.held):
-                    for plan in planned:
-                        started = time.perf_counter()
-                        answers.append(await self._planned_event(unit, plan, now, rows, claims))
-                        durations.append(time.perf_counter() - started)
+                    async with unit.storage.deferred_steps():
+                        for plan in planned:
+                            started = time.perf_counter()
+                            answer = await self._planned_event(unit, plan, now, rows, claims)
+                            answers.append(answer)
+                            durations.append(time.perf_counter() - started)
                 await unit.sql.record_many(rows)
         except Exception as error:  # noqa: BLE001 - settled again, one event at a time
             _log.debug("a delivery batch settles one event at a time: %s", type(error).__name__)

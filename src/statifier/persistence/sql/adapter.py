@@ -52,6 +52,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import replace
 from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Protocol
@@ -69,6 +70,7 @@ from statifier.persistence.records import (
     InputRecord,
     PositionRecord,
     Status,
+    StepWrite,
 )
 from statifier.persistence.sql.schema import EVERYTHING, TableOptions, Tables, chosen_tables
 from statifier.sql.dialect import Dialect
@@ -79,6 +81,8 @@ if TYPE_CHECKING:
     from statifier.persistence.sql.sqlite import SqliteDatabase
 
 __all__ = ["POOL_SIZE", "SqlAdapter", "SqlTransaction"]
+
+_BATCHED: Final = replace(EVERYTHING, batched_steps=True)
 
 POOL_SIZE: Final = 20
 """Connections an adapter made from a PostgreSQL URL keeps at most: past as many
@@ -189,7 +193,9 @@ class SqlAdapter:
 
     @property
     def capabilities(self) -> Capabilities:
-        return EVERYTHING
+        # Only PostgreSQL gains from sending steps' writes together: SQLite's run in
+        # process, with no round trip to save.
+        return _BATCHED if self._dialect.writes_in_with else EVERYTHING
 
     @property
     def tables(self) -> Tables:
@@ -309,6 +315,11 @@ class SqlAdapter:
         errors: Sequence[ErrorRecord] = (),
     ) -> Coroutine[Any, Any, int | None]:
         return self._db.record_step(record, via, event, recorded_at, cap, errors)
+
+    def record_steps(
+        self, steps: Sequence[StepWrite], cap: int | None
+    ) -> Coroutine[Any, Any, None]:
+        return self._db.record_steps(steps, cap)
 
     def record_errors(self, errors: Sequence[ErrorRecord]) -> Coroutine[Any, Any, None]:
         return self._db.record_errors(errors)

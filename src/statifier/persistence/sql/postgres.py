@@ -47,6 +47,7 @@ from statifier.persistence.records import (
     InputRecord,
     PositionRecord,
     Status,
+    StepWrite,
 )
 from statifier.persistence.reentry import hold, opened, register, unregister
 from statifier.persistence.sql.adapter import POOL_SIZE
@@ -782,6 +783,30 @@ class PostgresDatabase:
             # statement for every step.
             await self._record_errors(cursor, [replace(each, seq=answer) for each in errors])
         return answer
+
+    async def record_steps(self, steps: Sequence[StepWrite], cap: int | None) -> None:
+        if steps:
+            await self._run(self._record_steps, steps, cap)
+
+    async def _record_steps(
+        self, cursor: Cursor, steps: Sequence[StepWrite], cap: int | None
+    ) -> None:
+        # One round trip: psycopg pipelines an executemany. Each step's statement runs
+        # after the one before, so two steps of one execution take seqs in order.
+        s = self.statements
+        batch = []
+        for step in steps:
+            values = _updated(step.record)
+            values.update(
+                via=step.via, cap=cap, input_blob=step.event, recorded_at=utc(step.recorded_at)
+            )
+            batch.append(s.keyed(values))
+        await cursor.executemany(self.shared.record_step, batch, returning=True)
+        for step in steps:
+            row = await cursor.fetchone()
+            if row is None or not row[0]:
+                raise ExecutionNotFound(step.record.id)
+            cursor.nextset()
 
     # Errors.
 

@@ -50,6 +50,7 @@ from statifier.persistence.records import (
     InputRecord,
     PositionRecord,
     Status,
+    StepWrite,
 )
 from statifier.persistence.sql.schema import (
     PINNING,
@@ -602,6 +603,19 @@ class SqliteDatabase:
         return await self._alone(
             self._record_step, True, record, via, event, recorded_at, cap, errors
         )
+
+    async def record_steps(self, steps: Sequence[StepWrite], cap: int | None) -> None:
+        tx = self.current()
+        if tx is not None:
+            self._record_steps(tx.cursor, steps, cap)
+            return
+        await self._alone(self._record_steps, True, steps, cap)
+
+    def _record_steps(
+        self, cursor: sqlite3.Cursor, steps: Sequence[StepWrite], cap: int | None
+    ) -> None:
+        for step in steps:
+            self._record_step(cursor, step.record, step.via, step.event, step.recorded_at, cap)
 
     def _record_step(
         self,
