@@ -133,3 +133,24 @@ async def test_without_the_capability_each_step_is_written_when_it_happens() -> 
         await executions.step("a", COUNTER, Event("tick"))
         assert adapter.calls == ["record_step a"]
     assert adapter.calls == ["record_step a"]
+
+
+@pytest.mark.asyncio
+async def test_an_execution_created_in_the_block_is_stepped_without_reading_its_row() -> None:
+    adapter = BatchingAdapter()
+    storage = Storage(adapter)
+    executions = Executions(storage)
+    reads: list[str] = []
+    fetch = adapter.fetch_execution
+
+    async def counted(execution_id: str) -> ExecutionRecord | None:
+        reads.append(execution_id)
+        return await fetch(execution_id)
+
+    adapter.fetch_execution = counted  # type: ignore[method-assign]
+    async with storage.deferred_steps():
+        await executions.create("a", COUNTER)
+        await executions.step("a", COUNTER, Event("tick"))
+    assert reads == ["a"]  # the create's check that the id is free, and no more
+    assert adapter.calls == ["record_steps a"]
+    assert await _count(storage, "a") == 1

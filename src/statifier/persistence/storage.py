@@ -249,10 +249,10 @@ class Storage:
         """For the block, where the adapter sends steps' writes together (capability
         ``batched_steps``), :meth:`record_step` without errors queues its writes
         instead of sending them, and :meth:`find_execution` answers the record a
-        queued write holds. They are sent together before any other adapter call,
-        at :meth:`send_steps`, and when the block ends; if it raises, they are
-        dropped (the caller rolls back what the block wrote). Elsewhere it changes
-        nothing.
+        queued write holds (or an :meth:`insert_execution` of the block wrote).
+        They are sent together before any other adapter call, at :meth:`send_steps`,
+        and when the block ends; if it raises, they are dropped (the caller rolls
+        back what the block wrote). Elsewhere it changes nothing.
 
         For a caller stepping many executions in one transaction of this storage's
         view (:meth:`over`), which nothing else writes meanwhile: a delivery batch.
@@ -458,7 +458,16 @@ class Storage:
         if self._sealing is not None:
             record = self._encoded(record)
         inserting = self.adapter.insert_execution(record)
-        return self._call("insert_execution", inserting, aside=record.id not in self._pending)
+        call = self._call("insert_execution", inserting, aside=record.id not in self._pending)
+        if self._deferred is None:
+            return call
+        return self._inserted(record, call)
+
+    async def _inserted(self, record: ExecutionRecord, inserting: Awaitable[None]) -> None:
+        """The insert, and then, with steps deferred, its record answered by the next
+        read of the execution (a create's step) as a queued write's is."""
+        await inserting
+        self._pending[record.id] = record
 
     def update_execution(self, record: ExecutionRecord) -> Awaitable[None]:
         """Write the record's changing fields (see ``Adapter.update_execution``; its

@@ -251,6 +251,7 @@ async def _create(
         created = await executions.create(
             execution_id, machine, options=options, on_error=plan.on_error
         )
+    unit.locked(execution_id)  # the create took its lock, held to the commit
     if not created.finished:
         await occupy(unit, plan.document, delivery.scope, execution_id, now)
     if created.finished:

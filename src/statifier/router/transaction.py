@@ -97,7 +97,7 @@ class HeldLocks:
     ``others``."""
 
     def __init__(self, held: Collection[str], others: Serialization) -> None:
-        self.held = held
+        self.held = set(held)
         self.others = others
 
     def exclusive(self, execution_id: str) -> AbstractAsyncContextManager[None]:
@@ -195,6 +195,13 @@ class Unit:
             yield
         finally:
             self.exclusion = before
+
+    def locked(self, execution_id: str) -> None:
+        """Note that this transaction took ``execution_id``'s lock (a create did): in
+        a :meth:`holding` block, its later steps enter at once as the held ones do;
+        elsewhere nothing changes."""
+        if isinstance(self.exclusion, HeldLocks):
+            self.exclusion.held.add(execution_id)
 
     async def begin(self, scope: str, entry: Entry) -> None:
         """Call the configuration's ``on_begin``, if any, on this transaction: first in
