@@ -1,6 +1,7 @@
 """Benchmark: the event router (``statifier.router``) delivering keyed events to durable
 executions on SQLite and PostgreSQL, beside the raw driver running the same statements
-(the ceiling), ``route_many`` batches, and DBOS Transact doing the same with workflows.
+(the ceiling), ``route_many`` batches, the same rows written in bulk (the database's
+limit for a batch), and DBOS Transact doing the same with workflows.
 
 Run from the repository root, with the project installed (``pip install -e '.[postgres]'``,
 and ``dbos`` from the ``bench`` extra for the DBOS row) or from a checkout::
@@ -42,6 +43,21 @@ Rows, per database:
 * ``route()``: the library, one transaction per delivery.
 * ``route_many()``: the library, each router handing over ``--batch`` events (50) per
   call: one transaction per batch, a savepoint per delivery.
+* ``bulk write`` (the physical limit for ``route_many()``): the rows a batch of
+  ``route_many()`` writes, written in bulk on the driver, the same batches from the
+  same 8 routers (on PostgreSQL a connection each): one transaction per batch holding
+  one statement per table: the batch's dedupe claims, for the keys new in the batch
+  their address rows and their execution rows (at the created position), the batch's
+  executions' new positions (each execution once), the input-log rows and the ledger
+  rows, then ``COMMIT``. PostgreSQL: ``INSERT ... SELECT FROM unnest(...)`` for the
+  inserts, ``UPDATE ... FROM unnest(...)`` for the positions, the claims and inserts
+  with the router's ``ON CONFLICT`` clauses. SQLite: an ``executemany`` per table in
+  ``BEGIN IMMEDIATE``. No locks, no reads, no interpreter: the position and event bytes
+  are prepared once, and the bench works out each message's outcome, execution and
+  input-log ``seq`` from how many events its key has had. Checked by the driver's row
+  counts of the claims, inserts and update, and after each round (untimed) by counting
+  the round's ledger rows by outcome, claims, executions at the stepped position,
+  input-log rows and last ``seq`` per execution.
 * ``DBOS``: DBOS Transact's idiom for the same: a workflow per key (the key is its
   workflow id) looping on ``DBOS.recv_async("tick")`` and counting, started by the first
   event of its key (``DBOS.start_workflow_async``), every event sent with
@@ -50,14 +66,16 @@ Rows, per database:
   its ``recv`` returning in the workflow. It runs once per database (not in the rounds:
   it is slow), after the router's rows, with DBOS launched for it alone.
 
-The router's rows take turns (``--rounds`` rounds of the whole workload per row, in a
-rotating order, each round on keys of its own). Reported: deliveries per second (the
-median over rounds of a round's deliveries over its wall time), p50 and p99 latency per
-delivery (a ``route()`` or raw delivery's own time; in a batch every delivery is given
-its batch's time, since none commits before the batch does), and the ratios: route() /
-raw (goal at least 0.7), route_many() / route() (goal at least 3x on PostgreSQL), and
-route() / DBOS (goal at least 10x). Every transaction commits durably (SQLite
-``synchronous`` FULL in WAL, PostgreSQL ``synchronous_commit`` on).
+The router's rows and the bulk write take turns (``--rounds`` rounds of the whole
+workload per row, in a rotating order, each round on keys of its own). Reported:
+deliveries per second (the median over rounds of a round's deliveries over its wall
+time), p50 and p99 latency per delivery (a ``route()`` or raw delivery's own time; in a
+batch every delivery is given its batch's time, since none commits before the batch
+does), and the ratios: route() / raw (goal at least 0.7), route_many() / route() (goal
+at least 3x on PostgreSQL), route_many() / bulk write (no goal: how far the batch path
+is from the database's limit), and route() / DBOS (goal at least 10x). Every
+transaction commits durably (SQLite ``synchronous`` FULL in WAL, PostgreSQL
+``synchronous_commit`` on).
 
 The run bounds itself: no new round starts after ``--budget`` seconds (default 540),
 and the DBOS row waits at most the budget left (at least 60 s) for its events.
@@ -115,7 +133,7 @@ DBOS_GOAL = 10.0
 DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
 CREATED = "created_and_delivered"
 DELIVERED = "delivered"
-ROWS = ("raw driver", "route()", "route_many()")
+ROWS = ("raw driver", "route()", "route_many()", "bulk write")
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,6 +285,23 @@ _LOCKS = "SELECT pg_advisory_xact_lock(k) FROM unnest(%s::bigint[]) AS k"
 _EXECUTION_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
 
 
+def _table_names(options: TableOptions) -> dict[str, str]:
+    """The qualified names of the tables a delivery writes, by their template names."""
+    schema = f"{options.schema}." if options.schema else ""
+
+    def table(name: str) -> str:
+        return f"{schema}{options.name(name)}"
+
+    return {
+        "dedupe": table("dedupe"),
+        "addresses": table("addresses"),
+        "charts": table("charts"),
+        "executions": table("executions"),
+        "inputs": table("inputs"),
+        "ledger": table("routing_ledger"),
+    }
+
+
 @dataclass(frozen=True)
 class RawStatements:
     """The statement texts for one set of tables and one placeholder style."""
@@ -284,19 +319,7 @@ class RawStatements:
 
     @classmethod
     def build(cls, options: TableOptions, placeholder: str, lock: str = "") -> RawStatements:
-        schema = f"{options.schema}." if options.schema else ""
-
-        def table(name: str) -> str:
-            return f"{schema}{options.name(name)}"
-
-        names = {
-            "dedupe": table("dedupe"),
-            "addresses": table("addresses"),
-            "charts": table("charts"),
-            "executions": table("executions"),
-            "inputs": table("inputs"),
-            "ledger": table("routing_ledger"),
-        }
+        names = _table_names(options)
 
         def sql(template: str) -> str:
             return template.format(p=placeholder, lock=lock, **names)
@@ -481,6 +504,316 @@ class RawPostgres:
             await connection.close()
 
 
+# --- the bulk writes --------------------------------------------------------------------
+
+_BULK_PG_CLAIM = (
+    "INSERT INTO {dedupe} AS d (binding_id, message_id, expires_at) "
+    "SELECT %s, u.message_id, %s FROM unnest(%s::text[]) AS u(message_id) "
+    "ON CONFLICT (binding_id, message_id) DO UPDATE SET expires_at = excluded.expires_at "
+    "WHERE d.expires_at <= %s"
+)
+_BULK_PG_ADDRESSES = (
+    "INSERT INTO {addresses} (scope, document, key, execution_id, inserted_at) "
+    "SELECT %s, %s, u.key, u.execution_id, %s FROM unnest(%s::text[], %s::text[]) "
+    "AS u(key, execution_id) ON CONFLICT (scope, document, key) DO NOTHING"
+)
+_BULK_PG_EXECUTIONS = (
+    "INSERT INTO {executions} (execution_id, content_hash, status, position_blob, metadata, "
+    "created_at, updated_at) SELECT u.execution_id, %s, 'active', u.position_blob, "
+    "'{{}}'::jsonb, %s, %s FROM unnest(%s::text[], %s::bytea[]) AS u(execution_id, position_blob) "
+    "ON CONFLICT (execution_id) DO NOTHING"
+)
+_BULK_PG_POSITIONS = (
+    "UPDATE {executions} AS x SET status = 'active', position_blob = u.position_blob, "
+    "outcome_blob = NULL, failure = NULL, updated_at = %s, ended_at = NULL "
+    "FROM unnest(%s::text[], %s::bytea[]) AS u(execution_id, position_blob) "
+    "WHERE x.execution_id = u.execution_id"
+)
+_BULK_PG_INPUTS = (
+    "INSERT INTO {inputs} (execution_id, seq, via, input_blob, recorded_at) "
+    "SELECT u.execution_id, u.seq, 'step', u.input_blob, %s "
+    "FROM unnest(%s::text[], %s::integer[], %s::bytea[]) AS u(execution_id, seq, input_blob)"
+)
+_BULK_PG_LEDGER = (
+    "INSERT INTO {ledger} (binding_id, message_id, scope, source, outcome, document, key, "
+    "execution_id, inserted_at) SELECT %s, u.message_id, %s, %s, u.outcome, %s, u.key, "
+    "u.execution_id, %s FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[]) "
+    "AS u(message_id, outcome, key, execution_id)"
+)
+_BULK_SQLITE_CLAIM = (
+    "INSERT INTO {dedupe} AS d (binding_id, message_id, expires_at) VALUES (?, ?, ?) "
+    "ON CONFLICT (binding_id, message_id) DO UPDATE SET expires_at = excluded.expires_at "
+    "WHERE d.expires_at <= ?"
+)
+_BULK_SQLITE_ADDRESSES = (
+    "INSERT INTO {addresses} (scope, document, key, execution_id, inserted_at) "
+    "VALUES (?, ?, ?, ?, ?) ON CONFLICT (scope, document, key) DO NOTHING"
+)
+_BULK_SQLITE_EXECUTIONS = (
+    "INSERT INTO {executions} (execution_id, content_hash, status, position_blob, metadata, "
+    "created_at, updated_at) VALUES (?, ?, 'active', ?, '{{}}', ?, ?) "
+    "ON CONFLICT (execution_id) DO NOTHING"
+)
+_BULK_SQLITE_POSITIONS = (
+    "UPDATE {executions} SET status = 'active', position_blob = ?, outcome_blob = NULL, "
+    "failure = NULL, updated_at = ?, ended_at = NULL WHERE execution_id = ?"
+)
+_BULK_SQLITE_INPUTS = (
+    "INSERT INTO {inputs} (execution_id, seq, via, input_blob, recorded_at) "
+    "VALUES (?, ?, 'step', ?, ?)"
+)
+_BULK_SQLITE_LEDGER = (
+    "INSERT INTO {ledger} (binding_id, message_id, scope, source, outcome, document, key, "
+    "execution_id, inserted_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_BULK_CHECK = (
+    "SELECT (SELECT count(*) FROM {ledger} WHERE scope = {p} AND outcome = {p}), "
+    "(SELECT count(*) FROM {ledger} WHERE scope = {p} AND outcome = {p}), "
+    "(SELECT count(*) FROM {dedupe} WHERE message_id LIKE {p}), "
+    "(SELECT count(*) FROM {addresses} AS a JOIN {executions} AS x "
+    "ON x.execution_id = a.execution_id WHERE a.scope = {p} AND x.position_blob = {p}), "
+    "(SELECT count(*) FROM {addresses} AS a JOIN {inputs} AS i "
+    "ON i.execution_id = a.execution_id WHERE a.scope = {p}), "
+    "(SELECT count(*) FROM {addresses} AS a JOIN {inputs} AS i "
+    "ON i.execution_id = a.execution_id WHERE a.scope = {p} AND i.seq = {p})"
+)
+
+
+@dataclass(frozen=True)
+class BulkStatements:
+    """The bulk row's statement texts for one set of tables: one statement per table a
+    batch writes, and the count that checks a round."""
+
+    claim: str
+    insert_addresses: str
+    insert_executions: str
+    update_positions: str
+    append_inputs: str
+    record: str
+    check: str
+
+    @classmethod
+    def postgres(cls, options: TableOptions) -> BulkStatements:
+        names = _table_names(options)
+        return cls(
+            _BULK_PG_CLAIM.format(**names),
+            _BULK_PG_ADDRESSES.format(**names),
+            _BULK_PG_EXECUTIONS.format(**names),
+            _BULK_PG_POSITIONS.format(**names),
+            _BULK_PG_INPUTS.format(**names),
+            _BULK_PG_LEDGER.format(**names),
+            _BULK_CHECK.format(p="%s", **names),
+        )
+
+    @classmethod
+    def sqlite(cls, options: TableOptions) -> BulkStatements:
+        names = _table_names(options)
+        return cls(
+            _BULK_SQLITE_CLAIM.format(**names),
+            _BULK_SQLITE_ADDRESSES.format(**names),
+            _BULK_SQLITE_EXECUTIONS.format(**names),
+            _BULK_SQLITE_POSITIONS.format(**names),
+            _BULK_SQLITE_INPUTS.format(**names),
+            _BULK_SQLITE_LEDGER.format(**names),
+            _BULK_CHECK.format(p="?", **names),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class BulkBatch:
+    """What one batch writes, worked out by the bench from its messages alone (it knows
+    how many events each key has had): no reads, no interpreter. Per message its claim,
+    key, execution, input-log ``seq`` and ledger outcome; the keys new in the batch with
+    their executions; and the batch's executions, each once, for the position update."""
+
+    message_ids: list[str]
+    keys: list[str]
+    execution_ids: list[str]
+    seqs: list[int]
+    outcomes: list[str]
+    new_keys: list[str]
+    new_execution_ids: list[str]
+    stepped: list[str]
+
+    @classmethod
+    def of(cls, scope: str, messages: Sequence[Message], counts: dict[str, int]) -> BulkBatch:
+        """The batch of ``messages``; ``counts`` (events so far per key) is brought up to
+        date."""
+        keys = [message.key for message in messages]
+        execution_ids = [f"ex_{scope}_{key}" for key in keys]
+        seqs: list[int] = []
+        outcomes: list[str] = []
+        new_keys: list[str] = []
+        for key in keys:
+            seq = counts.get(key, 0)
+            counts[key] = seq + 1
+            seqs.append(seq)
+            outcomes.append(DELIVERED if seq else CREATED)
+            if not seq:
+                new_keys.append(key)
+        return cls(
+            [message.message_id for message in messages],
+            keys,
+            execution_ids,
+            seqs,
+            outcomes,
+            new_keys,
+            [f"ex_{scope}_{key}" for key in new_keys],
+            list(dict.fromkeys(execution_ids)),
+        )
+
+
+def _expect(what: str, count: int, expected: int) -> None:
+    """Check a bulk statement's row count (the driver's, no read)."""
+    if count != expected:
+        raise RuntimeError(f"bulk write: {count} {what}, expected {expected}")
+
+
+def _check_params(scope: str, prepared: Prepared, events: int) -> tuple[Any, ...]:
+    return (
+        *(scope, CREATED, scope, DELIVERED, f"{scope}-k%"),
+        *(scope, prepared.stepped, scope, scope, events - 1),
+    )
+
+
+def _verify(scope: str, found: Sequence[Any], keys: int, events: int) -> None:
+    """Check the rows a round of the bulk row left: its ledger rows by outcome, its
+    claims, its executions at the stepped position, its input-log rows and their last
+    ``seq`` per execution."""
+    expected = (keys, keys * (events - 1), keys * events, keys, keys * events, keys)
+    if tuple(found) != expected:
+        raise RuntimeError(
+            f"{scope}: bulk write left {tuple(found)} (ledger created, delivered, claims, "
+            f"stepped executions, input-log rows, last seqs), expected {expected}"
+        )
+
+
+class BulkSqlite:
+    """A batch's rows written in bulk on one ``sqlite3`` connection, one writer at a
+    time: in one ``BEGIN IMMEDIATE`` transaction per batch, one ``executemany`` per
+    table (the claims, the new keys' addresses and executions, the positions, the
+    input-log rows, the ledger rows), then ``COMMIT``."""
+
+    def __init__(self, path: str, options: TableOptions, prepared: Prepared) -> None:
+        self.connection = sqlite3.connect(path, isolation_level=None)
+        self.connection.execute("PRAGMA busy_timeout = 0")
+        self.connection.execute("PRAGMA journal_mode = WAL")
+        self.connection.execute("PRAGMA synchronous = FULL")
+        self.lock = asyncio.Lock()
+        self.s = BulkStatements.sqlite(options)
+        self.p = prepared
+        self.scope = "bench"
+        self.counts: dict[str, int] = {}
+
+    async def batch(self, messages: Sequence[Message]) -> list[str]:
+        s, p, scope = self.s, self.p, self.scope
+        b = BulkBatch.of(scope, messages, self.counts)
+        async with self.lock:
+            cursor = self.connection.cursor()
+            cursor.execute("BEGIN IMMEDIATE")
+            moment = datetime.now(UTC)
+            now = _sqlite_time(moment)
+            expires = _sqlite_time(moment + DEFAULT_HORIZON)
+            claims = [(BINDING.id, message_id, expires, now) for message_id in b.message_ids]
+            cursor.executemany(s.claim, claims)
+            _expect("claims", cursor.rowcount, len(claims))
+            if b.new_keys:
+                new = list(zip(b.new_keys, b.new_execution_ids, strict=True))
+                addresses = [(scope, DOCUMENT, key, execution, now) for key, execution in new]
+                cursor.executemany(s.insert_addresses, addresses)
+                _expect("addresses", cursor.rowcount, len(new))
+                created = [(e, p.content_hash, p.created, now, now) for e in b.new_execution_ids]
+                cursor.executemany(s.insert_executions, created)
+                _expect("executions", cursor.rowcount, len(new))
+            cursor.executemany(s.update_positions, [(p.stepped, now, e) for e in b.stepped])
+            _expect("positions", cursor.rowcount, len(b.stepped))
+            steps = zip(b.execution_ids, b.seqs, strict=True)
+            cursor.executemany(s.append_inputs, [(e, seq, p.event, now) for e, seq in steps])
+            rows = zip(b.message_ids, b.outcomes, b.keys, b.execution_ids, strict=True)
+            ledger = [(BINDING.id, m, scope, SOURCE, o, DOCUMENT, k, e, now) for m, o, k, e in rows]
+            cursor.executemany(s.record, ledger)
+            cursor.execute("COMMIT")
+        return b.outcomes
+
+    async def check(self, keys: int, events: int) -> None:
+        """Count what the round just run (``self.scope``) left (not timed)."""
+        params = _check_params(self.scope, self.p, events)
+        _verify(self.scope, self.connection.execute(self.s.check, params).fetchone(), keys, events)
+
+    async def close(self) -> None:
+        self.connection.close()
+
+
+class BulkPostgres:
+    """A batch's rows written in bulk on psycopg 3 async, one connection per router: in
+    one transaction per batch, one statement per table over arrays (``unnest``: the
+    claims, the new keys' addresses and executions, the positions' ``UPDATE ... FROM``,
+    the input-log rows, the ledger rows), then ``COMMIT``."""
+
+    def __init__(self, url: str, options: TableOptions, prepared: Prepared) -> None:
+        self.url = url
+        self.s = BulkStatements.postgres(options)
+        self.p = prepared
+        self.idle: list[Any] = []
+        self.scope = "bench"
+        self.counts: dict[str, int] = {}
+
+    async def open(self, count: int) -> None:
+        import psycopg
+
+        for _ in range(count):
+            self.idle.append(await psycopg.AsyncConnection.connect(self.url))
+
+    async def batch(self, messages: Sequence[Message]) -> list[str]:
+        s, p, scope = self.s, self.p, self.scope
+        b = BulkBatch.of(scope, messages, self.counts)
+        connection = self.idle.pop()
+        try:
+            async with connection.cursor() as cursor:
+                moment = datetime.now(UTC)
+                expires = moment + DEFAULT_HORIZON
+                await cursor.execute(s.claim, (BINDING.id, expires, b.message_ids, moment))
+                _expect("claims", cursor.rowcount, len(b.message_ids))
+                if b.new_keys:
+                    new = (b.new_keys, b.new_execution_ids)
+                    await cursor.execute(s.insert_addresses, (scope, DOCUMENT, moment, *new))
+                    _expect("addresses", cursor.rowcount, len(b.new_keys))
+                    blobs = [p.created] * len(b.new_keys)
+                    created = (p.content_hash, moment, moment, b.new_execution_ids, blobs)
+                    await cursor.execute(s.insert_executions, created)
+                    _expect("executions", cursor.rowcount, len(b.new_keys))
+                positions = (moment, b.stepped, [p.stepped] * len(b.stepped))
+                await cursor.execute(s.update_positions, positions)
+                _expect("positions", cursor.rowcount, len(b.stepped))
+                inputs = (moment, b.execution_ids, b.seqs, [p.event] * len(b.seqs))
+                await cursor.execute(s.append_inputs, inputs)
+                rows = (b.message_ids, b.outcomes, b.keys, b.execution_ids)
+                await cursor.execute(s.record, (BINDING.id, scope, SOURCE, DOCUMENT, moment, *rows))
+            await connection.commit()
+        except BaseException:
+            await connection.rollback()
+            raise
+        finally:
+            self.idle.append(connection)
+        return b.outcomes
+
+    async def check(self, keys: int, events: int) -> None:
+        """Count what the round just run (``self.scope``) left (not timed)."""
+        connection = self.idle[0]
+        async with connection.cursor() as cursor:
+            await cursor.execute(self.s.check, _check_params(self.scope, self.p, events))
+            found = await cursor.fetchone()
+        await connection.rollback()
+        _verify(self.scope, found, keys, events)
+
+    async def close(self) -> None:
+        for connection in self.idle:
+            await connection.close()
+
+
+Bulk = BulkSqlite | BulkPostgres
+
+
 # --- the router's rows ------------------------------------------------------------------
 
 
@@ -514,23 +847,31 @@ async def _router_rows(
     library = Library(url, options, machine)
     prepared = Prepared.of(machine)
     raw: RawSqlite | RawPostgres
+    bulk: Bulk
     if name == "sqlite":
         raw = RawSqlite(url.removeprefix("sqlite:///"), options, prepared)
+        bulk = BulkSqlite(url.removeprefix("sqlite:///"), options, prepared)
     else:
         raw = RawPostgres(url, options, prepared)
+        bulk = BulkPostgres(url, options, prepared)
         await raw.open(ROUTERS)
-    rows: dict[str, tuple[Deliver, int, Library | RawSqlite | RawPostgres]] = {
+        await bulk.open(ROUTERS)
+    rows: dict[str, tuple[Deliver, int, Library | RawSqlite | RawPostgres | Bulk]] = {
         "raw driver": (raw.one, 1, raw),
         "route()": (library.one, 1, library),
         "route_many()": (library.batch, work.batch, library),
+        "bulk write": (bulk.batch, work.batch, bulk),
     }
+    checks: dict[str, Callable[[int, int], Awaitable[None]]] = {"bulk write": bulk.check}
     rates: dict[str, list[float]] = {row: [] for row in rows}
     latencies: dict[str, list[float]] = {row: [] for row in rows}
     rounds_run = 0
     try:
-        for index, (deliver, chunk, owner) in enumerate(rows.values()):
+        for index, (row, (deliver, chunk, owner)) in enumerate(rows.items()):
             owner.scope = f"warm{index}"  # connections, statements, caches
             await _workload(deliver, owner.scope, ROUTERS * 2, 2, chunk)
+            if row in checks:
+                await checks[row](ROUTERS * 2, 2)
         with collector_paused(keep_gc):
             for turn in range(work.rounds):
                 if turn and time.monotonic() > work.deadline:
@@ -540,11 +881,14 @@ async def _router_rows(
                     deliver, chunk, owner = rows[row]
                     owner.scope = f"r{turn}-{ROWS.index(row)}"
                     measured = await _workload(deliver, owner.scope, work.keys, work.events, chunk)
+                    if row in checks:
+                        await checks[row](work.keys, work.events)
                     rates[row].append(len(measured.latencies) / measured.elapsed)
                     latencies[row].extend(measured.latencies)
                 rounds_run = turn + 1
     finally:
         await raw.close()
+        await bulk.close()
         await library.close()
     result: dict[str, Any] = {row: _summary(rates[row], latencies[row]) for row in rows}
     result["rounds"] = rounds_run
@@ -691,6 +1035,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
         result["route_vs_raw"] = _ratio(result["route()"], result["raw driver"])
         result["batch_vs_route"] = _ratio(result["route_many()"], result["route()"])
+        result["batch_vs_bulk"] = _ratio(result["route_many()"], result["bulk write"])
         result["route_vs_dbos"] = _ratio(result["route()"], result.get("DBOS"))
         result["batch_vs_dbos"] = _ratio(result["route_many()"], result.get("DBOS"))
         results[name] = result
@@ -703,10 +1048,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             result["batch_vs_route"],
             "route_many() / route()",
         )
+        bulk_of = "route_many() / bulk write"
+        line(name, "bulk write", result["bulk write"], result["batch_vs_bulk"], bulk_of)
         if "DBOS" in result:
             ratios = f"route() / DBOS; route_many() / DBOS {fmt_ratio(result['batch_vs_dbos'])}"
             line(name, "DBOS", result["DBOS"], result["route_vs_dbos"], ratios)
     print()
+    for name, result in results.items():
+        print(f"route_many() / bulk write on {name}: {fmt_ratio(result['batch_vs_bulk'])}")
     for name, result in results.items():
         print(
             f"goal (route() >= {ROUTE_GOAL} of the raw driver) on {name}: "
