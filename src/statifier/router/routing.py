@@ -440,7 +440,7 @@ class Router:
         try:
             async with unit.savepoint():
                 prepared = await prepare(unit, deliveries, now)
-                claims = iter(prepared.claims)
+                claims = zip(deliveries, prepared.claims, strict=True)
                 rows: list[LedgerRow] = []
                 with unit.holding(prepared.held):
                     async with unit.storage.deferred_steps():
@@ -462,10 +462,11 @@ class Router:
         plan: Planned,
         now: datetime,
         rows: list[LedgerRow],
-        claims: Iterator[Claimed | bool],
+        claims: Iterator[tuple[Delivery, Claimed | bool]],
     ) -> Routed:
         """One event of a set-based batch, under ``around_delivery`` (if any): each
-        delivery with its claim, the next of ``claims``."""
+        delivery (made once, for the batch's reads) with its claim, the next of
+        ``claims``."""
         event = plan.event
 
         async def settle() -> Routed:
@@ -475,12 +476,12 @@ class Router:
                 if verdict.answer is None:
                     outcomes.append(NoMatch(verdict.binding.id))
                     continue
-                claimed = (
+                given = (
                     next(claims)
                     if isinstance(verdict.answer, Keyed) and verdict.binding.mode is Mode.EACH
-                    else False
+                    else None
                 )
-                outcomes.append(await _settle_one(unit, event, verdict, now, rows, claimed))
+                outcomes.append(await _settle_one(unit, event, verdict, now, rows, given))
             return Routed(event, tuple(outcomes), self._waiting(unit.scheduled - before))
 
         return await self._around(event.scope, Entry.ROUTE, settle)
@@ -927,11 +928,12 @@ async def _settle_one(
     verdict: Verdict,
     now: datetime,
     rows: list[LedgerRow] | None = None,
-    claimed: Claimed | bool = False,
+    given: tuple[Delivery, Claimed | bool] | None = None,
 ) -> Outcome:
-    """Settle one verdict in ``unit``: a refusal's ledger row, or the delivery (with
-    its claim made already, given ``claimed``: see ``deliver``). Given ``rows``, ledger rows are
-    appended there instead of written (see ``deliver``)."""
+    """Settle one verdict in ``unit``: a refusal's ledger row, or the delivery (given
+    ``given``, the delivery a batch made and its claim, made already: see
+    ``deliver``). Given ``rows``, ledger rows are appended there instead of written
+    (see ``deliver``)."""
     started = time.perf_counter()
     outcome: Outcome
     if isinstance(verdict.answer, ProgramFailed):
@@ -944,7 +946,8 @@ async def _settle_one(
     elif verdict.binding.mode is not Mode.EACH:
         outcome = await arrive(unit, verdict.binding, verdict.delivery(event), now, rows)
     else:
-        outcome = await deliver(unit, verdict.delivery(event), now, rows, claimed=claimed)
+        delivery, claimed = (verdict.delivery(event), False) if given is None else given
+        outcome = await deliver(unit, delivery, now, rows, claimed=claimed)
     if enabled(_DELIVERY):
         report(
             _DELIVERY,
