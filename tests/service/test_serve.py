@@ -108,7 +108,8 @@ class Load:
                 self.answered[message_id] = answer.status_code
 
 
-def webhook_config(directory: Path, database: FreshDatabase) -> Path:
+def webhook_config(directory: Path, database: FreshDatabase, extra: str = "") -> Path:
+    """A service file with one webhook front; ``extra`` is appended to its table."""
     body = f"""
 migrate = true
 shutdown_timeout = {SHUTDOWN_TIMEOUT}
@@ -123,7 +124,7 @@ path = "/hooks/clicks"
 source = "clicks"
 scope = "web"
 provider_id_header = "X-Event-Id"
-"""
+{extra}"""
     return write_config(directory, body, {"hits": HITS})
 
 
@@ -371,23 +372,7 @@ async def test_a_webhook_with_group_commit_in_process(
         return await route_many(self, events, **options)
 
     monkeypatch.setattr(Router, "route_many", counted)
-    body = f"""
-migrate = true
-shutdown_timeout = {SHUTDOWN_TIMEOUT}
-charts = "charts"
-{HITS_BINDING}
-{database_table(fresh_database)}
-[http]
-port = 0
-
-[fronts.webhook.clicks]
-path = "/hooks/clicks"
-source = "clicks"
-scope = "web"
-provider_id_header = "X-Event-Id"
-group_commit_ms = 20
-"""
-    config = write_config(tmp_path, body, {"hits": HITS})
+    config = webhook_config(tmp_path, fresh_database, "group_commit_ms = 20\n")
     service = Service(load(config), io.StringIO())
     running = asyncio.create_task(service.run())
     async with httpx.AsyncClient(timeout=5.0) as client:
