@@ -18,7 +18,7 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from contextlib import AbstractAsyncContextManager, nullcontext
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Final, TypeVar
@@ -443,7 +443,7 @@ class Router:
                 claims = zip(deliveries, prepared.claims, strict=True)
                 rows: list[LedgerRow] = []
                 with unit.holding(prepared.held):
-                    async with self._deferred_steps(unit):
+                    async with unit.deferred_steps():
                         for plan in planned:
                             started = time.perf_counter()
                             answer = await self._planned_event(unit, plan, now, rows, claims)
@@ -455,15 +455,6 @@ class Router:
             unit.scheduled = scheduled
             return None
         return answers, durations
-
-    def _deferred_steps(self, unit: Unit) -> AbstractAsyncContextManager[None]:
-        """The batch's steps' writes queued (:meth:`Storage.deferred_steps`), unless a
-        host hook runs around the steps (``on_step``, ``on_create``): its own
-        statements on the transaction would not see them."""
-        config = self.config
-        if config.on_step is not None or config.on_create is not None:
-            return nullcontext()
-        return unit.storage.deferred_steps()
 
     async def _planned_event(
         self,

@@ -513,7 +513,7 @@ class TimerWorker:
             taken = await self.queue.take_due(unit.tx, now, self.batch)
             claim = await _under_claim(unit, taken.timers)
             # The fires' step writes go together (on PostgreSQL), as a route batch's.
-            async with unit.storage.deferred_steps():
+            async with unit.deferred_steps():
                 outcomes = [
                     await self._fire(unit, timer.entry, now, claim) for timer in taken.timers
                 ]

@@ -196,6 +196,19 @@ class Unit:
         finally:
             self.exclusion = before
 
+    def deferred_steps(self) -> AbstractAsyncContextManager[None]:
+        """For the block, the steps' writes queued and sent together
+        (:meth:`Storage.deferred_steps <statifier.persistence.Storage.deferred_steps>`),
+        unless a host hook runs in the transaction between the steps (``on_begin``,
+        ``around_delivery``, ``on_step``, ``on_create``): a statement of its own, or a
+        setting it makes for the next step (a tenant's row policy), would meet the
+        queued writes out of their order."""
+        config = self._parts.config
+        hooks = (config.on_begin, config.around_delivery, config.on_step, config.on_create)
+        if any(hook is not None for hook in hooks):
+            return nullcontext()
+        return self.storage.deferred_steps()
+
     def locked(self, execution_id: str) -> None:
         """Note that this transaction took ``execution_id``'s lock (a create did): in
         a :meth:`holding` block, its later steps enter at once as the held ones do;
