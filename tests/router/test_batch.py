@@ -7,6 +7,7 @@ repeated message ids and executions that end mid-batch)."""
 from __future__ import annotations
 
 import itertools
+import logging
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,6 +21,7 @@ from tests.router.conftest import RouterDb
 
 from statifier.chart import compile_chart
 from statifier.persistence import Executions
+from statifier.repeats import IntervalTally
 from statifier.router import (
     Binding,
     Create,
@@ -30,6 +32,7 @@ from statifier.router import (
     Router,
     StaticResolver,
     ledger,
+    routing,
 )
 from statifier.sql.routing import RoutingSession
 
@@ -210,3 +213,22 @@ async def test_a_batch_answers_what_one_event_at_a_time_answers(
             assert [e.event for e in await executions.inputs(first)] == [
                 e.event for e in await executions.inputs(second)
             ]
+
+
+@pytest.mark.asyncio
+async def test_a_batch_settled_again_one_event_at_a_time_says_so(
+    router_db: RouterDb, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(routing, "_repeats", IntervalTally())
+    router = uncharted_router(router_db)
+    with caplog.at_level(logging.WARNING, logger="statifier.router.routing"):
+        answers = await router.route_many([reading("s", "a", "tick", "m1")])
+    assert isinstance(answers[0], Failed)
+    said = [r.getMessage() for r in caplog.records if r.name == "statifier.router.routing"]
+    first = "a delivery batch is settled again one event at a time after UnresolvedDocument"
+    assert said == [f"{first}: {answers[0].error}"]
+
+
+def uncharted_router(db: RouterDb) -> Router:
+    """A router whose resolver names no chart: every create raises."""
+    return db.router(BINDINGS, resolver=StaticResolver({}))

@@ -451,7 +451,18 @@ class Router:
                             durations.append(time.perf_counter() - started)
                 await unit.sql.record_many(rows)
         except Exception as error:  # noqa: BLE001 - settled again, one event at a time
-            _log.debug("a delivery batch settles one event at a time: %s", type(error).__name__)
+            # An error that comes again there is the failing event's own answer; one that
+            # does not (a lock wait that ran out) would be seen nowhere but here.
+            said = f"{type(error).__name__}: {error}"
+            _repeats.note(
+                "batch_one_by_one",
+                lambda: _log.warning(
+                    "a delivery batch is settled again one event at a time after %s", said
+                ),
+                lambda count: _log.warning(
+                    "%d more delivery batches settled again one event at a time", count
+                ),
+            )
             unit.scheduled = scheduled
             return None
         return answers, durations
