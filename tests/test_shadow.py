@@ -348,7 +348,8 @@ def test_two_hundred_executions_against_a_fresh_store(place: Place) -> None:
 def test_a_replay_in_two_processes_gives_the_same_results_in_the_same_order(
     place: Place,
 ) -> None:
-    asyncio.run(record(place, 450, seed=5))  # three batches
+    # Three shares: this process takes the first, the other the next two.
+    asyncio.run(record(place, 1_100, seed=5))
     told: list[tuple[int, int]] = []
     alone = asyncio.run(shadow_replay(place.url, cart(GUARD), tables=place.tables))
     shared = asyncio.run(
@@ -361,7 +362,7 @@ def test_a_replay_in_two_processes_gives_the_same_results_in_the_same_order(
         )
     )
     assert shared == alone
-    assert told == [(n, 450) for n in range(1, 451)]
+    assert told == [(n, 1_100) for n in range(1, 1_101)]
 
 
 def test_a_replay_in_several_processes_refuses_what_it_cannot_hand_them(

@@ -912,9 +912,9 @@ async def shadow_replay(
             ids = await _selected(storage, chosen)
             if workers == 1:
                 return await _replay_all(storage, revision, ids, max_inputs, progress)
-        job = _Job.of(source, tables, codec, functions, revision)
-        results = await _replay_in_processes(job, ids, workers, max_inputs, progress)
-        return ShadowSummary.of(revision.identity.content_hash, results)
+            job = _Job.of(source, tables, codec, functions, revision)
+            results = await _replay_shared(storage, job, revision, ids, workers, max_inputs, progress)
+            return ShadowSummary.of(revision.identity.content_hash, results)
     if workers > 1:
         raise ValueError("a replay in several processes reads a database URL")
     if not isinstance(source, Storage):
@@ -1002,11 +1002,21 @@ class _Job:
         )
 
 
-async def _replay_in_processes(
-    job: _Job, ids: Sequence[str], workers: int, max_inputs: int, progress: Progress | None
+async def _replay_shared(
+    storage: Storage,
+    job: _Job,
+    revision: Machine,
+    ids: Sequence[str],
+    workers: int,
+    max_inputs: int,
+    progress: Progress | None,
 ) -> list[ShadowResult]:
-    """``ids`` replayed by ``workers`` processes, a share at a time, the results taken
-    in the shares' order. Started with ``spawn``: a forked copy of a process running
+    """``ids`` replayed by this process and ``workers - 1`` others, a batch at a time:
+    each takes the next batch when it is done with its last, so this one, which needs
+    no start, works while the others start, and all finish close together. The results
+    are taken, and told to ``progress``, in the batches' order.
+
+    The other processes are started with ``spawn``: a forked copy of a process running
     an event loop and its threads is not safe to use."""
     try:
         pickle.dumps(job)
@@ -1016,36 +1026,65 @@ async def _replay_in_processes(
             f"functions: {_said(error)}"
         ) from None
     loop = asyncio.get_running_loop()
-    shares = _shares(ids, workers * _SHARES_PER_WORKER)
-    context = multiprocessing.get_context("spawn")
+    batches = [ids[first : first + _SHARE] for first in range(0, len(ids), _SHARE)]
+    replayed: list[list[ShadowResult] | None] = [None] * len(batches)
+    untaken = iter(range(len(batches)))  # shared: each replayer takes the next
     results: list[ShadowResult] = []
-    with ProcessPoolExecutor(min(workers, len(shares) or 1), mp_context=context) as pool:
-        pending = [
-            loop.run_in_executor(pool, _replay_in_process, job, share, max_inputs)
-            for share in shares
-        ]
+    told = 0  # the batches whose results are taken
+
+    def take() -> None:
+        nonlocal told
+        while told < len(batches) and (batch := replayed[told]) is not None:
+            for result in batch:
+                results.append(result)
+                if progress is not None:
+                    progress(len(results), len(ids), result)
+            told += 1
+
+    async def here() -> None:
+        for number in untaken:
+            batch, found = batches[number], []
+            for first in range(0, len(batch), _READ_AHEAD):
+                part = batch[first : first + _READ_AHEAD]
+                found += await _replay_batch(storage, revision, part, max_inputs)
+                # A read may not suspend (SQLite): the others' results are taken,
+                # and their next batches handed out, only when this one does.
+                await asyncio.sleep(0)
+            replayed[number] = found
+            take()
+
+    async def there(pool: ProcessPoolExecutor) -> None:
+        for number in untaken:
+            share = batches[number]
+            replayed[number] = await loop.run_in_executor(
+                pool, _replay_in_process, job, share, max_inputs
+            )
+            take()
+
+    context = multiprocessing.get_context("spawn")
+    pool = ProcessPoolExecutor(workers - 1, mp_context=context)
+    try:
+        # This one takes the first batch: a selection of one batch starts no
+        # process. The others take two each, so that each has its next batch at
+        # hand when it finishes one (it is handed out only when this one suspends).
+        takers = [asyncio.ensure_future(here())]
+        takers += [asyncio.ensure_future(there(pool)) for _ in range(2 * (workers - 1))]
         try:
-            for done in pending:
-                for result in await done:
-                    results.append(result)
-                    if progress is not None:
-                        progress(len(results), len(ids), result)
-        finally:
-            for left in pending:
-                left.cancel()
+            await asyncio.gather(*takers)
+        finally:  # one failed: the others stop before the storage closes
+            for taker in takers:
+                taker.cancel()
+            await asyncio.gather(*takers, return_exceptions=True)
+    finally:
+        # Not waiting for the processes to exit: their results are in, or not wanted.
+        pool.shutdown(wait=False, cancel_futures=True)
     return results
 
 
-_SHARES_PER_WORKER: Final = 4
-"""The parts of the selection each replaying process takes in turn: few, since each
-opens a connection and compiles the revision; more than one, so that the processes
-finish close together."""
-
-
-def _shares(ids: Sequence[str], count: int) -> list[Sequence[str]]:
-    """``ids`` cut into at most ``count`` runs of near-equal length, in order."""
-    size = -(-len(ids) // count) if ids else 0
-    return [ids[first : first + size] for first in range(0, len(ids), size)] if size else []
+_SHARE: Final = 500
+"""The executions a replaying process takes at a time: enough that its start of each
+(a connection, the revision compiled) is small beside the replay, few enough that the
+processes finish close together."""
 
 
 def _replay_in_process(job: _Job, share: Sequence[str], max_inputs: int) -> list[ShadowResult]:
