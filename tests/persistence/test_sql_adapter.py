@@ -16,6 +16,7 @@ import pytest_asyncio
 import sqlalchemy as sa
 
 from statifier.persistence import ExecutionRecord, LockTimeout, Status
+from statifier.persistence.records import StepWrite
 from statifier.persistence.sql import SqlAdapter
 from statifier.sql import TableOptions, migrations
 
@@ -296,6 +297,16 @@ async def test_a_uuid_key_and_a_leading_column(keyed_adapter: SqlAdapter) -> Non
     record = await adapter.fetch_execution("exec-1")
     assert record is not None
     assert record.metadata == {"tenant": "t"}
+    # Steps written together where the client makes the entries' keys.
+    steps = [
+        StepWrite(_record("exec-1", tenant="t"), via="step", event=b"[2]", recorded_at=_NOW),
+        StepWrite(_record("exec-1", tenant="t"), via="timer", event=b"[3]", recorded_at=_NOW),
+    ]
+    await adapter.record_steps(steps, None)
+    assert [(e.seq, e.via) for e in await adapter.inputs("exec-1")][2:] == [
+        (2, "step"),
+        (3, "timer"),
+    ]
 
 
 @pytest.mark.asyncio

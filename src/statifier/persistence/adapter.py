@@ -46,8 +46,8 @@ class Capabilities:
             (``insert_answer`` ... ``take_fan_out_end``); durable children need it.
         errors: the error events steps raise are kept (``record_errors``, ``errors``,
             and ``record_step``'s ``errors``). Executions count them either way.
-        batched_steps: ``record_steps`` sends many steps' writes together (one round
-            trip), so that a caller stepping many executions in one transaction can
+        batched_steps: ``record_steps`` sends many steps' writes together (on
+            PostgreSQL one statement), so that a caller stepping many executions in one transaction can
             write their steps at once (:meth:`Storage.deferred_steps
             <statifier.persistence.Storage.deferred_steps>`).
     """

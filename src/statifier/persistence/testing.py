@@ -1184,6 +1184,28 @@ class InputLogConformance(_AdapterSuite):
         assert [(r.seq, r.event) for r in await adapter.inputs("exec-2")] == [(0, b"[2]")]
 
     @pytest.mark.asyncio
+    async def test_input_log_recorded_steps_follow_the_log_and_keep_the_cap(
+        self, adapter: Adapter
+    ) -> None:
+        await _insert(adapter, _execution())
+        await _insert(adapter, _execution("exec-2"))
+        assert await adapter.append_input("exec-1", "step", b"[0]", _at(1), None) == 0
+        await adapter.append_input("exec-2", "step", b"[0]", _at(1), 1)  # closed at once
+        steps = [
+            StepWrite(_execution(position=b"a"), via="step", event=b"[1]", recorded_at=_at(2)),
+            StepWrite(_execution("exec-2"), via="step", event=b"[1]", recorded_at=_at(2)),
+            StepWrite(_execution(position=b"b"), via="step", event=b"[2]", recorded_at=_at(3)),
+            StepWrite(_execution(position=b"c"), via="step", event=b"[3]", recorded_at=_at(4)),
+        ]
+        await adapter.record_steps(steps, 3)
+        # The entry in the cap's last slot is the marker; the step after it and the
+        # step into a closed log append nothing, and each row takes its last record.
+        log = await adapter.inputs("exec-1")
+        assert [(r.seq, r.event) for r in log] == [(0, b"[0]"), (1, b"[1]"), (2, None)]
+        assert [(r.seq, r.event) for r in await adapter.inputs("exec-2")] == [(0, None)]
+        _assert_same_execution(await adapter.fetch_execution("exec-1"), _execution(position=b"c"))
+
+    @pytest.mark.asyncio
     async def test_input_log_recorded_steps_with_a_missing_execution_write_nothing(
         self, adapter: Adapter
     ) -> None:

@@ -88,7 +88,13 @@ class ExecutionStatements:
     - ``append_input``: ``execution_id``, ``via``, ``cap``, ``input_blob``,
       ``recorded_at``; returns the new ``seq``, or no row where the log is closed.
       ``record_step``: the parameters of both; ``None`` without
-      :attr:`Dialect.writes_in_with`. ``inputs``: ``id``.
+      :attr:`Dialect.writes_in_with`. ``record_steps`` (``None`` likewise, and where
+      the client makes keys): ``cap``;
+      per step, in order, ``ids``, ``vias``, ``blobs``, ``ats``; per execution, its
+      last step's ``f_ids``, ``f_statuses``, ``f_positions``, ``f_outcomes``,
+      ``f_failures``, ``f_updated``, ``f_ended``, ``f_error_counts``,
+      ``f_last_errors``, ``f_finals``: arrays; returns the ids of the rows updated.
+      ``inputs``: ``id``.
     - ``insert_error``: the error's columns. ``errors``: ``id``, ``limit``.
     - ``insert_answer``: the answer's columns. ``fetch_answer``: ``id``.
       ``undelivered``: ``limit``. ``mark_delivered``: ``ids``, ``at``.
@@ -254,6 +260,49 @@ class ExecutionStatements:
                 f"WITH stepped AS ({update} RETURNING 1), "
                 f"logged AS ({append} AND EXISTS (SELECT 1 FROM stepped) RETURNING seq) "
                 "SELECT (SELECT count(*) FROM stepped), (SELECT seq FROM logged)"
+            )
+        # Many steps' writes in one statement, from arrays (PostgreSQL): each
+        # execution's row updated once, to its last step's columns (the ``f_``
+        # arrays); every step's entry appended in the arrays' order, numbered on from
+        # its log's last seq, none in a closed log, the marker in the cap's last slot.
+        # Returns the ids of the rows updated. Where the client makes keys, each entry
+        # needs one of its own: the steps are written one at a time.
+        self.record_steps: str | None = None
+        if dialect.writes_in_with and keys.new_key is None:
+            cap = "CAST(:cap AS INTEGER)"
+            self.record_steps = sql(
+                "WITH s AS (SELECT * FROM unnest(CAST(:ids AS text[]), "
+                "CAST(:vias AS text[]), CAST(:blobs AS bytea[]), "
+                "CAST(:ats AS timestamptz[])) WITH ORDINALITY "
+                "AS s(execution_id, via, input_blob, recorded_at, ord)), "
+                "f AS (SELECT * FROM unnest(CAST(:f_ids AS text[]), "
+                "CAST(:f_statuses AS text[]), CAST(:f_positions AS bytea[]), "
+                "CAST(:f_outcomes AS bytea[]), CAST(:f_failures AS text[]), "
+                "CAST(:f_updated AS timestamptz[]), CAST(:f_ended AS timestamptz[]), "
+                "CAST(:f_error_counts AS integer[]), CAST(:f_last_errors AS timestamptz[]), "
+                "CAST(:f_finals AS text[])) AS f(execution_id, status, position_blob, "
+                "outcome_blob, failure, updated_at, ended_at, error_count, last_error_at, "
+                "final_state)), "
+                f"stepped AS (UPDATE {t.executions} AS e SET status = f.status, "
+                "position_blob = f.position_blob, outcome_blob = f.outcome_blob, "
+                "failure = f.failure, updated_at = f.updated_at, ended_at = f.ended_at, "
+                "error_count = f.error_count, last_error_at = f.last_error_at, "
+                "final_state = f.final_state FROM f "
+                "WHERE e.execution_id = f.execution_id RETURNING e.execution_id), "
+                "tops AS (SELECT stepped.execution_id, coalesce((SELECT max(seq) "
+                f"FROM {t.inputs} WHERE execution_id = stepped.execution_id), -1) AS top "
+                "FROM stepped), "
+                "numbered AS (SELECT s.execution_id, s.via, s.input_blob, s.recorded_at, "
+                "CAST(tops.top + row_number() OVER (PARTITION BY s.execution_id "
+                "ORDER BY s.ord) AS INTEGER) AS seq FROM s JOIN tops "
+                f"ON tops.execution_id = s.execution_id WHERE NOT EXISTS (SELECT 1 FROM "
+                f"{t.inputs} AS last WHERE last.execution_id = tops.execution_id "
+                "AND last.seq = tops.top AND last.input_blob IS NULL)), "
+                f"logged AS (INSERT INTO {t.inputs} (execution_id, seq, via, input_blob, "
+                f"recorded_at) SELECT execution_id, seq, via, CASE WHEN {cap} IS NOT NULL "
+                f"AND seq >= {cap} - 1 THEN NULL ELSE input_blob END, recorded_at "
+                f"FROM numbered WHERE {cap} IS NULL OR seq <= {cap} - 1) "
+                "SELECT execution_id FROM stepped"
             )
         self.inputs = sql(
             f"SELECT execution_id, seq, via, input_blob, recorded_at FROM {t.inputs} "

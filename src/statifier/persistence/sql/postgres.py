@@ -154,6 +154,22 @@ def _updated(record: ExecutionRecord) -> dict[str, Any]:
     }
 
 
+_FINAL_COLUMNS: Final = (
+    ("f_ids", "execution_id"),
+    ("f_statuses", "status"),
+    ("f_positions", "position_blob"),
+    ("f_outcomes", "outcome_blob"),
+    ("f_failures", "failure"),
+    ("f_updated", "updated_at"),
+    ("f_ended", "ended_at"),
+    ("f_error_counts", "error_count"),
+    ("f_last_errors", "last_error_at"),
+    ("f_finals", "final_state"),
+)
+"""The ``record_steps`` arrays of the executions' rows, and the column of
+:func:`_updated` each is made of."""
+
+
 class PostgresTransaction:
     """A transaction on one psycopg connection: the adapter's own, or a caller's.
 
@@ -461,6 +477,7 @@ class Shared:
         assert s.lock_execution is not None
         assert s.try_lock_execution is not None
         self.record_step: str = s.record_step
+        self.record_steps: str | None = s.record_steps
         self.lock_execution: str = s.lock_execution
         self.try_lock_execution: str = s.try_lock_execution
         self.names = table_names(tables)
@@ -791,22 +808,31 @@ class PostgresDatabase:
     async def _record_steps(
         self, cursor: Cursor, steps: Sequence[StepWrite], cap: int | None
     ) -> None:
-        # One round trip: psycopg pipelines an executemany. Each step's statement runs
-        # after the one before, so two steps of one execution take seqs in order.
-        s = self.statements
-        batch = []
-        for step in steps:
-            values = _updated(step.record)
-            values.update(
-                via=step.via, cap=cap, input_blob=step.event, recorded_at=utc(step.recorded_at)
-            )
-            batch.append(s.keyed(values))
-        await cursor.executemany(self.shared.record_step, batch, returning=True)
-        for step in steps:
-            row = await cursor.fetchone()
-            if row is None or not row[0]:
-                raise ExecutionNotFound(step.record.id)
-            cursor.nextset()
+        # One statement: each execution's row to its last step's record, every step's
+        # entry appended in order.
+        statement = self.shared.record_steps
+        if statement is None:  # the client makes the entries' keys
+            for step in steps:
+                await self._record_step(
+                    cursor, step.record, step.via, step.event, step.recorded_at, cap
+                )
+            return
+        last = {step.record.id: step.record for step in steps}
+        finals = [_updated(record) for record in last.values()]
+        values = {
+            "cap": cap,
+            "ids": [step.record.id for step in steps],
+            "vias": [step.via for step in steps],
+            "blobs": [step.event for step in steps],
+            "ats": [utc(step.recorded_at) for step in steps],
+        }
+        for name, column in _FINAL_COLUMNS:
+            values[name] = [final[column] for final in finals]
+        await cursor.execute(statement, values)
+        updated = {row[0] for row in await cursor.fetchall()}
+        missing = next((each for each in last if each not in updated), None)
+        if missing is not None:
+            raise ExecutionNotFound(missing)
 
     # Errors.
 
