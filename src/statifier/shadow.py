@@ -913,7 +913,9 @@ async def shadow_replay(
             if workers == 1:
                 return await _replay_all(storage, revision, ids, max_inputs, progress)
             job = _Job.of(source, tables, codec, functions, revision)
-            results = await _replay_shared(storage, job, revision, ids, workers, max_inputs, progress)
+            results = await _replay_shared(
+                storage, job, revision, ids, workers, max_inputs, progress
+            )
             return ShadowSummary.of(revision.identity.content_hash, results)
     if workers > 1:
         raise ValueError("a replay in several processes reads a database URL")
