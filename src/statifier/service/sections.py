@@ -340,9 +340,9 @@ class SectionReader:
                     scope=named.text("scope"),
                     provider_id_header=named.optional_text("provider_id_header"),
                     max_body=named.integer("max_body", 1 << 20),
-                    timeout=named.seconds("timeout", 10.0),
+                    timeout=(timeout := named.seconds("timeout", 10.0)),
                     hmac=self.hmac(named),
-                    group_commit=self.group_commit(named),
+                    group_commit=self.group_commit(named, timeout),
                 )
             )
             named.done()
@@ -354,9 +354,9 @@ class SectionReader:
                     source=named.text("source"),
                     scope=named.text("scope"),
                     max_body=named.integer("max_body", 1 << 16),
-                    timeout=named.seconds("timeout", 10.0),
+                    timeout=(timeout := named.seconds("timeout", 10.0)),
                     hmac=self.hmac(named),
-                    group_commit=self.group_commit(named),
+                    group_commit=self.group_commit(named, timeout),
                 )
             )
             named.done()
@@ -385,10 +385,9 @@ class SectionReader:
             )
         return path
 
-    def group_commit(self, front: Table) -> float | None:
+    def group_commit(self, front: Table, timeout: float) -> float | None:
         """``group_commit_ms``, the group commit window, as seconds (``None`` when
-        absent: each post is routed alone); read after ``timeout``, which it must be
-        shorter than."""
+        absent: each post is routed alone); shorter than the front's ``timeout``."""
         key = "group_commit_ms"
         front.seen.add(key)
         if not front.has(key):
@@ -403,7 +402,6 @@ class SectionReader:
             wanted = f"a number of milliseconds over 0 and at most {longest:g}"
             raise front.refuse(key, f"must be {wanted}, not {shown(value)}")
         window = value / 1000
-        timeout = front.seconds("timeout", 10.0)
         if window >= timeout:
             raise front.refuse(key, f"must be shorter than timeout ({timeout:g} seconds)")
         return window
