@@ -33,7 +33,6 @@ from statifier.core import Event
 from statifier.core.events import engine_event
 from statifier.core.positions import dump_event
 from statifier.persistence import Discarded, Executions, OnError, Refused, Status, Stepped
-from statifier.persistence.serialization import Serialization
 from statifier.router.binding import Create, Plan
 from statifier.router.caps import admit, occupy
 from statifier.router.config import RouterConfig
@@ -389,17 +388,17 @@ async def step_timer_event(
     internal: bool,
     scope: str | None,
     now: datetime,
-    serialization: Serialization | None = None,
 ) -> Stepped | Discarded:
     """Step a fired timer's event into its execution, as a delivery would (its sends
     resolve in ``scope``, a finishing step reaches ``on_complete``), writing no ledger
-    row. Given ``serialization``, the step takes that exclusion (the timer worker's,
-    which knows the locks its claim holds) instead of the unit's.
+    row. The step takes the unit's exclusion (in the timer worker's
+    :meth:`~statifier.router.transaction.Unit.holding` block, one that knows the locks
+    its claim holds).
 
     Raises:
         ExecutionNotFound: the execution is gone.
     """
-    lifecycle = unit.executions(Delivering(scope, now, (execution_id,)), serialization)
+    lifecycle = unit.executions(Delivering(scope, now, (execution_id,)))
     stepped = await lifecycle.step(execution_id, None, event, via=TIMER_VIA, internal=internal)
     if isinstance(stepped, Stepped):
         await completed(unit, stepped, scope)

@@ -79,7 +79,6 @@ from statifier.core import Event
 from statifier.core.events import engine_event
 from statifier.persistence import Discarded, ExecutionNotFound, Refused, Status, Stepped
 from statifier.persistence.reentry import hold
-from statifier.persistence.serialization import Serialization
 from statifier.router.config import Entry
 from statifier.router.delivery import TIMER_VIA, hold_event, step_timer_event
 from statifier.router.errors import ConfigError, ExecutionParked
@@ -88,7 +87,7 @@ from statifier.router.records import LedgerRow
 from statifier.router.routing import Router
 from statifier.router.timer_queue import TimerEntry, TimerKind
 from statifier.router.timers import DueTimer, SqlTimerQueue, UnreadableTimer
-from statifier.router.transaction import HeldLocks, Unit, around
+from statifier.router.transaction import Unit, around
 from statifier.telemetry import enabled, report
 
 __all__ = ["FIRED", "HELD", "RouteRetries", "TimerWorker", "fire"]
@@ -218,7 +217,7 @@ async def fire(
         ExecutionParked: the execution is parked; the timer must stay (roll back).
         Exception: whatever the step or the database raised.
     """
-    done = await _perform(unit, entry, now, None, retries or RouteRetries())
+    done = await _perform(unit, entry, now, retries or RouteRetries())
     _report([done])
     return done.outcome == FIRED
 
@@ -227,16 +226,14 @@ async def _perform(
     unit: Unit,
     entry: TimerEntry,
     now: datetime,
-    claim: Serialization | None,
     retries: RouteRetries,
 ) -> _Outcome:
-    """:func:`fire` without its report; a step takes the exclusion ``claim`` (the
-    unit's own when ``None``)."""
+    """:func:`fire` without its report."""
     started = time.perf_counter()
     if entry.kind is TimerKind.ROUTE:
-        return await _hand_off(unit, entry, now, started, claim, retries)
+        return await _hand_off(unit, entry, now, started, retries)
     try:
-        stepped = await _step(unit, entry, entry.event, now, claim)
+        stepped = await _step(unit, entry, entry.event, now)
     except ExecutionNotFound:
         return _done(entry, "discarded", now, started, reason="no_execution")
     if isinstance(stepped, Discarded):
@@ -265,7 +262,6 @@ async def _step(
     entry: TimerEntry,
     event: Event,
     now: datetime,
-    claim: Serialization | None,
     internal: bool | None = None,
 ) -> Stepped | Discarded:
     """The one step a fire makes: through the router's step of a timer event (its sends
@@ -277,7 +273,6 @@ async def _step(
         internal=entry.kind is TimerKind.INTERNAL if internal is None else internal,
         scope=entry.scope,
         now=now,
-        serialization=claim,
     )
 
 
@@ -286,7 +281,6 @@ async def _hand_off(
     entry: TimerEntry,
     now: datetime,
     started: float,
-    claim: Serialization | None,
     retries: RouteRetries,
 ) -> _Outcome:
     """Hand a due route send to its route, unless its execution has ended; a refusal
@@ -299,7 +293,7 @@ async def _hand_off(
     found = None if entry.route is None else unit.config.route(entry.scope, entry.route)
     if found is None:
         why = f"no route named {entry.route!r} is registered"
-        return await _give_up(unit, entry, now, started, claim, why)
+        return await _give_up(unit, entry, now, started, why)
     adapter, route_config = found
     try:
         # A route that raises leaves nothing half-written behind it.
@@ -334,7 +328,7 @@ async def _hand_off(
         )
         return _done(entry, _RETRIED, now, started, reason=why, attempt=str(attempts))
     given_up = f"{why} (gave up after {attempts} attempt{'s' if attempts != 1 else ''})"
-    return await _give_up(unit, entry, now, started, claim, given_up)
+    return await _give_up(unit, entry, now, started, given_up)
 
 
 async def _give_up(
@@ -342,7 +336,6 @@ async def _give_up(
     entry: TimerEntry,
     now: datetime,
     started: float,
-    claim: Serialization | None,
     why: str,
 ) -> _Outcome:
     """A route send that will not go: a ``send_refused`` ledger row, the chart told
@@ -361,7 +354,7 @@ async def _give_up(
     )
     await unit.sql.record(row)
     failure = engine_event("error.communication", "platform", {"message": why}, entry.event.sendid)
-    await _step(unit, entry, failure, now, claim, internal=True)
+    await _step(unit, entry, failure, now, internal=True)
     _log.warning(
         "execution %s: a delayed send to a route was given up: %s",
         entry.execution_id,
@@ -375,9 +368,10 @@ async def _give_up(
     return _done(entry, _GIVEN_UP, now, started, reason=why)
 
 
-async def _under_claim(unit: Unit, timers: Sequence[DueTimer | UnreadableTimer]) -> Serialization:
-    """The exclusion for the steps of claimed ``timers`` (their locks held), the
-    executions they step read ahead in one statement (each step would read its own)."""
+async def _under_claim(unit: Unit, timers: Sequence[DueTimer | UnreadableTimer]) -> set[str]:
+    """The executions of claimed ``timers`` whose locks the claim holds, for
+    :meth:`Unit.holding`; the executions they step read ahead in one statement (each
+    step would read its own)."""
     held = {timer.execution_id for timer in timers if timer.locked}
     # What the claim locked, noted as this transaction's: a route that calls back into
     # one of them is refused rather than left waiting for this very transaction.
@@ -388,7 +382,7 @@ async def _under_claim(unit: Unit, timers: Sequence[DueTimer | UnreadableTimer])
         if isinstance(timer, DueTimer) and timer.locked and timer.entry.kind is not TimerKind.ROUTE
     }
     await unit.storage.read_ahead(sorted(stepped))
-    return HeldLocks(held, unit.exclusion)
+    return held
 
 
 def _scope(entry: TimerEntry) -> str:
@@ -511,12 +505,11 @@ class TimerWorker:
         the whole batch."""
         async with self.router.transaction(entered=Entry.TIMER) as unit:
             taken = await self.queue.take_due(unit.tx, now, self.batch)
-            claim = await _under_claim(unit, taken.timers)
+            held = await _under_claim(unit, taken.timers)
             # The fires' step writes go together (on PostgreSQL), as a route batch's.
-            async with unit.deferred_steps():
-                outcomes = [
-                    await self._fire(unit, timer.entry, now, claim) for timer in taken.timers
-                ]
+            with unit.holding(held):
+                async with unit.deferred_steps():
+                    outcomes = [await self._fire(unit, timer.entry, now) for timer in taken.timers]
         _report(outcomes)
         done = len(outcomes)
         return _Batch(taken.picked, done, taken.picked - done, taken.upcoming)
@@ -527,7 +520,7 @@ class TimerWorker:
         outcomes: list[_Outcome] = []
         async with self.router.transaction(entered=Entry.TIMER) as unit:
             due = await self.queue.claim(unit.tx, now, self.batch)
-            claim = await _under_claim(unit, due)
+            locked = await _under_claim(unit, due)
             # What is not a fire runs before the fires, with no scope set: a fire's
             # on_begin leaves its setting in force for the rest of the transaction.
             held = [timer for timer in due if timer.locked]
@@ -539,11 +532,12 @@ class TimerWorker:
                 ]
             )
             upcoming = await self.queue.upcoming(unit.tx, now)
-            for timer in held:
-                if isinstance(timer, DueTimer):
-                    done = await self._fire_one(unit, timer, now, claim)
-                    if done is not None:
-                        outcomes.append(done)
+            with unit.holding(locked):
+                for timer in held:
+                    if isinstance(timer, DueTimer):
+                        done = await self._fire_one(unit, timer, now)
+                        if done is not None:
+                            outcomes.append(done)
             if any(done.outcome == _FAILED for done in outcomes):
                 again = now + self.retry
                 upcoming = again if upcoming is None else min(upcoming, again)
@@ -551,22 +545,18 @@ class TimerWorker:
         taken = sum(done.outcome != _FAILED for done in outcomes)
         return _Batch(len(due), taken, len(due) - len(outcomes), upcoming)
 
-    async def _fire(
-        self, unit: Unit, entry: TimerEntry, now: datetime, claim: Serialization
-    ) -> _Outcome:
+    async def _fire(self, unit: Unit, entry: TimerEntry, now: datetime) -> _Outcome:
         """Fire ``entry`` under ``around_delivery``, ``on_begin`` first (see the module
         docstring)."""
         scope = _scope(entry)
 
         async def work() -> _Outcome:
             await unit.begin(scope, Entry.TIMER)
-            return await _perform(unit, entry, now, claim, self.route_retries)
+            return await _perform(unit, entry, now, self.route_retries)
 
         return await around(unit.config, scope, Entry.TIMER, work)
 
-    async def _fire_one(
-        self, unit: Unit, timer: DueTimer, now: datetime, claim: Serialization
-    ) -> _Outcome | None:
+    async def _fire_one(self, unit: Unit, timer: DueTimer, now: datetime) -> _Outcome | None:
         """Delete the row and fire it at one savepoint, under ``around_delivery`` and
         ``on_begin``. A fire that raises, or that the wrapper refuses, leaves the row,
         due ``retry`` later."""
@@ -577,7 +567,7 @@ class TimerWorker:
             await unit.begin(scope, Entry.TIMER)
             if not await self.queue.take(unit.tx, timer.id):
                 return None  # pragma: no cover - a claimed row is held by this claim
-            return await _perform(unit, timer.entry, now, claim, self.route_retries)
+            return await _perform(unit, timer.entry, now, self.route_retries)
 
         try:
             # The savepoint encloses the wrapper: one that raises after the work undoes it.

@@ -170,18 +170,15 @@ class Unit:
         """What every create starts with (:attr:`RouterConfig.chart_start_options`)."""
         return self._parts.start_options
 
-    def executions(
-        self, delivering: Delivering, exclusion: Serialization | None = None
-    ) -> Executions:
+    def executions(self, delivering: Delivering) -> Executions:
         """The lifecycle over this transaction whose executor performs the sends of
-        ``delivering``'s steps (the router's send handler), each step taking
-        ``exclusion`` (by default the unit's: the timer worker passes one that knows
-        the locks its claim holds)."""
+        ``delivering``'s steps (the router's send handler), each step taking the unit's
+        exclusion (in a :meth:`holding` block, one that knows the locks held)."""
         parts = self._parts
         return Executions(
             self.storage,
             executor=parts.sends_of(self, delivering),
-            serialization=self.exclusion if exclusion is None else exclusion,
+            serialization=self.exclusion,
             on_error=parts.error_policy,
         )
 
