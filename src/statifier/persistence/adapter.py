@@ -47,8 +47,8 @@ class Capabilities:
         errors: the error events steps raise are kept (``record_errors``, ``errors``,
             and ``record_step``'s ``errors``). Executions count them either way.
         batched_steps: ``record_steps`` sends many steps' writes together (on
-            PostgreSQL one statement), so that a caller stepping many executions in one transaction can
-            write their steps at once (:meth:`Storage.deferred_steps
+            PostgreSQL one statement), so that a caller stepping many executions in
+            one transaction can write their steps at once (:meth:`Storage.deferred_steps
             <statifier.persistence.Storage.deferred_steps>`).
     """
 
