@@ -10,9 +10,11 @@ import io
 import json
 import random
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
 import sqlalchemy as sa
@@ -20,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tests.persistence.conftest import drop_schema, unique_name
 
-from statifier import cli
+from statifier import cli, shadow
 from statifier.chart import Machine, compile_chart
 from statifier.console.replay import shown_datamodel
 from statifier.core import Event, handle_event, positions
@@ -345,10 +347,27 @@ def test_two_hundred_executions_against_a_fresh_store(place: Place) -> None:
         asyncio.run(check_against_fresh_store(place, revision))
 
 
+class CountingPool(ProcessPoolExecutor):
+    """A process pool that notes the batches handed to it."""
+
+    handed: ClassVar[list[Sequence[str]]] = []
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future[Any]:
+        CountingPool.handed.append(args[1])
+        return super().submit(fn, *args, **kwargs)
+
+
+@pytest.fixture
+def counting_pool(monkeypatch: pytest.MonkeyPatch) -> type[CountingPool]:
+    CountingPool.handed = []
+    monkeypatch.setattr(shadow, "ProcessPoolExecutor", CountingPool)
+    return CountingPool
+
+
 def test_a_replay_in_two_processes_gives_the_same_results_in_the_same_order(
-    place: Place,
+    place: Place, counting_pool: type[CountingPool]
 ) -> None:
-    # Three shares: this process takes the first, the other the next two.
+    # Three batches of 500: this process takes the first, the other the next two.
     asyncio.run(record(place, 1_100, seed=5))
     told: list[tuple[int, int]] = []
     alone = asyncio.run(shadow_replay(place.url, cart(GUARD), tables=place.tables))
@@ -363,6 +382,17 @@ def test_a_replay_in_two_processes_gives_the_same_results_in_the_same_order(
     )
     assert shared == alone
     assert told == [(n, 1_100) for n in range(1, 1_101)]
+    assert [len(batch) for batch in counting_pool.handed] == [500, 100]
+
+
+def test_a_replay_of_one_batch_in_two_processes_starts_no_process(
+    place: Place, counting_pool: type[CountingPool]
+) -> None:
+    asyncio.run(record(place, 30, seed=6))
+    alone = asyncio.run(shadow_replay(place.url, cart(GUARD), tables=place.tables))
+    shared = asyncio.run(shadow_replay(place.url, cart(GUARD), tables=place.tables, workers=2))
+    assert shared == alone
+    assert counting_pool.handed == []
 
 
 def test_a_replay_in_several_processes_refuses_what_it_cannot_hand_them(
