@@ -252,6 +252,23 @@ class RoutingStatements:
             f"WHERE id {ids} AND terminal_seen_at IS NULL"
         )
         self.record = sql(keys.insert(ledger, _LEDGER_COLUMNS))
+        # A batch's ledger rows in one statement, in the order given (``n``). Where the
+        # client makes keys, each row needs one of its own: one statement per row.
+        ledger_rows = dialect.table_of(
+            "rows",
+            {"n": "integer"}
+            | {
+                name: "timestamptz" if name == "inserted_at" else "text" for name in _LEDGER_COLUMNS
+            },
+        )
+        listed = ", ".join(_LEDGER_COLUMNS)
+        self.record_many = (
+            None
+            if keys.new_key is not None
+            else sql(
+                f"INSERT INTO {ledger} ({listed}) SELECT {listed} FROM {ledger_rows} ORDER BY n"
+            )
+        )
         self.reap_dedupe = sql(f"DELETE FROM {dedupe} WHERE expires_at < :now")
         # The cursor is bound twice: as text where it is only compared with NULL (the
         # cast gives that parameter a type), and as it is where the key is compared.
@@ -525,10 +542,31 @@ class RoutingSession:
         await self.dialect.execute(self._driver, self._s.record, self._ledger_values(row))
 
     async def record_many(self, rows: Sequence[LedgerRow]) -> None:
-        """Insert ``rows`` into the routing ledger, in order, sent together."""
-        if rows:
+        """Insert ``rows`` into the routing ledger, in order, in one statement."""
+        if not rows:
+            return
+        statement = self._s.record_many
+        if statement is None:  # the client makes the rows' keys
             values = [self._ledger_values(row) for row in rows]
             await self.dialect.execute_many(self._driver, self._s.record, values)
+            return
+        tabled = self.dialect.tabled(
+            {
+                "n": number,
+                "binding_id": row.binding_id,
+                "message_id": row.message_id,
+                "scope": row.scope,
+                "source": row.source,
+                "outcome": row.outcome,
+                "reason": row.reason,
+                "document": row.document,
+                "key": row.key,
+                "execution_id": row.execution_id,
+                "inserted_at": row.inserted_at,
+            }
+            for number, row in enumerate(rows)
+        )
+        await self.dialect.execute(self._driver, statement, {"rows": tabled})
 
     async def hold(self, row: HeldRow) -> None:
         """Insert ``row`` into the held events."""
