@@ -58,6 +58,20 @@ ANSWER_COLUMNS: Final = (
     "delivered_at"
 )
 CHART_COLUMNS: Final = "content_hash, chart_blob, name, version, saved_at, retired_at, retired_by"
+_STEPPED: Final = (
+    ("execution_id", "text"),
+    ("status", "text"),
+    ("position_blob", "bytea"),
+    ("outcome_blob", "bytea"),
+    ("failure", "text"),
+    ("updated_at", "timestamptz"),
+    ("ended_at", "timestamptz"),
+    ("error_count", "integer"),
+    ("last_error_at", "timestamptz"),
+    ("final_state", "text"),
+)
+"""The columns a step writes (the key first) and their PostgreSQL types: the arrays of
+``record_steps``, one per column."""
 
 
 class ExecutionStatements:
@@ -89,11 +103,10 @@ class ExecutionStatements:
       ``recorded_at``; returns the new ``seq``, or no row where the log is closed.
       ``record_step``: the parameters of both; ``None`` without
       :attr:`Dialect.writes_in_with`. ``record_steps`` (``None`` likewise, and where
-      the client makes keys): ``cap``;
-      per step, in order, ``ids``, ``vias``, ``blobs``, ``ats``; per execution, its
-      last step's ``f_ids``, ``f_statuses``, ``f_positions``, ``f_outcomes``,
-      ``f_failures``, ``f_updated``, ``f_ended``, ``f_error_counts``,
-      ``f_last_errors``, ``f_finals``: arrays; returns the ids of the rows updated.
+      the client makes keys): ``cap``; per step, in order, ``ids``, ``vias``,
+      ``blobs``, ``ats``; per execution, its last step's ``update_execution``
+      parameters, each column an array named ``f_`` and the column
+      (``f_execution_id``, ``f_status`` ...); returns the ids of the rows updated.
       ``inputs``: ``id``.
     - ``insert_error``: the error's columns. ``errors``: ``id``, ``limit``.
     - ``insert_answer``: the answer's columns. ``fetch_answer``: ``id``.
@@ -270,24 +283,16 @@ class ExecutionStatements:
         self.record_steps: str | None = None
         if dialect.writes_in_with and keys.new_key is None:
             cap = "CAST(:cap AS INTEGER)"
+            final_arrays = ", ".join(f"CAST(:f_{name} AS {kind}[])" for name, kind in _STEPPED)
+            final_names = ", ".join(name for name, _ in _STEPPED)
+            final_set = ", ".join(f"{name} = f.{name}" for name, _ in _STEPPED[1:])
             self.record_steps = sql(
                 "WITH s AS (SELECT * FROM unnest(CAST(:ids AS text[]), "
                 "CAST(:vias AS text[]), CAST(:blobs AS bytea[]), "
                 "CAST(:ats AS timestamptz[])) WITH ORDINALITY "
                 "AS s(execution_id, via, input_blob, recorded_at, ord)), "
-                "f AS (SELECT * FROM unnest(CAST(:f_ids AS text[]), "
-                "CAST(:f_statuses AS text[]), CAST(:f_positions AS bytea[]), "
-                "CAST(:f_outcomes AS bytea[]), CAST(:f_failures AS text[]), "
-                "CAST(:f_updated AS timestamptz[]), CAST(:f_ended AS timestamptz[]), "
-                "CAST(:f_error_counts AS integer[]), CAST(:f_last_errors AS timestamptz[]), "
-                "CAST(:f_finals AS text[])) AS f(execution_id, status, position_blob, "
-                "outcome_blob, failure, updated_at, ended_at, error_count, last_error_at, "
-                "final_state)), "
-                f"stepped AS (UPDATE {t.executions} AS e SET status = f.status, "
-                "position_blob = f.position_blob, outcome_blob = f.outcome_blob, "
-                "failure = f.failure, updated_at = f.updated_at, ended_at = f.ended_at, "
-                "error_count = f.error_count, last_error_at = f.last_error_at, "
-                "final_state = f.final_state FROM f "
+                f"f AS (SELECT * FROM unnest({final_arrays}) AS f({final_names})), "
+                f"stepped AS (UPDATE {t.executions} AS e SET {final_set} FROM f "
                 "WHERE e.execution_id = f.execution_id RETURNING e.execution_id), "
                 "tops AS (SELECT stepped.execution_id, coalesce((SELECT max(seq) "
                 f"FROM {t.inputs} WHERE execution_id = stepped.execution_id), -1) AS top "

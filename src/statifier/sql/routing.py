@@ -522,20 +522,9 @@ class RoutingSession:
         await dialect.execute(self._driver, self._s.stamp, values)
 
     def _ledger_values(self, row: LedgerRow) -> dict[str, Any]:
-        return self._s.keyed(
-            {
-                "binding_id": row.binding_id,
-                "message_id": row.message_id,
-                "scope": row.scope,
-                "source": row.source,
-                "outcome": row.outcome,
-                "reason": row.reason,
-                "document": row.document,
-                "key": row.key,
-                "execution_id": row.execution_id,
-                "inserted_at": self.dialect.time(row.inserted_at),
-            }
-        )
+        values = _ledger_columns(row)
+        values["inserted_at"] = self.dialect.time(row.inserted_at)
+        return self._s.keyed(values)
 
     async def record(self, row: LedgerRow) -> None:
         """Insert ``row`` into the routing ledger."""
@@ -551,20 +540,7 @@ class RoutingSession:
             await self.dialect.execute_many(self._driver, self._s.record, values)
             return
         tabled = self.dialect.tabled(
-            {
-                "n": number,
-                "binding_id": row.binding_id,
-                "message_id": row.message_id,
-                "scope": row.scope,
-                "source": row.source,
-                "outcome": row.outcome,
-                "reason": row.reason,
-                "document": row.document,
-                "key": row.key,
-                "execution_id": row.execution_id,
-                "inserted_at": row.inserted_at,
-            }
-            for number, row in enumerate(rows)
+            {"n": number} | _ledger_columns(row) for number, row in enumerate(rows)
         )
         await self.dialect.execute(self._driver, statement, {"rows": tabled})
 
@@ -676,3 +652,9 @@ def _ledger_row(dialect: Dialect, row: Sequence[Any]) -> LedgerRow:
     columns = dict(zip(_LEDGER_COLUMNS, row, strict=True))
     columns["inserted_at"] = dialect.read_time(columns["inserted_at"])
     return LedgerRow.of(columns)
+
+
+def _ledger_columns(row: LedgerRow) -> dict[str, Any]:
+    """``row``'s ledger columns by name, ``inserted_at`` as it is (the reverse of
+    :meth:`LedgerRow.of`)."""
+    return {name: getattr(row, name) for name in _LEDGER_COLUMNS}

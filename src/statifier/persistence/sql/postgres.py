@@ -154,22 +154,6 @@ def _updated(record: ExecutionRecord) -> dict[str, Any]:
     }
 
 
-_FINAL_COLUMNS: Final = (
-    ("f_ids", "execution_id"),
-    ("f_statuses", "status"),
-    ("f_positions", "position_blob"),
-    ("f_outcomes", "outcome_blob"),
-    ("f_failures", "failure"),
-    ("f_updated", "updated_at"),
-    ("f_ended", "ended_at"),
-    ("f_error_counts", "error_count"),
-    ("f_last_errors", "last_error_at"),
-    ("f_finals", "final_state"),
-)
-"""The ``record_steps`` arrays of the executions' rows, and the column of
-:func:`_updated` each is made of."""
-
-
 class PostgresTransaction:
     """A transaction on one psycopg connection: the adapter's own, or a caller's.
 
@@ -826,8 +810,8 @@ class PostgresDatabase:
             "blobs": [step.event for step in steps],
             "ats": [utc(step.recorded_at) for step in steps],
         }
-        for name, column in _FINAL_COLUMNS:
-            values[name] = [final[column] for final in finals]
+        for column in finals[0]:
+            values[f"f_{column}"] = [final[column] for final in finals]
         await cursor.execute(statement, values)
         updated = {row[0] for row in await cursor.fetchall()}
         missing = next((each for each in last if each not in updated), None)
