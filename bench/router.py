@@ -588,10 +588,36 @@ _BULK_CHECK = (
 )
 
 
+_READ_ADDRESSES_PG = (
+    "SELECT key, execution_id FROM {addresses} WHERE scope = %s AND document = %s "
+    "AND key = ANY(%s::text[])"
+)
+_READ_EXECUTIONS_PG = (
+    "SELECT execution_id, content_hash, status, position_blob, metadata, outcome_blob, "
+    "failure, created_at, updated_at, ended_at, error_count, last_error_at, final_state "
+    "FROM {executions} WHERE execution_id = ANY(%s::text[]) ORDER BY execution_id FOR UPDATE"
+)
+_LOCK_EXECUTIONS_PG = (
+    "SELECT pg_advisory_xact_lock(k) FROM (SELECT DISTINCT hashtextextended(id, 0) AS k "
+    "FROM unnest(%s::text[]) AS id ORDER BY k) AS s"
+)
+_READ_ADDRESSES_SQLITE = (
+    "SELECT key, execution_id FROM {addresses} WHERE scope = ? AND document = ? "
+    "AND key IN (SELECT value FROM json_each(?))"
+)
+_READ_EXECUTIONS_SQLITE = (
+    "SELECT execution_id, content_hash, status, position_blob, metadata, outcome_blob, "
+    "failure, created_at, updated_at, ended_at, error_count, last_error_at, final_state "
+    "FROM {executions} WHERE execution_id IN (SELECT value FROM json_each(?)) "
+    "ORDER BY execution_id"
+)
+
+
 @dataclass(frozen=True)
 class BulkStatements:
-    """The bulk row's statement texts for one set of tables: one statement per table a
-    batch writes, and the count that checks a round."""
+    """The bulk rows' statement texts for one set of tables: one statement per table a
+    batch writes, the count that checks a round, and the reads the set-based raw row
+    adds."""
 
     claim: str
     insert_addresses: str
@@ -600,6 +626,8 @@ class BulkStatements:
     append_inputs: str
     record: str
     check: str
+    read_addresses: str
+    read_executions: str
 
     @classmethod
     def postgres(cls, options: TableOptions) -> BulkStatements:
@@ -612,6 +640,8 @@ class BulkStatements:
             _BULK_PG_INPUTS.format(**names),
             _BULK_PG_LEDGER.format(**names),
             _BULK_CHECK.format(p="%s", **names),
+            _READ_ADDRESSES_PG.format(**names),
+            _READ_EXECUTIONS_PG.format(**names),
         )
 
     @classmethod
@@ -625,6 +655,8 @@ class BulkStatements:
             _BULK_SQLITE_INPUTS.format(**names),
             _BULK_SQLITE_LEDGER.format(**names),
             _BULK_CHECK.format(p="?", **names),
+            _READ_ADDRESSES_SQLITE.format(**names),
+            _READ_EXECUTIONS_SQLITE.format(**names),
         )
 
 
@@ -709,7 +741,6 @@ class BulkSqlite:
         self.connection.execute("PRAGMA journal_mode = WAL")
         self.connection.execute("PRAGMA synchronous = FULL")
         self.lock = asyncio.Lock()
-        self.options = options
         self.s = BulkStatements.sqlite(options)
         self.p = prepared
         self.scope = "bench"
@@ -767,7 +798,6 @@ class BulkPostgres:
 
     def __init__(self, url: str, options: TableOptions, prepared: Prepared) -> None:
         self.url = url
-        self.options = options
         self.s = BulkStatements.postgres(options)
         self.p = prepared
         self.idle: list[Any] = []
@@ -832,45 +862,14 @@ class BulkPostgres:
             await connection.close()
 
 
-_READ_ADDRESSES_PG = (
-    "SELECT key, execution_id FROM {addresses} WHERE scope = %s AND document = %s "
-    "AND key = ANY(%s::text[])"
-)
-_READ_EXECUTIONS_PG = (
-    "SELECT execution_id, content_hash, status, position_blob, metadata, outcome_blob, "
-    "failure, created_at, updated_at, ended_at, error_count, last_error_at, final_state "
-    "FROM {executions} WHERE execution_id = ANY(%s::text[]) ORDER BY execution_id FOR UPDATE"
-)
-_LOCK_PG = "SELECT pg_advisory_xact_lock(k) FROM unnest(%s::bigint[]) AS k"
-_LOCK_EXECUTIONS_PG = (
-    "SELECT pg_advisory_xact_lock(k) FROM (SELECT DISTINCT hashtextextended(id, 0) AS k "
-    "FROM unnest(%s::text[]) AS id ORDER BY k) AS s"
-)
-_READ_ADDRESSES_SQLITE = (
-    "SELECT key, execution_id FROM {addresses} WHERE scope = ? AND document = ? "
-    "AND key IN (SELECT value FROM json_each(?))"
-)
-_READ_EXECUTIONS_SQLITE = (
-    "SELECT execution_id, content_hash, status, position_blob, metadata, outcome_blob, "
-    "failure, created_at, updated_at, ended_at, error_count, last_error_at, final_state "
-    "FROM {executions} WHERE execution_id IN (SELECT value FROM json_each(?)) "
-    "ORDER BY execution_id"
-)
-
-
 class SetBasedSqlite(BulkSqlite):
     """The bulk write with the reads a ``route_many()`` batch makes before it writes,
     each in one statement: the batch's addresses and its executions' rows."""
 
     def read(self, cursor: sqlite3.Cursor, b: BulkBatch) -> None:
-        names = _table_names(self.options)
         keys = json.dumps(list(dict.fromkeys(b.keys)))
-        cursor.execute(
-            _READ_ADDRESSES_SQLITE.format(**names), (self.scope, DOCUMENT, keys)
-        ).fetchall()
-        found = cursor.execute(
-            _READ_EXECUTIONS_SQLITE.format(**names), (json.dumps(b.stepped),)
-        ).fetchall()
+        cursor.execute(self.s.read_addresses, (self.scope, DOCUMENT, keys)).fetchall()
+        found = cursor.execute(self.s.read_executions, (json.dumps(b.stepped),)).fetchall()
         _expect("executions read", len(found), len(b.stepped) - len(b.new_keys))
 
 
@@ -880,17 +879,16 @@ class SetBasedPostgres(BulkPostgres):
     addresses, the addresses, the executions' locks and their rows."""
 
     async def read(self, cursor: Any, b: BulkBatch) -> None:
-        names = _table_names(self.options)
         keys = list(dict.fromkeys(b.keys))
         router_locks = sorted(
             {_lock_key("dedupe", BINDING.id, m) for m in b.message_ids}
             | {_lock_key("address", self.scope, DOCUMENT, k) for k in keys}
         )
-        await cursor.execute(_LOCK_PG, (router_locks,))
-        await cursor.execute(_READ_ADDRESSES_PG.format(**names), (self.scope, DOCUMENT, keys))
+        await cursor.execute(_LOCKS, (router_locks,))
+        await cursor.execute(self.s.read_addresses, (self.scope, DOCUMENT, keys))
         await cursor.fetchall()
         await cursor.execute(_LOCK_EXECUTIONS_PG, (b.stepped,))
-        await cursor.execute(_READ_EXECUTIONS_PG.format(**names), (b.stepped,))
+        await cursor.execute(self.s.read_executions, (b.stepped,))
         found = await cursor.fetchall()
         _expect("executions read", len(found), len(b.stepped) - len(b.new_keys))
 
