@@ -25,10 +25,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, TypeVar
 
-import sqlalchemy as sa
-
-from statifier.sql import migrations
-
 T = TypeVar("T")
 
 # --- the database ---------------------------------------------------------------------
@@ -37,7 +33,13 @@ T = TypeVar("T")
 def drop_schema(url: str, schema: str) -> None:
     """Drop ``schema`` and all it holds from the PostgreSQL database at ``url``, if it
     is there: the rows a benchmark made in a schema of its own."""
-    engine = sa.create_engine(migrations.sync_url(url))
+    # Imported here: a benchmark that replays in other processes has this module
+    # imported again in each (spawn), and they need neither.
+    import sqlalchemy as sa
+
+    from statifier.sql.engines import database_url
+
+    engine = sa.create_engine(database_url(url))
     try:
         with engine.begin() as connection:
             connection.execute(sa.schema.DropSchema(schema, cascade=True, if_exists=True))

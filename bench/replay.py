@@ -64,7 +64,7 @@ from statifier.persistence import Executions, LoggedInput, Storage
 from statifier.persistence.executor import ignore_effects
 from statifier.persistence.sql import SqlAdapter
 from statifier.shadow import Verdict, compare_logs, shadow_replay
-from statifier.sql import TableOptions, migrations
+from statifier.sql import TableOptions
 
 GOAL = 0.5
 CART = """<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="cart">
@@ -199,6 +199,10 @@ def main() -> int:
 def measure(
     url: str, tables: TableOptions, count: int, repeats: int, args: Any, info: dict[str, Any]
 ) -> int:
+    # Imported here, not with the rest: the processes of shadow/Np import this script
+    # again (spawn), and Alembic is no part of a replay.
+    from statifier.sql import migrations
+
     migrations.upgrade(url, tables)
     started = time.perf_counter()
     asyncio.run(record(url, tables, count))

@@ -19,7 +19,6 @@ from statifier.persistence.records import (
     ExecutionRecord,
     Status,
 )
-from statifier.sql import migrations
 from statifier.sql.executions import (
     ANSWER_COLUMNS,
     ERROR_COLUMNS,
@@ -43,7 +42,6 @@ __all__ = [
     "error",
     "error_values",
     "execution_record",
-    "migrations",
 ]
 
 EVERYTHING: Final = Capabilities(
