@@ -29,6 +29,7 @@ from statifier.core import Event, handle_event, positions
 from statifier.core import effects as fx
 from statifier.expr import Function
 from statifier.persistence import (
+    PLAIN,
     ExecutionRecord,
     Executions,
     LoggedInput,
@@ -40,6 +41,7 @@ from statifier.persistence import (
 from statifier.persistence.executor import ignore_effects
 from statifier.persistence.sql import SqlAdapter
 from statifier.shadow import (
+    MAX_INPUTS,
     Selection,
     ShadowResult,
     Verdict,
@@ -367,7 +369,8 @@ def counting_pool(monkeypatch: pytest.MonkeyPatch) -> type[CountingPool]:
 def test_a_replay_in_two_processes_gives_the_same_results_in_the_same_order(
     place: Place, counting_pool: type[CountingPool]
 ) -> None:
-    # Three batches of 500: this process takes the first, the other the next two.
+    # This process takes the first batch (500), the other process the next two
+    # (75 and 65) at once; the rest go to whichever is free first.
     asyncio.run(record(place, 1_100, seed=5))
     told: list[tuple[int, int]] = []
     alone = asyncio.run(shadow_replay(place.url, cart(GUARD), tables=place.tables))
@@ -382,7 +385,31 @@ def test_a_replay_in_two_processes_gives_the_same_results_in_the_same_order(
     )
     assert shared == alone
     assert told == [(n, 1_100) for n in range(1, 1_101)]
-    assert [len(batch) for batch in counting_pool.handed] == [500, 100]
+    handed = [len(batch) for batch in counting_pool.handed]
+    assert handed[:2] == [75, 65]
+    assert 500 not in handed
+
+
+def test_a_replaying_process_opens_its_storage_once_for_all_its_batches(
+    place: Place, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What a process of the pool runs, run here: its first batch opens the storage
+    # and compiles the revision; the next ones reuse them.
+    asyncio.run(record(place, 40, seed=8))
+    revision = cart(GUARD)
+    alone = asyncio.run(shadow_replay(place.url, revision, tables=place.tables))
+    ids = [result.execution_id for result in alone.results]
+    job = shadow._Job.of(place.url, place.tables, PLAIN, None, revision)
+    monkeypatch.setattr(shadow, "_replayer", None)
+    first = shadow._replay_in_process(job, ids[:25], MAX_INPUTS)
+    kept = shadow._replayer
+    assert kept is not None
+    try:
+        second = shadow._replay_in_process(job, ids[25:], MAX_INPUTS)
+        assert shadow._replayer is kept
+    finally:
+        kept.close()
+    assert first + second == list(alone.results)
 
 
 def test_a_replay_of_one_batch_in_two_processes_starts_no_process(

@@ -54,14 +54,16 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import itertools
 import multiprocessing
+import multiprocessing.util
 import pickle
 import random
 import sys
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence, Set
 from concurrent.futures import ProcessPoolExecutor
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import KW_ONLY, dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -1013,10 +1015,10 @@ async def _replay_shared(
     max_inputs: int,
     progress: Progress | None,
 ) -> list[ShadowResult]:
-    """``ids`` replayed by this process and ``workers - 1`` others, a batch at a time:
-    each takes the next batch when it is done with its last, so this one, which needs
-    no start, works while the others start, and all finish close together. The results
-    are taken, and told to ``progress``, in the batches' order.
+    """``ids`` replayed by this process and ``workers - 1`` others, a batch at a time
+    (:func:`_batches`): each takes the next batch when it is done with its last, so this
+    one, which needs no start, works while the others start, and all finish close
+    together. The results are taken, and told to ``progress``, in the batches' order.
 
     The other processes are started with ``spawn``: a forked copy of a process running
     an event loop and its threads is not safe to use."""
@@ -1028,7 +1030,7 @@ async def _replay_shared(
             f"functions: {_said(error)}"
         ) from None
     loop = asyncio.get_running_loop()
-    batches = [ids[first : first + _SHARE] for first in range(0, len(ids), _SHARE)]
+    batches = _batches(ids, workers)
     replayed: list[list[ShadowResult] | None] = [None] * len(batches)
     untaken = iter(range(len(batches)))  # shared: each replayer takes the next
     results: list[ShadowResult] = []
@@ -1043,8 +1045,8 @@ async def _replay_shared(
                     progress(len(results), len(ids), result)
             told += 1
 
-    async def here() -> None:
-        for number in untaken:
+    async def here(mine: int) -> None:
+        for number in itertools.chain((mine,), untaken):
             batch, found = batches[number], []
             for first in range(0, len(batch), _READ_AHEAD):
                 part = batch[first : first + _READ_AHEAD]
@@ -1066,11 +1068,13 @@ async def _replay_shared(
     context = multiprocessing.get_context("spawn")
     pool = ProcessPoolExecutor(workers - 1, mp_context=context)
     try:
-        # This one takes the first batch: a selection of one batch starts no
-        # process. The others take two each, so that each has its next batch at
-        # hand when it finishes one (it is handed out only when this one suspends).
-        takers = [asyncio.ensure_future(here())]
-        takers += [asyncio.ensure_future(there(pool)) for _ in range(2 * (workers - 1))]
+        # This one takes the first batch (a selection of one batch starts no
+        # process), but the others start theirs first: its reads may not suspend.
+        # They take two each, so that each has its next batch at hand when it
+        # finishes one (it is handed out only when this one suspends).
+        mine = next(untaken)
+        takers = [asyncio.ensure_future(there(pool)) for _ in range(2 * (workers - 1))]
+        takers.append(asyncio.ensure_future(here(mine)))
         try:
             await asyncio.gather(*takers)
         finally:  # one failed: the others stop before the storage closes
@@ -1084,25 +1088,100 @@ async def _replay_shared(
 
 
 _SHARE: Final = 500
-"""The executions a replaying process takes at a time: enough that its start of each
-(a connection, the revision compiled) is small beside the replay, few enough that the
-processes finish close together."""
+"""The most executions in a batch of a replay in several processes: enough that
+handing it over (its ids and results pickled) is small beside replaying it."""
+
+_LEAST: Final = 50
+"""The fewest executions in a batch (but the last): the batches shrink toward the
+end, so that the processes finish close together."""
+
+
+def _batches(ids: Sequence[str], workers: int) -> list[Sequence[str]]:
+    """``ids`` cut into batches, in order. The first, which this process takes while the
+    others start, is of :data:`_SHARE`: a selection no larger starts no process. Then
+    batches of :data:`_SHARE` while many are left, then each a quarter of what is left
+    per process, down to :data:`_LEAST`. A process holds at most two batches besides the
+    one it replays, so when the last is taken, each has only a few small ones left.
+
+    >>> [len(batch) for batch in _batches([str(n) for n in range(1_100)], 2)]
+    [500, 75, 65, 57, 50, 50, 50, 50, 50, 50, 50, 50, 3]
+    """
+    batches: list[Sequence[str]] = [ids[:_SHARE]]
+    first = _SHARE
+    while first < len(ids):
+        size = max(_LEAST, min(_SHARE, (len(ids) - first) // (4 * workers)))
+        batches.append(ids[first : first + size])
+        first += size
+    return batches
+
+
+@dataclass(slots=True)
+class _Replayer:
+    """What a replaying process keeps from one batch to the next: its event loop, its
+    read-only storage (with the stored charts it compiled) and the revision. Opening
+    them takes longer than replaying a small batch."""
+
+    runner: asyncio.Runner
+    opened: AsyncExitStack
+    storage: Storage
+    revision: Machine
+    closing: multiprocessing.util.Finalize | None = None
+
+    @classmethod
+    def open(cls, job: _Job) -> _Replayer:
+        """Open ``job``'s database read-only; closed when the process exits.
+
+        Raises:
+            PersistenceError: the database cannot be opened (nothing is kept).
+        """
+        runner = asyncio.Runner()
+        opened = AsyncExitStack()
+        try:
+            adapter = runner.run(
+                opened.enter_async_context(open_read_only(job.url, tables=job.tables))
+            )
+        except BaseException:
+            runner.close()
+            raise
+        storage = Storage(adapter, codec=job.codec, functions=job.functions)
+        replayer = cls(runner, opened, storage, job.revision())
+        # A pool's process ends through multiprocessing, which runs these, not atexit's.
+        replayer.closing = multiprocessing.util.Finalize(None, replayer._close, exitpriority=0)
+        return replayer
+
+    def replay(self, share: Sequence[str], max_inputs: int) -> list[ShadowResult]:
+        return self.runner.run(self._replay(share, max_inputs))
+
+    async def _replay(self, share: Sequence[str], max_inputs: int) -> list[ShadowResult]:
+        results: list[ShadowResult] = []
+        for first in range(0, len(share), _READ_AHEAD):
+            batch = share[first : first + _READ_AHEAD]
+            results += await _replay_batch(self.storage, self.revision, batch, max_inputs)
+        return results
+
+    def close(self) -> None:
+        """Close the storage and the loop now, once; the process's exit does it else."""
+        if self.closing is not None:
+            self.closing()
+
+    def _close(self) -> None:
+        try:
+            self.runner.run(self.opened.aclose())
+        finally:
+            self.runner.close()
+
+
+_replayer: _Replayer | None = None
+"""In a replaying process, what its first batch opened. A pool's processes serve one
+replay (the pool is started for it and shut down after), so one is enough."""
 
 
 def _replay_in_process(job: _Job, share: Sequence[str], max_inputs: int) -> list[ShadowResult]:
-    """One share, in a replaying process, a batch at a time."""
-
-    async def replay() -> list[ShadowResult]:
-        revision = job.revision()
-        results: list[ShadowResult] = []
-        async with open_read_only(job.url, tables=job.tables) as adapter:
-            storage = Storage(adapter, codec=job.codec, functions=job.functions)
-            for first in range(0, len(share), _READ_AHEAD):
-                batch = share[first : first + _READ_AHEAD]
-                results += await _replay_batch(storage, revision, batch, max_inputs)
-        return results
-
-    return asyncio.run(replay())
+    """One share, in a replaying process, on what its first share opened."""
+    global _replayer
+    if _replayer is None:
+        _replayer = _Replayer.open(job)
+    return _replayer.replay(share, max_inputs)
 
 
 async def _replay_one(
