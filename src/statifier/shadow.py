@@ -129,6 +129,10 @@ not have, in the ``error.execution`` it raises (as the console's replay reads it
 _READ_AHEAD: Final = 200
 """Executions whose records are read in one query."""
 
+_YIELD_EVERY: Final = 25
+"""Executions replayed between two chances for the loop's other tasks to run (about
+7 ms on the benchmark's machine)."""
+
 
 class Verdict(enum.Enum):
     """What a shadow replay found for one execution.
@@ -955,11 +959,15 @@ async def _replay_batch(
     await storage.read_ahead(batch)
     logs = None if sql is None else await _read_logs(sql, storage.codec, batch)
     results = []
-    for execution_id in batch:
+    for number, execution_id in enumerate(batch, start=1):
         log = None if logs is None else logs.get(execution_id, [])
         results.append(
             await _replay_one(storage, lifecycle, revision, execution_id, log, max_inputs)
         )
+        if number % _YIELD_EVERY == 0:
+            # Replaying never suspends: other tasks of the loop (in a replay in several
+            # processes, handing the others their next batches) wait for this.
+            await asyncio.sleep(0)
     return results
 
 
@@ -1051,9 +1059,7 @@ async def _replay_shared(
             for first in range(0, len(batch), _READ_AHEAD):
                 part = batch[first : first + _READ_AHEAD]
                 found += await _replay_batch(storage, revision, part, max_inputs)
-                # A read may not suspend (SQLite): the others' results are taken,
-                # and their next batches handed out, only when this one does.
-                await asyncio.sleep(0)
+                await asyncio.sleep(0)  # a part of fewer than _YIELD_EVERY did not
             replayed[number] = found
             take()
 
@@ -1071,7 +1077,8 @@ async def _replay_shared(
         # This one takes the first batch (a selection of one batch starts no
         # process), but the others start theirs first: its reads may not suspend.
         # They take two each, so that each has its next batch at hand when it
-        # finishes one (it is handed out only when this one suspends).
+        # finishes one (it is handed out only when this one suspends: every
+        # _YIELD_EVERY executions).
         mine = next(untaken)
         takers = [asyncio.ensure_future(there(pool)) for _ in range(2 * (workers - 1))]
         takers.append(asyncio.ensure_future(here(mine)))
