@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from statifier.persistence import MemoryAdapter
 from statifier.persistence.adapter import Adapter
+from statifier.persistence.shards import ShardedAdapter
 from statifier.persistence.sql import SqlAdapter
 from statifier.sql import TableOptions, Tables, migrations
 
@@ -168,17 +170,60 @@ def fresh_database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[F
         drop_schema(url, schema)
 
 
-# Every backend, the reference included: the lifecycle and driver tests run on each.
+def _three(
+    request: pytest.FixtureRequest, backend: str, factory: pytest.TempPathFactory
+) -> Iterator[list[SqlStore]]:
+    with ExitStack() as stack:
+        migrated = contextmanager(_migrate)
+        yield [
+            stack.enter_context(migrated(request, backend, factory.mktemp("shard")))
+            for _ in range(3)
+        ]
 
-BACKENDS = ("memory", *SQL_BACKENDS)
+
+@pytest.fixture(scope="session")
+def sqlite_shards(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[SqlStore]]:
+    """Three SQLite files, migrated once for the session: a sharded store's."""
+    yield from _three(request, "sqlite", tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def postgresql_shards(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[SqlStore]]:
+    """Three schemas of the suite's PostgreSQL database, migrated once for the session."""
+    yield from _three(request, "postgresql", tmp_path_factory)
+
+
+# Every backend, the reference included: the lifecycle and driver tests run on each,
+# and on executions spread over three stores (statifier.persistence.shards).
+
+BACKENDS = ("memory", *SQL_BACKENDS, "sharded-memory", "sharded-sqlite")
 
 
 @pytest_asyncio.fixture(params=BACKENDS)
 async def adapter(request: pytest.FixtureRequest) -> AsyncIterator[Adapter]:
-    """A fresh, empty store of each backend: the in-memory reference, SQLite and
-    PostgreSQL."""
+    """A fresh, empty store of each backend: the in-memory reference, SQLite,
+    PostgreSQL, and three in-memory stores or three SQLite files behind a
+    :class:`~statifier.persistence.shards.ShardedAdapter`."""
     if request.param == "memory":
         yield MemoryAdapter()
+        return
+    if request.param == "sharded-memory":
+        yield ShardedAdapter([MemoryAdapter() for _ in range(3)])
+        return
+    if request.param == "sharded-sqlite":
+        shards: list[SqlStore] = request.getfixturevalue("sqlite_shards")
+        for shard in shards:
+            shard.empty()
+        stores = [SqlAdapter(shard.url, shard.tables) for shard in shards]
+        try:
+            yield ShardedAdapter(stores)
+        finally:
+            for store in stores:
+                await store.close()
         return
     store: SqlStore = request.getfixturevalue(f"{request.param}_store")
     store.empty()

@@ -1,20 +1,19 @@
 """A sharded store (:mod:`statifier.persistence.shards`): the storage conformance suite
 over three in-memory stores, over three SQLite files and over three PostgreSQL schemas;
 the buckets and the map; and durable executions stepped over three stores ending as
-over one."""
+over one. (The lifecycle and driver tests run over sharded stores too: the
+``adapter`` fixture's ``sharded-*`` backends.)"""
 
 from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tests.persistence.conftest import SQL_BACKENDS, SqlStore, _migrate
+from tests.persistence.conftest import SQL_BACKENDS, SqlStore
 
 from statifier.chart import compile_chart
 from statifier.core import Event
@@ -29,33 +28,6 @@ from statifier.persistence.testing import FullConformance
 class TestShardedMemory(FullConformance):
     async def make_adapter(self) -> Adapter:
         return ShardedAdapter([MemoryAdapter(), MemoryAdapter(), MemoryAdapter()])
-
-
-def _three(
-    request: pytest.FixtureRequest, backend: str, factory: pytest.TempPathFactory
-) -> Iterator[list[SqlStore]]:
-    with ExitStack() as stack:
-        migrated = contextmanager(_migrate)
-        yield [
-            stack.enter_context(migrated(request, backend, factory.mktemp("shard")))
-            for _ in range(3)
-        ]
-
-
-@pytest.fixture(scope="session")
-def sqlite_shards(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[list[SqlStore]]:
-    """Three SQLite files, migrated once for the session."""
-    yield from _three(request, "sqlite", tmp_path_factory)
-
-
-@pytest.fixture(scope="session")
-def postgresql_shards(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[list[SqlStore]]:
-    """Three schemas of the suite's PostgreSQL database, migrated once for the session."""
-    yield from _three(request, "postgresql", tmp_path_factory)
 
 
 @pytest.fixture(params=SQL_BACKENDS)

@@ -127,6 +127,10 @@ class ShardedAdapter:
       created on the chart in a store already retired is refused there
       (``ChartRetired``), and one created in a store not yet retired makes that store
       refuse: the stores before it keep their tombstone, and ``Pinned`` is raised.
+      A chart's first save inside an ``exclusive`` block writes the other stores
+      outside the block: save charts before such a block (``Executions.create``
+      does), or two blocks in different stores saving the same new chart can wait
+      on each other.
     - Listings (``list_by_metadata``, ``pinning_executions``) concatenate the stores'
       in store order; counts are summed; ``undelivered_answers`` merges the stores'
       oldest first.
