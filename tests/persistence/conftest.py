@@ -218,12 +218,12 @@ async def adapter(request: pytest.FixtureRequest) -> AsyncIterator[Adapter]:
         shards: list[SqlStore] = request.getfixturevalue("sqlite_shards")
         for shard in shards:
             shard.empty()
-        stores = [SqlAdapter(shard.url, shard.tables) for shard in shards]
+        opened = [SqlAdapter(shard.url, shard.tables) for shard in shards]
         try:
-            yield ShardedAdapter(stores)
+            yield ShardedAdapter(opened)
         finally:
-            for store in stores:
-                await store.close()
+            for each in opened:
+                await each.close()
         return
     store: SqlStore = request.getfixturevalue(f"{request.param}_store")
     store.empty()
