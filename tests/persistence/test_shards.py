@@ -17,6 +17,7 @@ from tests.persistence.conftest import SQL_BACKENDS, SqlStore
 
 from statifier.chart import compile_chart
 from statifier.core import Event
+from statifier.durable import Durable
 from statifier.persistence import Executions, MemoryAdapter, Status, Storage
 from statifier.persistence.adapter import Adapter
 from statifier.persistence.executor import ignore_effects
@@ -155,3 +156,22 @@ def test_random_event_streams_end_the_same_over_one_store_and_three(
     one = asyncio.run(_run(ShardedAdapter([MemoryAdapter()]), script))
     three = asyncio.run(_run(ShardedAdapter([MemoryAdapter() for _ in range(3)]), script))
     assert three == one
+
+
+@pytest.mark.asyncio
+async def test_durable_runs_over_a_sharded_store() -> None:
+    stores = [MemoryAdapter() for _ in range(3)]
+    sharded = ShardedAdapter(stores)
+    async with Durable(sharded, charts={"counter": COUNTER}) as durable:
+        ids = [(await durable.create("counter")).id for _ in range(12)]
+        for execution_id in ids:
+            await durable.send(execution_id, "add", {"by": 2})
+        described = [await durable.describe(execution_id) for execution_id in ids]
+        assert {d.status for d in described} == {Status.ACTIVE}
+        assert all(len(d.inputs) == 1 for d in described)
+        assert len(await durable.list()) == 12
+        with pytest.raises(RuntimeError, match="only a SQL database keeps timers"):
+            await durable.fire_due()
+    for execution_id in ids:  # each in its bucket's store, and there only
+        held = [store for store in stores if execution_id in store.executions]
+        assert held == [sharded.shard_of(execution_id)]
