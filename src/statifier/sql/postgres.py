@@ -9,6 +9,7 @@ Nothing here imports psycopg: the connection is handed in.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
@@ -52,6 +53,10 @@ def execution_lock_key(expression: str) -> str:
     return f"hashtextextended({expression}, 0)"
 
 
+_ARRAY_CAST: Final = re.compile(r"CAST\(%\((\w+)\)s AS ([a-z ]+)\[\]\)")
+"""A parameter cast to an array type, as :func:`named_to_pyformat` writes it."""
+
+
 class PostgresDialect(Dialect):
     """PostgreSQL through psycopg 3 (see :class:`~statifier.sql.dialect.Dialect`)."""
 
@@ -62,7 +67,12 @@ class PostgresDialect(Dialect):
     writes_in_with = True
 
     def statement(self, text: str) -> str:
-        return named_to_pyformat(text)
+        """``text`` as psycopg binds it (:func:`named_to_pyformat`), a parameter cast to
+        an array type (``CAST(:name AS type[])``) bound in binary: psycopg writes a
+        list in text one element at a time in Python (about 9 us an element for
+        ``bytea``, 3 for ``timestamptz``), in binary at a fraction of that, and the
+        cast fixes the type either way."""
+        return _ARRAY_CAST.sub(r"CAST(%(\1)b AS \2[])", named_to_pyformat(text))
 
     def json(self, parameter: str) -> str:
         return f":{parameter}::jsonb"
