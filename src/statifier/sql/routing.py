@@ -313,11 +313,13 @@ class RoutingStatements:
             # same order and cannot deadlock. A bounded wait sets lock_timeout for the
             # lock statement alone and puts the transaction's own back after it.
             self.locks = _LockStatements(
-                take=sql("SELECT pg_advisory_xact_lock(k) FROM unnest(:keys::bigint[]) AS k"),
+                take=sql(
+                    "SELECT pg_advisory_xact_lock(k) FROM unnest(CAST(:keys AS bigint[])) AS k"
+                ),
                 # Executions' locks, the key each step takes, in the keys' order.
                 take_executions=sql(
                     "SELECT pg_advisory_xact_lock(k) FROM (SELECT DISTINCT "
-                    f"{execution_lock_key('id')} AS k FROM unnest(:ids::text[]) AS id "
+                    f"{execution_lock_key('id')} AS k FROM unnest(CAST(:ids AS text[])) AS id "
                     "ORDER BY k) AS s"
                 ),
                 set_timeout=SET_LOCK_TIMEOUT,
