@@ -964,10 +964,21 @@ async def _replay_batch(
         results.append(
             await _replay_one(storage, lifecycle, revision, execution_id, log, max_inputs)
         )
-        if number % _YIELD_EVERY == 0:
+        if number % _YIELD_EVERY == 0 or number == len(batch):
             # Replaying never suspends: other tasks of the loop (in a replay in several
             # processes, handing the others their next batches) wait for this.
             await asyncio.sleep(0)
+    return results
+
+
+async def _replay_share(
+    storage: Storage, revision: Machine, share: Sequence[str], max_inputs: int
+) -> list[ShadowResult]:
+    """The executions of ``share`` replayed, :data:`_READ_AHEAD` read at a time."""
+    results: list[ShadowResult] = []
+    for first in range(0, len(share), _READ_AHEAD):
+        part = share[first : first + _READ_AHEAD]
+        results += await _replay_batch(storage, revision, part, max_inputs)
     return results
 
 
@@ -1055,12 +1066,7 @@ async def _replay_shared(
 
     async def here(mine: int) -> None:
         for number in itertools.chain((mine,), untaken):
-            batch, found = batches[number], []
-            for first in range(0, len(batch), _READ_AHEAD):
-                part = batch[first : first + _READ_AHEAD]
-                found += await _replay_batch(storage, revision, part, max_inputs)
-                await asyncio.sleep(0)  # a part of fewer than _YIELD_EVERY did not
-            replayed[number] = found
+            replayed[number] = await _replay_share(storage, revision, batches[number], max_inputs)
             take()
 
     async def there(pool: ProcessPoolExecutor) -> None:
@@ -1160,11 +1166,7 @@ class _Replayer:
         return self.runner.run(self._replay(share, max_inputs))
 
     async def _replay(self, share: Sequence[str], max_inputs: int) -> list[ShadowResult]:
-        results: list[ShadowResult] = []
-        for first in range(0, len(share), _READ_AHEAD):
-            batch = share[first : first + _READ_AHEAD]
-            results += await _replay_batch(self.storage, self.revision, batch, max_inputs)
-        return results
+        return await _replay_share(self.storage, self.revision, share, max_inputs)
 
     def close(self) -> None:
         """Close the storage and the loop now, once; the process's exit does it else."""

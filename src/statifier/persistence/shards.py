@@ -204,10 +204,9 @@ class ShardedAdapter:
 
     async def _pins(self, content_hash: str) -> dict[str, int]:
         counts: Counter[str] = Counter()
-        for by_status in await self._everywhere(lambda s: s.count_executions_on(content_hash)):
-            for status, count in by_status.items():
-                if status.pins and count:
-                    counts[f"executions_{status.value}"] += count
+        for status, count in (await self.count_executions_on(content_hash)).items():
+            if status.pins:
+                counts[f"executions_{status.value}"] += count
         counts["positions"] = await self.count_positions_on(content_hash)
         counts["children_linked"] = await self.count_linked_children_on(content_hash)
         return {name: count for name, count in counts.items() if count}
