@@ -91,6 +91,7 @@ from statifier.core.positions import dump_event
 from statifier.persistence import PLAIN, BlobCodec, Executions, Storage
 from statifier.persistence.sql import SqlAdapter
 from statifier.sql import TableOptions, migrations
+from statifier.sql.dialect import execution_lock_key
 
 CHART = b"""<scxml xmlns="http://www.w3.org/2005/07/scxml" version="1.0"
        datamodel="predicator" initial="left">
@@ -230,7 +231,7 @@ class RawPostgres:
         self.url = url
         self.event = event
         self.connections: dict[str, Any] = {}
-        self.lock = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
+        self.lock = "SELECT pg_advisory_xact_lock(%s)"
         self.select = _sql(_SELECT, options, "%s", " FOR UPDATE")
         self.record_step = _sql(_RECORD_STEP, options, "%s")
 
@@ -243,7 +244,7 @@ class RawPostgres:
     async def step(self, execution_id: str) -> None:
         connection = self.connections[execution_id]
         async with connection.cursor() as cursor:
-            await cursor.execute(self.lock, (execution_id,))
+            await cursor.execute(self.lock, (execution_lock_key(execution_id),))
             await cursor.execute(self.select, (execution_id,))
             row = await cursor.fetchone()
             now = datetime.now(UTC)

@@ -291,7 +291,7 @@ _RECORD = (
     "key, execution_id, inserted_at) VALUES ({p}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, {p})"
 )
 _LOCKS = "SELECT pg_advisory_xact_lock(k) FROM unnest(%s::bigint[]) AS k"
-_EXECUTION_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
+_EXECUTION_LOCK = "SELECT pg_advisory_xact_lock(%s)"
 
 
 def _table_names(options: TableOptions) -> dict[str, str]:
@@ -373,7 +373,8 @@ class Prepared:
 
 
 def _lock_key(*parts: str) -> int:
-    """The router's advisory lock key for a claim or an address (the same hash)."""
+    """The router's advisory lock key for a claim, an address or an execution (the
+    same hash)."""
     digest = hashlib.blake2b("\x00".join(("statifier.router", *parts)).encode(), digest_size=8)
     return int.from_bytes(digest.digest(), "big", signed=True)
 
@@ -480,7 +481,7 @@ class RawPostgres:
                     await cursor.execute(s.save_chart, chart)
                     await cursor.execute(s.fetch_chart, (p.content_hash,))
                     await cursor.fetchall()
-                    await cursor.execute(_EXECUTION_LOCK, (execution_id,))
+                    await cursor.execute(_EXECUTION_LOCK, (_lock_key("execution", execution_id),))
                     await cursor.execute(s.fetch_execution, (execution_id,))
                     await cursor.fetchall()
                     values = (execution_id, p.content_hash, "active", p.created)
@@ -489,7 +490,7 @@ class RawPostgres:
                 else:
                     outcome = DELIVERED
                     execution_id = found[1]
-                await cursor.execute(_EXECUTION_LOCK, (execution_id,))
+                await cursor.execute(_EXECUTION_LOCK, (_lock_key("execution", execution_id),))
                 await cursor.execute(s.fetch_execution, (execution_id,))
                 await cursor.fetchone()
                 now = datetime.now(UTC)
@@ -596,10 +597,6 @@ _READ_EXECUTIONS_PG = (
     "SELECT execution_id, content_hash, status, position_blob, metadata, outcome_blob, "
     "failure, created_at, updated_at, ended_at, error_count, last_error_at, final_state "
     "FROM {executions} WHERE execution_id = ANY(%s::text[]) ORDER BY execution_id FOR UPDATE"
-)
-_LOCK_EXECUTIONS_PG = (
-    "SELECT pg_advisory_xact_lock(k) FROM (SELECT DISTINCT hashtextextended(id, 0) AS k "
-    "FROM unnest(%s::text[]) AS id ORDER BY k) AS s"
 )
 _READ_ADDRESSES_SQLITE = (
     "SELECT key, execution_id FROM {addresses} WHERE scope = ? AND document = ? "
@@ -887,7 +884,8 @@ class SetBasedPostgres(BulkPostgres):
         await cursor.execute(_LOCKS, (router_locks,))
         await cursor.execute(self.s.read_addresses, (self.scope, DOCUMENT, keys))
         await cursor.fetchall()
-        await cursor.execute(_LOCK_EXECUTIONS_PG, (b.stepped,))
+        execution_locks = sorted({_lock_key("execution", i) for i in b.stepped})
+        await cursor.execute(_LOCKS, (execution_locks,))
         await cursor.execute(self.s.read_executions, (b.stepped,))
         found = await cursor.fetchall()
         _expect("executions read", len(found), len(b.stepped) - len(b.new_keys))

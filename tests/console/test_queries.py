@@ -31,6 +31,7 @@ from statifier.core import Event
 from statifier.persistence import Executions, Status, Storage
 from statifier.persistence.sql import SqlAdapter
 from statifier.router import Binding, InboundEvent, Router, RouterConfig, StaticResolver
+from statifier.sql.dialect import execution_lock_key
 
 pytestmark = pytest.mark.asyncio
 
@@ -401,6 +402,7 @@ async def test_timers_of_an_execution_soonest_first(console_db: ConsoleDb) -> No
                 "execution_id": "ex-0001",
                 "send_id": f"s{i}",
                 "dedup_key": f"d{i}",
+                "lock_key": execution_lock_key("ex-0001"),
                 "kind": "event",
                 "due_at": T0 + timedelta(minutes=5 - i),
                 "step_position": 1,
@@ -426,6 +428,7 @@ async def test_a_detail_at_its_bound_leaves_the_step_rows_to_a_query(
             "execution_id": "ex-0001",
             "send_id": f"s{i}",
             "dedup_key": f"d{i}",
+            "lock_key": execution_lock_key("ex-0001"),
             "kind": "external",
             "due_at": T0 + timedelta(seconds=i),
             "step_position": 0,

@@ -21,9 +21,10 @@ from statifier.cli import main
 from statifier.persistence.records import InputRecord
 from statifier.persistence.sql import SqlAdapter
 from statifier.sql import TableOptions, migrations
+from statifier.sql.dialect import execution_lock_key
 from statifier.sql.tables import UtcDateTime, autogenerate_filter
 
-HEAD = "statifier_0014"
+HEAD = "statifier_0015"
 """The newest revision."""
 
 DURABLE_TABLES = ("mig_charts", "mig_positions", "mig_executions", "mig_inputs")
@@ -564,5 +565,48 @@ def test_the_plain_words_revision_renames_in_place_and_goes_back(fresh_database:
                 "mig_settlements", schema=options.schema
             )
         assert [u["name"] for u in uniques] == ["mig_settlements_parent_id_invoke_id_key"]
+    finally:
+        engine.dispose()
+
+
+def test_the_timer_lock_key_revision_fills_its_column_and_goes_back(fresh_database: Any) -> None:
+    # statifier_0015 gives each timer its execution's lock key, hashed in Python for the
+    # rows already there, and makes it required; going back drops exactly that.
+    options = _options(fresh_database)
+    migrations.upgrade(fresh_database.url, options, "statifier_0014")
+    table = f"{options.schema}.mig_timers" if options.schema else "mig_timers"
+    engine = sa.create_engine(migrations.sync_url(fresh_database.url))
+    try:
+        with engine.begin() as connection:
+            for dedup_key, execution_id in (("d1", "ex_1"), ("d2", "ex_1"), ("d3", "ex/2")):
+                connection.execute(
+                    sa.text(
+                        f"INSERT INTO {table} (execution_id, send_id, dedup_key, kind, due_at, "
+                        "step_position, payload, inserted_at) VALUES (:execution_id, 's', "
+                        ":dedup_key, 'send', CURRENT_TIMESTAMP, 0, '{}', CURRENT_TIMESTAMP)"
+                    ),
+                    {"execution_id": execution_id, "dedup_key": dedup_key},
+                )
+        before = _index_names(fresh_database.url, options)
+        migrations.upgrade(fresh_database.url, options, "statifier_0015")
+        assert _index_names(fresh_database.url, options) == before
+        with engine.connect() as connection:
+            rows = connection.execute(
+                sa.text(f"SELECT dedup_key, execution_id, lock_key FROM {table}")
+            )
+            assert sorted(rows) == [
+                ("d1", "ex_1", execution_lock_key("ex_1")),
+                ("d2", "ex_1", execution_lock_key("ex_1")),
+                ("d3", "ex/2", execution_lock_key("ex/2")),
+            ]
+            columns = sa.inspect(connection).get_columns("mig_timers", schema=options.schema)
+        assert {column["name"]: column["nullable"] for column in columns}["lock_key"] is False
+        migrations.downgrade(fresh_database.url, options, "statifier_0014")
+        assert _index_names(fresh_database.url, options) == before
+        with engine.connect() as connection:
+            columns = sa.inspect(connection).get_columns("mig_timers", schema=options.schema)
+            kept = connection.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar()
+        assert "lock_key" not in {column["name"] for column in columns}
+        assert kept == 3
     finally:
         engine.dispose()

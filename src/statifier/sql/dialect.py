@@ -43,6 +43,7 @@ __all__ = [
     "Dialect",
     "Savepoint",
     "Values",
+    "execution_lock_key",
     "lock_key",
     "named_to_pyformat",
     "ping",
@@ -90,6 +91,20 @@ def lock_key(*parts: str) -> int:
     # of an older version and one of this version hold the same thing at once.
     digest = hashlib.blake2b("\x00".join(("statifier.router", *parts)).encode(), digest_size=8)
     return int.from_bytes(digest.digest(), "big", signed=True)
+
+
+def execution_lock_key(execution_id: str) -> int:
+    """The lock key of an execution: the one key every statement that holds an
+    execution's lock takes (an ``exclusive`` block of the SQL adapter, a delivery
+    batch's locks, the timer claim, which reads it from the timer's row).
+
+    Computed here rather than by the database, so that a database without
+    PostgreSQL's own hash functions takes the same key.
+
+    >>> execution_lock_key("order-1") == lock_key("execution", "order-1")
+    True
+    """
+    return lock_key("execution", execution_id)
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,7 +34,6 @@ from typing import Final
 from statifier.sql.dialect import Dialect
 from statifier.sql.keys import RowKeys
 from statifier.sql.names import TableNames
-from statifier.sql.postgres import execution_lock_key
 from statifier.sql.tables import Tables
 
 __all__ = [
@@ -117,8 +116,10 @@ class ExecutionStatements:
       ``delete_position``: ``key``. ``count_positions``: ``h``.
     - ``prune``: ``before``, ``limit``; returns the pruned executions' ids.
       ``drop_logs``, ``drop_errors``: ``ids``.
-    - ``lock_execution``: ``id``; ``try_lock_execution``: ``id``, returns whether the
-      lock was granted; both ``None`` without :attr:`Dialect.row_locks`.
+    - ``lock_execution``: ``key``, the execution's
+      :func:`~statifier.sql.dialect.execution_lock_key`; ``try_lock_execution``:
+      ``key``, returns whether the lock was granted; both ``None`` without
+      :attr:`Dialect.row_locks`.
       ``claim_writer``: no parameters; ``None`` without :attr:`Dialect.single_writer`.
     - ``by_metadata`` (every column of :data:`EXECUTION_COLUMNS`),
       ``statuses_by_metadata`` (``execution_id, status``): ``metadata``, a JSON
@@ -336,9 +337,8 @@ class ExecutionStatements:
         self.try_lock_execution: str | None = None
         self.claim_writer: str | None = None
         if dialect.row_locks:
-            key = execution_lock_key(":id")
-            self.lock_execution = sql(f"SELECT pg_advisory_xact_lock({key})")
-            self.try_lock_execution = sql(f"SELECT pg_try_advisory_xact_lock({key})")
+            self.lock_execution = sql("SELECT pg_advisory_xact_lock(:key)")
+            self.try_lock_execution = sql("SELECT pg_try_advisory_xact_lock(:key)")
         if dialect.single_writer:
             self.claim_writer = sql(f"UPDATE {t.executions} SET status = status WHERE 0")
         # The executions whose metadata holds every pair asked, bound as one JSON

@@ -23,7 +23,6 @@ __all__ = [
     "RESTORE_LOCK_TIMEOUT",
     "SET_LOCK_TIMEOUT",
     "PostgresDialect",
-    "execution_lock_key",
     "lock_timeout",
 ]
 
@@ -44,13 +43,6 @@ SET_LOCK_TIMEOUT: Final = named_to_pyformat(
     "SELECT current_setting('lock_timeout'), set_config('lock_timeout', :t, true)"
 )
 RESTORE_LOCK_TIMEOUT: Final = named_to_pyformat("SELECT set_config('lock_timeout', :t, true)")
-
-
-def execution_lock_key(expression: str) -> str:
-    """The SQL of the advisory lock key of the execution whose id ``expression`` (SQL)
-    reads: the one key every statement that holds an execution's lock takes (an
-    ``exclusive`` block of the SQL adapter, the timer claim)."""
-    return f"hashtextextended({expression}, 0)"
 
 
 _ARRAY_CAST: Final = re.compile(r"CAST\(%\((\w+)\)s AS ([a-z ]+)\[\]\)")

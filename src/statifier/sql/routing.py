@@ -23,13 +23,12 @@ from dataclasses import KW_ONLY, dataclass
 from datetime import datetime
 from typing import Any, Final
 
-from statifier.sql.dialect import Dialect, Values
+from statifier.sql.dialect import Dialect, Values, execution_lock_key
 from statifier.sql.keys import RowKeys
 from statifier.sql.names import TableNames
 from statifier.sql.postgres import (
     RESTORE_LOCK_TIMEOUT,
     SET_LOCK_TIMEOUT,
-    execution_lock_key,
     lock_timeout,
 )
 from statifier.sql.tables import Tables
@@ -165,7 +164,6 @@ class LedgerRow:
 @dataclass(frozen=True, slots=True)
 class _LockStatements:
     take: str
-    take_executions: str
     set_timeout: str
     restore_timeout: str
 
@@ -316,12 +314,6 @@ class RoutingStatements:
                 take=sql(
                     "SELECT pg_advisory_xact_lock(k) FROM unnest(CAST(:keys AS bigint[])) AS k"
                 ),
-                # Executions' locks, the key each step takes, in the keys' order.
-                take_executions=sql(
-                    "SELECT pg_advisory_xact_lock(k) FROM (SELECT DISTINCT "
-                    f"{execution_lock_key('id')} AS k FROM unnest(CAST(:ids AS text[])) AS id "
-                    "ORDER BY k) AS s"
-                ),
                 set_timeout=SET_LOCK_TIMEOUT,
                 restore_timeout=RESTORE_LOCK_TIMEOUT,
             )
@@ -365,7 +357,9 @@ class RoutingSession:
         locks = self._s.locks
         if locks is None or not execution_ids:
             return True
-        return await self._take(locks, locks.take_executions, {"ids": list(execution_ids)}, wait)
+        # The key each step takes, sorted as every such statement sorts them.
+        keys = sorted({execution_lock_key(execution_id) for execution_id in execution_ids})
+        return await self._take(locks, locks.take, {"keys": keys}, wait)
 
     async def _take(
         self, locks: _LockStatements, statement: str, values: Values, wait: float | None

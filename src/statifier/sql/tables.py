@@ -691,6 +691,10 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         sa.Column("step_position", sa.Integer(), nullable=False),
         sa.Column("payload", json_document(), nullable=False),
         sa.Column("inserted_at", UtcDateTime(), nullable=False),
+        # The execution's lock key (sql.dialect.execution_lock_key), which the claim
+        # tries: hashed in Python, never by the database. Last, where statifier_0015
+        # added it.
+        sa.Column("lock_key", sa.BigInteger(), nullable=False),
         sa.UniqueConstraint("dedup_key", name=name("timers_dedup_key_key")),
         sa.Index(name("timers_due_at_idx"), "due_at"),
         sa.Index(name("timers_execution_id_send_id_idx"), "execution_id", "send_id"),

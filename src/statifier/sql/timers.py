@@ -21,10 +21,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
-from statifier.sql.dialect import Dialect
+from statifier.sql.dialect import Dialect, execution_lock_key
 from statifier.sql.keys import RowKeys
 from statifier.sql.names import TableNames
-from statifier.sql.postgres import execution_lock_key
 from statifier.sql.tables import Tables
 
 __all__ = ["TakenRows", "TimerRow", "TimerTable"]
@@ -98,6 +97,7 @@ class TimerTable:
             "execution_id",
             "send_id",
             "dedup_key",
+            "lock_key",
             "kind",
             "due_at",
             "step_position",
@@ -131,11 +131,12 @@ class TimerTable:
             # execution, so its rows are all granted or none; and a row waits while an
             # earlier row of its execution is held elsewhere (skipped here: another
             # worker's claim that did not get the lock), so that one execution's timers
-            # never fire out of order.
+            # never fire out of order. The key is the row's own, hashed in Python at the
+            # insert as every other taker of the execution's lock hashes it.
             locked = (
                 "locked AS MATERIALIZED (SELECT execution_id FROM "
-                "(SELECT DISTINCT execution_id FROM picked) AS d "
-                f"WHERE pg_try_advisory_xact_lock({execution_lock_key('execution_id')}))"
+                "(SELECT DISTINCT execution_id, lock_key FROM picked) AS d "
+                "WHERE pg_try_advisory_xact_lock(lock_key))"
             )
             ready = (
                 "p.execution_id IN (SELECT execution_id FROM locked) "
@@ -146,8 +147,8 @@ class TimerTable:
             )
             # One row even when nothing is taken: it carries the counts.
             self._take_due = sql(
-                f"WITH picked AS MATERIALIZED (SELECT id, execution_id, due_at, inserted_at, "
-                f"step_position FROM {timers} "
+                f"WITH picked AS MATERIALIZED (SELECT id, execution_id, lock_key, due_at, "
+                f"inserted_at, step_position FROM {timers} "
                 f"WHERE due_at <= :now ORDER BY {order} LIMIT :limit "
                 f"FOR UPDATE SKIP LOCKED), {locked}, "
                 f"granted AS MATERIALIZED (SELECT p.id FROM picked AS p WHERE {ready}), "
@@ -159,8 +160,8 @@ class TimerTable:
                 f"ORDER BY {_listed(_ORDER, 'taken.')}"
             )
             self._claim = sql(
-                f"WITH picked AS MATERIALIZED (SELECT {_listed(_COLUMNS)}, inserted_at "
-                f"FROM {timers} WHERE due_at <= :now ORDER BY {order} "
+                f"WITH picked AS MATERIALIZED (SELECT {_listed(_COLUMNS)}, lock_key, "
+                f"inserted_at FROM {timers} WHERE due_at <= :now ORDER BY {order} "
                 f"LIMIT :limit FOR UPDATE SKIP LOCKED), {locked} "
                 f"SELECT {_listed(_COLUMNS, 'p.')}, {ready} "
                 f"FROM picked AS p ORDER BY {_listed(_ORDER, 'p.')}"
@@ -205,6 +206,7 @@ class TimerTable:
             "execution_id": execution_id,
             "send_id": send_id,
             "dedup_key": dedup_key,
+            "lock_key": execution_lock_key(execution_id),
             "kind": kind,
             "due_at": dialect.time(due_at),
             "step_position": step_position,

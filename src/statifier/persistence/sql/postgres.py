@@ -10,7 +10,8 @@ for one (then :class:`DatabaseUnavailable`: a request during an outage fails wel
 within an HTTP front's deadline), and while the server is away the pool tries to
 connect about every second as long as someone waits, so work resumes within a second
 or two of the server's return. ``exclusive`` is a transaction holding
-``pg_advisory_xact_lock(hashtextextended(execution_id, 0))``; ``lock_timeout`` bounds a
+``pg_advisory_xact_lock`` on the execution's key, hashed in Python
+(:func:`~statifier.sql.dialect.execution_lock_key`); ``lock_timeout`` bounds a
 wait, and SQLSTATE 55P03 becomes ``LockTimeout``.
 
 Where a call runs: in the transaction it was bound to (a view), else in the block of
@@ -61,7 +62,7 @@ from statifier.persistence.sql.schema import (
     error_values,
     execution_record,
 )
-from statifier.sql.dialect import Savepoint, savepoint_statements
+from statifier.sql.dialect import Savepoint, execution_lock_key, savepoint_statements
 from statifier.sql.engines import tables_missing
 from statifier.sql.executions import ExecutionStatements
 from statifier.sql.names import table_names
@@ -543,7 +544,7 @@ class PostgresDatabase:
         that bound the wait."""
         hold(tx, [("execution", execution_id)], f"execution {execution_id!r}")
         cursor, shared = tx.cursor, self.shared
-        values = {"id": execution_id}
+        values = {"key": execution_lock_key(execution_id)}
         if wait is None:
             await cursor.execute(shared.lock_execution, values)
             return
