@@ -18,12 +18,14 @@ import pytest
 import pytest_asyncio
 import sqlalchemy as sa
 from tests.persistence.conftest import (  # noqa: F401 - fixtures used by name
+    postgresql_rows_store,
     postgresql_store,
     sqlite_store,
 )
 from tests.router.conftest import (  # noqa: F401 - fixtures used by name
     RouterDb,
     pg_db,
+    pg_store,
     router_db,
     router_store,
 )

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import pytest
 import pytest_asyncio
@@ -58,7 +59,8 @@ def drop_schema(url: str, schema: str) -> None:
 
 def _migrate(request: pytest.FixtureRequest, backend: str, path: Path) -> Iterator[SqlStore]:
     """A database of ``backend`` migrated under prefix ``t_`` (PostgreSQL: in a schema
-    of its own, dropped afterwards)."""
+    of its own, dropped afterwards; ``postgresql_rows``: PostgreSQL whose locks are
+    rows, ``TableOptions(locks="rows")``)."""
     if backend == "sqlite":
         options = TableOptions(prefix="t_")
         url = f"sqlite:///{path / 'store.db'}"
@@ -66,7 +68,8 @@ def _migrate(request: pytest.FixtureRequest, backend: str, path: Path) -> Iterat
         yield SqlStore("sqlite", url, options.define())
         return
     url = request.getfixturevalue("database_url")
-    options = TableOptions(prefix="t_", schema=unique_name("statifier_test_"))
+    locks: Literal["advisory", "rows"] = "rows" if backend == "postgresql_rows" else "advisory"
+    options = TableOptions(prefix="t_", schema=unique_name("statifier_test_"), locks=locks)
     migrations.upgrade(url, options)
     try:
         yield SqlStore("postgresql", url, options.define())
@@ -126,6 +129,19 @@ def postgresql_store(
 ) -> Iterator[SqlStore]:
     """The session's PostgreSQL schema."""
     yield from _migrate(request, "postgresql", tmp_path_factory.mktemp("sql"))
+
+
+@pytest.fixture(scope="session")
+def postgresql_rows_store(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SqlStore]:
+    """The session's PostgreSQL schema whose locks are rows of its ``locks`` table."""
+    yield from _migrate(request, "postgresql_rows", tmp_path_factory.mktemp("sql"))
+
+
+LOCKING_BACKENDS = (*SQL_BACKENDS, "postgresql_rows")
+"""The SQL backends and PostgreSQL with locks as rows: for the tests of what locks keep
+apart."""
 
 
 @pytest.fixture(params=SQL_BACKENDS)
@@ -200,13 +216,14 @@ def postgresql_shards(
 # Every backend, the reference included: the lifecycle and driver tests run on each,
 # and on executions spread over three stores (statifier.persistence.shards).
 
-BACKENDS = ("memory", *SQL_BACKENDS, "sharded-memory", "sharded-sqlite")
+BACKENDS = ("memory", *LOCKING_BACKENDS, "sharded-memory", "sharded-sqlite")
 
 
 @pytest_asyncio.fixture(params=BACKENDS)
 async def adapter(request: pytest.FixtureRequest) -> AsyncIterator[Adapter]:
     """A fresh, empty store of each backend: the in-memory reference, SQLite,
-    PostgreSQL, and three in-memory stores or three SQLite files behind a
+    PostgreSQL (with advisory locks, and with locks as rows), and three in-memory
+    stores or three SQLite files behind a
     :class:`~statifier.persistence.shards.ShardedAdapter`."""
     if request.param == "memory":
         yield MemoryAdapter()

@@ -24,7 +24,7 @@ from statifier.sql import TableOptions, migrations
 from statifier.sql.dialect import execution_lock_key
 from statifier.sql.tables import UtcDateTime, autogenerate_filter
 
-HEAD = "statifier_0015"
+HEAD = "statifier_0016"
 """The newest revision."""
 
 DURABLE_TABLES = ("mig_charts", "mig_positions", "mig_executions", "mig_inputs")
@@ -62,6 +62,8 @@ FLOW_TABLES = ("mig_flow_groups", "mig_flow_events")
 """What ``statifier_0013`` adds."""
 CAP_TABLES = ("mig_active_slots", "mig_held_creates")
 """What ``statifier_0014`` adds."""
+LOCK_TABLES = ("mig_locks",)
+"""What ``statifier_0016`` adds."""
 
 
 def _tenant() -> list[sa.Column[Any]]:
@@ -151,6 +153,7 @@ def test_migrations_build_exactly_the_tables(fresh_database: Any) -> None:
         *SCHEDULE_TABLES,
         *FLOW_TABLES,
         *CAP_TABLES,
+        *LOCK_TABLES,
     }
 
 

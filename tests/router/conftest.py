@@ -11,8 +11,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import pytest_asyncio
 from tests.persistence.conftest import (  # noqa: F401 - fixtures used through SQL_BACKENDS
+    LOCKING_BACKENDS,
     SQL_BACKENDS,
     SqlStore,
+    postgresql_rows_store,
     postgresql_store,
     sqlite_store,
 )
@@ -92,6 +94,15 @@ def router_store(request: pytest.FixtureRequest) -> SqlStore:
     return store
 
 
+@pytest.fixture(params=LOCKING_BACKENDS)
+def locking_store(request: pytest.FixtureRequest) -> SqlStore:
+    """Each backend's session database, and PostgreSQL's whose locks are rows: a module
+    whose tests are about what locks keep apart runs on it by overriding
+    ``router_store`` with it."""
+    store: SqlStore = request.getfixturevalue(f"{request.param}_store")
+    return store
+
+
 @pytest_asyncio.fixture
 async def router_db(router_store: SqlStore) -> AsyncIterator[RouterDb]:
     """Each backend's database, emptied, with an adapter and a hand-moved clock."""
@@ -103,14 +114,22 @@ async def router_db(router_store: SqlStore) -> AsyncIterator[RouterDb]:
         await adapter.close()
 
 
+@pytest.fixture(params=("postgresql", "postgresql_rows"))
+def pg_store(request: pytest.FixtureRequest) -> SqlStore:
+    """The session's PostgreSQL database, with advisory locks and with locks as rows."""
+    store: SqlStore = request.getfixturevalue(f"{request.param}_store")
+    return store
+
+
 @pytest_asyncio.fixture
-async def pg_db(postgresql_store: SqlStore) -> AsyncIterator[RouterDb]:  # noqa: F811
-    """The session's PostgreSQL database alone, emptied, with an adapter: for the tests
-    of concurrent writers, which SQLite's single writer would only serialize."""
-    postgresql_store.empty()
-    adapter = SqlAdapter(postgresql_store.url, postgresql_store.tables)
+async def pg_db(pg_store: SqlStore) -> AsyncIterator[RouterDb]:
+    """The session's PostgreSQL database alone (with each way of locking), emptied, with
+    an adapter: for the tests of concurrent writers, which SQLite's single writer would
+    only serialize."""
+    pg_store.empty()
+    adapter = SqlAdapter(pg_store.url, pg_store.tables)
     try:
-        yield RouterDb("postgresql", postgresql_store, adapter, Clock())
+        yield RouterDb("postgresql", pg_store, adapter, Clock())
     finally:
         await adapter.close()
 

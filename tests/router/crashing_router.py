@@ -1,6 +1,7 @@
 """Routes a stream of hits as a front would, for the router's crash-injection test.
 
-Usage: ``python crashing_router.py URL PREFIX SCHEMA CHART ACKS JOB`` (``SCHEMA`` ``-``
+Usage: ``python crashing_router.py URL PREFIX SCHEMA LOCKS CHART ACKS JOB`` (``LOCKS``
+the tables' ``advisory`` or ``rows``; ``SCHEMA`` ``-``
 for none; ``CHART`` a file holding the counter chart). ``JOB`` is JSON:
 ``{"events": [[message_id, key], ...], "batch": N, "pause": seconds}``.
 
@@ -69,8 +70,12 @@ async def _route(
 
 
 def main(argv: list[str]) -> None:
-    url, prefix, schema, chart, acks, job = argv
-    options = TableOptions(prefix=prefix, schema=None if schema == "-" else schema)
+    url, prefix, schema, locks, chart, acks, job = argv
+    options = TableOptions(
+        prefix=prefix,
+        schema=None if schema == "-" else schema,
+        locks="rows" if locks == "rows" else "advisory",
+    )
     machine = compile_chart(Path(chart).read_bytes())
     asyncio.run(_route(url, options, machine, Path(acks), json.loads(job)))
 

@@ -1,7 +1,8 @@
 """Routes hit events from a process of its own, for the router's race tests.
 
-Usage: ``python racing_router.py URL PREFIX SCHEMA CHART JOB`` (``SCHEMA`` ``-`` for
-none; ``CHART`` a file holding the counter chart of document ``count``). ``JOB`` is JSON:
+Usage: ``python racing_router.py URL PREFIX SCHEMA LOCKS CHART JOB`` (``SCHEMA`` ``-``
+for none; ``LOCKS`` the tables' ``advisory`` or ``rows``; ``CHART`` a file holding the
+counter chart of document ``count``). ``JOB`` is JSON:
 ``{"lanes": [[[message_id, key], ...], ...], "batch": false, "pause": 0.01}``. Every
 lane is one task: it routes its events one by one with
 :meth:`~statifier.router.Router.route`, ``pause`` seconds apart (none by default), or,
@@ -86,8 +87,12 @@ async def _lane(
 
 
 async def _main(argv: list[str]) -> None:
-    url, prefix, schema, chart, job_text = argv
-    options = TableOptions(prefix=prefix, schema=None if schema == "-" else schema)
+    url, prefix, schema, locks, chart, job_text = argv
+    options = TableOptions(
+        prefix=prefix,
+        schema=None if schema == "-" else schema,
+        locks="rows" if locks == "rows" else "advisory",
+    )
     machine = compile_chart(await asyncio.to_thread(Path(chart).read_bytes))
     job = json.loads(job_text)
     lanes = [[hit(message_id, key) for message_id, key in lane] for lane in job["lanes"]]

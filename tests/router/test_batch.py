@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tests.persistence.conftest import SqlStore
 from tests.router.conftest import RouterDb
 
 from statifier.chart import compile_chart
@@ -35,6 +36,14 @@ from statifier.router import (
     routing,
 )
 from statifier.sql.routing import RoutingSession
+
+
+@pytest.fixture(name="router_store")
+def _locking_router_store(locking_store: SqlStore) -> SqlStore:
+    """Each backend, and PostgreSQL whose locks are rows: these tests are about what
+    locks keep apart."""
+    return locking_store
+
 
 METER = """<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="open">
   <datamodel><data id="ticks" expr="0"/></datamodel>

@@ -15,11 +15,20 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from tests.persistence.conftest import SqlStore
 from tests.router.conftest import RouterDb
 from tests.router.racing_router import DOCUMENT, SCOPE
 from tests.router.test_races import COUNTER, count_of, counter_router, logged_messages
 
 from statifier.router import address, ledger
+
+
+@pytest.fixture(name="router_store")
+def _locking_router_store(locking_store: SqlStore) -> SqlStore:
+    """Each backend, and PostgreSQL whose locks are rows: a kill must leave no lock
+    held either way."""
+    return locking_store
+
 
 CRASHER = Path(__file__).with_name("crashing_router.py")
 KEYS = 24
@@ -52,6 +61,7 @@ async def _run_once(
         router_db.store.url,
         options.prefix,
         options.schema or "-",
+        options.locks,
         str(chart),
         str(acks),
         job,

@@ -234,6 +234,7 @@ async def test_deliveries_from_another_process_racing_a_resume_keep_their_order(
         router_db.store.url,
         options.prefix,
         options.schema or "-",
+        options.locks,
         str(chart),
         json.dumps({"lanes": [lane], "batch": False, "pause": 0.002}),
         stdin=asyncio.subprocess.PIPE,

@@ -15,12 +15,21 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
+from tests.persistence.conftest import SqlStore
 from tests.router.conftest import RouterDb
 from tests.router.racing_router import DOCUMENT, HITS, LOCK_WAIT, SCOPE, hit
 
 from statifier.chart import Machine, compile_chart
 from statifier.persistence import Executions
 from statifier.router import Failed, InboundEvent, Routed, Router, StaticResolver, address, ledger
+
+
+@pytest.fixture(name="router_store")
+def _locking_router_store(locking_store: SqlStore) -> SqlStore:
+    """Each backend, and PostgreSQL whose locks are rows: these tests are about what
+    locks keep apart."""
+    return locking_store
+
 
 COUNTER = b"""<scxml xmlns="http://www.w3.org/2005/07/scxml" version="1.0"
        datamodel="predicator" initial="counting">
@@ -150,6 +159,7 @@ async def start_racers(
                 router_db.store.url,
                 options.prefix,
                 options.schema or "-",
+                options.locks,
                 str(chart),
                 json.dumps(job),
                 stdin=asyncio.subprocess.PIPE,

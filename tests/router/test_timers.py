@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.persistence.conftest import SqlStore
 from tests.router.conftest import RouterDb
 
 from statifier import telemetry
@@ -38,6 +39,14 @@ from statifier.router.timer_worker import RouteRetries, TimerWorker
 from statifier.router.timers import DueTimer, SqlTimerQueue
 from statifier.router.transaction import Delivering
 from statifier.sql.names import TableNames
+
+
+@pytest.fixture(name="router_store")
+def _locking_router_store(locking_store: SqlStore) -> SqlStore:
+    """Each backend, and PostgreSQL whose locks are rows: these tests are about what
+    locks keep apart."""
+    return locking_store
+
 
 TIMER_EVENT = "statifier.router.timer"
 PROCESS = Path(__file__).with_name("timer_process.py")

@@ -46,6 +46,7 @@ bindings = "bindings.toml"
 url_env = "TEST_DATABASE_URL"
 prefix = "svc_"
 lock_wait = 3
+locks = "rows"
 
 [http]
 host = "0.0.0.0"
@@ -138,6 +139,7 @@ def test_a_whole_file_loads_into_settings(tmp_path: Path) -> None:
     assert settings.shutdown_timeout == 4.5
     assert settings.database.url == "sqlite:///svc.db"
     assert (settings.database.prefix, settings.database.lock_wait) == ("svc_", 3.0)
+    assert settings.database.locks == "rows"
     assert (settings.http.host, settings.http.port) == ("0.0.0.0", 9090)
     assert sorted(settings.documents) == ["hits", "order", "orders"]
     assert [binding.id for binding in settings.bindings] == ["hits"]
@@ -238,6 +240,10 @@ ROUTED = '[routes.r]\nqueue = "q"\n'
         ("[http]\nport = 70000\n", "[http] port: must be an integer from 0 to 65535, not 70000"),
         ("[database]\nurl = 'mysql://h/db'\n", "[database] url: PostgreSQL (psycopg 3)"),
         ("[database]\nschema = 's'\n", "[database] schema: a schema needs PostgreSQL"),
+        (
+            "[database]\nlocks = 'table'\n",
+            '[database] locks: must be one of advisory, rows, not "table"',
+        ),
         ("[database]\nurl = 5\n", "[database] url: must be a non-empty string, not 5"),
         (
             (

@@ -87,7 +87,7 @@ from statifier.router.outcomes import (
 from statifier.router.pausing import Resumed
 from statifier.router.pins import AddressPins
 from statifier.router.queries import address, address_of, ledger
-from statifier.router.reapers import AddressReap, reap_addresses, reap_dedupe
+from statifier.router.reapers import AddressReap, LockReap, reap_addresses, reap_dedupe, reap_locks
 from statifier.router.records import AddressRow, LedgerRow
 from statifier.router.routing import BlockedByEarlierFailure, Planned, Router
 from statifier.router.scheduler import FireReport, Scheduler, ScheduleState
@@ -137,6 +137,7 @@ __all__ = [
     "KeyRefused",
     "Keyed",
     "LedgerRow",
+    "LockReap",
     "Mode",
     "NoMatch",
     "Order",
@@ -175,4 +176,5 @@ __all__ = [
     "load_bindings",
     "reap_addresses",
     "reap_dedupe",
+    "reap_locks",
 ]

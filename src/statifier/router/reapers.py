@@ -1,8 +1,9 @@
-"""The two reapers, plain functions a host calls on a schedule of its own.
+"""The reapers, plain functions a host calls on a schedule of its own.
 
-Neither is needed for correctness: an expired dedupe claim already counts as absent,
-and an address kept past its horizon only keeps a late event ``dropped: finished``
-longer. They reclaim space; the address reaper also deletes the source-invoke
+None is needed for correctness: an expired dedupe claim already counts as absent, an
+address kept past its horizon only keeps a late event ``dropped: finished`` longer, and
+a lock row (``TableOptions(locks="rows")``) no one holds is made again by the next
+taker. They reclaim space; the address reaper also deletes the source-invoke
 subscriptions of the executions whose addresses it deletes.
 """
 
@@ -18,7 +19,7 @@ from statifier.router.binding import Binding
 from statifier.router.routing import Router
 from statifier.router.subscriptions import forget_addressed
 
-__all__ = ["AddressReap", "horizons", "reap_addresses", "reap_dedupe"]
+__all__ = ["AddressReap", "LockReap", "horizons", "reap_addresses", "reap_dedupe", "reap_locks"]
 
 _TERMINAL = frozenset(status.value for status in Status if status.terminal)
 
@@ -27,6 +28,35 @@ async def reap_dedupe(router: Router, now: datetime) -> int:
     """Delete every dedupe claim that expired before ``now``; returns how many."""
     async with router.transaction() as unit:
         return await unit.sql.reap_dedupe(now)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LockReap:
+    """What one :func:`reap_locks` call did.
+
+    Attributes:
+        deleted: lock rows deleted.
+        next: the cursor to pass as ``after`` for the next page, ``None`` at the end.
+    """
+
+    deleted: int
+    next: int | None
+
+
+async def reap_locks(router: Router, *, limit: int = 1000, after: int | None = None) -> LockReap:
+    """Delete the lock rows that no transaction holds and no pending timer names, among
+    the next ``limit`` rows after the cursor ``after`` (``None``: from the start), in
+    one transaction. Where locks are advisory (the default) or the database is SQLite,
+    there are none: ``LockReap(deleted=0, next=None)``.
+
+    Raises:
+        ValueError: ``limit`` is not positive.
+    """
+    if limit < 1:
+        raise ValueError(f"limit is a positive number of rows, not {limit!r}")
+    async with router.transaction() as unit:
+        deleted, cursor = await unit.sql.reap_locks(after, limit)
+    return LockReap(deleted=deleted, next=cursor)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

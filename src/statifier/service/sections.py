@@ -198,6 +198,9 @@ class SectionReader:
             prefix=table.text("prefix", "statifier_"),
             schema=schema,
             lock_wait=table.seconds("lock_wait", DEFAULT_LOCK_WAIT),
+            locks="rows"
+            if self.choice(table, "locks", ("advisory", "rows")) == "rows"
+            else "advisory",
         )
         table.done()
         return settings

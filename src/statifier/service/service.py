@@ -69,6 +69,7 @@ from statifier.router import (
     TimerWorker,
     reap_addresses,
     reap_dedupe,
+    reap_locks,
 )
 from statifier.router.scheduler import Scheduler, ScheduleState
 from statifier.service.api import service_api
@@ -147,7 +148,8 @@ def install_bridges(settings: ServiceSettings) -> list[Bridge]:
 
 
 def _options(settings: ServiceSettings) -> TableOptions:
-    return TableOptions(prefix=settings.database.prefix, schema=settings.database.schema)
+    database = settings.database
+    return TableOptions(prefix=database.prefix, schema=database.schema, locks=database.locks)
 
 
 def prepare_database(settings: ServiceSettings) -> None:
@@ -281,7 +283,7 @@ async def _all_states(scheduler: Scheduler) -> AsyncIterator[ScheduleState]:
 
 
 async def _reap(router: Router, settings: ServiceSettings, stop: asyncio.Event) -> None:
-    """Run both reapers every ``interval`` seconds until ``stop``; a failed pass is
+    """Run the reapers every ``interval`` seconds until ``stop``; a failed pass is
     logged (once per kind of failure and interval), and the next comes on schedule."""
     every = settings.reapers
     repeats = Repeats()
@@ -295,6 +297,12 @@ async def _reap(router: Router, settings: ServiceSettings, stop: asyncio.Event) 
                 if page.next is None:
                     break
                 after = page.next
+            lock_after: int | None = None
+            while not stop.is_set():
+                locks = await reap_locks(router, limit=every.limit, after=lock_after)
+                if locks.next is None:
+                    break
+                lock_after = locks.next
         except Exception as error:  # noqa: BLE001 - the next pass may succeed
             repeats.log(
                 _log,

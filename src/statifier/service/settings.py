@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, Literal
 
 from statifier.chart import Machine
 from statifier.persistence import PLAIN, BlobCodec
@@ -116,12 +116,16 @@ class DatabaseSettings:
         prefix, schema: the tables' :class:`~statifier.sql.TableOptions`.
         lock_wait: the most seconds a delivery waits for an execution's lock (30 by
             default).
+        locks: how a PostgreSQL transaction holds its locks, the tables'
+            :attr:`~statifier.sql.TableOptions.locks`: ``"advisory"`` (the default)
+            or ``"rows"``.
     """
 
     url: str = field(default=DEFAULT_DATABASE, repr=False)
     prefix: str = "statifier_"
     schema: str | None = None
     lock_wait: float = DEFAULT_LOCK_WAIT
+    locks: Literal["advisory", "rows"] = "advisory"
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,8 +4,8 @@ A statement is written once, as SQL text with named parameters in SQLite's style
 (``:name``), against the table names of :mod:`statifier.sql.tables`. A
 :class:`Dialect` turns that text into what its driver binds (:meth:`Dialect.statement`),
 converts the values that its driver stores differently (times, keys, JSON documents,
-lists), says how a transaction takes an advisory lock (:meth:`Dialect.advisory_lock`,
-keyed by :func:`lock_key`), and runs the statement on the driver's connection of a
+lists), hashes lock keys (:func:`lock_key`, which :mod:`statifier.sql.locks` takes),
+and runs the statement on the driver's connection of a
 transaction (:meth:`Dialect.execute`, :meth:`Dialect.rows`, :meth:`Dialect.row`), so
 that a module of statements reads the same for both databases. A savepoint's
 statements, the same on both, are here as well (:func:`savepoint_statements`). The
@@ -84,7 +84,7 @@ def utc_time(text: str | None) -> datetime | None:
 
 
 def lock_key(*parts: str) -> int:
-    """A signed 64-bit advisory lock key (:meth:`Dialect.advisory_lock`) for what
+    """A signed 64-bit lock key (taken by :mod:`statifier.sql.locks`) for what
     ``parts`` name: a kind of thing, then what identifies it. The same parts give the
     same key in every process and every version."""
     # The leading name is part of every key ever taken: changing it would let a process
@@ -146,8 +146,8 @@ class Dialect:
     Attributes:
         name: ``"postgresql"`` or ``"sqlite"``, as SQLAlchemy names the database.
         row_locks: whether a statement can lock the rows it reads and skip those
-            another transaction holds (``FOR UPDATE SKIP LOCKED``), and try an
-            execution's advisory lock; SQLite's writers are serialized instead.
+            another transaction holds (``FOR UPDATE SKIP LOCKED``), and take locks
+            (:mod:`statifier.sql.locks`); SQLite's writers are serialized instead.
         server_clock: the SQL that reads the database's own clock in a statement, or
             ``None`` where the process's clock is bound instead (SQLite, whose writers
             are serialized, so that one process's clock orders them).
@@ -210,17 +210,6 @@ class Dialect:
         if isinstance(value, datetime):
             return value.isoformat()
         raise TypeError(f"{type(value).__name__} is not a table's value")
-
-    def advisory_lock(self, parameter: str, *, shared: bool = False) -> str | None:
-        """The statement (parameters as ``:name``) that takes the advisory lock on the
-        key bound as ``:parameter`` (a :func:`lock_key`), exclusive or ``shared``, held
-        until the transaction ends; it waits while a conflicting holder has it.
-
-        ``None`` where the database has no such locks and needs none: SQLite's
-        transaction holds the single writer, which serializes every writer (of every
-        process on one file) as the lock would.
-        """
-        raise NotImplementedError
 
     def json_has(self, column: Any, pairs: Mapping[str, str]) -> list[Any]:
         """SQLAlchemy conditions that the JSON object in ``column`` holds every

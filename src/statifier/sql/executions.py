@@ -33,6 +33,7 @@ from typing import Final
 
 from statifier.sql.dialect import Dialect
 from statifier.sql.keys import RowKeys
+from statifier.sql.locks import locks_of
 from statifier.sql.names import TableNames
 from statifier.sql.tables import Tables
 
@@ -118,7 +119,8 @@ class ExecutionStatements:
       ``drop_logs``, ``drop_errors``: ``ids``.
     - ``lock_execution``: ``key``, the execution's
       :func:`~statifier.sql.dialect.execution_lock_key`; ``try_lock_execution``:
-      ``key``, returns whether the lock was granted; both ``None`` without
+      ``key``, returns a row whose first column is true when the lock was granted
+      (:class:`~statifier.sql.locks.Locks`); both ``None`` without
       :attr:`Dialect.row_locks`.
       ``claim_writer``: no parameters; ``None`` without :attr:`Dialect.single_writer`.
     - ``by_metadata`` (every column of :data:`EXECUTION_COLUMNS`),
@@ -336,9 +338,10 @@ class ExecutionStatements:
         self.lock_execution: str | None = None
         self.try_lock_execution: str | None = None
         self.claim_writer: str | None = None
-        if dialect.row_locks:
-            self.lock_execution = sql("SELECT pg_advisory_xact_lock(:key)")
-            self.try_lock_execution = sql("SELECT pg_try_advisory_xact_lock(:key)")
+        locks = locks_of(tables, dialect)
+        if locks is not None:
+            self.lock_execution = locks.take_one
+            self.try_lock_execution = locks.try_one
         if dialect.single_writer:
             self.claim_writer = sql(f"UPDATE {t.executions} SET status = status WHERE 0")
         # The executions whose metadata holds every pair asked, bound as one JSON

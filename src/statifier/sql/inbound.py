@@ -7,7 +7,7 @@ a partition's rows past a position, and reads and commits a group's positions. W
 event and its data mean is the fronts' (:mod:`statifier.fronts.table_source`); here
 the data is a JSON document, stored as given.
 
-Where the database has advisory locks (:meth:`Dialect.advisory_lock`), an append holds
+Where transactions take locks (:mod:`statifier.sql.locks`: PostgreSQL), an append holds
 each of its partitions' locks until its transaction ends, so positions commit in order
 and a reader never passes a position a writer could still fill; and a commit holds its
 group's lock (:func:`~statifier.sql.leases.group_lock`) shared, so that no claim moves
@@ -25,6 +25,7 @@ from typing import Any
 from statifier.sql.dialect import Dialect, lock_key
 from statifier.sql.keys import RowKeys
 from statifier.sql.leases import group_lock
+from statifier.sql.locks import locks_of
 from statifier.sql.names import TableNames
 from statifier.sql.tables import Tables
 
@@ -32,7 +33,7 @@ __all__ = ["EventRow", "InboundTable", "NewEvent", "partition_lock"]
 
 
 def partition_lock(names: TableNames, partition: str) -> int:
-    """The advisory lock key that an append to ``partition`` holds until its
+    """The lock key that an append to ``partition`` holds until its
     transaction ends."""
     return lock_key("inbound_events", names.inbound_events, partition)
 
@@ -81,9 +82,7 @@ class InboundTable:
         self.keys = keys = RowKeys.of(tables, dialect)
         events, positions = names.inbound_events, names.consumer_positions
         sql = dialect.statement
-        lock, shared = dialect.advisory_lock("key"), dialect.advisory_lock("key", shared=True)
-        self._lock = None if lock is None else sql(lock)
-        self._lock_shared = None if shared is None else sql(shared)
+        self._locks = locks_of(tables, dialect)
         self._next = sql(
             f"SELECT coalesce(max(position), 0) FROM {events} WHERE partition = :partition"
         )
@@ -116,13 +115,12 @@ class InboundTable:
     ) -> list[tuple[str, int]]:
         """Append ``events`` in order, each at the next position of its partition,
         appended at ``now``; answer each one's ``(partition, position)``. Where there
-        are advisory locks, each partition's is held until the transaction ends."""
-        dialect = self.dialect
-        if self._lock is not None:
+        are locks, each partition's is held until the transaction ends."""
+        dialect, locks = self.dialect, self._locks
+        if locks is not None:
             # Every partition's lock up front, in one order: two appends never deadlock.
-            for partition in sorted({event.partition for event in events}):
-                key = partition_lock(self.names, partition)
-                await dialect.execute(driver, self._lock, {"key": key})
+            keys = {partition_lock(self.names, event.partition) for event in events}
+            await dialect.execute(driver, locks.take, locks.values(keys))
         appended_at = dialect.time(now)
         heads: dict[str, int] = {}
         placed: list[tuple[str, int]] = []
@@ -172,10 +170,9 @@ class InboundTable:
         lease ``owner`` holds; a position below the stored one leaves it as it is.
         Answer the partitions stored (the others' leases are not ``owner``'s)."""
         dialect = self.dialect
-        if self._lock_shared is not None:
+        if self._locks is not None:
             # Shared against the claims' exclusive lock: no claim moves a lease meanwhile.
-            key = group_lock(self.names, group)
-            await dialect.execute(driver, self._lock_shared, {"key": key})
+            await self._locks.take_shared(dialect, driver, group_lock(self.names, group))
         updated_at = dialect.time(now)
         stored: set[str] = set()
         for partition, position in sorted(positions.items()):

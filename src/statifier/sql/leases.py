@@ -7,7 +7,7 @@ marks a member alive and counts the live ones, reads the leases (making a row fo
 partition the first time), and sets, frees and forgets them. What a claim decides from
 the rows (the fair share) is the fronts' (:mod:`statifier.fronts.leases`).
 
-Where the database has advisory locks (:meth:`Dialect.advisory_lock`), the claims of one
+Where transactions take locks (:mod:`statifier.sql.locks`: PostgreSQL), the claims of one
 group take the group's lock (:func:`group_lock`) exclusively, so members on several
 machines never split a partition, and a writer that must not race a claim (a fenced
 commit of :mod:`statifier.sql.inbound`) takes it shared; on SQLite the transaction
@@ -24,6 +24,7 @@ from typing import Any
 
 from statifier.sql.dialect import Dialect, lock_key
 from statifier.sql.keys import RowKeys
+from statifier.sql.locks import locks_of
 from statifier.sql.names import TableNames
 from statifier.sql.tables import Tables
 
@@ -31,7 +32,7 @@ __all__ = ["LeaseRow", "LeaseTable", "group_lock"]
 
 
 def group_lock(names: TableNames, group: str) -> int:
-    """The advisory lock key that claims of ``group`` take exclusively: a writer that
+    """The lock key that claims of ``group`` take exclusively: a writer that
     must not race a claim (a fenced commit) takes it shared."""
     return lock_key("partition_leases", names.partition_leases, group)
 
@@ -65,8 +66,8 @@ class LeaseTable:
         leases, members = names.partition_leases, names.consumer_members
         among = f"partition {dialect.among('partitions')}"
         sql = dialect.statement
-        lock = dialect.advisory_lock("key")
-        self._serialize = None if lock is None else sql(lock)
+        locks = locks_of(tables, dialect)
+        self._serialize = None if locks is None else locks.take_one
         member = {"consumer_group": ":group", "seen_until": ":until"}
         self._member = sql(
             f"{keys.insert(members, ('consumer_group', 'owner', 'seen_until'), member)} "

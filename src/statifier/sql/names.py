@@ -45,6 +45,7 @@ class TableNames:
     flow_events: str
     active_slots: str
     held_creates: str
+    locks: str
 
     @classmethod
     def of(cls, tables: Tables) -> TableNames:
@@ -78,6 +79,7 @@ class TableNames:
                     "flow_events",
                     "active_slots",
                     "held_creates",
+                    "locks",
                 )
             )
         )

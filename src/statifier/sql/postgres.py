@@ -1,8 +1,8 @@
 """PostgreSQL's dialect (:class:`PostgresDialect`, the constant :data:`POSTGRES`): its
 statements run on a psycopg 3 ``AsyncConnection``, with parameters bound by name
 (``%(name)s``), times and UUID keys as the driver's own types, JSON documents cast
-to ``jsonb`` where they are bound, a list of values as an array, and advisory
-locks held until the transaction ends.
+to ``jsonb`` where they are bound, and a list of values as an array. How a
+transaction holds a lock is :mod:`statifier.sql.locks`'s.
 
 Nothing here imports psycopg: the connection is handed in.
 """
@@ -79,10 +79,6 @@ class PostgresDialect(Dialect):
     def table_of(self, parameter: str, columns: Mapping[str, str]) -> str:
         typed = ", ".join(f"{name} {kind}" for name, kind in columns.items())
         return f"jsonb_to_recordset(:{parameter}::jsonb) AS r({typed})"
-
-    def advisory_lock(self, parameter: str, *, shared: bool = False) -> str | None:
-        function = "pg_advisory_xact_lock_shared" if shared else "pg_advisory_xact_lock"
-        return f"SELECT {function}(:{parameter})"
 
     def json_has(self, column: Any, pairs: Mapping[str, str]) -> list[Any]:
         # jsonb containment, which a GIN index on the column serves.

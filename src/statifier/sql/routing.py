@@ -25,6 +25,7 @@ from typing import Any, Final
 
 from statifier.sql.dialect import Dialect, Values, execution_lock_key
 from statifier.sql.keys import RowKeys
+from statifier.sql.locks import locks_of
 from statifier.sql.names import TableNames
 from statifier.sql.postgres import (
     RESTORE_LOCK_TIMEOUT,
@@ -159,13 +160,6 @@ class LedgerRow:
         if self.outcome == "dropped":
             return f"dropped: {self.reason}"
         return self.outcome
-
-
-@dataclass(frozen=True, slots=True)
-class _LockStatements:
-    take: str
-    set_timeout: str
-    restore_timeout: str
 
 
 class RoutingStatements:
@@ -304,19 +298,11 @@ class RoutingStatements:
         )
         self.count_held = sql(f"SELECT count(*) FROM {held} WHERE execution_id = :execution_id")
         self.drop_held = sql(f"DELETE FROM {held} WHERE execution_id = :execution_id")
-        self.locks: _LockStatements | None = None
-        if dialect.row_locks:
-            # Transaction-scoped advisory locks, taken in the order given: the caller
-            # sorts them, so two transactions that need the same keys take them in the
-            # same order and cannot deadlock. A bounded wait sets lock_timeout for the
-            # lock statement alone and puts the transaction's own back after it.
-            self.locks = _LockStatements(
-                take=sql(
-                    "SELECT pg_advisory_xact_lock(k) FROM unnest(CAST(:keys AS bigint[])) AS k"
-                ),
-                set_timeout=SET_LOCK_TIMEOUT,
-                restore_timeout=RESTORE_LOCK_TIMEOUT,
-            )
+        # Taken in the order given (Locks.values sorts them), so that two transactions
+        # that need the same keys take them in the same order and cannot deadlock. A
+        # bounded wait sets lock_timeout for the lock statement alone and puts the
+        # transaction's own back after it.
+        self.locks = locks_of(tables, dialect)
 
 
 class RoutingSession:
@@ -348,7 +334,7 @@ class RoutingSession:
         locks = self._s.locks
         if locks is None or not keys:
             return True
-        return await self._take(locks, locks.take, {"keys": list(keys)}, wait)
+        return await self._take(locks.take, locks.values(keys), wait)
 
     async def lock_executions(self, execution_ids: Sequence[str], wait: float | None) -> bool:
         """Take the locks of ``execution_ids``, the ones their steps take, held until
@@ -357,18 +343,15 @@ class RoutingSession:
         locks = self._s.locks
         if locks is None or not execution_ids:
             return True
-        # The key each step takes, sorted as every such statement sorts them.
-        keys = sorted({execution_lock_key(execution_id) for execution_id in execution_ids})
-        return await self._take(locks, locks.take, {"keys": keys}, wait)
+        keys = map(execution_lock_key, execution_ids)  # the key each step takes
+        return await self._take(locks.take, locks.values(keys), wait)
 
-    async def _take(
-        self, locks: _LockStatements, statement: str, values: Values, wait: float | None
-    ) -> bool:
+    async def _take(self, statement: str, values: Values, wait: float | None) -> bool:
         dialect, driver = self.dialect, self._driver
         if wait is None:
             await dialect.execute(driver, statement, values)
             return True
-        row = await dialect.row(driver, locks.set_timeout, {"t": lock_timeout(wait)})
+        row = await dialect.row(driver, SET_LOCK_TIMEOUT, {"t": lock_timeout(wait)})
         assert row is not None  # a SELECT without FROM returns one row
         try:
             await dialect.execute(driver, statement, values)
@@ -376,7 +359,7 @@ class RoutingSession:
             if not dialect.lock_not_granted(error):
                 raise
             return False
-        await dialect.execute(driver, locks.restore_timeout, {"t": row[0]})
+        await dialect.execute(driver, RESTORE_LOCK_TIMEOUT, {"t": row[0]})
         return True
 
     async def claim(
@@ -593,6 +576,14 @@ class RoutingSession:
         """Delete every claim that expired before ``now``; answer how many."""
         values = {"now": self.dialect.time(now)}
         return await self.dialect.execute(self._driver, self._s.reap_dedupe, values)
+
+    async def reap_locks(self, after: int | None, limit: int) -> tuple[int, int | None]:
+        """Delete the lock rows no one holds among the next ``limit`` after ``after``
+        (:meth:`statifier.sql.locks.Locks.reap`); nothing where locks are not rows."""
+        locks = self._s.locks
+        if locks is None:
+            return 0, None
+        return await locks.reap(self.dialect, self._driver, limit, after)
 
     async def reap_page(self, after: Any, limit: int) -> list[ReapRow]:
         """At most ``limit`` addresses whose key is above ``after`` (``None``: from the

@@ -2,7 +2,7 @@
 statements run on a ``sqlite3.Connection`` with parameters bound by name (``:name``),
 times stored as UTC text (:func:`~statifier.sql.dialect.utc_text`), UUID keys as 32 hex
 digits, JSON documents as text and a list of values as a JSON array; it takes no
-advisory lock, since a transaction holds the single writer.
+lock of its own, since a transaction holds the single writer.
 
 A call runs the statement at once on the event loop's thread: SQLite's writers are
 serialized by the transaction that holds the connection, and its busy wait is off
@@ -58,9 +58,6 @@ class SqliteDialect(Dialect):
         if isinstance(value, datetime):
             return utc_text(value)
         raise TypeError(f"{type(value).__name__} is not a table's value")
-
-    def advisory_lock(self, parameter: str, *, shared: bool = False) -> str | None:
-        return None  # the transaction holds the single writer already
 
     def time(self, value: datetime) -> Any:
         return utc_text(value)

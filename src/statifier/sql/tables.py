@@ -33,6 +33,8 @@ metadata.
 - ``flow_events``: the events those bindings hold, in order, until they are delivered.
 - ``active_slots``: the executions of capped documents that count against their cap.
 - ``held_creates``: the events whose create a cap holds, in order, until a slot frees.
+- ``locks``: one row per lock key a transaction held, where ``TableOptions.locks`` is
+  ``"rows"`` (:mod:`statifier.sql.locks`); empty otherwise.
 
 Every table starts with a surrogate primary key ``id`` of the configured type, then
 the host's leading columns, then the package's own (each row's insert and update
@@ -61,6 +63,7 @@ shop_held_creates
 shop_held_events
 shop_inbound_events
 shop_inputs
+shop_locks
 shop_outbox
 shop_partition_leases
 shop_positions
@@ -176,9 +179,16 @@ class TableOptions:
             ``BINARY``, ``NOCASE`` or ``RTRIM``, others are refused when migrating). A
             column of the host's own takes its collation in its own type
             (``sa.Text(collation="C")``).
+        locks: how a PostgreSQL transaction holds a lock key (an execution's, an
+            address's, a dedupe claim's...) until it ends: ``"advisory"`` (the default:
+            PostgreSQL's transaction-scoped advisory locks) or ``"rows"`` (a row of the
+            ``locks`` table per key, locked with ``FOR UPDATE``, ``FOR SHARE`` and
+            ``SKIP LOCKED``: for a database that does not honour advisory locks across
+            its nodes). Every process on the same tables must use the same; SQLite
+            needs neither (its single writer excludes the others).
 
-    Every option but ``prefix`` and ``schema`` shapes a table when it is created: a
-    table that already exists keeps the layout it has. Left out, the options build
+    Every option but ``prefix``, ``schema`` and ``locks`` shapes a table when it is
+    created: a table that already exists keeps the layout it has. Left out, the options build
     the tables the package has always built.
 
     Raises:
@@ -188,7 +198,8 @@ class TableOptions:
             call; an unsupported key type, a text key without ``key_default`` or an
             integer key with one; a ``timestamps_position`` other than the two; a
             ``column_collations`` name that is not a text column of the package's (the
-            message lists them) or a collation that is not a non-empty string.
+            message lists them) or a collation that is not a non-empty string;
+            ``locks`` other than the two.
         TypeError: a prefix that is not a string, ``leading_columns`` that is not
             callable, a ``key_default`` that is not :func:`sqlalchemy.text`, or
             ``column_collations`` that is not a mapping.
@@ -202,6 +213,7 @@ class TableOptions:
     timestamps_position: Literal["trailing", "leading"] = "trailing"
     # Kept out of the hash (a mapping has none); compared like the other fields.
     column_collations: Mapping[str, str] = field(default_factory=dict, hash=False)
+    locks: Literal["advisory", "rows"] = "advisory"
 
     def __post_init__(self) -> None:
         if not isinstance(self.prefix, str):
@@ -231,6 +243,8 @@ class TableOptions:
                 f'timestamps_position is "trailing" or "leading", not {self.timestamps_position!r}'
             )
         self._check_collations()
+        if self.locks not in ("advisory", "rows"):
+            raise ValueError(f'locks is "advisory" or "rows", not {self.locks!r}')
 
     def _check_leading(self) -> None:
         given: tuple[object, ...] = tuple(self.leading())
@@ -420,7 +434,7 @@ class TableOptions:
         return sa.Table(name, metadata, *self.laid_out(name, *declared), schema=schema)
 
     def define(self, metadata: sa.MetaData | None = None) -> Tables:
-        """The twenty-two tables under these options, in ``metadata`` (a new one if ``None``).
+        """The twenty-seven tables under these options, in ``metadata`` (a new one if ``None``).
 
         Raises:
             sqlalchemy.exc.InvalidRequestError: ``metadata`` already holds a table of
@@ -479,7 +493,7 @@ def _text_columns() -> frozenset[str]:
 
 @dataclass(frozen=True, slots=True)
 class Tables:
-    """The twenty-two tables of durable executions, of the event router, of its fronts and
+    """The twenty-seven tables of durable executions, of the event router, of its fronts and
     of the console, defined under one :class:`TableOptions`.
 
     Attributes:
@@ -528,6 +542,7 @@ class Tables:
     flow_events: sa.Table
     active_slots: sa.Table
     held_creates: sa.Table
+    locks: sa.Table
     options: TableOptions
 
     @classmethod
@@ -698,6 +713,8 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         sa.UniqueConstraint("dedup_key", name=name("timers_dedup_key_key")),
         sa.Index(name("timers_due_at_idx"), "due_at"),
         sa.Index(name("timers_execution_id_send_id_idx"), "execution_id", "send_id"),
+        # The lock reaper keeps the lock rows of executions with pending timers.
+        sa.Index(name("timers_lock_key_idx"), "lock_key"),
         schema=schema,
     )
     outbox = options.table(
@@ -747,6 +764,7 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
     schedules = _schedules(options, metadata)
     flow_groups, flow_events = _flow(options, metadata)
     active_slots, held_creates = _caps(options, metadata)
+    locks = _locks(options, metadata)
     return Tables(
         metadata,
         charts,
@@ -775,6 +793,7 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         flow_events,
         active_slots,
         held_creates,
+        locks,
         options,
     )
 
@@ -1067,6 +1086,20 @@ def _flow(options: TableOptions, metadata: sa.MetaData) -> tuple[sa.Table, sa.Ta
         schema=schema,
     )
     return groups, events
+
+
+def _locks(options: TableOptions, metadata: sa.MetaData) -> sa.Table:
+    """The lock keys a transaction holds as rows (:mod:`statifier.sql.locks`), one row
+    per key (a ``lock_key`` of :mod:`statifier.sql.dialect`); a row is locked, never
+    changed, and the reaper deletes rows no one holds."""
+    name = options.name
+    return options.table(
+        name("locks"),
+        metadata,
+        sa.Column("key", sa.BigInteger(), nullable=False),
+        sa.UniqueConstraint("key", name=name("locks_key_key")),
+        schema=options.schema,
+    )
 
 
 def _caps(options: TableOptions, metadata: sa.MetaData) -> tuple[sa.Table, sa.Table]:

@@ -23,6 +23,7 @@ from typing import Any, Final
 
 from statifier.sql.dialect import Dialect, execution_lock_key
 from statifier.sql.keys import RowKeys
+from statifier.sql.locks import locks_of
 from statifier.sql.names import TableNames
 from statifier.sql.tables import Tables
 
@@ -124,7 +125,8 @@ class TimerTable:
             f"SELECT {_listed(_COLUMNS)}, 0 FROM {timers} WHERE execution_id = :execution_id "
             f"ORDER BY {order} LIMIT :limit"
         )
-        if dialect.row_locks:
+        locks = locks_of(tables, dialect)
+        if locks is not None:
             # Rows another worker holds are skipped, never waited for; the execution's
             # lock is only tried: a step that holds it may be deleting these rows (a
             # cancel) and wait for the row locks taken here. The lock is tried once an
@@ -133,13 +135,9 @@ class TimerTable:
             # worker's claim that did not get the lock), so that one execution's timers
             # never fire out of order. The key is the row's own, hashed in Python at the
             # insert as every other taker of the execution's lock hashes it.
-            locked = (
-                "locked AS MATERIALIZED (SELECT execution_id FROM "
-                "(SELECT DISTINCT execution_id, lock_key FROM picked) AS d "
-                "WHERE pg_try_advisory_xact_lock(lock_key))"
-            )
+            locked = locks.tried("SELECT DISTINCT lock_key FROM picked", "locked")
             ready = (
-                "p.execution_id IN (SELECT execution_id FROM locked) "
+                "p.lock_key IN (SELECT key FROM locked) "
                 f"AND NOT EXISTS (SELECT 1 FROM {timers} AS e "
                 f"WHERE e.execution_id = p.execution_id "
                 f"AND ({_listed(_ORDER, 'e.')}) < ({_listed(_ORDER, 'p.')}) "

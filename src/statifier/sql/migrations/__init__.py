@@ -29,7 +29,7 @@ a connection a caller gives, the caller's transaction governs and no lock is tak
 >>> path = os.path.join(tempfile.mkdtemp(), "doc.db")
 >>> upgrade(f"sqlite:///{path}", TableOptions(prefix="doc_"))
 >>> current(f"sqlite:///{path}", TableOptions(prefix="doc_"))
-'statifier_0015'
+'statifier_0016'
 >>> downgrade(f"sqlite:///{path}", TableOptions(prefix="doc_"))
 >>> current(f"sqlite:///{path}", TableOptions(prefix="doc_")) is None
 True
