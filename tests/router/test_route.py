@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 from tests.router.conftest import RouterDb, impression_bindings, join_chart
 
+from statifier.buckets import address_bucket, bucket_of
 from statifier.chart import Machine, compile_chart
 from statifier.core import Event, StartOptions
 from statifier.expr import Value
@@ -180,6 +181,20 @@ async def test_an_impression_creates_the_execution_and_a_click_is_delivered_to_i
         Event("impression.served", data={"impression_id": "imp_1", "shown_at": 1}),
         Event("click.recorded", data={"impression_id": "imp_1", "url": "u"}),
     ]
+
+
+@pytest.mark.asyncio
+async def test_an_execution_the_router_mints_an_id_for_falls_in_its_addresss_bucket(
+    router_db: RouterDb,
+) -> None:
+    router = router_db.router(
+        impression_bindings(),
+        resolver=StaticResolver({"join": join_chart(), "counter": compile_chart(COUNTER)}),
+    )
+    opened = await router.route(ad("m1", "impression", "imp_1", shown_at=1))
+    created = opened.outcomes[0]
+    assert isinstance(created, CreatedAndDelivered)
+    assert bucket_of(created.execution_id) == address_bucket(SCOPE, "join", "imp_1")
 
 
 @pytest.mark.asyncio

@@ -1,8 +1,9 @@
 """Executions spread over several stores by key buckets: :class:`ShardedAdapter`.
 
-Every execution falls in one of :data:`BUCKETS` virtual buckets, fixed by a hash of its
-root id (:func:`bucket_of`: a durable child, ``parent/invoke``, falls in its root's
-bucket), and a :class:`ShardMap` gives each range of buckets to one store. What one
+Every execution falls in one of :data:`~statifier.buckets.BUCKETS` virtual buckets,
+fixed by its root id (:func:`~statifier.buckets.bucket_of`: a durable child,
+``parent/invoke``, falls in its root's bucket, and an id minted for an address in the
+address's), and a :class:`ShardMap` gives each range of buckets to one store. What one
 execution needs (its row, input log, errors, lock, its children's answers to it, its
 fan-out ends) is in its bucket's store; charts are saved in every store; what spans
 executions (counts, listings, answers owed, pruning) asks every store and merges.
@@ -17,15 +18,15 @@ True
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Final, TypeVar
+from typing import TypeVar
 
+from statifier.buckets import BUCKETS, bucket_of
 from statifier.persistence.adapter import Adapter, Capabilities
 from statifier.persistence.errors import ExecutionNotFound, Pinned
 from statifier.persistence.records import (
@@ -41,26 +42,7 @@ from statifier.persistence.records import (
 
 __all__ = ["BUCKETS", "ShardMap", "ShardedAdapter", "bucket_of"]
 
-BUCKETS: Final = 1024
-"""The virtual buckets, fixed for ever: a store holds whole ranges of them, so K can
-grow to 1,024 stores without an execution changing bucket (decision 0116)."""
-
 T = TypeVar("T")
-
-
-def bucket_of(execution_id: str) -> int:
-    """The bucket of ``execution_id``: of its root (the part before the first ``/``),
-    so that a durable child (``parent/invoke`` or ``parent/invoke/index``) falls with
-    its parent. The same id gives the same bucket in every process and version.
-
-    >>> bucket_of("order-17") == bucket_of("order-17/payment/3")
-    True
-    >>> 0 <= bucket_of("order-17") < BUCKETS
-    True
-    """
-    root = execution_id.split("/", 1)[0]
-    digest = hashlib.blake2b(root.encode(), digest_size=8, person=b"statifier.bkt").digest()
-    return int.from_bytes(digest, "big") % BUCKETS
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,79 @@
+"""Key buckets: every execution and every address falls in one of :data:`BUCKETS`
+virtual buckets, and a store holds whole ranges of them
+(:mod:`statifier.persistence.shards`, decision 0116).
+
+An execution's bucket is its root id's (:func:`bucket_of`): a durable child
+(``parent/invoke``) falls with its parent. An address ``(scope, document, key)`` has a
+bucket of its own (:func:`address_bucket`), and an id minted for an address carries it
+(:func:`tagged`, what :func:`statifier.ids.new_execution_id` mints for the router), so
+that the execution created for an address falls in the address's bucket and a bare id
+still finds it. Both are hashes computed here, the same in every process and version.
+
+>>> execution_id = "ex_01KBCDEFGHJKMNPQRSTVWXYZ01" + tagged(address_bucket("web", "order", "o-17"))
+>>> bucket_of(execution_id) == address_bucket("web", "order", "o-17")
+True
+>>> bucket_of(execution_id + "/payment") == bucket_of(execution_id)
+True
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Final
+
+__all__ = ["BUCKETS", "address_bucket", "bucket_of", "tagged"]
+
+BUCKETS: Final = 1024
+"""The virtual buckets, fixed for ever: a store holds whole ranges of them, so K can
+grow to 1,024 stores without an execution changing bucket (decision 0116)."""
+
+_TAGGED: Final = re.compile(r"ex_[0-9A-HJKMNP-TV-Z]{26}_([0-3][0-9a-f]{2})")
+"""An id minted for an address: ``ex_``, a ULID, ``_`` and the bucket in three hex
+digits (below 1,024)."""
+
+
+def _hashed(text: str) -> int:
+    digest = hashlib.blake2b(text.encode(), digest_size=8, person=b"statifier.bkt").digest()
+    return int.from_bytes(digest, "big") % BUCKETS
+
+
+def bucket_of(execution_id: str) -> int:
+    """The bucket of ``execution_id``: of its root (the part before the first ``/``),
+    so that a durable child (``parent/invoke`` or ``parent/invoke/index``) falls with
+    its parent; the bucket a root minted for an address carries (:func:`tagged`), or
+    else a hash of the root.
+
+    >>> bucket_of("order-17") == bucket_of("order-17/payment/3")
+    True
+    >>> 0 <= bucket_of("order-17") < BUCKETS
+    True
+    """
+    root = execution_id.split("/", 1)[0]
+    carried = _TAGGED.fullmatch(root)
+    if carried is not None:
+        return int(carried[1], 16)
+    return _hashed(root)
+
+
+def address_bucket(scope: str, document: str, key: str) -> int:
+    """The bucket of the address ``(scope, document, key)``.
+
+    >>> address_bucket("web", "order", "o-17") == address_bucket("web", "order", "o-17")
+    True
+    """
+    return _hashed("\x00".join(("address", scope, document, key)))
+
+
+def tagged(bucket: int) -> str:
+    """What an id minted as ``ex_`` and a ULID ends with to carry ``bucket``.
+
+    >>> tagged(5)
+    '_005'
+
+    Raises:
+        ValueError: ``bucket`` is not one of the buckets.
+    """
+    if not 0 <= bucket < BUCKETS:
+        raise ValueError(f"a bucket is from 0 to {BUCKETS - 1}, not {bucket!r}")
+    return f"_{bucket:03x}"
