@@ -17,12 +17,13 @@ import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-__all__ = ["OwnPostgres", "own_postgres", "server_binaries"]
+__all__ = ["OwnPostgres", "own_postgres", "server_binaries", "servers"]
 
 _START_WAIT = 60
 
@@ -116,29 +117,43 @@ class OwnPostgres:
         self.ctl("-m", "fast", "-w", "stop")
 
 
-@pytest.fixture
-def own_postgres() -> Iterator[OwnPostgres]:
-    """A started server of the test's own, stopped and removed afterwards; fails (never
-    skips) when the binaries are missing."""
+@contextmanager
+def servers(count: int) -> Iterator[list[OwnPostgres]]:
+    """``count`` started servers of the caller's own, stopped and removed when the block
+    ends; fails (never skips) the test when the binaries are missing."""
     try:
         binaries, runner = server_binaries(), _runner()
     except FileNotFoundError as missing:
         pytest.fail(str(missing), pytrace=False)
-    directory = Path(tempfile.mkdtemp(prefix="statifier-pg-"))
-    server = OwnPostgres(binaries, directory, _free_port(), runner)
+    made: list[OwnPostgres] = []
     try:
-        if runner:
-            shutil.chown(directory, user=runner[2])
-        initdb = [*runner, str(binaries / "initdb"), "-D", str(server.data)]
-        initdb += ["-A", "trust", "-U", "postgres", "-E", "UTF8", "--locale=C", "-N"]
-        done = subprocess.run(initdb, capture_output=True, text=True, check=False, cwd=directory)
-        if done.returncode != 0:
-            pytest.fail(f"initdb failed: {done.stdout}{done.stderr}", pytrace=False)
-        server.start()
-        yield server
+        for _ in range(count):
+            directory = Path(tempfile.mkdtemp(prefix="statifier-pg-"))
+            server = OwnPostgres(binaries, directory, _free_port(), runner)
+            made.append(server)
+            if runner:
+                shutil.chown(directory, user=runner[2])
+            initdb = [*runner, str(binaries / "initdb"), "-D", str(server.data)]
+            initdb += ["-A", "trust", "-U", "postgres", "-E", "UTF8", "--locale=C", "-N"]
+            done = subprocess.run(
+                initdb, capture_output=True, text=True, check=False, cwd=directory
+            )
+            if done.returncode != 0:
+                pytest.fail(f"initdb failed: {done.stdout}{done.stderr}", pytrace=False)
+            server.start()
+        yield made
     finally:
-        try:
-            if (server.data / "postmaster.pid").exists():
-                server.ctl("-m", "immediate", "-w", "stop")
-        finally:
-            shutil.rmtree(directory, ignore_errors=True)
+        for server in made:
+            try:
+                if (server.data / "postmaster.pid").exists():
+                    server.ctl("-m", "immediate", "-w", "stop")
+            finally:
+                shutil.rmtree(server.directory, ignore_errors=True)
+
+
+@pytest.fixture
+def own_postgres() -> Iterator[OwnPostgres]:
+    """A started server of the test's own, stopped and removed afterwards; fails (never
+    skips) when the binaries are missing."""
+    with servers(1) as (server,):
+        yield server
