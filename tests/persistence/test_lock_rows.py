@@ -6,6 +6,7 @@ one order, and the reaper deletes only the rows no one holds and no timer names.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator, Awaitable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -14,9 +15,9 @@ import psycopg
 import pytest
 import pytest_asyncio
 import sqlalchemy as sa
-from tests.persistence.conftest import SqlStore
+from tests.persistence.conftest import SqlStore, drop_schema, unique_name
 
-from statifier.sql import migrations
+from statifier.sql import TableOptions, migrations
 from statifier.sql.dialect import execution_lock_key, lock_key
 from statifier.sql.locks import Locks, locks_of
 from statifier.sql.names import TableNames
@@ -229,3 +230,32 @@ async def test_the_reaper_deletes_only_rows_no_one_holds_and_no_timer_names(
     assert reaped == 6
     assert pages == 3  # 8 rows, 3 a page
     assert sorted(row[0] for row in left) == sorted([keys[3], timed])
+
+
+async def test_lock_rows_on_tables_whose_keys_the_client_makes(database_url: str) -> None:
+    # UUID keys without a default are made by the client on every other insert; a lock
+    # row inserted from an array has no parameter for one, and is given one in SQL.
+    schema = unique_name("statifier_uuid_locks_")
+    options = TableOptions(schema=schema, key_type=sa.Uuid, locks="rows")
+    migrations.upgrade(database_url, options)
+    try:
+        locks = locks_of(options.define(), POSTGRES)
+        assert locks is not None
+        url = migrations.sync_url(database_url).set(drivername="postgresql")
+        async with await psycopg.AsyncConnection.connect(url.render_as_string(False)) as first:
+            await take(locks, first, 3, 1, 2)
+            await POSTGRES.execute(first, locks.take_one, {"key": 9})
+            await share(locks, first, 10)
+            query = f"WITH {locks.tried('SELECT unnest(CAST(:keys AS bigint[]))', 'g')} "
+            granted = await POSTGRES.rows(
+                first, POSTGRES.statement(f"{query}SELECT key FROM g"), {"keys": [1, 11]}
+            )
+            assert sorted(row[0] for row in granted) == [1, 11]
+            await first.commit()
+            table = TableNames.of(options.define()).locks
+            kept = await POSTGRES.rows(first, POSTGRES.statement(f"SELECT id, key FROM {table}"))
+            assert sorted(key for _, key in kept) == [1, 2, 3, 9, 10, 11]
+            assert all(isinstance(made, uuid.UUID) for made, _ in kept)
+    finally:
+        assert options.schema is not None
+        drop_schema(database_url, options.schema)
