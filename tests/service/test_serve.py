@@ -49,7 +49,7 @@ from statifier.router import (
     ledger,
 )
 from statifier.service import Service, load
-from statifier.service.settings import HttpSink
+from statifier.service.settings import HttpSink, ServiceSettings
 from statifier.service.sinks import IDEMPOTENCY_HEADER, HttpPostSink, SinkFailed, body_of
 from statifier.service.wiring import router_config
 from statifier.sql import TableOptions
@@ -60,8 +60,8 @@ the interpreter's exit)."""
 EXIT_SLACK = 3.0
 
 
-def options_of(database: FreshDatabase) -> TableOptions:
-    return TableOptions(prefix="t_", schema=database.schema)
+def options_of(database: FreshDatabase, settings: ServiceSettings) -> TableOptions:
+    return TableOptions(prefix="t_", schema=database.schema, locks=settings.database.locks)
 
 
 @contextlib.asynccontextmanager
@@ -70,7 +70,7 @@ async def router_on(
 ) -> Any:  # an async iterator of Router
     """The router of the configuration the file names, over an adapter of the test's own."""
     settings = load(config_path)
-    adapter = SqlAdapter(database.url, options_of(database))
+    adapter = SqlAdapter(database.url, options_of(database, settings))
     try:
         yield Router(router_config(settings, adapter))
     finally:
@@ -167,14 +167,14 @@ async def test_a_signal_under_load_exits_0_in_bound_and_every_200_was_delivered(
 # Two services on one PostgreSQL.
 
 
-def order_config(directory: Path, database: FreshDatabase) -> Path:
+def order_config(directory: Path, database: FreshDatabase, locks: str = "advisory") -> Path:
     body = f"""
 migrate = true
 shutdown_timeout = {SHUTDOWN_TIMEOUT}
 charts = "charts"
 send_type = "test:route"
 {ORDER_BINDING}
-{database_table(database)}
+{database_table(database)}locks = "{locks}"
 [http]
 port = 0
 
@@ -232,11 +232,14 @@ ORDERS = 60
 
 
 @pytest.mark.asyncio
+@pytest.mark.parametrize("locks", ["advisory", "rows"])
 async def test_two_services_share_the_work_and_one_survives_the_others_sigkill(
-    postgresql_database: FreshDatabase, tmp_path: Path
+    postgresql_database: FreshDatabase, tmp_path: Path, locks: str
 ) -> None:
+    # Both ways of locking: the lease claims, the fenced commits, the appends, the
+    # timer claims and the steps all lock, and the services' reapers reap lock rows.
     database = postgresql_database
-    config = order_config(tmp_path, database)
+    config = order_config(tmp_path, database, locks)
     record = tmp_path / "record.jsonl"
     first = await start_serve(config, tmp_path / "first.log", record)
     second = await start_serve(config, tmp_path / "second.log", record)
