@@ -26,8 +26,8 @@ that stops calling it is dead to the others once ``ttl`` has passed. Leases are 
 by each member's own clock, so keep the members' clocks in step to well within
 ``ttl``.
 
-On PostgreSQL the claims of one group are serialized by a transaction-scoped advisory
-lock on the group's name, so members on several machines never split a partition; on
+On PostgreSQL the claims of one group are serialized by a transaction-scoped lock on
+the group's name, so members on several machines never split a partition; on
 SQLite the adapter's single writer serializes them (several processes on one file
 database included).
 

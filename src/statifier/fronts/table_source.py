@@ -7,7 +7,7 @@ when what enqueued it committed. :class:`TableSource` reads the table as a
 
 - A row sits at ``(partition, position)``. :func:`append_events` gives each row the
   next position of its partition while holding the partition's lock until its
-  transaction ends (PostgreSQL: a transaction-scoped advisory lock; SQLite: the single
+  transaction ends (PostgreSQL: a transaction-scoped lock; SQLite: the single
   writer), so positions commit in order and a reader never passes a position a
   writer could still fill.
 - Consumers of one group share the partitions through

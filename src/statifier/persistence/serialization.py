@@ -2,7 +2,7 @@
 
 The fetch-to-persist tail of every create, step, fail and cancel runs inside
 ``strategy.exclusive(execution_id)``. The default, :class:`AdapterLock`, is the
-adapter's own lock (PostgreSQL: a transaction-scoped advisory lock plus a row lock;
+adapter's own lock (PostgreSQL: a transaction-scoped lock of the execution's key plus a row lock;
 SQLite: a single-writer transaction; in memory: an asyncio lock). A host with an
 exclusion of its own (a job queue keyed by execution id, a single consumer) passes a
 strategy built on it, or :class:`Unserialized` when its deployment is single-writer by

@@ -386,7 +386,7 @@ class RouterConfig:
             each delivery or fire, with that one's scope. What runs before it is not
             covered: a timer batch's claim (the due rows taken or locked, the
             executions they step read ahead), a route batch's plan (the bindings
-            read: the host's resolver, no statement) and its advisory locks, the
+            read: the host's resolver, no statement) and its locks, the
             BasicHTTP token's first lookup, the failed send's address lookup; a
             row-level security policy must let those through with the setting unset.
             What it raises refuses the delivery or fire, as ``around_delivery`` does.

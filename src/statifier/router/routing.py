@@ -137,7 +137,7 @@ class Verdict:
         )
 
     def locks(self, event: InboundEvent) -> list[int]:
-        """The advisory locks this verdict's delivery takes up front (PostgreSQL)."""
+        """The lock keys this verdict's delivery takes up front (PostgreSQL)."""
         if not isinstance(self.answer, Keyed):
             return []
         return delivery_locks(self.binding.plan, event.scope, self.answer.key, event.message_id)
@@ -367,7 +367,7 @@ class Router:
         for an address a failed event touched, and for any address in a scope whose
         bindings could not be read, fail as
         :class:`BlockedByEarlierFailure`: a key's events keep their order. On PostgreSQL
-        the batch takes its advisory locks for every claim and address up front, in one
+        the batch takes its locks for every claim and address up front, in one
         sorted order, so two batches never deadlock.
 
         ``around_delivery`` is called under the event's scope around reading its
@@ -807,7 +807,7 @@ class Router:
     ) -> Outcome:
         """One delivery in a transaction of its own, or in a savepoint of the caller's:
         given ``under`` (the scope and entry it runs under), ``on_begin`` first, then
-        its advisory locks (sorted, bounded by ``lock_wait``), then ``settle``; the
+        its locks (sorted, bounded by ``lock_wait``), then ``settle``; the
         count of timers it scheduled goes to ``scheduled``."""
         entered = None if under is None else under[1]
         async with self.transaction(connection, entered=entered) as unit:

@@ -24,7 +24,7 @@ Locks:
 
 - On PostgreSQL rows another worker holds are skipped (``FOR UPDATE SKIP LOCKED``), so
   workers in several processes and machines share the table, and the execution's
-  advisory lock is only *tried* for each row: a step of that execution holds it and may
+  lock is only *tried* for each row: a step of that execution holds it and may
   be cancelling (deleting) the very rows locked here, waiting for their row locks, so
   waiting for it in turn could deadlock. A row whose lock is not granted stays for a
   later pass, and so does a row behind an earlier row of its execution that another

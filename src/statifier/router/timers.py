@@ -51,7 +51,7 @@ class DueTimer:
     Attributes:
         id: the row's key.
         entry: what the row holds.
-        locked: on PostgreSQL, whether the claim got the execution's advisory lock
+        locked: on PostgreSQL, whether the claim got the execution's lock
             (without it the row is left for a later pass); always true on SQLite.
     """
 
@@ -219,7 +219,7 @@ class SqlTimerQueue:
         :meth:`take_due` raises), so that one row does not hold up the others.
 
         On PostgreSQL each row is locked (rows other transactions hold are skipped)
-        and its execution's advisory lock tried: both are held until ``tx`` ends. A
+        and its execution's lock tried: both are held until ``tx`` ends. A
         row is ``locked`` only if the lock was granted and no earlier row of its
         execution is held by another transaction.
         """

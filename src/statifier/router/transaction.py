@@ -4,7 +4,7 @@ delivery's dedupe claim, address, create, step and ledger row commit together or
 at all.
 
 The transaction is :meth:`SqlAdapter.transaction`: on PostgreSQL a pooled connection in
-a transaction, where each step takes the execution's advisory lock, held until the
+a transaction, where each step takes the execution's lock, held until the
 commit; on SQLite the adapter's single writer (the in-process lock and the database's
 write lock) for the whole transaction, so every writer of the process, the router's and
 the adapter's own, queues on one lock. Given a caller's connection, the same runs in the
@@ -118,7 +118,7 @@ class Unit:
         tx: the SQL adapter's transaction itself.
         storage: the storage, bound to the transaction.
         exclusion: what a step of an execution takes before it runs: on PostgreSQL
-            the execution's advisory lock, held until the commit; on SQLite nothing,
+            the execution's lock, held until the commit; on SQLite nothing,
             since the transaction already holds the database's single writer (a step
             then opens no nested block of its own, and one that raises is undone
             with its delivery).

@@ -8,7 +8,7 @@ addresses to make first (the scope with the fewest slots first), and reads and d
 address's held creates. What a cap means is the router's (:mod:`statifier.router.caps`).
 
 A create's count, and the slot or the held row it writes after it, run under the cap's
-lock (the router's advisory lock on PostgreSQL, the single writer on SQLite), so they
+lock (the router's lock on PostgreSQL, the single writer on SQLite), so they
 never race another create. Deleting the slots of ended executions needs no lock: it
 only removes what no count should see.
 """

@@ -181,7 +181,7 @@ class ExecutionStatements:
         fetch = f"SELECT {EXECUTION_COLUMNS} FROM {t.executions} WHERE execution_id = :id"
         self.fetch_execution = sql(fetch)
         # Inside a block the row lock too: it keeps out writers that bypass the
-        # advisory lock; outside, it would cost a lock for nothing.
+        # execution's lock; outside, it would cost a lock for nothing.
         self.fetch_execution_locked = sql(f"{fetch}{for_update}")
         fetch_many = (
             f"SELECT {EXECUTION_COLUMNS} FROM {t.executions} "

@@ -7,7 +7,7 @@ lists the groups due, records a failed delivery, and pages through the groups fo
 console. What a group means (when it is due, what its events become) is the router's
 (:mod:`statifier.router.flow`).
 
-Every writer of a group holds its address's lock first (the router's advisory lock on
+Every writer of a group holds its address's lock first (the router's lock on
 PostgreSQL, the single writer on SQLite), so the read-then-write of :meth:`locked` and
 :meth:`put` never races another.
 """

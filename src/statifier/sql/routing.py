@@ -298,9 +298,9 @@ class RoutingStatements:
         )
         self.count_held = sql(f"SELECT count(*) FROM {held} WHERE execution_id = :execution_id")
         self.drop_held = sql(f"DELETE FROM {held} WHERE execution_id = :execution_id")
-        # Taken in the order given (Locks.values sorts them), so that two transactions
-        # that need the same keys take them in the same order and cannot deadlock. A
-        # bounded wait sets lock_timeout for the lock statement alone and puts the
+        # Taken distinct and ascending (Locks.values), so that two transactions that
+        # need the same keys take them in the same order and cannot deadlock. A bounded
+        # wait sets lock_timeout for the lock statement alone and puts the
         # transaction's own back after it.
         self.locks = locks_of(tables, dialect)
 
@@ -322,8 +322,8 @@ class RoutingSession:
         self.dialect = statements.dialect
 
     async def lock(self, keys: Sequence[int], wait: float | None) -> bool:
-        """Take ``keys`` (sorted by the caller) as locks held until the transaction
-        ends, waiting at most ``wait`` seconds for them (``None``: as long as it
+        """Take ``keys`` (in any order: they are taken ascending) as locks held until
+        the transaction ends, waiting at most ``wait`` seconds for them (``None``: as long as it
         takes); answer whether they were granted.
 
         Where rows are not locked (SQLite), the transaction already holds the single

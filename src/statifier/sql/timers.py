@@ -9,9 +9,9 @@ given.
 The firing order is the due time, then the scheduling order (``inserted_at``), then the
 send's place in its step (two sends of one step share an insert time on a coarse
 clock), then the key. Where the database locks rows (:attr:`Dialect.row_locks`), a
-claim skips the rows another transaction holds and tries each execution's advisory
-lock once, so that two workers never fire one execution's timers at once or out of
-order; on SQLite the transaction is the single writer.
+claim skips the rows another transaction holds and tries each execution's lock
+(:mod:`statifier.sql.locks`) once, so that two workers never fire one execution's
+timers at once or out of order; on SQLite the transaction is the single writer.
 """
 
 from __future__ import annotations

@@ -7,8 +7,10 @@ module of its database, which runs the statements of the storage layer
 (:mod:`statifier.persistence.sql.postgres` on psycopg 3,
 :mod:`statifier.persistence.sql.sqlite` on ``sqlite3``).
 
-On PostgreSQL ``exclusive`` is a transaction holding ``pg_advisory_xact_lock`` on a
-64-bit key of the execution id (``lock_timeout`` bounds the wait), and
+On PostgreSQL ``exclusive`` is a transaction holding the lock of a 64-bit key of the
+execution id (an advisory lock, or a row of the ``locks`` table where
+``TableOptions.locks`` is ``"rows"``: :mod:`statifier.sql.locks`; ``lock_timeout``
+bounds the wait), and
 ``fetch_execution`` inside it reads with ``SELECT ... FOR UPDATE``. On SQLite it is the
 single writer: an asyncio lock per adapter, then ``BEGIN IMMEDIATE`` retried without
 blocking the loop until the wait runs out, which keeps other processes out too. Both
@@ -253,7 +255,7 @@ class SqlAdapter:
         Every call of the view, ``exclusive`` included, runs in that transaction and
         never commits or rolls it back: what the calls wrote commits with the caller's
         commit and vanishes with its rollback, and the execution's lock (PostgreSQL's
-        transaction-scoped advisory lock, SQLite's write lock) is held until then. A
+        transaction-scoped lock, SQLite's write lock) is held until then. A
         lock wait that times out leaves the caller's transaction usable. The view
         shares the adapter's engine and in-process lock; closing it closes nothing.
         """

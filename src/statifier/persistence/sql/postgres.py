@@ -9,10 +9,11 @@ taken: it fails no transaction), a transaction waits at most :data:`POOL_WAIT` s
 for one (then :class:`DatabaseUnavailable`: a request during an outage fails well
 within an HTTP front's deadline), and while the server is away the pool tries to
 connect about every second as long as someone waits, so work resumes within a second
-or two of the server's return. ``exclusive`` is a transaction holding
-``pg_advisory_xact_lock`` on the execution's key, hashed in Python
-(:func:`~statifier.sql.dialect.execution_lock_key`); ``lock_timeout`` bounds a
-wait, and SQLSTATE 55P03 becomes ``LockTimeout``.
+or two of the server's return. ``exclusive`` is a transaction holding the lock of the
+execution's key, hashed in Python (:func:`~statifier.sql.dialect.execution_lock_key`):
+``pg_advisory_xact_lock``, or the key's row of the ``locks`` table
+(:mod:`statifier.sql.locks`); ``lock_timeout`` bounds a wait, and SQLSTATE 55P03
+becomes ``LockTimeout``.
 
 Where a call runs: in the transaction it was bound to (a view), else in the block of
 the calling task (the adapter keeps which task holds which block: several tasks hold
@@ -336,10 +337,10 @@ async def _rollback(driver: Driver) -> None:
 class _Block:
     """One ``exclusive`` block on PostgreSQL. In order of how often it happens:
 
-    - the adapter's own: a pooled connection, the advisory lock, the commit (rollback
+    - the adapter's own: a pooled connection, the execution's lock, the commit (rollback
       if the block raised);
     - inside an open block of the same transaction (a child created in its parent's
-      step): one more advisory lock, in a savepoint so a raising block undoes only
+      step): one more lock, in a savepoint so a raising block undoes only
       itself;
     - the first block in a transaction the adapter was bound to (a caller's, or one
       from ``transaction``): the lock, held until that transaction ends.
@@ -534,7 +535,7 @@ class PostgresDatabase:
     async def acquire(
         self, tx: PostgresTransaction, execution_id: str, wait: float | None, keep_usable: bool
     ) -> None:
-        """Take the execution's advisory lock in ``tx``, waiting at most ``wait``
+        """Take the execution's lock in ``tx``, waiting at most ``wait``
         seconds. ``keep_usable``: the transaction must outlive a timeout (it is not the
         block's own), so the attempt runs in a savepoint.
 
