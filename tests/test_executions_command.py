@@ -15,7 +15,7 @@ import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 import sqlalchemy as sa
@@ -25,6 +25,7 @@ from statifier import executions_command
 from statifier.console.queries import MAX_PAGE, MAX_SEARCH
 from statifier.durable import Durable, Status
 from statifier.sql import TableOptions, migrations
+from statifier.sql.dialect import execution_lock_key
 
 SRC = Path(__file__).parent.parent / "src"
 
@@ -73,7 +74,7 @@ class Place:
     def options(self) -> list[str]:
         given = ["--database", self.url, "--prefix", self.tables.prefix]
         if self.tables.schema is not None:
-            given += ["--schema", self.tables.schema]
+            given += ["--schema", self.tables.schema, "--locks", self.tables.locks]
         return given
 
     def migrate(self) -> None:
@@ -91,8 +92,9 @@ def _place(request: pytest.FixtureRequest, backend: str, tmp_path: Path) -> Iter
         return
     url = request.getfixturevalue("database_url")
     schema = unique_name("statifier_cli_")
+    locks: Literal["advisory", "rows"] = "rows" if backend == "postgresql_rows" else "advisory"
     try:
-        yield Place(url, TableOptions(prefix="c_", schema=schema), charts)
+        yield Place(url, TableOptions(prefix="c_", schema=schema, locks=locks), charts)
     finally:
         drop_schema(url, schema)
 
@@ -100,6 +102,12 @@ def _place(request: pytest.FixtureRequest, backend: str, tmp_path: Path) -> Iter
 @pytest.fixture(params=("sqlite", "postgresql"))
 def place(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Place]:
     """Each backend, empty (``place.migrate()`` builds the tables)."""
+    yield from _place(request, request.param, tmp_path)
+
+
+@pytest.fixture(params=("sqlite", "postgresql", "postgresql_rows"))
+def locking_place(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Place]:
+    """Each backend, and PostgreSQL whose locks are rows (``--locks rows``), empty."""
     yield from _place(request, request.param, tmp_path)
 
 
@@ -381,7 +389,8 @@ def test_debug_adds_the_traceback(sqlite_place: Place, capsys: pytest.CaptureFix
     assert err.endswith("statifier executions show: no execution 'nope'\n")
 
 
-def test_three_sends_from_three_processes(place: Place) -> None:
+def test_three_sends_from_three_processes(locking_place: Place) -> None:
+    place = locking_place
     place.migrate()
 
     async def create() -> None:
@@ -416,6 +425,18 @@ def test_three_sends_from_three_processes(place: Place) -> None:
         return described.status, described.final_state, described.outcome, len(described.inputs)
 
     assert asyncio.run(read()) == (Status.COMPLETED, "done", {"n": 3}, 3)
+    if place.tables.schema is not None:
+        # With --locks rows the processes took c1's row of the locks table; else none.
+        engine = sa.create_engine(migrations.sync_url(place.url))
+        try:
+            with engine.connect() as connection:
+                rows = connection.execute(
+                    sa.text(f"SELECT count(*) FROM {place.tables.schema}.c_locks WHERE key = :k"),
+                    {"k": execution_lock_key("c1")},
+                ).scalar()
+        finally:
+            engine.dispose()
+        assert rows == (1 if place.tables.locks == "rows" else 0)
 
 
 def test_fire_stops_at_a_chart_that_sends_to_itself_without_end(

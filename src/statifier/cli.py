@@ -651,6 +651,7 @@ def _run_console(args: argparse.Namespace, out: TextIO) -> int:
             port=args.port,
             prefix=args.prefix,
             schema=args.schema,
+            locks=executions_command.locks_of_args(args),
             operators=[standalone.parse_operator(o, os.environ) for o in args.operator],
             session_key=key,
             secure_cookie=args.secure_cookie,
@@ -794,6 +795,7 @@ def _parser() -> argparse.ArgumentParser:
     console.add_argument("--port", type=int, default=8081, help="the port (8081; 0: any free)")
     console.add_argument("--prefix", default="statifier_", help="the table name prefix")
     console.add_argument("--schema", default=None, help="the schema (PostgreSQL)")
+    executions_command.add_locks_option(console)
     console.add_argument(
         "--operator",
         action="append",

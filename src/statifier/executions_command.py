@@ -54,7 +54,9 @@
     replay on a revision (``statifier.testing.assert_replays_same``); prints how many.
 
 Every action takes ``--database URL`` (default ``sqlite:///statifier.db``, as
-``statifier db upgrade``), ``--prefix P`` and ``--schema S`` (the tables' options),
+``statifier db upgrade``), ``--prefix P``, ``--schema S`` and ``--locks advisory|rows``
+(the tables' options: ``--locks`` as the deployment's ``[database] locks``, since a
+step must take the lock its services take),
 ``--charts DIR`` (``*.scxml`` files named by their stem; only ``create`` needs it), and
 ``--keys-env NAME`` (repeated, the newest first) for a database whose blobs are encrypted
 with Fernet keys held by those environment variables. The command never migrates: a
@@ -87,7 +89,7 @@ import sys
 import traceback
 import uuid
 from collections.abc import Callable, Coroutine, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TextIO
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TextIO
 
 from statifier.expr import UNDEFINED, Value, tagged
 
@@ -121,6 +123,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     )
     common.add_argument("--prefix", default=None, help="the table name prefix (statifier_)")
     common.add_argument("--schema", default=None, help="the schema (PostgreSQL)")
+    add_locks_option(common)
     common.add_argument("--charts", default=None, metavar="DIR", help="DIR/NAME.scxml charts")
     add_keys_env(common)
     executions = commands.add_parser(
@@ -293,6 +296,23 @@ def add_keys_env(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_locks_option(parser: argparse.ArgumentParser) -> None:
+    """The ``--locks advisory|rows`` option of every command that writes executions: it
+    must take the locks the deployment's services take (their ``[database] locks``),
+    or the two would not exclude each other; :func:`locks_of_args` reads it."""
+    parser.add_argument(
+        "--locks",
+        choices=("advisory", "rows"),
+        default="advisory",
+        help="how the deployment holds its PostgreSQL locks: its [database] locks (advisory)",
+    )
+
+
+def locks_of_args(args: argparse.Namespace) -> Literal["advisory", "rows"]:
+    """What ``--locks`` says (:func:`add_locks_option`)."""
+    return "rows" if args.locks == "rows" else "advisory"
+
+
 def codec_of(keys_env: Sequence[str] | None) -> BlobCodec:
     """The Fernet codec of the key variables ``keys_env`` (``--keys-env``, the newest
     first), or :data:`PLAIN` without any.
@@ -318,7 +338,9 @@ async def _run(args: argparse.Namespace, out: TextIO) -> int:
     from statifier.sql import TableOptions
     from statifier.sql.tables import DEFAULT_PREFIX
 
-    tables = TableOptions(prefix=args.prefix or DEFAULT_PREFIX, schema=args.schema)
+    tables = TableOptions(
+        prefix=args.prefix or DEFAULT_PREFIX, schema=args.schema, locks=locks_of_args(args)
+    )
     if args.action in ("create", "migrate") and args.charts is None:
         raise ValueError(f"{args.action} needs --charts DIR (DIR/CHART.scxml is the chart)")
     durable = Durable(args.database, charts=args.charts, tables=tables, codec=_codec(args))

@@ -8,9 +8,10 @@ resume makes the next fire the first after now); ``remove NAME`` deletes one. A
 schedule a serve file names is put again when that service starts: remove it from the
 file too.
 
-Every action takes ``--database URL`` (default ``sqlite:///statifier.db``), ``--prefix``
-and ``--schema``, and never migrates. A refusal (no such schedule, a database without
-the tables, the database failing) is one line on standard error, exit status 2;
+Every action takes ``--database URL`` (default ``sqlite:///statifier.db``), ``--prefix``,
+``--schema`` and ``--locks`` (the deployment's ``[database] locks``), and never
+migrates. A refusal (no such schedule, a database without the tables, the database
+failing) is one line on standard error, exit status 2;
 ``pause`` of a paused schedule and ``resume`` of a running one change nothing and say
 so, exit status 1.
 """
@@ -22,7 +23,13 @@ import json
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TextIO
 
-from statifier.executions_command import DEFAULT_DATABASE, refused, run_refusing
+from statifier.executions_command import (
+    DEFAULT_DATABASE,
+    add_locks_option,
+    locks_of_args,
+    refused,
+    run_refusing,
+)
 
 if TYPE_CHECKING:
     from statifier.router import Scheduler, ScheduleState
@@ -44,6 +51,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     )
     common.add_argument("--prefix", default=None, help="the table name prefix (statifier_)")
     common.add_argument("--schema", default=None, help="the schema (PostgreSQL)")
+    add_locks_option(common)
     schedules: argparse.ArgumentParser = commands.add_parser(
         "schedules", help="list, show, pause, resume and remove stored schedules"
     )
@@ -94,7 +102,9 @@ async def _run(args: argparse.Namespace, out: TextIO) -> int:
     from statifier.sql import TableOptions
     from statifier.sql.tables import DEFAULT_PREFIX
 
-    tables = TableOptions(prefix=args.prefix or DEFAULT_PREFIX, schema=args.schema)
+    tables = TableOptions(
+        prefix=args.prefix or DEFAULT_PREFIX, schema=args.schema, locks=locks_of_args(args)
+    )
     async with Durable(args.database, tables=tables) as durable:
         router = durable.router
         assert router is not None  # an open Durable has its router

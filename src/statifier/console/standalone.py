@@ -25,7 +25,7 @@ import signal
 import socket
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TextIO
+from typing import Literal, TextIO
 
 from statifier.console.auth import Operator, Operators, Role, Sessions
 from statifier.extras import MissingExtra
@@ -62,7 +62,8 @@ class StandaloneOptions:
     Attributes:
         database: the database URL (kept out of ``repr``).
         host, port: where to listen (port 0: any free one).
-        prefix, schema: the tables' options.
+        prefix, schema, locks: the tables' options (``locks`` as the deployment's
+            ``[database] locks``: an operator's action takes the locks its services take).
         operators: ``(name, role, token)`` triples (tokens kept out of ``repr``).
         session_key: the cookie's signing key; random per start when ``None``.
         secure_cookie: mark the cookie ``Secure`` (behind HTTPS).
@@ -77,6 +78,7 @@ class StandaloneOptions:
     port: int = 8081
     prefix: str = "statifier_"
     schema: str | None = None
+    locks: Literal["advisory", "rows"] = "advisory"
     operators: Sequence[tuple[str, str, str]] = field(default=(), repr=False)
     session_key: bytes | None = field(default=None, repr=False)
     secure_cookie: bool = False
@@ -144,7 +146,7 @@ def run(options: StandaloneOptions, out: TextIO) -> int:
         MissingExtra: Jinja2, uvicorn or a database driver is missing.
         OSError: the address cannot be bound.
     """
-    table_options = TableOptions(prefix=options.prefix, schema=options.schema)
+    table_options = TableOptions(prefix=options.prefix, schema=options.schema, locks=options.locks)
     operators, generated = _operators(options)
     _check_migrated(options.database, table_options)
     return asyncio.run(_serve(options, table_options, operators, generated, out))
