@@ -333,6 +333,23 @@ def test_send_and_show_tell_of_errors_and_timers_and_fire_fires_them(
     ]
 
 
+def test_a_command_of_the_other_way_of_locking_is_refused(
+    request: pytest.FixtureRequest, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A deployment whose locks are rows: a command without --locks rows would take
+    # advisory locks, which would not keep its step apart from the services'.
+    for place in _place(request, "postgresql_rows", tmp_path):
+        migrations.prepare(place.url, place.tables, migrate=True)
+        assert cli(capsys, "list", *place.options)[0] == 0
+        assert place.options[-2:] == ["--locks", "rows"]
+        status, out, err = cli(capsys, "list", *place.options[:-2])
+        assert (status, out) == (2, "")
+        assert err.startswith(
+            'statifier executions list: the tables\' locks are "rows" (processes opened them '
+            'so), not "advisory": open them with locks = "rows"'
+        )
+
+
 def test_errors_are_one_line_with_status_2(
     sqlite_place: Place, capsys: pytest.CaptureFixture[str]
 ) -> None:

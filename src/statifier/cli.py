@@ -616,10 +616,11 @@ def _run_serve(args: argparse.Namespace, out: TextIO) -> int:
     import sqlalchemy as sa
 
     from statifier import service
+    from statifier.sql.locks import LocksMismatch
 
     try:
         return service.serve(args.config, out)
-    except (service.ServiceConfigError, service.NotMigrated, OSError) as error:
+    except (service.ServiceConfigError, service.NotMigrated, LocksMismatch, OSError) as error:
         _debug_traceback(args)
         sys.stderr.write(f"statifier serve: {_one_line(error)}\n")
         return 2

@@ -19,7 +19,7 @@ from tests.persistence.conftest import SqlStore, drop_schema, unique_name
 
 from statifier.sql import TableOptions, migrations
 from statifier.sql.dialect import execution_lock_key, lock_key
-from statifier.sql.locks import Locks, locks_of
+from statifier.sql.locks import MODE_KEYS, Locks, LocksMismatch, locks_of
 from statifier.sql.names import TableNames
 from statifier.sql.postgres import POSTGRES, SET_LOCK_TIMEOUT, lock_timeout
 
@@ -259,3 +259,54 @@ async def test_lock_rows_on_tables_whose_keys_the_client_makes(database_url: str
     finally:
         assert options.schema is not None
         drop_schema(database_url, options.schema)
+
+
+async def test_processes_opening_the_tables_the_other_way_are_refused(database_url: str) -> None:
+    # The first process to open the tables says which way they lock; a process of the
+    # other way is refused at its start, before it takes a lock that would not exclude.
+    schema = unique_name("statifier_lock_mode_")
+    rows = TableOptions(schema=schema, locks="rows")
+    advisory = TableOptions(schema=schema)
+    try:
+        migrations.prepare(database_url, rows, migrate=True)
+        migrations.prepare(database_url, rows, migrate=False)
+        with pytest.raises(LocksMismatch) as refused:
+            migrations.prepare(database_url, advisory, migrate=False)
+        assert str(refused.value).startswith(
+            'the tables\' locks are "rows" (processes opened them so), not "advisory"'
+        )
+        with pytest.raises(LocksMismatch):
+            migrations.prepare(database_url, advisory, migrate=True)
+        engine = sa.create_engine(migrations.sync_url(database_url))
+        table = f"{schema}.statifier_locks"
+        try:
+            with engine.begin() as connection:
+                connection.execute(sa.text(f"DELETE FROM {table}"))  # stopped, switched
+            migrations.prepare(database_url, advisory, migrate=False)
+            with pytest.raises(LocksMismatch, match='locks are "advisory"'):
+                migrations.prepare(database_url, rows, migrate=False)
+        finally:
+            engine.dispose()
+    finally:
+        drop_schema(database_url, schema)
+
+
+async def test_the_reaper_keeps_the_rows_that_say_how_the_tables_lock(
+    database_url: str,
+) -> None:
+    schema = unique_name("statifier_lock_mode_")
+    options = TableOptions(schema=schema, locks="rows")
+    migrations.prepare(database_url, options, migrate=True)
+    try:
+        locks = locks_of(options.define(), POSTGRES)
+        assert locks is not None
+        url = migrations.sync_url(database_url).set(drivername="postgresql")
+        async with await psycopg.AsyncConnection.connect(url.render_as_string(False)) as one:
+            await take(locks, one, 5)
+            await one.commit()
+            assert await locks.reap(POSTGRES, one, 100, None) == (1, None)
+            await one.commit()
+            left = await POSTGRES.rows(one, f"SELECT key FROM {schema}.statifier_locks")
+        assert [row[0] for row in left] == [MODE_KEYS["rows"]]
+    finally:
+        drop_schema(database_url, schema)

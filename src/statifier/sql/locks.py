@@ -32,16 +32,78 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from statifier.sql.dialect import Dialect, Values
+from statifier.sql.dialect import Dialect, Values, lock_key
 from statifier.sql.names import TableNames
-from statifier.sql.tables import Tables
+from statifier.sql.tables import TableOptions, Tables
 
-__all__ = ["LockRowVanished", "Locks", "locks_of"]
+__all__ = ["MODE_KEYS", "LockRowVanished", "Locks", "LocksMismatch", "claim_mode", "locks_of"]
 
 _SHARE_ATTEMPTS: Final = 8
 """How many times a shared lock makes and locks its row before it gives up: each
 repeat means the reaper deleted the row between the two statements, which it can do only
 while no one holds it."""
+
+
+MODE_KEYS: Final = {
+    "advisory": lock_key("statifier.locks", "advisory"),
+    "rows": lock_key("statifier.locks", "rows"),
+}
+"""The rows of the ``locks`` table that say which way the processes on these tables
+lock (:func:`claim_mode`); the reaper keeps them."""
+
+
+class LocksMismatch(ValueError):  # noqa: N818 - names the refusal
+    """A process opened the tables with one way of locking while processes of the other
+    way have opened them: an advisory lock and a lock row on the same key would not
+    exclude each other. The message says which way the tables lock and how to switch."""
+
+
+def claim_mode(connection: Any, options: TableOptions) -> None:
+    """Say, in the ``locks`` table, that processes open these tables with
+    ``options.locks``, and refuse if processes of the other way said so first: how a
+    process opening a PostgreSQL database checks it locks as the others do
+    (:func:`statifier.sql.migrations.prepare` calls it). Nothing on SQLite.
+
+    ``connection`` is a SQLAlchemy ``Connection`` in a transaction, which commits the
+    claim. Two processes of different ways opening in the same instant are not caught.
+
+    Raises:
+        LocksMismatch: the tables lock the other way.
+    """
+    import sqlalchemy as sa
+
+    if connection.dialect.name != "postgresql":
+        return
+    table = (
+        options.name("locks")
+        if options.schema is None
+        else (f"{options.schema}.{options.name('locks')}")
+    )
+    columns, made = _new_row(options)
+    other = "advisory" if options.locks == "rows" else "rows"
+    connection.execute(
+        sa.text(
+            f"INSERT INTO {table} ({columns}) VALUES ({made}:key) ON CONFLICT (key) DO NOTHING"
+        ),
+        {"key": MODE_KEYS[options.locks]},
+    )
+    found = connection.execute(
+        sa.text(f"SELECT 1 FROM {table} WHERE key = :key"), {"key": MODE_KEYS[other]}
+    ).first()
+    if found is not None:
+        raise LocksMismatch(
+            f'the tables\' locks are "{other}" (processes opened them so), not '
+            f'"{options.locks}": open them with locks = "{other}" (TableOptions.locks, the '
+            f"serve file's [database] locks, --locks), or stop every process and delete the "
+            f"rows of {table} to switch"
+        )
+
+
+def _new_row(options: TableOptions) -> tuple[str, str]:
+    """The columns a new row of the ``locks`` table names and the SQL of its values
+    before the key's: a UUID key made on the client is made in SQL, since a row inserted
+    from an array has no parameter to bind it to."""
+    return ("id, key", "gen_random_uuid(), ") if options.new_key else ("key", "")
 
 
 class LockRowVanished(RuntimeError):  # noqa: N818 - names what happened
@@ -68,11 +130,10 @@ class Locks:
             locks): ``reap_pick`` locks the next ``:limit`` rows by key after
             ``:after`` (``NULL``: from the start) that no one holds and returns their
             keys; ``reap_delete`` deletes those of ``:keys`` that no pending timer
-            names.
+            names, but never the rows of :data:`MODE_KEYS`.
         table: the ``locks`` table's name as SQL writes it (``""`` for advisory locks).
         new_row: the columns a new row names and the SQL of its values before the
-            key's (a UUID key made on the client is made in SQL: a row inserted from an
-            array has no parameter to bind it to).
+            key's (:func:`_new_row`).
     """
 
     rows: bool
@@ -173,7 +234,7 @@ def locks_of(tables: Tables, dialect: Dialect) -> Locks | None:
         )
     names = TableNames.of(tables)
     table = names.locks
-    new_row = ("id, key", "gen_random_uuid(), ") if tables.options.new_key else ("key", "")
+    new_row = _new_row(tables.options)
     columns, made = new_row
     # Locks the row there, as FOR UPDATE would, without writing a new version of it.
     locked = "ON CONFLICT (key) DO UPDATE SET key = EXCLUDED.key WHERE false"
@@ -198,6 +259,7 @@ def locks_of(tables: Tables, dialect: Dialect) -> Locks | None:
         # not lock while the step ran.
         reap_delete=sql(
             f"DELETE FROM {table} AS l WHERE l.key = ANY({keys}) "
+            f"AND l.key NOT IN ({', '.join(map(str, MODE_KEYS.values()))}) "
             f"AND NOT EXISTS (SELECT 1 FROM {names.timers} AS t WHERE t.lock_key = l.key)"
         ),
         table=table,

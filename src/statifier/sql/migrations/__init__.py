@@ -49,6 +49,7 @@ import sqlalchemy as sa
 
 from statifier.extras import MissingExtra
 from statifier.sql.engines import database_url as sync_url
+from statifier.sql.locks import claim_mode
 from statifier.sql.sqlite import BEGIN_WRITE
 from statifier.sql.tables import SQLITE_COLLATIONS, TableOptions, Tables
 
@@ -327,10 +328,13 @@ def prepare(
     there is nothing left to do), then call ``then`` with the same connection, in the
     same transaction, still under the lock (the service creates an opt-in table there).
     Without it, only read the revision; a SQLite file that does not exist is not
-    created.
+    created. Either way, on PostgreSQL, claim the tables' way of locking
+    (:func:`statifier.sql.locks.claim_mode`).
 
     Raises:
         NotAtHead: without ``migrate``, the tables are not at :func:`head`.
+        LocksMismatch: processes opened the tables with the other way of locking (a
+            ``ValueError``).
         MigrationBusy: another process held the lock for longer than ``wait``.
         ValueError: a schema for a database other than PostgreSQL; a URL that names
             neither.
@@ -343,6 +347,7 @@ def prepare(
             _migrate(connection, chosen, "head", upward=True)
             if then is not None:
                 then(connection)
+            claim_mode(connection, chosen)
         return
     parsed = sync_url(url)
     database = parsed.database
@@ -354,6 +359,9 @@ def prepare(
     reached = current(url, chosen)
     if reached != head():
         raise NotAtHead(reached, head())
+    if parsed.get_backend_name() == "postgresql":
+        with _connected(url) as connection:
+            claim_mode(connection, chosen)
 
 
 def _migrate(
