@@ -40,7 +40,7 @@ from statifier.persistence.records import (
     StepWrite,
 )
 
-__all__ = ["BUCKETS", "ShardMap", "ShardedAdapter", "bucket_of"]
+__all__ = ["BUCKETS", "Shard", "ShardMap", "ShardedAdapter", "bucket_of"]
 
 T = TypeVar("T")
 
@@ -88,6 +88,32 @@ class ShardMap:
             if start <= bucket < end:
                 return number
         raise ValueError(f"bucket {bucket} is not between 0 and {BUCKETS - 1}")
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One store's place in a :class:`ShardMap`: store number ``index`` of ``shard_map``.
+
+    >>> Shard(ShardMap.even(2), 1).holds(600), Shard(ShardMap.even(2), 1).holds(3)
+    (True, False)
+
+    Raises:
+        ValueError: ``index`` names no range of the map.
+    """
+
+    shard_map: ShardMap
+    index: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.index < len(self.shard_map.ranges):
+            raise ValueError(
+                f"store {self.index} is not one of the map's {len(self.shard_map.ranges)}"
+            )
+
+    def holds(self, bucket: int) -> bool:
+        """Whether ``bucket`` is in this store's range."""
+        start, end = self.shard_map.ranges[self.index]
+        return start <= bucket < end
 
 
 class ShardedAdapter:

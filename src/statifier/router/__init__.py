@@ -93,6 +93,7 @@ from statifier.router.routing import BlockedByEarlierFailure, Planned, Router
 from statifier.router.scheduler import FireReport, Scheduler, ScheduleState
 from statifier.router.schedules import CatchUp, Schedule, ScheduleError, ScheduleNotFound
 from statifier.router.sending import BASICHTTP_QUEUE
+from statifier.router.shards import MisplacedExecution, ShardedRouter
 from statifier.router.subscriptions import Subscription, SubscriptionRefused
 from statifier.router.timer_worker import TimerWorker
 
@@ -138,6 +139,7 @@ __all__ = [
     "Keyed",
     "LedgerRow",
     "LockReap",
+    "MisplacedExecution",
     "Mode",
     "NoMatch",
     "Order",
@@ -160,6 +162,7 @@ __all__ = [
     "ScheduleNotFound",
     "ScheduleState",
     "Scheduler",
+    "ShardedRouter",
     "Sink",
     "StaticResolver",
     "Subscription",

@@ -161,7 +161,10 @@ class Entry(StrEnum):
     TARGET = "target"
     """A send to an execution target, only with ``wrap_target=True`` and only when no
     other entry's work encloses the sending step (a step of the host's own call, such
-    as :meth:`Router.deliver_event <statifier.router.Router.deliver_event>`)."""
+    as :meth:`Router.deliver_event <statifier.router.Router.deliver_event>`); and
+    always a send from another store of a :class:`~statifier.router.ShardedRouter`,
+    handed over from the sender's outbox (:meth:`Router.deliver_send
+    <statifier.router.Router.deliver_send>`)."""
 
 
 AroundDelivery = Callable[[str, Entry, Callable[[], Awaitable[_T]]], Awaitable[_T]]

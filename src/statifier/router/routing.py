@@ -29,6 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from statifier.core import Event
 from statifier.persistence import Discarded, Storage
 from statifier.persistence.reentry import hold
+from statifier.persistence.shards import Shard
 from statifier.persistence.sql import SqlAdapter, SqlTransaction
 from statifier.repeats import IntervalTally
 from statifier.router.batch import prepare
@@ -40,7 +41,13 @@ from statifier.router.config import (
     RouterConfig,
     error_policy_of,
 )
-from statifier.router.delivery import Claimed, Delivery, deliver
+from statifier.router.delivery import (
+    EXECUTION_PLAN_ID,
+    Claimed,
+    Delivery,
+    deliver,
+    deliver_to_execution,
+)
 from statifier.router.errors import BindingsUnresolved, ConfigError, RouterError
 from statifier.router.flow import arrive
 from statifier.router.locations import (
@@ -209,12 +216,20 @@ class Router:
     >>> asyncio.run(main())
     ['created_and_delivered']
 
+    Args:
+        config: what it runs.
+        shard: its place among the stores of a
+            :class:`~statifier.router.ShardedRouter`, which gives it: a send to an
+            execution whose address falls in another store's buckets is then handed
+            to the outbox (queue :data:`~statifier.router.sending.SHARD_HOP_QUEUE`)
+            instead of delivered in the sender's transaction.
+
     Raises:
         ConfigError: ``config`` is not a :class:`RouterConfig` (which refused at its
             construction whatever cannot work).
     """
 
-    def __init__(self, config: RouterConfig) -> None:
+    def __init__(self, config: RouterConfig, *, shard: Shard | None = None) -> None:
         if not isinstance(config, RouterConfig):
             raise ConfigError(f"a Router runs a RouterConfig, not {config!r}")
         store = config.store
@@ -242,7 +257,9 @@ class Router:
             config.chart_start_options,
             error_policy_of(config.on_error, config.document_on_error, config.resolver),
             SendHandler,
+            shard,
         )
+        self.shard: Final = shard
 
     def transaction(
         self, connection: Connection | None = None, *, entered: Entry | None = None
@@ -270,13 +287,13 @@ class Router:
 
     async def route(
         self,
-        event: InboundEvent,
+        event: InboundEvent | Planned,
         *,
         now: datetime | None = None,
         connection: Connection | None = None,
     ) -> Routed:
         """Route ``event``: one outcome per enabled binding of its source, in binding
-        order.
+        order (a :class:`Planned` event: one per verdict :meth:`plan` made).
 
         Each binding's delivery is one transaction (a savepoint each, given
         ``connection``, a connection of the adapter's engine on which the caller began a
@@ -294,27 +311,30 @@ class Router:
         """
         started = time.perf_counter()
         moment = self._now(now)
+        inbound = event.event if isinstance(event, Planned) else event
+        given = event
 
         async def work() -> Routed:
             outcomes: list[Outcome] = []
             scheduled: list[int] = []
-            for verdict in (await self._planned(event)).verdicts:
+            planned = given if isinstance(given, Planned) else await self._planned(inbound)
+            for verdict in planned.verdicts:
                 if verdict.answer is None:
                     outcomes.append(NoMatch(verdict.binding.id))
                     continue
 
                 async def settle(unit: Unit, verdict: Verdict = verdict) -> Outcome:
-                    return await _settle_one(unit, event, verdict, moment)
+                    return await _settle_one(unit, inbound, verdict, moment)
 
-                locks = verdict.locks(event)
+                locks = verdict.locks(inbound)
                 outcomes.append(
                     await self._alone(
-                        connection, locks, settle, scheduled, (event.scope, Entry.ROUTE)
+                        connection, locks, settle, scheduled, (inbound.scope, Entry.ROUTE)
                     )
                 )
-            return Routed(event, tuple(outcomes), self._waiting(sum(scheduled)))
+            return Routed(inbound, tuple(outcomes), self._waiting(sum(scheduled)))
 
-        return _reported(await self._around(event.scope, Entry.ROUTE, work), started)
+        return _reported(await self._around(inbound.scope, Entry.ROUTE, work), started)
 
     async def route_in(
         self, unit: Unit, event: InboundEvent, entry: Entry, *, now: datetime | None = None
@@ -586,6 +606,75 @@ class Router:
             return await self._alone(connection, locks, settle, None, (scope, entered))
 
         return await self._around(scope, entered, work)
+
+    async def deliver_send(
+        self,
+        *,
+        scope: str,
+        document: str,
+        key: str,
+        create: str,
+        event: Event,
+        message_id: str,
+        sender: str | None,
+        now: datetime | None = None,
+    ) -> tuple[str, str] | None:
+        """Deliver a send of the router's type to ``target="execution"`` that another
+        store's execution made (:class:`~statifier.router.ShardedRouter` hands it over
+        from the sender's outbox): the execution ``(scope, document, key)`` addresses
+        receives ``event`` in a transaction of its own, under ``around_delivery`` and
+        ``on_begin`` with :attr:`~statifier.router.Entry.TARGET`, filed under the
+        ledger's ``execution`` id with ``message_id`` (the send's key: a second hand-over
+        is a duplicate), as in the sender's own transaction on one database.
+
+        Returns ``None`` when delivered (or a duplicate), else the refusal's ``(code,
+        detail)`` (``no_execution``, ``finished``), whose ``send_refused`` ledger row,
+        naming ``sender``, is committed with it.
+
+        Raises:
+            ValueError: ``create`` is neither ``never`` nor ``if_absent``, or ``now`` is
+                naive.
+            Exception: as :meth:`route`, for its one delivery.
+        """
+        if create not in ("never", "if_absent"):
+            raise ValueError(f"create must be never or if_absent, not {create!r}")
+        moment = self._now(now)
+        plan = Plan(EXECUTION_PLAN_ID, document=document, create=Create(create))
+
+        async def settle(unit: Unit) -> tuple[str, str] | None:
+            why = await deliver_to_execution(
+                unit,
+                Delivering(scope, moment),
+                document=document,
+                key=key,
+                create=create,
+                event=event,
+                message_id=message_id,
+            )
+            if why is not None:
+                await unit.sql.record(
+                    LedgerRow(
+                        EXECUTION_PLAN_ID,
+                        message_id=message_id,
+                        scope=scope,
+                        source=None,
+                        outcome="send_refused",
+                        reason=f"{why[0]}: {why[1]}",
+                        document=None,
+                        key=EXECUTION_PLAN_ID,
+                        execution_id=sender,
+                        inserted_at=moment,
+                    )
+                )
+            return why
+
+        async def work() -> tuple[str, str] | None:
+            async with self.transaction(entered=Entry.TARGET) as unit:
+                await unit.begin(scope, Entry.TARGET)
+                await _lock(unit, sorted_locks(delivery_locks(plan, scope, key, message_id)))
+                return await settle(unit)
+
+        return await self._around(scope, Entry.TARGET, work)
 
     async def deliver_post(
         self,

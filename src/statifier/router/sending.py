@@ -8,7 +8,10 @@ seam, inside the transaction of the delivery whose step emitted them.
 - A send of the router's type to a route name goes to the route's adapter (delayed:
   onto the timer queue, fired later through the same adapter).
 - A send of the router's type to ``execution`` is delivered to another execution,
-  resolved in the sender's scope, in the same transaction. It is enclosed by the
+  resolved in the sender's scope, in the same transaction; in a router of a
+  :class:`~statifier.router.ShardedRouter`, one whose address falls in another
+  store's buckets is handed to the outbox instead (queue :data:`SHARD_HOP_QUEUE`,
+  under the send's key), and delivered there after the commit. It is enclosed by the
   ``around_delivery`` call of the entry that drove the sending step; with
   ``wrap_target=True`` one that no entry encloses (a step of a call of the host's own)
   is wrapped under ``Entry.TARGET``, handed the sender's scope, with ``on_begin``
@@ -32,11 +35,13 @@ host scheme in a target, a missing or finished target execution) writes one
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import timedelta
 from typing import Final
 
+from statifier.buckets import address_bucket
 from statifier.callbacks import awaited
 from statifier.core import Event
 from statifier.core import effects as fx
@@ -59,7 +64,9 @@ from statifier.router.transaction import Delivering, Unit, around
 __all__ = [
     "BASICHTTP_QUEUE",
     "EXECUTION_TARGET",
+    "SHARD_HOP_QUEUE",
     "SendHandler",
+    "hop_address",
     "send_key",
 ]
 
@@ -68,6 +75,10 @@ EXECUTION_TARGET: Final = "execution"
 
 BASICHTTP_QUEUE: Final = "basichttp"
 """The outbox queue BasicHTTP sends of durable executions wait in."""
+
+SHARD_HOP_QUEUE: Final = "shard_hop"
+"""The outbox queue a send to an execution whose address another store holds waits in
+(:class:`~statifier.router.ShardedRouter` drains it)."""
 
 SCXML_PROCESSOR: Final = "http://www.w3.org/TR/scxml/#SCXMLEventProcessor"
 _log = logging.getLogger(__name__)
@@ -283,6 +294,20 @@ class SendHandler:
                 ledger_id=EXECUTION_TARGET,
             )
 
+        shard = self.unit.shard
+        if shard is not None and not shard.holds(address_bucket(scope, document, key)):
+            await OutboxRoute(self.unit.tx.adapter, codec=self.unit.storage.codec).hand_off(
+                self.unit.tx,
+                SHARD_HOP_QUEUE,
+                send_key(effect, context),
+                event,
+                target=json.dumps([document, key, create]),
+                execution_id=context.execution_id,
+                scope=scope,
+                now=self.delivering.now,
+            )
+            return None
+
         async def work() -> Refused | None:
             why = await deliver_to_execution(
                 self.unit,
@@ -406,6 +431,21 @@ class SendHandler:
         async with self.unit.savepoint():
             await self.unit.sql.record(row)
         return Refused(detail)
+
+
+def hop_address(target: str | None) -> tuple[str, str, str]:
+    """The ``(document, key, create)`` a :data:`SHARD_HOP_QUEUE` row's target names.
+
+    Raises:
+        ValueError: ``target`` is not what the send handler writes.
+    """
+    try:
+        document, key, create = json.loads(target or "")
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"not a hop's target: {target!r}") from error
+    if not all(isinstance(part, str) for part in (document, key, create)):
+        raise ValueError(f"not a hop's target: {target!r}")
+    return document, key, create
 
 
 def _own_timer(effect: fx.Send | fx.SendDelayed, execution_id: str) -> TimerKind | None:

@@ -44,6 +44,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from statifier.core import StartOptions
 from statifier.persistence import ErrorPolicy, Executions, Executor, LockTimeout, Storage
 from statifier.persistence.serialization import AdapterLock, Serialization, Unserialized
+from statifier.persistence.shards import Shard
 from statifier.persistence.sql import SqlAdapter, SqlTransaction
 from statifier.router.config import Entry, RouterConfig
 from statifier.router.timer_queue import TimerQueue
@@ -161,6 +162,12 @@ class Unit:
         return self._parts.caps
 
     @property
+    def shard(self) -> Shard | None:
+        """The router's place among the stores of a
+        :class:`~statifier.router.ShardedRouter`, or ``None`` for a router of its own."""
+        return self._parts.shard
+
+    @property
     def timers(self) -> TimerQueue | None:
         """Where delayed sends wait, or ``None``."""
         return self._parts.timers
@@ -262,6 +269,7 @@ class RouterParts:
     start_options: StartOptions
     error_policy: ErrorPolicy
     sends_of: SendsOf
+    shard: Shard | None = None
 
 
 @asynccontextmanager

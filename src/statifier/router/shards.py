@@ -1,0 +1,413 @@
+"""A router over several databases: :class:`ShardedRouter`.
+
+Each database (a *store*) holds whole ranges of the key buckets of a
+:class:`~statifier.persistence.shards.ShardMap` and is a complete router database:
+addresses, dedupe claims, ledger, executions, timers, held events, outbox. A delivery
+goes to the store of its address's bucket
+(:func:`~statifier.buckets.address_bucket`), and the execution it creates there gets
+an id minted in that bucket (:func:`~statifier.ids.new_execution_id`), so everything
+of one key (its address, its execution, the execution's timers and durable children,
+its dedupe claims and ledger rows) is in one store, and a bare execution id finds its
+store (:meth:`ShardedRouter.router_of_execution`).
+
+What changes against one database:
+
+- An event whose bindings key it to addresses in several stores is routed in each of
+  them, one transaction per store: the parts are not one unit. A front acknowledges
+  the event only when every part committed (:meth:`ShardedRouter.route_many` answers
+  :class:`~statifier.router.Failed` otherwise, and a redelivery finds the committed
+  parts' claims: duplicates).
+- A send to ``target="execution"`` whose address another store holds is an *outbox
+  hop*: the sender's step hands it to its store's outbox (queue
+  :data:`~statifier.router.sending.SHARD_HOP_QUEUE`) under the send's key, and
+  :meth:`ShardedRouter.hop_drains` deliver it to the target's store after the
+  commit, deduped on that key (:meth:`Router.deliver_send
+  <statifier.router.Router.deliver_send>`). A refusal (no execution at the address,
+  or a finished one) is written to the target store's ledger and reaches the sender
+  as ``error.communication`` (``_event.sendid`` the send's id), a later external
+  event under the plan :data:`HOP_REFUSED_PLAN_ID`, not in the sending step as on one
+  database. A hop whose sender has no address row to be told at is logged.
+- A binding whose key cannot be computed writes its refusal row in the store of the
+  event's message id's bucket.
+- Timers, held events (debounce, batch, throttle) and outbox rows live in their
+  execution's store: run one :class:`~statifier.router.TimerWorker`,
+  :class:`~statifier.router.FlowWorker` and outbox drain per store
+  (:attr:`ShardedRouter.routers`). Schedules are not spread yet: a
+  :class:`~statifier.router.Scheduler` routes its fires in its own database's
+  transaction, so it cannot run over a sharded router.
+- An execution id that a host's ``execution_id`` mints outside the store of its
+  address's bucket is refused (:class:`MisplacedExecution`): a bare id would not find
+  it.
+
+>>> import asyncio, tempfile
+>>> from pathlib import Path
+>>> from statifier.chart import compile_chart
+>>> from statifier.persistence.sql import SqlAdapter
+>>> from statifier.router import Binding, InboundEvent, RouterConfig, StaticResolver
+>>> from statifier.sql import migrations
+>>> chart = compile_chart('''<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="a">
+...   <state id="a"><transition event="go" target="b"/></state><state id="b"/></scxml>''')
+>>> hits = Binding(id="hits", source="clicks", match="true", key="event.user",
+...                document="counter", event="go")
+>>> folder = Path(tempfile.mkdtemp())
+>>> urls = [f"sqlite:///{folder / f'store{number}.db'}" for number in range(3)]
+>>> for url in urls:
+...     migrations.upgrade(url)
+>>> async def main() -> list[str]:
+...     adapters = [SqlAdapter(url) for url in urls]
+...     config = RouterConfig(adapters[0], bindings=[hits],
+...                           resolver=StaticResolver({"counter": chart}))
+...     router = ShardedRouter(config, adapters)
+...     answers = await router.route_many(
+...         [InboundEvent(scope="demo", source="clicks", message_id=f"m{number}",
+...                       data={"user": f"user-{number}"}) for number in range(6)])
+...     for adapter in adapters:
+...         await adapter.close()
+...     return [answer.outcomes[0].outcome for answer in answers]
+>>> asyncio.run(main())[:2]
+['created_and_delivered', 'created_and_delivered']
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime, timedelta
+from typing import Final, TypeVar
+
+from statifier.buckets import address_bucket, bucket_of
+from statifier.core import Event
+from statifier.persistence import Storage
+from statifier.persistence.shards import Shard, ShardMap
+from statifier.persistence.sql import SqlAdapter
+from statifier.router.binding import Create, Keyed, Plan
+from statifier.router.config import Entry, RouterConfig
+from statifier.router.errors import RouterError
+from statifier.router.outbox import OutboxDrain, OutboxMessage
+from statifier.router.outcomes import Failed, InboundEvent, NoMatch, Outcome, Routed
+from statifier.router.queries import address_of
+from statifier.router.routing import BlockedByEarlierFailure, Planned, Router, Verdict
+from statifier.router.sending import SHARD_HOP_QUEUE, hop_address
+
+__all__ = [
+    "HOP_REFUSED_HORIZON",
+    "HOP_REFUSED_PLAN_ID",
+    "MisplacedExecution",
+    "ShardedRouter",
+]
+
+_log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
+HOP_REFUSED_PLAN_ID: Final = "execution_refused"
+"""The plan a refused hop's ``error.communication`` reaches its sender under."""
+HOP_REFUSED_HORIZON: Final = timedelta(hours=72)
+"""How long a refused hop's report stays deduped on the send's key."""
+
+
+class MisplacedExecution(RouterError):  # noqa: N818 - names the refusal
+    """The configuration's ``execution_id`` minted an id whose bucket another store
+    holds than the address's: a bare id would look for it in the wrong store."""
+
+    def __init__(self, execution_id: str, scope: str, document: str, key: str) -> None:
+        super().__init__(
+            f"execution id {execution_id!r} falls in another store than its address "
+            f"({scope!r}, {document!r}, {key!r}); over several stores, mint ids with "
+            "statifier.ids.new_execution_id(scope, document, key) (the default)"
+        )
+        self.execution_id = execution_id
+
+
+class ShardedRouter:
+    """One router configuration run over several stores (see the module docstring).
+
+    Args:
+        config: what every store's router runs; its ``store`` is replaced by each of
+            ``stores`` in turn (a :class:`~statifier.persistence.Storage` keeps its
+            clock, input-log cap and loader, over each store's adapter).
+        stores: the SQL adapters, one per range of ``shard_map``, each migrated.
+        shard_map: which buckets each store holds; by default even ranges.
+
+    Attributes:
+        routers: each store's :class:`~statifier.router.Router`, in store order.
+        shard_map: the map.
+
+    Raises:
+        ConfigError: from :class:`RouterConfig`, for a store it refuses.
+        ValueError: no store, or a map of another number of ranges.
+    """
+
+    def __init__(
+        self,
+        config: RouterConfig,
+        stores: Sequence[SqlAdapter],
+        shard_map: ShardMap | None = None,
+    ) -> None:
+        if not stores:
+            raise ValueError("a sharded router needs at least one store")
+        self.shard_map: Final = shard_map or ShardMap.even(len(stores))
+        if len(self.shard_map.ranges) != len(stores):
+            raise ValueError(
+                f"the map has {len(self.shard_map.ranges)} ranges for {len(stores)} stores"
+            )
+        self.routers: Final = tuple(
+            Router(
+                dataclasses.replace(
+                    config,
+                    store=_over(config.store, store),
+                    execution_id=self._placed(config, number),
+                ),
+                shard=Shard(self.shard_map, number),
+            )
+            for number, store in enumerate(stores)
+        )
+
+    def _placed(self, config: RouterConfig, number: int) -> Callable[[str, str, str], str]:
+        mint = config.execution_id
+        shard = Shard(self.shard_map, number)
+
+        def placed(scope: str, document: str, key: str) -> str:
+            minted = mint(scope, document, key)
+            if not shard.holds(bucket_of(minted)):
+                raise MisplacedExecution(minted, scope, document, key)
+            return minted
+
+        return placed
+
+    # Where things are.
+
+    def router_of_address(self, scope: str, document: str, key: str) -> Router:
+        """The router of the store that holds the address ``(scope, document, key)``."""
+        return self.routers[self.shard_map.store_of(address_bucket(scope, document, key))]
+
+    def router_of_execution(self, execution_id: str) -> Router:
+        """The router of the store that holds ``execution_id`` (and its durable
+        children): ask it to pause, resume, locate or subscribe the execution."""
+        return self.routers[self.shard_map.store_of(bucket_of(execution_id))]
+
+    def _store_of(self, event: InboundEvent, verdict: Verdict) -> int:
+        answer = verdict.answer
+        if isinstance(answer, Keyed):
+            bucket = address_bucket(event.scope, verdict.binding.document, answer.key)
+        else:
+            bucket = bucket_of(event.message_id)
+        return self.shard_map.store_of(bucket)
+
+    # Routing.
+
+    async def plan(self, event: InboundEvent) -> Planned:
+        """Read and evaluate ``event``'s bindings once (:meth:`Router.plan
+        <statifier.router.Router.plan>`), for :meth:`route` or :meth:`route_many`."""
+        return await self.routers[0].plan(event)
+
+    async def route(self, event: InboundEvent | Planned, *, now: datetime | None = None) -> Routed:
+        """Route ``event`` as :meth:`Router.route <statifier.router.Router.route>` does,
+        each of its deliveries in its address's store (the stores concurrently).
+
+        Raises:
+            BindingsUnresolved: the bindings resolver failed for the event's scope.
+            Exception: as :meth:`Router.route <statifier.router.Router.route>`, the
+                first a store raised; the other stores' deliveries stand.
+        """
+        planned = event if isinstance(event, Planned) else await self.plan(event)
+        parts = self._parts(planned)
+        answers = await _each(
+            [self.routers[number].route(part, now=now) for number, part in parts.items()]
+        )
+        routed: dict[int, Routed] = {}
+        for number, answer in zip(parts, answers, strict=True):
+            if isinstance(answer, BaseException):
+                raise answer
+            routed[number] = answer
+        return self._merged(planned, routed)
+
+    async def route_many(
+        self, events: Sequence[InboundEvent | Planned], *, now: datetime | None = None
+    ) -> list[Routed | Failed]:
+        """Route a batch: each store's part in one transaction of that store
+        (:meth:`Router.route_many <statifier.router.Router.route_many>`), the stores
+        concurrently; one answer per event, in order.
+
+        An event is :class:`~statifier.router.Failed` when any store's part of it
+        failed (the other parts stand: route it again, and they are duplicates), and
+        when a whole store's transaction failed (its database went away). An event
+        whose bindings could not be read fails, and so do the later events of its
+        scope (:class:`~statifier.router.BlockedByEarlierFailure`), as on one
+        database; a key's events are all in one store, whose batch keeps their order.
+        """
+        planned: list[Planned | Failed] = []
+        blocked: dict[str, str] = {}
+        for given in events:
+            event = given.event if isinstance(given, Planned) else given
+            if event.scope in blocked:
+                planned.append(Failed(event, BlockedByEarlierFailure(blocked[event.scope])))
+            elif isinstance(given, Planned):
+                planned.append(given)
+            else:
+                try:
+                    planned.append(await self.plan(given))
+                except Exception as error:  # noqa: BLE001 - the event's own answer
+                    blocked[event.scope] = event.message_id
+                    planned.append(Failed(event, error))
+        batches: dict[int, list[tuple[int, Planned]]] = {}
+        for index, plan in enumerate(planned):
+            if isinstance(plan, Planned):
+                for number, part in self._parts(plan).items():
+                    batches.setdefault(number, []).append((index, part))
+        stores = sorted(batches)
+        results = await _each(
+            [
+                self.routers[number].route_many([part for _, part in batches[number]], now=now)
+                for number in stores
+            ]
+        )
+        answered: list[dict[int, Routed | Failed]] = [{} for _ in planned]
+        for number, result in zip(stores, results, strict=True):
+            for position, (index, part) in enumerate(batches[number]):
+                answered[index][number] = (
+                    Failed(part.event, result)
+                    if isinstance(result, BaseException)
+                    else result[position]
+                )
+        answers: list[Routed | Failed] = []
+        for plan, parts in zip(planned, answered, strict=True):
+            if isinstance(plan, Failed):
+                answers.append(plan)
+                continue
+            routed = {n: part for n, part in parts.items() if isinstance(part, Routed)}
+            failed = [part for part in parts.values() if isinstance(part, Failed)]
+            answers.append(failed[0] if failed else self._merged(plan, routed))
+        return answers
+
+    def _merged(self, planned: Planned, parts: dict[int, Routed]) -> Routed:
+        """One answer for ``planned`` from its stores' answers: the outcomes back in
+        verdict order, the notices of every store."""
+        by_store = {number: iter(routed.outcomes) for number, routed in parts.items()}
+        outcomes: list[Outcome] = [
+            NoMatch(verdict.binding.id)
+            if verdict.answer is None
+            else next(by_store[self._store_of(planned.event, verdict)])
+            for verdict in planned.verdicts
+        ]
+        notices = tuple(dict.fromkeys(n for routed in parts.values() for n in routed.notices))
+        return Routed(planned.event, tuple(outcomes), notices)
+
+    def _parts(self, planned: Planned) -> dict[int, Planned]:
+        """``planned``'s verdicts that write, by store (a verdict whose match does not
+        hold writes nothing, and is answered :class:`~statifier.router.NoMatch`
+        without any store)."""
+        parts: dict[int, list[Verdict]] = {}
+        for verdict in planned.verdicts:
+            if verdict.answer is not None:
+                parts.setdefault(self._store_of(planned.event, verdict), []).append(verdict)
+        return {number: Planned(planned.event, tuple(part)) for number, part in parts.items()}
+
+    async def deliver_event(
+        self,
+        plan: Plan,
+        *,
+        scope: str,
+        key: str,
+        event: Event,
+        message_id: str,
+        now: datetime | None = None,
+        entry: Entry | None = None,
+    ) -> Outcome:
+        """:meth:`Router.deliver_event <statifier.router.Router.deliver_event>` in the
+        store of the address ``(scope, plan.document, key)``."""
+        router = self.router_of_address(scope, plan.document, key)
+        return await router.deliver_event(
+            plan, scope=scope, key=key, event=event, message_id=message_id, now=now, entry=entry
+        )
+
+    # Hops between stores.
+
+    def hop_drains(
+        self, *, batch: int = 10, lease: timedelta | float = timedelta(seconds=60)
+    ) -> list[OutboxDrain]:
+        """One outbox drain per store for the hops its executions' sends wait in
+        (queue :data:`~statifier.router.sending.SHARD_HOP_QUEUE`), each over its
+        router's storage (its clock and codec), with ``batch`` and ``lease`` as
+        :class:`~statifier.router.outbox.OutboxDrain` takes them. Run them as the
+        other drains are run (``drain_once``, or ``run``): a hop that raises (its
+        target's database away) is tried again with backoff."""
+        return [
+            OutboxDrain(router.storage, {SHARD_HOP_QUEUE: self._hop}, batch=batch, lease=lease)
+            for router in self.routers
+        ]
+
+    async def _hop(self, message: OutboxMessage) -> None:
+        """Deliver one hop in its target's store; tell the sender of a refusal."""
+        document, key, create = hop_address(message.target)
+        scope = message.scope
+        if scope is None:
+            raise ValueError(f"hop {message.key!r} has no scope")
+        refused = await self.router_of_address(scope, document, key).deliver_send(
+            scope=scope,
+            document=document,
+            key=key,
+            create=create,
+            event=message.event,
+            message_id=message.key,
+            sender=message.execution_id,
+        )
+        if refused is not None:
+            await self._tell_refused(message, document, key, refused)
+
+    async def _tell_refused(
+        self, message: OutboxMessage, document: str, key: str, refused: tuple[str, str]
+    ) -> None:
+        detail = refused[1]
+        sender = message.execution_id
+        router = None if sender is None else self.router_of_execution(sender)
+        found = None if router is None or sender is None else await address_of(router, sender)
+        if router is None or found is None:
+            _log.warning(
+                "a send to %s/%s was refused (%s) and its sender %r has no address to be told at",
+                document,
+                key,
+                detail,
+                sender,
+            )
+            return
+        scope, sender_document, sender_key = found
+        await router.deliver_event(
+            Plan(
+                HOP_REFUSED_PLAN_ID,
+                document=sender_document,
+                create=Create.NEVER,
+                horizon=HOP_REFUSED_HORIZON,
+            ),
+            scope=scope,
+            key=sender_key,
+            event=Event(
+                "error.communication",
+                type="platform",
+                data={"message": detail},
+                sendid=message.sendid,
+            ),
+            message_id=message.key,
+            entry=Entry.OUTBOX,
+        )
+
+
+def _over(store: SqlAdapter | Storage, adapter: SqlAdapter) -> SqlAdapter | Storage:
+    """``store``'s settings over ``adapter``: a storage keeps its own, an adapter is
+    replaced."""
+    if isinstance(store, Storage):
+        return Storage(
+            adapter,
+            input_log_cap=store.input_log_cap,
+            clock=store.clock,
+            loader=store.loader,
+            functions=store.functions,
+            codec=store.codec,
+        )
+    return adapter
+
+
+async def _each(calls: Sequence[Awaitable[_T]]) -> list[_T | BaseException]:
+    """Each call's answer or what it raised, in order; the calls run concurrently."""
+    return await asyncio.gather(*calls, return_exceptions=True)
