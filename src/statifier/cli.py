@@ -62,11 +62,13 @@ Subcommands:
     (see :mod:`statifier.executions_command` and ``docs/durable.md``); never migrates.
 
 ``statifier scenario CASE.json --charts DIR | --config CONFIG.toml [--start ISO]
-[--database URL] [--prefix P]``
+[--database URL | --shards K] [--prefix P]``
     Runs one routing case (bindings and a script of deliveries, clock moves and reaper
     passes; see :mod:`statifier.router.scenario`) on a virtual clock, against a freshly
-    migrated database (a temporary SQLite file unless ``--database`` names one; tables
-    under ``--prefix``, default ``statifier_``), and prints its report as one JSON
+    migrated database (a temporary SQLite file unless ``--database`` names one; with
+    ``--shards K``, K temporary SQLite files under one
+    :class:`~statifier.router.ShardedRouter`; tables under ``--prefix``, default
+    ``statifier_``), and prints its report as one JSON
     document: the ledger, the case's execution, the sends, and the final state of every
     execution the case touched. With ``--config``, the charts, bindings, routes,
     ``on_complete`` and send type are a serve file's, read as ``statifier serve`` reads
@@ -556,7 +558,9 @@ def _run_scenario(args: argparse.Namespace, out: TextIO) -> int:
     try:
         case = scenario.Case.load(Path(args.case))
         start = None if args.start is None else scenario.parse_start(args.start)
-        run = scenario.run_case(case, charts, args.database, start, prefix=args.prefix)
+        run = scenario.run_case(
+            case, charts, args.database, start, prefix=args.prefix, shards=args.shards
+        )
         report = asyncio.run(run)
     except scenario.CaseError as error:
         _debug_traceback(args)
@@ -783,6 +787,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     routing.add_argument("--start", default=None, help="the clock's start (ISO 8601 datetime)")
     routing.add_argument("--database", default=None, metavar="URL", help="default: temp SQLite")
+    routing.add_argument(
+        "--shards",
+        type=int,
+        default=1,
+        metavar="K",
+        help="run over K temporary SQLite files, by key buckets (default 1)",
+    )
     routing.add_argument("--prefix", default="statifier_", help="the table name prefix")
     executions_command.add_parser(commands)
     schedules_command.add_parser(commands)

@@ -317,7 +317,7 @@ class Router:
         async def work() -> Routed:
             outcomes: list[Outcome] = []
             scheduled: list[int] = []
-            planned = given if isinstance(given, Planned) else await self._planned(inbound)
+            planned = given if isinstance(given, Planned) else await self.evaluate(inbound)
             for verdict in planned.verdicts:
                 if verdict.answer is None:
                     outcomes.append(NoMatch(verdict.binding.id))
@@ -337,11 +337,17 @@ class Router:
         return _reported(await self._around(inbound.scope, Entry.ROUTE, work), started)
 
     async def route_in(
-        self, unit: Unit, event: InboundEvent, entry: Entry, *, now: datetime | None = None
+        self,
+        unit: Unit,
+        event: InboundEvent | Planned,
+        entry: Entry,
+        *,
+        now: datetime | None = None,
     ) -> Routed:
         """Route ``event`` in ``unit``, a router transaction the caller opened (and
         ends) with what else it writes: one outcome per enabled binding of its source,
-        in binding order, each delivery after ``on_begin`` (told the event's scope and
+        in binding order (a :class:`Planned` event: one per verdict :meth:`plan`
+        made), each delivery after ``on_begin`` (told the event's scope and
         ``entry``) and under its locks, all committed or rolled back with the caller's
         transaction. The caller runs this under ``around_delivery`` if it wants one: the
         scheduler does, after it claimed the schedule's row in the same transaction.
@@ -354,9 +360,11 @@ class Router:
         """
         started = time.perf_counter()
         moment = self._now(now)
+        planned = event if isinstance(event, Planned) else await self.evaluate(event)
+        event = planned.event
         outcomes: list[Outcome] = []
         scheduled = unit.scheduled
-        for verdict in (await self._planned(event)).verdicts:
+        for verdict in planned.verdicts:
             if verdict.answer is None:
                 outcomes.append(NoMatch(verdict.binding.id))
                 continue
@@ -866,11 +874,18 @@ class Router:
         """:meth:`_planned` under ``around_delivery``, told ``entry``."""
 
         async def read() -> Planned:
-            return await self._planned(event)
+            return await self.evaluate(event)
 
         return await self._around(event.scope, entry, read)
 
-    async def _planned(self, event: InboundEvent) -> Planned:
+    async def evaluate(self, event: InboundEvent) -> Planned:
+        """Read the bindings of ``event``'s scope and evaluate those of its source, as
+        :meth:`plan` does but under no ``around_delivery`` of its own (the caller's,
+        if any: :meth:`route_in`'s caller wraps its work).
+
+        Raises:
+            BindingsUnresolved: the bindings resolver failed for the event's scope.
+        """
         try:
             bindings = await self.config.bindings_for(event.scope)
         except Exception as error:

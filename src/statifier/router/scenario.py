@@ -106,14 +106,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import itertools
+import json
+import re
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
+from statifier.buckets import address_bucket, tagged
 from statifier.chart import InvalidChart, Machine, compile_chart
 from statifier.core import Event, MachineState, StartOptions
 from statifier.core import effects as fx
@@ -134,6 +138,7 @@ from statifier.router.config import MintExecutionId, RouterConfig, StaticResolve
 from statifier.router.contracts import check
 from statifier.router.errors import RouterError
 from statifier.router.flow_worker import FlowWorker
+from statifier.router.outbox import OutboxDrain
 from statifier.router.queries import ledger, newest_address
 from statifier.router.reapers import reap_addresses, reap_dedupe
 from statifier.router.routes import IdempotencyKey
@@ -160,6 +165,8 @@ from statifier.router.scenario_case import (
 )
 from statifier.router.scheduler import Scheduler
 from statifier.router.schedules import ScheduleError
+from statifier.router.sending import SHARD_HOP_QUEUE
+from statifier.router.shards import ShardedRouter
 from statifier.router.timer_queue import TimerEntry
 from statifier.router.timer_worker import TimerWorker
 from statifier.router.timers import SqlTimerQueue, UnreadableTimer
@@ -173,6 +180,7 @@ __all__ = [
     "MAX_CASE_BYTES",
     "MAX_FIRES",
     "MAX_SCHEDULES",
+    "MAX_SHARDS",
     "MAX_STEPS",
     "REPORT_KEYS",
     "SEND_TYPE",
@@ -193,6 +201,8 @@ __all__ = [
     "warning_lines",
 ]
 
+MAX_SHARDS: Final = 16
+"""The most stores ``--shards`` spreads a case over."""
 MAX_FIRES: Final = 10_000
 """The most timers one step may fire, and the most schedule steps (fires made, or
 missed ones let pass)."""
@@ -309,20 +319,38 @@ class _Clock:
 class _Mint:
     """Execution ids ``ex_1``, ``ex_2``, ...: deterministic, so a report is the same on
     every run, and past every id in ``taken`` (a kept database's). ``minted`` keeps
-    them in the order given."""
+    them in the order given. Over several stores (``tagged``), ``ex_``, the number in
+    26 digits and the address's bucket (:func:`~statifier.buckets.tagged`), so that
+    each execution falls in its address's store; :func:`_untagged` spells them back
+    ``ex_N`` in the report."""
 
-    def __init__(self, taken: set[str]) -> None:
+    def __init__(self, taken: set[str], *, tagged: bool = False) -> None:
         self.taken = taken
         self.numbers = itertools.count(1)
         self.minted: list[str] = []
+        self.tagged = tagged
 
     def __call__(self, scope: str, document: str, key: str) -> str:
         while True:
-            candidate = f"ex_{next(self.numbers)}"
+            number = next(self.numbers)
+            candidate = (
+                f"ex_{number:026d}{tagged(address_bucket(scope, document, key))}"
+                if self.tagged
+                else f"ex_{number}"
+            )
             if candidate not in self.taken:
                 self.taken.add(candidate)
                 self.minted.append(candidate)
                 return candidate
+
+
+_TAGGED_ID: Final = re.compile(r"ex_(\d{26})_[0-3][0-9a-f]{2}")
+
+
+def _untagged(report: Any) -> Any:
+    """``report`` with every id a tagged :class:`_Mint` made spelled ``ex_N``."""
+    text = json.dumps(report)
+    return json.loads(_TAGGED_ID.sub(lambda found: f"ex_{int(found[1])}", text))
 
 
 async def run_case(
@@ -332,21 +360,27 @@ async def run_case(
     start: datetime | None = None,
     *,
     prefix: str = DEFAULT_PREFIX,
+    shards: int = 1,
 ) -> dict[str, Any]:
     """Run ``case`` and answer its report (see the module docstring), with the charts
     of the directory ``charts`` and the case's own bindings, routes and send type, or
     with a :class:`Deployment`'s: a publish case by the contracts alone (no database);
     a script case on a freshly migrated database (``database_url``, else SQLite in a
     temporary file) with tables under ``prefix``, from ``start`` (else the case's,
-    else :data:`DEFAULT_START`).
+    else :data:`DEFAULT_START`). With ``shards`` above 1, the case runs over that many
+    temporary SQLite files, a :class:`~statifier.router.ShardedRouter` over them (each
+    store with its timer and flow workers, the schedules in the first, the sends
+    between stores handed over at once); the report is the same as over one, but
+    for the refusals of sends between stores, heard by the sender later.
 
     Raises:
         CaseError: a chart is missing, unreadable or invalid; a script case without
             bindings run on a directory, or a case naming one of
             :data:`DEPLOYED_KEYS` run on a deployment; the router refuses the
-            configuration; the prefix is not one; or a step failed in the router,
-            persistence, a timer's fire or a schedule's (named by its index); a
-            schedule could not be put.
+            configuration; the prefix is not one; ``shards`` is below 1 or above
+            :data:`MAX_SHARDS`, or above 1 with ``database_url``; or a step failed in
+            the router, persistence, a timer's fire or a schedule's (named by its
+            index); a schedule could not be put.
         sqlalchemy.exc.SQLAlchemyError, OSError: the database failed.
     """
     setup = _setup(case, charts)
@@ -357,52 +391,92 @@ async def run_case(
         options = TableOptions(prefix=prefix)
     except ValueError as error:
         raise CaseError(f"--prefix: {error}") from None
+    if not 1 <= shards <= MAX_SHARDS:
+        raise CaseError(f"--shards: from 1 to {MAX_SHARDS}, not {shards}")
+    if shards > 1 and database_url is not None:
+        raise CaseError("--shards runs on temporary SQLite files: give no --database")
     clock = _Clock(start or case.start or DEFAULT_START)
     with contextlib.ExitStack() as stack:
         if database_url is None:
-            directory = stack.enter_context(tempfile.TemporaryDirectory())
-            database_url = f"sqlite:///{Path(directory) / 'scenario.db'}"
-        await asyncio.to_thread(migrations.upgrade, database_url, options)
+            directory = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+            urls = [f"sqlite:///{directory / f'scenario{number}.db'}" for number in range(shards)]
+        else:
+            urls = [database_url]
+        adapters = []
+        for url in urls:
+            await asyncio.to_thread(migrations.upgrade, url, options)
+            try:
+                adapters.append(SqlAdapter(url, options))
+            except ValueError as error:
+                raise CaseError(f"database: {error}") from None
         try:
-            adapter = SqlAdapter(database_url, options)
-        except ValueError as error:
-            raise CaseError(f"database: {error}") from None
-        async with adapter:
-            storage = Storage(adapter, clock=clock)
-            before = {record.id: _seen(record) for record in await storage.list_executions()}
-            mint = _Mint(set(before))
-            sends: list[dict[str, Any]] = []
-            unhandled = _Unhandled()
-            accepted = _literal_types(_config(setup, storage, sends), setup.charts)
-            router = Router(_config(setup, storage, sends, mint, unhandled, accepted))
-            worker = TimerWorker(router, clock=clock)
-            scheduler = Scheduler(router, clock=clock)
-            for index, schedule in enumerate(case.schedules):
-                try:
-                    await scheduler.put(schedule, now=clock.now)
-                except ScheduleError as error:
-                    raise CaseError(f"schedules[{index}]: {error}") from None
-            flow = FlowWorker(router, clock=clock)
-            firing = _Firing(router, worker, scheduler, flow, clock)
-            # The case's execution: the one the address table names, remembered after
-            # every step, so that it stays the case's once a reap deletes its row.
-            named: str | None = None
-            for index, step in enumerate(case.script):
-                unhandled.step = index
-                try:
-                    await _run_step(firing, step)
-                    named = await newest_address(router, case.scope, case.document) or named
-                except CaseError as error:
-                    raise CaseError(f"script[{index}]: {error}") from None
-                except (RouterError, PersistenceError) as error:
-                    name = type(error).__name__
-                    raise CaseError(f"script[{index}]: {name}: {error}") from None
-            report = await _report(router, case.document, named)
-            report["timers"] = sorted(entry.event.name for entry in await _pending(router))
-            report["sends"] = sends
-            report["unhandled_sends"] = unhandled.sends
-            report["executions"] = await _executions(router, setup.charts, before, mint.minted)
-            return {key: report[key] for key in REPORT_KEYS}
+            report = await _run_script(case, setup, adapters, clock)
+        finally:
+            for adapter in adapters:
+                await adapter.close()
+        return _untagged(report) if shards > 1 else report
+
+
+async def _run_script(
+    case: Case, setup: _Setup, adapters: list[SqlAdapter], clock: _Clock
+) -> dict[str, Any]:
+    storage = Storage(adapters[0], clock=clock)
+    before = {record.id: _seen(record) for record in await storage.list_executions()}
+    mint = _Mint(set(before), tagged=len(adapters) > 1)
+    sends: list[dict[str, Any]] = []
+    unhandled = _Unhandled()
+    accepted = _literal_types(_config(setup, storage, sends), setup.charts)
+    router = ShardedRouter(_config(setup, storage, sends, mint, unhandled, accepted), adapters)
+    scheduler = Scheduler(router, clock=clock)
+    for index, schedule in enumerate(case.schedules):
+        try:
+            await scheduler.put(schedule, now=clock.now)
+        except ScheduleError as error:
+            raise CaseError(f"schedules[{index}]: {error}") from None
+    firing = _Firing(
+        router,
+        tuple(TimerWorker(each, clock=clock) for each in router.routers),
+        scheduler,
+        tuple(FlowWorker(each, clock=clock) for each in router.routers),
+        tuple(router.hop_drains()),
+        clock,
+    )
+    # The case's execution: the one the address table names, remembered after every
+    # step, so that it stays the case's once a reap deletes its row.
+    named: str | None = None
+    for index, step in enumerate(case.script):
+        unhandled.step = index
+        try:
+            await _run_step(firing, step)
+            named = await _newest(router, case.scope, case.document, mint.minted) or named
+        except CaseError as error:
+            raise CaseError(f"script[{index}]: {error}") from None
+        except (RouterError, PersistenceError) as error:
+            name = type(error).__name__
+            raise CaseError(f"script[{index}]: {name}: {error}") from None
+    report = await _report(router, case.document, named)
+    pending = [entry for each in router.routers for entry in await _pending(each)]
+    report["timers"] = sorted(entry.event.name for entry in pending)
+    report["sends"] = sends
+    report["unhandled_sends"] = unhandled.sends
+    report["executions"] = await _executions(router, setup.charts, before, mint.minted)
+    return {key: report[key] for key in REPORT_KEYS}
+
+
+async def _newest(
+    router: ShardedRouter, scope: str, document: str, minted: Sequence[str]
+) -> str | None:
+    """The execution the newest address of ``document`` in ``scope`` names, of every
+    store: over several, the one minted last (a create mints as it writes the address)."""
+    named = [
+        found
+        for each in router.routers
+        if (found := await newest_address(each, scope, document)) is not None
+    ]
+    if len(named) < 2:
+        return named[0] if named else None
+    order = {execution_id: index for index, execution_id in enumerate(minted)}
+    return max(named, key=lambda execution_id: order.get(execution_id, -1))
 
 
 def compare(report: Mapping[str, Any], expected: Mapping[str, Any]) -> list[str]:
@@ -562,13 +636,14 @@ async def _publish(case: Case, setup: _Setup) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class _Firing:
-    """What fires on the virtual clock: the timer worker, the scheduler and the flow
-    worker."""
+    """What fires on the virtual clock: each store's timer worker, flow worker and
+    drain of the sends between stores, and the scheduler."""
 
-    router: Router
-    worker: TimerWorker
+    router: ShardedRouter
+    workers: tuple[TimerWorker, ...]
     scheduler: Scheduler
-    flow: FlowWorker
+    flows: tuple[FlowWorker, ...]
+    hops: tuple[OutboxDrain, ...]
     clock: _Clock
 
 
@@ -584,12 +659,19 @@ async def _run_step(firing: _Firing, step: Step) -> None:
         # step, which fires it late (a schedule's as its catch-up policy says).
         clock.now += step.by
         return
-    elif step.table == "addresses":
-        await reap_addresses(router, clock.now)
     else:
-        await reap_dedupe(router, clock.now)
+        for each in router.routers:
+            if step.table == "addresses":
+                await reap_addresses(each, clock.now)
+            else:
+                await reap_dedupe(each, clock.now)
     await _fire_until(firing, until)
     clock.now = until
+
+
+async def _earliest(calls: Sequence[Callable[[], Awaitable[datetime | None]]]) -> datetime | None:
+    dues = [due for call in calls if (due := await call()) is not None]
+    return min(dues, default=None)
 
 
 async def _fire_until(firing: _Firing, until: datetime) -> None:
@@ -606,8 +688,9 @@ async def _fire_until(firing: _Firing, until: datetime) -> None:
     clock = firing.clock
     timers = flushes = steps = 0
     while True:
-        timer_due = await firing.worker.next_due()
-        flow_due = await firing.flow.next_due()
+        await _hand_over(firing)
+        timer_due = await _earliest([worker.next_due for worker in firing.workers])
+        flow_due = await _earliest([flow.next_due for flow in firing.flows])
         schedule_due = await firing.scheduler.next_due()
         dues = [
             due for due in (timer_due, flow_due, schedule_due) if due is not None and due <= until
@@ -620,11 +703,13 @@ async def _fire_until(firing: _Firing, until: datetime) -> None:
         # the script come in after the timers their predecessors armed. Held events
         # came in before this instant: they go before the schedules' fires too.
         if timer_due is not None and timer_due <= clock.now:
-            timers += await _fire_timers(firing, clock.now)
+            for router, worker in zip(firing.router.routers, firing.workers, strict=True):
+                timers += await _fire_timers(router, worker, clock.now)
             if timers > MAX_FIRES:
                 raise CaseError(f"more than {MAX_FIRES} timers fired in one step")
         elif flow_due is not None and flow_due <= clock.now:
-            flushes += await _flush(firing.flow, clock.now)
+            for flow in firing.flows:
+                flushes += await _flush(flow, clock.now)
             if flushes > MAX_FIRES:
                 raise CaseError(f"more than {MAX_FIRES} held groups flushed in one step")
         else:
@@ -633,15 +718,36 @@ async def _fire_until(firing: _Firing, until: datetime) -> None:
                 raise CaseError(f"more than {MAX_FIRES} schedule fires in one step")
 
 
-async def _fire_timers(firing: _Firing, now: datetime) -> int:
-    """Fire the timers due at ``now``; answer how many the worker took.
+async def _hand_over(firing: _Firing) -> None:
+    """Deliver every send between stores waiting in an outbox, until none is left.
+
+    Raises:
+        CaseError: a hand-over failed.
+    """
+    for _ in range(MAX_FIRES):
+        claimed = 0
+        for drain in firing.hops:
+            report = await drain.drain_once(firing.clock.now)
+            if report.failed or report.dead:
+                errors = [row.last_error for row in await drain.rows(queue=SHARD_HOP_QUEUE)]
+                why = next((error for error in errors if error), "")
+                raise CaseError(f"a send to another store's execution failed: {why}")
+            claimed += report.claimed
+        if not claimed:
+            return
+    raise CaseError(f"more than {MAX_FIRES} passes handing sends between stores")
+
+
+async def _fire_timers(router: Router, worker: TimerWorker, now: datetime) -> int:
+    """Fire ``router``'s timers due at ``now``; answer how many the worker took.
 
     Raises:
         CaseError: a due timer's fire raised (the worker left it, due again later).
     """
-    router = firing.router
     due = {str(entry.key): entry for entry in await _pending(router, now)}
-    fired = await firing.worker.fire_due(now)
+    if not due:
+        return 0
+    fired = await worker.fire_due(now)
     still = {str(entry.key) for entry in await _pending(router)}
     left = [entry for key, entry in due.items() if key in still]
     if left:
@@ -695,8 +801,12 @@ async def _pending(router: Router, upto: datetime = _FAR_FUTURE) -> list[TimerEn
         return entries
 
 
-async def _report(router: Router, document: str, named: str | None) -> dict[str, Any]:
-    rows = await ledger(router)
+async def _report(router: ShardedRouter, document: str, named: str | None) -> dict[str, Any]:
+    # Each store's rows oldest first, merged by time (a store's own rows keep their
+    # order among those of one instant).
+    rows = list(
+        heapq.merge(*[await ledger(each) for each in router.routers], key=lambda r: r.inserted_at)
+    )
     report: dict[str, Any] = {
         "ledger": [
             {
@@ -719,7 +829,7 @@ async def _report(router: Router, document: str, named: str | None) -> dict[str,
     )
     if execution_id is None:
         return report
-    storage = router.storage
+    storage = router.router_of_execution(execution_id).storage
     try:
         record = await storage.fetch_execution(execution_id)
     except ExecutionNotFound:
@@ -745,7 +855,7 @@ def _seen(record: ExecutionRecord) -> _Seen:
 
 
 async def _executions(
-    router: Router,
+    router: ShardedRouter,
     charts: Mapping[str, Machine],
     before: Mapping[str, _Seen],
     minted: Sequence[str],
@@ -753,8 +863,11 @@ async def _executions(
     """Every execution the run created or stepped, by id: those it created in order of
     creation, then the rest by id; each ``{"document", "status", "configuration",
     "final_state"}``."""
-    storage = router.storage
-    records = {record.id: record for record in await storage.list_executions()}
+    records = {
+        record.id: record
+        for each in router.routers
+        for record in await each.storage.list_executions()
+    }
     order = {execution_id: index for index, execution_id in enumerate(minted)}
     touched = sorted(
         (r for r in records.values() if before.get(r.id) != _seen(r)),
@@ -765,7 +878,7 @@ async def _executions(
     documents = {chart.identity.content_hash: name for name, chart in sorted(charts.items())[::-1]}
     described: dict[str, Any] = {}
     for record in touched:
-        state = await _state(storage, record)
+        state = await _state(router.router_of_execution(record.id).storage, record)
         document = documents.get(record.content_hash)
         if document is None and state is not None:
             document = state.machine.name

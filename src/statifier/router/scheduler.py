@@ -41,6 +41,7 @@ from statifier.router.config import Entry
 from statifier.router.outcomes import Routed
 from statifier.router.routing import Router
 from statifier.router.schedules import Schedule, ScheduleError, ScheduleNotFound, next_step
+from statifier.router.shards import ShardedRouter
 from statifier.router.transaction import Unit, around
 from statifier.sql.schedules import ScheduleRow, ScheduleTable
 from statifier.telemetry import enabled, report
@@ -118,7 +119,11 @@ class Scheduler:
     """The schedules of ``router``'s database, and their worker.
 
     Args:
-        router: the router whose bindings route each fire.
+        router: the router whose bindings route each fire; a
+            :class:`~statifier.router.ShardedRouter`'s schedules are in its first
+            store, and each fire is routed there as
+            :meth:`ShardedRouter.route_in <statifier.router.ShardedRouter.route_in>`
+            says (its other stores' parts in their own transactions first).
         retry: how long after a failed fire it is tried again (doubled each failure in
             a row, up to ``max_retry``).
         poll: the longest :meth:`run` sleeps between passes (a schedule put by another
@@ -157,7 +162,7 @@ class Scheduler:
 
     def __init__(
         self,
-        router: Router,
+        router: Router | ShardedRouter,
         *,
         retry: timedelta = timedelta(seconds=5),
         max_retry: timedelta = timedelta(minutes=10),
@@ -168,12 +173,13 @@ class Scheduler:
             raise ValueError("retry is positive and max_retry at least retry")
         if poll <= 0:
             raise ValueError("poll is a positive number of seconds")
-        self.router: Final = router
+        self.sharded: Final = router if isinstance(router, ShardedRouter) else None
+        self.router: Final = router.routers[0] if isinstance(router, ShardedRouter) else router
         self.retry: Final = retry
         self.max_retry: Final = max_retry
         self.poll: Final = poll
-        self.clock: Final[Clock] = clock or router.storage.clock
-        adapter = router.adapter
+        self.clock: Final[Clock] = clock or self.router.storage.clock
+        adapter = self.router.adapter
         self.table: Final = ScheduleTable(adapter.tables, adapter.dialect)
         self._woken = asyncio.Event()
 
@@ -342,7 +348,8 @@ class Scheduler:
             fires.append(fire)
             if len(fires) > MAX_BACKFILL:
                 raise ScheduleError(f"a backfill makes at most {MAX_BACKFILL} fires")
-        return [await self.router.route(schedule.event(fire)) for fire in fires]
+        routing = self.router if self.sharded is None else self.sharded
+        return [await routing.route(schedule.event(fire)) for fire in fires]
 
     async def fire_due(self, *, now: datetime | None = None) -> list[FireReport]:
         """One pass: step every running schedule due at ``now`` (the clock's time by
@@ -429,7 +436,8 @@ class Scheduler:
             event = schedule.event(step.fire)
 
             async def work() -> Routed:
-                return await self.router.route_in(unit, event, Entry.SCHEDULE, now=now)
+                routing = self.router if self.sharded is None else self.sharded
+                return await routing.route_in(unit, event, Entry.SCHEDULE, now=now)
 
             routed = await around(unit.config, schedule.scope, Entry.SCHEDULE, work)
         await self.table.made(

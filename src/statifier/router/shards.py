@@ -90,6 +90,7 @@ from statifier.router.outcomes import Failed, InboundEvent, NoMatch, Outcome, Ro
 from statifier.router.queries import address_of
 from statifier.router.routing import BlockedByEarlierFailure, Planned, Router, Verdict
 from statifier.router.sending import SHARD_HOP_QUEUE, hop_address
+from statifier.router.transaction import Unit
 
 __all__ = [
     "HOP_REFUSED_HORIZON",
@@ -204,23 +205,53 @@ class ShardedRouter:
 
     async def route(self, event: InboundEvent | Planned, *, now: datetime | None = None) -> Routed:
         """Route ``event`` as :meth:`Router.route <statifier.router.Router.route>` does,
-        each of its deliveries in its address's store (the stores concurrently).
+        one transaction per binding delivery, in binding order, each in its address's
+        store.
 
         Raises:
             BindingsUnresolved: the bindings resolver failed for the event's scope.
-            Exception: as :meth:`Router.route <statifier.router.Router.route>`, the
-                first a store raised; the other stores' deliveries stand.
+            Exception: as :meth:`Router.route <statifier.router.Router.route>`: the
+                delivery that raised left nothing behind, those of earlier bindings
+                stay committed.
         """
         planned = event if isinstance(event, Planned) else await self.plan(event)
+        outcomes: list[Outcome] = []
+        notices: dict[str, None] = {}
+        for verdict in planned.verdicts:
+            if verdict.answer is None:
+                outcomes.append(NoMatch(verdict.binding.id))
+                continue
+            router = self.routers[self._store_of(planned.event, verdict)]
+            routed = await router.route(Planned(planned.event, (verdict,)), now=now)
+            outcomes.extend(routed.outcomes)
+            notices.update(dict.fromkeys(routed.notices))
+        return Routed(planned.event, tuple(outcomes), tuple(notices))
+
+    async def route_in(
+        self, unit: Unit, event: InboundEvent, entry: Entry, *, now: datetime | None = None
+    ) -> Routed:
+        """Route ``event`` with the first store's part in ``unit``, a router transaction
+        of the first store's router that the caller opened (and ends), as
+        :meth:`Router.route_in <statifier.router.Router.route_in>` does; the other
+        stores' parts first, each delivery in a transaction of its own there. A
+        :class:`~statifier.router.Scheduler` over this router fires this way: its
+        schedule's row is in the first store, and when ``unit`` rolls back after
+        another store committed, the fire made again is a duplicate there (its
+        message id is claimed).
+
+        Raises:
+            BindingsUnresolved: the bindings resolver failed for the event's scope.
+            Exception: as :meth:`Router.route_in <statifier.router.Router.route_in>`;
+                roll ``unit`` back.
+        """
+        planned = await self.routers[0].evaluate(event)
         parts = self._parts(planned)
-        answers = await _each(
-            [self.routers[number].route(part, now=now) for number, part in parts.items()]
-        )
         routed: dict[int, Routed] = {}
-        for number, answer in zip(parts, answers, strict=True):
-            if isinstance(answer, BaseException):
-                raise answer
-            routed[number] = answer
+        for number, part in sorted(parts.items()):
+            if number != 0:
+                routed[number] = await self.routers[number].route(part, now=now)
+        if 0 in parts:
+            routed[0] = await self.routers[0].route_in(unit, parts[0], entry, now=now)
         return self._merged(planned, routed)
 
     async def route_many(
