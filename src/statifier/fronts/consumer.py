@@ -81,6 +81,7 @@ from statifier.router import (
     Planned,
     Routed,
     Router,
+    ShardedRouter,
 )
 from statifier.telemetry import enabled, report
 
@@ -184,14 +185,18 @@ class StreamConsumer:
     committed (see the module docstring).
 
     Args:
-        router: the router.
+        router: the router; over a :class:`~statifier.router.ShardedRouter`, each
+            store has lanes of its own (an event's lane is among those of its
+            partition key's store), so a store that is away holds up its own keys'
+            events alone, and the others' keep flowing.
         source: the stream; the consumer starts, commits and closes it.
-        lanes: lanes routing concurrently (one key's events always on one lane).
+        lanes: lanes routing concurrently (one key's events always on one lane); per
+            store over a :class:`~statifier.router.ShardedRouter`.
         batch_size: the most events one ``route_many`` call of a lane takes.
         max_in_flight: fetched messages not yet done at most; the intake pauses above.
         failure: what a lane does with an event whose routing fails.
         malformed: where malformed messages go; the ``consumer_dead_letters`` table of
-            the configuration's database by default.
+            the configuration's database by default (the first store's, over several).
         commit_interval: seconds between commits of the gapless prefix of done
             messages.
         poll: the longest one fetch waits for a first message (so a stop is heard).
@@ -205,7 +210,7 @@ class StreamConsumer:
 
     def __init__(
         self,
-        router: Router,
+        router: Router | ShardedRouter,
         source: Source,
         *,
         lanes: int = 8,
@@ -232,12 +237,15 @@ class StreamConsumer:
         self.batch_size = batch_size
         self.max_in_flight = max_in_flight
         self.failure: FailurePolicy = failure or Retry()
-        self.malformed = malformed or TableDeadLetters(router.adapter, router.storage.codec)
+        home = router.routers[0] if isinstance(router, ShardedRouter) else router
+        self.malformed = malformed or TableDeadLetters(home.adapter, home.storage.codec)
         self.commit_interval = commit_interval
         self.poll = poll
         self.clock = clock or _wall_clock
         self.sleep: Sleep = sleep or asyncio.sleep
-        self._lanes = [_Lane(index) for index in range(lanes)]
+        self._per_store = lanes
+        stores = len(router.routers) if isinstance(router, ShardedRouter) else 1
+        self._lanes = [_Lane(index) for index in range(lanes * stores)]
         self._acks = Acks()
         self._counts = ConsumerCounts()
         self._room = asyncio.Event()
@@ -341,9 +349,17 @@ class StreamConsumer:
         key = await self._key(pending)
         if key is None:
             return
-        lane = self._lanes[lane_of(key, len(self._lanes))]
+        lane = self._lanes[self._lane_of(pending, key)]
         lane.queue.append(pending)
         lane.wake.set()
+
+    def _lane_of(self, pending: _Pending, key: str) -> int:
+        """The lane of ``pending``, whose partition key is ``key``: among the lanes of
+        the key's store, over several stores."""
+        lane = lane_of(key, self._per_store)
+        if isinstance(self.router, ShardedRouter) and pending.planned is not None:
+            return self.router.store_of_key(pending.planned) * self._per_store + lane
+        return lane
 
     async def _key(self, pending: _Pending) -> str | None:
         """The event's partition key. While its scope's bindings cannot be read the

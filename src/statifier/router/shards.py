@@ -82,7 +82,7 @@ from statifier.core import Event
 from statifier.persistence import Storage
 from statifier.persistence.shards import Shard, ShardMap
 from statifier.persistence.sql import SqlAdapter
-from statifier.router.binding import Create, Keyed, Plan
+from statifier.router.binding import Create, Keyed, Order, Plan
 from statifier.router.config import Entry, RouterConfig
 from statifier.router.errors import RouterError
 from statifier.router.outbox import OutboxDrain, OutboxMessage
@@ -187,6 +187,17 @@ class ShardedRouter:
         """The router of the store that holds ``execution_id`` (and its durable
         children): ask it to pause, resume, locate or subscribe the execution."""
         return self.routers[self.shard_map.store_of(bucket_of(execution_id))]
+
+    def store_of_key(self, planned: Planned) -> int:
+        """The number of the store of ``planned``'s partition key
+        (:attr:`Planned.key <statifier.router.Planned.key>`): of the address it names,
+        else of its message id's bucket. A front that keeps lanes per store chooses
+        among that store's."""
+        event = planned.event
+        for verdict in planned.verdicts:
+            if verdict.binding.order is Order.BY_KEY and isinstance(verdict.answer, Keyed):
+                return self._store_of(event, verdict)
+        return self.shard_map.store_of(bucket_of(event.message_id))
 
     def _store_of(self, event: InboundEvent, verdict: Verdict) -> int:
         answer = verdict.answer
