@@ -436,3 +436,30 @@ def test_random_streams_end_with_the_same_datamodels_over_one_store_and_three(
         assert (batched[key] is None) == (one[key] is None)
         if one[key] is not None:
             assert batched[key]["total"] == one[key]["total"]
+
+
+@pytest.mark.asyncio
+async def test_a_hop_to_a_store_away_waits_and_is_delivered_once_it_is_back(
+    adapters: list[SqlAdapter], tmp_path: Path
+) -> None:
+    [sender] = _keys_in(0, 1)
+    [receiver] = _keys_in(2, 1)
+    router = ShardedRouter(_config(adapters[0]), adapters)
+    await router.route(_add("m1", receiver))
+    await router.route(_pass("m2", sender, to=receiver, n=6))
+    away = SqlAdapter(f"sqlite:///{tmp_path / 'missing' / 'store.db'}")
+    try:
+        broken = ShardedRouter(_config(adapters[0]), [adapters[0], adapters[1], away])
+        [drain] = broken.hop_drains()[:1]
+        report = await drain.drain_once()
+        assert (report.claimed, report.failed, report.dead) == (1, 1, 0)
+        [row] = await drain.pending(SHARD_HOP_QUEUE)
+        assert row.attempts == 1
+        assert row.last_error is not None
+    finally:
+        await away.close()
+    assert (await _datamodel(router, receiver) or {})["got"] == 0
+    later = row.next_attempt_at
+    report = await router.hop_drains()[0].drain_once(later)
+    assert (report.claimed, report.sent) == (1, 1)
+    assert (await _datamodel(router, receiver) or {})["got"] == 6

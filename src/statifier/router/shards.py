@@ -85,7 +85,7 @@ from statifier.persistence.sql import SqlAdapter
 from statifier.router.binding import Create, Keyed, Order, Plan
 from statifier.router.config import Entry, RouterConfig
 from statifier.router.errors import RouterError
-from statifier.router.outbox import OutboxDrain, OutboxMessage
+from statifier.router.outbox import DeadLetter, OutboxDrain, OutboxMessage
 from statifier.router.outcomes import Failed, InboundEvent, NoMatch, Outcome, Routed
 from statifier.router.queries import address_of
 from statifier.router.routing import BlockedByEarlierFailure, Planned, Router, Verdict
@@ -93,6 +93,7 @@ from statifier.router.sending import SHARD_HOP_QUEUE, hop_address
 from statifier.router.transaction import Unit
 
 __all__ = [
+    "HOP_ATTEMPTS",
     "HOP_REFUSED_HORIZON",
     "HOP_REFUSED_PLAN_ID",
     "MisplacedExecution",
@@ -104,6 +105,9 @@ _T = TypeVar("_T")
 
 HOP_REFUSED_PLAN_ID: Final = "execution_refused"
 """The plan a refused hop's ``error.communication`` reaches its sender under."""
+HOP_ATTEMPTS: Final = 1_000
+"""How many times a hop is tried before it is dead-lettered: at the outbox's backoff,
+at most five minutes apart, over three days."""
 HOP_REFUSED_HORIZON: Final = timedelta(hours=72)
 """How long a refused hop's report stays deduped on the send's key."""
 
@@ -367,25 +371,41 @@ class ShardedRouter:
     # Hops between stores.
 
     def hop_drains(
-        self, *, batch: int = 10, lease: timedelta | float = timedelta(seconds=60)
+        self,
+        *,
+        batch: int = 10,
+        lease: timedelta | float = timedelta(seconds=60),
+        max_attempts: int = HOP_ATTEMPTS,
     ) -> list[OutboxDrain]:
         """One outbox drain per store for the hops its executions' sends wait in
         (queue :data:`~statifier.router.sending.SHARD_HOP_QUEUE`), each over its
-        router's storage (its clock and codec), with ``batch`` and ``lease`` as
-        :class:`~statifier.router.outbox.OutboxDrain` takes them. Run them as the
-        other drains are run (``drain_once``, or ``run``): a hop that raises (its
-        target's database away) is tried again with backoff."""
+        router's storage (its clock and codec), with ``batch``, ``lease`` and
+        ``max_attempts`` as :class:`~statifier.router.outbox.OutboxDrain` takes them.
+        Run them as the other drains are run (``drain_once``, or ``run``). A hop whose
+        delivery raises (its target's database away) is tried again with the outbox's
+        backoff, at most five minutes apart: :data:`HOP_ATTEMPTS` attempts outlast a
+        store away for three days before the hop is dead-lettered (``retry_dead``
+        takes it back)."""
         return [
-            OutboxDrain(router.storage, {SHARD_HOP_QUEUE: self._hop}, batch=batch, lease=lease)
+            OutboxDrain(
+                router.storage,
+                {SHARD_HOP_QUEUE: self._hop},
+                batch=batch,
+                lease=lease,
+                max_attempts=max_attempts,
+            )
             for router in self.routers
         ]
 
     async def _hop(self, message: OutboxMessage) -> None:
         """Deliver one hop in its target's store; tell the sender of a refusal."""
-        document, key, create = hop_address(message.target)
+        try:
+            document, key, create = hop_address(message.target)
+        except ValueError as error:
+            raise DeadLetter(str(error)) from None
         scope = message.scope
         if scope is None:
-            raise ValueError(f"hop {message.key!r} has no scope")
+            raise DeadLetter(f"hop {message.key!r} has no scope")
         refused = await self.router_of_address(scope, document, key).deliver_send(
             scope=scope,
             document=document,
