@@ -131,7 +131,8 @@ class ShardedRouter:
     Args:
         config: what every store's router runs; its ``store`` is replaced by each of
             ``stores`` in turn (a :class:`~statifier.persistence.Storage` keeps its
-            clock, input-log cap and loader, over each store's adapter).
+            clock, input-log cap, loader, functions and codec, over each store's
+            adapter).
         stores: the SQL adapters, one per range of ``shard_map``, each migrated.
         shard_map: which buckets each store holds; by default even ranges.
 
