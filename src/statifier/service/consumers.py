@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Final, Protocol, runtime_checkable
 from statifier.extras import MissingExtra
 from statifier.fronts.source import Message, Rebalance, Source
 from statifier.repeats import Repeats
-from statifier.router import Router
+from statifier.router import Router, ShardedRouter
 from statifier.service.settings import (
     InboundTableOptions,
     KafkaOptions,
@@ -140,8 +140,9 @@ def log_failure(repeats: Repeats, name: str, error: Exception, wait: float) -> N
     )
 
 
-def build_source(settings: SourceSettings, router: Router, file: str) -> Source:
-    """The source ``settings`` names, over ``router``'s database where it needs one.
+def build_source(settings: SourceSettings, router: Router | ShardedRouter, file: str) -> Source:
+    """The source ``settings`` names, over ``router``'s database where it needs one
+    (a sharded router's first store).
 
     Raises:
         MissingExtra: the kind's client library is not installed.
@@ -156,7 +157,8 @@ def build_source(settings: SourceSettings, router: Router, file: str) -> Source:
         raise ServiceConfigError(file, settings.table, "", message) from None
 
 
-def _built(settings: SourceSettings, router: Router) -> Source:
+def _built(settings: SourceSettings, routing: Router | ShardedRouter) -> Source:
+    router = _home(routing)
     options = settings.options
     if isinstance(options, InboundTableOptions):
         from statifier.fronts.table_source import TableSource
@@ -255,7 +257,7 @@ class SupervisedConsumer:
         file: the configuration file, for errors.
     """
 
-    def __init__(self, settings: SourceSettings, router: Router, file: str) -> None:
+    def __init__(self, settings: SourceSettings, router: Router | ShardedRouter, file: str) -> None:
         self.settings = settings
         self.router = router
         self.file = file
@@ -285,7 +287,7 @@ class SupervisedConsumer:
             if chosen.dead_letter_after is None
             else DeadLetterAfter(
                 chosen.dead_letter_after,
-                TableDeadLetters(self.router.adapter, self.router.storage.codec),
+                TableDeadLetters(_home(self.router).adapter, _home(self.router).storage.codec),
             )
         )
         return StreamConsumer(
@@ -359,3 +361,9 @@ class SupervisedConsumer:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), wait)
             self._failure = None
+
+
+def _home(router: Router | ShardedRouter) -> Router:
+    """The router of the database a source's own tables and dead letters are in: a
+    sharded router's first store."""
+    return router.routers[0] if isinstance(router, ShardedRouter) else router

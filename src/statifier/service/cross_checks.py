@@ -25,13 +25,14 @@ def cross_check(top: Table, settings: ServiceSettings) -> None:
     no route, a sink that outlives the outbox lease, a console on a listener other than
     loopback without operators, a front, a stream source or a schedule whose source no
     enabled binding reads, a front whose path overlaps another's, the console's or the
-    health endpoints.
+    health endpoints, an HTTP front, the console or the API over several stores.
 
     Raises:
         ServiceConfigError: naming the table and the key at fault (``top`` is the
             file's top table).
     """
     file = settings.file
+    _check_shards(settings)
     queues = {route.queue for route in settings.routes}
     drained = {sink.queue for sink in settings.sinks}
     for route in settings.routes:
@@ -123,6 +124,22 @@ def cross_check(top: Table, settings: ServiceSettings) -> None:
                 "",
                 f"no enabled binding reads source {shown(source.name)}",
             )
+
+
+def _check_shards(settings: ServiceSettings) -> None:
+    """Over several stores (``[database] shards``) the service runs its stream sources,
+    schedules and workers; its HTTP fronts, API and console read and write one
+    database, so they are refused there."""
+    if not settings.database.shards:
+        return
+    file = settings.file
+    why = "is not served over several stores ([database] shards) yet"
+    if settings.fronts:
+        raise ServiceConfigError(file, front_table(settings.fronts[0]), "", f"an HTTP front {why}")
+    if settings.console.enabled:
+        raise ServiceConfigError(file, "console", "", f"the console {why}")
+    if settings.api.enabled:
+        raise ServiceConfigError(file, "api", "", f"the HTTP API {why}")
 
 
 def _nested(path: str, under: str) -> bool:

@@ -8,7 +8,8 @@ else ``503 {"status": "not ready", "reasons": [...]}``, one short reason per fai
 check, each ``"<part>: <why>"``:
 
 - ``database: ...``: the database did not answer ``SELECT 1`` within
-  ``probe_timeout`` seconds (or answered with an error: its class is named);
+  ``probe_timeout`` seconds (or answered with an error: its class is named); over
+  several stores, ``database (store N): ...`` for each store that did not;
 - a worker (``timers``, ``outbox``, ``reapers``): not running, or restarting after
   a failure (its class is named);
 - a stream consumer (``source NAME``): not running, restarting after a failure, not
@@ -53,7 +54,7 @@ class Health:
     """What the readiness endpoint checks, kept up to date by the service.
 
     Args:
-        adapter: the database to probe.
+        adapters: the database to probe, or every store's (probed concurrently).
         probe_timeout: the most seconds the probe waits for the database.
         probe_interval: how long one probe's answer is reused.
         clock: monotonic seconds (``time.monotonic``), for tests.
@@ -61,19 +62,20 @@ class Health:
 
     def __init__(
         self,
-        adapter: SqlAdapter,
-        *,
+        *adapters: SqlAdapter,
         probe_timeout: float = 2.0,
         probe_interval: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.adapter = adapter
+        if not adapters:
+            raise ValueError("a health check probes at least one database")
+        self.adapters = adapters
         self.probe_timeout = probe_timeout
         self.probe_interval = probe_interval
         self.clock = clock
         self.stopping = False
         self._parts: dict[str, Callable[[], str | None]] = {}
-        self._probed: tuple[float, str | None] | None = None
+        self._probed: tuple[float, list[str]] | None = None
         self._probing: asyncio.Lock = asyncio.Lock()
 
     def watch(self, part: str, check: Callable[[], str | None]) -> None:
@@ -84,27 +86,31 @@ class Health:
     async def reasons(self) -> list[str]:
         """Why the service is not ready (empty: it is)."""
         found: list[str] = ["stopping"] if self.stopping else []
-        database = await self._database()
-        if database is not None:
-            found.append(f"database: {database}")
+        found.extend(await self._databases())
         for part, check in self._parts.items():
             said = check()
             if said is not None:
                 found.append(f"{part}: {said}")
         return found
 
-    async def _database(self) -> str | None:
+    async def _databases(self) -> list[str]:
         async with self._probing:
             now = self.clock()
             if self._probed is not None and now - self._probed[0] < self.probe_interval:
                 return self._probed[1]
-            answer = await self._probe()
-            self._probed = (self.clock(), answer)
-            return answer
+            answers = await asyncio.gather(*(self._probe(each) for each in self.adapters))
+            several = len(self.adapters) > 1
+            found = [
+                f"database (store {number}): {answer}" if several else f"database: {answer}"
+                for number, answer in enumerate(answers)
+                if answer is not None
+            ]
+            self._probed = (self.clock(), found)
+            return found
 
-    async def _probe(self) -> str | None:
+    async def _probe(self, adapter: SqlAdapter) -> str | None:
         try:
-            await asyncio.wait_for(self._select_one(), self.probe_timeout)
+            await asyncio.wait_for(self._select_one(adapter), self.probe_timeout)
         except TimeoutError:
             return f"no answer within {self.probe_timeout:g} seconds"
         except Exception as error:  # noqa: BLE001 - any failure means not ready
@@ -112,9 +118,9 @@ class Health:
             return f"{type(error).__name__}"
         return None
 
-    async def _select_one(self) -> None:
-        async with self.adapter.transaction(wait=self.probe_timeout) as tx:
-            await ping(self.adapter.dialect, tx.driver)
+    async def _select_one(self, adapter: SqlAdapter) -> None:
+        async with adapter.transaction(wait=self.probe_timeout) as tx:
+            await ping(adapter.dialect, tx.driver)
 
 
 def health_routes(health: Health) -> list[Route]:

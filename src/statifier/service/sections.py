@@ -14,7 +14,7 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from statifier.chart import InvalidChart, Machine, ReadLimits, compile_chart
 from statifier.extras import MissingExtra
@@ -87,12 +87,17 @@ from statifier.service.toml_reader import (
     shown,
 )
 
-__all__ = ["MAX_CONNECTIONS", "MAX_DOCUMENTS", "SectionReader"]
+if TYPE_CHECKING:
+    import sqlalchemy as sa
+
+__all__ = ["MAX_CONNECTIONS", "MAX_DOCUMENTS", "MAX_SHARDS", "SectionReader"]
 
 MAX_DOCUMENTS: Final = 1000
 """The most charts one configuration names."""
 MAX_CONNECTIONS: Final = 1_000_000
 """The largest ``[http] max_connections`` taken."""
+MAX_SHARDS: Final = 64
+"""The most stores ``[database] shards`` lists."""
 
 
 class SectionReader:
@@ -176,22 +181,25 @@ class SectionReader:
     # The database and the listener.
 
     def database(self, table: Table) -> DatabaseSettings:
-        from statifier.sql.engines import database_url, url_dialect
+        from statifier.sql.engines import url_dialect
 
-        if table.has("url") and table.has("url_env"):
-            raise table.refuse("url", "give url or url_env, not both")
-        url = (
-            table.secret("url_env") if table.has("url_env") else table.text("url", DEFAULT_DATABASE)
-        )
-        key = "url_env" if table.has("url_env") else "url"
-        try:
-            parsed = database_url(url)
-        except ValueError as error:  # the message names the driver, never the URL
-            raise table.refuse(key, one_line(error)) from None
-        except Exception:  # noqa: BLE001 - SQLAlchemy's parse errors quote the URL
-            raise table.refuse(key, "is not a database URL") from None
+        given = [key for key in ("url", "url_env", "shards", "shards_env") if table.has(key)]
+        if len(given) > 1:
+            raise table.refuse(
+                given[1], f"give one of url, url_env, shards and shards_env, not {given[0]} too"
+            )
+        key = given[0] if given else "url"
+        shards: tuple[str, ...] = ()
+        if key in ("shards", "shards_env"):
+            shards = self.shard_urls(table, key)
+            url = shards[0]
+        else:
+            url = (
+                table.secret("url_env") if key == "url_env" else table.text("url", DEFAULT_DATABASE)
+            )
+        parsed = [self.parsed_url(table, key, each) for each in shards or (url,)]
         schema = table.optional_text("schema")
-        if schema is not None and not url_dialect(parsed).schemas:
+        if schema is not None and not all(url_dialect(each).schemas for each in parsed):
             raise table.refuse("schema", "a schema needs PostgreSQL")
         settings = DatabaseSettings(
             url=url,
@@ -201,9 +209,45 @@ class SectionReader:
             locks="rows"
             if self.choice(table, "locks", ("advisory", "rows")) == "rows"
             else "advisory",
+            shards=shards,
         )
         table.done()
         return settings
+
+    def shard_urls(self, table: Table, key: str) -> tuple[str, ...]:
+        """The stores' URLs ``shards`` lists, or those of the environment variables
+        ``shards_env`` names: at least two, at most :data:`MAX_SHARDS`, no two alike."""
+        listed = table.value(key, MISSING)
+        if (
+            not isinstance(listed, list)
+            or not all(isinstance(item, str) and item for item in listed)
+            or not 2 <= len(listed) <= MAX_SHARDS
+        ):
+            raise table.refuse(
+                key, f"must list 2 to {MAX_SHARDS} non-empty strings, not {shown(listed)}"
+            )
+        urls: list[str] = []
+        for item in listed:
+            if key == "shards":
+                urls.append(item)
+                continue
+            value = table.environ.get(item)
+            if not value:
+                raise table.refuse(key, f"the environment variable {item} is not set (or empty)")
+            urls.append(value)
+        if len(set(urls)) != len(urls):
+            raise table.refuse(key, "names one store twice")
+        return tuple(urls)
+
+    def parsed_url(self, table: Table, key: str, url: str) -> sa.URL:
+        from statifier.sql.engines import database_url
+
+        try:
+            return database_url(url)
+        except ValueError as error:  # the message names the driver, never the URL
+            raise table.refuse(key, one_line(error)) from None
+        except Exception:  # noqa: BLE001 - SQLAlchemy's parse errors quote the URL
+            raise table.refuse(key, "is not a database URL") from None
 
     def http(self, table: Table) -> HttpSettings:
         settings = HttpSettings(

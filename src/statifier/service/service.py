@@ -66,6 +66,7 @@ from statifier.router import (
     Mode,
     OutboxDrain,
     Router,
+    ShardedRouter,
     TimerWorker,
     reap_addresses,
     reap_dedupe,
@@ -166,11 +167,12 @@ def prepare_database(settings: ServiceSettings) -> None:
     from statifier.sql import migrations
     from statifier.sql.locations import upgrade_locations
 
-    url, options = settings.database.url, _options(settings)
+    options = _options(settings)
     locations = any(isinstance(front, BasicHttpFront) for front in settings.fronts)
     then = (lambda connection: upgrade_locations(connection, options)) if locations else None
     try:
-        migrations.prepare(url, options, migrate=settings.migrate, then=then)
+        for url in settings.database.urls:
+            migrations.prepare(url, options, migrate=settings.migrate, then=then)
     except migrations.NotAtHead as behind:
         found = f"at revision {behind.revision}" if behind.revision else "not there"
         raise NotMigrated(
@@ -280,6 +282,21 @@ async def _all_states(scheduler: Scheduler) -> AsyncIterator[ScheduleState]:
         if not page:
             return
         after = page[-1].schedule.name
+
+
+def _stores(routing: Router | ShardedRouter) -> tuple[Router, ...]:
+    """Each store's router: a sharded router's, else the one."""
+    return routing.routers if isinstance(routing, ShardedRouter) else (routing,)
+
+
+def _draining(name: str, drain: OutboxDrain, idle: float, stop: asyncio.Event) -> Supervised:
+    """The worker ``name`` running ``drain`` until ``stop``."""
+    return Supervised(name, lambda: drain.run(stop, idle), stop)
+
+
+def _in_store(number: int) -> Callable[[str], str]:
+    """How a worker of store ``number`` is named (in health reasons and logs)."""
+    return lambda part: f"{part} (store {number})"
 
 
 async def _reap(router: Router, settings: ServiceSettings, stop: asyncio.Event) -> None:
@@ -412,22 +429,38 @@ class Service:
                 bridge.uninstall()
 
     @contextlib.asynccontextmanager
-    async def _opened(self) -> AsyncIterator[tuple[Router, Health, Sinks]]:
-        adapter = SqlAdapter(self.settings.database.url, _options(self.settings))
+    async def _opened(
+        self,
+    ) -> AsyncIterator[tuple[Router | ShardedRouter, Health, list[Sinks]]]:
+        """The router (over every store of ``[database] shards``, else over the one
+        database), the health checks and each store's sinks, closed when the block
+        ends."""
+        options = _options(self.settings)
+        adapters = [SqlAdapter(url, options) for url in self.settings.database.urls]
         try:
-            router = Router(router_config(self.settings, adapter))
-            sinks = build_sinks(self.settings, router)
+            config = router_config(self.settings, adapters[0])
+            routing = ShardedRouter(config, adapters) if len(adapters) > 1 else Router(config)
+            sinks: list[Sinks] = []
             try:
-                yield router, Health(adapter), sinks
+                # One by one: the sinks built before one that raises are closed.
+                sinks.extend(build_sinks(self.settings, router) for router in _stores(routing))
+                yield routing, Health(*adapters), sinks
             finally:
-                await sinks.aclose()
+                for built in sinks:
+                    await built.aclose()
         finally:
-            await adapter.close()
+            for adapter in adapters:
+                await adapter.close()
 
-    async def _serve(self, router: Router, health: Health, sinks: Sinks) -> int:
+    async def _serve(
+        self, routing: Router | ShardedRouter, health: Health, sinks: list[Sinks]
+    ) -> int:
         settings = self.settings
         from starlette.applications import Starlette
 
+        # The HTTP fronts, the console and the API run on one database (cross_check
+        # refuses them over several stores).
+        router = _stores(routing)[0]
         # Everything that can be refused is built before any task starts.
         front_apps = [front_app(front, router, settings.file) for front in settings.fronts]
         fronts = [(f.path, app) for f, app in zip(settings.fronts, front_apps, strict=True)]
@@ -444,12 +477,12 @@ class Service:
         lifespans = contextlib.AsyncExitStack()
         make_server = _http_server()
         consumers = [
-            SupervisedConsumer(source, router, settings.file) for source in settings.sources
+            SupervisedConsumer(source, routing, settings.file) for source in settings.sources
         ]
         for consumer in consumers:
             consumer.prepare()
-        scheduler = await self._put_schedules(router)
-        workers = self._workers(router, sinks, scheduler)
+        scheduler = await self._put_schedules(routing)
+        workers = self._workers(routing, sinks, scheduler)
         listener = _listening_socket(settings.http.host, settings.http.port)
         try:
             server = make_server(app, settings.http, listener, settings.shutdown_timeout)
@@ -501,7 +534,7 @@ class Service:
         self._say("stopped" if status == _EXIT_CLEAN else "stopped, cut short by shutdown_timeout")
         return status
 
-    async def _put_schedules(self, router: Router) -> Scheduler:
+    async def _put_schedules(self, router: Router | ShardedRouter) -> Scheduler:
         """Put the file's schedules on the database (each keeps its paused state and,
         its times unchanged, its next fire); warn of the stored ones the file does not
         name, which still fire. Answers the scheduler this service runs.
@@ -536,15 +569,41 @@ class Service:
             )
         return scheduler
 
-    def _workers(self, router: Router, sinks: Sinks, scheduler: Scheduler) -> list[Supervised]:
+    def _workers(
+        self, routing: Router | ShardedRouter, sinks: list[Sinks], scheduler: Scheduler
+    ) -> list[Supervised]:
+        """The workers: the scheduler, and each store's timers, flow, outbox drain and
+        reapers (over several stores, each named with its store's number, and each
+        store's drain of the sends between stores)."""
+        settings, stop = self.settings, self._workers_stop
+        stores = _stores(routing)
+        workers: list[Supervised] = []
+        if settings.scheduler.enabled:
+            workers.append(Supervised("scheduler", lambda: scheduler.run(stop), stop))
+        if not settings.flow.enabled:
+            _warn_flow_elsewhere(settings)
+        outbox = settings.outbox
+        hops = (
+            routing.hop_drains(batch=outbox.batch, lease=outbox.lease)
+            if isinstance(routing, ShardedRouter)
+            else []
+        )
+        for number, router in enumerate(stores):
+            named = (lambda part: part) if len(stores) == 1 else _in_store(number)
+            workers.extend(self._store_workers(router, sinks[number], named))
+            if hops:
+                workers.append(_draining(named("hops"), hops[number], outbox.idle, stop))
+        return workers
+
+    def _store_workers(
+        self, router: Router, sinks: Sinks, named: Callable[[str], str]
+    ) -> list[Supervised]:
         settings, stop = self.settings, self._workers_stop
         workers: list[Supervised] = []
         if settings.timers.enabled:
             timers = settings.timers
             worker = TimerWorker(router, batch=timers.batch, poll=timers.poll, retry=timers.retry)
-            workers.append(Supervised("timers", lambda: worker.run(stop), stop))
-        if settings.scheduler.enabled:
-            workers.append(Supervised("scheduler", lambda: scheduler.run(stop), stop))
+            workers.append(Supervised(named("timers"), lambda: worker.run(stop), stop))
         if settings.flow.enabled:
             found = settings.flow
             flow = FlowWorker(
@@ -553,9 +612,7 @@ class Service:
                 retry=timedelta(seconds=found.retry),
                 max_retry=timedelta(seconds=found.max_retry),
             )
-            workers.append(Supervised("flow", lambda: flow.run(stop), stop))
-        else:
-            _warn_flow_elsewhere(settings)
+            workers.append(Supervised(named("flow"), lambda: flow.run(stop), stop))
         outbox = settings.outbox
         drain = OutboxDrain(
             router.storage,
@@ -565,9 +622,11 @@ class Service:
             lease=outbox.lease,
             batch=outbox.batch,
         )
-        workers.append(Supervised("outbox", lambda: drain.run(stop, outbox.idle), stop))
+        workers.append(_draining(named("outbox"), drain, outbox.idle, stop))
         if settings.reapers.enabled:
-            workers.append(Supervised("reapers", lambda: _reap(router, settings, stop), stop))
+            workers.append(
+                Supervised(named("reapers"), lambda: _reap(router, settings, stop), stop)
+            )
         return workers
 
     async def _shutdown(

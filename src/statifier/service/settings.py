@@ -119,6 +119,10 @@ class DatabaseSettings:
         locks: how a PostgreSQL transaction holds its locks, the tables'
             :attr:`~statifier.sql.TableOptions.locks`: ``"advisory"`` (the default)
             or ``"rows"``.
+        shards: the URLs of the stores when the executions and the router's tables
+            are spread over several by key buckets (a
+            :class:`~statifier.router.ShardedRouter`, even ranges), the first being
+            ``url``; empty for one database (kept out of ``repr``).
     """
 
     url: str = field(default=DEFAULT_DATABASE, repr=False)
@@ -126,6 +130,12 @@ class DatabaseSettings:
     schema: str | None = None
     lock_wait: float = DEFAULT_LOCK_WAIT
     locks: Literal["advisory", "rows"] = "advisory"
+    shards: tuple[str, ...] = field(default=(), repr=False)
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """Every store's URL: the shards', else ``url`` alone."""
+        return self.shards or (self.url,)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,219 @@
+"""``statifier serve`` over several stores (``[database] shards``): the file's URLs read
+and refused, the HTTP fronts, console and API refused there; in process, over three
+SQLite files, the inbound-events table's events each stepped once in its key's store,
+a schedule's fires delivered in the stores their keys are in; over three PostgreSQL
+servers of the test's own, a store whose server stops named by readiness until it is
+back."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from pathlib import Path
+
+import httpx
+import pytest
+from tests.service.helpers import HITS, HITS_BINDING, write_config
+from tests.service.own_postgres import servers
+
+from statifier.fronts.table_source import append_events
+from statifier.persistence.sql import SqlAdapter
+from statifier.router import InboundEvent, ShardedRouter, ledger
+from statifier.service import Service, ServiceConfigError, load
+from statifier.service.settings import ServiceSettings
+from statifier.service.wiring import router_config
+from statifier.sql import TableOptions
+
+SHUTDOWN_TIMEOUT = 8.0
+KEYS = [f"k{number}" for number in range(12)]
+
+
+def _shards(folder: Path, count: int = 3) -> str:
+    urls = ", ".join(f'"sqlite:///{folder / f"store{n}.db"}"' for n in range(count))
+    return f'[database]\nshards = [{urls}]\nprefix = "t_"\n'
+
+
+def _body(folder: Path, more: str = "") -> str:
+    return f"""
+migrate = true
+shutdown_timeout = {SHUTDOWN_TIMEOUT}
+charts = "charts"
+{HITS_BINDING}
+{_shards(folder)}
+[http]
+port = 0
+
+[sources.inbound]
+kind = "table"
+partitions = ["0"]
+
+[sources.inbound.consumer]
+commit_interval = 0.05
+{more}"""
+
+
+def _refused(tmp_path: Path, body: str, environ: dict[str, str] | None = None) -> str:
+    config = write_config(tmp_path, body, {"hits": HITS})
+    with pytest.raises(ServiceConfigError) as refused:
+        load(config, environ or {})
+    return str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("database", "said"),
+    [
+        ('shards = ["sqlite:///a.db"]', "must list 2 to 64 non-empty strings"),
+        ('shards = ["sqlite:///a.db", "sqlite:///a.db"]', "names one store twice"),
+        ('shards = ["sqlite:///a.db", 3]', "must list 2 to 64 non-empty strings"),
+        (
+            'url = "sqlite:///a.db"\nshards = ["sqlite:///b.db", "sqlite:///c.db"]',
+            "give one of url, url_env, shards and shards_env, not url too",
+        ),
+        ('shards_env = ["STORE_A", "STORE_B"]', "the environment variable STORE_B is not set"),
+        ('shards = ["sqlite:///a.db", "mysql://b"]', "shards"),
+    ],
+)
+def test_the_stores_urls_are_read_and_refused_naming_the_key(
+    tmp_path: Path, database: str, said: str
+) -> None:
+    body = f'charts = "charts"\n{HITS_BINDING}\n[database]\n{database}\n'
+    message = _refused(tmp_path, body, {"STORE_A": "sqlite:///x.db"})
+    assert "[database]" in message
+    assert said in message
+
+
+def test_the_stores_urls_from_the_environment_stay_out_of_repr(tmp_path: Path) -> None:
+    body = f'charts = "charts"\n{HITS_BINDING}\n[database]\nshards_env = ["STORE_A", "STORE_B"]\n'
+    config = write_config(tmp_path, body, {"hits": HITS})
+    secret = "postgresql://user:hunter2@db.internal/one"
+    environ = {"STORE_A": secret, "STORE_B": "postgresql://user:hunter2@db.internal/two"}
+    settings = load(config, environ)
+    assert settings.database.urls == (secret, environ["STORE_B"])
+    assert settings.database.url == secret
+    assert "hunter2" not in repr(settings)
+
+
+@pytest.mark.parametrize(
+    ("more", "table"),
+    [
+        (
+            '[fronts.webhook.clicks]\npath = "/hooks"\nsource = "clicks"\nscope = "web"\n',
+            "[fronts.webhook.clicks]",
+        ),
+        ("[console]\nenabled = true\n", "[console]"),
+        ('[api.tokens.ops]\ntoken_env = "OPS_TOKEN"\nscopes = ["*"]\n', "[api]"),
+    ],
+)
+def test_http_fronts_the_console_and_the_api_are_refused_over_several_stores(
+    tmp_path: Path, more: str, table: str
+) -> None:
+    message = _refused(tmp_path, _body(tmp_path, more), {"OPS_TOKEN": "t" * 32})
+    assert table in message
+    assert "is not served over several stores ([database] shards) yet" in message
+
+
+def _router(settings: ServiceSettings, adapters: list[SqlAdapter]) -> ShardedRouter:
+    return ShardedRouter(router_config(settings, adapters[0]), adapters)
+
+
+@pytest.mark.asyncio
+async def test_a_service_over_three_stores_steps_each_event_once_in_its_keys_store(
+    tmp_path: Path,
+) -> None:
+    schedule = """
+[schedules.sweep]
+every = "PT1S"
+source = "clicks"
+scope = "web"
+data = { key = "swept" }
+"""
+    config = write_config(tmp_path, _body(tmp_path, schedule), {"hits": HITS})
+    settings = load(config)
+    service = Service(settings, io.StringIO())
+    running = asyncio.create_task(service.run())
+    options = TableOptions(prefix="t_")
+    adapters: list[SqlAdapter] = []
+    try:
+        async with httpx.AsyncClient(timeout=5.0) as client:
+            while service.address is None:
+                assert not running.done(), running
+                await asyncio.sleep(0.02)
+            base = f"http://{service.address[0]}:{service.address[1]}"
+            await _ready(client, base)
+            adapters = [SqlAdapter(url, options) for url in settings.database.urls]
+            router = _router(settings, adapters)
+            events = [
+                InboundEvent(
+                    scope="web", source="clicks", message_id=f"t{n}", data={"key": KEYS[n % 12]}
+                )
+                for n in range(36)
+            ]
+            await append_events(adapters[0], events, partition="0")
+            async with asyncio.timeout(30):
+                while True:
+                    rows = [row for each in router.routers for row in await ledger(each)]
+                    stepped = sorted(str(r.message_id) for r in rows if r.binding_id == "hits")
+                    swept = any(m.startswith("sweep/") for m in stepped)
+                    if swept and len([m for m in stepped if m.startswith("t")]) >= 36:
+                        break
+                    await asyncio.sleep(0.05)
+            # Every event once, in its key's store only.
+            for number, each in enumerate(router.routers):
+                for row in await ledger(each):
+                    if str(row.message_id).startswith("t"):
+                        assert row.key is not None
+                        assert router.router_of_address("web", "hits", row.key) is each, number
+            assert [m for m in stepped if m.startswith("t")] == sorted(f"t{n}" for n in range(36))
+            held = [len(await each.storage.list_executions()) for each in router.routers]
+            assert sum(held) == 13  # twelve keys and the sweep's
+            assert all(held)
+    finally:
+        service.stop()
+        assert await asyncio.wait_for(running, SHUTDOWN_TIMEOUT + 3) == 0
+        for adapter in adapters:
+            await adapter.close()
+
+
+@pytest.mark.asyncio
+async def test_readiness_names_a_store_whose_server_stops_until_it_is_back(
+    tmp_path: Path,
+) -> None:
+    with servers(3) as three:
+        urls = ", ".join(f'"{server.url}"' for server in three)
+        database = f'[database]\nshards = [{urls}]\nprefix = "t_"\n'
+        body = _body(tmp_path).replace(_shards(tmp_path), database)
+        config = write_config(tmp_path, body, {"hits": HITS})
+        service = Service(load(config), io.StringIO())
+        running = asyncio.create_task(service.run())
+        try:
+            async with httpx.AsyncClient(timeout=5.0) as client:
+                while service.address is None:
+                    assert not running.done(), running
+                    await asyncio.sleep(0.02)
+                base = f"http://{service.address[0]}:{service.address[1]}"
+                await _ready(client, base)
+                await asyncio.to_thread(three[2].stop)
+                async with asyncio.timeout(30):
+                    while True:
+                        answer = await client.get(f"{base}/readyz")
+                        reasons = answer.json().get("reasons", [])
+                        if answer.status_code == 503 and any(
+                            r.startswith("database (store 2): ") for r in reasons
+                        ):
+                            break
+                        await asyncio.sleep(0.1)
+                others = ("database (store 0)", "database (store 1)")
+                assert not any(reason.startswith(others) for reason in reasons)
+                assert not any("127.0.0.1" in reason for reason in reasons)
+                await asyncio.to_thread(three[2].start)
+                await _ready(client, base)
+        finally:
+            service.stop()
+            assert await asyncio.wait_for(running, SHUTDOWN_TIMEOUT + 3) == 0
+
+
+async def _ready(client: httpx.AsyncClient, base: str) -> None:
+    """Wait (30 s at most) until the service answers ready."""
+    async with asyncio.timeout(30):
+        while (await client.get(f"{base}/readyz")).status_code != 200:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
