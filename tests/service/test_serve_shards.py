@@ -8,18 +8,17 @@ back."""
 from __future__ import annotations
 
 import asyncio
-import io
 from pathlib import Path
 
 import httpx
 import pytest
-from tests.service.helpers import HITS, HITS_BINDING, write_config
+from tests.service.helpers import HITS, HITS_BINDING, running, write_config
 from tests.service.own_postgres import servers
 
 from statifier.fronts.table_source import append_events
 from statifier.persistence.sql import SqlAdapter
 from statifier.router import InboundEvent, ShardedRouter, ledger
-from statifier.service import Service, ServiceConfigError, load
+from statifier.service import ServiceConfigError, load
 from statifier.service.settings import ServiceSettings
 from statifier.service.wiring import router_config
 from statifier.sql import TableOptions
@@ -129,18 +128,11 @@ data = { key = "swept" }
 """
     config = write_config(tmp_path, _body(tmp_path, schedule), {"hits": HITS})
     settings = load(config)
-    service = Service(settings, io.StringIO())
-    running = asyncio.create_task(service.run())
     options = TableOptions(prefix="t_")
-    adapters: list[SqlAdapter] = []
-    try:
-        async with httpx.AsyncClient(timeout=5.0) as client:
-            while service.address is None:
-                assert not running.done(), running
-                await asyncio.sleep(0.02)
-            base = f"http://{service.address[0]}:{service.address[1]}"
-            await _ready(client, base)
-            adapters = [SqlAdapter(url, options) for url in settings.database.urls]
+    async with running(config) as (_, base), httpx.AsyncClient(timeout=5.0) as client:
+        await _ready(client, base)
+        adapters = [SqlAdapter(url, options) for url in settings.database.urls]
+        try:
             router = _router(settings, adapters)
             events = [
                 InboundEvent(
@@ -167,11 +159,9 @@ data = { key = "swept" }
             held = [len(await each.storage.list_executions()) for each in router.routers]
             assert sum(held) == 13  # twelve keys and the sweep's
             assert all(held)
-    finally:
-        service.stop()
-        assert await asyncio.wait_for(running, SHUTDOWN_TIMEOUT + 3) == 0
-        for adapter in adapters:
-            await adapter.close()
+        finally:
+            for adapter in adapters:
+                await adapter.close()
 
 
 @pytest.mark.asyncio
@@ -183,33 +173,23 @@ async def test_readiness_names_a_store_whose_server_stops_until_it_is_back(
         database = f'[database]\nshards = [{urls}]\nprefix = "t_"\n'
         body = _body(tmp_path).replace(_shards(tmp_path), database)
         config = write_config(tmp_path, body, {"hits": HITS})
-        service = Service(load(config), io.StringIO())
-        running = asyncio.create_task(service.run())
-        try:
-            async with httpx.AsyncClient(timeout=5.0) as client:
-                while service.address is None:
-                    assert not running.done(), running
-                    await asyncio.sleep(0.02)
-                base = f"http://{service.address[0]}:{service.address[1]}"
-                await _ready(client, base)
-                await asyncio.to_thread(three[2].stop)
-                async with asyncio.timeout(30):
-                    while True:
-                        answer = await client.get(f"{base}/readyz")
-                        reasons = answer.json().get("reasons", [])
-                        if answer.status_code == 503 and any(
-                            r.startswith("database (store 2): ") for r in reasons
-                        ):
-                            break
-                        await asyncio.sleep(0.1)
-                others = ("database (store 0)", "database (store 1)")
-                assert not any(reason.startswith(others) for reason in reasons)
-                assert not any("127.0.0.1" in reason for reason in reasons)
-                await asyncio.to_thread(three[2].start)
-                await _ready(client, base)
-        finally:
-            service.stop()
-            assert await asyncio.wait_for(running, SHUTDOWN_TIMEOUT + 3) == 0
+        async with running(config) as (_, base), httpx.AsyncClient(timeout=5.0) as client:
+            await _ready(client, base)
+            await asyncio.to_thread(three[2].stop)
+            async with asyncio.timeout(30):
+                while True:
+                    answer = await client.get(f"{base}/readyz")
+                    reasons = answer.json().get("reasons", [])
+                    if answer.status_code == 503 and any(
+                        r.startswith("database (store 2): ") for r in reasons
+                    ):
+                        break
+                    await asyncio.sleep(0.1)
+            others = ("database (store 0)", "database (store 1)")
+            assert not any(reason.startswith(others) for reason in reasons)
+            assert not any("127.0.0.1" in reason for reason in reasons)
+            await asyncio.to_thread(three[2].start)
+            await _ready(client, base)
 
 
 async def _ready(client: httpx.AsyncClient, base: str) -> None:

@@ -259,7 +259,6 @@ class Router:
             SendHandler,
             shard,
         )
-        self.shard: Final = shard
 
     def transaction(
         self, connection: Connection | None = None, *, entered: Entry | None = None
