@@ -37,7 +37,7 @@ from statifier.router import (
     StaticResolver,
 )
 from statifier.router.queries import address, ledger
-from statifier.router.sending import SHARD_HOP_QUEUE
+from statifier.router.sending import SHARD_HOP_QUEUE, SHARD_REFUSAL_QUEUE
 from statifier.sql import migrations
 
 SCOPE = "shop"
@@ -284,7 +284,7 @@ async def test_a_refused_hop_is_in_the_targets_ledger_and_reaches_the_sender(
     [sender] = _keys_in(0, 1)
     [ghost] = _keys_in(2, 1)
     await router.route(_pass("m1", sender, to=ghost))
-    assert await _drain(router) == 1
+    assert await _drain(router) == 2  # the hop, then the refusal's report back
     [refusal] = [r for r in await ledger(router.routers[2]) if r.outcome == "send_refused"]
     assert (refusal.reason or "").startswith("no_execution")
     seen = await _datamodel(router, sender)
@@ -463,3 +463,33 @@ async def test_a_hop_to_a_store_away_waits_and_is_delivered_once_it_is_back(
     report = await router.hop_drains()[0].drain_once(later)
     assert (report.claimed, report.sent) == (1, 1)
     assert (await _datamodel(router, receiver) or {})["got"] == 6
+
+
+@pytest.mark.asyncio
+async def test_a_refusals_report_waits_for_the_senders_store_and_is_heard_once(
+    adapters: list[SqlAdapter], tmp_path: Path
+) -> None:
+    [sender] = _keys_in(0, 1)
+    [ghost] = _keys_in(2, 1)
+    router = ShardedRouter(_config(adapters[0]), adapters)
+    await router.route(_pass("m1", sender, to=ghost))
+    hop = await router.hop_drains()[0].drain_once()
+    assert (hop.claimed, hop.sent) == (1, 1)
+    # The refusal and its report committed together in the target's store.
+    [report] = await router.hop_drains()[2].pending(SHARD_REFUSAL_QUEUE)
+    assert report.event.name == "error.communication"
+    assert report.event.sendid == "p"
+    away = SqlAdapter(f"sqlite:///{tmp_path / 'missing' / 'store.db'}")
+    try:
+        broken = ShardedRouter(_config(adapters[2]), [away, adapters[1], adapters[2]])
+        failed = await broken.hop_drains()[2].drain_once()
+        assert (failed.claimed, failed.failed, failed.dead) == (1, 1, 0)
+    finally:
+        await away.close()
+    assert (await _datamodel(router, sender) or {})["refused"] == 0
+    [waiting] = await router.hop_drains()[2].pending(SHARD_REFUSAL_QUEUE)
+    told = await router.hop_drains()[2].drain_once(waiting.next_attempt_at)
+    assert (told.claimed, told.sent) == (1, 1)
+    assert (await _datamodel(router, sender) or {})["refused"] == 1
+    assert await _drain(router) == 0
+    assert (await _datamodel(router, sender) or {})["refused"] == 1

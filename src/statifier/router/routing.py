@@ -57,6 +57,7 @@ from statifier.router.locations import (
     rotate_location_in,
     token_shaped,
 )
+from statifier.router.outbox import OutboxRoute
 from statifier.router.outcomes import (
     Failed,
     InboundEvent,
@@ -67,7 +68,7 @@ from statifier.router.outcomes import (
 )
 from statifier.router.pausing import Resumed, step_held
 from statifier.router.records import LedgerRow
-from statifier.router.sending import SendHandler
+from statifier.router.sending import SHARD_REFUSAL_QUEUE, SendHandler
 from statifier.router.subscriptions import (
     Subscription,
     subscribe_in,
@@ -635,8 +636,11 @@ class Router:
         is a duplicate), as in the sender's own transaction on one database.
 
         Returns ``None`` when delivered (or a duplicate), else the refusal's ``(code,
-        detail)`` (``no_execution``, ``finished``), whose ``send_refused`` ledger row,
-        naming ``sender``, is committed with it.
+        detail)`` (``no_execution``, ``finished``). Its ``send_refused`` ledger row,
+        naming ``sender``, and the sender's ``error.communication`` (``_event.sendid``
+        the send's id), an outbox row of queue
+        :data:`~statifier.router.sending.SHARD_REFUSAL_QUEUE` under the key
+        ``<message_id>/refused``, commit with it.
 
         Raises:
             ValueError: ``create`` is neither ``never`` nor ``if_absent``, or ``now`` is
@@ -673,6 +677,23 @@ class Router:
                         inserted_at=moment,
                     )
                 )
+                if sender is not None:
+                    # Told in the refusal's transaction: neither commits without the other.
+                    told = Event(
+                        "error.communication",
+                        type="platform",
+                        data={"message": why[1]},
+                        sendid=event.sendid,
+                    )
+                    await OutboxRoute(unit.tx.adapter, codec=unit.storage.codec).hand_off(
+                        unit.tx,
+                        SHARD_REFUSAL_QUEUE,
+                        f"{message_id}/refused",
+                        told,
+                        execution_id=sender,
+                        scope=scope,
+                        now=moment,
+                    )
             return why
 
         async def work() -> tuple[str, str] | None:

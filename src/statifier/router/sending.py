@@ -65,6 +65,7 @@ __all__ = [
     "BASICHTTP_QUEUE",
     "EXECUTION_TARGET",
     "SHARD_HOP_QUEUE",
+    "SHARD_REFUSAL_QUEUE",
     "SendHandler",
     "hop_address",
     "send_key",
@@ -79,6 +80,10 @@ BASICHTTP_QUEUE: Final = "basichttp"
 SHARD_HOP_QUEUE: Final = "shard_hop"
 """The outbox queue a send to an execution whose address another store holds waits in
 (:class:`~statifier.router.ShardedRouter` drains it)."""
+
+SHARD_REFUSAL_QUEUE: Final = "shard_refusal"
+"""The outbox queue a refused hop's ``error.communication`` waits in, in the target's
+store, for the sender's store."""
 
 SCXML_PROCESSOR: Final = "http://www.w3.org/TR/scxml/#SCXMLEventProcessor"
 _log = logging.getLogger(__name__)

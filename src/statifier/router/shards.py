@@ -23,10 +23,12 @@ What changes against one database:
   :meth:`ShardedRouter.hop_drains` deliver it to the target's store after the
   commit, deduped on that key (:meth:`Router.deliver_send
   <statifier.router.Router.deliver_send>`). A refusal (no execution at the address,
-  or a finished one) is written to the target store's ledger and reaches the sender
-  as ``error.communication`` (``_event.sendid`` the send's id), a later external
-  event under the plan :data:`HOP_REFUSED_PLAN_ID`, not in the sending step as on one
-  database. A hop whose sender has no address row to be told at is logged.
+  or a finished one) is written to the target store's ledger together with an outbox
+  row (queue :data:`~statifier.router.sending.SHARD_REFUSAL_QUEUE`) that the same
+  drains deliver to the sender as ``error.communication`` (``_event.sendid`` the
+  send's id): a later external event under the plan :data:`HOP_REFUSED_PLAN_ID`, not
+  in the sending step as on one database. A sender with no address row to be told at
+  is logged.
 - A binding whose key cannot be computed writes its refusal row in the store of the
   event's message id's bucket.
 - Timers, held events (debounce, batch, throttle) and outbox rows live in their
@@ -89,7 +91,7 @@ from statifier.router.outbox import DeadLetter, OutboxDrain, OutboxMessage
 from statifier.router.outcomes import Failed, InboundEvent, NoMatch, Outcome, Routed
 from statifier.router.queries import address_of
 from statifier.router.routing import BlockedByEarlierFailure, Planned, Router, Verdict
-from statifier.router.sending import SHARD_HOP_QUEUE, hop_address
+from statifier.router.sending import SHARD_HOP_QUEUE, SHARD_REFUSAL_QUEUE, hop_address
 from statifier.router.transaction import Unit
 
 __all__ = [
@@ -379,7 +381,9 @@ class ShardedRouter:
         max_attempts: int = HOP_ATTEMPTS,
     ) -> list[OutboxDrain]:
         """One outbox drain per store for the hops its executions' sends wait in
-        (queue :data:`~statifier.router.sending.SHARD_HOP_QUEUE`), each over its
+        (queue :data:`~statifier.router.sending.SHARD_HOP_QUEUE`) and the refusals
+        its executions owe senders in other stores (queue
+        :data:`~statifier.router.sending.SHARD_REFUSAL_QUEUE`), each over its
         router's storage (its clock and codec), with ``batch``, ``lease`` and
         ``max_attempts`` as :class:`~statifier.router.outbox.OutboxDrain` takes them.
         Run them as the other drains are run (``drain_once``, or ``run``). A hop whose
@@ -390,7 +394,7 @@ class ShardedRouter:
         return [
             OutboxDrain(
                 router.storage,
-                {SHARD_HOP_QUEUE: self._hop},
+                {SHARD_HOP_QUEUE: self._hop, SHARD_REFUSAL_QUEUE: self._refused},
                 batch=batch,
                 lease=lease,
                 max_attempts=max_attempts,
@@ -399,7 +403,7 @@ class ShardedRouter:
         ]
 
     async def _hop(self, message: OutboxMessage) -> None:
-        """Deliver one hop in its target's store; tell the sender of a refusal."""
+        """Deliver one hop in its target's store (a refusal writes its report there)."""
         try:
             document, key, create = hop_address(message.target)
         except ValueError as error:
@@ -407,7 +411,7 @@ class ShardedRouter:
         scope = message.scope
         if scope is None:
             raise DeadLetter(f"hop {message.key!r} has no scope")
-        refused = await self.router_of_address(scope, document, key).deliver_send(
+        await self.router_of_address(scope, document, key).deliver_send(
             scope=scope,
             document=document,
             key=key,
@@ -416,41 +420,29 @@ class ShardedRouter:
             message_id=message.key,
             sender=message.execution_id,
         )
-        if refused is not None:
-            await self._tell_refused(message, document, key, refused)
 
-    async def _tell_refused(
-        self, message: OutboxMessage, document: str, key: str, refused: tuple[str, str]
-    ) -> None:
-        detail = refused[1]
+    async def _refused(self, message: OutboxMessage) -> None:
+        """Deliver a refused hop's ``error.communication`` to its sender, deduped on
+        the row's key; a sender with no address row is logged, the row settled."""
         sender = message.execution_id
         router = None if sender is None else self.router_of_execution(sender)
         found = None if router is None or sender is None else await address_of(router, sender)
         if router is None or found is None:
             _log.warning(
-                "a send to %s/%s was refused (%s) and its sender %r has no address to be told at",
-                document,
-                key,
-                detail,
+                "a send of %r was refused (%s) and its sender has no address to be told at",
                 sender,
+                message.event.data,
             )
             return
-        scope, sender_document, sender_key = found
+        scope, document, key = found
+        plan = Plan(
+            HOP_REFUSED_PLAN_ID, document=document, create=Create.NEVER, horizon=HOP_REFUSED_HORIZON
+        )
         await router.deliver_event(
-            Plan(
-                HOP_REFUSED_PLAN_ID,
-                document=sender_document,
-                create=Create.NEVER,
-                horizon=HOP_REFUSED_HORIZON,
-            ),
+            plan,
             scope=scope,
-            key=sender_key,
-            event=Event(
-                "error.communication",
-                type="platform",
-                data={"message": detail},
-                sendid=message.sendid,
-            ),
+            key=key,
+            event=message.event,
             message_id=message.key,
             entry=Entry.OUTBOX,
         )
