@@ -59,6 +59,12 @@ event that a binding holds is ``buffered`` in the report's ledger rows; its flus
 delivery is filed under the last delivered message's id. A flush that fails fails the
 case, and so do more than :data:`MAX_FIRES` flushes in one step.
 
+**Over several stores** (``--shards K``): the case runs over K temporary SQLite
+files under a :class:`~statifier.router.ShardedRouter`, each store with its own timer
+and flow workers, the schedules in the first; before each due instant is looked for,
+every send between stores waiting in an outbox is handed over. Ids are minted in
+their address's bucket and reported as ``ex_1``, ``ex_2``, ... as over one store.
+
 **Sends the scenario does not handle.** The router performs sends of its send type
 (to routes and to ``target="execution"``), sends to the execution itself, and
 BasicHTTP sends (into the outbox, which no scenario drains). Any other send, a type
@@ -165,7 +171,7 @@ from statifier.router.scenario_case import (
 )
 from statifier.router.scheduler import Scheduler
 from statifier.router.schedules import ScheduleError
-from statifier.router.sending import SHARD_HOP_QUEUE
+from statifier.router.sending import SHARD_HOP_QUEUE, SHARD_REFUSAL_QUEUE
 from statifier.router.shards import ShardedRouter
 from statifier.router.timer_queue import TimerEntry
 from statifier.router.timer_worker import TimerWorker
@@ -371,7 +377,9 @@ async def run_case(
     temporary SQLite files, a :class:`~statifier.router.ShardedRouter` over them (each
     store with its timer and flow workers, the schedules in the first, the sends
     between stores handed over at once); the report is the same as over one, but
-    for the refusals of sends between stores, heard by the sender later.
+    that a send between stores is delivered after the sending step commits (its
+    target's ledger row comes after the sender's of the same instant) and its refusal
+    reaches the sender later.
 
     Raises:
         CaseError: a chart is missing, unreadable or invalid; a script case without
@@ -729,7 +737,11 @@ async def _hand_over(firing: _Firing) -> None:
         for drain in firing.hops:
             report = await drain.drain_once(firing.clock.now)
             if report.failed or report.dead:
-                errors = [row.last_error for row in await drain.rows(queue=SHARD_HOP_QUEUE)]
+                errors = [
+                    row.last_error
+                    for queue in (SHARD_HOP_QUEUE, SHARD_REFUSAL_QUEUE)
+                    for row in await drain.rows(queue=queue)
+                ]
                 why = next((error for error in errors if error), "")
                 raise CaseError(f"a send to another store's execution failed: {why}")
             claimed += report.claimed
