@@ -154,7 +154,8 @@ def _options(settings: ServiceSettings) -> TableOptions:
 
 
 def prepare_database(settings: ServiceSettings) -> None:
-    """Migrate the database (``migrate = true``) or check that it is migrated, through
+    """Migrate the database, or each store of ``[database] shards``, one after the
+    other (``migrate = true``), or check that it is migrated, through
     :func:`statifier.sql.migrations.prepare`: the migration holds the migration lock
     (``statifier db upgrade`` and ``Durable(migrate=True)`` take the same one), so
     services starting together migrate one after the other.
