@@ -333,11 +333,13 @@ class ShardedRouter:
     def _merged(self, planned: Planned, parts: dict[int, Routed]) -> Routed:
         """One answer for ``planned`` from its stores' answers: the outcomes back in
         verdict order, the notices of every store."""
-        by_store = {number: iter(routed.outcomes) for number, routed in parts.items()}
+        # A binding id is one verdict's: the stores' outcomes are found by it, with no
+        # second hash of each address.
+        by_binding = {o.binding_id: o for routed in parts.values() for o in routed.outcomes}
         outcomes: list[Outcome] = [
             NoMatch(verdict.binding.id)
             if verdict.answer is None
-            else next(by_store[self._store_of(planned.event, verdict)])
+            else by_binding[verdict.binding.id]
             for verdict in planned.verdicts
         ]
         notices = tuple(dict.fromkeys(n for routed in parts.values() for n in routed.notices))
@@ -449,18 +451,10 @@ class ShardedRouter:
 
 
 def _over(store: SqlAdapter | Storage, adapter: SqlAdapter) -> SqlAdapter | Storage:
-    """``store``'s settings over ``adapter``: a storage keeps its own, an adapter is
-    replaced."""
-    if isinstance(store, Storage):
-        return Storage(
-            adapter,
-            input_log_cap=store.input_log_cap,
-            clock=store.clock,
-            loader=store.loader,
-            functions=store.functions,
-            codec=store.codec,
-        )
-    return adapter
+    """``store``'s settings over ``adapter``: a storage keeps its own (and shares its
+    caches of compiled charts and decoded positions, keyed by content: safe across
+    stores), an adapter is replaced."""
+    return store.over(adapter) if isinstance(store, Storage) else adapter
 
 
 async def _each(calls: Sequence[Awaitable[_T]]) -> list[_T | BaseException]:
