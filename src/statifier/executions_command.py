@@ -63,6 +63,13 @@ with Fernet keys held by those environment variables. The command never migrates
 database without the tables says to run ``statifier db upgrade``. Values print in the
 tagged JSON encoding (:mod:`statifier.expr.tagged`).
 
+Over executions spread over several stores by key buckets (``statifier serve``'s
+``[database] shards``), ``--shard URL`` repeated (two or more, in that order) replaces
+``--database``: an action on one execution opens the store of its id's bucket alone
+(``create`` without ``--id`` mints the id first); ``list``, ``export``, ``fire``,
+``run``, ``migrate`` of a chart and ``bulk`` act over every store and merge what they
+print (``bulk`` asks once for the total, then runs store by store).
+
 Exit status: 0 done; 1 when ``send`` or ``cancel`` was discarded (the execution had
 ended or is parked: nothing changed, and the line says why), when ``pause`` found the
 execution not active or ``resume`` found it not paused, when ``bulk`` was not
@@ -82,6 +89,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import getpass
 import json
 import sqlite3
@@ -120,6 +128,15 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         default=DEFAULT_DATABASE,
         metavar="URL",
         help=f"the database URL (default {DEFAULT_DATABASE})",
+    )
+    common.add_argument(
+        "--shard",
+        dest="shards",
+        action="append",
+        default=None,
+        metavar="URL",
+        help="a store of executions spread over several (repeat, in the order of the "
+        "deployment's [database] shards; in place of --database)",
     )
     common.add_argument("--prefix", default=None, help="the table name prefix (statifier_)")
     common.add_argument("--schema", default=None, help="the schema (PostgreSQL)")
@@ -333,7 +350,20 @@ def codec_of(keys_env: Sequence[str] | None) -> BlobCodec:
 # The actions.
 
 
+_ONE_EXECUTION = frozenset({"show", "create", "send", "pause", "resume", "cancel"})
+"""The actions on one execution: over several stores, they open its store alone."""
+
+
 async def _run(args: argparse.Namespace, out: TextIO) -> int:
+    if args.action in ("create", "migrate") and args.charts is None:
+        raise ValueError(f"{args.action} needs --charts DIR (DIR/CHART.scxml is the chart)")
+    if args.shards is None:
+        async with _durable(args.database, args) as durable:
+            return await _act(durable, args, out)
+    return await _run_over_stores(args.shards, args, out)
+
+
+def _durable(database: str, args: argparse.Namespace) -> Durable:
     from statifier.durable import Durable
     from statifier.sql import TableOptions
     from statifier.sql.tables import DEFAULT_PREFIX
@@ -341,54 +371,95 @@ async def _run(args: argparse.Namespace, out: TextIO) -> int:
     tables = TableOptions(
         prefix=args.prefix or DEFAULT_PREFIX, schema=args.schema, locks=locks_of_args(args)
     )
-    if args.action in ("create", "migrate") and args.charts is None:
-        raise ValueError(f"{args.action} needs --charts DIR (DIR/CHART.scxml is the chart)")
-    durable = Durable(args.database, charts=args.charts, tables=tables, codec=_codec(args))
-    async with durable:
+    return Durable(database, charts=args.charts, tables=tables, codec=_codec(args))
+
+
+async def _run_over_stores(urls: Sequence[str], args: argparse.Namespace, out: TextIO) -> int:
+    """The action over executions spread over the stores ``urls`` by key buckets, as
+    :class:`~statifier.persistence.shards.ShardedAdapter` and ``statifier serve``'s
+    ``[database] shards`` spread them (even ranges, in this order): an action on one
+    execution in its bucket's store; a list, an export, a migration of a chart and
+    the timers due over every store, merged; a bulk action store by store after one
+    confirmation of the total."""
+    from statifier.ids import new_execution_id
+    from statifier.persistence.shards import ShardMap, bucket_of
+
+    if args.database != DEFAULT_DATABASE:
+        raise ValueError("give --database or --shard, not both")
+    if len(urls) < 2:
+        raise ValueError("--shard names each store of several: give two or more")
+    shard_map = ShardMap.even(len(urls))
+    if args.action in _ONE_EXECUTION or (args.action == "migrate" and args.execution_id):
+        if args.execution_id is None:  # create: the id chooses the store
+            args = argparse.Namespace(**{**vars(args), "execution_id": new_execution_id()})
+        url = urls[shard_map.store_of(bucket_of(args.execution_id))]
+        async with _durable(url, args) as durable:
+            return await _act(durable, args, out)
+    async with contextlib.AsyncExitStack() as opened:
+        durables = [await opened.enter_async_context(_durable(url, args)) for url in urls]
         if args.action == "list":
-            return await _list(durable, args, out)
-        if args.action == "show":
-            description = await durable.describe(args.execution_id)
-            _print_description(description, args.json, out)
-            return 0
-        if args.action == "create":
-            data = None if args.data is None else _json_object(args.data, "--data")
-            metadata = _pairs(args.metadata, "--metadata")
-            created = await durable.create(
-                args.chart, args.execution_id, data=data, metadata=metadata
-            )
-            if args.json:
-                _dump(created.as_json(), out)
-            else:
-                out.write(f"{created.id}: created, {_where(created.status.value, created)}\n")
-                _write_errors(created.errors, out)
-            return 1 if _untaken(created.errors) else 0
-        if args.action == "send":
-            return await _send(durable, args, out)
-        if args.action == "migrate":
-            return await _migrate(durable, args, out)
+            return await _list(durables, args, out)
         if args.action == "export":
-            return await _export(durable, args, out)
+            return await _export(durables, args, out)
         if args.action == "fire":
-            return await _fire(durable, out)
+            return await _fire(durables, out)
         if args.action == "run":
-            return await _run_workers(durable, out)
+            return await _run_workers(durables, out)
         if args.action == "bulk":
-            return await _bulk(durable, args, out)
-        if args.action == "pause":
-            return await _pause(durable, args, out)
-        if args.action == "resume":
-            return await _resume(durable, args, out)
-        return await _cancel(durable, args, out)
+            return await _bulk(durables, args, out)
+        return await _migrate_all(durables, args, out)
 
 
-async def _list(durable: Durable, args: argparse.Namespace, out: TextIO) -> int:
+async def _act(durable: Durable, args: argparse.Namespace, out: TextIO) -> int:
+    """The action on the one database ``durable`` opened."""
+    if args.action == "list":
+        return await _list([durable], args, out)
+    if args.action == "show":
+        description = await durable.describe(args.execution_id)
+        _print_description(description, args.json, out)
+        return 0
+    if args.action == "create":
+        data = None if args.data is None else _json_object(args.data, "--data")
+        metadata = _pairs(args.metadata, "--metadata")
+        created = await durable.create(args.chart, args.execution_id, data=data, metadata=metadata)
+        if args.json:
+            _dump(created.as_json(), out)
+        else:
+            out.write(f"{created.id}: created, {_where(created.status.value, created)}\n")
+            _write_errors(created.errors, out)
+        return 1 if _untaken(created.errors) else 0
+    if args.action == "send":
+        return await _send(durable, args, out)
+    if args.action == "migrate":
+        if args.execution_id is not None:
+            return await _migrate_one(durable, args, out)
+        return await _migrate_all([durable], args, out)
+    if args.action == "export":
+        return await _export([durable], args, out)
+    if args.action == "fire":
+        return await _fire([durable], out)
+    if args.action == "run":
+        return await _run_workers([durable], out)
+    if args.action == "bulk":
+        return await _bulk([durable], args, out)
+    if args.action == "pause":
+        return await _pause(durable, args, out)
+    if args.action == "resume":
+        return await _resume(durable, args, out)
+    return await _cancel(durable, args, out)
+
+
+async def _list(durables: Sequence[Durable], args: argparse.Namespace, out: TextIO) -> int:
     pairs = _pairs(args.where, "--where")
     searched = (args.key, args.scope, args.final, args.error)
-    if any(value is not None for value in searched):
-        rows = await _searched(durable, args, pairs)
-    else:
-        rows = await durable.list(args.status, chart=args.chart, **pairs)
+    found: list[ExecutionSummary] = []
+    for durable in durables:
+        if any(value is not None for value in searched):
+            found.extend(await _searched(durable, args, pairs))
+        else:
+            found.extend(await durable.list(args.status, chart=args.chart, **pairs))
+    # Every store's, oldest first, as one store's list orders them.
+    rows = sorted(found, key=lambda r: (r.created_at is None, r.created_at, r.id))
     if args.json:
         _dump([row.as_json() for row in rows], out)
         return 0
@@ -496,31 +567,49 @@ async def _send(durable: Durable, args: argparse.Namespace, out: TextIO) -> int:
     return 1 if _untaken(sent.errors) else 0
 
 
-async def _export(durable: Durable, args: argparse.Namespace, out: TextIO) -> int:
-    from statifier.durable.export import export_input_logs
+async def _export(durables: Sequence[Durable], args: argparse.Namespace, out: TextIO) -> int:
+    from statifier.durable.export import FORMAT, VERSION, input_logs_json, write_input_logs
 
     if args.execution_ids is not None and (args.chart or args.status):
         raise ValueError("--id names the executions: give it without --chart and --status")
-    try:
-        count = await export_input_logs(
-            durable,
-            args.file,
-            chart=args.chart,
-            status=args.status,
-            execution_ids=args.execution_ids,
+    ids_in: list[list[str] | None] = [None] * len(durables)
+    if args.execution_ids is not None:
+        grouped: list[list[str]] = [[] for _ in durables]
+        for execution_id in args.execution_ids:
+            grouped[_store_of(execution_id, len(durables))].append(execution_id)
+        ids_in = list(grouped)
+    charts: dict[str, Any] = {}
+    executions: list[Any] = []
+    for durable, ids in zip(durables, ids_in, strict=True):
+        if ids == []:
+            continue
+        part = await input_logs_json(
+            durable, chart=args.chart, status=args.status, execution_ids=ids
         )
+        charts.update(part["charts"])
+        executions.extend(part["executions"])
+    document = {"format": FORMAT, "version": VERSION, "charts": charts, "executions": executions}
+    try:
+        count = await write_input_logs(document, args.file)
     except OSError as error:
         raise ValueError(f"{args.file}: cannot write: {error.strerror}") from None
     out.write(f"{count} execution{'s' if count != 1 else ''} exported to {args.file}\n")
     return 0
 
 
-async def _fire(durable: Durable, out: TextIO) -> int:
+def _store_of(execution_id: str, stores: int) -> int:
+    """The number of the store of ``stores`` that holds ``execution_id``."""
+    from statifier.persistence.shards import ShardMap, bucket_of
+
+    return ShardMap.even(stores).store_of(bucket_of(execution_id))
+
+
+async def _fire(durables: Sequence[Durable], out: TextIO) -> int:
     fired = 0
     # A fired timer's step may schedule another, due at once: pass again until none is
     # due, but not for ever (a chart may send to itself in an endless loop).
     for _ in range(_FIRE_PASSES):
-        taken = await durable.fire_due()
+        taken = sum([await durable.fire_due() for durable in durables])
         if not taken:
             break
         fired += taken
@@ -534,7 +623,7 @@ async def _fire(durable: Durable, out: TextIO) -> int:
     return 0
 
 
-async def _run_workers(durable: Durable, out: TextIO) -> int:
+async def _run_workers(durables: Sequence[Durable], out: TextIO) -> int:
     import signal
 
     stop = asyncio.Event()
@@ -543,35 +632,44 @@ async def _run_workers(durable: Durable, out: TextIO) -> int:
         loop.add_signal_handler(signum, stop.set)
     out.write("firing timers and draining the outbox; interrupt to stop\n")
     out.flush()
+    runs = [asyncio.ensure_future(durable.run(stop)) for durable in durables]
     try:
-        await durable.run(stop)
+        await asyncio.gather(*runs)
     finally:
+        # One store's workers failing stops the others' too, before their stores close.
+        stop.set()
+        await asyncio.gather(*runs, return_exceptions=True)
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
     out.write("stopped\n")
     return 0
 
 
-async def _bulk(durable: Durable, args: argparse.Namespace, out: TextIO) -> int:
+async def _bulk(durables: Sequence[Durable], args: argparse.Namespace, out: TextIO) -> int:
+    """``bulk`` on every store of ``durables``: one count and one confirmation of the
+    total, then a recorded run in each store (its own run row and audit rows)."""
     from statifier.console.audit import Audit
     from statifier.console.bulk import BulkProgress, bulk_action, migration, preview
     from statifier.console.bulk_runs import BulkLog, run_recorded
     from statifier.console.queries import ConsoleQueries, ExecutionFilter
     from statifier.durable.values import status_named
+    from statifier.persistence import ChartNotFound
     from statifier.persistence.sql import SqlAdapter
 
-    adapter = durable.executions.storage.adapter
-    router = durable.router
-    if not isinstance(adapter, SqlAdapter) or router is None:  # the command opens a URL
-        raise TypeError("bulk actions act on a SQL database")
     if args.bulk_action != "migrate":
         action = bulk_action(args.bulk_action)
     else:
         state_map, data = _plan(args)
         if args.revision is not None:
-            target = await durable.executions.storage.machine(args.revision)
+            target = None
+            for durable in durables:  # a revision is saved where an execution ran it
+                with contextlib.suppress(ChartNotFound):
+                    target = await durable.executions.storage.machine(args.revision)
+                    break
+            if target is None:
+                raise ValueError(f"no chart of content hash {args.revision!r} is stored")
         elif args.charts is not None and args.chart is not None:
-            target = durable.chart(args.chart)
+            target = durables[0].chart(args.chart)
         else:
             raise ValueError("migrate needs --revision HASH, or --charts DIR with --chart NAME")
         action = migration(target, state_map=state_map, data=data)
@@ -583,8 +681,14 @@ async def _bulk(durable: Durable, args: argparse.Namespace, out: TextIO) -> int:
         final_state=args.final,
         error=args.error,
     )
-    queries = ConsoleQueries(adapter.engine, adapter.tables, codec=_codec(args))
-    selected = await preview(queries, action, where)
+    stores: list[tuple[Durable, SqlAdapter, ConsoleQueries, int]] = []
+    for durable in durables:
+        adapter = durable.executions.storage.adapter
+        if not isinstance(adapter, SqlAdapter) or durable.router is None:  # a URL's
+            raise TypeError("bulk actions act on a SQL database")
+        queries = ConsoleQueries(adapter.engine, adapter.tables, codec=_codec(args))
+        stores.append((durable, adapter, queries, await preview(queries, action, where)))
+    selected = sum(count for *_, count in stores)
     out.write(f"{selected} executions selected to {action.said}\n")
     if selected == 0:
         return 0
@@ -608,28 +712,37 @@ async def _bulk(durable: Durable, args: argparse.Namespace, out: TextIO) -> int:
         out.flush()
 
     actor = f"cli:{getpass.getuser()}"
-    audit = Audit(adapter.engine, adapter.tables)
-    log = BulkLog(adapter.engine, adapter.tables)
-    run_id = uuid.uuid4().hex
-    now = router.storage.clock()
-    await log.start(run_id, action, where, actor=actor, selected=selected, now=now)
-    out.write(f"bulk run {run_id}\n")
-    done = await run_recorded(
-        router,
-        queries,
-        audit,
-        log,
-        run_id,
-        action,
-        where,
-        actor=actor,
-        selected=selected,
-        progress=said,
-    )
-    out.write(f"{action.name}: {counts(done)} (audited as {actor})\n")
-    if done.last_error is not None:
-        out.write(f"  last failure: {done.last_error}\n")
-    return 1 if done.failed or done.parked else 0
+    status = 0
+    for number, (durable, adapter, queries, count) in enumerate(stores):
+        router = durable.router
+        assert router is not None  # checked above
+        if count == 0:
+            continue
+        audit = Audit(adapter.engine, adapter.tables)
+        log = BulkLog(adapter.engine, adapter.tables)
+        run_id = uuid.uuid4().hex
+        now = router.storage.clock()
+        await log.start(run_id, action, where, actor=actor, selected=count, now=now)
+        in_store = f" in store {number}" if len(stores) > 1 else ""
+        out.write(f"bulk run {run_id}{in_store}\n")
+        done = await run_recorded(
+            router,
+            queries,
+            audit,
+            log,
+            run_id,
+            action,
+            where,
+            actor=actor,
+            selected=count,
+            progress=said,
+        )
+        out.write(f"{action.name}{in_store}: {counts(done)} (audited as {actor})\n")
+        if done.last_error is not None:
+            out.write(f"  last failure: {done.last_error}\n")
+        if done.failed or done.parked:
+            status = 1
+    return status
 
 
 async def _pause(durable: Durable, args: argparse.Namespace, out: TextIO) -> int:
@@ -725,42 +838,46 @@ def _plan(args: argparse.Namespace) -> tuple[dict[str, str | None], dict[str, Va
     return state_map, data
 
 
-async def _migrate(durable: Durable, args: argparse.Namespace, out: TextIO) -> int:
+async def _migrate_one(durable: Durable, args: argparse.Namespace, out: TextIO) -> int:
     state_map, data = _plan(args)
-    if args.execution_id is not None:
-        durable.chart(args.chart)  # the name must be one of the charts given
-        moved = await durable.migrate(args.execution_id, state_map=state_map, data=data)
-        if args.json:
-            _dump(moved.as_json(), out)
-        elif moved.migrated:
-            where = " ".join(moved.configuration)
-            out.write(f"{moved.execution_id}: migrated, {moved.status.value} in {where}\n")
-        else:
-            out.write(
-                f"{moved.execution_id}: not migrated ({moved.status.value}): {moved.reason}\n"
-            )
-        return 0 if moved.migrated or moved.status.value == "active" else 1
-    summary = await durable.migrate_all(args.chart, state_map=state_map, data=data)
+    durable.chart(args.chart)  # the name must be one of the charts given
+    moved = await durable.migrate(args.execution_id, state_map=state_map, data=data)
+    if args.json:
+        _dump(moved.as_json(), out)
+    elif moved.migrated:
+        where = " ".join(moved.configuration)
+        out.write(f"{moved.execution_id}: migrated, {moved.status.value} in {where}\n")
+    else:
+        out.write(f"{moved.execution_id}: not migrated ({moved.status.value}): {moved.reason}\n")
+    return 0 if moved.migrated or moved.status.value == "active" else 1
+
+
+async def _migrate_all(durables: Sequence[Durable], args: argparse.Namespace, out: TextIO) -> int:
+    state_map, data = _plan(args)
+    migrated: list[str] = []
+    parked: dict[str, str] = {}
+    unchanged: dict[str, str] = {}
+    failed: dict[str, str] = {}
+    for durable in durables:
+        summary = await durable.migrate_all(args.chart, state_map=state_map, data=data)
+        migrated.extend(summary.migrated)
+        parked.update(summary.parked)
+        unchanged.update(summary.unchanged)
+        failed.update(summary.failed)
     if args.json:
         _dump(
-            {
-                "migrated": list(summary.migrated),
-                "parked": dict(summary.parked),
-                "unchanged": dict(summary.unchanged),
-                "failed": dict(summary.failed),
-            },
+            {"migrated": migrated, "parked": parked, "unchanged": unchanged, "failed": failed},
             out,
         )
     else:
         out.write(
-            f"{args.chart}: {len(summary.migrated)} migrated, {len(summary.parked)} parked, "
-            f"{len(summary.failed)} failed\n"
+            f"{args.chart}: {len(migrated)} migrated, {len(parked)} parked, {len(failed)} failed\n"
         )
-        for execution_id, reason in summary.parked.items():
+        for execution_id, reason in parked.items():
             out.write(f"  parked {execution_id}: {reason}\n")
-        for execution_id, reason in summary.failed.items():
+        for execution_id, reason in failed.items():
             out.write(f"  failed {execution_id}: {reason}\n")
-    return 1 if summary.parked or summary.failed else 0
+    return 1 if parked or failed else 0
 
 
 # Text.

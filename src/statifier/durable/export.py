@@ -78,6 +78,7 @@ __all__ = [
     "export_input_logs",
     "input_logs_json",
     "read_input_logs",
+    "write_input_logs",
 ]
 
 FORMAT: Final = "statifier.input-logs"
@@ -197,6 +198,17 @@ async def export_input_logs(
     document = await input_logs_json(
         durable, chart=chart, status=status, execution_ids=execution_ids
     )
+    return await write_input_logs(document, path)
+
+
+async def write_input_logs(document: Mapping[str, Any], path: str | os.PathLike[str]) -> int:
+    """Write ``document`` (what :func:`input_logs_json` made, or several of its
+    documents joined: their charts and their executions) to the file ``path``
+    (replacing it) and return how many executions it holds.
+
+    Raises:
+        OSError: the file cannot be written.
+    """
     text = json.dumps(document, ensure_ascii=False, indent=1, sort_keys=True)
     await asyncio.to_thread(Path(path).write_text, text + "\n", encoding="utf-8")
     return len(document["executions"])

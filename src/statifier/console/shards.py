@@ -1,0 +1,388 @@
+"""The console's reads over several stores: :class:`ShardedQueries`.
+
+When executions are spread over K stores by key buckets (decisions 0116 and 0119),
+each store is a whole database of the package's tables, and
+:class:`~statifier.console.queries.ConsoleQueries` reads one of them. A list across
+stores is the stores' lists merged: every store is asked for a page after its own
+place, the rows are merged newest first, and the page takes the newest ``size`` of
+them. The cursor of a merged page carries one place per store, so the next page goes
+on in every store from where this one stopped, and no row is shown twice or skipped
+whatever the stores' clocks or the rows' ties. Rows of the same time are ordered by
+store, then as the store orders them.
+
+What one execution has (its detail, its rows) is read in its bucket's store; counts
+are summed; the newest write times are the newest of any store.
+
+>>> import asyncio, os, tempfile
+>>> from statifier.console.queries import ConsoleQueries
+>>> from statifier.sql import migrations
+>>> folder = tempfile.mkdtemp()
+>>> urls = [f"sqlite:///{os.path.join(folder, f'store{n}.db')}" for n in range(3)]
+>>> for url in urls:
+...     migrations.upgrade(url)
+>>> async def empty() -> tuple[int, int]:
+...     async with ShardedQueries([ConsoleQueries.open(url) for url in urls]) as queries:
+...         page = await queries.executions(size=10)
+...         return len(page.rows), await queries.count()
+>>> asyncio.run(empty())
+(0, 0)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import json
+from collections import Counter
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from types import TracebackType
+from typing import Any, TypeVar
+
+from statifier.buckets import bucket_of
+from statifier.console.queries import (
+    DEFAULT_PAGE,
+    BadCursor,
+    BucketCount,
+    ConsoleQueries,
+    ConsumerDeadLetter,
+    ErrorView,
+    ExecutionDetail,
+    ExecutionFilter,
+    ExecutionSummary,
+    Fingerprint,
+    Page,
+    StepRows,
+    encode_cursor,
+)
+from statifier.persistence import Status
+from statifier.persistence.shards import ShardMap
+from statifier.router import OutboxRow
+
+__all__ = ["ShardedQueries"]
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+
+_DONE = True
+"""A store's place in a merged cursor once its list has no rows left."""
+
+_Place = str | bool | None
+"""A store's place in a merged cursor: ``None`` (its list from the start), a cursor of
+its own list (after that row), or :data:`_DONE`."""
+
+
+@dataclass(frozen=True)
+class _Order:
+    """How one list is ordered and paged: its cursor kind and each row's
+    ``(time, key)``, newest first."""
+
+    kind: str
+    of: Callable[[Any], tuple[datetime, Any]]
+
+
+def _created(row: ExecutionSummary) -> tuple[datetime, Any]:
+    return row.created_at, row.id
+
+
+def _last_error(row: ExecutionSummary) -> tuple[datetime, Any]:
+    assert row.last_error_at is not None  # the errors filter lists only these
+    return row.last_error_at, row.id
+
+
+def _outbox_dead(row: OutboxRow) -> tuple[datetime, Any]:
+    assert row.dead_at is not None  # the list holds dead rows only
+    return row.dead_at, row.id
+
+
+def _consumer_dead(row: ConsumerDeadLetter) -> tuple[datetime, Any]:
+    return row.dead_at, row.id
+
+
+def _recorded(row: ErrorView) -> tuple[datetime, Any]:
+    assert row.error.recorded_at is not None  # a stored error has its time
+    return row.error.recorded_at, row.id
+
+
+class ShardedQueries:
+    """The console's reads over K stores, one :class:`ConsoleQueries` per store, in
+    the order of ``shard_map``'s ranges (by default, even ranges: the map
+    :class:`~statifier.router.ShardedRouter` and ``statifier serve`` use for the same
+    number of stores).
+
+    Each method answers what the same method of :class:`ConsoleQueries` answers over
+    one database holding every store's rows, except that rows of the same time are
+    ordered by store first, and a page's cursor is this class's own (a single store's
+    cursor is refused with :class:`BadCursor`). Lists ask every store, concurrently;
+    a store that fails fails the call (the driver's error), since a page without it
+    would be a false answer.
+
+    Raises:
+        ValueError: no store, or a map with another number of ranges than stores.
+    """
+
+    def __init__(self, stores: Sequence[ConsoleQueries], shard_map: ShardMap | None = None) -> None:
+        if not stores:
+            raise ValueError("ShardedQueries needs at least one store")
+        self.stores = tuple(stores)
+        self.shard_map = ShardMap.even(len(stores)) if shard_map is None else shard_map
+        if len(self.shard_map.ranges) != len(stores):
+            raise ValueError(
+                f"{len(stores)} stores for a map of {len(self.shard_map.ranges)} ranges"
+            )
+
+    async def close(self) -> None:
+        """Close every store's queries (each disposes only an engine it made)."""
+        for store in self.stores:
+            await store.close()
+
+    async def __aenter__(self) -> ShardedQueries:
+        return self
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    def store_of(self, execution_id: str) -> ConsoleQueries:
+        """The queries of the store that holds ``execution_id`` (by its bucket)."""
+        return self.stores[self.shard_map.store_of(bucket_of(execution_id))]
+
+    async def _everywhere(self, call: Callable[[ConsoleQueries], Awaitable[_R]]) -> list[_R]:
+        return list(await asyncio.gather(*(call(store) for store in self.stores)))
+
+    # -- executions ---------------------------------------------------------------
+
+    async def executions(
+        self,
+        where: ExecutionFilter = ExecutionFilter(),  # noqa: B008 - frozen, never changed
+        *,
+        cursor: str | None = None,
+        size: int = DEFAULT_PAGE,
+    ) -> Page[ExecutionSummary]:
+        """A page of executions of every store, as
+        :meth:`ConsoleQueries.executions` orders them.
+
+        Raises:
+            BadCursor: ``cursor`` is not one this list made over these stores.
+            ValueError: ``size`` outside ``1..MAX_PAGE``.
+        """
+        order = _Order("errors", _last_error) if where.errors else _Order("executions", _created)
+
+        def page(store: ConsoleQueries, after: str | None) -> Awaitable[Page[ExecutionSummary]]:
+            return store.executions(where, cursor=after, size=size)
+
+        return await self._merged(order, page, cursor, size)
+
+    async def failed(
+        self, *, cursor: str | None = None, size: int = DEFAULT_PAGE
+    ) -> Page[ExecutionSummary]:
+        """Failed executions of every store, newest first (:meth:`ConsoleQueries.failed`).
+
+        Raises:
+            BadCursor: ``cursor`` is not one this list made over these stores.
+            ValueError: ``size`` outside ``1..MAX_PAGE``.
+        """
+        return await self.executions(
+            ExecutionFilter(status=Status.FAILED), cursor=cursor, size=size
+        )
+
+    async def count(
+        self,
+        where: ExecutionFilter = ExecutionFilter(),  # noqa: B008 - frozen, never changed
+        *,
+        among: Collection[Status] = (),
+        off_revision: str | None = None,
+        dead_letters: bool = False,
+    ) -> int:
+        """The sum of every store's :meth:`ConsoleQueries.count`."""
+        counts = await self._everywhere(
+            lambda store: store.count(
+                where, among=among, off_revision=off_revision, dead_letters=dead_letters
+            )
+        )
+        return sum(counts)
+
+    async def execution(self, execution_id: str) -> ExecutionDetail | None:
+        """:meth:`ConsoleQueries.execution`, read in the execution's store."""
+        return await self.store_of(execution_id).execution(execution_id)
+
+    async def execution_fingerprint(self, execution_id: str) -> tuple[datetime, int] | None:
+        """:meth:`ConsoleQueries.execution_fingerprint`, in the execution's store."""
+        return await self.store_of(execution_id).execution_fingerprint(execution_id)
+
+    async def step_rows(self, execution_id: str, keys: Sequence[str]) -> StepRows:
+        """:meth:`ConsoleQueries.step_rows`, in the execution's store."""
+        return await self.store_of(execution_id).step_rows(execution_id, keys)
+
+    # -- the ledger's counts and addresses ---------------------------------------------------
+
+    async def ledger_counts(
+        self, since: datetime, until: datetime, bucket: timedelta
+    ) -> list[BucketCount]:
+        """Every store's :meth:`ConsoleQueries.ledger_counts` summed per binding,
+        bucket and outcome, in the same order.
+
+        Raises:
+            ValueError: as :meth:`ConsoleQueries.ledger_counts`.
+        """
+        found = await self._everywhere(lambda store: store.ledger_counts(since, until, bucket))
+        totals: Counter[tuple[str, datetime, str]] = Counter()
+        for counts in found:
+            for count in counts:
+                totals[(count.binding_id, count.bucket, count.outcome)] += count.count
+        return [
+            BucketCount(binding, bucket=at, outcome=outcome, count=total)
+            for (binding, at, outcome), total in sorted(totals.items())
+        ]
+
+    async def addresses(self, key: str, *, scope: str | None = None) -> list[Any]:
+        """The addresses of ``key`` in every store, oldest first
+        (:meth:`ConsoleQueries.addresses`): one key has an address in each document,
+        and each document's lies in its own bucket."""
+        found = await self._everywhere(lambda store: store.addresses(key, scope=scope))
+        merged = [
+            (address.inserted_at, number, address)
+            for number, rows in enumerate(found)
+            for address in rows
+        ]
+        return [address for _, _, address in sorted(merged, key=lambda item: item[:2])]
+
+    # -- failures -----------------------------------------------------------------
+
+    async def outbox_dead_letters(
+        self, *, cursor: str | None = None, size: int = DEFAULT_PAGE
+    ) -> Page[OutboxRow]:
+        """Every store's dead outbox rows, newest first.
+
+        Raises:
+            BadCursor: ``cursor`` is not one this list made over these stores.
+            ValueError: ``size`` outside ``1..MAX_PAGE``.
+        """
+
+        def page(store: ConsoleQueries, after: str | None) -> Awaitable[Page[OutboxRow]]:
+            return store.outbox_dead_letters(cursor=after, size=size)
+
+        return await self._merged(_Order("outbox", _outbox_dead), page, cursor, size)
+
+    async def chart_errors(
+        self, *, cursor: str | None = None, size: int = DEFAULT_PAGE
+    ) -> Page[ErrorView]:
+        """Every store's step errors, newest first.
+
+        Raises:
+            BadCursor: ``cursor`` is not one this list made over these stores.
+            ValueError: ``size`` outside ``1..MAX_PAGE``.
+        """
+
+        def page(store: ConsoleQueries, after: str | None) -> Awaitable[Page[ErrorView]]:
+            return store.chart_errors(cursor=after, size=size)
+
+        return await self._merged(_Order("errors", _recorded), page, cursor, size)
+
+    async def consumer_dead_letters(
+        self, *, cursor: str | None = None, size: int = DEFAULT_PAGE
+    ) -> Page[ConsumerDeadLetter]:
+        """Every store's consumer dead letters, newest first.
+
+        Raises:
+            BadCursor: ``cursor`` is not one this list made over these stores.
+            ValueError: ``size`` outside ``1..MAX_PAGE``.
+        """
+
+        def page(store: ConsoleQueries, after: str | None) -> Awaitable[Page[ConsumerDeadLetter]]:
+            return store.consumer_dead_letters(cursor=after, size=size)
+
+        return await self._merged(_Order("consumer", _consumer_dead), page, cursor, size)
+
+    async def fingerprint(self) -> Fingerprint:
+        """The newest write time of each listed table over every store."""
+        found = await self._everywhere(lambda store: store.fingerprint())
+
+        def newest(field: str) -> datetime | None:
+            moments = [getattr(one, field) for one in found if getattr(one, field) is not None]
+            return max(moments, default=None)
+
+        return Fingerprint(
+            executions=newest("executions"),
+            ledger=newest("ledger"),
+            outbox_dead=newest("outbox_dead"),
+            consumer_dead=newest("consumer_dead"),
+            audit=newest("audit"),
+            errors=newest("errors"),
+        )
+
+    # -- merged pages -------------------------------------------------------------
+
+    async def _merged(
+        self,
+        order: _Order,
+        page: Callable[[ConsoleQueries, str | None], Awaitable[Page[_T]]],
+        cursor: str | None,
+        size: int,
+    ) -> Page[_T]:
+        """The newest ``size`` rows of every store's list after ``cursor``'s places,
+        and the cursor of the places after them."""
+        places: list[_Place] = (
+            [None] * len(self.stores) if cursor is None else self._places(cursor, order.kind)
+        )
+
+        async def read(number: int) -> Page[_T]:
+            place = places[number]
+            if place is _DONE:
+                return Page((), None)
+            return await page(self.stores[number], place if isinstance(place, str) else None)
+
+        pages = await asyncio.gather(*(read(number) for number in range(len(self.stores))))
+        # Newest first; the same time by store, then in the store's own order.
+        merged = sorted(
+            (
+                (*order.of(row), -number, -position, row)
+                for number, found in enumerate(pages)
+                for position, row in enumerate(found.rows)
+            ),
+            key=lambda item: item[:1] + item[2:4],
+            reverse=True,
+        )
+        taken = merged[:size]
+        last_of: dict[int, tuple[datetime, Any, int]] = {}
+        for moment, key, number, position, _ in taken:
+            last_of[-number] = (moment, key, -position)
+        for number, found in enumerate(pages):
+            if number in last_of:
+                moment, key, position = last_of[number]
+                whole = position == len(found.rows) - 1 and found.next_cursor is None
+                places[number] = _DONE if whole else encode_cursor(order.kind, moment, key)
+            elif not found.rows and places[number] is not _DONE:
+                places[number] = _DONE
+        rows = tuple(row for *_, row in taken)
+        if all(place is _DONE for place in places):
+            return Page(rows, None)
+        return Page(rows, _encode_places(order.kind, places))
+
+    def _places(self, cursor: str, kind: str) -> list[_Place]:
+        try:
+            padded = cursor + "=" * (-len(cursor) % 4)
+            found = json.loads(base64.urlsafe_b64decode(padded.encode("ascii")))
+            made_for, places = found
+        except (ValueError, TypeError, UnicodeError, binascii.Error):
+            raise BadCursor("not a cursor of this list") from None
+        well_formed = (
+            made_for == f"stores:{kind}"
+            and isinstance(places, list)
+            and len(places) == len(self.stores)
+            and all(place is None or place is _DONE or isinstance(place, str) for place in places)
+        )
+        if not well_formed:
+            raise BadCursor("not a cursor of this list over these stores")
+        return list(places)
+
+
+def _encode_places(kind: str, places: Sequence[_Place]) -> str:
+    text = json.dumps([f"stores:{kind}", list(places)], separators=(",", ":"))
+    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
