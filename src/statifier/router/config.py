@@ -48,6 +48,7 @@ from statifier.router.timer_queue import TimerQueue
 __all__ = [
     "BASICHTTP_TYPES",
     "DEFAULT_SEND_KEY_HORIZON",
+    "DEFAULT_TRANSACTION_ATTEMPTS",
     "RESERVED_BINDING_IDS",
     "BasicHttpLocations",
     "BindingsResolver",
@@ -93,6 +94,10 @@ BASICHTTP_TYPES: Final = frozenset(
 
 DEFAULT_SEND_KEY_HORIZON: Final = timedelta(hours=72)
 """How long a posted ``scxml-send-key`` is remembered per execution."""
+
+DEFAULT_TRANSACTION_ATTEMPTS: Final = 5
+"""How many times a router transaction that loses a conflict is run in all, unless
+configured (:attr:`RouterConfig.transaction_attempts`)."""
 
 _T = TypeVar("_T")
 
@@ -395,6 +400,12 @@ class RouterConfig:
             What it raises refuses the delivery or fire, as ``around_delivery`` does.
         lock_wait: the most seconds a delivery waits for an execution's lock (30 by
             default); ``None`` waits without bound.
+        transaction_attempts: how many times a router transaction of one delivery, one
+            batch or one worker's fire or flush is run in all when it fails with a
+            serialization failure or a deadlock (SQLSTATE 40001 or 40P01), the first
+            included (5 by default; 1 never runs one again). Each attempt starts
+            afresh: ``on_begin``, ``around_delivery`` and executors called inside it
+            run again (:func:`~statifier.router.transaction.retried`).
         on_error: what an error event no transition takes does to an execution
             (:class:`~statifier.persistence.OnError`: ``continue``, SCXML's behaviour,
             or ``fail``; or an :class:`~statifier.persistence.ErrorPolicy` per chart),
@@ -440,6 +451,7 @@ class RouterConfig:
     wrap_target: bool = False
     on_begin: OnBegin | None = None
     lock_wait: float | None = DEFAULT_LOCK_WAIT
+    transaction_attempts: int = DEFAULT_TRANSACTION_ATTEMPTS
     on_error: ErrorPolicy | OnError | str = OnError.CONTINUE
     document_on_error: Mapping[str, OnError | str] = field(default_factory=dict)
     basichttp: BasicHttpLocations | None = None
@@ -480,6 +492,11 @@ class RouterConfig:
             raise ConfigError("wrap_target needs around_delivery or on_begin: nothing to wrap with")
         if self.lock_wait is not None and not self.lock_wait > 0:
             raise ConfigError(f"lock_wait must be positive seconds, not {self.lock_wait!r}")
+        attempts: object = self.transaction_attempts
+        if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+            raise ConfigError(
+                f"transaction_attempts must be an integer of at least 1: {attempts!r}"
+            )
         if self.basichttp is not None and not isinstance(self.basichttp, BasicHttpLocations):
             raise ConfigError(f"basichttp must be a BasicHttpLocations, not {self.basichttp!r}")
         error_policy_of(self.on_error, self.document_on_error, self.resolver)

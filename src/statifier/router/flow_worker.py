@@ -16,6 +16,11 @@ taken again ``retry`` later, doubled each failure in a row up to ``max_retry``; 
 error is logged and reported. The group's later events wait behind it: its key's order
 holds.
 
+A flush or a make whose transaction loses a conflict (SQLSTATE 40001 or 40P01) is run
+again from its start first
+(:meth:`Router.in_transaction <statifier.router.Router.in_transaction>`); only the
+last attempt's failure is recorded as above.
+
 Held creates are made after the due groups, on every pass: for each cap holding any,
 its addresses in their fair order, one a transaction under the address's lock and then
 the cap's, until one finds the cap full. A make that raises is rolled back, logged and
@@ -239,15 +244,17 @@ class FlowWorker:
         router = self.router
         started = time.perf_counter()
 
+        async def attempt(unit: Unit) -> tuple[str | None, int]:
+            await unit.begin(scope, Entry.FLOW)
+            wait = unit.config.lock_wait
+            await unit.lock([lock_key("address", scope, document, key)], wait)
+            cap = unit.config.caps.get(document)
+            if cap is not None:
+                await unit.lock([cap_lock(document, bucket_of(cap, scope))], wait)
+            return await _make_held(unit, document, scope, key, now)
+
         async def work() -> FlushReport:
-            async with router.transaction(entered=Entry.FLOW) as unit:
-                await unit.begin(scope, Entry.FLOW)
-                wait = unit.config.lock_wait
-                await unit.lock([lock_key("address", scope, document, key)], wait)
-                cap = unit.config.caps.get(document)
-                if cap is not None:
-                    await unit.lock([cap_lock(document, bucket_of(cap, scope))], wait)
-                binding_id, made = await _make_held(unit, document, scope, key, now)
+            binding_id, made = await router.in_transaction(attempt, entered=Entry.FLOW)
             return FlushReport(binding_id or "", scope, key, made)
 
         try:
@@ -306,21 +313,25 @@ class FlowWorker:
         router = self.router
         group: FlowGroupRow | None = None
 
-        async def work() -> FlushReport | None:
+        async def attempt(unit: Unit) -> int | None:
             nonlocal group
-            async with router.transaction(entered=Entry.FLOW) as unit:
-                await unit.begin(scope, Entry.FLOW)
-                driver = unit.tx.driver
-                # The address's lock before the group's row, as an arrival takes them:
-                # the other order could deadlock with it.
-                address = lock_key("address", scope, document, key)
-                await unit.lock([address], unit.config.lock_wait)
-                group = await unit.flow.locked(driver, binding_id, scope, key)
-                if group is None or group.due_at > now:
-                    return None  # flushed by another worker, or grown since
-                binding = await _binding(router, scope, binding_id)
-                delivered = await flush(unit, binding, group, now)
-            return FlushReport(binding_id, scope, key, delivered)
+            # What the attempt that failed last read: one run again reads it anew.
+            group = None
+            await unit.begin(scope, Entry.FLOW)
+            driver = unit.tx.driver
+            # The address's lock before the group's row, as an arrival takes them:
+            # the other order could deadlock with it.
+            address = lock_key("address", scope, document, key)
+            await unit.lock([address], unit.config.lock_wait)
+            group = await unit.flow.locked(driver, binding_id, scope, key)
+            if group is None or group.due_at > now:
+                return None  # flushed by another worker, or grown since
+            binding = await _binding(router, scope, binding_id)
+            return await flush(unit, binding, group, now)
+
+        async def work() -> FlushReport | None:
+            delivered = await router.in_transaction(attempt, entered=Entry.FLOW)
+            return None if delivered is None else FlushReport(binding_id, scope, key, delivered)
 
         try:
             made = await around(router.config, scope, Entry.FLOW, work)

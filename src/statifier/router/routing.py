@@ -83,6 +83,7 @@ from statifier.router.transaction import (
     Unit,
     around,
     lock_key,
+    retried,
     sorted_locks,
     statements_for,
     transaction,
@@ -272,6 +273,29 @@ class Router:
         :attr:`~statifier.router.Entry.TIMER`."""
         return transaction(self._parts, connection, entered)
 
+    async def in_transaction(
+        self,
+        work: Callable[[Unit], Awaitable[_T]],
+        *,
+        connection: Connection | None = None,
+        entered: Entry | None = None,
+    ) -> _T:
+        """Run ``work`` in a router transaction of its own and commit it; answer what
+        ``work`` returned in the attempt that committed. A transaction that fails with
+        a serialization failure or a deadlock (SQLSTATE 40001 or 40P01) is rolled back
+        and ``work`` run again from its start, at most
+        :attr:`~statifier.router.RouterConfig.transaction_attempts` times in all, then
+        the error is raised (:func:`~statifier.router.transaction.retried`): ``work``
+        builds its answer anew each time, and whatever it does outside the database
+        (a hook, an executor) it does again.
+
+        Given ``connection`` (with a transaction the caller began, and ends), ``work``
+        runs once in it and nothing is retried: only the caller can run its
+        transaction again from the start. On SQLite nothing is retried. ``entered`` is
+        as for :meth:`transaction`.
+        """
+        return await retried(self._parts, work, connection, entered)
+
     # Routing an event.
 
     async def plan(self, event: InboundEvent) -> Planned:
@@ -295,10 +319,11 @@ class Router:
         """Route ``event``: one outcome per enabled binding of its source, in binding
         order (a :class:`Planned` event: one per verdict :meth:`plan` made).
 
-        Each binding's delivery is one transaction (a savepoint each, given
+        Each binding's delivery is one transaction, run again from its start when it
+        loses a conflict (:meth:`in_transaction`); a savepoint each, given
         ``connection``, a connection of the adapter's engine on which the caller began a
-        transaction: it all commits or rolls back with the caller's transaction).
-        ``now`` defaults to the storage's clock.
+        transaction: it all commits or rolls back with the caller's transaction, and
+        nothing is run again. ``now`` defaults to the storage's clock.
 
         Raises:
             ValueError: ``now`` is naive.
@@ -398,6 +423,12 @@ class Router:
         the batch takes its locks for every claim and address up front, in one
         sorted order, so two batches never deadlock.
 
+        A batch whose transaction loses a conflict (SQLSTATE 40001 or 40P01, at one
+        event's savepoint too) is rolled back and settled again whole
+        (:meth:`in_transaction`); the answers are those of the attempt that committed.
+        On its last attempt such an error is answered as any other. Given
+        ``connection``, nothing is run again.
+
         ``around_delivery`` is called under the event's scope around reading its
         bindings (unless it comes planned) and around its deliveries; the batch's
         begin, locks and commit run outside it. With ``around_delivery`` or
@@ -432,15 +463,21 @@ class Router:
             for key in verdict.locks(plan.event)
         )
         hooked = self.config.around_delivery is not None or self.config.on_begin is not None
-        async with self.transaction(connection, entered=Entry.ROUTE) as unit:
+        ready = [plan for plan in planned if isinstance(plan, Planned)]
+
+        async def attempt(unit: Unit) -> tuple[list[Routed | Failed], list[float]]:
+            # Each attempt settles the batch anew: its answers are the committed one's.
             await _lock(unit, locks)
-            ready = [plan for plan in planned if isinstance(plan, Planned)]
             settled = None
             if not hooked and len(ready) == len(planned):
                 settled = await self._at_once(unit, ready, moment)
             if settled is None:
                 settled = await self._one_by_one(unit, batch, planned, moment, hooked)
-        answers, durations = settled
+            return settled
+
+        answers, durations = await self.in_transaction(
+            attempt, connection=connection, entered=Entry.ROUTE
+        )
         for answer, duration in zip(answers, durations, strict=True):
             if isinstance(answer, Routed):
                 _reported(answer, 0.0, duration)
@@ -478,7 +515,9 @@ class Router:
                             answers.append(answer)
                             durations.append(time.perf_counter() - started)
                 await unit.sql.record_many(rows)
-        except Exception as error:  # noqa: BLE001 - settled again, one event at a time
+        except Exception as error:  # settled again, one event at a time
+            if unit.reruns(error):
+                raise  # a lost conflict: the whole batch is run again
             # An error that comes again there is the failing event's own answer; one that
             # does not (a lock wait that ran out) would be seen nowhere but here.
             said = f"{type(error).__name__}: {error}"
@@ -558,7 +597,9 @@ class Router:
                 else:
                     answer = await self._around(event.scope, Entry.ROUTE, settle)
                 answers.append(answer)
-            except Exception as error:  # noqa: BLE001 - around_delivery raised for it
+            except Exception as error:  # around_delivery raised for it
+                if unit.reruns(error):
+                    raise  # a lost conflict: the whole batch is run again
                 blocked.scopes.setdefault(event.scope, event.message_id)
                 answers.append(Failed(event, error))
             durations.append(time.perf_counter() - started)
@@ -696,11 +737,13 @@ class Router:
                     )
             return why
 
+        async def attempt(unit: Unit) -> tuple[str, str] | None:
+            await unit.begin(scope, Entry.TARGET)
+            await _lock(unit, sorted_locks(delivery_locks(plan, scope, key, message_id)))
+            return await settle(unit)
+
         async def work() -> tuple[str, str] | None:
-            async with self.transaction(entered=Entry.TARGET) as unit:
-                await unit.begin(scope, Entry.TARGET)
-                await _lock(unit, sorted_locks(delivery_locks(plan, scope, key, message_id)))
-                return await settle(unit)
+            return await self.in_transaction(attempt, entered=Entry.TARGET)
 
         return await self._around(scope, Entry.TARGET, work)
 
@@ -748,14 +791,16 @@ class Router:
         delivery = Delivery(plan, found.scope, found.key, event, _post_id(found, send_key))
         locks = sorted_locks(delivery_locks(plan, found.scope, found.key, delivery.message_id))
 
+        async def attempt(unit: Unit) -> Outcome | None:
+            await unit.begin(found.scope, Entry.BASICHTTP)
+            await unit.lock(locks, self.config.lock_wait)
+            again = await resolve(unit, token)
+            if again is None or again.execution_id != found.execution_id:
+                return None
+            return await deliver(unit, delivery, moment)
+
         async def work() -> Outcome | None:
-            async with self.transaction(entered=Entry.BASICHTTP) as unit:
-                await unit.begin(found.scope, Entry.BASICHTTP)
-                await unit.lock(locks, self.config.lock_wait)
-                again = await resolve(unit, token)
-                if again is None or again.execution_id != found.execution_id:
-                    return None
-                return await deliver(unit, delivery, moment)
+            return await self.in_transaction(attempt, entered=Entry.BASICHTTP)
 
         return await self._around(found.scope, Entry.BASICHTTP, work)
 
@@ -929,12 +974,14 @@ class Router:
         scheduled: list[int] | None = None,
         under: tuple[str, Entry] | None = None,
     ) -> Outcome:
-        """One delivery in a transaction of its own, or in a savepoint of the caller's:
+        """One delivery in a transaction of its own (run again on a lost conflict:
+        :meth:`in_transaction`), or in a savepoint of the caller's (never run again):
         given ``under`` (the scope and entry it runs under), ``on_begin`` first, then
-        its locks (sorted, bounded by ``lock_wait``), then ``settle``; the
-        count of timers it scheduled goes to ``scheduled``."""
+        its locks (sorted, bounded by ``lock_wait``), then ``settle``; the count of
+        timers it scheduled, in the attempt that committed, goes to ``scheduled``."""
         entered = None if under is None else under[1]
-        async with self.transaction(connection, entered=entered) as unit:
+
+        async def attempt(unit: Unit) -> tuple[Outcome, int]:
             if connection is None:
                 await _begun(unit, under)
                 await _lock(unit, sorted_locks(locks))
@@ -944,9 +991,12 @@ class Router:
                     await _begun(unit, under)
                     await _lock(unit, sorted_locks(locks))
                     outcome = await settle(unit)
-            if scheduled is not None:
-                scheduled.append(unit.scheduled)
-            return outcome
+            return outcome, unit.scheduled
+
+        outcome, count = await self.in_transaction(attempt, connection=connection, entered=entered)
+        if scheduled is not None:
+            scheduled.append(count)
+        return outcome
 
     def _waiting(self, scheduled: int) -> tuple[str, ...]:
         """What an event's deliveries leave waiting for a timer worker that does not
@@ -1024,7 +1074,9 @@ class Router:
             try:
                 async with unit.savepoint():
                     outcomes.append(await _settle_one(unit, event, verdict, now, rows))
-            except Exception as error:  # noqa: BLE001 - one event's failure is its own answer
+            except Exception as error:  # one event's failure is its own answer
+                if unit.reruns(error):
+                    raise  # a lost conflict: the whole batch is run again
                 for address in addresses:
                     blocked.addresses.setdefault(address, event.message_id)
                 return Failed(event, error)

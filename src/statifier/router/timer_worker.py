@@ -60,6 +60,13 @@ fire that raised: a batch at once is rolled back and fired one by one, where the
 refused fire is rolled back to its savepoint and made due ``retry`` seconds later,
 under its own scope (``on_begin`` is called again for that), while the rest fire.
 
+A batch's transaction that loses a conflict (SQLSTATE 40001 or 40P01), at once or one
+by one, is rolled back and run again whole
+(:meth:`Router.in_transaction <statifier.router.Router.in_transaction>`): a conflict
+in one fire is not that fire's failure but the transaction's, until the last attempt,
+where it is answered as any failure. The fires run again, ``on_begin`` and
+``around_delivery`` with them.
+
 Telemetry: every timer taken off the queue or retried reports
 ``statifier.router.timer``, once its batch has committed.
 """
@@ -86,7 +93,7 @@ from statifier.router.outbox import Backoff
 from statifier.router.records import LedgerRow
 from statifier.router.routing import Router
 from statifier.router.timer_queue import TimerEntry, TimerKind
-from statifier.router.timers import DueTimer, SqlTimerQueue, UnreadableTimer
+from statifier.router.timers import DueTimer, SqlTimerQueue, Taken, UnreadableTimer
 from statifier.router.transaction import Unit, around
 from statifier.telemetry import enabled, report
 
@@ -301,7 +308,9 @@ async def _hand_off(
             answer = await awaited(
                 adapter.deliver(route_config, entry.event, entry.key, unit.tx, entry.scope)
             )
-    except Exception as error:  # noqa: BLE001 - a route's failure is a refusal of the send
+    except Exception as error:  # a route's failure is a refusal of the send
+        if unit.reruns(error):
+            raise  # a lost conflict (the route writes in the fire's transaction): run again
         answer = Refused(_said(error))
     if not isinstance(answer, Refused):
         return _done(entry, FIRED, now, started)
@@ -502,23 +511,32 @@ class TimerWorker:
         """One transaction: delete a batch of due rows, fire every one, their steps'
         writes sent together where the database gains by it
         (:meth:`~statifier.persistence.Storage.deferred_steps`); whatever raises undoes
-        the whole batch."""
-        async with self.router.transaction(entered=Entry.TIMER) as unit:
+        the whole batch, and a lost conflict runs it again (:meth:`Router.in_transaction
+        <statifier.router.Router.in_transaction>`)."""
+
+        async def attempt(unit: Unit) -> tuple[Taken, list[_Outcome]]:
             taken = await self.queue.take_due(unit.tx, now, self.batch)
             held = await _under_claim(unit, taken.timers)
             # The fires' step writes go together (on PostgreSQL), as a route batch's.
             with unit.holding(held):
                 async with unit.deferred_steps():
                     outcomes = [await self._fire(unit, timer.entry, now) for timer in taken.timers]
+            return taken, outcomes
+
+        taken, outcomes = await self.router.in_transaction(attempt, entered=Entry.TIMER)
         _report(outcomes)
         done = len(outcomes)
         return _Batch(taken.picked, done, taken.picked - done, taken.upcoming)
 
     async def _one_by_one(self, now: datetime) -> _Batch:
         """One transaction: lock a batch of due rows, delete and fire each at a
-        savepoint of its own."""
-        outcomes: list[_Outcome] = []
-        async with self.router.transaction(entered=Entry.TIMER) as unit:
+        savepoint of its own; a lost conflict runs it all again."""
+
+        async def attempt(
+            unit: Unit,
+        ) -> tuple[list[DueTimer | UnreadableTimer], list[_Outcome], datetime | None]:
+            # Built anew in each attempt: what is reported is the committed attempt's.
+            outcomes: list[_Outcome] = []
             due = await self.queue.claim(unit.tx, now, self.batch)
             locked = await _under_claim(unit, due)
             # What is not a fire runs before the fires, with no scope set: a fire's
@@ -541,6 +559,9 @@ class TimerWorker:
             if any(done.outcome == _FAILED for done in outcomes):
                 again = now + self.retry
                 upcoming = again if upcoming is None else min(upcoming, again)
+            return due, outcomes, upcoming
+
+        due, outcomes, upcoming = await self.router.in_transaction(attempt, entered=Entry.TIMER)
         _report(outcomes)
         taken = sum(done.outcome != _FAILED for done in outcomes)
         return _Batch(len(due), taken, len(due) - len(outcomes), upcoming)
@@ -573,7 +594,9 @@ class TimerWorker:
             # The savepoint encloses the wrapper: one that raises after the work undoes it.
             async with unit.savepoint():
                 return await around(unit.config, scope, Entry.TIMER, work)
-        except Exception as error:  # noqa: BLE001 - one timer's failure is its own
+        except Exception as error:  # one timer's failure is its own
+            if unit.reruns(error):
+                raise  # a lost conflict: the whole batch is run again
             due_at = now + self.retry
             _log.warning(
                 "execution %s: timer %s failed to fire; it is tried again at %s: %s",
@@ -595,7 +618,9 @@ class TimerWorker:
             async with unit.savepoint():
                 await unit.begin(scope, Entry.TIMER)
                 await self.queue.retry_at(unit.tx, timer.id, due_at)
-        except Exception as error:  # noqa: BLE001 - on_begin refused the scope again
+        except Exception as error:  # on_begin refused the scope again
+            if unit.reruns(error):
+                raise  # a lost conflict: the whole batch is run again
             _log.warning(
                 "execution %s: on_begin refused scope %r again for timer %s; its retry is "
                 "kept under the transaction's own setting: %s",

@@ -19,10 +19,20 @@ A transaction the router opens for one of its entries (:class:`~statifier.router
 knows it (:attr:`Unit.entered`): a send to an execution target inside it is enclosed by
 that entry's ``around_delivery`` call, and not wrapped again. :func:`around` is that
 call, and :meth:`Unit.begin` the configuration's ``on_begin``.
+
+:func:`retried` runs a block in a router transaction of its own and, when that
+transaction loses a conflict (SQLSTATE 40001, a serialization failure: CockroachDB and
+YugabyteDB report their conflicts so, PostgreSQL under ``SERIALIZABLE`` or
+``REPEATABLE READ``; 40P01, a deadlock), rolls it back and runs the block again from its
+start, a bounded number of times (:attr:`RouterConfig.transaction_attempts`). An
+``async with`` block cannot be run again, so the block is a callable.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import random
 import time
 from collections.abc import (
     AsyncIterator,
@@ -36,7 +46,7 @@ from collections.abc import (
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TypeVar
+from typing import Final, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -54,6 +64,7 @@ from statifier.sql.flow import FlowTable
 from statifier.sql.routing import RoutingSession, RoutingStatements
 
 __all__ = [
+    "RETRYABLE_SQLSTATES",
     "Delivering",
     "HeldLocks",
     "RouterParts",
@@ -61,12 +72,26 @@ __all__ = [
     "Unit",
     "around",
     "lock_key",
+    "retried",
+    "retryable",
     "sorted_locks",
     "statements_for",
     "transaction",
 ]
 
 _T = TypeVar("_T")
+_log = logging.getLogger(__name__)
+
+RETRYABLE_SQLSTATES: Final = frozenset({"40001", "40P01"})
+"""The SQLSTATEs after which a router transaction is run again from its start: a
+serialization failure (40001) and a deadlock (40P01). Either means the transaction lost
+to a concurrent one and may well succeed if run again; neither means anything is wrong
+with what it does."""
+
+_BACKOFF_FIRST: Final = 0.01
+"""The most seconds before the second attempt; each later wait may be twice as long."""
+_BACKOFF_MOST: Final = 0.5
+"""The most seconds any wait between attempts lasts."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +152,9 @@ class Unit:
             handler counts them).
         entered: the entry whose ``around_delivery`` call encloses the deliveries run in
             this transaction, or ``None`` when none does (a call of the host's own).
+        retrying: whether a retryable failure (:func:`retryable`) runs this
+            transaction again from its start (:func:`retried`, on an attempt before
+            its last): see :meth:`reruns`.
     """
 
     def __init__(
@@ -144,6 +172,7 @@ class Unit:
         self.exclusion = exclusion
         self.scheduled = 0
         self.entered = entered
+        self.retrying = False
         self._parts = parts
 
     @property
@@ -219,6 +248,16 @@ class Unit:
         elsewhere nothing changes."""
         if isinstance(self.exclusion, HeldLocks):
             self.exclusion.held.add(execution_id)
+
+    def reruns(self, error: BaseException) -> bool:
+        """Whether ``error`` must end this whole transaction, to be run again from its
+        start: a retryable failure while :attr:`retrying`. Code that answers a failure
+        at a savepoint of its own (an event of a batch, a timer's fire) raises such an
+        error on instead of answering it: on CockroachDB and YugabyteDB a conflict
+        aborts the whole transaction, which no savepoint saves, and on PostgreSQL a run
+        from the start is what a conflict asks for. On the last attempt, and in a
+        caller's transaction, it is answered there as any other failure."""
+        return self.retrying and retryable(error) is not None
 
     async def begin(self, scope: str, entry: Entry) -> None:
         """Call the configuration's ``on_begin``, if any, on this transaction: first in
@@ -298,6 +337,77 @@ async def transaction(
         view = parts.storage.over(tx.adapter)
         sql = RoutingSession(parts.statements, tx.driver)
         yield Unit(parts, sql, tx, view, exclusion, entered)
+
+
+def retryable(error: BaseException) -> str | None:
+    """The SQLSTATE of ``error`` when it is one of :data:`RETRYABLE_SQLSTATES`, read
+    on the driver's exception (psycopg's ``sqlstate``) or on the one SQLAlchemy wraps
+    (``orig``); else ``None``. SQLite's errors carry no SQLSTATE: none is retryable."""
+    for raised in (error, getattr(error, "orig", None)):
+        state = getattr(raised, "sqlstate", None)
+        if isinstance(state, str) and state in RETRYABLE_SQLSTATES:
+            return state
+    return None
+
+
+async def retried(
+    parts: RouterParts,
+    work: Callable[[Unit], Awaitable[_T]],
+    connection: sa.Connection | AsyncConnection | None = None,
+    entered: Entry | None = None,
+) -> _T:
+    """Run ``work`` in a router transaction (:func:`transaction`, told ``entered``),
+    committed when it returns; answer what it returned in the attempt that committed.
+
+    When the transaction fails with a retryable error (:func:`retryable`), in ``work``
+    or at the commit, it is rolled back and ``work`` is run again in a new transaction
+    from its start, after a short random wait (up to 10 ms, doubling each time, at
+    most 0.5 s), at most ``parts.config.transaction_attempts`` times in all; the last
+    attempt's error is raised, as is at once any error that is not retryable. Each
+    retry is logged at WARNING with its SQLSTATE and attempt number.
+
+    ``work`` must therefore build what it answers anew in each attempt and hand
+    nothing outside the database before its commit that a second run would double.
+    What it writes to the database is undone with the attempt; what a host hook or an
+    executor does elsewhere inside it (``on_begin``, an ``around_delivery`` called in
+    the transaction, an executor's call) is done again.
+
+    Given ``connection``, a caller's transaction (:func:`transaction` joins it),
+    ``work`` runs once and nothing is retried: the transaction is the caller's, and
+    only the caller can run it again from its start. On SQLite nothing is retried
+    either: its transaction holds the single writer throughout, so it loses no
+    conflict (a wait for the writer is bounded by ``lock_wait``).
+    """
+    single = connection is not None or parts.statements.dialect.single_writer
+    attempts = 1 if single else parts.config.transaction_attempts
+    attempt = 1
+    while True:
+        try:
+            async with transaction(parts, connection, entered) as unit:
+                unit.retrying = attempt < attempts
+                return await work(unit)
+        except Exception as error:
+            state = retryable(error)
+            if state is None or attempt >= attempts:
+                raise
+            # The driver's own first line: SQLAlchemy's text would add the statement's
+            # parameters, which may hold an event's data.
+            cause = getattr(error, "orig", None) or error
+            said = (str(cause).strip().splitlines() or [""])[0]
+            _log.warning(
+                "a router transaction failed with SQLSTATE %s on attempt %d of %d and is "
+                "run again: %s: %s",
+                state,
+                attempt,
+                attempts,
+                type(cause).__name__,
+                said,
+            )
+        # Random, so that the transactions that conflicted do not meet again in step.
+        await asyncio.sleep(
+            random.uniform(0, min(_BACKOFF_MOST, _BACKOFF_FIRST * 2 ** (attempt - 1)))
+        )
+        attempt += 1
 
 
 async def around(
