@@ -32,7 +32,7 @@ from statifier.api import API_PLAN_ID, Api, ApiToken, ApiTokenError, Rights
 from statifier.chart import compile_chart
 from statifier.console.audit import Audit
 from statifier.persistence import Status
-from statifier.router import Binding, StaticResolver
+from statifier.router import Binding, Router, StaticResolver
 from statifier.router.transaction import Delivering
 
 WRITER = "writer-token-" + "w" * 20
@@ -372,7 +372,9 @@ async def test_bodies_are_bounded_and_read_by_the_one_json_rule(shop: Shop) -> N
 @pytest.mark.asyncio
 async def test_an_execution_no_address_names_is_read_but_not_sent_to(shop: Shop) -> None:
     machine = compile_chart(CHECKOUT.format(receipt=""), name="order")
-    async with shop.api.router.transaction() as unit:
+    router = shop.api.router
+    assert isinstance(router, Router)
+    async with router.transaction() as unit:
         await unit.executions(Delivering(None, shop.db.clock())).create("plain-1", machine)
     read = await shop.call("GET", "/executions/plain-1", ADMIN)
     assert read.status_code == 200
@@ -504,7 +506,9 @@ async def test_a_bulk_migrate_moves_the_selected_executions_onto_a_stored_revisi
     revision = compile_chart(
         CHECKOUT.format(receipt="").replace("awaiting_payment", "to_pay"), name="order"
     )
-    await shop.api.router.storage.save_chart(revision)
+    router = shop.api.router
+    assert isinstance(router, Router)
+    await router.storage.save_chart(revision)
     content_hash = revision.identity.content_hash
     body: dict[str, Any] = {
         "action": "migrate",

@@ -50,7 +50,7 @@ from statifier.client import (
     Waited,
 )
 from statifier.expr import UNDEFINED, Duration, tagged
-from statifier.router import StaticResolver
+from statifier.router import Router, StaticResolver
 
 TOKEN = "client-token-" + "t" * 24
 BASE = "http://api.test/base"
@@ -732,7 +732,9 @@ async def test_a_bulk_action_is_previewed_started_and_followed(shop: Shop) -> No
     assert (run.done, run.skipped, run.failed, run.error, run.state) == (3, 0, 0, None, "finished")
     assert await shop.client.bulk_preview("resume", scope="web") == 3
     revision = compile_chart(CHECKOUT.format(receipt="<log expr=\"'r2'\"/>"), name="order")
-    await shop.api.router.storage.save_chart(revision)
+    router = shop.api.router
+    assert isinstance(router, Router)
+    await router.storage.save_chart(revision)
     to = MigrateTo(revision.identity.content_hash)
     assert await shop.client.bulk_preview("migrate", to=to, scope="web") == 3
     run = await shop.client.bulk("migrate", to=to, confirm=3, scope="web")

@@ -1,7 +1,8 @@
 """``statifier serve`` over several stores (``[database] shards``): the file's URLs read
-and refused, the HTTP fronts, console and API refused there; in process, over three
-SQLite files, the inbound-events table's events each stepped once in its key's store,
-a schedule's fires delivered in the stores their keys are in; over three PostgreSQL
+and refused, the HTTP fronts and console refused there; in process, over three SQLite
+files, the inbound-events table's events each stepped once in its key's store, a
+schedule's fires delivered in the stores their keys are in, the HTTP API sending to
+and listing every store's executions; over three PostgreSQL
 servers of the test's own, a store whose server stops named by readiness until it is
 back."""
 
@@ -100,10 +101,9 @@ def test_the_stores_urls_from_the_environment_stay_out_of_repr(tmp_path: Path) -
             "[fronts.webhook.clicks]",
         ),
         ("[console]\nenabled = true\n", "[console]"),
-        ('[api.tokens.ops]\ntoken_env = "OPS_TOKEN"\nscopes = ["*"]\n', "[api]"),
     ],
 )
-def test_http_fronts_the_console_and_the_api_are_refused_over_several_stores(
+def test_http_fronts_and_the_console_are_refused_over_several_stores(
     tmp_path: Path, more: str, table: str
 ) -> None:
     message = _refused(tmp_path, _body(tmp_path, more), {"OPS_TOKEN": "t" * 32})
@@ -190,6 +190,53 @@ async def test_readiness_names_a_store_whose_server_stops_until_it_is_back(
             assert not any("127.0.0.1" in reason for reason in reasons)
             await asyncio.to_thread(three[2].start)
             await _ready(client, base)
+
+
+@pytest.mark.asyncio
+async def test_the_api_over_three_stores_routes_reads_and_lists_every_stores_executions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    token = "ops-token-" + "o" * 24
+    monkeypatch.setenv("OPS_TOKEN", token)
+    api = '[api.tokens.ops]\ntoken_env = "OPS_TOKEN"\nscopes = ["*"]\nrights = "write"\n'
+    config = write_config(tmp_path, _body(tmp_path, api), {"hits": HITS})
+    settings = load(config)
+    headers = {"Authorization": f"Bearer {token}"}
+    async with running(config) as (_, base), httpx.AsyncClient(timeout=5.0) as client:
+        await _ready(client, base)
+        ids: dict[str, str] = {}
+        for key in KEYS:
+            body = {"source": "clicks", "scope": "web", "data": {"key": key}}
+            answer = await client.post(f"{base}/api/events", json=body, headers=headers)
+            assert answer.status_code == 200, answer.text
+            (outcome,) = answer.json()["outcomes"]
+            ids[key] = outcome["execution_id"]
+        listed = await client.get(f"{base}/api/executions?limit=5", headers=headers)
+        seen = [row["id"] for row in listed.json()["executions"]]
+        cursor = listed.json()["next_cursor"]
+        while cursor is not None:
+            page = await client.get(
+                f"{base}/api/executions", params={"limit": 5, "cursor": cursor}, headers=headers
+            )
+            seen.extend(row["id"] for row in page.json()["executions"])
+            cursor = page.json()["next_cursor"]
+        assert sorted(seen) == sorted(ids.values())
+        sent = await client.post(
+            f"{base}/api/executions/{ids['k3']}/events", json={"event": "hit"}, headers=headers
+        )
+        assert sent.json()["outcome"]["outcome"] == "delivered", sent.text
+        adapters = [SqlAdapter(url, TableOptions(prefix="t_")) for url in settings.database.urls]
+        try:
+            router = _router(settings, adapters)
+            for key, execution_id in ids.items():
+                home = router.router_of_address("web", "hits", key)
+                assert router.router_of_execution(execution_id) is home
+                assert len(await home.storage.inputs(execution_id)) == (2 if key == "k3" else 1)
+            held = [len(await each.storage.list_executions()) for each in router.routers]
+            assert all(held)
+        finally:
+            for adapter in adapters:
+                await adapter.close()
 
 
 async def _ready(client: httpx.AsyncClient, base: str) -> None:

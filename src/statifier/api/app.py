@@ -32,19 +32,19 @@ from typing import Any, Final
 
 from statifier import telemetry
 from statifier.api.openapi import openapi_document
+from statifier.api.stores import Stores
 from statifier.api.tokens import ALL_SCOPES, ApiToken, ApiTokens, Rights
 from statifier.api.views import Address, Snapshot, execution_json, outcome_json, reached
 from statifier.api.watcher import Mark, Watcher
 from statifier.console.actions import Action, Done, cancel, pause, resume
 from statifier.console.actions import Refused as ActionRefused
-from statifier.console.audit import Audit, AuditEntry
-from statifier.console.bulk import BULK_ACTIONS, BulkAction, preview, stored_migration
-from statifier.console.bulk_runs import BulkLog, BulkRuns, LoggedRun
+from statifier.console.audit import AuditEntry
+from statifier.console.bulk import BULK_ACTIONS, BulkAction, stored_migration
+from statifier.console.bulk_runs import LoggedRun
 from statifier.console.queries import (
     MAX_PAGE,
     BadCursor,
     BadFilter,
-    ConsoleQueries,
     ExecutionFilter,
     ExecutionSummary,
 )
@@ -65,6 +65,7 @@ from statifier.router import (
     InvalidEvent,
     Plan,
     Router,
+    ShardedRouter,
     address_of,
 )
 from statifier.sql.engines import run_on
@@ -100,7 +101,11 @@ class Api:
     """The HTTP API over ``router``'s executions.
 
     Args:
-        router: the router the sends go through, over the database read.
+        router: the router the sends go through, over the database read; or a
+            :class:`~statifier.router.ShardedRouter` over several stores: an
+            execution is read and acted on in its bucket's store, a list merges every
+            store's (one cursor), and a bulk action runs in each store under one job
+            id whose progress sums them (:mod:`statifier.api.stores`).
         tokens: who may call it (at least one).
         visible: for a document (as the bindings name it), the datamodel fields an
             answer may show of its executions; nothing else of a datamodel leaves.
@@ -120,7 +125,7 @@ class Api:
 
     def __init__(
         self,
-        router: Router,
+        router: Router | ShardedRouter,
         *,
         tokens: Sequence[ApiToken],
         visible: Mapping[str, Sequence[str]] | None = None,
@@ -143,7 +148,8 @@ class Api:
                     raise ValueError(
                         f"visible fields of {document!r}: {name!r} is not a datamodel field"
                     )
-        bindings = router.config.bindings or ()
+        stores = Stores(router)
+        bindings = stores.all[0].router.config.bindings or ()
         if any(binding.id == API_PLAN_ID for binding in bindings):
             raise ValueError(
                 f"a binding is named {API_PLAN_ID!r}: the API files its sends under that id"
@@ -156,13 +162,8 @@ class Api:
         self.max_wait = float(max_wait)
         self._documents = {binding.id: binding.document for binding in bindings}
         self._sources = frozenset(binding.source for binding in bindings)
-        adapter = router.adapter
-        self._queries = ConsoleQueries(adapter.engine, adapter.tables, codec=router.storage.codec)
-        self._audit = Audit(adapter.engine, adapter.tables)
+        self._stores = stores
         self.watcher = Watcher(self._marks, self._load, poll=poll)
-        self._runs = BulkRuns(
-            router, self._queries, self._audit, BulkLog(adapter.engine, adapter.tables)
-        )
         self._repeats = IntervalTally()
         self.app = Starlette(
             routes=[
@@ -191,7 +192,7 @@ class Api:
         the bulk runs still going (what they did stays done; posting the same bulk
         action again does the rest)."""
         await self.watcher.close()
-        await self._runs.close()
+        await self._stores.close()
 
     # -- the endpoints ------------------------------------------------------------
 
@@ -317,7 +318,9 @@ class Api:
                 final_state=query.get("final_state"),
                 error=query.get("error"),
             )
-            page = await self._queries.executions(where, cursor=query.get("cursor"), size=limit)
+            page = await self._stores.queries.executions(
+                where, cursor=query.get("cursor"), size=limit
+            )
         except BadFilter as bad:
             return Refused(400, "bad_filter", str(bad))
         except BadCursor:
@@ -345,15 +348,16 @@ class Api:
         if isinstance(found, Refused):
             return found
         actor = f"api:{caller.name}"
+        store = self._stores.of_execution(execution_id)
 
         async def record(tx: SqlTransaction, done: Done) -> None:
             entry = AuditEntry(actor, action=action, target=execution_id, detail=done.summary)
-            await self._audit.record_in(tx, entry)
+            await store.audit.record_in(tx, entry)
 
         try:
-            done = await act(self.router, execution_id, record=record)
+            done = await act(store.router, execution_id, record=record)
         except ActionRefused as refused:
-            exists = await self.router.storage.find_execution(execution_id)
+            exists = await store.router.storage.find_execution(execution_id)
             if exists is None:
                 return _no_execution(execution_id)
             return Refused(409, refusal, str(refused))
@@ -383,7 +387,8 @@ class Api:
             return Refused(400, "bad_filter", "name the scope to act in (filter.scope)")
         if not caller.may(scope or ALL_SCOPES, Rights.WRITE):
             return _forbidden(scope or ALL_SCOPES)
-        selected = await preview(self._queries, action, where)
+        counts = await self._stores.previews(action, where)
+        selected = sum(counts)
         confirm = body.get("confirm")
         if confirm is None:
             return JSONResponse({"action": action.name, "selected": selected})
@@ -391,8 +396,8 @@ class Api:
             return Refused(
                 409, "preview_changed", f"{selected} executions are selected now; confirm those"
             )
-        run_id = await self._runs.start(
-            action, where, actor=f"api:{caller.name}", selected=selected
+        run_id = await self._stores.start(
+            action, where, actor=f"api:{caller.name}", selected=counts
         )
         return await self._progress(run_id, caller, 202)
 
@@ -419,10 +424,15 @@ class Api:
             return Refused(400, "bad_plan", "map is an object of state ids to a state id or null")
         if not isinstance(data, dict):
             return Refused(400, "bad_plan", "data is an object of variable names to values")
-        try:
-            return await stored_migration(self.router, revision, state_map=state_map, data=data)
-        except (ChartNotFound, ChartRetired) as missing:
-            return Refused(404, "no_revision", str(missing))
+        missing: ChartNotFound | ChartRetired | None = None
+        for store in self._stores.all:  # a revision is saved where an execution ran it
+            try:
+                return await stored_migration(
+                    store.router, revision, state_map=state_map, data=data
+                )
+            except (ChartNotFound, ChartRetired) as error:
+                missing = missing if isinstance(missing, ChartRetired) else error
+        return Refused(404, "no_revision", str(missing))
 
     async def _bulk_progress(self, request: Request, caller: ApiToken) -> Answer:
         return await self._progress(request.path_params["job"], caller, 200)
@@ -430,10 +440,13 @@ class Api:
     async def _progress(self, run_id: str, caller: ApiToken, status: int) -> Answer:
         """The run's progress; a run over a scope the caller may not read is not there
         for it (as another scope's execution is not)."""
-        run = await self._runs.log.get(run_id)
-        if run is None or not caller.may(run.selection.get("scope", ALL_SCOPES), Rights.READ):
+        found = await self._stores.progress(run_id)
+        if found is None:
             return Refused(404, "no_job", "no such bulk run")
-        return JSONResponse(_progress_json(run, self._runs.state(run)), status_code=status)
+        run, state = found
+        if not caller.may(run.selection.get("scope", ALL_SCOPES), Rights.READ):
+            return Refused(404, "no_job", "no such bulk run")
+        return JSONResponse(_progress_json(run, state), status_code=status)
 
     async def _wait(self, request: Request, caller: ApiToken) -> Answer:
         execution_id = request.path_params["id"]
@@ -467,7 +480,7 @@ class Api:
         """The execution's address when ``caller`` may act on it with ``rights``; an
         execution of a scope the caller does not reach is answered as none (404), so
         that no token learns of another scope's executions."""
-        found = await address_of(self.router, execution_id)
+        found = await address_of(self._stores.of_execution(execution_id).router, execution_id)
         address = None if found is None else Address(*found)
         if not (caller.every_scope if address is None else caller.reaches(address.scope)):
             return _no_execution(execution_id)
@@ -476,7 +489,7 @@ class Api:
         return address
 
     async def _snapshot(self, execution_id: str, address: Address | None) -> Snapshot | None:
-        storage = self.router.storage
+        storage = self._stores.of_execution(execution_id).router.storage
         record = await storage.find_execution(execution_id)
         if record is None:
             return None
@@ -496,32 +509,18 @@ class Api:
         return Snapshot(record, state, tuple(decode_error(e) for e in errors), address)
 
     async def _load(self, execution_id: str) -> Snapshot | None:
-        found = await address_of(self.router, execution_id)
+        found = await address_of(self._stores.of_execution(execution_id).router, execution_id)
         return await self._snapshot(execution_id, None if found is None else Address(*found))
 
     async def _marks(self, execution_ids: Sequence[str]) -> dict[str, Mark]:
-        tables = self.router.adapter.tables
-        e, inputs = tables.executions, tables.inputs
-        # The newest input-log entry tells two steps within one clock tick apart.
-        newest = (
-            sa.select(sa.func.max(inputs.c.seq))
-            .where(inputs.c.execution_id == e.c.execution_id)
-            .scalar_subquery()
+        by_store: dict[int, list[str]] = {}
+        for execution_id in execution_ids:
+            store = self._stores.of_execution(execution_id)
+            by_store.setdefault(self._stores.all.index(store), []).append(execution_id)
+        found = await asyncio.gather(
+            *(_marks_in(self._stores.all[number].router, ids) for number, ids in by_store.items())
         )
-        ids = list(execution_ids)
-
-        def read(connection: sa.Connection) -> dict[str, Mark]:
-            marks: dict[str, Mark] = {}
-            for start in range(0, len(ids), _MARKS_CHUNK):
-                chunk = ids[start : start + _MARKS_CHUNK]
-                statement = sa.select(
-                    e.c.execution_id, e.c.status, e.c.updated_at, newest.label("seq")
-                ).where(e.c.execution_id.in_(chunk))
-                for row in connection.execute(statement):
-                    marks[row.execution_id] = (row.status, row.updated_at, row.seq)
-            return marks
-
-        return await run_on(self.router.adapter.engine, read)
+        return {key: mark for marks in found for key, mark in marks.items()}
 
     async def _body(self, request: Request) -> dict[str, Value] | Refused:
         deadline = asyncio.get_running_loop().time() + self.timeout
@@ -614,6 +613,33 @@ class Api:
             )
 
         self._repeats.note((route, refused.status, refused.rule), first, later)
+
+
+async def _marks_in(router: Router, execution_ids: Sequence[str]) -> dict[str, Mark]:
+    """What tells a step of each of ``execution_ids`` in ``router``'s database apart:
+    status, update time and newest input-log entry."""
+    tables = router.adapter.tables
+    e, inputs = tables.executions, tables.inputs
+    # The newest input-log entry tells two steps within one clock tick apart.
+    newest = (
+        sa.select(sa.func.max(inputs.c.seq))
+        .where(inputs.c.execution_id == e.c.execution_id)
+        .scalar_subquery()
+    )
+    ids = list(execution_ids)
+
+    def read(connection: sa.Connection) -> dict[str, Mark]:
+        marks: dict[str, Mark] = {}
+        for start in range(0, len(ids), _MARKS_CHUNK):
+            chunk = ids[start : start + _MARKS_CHUNK]
+            statement = sa.select(
+                e.c.execution_id, e.c.status, e.c.updated_at, newest.label("seq")
+            ).where(e.c.execution_id.in_(chunk))
+            for row in connection.execute(statement):
+                marks[row.execution_id] = (row.status, row.updated_at, row.seq)
+        return marks
+
+    return await run_on(router.adapter.engine, read)
 
 
 def _progress_json(run: LoggedRun, state: str) -> dict[str, Any]:

@@ -343,16 +343,23 @@ class BulkRuns:
         self._tasks: dict[str, asyncio.Task[None]] = {}
 
     async def start(
-        self, action: BulkAction, where: ExecutionFilter, *, actor: str, selected: int
+        self,
+        action: BulkAction,
+        where: ExecutionFilter,
+        *,
+        actor: str,
+        selected: int,
+        run_id: str | None = None,
     ) -> str:
         """Write the row of ``action`` over ``where`` for ``actor`` (``selected``: what
-        the preview the operator confirmed counted) and start it; answer its run id.
-        Call it on the server's event loop.
+        the preview the operator confirmed counted) and start it; answer its run id
+        (``run_id``, or a new random one: a run over several stores is one run id in
+        each). Call it on the server's event loop.
 
         Raises:
             sqlalchemy.exc.DBAPIError: the row could not be written (nothing started).
         """
-        run_id = uuid.uuid4().hex
+        run_id = uuid.uuid4().hex if run_id is None else run_id
         now = self.router.storage.clock()
         await self.log.start(run_id, action, where, actor=actor, selected=selected, now=now)
         task = asyncio.create_task(

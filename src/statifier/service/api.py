@@ -1,6 +1,7 @@
 """The HTTP API as the service serves it (``[api]``, ``docs/api.md``).
 
-:func:`service_api` builds the :class:`~statifier.api.Api` over the service's router:
+:func:`service_api` builds the :class:`~statifier.api.Api` over the service's router (over
+every store with ``[database] shards``):
 its tokens are those of ``[api.tokens.NAME]`` (each read from the environment variable
 ``token_env`` names), its visible fields those of ``[api.visible]``. The service
 mounts ``api.app`` at ``[api] path`` on its listener and closes it when it stops, so
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from statifier.router import Router
+from statifier.router import Router, ShardedRouter
 from statifier.service.settings import ServiceConfigError, ServiceSettings
 
 if TYPE_CHECKING:
@@ -20,8 +21,9 @@ if TYPE_CHECKING:
 __all__ = ["service_api"]
 
 
-def service_api(settings: ServiceSettings, router: Router) -> Api:
-    """The API of ``settings`` (which must have ``[api]`` enabled) over ``router``.
+def service_api(settings: ServiceSettings, router: Router | ShardedRouter) -> Api:
+    """The API of ``settings`` (which must have ``[api]`` enabled) over ``router`` (the
+    service's one database, or its stores).
 
     Raises:
         ServiceConfigError: the API refuses the configuration (a binding named ``api``).

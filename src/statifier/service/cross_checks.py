@@ -128,8 +128,8 @@ def cross_check(top: Table, settings: ServiceSettings) -> None:
 
 def _check_shards(settings: ServiceSettings) -> None:
     """Over several stores (``[database] shards``) the service runs its stream sources,
-    schedules and workers; its HTTP fronts, API and console read and write one
-    database, so they are refused there."""
+    schedules, workers and the HTTP API; its HTTP fronts and console read and write
+    one database, so they are refused there."""
     if not settings.database.shards:
         return
     file = settings.file
@@ -138,8 +138,6 @@ def _check_shards(settings: ServiceSettings) -> None:
         raise ServiceConfigError(file, front_table(settings.fronts[0]), "", f"an HTTP front {why}")
     if settings.console.enabled:
         raise ServiceConfigError(file, "console", "", f"the console {why}")
-    if settings.api.enabled:
-        raise ServiceConfigError(file, "api", "", f"the HTTP API {why}")
 
 
 def _nested(path: str, under: str) -> bool:

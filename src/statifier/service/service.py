@@ -459,8 +459,8 @@ class Service:
         settings = self.settings
         from starlette.applications import Starlette
 
-        # The HTTP fronts, the console and the API run on one database (cross_check
-        # refuses them over several stores).
+        # The HTTP fronts and the console run on one database (cross_check refuses
+        # them over several stores); the API runs over every store.
         router = _stores(routing)[0]
         # Everything that can be refused is built before any task starts.
         front_apps = [front_app(front, router, settings.file) for front in settings.fronts]
@@ -470,7 +470,7 @@ class Service:
             self._console = service_console(settings, router)
             routes.extend(self._console.routes)
         if settings.api.enabled:
-            self._api = service_api(settings, router)
+            self._api = service_api(settings, routing)
             fronts.append((settings.api.path, self._api.app))
         app = Mounted(fronts, Starlette(routes=routes))
         # The server runs no lifespan: the service runs the fronts' (a group commit's
