@@ -27,6 +27,7 @@ from statifier.console.queries import (
     BadCursor,
     ConsoleQueries,
     ExecutionFilter,
+    LedgerFilter,
     Page,
     encode_cursor,
 )
@@ -276,6 +277,55 @@ async def test_the_errors_list_and_the_failure_lists_merge_newest_first(stores: 
     fingerprint = await queries.fingerprint()
     assert fingerprint.errors == T0 + timedelta(seconds=11)
     assert fingerprint.consumer_dead == T0 + timedelta(seconds=1)
+
+
+async def test_the_ledger_pages_and_counts_merge_over_the_stores(stores: Stores) -> None:
+    expected: list[tuple[datetime, int, int, str]] = []
+    for number in range(3):
+        rows = []
+        for i in range(7):
+            at = T0 + timedelta(seconds=i % 3)  # ties within and between stores
+            message_id = f"m{number}-{i}"
+            rows.append(
+                {
+                    "binding_id": "b1" if i % 2 else "b2",
+                    "message_id": message_id,
+                    "scope": "eu",
+                    "source": "shop",
+                    "outcome": "delivered" if i % 3 else "duplicate",
+                    "reason": None,
+                    "document": "order",
+                    "key": f"k{i}",
+                    "execution_id": f"ex-{i}",
+                    "inserted_at": at,
+                }
+            )
+            expected.append((at, number, i, message_id))
+        stores.insert(number, "routing_ledger", rows)
+    # Newest first; the same time by store, then newest row (the last inserted) first.
+    expected.sort(key=lambda item: (-item[0].timestamp(), item[1], -item[2]))
+    queries = stores.queries
+
+    def every(cursor: str | None, size: int) -> Awaitable[Page[Any]]:
+        return queries.ledger(cursor=cursor, size=size)
+
+    for sizes in ([1], [4], [2, 5, 3], [100]):
+        walked = [row.message_id for row in await _walk(every, sizes)]
+        assert walked == [message_id for *_, message_id in expected], sizes
+
+    def duplicates(cursor: str | None, size: int) -> Awaitable[Page[Any]]:
+        return queries.ledger(LedgerFilter(outcome="duplicate"), cursor=cursor, size=size)
+
+    found = [row.message_id for row in await _walk(duplicates, [2])]
+    assert sorted(found) == sorted(f"m{n}-{i}" for n in range(3) for i in (0, 3, 6))
+    counts = await queries.ledger_counts(T0, T0 + timedelta(seconds=3), timedelta(seconds=3))
+    totals = {(count.binding_id, count.outcome): count.count for count in counts}
+    assert totals == {
+        ("b1", "delivered"): 6,
+        ("b1", "duplicate"): 3,
+        ("b2", "delivered"): 6,
+        ("b2", "duplicate"): 6,
+    }
 
 
 async def test_one_execution_is_read_in_its_buckets_store(stores: Stores) -> None:

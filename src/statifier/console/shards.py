@@ -53,13 +53,14 @@ from statifier.console.queries import (
     ExecutionFilter,
     ExecutionSummary,
     Fingerprint,
+    LedgerFilter,
     Page,
     StepRows,
     encode_cursor,
 )
 from statifier.persistence import Status
 from statifier.persistence.shards import ShardMap
-from statifier.router import OutboxRow
+from statifier.router import LedgerRow, OutboxRow
 
 __all__ = ["ShardedQueries"]
 
@@ -90,6 +91,10 @@ def _created(row: ExecutionSummary) -> tuple[datetime, Any]:
 def _last_error(row: ExecutionSummary) -> tuple[datetime, Any]:
     assert row.last_error_at is not None  # the errors filter lists only these
     return row.last_error_at, row.id
+
+
+def _inserted(row: LedgerRow) -> tuple[datetime, Any]:
+    return row.inserted_at, row.id
 
 
 def _outbox_dead(row: OutboxRow) -> tuple[datetime, Any]:
@@ -220,7 +225,26 @@ class ShardedQueries:
         """:meth:`ConsoleQueries.step_rows`, in the execution's store."""
         return await self.store_of(execution_id).step_rows(execution_id, keys)
 
-    # -- the ledger's counts and addresses ---------------------------------------------------
+    # -- the ledger and addresses ------------------------------------------------------
+
+    async def ledger(
+        self,
+        where: LedgerFilter = LedgerFilter(),  # noqa: B008 - frozen, never changed
+        *,
+        cursor: str | None = None,
+        size: int = DEFAULT_PAGE,
+    ) -> Page[LedgerRow]:
+        """A page of every store's ledger rows, newest first.
+
+        Raises:
+            BadCursor: ``cursor`` is not one this list made over these stores.
+            ValueError: ``size`` outside ``1..MAX_PAGE``.
+        """
+
+        def page(store: ConsoleQueries, after: str | None) -> Awaitable[Page[LedgerRow]]:
+            return store.ledger(where, cursor=after, size=size)
+
+        return await self._merged(_Order("ledger", _inserted), page, cursor, size)
 
     async def ledger_counts(
         self, since: datetime, until: datetime, bucket: timedelta

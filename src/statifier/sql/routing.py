@@ -19,7 +19,7 @@ reaches these statements.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import KW_ONLY, dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
@@ -134,6 +134,8 @@ class LedgerRow:
 
     ``outcome`` is ``delivered``, ``created_and_delivered``, ``duplicate``,
     ``key_refused`` or ``dropped``; ``reason`` is the drop reason or the refusal.
+    ``id`` is the table's key of a row read back where the reader asked for it (the
+    console's pages), else ``None``; it takes no part in comparing rows.
     """
 
     binding_id: str
@@ -147,12 +149,13 @@ class LedgerRow:
     key: str | None
     execution_id: str | None
     inserted_at: datetime
+    id: Any = field(default=None, compare=False, repr=False)
 
     @classmethod
     def of(cls, columns: Mapping[str, Any]) -> LedgerRow:
-        """The row of the ledger's ``columns`` by name (``inserted_at`` aware; other
-        columns, such as the table's key, are left out)."""
-        return cls(**{name: columns[name] for name in _LEDGER_COLUMNS})
+        """The row of the ledger's ``columns`` by name (``inserted_at`` aware), with
+        the table's key ``id`` when ``columns`` holds it; other columns are left out."""
+        return cls(**{name: columns[name] for name in _LEDGER_COLUMNS}, id=columns.get("id"))
 
     @property
     def spelled(self) -> str:
