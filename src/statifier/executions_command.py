@@ -351,16 +351,45 @@ def codec_of(keys_env: Sequence[str] | None) -> BlobCodec:
 
 
 _ONE_EXECUTION = frozenset({"show", "create", "send", "pause", "resume", "cancel"})
-"""The actions on one execution: over several stores, they open its store alone."""
+"""The actions on one execution (``migrate --id`` too): they open its store alone."""
 
 
 async def _run(args: argparse.Namespace, out: TextIO) -> int:
     if args.action in ("create", "migrate") and args.charts is None:
         raise ValueError(f"{args.action} needs --charts DIR (DIR/CHART.scxml is the chart)")
+    urls = _stores(args)
+    if args.action in _ONE_EXECUTION or (args.action == "migrate" and args.execution_id):
+        if args.execution_id is None and len(urls) > 1:  # create: the id chooses the store
+            from statifier.ids import new_execution_id
+
+            args = argparse.Namespace(**{**vars(args), "execution_id": new_execution_id()})
+        number = 0 if args.execution_id is None else _store_of(args.execution_id, len(urls))
+        async with _durable(urls[number], args) as durable:
+            return await _on_one(durable, args, out)
+    async with contextlib.AsyncExitStack() as opened:
+        durables = [await opened.enter_async_context(_durable(url, args)) for url in urls]
+        return await _on_all(durables, args, out)
+
+
+def _stores(args: argparse.Namespace) -> list[str]:
+    """The database ``--database`` names, or the stores of executions spread over
+    several by key buckets that ``--shard`` names, in their order: the order of
+    :class:`~statifier.persistence.shards.ShardedAdapter`'s and ``statifier serve``'s
+    ``[database] shards`` (even ranges)."""
     if args.shards is None:
-        async with _durable(args.database, args) as durable:
-            return await _act(durable, args, out)
-    return await _run_over_stores(args.shards, args, out)
+        return [args.database]
+    if args.database != DEFAULT_DATABASE:
+        raise ValueError("give --database or --shard, not both")
+    if len(args.shards) < 2:
+        raise ValueError("--shard names each store of several: give two or more")
+    return list(args.shards)
+
+
+def _store_of(execution_id: str, stores: int) -> int:
+    """The number of the store of ``stores`` that holds ``execution_id``."""
+    from statifier.persistence.shards import ShardMap, bucket_of
+
+    return ShardMap.even(stores).store_of(bucket_of(execution_id))
 
 
 def _durable(database: str, args: argparse.Namespace) -> Durable:
@@ -374,46 +403,8 @@ def _durable(database: str, args: argparse.Namespace) -> Durable:
     return Durable(database, charts=args.charts, tables=tables, codec=_codec(args))
 
 
-async def _run_over_stores(urls: Sequence[str], args: argparse.Namespace, out: TextIO) -> int:
-    """The action over executions spread over the stores ``urls`` by key buckets, as
-    :class:`~statifier.persistence.shards.ShardedAdapter` and ``statifier serve``'s
-    ``[database] shards`` spread them (even ranges, in this order): an action on one
-    execution in its bucket's store; a list, an export, a migration of a chart and
-    the timers due over every store, merged; a bulk action store by store after one
-    confirmation of the total."""
-    from statifier.ids import new_execution_id
-    from statifier.persistence.shards import ShardMap, bucket_of
-
-    if args.database != DEFAULT_DATABASE:
-        raise ValueError("give --database or --shard, not both")
-    if len(urls) < 2:
-        raise ValueError("--shard names each store of several: give two or more")
-    shard_map = ShardMap.even(len(urls))
-    if args.action in _ONE_EXECUTION or (args.action == "migrate" and args.execution_id):
-        if args.execution_id is None:  # create: the id chooses the store
-            args = argparse.Namespace(**{**vars(args), "execution_id": new_execution_id()})
-        url = urls[shard_map.store_of(bucket_of(args.execution_id))]
-        async with _durable(url, args) as durable:
-            return await _act(durable, args, out)
-    async with contextlib.AsyncExitStack() as opened:
-        durables = [await opened.enter_async_context(_durable(url, args)) for url in urls]
-        if args.action == "list":
-            return await _list(durables, args, out)
-        if args.action == "export":
-            return await _export(durables, args, out)
-        if args.action == "fire":
-            return await _fire(durables, out)
-        if args.action == "run":
-            return await _run_workers(durables, out)
-        if args.action == "bulk":
-            return await _bulk(durables, args, out)
-        return await _migrate_all(durables, args, out)
-
-
-async def _act(durable: Durable, args: argparse.Namespace, out: TextIO) -> int:
-    """The action on the one database ``durable`` opened."""
-    if args.action == "list":
-        return await _list([durable], args, out)
+async def _on_one(durable: Durable, args: argparse.Namespace, out: TextIO) -> int:
+    """An action on one execution, in the store ``durable`` opened."""
     if args.action == "show":
         description = await durable.describe(args.execution_id)
         _print_description(description, args.json, out)
@@ -431,22 +422,29 @@ async def _act(durable: Durable, args: argparse.Namespace, out: TextIO) -> int:
     if args.action == "send":
         return await _send(durable, args, out)
     if args.action == "migrate":
-        if args.execution_id is not None:
-            return await _migrate_one(durable, args, out)
-        return await _migrate_all([durable], args, out)
-    if args.action == "export":
-        return await _export([durable], args, out)
-    if args.action == "fire":
-        return await _fire([durable], out)
-    if args.action == "run":
-        return await _run_workers([durable], out)
-    if args.action == "bulk":
-        return await _bulk([durable], args, out)
+        return await _migrate_one(durable, args, out)
     if args.action == "pause":
         return await _pause(durable, args, out)
     if args.action == "resume":
         return await _resume(durable, args, out)
     return await _cancel(durable, args, out)
+
+
+async def _on_all(durables: Sequence[Durable], args: argparse.Namespace, out: TextIO) -> int:
+    """An action over every store ``durables`` opened (one, or each of several), what
+    it prints merged: a list, an export, the timers due, the workers, a bulk action,
+    the migration of a chart."""
+    if args.action == "list":
+        return await _list(durables, args, out)
+    if args.action == "export":
+        return await _export(durables, args, out)
+    if args.action == "fire":
+        return await _fire(durables, out)
+    if args.action == "run":
+        return await _run_workers(durables, out)
+    if args.action == "bulk":
+        return await _bulk(durables, args, out)
+    return await _migrate_all(durables, args, out)
 
 
 async def _list(durables: Sequence[Durable], args: argparse.Namespace, out: TextIO) -> int:
@@ -595,13 +593,6 @@ async def _export(durables: Sequence[Durable], args: argparse.Namespace, out: Te
         raise ValueError(f"{args.file}: cannot write: {error.strerror}") from None
     out.write(f"{count} execution{'s' if count != 1 else ''} exported to {args.file}\n")
     return 0
-
-
-def _store_of(execution_id: str, stores: int) -> int:
-    """The number of the store of ``stores`` that holds ``execution_id``."""
-    from statifier.persistence.shards import ShardMap, bucket_of
-
-    return ShardMap.even(stores).store_of(bucket_of(execution_id))
 
 
 async def _fire(durables: Sequence[Durable], out: TextIO) -> int:
