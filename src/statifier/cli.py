@@ -47,15 +47,16 @@ Subcommands:
 ``statifier graph CHART --format mermaid|dot``
     Prints the chart as a diagram.
 
-``statifier db upgrade|downgrade [--url URL] [--prefix P] [--schema S] [--revision R]``
+``statifier db upgrade|downgrade [--url URL] [--prefix P] [--schema S] [--revision R] [--locks L]``
     Migrates the tables of durable executions (:mod:`statifier.sql.migrations`) up to
     ``R`` (default ``head``) or down to it (default ``base``: drops them). The default
     URL is a SQLite file in the working directory, ``statifier.db``; a bare
     ``postgresql://`` URL uses psycopg 3. It holds the migration lock that
     ``statifier serve`` and ``Durable(migrate=True)`` take too, so that any of them
-    starting together migrate once. Prints the revision reached; a database that cannot
-    be reached, a bad option, or another process holding the lock for five minutes
-    prints a message and exits with 2.
+    starting together migrate once (``--locks rows``, as the deployment's ``[database]
+    locks``: the row of ``<prefix>migration_lock`` rather than the advisory lock).
+    Prints the revision reached; a database that cannot be reached, a bad option, or
+    another process holding the lock for five minutes prints a message and exits with 2.
 
 ``statifier executions list|show|create|send|cancel --database URL [--charts DIR]``
     Reads and drives durable executions through :class:`statifier.durable.Durable`
@@ -520,7 +521,8 @@ def _run_db(args: argparse.Namespace, out: TextIO) -> int:
     from statifier.sql import TableOptions, migrations
 
     try:
-        options = TableOptions(prefix=args.prefix, schema=args.schema)
+        locks = executions_command.locks_of_args(args)
+        options = TableOptions(prefix=args.prefix, schema=args.schema, locks=locks)
         if args.action == "upgrade":
             migrations.upgrade(args.url, options, args.revision or "head")
         else:
@@ -776,6 +778,7 @@ def _parser() -> argparse.ArgumentParser:
     database.add_argument("--prefix", default="statifier_", help="the table name prefix")
     database.add_argument("--schema", default=None, help="the schema (PostgreSQL)")
     database.add_argument("--revision", default=None, help="head/base, or a revision id")
+    executions_command.add_locks_option(database)
     routing = commands.add_parser("scenario", help="run a routing case and print its report")
     routing.add_argument("case", metavar="CASE.json")
     given = routing.add_mutually_exclusive_group(required=True)

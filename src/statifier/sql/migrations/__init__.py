@@ -15,14 +15,22 @@ Three ways to run them:
 
 One gate (``docs/decisions/0087-one-migration-gate.md``): every migration this package
 runs on a URL holds the migration lock, so that processes starting together migrate one
-after the other and the later ones find nothing to do: on PostgreSQL the
-transaction-scoped advisory lock :data:`MIGRATION_LOCK`, on SQLite the database's write
-lock, taken with ``BEGIN IMMEDIATE`` before the version table is read. ``statifier db
-upgrade`` runs :func:`upgrade` through it; :func:`prepare` ("at head, or upgraded to head
-under the lock") is what ``statifier serve``, :class:`~statifier.durable.Durable` (and
-so ``statifier executions``) and ``statifier console`` open a database with, and it
-raises :class:`NotAtHead` when the tables are behind and migrating was not asked for. On
-a connection a caller gives, the caller's transaction governs and no lock is taken.
+after the other and the later ones find nothing to do. On PostgreSQL it is the
+transaction-scoped advisory lock :data:`MIGRATION_LOCK` (one for the whole database), or,
+where ``TableOptions.locks`` is ``"rows"`` (decision 0118: a database that does not
+honour advisory locks across its nodes), the one row of the table
+``<prefix>migration_lock`` (:data:`MIGRATION_LOCK_TABLE`) in the tables' schema, locked
+``FOR UPDATE``: the table, its row and the schema are made, if missing, and committed
+before the migration's transaction begins, since the lock is taken before any of the
+package's tables exist. Processes on the same tables must gate the same way, as they
+must lock the same way. On SQLite it is the database's write lock, taken with ``BEGIN
+IMMEDIATE`` before the version table is read. ``statifier db upgrade`` runs
+:func:`upgrade` through it (``--locks`` chooses the gate); :func:`prepare` ("at head, or
+upgraded to head under the lock") is what ``statifier serve``,
+:class:`~statifier.durable.Durable` (and so ``statifier executions``) and ``statifier
+console`` open a database with, and it raises :class:`NotAtHead` when the tables are
+behind and migrating was not asked for. On a connection a caller gives, the caller's
+transaction governs and no lock is taken.
 
 >>> import os, tempfile
 >>> from statifier.sql import TableOptions
@@ -65,6 +73,7 @@ except ModuleNotFoundError as missing:  # Alembic: the sqlite extra
 
 __all__ = [
     "MIGRATION_LOCK",
+    "MIGRATION_LOCK_TABLE",
     "MIGRATION_WAIT",
     "OPTIONS_ATTRIBUTE",
     "BadRevision",
@@ -91,12 +100,29 @@ MIGRATION_LOCK: Final = int.from_bytes(
     hashlib.blake2b(b"statifier.migrations", digest_size=8).digest(), "big", signed=True
 )
 """The PostgreSQL advisory lock key every migration of these tables holds (one per
-database, whatever the prefix or schema): a signed 64-bit integer."""
+database, whatever the prefix or schema) where ``TableOptions.locks`` is
+``"advisory"``: a signed 64-bit integer."""
+
+MIGRATION_LOCK_TABLE: Final = "migration_lock"
+"""The table (unprefixed) whose one row (``id`` 1) every migration of these tables
+locks ``FOR UPDATE`` where ``TableOptions.locks`` is ``"rows"``: ``<prefix>migration_lock``
+in the tables' schema, one per set of tables (sets with other prefixes or schemas share
+nothing a migration touches, so they migrate side by side). It is outside the revisions:
+made by the first migration that needs it, and left by a downgrade to base."""
 
 MIGRATION_WAIT: Final = 300.0
 """Seconds a migration waits for another one holding the lock before it gives up."""
 
 _LOCK_NOT_AVAILABLE: Final = "55P03"  # PostgreSQL's lock_timeout
+
+_MADE_BY_ANOTHER: Final = frozenset({"23505", "42P06", "42P07"})
+"""What ``CREATE ... IF NOT EXISTS`` can raise when another transaction makes the same
+schema or table at the same time (a unique violation in the catalogs, or the duplicate
+schema or table): the object is there once that one commits, so trying again succeeds."""
+
+_LOCK_ROW_ATTEMPTS: Final = 5
+"""How many times a migration makes the lock table's row and locks it before it gives
+up: each repeat means a racing creation or a row deleted by hand in between."""
 
 _CONNECTION_ATTRIBUTE: Final = "connection"
 _HERE = Path(__file__).parent
@@ -159,9 +185,12 @@ def _options(options: TableOptions | Tables | None) -> TableOptions:
 
 
 @contextmanager
-def _gated(target: str | sa.URL | sa.Connection, wait: float) -> Iterator[sa.Connection]:
-    """A connection in a transaction that holds the migration lock (a caller's
-    connection as it is); commits when the block ends, rolls back when it raises."""
+def _gated(
+    target: str | sa.URL | sa.Connection, options: TableOptions, wait: float
+) -> Iterator[sa.Connection]:
+    """A connection in a transaction that holds the migration lock of ``options``'s
+    tables (a caller's connection as it is); commits when the block ends, rolls back
+    when it raises."""
     if isinstance(target, sa.Connection):
         yield target
         return
@@ -174,7 +203,12 @@ def _gated(target: str | sa.URL | sa.Connection, wait: float) -> Iterator[sa.Con
     try:
         with engine.connect() as connection:
             try:
-                (_lock_sqlite if sqlite else _lock_postgres)(connection, wait)
+                if sqlite:
+                    _lock_sqlite(connection, wait)
+                elif options.locks == "rows":
+                    _lock_row(connection, options, wait)
+                else:
+                    _lock_postgres(connection, wait)
             except (sa.exc.OperationalError, sqlite3.OperationalError) as busy:
                 if not _lock_refused(busy):
                     raise
@@ -194,6 +228,45 @@ def _lock_postgres(connection: sa.Connection, wait: float) -> None:
     connection.execute(sa.text(f"SET LOCAL lock_timeout = '{int(wait * 1000)}ms'"))
     connection.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
     connection.execute(sa.text("SET LOCAL lock_timeout = DEFAULT"))
+
+
+def _lock_row(connection: sa.Connection, options: TableOptions, wait: float) -> None:
+    """Lock the row of :data:`MIGRATION_LOCK_TABLE` in a new transaction, making the
+    schema, the table and the row first (committed), waiting ``wait`` at most at each
+    step; the row lock ends with the transaction, as the advisory lock does."""
+    schema = f"{options.schema}." if options.schema else ""
+    table = f"{schema}{options.name(MIGRATION_LOCK_TABLE)}"
+    bounded = sa.text(f"SET LOCAL lock_timeout = '{int(wait * 1000)}ms'")
+    for _ in range(_LOCK_ROW_ATTEMPTS):
+        try:
+            # Committed on its own: made in the migration's transaction, the table would
+            # keep every other process's CREATE waiting for the whole migration, then
+            # failing with a unique violation that aborts its transaction.
+            with connection.begin():
+                connection.execute(bounded)
+                if options.schema is not None:
+                    connection.execute(sa.schema.CreateSchema(options.schema, if_not_exists=True))
+                connection.execute(
+                    sa.text(f"CREATE TABLE IF NOT EXISTS {table} (id smallint PRIMARY KEY)")
+                )
+                connection.execute(
+                    sa.text(f"INSERT INTO {table} (id) VALUES (1) ON CONFLICT DO NOTHING")
+                )
+        except sa.exc.DBAPIError as raced:
+            if getattr(raced.orig, "sqlstate", None) not in _MADE_BY_ANOTHER:
+                raise
+            continue
+        connection.execute(bounded)
+        held = connection.execute(sa.text(f"SELECT id FROM {table} WHERE id = 1 FOR UPDATE"))
+        if held.first() is not None:
+            connection.execute(sa.text("SET LOCAL lock_timeout = DEFAULT"))
+            return
+        connection.rollback()  # deleted since it was made: make it again
+    raise MigrationBusy(
+        f"the migration lock's row in {table} could not be made and locked in "
+        f"{_LOCK_ROW_ATTEMPTS} attempts (made by others, or deleted, each time); nothing "
+        "was migrated"
+    )
 
 
 def _lock_sqlite(connection: sa.Connection, wait: float) -> None:
@@ -260,8 +333,9 @@ def upgrade(
         MigrationBusy: another process held the lock for longer than ``wait``.
         MissingExtra: a PostgreSQL URL without psycopg (the postgres extra).
     """
-    with _gated(target, wait) as connection:
-        _migrate(connection, _options(options), revision, upward=True)
+    chosen = _options(options)
+    with _gated(target, chosen, wait) as connection:
+        _migrate(connection, chosen, revision, upward=True)
 
 
 def downgrade(
@@ -271,12 +345,18 @@ def downgrade(
     *,
     wait: float = MIGRATION_WAIT,
 ) -> None:
-    """Migrate down to ``revision`` (``"base"``: drop every table; the schema and the
-    version table stay). Takes the same ``target``, ``options`` and ``wait`` as
-    :func:`upgrade`, and the same lock.
+    """Migrate down to ``revision`` (``"base"``: drop every table; the schema, the
+    version table and, where ``options.locks`` is ``"rows"``, the migration lock's table
+    stay). Takes the same ``target``, ``options`` and ``wait`` as :func:`upgrade`, and
+    the same lock.
+
+    The lock's table is not the revisions' to drop: the downgrade holds its row, and
+    dropping it would wait for every migration waiting for that row (each holds the
+    table open) while they wait for the downgrade, a deadlock.
     """
-    with _gated(target, wait) as connection:
-        _migrate(connection, _options(options), revision, upward=False)
+    chosen = _options(options)
+    with _gated(target, chosen, wait) as connection:
+        _migrate(connection, chosen, revision, upward=False)
 
 
 def stamp(
@@ -301,7 +381,7 @@ def stamp(
     config = Config()
     config.set_main_option("script_location", str(_HERE))
     script = ScriptDirectory.from_config(config)
-    with _gated(target, wait) as connection:
+    with _gated(target, chosen, wait) as connection:
         context = MigrationContext.configure(
             connection,
             opts={"version_table": chosen.version_table, "version_table_schema": chosen.schema},
@@ -343,7 +423,7 @@ def prepare(
     """
     chosen = _options(options)
     if migrate:
-        with _gated(url, wait) as connection:
+        with _gated(url, chosen, wait) as connection:
             _migrate(connection, chosen, "head", upward=True)
             if then is not None:
                 then(connection)
