@@ -167,14 +167,17 @@ async def test_a_signal_under_load_exits_0_in_bound_and_every_200_was_delivered(
 # Two services on one PostgreSQL.
 
 
-def order_config(directory: Path, database: FreshDatabase, locks: str = "advisory") -> Path:
+def order_config(directory: Path, database: FreshDatabase | str, locks: str = "advisory") -> Path:
+    """The orders' service: the table source, the timers, the outbox to the recording
+    sink, with short leases; over ``database``, or the ``[database]`` table given."""
+    table = database if isinstance(database, str) else database_table(database)
     body = f"""
 migrate = true
 shutdown_timeout = {SHUTDOWN_TIMEOUT}
 charts = "charts"
 send_type = "test:route"
 {ORDER_BINDING}
-{database_table(database)}locks = "{locks}"
+{table}locks = "{locks}"
 [http]
 port = 0
 

@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.service.helpers import ORDER, ORDER_BINDING, start_serve, write_config
-from tests.service.test_serve import EXIT_SLACK, SHUTDOWN_TIMEOUT, recorded
+from tests.service.helpers import start_serve
+from tests.service.test_serve import EXIT_SLACK, SHUTDOWN_TIMEOUT, order_config, recorded
 from tests.test_executions_over_stores import urls  # noqa: F401 - the stores, by name
 
 from statifier.fronts.table_source import append_events
@@ -38,45 +38,7 @@ ORDERS_PER_LIFE = 8
 
 def _config(directory: Path, stores: list[str]) -> Path:
     listed = ", ".join(f'"{url}"' for url in stores)
-    body = f"""
-migrate = true
-shutdown_timeout = {SHUTDOWN_TIMEOUT}
-charts = "charts"
-send_type = "test:route"
-{ORDER_BINDING}
-[database]
-shards = [{listed}]
-
-[http]
-port = 0
-
-[routes.finished]
-queue = "finished"
-
-[sinks.finished]
-call = "tests.service.recording:record"
-
-[timers]
-batch = 2
-poll = 0.1
-
-[outbox]
-batch = 2
-idle = 0.05
-lease = 1
-
-[reapers]
-interval = 1
-
-[sources.inbound]
-kind = "table"
-partitions = ["0", "1", "2", "3"]
-lease_ttl = 1
-
-[sources.inbound.consumer]
-commit_interval = 0.05
-"""
-    return write_config(directory, body, {"order": ORDER})
+    return order_config(directory, f"[database]\nshards = [{listed}]\n")
 
 
 async def _ended(router: ShardedRouter) -> int:
