@@ -151,6 +151,8 @@ def test_migrations_waiting_at_the_row_migrate_once(
     first, *rest = migrations.revisions()
     migrations.upgrade(database_url, options, revision=first)  # makes the lock's table
     caplog.set_level(logging.INFO, logger="alembic.runtime.migration")
+    # What the suite logged before (the level may already be INFO) is not the waiters'.
+    caplog.clear()
     table = _lock_table(options)
     with (
         psycopg.connect(database_url) as holder,
