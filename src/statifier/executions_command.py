@@ -387,9 +387,9 @@ def _stores(args: argparse.Namespace) -> list[str]:
 
 def _store_of(execution_id: str, stores: int) -> int:
     """The number of the store of ``stores`` that holds ``execution_id``."""
-    from statifier.persistence.shards import ShardMap, bucket_of
+    from statifier.persistence.shards import ShardMap
 
-    return ShardMap.even(stores).store_of(bucket_of(execution_id))
+    return ShardMap.even(stores).store_of_id(execution_id)
 
 
 def _durable(database: str, args: argparse.Namespace) -> Durable:

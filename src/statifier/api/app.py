@@ -515,8 +515,7 @@ class Api:
     async def _marks(self, execution_ids: Sequence[str]) -> dict[str, Mark]:
         by_store: dict[int, list[str]] = {}
         for execution_id in execution_ids:
-            store = self._stores.of_execution(execution_id)
-            by_store.setdefault(self._stores.all.index(store), []).append(execution_id)
+            by_store.setdefault(self._stores.number_of(execution_id), []).append(execution_id)
         found = await asyncio.gather(
             *(_marks_in(self._stores.all[number].router, ids) for number, ids in by_store.items())
         )

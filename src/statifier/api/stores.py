@@ -16,7 +16,6 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from statifier.buckets import bucket_of
 from statifier.console.audit import Audit
 from statifier.console.bulk import BulkAction, preview
 from statifier.console.bulk_runs import BulkLog, BulkRuns, LoggedRun
@@ -68,11 +67,13 @@ class Stores:
             self._map = None
             self.queries = self.all[0].queries
 
+    def number_of(self, execution_id: str) -> int:
+        """The number (in :attr:`all`) of the store that holds ``execution_id``."""
+        return 0 if self._map is None else self._map.store_of_id(execution_id)
+
     def of_execution(self, execution_id: str) -> Store:
         """The store that holds ``execution_id`` (by its bucket)."""
-        if self._map is None:
-            return self.all[0]
-        return self.all[self._map.store_of(bucket_of(execution_id))]
+        return self.all[self.number_of(execution_id)]
 
     async def previews(self, action: BulkAction, where: ExecutionFilter) -> list[int]:
         """How many executions a run of ``action`` over ``where`` would act on now, in

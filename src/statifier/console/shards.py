@@ -41,7 +41,6 @@ from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, TypeVar
 
-from statifier.buckets import bucket_of
 from statifier.console.queries import (
     DEFAULT_PAGE,
     BadCursor,
@@ -156,7 +155,7 @@ class ShardedQueries:
 
     def store_of(self, execution_id: str) -> ConsoleQueries:
         """The queries of the store that holds ``execution_id`` (by its bucket)."""
-        return self.stores[self.shard_map.store_of(bucket_of(execution_id))]
+        return self.stores[self.shard_map.store_of_id(execution_id)]
 
     async def _everywhere(self, call: Callable[[ConsoleQueries], Awaitable[_R]]) -> list[_R]:
         return list(await asyncio.gather(*(call(store) for store in self.stores)))

@@ -89,6 +89,11 @@ class ShardMap:
                 return number
         raise ValueError(f"bucket {bucket} is not between 0 and {BUCKETS - 1}")
 
+    def store_of_id(self, execution_id: str) -> int:
+        """The number of the store that holds ``execution_id`` (its bucket:
+        :func:`~statifier.buckets.bucket_of`)."""
+        return self.store_of(bucket_of(execution_id))
+
 
 @dataclass(frozen=True)
 class Shard:
@@ -159,12 +164,12 @@ class ShardedAdapter:
 
     def shard_of(self, execution_id: str) -> Adapter:
         """The store that holds ``execution_id`` (and its durable children)."""
-        return self.stores[self.shard_map.store_of(bucket_of(execution_id))]
+        return self.stores[self.shard_map.store_of_id(execution_id)]
 
     def _grouped(self, items: Iterable[T], key: Callable[[T], str]) -> dict[int, list[T]]:
         groups: dict[int, list[T]] = {}
         for item in items:
-            groups.setdefault(self.shard_map.store_of(bucket_of(key(item))), []).append(item)
+            groups.setdefault(self.shard_map.store_of_id(key(item)), []).append(item)
         return groups
 
     async def _everywhere(self, call: Callable[[Adapter], Awaitable[T]]) -> list[T]:

@@ -193,7 +193,7 @@ class ShardedRouter:
     def router_of_execution(self, execution_id: str) -> Router:
         """The router of the store that holds ``execution_id`` (and its durable
         children): ask it to pause, resume, locate or subscribe the execution."""
-        return self.routers[self.shard_map.store_of(bucket_of(execution_id))]
+        return self.routers[self.shard_map.store_of_id(execution_id)]
 
     def store_of_key(self, planned: Planned) -> int:
         """The number of the store of ``planned``'s partition key
@@ -204,7 +204,7 @@ class ShardedRouter:
         for verdict in planned.verdicts:
             if verdict.binding.order is Order.BY_KEY and isinstance(verdict.answer, Keyed):
                 return self._store_of(event, verdict)
-        return self.shard_map.store_of(bucket_of(event.message_id))
+        return self.shard_map.store_of_id(event.message_id)
 
     def _store_of(self, event: InboundEvent, verdict: Verdict) -> int:
         answer = verdict.answer
