@@ -431,6 +431,7 @@ class Api:
                     store.router, revision, state_map=state_map, data=data
                 )
             except (ChartNotFound, ChartRetired) as error:
+                # A store that retired it says more than one that never held it.
                 missing = missing if isinstance(missing, ChartRetired) else error
         return Refused(404, "no_revision", str(missing))
 
