@@ -160,7 +160,7 @@ def console_of(db: RouterDb, **options: Any) -> Console:
 async def record(db: RouterDb, console: Console) -> None:
     """The carts of SCRIPTS, recorded on CART (named ``cart``)."""
     cart = compile_chart(CART, name="cart")
-    executions = Executions(console.router.storage)
+    executions = Executions(console.stores.first.router.storage)
     for execution_id, script in SCRIPTS.items():
         await executions.create(execution_id, cart)
         for name, amount in script:

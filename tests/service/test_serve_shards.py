@@ -1,5 +1,5 @@
 """``statifier serve`` over several stores (``[database] shards``): the file's URLs read
-and refused, the HTTP fronts and console refused there; in process, over three SQLite
+and refused, the HTTP fronts refused there; in process, over three SQLite
 files, the inbound-events table's events each stepped once in its key's store, a
 schedule's fires delivered in the stores their keys are in, the HTTP API sending to
 and listing every store's executions; over three PostgreSQL
@@ -100,12 +100,9 @@ def test_the_stores_urls_from_the_environment_stay_out_of_repr(tmp_path: Path) -
             '[fronts.webhook.clicks]\npath = "/hooks"\nsource = "clicks"\nscope = "web"\n',
             "[fronts.webhook.clicks]",
         ),
-        ("[console]\nenabled = true\n", "[console]"),
     ],
 )
-def test_http_fronts_and_the_console_are_refused_over_several_stores(
-    tmp_path: Path, more: str, table: str
-) -> None:
+def test_http_fronts_are_refused_over_several_stores(tmp_path: Path, more: str, table: str) -> None:
     message = _refused(tmp_path, _body(tmp_path, more), {"OPS_TOKEN": "t" * 32})
     assert table in message
     assert "is not served over several stores ([database] shards) yet" in message

@@ -32,14 +32,13 @@ from typing import Any, Final
 
 from statifier import telemetry
 from statifier.api.openapi import openapi_document
-from statifier.api.stores import Stores
 from statifier.api.tokens import ALL_SCOPES, ApiToken, ApiTokens, Rights
 from statifier.api.views import Address, Snapshot, execution_json, outcome_json, reached
 from statifier.api.watcher import Mark, Watcher
 from statifier.console.actions import Action, Done, cancel, pause, resume
 from statifier.console.actions import Refused as ActionRefused
 from statifier.console.audit import AuditEntry
-from statifier.console.bulk import BULK_ACTIONS, BulkAction, stored_migration
+from statifier.console.bulk import BULK_ACTIONS, BulkAction
 from statifier.console.bulk_runs import LoggedRun
 from statifier.console.queries import (
     MAX_PAGE,
@@ -49,6 +48,7 @@ from statifier.console.queries import (
     ExecutionSummary,
 )
 from statifier.console.replay import SYSTEM_VARIABLES
+from statifier.console.stores import Stores
 from statifier.core.events import Event
 from statifier.expr import UNDEFINED, Value, tagged
 from statifier.extras import MissingExtra
@@ -105,7 +105,7 @@ class Api:
             :class:`~statifier.router.ShardedRouter` over several stores: an
             execution is read and acted on in its bucket's store, a list merges every
             store's (one cursor), and a bulk action runs in each store under one job
-            id whose progress sums them (:mod:`statifier.api.stores`).
+            id whose progress sums them (:mod:`statifier.console.stores`).
         tokens: who may call it (at least one).
         visible: for a document (as the bindings name it), the datamodel fields an
             answer may show of its executions; nothing else of a datamodel leaves.
@@ -148,7 +148,7 @@ class Api:
                     raise ValueError(
                         f"visible fields of {document!r}: {name!r} is not a datamodel field"
                     )
-        stores = Stores(router)
+        stores = Stores.of(router)
         bindings = stores.all[0].router.config.bindings or ()
         if any(binding.id == API_PLAN_ID for binding in bindings):
             raise ValueError(
@@ -424,16 +424,10 @@ class Api:
             return Refused(400, "bad_plan", "map is an object of state ids to a state id or null")
         if not isinstance(data, dict):
             return Refused(400, "bad_plan", "data is an object of variable names to values")
-        missing: ChartNotFound | ChartRetired | None = None
-        for store in self._stores.all:  # a revision is saved where an execution ran it
-            try:
-                return await stored_migration(
-                    store.router, revision, state_map=state_map, data=data
-                )
-            except (ChartNotFound, ChartRetired) as error:
-                # A store that retired it says more than one that never held it.
-                missing = missing if isinstance(missing, ChartRetired) else error
-        return Refused(404, "no_revision", str(missing))
+        try:
+            return await self._stores.migration(revision, state_map=state_map, data=data)
+        except (ChartNotFound, ChartRetired) as missing:
+            return Refused(404, "no_revision", str(missing))
 
     async def _bulk_progress(self, request: Request, caller: ApiToken) -> Answer:
         return await self._progress(request.path_params["job"], caller, 200)

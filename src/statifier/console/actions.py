@@ -57,6 +57,7 @@ from statifier.router import (
     Resumed,
     Router,
     RouterError,
+    ShardedRouter,
 )
 from statifier.router.locations import NoLocation, rotate_location_in
 from statifier.router.transaction import Delivering
@@ -335,7 +336,12 @@ async def discard_consumer(router: Router, row: Any, *, record: Record) -> Done:
 
 
 async def retry_consumer(
-    router: Router, row: Any, scopes: Mapping[str, str], *, record: Record
+    router: Router,
+    row: Any,
+    scopes: Mapping[str, str],
+    *,
+    record: Record,
+    routing: Router | ShardedRouter | None = None,
 ) -> Done:
     """Route one consumer dead letter's event again, then delete the dead letter and
     ``record``, those two in one transaction.
@@ -345,6 +351,11 @@ async def retry_consumer(
     the data alone, and then the source's scope comes from ``scopes`` (source name to
     its fixed scope, from the service's configuration) and the message id from the
     letter.
+
+    The letter is read and deleted in ``router``'s database; the event is routed by
+    ``routing`` (default ``router``): over several stores, the
+    :class:`~statifier.router.ShardedRouter`, since the event's addresses may lie in
+    other stores than the letter.
 
     The routing is :meth:`statifier.router.Router.route`, which opens transactions of its own
     (one per binding the event matches) and cannot join the delete's: it stays the
@@ -374,7 +385,7 @@ async def retry_consumer(
     except UndecodableBlob as undecodable:
         raise Refused(f"the dead letter's bytes cannot be decoded: {undecodable}") from None
     event = _event(str(source), message_id, plain, scopes)
-    routed = await router.route(event)
+    routed = await (router if routing is None else routing).route(event)
     outcomes = ", ".join(type(outcome).__name__ for outcome in routed.outcomes) or "no binding"
     done = Done(f"routed consumer dead letter {row} again: {outcomes}")
     async with router.transaction() as unit:

@@ -64,6 +64,12 @@ transaction of its own. A done act redirects (303) back to the page it was taken
 which says so (``?done=ACTION``, a fixed text); a rotation answers the one page that
 shows its new location; nothing to do is 409, a failure 500.
 
+Over several stores (a :class:`~statifier.router.ShardedRouter`, decision 0119) the
+lists are every store's merged, one execution is read and acted on in its store (its
+audit row there), a dead letter's links name its store (``STORE.ID``; a bad store is
+400), a bulk run runs in every store under one id, and the schedules are the first
+store's; ``/console/revisions`` and ``/console/held`` answer 409, not served there.
+
 Everything shown is escaped by the templates (Jinja2 with autoescape); the only
 markup inserted as is is the SVG the console draws itself
 (:func:`statifier.console.diagram.render_chart_svg`, whose text is escaped there, and
@@ -93,14 +99,8 @@ from statifier.console import actions
 from statifier.console import schedules as schedule_actions
 from statifier.console.audit import Audit, AuditEntry
 from statifier.console.auth import COOKIE, Session, Sessions
-from statifier.console.bulk import (
-    BULK_ACTIONS,
-    BulkAction,
-    bulk_action,
-    preview,
-    stored_migration,
-)
-from statifier.console.bulk_runs import BulkLog, BulkRuns, LoggedRun
+from statifier.console.bulk import BULK_ACTIONS, BulkAction, bulk_action
+from statifier.console.bulk_runs import BulkRuns, LoggedRun
 from statifier.console.diagram import render_chart_svg
 from statifier.console.held import LATE_AFTER as HELD_LATE_AFTER
 from statifier.console.held import held_page, held_totals
@@ -135,6 +135,8 @@ from statifier.console.revision_form import (
 )
 from statifier.console.revisions import MAX_EXECUTIONS, Job, Revisions, TooManyJobs
 from statifier.console.schedules import LATE_AFTER, schedules_page
+from statifier.console.shards import ShardedAudit, ShardedQueries
+from statifier.console.stores import BadStore, Store, Stores
 from statifier.console.timeline import error_steps, fates, made_by, send_keys, timeline
 from statifier.console.upload import BadForm, parse_form_data
 from statifier.core import MachineState, StartOptions
@@ -144,7 +146,7 @@ from statifier.extras import MissingExtra
 from statifier.persistence import ChartNotFound, ChartRetired, LoggedInput, Status
 from statifier.persistence.sql import SqlTransaction
 from statifier.persistence.step_errors import MAX_STEP_ERRORS
-from statifier.router import Binding, Router
+from statifier.router import Binding, Router, ShardedRouter
 from statifier.shadow import ShadowResult, Side, Verdict
 
 try:
@@ -287,11 +289,21 @@ class Ending:
 class Console:
     """Everything the console's pages and actions work with.
 
+    Over several stores (decision 0119) ``router`` is a
+    :class:`~statifier.router.ShardedRouter`, ``queries`` a
+    :class:`~statifier.console.shards.ShardedQueries` and ``audit`` a
+    :class:`~statifier.console.shards.ShardedAudit` over its stores, store for store:
+    lists are merged over the stores, an action on one execution runs on its store's
+    router with its audit row in that store, a dead letter's link names its store.
+    The shadow replay of a revision and the held events are refused there (409);
+    the schedules are the first store's, where they live.
+
     Args:
-        queries: the read side over the database shown.
+        queries: the read side over the database shown (every store's).
         audit: where actions are recorded: the database and tables of ``router``'s
-            adapter (a done action's row is written in the action's transaction).
-        router: the router over the same database: actions go through
+            adapter, of each store's router over several (a done action's row is
+            written in the action's transaction).
+        router: the router over the same database (or stores): actions go through
             it (its ``basichttp`` decides whether locations can be rotated).
         sessions: the operators and the session cookie.
         configured: the service's bindings and routes, ``None`` when not served by
@@ -305,9 +317,9 @@ class Console:
             over a read-only connection to the router's database).
     """
 
-    queries: ConsoleQueries
-    audit: Audit
-    router: Router
+    queries: ConsoleQueries | ShardedQueries
+    audit: Audit | ShardedAudit
+    router: Router | ShardedRouter
     sessions: Sessions
     configured: Configured | None = None
     scopes: Mapping[str, str] = field(default_factory=dict)
@@ -317,7 +329,7 @@ class Console:
     revision_ttl: float = 3600.0
     live: Live = field(init=False)
     revisions: Revisions = field(init=False)
-    bulk_runs: BulkRuns = field(init=False)
+    stores: Stores = field(init=False)
     _machines: OrderedDict[str, Machine] = field(init=False, default_factory=OrderedDict)
     _replays: OrderedDict[tuple[str, str, int], list[ReplayStep]] = field(
         init=False, default_factory=OrderedDict
@@ -325,10 +337,13 @@ class Console:
     _finals: OrderedDict[str, str] = field(init=False, default_factory=OrderedDict)
 
     def __post_init__(self) -> None:
+        self.stores = _stores_of(self.router, self.queries, self.audit)
         self.live = Live(
             self.queries.fingerprint, interval=self.live_interval, max_clients=self.max_clients
         )
-        adapter, storage = self.router.adapter, self.router.storage
+        # Over several stores the revisions' pages are refused; the object stays, idle.
+        first = self.stores.first.router
+        adapter, storage = first.adapter, first.storage
         self.revisions = Revisions(
             adapter.engine.url.render_as_string(hide_password=False),
             adapter.tables.options,
@@ -337,21 +352,23 @@ class Console:
             max_running=self.revision_jobs,
             ttl=self.revision_ttl,
         )
-        self.bulk_runs = BulkRuns(
-            self.router, self.queries, self.audit, BulkLog(adapter.engine, adapter.tables)
-        )
+
+    @property
+    def bulk_runs(self) -> BulkRuns:
+        """The first store's bulk runs (over one database, its only ones)."""
+        return self.stores.first.runs
 
     def close(self) -> None:
         """End the live streams, stop the running shadow replays and bulk runs (the
         console is stopping; what a bulk run did stays done)."""
         self.live.close()
         self.revisions.close()
-        self.bulk_runs.cancel()
+        self.stores.cancel()
 
     @classmethod
     def of(
         cls,
-        router: Router,
+        router: Router | ShardedRouter,
         sessions: Sessions,
         *,
         scriba: ScribaTables | None = None,
@@ -360,16 +377,15 @@ class Console:
         live_interval: float = 0.5,
         max_clients: int = 32,
     ) -> Console:
-        """The console of ``router``'s database: its reads and its audit trail on the
-        engine and tables of the router's adapter (``scriba``: scriba's tables there,
-        to show projections). Blobs are decoded with the codec of the router's storage."""
-        adapter = router.adapter
-        queries = ConsoleQueries(
-            adapter.engine, adapter.tables, scriba=scriba, codec=router.storage.codec
-        )
+        """The console of ``router``'s database, or of each store of a
+        :class:`~statifier.router.ShardedRouter`: its reads and its audit trail on the
+        engine and tables of each router's adapter (``scriba``: scriba's tables in the
+        first, to show projections). Blobs are decoded with the codec of each router's
+        storage."""
+        stores = Stores.of(router, scriba=scriba)
         return cls(
-            queries=queries,
-            audit=Audit(adapter.engine, adapter.tables),
+            queries=stores.queries,
+            audit=stores.audit,
             router=router,
             sessions=sessions,
             configured=configured,
@@ -427,7 +443,7 @@ class Console:
     async def _ending(self, row: ExecutionSummary) -> Ending:
         if row.final_position is None:
             return Ending(None, "unknown: the position was pruned")
-        machine = await self.machine(row.content_hash)
+        machine = await self.machine(row.content_hash, execution_id=row.id)
         if machine is None:
             return Ending(None, "unknown: the chart is retired or gone")
         try:
@@ -443,21 +459,55 @@ class Console:
         ended = state.final_state()
         return Ending(ended, None if ended else "none: it stopped in no final state")
 
-    async def machine(self, content_hash: str) -> Machine | None:
+    async def machine(
+        self, content_hash: str, *, execution_id: str | None = None
+    ) -> Machine | None:
         """The chart stored under ``content_hash`` (compiled once, kept in a bounded
-        cache), or ``None`` when it is retired or gone."""
+        cache), or ``None`` when it is retired or gone: read in the store of
+        ``execution_id``, an execution of it (a chart is saved in each store an
+        execution of it is created in), else in the first store."""
         cached = self._machines.get(content_hash)
         if cached is not None:
             self._machines.move_to_end(content_hash)
             return cached
+        store = (
+            self.stores.first if execution_id is None else self.stores.of_execution(execution_id)
+        )
         try:
-            machine = await self.router.storage.machine(content_hash)
+            machine = await store.router.storage.machine(content_hash)
         except Exception:  # noqa: BLE001 - a retired or unreadable chart is shown as gone
             return None
         self._machines[content_hash] = machine
         while len(self._machines) > MAX_MACHINES:
             self._machines.popitem(last=False)
         return machine
+
+
+def _stores_of(
+    router: Router | ShardedRouter,
+    queries: ConsoleQueries | ShardedQueries,
+    audit: Audit | ShardedAudit,
+) -> Stores:
+    """The stores of a console's parts, store for store.
+
+    Raises:
+        ValueError: one database's router with another's reads (or the other way
+            round), or not as many stores of each.
+    """
+    if not isinstance(router, ShardedRouter):
+        if not isinstance(queries, ConsoleQueries) or not isinstance(audit, Audit):
+            raise ValueError("a console of one database reads and records in that database")
+        return Stores([Store.on(router, queries, audit)])
+    if not isinstance(queries, ShardedQueries) or not isinstance(audit, ShardedAudit):
+        raise ValueError("a console over several stores reads and records in each of them")
+    routers = router.routers
+    if not len(routers) == len(queries.stores) == len(audit.audits):
+        raise ValueError(
+            f"{len(routers)} stores routed, {len(queries.stores)} read, "
+            f"{len(audit.audits)} recorded in"
+        )
+    parts = zip(routers, queries.stores, audit.audits, strict=True)
+    return Stores([Store.on(*part) for part in parts], router.shard_map)
 
 
 def console_app(console: Console) -> Starlette:
@@ -656,6 +706,8 @@ class _Act:
     label: str
     back: str
     run: Callable[[actions.Record], Awaitable[actions.Done]]
+    store: Store
+    """Where its audit row is written: the store it acts in."""
 
 
 class _Pages:
@@ -724,6 +776,19 @@ class _Pages:
             return await build(session)
         except (_BadRequest, BadCursor, ValueError) as error:
             return self.message(request, session, 400, "Not understood", str(error))
+
+    def not_over_stores(self, request: Request, session: Session | None, what: str) -> Response:
+        """409: ``what`` is not served over several stores (it would read or act on
+        one store only, and so answer wrongly)."""
+        return self.message(
+            request,
+            session,
+            409,
+            "Not over several stores",
+            f"{what} is not served over several stores ([database] shards): this console "
+            f"spreads over {len(self.console.stores.all)} of them.",
+            f"{self.base(request)}/executions",
+        )
 
     async def body(self, request: Request, limit: int) -> bytes | None:
         """The request's body, or ``None`` when it is over ``limit`` bytes (the rest is
@@ -851,8 +916,9 @@ class _Pages:
                     back=f"{self.base(request)}/executions",
                 )
             record = detail.record
-            machine = await console.machine(record.content_hash)
-            state = _loaded(console, record, machine)
+            store = console.stores.of_execution(record.id)
+            machine = await console.machine(record.content_hash, execution_id=record.id)
+            state = _loaded(store.router, record, machine)
             steps: list[ReplayStep] = []
             replay_note = None
             diverged = True
@@ -947,7 +1013,7 @@ class _Pages:
                 ledger=detail.ledger,
                 addresses=detail.addresses,
                 audit=audit.rows,
-                rotatable=console.router.config.basichttp is not None and bool(detail.addresses),
+                rotatable=store.router.config.basichttp is not None and bool(detail.addresses),
             )
 
         return await self.page(request, build)
@@ -972,7 +1038,8 @@ class _Pages:
             )
             span = chosen[2]
             bucket = span / BUCKETS
-            until = self.console.router.storage.clock()  # the clock the rows were written by
+            # The clock the rows were written by (the stores' routers share it).
+            until = self.console.stores.first.router.storage.clock()
             since = until - span
             counts = await queries.ledger_counts(since, until, bucket)
             addresses = None
@@ -1005,12 +1072,20 @@ class _Pages:
             params = request.query_params
             queries = self.console.queries
             size = _size(request)
-            outbox = await queries.outbox_dead_letters(
-                cursor=params.get("outbox_cursor") or None, size=size
-            )
-            consumer = await queries.consumer_dead_letters(
-                cursor=params.get("consumer_cursor") or None, size=size
-            )
+            stores = self.console.stores
+            outbox_cursor = params.get("outbox_cursor") or None
+            consumer_cursor = params.get("consumer_cursor") or None
+            if isinstance(queries, ShardedQueries):
+                outbox, outbox_in = await queries.placed_outbox_dead_letters(
+                    cursor=outbox_cursor, size=size
+                )
+                consumer, consumer_in = await queries.placed_consumer_dead_letters(
+                    cursor=consumer_cursor, size=size
+                )
+            else:
+                outbox = await queries.outbox_dead_letters(cursor=outbox_cursor, size=size)
+                consumer = await queries.consumer_dead_letters(cursor=consumer_cursor, size=size)
+                outbox_in, consumer_in = (0,) * len(outbox.rows), (0,) * len(consumer.rows)
             failed = await queries.failed(cursor=params.get("failed_cursor") or None, size=size)
             errors = await queries.chart_errors(
                 cursor=params.get("errors_cursor") or None, size=size
@@ -1023,8 +1098,16 @@ class _Pages:
                 nav="failures",
                 title="Failures",
                 outbox=outbox,
+                outbox_ids=[
+                    stores.row_text(n, row.id)
+                    for n, row in zip(outbox_in, outbox.rows, strict=True)
+                ],
                 outbox_next=_next_url(request, outbox.next_cursor, "outbox_cursor"),
                 consumer=consumer,
+                consumer_ids=[
+                    stores.row_text(n, row.id)
+                    for n, row in zip(consumer_in, consumer.rows, strict=True)
+                ],
                 consumer_next=_next_url(request, consumer.next_cursor, "consumer_cursor"),
                 failed=failed,
                 failed_next=_next_url(request, failed.next_cursor, "failed_cursor"),
@@ -1064,11 +1147,12 @@ class _Pages:
         async def build(session: Session) -> Response:
             params = request.query_params
             scope = params.get("scope", "")
-            queries = self.console.queries
+            first = self.console.stores.first  # over several stores, theirs (0119)
+            queries = first.queries
             page = await schedules_page(
                 queries.engine,
                 queries.tables,
-                now=self.console.router.storage.clock(),
+                now=first.router.storage.clock(),
                 after=params.get("after") or None,
                 scope=scope or None,
                 size=_size(request),
@@ -1094,7 +1178,10 @@ class _Pages:
         (alone, its router routes by none)."""
 
         async def build(session: Session) -> Response:
-            router, queries = self.console.router, self.console.queries
+            if self.console.stores.sharded:
+                return self.not_over_stores(request, session, "The held events page")
+            first = self.console.stores.first
+            router, queries = first.router, first.queries
             page = await held_page(
                 router,
                 queries.engine,
@@ -1122,6 +1209,7 @@ class _Pages:
 
     async def pause_schedule(self, request: Request) -> Response:
         name = request.path_params["name"]
+        first = self.console.stores.first  # the schedules' store
         act = _Act(
             audit="schedule.pause",
             target=name,
@@ -1133,12 +1221,14 @@ class _Pages:
             ),
             label="Pause the schedule",
             back=f"{self.base(request)}/schedules",
-            run=lambda record: schedule_actions.pause(self.console.router, name, record=record),
+            run=lambda record: schedule_actions.pause(first.router, name, record=record),
+            store=first,
         )
         return await self.act(request, act)
 
     async def resume_schedule(self, request: Request) -> Response:
         name = request.path_params["name"]
+        first = self.console.stores.first  # the schedules' store
         act = _Act(
             audit="schedule.resume",
             target=name,
@@ -1149,13 +1239,15 @@ class _Pages:
             ),
             label="Resume the schedule",
             back=f"{self.base(request)}/schedules",
-            run=lambda record: schedule_actions.resume(self.console.router, name, record=record),
+            run=lambda record: schedule_actions.resume(first.router, name, record=record),
+            store=first,
         )
         return await self.act(request, act)
 
     async def cancel(self, request: Request) -> Response:
         execution_id = request.path_params["execution_id"]
         back = f"{self.base(request)}/executions/{quote(execution_id, safe='')}"
+        store = self.console.stores.of_execution(execution_id)
         act = _Act(
             audit="cancel",
             target=execution_id,
@@ -1166,13 +1258,15 @@ class _Pages:
             ),
             label="Cancel the execution",
             back=back,
-            run=lambda record: actions.cancel(self.console.router, execution_id, record=record),
+            run=lambda record: actions.cancel(store.router, execution_id, record=record),
+            store=store,
         )
         return await self.act(request, act)
 
     async def pause(self, request: Request) -> Response:
         execution_id = request.path_params["execution_id"]
         back = f"{self.base(request)}/executions/{quote(execution_id, safe='')}"
+        store = self.console.stores.of_execution(execution_id)
         act = _Act(
             audit="pause",
             target=execution_id,
@@ -1184,13 +1278,15 @@ class _Pages:
             ),
             label="Pause the execution",
             back=back,
-            run=lambda record: actions.pause(self.console.router, execution_id, record=record),
+            run=lambda record: actions.pause(store.router, execution_id, record=record),
+            store=store,
         )
         return await self.act(request, act)
 
     async def resume(self, request: Request) -> Response:
         execution_id = request.path_params["execution_id"]
         back = f"{self.base(request)}/executions/{quote(execution_id, safe='')}"
+        store = self.console.stores.of_execution(execution_id)
         act = _Act(
             audit="resume",
             target=execution_id,
@@ -1201,13 +1297,15 @@ class _Pages:
             ),
             label="Resume the execution",
             back=back,
-            run=lambda record: actions.resume(self.console.router, execution_id, record=record),
+            run=lambda record: actions.resume(store.router, execution_id, record=record),
+            store=store,
         )
         return await self.act(request, act)
 
     async def rotate(self, request: Request) -> Response:
         execution_id = request.path_params["execution_id"]
         back = f"{self.base(request)}/executions/{quote(execution_id, safe='')}"
+        store = self.console.stores.of_execution(execution_id)
         act = _Act(
             audit="rotate",
             target=execution_id,
@@ -1218,7 +1316,8 @@ class _Pages:
             ),
             label="Rotate the location",
             back=back,
-            run=lambda record: actions.rotate(self.console.router, execution_id, record=record),
+            run=lambda record: actions.rotate(store.router, execution_id, record=record),
+            store=store,
         )
         return await self.act(request, act)
 
@@ -1228,17 +1327,25 @@ class _Pages:
         if kind not in ("outbox", "consumer") or verb not in ("retry", "discard"):
             return self.message(request, self.session(request), 404, "Not found", "No such page.")
         console = self.console
-        router = console.router
         back = f"{self.base(request)}/failures"
+        try:
+            store, in_store = console.stores.row(text)
+        except BadStore as error:
+            return self.message(
+                request, self.session(request), 400, "Not understood", str(error), back
+            )
+        router = store.router
 
         async def run(record: actions.Record) -> actions.Done:
-            row = actions.row_id(router.adapter.tables, text)
+            row = actions.row_id(router.adapter.tables, in_store)
             if kind == "outbox" and verb == "retry":
                 return await actions.retry_outbox(router, row, record=record)
             if kind == "outbox":
                 return await actions.discard_outbox(router, row, record=record)
             if verb == "retry":
-                return await actions.retry_consumer(router, row, console.scopes, record=record)
+                return await actions.retry_consumer(
+                    router, row, console.scopes, record=record, routing=console.router
+                )
             return await actions.discard_consumer(router, row, record=record)
 
         what = "outbox row" if kind == "outbox" else "consumer dead letter"
@@ -1261,6 +1368,7 @@ class _Pages:
             label=f"{verb.capitalize()} it",
             back=back,
             run=run,
+            store=store,
         )
         return await self.act(request, act)
 
@@ -1281,7 +1389,7 @@ class _Pages:
             action = await self.bulk_action(chosen) if chosen["action"] else None
             selected = None
             if action is not None:
-                selected = await preview(self.console.queries, action, where)
+                selected = sum(await self.console.stores.previews(action, where))
             return await self.bulk_page(request, session, form, chosen, action, selected)
 
         return await self.page(request, build)
@@ -1297,7 +1405,6 @@ class _Pages:
         status: int = 200,
         changed: bool = False,
     ) -> Response:
-        runs = self.console.bulk_runs
         return self.render(
             request,
             "bulk.html",
@@ -1313,7 +1420,7 @@ class _Pages:
             actions=[*BULK_ACTIONS, "migrate"],
             statuses=[s.value for s in Status],
             revisions=await self.console.queries.revisions(form.get("document") or None),
-            runs=[(run, runs.state(run)) for run in await runs.log.latest()],
+            runs=await self.console.stores.latest(),
             max_search=MAX_SEARCH,
         )
 
@@ -1350,8 +1457,8 @@ class _Pages:
         if not isinstance(data, dict):
             raise _BadRequest("data: a JSON object of variable names to values")
         try:
-            return await stored_migration(
-                self.console.router, chosen["revision"], state_map=state_map, data=data
+            return await self.console.stores.migration(
+                chosen["revision"], state_map=state_map, data=data
             )
         except (ChartNotFound, ChartRetired) as missing:
             raise _BadRequest(f"revision: {missing}") from None
@@ -1376,16 +1483,16 @@ class _Pages:
             confirmed = int(fields.get("confirm", ""))
         except (_BadRequest, ValueError) as error:
             return self.message(request, session, 400, "Not understood", str(error), back)
-        selected = await preview(self.console.queries, action, where)
+        counts = await self.console.stores.previews(action, where)
+        selected = sum(counts)
         if selected != confirmed:
             return await self.bulk_page(
                 request, session, form, chosen, action, selected, status=409, changed=True
             )
         actor = session.operator.name
         try:
-            run_id = await self.console.bulk_runs.start(
-                action, where, actor=actor, selected=selected
-            )
+            # One run per store under one id, as the API starts them.
+            run_id = await self.console.stores.start(action, where, actor=actor, selected=counts)
         except Exception as error:  # noqa: BLE001 - the page, the log and the audit say so
             said = f"{type(error).__name__}: {' '.join(str(error).split())}"[:500]
             _log.exception("console: bulk %s by %s could not start", action.name, actor)
@@ -1393,7 +1500,7 @@ class _Pages:
                 actor, action="bulk", target=action.name, outcome="failed", detail=said
             )
             try:
-                await self.console.audit.record(entry)
+                await self.console.stores.first.audit.record(entry)
             except Exception:  # noqa: BLE001 - the database that refused the run, most likely
                 _log.exception("console: the failed start's audit row could not be written")
             return self.message(request, session, 500, "Failed", said, back)
@@ -1405,9 +1512,8 @@ class _Pages:
         run_id = request.path_params["run_id"]
 
         async def build(session: Session) -> Response:
-            runs = self.console.bulk_runs
-            run = await runs.log.get(run_id)
-            if run is None:
+            found = await self.console.stores.progress(run_id)
+            if found is None:
                 return self.message(
                     request,
                     session,
@@ -1416,6 +1522,7 @@ class _Pages:
                     "There is no such bulk run.",
                     f"{self.base(request)}/bulk",
                 )
+            run, state = found
             return self.render(
                 request,
                 "bulk_run.html",
@@ -1423,7 +1530,7 @@ class _Pages:
                 nav="executions",
                 title=f"Bulk {run.action}",
                 run=run,
-                state=runs.state(run),
+                state=state,
                 again=f"{self.base(request)}/bulk?{urlencode(_again(run))}",
             )
 
@@ -1463,7 +1570,7 @@ class _Pages:
             entry = AuditEntry(
                 actor, action=act.audit, target=act.target, outcome="done", detail=done.summary
             )
-            await self.console.audit.record_in(tx, entry)
+            await act.store.audit.record_in(tx, entry)
 
         try:
             done = await act.run(record)
@@ -1486,12 +1593,15 @@ class _Pages:
         entry = AuditEntry(
             actor, action=act.audit, target=act.target, outcome=outcome, detail=detail
         )
-        await self.console.audit.record(entry)
+        await act.store.audit.record(entry)
 
     # Trying a revision.
 
     async def revisions(self, request: Request) -> Response:
-        """The form and the jobs kept (GET), or a job started (POST)."""
+        """The form and the jobs kept (GET), or a job started (POST); 409 over several
+        stores."""
+        if self.console.stores.sharded:
+            return self.revisions_refused(request)
         if request.method == "POST":
             return await self.try_revision(request)
 
@@ -1499,6 +1609,16 @@ class _Pages:
             return self.revisions_form(request, session, dict.fromkeys(FILTER_FIELDS, ""))
 
         return await self.page(request, build)
+
+    def revisions_refused(self, request: Request) -> Response:
+        """Over several stores: a shadow replay reads one database, so it would judge
+        one store's executions only (the login form first, without a session)."""
+        session = self.session(request)
+        if session is None:
+            if request.method == "GET":
+                return self.to_login(request)
+            return self.message(request, None, 401, "Log in first", "This needs a session.")
+        return self.not_over_stores(request, session, "Trying a revision (a shadow replay)")
 
     def revisions_form(
         self,
@@ -1547,7 +1667,7 @@ class _Pages:
         if not session.csrf_ok(posted.fields.get("csrf")):
             _log.warning("console: a revision from %s refused: bad CSRF token", operator)
             return self.message(request, session, 403, "Refused", _NOT_THIS_SESSION)
-        storage = self.console.router.storage
+        storage = self.console.stores.first.router.storage  # the only one: refused over several
         try:
             selection = read_selection(form)
             revision = compile_upload(
@@ -1571,6 +1691,8 @@ class _Pages:
         did not replay the same, and one of them (``?execution=ID``) with where it
         parted drawn on both charts."""
         job_id = request.path_params["job_id"]
+        if self.console.stores.sharded:
+            return self.revisions_refused(request)
 
         async def build(session: Session) -> Response:
             job = self.console.revisions.get(job_id)
@@ -1645,11 +1767,11 @@ class _Pages:
         return StreamingResponse(body(), media_type="text/event-stream", headers=headers)
 
 
-def _loaded(console: Console, record: Any, machine: Machine | None) -> MachineState | None:
+def _loaded(router: Router, record: Any, machine: Machine | None) -> MachineState | None:
     if machine is None:
         return None
     try:
-        return console.router.storage.load(record, machine)
+        return router.storage.load(record, machine)
     except Exception:  # noqa: BLE001 - a pruned or damaged position is shown as such
         return None
 

@@ -11,7 +11,9 @@ whatever the stores' clocks or the rows' ties. Rows of the same time are ordered
 store, then as the store orders them.
 
 What one execution has (its detail, its rows) is read in its bucket's store; counts
-are summed; the newest write times are the newest of any store.
+are summed; the newest write times are the newest of any store. A dead letter's list
+can also answer each row's store (a row id names a row of one store only), and
+:class:`ShardedAudit` merges the stores' audit trails the same way.
 
 >>> import asyncio, os, tempfile
 >>> from statifier.console.queries import ConsoleQueries
@@ -33,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import functools
 import json
 from collections import Counter
 from collections.abc import Awaitable, Callable, Collection, Sequence
@@ -41,8 +44,10 @@ from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, TypeVar
 
+from statifier.console.audit import Audit, AuditRow
 from statifier.console.queries import (
     DEFAULT_PAGE,
+    MAX_PAGE,
     BadCursor,
     BucketCount,
     ConsoleQueries,
@@ -54,6 +59,8 @@ from statifier.console.queries import (
     Fingerprint,
     LedgerFilter,
     Page,
+    ProjectionView,
+    RevisionView,
     StepRows,
     encode_cursor,
 )
@@ -61,7 +68,7 @@ from statifier.persistence import Status
 from statifier.persistence.shards import ShardMap
 from statifier.router import LedgerRow, OutboxRow
 
-__all__ = ["ShardedQueries"]
+__all__ = ["ShardedAudit", "ShardedQueries"]
 
 _T = TypeVar("_T")
 _R = TypeVar("_R")
@@ -110,6 +117,10 @@ def _recorded(row: ErrorView) -> tuple[datetime, Any]:
     return row.error.recorded_at, row.id
 
 
+def _acted(row: AuditRow) -> tuple[datetime, Any]:
+    return row.at, row.id
+
+
 class ShardedQueries:
     """The console's reads over K stores, one :class:`ConsoleQueries` per store, in
     the order of ``shard_map``'s ranges (by default, even ranges: the map
@@ -156,6 +167,12 @@ class ShardedQueries:
     def store_of(self, execution_id: str) -> ConsoleQueries:
         """The queries of the store that holds ``execution_id`` (by its bucket)."""
         return self.stores[self.shard_map.store_of_id(execution_id)]
+
+    @property
+    def scriba(self) -> Any:
+        """scriba's tables as the first store that reads them has them (``None`` when
+        none does): the projections (:meth:`projections`) are read there."""
+        return next((store.scriba for store in self.stores if store.scriba is not None), None)
 
     async def _everywhere(self, call: Callable[[ConsoleQueries], Awaitable[_R]]) -> list[_R]:
         return list(await asyncio.gather(*(call(store) for store in self.stores)))
@@ -224,6 +241,22 @@ class ShardedQueries:
         """:meth:`ConsoleQueries.step_rows`, in the execution's store."""
         return await self.store_of(execution_id).step_rows(execution_id, keys)
 
+    async def revisions(self, document: str | None = None) -> list[RevisionView]:
+        """The charts any store holds and has not retired (:meth:`ConsoleQueries.revisions`),
+        each once (as the store that saved it last has it), newest saved first, at most
+        :data:`~statifier.console.queries.MAX_PAGE`: a chart is saved in every store an
+        execution of it was created in, so one store may lack a revision another has."""
+        found = await self._everywhere(lambda store: store.revisions(document))
+        newest: dict[str, RevisionView] = {}
+        for views in found:
+            for view in views:
+                kept = newest.get(view.content_hash)
+                if kept is None or view.saved_at > kept.saved_at:
+                    newest[view.content_hash] = view
+        ordered = sorted(newest.values(), key=lambda view: view.content_hash)
+        ordered.sort(key=lambda view: view.saved_at, reverse=True)
+        return ordered[:MAX_PAGE]
+
     # -- the ledger and addresses ------------------------------------------------------
 
     async def ledger(
@@ -287,11 +320,25 @@ class ShardedQueries:
             BadCursor: ``cursor`` is not one this list made over these stores.
             ValueError: ``size`` outside ``1..MAX_PAGE``.
         """
+        page, _ = await self.placed_outbox_dead_letters(cursor=cursor, size=size)
+        return page
+
+    async def placed_outbox_dead_letters(
+        self, *, cursor: str | None = None, size: int = DEFAULT_PAGE
+    ) -> tuple[Page[OutboxRow], tuple[int, ...]]:
+        """:meth:`outbox_dead_letters` and, for each row, the number of its store: a
+        row id names a row of one store only.
+
+        Raises:
+            BadCursor: ``cursor`` is not one this list made over these stores.
+            ValueError: ``size`` outside ``1..MAX_PAGE``.
+        """
 
         def page(store: ConsoleQueries, after: str | None) -> Awaitable[Page[OutboxRow]]:
             return store.outbox_dead_letters(cursor=after, size=size)
 
-        return await self._merged(_Order("outbox", _outbox_dead), page, cursor, size)
+        order = _Order("outbox", _outbox_dead)
+        return await _merged_page(order, self._readers(page), cursor, size)
 
     async def chart_errors(
         self, *, cursor: str | None = None, size: int = DEFAULT_PAGE
@@ -317,11 +364,31 @@ class ShardedQueries:
             BadCursor: ``cursor`` is not one this list made over these stores.
             ValueError: ``size`` outside ``1..MAX_PAGE``.
         """
+        page, _ = await self.placed_consumer_dead_letters(cursor=cursor, size=size)
+        return page
+
+    async def placed_consumer_dead_letters(
+        self, *, cursor: str | None = None, size: int = DEFAULT_PAGE
+    ) -> tuple[Page[ConsumerDeadLetter], tuple[int, ...]]:
+        """:meth:`consumer_dead_letters` and, for each row, the number of its store.
+
+        Raises:
+            BadCursor: ``cursor`` is not one this list made over these stores.
+            ValueError: ``size`` outside ``1..MAX_PAGE``.
+        """
 
         def page(store: ConsoleQueries, after: str | None) -> Awaitable[Page[ConsumerDeadLetter]]:
             return store.consumer_dead_letters(cursor=after, size=size)
 
-        return await self._merged(_Order("consumer", _consumer_dead), page, cursor, size)
+        order = _Order("consumer", _consumer_dead)
+        return await _merged_page(order, self._readers(page), cursor, size)
+
+    async def projections(self) -> list[ProjectionView]:
+        """scriba's projections of every store that reads scriba's tables
+        (:meth:`ConsoleQueries.projections`), by name and version."""
+        found = await self._everywhere(lambda store: store.projections())
+        views = [view for views in found for view in views]
+        return sorted(views, key=lambda view: (view.name, view.version))
 
     async def fingerprint(self) -> Fingerprint:
         """The newest write time of each listed table over every store."""
@@ -351,59 +418,115 @@ class ShardedQueries:
     ) -> Page[_T]:
         """The newest ``size`` rows of every store's list after ``cursor``'s places,
         and the cursor of the places after them."""
-        places: list[_Place] = (
-            [None] * len(self.stores) if cursor is None else self._places(cursor, order.kind)
-        )
+        merged, _ = await _merged_page(order, self._readers(page), cursor, size)
+        return merged
 
-        async def read(number: int) -> Page[_T]:
-            place = places[number]
-            if place is _DONE:
-                return Page((), None)
-            return await page(self.stores[number], place if isinstance(place, str) else None)
+    def _readers(
+        self, page: Callable[[ConsoleQueries, str | None], Awaitable[Page[_T]]]
+    ) -> list[Callable[[str | None], Awaitable[Page[_T]]]]:
+        return [functools.partial(page, store) for store in self.stores]
 
-        pages = await asyncio.gather(*(read(number) for number in range(len(self.stores))))
-        # Newest first; the same time by store, then in the store's own order.
-        merged = sorted(
-            (
-                (*order.of(row), -number, -position, row)
-                for number, found in enumerate(pages)
-                for position, row in enumerate(found.rows)
-            ),
-            key=lambda item: item[:1] + item[2:4],
-            reverse=True,
-        )
-        taken = merged[:size]
-        last_of: dict[int, tuple[datetime, Any, int]] = {}
-        for moment, key, number, position, _ in taken:
-            last_of[-number] = (moment, key, -position)
-        for number, found in enumerate(pages):
-            if number in last_of:
-                moment, key, position = last_of[number]
-                whole = position == len(found.rows) - 1 and found.next_cursor is None
-                places[number] = _DONE if whole else encode_cursor(order.kind, moment, key)
-            elif not found.rows and places[number] is not _DONE:
-                places[number] = _DONE
-        rows = tuple(row for *_, row in taken)
-        if all(place is _DONE for place in places):
-            return Page(rows, None)
-        return Page(rows, _encode_places(order.kind, places))
 
-    def _places(self, cursor: str, kind: str) -> list[_Place]:
-        try:
-            padded = cursor + "=" * (-len(cursor) % 4)
-            found = json.loads(base64.urlsafe_b64decode(padded.encode("ascii")))
-            made_for, places = found
-        except (ValueError, TypeError, UnicodeError, binascii.Error):
-            raise BadCursor("not a cursor of this list") from None
-        well_formed = (
-            made_for == f"stores:{kind}"
-            and isinstance(places, list)
-            and len(places) == len(self.stores)
-            and all(place is None or place is _DONE or isinstance(place, str) for place in places)
-        )
-        if not well_formed:
-            raise BadCursor("not a cursor of this list over these stores")
-        return list(places)
+class ShardedAudit:
+    """The audit trails of K stores (one :class:`~statifier.console.audit.Audit` per
+    store, in the stores' order) read as one: an action on an execution, or on a row,
+    is recorded in the store that holds it, so the trail of every action is the
+    stores' trails merged newest first, a page's cursor holding a place per store as
+    :class:`ShardedQueries`' do.
+
+    Raises:
+        ValueError: no store.
+    """
+
+    def __init__(self, audits: Sequence[Audit]) -> None:
+        if not audits:
+            raise ValueError("ShardedAudit needs at least one store")
+        self.audits = tuple(audits)
+
+    async def entries(
+        self, *, target: str | None = None, cursor: str | None = None, size: int = DEFAULT_PAGE
+    ) -> Page[AuditRow]:
+        """Every store's recorded actions, newest first (of ``target`` only, if given):
+        :meth:`Audit.entries <statifier.console.audit.Audit.entries>` over every store.
+
+        Raises:
+            BadCursor: ``cursor`` is not one this list made over these stores.
+            ValueError: ``size`` outside ``1..MAX_PAGE``.
+        """
+        readers = [functools.partial(_audit_page, audit, target, size) for audit in self.audits]
+        page, _ = await _merged_page(_Order("audit", _acted), readers, cursor, size)
+        return page
+
+
+def _audit_page(
+    audit: Audit, target: str | None, size: int, after: str | None
+) -> Awaitable[Page[AuditRow]]:
+    return audit.entries(target=target, cursor=after, size=size)
+
+
+async def _merged_page(
+    order: _Order,
+    readers: Sequence[Callable[[str | None], Awaitable[Page[_T]]]],
+    cursor: str | None,
+    size: int,
+) -> tuple[Page[_T], tuple[int, ...]]:
+    """The newest ``size`` rows of every store's list (``readers``: each store's page
+    after its own cursor) after ``cursor``'s places, the cursor of the places after
+    them, and the number of the store of each row."""
+    count = len(readers)
+    places: list[_Place] = [None] * count if cursor is None else _places(cursor, order.kind, count)
+
+    async def read(number: int) -> Page[_T]:
+        place = places[number]
+        if place is _DONE:
+            return Page((), None)
+        return await readers[number](place if isinstance(place, str) else None)
+
+    pages = await asyncio.gather(*(read(number) for number in range(count)))
+    # Newest first; the same time by store, then in the store's own order.
+    merged = sorted(
+        (
+            (*order.of(row), -number, -position, row)
+            for number, found in enumerate(pages)
+            for position, row in enumerate(found.rows)
+        ),
+        key=lambda item: item[:1] + item[2:4],
+        reverse=True,
+    )
+    taken = merged[:size]
+    last_of: dict[int, tuple[datetime, Any, int]] = {}
+    for moment, key, number, position, _ in taken:
+        last_of[-number] = (moment, key, -position)
+    for number, found in enumerate(pages):
+        if number in last_of:
+            moment, key, position = last_of[number]
+            whole = position == len(found.rows) - 1 and found.next_cursor is None
+            places[number] = _DONE if whole else encode_cursor(order.kind, moment, key)
+        elif not found.rows and places[number] is not _DONE:
+            places[number] = _DONE
+    rows = tuple(row for *_, row in taken)
+    numbers = tuple(-number for _, _, number, _, _ in taken)
+    if all(place is _DONE for place in places):
+        return Page(rows, None), numbers
+    return Page(rows, _encode_places(order.kind, places)), numbers
+
+
+def _places(cursor: str, kind: str, count: int) -> list[_Place]:
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        found = json.loads(base64.urlsafe_b64decode(padded.encode("ascii")))
+        made_for, places = found
+    except (ValueError, TypeError, UnicodeError, binascii.Error):
+        raise BadCursor("not a cursor of this list") from None
+    well_formed = (
+        made_for == f"stores:{kind}"
+        and isinstance(places, list)
+        and len(places) == count
+        and all(place is None or place is _DONE or isinstance(place, str) for place in places)
+    )
+    if not well_formed:
+        raise BadCursor("not a cursor of this list over these stores")
+    return list(places)
 
 
 def _encode_places(kind: str, places: Sequence[_Place]) -> str:

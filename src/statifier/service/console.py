@@ -1,11 +1,13 @@
 """The operator console as the service serves it (``[console]``, ``docs/console.md``).
 
 :func:`service_console` builds the :class:`~statifier.console.app.Console` over the
-service's own database and router configuration: the bindings and routes of the file
-are what the routing page lists, the fixed scopes of its sources are what a consumer
-dead letter is routed again under, and its BasicHTTP front's base URL is what a
-rotation mints locations on. Its routes are mounted at ``/console`` beside the health
-endpoints, on the service's listener.
+service's own database, or over every store of ``[database] shards`` (decision 0119:
+lists merged, each action in its execution's or row's store; the held events and the
+shadow replay of a revision are refused there), and the router configuration: the
+bindings and routes of the file are what the routing page lists, the fixed scopes of
+its sources are what a consumer dead letter is routed again under, and its BasicHTTP
+front's base URL is what a rotation mints locations on. Its routes are mounted at
+``/console`` beside the health endpoints, on the service's listener.
 
 With no operator configured (allowed on a loopback listener only; the configuration
 refuses it elsewhere) the service makes one ``operator`` login token per start, named
@@ -21,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from starlette.routing import BaseRoute
 
-from statifier.router import Router
+from statifier.router import Router, ShardedRouter
 from statifier.service.settings import ServiceSettings
 
 if TYPE_CHECKING:
@@ -51,9 +53,10 @@ class ServedConsole:
         return f"ServedConsole(routes={len(self.routes)}, generated={self.generated is not None})"
 
 
-def service_console(settings: ServiceSettings, router: Router) -> ServedConsole:
+def service_console(settings: ServiceSettings, router: Router | ShardedRouter) -> ServedConsole:
     """The console of ``settings`` (which must have ``[console]`` enabled) over the
-    router configuration's database.
+    router configuration's database, or over each store of a
+    :class:`~statifier.router.ShardedRouter` (scriba's tables read in the first).
 
     Raises:
         MissingExtra: Jinja2 (the ``console`` extra) is not installed.

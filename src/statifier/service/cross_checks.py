@@ -25,7 +25,7 @@ def cross_check(top: Table, settings: ServiceSettings) -> None:
     no route, a sink that outlives the outbox lease, a console on a listener other than
     loopback without operators, a front, a stream source or a schedule whose source no
     enabled binding reads, a front whose path overlaps another's, the console's or the
-    health endpoints, an HTTP front, the console or the API over several stores.
+    health endpoints, an HTTP front over several stores.
 
     Raises:
         ServiceConfigError: naming the table and the key at fault (``top`` is the
@@ -128,7 +128,7 @@ def cross_check(top: Table, settings: ServiceSettings) -> None:
 
 def _check_shards(settings: ServiceSettings) -> None:
     """Over several stores (``[database] shards``) the service runs its stream sources,
-    schedules, workers and the HTTP API; its HTTP fronts and console read and write
+    schedules, workers, the HTTP API and the console; its HTTP fronts read and write
     one database, so they are refused there."""
     if not settings.database.shards:
         return
@@ -136,8 +136,6 @@ def _check_shards(settings: ServiceSettings) -> None:
     why = "is not served over several stores ([database] shards) yet"
     if settings.fronts:
         raise ServiceConfigError(file, front_table(settings.fronts[0]), "", f"an HTTP front {why}")
-    if settings.console.enabled:
-        raise ServiceConfigError(file, "console", "", f"the console {why}")
 
 
 def _nested(path: str, under: str) -> bool:

@@ -459,15 +459,15 @@ class Service:
         settings = self.settings
         from starlette.applications import Starlette
 
-        # The HTTP fronts and the console run on one database (cross_check refuses
-        # them over several stores); the API runs over every store.
+        # The HTTP fronts run on one database (cross_check refuses them over several
+        # stores); the API and the console run over every store.
         router = _stores(routing)[0]
         # Everything that can be refused is built before any task starts.
         front_apps = [front_app(front, router, settings.file) for front in settings.fronts]
         fronts = [(f.path, app) for f, app in zip(settings.fronts, front_apps, strict=True)]
         routes: list[Any] = list(health_routes(health))
         if settings.console.enabled:
-            self._console = service_console(settings, router)
+            self._console = service_console(settings, routing)
             routes.extend(self._console.routes)
         if settings.api.enabled:
             self._api = service_api(settings, routing)

@@ -1,0 +1,329 @@
+"""The console over three stores (a :class:`ShardedRouter` over three SQLite files, and
+over three PostgreSQL schemas): every store's executions listed once, newest first,
+and each one's page opened from its store; pause, resume and cancel acting in the
+execution's store, their audit rows there, and the audit page merging the stores'
+rows newest first; a dead letter's links naming its store (a bad store a 400); a bulk
+run counted and run in every store under one run; the shadow replay of a revision and
+the held events answered 409, not served over several stores."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import pytest
+import pytest_asyncio
+import sqlalchemy as sa
+from tests.console.conftest import CHECKOUT, shop_bindings
+from tests.persistence.conftest import (  # noqa: F401 - fixtures used through SQL_BACKENDS
+    SQL_BACKENDS,
+    SqlStore,
+    postgresql_shards,
+    sqlite_shards,
+)
+
+from statifier.chart import compile_chart
+from statifier.console.app import Console, console_app
+from statifier.console.audit import Audit
+from statifier.console.auth import Operator, Operators, Role, Sessions
+from statifier.persistence import Status
+from statifier.persistence.sql import SqlAdapter
+from statifier.router import InboundEvent, Router, RouterConfig, ShardedRouter, StaticResolver
+from statifier.sql import migrations
+
+pytestmark = pytest.mark.asyncio
+
+ADA = "ada-token-0123456789abcdef"
+ORDERS = [f"o-{number}" for number in range(12)]
+
+
+@dataclass
+class Site:
+    """A console over three stores, and a client of it."""
+
+    stores: list[SqlStore]
+    router: ShardedRouter
+    console: Console
+    client: httpx.AsyncClient
+
+    async def page(self, path: str) -> str:
+        answer = await self.client.get(path)
+        assert answer.status_code == 200, answer.text
+        return answer.text
+
+    async def post(self, path: str) -> httpx.Response:
+        """Confirm the action at ``path`` with its form's CSRF token."""
+        found = re.search(r'name="csrf" value="([^"]+)"', await self.page(path))
+        assert found is not None
+        return await self.client.post(path, data={"csrf": found.group(1)})
+
+    async def checkout(self, order: str) -> str:
+        """Route a checkout of ``order``; answer the execution it created."""
+        event = InboundEvent(
+            scope="web",
+            source="shop",
+            message_id=f"checkout-{order}",
+            data={"kind": "checkout", "order": order, "amount": 5, "timeout": "1h"},
+        )
+        routed = await self.router.route(event)
+        execution_id = getattr(routed.outcomes[0], "execution_id", None)
+        assert isinstance(execution_id, str)
+        return execution_id
+
+    async def orders(self) -> dict[str, str]:
+        return {order: await self.checkout(order) for order in ORDERS}
+
+    def home(self, execution_id: str) -> Router:
+        return self.router.router_of_execution(execution_id)
+
+    def number(self, execution_id: str) -> int:
+        return self.router.routers.index(self.home(execution_id))
+
+    async def audit_of(self, router: Router) -> list[tuple[str, str, str]]:
+        """The audit rows written in ``router``'s store, newest first."""
+        audit = Audit(router.adapter.engine, router.adapter.tables)
+        return [(r.action, r.target, r.outcome) for r in (await audit.entries(size=100)).rows]
+
+    def sql(self, number: int, statement: Any) -> Any:
+        engine = sa.create_engine(migrations.sync_url(self.stores[number].url))
+        try:
+            with engine.begin() as connection:
+                result = connection.execute(statement)
+                return result.fetchall() if result.returns_rows else result.rowcount
+        finally:
+            engine.dispose()
+
+
+@pytest_asyncio.fixture(params=SQL_BACKENDS)
+async def site(request: pytest.FixtureRequest) -> AsyncIterator[Site]:
+    stores: list[SqlStore] = request.getfixturevalue(f"{request.param}_shards")
+    for store in stores:
+        store.empty()
+    adapters = [SqlAdapter(store.url, store.tables) for store in stores]
+    machine = compile_chart(CHECKOUT.format(receipt=""), name="order")
+    config = RouterConfig(
+        adapters[0], bindings=shop_bindings(), resolver=StaticResolver({"order": machine})
+    )
+    router = ShardedRouter(config, adapters)
+    sessions = Sessions(Operators([Operator("ada", ADA, Role.OPERATOR)]), key=b"k" * 32)
+    console = Console.of(router, sessions, live_interval=0.05)
+    transport = httpx.ASGITransport(app=console_app(console))
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+            answer = await client.post("/console/login", data={"token": ADA})
+            assert answer.status_code == 303, answer.text
+            yield Site(stores, router, console, client)
+    finally:
+        console.close()
+        await console.stores.close()
+        for adapter in adapters:
+            await adapter.close()
+
+
+def _listed(page: str) -> list[str]:
+    return re.findall(r'<tr data-execution-id="([^"]+)"', page)
+
+
+def _next(page: str) -> str | None:
+    found = re.search(r'href="(/console/executions\?[^"]*cursor=[^"]+)"', page)
+    return None if found is None else found.group(1).replace("&amp;", "&")
+
+
+async def test_every_stores_executions_are_listed_once_and_open_from_their_store(
+    site: Site,
+) -> None:
+    ids = await site.orders()
+    assert {site.number(execution_id) for execution_id in ids.values()} == {0, 1, 2}
+    seen: list[str] = []
+    path: str | None = "/console/executions?size=5"
+    while path is not None:
+        page = await site.page(path)
+        seen.extend(_listed(page))
+        path = _next(page)
+    assert sorted(seen) == sorted(ids.values())
+    assert len(seen) == len(set(seen))
+    # Newest first: the orders were created one after another.
+    assert seen == [ids[order] for order in reversed(ORDERS)]
+    for order, execution_id in ids.items():
+        page = await site.page(f"/console/executions/{execution_id}")
+        assert f"Execution {execution_id}" in page
+        assert order in page  # its address, read in its store
+        assert "awaiting_payment" in page  # its position, loaded with its store's chart
+    bad = await site.client.get("/console/executions?cursor=garbage")
+    assert bad.status_code == 400
+    missing = await site.client.get("/console/executions/ex_nothing")
+    assert missing.status_code == 404
+
+
+async def test_actions_run_in_the_executions_store_and_the_audit_page_merges(
+    site: Site,
+) -> None:
+    ids = await site.orders()
+    by_store: dict[int, str] = {}
+    for execution_id in ids.values():
+        by_store.setdefault(site.number(execution_id), execution_id)
+    first, second, third = (by_store[number] for number in range(3))
+    for path in (
+        f"/console/executions/{first}/pause",
+        f"/console/executions/{second}/cancel",
+        f"/console/executions/{first}/resume",
+        f"/console/executions/{third}/pause",
+    ):
+        answer = await site.post(path)
+        assert answer.status_code == 303, answer.text
+    again = await site.post(f"/console/executions/{second}/cancel")
+    assert again.status_code == 409  # ended already: refused, and recorded so
+    statuses = {
+        execution_id: (await site.home(execution_id).storage.fetch_execution(execution_id)).status
+        for execution_id in (first, second, third)
+    }
+    assert statuses == {first: Status.ACTIVE, second: Status.CANCELLED, third: Status.PAUSED}
+    # Each row in its execution's store, the refusal's too.
+    assert await site.audit_of(site.router.routers[0]) == [
+        ("resume", first, "done"),
+        ("pause", first, "done"),
+    ]
+    assert await site.audit_of(site.router.routers[1]) == [
+        ("cancel", second, "refused"),
+        ("cancel", second, "done"),
+    ]
+    assert await site.audit_of(site.router.routers[2]) == [("pause", third, "done")]
+    # The audit page: every store's rows, newest first, a page at a time.
+    shown: list[tuple[str, str]] = []
+    audit: str | None = "/console/audit?size=2"
+    while audit is not None:
+        page = await site.page(audit)
+        body = page.split("<tbody", 1)[1].split("</tbody>", 1)[0]
+        shown.extend(re.findall(r"<td>(pause|resume|cancel)</td>\s*<td>([^<]+)</td>", body))
+        found = re.search(r'href="(/console/audit\?[^"]*cursor=[^"]+)"', page)
+        audit = None if found is None else found.group(1).replace("&amp;", "&")
+    assert shown == [
+        ("cancel", second),
+        ("pause", third),
+        ("resume", first),
+        ("cancel", second),
+        ("pause", first),
+    ]
+    execution_page = await site.page(f"/console/executions/{second}")
+    assert execution_page.count("refused") >= 1  # its own actions, read in its store
+
+
+def _letter(number: int) -> dict[str, Any]:
+    envelope = (
+        b'{"scope": "web", "source": "shop", "message_id": "late-o-100", "data": '
+        b'{"kind": "checkout", "order": "o-100", "amount": 2, "timeout": "1h"}}'
+    )
+    return {
+        "source": "inbound",
+        "partition": "0",
+        "position": number,
+        "message_id": "late-o-100",
+        "reason": "failed too often",
+        "raw": envelope,
+        "dead_at": datetime.now(UTC),
+    }
+
+
+async def test_a_dead_letters_links_name_its_store_and_a_bad_store_is_400(site: Site) -> None:
+    letters = site.stores[2].tables.consumer_dead_letters
+    site.sql(2, letters.insert().values(_letter(1)))
+    ((letter,),) = site.sql(2, sa.select(letters.c.id))
+    outbox = site.stores[1].tables.outbox
+    now = datetime.now(UTC)
+    site.sql(
+        1,
+        outbox.insert().values(
+            queue="joined",
+            key="a",
+            payload={"event": "e", "execution_id": "ex_1", "scope": "web"},
+            execution_id="ex_1",
+            attempts=8,
+            next_attempt_at=now,
+            dead_at=now,
+            last_error="HTTP 500",
+            inserted_at=now,
+        ),
+    )
+    ((row,),) = site.sql(1, sa.select(outbox.c.id))
+    failures = await site.page("/console/failures")
+    assert f"/console/failures/consumer/2.{letter}/retry" in failures
+    assert f"/console/failures/outbox/1.{row}/retry" in failures
+    for bad in (f"{letter}", f"3.{letter}", f"x.{letter}", "2.", f"-1.{letter}"):
+        for method in ("GET", "POST"):
+            answer = await site.client.request(
+                method, f"/console/failures/consumer/{bad}/retry", data={"csrf": "whatever"}
+            )
+            assert answer.status_code == 400, (bad, method, answer.text)
+    assert site.sql(2, sa.select(letters.c.id)) == [(letter,)]
+    # The outbox row is store 1's: store 0 has none of that id.
+    elsewhere = await site.post(f"/console/failures/outbox/0.{row}/retry")
+    assert elsewhere.status_code == 409
+    retried = await site.post(f"/console/failures/outbox/1.{row}/retry")
+    assert retried.status_code == 303, retried.text
+    assert site.sql(1, sa.select(outbox.c.dead_at, outbox.c.attempts)) == [(None, 0)]
+    # The letter's event is routed by the sharded router: its order's execution lands
+    # in its key's store, whichever store held the letter.
+    answer = await site.post(f"/console/failures/consumer/2.{letter}/retry")
+    assert answer.status_code == 303, answer.text
+    assert site.sql(2, sa.select(letters.c.id)) == []
+    home = site.router.router_of_address("web", "order", "o-100")
+    assert home is not site.router.routers[2]  # routed across stores, not in the letter's
+    (created,) = await home.storage.list_executions()
+    assert site.home(created.id) is home
+    assert (await site.audit_of(site.router.routers[2]))[0][:2] == (
+        "retry_consumer",
+        f"consumer:2.{letter}",
+    )
+    assert (await site.audit_of(site.router.routers[1]))[0][:2] == (
+        "retry_outbox",
+        f"outbox:1.{row}",
+    )
+    assert (await site.audit_of(site.router.routers[0]))[0][:3] == (
+        "retry_outbox",
+        f"outbox:0.{row}",
+        "refused",
+    )
+
+
+async def test_a_bulk_run_counts_and_acts_in_every_store_under_one_run(site: Site) -> None:
+    ids = await site.orders()
+    query = "/console/bulk?action=pause&scope=web"
+    previewed = await site.page(query)
+    assert 'data-selected="12"' in previewed
+    found = re.search(r'name="csrf" value="([^"]+)"', previewed)
+    assert found is not None
+    fields = {"csrf": found.group(1), "action": "pause", "scope": "web", "revision": "", "map": ""}
+    moved = await site.client.post("/console/bulk", data=fields | {"confirm": "11"})
+    assert moved.status_code == 409
+    started = await site.client.post("/console/bulk", data=fields | {"confirm": "12"})
+    assert started.status_code == 303, started.text
+    run_page = started.headers["location"]
+    shown = ""
+    for _ in range(400):
+        shown = await site.page(run_page)
+        if 'data-state="finished"' in shown:
+            break
+        await asyncio.sleep(0.05)
+    assert '<td data-count="done">12</td>' in shown, shown
+    assert '<td data-count="failed">0</td>' in shown
+    for execution_id in ids.values():
+        record = await site.home(execution_id).storage.fetch_execution(execution_id)
+        assert record.status is Status.PAUSED
+    listed = await site.page("/console/bulk")
+    assert listed.count(run_page.rsplit("/", 1)[1]) >= 1
+
+
+async def test_what_is_not_served_over_several_stores_answers_409(site: Site) -> None:
+    for path in ("/console/revisions", "/console/revisions/some-job", "/console/held"):
+        answer = await site.client.get(path)
+        assert answer.status_code == 409, (path, answer.text)
+        assert "is not served over several stores" in answer.text
+    posted = await site.client.post("/console/revisions", data={"csrf": "x"})
+    assert posted.status_code == 409
+    # The schedules live in the first store: their page is served.
+    assert "Schedules" in await site.page("/console/schedules")
