@@ -1,8 +1,9 @@
 """``statifier serve`` over several stores (``[database] shards``): the file's URLs read
-and refused, the HTTP fronts refused there; in process, over three SQLite
-files, the inbound-events table's events each stepped once in its key's store, a
-schedule's fires delivered in the stores their keys are in, the HTTP API sending to
-and listing every store's executions; over three PostgreSQL
+and refused; in process, over three SQLite files, the inbound-events table's events
+each stepped once in its key's store, a schedule's fires delivered in the stores their
+keys are in, the HTTP API sending to and listing every store's executions, a webhook's
+posts stepped in their keys' stores and a BasicHTTP post reaching its execution in
+whichever store holds its location; over three PostgreSQL
 servers of the test's own, a store whose server stops named by readiness until it is
 back."""
 
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from tests.fronts.http_support import datamodel
 from tests.service.helpers import HITS, HITS_BINDING, running, write_config
 from tests.service.own_postgres import servers
 
@@ -91,21 +93,6 @@ def test_the_stores_urls_from_the_environment_stay_out_of_repr(tmp_path: Path) -
     assert settings.database.urls == (secret, environ["STORE_B"])
     assert settings.database.url == secret
     assert "hunter2" not in repr(settings)
-
-
-@pytest.mark.parametrize(
-    ("more", "table"),
-    [
-        (
-            '[fronts.webhook.clicks]\npath = "/hooks"\nsource = "clicks"\nscope = "web"\n',
-            "[fronts.webhook.clicks]",
-        ),
-    ],
-)
-def test_http_fronts_are_refused_over_several_stores(tmp_path: Path, more: str, table: str) -> None:
-    message = _refused(tmp_path, _body(tmp_path, more), {"OPS_TOKEN": "t" * 32})
-    assert table in message
-    assert "is not served over several stores ([database] shards) yet" in message
 
 
 def _router(settings: ServiceSettings, adapters: list[SqlAdapter]) -> ShardedRouter:
@@ -231,6 +218,52 @@ async def test_the_api_over_three_stores_routes_reads_and_lists_every_stores_exe
                 assert len(await home.storage.inputs(execution_id)) == (2 if key == "k3" else 1)
             held = [len(await each.storage.list_executions()) for each in router.routers]
             assert all(held)
+        finally:
+            for adapter in adapters:
+                await adapter.close()
+
+
+@pytest.mark.asyncio
+async def test_the_http_fronts_over_three_stores_step_each_post_in_its_keys_store(
+    tmp_path: Path,
+) -> None:
+    fronts = """
+[fronts.webhook.clicks]
+path = "/hooks"
+source = "clicks"
+scope = "web"
+
+[fronts.basichttp.events]
+path = "/basichttp"
+base_url = "http://127.0.0.1/basichttp"
+"""
+    config = write_config(tmp_path, _body(tmp_path, fronts), {"hits": HITS})
+    settings = load(config)
+    async with running(config) as (_, base), httpx.AsyncClient(timeout=5.0) as client:
+        await _ready(client, base)
+        for key in KEYS:
+            posted = await client.post(f"{base}/hooks", json={"key": key})
+            assert posted.status_code == 200, posted.text
+        adapters = [SqlAdapter(url, TableOptions(prefix="t_")) for url in settings.database.urls]
+        try:
+            router = _router(settings, adapters)
+            rows = [await ledger(each) for each in router.routers]
+            assert all(rows)  # the keys spread over every store
+            for key in KEYS:
+                home = router.router_of_address("web", "hits", key)
+                found = [(n, r) for n, of in enumerate(rows) for r in of if r.key == key]
+                ((number, row),) = found  # once, in its key's store only
+                assert router.routers[number] is home
+                assert row.outcome == "created_and_delivered"
+                assert row.execution_id is not None
+                location = await home.location(row.execution_id)
+                assert location is not None
+                token = location.rsplit("/", 1)[1]
+                posted = await client.post(
+                    f"{base}/basichttp/{token}", data={"_scxmleventname": "hit"}
+                )
+                assert posted.status_code == 204, posted.text
+                assert (await datamodel(home, row.execution_id))["hits"] == 2
         finally:
             for adapter in adapters:
                 await adapter.close()

@@ -49,7 +49,7 @@ from statifier.fronts.http_body import (
     method_not_allowed,
     read_body,
 )
-from statifier.router import ConfigError, Dropped, DropReason, Outcome, Router
+from statifier.router import ConfigError, Dropped, DropReason, Outcome, Router, ShardedRouter
 from statifier.session.basichttp import decode_post
 
 try:
@@ -89,7 +89,7 @@ def send_key_refusal(send_key: str) -> str | None:
 
 
 def basichttp_app(
-    router: Router,
+    router: Router | ShardedRouter,
     *,
     max_body: int = DEFAULT_MAX_BODY,
     timeout: float = DEFAULT_TIMEOUT,

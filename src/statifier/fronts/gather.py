@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from statifier.router import Failed, InboundEvent, Routed, Router
+from statifier.router import Failed, InboundEvent, Routed, Router, ShardedRouter
 
 __all__ = ["DEFAULT_MAX_BATCH", "DEFAULT_WINDOW", "MAX_WINDOW", "Gatherer", "check_window"]
 
@@ -102,7 +102,7 @@ class Gatherer:
 
     def __init__(
         self,
-        router: Router,
+        router: Router | ShardedRouter,
         *,
         window: float = DEFAULT_WINDOW,
         max_batch: int = DEFAULT_MAX_BATCH,

@@ -66,7 +66,7 @@ from statifier.fronts.http_body import (
 )
 from statifier.fronts.source import Malformed, json_object
 from statifier.fronts.verifiers import Verifier
-from statifier.router import Failed, InboundEvent, InvalidEvent, Routed, Router
+from statifier.router import Failed, InboundEvent, InvalidEvent, Routed, Router, ShardedRouter
 from statifier.router.outcomes import MAX_ID_LENGTH
 
 try:
@@ -111,7 +111,7 @@ def body_message_id(raw_body: bytes) -> str:
 
 
 async def handle(
-    router: Router,
+    router: Router | ShardedRouter,
     *,
     scope: str,
     source: str,
@@ -142,7 +142,9 @@ def _event(
     return InboundEvent(scope=scope, source=source, message_id=message_id, data=data)
 
 
-async def _alone(router: Router, event: InboundEvent, now: datetime | None) -> Routed | Failed:
+async def _alone(
+    router: Router | ShardedRouter, event: InboundEvent, now: datetime | None
+) -> Routed | Failed:
     """``event`` routed by one :meth:`~statifier.router.Router.route` call."""
     try:
         return await router.route(event, now=now)
@@ -157,7 +159,7 @@ def status(answer: Routed | Failed) -> int:
 
 
 def webhook_app(
-    router: Router,
+    router: Router | ShardedRouter,
     *,
     source: str,
     scope: ScopeOf,
@@ -216,7 +218,7 @@ def webhook_app(
 
 
 def form_app(
-    router: Router,
+    router: Router | ShardedRouter,
     *,
     source: str,
     scope: ScopeOf,
@@ -254,7 +256,7 @@ def _no_id(_request: Request) -> None:
 
 
 def _app(
-    router: Router,
+    router: Router | ShardedRouter,
     front: str,
     source: str,
     scope: ScopeOf,
@@ -314,7 +316,7 @@ def _app(
 
 
 def _routing(
-    router: Router, group_commit: float | None, timeout: float
+    router: Router | ShardedRouter, group_commit: float | None, timeout: float
 ) -> tuple[RouteOne, Lifespan | None]:
     """How an app routes a post's event, and its lifespan: each event alone (no
     lifespan), or through a gatherer the lifespan closes on shutdown.

@@ -34,9 +34,11 @@ What changes against one database:
 - Timers, held events (debounce, batch, throttle) and outbox rows live in their
   execution's store: run one :class:`~statifier.router.TimerWorker`,
   :class:`~statifier.router.FlowWorker` and outbox drain per store
-  (:attr:`ShardedRouter.routers`). Schedules are not spread yet: a
-  :class:`~statifier.router.Scheduler` routes its fires in its own database's
-  transaction, so it cannot run over a sharded router.
+  (:attr:`ShardedRouter.routers`). Schedules live in the first store: a
+  :class:`~statifier.router.Scheduler` given a sharded router claims a schedule's
+  row there and routes its fire with :meth:`ShardedRouter.route_in`.
+- A BasicHTTP token names no bucket: :meth:`ShardedRouter.deliver_post` asks every
+  store for it, and the store that holds it delivers the post.
 - An execution id that a host's ``execution_id`` mints outside the store of its
   address's bucket is refused (:class:`MisplacedExecution`): a bare id would not find
   it.
@@ -139,6 +141,7 @@ class ShardedRouter:
         shard_map: which buckets each store holds; by default even ranges.
 
     Attributes:
+        config: the configuration given (each store's router runs it over its store).
         routers: each store's :class:`~statifier.router.Router`, in store order.
         shard_map: the map.
 
@@ -155,6 +158,7 @@ class ShardedRouter:
     ) -> None:
         if not stores:
             raise ValueError("a sharded router needs at least one store")
+        self.config: Final = config
         self.shard_map: Final = shard_map or ShardMap.even(len(stores))
         if len(self.shard_map.ranges) != len(stores):
             raise ValueError(
@@ -372,6 +376,43 @@ class ShardedRouter:
         return await router.deliver_event(
             plan, scope=scope, key=key, event=event, message_id=message_id, now=now, entry=entry
         )
+
+    async def deliver_post(
+        self,
+        token: str,
+        event: Event,
+        *,
+        send_key: str | None = None,
+        now: datetime | None = None,
+    ) -> Outcome | None:
+        """Deliver ``event`` to the execution the BasicHTTP location ``token`` reaches,
+        as :meth:`Router.deliver_post <statifier.router.Router.deliver_post>` does, in
+        the store that holds the token; ``None`` when no store does.
+
+        A token is random and names no bucket (so a location minted before the
+        executions were spread still reaches its execution): every store is asked at
+        once, each reading the token's digest in its own table, and the one that holds
+        it delivers.
+
+        Raises:
+            ConfigError: the configuration has no ``basichttp``.
+            Exception: what the holding store's delivery raised; and, when no store
+                answered the token, what a store that could not be read raised (the
+                token may be there: the post is not answered as reaching nothing).
+        """
+        answers = await _each(
+            [
+                router.deliver_post(token, event, send_key=send_key, now=now)
+                for router in self.routers
+            ]
+        )
+        errors = [answer for answer in answers if isinstance(answer, BaseException)]
+        found = [a for a in answers if a is not None and not isinstance(a, BaseException)]
+        if found:
+            return found[0]
+        if errors:
+            raise errors[0]
+        return None
 
     # Hops between stores.
 

@@ -25,14 +25,13 @@ def cross_check(top: Table, settings: ServiceSettings) -> None:
     no route, a sink that outlives the outbox lease, a console on a listener other than
     loopback without operators, a front, a stream source or a schedule whose source no
     enabled binding reads, a front whose path overlaps another's, the console's or the
-    health endpoints, an HTTP front over several stores.
+    health endpoints.
 
     Raises:
         ServiceConfigError: naming the table and the key at fault (``top`` is the
             file's top table).
     """
     file = settings.file
-    _check_shards(settings)
     queues = {route.queue for route in settings.routes}
     drained = {sink.queue for sink in settings.sinks}
     for route in settings.routes:
@@ -124,18 +123,6 @@ def cross_check(top: Table, settings: ServiceSettings) -> None:
                 "",
                 f"no enabled binding reads source {shown(source.name)}",
             )
-
-
-def _check_shards(settings: ServiceSettings) -> None:
-    """Over several stores (``[database] shards``) the service runs its stream sources,
-    schedules, workers, the HTTP API and the console; its HTTP fronts read and write
-    one database, so they are refused there."""
-    if not settings.database.shards:
-        return
-    file = settings.file
-    why = "is not served over several stores ([database] shards) yet"
-    if settings.fronts:
-        raise ServiceConfigError(file, front_table(settings.fronts[0]), "", f"an HTTP front {why}")
 
 
 def _nested(path: str, under: str) -> bool:

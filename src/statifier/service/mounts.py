@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from statifier.router import Router
+from statifier.router import Router, ShardedRouter
 from statifier.service.settings import (
     BasicHttpFront,
     Front,
@@ -33,7 +33,7 @@ from statifier.service.settings import (
 __all__ = ["Mounted", "front_app"]
 
 
-def front_app(front: Front, router: Router, file: str) -> Any:
+def front_app(front: Front, router: Router | ShardedRouter, file: str) -> Any:
     """The ASGI app of ``front``, routing through ``router``.
 
     Raises:
@@ -46,7 +46,7 @@ def front_app(front: Front, router: Router, file: str) -> Any:
         raise ServiceConfigError(file, front_table(front), "", message) from None
 
 
-def _built(front: Front, router: Router) -> Any:
+def _built(front: Front, router: Router | ShardedRouter) -> Any:
     if isinstance(front, BasicHttpFront):
         from statifier.fronts.basichttp import basichttp_app
 

@@ -181,11 +181,16 @@ def prepare_database(settings: ServiceSettings) -> None:
             f"revision {behind.head}: run `statifier db upgrade` (with the same --url and "
             "--prefix) first, or set migrate = true in the configuration"
         ) from None
-    if locations and not settings.migrate and not _has_locations(url, options):
-        raise NotMigrated(
-            f"the BasicHTTP front needs the table {options.prefix}locations: set "
-            "migrate = true, or create it with statifier.sql.locations.upgrade_locations"
-        )
+    if not locations or settings.migrate:
+        return
+    for number, url in enumerate(settings.database.urls):
+        if not _has_locations(url, options):
+            where = f" in store {number}" if settings.database.shards else ""
+            raise NotMigrated(
+                f"the BasicHTTP front needs the table {options.prefix}locations{where}: "
+                "set migrate = true, or create it with "
+                "statifier.sql.locations.upgrade_locations"
+            )
 
 
 def _has_locations(url: str, options: TableOptions) -> bool:
@@ -459,11 +464,9 @@ class Service:
         settings = self.settings
         from starlette.applications import Starlette
 
-        # The HTTP fronts run on one database (cross_check refuses them over several
-        # stores); the API and the console run over every store.
-        router = _stores(routing)[0]
-        # Everything that can be refused is built before any task starts.
-        front_apps = [front_app(front, router, settings.file) for front in settings.fronts]
+        # Everything that can be refused is built before any task starts. The fronts,
+        # the console and the API route over every store (one over one database).
+        front_apps = [front_app(front, routing, settings.file) for front in settings.fronts]
         fronts = [(f.path, app) for f, app in zip(settings.fronts, front_apps, strict=True)]
         routes: list[Any] = list(health_routes(health))
         if settings.console.enabled:
