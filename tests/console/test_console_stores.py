@@ -3,8 +3,9 @@ over three PostgreSQL schemas): every store's executions listed once, newest fir
 and each one's page opened from its store; pause, resume and cancel acting in the
 execution's store, their audit rows there, and the audit page merging the stores'
 rows newest first; a dead letter's links naming its store (a bad store a 400); a bulk
-run counted and run in every store under one run; the shadow replay of a revision and
-the held events answered 409, not served over several stores."""
+run counted and run in every store under one run; the held events of every store
+merged by address, page after page; the shadow replay of a revision answered 409, not
+served over several stores."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import asyncio
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -33,13 +34,33 @@ from statifier.console.audit import Audit
 from statifier.console.auth import Operator, Operators, Role, Sessions
 from statifier.persistence import Status
 from statifier.persistence.sql import SqlAdapter
-from statifier.router import InboundEvent, Router, RouterConfig, ShardedRouter, StaticResolver
+from statifier.router import (
+    Binding,
+    FlowWorker,
+    InboundEvent,
+    Mode,
+    Router,
+    RouterConfig,
+    ShardedRouter,
+    StaticResolver,
+)
 from statifier.sql import migrations
 
 pytestmark = pytest.mark.asyncio
 
 ADA = "ada-token-0123456789abcdef"
 ORDERS = [f"o-{number}" for number in range(12)]
+NOTES = Binding(
+    id="notes",
+    source="desk",
+    match="true",
+    key="event.order",
+    document="order",
+    event="note",
+    mode=Mode.DEBOUNCE,
+    window=timedelta(hours=1),
+)
+"""Holds a desk's notes on an order for an hour (no flow worker runs here)."""
 
 
 @dataclass
@@ -107,7 +128,9 @@ async def site(request: pytest.FixtureRequest) -> AsyncIterator[Site]:
     adapters = [SqlAdapter(store.url, store.tables) for store in stores]
     machine = compile_chart(CHECKOUT.format(receipt=""), name="order")
     config = RouterConfig(
-        adapters[0], bindings=shop_bindings(), resolver=StaticResolver({"order": machine})
+        adapters[0],
+        bindings=[*shop_bindings(), NOTES],
+        resolver=StaticResolver({"order": machine}),
     )
     router = ShardedRouter(config, adapters)
     sessions = Sessions(Operators([Operator("ada", ADA, Role.OPERATOR)]), key=b"k" * 32)
@@ -318,8 +341,33 @@ async def test_a_bulk_run_counts_and_acts_in_every_store_under_one_run(site: Sit
     assert listed.count(run_page.rsplit("/", 1)[1]) >= 1
 
 
+async def test_the_held_events_of_every_store_are_merged_by_address(site: Site) -> None:
+    keys = sorted(f"n-{number:02}" for number in range(12))
+    for number, key in enumerate(keys):
+        event = InboundEvent(
+            scope="web", source="desk", message_id=f"note-{number}", data={"order": key}
+        )
+        routed = await site.router.route(event)
+        assert [outcome.outcome for outcome in routed.outcomes] == ["buffered"]
+    held = [(await FlowWorker(router).totals())[0] for router in site.router.routers]
+    assert all(held)  # the addresses spread over every store
+    assert sum(held) == len(keys)
+    seen: list[list[str]] = []
+    path: str | None = "/console/held?size=5"
+    while path is not None:
+        page = await site.page(path)
+        seen.append(
+            re.findall(r'<tr data-binding="notes" data-scope="web" data-key="([^"]*)"', page)
+        )
+        assert '<span data-total="addresses">12</span>' in page
+        found = re.search(r'<a class="next-page" rel="next" href="([^"]+)"', page)
+        path = None if found is None else found.group(1).replace("&amp;", "&")
+    assert [len(rows) for rows in seen] == [5, 5, 2]
+    assert [key for rows in seen for key in rows] == keys
+
+
 async def test_what_is_not_served_over_several_stores_answers_409(site: Site) -> None:
-    for path in ("/console/revisions", "/console/revisions/some-job", "/console/held"):
+    for path in ("/console/revisions", "/console/revisions/some-job"):
         answer = await site.client.get(path)
         assert answer.status_code == 409, (path, answer.text)
         assert "is not served over several stores" in answer.text

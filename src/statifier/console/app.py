@@ -67,8 +67,9 @@ shows its new location; nothing to do is 409, a failure 500.
 Over several stores (a :class:`~statifier.router.ShardedRouter`, decision 0119) the
 lists are every store's merged, one execution is read and acted on in its store (its
 audit row there), a dead letter's links name its store (``STORE.ID``; a bad store is
-400), a bulk run runs in every store under one id, and the schedules are the first
-store's; ``/console/revisions`` and ``/console/held`` answer 409, not served there.
+400), a bulk run runs in every store under one id, the held events are every store's
+merged, and the schedules are the first store's; ``/console/revisions`` answers 409,
+not served there.
 
 Everything shown is escaped by the templates (Jinja2 with autoescape); the only
 markup inserted as is is the SVG the console draws itself
@@ -103,7 +104,7 @@ from statifier.console.bulk import BULK_ACTIONS, BulkAction, bulk_action
 from statifier.console.bulk_runs import BulkRuns, LoggedRun
 from statifier.console.diagram import render_chart_svg
 from statifier.console.held import LATE_AFTER as HELD_LATE_AFTER
-from statifier.console.held import held_page, held_totals
+from statifier.console.held import held_pages, held_totals_over
 from statifier.console.live import Live, TooManyClients
 from statifier.console.queries import (
     MAX_DETAIL_ROWS,
@@ -295,8 +296,8 @@ class Console:
     :class:`~statifier.console.shards.ShardedAudit` over its stores, store for store:
     lists are merged over the stores, an action on one execution runs on its store's
     router with its audit row in that store, a dead letter's link names its store.
-    The shadow replay of a revision and the held events are refused there (409);
-    the schedules are the first store's, where they live.
+    The shadow replay of a revision is refused there (409); the schedules are the
+    first store's, where they live.
 
     Args:
         queries: the read side over the database shown (every store's).
@@ -1178,15 +1179,11 @@ class _Pages:
         (alone, its router routes by none)."""
 
         async def build(session: Session) -> Response:
-            if self.console.stores.sharded:
-                return self.not_over_stores(request, session, "The held events page")
-            first = self.console.stores.first
-            router, queries = first.router, first.queries
-            page = await held_page(
-                router,
-                queries.engine,
-                queries.tables,
-                now=router.storage.clock(),
+            stores = self.console.stores.all
+            routers = [store.router for store in stores]
+            page = await held_pages(
+                [(store.router, store.queries.engine, store.queries.tables) for store in stores],
+                now=routers[0].storage.clock(),  # the stores' routers share it
                 after=request.query_params.get("after") or None,
                 size=_size(request),
                 configured=self.console.configured is not None,
@@ -1198,7 +1195,7 @@ class _Pages:
                 nav="held",
                 title="Held events",
                 page=page,
-                totals=await held_totals(router),
+                totals=await held_totals_over(routers),
                 late_after=int(HELD_LATE_AFTER.total_seconds()),
                 next_url=_next_url(request, page.next_cursor, "after"),
             )

@@ -18,7 +18,11 @@ them: :func:`held_page` is then told the router's bindings are not the deploymen
 (:meth:`FlowWorker.totals <statifier.router.FlowWorker.totals>`), and the creates caps
 hold (:meth:`FlowWorker.held_creates <statifier.router.FlowWorker.held_creates>`).
 
-The page's cursor is the last address listed, as :func:`cursor_of` writes it.
+The page's cursor is the last address listed, as :func:`cursor_of` writes it. Over
+several stores (decision 0119) :func:`held_pages` merges the stores' pages, an
+address being in one store only, with a cursor holding a place per store
+(:func:`~statifier.console.shards.merged_page`), and :func:`held_totals_over` sums
+their totals.
 
 >>> from datetime import UTC, datetime, timedelta
 >>> now = datetime(2026, 12, 3, 9, 0, tzinfo=UTC)
@@ -35,14 +39,16 @@ ValueError: after: not a position this page made
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Final
 
 from statifier.console.queries import MAX_PAGE, Page
 from statifier.console.schedules import every_text
+from statifier.console.shards import Order, merged_page
 from statifier.extras import MissingExtra
 from statifier.router import Binding, FlowWorker, Mode, Router
 from statifier.sql.engines import run_on
@@ -61,7 +67,9 @@ __all__ = [
     "HeldView",
     "cursor_of",
     "held_page",
+    "held_pages",
     "held_totals",
+    "held_totals_over",
     "is_late",
     "read_cursor",
 ]
@@ -185,6 +193,68 @@ async def held_totals(router: Router) -> HeldTotals:
     addresses, events = await worker.totals()
     capped_addresses, capped_events = await worker.held_creates()
     return HeldTotals(addresses, events, capped_addresses, capped_events)
+
+
+async def held_totals_over(routers: Sequence[Router]) -> HeldTotals:
+    """:func:`held_totals` of each store's router, summed.
+
+    Raises:
+        Exception: a store's database failed.
+    """
+    each = await asyncio.gather(*(held_totals(router) for router in routers))
+    return HeldTotals(
+        sum(totals.addresses for totals in each),
+        sum(totals.events for totals in each),
+        sum(totals.capped_addresses for totals in each),
+        sum(totals.capped_events for totals in each),
+    )
+
+
+def _address(view: HeldView) -> tuple[str, str, str]:
+    return view.row.binding_id, view.row.scope, view.row.key
+
+
+_BY_ADDRESS: Final = Order(
+    "held", _address, lambda view: cursor_of(_address(view)), newest_first=False
+)
+"""The held page's order over several stores: by binding, scope and key."""
+
+
+async def held_pages(
+    stores: Sequence[tuple[Router, sa.Engine | AsyncEngine, Tables]],
+    *,
+    now: datetime,
+    after: str | None = None,
+    size: int = 50,
+    configured: bool = True,
+) -> Page[HeldView]:
+    """:func:`held_page` over several stores (each its router and the engine and
+    tables its executions are read on): every store's groups after its place in the
+    cursor ``after``, merged by binding, scope and key, at most ``size``; the next
+    page's cursor holds a place per store (``None`` on the last page). Over one
+    store, :func:`held_page` of it.
+
+    Raises:
+        ValueError: ``size`` outside ``1..MAX_PAGE``.
+        BadCursor: ``after`` is not a cursor this list made over as many stores.
+        Exception: a store's database failed.
+    """
+
+    def reader(
+        router: Router, engine: sa.Engine | AsyncEngine, tables: Tables
+    ) -> Callable[[str | None], Awaitable[Page[HeldView]]]:
+        async def read(place: str | None) -> Page[HeldView]:
+            return await held_page(
+                router, engine, tables, now=now, after=place, size=size, configured=configured
+            )
+
+        return read
+
+    if len(stores) == 1:  # one database: its own page and cursor
+        return await reader(*stores[0])(after)
+    readers = [reader(*store) for store in stores]
+    page, _ = await merged_page(_BY_ADDRESS, readers, after, size)
+    return page
 
 
 async def held_page(

@@ -36,6 +36,8 @@ import asyncio
 import base64
 import binascii
 import functools
+import heapq
+import itertools
 import json
 from collections import Counter
 from collections.abc import Awaitable, Callable, Collection, Sequence
@@ -68,7 +70,7 @@ from statifier.persistence import Status
 from statifier.persistence.shards import ShardMap
 from statifier.router import LedgerRow, OutboxRow
 
-__all__ = ["ShardedAudit", "ShardedQueries"]
+__all__ = ["Order", "ShardedAudit", "ShardedQueries", "merged_page"]
 
 _T = TypeVar("_T")
 _R = TypeVar("_R")
@@ -82,12 +84,27 @@ its own list (after that row), or :data:`_DONE`."""
 
 
 @dataclass(frozen=True)
-class _Order:
-    """How one list is ordered and paged: its cursor kind and each row's
-    ``(time, key)``, newest first."""
+class Order:
+    """How one list is ordered and paged, for :func:`merged_page`.
+
+    Attributes:
+        kind: the list's name, in its cursors.
+        rank: what rows of different stores are interleaved by (a store's own rows
+            keep the store's order, whatever their ranks).
+        after: the cursor of a store's own list after a row.
+        newest_first: whether the ranks descend (else they ascend).
+    """
 
     kind: str
-    of: Callable[[Any], tuple[datetime, Any]]
+    rank: Callable[[Any], Any]
+    after: Callable[[Any], str]
+    newest_first: bool = True
+
+    @classmethod
+    def newest(cls, kind: str, of: Callable[[Any], tuple[datetime, Any]]) -> Order:
+        """A console list newest first: each row's ``(time, key)`` is ``of`` it, its
+        rank the time, and its store's cursor the console's of ``kind`` there."""
+        return cls(kind, lambda row: of(row)[0], lambda row: encode_cursor(kind, *of(row)))
 
 
 def _created(row: ExecutionSummary) -> tuple[datetime, Any]:
@@ -193,7 +210,11 @@ class ShardedQueries:
             BadCursor: ``cursor`` is not one this list made over these stores.
             ValueError: ``size`` outside ``1..MAX_PAGE``.
         """
-        order = _Order("errors", _last_error) if where.errors else _Order("executions", _created)
+        order = (
+            Order.newest("errors", _last_error)
+            if where.errors
+            else Order.newest("executions", _created)
+        )
 
         def page(store: ConsoleQueries, after: str | None) -> Awaitable[Page[ExecutionSummary]]:
             return store.executions(where, cursor=after, size=size)
@@ -276,7 +297,7 @@ class ShardedQueries:
         def page(store: ConsoleQueries, after: str | None) -> Awaitable[Page[LedgerRow]]:
             return store.ledger(where, cursor=after, size=size)
 
-        return await self._merged(_Order("ledger", _inserted), page, cursor, size)
+        return await self._merged(Order.newest("ledger", _inserted), page, cursor, size)
 
     async def ledger_counts(
         self, since: datetime, until: datetime, bucket: timedelta
@@ -337,8 +358,8 @@ class ShardedQueries:
         def page(store: ConsoleQueries, after: str | None) -> Awaitable[Page[OutboxRow]]:
             return store.outbox_dead_letters(cursor=after, size=size)
 
-        order = _Order("outbox", _outbox_dead)
-        return await _merged_page(order, self._readers(page), cursor, size)
+        order = Order.newest("outbox", _outbox_dead)
+        return await merged_page(order, self._readers(page), cursor, size)
 
     async def chart_errors(
         self, *, cursor: str | None = None, size: int = DEFAULT_PAGE
@@ -353,7 +374,7 @@ class ShardedQueries:
         def page(store: ConsoleQueries, after: str | None) -> Awaitable[Page[ErrorView]]:
             return store.chart_errors(cursor=after, size=size)
 
-        return await self._merged(_Order("errors", _recorded), page, cursor, size)
+        return await self._merged(Order.newest("errors", _recorded), page, cursor, size)
 
     async def consumer_dead_letters(
         self, *, cursor: str | None = None, size: int = DEFAULT_PAGE
@@ -380,8 +401,8 @@ class ShardedQueries:
         def page(store: ConsoleQueries, after: str | None) -> Awaitable[Page[ConsumerDeadLetter]]:
             return store.consumer_dead_letters(cursor=after, size=size)
 
-        order = _Order("consumer", _consumer_dead)
-        return await _merged_page(order, self._readers(page), cursor, size)
+        order = Order.newest("consumer", _consumer_dead)
+        return await merged_page(order, self._readers(page), cursor, size)
 
     async def projections(self) -> list[ProjectionView]:
         """scriba's projections of every store that reads scriba's tables
@@ -411,14 +432,14 @@ class ShardedQueries:
 
     async def _merged(
         self,
-        order: _Order,
+        order: Order,
         page: Callable[[ConsoleQueries, str | None], Awaitable[Page[_T]]],
         cursor: str | None,
         size: int,
     ) -> Page[_T]:
         """The newest ``size`` rows of every store's list after ``cursor``'s places,
         and the cursor of the places after them."""
-        merged, _ = await _merged_page(order, self._readers(page), cursor, size)
+        merged, _ = await merged_page(order, self._readers(page), cursor, size)
         return merged
 
     def _readers(
@@ -454,7 +475,7 @@ class ShardedAudit:
             ValueError: ``size`` outside ``1..MAX_PAGE``.
         """
         readers = [functools.partial(_audit_page, audit, target, size) for audit in self.audits]
-        page, _ = await _merged_page(_Order("audit", _acted), readers, cursor, size)
+        page, _ = await merged_page(Order.newest("audit", _acted), readers, cursor, size)
         return page
 
 
@@ -464,15 +485,21 @@ def _audit_page(
     return audit.entries(target=target, cursor=after, size=size)
 
 
-async def _merged_page(
-    order: _Order,
+async def merged_page(
+    order: Order,
     readers: Sequence[Callable[[str | None], Awaitable[Page[_T]]]],
     cursor: str | None,
     size: int,
 ) -> tuple[Page[_T], tuple[int, ...]]:
-    """The newest ``size`` rows of every store's list (``readers``: each store's page
-    after its own cursor) after ``cursor``'s places, the cursor of the places after
-    them, and the number of the store of each row."""
+    """The first ``size`` rows in ``order`` of every store's list (``readers``: each
+    store's page after its own cursor, ``None`` for its first) after ``cursor``'s
+    places, the cursor of the places after them, and the number of the store of each
+    row. Rows of one rank are ordered by store, each store's rows as it orders them.
+
+    Raises:
+        BadCursor: ``cursor`` is not one a merged page of ``order``'s kind over as
+            many stores made.
+    """
     count = len(readers)
     places: list[_Place] = [None] * count if cursor is None else _places(cursor, order.kind, count)
 
@@ -483,29 +510,28 @@ async def _merged_page(
         return await readers[number](place if isinstance(place, str) else None)
 
     pages = await asyncio.gather(*(read(number) for number in range(count)))
-    # Newest first; the same time by store, then in the store's own order.
-    merged = sorted(
-        (
-            (*order.of(row), -number, -position, row)
-            for number, found in enumerate(pages)
-            for position, row in enumerate(found.rows)
-        ),
-        key=lambda item: item[:1] + item[2:4],
-        reverse=True,
+    # Each store's rows stay in their store's order (a sort of the rows themselves could
+    # disagree with a store's collation, and skip a row); rows of one rank by store.
+    each = [
+        [(number, position, row) for position, row in enumerate(found.rows)]
+        for number, found in enumerate(pages)
+    ]
+    taken = list(
+        itertools.islice(
+            heapq.merge(*each, key=lambda item: order.rank(item[2]), reverse=order.newest_first),
+            size,
+        )
     )
-    taken = merged[:size]
-    last_of: dict[int, tuple[datetime, Any, int]] = {}
-    for moment, key, number, position, _ in taken:
-        last_of[-number] = (moment, key, -position)
+    last_of = {number: (position, row) for number, position, row in taken}
     for number, found in enumerate(pages):
         if number in last_of:
-            moment, key, position = last_of[number]
+            position, row = last_of[number]
             whole = position == len(found.rows) - 1 and found.next_cursor is None
-            places[number] = _DONE if whole else encode_cursor(order.kind, moment, key)
+            places[number] = _DONE if whole else order.after(row)
         elif not found.rows and places[number] is not _DONE:
             places[number] = _DONE
-    rows = tuple(row for *_, row in taken)
-    numbers = tuple(-number for _, _, number, _, _ in taken)
+    rows = tuple(row for _, _, row in taken)
+    numbers = tuple(number for number, _, _ in taken)
     if all(place is _DONE for place in places):
         return Page(rows, None), numbers
     return Page(rows, _encode_places(order.kind, places)), numbers
