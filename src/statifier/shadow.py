@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import heapq
 import itertools
 import multiprocessing
 import multiprocessing.util
@@ -112,6 +113,7 @@ __all__ = [
     "open_read_only",
     "read_revision",
     "shadow_replay",
+    "shadow_replay_stores",
 ]
 
 MAX_INPUTS: Final = 10_000
@@ -931,6 +933,69 @@ async def shadow_replay(
     return await _replay_all(source, revision, ids, max_inputs, progress)
 
 
+async def shadow_replay_stores(
+    urls: Sequence[str],
+    revision: Machine,
+    selection: Selection | None = None,
+    *,
+    codec: BlobCodec = PLAIN,
+    functions: Mapping[str, Function] | None = None,
+    tables: Sequence[TableOptions | None] | None = None,
+    max_inputs: int = MAX_INPUTS,
+    progress: Progress | None = None,
+) -> ShadowSummary:
+    """:func:`shadow_replay` over executions spread over several stores (decision
+    0119): each database of ``urls`` opened read-only under its tables' options (the
+    same place in ``tables``; by default the package's), the selection
+    made over all of them as if they were one (the oldest first, a sample drawn and
+    ``limit`` counted over every store's executions), and each execution replayed
+    from its own store.
+
+    Returns:
+        The results, oldest execution first (executions created at the same time in
+        several stores by store, in ``urls``' order), with their counts.
+
+    Raises:
+        ValueError: no URL, not as many tables' options as URLs, a bad selection or
+            URL.
+        PersistenceError: a store could not be read.
+    """
+    options = [None] * len(urls) if tables is None else list(tables)
+    if not urls or len(options) != len(urls):
+        raise ValueError(f"{len(urls)} store URLs with {len(options)} tables' options")
+    chosen = selection or Selection()
+    if chosen.document is None and revision.identity.name is not None:
+        chosen = replace(chosen, document=revision.identity.name)
+    async with AsyncExitStack() as stack:
+        storages = [
+            Storage(
+                await stack.enter_async_context(open_read_only(url, tables=of_store)),
+                codec=codec,
+                functions=functions,
+            )
+            for url, of_store in zip(urls, options, strict=True)
+        ]
+        found = await asyncio.gather(*(_selected_rows(s.adapter, chosen) for s in storages))
+        # Each store's rows are oldest first already: merged by time, ties by store.
+        each = [[(row, number) for row in rows] for number, rows in enumerate(found)]
+        merged = list(heapq.merge(*each, key=lambda item: item[0][1]))
+        store_of = {execution_id: number for (execution_id, _), number in merged}
+        ids = _drawn([row for row, _ in merged], chosen)
+        results: dict[str, ShadowResult] = {}
+
+        def told(_done: int, _total: int, result: ShadowResult) -> None:
+            results[result.execution_id] = result
+            if progress is not None:
+                progress(len(results), len(ids), result)
+
+        for number, storage in enumerate(storages):
+            mine = [execution_id for execution_id in ids if store_of[execution_id] == number]
+            await _replay_all(storage, revision, mine, max_inputs, told)
+    return ShadowSummary.of(
+        revision.identity.content_hash, [results[execution_id] for execution_id in ids]
+    )
+
+
 async def _replay_all(
     storage: Storage,
     revision: Machine,
@@ -1293,6 +1358,12 @@ async def _selected(storage: Storage, selection: Selection) -> list[str]:
         rows = await _selected_rows(adapter, selection)
     else:
         rows = await _listed_rows(storage, selection)
+    return _drawn(rows, selection)
+
+
+def _drawn(rows: Sequence[tuple[str, datetime]], selection: Selection) -> list[str]:
+    """The ids of ``rows`` (the selected executions, oldest first) that the
+    selection's sample draws, at most its limit."""
     ids = [execution_id for execution_id, _ in rows]
     if selection.sample is not None and selection.sample < len(ids):
         drawn = set(random.Random(selection.seed).sample(ids, selection.sample))

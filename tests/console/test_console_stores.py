@@ -4,12 +4,14 @@ and each one's page opened from its store; pause, resume and cancel acting in th
 execution's store, their audit rows there, and the audit page merging the stores'
 rows newest first; a dead letter's links naming its store (a bad store a 400); a bulk
 run counted and run in every store under one run; the held events of every store
-merged by address, page after page; the shadow replay of a revision answered 409, not
-served over several stores."""
+merged by address, page after page; a revision tried on every store's executions
+(selected, limited and sampled as over one database), its divergence drawn from the
+execution's own store."""
 
 from __future__ import annotations
 
 import asyncio
+import random
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -44,6 +46,7 @@ from statifier.router import (
     ShardedRouter,
     StaticResolver,
 )
+from statifier.shadow import Selection, shadow_replay_stores
 from statifier.sql import migrations
 
 pytestmark = pytest.mark.asyncio
@@ -366,12 +369,51 @@ async def test_the_held_events_of_every_store_are_merged_by_address(site: Site) 
     assert [key for rows in seen for key in rows] == keys
 
 
-async def test_what_is_not_served_over_several_stores_answers_409(site: Site) -> None:
-    for path in ("/console/revisions", "/console/revisions/some-job"):
-        answer = await site.client.get(path)
-        assert answer.status_code == 409, (path, answer.text)
-        assert "is not served over several stores" in answer.text
-    posted = await site.client.post("/console/revisions", data={"csrf": "x"})
-    assert posted.status_code == 409
+async def test_a_replay_over_the_stores_selects_as_over_one_database(site: Site) -> None:
+    ids = list((await site.orders()).values())  # oldest first
+    urls = [store.url for store in site.stores]
+    tables = [store.tables.options for store in site.stores]
+    revision = compile_chart(CHECKOUT.format(receipt=""), name="order")
+
+    async def replayed(selection: Selection) -> list[str]:
+        summary = await shadow_replay_stores(urls, revision, selection, tables=tables)
+        assert summary.all_same
+        return [result.execution_id for result in summary.results]
+
+    assert await replayed(Selection()) == ids
+    assert await replayed(Selection(limit=5)) == ids[:5]
+    drawn = set(random.Random(7).sample(ids, 4))
+    assert await replayed(Selection(sample=4, seed=7)) == [i for i in ids if i in drawn]
+    assert await replayed(Selection(document="nothing")) == []
+    with pytest.raises(ValueError, match="3 store URLs with 2 tables' options"):
+        await shadow_replay_stores(urls, revision, tables=tables[:2])
+
+
+async def test_a_revision_is_tried_on_every_stores_executions(site: Site) -> None:
+    ids = await site.orders()
+    page = await site.page("/console/revisions")
+    found = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert found is not None
+    tripled = CHECKOUT.format(receipt="").replace("* 2", "* 3").encode()
+    answer = await site.client.post(
+        "/console/revisions",
+        data={"csrf": found.group(1)},
+        files={"chart": ("order.scxml", tripled)},
+    )
+    assert answer.status_code == 303, answer.text
+    path = answer.headers["location"]
+    shown = ""
+    for _ in range(400):
+        shown = await site.page(path)
+        if 'id="job-state">running<' not in shown:
+            break
+        await asyncio.sleep(0.05)
+    assert 'id="job-state">done<' in shown, shown
+    assert f'id="progress-text">{len(ORDERS)} of {len(ORDERS)} executions<' in shown
+    listed = re.findall(r'class="result" data-execution-id="([^"]+)" data-verdict="(\w+)"', shown)
+    assert sorted(listed) == sorted((execution_id, "diverged") for execution_id in ids.values())
+    last = next(i for i in ids.values() if site.number(i) == 2)  # a chart of the last store
+    parted = await site.page(f"{path}?execution={last}")
+    assert 'id="old-configuration">awaiting_payment<' in parted
     # The schedules live in the first store: their page is served.
     assert "Schedules" in await site.page("/console/schedules")

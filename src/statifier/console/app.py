@@ -68,8 +68,8 @@ Over several stores (a :class:`~statifier.router.ShardedRouter`, decision 0119) 
 lists are every store's merged, one execution is read and acted on in its store (its
 audit row there), a dead letter's links name its store (``STORE.ID``; a bad store is
 400), a bulk run runs in every store under one id, the held events are every store's
-merged, and the schedules are the first store's; ``/console/revisions`` answers 409,
-not served there.
+merged, a revision is tried on every store's executions, and the schedules are the
+first store's.
 
 Everything shown is escaped by the templates (Jinja2 with autoescape); the only
 markup inserted as is is the SVG the console draws itself
@@ -296,8 +296,8 @@ class Console:
     :class:`~statifier.console.shards.ShardedAudit` over its stores, store for store:
     lists are merged over the stores, an action on one execution runs on its store's
     router with its audit row in that store, a dead letter's link names its store.
-    The shadow replay of a revision is refused there (409); the schedules are the
-    first store's, where they live.
+    A revision is tried on every store's executions; the schedules are the first
+    store's, where they live.
 
     Args:
         queries: the read side over the database shown (every store's).
@@ -342,12 +342,11 @@ class Console:
         self.live = Live(
             self.queries.fingerprint, interval=self.live_interval, max_clients=self.max_clients
         )
-        # Over several stores the revisions' pages are refused; the object stays, idle.
-        first = self.stores.first.router
-        adapter, storage = first.adapter, first.storage
+        storage = self.stores.first.router.storage
+        adapters = [store.router.adapter for store in self.stores.all]
         self.revisions = Revisions(
-            adapter.engine.url.render_as_string(hide_password=False),
-            adapter.tables.options,
+            [adapter.engine.url.render_as_string(hide_password=False) for adapter in adapters],
+            [adapter.tables.options for adapter in adapters],
             codec=storage.codec,
             functions=storage.functions,
             max_running=self.revision_jobs,
@@ -777,19 +776,6 @@ class _Pages:
             return await build(session)
         except (_BadRequest, BadCursor, ValueError) as error:
             return self.message(request, session, 400, "Not understood", str(error))
-
-    def not_over_stores(self, request: Request, session: Session | None, what: str) -> Response:
-        """409: ``what`` is not served over several stores (it would read or act on
-        one store only, and so answer wrongly)."""
-        return self.message(
-            request,
-            session,
-            409,
-            "Not over several stores",
-            f"{what} is not served over several stores ([database] shards): this console "
-            f"spreads over {len(self.console.stores.all)} of them.",
-            f"{self.base(request)}/executions",
-        )
 
     async def body(self, request: Request, limit: int) -> bytes | None:
         """The request's body, or ``None`` when it is over ``limit`` bytes (the rest is
@@ -1595,10 +1581,7 @@ class _Pages:
     # Trying a revision.
 
     async def revisions(self, request: Request) -> Response:
-        """The form and the jobs kept (GET), or a job started (POST); 409 over several
-        stores."""
-        if self.console.stores.sharded:
-            return self.revisions_refused(request)
+        """The form and the jobs kept (GET), or a job started (POST)."""
         if request.method == "POST":
             return await self.try_revision(request)
 
@@ -1606,16 +1589,6 @@ class _Pages:
             return self.revisions_form(request, session, dict.fromkeys(FILTER_FIELDS, ""))
 
         return await self.page(request, build)
-
-    def revisions_refused(self, request: Request) -> Response:
-        """Over several stores: a shadow replay reads one database, so it would judge
-        one store's executions only (the login form first, without a session)."""
-        session = self.session(request)
-        if session is None:
-            if request.method == "GET":
-                return self.to_login(request)
-            return self.message(request, None, 401, "Log in first", "This needs a session.")
-        return self.not_over_stores(request, session, "Trying a revision (a shadow replay)")
 
     def revisions_form(
         self,
@@ -1664,7 +1637,7 @@ class _Pages:
         if not session.csrf_ok(posted.fields.get("csrf")):
             _log.warning("console: a revision from %s refused: bad CSRF token", operator)
             return self.message(request, session, 403, "Refused", _NOT_THIS_SESSION)
-        storage = self.console.stores.first.router.storage  # the only one: refused over several
+        storage = self.console.stores.first.router.storage  # compiles as every store's does
         try:
             selection = read_selection(form)
             revision = compile_upload(
@@ -1688,8 +1661,6 @@ class _Pages:
         did not replay the same, and one of them (``?execution=ID``) with where it
         parted drawn on both charts."""
         job_id = request.path_params["job_id"]
-        if self.console.stores.sharded:
-            return self.revisions_refused(request)
 
         async def build(session: Session) -> Response:
             job = self.console.revisions.get(job_id)
@@ -1726,7 +1697,9 @@ class _Pages:
         if divergence is None:
             return None
         old = (
-            None if result.content_hash is None else await self.console.machine(result.content_hash)
+            None
+            if result.content_hash is None
+            else await self.console.machine(result.content_hash, execution_id=result.execution_id)
         )
         rows = [
             (

@@ -23,7 +23,7 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Final
@@ -31,7 +31,13 @@ from typing import Final
 from statifier.chart import Machine
 from statifier.expr import Function
 from statifier.persistence import PLAIN, BlobCodec
-from statifier.shadow import Selection, ShadowResult, ShadowSummary, shadow_replay
+from statifier.shadow import (
+    Selection,
+    ShadowResult,
+    ShadowSummary,
+    shadow_replay,
+    shadow_replay_stores,
+)
 from statifier.sql import TableOptions
 
 __all__ = [
@@ -121,11 +127,12 @@ class Job:
 
 @dataclass(frozen=True, slots=True)
 class _Source:
-    """Where and how the replays read: a database URL (opened read-only), its tables'
-    options, the blob codec and the host's functions the stored charts compile with."""
+    """Where and how the replays read: the database URLs (opened read-only; several:
+    the stores executions are spread over), their tables' options, the blob codec and
+    the host's functions the stored charts compile with."""
 
-    url: str = field(repr=False)  # may hold a password: kept out of any repr
-    tables: TableOptions
+    urls: tuple[str, ...] = field(repr=False)  # may hold passwords: kept out of any repr
+    tables: tuple[TableOptions, ...]
     codec: BlobCodec = PLAIN
     functions: Mapping[str, Function] = field(default_factory=dict)
 
@@ -135,8 +142,9 @@ class Revisions:
 
     Args:
         url: the database the console shows (read through a read-only connection of
-            each job's own).
-        tables: its tables' options.
+            each job's own), or the URLs of the stores it shows (decision 0119: a job
+            selects over all of them, :func:`~statifier.shadow.shadow_replay_stores`).
+        tables: its tables' options, or each store's, in the order of ``url``.
         codec, functions: the storage's blob codec and the host's expression functions.
         max_running: the most jobs running at once.
         max_kept: the most jobs kept, running or finished.
@@ -149,8 +157,8 @@ class Revisions:
 
     def __init__(
         self,
-        url: str,
-        tables: TableOptions,
+        url: str | Sequence[str],
+        tables: TableOptions | Sequence[TableOptions],
         *,
         codec: BlobCodec = PLAIN,
         functions: Mapping[str, Function] | None = None,
@@ -161,7 +169,11 @@ class Revisions:
     ) -> None:
         if max_running < 1 or max_kept < max_running or not ttl > 0:
             raise ValueError("max_running and ttl are positive, max_kept at least max_running")
-        self._source = _Source(url, tables, codec, dict(functions or {}))
+        urls = (url,) if isinstance(url, str) else tuple(url)
+        options = (tables,) if isinstance(tables, TableOptions) else tuple(tables)
+        if not urls or len(options) != len(urls):
+            raise ValueError(f"{len(urls)} database URLs with {len(options)} tables' options")
+        self._source = _Source(urls, options, codec, dict(functions or {}))
         self.max_running = max_running
         self.max_kept = max_kept
         self.ttl = ttl
@@ -244,17 +256,7 @@ class Revisions:
         def work() -> None:
             summary, error = None, None
             try:
-                summary = asyncio.run(
-                    shadow_replay(
-                        source.url,
-                        job.revision,
-                        job.selection,
-                        codec=source.codec,
-                        functions=source.functions,
-                        tables=source.tables,
-                        progress=job.advance,
-                    )
-                )
+                summary = asyncio.run(_replayed(source, job))
             except BaseException as raised:  # noqa: BLE001 - handed to the job's task
                 error = raised
             try:
@@ -301,3 +303,26 @@ class Revisions:
         finished = [job_id for job_id, job in self._jobs.items() if job.finished_at is not None]
         for job_id in finished[: max(0, len(self._jobs) - self.max_kept)]:
             del self._jobs[job_id]
+
+
+async def _replayed(source: _Source, job: Job) -> ShadowSummary:
+    """``job``'s replay over ``source``'s database, or over its stores."""
+    if len(source.urls) == 1:
+        return await shadow_replay(
+            source.urls[0],
+            job.revision,
+            job.selection,
+            codec=source.codec,
+            functions=source.functions,
+            tables=source.tables[0],
+            progress=job.advance,
+        )
+    return await shadow_replay_stores(
+        source.urls,
+        job.revision,
+        job.selection,
+        codec=source.codec,
+        functions=source.functions,
+        tables=source.tables,
+        progress=job.advance,
+    )

@@ -111,12 +111,6 @@ class Stores:
         return cls(stores, routing.shard_map)
 
     @property
-    def sharded(self) -> bool:
-        """Whether these are the stores of a :class:`ShardedRouter` (a dead letter's
-        link then names its store)."""
-        return self._map is not None
-
-    @property
     def first(self) -> Store:
         """The first store: over several, the one holding the schedules (0119)."""
         return self.all[0]

@@ -2,8 +2,8 @@
 
 :func:`service_console` builds the :class:`~statifier.console.app.Console` over the
 service's own database, or over every store of ``[database] shards`` (decision 0119:
-lists merged, each action in its execution's or row's store; the shadow replay of a
-revision is refused there), and the router configuration: the
+lists merged, each action in its execution's or row's store, a revision tried on
+every store's executions), and the router configuration: the
 bindings and routes of the file are what the routing page lists, the fixed scopes of
 its sources are what a consumer dead letter is routed again under, and its BasicHTTP
 front's base URL is what a rotation mints locations on. Its routes are mounted at
