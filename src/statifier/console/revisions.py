@@ -1,8 +1,9 @@
 """Trying a revision of a chart: shadow replays run in the background for the
 console's "try a revision" page.
 
-:class:`Revisions` runs :func:`statifier.shadow.shadow_replay` for an operator and
-keeps what it found for a while. A replay is pure work on a read-only connection
+:class:`Revisions` runs :func:`statifier.shadow.shadow_replay_stores` for an operator,
+over the console's database or each of its stores, and keeps what it found for a
+while. A replay is pure work on read-only connections
 (:func:`statifier.shadow.open_read_only`: the database itself refuses a write), so it
 runs in a thread of its own with its own event loop: a long log replayed does not hold
 the console's pages up. The console's side of a job is an asyncio task, which the
@@ -35,7 +36,6 @@ from statifier.shadow import (
     Selection,
     ShadowResult,
     ShadowSummary,
-    shadow_replay,
     shadow_replay_stores,
 )
 from statifier.sql import TableOptions
@@ -306,17 +306,9 @@ class Revisions:
 
 
 async def _replayed(source: _Source, job: Job) -> ShadowSummary:
-    """``job``'s replay over ``source``'s database, or over its stores."""
-    if len(source.urls) == 1:
-        return await shadow_replay(
-            source.urls[0],
-            job.revision,
-            job.selection,
-            codec=source.codec,
-            functions=source.functions,
-            tables=source.tables[0],
-            progress=job.advance,
-        )
+    """``job``'s replay over ``source``'s database or stores (one store is one
+    database: the same selection and results as :func:`~statifier.shadow.shadow_replay`
+    makes of its URL)."""
     return await shadow_replay_stores(
         source.urls,
         job.revision,
