@@ -424,17 +424,28 @@ class Child:
     log: Path
 
     @classmethod
-    async def start(cls, run: Run, role: str, job: dict[str, Any]) -> Child:
-        log = run.logs / f"{role[2:]}-{uuid.uuid4().hex[:6]}.log"
+    async def start(
+        cls,
+        logs: Path,
+        role: str,
+        job: dict[str, Any],
+        *,
+        script: str = SCRIPT,
+        env: dict[str, str] | None = None,
+    ) -> Child:
+        """``script`` (by default this one) run as ``role`` with ``job``, its standard
+        error in a file of ``logs``, in ``env`` (by default this process's)."""
+        log = logs / f"{role[2:]}-{uuid.uuid4().hex[:6]}.log"
         with log.open("wb") as output:
             process = await asyncio.create_subprocess_exec(
                 sys.executable,
-                SCRIPT,
+                script,
                 role,
                 json.dumps(job),
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=output,
+                env=env,
             )
         return cls(process, log)
 
@@ -514,7 +525,7 @@ async def _kafka_row(run: Run, scope: str, processes: int) -> Measured:
         assert offset is not None
         ends[number] = max(ends.get(number, 0), offset + 1)
     job = _job(run, scope, brokers=run.broker.bootstrap, topic=topic, group=group)
-    children = [await Child.start(run, "--consume", job) for _ in range(processes)]
+    children = [await Child.start(run.logs, "--consume", job) for _ in range(processes)]
     try:
         for child in children:
             if await child.line() != "ready":
@@ -628,7 +639,7 @@ async def _webhook_row(run: Run, scope: str, group_commit: float | None) -> Meas
         json.dumps({"key": "warm", "n": n, "scope": scope}).encode()
         for n in range(2 * work.concurrency)
     ]
-    server = await Child.start(run, "--serve", _job(run, scope, group_commit=group_commit))
+    server = await Child.start(run.logs, "--serve", _job(run, scope, group_commit=group_commit))
     latencies: list[float] = []
     statuses: Counter[int] = Counter()
     try:
