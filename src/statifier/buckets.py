@@ -22,11 +22,15 @@ import hashlib
 import re
 from typing import Final
 
-__all__ = ["BUCKETS", "address_bucket", "bucket_of", "tagged"]
+__all__ = ["ALL_BUCKETS", "BUCKETS", "address_bucket", "bucket_of", "tagged"]
 
 BUCKETS: Final = 1024
 """The virtual buckets, fixed for ever: a store holds whole ranges of them, so K can
 grow to 1,024 stores without an execution changing bucket (decision 0116)."""
+
+ALL_BUCKETS: Final = (0, BUCKETS)
+"""Every bucket, as a range ``(start, end)`` with ``end`` excluded: the range a worker
+claims from unless given a part (decision 0121)."""
 
 _TAGGED: Final = re.compile(r"ex_[0-9A-HJKMNP-TV-Z]{26}_([0-3][0-9a-f]{2})")
 """An id minted for an address: ``ex_``, a ULID, ``_`` and the bucket in three hex

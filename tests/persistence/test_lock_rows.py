@@ -17,6 +17,7 @@ import pytest_asyncio
 import sqlalchemy as sa
 from tests.persistence.conftest import SqlStore, drop_schema, unique_name
 
+from statifier.buckets import bucket_of
 from statifier.sql import TableOptions, migrations
 from statifier.sql.dialect import execution_lock_key, lock_key
 from statifier.sql.locks import MODE_KEYS, Locks, LocksMismatch, locks_of
@@ -204,6 +205,7 @@ async def test_the_reaper_deletes_only_rows_no_one_holds_and_no_timer_names(
                     "send_id": "s",
                     "dedup_key": "d",
                     "lock_key": timed,
+                    "bucket": bucket_of("ex_with_a_timer"),
                     "kind": "event",
                     "due_at": datetime.now(UTC),
                     "step_position": 0,

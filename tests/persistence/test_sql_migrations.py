@@ -17,14 +17,16 @@ from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 
+from statifier.buckets import address_bucket, bucket_of
 from statifier.cli import main
+from statifier.ids import new_execution_id
 from statifier.persistence.records import InputRecord
 from statifier.persistence.sql import SqlAdapter
 from statifier.sql import TableOptions, migrations
 from statifier.sql.dialect import execution_lock_key
 from statifier.sql.tables import UtcDateTime, autogenerate_filter
 
-HEAD = "statifier_0016"
+HEAD = "statifier_0017"
 """The newest revision."""
 
 DURABLE_TABLES = ("mig_charts", "mig_positions", "mig_executions", "mig_inputs")
@@ -611,5 +613,52 @@ def test_the_timer_lock_key_revision_fills_its_column_and_goes_back(fresh_databa
             kept = connection.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar()
         assert "lock_key" not in {column["name"] for column in columns}
         assert kept == 3
+    finally:
+        engine.dispose()
+
+
+def test_the_timer_bucket_revision_fills_its_column_and_goes_back(fresh_database: Any) -> None:
+    # statifier_0017 gives each timer its execution's bucket, computed in Python for
+    # the rows already there, makes it required and indexes it with the due time;
+    # going back drops exactly that.
+    options = _options(fresh_database)
+    migrations.upgrade(fresh_database.url, options, "statifier_0016")
+    table = f"{options.schema}.mig_timers" if options.schema else "mig_timers"
+    ids = {"d1": "ex_1", "d2": "ex_1", "d3": "ex/2", "d4": new_execution_id("s", "d", "k")}
+    engine = sa.create_engine(migrations.sync_url(fresh_database.url))
+    try:
+        with engine.begin() as connection:
+            for dedup_key, execution_id in ids.items():
+                connection.execute(
+                    sa.text(
+                        f"INSERT INTO {table} (execution_id, send_id, dedup_key, kind, due_at, "
+                        "step_position, payload, inserted_at, lock_key) VALUES (:execution_id, "
+                        "'s', :dedup_key, 'send', CURRENT_TIMESTAMP, 0, '{}', CURRENT_TIMESTAMP, "
+                        ":lock_key)"
+                    ),
+                    {
+                        "execution_id": execution_id,
+                        "dedup_key": dedup_key,
+                        "lock_key": execution_lock_key(execution_id),
+                    },
+                )
+        before = _index_names(fresh_database.url, options)
+        migrations.upgrade(fresh_database.url, options, "statifier_0017")
+        assert _index_names(fresh_database.url, options) == before | {
+            "mig_timers_bucket_due_at_idx"
+        }
+        with engine.connect() as connection:
+            rows = connection.execute(sa.text(f"SELECT dedup_key, bucket FROM {table}"))
+            assert dict(rows.all()) == {key: bucket_of(ex) for key, ex in ids.items()}
+            columns = sa.inspect(connection).get_columns("mig_timers", schema=options.schema)
+        assert {column["name"]: column["nullable"] for column in columns}["bucket"] is False
+        assert bucket_of(ids["d4"]) == address_bucket("s", "d", "k")  # the minted id's own
+        migrations.downgrade(fresh_database.url, options, "statifier_0016")
+        assert _index_names(fresh_database.url, options) == before
+        with engine.connect() as connection:
+            columns = sa.inspect(connection).get_columns("mig_timers", schema=options.schema)
+            kept = connection.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar()
+        assert "bucket" not in {column["name"] for column in columns}
+        assert kept == len(ids)
     finally:
         engine.dispose()

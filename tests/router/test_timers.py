@@ -1,7 +1,8 @@
 """The built-in timer queue and its worker, on SQLite and PostgreSQL: due timers step
 their executions (external and internal), route timers reach their route, timers of
 ended or missing executions are discarded, a failing fire is retried later without
-undoing its batch (the batch, rolled back whole, fires again one by one), a batch is
+undoing its batch (the batch, rolled back whole, fires again one by one), workers given
+ranges of buckets fire their range's timers alone, a batch is
 taken off the queue in one statement, the loop sleeps until the next due time, 10,000
 timers fire in due order, a cancel and a fire never both succeed, two worker
 processes fire each timer once, and a worker SIGKILLed at random points loses no timer
@@ -26,12 +27,13 @@ from tests.persistence.conftest import SqlStore
 from tests.router.conftest import RouterDb
 
 from statifier import telemetry
+from statifier.buckets import BUCKETS, bucket_of
 from statifier.chart import Machine, compile_chart
 from statifier.core import Event
 from statifier.core import effects as fx
 from statifier.persistence import EffectContext, Executions, Executor, Refused, Status
 from statifier.persistence.sql import SqlTransaction
-from statifier.router import Router, StaticResolver, ledger
+from statifier.router import ConfigError, Router, StaticResolver, ledger
 from statifier.router.outbox import Backoff
 from statifier.router.routes import IdempotencyKey
 from statifier.router.timer_queue import TimerEntry, TimerKind
@@ -496,6 +498,39 @@ async def test_a_fire_that_raises_is_retried_later_and_the_rest_of_its_batch_sta
     # Only what committed is reported: nothing of the batch rolled back.
     assert [r["outcome"] for r in timer_reports] == ["fired", "failed", "fired"]
     assert timer_reports[1]["error"] == "RuntimeError: the executor is down"
+
+
+@pytest.mark.asyncio
+async def test_workers_given_bucket_ranges_fire_their_ranges_timers_alone(
+    router_db: RouterDb,
+) -> None:
+    # Two workers whose ranges cover every bucket between them fire every timer once,
+    # each only its own range's; one execution's fire raises, so the low range's batch
+    # also goes one by one (the claim path) and keeps to its range.
+    ids = [f"ex_{n}" for n in range(24)]
+    low = [i for i in ids if bucket_of(i) < BUCKETS // 2]
+    high = [i for i in ids if i not in low]
+    assert low  # the ids fall on both sides
+    assert high
+    router = timer_router(router_db, executor=failing_for(low[0]))
+    await create(router, "count", *ids)
+    now = router_db.clock.now
+    await schedule(router, [entry(i, n, now) for n, i in enumerate(ids)])
+    first = TimerWorker(router, buckets=(0, BUCKETS // 2), retry=10.0)
+    second = TimerWorker(router, buckets=(BUCKETS // 2, BUCKETS))
+    assert await second.next_due() == now
+    assert await first.fire_due(now) == len(low) - 1  # all but the failing one
+    assert sorted(i for i, _, _ in await pending(router)) == sorted([low[0], *high])
+    assert await first.next_due() == now + 10 * SECOND  # its retry, in its range
+    assert await second.next_due() == now
+    assert await second.fire_due(now) == len(high)
+    assert [row[0] for row in await pending(router)] == [low[0]]
+    for execution_id in ids:
+        fired = 0 if execution_id == low[0] else 1
+        assert len(await logged(router, execution_id)) == fired, execution_id
+    for wrong in ((0, 0), (-1, 4), (512, 1025), (9, 3)):
+        with pytest.raises(ConfigError, match="buckets is a range"):
+            TimerWorker(router, buckets=wrong)
 
 
 @pytest.mark.asyncio

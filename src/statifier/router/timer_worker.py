@@ -81,6 +81,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
+from statifier.buckets import ALL_BUCKETS, BUCKETS
 from statifier.callbacks import awaited
 from statifier.core import Event
 from statifier.core.events import engine_event
@@ -410,7 +411,11 @@ class TimerWorker:
     """Fires the due timers of ``router``'s built-in timer queue.
 
     Workers in any number of processes (and machines) may run on one database: each
-    timer fires in one of them, once in effect.
+    timer fires in one of them, once in effect. A worker given ``buckets`` fires the
+    timers of the executions of that range of buckets alone
+    (:func:`statifier.buckets.bucket_of`), read by the timers' ``(bucket, due_at)``
+    index: workers given ranges that cover every bucket between them fire every timer,
+    and none of them scans the others' (decision 0121).
 
     Args:
         router: the router; its configuration's ``timer_queue`` must be the built-in one.
@@ -421,10 +426,12 @@ class TimerWorker:
         route_retries: how often a route that refuses a due send is asked again.
         clock: "now" as an aware UTC datetime; by default the storage's clock.
         sleep: ``asyncio.sleep``, or a stand-in for tests.
+        buckets: the range of buckets ``(start, end)``, ``end`` excluded, whose timers
+            it fires; by default every bucket, ``(0, BUCKETS)``.
 
     Raises:
-        ConfigError: the configuration has no built-in timer queue, or a bound is not
-            positive.
+        ConfigError: the configuration has no built-in timer queue, a bound is not
+            positive, or ``buckets`` is not a non-empty range within ``0..BUCKETS``.
     """
 
     def __init__(
@@ -437,6 +444,7 @@ class TimerWorker:
         route_retries: RouteRetries | None = None,
         clock: Clock | None = None,
         sleep: Sleep = asyncio.sleep,
+        buckets: tuple[int, int] = ALL_BUCKETS,
     ) -> None:
         queue = router.timers
         if not isinstance(queue, SqlTimerQueue):
@@ -445,6 +453,13 @@ class TimerWorker:
             raise ConfigError(f"batch must be at least 1, not {batch!r}")
         if not poll > 0 or not retry > 0:
             raise ConfigError(f"poll and retry must be positive seconds: {poll!r}, {retry!r}")
+        start, end = buckets
+        if not 0 <= start < end <= BUCKETS:
+            raise ConfigError(
+                f"buckets is a range (start, end) with 0 <= start < end <= {BUCKETS}, "
+                f"not {buckets!r}"
+            )
+        self.buckets = buckets
         self.router = router
         self.queue = queue
         self.batch = batch
@@ -462,9 +477,10 @@ class TimerWorker:
         self._woken.set()
 
     async def next_due(self) -> datetime | None:
-        """The earliest due time of any pending timer, or ``None`` when none is."""
+        """The earliest due time of any pending timer of its buckets, or ``None`` when
+        none is."""
         async with self.router.transaction() as unit:
-            return await self.queue.next_due(unit.tx)
+            return await self.queue.next_due(unit.tx, self.buckets)
 
     async def fire_due(self, now: datetime | None = None) -> int:
         """Fire every timer due at ``now`` (default: the clock), in order of due time,
@@ -515,7 +531,7 @@ class TimerWorker:
         <statifier.router.Router.in_transaction>`)."""
 
         async def attempt(unit: Unit) -> tuple[Taken, list[_Outcome]]:
-            taken = await self.queue.take_due(unit.tx, now, self.batch)
+            taken = await self.queue.take_due(unit.tx, now, self.batch, self.buckets)
             held = await _under_claim(unit, taken.timers)
             # The fires' step writes go together (on PostgreSQL), as a route batch's.
             with unit.holding(held):
@@ -537,7 +553,7 @@ class TimerWorker:
         ) -> tuple[list[DueTimer | UnreadableTimer], list[_Outcome], datetime | None]:
             # Built anew in each attempt: what is reported is the committed attempt's.
             outcomes: list[_Outcome] = []
-            due = await self.queue.claim(unit.tx, now, self.batch)
+            due = await self.queue.claim(unit.tx, now, self.batch, self.buckets)
             locked = await _under_claim(unit, due)
             # What is not a fire runs before the fires, with no scope set: a fire's
             # on_begin leaves its setting in force for the rest of the transaction.
@@ -549,7 +565,7 @@ class TimerWorker:
                     if isinstance(timer, UnreadableTimer)
                 ]
             )
-            upcoming = await self.queue.upcoming(unit.tx, now)
+            upcoming = await self.queue.upcoming(unit.tx, now, self.buckets)
             with unit.holding(locked):
                 for timer in held:
                     if isinstance(timer, DueTimer):

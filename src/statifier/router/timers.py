@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from statifier.buckets import ALL_BUCKETS
 from statifier.core.positions import dump_event, load_event
 from statifier.persistence.codec import (
     PLAIN,
@@ -193,9 +194,16 @@ class SqlTimerQueue:
         """Delete every row of ``(execution_id, send_id)``; answer how many."""
         return await self.table.delete_send(tx.driver, execution_id, send_id)
 
-    async def take_due(self, tx: SqlTransaction, now: datetime, limit: int) -> Taken:
-        """Delete at most ``limit`` rows due at ``now`` in one statement and answer them,
-        in firing order; ``tx`` fires them (a rollback puts them back).
+    async def take_due(
+        self,
+        tx: SqlTransaction,
+        now: datetime,
+        limit: int,
+        buckets: tuple[int, int] = ALL_BUCKETS,
+    ) -> Taken:
+        """Delete at most ``limit`` rows of the executions of ``buckets`` (by default
+        every bucket) due at ``now`` in one statement and answer them, in firing order;
+        ``tx`` fires them (a rollback puts them back).
 
         On PostgreSQL the due rows are locked first (rows other transactions hold are
         skipped) and each execution's lock tried once; only the rows whose lock was
@@ -206,16 +214,20 @@ class SqlTimerQueue:
         Raises:
             UndecodableBlob: a taken row's payload cannot be decoded.
         """
-        taken = await self.table.take_due(tx.driver, now, limit)
+        taken = await self.table.take_due(tx.driver, now, limit, buckets)
         codec = self.codec
         timers = [DueTimer(row.id, _entry(row, codec), True) for row in taken.rows]
         return Taken(timers, taken.picked, taken.upcoming)
 
     async def claim(
-        self, tx: SqlTransaction, now: datetime, limit: int
+        self,
+        tx: SqlTransaction,
+        now: datetime,
+        limit: int,
+        buckets: tuple[int, int] = ALL_BUCKETS,
     ) -> list[DueTimer | UnreadableTimer]:
-        """At most ``limit`` rows due at ``now``, in firing order; a row whose payload
-        the codec cannot decode is returned as an :class:`UnreadableTimer` (where
+        """At most ``limit`` rows of ``buckets`` due at ``now``, in firing order; a row
+        whose payload the codec cannot decode is returned as an :class:`UnreadableTimer` (where
         :meth:`take_due` raises), so that one row does not hold up the others.
 
         On PostgreSQL each row is locked (rows other transactions hold are skipped)
@@ -223,7 +235,8 @@ class SqlTimerQueue:
         row is ``locked`` only if the lock was granted and no earlier row of its
         execution is held by another transaction.
         """
-        return [self._claimed(row) for row in await self.table.claim(tx.driver, now, limit)]
+        found = await self.table.claim(tx.driver, now, limit, buckets)
+        return [self._claimed(row) for row in found]
 
     def _claimed(self, row: TimerRow) -> DueTimer | UnreadableTimer:
         try:
@@ -247,9 +260,11 @@ class SqlTimerQueue:
         """Make the row ``timer_id`` due at ``due_at`` instead."""
         await self.table.move(tx.driver, timer_id, due_at)
 
-    async def upcoming(self, tx: SqlTransaction, now: datetime) -> datetime | None:
-        """The earliest due time after ``now`` of any row, or ``None``."""
-        return await self.table.upcoming(tx.driver, now)
+    async def upcoming(
+        self, tx: SqlTransaction, now: datetime, buckets: tuple[int, int] = ALL_BUCKETS
+    ) -> datetime | None:
+        """The earliest due time after ``now`` of any row of ``buckets``, or ``None``."""
+        return await self.table.upcoming(tx.driver, now, buckets)
 
     async def pending(
         self, tx: SqlTransaction, execution_id: str, limit: int = 100
@@ -259,6 +274,9 @@ class SqlTimerQueue:
         rows = await self.table.of_execution(tx.driver, execution_id, limit)
         return [self._claimed(row) for row in rows]
 
-    async def next_due(self, tx: SqlTransaction) -> datetime | None:
-        """The earliest due time of any row, or ``None`` when the table is empty."""
-        return await self.table.next_due(tx.driver)
+    async def next_due(
+        self, tx: SqlTransaction, buckets: tuple[int, int] = ALL_BUCKETS
+    ) -> datetime | None:
+        """The earliest due time of any row of ``buckets``, or ``None`` when there is
+        none."""
+        return await self.table.next_due(tx.driver, buckets)

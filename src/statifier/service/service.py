@@ -58,6 +58,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final, Protocol, TextIO
 
+from statifier.buckets import ALL_BUCKETS
 from statifier.extras import MissingExtra
 from statifier.persistence.sql import SqlAdapter
 from statifier.repeats import Repeats
@@ -577,8 +578,9 @@ class Service:
         self, routing: Router | ShardedRouter, sinks: list[Sinks], scheduler: Scheduler
     ) -> list[Supervised]:
         """The workers: the scheduler, and each store's timers, flow, outbox drain and
-        reapers (over several stores, each named with its store's number, and each
-        store's drain of the sends between stores)."""
+        reapers (over several stores, each named with its store's number, its timers
+        those of its range of buckets, and each store's drain of the sends between
+        stores)."""
         settings, stop = self.settings, self._workers_stop
         stores = _stores(routing)
         workers: list[Supervised] = []
@@ -592,21 +594,28 @@ class Service:
             if isinstance(routing, ShardedRouter)
             else []
         )
+        ranges = routing.shard_map.ranges if isinstance(routing, ShardedRouter) else (ALL_BUCKETS,)
         for number, router in enumerate(stores):
             named = (lambda part: part) if len(stores) == 1 else _in_store(number)
-            workers.extend(self._store_workers(router, sinks[number], named))
+            workers.extend(self._store_workers(router, sinks[number], named, ranges[number]))
             if hops:
                 workers.append(_draining(named("hops"), hops[number], outbox.idle, stop))
         return workers
 
     def _store_workers(
-        self, router: Router, sinks: Sinks, named: Callable[[str], str]
+        self,
+        router: Router,
+        sinks: Sinks,
+        named: Callable[[str], str],
+        buckets: tuple[int, int],
     ) -> list[Supervised]:
         settings, stop = self.settings, self._workers_stop
         workers: list[Supervised] = []
         if settings.timers.enabled:
             timers = settings.timers
-            worker = TimerWorker(router, batch=timers.batch, poll=timers.poll, retry=timers.retry)
+            worker = TimerWorker(
+                router, batch=timers.batch, poll=timers.poll, retry=timers.retry, buckets=buckets
+            )
             workers.append(Supervised(named("timers"), lambda: worker.run(stop), stop))
         if settings.flow.enabled:
             found = settings.flow

@@ -710,8 +710,13 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         # tries: hashed in Python, never by the database. Last, where statifier_0015
         # added it.
         sa.Column("lock_key", sa.BigInteger(), nullable=False),
+        # The execution's bucket (statifier.buckets.bucket_of): a timer worker given a
+        # range of buckets claims its range's due rows by the index below. Last, where
+        # statifier_0017 added it.
+        sa.Column("bucket", sa.SmallInteger(), nullable=False),
         sa.UniqueConstraint("dedup_key", name=name("timers_dedup_key_key")),
         sa.Index(name("timers_due_at_idx"), "due_at"),
+        sa.Index(name("timers_bucket_due_at_idx"), "bucket", "due_at"),
         sa.Index(name("timers_execution_id_send_id_idx"), "execution_id", "send_id"),
         # The lock reaper keeps the lock rows of executions with pending timers.
         sa.Index(name("timers_lock_key_idx"), "lock_key"),
