@@ -29,7 +29,7 @@ from typing import Any, Final
 from statifier.buckets import ALL_BUCKETS, bucket_of
 from statifier.sql.dialect import Dialect, execution_lock_key
 from statifier.sql.keys import RowKeys
-from statifier.sql.locks import locks_of
+from statifier.sql.locks import Locks, locks_of
 from statifier.sql.names import TableNames
 from statifier.sql.tables import Tables
 
@@ -128,64 +128,23 @@ class TimerTable:
         )
         self._delete = sql(f"DELETE FROM {timers} WHERE id = :id")
         self._move = sql(f"UPDATE {timers} SET due_at = :due_at WHERE id = :id")
-        self._next_due = sql(f"SELECT min(due_at) FROM {timers} WHERE {_IN_RANGE}")
-        self._upcoming = sql(
-            f"SELECT min(due_at) FROM {timers} WHERE due_at > :now AND {_IN_RANGE}"
-        )
         self._of_execution = sql(
             f"SELECT {_listed(_COLUMNS)}, 0 FROM {timers} WHERE execution_id = :execution_id "
             f"ORDER BY {order} LIMIT :limit"
         )
         locks = locks_of(tables, dialect)
-        if locks is not None:
-            # Rows another worker holds are skipped, never waited for; the execution's
-            # lock is only tried: a step that holds it may be deleting these rows (a
-            # cancel) and wait for the row locks taken here. The lock is tried once an
-            # execution, so its rows are all granted or none; and a row waits while an
-            # earlier row of its execution is held elsewhere (skipped here: another
-            # worker's claim that did not get the lock), so that one execution's timers
-            # never fire out of order. The key is the row's own, hashed in Python at the
-            # insert as every other taker of the execution's lock hashes it.
-            locked = locks.tried("SELECT DISTINCT lock_key FROM picked", "locked")
-            ready = (
-                "p.lock_key IN (SELECT key FROM locked) "
-                f"AND NOT EXISTS (SELECT 1 FROM {timers} AS e "
-                f"WHERE e.execution_id = p.execution_id "
-                f"AND ({_listed(_ORDER, 'e.')}) < ({_listed(_ORDER, 'p.')}) "
-                "AND e.id NOT IN (SELECT id FROM picked))"
-            )
-            # One row even when nothing is taken: it carries the counts.
-            self._take_due = sql(
-                f"WITH picked AS MATERIALIZED (SELECT id, execution_id, lock_key, due_at, "
-                f"inserted_at, step_position FROM {timers} "
-                f"WHERE due_at <= :now AND {_IN_RANGE} ORDER BY {order} LIMIT :limit "
-                f"FOR UPDATE SKIP LOCKED), {locked}, "
-                f"granted AS MATERIALIZED (SELECT p.id FROM picked AS p WHERE {ready}), "
-                f"taken AS (DELETE FROM {timers} AS t USING granted WHERE t.id = granted.id "
-                f"RETURNING {_listed(_COLUMNS, 't.')}, t.inserted_at) "
-                f"SELECT {_listed(_COLUMNS, 'taken.')}, true, (SELECT count(*) FROM picked), "
-                f"(SELECT min(due_at) FROM {timers} WHERE due_at > :now AND {_IN_RANGE}) "
-                "FROM (SELECT 1) AS one LEFT JOIN taken ON true "
-                f"ORDER BY {_listed(_ORDER, 'taken.')}"
-            )
-            self._claim = sql(
-                f"WITH picked AS MATERIALIZED (SELECT {_listed(_COLUMNS)}, lock_key, "
-                f"inserted_at FROM {timers} WHERE due_at <= :now AND {_IN_RANGE} "
-                f"ORDER BY {order} LIMIT :limit FOR UPDATE SKIP LOCKED), {locked} "
-                f"SELECT {_listed(_COLUMNS, 'p.')}, {ready} "
-                f"FROM picked AS p ORDER BY {_listed(_ORDER, 'p.')}"
-            )
-        else:
-            # RETURNING comes in no promised order: take_due sorts.
-            self._take_due = sql(
-                f"DELETE FROM {timers} WHERE id IN (SELECT id FROM {timers} "
-                f"WHERE due_at <= :now AND {_IN_RANGE} ORDER BY {order} LIMIT :limit) "
-                f"RETURNING {_listed(_COLUMNS)}, 1, inserted_at"
-            )
-            self._claim = sql(
-                f"SELECT {_listed(_COLUMNS)}, 1 FROM {timers} "
-                f"WHERE due_at <= :now AND {_IN_RANGE} ORDER BY {order} LIMIT :limit"
-            )
+        # The whole range has statements of its own, without the bucket condition: a
+        # prepared statement's generic plan would take a range's condition for a narrow
+        # one and read the bucket index where the due-time index serves the whole.
+        self._whole = _claims(timers, dialect, locks, "")
+        self._part = _claims(timers, dialect, locks, _IN_RANGE)
+
+    def _for(self, buckets: tuple[int, int]) -> tuple[_Claims, dict[str, int]]:
+        """The statements of ``buckets``, and their parameters."""
+        if buckets == ALL_BUCKETS:
+            return self._whole, {}
+        start, end = buckets
+        return self._part, {"start": start, "end": end}
 
     def _row(self, row: Sequence[Any]) -> TimerRow:
         due_at = self.dialect.read_time(row[4])
@@ -247,8 +206,9 @@ class TimerTable:
         another transaction, precedes; the locks are held until the transaction ends.
         """
         dialect = self.dialect
-        values = {"now": dialect.time(now), "limit": limit, **_range(buckets)}
-        found = await dialect.rows(driver, self._take_due, values)
+        claims, within = self._for(buckets)
+        values = {"now": dialect.time(now), "limit": limit, **within}
+        found = await dialect.rows(driver, claims.take_due, values)
         if dialect.row_locks:
             rows = [self._row(row) for row in found if row[0] is not None]
             return TakenRows(rows, int(found[0][8]), found[0][9])
@@ -271,8 +231,9 @@ class TimerTable:
         a row is :attr:`TimerRow.locked` only if the lock was granted and no earlier row
         of its execution is held by another transaction.
         """
-        values = {"now": self.dialect.time(now), "limit": limit, **_range(buckets)}
-        return [self._row(row) for row in await self.dialect.rows(driver, self._claim, values)]
+        claims, within = self._for(buckets)
+        values = {"now": self.dialect.time(now), "limit": limit, **within}
+        return [self._row(row) for row in await self.dialect.rows(driver, claims.claim, values)]
 
     async def delete(self, driver: Any, timer_id: Any) -> bool:
         """Delete the row ``timer_id``; answer whether it was still there."""
@@ -287,8 +248,9 @@ class TimerTable:
         self, driver: Any, now: datetime, buckets: tuple[int, int] = ALL_BUCKETS
     ) -> datetime | None:
         """The earliest due time after ``now`` of any row of ``buckets``, or ``None``."""
-        values = {"now": self.dialect.time(now), **_range(buckets)}
-        row = await self.dialect.row(driver, self._upcoming, values)
+        claims, within = self._for(buckets)
+        values = {"now": self.dialect.time(now), **within}
+        row = await self.dialect.row(driver, claims.upcoming, values)
         return None if row is None else self.dialect.read_time(row[0])
 
     async def of_execution(self, driver: Any, execution_id: str, limit: int) -> list[TimerRow]:
@@ -304,14 +266,80 @@ class TimerTable:
     ) -> datetime | None:
         """The earliest due time of any row of ``buckets``, or ``None`` when there is
         none."""
-        row = await self.dialect.row(driver, self._next_due, _range(buckets))
+        claims, within = self._for(buckets)
+        row = await self.dialect.row(driver, claims.next_due, within)
         return None if row is None else self.dialect.read_time(row[0])
 
 
-def _range(buckets: tuple[int, int]) -> dict[str, int]:
-    """The statements' parameters of a range of buckets."""
-    start, end = buckets
-    return {"start": start, "end": end}
+@dataclass(frozen=True, slots=True)
+class _Claims:
+    """The statements that read due rows, of every bucket or of a range."""
+
+    take_due: str
+    claim: str
+    upcoming: str
+    next_due: str
+
+
+def _claims(timers: str, dialect: Dialect, locks: Locks | None, within: str) -> _Claims:
+    """The statements reading due rows where ``within`` holds too (``""``: every row).
+
+    Where rows are locked, rows another worker holds are skipped, never waited for;
+    the execution's lock is only tried: a step that holds it may be deleting these rows
+    (a cancel) and wait for the row locks taken here. The lock is tried once an
+    execution, so its rows are all granted or none; and a row waits while an earlier
+    row of its execution is held elsewhere (skipped here: another worker's claim that
+    did not get the lock), so that one execution's timers never fire out of order. The
+    key is the row's own, hashed in Python at the insert as every other taker of the
+    execution's lock hashes it.
+    """
+    sql = dialect.statement
+    order = _listed(_ORDER)
+    also = f" AND {within}" if within else ""
+    due = f"due_at <= :now{also}"
+    later = f"SELECT min(due_at) FROM {timers} WHERE due_at > :now{also}"
+    next_due = sql(f"SELECT min(due_at) FROM {timers}" + (f" WHERE {within}" if within else ""))
+    if locks is not None:
+        locked = locks.tried("SELECT DISTINCT lock_key FROM picked", "locked")
+        ready = (
+            "p.lock_key IN (SELECT key FROM locked) "
+            f"AND NOT EXISTS (SELECT 1 FROM {timers} AS e "
+            f"WHERE e.execution_id = p.execution_id "
+            f"AND ({_listed(_ORDER, 'e.')}) < ({_listed(_ORDER, 'p.')}) "
+            "AND e.id NOT IN (SELECT id FROM picked))"
+        )
+        # One row even when nothing is taken: it carries the counts.
+        take_due = sql(
+            f"WITH picked AS MATERIALIZED (SELECT id, execution_id, lock_key, due_at, "
+            f"inserted_at, step_position FROM {timers} "
+            f"WHERE {due} ORDER BY {order} LIMIT :limit "
+            f"FOR UPDATE SKIP LOCKED), {locked}, "
+            f"granted AS MATERIALIZED (SELECT p.id FROM picked AS p WHERE {ready}), "
+            f"taken AS (DELETE FROM {timers} AS t USING granted WHERE t.id = granted.id "
+            f"RETURNING {_listed(_COLUMNS, 't.')}, t.inserted_at) "
+            f"SELECT {_listed(_COLUMNS, 'taken.')}, true, (SELECT count(*) FROM picked), "
+            f"({later}) "
+            "FROM (SELECT 1) AS one LEFT JOIN taken ON true "
+            f"ORDER BY {_listed(_ORDER, 'taken.')}"
+        )
+        claim = sql(
+            f"WITH picked AS MATERIALIZED (SELECT {_listed(_COLUMNS)}, lock_key, "
+            f"inserted_at FROM {timers} WHERE {due} "
+            f"ORDER BY {order} LIMIT :limit FOR UPDATE SKIP LOCKED), {locked} "
+            f"SELECT {_listed(_COLUMNS, 'p.')}, {ready} "
+            f"FROM picked AS p ORDER BY {_listed(_ORDER, 'p.')}"
+        )
+    else:
+        # RETURNING comes in no promised order: take_due sorts.
+        take_due = sql(
+            f"DELETE FROM {timers} WHERE id IN (SELECT id FROM {timers} "
+            f"WHERE {due} ORDER BY {order} LIMIT :limit) "
+            f"RETURNING {_listed(_COLUMNS)}, 1, inserted_at"
+        )
+        claim = sql(
+            f"SELECT {_listed(_COLUMNS)}, 1 FROM {timers} WHERE {due} ORDER BY {order} LIMIT :limit"
+        )
+    return _Claims(take_due, claim, sql(later), next_due)
 
 
 def _firing_order(row: Sequence[Any]) -> tuple[Any, ...]:
