@@ -22,7 +22,7 @@ import hashlib
 import re
 from typing import Final
 
-__all__ = ["ALL_BUCKETS", "BUCKETS", "address_bucket", "bucket_of", "tagged"]
+__all__ = ["ALL_BUCKETS", "BUCKETS", "address_bucket", "bucket_of", "bucket_range", "tagged"]
 
 BUCKETS: Final = 1024
 """The virtual buckets, fixed for ever: a store holds whole ranges of them, so K can
@@ -81,3 +81,25 @@ def tagged(bucket: int) -> str:
     if not 0 <= bucket < BUCKETS:
         raise ValueError(f"a bucket is from 0 to {BUCKETS - 1}, not {bucket!r}")
     return f"_{bucket:03x}"
+
+
+def bucket_range(buckets: tuple[int, int]) -> tuple[int, int]:
+    """``buckets`` checked as a range of buckets: ``(start, end)`` with ``end``
+    excluded, not empty, within ``0..BUCKETS``.
+
+    >>> bucket_range((0, 512))
+    (0, 512)
+    >>> bucket_range((512, 512))
+    Traceback (most recent call last):
+    ...
+    ValueError: buckets is a range (start, end) with 0 <= start < end <= 1024, not (512, 512)
+
+    Raises:
+        ValueError: it is not.
+    """
+    start, end = buckets
+    if not 0 <= start < end <= BUCKETS:
+        raise ValueError(
+            f"buckets is a range (start, end) with 0 <= start < end <= {BUCKETS}, not {buckets!r}"
+        )
+    return buckets

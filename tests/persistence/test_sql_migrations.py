@@ -26,7 +26,7 @@ from statifier.sql import TableOptions, migrations
 from statifier.sql.dialect import execution_lock_key
 from statifier.sql.tables import UtcDateTime, autogenerate_filter
 
-HEAD = "statifier_0017"
+HEAD = "statifier_0018"
 """The newest revision."""
 
 DURABLE_TABLES = ("mig_charts", "mig_positions", "mig_executions", "mig_inputs")
@@ -660,5 +660,46 @@ def test_the_timer_bucket_revision_fills_its_column_and_goes_back(fresh_database
             kept = connection.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar()
         assert "bucket" not in {column["name"] for column in columns}
         assert kept == len(ids)
+    finally:
+        engine.dispose()
+
+
+def test_the_flow_bucket_revision_fills_its_column_and_goes_back(fresh_database: Any) -> None:
+    # statifier_0018 gives each flow group its address's bucket, computed in Python for
+    # the rows already there, makes it required and indexes it with the due time.
+    options = _options(fresh_database)
+    migrations.upgrade(fresh_database.url, options, "statifier_0017")
+    table = f"{options.schema}.mig_flow_groups" if options.schema else "mig_flow_groups"
+    addresses = [("web", "doc", "k1"), ("web", "doc", "k2"), ("ops", "other", "k1")]
+    engine = sa.create_engine(migrations.sync_url(fresh_database.url))
+    try:
+        with engine.begin() as connection:
+            for scope, document, key in addresses:
+                connection.execute(
+                    sa.text(
+                        f"INSERT INTO {table} (binding_id, scope, key, document, held, "
+                        "last_seq, window_count, due_at, failures, updated_at) VALUES "
+                        "('b', :scope, :key, :document, 1, 1, 0, CURRENT_TIMESTAMP, 0, "
+                        "CURRENT_TIMESTAMP)"
+                    ),
+                    {"scope": scope, "document": document, "key": key},
+                )
+        before = _index_names(fresh_database.url, options)
+        migrations.upgrade(fresh_database.url, options, "statifier_0018")
+        added = _index_names(fresh_database.url, options) - before
+        assert added == {"mig_flow_groups_bucket_due_at_idx"}
+        with engine.connect() as connection:
+            found = connection.execute(sa.text(f"SELECT scope, document, key, bucket FROM {table}"))
+            buckets = {(s, d, k): bucket for s, d, k, bucket in found}
+            columns = sa.inspect(connection).get_columns("mig_flow_groups", schema=options.schema)
+        assert buckets == {where: address_bucket(*where) for where in addresses}
+        assert {column["name"]: column["nullable"] for column in columns}["bucket"] is False
+        migrations.downgrade(fresh_database.url, options, "statifier_0017")
+        assert _index_names(fresh_database.url, options) == before
+        with engine.connect() as connection:
+            columns = sa.inspect(connection).get_columns("mig_flow_groups", schema=options.schema)
+            kept = connection.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar()
+        assert "bucket" not in {column["name"] for column in columns}
+        assert kept == len(addresses)
     finally:
         engine.dispose()

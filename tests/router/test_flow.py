@@ -1,6 +1,7 @@
 """Debounce, batch and throttle bindings on each database: what is held, when it is
 delivered and as what, in each key's order, once; duplicates held once; a flush that
-fails recorded on its group and retried; two workers sharing the groups."""
+fails recorded on its group and retried; workers given ranges of buckets flushing
+their range's groups alone; two workers sharing the groups."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from tests.router.conftest import (  # noqa: F401 - fixtures used by name
 from tests.router.test_races import counter_chart
 
 from statifier import telemetry
+from statifier.buckets import BUCKETS, address_bucket
 from statifier.core.positions import load_event
 from statifier.persistence import Storage
 from statifier.router import (
@@ -282,6 +284,36 @@ async def test_a_binding_turned_to_each_delivers_what_it_held_one_by_one(
     bindings[0] = _binding()
     await FlowWorker(router).flush_due(now=_at(10))
     assert [entry["n"] for entry in await _inputs(router, "ada")] == [0, 1, 2]
+
+
+@pytest.mark.asyncio
+async def test_workers_given_bucket_ranges_flush_their_ranges_groups_alone(
+    router_db: RouterDb,  # noqa: F811 - the fixture
+) -> None:
+    router = _router(router_db, _binding(mode="debounce", window=timedelta(seconds=30)))
+    users = [f"u{n}" for n in range(16)]
+    half = BUCKETS // 2
+    low = [u for u in users if address_bucket("t", "counter", u) < half]
+    high = [u for u in users if u not in low]
+    assert low  # the addresses fall on both sides
+    assert high
+    for n, user in enumerate(users):
+        assert await _send(router, user, n, _at(n * 0.1)) == "buffered"
+    first = FlowWorker(router, buckets=(0, half))
+    second = FlowWorker(router, buckets=(half, BUCKETS))
+    assert await first.next_due() is not None
+    flushed = await first.flush_due(now=_at(60))
+    assert sorted(report.key for report in flushed) == sorted(low)
+    assert await first.next_due() is None  # nothing left in its range
+    assert await second.next_due() is not None
+    assert await second.totals() == (len(high), len(high))  # the totals are every range's
+    flushed = await second.flush_due(now=_at(60))
+    assert sorted(report.key for report in flushed) == sorted(high)
+    for user in users:
+        assert len(await _inputs(router, user)) == 1, user
+    for wrong in ((0, 0), (-1, 4), (512, 1025)):
+        with pytest.raises(ValueError, match="buckets is a range"):
+            FlowWorker(router, buckets=wrong)
 
 
 @pytest.mark.asyncio

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
+from statifier.buckets import ALL_BUCKETS, bucket_range
 from statifier.core.positions import load_event
 from statifier.persistence import LockTimeout, OnError
 from statifier.router.binding import Binding, Create, Plan
@@ -92,6 +93,14 @@ class FlowWorker:
         poll: the longest :meth:`run` sleeps between passes (events held by another
             process are seen within it).
         clock: the current time (aware); the router's storage clock by default.
+        buckets: the range of buckets ``(start, end)``, ``end`` excluded, whose
+            addresses' groups it flushes (by the groups' ``(bucket, due_at)`` index,
+            decision 0121); by default every bucket. The creates caps hold are made
+            whatever their bucket.
+
+    Raises:
+        ValueError: a bound out of range, or ``buckets`` not a non-empty range within
+            ``0..BUCKETS``.
 
     >>> import asyncio, tempfile
     >>> from pathlib import Path
@@ -133,7 +142,9 @@ class FlowWorker:
         max_retry: timedelta = timedelta(minutes=10),
         poll: float = 1.0,
         clock: Clock | None = None,
+        buckets: tuple[int, int] = ALL_BUCKETS,
     ) -> None:
+        self.buckets: Final = bucket_range(buckets)
         if retry <= timedelta(0) or max_retry < retry:
             raise ValueError("retry is positive and max_retry at least retry")
         if poll <= 0:
@@ -162,9 +173,9 @@ class FlowWorker:
             return await unit.flow.totals(unit.tx.driver)
 
     async def next_due(self) -> datetime | None:
-        """When the first group is due, or ``None``."""
+        """When the first group of its buckets is due, or ``None``."""
         async with self.router.transaction() as unit:
-            return await unit.flow.next_due(unit.tx.driver)
+            return await unit.flow.next_due(unit.tx.driver, self.buckets)
 
     async def flush_due(self, *, now: datetime | None = None) -> list[FlushReport]:
         """One pass: flush every group due at ``now`` (the clock's time by default),
@@ -181,7 +192,7 @@ class FlowWorker:
         moment = self._at(now)
         while True:
             async with self.router.transaction() as unit:
-                due = await unit.flow.due(unit.tx.driver, moment, _PAGE + len(taken))
+                due = await unit.flow.due(unit.tx.driver, moment, _PAGE + len(taken), self.buckets)
             due = [where for where in due if where not in taken]
             if not due:
                 break

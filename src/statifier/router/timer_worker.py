@@ -81,7 +81,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
-from statifier.buckets import ALL_BUCKETS, BUCKETS
+from statifier.buckets import ALL_BUCKETS, bucket_range
 from statifier.callbacks import awaited
 from statifier.core import Event
 from statifier.core.events import engine_event
@@ -453,13 +453,10 @@ class TimerWorker:
             raise ConfigError(f"batch must be at least 1, not {batch!r}")
         if not poll > 0 or not retry > 0:
             raise ConfigError(f"poll and retry must be positive seconds: {poll!r}, {retry!r}")
-        start, end = buckets
-        if not 0 <= start < end <= BUCKETS:
-            raise ConfigError(
-                f"buckets is a range (start, end) with 0 <= start < end <= {BUCKETS}, "
-                f"not {buckets!r}"
-            )
-        self.buckets = buckets
+        try:
+            self.buckets = bucket_range(buckets)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
         self.router = router
         self.queue = queue
         self.batch = batch

@@ -579,8 +579,8 @@ class Service:
     ) -> list[Supervised]:
         """The workers: the scheduler, and each store's timers, flow, outbox drain and
         reapers (over several stores, each named with its store's number, its timers
-        those of its range of buckets, and each store's drain of the sends between
-        stores)."""
+        and held groups those of its range of buckets, and each store's drain of the
+        sends between stores)."""
         settings, stop = self.settings, self._workers_stop
         stores = _stores(routing)
         workers: list[Supervised] = []
@@ -624,6 +624,7 @@ class Service:
                 poll=found.poll,
                 retry=timedelta(seconds=found.retry),
                 max_retry=timedelta(seconds=found.max_retry),
+                buckets=buckets,
             )
             workers.append(Supervised(named("flow"), lambda: flow.run(stop), stop))
         outbox = settings.outbox

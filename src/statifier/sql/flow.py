@@ -10,6 +10,10 @@ console. What a group means (when it is due, what its events become) is the rout
 Every writer of a group holds its address's lock first (the router's lock on
 PostgreSQL, the single writer on SQLite), so the read-then-write of :meth:`locked` and
 :meth:`put` never races another.
+
+A group carries its address's bucket (:func:`statifier.buckets.address_bucket`), and
+:meth:`FlowTable.due` and :meth:`FlowTable.next_due` read a range of buckets: the whole
+range by default, or a part, by the ``(bucket, due_at)`` index (decision 0121).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
+from statifier.buckets import ALL_BUCKETS, address_bucket
 from statifier.sql.dialect import Dialect
 from statifier.sql.keys import RowKeys
 from statifier.sql.names import TableNames
@@ -53,6 +58,7 @@ _EVENT_COLUMNS: Final = (
 )
 _TIMES: Final = frozenset({"first_at", "window_start", "due_at", "updated_at", "arrived_at"})
 _ADDRESS: Final = "binding_id = :binding_id AND scope = :scope AND key = :key"
+_IN_RANGE: Final = "bucket >= :start AND bucket < :end"
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,8 +117,9 @@ class FlowTable:
             for column in _GROUP_COLUMNS
             if column not in ("binding_id", "scope", "key")
         )
+        # The bucket is written once, with the address: it never changes.
         self._put = sql(
-            f"{keys.insert(groups, _GROUP_COLUMNS)} "
+            f"{keys.insert(groups, (*_GROUP_COLUMNS, 'bucket'))} "
             f"ON CONFLICT (binding_id, scope, key) DO UPDATE SET {updated}"
         )
         self._delete = sql(f"DELETE FROM {groups} WHERE {_ADDRESS}")
@@ -122,11 +129,13 @@ class FlowTable:
             "ORDER BY seq LIMIT :limit"
         )
         self._drop = sql(f"DELETE FROM {events} WHERE {_ADDRESS} AND seq <= :through")
-        self._due = sql(
-            f"SELECT binding_id, scope, key, document FROM {groups} WHERE due_at <= :now "
-            "ORDER BY due_at LIMIT :limit"
-        )
+        # A part of the buckets has statements of its own: a prepared statement's
+        # generic plan would take the whole range's condition for a narrow one.
+        due = f"SELECT binding_id, scope, key, document FROM {groups} WHERE due_at <= :now"
+        self._due = sql(f"{due} ORDER BY due_at LIMIT :limit")
+        self._due_within = sql(f"{due} AND {_IN_RANGE} ORDER BY due_at LIMIT :limit")
         self._next_due = sql(f"SELECT min(due_at) FROM {groups}")
+        self._next_due_within = sql(f"SELECT min(due_at) FROM {groups} WHERE {_IN_RANGE}")
         self._failed = sql(
             f"UPDATE {groups} SET due_at = :due_at, failures = failures + 1, "
             f"last_error = :error, updated_at = :now WHERE {_ADDRESS}"
@@ -175,6 +184,7 @@ class FlowTable:
         for column in _GROUP_COLUMNS:
             value = getattr(group, column)
             values[column] = time(value) if column in _TIMES and value is not None else value
+        values["bucket"] = address_bucket(group.scope, group.document, group.key)
         await self.dialect.execute(driver, self._put, self.keys.keyed(values))
 
     async def delete(self, driver: Any, binding_id: str, scope: str, key: str) -> None:
@@ -214,16 +224,32 @@ class FlowTable:
         values = {"binding_id": binding_id, "scope": scope, "key": key, "through": through}
         await self.dialect.execute(driver, self._drop, values)
 
-    async def due(self, driver: Any, now: datetime, limit: int) -> list[tuple[str, str, str, str]]:
-        """At most ``limit`` groups due at ``now``, the earliest first, as
-        ``(binding_id, scope, key, document)``; read without a lock."""
-        values = {"now": self.dialect.time(now), "limit": limit}
-        rows = await self.dialect.rows(driver, self._due, values)
+    async def due(
+        self,
+        driver: Any,
+        now: datetime,
+        limit: int,
+        buckets: tuple[int, int] = ALL_BUCKETS,
+    ) -> list[tuple[str, str, str, str]]:
+        """At most ``limit`` groups of ``buckets`` due at ``now``, the earliest first,
+        as ``(binding_id, scope, key, document)``; read without a lock."""
+        values: dict[str, Any] = {"now": self.dialect.time(now), "limit": limit}
+        statement = self._due
+        if buckets != ALL_BUCKETS:
+            statement = self._due_within
+            values.update(start=buckets[0], end=buckets[1])
+        rows = await self.dialect.rows(driver, statement, values)
         return [(row[0], row[1], row[2], row[3]) for row in rows]
 
-    async def next_due(self, driver: Any) -> datetime | None:
-        """The earliest due time of a group, or ``None``."""
-        row = await self.dialect.row(driver, self._next_due)
+    async def next_due(
+        self, driver: Any, buckets: tuple[int, int] = ALL_BUCKETS
+    ) -> datetime | None:
+        """The earliest due time of a group of ``buckets``, or ``None``."""
+        if buckets == ALL_BUCKETS:
+            row = await self.dialect.row(driver, self._next_due)
+        else:
+            values = {"start": buckets[0], "end": buckets[1]}
+            row = await self.dialect.row(driver, self._next_due_within, values)
         return None if row is None else self.dialect.read_time(row[0])
 
     async def failed(

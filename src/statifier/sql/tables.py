@@ -1063,11 +1063,16 @@ def _flow(options: TableOptions, metadata: sa.MetaData) -> tuple[sa.Table, sa.Ta
         sa.Column("failures", sa.Integer(), nullable=False),
         sa.Column("last_error", sa.Text(), nullable=True),
         sa.Column("updated_at", UtcDateTime(), nullable=False),
+        # The address's bucket (statifier.buckets.address_bucket): a flow worker given a
+        # range of buckets walks its range's groups by the index below. Last, where
+        # statifier_0018 added it.
+        sa.Column("bucket", sa.SmallInteger(), nullable=False),
         sa.UniqueConstraint(
             "binding_id", "scope", "key", name=name("flow_groups_binding_id_scope_key_key")
         ),
         # What a worker's pass walks: the groups due first.
         sa.Index(name("flow_groups_due_at_idx"), "due_at"),
+        sa.Index(name("flow_groups_bucket_due_at_idx"), "bucket", "due_at"),
         schema=schema,
     )
     events = options.table(
