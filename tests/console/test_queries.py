@@ -12,6 +12,7 @@ import pytest
 from tests.console.conftest import ConsoleDb
 
 from scriba.sql.tables import define_tables
+from statifier.buckets import bucket_of
 from statifier.chart import compile_chart
 from statifier.console.queries import (
     MAX_DETAIL_ROWS,
@@ -403,6 +404,7 @@ async def test_timers_of_an_execution_soonest_first(console_db: ConsoleDb) -> No
                 "send_id": f"s{i}",
                 "dedup_key": f"d{i}",
                 "lock_key": execution_lock_key("ex-0001"),
+                "bucket": bucket_of("ex-0001"),
                 "kind": "event",
                 "due_at": T0 + timedelta(minutes=5 - i),
                 "step_position": 1,
@@ -429,6 +431,7 @@ async def test_a_detail_at_its_bound_leaves_the_step_rows_to_a_query(
             "send_id": f"s{i}",
             "dedup_key": f"d{i}",
             "lock_key": execution_lock_key("ex-0001"),
+            "bucket": bucket_of("ex-0001"),
             "kind": "external",
             "due_at": T0 + timedelta(seconds=i),
             "step_position": 0,
