@@ -27,6 +27,7 @@ from statifier.buckets import ALL_BUCKETS, address_bucket
 from statifier.sql.dialect import Dialect
 from statifier.sql.keys import RowKeys
 from statifier.sql.names import TableNames
+from statifier.sql.ranges import also, by_range, where
 from statifier.sql.tables import Tables
 
 __all__ = ["FlowEventRow", "FlowGroupRow", "FlowTable"]
@@ -58,7 +59,6 @@ _EVENT_COLUMNS: Final = (
 )
 _TIMES: Final = frozenset({"first_at", "window_start", "due_at", "updated_at", "arrived_at"})
 _ADDRESS: Final = "binding_id = :binding_id AND scope = :scope AND key = :key"
-_IN_RANGE: Final = "bucket >= :start AND bucket < :end"
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,13 +129,13 @@ class FlowTable:
             "ORDER BY seq LIMIT :limit"
         )
         self._drop = sql(f"DELETE FROM {events} WHERE {_ADDRESS} AND seq <= :through")
-        # A part of the buckets has statements of its own: a prepared statement's
-        # generic plan would take the whole range's condition for a narrow one.
         due = f"SELECT binding_id, scope, key, document FROM {groups} WHERE due_at <= :now"
-        self._due = sql(f"{due} ORDER BY due_at LIMIT :limit")
-        self._due_within = sql(f"{due} AND {_IN_RANGE} ORDER BY due_at LIMIT :limit")
-        self._next_due = sql(f"SELECT min(due_at) FROM {groups}")
-        self._next_due_within = sql(f"SELECT min(due_at) FROM {groups} WHERE {_IN_RANGE}")
+        self._due = by_range(
+            lambda within: sql(f"{due}{also(within)} ORDER BY due_at LIMIT :limit")
+        )
+        self._next_due = by_range(
+            lambda within: sql(f"SELECT min(due_at) FROM {groups}{where(within)}")
+        )
         self._failed = sql(
             f"UPDATE {groups} SET due_at = :due_at, failures = failures + 1, "
             f"last_error = :error, updated_at = :now WHERE {_ADDRESS}"
@@ -233,11 +233,8 @@ class FlowTable:
     ) -> list[tuple[str, str, str, str]]:
         """At most ``limit`` groups of ``buckets`` due at ``now``, the earliest first,
         as ``(binding_id, scope, key, document)``; read without a lock."""
-        values: dict[str, Any] = {"now": self.dialect.time(now), "limit": limit}
-        statement = self._due
-        if buckets != ALL_BUCKETS:
-            statement = self._due_within
-            values.update(start=buckets[0], end=buckets[1])
+        statement, within = self._due.of(buckets)
+        values = {"now": self.dialect.time(now), "limit": limit, **within}
         rows = await self.dialect.rows(driver, statement, values)
         return [(row[0], row[1], row[2], row[3]) for row in rows]
 
@@ -245,11 +242,8 @@ class FlowTable:
         self, driver: Any, buckets: tuple[int, int] = ALL_BUCKETS
     ) -> datetime | None:
         """The earliest due time of a group of ``buckets``, or ``None``."""
-        if buckets == ALL_BUCKETS:
-            row = await self.dialect.row(driver, self._next_due)
-        else:
-            values = {"start": buckets[0], "end": buckets[1]}
-            row = await self.dialect.row(driver, self._next_due_within, values)
+        statement, within = self._next_due.of(buckets)
+        row = await self.dialect.row(driver, statement, within)
         return None if row is None else self.dialect.read_time(row[0])
 
     async def failed(

@@ -31,11 +31,10 @@ from statifier.sql.dialect import Dialect, execution_lock_key
 from statifier.sql.keys import RowKeys
 from statifier.sql.locks import Locks, locks_of
 from statifier.sql.names import TableNames
+from statifier.sql.ranges import also, by_range, where
 from statifier.sql.tables import Tables
 
 __all__ = ["TakenRows", "TimerRow", "TimerTable"]
-
-_IN_RANGE: Final = "bucket >= :start AND bucket < :end"
 
 _COLUMNS: Final = ("id", "execution_id", "send_id", "kind", "due_at", "step_position", "payload")
 _ORDER: Final = ("due_at", "inserted_at", "step_position", "id")
@@ -133,18 +132,7 @@ class TimerTable:
             f"ORDER BY {order} LIMIT :limit"
         )
         locks = locks_of(tables, dialect)
-        # The whole range has statements of its own, without the bucket condition: a
-        # prepared statement's generic plan would take a range's condition for a narrow
-        # one and read the bucket index where the due-time index serves the whole.
-        self._whole = _claims(timers, dialect, locks, "")
-        self._part = _claims(timers, dialect, locks, _IN_RANGE)
-
-    def _for(self, buckets: tuple[int, int]) -> tuple[_Claims, dict[str, int]]:
-        """The statements of ``buckets``, and their parameters."""
-        if buckets == ALL_BUCKETS:
-            return self._whole, {}
-        start, end = buckets
-        return self._part, {"start": start, "end": end}
+        self._claims = by_range(lambda within: _claims(timers, dialect, locks, within))
 
     def _row(self, row: Sequence[Any]) -> TimerRow:
         due_at = self.dialect.read_time(row[4])
@@ -206,7 +194,7 @@ class TimerTable:
         another transaction, precedes; the locks are held until the transaction ends.
         """
         dialect = self.dialect
-        claims, within = self._for(buckets)
+        claims, within = self._claims.of(buckets)
         values = {"now": dialect.time(now), "limit": limit, **within}
         found = await dialect.rows(driver, claims.take_due, values)
         if dialect.row_locks:
@@ -231,7 +219,7 @@ class TimerTable:
         a row is :attr:`TimerRow.locked` only if the lock was granted and no earlier row
         of its execution is held by another transaction.
         """
-        claims, within = self._for(buckets)
+        claims, within = self._claims.of(buckets)
         values = {"now": self.dialect.time(now), "limit": limit, **within}
         return [self._row(row) for row in await self.dialect.rows(driver, claims.claim, values)]
 
@@ -248,7 +236,7 @@ class TimerTable:
         self, driver: Any, now: datetime, buckets: tuple[int, int] = ALL_BUCKETS
     ) -> datetime | None:
         """The earliest due time after ``now`` of any row of ``buckets``, or ``None``."""
-        claims, within = self._for(buckets)
+        claims, within = self._claims.of(buckets)
         values = {"now": self.dialect.time(now), **within}
         row = await self.dialect.row(driver, claims.upcoming, values)
         return None if row is None else self.dialect.read_time(row[0])
@@ -266,14 +254,14 @@ class TimerTable:
     ) -> datetime | None:
         """The earliest due time of any row of ``buckets``, or ``None`` when there is
         none."""
-        claims, within = self._for(buckets)
+        claims, within = self._claims.of(buckets)
         row = await self.dialect.row(driver, claims.next_due, within)
         return None if row is None else self.dialect.read_time(row[0])
 
 
 @dataclass(frozen=True, slots=True)
 class _Claims:
-    """The statements that read due rows, of every bucket or of a range."""
+    """The statements that read due rows (of every bucket, or of a range)."""
 
     take_due: str
     claim: str
@@ -295,10 +283,9 @@ def _claims(timers: str, dialect: Dialect, locks: Locks | None, within: str) -> 
     """
     sql = dialect.statement
     order = _listed(_ORDER)
-    also = f" AND {within}" if within else ""
-    due = f"due_at <= :now{also}"
-    later = f"SELECT min(due_at) FROM {timers} WHERE due_at > :now{also}"
-    next_due = sql(f"SELECT min(due_at) FROM {timers}" + (f" WHERE {within}" if within else ""))
+    due = f"due_at <= :now{also(within)}"
+    later = f"SELECT min(due_at) FROM {timers} WHERE due_at > :now{also(within)}"
+    next_due = sql(f"SELECT min(due_at) FROM {timers}{where(within)}")
     if locks is not None:
         locked = locks.tried("SELECT DISTINCT lock_key FROM picked", "locked")
         ready = (
