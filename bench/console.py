@@ -39,6 +39,7 @@ import sqlalchemy as sa
 from harness import machine_info, machine_summary, new_parser, versions_line
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from statifier.buckets import bucket_of
 from statifier.chart import compile_chart
 from statifier.console.queries import (
     ConsoleQueries,
@@ -260,7 +261,7 @@ def _seed(url: str, tables: Tables, executions: int, ledger: int, outbox: int) -
                     )
             with cursor.copy(
                 f"COPY {name(tables.outbox)} (queue, key, payload, attempts, next_attempt_at, "
-                "sent_at, dead_at, last_error, inserted_at, execution_id) FROM STDIN"
+                "sent_at, dead_at, last_error, inserted_at, execution_id, bucket) FROM STDIN"
             ) as copy:
                 for index in range(outbox):
                     at = START + timedelta(seconds=chooser.random() * span)
@@ -279,6 +280,7 @@ def _seed(url: str, tables: Tables, executions: int, ledger: int, outbox: int) -
                             "503 Service Unavailable" if dead else None,
                             at,
                             sender,
+                            bucket_of(sender),
                         )
                     )
         connection.commit()

@@ -132,7 +132,8 @@ def test_a_bad_revision_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixtur
         "(the revisions are head, base, statifier_0001, statifier_0002, statifier_0003, "
         "statifier_0004, statifier_0005, statifier_0006, statifier_0007, statifier_0008, "
         "statifier_0009, statifier_0010, statifier_0011, statifier_0012, statifier_0013, "
-        "statifier_0014, statifier_0015, statifier_0016, statifier_0017, statifier_0018)\n"
+        "statifier_0014, statifier_0015, statifier_0016, statifier_0017, statifier_0018, "
+        "statifier_0019)\n"
     )
     with pytest.raises(migrations.BadRevision) as raised:
         migrations.upgrade(url, revision="nope")
@@ -149,7 +150,8 @@ def test_debug_adds_the_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[
         "(the revisions are head, base, statifier_0001, statifier_0002, statifier_0003, "
         "statifier_0004, statifier_0005, statifier_0006, statifier_0007, statifier_0008, "
         "statifier_0009, statifier_0010, statifier_0011, statifier_0012, statifier_0013, "
-        "statifier_0014, statifier_0015, statifier_0016, statifier_0017, statifier_0018)\n"
+        "statifier_0014, statifier_0015, statifier_0016, statifier_0017, statifier_0018, "
+        "statifier_0019)\n"
     )
 
 
@@ -301,7 +303,8 @@ def test_the_docs_show_these_outputs() -> None:
             "(the revisions are head, base, statifier_0001, statifier_0002, statifier_0003, "
             "statifier_0004, statifier_0005, statifier_0006, statifier_0007, statifier_0008, "
             "statifier_0009, statifier_0010, statifier_0011, statifier_0012, statifier_0013, "
-            "statifier_0014, statifier_0015, statifier_0016, statifier_0017, statifier_0018)"
+            "statifier_0014, statifier_0015, statifier_0016, statifier_0017, statifier_0018, "
+            "statifier_0019)"
         ),
         (
             "statifier graph: unexpected KeyError: 'oops' "

@@ -22,7 +22,15 @@ import hashlib
 import re
 from typing import Final
 
-__all__ = ["ALL_BUCKETS", "BUCKETS", "address_bucket", "bucket_of", "bucket_range", "tagged"]
+__all__ = [
+    "ALL_BUCKETS",
+    "BUCKETS",
+    "address_bucket",
+    "bucket_of",
+    "bucket_range",
+    "outbox_bucket",
+    "tagged",
+]
 
 BUCKETS: Final = 1024
 """The virtual buckets, fixed for ever: a store holds whole ranges of them, so K can
@@ -67,6 +75,16 @@ def address_bucket(scope: str, document: str, key: str) -> int:
     True
     """
     return _hashed("\x00".join(("address", scope, document, key)))
+
+
+def outbox_bucket(queue: str, key: str) -> int:
+    """The bucket of an outbox row ``(queue, key)`` handed off outside any execution
+    (a row an execution sends falls in the execution's bucket; decision 0122).
+
+    >>> outbox_bucket("pickups", "p-1") == outbox_bucket("pickups", "p-1")
+    True
+    """
+    return _hashed("\x00".join(("outbox", queue, key)))
 
 
 def tagged(bucket: int) -> str:

@@ -41,6 +41,7 @@ from tests.router.conftest import (  # noqa: F401 - fixtures used by name
     router_store,
 )
 
+from statifier.buckets import bucket_of
 from statifier.chart import compile_chart
 from statifier.cli import main
 from statifier.console.app import TIMELINE_LINKS, Configured, Console, console_app
@@ -882,6 +883,7 @@ async def test_outbox_dead_letters_are_retried_and_discarded_and_audited(site: S
                 key=key,
                 payload={"event": "e", "execution_id": "ex_1", "scope": "web"},
                 execution_id="ex_1",
+                bucket=bucket_of("ex_1"),
                 attempts=8,
                 next_attempt_at=now,
                 dead_at=now,
@@ -1060,6 +1062,7 @@ async def _case(site: Site, action: str) -> _Case:
                 key="a",
                 payload={"event": "e", "execution_id": "ex_1", "scope": "web"},
                 execution_id="ex_1",
+                bucket=bucket_of("ex_1"),
                 attempts=8,
                 next_attempt_at=now,
                 dead_at=now,

@@ -31,6 +31,7 @@ from tests.router.racing_router import SCOPE, hit
 from tests.router.test_races import COUNTER, counter_router
 
 from statifier import telemetry
+from statifier.buckets import bucket_of, outbox_bucket
 from statifier.chart import compile_chart
 from statifier.console.audit import Audit
 from statifier.console.bulk import (
@@ -168,6 +169,9 @@ async def test_a_bulk_retry_re_arms_the_dead_outbox_rows_of_each_execution_it_se
                 key=key,
                 payload={"event": "e"},
                 execution_id=execution_id,
+                bucket=outbox_bucket("joined", key)
+                if execution_id is None
+                else bucket_of(execution_id),
                 attempts=8 if dead else 0,
                 next_attempt_at=now,
                 dead_at=now if dead else None,

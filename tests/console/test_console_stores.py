@@ -30,6 +30,7 @@ from tests.persistence.conftest import (  # noqa: F401 - fixtures used through S
     sqlite_shards,
 )
 
+from statifier.buckets import bucket_of
 from statifier.chart import compile_chart
 from statifier.console.app import Console, console_app
 from statifier.console.audit import Audit
@@ -268,6 +269,7 @@ async def test_a_dead_letters_links_name_its_store_and_a_bad_store_is_400(site: 
             key="a",
             payload={"event": "e", "execution_id": "ex_1", "scope": "web"},
             execution_id="ex_1",
+            bucket=bucket_of("ex_1"),
             attempts=8,
             next_attempt_at=now,
             dead_at=now,

@@ -31,6 +31,7 @@ from tests.router.conftest import (  # noqa: F401 - fixtures used by name
     router_store,
 )
 
+from statifier.buckets import bucket_of
 from statifier.persistence import Status
 from statifier.router import InboundEvent
 from statifier.sql import migrations
@@ -72,6 +73,7 @@ async def _setup(db: RouterDb) -> list[tuple[str, str]]:
             "key": f"o{index}",
             "payload": {"event": "e", "execution_id": "ex_1", "scope": "web"},
             "execution_id": "ex_1",
+            "bucket": bucket_of("ex_1"),
             "attempts": 8,
             "next_attempt_at": now,
             "dead_at": now,

@@ -345,6 +345,7 @@ async def test_dead_letters_page_newest_first(console_db: ConsoleDb) -> None:
             "key": f"k{i}",
             "payload": {"event": "{}", "execution_id": "ex-0001" if i % 2 else "ex-0002"},
             "execution_id": "ex-0001" if i % 2 else "ex-0002",
+            "bucket": bucket_of("ex-0001" if i % 2 else "ex-0002"),
             "attempts": 3,
             "next_attempt_at": T0,
             "dead_at": T0 + timedelta(minutes=i) if i % 3 else None,

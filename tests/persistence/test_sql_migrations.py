@@ -17,7 +17,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 
-from statifier.buckets import address_bucket, bucket_of
+from statifier.buckets import address_bucket, bucket_of, outbox_bucket, tagged
 from statifier.cli import main
 from statifier.ids import new_execution_id
 from statifier.persistence.records import InputRecord
@@ -26,7 +26,7 @@ from statifier.sql import TableOptions, migrations
 from statifier.sql.dialect import execution_lock_key
 from statifier.sql.tables import UtcDateTime, autogenerate_filter
 
-HEAD = "statifier_0018"
+HEAD = "statifier_0019"
 """The newest revision."""
 
 DURABLE_TABLES = ("mig_charts", "mig_positions", "mig_executions", "mig_inputs")
@@ -701,5 +701,52 @@ def test_the_flow_bucket_revision_fills_its_column_and_goes_back(fresh_database:
             kept = connection.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar()
         assert "bucket" not in {column["name"] for column in columns}
         assert kept == len(addresses)
+    finally:
+        engine.dispose()
+
+
+def test_the_outbox_bucket_revision_fills_its_column_and_goes_back(fresh_database: Any) -> None:
+    # statifier_0019 gives each outbox row a bucket: its sending execution's, or for a
+    # row handed off outside any execution its (queue, key)'s; then makes it required
+    # and indexes it with the next attempt's time.
+    options = _options(fresh_database)
+    migrations.upgrade(fresh_database.url, options, "statifier_0018")
+    table = f"{options.schema}.mig_outbox" if options.schema else "mig_outbox"
+    minted = "ex_01KBCDEFGHJKMNPQRSTVWXYZ01" + tagged(address_bucket("s", "d", "k"))
+    rows = {"k1": "order-17", "k2": "order-17/payment", "k3": minted, "k4": None}
+    engine = sa.create_engine(migrations.sync_url(fresh_database.url))
+    try:
+        with engine.begin() as connection:
+            for key, execution_id in rows.items():
+                connection.execute(
+                    sa.text(
+                        f"INSERT INTO {table} (queue, key, payload, attempts, "
+                        "next_attempt_at, inserted_at, execution_id) VALUES "
+                        "('q', :key, '{}', 0, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP, :ex)"
+                    ),
+                    {"key": key, "ex": execution_id},
+                )
+        before = _index_names(fresh_database.url, options)
+        migrations.upgrade(fresh_database.url, options, "statifier_0019")
+        added = _index_names(fresh_database.url, options) - before
+        assert added == {"mig_outbox_bucket_next_attempt_at_idx"}
+        with engine.connect() as connection:
+            read = connection.execute(sa.text(f"SELECT key, bucket FROM {table}"))
+            found = {str(row[0]): int(row[1]) for row in read}
+            columns = sa.inspect(connection).get_columns("mig_outbox", schema=options.schema)
+        assert found == {
+            "k1": bucket_of("order-17"),
+            "k2": bucket_of("order-17"),
+            "k3": address_bucket("s", "d", "k"),
+            "k4": outbox_bucket("q", "k4"),
+        }
+        assert {column["name"]: column["nullable"] for column in columns}["bucket"] is False
+        migrations.downgrade(fresh_database.url, options, "statifier_0018")
+        assert _index_names(fresh_database.url, options) == before
+        with engine.connect() as connection:
+            columns = sa.inspect(connection).get_columns("mig_outbox", schema=options.schema)
+            kept = connection.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar()
+        assert "bucket" not in {column["name"] for column in columns}
+        assert kept == len(rows)
     finally:
         engine.dispose()

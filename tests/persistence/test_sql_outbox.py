@@ -25,15 +25,38 @@ def test_a_key_reads_back_as_it_was_bound() -> None:
         assert dialect.read_key(dialect.key(7)) == 7
 
 
-async def _insert(table: OutboxTable, driver: object, queue: str, key: str) -> None:
+async def _insert(
+    table: OutboxTable, driver: object, queue: str, key: str, bucket: int = 0
+) -> None:
     await table.insert(
         driver,
         queue=queue,
         key=key,
         payload=json.dumps({"event": "{}", "key": key}),
         execution_id="ex_1",
+        bucket=bucket,
         now=START,
     )
+
+
+@pytest.mark.asyncio
+async def test_a_claim_leases_the_rows_of_its_range_of_buckets(sql_adapter: SqlAdapter) -> None:
+    table = OutboxTable(sql_adapter.tables, sql_adapter.dialect)
+    async with sql_adapter.transaction() as tx:
+        for key, bucket in (("k1", 3), ("k2", 700), ("k3", 511), ("k4", 512), ("k5", 1023)):
+            await _insert(table, tx.driver, "a", key, bucket)
+
+    async def claimed(buckets: tuple[int, int], token: str) -> list[str]:
+        async with sql_adapter.transaction() as tx:
+            leased = await table.claim(
+                tx.driver, ["a"], now=START, until=LATER, token=token, limit=10, buckets=buckets
+            )
+        return [row.key for row in leased]
+
+    assert await claimed((0, 512), "low") == ["k1", "k3"]
+    assert await claimed((600, 1024), "high") == ["k2", "k5"]
+    assert await claimed((0, 1024), "rest") == ["k4"]  # the whole range: what is left
+    assert await claimed((0, 1024), "none") == []
 
 
 @pytest.mark.asyncio

@@ -30,6 +30,7 @@ from tests.router.test_route import caller_transaction, end
 from tests.router.test_table_options import uuid_database  # noqa: F401 - a fixture
 
 from statifier import telemetry
+from statifier.buckets import bucket_of, outbox_bucket
 from statifier.callbacks import awaited
 from statifier.chart import compile_chart
 from statifier.core import Event
@@ -184,6 +185,50 @@ async def test_the_sink_gets_the_row_key_and_a_sent_row_is_not_sent_again(
     assert len(seen) == 1
     # A queue no sink drains stays pending.
     assert [r.queue for r in await drain.pending()] == ["unsinked"]
+
+
+@pytest.mark.asyncio
+async def test_drains_of_complementary_ranges_each_send_their_buckets_rows_once(
+    router_db: RouterDb,
+) -> None:
+    # A row falls in its sending execution's bucket (a child with its root), in the
+    # bucket a writer names, or outside any execution in its (queue, key)'s.
+    router = router_db.router([])
+    route_ = OutboxRoute(router_db.adapter, clock=router_db.clock)
+    event = Event("pickup.requested", sendid="book")
+    executions = [f"order-{n}" for n in range(12)] + ["order-3/payment"]
+    for execution_id in executions:
+        key = send_key(execution_id)
+        await route_.hand_off(None, "pickups", key, event, execution_id=execution_id)
+    await route_.hand_off(None, "pickups", "host-1", event)
+    await route_.hand_off(None, "pickups", "named", event, execution_id="order-1", bucket=1000)
+    with pytest.raises(ValueError, match="a bucket is from 0 to 1023"):
+        await route_.hand_off(None, "pickups", "bad", event, bucket=1024)
+    expected = {str(send_key(execution_id)): bucket_of(execution_id) for execution_id in executions}
+    expected.update({"host-1": outbox_bucket("pickups", "host-1"), "named": 1000})
+    assert len(set(expected.values()) & set(range(512))) > 1  # both halves have rows
+    assert len(set(expected.values()) & set(range(512, 1024))) > 1
+
+    seen: dict[str, list[str]] = {"low": [], "high": []}
+
+    def sink(half: str) -> Any:
+        async def sent(message: OutboxMessage) -> None:
+            seen[half].append(message.key)
+
+        return sent
+
+    low = OutboxDrain(router.storage, {"pickups": sink("low")}, buckets=(0, 512), batch=100)
+    high = OutboxDrain(router.storage, {"pickups": sink("high")}, buckets=(512, 1024), batch=100)
+    await low.drain_once()
+    assert sorted(seen["low"]) == sorted(k for k, b in expected.items() if b < 512)
+    assert seen["high"] == []
+    await high.drain_once()
+    assert sorted(seen["high"]) == sorted(k for k, b in expected.items() if b >= 512)
+    assert (await low.drain_once()).claimed == (await high.drain_once()).claimed == 0
+    assert await low.pending() == []
+    for wrong in ((5, 5), (-1, 3), (0, 1025)):
+        with pytest.raises(ConfigError, match="buckets is a range"):
+            OutboxDrain(router.storage, {"pickups": sink("low")}, buckets=wrong)
 
 
 @pytest.mark.asyncio

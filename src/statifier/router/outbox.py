@@ -19,6 +19,14 @@ row's event is stored in the codec's sealed form
 decodes it before a sink sees it; a row it cannot decode is dead-lettered at once, as
 an unreadable payload.
 
+Each row carries a bucket (decision 0122): the bucket of the key whose transaction
+wrote it, which is the bucket of the sending execution (:func:`statifier.buckets.bucket_of`)
+unless the writer names another (a refused hop's report, written in the target's
+transaction, carries the target address's), and for a row handed off outside any
+execution, the bucket of its ``(queue, key)`` (:func:`statifier.buckets.outbox_bucket`).
+A drain given a range of buckets (``OutboxDrain(buckets=...)``) leases that range's
+rows alone; by default it leases every bucket's.
+
 On PostgreSQL the claim locks the rows it picks with ``FOR UPDATE SKIP LOCKED``, so
 workers on several machines share one outbox without waiting for one another; on
 SQLite it runs under the adapter's single writer. Leases are timed by each worker's
@@ -65,6 +73,7 @@ from dataclasses import KW_ONLY, dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Literal
 
+from statifier.buckets import ALL_BUCKETS, BUCKETS, bucket_of, bucket_range, outbox_bucket
 from statifier.callbacks import awaited
 from statifier.core import Event
 from statifier.core.positions import NotAPosition, dump_event, load_event
@@ -303,16 +312,29 @@ class OutboxRoute:
         execution_id: str | None = None,
         scope: str | None = None,
         now: datetime | None = None,
+        bucket: int | None = None,
     ) -> None:
         """Insert the row ``(queue, str(key))`` carrying ``event`` on ``tx``, unless it
         exists (then nothing changes); with ``tx`` ``None``, in a transaction of its
         own. ``now`` (the route's clock by default) is when the row is due.
 
+        The row's bucket is ``bucket`` if given (a writer whose transaction is another
+        key's than ``execution_id``), else ``execution_id``'s, else the bucket of
+        ``(queue, str(key))``: over several stores, hand a row off to the store that
+        holds its bucket, or no drain of the stores' ranges leases it.
+
         Raises:
             ValueError: ``event`` cannot be stored (see
-                :func:`~statifier.core.positions.dump_event`), or ``now`` is naive.
+                :func:`~statifier.core.positions.dump_event`), ``now`` is naive, or
+                ``bucket`` is not one of the buckets.
         """
         moment = self.clock() if now is None else _aware(now)
+        if bucket is None:
+            bucket = (
+                outbox_bucket(queue, str(key)) if execution_id is None else bucket_of(execution_id)
+            )
+        elif not 0 <= bucket < BUCKETS:
+            raise ValueError(f"a bucket is from 0 to {BUCKETS - 1}, not {bucket!r}")
         payload = {
             # As text: the bytes dump_event wrote, in its key order, which jsonb would
             # not keep (and a form POST built from the event would show).
@@ -325,9 +347,9 @@ class OutboxRoute:
         }
         if tx is None:
             async with self.adapter.transaction() as own:
-                await self._insert(own, queue, str(key), payload, moment)
+                await self._insert(own, queue, str(key), payload, bucket, moment)
             return
-        await self._insert(tx, queue, str(key), payload, moment)
+        await self._insert(tx, queue, str(key), payload, bucket, moment)
 
     async def _insert(
         self,
@@ -335,6 +357,7 @@ class OutboxRoute:
         queue: str,
         key: str,
         payload: Mapping[str, Any],
+        bucket: int,
         now: datetime,
     ) -> None:
         await self._sql.insert(
@@ -343,6 +366,7 @@ class OutboxRoute:
             key=key,
             payload=json.dumps(payload),
             execution_id=payload["execution_id"],
+            bucket=bucket,
             now=now,
         )
 
@@ -378,10 +402,13 @@ class OutboxDrain:
         clock: the time leases, attempts and marks are measured by.
         codec: decodes each row's event (the routes' codec); by default the storage's
             codec, else stored as given.
+        buckets: the range of buckets ``(start, end)``, ``end`` excluded, whose rows it
+            leases (decision 0122); by default every bucket.
 
     Raises:
-        ConfigError: a sink that is not callable, a bound out of range, or a storage
-            that is not over a SQL adapter.
+        ConfigError: a sink that is not callable, a bound out of range, a storage that
+            is not over a SQL adapter, or ``buckets`` not a non-empty range within
+            ``0..BUCKETS``.
     """
 
     def __init__(
@@ -395,7 +422,13 @@ class OutboxDrain:
         batch: int = 10,
         clock: Clock | None = None,
         codec: BlobCodec | None = None,
+        buckets: tuple[int, int] = ALL_BUCKETS,
     ) -> None:
+        try:
+            bucket_range(buckets)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+        self.buckets: Final = buckets
         if isinstance(source, SqlAdapter):
             self.adapter = source
             self.clock = clock or _wall_clock
@@ -446,6 +479,7 @@ class OutboxDrain:
                 until=moment + self.lease,
                 token=token,
                 limit=self.batch,
+                buckets=self.buckets,
             )
         if not leased:
             return DrainReport()

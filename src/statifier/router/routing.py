@@ -26,6 +26,7 @@ from typing import Final, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from statifier.buckets import address_bucket
 from statifier.core import Event
 from statifier.persistence import Discarded, Storage
 from statifier.persistence.reentry import hold
@@ -734,6 +735,9 @@ class Router:
                         execution_id=sender,
                         scope=scope,
                         now=moment,
+                        # This transaction is the target's, in the target's store:
+                        # the row falls in its bucket, which this store's drain leases.
+                        bucket=address_bucket(scope, document, key),
                     )
             return why
 

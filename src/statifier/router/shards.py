@@ -433,7 +433,7 @@ class ShardedRouter:
         delivery raises (its target's database away) is tried again with the outbox's
         backoff, at most five minutes apart: :data:`HOP_ATTEMPTS` attempts outlast a
         store away for three days before the hop is dead-lettered (``retry_dead``
-        takes it back)."""
+        takes it back). Each leases its store's range of buckets (decision 0122)."""
         return [
             OutboxDrain(
                 router.storage,
@@ -441,8 +441,9 @@ class ShardedRouter:
                 batch=batch,
                 lease=lease,
                 max_attempts=max_attempts,
+                buckets=buckets,
             )
-            for router in self.routers
+            for router, buckets in zip(self.routers, self.shard_map.ranges, strict=True)
         ]
 
     async def _hop(self, message: OutboxMessage) -> None:

@@ -578,9 +578,9 @@ class Service:
         self, routing: Router | ShardedRouter, sinks: list[Sinks], scheduler: Scheduler
     ) -> list[Supervised]:
         """The workers: the scheduler, and each store's timers, flow, outbox drain and
-        reapers (over several stores, each named with its store's number, its timers
-        and held groups those of its range of buckets, and each store's drain of the
-        sends between stores)."""
+        reapers (over several stores, each named with its store's number, its timers,
+        held groups and outbox rows those of its range of buckets, and each store's
+        drain of the sends between stores)."""
         settings, stop = self.settings, self._workers_stop
         stores = _stores(routing)
         workers: list[Supervised] = []
@@ -635,6 +635,7 @@ class Service:
             backoff=outbox.backoff,
             lease=outbox.lease,
             batch=outbox.batch,
+            buckets=buckets,
         )
         workers.append(_draining(named("outbox"), drain, outbox.idle, stop))
         if settings.reapers.enabled:

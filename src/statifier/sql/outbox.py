@@ -8,6 +8,10 @@ dead rows and deletes a dead one. What a row means (its payload's event, the bac
 the sinks) is the router's (:mod:`statifier.router.outbox`); here the payload is a JSON
 document, stored as given.
 
+Each row carries a bucket (the router's :mod:`statifier.router.outbox` says whose), and
+a claim reads a range of buckets: every bucket by default, or a part, by the
+``(bucket, next_attempt_at)`` index (decision 0122).
+
 Where the database locks rows (:attr:`Dialect.row_locks`), a claim is one statement
 that locks the rows it picks and skips those another claim holds, so that drains on
 several machines share one outbox without waiting for one another; on SQLite the
@@ -22,9 +26,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final, Literal
 
+from statifier.buckets import ALL_BUCKETS
 from statifier.sql.dialect import Dialect
 from statifier.sql.keys import RowKeys
 from statifier.sql.names import TableNames
+from statifier.sql.ranges import also, by_range
 from statifier.sql.tables import Tables
 
 __all__ = ["LeasedRow", "OutboxTable", "State", "StoredRow"]
@@ -110,7 +116,7 @@ class OutboxTable:
         given = {"payload": dialect.json("payload"), "attempts": "0"}
         given.update(next_attempt_at=":now", inserted_at=":now")
         self._insert = sql(
-            f"{keys.insert(outbox, (*columns, 'execution_id'), given)} "
+            f"{keys.insert(outbox, (*columns, 'execution_id', 'bucket'), given)} "
             "ON CONFLICT (queue, key) DO NOTHING"
         )
         due = (
@@ -121,20 +127,26 @@ class OutboxTable:
             # The rows are locked as they are picked and skipped by a concurrent claim; a
             # row another claim committed meanwhile is re-checked against the conditions
             # (it is leased now) and left out.
-            self._claim = sql(
-                f"WITH picked AS (SELECT id, lease IS NOT NULL AS lapsed FROM {outbox} "
-                f"WHERE {due} AND queue = ANY(:queues) ORDER BY id LIMIT :limit "
-                f"FOR UPDATE SKIP LOCKED) UPDATE {outbox} AS o SET lease = :token, "
-                "leased_until = :until FROM picked WHERE o.id = picked.id "
-                "RETURNING o.id, o.queue, o.key, o.payload, o.attempts, picked.lapsed"
+            self._claim = by_range(
+                lambda within: sql(
+                    f"WITH picked AS (SELECT id, lease IS NOT NULL AS lapsed FROM {outbox} "
+                    f"WHERE {due}{also(within)} AND queue = ANY(:queues) ORDER BY id "
+                    f"LIMIT :limit FOR UPDATE SKIP LOCKED) UPDATE {outbox} AS o "
+                    "SET lease = :token, leased_until = :until FROM picked "
+                    "WHERE o.id = picked.id "
+                    "RETURNING o.id, o.queue, o.key, o.payload, o.attempts, picked.lapsed"
+                )
             )
             self._lease = ""
         else:
             # The single writer holds the table from the pick to the lease.
-            self._claim = sql(
-                f"SELECT id, queue, key, payload, attempts, lease IS NOT NULL FROM {outbox} "
-                f"WHERE {due} AND queue IN (SELECT value FROM json_each(:queues)) "
-                "ORDER BY id LIMIT :limit"
+            self._claim = by_range(
+                lambda within: sql(
+                    f"SELECT id, queue, key, payload, attempts, lease IS NOT NULL "
+                    f"FROM {outbox} WHERE {due}{also(within)} "
+                    "AND queue IN (SELECT value FROM json_each(:queues)) "
+                    "ORDER BY id LIMIT :limit"
+                )
             )
             self._lease = sql(
                 f"UPDATE {outbox} SET lease = :token, leased_until = :until "
@@ -174,10 +186,11 @@ class OutboxTable:
         key: str,
         payload: str,
         execution_id: str | None,
+        bucket: int,
         now: datetime,
     ) -> None:
-        """Insert the row ``(queue, key)``, due at ``now`` with no attempt made, unless
-        it exists (then nothing changes).
+        """Insert the row ``(queue, key)`` of ``bucket``, due at ``now`` with no attempt
+        made, unless it exists (then nothing changes).
 
         ``payload`` is the JSON document's text; ``execution_id`` the sending
         execution's, if any (kept beside the payload, for the console to find).
@@ -189,6 +202,7 @@ class OutboxTable:
             "payload": payload,
             "now": dialect.time(now),
             "execution_id": execution_id,
+            "bucket": bucket,
         }
         await dialect.execute(driver, self._insert, self.keys.keyed(values))
 
@@ -201,15 +215,17 @@ class OutboxTable:
         until: datetime,
         token: str,
         limit: int,
+        buckets: tuple[int, int] = ALL_BUCKETS,
     ) -> list[LeasedRow]:
-        """Lease to ``token`` until ``until`` at most ``limit`` rows of ``queues`` due
-        at ``now`` (not sent, not dead, not leased or leased until ``now`` at the
-        latest), and answer them in id order.
+        """Lease to ``token`` until ``until`` at most ``limit`` rows of ``queues`` and
+        ``buckets`` due at ``now`` (not sent, not dead, not leased or leased until
+        ``now`` at the latest), and answer them in id order.
 
         Where rows are locked, rows another transaction holds are skipped, and the
         locks are held until the transaction ends.
         """
         dialect = self.dialect
+        claim, within = self._claim.of(buckets)
         if dialect.row_locks:
             values = {
                 "now": dialect.time(now),
@@ -217,12 +233,18 @@ class OutboxTable:
                 "token": token,
                 "queues": list(queues),
                 "limit": limit,
+                **within,
             }
-            found = await dialect.rows(driver, self._claim, values)
+            found = await dialect.rows(driver, claim, values)
             found.sort(key=_first)  # RETURNING keeps no order
         else:
-            values = {"now": dialect.time(now), "queues": json.dumps(list(queues)), "limit": limit}
-            found = await dialect.rows(driver, self._claim, values)
+            values = {
+                "now": dialect.time(now),
+                "queues": json.dumps(list(queues)),
+                "limit": limit,
+                **within,
+            }
+            found = await dialect.rows(driver, claim, values)
             if found:
                 leased = {
                     "token": token,

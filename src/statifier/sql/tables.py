@@ -739,8 +739,13 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         # The sending execution (``None`` for a hand-off outside one), also in the
         # payload: a column, so that an execution's rows are found by an index.
         sa.Column("execution_id", sa.Text(), nullable=True),
+        # The bucket of the key whose transaction wrote the row (statifier.router.outbox
+        # says which): a drain given a range of buckets leases its range's rows by the
+        # index below. Last, where statifier_0019 added it.
+        sa.Column("bucket", sa.SmallInteger(), nullable=False),
         sa.UniqueConstraint("queue", "key", name=name("outbox_queue_key_key")),
         sa.Index(name("outbox_next_attempt_at_idx"), "next_attempt_at"),
+        sa.Index(name("outbox_bucket_next_attempt_at_idx"), "bucket", "next_attempt_at"),
         sa.Index(name("outbox_dead_at_idx"), "dead_at"),
         sa.Index(name("outbox_execution_id_inserted_at_idx"), "execution_id", "inserted_at", "id"),
         schema=schema,
