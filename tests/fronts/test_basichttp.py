@@ -39,6 +39,7 @@ from tests.persistence.conftest import (  # noqa: F401 - fixtures
 from tests.router.conftest import RouterDb, router_db, router_store  # noqa: F401 - fixtures
 
 from statifier import telemetry
+from statifier.buckets import bucket_of
 from statifier.chart import Machine
 from statifier.core import Event
 from statifier.expr import UNDEFINED
@@ -54,7 +55,7 @@ from statifier.router import (
     InboundEvent,
     Router,
 )
-from statifier.router.locations import LocationRotated, NoLocation, token_digest
+from statifier.router.locations import LocationRotated, NoLocation, token_bucket, token_digest
 from statifier.router.routing import POST_PLAN_ID
 from statifier.sql import TableOptions, migrations
 from statifier.sql.locations import downgrade_locations, upgrade_locations
@@ -106,7 +107,8 @@ async def test_a_created_execution_knows_its_location_and_the_table_keeps_only_i
     router = router_of(db)
     first, second = await loaded(router, "p1"), await loaded(router, "p2")
     token = await token_of(router, first)
-    assert len(token) == 43
+    assert len(token) == 47  # 43 random characters, a dot, the bucket in hex
+    assert token_bucket(token) == bucket_of(first)
     assert first not in token
     assert token != await token_of(router, second)
     # The chart reads the same location, at _ioprocessors['basichttp'].location.
@@ -208,7 +210,8 @@ async def test_a_rotated_location_answers_404_and_the_new_one_204(db: RouterDb) 
     rotated = await router.rotate_location(execution_id)
     new = rotated.removeprefix(BASE + "/")
     assert new != old
-    assert len(new) == 43
+    assert len(new) == 47
+    assert token_bucket(new) == token_bucket(old) == bucket_of(execution_id)
     # Only the hash is kept: the router cannot hand the rotated location out again,
     # and says so.
     with pytest.raises(LocationRotated, match="rotate again"):

@@ -122,7 +122,7 @@ async def test_a_basichttp_post_reaches_its_execution_in_the_store_of_its_locati
         assert unknown.status_code == 404
 
 
-async def test_with_a_store_away_a_token_held_elsewhere_is_delivered_an_unknown_one_raises(
+async def test_with_a_store_away_a_token_held_elsewhere_is_delivered_one_of_its_bucket_raises(
     sqlite_shards: list[SqlStore],  # noqa: F811 - the imported fixture
     tmp_path: Path,
 ) -> None:
@@ -142,11 +142,19 @@ async def test_with_a_store_away_a_token_held_elsewhere_is_delivered_an_unknown_
         scanned = Event(name="scanned")
         outcome = await broken.deliver_post(location.removeprefix(BASE), scanned)
         assert isinstance(outcome, Delivered), (parcel, outcome)
+        # A token carries its bucket: only the store holding the bucket is asked.
+        held_here = f"{'b' * 43}.{broken.shard_map.ranges[0][0]:03x}"
+        held_away = f"{'b' * 43}.{broken.shard_map.ranges[2][0]:03x}"
+        assert await broken.deliver_post(held_here, scanned) is None
+        with pytest.raises(Exception, match="unable to open database file"):
+            await broken.deliver_post(held_away, scanned)
+        # One minted before tokens carried their bucket is asked of every store.
         with pytest.raises(Exception, match="unable to open database file"):
             await broken.deliver_post("b" * 43, scanned)
         async with client(basichttp_app(broken)) as http:
-            answer = await http.post(f"/{'b' * 43}", content=b"_scxmleventname=x", headers=FORM)
-        assert answer.status_code == 500  # not 404: the token may be in the store away
+            for token, status in ((held_here, 404), (held_away, 500), ("b" * 43, 500)):
+                answer = await http.post(f"/{token}", content=b"_scxmleventname=x", headers=FORM)
+                assert answer.status_code == status, token  # 500: it may be in the store away
     finally:
         await away.close()
         for adapter in adapters:

@@ -4,12 +4,15 @@ hash.
 With ``RouterConfig(basichttp=BasicHttpLocations(base_url=...))``, each execution the
 router creates under a new address row gets a location, ``<base_url>/<token>``: the
 token is 32 bytes from :mod:`secrets` (43 URL-safe characters), never derived from the
-execution id. The location is written into the execution's ``_ioprocessors`` under
-``basichttp`` (and the processor's type URI) when it starts, so the chart can hand it
-on; the router's ``locations`` table keeps the SHA-256 of the token, so the table
-alone tells which execution a posted token reaches and never which token reaches
-an execution. An execution created under ``always_new`` has no address row and no
-location.
+execution id, then a dot and the execution's bucket in three hex digits
+(:func:`statifier.buckets.bucket_of`), so that over several stores a post goes to the
+one store that holds it (:func:`token_bucket`; a token minted before it carried its
+bucket is 43 characters and still reaches its execution). The location is written
+into the execution's ``_ioprocessors`` under ``basichttp`` (and the processor's type
+URI) when it starts, so the chart can hand it on; the router's ``locations`` table
+keeps the SHA-256 of the token, so the table alone tells which execution a posted
+token reaches and never which token reaches an execution. An execution created
+under ``always_new`` has no address row and no location.
 
 :meth:`Router.rotate_location <statifier.router.Router.rotate_location>` replaces the
 token; the old one then reaches nothing (:func:`rotate_location_in` does it inside a
@@ -37,6 +40,7 @@ from datetime import datetime
 from functools import cache
 from typing import Any, Final
 
+from statifier.buckets import bucket_of
 from statifier.core import StartOptions
 from statifier.core.positions import NotAPosition
 from statifier.persistence import ExecutionNotFound
@@ -56,6 +60,7 @@ __all__ = [
     "resolve",
     "rotate_location_in",
     "start_options",
+    "token_bucket",
     "token_digest",
     "token_shaped",
 ]
@@ -65,7 +70,9 @@ TOKEN_BYTES: Final = 32
 PROCESSOR: Final = "basichttp"
 """The ``_ioprocessors`` entry the chart reads its location at."""
 
-_TOKEN: Final = re.compile(r"[A-Za-z0-9_-]{43}")
+_TOKEN: Final = re.compile(r"[A-Za-z0-9_-]{43}(?:\.([0-3][0-9a-f]{2}))?")
+"""43 URL-safe characters, then (since tokens carry their bucket) a dot and the
+bucket in three hex digits, below 1,024."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,9 +111,26 @@ class LocationRotated(RouterError, LookupError):  # noqa: N818 - names the findi
         self.execution_id = execution_id
 
 
-def mint_token() -> str:
-    """A new token: 256 random bits, URL-safe base64 without padding (43 characters)."""
-    return secrets.token_urlsafe(TOKEN_BYTES)
+def mint_token(execution_id: str) -> str:
+    """A new token for ``execution_id``: 256 random bits, URL-safe base64 without
+    padding (43 characters), a dot and the execution's bucket (three hex digits).
+
+    >>> token = mint_token("order-17")
+    >>> len(token), token_bucket(token) == bucket_of("order-17")
+    (47, True)
+    """
+    return f"{secrets.token_urlsafe(TOKEN_BYTES)}.{bucket_of(execution_id):03x}"
+
+
+def token_bucket(token: str) -> int | None:
+    """The bucket ``token`` carries: its execution's, which says which store holds
+    it; ``None`` for a token minted before tokens carried it, or not shaped as one.
+
+    >>> token_bucket("A" * 43 + ".3ff"), token_bucket("A" * 43)
+    (1023, None)
+    """
+    shaped = _TOKEN.fullmatch(token)
+    return None if shaped is None or shaped[1] is None else int(shaped[1], 16)
 
 
 def token_digest(token: str) -> str:
@@ -118,8 +142,8 @@ def token_shaped(token: str) -> bool:
     """Whether ``token`` could be one :func:`mint_token` made (the front answers 404 to
     anything else without reading the table).
 
-    >>> token_shaped(mint_token()), token_shaped("ex_01J"), token_shaped("a/" * 21 + "b")
-    (True, False, False)
+    >>> token_shaped(mint_token("ex_1")), token_shaped("A" * 43), token_shaped("ex_01J")
+    (True, True, False)
     """
     return _TOKEN.fullmatch(token) is not None
 
@@ -167,7 +191,7 @@ async def rotate_location_in(unit: Unit, execution_id: str) -> str:
         NoLocation: the execution has no location to replace (nothing was written).
     """
     settings = _settings(unit.config.basichttp)
-    token = mint_token()
+    token = mint_token(execution_id)
     if not await _table(unit).rotate(unit.tx.driver, execution_id, token_digest(token)):
         raise NoLocation(execution_id)
     return settings.location(token)
@@ -186,7 +210,7 @@ async def start_options(
     settings = unit.config.basichttp
     if settings is None or address_id is None:
         return options
-    token = mint_token()
+    token = mint_token(execution_id)
     await _table(unit).insert(
         unit.tx.driver,
         address_id=address_id,

@@ -89,6 +89,7 @@ from statifier.persistence.sql import SqlAdapter
 from statifier.router.binding import Create, Keyed, Order, Plan
 from statifier.router.config import Entry, RouterConfig
 from statifier.router.errors import RouterError
+from statifier.router.locations import token_bucket
 from statifier.router.outbox import DeadLetter, OutboxDrain, OutboxMessage
 from statifier.router.outcomes import Failed, InboundEvent, NoMatch, Outcome, Routed
 from statifier.router.queries import address_of
@@ -389,17 +390,23 @@ class ShardedRouter:
         as :meth:`Router.deliver_post <statifier.router.Router.deliver_post>` does, in
         the store that holds the token; ``None`` when no store does.
 
-        A token is random and names no bucket (so a location minted before the
-        executions were spread still reaches its execution): every store is asked at
-        once, each reading the token's digest in its own table, and the one that holds
-        it delivers.
+        A token carries its execution's bucket
+        (:func:`~statifier.router.locations.token_bucket`): the store that holds the
+        bucket alone is asked. A token minted before tokens carried it names no
+        bucket: every store is asked at once, each reading the token's digest in its
+        own table, and the one that holds it delivers.
 
         Raises:
             ConfigError: the configuration has no ``basichttp``.
-            Exception: what the holding store's delivery raised; and, when no store
-                answered the token, what a store that could not be read raised (the
-                token may be there: the post is not answered as reaching nothing).
+            Exception: what the holding store's delivery raised; and, for a token
+                without a bucket that no store answered, what a store that could not
+                be read raised (the token may be there: the post is not answered as
+                reaching nothing).
         """
+        bucket = token_bucket(token)
+        if bucket is not None:
+            router = self.routers[self.shard_map.store_of(bucket)]
+            return await router.deliver_post(token, event, send_key=send_key, now=now)
         answers = await _each(
             [
                 router.deliver_post(token, event, send_key=send_key, now=now)
