@@ -28,6 +28,7 @@ __all__ = [
     "address_bucket",
     "bucket_of",
     "bucket_range",
+    "one_bucket",
     "outbox_bucket",
     "tagged",
 ]
@@ -87,6 +88,24 @@ def outbox_bucket(queue: str, key: str) -> int:
     return _hashed("\x00".join(("outbox", queue, key)))
 
 
+def one_bucket(bucket: int) -> int:
+    """``bucket`` checked as one of the buckets.
+
+    >>> one_bucket(1023)
+    1023
+    >>> one_bucket(1024)
+    Traceback (most recent call last):
+    ...
+    ValueError: a bucket is from 0 to 1023, not 1024
+
+    Raises:
+        ValueError: it is not.
+    """
+    if not 0 <= bucket < BUCKETS:
+        raise ValueError(f"a bucket is from 0 to {BUCKETS - 1}, not {bucket!r}")
+    return bucket
+
+
 def tagged(bucket: int) -> str:
     """What an id minted as ``ex_`` and a ULID ends with to carry ``bucket``.
 
@@ -96,9 +115,7 @@ def tagged(bucket: int) -> str:
     Raises:
         ValueError: ``bucket`` is not one of the buckets.
     """
-    if not 0 <= bucket < BUCKETS:
-        raise ValueError(f"a bucket is from 0 to {BUCKETS - 1}, not {bucket!r}")
-    return f"_{bucket:03x}"
+    return f"_{one_bucket(bucket):03x}"
 
 
 def bucket_range(buckets: tuple[int, int]) -> tuple[int, int]:

@@ -73,7 +73,7 @@ from dataclasses import KW_ONLY, dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Literal
 
-from statifier.buckets import ALL_BUCKETS, BUCKETS, bucket_of, bucket_range, outbox_bucket
+from statifier.buckets import ALL_BUCKETS, bucket_of, bucket_range, one_bucket, outbox_bucket
 from statifier.callbacks import awaited
 from statifier.core import Event
 from statifier.core.positions import NotAPosition, dump_event, load_event
@@ -333,8 +333,7 @@ class OutboxRoute:
             bucket = (
                 outbox_bucket(queue, str(key)) if execution_id is None else bucket_of(execution_id)
             )
-        elif not 0 <= bucket < BUCKETS:
-            raise ValueError(f"a bucket is from 0 to {BUCKETS - 1}, not {bucket!r}")
+        one_bucket(bucket)
         payload = {
             # As text: the bytes dump_event wrote, in its key order, which jsonb would
             # not keep (and a form POST built from the event would show).
