@@ -218,6 +218,7 @@ async def test_the_errors_list_and_the_failure_lists_merge_newest_first(stores: 
                     "key": f"k{number}-{i}",
                     "payload": {"event": "{}"},
                     "execution_id": f"ex-{number}-{i}",
+                    "bucket": bucket_of(f"ex-{number}-{i}"),
                     "attempts": 3,
                     "next_attempt_at": T0,
                     "dead_at": T0 + timedelta(seconds=i % 2),

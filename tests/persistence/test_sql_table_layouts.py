@@ -204,8 +204,11 @@ def _check_timestamps(fresh: FreshDatabase, options: TableOptions) -> None:
         "content_hash",
     ]
     outbox = [c["name"] for c in _columns(fresh, "lay_outbox")]
-    # The column statifier_0007 adds lands at the end either way.
-    assert (outbox[:4], outbox[-1]) == (["id", "tenant_id", "inserted_at", "queue"], "execution_id")
+    # The columns statifier_0007 and statifier_0019 add land at the end either way.
+    assert (outbox[:4], outbox[-2:]) == (
+        ["id", "tenant_id", "inserted_at", "queue"],
+        ["execution_id", "bucket"],
+    )
     assert [c["name"] for c in _columns(fresh, "lay_step_errors")][:3] == [
         "id",
         "tenant_id",
