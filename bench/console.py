@@ -39,7 +39,7 @@ import sqlalchemy as sa
 from harness import machine_info, machine_summary, new_parser, versions_line
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from statifier.buckets import bucket_of
+from statifier.buckets import address_bucket, bucket_of
 from statifier.chart import compile_chart
 from statifier.console.queries import (
     ConsoleQueries,
@@ -233,12 +233,13 @@ def _seed(url: str, tables: Tables, executions: int, ledger: int, outbox: int) -
                     row = (execution_id, 0, "step", "error.execution", False, ERROR_BLOB, at)
                     copy.write_row(row)
             with cursor.copy(
-                f"COPY {name(tables.addresses)} (scope, document, key, execution_id, inserted_at)"
-                " FROM STDIN"
+                f"COPY {name(tables.addresses)} (scope, document, key, execution_id, inserted_at, "
+                "bucket) FROM STDIN"
             ) as copy:
                 for index, execution_id in enumerate(ids):
-                    scope = "eu" if index % 4 else "us"
-                    copy.write_row((scope, "order", f"parcel-{index}", execution_id, START))
+                    scope, key = "eu" if index % 4 else "us", f"parcel-{index}"
+                    bucket = address_bucket(scope, "order", key)
+                    copy.write_row((scope, "order", key, execution_id, START, bucket))
             with cursor.copy(
                 f"COPY {name(tables.routing_ledger)} (binding_id, message_id, scope, source, "
                 "outcome, document, key, execution_id, inserted_at) FROM STDIN"

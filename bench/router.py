@@ -126,6 +126,7 @@ from harness import (
     write_json,
 )
 
+from statifier.buckets import address_bucket
 from statifier.chart import Machine, compile_chart
 from statifier.core import Event, StartOptions, handle_event, initialize
 from statifier.core.positions import dump, dump_event
@@ -251,8 +252,9 @@ _FIND_ADDRESS = (
     "WHERE scope = {p} AND document = {p} AND key = {p}"
 )
 _INSERT_ADDRESS = (
-    "INSERT INTO {addresses} (scope, document, key, execution_id, inserted_at) "
-    "VALUES ({p}, {p}, {p}, {p}, {p}) ON CONFLICT (scope, document, key) DO NOTHING RETURNING id"
+    "INSERT INTO {addresses} (scope, document, key, execution_id, inserted_at, bucket) "
+    "VALUES ({p}, {p}, {p}, {p}, {p}, {p}) ON CONFLICT (scope, document, key) DO NOTHING "
+    "RETURNING id"
 )
 _SAVE_CHART = (
     "INSERT INTO {charts} (content_hash, chart_blob, name, version, saved_at, retired_at, "
@@ -412,7 +414,8 @@ class RawSqlite:
             if found is None:
                 outcome = CREATED
                 execution_id = f"ex_{scope}_{key}"
-                cursor.execute(s.insert_address, (scope, DOCUMENT, key, execution_id, now))
+                bucket = address_bucket(scope, DOCUMENT, key)
+                cursor.execute(s.insert_address, (scope, DOCUMENT, key, execution_id, now, bucket))
                 cursor.fetchall()
                 cursor.execute(s.save_chart, (p.content_hash, p.chart, None, None, now, None, None))
                 cursor.execute(s.fetch_chart, (p.content_hash,)).fetchall()
@@ -475,7 +478,8 @@ class RawPostgres:
                 if found is None:
                     outcome = CREATED
                     execution_id = f"ex_{scope}_{key}"
-                    address = (scope, DOCUMENT, key, execution_id, moment)
+                    bucket = address_bucket(scope, DOCUMENT, key)
+                    address = (scope, DOCUMENT, key, execution_id, moment, bucket)
                     await cursor.execute(s.insert_address, address)
                     chart = (p.content_hash, p.chart, None, None, moment, None, None)
                     await cursor.execute(s.save_chart, chart)
@@ -523,9 +527,10 @@ _BULK_PG_CLAIM = (
     "WHERE d.expires_at <= %s"
 )
 _BULK_PG_ADDRESSES = (
-    "INSERT INTO {addresses} (scope, document, key, execution_id, inserted_at) "
-    "SELECT %s, %s, u.key, u.execution_id, %s FROM unnest(%s::text[], %s::text[]) "
-    "AS u(key, execution_id) ON CONFLICT (scope, document, key) DO NOTHING"
+    "INSERT INTO {addresses} (scope, document, key, execution_id, inserted_at, bucket) "
+    "SELECT %s, %s, u.key, u.execution_id, %s, u.bucket "
+    "FROM unnest(%s::text[], %s::text[], %s::smallint[]) "
+    "AS u(key, execution_id, bucket) ON CONFLICT (scope, document, key) DO NOTHING"
 )
 _BULK_PG_EXECUTIONS = (
     "INSERT INTO {executions} (execution_id, content_hash, status, position_blob, metadata, "
@@ -556,8 +561,8 @@ _BULK_SQLITE_CLAIM = (
     "WHERE d.expires_at <= ?"
 )
 _BULK_SQLITE_ADDRESSES = (
-    "INSERT INTO {addresses} (scope, document, key, execution_id, inserted_at) "
-    "VALUES (?, ?, ?, ?, ?) ON CONFLICT (scope, document, key) DO NOTHING"
+    "INSERT INTO {addresses} (scope, document, key, execution_id, inserted_at, bucket) "
+    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (scope, document, key) DO NOTHING"
 )
 _BULK_SQLITE_EXECUTIONS = (
     "INSERT INTO {executions} (execution_id, content_hash, status, position_blob, metadata, "
@@ -758,7 +763,10 @@ class BulkSqlite:
             self.read(cursor, b)
             if b.new_keys:
                 new = list(zip(b.new_keys, b.new_execution_ids, strict=True))
-                addresses = [(scope, DOCUMENT, key, execution, now) for key, execution in new]
+                addresses = [
+                    (scope, DOCUMENT, key, execution, now, address_bucket(scope, DOCUMENT, key))
+                    for key, execution in new
+                ]
                 cursor.executemany(s.insert_addresses, addresses)
                 _expect("addresses", cursor.rowcount, len(new))
                 created = [(e, p.content_hash, p.created, now, now) for e in b.new_execution_ids]
@@ -819,7 +827,8 @@ class BulkPostgres:
                 _expect("claims", cursor.rowcount, len(b.message_ids))
                 await self.read(cursor, b)
                 if b.new_keys:
-                    new = (b.new_keys, b.new_execution_ids)
+                    buckets = [address_bucket(scope, DOCUMENT, key) for key in b.new_keys]
+                    new = (b.new_keys, b.new_execution_ids, buckets)
                     await cursor.execute(s.insert_addresses, (scope, DOCUMENT, moment, *new))
                     _expect("addresses", cursor.rowcount, len(b.new_keys))
                     blobs = [p.created] * len(b.new_keys)

@@ -22,6 +22,7 @@ import sqlalchemy as sa
 from tests.persistence.conftest import drop_schema, unique_name
 
 from statifier import executions_command
+from statifier.buckets import address_bucket
 from statifier.console.queries import MAX_PAGE, MAX_SEARCH
 from statifier.durable import Durable, Status
 from statifier.sql import TableOptions, migrations
@@ -510,7 +511,14 @@ def _seed(place: Place, capsys: pytest.CaptureFixture[str]) -> list[str]:
         place,
         "addresses",
         [
-            {"scope": s, "document": d, "key": k, "execution_id": e, "inserted_at": SEARCHED_AT}
+            {
+                "scope": s,
+                "document": d,
+                "key": k,
+                "execution_id": e,
+                "inserted_at": SEARCHED_AT,
+                "bucket": address_bucket(s, d, k),
+            }
             for s, d, k, e in (
                 ("web", "door", "K-1", "d2"),
                 ("web", "door", "shared", "d1"),

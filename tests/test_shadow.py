@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from tests.persistence.conftest import drop_schema, unique_name
 
 from statifier import cli, shadow
+from statifier.buckets import address_bucket
 from statifier.chart import Machine, compile_chart
 from statifier.console.replay import shown_datamodel
 from statifier.core import Event, handle_event, positions
@@ -589,6 +590,7 @@ def test_the_selection_filters_by_chart_status_time_sample_and_limit(tmp_path: P
                         key=key,
                         execution_id=execution_id,
                         inserted_at=start,
+                        bucket=address_bucket(scope, "cart", key),
                     )
                 )
         engine.dispose()

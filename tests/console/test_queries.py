@@ -12,7 +12,7 @@ import pytest
 from tests.console.conftest import ConsoleDb
 
 from scriba.sql.tables import define_tables
-from statifier.buckets import bucket_of
+from statifier.buckets import address_bucket, bucket_of
 from statifier.chart import compile_chart
 from statifier.console.queries import (
     MAX_DETAIL_ROWS,
@@ -121,6 +121,7 @@ def _seed_executions(db: ConsoleDb) -> list[dict[str, Any]]:
                 "key": f"k{i}",
                 "execution_id": rows[i]["execution_id"],
                 "inserted_at": T0,
+                "bucket": address_bucket("eu" if i % 2 else "us", "order", f"k{i}"),
             }
             for i in range(0, 60, 3)
         ],

@@ -14,6 +14,7 @@ import pytest
 from tests.console.conftest import ConsoleDb
 from tests.console.test_queries import _walk
 
+from statifier.buckets import address_bucket
 from statifier.console.queries import (
     MAX_SEARCH,
     BadCursor,
@@ -89,7 +90,14 @@ def _seed(db: ConsoleDb) -> Seeded:
     db.insert(
         t.addresses,
         [
-            {"scope": s, "document": d, "key": k, "execution_id": e, "inserted_at": T0}
+            {
+                "scope": s,
+                "document": d,
+                "key": k,
+                "execution_id": e,
+                "inserted_at": T0,
+                "bucket": address_bucket(s, d, k),
+            }
             for s, d, k, e in addresses
         ],
     )

@@ -22,7 +22,7 @@ from tests.persistence.conftest import (  # noqa: F401 - fixtures used through S
     sqlite_shards,
 )
 
-from statifier.buckets import bucket_of
+from statifier.buckets import address_bucket, bucket_of
 from statifier.console.queries import (
     BadCursor,
     ConsoleQueries,
@@ -349,6 +349,7 @@ async def test_one_execution_is_read_in_its_buckets_store(stores: Stores) -> Non
                     "key": "k-1",
                     "execution_id": execution_id,
                     "inserted_at": T0 + timedelta(seconds=-number),
+                    "bucket": address_bucket("shop", f"doc{number}", "k-1"),
                 }
             ],
         )

@@ -26,7 +26,7 @@ from statifier.sql import TableOptions, migrations
 from statifier.sql.dialect import execution_lock_key
 from statifier.sql.tables import UtcDateTime, autogenerate_filter
 
-HEAD = "statifier_0019"
+HEAD = "statifier_0020"
 """The newest revision."""
 
 DURABLE_TABLES = ("mig_charts", "mig_positions", "mig_executions", "mig_inputs")
@@ -748,5 +748,44 @@ def test_the_outbox_bucket_revision_fills_its_column_and_goes_back(fresh_databas
             kept = connection.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar()
         assert "bucket" not in {column["name"] for column in columns}
         assert kept == len(rows)
+    finally:
+        engine.dispose()
+
+
+def test_the_address_bucket_revision_fills_its_column_and_goes_back(fresh_database: Any) -> None:
+    # statifier_0020 gives each address row its address's bucket, computed in Python for
+    # the rows already there, makes it required and indexes it with the row's key.
+    options = _options(fresh_database)
+    migrations.upgrade(fresh_database.url, options, "statifier_0019")
+    table = f"{options.schema}.mig_addresses" if options.schema else "mig_addresses"
+    addresses = [("web", "doc", "k1"), ("web", "doc", "k2"), ("ops", "other", "k1")]
+    engine = sa.create_engine(migrations.sync_url(fresh_database.url))
+    try:
+        with engine.begin() as connection:
+            for scope, document, key in addresses:
+                connection.execute(
+                    sa.text(
+                        f"INSERT INTO {table} (scope, document, key, execution_id, "
+                        "inserted_at) VALUES (:scope, :document, :key, 'x', CURRENT_TIMESTAMP)"
+                    ),
+                    {"scope": scope, "document": document, "key": key},
+                )
+        before = _index_names(fresh_database.url, options)
+        migrations.upgrade(fresh_database.url, options, "statifier_0020")
+        added = _index_names(fresh_database.url, options) - before
+        assert added == {"mig_addresses_bucket_id_idx"}
+        with engine.connect() as connection:
+            found = connection.execute(sa.text(f"SELECT scope, document, key, bucket FROM {table}"))
+            buckets = {(s, d, k): bucket for s, d, k, bucket in found}
+            columns = sa.inspect(connection).get_columns("mig_addresses", schema=options.schema)
+        assert buckets == {where: address_bucket(*where) for where in addresses}
+        assert {column["name"]: column["nullable"] for column in columns}["bucket"] is False
+        migrations.downgrade(fresh_database.url, options, "statifier_0019")
+        assert _index_names(fresh_database.url, options) == before
+        with engine.connect() as connection:
+            columns = sa.inspect(connection).get_columns("mig_addresses", schema=options.schema)
+            kept = connection.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar()
+        assert "bucket" not in {column["name"] for column in columns}
+        assert kept == len(addresses)
     finally:
         engine.dispose()

@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from tests.persistence.conftest import SqlStore
 
+from statifier.buckets import address_bucket
 from statifier.persistence.sql import SqlAdapter
 from statifier.sql.routing import (
     AddressRow,
@@ -98,13 +99,22 @@ async def test_the_address_statements_read_alike_on_both_databases(
         assert await sql.count_addresses(["x1", "x2", "x9"]) == 2
 
         # No execution row: the reaper reads no status.
+        b1, b2 = address_bucket(*address), address_bucket("s", "doc", "k2")
         assert await sql.reap_page(None, 1) == [
-            ReapRow(first, document="doc", terminal_seen_at=seen, status=None)
+            ReapRow(first, document="doc", terminal_seen_at=seen, status=None, bucket=b1)
         ]
         assert await sql.reap_page(first, 10) == [
-            ReapRow(second, document="doc", terminal_seen_at=None, status=None)
+            ReapRow(second, document="doc", terminal_seen_at=None, status=None, bucket=b2)
         ]
         assert await sql.reap_page(second, 10) == []
+        # A range pages by (bucket, id): each address in its own bucket's range alone.
+        assert [r.id for r in await sql.reap_page(None, 10, (b1, b1 + 1))] == [first]
+        assert [r.id for r in await sql.reap_page(None, 10, (b2, b2 + 1))] == [second]
+        low, high = sorted([(b1, first), (b2, second)])
+        both = (low[0], high[0] + 1)
+        assert [r.id for r in await sql.reap_page(None, 1, both)] == [low[1]]
+        assert [r.id for r in await sql.reap_page(low, 10, both)] == [high[1]]
+        assert await sql.reap_page(high, 10, both) == []
         await sql.delete_addresses([first, second])
         assert await sql.count_addresses(["x1", "x2"]) == 0
 

@@ -20,6 +20,7 @@ from tests.persistence.conftest import (  # noqa: F401 - a fixture
     unique_name,
 )
 
+from statifier.buckets import address_bucket
 from statifier.persistence.sql import SqlAdapter
 from statifier.sql import TableOptions, migrations
 from statifier.sql.locations import LocatedRow, LocationTable, upgrade_locations
@@ -51,8 +52,9 @@ async def address(
     """Insert an address row of ``execution_id`` under ``key`` (seen to end at
     ``ended``); its id as the driver reads it back (what the router hands on)."""
     dialect, new_key = adapter.dialect, adapter.tables.options.new_key
-    columns = "scope, document, key, execution_id, inserted_at, terminal_seen_at"
+    columns = "scope, document, key, execution_id, inserted_at, terminal_seen_at, bucket"
     values: dict[str, Any] = {
+        "bucket": address_bucket("s", "doc", key),
         "key": key,
         "execution_id": execution_id,
         "at": dialect.time(START),
@@ -60,7 +62,7 @@ async def address(
     }
     if new_key:
         columns, values["id"] = f"id, {columns}", dialect.key(new_key())
-    marks = (":id, " if new_key else "") + "'s', 'doc', :key, :execution_id, :at, :ended"
+    marks = (":id, " if new_key else "") + "'s', 'doc', :key, :execution_id, :at, :ended, :bucket"
     sql = dialect.statement(
         f"INSERT INTO {TableNames.of(adapter.tables).addresses} ({columns}) "
         f"VALUES ({marks}) RETURNING id"

@@ -921,6 +921,42 @@ async def test_paging_visits_every_address_once(router_db: RouterDb, rows: int) 
 
 
 @pytest.mark.asyncio
+async def test_reapers_of_complementary_ranges_page_through_their_buckets_addresses_alone(
+    router_db: RouterDb,
+) -> None:
+    # A part of the buckets is paged by (bucket, id): every address of the range once,
+    # none of another range, whatever the page size.
+    router = configure(router_db, [OPENER])
+    keys = [f"k{n}" for n in range(9)]
+    await open_joins(router, keys, cancel=True)
+    bucket = {key: address_bucket(SCOPE, "join", key) for key in keys}
+    middle = sorted(bucket.values())[4] + 1  # five keys below, four at or above
+
+    def stamped() -> set[str]:
+        rows = table_rows(router_db, "addresses")
+        return {row["key"] for row in rows if row["terminal_seen_at"] is not None}
+
+    swept: list[set[str]] = []
+    for buckets in ((0, middle), (middle, 1024)):
+        before, after = stamped(), None
+        while True:
+            page = await reap_addresses(
+                router, router_db.clock.now, limit=2, after=after, buckets=buckets
+            )
+            assert page.deleted == 0
+            if page.next is None:
+                break
+            after = page.next
+        swept.append(stamped() - before)
+    assert swept == [
+        {key for key in keys if bucket[key] < middle},
+        {key for key in keys if bucket[key] >= middle},
+    ]
+    with pytest.raises(ValueError, match="buckets is a range"):
+        await reap_addresses(router, router_db.clock.now, buckets=(3, 3))
+
+
+@pytest.mark.asyncio
 async def test_reap_addresses_refuses_what_it_cannot_compute(router_db: RouterDb) -> None:
     router = configure(router_db, [OPENER])
     with pytest.raises(ValueError, match="limit"):

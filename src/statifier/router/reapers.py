@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from statifier.buckets import ALL_BUCKETS, bucket_range
 from statifier.persistence import Status
 from statifier.router.binding import Binding
 from statifier.router.routing import Router
@@ -96,8 +97,11 @@ async def reap_addresses(
     bindings: Sequence[Binding] | None = None,
     limit: int = 1_000,
     after: Any = None,
+    buckets: tuple[int, int] = ALL_BUCKETS,
 ) -> AddressReap:
-    """Examine at most ``limit`` address rows after the cursor ``after``: stamp the
+    """Examine at most ``limit`` address rows of ``buckets`` (every bucket by default;
+    a part is paged by its ``(bucket, id)`` index, decision 0122) after the cursor
+    ``after``: stamp the
     ones whose execution has ended (the horizon counts from that first sighting), and
     delete those stamped at least their document's horizon ago (with a horizon of zero,
     in the same pass that stamps them), and those whose execution is gone. Sweep the
@@ -111,10 +115,14 @@ async def reap_addresses(
     Args:
         bindings: the bindings the horizons come from; by default the configuration's
             (give every scope's bindings when the configuration has a resolver).
+        buckets: the range of buckets ``(start, end)``, ``end`` excluded, whose
+            addresses it examines.
 
     Raises:
-        ValueError: no bindings to compute horizons from, or a limit below 1.
+        ValueError: no bindings to compute horizons from, a limit below 1, or
+            ``buckets`` not a non-empty range within ``0..BUCKETS``.
     """
+    bucket_range(buckets)
     if limit < 1:
         raise ValueError(f"limit must be at least 1, not {limit}")
     chosen = router.config.bindings if bindings is None else bindings
@@ -122,7 +130,7 @@ async def reap_addresses(
         raise ValueError("pass bindings: the configuration resolves them per scope")
     longest = horizons(chosen)
     async with router.transaction() as unit:
-        rows = await unit.sql.reap_page(after, limit)
+        rows = await unit.sql.reap_page(after, limit, buckets)
         stamp: list[Any] = []
         delete: list[Any] = []
         for row in rows:
@@ -143,5 +151,8 @@ async def reap_addresses(
             # Before the address rows go: they are what names the executions.
             await forget_addressed(unit, delete)
             await unit.sql.delete_addresses(delete)
-    following = rows[-1].id if len(rows) == limit else None
+    last = rows[-1] if len(rows) == limit else None
+    following = (
+        None if last is None else last.id if buckets == ALL_BUCKETS else (last.bucket, last.id)
+    )
     return AddressReap(examined=len(rows), stamped=len(stamp), deleted=len(delete), next=following)

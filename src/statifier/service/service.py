@@ -306,7 +306,9 @@ def _in_store(number: int) -> Callable[[str], str]:
     return lambda part: f"{part} (store {number})"
 
 
-async def _reap(router: Router, settings: ServiceSettings, stop: asyncio.Event) -> None:
+async def _reap(
+    router: Router, settings: ServiceSettings, stop: asyncio.Event, buckets: tuple[int, int]
+) -> None:
     """Run the reapers every ``interval`` seconds until ``stop``; a failed pass is
     logged (once per kind of failure and interval), and the next comes on schedule."""
     every = settings.reapers
@@ -317,7 +319,9 @@ async def _reap(router: Router, settings: ServiceSettings, stop: asyncio.Event) 
             await reap_dedupe(router, now)
             after: Any = None
             while not stop.is_set():
-                page = await reap_addresses(router, now, limit=every.limit, after=after)
+                page = await reap_addresses(
+                    router, now, limit=every.limit, after=after, buckets=buckets
+                )
                 if page.next is None:
                     break
                 after = page.next
@@ -579,8 +583,8 @@ class Service:
     ) -> list[Supervised]:
         """The workers: the scheduler, and each store's timers, flow, outbox drain and
         reapers (over several stores, each named with its store's number, its timers,
-        held groups and outbox rows those of its range of buckets, and each store's
-        drain of the sends between stores)."""
+        held groups, outbox rows and addresses those of its range of buckets, and each
+        store's drain of the sends between stores)."""
         settings, stop = self.settings, self._workers_stop
         stores = _stores(routing)
         workers: list[Supervised] = []
@@ -640,7 +644,7 @@ class Service:
         workers.append(_draining(named("outbox"), drain, outbox.idle, stop))
         if settings.reapers.enabled:
             workers.append(
-                Supervised(named("reapers"), lambda: _reap(router, settings, stop), stop)
+                Supervised(named("reapers"), lambda: _reap(router, settings, stop, buckets), stop)
             )
         return workers
 

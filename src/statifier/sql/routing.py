@@ -23,6 +23,7 @@ from dataclasses import KW_ONLY, dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
+from statifier.buckets import ALL_BUCKETS, address_bucket
 from statifier.sql.dialect import Dialect, Values, execution_lock_key
 from statifier.sql.keys import RowKeys
 from statifier.sql.locks import locks_of
@@ -32,6 +33,7 @@ from statifier.sql.postgres import (
     SET_LOCK_TIMEOUT,
     lock_timeout,
 )
+from statifier.sql.ranges import also, by_range
 from statifier.sql.tables import Tables
 
 __all__ = [
@@ -125,6 +127,7 @@ class ReapRow:
     document: str
     terminal_seen_at: datetime | None
     status: str | None
+    bucket: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,7 +240,7 @@ class RoutingStatements:
             f"FROM {keyed_by} JOIN {addresses} AS a ON a.scope = r.scope "
             "AND a.document = r.document AND a.key = r.key"
         )
-        address = ("scope", "document", "key", "execution_id", "inserted_at")
+        address = ("scope", "document", "key", "execution_id", "inserted_at", "bucket")
         self.insert_address = sql(
             f"{keys.insert(addresses, address, {'inserted_at': ':now'})} "
             "ON CONFLICT (scope, document, key) DO NOTHING RETURNING id"
@@ -267,11 +270,19 @@ class RoutingStatements:
         self.reap_dedupe = sql(f"DELETE FROM {dedupe} WHERE expires_at < :now")
         # The cursor is bound twice: as text where it is only compared with NULL (the
         # cast gives that parameter a type), and as it is where the key is compared.
-        self.reap_page = sql(
-            "SELECT a.id, a.document, a.terminal_seen_at, e.status "
+        reaped = (
+            "SELECT a.id, a.document, a.terminal_seen_at, e.status, a.bucket "
             f"FROM {addresses} AS a LEFT JOIN {executions} AS e "
-            "ON e.execution_id = a.execution_id WHERE CAST(:after AS TEXT) IS NULL OR "
-            "a.id > :after_id ORDER BY a.id LIMIT :limit"
+            "ON e.execution_id = a.execution_id WHERE (CAST(:after AS TEXT) IS NULL OR "
+        )
+        # A range pages by (bucket, id), the index's order: never a scan of the others.
+        self.reap_page = by_range(
+            lambda within: sql(
+                f"{reaped}a.id > :after_id) ORDER BY a.id LIMIT :limit"
+                if not within
+                else f"{reaped}(a.bucket, a.id) > (:after_bucket, :after_id)){also(within)} "
+                "ORDER BY a.bucket, a.id LIMIT :limit"
+            )
         )
         self.delete_addresses = sql(f"DELETE FROM {addresses} WHERE id {ids}")
         self.count_addresses = sql(f"SELECT count(*) FROM {addresses} WHERE execution_id {ids}")
@@ -492,6 +503,7 @@ class RoutingSession:
             "key": key,
             "execution_id": execution_id,
             "now": self.dialect.time(now),
+            "bucket": address_bucket(scope, document, key),
         }
         row = await self.dialect.row(self._driver, self._s.insert_address, self._s.keyed(values))
         return None if row is None else row[0]
@@ -588,20 +600,32 @@ class RoutingSession:
             return 0, None
         return await locks.reap(self.dialect, self._driver, limit, after)
 
-    async def reap_page(self, after: Any, limit: int) -> list[ReapRow]:
-        """At most ``limit`` addresses whose key is above ``after`` (``None``: from the
-        first), in key order, each beside its execution's status."""
+    async def reap_page(
+        self, after: Any, limit: int, buckets: tuple[int, int] = ALL_BUCKETS
+    ) -> list[ReapRow]:
+        """At most ``limit`` addresses of ``buckets`` after the cursor ``after``
+        (``None``: from the first), each beside its execution's status: for every
+        bucket in key order (the cursor a key), for a part by bucket then key (the
+        cursor a row's ``(bucket, id)``)."""
         dialect = self.dialect
+        statement, within = self._s.reap_page.of(buckets)
+        after_bucket, after_id = (None, after) if not within or after is None else after
         values: Values = {
-            "after": None if after is None else str(after),
-            "after_id": after,
+            "after": None if after is None else str(after_id),
+            "after_id": after_id,
+            "after_bucket": after_bucket,
             "limit": limit,
+            **within,
         }
         return [
             ReapRow(
-                row[0], document=row[1], terminal_seen_at=dialect.read_time(row[2]), status=row[3]
+                row[0],
+                document=row[1],
+                terminal_seen_at=dialect.read_time(row[2]),
+                status=row[3],
+                bucket=int(row[4]),
             )
-            for row in await dialect.rows(self._driver, self._s.reap_page, values)
+            for row in await dialect.rows(self._driver, statement, values)
         ]
 
     async def delete_addresses(self, address_ids: Sequence[Any]) -> None:

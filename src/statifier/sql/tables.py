@@ -81,7 +81,7 @@ ValueError: a table prefix is lowercase letters, digits and underscores...
 >>> collated = {"execution_id": "C"}
 >>> laid_out = TableOptions(timestamps_position="leading", column_collations=collated)
 >>> [column.name for column in laid_out.define().addresses.columns]
-['id', 'inserted_at', 'scope', 'document', 'key', 'execution_id', 'terminal_seen_at']
+['id', 'inserted_at', 'scope', 'document', 'key', 'execution_id', 'terminal_seen_at', 'bucket']
 >>> laid_out.define().inputs.c.execution_id.type.collation
 'C'
 
@@ -653,11 +653,16 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         sa.Column("execution_id", sa.Text(), nullable=False),
         sa.Column("inserted_at", UtcDateTime(), nullable=False),
         sa.Column("terminal_seen_at", UtcDateTime(), nullable=True),
+        # The address's bucket (statifier.buckets.address_bucket): the address reaper
+        # given a range of buckets pages through its range by the index below. Last,
+        # where statifier_0020 added it.
+        sa.Column("bucket", sa.SmallInteger(), nullable=False),
         sa.UniqueConstraint(
             "scope", "document", "key", name=name("addresses_scope_document_key_key")
         ),
         sa.Index(name("addresses_execution_id_idx"), "execution_id"),
         sa.Index(name("addresses_key_idx"), "key"),
+        sa.Index(name("addresses_bucket_id_idx"), "bucket", "id"),
         schema=schema,
     )
     dedupe = options.table(
