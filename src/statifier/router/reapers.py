@@ -99,13 +99,13 @@ async def reap_addresses(
     after: Any = None,
     buckets: tuple[int, int] = ALL_BUCKETS,
 ) -> AddressReap:
-    """Examine at most ``limit`` address rows of ``buckets`` (every bucket by default;
-    a part is paged by its ``(bucket, id)`` index, decision 0122) after the cursor
-    ``after``: stamp the
-    ones whose execution has ended (the horizon counts from that first sighting), and
-    delete those stamped at least their document's horizon ago (with a horizon of zero,
-    in the same pass that stamps them), and those whose execution is gone. Sweep the
-    table by calling again with ``after=result.next`` until it is ``None``.
+    """Examine at most ``limit`` address rows of ``buckets`` after the cursor ``after``:
+    stamp the ones whose execution has ended (the horizon counts from that first
+    sighting), and delete those stamped at least their document's horizon ago (with a
+    horizon of zero, in the same pass that stamps them), and those whose execution is
+    gone. Sweep the table (or the range) by calling again with ``after=result.next``
+    until it is ``None``. A part of the buckets is paged by its ``(bucket, id)`` index
+    (decision 0122), and its cursor is a row's ``(bucket, id)``.
 
     The subscriptions of the executions whose address rows it deletes go with them
     (an ended execution's source invokes were cancelled when it ended; these are the
