@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import io
 import textwrap
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -617,175 +618,139 @@ def test_the_timer_lock_key_revision_fills_its_column_and_goes_back(fresh_databa
         engine.dispose()
 
 
+def _bucket_revision(
+    fresh_database: Any,
+    *,
+    table: str,
+    revision: str,
+    index: str,
+    insert: str,
+    rows: Sequence[Mapping[str, Any]],
+    read: str,
+) -> dict[Any, int]:
+    """Run the revision before ``revision``, insert ``rows`` into ``table`` (``insert``
+    with the table's name at ``{table}``), run ``revision`` and check that it added
+    the index ``index`` alone and a required ``bucket`` column; go back and check that
+    both went and every row stayed. Answer the buckets filled in, as ``read`` (its last
+    column the bucket) found them: the other columns, as a tuple, to the bucket."""
+    options = _options(fresh_database)
+    previous = f"statifier_{int(revision.rsplit('_', 1)[1]) - 1:04d}"
+    migrations.upgrade(fresh_database.url, options, previous)
+    named = f"mig_{table}"
+    qualified = f"{options.schema}.{named}" if options.schema else named
+    engine = sa.create_engine(migrations.sync_url(fresh_database.url))
+    try:
+        with engine.begin() as connection:
+            for values in rows:
+                connection.execute(sa.text(insert.format(table=qualified)), dict(values))
+        before = _index_names(fresh_database.url, options)
+        migrations.upgrade(fresh_database.url, options, revision)
+        assert _index_names(fresh_database.url, options) == before | {f"mig_{index}"}
+        with engine.connect() as connection:
+            found = connection.execute(sa.text(read.format(table=qualified)))
+            buckets = {tuple(row[:-1]): int(row[-1]) for row in found}
+            columns = sa.inspect(connection).get_columns(named, schema=options.schema)
+        assert {column["name"]: column["nullable"] for column in columns}["bucket"] is False
+        migrations.downgrade(fresh_database.url, options, previous)
+        assert _index_names(fresh_database.url, options) == before
+        with engine.connect() as connection:
+            columns = sa.inspect(connection).get_columns(named, schema=options.schema)
+            kept = connection.execute(sa.text(f"SELECT count(*) FROM {qualified}")).scalar()
+        assert "bucket" not in {column["name"] for column in columns}
+        assert kept == len(rows)
+        return buckets
+    finally:
+        engine.dispose()
+
+
 def test_the_timer_bucket_revision_fills_its_column_and_goes_back(fresh_database: Any) -> None:
     # statifier_0017 gives each timer its execution's bucket, computed in Python for
     # the rows already there, makes it required and indexes it with the due time;
     # going back drops exactly that.
-    options = _options(fresh_database)
-    migrations.upgrade(fresh_database.url, options, "statifier_0016")
-    table = f"{options.schema}.mig_timers" if options.schema else "mig_timers"
     ids = {"d1": "ex_1", "d2": "ex_1", "d3": "ex/2", "d4": new_execution_id("s", "d", "k")}
-    engine = sa.create_engine(migrations.sync_url(fresh_database.url))
-    try:
-        with engine.begin() as connection:
-            for dedup_key, execution_id in ids.items():
-                connection.execute(
-                    sa.text(
-                        f"INSERT INTO {table} (execution_id, send_id, dedup_key, kind, due_at, "
-                        "step_position, payload, inserted_at, lock_key) VALUES (:execution_id, "
-                        "'s', :dedup_key, 'send', CURRENT_TIMESTAMP, 0, '{}', CURRENT_TIMESTAMP, "
-                        ":lock_key)"
-                    ),
-                    {
-                        "execution_id": execution_id,
-                        "dedup_key": dedup_key,
-                        "lock_key": execution_lock_key(execution_id),
-                    },
-                )
-        before = _index_names(fresh_database.url, options)
-        migrations.upgrade(fresh_database.url, options, "statifier_0017")
-        assert _index_names(fresh_database.url, options) == before | {
-            "mig_timers_bucket_due_at_idx"
-        }
-        with engine.connect() as connection:
-            rows = connection.execute(sa.text(f"SELECT dedup_key, bucket FROM {table}"))
-            assert dict(rows.all()) == {key: bucket_of(ex) for key, ex in ids.items()}
-            columns = sa.inspect(connection).get_columns("mig_timers", schema=options.schema)
-        assert {column["name"]: column["nullable"] for column in columns}["bucket"] is False
-        assert bucket_of(ids["d4"]) == address_bucket("s", "d", "k")  # the minted id's own
-        migrations.downgrade(fresh_database.url, options, "statifier_0016")
-        assert _index_names(fresh_database.url, options) == before
-        with engine.connect() as connection:
-            columns = sa.inspect(connection).get_columns("mig_timers", schema=options.schema)
-            kept = connection.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar()
-        assert "bucket" not in {column["name"] for column in columns}
-        assert kept == len(ids)
-    finally:
-        engine.dispose()
+    buckets = _bucket_revision(
+        fresh_database,
+        table="timers",
+        revision="statifier_0017",
+        index="timers_bucket_due_at_idx",
+        insert=(
+            "INSERT INTO {table} (execution_id, send_id, dedup_key, kind, due_at, "
+            "step_position, payload, inserted_at, lock_key) VALUES (:execution_id, "
+            "'s', :dedup_key, 'send', CURRENT_TIMESTAMP, 0, '{{}}', CURRENT_TIMESTAMP, "
+            ":lock_key)"
+        ),
+        rows=[
+            {"execution_id": ex, "dedup_key": key, "lock_key": execution_lock_key(ex)}
+            for key, ex in ids.items()
+        ],
+        read="SELECT dedup_key, bucket FROM {table}",
+    )
+    assert buckets == {(key,): bucket_of(ex) for key, ex in ids.items()}
+    assert bucket_of(ids["d4"]) == address_bucket("s", "d", "k")  # the minted id's own
+
+
+ADDRESSES = [("web", "doc", "k1"), ("web", "doc", "k2"), ("ops", "other", "k1")]
 
 
 def test_the_flow_bucket_revision_fills_its_column_and_goes_back(fresh_database: Any) -> None:
     # statifier_0018 gives each flow group its address's bucket, computed in Python for
     # the rows already there, makes it required and indexes it with the due time.
-    options = _options(fresh_database)
-    migrations.upgrade(fresh_database.url, options, "statifier_0017")
-    table = f"{options.schema}.mig_flow_groups" if options.schema else "mig_flow_groups"
-    addresses = [("web", "doc", "k1"), ("web", "doc", "k2"), ("ops", "other", "k1")]
-    engine = sa.create_engine(migrations.sync_url(fresh_database.url))
-    try:
-        with engine.begin() as connection:
-            for scope, document, key in addresses:
-                connection.execute(
-                    sa.text(
-                        f"INSERT INTO {table} (binding_id, scope, key, document, held, "
-                        "last_seq, window_count, due_at, failures, updated_at) VALUES "
-                        "('b', :scope, :key, :document, 1, 1, 0, CURRENT_TIMESTAMP, 0, "
-                        "CURRENT_TIMESTAMP)"
-                    ),
-                    {"scope": scope, "document": document, "key": key},
-                )
-        before = _index_names(fresh_database.url, options)
-        migrations.upgrade(fresh_database.url, options, "statifier_0018")
-        added = _index_names(fresh_database.url, options) - before
-        assert added == {"mig_flow_groups_bucket_due_at_idx"}
-        with engine.connect() as connection:
-            found = connection.execute(sa.text(f"SELECT scope, document, key, bucket FROM {table}"))
-            buckets = {(s, d, k): bucket for s, d, k, bucket in found}
-            columns = sa.inspect(connection).get_columns("mig_flow_groups", schema=options.schema)
-        assert buckets == {where: address_bucket(*where) for where in addresses}
-        assert {column["name"]: column["nullable"] for column in columns}["bucket"] is False
-        migrations.downgrade(fresh_database.url, options, "statifier_0017")
-        assert _index_names(fresh_database.url, options) == before
-        with engine.connect() as connection:
-            columns = sa.inspect(connection).get_columns("mig_flow_groups", schema=options.schema)
-            kept = connection.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar()
-        assert "bucket" not in {column["name"] for column in columns}
-        assert kept == len(addresses)
-    finally:
-        engine.dispose()
+    buckets = _bucket_revision(
+        fresh_database,
+        table="flow_groups",
+        revision="statifier_0018",
+        index="flow_groups_bucket_due_at_idx",
+        insert=(
+            "INSERT INTO {table} (binding_id, scope, key, document, held, last_seq, "
+            "window_count, due_at, failures, updated_at) VALUES ('b', :scope, :key, "
+            ":document, 1, 1, 0, CURRENT_TIMESTAMP, 0, CURRENT_TIMESTAMP)"
+        ),
+        rows=[{"scope": s, "document": d, "key": k} for s, d, k in ADDRESSES],
+        read="SELECT scope, document, key, bucket FROM {table}",
+    )
+    assert buckets == {where: address_bucket(*where) for where in ADDRESSES}
 
 
 def test_the_outbox_bucket_revision_fills_its_column_and_goes_back(fresh_database: Any) -> None:
     # statifier_0019 gives each outbox row a bucket: its sending execution's, or for a
     # row handed off outside any execution its (queue, key)'s; then makes it required
     # and indexes it with the next attempt's time.
-    options = _options(fresh_database)
-    migrations.upgrade(fresh_database.url, options, "statifier_0018")
-    table = f"{options.schema}.mig_outbox" if options.schema else "mig_outbox"
     minted = "ex_01KBCDEFGHJKMNPQRSTVWXYZ01" + tagged(address_bucket("s", "d", "k"))
     rows = {"k1": "order-17", "k2": "order-17/payment", "k3": minted, "k4": None}
-    engine = sa.create_engine(migrations.sync_url(fresh_database.url))
-    try:
-        with engine.begin() as connection:
-            for key, execution_id in rows.items():
-                connection.execute(
-                    sa.text(
-                        f"INSERT INTO {table} (queue, key, payload, attempts, "
-                        "next_attempt_at, inserted_at, execution_id) VALUES "
-                        "('q', :key, '{}', 0, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP, :ex)"
-                    ),
-                    {"key": key, "ex": execution_id},
-                )
-        before = _index_names(fresh_database.url, options)
-        migrations.upgrade(fresh_database.url, options, "statifier_0019")
-        added = _index_names(fresh_database.url, options) - before
-        assert added == {"mig_outbox_bucket_next_attempt_at_idx"}
-        with engine.connect() as connection:
-            read = connection.execute(sa.text(f"SELECT key, bucket FROM {table}"))
-            found = {str(row[0]): int(row[1]) for row in read}
-            columns = sa.inspect(connection).get_columns("mig_outbox", schema=options.schema)
-        assert found == {
-            "k1": bucket_of("order-17"),
-            "k2": bucket_of("order-17"),
-            "k3": address_bucket("s", "d", "k"),
-            "k4": outbox_bucket("q", "k4"),
-        }
-        assert {column["name"]: column["nullable"] for column in columns}["bucket"] is False
-        migrations.downgrade(fresh_database.url, options, "statifier_0018")
-        assert _index_names(fresh_database.url, options) == before
-        with engine.connect() as connection:
-            columns = sa.inspect(connection).get_columns("mig_outbox", schema=options.schema)
-            kept = connection.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar()
-        assert "bucket" not in {column["name"] for column in columns}
-        assert kept == len(rows)
-    finally:
-        engine.dispose()
+    buckets = _bucket_revision(
+        fresh_database,
+        table="outbox",
+        revision="statifier_0019",
+        index="outbox_bucket_next_attempt_at_idx",
+        insert=(
+            "INSERT INTO {table} (queue, key, payload, attempts, next_attempt_at, "
+            "inserted_at, execution_id) VALUES ('q', :key, '{{}}', 0, CURRENT_TIMESTAMP, "
+            "CURRENT_TIMESTAMP, :ex)"
+        ),
+        rows=[{"key": key, "ex": ex} for key, ex in rows.items()],
+        read="SELECT key, bucket FROM {table}",
+    )
+    assert buckets == {
+        ("k1",): bucket_of("order-17"),
+        ("k2",): bucket_of("order-17"),
+        ("k3",): address_bucket("s", "d", "k"),
+        ("k4",): outbox_bucket("q", "k4"),
+    }
 
 
 def test_the_address_bucket_revision_fills_its_column_and_goes_back(fresh_database: Any) -> None:
     # statifier_0020 gives each address row its address's bucket, computed in Python for
     # the rows already there, makes it required and indexes it with the row's key.
-    options = _options(fresh_database)
-    migrations.upgrade(fresh_database.url, options, "statifier_0019")
-    table = f"{options.schema}.mig_addresses" if options.schema else "mig_addresses"
-    addresses = [("web", "doc", "k1"), ("web", "doc", "k2"), ("ops", "other", "k1")]
-    engine = sa.create_engine(migrations.sync_url(fresh_database.url))
-    try:
-        with engine.begin() as connection:
-            for scope, document, key in addresses:
-                connection.execute(
-                    sa.text(
-                        f"INSERT INTO {table} (scope, document, key, execution_id, "
-                        "inserted_at) VALUES (:scope, :document, :key, 'x', CURRENT_TIMESTAMP)"
-                    ),
-                    {"scope": scope, "document": document, "key": key},
-                )
-        before = _index_names(fresh_database.url, options)
-        migrations.upgrade(fresh_database.url, options, "statifier_0020")
-        added = _index_names(fresh_database.url, options) - before
-        assert added == {"mig_addresses_bucket_id_idx"}
-        with engine.connect() as connection:
-            found = connection.execute(sa.text(f"SELECT scope, document, key, bucket FROM {table}"))
-            buckets = {(s, d, k): bucket for s, d, k, bucket in found}
-            columns = sa.inspect(connection).get_columns("mig_addresses", schema=options.schema)
-        assert buckets == {where: address_bucket(*where) for where in addresses}
-        assert {column["name"]: column["nullable"] for column in columns}["bucket"] is False
-        migrations.downgrade(fresh_database.url, options, "statifier_0019")
-        assert _index_names(fresh_database.url, options) == before
-        with engine.connect() as connection:
-            columns = sa.inspect(connection).get_columns("mig_addresses", schema=options.schema)
-            kept = connection.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar()
-        assert "bucket" not in {column["name"] for column in columns}
-        assert kept == len(addresses)
-    finally:
-        engine.dispose()
+    buckets = _bucket_revision(
+        fresh_database,
+        table="addresses",
+        revision="statifier_0020",
+        index="addresses_bucket_id_idx",
+        insert=(
+            "INSERT INTO {table} (scope, document, key, execution_id, inserted_at) "
+            "VALUES (:scope, :document, :key, 'x', CURRENT_TIMESTAMP)"
+        ),
+        rows=[{"scope": s, "document": d, "key": k} for s, d, k in ADDRESSES],
+        read="SELECT scope, document, key, bucket FROM {table}",
+    )
+    assert buckets == {where: address_bucket(*where) for where in ADDRESSES}
