@@ -329,11 +329,12 @@ class OutboxRoute:
                 ``bucket`` is not one of the buckets.
         """
         moment = self.clock() if now is None else _aware(now)
-        if bucket is None:
-            bucket = (
-                outbox_bucket(queue, str(key)) if execution_id is None else bucket_of(execution_id)
-            )
-        one_bucket(bucket)
+        if bucket is not None:
+            one_bucket(bucket)
+        elif execution_id is not None:
+            bucket = bucket_of(execution_id)
+        else:
+            bucket = outbox_bucket(queue, str(key))
         payload = {
             # As text: the bytes dump_event wrote, in its key order, which jsonb would
             # not keep (and a form POST built from the event would show).
@@ -424,10 +425,9 @@ class OutboxDrain:
         buckets: tuple[int, int] = ALL_BUCKETS,
     ) -> None:
         try:
-            bucket_range(buckets)
+            self.buckets = bucket_range(buckets)
         except ValueError as error:
             raise ConfigError(str(error)) from None
-        self.buckets: Final = buckets
         if isinstance(source, SqlAdapter):
             self.adapter = source
             self.clock = clock or _wall_clock
