@@ -243,8 +243,9 @@ class Library:
 # --- the raw drivers --------------------------------------------------------------------
 
 _CLAIM = (
-    "INSERT INTO {dedupe} AS d (binding_id, message_id, expires_at) VALUES ({p}, {p}, {p}) "
-    "ON CONFLICT (binding_id, message_id) DO UPDATE SET expires_at = excluded.expires_at "
+    "INSERT INTO {dedupe} AS d (binding_id, message_id, expires_at, bucket) "
+    "VALUES ({p}, {p}, {p}, {p}) ON CONFLICT (binding_id, message_id) DO UPDATE SET "
+    "expires_at = excluded.expires_at, bucket = excluded.bucket "
     "WHERE d.expires_at <= {p} RETURNING 1"
 )
 _FIND_ADDRESS = (
@@ -406,15 +407,15 @@ class RawSqlite:
             moment = datetime.now(UTC)
             now = _sqlite_time(moment)
             expires = _sqlite_time(moment + DEFAULT_HORIZON)
+            bucket = address_bucket(scope, DOCUMENT, key)
             claimed = cursor.execute(
-                s.claim, (BINDING.id, message.message_id, expires, now)
+                s.claim, (BINDING.id, message.message_id, expires, bucket, now)
             ).fetchone()
             assert claimed is not None
             found = cursor.execute(s.find_address, (scope, DOCUMENT, key)).fetchone()
             if found is None:
                 outcome = CREATED
                 execution_id = f"ex_{scope}_{key}"
-                bucket = address_bucket(scope, DOCUMENT, key)
                 cursor.execute(s.insert_address, (scope, DOCUMENT, key, execution_id, now, bucket))
                 cursor.fetchall()
                 cursor.execute(s.save_chart, (p.content_hash, p.chart, None, None, now, None, None))
@@ -471,14 +472,15 @@ class RawPostgres:
                 await cursor.execute(_LOCKS, (locks,))
                 moment = datetime.now(UTC)
                 expires = moment + DEFAULT_HORIZON
-                await cursor.execute(s.claim, (BINDING.id, message.message_id, expires, moment))
+                bucket = address_bucket(scope, DOCUMENT, key)
+                claim = (BINDING.id, message.message_id, expires, bucket, moment)
+                await cursor.execute(s.claim, claim)
                 assert await cursor.fetchone() is not None
                 await cursor.execute(s.find_address, (scope, DOCUMENT, key))
                 found = await cursor.fetchone()
                 if found is None:
                     outcome = CREATED
                     execution_id = f"ex_{scope}_{key}"
-                    bucket = address_bucket(scope, DOCUMENT, key)
                     address = (scope, DOCUMENT, key, execution_id, moment, bucket)
                     await cursor.execute(s.insert_address, address)
                     chart = (p.content_hash, p.chart, None, None, moment, None, None)
@@ -521,10 +523,10 @@ class RawPostgres:
 # --- the bulk writes --------------------------------------------------------------------
 
 _BULK_PG_CLAIM = (
-    "INSERT INTO {dedupe} AS d (binding_id, message_id, expires_at) "
-    "SELECT %s, u.message_id, %s FROM unnest(%s::text[]) AS u(message_id) "
-    "ON CONFLICT (binding_id, message_id) DO UPDATE SET expires_at = excluded.expires_at "
-    "WHERE d.expires_at <= %s"
+    "INSERT INTO {dedupe} AS d (binding_id, message_id, expires_at, bucket) "
+    "SELECT %s, u.message_id, %s, u.bucket FROM unnest(%s::text[], %s::smallint[]) "
+    "AS u(message_id, bucket) ON CONFLICT (binding_id, message_id) DO UPDATE SET "
+    "expires_at = excluded.expires_at, bucket = excluded.bucket WHERE d.expires_at <= %s"
 )
 _BULK_PG_ADDRESSES = (
     "INSERT INTO {addresses} (scope, document, key, execution_id, inserted_at, bucket) "
@@ -556,9 +558,9 @@ _BULK_PG_LEDGER = (
     "AS u(message_id, outcome, key, execution_id)"
 )
 _BULK_SQLITE_CLAIM = (
-    "INSERT INTO {dedupe} AS d (binding_id, message_id, expires_at) VALUES (?, ?, ?) "
-    "ON CONFLICT (binding_id, message_id) DO UPDATE SET expires_at = excluded.expires_at "
-    "WHERE d.expires_at <= ?"
+    "INSERT INTO {dedupe} AS d (binding_id, message_id, expires_at, bucket) "
+    "VALUES (?, ?, ?, ?) ON CONFLICT (binding_id, message_id) DO UPDATE SET "
+    "expires_at = excluded.expires_at, bucket = excluded.bucket WHERE d.expires_at <= ?"
 )
 _BULK_SQLITE_ADDRESSES = (
     "INSERT INTO {addresses} (scope, document, key, execution_id, inserted_at, bucket) "
@@ -667,10 +669,12 @@ class BulkBatch:
     """What one batch writes, worked out by the bench from its messages alone (it knows
     how many events each key has had): no reads, no interpreter. Per message its claim,
     key, execution, input-log ``seq`` and ledger outcome; the keys new in the batch with
-    their executions; and the batch's executions, each once, for the position update."""
+    their executions; and the batch's executions, each once, for the position update.
+    ``buckets``: each message's claim's bucket (its address's)."""
 
     message_ids: list[str]
     keys: list[str]
+    buckets: list[int]
     execution_ids: list[str]
     seqs: list[int]
     outcomes: list[str]
@@ -697,6 +701,7 @@ class BulkBatch:
         return cls(
             [message.message_id for message in messages],
             keys,
+            [address_bucket(scope, DOCUMENT, key) for key in keys],
             execution_ids,
             seqs,
             outcomes,
@@ -757,7 +762,10 @@ class BulkSqlite:
             moment = datetime.now(UTC)
             now = _sqlite_time(moment)
             expires = _sqlite_time(moment + DEFAULT_HORIZON)
-            claims = [(BINDING.id, message_id, expires, now) for message_id in b.message_ids]
+            claims = [
+                (BINDING.id, message_id, expires, bucket, now)
+                for message_id, bucket in zip(b.message_ids, b.buckets, strict=True)
+            ]
             cursor.executemany(s.claim, claims)
             _expect("claims", cursor.rowcount, len(claims))
             self.read(cursor, b)
@@ -823,7 +831,8 @@ class BulkPostgres:
             async with connection.cursor() as cursor:
                 moment = datetime.now(UTC)
                 expires = moment + DEFAULT_HORIZON
-                await cursor.execute(s.claim, (BINDING.id, expires, b.message_ids, moment))
+                claims = (BINDING.id, expires, b.message_ids, b.buckets, moment)
+                await cursor.execute(s.claim, claims)
                 _expect("claims", cursor.rowcount, len(b.message_ids))
                 await self.read(cursor, b)
                 if b.new_keys:

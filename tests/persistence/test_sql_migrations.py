@@ -27,7 +27,7 @@ from statifier.sql import TableOptions, migrations
 from statifier.sql.dialect import execution_lock_key
 from statifier.sql.tables import UtcDateTime, autogenerate_filter
 
-HEAD = "statifier_0020"
+HEAD = "statifier_0021"
 """The newest revision."""
 
 DURABLE_TABLES = ("mig_charts", "mig_positions", "mig_executions", "mig_inputs")
@@ -627,22 +627,30 @@ def _bucket_revision(
     insert: str,
     rows: Sequence[Mapping[str, Any]],
     read: str,
+    beside: Sequence[tuple[str, str, Mapping[str, Any]]] = (),
 ) -> dict[Any, int]:
     """Run the revision before ``revision``, insert ``rows`` into ``table`` (``insert``
-    with the table's name at ``{table}``), run ``revision`` and check that it added
-    the index ``index`` alone and a required ``bucket`` column; go back and check that
+    with the table's name at ``{table}``) and the rows ``beside`` (each ``(table,
+    insert, values)``) into other tables, run ``revision`` and check that it added the
+    index ``index`` alone and a required ``bucket`` column; go back and check that
     both went and every row stayed. Answer the buckets filled in, as ``read`` (its last
     column the bucket) found them: the other columns, as a tuple, to the bucket."""
     options = _options(fresh_database)
     previous = f"statifier_{int(revision.rsplit('_', 1)[1]) - 1:04d}"
     migrations.upgrade(fresh_database.url, options, previous)
     named = f"mig_{table}"
-    qualified = f"{options.schema}.{named}" if options.schema else named
+
+    def qualify(table: str) -> str:
+        return f"{options.schema}.mig_{table}" if options.schema else f"mig_{table}"
+
+    qualified = qualify(table)
     engine = sa.create_engine(migrations.sync_url(fresh_database.url))
     try:
         with engine.begin() as connection:
             for values in rows:
                 connection.execute(sa.text(insert.format(table=qualified)), dict(values))
+            for other, statement, values in beside:
+                connection.execute(sa.text(statement.format(table=qualify(other))), dict(values))
         before = _index_names(fresh_database.url, options)
         migrations.upgrade(fresh_database.url, options, revision)
         assert _index_names(fresh_database.url, options) == before | {f"mig_{index}"}
@@ -754,3 +762,53 @@ def test_the_address_bucket_revision_fills_its_column_and_goes_back(fresh_databa
         read="SELECT scope, document, key, bucket FROM {table}",
     )
     assert buckets == {where: address_bucket(*where) for where in ADDRESSES}
+
+
+def test_the_dedupe_bucket_revision_fills_its_column_and_goes_back(fresh_database: Any) -> None:
+    # statifier_0021 gives each dedupe claim the bucket of the address its delivery's
+    # ledger row names (the same binding's, the same message's), or its message id's
+    # where no ledger row names a key; then makes it required and indexes it with the
+    # expiry.
+    ledger = (
+        "INSERT INTO {table} (binding_id, message_id, scope, outcome, document, key, "
+        "inserted_at) VALUES (:binding, :message, :scope, 'delivered', :document, :key, "
+        "CURRENT_TIMESTAMP)"
+    )
+    keyed = [("b", "m1", *ADDRESSES[0]), ("b", "m2", *ADDRESSES[1]), ("b", "m2", *ADDRESSES[1])]
+    keyless = [("b", "m3", "web", None, None)]
+    buckets = _bucket_revision(
+        fresh_database,
+        table="dedupe",
+        revision="statifier_0021",
+        index="dedupe_bucket_expires_at_idx",
+        insert=(
+            "INSERT INTO {table} (binding_id, message_id, expires_at) "
+            "VALUES (:binding, :message, CURRENT_TIMESTAMP)"
+        ),
+        rows=[
+            {"binding": binding, "message": message}
+            for binding, message in (
+                ("b", "m1"),
+                ("b", "m2"),
+                ("b", "m3"),
+                ("b", "m4"),
+                ("c", "m1"),
+            )
+        ],
+        read="SELECT binding_id, message_id, bucket FROM {table}",
+        beside=[
+            (
+                "routing_ledger",
+                ledger,
+                {"binding": b, "message": m, "scope": s, "document": d, "key": k},
+            )
+            for b, m, s, d, k in (*keyed, *keyless)
+        ],
+    )
+    assert buckets == {
+        ("b", "m1"): address_bucket(*ADDRESSES[0]),
+        ("b", "m2"): address_bucket(*ADDRESSES[1]),
+        ("b", "m3"): bucket_of("m3"),  # its ledger row names no key
+        ("b", "m4"): bucket_of("m4"),  # no ledger row
+        ("c", "m1"): bucket_of("m1"),  # the ledger row of m1 is another binding's
+    }

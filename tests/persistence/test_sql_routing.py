@@ -45,16 +45,30 @@ async def test_the_dedupe_claims_read_alike_on_both_databases(sql_adapter: SqlAd
     statements = RoutingStatements(sql_adapter.tables, sql_adapter.dialect)
     async with sql_adapter.transaction() as tx:
         sql = RoutingSession(statements, tx.driver)
-        assert await sql.claim("clicks", "m1", START, START + HOUR)
-        assert not await sql.claim("clicks", "m1", START, START + HOUR)  # a live claim
-        assert await sql.claim("views", "m1", START, START + HOUR)  # another binding's
-        # An expired claim is taken over, until the new expiry.
-        assert await sql.claim("clicks", "m1", START + HOUR, START + 3 * HOUR)
-        assert not await sql.claim("clicks", "m1", START + 2 * HOUR, START + 4 * HOUR)
+        assert await sql.claim("clicks", "m1", START, START + HOUR, 7)
+        assert not await sql.claim("clicks", "m1", START, START + HOUR, 7)  # a live claim
+        assert await sql.claim("views", "m1", START, START + HOUR, 7)  # another binding's
+        # An expired claim is taken over, until the new expiry, in the new bucket.
+        assert await sql.claim("clicks", "m1", START + HOUR, START + 3 * HOUR, 900)
+        assert not await sql.claim("clicks", "m1", START + 2 * HOUR, START + 4 * HOUR, 7)
 
         assert await sql.reap_dedupe(START + HOUR) == 0  # expired before now only
         assert await sql.reap_dedupe(START + HOUR + timedelta(microseconds=1)) == 1
-        assert await sql.claim("views", "m1", START + 2 * HOUR, START + 3 * HOUR)
+        assert await sql.claim("views", "m1", START + 2 * HOUR, START + 3 * HOUR, 7)
+
+        # A range deletes the expired claims of its buckets alone.
+        later = START + 5 * HOUR
+        assert await sql.reap_dedupe(later, (0, 900)) == 1  # views/m1, in bucket 7
+        assert await sql.reap_dedupe(later, (901, 1024)) == 0
+        assert await sql.reap_dedupe(later, (900, 901)) == 1  # clicks/m1, taken over
+
+        # A batch's claims, each in its own bucket, in one statement.
+        asked = [("clicks", "m2", later + HOUR, 3), ("clicks", "m3", later + HOUR, 500)]
+        assert await sql.claim_many(asked, later) == {("clicks", "m2"), ("clicks", "m3")}
+        assert await sql.claim_many(asked, later) == set()  # live claims: duplicates
+        after = later + 2 * HOUR
+        assert await sql.reap_dedupe(after, (400, 1024)) == 1
+        assert await sql.reap_dedupe(after, (0, 400)) == 1
 
 
 @pytest.mark.asyncio
@@ -65,8 +79,11 @@ async def test_the_address_statements_read_alike_on_both_databases(
     address = ("s", "doc", "k")
     async with sql_adapter.transaction() as tx:
         sql = RoutingSession(statements, tx.driver)
-        assert await sql.claim_and_find("clicks", "m1", START, START + HOUR, None) == (True, None)
-        assert await sql.claim_and_find("clicks", "m2", START, START + HOUR, address) == (
+        assert await sql.claim_and_find("clicks", "m1", START, START + HOUR, None, 1) == (
+            True,
+            None,
+        )
+        assert await sql.claim_and_find("clicks", "m2", START, START + HOUR, address, 1) == (
             True,
             None,
         )
@@ -74,11 +91,11 @@ async def test_the_address_statements_read_alike_on_both_databases(
         assert first is not None
         assert await sql.insert_address(*address, "x2", START) is None  # the key has one
         unstamped = AddressRow(first, execution_id="x1", terminal_seen_at=None)
-        assert await sql.claim_and_find("clicks", "m3", START, START + HOUR, address) == (
+        assert await sql.claim_and_find("clicks", "m3", START, START + HOUR, address, 1) == (
             True,
             unstamped,
         )
-        fresh, _ = await sql.claim_and_find("clicks", "m3", START, START + HOUR, address)
+        fresh, _ = await sql.claim_and_find("clicks", "m3", START, START + HOUR, address, 1)
         assert not fresh  # a duplicate; its address may go unread
         assert await sql.find_address(*address) == unstamped
         assert await sql.find_address("s", "doc", "other") is None

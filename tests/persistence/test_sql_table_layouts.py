@@ -259,7 +259,9 @@ def _check_text_key(fresh: FreshDatabase, options: TableOptions) -> None:
         with engine.begin() as connection:
             made = connection.execute(
                 dedupe.insert()
-                .values(binding_id="b", message_id="m", expires_at=sa.func.current_timestamp())
+                .values(
+                    binding_id="b", message_id="m", expires_at=sa.func.current_timestamp(), bucket=0
+                )
                 .returning(dedupe.c.id)
             ).scalar_one()
             connection.execute(dedupe.delete())
@@ -399,9 +401,11 @@ CREATE TABLE {schema}.hand_dedupe (
     binding_id text NOT NULL,
     message_id text COLLATE "C" NOT NULL,
     expires_at timestamp with time zone NOT NULL,
+    bucket smallint NOT NULL,
     CONSTRAINT hand_dedupe_binding_id_message_id_key UNIQUE (binding_id, message_id)
 );
 CREATE INDEX hand_dedupe_expires_at_idx ON {schema}.hand_dedupe (expires_at);
+CREATE INDEX hand_dedupe_bucket_expires_at_idx ON {schema}.hand_dedupe (bucket, expires_at);
 """
 """A host's own migration of the dedupe table, as it might have written it."""
 
@@ -429,7 +433,7 @@ def test_the_catalogs_under_two_prefixes_prove_a_layout_identical(database_url: 
             # the timestamps where they were: the catalogs tell the second apart.
             options("made_", timestamps_position="leading").define().metadata.create_all(connection)
             options("late_").define().metadata.create_all(connection)
-            for statement in HAND_WRITTEN_DEDUPE.format(schema=schema).split(";")[:2]:
+            for statement in HAND_WRITTEN_DEDUPE.format(schema=schema).split(";")[:3]:
                 connection.execute(sa.text(statement))
             walk = _catalog(connection, schema, "walk_")
             assert [row for row in walk if row[0] == "alembic_version"]

@@ -519,6 +519,34 @@ async def test_reap_dedupe_deletes_only_expired_claims(router_db: RouterDb) -> N
     assert table_rows(router_db, "dedupe") == []
 
 
+@pytest.mark.asyncio
+async def test_a_claim_falls_in_its_address_bucket_and_reapers_of_ranges_take_their_own(
+    router_db: RouterDb,
+) -> None:
+    # A claim carries its address's bucket, routed alone or in a batch; reapers of
+    # complementary ranges delete each expired claim once, none of the other range's.
+    router = configure(router_db, [TICKS])
+    meters = [f"meter_{n}" for n in range(8)]
+    for n, meter in enumerate(meters[:4]):
+        await router.route(tick(f"m{n}", meter))
+    await router.route_many([tick(f"m{n}", meter) for n, meter in enumerate(meters) if n >= 4])
+    bucket = {meter: address_bucket(SCOPE, TICKS.document, meter) for meter in meters}
+    rows = table_rows(router_db, "dedupe")
+    assert {row["message_id"]: row["bucket"] for row in rows} == {
+        f"m{n}": bucket[meter] for n, meter in enumerate(meters)
+    }
+    middle = sorted(bucket.values())[3] + 1  # four claims below, four at or above
+    later = router_db.clock.now + TICKS.dedupe.horizon + timedelta(milliseconds=1)
+    assert await reap_dedupe(router, later, buckets=(0, middle)) == 4
+    kept = {row["message_id"] for row in table_rows(router_db, "dedupe")}
+    assert kept == {f"m{n}" for n, meter in enumerate(meters) if bucket[meter] >= middle}
+    assert await reap_dedupe(router, later, buckets=(0, middle)) == 0
+    assert await reap_dedupe(router, later, buckets=(middle, 1024)) == 4
+    assert table_rows(router_db, "dedupe") == []
+    with pytest.raises(ValueError, match="buckets is a range"):
+        await reap_dedupe(router, later, buckets=(0, 1025))
+
+
 # --- the ledger -----------------------------------------------------------------------
 
 

@@ -63,11 +63,14 @@ async def prepare(unit: Unit, deliveries: Sequence[Delivery], now: datetime) -> 
             configuration's ``lock_wait``; the transaction (or the savepoint the call
             runs in) must be rolled back.
     """
-    asked: dict[tuple[str, str], datetime] = {}
+    asked: dict[tuple[str, str], tuple[datetime, int]] = {}
     for delivery in deliveries:
         plan = delivery.plan
-        asked.setdefault((plan.id, delivery.message_id), now + plan.horizon)
-    claims = [(binding, message, expires) for (binding, message), expires in asked.items()]
+        asked.setdefault((plan.id, delivery.message_id), (now + plan.horizon, delivery.bucket))
+    claims = [
+        (binding, message, expires, bucket)
+        for (binding, message), (expires, bucket) in asked.items()
+    ]
     fresh = await unit.sql.claim_many(claims, now)
     # A message asked twice on one binding is claimed by its first delivery alone.
     firsts: set[tuple[str, str]] = set()

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
+from statifier.buckets import address_bucket
 from statifier.callbacks import awaited
 from statifier.chart import Machine
 from statifier.core import Event
@@ -97,6 +98,12 @@ class Delivery:
     message_id: str
     source: str | None = None
 
+    @property
+    def bucket(self) -> int:
+        """The bucket of the address (:func:`~statifier.buckets.address_bucket`): its
+        dedupe claim's, and the store's that a sharded router routes it in."""
+        return address_bucket(self.scope, self.plan.document, self.key)
+
 
 @dataclass(frozen=True, slots=True)
 class Claimed:
@@ -164,7 +171,7 @@ async def _deliver(
         fresh, found = True, None if address is None else await unit.sql.find_address(*address)
     else:
         fresh, found = await unit.sql.claim_and_find(
-            plan.id, delivery.message_id, now, now + plan.horizon, address
+            plan.id, delivery.message_id, now, now + plan.horizon, address, delivery.bucket
         )
     capped: Outcome | None = None
     creates = fresh and (not addressed or (found is None and plan.create is not Create.NEVER))

@@ -86,7 +86,9 @@ async def arrive(
             back.
     """
     plan = delivery.plan
-    fresh = await unit.sql.claim(plan.id, delivery.message_id, now, now + plan.horizon)
+    fresh = await unit.sql.claim(
+        plan.id, delivery.message_id, now, now + plan.horizon, delivery.bucket
+    )
     if not fresh:
         outcome: Outcome = Duplicate(plan.id, key=delivery.key)
         await _record(unit, ledger_row(delivery, outcome, now), rows)

@@ -25,10 +25,20 @@ __all__ = ["AddressReap", "LockReap", "horizons", "reap_addresses", "reap_dedupe
 _TERMINAL = frozenset(status.value for status in Status if status.terminal)
 
 
-async def reap_dedupe(router: Router, now: datetime) -> int:
-    """Delete every dedupe claim that expired before ``now``; returns how many."""
+async def reap_dedupe(
+    router: Router, now: datetime, *, buckets: tuple[int, int] = ALL_BUCKETS
+) -> int:
+    """Delete every dedupe claim of ``buckets`` (a range ``(start, end)``, ``end``
+    excluded; by default every bucket) that expired before ``now``, in one statement;
+    returns how many. A claim falls in the bucket of the address its delivery was for
+    (decision 0122).
+
+    Raises:
+        ValueError: ``buckets`` is not a non-empty range within ``0..BUCKETS``.
+    """
+    bucket_range(buckets)
     async with router.transaction() as unit:
-        return await unit.sql.reap_dedupe(now)
+        return await unit.sql.reap_dedupe(now, buckets)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -316,7 +316,7 @@ async def _reap(
     while not stop.is_set():
         try:
             now = datetime.now(UTC)
-            await reap_dedupe(router, now)
+            await reap_dedupe(router, now, buckets=buckets)
             after: Any = None
             while not stop.is_set():
                 page = await reap_addresses(
@@ -583,8 +583,8 @@ class Service:
     ) -> list[Supervised]:
         """The workers: the scheduler, and each store's timers, flow, outbox drain and
         reapers (over several stores, each named with its store's number, its timers,
-        held groups, outbox rows and addresses those of its range of buckets, and each
-        store's drain of the sends between stores)."""
+        held groups, outbox rows, addresses and dedupe claims those of its range of
+        buckets, and each store's drain of the sends between stores)."""
         settings, stop = self.settings, self._workers_stop
         stores = _stores(routing)
         workers: list[Supervised] = []

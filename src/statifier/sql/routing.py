@@ -192,11 +192,13 @@ class RoutingStatements:
         sql = dialect.statement
         # A claim inserts the message's row, or takes over an expired one; it returns a
         # row unless a live claim exists (a duplicate).
-        claim = (
-            f"{keys.insert(f'{dedupe} AS d', ('binding_id', 'message_id', 'expires_at'))} "
+        # A claim taken over takes the new claim's bucket too.
+        take_over = (
             "ON CONFLICT (binding_id, message_id) DO UPDATE SET expires_at = "
-            "excluded.expires_at WHERE d.expires_at <= :now RETURNING 1"
+            "excluded.expires_at, bucket = excluded.bucket WHERE d.expires_at <= :now"
         )
+        claimed = ("binding_id", "message_id", "expires_at", "bucket")
+        claim = f"{keys.insert(f'{dedupe} AS d', claimed)} {take_over} RETURNING 1"
         find_address = (
             f"SELECT id, execution_id, terminal_seen_at FROM {addresses} "
             "WHERE scope = :scope AND document = :document AND key = :key"
@@ -221,17 +223,22 @@ class RoutingStatements:
         # size (the rows come in one JSON parameter). Where the client makes keys, each
         # claim needs a key of its own: the batch claims one message at a time.
         asked = dialect.table_of(
-            "asked", {"binding_id": "text", "message_id": "text", "expires_at": "timestamptz"}
+            "asked",
+            {
+                "binding_id": "text",
+                "message_id": "text",
+                "expires_at": "timestamptz",
+                "bucket": "integer",
+            },
         )
+        claiming = ", ".join(claimed)
         self.claim_many = (
             None
             if keys.new_key is not None
             else sql(
-                f"INSERT INTO {dedupe} AS d (binding_id, message_id, expires_at) "
-                f"SELECT binding_id, message_id, expires_at FROM {asked} WHERE true "
-                "ON CONFLICT (binding_id, message_id) DO UPDATE SET expires_at = "
-                "excluded.expires_at WHERE d.expires_at <= :now "
-                "RETURNING binding_id, message_id"
+                f"INSERT INTO {dedupe} AS d ({claiming}) SELECT {claiming} FROM {asked} "
+                "WHERE true "
+                f"{take_over} RETURNING binding_id, message_id"
             )
         )
         keyed_by = dialect.table_of("asked", {"scope": "text", "document": "text", "key": "text"})
@@ -267,7 +274,10 @@ class RoutingStatements:
                 f"INSERT INTO {ledger} ({listed}) SELECT {listed} FROM {ledger_rows} ORDER BY n"
             )
         )
-        self.reap_dedupe = sql(f"DELETE FROM {dedupe} WHERE expires_at < :now")
+        # A range deletes by (bucket, expires_at), every bucket by the expiry alone.
+        self.reap_dedupe = by_range(
+            lambda within: sql(f"DELETE FROM {dedupe} WHERE expires_at < :now{also(within)}")
+        )
         # The cursor is bound twice: as text where it is only compared with NULL (the
         # cast gives that parameter a type), and as it is where the key is compared.
         reaped = (
@@ -377,16 +387,18 @@ class RoutingSession:
         return True
 
     async def claim(
-        self, binding_id: str, message_id: str, now: datetime, expires_at: datetime
+        self, binding_id: str, message_id: str, now: datetime, expires_at: datetime, bucket: int
     ) -> bool:
-        """Claim the message for the binding until ``expires_at``; ``False``: a claim
-        that has not expired at ``now`` exists (a duplicate)."""
+        """Claim the message for the binding until ``expires_at``, in ``bucket`` (its
+        delivery's address's); ``False``: a claim that has not expired at ``now``
+        exists (a duplicate)."""
         dialect = self.dialect
         values = {
             "binding_id": binding_id,
             "message_id": message_id,
             "expires_at": dialect.time(expires_at),
             "now": dialect.time(now),
+            "bucket": bucket,
         }
         return await dialect.row(self._driver, self._s.claim, self._s.keyed(values)) is not None
 
@@ -397,16 +409,18 @@ class RoutingSession:
         now: datetime,
         expires_at: datetime,
         address: tuple[str, str, str] | None,
+        bucket: int,
     ) -> tuple[bool, AddressRow | None]:
-        """Claim the message for the binding (``False``: a live claim exists, a
-        duplicate) and read ``address`` (scope, document, key), if one is asked for.
+        """Claim the message for the binding in ``bucket`` as :meth:`claim` does
+        (``False``: a live claim exists, a duplicate) and read ``address`` (scope,
+        document, key), if one is asked for.
 
         The address of a duplicate may be left unread (``None``): a duplicate is
         delivered nowhere.
         """
         statement = self._s.claim_and_find
         if address is None or statement is None:
-            fresh = await self.claim(binding_id, message_id, now, expires_at)
+            fresh = await self.claim(binding_id, message_id, now, expires_at, bucket)
             if address is None or not fresh:
                 return fresh, None
             return fresh, await self.find_address(*address)
@@ -420,6 +434,7 @@ class RoutingSession:
             "scope": scope,
             "document": document,
             "key": key,
+            "bucket": bucket,
         }
         row = await dialect.row(self._driver, statement, self._s.keyed(values))
         assert row is not None  # the statement returns one row, found or not
@@ -436,24 +451,29 @@ class RoutingSession:
         return bool(fresh), found
 
     async def claim_many(
-        self, claims: Sequence[tuple[str, str, datetime]], now: datetime
+        self, claims: Sequence[tuple[str, str, datetime, int]], now: datetime
     ) -> set[tuple[str, str]]:
-        """Claim each ``(binding_id, message_id, expires_at)`` of ``claims`` (no pair
-        twice) as :meth:`claim` does, in one statement; answer the pairs claimed (the
-        others have a live claim: duplicates)."""
+        """Claim each ``(binding_id, message_id, expires_at, bucket)`` of ``claims``
+        (no pair twice) as :meth:`claim` does, in one statement; answer the pairs
+        claimed (the others have a live claim: duplicates)."""
         statement = self._s.claim_many
         if statement is None:
             return {
                 (binding_id, message_id)
-                for binding_id, message_id, expires_at in claims
-                if await self.claim(binding_id, message_id, now, expires_at)
+                for binding_id, message_id, expires_at, bucket in claims
+                if await self.claim(binding_id, message_id, now, expires_at, bucket)
             }
         if not claims:
             return set()
         dialect = self.dialect
         asked = dialect.tabled(
-            {"binding_id": binding_id, "message_id": message_id, "expires_at": expires_at}
-            for binding_id, message_id, expires_at in claims
+            {
+                "binding_id": binding_id,
+                "message_id": message_id,
+                "expires_at": expires_at,
+                "bucket": bucket,
+            }
+            for binding_id, message_id, expires_at, bucket in claims
         )
         rows = await dialect.rows(
             self._driver, statement, {"asked": asked, "now": dialect.time(now)}
@@ -587,10 +607,12 @@ class RoutingSession:
         values = {"execution_id": execution_id}
         return await self.dialect.execute(self._driver, self._s.drop_held, values)
 
-    async def reap_dedupe(self, now: datetime) -> int:
-        """Delete every claim that expired before ``now``; answer how many."""
-        values = {"now": self.dialect.time(now)}
-        return await self.dialect.execute(self._driver, self._s.reap_dedupe, values)
+    async def reap_dedupe(self, now: datetime, buckets: tuple[int, int] = ALL_BUCKETS) -> int:
+        """Delete every claim of ``buckets`` that expired before ``now``; answer how
+        many."""
+        statement, within = self._s.reap_dedupe.of(buckets)
+        values = {"now": self.dialect.time(now), **within}
+        return await self.dialect.execute(self._driver, statement, values)
 
     async def reap_locks(self, after: int | None, limit: int) -> tuple[int, int | None]:
         """Delete the lock rows no one holds among the next ``limit`` after ``after``

@@ -671,10 +671,15 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         sa.Column("binding_id", sa.Text(), nullable=False),
         sa.Column("message_id", sa.Text(), nullable=False),
         sa.Column("expires_at", UtcDateTime(), nullable=False),
+        # The bucket of the address the claim was made for (decision 0122): a dedupe
+        # reaper given a range of buckets deletes its range's expired claims by the
+        # index below. Last, where statifier_0021 added it.
+        sa.Column("bucket", sa.SmallInteger(), nullable=False),
         sa.UniqueConstraint(
             "binding_id", "message_id", name=name("dedupe_binding_id_message_id_key")
         ),
         sa.Index(name("dedupe_expires_at_idx"), "expires_at"),
+        sa.Index(name("dedupe_bucket_expires_at_idx"), "bucket", "expires_at"),
         schema=schema,
     )
     routing_ledger = options.table(
