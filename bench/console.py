@@ -193,7 +193,7 @@ def _seed(url: str, tables: Tables, executions: int, ledger: int, outbox: int) -
             with cursor.copy(
                 f"COPY {name(tables.executions)} (execution_id, content_hash, status, "
                 "position_blob, metadata, failure, created_at, updated_at, ended_at, "
-                "error_count, last_error_at) FROM STDIN"
+                "error_count, last_error_at, bucket) FROM STDIN"
             ) as copy:
                 for index in range(executions):
                     execution_id = f"ex-{index:07d}"
@@ -223,6 +223,7 @@ def _seed(url: str, tables: Tables, executions: int, ledger: int, outbox: int) -
                             ended,
                             raised,
                             updated if raised else None,
+                            bucket_of(execution_id),
                         )
                     )
             with cursor.copy(

@@ -126,7 +126,7 @@ from harness import (
     write_json,
 )
 
-from statifier.buckets import address_bucket
+from statifier.buckets import address_bucket, bucket_of
 from statifier.chart import Machine, compile_chart
 from statifier.core import Event, StartOptions, handle_event, initialize
 from statifier.core.positions import dump, dump_event
@@ -271,8 +271,8 @@ _FETCH_EXECUTION = (
 )
 _INSERT_EXECUTION = (
     "INSERT INTO {executions} (execution_id, content_hash, status, position_blob, metadata, "
-    "outcome_blob, failure, created_at, updated_at, ended_at) VALUES "
-    "({p}, {p}, {p}, {p}, '{{}}', {p}, {p}, {p}, {p}, {p}) "
+    "outcome_blob, failure, created_at, updated_at, ended_at, bucket) VALUES "
+    "({p}, {p}, {p}, {p}, '{{}}', {p}, {p}, {p}, {p}, {p}, {p}) "
     "ON CONFLICT (execution_id) DO NOTHING RETURNING id"
 )
 _APPEND = (
@@ -422,7 +422,8 @@ class RawSqlite:
                 cursor.execute(s.fetch_chart, (p.content_hash,)).fetchall()
                 cursor.execute(s.fetch_execution, (execution_id,)).fetchall()
                 values = (execution_id, p.content_hash, "active", p.created)
-                cursor.execute(s.insert_execution, (*values, None, None, now, now, None))
+                created = (*values, None, None, now, now, None, bucket_of(execution_id))
+                cursor.execute(s.insert_execution, created)
                 cursor.fetchall()
             else:
                 outcome = DELIVERED
@@ -491,7 +492,7 @@ class RawPostgres:
                     await cursor.execute(s.fetch_execution, (execution_id,))
                     await cursor.fetchall()
                     values = (execution_id, p.content_hash, "active", p.created)
-                    created = (*values, None, None, moment, moment, None)
+                    created = (*values, None, None, moment, moment, None, bucket_of(execution_id))
                     await cursor.execute(s.insert_execution, created)
                 else:
                     outcome = DELIVERED
@@ -536,9 +537,9 @@ _BULK_PG_ADDRESSES = (
 )
 _BULK_PG_EXECUTIONS = (
     "INSERT INTO {executions} (execution_id, content_hash, status, position_blob, metadata, "
-    "created_at, updated_at) SELECT u.execution_id, %s, 'active', u.position_blob, "
-    "'{{}}'::jsonb, %s, %s FROM unnest(%s::text[], %s::bytea[]) AS u(execution_id, position_blob) "
-    "ON CONFLICT (execution_id) DO NOTHING"
+    "created_at, updated_at, bucket) SELECT u.execution_id, %s, 'active', u.position_blob, "
+    "'{{}}'::jsonb, %s, %s, u.bucket FROM unnest(%s::text[], %s::bytea[], %s::smallint[]) "
+    "AS u(execution_id, position_blob, bucket) ON CONFLICT (execution_id) DO NOTHING"
 )
 _BULK_PG_POSITIONS = (
     "UPDATE {executions} AS x SET status = 'active', position_blob = u.position_blob, "
@@ -568,7 +569,7 @@ _BULK_SQLITE_ADDRESSES = (
 )
 _BULK_SQLITE_EXECUTIONS = (
     "INSERT INTO {executions} (execution_id, content_hash, status, position_blob, metadata, "
-    "created_at, updated_at) VALUES (?, ?, 'active', ?, '{{}}', ?, ?) "
+    "created_at, updated_at, bucket) VALUES (?, ?, 'active', ?, '{{}}', ?, ?, ?) "
     "ON CONFLICT (execution_id) DO NOTHING"
 )
 _BULK_SQLITE_POSITIONS = (
@@ -777,7 +778,10 @@ class BulkSqlite:
                 ]
                 cursor.executemany(s.insert_addresses, addresses)
                 _expect("addresses", cursor.rowcount, len(new))
-                created = [(e, p.content_hash, p.created, now, now) for e in b.new_execution_ids]
+                created = [
+                    (e, p.content_hash, p.created, now, now, bucket_of(e))
+                    for e in b.new_execution_ids
+                ]
                 cursor.executemany(s.insert_executions, created)
                 _expect("executions", cursor.rowcount, len(new))
             cursor.executemany(s.update_positions, [(p.stepped, now, e) for e in b.stepped])
@@ -841,7 +845,15 @@ class BulkPostgres:
                     await cursor.execute(s.insert_addresses, (scope, DOCUMENT, moment, *new))
                     _expect("addresses", cursor.rowcount, len(b.new_keys))
                     blobs = [p.created] * len(b.new_keys)
-                    created = (p.content_hash, moment, moment, b.new_execution_ids, blobs)
+                    made = b.new_execution_ids
+                    created = (
+                        p.content_hash,
+                        moment,
+                        moment,
+                        made,
+                        blobs,
+                        list(map(bucket_of, made)),
+                    )
                     await cursor.execute(s.insert_executions, created)
                     _expect("executions", cursor.rowcount, len(b.new_keys))
                 positions = (moment, b.stepped, [p.stepped] * len(b.stepped))

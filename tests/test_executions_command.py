@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from tests.persistence.conftest import drop_schema, unique_name
 
 from statifier import executions_command
-from statifier.buckets import address_bucket
+from statifier.buckets import address_bucket, bucket_of
 from statifier.console.queries import MAX_PAGE, MAX_SEARCH
 from statifier.durable import Durable, Status
 from statifier.sql import TableOptions, migrations
@@ -580,6 +580,7 @@ def test_a_search_lists_every_page(place: Place, capsys: pytest.CaptureFixture[s
                 "created_at": SEARCHED_AT + timedelta(seconds=n // 4),  # ties across page bounds
                 "updated_at": SEARCHED_AT,
                 "final_state": "done" if n % 2 else "other",
+                "bucket": bucket_of(f"ex-{n:05d}"),
             }
             for n in range(count)
         ],

@@ -67,6 +67,7 @@ def _execution(index: int, **fields: Any) -> dict[str, Any]:
         "final_state": None,
     }
     row.update(fields)
+    row["bucket"] = bucket_of(row["execution_id"])
     return row
 
 

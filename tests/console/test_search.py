@@ -14,7 +14,7 @@ import pytest
 from tests.console.conftest import ConsoleDb
 from tests.console.test_queries import _walk
 
-from statifier.buckets import address_bucket
+from statifier.buckets import address_bucket, bucket_of
 from statifier.console.queries import (
     MAX_SEARCH,
     BadCursor,
@@ -54,6 +54,7 @@ def _seed(db: ConsoleDb) -> Seeded:
                 "final_state": final,
                 "error_count": 0,
                 "last_error_at": None,
+                "bucket": bucket_of(f"ex-{index:04d}"),
             }
         )
     addresses = [

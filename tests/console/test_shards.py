@@ -111,6 +111,7 @@ def _execution(execution_id: str, created: int, **fields: Any) -> dict[str, Any]
         "error_count": 0,
         "last_error_at": None,
         "final_state": None,
+        "bucket": bucket_of(execution_id),
     }
     row.update(fields)
     return row

@@ -10,6 +10,10 @@ from typing import Any
 
 import pytest
 
+from statifier.buckets import address_bucket, bucket_of
+from statifier.chart import compile_chart
+from statifier.ids import new_execution_id
+from statifier.persistence import Executions, Storage
 from statifier.persistence.sql import SqlAdapter
 from statifier.persistence.sql.schema import PINNING
 from statifier.sql import TableOptions
@@ -55,6 +59,7 @@ def _execution(dialect: Dialect, execution_id: str, status: str) -> dict[str, An
         "error_count": 0,
         "last_error_at": None,
         "final_state": None,
+        "bucket": bucket_of(execution_id),
     }
 
 
@@ -81,6 +86,28 @@ def _append(dialect: Dialect, execution_id: str, blob: bytes, cap: int | None) -
         "input_blob": blob,
         "recorded_at": dialect.time(START),
     }
+
+
+@pytest.mark.asyncio
+async def test_an_execution_row_carries_its_roots_bucket(sql_adapter: SqlAdapter) -> None:
+    # Written at the insert: a plain id's hash, a child's root's, a minted id's own.
+    machine = compile_chart(
+        '<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="a"><state id="a"/></scxml>'
+    )
+    minted = new_execution_id("web", "order", "o-17")
+    ids = ["order-17", "order-17/payment", "order-17/payment/3", minted]
+    executions = Executions(Storage(sql_adapter))
+    for execution_id in ids:
+        await executions.create(execution_id, machine)
+    table = sql_adapter.tables.executions
+    name = f"{table.schema}.{table.name}" if table.schema else table.name
+    async with sql_adapter.transaction() as tx:
+        rows = await sql_adapter.dialect.rows(
+            tx.driver, f"SELECT execution_id, bucket FROM {name}", {}
+        )
+    assert dict(rows) == {execution_id: bucket_of(execution_id) for execution_id in ids}
+    assert len({bucket_of(execution_id) for execution_id in ids[:3]}) == 1
+    assert bucket_of(minted) == address_bucket("web", "order", "o-17")
 
 
 @pytest.mark.asyncio

@@ -27,7 +27,7 @@ from statifier.sql import TableOptions, migrations
 from statifier.sql.dialect import execution_lock_key
 from statifier.sql.tables import UtcDateTime, autogenerate_filter
 
-HEAD = "statifier_0021"
+HEAD = "statifier_0022"
 """The newest revision."""
 
 DURABLE_TABLES = ("mig_charts", "mig_positions", "mig_executions", "mig_inputs")
@@ -812,3 +812,27 @@ def test_the_dedupe_bucket_revision_fills_its_column_and_goes_back(fresh_databas
         ("b", "m4"): bucket_of("m4"),  # no ledger row
         ("c", "m1"): bucket_of("m1"),  # the ledger row of m1 is another binding's
     }
+
+
+def test_the_execution_bucket_revision_fills_its_column_and_goes_back(
+    fresh_database: Any,
+) -> None:
+    # statifier_0022 gives each execution its root's bucket, computed in Python for the
+    # rows already there, makes it required and indexes it with the execution's id.
+    minted = new_execution_id("s", "d", "k")
+    ids = ["order-17", "order-17/payment", "order-17/payment/3", minted]
+    buckets = _bucket_revision(
+        fresh_database,
+        table="executions",
+        revision="statifier_0022",
+        index="executions_bucket_execution_id_idx",
+        insert=(
+            "INSERT INTO {table} (execution_id, content_hash, status, metadata, created_at, "
+            "updated_at) VALUES (:execution_id, 'h', 'active', '{{}}', CURRENT_TIMESTAMP, "
+            "CURRENT_TIMESTAMP)"
+        ),
+        rows=[{"execution_id": execution_id} for execution_id in ids],
+        read="SELECT execution_id, bucket FROM {table}",
+    )
+    assert buckets == {(execution_id,): bucket_of(execution_id) for execution_id in ids}
+    assert buckets[(minted,)] == address_bucket("s", "d", "k")

@@ -92,7 +92,8 @@ class ExecutionStatements:
       without :attr:`Dialect.writes_in_with`).
       ``fetch_chart``, ``lock_chart``, ``guard_chart``: ``h``. ``retire_chart``:
       ``h``, ``at``, ``by``.
-    - ``insert_execution``: the execution's columns (``metadata`` a JSON document);
+    - ``insert_execution``: the execution's columns (``metadata`` a JSON document) and
+      its ``bucket`` (:func:`~statifier.buckets.bucket_of`);
       returns a row only when it inserted. ``fetch_execution`` (and ``_locked``):
       ``id``. ``fetch_executions`` (and ``_locked``): ``ids``, a :meth:`Dialect.listed`
       list, rows in ``execution_id`` order. ``update_execution``: the columns a step
@@ -174,8 +175,10 @@ class ExecutionStatements:
             f"SELECT retired_at, retired_by FROM {t.charts} WHERE content_hash = :h{key_share}"
         )
         metadata = {"metadata": dialect.json("metadata")}
+        # The bucket is written beside the record's columns, never read back into it.
+        inserted = (*EXECUTION_COLUMNS.split(", "), "bucket")
         self.insert_execution = sql(
-            f"{keys.insert(t.executions, EXECUTION_COLUMNS.split(', '), metadata)} "
+            f"{keys.insert(t.executions, inserted, metadata)} "
             "ON CONFLICT (execution_id) DO NOTHING RETURNING 1"
         )
         fetch = f"SELECT {EXECUTION_COLUMNS} FROM {t.executions} WHERE execution_id = :id"

@@ -47,10 +47,17 @@ class ByRange(Generic[T]):
         return self.part, {"start": start, "end": end}
 
 
-def by_range(make: Callable[[str], T]) -> ByRange[T]:
+def by_range(make: Callable[[str], T], *, on: str | None = None) -> ByRange[T]:
     """``make("")`` for every bucket and ``make(IN_RANGE)`` for a part: ``make`` adds
-    the condition it is given (when not empty) to what its statements select."""
-    return ByRange(make(""), make(IN_RANGE))
+    the condition it is given (when not empty) to what its statements select. ``on``:
+    the alias of the table whose ``bucket`` the condition reads, where a statement
+    reads other tables that have a ``bucket`` too.
+
+    >>> by_range(lambda within: within, on="a").part
+    'a.bucket >= :start AND a.bucket < :end'
+    """
+    within = IN_RANGE if on is None else f"{on}.bucket >= :start AND {on}.bucket < :end"
+    return ByRange(make(""), make(within))
 
 
 def also(within: str) -> str:

@@ -292,7 +292,8 @@ class RoutingStatements:
                 if not within
                 else f"{reaped}(a.bucket, a.id) > (:after_bucket, :after_id)){also(within)} "
                 "ORDER BY a.bucket, a.id LIMIT :limit"
-            )
+            ),
+            on="a",  # the executions joined have a bucket too
         )
         self.delete_addresses = sql(f"DELETE FROM {addresses} WHERE id {ids}")
         self.count_addresses = sql(f"SELECT count(*) FROM {addresses} WHERE execution_id {ids}")

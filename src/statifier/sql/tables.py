@@ -616,7 +616,12 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         sa.Column("error_count", sa.Integer(), nullable=False, server_default="0"),
         sa.Column("last_error_at", UtcDateTime(), nullable=True),
         sa.Column("final_state", sa.Text(), nullable=True),
+        # The execution's bucket (statifier.buckets.bucket_of: its root's), written at
+        # the insert: the rows of a range of buckets are read by the index below, as
+        # moving a range reads them (decision 0116). Last, where statifier_0022 added it.
+        sa.Column("bucket", sa.SmallInteger(), nullable=False),
         sa.UniqueConstraint("execution_id", name=name("executions_execution_id_key")),
+        sa.Index(name("executions_bucket_execution_id_idx"), "bucket", "execution_id"),
         sa.Index(name("executions_content_hash_status_idx"), "content_hash", "status"),
         sa.Index(name("executions_ended_at_idx"), "ended_at"),
         *_console_execution_indexes(options),

@@ -33,6 +33,7 @@ from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Final, TypeVar
 
+from statifier.buckets import bucket_of
 from statifier.extras import MissingExtra
 from statifier.persistence.errors import (
     ChartRetired,
@@ -708,6 +709,7 @@ class PostgresDatabase:
             "error_count": record.error_count,
             "last_error_at": utc(record.last_error_at),
             "final_state": record.final_state,
+            "bucket": bucket_of(record.id),
         }
         await cursor.execute(s.insert_execution, s.keyed(values))
         if await cursor.fetchone() is None:

@@ -34,6 +34,7 @@ from typing import Any, Final, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from statifier.buckets import bucket_of
 from statifier.persistence.errors import (
     ChartRetired,
     ExecutionExists,
@@ -538,6 +539,7 @@ class SqliteDatabase:
             "error_count": record.error_count,
             "last_error_at": utc_text(record.last_error_at),
             "final_state": record.final_state,
+            "bucket": bucket_of(record.id),
         }
         if cursor.execute(s.insert_execution, s.keyed(values)).fetchone() is None:
             raise ExecutionExists(record.id)
