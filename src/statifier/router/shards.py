@@ -37,8 +37,10 @@ What changes against one database:
   (:attr:`ShardedRouter.routers`). Schedules live in the first store: a
   :class:`~statifier.router.Scheduler` given a sharded router claims a schedule's
   row there and routes its fire with :meth:`ShardedRouter.route_in`.
-- A BasicHTTP token names no bucket: :meth:`ShardedRouter.deliver_post` asks every
-  store for it, and the store that holds it delivers the post.
+- A BasicHTTP token carries its execution's bucket (decision 0123):
+  :meth:`ShardedRouter.deliver_post` asks that bucket's store alone. A token minted
+  before tokens carried it is asked of every store, and the store that holds it
+  delivers the post.
 - An execution id that a host's ``execution_id`` mints outside the store of its
   address's bucket is refused (:class:`MisplacedExecution`): a bare id would not find
   it.
