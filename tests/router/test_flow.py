@@ -23,6 +23,7 @@ from tests.router.conftest import (  # noqa: F401 - fixtures used by name
     router_store,
 )
 from tests.router.test_races import counter_chart
+from tests.router.test_route import table_rows
 
 from statifier import telemetry
 from statifier.buckets import BUCKETS, address_bucket
@@ -202,6 +203,21 @@ async def test_a_held_event_redelivered_is_a_duplicate_and_held_once(
     assert again.outcomes == (Duplicate("hits", key="ada"),)
     await FlowWorker(router).flush_due(now=_at(10))
     assert await _inputs(router, "ada") == [{"events": [{"user": "ada", "n": 0}]}]
+
+
+@pytest.mark.asyncio
+async def test_a_held_events_claim_falls_in_its_address_bucket(
+    router_db: RouterDb,  # noqa: F811 - the fixture
+) -> None:
+    # A held event's claim is made as any other's: in its address's bucket, which a
+    # dedupe reaper given a range deletes by.
+    router = _router(router_db, _binding(mode="batch", batch=5, window=timedelta(seconds=10)))
+    await router.route(_event("ada", 0), now=_at(0))
+    await router.route_many([_event("bob", 0), _event("cy", 0)], now=_at(0))
+    claims = {row["message_id"]: row["bucket"] for row in table_rows(router_db, "dedupe")}
+    assert claims == {
+        f"{user}-0": address_bucket("t", "counter", user) for user in ("ada", "bob", "cy")
+    }
 
 
 @pytest.mark.asyncio
