@@ -25,7 +25,12 @@ from statifier.buckets import ALL_BUCKETS
 
 __all__ = ["IN_RANGE", "ByRange", "also", "by_range", "where"]
 
-IN_RANGE: Final = "bucket >= :start AND bucket < :end"
+
+def _in_range(column: str) -> str:
+    return f"{column} >= :start AND {column} < :end"
+
+
+IN_RANGE: Final = _in_range("bucket")
 """The condition of a part of the buckets, on a table's ``bucket`` column."""
 
 T = TypeVar("T")
@@ -56,8 +61,7 @@ def by_range(make: Callable[[str], T], *, on: str | None = None) -> ByRange[T]:
     >>> by_range(lambda within: within, on="a").part
     'a.bucket >= :start AND a.bucket < :end'
     """
-    within = IN_RANGE if on is None else f"{on}.bucket >= :start AND {on}.bucket < :end"
-    return ByRange(make(""), make(within))
+    return ByRange(make(""), make(IN_RANGE if on is None else _in_range(f"{on}.bucket")))
 
 
 def also(within: str) -> str:

@@ -190,9 +190,8 @@ class RoutingStatements:
         # One parameter holds a list: an array on PostgreSQL, a JSON list on SQLite.
         ids = dialect.among("ids")
         sql = dialect.statement
-        # A claim inserts the message's row, or takes over an expired one; it returns a
-        # row unless a live claim exists (a duplicate).
-        # A claim taken over takes the new claim's bucket too.
+        # A claim inserts the message's row, or takes over an expired one (its expiry
+        # and its bucket); it returns a row unless a live claim exists (a duplicate).
         take_over = (
             "ON CONFLICT (binding_id, message_id) DO UPDATE SET expires_at = "
             "excluded.expires_at, bucket = excluded.bucket WHERE d.expires_at <= :now"
@@ -237,8 +236,7 @@ class RoutingStatements:
             if keys.new_key is not None
             else sql(
                 f"INSERT INTO {dedupe} AS d ({claiming}) SELECT {claiming} FROM {asked} "
-                "WHERE true "
-                f"{take_over} RETURNING binding_id, message_id"
+                f"WHERE true {take_over} RETURNING binding_id, message_id"
             )
         )
         keyed_by = dialect.table_of("asked", {"scope": "text", "document": "text", "key": "text"})
