@@ -70,6 +70,15 @@ async def test_the_dedupe_claims_read_alike_on_both_databases(sql_adapter: SqlAd
         assert await sql.reap_dedupe(after, (400, 1024)) == 1
         assert await sql.reap_dedupe(after, (0, 400)) == 1
 
+        # A page deletes at most its limit, of every bucket or of a range.
+        asked = [("clicks", f"p{n}", after + HOUR, n) for n in range(5)]
+        assert len(await sql.claim_many(asked, after)) == 5
+        gone = after + 2 * HOUR
+        assert await sql.reap_dedupe(gone, (0, 2), limit=5) == 2  # buckets 0 and 1
+        assert await sql.reap_dedupe(gone, limit=2) == 2
+        assert await sql.reap_dedupe(gone, (0, 1024), limit=2) == 1
+        assert await sql.reap_dedupe(gone) == 0
+
 
 @pytest.mark.asyncio
 async def test_the_address_statements_read_alike_on_both_databases(

@@ -547,6 +547,17 @@ async def test_a_claim_falls_in_its_address_bucket_and_reapers_of_ranges_take_th
         await reap_dedupe(router, later, buckets=(0, 1025))
 
 
+@pytest.mark.asyncio
+async def test_reap_dedupe_deletes_a_backlog_in_pages_of_its_limit(router_db: RouterDb) -> None:
+    router = configure(router_db, [TICKS])
+    await router.route_many([tick(f"m{n}", f"meter_{n}") for n in range(7)])
+    later = router_db.clock.now + TICKS.dedupe.horizon + timedelta(milliseconds=1)
+    assert [await reap_dedupe(router, later, limit=3) for _ in range(4)] == [3, 3, 1, 0]
+    assert table_rows(router_db, "dedupe") == []
+    with pytest.raises(ValueError, match="limit is a positive number"):
+        await reap_dedupe(router, later, limit=0)
+
+
 # --- the ledger -----------------------------------------------------------------------
 
 

@@ -26,19 +26,28 @@ _TERMINAL = frozenset(status.value for status in Status if status.terminal)
 
 
 async def reap_dedupe(
-    router: Router, now: datetime, *, buckets: tuple[int, int] = ALL_BUCKETS
+    router: Router,
+    now: datetime,
+    *,
+    buckets: tuple[int, int] = ALL_BUCKETS,
+    limit: int | None = None,
 ) -> int:
-    """Delete every dedupe claim of ``buckets`` (a range ``(start, end)``, ``end``
-    excluded; by default every bucket) that expired before ``now``, in one statement;
-    returns how many. A claim falls in the bucket of the address its delivery was for
-    (decision 0122).
+    """Delete the dedupe claims of ``buckets`` (a range ``(start, end)``, ``end``
+    excluded; by default every bucket) that expired before ``now``, in one
+    transaction: every one (``limit=None``), or at most ``limit`` of them, so that a
+    large backlog goes in short transactions (call again while it answers ``limit``).
+    Returns how many it deleted. A claim falls in the bucket of the address its
+    delivery was for (decision 0122).
 
     Raises:
-        ValueError: ``buckets`` is not a non-empty range within ``0..BUCKETS``.
+        ValueError: ``buckets`` is not a non-empty range within ``0..BUCKETS``, or
+            ``limit`` is not positive.
     """
     bucket_range(buckets)
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit is a positive number of rows, not {limit!r}")
     async with router.transaction() as unit:
-        return await unit.sql.reap_dedupe(now, buckets)
+        return await unit.sql.reap_dedupe(now, buckets, limit)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -316,7 +316,10 @@ async def _reap(
     while not stop.is_set():
         try:
             now = datetime.now(UTC)
-            await reap_dedupe(router, now, buckets=buckets)
+            while not stop.is_set():
+                reaped = await reap_dedupe(router, now, buckets=buckets, limit=every.limit)
+                if reaped < every.limit:
+                    break
             after: Any = None
             while not stop.is_set():
                 page = await reap_addresses(

@@ -272,9 +272,15 @@ class RoutingStatements:
                 f"INSERT INTO {ledger} ({listed}) SELECT {listed} FROM {ledger_rows} ORDER BY n"
             )
         )
-        # A range deletes by (bucket, expires_at), every bucket by the expiry alone.
-        self.reap_dedupe = by_range(
-            lambda within: sql(f"DELETE FROM {dedupe} WHERE expires_at < :now{also(within)}")
+        # A range deletes by (bucket, expires_at), every bucket by the expiry alone; a
+        # page deletes at most :limit of them, whichever the index gives first.
+        expired = f"{dedupe} WHERE expires_at < :now"
+        self.reap_dedupe = by_range(lambda within: sql(f"DELETE FROM {expired}{also(within)}"))
+        self.reap_dedupe_page = by_range(
+            lambda within: sql(
+                f"DELETE FROM {dedupe} WHERE id IN "
+                f"(SELECT id FROM {expired}{also(within)} LIMIT :limit)"
+            )
         )
         # The cursor is bound twice: as text where it is only compared with NULL (the
         # cast gives that parameter a type), and as it is where the key is compared.
@@ -606,11 +612,14 @@ class RoutingSession:
         values = {"execution_id": execution_id}
         return await self.dialect.execute(self._driver, self._s.drop_held, values)
 
-    async def reap_dedupe(self, now: datetime, buckets: tuple[int, int] = ALL_BUCKETS) -> int:
-        """Delete every claim of ``buckets`` that expired before ``now``; answer how
-        many."""
-        statement, within = self._s.reap_dedupe.of(buckets)
-        values = {"now": self.dialect.time(now), **within}
+    async def reap_dedupe(
+        self, now: datetime, buckets: tuple[int, int] = ALL_BUCKETS, limit: int | None = None
+    ) -> int:
+        """Delete the claims of ``buckets`` that expired before ``now``: every one, or
+        at most ``limit`` of them; answer how many."""
+        statements = self._s.reap_dedupe if limit is None else self._s.reap_dedupe_page
+        statement, within = statements.of(buckets)
+        values: Values = {"now": self.dialect.time(now), "limit": limit, **within}
         return await self.dialect.execute(self._driver, statement, values)
 
     async def reap_locks(self, after: int | None, limit: int) -> tuple[int, int | None]:
