@@ -226,3 +226,46 @@ async def test_a_lock_held_elsewhere_past_the_wait_is_not_granted(
         release.set()
         await asyncio.gather(task, return_exceptions=True)
         await adapter.close()
+
+
+@pytest.mark.asyncio
+async def test_a_reaper_page_spares_a_claim_taken_over_while_it_waited(
+    postgresql_store: SqlStore,
+) -> None:
+    # The page picks an expired claim by the snapshot of its subquery, then waits for
+    # the row, which a redelivery is taking over (a live claim once it commits): the
+    # delete must check the expiry again on the row it finally sees.
+    postgresql_store.empty()
+    adapter = SqlAdapter(postgresql_store.url, postgresql_store.tables)
+    statements = RoutingStatements(adapter.tables, adapter.dialect)
+    try:
+        async with adapter.transaction() as tx:
+            assert await RoutingSession(statements, tx.driver).claim("b", "m", START, START, 3)
+        later = START + HOUR
+        taken, release = asyncio.Event(), asyncio.Event()
+
+        async def redelivery() -> None:
+            async with adapter.transaction() as tx:
+                sql = RoutingSession(statements, tx.driver)
+                assert await sql.claim("b", "m", later, later + HOUR, 3)  # taken over
+                taken.set()
+                await release.wait()
+
+        async def reaper(limit: int | None) -> int:
+            async with adapter.transaction() as tx:
+                return await RoutingSession(statements, tx.driver).reap_dedupe(later, limit=limit)
+
+        for limit in (None, 10):
+            taken.clear()
+            release.clear()
+            claimant = asyncio.create_task(redelivery())
+            await taken.wait()
+            reaping = asyncio.create_task(reaper(limit))
+            await asyncio.sleep(0.2)  # the reaper waits for the row
+            assert not reaping.done()
+            release.set()
+            await claimant
+            assert await reaping == 0, limit
+            later += 2 * HOUR  # the claim expires again for the next turn
+    finally:
+        await adapter.close()

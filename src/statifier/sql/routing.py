@@ -273,13 +273,18 @@ class RoutingStatements:
             )
         )
         # A range deletes by (bucket, expires_at), every bucket by the expiry alone; a
-        # page deletes at most :limit of them, whichever the index gives first.
-        expired = f"{dedupe} WHERE expires_at < :now"
-        self.reap_dedupe = by_range(lambda within: sql(f"DELETE FROM {expired}{also(within)}"))
+        # page deletes at most :limit of them, whichever the index gives first. The
+        # page's delete checks the expiry again: a row its subquery picked may have been
+        # taken over (a live claim) by the time the delete has its lock, and PostgreSQL
+        # re-checks the delete's own conditions on that newer row, not the subquery's.
+        expired = "expires_at < :now"
+        self.reap_dedupe = by_range(
+            lambda within: sql(f"DELETE FROM {dedupe} WHERE {expired}{also(within)}")
+        )
         self.reap_dedupe_page = by_range(
             lambda within: sql(
-                f"DELETE FROM {dedupe} WHERE id IN "
-                f"(SELECT id FROM {expired}{also(within)} LIMIT :limit)"
+                f"DELETE FROM {dedupe} WHERE {expired} AND id IN "
+                f"(SELECT id FROM {dedupe} WHERE {expired}{also(within)} LIMIT :limit)"
             )
         )
         # The cursor is bound twice: as text where it is only compared with NULL (the
