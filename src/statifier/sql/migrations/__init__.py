@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import hashlib
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from functools import cache
 from pathlib import Path
@@ -568,6 +568,54 @@ def batch_columns(table: str, *, named: str | None = None) -> tuple[sa.Column[An
         ),
     ]
     return tuple(column for column in kept if column.name in present)
+
+
+_BUCKET_CHUNK: Final = 1_000
+"""Rows whose bucket one UPDATE statement batch of :func:`add_bucket` writes."""
+
+
+def add_bucket(
+    table: str,
+    buckets: Callable[[sa.Connection, str], Iterable[tuple[Any, int]]],
+    index: Sequence[str],
+) -> None:
+    """Give ``table`` (unprefixed) a required ``bucket`` column, filled for the rows
+    there, and the index ``<table>_bucket_<index...>_idx`` on ``bucket`` and ``index``:
+    the step the bucket revisions (``statifier_0017`` to ``statifier_0022``) share.
+    ``buckets(connection, name)`` answers each row's ``(id, bucket)``, computed in
+    Python (``name``: the table as SQL writes it, with its schema); they are written in
+    UPDATE batches of 1,000. Those revisions call it, so what it does is theirs: a
+    revision that needs it to do otherwise gets a function of its own. For the revision
+    files; only callable while Alembic runs them."""
+    from alembic import op
+
+    options = current_options()
+    name, schema = options.name(table), options.schema
+    op.add_column(name, sa.Column("bucket", sa.SmallInteger(), nullable=True), schema=schema)
+    qualified = f"{schema}.{name}" if schema else name
+    bind = op.get_bind()
+    pending = list(buckets(bind, qualified))
+    update = sa.text(f"UPDATE {qualified} SET bucket = :b WHERE id = :id")
+    for start in range(0, len(pending), _BUCKET_CHUNK):
+        chunk = pending[start : start + _BUCKET_CHUNK]
+        bind.execute(update, [{"id": row, "b": bucket} for row, bucket in chunk])
+    with op.batch_alter_table(name, schema=schema, reflect_args=batch_columns(table)) as batch:
+        batch.alter_column("bucket", existing_type=sa.SmallInteger(), nullable=False)
+    indexed = ["bucket", *index]
+    op.create_index(options.name(f"{table}_{'_'.join(indexed)}_idx"), name, indexed, schema=schema)
+
+
+def drop_bucket(table: str, index: Sequence[str]) -> None:
+    """Undo :func:`add_bucket` on ``table`` (its index, then its column). For the
+    revision files; only callable while Alembic runs them."""
+    from alembic import op
+
+    options = current_options()
+    name, schema = options.name(table), options.schema
+    indexed = "_".join(["bucket", *index])
+    op.drop_index(options.name(f"{table}_{indexed}_idx"), table_name=name, schema=schema)
+    with op.batch_alter_table(name, schema=schema, reflect_args=batch_columns(table)) as batch:
+        batch.drop_column("bucket")
 
 
 def run_environment(config: Config) -> None:

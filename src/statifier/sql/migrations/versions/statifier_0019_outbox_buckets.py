@@ -10,53 +10,30 @@ Revises: statifier_0018
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 import sqlalchemy as sa
-from alembic import op
 
 from statifier.buckets import bucket_of, outbox_bucket
-from statifier.sql.migrations import batch_columns, current_options
+from statifier.sql.migrations import add_bucket, drop_bucket
 
 revision = "statifier_0019"
 down_revision: str | None = "statifier_0018"
 branch_labels: tuple[str, ...] | None = None
 depends_on: str | None = None
 
-_CHUNK = 1_000
-"""Rows whose bucket one UPDATE statement batch writes."""
-
 
 def upgrade() -> None:
-    options = current_options()
-    name, schema = options.name, options.schema
-    outbox = name("outbox")
-    op.add_column(outbox, sa.Column("bucket", sa.SmallInteger(), nullable=True), schema=schema)
-    table = f"{schema}.{outbox}" if schema else outbox
-    bind = op.get_bind()
-    pending = bind.execute(sa.text(f"SELECT id, queue, key, execution_id FROM {table}")).all()
-    update = sa.text(f"UPDATE {table} SET bucket = :bucket WHERE id = :id")
-    for start in range(0, len(pending), _CHUNK):
-        chunk = pending[start : start + _CHUNK]
-        rows = [
-            {"id": i, "bucket": outbox_bucket(q, k) if e is None else bucket_of(e)}
-            for i, q, k, e in chunk
-        ]
-        bind.execute(update, rows)
-    kept = batch_columns("outbox")
-    with op.batch_alter_table(outbox, schema=schema, reflect_args=kept) as batch:
-        batch.alter_column("bucket", existing_type=sa.SmallInteger(), nullable=False)
-    op.create_index(
-        name("outbox_bucket_next_attempt_at_idx"),
-        outbox,
-        ["bucket", "next_attempt_at"],
-        schema=schema,
-    )
+    add_bucket("outbox", _buckets, ["next_attempt_at"])
+
+
+def _buckets(bind: sa.Connection, table: str) -> Iterator[tuple[Any, int]]:
+    for row, queue, key, execution_id in bind.execute(
+        sa.text(f"SELECT id, queue, key, execution_id FROM {table}")
+    ):
+        yield row, outbox_bucket(queue, key) if execution_id is None else bucket_of(execution_id)
 
 
 def downgrade() -> None:
-    options = current_options()
-    name, schema = options.name, options.schema
-    outbox = name("outbox")
-    op.drop_index(name("outbox_bucket_next_attempt_at_idx"), table_name=outbox, schema=schema)
-    kept = batch_columns("outbox")
-    with op.batch_alter_table(outbox, schema=schema, reflect_args=kept) as batch:
-        batch.drop_column("bucket")
+    drop_bucket("outbox", ["next_attempt_at"])

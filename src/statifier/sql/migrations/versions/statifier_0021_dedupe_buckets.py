@@ -14,27 +14,27 @@ Revises: statifier_0020
 
 from __future__ import annotations
 
+from typing import Any
+
 import sqlalchemy as sa
 from alembic import op
 
 from statifier.buckets import address_bucket, bucket_of
-from statifier.sql.migrations import batch_columns, current_options
+from statifier.sql.migrations import add_bucket, current_options, drop_bucket
 
 revision = "statifier_0021"
 down_revision: str | None = "statifier_0020"
 branch_labels: tuple[str, ...] | None = None
 depends_on: str | None = None
 
-_CHUNK = 1_000
-"""Rows whose bucket one UPDATE statement batch writes."""
-
 
 def upgrade() -> None:
+    add_bucket("dedupe", _buckets, ["expires_at"])
+
+
+def _buckets(bind: sa.Connection, table: str) -> list[tuple[Any, int]]:
     options = current_options()
     name, schema = options.name, options.schema
-    dedupe = name("dedupe")
-    op.add_column(dedupe, sa.Column("bucket", sa.SmallInteger(), nullable=True), schema=schema)
-    table = f"{schema}.{dedupe}" if schema else dedupe
     # A host's leading columns (a tenant) are part of a claim's identity: the ledger
     # row of another tenant's message of the same id is not its delivery's.
     same = "".join(f" AND l.{column.name} = d.{column.name}" for column in options.leading())
@@ -44,7 +44,6 @@ def upgrade() -> None:
     routing_ledger = name("routing_ledger")
     ledger = f"{schema}.{routing_ledger}" if schema else routing_ledger
     op.create_index(looked_up, routing_ledger, ["binding_id", "message_id"], schema=schema)
-    bind = op.get_bind()
     found = bind.execute(
         sa.text(
             f"SELECT d.id, d.message_id, l.scope, l.document, l.key FROM {table} AS d "
@@ -53,30 +52,14 @@ def upgrade() -> None:
         )
     ).all()
     op.drop_index(looked_up, table_name=routing_ledger, schema=schema)
-    buckets: dict[object, int] = {}
-    for row_id, message_id, scope, document, key in found:
+    buckets: dict[Any, int] = {}
+    for row, message_id, scope, document, key in found:
         if scope is not None and document is not None and key is not None:
-            buckets[row_id] = address_bucket(scope, document, key)
+            buckets[row] = address_bucket(scope, document, key)
         else:
-            buckets.setdefault(row_id, bucket_of(message_id))
-    pending = list(buckets.items())
-    update = sa.text(f"UPDATE {table} SET bucket = :bucket WHERE id = :id")
-    for start in range(0, len(pending), _CHUNK):
-        chunk = pending[start : start + _CHUNK]
-        bind.execute(update, [{"id": row_id, "bucket": bucket} for row_id, bucket in chunk])
-    kept = batch_columns("dedupe")
-    with op.batch_alter_table(dedupe, schema=schema, reflect_args=kept) as batch:
-        batch.alter_column("bucket", existing_type=sa.SmallInteger(), nullable=False)
-    op.create_index(
-        name("dedupe_bucket_expires_at_idx"), dedupe, ["bucket", "expires_at"], schema=schema
-    )
+            buckets.setdefault(row, bucket_of(message_id))
+    return list(buckets.items())
 
 
 def downgrade() -> None:
-    options = current_options()
-    name, schema = options.name, options.schema
-    dedupe = name("dedupe")
-    op.drop_index(name("dedupe_bucket_expires_at_idx"), table_name=dedupe, schema=schema)
-    kept = batch_columns("dedupe")
-    with op.batch_alter_table(dedupe, schema=schema, reflect_args=kept) as batch:
-        batch.drop_column("bucket")
+    drop_bucket("dedupe", ["expires_at"])
