@@ -243,11 +243,12 @@ def _seed(url: str, tables: Tables, executions: int, ledger: int, outbox: int) -
                     copy.write_row((scope, "order", key, execution_id, START, bucket))
             with cursor.copy(
                 f"COPY {name(tables.routing_ledger)} (binding_id, message_id, scope, source, "
-                "outcome, document, key, execution_id, inserted_at) FROM STDIN"
+                "outcome, document, key, execution_id, inserted_at, bucket) FROM STDIN"
             ) as copy:
                 for index in range(ledger):
                     at = START + timedelta(seconds=chooser.random() * span)
                     target = chooser.randrange(executions)
+                    key = f"parcel-{target}"
                     copy.write_row(
                         (
                             f"binding-{chooser.randrange(12)}",
@@ -256,9 +257,10 @@ def _seed(url: str, tables: Tables, executions: int, ledger: int, outbox: int) -
                             "parcels",
                             chooser.choice(OUTCOMES),
                             "order",
-                            f"parcel-{target}",
+                            key,
                             ids[target],
                             at,
+                            address_bucket("eu", "order", key),
                         )
                     )
             with cursor.copy(

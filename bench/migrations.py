@@ -1,12 +1,14 @@
 """How long the bucket revisions take to fill the rows already there: `statifier_0021`
-(each dedupe claim's bucket, read from the routing-ledger row its delivery wrote) and
-`statifier_0022` (each execution's bucket, from its id), on SQLite and PostgreSQL.
+(each dedupe claim's bucket, read from the routing-ledger row its delivery wrote),
+`statifier_0022` (each execution's bucket, from its id) and `statifier_0023` (each
+ledger row's, from its address, execution or message id), on SQLite and PostgreSQL.
 
 For each database and revision the bench makes fresh tables (a SQLite file, a
 PostgreSQL schema of `--url`), upgrades them to the revision before, inserts `--rows`
 rows with one statement (for 0021: `--rows` claims and twice as many ledger rows, one
 of the claim's binding and one of another binding, so a lookup by binding alone reads
-many rows), then times the upgrade to the revision: the fill in Python, the column made
+many rows; for 0023: ledger rows, two in three naming an address, the others a refused
+send's execution), then times the upgrade to the revision: the fill in Python, the column made
 required, the index made. It checks that every row got the bucket Python computes for
 it. A revision runs in one transaction: the time is also how long the upgrade holds the
 tables.
@@ -76,6 +78,20 @@ def _fill_executions(connection: sa.Connection, rows: int, postgresql: bool) -> 
     )
 
 
+def _fill_ledger(connection: sa.Connection, rows: int, postgresql: bool) -> None:
+    prefix, numbers, now = _series(postgresql)
+    schema = f"{SCHEMA}." if postgresql else ""
+    connection.execute(
+        sa.text(
+            f"{prefix}INSERT INTO {schema}b_routing_ledger (binding_id, message_id, scope, "
+            "outcome, document, key, execution_id, inserted_at) SELECT 'b', 'm' || x, 's', "
+            "'delivered', CASE WHEN x % 3 = 0 THEN NULL ELSE 'd' END, 'k' || (x % 1000), "
+            f"'ex-' || (x % 1000), {now} FROM {numbers}"
+        ),
+        {"n": rows},
+    )
+
+
 def _check(connection: sa.Connection, revision: str, postgresql: bool) -> int:
     """How many rows have another bucket than Python computes for them."""
     schema = f"{SCHEMA}." if postgresql else ""
@@ -86,12 +102,29 @@ def _check(connection: sa.Connection, revision: str, postgresql: bool) -> int:
             for message, bucket in found
             if bucket != address_bucket("s", "d", f"k{int(message[1:]) % 1000}")
         ]
-    else:
+    elif revision == "statifier_0022":
         found = connection.execute(
             sa.text(f"SELECT execution_id, bucket FROM {schema}b_executions")
         )
         wrong = [execution for execution, bucket in found if bucket != bucket_of(execution)]
+    else:
+        found = connection.execute(
+            sa.text(f"SELECT document, key, execution_id, bucket FROM {schema}b_routing_ledger")
+        )
+        wrong = [
+            key
+            for document, key, execution, bucket in found
+            if bucket
+            != (bucket_of(execution) if document is None else address_bucket("s", document, key))
+        ]
     return len(wrong)
+
+
+FILLS = {
+    "statifier_0021": _fill_dedupe,
+    "statifier_0022": _fill_executions,
+    "statifier_0023": _fill_ledger,
+}
 
 
 def run(database: str, revision: str, rows: int, url: str, folder: Path) -> dict[str, Any]:
@@ -113,10 +146,7 @@ def run(database: str, revision: str, rows: int, url: str, folder: Path) -> dict
     try:
         migrations.upgrade(url, options, previous)
         with engine.begin() as connection:
-            if revision == "statifier_0021":
-                _fill_dedupe(connection, rows, postgresql)
-            else:
-                _fill_executions(connection, rows, postgresql)
+            FILLS[revision](connection, rows, postgresql)
         started = time.perf_counter()
         migrations.upgrade(url, options, revision)
         seconds = time.perf_counter() - started
@@ -142,7 +172,7 @@ def main() -> int:
     print(machine_summary(info))
     print(versions_line(info))
     databases = [args.only] if args.only else ["sqlite", "postgresql"]
-    revisions = ("statifier_0021", "statifier_0022")
+    revisions = tuple(FILLS)
     with tempfile.TemporaryDirectory() as folder:
         results = [
             run(database, revision, args.rows, args.url, Path(folder))

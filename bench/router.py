@@ -291,7 +291,8 @@ _UPDATE = (
 )
 _RECORD = (
     "INSERT INTO {ledger} (binding_id, message_id, scope, source, outcome, reason, document, "
-    "key, execution_id, inserted_at) VALUES ({p}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, {p})"
+    "key, execution_id, inserted_at, bucket) "
+    "VALUES ({p}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, {p})"
 )
 _LOCKS = "SELECT pg_advisory_xact_lock(k) FROM unnest(%s::bigint[]) AS k"
 _EXECUTION_LOCK = "SELECT pg_advisory_xact_lock(%s)"
@@ -434,7 +435,7 @@ class RawSqlite:
             cursor.execute(s.append, appended).fetchall()
             cursor.execute(s.update, ("active", p.stepped, None, None, now, None, execution_id))
             row = (BINDING.id, message.message_id, scope, SOURCE, outcome, None, DOCUMENT, key)
-            cursor.execute(s.record, (*row, execution_id, now))
+            cursor.execute(s.record, (*row, execution_id, now, bucket))
             cursor.execute("COMMIT")
         return [outcome]
 
@@ -507,7 +508,7 @@ class RawPostgres:
                 stepped = ("active", p.stepped, None, None, now, None, execution_id)
                 await cursor.execute(s.update, stepped)
                 row = (BINDING.id, message.message_id, scope, SOURCE, outcome, None, DOCUMENT)
-                await cursor.execute(s.record, (*row, key, execution_id, moment))
+                await cursor.execute(s.record, (*row, key, execution_id, moment, bucket))
             await connection.commit()
         except BaseException:
             await connection.rollback()
@@ -554,9 +555,10 @@ _BULK_PG_INPUTS = (
 )
 _BULK_PG_LEDGER = (
     "INSERT INTO {ledger} (binding_id, message_id, scope, source, outcome, document, key, "
-    "execution_id, inserted_at) SELECT %s, u.message_id, %s, %s, u.outcome, %s, u.key, "
-    "u.execution_id, %s FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[]) "
-    "AS u(message_id, outcome, key, execution_id)"
+    "execution_id, inserted_at, bucket) SELECT %s, u.message_id, %s, %s, u.outcome, %s, u.key, "
+    "u.execution_id, %s, u.bucket "
+    "FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::smallint[]) "
+    "AS u(message_id, outcome, key, execution_id, bucket)"
 )
 _BULK_SQLITE_CLAIM = (
     "INSERT INTO {dedupe} AS d (binding_id, message_id, expires_at, bucket) "
@@ -582,7 +584,7 @@ _BULK_SQLITE_INPUTS = (
 )
 _BULK_SQLITE_LEDGER = (
     "INSERT INTO {ledger} (binding_id, message_id, scope, source, outcome, document, key, "
-    "execution_id, inserted_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "execution_id, inserted_at, bucket) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _BULK_CHECK = (
     "SELECT (SELECT count(*) FROM {ledger} WHERE scope = {p} AND outcome = {p}), "
@@ -788,8 +790,11 @@ class BulkSqlite:
             _expect("positions", cursor.rowcount, len(b.stepped))
             steps = zip(b.execution_ids, b.seqs, strict=True)
             cursor.executemany(s.append_inputs, [(e, seq, p.event, now) for e, seq in steps])
-            rows = zip(b.message_ids, b.outcomes, b.keys, b.execution_ids, strict=True)
-            ledger = [(BINDING.id, m, scope, SOURCE, o, DOCUMENT, k, e, now) for m, o, k, e in rows]
+            rows = zip(b.message_ids, b.outcomes, b.keys, b.execution_ids, b.buckets, strict=True)
+            ledger = [
+                (BINDING.id, m, scope, SOURCE, o, DOCUMENT, k, e, now, bucket)
+                for m, o, k, e, bucket in rows
+            ]
             cursor.executemany(s.record, ledger)
             cursor.execute("COMMIT")
         return b.outcomes
@@ -861,7 +866,7 @@ class BulkPostgres:
                 _expect("positions", cursor.rowcount, len(b.stepped))
                 inputs = (moment, b.execution_ids, b.seqs, [p.event] * len(b.seqs))
                 await cursor.execute(s.append_inputs, inputs)
-                rows = (b.message_ids, b.outcomes, b.keys, b.execution_ids)
+                rows = (b.message_ids, b.outcomes, b.keys, b.execution_ids, b.buckets)
                 await cursor.execute(s.record, (BINDING.id, scope, SOURCE, DOCUMENT, moment, *rows))
             await connection.commit()
         except BaseException:

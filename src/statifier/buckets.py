@@ -28,6 +28,7 @@ __all__ = [
     "address_bucket",
     "bucket_of",
     "bucket_range",
+    "ledger_bucket",
     "one_bucket",
     "outbox_bucket",
     "tagged",
@@ -86,6 +87,35 @@ def outbox_bucket(queue: str, key: str) -> int:
     True
     """
     return _hashed("\x00".join(("outbox", queue, key)))
+
+
+def ledger_bucket(
+    binding_id: str,
+    *,
+    scope: str | None,
+    document: str | None,
+    key: str | None,
+    execution_id: str | None,
+    message_id: str | None,
+) -> int:
+    """The bucket of a routing-ledger row (decision 0125): its address's where the row
+    names one (a delivery, a drop, a duplicate: the bucket its dedupe claim and its
+    execution fall in), else the execution's it names (a refused send), else its
+    message id's (a key refused: the bucket a sharded router routes an event without
+    a key in), else its binding's.
+
+    >>> ledger_bucket("orders", scope="web", document="order", key="o-17",
+    ...               execution_id=None, message_id="m-1") == address_bucket("web", "order", "o-17")
+    True
+    >>> ledger_bucket("route", scope="web", document=None, key="mailer",
+    ...               execution_id="order-17", message_id="m-1") == bucket_of("order-17")
+    True
+    """
+    if scope is not None and document is not None and key is not None:
+        return address_bucket(scope, document, key)
+    if execution_id is not None:
+        return bucket_of(execution_id)
+    return bucket_of(binding_id if message_id is None else message_id)
 
 
 def one_bucket(bucket: int) -> int:

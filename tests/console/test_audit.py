@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from tests.console.conftest import ConsoleDb
 from tests.persistence.conftest import FreshDatabase
 
+from statifier.buckets import bucket_of
 from statifier.console.audit import MAX_TEXT, Audit, AuditEntry, AuditRow
 from statifier.console.queries import BadCursor, ConsoleQueries, LedgerFilter, encode_cursor
 from statifier.persistence.sql import SqlAdapter
@@ -115,6 +116,7 @@ async def test_a_uuid_keyed_database_pages_alike(fresh_database: FreshDatabase) 
                         "message_id": f"m{i}",
                         "outcome": "delivered",
                         "inserted_at": T0,
+                        "bucket": bucket_of(f"m{i}"),
                     }
                     for i in range(9)
                 ],

@@ -277,6 +277,7 @@ def _ledger_rows(count: int) -> list[dict[str, Any]]:
             "key": f"k{i % 10}",
             "execution_id": f"ex-{i % 10:04d}",
             "inserted_at": T0 + timedelta(seconds=chooser.randrange(0, 3600), microseconds=i),
+            "bucket": address_bucket("eu", "order", f"k{i % 10}"),
         }
         for i in range(count)
     ]

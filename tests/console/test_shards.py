@@ -300,6 +300,7 @@ async def test_the_ledger_pages_and_counts_merge_over_the_stores(stores: Stores)
                     "key": f"k{i}",
                     "execution_id": f"ex-{i}",
                     "inserted_at": at,
+                    "bucket": address_bucket("eu", "order", f"k{i}"),
                 }
             )
             expected.append((at, number, i, message_id))

@@ -27,7 +27,7 @@ from statifier.sql import TableOptions, migrations
 from statifier.sql.dialect import execution_lock_key
 from statifier.sql.tables import UtcDateTime, autogenerate_filter
 
-HEAD = "statifier_0022"
+HEAD = "statifier_0023"
 """The newest revision."""
 
 DURABLE_TABLES = ("mig_charts", "mig_positions", "mig_executions", "mig_inputs")
@@ -836,3 +836,39 @@ def test_the_execution_bucket_revision_fills_its_column_and_goes_back(
     )
     assert buckets == {(execution_id,): bucket_of(execution_id) for execution_id in ids}
     assert buckets[(minted,)] == address_bucket("s", "d", "k")
+
+
+def test_the_ledger_bucket_revision_fills_its_column_and_goes_back(fresh_database: Any) -> None:
+    # statifier_0023 gives each ledger row its address's bucket, else its execution's,
+    # else its message id's, else its binding's (ledger_bucket), makes it required and
+    # indexes it with the insert time.
+    rows = [
+        ("b", "m1", "web", "order", "o-1", None),  # a delivery: its address
+        ("b", "m2", "web", "order", "o-2", "order-17"),  # its address, not its execution
+        ("route", "m3", "web", None, "mailer", "order-17"),  # a refused send: its execution
+        ("b", "m4", "web", "order", None, None),  # a key refused: its message
+        ("b", None, None, None, None, None),  # nothing else: its binding
+    ]
+    buckets = _bucket_revision(
+        fresh_database,
+        table="routing_ledger",
+        revision="statifier_0023",
+        index="routing_ledger_bucket_inserted_at_idx",
+        insert=(
+            "INSERT INTO {table} (binding_id, message_id, scope, outcome, document, key, "
+            "execution_id, inserted_at) VALUES (:binding, :message, :scope, 'delivered', "
+            ":document, :key, :execution, CURRENT_TIMESTAMP)"
+        ),
+        rows=[
+            {"binding": b, "message": m, "scope": s, "document": d, "key": k, "execution": e}
+            for b, m, s, d, k, e in rows
+        ],
+        read="SELECT binding_id, message_id, bucket FROM {table}",
+    )
+    assert buckets == {
+        ("b", "m1"): address_bucket("web", "order", "o-1"),
+        ("b", "m2"): address_bucket("web", "order", "o-2"),
+        ("route", "m3"): bucket_of("order-17"),
+        ("b", "m4"): bucket_of("m4"),
+        ("b", None): bucket_of("b"),
+    }

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from tests.persistence.conftest import SqlStore
 
-from statifier.buckets import address_bucket
+from statifier.buckets import address_bucket, bucket_of
 from statifier.persistence.sql import SqlAdapter
+from statifier.sql.names import TableNames
 from statifier.sql.routing import (
     AddressRow,
     LedgerRow,
@@ -164,6 +166,54 @@ async def test_the_ledger_statements_read_alike_on_both_databases(
         assert await sql.ledger("x1") == [rows[0], rows[2]]
         assert await sql.ledger("x9") == []
         assert all(row.inserted_at.utcoffset() == timedelta(0) for row in rows)
+
+
+@pytest.mark.asyncio
+async def test_ledger_rows_carry_their_bucket_and_are_reaped_by_range_and_page(
+    sql_adapter: SqlAdapter,
+) -> None:
+    statements = RoutingStatements(sql_adapter.tables, sql_adapter.dialect)
+    dialect = sql_adapter.dialect
+    ledger = TableNames.of(sql_adapter.tables).routing_ledger
+    delivered = _ledger_row("m1", "x1", START)
+    refused_send = replace(
+        _ledger_row("m2", "order-17", START + HOUR),
+        document=None,
+        key="mailer",
+        outcome="send_refused",
+    )
+    key_refused = replace(
+        _ledger_row("m3", None, START + 2 * HOUR), key=None, outcome="key_refused"
+    )
+    expected = {
+        "m1": address_bucket("s", "doc", "k"),
+        "m2": bucket_of("order-17"),
+        "m3": bucket_of("m3"),
+    }
+    assert len(set(expected.values())) == 3  # each rule gives a bucket of its own here
+    read = dialect.statement(f"SELECT message_id, bucket FROM {ledger}")
+    async with sql_adapter.transaction() as tx:
+        sql = RoutingSession(statements, tx.driver)
+        await sql.record(delivered)
+        await sql.record_many([refused_send, key_refused])
+        found = {m: int(b) for m, b in await dialect.rows(tx.driver, read, {})}
+        assert found == expected
+        # Before a time: the rows written earlier alone, of a range or of every bucket.
+        low, high = sorted(expected.values())[:2]
+        lowest = min(expected, key=expected.__getitem__)
+        assert await sql.reap_ledger(START + 3 * HOUR, (high, 1024), limit=5) == 2
+        assert await sql.ledger(None) == [
+            row for row in (delivered, refused_send, key_refused) if row.message_id == lowest
+        ]
+        assert await sql.reap_ledger(START, (low, low + 1)) == 0  # none written before START
+        assert await sql.reap_ledger(START + 3 * HOUR, (low + 1, 1024)) == 0
+        assert await sql.reap_ledger(START + 3 * HOUR) == 1
+        # A page deletes at most its limit, of every bucket or of a range.
+        await sql.record_many([_ledger_row(f"p{i}", None, START) for i in range(5)])
+        assert await sql.reap_ledger(START + HOUR, limit=2) == 2
+        assert await sql.reap_ledger(START + HOUR, (0, 1024), limit=2) == 2
+        assert await sql.reap_ledger(START + HOUR, limit=2) == 1
+        assert await sql.ledger(None) == []
 
 
 @pytest.mark.asyncio

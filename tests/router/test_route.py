@@ -51,6 +51,7 @@ from statifier.router import (
     ledger,
     reap_addresses,
     reap_dedupe,
+    reap_ledger,
 )
 from statifier.sql import migrations
 
@@ -545,6 +546,43 @@ async def test_a_claim_falls_in_its_address_bucket_and_reapers_of_ranges_take_th
     assert table_rows(router_db, "dedupe") == []
     with pytest.raises(ValueError, match="buckets is a range"):
         await reap_dedupe(router, later, buckets=(0, 1025))
+
+
+@pytest.mark.asyncio
+async def test_a_ledger_row_falls_in_its_claims_bucket_and_is_reaped_by_its_range(
+    router_db: RouterDb,
+) -> None:
+    # A delivery's ledger row falls in the bucket of its dedupe claim (its address's),
+    # routed alone or in a batch; a duplicate's too. Reapers of complementary ranges
+    # delete the rows written before their time, each row once.
+    router = configure(router_db, [TICKS])
+    start = router_db.clock.now
+    meters = [f"meter_{n}" for n in range(6)]
+    for n, meter in enumerate(meters[:3]):
+        await router.route(tick(f"m{n}", meter))
+    await router.route_many([tick(f"m{n}", meter) for n, meter in enumerate(meters) if n >= 3])
+    await router.route(tick("m0", meters[0]))  # a duplicate
+    claims = {row["message_id"]: row["bucket"] for row in table_rows(router_db, "dedupe")}
+    ledger = [(row["message_id"], row["bucket"]) for row in table_rows(router_db, "routing_ledger")]
+    assert len(ledger) == 7
+    assert all(bucket == claims[message_id] for message_id, bucket in ledger)
+    middle = sorted(claims.values())[2] + 1  # three addresses below, three at or above
+    assert await reap_ledger(router, start, buckets=(0, middle)) == 0  # none before start
+    later = router_db.clock.now + timedelta(milliseconds=1)
+    below = sum(bucket < middle for _, bucket in ledger)
+    assert below in (3, 4)  # the duplicate's row falls with its message's first
+    assert await reap_ledger(router, later, buckets=(0, middle)) == below
+    kept = {row["message_id"] for row in table_rows(router_db, "routing_ledger")}
+    assert kept == {message_id for message_id, bucket in claims.items() if bucket >= middle}
+    pages = [await reap_ledger(router, later, buckets=(middle, 1024), limit=2) for _ in range(3)]
+    assert pages == ([2, 2, 0] if below == 3 else [2, 1, 0])
+    assert table_rows(router_db, "routing_ledger") == []
+    with pytest.raises(ValueError, match="buckets is a range"):
+        await reap_ledger(router, later, buckets=(0, 1025))
+    with pytest.raises(ValueError, match="limit is a positive number"):
+        await reap_ledger(router, later, limit=0)
+    with pytest.raises(ValueError, match="timezone-aware"):
+        await reap_ledger(router, later.replace(tzinfo=None))
 
 
 @pytest.mark.asyncio

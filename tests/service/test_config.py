@@ -118,6 +118,7 @@ max_attempts = 3
 
 [reapers]
 enabled = false
+ledger_days = 7
 """
 
 SECRETS = {
@@ -167,7 +168,7 @@ def test_a_whole_file_loads_into_settings(tmp_path: Path) -> None:
     assert table.scope is None
     assert settings.timers.poll == 0.5
     assert (settings.outbox.lease, settings.outbox.max_attempts) == (30.0, 3)
-    assert settings.reapers.enabled is False
+    assert (settings.reapers.enabled, settings.reapers.ledger_days) == (False, 7)
     # No secret (nor the database URL) shows in the settings' repr.
     shown = repr(settings)
     for secret in SECRETS.values():
@@ -238,6 +239,10 @@ ROUTED = '[routes.r]\nqueue = "q"\n'
         ("[timers]\npoll = 0\n", "[timers] poll: must be a positive number of seconds, not 0"),
         ("shutdown_timeout = true\n", "shutdown_timeout: must be a positive number of seconds"),
         ("[http]\nport = 70000\n", "[http] port: must be an integer from 0 to 65535, not 70000"),
+        (
+            "[reapers]\nledger_days = -1\n",
+            "[reapers] ledger_days: must be an integer from 0 to 36500, not -1",
+        ),
         ("[database]\nurl = 'mysql://h/db'\n", "[database] url: PostgreSQL (psycopg 3)"),
         ("[database]\nschema = 's'\n", "[database] schema: a schema needs PostgreSQL"),
         (

@@ -10,6 +10,7 @@ back."""
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -24,7 +25,8 @@ from statifier.router import InboundEvent, ShardedRouter, ledger
 from statifier.service import ServiceConfigError, load
 from statifier.service.settings import ServiceSettings
 from statifier.service.wiring import router_config
-from statifier.sql import TableOptions
+from statifier.sql import TableOptions, migrations
+from statifier.sql.routing import LedgerRow
 
 SHUTDOWN_TIMEOUT = 8.0
 KEYS = [f"k{number}" for number in range(12)]
@@ -267,6 +269,69 @@ base_url = "http://127.0.0.1/basichttp"
         finally:
             for adapter in adapters:
                 await adapter.close()
+
+
+@pytest.mark.asyncio
+async def test_each_stores_reaper_deletes_its_ranges_ledger_rows_past_the_days_kept(
+    tmp_path: Path,
+) -> None:
+    # Each store's reaper deletes the ledger rows of its own buckets written before
+    # ledger_days: a recent row stays, and so does an old row of another store's
+    # buckets (which no store's reaper is given).
+    reapers = "[reapers]\ninterval = 0.2\nledger_days = 30\n"
+    config = write_config(tmp_path, _body(tmp_path, reapers), {"hits": HITS})
+    settings = load(config)
+    options = TableOptions(prefix="t_")
+    now = datetime.now(UTC)
+    old, recent = now - timedelta(days=31), now - timedelta(days=29)
+    adapters = [SqlAdapter(url, options) for url in settings.database.urls]
+    try:
+        for url in settings.database.urls:
+            migrations.upgrade(url, options)
+        router = _router(settings, adapters)
+        misplaced = next(
+            k for k in KEYS if router.router_of_address("web", "hits", k) is not router.routers[0]
+        )
+        for key in KEYS:
+            at = router.router_of_address("web", "hits", key)
+            async with at.transaction() as unit:
+                for message_id, written in ((f"old-{key}", old), (f"recent-{key}", recent)):
+                    await unit.sql.record(_ledger_row(message_id, key, written))
+        async with router.routers[0].transaction() as unit:
+            await unit.sql.record(_ledger_row("old-elsewhere", misplaced, old))
+        async with running(config) as (_, base), httpx.AsyncClient(timeout=5.0) as client:
+            await _ready(client, base)
+            async with asyncio.timeout(30):
+                while True:
+                    kept = [
+                        sorted(str(row.message_id) for row in await ledger(each))
+                        for each in router.routers
+                    ]
+                    if not any(m.startswith("old-k") for store in kept for m in store):
+                        break
+                    await asyncio.sleep(0.05)
+        assert sorted(m for store in kept for m in store) == sorted(
+            [f"recent-{key}" for key in KEYS] + ["old-elsewhere"]
+        )
+        assert "old-elsewhere" in kept[0]
+    finally:
+        for adapter in adapters:
+            await adapter.close()
+
+
+def _ledger_row(message_id: str, key: str, at: datetime) -> LedgerRow:
+    return LedgerRow(
+        "hits",
+        message_id=message_id,
+        scope="web",
+        source="clicks",
+        outcome="delivered",
+        reason=None,
+        document="hits",
+        key=key,
+        execution_id=None,
+        inserted_at=at,
+    )
 
 
 async def _ready(client: httpx.AsyncClient, base: str) -> None:

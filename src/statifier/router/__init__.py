@@ -87,7 +87,14 @@ from statifier.router.outcomes import (
 from statifier.router.pausing import Resumed
 from statifier.router.pins import AddressPins
 from statifier.router.queries import address, address_of, ledger
-from statifier.router.reapers import AddressReap, LockReap, reap_addresses, reap_dedupe, reap_locks
+from statifier.router.reapers import (
+    AddressReap,
+    LockReap,
+    reap_addresses,
+    reap_dedupe,
+    reap_ledger,
+    reap_locks,
+)
 from statifier.router.records import AddressRow, LedgerRow
 from statifier.router.routing import BlockedByEarlierFailure, Planned, Router
 from statifier.router.scheduler import FireReport, Scheduler, ScheduleState
@@ -179,5 +186,6 @@ __all__ = [
     "load_bindings",
     "reap_addresses",
     "reap_dedupe",
+    "reap_ledger",
     "reap_locks",
 ]

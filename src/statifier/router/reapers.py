@@ -1,9 +1,10 @@
 """The reapers, plain functions a host calls on a schedule of its own.
 
 None is needed for correctness: an expired dedupe claim already counts as absent, an
-address kept past its horizon only keeps a late event ``dropped: finished`` longer, and
-a lock row (``TableOptions(locks="rows")``) no one holds is made again by the next
-taker. They reclaim space; the address reaper also deletes the source-invoke
+address kept past its horizon only keeps a late event ``dropped: finished`` longer, a
+ledger row is history that nothing routed reads back, and a lock row
+(``TableOptions(locks="rows")``) no one holds is made again by the next taker. They
+reclaim space; the address reaper also deletes the source-invoke
 subscriptions of the executions whose addresses it deletes.
 """
 
@@ -20,7 +21,15 @@ from statifier.router.binding import Binding
 from statifier.router.routing import Router
 from statifier.router.subscriptions import forget_addressed
 
-__all__ = ["AddressReap", "LockReap", "horizons", "reap_addresses", "reap_dedupe", "reap_locks"]
+__all__ = [
+    "AddressReap",
+    "LockReap",
+    "horizons",
+    "reap_addresses",
+    "reap_dedupe",
+    "reap_ledger",
+    "reap_locks",
+]
 
 _TERMINAL = frozenset(status.value for status in Status if status.terminal)
 
@@ -48,6 +57,35 @@ async def reap_dedupe(
         raise ValueError(f"limit is a positive number of rows, not {limit!r}")
     async with router.transaction() as unit:
         return await unit.sql.reap_dedupe(now, buckets, limit)
+
+
+async def reap_ledger(
+    router: Router,
+    before: datetime,
+    *,
+    buckets: tuple[int, int] = ALL_BUCKETS,
+    limit: int | None = None,
+) -> int:
+    """Delete the routing-ledger rows of ``buckets`` (a range ``(start, end)``, ``end``
+    excluded; by default every bucket) written before ``before``, in one transaction:
+    every one (``limit=None``), or at most ``limit`` of them (call again while it
+    answers ``limit``). Returns how many it deleted. A row falls in the bucket of the
+    address it names, else of its execution, else of its message id
+    (:func:`~statifier.buckets.ledger_bucket`, decision 0125). The ledger is history:
+    the console's pages and :func:`~statifier.router.ledger` read it, nothing routed
+    does, so how long to keep it is the host's choice.
+
+    Raises:
+        ValueError: ``before`` is naive, ``buckets`` is not a non-empty range within
+            ``0..BUCKETS``, or ``limit`` is not positive.
+    """
+    if before.tzinfo is None:
+        raise ValueError("before must be timezone-aware")
+    bucket_range(buckets)
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit is a positive number of rows, not {limit!r}")
+    async with router.transaction() as unit:
+        return await unit.sql.reap_ledger(before, buckets, limit)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -693,6 +693,7 @@ class SectionReader:
             enabled=table.boolean("enabled", True),
             interval=table.seconds("interval", 300.0),
             limit=table.integer("limit", 1000, maximum=1_000_000),
+            ledger_days=table.integer("ledger_days", 30, minimum=0, maximum=36_500),
         )
         table.done()
         return settings

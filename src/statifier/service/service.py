@@ -71,6 +71,7 @@ from statifier.router import (
     TimerWorker,
     reap_addresses,
     reap_dedupe,
+    reap_ledger,
     reap_locks,
 )
 from statifier.router.scheduler import Scheduler, ScheduleState
@@ -320,6 +321,12 @@ async def _reap(
                 reaped = await reap_dedupe(router, now, buckets=buckets, limit=every.limit)
                 if reaped < every.limit:
                     break
+            if every.ledger_days:
+                before = now - timedelta(days=every.ledger_days)
+                while not stop.is_set():
+                    reaped = await reap_ledger(router, before, buckets=buckets, limit=every.limit)
+                    if reaped < every.limit:
+                        break
             after: Any = None
             while not stop.is_set():
                 page = await reap_addresses(

@@ -221,11 +221,14 @@ class OutboxSettings:
 
 @dataclass(frozen=True, slots=True)
 class ReaperSettings:
-    """How often the reapers run (:mod:`statifier.router.reapers`), and their page."""
+    """How often the reapers run (:mod:`statifier.router.reapers`), their page, and how
+    long the ledger is kept."""
 
     enabled: bool = True
     interval: float = 300.0
     limit: int = 1000
+    ledger_days: int = 30
+    """How many days of routing-ledger rows to keep; 0 keeps every row."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ from dataclasses import KW_ONLY, dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
-from statifier.buckets import ALL_BUCKETS, address_bucket
+from statifier.buckets import ALL_BUCKETS, address_bucket, ledger_bucket
 from statifier.sql.dialect import Dialect, Values, execution_lock_key
 from statifier.sql.keys import RowKeys
 from statifier.sql.locks import locks_of
@@ -57,6 +57,10 @@ _LEDGER_COLUMNS: Final = (
     "execution_id",
     "inserted_at",
 )
+
+_LEDGER_WRITTEN: Final = (*_LEDGER_COLUMNS, "bucket")
+"""What a ledger row's insert writes: its columns and its bucket, which nothing reads
+back (a function of the row: :func:`~statifier.buckets.ledger_bucket`)."""
 
 
 _HELD_COLUMNS: Final = (
@@ -254,17 +258,16 @@ class RoutingStatements:
             f"UPDATE {addresses} SET terminal_seen_at = :now "
             f"WHERE id {ids} AND terminal_seen_at IS NULL"
         )
-        self.record = sql(keys.insert(ledger, _LEDGER_COLUMNS))
+        self.record = sql(keys.insert(ledger, _LEDGER_WRITTEN))
         # A batch's ledger rows in one statement, in the order given (``n``). Where the
         # client makes keys, each row needs one of its own: one statement per row.
         ledger_rows = dialect.table_of(
             "rows",
             {"n": "integer"}
-            | {
-                name: "timestamptz" if name == "inserted_at" else "text" for name in _LEDGER_COLUMNS
-            },
+            | {name: "timestamptz" if name == "inserted_at" else "text" for name in _LEDGER_COLUMNS}
+            | {"bucket": "integer"},
         )
-        listed = ", ".join(_LEDGER_COLUMNS)
+        listed = ", ".join(_LEDGER_WRITTEN)
         self.record_many = (
             None
             if keys.new_key is not None
@@ -285,6 +288,17 @@ class RoutingStatements:
             lambda within: sql(
                 f"DELETE FROM {dedupe} WHERE {expired} AND id IN "
                 f"(SELECT id FROM {dedupe} WHERE {expired}{also(within)} LIMIT :limit)"
+            )
+        )
+        # The ledger's rows never change once written: a page picked is a page deleted.
+        old = "inserted_at < :before"
+        self.reap_ledger = by_range(
+            lambda within: sql(f"DELETE FROM {ledger} WHERE {old}{also(within)}")
+        )
+        self.reap_ledger_page = by_range(
+            lambda within: sql(
+                f"DELETE FROM {ledger} WHERE id IN "
+                f"(SELECT id FROM {ledger} WHERE {old}{also(within)} LIMIT :limit)"
             )
         )
         # The cursor is bound twice: as text where it is only compared with NULL (the
@@ -627,6 +641,16 @@ class RoutingSession:
         values: Values = {"now": self.dialect.time(now), "limit": limit, **within}
         return await self.dialect.execute(self._driver, statement, values)
 
+    async def reap_ledger(
+        self, before: datetime, buckets: tuple[int, int] = ALL_BUCKETS, limit: int | None = None
+    ) -> int:
+        """Delete the ledger rows of ``buckets`` inserted before ``before``: every one,
+        or at most ``limit`` of them; answer how many."""
+        statements = self._s.reap_ledger if limit is None else self._s.reap_ledger_page
+        statement, within = statements.of(buckets)
+        values: Values = {"before": self.dialect.time(before), "limit": limit, **within}
+        return await self.dialect.execute(self._driver, statement, values)
+
     async def reap_locks(self, after: int | None, limit: int) -> tuple[int, int | None]:
         """Delete the lock rows no one holds among the next ``limit`` after ``after``
         (:meth:`statifier.sql.locks.Locks.reap`); nothing where locks are not rows."""
@@ -704,6 +728,15 @@ def _ledger_row(dialect: Dialect, row: Sequence[Any]) -> LedgerRow:
 
 
 def _ledger_columns(row: LedgerRow) -> dict[str, Any]:
-    """``row``'s ledger columns by name, ``inserted_at`` as it is (the reverse of
-    :meth:`LedgerRow.of`)."""
-    return {name: getattr(row, name) for name in _LEDGER_COLUMNS}
+    """What ``row``'s insert writes by name (:data:`_LEDGER_WRITTEN`), ``inserted_at``
+    as it is."""
+    columns = {name: getattr(row, name) for name in _LEDGER_COLUMNS}
+    columns["bucket"] = ledger_bucket(
+        row.binding_id,
+        scope=row.scope,
+        document=row.document,
+        key=row.key,
+        execution_id=row.execution_id,
+        message_id=row.message_id,
+    )
+    return columns

@@ -700,6 +700,10 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         sa.Column("key", sa.Text(), nullable=True),
         sa.Column("execution_id", sa.Text(), nullable=True),
         sa.Column("inserted_at", UtcDateTime(), nullable=False),
+        # The row's bucket (statifier.buckets.ledger_bucket, decision 0125): a ledger
+        # reaper given a range of buckets deletes its range's old rows by the index
+        # below. Last, where statifier_0023 added it.
+        sa.Column("bucket", sa.SmallInteger(), nullable=False),
         sa.Index(name("routing_ledger_execution_id_idx"), "execution_id"),
         sa.Index(name("routing_ledger_binding_id_inserted_at_idx"), "binding_id", "inserted_at"),
         # Newest first for the console's ledger page; binding and outcome ride along
@@ -708,6 +712,7 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
             name("routing_ledger_inserted_at_idx"), "inserted_at", "id", "binding_id", "outcome"
         ),
         sa.Index(name("routing_ledger_outcome_inserted_at_idx"), "outcome", "inserted_at", "id"),
+        sa.Index(name("routing_ledger_bucket_inserted_at_idx"), "bucket", "inserted_at"),
         schema=schema,
     )
     timers = options.table(
