@@ -93,6 +93,12 @@ Subcommands:
     :mod:`statifier.replay_command` and ``docs/replay.md``): 0 when every execution
     replayed the same, 1 when one did not (or could not be trusted), 2 for an error.
 
+``statifier reshard --from URL... --to URL... [--prefix P] [--schema S] [--step N] [--dry-run]``
+    Moves the rows of the buckets whose store changes when a deployment's stores
+    (``--from``, in order) become others (``--to``), with every process that writes
+    to them stopped (see :mod:`statifier.reshard_command` and ``docs/scaling.md``):
+    0 when every range moved, 2 for an error.
+
 ``statifier serve CONFIG.toml``
     Runs the service a configuration file names (see :mod:`statifier.service` and
     ``docs/serve.md``): the HTTP fronts and health endpoints (on ``127.0.0.1`` unless
@@ -141,7 +147,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from statifier import check_command, executions_command, expr, replay_command, schedules_command
+from statifier import (
+    check_command,
+    executions_command,
+    expr,
+    replay_command,
+    reshard_command,
+    schedules_command,
+)
 from statifier.chart import InvalidChart, Machine, compile_chart
 from statifier.chart.graph import dot, mermaid
 from statifier.core import Event
@@ -802,6 +815,7 @@ def _parser() -> argparse.ArgumentParser:
     schedules_command.add_parser(commands)
     check_command.add_parser(commands)
     replay_command.add_parser(commands)
+    reshard_command.add_parser(commands)
     serving = commands.add_parser("serve", help="run the fronts, consumers and workers")
     serving.add_argument("config", metavar="CONFIG.toml", help="the service's configuration")
     console = commands.add_parser("console", help="serve the operator console in a browser")
@@ -865,6 +879,8 @@ def _dispatch(args: argparse.Namespace, stream: TextIO) -> int:
         return check_command.run(args, stream)
     if args.command == "replay":
         return replay_command.run(args, stream)
+    if args.command == "reshard":
+        return reshard_command.run(args, stream)
     if args.command == "serve":
         return _run_serve(args, stream)
     if args.command == "console":

@@ -1,0 +1,155 @@
+"""``statifier reshard``: move a deployment's rows from K stores to K' stores, with
+every process that writes to them stopped (decision 0126).
+
+``statifier reshard --from URL [--from URL]... --to URL [--to URL]... [--prefix P]
+[--schema S] [--step N] [--dry-run]``
+    The stores before (``--from``, in the order of the deployment's ``[database]
+    shards``, or its one ``url``) and after (``--to``); a store in both lists is the
+    same database (compared by URL). Each holds an even range of the 1,024 buckets
+    (``ShardMap.even``), so the command works out which ranges change store
+    (:func:`plan`) and moves each (:func:`statifier.sql.moves.move_range`), ``N``
+    buckets at a time (default 16). It prints one line per range, then a summary.
+    With ``--dry-run`` it prints the ranges and moves nothing. A store is named by its
+    place in ``--from`` or ``--to``, never by its URL (which may hold a password).
+
+Every store must be at the package's revision (``statifier db upgrade`` each one,
+the new ones included). A move cut short, or refused, is finished by running the same
+command again. Then start the processes with the new stores.
+
+Exit status: 0 when every range moved (or the dry run printed), 2 for an error,
+printed as one line, ``statifier reshard: message``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+__all__ = ["Range", "add_parser", "plan", "run"]
+
+
+@dataclass(frozen=True, slots=True)
+class Range:
+    """A range of buckets that changes store.
+
+    Attributes:
+        buckets: ``(start, end)``, ``end`` excluded.
+        source: its store's place among the stores before.
+        target: its store's place among the stores after.
+    """
+
+    buckets: tuple[int, int]
+    source: int
+    target: int
+
+
+def plan(sources: Sequence[str], targets: Sequence[str]) -> list[Range]:
+    """The ranges of buckets whose store changes when the stores at ``sources`` (each
+    an even range of the buckets, in order) become the stores at ``targets``, in
+    bucket order; a store in both is the same database when their URLs are.
+
+    >>> plan(["sqlite:///a.db"], ["sqlite:///a.db", "sqlite:///b.db"])
+    [Range(buckets=(512, 1024), source=0, target=1)]
+    >>> plan(["sqlite:///a.db", "sqlite:///b.db"], ["sqlite:///b.db", "sqlite:///a.db"])
+    [Range(buckets=(0, 512), source=0, target=0), Range(buckets=(512, 1024), source=1, target=1)]
+
+    Raises:
+        ValueError: a list is empty or names a database twice.
+    """
+    from statifier.buckets import BUCKETS
+    from statifier.persistence.shards import ShardMap
+    from statifier.sql.engines import database_url
+
+    for named, urls in (("--from", sources), ("--to", targets)):
+        if not urls:
+            raise ValueError(f"{named}: name at least one store")
+        if len({database_url(url) for url in urls}) != len(urls):
+            raise ValueError(f"{named}: a store is named twice")
+    before, after = ShardMap.even(len(sources)), ShardMap.even(len(targets))
+    same = [[database_url(a) == database_url(b) for b in targets] for a in sources]
+    ranges: list[Range] = []
+    for bucket in range(BUCKETS):
+        source, target = before.store_of(bucket), after.store_of(bucket)
+        if same[source][target]:
+            continue
+        last = ranges[-1] if ranges else None
+        if last and (last.source, last.target, last.buckets[1]) == (source, target, bucket):
+            ranges[-1] = Range((last.buckets[0], bucket + 1), source, target)
+        else:
+            ranges.append(Range((bucket, bucket + 1), source, target))
+    return ranges
+
+
+def add_parser(commands: Any) -> argparse.ArgumentParser:
+    """Add ``reshard`` to ``commands`` (what ``ArgumentParser.add_subparsers``
+    returned) and return its parser."""
+    reshard: argparse.ArgumentParser = commands.add_parser(
+        "reshard", help="move rows between stores for a new number of stores (writers stopped)"
+    )
+    reshard.add_argument(
+        "--from", dest="sources", action="append", required=True, metavar="URL",
+        help="a store before, in the deployment's order; repeat for each",
+    )  # fmt: skip
+    reshard.add_argument(
+        "--to", dest="targets", action="append", required=True, metavar="URL",
+        help="a store after, in the new order; repeat for each",
+    )  # fmt: skip
+    reshard.add_argument("--prefix", default="statifier_", help="the table name prefix")
+    reshard.add_argument("--schema", default=None, help="the schema (PostgreSQL)")
+    reshard.add_argument(
+        "--step", type=int, default=16, metavar="N", help="buckets moved at a time (16)"
+    )
+    reshard.add_argument("--dry-run", action="store_true", help="print the ranges, move nothing")
+    return reshard
+
+
+def run(args: argparse.Namespace, out: TextIO) -> int:
+    """Run ``statifier reshard``; returns the exit status."""
+    import sqlalchemy as sa
+
+    from statifier.executions_command import refused
+    from statifier.extras import MissingExtra
+    from statifier.sql import TableOptions, migrations
+    from statifier.sql.moves import CopyMismatch, SourceChanged, move_range
+
+    try:
+        options = TableOptions(prefix=args.prefix, schema=args.schema)
+        ranges = plan(args.sources, args.targets)
+        if args.step < 1:
+            raise ValueError(f"--step is a positive number of buckets, not {args.step}")
+        for named, urls in (("--from", args.sources), ("--to", args.targets)):
+            for place, url in enumerate(urls):
+                found = migrations.current(url, options)
+                if found != migrations.head():
+                    raise ValueError(
+                        f"store {place} of {named} is at revision {found or 'none'}, not "
+                        f"{migrations.head()}: run statifier db upgrade on it first"
+                    )
+        total = 0
+        for moving in ranges:
+            start, end = moving.buckets
+            said = (
+                f"buckets {start}-{end - 1}: store {moving.source} of --from "
+                f"to store {moving.target} of --to"
+            )
+            if args.dry_run:
+                out.write(said + "\n")
+                continue
+            source, target = args.sources[moving.source], args.targets[moving.target]
+            moved = move_range(source, target, moving.buckets, options=options, step=args.step)
+            rows = ", ".join(f"{name} {count}" for name, count in moved.rows.items())
+            out.write(f"{said}: {moved.total} rows ({rows or 'none'}), {moved.charts} charts\n")
+            total += moved.total
+    except (ValueError, CopyMismatch, SourceChanged, MissingExtra) as error:
+        return refused("reshard", args, str(error))
+    except sa.exc.SQLAlchemyError as error:
+        # The driver's own words: SQLAlchemy's add the statement and its values.
+        cause = getattr(error, "orig", None) or error
+        return refused("reshard", args, f"database: {type(cause).__name__}: {cause}")
+    if args.dry_run:
+        out.write(f"{len(ranges)} ranges would move\n")
+    else:
+        out.write(f"moved {total} rows in {len(ranges)} ranges: start the processes on --to\n")
+    return 0

@@ -1,0 +1,407 @@
+"""Moving a range of buckets from one store to another while no process writes to
+either (decision 0126): how a deployment grows from K stores to more, or shrinks.
+
+A store holds whole ranges of the 1,024 buckets (:mod:`statifier.buckets`); every row
+that belongs to a key falls in one. :func:`move_range` copies the rows of a range from
+the *source* store to the *target* store, checks the copy, then deletes them at the
+source, a few buckets at a time (``step``), each part in three transactions:
+
+1. the target's rows of the part, if any (left by a copy cut short), are replaced by
+   the source's, in one transaction on the target;
+2. the target's rows are read back and compared with the source's (a digest of every
+   row, keys aside): a difference raises :class:`CopyMismatch` and deletes nothing;
+3. in one transaction on the source, with its tables locked against writers
+   (PostgreSQL; SQLite's single writer does the same), the rows are read again and
+   compared with what was copied (a difference raises :class:`SourceChanged`: a
+   process wrote meanwhile), then deleted.
+
+A part whose rows the source no longer holds is skipped, so a move cut short anywhere
+(a crash, a refusal) is finished by running it again; a target never loses a row it
+held before, other than an earlier copy of the same part.
+
+What moves, by the bucket of each row:
+
+- by their own ``bucket`` column: executions, addresses, dedupe claims, ledger rows,
+  timers, outbox rows and flow groups;
+- with their execution (whose bucket is its root's): input logs, step errors, held
+  events, subscriptions, active slots, child answers (by the child) and fan-out ends
+  (by the parent); a BasicHTTP location with its address, a flow group's events with
+  their group;
+- by a bucket computed here: events held by a cap (their address's) and saved
+  positions (their key's);
+- charts are copied where the target lacks them, and stay at the source.
+
+What is not per key stays where it is: the inbound-events table and its consumers'
+positions, leases, members and dead letters, schedules, bulk runs, the console audit
+and lock rows.
+
+Every row is read into memory for its part: a smaller ``step`` bounds that.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final
+
+import sqlalchemy as sa
+
+from statifier.buckets import address_bucket, bucket_of, bucket_range
+from statifier.sql.engines import database_url, is_busy, sqlite_engine
+from statifier.sql.tables import TableOptions, define_locations
+
+__all__ = ["CopyMismatch", "Moved", "SourceChanged", "move_range", "moved_tables"]
+
+_BY_BUCKET: Final = (
+    "executions",
+    "addresses",
+    "dedupe",
+    "routing_ledger",
+    "timers",
+    "outbox",
+    "flow_groups",
+)
+"""The tables whose rows carry their bucket."""
+
+_BY_EXECUTION: Final = {
+    "inputs": "execution_id",
+    "step_errors": "execution_id",
+    "held_events": "execution_id",
+    "subscriptions": "execution_id",
+    "active_slots": "execution_id",
+    "child_answers": "child_id",
+    "fan_out_ends": "parent_id",
+}
+"""The tables whose rows go with an execution, and the column naming it."""
+
+_INSERT_ORDER: Final = (
+    *_BY_BUCKET,
+    *_BY_EXECUTION,
+    "flow_events",
+    "held_creates",
+    "positions",
+    "locations",  # references its address
+)
+_DELETE_ORDER: Final = tuple(reversed(_INSERT_ORDER))
+_CHARTED: Final = ("executions", "child_answers", "positions")
+"""The tables whose rows name a chart by its content hash."""
+
+
+class CopyMismatch(RuntimeError):  # noqa: N818 - names what was found
+    """The target's rows of a part of the range, read back after the copy, are not
+    the source's. Nothing was deleted at the source."""
+
+
+class SourceChanged(RuntimeError):  # noqa: N818 - names what was found
+    """The source's rows of a part of the range changed between the copy and the
+    delete: a process wrote to the source during the move. Nothing was deleted at the
+    source; stop every process that writes to it and run the move again (the target's
+    copy of the part is replaced)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Moved:
+    """What :func:`move_range` moved.
+
+    Attributes:
+        buckets: the range ``(start, end)``, ``end`` excluded.
+        rows: rows deleted at the source and written at the target, by table
+            (unprefixed), for the tables where any moved.
+        charts: charts copied to the target (it lacked them).
+    """
+
+    buckets: tuple[int, int]
+    rows: Mapping[str, int]
+    charts: int
+
+    @property
+    def total(self) -> int:
+        """Every row moved, charts aside."""
+        return sum(self.rows.values())
+
+
+def moved_tables() -> tuple[str, ...]:
+    """The tables (unprefixed) whose rows :func:`move_range` moves, in the order it
+    writes them.
+
+    >>> moved_tables()[:3]
+    ('executions', 'addresses', 'dedupe')
+    """
+    return _INSERT_ORDER
+
+
+def move_range(
+    source: str,
+    target: str,
+    buckets: tuple[int, int],
+    *,
+    options: TableOptions,
+    target_options: TableOptions | None = None,
+    step: int = 16,
+) -> Moved:
+    """Move the rows of ``buckets`` (``(start, end)``, ``end`` excluded) from the
+    store at ``source`` to the store at ``target`` (database URLs; the tables under
+    ``options``, at the target under ``target_options`` if given; both migrated to the
+    package's revision), ``step`` buckets at a time, as the module says. No process may
+    write to either store meanwhile.
+
+    Raises:
+        ValueError: ``buckets`` is not a range of buckets, ``step`` is below 1,
+            ``source`` and ``target`` are the same tables, or the source has BasicHTTP
+            locations and the target no table for them.
+        CopyMismatch: a part's copy differs from the source's rows.
+        SourceChanged: a process wrote to the source during the move.
+    """
+    start, end = bucket_range(buckets)
+    if step < 1:
+        raise ValueError(f"step is a positive number of buckets, not {step!r}")
+    to_options = options if target_options is None else target_options
+    here = (database_url(source), options.schema, options.prefix)
+    if here == (database_url(target), to_options.schema, to_options.prefix):
+        raise ValueError("the source and the target are the same tables")
+    counted: dict[str, int] = {}
+    charts = 0
+    with _Side.open(source, options) as origin, _Side.open(target, to_options) as destination:
+        if "locations" in origin.by_name and "locations" not in destination.by_name:
+            raise ValueError(
+                "the source has BasicHTTP locations and the target no table for them: "
+                "build it first (statifier.sql.locations.upgrade_locations)"
+            )
+        for first in range(start, end, step):
+            part = (first, min(first + step, end))
+            moved, copied = _move_part(origin, destination, part)
+            charts += copied
+            for name, count in moved.items():
+                counted[name] = counted.get(name, 0) + count
+    return Moved(buckets, {name: n for name, n in counted.items() if n}, charts)
+
+
+@dataclass(frozen=True, slots=True)
+class _Side:
+    """One store of a move: its engine, the tables a move reads by unprefixed name
+    (the locations table where the store has it), and how a new row gets its key."""
+
+    engine: sa.Engine
+    by_name: Mapping[str, sa.Table]
+    charts: sa.Table
+    new_key: Any
+
+    @classmethod
+    @contextmanager
+    def open(cls, url: str, options: TableOptions) -> Iterator[_Side]:
+        parsed = database_url(url)
+        sqlite = parsed.get_backend_name() == "sqlite"
+        engine = sqlite_engine(parsed) if sqlite else sa.create_engine(parsed)
+        try:
+            tables = options.define()
+            by_name = {name: getattr(tables, name) for name in _INSERT_ORDER if name != "locations"}
+            locations = define_locations(tables)
+            if sa.inspect(engine).has_table(locations.name, locations.schema):
+                by_name["locations"] = locations
+            yield cls(engine, by_name, tables.charts, options.new_key)
+        finally:
+            engine.dispose()
+
+
+_Rows = dict[str, list[tuple[Any, dict[str, Any]]]]
+"""Each table's rows of a part: its key, and its other columns by name."""
+
+
+def _move_part(source: _Side, target: _Side, part: tuple[int, int]) -> tuple[dict[str, int], int]:
+    with source.engine.connect() as connection:
+        rows = _read(connection, source, part)
+        if not any(rows.values()):
+            return {}, 0
+        charts = _charts(connection, source, rows)
+    copied = _digest(rows)
+    with target.engine.begin() as connection:
+        _delete(connection, target, _read(connection, target, part))
+        added = _add_charts(connection, target, charts)
+        _insert(connection, target, rows)
+    with target.engine.connect() as connection:
+        if _digest(_read(connection, target, part)) != copied:
+            raise CopyMismatch(
+                f"buckets {part[0]} to {part[1] - 1}: the target's rows, read back, are not "
+                "the source's; nothing was deleted at the source"
+            )
+    try:
+        with source.engine.begin() as connection:
+            _lock(connection, source)
+            again = _read(connection, source, part)
+            if _digest(again) != copied:
+                raise SourceChanged(_changed(part))
+            _delete(connection, source, again)
+    except sa.exc.OperationalError as error:
+        if is_busy(error):  # SQLite: another connection wrote since this one read
+            raise SourceChanged(_changed(part)) from error
+        raise
+    return {name: len(found) for name, found in rows.items()}, added
+
+
+def _changed(part: tuple[int, int]) -> str:
+    return (
+        f"buckets {part[0]} to {part[1] - 1}: the source's rows changed during the move "
+        "(a process wrote to it); nothing was deleted there: stop every process that "
+        "writes to the stores and run the move again"
+    )
+
+
+def _read(connection: sa.Connection, side: _Side, part: tuple[int, int]) -> _Rows:
+    """Every moved table's rows of ``part`` in ``side``'s tables."""
+    start, end = part
+    tables = side.by_name
+    executions = tables["executions"]
+    in_part = executions.c.bucket.between(start, end - 1)
+    of_part = sa.select(executions.c.execution_id).where(in_part)
+    groups = tables["flow_groups"]
+    found: _Rows = {}
+    for name, table in tables.items():
+        if name in _BY_BUCKET:
+            where: Any = table.c.bucket.between(start, end - 1)
+        elif name in _BY_EXECUTION:
+            where = table.c[_BY_EXECUTION[name]].in_(of_part)
+        elif name == "locations":
+            addresses = tables["addresses"]
+            where = table.c.address_id.in_(
+                sa.select(addresses.c.id).where(addresses.c.bucket.between(start, end - 1))
+            )
+        elif name == "flow_events":
+            where = sa.exists().where(
+                groups.c.binding_id == table.c.binding_id,
+                groups.c.scope == table.c.scope,
+                groups.c.key == table.c.key,
+                groups.c.bucket.between(start, end - 1),
+            )
+        else:
+            where = sa.true()  # held creates and positions: their buckets are computed
+        rows = [
+            (row.id, {k: v for k, v in row._mapping.items() if k != "id"})
+            for row in connection.execute(sa.select(table).where(where))
+        ]
+        if name == "held_creates":
+            rows = [r for r in rows if start <= _address(r[1]) < end]
+        elif name == "positions":
+            rows = [r for r in rows if start <= bucket_of(r[1]["key"]) < end]
+        found[name] = rows
+    return found
+
+
+def _address(row: Mapping[str, Any]) -> int:
+    return address_bucket(row["scope"], row["document"], row["key"])
+
+
+def _digest(rows: _Rows) -> str:
+    """A digest of ``rows`` that two databases agree on for the same rows: keys (and a
+    location's reference to its address's key) aside, each table's rows in any order,
+    a table not there as one without rows."""
+    digest = hashlib.sha256()
+    for name in _INSERT_ORDER:
+        plain = sorted(
+            json.dumps(
+                {k: _plain(v) for k, v in row.items() if k != "address_id"},
+                sort_keys=True,
+            )
+            for _, row in rows.get(name, [])
+        )
+        digest.update(json.dumps([name, plain]).encode())
+    return digest.hexdigest()
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value).hex()
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, Mapping | list | str | int | float | bool) or value is None:
+        return value
+    return str(value)
+
+
+def _charts(connection: sa.Connection, side: _Side, rows: _Rows) -> list[dict[str, Any]]:
+    """The charts ``rows`` name, as rows of the charts table without their keys."""
+    hashes = sorted({row["content_hash"] for name in _CHARTED for _, row in rows.get(name, [])})
+    if not hashes:
+        return []
+    charts = side.charts
+    found = connection.execute(sa.select(charts).where(charts.c.content_hash.in_(hashes)))
+    return [{k: v for k, v in row._mapping.items() if k != "id"} for row in found]
+
+
+def _add_charts(connection: sa.Connection, side: _Side, charts: Sequence[dict[str, Any]]) -> int:
+    """Insert those of ``charts`` the target lacks; how many."""
+    table = side.charts
+    hashes = [chart["content_hash"] for chart in charts]
+    have = set(
+        connection.execute(
+            sa.select(table.c.content_hash).where(table.c.content_hash.in_(hashes))
+        ).scalars()
+    )
+    missing = [chart for chart in charts if chart["content_hash"] not in have]
+    if missing:
+        connection.execute(table.insert(), [_keyed(side, chart) for chart in missing])
+    return len(missing)
+
+
+def _keyed(side: _Side, row: Mapping[str, Any]) -> dict[str, Any]:
+    """``row`` to insert: with a new key where the client makes keys, else without
+    one (the database makes it)."""
+    return dict(row) if side.new_key is None else {"id": side.new_key(), **row}
+
+
+def _insert(connection: sa.Connection, side: _Side, rows: _Rows) -> None:
+    for name in _INSERT_ORDER:
+        found = rows.get(name)
+        if not found:
+            continue
+        table = side.by_name[name]
+        values = [_keyed(side, row) for _, row in found]
+        if name == "locations":
+            values = _to_addresses(connection, side, rows, values)
+        connection.execute(table.insert(), values)
+
+
+def _to_addresses(
+    connection: sa.Connection, side: _Side, rows: _Rows, locations: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """``locations`` with ``address_id`` the key of their address as the target made
+    it (the address row was copied before, under a key of the target's)."""
+    where = dict(rows["addresses"])
+    addresses = side.by_name["addresses"]
+    for location in locations:
+        named = where[location["address_id"]]
+        location["address_id"] = connection.execute(
+            sa.select(addresses.c.id).where(
+                addresses.c.scope == named["scope"],
+                addresses.c.document == named["document"],
+                addresses.c.key == named["key"],
+            )
+        ).scalar_one()
+    return locations
+
+
+def _delete(connection: sa.Connection, side: _Side, rows: _Rows) -> None:
+    for name in _DELETE_ORDER:
+        found = rows.get(name)
+        if not found:
+            continue
+        table = side.by_name[name]
+        keys = [key for key, _ in found]
+        for first in range(0, len(keys), 500):
+            connection.execute(table.delete().where(table.c.id.in_(keys[first : first + 500])))
+
+
+def _lock(connection: sa.Connection, side: _Side) -> None:
+    """Keep every writer out of the moved tables until the transaction ends (on
+    PostgreSQL; SQLite's writer is one, and this transaction's first write fails if
+    another wrote since it read)."""
+    if connection.dialect.name != "postgresql":
+        return
+    names = ", ".join(
+        f'"{table.schema}"."{table.name}"' if table.schema else f'"{table.name}"'
+        for table in side.by_name.values()
+    )
+    connection.execute(sa.text(f"LOCK TABLE {names} IN SHARE MODE"))

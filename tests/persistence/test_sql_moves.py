@@ -1,0 +1,266 @@
+"""Moving a range of buckets between stores (statifier.sql.moves) on both databases:
+every per-key table's rows of the range, and only those, go (a location to its address
+as the target keys it, a chart copied where missing); a write to the source during the
+move is refused and nothing is deleted; a move cut short is finished by running it
+again, without a second copy."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from tests.persistence.conftest import (  # noqa: F401 - fixtures
+    SqlStore,
+    postgresql_shards,
+    sqlite_shards,
+)
+
+from statifier.buckets import address_bucket, bucket_of
+from statifier.ids import new_execution_id
+from statifier.sql import migrations, moves
+from statifier.sql.locations import upgrade_locations
+from statifier.sql.moves import CopyMismatch, SourceChanged, move_range, moved_tables
+from statifier.sql.tables import define_locations
+
+NOW = datetime(2026, 12, 5, 12, tzinfo=UTC)
+SCOPE, DOCUMENT = "s", "d"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def two(request: pytest.FixtureRequest) -> tuple[SqlStore, SqlStore]:
+    """Two emptied stores of each backend, with their location tables."""
+    stores: list[SqlStore] = request.getfixturevalue(f"{request.param}_shards")
+    for store in stores[:2]:
+        upgrade_locations(store.url, store.tables)
+        store.empty()
+        _run(store, lambda c, s=store: c.execute(define_locations(s.tables).delete()))
+    return stores[0], stores[1]
+
+
+def _run(store: SqlStore, work: Any) -> Any:
+    engine = sa.create_engine(migrations.sync_url(store.url))
+    try:
+        with engine.begin() as connection:
+            return work(connection)
+    finally:
+        engine.dispose()
+
+
+def _filled(table: sa.Table, tag: str, **given: Any) -> dict[str, Any]:
+    """A row of ``table``: ``given``, and a plain value of its type for every other
+    required column (text: ``tag``, so that two families' rows stay apart)."""
+    row = dict(given)
+    for column in table.columns:
+        if column.name in row or column.name == "id" or column.nullable:
+            continue
+        kind = column.type
+        if isinstance(kind, sa.Integer):
+            row[column.name] = 0
+        elif isinstance(kind, sa.LargeBinary):
+            row[column.name] = b"blob"
+        elif isinstance(kind, sa.Boolean):
+            row[column.name] = False
+        elif isinstance(kind, sa.JSON):
+            row[column.name] = {}
+        elif column.name.endswith("_at"):
+            row[column.name] = NOW
+        else:
+            row[column.name] = tag
+    return row
+
+
+def _family(store: SqlStore, key: str) -> str:
+    """One of every per-key row for the address ``key`` and the execution minted for
+    it (with a child), all in the address's bucket; answers the execution's id."""
+    t = store.tables
+    execution = new_execution_id(SCOPE, DOCUMENT, key)
+    child = f"{execution}/child"
+    bucket = address_bucket(SCOPE, DOCUMENT, key)
+    position = next(f"{key}-p{n}" for n in range(100_000) if bucket_of(f"{key}-p{n}") == bucket)
+    address = {"scope": SCOPE, "document": DOCUMENT, "key": key}
+    by_execution = {"execution_id": execution}
+
+    def write(connection: sa.Connection) -> None:
+        def add(table: sa.Table, **given: Any) -> Any:
+            values = _filled(table, key, **given)
+            made = connection.execute(table.insert().values(values)).inserted_primary_key
+            assert made is not None
+            return made[0]
+
+        add(t.charts, content_hash=f"h-{key}", name="counter", chart_blob=b"<scxml/>")
+        for each in (execution, child):
+            add(
+                t.executions,
+                execution_id=each,
+                content_hash=f"h-{key}",
+                bucket=bucket,
+                status="active",
+            )
+        for table in (t.inputs, t.step_errors, t.held_events, t.active_slots):
+            add(table, **by_execution)
+        add(t.subscriptions, invoke_id="i", **by_execution)
+        add(t.child_answers, child_id=child, parent_id=execution, content_hash=f"h-{key}")
+        add(t.fan_out_ends, parent_id=execution, invoke_id="fan")
+        address_id = add(t.addresses, execution_id=execution, bucket=bucket, **address)
+        add(define_locations(t), address_id=address_id, token_hash=f"t-{key}", **by_execution)
+        for table in (t.dedupe, t.routing_ledger, t.timers, t.outbox):
+            add(table, bucket=bucket)
+        add(t.flow_groups, binding_id="b", scope=SCOPE, key=key, bucket=bucket)
+        add(t.flow_events, binding_id="b", scope=SCOPE, key=key, seq=1)
+        add(t.held_creates, seq=1, **address)
+        add(t.positions, key=position, content_hash=f"h-{key}")
+
+    _run(store, write)
+    return execution
+
+
+def _counts(store: SqlStore) -> dict[str, int]:
+    t = store.tables
+    named = {name: getattr(t, name, None) for name in moved_tables()}
+    named["locations"] = define_locations(t)
+
+    def count(connection: sa.Connection) -> dict[str, int]:
+        return {
+            name: connection.execute(sa.select(sa.func.count()).select_from(table)).scalar_one()
+            for name, table in named.items()
+            if table is not None
+        }
+
+    counted: dict[str, int] = _run(store, count)
+    return counted
+
+
+def _two_keys() -> tuple[str, str, int]:
+    """Two keys whose buckets differ; the first one's bucket."""
+    first = "k0"
+    other = next(f"k{n}" for n in range(1, 100) if _bucket(f"k{n}") != _bucket(first))
+    return first, other, _bucket(first)
+
+
+def _bucket(key: str) -> int:
+    return address_bucket(SCOPE, DOCUMENT, key)
+
+
+def _move(source: SqlStore, target: SqlStore, buckets: tuple[int, int]) -> moves.Moved:
+    return move_range(
+        source.url,
+        target.url,
+        buckets,
+        options=source.tables.options,
+        target_options=target.tables.options,
+    )
+
+
+class KilledError(Exception):
+    """The process ends here."""
+
+
+ONE = dict.fromkeys(moved_tables(), 1) | {"executions": 2}
+"""A family's rows by table: one each, two executions (the parent and its child)."""
+
+
+def test_every_per_key_table_moves_its_rows_of_the_range_and_only_those(
+    two: tuple[SqlStore, SqlStore],
+) -> None:
+    source, target = two
+    moving, staying, bucket = _two_keys()
+    execution = _family(source, moving)
+    _family(source, staying)
+    moved = _move(source, target, (bucket, bucket + 1))
+    assert moved.rows == ONE
+    assert moved.charts == 1
+    assert _counts(target) == ONE
+    assert _counts(source) == ONE  # the other family's
+    # The location names its address as the target keys it.
+    t = target.tables
+    locations = define_locations(t)
+
+    def linked(connection: sa.Connection) -> list[Any]:
+        joined = sa.select(t.addresses.c.key).join(
+            locations, locations.c.address_id == t.addresses.c.id
+        )
+        return list(connection.execute(joined.where(locations.c.execution_id == execution)))
+
+    assert [row.key for row in _run(target, linked)] == [moving]
+    assert _move(source, target, (bucket, bucket + 1)).rows == {}  # nothing left there
+    with pytest.raises(ValueError, match="same tables"):
+        _move(source, source, (0, 1))
+    with pytest.raises(ValueError, match="buckets is a range"):
+        _move(source, target, (5, 5))
+
+
+def test_a_write_to_the_source_during_the_move_is_refused_and_deletes_nothing(
+    two: tuple[SqlStore, SqlStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source, target = two
+    moving, _, bucket = _two_keys()
+    execution = _family(source, moving)
+    locked = moves._lock
+    executions = source.tables.executions
+
+    def write_then_lock(connection: sa.Connection, side: Any) -> None:
+        # Another process steps the execution between the copy and the delete.
+        _run(
+            source,
+            lambda c: c.execute(
+                executions.update()
+                .where(executions.c.execution_id == execution)
+                .values(status="failed")
+            ),
+        )
+        locked(connection, side)
+
+    monkeypatch.setattr(moves, "_lock", write_then_lock)
+    with pytest.raises(SourceChanged, match="stop every process"):
+        _move(source, target, (bucket, bucket + 1))
+    assert _counts(source) == ONE  # nothing deleted
+    monkeypatch.setattr(moves, "_lock", locked)
+    assert _move(source, target, (bucket, bucket + 1)).rows == ONE
+    assert _counts(target) == ONE  # the earlier copy replaced, not doubled
+
+    def statuses(connection: sa.Connection) -> list[str]:
+        t = target.tables.executions
+        return sorted(connection.execute(sa.select(t.c.status)).scalars())
+
+    assert _run(target, statuses) == ["active", "failed"]
+
+
+def test_a_move_cut_short_after_its_copy_is_finished_by_running_it_again(
+    two: tuple[SqlStore, SqlStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source, target = two
+    moving, _, _ = _two_keys()
+    _family(source, moving)
+    locked = moves._lock
+
+    def killed(connection: sa.Connection, side: Any) -> None:
+        raise KilledError
+
+    monkeypatch.setattr(moves, "_lock", killed)
+    with pytest.raises(KilledError):
+        _move(source, target, (0, 1024))
+    assert _counts(target) == ONE
+    assert _counts(source) == ONE
+    monkeypatch.setattr(moves, "_lock", locked)
+    assert _move(source, target, (0, 1024)).rows == ONE
+    assert _counts(target) == ONE
+    assert _counts(source) == dict.fromkeys(ONE, 0)
+
+
+def test_a_copy_that_differs_from_the_source_deletes_nothing_there(
+    two: tuple[SqlStore, SqlStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source, target = two
+    moving, _, bucket = _two_keys()
+    _family(source, moving)
+    inserted = moves._insert
+
+    def lossy(connection: sa.Connection, side: Any, rows: Any) -> None:
+        inserted(connection, side, {**rows, "inputs": []})
+
+    monkeypatch.setattr(moves, "_insert", lossy)
+    with pytest.raises(CopyMismatch, match="nothing was deleted"):
+        _move(source, target, (bucket, bucket + 1))
+    assert _counts(source) == ONE

@@ -1,0 +1,282 @@
+"""A router's stores grown from two to three with the writers stopped (statifier.sql.moves,
+``statifier reshard``): every row lands in the store of its bucket under the new map,
+nothing is lost or doubled, and routing goes on over three stores as it would have over
+two: the same executions, the same duplicates, the timers and hops where they belong."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import pytest_asyncio
+import sqlalchemy as sa
+from tests.persistence.conftest import (  # noqa: F401 - fixtures
+    SqlStore,
+    postgresql_shards,
+    sqlite_shards,
+)
+
+from statifier.buckets import ledger_bucket
+from statifier.chart import compile_chart
+from statifier.cli import main
+from statifier.persistence.shards import ShardMap
+from statifier.persistence.sql import SqlAdapter
+from statifier.reshard_command import plan
+from statifier.router import (
+    Binding,
+    Create,
+    InboundEvent,
+    Routed,
+    RouterConfig,
+    ShardedRouter,
+    StaticResolver,
+)
+from statifier.router.queries import address
+from statifier.sql import migrations
+from statifier.sql.moves import move_range, moved_tables
+
+SCOPE = "shop"
+
+COUNTER = """<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="live">
+  <datamodel><data id="total" expr="0"/><data id="got" expr="0"/></datamodel>
+  <state id="live">
+    <transition event="add"><assign location="total" expr="total + _event.data.n"/></transition>
+    <transition event="later">
+      <send event="add" delay="1h"><param name="n" expr="100"/></send>
+    </transition>
+    <transition event="pass">
+      <send type="test:sink" target="execution" event="poke">
+        <param name="document" expr="'counter'"/>
+        <param name="key" expr="_event.data.to"/>
+        <param name="create" expr="'never'"/>
+        <param name="n" expr="_event.data.n"/>
+      </send>
+    </transition>
+    <transition event="poke"><assign location="got" expr="got + _event.data.n"/></transition>
+  </state>
+</scxml>"""
+"""A counter: ``add`` adds, ``later`` adds 100 in an hour (a timer), ``pass`` sends
+``poke`` to another counter (a hop through the outbox where it lives elsewhere)."""
+
+
+def _binding(kind: str, data: tuple[str, ...], create: Create) -> Binding:
+    return Binding(
+        id=f"{kind}s",
+        source="cmd",
+        match=f"event.kind == '{kind}'",
+        key="event.key",
+        document="counter",
+        event=kind,
+        data=data,
+        create=create,
+    )
+
+
+BINDINGS = [
+    _binding("add", ("n",), Create.IF_ABSENT),
+    _binding("later", (), Create.NEVER),
+    _binding("pass", ("n", "to"), Create.NEVER),
+]
+
+
+def _config(adapter: SqlAdapter) -> RouterConfig:
+    return RouterConfig(
+        adapter,
+        bindings=BINDINGS,
+        resolver=StaticResolver({"counter": compile_chart(COUNTER)}),
+        send_type="test:sink",
+        timers_elsewhere=True,
+    )
+
+
+def _event(message_id: str, kind: str, key: str, **data: Any) -> InboundEvent:
+    return InboundEvent(
+        scope=SCOPE, source="cmd", message_id=message_id, data={"kind": kind, "key": key, **data}
+    )
+
+
+@pytest_asyncio.fixture(params=["sqlite", "postgresql"])
+async def stores(request: pytest.FixtureRequest) -> AsyncIterator[list[SqlStore]]:
+    shards: list[SqlStore] = request.getfixturevalue(f"{request.param}_shards")
+    for shard in shards:
+        shard.empty()
+    yield shards
+
+
+def _rows(store: SqlStore, table: str) -> list[dict[str, Any]]:
+    engine = sa.create_engine(migrations.sync_url(store.url))
+    try:
+        with engine.connect() as connection:
+            found = connection.execute(sa.select(getattr(store.tables, table)))
+            return [dict(row._mapping) for row in found]
+    finally:
+        engine.dispose()
+
+
+async def _total(router: ShardedRouter, key: str) -> tuple[int, int]:
+    found = await address(router.router_of_address(SCOPE, "counter", key), SCOPE, "counter", key)
+    assert found is not None
+    async with router.router_of_execution(found.execution_id).transaction() as unit:
+        record = await unit.storage.fetch_execution(found.execution_id)
+        machine = await unit.storage.machine(record.content_hash)
+        data = unit.storage.load(record, machine).datamodel
+    return data["total"], data["got"]
+
+
+def _move(stores: list[SqlStore], before: int, after: int) -> int:
+    """Move the rows of ``before`` stores to ``after`` (the first stores of
+    ``stores``); how many rows moved."""
+    urls = [f"{store.url}#{number}" for number, store in enumerate(stores)]  # named apart
+    moved = 0
+    for changing in plan(urls[:before], urls[:after]):
+        source, target = stores[changing.source], stores[changing.target]
+        moved += move_range(
+            source.url,
+            target.url,
+            changing.buckets,
+            options=source.tables.options,
+            target_options=target.tables.options,
+            step=64,
+        ).total
+    return moved
+
+
+@pytest.mark.asyncio
+async def test_two_stores_grown_to_three_keep_every_row_once_in_its_buckets_store(
+    stores: list[SqlStore],
+) -> None:
+    adapters = [SqlAdapter(store.url, store.tables) for store in stores]
+    try:
+        two = ShardedRouter(_config(adapters[0]), adapters[:2])
+        keys = [f"k{number}" for number in range(30)]
+        await two.route_many([_event(f"a{n}", "add", key, n=n) for n, key in enumerate(keys)])
+        await two.route_many([_event(f"l{n}", "later", key) for n, key in enumerate(keys[:10])])
+        passes = [(keys[n], keys[-1 - n]) for n in range(5)]
+        for n, (sender, receiver) in enumerate(passes):
+            await two.route(_event(f"p{n}", "pass", sender, to=receiver, n=1000))
+        paused = keys[20]
+        found = await address(
+            two.router_of_address(SCOPE, "counter", paused), SCOPE, "counter", paused
+        )
+        assert found is not None
+        assert await two.router_of_execution(found.execution_id).pause(found.execution_id)
+        held = await two.route(_event("h1", "add", paused, n=7))
+        assert [o.outcome for o in held.outcomes] == ["held", "no_match", "no_match"]
+        before = {
+            table: sum(len(_rows(s, table)) for s in stores)
+            for table in moved_tables()
+            if table != "locations"
+        }
+        hops = sum(
+            two.router_of_address(SCOPE, "counter", sender)
+            is not two.router_of_address(SCOPE, "counter", receiver)
+            for sender, receiver in passes
+        )
+        assert hops > 0
+        assert (before["timers"], before["held_events"], before["outbox"]) == (10, 1, hops)
+        assert all(not _rows(stores[2], table) for table in before)
+
+        assert _move(stores, 2, 3) > 0
+        assert _move(stores, 2, 3) == 0  # run again: nothing left to move
+
+        # Every row once, in the store its bucket falls in under the map of three.
+        after = {table: sum(len(_rows(s, table)) for s in stores) for table in before}
+        assert after == before
+        three_map = ShardMap.even(3)
+        for number, store in enumerate(stores):
+            ids = {row["execution_id"] for row in _rows(store, "executions")}
+            for table in (
+                "executions",
+                "addresses",
+                "dedupe",
+                "routing_ledger",
+                "timers",
+                "outbox",
+            ):
+                for row in _rows(store, table):
+                    assert three_map.store_of(row["bucket"]) == number, (table, row)
+            for row in _rows(store, "routing_ledger"):
+                assert row["bucket"] == ledger_bucket(
+                    row["binding_id"],
+                    scope=row["scope"],
+                    document=row["document"],
+                    key=row["key"],
+                    execution_id=row["execution_id"],
+                    message_id=row["message_id"],
+                )
+            for table in ("inputs", "held_events"):
+                assert {row["execution_id"] for row in _rows(store, table)} <= ids
+            assert _rows(store, "charts") or not ids  # each store with executions has the chart
+
+        # Routing goes on over three stores: the same executions, the same duplicates.
+        three = ShardedRouter(_config(adapters[0]), adapters)
+        again = await three.route_many(
+            [_event(f"a{n}", "add", key, n=n) for n, key in enumerate(keys)]
+        )
+        assert {a.outcomes[0].outcome for a in again if isinstance(a, Routed)} == {"duplicate"}
+        more = await three.route_many(
+            [_event(f"b{n}", "add", key, n=1) for n, key in enumerate(keys)]
+        )
+        assert [a.outcomes[0].outcome for a in more if isinstance(a, Routed)] == [
+            "held" if key == paused else "delivered" for key in keys
+        ]
+        assert await three.router_of_execution(found.execution_id).resume(found.execution_id)
+        for drain in three.hop_drains():
+            while (await drain.drain_once()).claimed:
+                pass
+        for n, key in enumerate(keys):
+            total, got = await _total(three, key)
+            expected_got = 1000 * sum(1 for _, receiver in passes if receiver == key)
+            assert (total, got) == (n + 1 + (7 if key == paused else 0), expected_got), key
+        assert sum(len(_rows(s, "executions")) for s in stores) == len(keys)
+    finally:
+        for adapter in adapters:
+            await adapter.close()
+
+
+@pytest.mark.asyncio
+async def test_the_command_prints_its_plan_refuses_what_it_cannot_move_and_moves(
+    sqlite_shards: list[SqlStore],  # noqa: F811 - the fixture
+    tmp_path: Any,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for store in sqlite_shards:
+        store.empty()
+    one, other = sqlite_shards[0].url, sqlite_shards[1].url
+    grow = ["reshard", "--from", one, "--to", one, "--to", other, "--prefix", "t_"]
+    out = io.StringIO()
+    assert main([*grow, "--dry-run"], out) == 0
+    assert out.getvalue() == (
+        "buckets 512-1023: store 0 of --from to store 1 of --to\n1 ranges would move\n"
+    )
+    behind = f"sqlite:///{tmp_path / 'new.db'}"
+    assert main(["reshard", "--from", one, "--to", one, "--to", behind, "--prefix", "t_"]) == 2
+    said = capsys.readouterr().err
+    assert "store 1 of --to is at revision none" in said
+    assert "new.db" not in said  # a store is named by its place, never its URL
+    assert main(["reshard", "--from", one, "--from", one, "--to", one]) == 2
+    assert "--from: a store is named twice" in capsys.readouterr().err
+
+    adapters = [SqlAdapter(store.url, store.tables) for store in sqlite_shards[:2]]
+    try:
+        alone = ShardedRouter(_config(adapters[0]), adapters[:1])
+        keys = [f"k{number}" for number in range(20)]
+        await alone.route_many([_event(f"a{n}", "add", key, n=n) for n, key in enumerate(keys)])
+        out = io.StringIO()
+        assert main(grow, out) == 0
+        lines = out.getvalue().splitlines()
+        assert lines[0].startswith("buckets 512-1023: store 0 of --from to store 1 of --to: ")
+        assert lines[-1].endswith("in 1 ranges: start the processes on --to")
+        moved = [row["bucket"] for row in _rows(sqlite_shards[1], "executions")]
+        kept = [row["bucket"] for row in _rows(sqlite_shards[0], "executions")]
+        assert len(moved) + len(kept) == len(keys)
+        assert all(bucket >= 512 for bucket in moved)
+        assert all(bucket < 512 for bucket in kept)
+        both = ShardedRouter(_config(adapters[0]), adapters)
+        again = await both.route_many([_event(f"a{n}", "add", key) for n, key in enumerate(keys)])
+        assert {a.outcomes[0].outcome for a in again if isinstance(a, Routed)} == {"duplicate"}
+    finally:
+        for adapter in adapters:
+            await adapter.close()
