@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -32,6 +33,7 @@ from statifier.router import (
     RouterConfig,
     ShardedRouter,
     StaticResolver,
+    TimerWorker,
 )
 from statifier.router.queries import address
 from statifier.sql import migrations
@@ -226,10 +228,18 @@ async def test_two_stores_grown_to_three_keep_every_row_once_in_its_buckets_stor
         for drain in three.hop_drains():
             while (await drain.drain_once()).claimed:
                 pass
+        # Each store's timer worker, over its range, fires the timers moved to it.
+        later = datetime.now(UTC) + timedelta(hours=2)
+        fired = [
+            await TimerWorker(router, buckets=buckets).fire_due(later)
+            for router, buckets in zip(three.routers, three.shard_map.ranges, strict=True)
+        ]
+        assert sum(fired) == 10
         for n, key in enumerate(keys):
             total, got = await _total(three, key)
             expected_got = 1000 * sum(1 for _, receiver in passes if receiver == key)
-            assert (total, got) == (n + 1 + (7 if key == paused else 0), expected_got), key
+            expected = n + 1 + (7 if key == paused else 0) + (100 if n < 10 else 0)
+            assert (total, got) == (expected, expected_got), key
         assert sum(len(_rows(s, "executions")) for s in stores) == len(keys)
     finally:
         for adapter in adapters:
