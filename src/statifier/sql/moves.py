@@ -24,8 +24,8 @@ What moves, by the bucket of each row:
 - by their own ``bucket`` column: executions, addresses, dedupe claims, ledger rows,
   timers, outbox rows and flow groups;
 - with their execution (whose bucket is its root's): input logs, step errors, held
-  events, subscriptions, active slots, child answers (by the child) and fan-out ends
-  (by the parent); a BasicHTTP location with its address, a flow group's events with
+  events, subscriptions, active slots, and, with the parent they are owed to, child
+  answers and fan-out ends (a child falls in its root's bucket); a BasicHTTP location with its address, a flow group's events with
   their group;
 - by a bucket computed here: events held by a cap (their address's) and saved
   positions (their key's);
@@ -73,7 +73,7 @@ _BY_EXECUTION: Final = {
     "held_events": "execution_id",
     "subscriptions": "execution_id",
     "active_slots": "execution_id",
-    "child_answers": "child_id",
+    "child_answers": "parent_id",
     "fan_out_ends": "parent_id",
 }
 """The tables whose rows go with an execution, and the column naming it."""
