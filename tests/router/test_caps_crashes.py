@@ -47,7 +47,7 @@ from statifier.sql import TableOptions, Tables, migrations
 PROCESS = "tests.router.capping_process"
 ROOT = Path(__file__).parent.parent.parent
 
-JOBS = {"sqlite": 500, "postgresql": 200}
+JOBS = {"sqlite": 800, "postgresql": 200}
 """Each process's jobs, by database: more than the kills let them finish."""
 HITS = 3
 """Each job's hits, before its close."""
