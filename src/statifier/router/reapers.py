@@ -52,9 +52,7 @@ async def reap_dedupe(
         ValueError: ``buckets`` is not a non-empty range within ``0..BUCKETS``, or
             ``limit`` is not positive.
     """
-    bucket_range(buckets)
-    if limit is not None and limit < 1:
-        raise ValueError(f"limit is a positive number of rows, not {limit!r}")
+    _paged(buckets, limit)
     async with router.transaction() as unit:
         return await unit.sql.reap_dedupe(now, buckets, limit)
 
@@ -81,11 +79,20 @@ async def reap_ledger(
     """
     if before.tzinfo is None:
         raise ValueError("before must be timezone-aware")
+    _paged(buckets, limit)
+    async with router.transaction() as unit:
+        return await unit.sql.reap_ledger(before, buckets, limit)
+
+
+def _paged(buckets: tuple[int, int], limit: int | None) -> None:
+    """Check a reaper's range of buckets and page size.
+
+    Raises:
+        ValueError: ``buckets`` is not a range of buckets, or ``limit`` not positive.
+    """
     bucket_range(buckets)
     if limit is not None and limit < 1:
         raise ValueError(f"limit is a positive number of rows, not {limit!r}")
-    async with router.transaction() as unit:
-        return await unit.sql.reap_ledger(before, buckets, limit)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

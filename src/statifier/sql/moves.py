@@ -25,8 +25,8 @@ What moves, by the bucket of each row:
   timers, outbox rows and flow groups;
 - with their execution (whose bucket is its root's): input logs, step errors, held
   events, subscriptions, active slots, and, with the parent they are owed to, child
-  answers and fan-out ends (a child falls in its root's bucket); a BasicHTTP location with its address, a flow group's events with
-  their group;
+  answers and fan-out ends (a child falls in its root's bucket); a BasicHTTP location
+  with its address, a flow group's events with their group;
 - by a bucket computed here: events held by a cap (their address's) and saved
   positions (their key's);
 - charts are copied where the target lacks them, and stay at the source.

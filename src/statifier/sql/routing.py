@@ -18,7 +18,7 @@ reaches these statements.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from datetime import datetime
 from typing import Any, Final
@@ -33,7 +33,7 @@ from statifier.sql.postgres import (
     SET_LOCK_TIMEOUT,
     lock_timeout,
 )
-from statifier.sql.ranges import also, by_range
+from statifier.sql.ranges import ByRange, also, by_range
 from statifier.sql.tables import Tables
 
 __all__ = [
@@ -275,32 +275,9 @@ class RoutingStatements:
                 f"INSERT INTO {ledger} ({listed}) SELECT {listed} FROM {ledger_rows} ORDER BY n"
             )
         )
-        # A range deletes by (bucket, expires_at), every bucket by the expiry alone; a
-        # page deletes at most :limit of them, whichever the index gives first. The
-        # page's delete checks the expiry again: a row its subquery picked may have been
-        # taken over (a live claim) by the time the delete has its lock, and PostgreSQL
-        # re-checks the delete's own conditions on that newer row, not the subquery's.
-        expired = "expires_at < :now"
-        self.reap_dedupe = by_range(
-            lambda within: sql(f"DELETE FROM {dedupe} WHERE {expired}{also(within)}")
-        )
-        self.reap_dedupe_page = by_range(
-            lambda within: sql(
-                f"DELETE FROM {dedupe} WHERE {expired} AND id IN "
-                f"(SELECT id FROM {dedupe} WHERE {expired}{also(within)} LIMIT :limit)"
-            )
-        )
-        # The ledger's rows never change once written: a page picked is a page deleted.
-        old = "inserted_at < :before"
-        self.reap_ledger = by_range(
-            lambda within: sql(f"DELETE FROM {ledger} WHERE {old}{also(within)}")
-        )
-        self.reap_ledger_page = by_range(
-            lambda within: sql(
-                f"DELETE FROM {ledger} WHERE id IN "
-                f"(SELECT id FROM {ledger} WHERE {old}{also(within)} LIMIT :limit)"
-            )
-        )
+        # The dedupe claims that expired, and the ledger rows written before a time.
+        self.reap_dedupe, self.reap_dedupe_page = _reaping(sql, dedupe, "expires_at < :now")
+        self.reap_ledger, self.reap_ledger_page = _reaping(sql, ledger, "inserted_at < :before")
         # The cursor is bound twice: as text where it is only compared with NULL (the
         # cast gives that parameter a type), and as it is where the key is compared.
         reaped = (
@@ -719,6 +696,23 @@ class RoutingSession:
         values = {"execution_id": execution_id}
         rows = await dialect.rows(self._driver, self._s.ledger, values)
         return [_ledger_row(dialect, row) for row in rows]
+
+
+def _reaping(sql: Callable[[str], str], table: str, old: str) -> tuple[ByRange[str], ByRange[str]]:
+    """The statements that delete ``table``'s rows that ``old`` selects, of every bucket
+    or of a range (by the table's index on its bucket and ``old``'s column): all of
+    them, and a page of at most ``:limit``, whichever the index gives first. The page's
+    delete states ``old`` again: a row its subquery picked may have changed by the time
+    the delete has its lock (a dedupe claim taken over), and PostgreSQL re-checks the
+    delete's own conditions on that newer row, not the subquery's."""
+    every = by_range(lambda within: sql(f"DELETE FROM {table} WHERE {old}{also(within)}"))
+    page = by_range(
+        lambda within: sql(
+            f"DELETE FROM {table} WHERE {old} AND id IN "
+            f"(SELECT id FROM {table} WHERE {old}{also(within)} LIMIT :limit)"
+        )
+    )
+    return every, page
 
 
 def _ledger_row(dialect: Dialect, row: Sequence[Any]) -> LedgerRow:
