@@ -52,11 +52,13 @@ def plan(sources: Sequence[str], targets: Sequence[str]) -> list[Range]:
 
     >>> plan(["sqlite:///a.db"], ["sqlite:///a.db", "sqlite:///b.db"])
     [Range(buckets=(512, 1024), source=0, target=1)]
-    >>> plan(["sqlite:///a.db", "sqlite:///b.db"], ["sqlite:///b.db", "sqlite:///a.db"])
-    [Range(buckets=(0, 512), source=0, target=0), Range(buckets=(512, 1024), source=1, target=1)]
+    >>> plan(["sqlite:///a.db", "sqlite:///b.db"], ["sqlite:///a.db", "sqlite:///c.db"])
+    [Range(buckets=(512, 1024), source=1, target=1)]
 
     Raises:
-        ValueError: a list is empty or names a database twice.
+        ValueError: a list is empty or names a database twice, or the first stores
+            differ (the first holds what is not per key: schedules, the inbound-events
+            table and its consumers' rows, which stay where they are).
     """
     from statifier.buckets import BUCKETS
     from statifier.persistence.shards import ShardMap
@@ -67,6 +69,11 @@ def plan(sources: Sequence[str], targets: Sequence[str]) -> list[Range]:
             raise ValueError(f"{named}: name at least one store")
         if len({database_url(url) for url in urls}) != len(urls):
             raise ValueError(f"{named}: a store is named twice")
+    if database_url(sources[0]) != database_url(targets[0]):
+        raise ValueError(
+            "the first store of --to must be the first of --from: it holds what is not "
+            "per key (schedules, the inbound-events table), which does not move"
+        )
     before, after = ShardMap.even(len(sources)), ShardMap.even(len(targets))
     same = [[database_url(a) == database_url(b) for b in targets] for a in sources]
     ranges: list[Range] = []

@@ -268,6 +268,8 @@ async def test_the_command_prints_its_plan_refuses_what_it_cannot_move_and_moves
     assert "new.db" not in said  # a store is named by its place, never its URL
     assert main(["reshard", "--from", one, "--from", one, "--to", one]) == 2
     assert "--from: a store is named twice" in capsys.readouterr().err
+    assert main(["reshard", "--from", one, "--to", other, "--to", one, "--prefix", "t_"]) == 2
+    assert "the first store of --to must be the first of --from" in capsys.readouterr().err
 
     adapters = [SqlAdapter(store.url, store.tables) for store in sqlite_shards[:2]]
     try:
