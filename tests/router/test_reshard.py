@@ -5,9 +5,14 @@ two: the same executions, the same duplicates, the timers and hops where they be
 
 from __future__ import annotations
 
+import asyncio
 import io
+import json
+import random
+import sys
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -40,6 +45,7 @@ from statifier.sql import migrations
 from statifier.sql.moves import move_range, moved_tables
 
 SCOPE = "shop"
+ROOT = Path(__file__).parent.parent.parent
 
 COUNTER = """<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="live">
   <datamodel><data id="total" expr="0"/><data id="got" expr="0"/></datamodel>
@@ -292,3 +298,75 @@ async def test_the_command_prints_its_plan_refuses_what_it_cannot_move_and_moves
     finally:
         for adapter in adapters:
             await adapter.close()
+
+
+KILLS = 15
+"""How many times the crash test kills a move before it lets one go through."""
+
+
+def _snapshot(store: SqlStore) -> dict[str, list[str]]:
+    """Every routed row of ``store``, keys aside, sorted, by table."""
+    engine = sa.create_engine(migrations.sync_url(store.url))
+    tables = ("executions", "inputs", "addresses", "dedupe", "routing_ledger", "charts")
+    try:
+        with engine.connect() as connection:
+            return {
+                name: sorted(
+                    json.dumps({k: str(v) for k, v in row._mapping.items() if k != "id"})
+                    for row in connection.execute(sa.select(getattr(store.tables, name)))
+                )
+                for name in tables
+            }
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.asyncio
+async def test_a_move_killed_at_random_points_and_run_again_moves_every_row_once(
+    stores: list[SqlStore],
+) -> None:
+    source, target = stores[0], stores[1]
+    adapter = SqlAdapter(source.url, source.tables)
+    try:
+        alone = ShardedRouter(_config(adapter), [adapter])
+        for event in range(2):
+            batch = [_event(f"e{event}-{n}", "add", f"k{n}", n=1) for n in range(600)]
+            await alone.route_many(batch)
+    finally:
+        await adapter.close()
+    before = _snapshot(source)
+    rng = random.Random(17)
+    args = [
+        *(source.url, source.tables.options.schema or "-"),
+        *(target.url, target.tables.options.schema or "-"),
+        source.tables.options.prefix,
+    ]
+    kills = 0
+    while True:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "tests.router.moving_process",
+            *args,
+            stdout=asyncio.subprocess.PIPE,
+            cwd=ROOT,
+        )
+        assert process.stdout is not None
+        assert await asyncio.wait_for(process.stdout.readline(), 60) == b"moving\n"
+        if kills < KILLS:
+            try:
+                await asyncio.wait_for(process.wait(), rng.uniform(0.01, 0.2))
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+                kills += 1
+                continue
+        said = await asyncio.wait_for(process.stdout.read(), 120)
+        assert await process.wait() == 0
+        break
+    assert kills == KILLS, f"the move went through after {kills} kills: {said!r}"
+    after = _snapshot(target)
+    assert after == {**before, "charts": after["charts"]}  # every row once
+    assert after["charts"] == before["charts"]
+    emptied = _snapshot(source)
+    assert all(not rows for name, rows in emptied.items() if name != "charts")
