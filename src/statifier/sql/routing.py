@@ -613,20 +613,30 @@ class RoutingSession:
     ) -> int:
         """Delete the claims of ``buckets`` that expired before ``now``: every one, or
         at most ``limit`` of them; answer how many."""
-        statements = self._s.reap_dedupe if limit is None else self._s.reap_dedupe_page
-        statement, within = statements.of(buckets)
-        values: Values = {"now": self.dialect.time(now), "limit": limit, **within}
-        return await self.dialect.execute(self._driver, statement, values)
+        pair = (self._s.reap_dedupe, self._s.reap_dedupe_page)
+        return await self._reap(pair, {"now": self.dialect.time(now)}, buckets, limit)
 
     async def reap_ledger(
         self, before: datetime, buckets: tuple[int, int] = ALL_BUCKETS, limit: int | None = None
     ) -> int:
         """Delete the ledger rows of ``buckets`` inserted before ``before``: every one,
         or at most ``limit`` of them; answer how many."""
-        statements = self._s.reap_ledger if limit is None else self._s.reap_ledger_page
-        statement, within = statements.of(buckets)
-        values: Values = {"before": self.dialect.time(before), "limit": limit, **within}
-        return await self.dialect.execute(self._driver, statement, values)
+        pair = (self._s.reap_ledger, self._s.reap_ledger_page)
+        return await self._reap(pair, {"before": self.dialect.time(before)}, buckets, limit)
+
+    async def _reap(
+        self,
+        pair: tuple[ByRange[str], ByRange[str]],
+        values: Values,
+        buckets: tuple[int, int],
+        limit: int | None,
+    ) -> int:
+        """Run the delete of every row (``limit`` ``None``) or of a page, of
+        ``buckets``, from ``pair`` (:func:`_reaping`); answer how many it deleted."""
+        statement, within = (pair[0] if limit is None else pair[1]).of(buckets)
+        return await self.dialect.execute(
+            self._driver, statement, {**values, "limit": limit, **within}
+        )
 
     async def reap_locks(self, after: int | None, limit: int) -> tuple[int, int | None]:
         """Delete the lock rows no one holds among the next ``limit`` after ``after``
