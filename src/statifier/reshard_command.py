@@ -119,6 +119,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     from statifier.executions_command import refused
     from statifier.extras import MissingExtra
     from statifier.sql import TableOptions, migrations
+    from statifier.sql.engines import database_url
     from statifier.sql.moves import CopyMismatch, SourceChanged, move_range
 
     try:
@@ -126,8 +127,12 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         ranges = plan(args.sources, args.targets)
         if args.step < 1:
             raise ValueError(f"--step is a positive number of buckets, not {args.step}")
+        checked: set[sa.URL] = set()
         for named, urls in (("--from", args.sources), ("--to", args.targets)):
             for place, url in enumerate(urls):
+                if database_url(url) in checked:  # a store in both lists, checked once
+                    continue
+                checked.add(database_url(url))
                 found = migrations.current(url, options)
                 if found != migrations.head():
                     raise ValueError(

@@ -56,6 +56,7 @@ import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import TYPE_CHECKING, Any, Final, Protocol, TextIO
 
 from statifier.buckets import ALL_BUCKETS
@@ -307,6 +308,15 @@ def _in_store(number: int) -> Callable[[str], str]:
     return lambda part: f"{part} (store {number})"
 
 
+async def _in_pages(delete: Callable[[], Awaitable[int]], limit: int, stop: asyncio.Event) -> None:
+    """Call ``delete`` (a reaper that deletes at most ``limit`` rows and answers how
+    many) until a call deletes fewer, or ``stop``: a backlog goes in short
+    transactions."""
+    while not stop.is_set():
+        if await delete() < limit:
+            return
+
+
 async def _reap(
     router: Router, settings: ServiceSettings, stop: asyncio.Event, buckets: tuple[int, int]
 ) -> None:
@@ -317,16 +327,14 @@ async def _reap(
     while not stop.is_set():
         try:
             now = datetime.now(UTC)
-            while not stop.is_set():
-                reaped = await reap_dedupe(router, now, buckets=buckets, limit=every.limit)
-                if reaped < every.limit:
-                    break
+            limit = every.limit
+            await _in_pages(
+                partial(reap_dedupe, router, now, buckets=buckets, limit=limit), limit, stop
+            )
             if every.ledger_days:
                 before = now - timedelta(days=every.ledger_days)
-                while not stop.is_set():
-                    reaped = await reap_ledger(router, before, buckets=buckets, limit=every.limit)
-                    if reaped < every.limit:
-                        break
+                ledger = partial(reap_ledger, router, before, buckets=buckets, limit=limit)
+                await _in_pages(ledger, limit, stop)
             after: Any = None
             while not stop.is_set():
                 page = await reap_addresses(

@@ -57,6 +57,7 @@ __all__ = [
     "run_on",
     "set_busy_timeout",
     "sqlite_engine",
+    "sync_engine",
     "tables_missing",
     "url_dialect",
 ]
@@ -276,6 +277,26 @@ def open_engine(url: str | sa.URL, *, pool_size: int = 5) -> sa.Engine | AsyncEn
     if parsed.get_backend_name() == "sqlite":
         return sqlite_engine(parsed)
     return create_async_engine(parsed, pool_size=pool_size)
+
+
+def sync_engine(url: str | sa.URL) -> sa.Engine:
+    """A synchronous engine of the database ``url`` names: :func:`sqlite_engine` on
+    SQLite (so that a transaction begun through SQLAlchemy is a real one), psycopg 3 on
+    PostgreSQL. The caller disposes it.
+
+    Raises:
+        ValueError: a database other than PostgreSQL or SQLite.
+        MissingExtra: PostgreSQL without psycopg (the postgres extra).
+    """
+    from statifier.extras import MissingExtra
+
+    parsed = database_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        return sqlite_engine(parsed)
+    try:
+        return sa.create_engine(parsed)
+    except ModuleNotFoundError as missing:
+        raise MissingExtra.of(missing) from missing
 
 
 def read_only_engine(url: str | sa.URL, *, pool_size: int = 2) -> sa.Engine | AsyncEngine:

@@ -51,7 +51,7 @@ from typing import Any, Final
 import sqlalchemy as sa
 
 from statifier.buckets import address_bucket, bucket_of, bucket_range
-from statifier.sql.engines import database_url, is_busy, sqlite_engine
+from statifier.sql.engines import database_url, is_busy, sync_engine
 from statifier.sql.tables import TableOptions, define_locations
 
 __all__ = ["CopyMismatch", "Moved", "SourceChanged", "move_range", "moved_tables"]
@@ -193,9 +193,7 @@ class _Side:
     @classmethod
     @contextmanager
     def open(cls, url: str, options: TableOptions) -> Iterator[_Side]:
-        parsed = database_url(url)
-        sqlite = parsed.get_backend_name() == "sqlite"
-        engine = sqlite_engine(parsed) if sqlite else sa.create_engine(parsed)
+        engine = sync_engine(url)
         try:
             tables = options.define()
             by_name = {name: getattr(tables, name) for name in _INSERT_ORDER if name != "locations"}
@@ -254,27 +252,30 @@ def _read(connection: sa.Connection, side: _Side, part: tuple[int, int]) -> _Row
     """Every moved table's rows of ``part`` in ``side``'s tables."""
     start, end = part
     tables = side.by_name
-    executions = tables["executions"]
-    in_part = executions.c.bucket.between(start, end - 1)
-    of_part = sa.select(executions.c.execution_id).where(in_part)
-    groups = tables["flow_groups"]
+    executions, addresses, groups = (
+        tables["executions"],
+        tables["addresses"],
+        tables["flow_groups"],
+    )
+
+    def within(table: sa.Table) -> Any:
+        return table.c.bucket.between(start, end - 1)
+
+    of_part = sa.select(executions.c.execution_id).where(within(executions))
     found: _Rows = {}
     for name, table in tables.items():
         if name in _BY_BUCKET:
-            where: Any = table.c.bucket.between(start, end - 1)
+            where: Any = within(table)
         elif name in _BY_EXECUTION:
             where = table.c[_BY_EXECUTION[name]].in_(of_part)
         elif name == "locations":
-            addresses = tables["addresses"]
-            where = table.c.address_id.in_(
-                sa.select(addresses.c.id).where(addresses.c.bucket.between(start, end - 1))
-            )
+            where = table.c.address_id.in_(sa.select(addresses.c.id).where(within(addresses)))
         elif name == "flow_events":
             where = sa.exists().where(
                 groups.c.binding_id == table.c.binding_id,
                 groups.c.scope == table.c.scope,
                 groups.c.key == table.c.key,
-                groups.c.bucket.between(start, end - 1),
+                within(groups),
             )
         else:
             where = sa.true()  # held creates and positions: their buckets are computed
