@@ -9,6 +9,10 @@ dead-letter topic after its attempts and a malformed record at once; and all alo
 partition's committed offset passed a record whose delivery had not committed (a
 watcher compares the group's offsets with the ledger and the dead-letter topic several
 times a second, the moments after the kill included).
+
+Then two consumer processes stopped by SIGTERM (one after the other, and together)
+right after their last hit leave every partition committed to its end, each within
+seconds.
 """
 
 from __future__ import annotations
@@ -335,3 +339,81 @@ async def test_a_consumer_killed_mid_stream_loses_no_hit_and_steps_none_twice(
         f"duplicates: {duplicates}, watched: "
         f"{watch.checks}, dead letters: {len(tail.letters)}, counts after: {counts}"
     )
+
+
+STOP_ROUNDS = 3
+"""Rounds of each way of stopping: one of three stops used to leave a partition
+committed short of its end (a commit cancelled with the consumer's committer landed
+after the stop's last one)."""
+STOP_WITHIN = 30.0
+"""Seconds a consumer process gets to drain, commit and leave the group."""
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("together", [False, True], ids=["one after the other", "together"])
+async def test_two_consumers_stopping_leave_every_partition_committed_to_its_end(
+    pg_db: RouterDb,
+    kafka_broker: KafkaBroker,  # noqa: F811 - the imported fixture
+    tmp_path: Path,
+    together: bool,
+) -> None:
+    chart = tmp_path / "counter.scxml"
+    chart.write_bytes(COUNTER)
+    short: list[str] = []
+    for _ in range(STOP_ROUNDS):
+        run = Run(
+            pg_db, kafka_broker, chart, unique("hits"), unique("counters"), unique("dead"), tmp_path
+        )
+        create_topic(kafka_broker, run.topic, PARTITIONS)
+        create_topic(kafka_broker, run.dead_letters, 1)
+        published = await asyncio.to_thread(_produce, kafka_broker, run.topic)
+        hits = sum(1 for r in published if r.key is not None)
+        ends = {
+            p: max(r.offset for r in published if r.partition == p) + 1 for p in range(PARTITIONS)
+        }
+        workers = [await run.start("a"), await run.start("b")]
+        try:
+            async with asyncio.timeout(DEADLINE):
+                # Stopped at once: a commit of the last hits is most likely on its way.
+                while await _stepped_of(pg_db, run.topic) < hits:  # noqa: ASYNC110
+                    await asyncio.sleep(0.02)
+            for worker in workers:
+                worker.process.send_signal(signal.SIGTERM)
+                if not together:
+                    await _stopped(worker)
+            for worker in workers:
+                await _stopped(worker)
+        finally:
+            for worker in workers:
+                if worker.process.returncode is None:
+                    worker.process.kill()
+                    await worker.process.wait()
+                worker.output.close()
+        offsets = await _offsets(run)
+        if offsets != ends:
+            logs = "\n".join(w.log.read_text(errors="replace")[-3000:] for w in workers)
+            short.append(f"committed {offsets}, the ends are {ends}:\n{logs}")
+    assert short == []
+
+
+async def _stopped(worker: Worker) -> None:
+    """Wait for ``worker`` (sent SIGTERM) to exit 0 within :data:`STOP_WITHIN`."""
+    try:
+        code = await asyncio.wait_for(worker.process.wait(), STOP_WITHIN)
+    except TimeoutError:
+        raise AssertionError(f"not stopped: {worker.log.read_text(errors='replace')}") from None
+    assert code == 0, worker.log.read_text(errors="replace")
+
+
+async def _stepped_of(db: RouterDb, topic: str) -> int:
+    """How many of ``topic``'s records the ledger says were stepped."""
+    names = TableNames.of(db.store.tables)
+    async with db.adapter.transaction() as tx:
+        cursor = await tx.driver.execute(
+            f"SELECT count(DISTINCT message_id) FROM {names.routing_ledger} "
+            "WHERE message_id LIKE %s AND outcome IN ('created_and_delivered', 'delivered')",
+            (f"{topic}/%",),
+        )
+        row = await cursor.fetchone()
+    assert row is not None
+    return int(row[0])

@@ -746,10 +746,12 @@ class KafkaSource:
             answer = self._started().call(commit_now, urgent=True)
         else:
             answer = commits.call(commit_now)
+        timed_out = False
         try:
             async with asyncio.timeout(self._commit_timeout):
                 return await asyncio.shield(answer)
         except TimeoutError:
+            timed_out = True
             raise CommitFailed(
                 f"{self.name}: the coordinator did not answer the commit within "
                 f"{self._commit_timeout:g} s"
@@ -760,7 +762,10 @@ class KafkaSource:
             if not answer.done():
                 withdrawn.set()
                 answer.add_done_callback(self._answered_late)
-                if sent.is_set() and not urgent:
+                # A waiter cancelled (a consumer stopping its committer) says nothing
+                # of the coordinator: the next commits queue behind this one, so they
+                # reach it after, never before, its older offsets.
+                if timed_out and sent.is_set() and not urgent:
                     self._retire(commits, answer)
 
     def _commit_thread(self) -> _ConsumerThread:
