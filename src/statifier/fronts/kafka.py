@@ -576,6 +576,10 @@ class KafkaSource:
         self._commits: _ConsumerThread | None = None
         self._unanswered: set[asyncio.Future[Any]] = set()
         """The answers of the commits sent, given up on and not answered yet."""
+        self._confirmed: dict[str, int] = {}
+        """Per partition, the highest offset the coordinator confirmed committing."""
+        self._restoring: set[asyncio.Task[None]] = set()
+        """Commits that put back offsets a late answer set back (:meth:`_answered_late`)."""
         self._failing_since: float | None = None
         """When the first of the commits failing since the last that succeeded began
         (monotonic); ``None`` while commits succeed."""
@@ -722,6 +726,9 @@ class KafkaSource:
         if refused:
             self._commit_ended(began, failed=True)
             raise CommitFailed(f"{self.name}: the commit was refused for {refused}")
+        for tp in offsets:
+            name = partition_name(tp.topic, tp.partition)
+            self._confirmed[name] = max(self._confirmed.get(name, 0), tp.offset)
         self._commit_ended(began, failed=False)
 
     async def _commit_in_time(self, offsets: list[TopicPartition]) -> Any:
@@ -777,9 +784,8 @@ class KafkaSource:
         """Leave ``commits`` to its unanswered call and run the next commits on a new
         thread: librdkafka may never answer that call (it can lose a commit's answer
         when the coordinator is killed), and the commits queued behind it would all
-        wait in vain. The call, if answered, may then commit older offsets after newer
-        ones: the records between come again to the partition's next owner, and the
-        router dedupes them; no offset past a record not yet done is ever committed."""
+        wait in vain. The call, if answered, may then have committed older offsets
+        after newer ones: :meth:`_answered_late` commits the newer ones again."""
         self._unanswered.add(answer)
         answer.add_done_callback(self._unanswered.discard)
         commits.stop()  # ends once its call returns; what is queued behind is withdrawn
@@ -787,8 +793,10 @@ class KafkaSource:
             self._commits = self._commit_thread()
 
     def _answered_late(self, answer: asyncio.Future[Any]) -> None:
-        """Log the answer of a commit whose waiter gave up: its offsets are committed
-        again by a later commit, or come again (the router dedupes them)."""
+        """Log the answer of a commit whose waiter gave up. Where it committed an offset
+        below one the coordinator confirmed since (its request may have reached the
+        coordinator after the newer one's), commit the newer offset again, for the
+        partitions still owned: else the records between would come again."""
         if answer.cancelled():
             return
         error = answer.exception()
@@ -801,6 +809,37 @@ class KafkaSource:
             said,
             extra={"source": self.name},
         )
+        if error is not None:
+            return
+        behind = {}
+        for tp in answer.result():
+            name = partition_name(tp.topic, tp.partition)
+            newer = self._confirmed.get(name, 0)
+            if tp.error is None and tp.offset < newer and name in self._owned:
+                behind[name] = newer - 1
+        if behind:
+            restoring = asyncio.ensure_future(self._restore(behind))
+            self._restoring.add(restoring)
+            restoring.add_done_callback(self._restoring.discard)
+
+    async def _restore(self, positions: Mapping[str, int]) -> None:
+        """Commit ``positions`` again after a late answer set them back."""
+        _log.info(
+            "%s: committing %s again: a late answer set them back",
+            self.name,
+            sorted(positions),
+            extra={"source": self.name},
+        )
+        try:
+            await self.commit(positions)
+        except (CommitFailed, RuntimeError) as error:
+            _log.warning(
+                "%s: committing %s again failed (their records may come again): %s",
+                self.name,
+                sorted(positions),
+                error,
+                extra={"source": self.name},
+            )
 
     def _commit_ended(self, began: float, *, failed: bool) -> None:
         """Keep whether commits keep failing, for :meth:`trouble`, and report
@@ -840,6 +879,7 @@ class KafkaSource:
         try:
             if consumer is not None:
                 await self._commits_answered()
+                await asyncio.gather(*self._restoring, return_exceptions=True)
                 closed = thread.call(consumer.close)
                 bound = self._rebalance_timeout + self._commit_timeout
                 await asyncio.wait([closed], timeout=bound)
@@ -1119,6 +1159,8 @@ class KafkaSource:
             await self._rebalance.revoked(names)
         finally:
             self._owned.difference_update(names)
+            for name in names:
+                self._confirmed.pop(name, None)
 
     def _keep(self, polled: asyncio.Future[list[Message]]) -> None:
         if polled.cancelled() or polled.exception() is not None:
