@@ -224,6 +224,7 @@ async def test_the_execution_statements_read_alike_on_both_databases(
                 "content_hash": "h1",
                 "position_blob": blob,
                 "saved_at": dialect.time(START),
+                "bucket": bucket_of("k"),
             }
             await run(d, s.save_position, s.keyed(position))
         saved = await row(d, s.fetch_position, {"key": "k"})

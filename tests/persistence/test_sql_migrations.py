@@ -27,7 +27,7 @@ from statifier.sql import TableOptions, migrations
 from statifier.sql.dialect import execution_lock_key
 from statifier.sql.tables import UtcDateTime, autogenerate_filter
 
-HEAD = "statifier_0023"
+HEAD = "statifier_0025"
 """The newest revision."""
 
 DURABLE_TABLES = ("mig_charts", "mig_positions", "mig_executions", "mig_inputs")
@@ -872,3 +872,43 @@ def test_the_ledger_bucket_revision_fills_its_column_and_goes_back(fresh_databas
         ("b", "m4"): bucket_of("m4"),
         ("b", None): bucket_of("b"),
     }
+
+
+def test_the_position_bucket_revision_fills_its_column_and_goes_back(fresh_database: Any) -> None:
+    # statifier_0024 gives each saved position its key's bucket, makes it required and
+    # indexes it with the key.
+    keys = ["order-17", "order-17/payment", new_execution_id("s", "d", "k")]
+    buckets = _bucket_revision(
+        fresh_database,
+        table="positions",
+        revision="statifier_0024",
+        index="positions_bucket_key_idx",
+        insert=(
+            "INSERT INTO {table} (key, content_hash, position_blob, saved_at) "
+            "VALUES (:key, 'h', :blob, CURRENT_TIMESTAMP)"
+        ),
+        rows=[{"key": key, "blob": b"p"} for key in keys],
+        read="SELECT key, bucket FROM {table}",
+    )
+    assert buckets == {(key,): bucket_of(key) for key in keys}
+
+
+def test_the_held_create_bucket_revision_fills_its_column_and_goes_back(
+    fresh_database: Any,
+) -> None:
+    # statifier_0025 gives each event a cap holds its address's bucket, makes it
+    # required and indexes it with the seq.
+    buckets = _bucket_revision(
+        fresh_database,
+        table="held_creates",
+        revision="statifier_0025",
+        index="held_creates_bucket_seq_idx",
+        insert=(
+            "INSERT INTO {table} (document, scope, key, seq, binding_id, create_mode, "
+            "message_id, event_blob, arrived_at) VALUES (:document, :scope, :key, 1, 'b', "
+            "'always', 'm', :blob, CURRENT_TIMESTAMP)"
+        ),
+        rows=[{"scope": s, "document": d, "key": k, "blob": b"e"} for s, d, k in ADDRESSES],
+        read="SELECT scope, document, key, bucket FROM {table}",
+    )
+    assert buckets == {where: address_bucket(*where) for where in ADDRESSES}

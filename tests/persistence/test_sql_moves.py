@@ -19,7 +19,10 @@ from tests.persistence.conftest import (  # noqa: F401 - fixtures
 
 from statifier.buckets import address_bucket, bucket_of
 from statifier.ids import new_execution_id
+from statifier.persistence.records import PositionRecord
+from statifier.persistence.sql import SqlAdapter
 from statifier.sql import migrations, moves
+from statifier.sql.caps import CapTable, HeldCreateRow
 from statifier.sql.locations import upgrade_locations
 from statifier.sql.moves import CopyMismatch, SourceChanged, move_range, moved_tables
 from statifier.sql.tables import define_locations
@@ -109,8 +112,8 @@ def _family(store: SqlStore, key: str) -> str:
             add(table, bucket=bucket)
         add(t.flow_groups, binding_id="b", scope=SCOPE, key=key, bucket=bucket)
         add(t.flow_events, binding_id="b", scope=SCOPE, key=key, seq=1)
-        add(t.held_creates, seq=1, **address)
-        add(t.positions, key=position, content_hash=f"h-{key}")
+        add(t.held_creates, seq=1, bucket=bucket, **address)
+        add(t.positions, key=position, content_hash=f"h-{key}", bucket=bucket)
 
     _run(store, write)
     return execution
@@ -264,3 +267,38 @@ def test_a_copy_that_differs_from_the_source_deletes_nothing_there(
     with pytest.raises(CopyMismatch, match="nothing was deleted"):
         _move(source, target, (bucket, bucket + 1))
     assert _counts(source) == ONE
+
+
+@pytest.mark.asyncio
+async def test_a_saved_position_and_a_held_create_are_written_with_the_bucket_they_move_by(
+    two: tuple[SqlStore, SqlStore],
+) -> None:
+    source, _ = two
+    async with SqlAdapter(source.url, source.tables) as adapter:
+        await adapter.save_position(
+            PositionRecord("session-7", content_hash="h", position=b"p", saved_at=NOW)
+        )
+        held = HeldCreateRow(
+            document=DOCUMENT,
+            scope=SCOPE,
+            key="k-7",
+            binding_id="b",
+            create_mode="always",
+            on_error=None,
+            message_id="m",
+            source=None,
+            event_blob=b"e",
+            arrived_at=NOW,
+        )
+        async with adapter.transaction() as tx:
+            await CapTable(adapter.tables, adapter.dialect).hold(tx.driver, held)
+    t = source.tables
+
+    def buckets(connection: sa.Connection) -> tuple[list[Any], list[Any]]:
+        positions = connection.execute(sa.select(t.positions.c.key, t.positions.c.bucket))
+        creates = connection.execute(sa.select(t.held_creates.c.key, t.held_creates.c.bucket))
+        return list(positions), list(creates)
+
+    positions, creates = _run(source, buckets)
+    assert [tuple(row) for row in positions] == [("session-7", bucket_of("session-7"))]
+    assert [tuple(row) for row in creates] == [("k-7", address_bucket(SCOPE, DOCUMENT, "k-7"))]

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
+from statifier.buckets import address_bucket
 from statifier.sql.dialect import Dialect
 from statifier.sql.keys import RowKeys
 from statifier.sql.names import TableNames
@@ -86,7 +87,7 @@ class CapTable:
         # caller holds the cap's lock, so no other insert of it runs meanwhile.
         next_seq = {"seq": "COALESCE(MAX(seq), 0) + 1"}
         self._hold = sql(
-            f"{keys.insert(held, (*_HELD_COLUMNS, 'seq'), next_seq, select=True)} "
+            f"{keys.insert(held, (*_HELD_COLUMNS, 'bucket', 'seq'), next_seq, select=True)} "
             f"FROM {held} WHERE document = :document AND scope = :scope AND key = :key"
         )
         self._any = sql(f"SELECT 1 FROM {held} WHERE {_BUCKET} LIMIT 1")
@@ -144,6 +145,7 @@ class CapTable:
         """Hold ``row`` behind the address's other held creates."""
         values: dict[str, Any] = {column: getattr(row, column) for column in _HELD_COLUMNS}
         values["arrived_at"] = self.dialect.time(row.arrived_at)
+        values["bucket"] = address_bucket(row.scope, row.document, row.key)
         await self.dialect.execute(driver, self._hold, self.keys.keyed(values))
 
     async def any_held(self, driver: Any, document: str, scope: str | None) -> bool:

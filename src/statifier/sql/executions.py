@@ -241,7 +241,7 @@ class ExecutionStatements:
         self.fan_out_ended = sql(
             f"SELECT 1 FROM {t.fan_out_ends} WHERE parent_id = :parent AND invoke_id = :invoke"
         )
-        position = ("key", "content_hash", "position_blob", "saved_at")
+        position = ("key", "content_hash", "position_blob", "saved_at", "bucket")
         self.save_position = sql(
             f"{keys.insert(t.positions, position)} "
             "ON CONFLICT (key) DO UPDATE SET content_hash = excluded.content_hash, "

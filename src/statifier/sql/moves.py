@@ -22,13 +22,12 @@ held before, other than an earlier copy of the same part.
 What moves, by the bucket of each row:
 
 - by their own ``bucket`` column: executions, addresses, dedupe claims, ledger rows,
-  timers, outbox rows and flow groups;
+  timers, outbox rows, flow groups, events held by a cap (their address's bucket) and
+  saved positions (their key's);
 - with their execution (whose bucket is its root's): input logs, step errors, held
   events, subscriptions, active slots, and, with the parent they are owed to, child
   answers and fan-out ends (a child falls in its root's bucket); a BasicHTTP location
   with its address, a flow group's events with their group;
-- by a bucket computed here: events held by a cap (their address's) and saved
-  positions (their key's);
 - charts are copied where the target lacks them, and stay at the source.
 
 What is not per key stays where it is: the inbound-events table and its consumers'
@@ -50,7 +49,7 @@ from typing import Any, Final
 
 import sqlalchemy as sa
 
-from statifier.buckets import address_bucket, bucket_of, bucket_range
+from statifier.buckets import bucket_range
 from statifier.sql.engines import database_url, is_busy, sync_engine
 from statifier.sql.tables import TableOptions, define_locations
 
@@ -64,6 +63,8 @@ _BY_BUCKET: Final = (
     "timers",
     "outbox",
     "flow_groups",
+    "held_creates",
+    "positions",
 )
 """The tables whose rows carry their bucket."""
 
@@ -82,8 +83,6 @@ _INSERT_ORDER: Final = (
     *_BY_BUCKET,
     *_BY_EXECUTION,
     "flow_events",
-    "held_creates",
-    "positions",
     "locations",  # references its address
 )
 _DELETE_ORDER: Final = tuple(reversed(_INSERT_ORDER))
@@ -270,29 +269,18 @@ def _read(connection: sa.Connection, side: _Side, part: tuple[int, int]) -> _Row
             where = table.c[_BY_EXECUTION[name]].in_(of_part)
         elif name == "locations":
             where = table.c.address_id.in_(sa.select(addresses.c.id).where(within(addresses)))
-        elif name == "flow_events":
+        else:  # a flow group's events, with their group
             where = sa.exists().where(
                 groups.c.binding_id == table.c.binding_id,
                 groups.c.scope == table.c.scope,
                 groups.c.key == table.c.key,
                 within(groups),
             )
-        else:
-            where = sa.true()  # held creates and positions: their buckets are computed
-        rows = [
+        found[name] = [
             (row.id, {k: v for k, v in row._mapping.items() if k != "id"})
             for row in connection.execute(sa.select(table).where(where))
         ]
-        if name == "held_creates":
-            rows = [r for r in rows if start <= _address(r[1]) < end]
-        elif name == "positions":
-            rows = [r for r in rows if start <= bucket_of(r[1]["key"]) < end]
-        found[name] = rows
     return found
-
-
-def _address(row: Mapping[str, Any]) -> int:
-    return address_bucket(row["scope"], row["document"], row["key"])
 
 
 def _digest(rows: _Rows) -> str:

@@ -596,8 +596,13 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         sa.Column("content_hash", sa.Text(), nullable=False),
         sa.Column("position_blob", sa.LargeBinary(), nullable=False),
         sa.Column("saved_at", UtcDateTime(), nullable=False),
+        # The key's bucket (statifier.buckets.bucket_of): a move of a range of buckets
+        # reads its range's positions by the index below. Last, where statifier_0024
+        # added it.
+        sa.Column("bucket", sa.SmallInteger(), nullable=False),
         sa.UniqueConstraint("key", name=name("positions_key_key")),
         sa.Index(name("positions_content_hash_idx"), "content_hash"),
+        sa.Index(name("positions_bucket_key_idx"), "bucket", "key"),
         schema=schema,
     )
     executions = options.table(
@@ -1174,11 +1179,16 @@ def _caps(options: TableOptions, metadata: sa.MetaData) -> tuple[sa.Table, sa.Ta
         sa.Column("source", sa.Text(), nullable=True),
         sa.Column("event_blob", sa.LargeBinary(), nullable=False),
         sa.Column("arrived_at", UtcDateTime(), nullable=False),
+        # The address's bucket (statifier.buckets.address_bucket): a move of a range
+        # of buckets reads its range's held creates by the index below. Last, where
+        # statifier_0025 added it.
+        sa.Column("bucket", sa.SmallInteger(), nullable=False),
         sa.UniqueConstraint(
             "document", "scope", "key", "seq", name=name("held_creates_document_scope_key_seq_key")
         ),
         # What the worker's fair pick walks: each scope's oldest first.
         sa.Index(name("held_creates_document_arrived_at_idx"), "document", "arrived_at"),
+        sa.Index(name("held_creates_bucket_seq_idx"), "bucket", "seq"),
         schema=schema,
     )
     return slots, held

@@ -965,6 +965,7 @@ class PostgresDatabase:
             "content_hash": record.content_hash,
             "position_blob": record.position,
             "saved_at": utc(record.saved_at),
+            "bucket": bucket_of(record.key),
         }
         await cursor.execute(s.save_position, s.keyed(values))
 

@@ -785,6 +785,7 @@ class SqliteDatabase:
             "content_hash": record.content_hash,
             "position_blob": record.position,
             "saved_at": utc_text(record.saved_at),
+            "bucket": bucket_of(record.key),
         }
         cursor.execute(s.save_position, s.keyed(values))
 

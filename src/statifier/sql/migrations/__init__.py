@@ -37,7 +37,7 @@ transaction governs and no lock is taken.
 >>> path = os.path.join(tempfile.mkdtemp(), "doc.db")
 >>> upgrade(f"sqlite:///{path}", TableOptions(prefix="doc_"))
 >>> current(f"sqlite:///{path}", TableOptions(prefix="doc_"))
-'statifier_0023'
+'statifier_0025'
 >>> downgrade(f"sqlite:///{path}", TableOptions(prefix="doc_"))
 >>> current(f"sqlite:///{path}", TableOptions(prefix="doc_")) is None
 True
@@ -581,7 +581,7 @@ def add_bucket(
 ) -> None:
     """Give ``table`` (unprefixed) a required ``bucket`` column, filled for the rows
     there, and the index ``<table>_bucket_<index...>_idx`` on ``bucket`` and ``index``:
-    the step the bucket revisions (``statifier_0017`` to ``statifier_0023``) share.
+    the step the bucket revisions (``statifier_0017`` to ``statifier_0025``) share.
     ``buckets(connection, name)`` answers each row's ``(id, bucket)``, computed in
     Python (``name``: the table as SQL writes it, with its schema); they are written in
     UPDATE batches of 1,000. Those revisions call it, so what it does is theirs: a
