@@ -1,17 +1,19 @@
 """How long the bucket revisions take to fill the rows already there: `statifier_0021`
 (each dedupe claim's bucket, read from the routing-ledger row its delivery wrote),
-`statifier_0022` (each execution's bucket, from its id) and `statifier_0023` (each
-ledger row's, from its address, execution or message id), on SQLite and PostgreSQL.
+`statifier_0022` (each execution's bucket, from its id), `statifier_0023` (each
+ledger row's, from its address, execution or message id), `statifier_0024` (each saved
+position's, from its key) and `statifier_0025` (each event a cap holds, from its
+address), on SQLite and PostgreSQL.
 
 For each database and revision the bench makes fresh tables (a SQLite file, a
 PostgreSQL schema of `--url`), upgrades them to the revision before, inserts `--rows`
 rows with one statement (for 0021: `--rows` claims and twice as many ledger rows, one
 of the claim's binding and one of another binding, so a lookup by binding alone reads
 many rows; for 0023: ledger rows, two in three naming an address, the others a refused
-send's execution), then times the upgrade to the revision: the fill in Python, the column made
-required, the index made. It checks that every row got the bucket Python computes for
-it. A revision runs in one transaction: the time is also how long the upgrade holds the
-tables.
+send's execution; for 0025: held creates over 1,000 addresses), then times the upgrade
+to the revision: the fill in Python, the column made required, the index made. It
+checks that every row got the bucket Python computes for it. A revision runs in one
+transaction: the time is also how long the upgrade holds the tables.
 
     python bench/migrations.py                    # 100,000 rows on both databases
     python bench/migrations.py --rows 1000000 --only postgresql
@@ -92,6 +94,31 @@ def _fill_ledger(connection: sa.Connection, rows: int, postgresql: bool) -> None
     )
 
 
+def _fill_positions(connection: sa.Connection, rows: int, postgresql: bool) -> None:
+    prefix, numbers, now = _series(postgresql)
+    schema = f"{SCHEMA}." if postgresql else ""
+    connection.execute(
+        sa.text(
+            f"{prefix}INSERT INTO {schema}b_positions (key, content_hash, position_blob, "
+            f"saved_at) SELECT 'session-' || x, 'h', :blob, {now} FROM {numbers}"
+        ),
+        {"n": rows, "blob": b"position"},
+    )
+
+
+def _fill_held(connection: sa.Connection, rows: int, postgresql: bool) -> None:
+    prefix, numbers, now = _series(postgresql)
+    schema = f"{SCHEMA}." if postgresql else ""
+    connection.execute(
+        sa.text(
+            f"{prefix}INSERT INTO {schema}b_held_creates (document, scope, key, seq, "
+            "binding_id, create_mode, message_id, event_blob, arrived_at) SELECT 'd', 's', "
+            f"'k' || (x % 1000), x, 'b', 'always', 'm' || x, :blob, {now} FROM {numbers}"
+        ),
+        {"n": rows, "blob": b"event"},
+    )
+
+
 def _check(connection: sa.Connection, revision: str, postgresql: bool) -> int:
     """How many rows have another bucket than Python computes for them."""
     schema = f"{SCHEMA}." if postgresql else ""
@@ -107,6 +134,12 @@ def _check(connection: sa.Connection, revision: str, postgresql: bool) -> int:
             sa.text(f"SELECT execution_id, bucket FROM {schema}b_executions")
         )
         wrong = [execution for execution, bucket in found if bucket != bucket_of(execution)]
+    elif revision == "statifier_0024":
+        found = connection.execute(sa.text(f"SELECT key, bucket FROM {schema}b_positions"))
+        wrong = [key for key, bucket in found if bucket != bucket_of(key)]
+    elif revision == "statifier_0025":
+        found = connection.execute(sa.text(f"SELECT key, bucket FROM {schema}b_held_creates"))
+        wrong = [key for key, bucket in found if bucket != address_bucket("s", "d", key)]
     else:
         found = connection.execute(
             sa.text(f"SELECT document, key, execution_id, bucket FROM {schema}b_routing_ledger")
@@ -124,6 +157,8 @@ FILLS = {
     "statifier_0021": _fill_dedupe,
     "statifier_0022": _fill_executions,
     "statifier_0023": _fill_ledger,
+    "statifier_0024": _fill_positions,
+    "statifier_0025": _fill_held,
 }
 
 
