@@ -636,10 +636,12 @@ def _run_serve(args: argparse.Namespace, out: TextIO) -> int:
 
     from statifier import service
     from statifier.sql.locks import LocksMismatch
+    from statifier.sql.places import PlaceMismatch
 
+    refusals = (service.ServiceConfigError, service.NotMigrated, LocksMismatch, PlaceMismatch)
     try:
         return service.serve(args.config, out)
-    except (service.ServiceConfigError, service.NotMigrated, LocksMismatch, OSError) as error:
+    except (*refusals, OSError) as error:
         _debug_traceback(args)
         sys.stderr.write(f"statifier serve: {_one_line(error)}\n")
         return 2

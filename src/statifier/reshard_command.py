@@ -13,8 +13,14 @@ every process that writes to them stopped (decision 0126).
     place in ``--from`` or ``--to``, never by its URL (which may hold a password).
 
 Every store must be at the package's revision (``statifier db upgrade`` each one,
-the new ones included). A move cut short, or refused, is finished by running the same
-command again. Then start the processes with the new stores.
+the new ones included). A ``--from`` store that records another place than its place
+in ``--from``, or that a reshard retired, and a store only in ``--to`` that serves
+another list already are refused (``statifier.sql.places``; a store without a record
+is taken at its word), a dry run included. Before a row moves, every store named is
+marked ``moving``, which ``statifier serve`` refuses to start on; once every range
+moved, the ``--to`` stores are marked serving in their places and the stores left out
+``retired``. A move cut short, or refused, is finished by running the same command
+again. Then start the processes with the new stores.
 
 Exit status: 0 when every range moved (or the dry run printed), 2 for an error,
 printed as one line, ``statifier reshard: message``.
@@ -23,9 +29,17 @@ printed as one line, ``statifier reshard: message``.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
+
+if TYPE_CHECKING:
+    import sqlalchemy as sa
+
+    from statifier.sql import TableOptions
+    from statifier.sql.places import Place
+
+T = TypeVar("T")
 
 __all__ = ["Range", "add_parser", "plan", "run"]
 
@@ -121,6 +135,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     from statifier.sql import TableOptions, migrations
     from statifier.sql.engines import database_url
     from statifier.sql.moves import CopyMismatch, SourceChanged, move_range
+    from statifier.sql.places import PlaceMismatch
 
     try:
         options = TableOptions(prefix=args.prefix, schema=args.schema)
@@ -139,6 +154,9 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
                         f"store {place} of {named} is at revision {found or 'none'}, not "
                         f"{migrations.head()}: run statifier db upgrade on it first"
                     )
+        _check_places(args.sources, args.targets, options)
+        if not args.dry_run:
+            _mark_moving(args.sources, args.targets, options)
         total = 0
         for moving in ranges:
             start, end = moving.buckets
@@ -154,7 +172,9 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
             rows = ", ".join(f"{name} {count}" for name, count in moved.rows.items())
             out.write(f"{said}: {moved.total} rows ({rows or 'none'}), {moved.charts} charts\n")
             total += moved.total
-    except (ValueError, CopyMismatch, SourceChanged, MissingExtra) as error:
+        if not args.dry_run:
+            _mark_moved(args.sources, args.targets, options)
+    except (ValueError, CopyMismatch, SourceChanged, MissingExtra, PlaceMismatch) as error:
         return refused("reshard", args, str(error))
     except sa.exc.SQLAlchemyError as error:
         # The driver's own words: SQLAlchemy's add the statement and its values.
@@ -165,3 +185,95 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     else:
         out.write(f"moved {total} rows in {len(ranges)} ranges: start the processes on --to\n")
     return 0
+
+
+def _places(
+    sources: Sequence[str], targets: Sequence[str]
+) -> list[tuple[str, int | None, int | None]]:
+    """Each store named once: its URL, its place in ``sources`` and in ``targets``
+    (``None`` where it is not there)."""
+    from statifier.sql.engines import database_url
+
+    stores: dict[Any, tuple[str, int | None, int | None]] = {}
+    for place, url in enumerate(sources):
+        stores[database_url(url)] = (url, place, None)
+    for place, url in enumerate(targets):
+        before = stores.get(database_url(url))
+        stores[database_url(url)] = (url, before[1] if before else None, place)
+    return list(stores.values())
+
+
+def _check_places(sources: Sequence[str], targets: Sequence[str], options: TableOptions) -> None:
+    """Refuse a ``--from`` store that records another place than its place in
+    ``--from``, or that a reshard retired, and a store only in ``--to`` that serves
+    already. A store without a record is taken at its word. A reshard cut short is
+    let through: some of its stores are still ``moving`` and the others record what
+    it leaves them (or all of them do: it was done but for its last line).
+
+    Raises:
+        PlaceMismatch: as said.
+    """
+    from statifier.sql.places import Place, PlaceMismatch, read_place, refusal
+
+    stores = [
+        (before, after, _on(url, lambda connection: read_place(connection, options)))
+        for url, before, after in _places(sources, targets)
+    ]
+    left = [found == _after(after, len(targets)) for _, after, found in stores]
+    moving = [found is not None and found.state == "moving" for _, _, found in stores]
+    resumed = all(a or b for a, b in zip(left, moving, strict=True))
+    for (before, after, found), done in zip(stores, left, strict=True):
+        if found is None or found.state == "moving" or (done and resumed):
+            continue
+        if before is not None:
+            said = refusal(found, Place.serving(before, len(sources)))
+            if said is not None:
+                raise PlaceMismatch(f"--from {said}")
+        elif found.state == "serving":
+            raise PlaceMismatch(
+                f"--to store {after} serves already, as place {found.place} of "
+                f"{found.stores} of another list of stores: name a store of no deployment"
+            )
+
+
+def _mark_moving(sources: Sequence[str], targets: Sequence[str], options: TableOptions) -> None:
+    """Mark every store ``moving``, keeping its ``--from`` place."""
+    from statifier.sql.places import Place
+
+    for url, before, _ in _places(sources, targets):
+        count = None if before is None else len(sources)
+        _write(url, options, Place(before, count, "moving"))
+
+
+def _mark_moved(sources: Sequence[str], targets: Sequence[str], options: TableOptions) -> None:
+    """Mark the ``--to`` stores serving in their places, the others retired."""
+    for url, _, after in _places(sources, targets):
+        _write(url, options, _after(after, len(targets)))
+
+
+def _after(place: int | None, stores: int) -> Place:
+    """A store's record once the reshard is done: serving at ``place`` of ``stores``
+    in ``--to``, retired when it is not there (``None``)."""
+    from statifier.sql.places import Place
+
+    return Place(None, None, "retired") if place is None else Place.serving(place, stores)
+
+
+def _write(url: str, options: TableOptions, place: Place) -> None:
+    from datetime import UTC, datetime
+
+    from statifier.sql.places import write_place
+
+    _on(url, lambda connection: write_place(connection, options, place, datetime.now(UTC)))
+
+
+def _on(url: str, work: Callable[[sa.Connection], T]) -> T:
+    """``work`` in one transaction on the store at ``url``."""
+    from statifier.sql.engines import sync_engine
+
+    engine = sync_engine(url)
+    try:
+        with engine.begin() as connection:
+            return work(connection)
+    finally:
+        engine.dispose()

@@ -27,7 +27,7 @@ from statifier.sql import TableOptions, migrations
 from statifier.sql.dialect import execution_lock_key
 from statifier.sql.tables import UtcDateTime, autogenerate_filter
 
-HEAD = "statifier_0025"
+HEAD = "statifier_0026"
 """The newest revision."""
 
 DURABLE_TABLES = ("mig_charts", "mig_positions", "mig_executions", "mig_inputs")
@@ -67,6 +67,8 @@ CAP_TABLES = ("mig_active_slots", "mig_held_creates")
 """What ``statifier_0014`` adds."""
 LOCK_TABLES = ("mig_locks",)
 """What ``statifier_0016`` adds."""
+PLACE_TABLES = ("mig_store_place",)
+"""What ``statifier_0026`` adds."""
 
 
 def _tenant() -> list[sa.Column[Any]]:
@@ -157,6 +159,7 @@ def test_migrations_build_exactly_the_tables(fresh_database: Any) -> None:
         *FLOW_TABLES,
         *CAP_TABLES,
         *LOCK_TABLES,
+        *PLACE_TABLES,
     }
 
 

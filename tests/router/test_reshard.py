@@ -43,6 +43,7 @@ from statifier.router import (
 from statifier.router.queries import address
 from statifier.sql import migrations
 from statifier.sql.moves import move_range, moved_tables
+from statifier.sql.places import Place, PlaceMismatch, read_place, write_place
 
 SCOPE = "shop"
 ROOT = Path(__file__).parent.parent.parent
@@ -368,3 +369,79 @@ async def test_a_move_killed_at_random_points_and_run_again_moves_every_row_once
     assert _snapshot(target) == before  # every row once, the chart copied
     emptied = _snapshot(source)
     assert all(not rows for name, rows in emptied.items() if name != "charts")
+
+
+def test_the_stores_record_their_places_and_a_list_changed_without_a_reshard_is_refused(
+    sqlite_shards: list[SqlStore],  # noqa: F811 - the fixture
+    tmp_path: Any,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for store in sqlite_shards:
+        store.empty()
+    options = sqlite_shards[0].tables.options
+    first, second, third = (store.url for store in sqlite_shards)
+
+    def claim(url: str, place: int, stores: int) -> None:
+        migrations.prepare(url, options, migrate=False, place=Place.serving(place, stores))
+
+    def records() -> list[Place | None]:
+        found = []
+        for url in (first, second, third):
+            engine = sa.create_engine(migrations.sync_url(url))
+            try:
+                with engine.connect() as connection:
+                    found.append(read_place(connection, options))
+            finally:
+                engine.dispose()
+        return found
+
+    def reshard(sources: list[str], targets: list[str]) -> int:
+        given = [*(a for url in sources for a in ("--from", url))]
+        given += [a for url in targets for a in ("--to", url)]
+        return main(["reshard", *given, "--prefix", "t_"], io.StringIO())
+
+    claim(first, 0, 2)
+    claim(second, 1, 2)
+    # A --from list that is not the one the stores serve in.
+    assert reshard([first], [first, third]) == 2
+    said = capsys.readouterr().err
+    assert "--from store 0 of 1 holds place 0 of 2: the list of stores changed" in said
+    assert records() == [Place(0, 2, "serving"), Place(1, 2, "serving"), None]
+    # Grown to three: each store serves in its new place, and the old list is refused.
+    assert reshard([first, second], [first, second, third]) == 0
+    assert records() == [Place.serving(0, 3), Place.serving(1, 3), Place.serving(2, 3)]
+    with pytest.raises(PlaceMismatch, match="store 1 of 2 holds place 1 of 3"):
+        claim(second, 1, 2)
+    claim(second, 1, 3)
+    # Shrunk to two: the store left out is retired.
+    assert reshard([first, second, third], [first, third]) == 0
+    assert records() == [Place.serving(0, 2), Place(None, None, "retired"), Place.serving(1, 2)]
+    with pytest.raises(PlaceMismatch, match="moved every bucket of it to the other stores"):
+        claim(second, 1, 3)
+    # A reshard cut short leaves its stores moving, or some of them in their new
+    # places: a process is refused, and the same command, run again, finishes.
+    cut_short = [
+        [Place(0, 3, "moving"), Place(1, 3, "moving"), Place(2, 3, "moving")],
+        [Place.serving(0, 2), Place(None, None, "retired"), Place(2, 3, "moving")],
+    ]
+    for marks in cut_short:
+        for url, mark in zip((first, second, third), marks, strict=True):
+            engine = sa.create_engine(migrations.sync_url(url))
+            try:
+                with engine.begin() as connection:
+                    write_place(connection, options, mark, datetime.now(UTC))
+            finally:
+                engine.dispose()
+        with pytest.raises(PlaceMismatch, match="statifier reshard is moving its buckets"):
+            claim(third, 1, 2)
+        assert reshard([first, second, third], [first, third]) == 0
+        assert records() == [
+            Place.serving(0, 2),
+            Place(None, None, "retired"),
+            Place.serving(1, 2),
+        ]
+    # A --to store that serves another list is refused.
+    elsewhere = f"sqlite:///{tmp_path / 'elsewhere.db'}"
+    migrations.prepare(elsewhere, options, migrate=True, place=Place.serving(0, 1))
+    assert reshard([first, third], [first, third, elsewhere]) == 2
+    assert "--to store 2 serves already, as place 0 of 1" in capsys.readouterr().err

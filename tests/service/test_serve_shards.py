@@ -19,10 +19,12 @@ from tests.fronts.http_support import datamodel
 from tests.service.helpers import HITS, HITS_BINDING, running, write_config
 from tests.service.own_postgres import servers
 
+from statifier.cli import main
 from statifier.fronts.table_source import append_events
 from statifier.persistence.sql import SqlAdapter
 from statifier.router import InboundEvent, ShardedRouter, ledger
 from statifier.service import ServiceConfigError, load
+from statifier.service.service import prepare_database
 from statifier.service.settings import ServiceSettings
 from statifier.service.wiring import router_config
 from statifier.sql import TableOptions, migrations
@@ -339,3 +341,22 @@ async def _ready(client: httpx.AsyncClient, base: str) -> None:
     async with asyncio.timeout(30):
         while (await client.get(f"{base}/readyz")).status_code != 200:  # noqa: ASYNC110
             await asyncio.sleep(0.05)
+
+
+def test_a_service_over_stores_listed_in_other_places_than_they_hold_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = write_config(tmp_path, _body(tmp_path), {"hits": HITS})
+    prepare_database(load(config))  # each store takes its place
+    listed = _shards(tmp_path)
+    stores = [f'"sqlite:///{tmp_path / f"store{n}.db"}"' for n in range(3)]
+    reordered = listed.replace(", ".join(stores), ", ".join(reversed(stores)))
+    assert reordered != listed
+    config.write_text(_body(tmp_path).replace(listed, reordered), encoding="utf-8")
+    assert main(["serve", str(config)]) == 2
+    said = capsys.readouterr().err
+    assert said.startswith(
+        "statifier serve: store 0 of 3 holds place 2 of 3: the list of stores changed "
+        "without statifier reshard"
+    )
+    assert "store2.db" not in said  # a store is named by its place, never its URL

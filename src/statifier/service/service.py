@@ -163,20 +163,28 @@ def prepare_database(settings: ServiceSettings) -> None:
     (``statifier db upgrade`` and ``Durable(migrate=True)`` take the same one), so
     services starting together migrate one after the other.
 
+    Each store claims its place in the list (``statifier.sql.places``): a store that
+    holds another, or that a reshard is moving or emptied, refuses the start.
+
     Raises:
         NotMigrated: not migrated, and the file does not ask for it.
+        PlaceMismatch: a store holds another place than the list gives it, or a
+            reshard is moving its buckets or moved them away.
         MigrationBusy: another process held the migration lock too long.
         sqlalchemy.exc.SQLAlchemyError: the database cannot be reached.
     """
     from statifier.sql import migrations
     from statifier.sql.locations import upgrade_locations
+    from statifier.sql.places import Place
 
     options = _options(settings)
     locations = any(isinstance(front, BasicHttpFront) for front in settings.fronts)
     then = (lambda connection: upgrade_locations(connection, options)) if locations else None
+    urls = settings.database.urls
     try:
-        for url in settings.database.urls:
-            migrations.prepare(url, options, migrate=settings.migrate, then=then)
+        for number, url in enumerate(urls):
+            place = Place.serving(number, len(urls))
+            migrations.prepare(url, options, migrate=settings.migrate, then=then, place=place)
     except migrations.NotAtHead as behind:
         found = f"at revision {behind.revision}" if behind.revision else "not there"
         raise NotMigrated(
@@ -186,7 +194,7 @@ def prepare_database(settings: ServiceSettings) -> None:
         ) from None
     if not locations or settings.migrate:
         return
-    for number, url in enumerate(settings.database.urls):
+    for number, url in enumerate(urls):
         if not _has_locations(url, options):
             where = f" in store {number}" if settings.database.shards else ""
             raise NotMigrated(
@@ -442,6 +450,8 @@ class Service:
 
         Raises:
             NotMigrated: the database is not migrated (and the file does not ask).
+            PlaceMismatch: a store holds another place than the list gives it, or a
+                reshard is moving its buckets or moved them away.
             ServiceConfigError: a front, sink or source the configuration names cannot
                 be built.
             OSError: the listener cannot be bound.

@@ -46,6 +46,7 @@ class TableNames:
     active_slots: str
     held_creates: str
     locks: str
+    store_place: str
 
     @classmethod
     def of(cls, tables: Tables) -> TableNames:
@@ -80,6 +81,7 @@ class TableNames:
                     "active_slots",
                     "held_creates",
                     "locks",
+                    "store_place",
                 )
             )
         )

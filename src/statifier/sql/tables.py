@@ -35,6 +35,8 @@ metadata.
 - ``held_creates``: the events whose create a cap holds, in order, until a slot frees.
 - ``locks``: one row per lock key a transaction held, where ``TableOptions.locks`` is
   ``"rows"`` (:mod:`statifier.sql.locks`); empty otherwise.
+- ``store_place``: which place the database holds in the list of stores a deployment
+  runs on, and whether a reshard is moving its buckets (:mod:`statifier.sql.places`).
 
 Every table starts with a surrogate primary key ``id`` of the configured type, then
 the host's leading columns, then the package's own (each row's insert and update
@@ -70,6 +72,7 @@ shop_positions
 shop_routing_ledger
 shop_schedules
 shop_step_errors
+shop_store_place
 shop_subscriptions
 shop_timers
 >>> [column.name for column in tables.inputs.columns]
@@ -543,6 +546,7 @@ class Tables:
     active_slots: sa.Table
     held_creates: sa.Table
     locks: sa.Table
+    store_place: sa.Table
     options: TableOptions
 
     @classmethod
@@ -800,6 +804,7 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
     flow_groups, flow_events = _flow(options, metadata)
     active_slots, held_creates = _caps(options, metadata)
     locks = _locks(options, metadata)
+    store_place = _store_place(options, metadata)
     return Tables(
         metadata,
         charts,
@@ -829,6 +834,7 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         active_slots,
         held_creates,
         locks,
+        store_place,
         options,
     )
 
@@ -1138,6 +1144,22 @@ def _locks(options: TableOptions, metadata: sa.MetaData) -> sa.Table:
         metadata,
         sa.Column("key", sa.BigInteger(), nullable=False),
         sa.UniqueConstraint("key", name=name("locks_key_key")),
+        schema=options.schema,
+    )
+
+
+def _store_place(options: TableOptions, metadata: sa.MetaData) -> sa.Table:
+    """Which place of how many stores the database holds (``place``, ``stores``) and
+    its ``state``: ``serving``, ``moving`` (a reshard moves its buckets) or ``retired``
+    (a reshard moved them all away). One row, or none before a process claimed a place
+    (:mod:`statifier.sql.places`)."""
+    return options.table(
+        options.name("store_place"),
+        metadata,
+        sa.Column("place", sa.SmallInteger(), nullable=True),
+        sa.Column("stores", sa.SmallInteger(), nullable=True),
+        sa.Column("state", sa.Text(), nullable=False),
+        sa.Column("changed_at", UtcDateTime(), nullable=False),
         schema=options.schema,
     )
 

@@ -37,7 +37,7 @@ transaction governs and no lock is taken.
 >>> path = os.path.join(tempfile.mkdtemp(), "doc.db")
 >>> upgrade(f"sqlite:///{path}", TableOptions(prefix="doc_"))
 >>> current(f"sqlite:///{path}", TableOptions(prefix="doc_"))
-'statifier_0025'
+'statifier_0026'
 >>> downgrade(f"sqlite:///{path}", TableOptions(prefix="doc_"))
 >>> current(f"sqlite:///{path}", TableOptions(prefix="doc_")) is None
 True
@@ -49,6 +49,7 @@ import hashlib
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
+from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
 from typing import Any, Final, Protocol
@@ -58,6 +59,7 @@ import sqlalchemy as sa
 from statifier.extras import MissingExtra
 from statifier.sql.engines import database_url as sync_url
 from statifier.sql.locks import claim_mode
+from statifier.sql.places import Place, claim_place
 from statifier.sql.sqlite import BEGIN_WRITE
 from statifier.sql.tables import SQLITE_COLLATIONS, TableOptions, Tables
 
@@ -399,6 +401,7 @@ def prepare(
     migrate: bool,
     then: Callable[[sa.Connection], None] | None = None,
     wait: float = MIGRATION_WAIT,
+    place: Place | None = None,
 ) -> None:
     """At head, or upgraded to head under the lock: how the service,
     :class:`~statifier.durable.Durable` and the console open a database.
@@ -409,12 +412,16 @@ def prepare(
     same transaction, still under the lock (the service creates an opt-in table there).
     Without it, only read the revision; a SQLite file that does not exist is not
     created. Either way, on PostgreSQL, claim the tables' way of locking
-    (:func:`statifier.sql.locks.claim_mode`).
+    (:func:`statifier.sql.locks.claim_mode`); and given a ``place``, claim it
+    (:func:`statifier.sql.places.claim_place`: the service gives each store its place
+    in ``[database] shards``, or place 0 of 1).
 
     Raises:
         NotAtHead: without ``migrate``, the tables are not at :func:`head`.
         LocksMismatch: processes opened the tables with the other way of locking (a
             ``ValueError``).
+        PlaceMismatch: the store holds another place, or a reshard is moving its
+            buckets or moved them away (a ``ValueError``).
         MigrationBusy: another process held the lock for longer than ``wait``.
         ValueError: a schema for a database other than PostgreSQL; a URL that names
             neither.
@@ -428,6 +435,8 @@ def prepare(
             if then is not None:
                 then(connection)
             claim_mode(connection, chosen)
+            if place is not None:
+                claim_place(connection, chosen, place, datetime.now(UTC))
         return
     parsed = sync_url(url)
     database = parsed.database
@@ -439,9 +448,11 @@ def prepare(
     reached = current(url, chosen)
     if reached != head():
         raise NotAtHead(reached, head())
-    if parsed.get_backend_name() == "postgresql":
+    if parsed.get_backend_name() == "postgresql" or place is not None:
         with _connected(url) as connection:
             claim_mode(connection, chosen)
+            if place is not None:
+                claim_place(connection, chosen, place, datetime.now(UTC))
 
 
 def _migrate(

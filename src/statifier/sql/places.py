@@ -1,0 +1,172 @@
+"""Which place a database holds in the list of stores a deployment runs on
+(decision 0127).
+
+Over K stores (``[database] shards``) the i-th store listed holds the i-th even range
+of the buckets, and every row of a key lies where that list put it. A process started
+with the list reordered, a store left out, or one added without ``statifier reshard``
+would look for keys in stores that do not hold them: an execution would seem missing
+and be created a second time elsewhere. So each store records, in its ``store_place``
+table, the place it holds, of how many stores, and its state:
+
+- ``serving``: a process claimed the place (:func:`claim_place`, which ``statifier
+  serve`` calls for each store as it prepares it: one database on its own is place 0
+  of 1). A store without a record takes the place it is given; a store whose record
+  says another place, or another state, is refused with :class:`PlaceMismatch`.
+- ``moving``: ``statifier reshard`` is moving buckets to or from it (or a reshard was
+  cut short: running it again finishes it).
+- ``retired``: a reshard moved every bucket of it to the other stores.
+
+``statifier reshard`` checks that the ``--from`` stores hold the places it is told (a
+store without a record is taken at its word), marks every store it touches ``moving``
+before it moves a row, and once every range moved marks the ``--to`` stores
+``serving`` in their new places and the stores left out ``retired``.
+
+A process that runs already does not read the record again: the stores are checked
+when a process starts, and a reshard still needs every writer stopped (decision 0126).
+
+>>> import sqlalchemy as sa, os, tempfile
+>>> from datetime import UTC, datetime
+>>> from statifier.sql import TableOptions, migrations
+>>> url = f"sqlite:///{os.path.join(tempfile.mkdtemp(), 'places.db')}"
+>>> options = TableOptions()
+>>> migrations.upgrade(url, options)
+>>> engine = sa.create_engine(url)
+>>> now = datetime(2026, 12, 6, tzinfo=UTC)
+>>> with engine.begin() as connection:
+...     claim_place(connection, options, Place.serving(1, 3), now)
+...     read_place(connection, options)
+Place(place=1, stores=3, state='serving')
+>>> with engine.begin() as connection:
+...     claim_place(connection, options, Place.serving(0, 3), now)
+Traceback (most recent call last):
+...
+statifier.sql.places.PlaceMismatch: store 0 of 3 holds place 1 of 3: ...
+>>> engine.dispose()
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+import sqlalchemy as sa
+
+from statifier.sql.tables import TableOptions
+
+__all__ = ["Place", "PlaceMismatch", "claim_place", "read_place", "refusal", "write_place"]
+
+State = Literal["serving", "moving", "retired"]
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    """A store's record: its ``place`` (0 for the first) among ``stores`` stores, and
+    its ``state``. A store ``moving`` keeps the place it had; a ``retired`` one has
+    none (``None``)."""
+
+    place: int | None
+    stores: int | None
+    state: State
+
+    @classmethod
+    def serving(cls, place: int, stores: int) -> Place:
+        """Place ``place`` of ``stores``, serving.
+
+        Raises:
+            ValueError: ``place`` is not one of ``stores`` places.
+        """
+        if not 0 <= place < stores:
+            raise ValueError(f"place {place} is not one of {stores} stores")
+        return cls(place, stores, "serving")
+
+
+class PlaceMismatch(ValueError):  # noqa: N818 - names the refusal
+    """A store's record says another place, or that a reshard is moving or moved its
+    buckets. The message says which store, what it holds and what to do."""
+
+
+def _table(options: TableOptions) -> str:
+    name = options.name("store_place")
+    return f"{options.schema}.{name}" if options.schema else name
+
+
+def read_place(connection: sa.Connection, options: TableOptions) -> Place | None:
+    """The store's record, ``None`` when it has none.
+
+    Raises:
+        PlaceMismatch: the store holds two different records (two processes that
+            claimed different places at the same moment).
+    """
+    rows = connection.execute(
+        sa.text(f"SELECT DISTINCT place, stores, state FROM {_table(options)}")
+    ).all()
+    if not rows:
+        return None
+    if len(rows) > 1:
+        found = ", ".join(str(Place(*row)) for row in rows)
+        raise PlaceMismatch(f"the store holds several records of its place: {found}")
+    place, stores, state = rows[0]
+    return Place(place, stores, state)
+
+
+def write_place(
+    connection: sa.Connection, options: TableOptions, place: Place, now: datetime
+) -> None:
+    """Make ``place`` the store's record, in ``connection``'s transaction."""
+    table = _table(options)
+    connection.execute(sa.text(f"DELETE FROM {table}"))
+    connection.execute(
+        sa.insert(
+            sa.table(
+                options.name("store_place"),
+                sa.column("place"),
+                sa.column("stores"),
+                sa.column("state"),
+                sa.column("changed_at"),
+                schema=options.schema,
+            )
+        ).values(place=place.place, stores=place.stores, state=place.state, changed_at=now)
+    )
+
+
+def refusal(found: Place | None, given: Place) -> str | None:
+    """Why a store whose record is ``found`` may not be used as ``given`` (a serving
+    place), or ``None`` when it may: it has no record, or the same one."""
+    if found is None or found == given:
+        return None
+    where = f"store {given.place} of {given.stores}"
+    if found.state == "moving":
+        return (
+            f"{where}: statifier reshard is moving its buckets, or a reshard was cut "
+            "short: run the same statifier reshard again to the end, then start the "
+            "processes on its --to stores"
+        )
+    if found.state == "retired":
+        return (
+            f"{where}: statifier reshard moved every bucket of it to the other stores: "
+            "leave it out of the list"
+        )
+    return (
+        f"{where} holds place {found.place} of {found.stores}: the list of stores "
+        "changed without statifier reshard. List the stores as before, or move the "
+        "buckets to the new list with statifier reshard --from ... --to ..."
+    )
+
+
+def claim_place(
+    connection: sa.Connection, options: TableOptions, place: Place, now: datetime
+) -> None:
+    """Record ``place`` (a serving place) in a store without a record; accept a store
+    whose record is the same; refuse any other, in ``connection``'s transaction.
+
+    Raises:
+        PlaceMismatch: the store's record says another place, or a reshard is moving
+            its buckets, or moved them all away (:func:`refusal` says it).
+    """
+    found = read_place(connection, options)
+    said = refusal(found, place)
+    if said is not None:
+        raise PlaceMismatch(said)
+    if found is None:
+        write_place(connection, options, place, now)
