@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import sqlalchemy as sa
 from tests.fronts.http_support import datamodel
 from tests.service.helpers import HITS, HITS_BINDING, running, write_config
 from tests.service.own_postgres import servers
@@ -28,6 +29,7 @@ from statifier.service.service import prepare_database
 from statifier.service.settings import ServiceSettings
 from statifier.service.wiring import router_config
 from statifier.sql import TableOptions, migrations
+from statifier.sql.places import Place, write_place
 from statifier.sql.routing import LedgerRow
 
 SHUTDOWN_TIMEOUT = 8.0
@@ -360,3 +362,37 @@ def test_a_service_over_stores_listed_in_other_places_than_they_hold_is_refused(
         "without statifier reshard"
     )
     assert "store2.db" not in said  # a store is named by its place, never its URL
+
+
+@pytest.mark.asyncio
+async def test_readiness_names_a_store_a_reshard_marks_while_the_service_runs(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = write_config(tmp_path, _body(tmp_path), {"hits": HITS})
+    settings = load(config)
+    options = TableOptions(prefix="t_")
+
+    def mark(place: Place) -> None:
+        engine = sa.create_engine(migrations.sync_url(settings.database.urls[1]))
+        try:
+            with engine.begin() as connection:
+                write_place(connection, options, place, datetime.now(UTC))
+        finally:
+            engine.dispose()
+
+    async with running(config) as (_, base), httpx.AsyncClient(timeout=5.0) as client:
+        await _ready(client, base)
+        await asyncio.to_thread(mark, Place(1, 3, "moving"))  # what a reshard does first
+        async with asyncio.timeout(30):
+            while True:
+                answer = await client.get(f"{base}/readyz")
+                reasons = answer.json().get("reasons", [])
+                if answer.status_code == 503:
+                    break
+                await asyncio.sleep(0.1)
+        assert reasons == ["database (store 1): statifier reshard is moving its buckets"]
+        errors = [r for r in caplog.records if r.levelname == "ERROR"]
+        assert any("store 1 is not the store this service" in r.getMessage() for r in errors)
+        await asyncio.to_thread(mark, Place.serving(1, 3))
+        await _ready(client, base)
+        assert any("store 1 holds its place again" in r.getMessage() for r in caplog.records)

@@ -9,7 +9,12 @@ check, each ``"<part>: <why>"``:
 
 - ``database: ...``: the database did not answer ``SELECT 1`` within
   ``probe_timeout`` seconds (or answered with an error: its class is named); over
-  several stores, ``database (store N): ...`` for each store that did not;
+  several stores, ``database (store N): ...`` for each store that did not; and, given
+  the place each store must hold (``places``), a store whose record says otherwise
+  (:func:`statifier.sql.places.trouble`: ``statifier reshard is moving its buckets``,
+  ``statifier reshard moved its buckets away``, ``it holds place 2 of 3, not 1 of 3``),
+  which a reshard started while the service runs makes it say; an error is logged
+  when a store's reason appears, and a line when it clears;
 - a worker (``timers``, ``outbox``, ``reapers``): not running, or restarting after
   a failure (its class is named);
 - a stream consumer (``source NAME``): not running, restarting after a failure, not
@@ -37,8 +42,9 @@ often do not load the database. A reason names the part, never a URL or a secret
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -46,6 +52,9 @@ from starlette.routing import Route
 
 from statifier.persistence.sql import SqlAdapter
 from statifier.sql.dialect import ping
+from statifier.sql.places import Place, PlaceMismatch, read_place_async, trouble
+
+_log = logging.getLogger(__name__)
 
 __all__ = ["Health", "health_routes"]
 
@@ -55,6 +64,7 @@ class Health:
 
     Args:
         adapters: the database to probe, or every store's (probed concurrently).
+        places: the place each store must hold (``None``: not checked).
         probe_timeout: the most seconds the probe waits for the database.
         probe_interval: how long one probe's answer is reused.
         clock: monotonic seconds (``time.monotonic``), for tests.
@@ -63,13 +73,17 @@ class Health:
     def __init__(
         self,
         *adapters: SqlAdapter,
+        places: Sequence[Place] | None = None,
         probe_timeout: float = 2.0,
         probe_interval: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not adapters:
             raise ValueError("a health check probes at least one database")
+        if places is not None and len(places) != len(adapters):
+            raise ValueError(f"{len(places)} places for {len(adapters)} stores")
         self.adapters = adapters
+        self.places: Sequence[Place | None] = places or [None] * len(adapters)
         self.probe_timeout = probe_timeout
         self.probe_interval = probe_interval
         self.clock = clock
@@ -77,6 +91,8 @@ class Health:
         self._parts: dict[str, Callable[[], str | None]] = {}
         self._probed: tuple[float, list[str]] | None = None
         self._probing: asyncio.Lock = asyncio.Lock()
+        self._misplaced: dict[int, str] = {}
+        """The stores whose place was wrong at the last probe, and why."""
 
     def watch(self, part: str, check: Callable[[], str | None]) -> None:
         """Check ``part`` on every readiness probe: ``check`` returns ``None`` when it
@@ -98,7 +114,9 @@ class Health:
             now = self.clock()
             if self._probed is not None and now - self._probed[0] < self.probe_interval:
                 return self._probed[1]
-            answers = await asyncio.gather(*(self._probe(each) for each in self.adapters))
+            answers = await asyncio.gather(
+                *(self._probe(*each) for each in zip(self.adapters, self.places, strict=True))
+            )
             several = len(self.adapters) > 1
             found = [
                 f"database (store {number}): {answer}" if several else f"database: {answer}"
@@ -108,19 +126,48 @@ class Health:
             self._probed = (self.clock(), found)
             return found
 
-    async def _probe(self, adapter: SqlAdapter) -> str | None:
+    async def _probe(self, adapter: SqlAdapter, place: Place | None) -> str | None:
         try:
-            await asyncio.wait_for(self._select_one(adapter), self.probe_timeout)
+            found = await asyncio.wait_for(self._read(adapter, place), self.probe_timeout)
         except TimeoutError:
             return f"no answer within {self.probe_timeout:g} seconds"
+        except PlaceMismatch as error:
+            found = str(error)
         except Exception as error:  # noqa: BLE001 - any failure means not ready
             # The class only: a driver's message may name the host and the user.
             return f"{type(error).__name__}"
-        return None
+        if place is not None:
+            self._say(place, found)
+        return found
 
-    async def _select_one(self, adapter: SqlAdapter) -> None:
+    async def _read(self, adapter: SqlAdapter, place: Place | None) -> str | None:
+        """Ping the store; given its ``place``, read its record: why it is not that
+        store (``None``: it is)."""
         async with adapter.transaction(wait=self.probe_timeout) as tx:
-            await ping(adapter.dialect, tx.driver)
+            if place is None:
+                await ping(adapter.dialect, tx.driver)
+                return None
+            recorded = await read_place_async(adapter.dialect, tx.driver, adapter.tables.options)
+        return trouble(recorded, place)
+
+    def _say(self, place: Place, found: str | None) -> None:
+        """Log a store's place trouble when it appears and when it clears."""
+        number = place.place or 0
+        before = self._misplaced.get(number)
+        if found == before:
+            return
+        if found is None:
+            del self._misplaced[number]
+            _log.warning("store %d holds its place again", number, extra={"store": number})
+            return
+        self._misplaced[number] = found
+        _log.error(
+            "store %d is not the store this service was started on: %s; the service is "
+            "not ready until it is",
+            number,
+            found,
+            extra={"store": number},
+        )
 
 
 def health_routes(health: Health) -> list[Route]:

@@ -90,6 +90,7 @@ from statifier.service.settings import BasicHttpFront, HttpSettings, ServiceSett
 from statifier.service.sinks import Sinks, build_sinks
 from statifier.service.wiring import router_config
 from statifier.sql import TableOptions
+from statifier.sql.places import Place
 
 if TYPE_CHECKING:
     import uvicorn
@@ -175,7 +176,6 @@ def prepare_database(settings: ServiceSettings) -> None:
     """
     from statifier.sql import migrations
     from statifier.sql.locations import upgrade_locations
-    from statifier.sql.places import Place
 
     options = _options(settings)
     locations = any(isinstance(front, BasicHttpFront) for front in settings.fronts)
@@ -483,7 +483,8 @@ class Service:
             try:
                 # One by one: the sinks built before one that raises are closed.
                 sinks.extend(build_sinks(self.settings, router) for router in _stores(routing))
-                yield routing, Health(*adapters), sinks
+                places = [Place.serving(n, len(adapters)) for n in range(len(adapters))]
+                yield routing, Health(*adapters, places=places), sinks
             finally:
                 for built in sinks:
                     await built.aclose()

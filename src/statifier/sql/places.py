@@ -21,8 +21,10 @@ store without a record is taken at its word), marks every store it touches ``mov
 before it moves a row, and once every range moved marks the ``--to`` stores
 ``serving`` in their new places and the stores left out ``retired``.
 
-A process that runs already does not read the record again: the stores are checked
-when a process starts, and a reshard still needs every writer stopped (decision 0126).
+A running service reads the records with its readiness probe
+(:func:`read_place_async`, :func:`trouble`): a reshard begun while it runs makes it
+unready and logs an error, but does not stop it. A reshard still needs every writer
+stopped (decision 0126).
 
 >>> import sqlalchemy as sa, os, tempfile
 >>> from datetime import UTC, datetime
@@ -48,13 +50,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 import sqlalchemy as sa
 
+from statifier.sql.dialect import Dialect
 from statifier.sql.tables import TableOptions
 
-__all__ = ["Place", "PlaceMismatch", "claim_place", "read_place", "refusal", "write_place"]
+__all__ = [
+    "Place",
+    "PlaceMismatch",
+    "claim_place",
+    "read_place",
+    "read_place_async",
+    "refusal",
+    "trouble",
+    "write_place",
+]
 
 State = Literal["serving", "moving", "retired"]
 
@@ -98,9 +110,20 @@ def read_place(connection: sa.Connection, options: TableOptions) -> Place | None
         PlaceMismatch: the store holds two different records (two processes that
             claimed different places at the same moment).
     """
-    rows = connection.execute(
-        sa.text(f"SELECT DISTINCT place, stores, state FROM {_table(options)}")
-    ).all()
+    rows = connection.execute(sa.text(_reading(options))).all()
+    return _only([tuple(row) for row in rows])
+
+
+def _reading(options: TableOptions) -> str:
+    return f"SELECT DISTINCT place, stores, state FROM {_table(options)}"
+
+
+def _only(rows: list[tuple[Any, ...]]) -> Place | None:
+    """The record the rows of :func:`_reading` hold.
+
+    Raises:
+        PlaceMismatch: they hold two different records.
+    """
     if not rows:
         return None
     if len(rows) > 1:
@@ -152,6 +175,29 @@ def refusal(found: Place | None, given: Place) -> str | None:
         "changed without statifier reshard. List the stores as before, or move the "
         "buckets to the new list with statifier reshard --from ... --to ..."
     )
+
+
+def trouble(found: Place | None, given: Place) -> str | None:
+    """:func:`refusal` as a short phrase, for a readiness reason: why a store whose
+    record is ``found`` is not the store ``given`` (``None``: it is, or has no
+    record)."""
+    if found is None or found == given:
+        return None
+    if found.state == "moving":
+        return "statifier reshard is moving its buckets"
+    if found.state == "retired":
+        return "statifier reshard moved its buckets away"
+    return f"it holds place {found.place} of {found.stores}, not {given.place} of {given.stores}"
+
+
+async def read_place_async(dialect: Dialect, driver: Any, options: TableOptions) -> Place | None:
+    """:func:`read_place` in the transaction ``driver`` runs (a storage transaction's
+    driver, on ``dialect``'s database): the readiness probe's read.
+
+    Raises:
+        PlaceMismatch: the store holds two different records.
+    """
+    return _only(await dialect.rows(driver, dialect.statement(_reading(options))))
 
 
 def claim_place(
