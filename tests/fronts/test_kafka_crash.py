@@ -293,11 +293,7 @@ async def test_a_consumer_killed_mid_stream_loses_no_hit_and_steps_none_twice(
         counts = [json.loads(w.log.read_text().splitlines()[-1]) for w in workers[1:]]
         dead = await asyncio.to_thread(tail.read)
     finally:
-        for worker in workers:
-            if worker.process.returncode is None:
-                worker.process.kill()
-                await worker.process.wait()
-            worker.output.close()
+        await _put_down(workers)
         tail.close()
 
     router = counter_router(pg_db)
@@ -384,16 +380,21 @@ async def test_two_consumers_stopping_leave_every_partition_committed_to_its_end
             for worker in workers:
                 await _stopped(worker)
         finally:
-            for worker in workers:
-                if worker.process.returncode is None:
-                    worker.process.kill()
-                    await worker.process.wait()
-                worker.output.close()
+            await _put_down(workers)
         offsets = await _offsets(run)
         if offsets != ends:
             logs = "\n".join(w.log.read_text(errors="replace")[-3000:] for w in workers)
             short.append(f"committed {offsets}, the ends are {ends}:\n{logs}")
     assert short == []
+
+
+async def _put_down(workers: list[Worker]) -> None:
+    """Kill the workers still running and close their logs."""
+    for worker in workers:
+        if worker.process.returncode is None:
+            worker.process.kill()
+            await worker.process.wait()
+        worker.output.close()
 
 
 async def _stopped(worker: Worker) -> None:
