@@ -32,10 +32,12 @@ def _on(fresh: FreshDatabase, work: Any) -> Any:
         engine.dispose()
 
 
+@pytest.mark.parametrize("key_type", [sa.BigInteger, sa.Uuid], ids=["integer", "uuid"])
 def test_a_store_takes_its_place_once_and_refuses_another(
     fresh_database: FreshDatabase,  # noqa: F811 - the fixture
+    key_type: Any,
 ) -> None:
-    options = _options(fresh_database)
+    options = TableOptions(prefix="pl_", schema=fresh_database.schema, key_type=key_type)
     migrations.upgrade(fresh_database.url, options)
     assert _on(fresh_database, lambda c: read_place(c, options)) is None
     _on(fresh_database, lambda c: claim_place(c, options, Place.serving(1, 3), NOW))

@@ -137,20 +137,18 @@ def write_place(
     connection: sa.Connection, options: TableOptions, place: Place, now: datetime
 ) -> None:
     """Make ``place`` the store's record, in ``connection``'s transaction."""
-    table = _table(options)
-    connection.execute(sa.text(f"DELETE FROM {table}"))
-    connection.execute(
-        sa.insert(
-            sa.table(
-                options.name("store_place"),
-                sa.column("place"),
-                sa.column("stores"),
-                sa.column("state"),
-                sa.column("changed_at"),
-                schema=options.schema,
-            )
-        ).values(place=place.place, stores=place.stores, state=place.state, changed_at=now)
-    )
+    # The table as the package defines it, so the time is stored as every time is.
+    table = options.define().store_place
+    values: dict[str, Any] = {
+        "place": place.place,
+        "stores": place.stores,
+        "state": place.state,
+        "changed_at": now,
+    }
+    if options.new_key is not None:  # a UUID key made on the client
+        values["id"] = options.new_key()
+    connection.execute(table.delete())
+    connection.execute(table.insert().values(values))
 
 
 def refusal(found: Place | None, given: Place) -> str | None:

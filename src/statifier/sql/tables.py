@@ -437,7 +437,7 @@ class TableOptions:
         return sa.Table(name, metadata, *self.laid_out(name, *declared), schema=schema)
 
     def define(self, metadata: sa.MetaData | None = None) -> Tables:
-        """The twenty-seven tables under these options, in ``metadata`` (a new one if ``None``).
+        """The twenty-eight tables under these options, in ``metadata`` (a new one if ``None``).
 
         Raises:
             sqlalchemy.exc.InvalidRequestError: ``metadata`` already holds a table of
@@ -496,7 +496,7 @@ def _text_columns() -> frozenset[str]:
 
 @dataclass(frozen=True, slots=True)
 class Tables:
-    """The twenty-seven tables of durable executions, of the event router, of its fronts and
+    """The twenty-eight tables of durable executions, of the event router, of its fronts and
     of the console, defined under one :class:`TableOptions`.
 
     Attributes:
