@@ -204,59 +204,37 @@ def _places(
 
 
 def _check_places(sources: Sequence[str], targets: Sequence[str], options: TableOptions) -> None:
-    """Refuse a ``--from`` store that records another place than its place in
-    ``--from``, or that a reshard retired, and a store only in ``--to`` that serves
-    already. A store without a record is taken at its word. A reshard cut short is
-    let through: some of its stores are still ``moving`` and the others record what
-    it leaves them (or all of them do: it was done but for its last line).
+    """Read each store's record and refuse what :func:`statifier.sql.places.reshard_refusal`
+    refuses.
 
     Raises:
-        PlaceMismatch: as said.
+        PlaceMismatch: a store's record forbids the reshard.
     """
-    from statifier.sql.places import Place, PlaceMismatch, read_place, refusal
+    from statifier.sql.places import PlaceMismatch, read_place, reshard_refusal
 
     stores = [
         (before, after, _on(url, lambda connection: read_place(connection, options)))
         for url, before, after in _places(sources, targets)
     ]
-    left = [found == _after(after, len(targets)) for _, after, found in stores]
-    moving = [found is not None and found.state == "moving" for _, _, found in stores]
-    resumed = all(a or b for a, b in zip(left, moving, strict=True))
-    for (before, after, found), done in zip(stores, left, strict=True):
-        if found is None or found.state == "moving" or (done and resumed):
-            continue
-        if before is not None:
-            said = refusal(found, Place.serving(before, len(sources)))
-            if said is not None:
-                raise PlaceMismatch(f"--from {said}")
-        elif found.state == "serving":
-            raise PlaceMismatch(
-                f"--to store {after} serves already, as place {found.place} of "
-                f"{found.stores} of another list of stores: name a store of no deployment"
-            )
+    said = reshard_refusal(stores, len(sources), len(targets))
+    if said is not None:
+        raise PlaceMismatch(said)
 
 
 def _mark_moving(sources: Sequence[str], targets: Sequence[str], options: TableOptions) -> None:
     """Mark every store ``moving``, keeping its ``--from`` place."""
-    from statifier.sql.places import Place
+    from statifier.sql.places import resharding
 
     for url, before, _ in _places(sources, targets):
-        count = None if before is None else len(sources)
-        _write(url, options, Place(before, count, "moving"))
+        _write(url, options, resharding(before, len(sources)))
 
 
 def _mark_moved(sources: Sequence[str], targets: Sequence[str], options: TableOptions) -> None:
     """Mark the ``--to`` stores serving in their places, the others retired."""
+    from statifier.sql.places import resharded
+
     for url, _, after in _places(sources, targets):
-        _write(url, options, _after(after, len(targets)))
-
-
-def _after(place: int | None, stores: int) -> Place:
-    """A store's record once the reshard is done: serving at ``place`` of ``stores``
-    in ``--to``, retired when it is not there (``None``)."""
-    from statifier.sql.places import Place
-
-    return Place(None, None, "retired") if place is None else Place.serving(place, stores)
+        _write(url, options, resharded(after, len(targets)))
 
 
 def _write(url: str, options: TableOptions, place: Place) -> None:

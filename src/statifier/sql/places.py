@@ -16,10 +16,11 @@ table, the place it holds, of how many stores, and its state:
   cut short: running it again finishes it).
 - ``retired``: a reshard moved every bucket of it to the other stores.
 
-``statifier reshard`` checks that the ``--from`` stores hold the places it is told (a
-store without a record is taken at its word), marks every store it touches ``moving``
-before it moves a row, and once every range moved marks the ``--to`` stores
-``serving`` in their new places and the stores left out ``retired``.
+``statifier reshard`` checks that the ``--from`` stores hold the places it is told
+(:func:`reshard_refusal`; a store without a record is taken at its word), marks every
+store it touches ``moving`` before it moves a row (:func:`resharding`), and once every
+range moved marks the ``--to`` stores ``serving`` in their new places and the stores
+left out ``retired`` (:func:`resharded`).
 
 A running service reads the records with its readiness probe
 (:func:`read_place_async`, :func:`trouble`): a reshard begun while it runs makes it
@@ -48,6 +49,7 @@ statifier.sql.places.PlaceMismatch: store 0 of 3 holds place 1 of 3: ...
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -64,6 +66,9 @@ __all__ = [
     "read_place",
     "read_place_async",
     "refusal",
+    "reshard_refusal",
+    "resharded",
+    "resharding",
     "trouble",
     "write_place",
 ]
@@ -196,6 +201,54 @@ async def read_place_async(dialect: Dialect, driver: Any, options: TableOptions)
         PlaceMismatch: the store holds two different records.
     """
     return _only(await dialect.rows(driver, dialect.statement(_reading(options))))
+
+
+def resharding(before: int | None, sources: int) -> Place:
+    """A store's record while a reshard moves buckets: ``moving``, keeping its place
+    ``before`` among the ``sources`` stores (``None``: a store the reshard adds)."""
+    return Place(before, None if before is None else sources, "moving")
+
+
+def resharded(after: int | None, targets: int) -> Place:
+    """A store's record once a reshard is done: serving at ``after`` of ``targets``,
+    or retired when the reshard left it out (``None``)."""
+    return Place(None, None, "retired") if after is None else Place.serving(after, targets)
+
+
+def reshard_refusal(
+    stores: Sequence[tuple[int | None, int | None, Place | None]], sources: int, targets: int
+) -> str | None:
+    """Why a reshard from ``sources`` stores to ``targets`` may not begin, given each
+    store it names once as ``(place before, place after, record)`` (a place ``None``
+    where the store is not in that list); ``None`` when it may.
+
+    It may not when a store of the list before records another place than its place
+    there, or that a reshard retired it, nor when a store it adds serves another list
+    already. A store without a record is taken at its word. A reshard cut short may
+    begin again: each of its stores is ``moving`` or records what the reshard leaves
+    it (all of them may: only the last line was missing).
+
+    >>> reshard_refusal([(0, 0, Place.serving(0, 2)), (None, 1, None)], 1, 2)
+    '--from store 0 of 1 holds place 0 of 2: the list of stores changed ...'
+    >>> reshard_refusal([(0, 0, Place.serving(0, 1)), (None, 1, None)], 1, 2) is None
+    True
+    """
+    done = [found == resharded(after, targets) for _, after, found in stores]
+    moving = [found is not None and found.state == "moving" for _, _, found in stores]
+    resumed = all(a or b for a, b in zip(done, moving, strict=True))
+    for (before, after, found), left in zip(stores, done, strict=True):
+        if found is None or found.state == "moving" or (left and resumed):
+            continue
+        if before is not None:
+            said = refusal(found, Place.serving(before, sources))
+            if said is not None:
+                return f"--from {said}"
+        elif found.state == "serving":
+            return (
+                f"--to store {after} serves already, as place {found.place} of "
+                f"{found.stores} of another list of stores: name a store of no deployment"
+            )
+    return None
 
 
 def claim_place(
