@@ -90,7 +90,7 @@ from statifier.service.settings import BasicHttpFront, HttpSettings, ServiceSett
 from statifier.service.sinks import Sinks, build_sinks
 from statifier.service.wiring import router_config
 from statifier.sql import TableOptions
-from statifier.sql.places import SEEN_EVERY, Place, PlaceMismatch, check_and_say_seen
+from statifier.sql.places import Place, PlaceMismatch
 
 if TYPE_CHECKING:
     import uvicorn
@@ -586,6 +586,8 @@ class Service:
         marked it moving), log an error and stop the service: it must not write to
         stores whose buckets move. A store that does not answer is readiness's to
         report; its check waits for the next turn."""
+        from statifier.sql.places import SEEN_EVERY, check_and_say_seen
+
         stores = list(zip(health.adapters, health.places, strict=True))
         while not self._stopping.is_set():
             for number, (adapter, place) in enumerate(stores):
