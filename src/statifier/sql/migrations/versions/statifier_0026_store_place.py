@@ -1,7 +1,6 @@
-"""The ``store_place`` table: which place of how many stores a database holds, whether
-a reshard is moving its buckets, and when a running service last said it serves it,
-so that a process started with another list of stores than the one the data was laid
-out for is refused, and a reshard while a service runs too (decision 0127).
+"""The ``store_place`` table: which place of how many stores a database holds, and
+whether a reshard is moving its buckets, so that a process started with another list
+of stores than the one the data was laid out for is refused (decision 0127).
 
 Revision ID: statifier_0026
 Revises: statifier_0025
@@ -29,7 +28,6 @@ def upgrade() -> None:
         sa.Column("stores", sa.SmallInteger(), nullable=True),
         sa.Column("state", sa.Text(), nullable=False),
         sa.Column("changed_at", UtcDateTime(), nullable=False),
-        sa.Column("seen_at", UtcDateTime(), nullable=True),
         schema=options.schema,
     )
 
