@@ -9,13 +9,16 @@ Hits go to the counter of their key. A ``poison`` event names a document no reso
 knows, so its routing fails every time: the consumer puts it to the dead-letter topic
 after three attempts and moves on; a malformed record goes there at once. The process
 runs until SIGTERM (then it stops the consumer: drains, commits, leaves the group, and
-prints its counts as JSON) or until it is killed.
+prints its counts as JSON) or until it is killed. SIGUSR1 writes every thread's stack
+to stderr, SIGUSR2 every asyncio task's: a test that finds the process stuck asks for
+both before it fails, so the failure shows where.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import faulthandler
 import json
 import logging
 import signal
@@ -75,6 +78,7 @@ async def _consume(job: dict[str, Any], chart: bytes) -> None:
             commit_interval=0.1,
         )
         loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGUSR2, _print_tasks)
         stopping: list[asyncio.Task[None]] = []
         loop.add_signal_handler(
             signal.SIGTERM, lambda: stopping.append(asyncio.create_task(consumer.stop()))
@@ -87,7 +91,26 @@ async def _consume(job: dict[str, Any], chart: bytes) -> None:
         print(json.dumps(dataclasses.asdict(consumer.counts)), flush=True)
 
 
+def _print_tasks() -> None:
+    """Each task and the chain of coroutines it awaits, innermost last (a task's own
+    stack shows only its outermost coroutine)."""
+    for task in asyncio.all_tasks():
+        print(f"task {task.get_name()}:", file=sys.stderr)
+        awaited: Any = task.get_coro()
+        while getattr(awaited, "cr_frame", None) is not None:
+            frame = awaited.cr_frame
+            print(
+                f"  {frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}",
+                file=sys.stderr,
+            )
+            awaited = awaited.cr_await
+        print(f"  awaiting {awaited!r}", file=sys.stderr)
+    sys.stderr.flush()
+
+
 def main(argv: list[str]) -> None:
+    # Not through the loop: it answers even when the loop is stuck, or gone (exit).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     (job,) = argv
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     parsed = json.loads(job)

@@ -18,6 +18,7 @@ seconds.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import signal
@@ -341,8 +342,15 @@ STOP_ROUNDS = 3
 """Rounds of each way of stopping: one of three stops used to leave a partition
 committed short of its end (a commit cancelled with the consumer's committer landed
 after the stop's last one)."""
-STOP_WITHIN = 30.0
-"""Seconds a consumer process gets to drain, commit and leave the group."""
+STOP_WITHIN = 60.0
+"""Seconds a consumer process gets to drain, commit and leave the group. A stop may
+wait three times for the source's ``commit_timeout`` (10 s): for its last commit
+(queued behind the one its committer had on its way), for that commit's answer if
+it timed out, and for the revocation's commit inside the close. Tansu holds a
+commit sent while the group rebalances (seen: 6 s), and a stop right after the other
+consumer's meets that rebalance: 30 s was once too short in a full suite run. The
+hang seen before 06f2bdf lasted over 120 s; a stop that does not end in time has its
+threads' and tasks' stacks in the failure."""
 
 
 @pytest.mark.asyncio
@@ -402,8 +410,17 @@ async def _stopped(worker: Worker) -> None:
     try:
         code = await asyncio.wait_for(worker.process.wait(), STOP_WITHIN)
     except TimeoutError:
+        await _stacks_of(worker)
         raise AssertionError(f"not stopped: {worker.log.read_text(errors='replace')}") from None
     assert code == 0, worker.log.read_text(errors="replace")
+
+
+async def _stacks_of(worker: Worker) -> None:
+    """Have the stuck ``worker`` write its asyncio tasks' and threads' stacks to its log."""
+    for dump in (signal.SIGUSR2, signal.SIGUSR1):
+        with contextlib.suppress(ProcessLookupError):  # it exited after all
+            worker.process.send_signal(dump)
+            await asyncio.sleep(1.0)
 
 
 async def _stepped_of(db: RouterDb, topic: str) -> int:
