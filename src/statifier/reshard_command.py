@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 if TYPE_CHECKING:
@@ -133,30 +134,25 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     from statifier.executions_command import refused
     from statifier.extras import MissingExtra
     from statifier.sql import TableOptions, migrations
-    from statifier.sql.engines import database_url
     from statifier.sql.moves import CopyMismatch, SourceChanged, move_range
-    from statifier.sql.places import PlaceMismatch
+    from statifier.sql.places import PlaceMismatch, resharded, resharding
 
     try:
         options = TableOptions(prefix=args.prefix, schema=args.schema)
         ranges = plan(args.sources, args.targets)
         if args.step < 1:
             raise ValueError(f"--step is a positive number of buckets, not {args.step}")
-        checked: set[sa.URL] = set()
-        for named, urls in (("--from", args.sources), ("--to", args.targets)):
-            for place, url in enumerate(urls):
-                if database_url(url) in checked:  # a store in both lists, checked once
-                    continue
-                checked.add(database_url(url))
-                found = migrations.current(url, options)
-                if found != migrations.head():
-                    raise ValueError(
-                        f"store {place} of {named} is at revision {found or 'none'}, not "
-                        f"{migrations.head()}: run statifier db upgrade on it first"
-                    )
-        _check_places(args.sources, args.targets, options)
+        stores = _stores(args.sources, args.targets)
+        for store in stores:
+            found = migrations.current(store.url, options)
+            if found != migrations.head():
+                raise ValueError(
+                    f"{store} is at revision {found or 'none'}, not "
+                    f"{migrations.head()}: run statifier db upgrade on it first"
+                )
+        _check_places(stores, len(args.sources), len(args.targets), options)
         if not args.dry_run:
-            _mark_moving(args.sources, args.targets, options)
+            _mark(stores, options, lambda store: resharding(store.before, len(args.sources)))
         total = 0
         for moving in ranges:
             start, end = moving.buckets
@@ -173,7 +169,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
             out.write(f"{said}: {moved.total} rows ({rows or 'none'}), {moved.charts} charts\n")
             total += moved.total
         if not args.dry_run:
-            _mark_moved(args.sources, args.targets, options)
+            _mark(stores, options, lambda store: resharded(store.after, len(args.targets)))
     except (ValueError, CopyMismatch, SourceChanged, MissingExtra, PlaceMismatch) as error:
         return refused("reshard", args, str(error))
     except sa.exc.SQLAlchemyError as error:
@@ -187,23 +183,37 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-def _places(
-    sources: Sequence[str], targets: Sequence[str]
-) -> list[tuple[str, int | None, int | None]]:
-    """Each store named once: its URL, its place in ``sources`` and in ``targets``
-    (``None`` where it is not there)."""
+@dataclass(frozen=True, slots=True)
+class _Store:
+    """A store the reshard names, once even when in both lists: its URL, its place in
+    ``--from`` and in ``--to`` (``None`` where it is not there)."""
+
+    url: str
+    before: int | None
+    after: int | None
+
+    def __str__(self) -> str:
+        if self.before is not None:
+            return f"store {self.before} of --from"
+        return f"store {self.after} of --to"
+
+
+def _stores(sources: Sequence[str], targets: Sequence[str]) -> list[_Store]:
+    """Each store of ``sources`` and ``targets`` once, in their order."""
     from statifier.sql.engines import database_url
 
-    stores: dict[Any, tuple[str, int | None, int | None]] = {}
+    stores: dict[Any, _Store] = {}
     for place, url in enumerate(sources):
-        stores[database_url(url)] = (url, place, None)
+        stores[database_url(url)] = _Store(url, place, None)
     for place, url in enumerate(targets):
         before = stores.get(database_url(url))
-        stores[database_url(url)] = (url, before[1] if before else None, place)
+        stores[database_url(url)] = _Store(url, before.before if before else None, place)
     return list(stores.values())
 
 
-def _check_places(sources: Sequence[str], targets: Sequence[str], options: TableOptions) -> None:
+def _check_places(
+    stores: Sequence[_Store], sources: int, targets: int, options: TableOptions
+) -> None:
     """Read each store's record and refuse what :func:`statifier.sql.places.reshard_refusal`
     refuses.
 
@@ -212,37 +222,26 @@ def _check_places(sources: Sequence[str], targets: Sequence[str], options: Table
     """
     from statifier.sql.places import PlaceMismatch, read_place, reshard_refusal
 
-    stores = [
-        (before, after, _on(url, lambda connection: read_place(connection, options)))
-        for url, before, after in _places(sources, targets)
+    records = [
+        (store.before, store.after, _on(store.url, partial(read_place, options=options)))
+        for store in stores
     ]
-    said = reshard_refusal(stores, len(sources), len(targets))
+    said = reshard_refusal(records, sources, targets)
     if said is not None:
         raise PlaceMismatch(said)
 
 
-def _mark_moving(sources: Sequence[str], targets: Sequence[str], options: TableOptions) -> None:
-    """Mark every store ``moving``, keeping its ``--from`` place."""
-    from statifier.sql.places import resharding
-
-    for url, before, _ in _places(sources, targets):
-        _write(url, options, resharding(before, len(sources)))
-
-
-def _mark_moved(sources: Sequence[str], targets: Sequence[str], options: TableOptions) -> None:
-    """Mark the ``--to`` stores serving in their places, the others retired."""
-    from statifier.sql.places import resharded
-
-    for url, _, after in _places(sources, targets):
-        _write(url, options, resharded(after, len(targets)))
-
-
-def _write(url: str, options: TableOptions, place: Place) -> None:
+def _mark(
+    stores: Sequence[_Store], options: TableOptions, place: Callable[[_Store], Place]
+) -> None:
+    """Write each store's record: ``place(store)``."""
     from datetime import UTC, datetime
 
     from statifier.sql.places import write_place
 
-    _on(url, lambda connection: write_place(connection, options, place, datetime.now(UTC)))
+    for store in stores:
+        write = partial(write_place, options=options, place=place(store), now=datetime.now(UTC))
+        _on(store.url, write)
 
 
 def _on(url: str, work: Callable[[sa.Connection], T]) -> T:
