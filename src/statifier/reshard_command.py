@@ -13,14 +13,16 @@ every process that writes to them stopped (decision 0126).
     place in ``--from`` or ``--to``, never by its URL (which may hold a password).
 
 Every store must be at the package's revision (``statifier db upgrade`` each one,
-the new ones included). A ``--from`` store that records another place than its place
-in ``--from``, or that a reshard retired, and a store only in ``--to`` that serves
-another list already are refused (``statifier.sql.places``; a store without a record
-is taken at its word), a dry run included. Before a row moves, every store named is
-marked ``moving``, which ``statifier serve`` refuses to start on; once every range
-moved, the ``--to`` stores are marked serving in their places and the stores left out
-``retired``. A move cut short, or refused, is finished by running the same command
-again. Then start the processes with the new stores.
+the new ones included), and no service may run on any of them: a store a service said
+it serves within the last few seconds is refused. A ``--from`` store that records
+another place than its place in ``--from``, or that a reshard retired, and a store
+only in ``--to`` that serves another list already are refused
+(``statifier.sql.places``; a store without a record is taken at its word), a dry run
+included. Before a row moves, every store named is marked ``moving``, which
+``statifier serve`` refuses to start on (and a service still running stops at its
+next check); once every range moved, the ``--to`` stores are marked serving in their
+places and the stores left out ``retired``. A move cut short, or refused, is finished
+by running the same command again. Then start the processes with the new stores.
 
 Exit status: 0 when every range moved (or the dry run printed), 2 for an error,
 printed as one line, ``statifier reshard: message``.
@@ -215,12 +217,20 @@ def _check_places(
     stores: Sequence[_Store], sources: int, targets: int, options: TableOptions
 ) -> None:
     """Read each store's record and refuse what :func:`statifier.sql.places.reshard_refusal`
-    refuses.
+    refuses, and a store a service runs on (:func:`statifier.sql.places.serving_since`).
 
     Raises:
         PlaceMismatch: a store's record forbids the reshard.
     """
-    from statifier.sql.places import PlaceMismatch, read_place, reshard_refusal
+    from datetime import UTC, datetime
+
+    from statifier.sql.places import (
+        RUNNING_FOR,
+        PlaceMismatch,
+        read_place,
+        reshard_refusal,
+        serving_since,
+    )
 
     records = [
         (store.before, store.after, _on(store.url, partial(read_place, options=options)))
@@ -229,6 +239,14 @@ def _check_places(
     said = reshard_refusal(records, sources, targets)
     if said is not None:
         raise PlaceMismatch(said)
+    for store in stores:
+        ago = _on(store.url, partial(serving_since, options=options, now=datetime.now(UTC)))
+        if ago is not None:
+            raise PlaceMismatch(
+                f"{store} is served: a service said so {ago:.0f} s ago. Stop every "
+                f"process that writes to the stores first (one stopped within the last "
+                f"{RUNNING_FOR:g} s counts as running: wait, and run the command again)"
+            )
 
 
 def _mark(

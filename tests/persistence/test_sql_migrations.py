@@ -27,7 +27,7 @@ from statifier.sql import TableOptions, migrations
 from statifier.sql.dialect import execution_lock_key
 from statifier.sql.tables import UtcDateTime, autogenerate_filter
 
-HEAD = "statifier_0026"
+HEAD = "statifier_0027"
 """The newest revision."""
 
 DURABLE_TABLES = ("mig_charts", "mig_positions", "mig_executions", "mig_inputs")

@@ -601,3 +601,46 @@ def test_logging_and_otel_refusals_name_the_table_and_the_key(
     tmp_path: Path, body: str, said: str
 ) -> None:
     assert refused(tmp_path, body) == said
+
+
+@pytest.mark.asyncio
+async def test_readiness_names_a_store_whose_place_record_changed_until_it_is_back(
+    fresh_database: FreshDatabase,  # noqa: F811 - the fixture
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from datetime import UTC, datetime
+
+    import sqlalchemy as sa
+
+    from statifier.service.health import Health
+    from statifier.sql.places import Place, write_place
+
+    options = TableOptions(prefix="t_", schema=fresh_database.schema)
+    migrations.upgrade(fresh_database.url, options)
+
+    def mark(place: Place) -> None:
+        engine = sa.create_engine(migrations.sync_url(fresh_database.url))
+        try:
+            with engine.begin() as connection:
+                write_place(connection, options, place, datetime.now(UTC))
+        finally:
+            engine.dispose()
+
+    mark(Place.serving(0, 1))
+    async with SqlAdapter(fresh_database.url, options) as adapter:
+        health = Health(adapter, places=[Place.serving(0, 1)], probe_interval=0.0)
+        assert await health.reasons() == []
+        mark(Place(0, 1, "moving"))  # what a reshard does first
+        assert await health.reasons() == ["database: statifier reshard is moving its buckets"]
+        mark(Place.serving(0, 2))
+        assert await health.reasons() == ["database: it holds place 0 of 2, not 0 of 1"]
+        mark(Place.serving(0, 1))
+        assert await health.reasons() == []
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if r.name.endswith("health")]
+    start = "store 0 is not the store this service was started on: "
+    end = "; the service is not ready until it is"
+    assert said == [
+        ("ERROR", f"{start}statifier reshard is moving its buckets{end}"),
+        ("ERROR", f"{start}it holds place 0 of 2, not 0 of 1{end}"),
+        ("WARNING", "store 0 holds its place again"),
+    ]

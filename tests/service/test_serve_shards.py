@@ -10,8 +10,10 @@ back."""
 from __future__ import annotations
 
 import asyncio
+import io
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -25,11 +27,11 @@ from statifier.fronts.table_source import append_events
 from statifier.persistence.sql import SqlAdapter
 from statifier.router import InboundEvent, ShardedRouter, ledger
 from statifier.service import ServiceConfigError, load
-from statifier.service.service import prepare_database
+from statifier.service.service import Service, prepare_database
 from statifier.service.settings import ServiceSettings
 from statifier.service.wiring import router_config
 from statifier.sql import TableOptions, migrations
-from statifier.sql.places import Place, write_place
+from statifier.sql.places import Place, serving_since, write_place
 from statifier.sql.routing import LedgerRow
 
 SHUTDOWN_TIMEOUT = 8.0
@@ -365,34 +367,47 @@ def test_a_service_over_stores_listed_in_other_places_than_they_hold_is_refused(
 
 
 @pytest.mark.asyncio
-async def test_readiness_names_a_store_a_reshard_marks_while_the_service_runs(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+async def test_a_service_stops_by_itself_once_a_reshard_marks_one_of_its_stores(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
 ) -> None:
     config = write_config(tmp_path, _body(tmp_path), {"hits": HITS})
     settings = load(config)
     options = TableOptions(prefix="t_")
+    urls = settings.database.urls
 
-    def mark(place: Place) -> None:
-        engine = sa.create_engine(migrations.sync_url(settings.database.urls[1]))
+    def on_store(number: int, work: Any) -> Any:
+        engine = sa.create_engine(migrations.sync_url(urls[number]))
         try:
             with engine.begin() as connection:
-                write_place(connection, options, place, datetime.now(UTC))
+                return work(connection)
         finally:
             engine.dispose()
 
-    async with running(config) as (_, base), httpx.AsyncClient(timeout=5.0) as client:
-        await _ready(client, base)
-        await asyncio.to_thread(mark, Place(1, 3, "moving"))  # what a reshard does first
+    service = Service(settings, io.StringIO())
+    running_service = asyncio.create_task(service.run())
+    try:
         async with asyncio.timeout(30):
-            while True:
-                answer = await client.get(f"{base}/readyz")
-                reasons = answer.json().get("reasons", [])
-                if answer.status_code == 503:
-                    break
-                await asyncio.sleep(0.1)
-        assert reasons == ["database (store 1): statifier reshard is moving its buckets"]
-        errors = [r for r in caplog.records if r.levelname == "ERROR"]
-        assert any("store 1 is not the store this service" in r.getMessage() for r in errors)
-        await asyncio.to_thread(mark, Place.serving(1, 3))
-        await _ready(client, base)
-        assert any("store 1 holds its place again" in r.getMessage() for r in caplog.records)
+            while service.address is None:  # noqa: ASYNC110 - migrated and listening
+                await asyncio.sleep(0.05)
+            while any(  # noqa: ASYNC110 - the service says it serves each store
+                on_store(n, lambda c: serving_since(c, options, datetime.now(UTC))) is None
+                for n in range(3)
+            ):
+                await asyncio.sleep(0.2)
+        # A reshard refuses stores a service runs on, naming the first.
+        moved = ["reshard", *[a for url in urls for a in ("--from", url)]]
+        moved += [a for url in urls for a in ("--to", url)]
+        assert main([*moved, "--prefix", "t_"], io.StringIO()) == 2
+        said = capsys.readouterr().err
+        assert "statifier reshard: store 0 of --from is served: a service said so" in said
+        # What a reshard does first: the service stops by itself, with exit status 3.
+        on_store(1, lambda c: write_place(c, options, Place(1, 3, "moving"), datetime.now(UTC)))
+        assert await asyncio.wait_for(running_service, 30) == 3
+    finally:
+        service.stop()
+        await asyncio.gather(running_service, return_exceptions=True)
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert any(
+        m.startswith("store 1: statifier reshard is moving its buckets; the service stops")
+        for m in errors
+    ), errors

@@ -49,7 +49,8 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 def serve(path: Path | str, out: TextIO, environ: Mapping[str, str] | None = None) -> int:
     """Load the configuration at ``path`` and run the service until SIGTERM or SIGINT;
     returns the exit status (0: stopped in order, 1: cut short by
-    ``shutdown_timeout``). Logs go to standard error (unless the host configured
+    ``shutdown_timeout``, 3: stopped by itself because a store no longer held its
+    place: a reshard began). Logs go to standard error (unless the host configured
     logging already); ``out`` hears where the service listens and when it stopped.
 
     Raises:

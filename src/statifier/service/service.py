@@ -90,7 +90,7 @@ from statifier.service.settings import BasicHttpFront, HttpSettings, ServiceSett
 from statifier.service.sinks import Sinks, build_sinks
 from statifier.service.wiring import router_config
 from statifier.sql import TableOptions
-from statifier.sql.places import Place
+from statifier.sql.places import Place, PlaceMismatch
 
 if TYPE_CHECKING:
     import uvicorn
@@ -104,6 +104,8 @@ _log = logging.getLogger("statifier.service")
 
 _EXIT_CLEAN: Final = 0
 _EXIT_CUT_SHORT: Final = 1
+_EXIT_MISPLACED: Final = 3
+"""A store's record changed while the service ran (a reshard began): it stopped."""
 _SHOWN_SCHEDULES: Final = 10
 """The most names of stored schedules a file leaves out the start's warning lists."""
 
@@ -437,6 +439,8 @@ class Service:
         self._forced = asyncio.Event()
         self._console: ServedConsole | None = None
         self._api: Api | None = None
+        self._misplaced: str | None = None
+        """Why the service stopped by itself: a store's record changed while it ran."""
 
     def stop(self) -> None:
         """Begin the orderly stop (SIGTERM, SIGINT); a second call cancels at once."""
@@ -446,7 +450,8 @@ class Service:
 
     async def run(self) -> int:
         """Start everything, run until :meth:`stop`, stop in order; returns 0 when
-        everything stopped within ``shutdown_timeout``, else 1.
+        everything stopped within ``shutdown_timeout``, else 1; 3 when the service
+        stopped by itself because a store no longer held its place (a reshard began).
 
         Raises:
             NotMigrated: the database is not migrated (and the file does not ask).
@@ -462,7 +467,8 @@ class Service:
             # Synchronous (Alembic's), and before anything else runs on the loop.
             prepare_database(self.settings)
             async with self._opened() as (router, health, sinks):
-                return await self._serve(router, health, sinks)
+                status = await self._serve(router, health, sinks)
+            return _EXIT_MISPLACED if self._misplaced is not None else status
         finally:
             for bridge in bridges:
                 bridge.uninstall()
@@ -539,6 +545,7 @@ class Service:
                 part.start()
                 assert part.task is not None
                 started.append(part.task)
+            started.append(asyncio.create_task(self._watch_places(health), name="places"))
             serving = asyncio.create_task(server.serve(), name="http")
             started.append(serving)
             health.watch("http", lambda: None if server.started else "not listening yet")
@@ -571,6 +578,44 @@ class Service:
             await lifespans.aclose()  # after an orderly stop, closed already
         self._say("stopped" if status == _EXIT_CLEAN else "stopped, cut short by shutdown_timeout")
         return status
+
+    async def _watch_places(self, health: Health) -> None:
+        """Every ``SEEN_EVERY`` seconds, check that each store still holds the place the
+        service started on, saying that the service serves it
+        (:func:`statifier.sql.places.check_and_say_seen`); once one does not (a reshard
+        marked it moving), log an error and stop the service: it must not write to
+        stores whose buckets move. A store that does not answer is readiness's to
+        report; its check waits for the next turn."""
+        from statifier.sql.places import SEEN_EVERY, check_and_say_seen
+
+        stores = list(zip(health.adapters, health.places, strict=True))
+        while not self._stopping.is_set():
+            for number, (adapter, place) in enumerate(stores):
+                if place is None:
+                    continue
+                try:
+                    async with adapter.transaction() as tx:
+                        options = adapter.tables.options
+                        now = datetime.now(UTC)
+                        said = await check_and_say_seen(
+                            adapter.dialect, tx.driver, options, place, now
+                        )
+                except PlaceMismatch as error:
+                    said = str(error)
+                except Exception:  # noqa: BLE001 - an unreachable store: readiness says it
+                    continue
+                if said is not None:
+                    where = f"store {number}" if len(stores) > 1 else "the database"
+                    self._misplaced = f"{where}: {said}"
+                    _log.error(
+                        "%s; the service stops: it must not write while a reshard moves "
+                        "buckets (start it again on the stores' new list once it is done)",
+                        self._misplaced,
+                    )
+                    self.stop()
+                    return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), SEEN_EVERY)
 
     async def _put_schedules(self, router: Router | ShardedRouter) -> Scheduler:
         """Put the file's schedules on the database (each keeps its paused state and,

@@ -22,10 +22,12 @@ store it touches ``moving`` before it moves a row (:func:`resharding`), and once
 range moved marks the ``--to`` stores ``serving`` in their new places and the stores
 left out ``retired`` (:func:`resharded`).
 
-A running service reads the records with its readiness probe
-(:func:`read_place_async`, :func:`trouble`): a reshard begun while it runs makes it
-unready and logs an error, but does not stop it. A reshard still needs every writer
-stopped (decision 0126).
+A running service checks its stores' records every :data:`SEEN_EVERY` seconds
+(:func:`check_and_say_seen`): while each holds its place it says so (``seen_at``), and
+once one does not (a reshard marked it ``moving``) the service stops. ``statifier
+reshard`` refuses stores a service said it serves within :data:`RUNNING_FOR` seconds
+(:func:`serving_since`). Its readiness probe reads the records too
+(:func:`read_place_async`, :func:`trouble`).
 
 >>> import sqlalchemy as sa, os, tempfile
 >>> from datetime import UTC, datetime
@@ -52,7 +54,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import sqlalchemy as sa
 
@@ -60,8 +62,11 @@ from statifier.sql.dialect import Dialect
 from statifier.sql.tables import TableOptions
 
 __all__ = [
+    "RUNNING_FOR",
+    "SEEN_EVERY",
     "Place",
     "PlaceMismatch",
+    "check_and_say_seen",
     "claim_place",
     "read_place",
     "read_place_async",
@@ -69,6 +74,7 @@ __all__ = [
     "reshard_refusal",
     "resharded",
     "resharding",
+    "serving_since",
     "trouble",
     "write_place",
 ]
@@ -249,6 +255,45 @@ def reshard_refusal(
                 f"{found.stores} of another list of stores: name a store of no deployment"
             )
     return None
+
+
+SEEN_EVERY: Final = 2.0
+"""Seconds between a running service's checks of its stores' records
+(:func:`check_and_say_seen`); each check that finds its place says it serves the
+store (``seen_at``)."""
+
+RUNNING_FOR: Final = 3 * SEEN_EVERY
+"""A store whose record a service said it serves within this many seconds has a
+service running on it: :func:`serving_since` and ``statifier reshard`` go by it."""
+
+
+async def check_and_say_seen(
+    dialect: Dialect, driver: Any, options: TableOptions, place: Place, now: datetime
+) -> str | None:
+    """A running service's check of one store, in the transaction ``driver`` runs: why
+    the store is not ``place`` any more (:func:`trouble`), or ``None`` and the record's
+    ``seen_at`` set to ``now``.
+
+    Raises:
+        PlaceMismatch: the store holds two different records.
+    """
+    said = trouble(await read_place_async(dialect, driver, options), place)
+    if said is None:
+        statement = dialect.statement(f"UPDATE {_table(options)} SET seen_at = :now")
+        await dialect.execute(driver, statement, {"now": dialect.time(now)})
+    return said
+
+
+def serving_since(connection: sa.Connection, options: TableOptions, now: datetime) -> float | None:
+    """How many seconds ago a service last said it serves the store, when that is
+    within :data:`RUNNING_FOR` (``None``: no service runs on it, as far as its record
+    tells). Clocks a few seconds apart shift the answer by as much."""
+    table = options.define().store_place
+    seen = connection.execute(sa.select(sa.func.max(table.c.seen_at))).scalar()
+    if seen is None:
+        return None
+    ago = (now - seen).total_seconds()
+    return ago if ago < RUNNING_FOR else None
 
 
 def claim_place(

@@ -1149,9 +1149,10 @@ def _locks(options: TableOptions, metadata: sa.MetaData) -> sa.Table:
 
 
 def _store_place(options: TableOptions, metadata: sa.MetaData) -> sa.Table:
-    """Which place of how many stores the database holds (``place``, ``stores``) and
-    its ``state``: ``serving``, ``moving`` (a reshard moves its buckets) or ``retired``
-    (a reshard moved them all away). One row, or none before a process claimed a place
+    """Which place of how many stores the database holds (``place``, ``stores``), its
+    ``state``: ``serving``, ``moving`` (a reshard moves its buckets) or ``retired`` (a
+    reshard moved them all away), and when a running service last said it serves it
+    (``seen_at``). One row, or none before a process claimed a place
     (:mod:`statifier.sql.places`)."""
     return options.table(
         options.name("store_place"),
@@ -1160,6 +1161,7 @@ def _store_place(options: TableOptions, metadata: sa.MetaData) -> sa.Table:
         sa.Column("stores", sa.SmallInteger(), nullable=True),
         sa.Column("state", sa.Text(), nullable=False),
         sa.Column("changed_at", UtcDateTime(), nullable=False),
+        sa.Column("seen_at", UtcDateTime(), nullable=True),
         schema=options.schema,
     )
 
