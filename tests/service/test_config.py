@@ -644,3 +644,54 @@ async def test_readiness_names_a_store_whose_place_record_changed_until_it_is_ba
         ("ERROR", f"{start}it holds place 0 of 2, not 0 of 1{end}"),
         ("WARNING", "store 0 holds its place again"),
     ]
+
+
+@pytest.mark.asyncio
+async def test_the_services_check_of_its_places_says_it_serves_stops_on_a_mark_and_warns_on_failure(
+    fresh_database: FreshDatabase,  # noqa: F811 - the fixture
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from datetime import UTC, datetime
+
+    import sqlalchemy as sa
+
+    from statifier.repeats import Repeats
+    from statifier.service.service import check_places
+    from statifier.sql.places import Place, serving_since, write_place
+
+    options = TableOptions(prefix="t_", schema=fresh_database.schema)
+    migrations.upgrade(fresh_database.url, options)
+    engine = sa.create_engine(migrations.sync_url(fresh_database.url))
+
+    def seen() -> float | None:
+        with engine.begin() as connection:
+            return serving_since(connection, options, datetime.now(UTC))
+
+    def mark(place: Place) -> None:
+        with engine.begin() as connection:
+            write_place(connection, options, place, datetime.now(UTC))
+
+    try:
+        mark(Place.serving(0, 1))
+        assert seen() is None  # no service said it serves the store yet
+        repeats = Repeats()
+        async with SqlAdapter(fresh_database.url, options) as adapter:
+            stores = [(adapter, Place.serving(0, 1))]
+            assert await check_places(stores, repeats) is None
+            ago = seen()
+            assert ago is not None  # what statifier reshard refuses on
+            assert 0 <= ago < 2
+            mark(Place(0, 1, "moving"))
+            said = await check_places(stores, repeats)
+            assert said == "the database: statifier reshard is moving its buckets"
+            with engine.begin() as connection:
+                connection.execute(sa.text(f"DROP TABLE {adapter.tables.store_place.fullname}"))
+            for _ in range(3):  # failing: logged once, never taken for a mark
+                assert await check_places(stores, repeats) is None
+    finally:
+        engine.dispose()
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1, warnings
+    assert warnings[0].startswith(
+        "store 0: checking its place failed (statifier reshard cannot see this service meanwhile): "
+    )

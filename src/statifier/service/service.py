@@ -54,7 +54,7 @@ import logging
 import signal
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final, Protocol, TextIO
@@ -420,6 +420,45 @@ async def _abandon(tasks: list[asyncio.Task[Any]]) -> None:
         await asyncio.wait(left)
 
 
+async def check_places(
+    stores: Sequence[tuple[SqlAdapter, Place | None]], repeats: Repeats
+) -> str | None:
+    """One turn of a running service's check of its stores (those given a place):
+    why the first store that no longer holds its place does not (``"store N: ..."``,
+    ``"the database: ..."`` when there is one store), or ``None`` once each that
+    answered holds it and has its ``seen_at`` set
+    (:func:`statifier.sql.places.check_and_say_seen`). A check that fails (a store
+    that does not answer) is logged as a warning, one line per store and error class
+    every ``repeats.interval`` seconds, and skipped: while it fails, ``statifier
+    reshard`` cannot see the service."""
+    from statifier.sql.places import check_and_say_seen
+
+    for number, (adapter, place) in enumerate(stores):
+        if place is None:
+            continue
+        try:
+            async with adapter.transaction() as tx:
+                options, now = adapter.tables.options, datetime.now(UTC)
+                said = await check_and_say_seen(adapter.dialect, tx.driver, options, place, now)
+        except PlaceMismatch as error:
+            said = str(error)
+        except Exception as error:  # noqa: BLE001 - tried again next turn
+            repeats.log(
+                _log,
+                logging.WARNING,
+                ("places", number, type(error).__name__),
+                "store %d: checking its place failed (statifier reshard cannot see this "
+                "service meanwhile): %s: %s",
+                number,
+                type(error).__name__,
+                error,
+            )
+            continue
+        if said is not None:
+            return f"{'store ' + str(number) if len(stores) > 1 else 'the database'}: {said}"
+    return None
+
+
 class Service:
     """Everything one configuration names, in one asyncio process (see the module
     docstring).
@@ -580,40 +619,24 @@ class Service:
         return status
 
     async def _watch_places(self, health: Health) -> None:
-        """Every ``SEEN_EVERY`` seconds, check that each store still holds the place the
-        service started on, saying that the service serves it
-        (:func:`statifier.sql.places.check_and_say_seen`); once one does not (a reshard
-        marked it moving), log an error and stop the service: it must not write to
-        stores whose buckets move. A store that does not answer is readiness's to
-        report; its check waits for the next turn."""
-        from statifier.sql.places import SEEN_EVERY, check_and_say_seen
+        """Every ``SEEN_EVERY`` seconds, :func:`check_places`; once a store does not
+        hold its place (a reshard marked it moving), log an error and stop the
+        service: it must not write to stores whose buckets move."""
+        from statifier.sql.places import SEEN_EVERY
 
+        repeats = Repeats()
         stores = list(zip(health.adapters, health.places, strict=True))
         while not self._stopping.is_set():
-            for number, (adapter, place) in enumerate(stores):
-                if place is None:
-                    continue
-                try:
-                    async with adapter.transaction() as tx:
-                        options = adapter.tables.options
-                        now = datetime.now(UTC)
-                        said = await check_and_say_seen(
-                            adapter.dialect, tx.driver, options, place, now
-                        )
-                except PlaceMismatch as error:
-                    said = str(error)
-                except Exception:  # noqa: BLE001 - an unreachable store: readiness says it
-                    continue
-                if said is not None:
-                    where = f"store {number}" if len(stores) > 1 else "the database"
-                    self._misplaced = f"{where}: {said}"
-                    _log.error(
-                        "%s; the service stops: it must not write while a reshard moves "
-                        "buckets (start it again on the stores' new list once it is done)",
-                        self._misplaced,
-                    )
-                    self.stop()
-                    return
+            said = await check_places(stores, repeats)
+            if said is not None:
+                self._misplaced = said
+                _log.error(
+                    "%s; the service stops: it must not write while a reshard moves "
+                    "buckets (start it again on the stores' new list once it is done)",
+                    said,
+                )
+                self.stop()
+                return
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), SEEN_EVERY)
 
