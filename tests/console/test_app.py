@@ -7,6 +7,7 @@ execution page's diagram and timeline, the live stream; and the ``[console]`` ta
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import html
 import io
 import os
@@ -141,14 +142,21 @@ async def site(router_db: RouterDb) -> AsyncIterator[Site]:  # noqa: F811 - the 
             connection.execute(sa.text(f"DELETE FROM {where}{options.name('locations')}"))
     finally:
         engine.dispose()
-    router = router_db.router(
+    async with _site_on(router_db) as site:
+        yield site
+
+
+@contextlib.asynccontextmanager
+async def _site_on(db: RouterDb) -> AsyncIterator[Site]:
+    """A console over ``db`` with a router of its own (nothing cached yet)."""
+    router = db.router(
         impression_bindings(),
         basichttp=BasicHttpLocations("http://127.0.0.1:9/basichttp"),
     )
     operators = Operators(
         [Operator("ada", ADA, Role.OPERATOR), Operator("bob", BOB, Role.READ_ONLY)]
     )
-    adapter = router_db.adapter
+    adapter = db.adapter
     console = Console(
         queries=ConsoleQueries(adapter.engine, adapter.tables),
         audit=Audit(adapter.engine, adapter.tables),
@@ -160,7 +168,7 @@ async def site(router_db: RouterDb) -> AsyncIterator[Site]:  # noqa: F811 - the 
     )
     transport = httpx.ASGITransport(app=console_app(console))
     async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
-        yield Site(router_db, router, console, client)
+        yield Site(db, router, console, client)
 
 
 def _lit(page: str) -> list[str]:
@@ -361,6 +369,51 @@ async def test_the_execution_page_draws_the_chart_lit_and_steps_through_the_log(
     assert '"k1"' in unescape(first.split('id="datamodel"', 1)[1].split("</section>", 1)[0])
     assert (await site.client.get(f"/console/executions/{execution_id}?step=9")).status_code == 400
     assert (await site.client.get("/console/executions/ex_missing")).status_code == 404
+
+
+async def _completed(site: Site) -> tuple[str, str]:
+    """An impression clicked (its execution completed): its id and chart's hash."""
+    execution_id = await site.impression("k1")
+    click = InboundEvent(
+        scope="web",
+        source="ad_events",
+        message_id="c-1",
+        data={"kind": "click", "impression_id": "k1", "url": "u"},
+    )
+    await site.router.route(click)
+    record = await site.router.storage.fetch_execution(execution_id)
+    return execution_id, record.content_hash
+
+
+@pytest.mark.asyncio
+async def test_an_execution_whose_chart_is_retired_says_so(site: Site) -> None:
+    execution_id, content_hash = await _completed(site)
+    await site.router.storage.retire_chart(content_hash, "ada", datetime.now(UTC))
+    async with _site_on(site.db) as fresh:  # nothing compiled yet
+        await fresh.login(ADA)
+        page = unescape((await fresh.page(f"/console/executions/{execution_id}")).text)
+    assert "The chart is retired: the log cannot be replayed." in page
+    assert "The chart is retired." in page
+
+
+@pytest.mark.asyncio
+async def test_an_execution_whose_stored_chart_is_damaged_says_so_and_logs_an_error(
+    site: Site, caplog: pytest.LogCaptureFixture
+) -> None:
+    execution_id, content_hash = await _completed(site)
+    charts = site.db.adapter.tables.charts
+    changed = site.sql(
+        charts.update()
+        .where(charts.c.content_hash == content_hash)
+        .values(chart_blob=b"<scxml not closed")
+    )
+    assert changed == 1
+    async with _site_on(site.db) as fresh:  # nothing compiled yet
+        await fresh.login(ADA)
+        page = unescape((await fresh.page(f"/console/executions/{execution_id}")).text)
+    assert f"The chart is damaged: the chart {content_hash} no longer compiles" in page
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert any(m.startswith(f"console: the stored chart {content_hash} is damaged") for m in errors)
 
 
 @pytest.mark.asyncio

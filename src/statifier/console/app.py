@@ -141,10 +141,18 @@ from statifier.console.stores import BadStore, Store, Stores
 from statifier.console.timeline import error_steps, fates, made_by, send_keys, timeline
 from statifier.console.upload import BadForm, parse_form_data
 from statifier.core import MachineState, StartOptions
+from statifier.core.positions import PositionError
 from statifier.core.positions import load as load_position
 from statifier.expr import tagged
 from statifier.extras import MissingExtra
-from statifier.persistence import ChartNotFound, ChartRetired, LoggedInput, Status
+from statifier.persistence import (
+    ChartNotFound,
+    ChartRetired,
+    LoggedInput,
+    PersistenceError,
+    Status,
+)
+from statifier.persistence.errors import StoredChartDamaged
 from statifier.persistence.sql import SqlTransaction
 from statifier.persistence.step_errors import MAX_STEP_ERRORS
 from statifier.router import Binding, Router, ShardedRouter
@@ -275,6 +283,14 @@ class Configured:
 
     bindings: Sequence[Binding] = ()
     routes: Sequence[ConfiguredRoute] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ChartUnavailable:
+    """Why an execution's chart cannot be shown: ``why`` completes "the chart is ..."
+    (``retired``, ``not in its store``, ``damaged: ...``)."""
+
+    why: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -444,8 +460,8 @@ class Console:
         if row.final_position is None:
             return Ending(None, "unknown: the position was pruned")
         machine = await self.machine(row.content_hash, execution_id=row.id)
-        if machine is None:
-            return Ending(None, "unknown: the chart is retired or gone")
+        if isinstance(machine, ChartUnavailable):
+            return Ending(None, f"unknown: the chart is {machine.why}")
         try:
             state = load_position(machine, row.final_position)
         except Exception:  # noqa: BLE001 - one unreadable row must not hide the list
@@ -461,11 +477,17 @@ class Console:
 
     async def machine(
         self, content_hash: str, *, execution_id: str | None = None
-    ) -> Machine | None:
+    ) -> Machine | ChartUnavailable:
         """The chart stored under ``content_hash`` (compiled once, kept in a bounded
-        cache), or ``None`` when it is retired or gone: read in the store of
-        ``execution_id``, an execution of it (a chart is saved in each store an
-        execution of it is created in), else in the first store."""
+        cache), or why it cannot be shown (retired, not stored, or damaged: that one
+        is logged as an error): read in the store of ``execution_id``, an execution of
+        it (a chart is saved in each store an execution of it is created in), else in
+        the first store.
+
+        Raises:
+            Exception: what the store raised reading it (a database that fails is
+                not a chart that is gone).
+        """
         cached = self._machines.get(content_hash)
         if cached is not None:
             self._machines.move_to_end(content_hash)
@@ -475,8 +497,13 @@ class Console:
         )
         try:
             machine = await store.router.storage.machine(content_hash)
-        except Exception:  # noqa: BLE001 - a retired or unreadable chart is shown as gone
-            return None
+        except ChartRetired:
+            return ChartUnavailable("retired")
+        except ChartNotFound:
+            return ChartUnavailable("not in its store")
+        except StoredChartDamaged as error:
+            _log.error("console: the stored chart %s is damaged: %s", content_hash, error)
+            return ChartUnavailable(f"damaged: {error}")
         self._machines[content_hash] = machine
         while len(self._machines) > MAX_MACHINES:
             self._machines.popitem(last=False)
@@ -909,8 +936,8 @@ class _Pages:
             steps: list[ReplayStep] = []
             replay_note = None
             diverged = True
-            if machine is None:
-                replay_note = "The chart is retired or gone: the log cannot be replayed."
+            if isinstance(machine, ChartUnavailable):
+                replay_note = f"The chart is {machine.why}: the log cannot be replayed."
             else:
                 options = None if state is None else stored_options(state)
                 steps = console.replayed(record.id, machine, detail.inputs, options)
@@ -1697,7 +1724,7 @@ class _Pages:
         if divergence is None:
             return None
         old = (
-            None
+            ChartUnavailable("not named by the replay")
             if result.content_hash is None
             else await self.console.machine(result.content_hash, execution_id=result.execution_id)
         )
@@ -1737,12 +1764,22 @@ class _Pages:
         return StreamingResponse(body(), media_type="text/event-stream", headers=headers)
 
 
-def _loaded(router: Router, record: Any, machine: Machine | None) -> MachineState | None:
-    if machine is None:
+def _loaded(
+    router: Router, record: Any, machine: Machine | ChartUnavailable
+) -> MachineState | None:
+    """The execution's position, ``None`` when it cannot be shown: its chart is
+    unavailable, its position pruned, or unreadable (logged as a warning)."""
+    if isinstance(machine, ChartUnavailable) or record.position is None:
         return None
     try:
         return router.storage.load(record, machine)
-    except Exception:  # noqa: BLE001 - a pruned or damaged position is shown as such
+    except (PositionError, PersistenceError) as error:
+        _log.warning(
+            "console: the position of execution %s cannot be read: %s",
+            record.id,
+            error,
+            extra={"execution_id": record.id},
+        )
         return None
 
 
@@ -1780,9 +1817,9 @@ def _step(request: Request, count: int) -> int | None:
     return int(text)
 
 
-def _diagram(machine: Machine | None, active: Sequence[str]) -> Markup:
-    if machine is None:
-        return Markup('<p class="note">The chart is retired or gone.</p>')
+def _diagram(machine: Machine | ChartUnavailable, active: Sequence[str]) -> Markup:
+    if isinstance(machine, ChartUnavailable):
+        return Markup('<p class="note">The chart is {}.</p>').format(machine.why)
     try:
         drawn = render_chart_svg(machine, active)
     except Exception:  # noqa: BLE001 - the rest of the page is still worth showing
@@ -1801,13 +1838,13 @@ class _Parted:
     datamodel: list[tuple[str, str, str]]
 
 
-def _side_lit(machine: Machine | None, side: Side) -> tuple[str, ...]:
+def _side_lit(machine: Machine | ChartUnavailable, side: Side) -> tuple[str, ...]:
     """The states to light for one side of a divergence: the final state it ended in,
     else its active atomic states and their ancestors (as an execution's diagram lights
     its whole configuration)."""
     if side.final_state is not None:
         return (side.final_state,)
-    if machine is None:
+    if isinstance(machine, ChartUnavailable):
         return side.configuration
     by_id = {node.id: node for node in machine.states if node.id}
     lit = set(side.configuration)
