@@ -455,7 +455,8 @@ async def check_places(
             )
             continue
         if said is not None:
-            return f"{'store ' + str(number) if len(stores) > 1 else 'the database'}: {said}"
+            where = f"store {number}" if len(stores) > 1 else "the database"
+            return f"{where}: {said}"
     return None
 
 
