@@ -151,8 +151,8 @@ from statifier.persistence import (
     LoggedInput,
     PersistenceError,
     Status,
+    StoredChartDamaged,
 )
-from statifier.persistence.errors import StoredChartDamaged
 from statifier.persistence.sql import SqlTransaction
 from statifier.persistence.step_errors import MAX_STEP_ERRORS
 from statifier.router import Binding, Router, ShardedRouter

@@ -23,6 +23,7 @@ from statifier.persistence.errors import (
     LockTimeout,
     PersistenceError,
     ReentrantCall,
+    StoredChartDamaged,
 )
 from statifier.persistence.executions import (
     Discarded,
@@ -69,6 +70,7 @@ __all__ = [
     "StepError",
     "Stepped",
     "Storage",
+    "StoredChartDamaged",
     "UndecodableBlob",
     "decode_outcome",
     "prune",
