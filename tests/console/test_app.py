@@ -116,6 +116,16 @@ class Site:
         assert isinstance(execution_id, str)
         return execution_id
 
+    async def click(self, key: str) -> None:
+        """Route a click on the impression of ``key`` (its execution completes)."""
+        event = InboundEvent(
+            scope="web",
+            source="ad_events",
+            message_id=f"c-{key}",
+            data={"kind": "click", "impression_id": key, "url": "u"},
+        )
+        await self.router.route(event)
+
     async def audit_rows(self) -> list[tuple[str, str, str, str]]:
         page = await self.console.audit.entries()
         return [(row.actor, row.action, row.target, row.outcome) for row in page.rows]
@@ -347,13 +357,7 @@ async def test_the_execution_page_draws_the_chart_lit_and_steps_through_the_log(
     await site.login(ADA)
     running = (await site.page(f"/console/executions/{execution_id}")).text
     assert _lit(running) == ["shown"]
-    click = InboundEvent(
-        scope="web",
-        source="ad_events",
-        message_id="c-1",
-        data={"kind": "click", "impression_id": "k1", "url": "u"},
-    )
-    await site.router.route(click)
+    await site.click("k1")
     page = (await site.page(f"/console/executions/{execution_id}")).text
     assert 'id="status" class="status-completed">completed<' in page
     assert _lit(page) == ["joined"]  # the final state it ended in
@@ -374,13 +378,7 @@ async def test_the_execution_page_draws_the_chart_lit_and_steps_through_the_log(
 async def _completed(site: Site) -> tuple[str, str]:
     """An impression clicked (its execution completed): its id and chart's hash."""
     execution_id = await site.impression("k1")
-    click = InboundEvent(
-        scope="web",
-        source="ad_events",
-        message_id="c-1",
-        data={"kind": "click", "impression_id": "k1", "url": "u"},
-    )
-    await site.router.route(click)
+    await site.click("k1")
     record = await site.router.storage.fetch_execution(execution_id)
     return execution_id, record.content_hash
 

@@ -7,6 +7,7 @@ databases."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tests.persistence.conftest import FreshDatabase, fresh_database  # noqa: F401 - a fixture
@@ -603,28 +604,36 @@ def test_logging_and_otel_refusals_name_the_table_and_the_key(
     assert refused(tmp_path, body) == said
 
 
+def _mark(database: FreshDatabase, options: TableOptions, place: Any) -> None:
+    """Make ``place`` (a :class:`statifier.sql.places.Place`) the store's record, as
+    ``statifier serve`` and ``statifier reshard`` write it."""
+    from datetime import UTC, datetime
+
+    import sqlalchemy as sa
+
+    from statifier.sql.places import write_place
+
+    engine = sa.create_engine(migrations.sync_url(database.url))
+    try:
+        with engine.begin() as connection:
+            write_place(connection, options, place, datetime.now(UTC))
+    finally:
+        engine.dispose()
+
+
 @pytest.mark.asyncio
 async def test_readiness_names_a_store_whose_place_record_changed_until_it_is_back(
     fresh_database: FreshDatabase,  # noqa: F811 - the fixture
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from datetime import UTC, datetime
-
-    import sqlalchemy as sa
-
     from statifier.service.health import Health
-    from statifier.sql.places import Place, write_place
+    from statifier.sql.places import Place
 
     options = TableOptions(prefix="t_", schema=fresh_database.schema)
     migrations.upgrade(fresh_database.url, options)
 
     def mark(place: Place) -> None:
-        engine = sa.create_engine(migrations.sync_url(fresh_database.url))
-        try:
-            with engine.begin() as connection:
-                write_place(connection, options, place, datetime.now(UTC))
-        finally:
-            engine.dispose()
+        _mark(fresh_database, options, place)
 
     mark(Place.serving(0, 1))
     async with SqlAdapter(fresh_database.url, options) as adapter:
@@ -657,7 +666,7 @@ async def test_the_services_check_of_its_places_says_it_serves_stops_on_a_mark_a
 
     from statifier.repeats import Repeats
     from statifier.service.service import check_places
-    from statifier.sql.places import Place, serving_since, write_place
+    from statifier.sql.places import Place, serving_since
 
     options = TableOptions(prefix="t_", schema=fresh_database.schema)
     migrations.upgrade(fresh_database.url, options)
@@ -668,8 +677,7 @@ async def test_the_services_check_of_its_places_says_it_serves_stops_on_a_mark_a
             return serving_since(connection, options, datetime.now(UTC))
 
     def mark(place: Place) -> None:
-        with engine.begin() as connection:
-            write_place(connection, options, place, datetime.now(UTC))
+        _mark(fresh_database, options, place)
 
     try:
         mark(Place.serving(0, 1))
