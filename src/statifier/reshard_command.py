@@ -232,15 +232,17 @@ def _check_places(
         serving_since,
     )
 
-    records = [
-        (store.before, store.after, _on(store.url, partial(read_place, options=options)))
-        for store in stores
-    ]
+    def read(connection: sa.Connection) -> tuple[Place | None, float | None]:
+        now = datetime.now(UTC)
+        return read_place(connection, options), serving_since(connection, options, now)
+
+    # Each store read once: its record and when a service last said it serves it.
+    found = [_on(store.url, read) for store in stores]
+    records = [(s.before, s.after, place) for s, (place, _) in zip(stores, found, strict=True)]
     said = reshard_refusal(records, sources, targets)
     if said is not None:
         raise PlaceMismatch(said)
-    for store in stores:
-        ago = _on(store.url, partial(serving_since, options=options, now=datetime.now(UTC)))
+    for store, (_, ago) in zip(stores, found, strict=True):
         if ago is not None:
             raise PlaceMismatch(
                 f"{store} is served: a service said so {ago:.0f} s ago. Stop every "
