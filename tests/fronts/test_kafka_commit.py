@@ -3,7 +3,8 @@
 holding the consumer, the commits queued behind it wait their turn within the same
 bound (and are not sent once given up), the polls go on meanwhile, readiness and
 telemetry say that commits keep failing, and a late answer is logged, never taken for a
-later commit's (where it set an offset back, the newer offset is committed again).
+later commit's (where it set an offset back, the newer offset is committed again). A
+close waits for all its commits together within one ``commit_timeout``.
 
 Against the real broker: the broker is killed (``SIGKILL``, its member session still
 alive) while a consumer commits; the commit fails within its bound, the consumer logs
@@ -58,19 +59,20 @@ def store() -> Iterator[ObjectStore]:
 
 
 class _Stuck:
-    """A consumer whose first commit blocks until ``release`` is set (as librdkafka's
-    can, for ever, when the coordinator is killed); everything else is the real
-    consumer's."""
+    """A consumer whose first ``blocking`` commits block until ``release`` is set (as
+    librdkafka's can, for ever, when the coordinator is killed); everything else is the
+    real consumer's."""
 
-    def __init__(self, consumer: Consumer) -> None:
+    def __init__(self, consumer: Consumer, blocking: int = 1) -> None:
         self.consumer = consumer
+        self.blocking = blocking
         self.release = threading.Event()
         self.commits: list[list[TopicPartition]] = []
 
     def commit(self, *, offsets: list[TopicPartition], asynchronous: bool) -> Any:
         assert not asynchronous
         self.commits.append(offsets)
-        if len(self.commits) == 1:
+        if len(self.commits) <= self.blocking:
             self.release.wait(30)
         return self.consumer.commit(offsets=offsets, asynchronous=False)
 
@@ -145,6 +147,73 @@ async def test_an_unanswered_commit_fails_in_time_and_its_late_answer_is_only_lo
         {"source": source.name, "trouble": "commits failing"},
         {"source": source.name, "trouble": None},
     ]
+
+
+class _Revoking:
+    """A runtime whose revocation commits ``position``, as the consumer's commits its
+    done prefix, and keeps what that commit raised."""
+
+    def __init__(self, source: KafkaSource, name: str, position: int) -> None:
+        self.source, self.name, self.position = source, name, position
+        self.failures: list[CommitFailed] = []
+
+    async def assigned(self, partitions: Any) -> None:
+        pass
+
+    async def revoked(self, partitions: Any) -> None:
+        try:
+            await self.source.commit({self.name: self.position})
+        except CommitFailed as failed:
+            self.failures.append(failed)
+            raise
+
+
+@pytest.mark.asyncio
+async def test_a_close_waits_for_all_its_commits_together_within_the_commit_timeout(
+    kafka_broker: KafkaBroker,  # noqa: F811 - the imported fixture
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A commit given up on before the close and never answered takes the close's whole
+    time for its commits: the revocation's commit inside the close is then not sent
+    (it would hold the consumer's thread, as the unanswered one holds the commit
+    thread), and the close ends within one ``commit_timeout`` and the group leave,
+    not one for each commit and the client's close bound on top."""
+    caplog.set_level(logging.INFO, "statifier.fronts.kafka")
+    topic, group = unique("orders"), unique("g")
+    create_topic(kafka_broker, topic, 1)
+    name = f"{topic}/0"
+    source = KafkaSource(
+        kafka_broker.bootstrap,
+        group=group,
+        topics=[topic],
+        source="orders",
+        scope="acme",
+        commit_timeout=BOUND,
+        rebalance_timeout=4 * BOUND,
+        settings=FAST_GROUP,
+    )
+    runtime = _Revoking(source, name, 9)
+    await source.start(runtime)
+    stuck = _Stuck(source._consumer, blocking=2)  # type: ignore[arg-type]
+    source._consumer = stuck  # type: ignore[assignment]
+    try:
+        async with asyncio.timeout(30):
+            while name not in source.owned:
+                await source.fetch(10, 0.2)
+        with pytest.raises(CommitFailed, match="did not answer"):
+            await source.commit({name: 4})
+        began = time.monotonic()
+        await source.close()
+        took = time.monotonic() - began
+    finally:
+        stuck.release.set()
+    assert took < BOUND + SLACK + 2.0, took  # the commits' time, then the group leave
+    assert "a commit is still unanswered" in caplog.text
+    assert [str(failed) for failed in runtime.failures] == [
+        f"{source.name}: not sent: the close's {BOUND:g} s for its commits are spent"
+    ]
+    assert [[tp.offset for tp in offsets] for offsets in stuck.commits] == [[5]]
+    assert "did not close within" not in caplog.text
 
 
 def test_the_commit_timeout_is_positive() -> None:

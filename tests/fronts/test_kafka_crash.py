@@ -344,13 +344,14 @@ committed short of its end (a commit cancelled with the consumer's committer lan
 after the stop's last one)."""
 STOP_WITHIN = 60.0
 """Seconds a consumer process gets to drain, commit and leave the group. A stop may
-wait three times for the source's ``commit_timeout`` (10 s): for its last commit
-(queued behind the one its committer had on its way), for that commit's answer if
-it timed out, and for the revocation's commit inside the close. Tansu holds a
+wait twice for the source's ``commit_timeout`` (10 s): for its last commit (queued
+behind the one its committer had on its way), then for the close's commits together
+(that commit's answer if it timed out, and the revocation's). Tansu holds a
 commit sent while the group rebalances (seen: 6 s), and a stop right after the other
-consumer's meets that rebalance: 30 s was once too short in a full suite run. The
-hang seen before 06f2bdf lasted over 120 s; a stop that does not end in time has its
-threads' and tasks' stacks in the failure."""
+consumer's meets that rebalance: 30 s was once too short in a full suite run. A
+stop that does not end in time has its threads' and tasks' stacks in the failure
+(a whole process frozen inside librdkafka's close, librdkafka#4884, is why the source
+now gives its partitions up before closing the client)."""
 
 
 @pytest.mark.asyncio

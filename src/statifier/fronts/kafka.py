@@ -155,6 +155,8 @@ _CHUNK: Final = 64
 """Records taken from librdkafka's queue at a time, between checks of the bound."""
 _STATS_EVERY_MS: Final = 1000
 """How often librdkafka reports its brokers' and group's states (for readiness)."""
+_LEAVE_POLL: Final = 0.1
+"""Seconds each poll of a close waits while the partitions are given up."""
 OUT_OF_GROUP_AFTER: Final = 30.0
 """Seconds a member may hold no partition while it is not a steady member of its group
 (no coordinator, or a join or rebalance under way) before :meth:`KafkaSource.trouble`
@@ -495,6 +497,7 @@ class KafkaSource:
             :class:`CommitFailed`; also how long commits must have kept failing before
             :meth:`trouble` says so. Keep it below ``rebalance_timeout``, so a
             revocation's commit is answered or given up before its partitions move.
+            :meth:`close` waits this long at most for all its commits together.
         partition_buffer: messages of one partition polled and not handed over at
             most before the partition is paused (resumed once they are taken); the
             source holds at most about this many per owned partition, each at most
@@ -592,6 +595,8 @@ class KafkaSource:
         """Partitions paused because their buffer is full (touched on the thread only)."""
         self._failure: KafkaError | None = None
         self._closed = False
+        self._close_by: float | None = None
+        """While closing, when the close's time for its commits runs out (monotonic)."""
         self._moving = 0
         """Partition moves in progress: their callbacks hold the consumer's thread,
         and librdkafka answers the commits they make only there."""
@@ -736,6 +741,12 @@ class KafkaSource:
         move or the close) and wait at most ``commit_timeout`` for the coordinator's
         answer (librdkafka's per-partition results)."""
         consumer, commits = self._started_consumer(), self._started_commits()
+        bound = self._commit_bound()
+        if bound <= 0:
+            raise CommitFailed(
+                f"{self.name}: not sent: the close's {self._commit_timeout:g} s for its "
+                "commits are spent"
+            )
         withdrawn, sent = threading.Event(), threading.Event()
         # A commit a partition move makes (a revocation's, in a poll or inside the
         # close) is answered reliably only on the consumer's thread, which the move's
@@ -755,13 +766,12 @@ class KafkaSource:
             answer = commits.call(commit_now)
         timed_out = False
         try:
-            async with asyncio.timeout(self._commit_timeout):
+            async with asyncio.timeout(bound):
                 return await asyncio.shield(answer)
         except TimeoutError:
             timed_out = True
             raise CommitFailed(
-                f"{self.name}: the coordinator did not answer the commit within "
-                f"{self._commit_timeout:g} s"
+                f"{self.name}: the coordinator did not answer the commit within {bound:g} s"
             ) from None
         except KafkaException as error:
             raise CommitFailed(f"{self.name}: the commit failed: {error.args[0]}") from error
@@ -774,6 +784,13 @@ class KafkaSource:
                 # reach it after, never before, its older offsets.
                 if timed_out and sent.is_set() and not urgent:
                     self._retire(commits, answer)
+
+    def _commit_bound(self) -> float:
+        """The seconds a commit made now may wait for its answer: ``commit_timeout``,
+        or, while closing, what is left of the close's (never below 0)."""
+        if self._close_by is None:
+            return self._commit_timeout
+        return min(self._commit_timeout, max(0.0, self._close_by - time.monotonic()))
 
     def _commit_thread(self) -> _ConsumerThread:
         commits = _ConsumerThread(f"statifier {self.name} commits")
@@ -865,22 +882,26 @@ class KafkaSource:
         gapless prefix of done messages is committed) and release the client. What was
         committed stays; closing twice does nothing.
 
-        A commit sent and not answered yet is waited for, at most ``commit_timeout``,
-        then the client is closed all the same (librdkafka may never answer it). The
-        commits of the revocation inside the close run on the consumer's thread
-        (librdkafka answers them only there), each waited for at most
-        ``commit_timeout``; the close itself is waited for at most
-        ``rebalance_timeout + commit_timeout``, then left to that thread."""
+        The close waits for its commits ``commit_timeout`` seconds at most, all of
+        them together, counted from the call: a commit sent and not answered yet (then
+        the client is closed all the same: librdkafka may never answer it), the
+        commits that put back offsets a late answer set back (cut short then, with a
+        warning: their records may come again), and the revocation's commits inside
+        the close, which run on the consumer's thread (librdkafka answers them only
+        there; once that time is spent they are not sent, and the partitions'
+        records after their last commit come again to their next owner). The
+        client's close itself is waited for at most ``rebalance_timeout +
+        commit_timeout``, then left to that thread."""
         if self._closed or self._thread is None:
             return
         self._closed = True
+        self._close_by = time.monotonic() + self._commit_timeout
         thread, commits = self._thread, self._commits
         consumer = self._consumer
         try:
             if consumer is not None:
                 await self._commits_answered()
-                await asyncio.gather(*self._restoring, return_exceptions=True)
-                closed = thread.call(consumer.close)
+                closed = thread.call(lambda: self._leave_and_close(consumer))
                 bound = self._rebalance_timeout + self._commit_timeout
                 await asyncio.wait([closed], timeout=bound)
                 if not closed.done():
@@ -899,19 +920,51 @@ class KafkaSource:
             await asyncio.to_thread(thread.join, 10.0)
 
     async def _commits_answered(self) -> None:
-        """Wait at most ``commit_timeout`` for the commits sent and not answered."""
+        """Wait, within the close's time, for the commits sent and not answered, then
+        for the commits putting back offsets a late answer set back (cancelled once
+        that time is spent)."""
         commits = self._started_commits()
         answers = [*self._unanswered, commits.call(lambda: None)]
-        await asyncio.wait(answers, timeout=self._commit_timeout)
+        await asyncio.wait(answers, timeout=self._commit_bound())
         if not all(answer.done() for answer in answers):
             _log.warning(
-                "%s: a commit is still unanswered after %g s; closing the client anyway",
+                "%s: a commit is still unanswered %g s into the close; closing the client anyway",
                 self.name,
                 self._commit_timeout,
                 extra={"source": self.name},
             )
+        if not self._restoring:
+            return
+        _, late = await asyncio.wait(set(self._restoring), timeout=self._commit_bound())
+        for restoring in late:
+            restoring.cancel()
+        if late:
+            _log.warning(
+                "%s: committing again what a late answer set back was cut short by the "
+                "close (those records may come again)",
+                self.name,
+                extra={"source": self.name},
+            )
 
     # On the consumer's thread.
+
+    def _leave_and_close(self, consumer: Consumer) -> None:
+        """Give the partitions up and leave the group, then close the client.
+
+        librdkafka can block for ever in a partition move handled inside its own close
+        (the client's assignment call in the rebalance callback is never answered:
+        confluentinc/librdkafka#4884), and it blocks there holding Python's GIL, so
+        the whole process stops and no timeout of this module can fire. So the
+        revocation runs before the close, in polls: unsubscribe, poll (which serves
+        the revocation through the runtime) until nothing is assigned or
+        ``rebalance_timeout`` passed, then close, with nothing left to move. A record
+        a poll returns meanwhile is dropped: it was never handed over, so it comes
+        again to the partition's next owner."""
+        consumer.unsubscribe()
+        deadline = time.monotonic() + self._rebalance_timeout
+        while consumer.assignment() and time.monotonic() < deadline:
+            consumer.poll(_LEAVE_POLL)
+        consumer.close()
 
     def _subscribe(self) -> Consumer:
         settings = {
