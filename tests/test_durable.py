@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from dataclasses import FrozenInstanceError
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tests.persistence.conftest import drop_schema, unique_name
@@ -23,6 +24,8 @@ from statifier.durable import (
     ExecutionExists,
     ExecutionNotFound,
     NotMigrated,
+    Send,
+    Sent,
     Status,
     UnknownChart,
 )
@@ -262,6 +265,118 @@ async def test_a_paused_execution_holds_what_is_sent_and_takes_it_on_resume(
     assert [i.event.name for i in ended.inputs if i.event] == ["knock", "knock", "knock", "close"]
     assert ended.outcome == {"knocks": 3}
     assert cancelled.cancelled is True
+
+
+# Sends in one transaction.
+
+REMINDER = (
+    '<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="idle">'
+    '<state id="idle"><transition event="remind"><send event="ping" delay="3600s"/>'
+    "</transition></state></scxml>"
+)
+
+
+def _answered(sent: Sent) -> tuple[object, ...]:
+    """What a send answered, but its execution's id and timers."""
+    said = (sent.delivered, sent.held, sent.matched, sent.finished, sent.status, sent.errors)
+    ended = (sent.configuration, sent.final_state, sent.outcome, sent.failure)
+    return (sent.event, *said, *ended)
+
+
+@pytest.mark.asyncio
+async def test_send_many_answers_what_each_send_would_at_its_turn(database: Database) -> None:
+    plan = [
+        ("a", "knock"),
+        ("b", "knock"),
+        ("a", "knock"),
+        ("t", "remind"),
+        ("a", "close"),
+        ("a", "knock"),  # ended by the close before it: discarded
+        ("p", "knock"),  # paused: held for its resume
+        ("b", "knock"),
+        ("t", "remind"),
+    ]
+    charts = {"door": DOOR, "reminder": REMINDER}
+    async with database.durable(migrate=True, charts=charts) as durable:
+        for side in ("alone", "together"):
+            await durable.create("door", f"{side}-a")
+            await durable.create("door", f"{side}-b")
+            await durable.create("reminder", f"{side}-t")
+            await durable.create("door", f"{side}-p")
+            await durable.pause(f"{side}-p")
+        alone = [await durable.send(f"alone-{name}", event) for name, event in plan]
+        together = await durable.send_many([Send(f"together-{n}", e) for n, e in plan])
+        described = {name: await durable.describe(f"together-{name}") for name in "abp"}
+        resumed = await durable.resume("together-p")
+    assert [_answered(sent) for sent in together] == [_answered(sent) for sent in alone]
+    assert [sent.execution_id for sent in together] == [f"together-{n}" for n, _ in plan]
+    assert described["a"].outcome == {"knocks": 2}
+    assert [i.event.name for i in described["b"].inputs if i.event] == ["knock", "knock"]
+    # The timers are the execution's after the batch, the last send's alone's.
+    assert [timer.event for timer in together[8].timers] == ["ping", "ping"]
+    assert together[3].timers == together[8].timers
+    assert [(t.event, t.kind) for t in together[3].timers] == [
+        (t.event, t.kind) for t in alone[8].timers
+    ]
+    assert len(together[3].notices) == 1  # no worker runs here to fire them
+    assert (together[5].delivered, together[6].held) == (False, True)
+    assert described["p"].status is Status.PAUSED
+    assert resumed is not None
+    assert resumed.stepped == 1
+
+
+@pytest.mark.asyncio
+async def test_send_many_commits_every_send_or_none(database: Database) -> None:
+    async with database.durable(migrate=True) as durable:
+        await durable.create("door", "a")
+        batch = [Send("a", "knock"), Send("nobody", "knock"), Send("a", "close")]
+        with pytest.raises(ExecutionNotFound) as raised:
+            await durable.send_many(batch)
+        kept = await durable.describe("a")
+        assert await durable.send_many([]) == []
+        with pytest.raises(TypeError, match="Send values"):
+            await durable.send_many([("a", "knock")])  # type: ignore[list-item]
+        with pytest.raises(TypeError, match="an event name"):
+            await durable.send_many([Send("a", "knock"), Send("a", "")])
+        after = await durable.describe("a")
+    assert "send 2 of 3: 'knock' to 'nobody'" in " ".join(raised.value.__notes__)
+    assert (kept.inputs, kept.status) == ((), Status.ACTIVE)
+    assert after.inputs == ()  # the refused batches stepped nothing either
+
+
+@pytest.mark.asyncio
+async def test_a_batch_of_sends_runs_the_same_statements_whatever_its_size(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On PostgreSQL: the locks, the reads, the steps' writes and the timers of a batch
+    are one statement each, for 3 sends as for 30."""
+    import psycopg
+
+    statements: list[str] = []
+    execute = psycopg.AsyncCursor.execute
+
+    async def counted(cursor: Any, query: Any, *args: Any, **options: Any) -> Any:
+        statements.append(str(query))
+        return await execute(cursor, query, *args, **options)
+
+    runs: dict[int, list[str]] = {}
+    for database in _database(request, "postgresql", tmp_path):
+        async with database.durable(migrate=True, charts={"door": DOOR}) as durable:
+            for index in range(30):
+                await durable.create("door", f"d{index}")
+            for size in (3, 30):
+                statements.clear()
+                with monkeypatch.context() as patch:
+                    patch.setattr(psycopg.AsyncCursor, "execute", counted)
+                    sent = await durable.send_many(
+                        [Send(f"d{index}", "knock") for index in range(size)]
+                    )
+                assert all(answer.delivered for answer in sent)
+                runs[size] = list(statements)
+            described = await durable.describe("d1")
+        assert [i.event.name for i in described.inputs if i.event] == ["knock", "knock"]
+    assert len(runs[3]) == len(runs[30]), (runs[3], runs[30])
+    assert len(runs[3]) <= 6, runs[3]
 
 
 # Errors that say what to do.

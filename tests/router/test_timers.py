@@ -623,6 +623,36 @@ async def test_take_due_deletes_a_batch_in_firing_order_and_a_rollback_puts_it_b
 
 
 @pytest.mark.asyncio
+async def test_pending_many_reads_each_executions_first_timers_in_one_statement(
+    router_db: RouterDb,
+) -> None:
+    router = timer_router(router_db)
+    queue = router.timers
+    assert isinstance(queue, SqlTimerQueue)
+    now = router_db.clock.now
+    await schedule(
+        router,
+        [
+            entry("ex_a", 1, now + 3 * SECOND),
+            entry("ex_b", 2, now),
+            entry("ex_a", 3, now + SECOND),
+            entry("ex_a", 4, now + 2 * SECOND),
+            entry("ex_c", 5, now),  # not asked for
+        ],
+    )
+    async with router.transaction() as unit:
+        many = await queue.pending_many(unit.tx, ["ex_a", "ex_b", "ex_none"], 2)
+        alone = {e: await queue.pending(unit.tx, e, 2) for e in ("ex_a", "ex_b")}
+        assert await queue.pending_many(unit.tx, [], 2) == {}
+
+    def sends(rows: Sequence[Any]) -> list[str]:
+        return [row.entry.send_id for row in rows]
+
+    assert {e: sends(rows) for e, rows in many.items()} == {"ex_a": ["t3", "t4"], "ex_b": ["t2"]}
+    assert {e: sends(rows) for e, rows in alone.items()} == {e: sends(r) for e, r in many.items()}
+
+
+@pytest.mark.asyncio
 async def test_run_sleeps_until_the_next_due_time_at_most_poll_seconds(
     router_db: RouterDb,
 ) -> None:

@@ -1,5 +1,6 @@
 """``Durable``, the shortest way in to durable executions: one object built from a database URL and
-charts, with ``create``, ``send``, ``describe``, ``list``, ``cancel`` and ``migrate``.
+charts, with ``create``, ``send`` (and ``send_many``), ``describe``, ``list``, ``cancel``
+and ``migrate``.
 
 :class:`Durable` opens the SQL adapter (:mod:`statifier.persistence.sql`), checks that
 the tables are migrated (or migrates them when asked), compiles the charts it is given
@@ -38,7 +39,14 @@ import.
 from statifier.durable.database import NotMigrated
 from statifier.durable.errors import ChartUnusable, DurableError, UnknownChart
 from statifier.durable.front import Durable
-from statifier.durable.values import Cancelled, Description, ExecutionSummary, Moved, Sent
+from statifier.durable.values import (
+    Cancelled,
+    Description,
+    ExecutionSummary,
+    Moved,
+    Send,
+    Sent,
+)
 from statifier.persistence import (
     ExecutionExists,
     ExecutionNotFound,
@@ -62,6 +70,7 @@ __all__ = [
     "MigrationSummary",
     "Moved",
     "NotMigrated",
+    "Send",
     "Sent",
     "Status",
     "UnknownChart",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Final, TypeVar
@@ -22,6 +22,7 @@ from statifier.durable.values import (
     Moved,
     PendingTimer,
     Position,
+    Send,
     Sent,
     _configuration,
     _datamodel,
@@ -64,6 +65,7 @@ _T = TypeVar("_T")
 if TYPE_CHECKING:
     from statifier.persistence.adapter import Adapter
     from statifier.router import Resumed, Router, Sink
+    from statifier.router.timers import DueTimer, UnreadableTimer
     from statifier.sql import TableOptions
 
 _DESCRIBED_ERRORS: Final = 20
@@ -335,6 +337,114 @@ class Durable:
         """
         _text(event, "an event name")
         answer, held = await self._step_or_hold(execution_id, Event(event, data=data))
+        timers = () if isinstance(answer, Discarded) else await self._timers(execution_id)
+        return await self._sent(event, answer, held, timers)
+
+    async def send_many(self, sends: Sequence[Send]) -> list[Sent]:
+        """Step each of ``sends`` into its execution, in one transaction: they commit
+        together or not at all. Answers one :class:`Sent` per send, in order, each what
+        :meth:`send` would have answered at its turn, but for its ``timers`` (and the
+        ``notices`` about them): its execution's pending timers after the batch.
+
+        On a SQL database the cost of a batch is a few statements whatever its size:
+        the executions' locks are taken in one (in one sorted order, so two batches
+        never deadlock) and their rows read in one, the steps' writes go together (on
+        PostgreSQL, one statement), and the pending timers of every execution stepped
+        are read in one. Sends to one execution step in the order given. An execution
+        that has ended or is parked discards its event and a paused one holds it for
+        its resume, as :meth:`send` does. On an adapter that is not SQL
+        (:class:`~statifier.persistence.MemoryAdapter`), which has no transactions,
+        the sends are stepped one after the other, and an error leaves the earlier
+        ones stepped.
+
+        Args:
+            sends: the events, each a :class:`Send` (execution id, event name, data).
+
+        Raises:
+            ExecutionNotFound: an execution of ``sends`` does not exist; nothing of the
+                batch is committed. The error's notes name the send.
+            LockTimeout: the executions stayed locked longer than ``lock_wait``;
+                nothing of the batch is committed.
+            TypeError: an element of ``sends`` is not a :class:`Send`, or its execution
+                id or event name is not a non-empty string; nothing is sent.
+        """
+        for send in sends:
+            if not isinstance(send, Send):
+                raise TypeError(f"send_many takes Send values, not {type(send).__name__}")
+            _text(send.execution_id, "an execution id")
+            _text(send.event, "an event name")
+        router = self._router
+        if router is None:
+            return [await self.send(send.execution_id, send.event, send.data) for send in sends]
+        from statifier.router.pausing import STEP_VIA, hold_event
+        from statifier.router.timers import SqlTimerQueue
+        from statifier.router.transaction import Delivering
+
+        queue = router.timers
+        assert isinstance(queue, SqlTimerQueue)
+        now = router.storage.clock()
+        stepped: list[tuple[Stepped | Discarded, bool]] = []
+        async with router.transaction() as unit:
+            ids = {send.execution_id for send in sends}
+            held_ids = await unit.lock_executions(ids, "a batch of sends' executions")
+            with unit.holding(held_ids):
+                # A call of the host's delivers nothing: its sends resolve in no scope,
+                # and its delayed sends are timed from now. Made in the block: its steps
+                # enter the locks taken above.
+                executions = unit.executions(Delivering(None, now))
+                async with unit.deferred_steps():
+                    for index, send in enumerate(sends):
+                        event = Event(send.event, data=send.data)
+                        try:
+                            answer = await executions.step(send.execution_id, None, event)
+                        except Exception as error:
+                            error.add_note(
+                                f"send {index + 1} of {len(sends)}: {send.event!r} to "
+                                f"{send.execution_id!r}; nothing of the batch is committed"
+                            )
+                            raise
+                        held = (
+                            isinstance(answer, Discarded)
+                            and answer.execution.status is Status.PAUSED
+                        )
+                        if held:
+                            await hold_event(
+                                unit,
+                                send.execution_id,
+                                event,
+                                via=STEP_VIA,
+                                internal=False,
+                                scope=None,
+                                message_id=None,
+                                now=now,
+                            )
+                        stepped.append((answer, held))
+            delivered = sorted(
+                {answer.execution.id for answer, _ in stepped if isinstance(answer, Stepped)}
+            )
+            pending = await queue.pending_many(unit.tx, delivered, _DESCRIBED_TIMERS)
+        return [
+            await self._sent(
+                send.event,
+                answer,
+                held,
+                ()
+                if isinstance(answer, Discarded)
+                else _pending_timers(pending.get(answer.execution.id, [])),
+            )
+            for send, (answer, held) in zip(sends, stepped, strict=True)
+        ]
+
+    async def _sent(
+        self,
+        event: str,
+        answer: Stepped | Discarded,
+        held: bool,
+        timers: tuple[PendingTimer, ...],
+    ) -> Sent:
+        """The answer of a send of ``event``: ``answer`` its step, ``held`` whether a
+        paused execution kept the event, ``timers`` its execution's pending timers
+        after it (none read for a discarded event)."""
         if isinstance(answer, Discarded):
             record = answer.execution
             state, _ = await self._state(record)
@@ -352,7 +462,6 @@ class Durable:
                 failure=record.failure,
             )
         record, state = answer.execution, answer.state
-        timers = await self._timers(record.id)
         return Sent(
             execution_id=record.id,
             event=event,
@@ -685,27 +794,13 @@ class Durable:
         router = self._router
         if router is None:
             return ()
-        from statifier.router.timers import DueTimer, SqlTimerQueue
+        from statifier.router.timers import SqlTimerQueue
 
         queue = router.timers
         assert isinstance(queue, SqlTimerQueue)
         async with router.transaction() as unit:
             rows = await queue.pending(unit.tx, execution_id, _DESCRIBED_TIMERS)
-        return tuple(
-            PendingTimer(
-                send_id=row.entry.send_id,
-                event=row.entry.event.name,
-                kind=row.entry.kind.value,
-                due_at=row.entry.due_at,
-                route=row.entry.route,
-                attempts=row.entry.attempts,
-            )
-            if isinstance(row, DueTimer)
-            else PendingTimer(
-                send_id=row.send_id, event=None, kind=row.kind.value, due_at=row.due_at
-            )
-            for row in rows
-        )
+        return _pending_timers(rows)
 
     def _waiting(
         self, record: ExecutionRecord, timers: tuple[PendingTimer, ...]
@@ -784,6 +879,26 @@ class Durable:
             error_count=record.error_count,
             errors=errors,
         )
+
+
+def _pending_timers(rows: Sequence[DueTimer | UnreadableTimer]) -> tuple[PendingTimer, ...]:
+    """Timer rows as :class:`PendingTimer` values (a row whose payload cannot be
+    decoded here keeps its own columns)."""
+    from statifier.router.timers import DueTimer
+
+    return tuple(
+        PendingTimer(
+            send_id=row.entry.send_id,
+            event=row.entry.event.name,
+            kind=row.entry.kind.value,
+            due_at=row.entry.due_at,
+            route=row.entry.route,
+            attempts=row.entry.attempts,
+        )
+        if isinstance(row, DueTimer)
+        else PendingTimer(send_id=row.send_id, event=None, kind=row.kind.value, due_at=row.due_at)
+        for row in rows
+    )
 
 
 def _router(

@@ -24,6 +24,7 @@ __all__ = [
     "Moved",
     "PendingTimer",
     "Position",
+    "Send",
     "Sent",
     "status_named",
 ]
@@ -153,9 +154,26 @@ class Description:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class Send:
+    """One event for :meth:`Durable.send_many <statifier.durable.Durable.send_many>`:
+    the arguments :meth:`Durable.send <statifier.durable.Durable.send>` takes.
+
+    Attributes:
+        execution_id: the execution to step.
+        event: the event's name.
+        data: the event's data (``_event.data``); undefined by default, while ``None``
+            sends null.
+    """
+
+    execution_id: str
+    event: str
+    data: Value = UNDEFINED
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Sent:
-    """What one :meth:`Durable.send` did.
+    """What one :meth:`Durable.send` did (or one send of :meth:`Durable.send_many`).
 
     Attributes:
         execution_id: the execution.

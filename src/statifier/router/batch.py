@@ -27,8 +27,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from statifier.persistence import LockTimeout
-from statifier.persistence.reentry import hold
 from statifier.router.binding import Create
 from statifier.router.delivery import Claimed, Delivery
 from statifier.router.transaction import Unit
@@ -88,12 +86,7 @@ async def prepare(unit: Unit, deliveries: Sequence[Delivery], now: datetime) -> 
     )
     found = await unit.sql.find_addresses(wanted)
     held = frozenset(row.execution_id for row in found.values() if row.terminal_seen_at is None)
-    if held:
-        ordered = sorted(held)
-        hold(unit.tx, [("execution", execution_id) for execution_id in ordered], "a batch's step")
-        if not await unit.sql.lock_executions(ordered, unit.config.lock_wait):
-            raise LockTimeout("(a delivery batch's executions)", unit.config.lock_wait or 0.0)
-        await unit.storage.read_ahead(ordered)
+    await unit.lock_executions(held, "a delivery batch's executions")
     answers: list[Claimed | bool] = []
     seen: set[tuple[str, str, str]] = set()
     for delivery, claimed in zip(deliveries, firsts_fresh, strict=True):

@@ -23,7 +23,7 @@ row means.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -273,6 +273,16 @@ class SqlTimerQueue:
         without locking them (``locked`` says nothing here)."""
         rows = await self.table.of_execution(tx.driver, execution_id, limit)
         return [self._claimed(row) for row in rows]
+
+    async def pending_many(
+        self, tx: SqlTransaction, execution_ids: Sequence[str], limit: int = 100
+    ) -> dict[str, list[DueTimer | UnreadableTimer]]:
+        """:meth:`pending` for each of ``execution_ids`` (at most ``limit`` each), in one
+        statement; an execution without a pending timer is absent."""
+        found: dict[str, list[DueTimer | UnreadableTimer]] = {}
+        for row in await self.table.of_executions(tx.driver, execution_ids, limit):
+            found.setdefault(row.execution_id, []).append(self._claimed(row))
+        return found
 
     async def next_due(
         self, tx: SqlTransaction, buckets: tuple[int, int] = ALL_BUCKETS

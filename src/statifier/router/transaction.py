@@ -53,6 +53,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from statifier.core import StartOptions
 from statifier.persistence import ErrorPolicy, Executions, Executor, LockTimeout, Storage
+from statifier.persistence.reentry import hold
 from statifier.persistence.serialization import AdapterLock, Serialization, Unserialized
 from statifier.persistence.shards import Shard
 from statifier.persistence.sql import SqlAdapter, SqlTransaction
@@ -241,6 +242,29 @@ class Unit:
         if any(hook is not None for hook in hooks):
             return nullcontext()
         return self.storage.deferred_steps()
+
+    async def lock_executions(self, execution_ids: Collection[str], what: str) -> list[str]:
+        """Take the locks of ``execution_ids`` in one statement, in the one sorted order
+        every such statement shares (two never deadlock), then read their rows in one
+        more (:meth:`Storage.read_ahead
+        <statifier.persistence.Storage.read_ahead>`): their steps enter in a
+        :meth:`holding` block of the ids returned, sorted, and read at once. ``what``
+        names them in an error.
+
+        Raises:
+            ReentrantCall: another open transaction of this task holds one of them.
+            LockTimeout: on PostgreSQL, the locks were not granted within the
+                configuration's ``lock_wait``; the transaction (or the savepoint the
+                call runs in) must be rolled back.
+        """
+        ordered = sorted(execution_ids)
+        if not ordered:
+            return ordered
+        hold(self.tx, [("execution", execution_id) for execution_id in ordered], what)
+        if not await self.sql.lock_executions(ordered, self.config.lock_wait):
+            raise LockTimeout(f"({what})", self.config.lock_wait or 0.0)
+        await self.storage.read_ahead(ordered)
+        return ordered
 
     def locked(self, execution_id: str) -> None:
         """Note that this transaction took ``execution_id``'s lock (a create did): in

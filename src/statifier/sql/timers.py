@@ -101,6 +101,7 @@ class TimerTable:
         self.keys = keys = RowKeys.of(tables, dialect)
         timers = TableNames.of(tables).timers
         order = _listed(_ORDER)
+        order_columns = _listed([column for column in _ORDER if column not in _COLUMNS])
         columns = (
             "execution_id",
             "send_id",
@@ -130,6 +131,12 @@ class TimerTable:
         self._of_execution = sql(
             f"SELECT {_listed(_COLUMNS)}, 0 FROM {timers} WHERE execution_id = :execution_id "
             f"ORDER BY {order} LIMIT :limit"
+        )
+        self._of_executions = sql(
+            f"SELECT {_listed(_COLUMNS)}, 0 FROM (SELECT {_listed(_COLUMNS)}, {order_columns}, "
+            f"row_number() OVER (PARTITION BY execution_id ORDER BY {order}) AS nth "
+            f"FROM {timers} WHERE execution_id {dialect.among('execution_ids')}) AS ranked "
+            f"WHERE nth <= :limit ORDER BY execution_id, {order}"
         )
         locks = locks_of(tables, dialect)
         self._claims = by_range(lambda within: _claims(timers, dialect, locks, within))
@@ -248,6 +255,18 @@ class TimerTable:
         return [
             self._row(row) for row in await self.dialect.rows(driver, self._of_execution, values)
         ]
+
+    async def of_executions(
+        self, driver: Any, execution_ids: Sequence[str], limit: int
+    ) -> list[TimerRow]:
+        """The rows of every execution of ``execution_ids`` (at most ``limit`` each) in
+        one statement, by execution, each execution's in firing order, read without
+        locking them."""
+        if not execution_ids:
+            return []
+        values = {"execution_ids": self.dialect.listed(execution_ids), "limit": limit}
+        rows = await self.dialect.rows(driver, self._of_executions, values)
+        return [self._row(row) for row in rows]
 
     async def next_due(
         self, driver: Any, buckets: tuple[int, int] = ALL_BUCKETS
