@@ -66,6 +66,7 @@ if TYPE_CHECKING:
     from statifier.persistence.adapter import Adapter
     from statifier.router import Resumed, Router, Sink
     from statifier.router.timers import DueTimer, UnreadableTimer
+    from statifier.router.transaction import Unit
     from statifier.sql import TableOptions
 
 _DESCRIBED_ERRORS: Final = 20
@@ -314,8 +315,7 @@ class Durable:
         async def start(lifecycle: Executions) -> Stepped:
             return await lifecycle.create(execution_id, machine, options=options, metadata=pairs)
 
-        stepped = await self._call(start)
-        timers = await self._timers(stepped.execution.id)
+        stepped, timers = await self._call(start)
         return self._described(stepped.execution, stepped.state, "kept", (), timers, stepped.errors)
 
     async def send(self, execution_id: str, event: str, data: Value = UNDEFINED) -> Sent:
@@ -336,8 +336,7 @@ class Durable:
             LockTimeout: another call held it longer than ``lock_wait``.
         """
         _text(event, "an event name")
-        answer, held = await self._step_or_hold(execution_id, Event(event, data=data))
-        timers = () if isinstance(answer, Discarded) else await self._timers(execution_id)
+        answer, held, timers = await self._step_or_hold(execution_id, Event(event, data=data))
         return await self._sent(event, answer, held, timers)
 
     async def send_many(self, sends: Sequence[Send]) -> list[Sent]:
@@ -507,13 +506,14 @@ class Durable:
 
     async def _step_or_hold(
         self, execution_id: str, event: Event
-    ) -> tuple[Stepped | Discarded, bool]:
+    ) -> tuple[Stepped | Discarded, bool, tuple[PendingTimer, ...]]:
         """One step of ``event``; on a SQL database, an event a paused execution
         discards is held for its resume in the same transaction (second: whether it
-        was)."""
+        was), and a stepped execution's pending timers are read in it too (third;
+        none for a discarded event)."""
         router = self._router
         if router is None:
-            return await self.executions.step(execution_id, None, event), False
+            return await self.executions.step(execution_id, None, event), False, ()
         from statifier.router.pausing import STEP_VIA, hold_event
         from statifier.router.transaction import Delivering
 
@@ -533,8 +533,10 @@ class Durable:
                     message_id=None,
                     now=now,
                 )
-                return answer, True
-        return answer, False
+                return answer, True, ()
+            if isinstance(answer, Discarded):
+                return answer, False, ()
+            return answer, False, await _timers_in(unit, execution_id)
 
     async def describe(self, execution_id: str) -> Description:
         """The execution as stored: status, configuration or final state, outcome,
@@ -776,31 +778,31 @@ class Durable:
             raise RuntimeError(f"only a SQL database keeps timers: nothing to {what} here")
         return router
 
-    async def _call(self, work: Callable[[Executions], Awaitable[_T]]) -> _T:
+    async def _call(
+        self, work: Callable[[Executions], Awaitable[Stepped]]
+    ) -> tuple[Stepped, tuple[PendingTimer, ...]]:
         """``work`` on the lifecycle, in a router transaction on a SQL database (its
-        sends become timer and outbox rows committed with the step)."""
+        sends become timer and outbox rows committed with the step), and the pending
+        timers of the execution it stepped, read in the same transaction (none without
+        a timer queue)."""
         router = self._router
         if router is None:
-            return await work(self.executions)
+            return await work(self.executions), ()
         from statifier.router.transaction import Delivering
 
         async with router.transaction() as unit:
             # A call of the host's delivers nothing: its sends resolve in no scope, and
             # its delayed sends are timed from now.
-            return await work(unit.executions(Delivering(None, router.storage.clock())))
+            stepped = await work(unit.executions(Delivering(None, router.storage.clock())))
+            return stepped, await _timers_in(unit, stepped.execution.id)
 
     async def _timers(self, execution_id: str) -> tuple[PendingTimer, ...]:
         """The execution's pending timers (none without a timer queue)."""
         router = self._router
         if router is None:
             return ()
-        from statifier.router.timers import SqlTimerQueue
-
-        queue = router.timers
-        assert isinstance(queue, SqlTimerQueue)
         async with router.transaction() as unit:
-            rows = await queue.pending(unit.tx, execution_id, _DESCRIBED_TIMERS)
-        return _pending_timers(rows)
+            return await _timers_in(unit, execution_id)
 
     def _waiting(
         self, record: ExecutionRecord, timers: tuple[PendingTimer, ...]
@@ -879,6 +881,16 @@ class Durable:
             error_count=record.error_count,
             errors=errors,
         )
+
+
+async def _timers_in(unit: Unit, execution_id: str) -> tuple[PendingTimer, ...]:
+    """The execution's pending timers (the first :data:`_DESCRIBED_TIMERS`), read in
+    the router transaction ``unit``."""
+    from statifier.router.timers import SqlTimerQueue
+
+    queue = unit.timers
+    assert isinstance(queue, SqlTimerQueue)
+    return _pending_timers(await queue.pending(unit.tx, execution_id, _DESCRIBED_TIMERS))
 
 
 def _pending_timers(rows: Sequence[DueTimer | UnreadableTimer]) -> tuple[PendingTimer, ...]:
