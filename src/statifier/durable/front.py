@@ -7,7 +7,7 @@ import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
-from typing import TYPE_CHECKING, Final, TypeVar
+from typing import TYPE_CHECKING, Final
 
 from statifier.chart import Machine
 from statifier.core import Event, MachineState, StartOptions
@@ -60,7 +60,6 @@ from statifier.persistence.step_errors import decode_error
 
 __all__ = ["Durable"]
 
-_T = TypeVar("_T")
 
 if TYPE_CHECKING:
     from statifier.persistence.adapter import Adapter
