@@ -960,11 +960,13 @@ class KafkaSource:
         ``rebalance_timeout`` passed, then close, with nothing left to move. A record
         a poll returns meanwhile is dropped: it was never handed over, so it comes
         again to the partition's next owner."""
-        consumer.unsubscribe()
-        deadline = time.monotonic() + self._rebalance_timeout
-        while consumer.assignment() and time.monotonic() < deadline:
-            consumer.poll(_LEAVE_POLL)
-        consumer.close()
+        try:
+            consumer.unsubscribe()
+            deadline = time.monotonic() + self._rebalance_timeout
+            while consumer.assignment() and time.monotonic() < deadline:
+                consumer.poll(_LEAVE_POLL)
+        finally:  # a client that failed to leave is closed all the same
+            consumer.close()
 
     def _subscribe(self) -> Consumer:
         settings = {
