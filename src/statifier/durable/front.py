@@ -374,12 +374,9 @@ class Durable:
         router = self._router
         if router is None:
             return [await self.send(send.execution_id, send.event, send.data) for send in sends]
-        from statifier.router.pausing import STEP_VIA, hold_event
         from statifier.router.timers import SqlTimerQueue
         from statifier.router.transaction import Delivering
 
-        queue = router.timers
-        assert isinstance(queue, SqlTimerQueue)
         now = router.storage.clock()
         stepped: list[tuple[Stepped | Discarded, bool]] = []
         async with router.transaction() as unit:
@@ -401,25 +398,13 @@ class Durable:
                                 f"{send.execution_id!r}; nothing of the batch is committed"
                             )
                             raise
-                        held = (
-                            isinstance(answer, Discarded)
-                            and answer.execution.status is Status.PAUSED
-                        )
-                        if held:
-                            await hold_event(
-                                unit,
-                                send.execution_id,
-                                event,
-                                via=STEP_VIA,
-                                internal=False,
-                                scope=None,
-                                message_id=None,
-                                now=now,
-                            )
+                        held = await _held_if_paused(unit, answer, event, now)
                         stepped.append((answer, held))
             delivered = sorted(
                 {answer.execution.id for answer, _ in stepped if isinstance(answer, Stepped)}
             )
+            queue = unit.timers
+            assert isinstance(queue, SqlTimerQueue)
             pending = await queue.pending_many(unit.tx, delivered, _DESCRIBED_TIMERS)
         return [
             await self._sent(
@@ -513,7 +498,6 @@ class Durable:
         router = self._router
         if router is None:
             return await self.executions.step(execution_id, None, event), False, ()
-        from statifier.router.pausing import STEP_VIA, hold_event
         from statifier.router.transaction import Delivering
 
         now = router.storage.clock()
@@ -521,20 +505,8 @@ class Durable:
             # A call of the host's delivers nothing: its sends resolve in no scope, and
             # its delayed sends are timed from now.
             answer = await unit.executions(Delivering(None, now)).step(execution_id, None, event)
-            if isinstance(answer, Discarded) and answer.execution.status is Status.PAUSED:
-                await hold_event(
-                    unit,
-                    execution_id,
-                    event,
-                    via=STEP_VIA,
-                    internal=False,
-                    scope=None,
-                    message_id=None,
-                    now=now,
-                )
-                return answer, True, ()
             if isinstance(answer, Discarded):
-                return answer, False, ()
+                return answer, await _held_if_paused(unit, answer, event, now), ()
             return answer, False, await _timers_in(unit, execution_id)
 
     async def describe(self, execution_id: str) -> Description:
@@ -880,6 +852,28 @@ class Durable:
             error_count=record.error_count,
             errors=errors,
         )
+
+
+async def _held_if_paused(
+    unit: Unit, answer: Stepped | Discarded, event: Event, now: datetime
+) -> bool:
+    """Whether ``answer`` is a paused execution's discard of ``event``; if so, the
+    event is held in ``unit`` for its resume."""
+    if not isinstance(answer, Discarded) or answer.execution.status is not Status.PAUSED:
+        return False
+    from statifier.router.pausing import STEP_VIA, hold_event
+
+    await hold_event(
+        unit,
+        answer.execution.id,
+        event,
+        via=STEP_VIA,
+        internal=False,
+        scope=None,
+        message_id=None,
+        now=now,
+    )
+    return True
 
 
 async def _timers_in(unit: Unit, execution_id: str) -> tuple[PendingTimer, ...]:
