@@ -289,3 +289,61 @@ async def test_two_services_in_one_group_each_killed_once_step_every_hit_once(
                 served.process.kill()
                 await served.process.wait()
         await adapter.close()
+
+
+@pytest.mark.asyncio
+async def test_a_stop_whose_deliveries_hang_still_commits_and_leaves_the_group_in_time(
+    postgresql_database: FreshDatabase,
+    kafka_broker: KafkaBroker,  # noqa: F811 - the fixture
+    tmp_path: Path,
+) -> None:
+    """Deliveries that do not finish (the dedupe table locked by another session) take
+    half of ``shutdown_timeout`` at most: the rest is the last commit's and the close's,
+    so the member commits what it did, leaves its group and the process exits 0 in
+    time. (With the whole budget to the drain, the stop was cancelled at the bound:
+    exit 1, nothing committed since the last interval, the group left to time out.)"""
+    import psycopg
+
+    topic, group = unique("stop-hits"), unique("stop")
+    create_topic(kafka_broker, topic, PARTITIONS)
+    config = kafka_config(tmp_path, postgresql_database, kafka_broker, topic, group)
+    first = await asyncio.to_thread(produce, kafka_broker, topic, [_record(n) for n in range(40)])
+    ends = Counter(partition for partition, _ in first)
+    served = await start_serve(config, tmp_path / "serve.log")
+    dedupe = f"{postgresql_database.schema}.t_dedupe"
+    try:
+        async with asyncio.timeout(DEADLINE):
+            seen: dict[int, int] = {}
+            while seen != ends:  # polls the broker
+                await asyncio.sleep(0.2)
+                seen = await asyncio.to_thread(committed, kafka_broker, group, topic, PARTITIONS)
+        async with await psycopg.AsyncConnection.connect(postgresql_database.url) as holder:
+            await holder.execute(f"LOCK TABLE {dedupe} IN ACCESS EXCLUSIVE MODE")
+            await asyncio.to_thread(produce, kafka_broker, topic, [_record(n) for n in range(8)])
+            async with await psycopg.AsyncConnection.connect(
+                postgresql_database.url, autocommit=True
+            ) as watcher:
+                waiting = 0
+                async with asyncio.timeout(30):
+                    while not waiting:  # until a delivery waits for the table
+                        await asyncio.sleep(0.1)
+                        row = await (
+                            await watcher.execute(
+                                "SELECT count(*) FROM pg_locks WHERE NOT granted "
+                                f"AND relation = '{dedupe}'::regclass"
+                            )
+                        ).fetchone()
+                        waiting = row[0] if row else 0
+            sent_at = time.monotonic()
+            served.signal(signal.SIGTERM)
+            code = await served.wait(SHUTDOWN_TIMEOUT + 3)
+            took = time.monotonic() - sent_at
+            await holder.rollback()
+    finally:
+        if served.process.returncode is None:
+            served.process.kill()
+            await served.process.wait()
+    assert code == 0, served.stderr()
+    assert took < SHUTDOWN_TIMEOUT + 1, took
+    assert "it did not stop in time" not in served.stderr()
+    assert committed(kafka_broker, group, topic, PARTITIONS) == ends  # what it did

@@ -34,7 +34,9 @@ partition once its lease, or the consumer group's session, runs out).
 
 :meth:`Service.stop` (what SIGTERM and SIGINT call) stops intake first: the listener
 closes and in-flight requests are answered, and consumers stop fetching, finish the
-deliveries they started and commit their offsets; then the fronts' lifespans end (the
+deliveries they started (within half of what is left of the bound: the rest is for
+their last commit and their close, which leaves the group) and commit their offsets;
+then the fronts' lifespans end (the
 service runs them: the server runs none), and a front with group commit routes what it
 gathered. Then the workers finish the pass they are in. All of it within
 ``shutdown_timeout`` seconds; what is still running then is cancelled (its transaction
@@ -771,12 +773,13 @@ class Service:
             self.settings.shutdown_timeout,
         )
         server.should_exit = True
+        # Half the bound at most for the deliveries in flight: the last commit and the
+        # close (which leaves the group; cut short, the other members wait a session
+        # timeout for the partitions) must not be what the bound cancels.
+        drain = (deadline - loop.time()) / 2
         intake = [
             serving,
-            *(
-                asyncio.create_task(c.stop(drain_timeout=deadline - loop.time()), name=c.name)
-                for c in consumers
-            ),
+            *(asyncio.create_task(c.stop(drain_timeout=drain), name=c.name) for c in consumers),
         ]
         clean = await self._within(intake, deadline)
         closing = asyncio.create_task(lifespans.aclose(), name="fronts")
