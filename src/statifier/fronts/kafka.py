@@ -963,8 +963,17 @@ class KafkaSource:
         try:
             consumer.unsubscribe()
             deadline = time.monotonic() + self._rebalance_timeout
-            while consumer.assignment() and time.monotonic() < deadline:
+            while (left := consumer.assignment()) and time.monotonic() < deadline:
                 consumer.poll(_LEAVE_POLL)
+            if left:
+                _log.warning(
+                    "%s: %d partitions still assigned %g s after leaving the group; "
+                    "closing the client with them",
+                    self.name,
+                    len(left),
+                    self._rebalance_timeout,
+                    extra={"source": self.name},
+                )
         finally:  # a client that failed to leave is closed all the same
             consumer.close()
 
