@@ -144,6 +144,9 @@ def test_timers_due_fire_in_every_store(
     urls: list[str], charts: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     over, shard_map = _over(urls), ShardMap.even(3)
+    # Three seconds, not the chart's one: three CLI creates and sends on a loaded
+    # machine have taken more than a second, and the first fire must find none due.
+    (charts / "order.scxml").write_text(ORDER.replace('delay="1s"', 'delay="3s"'), "utf-8")
     ids: dict[int, str] = {}
     candidate = 0
     while len(ids) < 3:  # one order in each store
@@ -157,8 +160,8 @@ def test_timers_due_fire_in_every_store(
         assert status == 0, err
         assert cli(capsys, "send", execution_id, 'pay={"amount": 3}', *over)[0] == 0
     status, out, _ = cli(capsys, "fire", *over)
-    assert (status, out) == (0, "0 timers fired\n")  # due in a second
-    time.sleep(1.1)
+    assert (status, out) == (0, "0 timers fired\n")  # due in three seconds
+    time.sleep(3.1)
     status, out, _ = cli(capsys, "fire", *over)
     assert (status, out) == (0, "3 timers fired\n")
     status, out, _ = cli(capsys, "list", *over, "--final", "expired", "--json")

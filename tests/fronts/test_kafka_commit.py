@@ -89,15 +89,7 @@ async def test_an_unanswered_commit_fails_in_time_and_its_late_answer_is_only_lo
     topic, group = unique("orders"), unique("g")
     create_topic(kafka_broker, topic, 1)
     name = f"{topic}/0"
-    source = KafkaSource(
-        kafka_broker.bootstrap,
-        group=group,
-        topics=[topic],
-        source="orders",
-        scope="acme",
-        commit_timeout=BOUND,
-        settings=FAST_GROUP,
-    )
+    source = _bounded_source(kafka_broker, topic, group)
     heard: list[Any] = []
     telemetry.attach("commits", "statifier.fronts.trouble", lambda n, m, meta: heard.append(meta))
     await source.start(_Nothing())
@@ -182,16 +174,7 @@ async def test_a_close_waits_for_all_its_commits_together_within_the_commit_time
     topic, group = unique("orders"), unique("g")
     create_topic(kafka_broker, topic, 1)
     name = f"{topic}/0"
-    source = KafkaSource(
-        kafka_broker.bootstrap,
-        group=group,
-        topics=[topic],
-        source="orders",
-        scope="acme",
-        commit_timeout=BOUND,
-        rebalance_timeout=4 * BOUND,
-        settings=FAST_GROUP,
-    )
+    source = _bounded_source(kafka_broker, topic, group, rebalance_timeout=4 * BOUND)
     runtime = _Revoking(source, name, 9)
     await source.start(runtime)
     stuck = _Stuck(source._consumer, blocking=2)  # type: ignore[arg-type]
@@ -214,6 +197,20 @@ async def test_a_close_waits_for_all_its_commits_together_within_the_commit_time
     ]
     assert [[tp.offset for tp in offsets] for offsets in stuck.commits] == [[5]]
     assert "did not close within" not in caplog.text
+
+
+def _bounded_source(broker: Any, topic: str, group: str, **options: Any) -> KafkaSource:
+    """A source of ``topic`` whose commits wait at most ``BOUND``."""
+    return KafkaSource(
+        broker.bootstrap,
+        group=group,
+        topics=[topic],
+        source="orders",
+        scope="acme",
+        commit_timeout=BOUND,
+        settings=FAST_GROUP,
+        **options,
+    )
 
 
 def test_the_commit_timeout_is_positive() -> None:

@@ -182,10 +182,16 @@ async def create(router: Router, document: str, *execution_ids: str) -> None:
             await executions.create(execution_id, chart(TICK if document == "tick" else COUNT))
 
 
-async def pending(router: Router) -> list[tuple[str, str, datetime]]:
-    """Every pending row's ``(execution_id, send_id, due_at)``, in firing order."""
+def sql_queue(router: Router) -> SqlTimerQueue:
+    """The router's timer queue, which these tests' routers keep in SQL."""
     queue = router.timers
     assert isinstance(queue, SqlTimerQueue)
+    return queue
+
+
+async def pending(router: Router) -> list[tuple[str, str, datetime]]:
+    """Every pending row's ``(execution_id, send_id, due_at)``, in firing order."""
+    queue = sql_queue(router)
     far = datetime(9999, 1, 1, tzinfo=UTC)
     async with router.transaction() as unit:
         claimed = await queue.claim(unit.tx, far, 1_000_000)
@@ -580,8 +586,7 @@ async def test_take_due_deletes_a_batch_in_firing_order_and_a_rollback_puts_it_b
     router_db: RouterDb,
 ) -> None:
     router = timer_router(router_db)
-    queue = router.timers
-    assert isinstance(queue, SqlTimerQueue)
+    queue = sql_queue(router)
     now = router_db.clock.now
     await schedule(
         router,
@@ -627,8 +632,7 @@ async def test_pending_many_reads_each_executions_first_timers_in_one_statement(
     router_db: RouterDb,
 ) -> None:
     router = timer_router(router_db)
-    queue = router.timers
-    assert isinstance(queue, SqlTimerQueue)
+    queue = sql_queue(router)
     now = router_db.clock.now
     await schedule(
         router,
