@@ -22,6 +22,7 @@ from statifier.service import NotMigrated, ServiceConfigError, load
 from statifier.service.service import prepare_database
 from statifier.service.settings import (
     BasicHttpFront,
+    BucketLeaseSettings,
     CallSink,
     FormFront,
     HttpSink,
@@ -120,6 +121,10 @@ max_attempts = 3
 [reapers]
 enabled = false
 ledger_days = 7
+
+[bucket_leases]
+enabled = true
+slices = 8
 """
 
 SECRETS = {
@@ -170,6 +175,7 @@ def test_a_whole_file_loads_into_settings(tmp_path: Path) -> None:
     assert settings.timers.poll == 0.5
     assert (settings.outbox.lease, settings.outbox.max_attempts) == (30.0, 3)
     assert (settings.reapers.enabled, settings.reapers.ledger_days) == (False, 7)
+    assert settings.bucket_leases == BucketLeaseSettings(enabled=True, slices=8, ttl=15.0)
     # No secret (nor the database URL) shows in the settings' repr.
     shown = repr(settings)
     for secret in SECRETS.values():
@@ -244,6 +250,11 @@ ROUTED = '[routes.r]\nqueue = "q"\n'
             "[reapers]\nledger_days = -1\n",
             "[reapers] ledger_days: must be an integer from 0 to 36500, not -1",
         ),
+        (
+            "[bucket_leases]\nslices = 2000\n",
+            "[bucket_leases] slices: must be an integer from 1 to 1024, not 2000",
+        ),
+        ("[bucket_leases]\nttl = 0\n", "[bucket_leases] ttl: must be a positive number"),
         ("[database]\nurl = 'mysql://h/db'\n", "[database] url: PostgreSQL (psycopg 3)"),
         ("[database]\nschema = 's'\n", "[database] schema: a schema needs PostgreSQL"),
         (

@@ -167,10 +167,18 @@ async def test_a_signal_under_load_exits_0_in_bound_and_every_200_was_delivered(
 # Two services on one PostgreSQL.
 
 
-def order_config(directory: Path, database: FreshDatabase | str, locks: str = "advisory") -> Path:
+def order_config(
+    directory: Path,
+    database: FreshDatabase | str,
+    locks: str = "advisory",
+    *,
+    bucket_leases: bool = False,
+) -> Path:
     """The orders' service: the table source, the timers, the outbox to the recording
-    sink, with short leases; over ``database``, or the ``[database]`` table given."""
+    sink, with short leases; over ``database``, or the ``[database]`` table given; with
+    ``bucket_leases``, the workers over the buckets leased."""
     table = database if isinstance(database, str) else database_table(database)
+    leases = "[bucket_leases]\nenabled = true\nttl = 2\n" if bucket_leases else ""
     body = f"""
 migrate = true
 shutdown_timeout = {SHUTDOWN_TIMEOUT}
@@ -206,7 +214,8 @@ lease_ttl = 2
 
 [sources.inbound.consumer]
 commit_interval = 0.05
-"""
+
+{leases}"""
     return write_config(directory, body, {"order": ORDER})
 
 
@@ -235,14 +244,18 @@ ORDERS = 60
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize("locks", ["advisory", "rows"])
+@pytest.mark.parametrize(
+    ("locks", "bucket_leases"), [("advisory", False), ("rows", False), ("advisory", True)]
+)
 async def test_two_services_share_the_work_and_one_survives_the_others_sigkill(
-    postgresql_database: FreshDatabase, tmp_path: Path, locks: str
+    postgresql_database: FreshDatabase, tmp_path: Path, locks: str, bucket_leases: bool
 ) -> None:
     # Both ways of locking: the lease claims, the fenced commits, the appends, the
     # timer claims and the steps all lock, and the services' reapers reap lock rows.
+    # With bucket leases, each service fires and drains its slices' timers and rows,
+    # and the survivor takes the killed one's slices once their leases ran out.
     database = postgresql_database
-    config = order_config(tmp_path, database, locks)
+    config = order_config(tmp_path, database, locks, bucket_leases=bucket_leases)
     record = tmp_path / "record.jsonl"
     first = await start_serve(config, tmp_path / "first.log", record)
     second = await start_serve(config, tmp_path / "second.log", record)
@@ -291,6 +304,8 @@ async def test_two_services_share_the_work_and_one_survives_the_others_sigkill(
     after = [line for line in lines if line["at"] > killed_at]
     assert after, "the survivor drained nothing after the kill"
     assert {line["pid"] for line in after} == {second.process.pid}
+    if bucket_leases:
+        assert "workers: buckets 0-1024" in second.stderr()  # the killed one's slices
     # A row the killed service had leased may have reached its sink before the kill
     # and again after the lease ran out: at least once, under one key.
     by_key: dict[str, set[str]] = {}

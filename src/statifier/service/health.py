@@ -16,7 +16,10 @@ check, each ``"<part>: <why>"``:
   which a reshard started while the service runs makes it say; an error is logged
   when a store's reason appears, and a line when it clears;
 - a worker (``timers``, ``outbox``, ``reapers``): not running, or restarting after
-  a failure (its class is named);
+  a failure (its class is named); with bucket leases, the part ``workers``: its last
+  claim failed, a worker of a leased range is in trouble (named with its range), or
+  it holds no slice while slices wait
+  (:meth:`statifier.service.bucket_leases.LeasedWorkers.trouble`);
 - a stream consumer (``source NAME``): not running, restarting after a failure, not
   started yet, or what its source says keeps it from reading:
 

@@ -48,6 +48,7 @@ from statifier.service.settings import (
     ApiSettings,
     ApiTokenSettings,
     BasicHttpFront,
+    BucketLeaseSettings,
     CallSink,
     ConsoleOperator,
     ConsoleSettings,
@@ -140,6 +141,7 @@ class SectionReader:
         caps = {leaf(table): self.cap(table, documents) for table in top.named("caps")}
         outbox = self.outbox(top.table("outbox"))
         reapers = self.reapers(top.table("reapers"))
+        bucket_leases = self.bucket_leases(top.table("bucket_leases"))
         errors = self.errors(top.table("errors"), documents)
         logging = self.logging(top.table("logging"))
         otel = self.otel(top.table("otel"))
@@ -164,6 +166,7 @@ class SectionReader:
             timers=timers,
             outbox=outbox,
             reapers=reapers,
+            bucket_leases=bucket_leases,
             errors=errors,
             logging=logging,
             otel=otel,
@@ -694,6 +697,15 @@ class SectionReader:
             interval=table.seconds("interval", 300.0),
             limit=table.integer("limit", 1000, maximum=1_000_000),
             ledger_days=table.integer("ledger_days", 30, minimum=0, maximum=36_500),
+        )
+        table.done()
+        return settings
+
+    def bucket_leases(self, table: Table) -> BucketLeaseSettings:
+        settings = BucketLeaseSettings(
+            enabled=table.boolean("enabled", False),
+            slices=table.integer("slices", 16, maximum=1024),
+            ttl=table.seconds("ttl", 15.0),
         )
         table.done()
         return settings

@@ -30,7 +30,10 @@ Several services may run on one PostgreSQL database: timers and outbox rows are
 claimed with ``SKIP LOCKED``, and consumers of one source share its partitions through
 the source's group; a service killed outright leaves nothing that the others do not
 take over (a leased outbox row once its lease runs out, a timer row at once, a
-partition once its lease, or the consumer group's session, runs out).
+partition once its lease, or the consumer group's session, runs out). With
+``[bucket_leases] enabled = true`` they share each store's timer, flow, outbox and
+reaper workers by leased slices of its buckets instead of each reading every bucket
+(:mod:`statifier.service.bucket_leases`).
 
 :meth:`Service.stop` (what SIGTERM and SIGINT call) stops intake first: the listener
 closes and in-flight requests are answered, and consumers stop fetching, finish the
@@ -79,12 +82,14 @@ from statifier.router import (
 )
 from statifier.router.scheduler import Scheduler, ScheduleState
 from statifier.service.api import service_api
+from statifier.service.bucket_leases import LeasedWorkers, Worker
 from statifier.service.console import ServedConsole, service_console
 from statifier.service.consumers import (
     FIRST_RESTART,
     Restarts,
     SupervisedConsumer,
     log_failure,
+    process_owner,
 )
 from statifier.service.health import Health, health_routes
 from statifier.service.mounts import Mounted, front_app
@@ -318,6 +323,11 @@ def _draining(name: str, drain: OutboxDrain, idle: float, stop: asyncio.Event) -
 def _in_store(number: int) -> Callable[[str], str]:
     """How a worker of store ``number`` is named (in health reasons and logs)."""
     return lambda part: f"{part} (store {number})"
+
+
+def _in_range(named: Callable[[str], str], piece: tuple[int, int]) -> Callable[[str], str]:
+    """How a worker of leased buckets ``piece`` is named: ``timers (buckets 0-512)``."""
+    return lambda part: named(f"{part} (buckets {piece[0]}-{piece[1]})")
 
 
 async def _in_pages(delete: Callable[[], Awaitable[int]], limit: int, stop: asyncio.Event) -> None:
@@ -578,7 +588,7 @@ class Service:
         host, port = listener.getsockname()[:2]
         loop = asyncio.get_running_loop()
         started: list[asyncio.Task[Any]] = []
-        parts: list[Supervised | SupervisedConsumer] = [*workers, *consumers]
+        parts: list[Worker | SupervisedConsumer] = [*workers, *consumers]
         try:
             for front in front_apps:
                 await lifespans.enter_async_context(front.router.lifespan_context(front))
@@ -680,14 +690,16 @@ class Service:
 
     def _workers(
         self, routing: Router | ShardedRouter, sinks: list[Sinks], scheduler: Scheduler
-    ) -> list[Supervised]:
+    ) -> list[Worker]:
         """The workers: the scheduler, and each store's timers, flow, outbox drain and
         reapers (over several stores, each named with its store's number, its timers,
         held groups, outbox rows, addresses and dedupe claims those of its range of
-        buckets, and each store's drain of the sends between stores)."""
+        buckets, and each store's drain of the sends between stores). With bucket
+        leases, a store's timers, flow, outbox and reapers run over the slices of its
+        range this service leases (:class:`LeasedWorkers`)."""
         settings, stop = self.settings, self._workers_stop
         stores = _stores(routing)
-        workers: list[Supervised] = []
+        workers: list[Worker] = []
         if settings.scheduler.enabled:
             workers.append(Supervised("scheduler", lambda: scheduler.run(stop), stop))
         if not settings.flow.enabled:
@@ -701,10 +713,39 @@ class Service:
         ranges = routing.shard_map.ranges if isinstance(routing, ShardedRouter) else (ALL_BUCKETS,)
         for number, router in enumerate(stores):
             named = (lambda part: part) if len(stores) == 1 else _in_store(number)
-            workers.extend(self._store_workers(router, sinks[number], named, ranges[number]))
+            workers.extend(self._range_workers(router, sinks[number], named, ranges[number]))
             if hops:
                 workers.append(_draining(named("hops"), hops[number], outbox.idle, stop))
         return workers
+
+    def _range_workers(
+        self,
+        router: Router,
+        sinks: Sinks,
+        named: Callable[[str], str],
+        buckets: tuple[int, int],
+    ) -> list[Worker]:
+        """A store's timers, flow, outbox drain and reapers over its range of buckets,
+        or, with bucket leases, the part that runs them over the slices leased."""
+        leases = self.settings.bucket_leases
+        if not leases.enabled:
+            return [*self._store_workers(router, sinks, named, buckets, self._workers_stop)]
+
+        def build(piece: tuple[int, int], stop: asyncio.Event) -> list[Supervised]:
+            return self._store_workers(router, sinks, _in_range(named, piece), piece, stop)
+
+        return [
+            LeasedWorkers(
+                named("workers"),
+                router.adapter,
+                buckets,
+                build,
+                self._workers_stop,
+                owner=process_owner(),
+                slices=leases.slices,
+                ttl=leases.ttl,
+            )
+        ]
 
     def _store_workers(
         self,
@@ -712,8 +753,9 @@ class Service:
         sinks: Sinks,
         named: Callable[[str], str],
         buckets: tuple[int, int],
+        stop: asyncio.Event,
     ) -> list[Supervised]:
-        settings, stop = self.settings, self._workers_stop
+        settings = self.settings
         workers: list[Supervised] = []
         if settings.timers.enabled:
             timers = settings.timers
@@ -753,7 +795,7 @@ class Service:
         server: uvicorn.Server,
         serving: asyncio.Task[None],
         consumers: list[SupervisedConsumer],
-        workers: list[Supervised],
+        workers: list[Worker],
         health: Health,
         lifespans: contextlib.AsyncExitStack,
     ) -> int:

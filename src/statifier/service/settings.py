@@ -232,6 +232,17 @@ class ReaperSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class BucketLeaseSettings:
+    """Whether the services on one store share its workers by leased ranges of
+    buckets (:mod:`statifier.service.bucket_leases`), in how many slices, and how long
+    a claim holds them."""
+
+    enabled: bool = False
+    slices: int = 16
+    ttl: float = 15.0
+
+
+@dataclass(frozen=True, slots=True)
 class RouteSettings:
     """A route of the configuration: an outbox queue (and the target copied into each
     row for its sink)."""
@@ -565,6 +576,7 @@ class ServiceSettings:
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
     flow: FlowSettings = field(default_factory=FlowSettings)
     caps: Mapping[str, Cap] = field(default_factory=dict)
+    bucket_leases: BucketLeaseSettings = field(default_factory=BucketLeaseSettings)
 
 
 def front_table(front: Front) -> str:
