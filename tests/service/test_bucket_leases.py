@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
+import sqlalchemy as sa
 from tests.persistence.conftest import (  # noqa: F401 - fixtures used through router_store
     SqlStore,
     postgresql_rows_store,
@@ -33,6 +34,7 @@ from statifier.service.bucket_leases import (
     slice_name,
     slices_of,
 )
+from statifier.sql import migrations
 
 TTL = 0.3
 """Seconds a claim holds; claims come every third of it (in real time), while the
@@ -205,3 +207,38 @@ async def test_readiness_names_a_failing_worker_with_its_range(
     assert a.part.task is not None
     await asyncio.wait_for(a.part.task, 10)
     assert a.part.trouble() == "not running"
+
+
+@pytest.mark.asyncio
+async def test_a_failing_claim_turns_readiness_red_and_is_logged_until_a_claim_succeeds(
+    router_db: RouterDb,  # noqa: F811 - the fixture
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    table = router_db.adapter.tables.metadata.tables
+    leases = next(t for t in table.values() if t.name.endswith("partition_leases"))
+    engine = sa.create_engine(migrations.sync_url(router_db.store.url))
+
+    def rename(old: str, new: str) -> None:
+        schema = "" if leases.schema is None else f'"{leases.schema}".'
+        with engine.begin() as connection:
+            connection.execute(sa.text(f'ALTER TABLE {schema}"{old}" RENAME TO "{new}"'))
+
+    a = _Service(router_db, "a")
+    moved = f"{leases.name}_away"
+    try:
+        with _started(a):
+            await _until(lambda: a.running() == {(0, 1024)})
+            rename(leases.name, moved)
+            try:
+                await _until(lambda: (a.part.trouble() or "").startswith("leases not renewed: "))
+                assert a.running() == {(0, 1024)}  # the workers run on meanwhile
+            finally:
+                rename(moved, leases.name)
+            await _until(lambda: a.part.trouble() is None)
+        assert a.part.task is not None
+        await asyncio.wait_for(a.part.task, 10)
+    finally:
+        engine.dispose()
+    said = [r for r in caplog.records if "a bucket lease claim failed" in r.getMessage()]
+    assert said
+    assert said[0].levelname == "ERROR"

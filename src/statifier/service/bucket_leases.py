@@ -170,16 +170,7 @@ class LeasedWorkers:
         try:
             change = await self.leases.claim()
         except Exception as error:  # noqa: BLE001 - the leases held run on; next claim
-            self._failure = type(error).__name__
-            self._repeats.log(
-                _log,
-                logging.ERROR,
-                self._failure,
-                "%s: a bucket lease claim failed (%s); the next in %g s",
-                self.name,
-                self._failure,
-                self.ttl / 3,
-            )
+            self._failed(error, "claim")
             return
         self._failure = None
         self._waiting = change.waiting
@@ -194,7 +185,25 @@ class LeasedWorkers:
         if change.gained or change.lost or change.surplus:
             _log.info("%s: buckets %s", self.name, ", ".join(f"{a}-{b}" for a, b in sorted(wanted)))
         if change.surplus:
-            await self.leases.release(change.surplus)
+            try:
+                await self.leases.release(change.surplus)
+            except Exception as error:  # noqa: BLE001 - the next claim says surplus again
+                self._failed(error, "release")
+
+    def _failed(self, error: Exception, what: str) -> None:
+        """Say that a claim or a release failed (logged once per kind and interval);
+        readiness says so until a claim succeeds."""
+        self._failure = type(error).__name__
+        self._repeats.log(
+            _log,
+            logging.ERROR,
+            (what, self._failure),
+            "%s: a bucket lease %s failed (%s); the next claim in %g s",
+            self.name,
+            what,
+            self._failure,
+            self.ttl / 3,
+        )
 
     async def _stop(self, pieces: Sequence[Range]) -> None:
         """Stop the workers of ``pieces`` and wait until they finished their pass."""
