@@ -14,6 +14,7 @@ import asyncio
 import json
 import logging
 import socket
+import sys
 import threading
 import time
 from collections import Counter
@@ -393,6 +394,36 @@ async def test_closing_revokes_through_the_runtime_so_its_done_prefix_commits(
     await source.close()  # closing twice does nothing
     with pytest.raises(RuntimeError, match="closed"):
         await source.fetch(1, 0.1)
+
+
+@pytest.mark.asyncio
+async def test_closes_while_the_groups_join_is_under_way_all_return(
+    kafka_broker: KafkaBroker,  # noqa: F811 - the imported fixture
+) -> None:
+    # A close made while the join's answer is on its way used to have librdkafka
+    # serve the assignment inside its close, where the assignment call is never
+    # answered (librdkafka#4884), holding the interpreter's lock: the process froze.
+    # Thirty-six closes spread over the join froze it in most runs; in a process of its
+    # own, so that a freeze fails this test instead of stopping the suite.
+    topic = unique("joins")
+    create_topic(kafka_broker, topic, 2)
+    closer = Path(__file__).with_name("kafka_closer.py")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(closer),
+        kafka_broker.bootstrap,
+        topic,
+        "36",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        output, _ = await asyncio.wait_for(process.communicate(), 90)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert process.returncode == 0, output.decode(errors="replace")[-4000:]
 
 
 @pytest.mark.asyncio

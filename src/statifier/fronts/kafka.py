@@ -392,12 +392,14 @@ and logical ones)."""
 @dataclass(frozen=True, slots=True)
 class _Links:
     """What librdkafka's statistics said last: whether a connection to a broker of the
-    cluster is up, and since when the member has not been a steady member of its
-    group (``None``: it is one)."""
+    cluster is up, since when the member has not been a steady member of its group
+    (``None``: it is one), the group's join state, and how many reports came."""
 
     reported: bool = False
     brokers_up: bool = True
     outside_since: float | None = None
+    join_state: str | None = None
+    reports: int = 0
 
     def seen(self, stats: Mapping[str, Any], now: float) -> _Links:
         """The links after one report of statistics, at monotonic ``now``."""
@@ -420,7 +422,14 @@ class _Links:
             outside = self.outside_since
         else:
             outside = now
-        return _Links(reported=True, brokers_up=up, outside_since=outside)
+        joining = group.get("join_state") if isinstance(group, dict) else None
+        return _Links(
+            reported=True,
+            brokers_up=up,
+            outside_since=outside,
+            join_state=joining if isinstance(joining, str) else None,
+            reports=self.reports + 1,
+        )
 
 
 @dataclass
@@ -954,28 +963,40 @@ class KafkaSource:
         librdkafka can block for ever in a partition move handled inside its own close
         (the client's assignment call in the rebalance callback is never answered:
         confluentinc/librdkafka#4884), and it blocks there holding Python's GIL, so
-        the whole process stops and no timeout of this module can fire. So the
-        revocation runs before the close, in polls: unsubscribe, poll (which serves
-        the revocation through the runtime) until nothing is assigned or
-        ``rebalance_timeout`` passed, then close, with nothing left to move. A record
-        a poll returns meanwhile is dropped: it was never handed over, so it comes
-        again to the partition's next owner."""
+        the whole process stops and no timeout of this module can fire. A move is
+        left for the close to make when partitions are assigned, and also when the
+        group's join is under way or its assignment waits for a poll to be served
+        (``assignment()`` is empty then). So the moves run before the close, in
+        polls: unsubscribe, then poll (which serves an assignment waiting, then the
+        revocation, through the runtime) until nothing is assigned and a report of
+        the client's statistics made since the unsubscribe says no join is under way
+        (``init``), or ``rebalance_timeout`` passed; then close, with nothing left to
+        move. A record a poll returns meanwhile is dropped: it was never handed over,
+        so it comes again to the partition's next owner."""
         try:
             consumer.unsubscribe()
             deadline = time.monotonic() + self._rebalance_timeout
-            while (left := consumer.assignment()) and time.monotonic() < deadline:
+            since = self._links.reports
+            while not (left := self._left(consumer, since)) and time.monotonic() < deadline:
                 consumer.poll(_LEAVE_POLL)
-            if left:
+            if not left:
                 _log.warning(
-                    "%s: %d partitions still assigned %g s after leaving the group; "
-                    "closing the client with them",
+                    "%s: %d partitions still assigned (the group's join state: %s) %g s "
+                    "after leaving the group; closing the client all the same",
                     self.name,
-                    len(left),
+                    len(consumer.assignment()),
+                    self._links.join_state,
                     self._rebalance_timeout,
                     extra={"source": self.name},
                 )
         finally:  # a client that failed to leave is closed all the same
             consumer.close()
+
+    def _left(self, consumer: Consumer, since: int) -> bool:
+        """Whether the member has left its group: nothing assigned, and a report of
+        statistics after the ``since``-th says no join is under way."""
+        links = self._links
+        return links.reports > since and links.join_state == "init" and not consumer.assignment()
 
     def _subscribe(self) -> Consumer:
         settings = {
