@@ -24,9 +24,11 @@ from tests.service.own_postgres import servers
 
 from statifier.cli import main
 from statifier.fronts.table_source import append_events
+from statifier.persistence.shards import ShardMap
 from statifier.persistence.sql import SqlAdapter
 from statifier.router import InboundEvent, ShardedRouter, ledger
 from statifier.service import ServiceConfigError, load
+from statifier.service.bucket_leases import slice_name, slices_of
 from statifier.service.service import Service, prepare_database
 from statifier.service.settings import ServiceSettings
 from statifier.service.wiring import router_config
@@ -323,6 +325,52 @@ async def test_each_stores_reaper_deletes_its_ranges_ledger_rows_past_the_days_k
     finally:
         for adapter in adapters:
             await adapter.close()
+
+
+@pytest.mark.asyncio
+async def test_with_bucket_leases_each_store_leases_its_own_ranges_slices(
+    tmp_path: Path,
+) -> None:
+    # Each store's slices are leased in that store: its range of the map cut in four,
+    # every slice held by the one service, whose workers run over the store's range.
+    leases = "[bucket_leases]\nenabled = true\nslices = 4\n"
+    config = write_config(tmp_path, _body(tmp_path, leases), {"hits": HITS})
+    settings = load(config)
+    ranges = ShardMap.even(3).ranges
+    async with running(config) as (_, base), httpx.AsyncClient(timeout=5.0) as client:
+        await _ready(client, base)
+        async with asyncio.timeout(10):
+            held = _bucket_leases(settings)
+            while not all(len(store) == 4 for store in held):
+                await asyncio.sleep(0.05)
+                held = _bucket_leases(settings)
+        answer = (await client.get(f"{base}/readyz")).json()
+    assert answer == {"status": "ready"}
+    owners = {owner for store in held for _, owner in store}
+    assert len(owners) == 1
+    for number, store in enumerate(held):
+        assert {name for name, _ in store} == {
+            slice_name(piece) for piece in slices_of(ranges[number], 4)
+        }
+
+
+def _bucket_leases(settings: ServiceSettings) -> list[set[tuple[str, str | None]]]:
+    """Each store's bucket slices and their holders, as its lease table has them."""
+    held = []
+    for url in settings.database.urls:
+        engine = sa.create_engine(url)
+        try:
+            with engine.connect() as connection:
+                rows = connection.execute(
+                    sa.text(
+                        "SELECT partition, owner FROM t_partition_leases "
+                        "WHERE consumer_group = 'statifier.buckets' AND owner IS NOT NULL"
+                    )
+                )
+                held.append({(row.partition, row.owner) for row in rows})
+        finally:
+            engine.dispose()
+    return held
 
 
 def _ledger_row(message_id: str, key: str, at: datetime) -> LedgerRow:
