@@ -340,37 +340,32 @@ async def _in_pages(delete: Callable[[], Awaitable[int]], limit: int, stop: asyn
 
 
 async def _reap(
-    router: Router, settings: ServiceSettings, stop: asyncio.Event, buckets: tuple[int, int]
+    router: Router,
+    settings: ServiceSettings,
+    stop: asyncio.Event,
+    buckets: tuple[int, int] | None,
+    *,
+    locks: bool = True,
 ) -> None:
-    """Run the reapers every ``interval`` seconds until ``stop``; a failed pass is
-    logged (once per kind of failure and interval), and the next comes on schedule."""
+    """Run the reapers every ``interval`` seconds until ``stop``: the expired dedupe
+    claims, old ledger rows and unused addresses of ``buckets`` (none: not these), and
+    with ``locks`` the lock rows no one holds (they belong to no bucket); a failed
+    pass is logged (once per kind of failure and interval), and the next comes on
+    schedule."""
     every = settings.reapers
     repeats = Repeats()
     while not stop.is_set():
         try:
             now = datetime.now(UTC)
             limit = every.limit
-            await _in_pages(
-                partial(reap_dedupe, router, now, buckets=buckets, limit=limit), limit, stop
-            )
-            if every.ledger_days:
-                before = now - timedelta(days=every.ledger_days)
-                ledger = partial(reap_ledger, router, before, buckets=buckets, limit=limit)
-                await _in_pages(ledger, limit, stop)
-            after: Any = None
-            while not stop.is_set():
-                page = await reap_addresses(
-                    router, now, limit=every.limit, after=after, buckets=buckets
-                )
+            if buckets is not None:
+                await _reap_buckets(router, settings, now, buckets, stop)
+            lock_after: int | None = None
+            while locks and not stop.is_set():
+                page = await reap_locks(router, limit=limit, after=lock_after)
                 if page.next is None:
                     break
-                after = page.next
-            lock_after: int | None = None
-            while not stop.is_set():
-                locks = await reap_locks(router, limit=every.limit, after=lock_after)
-                if locks.next is None:
-                    break
-                lock_after = locks.next
+                lock_after = page.next
         except Exception as error:  # noqa: BLE001 - the next pass may succeed
             repeats.log(
                 _log,
@@ -383,6 +378,30 @@ async def _reap(
             )
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), every.interval)
+
+
+async def _reap_buckets(
+    router: Router,
+    settings: ServiceSettings,
+    now: datetime,
+    buckets: tuple[int, int],
+    stop: asyncio.Event,
+) -> None:
+    """One pass over ``buckets``: expired dedupe claims, ledger rows older than
+    ``ledger_days``, addresses whose executions are gone."""
+    every = settings.reapers
+    limit = every.limit
+    await _in_pages(partial(reap_dedupe, router, now, buckets=buckets, limit=limit), limit, stop)
+    if every.ledger_days:
+        before = now - timedelta(days=every.ledger_days)
+        ledger = partial(reap_ledger, router, before, buckets=buckets, limit=limit)
+        await _in_pages(ledger, limit, stop)
+    after: Any = None
+    while not stop.is_set():
+        page = await reap_addresses(router, now, limit=limit, after=after, buckets=buckets)
+        if page.next is None:
+            return
+        after = page.next
 
 
 # HTTP.
@@ -727,24 +746,32 @@ class Service:
     ) -> list[Worker]:
         """A store's timers, flow, outbox drain and reapers over its range of buckets,
         or, with bucket leases, the part that runs them over the slices leased."""
-        leases = self.settings.bucket_leases
+        settings, stop = self.settings, self._workers_stop
+        leases = settings.bucket_leases
         if not leases.enabled:
-            return [*self._store_workers(router, sinks, named, buckets, self._workers_stop)]
+            return [*self._store_workers(router, sinks, named, buckets, stop)]
 
-        def build(piece: tuple[int, int], stop: asyncio.Event) -> list[Supervised]:
-            return self._store_workers(router, sinks, _in_range(named, piece), piece, stop)
+        def build(piece: tuple[int, int], ended: asyncio.Event) -> list[Supervised]:
+            in_range = _in_range(named, piece)
+            return self._store_workers(router, sinks, in_range, piece, ended, reap_locks=False)
 
+        # The lock rows belong to no bucket: reaped once per store, whatever is leased.
+        locks: list[Worker] = []
+        if settings.reapers.enabled:
+            reap = partial(_reap, router, settings, stop, None)
+            locks.append(Supervised(named("reapers (locks)"), reap, stop))
         return [
+            *locks,
             LeasedWorkers(
                 named("workers"),
                 router.adapter,
                 buckets,
                 build,
-                self._workers_stop,
+                stop,
                 owner=process_owner(),
                 slices=leases.slices,
                 ttl=leases.ttl,
-            )
+            ),
         ]
 
     def _store_workers(
@@ -754,7 +781,11 @@ class Service:
         named: Callable[[str], str],
         buckets: tuple[int, int],
         stop: asyncio.Event,
+        *,
+        reap_locks: bool = True,
     ) -> list[Supervised]:
+        """The timers, flow, outbox drain and reapers of ``buckets``, each stopped by
+        ``stop``; the reapers reap the lock rows too unless ``reap_locks`` is false."""
         settings = self.settings
         workers: list[Supervised] = []
         if settings.timers.enabled:
@@ -785,9 +816,8 @@ class Service:
         )
         workers.append(_draining(named("outbox"), drain, outbox.idle, stop))
         if settings.reapers.enabled:
-            workers.append(
-                Supervised(named("reapers"), lambda: _reap(router, settings, stop, buckets), stop)
-            )
+            reap = partial(_reap, router, settings, stop, buckets, locks=reap_locks)
+            workers.append(Supervised(named("reapers"), reap, stop))
         return workers
 
     async def _shutdown(
