@@ -39,6 +39,9 @@ Rows:
   is left.
 * ``x2`` rows: the same in two worker processes (this script started again with
   ``--worker``), released together; timed from the release to the last exit.
+* ``fire_due() x2, halves``: two processes each firing half of the buckets
+  (``TimerWorker(router, buckets=...)``), as two services sharing a store with
+  ``[bucket_leases]`` do, beside ``fire_due() x2``, where both read every bucket.
 
 Reported: timers fired per second (the median over ``--rounds`` rounds, rows taking
 turns), and the ratio fire_due() / raw (goal at least 0.7).
@@ -85,6 +88,7 @@ from harness import (
     write_json,
 )
 
+from statifier.buckets import ALL_BUCKETS, BUCKETS
 from statifier.chart import Machine, compile_chart
 from statifier.core import Event, handle_event, initialize
 from statifier.core.positions import dump, load_event
@@ -273,8 +277,8 @@ async def _raw_drain(url: str, names: TableNames, same: bool, batch: int) -> tup
                 await asyncio.sleep(0.005)  # what is left is the other worker's
 
 
-async def _ours_drain(router: Router, batch: int) -> int:
-    worker = TimerWorker(router, batch=batch)
+async def _ours_drain(router: Router, batch: int, buckets: tuple[int, int] = ALL_BUCKETS) -> int:
+    worker = TimerWorker(router, batch=batch, buckets=buckets)
     taken = 0
     while True:
         taken += await worker.fire_due()
@@ -287,8 +291,9 @@ def _libpq(url: str) -> str:
     return url.replace("postgresql+psycopg://", "postgresql://")
 
 
-async def _worker_main(url: str, schema: str, mode: str, batch: int) -> None:
-    """``--worker``: one worker process of an ``x2`` row."""
+async def _worker_main(url: str, schema: str, mode: str, batch: int, half: int) -> None:
+    """``--worker``: one worker process of an ``x2`` row (``half``: which half of the
+    buckets a ``halves`` worker fires)."""
     names = TableNames.of(_options(schema).define())
     async with SqlAdapter(url, _options(schema)) as adapter:
         router = _router(adapter)
@@ -300,6 +305,10 @@ async def _worker_main(url: str, schema: str, mode: str, batch: int) -> None:
             fired, deadlocks = 0, 0
         elif mode == "raw":
             fired, deadlocks = await _raw_drain(_libpq(url), names, False, batch)
+        elif mode == "halves":
+            middle = BUCKETS // 2
+            buckets = (0, middle) if half == 0 else (middle, BUCKETS)
+            fired, deadlocks = await _ours_drain(router, batch, buckets), 0
         else:
             fired, deadlocks = await _ours_drain(router, batch), 0
     print(json.dumps({"fired": fired, "deadlocks": deadlocks}), flush=True)
@@ -319,8 +328,13 @@ def _started_workers(url: str, schema: str, mode: str, batch: int) -> list[subpr
     command = [sys.executable, __file__, "--worker", mode, "--schema", schema]
     command += ["--url", url, "--batch", str(batch)]
     processes = [
-        subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        for _ in range(2)
+        subprocess.Popen(
+            [*command, "--half", str(half)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for half in range(2)
     ]
     for process in processes:
         assert process.stdout is not None
@@ -373,7 +387,7 @@ async def _throughput(
     elif row == "fire_due()":
         fired = await _ours_drain(router, batch)
     else:
-        mode = "raw" if row.startswith("raw") else "ours"
+        mode = "raw" if row.startswith("raw") else "halves" if row.endswith("halves") else "ours"
         elapsed, fired, deadlocks = await asyncio.to_thread(
             _two_processes, url, schema, mode, batch
         )
@@ -480,7 +494,14 @@ def _percentile(values: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
 
 
-THROUGHPUT_ROWS = ("raw", "raw, same statements", "fire_due()", "raw x2", "fire_due() x2")
+THROUGHPUT_ROWS = (
+    "raw",
+    "raw, same statements",
+    "fire_due()",
+    "raw x2",
+    "fire_due() x2",
+    "fire_due() x2, halves",
+)
 
 
 async def main() -> None:
@@ -492,12 +513,15 @@ async def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--lag-seconds", type=float, default=5.0)
     parser.add_argument("--quick", action="store_true", help="1,000 timers, 1 round, 2 s lag")
-    parser.add_argument("--worker", choices=("raw", "ours", "run"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--worker", choices=("raw", "ours", "halves", "run"), help=argparse.SUPPRESS
+    )
+    parser.add_argument("--half", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--schema", help=argparse.SUPPRESS)
     add_json_option(parser)
     args = parser.parse_args()
     if args.worker:
-        await _worker_main(args.url, args.schema, args.worker, args.batch)
+        await _worker_main(args.url, args.schema, args.worker, args.batch, args.half)
         return
     if args.quick:
         args.timers, args.rounds, args.lag_seconds = 1_000, 1, 2.0
@@ -534,7 +558,7 @@ async def main() -> None:
             for row in THROUGHPUT_ROWS:
                 ratio = ""
                 if row.startswith("fire_due()"):
-                    anchor = "raw x2" if row.endswith("x2") else "raw"
+                    anchor = "raw x2" if "x2" in row else "raw"
                     ratio = f"{fmt_ratio(medians[row] / medians[anchor])} of {anchor}"
                 note = f"  ({deadlocks[row]} deadlocks retried)" if deadlocks[row] else ""
                 print(
