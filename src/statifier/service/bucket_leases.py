@@ -183,7 +183,8 @@ class LeasedWorkers:
                 worker.start()
             self.running[piece] = (stop, workers)
         if change.gained or change.lost or change.surplus:
-            _log.info("%s: buckets %s", self.name, ", ".join(f"{a}-{b}" for a, b in sorted(wanted)))
+            ranges = ", ".join(f"{a}-{b}" for a, b in sorted(wanted)) or "none"
+            _log.info("%s: buckets %s", self.name, ranges)
         if change.surplus:
             try:
                 await self.leases.release(change.surplus)
