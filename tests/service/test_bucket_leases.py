@@ -242,3 +242,36 @@ async def test_a_failing_claim_turns_readiness_red_and_is_logged_until_a_claim_s
     said = [r for r in caplog.records if "a bucket lease claim failed" in r.getMessage()]
     assert said
     assert said[0].levelname == "ERROR"
+
+
+@pytest.mark.asyncio
+async def test_a_failing_leave_on_stop_is_logged_and_the_workers_stop(
+    router_db: RouterDb,  # noqa: F811 - the fixture
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    table = router_db.adapter.tables.metadata.tables
+    leases = next(t for t in table.values() if t.name.endswith("partition_leases"))
+    engine = sa.create_engine(migrations.sync_url(router_db.store.url))
+    schema = "" if leases.schema is None else f'"{leases.schema}".'
+
+    def rename(old: str, new: str) -> None:
+        with engine.begin() as connection:
+            connection.execute(sa.text(f'ALTER TABLE {schema}"{old}" RENAME TO "{new}"'))
+
+    a = _Service(router_db, "a")
+    moved = f"{leases.name}_away"
+    try:
+        a.part.start()
+        await _until(lambda: a.running() == {(0, 1024)})
+        rename(leases.name, moved)
+        try:
+            a.stop.set()
+            assert a.part.task is not None
+            await asyncio.wait_for(a.part.task, 10)
+        finally:
+            rename(moved, leases.name)
+    finally:
+        engine.dispose()
+    assert all(worker.task is not None and worker.task.done() for worker in a.workers)
+    said = [r for r in caplog.records if "could not give up its bucket slices" in r.getMessage()]
+    assert [r.levelname for r in said] == ["WARNING"]

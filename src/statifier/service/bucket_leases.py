@@ -161,8 +161,16 @@ class LeasedWorkers:
                     await asyncio.wait_for(self.stop.wait(), self.ttl / 3)
         finally:
             await self._stop(list(self.running))
-            with contextlib.suppress(Exception):  # the leases run out on their own
+            try:
                 await self.leases.leave()
+            except Exception as error:  # noqa: BLE001 - the leases run out on their own
+                _log.warning(
+                    "%s: could not give up its bucket slices (%s: %s); the other "
+                    "services take them once their leases run out",
+                    self.name,
+                    type(error).__name__,
+                    error,
+                )
 
     async def _claim(self) -> None:
         """One claim: the workers of the slices held (its surplus aside) run, the
