@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
+
+import pytest
 
 from statifier.chart import compile_chart
 from statifier.core import Event
@@ -280,6 +283,44 @@ def test_sends_to_a_service_are_forwarded() -> None:
 
     assert asyncio.run(main()) == ("a",)
     assert worker.forwarded == [("w", "work")]
+
+
+class FailingWorker(Worker):
+    """A worker whose handler raises when handed an event or cancelled."""
+
+    async def cancel(self, invoke_id: str) -> None:
+        raise RuntimeError(f"cannot stop {invoke_id}")
+
+    async def forward(self, invoke_id: str, event: Event) -> None:
+        raise RuntimeError(f"cannot take {event.name}")
+
+
+def test_a_forward_the_handler_fails_raises_error_communication() -> None:
+    source = chart(
+        '<datamodel><data id="why"/></datamodel>'
+        '<state id="a"><invoke id="w" type="x-worker" src="job"/>'
+        '<transition event="ready"><send target="#_w" event="work"/></transition>'
+        '<transition event="error.communication" target="bad">'
+        '<assign location="why" expr="_event.data.message"/></transition></state>'
+        '<final id="bad"/>'
+    )
+    session = asyncio.run(run(source, invoke_types={"x-worker": FailingWorker()}))
+    assert session.configuration == ("bad",)
+    assert "cannot take work" in str(session.state.datamodel["why"])
+
+
+def test_a_cancel_the_handler_fails_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    worker = FailingWorker()
+    source = chart(
+        '<state id="a"><invoke id="w" type="x-worker" src="job"/>'
+        '<transition event="ready" target="done"/></state><final id="done"/>'
+    )
+    with caplog.at_level(logging.WARNING, logger="statifier.session.live"):
+        session = asyncio.run(run(source, invoke_types={"x-worker": worker}))
+    assert session.configuration == ("done",)
+    said = [r for r in caplog.records if "failed to cancel 'w'" in r.getMessage()]
+    assert [r.levelname for r in said] == ["WARNING"]
+    assert "cannot stop w" in said[0].getMessage()
 
 
 def test_replay_knows_the_registered_types() -> None:

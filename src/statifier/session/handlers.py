@@ -140,11 +140,13 @@ class InvokeType(Protocol):
         ...
 
     async def cancel(self, invoke_id: str) -> None:
-        """Stop the service: the invoking state was exited."""
+        """Stop the service: the invoking state was exited. What it raises is logged as
+        a warning (no chart is left to hear it)."""
         ...
 
     async def forward(self, invoke_id: str, event: Event) -> None:
-        """Hand the service an event (autoforward, or a send to ``#_<invokeid>``)."""
+        """Hand the service an event (autoforward, or a send to ``#_<invokeid>``). What it
+        raises queues ``error.communication`` on the invoking session."""
         ...
 
 

@@ -40,8 +40,8 @@ Each :class:`Session` owns an external queue and runs one macrostep at a time th
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Container, Coroutine, Mapping
@@ -69,6 +69,8 @@ from statifier.session.recording import Input, Recording, RecordingRoutes, step
 from statifier.telemetry import enabled, report
 
 __all__ = ["Session", "System"]
+
+_log = logging.getLogger(__name__)
 
 _STEPS_PER_TURN = 16
 _NO_SEND_TYPES: Mapping[str, SendType] = MappingProxyType({})
@@ -754,12 +756,37 @@ class Session:
         service, port = entry
         port.close()
         self._cancelled.add(invoke_id)
-        self.system.spawn(_quietly(service.cancel(invoke_id)))
+        self.system.spawn(self._cancel_quietly(service, invoke_id))
 
     def _forward(self, invoke_id: str, event: Event) -> None:
         entry = self._services.get(invoke_id)
         if entry is not None:
-            self.system.spawn(_quietly(entry[0].forward(invoke_id, event)))
+            self.system.spawn(self._forward_to(entry[0], invoke_id, event))
+
+    async def _cancel_quietly(self, service: InvokeType, invoke_id: str) -> None:
+        """Cancel an invoked service: the state that invoked it was exited, so a
+        failing handler concerns no chart; it is logged for the host."""
+        try:
+            await service.cancel(invoke_id)
+        except Exception as error:  # noqa: BLE001 - handlers are host code
+            _log.warning(
+                "session %s: the invoke handler failed to cancel %r: %r",
+                self.id,
+                invoke_id,
+                error,
+            )
+
+    async def _forward_to(self, service: InvokeType, invoke_id: str, event: Event) -> None:
+        """Hand an invoked service an event; a failing handler is an
+        ``error.communication`` for the chart, as a failing send is."""
+        try:
+            await service.forward(invoke_id, event)
+        except Exception as error:  # noqa: BLE001 - handlers are host code
+            if self.running:
+                message = (
+                    f"the invoke handler failed to take the event for {invoke_id!r}: {error!r}"
+                )
+                self._communication_error(message, event)
 
     def _finish(self, effect: fx.Done) -> None:
         self.system.unfinished.discard(self)
@@ -839,12 +866,6 @@ class _Port:
         if session._services.get(invoke_id, (None, None))[1] is self:
             del session._services[invoke_id]
         session._put(_Entry("event", answer, from_invoke=invoke_id))
-
-
-async def _quietly(call: Coroutine[Any, Any, None]) -> None:
-    """Await a handler's cancel or forward; what it raises concerns no session."""
-    with contextlib.suppress(Exception):
-        await call
 
 
 def _from(event: Event, origin: str | None, origintype: str) -> Event:
