@@ -51,6 +51,7 @@ from statifier.router.basichttp_sends import BASICHTTP_QUEUE, FAILURE_PLAN_ID, b
 from statifier.router.outbox import (
     Backoff,
     DeadLetter,
+    DrainReport,
     OutboxDrain,
     OutboxMessage,
     OutboxRoute,
@@ -415,6 +416,42 @@ async def test_run_drains_until_stopped(router_db: RouterDb) -> None:
     await asyncio.wait_for(worker, 10)
     assert sorted(seen) == [f"k/{n}" for n in range(5)]
     assert await drain.pending() == []
+
+
+@pytest.mark.asyncio
+async def test_run_says_while_its_passes_fail_and_logs_one_line_per_interval(
+    router_db: RouterDb, caplog: pytest.LogCaptureFixture
+) -> None:
+    drain = OutboxDrain(router_db.adapter, {})
+    real = drain.drain_once
+    passes: list[DrainReport] = []
+    seen: list[str | None] = []  # the drain's failure as each pass begins
+    failing = 4
+
+    async def once(now: datetime | None = None) -> DrainReport:
+        seen.append(drain.failure)
+        if len(passes) < failing:
+            passes.append(DrainReport())
+            raise ConnectionError("the database went away")
+        report = await real(now)
+        passes.append(report)
+        return report
+
+    drain.drain_once = once  # type: ignore[method-assign]
+    stop = asyncio.Event()
+    worker = asyncio.create_task(drain.run(stop, idle=0.01))
+    try:
+        async with asyncio.timeout(10):
+            while len(passes) < failing + 2:  # noqa: ASYNC110 - the passes come every 10 ms
+                await asyncio.sleep(0.001)
+    finally:
+        stop.set()
+        await asyncio.wait_for(worker, 10)
+    failed = "ConnectionError"
+    assert seen[: failing + 2] == [None, failed, failed, failed, failed, None]
+    said = [r for r in caplog.records if "an outbox drain pass failed" in r.getMessage()]
+    assert [r.levelname for r in said] == ["ERROR"]  # four failures, one line
+    assert "ConnectionError: the database went away" in said[0].getMessage()
 
 
 # Workers in processes of their own.

@@ -42,6 +42,29 @@ def test_the_backoff_doubles_to_its_cap_and_starts_over_after_a_healthy_run() ->
 
 
 @pytest.mark.asyncio
+async def test_a_running_part_that_outlives_its_failures_says_so_through_its_watch() -> None:
+    stop = asyncio.Event()
+    said: list[str | None] = [None]
+
+    async def work() -> None:
+        await stop.wait()
+
+    worker = Supervised("outbox", work, stop, watch=lambda: said[0])
+    worker.start()
+    try:
+        assert worker.trouble() is None
+        said[0] = "passes failing: ConnectionError"
+        assert worker.trouble() == "passes failing: ConnectionError"
+        said[0] = None
+        assert worker.trouble() is None
+    finally:
+        stop.set()
+        assert worker.task is not None
+        await worker.task
+    assert worker.trouble() == "not running"
+
+
+@pytest.mark.asyncio
 async def test_a_failing_worker_restarts_says_so_and_logs_one_line_per_interval(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -80,6 +80,7 @@ from statifier.core.positions import NotAPosition, dump_event, load_event
 from statifier.persistence import PLAIN, BlobCodec, Refused, Storage, UndecodableBlob
 from statifier.persistence.codec import PlainBlobs, opened_text, sealed_json
 from statifier.persistence.sql import SqlAdapter, SqlTransaction
+from statifier.repeats import Repeats
 from statifier.router.errors import ConfigError
 from statifier.router.routes import IdempotencyKey
 from statifier.sql.outbox import LeasedRow, OutboxTable, StoredRow
@@ -455,6 +456,10 @@ class OutboxDrain:
         self.lease = held
         self.batch = batch
         self._sql = OutboxTable(self.adapter.tables, self.adapter.dialect)
+        self.failure: str | None = None
+        """Why :meth:`run`'s last pass failed (the error's type), ``None`` once a pass
+        succeeds: what a host's readiness reads."""
+        self._repeats = Repeats()
 
     async def drain_once(self, now: datetime | None = None) -> DrainReport:
         """One pass: lease up to ``batch`` due rows of the sinks' queues, call their
@@ -551,13 +556,25 @@ class OutboxDrain:
     async def run(self, stop: asyncio.Event, idle: float = 0.5) -> None:
         """Drain until ``stop`` is set: pass after pass while passes fill their batch,
         waiting ``idle`` seconds (or for ``stop``) after one that did not. A pass that
-        raises (the database went away) is logged, and the next comes after ``idle``.
+        raises (the database went away) sets :attr:`failure` until a pass succeeds and
+        is logged at ERROR (one line per kind of error and interval, with a count); the
+        next pass comes after ``idle``.
         """
         while not stop.is_set():
             try:
                 drained = await self.drain_once()
-            except Exception:  # noqa: BLE001 - a worker outlives a failed pass
-                _log.exception("an outbox drain pass failed")
+                self.failure = None
+            except Exception as error:  # noqa: BLE001 - a worker outlives a failed pass
+                self.failure = type(error).__name__
+                self._repeats.log(
+                    _log,
+                    logging.ERROR,
+                    type(error).__name__,
+                    "an outbox drain pass failed: %s: %s",
+                    type(error).__name__,
+                    error,
+                    exc_info=error,
+                )
                 drained = DrainReport()
             if drained.claimed >= self.batch:
                 continue

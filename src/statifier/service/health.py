@@ -16,7 +16,10 @@ check, each ``"<part>: <why>"``:
   which a reshard started while the service runs makes it say; an error is logged
   when a store's reason appears, and a line when it clears;
 - a worker (``timers``, ``outbox``, ``reapers``): not running, or restarting after
-  a failure (its class is named); with bucket leases, the part ``workers``: its last
+  a failure (its class is named); the outbox (and the hops between stores) while its
+  drain passes fail: ``passes failing: <class>`` (a drain outlives a failed pass, so
+  it never restarts); the reapers' failed passes are logged, not reported here (they
+  keep no event from flowing); with bucket leases, the part ``workers``: its last
   claim failed, a worker of a leased range is in trouble (named with its range), or
   it holds no slice while slices wait
   (:meth:`statifier.service.bucket_leases.LeasedWorkers.trouble`);

@@ -242,6 +242,8 @@ class Supervised:
         stop: set when the part is to stop.
         first_restart: the seconds before the first restart, where the backoff
             starts (:data:`FIRST_RESTART` by default).
+        watch: what the running part says of its own trouble (a part that outlives
+            its failures without raising, as an outbox drain does), ``None`` if nothing.
     """
 
     def __init__(
@@ -251,11 +253,13 @@ class Supervised:
         stop: asyncio.Event,
         *,
         first_restart: float = FIRST_RESTART,
+        watch: Callable[[], str | None] | None = None,
     ) -> None:
         self.name = name
         self.work = work
         self.stop = stop
         self.first_restart = first_restart
+        self.watch = watch
         self.failure: str | None = None
         self.task: asyncio.Task[None] | None = None
         self._repeats = Repeats()
@@ -265,10 +269,12 @@ class Supervised:
         self.task = asyncio.create_task(self._run(), name=self.name)
 
     def trouble(self) -> str | None:
-        """``None`` while the part runs, else why it does not."""
+        """``None`` while the part runs and its ``watch`` sees no trouble, else why not."""
         if self.task is None or self.task.done():
             return "not running"
-        return None if self.failure is None else f"restarting after {self.failure}"
+        if self.failure is not None:
+            return f"restarting after {self.failure}"
+        return None if self.watch is None else self.watch()
 
     async def _run(self) -> None:
         restarts = Restarts(self.first_restart)
@@ -316,8 +322,13 @@ def _stores(routing: Router | ShardedRouter) -> tuple[Router, ...]:
 
 
 def _draining(name: str, drain: OutboxDrain, idle: float, stop: asyncio.Event) -> Supervised:
-    """The worker ``name`` running ``drain`` until ``stop``."""
-    return Supervised(name, lambda: drain.run(stop, idle), stop)
+    """The worker ``name`` running ``drain`` until ``stop``; readiness says while its
+    passes fail."""
+
+    def failing() -> str | None:
+        return None if drain.failure is None else f"passes failing: {drain.failure}"
+
+    return Supervised(name, lambda: drain.run(stop, idle), stop, watch=failing)
 
 
 def _in_store(number: int) -> Callable[[str], str]:
