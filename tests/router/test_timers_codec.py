@@ -87,6 +87,7 @@ async def test_a_sealed_timer_payload_fires_with_its_data(router_db: RouterDb) -
 @pytest.mark.asyncio
 async def test_a_timer_sealed_under_a_missing_key_waits_and_the_others_fire(
     router_db: RouterDb,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A worker whose codec lacks the key of one row fires every other due timer, keeps
     that row (due again ``retry`` later, reported as failed), and fires it once a
@@ -114,6 +115,9 @@ async def test_a_timer_sealed_under_a_missing_key_waits_and_the_others_fire(
     assert (failed["execution_id"], failed["send_id"]) == ("ex_1", "t1")
     assert "UndecodableBlob" in failed["error"]
     assert await TimerWorker(router).next_due() == now + 30 * SECOND  # kept, put off
+    [said] = [r for r in caplog.records if "cannot be read here" in r.getMessage()]
+    assert said.levelname == "WARNING"
+    assert "'t1' of execution ex_1" in said.getMessage()
 
     both = sealed_router(router_db, key, other)
     assert await TimerWorker(both).fire_due(now + 30 * SECOND) == 1

@@ -87,6 +87,7 @@ from statifier.core import Event
 from statifier.core.events import engine_event
 from statifier.persistence import Discarded, ExecutionNotFound, Refused, Status, Stepped
 from statifier.persistence.reentry import hold
+from statifier.repeats import Repeats
 from statifier.router.config import Entry
 from statifier.router.delivery import TIMER_VIA, hold_event, step_timer_event
 from statifier.router.errors import ConfigError, ExecutionParked
@@ -466,6 +467,7 @@ class TimerWorker:
         self.clock: Clock = router.storage.clock if clock is None else clock
         self.sleep = sleep
         self._woken = asyncio.Event()
+        self._repeats = Repeats()
 
     def wake(self, due_at: datetime | None = None) -> None:
         """Cut :meth:`run`'s sleep short: something was scheduled (``due_at``, unused,
@@ -650,6 +652,17 @@ class TimerWorker:
         reported as a failed fire, while the rest of the batch fires."""
         started = time.perf_counter()
         await self.queue.retry_at(unit.tx, timer.id, now + self.retry)
+        self._repeats.log(
+            _log,
+            logging.WARNING,
+            ("unreadable", type(timer.error).__name__),
+            "timer %r of execution %s cannot be read here (%s); it is due again in %s",
+            timer.send_id,
+            timer.execution_id,
+            _said(timer.error),
+            self.retry,
+            extra={"execution_id": timer.execution_id},
+        )
         return _done(timer, _FAILED, now, started, error=_said(timer.error))
 
     async def run(self, stop: asyncio.Event) -> None:
