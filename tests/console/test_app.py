@@ -924,6 +924,28 @@ async def test_cancel_behind_a_confirmation_is_done_once_and_audited(site: Site)
 
 
 @pytest.mark.asyncio
+async def test_an_audit_row_that_cannot_be_written_still_gives_the_actions_answer(
+    site: Site, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    execution_id = await site.impression("k1")
+    await site.login(ADA)
+    path = f"/console/executions/{execution_id}/cancel"
+    done = await site.client.post(path, data={"csrf": await site.csrf(path)})
+    assert done.status_code == 303
+
+    async def broken(self: Audit, entry: AuditEntry) -> AuditRow:
+        raise RuntimeError("the audit table is gone")
+
+    monkeypatch.setattr(Audit, "record", broken)
+    again = await site.client.post(path, data={"csrf": await site.csrf(path)})
+    assert again.status_code == 409  # the refusal, not a bare 500
+    assert "Nothing done" in again.text
+    said = [r for r in caplog.records if "could not be written" in r.getMessage()]
+    assert [r.levelname for r in said] == ["ERROR"]
+    assert f"cancel of {execution_id} (refused)" in said[0].getMessage()
+
+
+@pytest.mark.asyncio
 async def test_outbox_dead_letters_are_retried_and_discarded_and_audited(site: Site) -> None:
     outbox = site.db.store.tables.outbox
     now = datetime.now(UTC)

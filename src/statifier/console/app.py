@@ -1600,10 +1600,21 @@ class _Pages:
         return RedirectResponse(f"{act.back}?{urlencode({'done': act.audit})}", status_code=303)
 
     async def record(self, actor: str, act: _Act, outcome: str, detail: str) -> None:
+        """Write the audit row of an action refused or failed. A row that cannot be
+        written (the database that failed the action, most likely) is logged and the
+        action's own answer is still given."""
         entry = AuditEntry(
             actor, action=act.audit, target=act.target, outcome=outcome, detail=detail
         )
-        await act.store.audit.record(entry)
+        try:
+            await act.store.audit.record(entry)
+        except Exception:  # noqa: BLE001 - the operator still gets the action's answer
+            _log.exception(
+                "console: the audit row of %s of %s (%s) could not be written",
+                act.audit,
+                act.target,
+                outcome,
+            )
 
     # Trying a revision.
 
