@@ -124,6 +124,7 @@ def _signature(value: str | None, prefix: str, encoding: str) -> bytes | None:
 
 
 def _recent(timestamp: str, tolerance: float, now: float) -> bool:
-    if not timestamp.isdigit() or len(timestamp) > 12:
+    # isdigit() alone takes digits int() refuses ("²", a header's latin-1 byte 0xB2).
+    if not (timestamp.isascii() and timestamp.isdigit()) or len(timestamp) > 12:
         return False
     return abs(now - int(timestamp)) <= tolerance
