@@ -353,6 +353,11 @@ ROUTED = '[routes.r]\nqueue = "q"\n'
             '[fronts.basichttp.b]\npath = "/b"\nbase_url = "https://x/b"\n',
             "[fronts] basichttp: at most one BasicHTTP front",
         ),
+        (
+            HEAD + '[http]\naccess_log = true\n[fronts.basichttp.a]\npath = "/a"\n'
+            'base_url = "https://x/a"\n',
+            "[http] access_log: would log the tokens of [fronts.basichttp.a]",
+        ),
         (HEAD + '[fronts.grpc.g]\npath = "/g"\n', "[fronts] grpc: unknown key"),
         (
             HEAD + '[sources.clicks]\nkind = "mqtt"\n',

@@ -25,7 +25,7 @@ def cross_check(top: Table, settings: ServiceSettings) -> None:
     no route, a sink that outlives the outbox lease, a console on a listener other than
     loopback without operators, a front, a stream source or a schedule whose source no
     enabled binding reads, a front whose path overlaps another's, the console's or the
-    health endpoints.
+    health endpoints, the access log beside a BasicHTTP front (it would log tokens).
 
     Raises:
         ServiceConfigError: naming the table and the key at fault (``top`` is the
@@ -90,6 +90,14 @@ def cross_check(top: Table, settings: ServiceSettings) -> None:
         paths[api.path] = "the API"
     for front in settings.fronts:
         table = front_table(front)
+        if isinstance(front, BasicHttpFront) and settings.http.access_log:
+            raise ServiceConfigError(
+                file,
+                "http",
+                "access_log",
+                f"would log the tokens of [{table}] (each location's last path segment "
+                "is its token): leave it off while a BasicHTTP front is set",
+            )
         if not isinstance(front, BasicHttpFront) and front.source not in read:
             raise ServiceConfigError(
                 file,
