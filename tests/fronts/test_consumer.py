@@ -452,6 +452,26 @@ async def test_a_failing_source_stops_the_consumer_and_is_closed(router_db: Rout
 
 
 @pytest.mark.asyncio
+async def test_a_failing_lane_stops_the_consumer_and_says_why(
+    router_db: RouterDb, caplog: pytest.LogCaptureFixture
+) -> None:
+    router = router_of(router_db)
+
+    async def short(events: Any, **options: Any) -> list[Any]:
+        return []  # one answer too few for every event: the lane cannot pair them
+
+    router.route_many = short  # type: ignore[method-assign]
+    source = MemorySource(stream(partitions=1, keys=2, per_key=2))
+    consumer = consumer_of(router, source, lanes=1)
+    with pytest.raises(ValueError, match="shorter"):
+        await asyncio.wait_for(consumer.run(), 20)
+    assert source.closed
+    assert consumer.counts.committed == 0
+    said = [r for r in caplog.records if "a worker of the stream consumer" in r.getMessage()]
+    assert [r.levelname for r in said] == ["ERROR"]
+
+
+@pytest.mark.asyncio
 async def test_bounds_out_of_range_are_refused(router_db: RouterDb) -> None:
     router = router_of(router_db)
     source = MemorySource([])

@@ -256,6 +256,8 @@ class StreamConsumer:
         self._drain_timeout = 10.0
         self._running = False
         self._repeats = Repeats()
+        self._broken: BaseException | None = None
+        """What a lane or the committer raised, if one did: the consumer stops with it."""
 
     @property
     def counts(self) -> ConsumerCounts:
@@ -271,8 +273,9 @@ class StreamConsumer:
 
         Raises:
             RuntimeError: the consumer is running already, or ran before.
-            Exception: the source failed to start or to fetch (after the same
-                shutdown: what is done is committed if the source still takes it).
+            Exception: the source failed to start or to fetch, or a lane or the
+                committer failed (after the same shutdown: what is done is committed
+                if the source still takes it).
         """
         if self._running or self._finished.is_set():
             raise RuntimeError("a stream consumer runs once")
@@ -282,12 +285,35 @@ class StreamConsumer:
             await self.source.start(_Rebalancing(self))
             workers = [asyncio.create_task(self._lane(lane)) for lane in self._lanes]
             workers.append(asyncio.create_task(self._committer()))
+            for worker in workers:
+                worker.add_done_callback(self._worker_ended)
             await self._intake()
+            if self._broken is not None:
+                raise self._broken
         finally:
             try:
                 await self._shut_down(workers)
             finally:
                 self._finished.set()
+
+    def _worker_ended(self, task: asyncio.Task[None]) -> None:
+        """A lane or the committer ended: if it raised, the consumer stops and
+        :meth:`run` raises what it raised (nothing of it would move again)."""
+        if task.cancelled() or (error := task.exception()) is None:
+            return
+        if self._broken is None:
+            self._broken = error
+            _log.error(
+                "a worker of the stream consumer of %s failed; the consumer stops: %s: %s",
+                self.source.name,
+                type(error).__name__,
+                error,
+                exc_info=error,
+            )
+        self._stopping.set()
+        self._room.set()
+        for lane in self._lanes:
+            lane.wake.set()
 
     async def stop(self, *, drain_timeout: float = 10.0) -> None:
         """Stop fetching; let the lanes finish the ``route_many`` calls they began, for
