@@ -686,6 +686,43 @@ async def test_an_error_the_codec_cannot_decode_is_listed_as_unreadable(
     assert "could not be decoded" in caplog.text
 
 
+async def test_a_dead_outbox_row_the_codec_cannot_decode_is_listed_with_no_event(
+    console_db: ConsoleDb, caplog: pytest.LogCaptureFixture
+) -> None:
+    from statifier.persistence.codec import sealed_json
+    from statifier.persistence.fernet import FernetCodec
+
+    elsewhere = FernetCodec([FernetCodec.generate_key()])  # a key the console lacks
+    console_db.insert(
+        console_db.store.tables.outbox,
+        [
+            {
+                "queue": "mail",
+                "key": "k1",
+                "payload": {"event": sealed_json(elsewhere, "{}"), "execution_id": "ex-0001"},
+                "execution_id": "ex-0001",
+                "bucket": bucket_of("ex-0001"),
+                "attempts": 1,
+                "next_attempt_at": T0,
+                "dead_at": T0,
+                "last_error": "the payload is unreadable",
+                "inserted_at": T0,
+            }
+        ],
+    )
+    sealed = ConsoleQueries(
+        console_db.queries.engine,
+        console_db.store.tables,
+        codec=FernetCodec([FernetCodec.generate_key()]),
+    )
+    (row,) = (await sealed.outbox_dead_letters()).rows
+    assert row.key == "k1"
+    assert row.payload["event"] is None
+    assert row.payload["execution_id"] == "ex-0001"
+    said = [r for r in caplog.records if "outbox row 'k1' could not be decoded" in r.getMessage()]
+    assert [r.levelname for r in said] == ["WARNING"]
+
+
 async def test_a_completed_rows_final_state_is_its_records_else_read_off_its_position(
     console_db: ConsoleDb,
 ) -> None:

@@ -1507,9 +1507,15 @@ def _error(row: sa.Row[Any], codec: BlobCodec) -> ErrorView:
 
 
 def _outbox(row: sa.Row[Any], codec: BlobCodec) -> OutboxRow:
-    payload = dict(_metadata(row.payload))
+    """An outbox row; an event the codec cannot decode is logged and shown as ``None``
+    (the drain dead-letters such a row: the failures page lists it)."""
+    payload: dict[str, Any] = dict(_metadata(row.payload))
     if isinstance(payload.get("event"), str):  # the event alone is sealed under a codec
-        payload["event"] = opened_text(codec, payload["event"], f"outbox row {row.key!r}")
+        try:
+            payload["event"] = opened_text(codec, payload["event"], f"outbox row {row.key!r}")
+        except UndecodableBlob as failure:
+            payload["event"] = None
+            _log.warning("console: %s", failure, extra={"blob": "outbox", "queue": row.queue})
     return OutboxRow(
         row.id,
         queue=row.queue,
