@@ -756,14 +756,14 @@ class Session:
         service, port = entry
         port.close()
         self._cancelled.add(invoke_id)
-        self.system.spawn(self._cancel_quietly(service, invoke_id))
+        self.system.spawn(self._cancel_invoked(service, invoke_id))
 
     def _forward(self, invoke_id: str, event: Event) -> None:
         entry = self._services.get(invoke_id)
         if entry is not None:
             self.system.spawn(self._forward_to(entry[0], invoke_id, event))
 
-    async def _cancel_quietly(self, service: InvokeType, invoke_id: str) -> None:
+    async def _cancel_invoked(self, service: InvokeType, invoke_id: str) -> None:
         """Cancel an invoked service: the state that invoked it was exited, so a
         failing handler concerns no chart; it is logged for the host."""
         try:
