@@ -644,3 +644,16 @@ async def test_a_migrated_position_and_a_childs_answer_are_stored_encoded(
     assert found is not None
     assert found.outcome == CARD.encode()
     assert [owed.outcome for owed in await storage.undelivered_answers(10)] == [CARD.encode()]
+
+
+def test_a_sealed_text_that_is_not_json_is_refused_typed(key_a: str) -> None:
+    from statifier.persistence import UndecodableBlob
+    from statifier.persistence.codec import opened_text, sealed_json
+
+    codec = FernetCodec([key_a])
+    assert opened_text(codec, sealed_json(codec, '["tick"]'), "an outbox row") == '["tick"]'
+    for damaged in ("not json", '{"statifier.sealed": 5}'):
+        with pytest.raises(UndecodableBlob, match="an outbox row is not in the encoded form"):
+            opened_text(codec, damaged, "an outbox row")
+    with pytest.raises(UndecodableBlob, match="an outbox row is not encoded"):
+        opened_text(codec, "[]", "an outbox row")  # JSON, stored without the codec

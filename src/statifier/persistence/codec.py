@@ -138,7 +138,11 @@ def opened_text(codec: BlobCodec, stored: str, what: str) -> str:
         if stored.startswith(_SEALED_PREFIX):
             raise UndecodableBlob(f"{what} is encoded, and no codec was given")
         return stored
-    return _unsealed(codec, json.loads(stored), what)
+    try:
+        document = json.loads(stored)
+    except ValueError:  # not even JSON: damaged, or written by something else
+        raise UndecodableBlob(f"{what} is not in the encoded form") from None
+    return _unsealed(codec, document, what)
 
 
 def opened_json(codec: BlobCodec, stored: Any, what: str) -> Any:
