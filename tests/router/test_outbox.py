@@ -375,7 +375,7 @@ async def test_a_dead_letter_raised_by_the_sink_is_final_at_once(router_db: Rout
 
 @pytest.mark.asyncio
 async def test_a_row_whose_lease_passed_to_another_worker_keeps_that_workers_mark(
-    router_db: RouterDb,
+    router_db: RouterDb, caplog: pytest.LogCaptureFixture
 ) -> None:
     router = router_db.router([])
     clock = router_db.clock
@@ -393,6 +393,9 @@ async def test_a_row_whose_lease_passed_to_another_worker_keeps_that_workers_mar
     assert (report.claimed, report.sent, report.lost) == (1, 0, 1)
     assert (later[0].claimed, later[0].sent, later[0].reclaimed) == (1, 1, 1)
     assert only(await first.rows(state="sent")).attempts == 0
+    said = [r for r in caplog.records if "its lease ran out" in r.getMessage()]
+    assert [r.levelname for r in said] == ["WARNING"]  # the first drain's, sent too late
+    assert "k/1 of queue 'q'" in said[0].getMessage()
 
 
 @pytest.mark.asyncio

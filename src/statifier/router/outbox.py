@@ -535,6 +535,8 @@ class OutboxDrain:
         async with self.adapter.transaction() as tx:
             if error is None:
                 marked = await self._sql.mark_sent(tx.driver, row.id, token, moment)
+                if not marked:
+                    _lost(row, None)
                 return "sent" if marked else "lost"
             failures = row.attempts + 1
             dead = dead or failures >= self.max_attempts
@@ -547,6 +549,7 @@ class OutboxDrain:
                 dead_at=moment if dead else None,
             )
         if not marked:
+            _lost(row, error)
             return "lost"
         _failed(
             row, failures, self.max_attempts, dead, error, moment + self.backoff.delay(failures)
@@ -650,6 +653,19 @@ class OutboxDrain:
         if execution_id is not None:
             return await self._sql.retry_dead_of(tx.driver, execution_id, queue, self.clock())
         return await self._sql.retry_dead_id(tx.driver, row_id, queue, self.clock())
+
+
+def _lost(row: _Claimed, error: str | None) -> None:
+    """Say that a row's lease ran out before its sink's answer was marked: another drain
+    holds it now and may call the sink again (a send twice, if the sink sent)."""
+    _log.warning(
+        "outbox row %s of queue %r: its lease ran out before the sink's answer (%s) was "
+        "marked; another drain holds it and may send it again (raise the lease above "
+        "the sink's longest call)",
+        row.key,
+        row.queue,
+        "sent" if error is None else f"failed: {error.split(':', 1)[0]}",
+    )
 
 
 def _failed(
