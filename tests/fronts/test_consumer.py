@@ -233,6 +233,34 @@ async def test_a_failing_event_holds_its_lane_and_the_commit_below_it(
 
 
 @pytest.mark.asyncio
+async def test_an_event_that_keeps_failing_turns_trouble_red_until_events_flow_again(
+    router_db: RouterDb,
+) -> None:
+    resolver = Flaky(BROKEN)
+    router = router_of(router_db, resolver)
+    messages = [
+        Message("p0", 1, hit("a/0", "a")),
+        Message("p0", 2, hit("poison/0", "poison", scope=BROKEN)),
+        Message("p0", 3, hit("a/1", "a")),
+    ]
+    source = MemorySource(messages)
+    consumer = consumer_of(router, source, lanes=1, batch_size=1, stall_after=0.3)
+    assert consumer.trouble() is None
+    running = asyncio.create_task(consumer.run())
+    await until(lambda: consumer.counts.routed == 1)
+    await until(lambda: consumer.trouble() is not None)
+    assert (consumer.trouble() or "").endswith("while 2 wait")
+    assert consumer.counts.routed == 1  # red while the poison holds the lane
+    resolver.broken.clear()
+    await until(lambda: consumer.counts.committed == 3)
+    assert consumer.trouble() is None  # nothing waits: an idle stream is not stalled
+    await consumer.stop()
+    await running
+    with pytest.raises(ConfigError, match="stall_after"):
+        consumer_of(router, MemorySource([]), stall_after=0)
+
+
+@pytest.mark.asyncio
 async def test_a_failure_in_a_batch_holds_only_its_keys_events_behind_it(
     router_db: RouterDb,
 ) -> None:

@@ -7,19 +7,21 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tests.service.helpers import HITS, HITS_BINDING, write_config
 
-from statifier.fronts.table_source import TableSource
+from statifier.fronts.table_source import TableSource, append_events
 from statifier.persistence.sql import SqlAdapter
-from statifier.router import Router
+from statifier.router import Failed, InboundEvent, Router
 from statifier.service import load
 from statifier.service.consumers import (
     FIRST_RESTART,
     HEALTHY_RUN,
     LAST_RESTART,
     Restarts,
+    SupervisedConsumer,
     build_source,
     process_owner,
 )
@@ -128,3 +130,54 @@ partitions = ["0", "1"]
         assert process_owner().count("-") >= 2  # host, process, and a random token
     finally:
         asyncio.run(adapter.close())
+
+
+@pytest.mark.asyncio
+async def test_a_consumer_whose_events_keep_failing_is_not_ready_until_they_flow(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'stall.db'}"
+    migrations.upgrade(url)
+    body = f"""
+charts = "charts"
+{HITS_BINDING}
+[database]
+url = "{url}"
+
+[sources.clicks]
+kind = "table"
+partitions = ["0"]
+
+[sources.clicks.consumer]
+stall_after = 0.3
+"""
+    config = write_config(tmp_path, body, {"hits": HITS})
+    settings = load(config)
+    [source] = settings.sources
+    assert source.consumer.stall_after == 0.3
+    adapter = SqlAdapter(url)
+    router = Router(router_config(settings, adapter))
+    route_many = router.route_many
+    down = [True]
+
+    async def failing(events: Any, **options: Any) -> Any:
+        if down[0]:
+            return [Failed(event, ConnectionError("the chart store is down")) for event in events]
+        return await route_many(events, **options)
+
+    router.route_many = failing  # type: ignore[method-assign]
+    part = SupervisedConsumer(source, router, str(config))
+    event = InboundEvent(scope="web", source="clicks", message_id="m1", data={"key": "p1"})
+    await append_events(adapter, [event], partition="0")
+    part.start()
+    try:
+        async with asyncio.timeout(20):
+            while not (part.trouble() or "").startswith("no event done for"):  # noqa: ASYNC110
+                await asyncio.sleep(0.02)
+            assert (part.trouble() or "").endswith("while 1 wait")
+            down[0] = False
+            while part.trouble() is not None:  # noqa: ASYNC110
+                await asyncio.sleep(0.02)
+    finally:
+        await part.stop(5.0)
+        await adapter.close()

@@ -202,6 +202,8 @@ class StreamConsumer:
         poll: the longest one fetch waits for a first message (so a stop is heard).
         clock: the time dead letters are stamped with.
         sleep: how a lane waits out a backoff (tests give one that returns at once).
+        stall_after: seconds with fetched events waiting and none done after which
+            :meth:`trouble` says the consumer is stalled.
 
     Raises:
         ConfigError: a bound out of range, or no malformed sink when the
@@ -222,6 +224,7 @@ class StreamConsumer:
         poll: float = 0.25,
         clock: Clock | None = None,
         sleep: Sleep | None = None,
+        stall_after: float = 60.0,
     ) -> None:
         for name, value in (
             ("lanes", lanes),
@@ -232,6 +235,8 @@ class StreamConsumer:
                 raise ConfigError(f"{name} is a positive integer, not {value!r}")
         if not commit_interval > 0 or not poll > 0:
             raise ConfigError(f"commit_interval and poll are positive: {commit_interval}, {poll}")
+        if not stall_after > 0:
+            raise ConfigError(f"stall_after is positive seconds, not {stall_after!r}")
         self.router = router
         self.source = source
         self.batch_size = batch_size
@@ -243,6 +248,8 @@ class StreamConsumer:
         self.poll = poll
         self.clock = clock or _wall_clock
         self.sleep: Sleep = sleep or asyncio.sleep
+        self.stall_after = stall_after
+        self._done_at = time.monotonic()
         self._per_store = lanes
         stores = len(router.routers) if isinstance(router, ShardedRouter) else 1
         self._lanes = [_Lane(index) for index in range(lanes * stores)]
@@ -264,6 +271,18 @@ class StreamConsumer:
         """What the consumer has done so far."""
         return self._counts
 
+    def trouble(self) -> str | None:
+        """``None`` while events flow, else ``"no event done for N s while M wait"``:
+        fetched events wait and none was done (routed, dead-lettered or found
+        malformed) for ``stall_after`` seconds. An event whose routing fails for good
+        under :class:`Retry` (a parked execution, say) holds its lane so, and at
+        ``max_in_flight`` the whole intake; an idle stream is not stalled."""
+        waiting = self._acks.pending()
+        idle = time.monotonic() - self._done_at
+        if waiting and idle >= self.stall_after:
+            return f"no event done for {idle:.0f} s while {waiting} wait"
+        return None
+
     # Running.
 
     async def run(self) -> None:
@@ -280,6 +299,7 @@ class StreamConsumer:
         if self._running or self._finished.is_set():
             raise RuntimeError("a stream consumer runs once")
         self._running = True
+        self._done_at = time.monotonic()
         workers: list[asyncio.Task[None]] = []
         try:
             await self.source.start(_Rebalancing(self))
@@ -494,6 +514,7 @@ class StreamConsumer:
 
     def _mark_done(self, message: Message) -> None:
         self._acks.done(message.partition, message.position)
+        self._done_at = time.monotonic()
         if self._acks.pending() < self.max_in_flight:
             self._room.set()
 

@@ -298,6 +298,7 @@ class SupervisedConsumer:
             max_in_flight=chosen.max_in_flight,
             failure=failure,
             commit_interval=chosen.commit_interval,
+            stall_after=chosen.stall_after,
         )
 
     def prepare(self) -> None:
@@ -321,15 +322,19 @@ class SupervisedConsumer:
 
     def trouble(self) -> str | None:
         """``None`` once the source has started and while it reads, else why not: not
-        running, restarting after a failure (its class), not started yet, or what the
-        source says keeps it from reading (see :class:`Troubled`)."""
+        running, restarting after a failure (its class), not started yet, what the
+        source says keeps it from reading (see :class:`Troubled`), or that no event
+        was done for a while though events wait
+        (:meth:`~statifier.fronts.consumer.StreamConsumer.trouble`)."""
         if self._task is None or self._task.done():
             return "not running"
         if self._failure is not None:
             return f"restarting after {self._failure}"
         if self._watched is None or not self._watched.started:
             return "not started yet"
-        return self._watched.trouble()
+        if (why := self._watched.trouble()) is not None:
+            return why
+        return None if self._current is None else self._current.trouble()
 
     async def stop(self, drain_timeout: float) -> None:
         """Stop fetching, let in-flight deliveries finish (at most ``drain_timeout``

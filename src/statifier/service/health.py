@@ -37,6 +37,9 @@ check, each ``"<part>: <why>"``:
     holds no partition while its last claim found partitions no live member reads
     (free, expired, or leased by a member that missed a renewal: less than a third of
     the ttl left; see :func:`statifier.fronts.leases.waiting`);
+  - whatever the source: ``no event done for N s while M wait`` (events were
+    fetched and none was done for the consumer's ``stall_after`` seconds:
+    :meth:`statifier.fronts.consumer.StreamConsumer.trouble`);
 - ``http: not listening yet``, or ``stopping``.
 
 Each check reads what the part knows now, so its result is green again as soon

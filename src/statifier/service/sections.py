@@ -589,6 +589,7 @@ class SectionReader:
             batch_size=table.integer("batch_size", 32, maximum=10_000),
             max_in_flight=table.integer("max_in_flight", 1024, maximum=1_000_000),
             commit_interval=table.seconds("commit_interval", 0.2),
+            stall_after=table.seconds("stall_after", 60.0),
             dead_letter_after=table.optional_integer("dead_letter_after", maximum=1_000_000),
         )
         table.done()

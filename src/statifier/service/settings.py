@@ -344,12 +344,14 @@ Front = WebhookFront | FormFront | BasicHttpFront
 class ConsumerSettings:
     """A stream consumer's bounds (:class:`statifier.fronts.consumer.StreamConsumer`);
     ``dead_letter_after`` attempts before a failing event is dead-lettered to the
-    table (``None``: retried until it succeeds)."""
+    table (``None``: retried until it succeeds); readiness says the consumer is stalled
+    once events wait and none was done for ``stall_after`` seconds."""
 
     lanes: int = 8
     batch_size: int = 32
     max_in_flight: int = 1024
     commit_interval: float = 0.2
+    stall_after: float = 60.0
     dead_letter_after: int | None = None
 
 
