@@ -285,6 +285,32 @@ async def test_a_flush_whose_binding_is_gone_is_recorded_retried_and_then_delive
 
 
 @pytest.mark.asyncio
+async def test_a_failure_not_recorded_because_the_group_changed_is_still_logged(
+    router_db: RouterDb,  # noqa: F811 - the fixture
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A flush fails, and an arrival changes the group before the failure is recorded
+    (the race this stages by hand): the group is left as the arrival made it, and the
+    failure is logged all the same."""
+    binding = _binding(mode="debounce", window=timedelta(seconds=5))
+
+    async def current(scope: str) -> list[Binding]:
+        return [binding]
+
+    router = _resolving(router_db, current)
+    await _send(router, "ada", 0, _at(0))
+    worker = FlowWorker(router, retry=timedelta(seconds=30))
+    [before] = await worker.groups()
+    await _send(router, "ada", 1, _at(1))  # the arrival, after the flush took the group
+    with caplog.at_level(logging.ERROR, "statifier.router.flow_worker"):
+        await worker._failed(before, "ConnectionError: the sink went away", _at(5))
+    said = "(not recorded: the group changed meanwhile): ConnectionError: the sink went away"
+    assert said in caplog.text
+    [after] = await worker.groups()
+    assert (after.failures, after.held, after.last_error) == (0, 2, None)
+
+
+@pytest.mark.asyncio
 async def test_a_binding_turned_to_each_delivers_what_it_held_one_by_one(
     router_db: RouterDb,  # noqa: F811 - the fixture
 ) -> None:

@@ -372,6 +372,18 @@ class FlowWorker:
             await unit.lock([address], unit.config.lock_wait)
             current = await unit.flow.locked(driver, *where)
             if current is None or current.updated_at != group.updated_at:
+                # Not recorded: the group moved on (an arrival, another worker's flush),
+                # and is taken again as it stands now. The failure is still said.
+                _log.error(
+                    "binding %r, scope %r, key %r: delivering its %d held event%s failed "
+                    "(not recorded: the group changed meanwhile): %s",
+                    group.binding_id,
+                    group.scope,
+                    group.key,
+                    group.held,
+                    "" if group.held == 1 else "s",
+                    error,
+                )
                 return
             await unit.flow.failed(driver, current, error=error, due_at=now + wait, now=now)
         _log.error(
