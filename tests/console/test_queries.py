@@ -508,7 +508,7 @@ async def test_projections_read_from_scribas_tables(console_db: ConsoleDb) -> No
         summary = [(v.name, v.version, v.status, v.dead_letters, v.watermark, v.lag) for v in views]
         assert summary == [
             ("audit", 2, "dead_letters", 1, None, None),
-            ("totals", 1, "running", 0, 41, timedelta(minutes=3)),
+            ("totals", 1, "claimed", 0, 41, timedelta(minutes=3)),
             ("totals", 2, "dead_letters", 2, None, None),
         ]
         assert views[1].generation == 4

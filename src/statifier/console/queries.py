@@ -472,8 +472,9 @@ class ProjectionView:
         lag: ``now - watermark_at`` when both are known.
         dead_letters: how many dead letters it has.
         status: ``"dead_letters"`` when it has any, ``"unclaimed"`` when no reader
-            ever claimed it, else ``"running"`` (what the tables can tell; a reader's
-            halted state lives in its process).
+            ever claimed it, else ``"claimed"``: what the tables can tell (a claim is
+            never given back, so it does not say the reader still runs; the lag does;
+            a reader's halted state lives in its process).
     """
 
     name: str
@@ -1101,7 +1102,7 @@ class ConsoleQueries:
             for key in sorted({*claims, *marks, *dead}):
                 claim, mark, letters = claims.get(key), marks.get(key), dead.get(key, 0)
                 at = None if mark is None else mark.occurred_at
-                status = "dead_letters" if letters else "unclaimed" if claim is None else "running"
+                status = "dead_letters" if letters else "unclaimed" if claim is None else "claimed"
                 views.append(
                     ProjectionView(
                         str(key[0]),
