@@ -10,6 +10,7 @@ import json
 import uuid
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import nats
 import pytest
@@ -20,7 +21,7 @@ from tests.fronts.nats_server import NatsServer, nats_server  # noqa: F401 - the
 from tests.router.conftest import RouterDb
 
 from statifier.fronts.leases import LeaseChange, PartitionLeases
-from statifier.fronts.nats import MESSAGE_ID_HEADER, JetStreamSource
+from statifier.fronts.nats import MESSAGE_ID_HEADER, AcknowledgementFailed, JetStreamSource
 from statifier.fronts.source import Malformed, Message
 from statifier.router import ConfigError, InboundEvent
 
@@ -247,6 +248,36 @@ async def test_a_commit_acknowledges_the_prefix_and_a_restart_reads_on_after_it(
         await second.close()
     assert await stream.ack_floor("billing", "p0") == p0[-1]
     assert await stream.ack_floor("billing", "p1") == p1[-1]
+
+
+@pytest.mark.asyncio
+async def test_a_failing_acknowledgement_turns_trouble_red_until_one_succeeds(
+    stream: Stream,
+    router_db: RouterDb,
+) -> None:
+    for n in range(2):
+        await stream.publish("p0", order({"n": n}))
+    source = source_of(stream, router_db, "a")
+    await started(source)
+    try:
+        first, second = await fetch_exactly(source, 2)
+        client = source._client
+        assert client is not None
+        request = client.request
+
+        async def unanswered(subject: str, payload: bytes = b"", **options: Any) -> Any:
+            raise TimeoutError
+
+        client.request = unanswered  # type: ignore[method-assign,assignment]
+        with pytest.raises(AcknowledgementFailed):
+            await source.commit({"p0": first.position})
+        assert source.trouble() == "acknowledgements failing: TimeoutError"
+        client.request = request  # type: ignore[method-assign]
+        await source.commit({"p0": second.position})
+        assert source.trouble() is None
+        assert await stream.ack_floor("billing", "p0") == second.position
+    finally:
+        await source.close()
 
 
 @pytest.mark.asyncio

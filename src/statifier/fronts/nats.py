@@ -244,6 +244,8 @@ class JetStreamSource:
         self._waiting: tuple[str, ...] = ()
         """The partitions the last claim found waiting for a reader."""
         self._unclaimed: str | None = None
+        self._unacknowledged: str | None = None
+        """The class of the error the last acknowledgement failed with, until one succeeds."""
         """Why the last claim failed (the error's class), ``None`` once one succeeds."""
         self._repeats = Repeats()
 
@@ -263,6 +265,9 @@ class JetStreamSource:
 
         - ``"server unreachable"``: the client is not connected (it reconnects).
         - ``"claims failing: <error class>"``: the last lease claim failed.
+        - ``"acknowledgements failing: <error class>"``: the last acknowledgement
+          failed (the server delivers the messages again after its ack wait, and may
+          stop delivering at its limit of unacknowledged messages).
         - ``"no partition while N wait"``: the member holds no partition while the last
           claim found partitions waiting for a reader (see
           :func:`~statifier.fronts.leases.waiting`).
@@ -272,6 +277,8 @@ class JetStreamSource:
             return "server unreachable"
         if self._unclaimed is not None:
             return f"claims failing: {self._unclaimed}"
+        if self._unacknowledged is not None:
+            return f"acknowledgements failing: {self._unacknowledged}"
         if client is not None and not self._held and self._waiting:
             return f"no partition while {len(self._waiting)} wait"
         return None
@@ -348,7 +355,9 @@ class JetStreamSource:
             try:
                 await client.request(reply, _ACK, timeout=self._ack_timeout)
             except (nats.errors.Error, TimeoutError) as error:
+                self._unacknowledged = type(error).__name__
                 raise AcknowledgementFailed(partition, position) from error
+            self._unacknowledged = None
             held.acknowledged = position
             for seq in [seq for seq in held.replies if seq <= position]:
                 del held.replies[seq]

@@ -33,7 +33,8 @@ check, each ``"<part>: <why>"``:
     so only a member that cannot join can leave partitions unread);
   - the inbound-events table and NATS: ``leases not renewed: ...`` /
     ``claims failing: ...`` (the last lease claim failed), ``server unreachable``
-    (NATS: the client is not connected), or ``no partition while N wait``: the member
+    (NATS: the client is not connected), ``acknowledgements failing: ...`` (NATS: the
+    last acknowledgement failed), or ``no partition while N wait``: the member
     holds no partition while its last claim found partitions no live member reads
     (free, expired, or leased by a member that missed a renewal: less than a third of
     the ttl left; see :func:`statifier.fronts.leases.waiting`);
