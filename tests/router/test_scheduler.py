@@ -168,6 +168,29 @@ async def test_a_failed_fire_is_recorded_retried_later_and_then_made(
 
 
 @pytest.mark.asyncio
+async def test_a_failure_not_recorded_because_the_schedule_changed_is_still_logged(
+    router_db: RouterDb,  # noqa: F811 - the fixture
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A fire fails and the schedule changes before the failure is recorded (the race
+    this stages by hand): the row stays as the change left it, the failure is logged."""
+    router = _router(router_db)
+    scheduler = Scheduler(router)
+    await scheduler.put(_schedule())
+    async with router.transaction() as unit:
+        claimed = await scheduler.table.locked(unit.tx.driver, "tick")
+    assert claimed is not None
+    router_db.clock.advance(timedelta(seconds=1))
+    assert await scheduler.pause("tick") is True  # the change, after the claim
+    with caplog.at_level(logging.ERROR, "statifier.router.scheduler"):
+        await scheduler._failed(claimed, "ConnectionError: gone", router_db.clock.now)
+    assert "(not recorded: the schedule changed meanwhile): ConnectionError: gone" in caplog.text
+    state = await scheduler.get("tick")
+    assert state is not None
+    assert (state.failures, state.last_error) == (0, None)
+
+
+@pytest.mark.asyncio
 async def test_a_paused_schedule_makes_no_fire_and_resumes_from_now(
     router_db: RouterDb,  # noqa: F811 - the fixture
 ) -> None:

@@ -459,7 +459,16 @@ class Scheduler:
             driver = unit.tx.driver
             current = await self.table.locked(driver, row.name)
             if current is None or current.updated_at != row.updated_at:
-                return  # removed, or stepped by another worker since the claim
+                # Removed, or changed by another worker or an operator since the claim:
+                # not recorded on the row as it stands now, but said all the same.
+                _log.error(
+                    "schedule %r: the fire at %s failed (not recorded: the schedule "
+                    "changed meanwhile): %s",
+                    row.name,
+                    row.next_fire_at.isoformat(),
+                    error,
+                )
+                return
             await self.table.failed(driver, row.name, error=error, due_at=now + wait, now=now)
         _log.error(
             "schedule %r: the fire at %s failed (%d in a row), tried again in %.0f s: %s",
