@@ -244,9 +244,10 @@ class JetStreamSource:
         self._waiting: tuple[str, ...] = ()
         """The partitions the last claim found waiting for a reader."""
         self._unclaimed: str | None = None
-        self._unacknowledged: str | None = None
-        """The class of the error the last acknowledgement failed with, until one succeeds."""
         """Why the last claim failed (the error's class), ``None`` once one succeeds."""
+        self._unacknowledged: str | None = None
+        """Why the last acknowledgement failed (the error's class), ``None`` once one
+        succeeds."""
         self._repeats = Repeats()
 
     @property
