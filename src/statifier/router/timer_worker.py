@@ -519,16 +519,7 @@ class TimerWorker:
         """One batch at once or, when that raises, one by one."""
         try:
             return await self._at_once(now)
-        except Exception as error:  # noqa: BLE001 - rolled back whole; one by one finds the culprit
-            # An error that comes again there is the failing timer's own; one that does
-            # not (a lock wait that ran out) would be seen nowhere but here.
-            self._repeats.log(
-                _log,
-                logging.WARNING,
-                ("one by one", type(error).__name__),
-                "a batch of due timers is fired again one at a time after %s",
-                _said(error),
-            )
+        except Exception:  # noqa: BLE001 - rolled back whole; one by one finds the culprit
             return await self._one_by_one(now)
 
     async def _at_once(self, now: datetime) -> _Batch:
