@@ -582,6 +582,31 @@ async def test_a_batch_that_raises_is_rolled_back_whole_and_fired_one_by_one(
 
 
 @pytest.mark.asyncio
+async def test_a_batch_whose_error_does_not_come_again_one_by_one_says_why(
+    router_db: RouterDb, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A batch that raised once, not because of one timer, fires one by one with no
+    failure: the batch's error is logged, since no fire's own warning shows it."""
+    failures = ["the executor hiccuped"]
+
+    def hiccup(effect: fx.Effect, context: EffectContext) -> None:
+        if isinstance(effect, fx.Log) and failures:
+            raise RuntimeError(failures.pop())
+
+    router = timer_router(router_db, executor=hiccup)
+    await create(router, "count", "ex_1", "ex_2")
+    now = router_db.clock.now
+    await schedule(router, [entry("ex_1", 1, now), entry("ex_2", 2, now)])
+    with caplog.at_level(logging.WARNING, "statifier.router.timer_worker"):
+        assert await TimerWorker(router).fire_due(now) == 2
+    said = [r for r in caplog.records if r.name == "statifier.router.timer_worker"]
+    assert [r.levelname for r in said] == ["WARNING"]
+    assert "fired one at a time with no failure" in said[0].getMessage()
+    assert "the executor hiccuped" in said[0].getMessage()
+    assert await pending(router) == []
+
+
+@pytest.mark.asyncio
 async def test_take_due_deletes_a_batch_in_firing_order_and_a_rollback_puts_it_back(
     router_db: RouterDb,
 ) -> None:

@@ -169,12 +169,14 @@ class _Batch:
         left: due rows it left to a later pass (another worker or a step held them).
         upcoming: the earliest due time after the batch's "now" of any row, or
             ``None``: when the next batch has work.
+        failed: fires that failed (each logged on its own), kept for ``retry``.
     """
 
     picked: int
     taken: int
     left: int
     upcoming: datetime | None
+    failed: int = 0
 
 
 def _done(
@@ -519,8 +521,20 @@ class TimerWorker:
         """One batch at once or, when that raises, one by one."""
         try:
             return await self._at_once(now)
-        except Exception:  # noqa: BLE001 - rolled back whole; one by one finds the culprit
-            return await self._one_by_one(now)
+        except Exception as error:  # noqa: BLE001 - rolled back whole; one by one finds the culprit
+            batch = await self._one_by_one(now)
+            if not batch.failed:
+                # Not the error of one timer (each of those is logged as it fails
+                # again): a lock wait that ran out, a lost connection; seen only here.
+                self._repeats.log(
+                    _log,
+                    logging.WARNING,
+                    ("one by one", type(error).__name__),
+                    "a batch of due timers failed at once and fired one at a time "
+                    "with no failure: %s",
+                    _said(error),
+                )
+            return batch
 
     async def _at_once(self, now: datetime) -> _Batch:
         """One transaction: delete a batch of due rows, fire every one, their steps'
@@ -579,7 +593,8 @@ class TimerWorker:
         due, outcomes, upcoming = await self.router.in_transaction(attempt, entered=Entry.TIMER)
         _report(outcomes)
         taken = sum(done.outcome != _FAILED for done in outcomes)
-        return _Batch(len(due), taken, len(due) - len(outcomes), upcoming)
+        failed = len(outcomes) - taken
+        return _Batch(len(due), taken, len(due) - len(outcomes), upcoming, failed)
 
     async def _fire(self, unit: Unit, entry: TimerEntry, now: datetime) -> _Outcome:
         """Fire ``entry`` under ``around_delivery``, ``on_begin`` first (see the module
