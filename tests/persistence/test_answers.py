@@ -5,6 +5,7 @@ and refuses a create it races with (every backend; the race on two real connecti
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
@@ -128,10 +129,65 @@ async def test_an_answer_to_a_parked_parent_stays_owed_until_it_is_put_back(
     await driver.create("p", COUNTING)
     await driver.executions.park("p")
     await driver.send_event("p/sub", Event("go"))
-    assert [a.child_id for a in await driver.storage.undelivered_answers(10)] == ["p/sub"]
+    owed = await driver.storage.fetch_answer("p/sub")
+    assert owed is not None
+    assert owed.delivered_at is None
+    assert await driver.storage.undelivered_answers(10) == []  # until it takes it
     await driver.executions.unpark("p")
     assert await driver.redrive_answers() == 1
     assert await told(driver) == ["done.invoke.sub"]
+    assert await driver.storage.undelivered_answers(10) == []
+
+
+@pytest.mark.asyncio
+async def test_answers_to_parked_parents_do_not_hide_the_rest_from_a_redrive(
+    adapter: Adapter,
+) -> None:
+    """Answers owed to waiting parents are the oldest and stay owed: a redrive of the
+    oldest few reaches the others all the same, and a loop until none is handed ends."""
+    driver = Driver(Storage(adapter))
+    for parent in ("p1", "p2", "q"):
+        await driver.create(parent, COUNTING)
+        await driver.executions.step(f"{parent}/sub", None, Event("go"))  # owed, undelivered
+    await driver.executions.park("p1")
+    await driver.executions.pause("p2")
+    assert await driver.redrive_answers(limit=1) == 1
+    assert await told(driver, "q") == ["done.invoke.sub"]
+    assert await driver.redrive_answers(limit=1) == 0
+    owed = [a.child_id for a in await driver.storage.undelivered_answers(10)]
+    assert owed == []
+    await driver.executions.unpark("p1")
+    assert await driver.redrive_answers() == 1
+    assert await told(driver, "p1") == ["done.invoke.sub"]
+
+
+@pytest.mark.asyncio
+async def test_an_answer_whose_delivery_raises_is_logged_and_stays_owed(
+    adapter: Adapter, caplog: pytest.LogCaptureFixture
+) -> None:
+    down = [True]
+
+    def effects(effect: fx.Effect, context: EffectContext) -> None:
+        if isinstance(effect, fx.Log) and down:
+            raise RuntimeError("the log sink is down")
+
+    telling = chart(
+        f'<state id="a"><invoke id="sub" type="scxml"><content>{CHILD}</content></invoke>'
+        '<transition event="done.invoke.sub" target="b"><log expr="1"/></transition>'
+        '</state><final id="b"/>'
+    )
+    driver = Driver(Storage(adapter), effects=effects)
+    await driver.create("p", telling)
+    await driver.executions.step("p/sub", None, Event("go"))
+    with caplog.at_level(logging.WARNING, "statifier.persistence"):
+        assert await driver.redrive_answers() == 0
+    [said] = [r for r in caplog.records if "could not be delivered" in r.getMessage()]
+    assert said.levelno == logging.WARNING
+    assert "execution p: the answer of child p/sub" in said.getMessage()
+    assert "the log sink is down" in said.getMessage()
+    assert [a.child_id for a in await driver.storage.undelivered_answers(10)] == ["p/sub"]
+    down.clear()
+    assert await driver.redrive_answers() == 1
     assert await driver.storage.undelivered_answers(10) == []
 
 

@@ -184,7 +184,8 @@ class Adapter(Protocol):
         ...
 
     async def undelivered_answers(self, limit: int) -> list[AnswerRecord]:
-        """Up to ``limit`` answers not yet delivered, oldest first."""
+        """Up to ``limit`` answers not yet delivered, oldest first, leaving out those
+        whose parent (when stored here) waits (:attr:`Status.waits`)."""
         ...
 
     async def mark_delivered(self, child_ids: Sequence[str], delivered_at: datetime) -> None:

@@ -32,6 +32,7 @@ have ended, recorded in the fan-out ends table.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import KW_ONLY, dataclass, field, replace
@@ -78,6 +79,8 @@ __all__ = [
     "MaxTurnsExceeded",
     "Policy",
 ]
+
+_log = logging.getLogger("statifier.persistence")
 
 CHILD_TYPES: Final = frozenset({SCXML_INVOKE_TYPE})
 """Invoke types the driver runs as durable child executions: the SCXML type, which every
@@ -251,9 +254,13 @@ class Driver:
         deduplicated at the parent (an answer is marked delivered in the parent's step
         that takes it), so a redrive beside the normal path delivers nothing twice.
 
+        An answer to a parent that waits (parked or paused) is not listed: it stays
+        owed until the parent is put back, and does not hide the rest.
+
         Returns how many owed answers it handed over; one whose delivery raised is
-        reported (``statifier.persistence.effect_failed``) and left owed for the next
-        pass. Returns 0 when the adapter keeps no answers.
+        logged (a warning naming the parent and the child), reported
+        (``statifier.persistence.effect_failed``) and left owed for the next pass.
+        Returns 0 when the adapter keeps no answers.
 
         Raises:
             ValueError: ``limit`` is below 1.
@@ -267,6 +274,14 @@ class Driver:
             try:
                 await self._hand_over(answer)
             except Exception as error:  # noqa: BLE001 - one poisoned answer must not stop the rest
+                _log.warning(
+                    "execution %s: the answer of child %s could not be delivered; it stays "
+                    "owed for the next redrive: %r",
+                    answer.parent_id,
+                    answer.child_id,
+                    error,
+                    extra={"execution_id": answer.parent_id},
+                )
                 report(
                     "statifier.persistence.effect_failed",
                     {},
@@ -644,10 +659,7 @@ def _outcome(index: int, record: ExecutionRecord) -> Value:
 def _parked(result: Stepped | Discarded | None) -> bool:
     """Whether a delivery was discarded because the parent is parked or paused: it
     takes no event now, but will once it is put back, so the answer stays owed."""
-    return isinstance(result, Discarded) and result.execution.status in (
-        Status.NEEDS_MIGRATION,
-        Status.PAUSED,
-    )
+    return isinstance(result, Discarded) and result.execution.status.waits
 
 
 def _check_children(storage: Storage) -> None:

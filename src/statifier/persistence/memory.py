@@ -96,6 +96,10 @@ class MemoryAdapter:
         counts.update({name: n for name, n in named.items() if n})
         return counts
 
+    def _waits(self, execution_id: str) -> bool:
+        record = self.executions.get(execution_id)
+        return record is not None and record.status.waits
+
     def _linked(self, content_hash: str) -> int:
         def parent_pins(answer: AnswerRecord) -> bool:
             parent = self.executions.get(answer.parent_id)
@@ -184,7 +188,11 @@ class MemoryAdapter:
         return self.answers.get(child_id)
 
     async def undelivered_answers(self, limit: int) -> list[AnswerRecord]:
-        owed = [a for a in self.answers.values() if a.delivered_at is None]
+        owed = [
+            answer
+            for answer in self.answers.values()
+            if answer.delivered_at is None and not self._waits(answer.parent_id)
+        ]
         owed.sort(key=lambda answer: (answer.created_at, answer.child_id))
         return owed[: max(limit, 0)]
 

@@ -46,6 +46,12 @@ class Status(enum.Enum):
         """Whether an execution in this status holds its chart in use."""
         return self in (Status.ACTIVE, Status.NEEDS_MIGRATION, Status.PAUSED)
 
+    @property
+    def waits(self) -> bool:
+        """Whether an execution in this status takes no event now but will once it is
+        put back (parked on its chart, or paused): what is owed to it stays owed."""
+        return self in (Status.NEEDS_MIGRATION, Status.PAUSED)
+
 
 _TERMINAL = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED})
 

@@ -540,7 +540,8 @@ class Storage:
         return None if found is None else self._open_answer(found)
 
     async def undelivered_answers(self, limit: int) -> list[AnswerRecord]:
-        """Up to ``limit`` answers still owed to their parents, oldest first.
+        """Up to ``limit`` answers still owed to their parents, oldest first; those to
+        a parent that waits (parked or paused) are left out until it is put back.
 
         Raises:
             UndecodableBlob: the codec cannot decode an outcome.

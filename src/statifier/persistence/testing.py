@@ -872,6 +872,23 @@ class AnswersConformance(_AdapterSuite):
         assert [a.child_id for a in await adapter.undelivered_answers(2)] == ["c-early", "c-middle"]
 
     @pytest.mark.asyncio
+    async def test_answers_to_a_waiting_parent_are_left_out_until_it_takes_them(
+        self, adapter: Adapter
+    ) -> None:
+        await _insert(adapter, _execution("parked", status=Status.NEEDS_MIGRATION))
+        await _insert(adapter, _execution("paused", status=Status.PAUSED))
+        await _insert(adapter, _execution("taking"))
+        await adapter.insert_answer(_answer("c-parked", "parked", created_at=_at(1)))
+        await adapter.insert_answer(_answer("c-paused", "paused", created_at=_at(2)))
+        await adapter.insert_answer(_answer("c-taking", "taking", created_at=_at(3)))
+        await adapter.insert_answer(_answer("c-gone", "gone", created_at=_at(4)))
+        owed = await adapter.undelivered_answers(2)
+        assert [a.child_id for a in owed] == ["c-taking", "c-gone"]
+        await adapter.update_execution(_execution("paused"))
+        owed = await adapter.undelivered_answers(10)
+        assert [a.child_id for a in owed] == ["c-paused", "c-taking", "c-gone"]
+
+    @pytest.mark.asyncio
     async def test_answers_marked_delivered_keep_their_first_time(self, adapter: Adapter) -> None:
         await adapter.insert_answer(_answer("c-1"))
         await adapter.insert_answer(_answer("c-2"))

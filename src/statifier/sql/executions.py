@@ -84,6 +84,8 @@ class ExecutionStatements:
         dialect: the database's dialect (``SqlAdapter.dialect``).
         pinning: the execution statuses that keep a chart from retiring (stored
             values); what a status means is the adapter's.
+        waiting: the statuses of a parent whose owed answers ``undelivered`` leaves
+            out (it takes none now; stored values).
 
     Parameters by statement (``:name``):
 
@@ -129,7 +131,9 @@ class ExecutionStatements:
       document whose every pair the executions' metadata holds.
     """
 
-    def __init__(self, tables: Tables, dialect: Dialect, pinning: Iterable[str]) -> None:
+    def __init__(
+        self, tables: Tables, dialect: Dialect, pinning: Iterable[str], waiting: Iterable[str] = ()
+    ) -> None:
         self.dialect = dialect
         t = TableNames.of(tables)
         self.executions = t.executions
@@ -225,8 +229,13 @@ class ExecutionStatements:
         self.fetch_answer = sql(
             f"SELECT {ANSWER_COLUMNS} FROM {t.child_answers} WHERE child_id = :id"
         )
+        # Answers to a waiting parent would come first for ever (oldest first) and hide
+        # the rest from a redrive that takes the oldest few.
+        waits = ", ".join(f"'{status}'" for status in waiting) or "NULL"
         self.undelivered = sql(
-            f"SELECT {ANSWER_COLUMNS} FROM {t.child_answers} WHERE delivered_at IS NULL "
+            f"SELECT {ANSWER_COLUMNS} FROM {t.child_answers} AS a WHERE delivered_at IS NULL "
+            f"AND NOT EXISTS (SELECT 1 FROM {t.executions} AS p "
+            f"WHERE p.execution_id = a.parent_id AND p.status IN ({waits})) "
             "ORDER BY created_at, child_id LIMIT :limit"
         )
         self.mark_delivered = sql(

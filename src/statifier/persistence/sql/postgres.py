@@ -56,6 +56,7 @@ from statifier.persistence.reentry import hold, opened, register, unregister
 from statifier.persistence.sql.adapter import POOL_SIZE
 from statifier.persistence.sql.schema import (
     PINNING,
+    WAITING,
     Tables,
     answer,
     appended,
@@ -457,7 +458,7 @@ class Shared:
         self.engine = engine
         self.owned = owned
         self.tables = tables
-        self.statements = s = ExecutionStatements(tables, POSTGRES, PINNING)
+        self.statements = s = ExecutionStatements(tables, POSTGRES, PINNING, WAITING)
         # PostgreSQL writes in WITH (a step's update and append are one statement) and
         # locks each execution of its own.
         assert s.record_step is not None

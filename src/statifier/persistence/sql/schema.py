@@ -33,6 +33,7 @@ __all__ = [
     "EXECUTION_COLUMNS",
     "PINNING",
     "STATUSES",
+    "WAITING",
     "TableOptions",
     "Tables",
     "answer",
@@ -120,6 +121,7 @@ def error(row: Sequence[Any], read_time: Callable[[Any], datetime | None]) -> Er
 
 
 PINNING: Final = tuple(status.value for status in Status if status.pins)
+WAITING: Final = tuple(status.value for status in Status if status.waits)
 
 
 def chosen_tables(tables: Tables | TableOptions | None) -> Tables:

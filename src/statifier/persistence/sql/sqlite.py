@@ -55,6 +55,7 @@ from statifier.persistence.records import (
 )
 from statifier.persistence.sql.schema import (
     PINNING,
+    WAITING,
     Tables,
     answer,
     appended,
@@ -192,7 +193,7 @@ class Shared:
         self.engine = engine
         self.owned = owned
         self.tables = tables
-        self.statements = ExecutionStatements(tables, SQLITE, PINNING)
+        self.statements = ExecutionStatements(tables, SQLITE, PINNING, WAITING)
         # SQLite has a single writer: a caller's open transaction becomes it by a write.
         assert self.statements.claim_writer is not None
         self.claim_writer: str = self.statements.claim_writer
