@@ -723,6 +723,45 @@ async def test_a_dead_outbox_row_the_codec_cannot_decode_is_listed_with_no_event
     assert [r.levelname for r in said] == ["WARNING"]
 
 
+async def test_an_execution_whose_position_and_timer_the_codec_cannot_decode_still_shows(
+    console_db: ConsoleDb, caplog: pytest.LogCaptureFixture
+) -> None:
+    from statifier.persistence.codec import sealed_json
+    from statifier.persistence.fernet import FernetCodec
+
+    elsewhere = FernetCodec([FernetCodec.generate_key()])  # keys the console lacks
+    t = console_db.store.tables
+    console_db.insert(
+        t.executions,
+        [_execution(1, position_blob=elsewhere.encode(b"{}"), outcome_blob=b"plain")],
+    )
+    timer = {
+        "execution_id": "ex-0001",
+        "send_id": "s1",
+        "dedup_key": "d1",
+        "lock_key": execution_lock_key("ex-0001"),
+        "bucket": bucket_of("ex-0001"),
+        "kind": "event",
+        "due_at": T0,
+        "step_position": 1,
+        "payload": sealed_json(elsewhere, '{"name": "tick"}'),
+        "inserted_at": T0,
+    }
+    console_db.insert(t.timers, [timer])
+    sealed = ConsoleQueries(
+        console_db.queries.engine, t, codec=FernetCodec([FernetCodec.generate_key()])
+    )
+    detail = await sealed.execution("ex-0001")
+    assert detail is not None
+    assert (detail.record.position, detail.record.outcome) == (None, None)
+    [shown] = detail.timers
+    assert (shown.send_id, shown.payload, shown.event) == ("s1", {}, None)
+    said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("the position of execution 'ex-0001' could not be decoded" in m for m in said)
+    assert any("the outcome of execution 'ex-0001' could not be decoded" in m for m in said)
+    assert any("the payload of timer 's1'" in m for m in said)
+
+
 async def test_a_completed_rows_final_state_is_its_records_else_read_off_its_position(
     console_db: ConsoleDb,
 ) -> None:

@@ -1370,18 +1370,9 @@ def _metadata(value: Any) -> Mapping[str, str]:
 
 
 def _summary(row: sa.Row[Any], codec: BlobCodec) -> ExecutionSummary:
-    position = None
-    if row.final_position is not None:
-        what = f"the position of execution {row.execution_id!r}"
-        try:
-            position = _decoded(codec, row.final_position, what)
-        except UndecodableBlob as failure:
-            # The row is still worth listing: its final state then reads as unknown.
-            _log.warning(
-                "console: %s",
-                failure,
-                extra={"execution_id": row.execution_id, "blob": "position"},
-            )
+    # Unreadable, the row is still worth listing: its final state then reads as unknown.
+    what = f"the position of execution {row.execution_id!r}"
+    position = _readable(codec, row.final_position, what, row.execution_id)
     return ExecutionSummary(
         row.execution_id,
         status=Status(row.status),
@@ -1417,14 +1408,16 @@ def _decoded(codec: BlobCodec, blob: Any, what: str) -> bytes | None:
 
 
 def _record(row: sa.Row[Any], codec: BlobCodec) -> ExecutionRecord:
+    """An ``executions`` row; a position or outcome the codec cannot decode is logged
+    and shown as absent (the page then says the position cannot be read)."""
     name = f"execution {row.execution_id!r}"
     return ExecutionRecord(
         row.execution_id,
         content_hash=row.content_hash,
         status=Status(row.status),
-        position=_decoded(codec, row.position_blob, f"the position of {name}"),
+        position=_readable(codec, row.position_blob, f"the position of {name}", row.execution_id),
         metadata=_metadata(row.metadata),
-        outcome=_decoded(codec, row.outcome_blob, f"the outcome of {name}"),
+        outcome=_readable(codec, row.outcome_blob, f"the outcome of {name}", row.execution_id),
         failure=row.failure,
         created_at=row.created_at,
         updated_at=row.updated_at,
@@ -1447,8 +1440,14 @@ def _chart(row: sa.Row[Any], codec: BlobCodec) -> ChartRecord:
 
 
 def _timer(row: sa.Row[Any], codec: BlobCodec) -> TimerView:
+    """A ``timers`` row; a payload the codec cannot decode is logged and shown empty,
+    with no event (the timer worker puts such a timer off, warning too)."""
     what = f"the payload of timer {row.send_id!r}"
-    payload = _metadata(opened_json(codec, row.payload, what))
+    try:
+        payload = _metadata(opened_json(codec, row.payload, what))
+    except UndecodableBlob as failure:
+        _log.warning("console: %s", failure, extra={"execution_id": row.execution_id})
+        payload = {}
     return TimerView(
         row.send_id,
         kind=row.kind,
@@ -1471,6 +1470,16 @@ def _held(row: sa.Row[Any], codec: BlobCodec) -> HeldView:
     return HeldView(
         row.id, via=row.via, event=event, message_id=row.message_id, held_at=row.held_at
     )
+
+
+def _readable(codec: BlobCodec, blob: Any, what: str, execution_id: str) -> bytes | None:
+    """:func:`_decoded`, with ``None`` (and a warning) for what the codec cannot decode:
+    one unreadable column does not make its page unreadable."""
+    try:
+        return _decoded(codec, blob, what)
+    except UndecodableBlob as failure:
+        _log.warning("console: %s", failure, extra={"execution_id": execution_id})
+        return None
 
 
 def _event_name(stored: Any) -> str | None:
