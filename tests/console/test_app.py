@@ -946,6 +946,32 @@ async def test_an_audit_row_that_cannot_be_written_still_gives_the_actions_answe
 
 
 @pytest.mark.asyncio
+async def test_a_page_that_fails_inside_says_so_and_logs_it_not_blaming_the_request(
+    site: Site, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A ``ValueError`` of the console's own (here a stored document that is not JSON)
+    is a 500 with its traceback logged, not a 400 that blames the operator's query."""
+    await site.login(ADA)
+
+    async def broken(self: ConsoleQueries, *args: object, **kwargs: object) -> object:
+        raise ValueError("Expecting value: line 1 column 1 (char 0)")
+
+    monkeypatch.setattr(ConsoleQueries, "executions", broken)
+    answer = await site.client.get("/console/executions")
+    assert answer.status_code == 500
+    assert "ValueError: Expecting value" in answer.text
+    [said] = [r for r in caplog.records if "the page /console/executions failed" in r.message]
+    assert said.levelname == "ERROR"
+    assert said.exc_info is not None
+    # A query the page refuses is still the operator's: 400, nothing logged.
+    caplog.clear()
+    monkeypatch.undo()
+    for refused in ("/console/executions?status=nope", "/console/held?after=forged"):
+        assert (await site.client.get(refused)).status_code == 400, refused
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+
+
+@pytest.mark.asyncio
 async def test_outbox_dead_letters_are_retried_and_discarded_and_audited(site: Site) -> None:
     outbox = site.db.store.tables.outbox
     now = datetime.now(UTC)

@@ -112,6 +112,7 @@ from statifier.console.queries import (
     MAX_SEARCH,
     QUERY_FIELDS,
     BadCursor,
+    BadFilter,
     BucketCount,
     ConsoleQueries,
     ErrorView,
@@ -795,14 +796,19 @@ class _Pages:
         build: Callable[[Session], Awaitable[Response]],
     ) -> Response:
         """A page that needs a session: the login form without one, 400 for a
-        parameter refused."""
+        parameter refused, 500 (logged with its traceback) for anything else that
+        raised: an error of the console's is never shown as the operator's."""
         session = self.session(request)
         if session is None:
             return self.to_login(request)
         try:
             return await build(session)
-        except (_BadRequest, BadCursor, ValueError) as error:
+        except (_BadRequest, BadCursor, BadFilter) as error:
             return self.message(request, session, 400, "Not understood", str(error))
+        except Exception as error:  # noqa: BLE001 - answered, and logged whole
+            _log.exception("console: the page %s failed", request.url.path)
+            said = f"{type(error).__name__}: {' '.join(str(error).split())}"[:500]
+            return self.message(request, session, 500, "Failed", said)
 
     async def body(self, request: Request, limit: int) -> bytes | None:
         """The request's body, or ``None`` when it is over ``limit`` bytes (the rest is
@@ -1163,14 +1169,18 @@ class _Pages:
             scope = params.get("scope", "")
             first = self.console.stores.first  # over several stores, theirs (0119)
             queries = first.queries
-            page = await schedules_page(
-                queries.engine,
-                queries.tables,
-                now=first.router.storage.clock(),
-                after=params.get("after") or None,
-                scope=scope or None,
-                size=_size(request),
-            )
+            size = _size(request)
+            try:
+                page = await schedules_page(
+                    queries.engine,
+                    queries.tables,
+                    now=first.router.storage.clock(),
+                    after=params.get("after") or None,
+                    scope=scope or None,
+                    size=size,
+                )
+            except ValueError as refused:  # the size is checked: the scope
+                raise _BadRequest(str(refused)) from None
             return self.render(
                 request,
                 "schedules.html",

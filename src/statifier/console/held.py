@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Final
 
-from statifier.console.queries import MAX_PAGE, Page
+from statifier.console.queries import MAX_PAGE, BadCursor, Page
 from statifier.console.schedules import every_text
 from statifier.console.shards import Order, merged_page
 from statifier.extras import MissingExtra
@@ -101,17 +101,17 @@ def read_cursor(text: str) -> tuple[str, str, str]:
     """The address a cursor of :func:`cursor_of` names.
 
     Raises:
-        ValueError: ``text`` is not such a cursor.
+        BadCursor: ``text`` is not such a cursor.
     """
     try:
         found: object = json.loads(text) if len(text) <= _MAX_CURSOR else None
     except ValueError:
         found = None
     if not isinstance(found, list) or len(found) != 3:
-        raise ValueError("after: not a position this page made")
+        raise BadCursor("after: not a position this page made")
     binding_id, scope, key = found
     if not (isinstance(binding_id, str) and isinstance(scope, str) and isinstance(key, str)):
-        raise ValueError("after: not a position this page made")
+        raise BadCursor("after: not a position this page made")
     return binding_id, scope, key
 
 
