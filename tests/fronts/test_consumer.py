@@ -171,6 +171,19 @@ def consumer_of(router: Router, source: MemorySource, **options: Any) -> StreamC
     return StreamConsumer(router, source, **options)
 
 
+def poison_stream(router_db: RouterDb, *more: Message) -> tuple[Flaky, Router, MemorySource]:
+    """A resolver broken for ``BROKEN``, its router, and a source of p0: a/0, poison, a/1, more."""
+    resolver = Flaky(BROKEN)
+    router = router_of(router_db, resolver)
+    messages = [
+        Message("p0", 1, hit("a/0", "a")),
+        Message("p0", 2, hit("poison/0", "poison", scope=BROKEN)),
+        Message("p0", 3, hit("a/1", "a")),
+        *more,
+    ]
+    return resolver, router, MemorySource(messages)
+
+
 @pytest.mark.asyncio
 async def test_every_event_is_routed_once_in_its_keys_order_and_committed(
     router_db: RouterDb,
@@ -201,15 +214,7 @@ async def test_every_event_is_routed_once_in_its_keys_order_and_committed(
 async def test_a_failing_event_holds_its_lane_and_the_commit_below_it(
     router_db: RouterDb,
 ) -> None:
-    resolver = Flaky(BROKEN)
-    router = router_of(router_db, resolver)
-    messages = [
-        Message("p0", 1, hit("a/0", "a")),
-        Message("p0", 2, hit("poison/0", "poison", scope=BROKEN)),
-        Message("p0", 3, hit("a/1", "a")),
-        Message("p1", 1, hit("b/0", "b")),
-    ]
-    source = MemorySource(messages)
+    resolver, router, source = poison_stream(router_db, Message("p1", 1, hit("b/0", "b")))
     # One lane, one event a call: everything after the poison waits behind it.
     consumer = consumer_of(router, source, lanes=1, batch_size=1)
     running = asyncio.create_task(consumer.run())
@@ -236,14 +241,7 @@ async def test_a_failing_event_holds_its_lane_and_the_commit_below_it(
 async def test_an_event_that_keeps_failing_turns_trouble_red_until_events_flow_again(
     router_db: RouterDb,
 ) -> None:
-    resolver = Flaky(BROKEN)
-    router = router_of(router_db, resolver)
-    messages = [
-        Message("p0", 1, hit("a/0", "a")),
-        Message("p0", 2, hit("poison/0", "poison", scope=BROKEN)),
-        Message("p0", 3, hit("a/1", "a")),
-    ]
-    source = MemorySource(messages)
+    resolver, router, source = poison_stream(router_db)
     consumer = consumer_of(router, source, lanes=1, batch_size=1, stall_after=0.3)
     assert consumer.trouble() is None
     running = asyncio.create_task(consumer.run())

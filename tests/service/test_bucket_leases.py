@@ -134,6 +134,29 @@ def _started(*services: _Service) -> Iterator[None]:
             service.stop.set()
 
 
+@contextmanager
+def _leases_moved_away(db: RouterDb) -> Iterator[None]:
+    """The partition lease table renamed away inside the block, and back under its name after."""
+    tables = db.adapter.tables.metadata.tables
+    leases = next(t for t in tables.values() if t.name.endswith("partition_leases"))
+    schema = "" if leases.schema is None else f'"{leases.schema}".'
+    moved = f"{leases.name}_away"
+    engine = sa.create_engine(migrations.sync_url(db.store.url))
+
+    def rename(old: str, new: str) -> None:
+        with engine.begin() as connection:
+            connection.execute(sa.text(f'ALTER TABLE {schema}"{old}" RENAME TO "{new}"'))
+
+    try:
+        rename(leases.name, moved)
+        try:
+            yield
+        finally:
+            rename(moved, leases.name)
+    finally:
+        engine.dispose()
+
+
 @pytest.mark.asyncio
 async def test_services_share_the_slices_and_one_that_stops_gives_them_up_at_once(
     router_db: RouterDb,  # noqa: F811 - the fixture
@@ -214,31 +237,15 @@ async def test_a_failing_claim_turns_readiness_red_and_is_logged_until_a_claim_s
     router_db: RouterDb,  # noqa: F811 - the fixture
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    table = router_db.adapter.tables.metadata.tables
-    leases = next(t for t in table.values() if t.name.endswith("partition_leases"))
-    engine = sa.create_engine(migrations.sync_url(router_db.store.url))
-
-    def rename(old: str, new: str) -> None:
-        schema = "" if leases.schema is None else f'"{leases.schema}".'
-        with engine.begin() as connection:
-            connection.execute(sa.text(f'ALTER TABLE {schema}"{old}" RENAME TO "{new}"'))
-
     a = _Service(router_db, "a")
-    moved = f"{leases.name}_away"
-    try:
-        with _started(a):
-            await _until(lambda: a.running() == {(0, 1024)})
-            rename(leases.name, moved)
-            try:
-                await _until(lambda: (a.part.trouble() or "").startswith("leases not renewed: "))
-                assert a.running() == {(0, 1024)}  # the workers run on meanwhile
-            finally:
-                rename(moved, leases.name)
-            await _until(lambda: a.part.trouble() is None)
-        assert a.part.task is not None
-        await asyncio.wait_for(a.part.task, 10)
-    finally:
-        engine.dispose()
+    with _started(a):
+        await _until(lambda: a.running() == {(0, 1024)})
+        with _leases_moved_away(router_db):
+            await _until(lambda: (a.part.trouble() or "").startswith("leases not renewed: "))
+            assert a.running() == {(0, 1024)}  # the workers run on meanwhile
+        await _until(lambda: a.part.trouble() is None)
+    assert a.part.task is not None
+    await asyncio.wait_for(a.part.task, 10)
     said = [r for r in caplog.records if "a bucket lease claim failed" in r.getMessage()]
     assert said
     assert said[0].levelname == "ERROR"
@@ -249,29 +256,13 @@ async def test_a_failing_leave_on_stop_is_logged_and_the_workers_stop(
     router_db: RouterDb,  # noqa: F811 - the fixture
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    table = router_db.adapter.tables.metadata.tables
-    leases = next(t for t in table.values() if t.name.endswith("partition_leases"))
-    engine = sa.create_engine(migrations.sync_url(router_db.store.url))
-    schema = "" if leases.schema is None else f'"{leases.schema}".'
-
-    def rename(old: str, new: str) -> None:
-        with engine.begin() as connection:
-            connection.execute(sa.text(f'ALTER TABLE {schema}"{old}" RENAME TO "{new}"'))
-
     a = _Service(router_db, "a")
-    moved = f"{leases.name}_away"
-    try:
-        a.part.start()
-        await _until(lambda: a.running() == {(0, 1024)})
-        rename(leases.name, moved)
-        try:
-            a.stop.set()
-            assert a.part.task is not None
-            await asyncio.wait_for(a.part.task, 10)
-        finally:
-            rename(moved, leases.name)
-    finally:
-        engine.dispose()
+    a.part.start()
+    await _until(lambda: a.running() == {(0, 1024)})
+    with _leases_moved_away(router_db):
+        a.stop.set()
+        assert a.part.task is not None
+        await asyncio.wait_for(a.part.task, 10)
     assert all(worker.task is not None and worker.task.done() for worker in a.workers)
     said = [r for r in caplog.records if "could not give up its bucket slices" in r.getMessage()]
     assert [r.levelname for r in said] == ["WARNING"]

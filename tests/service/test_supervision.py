@@ -103,8 +103,11 @@ async def test_a_failing_worker_restarts_says_so_and_logs_one_line_per_interval(
     assert worker.trouble() == "not running"
 
 
-def test_every_build_of_a_table_source_takes_the_processs_owner(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'owner.db'}"
+def _table_source(
+    tmp_path: Path, database: str, partitions: str, extra: str = ""
+) -> tuple[str, Path]:
+    """A migrated SQLite database's URL and a config with table source ``clicks`` on it."""
+    url = f"sqlite:///{tmp_path / database}"
     migrations.upgrade(url)
     body = f"""
 charts = "charts"
@@ -114,9 +117,13 @@ url = "{url}"
 
 [sources.clicks]
 kind = "table"
-partitions = ["0", "1"]
-"""
-    config = write_config(tmp_path, body, {"hits": HITS})
+partitions = {partitions}
+{extra}"""
+    return url, write_config(tmp_path, body, {"hits": HITS})
+
+
+def test_every_build_of_a_table_source_takes_the_processs_owner(tmp_path: Path) -> None:
+    url, config = _table_source(tmp_path, "owner.db", '["0", "1"]')
     settings = load(config)
     adapter = SqlAdapter(url)
     try:
@@ -136,22 +143,8 @@ partitions = ["0", "1"]
 async def test_a_consumer_whose_events_keep_failing_is_not_ready_until_they_flow(
     tmp_path: Path,
 ) -> None:
-    url = f"sqlite:///{tmp_path / 'stall.db'}"
-    migrations.upgrade(url)
-    body = f"""
-charts = "charts"
-{HITS_BINDING}
-[database]
-url = "{url}"
-
-[sources.clicks]
-kind = "table"
-partitions = ["0"]
-
-[sources.clicks.consumer]
-stall_after = 0.3
-"""
-    config = write_config(tmp_path, body, {"hits": HITS})
+    extra = "\n[sources.clicks.consumer]\nstall_after = 0.3\n"
+    url, config = _table_source(tmp_path, "stall.db", '["0"]', extra)
     settings = load(config)
     [source] = settings.sources
     assert source.consumer.stall_after == 0.3
