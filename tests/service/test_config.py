@@ -546,6 +546,39 @@ async def test_readiness_names_a_database_that_does_not_answer_and_a_part_in_tro
 
 
 @pytest.mark.asyncio
+async def test_a_database_failing_the_probe_is_logged_when_it_starts_and_when_it_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from statifier.service import health as health_module
+    from statifier.service.health import Health
+    from statifier.sql.dialect import ping as real_ping
+
+    down = [True]
+
+    async def ping(dialect: Any, driver: Any) -> None:
+        if down:
+            raise ConnectionError("server closed the connection unexpectedly")
+        await real_ping(dialect, driver)
+
+    monkeypatch.setattr(health_module, "ping", ping)
+    url = f"sqlite:///{tmp_path / 'probe.db'}"
+    migrations.upgrade(url)
+    async with SqlAdapter(url) as adapter:
+        health = Health(adapter, probe_interval=0.0)
+        for _ in range(3):
+            assert await health.reasons() == ["database: ConnectionError"]
+        down.clear()
+        assert await health.reasons() == []
+        assert await health.reasons() == []
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if r.name.endswith("health")]
+    failing = (
+        "store 0: the database fails the readiness probe: ConnectionError: server closed "
+        "the connection unexpectedly; the service is not ready until it answers"
+    )
+    assert said == [("ERROR", failing), ("WARNING", "store 0: the database answers again")]
+
+
+@pytest.mark.asyncio
 async def test_a_failing_worker_is_reported_and_started_again() -> None:
     import asyncio
 

@@ -14,7 +14,8 @@ check, each ``"<part>: <why>"``:
   (:func:`statifier.sql.places.trouble`: ``statifier reshard is moving its buckets``,
   ``statifier reshard moved its buckets away``, ``it holds place 2 of 3, not 1 of 3``),
   which a reshard started while the service runs makes it say; an error is logged
-  when a store's reason appears, and a line when it clears;
+  when a store's reason appears (a failing database's with the error's message, which
+  the answer leaves out), and a warning when it clears;
 - a worker (``timers``, ``outbox``, ``reapers``): not running, or restarting after
   a failure (its class is named); the outbox (and the hops between stores) while its
   drain passes fail: ``passes failing: <class>`` (a drain outlives a failed pass, so
@@ -103,6 +104,8 @@ class Health:
         self._probing: asyncio.Lock = asyncio.Lock()
         self._misplaced: dict[int, str] = {}
         """The stores whose place was wrong at the last probe, and why."""
+        self._unanswered: dict[int, str] = {}
+        """The stores whose database failed the last probe, and how."""
 
     def watch(self, part: str, check: Callable[[], str | None]) -> None:
         """Check ``part`` on every readiness probe: ``check`` returns ``None`` when it
@@ -125,7 +128,12 @@ class Health:
             if self._probed is not None and now - self._probed[0] < self.probe_interval:
                 return self._probed[1]
             answers = await asyncio.gather(
-                *(self._probe(*each) for each in zip(self.adapters, self.places, strict=True))
+                *(
+                    self._probe(number, adapter, place)
+                    for number, (adapter, place) in enumerate(
+                        zip(self.adapters, self.places, strict=True)
+                    )
+                )
             )
             several = len(self.adapters) > 1
             found = [
@@ -136,19 +144,41 @@ class Health:
             self._probed = (self.clock(), found)
             return found
 
-    async def _probe(self, adapter: SqlAdapter, place: Place | None) -> str | None:
+    async def _probe(self, number: int, adapter: SqlAdapter, place: Place | None) -> str | None:
         try:
             found = await asyncio.wait_for(self._read(adapter, place), self.probe_timeout)
         except TimeoutError:
-            return f"no answer within {self.probe_timeout:g} seconds"
+            return self._unanswering(number, f"no answer within {self.probe_timeout:g} seconds")
         except PlaceMismatch as error:
             found = str(error)
         except Exception as error:  # noqa: BLE001 - any failure means not ready
-            # The class only: a driver's message may name the host and the user.
-            return f"{type(error).__name__}"
+            # The answer names the class only: a driver's message may name the host
+            # and the user, and /readyz is read by more than the operators.
+            said = " ".join(f"{type(error).__name__}: {error}".split())[:300]
+            return self._unanswering(number, f"{type(error).__name__}", said)
+        self._answering(number)
         if place is not None:
             self._say(place, found)
         return found
+
+    def _unanswering(self, number: int, reason: str, said: str | None = None) -> str:
+        """Log a store's database failing its probe when it starts to (or fails
+        otherwise); ``reason`` is the readiness answer, ``said`` the log's."""
+        if self._unanswered.get(number) != reason:
+            self._unanswered[number] = reason
+            _log.error(
+                "store %d: the database fails the readiness probe: %s; the service is not "
+                "ready until it answers",
+                number,
+                said or reason,
+                extra={"store": number},
+            )
+        return reason
+
+    def _answering(self, number: int) -> None:
+        """Log a store's database answering again after it failed."""
+        if self._unanswered.pop(number, None) is not None:
+            _log.warning("store %d: the database answers again", number, extra={"store": number})
 
     async def _read(self, adapter: SqlAdapter, place: Place | None) -> str | None:
         """Ping the store; given its ``place``, read its record: why it is not that
