@@ -34,7 +34,7 @@ their totals.
 >>> read_cursor("[1, 2]")
 Traceback (most recent call last):
 ...
-ValueError: after: not a position this page made
+statifier.console.queries.BadCursor: after: not a position this page made
 """
 
 from __future__ import annotations
