@@ -29,7 +29,8 @@ never``: a post never starts an execution.
 
 The token is a bearer capability and appears in the request path: keep the server's
 access log from recording paths under the base URL. Nothing here logs a token or a
-body; a 500 is logged with the error's type name only, a refusal (404 included) at
+body; a 500 is logged with the error's type name only (once per type and interval:
+:class:`~statifier.repeats.Repeats`), a refusal (404 included) at
 warning level with its rule, once per rule and interval.
 """
 
@@ -49,6 +50,7 @@ from statifier.fronts.http_body import (
     method_not_allowed,
     read_body,
 )
+from statifier.repeats import Repeats
 from statifier.router import ConfigError, Dropped, DropReason, Outcome, Router, ShardedRouter
 from statifier.session.basichttp import decode_post
 
@@ -109,6 +111,7 @@ def basichttp_app(
     if router.config.basichttp is None:
         raise ConfigError("the BasicHTTP front needs a configuration with basichttp")
     check_bounds(max_body, timeout)
+    failures = Repeats()  # a database that is down fails every post alike
 
     async def answer(request: Request) -> Response | Refused:
         if request.method != "POST":
@@ -131,7 +134,8 @@ def basichttp_app(
         except TimeoutError:
             return Refused(503, "deadline", "the event was not delivered in time; post it again")
         except Exception as error:  # noqa: BLE001 - the post's answer, never the server's
-            _log.error("basichttp: a delivery failed with %s", type(error).__name__)
+            said = type(error).__name__
+            failures.log(_log, logging.ERROR, said, "basichttp: a delivery failed with %s", said)
             return Response(status_code=500)
         answered = _status(outcome)
         return _NOWHERE if answered == 404 else Response(status_code=answered)

@@ -39,6 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from statifier.repeats import Repeats
 from statifier.router import Failed, InboundEvent, Routed, Router, ShardedRouter
 
 __all__ = ["DEFAULT_MAX_BATCH", "DEFAULT_WINDOW", "MAX_WINDOW", "Gatherer", "check_window"]
@@ -118,6 +119,7 @@ class Gatherer:
         self._task: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
         self._closed = False
+        self._failures = Repeats()  # a database that is down fails every batch alike
 
     async def route(self, event: InboundEvent) -> Routed | Failed:
         """Add ``event`` to the open batch and answer it once its batch committed (or
@@ -193,19 +195,29 @@ class Gatherer:
         try:
             answers = await self.router.route_many(events)
         except Exception as error:  # noqa: BLE001 - the transaction failed: every event's answer
-            _log.error(
+            said = type(error).__name__
+            self._failures.log(
+                _log,
+                logging.ERROR,
+                ("batch", said),
                 "%s: a group commit of %d events failed with %s",
                 _sources(events),
                 len(events),
-                type(error).__name__,
+                said,
             )
             for waiting in batch:
                 _answer(waiting, Failed(waiting.event, error))
             return
         for waiting, answer in zip(batch, answers, strict=True):
             if isinstance(answer, Failed):
-                _log.error(
-                    "%s: routing failed with %s", answer.event.source, type(answer.error).__name__
+                said = type(answer.error).__name__
+                self._failures.log(
+                    _log,
+                    logging.ERROR,
+                    ("routing", said),
+                    "%s: routing failed with %s",
+                    answer.event.source,
+                    said,
                 )
             _answer(waiting, answer)
 

@@ -35,8 +35,9 @@ a provider's retry of the same body is the same message. A body-hash id is
 scope-free: the same body under two scopes through one binding is one message; give
 each scope its own binding, or use a provider event id.
 
-No front logs a body; a 500 is logged with the error's type name only, and every
-refusal at warning level with its rule, once per rule and interval
+No front logs a body; a 500 is logged with the error's type name only, once per
+kind, type and interval (:class:`~statifier.repeats.Repeats`), and every refusal at
+warning level with its rule, once per rule and interval
 (:class:`~statifier.fronts.http_body.AnyMethod`).
 """
 
@@ -66,6 +67,7 @@ from statifier.fronts.http_body import (
 )
 from statifier.fronts.source import Malformed, json_object
 from statifier.fronts.verifiers import Verifier
+from statifier.repeats import Repeats
 from statifier.router import Failed, InboundEvent, InvalidEvent, Routed, Router, ShardedRouter
 from statifier.router.outcomes import MAX_ID_LENGTH
 
@@ -271,7 +273,8 @@ def _app(
     if not isinstance(named, str) or not named:
         raise ValueError(f"a front needs a source name, not {source!r}")
     check_bounds(max_body, timeout)
-    route, lifespan = _routing(router, group_commit, timeout)
+    failures = Repeats()  # a host's broken function fails every post alike
+    route, lifespan = _routing(router, group_commit, timeout, failures)
 
     async def answer(request: Request) -> Response | Refused:
         if request.method != "POST":
@@ -291,7 +294,15 @@ def _app(
             try:
                 accepted = await awaited(verifier(request, body))
             except Exception as error:  # noqa: BLE001 - a broken verifier routes nothing
-                _log.error("%s: the verifier raised %s", source, type(error).__name__)
+                said = type(error).__name__
+                failures.log(
+                    _log,
+                    logging.ERROR,
+                    ("verifier", said),
+                    "%s: the verifier raised %s",
+                    source,
+                    said,
+                )
                 return Response(status_code=500)
             if accepted is not True:
                 return Refused(401, "verifier", "the post is not authentic")
@@ -301,12 +312,20 @@ def _app(
         try:
             chosen = scope if isinstance(scope, str) else await awaited(scope(request))
         except Exception as error:  # noqa: BLE001 - the host's scope function failed
-            _log.error("%s: the scope function raised %s", source, type(error).__name__)
+            said = type(error).__name__
+            failures.log(
+                _log,
+                logging.ERROR,
+                ("scope", said),
+                "%s: the scope function raised %s",
+                source,
+                said,
+            )
             return Response(status_code=500)
         try:
             event = _event(chosen, source, body, data, provider_id(request))
         except InvalidEvent:  # the provider id is bounded already: the host's scope
-            _log.error("%s: the scope is not a valid scope", source)
+            failures.log(_log, logging.ERROR, "invalid scope", "%s: the scope is not valid", source)
             return Response(status_code=500)
         return Response(status_code=status(await route(event)))
 
@@ -316,10 +335,11 @@ def _app(
 
 
 def _routing(
-    router: Router | ShardedRouter, group_commit: float | None, timeout: float
+    router: Router | ShardedRouter, group_commit: float | None, timeout: float, failures: Repeats
 ) -> tuple[RouteOne, Lifespan | None]:
     """How an app routes a post's event, and its lifespan: each event alone (no
-    lifespan), or through a gatherer the lifespan closes on shutdown.
+    lifespan), or through a gatherer the lifespan closes on shutdown. A failure is
+    logged once per kind and interval (``failures`` alone, the gatherer's own else).
 
     Raises:
         ValueError: a ``group_commit`` window out of range, or not shorter than
@@ -330,7 +350,15 @@ def _routing(
         async def alone(event: InboundEvent) -> Routed | Failed:
             routed = await _alone(router, event, None)
             if isinstance(routed, Failed):
-                _log.error("%s: routing failed with %s", event.source, type(routed.error).__name__)
+                said = type(routed.error).__name__
+                failures.log(
+                    _log,
+                    logging.ERROR,
+                    ("routing", said),
+                    "%s: routing failed with %s",
+                    event.source,
+                    said,
+                )
             return routed
 
         return alone, None
