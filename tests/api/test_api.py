@@ -130,6 +130,25 @@ async def test_a_routed_event_is_answered_with_the_state_its_commit_left(shop: S
 
 
 @pytest.mark.asyncio
+async def test_a_call_that_fails_is_500_and_logged_once_per_interval(
+    shop: Shop, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def broken(event: object) -> object:
+        raise ConnectionError("the database went away")
+
+    monkeypatch.setattr(shop.api.router, "route", broken)
+    body = {"source": "shop", "scope": "web", "data": {"kind": "checkout", "order": "o-9"}}
+    answers = [await shop.call("POST", "/events", json=body) for _ in range(3)]
+    assert [answer.status_code for answer in answers] == [500] * 3
+    assert "the call failed (ConnectionError); retry it" in answers[0].text
+    said = [r for r in caplog.records if "a call failed" in r.getMessage()]
+    assert [(r.levelname, r.getMessage()) for r in said] == [
+        ("ERROR", "api: a call failed with ConnectionError: the database went away")
+    ]
+    assert said[0].exc_info is not None
+
+
+@pytest.mark.asyncio
 async def test_the_answer_names_the_errors_of_its_own_step(shop: Shop) -> None:
     first = _execution(await shop.checkout("o-2", amount=5))
     assert first["errors"] == []

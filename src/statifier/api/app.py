@@ -57,7 +57,7 @@ from statifier.fronts.source import Malformed, json_object
 from statifier.persistence import ChartNotFound, ChartRetired, Status, Stepped
 from statifier.persistence.sql import SqlTransaction
 from statifier.persistence.step_errors import decode_error
-from statifier.repeats import IntervalTally
+from statifier.repeats import IntervalTally, Repeats
 from statifier.router import (
     Create,
     Entry,
@@ -165,6 +165,7 @@ class Api:
         self._stores = stores
         self.watcher = Watcher(self._marks, self._load, poll=poll)
         self._repeats = IntervalTally()
+        self._failures = Repeats()  # a database that is down fails every call alike
         self.app = Starlette(
             routes=[
                 Route("/openapi.json", self._openapi, methods=["GET"]),
@@ -575,7 +576,12 @@ class Api:
         return self.tokens.authenticate(token.strip())
 
     def _failed(self, error: BaseException) -> Refused:
-        _log.error(
+        """The 500 of a call that raised ``error``; logged with its traceback, once per
+        type and interval."""
+        self._failures.log(
+            _log,
+            logging.ERROR,
+            type(error).__name__,
             "api: a call failed with %s: %s",
             type(error).__name__,
             error,
