@@ -28,6 +28,7 @@ from datetime import datetime
 
 from statifier import telemetry
 from statifier.api.views import Snapshot, reached
+from statifier.repeats import Repeats
 
 __all__ = ["Mark", "Watcher"]
 
@@ -76,6 +77,7 @@ class Watcher:
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._closed = False
+        self._failures = Repeats()  # a database that is down fails every read alike
 
     @property
     def waiting(self) -> int:
@@ -141,9 +143,13 @@ class Watcher:
             try:
                 await self._tick()
             except Exception as error:  # noqa: BLE001 - the next tick reads again
-                _log.warning(
+                said = type(error).__name__
+                self._failures.log(
+                    _log,
+                    logging.WARNING,
+                    said,
                     "api: reading the executions waited on failed: %s: %s",
-                    type(error).__name__,
+                    said,
                     error,
                 )
                 telemetry.report(
