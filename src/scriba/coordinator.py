@@ -361,6 +361,7 @@ class Coordinator:
         if self.status in (Status.HALTED, Status.STOPPED):
             return
         self.halt_reason = reason
+        _log.error("projection %s v%s halted: %s", self._key.name, self._key.version, reason)
         if self.status is not Status.DRAINING:
             self.status = Status.HALTED
         self._announce_start()  # so that observers always see started before halted

@@ -55,6 +55,7 @@ from scriba.source import Source
 from scriba.target import ApplyFailed, DeadLetter, FailureKind, Target
 from statifier import telemetry
 from statifier.callbacks import awaited
+from statifier.repeats import Repeats
 
 __all__ = ["WATERMARK_INTERVAL", "Circuit", "Pipeline"]
 
@@ -159,6 +160,7 @@ class Pipeline:
         self._fence: int | None = None
         self._failure: BaseException | None = None
         self._last_failure: ApplyFailed | None = None
+        self._repeats = Repeats()  # a database that is down fails every commit alike
         self._acknowledged = 0
         self._saved = 0
         self._saved_at = 0.0
@@ -607,6 +609,18 @@ class Pipeline:
         self, partition: int, outcomes: Sequence[_Outcome], failure: ApplyFailed
     ) -> None:
         self._last_failure = failure
+        self._repeats.log(
+            _log,
+            logging.WARNING,
+            ("commit", partition, failure.kind),
+            "projection %s v%s, partition %d: a batch of %d events could not be committed (%s): %s",
+            self._key.name,
+            self._key.version,
+            partition,
+            len(outcomes),
+            failure.kind.value,
+            failure,
+        )
         _emit(
             "scriba.source.batch.failed",
             {"batch_size": len(outcomes)},
@@ -630,6 +644,18 @@ class Pipeline:
                 applied += 1
             elif outcome.dead_letter is not None:
                 dead += 1
+                # The kind and the place, not the message: it may quote the event's data.
+                self._repeats.log(
+                    _log,
+                    logging.WARNING,
+                    ("dead letter", outcome.dead_letter.error_kind),
+                    "projection %s v%s: event %s at position %d was dead-lettered (%s)",
+                    self._key.name,
+                    self._key.version,
+                    event.type,
+                    event.position,
+                    outcome.dead_letter.error_kind,
+                )
                 _emit(
                     "scriba.projection.dead_letter",
                     {},
@@ -674,6 +700,5 @@ class Pipeline:
         if self.halted:
             return
         self.halted = True
-        _log.error("projection %s v%s halted: %s", self._key.name, self._key.version, reason)
-        self._on_halt(kind, reason)
+        self._on_halt(kind, reason)  # which logs it
         self.stop()

@@ -183,7 +183,9 @@ class Flaky(Projection):
 
 
 @pytest.mark.asyncio
-async def test_retries_then_dead_letters_with_the_cause_as_kind() -> None:
+async def test_retries_then_dead_letters_with_the_cause_as_kind(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     source, target = MemorySource(), MemoryTarget()
     ok = source.record("a", "Happened")
     twice = source.record("a", "Happened")
@@ -211,6 +213,13 @@ async def test_retries_then_dead_letters_with_the_cause_as_kind() -> None:
     ) == 1
     # Dead-lettered events are accounted for: the cursor moved past them.
     assert target.cursors(Flaky.key())["b"] == never.position
+    # Each kind is logged (throttled), naming the event's place, never its message.
+    said = sorted(r.getMessage() for r in caplog.records if "dead-lettered" in r.getMessage())
+    assert said == [
+        f"projection flaky v1: event {kind} at position {event.position} was dead-lettered ({why})"
+        for kind, event, why in (("Happened", never, "error"), ("raise", raising, "exception"))
+    ]
+    assert not [r for r in caplog.records if "boom" in r.getMessage()]
 
 
 @pytest.mark.asyncio
@@ -277,7 +286,9 @@ def failing(kind: FailureKind, when: Callable[[BatchCall], bool]) -> Callable[[B
 
 
 @pytest.mark.asyncio
-async def test_a_transient_failure_replays_the_batch_and_acknowledges_nothing_meanwhile() -> None:
+async def test_a_transient_failure_replays_the_batch_and_acknowledges_nothing_meanwhile(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     source, target = MemorySource(), MemoryTarget()
     fill(source, 10, streams=1)
     failures = iter(range(3))
@@ -301,6 +312,10 @@ async def test_a_transient_failure_replays_the_batch_and_acknowledges_nothing_me
     assert len(seen) == 3
     assert {data["kind"] for _, data in seen} == {"transient"}
     assert [(data["first_position"], data["last_position"]) for _, data in seen] == [(1, 10)] * 3
+    # Logged too, once for the three (one cause, one interval).
+    said = [r for r in caplog.records if "could not be committed" in r.getMessage()]
+    assert [r.levelname for r in said] == ["WARNING"]
+    assert "a batch of 10 events could not be committed (transient)" in said[0].getMessage()
     assert len(target.commit_log) == 10
     # One batch, failed three times, then committed; acknowledged once, only after that.
     assert [len(batch.applied) for batch in target.batches] == [10]
