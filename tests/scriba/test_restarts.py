@@ -92,9 +92,9 @@ async def test_an_always_failing_source_halts_after_max_restarts_with_the_reason
     assert info.halt_reason is not None
     assert info.halt_reason.startswith("the pipeline crashed 4 times within 60s")
     assert "SourceError: the log is unreadable" in info.halt_reason
-    [halted] = [r for r in caplog.records if " halted: " in r.getMessage()]
-    assert halted.levelname == "ERROR"
-    assert halted.getMessage().endswith(info.halt_reason)
+    [logged] = [r for r in caplog.records if " halted: " in r.getMessage()]
+    assert logged.levelname == "ERROR"
+    assert logged.getMessage().endswith(info.halt_reason)
     assert info.tasks == ()
     names = [name for name, _ in seen]
     assert names == [
