@@ -171,6 +171,11 @@ class MemorySource:
         """Never: a memory source takes no lock (one process sees it)."""
         return False
 
+    @property
+    def blocked(self) -> bool:
+        """Never: a memory log has no gaps."""
+        return False
+
     async def confirm_held(self) -> None:
         """Nothing to check: there is no lock."""
 

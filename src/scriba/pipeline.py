@@ -273,11 +273,13 @@ class Pipeline:
             events = await self._source.read(capacity - ledger.in_flight)
             if not events:
                 await self._account()
-                # A standby has read nothing of what its source holds, and a pause that
-                # came during this read leaves unread events behind: not caught up.
+                # A standby has read nothing of what its source holds, a source
+                # blocked at a gap holds events back, and a pause that came during this
+                # read leaves unread events behind: not caught up.
                 self.caught_up = (
                     ledger.in_flight == 0
                     and not self._source.standing_by
+                    and not self._source.blocked
                     and self._resumed.is_set()
                 )
                 if self.caught_up:

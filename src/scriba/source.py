@@ -45,6 +45,9 @@ class Source(Protocol):
       skipped or dead-lettered. A source that keeps its own resume point stores it.
     - ``standing_by`` is true exactly while ``read`` returns nothing because another
       process holds the projection's lock.
+    - ``blocked`` is true while ``read`` holds back events it has seen because a
+      position below them may still appear (a writer has not committed yet): the
+      projection is then not caught up, however empty its reads.
     - ``confirm_held`` is called once the first events were delivered and the target
       claimed the projection for this reader; it checks the lock now (not on the next
       periodic check), so a lock lost before the claim is never mistaken for a held one.
@@ -55,6 +58,12 @@ class Source(Protocol):
     @property
     def standing_by(self) -> bool:
         """Whether the source waits for another process to release the projection."""
+        ...
+
+    @property
+    def blocked(self) -> bool:
+        """Whether the last read held back events behind a position that may still
+        appear."""
         ...
 
     async def subscribe(self, projection: ProjectionKey, after: int) -> None:

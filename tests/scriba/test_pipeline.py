@@ -322,6 +322,60 @@ async def test_a_transient_failure_replays_the_batch_and_acknowledges_nothing_me
     assert timeline == ["ack 10 after 4 calls, 1 commits"]
 
 
+class HeldAtAGap(MemorySource):
+    """A log whose events from position ``gap`` on are held back while ``gap_open``, as
+    a SQL source holds them behind a position an uncommitted writer took."""
+
+    gap = 4
+    gap_open = True
+    delivered = 0
+
+    @property
+    def blocked(self) -> bool:
+        return self.gap_open and any(e.position >= self.gap for e in self.events)
+
+    async def read(self, limit: int) -> list[Event]:
+        held = self.gap if self.gap_open else None
+        chunk = [
+            event
+            for event in self.events
+            if event.position > self.delivered and (held is None or event.position < held)
+        ][:limit]
+        if not chunk:
+            await asyncio.sleep(0.01)
+            return []
+        self.delivered = chunk[-1].position
+        return chunk
+
+
+@pytest.mark.asyncio
+async def test_a_source_blocked_at_a_gap_is_not_caught_up_until_the_gap_closes() -> None:
+    """Reads come back empty while a writer holds a position: the projection says it is
+    behind (lag in events, no caught-up wait), not caught up with a lag of 0."""
+    source, target = HeldAtAGap(), MemoryTarget()
+    fill(source, 6, streams=1)
+    runtime = Scriba()
+    await runtime.start(Rows, source=source, target=target, **FAST)
+    try:
+        async with asyncio.timeout(10):
+            while True:
+                if len(target.rows(ROWS)) == 3:  # positions 1 to 3, before the gap
+                    break
+                await asyncio.sleep(0.01)
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.3):
+                await runtime.wait_until_caught_up(Rows)
+        info = await runtime.info(Rows)
+        assert info.lag_events == 3  # positions 4 to 6, held back
+        source.gap_open = False
+        async with asyncio.timeout(10):
+            await runtime.wait_until_caught_up(Rows)
+        assert len(target.rows(ROWS)) == 6
+        assert (await runtime.info(Rows)).lag_events == 0
+    finally:
+        await runtime.close()
+
+
 @pytest.mark.asyncio
 async def test_info_truncates_the_stream_positions_above_a_thousand_streams() -> None:
     source, target = MemorySource(), MemoryTarget()

@@ -134,6 +134,7 @@ async def test_postgresql_a_straggler_holds_reading_back_until_it_commits(
     source = pg_log.source()
     await source.subscribe(ORDERS, after=0)
     assert [e.position for e in await read_all(source)] == [1, 2]
+    assert not source.blocked
     with pg_log.pending() as straggler, pg_log.pending() as other:
         late = straggler.write()
         assert late.position == 3  # drawn, not committed
@@ -142,8 +143,10 @@ async def test_postgresql_a_straggler_holds_reading_back_until_it_commits(
         assert on_time.position == 4  # committed and visible
         for _ in range(3):
             assert await source.read(10) == []  # never 4 while 3 may still come
+            assert source.blocked  # which a pipeline does not take for caught up
         straggler.commit()
     got = await read_all(source)
+    assert not source.blocked
     await source.close()
     assert [(e.position, e.id, e.stream_id) for e in got] == [
         (3, late.id, late.stream_id),

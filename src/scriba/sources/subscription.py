@@ -105,6 +105,11 @@ class SubscribedSource(ABC):
         return self._standby is not None and not self._standby.held
 
     @property
+    def blocked(self) -> bool:
+        """Whether the last read stopped at a gap a writer may still fill."""
+        return self._tracker is not None and self._tracker.blocked
+
+    @property
     def acknowledged(self) -> int:
         """The highest position the pipeline reported accounted for."""
         return self._acknowledged
