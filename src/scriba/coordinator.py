@@ -288,6 +288,14 @@ class Coordinator:
             else:
                 return
             if self._stop_requested.is_set() or self.status in (Status.HALTED, Status.STOPPED):
+                # Not restarted, but not unsaid: what it had not stored is read again at
+                # the next start.
+                _log.warning(
+                    "projection %s: the pipeline ended with an error while %s",
+                    self._prefix,
+                    "halted" if self.status is Status.HALTED else "stopping",
+                    exc_info=error,
+                )
                 return
             _log.error("projection %s: pipeline crashed", self._prefix, exc_info=error)
             reason = f"{type(error).__name__}: {error}"

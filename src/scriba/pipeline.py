@@ -548,6 +548,15 @@ class Pipeline:
                 backoff = self._settings.commit_backoff
                 attempt += 1
                 if not await self._sleep(backoff[min(attempt, len(backoff)) - 1]):
+                    _log.warning(
+                        "projection %s v%s, partition %d: stopped with a batch of %d events "
+                        "not committed (%s); they are read again at the next start",
+                        self._key.name,
+                        self._key.version,
+                        partition,
+                        len(outcomes),
+                        failure,
+                    )
                     return "abandoned"
             else:
                 return "committed"

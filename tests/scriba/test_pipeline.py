@@ -377,6 +377,50 @@ async def test_a_source_blocked_at_a_gap_is_not_caught_up_until_the_gap_closes()
 
 
 @pytest.mark.asyncio
+async def test_a_stop_with_a_batch_its_database_refuses_says_what_it_leaves(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    source, target = MemorySource(), MemoryTarget()
+    fill(source, 5, streams=1)
+    target.fail = failing(FailureKind.TRANSIENT, lambda call: True)  # the database is down
+    runtime = Scriba()
+    await runtime.start(Rows, source=source, target=target, **{**FAST, "commit_backoff": (5.0,)})
+    async with asyncio.timeout(10):
+        while True:
+            if target.calls:
+                break
+            await asyncio.sleep(0.005)
+    await runtime.stop(Rows)
+    await runtime.close()
+    assert target.batches == []
+    said = [r for r in caplog.records if "stopped with a batch" in r.getMessage()]
+    assert [r.levelname for r in said] == ["WARNING"]
+    assert "a batch of 5 events not committed (" in said[0].getMessage()
+    assert "read again at the next start" in said[0].getMessage()
+
+
+class FailingClose(MemorySource):
+    async def close(self) -> None:
+        raise RuntimeError("the connection broke as it closed")
+
+
+@pytest.mark.asyncio
+async def test_a_pipeline_that_fails_as_it_stops_is_logged_not_restarted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    source, target = FailingClose(), MemoryTarget()
+    fill(source, 3, streams=1)
+    runtime = await project(Rows, source, target)
+    await runtime.stop(Rows)
+    assert (await runtime.info(Rows)).restarts == 0
+    await runtime.close()
+    said = [r for r in caplog.records if "ended with an error while stopping" in r.getMessage()]
+    assert [r.levelname for r in said] == ["WARNING"]
+    assert said[0].exc_info is not None
+    assert "the connection broke as it closed" in str(said[0].exc_info[1])
+
+
+@pytest.mark.asyncio
 async def test_info_truncates_the_stream_positions_above_a_thousand_streams() -> None:
     source, target = MemorySource(), MemoryTarget()
     fill(source, 1_000, streams=1_000)
