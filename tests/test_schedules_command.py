@@ -111,6 +111,36 @@ def test_list_and_show_say_what_is_stored(place: Place, capsys: pytest.CaptureFi
     assert 'every: "P0DT30S"' in out.splitlines()
 
 
+def _spoil(place: Place, name: str) -> None:
+    """Store a definition no version of the scheduler reads for schedule ``name``."""
+    import sqlalchemy as sa
+
+    table = place.tables.define().schedules
+    engine = sa.create_engine(migrations.sync_url(place.url))
+    try:
+        with engine.begin() as connection:
+            connection.execute(
+                table.update().where(table.c.name == name).values(definition={"every": 7})
+            )
+    finally:
+        engine.dispose()
+
+
+def test_a_list_that_meets_an_unreadable_schedule_lists_the_rest_and_says_so(
+    place: Place, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _put(place)
+    _spoil(place, "beat")
+    status, out, err = cli(capsys, "list", *place.options)
+    assert status == 1
+    assert [line.split()[0] for line in out.splitlines()] == ["nightly"]
+    assert "1 stored schedule(s) cannot be read, not listed: beat" in err
+    _spoil(place, "nightly")
+    status, out, err = cli(capsys, "list", *place.options)
+    assert (status, out) == (1, "")  # not "no schedules"
+    assert "2 stored schedule(s) cannot be read, not listed: beat, nightly" in err
+
+
 def test_pause_resume_and_remove_change_the_rows(
     place: Place, capsys: pytest.CaptureFixture[str]
 ) -> None:

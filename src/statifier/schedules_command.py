@@ -13,13 +13,15 @@ Every action takes ``--database URL`` (default ``sqlite:///statifier.db``), ``--
 migrates. A refusal (no such schedule, a database without the tables, the database
 failing) is one line on standard error, exit status 2;
 ``pause`` of a paused schedule and ``resume`` of a running one change nothing and say
-so, exit status 1.
+so, exit status 1; so does ``list`` when a stored schedule cannot be read (it lists the
+others and names those on standard error).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -120,14 +122,21 @@ async def _act(scheduler: Scheduler, args: argparse.Namespace, out: TextIO) -> i
     from statifier.router import ScheduleNotFound
 
     if args.action == "list":
-        states = await _every(scheduler)
+        states, unreadable = await _every(scheduler)
         if args.json:
             _dump([state_json(state) for state in states], out)
         else:
             for state in states:
                 out.write(_line(state) + "\n")
-            if not states:
+            if not states and not unreadable:
                 out.write("no schedules\n")
+        if unreadable:
+            shown = ", ".join(unreadable[:20]) + (", ..." if len(unreadable) > 20 else "")
+            sys.stderr.write(
+                f"statifier schedules list: {len(unreadable)} stored schedule(s) cannot "
+                f"be read, not listed: {shown}\n"
+            )
+            return 1
         return 0
     if args.action == "show":
         found = await scheduler.get(args.name)
@@ -156,16 +165,19 @@ async def _act(scheduler: Scheduler, args: argparse.Namespace, out: TextIO) -> i
     return 0
 
 
-async def _every(scheduler: Scheduler) -> list[ScheduleState]:
-    """Every readable schedule, by name, a page at a time (one whose definition
-    cannot be read is logged by the scheduler and left out)."""
+async def _every(scheduler: Scheduler) -> tuple[list[ScheduleState], list[str]]:
+    """Every stored schedule, by name, a page at a time: those that can be read, and
+    the names of those that cannot (logged by the scheduler)."""
     states: list[ScheduleState] = []
+    unreadable: list[str] = []
+    after = ""
     while True:
-        after = states[-1].schedule.name if states else ""
-        page = await scheduler.states(after=after)
-        if not page:
-            return states
-        states.extend(page)
+        page = await scheduler.page(after=after)
+        states.extend(page.states)
+        unreadable.extend(page.unreadable)
+        if page.last is None:
+            return states, unreadable
+        after = page.last
 
 
 def _line(state: ScheduleState) -> str:

@@ -215,6 +215,41 @@ async def test_a_paused_schedule_makes_no_fire_and_resumes_from_now(
 
 
 @pytest.mark.asyncio
+async def test_pages_go_past_schedules_that_cannot_be_read_and_name_them(
+    router_db: RouterDb,  # noqa: F811 - the fixture
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import sqlalchemy as sa
+
+    from statifier.sql import migrations
+
+    scheduler = Scheduler(_router(router_db))
+    for name in ("a", "b", "c"):
+        await scheduler.put(_schedule(name))
+    table = router_db.adapter.tables.schedules
+    engine = sa.create_engine(migrations.sync_url(router_db.store.url))
+    try:
+        with engine.begin() as connection:
+            spoiled = table.update().where(table.c.name == "b").values(definition={"every": 7})
+            connection.execute(spoiled)
+    finally:
+        engine.dispose()
+    pages = []
+    after = ""
+    while True:
+        page = await scheduler.page(after=after, limit=1)
+        pages.append(([s.schedule.name for s in page.states], page.unreadable, page.last))
+        if page.last is None:
+            break
+        after = page.last
+    # A page of nothing readable is not the end: "c" comes after it.
+    assert pages == [(["a"], [], "a"), ([], ["b"], "b"), (["c"], [], "c"), ([], [], None)]
+    assert [s.schedule.name for s in await scheduler.states()] == ["a", "c"]
+    said = [r for r in caplog.records if "its stored definition cannot be read" in r.message]
+    assert {r.levelname for r in said} == {"ERROR"}
+
+
+@pytest.mark.asyncio
 async def test_putting_again_keeps_state_and_moves_the_next_fire_only_for_new_times(
     router_db: RouterDb,  # noqa: F811 - the fixture
 ) -> None:

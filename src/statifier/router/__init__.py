@@ -97,7 +97,7 @@ from statifier.router.reapers import (
 )
 from statifier.router.records import AddressRow, LedgerRow
 from statifier.router.routing import BlockedByEarlierFailure, Planned, Router
-from statifier.router.scheduler import FireReport, Scheduler, ScheduleState
+from statifier.router.scheduler import FireReport, SchedulePage, Scheduler, ScheduleState
 from statifier.router.schedules import CatchUp, Schedule, ScheduleError, ScheduleNotFound
 from statifier.router.sending import BASICHTTP_QUEUE
 from statifier.router.shards import MisplacedExecution, ShardedRouter
@@ -167,6 +167,7 @@ __all__ = [
     "Schedule",
     "ScheduleError",
     "ScheduleNotFound",
+    "SchedulePage",
     "ScheduleState",
     "Scheduler",
     "ShardedRouter",

@@ -49,6 +49,7 @@ from statifier.telemetry import enabled, report
 __all__ = [
     "MAX_BACKFILL",
     "FireReport",
+    "SchedulePage",
     "ScheduleState",
     "Scheduler",
 ]
@@ -94,6 +95,23 @@ class ScheduleState:
     failures: int
     last_error: str | None
     updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulePage:
+    """One page of the stored schedules, by name (:meth:`Scheduler.page`).
+
+    Attributes:
+        states: the schedules of the page that can be read.
+        unreadable: the names of those whose stored definition cannot be read (each
+            logged as it is read).
+        last: the last name the page read, readable or not: the ``after`` of the next
+            page; ``None`` when it read none (the end).
+    """
+
+    states: list[ScheduleState]
+    unreadable: list[str]
+    last: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,18 +323,27 @@ class Scheduler:
 
     async def states(self, *, after: str = "", limit: int = _PAGE) -> list[ScheduleState]:
         """At most ``limit`` schedules named after ``after``, by name; one whose
-        stored definition cannot be read is left out, and logged.
+        stored definition cannot be read is left out, and logged (:meth:`page` says
+        which, and where the next page starts).
         """
+        return (await self.page(after=after, limit=limit)).states
+
+    async def page(self, *, after: str = "", limit: int = _PAGE) -> SchedulePage:
+        """The next ``limit`` stored schedules named after ``after``, by name: those
+        that can be read, and the names of those that cannot (each logged as an
+        error)."""
         async with self.router.transaction() as unit:
             rows = await self.table.page(unit.tx.driver, after, limit)
-        states = []
+        states: list[ScheduleState] = []
+        unreadable: list[str] = []
         for row in rows:
             state = _read(row)
             if state is None:
                 _log.error("schedule %r: its stored definition cannot be read", row.name)
+                unreadable.append(row.name)
                 continue
             states.append(state)
-        return states
+        return SchedulePage(states, unreadable, rows[-1].name if rows else None)
 
     async def next_due(self) -> datetime | None:
         """When the first running schedule is due, or ``None``."""

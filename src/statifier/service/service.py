@@ -305,15 +305,16 @@ def _warn_flow_elsewhere(settings: ServiceSettings) -> None:
 
 
 async def _all_states(scheduler: Scheduler) -> AsyncIterator[ScheduleState]:
-    """Every stored schedule, by name, a page at a time."""
+    """Every stored schedule that can be read, by name, a page at a time (one that
+    cannot is logged by the scheduler, and passed)."""
     after = ""
     while True:
-        page = await scheduler.states(after=after)
-        for state in page:
+        page = await scheduler.page(after=after)
+        for state in page.states:
             yield state
-        if not page:
+        if page.last is None:
             return
-        after = page[-1].schedule.name
+        after = page.last
 
 
 def _stores(routing: Router | ShardedRouter) -> tuple[Router, ...]:
