@@ -19,10 +19,12 @@ import pytest
 from tests.scriba import source_logs as logs
 from tests.scriba.source_logs import ORDERS, EventLog, holding, read_all
 
-from scriba import ProjectionKey
+from scriba import Event, ProjectionKey
 from scriba.source import SourceError
 from scriba.sources import LostLockError
-from scriba.sources.standby import AdvisoryLock, lock_path_beside
+from scriba.sources.gaps import GapTracker
+from scriba.sources.standby import AdvisoryLock, ProjectionLock, lock_path_beside
+from scriba.sources.subscription import SubscribedSource
 from statifier import telemetry
 
 SOURCES = ["eventsourcing", "sql_table"]
@@ -335,3 +337,33 @@ async def test_postgresql_confirming_finds_a_lost_lock_at_once(pg_log: EventLog)
     with pytest.raises(LostLockError):
         await holder.confirm_held()
     await holder.close()
+
+
+class _HeadlessLog(SubscribedSource):
+    """A source whose log's head cannot be read (its database refuses the query)."""
+
+    def __init__(self) -> None:
+        super().__init__("headless", gaps_can_fill=False, lock_path="unused.lock")
+
+    def _make_lock(self, projection: ProjectionKey) -> ProjectionLock:
+        raise AssertionError("no lock is taken to read the head")
+
+    async def _read_batch(self, tracker: GapTracker, limit: int) -> list[Event]:
+        raise AssertionError("nothing is read")
+
+    async def _head(self) -> int | None:
+        raise PermissionError("permission denied for table events")
+
+
+@pytest.mark.asyncio
+async def test_a_head_that_cannot_be_read_is_unknown_and_logged_once_per_interval(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    source = _HeadlessLog()
+    assert [await source.head() for _ in range(3)] == [None, None, None]
+    said = [r for r in caplog.records if "the log's head cannot be read" in r.getMessage()]
+    expected = (
+        "headless: the log's head cannot be read (the lag in events is unknown): "
+        "PermissionError: permission denied for table events"
+    )
+    assert [(r.levelname, r.getMessage()) for r in said] == [("WARNING", expected)]

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
@@ -53,8 +54,11 @@ from scriba.event import Event, ProjectionKey
 from scriba.source import SourceError
 from scriba.sources.gaps import GapTracker
 from scriba.sources.standby import ProjectionLock, Standby, lock_path_beside
+from statifier.repeats import Repeats
 
 __all__ = ["SubscribedSource"]
+
+_log = logging.getLogger(__name__)
 
 
 class SubscribedSource(ABC):
@@ -92,6 +96,7 @@ class SubscribedSource(ABC):
         self._standby: Standby | None = None
         self._lock: ProjectionLock | None = None
         self._acknowledged = 0
+        self._repeats = Repeats()
 
     @property
     def holding(self) -> bool:
@@ -191,10 +196,20 @@ class SubscribedSource(ABC):
 
     async def head(self) -> int | None:
         """The highest position in the log now, or ``None`` when it cannot be read (the
-        lag in events is then unknown; reading it never fails the pipeline)."""
+        lag in events is then unknown; reading it never fails the pipeline, and the
+        failure is logged, once per kind and interval)."""
         try:
             return await self._head()
-        except Exception:  # noqa: BLE001 - a measurement, not the pipeline's work
+        except Exception as error:  # noqa: BLE001 - a measurement, not the pipeline's work
+            self._repeats.log(
+                _log,
+                logging.WARNING,
+                type(error).__name__,
+                "%s: the log's head cannot be read (the lag in events is unknown): %s: %s",
+                self._telemetry_name,
+                type(error).__name__,
+                error,
+            )
             return None
 
     def projection_lock(self, projection: ProjectionKey) -> ProjectionLock:
