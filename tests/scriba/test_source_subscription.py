@@ -11,7 +11,9 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -23,8 +25,8 @@ from scriba import Event, ProjectionKey
 from scriba.source import SourceError
 from scriba.sources import LostLockError
 from scriba.sources.gaps import GapTracker
-from scriba.sources.standby import AdvisoryLock, ProjectionLock, lock_path_beside
-from scriba.sources.subscription import SubscribedSource
+from scriba.sources.standby import AdvisoryLock, FileLock, ProjectionLock, lock_path_beside
+from scriba.sources.subscription import GAP_PATIENCE, SubscribedSource
 from statifier import telemetry
 
 SOURCES = ["eventsourcing", "sql_table"]
@@ -365,5 +367,54 @@ async def test_a_head_that_cannot_be_read_is_unknown_and_logged_once_per_interva
     expected = (
         "headless: the log's head cannot be read (the lag in events is unknown): "
         "PermissionError: permission denied for table events"
+    )
+    assert [(r.levelname, r.getMessage()) for r in said] == [("WARNING", expected)]
+
+
+class _GappedLog(SubscribedSource):
+    """Positions 1, 2 and 4 are visible; 3 was taken by a writer that never commits."""
+
+    def __init__(self, lock_path: str, clock: Callable[[], float]) -> None:
+        super().__init__("gapped", gaps_can_fill=True, lock_path=lock_path, clock=clock)
+        self.poll = 0.0
+
+    def _make_lock(self, projection: ProjectionKey) -> ProjectionLock:
+        return FileLock(self._lock_file("", projection))
+
+    async def _read_batch(self, tracker: GapTracker, limit: int) -> list[Event]:
+        visible = [p for p in (1, 2, 4) if p > tracker.cursor]
+        accepted = tracker.accept(visible)
+        if tracker.blocked and tracker.fenced_writers is None:
+            tracker.fence(4, frozenset({"4/17"}))
+        at = datetime(2026, 1, 1, tzinfo=UTC)
+        return [Event(f"e{p}", "s", "Happened", p, p, at) for p in visible[:accepted]]
+
+    async def _head(self) -> int | None:
+        return 4
+
+
+@pytest.mark.asyncio
+async def test_a_gap_held_past_the_patience_is_logged_with_its_writers(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    now = [0.0]
+    source = _GappedLog(str(tmp_path / "gapped.lock"), lambda: now[0])
+    await source.subscribe(ORDERS, after=0)
+    try:
+        assert [e.position for e in await source.read(10)] == [1, 2]
+        assert source.blocked
+        now[0] = GAP_PATIENCE - 1
+        assert await source.read(10) == []
+        assert not [r for r in caplog.records if "reading waits" in r.getMessage()]
+        now[0] = GAP_PATIENCE + 5
+        assert await source.read(10) == []
+        assert await source.read(10) == []  # the same cause: not said again yet
+    finally:
+        await source.close()
+    said = [r for r in caplog.records if "reading waits" in r.getMessage()]
+    expected = (
+        f"gapped: reading waits at position 3 for {GAP_PATIENCE + 5:.0f} s: a writer that "
+        "has not committed took it (transactions 4/17); later events are held back "
+        "until it ends"
     )
     assert [(r.levelname, r.getMessage()) for r in said] == [("WARNING", expected)]

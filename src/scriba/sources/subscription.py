@@ -46,8 +46,9 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from scriba.event import Event, ProjectionKey
@@ -56,9 +57,13 @@ from scriba.sources.gaps import GapTracker
 from scriba.sources.standby import ProjectionLock, Standby, lock_path_beside
 from statifier.repeats import Repeats
 
-__all__ = ["SubscribedSource"]
+__all__ = ["GAP_PATIENCE", "SubscribedSource"]
 
 _log = logging.getLogger(__name__)
+
+GAP_PATIENCE = 30.0
+"""Seconds a source waits at one gap before it warns (then once per 30 s while it
+waits): a writer that long uncommitted holds the projection back."""
 
 
 class SubscribedSource(ABC):
@@ -74,8 +79,11 @@ class SubscribedSource(ABC):
         lock_check_interval: at most this many seconds pass between checks that the
             projection lock is still held.
         lock_path: the lock file on SQLite (default: beside the database file).
+        clock: monotonic seconds (``time.monotonic``), for tests.
 
-    Reads are not to be made concurrently; the pipeline makes one at a time.
+    Reads are not to be made concurrently; the pipeline makes one at a time. A read
+    that has waited :data:`GAP_PATIENCE` seconds at one gap logs a warning naming the
+    position and the writers it waits on.
     """
 
     def __init__(
@@ -86,6 +94,7 @@ class SubscribedSource(ABC):
         poll_interval: float = 0.1,
         lock_check_interval: float = 1.0,
         lock_path: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self._telemetry_name = telemetry_name
         self._gaps_can_fill = gaps_can_fill
@@ -97,6 +106,8 @@ class SubscribedSource(ABC):
         self._lock: ProjectionLock | None = None
         self._acknowledged = 0
         self._repeats = Repeats()
+        self._clock = clock
+        self._blocked_since: float | None = None
 
     @property
     def holding(self) -> bool:
@@ -166,9 +177,33 @@ class SubscribedSource(ABC):
         tracker = copy.copy(self._tracker)
         events = await self._read_batch(tracker, limit)
         self._tracker = tracker
+        self._say_if_held(tracker)
         if not events:
             await asyncio.sleep(self._poll_interval)
         return events
+
+    def _say_if_held(self, tracker: GapTracker) -> None:
+        """Warn while a gap has held reading back for :data:`GAP_PATIENCE` seconds."""
+        if not tracker.blocked:
+            self._blocked_since = None
+            return
+        now = self._clock()
+        if self._blocked_since is None:
+            self._blocked_since = now
+        waited = now - self._blocked_since
+        if waited >= GAP_PATIENCE:
+            writers = tracker.fenced_writers
+            self._repeats.log(
+                _log,
+                logging.WARNING,
+                "gap",
+                "%s: reading waits at position %d for %.0f s: a writer that has not "
+                "committed took it (%s); later events are held back until it ends",
+                self._telemetry_name,
+                tracker.cursor + 1,
+                waited,
+                "transactions " + ", ".join(sorted(writers)) if writers else "not yet known",
+            )
 
     async def acknowledge(self, position: int) -> None:
         """Record that every event at or below ``position`` is accounted for.
