@@ -63,3 +63,32 @@ def test_the_command_runs_on_encrypted_blobs_and_refuses_without_the_keys(
     assert bad[0] == 2
     assert "the key in CLI_BLOB_KEY is not a Fernet key" in bad[2]
     assert "s3cr3t" not in bad[2]
+
+
+def test_fire_exits_1_naming_the_fires_that_failed(
+    place: Place, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A timer sealed under a key the command lacks cannot fire: the command says how
+    many failed and exits 1, and the timer stays for a command that has the key."""
+    place.migrate()
+    (place.charts / "ping.scxml").write_text(
+        '<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="s">'
+        '<state id="s"><onentry><send event="tick"/></onentry>'
+        '<transition event="tick" target="done"/></state><final id="done"/></scxml>',
+        encoding="utf-8",
+    )
+    monkeypatch.setenv("CLI_BLOB_KEY", FernetCodec.generate_key())
+    monkeypatch.setenv("CLI_OTHER_KEY", FernetCodec.generate_key())
+    keyed = [*place.options, "--keys-env", "CLI_BLOB_KEY"]
+    charts = ["--charts", str(place.charts)]
+    assert cli(capsys, "create", "ping", "--id", "p1", *keyed, *charts)[0] == 0
+
+    status, text, _ = cli(capsys, "fire", *place.options, "--keys-env", "CLI_OTHER_KEY")
+    said = (
+        "0 timers fired\n1 fire failed (the warnings above say why); the timers stay, "
+        "due again in a few seconds\n"
+    )
+    assert (status, text) == (1, said)
+    shown = cli(capsys, "show", "p1", *keyed)
+    assert shown[0] == 0
+    assert "tick" in shown[1]

@@ -596,11 +596,14 @@ async def _export(durables: Sequence[Durable], args: argparse.Namespace, out: Te
 
 
 async def _fire(durables: Sequence[Durable], out: TextIO) -> int:
-    fired = 0
+    fired = failed = 0
     # A fired timer's step may schedule another, due at once: pass again until none is
-    # due, but not for ever (a chart may send to itself in an endless loop).
+    # due, but not for ever (a chart may send to itself in an endless loop). A failed
+    # fire is due again only seconds later, so it does not make another pass.
     for _ in range(_FIRE_PASSES):
-        taken = sum([await durable.fire_due() for durable in durables])
+        passes = [await durable.fire_pass() for durable in durables]
+        taken = sum(done.taken for done in passes)
+        failed += sum(done.failed for done in passes)
         if not taken:
             break
         fired += taken
@@ -611,6 +614,12 @@ async def _fire(durables: Sequence[Durable], out: TextIO) -> int:
         )
         return 1
     out.write(f"{fired} timer{'s' if fired != 1 else ''} fired\n")
+    if failed:
+        out.write(
+            f"{failed} fire{'s' if failed != 1 else ''} failed (the warnings above say "
+            "why); the timers stay, due again in a few seconds\n"
+        )
+        return 1
     return 0
 
 

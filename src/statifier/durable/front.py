@@ -63,7 +63,7 @@ __all__ = ["Durable"]
 
 if TYPE_CHECKING:
     from statifier.persistence.adapter import Adapter
-    from statifier.router import Resumed, Router, Sink
+    from statifier.router import FirePass, Resumed, Router, Sink
     from statifier.router.timers import DueTimer, UnreadableTimer
     from statifier.router.transaction import Unit
     from statifier.sql import TableOptions
@@ -735,9 +735,20 @@ class Durable:
         Raises:
             RuntimeError: not open, or the database is not SQL (no timer queue).
         """
+        return (await self.fire_pass(now)).taken
+
+    async def fire_pass(self, now: datetime | None = None) -> FirePass:
+        """Fire every timer due at ``now`` as :meth:`fire_due` does, and answer how many
+        were taken off the queue, how many failed (each logged as a warning, and due
+        again a few seconds later) and how many another worker held
+        (:class:`~statifier.router.FirePass`).
+
+        Raises:
+            RuntimeError: not open, or the database is not SQL (no timer queue).
+        """
         from statifier.router import TimerWorker
 
-        return await TimerWorker(self._sql("fire timers")).fire_due(now)
+        return await TimerWorker(self._sql("fire timers")).fire_pass(now)
 
     # Helpers.
 

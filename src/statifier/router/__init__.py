@@ -102,7 +102,7 @@ from statifier.router.schedules import CatchUp, Schedule, ScheduleError, Schedul
 from statifier.router.sending import BASICHTTP_QUEUE
 from statifier.router.shards import MisplacedExecution, ShardedRouter
 from statifier.router.subscriptions import Subscription, SubscriptionRefused
-from statifier.router.timer_worker import TimerWorker
+from statifier.router.timer_worker import FirePass, TimerWorker
 
 __all__ = [
     "BASICHTTP_QUEUE",
@@ -136,6 +136,7 @@ __all__ = [
     "ExecutionParked",
     "Failed",
     "Finding",
+    "FirePass",
     "FireReport",
     "FlowWorker",
     "FlushReport",

@@ -160,6 +160,28 @@ class _Outcome:
 
 
 @dataclass(frozen=True, slots=True)
+class FirePass:
+    """What one pass of :meth:`TimerWorker.fire_pass` came to.
+
+    Attributes:
+        taken: timers taken off the queue (fired, or discarded because their
+            execution had ended).
+        failed: fires that raised or were refused, each logged as a warning and kept,
+            due again ``retry`` seconds later.
+        left: due timers the pass's last batch left because another worker or a step
+            held them (a later pass fires them).
+
+    Example:
+        >>> FirePass(taken=3, failed=1, left=0).failed
+        1
+    """
+
+    taken: int
+    failed: int
+    left: int
+
+
+@dataclass(frozen=True, slots=True)
 class _Batch:
     """What one batch's transaction came to.
 
@@ -488,34 +510,47 @@ class TimerWorker:
         then scheduling, then place in the sending step; answer how many were taken off
         the queue (fired or discarded). Timers whose fire raised are made due again
         later; those another worker or a step is busy with are left to a later pass.
+        :meth:`fire_pass` fires the same way and answers how many failed too.
 
         Raises:
             ValueError: ``now`` is naive.
             Exception: a batch's transaction failed (the database went away): what it
                 fired is rolled back and will fire again.
         """
-        return await self._fire_due(now, None)
+        return (await self.fire_pass(now)).taken
 
-    async def _fire_due(self, now: datetime | None, stop: asyncio.Event | None) -> int:
-        taken, _ = await self._pass(now, stop)
-        return taken
+    async def fire_pass(self, now: datetime | None = None) -> FirePass:
+        """Fire every timer due at ``now`` as :meth:`fire_due` does, and answer what the
+        pass came to: how many timers it took off the queue, how many failed (each
+        logged as a warning, and due again ``retry`` seconds later), and how many it
+        left to another worker or a step that held them.
+
+        Raises:
+            ValueError: ``now`` is naive.
+            Exception: a batch's transaction failed (the database went away): what it
+                fired is rolled back and will fire again.
+        """
+        done, _ = await self._pass(now, None)
+        return done
 
     async def _pass(
         self, now: datetime | None, stop: asyncio.Event | None
-    ) -> tuple[int, _Batch | None]:
-        """Batches until the due rows are done; returns how many were taken off the
-        queue, and the last batch (``None`` when stopped before one)."""
+    ) -> tuple[FirePass, _Batch | None]:
+        """Batches until the due rows are done; returns what they came to, and the last
+        batch (``None`` when stopped before one)."""
         moment = self.clock() if now is None else _aware(now)
-        taken = 0
+        taken = failed = 0
         batch = None
         while stop is None or not stop.is_set():
             batch = await self._batch(moment)
             taken += batch.taken
+            failed += batch.failed
             # A short batch saw every due row; one that took none left only rows that
             # are busy elsewhere or failed: claiming them again now would spin.
             if batch.picked < self.batch or batch.taken == 0:
                 break
-        return taken, batch
+        left = 0 if batch is None else batch.left
+        return FirePass(taken, failed, left), batch
 
     async def _batch(self, now: datetime) -> _Batch:
         """One batch at once or, when that raises, one by one."""
