@@ -5,7 +5,9 @@ every process that writes to them stopped (decision 0126).
 [--schema S] [--step N] [--dry-run]``
     The stores before (``--from``, in the order of the deployment's ``[database]
     shards``, or its one ``url``) and after (``--to``); a store in both lists is the
-    same database (compared by URL). Each holds an even range of the 1,024 buckets
+    same store. Stores are told apart by the random name each holds
+    (:func:`statifier.sql.places.store_identity`), not by their URLs: two URLs that
+    reach one store in one list are refused. Each holds an even range of the 1,024 buckets
     (``ShardMap.even``), so the command works out which ranges change store
     (:func:`plan`) and moves each (:func:`statifier.sql.moves.move_range`), ``N``
     buckets at a time (default 16). It prints one line per range, then a summary.
@@ -22,7 +24,10 @@ included. Before a row moves, every store named is marked ``moving``, which
 ``statifier serve`` refuses to start on (and a service still running stops at its
 next check); once every range moved, the ``--to`` stores are marked serving in their
 places and the stores left out ``retired``. A move cut short, or refused, is finished
-by running the same command again. Then start the processes with the new stores.
+by running the same command again; a reshard with other lists of stores is refused
+while a store is ``moving`` for it (the records name the reshard,
+:func:`statifier.sql.places.reshard_name`). Then start the processes with the new
+stores.
 
 Exit status: 0 when every range moved (or the dry run printed), 2 for an error,
 printed as one line, ``statifier reshard: message``.
@@ -31,7 +36,7 @@ printed as one line, ``statifier reshard: message``.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
@@ -63,36 +68,39 @@ class Range:
 
 
 def plan(sources: Sequence[str], targets: Sequence[str]) -> list[Range]:
-    """The ranges of buckets whose store changes when the stores at ``sources`` (each
-    an even range of the buckets, in order) become the stores at ``targets``, in
-    bucket order; a store in both is the same database when their URLs are.
+    """The ranges of buckets whose store changes when the stores ``sources`` (each an
+    even range of the buckets, in order) become the stores ``targets``, in bucket
+    order. A store is named by anything that is equal for one store and only for it:
+    the command names each by its :func:`~statifier.sql.places.store_identity`.
 
-    >>> plan(["sqlite:///a.db"], ["sqlite:///a.db", "sqlite:///b.db"])
+    >>> plan(["a"], ["a", "b"])
     [Range(buckets=(512, 1024), source=0, target=1)]
-    >>> plan(["sqlite:///a.db", "sqlite:///b.db"], ["sqlite:///a.db", "sqlite:///c.db"])
+    >>> plan(["a", "b"], ["a", "c"])
     [Range(buckets=(512, 1024), source=1, target=1)]
 
     Raises:
-        ValueError: a list is empty or names a database twice, or the first stores
+        ValueError: a list is empty or names a store twice, or the first stores
             differ (the first holds what is not per key: schedules, the inbound-events
             table and its consumers' rows, which stay where they are).
     """
     from statifier.buckets import BUCKETS
     from statifier.persistence.shards import ShardMap
-    from statifier.sql.engines import database_url
 
-    for named, urls in (("--from", sources), ("--to", targets)):
-        if not urls:
+    for named, stores in (("--from", sources), ("--to", targets)):
+        if not stores:
             raise ValueError(f"{named}: name at least one store")
-        if len({database_url(url) for url in urls}) != len(urls):
-            raise ValueError(f"{named}: a store is named twice")
-    if database_url(sources[0]) != database_url(targets[0]):
+        if len(set(stores)) != len(stores):
+            raise ValueError(
+                f"{named}: a store is named twice (two of its URLs reach one store, or "
+                "one store is a copy of another)"
+            )
+    if sources[0] != targets[0]:
         raise ValueError(
             "the first store of --to must be the first of --from: it holds what is not "
             "per key (schedules, the inbound-events table), which does not move"
         )
     before, after = ShardMap.even(len(sources)), ShardMap.even(len(targets))
-    same = [[database_url(a) == database_url(b) for b in targets] for a in sources]
+    same = [[a == b for b in targets] for a in sources]
     ranges: list[Range] = []
     for bucket in range(BUCKETS):
         source, target = before.store_of(bucket), after.store_of(bucket)
@@ -137,24 +145,37 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     from statifier.extras import MissingExtra
     from statifier.sql import TableOptions, migrations
     from statifier.sql.moves import CopyMismatch, SourceChanged, move_range
-    from statifier.sql.places import PlaceMismatch, resharded, resharding
+    from statifier.sql.places import (
+        PlaceMismatch,
+        reshard_name,
+        resharded,
+        resharding,
+        store_identity,
+    )
 
     try:
         options = TableOptions(prefix=args.prefix, schema=args.schema)
-        ranges = plan(args.sources, args.targets)
         if args.step < 1:
             raise ValueError(f"--step is a positive number of buckets, not {args.step}")
-        stores = _stores(args.sources, args.targets)
-        for store in stores:
-            found = migrations.current(store.url, options)
-            if found != migrations.head():
-                raise ValueError(
-                    f"{store} is at revision {found or 'none'}, not "
-                    f"{migrations.head()}: run statifier db upgrade on it first"
-                )
-        _check_places(stores, len(args.sources), len(args.targets), options)
+        for named, urls in (("--from", args.sources), ("--to", args.targets)):
+            for place, url in enumerate(urls):
+                found = migrations.current(url, options)
+                if found != migrations.head():
+                    raise ValueError(
+                        f"store {place} of {named} is at revision {found or 'none'}, not "
+                        f"{migrations.head()}: run statifier db upgrade on it first"
+                    )
+        # Each URL asked once for the store it reaches: two URLs may reach one.
+        urls = dict.fromkeys([*args.sources, *args.targets])
+        known = {url: _on(url, partial(store_identity, options=options)) for url in urls}
+        sources = [known[url] for url in args.sources]
+        targets = [known[url] for url in args.targets]
+        ranges = plan(sources, targets)
+        reshard = reshard_name(sources, targets)
+        stores = _stores(args.sources, args.targets, known)
+        _check_places(stores, len(args.sources), len(args.targets), options, reshard)
         if not args.dry_run:
-            _mark(stores, options, lambda store: resharding(store.before, len(args.sources)))
+            _mark(stores, options, lambda store: resharding(store.before, len(sources), reshard))
         total = 0
         for moving in ranges:
             start, end = moving.buckets
@@ -200,24 +221,26 @@ class _Store:
         return f"store {self.after} of --to"
 
 
-def _stores(sources: Sequence[str], targets: Sequence[str]) -> list[_Store]:
-    """Each store of ``sources`` and ``targets`` once, in their order."""
-    from statifier.sql.engines import database_url
-
-    stores: dict[Any, _Store] = {}
+def _stores(
+    sources: Sequence[str], targets: Sequence[str], known: Mapping[str, str]
+) -> list[_Store]:
+    """Each store of ``sources`` and ``targets`` (URLs) once, in their order, told
+    apart by ``known``: the store each URL reaches."""
+    stores: dict[str, _Store] = {}
     for place, url in enumerate(sources):
-        stores[database_url(url)] = _Store(url, place, None)
+        stores[known[url]] = _Store(url, place, None)
     for place, url in enumerate(targets):
-        before = stores.get(database_url(url))
-        stores[database_url(url)] = _Store(url, before.before if before else None, place)
+        before = stores.get(known[url])
+        stores[known[url]] = _Store(url, before.before if before else None, place)
     return list(stores.values())
 
 
 def _check_places(
-    stores: Sequence[_Store], sources: int, targets: int, options: TableOptions
+    stores: Sequence[_Store], sources: int, targets: int, options: TableOptions, reshard: str
 ) -> None:
     """Read each store's record and refuse what :func:`statifier.sql.places.reshard_refusal`
-    refuses, and a store a service runs on (:func:`statifier.sql.places.serving_since`).
+    refuses for the reshard named ``reshard``, and a store a service runs on
+    (:func:`statifier.sql.places.serving_since`).
 
     Raises:
         PlaceMismatch: a store's record forbids the reshard.
@@ -239,7 +262,7 @@ def _check_places(
     # Each store read once: its record and when a service last said it serves it.
     found = [_on(store.url, read) for store in stores]
     records = [(s.before, s.after, place) for s, (place, _) in zip(stores, found, strict=True)]
-    said = reshard_refusal(records, sources, targets)
+    said = reshard_refusal(records, sources, targets, reshard=reshard)
     if said is not None:
         raise PlaceMismatch(said)
     for store, (_, ago) in zip(stores, found, strict=True):

@@ -27,7 +27,7 @@ from statifier.sql import TableOptions, migrations
 from statifier.sql.dialect import execution_lock_key
 from statifier.sql.tables import UtcDateTime, autogenerate_filter
 
-HEAD = "statifier_0027"
+HEAD = "statifier_0028"
 """The newest revision."""
 
 DURABLE_TABLES = ("mig_charts", "mig_positions", "mig_executions", "mig_inputs")
@@ -69,6 +69,8 @@ LOCK_TABLES = ("mig_locks",)
 """What ``statifier_0016`` adds."""
 PLACE_TABLES = ("mig_store_place",)
 """What ``statifier_0026`` adds."""
+IDENTITY_TABLES = ("mig_store_identity",)
+"""What ``statifier_0028`` adds."""
 
 
 def _tenant() -> list[sa.Column[Any]]:
@@ -160,6 +162,7 @@ def test_migrations_build_exactly_the_tables(fresh_database: Any) -> None:
         *CAP_TABLES,
         *LOCK_TABLES,
         *PLACE_TABLES,
+        *IDENTITY_TABLES,
     }
 
 

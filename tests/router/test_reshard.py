@@ -41,8 +41,8 @@ from statifier.router import (
     TimerWorker,
 )
 from statifier.router.queries import address
-from statifier.sql import migrations
-from statifier.sql.moves import move_range, moved_tables
+from statifier.sql import migrations, moves
+from statifier.sql.moves import SourceChanged, move_range, moved_tables
 from statifier.sql.places import Place, PlaceMismatch, read_place, write_place
 
 SCOPE = "shop"
@@ -273,8 +273,14 @@ async def test_the_command_prints_its_plan_refuses_what_it_cannot_move_and_moves
     said = capsys.readouterr().err
     assert "store 1 of --to is at revision none" in said
     assert "new.db" not in said  # a store is named by its place, never its URL
-    assert main(["reshard", "--from", one, "--from", one, "--to", one]) == 2
+    assert main(["reshard", "--from", one, "--from", one, "--to", one, "--prefix", "t_"]) == 2
     assert "--from: a store is named twice" in capsys.readouterr().err
+    # Stores are told apart by what they hold: one file reached by two paths is one.
+    spelled = one.rsplit("/", 1)
+    one_again = f"{spelled[0]}/./{spelled[1]}"
+    assert one_again != one
+    assert main(["reshard", "--from", one, "--to", one, "--to", one_again, "--prefix", "t_"]) == 2
+    assert "--to: a store is named twice" in capsys.readouterr().err
     assert main(["reshard", "--from", one, "--to", other, "--to", one, "--prefix", "t_"]) == 2
     assert "the first store of --to must be the first of --from" in capsys.readouterr().err
 
@@ -445,3 +451,79 @@ def test_the_stores_record_their_places_and_a_list_changed_without_a_reshard_is_
     migrations.prepare(elsewhere, options, migrate=True, place=Place.serving(0, 1))
     assert reshard([first, third], [first, third, elsewhere]) == 2
     assert "--to store 2 serves already, as place 0 of 1" in capsys.readouterr().err
+
+
+def _count(store: SqlStore) -> int:
+    return len(_rows(store, "executions"))
+
+
+@pytest.mark.asyncio
+async def test_a_store_reached_by_two_urls_is_one_store_and_loses_no_row(
+    sqlite_shards: list[SqlStore],  # noqa: F811 - the fixture
+) -> None:
+    """Grown from [A, B] to [A, B spelled otherwise, C]: B's rows stay in B where the
+    new map keeps them, and nothing is deleted as moved "from B to B"."""
+    for store in sqlite_shards:
+        store.empty()
+    a, b, c = sqlite_shards
+    head, tail = b.url.rsplit("/", 1)
+    b_again = f"{head}/./{tail}"
+    adapters = [SqlAdapter(store.url, store.tables) for store in (a, b)]
+    try:
+        two = ShardedRouter(_config(adapters[0]), adapters)
+        await two.route_many([_event(f"a{n}", "add", f"k{n}", n=1) for n in range(300)])
+    finally:
+        for adapter in adapters:
+            await adapter.close()
+    given = ["--from", a.url, "--from", b.url, "--to", a.url, "--to", b_again, "--to", c.url]
+    out = io.StringIO()
+    assert main(["reshard", *given, "--prefix", "t_"], out) == 0
+    assert "store 1 of --from to store 1 of --to" not in out.getvalue()
+    assert sum(_count(store) for store in sqlite_shards) == 300
+    three = ShardMap.even(3)
+    for place, store in enumerate(sqlite_shards):
+        start, end = three.ranges[place]
+        assert all(start <= row["bucket"] < end for row in _rows(store, "executions"))
+
+
+@pytest.mark.asyncio
+async def test_a_reshard_cut_short_is_finished_only_with_its_own_lists(
+    sqlite_shards: list[SqlStore],  # noqa: F811 - the fixture
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A reshard from [A] to [A, B] cut short after its first part leaves rows in B;
+    one from [A] to [A, C] is refused (those rows would be left in B, outside the new
+    list), and the first, run again, finishes with every row once."""
+    for store in sqlite_shards:
+        store.empty()
+    a, b, c = sqlite_shards
+    adapter = SqlAdapter(a.url, a.tables)
+    try:
+        alone = ShardedRouter(_config(adapter), [adapter])
+        await alone.route_many([_event(f"a{n}", "add", f"k{n}", n=1) for n in range(200)])
+    finally:
+        await adapter.close()
+    real, parts = moves._move_part, list[int]()
+
+    def cut_short(*args: Any, **kwargs: Any) -> Any:
+        if parts:
+            raise SourceChanged("cut short here")
+        parts.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(moves, "_move_part", cut_short)
+    grow = ["reshard", "--from", a.url, "--to", a.url, "--to", b.url, "--prefix", "t_"]
+    assert main([*grow, "--step", "64"], io.StringIO()) == 2
+    monkeypatch.undo()
+    assert _count(b) > 0
+    capsys.readouterr()
+
+    elsewhere = ["reshard", "--from", a.url, "--to", a.url, "--to", c.url, "--prefix", "t_"]
+    assert main(elsewhere, io.StringIO()) == 2
+    said = capsys.readouterr().err
+    assert "--from store 0 is moving for another reshard" in said
+    assert _count(c) == 0
+
+    assert main(grow, io.StringIO()) == 0
+    assert (_count(a) + _count(b), _count(c)) == (200, 0)

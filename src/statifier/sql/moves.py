@@ -50,7 +50,8 @@ from typing import Any, Final
 import sqlalchemy as sa
 
 from statifier.buckets import bucket_range
-from statifier.sql.engines import database_url, is_busy, sync_engine
+from statifier.sql.engines import is_busy, sync_engine
+from statifier.sql.places import store_identity
 from statifier.sql.tables import TableOptions, define_locations
 
 __all__ = ["CopyMismatch", "Moved", "SourceChanged", "move_range", "moved_tables"]
@@ -159,12 +160,14 @@ def move_range(
     if step < 1:
         raise ValueError(f"step is a positive number of buckets, not {step!r}")
     to_options = options if target_options is None else target_options
-    here = (database_url(source), options.schema, options.prefix)
-    if here == (database_url(target), to_options.schema, to_options.prefix):
-        raise ValueError("the source and the target are the same tables")
     counted: dict[str, int] = {}
     charts = 0
     with _Side.open(source, options) as origin, _Side.open(target, to_options) as destination:
+        if origin.identity == destination.identity:
+            # Told apart by what they hold, not by their URLs: two URLs may reach one.
+            raise ValueError(
+                "the source and the target are the same tables (or one is a copy of the other)"
+            )
         if "locations" in origin.by_name and "locations" not in destination.by_name:
             raise ValueError(
                 "the source has BasicHTTP locations and the target no table for them: "
@@ -188,6 +191,7 @@ class _Side:
     by_name: Mapping[str, sa.Table]
     charts: sa.Table
     new_key: Any
+    identity: str
 
     @classmethod
     @contextmanager
@@ -199,7 +203,9 @@ class _Side:
             locations = define_locations(tables)
             if sa.inspect(engine).has_table(locations.name, locations.schema):
                 by_name["locations"] = locations
-            yield cls(engine, by_name, tables.charts, options.new_key)
+            with engine.begin() as connection:
+                identity = store_identity(connection, options)
+            yield cls(engine, by_name, tables.charts, options.new_key, identity)
         finally:
             engine.dispose()
 

@@ -47,6 +47,7 @@ class TableNames:
     held_creates: str
     locks: str
     store_place: str
+    store_identity: str
 
     @classmethod
     def of(cls, tables: Tables) -> TableNames:
@@ -82,6 +83,7 @@ class TableNames:
                     "held_creates",
                     "locks",
                     "store_place",
+                    "store_identity",
                 )
             )
         )

@@ -13,8 +13,14 @@ table, the place it holds, of how many stores, and its state:
   of 1). A store without a record takes the place it is given; a store whose record
   says another place, or another state, is refused with :class:`PlaceMismatch`.
 - ``moving``: ``statifier reshard`` is moving buckets to or from it (or a reshard was
-  cut short: running it again finishes it).
+  cut short: running it again, with the same lists of stores, finishes it). The record
+  names the reshard (:func:`reshard_name`), and a reshard with other lists is refused
+  until that one is finished.
 - ``retired``: a reshard moved every bucket of it to the other stores.
+
+A store is known by a random name it holds (:func:`store_identity`), not by the URL
+that reaches it: two URLs that reach one database (``localhost`` and ``127.0.0.1``, a
+path written two ways) are one store.
 
 ``statifier reshard`` checks that the ``--from`` stores hold the places it is told
 (:func:`reshard_refusal`; a store without a record is taken at its word), marks every
@@ -40,7 +46,7 @@ reshard`` refuses stores a service said it serves within :data:`RUNNING_FOR` sec
 >>> with engine.begin() as connection:
 ...     claim_place(connection, options, Place.serving(1, 3), now)
 ...     read_place(connection, options)
-Place(place=1, stores=3, state='serving')
+Place(place=1, stores=3, state='serving', reshard=None)
 >>> with engine.begin() as connection:
 ...     claim_place(connection, options, Place.serving(0, 3), now)
 Traceback (most recent call last):
@@ -51,6 +57,8 @@ statifier.sql.places.PlaceMismatch: store 0 of 3 holds place 1 of 3: ...
 
 from __future__ import annotations
 
+import hashlib
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -71,10 +79,12 @@ __all__ = [
     "read_place",
     "read_place_async",
     "refusal",
+    "reshard_name",
     "reshard_refusal",
     "resharded",
     "resharding",
     "serving_since",
+    "store_identity",
     "trouble",
     "write_place",
 ]
@@ -85,12 +95,14 @@ State = Literal["serving", "moving", "retired"]
 @dataclass(frozen=True, slots=True)
 class Place:
     """A store's record: its ``place`` (0 for the first) among ``stores`` stores, and
-    its ``state``. A store ``moving`` keeps the place it had; a ``retired`` one has
-    none (``None``)."""
+    its ``state``. A store ``moving`` keeps the place it had, and names the reshard
+    that moves it (``reshard``, :func:`reshard_name`; ``None`` in a record written
+    before records named it); a ``retired`` one has no place (``None``)."""
 
     place: int | None
     stores: int | None
     state: State
+    reshard: str | None = None
 
     @classmethod
     def serving(cls, place: int, stores: int) -> Place:
@@ -126,7 +138,7 @@ def read_place(connection: sa.Connection, options: TableOptions) -> Place | None
 
 
 def _reading(options: TableOptions) -> str:
-    return f"SELECT DISTINCT place, stores, state FROM {_table(options)}"
+    return f"SELECT DISTINCT place, stores, state, reshard FROM {_table(options)}"
 
 
 def _only(rows: list[tuple[Any, ...]]) -> Place | None:
@@ -140,8 +152,8 @@ def _only(rows: list[tuple[Any, ...]]) -> Place | None:
     if len(rows) > 1:
         found = ", ".join(str(Place(*row)) for row in rows)
         raise PlaceMismatch(f"the store holds several records of its place: {found}")
-    place, stores, state = rows[0]
-    return Place(place, stores, state)
+    place, stores, state, reshard = rows[0]
+    return Place(place, stores, state, reshard)
 
 
 def write_place(
@@ -154,6 +166,7 @@ def write_place(
         "place": place.place,
         "stores": place.stores,
         "state": place.state,
+        "reshard": place.reshard,
         "changed_at": now,
     }
     if options.new_key is not None:  # a UUID key made on the client
@@ -209,10 +222,39 @@ async def read_place_async(dialect: Dialect, driver: Any, options: TableOptions)
     return _only(await dialect.rows(driver, dialect.statement(_reading(options))))
 
 
-def resharding(before: int | None, sources: int) -> Place:
-    """A store's record while a reshard moves buckets: ``moving``, keeping its place
-    ``before`` among the ``sources`` stores (``None``: a store the reshard adds)."""
-    return Place(before, None if before is None else sources, "moving")
+def store_identity(connection: sa.Connection, options: TableOptions) -> str:
+    """The random name the store is known by, whatever URL reaches it: made by the
+    revision that makes its table (``statifier_0028``), or here, in ``connection``'s
+    transaction, for tables built by hand and stamped without it."""
+    table = options.define().store_identity
+    found = connection.execute(sa.select(sa.func.min(table.c.identity))).scalar()
+    if found is not None:
+        return str(found)
+    values: dict[str, Any] = {"identity": uuid.uuid4().hex}
+    if options.new_key is not None:  # a UUID key made on the client
+        values["id"] = options.new_key()
+    connection.execute(table.insert().values(values))
+    return str(values["identity"])
+
+
+def reshard_name(sources: Sequence[str], targets: Sequence[str]) -> str:
+    """The name of a reshard from the stores ``sources`` to ``targets`` (each store's
+    :func:`store_identity`, in list order): the same lists, the same name.
+
+    >>> reshard_name(["a"], ["a", "b"]) == reshard_name(["a"], ["a", "b"])
+    True
+    >>> reshard_name(["a"], ["a", "b"]) == reshard_name(["a"], ["a", "c"])
+    False
+    """
+    said = "\n".join(["from", *sources, "to", *targets])
+    return hashlib.blake2b(said.encode(), digest_size=16).hexdigest()
+
+
+def resharding(before: int | None, sources: int, reshard: str | None = None) -> Place:
+    """A store's record while the reshard named ``reshard`` moves buckets: ``moving``,
+    keeping its place ``before`` among the ``sources`` stores (``None``: a store the
+    reshard adds)."""
+    return Place(before, None if before is None else sources, "moving", reshard)
 
 
 def resharded(after: int | None, targets: int) -> Place:
@@ -222,23 +264,39 @@ def resharded(after: int | None, targets: int) -> Place:
 
 
 def reshard_refusal(
-    stores: Sequence[tuple[int | None, int | None, Place | None]], sources: int, targets: int
+    stores: Sequence[tuple[int | None, int | None, Place | None]],
+    sources: int,
+    targets: int,
+    *,
+    reshard: str,
 ) -> str | None:
-    """Why a reshard from ``sources`` stores to ``targets`` may not begin, given each
-    store it names once as ``(place before, place after, record)`` (a place ``None``
-    where the store is not in that list); ``None`` when it may.
+    """Why the reshard named ``reshard`` (:func:`reshard_name`) from ``sources`` stores
+    to ``targets`` may not begin, given each store it names once as ``(place before,
+    place after, record)`` (a place ``None`` where the store is not in that list);
+    ``None`` when it may.
 
-    It may not when a store of the list before records another place than its place
-    there, or that a reshard retired it, nor when a store it adds serves another list
-    already. A store without a record is taken at its word. A reshard cut short may
-    begin again: each of its stores is ``moving`` or records what the reshard leaves
-    it (all of them may: only the last line was missing).
+    It may not when a store is ``moving`` for another reshard (one cut short, with
+    other lists of stores: rows it moved may lie in a store this one does not name),
+    when a store of the list before records another place than its place there, or
+    that a reshard retired it, nor when a store it adds serves another list already. A
+    store without a record is taken at its word. A reshard cut short may begin again:
+    each of its stores is ``moving`` or records what the reshard leaves it (all of
+    them may: only the last line was missing).
 
-    >>> reshard_refusal([(0, 0, Place.serving(0, 2)), (None, 1, None)], 1, 2)
+    >>> reshard_refusal([(0, 0, Place.serving(0, 2)), (None, 1, None)], 1, 2, reshard="r")
     '--from store 0 of 1 holds place 0 of 2: the list of stores changed ...'
-    >>> reshard_refusal([(0, 0, Place.serving(0, 1)), (None, 1, None)], 1, 2) is None
-    True
+    >>> reshard_refusal([(0, 0, Place.serving(0, 1)), (None, 1, None)], 1, 2, reshard="r")
+    >>> reshard_refusal([(0, 0, resharding(0, 1, "q")), (None, 1, None)], 1, 2, reshard="r")
+    '--from store 0 is moving for another reshard, with other lists of stores, ...'
     """
+    for before, after, found in stores:
+        if found is not None and found.state == "moving" and found.reshard not in (None, reshard):
+            where = f"--from store {before}" if before is not None else f"--to store {after}"
+            return (
+                f"{where} is moving for another reshard, with other lists of stores, that "
+                "was cut short: run that one again with its --from and --to to its end "
+                "(rows it moved may lie in stores this one does not name), then this one"
+            )
     done = [found == resharded(after, targets) for _, after, found in stores]
     moving = [found is not None and found.state == "moving" for _, _, found in stores]
     resumed = all(a or b for a, b in zip(done, moving, strict=True))

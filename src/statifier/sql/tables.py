@@ -37,6 +37,8 @@ metadata.
   ``"rows"`` (:mod:`statifier.sql.locks`); empty otherwise.
 - ``store_place``: which place the database holds in the list of stores a deployment
   runs on, and whether a reshard is moving its buckets (:mod:`statifier.sql.places`).
+- ``store_identity``: the random name a store is known by, whatever URL reaches it
+  (:func:`statifier.sql.places.store_identity`).
 
 Every table starts with a surrogate primary key ``id`` of the configured type, then
 the host's leading columns, then the package's own (each row's insert and update
@@ -72,6 +74,7 @@ shop_positions
 shop_routing_ledger
 shop_schedules
 shop_step_errors
+shop_store_identity
 shop_store_place
 shop_subscriptions
 shop_timers
@@ -437,7 +440,7 @@ class TableOptions:
         return sa.Table(name, metadata, *self.laid_out(name, *declared), schema=schema)
 
     def define(self, metadata: sa.MetaData | None = None) -> Tables:
-        """The twenty-eight tables under these options, in ``metadata`` (a new one if ``None``).
+        """The twenty-nine tables under these options, in ``metadata`` (a new one if ``None``).
 
         Raises:
             sqlalchemy.exc.InvalidRequestError: ``metadata`` already holds a table of
@@ -496,7 +499,7 @@ def _text_columns() -> frozenset[str]:
 
 @dataclass(frozen=True, slots=True)
 class Tables:
-    """The twenty-eight tables of durable executions, of the event router, of its fronts and
+    """The twenty-nine tables of durable executions, of the event router, of its fronts and
     of the console, defined under one :class:`TableOptions`.
 
     Attributes:
@@ -547,6 +550,7 @@ class Tables:
     held_creates: sa.Table
     locks: sa.Table
     store_place: sa.Table
+    store_identity: sa.Table
     options: TableOptions
 
     @classmethod
@@ -805,6 +809,7 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
     active_slots, held_creates = _caps(options, metadata)
     locks = _locks(options, metadata)
     store_place = _store_place(options, metadata)
+    store_identity = _store_identity(options, metadata)
     return Tables(
         metadata,
         charts,
@@ -835,6 +840,7 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         held_creates,
         locks,
         store_place,
+        store_identity,
         options,
     )
 
@@ -1151,8 +1157,9 @@ def _locks(options: TableOptions, metadata: sa.MetaData) -> sa.Table:
 def _store_place(options: TableOptions, metadata: sa.MetaData) -> sa.Table:
     """Which place of how many stores the database holds (``place``, ``stores``), its
     ``state``: ``serving``, ``moving`` (a reshard moves its buckets) or ``retired`` (a
-    reshard moved them all away), and when a running service last said it serves it
-    (``seen_at``). One row, or none before a process claimed a place
+    reshard moved them all away), when a running service last said it serves it
+    (``seen_at``), and, while ``moving``, which reshard moves it (``reshard``: a
+    digest of its lists of stores). One row, or none before a process claimed a place
     (:mod:`statifier.sql.places`)."""
     return options.table(
         options.name("store_place"),
@@ -1162,6 +1169,18 @@ def _store_place(options: TableOptions, metadata: sa.MetaData) -> sa.Table:
         sa.Column("state", sa.Text(), nullable=False),
         sa.Column("changed_at", UtcDateTime(), nullable=False),
         sa.Column("seen_at", UtcDateTime(), nullable=True),
+        sa.Column("reshard", sa.Text(), nullable=True),
+        schema=options.schema,
+    )
+
+
+def _store_identity(options: TableOptions, metadata: sa.MetaData) -> sa.Table:
+    """The random name the store is known by (``identity``), whatever URL reaches it: one
+    row, made by the revision that makes the table (:mod:`statifier.sql.places`)."""
+    return options.table(
+        options.name("store_identity"),
+        metadata,
+        sa.Column("identity", sa.Text(), nullable=False),
         schema=options.schema,
     )
 
