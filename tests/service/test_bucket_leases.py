@@ -7,6 +7,7 @@ test (``tests/service/test_serve.py``) runs the real ones in two processes."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -23,10 +24,12 @@ from tests.persistence.conftest import (  # noqa: F401 - fixtures used through r
 from tests.router.conftest import (  # noqa: F401 - the fixtures themselves
     RouterDb,
     locking_store,
+    pg_db,
+    pg_store,
     router_db,
 )
 
-from statifier.fronts.leases import PartitionLeases
+from statifier.fronts.leases import LeaseChange, PartitionLeases
 from statifier.service.bucket_leases import (
     GROUP,
     LeasedWorkers,
@@ -82,7 +85,7 @@ class _Worker:
 class _Service:
     """One service's leased workers on the store, recording every range it ran."""
 
-    def __init__(self, db: RouterDb, owner: str) -> None:
+    def __init__(self, db: RouterDb, owner: str, slices: int = 16) -> None:
         self.stop = asyncio.Event()
         self.ran: list[tuple[int, int]] = []
         self.workers: list[_Worker] = []
@@ -93,7 +96,7 @@ class _Service:
             self.build,
             self.stop,
             owner=owner,
-            slices=16,
+            slices=slices,
             ttl=TTL,
             clock=db.clock,
         )
@@ -187,7 +190,7 @@ async def test_services_share_the_slices_and_one_that_stops_gives_them_up_at_onc
     assert a.part.task is not None
     await asyncio.wait_for(a.part.task, 10)
     leases = PartitionLeases(
-        router_db.adapter, group=GROUP, partitions=["0000-0064"], owner="c", ttl=TTL
+        router_db.adapter, group=f"{GROUP}/16", partitions=["0000-0064"], owner="c", ttl=TTL
     )
     assert (await leases.claim()).gained == ("0000-0064",)  # a left too
 
@@ -199,7 +202,7 @@ async def test_a_dead_services_slices_wait_until_its_leases_run_out_and_readines
     names = [slice_name(piece) for piece in slices_of((0, 1024), 16)]
     dead = PartitionLeases(
         router_db.adapter,
-        group=GROUP,
+        group=f"{GROUP}/16",  # the group of 16 slices
         partitions=names,
         owner="dead",
         ttl=TTL,
@@ -266,3 +269,133 @@ async def test_a_failing_leave_on_stop_is_logged_and_the_workers_stop(
     assert all(worker.task is not None and worker.task.done() for worker in a.workers)
     said = [r for r in caplog.records if "could not give up its bucket slices" in r.getMessage()]
     assert [r.levelname for r in said] == ["WARNING"]
+
+
+@pytest.mark.asyncio
+async def test_a_claim_held_up_by_a_stuck_claims_lock_fails_within_a_third_of_the_ttl(
+    pg_db: RouterDb,  # noqa: F811 - the fixture
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Another member's claim transaction, stuck while it holds the group's lock (a
+    # frozen process, or one cut off whose transaction lives on in the server): the
+    # claims wait a third of the ttl for the lock, then fail, say so and turn
+    # readiness red, and succeed again once it is released.
+    a = _Service(pg_db, "a")
+    held, release = asyncio.Event(), asyncio.Event()
+
+    async def stuck() -> None:
+        async with pg_db.adapter.transaction() as tx:
+            await a.part.leases.table.serialize(tx.driver, a.part.leases.group)
+            held.set()
+            await release.wait()
+
+    with _started(a):
+        await _until(lambda: a.running() == {(0, 1024)})
+        holder = asyncio.create_task(stuck())
+        try:
+            await asyncio.wait_for(held.wait(), 10)
+            await _until(lambda: (a.part.trouble() or "").startswith("leases not renewed: "))
+            assert a.running() == {(0, 1024)}  # the workers run on meanwhile
+        finally:
+            release.set()
+            await asyncio.wait_for(holder, 10)
+        await _until(lambda: a.part.trouble() is None)
+    assert a.part.task is not None
+    await asyncio.wait_for(a.part.task, 10)
+    said = [r.getMessage() for r in caplog.records if "bucket lease claim failed" in r.getMessage()]
+    assert said
+    assert "no lock on the lease group within 0.1 s: another service's claim holds it" in said[0]
+
+
+@pytest.mark.asyncio
+async def test_a_claim_that_never_returns_turns_readiness_red_once_the_ttl_passed(
+    router_db: RouterDb,  # noqa: F811 - the fixture
+) -> None:
+    # Whatever holds a claim up (a network that drops every packet): no claim
+    # succeeded for longer than the ttl, so the leases ran out; readiness says so.
+    a = _Service(router_db, "a")
+    claim, answer = a.part.leases.claim, asyncio.Event()
+
+    async def hanging() -> LeaseChange:
+        await answer.wait()
+        return await claim()
+
+    with _started(a):
+        await _until(lambda: a.running() == {(0, 1024)})
+        a.part.leases.claim = hanging  # type: ignore[method-assign]
+        try:
+            await asyncio.sleep(TTL)  # a claim is under way, and hangs
+            assert a.part.trouble() is None  # the leases' time has not moved
+            router_db.clock.advance(timedelta(seconds=TTL * 2))
+            assert a.part.trouble() == "leases not renewed for 0.6 s: a claim hangs"
+            assert a.running() == {(0, 1024)}  # the workers run on meanwhile
+        finally:
+            answer.set()
+        await _until(lambda: a.part.trouble() is None)
+    assert a.part.task is not None
+    await asyncio.wait_for(a.part.task, 10)
+
+
+@pytest.mark.asyncio
+async def test_services_cut_in_different_counts_lease_groups_of_their_own_and_say_so(
+    router_db: RouterDb,  # noqa: F811 - the fixture
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # One group for both would count each as the other's member and halve their
+    # shares over names the other does not lease: half the buckets would run nowhere.
+    # Each count leases a group of its own, serves every bucket among its own
+    # services (overlapping the other's: safe, the claims of rows skip what another
+    # holds), and says it runs beside another count; a member of the group a version
+    # before the count was in its name is named too.
+    caplog.set_level(logging.WARNING)
+    names = [slice_name(piece) for piece in slices_of((0, 1024), 16)]
+    old = PartitionLeases(
+        router_db.adapter,
+        group=GROUP,
+        partitions=names,
+        owner="old",
+        ttl=TTL,
+        clock=router_db.clock,
+    )
+    await old.claim()  # alive as long as the clock does not move
+    a, b = _Service(router_db, "a", slices=16), _Service(router_db, "b", slices=8)
+    with _started(a, b):
+        await _until(lambda: len(a.buckets()) == 1024 and len(b.buckets()) == 1024)
+        assert a.part.trouble() is None
+        assert b.part.trouble() is None
+
+        def warned(service: _Service, groups: str) -> bool:
+            return any(
+                r.levelname == "WARNING"
+                and r.getMessage().startswith(f"{service.part.name}: services of other")
+                and f"(lease groups {groups}; this one's" in r.getMessage()
+                for r in caplog.records
+            )
+
+        await _until(lambda: warned(a, f"{GROUP} (an older version), {GROUP}/8"))
+        await _until(lambda: warned(b, f"{GROUP} (an older version), {GROUP}/16"))
+    assert (a.part.leases.group, b.part.leases.group) == (f"{GROUP}/16", f"{GROUP}/8")
+    for service in (a, b):
+        assert service.part.task is not None
+        await asyncio.wait_for(service.part.task, 10)
+
+
+@pytest.mark.asyncio
+async def test_a_failing_claims_line_says_what_failed_on_one_bounded_line(
+    router_db: RouterDb,  # noqa: F811 - the fixture
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    a = _Service(router_db, "a")
+    with _started(a):
+        await _until(lambda: a.running() == {(0, 1024)})
+        with _leases_moved_away(router_db):
+            await _until(lambda: (a.part.trouble() or "").startswith("leases not renewed: "))
+    assert a.part.task is not None
+    await asyncio.wait_for(a.part.task, 10)
+    said = [r.getMessage() for r in caplog.records if "bucket lease claim failed" in r.getMessage()]
+    assert said
+    # The error's message names the table that is missing.
+    line = said[0]
+    assert "partition_leases" in line
+    assert "\n" not in line
+    assert len(line) < 500

@@ -364,7 +364,7 @@ def _bucket_leases(settings: ServiceSettings) -> list[set[tuple[str, str | None]
                 rows = connection.execute(
                     sa.text(
                         "SELECT partition, owner FROM t_partition_leases "
-                        "WHERE consumer_group = 'statifier.buckets' AND owner IS NOT NULL"
+                        "WHERE consumer_group LIKE 'statifier.buckets/%' AND owner IS NOT NULL"
                     )
                 )
                 held.append({(row.partition, row.owner) for row in rows})

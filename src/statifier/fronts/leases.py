@@ -198,9 +198,14 @@ class PartitionLeases:
             a random token); a restarted member may take its old name again.
         ttl: seconds a claim keeps the member alive and its leases held.
         clock: the time leases are measured by; the wall clock by default.
+        wait: seconds a claim, a release or a leave waits for the group's lock on
+            PostgreSQL before it fails (SQLSTATE 55P03); ``None`` (the default): as
+            long as the lock is held, so a member whose transaction is stuck holding
+            it holds up the others' claims with it.
 
     Raises:
-        ConfigError: no partitions, a blank group or owner, or ``ttl`` not positive.
+        ConfigError: no partitions, a blank group or owner, or ``ttl`` or ``wait`` not
+            positive.
     """
 
     def __init__(
@@ -212,6 +217,7 @@ class PartitionLeases:
         owner: str,
         ttl: float = 15.0,
         clock: Clock | None = None,
+        wait: float | None = None,
     ) -> None:
         if not group or not owner:
             raise ConfigError(f"a lease needs a group and an owner: {group!r}, {owner!r}")
@@ -219,12 +225,15 @@ class PartitionLeases:
             raise ConfigError(f"a group's partitions are non-empty strings: {partitions!r}")
         if not ttl > 0:
             raise ConfigError(f"a lease's ttl is a positive number of seconds, not {ttl!r}")
+        if wait is not None and not wait > 0:
+            raise ConfigError(f"a lock wait is a positive number of seconds, not {wait!r}")
         self.adapter = adapter
         self.group = group
         self.partitions: tuple[str, ...] = tuple(sorted(set(partitions)))
         self.owner = owner
         self.ttl = timedelta(seconds=ttl)
         self.clock = clock or _wall_clock
+        self.wait = wait
         self._held: frozenset[str] = frozenset()
         self.table = LeaseTable(adapter.tables, adapter.dialect)
         # A claim and a release of one member never interleave: each sets ``held``.
@@ -251,7 +260,7 @@ class PartitionLeases:
         until = now + self.ttl
         async with self.adapter.transaction() as tx:
             driver, table = tx.driver, self.table
-            await table.serialize(driver, self.group)
+            await table.serialize(driver, self.group, self.wait)
             members = await table.alive(driver, self.group, self.owner, now, until)
             holdings = {
                 row.partition: Holding(row.partition, row.owner, row.leased_until)
@@ -277,7 +286,7 @@ class PartitionLeases:
         if not chosen:
             return
         async with self._lock, self.adapter.transaction() as tx:
-            await self.table.serialize(tx.driver, self.group)
+            await self.table.serialize(tx.driver, self.group, self.wait)
             await self.table.free(tx.driver, self.group, self.owner, chosen)
             self._held = self._held - set(chosen)
 
@@ -285,7 +294,7 @@ class PartitionLeases:
         """Release every partition and leave the group, so the others' next claims
         share the partitions without waiting for this member's ttl."""
         async with self._lock, self.adapter.transaction() as tx:
-            await self.table.serialize(tx.driver, self.group)
+            await self.table.serialize(tx.driver, self.group, self.wait)
             await self.table.free(tx.driver, self.group, self.owner, self.partitions)
             await self.table.forget(tx.driver, self.group, self.owner)
             self._held = frozenset()

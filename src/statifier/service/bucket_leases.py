@@ -6,16 +6,28 @@ store's whole range of buckets, and the services' claims skip the rows another h
 ``[bucket_leases] enabled = true`` the store's range is cut into ``slices`` even
 slices, leased through the store's ``partition_leases`` table as the inbound table's
 partitions are (:class:`statifier.fronts.leases.PartitionLeases`, group
-:data:`GROUP`): each live service holds its fair share, and runs one set of workers
-per run of adjacent slices it holds. A service that joins takes slices as the others
-give up their surplus; one that stops gives its slices up at once; one that dies
-leaves its slices to the others once their ttl ran out.
+:func:`group_of` the slice count: :data:`GROUP` ``/16``): each live service holds its
+fair share, and runs one set of workers per run of adjacent slices it holds. A service
+that joins takes slices as the others give up their surplus; one that stops gives its
+slices up at once; one that dies leaves its slices to the others once their ttl ran
+out.
+
+Services cut in different counts lease different groups: each serves the whole range
+among those of its own count, so their slices overlap (safe, see below) rather than
+leave buckets to nobody, and a claim that finds another count's group alive says so
+in a warning (once per interval).
+
+A claim waits at most a third of the ttl for the group's lock (another service's
+claim holds it: a stuck transaction), then fails; and readiness turns red once the
+last claim that succeeded is older than the ttl, whatever holds the claims up.
 
 The leases divide the work; they do not guard it. A service that lost a slice (its
 claims failed for longer than the ttl) fires its timers until its next claim tells
 it so, and a timer, an outbox row or a held group is still claimed one holder at a
 time, so nothing fires twice; a slice nobody holds waits, and readiness says so.
 
+>>> group_of(16)
+'statifier.buckets/16'
 >>> slices_of((0, 1024), 4)
 ((0, 256), (256, 512), (512, 768), (768, 1024))
 >>> ranges_of(["0256-0512", "0000-0256", "0768-1024"])
@@ -28,19 +40,35 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import re
 from collections.abc import Callable, Collection, Sequence
-from typing import Protocol
+from datetime import datetime
+from typing import Final, Protocol
 
 from statifier.fronts.leases import Clock, PartitionLeases
 from statifier.persistence.sql import SqlAdapter
 from statifier.repeats import Repeats
 
-__all__ = ["GROUP", "LeasedWorkers", "Worker", "ranges_of", "slice_name", "slices_of"]
+__all__ = [
+    "GROUP",
+    "LeasedWorkers",
+    "Worker",
+    "group_of",
+    "ranges_of",
+    "slice_name",
+    "slices_of",
+]
 
 _log = logging.getLogger(__name__)
 
 GROUP = "statifier.buckets"
-"""The lease group of the bucket slices, in each store's ``partition_leases``."""
+"""The family of the bucket slices' lease groups, in each store's ``partition_leases``
+(:func:`group_of`); the group itself of the versions before the count was in its name."""
+
+_TOLD: Final = 300
+"""Characters at most of an error's message in a failed claim's line."""
+_URL: Final = re.compile(r"[a-z][a-z0-9+.-]*://\S+", re.IGNORECASE)
+_PASSWORD: Final = re.compile(r"(password\s*=\s*)\S+", re.IGNORECASE)
 
 Range = tuple[int, int]
 
@@ -65,6 +93,14 @@ def slices_of(buckets: Range, count: int) -> tuple[Range, ...]:
     width = end - start
     edges = [start + width * n // count for n in range(count + 1)]
     return tuple(itertools.pairwise(edges))
+
+
+def group_of(slices: int) -> str:
+    """The lease group of a range cut into ``slices`` slices: the services of one count
+    share one group, and those of another count lease another (their slices' names
+    differ, and as members of one group they would halve each other's shares over
+    names the other does not lease)."""
+    return f"{GROUP}/{slices}"
 
 
 def slice_name(piece: Range) -> str:
@@ -100,8 +136,10 @@ class LeasedWorkers:
             up for the other services to take at once.
         owner: this service's name among the store's services.
         slices: how many slices the range is cut into (the most services that share
-            it usefully).
-        ttl: seconds a claim holds the slices; claims come every third of it.
+            it usefully); the services of one count share a lease group
+            (:func:`group_of`).
+        ttl: seconds a claim holds the slices; claims come every third of it, and
+            each waits at most a third of it for the group's lock.
         clock: the time leases are measured by (the wall clock by default).
     """
 
@@ -123,26 +161,42 @@ class LeasedWorkers:
         self.stop = stop
         self.ttl = ttl
         names = [slice_name(piece) for piece in slices_of(buckets, slices)]
+        self.group = group_of(len(names))
         self.leases = PartitionLeases(
-            adapter, group=GROUP, partitions=names, owner=owner, ttl=ttl, clock=clock
+            adapter,
+            group=self.group,
+            partitions=names,
+            owner=owner,
+            ttl=ttl,
+            clock=clock,
+            wait=ttl / 3,
         )
         self.task: asyncio.Task[None] | None = None
         self.running: dict[Range, tuple[asyncio.Event, Sequence[Worker]]] = {}
         """The ranges whose workers run, each with the event that stops them."""
         self._failure: str | None = None
+        self._renewed: datetime | None = None
+        """When (by the leases' clock) the last claim succeeded, or the part started."""
         self._waiting: tuple[str, ...] = ()
         self._repeats = Repeats()
 
     def start(self) -> None:
         """Run the leases and the workers in a task of their own (:attr:`task`)."""
+        self._renewed = self.leases.clock()
         self.task = asyncio.create_task(self._run(), name=self.name)
 
     def trouble(self) -> str | None:
-        """``None`` while work flows, else why it may not: not running, the last claim
+        """``None`` while work flows, else why it may not: not running, no claim
+        succeeded for longer than the ttl (one hangs, or they fail), the last claim
         failed, a worker's trouble (named with its range), or no slice held while
         slices wait for a service (free, or their holder missed a renewal)."""
         if self.task is None or self.task.done():
             return "not running"
+        if self._renewed is not None:
+            age = (self.leases.clock() - self._renewed).total_seconds()
+            if age > self.ttl:
+                cause = "a claim hangs" if self._failure is None else self._failure
+                return f"leases not renewed for {age:.1f} s: {cause}"
         if self._failure is not None:
             return f"leases not renewed: {self._failure}"
         for _, workers in self.running.values():
@@ -181,6 +235,7 @@ class LeasedWorkers:
             self._failed(error, "claim")
             return
         self._failure = None
+        self._renewed = self.leases.clock()
         self._waiting = change.waiting
         wanted = set(ranges_of(set(change.held) - set(change.surplus)))
         await self._stop([piece for piece in self.running if piece not in wanted])
@@ -198,21 +253,65 @@ class LeasedWorkers:
                 await self.leases.release(change.surplus)
             except Exception as error:  # noqa: BLE001 - the next claim says surplus again
                 self._failed(error, "release")
+        await self._kin()
+
+    async def _kin(self) -> None:
+        """Warn (once per interval) while services that cut the range in another count
+        of slices, or of a version that leased one group for every count, are alive on
+        the store: their slices overlap this service's."""
+        try:
+            adapter = self.leases.adapter
+            async with adapter.transaction() as tx:
+                groups = await self.leases.table.kin(tx.driver, GROUP, self.leases.clock())
+        except Exception as error:  # noqa: BLE001 - a hint only; the next claim looks again
+            _log.debug("%s: could not read the other lease groups: %r", self.name, error)
+            return
+        others = sorted(set(groups) - {self.group})
+        if others:
+            self._repeats.log(
+                _log,
+                logging.WARNING,
+                ("slices", tuple(others)),
+                "%s: services of other [bucket_leases] slices or versions run beside "
+                "this one on the store (lease groups %s; this one's %s): each group's "
+                "services serve every bucket among themselves, so their workers read "
+                "the same buckets (safe: a timer or an outbox row is claimed by one "
+                "holder at a time); give every service the same slices and version",
+                self.name,
+                ", ".join(f"{g} (an older version)" if g == GROUP else g for g in others),
+                self.group,
+            )
 
     def _failed(self, error: Exception, what: str) -> None:
-        """Say that a claim or a release failed (logged once per kind and interval);
-        readiness says so until a claim succeeds."""
+        """Say that a claim or a release failed, with the error's message (logged once
+        per kind and interval); readiness says so until a claim succeeds."""
         self._failure = type(error).__name__
         self._repeats.log(
             _log,
             logging.ERROR,
             (what, self._failure),
-            "%s: a bucket lease %s failed (%s); the next claim in %g s",
+            "%s: a bucket lease %s failed (%s: %s); the next claim in %g s",
             self.name,
             what,
             self._failure,
+            self._told(error),
             self.ttl / 3,
         )
+
+    def _told(self, error: Exception) -> str:
+        """What ``error`` says, on one line and at most :data:`_TOLD` characters: the
+        driver's message (SQLAlchemy's wrapper's ``orig``, without the statement and
+        its parameters), URLs and passwords left out; a wait for the group's lock cut
+        short says so."""
+        if self.leases.adapter.dialect.lock_not_granted(error):
+            return (
+                f"no lock on the lease group within {self.ttl / 3:g} s: another "
+                "service's claim holds it"
+            )
+        cause = getattr(error, "orig", None)
+        told = " ".join(str(cause if isinstance(cause, BaseException) else error).split())
+        told = _PASSWORD.sub(r"\1***", _URL.sub("<url>", told)) or "no message"
+        return told if len(told) <= _TOLD else f"{told[: _TOLD - 3]}..."
 
     async def _stop(self, pieces: Sequence[Range]) -> None:
         """Stop the workers of ``pieces`` and wait until they finished their pass."""

@@ -12,7 +12,10 @@ group take the group's lock (:func:`group_lock`) exclusively, so members on seve
 machines never split a partition, and a writer that must not race a claim (a fenced
 commit of :mod:`statifier.sql.inbound`) takes it shared; on SQLite the transaction
 holds the single writer, which serializes them (several processes on one file
-included).
+included). A claim may bound its wait for the group's lock (:meth:`LeaseTable.serialize`'s
+``wait``: PostgreSQL's ``lock_timeout``, for the lock statement alone), so that a member
+whose claim transaction is stuck holding the lock makes the others' claims fail rather
+than hang.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from statifier.sql.dialect import Dialect, lock_key
 from statifier.sql.keys import RowKeys
 from statifier.sql.locks import locks_of
 from statifier.sql.names import TableNames
+from statifier.sql.postgres import RESTORE_LOCK_TIMEOUT, SET_LOCK_TIMEOUT, lock_timeout
 from statifier.sql.tables import Tables
 
 __all__ = ["LeaseRow", "LeaseTable", "group_lock"]
@@ -97,13 +101,32 @@ class LeaseTable:
         self._forget = sql(
             f"DELETE FROM {members} WHERE consumer_group = :group AND owner = :owner"
         )
+        self._kin = sql(
+            f"SELECT DISTINCT consumer_group FROM {members} "
+            "WHERE (consumer_group = :family OR consumer_group LIKE :named) AND seen_until > :now"
+        )
 
-    async def serialize(self, driver: Any, group: str) -> None:
+    async def serialize(self, driver: Any, group: str, wait: float | None = None) -> None:
         """Take ``group``'s lock exclusively until the transaction ends (see the module
-        docstring); nothing to take where the transaction holds the single writer."""
-        if self._serialize is not None:
-            key = group_lock(self.names, group)
-            await self.dialect.execute(driver, self._serialize, {"key": key})
+        docstring), waiting at most ``wait`` seconds for it (``None``: as long as it
+        takes); nothing to take where the transaction holds the single writer.
+
+        Raises:
+            Exception: the driver's, from the database; a wait past ``wait`` is one the
+                dialect's :meth:`~statifier.sql.dialect.Dialect.lock_not_granted` knows
+                (SQLSTATE 55P03), after which the transaction must be rolled back.
+        """
+        if self._serialize is None:
+            return
+        dialect, values = self.dialect, {"key": group_lock(self.names, group)}
+        if wait is None:
+            await dialect.execute(driver, self._serialize, values)
+            return
+        # lock_timeout for the lock statement alone; the transaction's own after it.
+        row = await dialect.row(driver, SET_LOCK_TIMEOUT, {"t": lock_timeout(wait)})
+        assert row is not None  # a SELECT without FROM returns one row
+        await dialect.execute(driver, self._serialize, values)
+        await dialect.execute(driver, RESTORE_LOCK_TIMEOUT, {"t": row[0]})
 
     async def alive(
         self, driver: Any, group: str, owner: str, now: datetime, until: datetime
@@ -154,3 +177,11 @@ class LeaseTable:
     async def forget(self, driver: Any, group: str, owner: str) -> None:
         """Take ``owner`` off ``group``'s live members."""
         await self.dialect.execute(driver, self._forget, {"group": group, "owner": owner})
+
+    async def kin(self, driver: Any, family: str, now: datetime) -> list[str]:
+        """The groups named ``family`` or ``family/<anything>`` that have a member seen
+        alive after ``now``, in no promised order (``family`` must hold no ``%`` or
+        ``_``)."""
+        dialect = self.dialect
+        values = {"family": family, "named": f"{family}/%", "now": dialect.time(now)}
+        return [str(row[0]) for row in await dialect.rows(driver, self._kin, values)]
