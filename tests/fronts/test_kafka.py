@@ -5,14 +5,16 @@ partitions' backlogs are handed over in turns, every unreadable record is malfor
 with its reason, two members share a topic's partitions and a revocation's commits
 reach the broker before the partition moves, a member dropped from the group commits
 nothing of its lost partitions, a revocation that outlasts its timeout lets the
-partitions go, a commit that does not reach the broker raises, and a dead letter is a
-record with its reason in headers."""
+partitions go, a commit that does not reach the broker raises, a dead letter is a
+record with its reason in headers, and a dead-letter topic whose brokers do not answer
+logs a few lines."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import re
 import socket
 import sys
 import threading
@@ -46,6 +48,7 @@ from statifier.fronts.consumer import StreamConsumer
 from statifier.fronts.dead_letters import DeadLetterEntry
 from statifier.fronts.kafka import (
     CommitFailed,
+    DeadLetterNotKept,
     KafkaDeadLetters,
     KafkaRecord,
     KafkaSource,
@@ -545,6 +548,33 @@ async def test_a_dead_letter_is_a_record_with_its_reason_in_headers(
     assert reason.decode().endswith("…")
     with pytest.raises(ConfigError):
         KafkaDeadLetters(kafka_broker.bootstrap, "no/slashes")
+
+
+@pytest.mark.asyncio
+async def test_a_dead_letter_topic_whose_brokers_do_not_answer_logs_a_few_lines(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        nowhere = f"127.0.0.1:{probe.getsockname()[1]}"
+    caplog.set_level(logging.DEBUG, "statifier.fronts.kafka")
+    # Refused connections every 10-50 ms: dozens within the put's 3 s.
+    fast = {"reconnect.backoff.ms": 10, "reconnect.backoff.max.ms": 50}
+    sink = KafkaDeadLetters(nowhere, unique("dead"), timeout=3.0, settings=fast)
+    at = datetime(2026, 9, 19, 8, 0, tzinfo=UTC)
+    letter = DeadLetterEntry("kafka:g", "orders/0", 7, "orders/0/7", "malformed: x", b"{", at)
+    try:
+        with pytest.raises(DeadLetterNotKept, match="no acknowledgement"):
+            await sink.put(letter)
+    finally:
+        await sink.close()
+    lines = [r for r in caplog.records if r.name == "statifier.fronts.kafka"]
+    # Each kind of line once within the interval (30 s, longer than the put and the
+    # close): the client's errors and librdkafka's own lines, not one per connection
+    # attempt (the lines of one kind differ only in their numbers).
+    kinds = Counter((r.levelname, re.sub(r"\d+", "N", r.getMessage())) for r in lines)
+    assert kinds, "nothing said of the brokers that do not answer"
+    assert max(kinds.values()) == 1, kinds.most_common(3)
 
 
 def _join_and_leave(broker: KafkaBroker, topic: str, group: str, stop: threading.Event) -> None:

@@ -1,8 +1,8 @@
 """Flow control in a serve file: a batch binding's events (here, a schedule's fires)
 held and delivered by the service's flow worker, in order, each once, on both
-databases; ``[flow] enabled = false`` delivers none and says so; ``[caps.DOCUMENT]``
-refusing creates beyond it; the refusals of ``[flow]``, ``[caps]`` and of a binding's
-mode fields, each naming the field."""
+databases; ``[flow] enabled = false`` delivers none and says so, naming the bindings
+and the caps that hold; ``[caps.DOCUMENT]`` refusing creates beyond it; the refusals
+of ``[flow]``, ``[caps]`` and of a binding's mode fields, each naming the field."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from tests.persistence.conftest import FreshDatabase, fresh_database  # noqa: F401 - a fixture
-from tests.service.helpers import HITS, database_table, running, write_config
+from tests.service.helpers import HITS, HITS_BINDING, database_table, running, write_config
 from tests.service.test_serve import router_on
 
 from statifier.persistence import Executions
@@ -114,6 +114,45 @@ async def test_a_service_with_the_flow_worker_off_delivers_nothing_and_says_so(
         worker = FlowWorker(router)
         assert (await worker.totals())[1] >= 1
         assert await worker.next_due() is not None
+
+
+@pytest.mark.asyncio
+async def test_a_service_with_the_flow_worker_off_names_the_caps_that_hold_creates(
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # No binding holds events: only the cap that holds creates waits for a flow worker.
+    body = f"""
+migrate = true
+charts = "charts"
+{HITS_BINDING}
+[database]
+url = "sqlite:///{tmp_path / "x.db"}"
+
+[http]
+port = 0
+
+[flow]
+enabled = false
+
+[caps.hits]
+max_active = 2
+
+[caps.tallies]
+max_active = 2
+over = "drop"
+"""
+    config = write_config(tmp_path, body, {"hits": HITS, "tallies": HITS})
+    assert load(config).caps["hits"].over is OverLimit.HOLD
+    with caplog.at_level(logging.WARNING, logger="statifier.service"):
+        async with running(config):
+            pass
+    warned = [r.getMessage() for r in caplog.records if r.name == "statifier.service"]
+    said = [line for line in warned if line.startswith("[flow] enabled = false")]
+    assert len(said) == 1, warned
+    assert "'hits'" in said[0], said
+    assert 'over = "hold"' in said[0], said
+    assert "'tallies'" not in said[0]  # a cap that drops holds nothing
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ a part is restarting, and every restart of a consumer keeps its process's lease 
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from statifier.service.consumers import (
     build_source,
     process_owner,
 )
-from statifier.service.service import Supervised
+from statifier.service.service import Service, Supervised
 from statifier.service.wiring import router_config
 from statifier.sql import migrations
 
@@ -101,6 +102,150 @@ async def test_a_failing_worker_restarts_says_so_and_logs_one_line_per_interval(
     ]
     assert failed[0].exc_info is not None
     assert worker.trouble() == "not running"
+
+
+async def _runs_twice(worker: Supervised, runs: list[int]) -> None:
+    """Start ``worker`` and wait until its work ran a second time and the worker says
+    no trouble (restarted), or its task ended."""
+    worker.start()
+    assert worker.task is not None
+    async with asyncio.timeout(20):
+        while not worker.task.done() and (len(runs) < 2 or worker.trouble() is not None):  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+
+
+@pytest.mark.asyncio
+async def test_a_worker_ended_by_a_cancellation_it_did_not_ask_for_is_logged_and_restarted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, "statifier.service")
+    stop = asyncio.Event()
+    runs: list[int] = []
+
+    async def work() -> None:
+        runs.append(len(runs))
+        if len(runs) == 1:
+            # A future someone else cancelled (a shared client's flush, say).
+            shared = asyncio.get_running_loop().create_future()
+            shared.cancel()
+            await shared
+        await stop.wait()
+
+    worker = Supervised("outbox", work, stop, first_restart=0.05)
+    try:
+        await _runs_twice(worker, runs)
+        assert worker.task is not None
+        assert not worker.task.done(), "the worker's task ended"
+        assert len(runs) == 2
+    finally:
+        stop.set()
+        if worker.task is not None:
+            await asyncio.wait({worker.task})
+    assert not worker.task.cancelled()
+    said = [r for r in caplog.records if r.name == "statifier.service"]
+    assert [r.getMessage() for r in said] == [
+        "outbox was cancelled, though the service is not stopping; starting it again in 0 s"
+    ]
+    assert said[0].levelno == logging.ERROR
+    assert isinstance(said[0].exc_info, tuple)  # the traceback: where it was cancelled
+    assert [vars(said[0])[k] for k in ("part", "error", "restart_in")] == [
+        "outbox",
+        "CancelledError",
+        0.05,
+    ]
+
+
+@pytest.mark.asyncio
+async def test_a_worker_that_returns_before_its_stop_is_logged_and_restarted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, "statifier.service")
+    stop = asyncio.Event()
+    runs: list[int] = []
+
+    async def work() -> None:
+        runs.append(len(runs))
+        if len(runs) > 1:
+            await stop.wait()
+
+    worker = Supervised("reapers", work, stop, first_restart=0.05)
+    try:
+        await _runs_twice(worker, runs)
+        assert worker.task is not None
+        assert not worker.task.done(), "the worker's task ended"
+        assert len(runs) == 2
+    finally:
+        stop.set()
+        if worker.task is not None:
+            await asyncio.wait({worker.task})
+    said = [r for r in caplog.records if r.name == "statifier.service"]
+    assert [(r.levelno, r.getMessage()) for r in said] == [
+        (logging.ERROR, "reapers failed; starting it again in 0 s")
+    ]
+    assert isinstance(said[0].exc_info, tuple)
+    assert "reapers returned before its stop" in str(said[0].exc_info[1])
+
+
+@pytest.mark.asyncio
+async def test_a_cancel_of_the_workers_own_task_ends_it_without_a_restart(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, "statifier.service")
+    stop = asyncio.Event()
+    runs: list[int] = []
+
+    async def work() -> None:
+        runs.append(len(runs))
+        await stop.wait()
+
+    worker = Supervised("timers", work, stop, first_restart=0.05)
+    worker.start()
+    assert worker.task is not None
+    async with asyncio.timeout(20):
+        while not runs:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+    worker.task.cancel()  # the service's own cancel, at the bound of a stop
+    await asyncio.wait({worker.task})
+    assert worker.task.cancelled()
+    assert runs == [0]
+    assert not [r for r in caplog.records if r.name == "statifier.service"]
+    assert worker.trouble() == "not running"
+
+
+@pytest.mark.asyncio
+async def test_a_worker_that_ended_before_the_stop_makes_the_stop_exit_1(
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    body = f"""
+migrate = true
+charts = "charts"
+{HITS_BINDING}
+[database]
+url = "sqlite:///{tmp_path / "x.db"}"
+
+[http]
+port = 0
+"""
+    out = io.StringIO()
+    service = Service(load(write_config(tmp_path, body, {"hits": HITS})), out)
+    running = asyncio.create_task(service.run())
+    async with asyncio.timeout(30):
+        while service.address is None:
+            assert not running.done(), running
+            await asyncio.sleep(0.02)
+    [outbox] = [task for task in asyncio.all_tasks() if task.get_name() == "outbox"]
+    outbox.cancel()  # its task ends: nothing restarts it
+    await asyncio.wait({outbox})
+    with caplog.at_level(logging.INFO, "statifier.service"):
+        service.stop()
+        status = await asyncio.wait_for(running, 30)
+    assert status == 1
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == ["outbox was cancelled before the stop"]
+    assert out.getvalue().splitlines()[-1] == (
+        "statifier serve: stopped; ended before the stop: outbox"
+    )
 
 
 def _table_source(

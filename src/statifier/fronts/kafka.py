@@ -1337,19 +1337,34 @@ class KafkaDeadLetters:
         if not timeout > 0:
             raise ConfigError(f"timeout must be positive, not {timeout!r}")
         self.topic = topic
+        self._name = f"kafka dead letters:{topic}"
         self._timeout = timeout
+        # Brokers that do not answer make librdkafka report, and log, every failed
+        # connection attempt: one line per kind and interval, as the source's.
+        self._repeats = Repeats()
         self._producer = Producer(
             {
                 "acks": "all",
                 "enable.idempotence": True,
                 **(settings or {}),
                 "bootstrap.servers": brokers,
-                "logger": _log,
+                "error_cb": self._on_error,
+                "logger": _ClientLog(self._name, self._repeats),
             }
         )
         # Serializes the produce-and-flush of concurrent puts, so each flush waits for
         # its own letter's report.
         self._one_at_a_time = threading.Lock()
+
+    def _on_error(self, error: KafkaError) -> None:
+        fields = {"source": self._name, "error": error.name()}
+        if error.fatal():
+            _log.error("%s: fatal: %s", self._name, error.str(), extra=fields)
+            return
+        key = ("client", error.code())
+        self._repeats.log(
+            _log, logging.WARNING, key, "%s: %s", self._name, error.str(), extra=fields
+        )
 
     async def put(self, letter: DeadLetterEntry) -> None:
         """Write ``letter`` to the topic and wait for the brokers' acknowledgement.

@@ -22,9 +22,10 @@ then runs, on one event loop:
 A worker or a consumer that fails (the database went away, a broker dropped) is logged
 (once per kind of failure and interval, with a count) and started again after a
 backoff (1 s, doubling, at most 30 s, and 1 s again after a run of a minute or more);
-meanwhile ``/readyz`` says so, as it says when a consumer's broker or the database does
-not answer, or a consumer holds no partition while others wait (see
-:mod:`statifier.service.health`).
+a worker that returns, or is cancelled by something other than the service, before
+the stop has failed too (:class:`Supervised`); meanwhile ``/readyz`` says so, as it
+says when a consumer's broker or the database does not answer, or a consumer holds no
+partition while others wait (see :mod:`statifier.service.health`).
 
 Several services may run on one PostgreSQL database: timers and outbox rows are
 claimed with ``SKIP LOCKED``, and consumers of one source share its partitions through
@@ -44,7 +45,8 @@ service runs them: the server runs none), and a front with group commit routes w
 gathered. Then the workers finish the pass they are in. All of it within
 ``shutdown_timeout`` seconds; what is still running then is cancelled (its transaction
 rolls back, and at-least-once delivery redoes it), and :meth:`Service.run` returns 1
-instead of 0. A second signal cancels at once.
+instead of 0; so it does when a worker's or a consumer's task had ended before the
+stop (an ERROR names it). A second signal cancels at once.
 
 While it runs, the telemetry bridges the file asks for are installed
 (:func:`install_bridges`: ``[logging] events`` and ``[otel] enabled``); they are
@@ -72,6 +74,7 @@ from statifier.router import (
     FlowWorker,
     Mode,
     OutboxDrain,
+    OverLimit,
     Router,
     ShardedRouter,
     TimerWorker,
@@ -233,8 +236,11 @@ class Supervised:
     """One long-running part (a worker): ``work()`` run until ``stop`` is set, and
     started again after a backoff (``first_restart`` seconds, doubling to
     :data:`LAST_RESTART`, and ``first_restart`` again after a run of
-    :data:`HEALTHY_RUN` seconds or more) whenever it raises; its failures are logged
-    once per kind and interval, with a count.
+    :data:`HEALTHY_RUN` seconds or more) whenever it raises, returns before ``stop``
+    is set, or ends by a cancellation its task was not sent (a future someone else
+    cancelled); its failures are logged at ERROR, with their traceback, once per kind
+    and interval, with a count. Only a cancel of its own task (the service's, at the
+    bound of a stop) ends it before ``stop``.
 
     Args:
         name: the part's name, in logs and readiness reasons.
@@ -282,7 +288,29 @@ class Supervised:
             began = time.monotonic()
             try:
                 await self.work()
-                return
+                if self.stop.is_set():
+                    return
+                raise RuntimeError(f"{self.name} returned before its stop")
+            except asyncio.CancelledError as cancelled:
+                # The service's own cancel (at the bound, a second signal) ends the
+                # part; a cancellation the part did not ask for (a future someone else
+                # cancelled) is a failure like any other.
+                task = asyncio.current_task()
+                if self.stop.is_set() or (task is not None and task.cancelling()):
+                    raise
+                self.failure = type(cancelled).__name__
+                wait = restarts.after(ran=time.monotonic() - began)
+                self._repeats.log(
+                    _log,
+                    logging.ERROR,
+                    (self.name, self.failure),
+                    "%s was cancelled, though the service is not stopping; starting it "
+                    "again in %.0f s",
+                    self.name,
+                    wait,
+                    extra={"part": self.name, "error": self.failure, "restart_in": wait},
+                    exc_info=cancelled,
+                )
             except Exception as error:  # noqa: BLE001 - a part outlives its failures
                 self.failure = type(error).__name__
                 wait = restarts.after(ran=time.monotonic() - began)
@@ -293,14 +321,22 @@ class Supervised:
 
 
 def _warn_flow_elsewhere(settings: ServiceSettings) -> None:
-    """Say, once at start, that the bindings holding events wait for a flow worker
-    this service does not run (``[flow] enabled = false``)."""
+    """Say, once at start, that the bindings holding events, and the caps holding the
+    creates beyond them (``over = "hold"``), wait for a flow worker this service does
+    not run (``[flow] enabled = false``)."""
     holding = [b.id for b in settings.bindings if b.enabled and b.mode is not Mode.EACH]
     if holding:
         _log.warning(
             "[flow] enabled = false: what bindings %s hold is delivered only by a flow "
             "worker elsewhere on this database",
             ", ".join(repr(name) for name in holding),
+        )
+    capped = [name for name, cap in settings.caps.items() if cap.over is OverLimit.HOLD]
+    if capped:
+        _log.warning(
+            '[flow] enabled = false: the creates the caps of %s hold (over = "hold") are '
+            "made only by a flow worker elsewhere on this database",
+            ", ".join(repr(name) for name in capped),
         )
 
 
@@ -454,6 +490,21 @@ def _http_server() -> Callable[[Any, HttpSettings, socket.socket, float], Guarde
     return http_server
 
 
+def _ended(parts: Sequence[Worker | SupervisedConsumer]) -> list[str]:
+    """The names of the parts of ``parts`` whose task ended, though each is to run
+    until its stop; an ERROR names each (the stop is then not clean: exit status 1)."""
+    ended: list[str] = []
+    for part in parts:
+        task = part.task
+        if task is None or not task.done():
+            continue
+        how = "was cancelled" if task.cancelled() else "ended"
+        failed = None if task.cancelled() else task.exception()
+        _log.error("%s %s before the stop", part.name, how, exc_info=failed)
+        ended.append(part.name)
+    return ended
+
+
 async def _abandon(tasks: list[asyncio.Task[Any]]) -> None:
     """Cancel what of ``tasks`` still runs, and wait for it to end."""
     left = [task for task in tasks if not task.done()]
@@ -524,6 +575,8 @@ class Service:
         self._api: Api | None = None
         self._misplaced: str | None = None
         """Why the service stopped by itself: a store's record changed while it ran."""
+        self._ended: list[str] = []
+        """The parts whose task had ended before the stop (a stop then exits 1)."""
 
     def stop(self) -> None:
         """Begin the orderly stop (SIGTERM, SIGINT); a second call cancels at once."""
@@ -533,8 +586,10 @@ class Service:
 
     async def run(self) -> int:
         """Start everything, run until :meth:`stop`, stop in order; returns 0 when
-        everything stopped within ``shutdown_timeout``, else 1; 3 when the service
-        stopped by itself because a store no longer held its place (a reshard began).
+        everything ran until the stop and stopped within ``shutdown_timeout``, else 1
+        (a part whose task had ended before the stop is named in an ERROR); 3 when the
+        service stopped by itself because a store no longer held its place (a reshard
+        began).
 
         Raises:
             NotMigrated: the database is not migrated (and the file does not ask).
@@ -659,7 +714,12 @@ class Service:
             listener.close()
             await _abandon(started)  # after an orderly stop, nothing is left
             await lifespans.aclose()  # after an orderly stop, closed already
-        self._say("stopped" if status == _EXIT_CLEAN else "stopped, cut short by shutdown_timeout")
+        if status == _EXIT_CLEAN:
+            self._say("stopped")
+        elif self._ended:
+            self._say(f"stopped; ended before the stop: {', '.join(self._ended)}")
+        else:
+            self._say("stopped, cut short by shutdown_timeout")
         return status
 
     async def _watch_places(self, health: Health) -> None:
@@ -844,6 +904,7 @@ class Service:
         """Intake first (HTTP, consumers, then the fronts' lifespans: what a group commit
         gathered is routed), then the workers, within the bound."""
         health.stopping = True
+        self._ended = _ended(consumers)
         if self._console is not None:
             # Its event streams would hold the listener open; its replays, threads.
             self._console.close()
@@ -868,13 +929,14 @@ class Service:
         clean = await self._within(intake, deadline)
         closing = asyncio.create_task(lifespans.aclose(), name="fronts")
         clean = await self._within([closing], deadline) and clean
+        self._ended.extend(_ended(workers))
         self._workers_stop.set()
         tasks = [worker.task for worker in workers if worker.task is not None]
         clean = await self._within(tasks, deadline) and clean
         if serving.done() and not serving.cancelled() and serving.exception() is not None:
             _log.error("the HTTP server failed", exc_info=serving.exception())
             clean = False
-        return _EXIT_CLEAN if clean else _EXIT_CUT_SHORT
+        return _EXIT_CLEAN if clean and not self._ended else _EXIT_CUT_SHORT
 
     async def _within(self, tasks: list[asyncio.Task[Any]], deadline: float) -> bool:
         """Wait for ``tasks`` until ``deadline`` (or a second signal); cancel what is
