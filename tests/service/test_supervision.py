@@ -319,3 +319,48 @@ async def test_a_consumer_whose_events_keep_failing_is_not_ready_until_they_flow
     finally:
         await part.stop(5.0)
         await adapter.close()
+
+
+@pytest.mark.asyncio
+async def test_a_consumer_ended_by_a_cancellation_it_did_not_ask_for_is_logged_and_restarted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "statifier.service")
+    url, config = _table_source(tmp_path, "stray.db", '["0"]')
+    settings = load(config)
+    [source] = settings.sources
+    adapter = SqlAdapter(url)
+    part = SupervisedConsumer(source, Router(router_config(settings, adapter)), str(config))
+    made = part.consumer
+    runs: list[str] = []
+
+    def consumer() -> Any:
+        built = made()
+        if runs:
+            runs.append("again")
+            return built
+
+        async def run() -> None:
+            runs.append("cancelled")
+            shared = asyncio.get_running_loop().create_future()
+            shared.cancel()  # a future a client shared, cancelled by someone else
+            await shared
+
+        built.run = run  # type: ignore[method-assign]
+        return built
+
+    part.consumer = consumer  # type: ignore[method-assign]
+    part.start()
+    try:
+        async with asyncio.timeout(20):
+            while runs != ["cancelled", "again"]:  # noqa: ASYNC110
+                await asyncio.sleep(0.02)
+        assert part.task is not None
+        assert not part.task.done(), "the consumer's task ended"
+    finally:
+        await part.stop(5.0)
+        await adapter.close()
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert said == [
+        "source clicks was cancelled, though the service is not stopping; starting it again in 1 s"
+    ]

@@ -125,19 +125,36 @@ class Troubled(Protocol):
         and no secret."""
 
 
-def log_failure(repeats: Repeats, name: str, error: Exception, wait: float) -> None:
+def log_failure(repeats: Repeats, name: str, error: BaseException, wait: float) -> None:
     """Log a supervised part's failure (with its traceback) and the wait before its
-    restart, once per part, kind of error and interval."""
+    restart, once per part, kind of error and interval. A cancellation the part was
+    not sent (:func:`cancelled_elsewhere`) is such a failure."""
+    how = (
+        "was cancelled, though the service is not stopping;"
+        if isinstance(error, asyncio.CancelledError)
+        else "failed;"
+    )
     repeats.log(
         _log,
         logging.ERROR,
         (name, type(error).__name__),
-        "%s failed; starting it again in %.0f s",
+        "%s %s starting it again in %.0f s",
         name,
+        how,
         wait,
         extra={"part": name, "error": type(error).__name__, "restart_in": wait},
         exc_info=error,
     )
+
+
+def cancelled_elsewhere(stopping: bool) -> bool:
+    """Whether a ``CancelledError`` caught in a supervised part's task is a failure to
+    restart after rather than the end of the part: the service is not ``stopping`` and
+    the task itself is not being cancelled (the service's own cancel, at the bound of a
+    stop), so it came from something the part awaited (a future a client library
+    shared, which someone else cancelled)."""
+    task = asyncio.current_task()
+    return not stopping and (task is None or not task.cancelling())
 
 
 def build_source(settings: SourceSettings, router: Router | ShardedRouter, file: str) -> Source:
@@ -357,6 +374,12 @@ class SupervisedConsumer:
                 raise RuntimeError("the consumer stopped on its own")
             except (MissingExtra, ServiceConfigError):
                 raise  # nothing a restart changes
+            except asyncio.CancelledError as cancelled:
+                if not cancelled_elsewhere(self._stopping.is_set()):
+                    raise
+                self._failure = type(cancelled).__name__
+                wait = restarts.after(ran=time.monotonic() - began)
+                log_failure(self._repeats, self.name, cancelled, wait)
             except Exception as error:  # noqa: BLE001 - a consumer outlives its failures
                 self._failure = type(error).__name__
                 wait = restarts.after(ran=time.monotonic() - began)

@@ -91,6 +91,7 @@ from statifier.service.consumers import (
     FIRST_RESTART,
     Restarts,
     SupervisedConsumer,
+    cancelled_elsewhere,
     log_failure,
     process_owner,
 )
@@ -292,25 +293,11 @@ class Supervised:
                     return
                 raise RuntimeError(f"{self.name} returned before its stop")
             except asyncio.CancelledError as cancelled:
-                # The service's own cancel (at the bound, a second signal) ends the
-                # part; a cancellation the part did not ask for (a future someone else
-                # cancelled) is a failure like any other.
-                task = asyncio.current_task()
-                if self.stop.is_set() or (task is not None and task.cancelling()):
-                    raise
+                if not cancelled_elsewhere(self.stop.is_set()):
+                    raise  # the service's own cancel, at the bound of a stop
                 self.failure = type(cancelled).__name__
                 wait = restarts.after(ran=time.monotonic() - began)
-                self._repeats.log(
-                    _log,
-                    logging.ERROR,
-                    (self.name, self.failure),
-                    "%s was cancelled, though the service is not stopping; starting it "
-                    "again in %.0f s",
-                    self.name,
-                    wait,
-                    extra={"part": self.name, "error": self.failure, "restart_in": wait},
-                    exc_info=cancelled,
-                )
+                log_failure(self._repeats, self.name, cancelled, wait)
             except Exception as error:  # noqa: BLE001 - a part outlives its failures
                 self.failure = type(error).__name__
                 wait = restarts.after(ran=time.monotonic() - began)
