@@ -36,6 +36,7 @@ from statifier.chart import compile_chart
 from statifier.core import Event
 from statifier.persistence import Storage
 from statifier.persistence.sql import SqlAdapter
+from statifier.repeats import Repeats
 from statifier.router import (
     Binding,
     ConfigError,
@@ -455,6 +456,166 @@ async def test_run_says_while_its_passes_fail_and_logs_one_line_per_interval(
     said = [r for r in caplog.records if "an outbox drain pass failed" in r.getMessage()]
     assert [r.levelname for r in said] == ["ERROR"]  # four failures, one line
     assert "ConnectionError: the database went away" in said[0].getMessage()
+
+
+@pytest.mark.asyncio
+async def test_a_sink_call_that_never_returns_is_ended_at_nine_tenths_of_the_lease(
+    router_db: RouterDb, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The rows' leases are on the hand-moved clock, which stands still: they never run
+    # out, so the bound (on the loop's clock) is what ends the hung call.
+    router = router_db.router([])
+    route_ = OutboxRoute(router_db.adapter, clock=router_db.clock)
+    await route_.hand_off(None, "hung", "k/hung", Event("e"))
+    await route_.hand_off(None, "other", "k/other", Event("e"))
+    cancelled: list[str] = []
+
+    async def hung(message: OutboxMessage) -> None:
+        try:
+            await asyncio.Event().wait()  # a peer that never answers
+        except asyncio.CancelledError:
+            cancelled.append(message.key)
+            raise
+
+    drain = OutboxDrain(
+        router.storage,
+        {"hung": hung, "other": lambda message: None},
+        lease=timedelta(seconds=0.5),
+    )
+    with caplog.at_level(logging.WARNING, logger="statifier.router.outbox"):
+        report = await asyncio.wait_for(drain.drain_once(), 10)
+    assert (report.claimed, report.sent, report.failed, report.lost) == (2, 1, 1, 0)
+    assert cancelled == ["k/hung"]
+    row = only(await drain.pending())
+    assert (row.key, row.attempts, row.lease) == ("k/hung", 1, None)
+    assert row.last_error == (
+        "TimeoutError: the sink call timed out after 0.45 s (nine tenths of the 0.5 s lease)"
+    )
+    said = [r.getMessage() for r in caplog.records if r.name == "statifier.router.outbox"]
+    next_at = (router_db.clock.now + timedelta(seconds=1)).isoformat()
+    line = f"outbox row k/hung of queue 'hung' failed (attempt 1 of 8), tried again at {next_at}"
+    assert said == [f"{line}: TimeoutError"]
+
+
+@pytest.mark.asyncio
+async def test_a_cancelled_error_the_drain_did_not_ask_for_is_a_failed_attempt(
+    router_db: RouterDb,
+) -> None:
+    router = router_db.router([])
+    clock = router_db.clock
+    await OutboxRoute(router_db.adapter, clock=clock).hand_off(None, "q", "k/1", Event("e"))
+    calls: list[int] = []
+
+    async def sink(message: OutboxMessage) -> None:
+        calls.append(message.attempts)
+        if len(calls) == 1:
+            shared = asyncio.get_running_loop().create_future()
+            shared.cancel()  # a shared client's future, cancelled by someone else
+            await shared
+
+    drain = OutboxDrain(router.storage, {"q": sink})
+    assert (await drain.drain_once()).failed == 1
+    row = only(await drain.pending())
+    assert (row.attempts, row.last_error, row.lease) == (1, "CancelledError", None)
+    clock.advance(timedelta(seconds=1))
+    assert (await drain.drain_once()).sent == 1
+    assert calls == [0, 1]
+
+    # A drain that is itself cancelled still stops, its row left leased.
+    await OutboxRoute(router_db.adapter, clock=clock).hand_off(None, "q", "k/2", Event("e"))
+    started = asyncio.Event()
+
+    async def hung(message: OutboxMessage) -> None:
+        started.set()
+        await asyncio.Event().wait()
+
+    hanging = OutboxDrain(router.storage, {"q": hung})
+    task = asyncio.create_task(hanging.drain_once())
+    await asyncio.wait_for(started.wait(), 10)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    row = only(await drain.pending())
+    assert (row.key, row.attempts, row.last_error) == ("k/2", 0, None)
+    assert row.lease is not None
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    # NUL: PostgreSQL's text refuses it; a lone surrogate: UTF-8 cannot encode it.
+    "refused",
+    ["\x00", "\ud800"],
+    ids=["nul", "surrogate"],
+)
+async def test_a_sink_error_a_text_column_refuses_is_stored_replaced_and_counted(
+    router_db: RouterDb, refused: str
+) -> None:
+    router = router_db.router([])
+    clock = router_db.clock
+    await OutboxRoute(router_db.adapter, clock=clock).hand_off(None, "q", "k/1", Event("e"))
+    calls: list[int] = []
+
+    def sink(message: OutboxMessage) -> None:
+        calls.append(message.attempts)
+        raise ValueError(f"the receiver answered b'ok{refused}garbage'")
+
+    drain = OutboxDrain(router.storage, {"q": sink}, max_attempts=2)
+    assert (await drain.drain_once()).failed == 1
+    row = only(await drain.pending())
+    assert (row.attempts, row.lease) == (1, None)
+    assert row.last_error == "ValueError: the receiver answered b'ok\ufffdgarbage'"
+    clock.advance(timedelta(seconds=1))
+    assert (await drain.drain_once()).dead == 1
+    assert calls == [0, 1]
+    assert only(await drain.dead_letters()).attempts == 2
+
+
+@pytest.mark.asyncio
+async def test_one_failing_receiver_writes_a_warning_per_kind_and_interval_with_the_count(
+    router_db: RouterDb, caplog: pytest.LogCaptureFixture
+) -> None:
+    router = router_db.router([])
+    clock = router_db.clock
+    route_ = OutboxRoute(router_db.adapter, clock=clock)
+    async with router_db.adapter.transaction() as tx:
+        for n in range(20):
+            await route_.hand_off(tx, "q", f"k/{n:02d}", Event("e"))
+
+    def down(message: OutboxMessage) -> None:
+        raise ConnectionRefusedError("the receiver is down")
+
+    failures: list[dict[str, Any]] = []
+    telemetry.attach(
+        "outbox-flood-test",
+        "statifier.router.outbox_failed",
+        lambda name, counts, meta: failures.append(dict(meta)),
+    )
+    drain = OutboxDrain(router.storage, {"q": down}, max_attempts=3, batch=20)
+    seconds = [0.0]  # the drain's lines' interval runs on this clock
+    drain._repeats = Repeats(interval=30.0, clock=lambda: seconds[0])
+    try:
+        with caplog.at_level(logging.WARNING, logger="statifier.router.outbox"):
+            assert (await drain.drain_once()).failed == 20
+            clock.advance(timedelta(seconds=1))
+            seconds[0] = 31.0
+            assert (await drain.drain_once()).failed == 20
+            clock.advance(timedelta(seconds=2))
+            assert (await drain.drain_once()).dead == 20
+    finally:
+        telemetry.detach("outbox-flood-test")
+    said = [r.getMessage() for r in caplog.records if r.name == "statifier.router.outbox"]
+    assert len(said) == 3, said
+    assert "failed (attempt 1 of 3)" in said[0]
+    assert "failed (attempt 2 of 3)" in said[1]
+    assert said[1].endswith("ConnectionRefusedError (19 more like it in the last 31 s)")
+    assert "was dead-lettered after 3 attempts: ConnectionRefusedError" in said[2]
+    # Each row and attempt is still reported, and keeps its own last_error.
+    assert len(failures) == 60
+    assert sorted((f["key"], f["attempt"]) for f in failures) == sorted(
+        (f"k/{n:02d}", attempt) for n in range(20) for attempt in (1, 2, 3)
+    )
+    dead = await drain.dead_letters()
+    assert [row.last_error for row in dead] == ["ConnectionRefusedError: the receiver is down"] * 20
 
 
 # Workers in processes of their own.

@@ -49,6 +49,7 @@ from statifier.router.caps import bucket_of, cap_lock, free_slots
 from statifier.router.config import Entry
 from statifier.router.delivery import Delivery, deliver
 from statifier.router.flow import flush, not_before
+from statifier.router.outbox import storable_text
 from statifier.router.routing import Router
 from statifier.router.scheduler import nap
 from statifier.router.transaction import Unit, around, lock_key
@@ -353,7 +354,8 @@ class FlowWorker:
         except Exception as failure:
             if group is None:  # before the flush: the database's trouble, the caller's
                 raise
-            error = f"{type(failure).__name__}: {failure}"
+            # Stored as the group's last_error: what a text column refuses, replaced.
+            error = storable_text(f"{type(failure).__name__}: {failure}")
             await self._failed(group, error, now)
             made = FlushReport(binding_id, scope, key, 0, error)
         if made is not None:

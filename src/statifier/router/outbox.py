@@ -8,10 +8,11 @@ row. :class:`OutboxDrain` reads committed rows only, and never holds a transacti
 an execution's lock) while a sink runs: it *leases* a batch of due rows in one short
 transaction, calls each row's sink outside any transaction, then marks the row sent,
 or records the failure and retries it later with backoff, dead-lettering it after
-``max_attempts``. A worker that dies between the sink call and the mark leaves its
-rows leased; once the lease runs out another worker tries them again, under the same
-key. The sink gets the row's key as its own idempotency key: a sink that dedupes on it
-turns that retry into no second effect.
+``max_attempts``; a sink call still running at nine tenths of the lease is ended, a
+failed attempt, before another worker may claim the row. A worker that dies between
+the sink call and the mark leaves its rows leased; once the lease runs out another
+worker tries them again, under the same key. The sink gets the row's key as its own
+idempotency key: a sink that dedupes on it turns that retry into no second effect.
 
 With a blob codec (``codec=``; the drain takes a router configuration's storage's), a
 row's event is stored in the codec's sealed form
@@ -65,6 +66,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import secrets
 import time
 import uuid
@@ -101,6 +103,10 @@ _TELEMETRY: Final = "statifier.router.outbox"
 _FAILED: Final = "statifier.router.outbox_failed"
 _ERROR_LIMIT: Final = 500
 """The most characters of a failure kept in ``last_error``."""
+_UNSTORABLE: Final = re.compile(r"[\x00\ud800-\udfff]")
+"""What a SQL text column refuses: NUL (PostgreSQL) and lone surrogates (UTF-8)."""
+_SINK_SHARE: Final = 0.9
+"""The share of the lease, from the claim, a sink call may take."""
 _log = logging.getLogger(__name__)
 
 Clock = Callable[[], datetime]
@@ -151,7 +157,9 @@ class OutboxMessage:
 Sink = Callable[[OutboxMessage], "Awaitable[None] | None"]
 """A queue's consumer: returns when the message is handled (the row is marked sent),
 raises when it is not (retried with backoff; :class:`DeadLetter` gives up at once).
-A plain function or a coroutine function."""
+A plain function or a coroutine function; a coroutine still running at nine tenths of
+the drain's lease is cancelled, a failed attempt, as is a ``CancelledError`` the drain
+did not ask for."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -397,8 +405,11 @@ class OutboxDrain:
         sinks: ``queue -> sink``; only these queues are drained (none: read only).
         max_attempts: attempts before a row is dead-lettered (at least 1).
         backoff: the wait between attempts.
-        lease: how long a claimed row is the claiming worker's; it must outlast a
-            sink call, or another worker may call the sink for the row meanwhile.
+        lease: how long a claimed row is the claiming worker's. A sink call still
+            running when nine tenths of it have passed since the claim is ended (its
+            task cancelled) and counts as a failed attempt, ``TimeoutError``; the last
+            tenth is for marking the row before another worker may claim it. Give a
+            sink's own timeout less than that bound.
         batch: the most rows one pass claims; their sinks run concurrently.
         clock: the time leases, attempts and marks are measured by.
         codec: decodes each row's event (the routes' codec); by default the storage's
@@ -460,6 +471,10 @@ class OutboxDrain:
         """Why :meth:`run`'s last pass failed (the error's type), ``None`` once a pass
         succeeds: what a host's readiness reads."""
         self._repeats = Repeats()
+        # A sink call ends before its row's lease runs out, leaving a tenth of the lease
+        # to mark the row (and for the workers' clocks to differ) before another
+        # worker may claim it.
+        self._bound = held.total_seconds() * _SINK_SHARE
 
     async def drain_once(self, now: datetime | None = None) -> DrainReport:
         """One pass: lease up to ``batch`` due rows of the sinks' queues, call their
@@ -474,6 +489,8 @@ class OutboxDrain:
             return DrainReport()
         started = time.perf_counter()
         moment = self.clock() if now is None else _aware(now)
+        # The sinks' calls end by this time on the loop's clock: before the lease does.
+        deadline = asyncio.get_running_loop().time() + self._bound
         token = secrets.token_hex(16)
         async with self.adapter.transaction() as tx:
             leased = await self._sql.claim(
@@ -489,7 +506,8 @@ class OutboxDrain:
             return DrainReport()
         claimed = [_claimed(row) for row in leased]
         answers = await asyncio.gather(
-            *(self._settle(row, token, now) for row in claimed), return_exceptions=True
+            *(self._settle(row, token, now, deadline) for row in claimed),
+            return_exceptions=True,
         )
         counts = {"sent": 0, "failed": 0, "dead": 0, "lost": 0}
         for answer in answers:
@@ -515,9 +533,10 @@ class OutboxDrain:
         return drained
 
     async def _settle(
-        self, row: _Claimed, token: str, now: datetime | None
+        self, row: _Claimed, token: str, now: datetime | None, deadline: float
     ) -> Literal["sent", "failed", "dead", "lost"]:
-        """Call the row's sink and mark the row; returns what became of it."""
+        """Call the row's sink, until ``deadline`` at most (on the loop's clock), and
+        mark the row; returns what became of it."""
         error: str | None = None
         dead = False
         try:
@@ -525,13 +544,24 @@ class OutboxDrain:
         except ValueError as unreadable:
             error, dead = f"the payload is unreadable: {unreadable}", True
         else:
+            limit = asyncio.timeout_at(deadline)
             try:
-                await awaited(self.sinks[row.queue](message))
+                async with limit:
+                    await awaited(self.sinks[row.queue](message))
             except DeadLetter as given_up:
                 error, dead = _said(given_up), True
+            except asyncio.CancelledError as cancelled:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # the drain is being cancelled: the row stays leased
+                # Not asked for (the sink awaited what someone else cancelled): the
+                # row's failure, as any other.
+                error = _said(cancelled)
             except Exception as failure:  # noqa: BLE001 - a sink's failure is the row's
-                error = _said(failure)
+                error = self._timed_out() if limit.expired() else _said(failure)
         moment = self.clock() if now is None else now
+        if error is not None:
+            error = storable_text(error)
         async with self.adapter.transaction() as tx:
             if error is None:
                 marked = await self._sql.mark_sent(tx.driver, row.id, token, moment)
@@ -551,10 +581,63 @@ class OutboxDrain:
         if not marked:
             _lost(row, error)
             return "lost"
-        _failed(
-            row, failures, self.max_attempts, dead, error, moment + self.backoff.delay(failures)
-        )
+        self._failed(row, failures, dead, error, moment + self.backoff.delay(failures))
         return "dead" if dead else "failed"
+
+    def _timed_out(self) -> str:
+        """The ``last_error`` of a sink call that outlived its bound."""
+        return (
+            f"TimeoutError: the sink call timed out after {self._bound:g} s "
+            f"(nine tenths of the {self.lease.total_seconds():g} s lease)"
+        )
+
+    def _failed(
+        self, row: _Claimed, failures: int, dead: bool, error: str, next_at: datetime
+    ) -> None:
+        """Say that a row's sink failed: one telemetry event per row and attempt, and a
+        warning, one line per queue, kind of failure (dead-lettered or not) and
+        interval, with the count of the others. Only the failure's class is said (its
+        message, kept in ``last_error`` for the console, may carry what a sink was
+        handed, a URL with a token say)."""
+        kind = error.split(":", 1)[0]
+        execution_id = row.payload.get("execution_id")
+        fields = {
+            "queue": row.queue,
+            "key": row.key,
+            "execution_id": execution_id if isinstance(execution_id, str) else None,
+            "attempt": failures,
+            "attempts": self.max_attempts,
+            "dead": dead,
+            "error": kind,
+        }
+        report(_FAILED, {"attempt": float(failures)}, fields)
+        if dead:
+            self._repeats.log(
+                _log,
+                logging.WARNING,
+                (row.queue, kind, True),
+                "outbox row %s of queue %r was dead-lettered after %d attempt%s: %s",
+                row.key,
+                row.queue,
+                failures,
+                "" if failures == 1 else "s",
+                kind,
+                extra=fields,
+            )
+        else:
+            self._repeats.log(
+                _log,
+                logging.WARNING,
+                (row.queue, kind, False),
+                "outbox row %s of queue %r failed (attempt %d of %d), tried again at %s: %s",
+                row.key,
+                row.queue,
+                failures,
+                self.max_attempts,
+                next_at.isoformat(),
+                kind,
+                extra=fields,
+            )
 
     async def run(self, stop: asyncio.Event, idle: float = 0.5) -> None:
         """Drain until ``stop`` is set: pass after pass while passes fill their batch,
@@ -668,47 +751,6 @@ def _lost(row: _Claimed, error: str | None) -> None:
     )
 
 
-def _failed(
-    row: _Claimed, failures: int, attempts: int, dead: bool, error: str, next_at: datetime
-) -> None:
-    """Say that a row's sink failed: one warning, one telemetry event. Only the
-    failure's class is said (its message, kept in ``last_error`` for the console, may
-    carry what a sink was handed, a URL with a token say)."""
-    kind = error.split(":", 1)[0]
-    execution_id = row.payload.get("execution_id")
-    fields = {
-        "queue": row.queue,
-        "key": row.key,
-        "execution_id": execution_id if isinstance(execution_id, str) else None,
-        "attempt": failures,
-        "attempts": attempts,
-        "dead": dead,
-        "error": kind,
-    }
-    report(_FAILED, {"attempt": float(failures)}, fields)
-    if dead:
-        _log.warning(
-            "outbox row %s of queue %r was dead-lettered after %d attempt%s: %s",
-            row.key,
-            row.queue,
-            failures,
-            "" if failures == 1 else "s",
-            kind,
-            extra=fields,
-        )
-    else:
-        _log.warning(
-            "outbox row %s of queue %r failed (attempt %d of %d), tried again at %s: %s",
-            row.key,
-            row.queue,
-            failures,
-            attempts,
-            next_at.isoformat(),
-            kind,
-            extra=fields,
-        )
-
-
 def _message(row: _Claimed, codec: BlobCodec, *, final: bool) -> OutboxMessage:
     """What the row's sink is handed.
 
@@ -773,6 +815,19 @@ def _said(error: BaseException) -> str:
     text = str(error)
     said = f"{type(error).__name__}: {text}" if text else type(error).__name__
     return said if len(said) <= _ERROR_LIMIT else f"{said[: _ERROR_LIMIT - 1]}…"
+
+
+def storable_text(text: str) -> str:
+    """``text`` as a SQL text column takes it: NUL (which PostgreSQL's text refuses) and
+    lone surrogates (which UTF-8 cannot encode) replaced by U+FFFD. For an error's
+    account, stored (``last_error``) so that the failure is counted, not refused.
+
+    >>> storable_text("answered ok" + chr(0) + "garbage" + chr(0xD800)) == (
+    ...     "answered ok\\ufffdgarbage\\ufffd"
+    ... )
+    True
+    """
+    return _UNSTORABLE.sub("\ufffd", text)
 
 
 def _loaded(payload: Any) -> Mapping[str, Any]:
