@@ -314,8 +314,11 @@ ROUTED = '[routes.r]\nqueue = "q"\n'
             "[sinks.q] url: must be an http:// or https:// URL",
         ),
         (
-            SENDING + ROUTED + '[sinks.q]\nurl = "http://x"\ntimeout = 60\n',
-            "[sinks.q] timeout: must be shorter than the outbox lease (60 seconds)",
+            SENDING + ROUTED + '[sinks.q]\nurl = "http://x"\ntimeout = 54\n',
+            (
+                "[sinks.q] timeout: must be shorter than nine tenths of the outbox lease "
+                "(54 of 60 seconds)"
+            ),
         ),
         (
             SENDING + ROUTED + '[sinks.q]\ncall = "m:f"\non_complete = "x"\n',

@@ -89,6 +89,7 @@ from statifier.sql.outbox import LeasedRow, OutboxTable, StoredRow
 from statifier.telemetry import report
 
 __all__ = [
+    "SINK_SHARE",
     "Backoff",
     "DeadLetter",
     "DrainReport",
@@ -105,8 +106,9 @@ _ERROR_LIMIT: Final = 500
 """The most characters of a failure kept in ``last_error``."""
 _UNSTORABLE: Final = re.compile(r"[\x00\ud800-\udfff]")
 """What a SQL text column refuses: NUL (PostgreSQL) and lone surrogates (UTF-8)."""
-_SINK_SHARE: Final = 0.9
-"""The share of the lease, from the claim, a sink call may take."""
+SINK_SHARE: Final = 0.9
+"""The share of the lease, from the claim, a sink call may take; the last tenth is for
+marking the row before another worker may claim it."""
 _log = logging.getLogger(__name__)
 
 Clock = Callable[[], datetime]
@@ -474,7 +476,7 @@ class OutboxDrain:
         # A sink call ends before its row's lease runs out, leaving a tenth of the lease
         # to mark the row (and for the workers' clocks to differ) before another
         # worker may claim it.
-        self._bound = held.total_seconds() * _SINK_SHARE
+        self._bound = held.total_seconds() * SINK_SHARE
 
     async def drain_once(self, now: datetime | None = None) -> DrainReport:
         """One pass: lease up to ``batch`` due rows of the sinks' queues, call their

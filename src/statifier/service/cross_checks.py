@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from statifier.console.standalone import is_loopback
 from statifier.router import ConfigError, check_on_complete, check_send_type
+from statifier.router.outbox import SINK_SHARE
 from statifier.service.settings import (
     CONSOLE_PATH,
     HEALTH_PATHS,
@@ -58,13 +59,15 @@ def cross_check(top: Table, settings: ServiceSettings) -> None:
     except ConfigError as error:
         raise top.refuse("on_complete", one_line(error)) from None
     lease = settings.outbox.lease
+    bound = lease * SINK_SHARE  # a sink call still running then is ended by the drain
     for sink in settings.sinks:
-        if isinstance(sink, HttpSink) and sink.timeout >= lease:
+        if isinstance(sink, HttpSink) and sink.timeout >= bound:
             raise ServiceConfigError(
                 file,
                 f"sinks.{sink.queue}",
                 "timeout",
-                f"must be shorter than the outbox lease ({lease:g} seconds)",
+                f"must be shorter than nine tenths of the outbox lease ({bound:g} of "
+                f"{lease:g} seconds)",
             )
     console = settings.console
     if console.enabled and not console.operators and not is_loopback(settings.http.host):
