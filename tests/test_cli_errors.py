@@ -322,3 +322,20 @@ def test_the_docs_show_these_outputs() -> None:
     lines.append(run("expr", "nope(1)")[1].rstrip("\n"))
     lines.append(run("expr", "if 1 { x = 1 }", "--program")[1].rstrip("\n"))
     assert [line for line in lines if line not in page] == []
+
+
+@pytest.mark.parametrize("command", [["executions", "list"], ["schedules", "list"]])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql+asyncpg://app:hunter2@127.0.0.1/shop",  # another program's driver
+        "postgresql://app:hunter2@127.0.0.1:54321x/shop",  # a port mistyped
+    ],
+)
+def test_a_refused_url_is_named_without_its_password(
+    command: list[str], url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*command, "--database", url]) == 2
+    said = capsys.readouterr()
+    assert "hunter2" not in said.out + said.err
+    assert "app:***@127.0.0.1" in said.err

@@ -83,7 +83,9 @@ def _prepare(url: str, options: TableOptions, migrate: bool) -> None:
     try:
         in_memory = lasts_one_connection(url)
     except ValueError:
-        raise ValueError(f"durable executions run on PostgreSQL or SQLite, not {url!r}") from None
+        raise ValueError(
+            f"durable executions run on PostgreSQL or SQLite, not {_redacted(url)!r}"
+        ) from None
     if in_memory:
         raise ValueError(
             "an in-memory SQLite database lasts one connection: give a file, "
