@@ -187,8 +187,46 @@ async def test_an_answer_whose_delivery_raises_is_logged_and_stays_owed(
     assert "the log sink is down" in said.getMessage()
     assert [a.child_id for a in await driver.storage.undelivered_answers(10)] == ["p/sub"]
     down.clear()
-    assert await driver.redrive_answers() == 1
+    # This driver puts the answer off for a while; the next (a reaper's next run) takes it.
+    assert await driver.redrive_answers() == 0
+    assert await Driver(Storage(adapter), effects=effects).redrive_answers() == 1
     assert await driver.storage.undelivered_answers(10) == []
+
+
+# Taking the answer starts a service whose dispatch always raises: a poisoned answer.
+POISONED = chart(
+    f'<state id="a"><invoke id="sub" type="scxml"><content>{CHILD}</content></invoke>'
+    '<transition event="done.invoke.sub" target="b"/></state>'
+    '<state id="b"><invoke id="svc" type="myapp:boom"/></state>'
+)
+HEALTHY = chart(
+    f'<state id="a"><invoke id="sub" type="scxml"><content>{CHILD}</content></invoke>'
+    '<transition event="done.invoke.sub" target="b"/></state><final id="b"/>'
+)
+
+
+@pytest.mark.asyncio
+async def test_answers_that_always_fail_do_not_starve_the_ones_behind_them(
+    adapter: Adapter, caplog: pytest.LogCaptureFixture
+) -> None:
+    def boom(invoke: object, context: object) -> None:
+        raise RuntimeError("the service is down")
+
+    driver = Driver(Storage(adapter), dispatch=boom)
+    for number in range(3):  # three poisoned answers, older than the healthy one
+        await driver.create(f"poisoned{number}", POISONED)
+        await driver.executions.step(f"poisoned{number}/sub", None, Event("go"))
+    await driver.create("healthy", HEALTHY)
+    await driver.executions.step("healthy/sub", None, Event("go"))
+    with caplog.at_level(logging.WARNING, "statifier.persistence"):
+        assert await driver.redrive_answers(limit=1) == 1
+        # The failing ones are put off: the next passes read past them.
+        assert await driver.redrive_answers(limit=1) == 0
+    assert (await driver.storage.fetch_execution("healthy")).status is Status.COMPLETED
+    owed = {answer.child_id for answer in await driver.storage.undelivered_answers(10)}
+    assert owed == {"poisoned0/sub", "poisoned1/sub", "poisoned2/sub"}
+    said = [r.getMessage() for r in caplog.records if "could not be delivered" in r.getMessage()]
+    assert len(said) == 1  # one line for one kind of failure, the others counted later
 
 
 @pytest.mark.asyncio

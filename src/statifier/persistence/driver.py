@@ -62,11 +62,13 @@ from statifier.persistence.executor import EffectContext, Executor, Refused, ref
 from statifier.persistence.records import AnswerRecord, ExecutionRecord, Status
 from statifier.persistence.serialization import DEFAULT_LOCK_WAIT, Serialization
 from statifier.persistence.storage import Storage
+from statifier.repeats import Repeats
 from statifier.session.children import invoked_chart, seeded_datamodel
 from statifier.session.handlers import invocation_done, invocation_failed
 from statifier.telemetry import report
 
 __all__ = [
+    "ANSWER_RETRY",
     "CHILD_TYPES",
     "INDEX_KEY",
     "INVOKE_KEY",
@@ -82,6 +84,9 @@ __all__ = [
 
 _log = logging.getLogger("statifier.persistence")
 
+ANSWER_RETRY: Final = 30.0
+"""Seconds a driver puts off an owed answer whose delivery raised before
+:meth:`Driver.redrive_answers` tries it again."""
 CHILD_TYPES: Final = frozenset({SCXML_INVOKE_TYPE})
 """Invoke types the driver runs as durable child executions: the SCXML type, which every
 ``Invoke`` effect carries whichever spelling the chart wrote (see
@@ -198,6 +203,10 @@ class Driver:
         self.executions = Executions(
             storage, executor=self._outside_calls, serialization=serialization, lock_wait=lock_wait
         )
+        self._put_off: dict[str, float] = {}
+        """Owed answers whose delivery raised, by child id: when (``time.monotonic``)
+        :meth:`redrive_answers` may try each again."""
+        self._repeats = Repeats()
 
     # Doors.
 
@@ -255,12 +264,16 @@ class Driver:
         that takes it), so a redrive beside the normal path delivers nothing twice.
 
         An answer to a parent that waits (parked or paused) is not listed: it stays
-        owed until the parent is put back, and does not hide the rest.
+        owed until the parent is put back, and does not hide the rest. Nor does an
+        answer whose delivery raises: the pass reads past it, and this driver puts it
+        off for :data:`ANSWER_RETRY` seconds (later passes read past it meanwhile), so
+        answers that always fail never starve the ones behind them.
 
         Returns how many owed answers it handed over; one whose delivery raised is
-        logged (a warning naming the parent and the child), reported
-        (``statifier.persistence.effect_failed``) and left owed for the next pass.
-        Returns 0 when the adapter keeps no answers.
+        logged (a warning naming the parent and the child, once per kind of error and
+        interval, with the count of the others), reported
+        (``statifier.persistence.effect_failed``) and left owed. Returns 0 when the
+        adapter keeps no answers.
 
         Raises:
             ValueError: ``limit`` is below 1.
@@ -269,27 +282,52 @@ class Driver:
             raise ValueError(f"limit must be at least 1, not {limit}")
         if not self.storage.capabilities.answers:
             return 0
+        now = time.monotonic()
+        self._put_off = {child: at for child, at in self._put_off.items() if at > now}
+        seen: set[str] = set()
         handed = 0
-        for answer in await self.storage.undelivered_answers(limit):
-            try:
-                await self._hand_over(answer)
-            except Exception as error:  # noqa: BLE001 - one poisoned answer must not stop the rest
-                _log.warning(
-                    "execution %s: the answer of child %s could not be delivered; it stays "
-                    "owed for the next redrive: %r",
-                    answer.parent_id,
-                    answer.child_id,
-                    error,
-                    extra={"execution_id": answer.parent_id},
-                )
-                report(
-                    "statifier.persistence.effect_failed",
-                    {},
-                    {"execution_id": answer.parent_id, "via": "answer", "error": repr(error)},
-                )
-                continue
-            handed += 1
+        while handed < limit:
+            # Oldest first, past what this pass tried and what is put off.
+            skipped = len(seen) + len(self._put_off)
+            owed = await self.storage.undelivered_answers(limit - handed + skipped)
+            fresh = [
+                answer
+                for answer in owed
+                if answer.child_id not in seen and answer.child_id not in self._put_off
+            ]
+            if not fresh:
+                break
+            for answer in fresh[: limit - handed]:
+                seen.add(answer.child_id)
+                try:
+                    await self._hand_over(answer)
+                except Exception as error:  # noqa: BLE001 - one poisoned answer must not stop the rest
+                    self._put_off[answer.child_id] = time.monotonic() + ANSWER_RETRY
+                    self._undelivered(answer, error)
+                    continue
+                handed += 1
         return handed
+
+    def _undelivered(self, answer: AnswerRecord, error: Exception) -> None:
+        """Say that an owed answer's delivery raised: a warning (once per kind of error
+        and interval) and a telemetry event (each time)."""
+        self._repeats.log(
+            _log,
+            logging.WARNING,
+            ("answer", type(error).__name__),
+            "execution %s: the answer of child %s could not be delivered; it stays owed, "
+            "tried again in %g s: %r",
+            answer.parent_id,
+            answer.child_id,
+            ANSWER_RETRY,
+            error,
+            extra={"execution_id": answer.parent_id},
+        )
+        report(
+            "statifier.persistence.effect_failed",
+            {},
+            {"execution_id": answer.parent_id, "via": "answer", "error": repr(error)},
+        )
 
     async def _step(
         self,
