@@ -609,3 +609,189 @@ def test_bad_searches_are_refused_in_one_line_with_status_2(
     }
     for argv, error in expected.items():
         assert cli(capsys, "list", *argv, *at) == (2, "", error), argv
+
+
+# A step of ``boom`` raises error.execution (``nothing`` is no variable): ``bomb`` takes
+# no transition on it, ``caught`` takes one.
+BOMB = (
+    '<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="on">'
+    '<datamodel><data id="n" expr="0"/></datamodel>'
+    '<state id="on"><transition event="boom"><assign location="n" expr="1 / nothing"/>'
+    "</transition>{catch}</state></scxml>"
+)
+
+
+def test_resume_says_the_errors_of_the_held_events_it_stepped_in(
+    place: Place, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (place.charts / "bomb.scxml").write_text(BOMB.format(catch=""), encoding="utf-8")
+    caught = BOMB.format(catch='<transition event="error.execution"/>')
+    (place.charts / "caught.scxml").write_text(caught, encoding="utf-8")
+    place.migrate()
+    at = [*place.options, "--charts", str(place.charts)]
+    for chart, execution_id in (("bomb", "direct"), ("bomb", "held"), ("caught", "taken")):
+        assert cli(capsys, "create", chart, "--id", execution_id, *at)[0] == 0
+    status, out, _ = cli(capsys, "send", "direct", "boom", *at)
+    assert status == 1
+    said = out.splitlines()[1]  # the error line `send` writes
+    assert said.startswith("  error.execution at <assign>")
+    assert said.endswith("(no transition took it)")
+
+    # The same event held while paused, stepped in by the resume: the same line and 1.
+    assert cli(capsys, "pause", "held", *at)[0] == 0
+    assert cli(capsys, "send", "held", "boom", *at)[0] == 0  # held
+    assert cli(capsys, "resume", "held", *at) == (
+        1,
+        f"held: resumed; 1 held events stepped in; active\n{said}\n",
+        "",
+    )
+    assert cli(capsys, "pause", "held", *at)[0] == 0
+    for _ in range(2):
+        assert cli(capsys, "send", "held", "boom", *at)[0] == 0
+    status, out, _ = cli(capsys, "resume", "held", "--json", *at)
+    assert status == 1
+    answer = json.loads(out)
+    assert (answer["resumed"], answer["stepped"], answer["status"]) == (True, 2, "active")
+    assert [(e["name"], e["taken"]) for e in answer["errors"]] == [("error.execution", False)] * 2
+
+    # An error a transition took is said, as `send` says it, and is no failure.
+    assert cli(capsys, "pause", "taken", *at)[0] == 0
+    assert cli(capsys, "send", "taken", "boom", *at)[0] == 0
+    status, out, _ = cli(capsys, "resume", "taken", *at)
+    assert status == 0
+    head, error = out.splitlines()
+    assert head == "taken: resumed; 1 held events stepped in; active"
+    assert error.startswith("  error.execution at <assign>")
+    assert error.endswith("(a transition took it)")
+
+
+# Three revisions of one chart: ``flow`` created on V1 and on V2, then migrated onto V3.
+FLOW_V1 = (
+    '<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="s1"><state id="s1">'
+    '<transition event="go" target="end"/></state><final id="end"/></scxml>'
+)
+FLOW_V2 = FLOW_V1.replace('"s1"', '"s2"')
+FLOW_V3 = (
+    '<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="s1"><state id="s1"/>'
+    '<state id="s2"/><state id="x"/><final id="end"/></scxml>'
+)
+
+
+def _flows(
+    capsys: pytest.CaptureFixture[str], at: list[str], charts: Path, ids: tuple[str, str]
+) -> dict[str, str]:
+    """Create ``ids[0]`` on FLOW_V1 and ``ids[1]`` on FLOW_V2, leave FLOW_V3 as the
+    chart given; answer each id's content hash."""
+    for execution_id, chart in zip(ids, (FLOW_V1, FLOW_V2), strict=True):
+        (charts / "flow.scxml").write_text(chart, encoding="utf-8")
+        created = cli(capsys, "create", "flow", "--id", execution_id, *at, "--charts", str(charts))
+        assert created[0] == 0, created
+    (charts / "flow.scxml").write_text(FLOW_V3, encoding="utf-8")
+    return _hashes(capsys, at, ids)
+
+
+def _hashes(
+    capsys: pytest.CaptureFixture[str], at: list[str], ids: tuple[str, ...] | dict[str, str]
+) -> dict[str, str]:
+    found = {}
+    for execution_id in ids:
+        status, out, err = cli(capsys, "show", execution_id, "--json", *at)
+        assert status == 0, err
+        found[execution_id] = json.loads(out)["content_hash"]
+    return found
+
+
+def test_a_plan_refused_for_one_revision_migrates_none(
+    place: Place, capsys: pytest.CaptureFixture[str]
+) -> None:
+    place.migrate()
+    at = [*place.options]
+    charts = ["--charts", str(place.charts)]
+    before = _flows(capsys, at, place.charts, ("one", "two"))
+    # Each map fits one revision only: whichever revision comes first, none moves.
+    for state in ("s1", "s2"):
+        status, out, err = cli(capsys, "migrate", "flow", "--map", f"{state}=x", *at, *charts)
+        assert (status, out) == (2, "")
+        assert err.startswith("statifier executions migrate: the old chart has no states")
+        assert _hashes(capsys, at, before) == before
+    # Without a map each state keeps its id on V3: both move.
+    moved = cli(capsys, "migrate", "flow", *at, *charts)
+    assert moved == (0, "flow: 2 migrated, 0 parked, 0 failed\n", "")
+    after = _hashes(capsys, at, before)
+    assert after["one"] == after["two"] != before["one"]
+
+
+def test_migrate_says_what_it_moved_before_a_database_error_stopped_it(
+    place: Place, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sqlite3
+
+    from statifier.persistence import Executions
+
+    place.migrate()
+    at = [*place.options]
+    charts = ["--charts", str(place.charts)]
+    before = _flows(capsys, at, place.charts, ("one", "two"))
+    # The revision migrated second fails as a database going away would.
+    first, second = sorted(before, key=before.__getitem__)
+    migrate_all = Executions.migrate_all
+
+    async def failing(self: Executions, content_hash: str, plan: Any, **options: Any) -> Any:
+        if content_hash == before[second]:
+            raise sqlite3.OperationalError("disk I/O error")
+        return await migrate_all(self, content_hash, plan, **options)
+
+    monkeypatch.setattr(Executions, "migrate_all", failing)
+    said = (
+        "flow: stopped by an error after 1 migrated, 0 parked, 0 failed (what moved stays "
+        f"moved)\n  migrated {first}\n"
+        "  (more may have moved in the revision it stopped in: run it again to finish)\n"
+    )
+    assert cli(capsys, "migrate", "flow", *at, *charts) == (
+        2,
+        said,
+        "statifier executions migrate: database: disk I/O error\n",
+    )
+    after = _hashes(capsys, at, before)
+    assert after[first] != before[first]
+    assert after[second] == before[second]
+    monkeypatch.undo()
+    assert cli(capsys, "migrate", "flow", *at, *charts) == (
+        0,
+        "flow: 1 migrated, 0 parked, 0 failed\n",
+        "",
+    )
+
+
+def test_migrate_over_stores_says_what_a_store_moved_before_another_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from statifier.persistence.shards import ShardMap
+
+    urls = [f"sqlite:///{tmp_path / f'store{n}.db'}" for n in range(2)]
+    for url in urls:
+        migrations.upgrade(url)
+    over = [option for url in urls for option in ("--shard", url)]
+    charts = tmp_path / "charts"
+    charts.mkdir()
+    shard_map = ShardMap.even(2)
+    # The first store's execution runs V1, the second's V2: the map fits the first's.
+    first = next(f"a{n}" for n in range(100) if shard_map.store_of_id(f"a{n}") == 0)
+    second = next(f"b{n}" for n in range(100) if shard_map.store_of_id(f"b{n}") == 1)
+    before = _flows(capsys, over, charts, (first, second))
+    status, out, err = cli(
+        capsys, "migrate", "flow", "--map", "s1=x", "--json", *over, "--charts", str(charts)
+    )
+    assert status == 2
+    refusal = "the old chart has no states with the ids ['s1']"
+    assert json.loads(out) == {
+        "migrated": [first],
+        "parked": {},
+        "unchanged": {},
+        "failed": {},
+        "error": refusal,
+    }
+    assert err == f"statifier executions migrate: {refusal}\n"
+    after = _hashes(capsys, over, before)
+    assert after[first] != before[first]
+    assert after[second] == before[second]

@@ -23,7 +23,8 @@
     Cancels an execution.
 ``statifier executions pause ID [--json]`` and ``statifier executions resume ID [--json]``
     Pause an active execution: what is sent to it and its timers that come due wait,
-    in order; resume it: they are stepped in, oldest first, in one transaction.
+    in order; resume it: they are stepped in, oldest first, in one transaction, and
+    every error their steps raised is printed, as ``send`` prints a step's.
 ``statifier executions bulk ACTION [--key K] [--scope S] [--status S] [...] [--yes]``
     ``ACTION`` is ``cancel``, ``pause``, ``resume``, ``retry`` (re-arm the dead outbox
     rows each execution sent) or ``migrate`` (onto the stored chart ``--revision HASH``,
@@ -47,7 +48,10 @@
     (or only ``ID``) onto ``DIR/CHART.scxml``, by state id: ``--map`` names a renamed
     state, ``--remove OLD`` (repeatable) a state removed on purpose, ``--data JSON``
     values for variables the revision adds. Prints what moved and what was parked,
-    with the reasons.
+    with the reasons. Every earlier revision's plan is checked before anything moves:
+    a map that fits none or only some of them is refused, nothing migrated. An error
+    after some executions moved (another store's refusal, the database failing)
+    prints, before it, what moved, was parked or failed until then.
 ``statifier executions export FILE [--chart NAME] [--status S] [--id ID]...``
     Writes the executions' input logs, each with the chart it ran and where it ended,
     to the JSON file ``FILE`` (:mod:`statifier.durable.export`), for a test suite to
@@ -73,13 +77,14 @@ print (``bulk`` asks once for the total, then runs store by store).
 Exit status: 0 done; 1 when ``send`` or ``cancel`` was discarded (the execution had
 ended or is parked: nothing changed, and the line says why), when ``pause`` found the
 execution not active or ``resume`` found it not paused, when ``bulk`` was not
-confirmed, failed on an execution or parked one (``migrate``), when ``send`` or
-``create`` raised an error event no transition took (the step was stored; the lines
-say which), when ``fire`` found timers still due after 100 passes (a chart sending to
-itself without end), or ``migrate`` parked or failed to move an execution; 2 for an
-error of the
-command, printed as one line, ``statifier executions ACTION: message`` (with
-``statifier --debug``, after the traceback).
+confirmed, failed on an execution or parked one (``migrate``), when ``send``,
+``create`` or ``resume`` raised an error event no transition took (the step was
+stored; the lines say which), when ``fire`` found timers still due after 100 passes
+(a chart sending to itself without end), or ``migrate`` parked or failed to move an
+execution; 2 for an error of the command, printed as one line, ``statifier
+executions ACTION: message`` (with ``statifier --debug``, after the traceback); when
+``migrate`` of a chart had moved, parked or failed executions before it, it prints
+them first.
 
 The ``statifier`` command wires it with :func:`add_parser` and :func:`run`;
 ``python -m statifier.executions_command executions ...`` runs it alone.
@@ -104,7 +109,7 @@ from statifier.expr import UNDEFINED, Value, tagged
 if TYPE_CHECKING:
     from statifier.durable import Description, Durable, ExecutionSummary
     from statifier.durable.values import PendingTimer
-    from statifier.persistence import BlobCodec, StepError
+    from statifier.persistence import BlobCodec, MigrationSummary, StepError
 
 __all__ = ["DEFAULT_DATABASE", "add_parser", "main", "run"]
 
@@ -776,6 +781,7 @@ async def _resume(durable: Durable, args: argparse.Namespace, out: TextIO) -> in
                 "stepped": resumed.stepped,
                 "discarded": resumed.discarded,
                 "status": resumed.status.value,
+                "errors": [error.as_json() for error in resumed.errors],
             },
             out,
         )
@@ -784,7 +790,9 @@ async def _resume(durable: Durable, args: argparse.Namespace, out: TextIO) -> in
         if resumed.discarded:
             said += f", {resumed.discarded} discarded (it ended first)"
         out.write(f"{said}; {resumed.status.value}\n")
-    return 0
+        _write_errors(resumed.errors, out)
+    # As a send of the same events: an error event no transition took is exit 1.
+    return 1 if _untaken(resumed.errors) else 0
 
 
 async def _cancel(durable: Durable, args: argparse.Namespace, out: TextIO) -> int:
@@ -858,12 +866,28 @@ async def _migrate_all(durables: Sequence[Durable], args: argparse.Namespace, ou
     parked: dict[str, str] = {}
     unchanged: dict[str, str] = {}
     failed: dict[str, str] = {}
-    for durable in durables:
-        summary = await durable.migrate_all(args.chart, state_map=state_map, data=data)
+
+    def add(summary: MigrationSummary) -> None:
         migrated.extend(summary.migrated)
         parked.update(summary.parked)
         unchanged.update(summary.unchanged)
         failed.update(summary.failed)
+
+    for durable in durables:
+        revisions: list[MigrationSummary] = []  # what this store's call did so far
+        try:
+            summary = await durable.migrate_all(
+                args.chart, state_map=state_map, data=data, progress=revisions.append
+            )
+        except BaseException as error:
+            # An earlier store, or an earlier revision in this one, may have moved
+            # executions: say so before the error is said (and the status is 2).
+            for done in revisions:
+                add(done)
+            if migrated or parked or failed:
+                _migration_stopped(args, error, (migrated, parked, unchanged, failed), out)
+            raise
+        add(summary)
     if args.json:
         _dump(
             {"migrated": migrated, "parked": parked, "unchanged": unchanged, "failed": failed},
@@ -878,6 +902,45 @@ async def _migrate_all(durables: Sequence[Durable], args: argparse.Namespace, ou
         for execution_id, reason in failed.items():
             out.write(f"  failed {execution_id}: {reason}\n")
     return 1 if parked or failed else 0
+
+
+def _migration_stopped(
+    args: argparse.Namespace,
+    error: BaseException,
+    done: tuple[list[str], dict[str, str], dict[str, str], dict[str, str]],
+    out: TextIO,
+) -> None:
+    """What a migration of a chart did before ``error`` stopped it: each id it
+    migrated, parked or failed to move (they stay so; running it again goes on). A
+    refused plan moved nothing of its store; any other error may have come in the
+    middle of a revision, some of whose executions moved too."""
+    from statifier.persistence import InvalidMigrationPlan
+
+    migrated, parked, unchanged, failed = done
+    if args.json:
+        _dump(
+            {
+                "migrated": migrated,
+                "parked": parked,
+                "unchanged": unchanged,
+                "failed": failed,
+                "error": _one_line(error),
+            },
+            out,
+        )
+        return
+    out.write(
+        f"{args.chart}: stopped by an error after {len(migrated)} migrated, "
+        f"{len(parked)} parked, {len(failed)} failed (what moved stays moved)\n"
+    )
+    for execution_id in migrated:
+        out.write(f"  migrated {execution_id}\n")
+    for execution_id, reason in parked.items():
+        out.write(f"  parked {execution_id}: {reason}\n")
+    for execution_id, reason in failed.items():
+        out.write(f"  failed {execution_id}: {reason}\n")
+    if not isinstance(error, InvalidMigrationPlan):
+        out.write("  (more may have moved in the revision it stopped in: run it again to finish)\n")
 
 
 # Text.

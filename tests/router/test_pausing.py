@@ -25,7 +25,7 @@ from tests.router.conftest import (  # noqa: F401 - fixtures used by name
     router_db,
     router_store,
 )
-from tests.router.racing_router import SCOPE, hit
+from tests.router.racing_router import HITS, SCOPE, hit
 from tests.router.test_races import COUNTER, count_of, counter_router, logged_messages
 
 from statifier.chart import compile_chart
@@ -261,3 +261,33 @@ async def test_deliveries_from_another_process_racing_a_resume_keep_their_order(
     assert await count_of(router, execution_id) == 501
     assert await _held(router, execution_id) == 0
     assert SCOPE == "races"
+
+
+FAILING_COUNTER = COUNTER.replace(
+    b'<assign location="n" expr="n + 1"/>',
+    b'<assign location="n" expr="n + 1"/><assign location="n" expr="n / nothing"/>',
+)
+"""The counter whose every hit raises ``error.execution`` after counting (``nothing`` is
+no variable), an error no transition takes."""
+
+
+@pytest.mark.asyncio
+async def test_a_resume_answers_the_errors_the_held_events_raised(
+    router_db: RouterDb,  # noqa: F811 - the fixture
+) -> None:
+    resolver = StaticResolver({HITS.document: compile_chart(FAILING_COUNTER)})
+    router = router_db.router([HITS], resolver=resolver)
+    first = await _route(router, "k1/0")
+    execution_id = first.execution_id  # type: ignore[attr-defined]
+    assert await router.pause(execution_id)
+    assert [await _route(router, f"k1/{n}") for n in (1, 2)] == [
+        Held("hits_to_count", key="k1", execution_id=execution_id)
+    ] * 2
+    resumed = await router.resume(execution_id)
+    assert resumed is not None
+    assert resumed == Resumed(execution_id, 2, 0, Status.ACTIVE, resumed.errors)
+    assert [(error.name, error.element, error.taken) for error in resumed.errors] == [
+        ("error.execution", "assign", False)
+    ] * 2
+    assert all("nothing" in (error.message or "") for error in resumed.errors)
+    assert await logged_messages(router, execution_id) == ["k1/0", "k1/1", "k1/2"]

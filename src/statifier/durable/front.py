@@ -653,12 +653,22 @@ class Durable:
         *,
         state_map: Mapping[str, str | None] | None = None,
         data: Mapping[str, Value] | None = None,
+        progress: Callable[[MigrationSummary], object] | None = None,
     ) -> MigrationSummary:
         """Move every execution of the chart named ``chart`` that still runs an
         earlier revision (``active`` or parked) onto the chart now given under that
-        name, as :meth:`migrate` does for one, in batches. Each earlier revision gets
-        its plan from the same ``state_map`` and ``data``. Safe to run again: what
-        moved stays moved.
+        name, as :meth:`migrate` does for one, in batches, one earlier revision after
+        the other. Each earlier revision gets its plan from the same ``state_map`` and
+        ``data``, and every plan is built before any execution moves: a map or data
+        that does not fit one of the revisions is refused with nothing migrated. Safe
+        to run again: what moved stays moved.
+
+        Args:
+            progress: called with what each earlier revision's migration did, once it
+                is done: a caller whose call fails later (the database went away)
+                knows what had moved before. Executions of the revision being
+                migrated when it failed may have moved too; running the migration
+                again finishes it.
 
         Returns:
             the :class:`~statifier.persistence.MigrationSummary`: ids migrated, parked
@@ -666,7 +676,10 @@ class Durable:
 
         Raises:
             UnknownChart: no chart has that name.
-            InvalidMigrationPlan: the map or data does not fit one of the revisions.
+            InvalidMigrationPlan: the map or data does not fit one of the revisions;
+                nothing was migrated.
+            Exception: whatever the database raised part way; what moved before
+                stays moved (``progress`` was told of each revision done).
         """
         target = self.chart(chart)
         executions = self.executions
@@ -678,11 +691,23 @@ class Durable:
                 if r.status.pins and r.content_hash != target.identity.content_hash
             }
         )
+        # Every revision's plan first: one that does not fit refuses the whole call
+        # before anything moved.
+        plans = [
+            MigrationPlan(
+                await executions.storage.machine(content_hash),
+                target,
+                state_map=state_map or {},
+                data=data or {},
+            )
+            for content_hash in earlier
+        ]
         summary = MigrationSummary()
-        for content_hash in earlier:
-            source = await executions.storage.machine(content_hash)
-            plan = MigrationPlan(source, target, state_map=state_map or {}, data=data or {})
-            summary = summary + await executions.migrate_all(content_hash, plan)
+        for plan in plans:
+            done = await executions.migrate_all(plan.source_hash, plan)
+            if progress is not None:
+                progress(done)
+            summary = summary + done
         return summary
 
     # Workers.

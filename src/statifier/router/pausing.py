@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from statifier.core.positions import load_event
-from statifier.persistence import OnError, Status, Stepped
+from statifier.persistence import OnError, Status, StepError, Stepped
 from statifier.router.delivery import STEP_VIA, completed, hold_event
 from statifier.router.transaction import Delivering, Unit
 
@@ -37,12 +37,16 @@ class Resumed:
         stepped: how many held events were stepped in, in the order they came.
         discarded: how many were not, because the execution ended on an earlier one.
         status: its status after them.
+        errors: the error events the stepped events raised, in order (each step's
+            :attr:`~statifier.persistence.Stepped.errors`, as a send answers them);
+            each is recorded with its step, whether a transition took it or not.
     """
 
     execution_id: str
     stepped: int
     discarded: int
     status: Status
+    errors: tuple[StepError, ...] = ()
 
 
 async def step_held(unit: Unit, execution_id: str, now: datetime) -> Resumed:
@@ -58,6 +62,7 @@ async def step_held(unit: Unit, execution_id: str, now: datetime) -> Resumed:
     codec = unit.storage.codec
     stepped = discarded = 0
     status = Status.ACTIVE
+    errors: list[StepError] = []
     for row in await unit.sql.held(execution_id):
         event = load_event(codec.decode(row.event_blob))
         lifecycle = unit.executions(Delivering(row.scope, now, (execution_id,)))
@@ -68,8 +73,9 @@ async def step_held(unit: Unit, execution_id: str, now: datetime) -> Resumed:
         status = result.execution.status
         if isinstance(result, Stepped):
             stepped += 1
+            errors.extend(result.errors)
             await completed(unit, result, row.scope)
         else:
             discarded += 1
     await unit.sql.drop_held(execution_id)
-    return Resumed(execution_id, stepped, discarded, status)
+    return Resumed(execution_id, stepped, discarded, status, tuple(errors))
