@@ -795,3 +795,24 @@ def test_migrate_over_stores_says_what_a_store_moved_before_another_refused(
     after = _hashes(capsys, over, before)
     assert after[first] != before[first]
     assert after[second] == before[second]
+
+
+@pytest.mark.parametrize(
+    ("data", "said"),
+    [
+        ("[" * 600 + "]" * 600, "nesting deeper than"),
+        ("9" * 5000, "number too long"),
+        ('{"n": NaN}', "non-finite"),
+    ],
+)
+def test_send_refuses_data_the_fronts_refuse_in_one_line(
+    sqlite_place: Place, capsys: pytest.CaptureFixture[str], data: str, said: str
+) -> None:
+    sqlite_place.migrate()
+    at = [*sqlite_place.options, "--charts", str(sqlite_place.charts)]
+    assert cli(capsys, "create", "door", "--id", "d1", *at)[0] == 0
+    status, _, err = cli(capsys, "send", "d1", f"knock={data}", *sqlite_place.options)
+    assert status == 2
+    assert err.startswith("statifier executions send: the data of event 'knock' is not JSON: ")
+    assert said in err
+    assert err.count("\n") == 1

@@ -1069,9 +1069,13 @@ def _event(text: str) -> tuple[str, Value]:
 
 
 def _json(text: str, what: str) -> Value:
+    # The fronts' parser: bounded in depth and number size, NaN and lone surrogates
+    # refused, every refusal a ValueError that says where.
+    from statifier.expr import jsontext
+
     try:
-        return tagged.decode(json.loads(text))
-    except (json.JSONDecodeError, tagged.TaggedValueError) as error:
+        return tagged.decode(jsontext.loads(text))
+    except (jsontext.JSONTextError, tagged.TaggedValueError) as error:
         raise ValueError(f"{what} is not JSON: {error}") from None
 
 
