@@ -5,6 +5,7 @@ for every waiter."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -386,6 +387,69 @@ async def test_bodies_are_bounded_and_read_by_the_one_json_rule(shop: Shop) -> N
     )
     assert answer.status_code == 400
     assert answer.json()["error"] == "idempotency_key"
+
+
+def _errors_logged(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+@pytest.mark.asyncio
+async def test_a_malformed_tagged_value_is_a_400_naming_data_not_a_500(
+    shop: Shop, caplog: pytest.LogCaptureFixture
+) -> None:
+    execution_id = _execution(await shop.checkout("o-t"))["id"]
+    paths = [f"/executions/{execution_id}/events", "/addresses/web/order/o-t/events"]
+    malformed: list[object] = [
+        {"$type": "date"},
+        {"when": {"$type": "datetime", "value": "not a moment"}},
+        [{"$type": "no such type"}],
+        {"$type": "duration", "value": {"days": "three"}},
+    ]
+    for path in paths:
+        for data in malformed:
+            answer = await shop.call("POST", path, json={"event": "pay", "data": data})
+            assert answer.status_code == 400, (path, data, answer.text)
+            refused = answer.json()
+            assert refused["error"] == "body"
+            assert refused["message"].startswith("data is not in the tagged encoding: ")
+            assert "retry" not in refused["message"]
+    long = {"$type": "date", "value": "x" * 5000}
+    answer = await shop.call("POST", paths[0], json={"event": "pay", "data": long})
+    assert answer.status_code == 400
+    assert len(answer.json()["message"]) <= 250  # the body is not echoed whole
+    assert _errors_logged(caplog) == []
+    assert any("refused a call: 400 data is not" in r.getMessage() for r in caplog.records)
+    read = (await shop.call("GET", f"/executions/{execution_id}", READER)).json()
+    assert (read["status"], read["configuration"]) == ("active", ["awaiting_payment"])
+
+
+@pytest.mark.asyncio
+async def test_a_step_that_cannot_be_stored_is_a_422_and_changes_nothing(
+    shop: Shop, caplog: pytest.LogCaptureFixture
+) -> None:
+    huge = int("9" * 4300)  # doubled by the chart: more digits than a position keeps
+    body = {
+        "source": "shop",
+        "scope": "web",
+        "data": {"kind": "checkout", "order": "o-big", "amount": huge, "timeout": "1h"},
+    }
+    answer = await shop.call("POST", "/events", json=body)
+    assert answer.status_code == 422, answer.text
+    refused = answer.json()
+    assert refused["error"] == "unstorable"
+    assert refused["message"].startswith("the step this event makes cannot be stored")
+    assert "retry" not in refused["message"]
+    listed = await shop.call("GET", "/executions?scope=web&key=o-big", READER)
+    assert listed.json()["executions"] == []  # the creating step was abandoned
+    execution_id = _execution(await shop.checkout("o-small", amount=4))["id"]
+    again = {"event": "checkout", "data": {"amount": huge}}
+    for path in (f"/executions/{execution_id}/events", "/addresses/web/order/o-small/events"):
+        answer = await shop.call("POST", path, json=again)
+        assert (answer.status_code, answer.json()["error"]) == (422, "unstorable"), answer.text
+    read = (await shop.call("GET", f"/executions/{execution_id}", READER)).json()
+    assert read["data"] == {"total": 8}  # as it was
+    assert read["errors"] == []
+    assert _errors_logged(caplog) == []
 
 
 @pytest.mark.asyncio

@@ -8,7 +8,7 @@ import contextlib
 import pytest
 
 from statifier.chart import InvalidChart, ReadLimits, compile_chart, validate
-from statifier.chart.reader import XMLProblem, read
+from statifier.chart.reader import XMLProblem, read, utf8
 
 NS = "http://www.w3.org/2005/07/scxml"
 
@@ -232,6 +232,20 @@ def test_invalid_utf8_bytes_are_refused_with_a_located_problem() -> None:
     found = problems(f'<scxml xmlns="{NS}">\n<state id="'.encode() + b'\xff\xfe"/></scxml>')
     assert len(found) == 1
     assert found[0][0] == 2
+
+
+def test_text_with_a_lone_surrogate_is_refused_with_a_located_problem() -> None:
+    # No encoding writes a lone surrogate: the text is not UTF-8, as bytes that are not.
+    source = f'<scxml xmlns="{NS}">\n  <state id="a\ud800"/></scxml>'
+    with pytest.raises(XMLProblem) as caught:
+        read(source)
+    assert (caught.value.line, caught.value.column) == (2, 15)
+    assert caught.value.message == "the document is not UTF-8: a lone surrogate U+D800"
+    with pytest.raises(XMLProblem, match="U\\+DFFF"):
+        utf8("\udfff")
+    assert utf8("é") == "é".encode()
+    assert utf8(b"\xff") == b"\xff"  # bytes as given: read checks them
+    assert read(f'<scxml xmlns="{NS}" name="a\U0001f600"/>').attributes["name"] == "a\U0001f600"
 
 
 INVOKE_MARKUP = (

@@ -466,6 +466,38 @@ def test_a_file_that_is_not_toml_is_refused(tmp_path: Path) -> None:
     assert refused(tmp_path, "migrate = \n").startswith("not valid TOML: ")
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        "x = " + "[" * 20000 + "]" * 20000 + "\n",
+        "[http]\nport = " + "{a = " * 5000 + "1" + "}" * 5000 + "\n",
+    ],
+    ids=["array", "inline_table"],
+)
+def test_a_file_nested_too_deeply_is_refused_as_not_toml(tmp_path: Path, body: str) -> None:
+    assert refused(tmp_path, body) == "not valid TOML: nested too deeply"
+
+
+def test_an_integer_too_long_to_read_or_show_is_refused_naming_its_key(tmp_path: Path) -> None:
+    # Past the interpreter's limit of digits, a decimal integer cannot be read at all.
+    said = refused(tmp_path, "[http]\nport = " + "9" * 5000 + "\n")
+    assert said == "not valid TOML: an integer has more than 4300 digits"
+    # A hexadecimal one is read, and too long to write in decimal: it is named.
+    huge = "[http]\nport = 0x" + "f" * 5000 + "\n"
+    assert refused(tmp_path, huge) == (
+        "[http] port: must be an integer from 0 to 65535, not a very large integer"
+    )
+    # Seconds past the largest float are refused, not an OverflowError.
+    for digits in ("9" * 400, "0x" + "f" * 5000):
+        assert refused(tmp_path, f"shutdown_timeout = {digits}\n") == (
+            "shutdown_timeout: must be a positive number of seconds, not a very large integer"
+        )
+    # Up to 40 digits, it is shown as written.
+    assert refused(tmp_path, "[http]\nport = " + "9" * 40 + "\n") == (
+        f"[http] port: must be an integer from 0 to 65535, not {'9' * 40}"
+    )
+
+
 def test_a_database_url_and_secrets_never_show_in_a_refusal(tmp_path: Path) -> None:
     password = "pw-91c4"
     said = refused(

@@ -10,6 +10,7 @@ from statifier.core import Event
 from statifier.core import effects as fx
 from statifier.core.effects import as_json
 from statifier.core.positions import dump, load
+from statifier.session.children import invoked_chart
 from statifier.session.clock import RealClock, VirtualClock
 from statifier.session.live import Session, System
 from statifier.session.recording import replay
@@ -248,3 +249,47 @@ def test_resume_refuses_a_finished_position() -> None:
             return "resumed"
 
     assert asyncio.run(scenario()) == "the position has finished"
+
+
+def test_an_invoked_chart_with_a_lone_surrogate_fails_the_invoke_not_the_system() -> None:
+    # The child's text, made by an expression, holds a lone surrogate: no chart, so the
+    # invoke fails with error.execution, and the System and its other sessions go on.
+    child = (
+        f"'&lt;scxml xmlns=&quot;{NS}&quot;&gt;&lt;state id=&quot;\\ud800&quot;/&gt;&lt;/scxml&gt;'"
+    )
+    source = chart(
+        '<datamodel><data id="why"/></datamodel>'
+        f'<state id="a"><invoke type="scxml"><content expr="{child}"/></invoke>'
+        '<transition event="error.execution" target="failed">'
+        '<assign location="why" expr="_event.data.message"/></transition></state>'
+        '<final id="failed"/>'
+    )
+    other = chart('<state id="a"><transition event="go" target="b"/></state><final id="b"/>')
+
+    async def scenario() -> tuple[Session, Session]:
+        async with System(VirtualClock()) as system:
+            bystander = await system.start(compile_chart(other))
+            invoking = await system.start(compile_chart(source))
+            await system.run_until_idle()
+            bystander.send(Event("go"))
+            await system.run_until_idle()
+        return invoking, bystander
+
+    invoking, bystander = asyncio.run(scenario())
+    assert invoking.configuration == ("failed",)
+    why = invoking.state.datamodel["why"]
+    assert isinstance(why, str)
+    assert why.startswith("the invoked chart is invalid: 1:")
+    assert why.endswith("the document is not UTF-8: a lone surrogate U+D800")
+    assert bystander.configuration == ("b",)
+
+
+def test_an_invoke_src_whose_loader_gives_a_lone_surrogate_is_a_reason_not_an_error() -> None:
+    at = {"macrostep": 1, "microstep": 1, "round": 1, "state_index": 1, "invoke_index": 0}
+    invoke = fx.Invoke(
+        invoke_id="i", type="scxml", src="child.scxml", content=None, data=None,
+        autoforward=False, **at,
+    )  # fmt: skip
+    reason = invoked_chart(invoke, loader=lambda _src: chart('<state id="\udc80"/>'))
+    assert isinstance(reason, str)
+    assert reason.endswith("the document is not UTF-8: a lone surrogate U+DC80")

@@ -55,6 +55,7 @@ from statifier.extras import MissingExtra
 from statifier.fronts.http_body import DEFAULT_MAX_BODY, Refused, check_bounds, read_body
 from statifier.fronts.source import Malformed, json_object
 from statifier.persistence import ChartNotFound, ChartRetired, Status, Stepped
+from statifier.persistence.errors import Unstorable
 from statifier.persistence.sql import SqlTransaction
 from statifier.persistence.step_errors import decode_error
 from statifier.repeats import IntervalTally, Repeats
@@ -225,6 +226,8 @@ class Api:
             return Refused(400, "event", str(invalid))
         try:
             routed = await self.router.route(event)
+        except Unstorable as unstorable:
+            return _unstorable(unstorable)
         except Exception as error:  # noqa: BLE001 - the caller's answer, and the log's
             return self._failed(error)
 
@@ -261,7 +264,10 @@ class Api:
         name = _text(body, "event")
         if isinstance(name, Refused):
             return name
-        data: Value = tagged.decode(body["data"]) if "data" in body else UNDEFINED
+        try:
+            data: Value = tagged.decode(body["data"]) if "data" in body else UNDEFINED
+        except tagged.TaggedValueError as bad:  # the caller's mistake: no retry mends it
+            return Refused(400, "body", f"data is not in the tagged encoding: {_shorter(bad)}")
         message_id = _message_id(request)
         if isinstance(message_id, Refused):
             return message_id
@@ -275,6 +281,8 @@ class Api:
                 message_id=message_id,
                 entry=Entry.API,
             )
+        except Unstorable as unstorable:
+            return _unstorable(unstorable)
         except Exception as error:  # noqa: BLE001 - the caller's answer, and the log's
             return self._failed(error)
 
@@ -717,6 +725,23 @@ def _forbidden(scope: str) -> Refused:
 
 def _no_execution(execution_id: str) -> Refused:
     return Refused(404, "no_execution", f"no execution {execution_id!r}")
+
+
+def _unstorable(error: Unstorable) -> Refused:
+    """The 422 of a send whose step cannot be stored (a value too large for a position,
+    say): that step was abandoned before any effect, and the same send fails alike."""
+    return Refused(
+        422,
+        "unstorable",
+        f"the step this event makes cannot be stored, so it was abandoned: {_shorter(error)}",
+    )
+
+
+def _shorter(error: Exception, most: int = 200) -> str:
+    """``error``'s message on one line of at most ``most`` characters (a refusal's
+    message never echoes a whole body)."""
+    said = " ".join(str(error).split())
+    return said if len(said) <= most else said[: most - 1] + "…"
 
 
 def _summary_json(row: ExecutionSummary) -> dict[str, Any]:

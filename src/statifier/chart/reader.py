@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Final
 from xml.parsers import expat
 
-__all__ = ["Element", "ReadLimits", "XMLProblem", "read", "start_tag_end"]
+__all__ = ["Element", "ReadLimits", "XMLProblem", "read", "start_tag_end", "utf8"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -77,10 +77,11 @@ def read(source: bytes | str, limits: ReadLimits = DEFAULT_READ_LIMITS) -> Eleme
     """Parse ``source`` into its root element.
 
     Raises:
-        XMLProblem: malformed XML, a DOCTYPE, a processing of external entities, or a
-            document over one of ``limits``.
+        XMLProblem: malformed XML, a DOCTYPE, a processing of external entities, a
+            document over one of ``limits``, or one that is not UTF-8 (text with a lone
+            surrogate, which no encoding writes).
     """
-    data = source.encode("utf-8") if isinstance(source, str) else source
+    data = utf8(source)
     if len(data) > limits.max_bytes:
         raise XMLProblem(f"document is {len(data)} bytes; the limit is {limits.max_bytes}", 1, 1)
     # Only UTF-8 is read (source locations and inline markup are UTF-8 byte ranges).
@@ -92,6 +93,34 @@ def read(source: bytes | str, limits: ReadLimits = DEFAULT_READ_LIMITS) -> Eleme
     if data.startswith((b"\xff\xfe", b"\xfe\xff")):
         raise XMLProblem("the document is not UTF-8", 1, 1)
     return _Builder(data, limits).run()
+
+
+def utf8(source: bytes | str) -> bytes:
+    """``source`` as the UTF-8 bytes the reader reads: text is encoded, bytes are as
+    given (:func:`read` checks they are UTF-8).
+
+    >>> utf8("<a>\\u00e9</a>")
+    b'<a>\\xc3\\xa9</a>'
+    >>> utf8("<a>\\n\\ud800</a>")
+    Traceback (most recent call last):
+    ...
+    statifier.chart.reader.XMLProblem: 2:1: the document is not UTF-8: a lone surrogate U+D800
+
+    Raises:
+        XMLProblem: text UTF-8 cannot encode (a lone surrogate), at its line and column.
+    """
+    if not isinstance(source, str):
+        return source
+    try:
+        return source.encode("utf-8")
+    except UnicodeEncodeError as error:
+        at = error.start
+        line = source.count("\n", 0, at) + 1
+        column = at - source.rfind("\n", 0, at)
+        surrogate = f"U+{ord(source[at]):04X}"
+        raise XMLProblem(
+            f"the document is not UTF-8: a lone surrogate {surrogate}", line, column
+        ) from None
 
 
 class _Builder:

@@ -75,6 +75,7 @@ statifier.service.settings.ServiceConfigError: .../statifier.toml: [http] hots: 
 from __future__ import annotations
 
 import os
+import sys
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -93,8 +94,9 @@ def load(path: Path | str, environ: Mapping[str, str] | None = None) -> ServiceS
 
     Raises:
         ServiceConfigError: the file cannot be read, is larger than
-            :data:`~statifier.service.toml_reader.MAX_CONFIG_BYTES`, is not TOML, or
-            any value is refused.
+            :data:`~statifier.service.toml_reader.MAX_CONFIG_BYTES`, is not TOML (or
+            nests arrays or inline tables too deeply, or spells an integer in more
+            digits than can be read), or any value is refused.
     """
     file = str(path)
     chosen = Path(path)
@@ -103,6 +105,12 @@ def load(path: Path | str, environ: Mapping[str, str] | None = None) -> ServiceS
         raw = tomllib.loads(data.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
         raise ServiceConfigError(file, "", "", f"not valid TOML: {one_line(error)}") from None
+    except ValueError as error:  # tomllib's int(): past the interpreter's limit of digits
+        digits = sys.get_int_max_str_digits()
+        said = f"an integer has more than {digits} digits" if digits else one_line(error)
+        raise ServiceConfigError(file, "", "", f"not valid TOML: {said}") from None
+    except RecursionError:  # arrays or inline tables nested deeper than the parser goes
+        raise ServiceConfigError(file, "", "", "not valid TOML: nested too deeply") from None
     chosen_environ = os.environ if environ is None else environ
     reader = SectionReader(file, chosen.parent, chosen_environ)
     return reader.settings(Table(file, chosen_environ, "", raw))

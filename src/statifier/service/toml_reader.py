@@ -40,6 +40,7 @@ MISSING: Final = object()
 """The default of a required key: its absence is refused."""
 
 _SHOWN_LIMIT: Final = 40
+_LARGE: Final = 10**_SHOWN_LIMIT
 _NEVER: Final = float("inf")
 
 
@@ -49,12 +50,15 @@ def one_line(error: BaseException) -> str:
 
 
 def shown(value: object) -> str:
-    """A value as the file spells it, short: strings quoted, tables and lists named."""
+    """A value as the file spells it, short: strings quoted, tables, lists and integers
+    of more than 40 digits named."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
         text = json.dumps(value, ensure_ascii=False)
         return text if len(text) <= _SHOWN_LIMIT else text[: _SHOWN_LIMIT - 2] + '…"'
+    if isinstance(value, int) and abs(value) >= _LARGE:
+        return "a very large integer"  # never converted: past 4300 digits str() raises
     if isinstance(value, int | float):
         return str(value)
     if isinstance(value, dict):
@@ -146,9 +150,12 @@ class Table:
 
     def seconds(self, key: str, default: float) -> float:
         value = self.value(key, default)
-        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < _NEVER:
-            raise self.refuse(key, f"must be a positive number of seconds, not {shown(value)}")
-        return float(value)
+        if not isinstance(value, bool) and isinstance(value, int | float) and 0 < value < _NEVER:
+            try:
+                return float(value)
+            except OverflowError:  # an integer past the largest float: refused below
+                pass
+        raise self.refuse(key, f"must be a positive number of seconds, not {shown(value)}")
 
     def optional_seconds(self, key: str) -> float | None:
         self.seen.add(key)
