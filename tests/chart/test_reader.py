@@ -9,6 +9,7 @@ import pytest
 
 from statifier.chart import InvalidChart, ReadLimits, compile_chart, validate
 from statifier.chart.reader import XMLProblem, read, utf8
+from statifier.chart.validation import check
 
 NS = "http://www.w3.org/2005/07/scxml"
 
@@ -309,3 +310,15 @@ def test_inline_content_with_several_children_spans_them_all() -> None:
     content = compile_chart(_invoking(markup)).states[1].invokes[0].content
     assert content is not None
     assert content.markup == markup
+
+
+def test_compiling_or_validating_text_with_a_lone_surrogate_is_a_located_problem() -> None:
+    source = f'<scxml xmlns="{NS}">\n  <state id="a\ud800"/></scxml>'
+    with pytest.raises(InvalidChart) as caught:
+        compile_chart(source)
+    [problem] = caught.value.problems
+    assert (problem.line, problem.column) == (2, 15)
+    assert "not UTF-8" in problem.message
+    assert validate(source) == caught.value.problems
+    [finding] = check(source)
+    assert (finding.severity, finding.line, finding.column) == ("error", 2, 15)

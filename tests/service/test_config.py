@@ -787,3 +787,9 @@ async def test_the_services_check_of_its_places_says_it_serves_stops_on_a_mark_a
     assert warnings[0].startswith(
         "store 0: checking its place failed (statifier reshard cannot see this service meanwhile): "
     )
+
+
+def test_a_bindings_file_toml_cannot_read_is_refused_naming_it(tmp_path: Path) -> None:
+    (tmp_path / "deep.toml").write_text("x = " + "[" * 20000 + "]" * 20000 + "\n")
+    said = refused(tmp_path, 'charts = "charts"\nbindings = "deep.toml"\n')
+    assert said == f"bindings: {tmp_path / 'deep.toml'}: not valid TOML: nested too deeply"

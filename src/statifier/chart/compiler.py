@@ -30,6 +30,7 @@ from statifier.chart.reader import (
     XMLProblem,
     read,
     start_tag_end,
+    utf8,
 )
 from statifier.expr import (
     UNDEFINED,
@@ -108,8 +109,8 @@ def compile_chart(
         ValueError: a function named ``In``, or a value that is not a ``Function``.
     """
     chosen = _host_functions(functions)
-    data = source.encode("utf-8") if isinstance(source, str) else source
     try:
+        data = utf8(source)
         _root, builder, machine = _build(data, loader, limits, name, version)
     except XMLProblem as problem:
         raise InvalidChart(

@@ -56,6 +56,7 @@ from statifier.chart.reader import (
     ReadLimits,
     XMLProblem,
     start_tag_end,
+    utf8,
 )
 from statifier.expr import Expression, ParseError, Program, nodes
 from statifier.expr.errors import Span
@@ -91,8 +92,8 @@ def check(
 ) -> tuple[Finding, ...]:
     """Every finding about ``source``, in source order; empty when there is nothing to
     say. A chart whose findings are all warnings compiles."""
-    data = source.encode("utf-8") if isinstance(source, str) else source
     try:
+        data = utf8(source)
         root, builder, _machine = _build(data, loader, limits)
     except XMLProblem as unreadable:
         return (Finding("error", unreadable.message, unreadable.line, unreadable.column),)

@@ -75,14 +75,12 @@ statifier.service.settings.ServiceConfigError: .../statifier.toml: [http] hots: 
 from __future__ import annotations
 
 import os
-import sys
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 
 from statifier.service.sections import SectionReader
 from statifier.service.settings import ServiceConfigError, ServiceSettings
-from statifier.service.toml_reader import Table, one_line, read_bounded
+from statifier.service.toml_reader import Table, read_bounded, toml_document
 
 __all__ = ["load"]
 
@@ -102,15 +100,9 @@ def load(path: Path | str, environ: Mapping[str, str] | None = None) -> ServiceS
     chosen = Path(path)
     data = read_bounded(chosen, file, "")
     try:
-        raw = tomllib.loads(data.decode("utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
-        raise ServiceConfigError(file, "", "", f"not valid TOML: {one_line(error)}") from None
-    except ValueError as error:  # tomllib's int(): past the interpreter's limit of digits
-        digits = sys.get_int_max_str_digits()
-        said = f"an integer has more than {digits} digits" if digits else one_line(error)
-        raise ServiceConfigError(file, "", "", f"not valid TOML: {said}") from None
-    except RecursionError:  # arrays or inline tables nested deeper than the parser goes
-        raise ServiceConfigError(file, "", "", "not valid TOML: nested too deeply") from None
+        raw = toml_document(data)
+    except ValueError as error:
+        raise ServiceConfigError(file, "", "", str(error)) from None
     chosen_environ = os.environ if environ is None else environ
     reader = SectionReader(file, chosen.parent, chosen_environ)
     return reader.settings(Table(file, chosen_environ, "", raw))

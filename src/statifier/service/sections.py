@@ -10,7 +10,6 @@ modules are imported only when the service starts one.
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -86,6 +85,7 @@ from statifier.service.toml_reader import (
     one_line,
     read_bounded,
     shown,
+    toml_document,
 )
 
 if TYPE_CHECKING:
@@ -310,11 +310,9 @@ class SectionReader:
             file = self.base / value
             data = read_bounded(file, self.file, "bindings")
             try:
-                entries = tomllib.loads(data.decode("utf-8")).get("bindings", [])
-            except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
-                raise ServiceConfigError(
-                    self.file, "", "bindings", f"{file}: not valid TOML: {one_line(error)}"
-                ) from None
+                entries = toml_document(data).get("bindings", [])
+            except ValueError as error:
+                raise ServiceConfigError(self.file, "", "bindings", f"{file}: {error}") from None
             where = str(file)
         elif isinstance(value, list):
             entries = value

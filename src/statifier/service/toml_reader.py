@@ -15,6 +15,8 @@ statifier.service.settings.ServiceConfigError: s.toml: [http] hots: unknown key
 from __future__ import annotations
 
 import json
+import sys
+import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
@@ -47,6 +49,26 @@ _NEVER: Final = float("inf")
 def one_line(error: BaseException) -> str:
     """``error``'s message on one line (its type's name when it has none)."""
     return " ".join(str(error).split()) or type(error).__name__
+
+
+def toml_document(data: bytes) -> dict[str, Any]:
+    """``data`` parsed as a TOML document.
+
+    Raises:
+        ValueError: it is not one, said in one line starting ``not valid TOML:``: not
+            UTF-8, not TOML, arrays or inline tables nested deeper than the parser
+            goes, or an integer of more digits than the interpreter reads.
+    """
+    try:
+        return tomllib.loads(data.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"not valid TOML: {one_line(error)}") from None
+    except RecursionError:  # nested deeper than the parser's recursion goes
+        raise ValueError("not valid TOML: nested too deeply") from None
+    except ValueError as error:  # tomllib's int(): past the interpreter's limit of digits
+        digits = sys.get_int_max_str_digits()
+        said = f"an integer has more than {digits} digits" if digits else one_line(error)
+        raise ValueError(f"not valid TOML: {said}") from None
 
 
 def shown(value: object) -> str:
