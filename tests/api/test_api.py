@@ -477,6 +477,12 @@ async def test_the_openapi_document_needs_no_token_and_lists_every_route(shop: S
     served = {getattr(route, "path", "") for route in shop.api.app.routes} - {"/openapi.json"}
     assert served == set(document["paths"])
     validate(document)  # against the OpenAPI 3.1 schema
+    # The routes that step an execution say that a step may be refused as unstorable.
+    paths = document["paths"]
+    for path in ("/events", "/addresses/{scope}/{document}/{key}/events"):
+        assert "422" in paths[path]["post"]["responses"], path
+    assert "422" in paths["/executions/{id}/events"]["post"]["responses"]
+    assert "422" not in paths["/executions/{id}"]["get"]["responses"]
     with pytest.raises(OpenAPIValidationError):  # which is not vacuous
         validate(document | {"paths": {"/x": {"get": {"responses": {"200": {}}}}}})
 

@@ -40,6 +40,8 @@ _ERRORS = {
     "500": {"$ref": "#/components/responses/Failed"},
     "503": {"$ref": "#/components/responses/Deadline"},
 }
+_SEND_ERRORS = {**_ERRORS, "422": {"$ref": "#/components/responses/Unstorable"}}
+"""What a route that steps an execution answers besides: a step that cannot be stored."""
 
 
 def _path_param(name: str, description: str) -> dict[str, Any]:
@@ -183,6 +185,10 @@ def _responses() -> dict[str, Any]:
         "Unauthorized": {"description": "no known token", **error},
         "Forbidden": {"description": "the token may not do this in this scope", **error},
         "NotFound": {"description": "no such execution (in the token's scopes)", **error},
+        "Unstorable": {
+            "description": "the step this event makes cannot be stored; it was abandoned",
+            **error,
+        },
         "Failed": {"description": "the call failed; retry it", **error},
         "Deadline": {"description": "the call was not answered in time", **error},
     }
@@ -249,7 +255,7 @@ def _paths() -> dict[str, Any]:
                         },
                         "routed and committed: one outcome per binding of the source",
                     ),
-                    **_ERRORS,
+                    **_SEND_ERRORS,
                 },
             }
         },
@@ -264,7 +270,7 @@ def _paths() -> dict[str, Any]:
                     _IDEMPOTENCY,
                 ],
                 "requestBody": _SEND_BODY,
-                "responses": {"200": sent, **_ERRORS},
+                "responses": {"200": sent, **_SEND_ERRORS},
             }
         },
         "/executions": {
@@ -312,7 +318,7 @@ def _paths() -> dict[str, Any]:
                 "operationId": "send",
                 "parameters": [_EXECUTION_ID, _IDEMPOTENCY],
                 "requestBody": _SEND_BODY,
-                "responses": {"200": sent, **_ERRORS},
+                "responses": {"200": sent, **_SEND_ERRORS},
             }
         },
         "/executions/{id}/cancel": _action("cancel", "Cancel an execution", "ended"),
