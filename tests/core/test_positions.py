@@ -29,6 +29,7 @@ from statifier.core.positions import (
     load_event,
 )
 from statifier.expr import UNDEFINED, Duration, Value
+from statifier.expr.jsontext import MAX_JSON_DEPTH
 
 NS = "http://www.w3.org/2005/07/scxml"
 
@@ -502,6 +503,74 @@ def test_a_datamodel_doubled_in_a_loop_is_refused_quickly() -> None:
     state, _ = initialize(machine)
     with pytest.raises(ValueError, match="too large"):
         dump(state)
+
+
+# Positions bound nesting as JSON text from outside is bound (MAX_STORED_DEPTH).
+MAX_STORED_DEPTH = MAX_JSON_DEPTH
+
+
+def _nested(depth: int) -> Any:
+    """A value of ``depth`` maps nested in one another (a scalar at the bottom)."""
+    value: Any = 0
+    for _ in range(depth):
+        value = {"k": value}
+    return value
+
+
+def test_a_datamodel_nested_deeper_than_the_bound_is_refused_not_a_recursion_error() -> None:
+    # x = {k: x} five thousand times stays within the expression budgets; writing it
+    # out must be refused as too deep (a ValueError, as too large is), never crash
+    # with a RecursionError.
+    machine = compile_chart(
+        f'<scxml xmlns="{NS}"><datamodel><data id="x" expr="0"/></datamodel>'
+        '<state id="a"><onentry><script>i = 0; while i &lt; 5000 { x = {k: x}; i = i + 1 }'
+        "</script></onentry></state></scxml>"
+    )
+    state, _ = initialize(machine)
+    with pytest.raises(ValueError, match="nested deeper than 128"):
+        dump(state)
+
+
+def test_a_value_as_deep_as_the_bound_is_stored_and_one_level_more_is_refused() -> None:
+    machine = compile_chart(source('<datamodel><data id="v"/></datamodel><state id="a"/>'))
+    value = _nested(MAX_STORED_DEPTH)
+    state = run(machine, options=StartOptions(datamodel={"v": value}))
+    assert load(machine, dump(state)).datamodel["v"] == value
+    # The bound holds wherever the value sits: under another variable's list, shared
+    # by two variables, or taken from an event.
+    deeper = run(machine, options=StartOptions(datamodel={"v": [value]}))
+    with pytest.raises(ValueError, match="nested deeper"):
+        dump(deeper)
+    shared = run(machine, options=StartOptions(datamodel={"v": value, "w": [value]}))
+    with pytest.raises(ValueError, match="nested deeper"):
+        dump(shared)
+    heard = run(RICH, Event("set", data=_nested(MAX_STORED_DEPTH + 1)))
+    with pytest.raises(ValueError, match="nested deeper"):
+        dump(heard)
+
+
+def test_a_host_value_that_holds_itself_is_refused_with_a_value_error() -> None:
+    machine = compile_chart(source('<datamodel><data id="v"/></datamodel><state id="a"/>'))
+    loop: list[Any] = []
+    loop.append(loop)
+    state = run(machine, options=StartOptions(datamodel={"v": loop}))
+    with pytest.raises(ValueError, match="holds itself"):
+        dump(state)
+    with pytest.raises(ValueError, match="holds itself"):
+        dump_event(Event("n", data={"v": loop}))
+
+
+def test_event_data_too_deep_or_too_large_is_refused_by_dump_event() -> None:
+    assert load_event(dump_event(Event("n", data=_nested(MAX_STORED_DEPTH)))).data == _nested(
+        MAX_STORED_DEPTH
+    )
+    with pytest.raises(ValueError, match="nested deeper"):
+        dump_event(Event("n", data=_nested(5000)))
+    doubled: Any = [1]
+    for _ in range(21):  # 2**21 ones and as many lists once written out
+        doubled = [doubled, doubled]
+    with pytest.raises(ValueError, match="too large"):
+        dump_event(Event("n", data={"x": doubled}))
 
 
 def test_events_round_trip_through_their_stored_form() -> None:

@@ -517,6 +517,59 @@ async def test_an_unstorable_event_is_refused_before_any_effect(
     assert await executions.inputs("c") == []
 
 
+GROWING = f"""<scxml {SCXML} initial="a">
+  <datamodel><data id="x" expr="0"/></datamodel>
+  <state id="a">
+    <transition event="grow" target="b">
+      <log label="growing" expr="1"/>
+      <script>i = 0; while i &lt; TIMES {{ x = GROWTH; i = i + 1 }}</script>
+    </transition>
+  </state>
+  <state id="b"/>
+</scxml>"""
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("growth", "times", "refusal"),
+    [("{k: x}", 5000, "nested deeper than 128"), ("[x, x]", 30, "too large to store")],
+    ids=["too_deep", "too_large"],
+)
+async def test_a_datamodel_too_deep_is_refused_unstored_as_one_too_large(
+    make: Make, growth: str, times: int, refusal: str
+) -> None:
+    # x = {k: x} five thousand times: the step's new position is refused as Unstorable
+    # (never a RecursionError), exactly as one doubled past the size bound is: nothing
+    # stored or logged, the execution where it was, every time.
+    machine = compile_chart(GROWING.replace("GROWTH", growth).replace("TIMES", str(times)))
+    executions = make()
+    created = await executions.create("g", machine)
+    for _ in range(2):
+        with pytest.raises(Unstorable, match=refusal):
+            await executions.step("g", machine, Event("grow"))
+    assert await executions.inputs("g") == []
+    record = await executions.storage.fetch_execution("g")
+    assert (record.status, record.position) == (Status.ACTIVE, created.execution.position)
+    assert executions.storage.load(record, machine).leaf_configuration() == ("a",)
+
+
+@pytest.mark.asyncio
+async def test_an_event_nested_too_deep_is_refused_before_any_effect(
+    make: Make, counter: Machine
+) -> None:
+    recorder = Recorder()
+    executions = make(recorder)
+    await executions.create("c", counter)
+    recorder.seen.clear()
+    deep: Any = 0
+    for _ in range(5000):
+        deep = {"k": deep}
+    with pytest.raises(Unstorable, match="nested deeper than 128"):
+        await executions.step("c", counter, Event("n", data=deep))
+    assert recorder.seen == []
+    assert await executions.inputs("c") == []
+
+
 class Timers:
     def __init__(self, pending: int) -> None:
         self.pending = pending

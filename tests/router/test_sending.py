@@ -310,6 +310,87 @@ async def test_a_cancel_deletes_the_executions_timers_of_that_send_id(router_db:
     assert [row["send_id"] for row in table_rows(router_db, "timers")] == ["t2"]
 
 
+HUGE = "99999999999999999999d"
+
+
+async def _refused_send(
+    router_db: RouterDb, send: str, code: str, data: Mapping[str, Any] | None = None
+) -> str:
+    """Route ``go`` (with ``data``) to a chart sending ``send`` (id ``s1``), check the
+    send was refused with ``code`` (one ``send_refused`` row, ``error.communication``
+    heard, the step standing, no timer), and answer what the chart read of it."""
+    router = _router(router_db, {"doc": _chart(send)}, routes={"ledger": (Recorder(), {})})
+    event = InboundEvent(
+        scope=SCOPE,
+        source="cmd",
+        message_id="m1",
+        data={"document": "doc", "key": "k1", "n": 7, **(data or {})},
+    )
+    routed = await router.route(event)
+    [outcome] = routed.outcomes
+    assert isinstance(outcome, CreatedAndDelivered)  # the step stands
+    execution_id = outcome.execution_id
+    assert await _where(router, execution_id) == ("failed",)
+    refused = [row for row in await ledger(router, execution_id) if row.outcome == "send_refused"]
+    assert [row.reason.split(":")[0] for row in refused if row.reason] == [code]
+    assert table_rows(router_db, "timers") == []
+    why = (await _datamodel(router, execution_id))["why"]
+    assert isinstance(why, str)
+    return why
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    "send",
+    [
+        f'<send event="later" id="s1" delay="{HUGE}"/>',
+        '<send event="later" id="s1" delay="36526d"/>',
+        '<send event="later" id="s1" delayexpr="_event.data.n"/>',
+        f'<send event="later" target="#_internal" id="s1" delay="{HUGE}"/>',
+        f'<send type="test:sink" target="ledger" event="out" id="s1" delay="{HUGE}"/>',
+    ],
+    ids=["literal", "a_day_too_long", "from_the_event", "internal", "route"],
+)
+async def test_a_send_delayed_past_the_longest_delay_is_refused_and_the_sender_hears_it(
+    router_db: RouterDb, send: str
+) -> None:
+    # Never an OverflowError out of the step: the delay may come from a caller's data.
+    why = await _refused_send(router_db, send, "delay", {"n": HUGE})
+    assert "longer than 36525 days" in why
+
+
+@pytest.mark.asyncio
+async def test_a_send_delayed_by_the_longest_delay_is_a_timer(router_db: RouterDb) -> None:
+    router = _router(router_db, {"doc": _chart('<send event="later" id="s1" delay="36525d"/>')})
+    execution_id = _executed(await router.route(_command("doc", "m1")))
+    assert await _where(router, execution_id) == ("sent",)
+    [row] = table_rows(router_db, "timers")
+    assert row["due_at"] - router_db.clock.now == timedelta(days=36_525)
+
+
+# An integer too long to write as JSON.
+BIG = '<param name="p" expr="Math.pow(2, 30000) * Math.pow(2, 30000)"/></send>'
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    "send",
+    [
+        f'<send event="later" id="s1">{BIG}',
+        f'<send event="later" id="s1" delay="1s">{BIG}',
+        f'<send event="later" target="#_internal" id="s1" delay="1s">{BIG}',
+        f'<send type="test:sink" target="ledger" event="out" id="s1" delay="1s">{BIG}',
+    ],
+    ids=["due_now", "delayed", "internal", "route"],
+)
+async def test_a_timer_whose_event_cannot_be_stored_is_refused_and_the_sender_hears_it(
+    router_db: RouterDb, send: str
+) -> None:
+    # Never a ValueError out of the step: the chart hears error.communication.
+    why = await _refused_send(router_db, send, "unstorable")
+    assert why.startswith("the send's event cannot be stored")
+
+
 DONE = """<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="idle">
   <state id="idle"><transition event="go" target="end"/></state>
   <final id="end"><donedata><param name="total" expr="_event.data.n * 2"/></donedata></final>

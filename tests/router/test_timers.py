@@ -32,6 +32,7 @@ from statifier.chart import Machine, compile_chart
 from statifier.core import Event
 from statifier.core import effects as fx
 from statifier.persistence import EffectContext, Executions, Executor, Refused, Status
+from statifier.persistence.errors import Unstorable
 from statifier.persistence.sql import SqlTransaction
 from statifier.router import ConfigError, Router, StaticResolver, ledger
 from statifier.router.outbox import Backoff
@@ -283,6 +284,23 @@ async def test_one_key_scheduled_twice_is_one_row(router_db: RouterDb) -> None:
     await schedule(router, [entry("ex_1", 1, now)])
     await schedule(router, [entry("ex_1", 1, now + SECOND), entry("ex_1", 1, now)])  # redriven
     assert await pending(router) == [("ex_1", "t1", now)]
+
+
+@pytest.mark.asyncio
+async def test_an_entry_whose_event_cannot_be_stored_is_refused_as_unstorable_unwritten(
+    router_db: RouterDb,
+) -> None:
+    # Nested too deep, or an integer too long to write: Unstorable (the send handler
+    # refuses the send with it), never a RecursionError or a plain ValueError.
+    router = timer_router(router_db)
+    now = router_db.clock.now
+    deep: Any = 0
+    for _ in range(5000):
+        deep = [deep]
+    for data in (deep, {"n": 2**60_000}):
+        with pytest.raises(Unstorable, match="the send's event cannot be stored"):
+            await schedule(router, [entry("ex_1", 1, now, event=Event("tick", data=data))])
+    assert await pending(router) == []
 
 
 @pytest.mark.asyncio

@@ -29,7 +29,7 @@ IdentityMismatch
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from functools import lru_cache
 from typing import Any, Final
 
@@ -37,6 +37,7 @@ from statifier.chart.model import ChartIdentity, Machine
 from statifier.core.events import SCXML_PROCESSOR, Event, engine_event
 from statifier.core.state import MachineState
 from statifier.expr import UNDEFINED
+from statifier.expr.jsontext import MAX_JSON_DEPTH
 from statifier.expr.tagged import TaggedValueError, decode, encode
 from statifier.expr.values import Undefined
 
@@ -220,17 +221,31 @@ def dump(state: MachineState) -> bytes:
 
     Raises:
         ValueError: the datamodel holds a map with a ``"$type"`` key, a value outside
-            the expression language's domain (NaN or an infinity among them), or more
+            the expression language's domain (NaN or an infinity among them), more
             than :data:`MAX_STORED_VALUES` values once written out (shared substructure
-            counts each time it appears).
+            counts each time it appears), a value nested deeper than
+            :data:`MAX_STORED_DEPTH`, or a list or map that holds itself.
     """
     datamodel = state.datamodel
     data = {key: value for key, value in datamodel.items() if key not in _SYSTEM_DERIVED}
-    if _written_size(data.values(), {}) > MAX_STORED_VALUES:
-        raise ValueError(f"the datamodel is too large to store (over {MAX_STORED_VALUES} values)")
     io = datamodel.get("_ioprocessors")
+    if io == _standard_io(state.session_id):
+        io = None
     # Empty queues, histories and invocations are the common case: no comprehension.
     queue, history, invocations = state.internal_queue, state.history, state.invocations
+    # Everything of the datamodel's that is written out: the variables, the last
+    # event's data, the queued events' data and a host's own _ioprocessors.
+    sizes: dict[int, tuple[int, int]] = {}
+    size = _written_size(data.values(), sizes)
+    last = datamodel.get("_event")
+    if isinstance(last, dict):
+        size += _written_size((last.get("data"),), sizes)
+    if queue:
+        size += _written_size([event.data for event in queue], sizes)
+    if io is not None:
+        size += _written_size((io,), sizes)
+    if size > MAX_STORED_VALUES:
+        raise ValueError(f"the datamodel is too large to store (over {MAX_STORED_VALUES} values)")
     body = [
         sorted(state.configuration),
         [_event_json(event) for event in queue] if queue else [],
@@ -240,7 +255,7 @@ def dump(state: MachineState) -> bytes:
         [[s, i, v] for (s, i), v in sorted(invocations.items())] if invocations else [],
         data,
         _last_event(datamodel.get("_event")),
-        None if io == _standard_io(state.session_id) else io,
+        io,
         state.session_id,
         _counters(state),
         state.running,
@@ -256,24 +271,93 @@ def dump(state: MachineState) -> bytes:
 
 
 MAX_STORED_VALUES: Final = 1_000_000
-"""The most values a stored datamodel may hold, counted as they are written out."""
+"""The most values a stored datamodel may hold (its variables, the last event's data
+and the queued events' data), counted as they are written out; and the most an event's
+data may hold."""
+
+MAX_STORED_DEPTH: Final = MAX_JSON_DEPTH
+"""The deepest a stored value may nest: a datamodel variable's value or an event's data
+holds lists and maps inside one another at most this many levels deep (a list of
+scalars is one level). The same bound as JSON text read from outside
+(:data:`~statifier.expr.jsontext.MAX_JSON_DEPTH`), so whatever a front accepts as an
+event's data can be stored."""
 
 
-def _written_size(values: Any, sizes: dict[int, int]) -> int:
+def _written_size(values: Iterable[Any], sizes: dict[int, tuple[int, int]]) -> int:
     """How many values writing ``values`` out produces. Containers are measured once
-    each (by identity), so a value doubled in a loop (``x = [x, x]``) is measured in
-    time linear in the containers that exist, not in its written size."""
+    each (by identity; ``sizes`` keeps each one's written size and depth), so a value
+    doubled in a loop (``x = [x, x]``) is measured in time linear in the containers
+    that exist, not in its written size. Walks with a stack of its own, never
+    recursing, so no nesting exhausts Python's.
+
+    Raises:
+        ValueError: a value nests deeper than :data:`MAX_STORED_DEPTH`, or a list or
+            map holds itself.
+    """
     total = 0
     for value in values:
-        if isinstance(value, dict | list):
+        if isinstance(value, _CONTAINERS):
             known = sizes.get(id(value))
-            if known is None:
-                items = value.values() if isinstance(value, dict) else value
-                known = sizes[id(value)] = 1 + _written_size(items, sizes)
-            total += known
+            total += (known or _measured(value, sizes))[0]
         else:
             total += 1
     return total
+
+
+_CONTAINERS: Final = (dict, list)  # a tuple: isinstance checks it faster than a union
+
+
+def _measured(
+    root: dict[Any, Any] | list[Any], sizes: dict[int, tuple[int, int]]
+) -> tuple[int, int]:
+    """The written size and nesting depth of the container ``root``, and of every
+    unmeasured container in it, put in ``sizes`` (see :func:`_written_size`)."""
+    # The open containers from ``root`` down, with (in parallel lists, cheaper than a
+    # frame object each) what is left of their items, their size so far and the
+    # depth of their deepest item so far.
+    stack: list[Any] = [root]
+    left = [iter(root.values() if isinstance(root, dict) else root)]
+    counts = [1]
+    depths = [0]
+    opened = {id(root)}
+    while stack:
+        for item in left[-1]:
+            if not isinstance(item, _CONTAINERS):
+                counts[-1] += 1
+                continue
+            known = sizes.get(id(item))
+            if known is None:
+                if id(item) in opened:
+                    raise ValueError("a list or map that holds itself cannot be stored")
+                if len(stack) >= MAX_STORED_DEPTH:
+                    raise _too_deep()
+                opened.add(id(item))
+                stack.append(item)
+                left.append(iter(item.values() if isinstance(item, dict) else item))
+                counts.append(1)
+                depths.append(0)
+                break
+            counts[-1] += known[0]
+            if known[1] > depths[-1]:
+                depths[-1] = known[1]
+        else:
+            # Every item of the innermost open container is measured: close it.
+            container = stack.pop()
+            left.pop()
+            opened.discard(id(container))
+            size, depth = counts.pop(), depths.pop() + 1
+            sizes[id(container)] = (size, depth)
+            if depth + len(stack) > MAX_STORED_DEPTH:
+                raise _too_deep()
+            if stack:
+                counts[-1] += size
+                if depth > depths[-1]:
+                    depths[-1] = depth
+    return sizes[id(root)]
+
+
+def _too_deep() -> ValueError:
+    return ValueError(f"a value nested deeper than {MAX_STORED_DEPTH} levels cannot be stored")
 
 
 _ALL_STATES: Final = ("positions", "all states")  # memo key: every state index
@@ -354,15 +438,22 @@ def dump_event(event: Event) -> bytes:
     True
 
     Raises:
-        ValueError: the data holds a map with a ``"$type"`` key or a value outside the
-            expression language's domain (NaN or an infinity among them).
+        ValueError: the data holds a map with a ``"$type"`` key, a value outside the
+            expression language's domain (NaN or an infinity among them), more than
+            :data:`MAX_STORED_VALUES` values once written out, a value nested deeper
+            than :data:`MAX_STORED_DEPTH`, or a list or map that holds itself.
     """
     body = _event_json(event)
-    if type(event.data) is Undefined:
+    data = event.data
+    if type(data) is Undefined:
         # The common case: the tag goes in directly, no map could carry a "$type"
         # key, and no container can hold itself.
         body[2] = _UNDEFINED_TAG
         return _FLAT_ENCODER.encode(body).encode()
+    if isinstance(data, _CONTAINERS) and _written_size((data,), {}) > MAX_STORED_VALUES:
+        raise ValueError(
+            f"the event's data is too large to store (over {MAX_STORED_VALUES} values)"
+        )
     text = _ENCODER.encode(body)
     if '"$type"' in text and _has_type_key(body[2], set()):
         raise ValueError("a map with a '$type' key cannot be stored in an event")

@@ -1119,7 +1119,9 @@ def _encode(value: Value) -> bytes:
 def _dump(state: MachineState) -> bytes:
     try:
         return stored.dump(state)
-    except ValueError as error:
+    except (ValueError, RecursionError) as error:
+        # RecursionError: a last guard, should a value nest deeper than the encoder's
+        # stack reaches despite the positions' own depth bound.
         raise Unstorable(f"the new position cannot be stored: {error}") from None
 
 
@@ -1171,7 +1173,7 @@ def _start_entry(start: StartOptions) -> Event:
 def _dump_event(event: Event) -> bytes:
     try:
         return stored.dump_event(event)
-    except ValueError as error:
+    except (ValueError, RecursionError) as error:  # RecursionError: as in _dump
         raise Unstorable(f"the event cannot be stored: {error}") from None
 
 

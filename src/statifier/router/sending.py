@@ -27,10 +27,11 @@ seam, inside the transaction of the delivery whose step emitted them.
   invoke's id, and writes no ledger row.
 - Everything else goes to the host's executor (``RouterConfig.executor``).
 
-A refusal (an unregistered route, a reentrant send, a delay with no timer queue, a
-host scheme in a target, a missing or finished target execution) writes one
-``send_refused`` ledger row in its own savepoint and reaches the sender as
-``error.communication`` carrying the send's id; the step stands.
+A refusal (an unregistered route, a reentrant send, a delay with no timer queue or
+longer than :data:`MAX_SEND_DELAY`, a timer whose event cannot be stored, a host scheme
+in a target, a missing or finished target execution) writes one ``send_refused`` ledger
+row in its own savepoint and reaches the sender as ``error.communication`` carrying the
+send's id; the step stands.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Final
 
 from statifier.buckets import address_bucket
@@ -47,6 +48,7 @@ from statifier.core import Event
 from statifier.core import effects as fx
 from statifier.core.events import engine_event
 from statifier.persistence import EffectContext, Refused
+from statifier.persistence.errors import Unstorable
 from statifier.router.config import BASICHTTP_TYPES, Entry
 from statifier.router.delivery import deliver_to_execution
 from statifier.router.outbox import OutboxRoute
@@ -64,6 +66,7 @@ from statifier.router.transaction import Delivering, Unit, around
 __all__ = [
     "BASICHTTP_QUEUE",
     "EXECUTION_TARGET",
+    "MAX_SEND_DELAY",
     "SHARD_HOP_QUEUE",
     "SHARD_REFUSAL_QUEUE",
     "SendHandler",
@@ -84,6 +87,12 @@ SHARD_HOP_QUEUE: Final = "shard_hop"
 SHARD_REFUSAL_QUEUE: Final = "shard_refusal"
 """The outbox queue a refused hop's ``error.communication`` waits in, in the target's
 store, for the sender's store."""
+
+MAX_SEND_DELAY: Final = timedelta(days=36_525)
+"""The longest delay a durable execution's send may have: 100 years (of 365.25 days).
+A longer one (``delay="99999999999999999999d"``, or a ``delayexpr`` reading an event's
+data) is refused with reason ``delay``, as is one whose due time would fall past the
+last date a datetime holds."""
 
 SCXML_PROCESSOR: Final = "http://www.w3.org/TR/scxml/#SCXMLEventProcessor"
 _log = logging.getLogger(__name__)
@@ -181,7 +190,9 @@ class SendHandler:
         route: str | None = None,
     ) -> Refused | None:
         """Put the send on the timer queue, due its delay after the delivery's time (at
-        once for a send with none), or refuse it when there is no queue."""
+        once for a send with none), or refuse it when there is no queue, its delay is
+        longer than :data:`MAX_SEND_DELAY` (or due past the last datetime), or the queue
+        cannot store its event (:class:`~statifier.persistence.errors.Unstorable`)."""
         queue = self.unit.timers
         if queue is None:
             if route is None:
@@ -190,18 +201,25 @@ class SendHandler:
                 detail = f"a delayed send to {route!r} needs a timer queue"
             return await self._refuse(effect, context, "no_timer_queue", detail)
         delay = effect.delay_ms if isinstance(effect, fx.SendDelayed) else 0
+        due_at = _due(self.delivering.now, delay)
+        if due_at is None:
+            detail = f"a delay of {delay} ms is longer than {MAX_SEND_DELAY.days} days, the longest"
+            return await self._refuse(effect, context, "delay", detail)
         entry = TimerEntry(
             execution_id=context.execution_id,
             send_id=effect.send_id,
             key=send_key(effect, context),
-            due_at=self.delivering.now + timedelta(milliseconds=delay),
+            due_at=due_at,
             step_position=context.ordinal,
             kind=kind,
             event=event,
             route=route,
             scope=self.delivering.scope,
         )
-        await queue.schedule(self.unit.tx, entry)
+        try:
+            await queue.schedule(self.unit.tx, entry)
+        except Unstorable as error:
+            return await self._refuse(effect, context, "unstorable", str(error))
         self.unit.scheduled += 1
         return None
 
@@ -462,6 +480,20 @@ def _own_timer(effect: fx.Send | fx.SendDelayed, execution_id: str) -> TimerKind
     if target in _INTERNAL and isinstance(effect, fx.SendDelayed):
         return TimerKind.INTERNAL
     return None
+
+
+def _due(now: datetime, delay_ms: int) -> datetime | None:
+    """When a send ``delay_ms`` after ``now`` is due, or ``None`` when the delay is
+    longer than :data:`MAX_SEND_DELAY` or the time falls past the last datetime."""
+    if delay_ms > _MAX_DELAY_MS:
+        return None
+    try:
+        return now + timedelta(milliseconds=delay_ms)
+    except OverflowError:
+        return None
+
+
+_MAX_DELAY_MS: Final = MAX_SEND_DELAY // timedelta(milliseconds=1)
 
 
 def _said(error: BaseException) -> str:

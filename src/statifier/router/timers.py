@@ -37,6 +37,7 @@ from statifier.persistence.codec import (
     opened_json,
     sealed_json,
 )
+from statifier.persistence.errors import Unstorable
 from statifier.persistence.sql import SqlAdapter, SqlTransaction
 from statifier.router.routes import IdempotencyKey
 from statifier.router.timer_queue import TimerEntry, TimerKind
@@ -107,9 +108,19 @@ class Taken:
 
 
 def _payload(entry: TimerEntry) -> dict[str, Any]:
+    """What the payload column holds of ``entry``.
+
+    Raises:
+        Unstorable: the event cannot be stored (see
+            :func:`~statifier.core.positions.dump_event`); nothing was written.
+    """
+    try:
+        event = dump_event(entry.event)
+    except (ValueError, RecursionError) as error:
+        raise Unstorable(f"the send's event cannot be stored: {error}") from None
     key = entry.key
     return {
-        "event": json.loads(dump_event(entry.event)),
+        "event": json.loads(event),
         "route": entry.route,
         "scope": entry.scope,
         "attempts": entry.attempts,
@@ -175,7 +186,13 @@ class SqlTimerQueue:
         self.table = TimerTable(adapter.tables, adapter.dialect)
 
     async def schedule(self, tx: SqlTransaction, entry: TimerEntry) -> None:
-        """Insert ``entry`` unless a row with its key exists (a redriven step)."""
+        """Insert ``entry`` unless a row with its key exists (a redriven step).
+
+        Raises:
+            Unstorable: the entry's event cannot be stored (its data too large,
+                nested too deep, or holding a value a stored event cannot keep);
+                nothing was written.
+        """
         await self.table.insert(
             tx.driver,
             execution_id=entry.execution_id,
