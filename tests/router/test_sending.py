@@ -380,8 +380,14 @@ BIG = '<param name="p" expr="Math.pow(2, 30000) * Math.pow(2, 30000)"/></send>'
         f'<send event="later" id="s1" delay="1s">{BIG}',
         f'<send event="later" target="#_internal" id="s1" delay="1s">{BIG}',
         f'<send type="test:sink" target="ledger" event="out" id="s1" delay="1s">{BIG}',
+        '<send type="http://www.w3.org/TR/scxml/#BasicHTTPEventProcessor" '
+        f'target="http://receiver.test/in" event="out" id="s1">{BIG}',
+        '<send type="test:sink" target="execution" event="poke" id="s1">'
+        '<param name="document" expr="\'doc\'"/><param name="key" expr="\'k2\'"/>'
+        '<param name="create" expr="\'if_absent\'"/>'
+        f"{BIG}",
     ],
-    ids=["due_now", "delayed", "internal", "route"],
+    ids=["due_now", "delayed", "internal", "route", "basichttp", "execution"],
 )
 async def test_a_timer_whose_event_cannot_be_stored_is_refused_and_the_sender_hears_it(
     router_db: RouterDb, send: str

@@ -47,6 +47,7 @@ from statifier.callbacks import awaited
 from statifier.core import Event
 from statifier.core import effects as fx
 from statifier.core.events import engine_event
+from statifier.core.positions import dump_event
 from statifier.persistence import EffectContext, Refused
 from statifier.persistence.errors import Unstorable
 from statifier.router.config import BASICHTTP_TYPES, Entry
@@ -319,17 +320,20 @@ class SendHandler:
 
         shard = self.unit.shard
         if shard is not None and not shard.holds(address_bucket(scope, document, key)):
-            await OutboxRoute(self.unit.tx.adapter, codec=self.unit.storage.codec).hand_off(
-                self.unit.tx,
-                SHARD_HOP_QUEUE,
-                send_key(effect, context),
-                event,
-                target=json.dumps([document, key, create]),
-                execution_id=context.execution_id,
-                scope=scope,
-                now=self.delivering.now,
+            target = json.dumps([document, key, create])
+            return await self._hand_off(
+                effect, context, SHARD_HOP_QUEUE, event, target, ledger_id=EXECUTION_TARGET
             )
-            return None
+
+        try:
+            # Checked before the target's delivery writes anything: its input log
+            # stores the event, and a refusal then would leave that delivery half done.
+            dump_event(event)
+        except ValueError as error:
+            detail = f"the send's event cannot be stored: {error}"
+            return await self._refuse(
+                effect, context, "unstorable", detail, ledger_id=EXECUTION_TARGET
+            )
 
         async def work() -> Refused | None:
             why = await deliver_to_execution(
@@ -414,16 +418,36 @@ class SendHandler:
                 ledger_id=BASICHTTP_QUEUE,
             )
         event = _built(effect, context.execution_id, "basichttp")
-        await OutboxRoute(self.unit.tx.adapter, codec=self.unit.storage.codec).hand_off(
-            self.unit.tx,
-            BASICHTTP_QUEUE,
-            send_key(effect, context),
-            event,
-            target=target,
-            execution_id=context.execution_id,
-            scope=self.delivering.scope,
-            now=self.delivering.now,
+        return await self._hand_off(
+            effect, context, BASICHTTP_QUEUE, event, target, ledger_id=BASICHTTP_QUEUE
         )
+
+    async def _hand_off(
+        self,
+        effect: fx.Send | fx.SendDelayed,
+        context: EffectContext,
+        queue: str,
+        event: Event,
+        target: str,
+        *,
+        ledger_id: str,
+    ) -> Refused | None:
+        """Hand ``event`` off to the outbox ``queue`` in the step's transaction, or
+        refuse the send (reason ``unstorable``) when its event cannot be stored."""
+        try:
+            await OutboxRoute(self.unit.tx.adapter, codec=self.unit.storage.codec).hand_off(
+                self.unit.tx,
+                queue,
+                send_key(effect, context),
+                event,
+                target=target,
+                execution_id=context.execution_id,
+                scope=self.delivering.scope,
+                now=self.delivering.now,
+            )
+        except ValueError as error:  # the step's clock is aware: only the event is refused
+            detail = f"the send's event cannot be stored: {error}"
+            return await self._refuse(effect, context, "unstorable", detail, ledger_id=ledger_id)
         return None
 
     # Refusals.
