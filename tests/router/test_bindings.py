@@ -232,6 +232,7 @@ def test_a_missing_required_field_is_refused(name: str) -> None:
         ({"dedupe": {"by": "body"}}, "dedupe"),
         ({"dedupe": {"horizon_ms": 0}}, "dedupe"),
         ({"dedupe": {"horizon_ms": -5}}, "dedupe"),
+        ({"dedupe": {"horizon_ms": 10**30}}, "dedupe"),  # past what a date holds
         ({"dedupe": {"horizon_ms": "60000"}}, "dedupe"),
         ({"dedupe": {"horizon_ms": 1.5}}, "dedupe"),
         ({"dedupe": {"horizon_ms": True}}, "dedupe"),

@@ -550,9 +550,17 @@ def _horizon(where: str, dedupe: object) -> timedelta:
     if dedupe.get("by", "message_id") != "message_id":
         raise BindingError(where, "dedupe", "'by' must be 'message_id'")
     milliseconds = dedupe.get("horizon_ms", int(DEFAULT_HORIZON.total_seconds() * 1000))
-    if type(milliseconds) is not int or milliseconds <= 0:
-        raise BindingError(where, "dedupe", "'horizon_ms' must be a positive integer")
+    if type(milliseconds) is not int or not 0 < milliseconds <= _LONGEST_HORIZON_MS:
+        raise BindingError(
+            where,
+            "dedupe",
+            f"'horizon_ms' must be a positive integer, at most {_LONGEST_HORIZON_MS} (100 years)",
+        )
     return timedelta(milliseconds=milliseconds)
+
+
+_LONGEST_HORIZON_MS: Final = 36_525 * 24 * 3600 * 1000
+"""The longest dedupe horizon a binding takes: 100 years, far below what a date holds."""
 
 
 def _error(error: ExprError) -> str:
