@@ -368,6 +368,13 @@ async def test_a_send_delayed_by_the_longest_delay_is_a_timer(router_db: RouterD
     assert row["due_at"] - router_db.clock.now == timedelta(days=36_525)
 
 
+BASICHTTP_TYPE = "http://www.w3.org/TR/scxml/#BasicHTTPEventProcessor"
+TO_K2 = "".join(
+    f'<param name="{name}" expr="\'{value}\'"/>'
+    for name, value in (("document", "doc"), ("key", "k2"), ("create", "if_absent"))
+)
+"""An execution-target send's params: another execution of ``doc``, made if absent."""
+
 # An integer too long to write as JSON.
 BIG = '<param name="p" expr="Math.pow(2, 30000) * Math.pow(2, 30000)"/></send>'
 
@@ -380,12 +387,8 @@ BIG = '<param name="p" expr="Math.pow(2, 30000) * Math.pow(2, 30000)"/></send>'
         f'<send event="later" id="s1" delay="1s">{BIG}',
         f'<send event="later" target="#_internal" id="s1" delay="1s">{BIG}',
         f'<send type="test:sink" target="ledger" event="out" id="s1" delay="1s">{BIG}',
-        '<send type="http://www.w3.org/TR/scxml/#BasicHTTPEventProcessor" '
-        f'target="http://receiver.test/in" event="out" id="s1">{BIG}',
-        '<send type="test:sink" target="execution" event="poke" id="s1">'
-        '<param name="document" expr="\'doc\'"/><param name="key" expr="\'k2\'"/>'
-        '<param name="create" expr="\'if_absent\'"/>'
-        f"{BIG}",
+        f'<send type="{BASICHTTP_TYPE}" target="http://rx.test/in" event="out" id="s1">{BIG}',
+        f'<send type="test:sink" target="execution" event="poke" id="s1">{TO_K2}{BIG}',
     ],
     ids=["due_now", "delayed", "internal", "route", "basichttp", "execution"],
 )
