@@ -27,6 +27,7 @@ from statifier.router import (
     CreatedAndDelivered,
     Delivered,
     Duplicate,
+    Resolved,
     Router,
     Schedule,
     ScheduleError,
@@ -165,6 +166,68 @@ async def test_a_failed_fire_is_recorded_retried_later_and_then_made(
     finally:
         telemetry.detach("scheduler-test")
     assert [meta["outcome"] for meta in seen] == ["failed", "made"]
+
+
+class _Switched:
+    """A resolver that fails while ``broken``."""
+
+    def __init__(self) -> None:
+        self.broken = True
+        self.charts = StaticResolver({"counter": counter_chart()})
+
+    def __call__(self, scope: str, document: str) -> Resolved:
+        if self.broken:
+            raise LookupError(f"no chart for document {document!r} (switched off)")
+        return self.charts(scope, document)
+
+
+@pytest.mark.asyncio
+async def test_a_schedule_whose_step_failed_is_failing_until_its_fire_is_made(
+    router_db: RouterDb,  # noqa: F811 - the fixture
+) -> None:
+    """`failing()` names the schedules whose last step here failed: a made fire, a
+    pause or a removal takes one off, and so does another process's made fire, seen
+    by `run` once the retry is due."""
+    switch = _Switched()
+    scheduler = Scheduler(router_db.router([TICKS], resolver=switch), retry=timedelta(seconds=10))
+    for name in ("tick", "tock", "tack"):
+        await scheduler.put(_schedule(name))
+    assert scheduler.failing() == ()
+    router_db.clock.advance(timedelta(minutes=1))  # 08:01
+    assert all(report.error for report in await scheduler.fire_due())
+    assert scheduler.failing() == ("tack", "tick", "tock")
+    assert await scheduler.pause("tock") is True
+    assert await scheduler.remove("tack") is True
+    assert scheduler.failing() == ("tick",)
+    switch.broken = False  # repaired
+    router_db.clock.advance(timedelta(seconds=10))
+    (made,) = await scheduler.fire_due()
+    assert made.fire_time == START + timedelta(minutes=1)
+    assert scheduler.failing() == ()
+
+    switch.broken = True  # for new executions: tick's has its chart
+    await scheduler.put(_schedule("tuck"))
+    router_db.clock.advance(timedelta(seconds=50))  # 08:02
+    reports = await scheduler.fire_due()
+    assert [(r.name, r.error is None) for r in reports] == [("tick", True), ("tuck", False)]
+    assert scheduler.failing() == ("tuck",)
+    other = Scheduler(_router(router_db))  # another process's, its charts sound
+    router_db.clock.advance(timedelta(seconds=10))
+    (made,) = await other.fire_due()
+    assert (made.name, made.fire_time) == ("tuck", START + timedelta(minutes=2))
+    assert scheduler.failing() == ("tuck",)  # not seen yet
+    stop = asyncio.Event()
+    running = asyncio.create_task(scheduler.run(stop))
+    try:
+        async with asyncio.timeout(10):
+            while scheduler.failing():  # noqa: ASYNC110 - a state, not an event
+                await asyncio.sleep(0.01)
+    finally:
+        stop.set()
+        await running
+    state = await scheduler.get("tuck")
+    assert state is not None
+    assert (state.fired, state.failures) == (1, 0)
 
 
 @pytest.mark.asyncio

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import signal
+import sqlite3
 import time
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
+import httpx
 import pytest
 from tests.persistence.conftest import FreshDatabase, fresh_database  # noqa: F401 - a fixture
 from tests.service.helpers import HITS, database_table, running, start_serve, write_config
@@ -46,6 +49,20 @@ source = "clock"
 scope = "ops"
 data = { team = "night" }
 """
+
+
+async def _ready(base: str, said: str | None, seconds: float = 20) -> None:
+    """Wait until ``/readyz`` answers 200 (``said`` is ``None``), or 503 with the
+    reason ``said``."""
+    deadline = time.monotonic() + seconds
+    async with httpx.AsyncClient() as client:
+        while True:
+            answer = await client.get(f"{base}/readyz")
+            reasons = answer.json().get("reasons", [])
+            if (answer.status_code, reasons) == ((200, []) if said is None else (503, [said])):
+                return
+            assert time.monotonic() < deadline, (answer.status_code, reasons, said)
+            await asyncio.sleep(0.1)
 
 
 def _config(directory: Path, database: FreshDatabase, more: str = BEAT) -> Path:
@@ -220,3 +237,38 @@ def test_a_toml_offset_time_is_a_start(tmp_path: Path) -> None:
     )
     (schedule,) = load(_config(tmp_path, database, table)).schedules
     assert schedule.start.isoformat() == "2025-12-31T23:30:00+00:00"
+
+
+@pytest.mark.asyncio
+async def test_readiness_names_the_schedules_whose_fires_fail_until_they_are_made(
+    tmp_path: Path,
+) -> None:
+    """Four schedules' stored definitions become unreadable (a bad hand edit): every
+    step fails, each is logged and recorded on its row, the worker never raises, and
+    ``/readyz`` says so, naming three and counting the others; restored, it is green."""
+    database = FreshDatabase("sqlite", f"sqlite:///{tmp_path / 's.db'}", None)
+    beats = "".join(
+        f'[schedules.{name}]\nevery = "PT1S"\nsource = "clock"\nscope = "ops"\n'
+        f'data = {{ team = "night" }}\n'
+        for name in ("a", "b", "c", "d")
+    )
+    more = beats + "[scheduler]\nretry = 0.2\nmax_retry = 0.2\n"
+    config = _config(tmp_path, database, more)
+    async with running(config) as (_service, base):
+        await _ready(base, None)
+        with sqlite3.connect(tmp_path / "s.db") as connection:
+            stored = connection.execute("SELECT name, definition FROM t_schedules").fetchall()
+            assert sorted(name for name, _ in stored) == ["a", "b", "c", "d"]
+            broken = json.dumps({"source": "clock", "scope": "ops", "cron": "not a cron"})
+            connection.execute("UPDATE t_schedules SET definition = ?", (broken,))
+        connection.close()
+        await _ready(base, "scheduler: schedules failing: a, b, c and 1 more")
+        with sqlite3.connect(tmp_path / "s.db") as connection:
+            failures = connection.execute("SELECT min(failures) FROM t_schedules").fetchone()
+            assert failures[0] >= 1
+            connection.executemany(
+                "UPDATE t_schedules SET definition = ? WHERE name = ?",
+                [(definition, name) for name, definition in stored],
+            )
+        connection.close()
+        await _ready(base, None)

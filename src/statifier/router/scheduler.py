@@ -20,7 +20,8 @@ A fire whose route raises (its bindings cannot be read, a chart is missing, a lo
 is not granted) is rolled back whole; the row records the error, in a transaction of
 its own, and is taken again ``retry`` later, doubled each failure in a row up to
 ``max_retry``; the error is logged and reported. Its next fire waits: once the fire is
-made, the later ones follow as the catch-up policy says.
+made, the later ones follow as the catch-up policy says. Until then the worker names
+the schedule among those failing (:meth:`Scheduler.failing`: a service's readiness).
 
 Telemetry: ``statifier.router.schedule`` for every step of a schedule, made,
 skipped (missed fires let pass) or failed, with its lag.
@@ -60,6 +61,11 @@ _SCHEDULE: Final = "statifier.router.schedule"
 MAX_BACKFILL: Final = 10_000
 """The most fires one :meth:`Scheduler.backfill` makes."""
 _PAGE: Final = 500
+_RECHECK: Final = timedelta(seconds=30)
+"""The longest :meth:`Scheduler.run` goes without reading the row of a schedule it saw
+fail, to see whether another process paused, removed or made it meanwhile."""
+_RECHECKS: Final = 100
+"""The most such rows one pass of :meth:`Scheduler.run` reads."""
 
 Clock = Callable[[], datetime]
 Record = Callable[[SqlTransaction, bool], Awaitable[object]]
@@ -124,6 +130,8 @@ class FireReport:
         skipped: how many fires were let pass.
         routed: the fire's routing, or ``None``.
         error: why the step failed (it is taken again later), or ``None``.
+        at_least: whether more fires than ``skipped`` were let pass (a cron schedule
+            that missed more than :data:`~statifier.router.schedules.MAX_COUNTED`).
     """
 
     name: str
@@ -131,6 +139,7 @@ class FireReport:
     skipped: int
     routed: Routed | None
     error: str | None = None
+    at_least: bool = False
 
 
 class Scheduler:
@@ -200,6 +209,8 @@ class Scheduler:
         adapter = self.router.adapter
         self.table: Final = ScheduleTable(adapter.tables, adapter.dialect)
         self._woken = asyncio.Event()
+        # The schedules whose last step here failed, and when to read each one's row.
+        self._failing: dict[str, datetime] = {}
 
     # Writing schedules.
 
@@ -253,7 +264,9 @@ class Scheduler:
         """Delete the schedule ``name``; answer whether it was there. A fire being made
         when it is removed commits first."""
         async with self.router.transaction() as unit:
-            return await self.table.remove(unit.tx.driver, name)
+            removed = await self.table.remove(unit.tx.driver, name)
+        self._failing.pop(name, None)
+        return removed
 
     async def pause(
         self,
@@ -277,6 +290,7 @@ class Scheduler:
             paused = await self.table.pause(driver, name, moment)
             if record is not None:
                 await record(unit.tx, paused)
+        self._failing.pop(name, None)
         return paused
 
     async def resume(
@@ -304,6 +318,7 @@ class Scheduler:
             resumed = await self.table.resume(driver, name, _first_fire(schedule, moment), moment)
             if record is not None:
                 await record(unit.tx, resumed)
+        self._failing.pop(name, None)  # its failures forgotten
         self.wake()
         return resumed
 
@@ -351,6 +366,14 @@ class Scheduler:
             return await self.table.next_due(unit.tx.driver)
 
     # Firing.
+
+    def failing(self) -> tuple[str, ...]:
+        """The schedules whose last step this scheduler took failed (their fire is
+        taken again after the backoff), by name: each is named from its failure until
+        its step is made (a fire made, or missed fires let pass), or it is paused,
+        resumed or removed. What another scheduler did (it made the fire, paused or
+        removed the schedule) :meth:`run` sees within 30 s, or at the retry if sooner."""
+        return tuple(sorted(self._failing))
 
     async def backfill(self, name: str, start: datetime, end: datetime) -> list[Routed]:
         """Make the fires of ``name`` in ``[start, end)`` now, in order, each routed in
@@ -409,12 +432,30 @@ class Scheduler:
         while not stop.is_set():
             self._woken.clear()
             await self.fire_due()
+            await self._recheck()
             wait = self.poll
             upcoming = await self.next_due()
             if upcoming is not None:
                 wait = min(wait, max(0.0, (upcoming - self.clock()).total_seconds()))
             if wait > 0 and not self._woken.is_set():
                 await nap(stop, self._woken, wait)
+
+    async def _recheck(self) -> None:
+        """Forget the failing schedules whose row, read when their retry is due (or
+        :data:`_RECHECK` after the last read), no longer says they fail: removed,
+        paused, or moved on by another process."""
+        now = self.clock()
+        earliest = sorted((at, name) for name, at in self._failing.items() if at <= now)
+        due = [name for _, name in earliest[:_RECHECKS]]
+        if not due:
+            return
+        async with self.router.transaction() as unit:
+            rows = [(name, await self.table.get(unit.tx.driver, name)) for name in due]
+        for name, row in rows:
+            if row is None or row.paused or row.failures == 0:
+                self._failing.pop(name, None)
+            elif name in self._failing:
+                self._failing[name] = min(row.due_at, now + _RECHECK)
 
     async def _step(self, now: datetime) -> FireReport | None:
         """Claim the schedule due first and step it, in one transaction; a step that
@@ -434,10 +475,12 @@ class Scheduler:
             await self._failed(row, error, now)
             return _reported(FireReport(row.name, None, 0, None, error), row, now, started)
         made, schedule, next_fire_at = step
+        self._failing.pop(row.name, None)
         if made.skipped:
             _log.warning(
-                "schedule %r let %d missed fire%s pass (catch_up %s), from %s; next fire %s",
+                "schedule %r let %s%d missed fire%s pass (catch_up %s), from %s; next fire %s",
                 row.name,
+                "at least " if made.at_least else "",
                 made.skipped,
                 "" if made.skipped == 1 else "s",
                 schedule.catch_up.value,
@@ -475,13 +518,14 @@ class Scheduler:
             next_fire_at=step.next_fire_at,
             now=now,
         )
-        made = FireReport(row.name, step.fire, step.skipped, routed)
+        made = FireReport(row.name, step.fire, step.skipped, routed, at_least=step.at_least)
         return made, schedule, step.next_fire_at
 
     async def _failed(self, row: ScheduleRow, error: str, now: datetime) -> None:
         """Record on ``row`` that its step failed with ``error``, unless another worker
         moved the row on meanwhile; it is taken again after the backoff."""
         wait = min(self.retry * 2 ** min(row.failures, 30), self.max_retry)
+        self._failing[row.name] = now  # until recorded, :meth:`_recheck` reads the row
         async with self.router.transaction() as unit:
             driver = unit.tx.driver
             current = await self.table.locked(driver, row.name)
@@ -497,6 +541,7 @@ class Scheduler:
                 )
                 return
             await self.table.failed(driver, row.name, error=error, due_at=now + wait, now=now)
+        self._failing[row.name] = now + min(wait, _RECHECK)
         _log.error(
             "schedule %r: the fire at %s failed (%d in a row), tried again in %.0f s: %s",
             row.name,

@@ -20,7 +20,10 @@ One later than that was missed (nothing ran, or the schedule's fires failed):
   the others not;
 - ``all``: every missed fire no older than ``catch_up_window`` is made, in order.
 
-Fires let pass are counted (:attr:`Step.skipped`) and logged by the worker.
+Fires let pass are counted (:attr:`Step.skipped`) and logged by the worker. A cron
+schedule's missed fires are counted in one pass over its fire times, up to
+:data:`MAX_COUNTED`: past it a step stops counting and says so (:attr:`Step.at_least`),
+its count a lower bound, so that a long downtime costs one step a bounded time.
 
 >>> from datetime import UTC, datetime
 >>> nightly = Schedule.from_mapping("nightly", {"cron": "0 2 * * *",
@@ -53,6 +56,7 @@ from statifier.router.outcomes import InboundEvent
 from statifier.router.scenario_case import CaseError, parse_duration
 
 __all__ = [
+    "MAX_COUNTED",
     "MAX_SCHEDULE_DATA",
     "RESERVED_DATA",
     "CatchUp",
@@ -66,6 +70,15 @@ __all__ = [
 
 MAX_SCHEDULE_DATA: Final = 64 * 1024
 """The most characters a schedule's ``data`` takes as JSON."""
+
+MAX_COUNTED: Final = 100_000
+"""The most missed fires of a cron schedule one :func:`next_step` counts (about half a
+second's work): past it the step says the count is a lower bound (:attr:`Step.at_least`).
+The fires an ``every`` schedule missed are computed, never counted one by one."""
+
+_FIRST_SPAN: Final = timedelta(hours=1)
+"""How far back from its end the latest of more than :data:`MAX_COUNTED` missed fires is
+first looked for (then twice as far, and so on)."""
 
 MAX_NAME_LENGTH: Final = 200
 """The longest schedule name."""
@@ -287,7 +300,19 @@ class Schedule:
 
     def fires(self, start: datetime, end: datetime) -> Iterator[datetime]:
         """The fire times in ``[start, end)``, in order (aware UTC datetimes): a
-        backfill's."""
+        backfill's, a catch-up's. A cron's are one pass of :meth:`Cron.fires
+        <statifier.cron.Cron.fires>` (for 29 years from ``start``), not one
+        :meth:`after` each.
+
+        Raises:
+            ValueError: ``start`` is naive.
+        """
+        if self.cron is not None:
+            for fire in self.cron.fires(start - timedelta(microseconds=1), self.timezone):
+                if fire >= end:
+                    return
+                yield fire
+            return
         fire = self.after(start - timedelta(microseconds=1))
         while fire < end:
             yield fire
@@ -321,11 +346,14 @@ class Step:
         fire: the fire time to make now, or ``None`` (missed fires let pass).
         skipped: how many fires are let pass, unmade.
         next_fire_at: the schedule's next fire time after this step.
+        at_least: whether more fires than ``skipped`` are let pass: a cron schedule
+            missed more than :data:`MAX_COUNTED`, and the count stopped there.
     """
 
     fire: datetime | None
     skipped: int
     next_fire_at: datetime
+    at_least: bool = False
 
 
 def next_step(schedule: Schedule, pending: datetime, now: datetime) -> Step:
@@ -335,7 +363,8 @@ def next_step(schedule: Schedule, pending: datetime, now: datetime) -> Step:
     the first on time.
 
     A worker makes at most one fire a transaction, and asks again while the schedule
-    is due: fires are made one by one, in order.
+    is due: fires are made one by one, in order. The fires let pass are counted in one
+    pass over the schedule's fire times, :data:`MAX_COUNTED` at most.
     """
     missed_from = now - schedule.grace  # a fire before this was missed
     reach = now - schedule.catch_up_window  # a missed fire before this is never made
@@ -344,40 +373,50 @@ def next_step(schedule: Schedule, pending: datetime, now: datetime) -> Step:
         return Step(pending, 0, schedule.after(pending))
     if schedule.catch_up is CatchUp.ALL:
         first = schedule.after(reach - timedelta(microseconds=1))
-        return Step(None, _count(schedule, pending, first), first)
+        count, _, more = _missed(schedule, pending, first)
+        return Step(None, count, first, more)
     if schedule.catch_up is CatchUp.ONE:
-        latest, before = _latest_before(schedule, pending, missed_from)
+        count, latest, more = _missed(schedule, pending, missed_from)
         if latest >= reach:
-            return Step(latest, before, schedule.after(latest))
-        return Step(None, before + 1, schedule.after(latest))
+            return Step(latest, count - 1, schedule.after(latest), more)
+        return Step(None, count, schedule.after(latest), more)
     first_on_time = schedule.after(missed_from - timedelta(microseconds=1))
-    return Step(None, _count(schedule, pending, first_on_time), first_on_time)
+    count, _, more = _missed(schedule, pending, first_on_time)
+    return Step(None, count, first_on_time, more)
 
 
-def _count(schedule: Schedule, first: datetime, end: datetime) -> int:
-    """How many fire times lie in ``[first, end)``, ``first`` being one."""
-    if schedule.every is not None:
-        return max(0, math.ceil((end - first) / schedule.every))
-    count = 0
-    fire = first
-    while fire < end:
-        count += 1
-        fire = schedule.after(fire)
-    return count
+def _missed(schedule: Schedule, first: datetime, end: datetime) -> tuple[int, datetime, bool]:
+    """How many fire times lie in ``[first, end)`` (``first`` being one), the latest of
+    them, and whether the count stopped at :data:`MAX_COUNTED` (more lie there: the
+    latest is looked for back from ``end``)."""
+    every = schedule.every
+    if every is not None:
+        count = math.ceil((end - first) / every)
+        return count, first + every * (count - 1), False
+    cron = schedule.cron
+    assert cron is not None
+    count, latest = 1, first
+    for fire in cron.fires(first, schedule.timezone):  # one pass, not one `after` each
+        if fire >= end:
+            break
+        if count == MAX_COUNTED:
+            return count, _latest(schedule, fire, end), True
+        count, latest = count + 1, fire
+    return count, latest, False
 
 
-def _latest_before(schedule: Schedule, first: datetime, end: datetime) -> tuple[datetime, int]:
-    """The latest fire time before ``end`` (``first`` being one, before it), and how
-    many fire times come before that one from ``first``."""
-    if schedule.every is not None:
-        steps = math.ceil((end - first) / schedule.every) - 1
-        return first + schedule.every * steps, steps
-    latest, count = first, 0
-    fire = schedule.after(first)
-    while fire < end:
-        latest, count = fire, count + 1
-        fire = schedule.after(fire)
-    return latest, count
+def _latest(schedule: Schedule, known: datetime, end: datetime) -> datetime:
+    """The latest fire time in ``[known, end)``, ``known`` being one: looked for in the
+    last hour before ``end``, then the last two, four, ... (never before ``known``)."""
+    span = _FIRST_SPAN
+    while True:
+        since = max(known, end - span)
+        latest = None
+        for fire in schedule.fires(since, end):
+            latest = fire
+        if latest is not None:
+            return latest
+        span *= 2
 
 
 def _instant(where: str, given: object) -> datetime:

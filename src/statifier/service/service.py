@@ -355,6 +355,22 @@ def _draining(name: str, drain: OutboxDrain, idle: float, stop: asyncio.Event) -
     return Supervised(name, lambda: drain.run(stop, idle), stop, watch=failing)
 
 
+def _scheduling(scheduler: Scheduler, stop: asyncio.Event) -> Supervised:
+    """The worker running ``scheduler`` until ``stop``; readiness says while schedules'
+    fires fail (three named at most, then how many more)."""
+
+    def failing() -> str | None:
+        names = scheduler.failing()
+        if not names:
+            return None
+        more = len(names) - 3
+        return f"schedules failing: {', '.join(names[:3])}" + (
+            f" and {more} more" if more > 0 else ""
+        )
+
+    return Supervised("scheduler", lambda: scheduler.run(stop), stop, watch=failing)
+
+
 def _in_store(number: int) -> Callable[[str], str]:
     """How a worker of store ``number`` is named (in health reasons and logs)."""
     return lambda part: f"{part} (store {number})"
@@ -779,7 +795,7 @@ class Service:
         stores = _stores(routing)
         workers: list[Worker] = []
         if settings.scheduler.enabled:
-            workers.append(Supervised("scheduler", lambda: scheduler.run(stop), stop))
+            workers.append(_scheduling(scheduler, stop))
         if not settings.flow.enabled:
             _warn_flow_elsewhere(settings)
         outbox = settings.outbox
