@@ -54,8 +54,7 @@ from statifier.expr import UNDEFINED, Value, tagged
 from statifier.extras import MissingExtra
 from statifier.fronts.http_body import DEFAULT_MAX_BODY, Refused, check_bounds, read_body
 from statifier.fronts.source import Malformed, json_object
-from statifier.persistence import ChartNotFound, ChartRetired, Status, Stepped
-from statifier.persistence.errors import Unstorable
+from statifier.persistence import ChartNotFound, ChartRetired, Status, Stepped, Unstorable
 from statifier.persistence.sql import SqlTransaction
 from statifier.persistence.step_errors import decode_error
 from statifier.repeats import IntervalTally, Repeats

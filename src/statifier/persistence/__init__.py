@@ -24,6 +24,7 @@ from statifier.persistence.errors import (
     PersistenceError,
     ReentrantCall,
     StoredChartDamaged,
+    Unstorable,
 )
 from statifier.persistence.executions import (
     Discarded,
@@ -72,6 +73,7 @@ __all__ = [
     "Storage",
     "StoredChartDamaged",
     "UndecodableBlob",
+    "Unstorable",
     "decode_outcome",
     "prune",
 ]

@@ -60,6 +60,7 @@ from statifier.router.errors import (
 from statifier.router.flow import BindingGone
 from statifier.router.flow_worker import FlowWorker, FlushReport
 from statifier.router.outbox import (
+    SINK_SHARE,
     Backoff,
     DeadLetter,
     DrainReport,
@@ -106,6 +107,7 @@ from statifier.router.timer_worker import FirePass, TimerWorker
 
 __all__ = [
     "BASICHTTP_QUEUE",
+    "SINK_SHARE",
     "AddressPins",
     "AddressReap",
     "AddressRow",

@@ -48,8 +48,7 @@ from statifier.core import Event
 from statifier.core import effects as fx
 from statifier.core.events import engine_event
 from statifier.core.positions import dump_event
-from statifier.persistence import EffectContext, Refused
-from statifier.persistence.errors import Unstorable
+from statifier.persistence import EffectContext, Refused, Unstorable
 from statifier.router.config import BASICHTTP_TYPES, Entry
 from statifier.router.delivery import deliver_to_execution
 from statifier.router.outbox import OutboxRoute

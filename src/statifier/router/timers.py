@@ -30,6 +30,7 @@ from typing import Any
 
 from statifier.buckets import ALL_BUCKETS
 from statifier.core.positions import dump_event, load_event
+from statifier.persistence import Unstorable
 from statifier.persistence.codec import (
     PLAIN,
     BlobCodec,
@@ -37,7 +38,6 @@ from statifier.persistence.codec import (
     opened_json,
     sealed_json,
 )
-from statifier.persistence.errors import Unstorable
 from statifier.persistence.sql import SqlAdapter, SqlTransaction
 from statifier.router.routes import IdempotencyKey
 from statifier.router.timer_queue import TimerEntry, TimerKind

@@ -4,8 +4,7 @@ combinations that cannot work are refused here (see :func:`cross_check`)."""
 from __future__ import annotations
 
 from statifier.console.standalone import is_loopback
-from statifier.router import ConfigError, check_on_complete, check_send_type
-from statifier.router.outbox import SINK_SHARE
+from statifier.router import SINK_SHARE, ConfigError, check_on_complete, check_send_type
 from statifier.service.settings import (
     CONSOLE_PATH,
     HEALTH_PATHS,

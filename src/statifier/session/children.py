@@ -24,7 +24,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from statifier.chart import InvalidChart, Machine, compile_chart
-from statifier.chart.reader import XMLProblem, utf8
 from statifier.core import effects as fx
 from statifier.expr import Function, Value
 
@@ -49,11 +48,7 @@ def invoked_chart(
     if source is None:
         return "the invoke names no chart"
     try:
-        # Encoded here, by the reader's rule: text no encoding writes (a lone
-        # surrogate an expression made) is an invalid chart, not the caller's error.
-        return compile_chart(utf8(source), functions=functions)
-    except XMLProblem as unreadable:
-        return f"the invoked chart is invalid: {unreadable}"
+        return compile_chart(source, functions=functions)
     except InvalidChart as invalid:
         return f"the invoked chart is invalid: {invalid}"
 
