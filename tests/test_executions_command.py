@@ -382,7 +382,7 @@ def test_errors_are_one_line_with_status_2(
         ),
         ("send", "x", "pay={oops"): (
             "statifier executions send: the data of event 'pay' is not JSON: "
-            "Expecting property name enclosed in double quotes: line 1 column 2 (char 1)\n"
+            "unexpected byte 0x6F at position 1\n"
         ),
         (
             "list",
