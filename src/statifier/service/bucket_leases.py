@@ -264,7 +264,16 @@ class LeasedWorkers:
             async with adapter.transaction() as tx:
                 groups = await self.leases.table.kin(tx.driver, GROUP, self.leases.clock())
         except Exception as error:  # noqa: BLE001 - a hint only; the next claim looks again
-            _log.debug("%s: could not read the other lease groups: %r", self.name, error)
+            self._repeats.log(
+                _log,
+                logging.WARNING,
+                ("kin", type(error).__name__),
+                "%s: could not read the other lease groups (%s: %s); looked for again at "
+                "the next claim",
+                self.name,
+                type(error).__name__,
+                self._told(error),
+            )
             return
         others = sorted(set(groups) - {self.group})
         if others:
