@@ -542,15 +542,40 @@ async def test_a_datamodel_too_deep_is_refused_unstored_as_one_too_large(
     # (never a RecursionError), exactly as one doubled past the size bound is: nothing
     # stored or logged, the execution where it was, every time.
     machine = compile_chart(GROWING.replace("GROWTH", growth).replace("TIMES", str(times)))
-    executions = make()
+    recorder = Recorder()
+    executions = make(recorder)
     created = await executions.create("g", machine)
+    recorder.seen.clear()
     for _ in range(2):
         with pytest.raises(Unstorable, match=refusal):
             await executions.step("g", machine, Event("grow"))
+    # Refused before the executor was handed the step's log, as the lifecycle promises.
+    assert recorder.seen == []
     assert await executions.inputs("g") == []
     record = await executions.storage.fetch_execution("g")
     assert (record.status, record.position) == (Status.ACTIVE, created.execution.position)
     assert executions.storage.load(record, machine).leaf_configuration() == ("a",)
+
+
+GROWING_AT_START = f"""<scxml {SCXML} initial="a">
+  <datamodel><data id="x" expr="0"/></datamodel>
+  <state id="a">
+    <onentry>
+      <log label="starting" expr="1"/>
+      <script>i = 0; while i &lt; 5000 {{ x = {{k: x}}; i = i + 1 }}</script>
+    </onentry>
+  </state>
+</scxml>"""
+
+
+@pytest.mark.asyncio
+async def test_a_start_that_cannot_be_stored_is_refused_before_any_effect(make: Make) -> None:
+    recorder = Recorder()
+    executions = make(recorder)
+    with pytest.raises(Unstorable, match="nested deeper than 128"):
+        await executions.create("g", compile_chart(GROWING_AT_START))
+    assert recorder.seen == []
+    assert await executions.storage.find_execution("g") is None
 
 
 @pytest.mark.asyncio

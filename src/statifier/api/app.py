@@ -728,7 +728,8 @@ def _no_execution(execution_id: str) -> Refused:
 
 def _unstorable(error: Unstorable) -> Refused:
     """The 422 of a send whose step cannot be stored (a value too large for a position,
-    say): that step was abandoned before any effect, and the same send fails alike."""
+    say): that step was abandoned and nothing of it stored, and the same send fails
+    alike."""
     return Refused(
         422,
         "unstorable",

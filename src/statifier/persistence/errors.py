@@ -124,7 +124,10 @@ class PinSourceFailed(PersistenceError):  # noqa: N818
 
 class Unstorable(PersistenceError):  # noqa: N818
     """A step's result cannot be stored (its datamodel or event is too large, or holds
-    a value positions cannot keep); the step was abandoned before any effect."""
+    a value positions cannot keep). The step was abandoned and nothing of it stored:
+    what its executor did within the step's transaction (the router's outbox and
+    timer rows) rolls back with it; what an executor did outside it (a log line, a
+    call of its own) stays done."""
 
 
 class RefusalsUnsettled(PersistenceError):  # noqa: N818

@@ -310,11 +310,15 @@ class Executions:
             if await self.storage.find_execution(execution_id):
                 raise ExecutionExists(execution_id)
             state, effects = initialize(machine, start)
-            state, effects = await self._carry_out(state, effects, execution_id, "create", executor)
+            position = _dump(state)  # an unstorable start is refused before any effect
+            carried, effects = await self._carry_out(
+                state, effects, execution_id, "create", executor
+            )
+            if carried is not state:  # refusals stepped the chart on
+                state, position = carried, _dump(carried)
             errors = step_errors(effects)
             policy = self._policy(on_error, machine.identity.content_hash)
             status, failure, outcome, donedata = _ending(effects, errors, policy)
-            position = _dump(state)
             now = self.storage.clock()
             record = ExecutionRecord(
                 execution_id,
@@ -445,14 +449,16 @@ class Executions:
             state, effects = deliver_internal(state, event)
         else:
             state, effects = handle_event(state, event)
+        position = _dump(state)  # an unstorable result is refused before any effect
         performer = self.executor if executor is None else executor
         if performer is not ignore_effects and effects:
-            state, effects = await self._carry_out(state, effects, execution_id, via, performer)
+            carried, effects = await self._carry_out(state, effects, execution_id, via, performer)
+            if carried is not state:  # refusals stepped the chart on
+                state, position = carried, _dump(carried)
         errors = step_errors(effects) if effects else ()
         policy = self._policy(on_error, record.content_hash)
         status, failure, outcome, donedata = _ending(effects, errors, policy)
         ended = status is not Status.ACTIVE  # _ending returns active or an end
-        position = _dump(state)
         now = storage.clock()
         record = ExecutionRecord(
             record.id,
