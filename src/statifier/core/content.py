@@ -5,6 +5,11 @@ A block runs its elements in document order; the first element that fails raises
 (SCXML has no rollback). A condition that is not exactly ``true`` counts as false, and
 one that is not a boolean at all also raises ``error.execution`` without stopping the
 block. This module is the only place that turns failures into error events.
+
+A call of the core (one macrostep: ``handle_event``, ``initialize``...) runs at most
+:data:`MAX_CONTENT_STEPS` elements of executable content, so an untrusted chart cannot
+make one step run without end (nested ``<foreach>`` over long lists); past it, every
+block aborts at its next element with ``error.execution``.
 """
 
 from __future__ import annotations
@@ -39,9 +44,26 @@ from statifier.expr import (
 from statifier.expr.location import put
 
 __all__ = [
+    "CONTENT_BUDGET_EXCEEDED",
+    "MAX_CONTENT_STEPS",
     "ConditionContext",
     "ContentRunner",
 ]
+
+MAX_CONTENT_STEPS: Final = 100_000
+"""Elements of executable content one call of the core (one macrostep, or
+``initialize``) may run: each element run counts one (``<assign>``, ``<log>``,
+``<raise>``, ``<if>``, ``<foreach>``, ``<script>``, ``<send>``, ``<cancel>``), each
+``<foreach>`` iteration counts one more (it writes the item) and its body's elements
+count again per iteration, and each iteration of a ``<script>``'s ``while`` loops
+counts one (charged when the script ends: a script's own loops are bounded by its
+loop budget). The element that would go past it is not run: its block
+aborts with ``error.execution`` (reason :data:`CONTENT_BUDGET_EXCEEDED`), and so does
+every later block of the same call, at its first element. The next call starts afresh.
+Counted, not timed, so a step stays a deterministic function of its input."""
+
+CONTENT_BUDGET_EXCEEDED: Final = "content_budget_exceeded"
+"""The ``reason`` of the ``error.execution`` a spent :data:`MAX_CONTENT_STEPS` raises."""
 
 _VARIABLE: Final = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 
@@ -181,6 +203,9 @@ class ContentRunner:
         self.memo = machine.memo
         self.effects: list[fx.Effect] = []
         self._options: Options | None = None
+        # Every step binds once, before it runs anything: the budget is per step and
+        # is not part of the position.
+        self.content_left = MAX_CONTENT_STEPS
 
     @property
     def options(self) -> Options:
@@ -411,6 +436,11 @@ class ContentRunner:
 
     def run_nodes(self, block: m.Block, executed: list[int]) -> None:
         for node in block:
+            # One local and one attribute read per element: the budget costs next to
+            # nothing on ordinary steps. Left negative once spent, so later blocks stop.
+            left = self.content_left = self.content_left - 1
+            if left < 0:
+                raise self._budget_spent(node)
             executed.append(node.index)
             if isinstance(node, m.Raise):
                 self.internal_queue.append(engine_event(node.event, "internal"))
@@ -429,6 +459,21 @@ class ContentRunner:
                 self.run_send(node)
             else:
                 self.run_cancel(node)
+
+    @staticmethod
+    def _budget_spent(node: m.ContentNode) -> _Abort:
+        """The abort of ``node``, which the spent :data:`MAX_CONTENT_STEPS` stops."""
+        return _Abort(
+            {
+                "element": type(node).__name__.lower(),
+                "reason": CONTENT_BUDGET_EXCEEDED,
+                "message": (
+                    f"the step ran more than {MAX_CONTENT_STEPS} elements of executable content"
+                ),
+                "line": node.where.line,
+                "column": node.where.column,
+            }
+        )
 
     def run_assign(self, node: m.Assign) -> None:
         if node.expr is not None:
@@ -466,6 +511,10 @@ class ContentRunner:
                     declare=True,
                 )
         for position, item in enumerate(list(items)):
+            # An iteration counts even with an empty body: its writes are work too.
+            left = self.content_left = self.content_left - 1
+            if left < 0:
+                raise self._budget_spent(node)
             self.write_path(
                 (node.item,), item, node.item, node.where, "foreach", content_index=node.index
             )
@@ -499,6 +548,9 @@ class ContentRunner:
             protected_roots=system,
         )
         execution = program.execute(before, options)
+        # A script's loops are bounded per run; charged to the step's budget, many
+        # scripts run by a <foreach> cannot multiply them past it.
+        self.content_left -= execution.loops
         after = execution.context
         fresh_system = [name for name in after if name.startswith("_") and name not in before]
         for name in fresh_system:

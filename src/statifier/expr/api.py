@@ -194,11 +194,14 @@ class ProgramResult:
             context you started from, as your policy requires.
         value: the value of the last expression statement that ran (undefined if none).
         error: why execution stopped early, or ``None``.
+        loops: the back edges its loops took (each ``while`` iteration counts one),
+            for a host that bounds the work of many programs together.
     """
 
     context: dict[str, Value]
     value: Value
     error: ExprError | None
+    loops: int = 0
 
 
 class Program:
@@ -231,7 +234,7 @@ class Program:
         except Exception as unexpected:  # noqa: BLE001 - nothing escapes execution
             error = _unexpected(unexpected)
         value = UNDEFINED if type(run.last) is Undefined else run.last
-        return ProgramResult(data, value, error)
+        return ProgramResult(data, value, error, options.loop_budget - run.budget)
 
 
 def compile_expression(source: str, limits: Limits = DEFAULT_LIMITS) -> Expression | ParseError:
