@@ -319,6 +319,10 @@ class BulkRun:
         error: why it stopped early, if it did (an error's type name).
         parked: ``migrate``: executions the revision could not carry, parked instead.
         last_error: the last execution's failure, ``"ErrorClass: message"``.
+        raised_errors: ``resume``: executions resumed (counted under ``done``) whose
+            held events raised error events no transition took.
+        last_raised_error: the last such error: the execution, the error's name and
+            where the chart raised it.
         state: ``running`` (in the API process answering), ``finished``, ``stopped``
             (``error`` says why), or ``unfinished``: no end recorded and not running
             there (interrupted, or running in another process); run it again to
@@ -336,6 +340,8 @@ class BulkRun:
     parked: int = 0
     last_error: str | None = None
     state: str = "running"
+    raised_errors: int = 0
+    last_raised_error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -553,6 +559,8 @@ def _bulk_run(job: str) -> Callable[[Mapping[str, Any]], BulkRun]:
             _field(body, "parked", int),
             _maybe_text(body, "last_error"),
             _text(body, "state"),
+            _field(body, "raised_errors", int) if "raised_errors" in body else 0,
+            _maybe_text(body, "last_raised_error"),
         )
 
     return parse

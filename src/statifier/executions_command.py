@@ -652,9 +652,12 @@ async def _run_workers(durables: Sequence[Durable], out: TextIO) -> int:
 
 async def _bulk(durables: Sequence[Durable], args: argparse.Namespace, out: TextIO) -> int:
     """``bulk`` on every store of ``durables``: one count and one confirmation of the
-    total, then a recorded run in each store (its own run row and audit rows)."""
+    total, then a recorded run in each store (its own run row and audit rows). The
+    status is 1 when an execution's action failed, a migration parked one, or a resumed
+    one's held events raised an error event no transition took (as ``resume`` of it
+    would answer 1)."""
     from statifier.console.audit import Audit
-    from statifier.console.bulk import BulkProgress, bulk_action, migration, preview
+    from statifier.console.bulk import BulkProgress, bulk_action, counts, migration, preview
     from statifier.console.bulk_runs import BulkLog, run_recorded
     from statifier.console.queries import ConsoleQueries, ExecutionFilter
     from statifier.durable.values import status_named
@@ -708,10 +711,6 @@ async def _bulk(durables: Sequence[Durable], args: argparse.Namespace, out: Text
             out.write("nothing done\n")
             return 1
 
-    def counts(progress: BulkProgress) -> str:
-        parked = f", {progress.parked} parked" if progress.parked else ""
-        return f"{progress.done} done, {progress.skipped} skipped, {progress.failed} failed{parked}"
-
     async def said(progress: BulkProgress) -> None:
         out.write(f"  {progress.seen} seen: {counts(progress)}\n")
         out.flush()
@@ -745,7 +744,12 @@ async def _bulk(durables: Sequence[Durable], args: argparse.Namespace, out: Text
         out.write(f"{action.name}{in_store}: {counts(done)} (audited as {actor})\n")
         if done.last_error is not None:
             out.write(f"  last failure: {done.last_error}\n")
-        if done.failed or done.parked:
+        if done.last_raised_error is not None:
+            out.write(
+                f"  last error raised: {done.last_raised_error}; "
+                "each is among its execution's errors (`show ID`)\n"
+            )
+        if done.failed or done.parked or done.raised_errors:
             status = 1
     return status
 

@@ -661,6 +661,8 @@ def _progress_json(run: LoggedRun, state: str) -> dict[str, Any]:
         "failed": progress.failed,
         "parked": progress.parked,
         "last_error": progress.last_error,
+        "raised_errors": progress.raised_errors,
+        "last_raised_error": progress.last_raised_error,
         "finished": run.finished,
         "error": run.error,
         "started_at": run.started_at.isoformat(),

@@ -165,6 +165,8 @@ def _schemas() -> dict[str, Any]:
             "failed": {"type": "integer"},
             "parked": {"type": "integer"},
             "last_error": _nullable("string"),
+            "raised_errors": {"type": "integer"},
+            "last_raised_error": _nullable("string"),
             "finished": {"type": "boolean"},
             "error": _nullable("string"),
         },

@@ -36,7 +36,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from statifier.chart import Machine
@@ -47,6 +47,7 @@ from statifier.persistence import (
     ExecutionNotFound,
     MigrationPlan,
     Parked,
+    StepError,
     UndecodableBlob,
 )
 from statifier.persistence.sql import SqlTransaction
@@ -106,11 +107,14 @@ class Done:
             location), else ``None``.
         parked: a migration that could not carry the execution's position and parked
             it (``needs_migration``) instead: a change, recorded, but not the one asked.
+        raised: a resume: the error events its held events raised that no transition
+            took, in order (what makes ``statifier executions resume`` exit 1).
     """
 
     summary: str
     secret: str | None = None
     parked: bool = False
+    raised: tuple[StepError, ...] = ()
 
 
 Record = Callable[[SqlTransaction, Done], Awaitable[object]]
@@ -210,7 +214,19 @@ def _resumed(resumed: Resumed) -> Done:
     said = f"resumed execution {resumed.execution_id!r}: {resumed.stepped} held events stepped in"
     if resumed.discarded:
         said += f", {resumed.discarded} discarded (it ended first)"
-    return Done(said)
+    raised = tuple(error for error in resumed.errors if not error.taken)
+    if raised:
+        events = "error event" if len(raised) == 1 else "error events"
+        said += f"; {len(raised)} {events} no transition took, the last {placed(raised[-1])}"
+    return Done(said, raised=raised)
+
+
+def placed(error: StepError) -> str:
+    """``error`` as audit rows and a bulk run's row keep it: its name, where the chart
+    raised it and whether a transition took it, not its message. The message may quote
+    the execution's data, which the execution's errors keep through the storage's
+    codec (encrypted when it encrypts); those rows are plain text."""
+    return replace(error, message=None).describe()
 
 
 def migrate_to(

@@ -12,6 +12,12 @@ once or not at all, whatever stops the run. An execution the action does not app
 revision already; retry: no dead outbox row) is skipped, with no row. When the run
 ends it writes one more row, for the run itself (action ``bulk``), with its counts.
 
+A resume steps in what each execution held while paused. An execution whose held
+events raised an error event no transition took (what makes ``statifier executions
+resume`` exit 1) is resumed all the same and counted ``done``, and also under
+:attr:`BulkProgress.raised_errors`, with the last such error; its audit row says how
+many it raised. Each error stays among its execution's errors, as a step records it.
+
 A run stopped midway (the process killed, say) is resumed by running it again: what it
 did stays done and is skipped, the rest is done; each execution still has exactly one
 row for it.
@@ -52,6 +58,7 @@ __all__ = [
     "BulkAction",
     "BulkProgress",
     "bulk_action",
+    "counts",
     "migration",
     "preview",
     "run_bulk",
@@ -195,6 +202,11 @@ class BulkProgress:
         parked: ``migrate``: executions the revision could not carry, parked instead
             (each with its audit row; not counted under ``done``).
         last_error: the last failure, as ``"ErrorClass: message"`` (``None``: none).
+        raised_errors: ``resume``: executions resumed (counted under ``done``) whose
+            held events raised an error event no transition took.
+        last_raised_error: the last such error, as ``"EXECUTION_ID: NAME at <ELEMENT>,
+            line L, column C (no transition took it)"``: where the chart raised it,
+            not its message (``None``: none).
     """
 
     action: str
@@ -204,11 +216,28 @@ class BulkProgress:
     failed: int = 0
     parked: int = 0
     last_error: str | None = None
+    raised_errors: int = 0
+    last_raised_error: str | None = None
 
     @property
     def seen(self) -> int:
         """Executions the run has come to."""
         return self.done + self.skipped + self.failed + self.parked
+
+
+def counts(progress: BulkProgress) -> str:
+    """``progress``'s counts in one line: parked and raised errors only when there are
+    some.
+
+    >>> counts(BulkProgress("resume", 3, done=3, raised_errors=1))
+    '3 done, 0 skipped, 0 failed, 1 raised errors'
+    """
+    said = f"{progress.done} done, {progress.skipped} skipped, {progress.failed} failed"
+    if progress.parked:
+        said += f", {progress.parked} parked"
+    if progress.raised_errors:
+        said += f", {progress.raised_errors} raised errors"
+    return said
 
 
 async def preview(queries: ConsoleQueries, action: BulkAction, where: ExecutionFilter) -> int:
@@ -265,11 +294,11 @@ async def run_bulk(
         cursor = listed.next_cursor
         if cursor is None:
             break
-    detail = f"{said}: {state.done} done, {state.skipped} skipped, {state.failed} failed" + (
-        f", {state.parked} parked" if state.parked else ""
-    )
+    detail = f"{said}: {counts(state)}"
     if state.last_error is not None:
         detail += f"; last failure: {state.last_error}"
+    if state.last_raised_error is not None:
+        detail += f"; last error raised: {state.last_raised_error}"
     outcome = "failed" if state.failed else "done"
     await audit.record(
         AuditEntry(actor, action="bulk", target=action.name, outcome=outcome, detail=detail)
@@ -312,4 +341,12 @@ async def _one(
         return replace(state, failed=state.failed + 1, last_error=said)
     if done.parked:
         return replace(state, parked=state.parked + 1)
+    if done.raised:
+        last = f"{execution_id}: {actions.placed(done.raised[-1])}"
+        return replace(
+            state,
+            done=state.done + 1,
+            raised_errors=state.raised_errors + 1,
+            last_raised_error=last,
+        )
     return replace(state, done=state.done + 1)

@@ -4,7 +4,10 @@ background of a server.
 A recorded run has its row written before it acts (:meth:`BulkLog.start`: the action
 and its plan, the filter as the executions list's query fields, who started it and
 what the preview counted), its counts after each page, and its end (``finished_at``;
-``error`` when it stopped early). Any process reads the rows: the console shows the
+``error`` when it stopped early). A resume's executions whose held events raised
+errors (:attr:`BulkProgress.raised_errors` and the last such error) have no column of
+their own: the row's ``plan`` document keeps them, under ``raised_errors`` (see
+:meth:`BulkLog.progress`). Any process reads the rows: the console shows the
 runs the API, the command or another console started. A run with no end that no
 process is running was interrupted (its process was killed, say): it is run again from
 its row (:func:`action_of` and :attr:`LoggedRun.selection`), which is safe, as running
@@ -63,6 +66,9 @@ __all__ = [
 ]
 
 _log = logging.getLogger("statifier.console")
+
+_RAISED: Final = "raised_errors"
+"""The key of the ``plan`` document under which a run's row keeps its raised errors."""
 
 LATEST_RUNS: Final = 20
 """How many runs :meth:`BulkLog.latest` answers by default."""
@@ -159,14 +165,18 @@ class BulkLog:
         await self._write(self.tables.bulk_runs.insert().values(**values))
 
     async def progress(self, run_id: str, progress: BulkProgress, now: datetime) -> None:
-        """Write how far the run has come."""
-        await self._write(self._update(run_id, progress, now))
+        """Write how far the run has come. Its raised errors, once it has some, go
+        into the row's ``plan`` document beside what a migration keeps there (the
+        table has no column for them, and a column takes a migration): ``{"count": N,
+        "last": TEXT}`` under the key ``raised_errors``; a row without it has none."""
+        await self._update(run_id, progress, now)
 
     async def finish(
         self, run_id: str, progress: BulkProgress, error: str | None, now: datetime
     ) -> None:
-        """Write the run's end: its counts, and ``error`` if it stopped early."""
-        await self._write(self._update(run_id, progress, now).values(error=error, finished_at=now))
+        """Write the run's end: its counts (as :meth:`progress`), and ``error`` if it
+        stopped early."""
+        await self._update(run_id, progress, now, error=error, finished_at=now)
 
     async def get(self, run_id: str) -> LoggedRun | None:
         """The run of ``run_id``, if there is one."""
@@ -180,20 +190,32 @@ class BulkLog:
         newest = sa.select(runs).order_by(runs.c.started_at.desc(), runs.c.id.desc()).limit(limit)
         return await self._read(newest)
 
-    def _update(self, run_id: str, progress: BulkProgress, now: datetime) -> sa.Update:
+    async def _update(
+        self, run_id: str, progress: BulkProgress, now: datetime, **ended: object
+    ) -> None:
         runs = self.tables.bulk_runs
-        return (
-            runs.update()
-            .where(runs.c.run_id == run_id)
-            .values(
-                done=progress.done,
-                skipped=progress.skipped,
-                failed=progress.failed,
-                parked=progress.parked,
-                last_error=None if progress.last_error is None else progress.last_error[:1000],
-                updated_at=now,
-            )
-        )
+        row = runs.c.run_id == run_id
+        values: dict[str, object] = {
+            "done": progress.done,
+            "skipped": progress.skipped,
+            "failed": progress.failed,
+            "parked": progress.parked,
+            "last_error": None if progress.last_error is None else progress.last_error[:1000],
+            "updated_at": now,
+            **ended,
+        }
+
+        def write(connection: sa.Connection) -> None:
+            if progress.raised_errors:
+                # Read and written in one transaction: only the run's process writes
+                # its row, and a migration's plan stays beside the errors.
+                plan = connection.execute(sa.select(runs.c.plan).where(row)).scalar()
+                last = progress.last_raised_error
+                raised = {"count": progress.raised_errors, "last": last and last[:1000]}
+                values["plan"] = {**(plan or {}), _RAISED: raised}
+            connection.execute(runs.update().where(row).values(**values))
+
+        await run_on(self.engine, write, write=True)
 
     async def _write(self, statement: sa.Executable) -> None:
         def write(connection: sa.Connection) -> None:
@@ -210,6 +232,7 @@ class BulkLog:
 
 def _logged(row: sa.Row[Any]) -> LoggedRun:
     plan = row.plan or {}
+    raised = plan.get(_RAISED) or {}
     return LoggedRun(
         run_id=row.run_id,
         action=row.action,
@@ -226,6 +249,8 @@ def _logged(row: sa.Row[Any]) -> LoggedRun:
             failed=row.failed,
             parked=row.parked,
             last_error=row.last_error,
+            raised_errors=int(raised.get("count", 0)),
+            last_raised_error=raised.get("last"),
         ),
         error=row.error,
         started_at=row.started_at,
@@ -264,8 +289,10 @@ async def run_recorded(
     """:func:`~statifier.console.bulk.run_bulk`, its row (written by
     :meth:`BulkLog.start`) kept in step: its counts after each page (``progress``
     told after that), its end; the end is reported as the telemetry event
-    ``statifier.console.bulk_run``. A run that raises or is cancelled has its end
-    written with the error (:data:`STOPPED` when cancelled), then raises it on.
+    ``statifier.console.bulk_run``, and a run whose resumed executions raised errors
+    (:attr:`BulkProgress.raised_errors`) is logged as one warning, however many they
+    were. A run that raises or is cancelled has its end written with the error
+    (:data:`STOPPED` when cancelled), then raises it on.
     """
     clock = router.storage.clock
     state = BulkProgress(action.name, selected)
@@ -282,6 +309,7 @@ async def run_recorded(
                 "skipped": state.skipped,
                 "failed": state.failed,
                 "parked": state.parked,
+                "raised_errors": state.raised_errors,
             },
             {
                 "action": action.name,
@@ -291,6 +319,21 @@ async def run_recorded(
                 "error": error,
             },
         )
+        if state.raised_errors:
+            # One line for the run: each error was logged by its step already, and a
+            # run over thousands of executions must not add as many lines.
+            _log.warning(
+                "console: bulk %s run %s by %s: %d of the %d executions it resumed raised "
+                "error events no transition took (each is among its execution's errors); "
+                "the last: %s",
+                action.name,
+                run_id,
+                actor,
+                state.raised_errors,
+                state.done,
+                state.last_raised_error,
+                extra={"run_id": run_id, "raised_errors": state.raised_errors},
+            )
 
     async def told(now: BulkProgress) -> None:
         nonlocal state

@@ -244,6 +244,8 @@ def _summed(parts: Sequence[tuple[Store, LoggedRun]]) -> tuple[LoggedRun, str]:
             failed=counted.failed + run.progress.failed,
             parked=counted.parked + run.progress.parked,
             last_error=counted.last_error or run.progress.last_error,
+            raised_errors=counted.raised_errors + run.progress.raised_errors,
+            last_raised_error=counted.last_raised_error or run.progress.last_raised_error,
         )
     ends = [run.finished_at for run in runs]
     merged = dataclasses.replace(
