@@ -67,6 +67,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
+from statifier.error_text import error_text
 from statifier.fronts.acks import Acks
 from statifier.fronts.dead_letters import DeadLetterEntry, DeadLetters, TableDeadLetters, cut
 from statifier.fronts.lanes import lane_of
@@ -421,7 +422,7 @@ class StreamConsumer:
                 return pending.planned.key
             except Exception as error:  # noqa: BLE001 - the bindings resolver's failure
                 pending.attempts += 1
-                pending.error = _said(error)
+                pending.error = error_text(error)
                 self._failed(pending)
             if isinstance(policy, DeadLetterAfter) and pending.attempts >= policy.attempts:
                 await self._dead_letter(
@@ -490,7 +491,7 @@ class StreamConsumer:
                 [pending.planned or pending.event for pending in batch]
             )
         except Exception as error:  # noqa: BLE001 - nothing of the batch committed
-            said = _said(error)
+            said = error_text(error)
             if len(batch) == 1:
                 # Alone, the failure is this event's own; in a batch it may be any's.
                 batch[0].attempts += 1
@@ -506,7 +507,7 @@ class StreamConsumer:
                 continue
             if not isinstance(answer.error, BlockedByEarlierFailure):
                 pending.attempts += 1
-                pending.error = _said(answer.error)
+                pending.error = error_text(answer.error)
                 self._failed(pending)
             again.append(pending)
         self._count(routed=routed)
@@ -591,8 +592,8 @@ class StreamConsumer:
                     self.source.name,
                     message_id,
                     failures,
-                    _said(error),
-                    extra={**fields, "attempts": failures, "error": _said(error)},
+                    error_text(error),
+                    extra={**fields, "attempts": failures, "error": error_text(error)},
                 )
                 if self._stopping.is_set():
                     return
@@ -633,8 +634,8 @@ class StreamConsumer:
                     ("commit", type(error).__name__),
                     "%s: a commit failed, it is made again later: %s",
                     self.source.name,
-                    _said(error),
-                    extra={"source": self.source.name, "error": _said(error)},
+                    error_text(error),
+                    extra={"source": self.source.name, "error": error_text(error)},
                 )
 
     async def _commit(self, partitions: Collection[str] | None = None) -> None:
@@ -704,8 +705,3 @@ class _Rebalancing:
 
     async def revoked(self, partitions: Collection[str]) -> None:
         await self._consumer.revoked(partitions)
-
-
-def _said(error: BaseException) -> str:
-    text = str(error)
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__

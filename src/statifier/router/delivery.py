@@ -33,6 +33,7 @@ from statifier.chart import Machine
 from statifier.core import Event
 from statifier.core.events import engine_event
 from statifier.core.positions import dump_event
+from statifier.error_text import error_text
 from statifier.persistence import Discarded, Executions, OnError, Refused, Status, Stepped
 from statifier.router.binding import Create, Plan
 from statifier.router.caps import admit, occupy
@@ -246,7 +247,7 @@ async def _create(
     try:
         resolved = await config.resolve(delivery.scope, plan.document)
     except Exception as error:
-        raise UnresolvedDocument(delivery.scope, plan.document, _said(error)) from error
+        raise UnresolvedDocument(delivery.scope, plan.document, error_text(error)) from error
     machine = resolved.machine
     executions = unit.executions(delivering.into(execution_id))
     # With basichttp, an addressed execution starts knowing its own location.
@@ -287,7 +288,7 @@ async def _existing(
         try:
             machine = await awaited(chart_resolver(record.content_hash))
         except Exception as error:
-            raise ChartUnresolved(record.content_hash, _said(error)) from error
+            raise ChartUnresolved(record.content_hash, error_text(error)) from error
     result = await _step(unit, delivering, execution_id, machine, delivery.event, plan)
     return await _stepped(unit, delivery, result, found.id, delivering.now, created=False)
 
@@ -526,8 +527,3 @@ def ledger_row(delivery: Delivery, outcome: Outcome, now: datetime) -> LedgerRow
         execution_id=execution_id,
         inserted_at=now,
     )
-
-
-def _said(error: BaseException) -> str:
-    text = str(error)
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__

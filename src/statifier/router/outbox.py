@@ -79,6 +79,7 @@ from statifier.buckets import ALL_BUCKETS, bucket_of, bucket_range, one_bucket, 
 from statifier.callbacks import awaited
 from statifier.core import Event
 from statifier.core.positions import NotAPosition, dump_event, load_event
+from statifier.error_text import error_text
 from statifier.persistence import PLAIN, BlobCodec, Refused, Storage, UndecodableBlob
 from statifier.persistence.codec import PlainBlobs, opened_text, sealed_json
 from statifier.persistence.sql import SqlAdapter, SqlTransaction
@@ -551,16 +552,16 @@ class OutboxDrain:
                 async with limit:
                     await awaited(self.sinks[row.queue](message))
             except DeadLetter as given_up:
-                error, dead = _said(given_up), True
+                error, dead = error_text(given_up, _ERROR_LIMIT), True
             except asyncio.CancelledError as cancelled:
                 task = asyncio.current_task()
                 if task is not None and task.cancelling():
                     raise  # the drain is being cancelled: the row stays leased
                 # Not asked for (the sink awaited what someone else cancelled): the
                 # row's failure, as any other.
-                error = _said(cancelled)
+                error = error_text(cancelled, _ERROR_LIMIT)
             except Exception as failure:  # noqa: BLE001 - a sink's failure is the row's
-                error = self._timed_out() if limit.expired() else _said(failure)
+                error = self._timed_out() if limit.expired() else error_text(failure, _ERROR_LIMIT)
         moment = self.clock() if now is None else now
         if error is not None:
             error = storable_text(error)
@@ -810,13 +811,6 @@ def _event(payload: Mapping[str, Any]) -> Event:
         return load_event(text.encode("utf-8"))
     except (KeyError, TypeError, ValueError, NotAPosition) as error:
         raise ValueError(f"no stored event ({type(error).__name__})") from None
-
-
-def _said(error: BaseException) -> str:
-    """A short account of a failure for ``last_error``: its class and message, cut."""
-    text = str(error)
-    said = f"{type(error).__name__}: {text}" if text else type(error).__name__
-    return said if len(said) <= _ERROR_LIMIT else f"{said[: _ERROR_LIMIT - 1]}…"
 
 
 def storable_text(text: str) -> str:

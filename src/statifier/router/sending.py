@@ -48,6 +48,7 @@ from statifier.core import Event
 from statifier.core import effects as fx
 from statifier.core.events import engine_event
 from statifier.core.positions import dump_event
+from statifier.error_text import error_text
 from statifier.persistence import EffectContext, Refused, Unstorable
 from statifier.router.config import BASICHTTP_TYPES, Entry
 from statifier.router.delivery import deliver_to_execution
@@ -383,7 +384,7 @@ class SendHandler:
         except Exception as error:
             if raised and raised[-1] is error:
                 raise
-            detail = f"around_delivery refused the target: {_said(error)}"
+            detail = f"around_delivery refused the target: {error_text(error)}"
             _log.warning(
                 "execution %s: a send to an execution target was refused: %s",
                 context.execution_id,
@@ -517,11 +518,6 @@ def _due(now: datetime, delay_ms: int) -> datetime | None:
 
 
 _MAX_DELAY_MS: Final = MAX_SEND_DELAY // timedelta(milliseconds=1)
-
-
-def _said(error: BaseException) -> str:
-    text = str(error)
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def _sendid(effect: fx.Send | fx.SendDelayed) -> str | None:

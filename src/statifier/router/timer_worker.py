@@ -85,6 +85,7 @@ from statifier.buckets import ALL_BUCKETS, bucket_range
 from statifier.callbacks import awaited
 from statifier.core import Event
 from statifier.core.events import engine_event
+from statifier.error_text import error_text
 from statifier.persistence import Discarded, ExecutionNotFound, Refused, Status, Stepped
 from statifier.persistence.reentry import hold
 from statifier.repeats import Repeats
@@ -140,11 +141,6 @@ class RouteRetries:
     def __post_init__(self) -> None:
         if self.attempts < 1:
             raise ConfigError(f"attempts must be a positive integer, not {self.attempts!r}")
-
-
-def _said(error: BaseException) -> str:
-    text = str(error)
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,7 +333,7 @@ async def _hand_off(
     except Exception as error:  # a route's failure is a refusal of the send
         if unit.reruns(error):
             raise  # a lost conflict (the route writes in the fire's transaction): run again
-        answer = Refused(_said(error))
+        answer = Refused(error_text(error))
     if not isinstance(answer, Refused):
         return _done(entry, FIRED, now, started)
     why = f"route {entry.route!r}: {answer.reason}"
@@ -567,7 +563,7 @@ class TimerWorker:
                     ("one by one", type(error).__name__),
                     "a batch of due timers failed at once and fired one at a time "
                     "with no failure: %s",
-                    _said(error),
+                    error_text(error),
                 )
             return batch
 
@@ -668,11 +664,11 @@ class TimerWorker:
                 timer.entry.execution_id,
                 timer.entry.send_id,
                 due_at.isoformat(),
-                _said(error),
+                error_text(error),
                 extra={"execution_id": timer.entry.execution_id},
             )
             await self._retry(unit, timer, scope, due_at)
-            return _done(timer.entry, _FAILED, now, started, error=_said(error))
+            return _done(timer.entry, _FAILED, now, started, error=error_text(error))
 
     async def _retry(self, unit: Unit, timer: DueTimer, scope: str, due_at: datetime) -> None:
         """Make a fire that raised due at ``due_at``, under its own scope: the setting
@@ -692,7 +688,7 @@ class TimerWorker:
                 timer.entry.execution_id,
                 scope,
                 timer.entry.send_id,
-                _said(error),
+                error_text(error),
                 extra={"execution_id": timer.entry.execution_id},
             )
             await self.queue.retry_at(unit.tx, timer.id, due_at)
@@ -709,11 +705,11 @@ class TimerWorker:
             "timer %r of execution %s cannot be read here (%s); it is due again in %s",
             timer.send_id,
             timer.execution_id,
-            _said(timer.error),
+            error_text(timer.error),
             self.retry,
             extra={"execution_id": timer.execution_id},
         )
-        return _done(timer, _FAILED, now, started, error=_said(timer.error))
+        return _done(timer, _FAILED, now, started, error=error_text(timer.error))
 
     async def run(self, stop: asyncio.Event) -> None:
         """Fire due timers until ``stop`` is set: a pass, then sleep until the next due
