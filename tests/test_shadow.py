@@ -714,13 +714,13 @@ def test_the_command(place: Place, tmp_path: Path, capsys: pytest.CaptureFixture
         "--chart", str(renamed), "--document", "cart", "--json", "--workers", "2", *options
     )
     assert spread == (1, text)
-    # Nothing of the chart's name: nothing selected, nothing differs.
+    # Nothing of the chart's name: nothing selected, which is no pass.
     status, text = run_cli("--chart", str(renamed), *options)
     assert (status, text) == (
-        0,
+        1,
         (
-            f"0 executions replayed on {document['revision']}: 0 same, "
-            "0 diverged, 0 with new errors, 0 untrusted\n"
+            "no executions selected: document 'renamed' (the chart file's stem: "
+            f"--document names another); nothing tried on {document['revision']}\n"
         ),
     )
     capsys.readouterr()

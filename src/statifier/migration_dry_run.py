@@ -224,6 +224,14 @@ class DryRunSummary:
     results: tuple[DryRunResult, ...]
     counts: Mapping[Outcome, int]
 
+    @property
+    def selected(self) -> int:
+        """How many executions the selection chose (each has a result). ``0``: nothing
+        was tried, which is no evidence about the migration: :attr:`clean` is then
+        true of nothing, and a gate checks this first (``statifier replay --migrate``
+        exits 1)."""
+        return len(self.results)
+
     @classmethod
     def of(cls, revision: str, at: int | None, results: Sequence[DryRunResult]) -> DryRunSummary:
         tally = Counter(result.outcome for result in results)
@@ -232,7 +240,8 @@ class DryRunSummary:
     @property
     def clean(self) -> bool:
         """Whether nothing would be parked or fail now, and every continuation either
-        moved and replayed the same or found the chart ended."""
+        moved and replayed the same or found the chart ended. True when none was
+        selected: see :attr:`selected`."""
         if self.counts[Outcome.PARKED] or self.counts[Outcome.FAILED]:
             return False
         return all(
@@ -257,6 +266,7 @@ class DryRunSummary:
         return {
             "revision": self.revision,
             "at": self.at,
+            "selected": self.selected,
             "counts": {outcome.value: count for outcome, count in self.counts.items()},
             "results": [result.as_json() for result in self.results],
         }
@@ -395,12 +405,14 @@ async def migration_dry_run(
             :func:`statifier.shadow.shadow_replay` takes them.
 
     Returns:
-        The results, oldest execution first, with their counts.
+        The results, oldest execution first, with their counts; none when the
+        selection chose none (:attr:`DryRunSummary.selected` is ``0``).
 
     Raises:
         ValueError: a bad selection, source, ``at`` or ``max_inputs``.
         PersistenceError: the database could not be read (a record it cannot decode
-            is reported ``failed`` instead).
+            is reported ``failed`` instead, an input-log entry it cannot decode makes
+            that execution's continuation untrusted).
     """
     if at is not None and at < 0:
         raise ValueError(f"at is an input's index, not {at!r}")

@@ -26,9 +26,14 @@ chart, read-only (:func:`statifier.shadow.shadow_replay`).
     ``--json``, :meth:`statifier.migration_dry_run.DryRunSummary.as_json`. Nothing is
     written.
 
+When the selection chooses no execution, one line says so and names the document and
+the other filters given, in place of the counts (with ``--json``, on standard error
+beside the document, whose ``selected`` is 0).
+
 Exit status: 0 when every execution replayed the same (a dry run: nothing would be
-parked or fail, and every continuation moved and replayed the same); 1 otherwise; 2
-for an error of the command, printed as one line, ``statifier replay: message``.
+parked or fail, and every continuation moved and replayed the same); 1 otherwise,
+including when no execution was selected (nothing compared is no pass); 2 for an error
+of the command, printed as one line, ``statifier replay: message``.
 """
 
 from __future__ import annotations
@@ -37,7 +42,9 @@ import argparse
 import asyncio
 import json
 import sqlite3
+import sys
 from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from statifier.executions_command import _json_object, _pairs, add_keys_env, codec_of, refused
@@ -129,6 +136,11 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         return _refused(args, f"database: {_database_error(error)}")
     if args.json:
         out.write(json.dumps(summary.as_json(), ensure_ascii=False) + "\n")
+    if summary.selected == 0:
+        # No execution compared says nothing of the revision: a CI gate that took
+        # exit 0 here would pass a --document typo, or a file named unlike the chart.
+        (sys.stderr if args.json else out).write(_nothing_selected(args, summary.revision))
+        return 1
     if isinstance(summary, ShadowSummary):
         if not args.json:
             _print(summary, out)
@@ -225,6 +237,30 @@ def _moment(text: str | None, option: str) -> datetime | None:
     if moment.tzinfo is None:
         raise ValueError(f"{option} needs an offset (2026-01-01T00:00:00+00:00), not {text!r}")
     return moment
+
+
+def _nothing_selected(args: argparse.Namespace, revision: str) -> str:
+    """``no executions selected: document 'cart-v2' (...), status active; nothing
+    tried on sha256:...``: the selection as given, so a wrong filter shows."""
+    if args.document is None:
+        # The revision is named after its file (read_revision), and selects by it.
+        document = (
+            f"document {Path(args.chart).stem!r} (the chart file's stem: --document names another)"
+        )
+    else:
+        document = f"document {args.document!r}"
+    filters = [document]
+    for option, value in (
+        ("status", args.status),
+        ("scope", args.scope),
+        ("created after", args.created_after),
+        ("created before", args.created_before),
+        ("a sample of", args.sample),
+        ("at most", args.limit),
+    ):
+        if value is not None:
+            filters.append(f"{option} {value}")
+    return f"no executions selected: {', '.join(filters)}; nothing tried on {revision}\n"
 
 
 def _print(summary: ShadowSummary, out: TextIO) -> None:

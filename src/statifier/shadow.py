@@ -131,6 +131,7 @@ not have, in the ``error.execution`` it raises (as the console's replay reads it
 _READ_AHEAD: Final = 200
 """Executions whose records are read in one query."""
 
+
 _YIELD_EVERY: Final = 25
 """Executions replayed between two chances for the loop's other tasks to run (about
 7 ms on the benchmark's machine)."""
@@ -338,6 +339,14 @@ class ShadowSummary:
     results: tuple[ShadowResult, ...]
     counts: Mapping[Verdict, int]
 
+    @property
+    def selected(self) -> int:
+        """How many executions the selection chose (each has a result). ``0``: nothing
+        was compared, which is no evidence about the revision: :attr:`all_same` is
+        then true of nothing, and a gate checks this first (``statifier replay``
+        exits 1)."""
+        return len(self.results)
+
     @classmethod
     def of(cls, revision: str, results: Sequence[ShadowResult]) -> ShadowSummary:
         tally = Counter(result.verdict for result in results)
@@ -346,12 +355,13 @@ class ShadowSummary:
     @property
     def all_same(self) -> bool:
         """Whether every execution replayed the same (none diverged, raised new errors
-        or could not be trusted)."""
+        or could not be trusted). True when none was selected: see :attr:`selected`."""
         return self.counts[Verdict.SAME] == len(self.results)
 
     def as_json(self) -> dict[str, Any]:
         return {
             "revision": self.revision,
+            "selected": self.selected,
             "counts": {verdict.value: count for verdict, count in self.counts.items()},
             "results": [result.as_json() for result in self.results],
         }
@@ -899,14 +909,16 @@ async def shadow_replay(
             same, in the same order.
 
     Returns:
-        The results, oldest execution first, with their counts.
+        The results, oldest execution first, with their counts; none when the
+        selection chose none (:attr:`ShadowSummary.selected` is ``0``).
 
     Raises:
         ValueError: a bad selection or source, ``workers`` below 1, or more than one
             with a source that is not a URL or a codec or functions that do not
             pickle.
-        PersistenceError: the database could not be read (a record it cannot decode
-            is reported untrusted instead).
+        PersistenceError: the database could not be read (a record or an input-log
+            entry it cannot decode is reported untrusted instead, that execution's
+            alone).
     """
     chosen = selection or Selection()
     if chosen.document is None and revision.identity.name is not None:

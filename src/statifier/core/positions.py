@@ -399,18 +399,34 @@ def _head(machine: Machine) -> str:
     return head
 
 
+def _parsed(data: bytes, what: str) -> Any:
+    """The JSON text ``data`` holds, decoded, its tagged values restored.
+
+    Raises:
+        NotAPosition: ``data`` is not UTF-8 JSON text (``what`` names what it should
+            be), or nests deeper than the decoder's stack reaches.
+    """
+    try:
+        return _DECODER.decode(data.decode("utf-8"))
+    except (ValueError, TypeError, AttributeError):  # UnicodeDecodeError is a ValueError
+        raise NotAPosition(f"the bytes are not {what}") from None
+    except RecursionError:
+        # Nothing dump or dump_event writes nests this deep (MAX_STORED_DEPTH): the
+        # blob is damaged, and Python's own error would escape every caller that
+        # handles a damaged blob (a shadow replay, the console, the runtime).
+        raise NotAPosition(f"the bytes are not {what}: nested too deep to read") from None
+
+
 def load(machine: Machine, data: bytes) -> MachineState:
     """Rebuild a position for ``machine``.
 
     Raises:
-        NotAPosition: the bytes are not a position.
+        NotAPosition: the bytes are not a position (not UTF-8 JSON text, nested deeper
+            than the decoder reaches, or not shaped as :func:`dump` writes).
         UnsupportedFormatVersion: written by a format this library does not read.
         IdentityMismatch: the position belongs to another chart.
     """
-    try:
-        envelope = _DECODER.decode(data.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError, TypeError, AttributeError):
-        raise NotAPosition("the bytes are not a position") from None
+    envelope = _parsed(data, "a position")
     if not (isinstance(envelope, list) and len(envelope) == 4 and envelope[0] == _TAG):
         raise NotAPosition("the bytes are not a position")
     if envelope[1] != FORMAT_VERSION:
@@ -464,13 +480,15 @@ def load_event(data: bytes) -> Event:
     """The event :func:`dump_event` wrote.
 
     Raises:
-        NotAPosition: the bytes are not a stored event.
+        NotAPosition: the bytes are not a stored event (not UTF-8 JSON text, nested
+            deeper than the decoder reaches, or not shaped as :func:`dump_event`
+            writes).
     """
+    body = _parsed(data, "a stored event")
     try:
-        body = _DECODER.decode(data.decode("utf-8"))
         name, kind = body[0], body[1]
         event = _event_from(body)
-    except (ValueError, UnicodeDecodeError, TypeError, LookupError, TaggedValueError):
+    except (ValueError, TypeError, LookupError, TaggedValueError):
         raise NotAPosition("the bytes are not a stored event") from None
     if not isinstance(name, str) or kind not in ("external", "internal", "platform"):
         raise NotAPosition("the bytes are not a stored event")

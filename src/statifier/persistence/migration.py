@@ -335,7 +335,9 @@ class LoggedMigration:
                 None if body["reason"] is None else str(body["reason"]),
                 {str(old): str(new) for old, new in body["renamed"].items()},
             )
-        except (ValueError, TypeError, KeyError, AttributeError, UnicodeDecodeError):
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+            # RecursionError: a damaged entry nested deeper than json's stack reaches
+            # is as unreadable as any other (UnicodeDecodeError is a ValueError).
             raise stored.NotAPosition("the bytes are not a logged migration") from None
 
 
