@@ -28,7 +28,7 @@ What it measures:
     its events with ``session.send(Event("next"))`` then awaits ``system.drain()``
     once (the session's task drains its queue, one macrostep per loop iteration).
   * ``session, one at a time``: ``send`` then ``await system.drain()`` for every event.
-    The session is parked each time, so the event is stepped by ``settle()`` itself on
+    The session is parked each time, so the event is stepped by ``drain()`` itself on
     the caller's turn (``System._turn_on_callers_turn``) rather than by waking its task
     and going round the event loop, as it was until 2026-12-01.
   * ``session, one at a time, N idle alongside``: the same, on a ``System`` that also
@@ -206,24 +206,24 @@ async def prepare_session(
     session = await system.start(machine)
     await asyncio.sleep(0)  # every session task runs to its first wait
     await system.drain()
-    send, settle = session.send, system.settle
+    send, drain = session.send, system.drain
 
     if batch:
 
         async def run(count: int) -> None:
             for _ in range(count):
                 send(Event(EVENT))
-            await settle()
+            await drain()
 
-        name, note = BATCH, "a turn's events sent, then one settle()"
+        name, note = BATCH, "a turn's events sent, then one drain()"
     else:
 
         async def run(count: int) -> None:
             for _ in range(count):
                 send(Event(EVENT))
-                await settle()
+                await drain()
 
-        name, note = ONE, "send() then settle() per event"
+        name, note = ONE, "send() then drain() per event"
         if crowd:
             name = f"{ONE}, {crowd:,} idle alongside"
             note += f"; {crowd:,} idle sessions started before it on the same System"

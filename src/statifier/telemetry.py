@@ -28,7 +28,10 @@ EVENTS: Final[Mapping[str, str]] = {
     "statifier.session.macrostep": "a session stepped one input to a stable configuration",
     "statifier.session.send": "a session delivered or armed a send",
     "statifier.session.invoke": "a session started an invoked child",
-    "statifier.session.error": "a session raised error.communication or error.execution itself",
+    "statifier.session.error": (
+        "a session raised error.communication or error.execution itself, a failure"
+        " reached no chart (raised false), or the session failed"
+    ),
     # durable executions (see the persistence section of docs/telemetry.md)
     "statifier.persistence.step": "a durable call ran the chart and stored the result",
     "statifier.persistence.error": "a durable call's chart raised an error event (stored)",

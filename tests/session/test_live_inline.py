@@ -28,7 +28,7 @@ from statifier.core import effects as fx
 from statifier.core.effects import as_json
 from statifier.session import trace
 from statifier.session.clock import VirtualClock
-from statifier.session.live import Session, System
+from statifier.session.live import Session, SessionFailed, System
 from statifier.session.recording import replay
 from statifier.telemetry import attach, detach
 
@@ -169,7 +169,7 @@ async def play(machine: Machine, script: list[Op]) -> dict[str, Any]:
                 elif op == ("advance",):
                     await system.drain()
                     clock.advance()  # fires one timer; the next drain steps it
-                else:
+                elif sessions[op[0]].running:  # an ended session refuses events
                     sessions[op[0]].send(Event(op[1]))
             await system.run_until_idle(max_timers=100)
             seen.append(snapshot(system))
@@ -267,8 +267,8 @@ def test_inline_turns_run_in_the_sessions_context() -> None:
 
 @pytest.mark.parametrize("inline", [True, False])
 def test_a_failing_step_ends_the_sessions_task_not_drain(inline: bool) -> None:
-    """An observer that raises ends the session's task with the error, whoever took the
-    turn; drain() returns, and the error comes out of the task."""
+    """An observer that raises ends the session's task, whoever took the turn; drain()
+    returns, and the error comes out of wait() as the cause of SessionFailed."""
     machine = compile_chart(
         f'<scxml xmlns="{NS}"><state id="a"><transition event="e"/></state></scxml>'
     )
@@ -289,9 +289,10 @@ def test_a_failing_step_ends_the_sessions_task_not_drain(inline: bool) -> None:
         assert task is not None
         await asyncio.wait([task], timeout=1)
         assert task.done()
-        error = task.exception()
+        with pytest.raises(SessionFailed) as failed:
+            await asyncio.wait_for(session.wait(), 5)
         await system.close()
-        return error
+        return failed.value.__cause__
 
     if inline:
         error = asyncio.run(main())

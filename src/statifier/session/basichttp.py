@@ -23,6 +23,7 @@ httpx is imported only when a send is performed, so this module imports without 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import parse_qsl, urlencode, urlsplit
@@ -31,6 +32,7 @@ from statifier.core import Event
 from statifier.expr import UNDEFINED, Value
 from statifier.expr.tagged import TaggedValueError, encode
 from statifier.session.handlers import Delivery, SendType
+from statifier.session.live import SessionNotRunning
 
 if TYPE_CHECKING:
     import httpx
@@ -43,6 +45,7 @@ BASICHTTP: Final = "http://www.w3.org/TR/scxml/#BasicHTTPEventProcessor"
 DEFAULT_BODY_LIMIT: Final = 64 * 1024
 _NAME_FIELD: Final = "_scxmleventname"
 _FORM: Final = "application/x-www-form-urlencoded"
+_URL: Final = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>()]+")
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -121,10 +124,39 @@ class BasicHTTP:
                         delivery.target, content=delivery.body, headers=dict(delivery.headers)
                     )
         except httpx.HTTPError as error:
-            return f"BasicHTTP POST to {delivery.target} failed: {error!r}"
+            return f"BasicHTTP POST to {_shown(delivery.target)} failed: {_named(error)}"
         if not response.is_success:
-            return f"BasicHTTP POST to {delivery.target} answered {response.status_code}"
+            return f"BasicHTTP POST to {_shown(delivery.target)} answered {response.status_code}"
         return None
+
+
+def _shown(url: str) -> str:
+    """``url`` as a message may show it: ``scheme://host[:port]/path``. The userinfo,
+    query and fragment are left out, as they may carry credentials or tokens, and the
+    message reaches the chart, telemetry and logs.
+
+    >>> _shown("http://svc:S3CRET@127.0.0.1:9/hook?token=abc#x")
+    'http://127.0.0.1:9/hook'
+    >>> _shown("https://[::1]/in")
+    'https://[::1]/in'
+    """
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:  # a port that is no number: show no part of the authority
+        return "a URL that does not parse"
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    authority = host if port is None else f"{host}:{port}"
+    return f"{parts.scheme}://{authority}{parts.path}"
+
+
+def _named(error: Exception) -> str:
+    """An httpx error by its class and message; httpx messages may quote the request's
+    URL in full, so each URL in them is cut down as :func:`_shown` does."""
+    text = _URL.sub(lambda found: _shown(found.group()), str(error))
+    return f"{type(error).__name__}({text!r})"
 
 
 def _field(value: Value) -> str:
@@ -166,7 +198,11 @@ def basichttp_app(
         if isinstance(event, str):
             await _answer(send, 400, event)
             return
-        session.send(event)
+        try:
+            session.send(event)
+        except SessionNotRunning:  # it ended while the body came in
+            await _answer(send, 404, "no such session")
+            return
         await _answer(send, 204, "")
 
     return app

@@ -114,7 +114,9 @@ class InvokePort(Protocol):
     invocation is cancelled, calls are ignored."""
 
     def send_to_parent(self, event: Event | str) -> None:
-        """Queue ``event`` (its ``invokeid`` set) on the invoking session."""
+        """Queue ``event`` (its ``invokeid`` set) on the invoking session; raises
+        :class:`statifier.session.live.SessionQueueFull` when that session's queue is
+        full (:attr:`statifier.session.live.System.max_queued`)."""
         ...
 
     def done(self, donedata: Value = UNDEFINED) -> None:

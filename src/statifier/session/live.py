@@ -21,6 +21,22 @@ Each :class:`Session` owns an external queue and runs one macrostep at a time th
   ``error.communication`` at once) and performed in a task (a failure raises
   ``error.communication`` when the transport answers).
 
+How a session ends, and what :meth:`Session.wait` then does:
+
+- its chart finishes (a top-level final state, or a cancel): ``wait()`` returns.
+- it fails (:class:`SessionFailed`): a step raised (host code such as an ``on_step``
+  observer or a handler's ``location()``, or a defect of the library), or a macrostep
+  spent its round budget (an eventless loop). The failure is logged at ERROR on this
+  module's logger and reported as ``statifier.session.error`` (``error``
+  ``step_raised`` or ``round_budget``); the session's timers, children and services
+  are cancelled, an invoking parent gets ``error.communication.invoke.<id>``, and
+  ``wait()`` raises :class:`SessionFailed`, whose ``__cause__`` is what the step raised.
+- its system is closed first (:meth:`System.close`): ``wait()`` raises
+  :class:`SessionClosed`.
+
+Once ended, ``running`` is False and ``send()`` raises :class:`SessionNotRunning`
+(:class:`SessionClosed` after a close); nothing more is queued.
+
 >>> import asyncio
 >>> from statifier.chart import compile_chart
 >>> chart = compile_chart(
@@ -68,13 +84,77 @@ from statifier.session.handlers import (
 from statifier.session.recording import Input, Recording, RecordingRoutes, step
 from statifier.telemetry import enabled, report
 
-__all__ = ["Session", "System"]
+__all__ = [
+    "DEFAULT_MAX_QUEUED",
+    "Session",
+    "SessionClosed",
+    "SessionError",
+    "SessionFailed",
+    "SessionNotRunning",
+    "SessionQueueFull",
+    "System",
+]
 
 _log = logging.getLogger(__name__)
 
 _STEPS_PER_TURN = 16
+DEFAULT_MAX_QUEUED = 100_000
+"""The most inputs one session's queue holds unless its :class:`System` says otherwise."""
 _NO_SEND_TYPES: Mapping[str, SendType] = MappingProxyType({})
 _NO_INVOKE_TYPES: Mapping[str, InvokeType] = MappingProxyType({})
+
+
+class SessionError(Exception):
+    """What a live session raises to its host; ``session_id`` names the session (None
+    when no session is concerned: a closed system refusing to start one)."""
+
+    def __init__(self, session_id: str | None, message: str) -> None:
+        super().__init__(message)
+        self.session_id = session_id
+
+
+class SessionNotRunning(SessionError):  # noqa: N818 - names the condition
+    """The session has ended (finished, failed, or closed with its system): it takes no
+    more events."""
+
+
+class SessionClosed(SessionNotRunning):
+    """The system was closed: raised by :meth:`Session.wait` of a session that had not
+    ended before, by ``send()`` to any of its sessions, and by :meth:`System.start` and
+    :meth:`System.resume`."""
+
+
+class SessionQueueFull(SessionError):  # noqa: N818 - names the condition
+    """The session's queue holds :attr:`System.max_queued` inputs already; the event
+    was not queued."""
+
+
+class SessionFailed(SessionError):  # noqa: N818 - names the condition
+    """The session ended without finishing its chart: ``reason`` is ``"step_raised"``
+    (a step raised; the exception is this error's ``__cause__``) or ``"round_budget"``
+    (a macrostep spent its round budget); ``detail`` says what happened."""
+
+    def __init__(self, session_id: str, reason: str, detail: str) -> None:
+        super().__init__(session_id, f"session {session_id} failed ({reason}): {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+class _Ending(NamedTuple):
+    """Why a session ended other than by finishing its chart."""
+
+    closed: bool  # the system was closed; else the session failed
+    reason: str
+    detail: str
+    cause: BaseException | None = None
+
+    def error(self, session_id: str) -> SessionError:
+        """A fresh error for each raise, so tracebacks do not pile up on one object."""
+        if self.closed:
+            return SessionClosed(session_id, f"session {session_id}: {self.detail}")
+        error = SessionFailed(session_id, self.reason, self.detail)
+        error.__cause__ = self.cause
+        return error
 
 
 class _Entry(NamedTuple):  # (a tuple: built once per input, cheaper than a dataclass)
@@ -93,13 +173,32 @@ effects of that step."""
 
 class System:
     """Sessions that can address each other, a shared clock, and a loader for
-    ``<invoke src>`` (nothing is ever fetched without one)."""
+    ``<invoke src>`` (nothing is ever fetched without one).
+
+    ``max_queued`` bounds each session's queue (a chart that sends itself two events
+    for each it takes would otherwise grow it until memory runs out). An event that
+    would go past it is refused: ``send()`` raises :class:`SessionQueueFull`, an
+    invoked service's ``port.send_to_parent`` too, and a chart's send (to itself,
+    another session, its parent or a child, or an autoforward) raises
+    ``error.communication`` in the sender. The session's own error events, cancels,
+    and the ``done.invoke`` and failures of its invocations are always queued.
+    """
 
     def __init__(
-        self, clock: Clock | None = None, *, loader: Callable[[str], str] | None = None
+        self,
+        clock: Clock | None = None,
+        *,
+        loader: Callable[[str], str] | None = None,
+        max_queued: int = DEFAULT_MAX_QUEUED,
     ) -> None:
+        given: object = max_queued  # checked at run time: hosts pass settings through
+        if isinstance(given, bool) or not isinstance(given, int) or given < 1:
+            raise ValueError(f"max_queued is a positive count, not {max_queued!r}")
         self.clock: Clock = clock if clock is not None else RealClock()
         self.loader = loader
+        self.max_queued = max_queued
+        # Sessions by id: every top-level session started here, and the invoked
+        # children until they end.
         self.sessions: dict[str, Session] = {}
         # Sessions with queued work; a session joins on its first queued input and
         # leaves when its queue runs dry or it finishes.
@@ -110,6 +209,7 @@ class System:
         # service starts, cancels and forwards. The system is not idle while one is.
         self.handler_calls: set[asyncio.Task[None]] = set()
         self._issued = 0
+        self.closed = False
 
     def new_id(self) -> str:
         """A session id unique within this system."""
@@ -145,7 +245,11 @@ class System:
         register handlers (:mod:`statifier.session.handlers`) for this session and the
         children it invokes; the SCXML types are always built in, and any other type
         is refused with ``error.execution``.
+
+        Raises:
+            SessionClosed: the system has been closed.
         """
+        self._refuse_if_closed()
         session = Session(
             self, machine, session_id or self.new_id(), parent, send_types, invoke_types
         )
@@ -176,7 +280,9 @@ class System:
         Raises:
             ValueError: the position has finished, or has internal events queued
                 (store positions between macrosteps), or its session id is in use.
+            SessionClosed: the system has been closed.
         """
+        self._refuse_if_closed()
         if not position.running:
             raise ValueError("the position has finished")
         if position.internal_queue:
@@ -228,14 +334,40 @@ class System:
         (session,) = self.active
         return session._take_turn(inline=True)
 
+    def _refuse_if_closed(self) -> None:
+        if self.closed:
+            raise SessionClosed(None, "the system is closed; it starts no more sessions")
+
     async def close(self) -> None:
-        """Stop every session's task (timers die with their sessions)."""
+        """Stop every session: each one still running ends (its charts' ``onexit`` does
+        not run), its delayed sends are disarmed, the sends still in flight and the
+        service starts under way are cancelled, and every live invoked service gets
+        ``cancel`` (awaited here; one that raises is logged as a warning). Afterwards
+        ``running`` is False for every session, ``wait()`` of a session that had not
+        ended raises :class:`SessionClosed`, and ``start``, ``resume`` and ``send`` raise
+        :class:`SessionClosed`. Closing again does nothing.
+        """
+        if self.closed:
+            return
+        self.closed = True
+        ending = _Ending(closed=True, reason="closed", detail="its system was closed")
+        everyone = list(self.sessions.values())  # (ended children leave the mapping)
+        closing = [s for s in everyone if s.running]
+        # Every session is marked before any is released, so nothing released next
+        # (a child's cancel, a service's answer) is queued on a session still "running".
+        for session in closing:
+            session._ending = ending
+            session.final_configuration = session.state.leaf_configuration()
+        in_flight = list(self.handler_calls)
+        for session in closing:
+            session._release()  # spawns the services' cancel calls, awaited below
+        cancels = [task for task in self.handler_calls if task not in in_flight]
         # (A turn already scheduled for a parked session sees its task cancelled.)
-        tasks = [s._task for s in self.sessions.values() if s._task is not None]
-        tasks += self.handler_calls
+        tasks = [s._task for s in everyone if s._task is not None]
+        tasks += in_flight
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, *cancels, return_exceptions=True)
 
     async def __aenter__(self) -> System:
         return self
@@ -298,16 +430,22 @@ class Session:
         self._turn_call: asyncio.Handle | None = None
         # The context the session's task runs in; every turn runs in it.
         self._context = contextvars.copy_context()
-        # What a turn taken outside the task raised: the task ends with it.
-        self._failure: Exception | None = None
+        # Why the session ended without finishing its chart (failed, or closed).
+        self._ending: _Ending | None = None
         self._timers: dict[str, list[TimerHandle]] = {}
         self._children: dict[str, Session] = {}
         # Invocations of registered types that are live: their handler and port.
         self._services: dict[str, tuple[InvokeType, _Port]] = {}
-        # Invocations cancelled while their child still ran: anything the child sent
-        # that is still queued is dropped. (A child that finished first is not in here:
-        # its done.invoke was sent before the cancel and is delivered.)
+        # Invocations cancelled while their child still ran and had sent something
+        # still queued here: that is dropped. (A child that finished first is not in
+        # here: its done.invoke was sent before the cancel and is delivered.) An id
+        # leaves once nothing of it is queued, so the set stays as small as the queue.
         self._cancelled: set[str] = set()
+        self._said_full = False
+        # How many queued entries each invocation sent (ids with none are absent).
+        self._queued_from: dict[str, int] = {}
+        # Started by an invocation: the system forgets it once it has ended.
+        self.invoked = parent is not None
         self._task: asyncio.Task[None] | None = None
         self._started = False
         self._finished = asyncio.Event()
@@ -321,8 +459,8 @@ class Session:
 
     @property
     def running(self) -> bool:
-        """Started and not yet finished."""
-        return self._started and self.state.running
+        """Started and not yet ended (finished, failed, or closed with its system)."""
+        return self._started and self._ending is None and self.state.running
 
     @property
     def configuration(self) -> tuple[str, ...]:
@@ -332,24 +470,74 @@ class Session:
     # -- inputs --------------------------------------------------------------------------
 
     async def wait(self) -> None:
-        """Wait until the chart has finished."""
+        """Wait until the session has ended; return when its chart finished.
+
+        Raises:
+            SessionFailed: the session failed (a step raised: the exception is the
+                error's ``__cause__``; or it spent its round budget).
+            SessionClosed: its system was closed before it ended.
+        """
         await self._finished.wait()
+        if self._ending is not None:
+            raise self._ending.error(self.id)
 
     def send(self, event: Event | str) -> None:
-        """Queue an external event."""
-        self._put(_Entry("event", Event(event) if isinstance(event, str) else event))
+        """Queue an external event.
+
+        Raises:
+            SessionNotRunning: the session has ended (finished or failed); nothing is
+                queued.
+            SessionClosed: its system was closed.
+            SessionQueueFull: its queue holds ``system.max_queued`` inputs already.
+        """
+        if self._started and not self.running:
+            if self._ending is not None and self._ending.closed:
+                raise self._ending.error(self.id)
+            raise SessionNotRunning(self.id, f"session {self.id} has ended; it takes no events")
+        if len(self._inbox) >= self.system.max_queued:
+            self._say_full()
+            raise SessionQueueFull(self.id, self._full_message())
+        self._append(_Entry("event", Event(event) if isinstance(event, str) else event))
 
     def request_cancel(self) -> None:
-        """Stop the chart: it exits its states (running onexit) and finishes."""
+        """Stop the chart: it exits its states (running onexit) and finishes. Does
+        nothing once the session has ended."""
         self._put(_Entry("cancel"))
 
+    def _offer(self, entry: _Entry) -> bool:
+        """Queue an event another party sent, unless the queue is full (False). An
+        ended session takes it (and drops it), as :meth:`_put` does."""
+        if self._started and not self.running:
+            return True
+        if len(self._inbox) >= self.system.max_queued:
+            self._say_full()
+            return False
+        self._append(entry)
+        return True
+
+    def _say_full(self) -> None:
+        if not self._said_full:  # once per session: a flooding chart would repeat it
+            self._said_full = True
+            _log.warning("%s; events sent to it are refused", self._full_message())
+
+    def _full_message(self) -> str:
+        return f"the queue of session {self.id} is full ({self.system.max_queued} inputs)"
+
     def _put(self, entry: _Entry, *, first: bool = False) -> None:
+        """Queue ``entry`` whatever the bound (the session's own and its invocations'
+        events); an ended session drops it: it steps nothing more."""
+        if not (self._started and not self.running):
+            self._append(entry, first=first)
+
+    def _append(self, entry: _Entry, *, first: bool = False) -> None:
         if first:
             self._inbox.appendleft(entry)
         else:
             self._inbox.append(entry)
-        if self.running or not self._started:
-            self.system.active.add(self)
+        if entry.from_invoke is not None:
+            queued = self._queued_from
+            queued[entry.from_invoke] = queued.get(entry.from_invoke, 0) + 1
+        self.system.active.add(self)
         if self._parked and self._task is not None:
             # Where the task itself would have been woken: its turn, in its context.
             self._parked = False
@@ -421,20 +609,18 @@ class Session:
 
     async def _run(self) -> None:
         try:
-            while self.state.running:
+            while self.running:
                 if not self._inbox:
                     self._park()
                     await self._wake.wait()  # set once _take_turn has taken a turn
-                    if self._failure is not None:
-                        raise self._failure
                     continue
-                self._turn()
+                if not self._turn_or_fail():
+                    break
                 await asyncio.sleep(0)
         finally:  # finished, cancelled, or failed: it has no more work either way
             self._parked = False
-            if self._failure is None:  # (_take_turn cleaned up when the turn failed)
-                self._inbox.clear()
-                self.system.active.discard(self)
+            self._clear_inbox()
+            self.system.active.discard(self)
 
     def _park(self) -> None:
         self.system.active.discard(self)
@@ -446,7 +632,7 @@ class Session:
         then let the other sessions run. A session stays in system.active while it
         steps, so drain() waits."""
         for _ in range(_STEPS_PER_TURN):
-            if not self._inbox or not self.state.running:
+            if not self._inbox or not self.running:
                 break
             self._step(self._inbox.popleft())
 
@@ -486,16 +672,38 @@ class Session:
         )
 
     def _turn_or_fail(self) -> bool:
-        """A turn outside the task; what would have ended the task ends it still."""
+        """A turn, in the task or outside it; False when a step raised, which fails
+        the session (and wakes its task, which then ends)."""
         try:
             self._turn()
-        except Exception as error:  # noqa: BLE001 - handed to the task, which raises it
-            self._failure = error
-            self._inbox.clear()
-            self.system.active.discard(self)
+        except Exception as error:  # noqa: BLE001 - host code or a defect: fail, loudly
+            self._fail("step_raised", f"a step raised {error!r}", error)
             self._wake.set()
             return False
         return True
+
+    def _fail(self, reason: str, detail: str, cause: BaseException | None = None) -> None:
+        """End the session as failed: log at ERROR (with ``cause``'s traceback), report
+        ``statifier.session.error`` (``error`` is ``reason``), release what it holds,
+        tell an invoking parent (``error.communication.invoke.<id>``) and wake
+        ``wait()``, which raises :class:`SessionFailed`. A session that had already
+        ended (a host callback raising after the step that finished the chart) keeps
+        its ending; the failure is logged and reported all the same."""
+        _log.error("session %s failed (%s): %s", self.id, reason, detail, exc_info=cause)
+        report(
+            "statifier.session.error", {}, self._about(error=reason, message=detail, raised=False)
+        )
+        if not self.running:
+            return
+        self._ending = _Ending(closed=False, reason=reason, detail=detail, cause=cause)
+        self.final_configuration = self.state.leaf_configuration()
+        self._clear_inbox()
+        self.system.active.discard(self)
+        self._release()
+        if self.parent is not None:
+            parent, invoke_id = self.parent
+            failed = invocation_failed(invoke_id, reason, detail=detail)
+            parent._put(_Entry("event", failed, from_invoke=invoke_id))
 
     def _about(self, **more: Any) -> dict[str, Any]:
         return {"session_id": self.id, "chart": self.machine.identity.content_hash, **more}
@@ -526,6 +734,28 @@ class Session:
                 "statifier.session.stop", {}, self._about(configuration=self.final_configuration)
             )
 
+    def _clear_inbox(self) -> None:
+        self._inbox.clear()
+        self._queued_from.clear()
+        self._cancelled.clear()
+
+    def _mark_cancelled(self, invoke_id: str) -> None:
+        """Drop what ``invoke_id`` sent that is still queued (nothing more can come:
+        its child was orphaned, its port closed)."""
+        if invoke_id in self._queued_from:
+            self._cancelled.add(invoke_id)
+
+    def _taken_from(self, invoke_id: str) -> bool:
+        """An entry ``invoke_id`` sent leaves the queue; whether it is to be dropped."""
+        dropped = invoke_id in self._cancelled
+        left = self._queued_from[invoke_id] - 1
+        if left:
+            self._queued_from[invoke_id] = left
+        else:
+            del self._queued_from[invoke_id]
+            self._cancelled.discard(invoke_id)
+        return dropped
+
     def _step_core(self, entry: _Entry) -> None:
         recorded: RecordingRoutes | None = None
         if self.recording is not None:
@@ -533,7 +763,7 @@ class Session:
             self.state = self.state._replace(routes=recorded)
         elif self.state.routes is not self._routes:  # the core hands the view back
             self.state = self.state._replace(routes=self._routes)
-        if entry.from_invoke is not None and entry.from_invoke in self._cancelled:
+        if entry.from_invoke is not None and self._taken_from(entry.from_invoke):
             return  # sent by a child after its invocation was cancelled
         self.state, effects = step(self.state, entry.kind, entry.event)
         if self.recording is not None and recorded is not None:
@@ -546,6 +776,8 @@ class Session:
 
     def _perform(self, effects: list[fx.Effect]) -> None:
         for effect in effects:
+            if self._ending is not None:
+                break  # the session failed (or closed) on an earlier effect: no more
             if self.keep_effects:
                 self.performed.append(effect)
             if isinstance(effect, fx.Send | fx.SendDelayed):
@@ -568,19 +800,28 @@ class Session:
                 self._cancel_service(effect.invoke_id)
                 child = self._children.pop(effect.invoke_id, None)
                 if child is not None and child.running:
-                    self._cancelled.add(effect.invoke_id)
+                    self._mark_cancelled(effect.invoke_id)
                     child.parent = None  # its completion no longer concerns us
                     child.request_cancel()
             elif isinstance(effect, fx.Autoforward):
                 child = self._children.get(effect.invoke_id)
-                if child is not None:
-                    child.send(effect.event)
+                if child is not None:  # (dropped if the child has ended)
+                    self._deliver_to(child, _Entry("event", effect.event), effect.event)
                 else:
                     self._forward(effect.invoke_id, effect.event)
             elif isinstance(effect, fx.Log):
                 self.logs.append((effect.label, effect.value))
             elif isinstance(effect, fx.Done):
                 self._finish(effect)
+            elif isinstance(effect, fx.BudgetExhausted):
+                # The core leaves the chart running for the next event; a live session
+                # that nothing may ever send to again would sit there silently, so it
+                # fails, as a durable execution does (FAILED, "round_budget").
+                detail = (
+                    f"macrostep {effect.macrostep} spent its round budget of "
+                    f"{effect.budget} in {effect.configuration}"
+                )
+                self._fail("round_budget", detail)
 
     def _delivered(self, effect: fx.Send | fx.SendDelayed) -> Event:
         internal = effect.target in ("#_internal", "_internal")
@@ -612,32 +853,39 @@ class Session:
             self._put(_Entry("internal", event), first=True)
             return
         if target is None or target == f"#_scxml_{self.id}":
-            self.send(event)
+            self._deliver_to(self, _Entry("event", event), event)
             return
         if target in ("#_parent", "_parent"):
             if self.parent is None:
                 self._communication_error("this session has no parent", event)
                 return
             parent, invoke_id = self.parent
-            parent._put(_Entry("event", _with_invokeid(event, invoke_id), from_invoke=invoke_id))
+            tagged = _Entry("event", _with_invokeid(event, invoke_id), from_invoke=invoke_id)
+            self._deliver_to(parent, tagged, event)
             return
         if target.startswith("#_scxml_"):
             other = self.system.sessions.get(target.removeprefix("#_scxml_"))
             if other is None or not other.running:
                 self._communication_error(f"no session answers to {target}", event)
                 return
-            other.send(event)
+            self._deliver_to(other, _Entry("event", event), event)
             return
         if target.startswith("#_"):
             child = self._children.get(target[2:])
             if child is not None and child.running:
-                child.send(event)
+                self._deliver_to(child, _Entry("event", event), event)
             elif target[2:] in self._services:
                 self._forward(target[2:], event)
             else:
                 self._communication_error(f"no invoked child answers to {target}", event)
             return
         self._communication_error(f"cannot deliver to {target!r}", event)
+
+    def _deliver_to(self, receiver: Session, entry: _Entry, event: Event) -> None:
+        """Queue what this session sent on ``receiver``; a full queue raises
+        error.communication here."""
+        if not receiver._offer(entry):
+            self._communication_error(receiver._full_message(), event)
 
     def _route_through(
         self,
@@ -652,7 +900,7 @@ class Session:
             # SCXML: a send with no target goes to the sending session's external
             # queue, whatever its type; no transport is involved.
             location = handler.location(self.id) if isinstance(handler, Addressable) else None
-            self.send(_from(event, location, kind))
+            self._deliver_to(self, _Entry("event", _from(event, location, kind)), event)
             return
         try:
             planned = handler.plan(target, event)
@@ -670,13 +918,26 @@ class Session:
             failure = await handler.perform(delivery)
         except Exception as error:  # noqa: BLE001 - handlers are host code
             failure = f"the {kind} handler failed: {error!r}"
-        if failure is not None and self.running:
-            self._communication_error(failure, delivery.event)
+        if failure is not None:
+            if self.running:
+                self._communication_error(failure, delivery.event)
+            else:
+                message = f"the {kind} send of {delivery.event.name!r} failed: {failure}"
+                self._unheard("error.communication", message)
 
     def _raise_error(self, name: str, message: str, **fields: Any) -> None:
-        report("statifier.session.error", {}, self._about(error=name, message=message))
+        report("statifier.session.error", {}, self._about(error=name, message=message, raised=True))
         failure = Event(name, type="platform", data={"message": message}, **fields)
         self._put(_Entry("internal", failure), first=True)
+
+    def _unheard(self, name: str, message: str) -> None:
+        """A failure no chart is left to hear (the session ended before its handler
+        answered, or a state it left): logged as a warning for the host and reported as
+        ``statifier.session.error`` with ``raised`` False; no error event is queued."""
+        _log.warning("session %s: %s (no chart is left to raise %s)", self.id, message, name)
+        report(
+            "statifier.session.error", {}, self._about(error=name, message=message, raised=False)
+        )
 
     def _communication_error(self, message: str, event: Event) -> None:
         self._raise_error("error.communication", message, sendid=event.sendid)
@@ -688,8 +949,12 @@ class Session:
             handles = self._timers.get(effect.send_id, [])
             if handle in handles:
                 handles.remove(handle)
-            if self.running:
+            if not self.running:
+                return
+            try:
                 self._route(effect.target, event, effect.type, effect)
+            except Exception as error:  # noqa: BLE001 - host code (a handler's location())
+                self._fail("step_raised", f"a delayed send raised {error!r}", error)
 
         handle = self.system.clock.call_later(effect.delay_ms, fire)
         self._timers.setdefault(effect.send_id, []).append(handle)
@@ -745,9 +1010,12 @@ class Session:
             failure = await service.start(plan, port)
         except Exception as error:  # noqa: BLE001 - handlers are host code
             failure = f"the {plan.type} service failed to start: {error!r}"
-        if failure is not None and port.open and self.running:
+        if failure is not None and port.open:
             port.close()
-            self._invoke_failed(plan.invoke_id, failure)
+            if self.running:
+                self._invoke_failed(plan.invoke_id, failure)
+            else:
+                self._unheard("error.execution", f"invoke {plan.invoke_id!r}: {failure}")
 
     def _cancel_service(self, invoke_id: str) -> None:
         entry = self._services.pop(invoke_id, None)
@@ -755,7 +1023,7 @@ class Session:
             return
         service, port = entry
         port.close()
-        self._cancelled.add(invoke_id)
+        self._mark_cancelled(invoke_id)
         self.system.spawn(self._cancel_invoked(service, invoke_id))
 
     def _forward(self, invoke_id: str, event: Event) -> None:
@@ -764,17 +1032,14 @@ class Session:
             self.system.spawn(self._forward_to(entry[0], invoke_id, event))
 
     async def _cancel_invoked(self, service: InvokeType, invoke_id: str) -> None:
-        """Cancel an invoked service: the state that invoked it was exited, so a
-        failing handler concerns no chart; it is logged for the host."""
+        """Cancel an invoked service: the state that invoked it was exited (or the
+        session ended), so a failing handler concerns no chart; it is logged and
+        reported for the host (:meth:`_unheard`)."""
         try:
             await service.cancel(invoke_id)
         except Exception as error:  # noqa: BLE001 - handlers are host code
-            _log.warning(
-                "session %s: the invoke handler failed to cancel %r: %r",
-                self.id,
-                invoke_id,
-                error,
-            )
+            message = f"the invoke handler failed to cancel {invoke_id!r}: {error!r}"
+            self._unheard("error.execution", message)
 
     async def _forward_to(self, service: InvokeType, invoke_id: str, event: Event) -> None:
         """Hand an invoked service an event; a failing handler is an
@@ -782,16 +1047,30 @@ class Session:
         try:
             await service.forward(invoke_id, event)
         except Exception as error:  # noqa: BLE001 - handlers are host code
+            message = f"the invoke handler failed to take the event for {invoke_id!r}: {error!r}"
             if self.running:
-                message = (
-                    f"the invoke handler failed to take the event for {invoke_id!r}: {error!r}"
-                )
                 self._communication_error(message, event)
+            else:
+                self._unheard("error.communication", message)
 
     def _finish(self, effect: fx.Done) -> None:
-        self.system.unfinished.discard(self)
         self.final_configuration = effect.configuration
         self.donedata = effect.donedata
+        self._release()
+        if self.parent is not None:
+            parent, invoke_id = self.parent
+            done = invocation_done(invoke_id, effect.donedata)
+            parent._put(_Entry("event", done, from_invoke=invoke_id))
+
+    def _release(self) -> None:
+        """What an ending session holds goes: its timers are disarmed, its children
+        cancelled, its services told to cancel; it leaves the unfinished sessions (and,
+        invoked, the system's sessions) and ``wait()`` wakes."""
+        self.system.unfinished.discard(self)
+        if self.invoked and self.system.sessions.get(self.id) is self:
+            # Nothing can reach an ended child by its id; kept, a parent that invokes
+            # again and again would grow the system by one session each time.
+            del self.system.sessions[self.id]
         for handles in self._timers.values():
             for handle in handles:
                 handle.cancel()
@@ -802,10 +1081,6 @@ class Session:
         self._children.clear()
         for invoke_id in list(self._services):
             self._cancel_service(invoke_id)
-        if self.parent is not None:
-            parent, invoke_id = self.parent
-            done = invocation_done(invoke_id, effect.donedata)
-            parent._put(_Entry("event", done, from_invoke=invoke_id))
         self._finished.set()
 
 
@@ -849,7 +1124,8 @@ class _Port:
             return
         event = Event(event) if isinstance(event, str) else event
         tagged = _with_invokeid(event, self.invoke_id)
-        self.session._put(_Entry("event", tagged, from_invoke=self.invoke_id))
+        if not self.session._offer(_Entry("event", tagged, from_invoke=self.invoke_id)):
+            raise SessionQueueFull(self.session.id, self.session._full_message())
 
     def done(self, donedata: Value = UNDEFINED) -> None:
         self._finish(invocation_done(self.invoke_id, donedata))
