@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, MutableMapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -252,3 +252,28 @@ def test_w3c_test201_passes_with_the_processor_registered() -> None:
 
     assert asyncio.run(main(BasicHTTP().send_types())) == ("pass",)
     assert asyncio.run(main({})) == ("fail",)  # unsupported: error.execution comes first
+
+
+def test_the_app_answers_503_when_the_sessions_queue_is_full() -> None:
+    async def main() -> tuple[int, dict[bytes, bytes], bytes]:
+        async with System(VirtualClock(), max_queued=1) as system:
+            session = await system.start(compile_chart(RECEIVER))
+            app = basichttp_app(system)
+            answered: list[Any] = []
+
+            async def receive() -> dict[str, Any]:
+                return {"type": "http.request", "body": b"late", "more_body": False}
+
+            async def send(message: MutableMapping[str, Any]) -> None:
+                answered.append(message)
+
+            scope = {"type": "http", "method": "POST", "path": f"/{session.id}", "headers": []}
+            session.send("first")  # the queue's one place; nothing runs before the post
+            await app(scope, receive, send)
+            start, body = answered
+            return start["status"], dict(start["headers"]), body["body"]
+
+    status, headers, body = asyncio.run(main())
+    assert status == 503
+    assert headers[b"retry-after"] == b"1"
+    assert b"is full (1 inputs)" in body

@@ -32,7 +32,7 @@ from statifier.core import Event
 from statifier.expr import UNDEFINED, Value
 from statifier.expr.tagged import TaggedValueError, encode
 from statifier.session.handlers import Delivery, SendType
-from statifier.session.live import SessionNotRunning
+from statifier.session.live import SessionNotRunning, SessionQueueFull
 
 if TYPE_CHECKING:
     import httpx
@@ -172,8 +172,9 @@ def basichttp_app(
     """An ASGI application taking ``POST /<session id>`` into that session's queue.
 
     Answers 204 when the event is queued, 404 for a session that is unknown or has
-    finished, 405 for any method but POST, 413 for a body over ``body_limit`` bytes
-    and 400 for a body that is not UTF-8 or an empty event name.
+    finished, 405 for any method but POST, 413 for a body over ``body_limit`` bytes,
+    400 for a body that is not UTF-8 or an empty event name, and 503 (``Retry-After:
+    1``) when the session's queue is full (:attr:`System.max_queued`).
     """
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
@@ -202,6 +203,9 @@ def basichttp_app(
             session.send(event)
         except SessionNotRunning:  # it ended while the body came in
             await _answer(send, 404, "no such session")
+            return
+        except SessionQueueFull as full:  # the sender may try again later
+            await _answer(send, 503, str(full), [(b"retry-after", b"1")])
             return
         await _answer(send, 204, "")
 
