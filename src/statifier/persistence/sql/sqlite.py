@@ -153,24 +153,32 @@ class Writer:
     transaction. One task holds it at a time, so a call finds out whether it runs in
     the writer's transaction by comparing tasks."""
 
-    __slots__ = ("lock", "task", "tx")
+    __slots__ = ("lock", "task", "tx", "waiting")
 
     def __init__(self) -> None:
         self.lock = asyncio.Lock()
         self.task: asyncio.Task[Any] | None = None
         self.tx: SqliteTransaction | None = None
+        # Callers queued in acquire(): every wait for the lock goes through it.
+        self.waiting = 0
 
     async def acquire(self, wait: float | None, name: str) -> None:
-        """Take the in-process lock within ``wait`` seconds, else ``LockTimeout``."""
-        if wait is None:
+        """Take the in-process lock within ``wait`` seconds (``None``: however long it
+        takes), else ``LockTimeout``."""
+        if not self.waiting and not self.lock.locked():
+            # Free with nobody queued: asyncio.Lock takes it without suspending, so
+            # the usual case arms no timer (a timer per step costs more than the lock).
             await self.lock.acquire()
             return
         started = time.monotonic()
+        self.waiting += 1
         try:
             async with asyncio.timeout(wait):
                 await self.lock.acquire()
         except TimeoutError:
             raise LockTimeout(name, time.monotonic() - started) from None
+        finally:
+            self.waiting -= 1
 
     def hold(self, tx: SqliteTransaction) -> None:
         self.task = asyncio.current_task()
@@ -397,7 +405,9 @@ class SqliteDatabase:
     async def _alone(self, work: Callable[..., _T], write: bool, *args: Any) -> _T:
         """``work(cursor, *args)`` in a transaction of its own, under the writer's lock
         (a read needs none: in WAL it sees the last commit)."""
-        async with self.writer.lock:
+        writer = self.writer
+        await writer.acquire(None, _TRANSACTION)
+        try:
             tx = self.shared.own()
             cursor = tx.cursor
             if not write:
@@ -426,6 +436,8 @@ class SqliteDatabase:
                 if tx.driver.in_transaction:
                     tx.driver.rollback()
             return result
+        finally:
+            writer.lock.release()
 
     async def _run(self, work: Callable[..., _T], write: bool, *args: Any) -> _T:
         tx = self.current()
