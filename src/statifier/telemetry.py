@@ -30,7 +30,8 @@ EVENTS: Final[Mapping[str, str]] = {
     "statifier.session.invoke": "a session started an invoked child",
     "statifier.session.error": (
         "a session raised error.communication or error.execution itself, a failure"
-        " reached no chart (raised false), or the session failed"
+        " reached no chart (raised false), a chart's error went untaken (untaken true),"
+        " or the session failed"
     ),
     # durable executions (see the persistence section of docs/telemetry.md)
     "statifier.persistence.step": "a durable call ran the chart and stored the result",

@@ -2,8 +2,9 @@
 
 A step that raises, a macrostep out of its round budget, a system closed under its
 sessions, a transport failing after its sender finished, events sent to an ended
-session or to a full queue, and secrets in a BasicHTTP target: each is told to someone
-(a log line, telemetry, ``wait()``, an error raised to the caller) and nothing is left
+session or to a full queue, secrets in a BasicHTTP target, a start that raises, and an
+error event of the chart's that no transition takes: each is told to someone (a log
+line, telemetry, ``wait()``, an error raised to the caller) and nothing is left
 hanging; ended children and cancelled invocations leave nothing behind. The timeouts
 below only guard against hangs; nothing here is timed.
 """
@@ -24,6 +25,7 @@ import pytest
 from statifier.chart import compile_chart
 from statifier.core import Event
 from statifier.core import effects as fx
+from statifier.repeats import IntervalTally
 from statifier.session.basichttp import BasicHTTP
 from statifier.session.clock import VirtualClock
 from statifier.session.handlers import Delivery, InvokePlan, InvokePort
@@ -500,3 +502,340 @@ def test_a_chart_flooding_its_own_queue_is_refused_with_error_communication(
 def test_max_queued_is_a_positive_count(bad: Any) -> None:
     with pytest.raises(ValueError, match="max_queued"):
         System(VirtualClock(), max_queued=bad)
+
+
+# -- 9. a start that raises -----------------------------------------------------------------
+
+# Everything a start can leave behind: a delayed send, an invoked service, a child.
+HOLDING = compile_chart(
+    f'<scxml xmlns="{NS}" initial="a"><state id="a">'
+    '<onentry><send type="hook" target="payments" event="charge.card" delay="50ms"/></onentry>'
+    '<invoke type="poller" id="p"/>'
+    f'<invoke type="scxml" id="kid"><content><scxml xmlns="{NS}" initial="c"><state id="c"/>'
+    "</scxml></content></invoke></state></scxml>"
+)
+
+
+def test_an_observer_raising_on_the_start_fails_the_session_and_start_raises(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    hook, poller = _Hook(), _Poller()
+    started: list[Session] = []
+
+    def observe(session: Session, event: Event | None, _effects: list[fx.Effect]) -> None:
+        started.append(session)
+        if event is None:
+            raise RuntimeError("observer broke on the start")
+
+    async def main() -> None:
+        clock = VirtualClock()
+        system = System(clock)
+        with pytest.raises(RuntimeError, match="observer broke") as raised:
+            await system.start(
+                HOLDING, on_step=observe, send_types={"hook": hook}, invoke_types={"poller": poller}
+            )
+        [session] = started
+        assert not session.running
+        assert session.configuration == ("a",)  # where it was when it failed
+        assert session not in system.unfinished
+        assert session not in system.active
+        [child] = system.sessions.values()  # told to cancel: it ends on its next turn
+        assert child.invoked
+        await asyncio.wait_for(system.drain(), GUARD)
+        assert system.sessions == {}
+        assert system.unfinished == set()
+        assert clock.pending() == 0  # the delayed send was disarmed
+        clock.advance()  # (a timer still armed would fire here)
+        await asyncio.wait_for(system.drain(), GUARD)
+        with pytest.raises(SessionFailed) as failed:
+            await asyncio.wait_for(session.wait(), GUARD)
+        assert failed.value.reason == "step_raised"
+        assert failed.value.__cause__ is raised.value
+        with pytest.raises(SessionNotRunning):
+            session.send("go")
+        await asyncio.wait_for(system.close(), GUARD)
+
+    with caplog.at_level(logging.ERROR, "statifier.session.live"), session_errors() as errors:
+        asyncio.run(main())
+    assert hook.performed == []
+    assert poller.calls == [("start", "p"), ("cancel", "p")]
+    [record] = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert "session_1 failed (step_raised)" in record.getMessage()
+    assert record.exc_info is not None
+    assert isinstance(record.exc_info[1], RuntimeError)
+    [error] = errors
+    assert (error["session_id"], error["error"], error["raised"]) == (
+        "session_1",
+        "step_raised",
+        False,
+    )
+    assert "observer broke on the start" in error["message"]
+
+
+class _BreaksOnTheSend(_Breaks):
+    """Gives ``_ioprocessors`` its location, then raises when a send asks again."""
+
+    def location(self, session_id: str) -> str | None:
+        location = super().location(session_id)
+        self.broken = True
+        return location
+
+
+def test_a_start_effect_that_raises_fails_the_session_and_start_raises(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Its first send queues an event on itself, its second arms a timer; its third, of
+    # type x and with no target, asks the handler's location() for its origin: raises.
+    chart = compile_chart(
+        f'<scxml xmlns="{NS}" initial="a"><state id="a"><onentry><send event="note"/>'
+        '<send type="x" event="later" delay="1s"/><send type="x" event="now"/>'
+        "</onentry></state></scxml>"
+    )
+
+    async def main() -> None:
+        clock = VirtualClock()
+        system = System(clock)
+        with pytest.raises(RuntimeError, match="location broke"):
+            await system.start(chart, send_types={"x": _BreaksOnTheSend()})
+        assert system.sessions == {}
+        assert system.unfinished == set()
+        assert system.active == set()  # its queued note went with it
+        assert clock.pending() == 0  # its delayed send was disarmed (before any close)
+        await asyncio.wait_for(system.drain(), GUARD)
+        await asyncio.wait_for(system.close(), GUARD)
+
+    with caplog.at_level(logging.ERROR, "statifier.session.live"), session_errors() as errors:
+        asyncio.run(main())
+    [record] = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert "failed (step_raised)" in record.getMessage()
+    assert [error["error"] for error in errors] == ["step_raised"]
+
+
+def test_a_start_that_raises_before_its_chart_runs_leaves_nothing_registered() -> None:
+    handler = _Breaks()
+    handler.broken = True  # _ioprocessors asks it for its location first of all
+
+    async def main() -> None:
+        async with System(VirtualClock()) as system:
+            with pytest.raises(RuntimeError, match="location broke"):
+                await system.start(TWO_STEPS, session_id="s", send_types={"x": handler})
+            assert system.sessions == {}
+            assert system.unfinished == set()
+            await asyncio.wait_for(system.drain(), GUARD)
+
+    with session_errors() as errors:
+        asyncio.run(main())
+    assert [(error["session_id"], error["error"]) for error in errors] == [("s", "step_raised")]
+
+
+class _BreaksForChildren(_Breaks):
+    """A location for the session ``main``; any other (a child) raises."""
+
+    def location(self, session_id: str) -> str | None:
+        self.broken = session_id != "main"
+        return super().location(session_id)
+
+
+def test_a_child_whose_start_raises_fails_alone_and_tells_its_parent(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    chart = compile_chart(
+        f'<scxml xmlns="{NS}" initial="a"><state id="a">'
+        f'<invoke id="kid" type="scxml"><content><scxml xmlns="{NS}" initial="c">'
+        '<state id="c"/></scxml></content></invoke>'
+        '<transition event="error.communication.invoke.kid" target="told"/></state>'
+        '<final id="told"/></scxml>'
+    )
+
+    async def main() -> None:
+        async with System(VirtualClock()) as system:
+            parent = await system.start(
+                chart, session_id="main", send_types={"x": _BreaksForChildren()}
+            )
+            await asyncio.wait_for(parent.wait(), GUARD)
+            assert parent.configuration == ("told",)
+            assert list(system.sessions) == ["main"]
+            assert system.unfinished == set()
+
+    with caplog.at_level(logging.ERROR, "statifier.session.live"):
+        asyncio.run(main())
+    [record] = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert "session_1 failed (step_raised): its start raised" in record.getMessage()
+
+
+# -- 10. an error event of the chart's that no transition takes ---------------------------
+
+
+@contextmanager
+def untaken_errors() -> Iterator[list[Mapping[str, Any]]]:
+    """The ``statifier.session.error`` metadata reported for untaken errors."""
+    with session_errors() as errors:
+        untaken: list[Mapping[str, Any]] = []
+        yield untaken
+        untaken.extend(error for error in errors if error.get("untaken"))
+
+
+def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
+# An <assign> multiplying a string: on the start (onentry) or on the event go.
+FAILING_ASSIGN = {
+    "start": compile_chart(
+        f'<scxml xmlns="{NS}" initial="a"><datamodel><data id="n" expr="0"/></datamodel>'
+        '<state id="a"><onentry><assign location="n" expr="\'two\' * 2"/></onentry></state>'
+        "</scxml>"
+    ),
+    "step": compile_chart(
+        f'<scxml xmlns="{NS}" initial="a"><datamodel><data id="n" expr="0"/></datamodel>'
+        '<state id="a"><transition event="go" target="b">'
+        '<assign location="n" expr="_event.data * 2"/></transition></state>'
+        '<state id="b"/></scxml>'
+    ),
+}
+
+
+@pytest.mark.parametrize("when", ["start", "step"])
+def test_an_untaken_error_execution_is_logged_and_reported(
+    when: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def main() -> None:
+        async with System(VirtualClock()) as system:
+            session = await system.start(FAILING_ASSIGN[when], session_id="order_1")
+            session.send(Event("go", data="two"))
+            await asyncio.wait_for(system.drain(), GUARD)
+            assert session.running  # the chart goes on, as SCXML has it
+
+    with caplog.at_level(logging.WARNING, "statifier.session.live"), untaken_errors() as errors:
+        asyncio.run(main())
+    [error] = errors
+    column = error["column"]
+    assert isinstance(column, int)
+    assert {key: value for key, value in error.items() if key != "chart"} == {
+        "session_id": "order_1",
+        "error": "error.execution",
+        "message": "'*' expects numbers, got a string",
+        "element": "assign",
+        "line": 1,
+        "column": column,
+        "raised": False,
+        "untaken": True,
+    }
+    said = (
+        f"error.execution at <assign>, line 1, column {column}: '*' expects numbers, got a string"
+    )
+    assert warnings_of(caplog) == [f"session order_1: {said} (no transition took it)"]
+
+
+def test_an_untaken_error_communication_is_logged_and_reported(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    chart = compile_chart(
+        f'<scxml xmlns="{NS}" initial="a"><state id="a">'
+        '<onentry><send target="#_scxml_nobody" event="hello"/></onentry></state></scxml>'
+    )
+
+    async def main() -> None:
+        async with System(VirtualClock()) as system:
+            await system.start(chart)
+
+    with caplog.at_level(logging.WARNING, "statifier.session.live"), untaken_errors() as errors:
+        asyncio.run(main())
+    [error] = errors
+    assert (error["error"], error["element"]) == ("error.communication", "send")
+    assert "#_scxml_nobody" in error["message"]
+    [warning] = warnings_of(caplog)
+    assert warning.startswith("session session_1: error.communication at <send>, line 1")
+    assert warning.endswith("(no transition took it)")
+
+
+def test_an_untaken_errors_text_is_bounded(caplog: pytest.LogCaptureFixture) -> None:
+    # The chart's own error event, its data a long string: the message, cut.
+    chart = compile_chart(
+        f'<scxml xmlns="{NS}" initial="a"><state id="a"><onentry>'
+        f'<send event="error.custom" target="#_internal"><content>{"x" * 5000}</content></send>'
+        "</onentry></state></scxml>"
+    )
+
+    async def main() -> None:
+        async with System(VirtualClock()) as system:
+            await system.start(chart)
+
+    with caplog.at_level(logging.WARNING, "statifier.session.live"), untaken_errors() as errors:
+        asyncio.run(main())
+    [error] = errors
+    assert error["message"] == "x" * 999 + "…"
+    assert (error["element"], error["line"], error["column"]) == (None, None, None)
+    [warning] = warnings_of(caplog)
+    assert warning == f"session session_1: error.custom: {'x' * 999}… (no transition took it)"
+
+
+def test_an_error_a_transition_took_stays_silent(caplog: pytest.LogCaptureFixture) -> None:
+    # In a the chart takes its error.execution; in b none does, the same error.
+    chart = compile_chart(
+        f'<scxml xmlns="{NS}" initial="a"><datamodel><data id="n" expr="0"/></datamodel>'
+        '<state id="a"><transition event="go"><assign location="n" expr="_event.data * 2"/>'
+        '</transition><transition event="error.execution" target="b"/></state>'
+        '<state id="b"><transition event="go">'
+        '<assign location="n" expr="_event.data * 2"/></transition></state></scxml>'
+    )
+
+    async def main() -> None:
+        async with System(VirtualClock()) as system:
+            session = await system.start(chart)
+            session.send(Event("go", data="two"))
+            await asyncio.wait_for(system.drain(), GUARD)
+            assert session.configuration == ("b",)  # it took the error
+            assert errors == []
+            assert warnings_of(caplog) == []
+            session.send(Event("go", data="two"))  # (so that the check above is seen to work)
+            await asyncio.wait_for(system.drain(), GUARD)
+            assert [error["untaken"] for error in errors] == [True]
+            assert len(warnings_of(caplog)) == 1
+
+    with caplog.at_level(logging.WARNING, "statifier.session.live"), session_errors() as errors:
+        asyncio.run(main())
+
+
+def test_steps_without_an_error_report_none(caplog: pytest.LogCaptureFixture) -> None:
+    async def main() -> None:
+        async with System(VirtualClock()) as system:
+            session = await system.start(FAILING_ASSIGN["step"])
+            for _ in range(3):
+                session.send("noise")  # no transition takes it: no error either
+            await asyncio.wait_for(system.drain(), GUARD)
+            assert errors == []
+            assert warnings_of(caplog) == []
+            session.send(Event("go", data="two"))
+            await asyncio.wait_for(system.drain(), GUARD)
+            assert [error["error"] for error in errors] == ["error.execution"]
+
+    with caplog.at_level(logging.WARNING, "statifier.session.live"), session_errors() as errors:
+        asyncio.run(main())
+
+
+def test_an_error_repeated_on_every_event_is_one_line_an_interval(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    chart = compile_chart(  # a targetless transition: the same error on every go
+        f'<scxml xmlns="{NS}" initial="a"><datamodel><data id="n" expr="0"/></datamodel>'
+        '<state id="a"><transition event="go"><assign location="n" expr="_event.data * 2"/>'
+        "</transition></state></scxml>"
+    )
+
+    async def main() -> None:
+        async with System(VirtualClock()) as system:
+            system.untaken = IntervalTally(interval=0.05)
+            session = await system.start(chart, session_id="flood")
+            for _ in range(5):
+                session.send(Event("go", data="two"))
+            await asyncio.wait_for(system.drain(), GUARD)
+            await asyncio.sleep(0.2)  # the interval ends: its count is written
+
+    with caplog.at_level(logging.WARNING, "statifier.session.live"), untaken_errors() as errors:
+        asyncio.run(main())
+    assert len(errors) == 5  # telemetry sees every one
+    first, count = warnings_of(caplog)
+    assert first.startswith("session flood: error.execution at <assign>, line 1")
+    assert count.startswith("4 more of: error.execution at <assign>, line 1")
+    assert count.endswith("(the last in session flood)")

@@ -31,11 +31,20 @@ How a session ends, and what :meth:`Session.wait` then does:
   ``step_raised`` or ``round_budget``); the session's timers, children and services
   are cancelled, an invoking parent gets ``error.communication.invoke.<id>``, and
   ``wait()`` raises :class:`SessionFailed`, whose ``__cause__`` is what the step raised.
+  A start that raises (the observer, say) fails its session so too: :meth:`System.start`
+  raises what it raised and keeps no such session in ``system.sessions``; an invoked
+  child's parent hears of it as of a later failure, and goes on.
 - its system is closed first (:meth:`System.close`): ``wait()`` raises
   :class:`SessionClosed`.
 
 Once ended, ``running`` is False and ``send()`` raises :class:`SessionNotRunning`
 (:class:`SessionClosed` after a close); nothing more is queued.
+
+An error event of the chart's (``error.execution``, ``error.communication``) that no
+transition takes ends nothing: the chart goes on, as SCXML has it. The session logs it
+as a warning on this module's logger (the first of a kind at once, the rest as one
+count an interval: ``System.untaken``) and reports it as ``statifier.session.error``
+(``untaken`` true); one a transition took is the chart's own business and stays silent.
 
 >>> import asyncio
 >>> from statifier.chart import compile_chart
@@ -61,6 +70,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Container, Coroutine, Mapping
+from contextlib import suppress
 from dataclasses import replace
 from types import MappingProxyType
 from typing import Any, Literal, NamedTuple
@@ -68,8 +78,10 @@ from typing import Any, Literal, NamedTuple
 from statifier.chart import Machine
 from statifier.core import Event, MachineState, StartOptions, initialize
 from statifier.core import effects as fx
+from statifier.core.errors import step_error
 from statifier.core.events import SCXML_INVOKE_TYPE, SCXML_PROCESSOR, SCXML_SEND_TYPES, engine_event
 from statifier.expr import UNDEFINED, Value
+from statifier.repeats import IntervalTally
 from statifier.session.children import invoked_chart, seeded_datamodel
 from statifier.session.clock import Clock, RealClock, TimerHandle, VirtualClock
 from statifier.session.handlers import (
@@ -208,6 +220,9 @@ class System:
         # Handler calls under way: sends whose transport has not answered yet, and
         # service starts, cancels and forwards. The system is not idle while one is.
         self.handler_calls: set[asyncio.Task[None]] = set()
+        # Errors no transition took, logged once per kind and interval: a chart that
+        # fails on every event must not flood the log.
+        self.untaken = IntervalTally()
         self._issued = 0
         self.closed = False
 
@@ -248,6 +263,10 @@ class System:
 
         Raises:
             SessionClosed: the system has been closed.
+            Exception: what the start raised (``on_step``, a send type's
+                ``location()``...). The session has then failed, as when a step raises:
+                logged at ERROR, reported, its timers, children and services released;
+                it is not kept in ``sessions``.
         """
         self._refuse_if_closed()
         session = Session(
@@ -462,6 +481,11 @@ class Session:
         """Started and not yet ended (finished, failed, or closed with its system)."""
         return self._started and self._ending is None and self.state.running
 
+    def _over(self) -> bool:
+        """Ended: failed or closed (a start can fail before its chart runs), or its
+        chart finished. An ended session takes nothing more."""
+        return self._ending is not None or (self._started and not self.state.running)
+
     @property
     def configuration(self) -> tuple[str, ...]:
         """The active leaf states (the final ones once the chart has finished)."""
@@ -490,7 +514,7 @@ class Session:
             SessionClosed: its system was closed.
             SessionQueueFull: its queue holds ``system.max_queued`` inputs already.
         """
-        if self._started and not self.running:
+        if self._over():
             if self._ending is not None and self._ending.closed:
                 raise self._ending.error(self.id)
             raise SessionNotRunning(self.id, f"session {self.id} has ended; it takes no events")
@@ -507,7 +531,7 @@ class Session:
     def _offer(self, entry: _Entry) -> bool:
         """Queue an event another party sent, unless the queue is full (False). An
         ended session takes it (and drops it), as :meth:`_put` does."""
-        if self._started and not self.running:
+        if self._over():
             return True
         if len(self._inbox) >= self.system.max_queued:
             self._say_full()
@@ -526,7 +550,7 @@ class Session:
     def _put(self, entry: _Entry, *, first: bool = False) -> None:
         """Queue ``entry`` whatever the bound (the session's own and its invocations'
         events); an ended session drops it: it steps nothing more."""
-        if not (self._started and not self.running):
+        if not self._over():
             self._append(entry, first=first)
 
     def _append(self, entry: _Entry, *, first: bool = False) -> None:
@@ -555,6 +579,23 @@ class Session:
     def begin(
         self, datamodel: Mapping[str, Value], *, record: bool = False, trace: bool = False
     ) -> None:
+        """Start the chart: initialise it, perform the start's effects, call the
+        observer, then run the session in its task.
+
+        Raises:
+            Exception: what host code (a send type's ``location()``, the ``on_step``
+                observer, an invoked child's start) or a defect raised on the way. The
+                session has then failed as a failing step fails one (:meth:`_fail`)
+                and left ``system.sessions``: what it started is released and nothing
+                is left waiting on it.
+        """
+        try:
+            self._begin(datamodel, record=record, trace=trace)
+        except Exception as error:
+            self._start_failed(error)
+            raise
+
+    def _begin(self, datamodel: Mapping[str, Value], *, record: bool, trace: bool) -> None:
         routes = RecordingRoutes(self.routes()) if record else self.routes()
         locations = self._locations()
         if locations:  # the host's processors join _ioprocessors (the SCXML ones stay)
@@ -585,6 +626,13 @@ class Session:
             self.observer(self, None, effects)
         self._task = self._new_task()
 
+    def _start_failed(self, error: Exception) -> None:
+        """End a session whose start raised, as a failing step ends one, and take it out
+        of ``system.sessions``: its caller got no session back to wait on, send to or
+        close, so nothing may find it there (or wait for it, in ``drain()``)."""
+        self._fail("step_raised", f"its start raised {error!r}", error)
+        self._forget()
+
     def _locations(self) -> dict[str, Value]:
         """``_ioprocessors`` entries for the registered send types that can receive."""
         locations: dict[str, Value] = {}
@@ -595,6 +643,8 @@ class Session:
         return locations
 
     def continue_from(self, position: MachineState) -> None:
+        # Unlike begin(), nothing here runs host code or can raise before the task
+        # exists (report() contains its handlers' errors), so it needs no failure path.
         # What this host can perform now decides which types the core accepts.
         self.state = position._replace(
             send_types=frozenset(self.send_types), invoke_types=frozenset(self.invoke_types)
@@ -693,10 +743,11 @@ class Session:
         report(
             "statifier.session.error", {}, self._about(error=reason, message=detail, raised=False)
         )
-        if not self.running:
+        if self._over():
             return
         self._ending = _Ending(closed=False, reason=reason, detail=detail, cause=cause)
-        self.final_configuration = self.state.leaf_configuration()
+        if self._started:  # (a start can raise before its chart has a configuration)
+            self.final_configuration = self.state.leaf_configuration()
         self._clear_inbox()
         self.system.active.discard(self)
         self._release()
@@ -822,6 +873,39 @@ class Session:
                     f"{effect.budget} in {effect.configuration}"
                 )
                 self._fail("round_budget", detail)
+            elif isinstance(effect, fx.ChartError) and not effect.taken:
+                self._untaken(effect)
+
+    def _untaken(self, effect: fx.ChartError) -> None:
+        """Tell the host of an error event no transition took. The chart skipped the
+        rest of the failing block and went on, as SCXML has it, so nothing else would
+        show it: ``statifier.session.error`` with ``untaken`` true, and a warning on
+        this module's logger, the first of a kind (an element of a chart failing the
+        same way) at once and the rest as one count an interval. (One a transition took
+        is the chart's to handle: silent.)"""
+        error = step_error(effect)
+        if enabled("statifier.session.error"):
+            where = {"element": error.element, "line": error.line, "column": error.column}
+            about = self._about(
+                error=error.name, message=error.message, raised=False, untaken=True, **where
+            )
+            report("statifier.session.error", {}, about)
+        said = error.describe()
+        kind = (
+            self.machine.identity.content_hash,
+            error.name,
+            error.element,
+            error.line,
+            error.column,
+        )
+
+        def first() -> None:
+            _log.warning("session %s: %s", self.id, said)
+
+        def later(count: int) -> None:
+            _log.warning("%d more of: %s (the last in session %s)", count, said, self.id)
+
+        self.system.untaken.note(kind, first, later)
 
     def _delivered(self, effect: fx.Send | fx.SendDelayed) -> Event:
         internal = effect.target in ("#_internal", "_internal")
@@ -985,7 +1069,11 @@ class Session:
         self._children[invoke_id] = child
         self._cancelled.discard(invoke_id)
         report("statifier.session.invoke", {}, self._about(invoke_id=invoke_id, child=child.id))
-        child.begin(seeded)
+        # A child whose start raises has failed as a failing step fails one: logged,
+        # reported, and this session told (error.communication.invoke.<id>). The
+        # failure is the child's, as when it fails later on, so this step goes on.
+        with suppress(Exception):
+            child.begin(seeded)
 
     def _invoke_failed(self, invoke_id: str, message: str) -> None:
         self._raise_error("error.execution", message, invokeid=invoke_id)
@@ -1062,15 +1150,20 @@ class Session:
             done = invocation_done(invoke_id, effect.donedata)
             parent._put(_Entry("event", done, from_invoke=invoke_id))
 
+    def _forget(self) -> None:
+        """Leave ``system.sessions``, unless another session took the id since."""
+        if self.system.sessions.get(self.id) is self:
+            del self.system.sessions[self.id]
+
     def _release(self) -> None:
         """What an ending session holds goes: its timers are disarmed, its children
         cancelled, its services told to cancel; it leaves the unfinished sessions (and,
         invoked, the system's sessions) and ``wait()`` wakes."""
         self.system.unfinished.discard(self)
-        if self.invoked and self.system.sessions.get(self.id) is self:
+        if self.invoked:
             # Nothing can reach an ended child by its id; kept, a parent that invokes
             # again and again would grow the system by one session each time.
-            del self.system.sessions[self.id]
+            self._forget()
         for handles in self._timers.values():
             for handle in handles:
                 handle.cancel()
