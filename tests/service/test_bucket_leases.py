@@ -68,15 +68,23 @@ def test_a_range_is_cut_into_even_slices_and_held_slices_are_joined() -> None:
 
 
 class _Worker:
-    """A stand-in for a supervised worker: runs until its range's stop is set."""
+    """A stand-in for a supervised worker: runs until its range's stop is set, and
+    then until ``pass_ends`` is set too, when given (a pass in flight at the stop)."""
 
-    def __init__(self, name: str, stop: asyncio.Event) -> None:
-        self.name, self.stop = name, stop
+    def __init__(
+        self, name: str, stop: asyncio.Event, pass_ends: asyncio.Event | None = None
+    ) -> None:
+        self.name, self.stop, self.pass_ends = name, stop, pass_ends
         self.task: asyncio.Task[None] | None = None
         self.failing: str | None = None
 
     def start(self) -> None:
-        self.task = asyncio.create_task(self.stop.wait())  # type: ignore[arg-type]
+        self.task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        await self.stop.wait()
+        if self.pass_ends is not None:
+            await self.pass_ends.wait()
 
     def trouble(self) -> str | None:
         return self.failing
@@ -85,8 +93,15 @@ class _Worker:
 class _Service:
     """One service's leased workers on the store, recording every range it ran."""
 
-    def __init__(self, db: RouterDb, owner: str, slices: int = 16) -> None:
+    def __init__(
+        self,
+        db: RouterDb,
+        owner: str,
+        slices: int = 16,
+        pass_ends: asyncio.Event | None = None,
+    ) -> None:
         self.stop = asyncio.Event()
+        self.pass_ends = pass_ends
         self.ran: list[tuple[int, int]] = []
         self.workers: list[_Worker] = []
         self.part = LeasedWorkers(
@@ -103,7 +118,7 @@ class _Service:
 
     def build(self, piece: tuple[int, int], stop: asyncio.Event) -> list[_Worker]:
         self.ran.append(piece)
-        worker = _Worker(f"timers (buckets {piece[0]}-{piece[1]})", stop)
+        worker = _Worker(f"timers (buckets {piece[0]}-{piece[1]})", stop, self.pass_ends)
         self.workers.append(worker)
         return [worker]
 
@@ -193,6 +208,81 @@ async def test_services_share_the_slices_and_one_that_stops_gives_them_up_at_onc
         router_db.adapter, group=f"{GROUP}/16", partitions=["0000-0064"], owner="c", ttl=TTL
     )
     assert (await leases.claim()).gained == ("0000-0064",)  # a left too
+
+
+@pytest.mark.asyncio
+async def test_slices_kept_are_renewed_while_a_range_given_up_ends_its_pass(
+    router_db: RouterDb,  # noqa: F811 - the fixture
+) -> None:
+    # b joins while a's workers are in a long pass (a slow sink): a renews the
+    # slices it keeps and runs their range at once, while the range it gave up ends
+    # its pass; its surplus is released only once that pass ended, so b never runs
+    # a bucket a's workers still run.
+    pass_ends = asyncio.Event()
+    a, b = _Service(router_db, "a", pass_ends=pass_ends), _Service(router_db, "b")
+    with _started(a):
+        await _until(lambda: a.running() == {(0, 1024)})
+        with _started(b):
+            await _until(lambda: a.running() != {(0, 1024)})  # a's claim saw its surplus
+            for _ in range(3):  # the pass outlasts the ttl, in the leases' time
+                router_db.clock.advance(timedelta(seconds=TTL * 0.4))
+                await asyncio.sleep(TTL)  # claims, in real time
+                assert not (a.part.trouble() or "").startswith("leases not renewed"), (
+                    a.part.trouble()
+                )
+            assert a.running() == {(0, 512)}
+            assert b.running() == set()  # the surplus is still a's
+            assert a.part.trouble() == "giving up buckets 0-1024: a pass still runs after 0.4 s"
+            pass_ends.set()
+            await _until(lambda: b.running() == {(512, 1024)})
+            assert a.running() == {(0, 512)}
+            assert a.part.trouble() is None
+            assert b.part.trouble() is None
+    for service in (a, b):
+        assert service.part.task is not None
+        await asyncio.wait_for(service.part.task, 10)
+        assert all(w.task is not None and w.task.done() for w in service.workers)
+
+
+@pytest.mark.asyncio
+async def test_slices_lost_to_another_service_are_logged_as_a_warning(
+    router_db: RouterDb,  # noqa: F811 - the fixture
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # a's claims hang past the ttl; another service takes every slice; a's next
+    # claim finds them lost: trouble, not news.
+    a = _Service(router_db, "a")
+    claim, answer = a.part.leases.claim, asyncio.Event()
+
+    async def hanging() -> LeaseChange:
+        await answer.wait()
+        return await claim()
+
+    names = [slice_name(piece) for piece in slices_of((0, 1024), 16)]
+    other = PartitionLeases(
+        router_db.adapter,
+        group=f"{GROUP}/16",
+        partitions=names,
+        owner="other",
+        ttl=TTL,
+        clock=router_db.clock,
+    )
+    with _started(a):
+        await _until(lambda: a.running() == {(0, 1024)})
+        a.part.leases.claim = hanging  # type: ignore[method-assign]
+        await asyncio.sleep(TTL)  # a claim is under way, and hangs
+        router_db.clock.advance(timedelta(seconds=TTL * 2))
+        assert len((await other.claim()).gained) == 16
+        answer.set()
+        await _until(lambda: a.running() == set())
+    assert a.part.task is not None
+    await asyncio.wait_for(a.part.task, 10)
+    said = [r for r in caplog.records if "lost buckets" in r.getMessage()]
+    assert [r.levelname for r in said] == ["WARNING"]
+    assert said[0].getMessage() == (
+        "workers of a: buckets none; lost buckets 0-1024 to another service: no claim "
+        "of this one succeeded for longer than the ttl (0.3 s)"
+    )
 
 
 @pytest.mark.asyncio

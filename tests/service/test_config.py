@@ -119,7 +119,7 @@ lease = 30
 max_attempts = 3
 
 [reapers]
-enabled = false
+interval = 60
 ledger_days = 7
 
 [bucket_leases]
@@ -174,7 +174,7 @@ def test_a_whole_file_loads_into_settings(tmp_path: Path) -> None:
     assert table.scope is None
     assert settings.timers.poll == 0.5
     assert (settings.outbox.lease, settings.outbox.max_attempts) == (30.0, 3)
-    assert (settings.reapers.enabled, settings.reapers.ledger_days) == (False, 7)
+    assert (settings.reapers.interval, settings.reapers.ledger_days) == (60.0, 7)
     assert settings.bucket_leases == BucketLeaseSettings(enabled=True, slices=8, ttl=15.0)
     # No secret (nor the database URL) shows in the settings' repr.
     shown = repr(settings)
@@ -255,6 +255,20 @@ ROUTED = '[routes.r]\nqueue = "q"\n'
             "[bucket_leases] slices: must be an integer from 1 to 1024, not 2000",
         ),
         ("[bucket_leases]\nttl = 0\n", "[bucket_leases] ttl: must be a positive number"),
+        (
+            "[bucket_leases]\nttl = 0.5\n",
+            "[bucket_leases] ttl: must be from 1 to 86400 seconds (a day), not 0.5",
+        ),
+        # Past a day: a third of it in milliseconds (the claims' lock_timeout) soon
+        # leaves PostgreSQL's range, and then a timedelta's.
+        (
+            "[bucket_leases]\nttl = 1e7\n",
+            "[bucket_leases] ttl: must be from 1 to 86400 seconds (a day), not 1e+07",
+        ),
+        (
+            "[bucket_leases]\nttl = 1e14\n",
+            "[bucket_leases] ttl: must be from 1 to 86400 seconds (a day), not 1e+14",
+        ),
         ("[database]\nurl = 'mysql://h/db'\n", "[database] url: PostgreSQL (psycopg 3)"),
         ("[database]\nschema = 's'\n", "[database] schema: a schema needs PostgreSQL"),
         (
@@ -398,6 +412,36 @@ ROUTED = '[routes.r]\nqueue = "q"\n'
 )
 def test_refusals_name_the_table_and_the_key(tmp_path: Path, body: str, said: str) -> None:
     assert refused(tmp_path, body).startswith(said)
+
+
+@pytest.mark.parametrize(
+    ("section", "worker", "undone"),
+    [
+        ("timers", "timer", "their timers would never fire"),
+        ("flow", "flow", "the events and creates held for them would never be delivered"),
+        (
+            "reapers",
+            "reaper",
+            "their dedupe claims, ledger rows and addresses would never be reaped",
+        ),
+    ],
+)
+def test_bucket_leases_are_refused_beside_a_worker_of_the_slices_turned_off(
+    tmp_path: Path, section: str, worker: str, undone: str
+) -> None:
+    # The other services leave the slices a service leases to it: one that runs no
+    # timer worker would lease slices whose timers nobody fires, while every
+    # service says it is ready.
+    body = f"[bucket_leases]\nenabled = true\n[{section}]\nenabled = false\n"
+    assert refused(tmp_path, body) == (
+        f"[bucket_leases] enabled: refused beside [{section}] enabled = false: the other "
+        f"services leave the slices this one leases to its own workers, and it runs no "
+        f"{worker} worker, so {undone}; enable [{section}] in every service that leases, "
+        "or leave [bucket_leases] off in this one"
+    )
+    # Without bucket leases, the worker may run in another process.
+    config = write_config(tmp_path, f"[{section}]\nenabled = false\n", {"hits": HITS})
+    assert not getattr(load(config, {}), section).enabled
 
 
 @pytest.mark.asyncio

@@ -12,6 +12,14 @@ that joins takes slices as the others give up their surplus; one that stops give
 slices up at once; one that dies leaves its slices to the others once their ttl ran
 out.
 
+A slice given up (a surplus, or lost) stops its range's workers at the end of their
+pass, in the background: the claims go on renewing the slices kept meanwhile, however
+long that pass runs. A surplus slice stays held (each claim renews it) until every
+range of this service covering it has stopped, and is released only then, so two
+services never run one slice's workers at once; within this service, the range it
+keeps may start while the wider range it replaces ends its pass (its buckets read
+twice for that pass: safe, as below).
+
 Services cut in different counts lease different groups: each serves the whole range
 among those of its own count, so their slices overlap (safe, see below) rather than
 leave buckets to nobody, and a claim that finds another count's group alive says so
@@ -37,11 +45,11 @@ time, so nothing fires twice; a slice nobody holds waits, and readiness says so.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import re
 from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Final, Protocol
 
@@ -109,6 +117,30 @@ def slice_name(piece: Range) -> str:
     return f"{piece[0]:04d}-{piece[1]:04d}"
 
 
+def _shown(pieces: Collection[Range]) -> str:
+    """Ranges as the logs name them: ``0-512, 768-1024``, or ``none``."""
+    return ", ".join(f"{start}-{end}" for start, end in sorted(pieces)) or "none"
+
+
+@dataclass(frozen=True, slots=True)
+class _Stopping:
+    """A range whose workers were told to stop and may still be in their pass.
+
+    Attributes:
+        piece: the range.
+        ended: done once every worker of the range returned.
+        since: when (by the leases' clock) they were told to stop.
+    """
+
+    piece: Range
+    ended: asyncio.Task[None]
+    since: datetime
+
+    def covers(self, piece: Range) -> bool:
+        """Whether this range, still stopping, shares a bucket with ``piece``."""
+        return not self.ended.done() and self.piece[0] < piece[1] and piece[0] < self.piece[1]
+
+
 def ranges_of(names: Collection[str]) -> tuple[Range, ...]:
     """The slices named (see :func:`slice_name`), adjacent ones joined, in order."""
     pieces = sorted(tuple(int(edge) for edge in name.split("-")) for name in names)
@@ -174,6 +206,11 @@ class LeasedWorkers:
         self.task: asyncio.Task[None] | None = None
         self.running: dict[Range, tuple[asyncio.Event, Sequence[Worker]]] = {}
         """The ranges whose workers run, each with the event that stops them."""
+        self.stopping: list[_Stopping] = []
+        """The ranges given up whose workers may still be in their pass."""
+        self._stopped = asyncio.Event()
+        """Set when a range's workers all returned: the next claim comes at once, to
+        release the surplus they held."""
         self._failure: str | None = None
         self._renewed: datetime | None = None
         """When (by the leases' clock) the last claim succeeded, or the part started."""
@@ -188,17 +225,27 @@ class LeasedWorkers:
     def trouble(self) -> str | None:
         """``None`` while work flows, else why it may not: not running, no claim
         succeeded for longer than the ttl (one hangs, or they fail), the last claim
-        failed, a worker's trouble (named with its range), or no slice held while
-        slices wait for a service (free, or their holder missed a renewal)."""
+        failed, a range given up whose workers are still in their pass a ttl after
+        their stop (its slices wait for them), a worker's trouble (named with its
+        range), or no slice held while slices wait for a service (free, or their
+        holder missed a renewal)."""
         if self.task is None or self.task.done():
             return "not running"
+        now = self.leases.clock()
         if self._renewed is not None:
-            age = (self.leases.clock() - self._renewed).total_seconds()
+            age = (now - self._renewed).total_seconds()
             if age > self.ttl:
                 cause = "a claim hangs" if self._failure is None else self._failure
                 return f"leases not renewed for {age:.1f} s: {cause}"
         if self._failure is not None:
             return f"leases not renewed: {self._failure}"
+        for stopping in self.stopping:
+            # Past a ttl, the slices wait for this pass longer than they would for a
+            # service that died.
+            age = (now - stopping.since).total_seconds()
+            if not stopping.ended.done() and age > self.ttl:
+                start, end = stopping.piece
+                return f"giving up buckets {start}-{end}: a pass still runs after {age:.1f} s"
         for _, workers in self.running.values():
             for worker in workers:
                 if (why := worker.trouble()) is not None:
@@ -210,11 +257,13 @@ class LeasedWorkers:
     async def _run(self) -> None:
         try:
             while not self.stop.is_set():
+                self._stopped.clear()
                 await self._claim()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.stop.wait(), self.ttl / 3)
+                await self._pause()
         finally:
-            await self._stop(list(self.running))
+            # Every range's workers ended before the leave frees their slices.
+            self._give_up(list(self.running))
+            await asyncio.gather(*(s.ended for s in self.stopping), return_exceptions=True)
             try:
                 await self.leases.leave()
             except Exception as error:  # noqa: BLE001 - the leases run out on their own
@@ -226,9 +275,22 @@ class LeasedWorkers:
                     error,
                 )
 
+    async def _pause(self) -> None:
+        """Wait a third of the ttl for the next claim; less once the service stops, or
+        once a range given up stopped (its surplus is then released at once, not a
+        third of the ttl later)."""
+        waits = [asyncio.ensure_future(event.wait()) for event in (self.stop, self._stopped)]
+        try:
+            await asyncio.wait(waits, timeout=self.ttl / 3, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+
     async def _claim(self) -> None:
-        """One claim: the workers of the slices held (its surplus aside) run, the
-        others stop, and the surplus is given up once its workers stopped."""
+        """One claim: the workers of the slices held (its surplus aside) run; those of
+        the others are told to stop, without waiting for their pass (the claims renew
+        the slices kept meanwhile); and the surplus is released once no range of this
+        service that covers it is still in its pass."""
         try:
             change = await self.leases.claim()
         except Exception as error:  # noqa: BLE001 - the leases held run on; next claim
@@ -237,23 +299,64 @@ class LeasedWorkers:
         self._failure = None
         self._renewed = self.leases.clock()
         self._waiting = change.waiting
+        self.stopping = [s for s in self.stopping if not s.ended.done()]
         wanted = set(ranges_of(set(change.held) - set(change.surplus)))
-        await self._stop([piece for piece in self.running if piece not in wanted])
-        for piece in sorted(wanted - set(self.running)):
+        before = set(self.running)
+        self._give_up([piece for piece in self.running if piece not in wanted])
+        for piece in sorted(wanted - before):
             stop = asyncio.Event()
             workers = self.build(piece, stop)
             for worker in workers:
                 worker.start()
             self.running[piece] = (stop, workers)
-        if change.gained or change.lost or change.surplus:
-            ranges = ", ".join(f"{a}-{b}" for a, b in sorted(wanted)) or "none"
-            _log.info("%s: buckets %s", self.name, ranges)
-        if change.surplus:
+        self._say(wanted, before, change.lost)
+        done = [name for name in change.surplus if not self._still_covered(name)]
+        if done:
             try:
-                await self.leases.release(change.surplus)
+                await self.leases.release(done)
             except Exception as error:  # noqa: BLE001 - the next claim says surplus again
                 self._failed(error, "release")
         await self._kin()
+
+    def _say(self, wanted: set[Range], before: set[Range], lost: Collection[str]) -> None:
+        """Log the ranges run once they change: at WARNING when slices were lost
+        (another service took them once this one's leases ran out: its claims failed
+        or hung for longer than the ttl, and it ran their workers meanwhile)."""
+        if lost:
+            _log.warning(
+                "%s: buckets %s; lost buckets %s to another service: no claim of this "
+                "one succeeded for longer than the ttl (%g s)",
+                self.name,
+                _shown(wanted),
+                _shown(ranges_of(lost)),
+                self.ttl,
+            )
+        elif wanted != before:
+            _log.info("%s: buckets %s", self.name, _shown(wanted))
+
+    def _give_up(self, pieces: Sequence[Range]) -> None:
+        """Tell the workers of ``pieces`` to stop, and watch in the background
+        (:attr:`stopping`) for them to end their pass: nothing here waits for it."""
+        for piece in pieces:
+            stop, workers = self.running.pop(piece)
+            stop.set()
+            tasks = [worker.task for worker in workers if worker.task is not None]
+            start, end = piece
+            ended = asyncio.create_task(
+                self._ended(tasks), name=f"{self.name}: giving up buckets {start}-{end}"
+            )
+            self.stopping.append(_Stopping(piece, ended, self.leases.clock()))
+
+    async def _ended(self, tasks: Sequence[asyncio.Task[None]]) -> None:
+        """Wait for ``tasks`` (a range's workers), then wake the claims."""
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._stopped.set()
+
+    def _still_covered(self, name: str) -> bool:
+        """Whether the slice ``name`` is in a range whose workers may still be in
+        their pass: until they ended, it is not released."""
+        (piece,) = ranges_of([name])
+        return any(stopping.covers(piece) for stopping in self.stopping)
 
     async def _kin(self) -> None:
         """Warn (once per interval) while services that cut the range in another count
@@ -321,13 +424,3 @@ class LeasedWorkers:
         told = " ".join(str(cause if isinstance(cause, BaseException) else error).split())
         told = _PASSWORD.sub(r"\1***", _URL.sub("<url>", told)) or "no message"
         return told if len(told) <= _TOLD else f"{told[: _TOLD - 3]}..."
-
-    async def _stop(self, pieces: Sequence[Range]) -> None:
-        """Stop the workers of ``pieces`` and wait until they finished their pass."""
-        tasks: list[asyncio.Task[None]] = []
-        for piece in pieces:
-            stop, workers = self.running.pop(piece)
-            stop.set()
-            tasks.extend(worker.task for worker in workers if worker.task is not None)
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)

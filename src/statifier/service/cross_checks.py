@@ -25,13 +25,16 @@ def cross_check(top: Table, settings: ServiceSettings) -> None:
     no route, a sink that outlives the outbox lease, a console on a listener other than
     loopback without operators, a front, a stream source or a schedule whose source no
     enabled binding reads, a front whose path overlaps another's, the console's or the
-    health endpoints, the access log beside a BasicHTTP front (it would log tokens).
+    health endpoints, the access log beside a BasicHTTP front (it would log tokens),
+    bucket leases beside a timer, flow or reaper worker turned off
+    (:func:`_leased_workers`).
 
     Raises:
         ServiceConfigError: naming the table and the key at fault (``top`` is the
             file's top table).
     """
     file = settings.file
+    _leased_workers(settings)
     queues = {route.queue for route in settings.routes}
     drained = {sink.queue for sink in settings.sinks}
     for route in settings.routes:
@@ -132,6 +135,44 @@ def cross_check(top: Table, settings: ServiceSettings) -> None:
                 source.table,
                 "",
                 f"no enabled binding reads source {shown(source.name)}",
+            )
+
+
+_LEFT_UNDONE = {
+    "timers": ("timer", "their timers would never fire"),
+    "flow": ("flow", "the events and creates held for them would never be delivered"),
+    "reapers": ("reaper", "their dedupe claims, ledger rows and addresses would never be reaped"),
+}
+"""The sections of the workers that run per leased slice: the worker's name, and what
+a slice leased without it leaves undone."""
+
+
+def _leased_workers(settings: ServiceSettings) -> None:
+    """Refuse ``[bucket_leases] enabled`` beside a section of a worker that runs per
+    leased slice turned off: the other services leave the slices a service leases to
+    its workers alone, so that work of its slices would be done by no one.
+
+    Raises:
+        ServiceConfigError: naming ``[bucket_leases] enabled`` and the section off.
+    """
+    if not settings.bucket_leases.enabled:
+        return
+    sections = {
+        "timers": settings.timers.enabled,
+        "flow": settings.flow.enabled,
+        "reapers": settings.reapers.enabled,
+    }
+    for section, enabled in sections.items():
+        if not enabled:
+            worker, undone = _LEFT_UNDONE[section]
+            raise ServiceConfigError(
+                settings.file,
+                "bucket_leases",
+                "enabled",
+                f"refused beside [{section}] enabled = false: the other services leave "
+                f"the slices this one leases to its own workers, and it runs no {worker} "
+                f"worker, so {undone}; enable [{section}] in every service that leases, "
+                f"or leave [bucket_leases] off in this one",
             )
 
 

@@ -21,8 +21,9 @@ check, each ``"<part>: <why>"``:
   drain passes fail: ``passes failing: <class>`` (a drain outlives a failed pass, so
   it never restarts); the reapers' failed passes are logged, not reported here (they
   keep no event from flowing); with bucket leases, the part ``workers``: its last
-  claim failed, a worker of a leased range is in trouble (named with its range), or
-  it holds no slice while slices wait
+  claim failed, a range it gives up is still in its pass a ttl after its stop, a
+  worker of a leased range is in trouble (named with its range), or it holds no slice
+  while slices wait
   (:meth:`statifier.service.bucket_leases.LeasedWorkers.trouble`);
 - a stream consumer (``source NAME``): not running, restarting after a failure, not
   started yet, or what its source says keeps it from reading:

@@ -91,7 +91,14 @@ from statifier.service.toml_reader import (
 if TYPE_CHECKING:
     import sqlalchemy as sa
 
-__all__ = ["MAX_CONNECTIONS", "MAX_DOCUMENTS", "MAX_SHARDS", "SectionReader"]
+__all__ = [
+    "MAX_CONNECTIONS",
+    "MAX_DOCUMENTS",
+    "MAX_LEASE_TTL",
+    "MAX_SHARDS",
+    "MIN_LEASE_TTL",
+    "SectionReader",
+]
 
 MAX_DOCUMENTS: Final = 1000
 """The most charts one configuration names."""
@@ -99,6 +106,13 @@ MAX_CONNECTIONS: Final = 1_000_000
 """The largest ``[http] max_connections`` taken."""
 MAX_SHARDS: Final = 64
 """The most stores ``[database] shards`` lists."""
+MIN_LEASE_TTL: Final = 1.0
+"""The shortest ``[bucket_leases] ttl`` taken: a claim comes every third of it, and a
+database that pauses for longer than the ttl lets every slice run out."""
+MAX_LEASE_TTL: Final = 86_400.0
+"""The longest ``[bucket_leases] ttl`` taken, a day: a killed service's slices wait
+that long, and a claim's wait for the group's lock (a third of it) stays within what
+PostgreSQL's ``lock_timeout`` takes."""
 
 
 class SectionReader:
@@ -704,10 +718,21 @@ class SectionReader:
         settings = BucketLeaseSettings(
             enabled=table.boolean("enabled", False),
             slices=table.integer("slices", 16, maximum=1024),
-            ttl=table.seconds("ttl", 15.0),
+            ttl=self.lease_ttl(table),
         )
         table.done()
         return settings
+
+    def lease_ttl(self, table: Table) -> float:
+        """``[bucket_leases] ttl``: seconds from :data:`MIN_LEASE_TTL` to
+        :data:`MAX_LEASE_TTL`."""
+        ttl = table.seconds("ttl", 15.0)
+        if not MIN_LEASE_TTL <= ttl <= MAX_LEASE_TTL:
+            raise table.refuse(
+                "ttl",
+                f"must be from {MIN_LEASE_TTL:g} to {MAX_LEASE_TTL:g} seconds (a day), not {ttl:g}",
+            )
+        return ttl
 
     # Observability.
 

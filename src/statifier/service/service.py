@@ -820,7 +820,9 @@ class Service:
         buckets: tuple[int, int],
     ) -> list[Worker]:
         """A store's timers, flow, outbox drain and reapers over its range of buckets,
-        or, with bucket leases, the part that runs them over the slices leased."""
+        or, with bucket leases, the part that runs them over the slices leased (each
+        of them: the file reader refuses bucket leases beside a timer, flow or reaper
+        worker turned off, whose work of the slices leased no service would do)."""
         settings, stop = self.settings, self._workers_stop
         leases = settings.bucket_leases
         if not leases.enabled:
