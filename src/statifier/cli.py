@@ -97,7 +97,7 @@ Subcommands:
     Moves the rows of the buckets whose store changes when a deployment's stores
     (``--from``, in order) become others (``--to``), with every process that writes
     to them stopped (see :mod:`statifier.reshard_command` and ``docs/scaling.md``):
-    0 when every range moved, 2 for an error.
+    0 when every range moved, 2 for an error, 130 when Ctrl-C interrupted it.
 
 ``statifier serve CONFIG.toml``
     Runs the service a configuration file names (see :mod:`statifier.service` and

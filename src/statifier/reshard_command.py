@@ -14,28 +14,39 @@ every process that writes to them stopped (decision 0126).
     With ``--dry-run`` it prints the ranges and moves nothing. A store is named by its
     place in ``--from`` or ``--to``, never by its URL (which may hold a password).
 
-Every store must be at the package's revision (``statifier db upgrade`` each one,
-the new ones included), and no service may run on any of them: a store a service said
-it serves within the last few seconds is refused. A ``--from`` store that records
-another place than its place in ``--from``, or that a reshard retired, and a store
-only in ``--to`` that serves another list already are refused
-(``statifier.sql.places``; a store without a record is taken at its word), a dry run
-included. Before a row moves, every store named is marked ``moving``, which
-``statifier serve`` refuses to start on (and a service still running stops at its
-next check); once every range moved, the ``--to`` stores are marked serving in their
-places and the stores left out ``retired``. A move cut short, or refused, is finished
-by running the same command again; a reshard with other lists of stores is refused
-while a store is ``moving`` for it (the records name the reshard,
+Every store must exist (a SQLite file that does not is refused, not created) and be
+at the package's revision (``statifier db upgrade`` each one, the new ones included),
+and no service may run on any of them: a store a service said it serves within the
+last few seconds is refused. A ``--from`` store that records another place than its
+place in ``--from``, or that a reshard retired, and a store only in ``--to`` that
+serves another list already are refused (``statifier.sql.places``; a store without a
+record is taken at its word). So is a store that holds rows the reshard would lose:
+rows of keys in a store only in ``--to``, rows of the buckets it is to receive in a
+store in both lists, unless this reshard reached the store already (its record says
+``moving`` for it, or its new place), for a move takes a ``moving`` store's rows of a
+part for an earlier copy and replaces them (:mod:`statifier.sql.moves`). So is a pair
+of stores a move cannot go between (:func:`statifier.sql.moves.check_move`). Every
+check is made before a store is marked, a dry run included.
+
+Before a row moves, every store named is marked ``moving``, which ``statifier
+serve`` refuses to start on (and a service still running stops at its next check);
+once every range moved, the ``--to`` stores are marked serving in their places and
+the stores left out ``retired``. A move cut short (an error, Ctrl-C, a crash) is
+finished by running the same command again, and an error or Ctrl-C that leaves stores
+``moving`` says so; a reshard with other lists of stores is refused while a store is
+``moving`` for it (the records name the reshard,
 :func:`statifier.sql.places.reshard_name`). Then start the processes with the new
 stores.
 
 Exit status: 0 when every range moved (or the dry run printed), 2 for an error,
-printed as one line, ``statifier reshard: message``.
+printed as one line, ``statifier reshard: message``, 130 when Ctrl-C (SIGINT)
+interrupted it, said in one line too.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -143,67 +154,155 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
 
     from statifier.executions_command import refused
     from statifier.extras import MissingExtra
-    from statifier.sql import TableOptions, migrations
-    from statifier.sql.moves import CopyMismatch, SourceChanged, move_range
-    from statifier.sql.places import (
-        PlaceMismatch,
-        reshard_name,
-        resharded,
-        resharding,
-        store_identity,
-    )
+    from statifier.sql.moves import CopyMismatch, SourceChanged, TargetNotEmpty
+    from statifier.sql.places import PlaceMismatch
 
+    progress = _Progress()
     try:
-        options = TableOptions(prefix=args.prefix, schema=args.schema)
-        if args.step < 1:
-            raise ValueError(f"--step is a positive number of buckets, not {args.step}")
-        for named, urls in (("--from", args.sources), ("--to", args.targets)):
-            for place, url in enumerate(urls):
-                found = migrations.current(url, options)
-                if found != migrations.head():
-                    raise ValueError(
-                        f"store {place} of {named} is at revision {found or 'none'}, not "
-                        f"{migrations.head()}: run statifier db upgrade on it first"
-                    )
-        # Each URL asked once for the store it reaches: two URLs may reach one.
-        urls = dict.fromkeys([*args.sources, *args.targets])
-        known = {url: _on(url, partial(store_identity, options=options)) for url in urls}
-        sources = [known[url] for url in args.sources]
-        targets = [known[url] for url in args.targets]
-        ranges = plan(sources, targets)
-        reshard = reshard_name(sources, targets)
-        stores = _stores(args.sources, args.targets, known)
-        _check_places(stores, len(args.sources), len(args.targets), options, reshard)
-        if not args.dry_run:
-            _mark(stores, options, lambda store: resharding(store.before, len(sources), reshard))
-        total = 0
-        for moving in ranges:
-            start, end = moving.buckets
-            said = (
-                f"buckets {start}-{end - 1}: store {moving.source} of --from "
-                f"to store {moving.target} of --to"
-            )
-            if args.dry_run:
-                out.write(said + "\n")
-                continue
-            source, target = args.sources[moving.source], args.targets[moving.target]
-            moved = move_range(source, target, moving.buckets, options=options, step=args.step)
-            rows = ", ".join(f"{name} {count}" for name, count in moved.rows.items())
-            out.write(f"{said}: {moved.total} rows ({rows or 'none'}), {moved.charts} charts\n")
-            total += moved.total
-        if not args.dry_run:
-            _mark(stores, options, lambda store: resharded(store.after, len(args.targets)))
-    except (ValueError, CopyMismatch, SourceChanged, MissingExtra, PlaceMismatch) as error:
-        return refused("reshard", args, str(error))
+        _reshard(args, out, progress)
+    except KeyboardInterrupt:
+        # Ctrl-C: the transaction under way rolls back, and running the command again
+        # finishes what it cut short; the operator needs to know which it was.
+        left = progress.left() or ": no store was marked moving, none changed"
+        sys.stderr.write(f"statifier reshard: interrupted{left}\n")
+        return INTERRUPTED
+    except (
+        ValueError,
+        CopyMismatch,
+        SourceChanged,
+        TargetNotEmpty,
+        MissingExtra,
+        PlaceMismatch,
+    ) as error:
+        return refused("reshard", args, f"{error}{progress.left()}")
     except sa.exc.SQLAlchemyError as error:
         # The driver's own words: SQLAlchemy's add the statement and its values.
         cause = getattr(error, "orig", None) or error
-        return refused("reshard", args, f"database: {type(cause).__name__}: {cause}")
-    if args.dry_run:
-        out.write(f"{len(ranges)} ranges would move\n")
-    else:
-        out.write(f"moved {total} rows in {len(ranges)} ranges: start the processes on --to\n")
+        said = f"database: {type(cause).__name__}: {cause}"
+        return refused("reshard", args, f"{said}{progress.left()}")
     return 0
+
+
+INTERRUPTED = 130
+"""The exit status of a reshard interrupted by Ctrl-C (SIGINT): the shell's own for a
+process that SIGINT ended."""
+
+
+@dataclass(slots=True)
+class _Progress:
+    """How far a reshard got: whether it began to mark its stores ``moving``, and
+    whether it marked them in their new places."""
+
+    marked: bool = False
+    done: bool = False
+
+    def left(self) -> str:
+        """What a message that ends the reshard adds: that it leaves the stores
+        ``moving``, when it does."""
+        if not self.marked or self.done:
+            return ""
+        return (
+            ": the stores are left moving (statifier serve refuses them): run the same "
+            "statifier reshard again to finish"
+        )
+
+
+def _reshard(args: argparse.Namespace, out: TextIO, progress: _Progress) -> None:
+    """Check, mark, move and mark again, printing to ``out``; ``progress`` says how
+    far it got when it raises.
+
+    Raises:
+        ValueError: a store is missing, not at the package's revision, named twice,
+            or holds rows the reshard would replace; or a move cannot be.
+        PlaceMismatch: a store's record forbids the reshard, or a service runs on it.
+        TargetNotEmpty, CopyMismatch, SourceChanged: a move refused a part.
+    """
+    from statifier.sql import TableOptions
+    from statifier.sql.places import reshard_name, resharded, resharding, store_identity
+
+    options = TableOptions(prefix=args.prefix, schema=args.schema)
+    if args.step < 1:
+        raise ValueError(f"--step is a positive number of buckets, not {args.step}")
+    _check_revisions(args.sources, args.targets, options)
+    # Each URL asked once for the store it reaches: two URLs may reach one.
+    urls = dict.fromkeys([*args.sources, *args.targets])
+    known = {url: _on(url, partial(store_identity, options=options)) for url in urls}
+    sources = [known[url] for url in args.sources]
+    targets = [known[url] for url in args.targets]
+    ranges = plan(sources, targets)
+    reshard = reshard_name(sources, targets)
+    stores = _stores(args.sources, args.targets, known)
+    records = _check_places(stores, len(sources), len(targets), options, reshard)
+    # A run cut short left stores moving (for this reshard: another one was refused).
+    progress.marked = any(record is not None and record.state == "moving" for record in records)
+    _check_rows(stores, records, ranges, len(targets), options, reshard)
+    # What a move would refuse is found now, while no store is marked yet.
+    _check_moves(ranges, args.sources, args.targets, options)
+    said = [_said(moving) for moving in ranges]
+    if args.dry_run:
+        out.writelines(f"{line}\n" for line in said)
+        out.write(f"{len(ranges)} ranges would move\n")
+        return
+    progress.marked = True
+    _mark(stores, options, lambda store: resharding(store.before, len(sources), reshard))
+    total = 0
+    for moving, line in zip(ranges, said, strict=True):
+        total += _move(moving, line, args, options, reshard, out)
+    _mark(stores, options, lambda store: resharded(store.after, len(targets)))
+    progress.done = True
+    out.write(f"moved {total} rows in {len(ranges)} ranges: start the processes on --to\n")
+
+
+def _said(moving: Range) -> str:
+    start, end = moving.buckets
+    return (
+        f"buckets {start}-{end - 1}: store {moving.source} of --from "
+        f"to store {moving.target} of --to"
+    )
+
+
+def _move(
+    moving: Range,
+    line: str,
+    args: argparse.Namespace,
+    options: TableOptions,
+    reshard: str,
+    out: TextIO,
+) -> int:
+    """Move one range, say so on ``out`` after ``line``; how many rows moved."""
+    from statifier.sql.moves import move_range
+
+    source, target = args.sources[moving.source], args.targets[moving.target]
+    moved = move_range(
+        source, target, moving.buckets, options=options, step=args.step, reshard=reshard
+    )
+    rows = ", ".join(f"{name} {count}" for name, count in moved.rows.items())
+    out.write(f"{line}: {moved.total} rows ({rows or 'none'}), {moved.charts} charts\n")
+    return moved.total
+
+
+def _check_revisions(sources: Sequence[str], targets: Sequence[str], options: TableOptions) -> None:
+    """Refuse a store that does not exist or is not at the package's revision.
+
+    Raises:
+        ValueError: one is missing (a SQLite file, which is not created: a mistyped
+            path would leave an empty database behind) or behind.
+    """
+    from statifier.sql import migrations
+
+    for named, urls in (("--from", sources), ("--to", targets)):
+        for place, url in enumerate(urls):
+            if migrations.missing_file(url):
+                raise ValueError(
+                    f"no such store: store {place} of {named} names a SQLite file that "
+                    "does not exist (make a new store with statifier db upgrade)"
+                )
+            found = migrations.current(url, options)
+            if found != migrations.head():
+                raise ValueError(
+                    f"store {place} of {named} is at revision {found or 'none'}, not "
+                    f"{migrations.head()}: run statifier db upgrade on it first"
+                )
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,10 +336,10 @@ def _stores(
 
 def _check_places(
     stores: Sequence[_Store], sources: int, targets: int, options: TableOptions, reshard: str
-) -> None:
+) -> list[Place | None]:
     """Read each store's record and refuse what :func:`statifier.sql.places.reshard_refusal`
     refuses for the reshard named ``reshard``, and a store a service runs on
-    (:func:`statifier.sql.places.serving_since`).
+    (:func:`statifier.sql.places.serving_since`); each store's record, in order.
 
     Raises:
         PlaceMismatch: a store's record forbids the reshard.
@@ -272,6 +371,79 @@ def _check_places(
                 f"process that writes to the stores first (one stopped within the last "
                 f"{RUNNING_FOR:g} s counts as running: wait, and run the command again)"
             )
+    return [place for place, _ in found]
+
+
+def _check_rows(
+    stores: Sequence[_Store],
+    records: Sequence[Place | None],
+    ranges: Sequence[Range],
+    targets: int,
+    options: TableOptions,
+    reshard: str,
+) -> None:
+    """Refuse a store that holds rows this reshard would lose: a store only in
+    ``--to`` that holds rows of keys (outside the buckets it receives, no process would
+    read them), or a store in both lists that holds rows of the buckets it is to
+    receive (a move replaces a target's rows of a part, taking them for an earlier
+    copy, once the store is marked ``moving``). A store this reshard reached already
+    (``moving`` for it, or in its new place) is let through: what it holds there, the
+    reshard copied.
+
+    Raises:
+        ValueError: a store holds such rows.
+    """
+    from statifier.buckets import BUCKETS
+    from statifier.sql.moves import holds_rows
+
+    for store, record in zip(stores, records, strict=True):
+        if store.after is None or _reached(store, record, targets, reshard):
+            continue
+        if store.before is None:
+            buckets = [(0, BUCKETS)]
+        else:
+            buckets = [r.buckets for r in ranges if r.target == store.after]
+        if not buckets:
+            continue
+        held = _on(store.url, partial(holds_rows, options=options, buckets=buckets))
+        if held:
+            where = "" if store.before is None else " in the buckets it is to receive"
+            raise ValueError(
+                f"{store} holds rows of keys already{where}, which no reshard put "
+                "there: moving rows to it would lose them. Name a store that holds none "
+                "(statifier db upgrade makes a new one)"
+            )
+
+
+def _reached(store: _Store, record: Place | None, targets: int, reshard: str) -> bool:
+    """Whether the reshard named ``reshard`` reached ``store`` already: its record
+    says ``moving`` for it (or for an unnamed reshard, as records written before they
+    named one do), or the store is in its new place among ``targets`` stores."""
+    from statifier.sql.places import resharded
+
+    if record is not None and record.state == "moving":
+        return record.reshard in (None, reshard)
+    return record == resharded(store.after, targets)
+
+
+def _check_moves(
+    ranges: Sequence[Range], sources: Sequence[str], targets: Sequence[str], options: TableOptions
+) -> None:
+    """Refuse what :func:`statifier.sql.moves.move_range` would refuse of each pair of
+    stores a range goes between (:func:`statifier.sql.moves.check_move`).
+
+    Raises:
+        ValueError: a move cannot be, with which range it is.
+    """
+    from statifier.sql.moves import check_move
+
+    for source, target in dict.fromkeys((r.source, r.target) for r in ranges):
+        try:
+            check_move(sources[source], targets[target], options=options)
+        except ValueError as error:
+            raise ValueError(
+                f"store {source} of --from to store {target} of --to: {error}"
+            ) from error
 
 
 def _mark(

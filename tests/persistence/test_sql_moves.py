@@ -1,8 +1,9 @@
 """Moving a range of buckets between stores (statifier.sql.moves) on both databases:
 every per-key table's rows of the range, and only those, go (a location to its address
-as the target keys it, a chart copied where missing); a write to the source during the
-move is refused and nothing is deleted; a move cut short is finished by running it
-again, without a second copy."""
+as the target keys it, a chart copied where missing), in their key order; a write to
+the source during the move is refused and nothing is deleted; a move cut short is
+finished by running it again, without a second copy, once the target is marked
+``moving``; a target not so marked keeps every row it holds."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from statifier.sql import migrations, moves
 from statifier.sql.caps import CapTable, HeldCreateRow
 from statifier.sql.locations import upgrade_locations
 from statifier.sql.moves import CopyMismatch, SourceChanged, move_range, moved_tables
+from statifier.sql.places import resharding, write_place
 from statifier.sql.tables import define_locations
 
 NOW = datetime(2026, 12, 5, 12, tzinfo=UTC)
@@ -146,14 +148,23 @@ def _bucket(key: str) -> int:
     return address_bucket(SCOPE, DOCUMENT, key)
 
 
-def _move(source: SqlStore, target: SqlStore, buckets: tuple[int, int]) -> moves.Moved:
+def _move(source: SqlStore, target: SqlStore, buckets: tuple[int, int], **more: Any) -> moves.Moved:
     return move_range(
         source.url,
         target.url,
         buckets,
         options=source.tables.options,
         target_options=target.tables.options,
+        **more,
     )
+
+
+def _mark_moving(store: SqlStore, reshard: str | None = None) -> None:
+    """Record that a reshard (``reshard``) moves buckets to ``store``, as ``statifier
+    reshard`` does before its first move: only then is a target's copy of a part
+    replaced."""
+    options = store.tables.options
+    _run(store, lambda c: write_place(c, options, resharding(None, 1, reshard), NOW))
 
 
 class KilledError(Exception):
@@ -216,6 +227,7 @@ def test_a_write_to_the_source_during_the_move_is_refused_and_deletes_nothing(
         locked(connection, side)
 
     monkeypatch.setattr(moves, "_lock", write_then_lock)
+    _mark_moving(target)
     with pytest.raises(SourceChanged, match="stop every process"):
         _move(source, target, (bucket, bucket + 1))
     assert _counts(source) == ONE  # nothing deleted
@@ -247,7 +259,12 @@ def test_a_move_cut_short_after_its_copy_is_finished_by_running_it_again(
     assert _counts(target) == ONE
     assert _counts(source) == ONE
     monkeypatch.setattr(moves, "_lock", locked)
-    assert _move(source, target, (0, 1024)).rows == ONE
+    # The copy left behind is told from rows of the target's own by its record alone.
+    with pytest.raises(moves.TargetNotEmpty, match="nothing was deleted on either side"):
+        _move(source, target, (0, 1024))
+    assert (_counts(target), _counts(source)) == (ONE, ONE)
+    _mark_moving(target, "grow")
+    assert _move(source, target, (0, 1024), reshard="grow").rows == ONE
     assert _counts(target) == ONE
     assert _counts(source) == dict.fromkeys(ONE, 0)
 
@@ -302,3 +319,87 @@ async def test_a_saved_position_and_a_held_create_are_written_with_the_bucket_th
     positions, creates = _run(source, buckets)
     assert [tuple(row) for row in positions] == [("session-7", bucket_of("session-7"))]
     assert [tuple(row) for row in creates] == [("k-7", address_bucket(SCOPE, DOCUMENT, "k-7"))]
+
+
+def test_a_target_not_marked_moving_keeps_every_row_it_holds(
+    two: tuple[SqlStore, SqlStore],
+) -> None:
+    """A store of its own (no record: a library host's, say) that holds rows of the
+    range is refused, and so is one moving for another reshard: their rows may be
+    their own, not an earlier copy. Nothing is deleted on either side."""
+    source, target = two
+    moving, _, bucket = _two_keys()
+    _family(source, moving)
+    _family(target, moving)  # the target's own execution at the same address's bucket
+    with pytest.raises(moves.TargetNotEmpty, match="nothing was deleted on either side"):
+        _move(source, target, (bucket, bucket + 1))
+    assert (_counts(source), _counts(target)) == (ONE, ONE)
+    _mark_moving(target, "another")
+    with pytest.raises(moves.TargetNotEmpty):
+        _move(source, target, (bucket, bucket + 1), reshard="this one")
+    assert (_counts(source), _counts(target)) == (ONE, ONE)
+
+
+def test_a_target_without_rows_of_the_range_takes_them_marked_or_not(
+    two: tuple[SqlStore, SqlStore],
+) -> None:
+    source, target = two
+    moving, staying, bucket = _two_keys()
+    _family(source, moving)
+    _family(target, staying)  # rows of another bucket stay where they are
+    assert _move(source, target, (bucket, bucket + 1)).rows == ONE
+    assert _counts(target) == {name: 2 * count for name, count in ONE.items()}
+
+
+def test_a_store_says_whether_it_holds_rows_of_a_range(
+    two: tuple[SqlStore, SqlStore],
+) -> None:
+    source, _ = two
+    moving, _, bucket = _two_keys()
+    options = source.tables.options
+
+    def holds(*buckets: tuple[int, int]) -> bool:
+        held: bool = _run(source, lambda c: moves.holds_rows(c, options, buckets))
+        return held
+
+    assert not holds((0, 1024))
+    _family(source, moving)
+    assert holds((0, 1024))
+    assert holds((bucket, bucket + 1))
+    assert holds((0, 1), (bucket, bucket + 1))
+    assert not holds((0, bucket), (bucket + 1, 1024))
+    assert not holds()
+
+
+def _names_in_key_order(store: SqlStore) -> list[str]:
+    t = store.tables.step_errors
+
+    def names(connection: sa.Connection) -> list[str]:
+        return list(connection.execute(sa.select(t.c.name).order_by(t.c.id)).scalars())
+
+    found: list[str] = _run(store, names)
+    return found
+
+
+def test_moved_rows_keep_their_key_order(two: tuple[SqlStore, SqlStore]) -> None:
+    """An execution's errors are read by key (its newest 20, say), so a moved part's
+    rows get their new keys in the order of their old ones."""
+    source, target = two
+    first, other, _ = _two_keys()
+    executions = [_family(source, first), _family(source, other)]
+    t = source.tables.step_errors
+
+    def write(connection: sa.Connection) -> None:
+        for n in range(3):
+            for execution in executions:
+                values = _filled(t, "error", execution_id=execution, name=f"{execution} {n}")
+                connection.execute(t.insert().values(values))
+        # PostgreSQL writes a changed row anew, after the others, and SQLite reads these
+        # rows by execution (their index): neither reads them in key order unasked.
+        changed = t.c.name == f"{executions[0]} 0"
+        connection.execute(t.update().where(changed).values(taken=True))
+
+    _run(source, write)
+    before = _names_in_key_order(source)
+    _move(source, target, (0, 1024), step=1024)  # one part holds both
+    assert _names_in_key_order(target) == before

@@ -42,8 +42,9 @@ from statifier.router import (
 )
 from statifier.router.queries import address
 from statifier.sql import migrations, moves
+from statifier.sql.locations import downgrade_locations, upgrade_locations
 from statifier.sql.moves import SourceChanged, move_range, moved_tables
-from statifier.sql.places import Place, PlaceMismatch, read_place, write_place
+from statifier.sql.places import Place, PlaceMismatch, read_place, resharding, write_place
 
 SCOPE = "shop"
 ROOT = Path(__file__).parent.parent.parent
@@ -112,6 +113,59 @@ async def stores(request: pytest.FixtureRequest) -> AsyncIterator[list[SqlStore]
     for shard in shards:
         shard.empty()
     yield shards
+
+
+def _on(store: SqlStore, work: Any) -> Any:
+    engine = sa.create_engine(migrations.sync_url(store.url))
+    try:
+        with engine.begin() as connection:
+            return work(connection)
+    finally:
+        engine.dispose()
+
+
+def _mark_moving(store: SqlStore) -> None:
+    """Record that a reshard moves buckets to ``store``, as ``statifier reshard`` does
+    before its first move: only then does a move replace the store's copy of a part."""
+    options = store.tables.options
+    now = datetime.now(UTC)
+    _on(store, lambda c: write_place(c, options, resharding(None, 1), now))
+
+
+def _records(*stores: SqlStore) -> list[Place | None]:
+    return [_on(store, lambda c, s=store: read_place(c, s.tables.options)) for store in stores]
+
+
+def _command_url(store: SqlStore) -> str:
+    """A URL that reaches ``store``'s tables with no ``--schema``: a PostgreSQL store of
+    the suite is a schema of its own, which the URL makes its search path."""
+    schema = store.tables.options.schema
+    if schema is None:
+        return store.url
+    url = sa.make_url(store.url).update_query_dict({"options": f"-csearch_path={schema}"})
+    return url.render_as_string(hide_password=False)
+
+
+def _reshard(sources: list[SqlStore], targets: list[SqlStore], *more: str) -> int:
+    """``statifier reshard`` from ``sources`` to ``targets``, its output dropped."""
+    given = [a for store in sources for a in ("--from", _command_url(store))]
+    given += [a for store in targets for a in ("--to", _command_url(store))]
+    return main(["reshard", *given, "--prefix", "t_", *more], io.StringIO())
+
+
+async def _route_alone(store: SqlStore, keys: list[str]) -> None:
+    """Route an ``add`` to each of ``keys`` through a router over ``store`` alone (a
+    deployment of one store that recorded no place: a library host's, say)."""
+    adapter = SqlAdapter(store.url, store.tables)
+    try:
+        alone = ShardedRouter(_config(adapter), [adapter])
+        await alone.route_many([_event(f"m-{key}", "add", key, n=1) for key in keys])
+    finally:
+        await adapter.close()
+
+
+def _executions(store: SqlStore) -> set[str]:
+    return {row["execution_id"] for row in _rows(store, "executions")}
 
 
 def _rows(store: SqlStore, table: str) -> list[dict[str, Any]]:
@@ -268,6 +322,7 @@ async def test_the_command_prints_its_plan_refuses_what_it_cannot_move_and_moves
     assert out.getvalue() == (
         "buckets 512-1023: store 0 of --from to store 1 of --to\n1 ranges would move\n"
     )
+    (tmp_path / "new.db").touch()  # a database, but not migrated
     behind = f"sqlite:///{tmp_path / 'new.db'}"
     assert main(["reshard", "--from", one, "--to", one, "--to", behind, "--prefix", "t_"]) == 2
     said = capsys.readouterr().err
@@ -342,6 +397,7 @@ async def test_a_move_killed_at_random_points_and_run_again_moves_every_row_once
     finally:
         await adapter.close()
     before = _snapshot(source)
+    _mark_moving(target)  # as the command does: only then is an earlier copy replaced
     rng = random.Random(17)
     args = [
         *(source.url, source.tables.options.schema or "-"),
@@ -517,7 +573,9 @@ async def test_a_reshard_cut_short_is_finished_only_with_its_own_lists(
     assert main([*grow, "--step", "64"], io.StringIO()) == 2
     monkeypatch.undo()
     assert _count(b) > 0
-    capsys.readouterr()
+    said = capsys.readouterr().err
+    assert said.startswith("statifier reshard: cut short here: the stores are left moving")
+    assert said.endswith("run the same statifier reshard again to finish\n")
 
     elsewhere = ["reshard", "--from", a.url, "--to", a.url, "--to", c.url, "--prefix", "t_"]
     assert main(elsewhere, io.StringIO()) == 2
@@ -527,3 +585,128 @@ async def test_a_reshard_cut_short_is_finished_only_with_its_own_lists(
 
     assert main(grow, io.StringIO()) == 0
     assert (_count(a) + _count(b), _count(c)) == (200, 0)
+
+
+@pytest.mark.asyncio
+async def test_a_store_that_holds_rows_the_moves_would_replace_is_refused_and_loses_none(
+    stores: list[SqlStore], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A --to store with rows of its own and no record (a library host's store, or one
+    not started since stores record their places) would see a move replace its rows
+    of each part, taken for an earlier copy: it is refused before a store is marked,
+    and so is a store in both lists that holds rows of the buckets it is to receive."""
+    a, b, c = stores
+    await _route_alone(a, [f"a{n}" for n in range(100)])
+    await _route_alone(b, [f"b{n}" for n in range(100)])
+    held = [_executions(store) for store in stores]
+    for more in ((), ("--dry-run",)):
+        assert _reshard([a], [a, b], *more) == 2
+        said = capsys.readouterr().err
+        assert said == (
+            "statifier reshard: store 1 of --to holds rows of keys already, which no "
+            "reshard put there: moving rows to it would lose them. Name a store that holds "
+            "none (statifier db upgrade makes a new one)\n"
+        )
+    # B is in both lists now, and holds rows of the buckets A gives it (341-511).
+    assert _reshard([a, b], [a, b, c]) == 2
+    said = capsys.readouterr().err
+    assert "store 1 of --from holds rows of keys already in the buckets it is to receive" in said
+    assert [_executions(store) for store in stores] == held
+    assert _records(a, b, c) == [None, None, None]  # nothing marked
+    # Emptied, B takes A's rows of its range.
+    b.empty()
+    assert _reshard([a], [a, b]) == 0
+    assert _executions(a) | _executions(b) == held[0]
+
+
+@pytest.mark.asyncio
+async def test_what_a_move_would_refuse_is_refused_before_a_store_is_marked(
+    stores: list[SqlStore], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The source has BasicHTTP locations and the target no table for them: refused
+    while every store still holds the place it held, so the deployment starts as
+    before."""
+    a, b, _ = stores
+    options = a.tables.options
+    downgrade_locations(b.url, b.tables)
+    upgrade_locations(a.url, a.tables)
+    try:
+        await _route_alone(a, [f"k{n}" for n in range(20)])
+        migrations.prepare(a.url, options, migrate=False, place=Place.serving(0, 1))
+        assert _reshard([a], [a, b]) == 2
+        assert _records(a, b) == [Place.serving(0, 1), None]
+        migrations.prepare(a.url, options, migrate=False, place=Place.serving(0, 1))
+        said = capsys.readouterr().err
+        assert said == (
+            "statifier reshard: store 0 of --from to store 1 of --to: the source has "
+            "BasicHTTP locations and the target no table for them: build it first "
+            "(statifier.sql.locations.upgrade_locations)\n"
+        )
+        assert (len(_executions(a)), _executions(b)) == (20, set())
+    finally:
+        downgrade_locations(a.url, a.tables)
+
+
+@pytest.mark.asyncio
+async def test_ctrl_c_says_where_it_leaves_the_stores_and_the_same_command_finishes(
+    stores: list[SqlStore],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    a, b, _ = stores
+    await _route_alone(a, [f"k{n}" for n in range(200)])
+    real_check, real_part = moves.check_move, moves._move_part
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(moves, "check_move", interrupted)
+    assert _reshard([a], [a, b]) == 130
+    assert capsys.readouterr().err == (
+        "statifier reshard: interrupted: no store was marked moving, none changed\n"
+    )
+    assert _records(a, b) == [None, None]
+    monkeypatch.setattr(moves, "check_move", real_check)
+    parts: list[int] = []
+
+    def after_one_part(*args: Any, **kwargs: Any) -> Any:
+        if parts:
+            raise KeyboardInterrupt
+        parts.append(1)
+        return real_part(*args, **kwargs)
+
+    monkeypatch.setattr(moves, "_move_part", after_one_part)
+    assert _reshard([a], [a, b], "--step", "64") == 130
+    assert capsys.readouterr().err == (
+        "statifier reshard: interrupted: the stores are left moving (statifier serve "
+        "refuses them): run the same statifier reshard again to finish\n"
+    )
+    assert [record and record.state for record in _records(a, b)] == ["moving", "moving"]
+    assert _count(b) > 0
+    monkeypatch.setattr(moves, "_move_part", real_part)
+    assert _reshard([a], [a, b]) == 0
+    assert (_count(a) + _count(b), _records(a, b)) == (
+        200,
+        [Place.serving(0, 2), Place.serving(1, 2)],
+    )
+
+
+@pytest.mark.parametrize("more", [(), ("--dry-run",)])
+def test_a_sqlite_store_that_does_not_exist_is_refused_not_created(
+    sqlite_shards: list[SqlStore],  # noqa: F811 - the fixture
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    more: tuple[str, ...],
+) -> None:
+    one = sqlite_shards[0].url
+    for missing in (tmp_path / "typo.db", tmp_path / "no" / "such" / "folder" / "new.db"):
+        url = f"sqlite:///{missing}"
+        for given, place in (
+            (["--from", one, "--to", one, "--to", url], "store 1 of --to"),
+            (["--from", url, "--to", url, "--to", one], "store 0 of --from"),
+        ):
+            assert main(["reshard", *given, "--prefix", "t_", *more]) == 2
+            said = capsys.readouterr().err
+            assert said.startswith(f"statifier reshard: no such store: {place} names a SQLite")
+            assert not missing.exists()
+            assert not (tmp_path / "no").exists()

@@ -6,8 +6,10 @@ that belongs to a key falls in one. :func:`move_range` copies the rows of a rang
 the *source* store to the *target* store, checks the copy, then deletes them at the
 source, a few buckets at a time (``step``), each part in three transactions:
 
-1. the target's rows of the part, if any (left by a copy cut short), are replaced by
-   the source's, in one transaction on the target;
+1. the source's rows of the part are written at the target, in one transaction on
+   the target, in their key order (so where the target's database makes the keys, the
+   new keys of a part's rows, and so of an execution's, follow the source's order);
+   the target's rows of the part, if it holds any, are replaced, on the terms below;
 2. the target's rows are read back and compared with the source's (a digest of every
    row, keys aside): a difference raises :class:`CopyMismatch` and deletes nothing;
 3. in one transaction on the source, with its tables locked against writers
@@ -16,8 +18,20 @@ source, a few buckets at a time (``step``), each part in three transactions:
    process wrote meanwhile), then deleted.
 
 A part whose rows the source no longer holds is skipped, so a move cut short anywhere
-(a crash, a refusal) is finished by running it again; a target never loses a row it
-held before, other than an earlier copy of the same part.
+(a crash, a refusal) is finished by running it again.
+
+A target never loses a row it held before, other than an earlier copy of the same
+part. Rows cannot say where they came from, so the target's record
+(:mod:`statifier.sql.places`) says it: the target's rows of a part are replaced only
+while its record says ``moving`` (for the reshard ``move_range`` is given, when it is
+given one). ``statifier reshard`` marks a store ``moving`` only once it found the store
+held no row of the buckets it is to receive (:func:`holds_rows`), so what such a store
+holds there was copied by that reshard. A target not so marked that holds rows of a
+part is refused with :class:`TargetNotEmpty`, and nothing is deleted on either side:
+a store of its own (one without a record, as a library host's may be) keeps every row.
+A caller that runs :func:`move_range` itself and runs it again after a crash marks the
+target ``moving`` first (:func:`statifier.sql.places.write_place`,
+:func:`~statifier.sql.places.resharding`).
 
 What moves, by the bucket of each row:
 
@@ -51,10 +65,19 @@ import sqlalchemy as sa
 
 from statifier.buckets import bucket_range
 from statifier.sql.engines import is_busy, sync_engine
-from statifier.sql.places import store_identity
+from statifier.sql.places import Place, read_place, store_identity
 from statifier.sql.tables import TableOptions, define_locations
 
-__all__ = ["CopyMismatch", "Moved", "SourceChanged", "move_range", "moved_tables"]
+__all__ = [
+    "CopyMismatch",
+    "Moved",
+    "SourceChanged",
+    "TargetNotEmpty",
+    "check_move",
+    "holds_rows",
+    "move_range",
+    "moved_tables",
+]
 
 _BY_BUCKET: Final = (
     "executions",
@@ -103,6 +126,12 @@ class SourceChanged(RuntimeError):  # noqa: N818 - names what was found
     copy of the part is replaced)."""
 
 
+class TargetNotEmpty(RuntimeError):  # noqa: N818 - names what was found
+    """The target holds rows of a part of the range and its record does not say a
+    reshard is moving buckets to it (``moving``, for the reshard given): they may be
+    rows of its own, not an earlier copy, so nothing was deleted on either side."""
+
+
 @dataclass(frozen=True, slots=True)
 class Moved:
     """What :func:`move_range` moved.
@@ -142,17 +171,22 @@ def move_range(
     options: TableOptions,
     target_options: TableOptions | None = None,
     step: int = 16,
+    reshard: str | None = None,
 ) -> Moved:
     """Move the rows of ``buckets`` (``(start, end)``, ``end`` excluded) from the
     store at ``source`` to the store at ``target`` (database URLs; the tables under
     ``options``, at the target under ``target_options`` if given; both migrated to the
     package's revision), ``step`` buckets at a time, as the module says. No process may
-    write to either store meanwhile.
+    write to either store meanwhile. The target's rows of a part are replaced only
+    while its record says ``moving`` (for the reshard named ``reshard``, when given:
+    :func:`statifier.sql.places.reshard_name`); parts moved before a refusal stay
+    moved.
 
     Raises:
-        ValueError: ``buckets`` is not a range of buckets, ``step`` is below 1,
-            ``source`` and ``target`` are the same tables, or the source has BasicHTTP
-            locations and the target no table for them.
+        ValueError: ``buckets`` is not a range of buckets, ``step`` is below 1, or
+            :func:`check_move` refuses the stores.
+        TargetNotEmpty: the target holds rows of a part and is not marked ``moving``
+            (for ``reshard``).
         CopyMismatch: a part's copy differs from the source's rows.
         SourceChanged: a process wrote to the source during the move.
     """
@@ -163,35 +197,92 @@ def move_range(
     counted: dict[str, int] = {}
     charts = 0
     with _Side.open(source, options) as origin, _Side.open(target, to_options) as destination:
-        if origin.identity == destination.identity:
-            # Told apart by what they hold, not by their URLs: two URLs may reach one.
-            raise ValueError(
-                "the source and the target are the same tables (or one is a copy of the other)"
-            )
-        if "locations" in origin.by_name and "locations" not in destination.by_name:
-            raise ValueError(
-                "the source has BasicHTTP locations and the target no table for them: "
-                "build it first (statifier.sql.locations.upgrade_locations)"
-            )
+        _refuse(origin, destination)
+        replace = _moving(destination.record, reshard)
         for first in range(start, end, step):
             part = (first, min(first + step, end))
-            moved, copied = _move_part(origin, destination, part)
+            moved, copied = _move_part(origin, destination, part, replace=replace)
             charts += copied
             for name, count in moved.items():
                 counted[name] = counted.get(name, 0) + count
     return Moved(buckets, {name: n for name, n in counted.items() if n}, charts)
 
 
+def check_move(
+    source: str,
+    target: str,
+    *,
+    options: TableOptions,
+    target_options: TableOptions | None = None,
+) -> None:
+    """Refuse what :func:`move_range` refuses of the stores at ``source`` and
+    ``target`` before it moves a row, with the same arguments, and move nothing: so a
+    caller that marks the stores first (``statifier reshard``) finds a refusal before
+    it marks them.
+
+    Raises:
+        ValueError: ``source`` and ``target`` are the same tables, or the source has
+            BasicHTTP locations and the target no table for them.
+    """
+    to_options = options if target_options is None else target_options
+    with _Side.open(source, options) as origin, _Side.open(target, to_options) as destination:
+        _refuse(origin, destination)
+
+
+def holds_rows(
+    connection: sa.Connection, options: TableOptions, buckets: Sequence[tuple[int, int]]
+) -> bool:
+    """Whether the store ``connection`` reaches (its tables under ``options``) holds a
+    row of a key in any of the ranges ``buckets`` (each ``(start, end)``, ``end``
+    excluded). Only the tables whose rows carry their bucket are read: every other
+    moved row goes with one of theirs."""
+    tables = options.define()
+    for name in _BY_BUCKET:
+        table: sa.Table = getattr(tables, name)
+        for start, end in buckets:
+            # A range of the bucket column: read by its index, and stopped at one row.
+            within = table.c.bucket.between(start, end - 1)
+            found = sa.select(sa.literal(1)).select_from(table).where(within)
+            if connection.execute(found.limit(1)).first() is not None:
+                return True
+    return False
+
+
+def _refuse(origin: _Side, destination: _Side) -> None:
+    """Raise ValueError where a move from ``origin`` to ``destination`` cannot be."""
+    if origin.identity == destination.identity:
+        # Told apart by what they hold, not by their URLs: two URLs may reach one.
+        raise ValueError(
+            "the source and the target are the same tables (or one is a copy of the other)"
+        )
+    if "locations" in origin.by_name and "locations" not in destination.by_name:
+        raise ValueError(
+            "the source has BasicHTTP locations and the target no table for them: "
+            "build it first (statifier.sql.locations.upgrade_locations)"
+        )
+
+
+def _moving(record: Place | None, reshard: str | None) -> bool:
+    """Whether ``record`` says a reshard moves buckets to its store: the one named
+    ``reshard``, when given. Only then are its rows of a part taken for an earlier
+    copy of it."""
+    if record is None or record.state != "moving":
+        return False
+    return reshard is None or record.reshard == reshard
+
+
 @dataclass(frozen=True, slots=True)
 class _Side:
     """One store of a move: its engine, the tables a move reads by unprefixed name
-    (the locations table where the store has it), and how a new row gets its key."""
+    (the locations table where the store has it), how a new row gets its key, the
+    name it is known by and its place record as the move began."""
 
     engine: sa.Engine
     by_name: Mapping[str, sa.Table]
     charts: sa.Table
     new_key: Any
     identity: str
+    record: Place | None
 
     @classmethod
     @contextmanager
@@ -205,7 +296,8 @@ class _Side:
                 by_name["locations"] = locations
             with engine.begin() as connection:
                 identity = store_identity(connection, options)
-            yield cls(engine, by_name, tables.charts, options.new_key, identity)
+                record = read_place(connection, options)
+            yield cls(engine, by_name, tables.charts, options.new_key, identity, record)
         finally:
             engine.dispose()
 
@@ -214,7 +306,11 @@ _Rows = dict[str, list[tuple[Any, dict[str, Any]]]]
 """Each table's rows of a part: its key, and its other columns by name."""
 
 
-def _move_part(source: _Side, target: _Side, part: tuple[int, int]) -> tuple[dict[str, int], int]:
+def _move_part(
+    source: _Side, target: _Side, part: tuple[int, int], *, replace: bool
+) -> tuple[dict[str, int], int]:
+    """Move ``part``'s rows, the target's rows of it replaced only when ``replace``
+    (they are an earlier copy); the rows moved by table, and the charts copied."""
     with source.engine.connect() as connection:
         rows = _read(connection, source, part)
         if not any(rows.values()):
@@ -222,7 +318,14 @@ def _move_part(source: _Side, target: _Side, part: tuple[int, int]) -> tuple[dic
         charts = _charts(connection, source, rows)
     copied = _digest(rows)
     with target.engine.begin() as connection:
-        _delete(connection, target, _read(connection, target, part))
+        held = _read(connection, target, part)
+        if not replace and any(held.values()):
+            raise TargetNotEmpty(
+                f"buckets {part[0]} to {part[1] - 1}: the target holds rows of them and is "
+                "not marked moving for this move, so they may be its own, not an earlier "
+                "copy; nothing was deleted on either side"
+            )
+        _delete(connection, target, held)
         added = _add_charts(connection, target, charts)
         _insert(connection, target, rows)
     with target.engine.connect() as connection:
@@ -254,7 +357,9 @@ def _changed(part: tuple[int, int]) -> str:
 
 
 def _read(connection: sa.Connection, side: _Side, part: tuple[int, int]) -> _Rows:
-    """Every moved table's rows of ``part`` in ``side``'s tables."""
+    """Every moved table's rows of ``part`` in ``side``'s tables, each table's in key
+    order: they are written in the order read, and reads such as an execution's newest
+    errors go by key."""
     start, end = part
     tables = side.by_name
     executions, addresses, groups = (
@@ -284,7 +389,7 @@ def _read(connection: sa.Connection, side: _Side, part: tuple[int, int]) -> _Row
             )
         found[name] = [
             (row.id, {k: v for k, v in row._mapping.items() if k != "id"})
-            for row in connection.execute(sa.select(table).where(where))
+            for row in connection.execute(sa.select(table).where(where).order_by(table.c.id))
         ]
     return found
 

@@ -87,6 +87,7 @@ __all__ = [
     "current_options",
     "downgrade",
     "head",
+    "missing_file",
     "prepare",
     "revisions",
     "run_environment",
@@ -438,21 +439,30 @@ def prepare(
             if place is not None:
                 claim_place(connection, chosen, place, datetime.now(UTC))
         return
-    parsed = sync_url(url)
-    database = parsed.database
-    in_a_file = parsed.get_backend_name() == "sqlite" and database not in (None, "", ":memory:")
-    if in_a_file and not Path(str(database)).exists():
-        # Connecting would create an empty file, and a mistyped path would leave a stray
-        # database behind.
+    if missing_file(url):
         raise NotAtHead(None, head())
     reached = current(url, chosen)
     if reached != head():
         raise NotAtHead(reached, head())
-    if parsed.get_backend_name() == "postgresql" or place is not None:
+    if sync_url(url).get_backend_name() == "postgresql" or place is not None:
         with _connected(url) as connection:
             claim_mode(connection, chosen)
             if place is not None:
                 claim_place(connection, chosen, place, datetime.now(UTC))
+
+
+def missing_file(url: str | sa.URL) -> bool:
+    """Whether ``url`` names a SQLite file that does not exist. Connecting to it would
+    create an empty one, and a mistyped path would leave a stray database behind: a
+    caller that only reads a store asks this first.
+
+    >>> missing_file("sqlite:////no/such/folder/store.db"), missing_file("sqlite://")
+    (True, False)
+    """
+    parsed = sync_url(url)
+    database = parsed.database
+    in_a_file = parsed.get_backend_name() == "sqlite" and database not in (None, "", ":memory:")
+    return in_a_file and not Path(str(database)).exists()
 
 
 def _migrate(
