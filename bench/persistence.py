@@ -32,9 +32,11 @@ What it measures, per database, in the same run:
 * ``raw driver``: the same 8 tasks run the same statements per step, written out by
   hand on the driver (``sqlite3``; psycopg 3 async, one connection per task), with the
   stored position written back as it was read: SQLite ``BEGIN IMMEDIATE`` under one
-  asyncio lock, the select, the update, the insert into the input log, ``COMMIT``;
-  PostgreSQL ``pg_advisory_xact_lock``, ``SELECT ... FOR UPDATE``, the update and the
-  insert in one statement, ``COMMIT``. This is the ceiling: what the database and the driver cost.
+  asyncio lock, the select, the update of the position alone (the adapter's form for
+  a step that changed nothing else), the insert into the input log, ``COMMIT``;
+  PostgreSQL ``pg_advisory_xact_lock``, ``SELECT ... FOR UPDATE``, the update of every
+  column a step writes and the insert in one statement, ``COMMIT``. This is the
+  ceiling: what the database and the driver cost.
 
 * ``DBOS``: DBOS Transact doing the same idiomatically on the same database server
   (``bench/dbos_anchor.py``): a workflow per execution receiving its ``--steps`` events
@@ -155,9 +157,9 @@ class Library:
 # --- the raw drivers --------------------------------------------------------------------
 
 _SELECT = (
-    "SELECT {e}.execution_id, {e}.content_hash, {e}.status, {e}.position_blob, "
-    "{e}.metadata, {e}.outcome_blob, {e}.failure, {e}.created_at, {e}.updated_at, "
-    "{e}.ended_at FROM {e} WHERE {e}.execution_id = {p}{lock}"
+    "SELECT execution_id, content_hash, status, position_blob, metadata, outcome_blob, "
+    "failure, created_at, updated_at, ended_at, error_count, last_error_at, final_state "
+    "FROM {e} WHERE execution_id = {p}{lock}"
 )
 _APPEND = (
     "INSERT INTO {i} (execution_id, seq, via, input_blob, recorded_at) "
@@ -171,7 +173,15 @@ _APPEND = (
 )
 _UPDATE = (
     "UPDATE {e} SET status={p}, position_blob={p}, outcome_blob={p}, failure={p}, "
-    "updated_at={p}, ended_at={p} WHERE {e}.execution_id = {p}"
+    "updated_at={p}, ended_at={p}, error_count={p}, last_error_at={p}, final_state={p} "
+    "WHERE execution_id = {p}"
+)
+# SQLite: the adapter's update of a step that changed only the position (the row's
+# other columns already hold the values given), which writes no index page.
+_UPDATE_POSITION = (
+    "UPDATE {e} SET position_blob = {p}, updated_at = {p} WHERE execution_id = {p} "
+    "AND status = {p} AND outcome_blob IS {p} AND failure IS {p} AND ended_at IS {p} "
+    "AND error_count = {p} AND last_error_at IS {p} AND final_state IS {p}"
 )
 # PostgreSQL: the step's two writes in one statement, as the adapter's record_step
 # runs them (the append only where the update found the row).
@@ -205,7 +215,7 @@ class RawSqlite:
         self.event = event
         self.select = _sql(_SELECT, options, "?")
         self.append = _sql(_APPEND, options, "?")
-        self.update = _sql(_UPDATE, options, "?")
+        self.update = _sql(_UPDATE_POSITION, options, "?")
 
     async def step(self, execution_id: str) -> None:
         async with self.lock:
@@ -213,7 +223,8 @@ class RawSqlite:
             cursor.execute("BEGIN IMMEDIATE")
             row = cursor.execute(self.select, (execution_id,)).fetchone()
             now = datetime.now(UTC).replace(tzinfo=None).isoformat(" ")
-            cursor.execute(self.update, ("active", row[3], None, None, now, None, execution_id))
+            unchanged = ("active", None, None, None, 0, None, None)
+            cursor.execute(self.update, (row[3], now, execution_id, *unchanged))
             cursor.execute(
                 self.append,
                 (execution_id, "step", None, None, self.event, now, execution_id, execution_id),
@@ -248,7 +259,7 @@ class RawPostgres:
             await cursor.execute(self.select, (execution_id,))
             row = await cursor.fetchone()
             now = datetime.now(UTC)
-            row_values = ("active", row[3], None, None, now, None, execution_id)
+            row_values = ("active", row[3], None, None, now, None, 0, None, None, execution_id)
             log_values = (execution_id, "step", None, None, self.event, now)
             await cursor.execute(
                 self.record_step, (*row_values, *log_values, execution_id, execution_id)

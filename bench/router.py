@@ -38,8 +38,10 @@ Rows, per database:
   address lookup, for a new key the address insert, the chart save and read, the
   execution's advisory lock, ``SELECT ... FOR UPDATE`` and insert; then the step: the
   execution's advisory lock, ``SELECT ... FOR UPDATE``, the input-log ``INSERT ...
-  SELECT``, the ``UPDATE``; the ledger row; ``COMMIT``. SQLite: the same inside ``BEGIN
-  IMMEDIATE`` (no advisory locks), under one asyncio lock.
+  SELECT``, the ``UPDATE`` of every column a step writes; the ledger row; ``COMMIT``.
+  SQLite: the same inside ``BEGIN IMMEDIATE`` (no advisory locks), under one asyncio
+  lock, the ``UPDATE`` of the position alone (the adapter's form for a step that
+  changed nothing else).
 * ``route()``: the library, one transaction per delivery.
 * ``route_many()``: the library, each router handing over ``--batch`` events (50) per
   call: one transaction per batch, a savepoint per delivery.
@@ -267,7 +269,8 @@ _FETCH_CHART = (
 )
 _FETCH_EXECUTION = (
     "SELECT execution_id, content_hash, status, position_blob, metadata, outcome_blob, "
-    "failure, created_at, updated_at, ended_at FROM {executions} WHERE execution_id = {p}{lock}"
+    "failure, created_at, updated_at, ended_at, error_count, last_error_at, final_state "
+    "FROM {executions} WHERE execution_id = {p}{lock}"
 )
 _INSERT_EXECUTION = (
     "INSERT INTO {executions} (execution_id, content_hash, status, position_blob, metadata, "
@@ -287,7 +290,15 @@ _APPEND = (
 )
 _UPDATE = (
     "UPDATE {executions} SET status={p}, position_blob={p}, outcome_blob={p}, failure={p}, "
-    "updated_at={p}, ended_at={p} WHERE execution_id = {p}"
+    "updated_at={p}, ended_at={p}, error_count={p}, last_error_at={p}, final_state={p} "
+    "WHERE execution_id = {p}"
+)
+# SQLite: the adapter's update of a step that changed only the position (the row's
+# other columns already hold the values given), which writes no index page.
+_UPDATE_POSITION = (
+    "UPDATE {executions} SET position_blob = {p}, updated_at = {p} WHERE execution_id = {p} "
+    "AND status = 'active' AND outcome_blob IS NULL AND failure IS NULL AND ended_at IS NULL "
+    "AND error_count = 0 AND last_error_at IS NULL AND final_state IS NULL"
 )
 _RECORD = (
     "INSERT INTO {ledger} (binding_id, message_id, scope, source, outcome, reason, document, "
@@ -331,7 +342,9 @@ class RawStatements:
     record: str
 
     @classmethod
-    def build(cls, options: TableOptions, placeholder: str, lock: str = "") -> RawStatements:
+    def build(
+        cls, options: TableOptions, placeholder: str, lock: str = "", update: str = _UPDATE
+    ) -> RawStatements:
         names = _table_names(options)
 
         def sql(template: str) -> str:
@@ -346,7 +359,7 @@ class RawStatements:
             sql(_FETCH_EXECUTION),
             sql(_INSERT_EXECUTION),
             sql(_APPEND),
-            sql(_UPDATE),
+            sql(update),
             sql(_RECORD),
         )
 
@@ -395,7 +408,7 @@ class RawSqlite:
         self.connection.execute("PRAGMA busy_timeout = 0")
         self.connection.execute("PRAGMA journal_mode = WAL")
         self.lock = asyncio.Lock()
-        self.s = RawStatements.build(options, "?")
+        self.s = RawStatements.build(options, "?", update=_UPDATE_POSITION)
         self.p = prepared
         self.scope = "bench"
 
@@ -433,7 +446,7 @@ class RawSqlite:
             now = _sqlite_time(datetime.now(UTC))
             appended = (execution_id, "step", None, None, p.event, now, execution_id, execution_id)
             cursor.execute(s.append, appended).fetchall()
-            cursor.execute(s.update, ("active", p.stepped, None, None, now, None, execution_id))
+            cursor.execute(s.update, (p.stepped, now, execution_id))
             row = (BINDING.id, message.message_id, scope, SOURCE, outcome, None, DOCUMENT, key)
             cursor.execute(s.record, (*row, execution_id, now, bucket))
             cursor.execute("COMMIT")
@@ -505,7 +518,7 @@ class RawPostgres:
                 appended = (execution_id, "step", None, None, p.event, now, execution_id)
                 await cursor.execute(s.append, (*appended, execution_id))
                 await cursor.fetchall()
-                stepped = ("active", p.stepped, None, None, now, None, execution_id)
+                stepped = ("active", p.stepped, None, None, now, None, 0, None, None, execution_id)
                 await cursor.execute(s.update, stepped)
                 row = (BINDING.id, message.message_id, scope, SOURCE, outcome, None, DOCUMENT)
                 await cursor.execute(s.record, (*row, key, execution_id, moment, bucket))
@@ -544,7 +557,8 @@ _BULK_PG_EXECUTIONS = (
 )
 _BULK_PG_POSITIONS = (
     "UPDATE {executions} AS x SET status = 'active', position_blob = u.position_blob, "
-    "outcome_blob = NULL, failure = NULL, updated_at = %s, ended_at = NULL "
+    "outcome_blob = NULL, failure = NULL, updated_at = %s, ended_at = NULL, error_count = 0, "
+    "last_error_at = NULL, final_state = NULL "
     "FROM unnest(%s::text[], %s::bytea[]) AS u(execution_id, position_blob) "
     "WHERE x.execution_id = u.execution_id"
 )
@@ -574,10 +588,7 @@ _BULK_SQLITE_EXECUTIONS = (
     "created_at, updated_at, bucket) VALUES (?, ?, 'active', ?, '{{}}', ?, ?, ?) "
     "ON CONFLICT (execution_id) DO NOTHING"
 )
-_BULK_SQLITE_POSITIONS = (
-    "UPDATE {executions} SET status = 'active', position_blob = ?, outcome_blob = NULL, "
-    "failure = NULL, updated_at = ?, ended_at = NULL WHERE execution_id = ?"
-)
+_BULK_SQLITE_POSITIONS = _UPDATE_POSITION.replace("{p}", "?")
 _BULK_SQLITE_INPUTS = (
     "INSERT INTO {inputs} (execution_id, seq, via, input_blob, recorded_at) "
     "VALUES (?, ?, 'step', ?, ?)"

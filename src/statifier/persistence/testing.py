@@ -55,6 +55,7 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -562,6 +563,36 @@ class AdapterConformance(_AdapterSuite):
         )
         await adapter.update_execution(update)
         _assert_same_execution(await adapter.fetch_execution("exec-1"), update)
+
+    @pytest.mark.asyncio
+    async def test_execution_update_writes_each_column_it_changes(self, adapter: Adapter) -> None:
+        # A store may write a step that changes only the position some cheaper way:
+        # every column an update changes, alone or with others, must still land.
+        cases: list[dict[str, Any]] = [
+            {},
+            {"status": Status.COMPLETED},
+            {"outcome": b'{"done": true}'},
+            {"failure": "round_budget"},
+            {"ended_at": _at(9)},
+            {"error_count": 3},
+            {"last_error_at": _at(8)},
+            {"final_state": "done"},
+            {"outcome": None, "failure": None, "error_count": 0, "last_error_at": None},
+        ]
+        for number, changed in enumerate(cases):
+            stored = replace(
+                _execution(f"exec-{number}", outcome=b"{}", failure="earlier"),
+                error_count=1,
+                last_error_at=_at(2),
+                final_state="earlier",
+            )
+            await _insert(adapter, stored)
+            update = replace(stored, position=b"next position", updated_at=_at(10), **changed)
+            await adapter.update_execution(update)
+            _assert_same_execution(await adapter.fetch_execution(stored.id), update)
+            again = replace(update, position=b"after that", updated_at=_at(11))
+            await adapter.update_execution(again)
+            _assert_same_execution(await adapter.fetch_execution(stored.id), again)
 
     @pytest.mark.asyncio
     async def test_execution_update_touches_only_its_id(self, adapter: Adapter) -> None:

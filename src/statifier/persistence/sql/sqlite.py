@@ -205,6 +205,8 @@ class Shared:
         # SQLite has a single writer: a caller's open transaction becomes it by a write.
         assert self.statements.claim_writer is not None
         self.claim_writer: str = self.statements.claim_writer
+        assert self.statements.update_position is not None
+        self.update_position: str = self.statements.update_position
         self.names = table_names(tables)
         self.writer = Writer()
         self._pooled: Any = None
@@ -600,6 +602,10 @@ class SqliteDatabase:
             "final_state": record.final_state,
             "execution_id": record.id,
         }
+        # A step that changed only the position writes no index page (see
+        # update_position): a smaller commit, one statement; else the whole row.
+        if cursor.execute(self.shared.update_position, values).rowcount:
+            return
         if not cursor.execute(self.statements.update_execution, values).rowcount:
             raise ExecutionNotFound(record.id)
 
