@@ -5,11 +5,11 @@ before each test that takes an adapter."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 import pytest
 import pytest_asyncio
@@ -22,6 +22,8 @@ from statifier.persistence.shards import ShardedAdapter
 from statifier.persistence.sql import SqlAdapter
 from statifier.sql import TableOptions, Tables, migrations
 
+_T = TypeVar("_T")
+
 SQL_BACKENDS = ("sqlite", "postgresql")
 
 
@@ -33,14 +35,21 @@ class SqlStore:
     url: str
     tables: Tables
 
-    def empty(self) -> None:
+    def run(self, work: Callable[[sa.Connection], _T]) -> _T:
+        """``work`` in one transaction on this database."""
         engine = sa.create_engine(migrations.sync_url(self.url))
         try:
             with engine.begin() as connection:
-                for table in reversed(self.tables.metadata.sorted_tables):
-                    connection.execute(table.delete())
+                return work(connection)
         finally:
             engine.dispose()
+
+    def empty(self) -> None:
+        def delete_all(connection: sa.Connection) -> None:
+            for table in reversed(self.tables.metadata.sorted_tables):
+                connection.execute(table.delete())
+
+        self.run(delete_all)
 
 
 def unique_name(stem: str) -> str:

@@ -8,6 +8,7 @@ finished by running it again, without a second copy, once the target is marked
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 import pytest
@@ -22,7 +23,7 @@ from statifier.buckets import address_bucket, bucket_of
 from statifier.ids import new_execution_id
 from statifier.persistence.records import PositionRecord
 from statifier.persistence.sql import SqlAdapter
-from statifier.sql import migrations, moves
+from statifier.sql import moves
 from statifier.sql.caps import CapTable, HeldCreateRow
 from statifier.sql.locations import upgrade_locations
 from statifier.sql.moves import CopyMismatch, SourceChanged, move_range, moved_tables
@@ -40,17 +41,12 @@ def two(request: pytest.FixtureRequest) -> tuple[SqlStore, SqlStore]:
     for store in stores[:2]:
         upgrade_locations(store.url, store.tables)
         store.empty()
-        _run(store, lambda c, s=store: c.execute(define_locations(s.tables).delete()))
+        store.run(partial(_delete, define_locations(store.tables)))
     return stores[0], stores[1]
 
 
-def _run(store: SqlStore, work: Any) -> Any:
-    engine = sa.create_engine(migrations.sync_url(store.url))
-    try:
-        with engine.begin() as connection:
-            return work(connection)
-    finally:
-        engine.dispose()
+def _delete(table: sa.Table, connection: sa.Connection) -> None:
+    connection.execute(table.delete())
 
 
 def _filled(table: sa.Table, tag: str, **given: Any) -> dict[str, Any]:
@@ -117,7 +113,7 @@ def _family(store: SqlStore, key: str) -> str:
         add(t.held_creates, seq=1, bucket=bucket, **address)
         add(t.positions, key=position, content_hash=f"h-{key}", bucket=bucket)
 
-    _run(store, write)
+    store.run(write)
     return execution
 
 
@@ -133,7 +129,7 @@ def _counts(store: SqlStore) -> dict[str, int]:
             if table is not None
         }
 
-    counted: dict[str, int] = _run(store, count)
+    counted: dict[str, int] = store.run(count)
     return counted
 
 
@@ -164,7 +160,7 @@ def _mark_moving(store: SqlStore, reshard: str | None = None) -> None:
     reshard`` does before its first move: only then is a target's copy of a part
     replaced."""
     options = store.tables.options
-    _run(store, lambda c: write_place(c, options, resharding(None, 1, reshard), NOW))
+    store.run(lambda c: write_place(c, options, resharding(None, 1, reshard), NOW))
 
 
 class KilledError(Exception):
@@ -197,7 +193,7 @@ def test_every_per_key_table_moves_its_rows_of_the_range_and_only_those(
         )
         return list(connection.execute(joined.where(locations.c.execution_id == execution)))
 
-    assert [row.key for row in _run(target, linked)] == [moving]
+    assert [row.key for row in target.run(linked)] == [moving]
     assert _move(source, target, (bucket, bucket + 1)).rows == {}  # nothing left there
     with pytest.raises(ValueError, match="same tables"):
         _move(source, source, (0, 1))
@@ -216,8 +212,7 @@ def test_a_write_to_the_source_during_the_move_is_refused_and_deletes_nothing(
 
     def write_then_lock(connection: sa.Connection, side: Any) -> None:
         # Another process steps the execution between the copy and the delete.
-        _run(
-            source,
+        source.run(
             lambda c: c.execute(
                 executions.update()
                 .where(executions.c.execution_id == execution)
@@ -239,7 +234,7 @@ def test_a_write_to_the_source_during_the_move_is_refused_and_deletes_nothing(
         t = target.tables.executions
         return sorted(connection.execute(sa.select(t.c.status)).scalars())
 
-    assert _run(target, statuses) == ["active", "failed"]
+    assert target.run(statuses) == ["active", "failed"]
 
 
 def test_a_move_cut_short_after_its_copy_is_finished_by_running_it_again(
@@ -316,7 +311,7 @@ async def test_a_saved_position_and_a_held_create_are_written_with_the_bucket_th
         creates = connection.execute(sa.select(t.held_creates.c.key, t.held_creates.c.bucket))
         return list(positions), list(creates)
 
-    positions, creates = _run(source, buckets)
+    positions, creates = source.run(buckets)
     assert [tuple(row) for row in positions] == [("session-7", bucket_of("session-7"))]
     assert [tuple(row) for row in creates] == [("k-7", address_bucket(SCOPE, DOCUMENT, "k-7"))]
 
@@ -359,7 +354,7 @@ def test_a_store_says_whether_it_holds_rows_of_a_range(
     options = source.tables.options
 
     def holds(*buckets: tuple[int, int]) -> bool:
-        held: bool = _run(source, lambda c: moves.holds_rows(c, options, buckets))
+        held: bool = source.run(lambda c: moves.holds_rows(c, options, buckets))
         return held
 
     assert not holds((0, 1024))
@@ -377,7 +372,7 @@ def _names_in_key_order(store: SqlStore) -> list[str]:
     def names(connection: sa.Connection) -> list[str]:
         return list(connection.execute(sa.select(t.c.name).order_by(t.c.id)).scalars())
 
-    found: list[str] = _run(store, names)
+    found: list[str] = store.run(names)
     return found
 
 
@@ -399,7 +394,7 @@ def test_moved_rows_keep_their_key_order(two: tuple[SqlStore, SqlStore]) -> None
         changed = t.c.name == f"{executions[0]} 0"
         connection.execute(t.update().where(changed).values(taken=True))
 
-    _run(source, write)
+    source.run(write)
     before = _names_in_key_order(source)
     _move(source, target, (0, 1024), step=1024)  # one part holds both
     assert _names_in_key_order(target) == before

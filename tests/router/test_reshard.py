@@ -12,6 +12,7 @@ import random
 import sys
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -115,25 +116,16 @@ async def stores(request: pytest.FixtureRequest) -> AsyncIterator[list[SqlStore]
     yield shards
 
 
-def _on(store: SqlStore, work: Any) -> Any:
-    engine = sa.create_engine(migrations.sync_url(store.url))
-    try:
-        with engine.begin() as connection:
-            return work(connection)
-    finally:
-        engine.dispose()
-
-
 def _mark_moving(store: SqlStore) -> None:
     """Record that a reshard moves buckets to ``store``, as ``statifier reshard`` does
     before its first move: only then does a move replace the store's copy of a part."""
     options = store.tables.options
     now = datetime.now(UTC)
-    _on(store, lambda c: write_place(c, options, resharding(None, 1), now))
+    store.run(lambda c: write_place(c, options, resharding(None, 1), now))
 
 
 def _records(*stores: SqlStore) -> list[Place | None]:
-    return [_on(store, lambda c, s=store: read_place(c, s.tables.options)) for store in stores]
+    return [store.run(partial(read_place, options=store.tables.options)) for store in stores]
 
 
 def _command_url(store: SqlStore) -> str:

@@ -129,6 +129,18 @@ class _Service:
         return {b for start, end in self.running() for b in range(start, end)}
 
 
+def _hold_claims(service: _Service, answer: asyncio.Event) -> None:
+    """Make every claim of ``service`` wait for ``answer`` before it runs (whatever
+    holds a claim up: a network that drops every packet)."""
+    claim = service.part.leases.claim
+
+    async def hanging() -> LeaseChange:
+        await answer.wait()
+        return await claim()
+
+    service.part.leases.claim = hanging  # type: ignore[method-assign]
+
+
 async def _until(condition: Callable[[], bool | Awaitable[bool]], seconds: float = 15.0) -> None:
     deadline = time.monotonic() + seconds
     while True:
@@ -252,11 +264,7 @@ async def test_slices_lost_to_another_service_are_logged_as_a_warning(
     # a's claims hang past the ttl; another service takes every slice; a's next
     # claim finds them lost: trouble, not news.
     a = _Service(router_db, "a")
-    claim, answer = a.part.leases.claim, asyncio.Event()
-
-    async def hanging() -> LeaseChange:
-        await answer.wait()
-        return await claim()
+    answer = asyncio.Event()
 
     names = [slice_name(piece) for piece in slices_of((0, 1024), 16)]
     other = PartitionLeases(
@@ -269,7 +277,7 @@ async def test_slices_lost_to_another_service_are_logged_as_a_warning(
     )
     with _started(a):
         await _until(lambda: a.running() == {(0, 1024)})
-        a.part.leases.claim = hanging  # type: ignore[method-assign]
+        _hold_claims(a, answer)
         await asyncio.sleep(TTL)  # a claim is under way, and hangs
         router_db.clock.advance(timedelta(seconds=TTL * 2))
         assert len((await other.claim()).gained) == 16
@@ -404,15 +412,11 @@ async def test_a_claim_that_never_returns_turns_readiness_red_once_the_ttl_passe
     # Whatever holds a claim up (a network that drops every packet): no claim
     # succeeded for longer than the ttl, so the leases ran out; readiness says so.
     a = _Service(router_db, "a")
-    claim, answer = a.part.leases.claim, asyncio.Event()
-
-    async def hanging() -> LeaseChange:
-        await answer.wait()
-        return await claim()
+    answer = asyncio.Event()
 
     with _started(a):
         await _until(lambda: a.running() == {(0, 1024)})
-        a.part.leases.claim = hanging  # type: ignore[method-assign]
+        _hold_claims(a, answer)
         try:
             await asyncio.sleep(TTL)  # a claim is under way, and hangs
             assert a.part.trouble() is None  # the leases' time has not moved

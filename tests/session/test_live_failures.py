@@ -22,7 +22,7 @@ from unittest import mock
 import httpx
 import pytest
 
-from statifier.chart import compile_chart
+from statifier.chart import Machine, compile_chart
 from statifier.core import Event
 from statifier.core import effects as fx
 from statifier.repeats import IntervalTally
@@ -727,6 +727,19 @@ def test_an_untaken_error_execution_is_logged_and_reported(
     assert warnings_of(caplog) == [f"session order_1: {said} (no transition took it)"]
 
 
+def _start_and_collect(chart: Machine, caplog: pytest.LogCaptureFixture) -> list[Mapping[str, Any]]:
+    """Start ``chart`` in a system of its own (the session runs to its first stable
+    point) and answer the untaken errors it reported; its warnings stay in ``caplog``."""
+
+    async def main() -> None:
+        async with System(VirtualClock()) as system:
+            await system.start(chart)
+
+    with caplog.at_level(logging.WARNING, "statifier.session.live"), untaken_errors() as errors:
+        asyncio.run(main())
+    return errors
+
+
 def test_an_untaken_error_communication_is_logged_and_reported(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -735,12 +748,7 @@ def test_an_untaken_error_communication_is_logged_and_reported(
         '<onentry><send target="#_scxml_nobody" event="hello"/></onentry></state></scxml>'
     )
 
-    async def main() -> None:
-        async with System(VirtualClock()) as system:
-            await system.start(chart)
-
-    with caplog.at_level(logging.WARNING, "statifier.session.live"), untaken_errors() as errors:
-        asyncio.run(main())
+    errors = _start_and_collect(chart, caplog)
     [error] = errors
     assert (error["error"], error["element"]) == ("error.communication", "send")
     assert "#_scxml_nobody" in error["message"]
@@ -757,12 +765,7 @@ def test_an_untaken_errors_text_is_bounded(caplog: pytest.LogCaptureFixture) -> 
         "</onentry></state></scxml>"
     )
 
-    async def main() -> None:
-        async with System(VirtualClock()) as system:
-            await system.start(chart)
-
-    with caplog.at_level(logging.WARNING, "statifier.session.live"), untaken_errors() as errors:
-        asyncio.run(main())
+    errors = _start_and_collect(chart, caplog)
     [error] = errors
     assert error["message"] == "x" * 999 + "…"
     assert (error["element"], error["line"], error["column"]) == (None, None, None)
