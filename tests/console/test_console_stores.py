@@ -4,9 +4,9 @@ and each one's page opened from its store; pause, resume and cancel acting in th
 execution's store, their audit rows there, and the audit page merging the stores'
 rows newest first; a dead letter's links naming its store (a bad store a 400); a bulk
 run counted and run in every store under one run; the held events of every store
-merged by address, page after page; a revision tried on every store's executions
-(selected, limited and sampled as over one database), its divergence drawn from the
-execution's own store."""
+merged by address, page after page; the leases shown store by store; a revision tried
+on every store's executions (selected, limited and sampled as over one database), its
+divergence drawn from the execution's own store."""
 
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ from statifier.chart import compile_chart
 from statifier.console.app import Console, console_app
 from statifier.console.audit import Audit
 from statifier.console.auth import Operator, Operators, Role, Sessions
+from statifier.fronts.leases import PartitionLeases
 from statifier.persistence import Status
 from statifier.persistence.sql import SqlAdapter
 from statifier.router import (
@@ -344,6 +345,28 @@ async def test_a_bulk_run_counts_and_acts_in_every_store_under_one_run(site: Sit
         assert record.status is Status.PAUSED
     listed = await site.page("/console/bulk")
     assert listed.count(run_page.rsplit("/", 1)[1]) >= 1
+
+
+async def test_the_leases_are_shown_store_by_store(site: Site) -> None:
+    # Each store's services share its bucket range by slices of their own.
+    for number, router in enumerate(site.router.routers[:2]):
+        slices = PartitionLeases(
+            router.adapter,
+            group="statifier.buckets/2",
+            partitions=["a", "b"],
+            owner=f"svc-{number}",
+        )
+        await slices.claim()
+    page = await site.page("/console/leases")
+    sections = re.findall(
+        r'<section class="store" data-store="(\d)">(.*?)\n</section>', page, re.DOTALL
+    )
+    assert [number for number, _ in sections] == ["1", "2", "3"]
+    for number, section in sections[:2]:
+        assert f"<h2>Store {number}</h2>" in section
+        assert f'<tr data-member="svc-{int(number) - 1}" data-alive="1">' in section
+        assert section.count('data-state="held"') == 2
+    assert "Nothing is leased in this store" in sections[2][1]
 
 
 async def test_the_held_events_of_every_store_are_merged_by_address(site: Site) -> None:

@@ -35,6 +35,10 @@ pages:
   the router's configuration says it now (or that it is gone: its events wait), the
   execution its address names, the events held, when they are due (late or not), its
   failures and last error; the totals held, by bindings and by caps, above;
+- ``/console/leases``: how the services share each store's work by leases
+  (:mod:`statifier.console.leases`): each group (a stream source's partitions, the
+  bucket slices of ``[bucket_leases]``), its members, and each partition's holder
+  and state (held, expired, free); what no member holds waits;
 - ``/console/bulk``: a bulk action (:mod:`statifier.console.bulk`) over the executions
   list's filter (its query fields), previewed with ``action`` (the count it applies
   to), started by ``POST`` (an operator, the CSRF token, ``confirm`` equal to the count
@@ -68,8 +72,8 @@ Over several stores (a :class:`~statifier.router.ShardedRouter`, decision 0119) 
 lists are every store's merged, one execution is read and acted on in its store (its
 audit row there), a dead letter's links name its store (``STORE.ID``; a bad store is
 400), a bulk run runs in every store under one id, the held events are every store's
-merged, a revision is tried on every store's executions, and the schedules are the
-first store's.
+merged, a revision is tried on every store's executions, the leases are shown store
+by store, and the schedules are the first store's.
 
 Everything shown is escaped by the templates (Jinja2 with autoescape); the only
 markup inserted as is is the SVG the console draws itself
@@ -105,6 +109,7 @@ from statifier.console.bulk_runs import BulkRuns, LoggedRun
 from statifier.console.diagram import render_chart_svg
 from statifier.console.held import LATE_AFTER as HELD_LATE_AFTER
 from statifier.console.held import held_pages, held_totals_over
+from statifier.console.leases import lease_groups
 from statifier.console.live import Live, TooManyClients
 from statifier.console.queries import (
     MAX_DETAIL_ROWS,
@@ -568,6 +573,7 @@ def console_routes(console: Console) -> list[BaseRoute]:
         Route("/schedules/{name}/pause", pages.pause_schedule, methods=["GET", "POST"]),
         Route("/schedules/{name}/resume", pages.resume_schedule, methods=["GET", "POST"]),
         Route("/held", pages.held, methods=["GET"]),
+        Route("/leases", pages.leases, methods=["GET"]),
         Route("/bulk", pages.bulk, methods=["GET", "POST"]),
         Route("/bulk/{run_id}", pages.bulk_run, methods=["GET"]),
         Route("/revisions", pages.revisions, methods=["GET", "POST"]),
@@ -1221,6 +1227,30 @@ class _Pages:
                 totals=await held_totals_over(routers),
                 late_after=int(HELD_LATE_AFTER.total_seconds()),
                 next_url=_next_url(request, page.next_cursor, "after"),
+            )
+
+        return await self.page(request, build)
+
+    async def leases(self, request: Request) -> Response:
+        """Each store's lease groups, members and leases, as at the router's storage
+        clock, store by store."""
+
+        async def build(session: Session) -> Response:
+            stores = self.console.stores.all
+            now = stores[0].router.storage.clock()  # the stores' routers share it
+            read = [
+                await lease_groups(store.queries.engine, store.queries.tables, now)
+                for store in stores
+            ]
+            return self.render(
+                request,
+                "leases.html",
+                session=session,
+                nav="leases",
+                title="Leases",
+                stores=list(enumerate(read, start=1)),
+                several=len(read) > 1,
+                now=now,
             )
 
         return await self.page(request, build)
