@@ -11,12 +11,19 @@ from typing import Any
 
 import pytest
 from tests.persistence.conftest import FreshDatabase, fresh_database  # noqa: F401 - a fixture
-from tests.service.helpers import HITS, HITS_BINDING, ORDER, database_table, write_config
+from tests.service.helpers import (
+    HITS,
+    HITS_BINDING,
+    ORDER,
+    ORDER_BINDING,
+    database_table,
+    write_config,
+)
 
 from statifier.callbacks import awaited
 from statifier.core import Event
 from statifier.persistence.sql import SqlAdapter
-from statifier.router import OutboxDrain, OutboxRoute, Router, error_policy_of
+from statifier.router import InboundEvent, OutboxDrain, OutboxRoute, Router, error_policy_of
 from statifier.router.routes import IdempotencyKey
 from statifier.service import NotMigrated, ServiceConfigError, load
 from statifier.service.service import prepare_database
@@ -462,7 +469,33 @@ async def test_the_errors_table_sets_the_policy_per_document(tmp_path: Path) -> 
         hits = (await config.resolve("s", "hits")).machine.identity.content_hash
         order = (await config.resolve("s", "order")).machine.identity.content_hash
         assert (policy.of(hits).value, policy.of(order).value) == ("continue", "fail")
-        assert config.timers_elsewhere is False
+        assert config.timers_elsewhere is True
+
+
+@pytest.mark.asyncio
+async def test_a_delivery_that_schedules_a_timer_warns_of_no_missing_timer_worker(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The service's timer workers are supervised (one restarting after its store went
+    # away) or, with bucket leases, run where a slice is held (maybe in another
+    # service): a delivery meanwhile must not say that no timer worker runs.
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    migrations.upgrade(url)
+    body = (
+        f'charts = "charts"\nsend_type = "test:route"\n{ORDER_BINDING}\n'
+        f'[database]\nurl = "{url}"\n[routes.finished]\nqueue = "finished"\n'
+        '[sinks.finished]\ncall = "tests.service.recording:record"\n'
+        "[bucket_leases]\nenabled = true\n"
+    )
+    settings = load(write_config(tmp_path, body, {"order": ORDER}), {})
+    async with SqlAdapter(url) as adapter:
+        router = Router(router_config(settings, adapter))
+        event = InboundEvent(scope="s", source="shop", message_id="o1", data={"order": "o1"})
+        with caplog.at_level("WARNING", logger="statifier.router.routing"):
+            routed = await router.route(event)
+    assert [o.outcome for o in routed.outcomes] == ["created_and_delivered"]
+    assert routed.notices == ()
+    assert "no timer worker" not in caplog.text
 
 
 FORM = '[fronts.form.f]\npath = "/f"\nsource = "clicks"\nscope = "s"\n'

@@ -53,7 +53,13 @@ def router_config(settings: ServiceSettings, adapter: SqlAdapter) -> RouterConfi
             lock_wait=settings.database.lock_wait,
             on_error=settings.errors.default,
             document_on_error=settings.errors.documents,
-            timers_elsewhere=not settings.timers.enabled,
+            # The service never leaves a timer to no worker: it supervises one per
+            # store (started again after a failure, readiness red meanwhile), or per
+            # slice of the buckets it leases (the others' slices fired by the
+            # services holding them), or leaves them to another process
+            # ([timers] enabled = false). A delivery that schedules a timer while this
+            # process's worker restarts, or holds no slice of its store, is no news.
+            timers_elsewhere=True,
             basichttp=None if basichttp is None else _locations(basichttp),
             caps=settings.caps,
         )
