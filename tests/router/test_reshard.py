@@ -24,6 +24,7 @@ from tests.persistence.conftest import (  # noqa: F401 - fixtures
     postgresql_shards,
     sqlite_shards,
 )
+from tests.service.own_postgres import servers
 
 from statifier.buckets import ledger_bucket
 from statifier.chart import compile_chart
@@ -42,7 +43,7 @@ from statifier.router import (
     TimerWorker,
 )
 from statifier.router.queries import address
-from statifier.sql import migrations, moves
+from statifier.sql import TableOptions, migrations, moves
 from statifier.sql.locations import downgrade_locations, upgrade_locations
 from statifier.sql.moves import SourceChanged, move_range, moved_tables
 from statifier.sql.places import Place, PlaceMismatch, read_place, resharding, write_place
@@ -702,3 +703,49 @@ def test_a_sqlite_store_that_does_not_exist_is_refused_not_created(
             assert said.startswith(f"statifier reshard: no such store: {place} names a SQLite")
             assert not missing.exists()
             assert not (tmp_path / "no").exists()
+
+
+@pytest.mark.asyncio
+async def test_a_target_server_that_stops_right_after_the_move_keeps_every_row_it_took() -> None:
+    """A PostgreSQL target acknowledging commits before it writes them
+    (``synchronous_commit = off``, as the servers of tests/service/own_postgres.py run,
+    its WAL writer slowed so that nothing reaches the log by chance) stopped with
+    ``-m immediate`` right after the reshard: the source deleted each part once the
+    target said it held it, so the target must hold every row when it comes back."""
+    options = TableOptions(prefix="t_")
+    with servers(2) as (first, second):
+        for server in (first, second):
+            migrations.upgrade(server.url, options)
+        engine = sa.create_engine(second.url, isolation_level="AUTOCOMMIT")
+        try:
+            with engine.connect() as connection:
+                connection.execute(sa.text("ALTER SYSTEM SET wal_writer_delay = '10s'"))
+                connection.execute(sa.text("SELECT pg_reload_conf()"))
+        finally:
+            engine.dispose()
+        adapter = SqlAdapter(first.url, options)
+        keys = [f"k{n}" for n in range(200)]
+        try:
+            alone = ShardedRouter(_config(adapter), [adapter])
+            await alone.route_many([_event(f"a-{key}", "add", key, n=1) for key in keys])
+        finally:
+            await adapter.close()
+        given = ["--from", first.url, "--to", first.url, "--to", second.url, "--prefix", "t_"]
+        assert main(["reshard", *given], io.StringIO()) == 0
+        second.ctl("-m", "immediate", "-w", "stop")
+        second.start()
+
+        def executions(url: str) -> int:
+            engine = sa.create_engine(url)
+            try:
+                with engine.connect() as connection:
+                    table = options.define().executions
+                    return connection.execute(
+                        sa.select(sa.func.count()).select_from(table)
+                    ).scalar_one()
+            finally:
+                engine.dispose()
+
+        moved = executions(second.url)
+        assert moved > 0
+        assert executions(first.url) + moved == len(keys)

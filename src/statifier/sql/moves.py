@@ -9,7 +9,10 @@ source, a few buckets at a time (``step``), each part in three transactions:
 1. the source's rows of the part are written at the target, in one transaction on
    the target, in their key order (so where the target's database makes the keys, the
    new keys of a part's rows, and so of an execution's, follow the source's order);
-   the target's rows of the part, if it holds any, are replaced, on the terms below;
+   the target's rows of the part, if it holds any, are replaced, on the terms below, and the
+   commit waits until the rows are on the target's disk (PostgreSQL's
+   ``synchronous_commit`` on for it: a commit acknowledged before it is written is
+   lost if the server stops at once, and the source is about to delete its rows);
 2. the target's rows are read back and compared with the source's (a digest of every
    row, keys aside): a difference raises :class:`CopyMismatch` and deletes nothing;
 3. in one transaction on the source, with its tables locked against writers
@@ -318,6 +321,9 @@ def _move_part(
         charts = _charts(connection, source, rows)
     copied = _digest(rows)
     with target.engine.begin() as connection:
+        # The source deletes the part once this commit is acknowledged: it must be on
+        # the target's disk by then, whatever the server's default says.
+        _durable(connection)
         held = _read(connection, target, part)
         if not replace and any(held.values()):
             raise TargetNotEmpty(
@@ -492,6 +498,18 @@ def _delete(connection: sa.Connection, side: _Side, rows: _Rows) -> None:
         keys = [key for key, _ in found]
         for first in range(0, len(keys), 500):
             connection.execute(table.delete().where(table.c.id.in_(keys[first : first + 500])))
+
+
+def _durable(connection: sa.Connection) -> None:
+    """Make the commit of ``connection``'s transaction wait until its rows are written
+    to the write-ahead log (PostgreSQL: ``synchronous_commit`` on for this transaction,
+    whatever the server, database or role default). With ``synchronous_commit = off``
+    a commit is acknowledged before it is written, and a server that stops in the next
+    moments (a crash, ``pg_ctl stop -m immediate``) comes back without it: the source,
+    told the copy is there, would have deleted the only rows left. SQLite's commit is
+    written before it returns (WAL)."""
+    if connection.dialect.name == "postgresql":
+        connection.execute(sa.text("SET LOCAL synchronous_commit TO on"))
 
 
 def _lock(connection: sa.Connection, side: _Side) -> None:
