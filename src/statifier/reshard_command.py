@@ -163,7 +163,11 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     except KeyboardInterrupt:
         # Ctrl-C: the transaction under way rolls back, and running the command again
         # finishes what it cut short; the operator needs to know which it was.
-        left = progress.left() or ": no store was marked moving, none changed"
+        left = progress.left() or (
+            ": before the stores' records were read: this run changed none"
+            if progress.marked is None
+            else ": no store was marked moving, none changed"
+        )
         sys.stderr.write(f"statifier reshard: interrupted{left}\n")
         return INTERRUPTED
     except (
@@ -190,10 +194,11 @@ process that SIGINT ended."""
 
 @dataclass(slots=True)
 class _Progress:
-    """How far a reshard got: whether it began to mark its stores ``moving``, and
-    whether it marked them in their new places."""
+    """How far a reshard got: whether its stores are marked ``moving`` (``None``:
+    their records not read yet, so not known: an earlier run may have left them so),
+    and whether it marked them in their new places."""
 
-    marked: bool = False
+    marked: bool | None = None
     done: bool = False
 
     def left(self) -> str:

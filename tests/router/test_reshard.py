@@ -26,6 +26,7 @@ from tests.persistence.conftest import (  # noqa: F401 - fixtures
 )
 from tests.service.own_postgres import servers
 
+from statifier import reshard_command
 from statifier.buckets import ledger_bucket
 from statifier.chart import compile_chart
 from statifier.cli import main
@@ -676,6 +677,14 @@ async def test_ctrl_c_says_where_it_leaves_the_stores_and_the_same_command_finis
     )
     assert [record and record.state for record in _records(a, b)] == ["moving", "moving"]
     assert _count(b) > 0
+    # Cut short again before the records are read: it cannot say they are not moving.
+    monkeypatch.setattr(reshard_command, "_check_revisions", interrupted)
+    assert _reshard([a], [a, b]) == 130
+    assert capsys.readouterr().err == (
+        "statifier reshard: interrupted: before the stores' records were read: this run "
+        "changed none\n"
+    )
+    monkeypatch.undo()
     monkeypatch.setattr(moves, "_move_part", real_part)
     assert _reshard([a], [a, b]) == 0
     assert (_count(a) + _count(b), _records(a, b)) == (
