@@ -1,17 +1,22 @@
 """Supervision of the service's parts: the restart backoff goes back to its first wait
 after a healthy run, failures of one kind are logged once per interval, readiness says
-a part is restarting, and every restart of a consumer keeps its process's lease owner."""
+a part is restarting, a part whose store was down starts again as soon as the store
+answers (one whose store answers waits out its backoff), a store's answer is asked of
+a real PostgreSQL server stopped and started again, and every restart of a consumer
+keeps its process's lease owner."""
 
 from __future__ import annotations
 
 import asyncio
 import io
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from tests.service.helpers import HITS, HITS_BINDING, write_config
+from tests.service.own_postgres import OwnPostgres, own_postgres  # noqa: F401 - the fixture
 
 from statifier.fronts.table_source import TableSource, append_events
 from statifier.persistence.sql import SqlAdapter
@@ -26,6 +31,7 @@ from statifier.service.consumers import (
     build_source,
     process_owner,
 )
+from statifier.service.health import ANSWER_WITHIN, answers
 from statifier.service.service import Service, Supervised
 from statifier.service.wiring import router_config
 from statifier.sql import migrations
@@ -102,6 +108,94 @@ async def test_a_failing_worker_restarts_says_so_and_logs_one_line_per_interval(
     ]
     assert failed[0].exc_info is not None
     assert worker.trouble() == "not running"
+
+
+@pytest.mark.asyncio
+async def test_a_worker_whose_store_answers_again_starts_at_once_not_at_the_end_of_its_wait(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, "statifier.service")
+    stop = asyncio.Event()
+    up = asyncio.Event()
+    runs: list[float] = []
+    asked: list[bool] = []
+
+    async def work() -> None:
+        runs.append(time.monotonic())
+        if not up.is_set():
+            raise ConnectionError("the database went away")
+        await stop.wait()
+
+    async def answers() -> bool:
+        asked.append(up.is_set())
+        return up.is_set()
+
+    wait = 20.0  # a backoff doubled through an outage
+    worker = Supervised("timers", work, stop, first_restart=wait, answers=answers)
+    worker.start()
+    try:
+        async with asyncio.timeout(10):
+            while len(asked) < 2:  # noqa: ASYNC110 - asked every ASK_EVERY while waiting
+                await asyncio.sleep(0.01)
+            up.set()
+            while len(runs) < 2 or worker.trouble() is not None:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+    finally:
+        stop.set()
+        assert worker.task is not None
+        await worker.task
+    # Started again at the first question answered after it was seen down, a second
+    # or so after it answered, far before its wait of 20 s ran out.
+    assert asked[:2] == [False, False]
+    assert asked[-1] is True
+    assert runs[1] - runs[0] < wait / 2
+    assert "timers: its store answers again: starting it now" in caplog.text
+
+
+@pytest.mark.asyncio
+async def test_a_worker_that_fails_with_its_store_answering_waits_out_its_backoff() -> None:
+    # A failure of its own (a bug), not the store's: restarting it at the first
+    # question would make a loop of failures.
+    stop = asyncio.Event()
+    runs: list[float] = []
+    asked: list[bool] = []
+
+    async def work() -> None:
+        runs.append(time.monotonic())
+        raise ValueError("a bug")
+
+    async def answers() -> bool:
+        asked.append(True)
+        return True
+
+    worker = Supervised("timers", work, stop, first_restart=2.5, answers=answers)
+    worker.start()
+    try:
+        async with asyncio.timeout(20):
+            while len(runs) < 2:  # noqa: ASYNC110 - after its whole first wait
+                await asyncio.sleep(0.01)
+    finally:
+        stop.set()
+        assert worker.task is not None
+        await worker.task
+    assert len(asked) >= 2  # asked, and answered, and still it waited
+    assert runs[1] - runs[0] >= 2.5 * 0.9
+
+
+@pytest.mark.asyncio
+async def test_a_store_answers_until_its_server_stops_and_again_once_it_starts(
+    own_postgres: OwnPostgres,  # noqa: F811 - the fixture
+) -> None:
+    async with SqlAdapter(own_postgres.url) as adapter:
+        assert await answers(adapter) is True
+        await asyncio.to_thread(own_postgres.stop)
+        began = time.monotonic()
+        assert await answers(adapter) is False
+        assert time.monotonic() - began < ANSWER_WITHIN + 1.0  # bounded, never hangs
+        await asyncio.to_thread(own_postgres.start)
+        async with asyncio.timeout(30):
+            while not await answers(adapter):  # noqa: ASYNC110 - the pool reconnects
+                await asyncio.sleep(0.1)
 
 
 async def _runs_twice(worker: Supervised, runs: list[int]) -> None:

@@ -57,6 +57,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Final
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -68,7 +69,22 @@ from statifier.sql.places import Place, PlaceMismatch, read_place_async, trouble
 
 _log = logging.getLogger(__name__)
 
-__all__ = ["Health", "health_routes"]
+__all__ = ["ANSWER_WITHIN", "Health", "answers", "health_routes"]
+
+ANSWER_WITHIN: Final = 2.0
+"""Seconds :func:`answers` waits for a store's answer."""
+
+
+async def answers(adapter: SqlAdapter, within: float = ANSWER_WITHIN) -> bool:
+    """Whether the store of ``adapter`` answers ``SELECT 1`` within ``within`` seconds
+    (a connection, a transaction, the statement): ``False`` for any failure, never an
+    error (a cancellation aside)."""
+    try:
+        async with asyncio.timeout(within), adapter.transaction(wait=within) as tx:
+            await ping(adapter.dialect, tx.driver)
+    except Exception:  # noqa: BLE001 - any failure is no answer
+        return False
+    return True
 
 
 class Health:

@@ -95,7 +95,7 @@ from statifier.service.consumers import (
     log_failure,
     process_owner,
 )
-from statifier.service.health import Health, health_routes
+from statifier.service.health import Health, answers, health_routes
 from statifier.service.mounts import Mounted, front_app
 from statifier.service.settings import BasicHttpFront, HttpSettings, ServiceSettings
 from statifier.service.sinks import Sinks, build_sinks
@@ -109,7 +109,15 @@ if TYPE_CHECKING:
     from statifier.api import Api
     from statifier.service.listener import GuardedServer
 
-__all__ = ["Bridge", "NotMigrated", "Service", "Supervised", "install_bridges", "prepare_database"]
+__all__ = [
+    "ASK_EVERY",
+    "Bridge",
+    "NotMigrated",
+    "Service",
+    "Supervised",
+    "install_bridges",
+    "prepare_database",
+]
 
 _log = logging.getLogger("statifier.service")
 
@@ -119,6 +127,10 @@ _EXIT_MISPLACED: Final = 3
 """A store's record changed while the service ran (a reshard began): it stopped."""
 _SHOWN_SCHEDULES: Final = 10
 """The most names of stored schedules a file leaves out the start's warning lists."""
+ASK_EVERY: Final = 1.0
+"""Seconds between the questions a part waiting to restart asks its store (whether it
+answers: :func:`statifier.service.health.answers`, each bounded by
+:data:`~statifier.service.health.ANSWER_WITHIN`)."""
 
 
 class NotMigrated(RuntimeError):  # noqa: N818 - names the refusal
@@ -243,6 +255,14 @@ class Supervised:
     and interval, with a count. Only a cancel of its own task (the service's, at the
     bound of a stop) ends it before ``stop``.
 
+    A part working on one store is given ``answers``, which asks the store whether it
+    answers: while the part waits to restart, the store is asked every
+    :data:`ASK_EVERY` seconds, and once it was seen not answering, the part starts
+    again as soon as it answers, not at the end of a wait that doubled through an
+    outage (its timers and outbox rows late by up to :data:`LAST_RESTART` seconds,
+    readiness red meanwhile). A part that fails with its store answering waits out its
+    backoff.
+
     Args:
         name: the part's name, in logs and readiness reasons.
         work: runs the part; returns once ``stop`` is set.
@@ -251,6 +271,8 @@ class Supervised:
             starts (:data:`FIRST_RESTART` by default).
         watch: what the running part says of its own trouble (a part that outlives
             its failures without raising, as an outbox drain does), ``None`` if nothing.
+        answers: whether the part's store answers now (never raises), ``None`` for a
+            part of no one store.
     """
 
     def __init__(
@@ -261,12 +283,14 @@ class Supervised:
         *,
         first_restart: float = FIRST_RESTART,
         watch: Callable[[], str | None] | None = None,
+        answers: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
         self.name = name
         self.work = work
         self.stop = stop
         self.first_restart = first_restart
         self.watch = watch
+        self.answers = answers
         self.failure: str | None = None
         self.task: asyncio.Task[None] | None = None
         self._repeats = Repeats()
@@ -302,9 +326,26 @@ class Supervised:
                 self.failure = type(error).__name__
                 wait = restarts.after(ran=time.monotonic() - began)
                 log_failure(self._repeats, self.name, error, wait)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stop.wait(), wait)
+            await self._restart_after(wait)
             self.failure = None
+
+    async def _restart_after(self, wait: float) -> None:
+        """Return after ``wait`` seconds, once ``stop`` is set, or (given
+        :attr:`answers`) once the store answers after it was seen not answering."""
+        deadline = time.monotonic() + wait
+        down = False
+        while (left := deadline - time.monotonic()) > 0 and not self.stop.is_set():
+            step = left if self.answers is None else min(left, ASK_EVERY)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop.wait(), step)
+            if self.answers is None or self.stop.is_set() or time.monotonic() >= deadline:
+                continue
+            if await self.answers():
+                if down:
+                    _log.info("%s: its store answers again: starting it now", self.name)
+                    return
+            else:
+                down = True
 
 
 def _warn_flow_elsewhere(settings: ServiceSettings) -> None:
@@ -345,19 +386,23 @@ def _stores(routing: Router | ShardedRouter) -> tuple[Router, ...]:
     return routing.routers if isinstance(routing, ShardedRouter) else (routing,)
 
 
-def _draining(name: str, drain: OutboxDrain, idle: float, stop: asyncio.Event) -> Supervised:
-    """The worker ``name`` running ``drain`` until ``stop``; readiness says while its
-    passes fail."""
+def _draining(
+    name: str, drain: OutboxDrain, idle: float, stop: asyncio.Event, store: SqlAdapter
+) -> Supervised:
+    """The worker ``name`` running ``drain`` until ``stop``, on ``store``; readiness
+    says while its passes fail."""
 
     def failing() -> str | None:
         return None if drain.failure is None else f"passes failing: {drain.failure}"
 
-    return Supervised(name, lambda: drain.run(stop, idle), stop, watch=failing)
+    work = partial(drain.run, stop, idle)
+    return Supervised(name, work, stop, watch=failing, answers=partial(answers, store))
 
 
-def _scheduling(scheduler: Scheduler, stop: asyncio.Event) -> Supervised:
-    """The worker running ``scheduler`` until ``stop``; readiness says while schedules'
-    fires fail (three named at most, then how many more)."""
+def _scheduling(scheduler: Scheduler, stop: asyncio.Event, store: SqlAdapter) -> Supervised:
+    """The worker running ``scheduler`` until ``stop``, on ``store`` (the first);
+    readiness says while schedules' fires fail (three named at most, then how many
+    more)."""
 
     def failing() -> str | None:
         names = scheduler.failing()
@@ -368,7 +413,8 @@ def _scheduling(scheduler: Scheduler, stop: asyncio.Event) -> Supervised:
             f" and {more} more" if more > 0 else ""
         )
 
-    return Supervised("scheduler", lambda: scheduler.run(stop), stop, watch=failing)
+    work = partial(scheduler.run, stop)
+    return Supervised("scheduler", work, stop, watch=failing, answers=partial(answers, store))
 
 
 def _in_store(number: int) -> Callable[[str], str]:
@@ -795,7 +841,7 @@ class Service:
         stores = _stores(routing)
         workers: list[Worker] = []
         if settings.scheduler.enabled:
-            workers.append(_scheduling(scheduler, stop))
+            workers.append(_scheduling(scheduler, stop, stores[0].adapter))
         if not settings.flow.enabled:
             _warn_flow_elsewhere(settings)
         outbox = settings.outbox
@@ -809,7 +855,8 @@ class Service:
             named = (lambda part: part) if len(stores) == 1 else _in_store(number)
             workers.extend(self._range_workers(router, sinks[number], named, ranges[number]))
             if hops:
-                workers.append(_draining(named("hops"), hops[number], outbox.idle, stop))
+                hop = hops[number]
+                workers.append(_draining(named("hops"), hop, outbox.idle, stop, router.adapter))
         return workers
 
     def _range_workers(
@@ -836,7 +883,8 @@ class Service:
         locks: list[Worker] = []
         if settings.reapers.enabled:
             reap = partial(_reap, router, settings, stop, None)
-            locks.append(Supervised(named("reapers (locks)"), reap, stop))
+            asked = partial(answers, router.adapter)
+            locks.append(Supervised(named("reapers (locks)"), reap, stop, answers=asked))
         return [
             *locks,
             LeasedWorkers(
@@ -865,12 +913,14 @@ class Service:
         ``stop``; the reapers reap the lock rows too unless ``reap_locks`` is false."""
         settings = self.settings
         workers: list[Supervised] = []
+        asked = partial(answers, router.adapter)
         if settings.timers.enabled:
             timers = settings.timers
             worker = TimerWorker(
                 router, batch=timers.batch, poll=timers.poll, retry=timers.retry, buckets=buckets
             )
-            workers.append(Supervised(named("timers"), lambda: worker.run(stop), stop))
+            work = partial(worker.run, stop)
+            workers.append(Supervised(named("timers"), work, stop, answers=asked))
         if settings.flow.enabled:
             found = settings.flow
             flow = FlowWorker(
@@ -880,7 +930,8 @@ class Service:
                 max_retry=timedelta(seconds=found.max_retry),
                 buckets=buckets,
             )
-            workers.append(Supervised(named("flow"), lambda: flow.run(stop), stop))
+            run = partial(flow.run, stop)
+            workers.append(Supervised(named("flow"), run, stop, answers=asked))
         outbox = settings.outbox
         drain = OutboxDrain(
             router.storage,
@@ -891,10 +942,10 @@ class Service:
             batch=outbox.batch,
             buckets=buckets,
         )
-        workers.append(_draining(named("outbox"), drain, outbox.idle, stop))
+        workers.append(_draining(named("outbox"), drain, outbox.idle, stop, router.adapter))
         if settings.reapers.enabled:
             reap = partial(_reap, router, settings, stop, buckets, locks=reap_locks)
-            workers.append(Supervised(named("reapers"), reap, stop))
+            workers.append(Supervised(named("reapers"), reap, stop, answers=asked))
         return workers
 
     async def _shutdown(
