@@ -47,7 +47,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
@@ -179,12 +180,39 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         PlaceMismatch,
     ) as error:
         return refused("reshard", args, f"{error}{progress.left()}")
-    except sa.exc.SQLAlchemyError as error:
+    except _StoreError as failed:
         # The driver's own words: SQLAlchemy's add the statement and its values.
+        cause = getattr(failed.error, "orig", None) or failed.error
+        said = f"database ({failed.where}): {type(cause).__name__}: {cause}"
+        return refused("reshard", args, f"{said}{progress.left()}")
+    except sa.exc.SQLAlchemyError as error:  # a statement no store was named for
         cause = getattr(error, "orig", None) or error
         said = f"database: {type(cause).__name__}: {cause}"
         return refused("reshard", args, f"{said}{progress.left()}")
     return 0
+
+
+class _StoreError(Exception):
+    """A store's database failed: ``error`` (SQLAlchemy's), and ``where`` says which
+    store, or which pair of them a move was between."""
+
+    def __init__(self, where: str, error: Exception) -> None:
+        super().__init__(where, error)
+        self.where = where
+        self.error = error
+
+
+@contextmanager
+def _at(where: str) -> Iterator[None]:
+    """Raise a database error of the block as :class:`_StoreError` naming ``where``:
+    the driver's message names a host and a port, which do not tell an operator which
+    of several databases on one server failed."""
+    import sqlalchemy as sa
+
+    try:
+        yield
+    except sa.exc.SQLAlchemyError as error:
+        raise _StoreError(where, error) from error
 
 
 INTERRUPTED = 130
@@ -231,7 +259,10 @@ def _reshard(args: argparse.Namespace, out: TextIO, progress: _Progress) -> None
     _check_revisions(args.sources, args.targets, options)
     # Each URL asked once for the store it reaches: two URLs may reach one.
     urls = dict.fromkeys([*args.sources, *args.targets])
-    known = {url: _on(url, partial(store_identity, options=options)) for url in urls}
+    known = {}
+    for url in urls:
+        with _at(_first_named(url, args.sources, args.targets)):
+            known[url] = _on(url, partial(store_identity, options=options))
     sources = [known[url] for url in args.sources]
     targets = [known[url] for url in args.targets]
     ranges = plan(sources, targets)
@@ -278,9 +309,10 @@ def _move(
     from statifier.sql.moves import move_range
 
     source, target = args.sources[moving.source], args.targets[moving.target]
-    moved = move_range(
-        source, target, moving.buckets, options=options, step=args.step, reshard=reshard
-    )
+    with _at(line):
+        moved = move_range(
+            source, target, moving.buckets, options=options, step=args.step, reshard=reshard
+        )
     rows = ", ".join(f"{name} {count}" for name, count in moved.rows.items())
     out.write(f"{line}: {moved.total} rows ({rows or 'none'}), {moved.charts} charts\n")
     return moved.total
@@ -293,21 +325,36 @@ def _check_revisions(sources: Sequence[str], targets: Sequence[str], options: Ta
         ValueError: one is missing (a SQLite file, which is not created: a mistyped
             path would leave an empty database behind) or behind.
     """
-    from statifier.sql import migrations
-
     for named, urls in (("--from", sources), ("--to", targets)):
         for place, url in enumerate(urls):
-            if migrations.missing_file(url):
-                raise ValueError(
-                    f"no such store: store {place} of {named} names a SQLite file that "
-                    "does not exist (make a new store with statifier db upgrade)"
-                )
-            found = migrations.current(url, options)
-            if found != migrations.head():
-                raise ValueError(
-                    f"store {place} of {named} is at revision {found or 'none'}, not "
-                    f"{migrations.head()}: run statifier db upgrade on it first"
-                )
+            with _at(f"store {place} of {named}"):
+                _check_revision(url, f"store {place} of {named}", options)
+
+
+def _check_revision(url: str, named: str, options: TableOptions) -> None:
+    """Refuse the store ``named`` at ``url`` if missing or behind (see
+    :func:`_check_revisions`)."""
+    from statifier.sql import migrations
+
+    if migrations.missing_file(url):
+        raise ValueError(
+            f"no such store: {named} names a SQLite file that does not exist (make a "
+            "new store with statifier db upgrade)"
+        )
+    found = migrations.current(url, options)
+    if found != migrations.head():
+        raise ValueError(
+            f"{named} is at revision {found or 'none'}, not {migrations.head()}: run "
+            "statifier db upgrade on it first"
+        )
+
+
+def _first_named(url: str, sources: Sequence[str], targets: Sequence[str]) -> str:
+    """How a message names the store at ``url``: by its place in ``--from`` if it is
+    there, else in ``--to``."""
+    if url in sources:
+        return f"store {sources.index(url)} of --from"
+    return f"store {targets.index(url)} of --to"
 
 
 @dataclass(frozen=True, slots=True)
@@ -364,7 +411,10 @@ def _check_places(
         return read_place(connection, options), serving_since(connection, options, now)
 
     # Each store read once: its record and when a service last said it serves it.
-    found = [_on(store.url, read) for store in stores]
+    found = []
+    for store in stores:
+        with _at(str(store)):
+            found.append(_on(store.url, read))
     records = [(s.before, s.after, place) for s, (place, _) in zip(stores, found, strict=True)]
     said = reshard_refusal(records, sources, targets, reshard=reshard)
     if said is not None:
@@ -410,7 +460,8 @@ def _check_rows(
             buckets = [r.buckets for r in ranges if r.target == store.after]
         if not buckets:
             continue
-        held = _on(store.url, partial(holds_rows, options=options, buckets=buckets))
+        with _at(str(store)):
+            held = _on(store.url, partial(holds_rows, options=options, buckets=buckets))
         if held:
             where = "" if store.before is None else " in the buckets it is to receive"
             raise ValueError(
@@ -444,7 +495,8 @@ def _check_moves(
 
     for source, target in dict.fromkeys((r.source, r.target) for r in ranges):
         try:
-            check_move(sources[source], targets[target], options=options)
+            with _at(f"store {source} of --from to store {target} of --to"):
+                check_move(sources[source], targets[target], options=options)
         except ValueError as error:
             raise ValueError(
                 f"store {source} of --from to store {target} of --to: {error}"
@@ -461,7 +513,8 @@ def _mark(
 
     for store in stores:
         write = partial(write_place, options=options, place=place(store), now=datetime.now(UTC))
-        _on(store.url, write)
+        with _at(str(store)):
+            _on(store.url, write)
 
 
 def _on(url: str, work: Callable[[sa.Connection], T]) -> T:

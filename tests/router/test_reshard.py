@@ -715,6 +715,39 @@ def test_a_sqlite_store_that_does_not_exist_is_refused_not_created(
 
 
 @pytest.mark.asyncio
+async def test_a_database_error_names_its_store_or_the_range_it_moved(
+    stores: list[SqlStore],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    a, b, _ = stores
+    await _route_alone(a, [f"k{n}" for n in range(50)])
+    garbage = tmp_path / "notes.db"
+    garbage.write_text("not a database, whatever its name says\n" * 100)
+    url = f"sqlite:///{garbage}"
+    given = ["--from", _command_url(a), "--to", _command_url(a), "--to", url]
+    assert main(["reshard", *given, "--prefix", "t_"]) == 2
+    said = capsys.readouterr().err
+    assert said.startswith("statifier reshard: database (store 1 of --to): DatabaseError: ")
+    assert "left moving" not in said  # nothing marked yet
+
+    def cut(*args: Any, **kwargs: Any) -> Any:
+        raise sa.exc.OperationalError("COPY", {}, ConnectionError("server closed the connection"))
+
+    monkeypatch.setattr(moves, "_move_part", cut)
+    assert _reshard([a], [a, b]) == 2
+    assert capsys.readouterr().err == (
+        "statifier reshard: database (buckets 512-1023: store 0 of --from to store 1 of "
+        "--to): ConnectionError: server closed the connection: the stores are left moving "
+        "(statifier serve refuses them): run the same statifier reshard again to finish\n"
+    )
+    monkeypatch.undo()
+    assert _reshard([a], [a, b]) == 0
+    assert _count(a) + _count(b) == 50
+
+
+@pytest.mark.asyncio
 async def test_a_target_server_that_stops_right_after_the_move_keeps_every_row_it_took() -> None:
     """A PostgreSQL target acknowledging commits before it writes them
     (``synchronous_commit = off``, as the servers of tests/service/own_postgres.py run,
