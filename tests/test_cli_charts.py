@@ -237,6 +237,28 @@ def test_trace_text_output(tmp_path: Path) -> None:
         assert "macrostep" not in fields
 
 
+def test_trace_prints_an_untaken_error_once_with_no_warning_beside_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    chart = f"""<scxml xmlns="{NS}" initial="a">
+  <state id="a">
+    <onentry><assign location="nosuch.x" expr="1"/></onentry>
+    <transition event="go" target="b"/>
+  </state>
+  <final id="b"/>
+</scxml>"""
+    path = write(tmp_path, "untaken.scxml", chart)
+    with caplog.at_level("WARNING"):
+        status, text = run("trace", path, "--event", "go")
+    assert status == 0
+    errors = [line for line in text.splitlines() if line.startswith("  ! ")]
+    assert len(errors) == 1
+    assert errors[0].startswith("  ! error.execution ")
+    assert "nosuch is not declared in the datamodel" in errors[0]
+    assert caplog.records == []
+    assert capsys.readouterr().err == ""
+
+
 def test_trace_sends_to_itself_arrive_before_the_next_given_event(tmp_path: Path) -> None:
     chart = f"""<scxml xmlns="{NS}" initial="a">
   <state id="a">

@@ -194,6 +194,10 @@ class System:
     another session, its parent or a child, or an autoforward) raises
     ``error.communication`` in the sender. The session's own error events, cancels,
     and the ``done.invoke`` and failures of its invocations are always queued.
+
+    ``warn_untaken`` False leaves out the warnings of errors no transition took, for a
+    host that shows every step's errors itself (``statifier trace`` prints each);
+    ``statifier.session.error`` reports them all the same.
     """
 
     def __init__(
@@ -202,6 +206,7 @@ class System:
         *,
         loader: Callable[[str], str] | None = None,
         max_queued: int = DEFAULT_MAX_QUEUED,
+        warn_untaken: bool = True,
     ) -> None:
         given: object = max_queued  # checked at run time: hosts pass settings through
         if isinstance(given, bool) or not isinstance(given, int) or given < 1:
@@ -223,6 +228,7 @@ class System:
         # Errors no transition took, logged once per kind and interval: a chart that
         # fails on every event must not flood the log.
         self.untaken = IntervalTally()
+        self.warn_untaken = warn_untaken
         self._issued = 0
         self.closed = False
 
@@ -890,6 +896,8 @@ class Session:
                 error=error.name, message=error.message, raised=False, untaken=True, **where
             )
             report("statifier.session.error", {}, about)
+        if not self.system.warn_untaken:
+            return
         said = error.describe()
         kind = (
             self.machine.identity.content_hash,
