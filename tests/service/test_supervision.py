@@ -19,6 +19,7 @@ from tests.service.helpers import HITS, HITS_BINDING, write_config
 from tests.service.own_postgres import OwnPostgres, own_postgres  # noqa: F401 - the fixture
 
 from statifier.fronts.table_source import TableSource, append_events
+from statifier.persistence import DatabaseDown
 from statifier.persistence.sql import SqlAdapter
 from statifier.router import Failed, InboundEvent, Router
 from statifier.service import load
@@ -192,10 +193,46 @@ async def test_a_store_answers_until_its_server_stops_and_again_once_it_starts(
         began = time.monotonic()
         assert await answers(adapter) is False
         assert time.monotonic() - began < ANSWER_WITHIN + 1.0  # bounded, never hangs
+        # What a worker's transaction raises meanwhile: logged without a traceback.
+        with pytest.raises(DatabaseDown):
+            async with adapter.transaction():
+                pass
         await asyncio.to_thread(own_postgres.start)
         async with asyncio.timeout(30):
             while not await answers(adapter):  # noqa: ASYNC110 - the pool reconnects
                 await asyncio.sleep(0.1)
+
+
+@pytest.mark.asyncio
+async def test_a_worker_whose_database_does_not_answer_says_why_in_one_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A DatabaseDown's message says it all: the same traceback from every worker of
+    # a store, for the length of an outage, would bury the lines that matter.
+    caplog.set_level(logging.INFO, "statifier.service")
+    stop = asyncio.Event()
+    runs: list[int] = []
+
+    async def work() -> None:
+        runs.append(1)
+        raise DatabaseDown("no connection within 5 s: the server does not answer")
+
+    worker = Supervised("timers (store 1)", work, stop, first_restart=0.05)
+    worker.start()
+    try:
+        async with asyncio.timeout(20):
+            while len(runs) < 2:  # noqa: ASYNC110 - failed twice
+                await asyncio.sleep(0.01)
+    finally:
+        stop.set()
+        if worker.task is not None:
+            await asyncio.wait({worker.task})
+    said = [r for r in caplog.records if r.name == "statifier.service"]
+    assert said[0].getMessage() == (
+        "timers (store 1) failed (DatabaseDown: no connection within 5 s: the server does "
+        "not answer); starting it again in 0 s"
+    )
+    assert said[0].exc_info is None
 
 
 async def _runs_twice(worker: Supervised, runs: list[int]) -> None:
@@ -274,7 +311,13 @@ async def test_a_worker_that_returns_before_its_stop_is_logged_and_restarted(
             await asyncio.wait({worker.task})
     said = [r for r in caplog.records if r.name == "statifier.service"]
     assert [(r.levelno, r.getMessage()) for r in said] == [
-        (logging.ERROR, "reapers failed; starting it again in 0 s")
+        (
+            logging.ERROR,
+            (
+                "reapers failed (RuntimeError: reapers returned before its stop); starting "
+                "it again in 0 s"
+            ),
+        )
     ]
     assert isinstance(said[0].exc_info, tuple)
     assert "reapers returned before its stop" in str(said[0].exc_info[1])

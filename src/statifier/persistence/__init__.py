@@ -17,6 +17,7 @@ from statifier.persistence.driver import Driver
 from statifier.persistence.errors import (
     ChartNotFound,
     ChartRetired,
+    DatabaseDown,
     ExecutionExists,
     ExecutionNotFound,
     InvalidMigrationPlan,
@@ -25,6 +26,7 @@ from statifier.persistence.errors import (
     ReentrantCall,
     StoredChartDamaged,
     Unstorable,
+    worth_a_traceback,
 )
 from statifier.persistence.executions import (
     Discarded,
@@ -46,6 +48,7 @@ __all__ = [
     "BlobCodec",
     "ChartNotFound",
     "ChartRetired",
+    "DatabaseDown",
     "Discarded",
     "Driver",
     "EffectContext",
@@ -76,4 +79,5 @@ __all__ = [
     "Unstorable",
     "decode_outcome",
     "prune",
+    "worth_a_traceback",
 ]

@@ -1,4 +1,5 @@
-"""The typed refusals of durable executions. Each is a :class:`PersistenceError`."""
+"""The typed refusals of durable executions, each a :class:`PersistenceError`; and
+:class:`DatabaseDown`, the database not answering at all."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ __all__ = [
     "ChartNotFound",
     "ChartRetired",
     "ChartRetirementUnsupported",
+    "DatabaseDown",
     "ExecutionExists",
     "ExecutionNotFound",
     "InvalidMigrationPlan",
@@ -23,7 +25,22 @@ __all__ = [
     "UndeclaredPlanData",
     "UnknownPlanStates",
     "Unstorable",
+    "worth_a_traceback",
 ]
+
+
+class DatabaseDown(Exception):  # noqa: N818 - names the state
+    """The database did not answer (stopped, restarting, unreachable, or every
+    connection stays busy): nothing ran, and the same work may succeed once it
+    answers. Its message says what was waited for; a traceback adds nothing to it. On
+    PostgreSQL, :class:`statifier.persistence.sql.postgres.DatabaseUnavailable`."""
+
+
+def worth_a_traceback(error: BaseException) -> BaseException | None:
+    """``error``, to log with its traceback; ``None`` for a :class:`DatabaseDown`,
+    whose one line says it all (an outage would otherwise fill the log with the same
+    traceback from every worker)."""
+    return None if isinstance(error, DatabaseDown) else error
 
 
 class PersistenceError(Exception):

@@ -80,7 +80,14 @@ from statifier.callbacks import awaited
 from statifier.core import Event
 from statifier.core.positions import NotAPosition, dump_event, load_event
 from statifier.error_text import error_text
-from statifier.persistence import PLAIN, BlobCodec, Refused, Storage, UndecodableBlob
+from statifier.persistence import (
+    PLAIN,
+    BlobCodec,
+    Refused,
+    Storage,
+    UndecodableBlob,
+    worth_a_traceback,
+)
 from statifier.persistence.codec import PlainBlobs, opened_text, sealed_json
 from statifier.persistence.sql import SqlAdapter, SqlTransaction
 from statifier.repeats import Repeats
@@ -662,7 +669,7 @@ class OutboxDrain:
                     "an outbox drain pass failed: %s: %s",
                     type(error).__name__,
                     error,
-                    exc_info=error,
+                    exc_info=worth_a_traceback(error),
                 )
                 drained = DrainReport()
             if drained.claimed >= self.batch:

@@ -33,8 +33,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, Protocol, runtime_checkable
 
+from statifier.error_text import error_text
 from statifier.extras import MissingExtra
 from statifier.fronts.source import Message, Rebalance, Source
+from statifier.persistence import worth_a_traceback
 from statifier.repeats import Repeats
 from statifier.router import Router, ShardedRouter
 from statifier.service.settings import (
@@ -66,6 +68,8 @@ FIRST_RESTART: Final = 1.0
 """Seconds before a failed part (a consumer, a worker) is started again the first
 time; the wait doubles after each further failure, to at most ``LAST_RESTART``."""
 LAST_RESTART: Final = 30.0
+_TOLD: Final = 300
+"""Characters at most of a failure's class and message in its line."""
 HEALTHY_RUN: Final = 60.0
 """Seconds a part must have run before it failed for its next restart to wait
 ``FIRST_RESTART`` again: a failure after a healthy run is a new trouble, not one more
@@ -126,13 +130,15 @@ class Troubled(Protocol):
 
 
 def log_failure(repeats: Repeats, name: str, error: BaseException, wait: float) -> None:
-    """Log a supervised part's failure (with its traceback) and the wait before its
-    restart, once per part, kind of error and interval. A cancellation the part was
-    not sent (:func:`cancelled_elsewhere`) is such a failure."""
+    """Log a supervised part's failure (its class and message, and its traceback
+    unless the database did not answer: :func:`~statifier.persistence.errors.worth_a_traceback`)
+    and the wait before its restart, once per part, kind of error and interval. A
+    cancellation the part was not sent (:func:`cancelled_elsewhere`) is such a
+    failure."""
     how = (
         "was cancelled, though the service is not stopping;"
         if isinstance(error, asyncio.CancelledError)
-        else "failed;"
+        else f"failed ({error_text(error, _TOLD)});"
     )
     repeats.log(
         _log,
@@ -143,7 +149,7 @@ def log_failure(repeats: Repeats, name: str, error: BaseException, wait: float) 
         how,
         wait,
         extra={"part": name, "error": type(error).__name__, "restart_in": wait},
-        exc_info=error,
+        exc_info=worth_a_traceback(error),
     )
 
 

@@ -67,7 +67,9 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Final, Protocol, TextIO
 
 from statifier.buckets import ALL_BUCKETS
+from statifier.error_text import error_text
 from statifier.extras import MissingExtra
+from statifier.persistence import worth_a_traceback
 from statifier.persistence.sql import SqlAdapter
 from statifier.repeats import Repeats
 from statifier.router import (
@@ -468,10 +470,11 @@ async def _reap(
                 _log,
                 logging.ERROR,
                 type(error).__name__,
-                "a reaper pass failed; the next comes in %g s",
+                "a reaper pass failed (%s); the next comes in %g s",
+                error_text(error, 300),
                 every.interval,
                 extra={"part": "reapers", "error": type(error).__name__},
-                exc_info=error,
+                exc_info=worth_a_traceback(error),
             )
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), every.interval)

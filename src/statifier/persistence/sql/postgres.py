@@ -37,6 +37,7 @@ from statifier.buckets import bucket_of
 from statifier.extras import MissingExtra
 from statifier.persistence.errors import (
     ChartRetired,
+    DatabaseDown,
     ExecutionExists,
     ExecutionNotFound,
     LockTimeout,
@@ -115,7 +116,7 @@ gives up; the next transaction that waits starts a new attempt at once. psycopg_
 own backoff would wait up to minutes between attempts, long after the server is back."""
 
 
-class DatabaseUnavailable(PoolTimeout):
+class DatabaseUnavailable(PoolTimeout, DatabaseDown):
     """No pooled connection within :data:`POOL_WAIT` seconds: the server does not
     answer (stopped, restarting, unreachable), or every connection stays busy."""
 
