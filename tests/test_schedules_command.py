@@ -111,6 +111,17 @@ def test_list_and_show_say_what_is_stored(place: Place, capsys: pytest.CaptureFi
     assert 'every: "P0DT30S"' in out.splitlines()
 
 
+def test_list_says_a_schedule_no_worker_takes_is_late(
+    place: Place, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _put(place)  # due at NOW (a past day): no worker has run since
+    status, out, _ = cli(capsys, "list", *place.options)
+    assert status == 0
+    assert "LATE: due at 2026-12-03T09:00:30Z, no worker has taken it" in out.splitlines()[0]
+    status, out, _ = cli(capsys, "list", "--json", *place.options)
+    assert [entry["late"] for entry in json.loads(out)] == [True, True]
+
+
 def _spoil(place: Place, name: str) -> None:
     """Store a definition no version of the scheduler reads for schedule ``name``."""
     import sqlalchemy as sa

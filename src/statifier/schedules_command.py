@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TextIO
 
 from statifier.executions_command import (
@@ -77,6 +77,16 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     return run_refusing(f"schedules {args.action}", args, lambda: _run(args, out))
 
 
+def late(state: ScheduleState, now: datetime | None = None) -> bool:
+    """Whether ``state`` is running and was due more than
+    :data:`~statifier.router.SCHEDULE_LATE_AFTER` before ``now`` (the wall clock's by
+    default), as the console's page says it: no worker is taking it."""
+    from statifier.router import SCHEDULE_LATE_AFTER
+
+    moment = datetime.now(UTC) if now is None else now
+    return not state.paused and state.due_at < moment - SCHEDULE_LATE_AFTER
+
+
 def state_json(state: ScheduleState) -> dict[str, Any]:
     """``state`` as one JSON object: the name, the definition's fields (as
     :meth:`Schedule.as_json <statifier.router.Schedule.as_json>` writes them), and the
@@ -87,6 +97,7 @@ def state_json(state: ScheduleState) -> dict[str, Any]:
         **schedule.as_json(),
         "paused": state.paused,
         "failing": state.failures > 0,
+        "late": late(state),
         "next_fire_at": _time(state.next_fire_at),
         "due_at": _time(state.due_at),
         "last_fire_at": _time(state.last_fire_at),
@@ -189,6 +200,8 @@ def _line(state: ScheduleState) -> str:
         times = f"every {schedule.as_json()['every']}"
     last = _time(state.last_fire_at) or "none"
     error = f" last error: {state.last_error}" if state.last_error else ""
+    if late(state):
+        error += f" LATE: due at {_time(state.due_at)}, no worker has taken it"
     return (
         f"{schedule.name} {standing} {times} source={schedule.source} "
         f"scope={schedule.scope} next={_time(state.next_fire_at)} last={last} "

@@ -157,6 +157,29 @@ async def test_a_create_beyond_the_cap_is_held_with_its_keys_later_events_and_ma
 
 
 @pytest.mark.asyncio
+async def test_an_event_that_never_creates_waits_behind_its_addresss_held_create(
+    router_db: RouterDb,  # noqa: F811 - the fixture
+) -> None:
+    router = _router(router_db, Cap(1))
+    worker = FlowWorker(router)
+    assert await _send(router, "a") == "created_and_delivered"
+    assert await _send(router, "b") == "buffered"  # the cap is full
+    # b's close comes while its create is held: it waits behind it, not dropped.
+    assert await _send(router, "b", "close") == "buffered"
+    assert await _send(router, "c", "close") == "dropped: no_execution"  # none held: no execution
+    assert await worker.held_creates() == (1, 2)
+    assert await _send(router, "a", "close") == "delivered"
+    await worker.flush_due()
+    found = await address(router, "t", "job", "b")
+    assert found is not None
+    record = await router.storage.find_execution(found.execution_id)
+    assert record is not None
+    assert record.status.terminal  # made, then closed: its slot frees
+    assert await _send(router, "d") == "created_and_delivered"
+    assert await worker.held_creates() == (0, 0)
+
+
+@pytest.mark.asyncio
 async def test_a_cap_that_drops_refuses_the_create_and_keeps_nothing(
     router_db: RouterDb,  # noqa: F811 - the fixture
 ) -> None:

@@ -45,7 +45,14 @@ from statifier.console.actions import Done, Record, Refused
 from statifier.console.queries import MAX_PAGE, Page
 from statifier.extras import MissingExtra
 from statifier.persistence.sql import SqlTransaction
-from statifier.router import Router, Schedule, ScheduleError, ScheduleNotFound, Scheduler
+from statifier.router import (
+    SCHEDULE_LATE_AFTER,
+    Router,
+    Schedule,
+    ScheduleError,
+    ScheduleNotFound,
+    Scheduler,
+)
 from statifier.router.schedules import EPOCH
 from statifier.sql.engines import run_on
 from statifier.sql.schedules import ScheduleRow
@@ -69,9 +76,9 @@ __all__ = [
     "state_of",
 ]
 
-LATE_AFTER: Final = timedelta(minutes=1)
+LATE_AFTER: Final = SCHEDULE_LATE_AFTER
 """How long past its due time a running schedule may wait before the page calls it
-late: a worker polls every second or so, so a minute means none is taking it."""
+late, as ``statifier schedules list`` does: a minute means no worker is taking it."""
 
 MAX_SCOPE: Final = 500
 """The longest scope the page's filter takes."""
@@ -145,9 +152,10 @@ class ScheduleView:
 
     @property
     def retrying(self) -> bool:
-        """Whether a worker takes it later than its next fire's time (a step failed
-        and is tried again at its row's ``due_at``)."""
-        return self.row.due_at != self.row.next_fire_at
+        """Whether a step failed and is tried again at its row's ``due_at`` (a
+        schedule catching up a backlog is taken again at once, later than its next
+        fire's time too, and tried nothing again)."""
+        return self.row.failures > 0 and self.row.due_at != self.row.next_fire_at
 
 
 def every_text(every: timedelta) -> str:

@@ -98,6 +98,7 @@ from statifier.router.reapers import (
 )
 from statifier.router.records import AddressRow, LedgerRow
 from statifier.router.routing import BlockedByEarlierFailure, Planned, Router
+from statifier.router.scheduler import LATE_AFTER as SCHEDULE_LATE_AFTER
 from statifier.router.scheduler import FireReport, SchedulePage, Scheduler, ScheduleState
 from statifier.router.schedules import CatchUp, Schedule, ScheduleError, ScheduleNotFound
 from statifier.router.sending import BASICHTTP_QUEUE
@@ -107,6 +108,7 @@ from statifier.router.timer_worker import FirePass, TimerWorker
 
 __all__ = [
     "BASICHTTP_QUEUE",
+    "SCHEDULE_LATE_AFTER",
     "SINK_SHARE",
     "AddressPins",
     "AddressReap",

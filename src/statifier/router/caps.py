@@ -39,7 +39,7 @@ from statifier.sql.caps import HeldCreateRow
 if TYPE_CHECKING:
     from statifier.router.delivery import Delivery
 
-__all__ = ["admit", "bucket_of", "cap_lock", "free_slots", "occupy"]
+__all__ = ["admit", "behind_held_create", "bucket_of", "cap_lock", "free_slots", "occupy"]
 
 
 def bucket_of(cap: Cap, scope: str) -> str | None:
@@ -80,10 +80,33 @@ async def admit(unit: Unit, delivery: Delivery, now: datetime) -> Outcome | None
         return None
     if cap.over is OverLimit.DROP:
         return Dropped(plan.id, reason=DropReason.OVER_LIMIT, key=key)
-    row = HeldCreateRow(
-        document,
-        scope,
-        key,
+    await table.hold(driver, _held_row(unit, delivery, now))
+    return Buffered(plan.id, key=key)
+
+
+async def behind_held_create(unit: Unit, delivery: Delivery, now: datetime) -> Outcome | None:
+    """Hold ``delivery``, an event of a binding that never creates, behind its
+    address's held create when its document's cap holds one (the execution it is for
+    does not exist yet, and is made with the address's held events in order); else
+    ``None``. The caller holds the address's lock, as the flow worker does when it
+    makes the address's held events."""
+    plan = delivery.plan
+    cap = unit.config.caps.get(plan.document)
+    if cap is None or cap.over is not OverLimit.HOLD:
+        return None
+    table, driver = unit.caps, unit.tx.driver
+    if not await table.held(driver, plan.document, delivery.scope, delivery.key):
+        return None
+    await table.hold(driver, _held_row(unit, delivery, now))
+    return Buffered(plan.id, key=delivery.key)
+
+
+def _held_row(unit: Unit, delivery: Delivery, now: datetime) -> HeldCreateRow:
+    plan = delivery.plan
+    return HeldCreateRow(
+        plan.document,
+        delivery.scope,
+        delivery.key,
         plan.id,
         plan.create.value,
         None if plan.on_error is None else plan.on_error.value,
@@ -92,8 +115,6 @@ async def admit(unit: Unit, delivery: Delivery, now: datetime) -> Outcome | None
         unit.storage.codec.encode(dump_event(delivery.event)),
         now,
     )
-    await table.hold(driver, row)
-    return Buffered(plan.id, key=key)
 
 
 async def free_slots(unit: Unit, cap: Cap, document: str, bucket: str | None) -> int:

@@ -36,7 +36,7 @@ from statifier.core.positions import dump_event
 from statifier.error_text import error_text
 from statifier.persistence import Discarded, Executions, OnError, Refused, Status, Stepped
 from statifier.router.binding import Create, Plan
-from statifier.router.caps import admit, occupy
+from statifier.router.caps import admit, behind_held_create, occupy
 from statifier.router.config import RouterConfig
 from statifier.router.errors import (
     ChartUnresolved,
@@ -185,7 +185,10 @@ async def _deliver(
     elif not addressed:
         outcome = await _create(unit, delivery, delivering, None)
     elif found is None and plan.create is Create.NEVER:
-        outcome = Dropped(plan.id, reason=DropReason.NO_EXECUTION, key=delivery.key)
+        # The execution may not exist yet because a cap holds its create: the event
+        # waits behind it, as the address's other later events do.
+        held = None if admitted else await behind_held_create(unit, delivery, now)
+        outcome = held or Dropped(plan.id, reason=DropReason.NO_EXECUTION, key=delivery.key)
     elif found is None:
         outcome = await _claim_address(unit, delivery, delivering)
     elif plan.subscription and await _unsubscribed(unit, delivery, found):

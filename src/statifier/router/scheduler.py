@@ -48,6 +48,7 @@ from statifier.sql.schedules import ScheduleRow, ScheduleTable
 from statifier.telemetry import enabled, report
 
 __all__ = [
+    "LATE_AFTER",
     "MAX_BACKFILL",
     "FireReport",
     "SchedulePage",
@@ -57,6 +58,10 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
+LATE_AFTER: Final = timedelta(minutes=1)
+"""How long past its due time a running schedule waits before it is called late (the
+console's page, ``statifier schedules list``): a worker polls every second or so, so a
+minute means none is taking it."""
 _SCHEDULE: Final = "statifier.router.schedule"
 MAX_BACKFILL: Final = 10_000
 """The most fires one :meth:`Scheduler.backfill` makes."""
@@ -81,8 +86,9 @@ class ScheduleState:
         schedule: its definition (``paused`` as the row says).
         paused: whether it is paused.
         next_fire_at: the time of its next fire.
-        due_at: when a worker next takes it (later than ``next_fire_at`` after a
-            failure).
+        due_at: when a worker next takes it: later than ``next_fire_at`` after a
+            failure, or while it catches up a backlog (the time of its last step, so
+            that the schedules due before it go first).
         last_fire_at: the time of the last fire made, or ``None``.
         last_made_at: when that fire was made, or ``None``.
         fired, skipped: how many fires were made, and let pass unmade.
@@ -510,6 +516,11 @@ class Scheduler:
                 return await routing.route_in(unit, event, Entry.SCHEDULE, now=now)
 
             routed = await around(unit.config, schedule.scope, Entry.SCHEDULE, work)
+        # A schedule whose next fire is due already (a backlog being caught up) is
+        # queued behind the others due now: its backlog is made between their fires,
+        # never ahead of all of them (which would make theirs late past their grace,
+        # and let them pass as missed while a worker was running).
+        catching_up = step.next_fire_at < now
         await self.table.made(
             unit.tx.driver,
             row.name,
@@ -517,6 +528,7 @@ class Scheduler:
             skipped=step.skipped,
             next_fire_at=step.next_fire_at,
             now=now,
+            due_at=max(step.next_fire_at, now) if catching_up else None,
         )
         made = FireReport(row.name, step.fire, step.skipped, routed, at_least=step.at_least)
         return made, schedule, step.next_fire_at

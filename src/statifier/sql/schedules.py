@@ -108,7 +108,7 @@ class ScheduleTable:
             f"ORDER BY due_at, name LIMIT 1{skip}"
         )
         self._made = sql(
-            f"UPDATE {table} SET next_fire_at = :next_fire_at, due_at = :next_fire_at, "
+            f"UPDATE {table} SET next_fire_at = :next_fire_at, due_at = :due_at, "
             "last_fire_at = COALESCE(:fire_at, last_fire_at), "
             "last_made_at = CASE WHEN :made = 1 THEN :now ELSE last_made_at END, "
             "fired = fired + :made, skipped = skipped + :skipped, failures = 0, "
@@ -237,10 +237,11 @@ class ScheduleTable:
         skipped: int,
         next_fire_at: datetime,
         now: datetime,
+        due_at: datetime | None = None,
     ) -> None:
         """Record a step of ``name``: the fire at ``fire_at`` made (``None``: none),
-        ``skipped`` fires let pass, its next fire at ``next_fire_at``; its failures
-        cleared."""
+        ``skipped`` fires let pass, its next fire at ``next_fire_at``, taken again at
+        ``due_at`` (``next_fire_at`` unless given); its failures cleared."""
         time = self.dialect.time
         values = {
             "name": name,
@@ -248,6 +249,7 @@ class ScheduleTable:
             "made": 0 if fire_at is None else 1,
             "skipped": skipped,
             "next_fire_at": time(next_fire_at),
+            "due_at": time(next_fire_at if due_at is None else due_at),
             "now": time(now),
         }
         await self.dialect.execute(driver, self._made, values)
