@@ -11,9 +11,10 @@ divergence drawn from the execution's own store."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -257,6 +258,34 @@ def _letter(number: int) -> dict[str, Any]:
     }
 
 
+async def test_an_executions_page_reads_its_own_store_alone(site: Site) -> None:
+    # One execution is read in its bucket's store: its page, its rows and its audit
+    # rows. A store that cannot be read (its audit table gone here; a stopped server
+    # in production) leaves the other stores' executions' pages whole.
+    ids = await site.orders()
+    by_store: dict[int, str] = {}
+    for execution_id in ids.values():
+        by_store.setdefault(site.number(execution_id), execution_id)
+    paused = await site.post(f"/console/executions/{by_store[0]}/pause")
+    assert paused.status_code == 303, paused.text
+    audit = site.stores[2].tables.console_audit
+    site.sql(2, sa.text(f"ALTER TABLE {_qualified(audit)} RENAME TO {audit.name}_away"))
+    try:
+        for number in (0, 1):
+            page = await site.page(f"/console/executions/{by_store[number]}")
+            assert f"Execution {by_store[number]}" in page
+        assert "pause" in await site.page(f"/console/executions/{by_store[0]}")
+        broken = await site.client.get(f"/console/executions/{by_store[2]}")
+        assert broken.status_code == 500
+    finally:
+        away = f"{audit.schema}.{audit.name}_away" if audit.schema else f"{audit.name}_away"
+        site.sql(2, sa.text(f"ALTER TABLE {away} RENAME TO {audit.name}"))
+
+
+def _qualified(table: sa.Table) -> str:
+    return f"{table.schema}.{table.name}" if table.schema else table.name
+
+
 async def test_a_dead_letters_links_name_its_store_and_a_bad_store_is_400(site: Site) -> None:
     letters = site.stores[2].tables.consumer_dead_letters
     site.sql(2, letters.insert().values(_letter(1)))
@@ -361,12 +390,67 @@ async def test_the_leases_are_shown_store_by_store(site: Site) -> None:
     sections = re.findall(
         r'<section class="store" data-store="(\d)">(.*?)\n</section>', page, re.DOTALL
     )
-    assert [number for number, _ in sections] == ["1", "2", "3"]
+    # Numbered from 0, as readiness ("database (store 2)"), the logs and the failures'
+    # links ("2.17") number them.
+    assert [number for number, _ in sections] == ["0", "1", "2"]
     for number, section in sections[:2]:
         assert f"<h2>Store {number}</h2>" in section
-        assert f'<tr data-member="svc-{int(number) - 1}" data-alive="1">' in section
+        assert f'<tr data-member="svc-{number}" data-alive="1">' in section
         assert section.count('data-state="held"') == 2
     assert "Nothing is leased in this store" in sections[2][1]
+
+
+async def test_a_store_that_does_not_answer_is_named_and_the_others_leases_shown(
+    site: Site,
+) -> None:
+    ids = await site.orders()
+    for number, router in enumerate(site.router.routers[:2]):
+        slices = PartitionLeases(
+            router.adapter, group="statifier.buckets/2", partitions=["a"], owner=f"svc-{number}"
+        )
+        await slices.claim()
+    leases = site.stores[2].tables.partition_leases
+    executions = site.stores[1].tables.executions
+    with _renamed(site, 2, leases), _renamed(site, 1, executions):
+        page = await site.page("/console/leases")
+        sections = dict(
+            re.findall(
+                r'<section class="store" data-store="(\d)">(.*?)\n</section>', page, re.DOTALL
+            )
+        )
+        assert 'data-member="svc-0"' in sections["0"]
+        assert 'data-member="svc-1"' in sections["1"]
+        assert "This store failed to answer" in sections["2"]
+        # A list that needs every store names the one that failed, not a host.
+        for path in ("/console/executions", "/console/executions?document=order"):
+            listed = await site.client.get(path)
+            assert listed.status_code == 503, listed.text
+            assert "store 1 of 3 failed" in listed.text
+        # A bulk run is refused the same way, as a page: never the server's bare 500.
+        form = await site.page("/console/bulk")
+        csrf = re.search(r'name="csrf" value="([^"]+)"', form)
+        assert csrf is not None
+        started = await site.client.post(
+            "/console/bulk",
+            data={"csrf": csrf.group(1), "action": "pause", "confirm": str(len(ids))},
+        )
+        assert started.status_code == 503, started.text
+        assert started.headers["content-type"].startswith("text/html")
+        assert "store 1 of 3 failed" in started.text
+    listed = await site.client.get("/console/executions")
+    assert listed.status_code == 200
+
+
+@contextlib.contextmanager
+def _renamed(site: Site, number: int, table: sa.Table) -> Iterator[None]:
+    """``table`` of store ``number`` out of the way while the block runs: the store
+    answers none of the reads that need it, as a stopped server would not."""
+    schema = f"{table.schema}." if table.schema else ""
+    site.sql(number, sa.text(f"ALTER TABLE {schema}{table.name} RENAME TO {table.name}_away"))
+    try:
+        yield
+    finally:
+        site.sql(number, sa.text(f"ALTER TABLE {schema}{table.name}_away RENAME TO {table.name}"))
 
 
 async def test_the_held_events_of_every_store_are_merged_by_address(site: Site) -> None:

@@ -22,6 +22,7 @@ from tests.router.conftest import (  # noqa: F401 - fixtures used by name
 from tests.router.test_races import count_of, counter_chart
 
 from statifier import telemetry
+from statifier.persistence import DatabaseDown
 from statifier.router import (
     Binding,
     CreatedAndDelivered,
@@ -166,6 +167,34 @@ async def test_a_failed_fire_is_recorded_retried_later_and_then_made(
     finally:
         telemetry.detach("scheduler-test")
     assert [meta["outcome"] for meta in seen] == ["failed", "made"]
+
+
+class _Down:
+    """A resolver whose database does not answer, as the store a fire goes to when
+    its server is stopped."""
+
+    def __call__(self, scope: str, document: str) -> Resolved:
+        raise DatabaseDown("no connection within 5 s: the server does not answer")
+
+
+@pytest.mark.asyncio
+async def test_a_fire_whose_database_does_not_answer_is_tried_every_retry_not_later(
+    router_db: RouterDb,  # noqa: F811 - the fixture
+) -> None:
+    # Doubled, the waits after four failures would reach 80 s past the store's return.
+    down = Scheduler(router_db.router([TICKS], resolver=_Down()), retry=timedelta(seconds=5))
+    await down.put(_schedule())
+    router_db.clock.advance(timedelta(minutes=1))
+    for failures in range(1, 5):
+        (failed,) = await down.fire_due()
+        assert failed.error is not None
+        assert "DatabaseDown: no connection within 5 s" in failed.error
+        state = await down.get("tick")
+        assert state is not None
+        assert state.failures == failures
+        assert state.due_at == router_db.clock() + timedelta(seconds=5)
+        router_db.clock.advance(timedelta(seconds=5))
+    # A failure of the fire itself keeps doubling (the test above and the next).
 
 
 class _Switched:

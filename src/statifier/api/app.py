@@ -48,6 +48,7 @@ from statifier.console.queries import (
     ExecutionSummary,
 )
 from statifier.console.replay import SYSTEM_VARIABLES
+from statifier.console.shards import StoreFailed
 from statifier.console.stores import Stores
 from statifier.core.events import Event
 from statifier.expr import UNDEFINED, Value, tagged
@@ -594,6 +595,8 @@ class Api:
             error,
             exc_info=error,
         )
+        if isinstance(error, StoreFailed):
+            return Refused(500, "failed", f"the call failed: {error}; retry it")
         return Refused(500, "failed", f"the call failed ({type(error).__name__}); retry it")
 
     def _warn(self, route: str, refused: Refused) -> None:

@@ -142,7 +142,7 @@ from statifier.console.revision_form import (
 )
 from statifier.console.revisions import MAX_EXECUTIONS, Job, Revisions, TooManyJobs
 from statifier.console.schedules import LATE_AFTER, schedules_page
-from statifier.console.shards import ShardedAudit, ShardedQueries
+from statifier.console.shards import ShardedAudit, ShardedQueries, StoreFailed
 from statifier.console.stores import BadStore, Store, Stores
 from statifier.console.timeline import error_steps, fates, made_by, send_keys, timeline
 from statifier.console.upload import BadForm, parse_form_data
@@ -811,6 +811,16 @@ class _Pages:
             return await build(session)
         except (_BadRequest, BadCursor, BadFilter) as error:
             return self.message(request, session, 400, "Not understood", str(error))
+        except StoreFailed as error:
+            # Said as such, naming the store (readiness says the same store): not a
+            # bare driver error naming a host, nor a page of the other stores alone.
+            _log.error(
+                "console: the page %s failed: %s: %s",
+                request.url.path,
+                error,
+                " ".join(str(error.error).split())[:300],
+            )
+            return self.message(request, session, 503, "A store failed", str(error))
         except Exception as error:  # noqa: BLE001 - answered, and logged whole
             _log.exception("console: the page %s failed", request.url.path)
             said = f"{type(error).__name__}: {' '.join(str(error).split())}"[:500]
@@ -1006,7 +1016,8 @@ class _Pages:
                 if index is not None:
                     by_step.setdefault(index, []).append(view)
             makers = made_by(steps)
-            audit = await console.audit.entries(target=record.id, size=20)
+            # Its actions are recorded in its own store: the others need not answer.
+            audit = await store.audit.entries(target=record.id, size=20)
             return self.render(
                 request,
                 "execution.html",
@@ -1238,18 +1249,32 @@ class _Pages:
         async def build(session: Session) -> Response:
             stores = self.console.stores.all
             now = stores[0].router.storage.clock()  # the stores' routers share it
-            read = [
-                await lease_groups(store.queries.engine, store.queries.tables, now)
-                for store in stores
-            ]
+            shown: list[tuple[int, Any, str | None]] = []
+            for number, store in enumerate(stores):
+                try:
+                    found = await lease_groups(store.queries.engine, store.queries.tables, now)
+                except Exception as error:
+                    if len(stores) == 1:
+                        raise
+                    # A store that does not answer is said so under its heading; the
+                    # others' leases are what an operator needs most meanwhile.
+                    _log.error(
+                        "console: the leases of store %d could not be read: %s",
+                        number,
+                        type(error).__name__,
+                    )
+                    shown.append((number, None, type(error).__name__))
+                else:
+                    shown.append((number, found, None))
             return self.render(
                 request,
                 "leases.html",
                 session=session,
                 nav="leases",
                 title="Leases",
-                stores=list(enumerate(read, start=1)),
-                several=len(read) > 1,
+                # Numbered from 0, as readiness, the logs and the failures' links do.
+                stores=shown,
+                several=len(stores) > 1,
                 now=now,
             )
 
@@ -1533,7 +1558,17 @@ class _Pages:
             confirmed = int(fields.get("confirm", ""))
         except (_BadRequest, ValueError) as error:
             return self.message(request, session, 400, "Not understood", str(error), back)
-        counts = await self.console.stores.previews(action, where)
+        try:
+            counts = await self.console.stores.previews(action, where)
+        except Exception as error:  # noqa: BLE001 - the page and the log say so
+            # Outside self.page: answered here, never left to the server's bare 500
+            # (which drops the connection).
+            said = f"{type(error).__name__}: {' '.join(str(error).split())}"[:500]
+            _log.exception(
+                "console: bulk %s by %s could not be counted", action.name, session.operator.name
+            )
+            status = 503 if isinstance(error, StoreFailed) else 500
+            return self.message(request, session, status, "Failed", said, back)
         selected = sum(counts)
         if selected != confirmed:
             return await self.bulk_page(

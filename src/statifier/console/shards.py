@@ -70,7 +70,41 @@ from statifier.persistence import Status
 from statifier.persistence.shards import ShardMap
 from statifier.router import LedgerRow, OutboxRow
 
-__all__ = ["Order", "ShardedAudit", "ShardedQueries", "merged_page"]
+__all__ = ["Order", "ShardedAudit", "ShardedQueries", "StoreFailed", "in_store", "merged_page"]
+
+_R2 = TypeVar("_R2")
+
+
+class StoreFailed(Exception):  # noqa: N818 - names the finding
+    """One store of several failed a read that needs every store (its server stopped,
+    unreachable, or refusing): ``number`` (from 0, as readiness, the logs and the
+    dead letters' links count them) of ``count``, and its error. ``str()`` names the
+    store and the error's class, never its message (which may name a host); the log
+    line gives the message."""
+
+    def __init__(self, number: int, count: int, error: BaseException) -> None:
+        self.number = number
+        self.count = count
+        self.error = error
+        super().__init__(
+            f"store {number} of {count} failed ({type(error).__name__}); this needs "
+            "every store: the other stores' executions still open one by one"
+        )
+
+
+async def in_store(number: int, count: int, call: Awaitable[_R2]) -> _R2:
+    """``call``'s answer, its failure (other than a refusal of the caller's own,
+    :class:`ValueError`) raised as :class:`StoreFailed` naming store ``number``
+    when there are several (``count`` over 1)."""
+    if count < 2:
+        return await call
+    try:
+        return await call
+    except (ValueError, StoreFailed):
+        raise
+    except Exception as error:
+        raise StoreFailed(number, count, error) from error
+
 
 _T = TypeVar("_T")
 _R = TypeVar("_R")
@@ -192,7 +226,12 @@ class ShardedQueries:
         return next((store.scriba for store in self.stores if store.scriba is not None), None)
 
     async def _everywhere(self, call: Callable[[ConsoleQueries], Awaitable[_R]]) -> list[_R]:
-        return list(await asyncio.gather(*(call(store) for store in self.stores)))
+        count = len(self.stores)
+        return list(
+            await asyncio.gather(
+                *(in_store(n, count, call(store)) for n, store in enumerate(self.stores))
+            )
+        )
 
     # -- executions ---------------------------------------------------------------
 
@@ -507,7 +546,9 @@ async def merged_page(
         place = places[number]
         if place is _DONE:
             return Page((), None)
-        return await readers[number](place if isinstance(place, str) else None)
+        return await in_store(
+            number, count, readers[number](place if isinstance(place, str) else None)
+        )
 
     pages = await asyncio.gather(*(read(number) for number in range(count)))
     # Each store's rows stay in their store's order (a sort of the rows themselves could

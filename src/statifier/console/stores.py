@@ -24,7 +24,7 @@ from statifier.console.audit import Audit
 from statifier.console.bulk import BulkAction, preview, stored_migration
 from statifier.console.bulk_runs import LATEST_RUNS, BulkLog, BulkRuns, LoggedRun
 from statifier.console.queries import ConsoleQueries, ExecutionFilter
-from statifier.console.shards import ShardedAudit, ShardedQueries
+from statifier.console.shards import ShardedAudit, ShardedQueries, in_store
 from statifier.persistence import ChartNotFound, ChartRetired
 from statifier.persistence.shards import ShardMap
 from statifier.router import Router, ShardedRouter
@@ -148,7 +148,11 @@ class Stores:
     async def previews(self, action: BulkAction, where: ExecutionFilter) -> list[int]:
         """How many executions a run of ``action`` over ``where`` would act on now, in
         each store."""
-        counts = [preview(store.queries, action, where) for store in self.all]
+        count = len(self.all)
+        counts = [
+            in_store(n, count, preview(store.queries, action, where))
+            for n, store in enumerate(self.all)
+        ]
         return list(await asyncio.gather(*counts))
 
     async def migration(
@@ -198,7 +202,10 @@ class Stores:
         (:meth:`BulkRuns.state`): counts summed, the first error, the earliest start and
         latest change, finished once every part is, and ``running`` while any part
         runs here; ``None`` when no store has it."""
-        rows = await asyncio.gather(*(store.runs.log.get(run_id) for store in self.all))
+        count = len(self.all)
+        rows = await asyncio.gather(
+            *(in_store(n, count, store.runs.log.get(run_id)) for n, store in enumerate(self.all))
+        )
         parts = [(store, run) for store, run in zip(self.all, rows, strict=True) if run]
         return _summed(parts) if parts else None
 
@@ -206,7 +213,10 @@ class Stores:
         """The latest runs started (:meth:`BulkLog.latest` of each store, at most
         :data:`~statifier.console.bulk_runs.LATEST_RUNS`), each summed over the stores
         whose latest hold a part of it (as :meth:`progress`), newest first."""
-        found = await asyncio.gather(*(store.runs.log.latest() for store in self.all))
+        count = len(self.all)
+        found = await asyncio.gather(
+            *(in_store(n, count, store.runs.log.latest()) for n, store in enumerate(self.all))
+        )
         parts: dict[str, list[tuple[Store, LoggedRun]]] = {}
         for store, runs in zip(self.all, found, strict=True):
             for run in runs:

@@ -26,6 +26,7 @@ from statifier.persistence.errors import (
     ReentrantCall,
     StoredChartDamaged,
     Unstorable,
+    database_down,
     worth_a_traceback,
 )
 from statifier.persistence.executions import (
@@ -77,6 +78,7 @@ __all__ = [
     "StoredChartDamaged",
     "UndecodableBlob",
     "Unstorable",
+    "database_down",
     "decode_outcome",
     "prune",
     "worth_a_traceback",

@@ -25,6 +25,7 @@ __all__ = [
     "UndeclaredPlanData",
     "UnknownPlanStates",
     "Unstorable",
+    "database_down",
     "worth_a_traceback",
 ]
 
@@ -34,6 +35,19 @@ class DatabaseDown(Exception):  # noqa: N818 - names the state
     connection stays busy): nothing ran, and the same work may succeed once it
     answers. Its message says what was waited for; a traceback adds nothing to it. On
     PostgreSQL, :class:`statifier.persistence.sql.postgres.DatabaseUnavailable`."""
+
+
+def database_down(error: BaseException) -> bool:
+    """Whether ``error`` is a :class:`DatabaseDown`, or was caused by one (a chart
+    resolver that reads a database, say, raising its own error from it)."""
+    seen: set[int] = set()
+    found: BaseException | None = error
+    while found is not None and id(found) not in seen:
+        if isinstance(found, DatabaseDown):
+            return True
+        seen.add(id(found))
+        found = found.__cause__ or found.__context__
+    return False
 
 
 def worth_a_traceback(error: BaseException) -> BaseException | None:

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
+from statifier.persistence import database_down
 from statifier.persistence.sql import SqlTransaction
 from statifier.router.config import Entry
 from statifier.router.outcomes import Routed
@@ -478,7 +479,7 @@ class Scheduler:
             if row is None:  # the claim itself: the database's trouble, the caller's
                 raise
             error = f"{type(failure).__name__}: {failure}"
-            await self._failed(row, error, now)
+            await self._failed(row, error, now, down=database_down(failure))
             return _reported(FireReport(row.name, None, 0, None, error), row, now, started)
         made, schedule, next_fire_at = step
         self._failing.pop(row.name, None)
@@ -533,10 +534,16 @@ class Scheduler:
         made = FireReport(row.name, step.fire, step.skipped, routed, at_least=step.at_least)
         return made, schedule, step.next_fire_at
 
-    async def _failed(self, row: ScheduleRow, error: str, now: datetime) -> None:
+    async def _failed(
+        self, row: ScheduleRow, error: str, now: datetime, *, down: bool = False
+    ) -> None:
         """Record on ``row`` that its step failed with ``error``, unless another worker
-        moved the row on meanwhile; it is taken again after the backoff."""
-        wait = min(self.retry * 2 ** min(row.failures, 30), self.max_retry)
+        moved the row on meanwhile; it is taken again after the backoff, or after
+        ``retry`` alone when a database did not answer (``down``: the store its fire
+        goes to stopped, say), so that the fire, and readiness, follow within
+        ``retry`` of its return rather than up to ``max_retry`` later."""
+        doubled = min(self.retry * 2 ** min(row.failures, 30), self.max_retry)
+        wait = self.retry if down else doubled
         self._failing[row.name] = now  # until recorded, :meth:`_recheck` reads the row
         async with self.router.transaction() as unit:
             driver = unit.tx.driver
