@@ -34,7 +34,7 @@ from statifier.buckets import bucket_of, outbox_bucket
 from statifier.callbacks import awaited
 from statifier.chart import compile_chart
 from statifier.core import Event
-from statifier.persistence import Storage
+from statifier.persistence import DatabaseDown, Storage
 from statifier.persistence.sql import SqlAdapter
 from statifier.repeats import Repeats
 from statifier.router import (
@@ -304,6 +304,45 @@ async def test_a_failing_sink_backs_off_on_the_clock_then_is_dead_lettered_and_r
     ]
     for row in await drain.rows():
         assert secret not in (row.last_error or "")
+
+
+@pytest.mark.asyncio
+async def test_a_sink_whose_database_does_not_answer_is_tried_again_soon_and_not_counted(
+    router_db: RouterDb, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A hop's sink routes into another store: while that store's server is stopped,
+    # its attempts are no fault of the row. Counted and doubled, a long outage would
+    # dead-letter it, and its delivery would wait minutes past the store's return.
+    router = router_db.router([])
+    clock = router_db.clock
+    event = Event("ping")
+    await OutboxRoute(router_db.adapter, clock=clock).hand_off(None, "hops", "hop/1", event)
+    down = True
+
+    def sink(message: OutboxMessage) -> None:
+        if down:
+            raise DatabaseDown("no connection within 5 s: the server does not answer")
+
+    drain = OutboxDrain(
+        router.storage,
+        {"hops": sink},
+        max_attempts=2,
+        backoff=Backoff(base=timedelta(seconds=1), factor=2, cap=timedelta(seconds=60)),
+    )
+    with caplog.at_level(logging.WARNING, "statifier.router.outbox"):
+        for _ in range(5):
+            assert (await drain.drain_once()).failed == 1
+            row = only(await drain.pending())
+            assert row.attempts == 0
+            assert row.next_attempt_at == clock.now + timedelta(seconds=1)
+            assert row.last_error == (
+                "DatabaseDown: no connection within 5 s: the server does not answer"
+            )
+            clock.advance(timedelta(seconds=1))
+    assert "failed: a database did not answer (not counted among its 2 attempts)" in caplog.text
+    assert await drain.dead_letters() == []
+    down = False
+    assert (await drain.drain_once()).sent == 1
 
 
 @pytest.mark.asyncio

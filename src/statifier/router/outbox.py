@@ -86,6 +86,7 @@ from statifier.persistence import (
     Refused,
     Storage,
     UndecodableBlob,
+    database_down,
     worth_a_traceback,
 )
 from statifier.persistence.codec import PlainBlobs, opened_text, sealed_json
@@ -548,7 +549,7 @@ class OutboxDrain:
         """Call the row's sink, until ``deadline`` at most (on the loop's clock), and
         mark the row; returns what became of it."""
         error: str | None = None
-        dead = False
+        dead = down = False
         try:
             message = _message(row, self.codec, final=row.attempts + 1 >= self.max_attempts)
         except ValueError as unreadable:
@@ -569,6 +570,7 @@ class OutboxDrain:
                 error = error_text(cancelled, _ERROR_LIMIT)
             except Exception as failure:  # noqa: BLE001 - a sink's failure is the row's
                 error = self._timed_out() if limit.expired() else error_text(failure, _ERROR_LIMIT)
+                down = database_down(failure)
         moment = self.clock() if now is None else now
         if error is not None:
             error = storable_text(error)
@@ -578,20 +580,25 @@ class OutboxDrain:
                 if not marked:
                     _lost(row, None)
                 return "sent" if marked else "lost"
-            failures = row.attempts + 1
+            # A database that did not answer (a hop's target store stopped) is no
+            # fault of the row: not counted toward its dead letter, and tried again
+            # after the first wait, not one doubled through the outage.
+            failures = row.attempts + (0 if down else 1)
             dead = dead or failures >= self.max_attempts
+            next_at = moment + self.backoff.delay(1 if down else failures)
             marked = await self._sql.mark_failed(
                 tx.driver,
                 row.id,
                 token,
                 error=error,
-                next_at=moment + self.backoff.delay(failures),
+                next_at=next_at,
                 dead_at=moment if dead else None,
+                counted=not down,
             )
         if not marked:
             _lost(row, error)
             return "lost"
-        self._failed(row, failures, dead, error, moment + self.backoff.delay(failures))
+        self._failed(row, failures, dead, error, next_at, counted=not down)
         return "dead" if dead else "failed"
 
     def _timed_out(self) -> str:
@@ -602,13 +609,21 @@ class OutboxDrain:
         )
 
     def _failed(
-        self, row: _Claimed, failures: int, dead: bool, error: str, next_at: datetime
+        self,
+        row: _Claimed,
+        failures: int,
+        dead: bool,
+        error: str,
+        next_at: datetime,
+        *,
+        counted: bool = True,
     ) -> None:
         """Say that a row's sink failed: one telemetry event per row and attempt, and a
         warning, one line per queue, kind of failure (dead-lettered or not) and
         interval, with the count of the others. Only the failure's class is said (its
         message, kept in ``last_error`` for the console, may carry what a sink was
-        handed, a URL with a token say)."""
+        handed, a URL with a token say). An attempt not ``counted`` (its database did
+        not answer) says so."""
         kind = error.split(":", 1)[0]
         execution_id = row.payload.get("execution_id")
         fields = {
@@ -618,6 +633,7 @@ class OutboxDrain:
             "attempt": failures,
             "attempts": self.max_attempts,
             "dead": dead,
+            "counted": counted,
             "error": kind,
         }
         report(_FAILED, {"attempt": float(failures)}, fields)
@@ -631,6 +647,20 @@ class OutboxDrain:
                 row.queue,
                 failures,
                 "" if failures == 1 else "s",
+                kind,
+                extra=fields,
+            )
+        elif not counted:
+            self._repeats.log(
+                _log,
+                logging.WARNING,
+                (row.queue, kind, False),
+                "outbox row %s of queue %r failed: a database did not answer (not counted "
+                "among its %d attempts), tried again at %s: %s",
+                row.key,
+                row.queue,
+                self.max_attempts,
+                next_at.isoformat(),
                 kind,
                 extra=fields,
             )

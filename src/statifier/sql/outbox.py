@@ -157,7 +157,7 @@ class OutboxTable:
             "WHERE id = :id AND lease = :token"
         )
         self._failed = sql(
-            f"UPDATE {outbox} SET attempts = attempts + 1, last_error = :error, "
+            f"UPDATE {outbox} SET attempts = attempts + :counted, last_error = :error, "
             "next_attempt_at = :next_at, dead_at = :dead_at, lease = NULL, "
             "leased_until = NULL WHERE id = :id AND lease = :token"
         )
@@ -272,14 +272,16 @@ class OutboxTable:
         error: str,
         next_at: datetime,
         dead_at: datetime | None,
+        counted: bool = True,
     ) -> bool:
-        """Count a failed attempt of the row ``row_id``, keep ``error``, make it due at
-        ``next_at`` (dead at ``dead_at``, if given) and end its lease, if ``token``
-        still holds it; answer whether it did."""
+        """Count a failed attempt of the row ``row_id`` (unless not ``counted``), keep
+        ``error``, make it due at ``next_at`` (dead at ``dead_at``, if given) and end
+        its lease, if ``token`` still holds it; answer whether it did."""
         dialect = self.dialect
         values = {
             "id": dialect.key(row_id),
             "token": token,
+            "counted": 1 if counted else 0,
             "error": error,
             "next_at": dialect.time(next_at),
             "dead_at": None if dead_at is None else dialect.time(dead_at),
