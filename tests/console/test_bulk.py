@@ -115,8 +115,9 @@ async def test_a_filter_is_previewed_then_paused_resumed_and_cancelled_each_with
     paused = await run_bulk(
         router, queries, audit, pause, everything, actor="ada", page=7, progress=_into(seen)
     )
-    assert (paused.selected, paused.done, paused.skipped, paused.failed) == (25, 25, 5, 0)
-    assert [p.seen for p in seen] == [7, 14, 21, 28, 30]
+    # The 5 paused before were never selected: not walked, not counted skipped.
+    assert (paused.selected, paused.done, paused.skipped, paused.failed) == (25, 25, 0, 0)
+    assert [p.seen for p in seen] == [7, 14, 21, 25]
     assert _statuses(router_db) == {"paused": 30}
     resumed = await run_bulk(router, queries, audit, resume, everything, actor="ada")
     assert (resumed.done, resumed.skipped) == (30, 0)
@@ -186,7 +187,12 @@ async def test_a_bulk_retry_re_arms_the_dead_outbox_rows_of_each_execution_it_se
     assert await preview(queries, retry, ExecutionFilter(scope=SCOPE)) == 2
     assert await preview(queries, retry, ExecutionFilter(key="k1")) == 1
     done = await run_bulk(router, queries, audit, retry, ExecutionFilter(scope=SCOPE), actor="ada")
-    assert (done.selected, done.done, done.skipped, done.failed) == (2, 2, 4, 0)
+    assert (done.selected, done.done, done.skipped, done.failed) == (
+        2,
+        2,
+        0,
+        0,
+    )  # only the 2 selected are walked
     after = _sql(router_db, sa.select(outbox.c.key, outbox.c.dead_at, outbox.c.attempts))
     assert sorted((row.key, row.dead_at is None, row.attempts) for row in after) == [
         ("a", True, 0),
@@ -197,7 +203,7 @@ async def test_a_bulk_retry_re_arms_the_dead_outbox_rows_of_each_execution_it_se
     ]
     assert _audit_rows(router_db, "retry") == sorted([(made[0], "done"), (made[1], "done")])
     again = await run_bulk(router, queries, audit, retry, ExecutionFilter(scope=SCOPE), actor="ada")
-    assert (again.selected, again.done, again.skipped) == (0, 0, 6)
+    assert (again.selected, again.done, again.skipped) == (0, 0, 0)
 
 
 RENAMED = COUNTER.replace(b'"counting"', b'"tallying"')
@@ -222,13 +228,14 @@ async def test_a_bulk_migrate_moves_each_execution_once_parks_what_cannot_move_a
     renamed = migration(compile_chart(RENAMED))
     assert await preview(queries, renamed, everything) == 8  # the two cancelled are not
     parked = await run_bulk(router, queries, audit, renamed, everything, actor="ada")
-    assert (parked.done, parked.parked, parked.skipped, parked.failed) == (0, 8, 2, 0)
+    # The two cancelled were not selected: not walked, not counted skipped.
+    assert (parked.done, parked.parked, parked.skipped, parked.failed) == (0, 8, 0, 0)
     assert _statuses(router_db) == {"needs_migration": 7, "paused": 1, "cancelled": 2}
     assert _audit_rows(router_db, "migrate") == sorted((i, "parked") for i in made[2:])
 
     mapped = migration(compile_chart(RENAMED), state_map={"counting": "tallying"})
     moved = await run_bulk(router, queries, audit, mapped, everything, actor="bo")
-    assert (moved.done, moved.parked, moved.skipped) == (8, 0, 2)
+    assert (moved.done, moved.parked, moved.skipped) == (8, 0, 0)
     assert _statuses(router_db) == {"active": 7, "paused": 1, "cancelled": 2}
     executions = router_db.store.tables.executions
     hashes = _sql(router_db, sa.select(executions.c.execution_id, executions.c.content_hash))
@@ -236,7 +243,7 @@ async def test_a_bulk_migrate_moves_each_execution_once_parks_what_cannot_move_a
     assert {row.execution_id for row in hashes if row.content_hash == target} == set(made[2:])
     assert await preview(queries, mapped, everything) == 0
     again = await run_bulk(router, queries, audit, mapped, everything, actor="bo")
-    assert (again.done, again.skipped) == (0, 10)
+    assert (again.done, again.skipped) == (0, 0)  # nothing selected, nothing walked
     assert Counter(target for target, _ in _audit_rows(router_db, "migrate")) == Counter(
         dict.fromkeys(made[2:], 2)
     )
@@ -406,3 +413,70 @@ async def test_a_bulk_cancel_killed_midway_and_run_again_cancels_each_once(
     assert _rows_per_target(router_db, "cancel") == Counter(dict.fromkeys(made, 1))
     assert _rows_per_target(router_db, "bulk") == {"cancel": 1}  # the run that finished
     print(f"{midway['cancelled']} of {CRASH_EXECUTIONS} cancelled when killed; the rest after")
+
+
+@pytest.mark.asyncio
+async def test_a_bulk_run_lets_the_event_loop_run_and_is_cancelled_midway(
+    router_db: RouterDb,  # noqa: F811 - the fixture
+) -> None:
+    router = counter_router(router_db)
+    await _made(router, 50)
+    adapter = router_db.adapter
+    queries = ConsoleQueries(adapter.engine, adapter.tables)
+    audit = Audit(adapter.engine, adapter.tables)
+    ticks = 0
+
+    async def ticking() -> None:  # another task of the server: it must get turns
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    beside = asyncio.create_task(ticking())
+    run = asyncio.create_task(
+        run_bulk(
+            router,
+            queries,
+            audit,
+            BULK_ACTIONS["pause"],
+            ExecutionFilter(scope=SCOPE),
+            actor="ada",
+            page=10,
+        )
+    )
+    while _statuses(router_db)["paused"] < 5 and not run.done():  # noqa: ASYNC110 - polled
+        await asyncio.sleep(0)
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    beside.cancel()
+    assert ticks > 5  # the loop ran other tasks while the run went
+    assert 0 < _statuses(router_db)["paused"] < 50  # stopped midway, not run to its end
+
+
+@pytest.mark.asyncio
+async def test_a_run_stopped_midway_records_what_it_did_but_the_one_in_flight(
+    router_db: RouterDb,  # noqa: F811 - the fixture
+) -> None:
+    # Its counts were written once a page: a run stopped before the end of its page
+    # recorded the page before's, short of what it had done by up to a page. Now the
+    # execution being acted on when the stop came (its commit under way) at most.
+    router = counter_router(router_db)
+    await _made(router, 50)
+    adapter = router_db.adapter
+    queries = ConsoleQueries(adapter.engine, adapter.tables)
+    audit = Audit(adapter.engine, adapter.tables)
+    log = BulkLog(adapter.engine, adapter.tables)
+    runs = BulkRuns(router, queries, audit, log)
+    where = ExecutionFilter(scope=SCOPE)
+    run_id = await runs.start(BULK_ACTIONS["pause"], where, actor="bo", selected=50)
+    async with asyncio.timeout(30):
+        while _statuses(router_db).get("paused", 0) < 5:  # noqa: ASYNC110 - polled
+            await asyncio.sleep(0)
+    await runs.close()
+    stopped = await log.get(run_id)
+    assert stopped is not None
+    assert runs.state(stopped) == "stopped"
+    paused = _statuses(router_db).get("paused", 0)
+    assert 5 <= paused < 50  # within its first page of 200
+    assert paused - 1 <= stopped.progress.done <= paused

@@ -401,6 +401,9 @@ class Api:
         confirm = body.get("confirm")
         if confirm is None:
             return JSONResponse({"action": action.name, "selected": selected})
+        if isinstance(confirm, bool) or not isinstance(confirm, int) or confirm < 0:
+            # false == 0 and true == 1 in Python: they must not start a run
+            return Refused(400, "body", "confirm is the count the preview answered, an integer")
         if confirm != selected:
             return Refused(
                 409, "preview_changed", f"{selected} executions are selected now; confirm those"

@@ -264,6 +264,7 @@ async def run_bulk(
     page: int = 200,
     selected: int | None = None,
     progress: Callable[[BulkProgress], Awaitable[object]] | None = None,
+    each: Callable[[BulkProgress], object] | None = None,
 ) -> BulkProgress:
     """Act with ``action`` on every execution ``where`` selects (see the module
     docstring); ``progress`` is told (and awaited) after each page. Each execution's
@@ -283,12 +284,23 @@ async def run_bulk(
     walked = action.narrowed(where)
     cursor: str | None = None
     while walked is not None:
-        listed = await queries.executions(walked, cursor=cursor, size=page)
+        # What the preview counted, not every execution of the filter: the others
+        # would be counted skipped, and (retry) each tried in a transaction of its own.
+        listed = await queries.executions(
+            walked,
+            cursor=cursor,
+            size=page,
+            among=action.applies_to,
+            off_revision=action.revision,
+            dead_letters=action.dead_letters,
+        )
         for row in listed.rows:
             if not action.applies(row):
                 state = replace(state, skipped=state.skipped + 1)
                 continue
             state = await _one(router, audit, action, row.id, actor, said, state)
+            if each is not None:  # the counts as of this execution, for a run stopped here
+                each(state)
         if progress is not None:
             await progress(state)
         cursor = listed.next_cursor

@@ -342,9 +342,21 @@ async def run_recorded(
         if progress is not None:
             await progress(now)
 
+    def counted(now: BulkProgress) -> None:
+        nonlocal state
+        state = now  # the row's end, if the run stops before its next page, says these
+
     try:
         state = await run_bulk(
-            router, queries, audit, action, where, actor=actor, selected=selected, progress=told
+            router,
+            queries,
+            audit,
+            action,
+            where,
+            actor=actor,
+            selected=selected,
+            progress=told,
+            each=counted,
         )
     except asyncio.CancelledError:
         ended(STOPPED)

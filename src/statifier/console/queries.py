@@ -601,9 +601,14 @@ class ConsoleQueries:
         *,
         cursor: str | None = None,
         size: int = DEFAULT_PAGE,
+        among: Collection[Status] = (),
+        off_revision: str | None = None,
+        dead_letters: bool = False,
     ) -> Page[ExecutionSummary]:
         """A page of executions, newest created first (ties by id, descending); with
         ``where.errors``, those whose steps raised errors, newest error first.
+        ``among``, ``off_revision`` and ``dead_letters`` narrow it as :meth:`count`'s
+        do, so that a bulk run walks what its preview counted.
 
         Raises:
             BadCursor: ``cursor`` is not one this list made.
@@ -640,7 +645,7 @@ class ConsoleQueries:
                 ).label("final_position"),
             )
             .select_from(e.outerjoin(charts, charts.c.content_hash == e.c.content_hash))
-            .where(*self._execution_conditions(where))
+            .where(*self._selection(where, among, off_revision, dead_letters))
             .order_by(moment.desc(), e.c.execution_id.desc())
             .limit(size + 1)
         )
@@ -686,6 +691,21 @@ class ConsoleQueries:
         Raises:
             sqlalchemy.exc.DBAPIError: the database failed.
         """
+        statement = sa.select(sa.func.count()).select_from(self.tables.executions)
+        statement = statement.where(*self._selection(where, among, off_revision, dead_letters))
+
+        def read(connection: sa.Connection) -> int:
+            return int(connection.execute(statement).scalar_one())
+
+        return await run_on(self.engine, read)
+
+    def _selection(
+        self,
+        where: ExecutionFilter,
+        among: Collection[Status],
+        off_revision: str | None,
+        dead_letters: bool,
+    ) -> list[sa.ColumnElement[bool]]:
         e = self.tables.executions
         conditions = self._execution_conditions(where)
         if among:
@@ -696,12 +716,7 @@ class ConsoleQueries:
             outbox = self.tables.outbox
             dead = sa.select(outbox.c.execution_id).where(outbox.c.dead_at.is_not(None))
             conditions.append(e.c.execution_id.in_(dead))
-        statement = sa.select(sa.func.count()).select_from(e).where(*conditions)
-
-        def read(connection: sa.Connection) -> int:
-            return int(connection.execute(statement).scalar_one())
-
-        return await run_on(self.engine, read)
+        return conditions
 
     async def revisions(self, document: str | None = None) -> list[RevisionView]:
         """The charts the store holds and has not retired, newest saved first (at most

@@ -165,6 +165,11 @@ class Writer:
     async def acquire(self, wait: float | None, name: str) -> None:
         """Take the in-process lock within ``wait`` seconds (``None``: however long it
         takes), else ``LockTimeout``."""
+        # The loop's other tasks get a turn before each transaction: sqlite3 runs
+        # inline, so a task running transactions back to back (a bulk run, a timer
+        # backlog, a schedule's catch-up) would otherwise hold the loop to its end,
+        # a server answering nothing and no cancellation reaching it meanwhile.
+        await asyncio.sleep(0)
         if not self.waiting and not self.lock.locked():
             # Free with nobody queued: asyncio.Lock takes it without suspending, so
             # the usual case arms no timer (a timer per step costs more than the lock).
