@@ -10,6 +10,7 @@ import asyncio
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -816,3 +817,41 @@ def test_send_refuses_data_the_fronts_refuse_in_one_line(
     assert err.startswith("statifier executions send: the data of event 'knock' is not JSON: ")
     assert said in err
     assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_bulk_run_stopped_by_a_signal_says_so_and_the_same_command_does_the_rest(
+    place: Place, signum: signal.Signals
+) -> None:
+    place.migrate()
+
+    async def create() -> None:
+        async with Durable(place.url, charts=place.charts, tables=place.tables) as durable:
+            for n in range(600):
+                await durable.create("counter", f"c{n}")
+
+    asyncio.run(create())
+    environment = {**os.environ, "PYTHONPATH": str(SRC)}
+    command = [sys.executable, "-m", "statifier.executions_command", "executions"]
+    bulk = [*command, "bulk", "pause", "--yes", *place.options]
+    process = subprocess.Popen(bulk, env=environment, stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    lines = [process.stdout.readline() for _ in range(3)]
+    assert lines[0] == "600 executions selected to pause\n"
+    assert lines[2].startswith("  200 seen: 200 done"), lines  # a page in: mid-run
+    process.send_signal(signum)
+    rest, _ = process.communicate(timeout=60)
+    assert process.returncode == 128 + signum, rest
+    assert rest.splitlines()[-1].startswith(f"pause: stopped by {signum.name}: ")
+    engine = sa.create_engine(migrations.sync_url(place.url))
+    executions = place.tables.define().executions
+    try:
+        with engine.connect() as connection:
+            statement = sa.select(sa.func.count()).where(executions.c.status == "paused")
+            paused = int(connection.execute(statement).scalar_one())
+    finally:
+        engine.dispose()
+    assert 200 <= paused < 600
+    again = subprocess.run(bulk, env=environment, capture_output=True, text=True, check=True)
+    assert again.stdout.splitlines()[0] == f"{600 - paused} executions selected to pause"
+    assert again.stdout.splitlines()[-1].startswith(f"pause: {600 - paused} done, 0 skipped")

@@ -97,19 +97,24 @@ import asyncio
 import contextlib
 import getpass
 import json
+import signal
 import sqlite3
 import sys
 import traceback
 import uuid
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TextIO
 
 from statifier.expr import UNDEFINED, Value, tagged
 
 if TYPE_CHECKING:
+    from statifier.console.bulk import BulkAction, BulkProgress
+    from statifier.console.queries import ConsoleQueries, ExecutionFilter
     from statifier.durable import Description, Durable, ExecutionSummary
     from statifier.durable.values import PendingTimer
     from statifier.persistence import BlobCodec, MigrationSummary, StepError
+    from statifier.persistence.sql import SqlAdapter
 
 __all__ = ["DEFAULT_DATABASE", "add_parser", "main", "run"]
 
@@ -655,10 +660,8 @@ async def _bulk(durables: Sequence[Durable], args: argparse.Namespace, out: Text
     total, then a recorded run in each store (its own run row and audit rows). The
     status is 1 when an execution's action failed, a migration parked one, or a resumed
     one's held events raised an error event no transition took (as ``resume`` of it
-    would answer 1)."""
-    from statifier.console.audit import Audit
-    from statifier.console.bulk import BulkProgress, bulk_action, counts, migration, preview
-    from statifier.console.bulk_runs import BulkLog, run_recorded
+    would answer 1); 130 or 143 when SIGINT or SIGTERM stopped it."""
+    from statifier.console.bulk import bulk_action, counts, migration, preview
     from statifier.console.queries import ConsoleQueries, ExecutionFilter
     from statifier.durable.values import status_named
     from statifier.persistence import ChartNotFound
@@ -716,6 +719,64 @@ async def _bulk(durables: Sequence[Durable], args: argparse.Namespace, out: Text
         out.flush()
 
     actor = f"cli:{getpass.getuser()}"
+    stopped = _Stopping()
+    with stopped.on_signals():
+        try:
+            return await _bulk_runs(stores, action, where, actor, said, out)
+        except asyncio.CancelledError:
+            if stopped.by is None:
+                raise
+            out.write(
+                f"{action.name}: stopped by {stopped.by.name}: what was done is recorded "
+                "in its run (its executions' rows say so too); run the same command again "
+                "to do the rest (what was done is not selected again)\n"
+            )
+            return 128 + int(stopped.by)
+
+
+class _Stopping:
+    """SIGINT and SIGTERM cancel the task that runs the bulk runs: the run under way
+    records its end (``stopped``, its counts) before the command says so."""
+
+    def __init__(self) -> None:
+        self.by: signal.Signals | None = None
+
+    @contextmanager
+    def on_signals(self) -> Iterator[None]:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None  # run in asyncio.run
+
+        def stop(signum: signal.Signals) -> None:
+            if self.by is None:
+                self.by = signum
+                task.cancel()
+
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop, signum)
+        try:
+            yield
+        finally:
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(signum)
+            if self.by is not None:
+                task.uncancel()
+
+
+async def _bulk_runs(
+    stores: Sequence[tuple[Durable, SqlAdapter, ConsoleQueries, int]],
+    action: BulkAction,
+    where: ExecutionFilter,
+    actor: str,
+    said: Callable[[BulkProgress], Awaitable[None]],
+    out: TextIO,
+) -> int:
+    """A recorded run of ``action`` over ``where`` in each store that holds some of
+    its executions, said on ``out``; the exit status (see :func:`_bulk`)."""
+    from statifier.console.audit import Audit
+    from statifier.console.bulk import counts
+    from statifier.console.bulk_runs import BulkLog, run_recorded
+
     status = 0
     for number, (durable, adapter, queries, count) in enumerate(stores):
         router = durable.router
