@@ -12,6 +12,7 @@ import signal
 import sys
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from tests.router.test_races import COUNTER, counter_router
 from statifier import telemetry
 from statifier.buckets import bucket_of, outbox_bucket
 from statifier.chart import compile_chart
+from statifier.console.actions import Done
 from statifier.console.audit import Audit
 from statifier.console.bulk import (
     BULK_ACTIONS,
@@ -45,7 +47,7 @@ from statifier.console.bulk import (
 )
 from statifier.console.bulk_runs import BulkLog, BulkRuns, action_of, run_recorded
 from statifier.console.queries import ConsoleQueries, ExecutionFilter
-from statifier.persistence import ChartNotFound, Status
+from statifier.persistence import ChartNotFound, DatabaseDown, Status
 from statifier.router import Router
 from statifier.sql import migrations
 
@@ -480,3 +482,27 @@ async def test_a_run_stopped_midway_records_what_it_did_but_the_one_in_flight(
     paused = _statuses(router_db).get("paused", 0)
     assert 5 <= paused < 50  # within its first page of 200
     assert paused - 1 <= stopped.progress.done <= paused
+
+
+@pytest.mark.asyncio
+async def test_a_database_that_does_not_answer_stops_the_run_not_each_execution(
+    router_db: RouterDb,  # noqa: F811 - the fixture
+) -> None:
+    # Counted failed one by one, each after its wait for a connection, a page of 200
+    # would take minutes and log 200 errors for one outage.
+    router = counter_router(router_db)
+    await _made(router, 10)
+    adapter = router_db.adapter
+    queries = ConsoleQueries(adapter.engine, adapter.tables)
+    audit = Audit(adapter.engine, adapter.tables)
+    tried: list[str] = []
+
+    async def act(router: Router, execution_id: str, **_: object) -> Done:
+        tried.append(execution_id)
+        raise DatabaseDown("no connection within 5 s: the server does not answer")
+
+    down = replace(BULK_ACTIONS["pause"], act=act)
+    with pytest.raises(DatabaseDown):
+        await run_bulk(router, queries, audit, down, ExecutionFilter(scope=SCOPE), actor="ada")
+    assert len(tried) == 1
+    assert _statuses(router_db) == {"active": 10}

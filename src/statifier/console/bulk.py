@@ -49,7 +49,7 @@ from statifier.console.queries import (
     ExecutionSummary,
 )
 from statifier.expr import Value
-from statifier.persistence import Status
+from statifier.persistence import Status, database_down
 from statifier.persistence.sql import SqlTransaction
 from statifier.router import Router
 
@@ -339,7 +339,11 @@ async def _one(
         done = await action.act(router, execution_id, record=record)
     except Refused:  # it changed since it was listed: no longer one to act on
         return replace(state, skipped=state.skipped + 1)
-    except Exception as error:  # noqa: BLE001 - one execution's failure, the run goes on
+    except Exception as error:
+        if database_down(error):
+            # No fault of this execution: the rest would fail the same way, each after
+            # its wait for a connection. The run stops; run again, it does the rest.
+            raise
         _log.error(
             "console: bulk %s of execution %s failed: %s: %s",
             action.name,
