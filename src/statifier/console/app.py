@@ -109,7 +109,7 @@ from statifier.console.bulk_runs import BulkRuns, LoggedRun
 from statifier.console.diagram import render_chart_svg
 from statifier.console.held import LATE_AFTER as HELD_LATE_AFTER
 from statifier.console.held import held_pages, held_totals_over
-from statifier.console.leases import lease_groups
+from statifier.console.leases import StoreLeases, lease_groups
 from statifier.console.live import Live, TooManyClients
 from statifier.console.queries import (
     MAX_DETAIL_ROWS,
@@ -1249,7 +1249,7 @@ class _Pages:
         async def build(session: Session) -> Response:
             stores = self.console.stores.all
             now = stores[0].router.storage.clock()  # the stores' routers share it
-            shown: list[tuple[int, Any, str | None]] = []
+            shown: list[tuple[int, StoreLeases | None, str | None]] = []
             for number, store in enumerate(stores):
                 try:
                     found = await lease_groups(store.queries.engine, store.queries.tables, now)

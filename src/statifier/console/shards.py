@@ -72,7 +72,8 @@ from statifier.router import LedgerRow, OutboxRow
 
 __all__ = ["Order", "ShardedAudit", "ShardedQueries", "StoreFailed", "in_store", "merged_page"]
 
-_R2 = TypeVar("_R2")
+_T = TypeVar("_T")
+_R = TypeVar("_R")
 
 
 class StoreFailed(Exception):  # noqa: N818 - names the finding
@@ -92,7 +93,7 @@ class StoreFailed(Exception):  # noqa: N818 - names the finding
         )
 
 
-async def in_store(number: int, count: int, call: Awaitable[_R2]) -> _R2:
+async def in_store(number: int, count: int, call: Awaitable[_R]) -> _R:
     """``call``'s answer, its failure (other than a refusal of the caller's own,
     :class:`ValueError`) raised as :class:`StoreFailed` naming store ``number``
     when there are several (``count`` over 1)."""
@@ -105,9 +106,6 @@ async def in_store(number: int, count: int, call: Awaitable[_R2]) -> _R2:
     except Exception as error:
         raise StoreFailed(number, count, error) from error
 
-
-_T = TypeVar("_T")
-_R = TypeVar("_R")
 
 _DONE = True
 """A store's place in a merged cursor once its list has no rows left."""

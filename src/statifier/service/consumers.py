@@ -129,6 +129,12 @@ class Troubled(Protocol):
         and no secret."""
 
 
+def told(error: BaseException) -> str:
+    """``error``'s class and message, as a failure's log line gives them (at most
+    :data:`_TOLD` characters)."""
+    return error_text(error, _TOLD)
+
+
 def log_failure(repeats: Repeats, name: str, error: BaseException, wait: float) -> None:
     """Log a supervised part's failure (its class and message, and its traceback
     unless the database did not answer: :func:`~statifier.persistence.errors.worth_a_traceback`)
@@ -138,7 +144,7 @@ def log_failure(repeats: Repeats, name: str, error: BaseException, wait: float) 
     how = (
         "was cancelled, though the service is not stopping;"
         if isinstance(error, asyncio.CancelledError)
-        else f"failed ({error_text(error, _TOLD)});"
+        else f"failed ({told(error)});"
     )
     repeats.log(
         _log,

@@ -67,7 +67,6 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Final, Protocol, TextIO
 
 from statifier.buckets import ALL_BUCKETS
-from statifier.error_text import error_text
 from statifier.extras import MissingExtra
 from statifier.persistence import worth_a_traceback
 from statifier.persistence.sql import SqlAdapter
@@ -96,6 +95,7 @@ from statifier.service.consumers import (
     cancelled_elsewhere,
     log_failure,
     process_owner,
+    told,
 )
 from statifier.service.health import Health, answers, health_routes
 from statifier.service.mounts import Mounted, front_app
@@ -471,7 +471,7 @@ async def _reap(
                 logging.ERROR,
                 type(error).__name__,
                 "a reaper pass failed (%s); the next comes in %g s",
-                error_text(error, 300),
+                told(error),
                 every.interval,
                 extra={"part": "reapers", "error": type(error).__name__},
                 exc_info=worth_a_traceback(error),
