@@ -149,6 +149,7 @@ from statifier.console.upload import BadForm, parse_form_data
 from statifier.core import MachineState, StartOptions
 from statifier.core.positions import PositionError
 from statifier.core.positions import load as load_position
+from statifier.error_text import error_text
 from statifier.expr import tagged
 from statifier.extras import MissingExtra
 from statifier.persistence import (
@@ -1261,7 +1262,7 @@ class _Pages:
                     _log.error(
                         "console: the leases of store %d could not be read: %s",
                         number,
-                        type(error).__name__,
+                        error_text(error, 300),
                     )
                     shown.append((number, None, type(error).__name__))
                 else:

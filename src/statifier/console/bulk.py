@@ -36,7 +36,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Final
+from typing import Final, TypedDict
 
 from statifier.chart import Machine
 from statifier.console import actions
@@ -46,7 +46,6 @@ from statifier.console.queries import (
     MAX_PAGE,
     ConsoleQueries,
     ExecutionFilter,
-    ExecutionSummary,
 )
 from statifier.expr import Value
 from statifier.persistence import Status, database_down
@@ -68,6 +67,15 @@ __all__ = [
 _log = logging.getLogger("statifier.console")
 
 _HOLDING: Final = frozenset({Status.ACTIVE, Status.NEEDS_MIGRATION, Status.PAUSED})
+
+
+class Selection(TypedDict):
+    """The narrowing of a bulk action, as :class:`ConsoleQueries` ``count`` and
+    ``executions`` take it."""
+
+    among: frozenset[Status]
+    off_revision: str | None
+    dead_letters: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,9 +107,15 @@ class BulkAction:
     data: Mapping[str, Value] = field(default_factory=dict)
     document: str | None = None
 
-    def applies(self, row: ExecutionSummary) -> bool:
-        """Whether the listed ``row`` is one to try (the action may still refuse it)."""
-        return row.status in self.applies_to and row.content_hash != self.revision
+    def selection(self) -> Selection:
+        """How it narrows a list or a count of :class:`ConsoleQueries` beyond the
+        filter (``among``, ``off_revision``, ``dead_letters``): the preview counts, and
+        the run walks, the same executions."""
+        return {
+            "among": self.applies_to,
+            "off_revision": self.revision,
+            "dead_letters": self.dead_letters,
+        }
 
     def narrowed(self, where: ExecutionFilter) -> ExecutionFilter | None:
         """``where`` as this action reads it: a migration's limited to its chart's
@@ -245,12 +259,7 @@ async def preview(queries: ConsoleQueries, action: BulkAction, where: ExecutionF
     selected = action.narrowed(where)
     if selected is None:
         return 0
-    return await queries.count(
-        selected,
-        among=action.applies_to,
-        off_revision=action.revision,
-        dead_letters=action.dead_letters,
-    )
+    return await queries.count(selected, **action.selection())
 
 
 async def run_bulk(
@@ -286,18 +295,8 @@ async def run_bulk(
     while walked is not None:
         # What the preview counted, not every execution of the filter: the others
         # would be counted skipped, and (retry) each tried in a transaction of its own.
-        listed = await queries.executions(
-            walked,
-            cursor=cursor,
-            size=page,
-            among=action.applies_to,
-            off_revision=action.revision,
-            dead_letters=action.dead_letters,
-        )
+        listed = await queries.executions(walked, cursor=cursor, size=page, **action.selection())
         for row in listed.rows:
-            if not action.applies(row):
-                state = replace(state, skipped=state.skipped + 1)
-                continue
             state = await _one(router, audit, action, row.id, actor, said, state)
             if each is not None:  # the counts as of this execution, for a run stopped here
                 each(state)
