@@ -134,7 +134,8 @@ def test_a_bad_revision_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixtur
         "statifier_0009, statifier_0010, statifier_0011, statifier_0012, statifier_0013, "
         "statifier_0014, statifier_0015, statifier_0016, statifier_0017, statifier_0018, "
         "statifier_0019, statifier_0020, statifier_0021, statifier_0022, statifier_0023, "
-        "statifier_0024, statifier_0025, statifier_0026, statifier_0027, statifier_0028)\n"
+        "statifier_0024, statifier_0025, statifier_0026, statifier_0027, statifier_0028, "
+        "statifier_0029)\n"
     )
     with pytest.raises(migrations.BadRevision) as raised:
         migrations.upgrade(url, revision="nope")
@@ -153,7 +154,8 @@ def test_debug_adds_the_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[
         "statifier_0009, statifier_0010, statifier_0011, statifier_0012, statifier_0013, "
         "statifier_0014, statifier_0015, statifier_0016, statifier_0017, statifier_0018, "
         "statifier_0019, statifier_0020, statifier_0021, statifier_0022, statifier_0023, "
-        "statifier_0024, statifier_0025, statifier_0026, statifier_0027, statifier_0028)\n"
+        "statifier_0024, statifier_0025, statifier_0026, statifier_0027, statifier_0028, "
+        "statifier_0029)\n"
     )
 
 
@@ -307,7 +309,8 @@ def test_the_docs_show_these_outputs() -> None:
             "statifier_0009, statifier_0010, statifier_0011, statifier_0012, statifier_0013, "
             "statifier_0014, statifier_0015, statifier_0016, statifier_0017, statifier_0018, "
             "statifier_0019, statifier_0020, statifier_0021, statifier_0022, statifier_0023, "
-            "statifier_0024, statifier_0025, statifier_0026, statifier_0027, statifier_0028)"
+            "statifier_0024, statifier_0025, statifier_0026, statifier_0027, statifier_0028, "
+            "statifier_0029)"
         ),
         (
             "statifier graph: unexpected KeyError: 'oops' "

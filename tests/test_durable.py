@@ -392,7 +392,7 @@ async def test_an_unmigrated_database_says_to_run_db_upgrade(database: Database)
     assert "--prefix d_" in message
     assert message.endswith("or pass migrate=True")
     assert refused.value.revision is None
-    assert refused.value.head == "statifier_0028"
+    assert refused.value.head == "statifier_0029"
     if database.backend == "sqlite":  # checking did not leave an empty file behind
         assert not _exists(database.url.removeprefix("sqlite:///"))
     else:

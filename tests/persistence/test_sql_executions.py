@@ -5,7 +5,10 @@ answers alike, whichever form the dialect's capabilities chose."""
 from __future__ import annotations
 
 import json
+import sqlite3
+from contextlib import closing
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,13 +17,15 @@ from statifier.buckets import address_bucket, bucket_of
 from statifier.chart import compile_chart
 from statifier.ids import new_execution_id
 from statifier.persistence import Executions, Storage
+from statifier.persistence.executions import INVOKE_KEY, PARENT_KEY
 from statifier.persistence.sql import SqlAdapter
 from statifier.persistence.sql.schema import PINNING
-from statifier.sql import TableOptions
+from statifier.sql import TableOptions, migrations
 from statifier.sql.dialect import Dialect
 from statifier.sql.executions import ExecutionStatements
 from statifier.sql.postgres import POSTGRES
 from statifier.sql.sqlite import SQLITE
+from statifier.sql.tables import PARENT_METADATA_KEY
 
 START = datetime(2026, 12, 2, 12, tzinfo=UTC)
 
@@ -42,6 +47,36 @@ def test_the_capabilities_choose_the_forms_that_differ() -> None:
     # The metadata query is the dialect's: containment where the column answers it.
     assert "@>" in postgres.by_metadata
     assert "json_each" in sqlite.statuses_by_metadata
+
+
+def test_a_parents_children_are_asked_for_by_the_key_the_driver_files_them_under() -> None:
+    assert PARENT_METADATA_KEY == PARENT_KEY
+    s = ExecutionStatements(TableOptions().define(), SQLITE, PINNING)
+    asked = {PARENT_KEY: "p", INVOKE_KEY: "i"}
+    assert s.metadata_query(asked, statuses=True) == s.statuses_by_parent_metadata
+    assert s.metadata_query(asked, statuses=False) == s.by_parent_metadata
+    assert s.metadata_query({INVOKE_KEY: "i"}, statuses=True) == s.statuses_by_metadata
+    assert "statifier_executions.parent = :parent AND" in s.statuses_by_parent_metadata
+    for dialect in (SQLITE, POSTGRES):
+        with pytest.raises(ValueError, match="not a metadata key"):
+            dialect.json_text_sql("metadata", "it's")
+
+
+def test_on_sqlite_a_parents_children_are_found_by_the_index(tmp_path: Path) -> None:
+    # Without the index, cancelling one execution read every execution's metadata.
+    url = f"sqlite:///{tmp_path / 'plan.db'}"
+    migrations.upgrade(url, TableOptions())
+    s = ExecutionStatements(TableOptions().define(), SQLITE, PINNING)
+    with closing(sqlite3.connect(tmp_path / "plan.db")) as connection:
+        for statuses in (True, False):
+            sql = s.metadata_query({PARENT_KEY: "p"}, statuses=statuses)
+            plan = connection.execute(
+                f"EXPLAIN QUERY PLAN {sql}", {"metadata": "{}", "parent": "p"}
+            )
+            steps = [step[3] for step in plan.fetchall()]
+            assert steps[0] == (
+                "SEARCH statifier_executions USING INDEX statifier_executions_parent_idx (parent=?)"
+            ), steps
 
 
 def _execution(dialect: Dialect, execution_id: str, status: str) -> dict[str, Any]:

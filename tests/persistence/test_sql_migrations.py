@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import textwrap
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -27,7 +28,7 @@ from statifier.sql import TableOptions, migrations
 from statifier.sql.dialect import execution_lock_key
 from statifier.sql.tables import UtcDateTime, autogenerate_filter
 
-HEAD = "statifier_0028"
+HEAD = "statifier_0029"
 """The newest revision."""
 
 DURABLE_TABLES = ("mig_charts", "mig_positions", "mig_executions", "mig_inputs")
@@ -918,3 +919,42 @@ def test_the_held_create_bucket_revision_fills_its_column_and_goes_back(
         read="SELECT scope, document, key, bucket FROM {table}",
     )
     assert buckets == {where: address_bucket(*where) for where in ADDRESSES}
+
+
+def test_the_parent_revision_fills_its_column_and_goes_back(fresh_database: Any) -> None:
+    # statifier_0029 copies the parent each execution's metadata names into a column
+    # of its own and indexes it; new rows get it from their insert.
+    options = _options(fresh_database)
+    migrations.upgrade(fresh_database.url, options, "statifier_0028")
+    table = f"{options.schema}.mig_executions" if options.schema else "mig_executions"
+    insert = sa.text(
+        f"INSERT INTO {table} (execution_id, content_hash, status, metadata, created_at, "
+        "updated_at, bucket) VALUES (:id, 'h', 'active', :metadata, CURRENT_TIMESTAMP, "
+        "CURRENT_TIMESTAMP, 0)"
+    )
+    metadata = {
+        "p/a": {"statifier.parent": "p", "statifier.invoke": "a"},
+        "q/a": {"statifier.parent": "q", "statifier.invoke": "a", "tenant": "t"},
+        "named": {"parent": "p"},
+        "bare": {},
+    }
+    engine = sa.create_engine(migrations.sync_url(fresh_database.url))
+    try:
+        with engine.begin() as connection:
+            for execution_id, pairs in metadata.items():
+                connection.execute(insert, {"id": execution_id, "metadata": json.dumps(pairs)})
+        before = _index_names(fresh_database.url, options)
+        migrations.upgrade(fresh_database.url, options, "statifier_0029")
+        assert _index_names(fresh_database.url, options) == before | {"mig_executions_parent_idx"}
+        with engine.connect() as connection:
+            read = connection.execute(sa.text(f"SELECT execution_id, parent FROM {table}"))
+            assert dict(read.fetchall()) == {"p/a": "p", "q/a": "q", "named": None, "bare": None}
+        migrations.downgrade(fresh_database.url, options, "statifier_0028")
+        assert _index_names(fresh_database.url, options) == before
+        with engine.connect() as connection:
+            columns = sa.inspect(connection).get_columns("mig_executions", schema=options.schema)
+            kept = connection.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar()
+        assert "parent" not in {column["name"] for column in columns}
+        assert kept == len(metadata)
+    finally:
+        engine.dispose()

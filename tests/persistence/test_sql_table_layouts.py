@@ -338,6 +338,7 @@ def test_left_out_the_options_lay_out_the_tables_as_before(
         "last_error_at",
         "final_state",
         "bucket",
+        "parent",
     ]
     if fresh_database.backend == "postgresql":
         assert {c["collation"] for c in executions} == {None}

@@ -1066,6 +1066,32 @@ class MetadataConformance(_AdapterSuite):
         assert await adapter.statuses_by_metadata({"parent": "z"}) == {}
 
     @pytest.mark.asyncio
+    async def test_metadata_finds_a_parents_durable_children(self, adapter: Adapter) -> None:
+        # The keys the durable driver files a child under: a parent's children are
+        # looked up by them when it is cancelled (an index serves it on SQL).
+        parent, invoke = "statifier.parent", "statifier.invoke"
+        await self._insert_tagged(
+            adapter,
+            {
+                "p/a": {parent: "p", invoke: "a"},
+                "p/b": {parent: "p", invoke: "b", "tenant": "t"},
+                "q/a": {parent: "q", invoke: "a"},
+                "p-named": {"parent": "p", invoke: "a"},
+                "orphan": {invoke: "a"},
+            },
+        )
+        assert await self._listed(adapter, {parent: "p"}) == {"p/a", "p/b"}
+        assert await self._listed(adapter, {parent: "p", invoke: "a"}) == {"p/a"}
+        assert await self._listed(adapter, {invoke: "a", parent: "q"}) == {"q/a"}
+        assert await self._listed(adapter, {parent: "p", "tenant": "t"}) == {"p/b"}
+        assert await self._listed(adapter, {parent: "p", "tenant": "u"}) == set()
+        assert await self._listed(adapter, {parent: "z"}) == set()
+        assert await self._listed(adapter, {invoke: "a"}) == {"p/a", "q/a", "p-named", "orphan"}
+        assert await adapter.statuses_by_metadata({parent: "p", invoke: "b"}) == {
+            "p/b": Status.ACTIVE
+        }
+
+    @pytest.mark.asyncio
     async def test_metadata_is_kept_by_updates(self, adapter: Adapter) -> None:
         await self._insert_tagged(adapter, {"exec-1": {"tenant": "a"}})
         await adapter.update_execution(_execution(metadata={"tenant": "b"}))

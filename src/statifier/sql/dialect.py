@@ -48,6 +48,7 @@ __all__ = [
     "named_to_pyformat",
     "ping",
     "savepoint_statements",
+    "spliced_key",
     "utc_text",
     "utc_time",
 ]
@@ -224,6 +225,16 @@ class Dialect:
         statement, and one parameter, for any number of pairs."""
         raise NotImplementedError
 
+    def json_text_sql(self, column: str, key: str) -> str:
+        """The SQL of the text the JSON object in ``column`` (SQL naming a column) holds
+        under ``key``, ``NULL`` when it holds none. ``key`` is spliced into the SQL: a
+        name the package chooses (letters, digits, dots, underscores), never a caller's.
+
+        Raises:
+            ValueError: ``key`` holds another character.
+        """
+        raise NotImplementedError
+
     def bucket(self, column: Any, start: int, width: int) -> Any:
         """A SQLAlchemy expression of the number of whole ``width``-second buckets from
         ``start`` (seconds since 1970) to the time in ``column`` (not before
@@ -287,3 +298,19 @@ def named_to_pyformat(text: str) -> str:
     """``text`` with ``:name`` parameters written as ``%(name)s`` and every other
     ``%`` doubled, as psycopg binds a statement with parameters by name."""
     return _PARAMETER.sub(r"%(\1)s", text.replace("%", "%%"))
+
+
+_SPLICED_KEY = re.compile(r"[A-Za-z0-9_.]+")
+
+
+def spliced_key(key: str) -> str:
+    """``key`` unchanged, checked fit to splice into a statement's SQL (see
+    :meth:`Dialect.json_text_sql`).
+
+    Raises:
+        ValueError: ``key`` is empty or holds another character than letters, digits,
+            dots and underscores.
+    """
+    if _SPLICED_KEY.fullmatch(key) is None:
+        raise ValueError(f"{key!r} is not a metadata key to splice into SQL")
+    return key

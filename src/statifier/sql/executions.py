@@ -28,14 +28,14 @@ True
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Final
 
 from statifier.sql.dialect import Dialect
 from statifier.sql.keys import RowKeys
 from statifier.sql.locks import locks_of
 from statifier.sql.names import TableNames
-from statifier.sql.tables import Tables
+from statifier.sql.tables import PARENT_METADATA_KEY, Tables
 
 __all__ = [
     "ANSWER_COLUMNS",
@@ -95,7 +95,8 @@ class ExecutionStatements:
       ``fetch_chart``, ``lock_chart``, ``guard_chart``: ``h``. ``retire_chart``:
       ``h``, ``at``, ``by``.
     - ``insert_execution``: the execution's columns (``metadata`` a JSON document) and
-      its ``bucket`` (:func:`~statifier.buckets.bucket_of`);
+      its ``bucket`` (:func:`~statifier.buckets.bucket_of`; its ``parent`` is taken from
+      ``metadata``);
       returns a row only when it inserted. ``fetch_execution`` (and ``_locked``):
       ``id``. ``fetch_executions`` (and ``_locked``): ``ids``, a :meth:`Dialect.listed`
       list, rows in ``execution_id`` order. ``update_execution``: the columns a step
@@ -130,7 +131,9 @@ class ExecutionStatements:
       ``claim_writer``: no parameters; ``None`` without :attr:`Dialect.single_writer`.
     - ``by_metadata`` (every column of :data:`EXECUTION_COLUMNS`),
       ``statuses_by_metadata`` (``execution_id, status``): ``metadata``, a JSON
-      document whose every pair the executions' metadata holds.
+      document whose every pair the executions' metadata holds;
+      ``by_parent_metadata``, ``statuses_by_parent_metadata``: the same, and
+      ``parent``, the pairs' parent (:meth:`metadata_query` chooses).
     """
 
     def __init__(
@@ -180,9 +183,11 @@ class ExecutionStatements:
         self.guard_chart = sql(
             f"SELECT retired_at, retired_by FROM {t.charts} WHERE content_hash = :h{key_share}"
         )
-        metadata = {"metadata": dialect.json("metadata")}
-        # The bucket is written beside the record's columns, never read back into it.
-        inserted = (*EXECUTION_COLUMNS.split(", "), "bucket")
+        # The bucket is written beside the record's columns, never read back into it;
+        # the parent too, taken from the metadata by the database.
+        parent = dialect.json_text_sql(dialect.json("metadata"), PARENT_METADATA_KEY)
+        metadata = {"metadata": dialect.json("metadata"), "parent": parent}
+        inserted = (*EXECUTION_COLUMNS.split(", "), "bucket", "parent")
         self.insert_execution = sql(
             f"{keys.insert(t.executions, inserted, metadata)} "
             "ON CONFLICT (execution_id) DO NOTHING RETURNING 1"
@@ -381,3 +386,20 @@ class ExecutionStatements:
         self.statuses_by_metadata = sql(
             f"SELECT execution_id, status FROM {t.executions} WHERE {holds}"
         )
+        # The same, when the pairs name a parent: its column, indexed, narrows first.
+        under = f"{t.executions}.parent = :parent AND {holds}"
+        self.by_parent_metadata = sql(
+            f"SELECT {EXECUTION_COLUMNS} FROM {t.executions} WHERE {under}"
+        )
+        self.statuses_by_parent_metadata = sql(
+            f"SELECT execution_id, status FROM {t.executions} WHERE {under}"
+        )
+
+    def metadata_query(self, pairs: Mapping[str, str], *, statuses: bool) -> str:
+        """The statement that reads the executions whose metadata holds every one of
+        ``pairs``: ``statuses`` (``execution_id, status``) or every column; bind
+        ``metadata`` (the pairs, one JSON document) and ``parent`` (the value of
+        :data:`~statifier.sql.tables.PARENT_METADATA_KEY` among them, or ``None``)."""
+        if PARENT_METADATA_KEY in pairs:
+            return self.statuses_by_parent_metadata if statuses else self.by_parent_metadata
+        return self.statuses_by_metadata if statuses else self.by_metadata

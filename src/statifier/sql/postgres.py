@@ -16,7 +16,7 @@ from typing import Any, Final
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
-from statifier.sql.dialect import Dialect, Values, named_to_pyformat
+from statifier.sql.dialect import Dialect, Values, named_to_pyformat, spliced_key
 
 __all__ = [
     "POSTGRES",
@@ -87,6 +87,9 @@ class PostgresDialect(Dialect):
     def json_has_sql(self, column: str, parameter: str) -> str:
         # jsonb containment, which a GIN index on the column serves.
         return f"{column} @> {self.json(parameter)}"
+
+    def json_text_sql(self, column: str, key: str) -> str:
+        return f"({column} ->> '{spliced_key(key)}')"
 
     def bucket(self, column: Any, start: int, width: int) -> Any:
         # date_part returns a double, several times cheaper per row than the numeric

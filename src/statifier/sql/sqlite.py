@@ -20,7 +20,7 @@ from uuid import UUID
 
 import sqlalchemy as sa
 
-from statifier.sql.dialect import Dialect, Values, utc_text, utc_time
+from statifier.sql.dialect import Dialect, Values, spliced_key, utc_text, utc_time
 
 __all__ = ["BEGIN_WRITE", "COMMIT", "SQLITE", "SqliteDialect"]
 
@@ -89,6 +89,11 @@ class SqliteDialect(Dialect):
             f"WHERE NOT EXISTS (SELECT 1 FROM json_each({column}) AS held "
             "WHERE held.key = asked.key AND held.value = asked.value))"
         )
+
+    def json_text_sql(self, column: str, key: str) -> str:
+        # The form of the executions' index on their parent (statifier.sql.tables),
+        # which SQLite uses only for the same expression.
+        return f"json_extract({column}, '$.\"{spliced_key(key)}\"')"
 
     def bucket(self, column: Any, start: int, width: int) -> Any:
         epoch = sa.cast(sa.func.strftime("%s", column), sa.Integer)

@@ -110,6 +110,7 @@ from statifier.sql.types import UtcDateTime, json_document
 
 __all__ = [
     "DEFAULT_PREFIX",
+    "PARENT_METADATA_KEY",
     "TableOptions",
     "Tables",
     "UtcDateTime",
@@ -128,6 +129,12 @@ _INTEGER_KEYS = (sa.Integer, sa.BigInteger, sa.SmallInteger)
 
 
 _ONLY_ON: Final = "statifier_only_on"
+
+PARENT_METADATA_KEY: Final = "statifier.parent"
+"""The metadata key a durable child names its parent under
+(:data:`statifier.persistence.PARENT_KEY`, the same text). The executions' insert copies
+its value into the column ``parent``, indexed, so that a parent's children are found
+without reading every execution's metadata (decision 0132)."""
 
 
 def autogenerate_filter(dialect_name: str) -> Callable[..., bool]:
@@ -633,6 +640,10 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         # the insert: the rows of a range of buckets are read by the index below, as
         # moving a range reads them (decision 0116). Last, where statifier_0022 added it.
         sa.Column("bucket", sa.SmallInteger(), nullable=False),
+        # The parent its metadata names (PARENT_METADATA_KEY), written by the insert
+        # from the metadata and never changed: cancelling an execution finds its
+        # durable children by the index below. Last, where statifier_0029 added it.
+        sa.Column("parent", sa.Text(), nullable=True),
         sa.UniqueConstraint("execution_id", name=name("executions_execution_id_key")),
         sa.Index(name("executions_bucket_execution_id_idx"), "bucket", "execution_id"),
         sa.Index(name("executions_content_hash_status_idx"), "content_hash", "status"),
@@ -640,6 +651,7 @@ def _define(options: TableOptions, metadata: sa.MetaData) -> Tables:
         *_console_execution_indexes(options),
         # The console's "errors" filter: executions whose steps raised, newest first.
         sa.Index(name("executions_last_error_at_idx"), "last_error_at", "execution_id"),
+        sa.Index(name("executions_parent_idx"), "parent"),
         schema=schema,
     )
     sa.Index(

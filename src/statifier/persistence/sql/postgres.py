@@ -76,6 +76,7 @@ from statifier.sql.postgres import (
     SET_LOCK_TIMEOUT,
     lock_timeout,
 )
+from statifier.sql.tables import PARENT_METADATA_KEY
 
 try:
     import psycopg
@@ -879,18 +880,20 @@ class PostgresDatabase:
         return [execution_id for (execution_id,) in await cursor.fetchall()]
 
     async def list_by_metadata(self, pairs: Mapping[str, str]) -> list[ExecutionRecord]:
-        rows = await self._run(self._by_metadata, self.statements.by_metadata, pairs)
+        rows = await self._run(self._by_metadata, pairs, False)
         return [_execution(row) for row in rows]
 
     async def statuses_by_metadata(self, pairs: Mapping[str, str]) -> dict[str, Status]:
-        rows = await self._run(self._by_metadata, self.statements.statuses_by_metadata, pairs)
+        rows = await self._run(self._by_metadata, pairs, True)
         return {execution_id: Status(status) for execution_id, status in rows}
 
     async def _by_metadata(
-        self, cursor: Cursor, sql: str, pairs: Mapping[str, str]
+        self, cursor: Cursor, pairs: Mapping[str, str], statuses: bool
     ) -> list[tuple[Any, ...]]:
         # Every pair given, as one document: keys and values bound, never spliced.
-        await cursor.execute(sql, {"metadata": Jsonb(dict(pairs))})
+        sql = self.statements.metadata_query(pairs, statuses=statuses)
+        values = {"metadata": Jsonb(dict(pairs)), "parent": pairs.get(PARENT_METADATA_KEY)}
+        await cursor.execute(sql, values)
         return await cursor.fetchall()
 
     # Durable children's answers.

@@ -75,6 +75,7 @@ from statifier.sql.engines import (
 from statifier.sql.executions import ExecutionStatements
 from statifier.sql.names import table_names
 from statifier.sql.sqlite import BEGIN_WRITE, COMMIT, SQLITE
+from statifier.sql.tables import PARENT_METADATA_KEY
 
 __all__ = ["SqliteDatabase", "SqliteTransaction"]
 
@@ -724,19 +725,20 @@ class SqliteDatabase:
         return [execution_id for (execution_id,) in rows]
 
     async def list_by_metadata(self, pairs: Mapping[str, str]) -> list[ExecutionRecord]:
-        rows = await self._run(self._by_metadata, False, self.statements.by_metadata, pairs)
+        rows = await self._run(self._by_metadata, False, pairs, False)
         return [_execution(row) for row in rows]
 
     async def statuses_by_metadata(self, pairs: Mapping[str, str]) -> dict[str, Status]:
-        sql = self.statements.statuses_by_metadata
-        rows = await self._run(self._by_metadata, False, sql, pairs)
+        rows = await self._run(self._by_metadata, False, pairs, True)
         return {execution_id: Status(status) for execution_id, status in rows}
 
     def _by_metadata(
-        self, cursor: sqlite3.Cursor, sql: str, pairs: Mapping[str, str]
+        self, cursor: sqlite3.Cursor, pairs: Mapping[str, str], statuses: bool
     ) -> list[tuple[Any, ...]]:
         # Every pair given, as one document: keys and values bound, never spliced.
-        return cursor.execute(sql, {"metadata": json.dumps(dict(pairs))}).fetchall()
+        sql = self.statements.metadata_query(pairs, statuses=statuses)
+        values = {"metadata": json.dumps(dict(pairs)), "parent": pairs.get(PARENT_METADATA_KEY)}
+        return cursor.execute(sql, values).fetchall()
 
     # Durable children's answers.
 

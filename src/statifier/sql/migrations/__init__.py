@@ -37,7 +37,7 @@ transaction governs and no lock is taken.
 >>> path = os.path.join(tempfile.mkdtemp(), "doc.db")
 >>> upgrade(f"sqlite:///{path}", TableOptions(prefix="doc_"))
 >>> current(f"sqlite:///{path}", TableOptions(prefix="doc_"))
-'statifier_0028'
+'statifier_0029'
 >>> downgrade(f"sqlite:///{path}", TableOptions(prefix="doc_"))
 >>> current(f"sqlite:///{path}", TableOptions(prefix="doc_")) is None
 True
