@@ -16,6 +16,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
+import httpx
 import pytest
 import sqlalchemy as sa
 from tests.persistence.conftest import (  # noqa: F401 - fixtures used by name
@@ -32,10 +33,13 @@ from tests.router.racing_router import SCOPE, hit
 from tests.router.test_races import COUNTER, counter_router
 
 from statifier import telemetry
+from statifier.api import Api, ApiToken, Rights
 from statifier.buckets import bucket_of, outbox_bucket
 from statifier.chart import compile_chart
 from statifier.console.actions import Done
+from statifier.console.app import Console
 from statifier.console.audit import Audit
+from statifier.console.auth import Operator, Operators, Role, Sessions
 from statifier.console.bulk import (
     BULK_ACTIONS,
     BulkProgress,
@@ -506,3 +510,45 @@ async def test_a_database_that_does_not_answer_stops_the_run_not_each_execution(
         await run_bulk(router, queries, audit, down, ExecutionFilter(scope=SCOPE), actor="ada")
     assert len(tried) == 1
     assert _statuses(router_db) == {"active": 10}
+
+
+@pytest.mark.asyncio
+async def test_a_console_and_an_api_over_the_same_stores_see_each_others_runs_going(
+    router_db: RouterDb,  # noqa: F811 - the fixture
+) -> None:
+    # A server's console and API each had stores of their own: a run the API started
+    # read as "unfinished" on the console (interrupted: run it again) while it ran,
+    # and the console's on the API. The service hands the API the console's stores.
+    router = counter_router(router_db)
+    await _made(router, 1000)
+    operators = Operators([Operator("ada", "ada-token-0123456789abcdef", Role.OPERATOR)])
+    console = Console.of(router, Sessions(operators, key=b"k" * 32))
+    token = "ops-token-0123456789abcdef"
+    with pytest.raises(ValueError, match="not the router's"):
+        Api(counter_router(router_db), tokens=[ApiToken("ops", token, ("*",), Rights.WRITE)],
+            stores=console.stores)  # fmt: skip
+    api = Api(router, tokens=[ApiToken("ops", token, ("*",), Rights.WRITE)], stores=console.stores)
+    headers = {"Authorization": f"Bearer {token}"}
+    transport = httpx.ASGITransport(app=api.app)
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
+            body = {"action": "pause", "filter": {"scope": SCOPE}}
+            preview = await client.post("/bulk", json=body, headers=headers)
+            assert preview.json()["selected"] == 1000, preview.text
+            started = await client.post("/bulk", json={**body, "confirm": 1000}, headers=headers)
+            assert started.status_code == 202, started.text
+            job = started.json()["job"]
+            # A thousand pauses take longer than this turn of the loop.
+            assert console.bulk_runs.running(job)
+            run = await console.bulk_runs.log.get(job)
+            assert run is not None
+            assert console.bulk_runs.state(run) == "running"
+            async with asyncio.timeout(60):
+                while (await client.get(f"/bulk/{job}", headers=headers)).json()[  # noqa: ASYNC110 - polled
+                    "state"
+                ] == "running":
+                    await asyncio.sleep(0.05)
+            assert (await client.get(f"/bulk/{job}", headers=headers)).json()["done"] == 1000
+    finally:
+        await api.close()
+        console.close()

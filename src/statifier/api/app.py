@@ -114,10 +114,16 @@ class Api:
         timeout: the seconds one call may take (a wait aside).
         max_wait: the longest wait answered, in seconds.
         poll: the seconds between two reads of the executions waited on.
+        stores: the stores read and acted on, made from ``router`` if ``None``. A
+            server gives its console's (:attr:`statifier.console.Console.stores`), so
+            that a bulk run started through one is ``running`` when read through the
+            other, not ``unfinished``: a process knows the runs going in it by the
+            stores that started them.
 
     Raises:
         ValueError: no token, a bound that is not positive, a visible field that is a
-            system variable, or a binding whose id is :data:`API_PLAN_ID`.
+            system variable, a binding whose id is :data:`API_PLAN_ID`, or ``stores``
+            over other routers than ``router``'s.
         ApiTokenError: two tokens with one name or one secret.
 
     ``api.app`` is the ASGI application; :meth:`close` stops the watcher (the service
@@ -134,6 +140,7 @@ class Api:
         timeout: float = 10.0,
         max_wait: float = 60.0,
         poll: float = 0.2,
+        stores: Stores | None = None,
     ) -> None:
         check_bounds(max_body, timeout)
         if not tokens:
@@ -149,7 +156,14 @@ class Api:
                     raise ValueError(
                         f"visible fields of {document!r}: {name!r} is not a datamodel field"
                     )
-        stores = Stores.of(router)
+        if stores is None:
+            stores = Stores.of(router)
+        routers = router.routers if isinstance(router, ShardedRouter) else (router,)
+        given = [store.router for store in stores.all]
+        if len(given) != len(routers) or any(
+            a is not b for a, b in zip(given, routers, strict=False)
+        ):
+            raise ValueError("the stores given are not the router's")
         bindings = stores.all[0].router.config.bindings or ()
         if any(binding.id == API_PLAN_ID for binding in bindings):
             raise ValueError(

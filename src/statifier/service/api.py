@@ -17,13 +17,17 @@ from statifier.service.settings import ServiceConfigError, ServiceSettings
 
 if TYPE_CHECKING:
     from statifier.api import Api
+    from statifier.console.stores import Stores
 
 __all__ = ["service_api"]
 
 
-def service_api(settings: ServiceSettings, router: Router | ShardedRouter) -> Api:
+def service_api(
+    settings: ServiceSettings, router: Router | ShardedRouter, stores: Stores | None = None
+) -> Api:
     """The API of ``settings`` (which must have ``[api]`` enabled) over ``router`` (the
-    service's one database, or its stores).
+    service's one database, or its stores); ``stores``: the console's, when the service
+    serves one (see :class:`~statifier.api.Api`).
 
     Raises:
         ServiceConfigError: the API refuses the configuration (a binding named ``api``).
@@ -41,6 +45,7 @@ def service_api(settings: ServiceSettings, router: Router | ShardedRouter) -> Ap
             timeout=chosen.timeout,
             max_wait=chosen.max_wait,
             poll=chosen.poll,
+            stores=stores,
         )
     except ValueError as refused:
         raise ServiceConfigError(settings.file, "api", "", str(refused)) from None

@@ -703,7 +703,9 @@ class Service:
             self._console = service_console(settings, routing)
             routes.extend(self._console.routes)
         if settings.api.enabled:
-            self._api = service_api(settings, routing)
+            # The console's stores: a bulk run started by either is going for both.
+            shared = None if self._console is None else self._console.console.stores
+            self._api = service_api(settings, routing, shared)
             fronts.append((settings.api.path, self._api.app))
         app = Mounted(fronts, Starlette(routes=routes))
         # The server runs no lifespan: the service runs the fronts' (a group commit's
