@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -510,6 +511,53 @@ async def test_a_database_that_does_not_answer_stops_the_run_not_each_execution(
         await run_bulk(router, queries, audit, down, ExecutionFilter(scope=SCOPE), actor="ada")
     assert len(tried) == 1
     assert _statuses(router_db) == {"active": 10}
+    # The run's own row says it stopped and why (it was missing: only a run that
+    # reached its end wrote one).
+    ((target, outcome),) = _audit_rows(router_db, "bulk")
+    assert (target, outcome) == ("pause", "stopped")
+    audit_table = router_db.store.tables.console_audit
+    (detail,) = _sql(
+        router_db, sa.select(audit_table.c.detail).where(audit_table.c.action == "bulk")
+    )
+    assert "stopped (DatabaseDown: no connection within 5 s" in detail.detail
+
+
+@pytest.mark.asyncio
+async def test_a_cancelled_run_writes_its_row_saying_so(
+    router_db: RouterDb,  # noqa: F811 - the fixture
+) -> None:
+    # A server stopping or Ctrl-C cancels the run between two executions: what was
+    # done has its rows, and the run its own, outcome stopped, with its counts.
+    router = counter_router(router_db)
+    await _made(router, 5)
+    adapter = router_db.adapter
+    queries = ConsoleQueries(adapter.engine, adapter.tables)
+    audit = Audit(adapter.engine, adapter.tables)
+    pause = BULK_ACTIONS["pause"]
+    second = asyncio.Event()
+
+    async def act(router: Router, execution_id: str, **given: Any) -> Done:
+        if len(_audit_rows(router_db, "pause")) == 2:
+            second.set()
+            await asyncio.Event().wait()  # held until cancelled
+        return await pause.act(router, execution_id, **given)
+
+    where = ExecutionFilter(scope=SCOPE)
+    run = asyncio.create_task(
+        run_bulk(router, queries, audit, replace(pause, act=act), where, actor="ada")
+    )
+    async with asyncio.timeout(30):
+        await second.wait()
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    assert len(_audit_rows(router_db, "pause")) == 2
+    assert _audit_rows(router_db, "bulk") == [("pause", "stopped")]
+    audit_table = router_db.store.tables.console_audit
+    (row,) = _sql(router_db, sa.select(audit_table.c.detail).where(audit_table.c.action == "bulk"))
+    assert row.detail == (
+        "bulk pause of 5 selected: 2 done, 0 skipped, 0 failed; stopped (cancelled) before the rest"
+    )
 
 
 @pytest.mark.asyncio

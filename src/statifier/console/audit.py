@@ -92,10 +92,11 @@ ACTIONS: Final = frozenset(
 )
 """The actions the console records."""
 
-OUTCOMES: Final = frozenset({"done", "parked", "refused", "failed"})
+OUTCOMES: Final = frozenset({"done", "parked", "refused", "failed", "stopped"})
 """How an action ended: done, parked (a migration that could not carry the execution
 and parked it instead), refused (nothing to do: already ended, gone...), failed (an
-error; ``detail`` says which)."""
+error; ``detail`` says which), stopped (a bulk run that ended early: cancelled, or an
+error such as its database going down; ``detail`` says which and what it had done)."""
 
 MAX_TEXT: Final = 1000
 """The most characters kept of ``actor``, ``target`` and ``detail``."""

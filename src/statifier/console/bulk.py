@@ -10,7 +10,9 @@ transaction of its own with its audit row: an execution is acted on, with its ro
 once or not at all, whatever stops the run. An execution the action does not apply to
 (cancel: ended; pause: not active; resume: not paused; migrate: ended or on the
 revision already; retry: no dead outbox row) is skipped, with no row. When the run
-ends it writes one more row, for the run itself (action ``bulk``), with its counts.
+ends it writes one more row, for the run itself (action ``bulk``), with its counts;
+outcome ``stopped`` when it ended early (cancelled, or an error such as the database
+going down), saying why.
 
 A resume steps in what each execution held while paused. An execution whose held
 events raised an error event no transition took (what makes ``statifier executions
@@ -33,6 +35,7 @@ frozenset({<Status.ACTIVE: 'active'>})
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -47,6 +50,7 @@ from statifier.console.queries import (
     ConsoleQueries,
     ExecutionFilter,
 )
+from statifier.error_text import error_text
 from statifier.expr import Value
 from statifier.persistence import Status, database_down
 from statifier.persistence.sql import SqlTransaction
@@ -292,29 +296,63 @@ async def run_bulk(
     said = f"bulk {action.said} of {state.selected} selected"
     walked = action.narrowed(where)
     cursor: str | None = None
-    while walked is not None:
-        # What the preview counted, not every execution of the filter: the others
-        # would be counted skipped, and (retry) each tried in a transaction of its own.
-        listed = await queries.executions(walked, cursor=cursor, size=page, **action.selection())
-        for row in listed.rows:
-            state = await _one(router, audit, action, row.id, actor, said, state)
-            if each is not None:  # the counts as of this execution, for a run stopped here
-                each(state)
-        if progress is not None:
-            await progress(state)
-        cursor = listed.next_cursor
-        if cursor is None:
-            break
-    detail = f"{said}: {counts(state)}"
+    try:
+        while walked is not None:
+            # What the preview counted, not every execution of the filter: the others
+            # would be counted skipped, and (retry) each tried in a transaction of its own.
+            listed = await queries.executions(
+                walked, cursor=cursor, size=page, **action.selection()
+            )
+            for row in listed.rows:
+                state = await _one(router, audit, action, row.id, actor, said, state)
+                if each is not None:  # the counts as of this execution, for a stop here
+                    each(state)
+            if progress is not None:
+                await progress(state)
+            cursor = listed.next_cursor
+            if cursor is None:
+                break
+    except (Exception, asyncio.CancelledError) as stopped:
+        await _record_stop(audit, actor, action, said, state, stopped)
+        raise
+    await audit.record(_run_entry(actor, action, f"{said}: {counts(state)}", state))
+    return state
+
+
+def _run_entry(actor: str, action: BulkAction, detail: str, state: BulkProgress) -> AuditEntry:
+    """The run's own audit row (action ``bulk``): ``detail``, then its last failures."""
     if state.last_error is not None:
         detail += f"; last failure: {state.last_error}"
     if state.last_raised_error is not None:
         detail += f"; last error raised: {state.last_raised_error}"
     outcome = "failed" if state.failed else "done"
-    await audit.record(
-        AuditEntry(actor, action="bulk", target=action.name, outcome=outcome, detail=detail)
-    )
-    return state
+    return AuditEntry(actor, action="bulk", target=action.name, outcome=outcome, detail=detail)
+
+
+async def _record_stop(
+    audit: Audit,
+    actor: str,
+    action: BulkAction,
+    said: str,
+    state: BulkProgress,
+    stopped: BaseException,
+) -> None:
+    """The run's row for a run that ended early (outcome ``stopped``): cancelled (its
+    process stopping, Ctrl-C) or an error (the database down, the list unreadable).
+    Where the row cannot be written (the database down), a warning says so; the
+    caller re-raises what stopped the run either way."""
+    why = "cancelled" if isinstance(stopped, asyncio.CancelledError) else error_text(stopped)
+    detail = f"{said}: {counts(state)}; stopped ({why}) before the rest"
+    entry = replace(_run_entry(actor, action, detail, state), outcome="stopped")
+    try:
+        await audit.record(entry)
+    except Exception as unwritten:  # noqa: BLE001 - told, and the stop re-raised
+        _log.warning(
+            "console: bulk %s stopped (%s) and its audit row could not be written: %s",
+            action.name,
+            why,
+            error_text(unwritten),
+        )
 
 
 async def _one(
