@@ -179,3 +179,22 @@ def test_stores_given_wrongly_are_refused(
     assert "--database or --shard, not both" in err
     assert "postgresql://" not in err
     assert "sqlite://" not in err
+
+
+def test_a_store_that_does_not_answer_is_named(
+    urls: list[str], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # The driver's error names a host and port (or nothing, on SQLite): which --shard
+    # it was is what an operator needs.
+    if urls[0].startswith("sqlite"):
+        down = f"sqlite:///{tmp_path}"  # a directory: SQLite cannot open it
+    else:
+        down = sa.make_url(urls[0]).set(port=1).render_as_string(False)  # nothing listens
+    over = _over([urls[0], down, urls[2]])
+    status, _, err = cli(capsys, "list", *over)
+    assert status == 2
+    assert err.startswith("statifier executions list: store 1 of 3 (--shard number 2): database: ")
+    door = next(f"door-{n}" for n in range(1000) if ShardMap.even(3).store_of_id(f"door-{n}") == 1)
+    status, _, err = cli(capsys, "show", door, *over)
+    assert status == 2
+    assert err.startswith("statifier executions show: store 1 of 3 (--shard number 2): database: ")

@@ -102,7 +102,7 @@ import sqlite3
 import sys
 import traceback
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TextIO
 
@@ -289,10 +289,10 @@ def run_refusing(
         keys = getattr(args, "keys_env", None)
         hint = "" if keys else " (if its blobs are encrypted, give --keys-env)"
         return refused(command, args, f"{error}{hint}")
-    except sqlite3.Error as error:
-        return refused(command, args, f"database: {_one_line(error)}")
+    except _StoreFailed as failed:
+        return refused(command, args, f"{failed}: database: {_one_line(failed.error)}")
     except Exception as error:
-        if type(error).__module__.partition(".")[0] not in _DRIVER_ERRORS:
+        if not _database_error(error):
             raise
         return refused(command, args, f"database: {_one_line(error)}")
 
@@ -374,11 +374,42 @@ async def _run(args: argparse.Namespace, out: TextIO) -> int:
 
             args = argparse.Namespace(**{**vars(args), "execution_id": new_execution_id()})
         number = 0 if args.execution_id is None else _store_of(args.execution_id, len(urls))
-        async with _durable(urls[number], args) as durable:
+        async with _in_store(number, len(urls)), _durable(urls[number], args) as durable:
             return await _on_one(durable, args, out)
     async with contextlib.AsyncExitStack() as opened:
-        durables = [await opened.enter_async_context(_durable(url, args)) for url in urls]
+        durables = []
+        for number, url in enumerate(urls):
+            async with _in_store(number, len(urls)):
+                durables.append(await opened.enter_async_context(_durable(url, args)))
         return await _on_all(durables, args, out)
+
+
+class _StoreFailed(Exception):  # noqa: N818 - names the finding
+    """A database error of one store of several (``--shard``): ``run_refusing`` names
+    the store, then the error."""
+
+    def __init__(self, number: int, count: int, error: BaseException) -> None:
+        super().__init__(f"store {number} of {count} (--shard number {number + 1})")
+        self.error = error
+
+
+@contextlib.asynccontextmanager
+async def _in_store(number: int, count: int) -> AsyncIterator[None]:
+    """A database error inside, of store ``number`` of ``count``, raised as
+    :class:`_StoreFailed` when there are several stores."""
+    try:
+        yield
+    except Exception as error:
+        if count < 2 or not _database_error(error):
+            raise
+        raise _StoreFailed(number, count, error) from error
+
+
+def _database_error(error: BaseException) -> bool:
+    """Whether ``error`` is the database's (its driver's, SQLAlchemy's, sqlite3's)."""
+    return isinstance(error, sqlite3.Error) or (
+        type(error).__module__.partition(".")[0] in _DRIVER_ERRORS
+    )
 
 
 def _stores(args: argparse.Namespace) -> list[str]:
