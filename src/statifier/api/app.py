@@ -161,7 +161,7 @@ class Api:
         routers = router.routers if isinstance(router, ShardedRouter) else (router,)
         given = [store.router for store in stores.all]
         if len(given) != len(routers) or any(
-            a is not b for a, b in zip(given, routers, strict=False)
+            a is not b for a, b in zip(given, routers, strict=True)
         ):
             raise ValueError("the stores given are not the router's")
         bindings = stores.all[0].router.config.bindings or ()
