@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from tests.child_processes import signal_child
 from tests.console.crashing_console import ACTOR, target_of
 from tests.persistence.conftest import (  # noqa: F401 - fixtures used by name
     postgresql_store,
@@ -211,7 +212,7 @@ async def _run_once(
         else:
             await asyncio.sleep(delay)
             if process.returncode is None:
-                process.send_signal(signal.SIGKILL)
+                signal_child(process, signal.SIGKILL)
     out, err = await asyncio.wait_for(process.communicate(), 120)
     assert process.returncode in (0, -signal.SIGKILL), err.decode()
     lines += out.split()

@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer
+from tests.child_processes import signal_child
 from tests.fronts.kafka_broker import (
     FAST_GROUP,
     KafkaBroker,
@@ -424,7 +425,7 @@ async def test_closes_while_the_groups_join_is_under_way_all_return(
         output, _ = await asyncio.wait_for(process.communicate(), 90)
     finally:
         if process.returncode is None:
-            process.kill()
+            signal_child(process)
             await process.wait()
     assert process.returncode == 0, output.decode(errors="replace")[-4000:]
 

@@ -32,6 +32,7 @@ from typing import IO
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
+from tests.child_processes import signal_child
 from tests.fronts.kafka_broker import (
     KafkaBroker,
     committed,
@@ -260,7 +261,7 @@ async def test_a_consumer_killed_mid_stream_loses_no_hit_and_steps_none_twice(
         async with asyncio.timeout(DEADLINE):
             while watch.stepped < KILL_AFTER:  # noqa: ASYNC110 - the workers step them
                 await asyncio.sleep(0.05)
-            workers[0].process.send_signal(signal.SIGKILL)
+            signal_child(workers[0].process, signal.SIGKILL)
             await workers[0].process.wait()
             stepped_at_kill, checks_at_kill = watch.stepped, watch.checks
             killed_at = time.monotonic() - began
@@ -288,7 +289,7 @@ async def test_a_consumer_killed_mid_stream_loses_no_hit_and_steps_none_twice(
         assert stepped_at_kill < len(hits), "the kill came after the last hit"
 
         for worker in workers[1:]:
-            worker.process.send_signal(signal.SIGTERM)
+            signal_child(worker.process, signal.SIGTERM)
         for worker in workers[1:]:
             assert await asyncio.wait_for(worker.process.wait(), 30) == 0, worker.log.read_text()
         counts = [json.loads(w.log.read_text().splitlines()[-1]) for w in workers[1:]]
@@ -383,7 +384,7 @@ async def test_two_consumers_stopping_leave_every_partition_committed_to_its_end
                 while await _stepped_of(pg_db, run.topic) < hits:  # noqa: ASYNC110
                     await asyncio.sleep(0.02)
             for worker in workers:
-                worker.process.send_signal(signal.SIGTERM)
+                signal_child(worker.process, signal.SIGTERM)
                 if not together:
                     await _stopped(worker)
             for worker in workers:
@@ -401,7 +402,7 @@ async def _put_down(workers: list[Worker]) -> None:
     """Kill the workers still running and close their logs."""
     for worker in workers:
         if worker.process.returncode is None:
-            worker.process.kill()
+            signal_child(worker.process)
             await worker.process.wait()
         worker.output.close()
 
@@ -420,7 +421,7 @@ async def _stacks_of(worker: Worker) -> None:
     """Have the stuck ``worker`` write its asyncio tasks' and threads' stacks to its log."""
     for dump in (signal.SIGUSR2, signal.SIGUSR1):
         with contextlib.suppress(ProcessLookupError):  # it exited after all
-            worker.process.send_signal(dump)
+            signal_child(worker.process, dump)
             await asyncio.sleep(1.0)
 
 

@@ -28,6 +28,7 @@ import nats
 import pytest
 from nats.js import JetStreamContext
 from nats.js.api import StreamConfig
+from tests.child_processes import signal_child
 from tests.fronts.nats_server import NatsServer, nats_server  # noqa: F401 - the fixture
 from tests.router.conftest import RouterDb
 from tests.router.racing_router import DOCUMENT, SCOPE
@@ -269,7 +270,7 @@ async def test_a_consumer_killed_mid_stream_loses_no_hit_and_steps_none_twice(
 
         async with asyncio.timeout(DEADLINE):
             await _until(lambda: watch.stepped >= KILL_AFTER, watch)
-            workers[0].process.send_signal(signal.SIGKILL)
+            signal_child(workers[0].process, signal.SIGKILL)
             await workers[0].process.wait()
             stepped_at_kill = watch.stepped
             checks_at_kill = watch.checks
@@ -296,7 +297,7 @@ async def test_a_consumer_killed_mid_stream_loses_no_hit_and_steps_none_twice(
         assert stepped_at_kill < len(hits), "the kill came after the last hit"
 
         for worker in workers[1:]:
-            worker.process.send_signal(signal.SIGTERM)
+            signal_child(worker.process, signal.SIGTERM)
         for worker in workers[1:]:
             assert await asyncio.wait_for(worker.process.wait(), 30) == 0, worker.log.read_text()
         counts = [json.loads(w.log.read_text().splitlines()[-1]) for w in workers[1:]]
@@ -307,7 +308,7 @@ async def test_a_consumer_killed_mid_stream_loses_no_hit_and_steps_none_twice(
             await asyncio.gather(watch.task, return_exceptions=True)
         for worker in workers:
             if worker.process.returncode is None:
-                worker.process.kill()
+                signal_child(worker.process)
                 await worker.process.wait()
             worker.output.close()
         await js.delete_stream(stream)

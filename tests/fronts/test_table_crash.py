@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.child_processes import signal_child
 from tests.router.conftest import RouterDb
 from tests.router.racing_router import DOCUMENT, SCOPE, hit
 from tests.router.test_races import COUNTER, count_of, counter_router, logged_messages
@@ -140,7 +141,7 @@ async def test_consumers_killed_at_random_points_route_every_event_once(
             if await member.ready():
                 await asyncio.sleep(chooser.uniform(0.2, 1.2))
                 with contextlib.suppress(ProcessLookupError):  # it may have ended
-                    member.process.send_signal(signal.SIGKILL)
+                    signal_child(member.process, signal.SIGKILL)
             if await member.ended() != 0:
                 kills += 1
             if await _done(router_db, ends):
@@ -155,7 +156,7 @@ async def test_consumers_killed_at_random_points_route_every_event_once(
     finally:
         for member in members.values():
             with contextlib.suppress(ProcessLookupError):
-                member.process.send_signal(signal.SIGKILL)
+                signal_child(member.process, signal.SIGKILL)
             await member.process.communicate()
     assert await _done(router_db, ends)
     assert audit.read_text().split() == []  # no commit passed a pending event

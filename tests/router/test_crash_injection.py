@@ -15,6 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from tests.child_processes import signal_child
 from tests.persistence.conftest import SqlStore
 from tests.router.conftest import RouterDb
 from tests.router.racing_router import DOCUMENT, SCOPE
@@ -81,7 +82,7 @@ async def _run_once(
         else:
             await asyncio.sleep(delay)
             if process.returncode is None:
-                process.send_signal(signal.SIGKILL)
+                signal_child(process, signal.SIGKILL)
     _, err = await asyncio.wait_for(process.communicate(), 120)
     assert process.returncode in (0, -signal.SIGKILL), err.decode()
     return process.returncode

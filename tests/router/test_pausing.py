@@ -14,6 +14,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from tests.child_processes import signal_child
 from tests.console.conftest import CHECKOUT, shop_bindings
 from tests.persistence.conftest import (  # noqa: F401 - fixtures used by name
     fresh_database,
@@ -187,7 +188,7 @@ async def test_a_resume_killed_anywhere_steps_every_held_event_once_or_none(
         assert await asyncio.wait_for(process.stdout.readline(), 60) == b"ready\n"
         await asyncio.sleep(rng.uniform(0.0, 0.4))
         if process.returncode is None:
-            process.send_signal(signal.SIGKILL)
+            signal_child(process, signal.SIGKILL)
         code = await process.wait()
         if code == -signal.SIGKILL:
             kills += 1

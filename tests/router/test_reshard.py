@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 import sqlalchemy as sa
+from tests.child_processes import signal_child
 from tests.persistence.conftest import (  # noqa: F401 - fixtures
     SqlStore,
     postgresql_shards,
@@ -414,7 +415,7 @@ async def test_a_move_killed_at_random_points_and_run_again_moves_every_row_once
             try:
                 await asyncio.wait_for(process.wait(), rng.uniform(0.01, 0.2))
             except TimeoutError:
-                process.kill()
+                signal_child(process)
                 await process.wait()
                 kills += 1
                 continue

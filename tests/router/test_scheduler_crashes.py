@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from tests.child_processes import signal_child
 from tests.persistence.conftest import (  # noqa: F401 - fixtures used by name
     postgresql_store,
     sqlite_store,
@@ -121,7 +122,7 @@ async def test_two_processes_killed_anywhere_make_every_fire_once_in_order(
             await asyncio.sleep(rng.uniform(0.05, 0.25))
             victim = running.pop(rng.randrange(2))
             if victim.returncode is None:
-                victim.send_signal(signal.SIGKILL)
+                signal_child(victim, signal.SIGKILL)
             code = await victim.wait()
             if code == -signal.SIGKILL:
                 kills += 1
@@ -133,7 +134,7 @@ async def test_two_processes_killed_anywhere_make_every_fire_once_in_order(
             assert code == 0, (await process.stderr.read()).decode()  # type: ignore[union-attr]
     finally:
         for spare in spares:
-            (await spare).kill()
+            signal_child(await spare)
     print(f"{kills} passes killed mid-work, {finished} ran through")
     assert kills >= KILLS, (kills, finished)
     expected = [

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.child_processes import signal_child
 from tests.persistence.conftest import SqlStore
 from tests.router.conftest import RouterDb
 
@@ -930,7 +931,7 @@ async def test_a_worker_killed_at_random_points_fires_every_timer_once(
         if kills < KILLS:
             await asyncio.sleep(chooser.uniform(0.0, 0.03))
             if process.returncode is None:
-                process.send_signal(signal.SIGKILL)
+                signal_child(process, signal.SIGKILL)
         _, err = await asyncio.wait_for(process.communicate(), 120)
         assert process.returncode in (0, -signal.SIGKILL), err.decode()
         if process.returncode == 0:

@@ -18,6 +18,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from tests.child_processes import signal_child
 from tests.scriba import source_logs as logs
 from tests.scriba.source_logs import ORDERS, EventLog, holding, read_all
 
@@ -299,7 +300,7 @@ async def test_sqlite_a_holder_process_that_dies_is_replaced(sqlite_log: EventLo
         await standby.close()
     finally:
         if holder.returncode is None:
-            holder.kill()
+            signal_child(holder)
             await holder.wait()
 
 

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.child_processes import signal_child
 from tests.persistence.conftest import FreshDatabase
 from tests.service.recording import RECORD_ENV
 
@@ -104,7 +105,7 @@ class Served:
     log: Path
 
     def signal(self, signum: signal.Signals) -> None:
-        self.process.send_signal(signum)
+        signal_child(self.process, signum)
 
     async def wait(self, seconds: float) -> int:
         return await asyncio.wait_for(self.process.wait(), seconds)
@@ -152,7 +153,7 @@ async def start_serve(
     try:
         line = await asyncio.wait_for(process.stdout.readline(), START_TIMEOUT)
     except TimeoutError:
-        process.kill()
+        signal_child(process)
         await process.wait()
         line = b""
     found = _LISTENING.search(line)
