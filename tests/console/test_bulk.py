@@ -6,6 +6,7 @@ the suite, 10,000 with ``BULK_CRASH_EXECUTIONS=10000``)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import random
 import signal
@@ -20,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 import sqlalchemy as sa
+from tests.child_processes import signal_child
 from tests.persistence.conftest import (  # noqa: F401 - fixtures used by name
     fresh_database,
     postgresql_store,
@@ -50,7 +52,7 @@ from statifier.console.bulk import (
     run_bulk,
     stored_migration,
 )
-from statifier.console.bulk_runs import BulkLog, BulkRuns, action_of, run_recorded
+from statifier.console.bulk_runs import STOPPED, BulkLog, BulkRuns, action_of, run_recorded
 from statifier.console.queries import ConsoleQueries, ExecutionFilter
 from statifier.persistence import ChartNotFound, DatabaseDown, Status
 from statifier.router import Router
@@ -279,7 +281,9 @@ async def test_a_bulk_migrate_moves_each_execution_once_parks_what_cannot_move_a
 @pytest.mark.asyncio
 async def test_a_recorded_run_keeps_its_row_in_step_and_is_made_again_from_it(
     router_db: RouterDb,  # noqa: F811 - the fixture
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.INFO, logger="statifier.console")
     router = counter_router(router_db)
     made = await _made(router, 12)
     adapter = router_db.adapter
@@ -351,6 +355,12 @@ async def test_a_recorded_run_keeps_its_row_in_step_and_is_made_again_from_it(
     assert stopped.error.startswith("stopped:")
     assert not runs.running(run_id)
     assert len(made) == 12
+    # Each run's start and end is a line of the log, with its counts.
+    assert [r.getMessage() for r in caplog.records if "bulk" in r.getMessage()] == [
+        "console: bulk migrate run r1 by ada finished: 12 done, 0 skipped, 0 failed",
+        f"console: bulk pause run {run_id} by bo started: 12 selected",
+        f"console: bulk pause run {run_id} by bo stopped: 0 done, 0 skipped, 0 failed ({STOPPED})",
+    ]
 
 
 @pytest.mark.asyncio
@@ -387,7 +397,7 @@ async def test_a_bulk_cancel_killed_midway_and_run_again_cancels_each_once(
             pages += 1
             if pages == kill_after_pages:
                 await asyncio.sleep(random.Random(pages).uniform(0.0, 0.3))  # inside a page
-                process.send_signal(signal.SIGKILL)
+                signal_child(process, signal.SIGKILL)
                 break
         code = await asyncio.wait_for(process.wait(), 600)
         if code != -signal.SIGKILL:

@@ -34,6 +34,7 @@ from statifier.console.bulk import (
     BulkAction,
     BulkProgress,
     bulk_action,
+    counts,
     run_bulk,
     stored_migration,
 )
@@ -300,6 +301,16 @@ async def run_recorded(
 
     def ended(error: str | None) -> None:
         outcome = "stopped" if error is not None else "failed" if state.failed else "finished"
+        _log.info(
+            "console: bulk %s run %s by %s %s: %s%s",
+            action.name,
+            run_id,
+            actor,
+            outcome,
+            counts(state),
+            "" if error is None else f" ({error})",
+            extra={"run_id": run_id},
+        )
         telemetry.report(
             "statifier.console.bulk_run",
             {
@@ -417,6 +428,14 @@ class BulkRuns:
         run_id = uuid.uuid4().hex if run_id is None else run_id
         now = self.router.storage.clock()
         await self.log.start(run_id, action, where, actor=actor, selected=selected, now=now)
+        _log.info(
+            "console: bulk %s run %s by %s started: %d selected",
+            action.name,
+            run_id,
+            actor,
+            selected,
+            extra={"run_id": run_id},
+        )
         task = asyncio.create_task(
             self._run(run_id, action, where, actor, selected), name=f"bulk {action.name} {run_id}"
         )
@@ -453,6 +472,15 @@ class BulkRuns:
         for run_id in stopping:
             run = await self.log.get(run_id)
             if run is not None and not run.finished:
+                _log.info(
+                    "console: bulk %s run %s by %s stopped: %s (%s)",
+                    run.action,
+                    run_id,
+                    run.actor,
+                    counts(run.progress),
+                    STOPPED,
+                    extra={"run_id": run_id},
+                )
                 await _finish(self.log, run_id, run.progress, STOPPED, self.router.storage.clock())
 
     async def _run(
