@@ -71,6 +71,7 @@ from scriba.sources.gaps import (
 from scriba.sources.standby import AdvisoryLock, FileLock, ProjectionLock, lock_key
 from scriba.sources.subscription import SubscribedSource
 from scriba.sql.tables import autoincrement_id
+from statifier.sql.engines import new_engine
 from statifier.sql.types import json_document
 
 __all__ = ["NewEvent", "SqlTableSource", "append", "append_async", "event_table"]
@@ -201,7 +202,7 @@ class SqlTableSource(SubscribedSource):
             if backend == "postgresql":
                 self._conninfo = _conninfo(url)
             elif backend == "sqlite":
-                self._sync_engine = sa.create_engine(url.set(drivername="sqlite"))
+                self._sync_engine = new_engine(url.set(drivername="sqlite"))
                 self._owned = True
             else:
                 raise ValueError(

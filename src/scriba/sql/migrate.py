@@ -69,7 +69,7 @@ from alembic.runtime.migration import MigrationContext, MigrationStep
 from alembic.script import ScriptDirectory
 
 from scriba.sql.tables import DEFAULT_PREFIX, check_prefix, check_schema, version_table_name
-from statifier.sql.engines import database_url
+from statifier.sql.engines import database_url, new_engine
 
 __all__ = ["HEAD", "current_revision", "downgrade", "upgrade"]
 
@@ -191,7 +191,7 @@ def _connection(bind: Bind) -> Iterator[sa.Connection]:
             with bind.begin():
                 yield bind
         return
-    engine = sa.create_engine(database_url(bind)) if isinstance(bind, str | sa.URL) else bind
+    engine = new_engine(database_url(bind)) if isinstance(bind, str | sa.URL) else bind
     if not isinstance(engine, sa.Engine):
         raise TypeError(f"scriba migrates through a URL, an Engine or a Connection, not {bind!r}")
     try:

@@ -63,7 +63,7 @@ from typing import Any, Final, Protocol, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from scriba.event import Event, ProjectionKey
 from scriba.operations import Delete, Execute, Insert, Multi, Operation, Update
@@ -79,7 +79,13 @@ from scriba.target import (
     StoredDeadLetter,
     Watermark,
 )
-from statifier.sql.engines import busy_wait, database_url, retry_busy, sqlite_engine
+from statifier.sql.engines import (
+    busy_wait,
+    database_url,
+    new_async_engine,
+    retry_busy,
+    sqlite_engine,
+)
 from statifier.sql.sqlite import BEGIN_WRITE
 
 __all__ = ["SchemaNotReadyError", "SqlTarget"]
@@ -513,7 +519,7 @@ def _runner_for(
     url = database_url(database)
     if url.get_backend_name() == "sqlite":
         return _InlineRunner(sqlite_engine(url, **options), owned=True)
-    return _AsyncRunner(create_async_engine(url, **options), owned=True)
+    return _AsyncRunner(new_async_engine(url, **options), owned=True)
 
 
 def _supported(dialect: str) -> None:

@@ -234,9 +234,9 @@ def prepare_database(settings: ServiceSettings) -> None:
 def _has_locations(url: str, options: TableOptions) -> bool:
     import sqlalchemy as sa
 
-    from statifier.sql import migrations
+    from statifier.sql.engines import database_url, new_engine
 
-    engine = sa.create_engine(migrations.sync_url(url))
+    engine = new_engine(database_url(url))
     try:
         names = sa.inspect(engine).get_table_names(schema=options.schema)
     finally:

@@ -38,7 +38,7 @@ import sqlalchemy as sa
 
 from statifier.extras import MissingExtra
 from statifier.sealed import sealed_blob, sealed_document
-from statifier.sql.engines import database_url
+from statifier.sql.engines import database_url, new_engine
 from statifier.sql.tables import TableOptions, Tables
 
 __all__ = ["BLOB_COLUMNS", "SEALED_DOCUMENTS", "rewrite_blobs"]
@@ -117,7 +117,7 @@ def _engine(target: str | sa.URL | sa.Engine) -> Iterator[sa.Engine]:
         yield target
         return
     try:
-        engine = sa.create_engine(database_url(target))
+        engine = new_engine(database_url(target))
     except ModuleNotFoundError as missing:  # psycopg: the postgres extra
         raise MissingExtra.of(missing) from missing
     try:

@@ -13,6 +13,12 @@ it is awaiting something, stands still until the timeout runs out. So the timeou
 connection was opened with (``connect_args={"timeout": ...}``) becomes the bound of the
 asynchronous wait (:func:`busy_wait`), not a sleep on the loop.
 
+Every engine is made by :func:`new_engine` or :func:`new_async_engine`, which keep a
+failed statement's parameters out of its error's text (SQLAlchemy's
+``hide_parameters``): that text reaches logs, the console and stored errors
+(``last_error``), and the parameters are the events' payloads, tokens included. The
+statement itself stays, and the database's own words.
+
 >>> database_url("postgresql://postgres@localhost/app").drivername
 'postgresql+psycopg'
 >>> database_url("sqlite:///state.db").drivername
@@ -52,6 +58,8 @@ __all__ = [
     "is_busy",
     "lasts_one_connection",
     "missing_table",
+    "new_async_engine",
+    "new_engine",
     "open_engine",
     "retry_busy",
     "run_on",
@@ -169,6 +177,30 @@ def set_busy_timeout(connection: sqlite3.Connection, seconds: float) -> None:
     connection.execute(f"PRAGMA busy_timeout = {round(seconds * 1000):d}")
 
 
+def new_engine(url: str | sa.URL, **options: Any) -> sa.Engine:
+    """:func:`sqlalchemy.create_engine` of ``url`` with ``options``, its errors without
+    their statements' parameters (see the module docstring).
+
+    >>> engine = new_engine("sqlite://")
+    >>> with engine.connect() as connection:
+    ...     connection.execute(sa.text("INSERT INTO nowhere VALUES (:token)"), {"token": "s3cret"})
+    Traceback (most recent call last):
+    ...
+    sqlalchemy.exc.OperationalError: (sqlite3.OperationalError) no such table: nowhere
+    [SQL: INSERT INTO nowhere VALUES (?)]
+    [SQL parameters hidden due to hide_parameters=True]
+    ...
+    >>> engine.dispose()
+    """
+    return sa.create_engine(url, hide_parameters=True, **options)
+
+
+def new_async_engine(url: str | sa.URL, **options: Any) -> AsyncEngine:
+    """:func:`~sqlalchemy.ext.asyncio.create_async_engine` of ``url`` with ``options``,
+    its errors without their statements' parameters (as :func:`new_engine`)."""
+    return create_async_engine(url, hide_parameters=True, **options)
+
+
 def sqlite_engine(url: str | sa.URL, *, wal: bool = True, **options: Any) -> sa.Engine:
     """A synchronous engine on ``sqlite3`` whose connections never busy-wait on the loop
     and use WAL on a file (readers never wait for the writer; ``wal=False`` leaves the
@@ -183,7 +215,7 @@ def sqlite_engine(url: str | sa.URL, *, wal: bool = True, **options: Any) -> sa.
     parsed = database_url(url)
     if parsed.get_backend_name() != "sqlite":
         raise ValueError(f"not a SQLite URL: {parsed!r}")
-    engine = sa.create_engine(parsed, **options)
+    engine = new_engine(parsed, **options)
     in_memory = parsed.database in (None, "", ":memory:")
 
     @sa.event.listens_for(engine, "connect")
@@ -276,7 +308,7 @@ def open_engine(url: str | sa.URL, *, pool_size: int = 5) -> sa.Engine | AsyncEn
     parsed = database_url(url)
     if parsed.get_backend_name() == "sqlite":
         return sqlite_engine(parsed)
-    return create_async_engine(parsed, pool_size=pool_size)
+    return new_async_engine(parsed, pool_size=pool_size)
 
 
 def sync_engine(url: str | sa.URL) -> sa.Engine:
@@ -294,7 +326,7 @@ def sync_engine(url: str | sa.URL) -> sa.Engine:
     if parsed.get_backend_name() == "sqlite":
         return sqlite_engine(parsed)
     try:
-        return sa.create_engine(parsed)
+        return new_engine(parsed)
     except ModuleNotFoundError as missing:
         raise MissingExtra.of(missing) from missing
 
@@ -314,7 +346,7 @@ def read_only_engine(url: str | sa.URL, *, pool_size: int = 2) -> sa.Engine | As
     parsed = database_url(url)
     if parsed.get_backend_name() != "sqlite":
         read_only = {"options": "-c default_transaction_read_only=on"}
-        return create_async_engine(parsed, pool_size=pool_size, connect_args=read_only)
+        return new_async_engine(parsed, pool_size=pool_size, connect_args=read_only)
     path = parsed.database
     if path in (None, "", ":memory:") or path.startswith("file:"):
         raise ValueError(f"a read-only engine reads a SQLite file, not {parsed!r}")

@@ -40,7 +40,7 @@ import sqlalchemy as sa
 
 from statifier.extras import MissingExtra
 from statifier.sql.dialect import Dialect
-from statifier.sql.engines import database_url
+from statifier.sql.engines import database_url, new_engine
 from statifier.sql.keys import RowKeys
 from statifier.sql.names import TableNames
 from statifier.sql.tables import TableOptions, Tables, define_locations
@@ -92,7 +92,7 @@ def _connected(target: str | sa.URL | sa.Connection) -> Iterator[sa.Connection]:
         yield target
         return
     try:
-        engine = sa.create_engine(database_url(target))
+        engine = new_engine(database_url(target))
     except ModuleNotFoundError as missing:  # psycopg: the postgres extra
         raise MissingExtra.of(missing) from missing
     try:

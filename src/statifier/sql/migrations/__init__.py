@@ -58,6 +58,7 @@ import sqlalchemy as sa
 
 from statifier.extras import MissingExtra
 from statifier.sql.engines import database_url as sync_url
+from statifier.sql.engines import new_engine
 from statifier.sql.locks import claim_mode
 from statifier.sql.places import Place, claim_place
 from statifier.sql.sqlite import BEGIN_WRITE
@@ -200,7 +201,7 @@ def _gated(
     url = sync_url(target)
     sqlite = url.get_backend_name() == "sqlite"
     try:
-        engine = sa.create_engine(url, connect_args={"timeout": wait} if sqlite else {})
+        engine = new_engine(url, connect_args={"timeout": wait} if sqlite else {})
     except ModuleNotFoundError as missing:  # psycopg: the postgres extra
         raise MissingExtra.of(missing) from missing
     try:
@@ -300,7 +301,7 @@ def _connected(target: str | sa.URL | sa.Connection) -> Iterator[sa.Connection]:
         yield target
         return
     try:
-        engine = sa.create_engine(sync_url(target))
+        engine = new_engine(sync_url(target))
     except ModuleNotFoundError as missing:  # psycopg: the postgres extra
         raise MissingExtra.of(missing) from missing
     try:
