@@ -18,7 +18,7 @@ from tests.test_executions_command import COUNTER, DOOR, ORDER, cli
 
 from statifier.buckets import bucket_of
 from statifier.persistence.shards import ShardMap
-from statifier.sql import migrations
+from statifier.sql import Tables, migrations
 
 
 @pytest.fixture(params=("sqlite", "postgresql"))
@@ -198,3 +198,32 @@ def test_a_store_that_does_not_answer_is_named(
     status, _, err = cli(capsys, "show", door, *over)
     assert status == 2
     assert err.startswith("statifier executions show: store 1 of 3 (--shard number 2): database: ")
+
+
+def test_a_store_that_fails_after_it_opened_is_named(
+    urls: list[str], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # Opened, then failing in the middle of a command over every store: the list, the
+    # export, the timers due, a bulk count, a migration each name the store.
+    engine = sa.create_engine(migrations.sync_url(urls[1]))
+    try:
+        with engine.begin() as connection:
+            tables = Tables.define()
+            for table in (tables.executions, tables.timers):
+                connection.execute(sa.text(f"ALTER TABLE {table.name} RENAME TO gone_{table.name}"))
+    finally:
+        engine.dispose()
+    (tmp_path / "order.scxml").write_text(ORDER, encoding="utf-8")
+    over = _over(urls)
+    for command in (
+        ["list"],
+        ["list", "--key", "k"],
+        ["export", str(tmp_path / "out.json")],
+        ["fire"],
+        ["bulk", "cancel", "--yes"],
+        ["migrate", "order", "--charts", str(tmp_path)],
+    ):
+        status, _, err = cli(capsys, *command, *over)
+        assert status == 2, (command, err)
+        said = f"statifier executions {command[0]}: store 1 of 3 (--shard number 2): database: "
+        assert err.startswith(said), (command, err)

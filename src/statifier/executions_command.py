@@ -406,8 +406,11 @@ async def _in_store(number: int, count: int) -> AsyncIterator[None]:
 
 
 def _database_error(error: BaseException) -> bool:
-    """Whether ``error`` is the database's (its driver's, SQLAlchemy's, sqlite3's)."""
-    return isinstance(error, sqlite3.Error) or (
+    """Whether ``error`` is the database's (its driver's, SQLAlchemy's, sqlite3's), or
+    says that a table is missing from it."""
+    from statifier.sql.engines import TablesMissing
+
+    return isinstance(error, sqlite3.Error | TablesMissing) or (
         type(error).__module__.partition(".")[0] in _DRIVER_ERRORS
     )
 
@@ -492,11 +495,12 @@ async def _list(durables: Sequence[Durable], args: argparse.Namespace, out: Text
     pairs = _pairs(args.where, "--where")
     searched = (args.key, args.scope, args.final, args.error)
     found: list[ExecutionSummary] = []
-    for durable in durables:
-        if any(value is not None for value in searched):
-            found.extend(await _searched(durable, args, pairs))
-        else:
-            found.extend(await durable.list(args.status, chart=args.chart, **pairs))
+    for number, durable in enumerate(durables):
+        async with _in_store(number, len(durables)):
+            if any(value is not None for value in searched):
+                found.extend(await _searched(durable, args, pairs))
+            else:
+                found.extend(await durable.list(args.status, chart=args.chart, **pairs))
     # Every store's, oldest first, as one store's list orders them.
     rows = sorted(found, key=lambda r: (r.created_at is None, r.created_at, r.id))
     if args.json:
@@ -619,12 +623,13 @@ async def _export(durables: Sequence[Durable], args: argparse.Namespace, out: Te
         ids_in = list(grouped)
     charts: dict[str, Any] = {}
     executions: list[Any] = []
-    for durable, ids in zip(durables, ids_in, strict=True):
+    for number, (durable, ids) in enumerate(zip(durables, ids_in, strict=True)):
         if ids == []:
             continue
-        part = await input_logs_json(
-            durable, chart=args.chart, status=args.status, execution_ids=ids
-        )
+        async with _in_store(number, len(durables)):
+            part = await input_logs_json(
+                durable, chart=args.chart, status=args.status, execution_ids=ids
+            )
         charts.update(part["charts"])
         executions.extend(part["executions"])
     document = {"format": FORMAT, "version": VERSION, "charts": charts, "executions": executions}
@@ -642,7 +647,10 @@ async def _fire(durables: Sequence[Durable], out: TextIO) -> int:
     # due, but not for ever (a chart may send to itself in an endless loop). A failed
     # fire is due again only seconds later, so it does not make another pass.
     for _ in range(_FIRE_PASSES):
-        passes = [await durable.fire_pass() for durable in durables]
+        passes = []
+        for number, durable in enumerate(durables):
+            async with _in_store(number, len(durables)):
+                passes.append(await durable.fire_pass())
         taken = sum(done.taken for done in passes)
         failed += sum(done.failed for done in passes)
         if not taken:
@@ -673,7 +681,12 @@ async def _run_workers(durables: Sequence[Durable], out: TextIO) -> int:
         loop.add_signal_handler(signum, stop.set)
     out.write("firing timers and draining the outbox; interrupt to stop\n")
     out.flush()
-    runs = [asyncio.ensure_future(durable.run(stop)) for durable in durables]
+
+    async def run(number: int, durable: Durable) -> None:
+        async with _in_store(number, len(durables)):
+            await durable.run(stop)
+
+    runs = [asyncio.ensure_future(run(n, durable)) for n, durable in enumerate(durables)]
     try:
         await asyncio.gather(*runs)
     finally:
@@ -704,9 +717,10 @@ async def _bulk(durables: Sequence[Durable], args: argparse.Namespace, out: Text
         state_map, data = _plan(args)
         if args.revision is not None:
             target = None
-            for durable in durables:  # a revision is saved where an execution ran it
+            for number, durable in enumerate(durables):  # saved where an execution ran it
                 with contextlib.suppress(ChartNotFound):
-                    target = await durable.executions.storage.machine(args.revision)
+                    async with _in_store(number, len(durables)):
+                        target = await durable.executions.storage.machine(args.revision)
                     break
             if target is None:
                 raise ValueError(f"no chart of content hash {args.revision!r} is stored")
@@ -724,12 +738,13 @@ async def _bulk(durables: Sequence[Durable], args: argparse.Namespace, out: Text
         error=args.error,
     )
     stores: list[tuple[Durable, SqlAdapter, ConsoleQueries, int]] = []
-    for durable in durables:
+    for number, durable in enumerate(durables):
         adapter = durable.executions.storage.adapter
         if not isinstance(adapter, SqlAdapter) or durable.router is None:  # a URL's
             raise TypeError("bulk actions act on a SQL database")
         queries = ConsoleQueries(adapter.engine, adapter.tables, codec=_codec(args))
-        stores.append((durable, adapter, queries, await preview(queries, action, where)))
+        async with _in_store(number, len(durables)):
+            stores.append((durable, adapter, queries, await preview(queries, action, where)))
     selected = sum(count for *_, count in stores)
     out.write(f"{selected} executions selected to {action.said}\n")
     if selected == 0:
@@ -818,21 +833,22 @@ async def _bulk_runs(
         log = BulkLog(adapter.engine, adapter.tables)
         run_id = uuid.uuid4().hex
         now = router.storage.clock()
-        await log.start(run_id, action, where, actor=actor, selected=count, now=now)
         in_store = f" in store {number}" if len(stores) > 1 else ""
-        out.write(f"bulk run {run_id}{in_store}\n")
-        done = await run_recorded(
-            router,
-            queries,
-            audit,
-            log,
-            run_id,
-            action,
-            where,
-            actor=actor,
-            selected=count,
-            progress=said,
-        )
+        async with _in_store(number, len(stores)):
+            await log.start(run_id, action, where, actor=actor, selected=count, now=now)
+            out.write(f"bulk run {run_id}{in_store}\n")
+            done = await run_recorded(
+                router,
+                queries,
+                audit,
+                log,
+                run_id,
+                action,
+                where,
+                actor=actor,
+                selected=count,
+                progress=said,
+            )
         out.write(f"{action.name}{in_store}: {counts(done)} (audited as {actor})\n")
         if done.last_error is not None:
             out.write(f"  last failure: {done.last_error}\n")
@@ -969,12 +985,13 @@ async def _migrate_all(durables: Sequence[Durable], args: argparse.Namespace, ou
         unchanged.update(summary.unchanged)
         failed.update(summary.failed)
 
-    for durable in durables:
+    for number, durable in enumerate(durables):
         revisions: list[MigrationSummary] = []  # what this store's call did so far
         try:
-            summary = await durable.migrate_all(
-                args.chart, state_map=state_map, data=data, progress=revisions.append
-            )
+            async with _in_store(number, len(durables)):
+                summary = await durable.migrate_all(
+                    args.chart, state_map=state_map, data=data, progress=revisions.append
+                )
         except BaseException as error:
             # An earlier store, or an earlier revision in this one, may have moved
             # executions: say so before the error is said (and the status is 2).
