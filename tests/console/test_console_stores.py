@@ -437,6 +437,14 @@ async def test_a_store_that_does_not_answer_is_named_and_the_others_leases_shown
         assert started.status_code == 503, started.text
         assert started.headers["content-type"].startswith("text/html")
         assert "store 1 of 3 failed" in started.text
+        # One execution is read in its own store: the failing one is named; the
+        # others' pages open.
+        by_store = {site.number(execution_id): execution_id for execution_id in ids.values()}
+        failing = await site.client.get(f"/console/executions/{by_store[1]}")
+        assert failing.status_code == 503, failing.text
+        assert "store 1 of 3 failed" in failing.text
+        assert "it holds this execution" in failing.text
+        assert (await site.client.get(f"/console/executions/{by_store[0]}")).status_code == 200
     listed = await site.client.get("/console/executions")
     assert listed.status_code == 200
 

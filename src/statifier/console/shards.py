@@ -77,26 +77,29 @@ _R = TypeVar("_R")
 
 
 class StoreFailed(Exception):  # noqa: N818 - names the finding
-    """One store of several failed a read that needs every store (its server stopped,
-    unreachable, or refusing): ``number`` (from 0, as readiness, the logs and the
-    dead letters' links count them) of ``count``, and its error. ``str()`` names the
-    store and the error's class, never its message (which may name a host); the log
-    line gives the message."""
+    """One store of several failed a read (its server stopped, unreachable, or
+    refusing): ``number`` (from 0, as readiness, the logs and the dead letters' links
+    count them) of ``count``, and its error; ``every``: whether the read needs every
+    store (a list), or one execution's store alone. ``str()`` names the store and the
+    error's class, never its message (which may name a host); the log line gives the
+    message."""
 
-    def __init__(self, number: int, count: int, error: BaseException) -> None:
+    def __init__(self, number: int, count: int, error: BaseException, every: bool = True) -> None:
         self.number = number
         self.count = count
         self.error = error
-        super().__init__(
-            f"store {number} of {count} failed ({type(error).__name__}); this needs "
-            "every store: the other stores' executions still open one by one"
-        )
+        said = f"store {number} of {count} failed ({type(error).__name__}); "
+        if every:
+            said += "this needs every store: the other stores' executions still open one by one"
+        else:
+            said += "it holds this execution: the other stores' executions still open"
+        super().__init__(said)
 
 
-async def in_store(number: int, count: int, call: Awaitable[_R]) -> _R:
+async def in_store(number: int, count: int, call: Awaitable[_R], *, every: bool = True) -> _R:
     """``call``'s answer, its failure (other than a refusal of the caller's own,
     :class:`ValueError`) raised as :class:`StoreFailed` naming store ``number``
-    when there are several (``count`` over 1)."""
+    when there are several (``count`` over 1); ``every`` as :class:`StoreFailed`'s."""
     if count < 2:
         return await call
     try:
@@ -104,7 +107,7 @@ async def in_store(number: int, count: int, call: Awaitable[_R]) -> _R:
     except (ValueError, StoreFailed):
         raise
     except Exception as error:
-        raise StoreFailed(number, count, error) from error
+        raise StoreFailed(number, count, error, every) from error
 
 
 _DONE = True
@@ -231,6 +234,13 @@ class ShardedQueries:
             )
         )
 
+    async def _in_its_store(
+        self, execution_id: str, call: Callable[[ConsoleQueries], Awaitable[_R]]
+    ) -> _R:
+        """``call`` on the store of ``execution_id``, its failure naming the store."""
+        number = self.shard_map.store_of_id(execution_id)
+        return await in_store(number, len(self.stores), call(self.stores[number]), every=False)
+
     # -- executions ---------------------------------------------------------------
 
     async def executions(
@@ -289,15 +299,19 @@ class ShardedQueries:
 
     async def execution(self, execution_id: str) -> ExecutionDetail | None:
         """:meth:`ConsoleQueries.execution`, read in the execution's store."""
-        return await self.store_of(execution_id).execution(execution_id)
+        return await self._in_its_store(execution_id, lambda store: store.execution(execution_id))
 
     async def execution_fingerprint(self, execution_id: str) -> tuple[datetime, int] | None:
         """:meth:`ConsoleQueries.execution_fingerprint`, in the execution's store."""
-        return await self.store_of(execution_id).execution_fingerprint(execution_id)
+        return await self._in_its_store(
+            execution_id, lambda store: store.execution_fingerprint(execution_id)
+        )
 
     async def step_rows(self, execution_id: str, keys: Sequence[str]) -> StepRows:
         """:meth:`ConsoleQueries.step_rows`, in the execution's store."""
-        return await self.store_of(execution_id).step_rows(execution_id, keys)
+        return await self._in_its_store(
+            execution_id, lambda store: store.step_rows(execution_id, keys)
+        )
 
     async def revisions(self, document: str | None = None) -> list[RevisionView]:
         """The charts any store holds and has not retired (:meth:`ConsoleQueries.revisions`),
