@@ -301,16 +301,7 @@ async def run_recorded(
 
     def ended(error: str | None) -> None:
         outcome = "stopped" if error is not None else "failed" if state.failed else "finished"
-        _log.info(
-            "console: bulk %s run %s by %s %s: %s%s",
-            action.name,
-            run_id,
-            actor,
-            outcome,
-            counts(state),
-            "" if error is None else f" ({error})",
-            extra={"run_id": run_id},
-        )
+        _log_end(action.name, run_id, actor, outcome, state, error)
         telemetry.report(
             "statifier.console.bulk_run",
             {
@@ -381,6 +372,22 @@ async def run_recorded(
     ended(None)
     await log.finish(run_id, state, None, clock())
     return state
+
+
+def _log_end(
+    action: str, run_id: str, actor: str, outcome: str, progress: BulkProgress, error: str | None
+) -> None:
+    """The info line of a run's end: its outcome, counts and why it stopped, if it did."""
+    _log.info(
+        "console: bulk %s run %s by %s %s: %s%s",
+        action,
+        run_id,
+        actor,
+        outcome,
+        counts(progress),
+        "" if error is None else f" ({error})",
+        extra={"run_id": run_id},
+    )
 
 
 async def _finish(
@@ -472,15 +479,7 @@ class BulkRuns:
         for run_id in stopping:
             run = await self.log.get(run_id)
             if run is not None and not run.finished:
-                _log.info(
-                    "console: bulk %s run %s by %s stopped: %s (%s)",
-                    run.action,
-                    run_id,
-                    run.actor,
-                    counts(run.progress),
-                    STOPPED,
-                    extra={"run_id": run_id},
-                )
+                _log_end(run.action, run_id, run.actor, "stopped", run.progress, STOPPED)
                 await _finish(self.log, run_id, run.progress, STOPPED, self.router.storage.clock())
 
     async def _run(
