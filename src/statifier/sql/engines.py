@@ -17,7 +17,7 @@ Every engine is made by :func:`new_engine` or :func:`new_async_engine`, which ke
 failed statement's parameters out of its error's text (SQLAlchemy's
 ``hide_parameters``): that text reaches logs, the console and stored errors
 (``last_error``), and the parameters are the events' payloads, tokens included. The
-statement itself stays, and the database's own words.
+statement itself stays, and the database's own words (decision 0133).
 
 >>> database_url("postgresql://postgres@localhost/app").drivername
 'postgresql+psycopg'
