@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 import pytest
+from tests.child_processes import signal_child
 from tests.service.helpers import (
     HITS,
     HITS_BINDING,
@@ -154,7 +155,7 @@ async def serving(config: Path, log: Path) -> AsyncIterator[Served]:
         yield served
     finally:
         if served.process.returncode is None:
-            served.process.kill()
+            signal_child(served.process)
             await served.process.wait()
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 import pytest
+from tests.child_processes import signal_child
 from tests.persistence.conftest import FreshDatabase, fresh_database  # noqa: F401 - a fixture
 from tests.service.helpers import (
     HITS,
@@ -273,14 +274,14 @@ async def test_two_services_share_the_work_and_one_survives_the_others_sigkill(
                 await append_events(router.adapter, [event], partition=str(n % 4))
                 await asyncio.sleep(0.05)
                 if killed_at is None and n >= ORDERS // 2 and _drained_by(record, first):
-                    first.process.kill()
+                    signal_child(first.process)
                     killed_at = time.monotonic()
             deadline = time.monotonic() + 30
             while killed_at is None:
                 assert time.monotonic() < deadline, "the first service drained nothing"
                 await asyncio.sleep(0.05)
                 if _drained_by(record, first):
-                    first.process.kill()
+                    signal_child(first.process)
                     killed_at = time.monotonic()
             assert killed_at is not None
             assert await first.wait(10) == -signal.SIGKILL
@@ -295,7 +296,7 @@ async def test_two_services_share_the_work_and_one_survives_the_others_sigkill(
     finally:
         for served in (first, second):
             if served.process.returncode is None:
-                served.process.kill()
+                signal_child(served.process)
                 await served.process.wait()
     lines = recorded(record)
     assert {line["order"] for line in lines} == {f"o{n}" for n in range(ORDERS)}
@@ -585,6 +586,6 @@ async def test_a_stop_cut_short_by_the_bound_exits_1_in_time(tmp_path: Path) -> 
         assert time.monotonic() - sent_at < 1 + EXIT_SLACK
     finally:
         if served.process.returncode is None:
-            served.process.kill()
+            signal_child(served.process)
             await served.process.wait()
     assert "cancelling outbox: it did not stop in time" in served.stderr()

@@ -27,6 +27,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from tests.child_processes import signal_child
 from tests.persistence.conftest import FreshDatabase, drop_schema, unique_name
 from tests.service.helpers import HITS, HITS_BINDING, running, start_serve, write_config
 
@@ -124,7 +125,7 @@ async def test_json_logs_carry_each_delivery_with_its_ids_and_never_a_secret(
         assert await served.wait(11) == 0, served.stderr()
     finally:
         if served.process.returncode is None:
-            served.process.kill()
+            signal_child(served.process)
             await served.process.wait()
     text = served.stderr()
     assert SECRET not in text

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tests.child_processes import signal_child
 from tests.service.helpers import start_serve
 from tests.service.test_serve import EXIT_SLACK, SHUTDOWN_TIMEOUT, order_config, recorded
 from tests.test_executions_over_stores import urls  # noqa: F401 - the stores, by name
@@ -91,7 +92,7 @@ async def test_a_service_over_three_stores_killed_again_and_again_steps_each_ord
                     await asyncio.sleep(chooser.uniform(0.0, 0.1))
                 await asyncio.sleep(chooser.uniform(0.1, 1.5))
             finally:
-                served.process.kill()
+                signal_child(served.process)
                 assert await served.wait(10) == -signal.SIGKILL, f"seed {seed}"
             unfinished.append(orders - await _ended(router))
         last = await start_serve(config, tmp_path / "last.log", record)
