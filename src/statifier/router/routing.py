@@ -280,6 +280,7 @@ class Router:
         *,
         connection: Connection | None = None,
         entered: Entry | None = None,
+        batch: bool = False,
     ) -> _T:
         """Run ``work`` in a router transaction of its own and commit it; answer what
         ``work`` returned in the attempt that committed. A transaction that fails with
@@ -293,9 +294,12 @@ class Router:
         Given ``connection`` (with a transaction the caller began, and ends), ``work``
         runs once in it and nothing is retried: only the caller can run its
         transaction again from the start. On SQLite nothing is retried. ``entered`` is
-        as for :meth:`transaction`.
+        as for :meth:`transaction`. ``batch`` says that the transaction writes for many
+        events: on SQLite its commit then runs on a worker thread, the loop free
+        meanwhile (:meth:`SqlAdapter.transaction
+        <statifier.persistence.sql.SqlAdapter.transaction>`).
         """
-        return await retried(self._parts, work, connection, entered)
+        return await retried(self._parts, work, connection, entered, batch)
 
     # Routing an event.
 
@@ -477,7 +481,7 @@ class Router:
             return settled
 
         answers, durations = await self.in_transaction(
-            attempt, connection=connection, entered=Entry.ROUTE
+            attempt, connection=connection, entered=Entry.ROUTE, batch=len(events) > 1
         )
         for answer, duration in zip(answers, durations, strict=True):
             if isinstance(answer, Routed):

@@ -340,19 +340,23 @@ async def transaction(
     parts: RouterParts,
     connection: sa.Connection | AsyncConnection | None = None,
     entered: Entry | None = None,
+    batch: bool = False,
 ) -> AsyncIterator[Unit]:
     """Open a router transaction on ``parts.storage``'s SQL adapter, commit it when
     the block ends and roll it back when it raises; or, given ``connection`` (with a
     transaction the caller began), run in that transaction and leave its end to the
     caller. The configuration's ``lock_wait`` bounds the wait for an execution's lock
     and for SQLite's single writer. ``entered`` is the entry whose ``around_delivery``
-    call encloses its deliveries (:attr:`Unit.entered`).
+    call encloses its deliveries (:attr:`Unit.entered`). ``batch``: the transaction
+    writes for many events; on SQLite its commit runs on a worker thread
+    (``commit_in_thread`` of :meth:`SqlAdapter.transaction
+    <statifier.persistence.sql.SqlAdapter.transaction>`).
     """
     adapter = parts.storage.adapter
     assert isinstance(adapter, SqlAdapter)
     source = adapter if connection is None else adapter.joined(connection)
     lock_wait = parts.config.lock_wait
-    async with source.transaction(lock_wait) as tx:
+    async with source.transaction(lock_wait, commit_in_thread=batch) as tx:
         exclusion: Serialization
         if parts.statements.dialect.row_locks:
             exclusion = AdapterLock(tx.adapter, lock_wait)
@@ -379,8 +383,10 @@ async def retried(
     work: Callable[[Unit], Awaitable[_T]],
     connection: sa.Connection | AsyncConnection | None = None,
     entered: Entry | None = None,
+    batch: bool = False,
 ) -> _T:
-    """Run ``work`` in a router transaction (:func:`transaction`, told ``entered``),
+    """Run ``work`` in a router transaction (:func:`transaction`, told ``entered`` and
+    ``batch``),
     committed when it returns; answer what it returned in the attempt that committed.
 
     When the transaction fails with a retryable error (:func:`retryable`), in ``work``
@@ -407,7 +413,7 @@ async def retried(
     attempt = 1
     while True:
         try:
-            async with transaction(parts, connection, entered) as unit:
+            async with transaction(parts, connection, entered, batch) as unit:
                 unit.retrying = attempt < attempts
                 return await work(unit)
         except Exception as error:

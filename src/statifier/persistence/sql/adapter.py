@@ -217,7 +217,9 @@ class SqlAdapter:
         the adapter made, ``begin()`` begins a real transaction)."""
         return self._engine
 
-    def transaction(self, wait: float | None = None) -> AbstractAsyncContextManager[SqlTransaction]:
+    def transaction(
+        self, wait: float | None = None, *, commit_in_thread: bool = False
+    ) -> AbstractAsyncContextManager[SqlTransaction]:
         """``async with adapter.transaction() as tx:`` a transaction of the adapter's
         own, committed when the block ends and rolled back when it raises.
 
@@ -232,17 +234,27 @@ class SqlAdapter:
         transaction, which its owner ends: on SQLite it holds the single writer for the
         block.
 
+        ``commit_in_thread``: (SQLite, an adapter opened on a file by URL) the
+        ``COMMIT`` runs on a worker thread, so that the event loop runs other tasks
+        while SQLite writes and syncs the file (the writer stays held till it ends);
+        worth its hop to the thread for a transaction of many writes, a batch, not for
+        a single step's. A cancellation meanwhile is raised once the commit has ended,
+        which may have committed. Elsewhere the commit runs as always (PostgreSQL's
+        never holds the loop).
+
         Raises:
             LockTimeout: (SQLite) the writer stayed busy past ``wait``.
             RuntimeError: (SQLite) the task already holds the writer in an
                 ``exclusive`` block of this adapter: use that block's transaction.
         """
-        return self._transaction(wait)
+        return self._transaction(wait, commit_in_thread)
 
     @asynccontextmanager
-    async def _transaction(self, wait: float | None) -> AsyncIterator[SqlTransaction]:
+    async def _transaction(
+        self, wait: float | None, commit_in_thread: bool
+    ) -> AsyncIterator[SqlTransaction]:
         db = self._db
-        async with db.transaction(wait) as tx:
+        async with db.transaction(wait, commit_in_thread) as tx:
             # A view's transaction is the view's own: its adapter is the view.
             tx.adapter = self if db.view is not None else self._view(db.bound(tx))  # type: ignore[arg-type]
             yield tx

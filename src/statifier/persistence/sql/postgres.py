@@ -581,9 +581,12 @@ class PostgresDatabase:
         return _Block(self, execution_id, wait)
 
     @asynccontextmanager
-    async def transaction(self, wait: float | None) -> AsyncIterator[PostgresTransaction]:
+    async def transaction(
+        self, wait: float | None, commit_in_thread: bool = False
+    ) -> AsyncIterator[PostgresTransaction]:
         """The transaction of :meth:`SqlAdapter.transaction`: a pooled connection in a
-        transaction, no lock (``wait`` bounds nothing here); on a view, the view's
+        transaction, no lock (``wait`` bounds nothing here; the commit is awaited on
+        the loop whatever ``commit_in_thread`` says); on a view, the view's
         transaction, which its owner ends."""
         if self.view is not None:
             yield self.view

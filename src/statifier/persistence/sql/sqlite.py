@@ -25,6 +25,7 @@ import json
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from datetime import datetime
@@ -215,9 +216,19 @@ class Shared:
         self.update_position: str = self.statements.update_position
         self.names = table_names(tables)
         self.writer = Writer()
+        # The connection may go to a worker thread (a commit) only where SQLAlchemy
+        # opened it for any thread: an engine of the adapter's own on a file, unless
+        # its URL asks for the check.
+        url = engine.url
+        self.threads = (
+            owned
+            and url.database not in (None, "", ":memory:")
+            and str(url.query.get("check_same_thread", "false")).lower() in ("false", "0")
+        )
         self._pooled: Any = None
         self._restore: tuple[Any, float] | None = None
         self._tx: SqliteTransaction | None = None
+        self._commit_thread: ThreadPoolExecutor | None = None
 
     def own(self) -> SqliteTransaction:
         """The adapter's connection, opened on first use, as a transaction object (not
@@ -232,7 +243,18 @@ class Shared:
             self._tx = SqliteTransaction(driver, holds_writer=False)
         return self._tx
 
+    def commit_thread(self) -> ThreadPoolExecutor:
+        """The thread the adapter's commits run on when they leave the loop, started on
+        first use: one of its own, so that a commit never queues behind other work
+        in the loop's default executor while it holds the writer."""
+        if self._commit_thread is None:
+            self._commit_thread = ThreadPoolExecutor(1, thread_name_prefix="statifier-commit")
+        return self._commit_thread
+
     def close(self) -> None:
+        if self._commit_thread is not None:
+            self._commit_thread.shutdown(wait=True)
+            self._commit_thread = None
         tx, pooled, restore = self._tx, self._pooled, self._restore
         self._tx = self._pooled = self._restore = None
         if tx is None or pooled is None:
@@ -259,6 +281,30 @@ async def _take_database(
     await retry_busy(attempt, deadline, lambda _: LockTimeout(name, time.monotonic() - started))
 
 
+async def _commit_in_thread(tx: SqliteTransaction, thread: ThreadPoolExecutor) -> None:
+    """``COMMIT`` on the adapter's commit ``thread`` (``sqlite3`` lets go of the GIL
+    while SQLite writes and syncs the file), the loop running other tasks meanwhile.
+    The caller holds the writer throughout, so no other task uses the connection.
+
+    Raises:
+        asyncio.CancelledError: the task was cancelled meanwhile; raised only once the
+            commit has ended (the connection is the thread's until then), whether it
+            committed or not.
+        sqlite3.Error: what the commit raised.
+    """
+    loop = asyncio.get_running_loop()
+    committed = loop.run_in_executor(thread, tx.cursor.execute, COMMIT)
+    cancelled = False
+    while not committed.done():
+        try:
+            await asyncio.shield(committed)
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    committed.result()
+
+
 class _Block:
     """One ``exclusive`` block (or one ``transaction``) on SQLite. In order of how often
     it happens:
@@ -274,10 +320,18 @@ class _Block:
     A class rather than a generator: this is the durable step's hot path.
     """
 
-    __slots__ = ("_db", "_mode", "_name", "_savepoint", "_wait", "tx")
+    __slots__ = ("_db", "_in_thread", "_mode", "_name", "_savepoint", "_wait", "tx")
 
-    def __init__(self, db: SqliteDatabase, name: str, wait: float | None, nested: bool) -> None:
+    def __init__(
+        self,
+        db: SqliteDatabase,
+        name: str,
+        wait: float | None,
+        nested: bool,
+        commit_in_thread: bool = False,
+    ) -> None:
         self._db = db
+        self._in_thread = commit_in_thread and db.shared.threads
         self._name = name
         self._wait = wait
         # What a block inside a transaction that holds the writer does: a savepoint
@@ -355,7 +409,10 @@ class _Block:
                     raise missing from error
                 return
             try:  # the usual case: nothing in the way of the commit
-                tx.cursor.execute(COMMIT)
+                if self._in_thread:
+                    await _commit_in_thread(tx, self._db.shared.commit_thread())
+                else:
+                    tx.cursor.execute(COMMIT)
             except sqlite3.OperationalError as failed:
                 if not is_busy(failed):
                     raise
@@ -457,9 +514,11 @@ class SqliteDatabase:
         return _Block(self, execution_id, wait, nested=True)
 
     @asynccontextmanager
-    async def transaction(self, wait: float | None) -> AsyncIterator[SqliteTransaction]:
+    async def transaction(
+        self, wait: float | None, commit_in_thread: bool = False
+    ) -> AsyncIterator[SqliteTransaction]:
         """The transaction of :meth:`SqlAdapter.transaction` (see there)."""
-        block = _Block(self, _TRANSACTION, wait, nested=False)
+        block = _Block(self, _TRANSACTION, wait, nested=False, commit_in_thread=commit_in_thread)
         await block.__aenter__()
         assert block.tx is not None
         try:
