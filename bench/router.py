@@ -13,6 +13,7 @@ and ``dbos`` from the ``bench`` extra for the DBOS row) or from a checkout::
     python bench/router.py --no-dbos                       # leave DBOS out
     python bench/router.py --json out.json                 # also write the numbers
     python bench/router.py --profile sqlite                # cProfile of the route() row
+    python bench/router.py --split                         # where a SQLite delivery's time goes
 
 PostgreSQL is found through ``--url``, else ``DATABASE_URL``, else
 ``postgresql://postgres@127.0.0.1:5432/test``; the router's rows work in a schema of
@@ -88,6 +89,14 @@ transaction commits durably (SQLite ``synchronous`` FULL in WAL, PostgreSQL
 
 The run bounds itself: no new round starts after ``--budget`` seconds (default 540),
 and the DBOS row waits at most the budget left (at least 60 s) for its events.
+
+``--split`` runs instead, on SQLite, the raw driver's row and the ``route()`` row with
+one router (no other task waiting), ``--keys`` keys and ``--events`` events each,
+taking turns ``--rounds`` times, every statement timed on the driver (a
+``sqlite3.Connection`` whose cursors time ``execute``, given to the library through
+its engine): it prints the wall time per delivery, the ``COMMIT``'s share, the other
+statements', and the rest (the Python around them), the medians of the rounds. The
+timing adds the same small cost per statement to both rows.
 """
 
 from __future__ import annotations
@@ -110,6 +119,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import dbos_anchor
+import sqlalchemy as sa
 from counter import BINDING, CHART, DOCUMENT, SOURCE
 from harness import (
     add_gc_option,
@@ -136,6 +146,7 @@ from statifier.persistence.sql import SqlAdapter
 from statifier.router import Failed, InboundEvent, Router, RouterConfig, StaticResolver
 from statifier.router.binding import DEFAULT_HORIZON
 from statifier.sql import TableOptions, migrations
+from statifier.sql.engines import sqlite_engine
 
 ROUTERS = 8
 ROUTE_GOAL = 0.7
@@ -208,9 +219,10 @@ async def _workload(deliver: Deliver, scope: str, keys: int, events: int, chunk:
 
 
 class Library:
-    """The rows under test: ``Router.route`` and ``Router.route_many`` over ``SqlAdapter``."""
+    """The rows under test: ``Router.route`` and ``Router.route_many`` over ``SqlAdapter``
+    (of ``url``, or of the engine given)."""
 
-    def __init__(self, url: str, options: TableOptions, machine: Machine) -> None:
+    def __init__(self, url: str | sa.Engine, options: TableOptions, machine: Machine) -> None:
         self.adapter = SqlAdapter(url, options)
         resolver = StaticResolver({DOCUMENT: machine})
         self.router = Router(RouterConfig(self.adapter, bindings=[BINDING], resolver=resolver))
@@ -403,8 +415,14 @@ def _sqlite_time(moment: datetime) -> str:
 class RawSqlite:
     """A delivery's statements on one ``sqlite3`` connection, one writer at a time."""
 
-    def __init__(self, path: str, options: TableOptions, prepared: Prepared) -> None:
-        self.connection = sqlite3.connect(path, isolation_level=None)
+    def __init__(
+        self,
+        path: str,
+        options: TableOptions,
+        prepared: Prepared,
+        factory: type[sqlite3.Connection] = sqlite3.Connection,
+    ) -> None:
+        self.connection = sqlite3.connect(path, isolation_level=None, factory=factory)
         self.connection.execute("PRAGMA busy_timeout = 0")
         self.connection.execute("PRAGMA journal_mode = WAL")
         self.lock = asyncio.Lock()
@@ -1094,6 +1112,120 @@ def _profile(name: str, postgres_url: str, keys: int, events: int) -> None:
             _drop(name, url, options)
 
 
+# --- where a SQLite delivery's time goes ------------------------------------------------
+
+
+class StatementTimes:
+    """The time spent in ``execute`` on the driver, by statement kind (its first word,
+    ``INSERT``/``UPDATE`` with their table), over every connection made with
+    :meth:`factory`."""
+
+    def __init__(self) -> None:
+        self.seconds: Counter[str] = Counter()
+
+    def factory(self) -> type[sqlite3.Connection]:
+        """A connection class whose cursors add each ``execute``'s time here."""
+        seconds = self.seconds
+        clock = time.perf_counter
+
+        def kind(sql: str) -> str:
+            words = sql.split(maxsplit=3)
+            if words[0] in ("INSERT", "UPDATE") and len(words) > 2:
+                table = words[2] if words[0] == "INSERT" else words[1]
+                return f"{words[0]} {table.split('.')[-1]}"
+            return words[0]
+
+        class TimedCursor(sqlite3.Cursor):
+            def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
+                began = clock()
+                try:
+                    return super().execute(sql, parameters)
+                finally:
+                    seconds[kind(sql)] += clock() - began
+
+        class TimedConnection(sqlite3.Connection):
+            def cursor(self, factory: Any = TimedCursor) -> Any:
+                return super().cursor(factory)
+
+            def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
+                return self.cursor().execute(sql, parameters)
+
+        return TimedConnection
+
+
+def _split(keys: int, events: int, rounds: int) -> None:
+    """Print where a delivery's time goes on SQLite, for the raw row and ``route()``."""
+    times = StatementTimes()
+    factory = times.factory()
+    with tempfile.TemporaryDirectory() as directory:
+        url, options = _prepare("sqlite", "", directory)
+        engine = sqlite_engine(url, connect_args={"factory": factory})
+        machine = compile_chart(CHART)
+        library = Library(engine, options, machine)
+        raw = RawSqlite(url.removeprefix("sqlite:///"), options, Prepared.of(machine), factory)
+        owners: dict[str, Library | RawSqlite] = {"raw driver": raw, "route()": library}
+        found: dict[str, list[dict[str, float]]] = {row: [] for row in owners}
+
+        async def run() -> None:
+            for index, owner in enumerate(owners.values()):
+                owner.scope = f"warm{index}"
+                for message in _shares(owner.scope, ROUTERS * 2, 2)[0]:
+                    await owner.one([message])
+            for turn in range(rounds):
+                for row in rotated(list(owners), turn):
+                    owner = owners[row]
+                    owner.scope = f"r{turn}-{row}"
+                    messages = _shares(owner.scope, keys, events)
+                    ordered = [m for share in messages for m in share]
+                    ordered.sort(key=lambda message: int(message.message_id.rsplit(":", 1)[1]))
+                    times.seconds.clear()
+                    started = time.perf_counter()
+                    for message in ordered:
+                        await owner.one([message])
+                    wall = time.perf_counter() - started
+                    count = len(ordered)
+                    split = {kind: spent / count for kind, spent in times.seconds.items()}
+                    split["wall"] = wall / count
+                    found[row].append(split)
+            await library.close()
+            await raw.close()
+
+        try:
+            with collector_paused(False):
+                asyncio.run(run())
+        finally:
+            engine.dispose()
+    print(f"SQLite, one router, {keys} keys x {events} events, {rounds} rounds (medians, us)")
+    print(f"{'row':<11} {'delivery':>9} {'COMMIT':>8} {'other statements':>17} {'the rest':>9}")
+    for row, splits in found.items():
+        parts = [
+            _median_us(splits, lambda split: split["wall"]),
+            _median_us(splits, lambda split: split.get("COMMIT", 0.0)),
+            _median_us(splits, lambda split: _statements(split) - split.get("COMMIT", 0.0)),
+            _median_us(splits, lambda split: split["wall"] - _statements(split)),
+        ]
+        wall, commit, other, rest = parts
+        print(f"{row:<11} {wall:>9.0f} {commit:>8.0f} {other:>17.0f} {rest:>9.0f}")
+    print()
+    for row, splits in found.items():
+        kinds = sorted({kind for split in splits for kind in split if kind != "wall"})
+        spent = ", ".join(
+            f"{kind} {_median_us(splits, lambda split, kind=kind: split.get(kind, 0.0)):.1f}"
+            for kind in kinds
+        )
+        print(f"{row}: {spent}")
+
+
+def _statements(split: dict[str, float]) -> float:
+    """The seconds of a delivery spent in the driver's ``execute``."""
+    return sum(seconds for kind, seconds in split.items() if kind != "wall")
+
+
+def _median_us(splits: list[dict[str, float]], of: Callable[[dict[str, float]], float]) -> float:
+    """The median over the rounds' ``splits`` of ``of``, in microseconds."""
+    return statistics.median(of(split) for split in splits) * 1e6
+
+
 def _ratio(numerator: dict[str, Any] | None, denominator: dict[str, Any] | None) -> float | None:
     if not numerator or not denominator:
         return None
@@ -1115,6 +1247,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--profile", choices=("sqlite", "postgresql"), help="cProfile the route() row instead"
     )
+    parser.add_argument(
+        "--split", action="store_true", help="time the statements of SQLite's route() and raw rows"
+    )
     add_gc_option(parser)
     add_json_option(parser)
     args = parser.parse_args(argv)
@@ -1127,6 +1262,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     postgres_url = args.url or os.environ.get("DATABASE_URL") or DEFAULT_POSTGRES
     if args.profile:
         _profile(args.profile, postgres_url, keys, events)
+        return 0
+    if args.split:
+        _split(keys, events, rounds)
         return 0
     with_dbos = not args.no_dbos and dbos_anchor.available()
     started = time.monotonic()

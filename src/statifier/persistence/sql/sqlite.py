@@ -220,7 +220,7 @@ class Shared:
         # opened it for any thread: an engine of the adapter's own on a file, unless
         # its URL asks for the check.
         url = engine.url
-        self.threads = (
+        self.may_cross_threads = (
             owned
             and url.database not in (None, "", ":memory:")
             and str(url.query.get("check_same_thread", "false")).lower() in ("false", "0")
@@ -331,7 +331,7 @@ class _Block:
         commit_in_thread: bool = False,
     ) -> None:
         self._db = db
-        self._in_thread = commit_in_thread and db.shared.threads
+        self._in_thread = commit_in_thread and db.shared.may_cross_threads
         self._name = name
         self._wait = wait
         # What a block inside a transaction that holds the writer does: a savepoint
