@@ -15,6 +15,7 @@ of the returned values and the format of effect keys.
 from statifier.persistence.codec import PLAIN, BlobCodec, UndecodableBlob
 from statifier.persistence.driver import Driver
 from statifier.persistence.errors import (
+    AdapterClosed,
     ChartNotFound,
     ChartRetired,
     DatabaseDown,
@@ -46,6 +47,7 @@ from statifier.persistence.storage import Storage
 
 __all__ = [
     "PLAIN",
+    "AdapterClosed",
     "BlobCodec",
     "ChartNotFound",
     "ChartRetired",

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 __all__ = [
+    "AdapterClosed",
     "ChartNotFound",
     "ChartRetired",
     "ChartRetirementUnsupported",
@@ -132,6 +133,14 @@ class ReentrantCall(PersistenceError):  # noqa: N818 - names the refusal
             "itself)"
         )
         self.what = what
+
+
+class AdapterClosed(PersistenceError):  # noqa: N818 - names the refusal
+    """The adapter was closed: it begins no transaction and runs no call any more (on
+    PostgreSQL, the pool's own ``PoolClosed`` says the same)."""
+
+    def __init__(self) -> None:
+        super().__init__("the adapter is closed: it runs no more calls")
 
 
 class Pinned(PersistenceError):  # noqa: N818

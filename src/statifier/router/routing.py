@@ -295,9 +295,10 @@ class Router:
         runs once in it and nothing is retried: only the caller can run its
         transaction again from the start. On SQLite nothing is retried. ``entered`` is
         as for :meth:`transaction`. ``batch`` says that the transaction writes for many
-        events: on SQLite its commit then runs on a worker thread, the loop free
-        meanwhile (:meth:`SqlAdapter.transaction
-        <statifier.persistence.sql.SqlAdapter.transaction>`).
+        events: on SQLite its commit then runs on a worker thread where the adapter's
+        connection may cross threads, the loop free meanwhile (:meth:`SqlAdapter.transaction
+        <statifier.persistence.sql.SqlAdapter.transaction>`); given ``connection`` the
+        caller commits, and ``batch`` changes nothing.
         """
         return await retried(self._parts, work, connection, entered, batch)
 

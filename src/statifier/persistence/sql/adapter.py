@@ -244,8 +244,10 @@ class SqlAdapter:
 
         Raises:
             LockTimeout: (SQLite) the writer stayed busy past ``wait``.
-            RuntimeError: (SQLite) the task already holds the writer in an
+            ReentrantCall: (SQLite) the task already holds the writer in an
                 ``exclusive`` block of this adapter: use that block's transaction.
+            AdapterClosed: (SQLite) the adapter was closed (PostgreSQL: the pool's
+                ``PoolClosed``).
         """
         return self._transaction(wait, commit_in_thread)
 
@@ -275,7 +277,9 @@ class SqlAdapter:
 
     async def close(self) -> None:
         """Give back the adapter's connections, and dispose of the engine if the adapter
-        made it from a URL. Closing a view closes nothing."""
+        made it from a URL. Closing a view closes nothing. On SQLite the transaction
+        under way ends first (at most a few seconds, then it is rolled back), and
+        later calls raise :class:`~statifier.persistence.AdapterClosed`."""
         await self._db.close()
         if self._owned and self._db.view is None:
             await dispose(self._engine)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -37,6 +38,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from statifier.buckets import bucket_of
 from statifier.persistence.errors import (
+    AdapterClosed,
     ChartRetired,
     ExecutionExists,
     ExecutionNotFound,
@@ -82,6 +84,10 @@ __all__ = ["SqliteDatabase", "SqliteTransaction"]
 
 _T = TypeVar("_T")
 _TRANSACTION: Final = "(transaction)"  # what a LockTimeout of transaction() names
+_log = logging.getLogger(__name__)
+
+CLOSE_WAIT: Final = 5.0
+"""Seconds an adapter's close waits for the transaction under way to end."""
 
 
 def _metadata(text: str) -> Any:
@@ -219,12 +225,16 @@ class Shared:
         # The connection may go to a worker thread (a commit) only where SQLAlchemy
         # opened it for any thread: an engine of the adapter's own on a file, unless
         # its URL asks for the check.
+        # (SQLAlchemy's rule: an in-memory database, by name or by a URI's
+        # ``mode=memory``, keeps its connection to the thread that opened it.)
         url = engine.url
         self.may_cross_threads = (
             owned
             and url.database not in (None, "", ":memory:")
+            and url.query.get("mode") != "memory"
             and str(url.query.get("check_same_thread", "false")).lower() in ("false", "0")
         )
+        self.closed = False
         self._pooled: Any = None
         self._restore: tuple[Any, float] | None = None
         self._tx: SqliteTransaction | None = None
@@ -232,7 +242,13 @@ class Shared:
 
     def own(self) -> SqliteTransaction:
         """The adapter's connection, opened on first use, as a transaction object (not
-        yet holding the writer)."""
+        yet holding the writer).
+
+        Raises:
+            AdapterClosed: :meth:`close` was called.
+        """
+        if self.closed:
+            raise AdapterClosed
         if self._tx is None:
             self._pooled = self.engine.raw_connection()
             driver = self._pooled.driver_connection
@@ -246,24 +262,47 @@ class Shared:
     def commit_thread(self) -> ThreadPoolExecutor:
         """The thread the adapter's commits run on when they leave the loop, started on
         first use: one of its own, so that a commit never queues behind other work
-        in the loop's default executor while it holds the writer."""
+        in the loop's default executor while it holds the writer.
+
+        Raises:
+            AdapterClosed: :meth:`close` was called.
+        """
+        if self.closed:
+            raise AdapterClosed
         if self._commit_thread is None:
             self._commit_thread = ThreadPoolExecutor(1, thread_name_prefix="statifier-commit")
         return self._commit_thread
 
-    def close(self) -> None:
-        if self._commit_thread is not None:
-            self._commit_thread.shutdown(wait=True)
-            self._commit_thread = None
-        tx, pooled, restore = self._tx, self._pooled, self._restore
-        self._tx = self._pooled = self._restore = None
-        if tx is None or pooled is None:
+    async def close(self) -> None:
+        """Refuse new transactions (:class:`AdapterClosed`), let the one under way end
+        (commit or roll back) within ``CLOSE_WAIT`` seconds, then give the connection
+        back and stop the commit thread. A transaction still under way past the wait
+        is rolled back, never committed, and said at WARNING; its task's next statement
+        fails on the closed connection."""
+        if self.closed:
             return
-        if restore is not None:
-            isolation_level, timeout = restore
-            tx.driver.isolation_level = isolation_level
-            set_busy_timeout(tx.driver, timeout)
-        pooled.close()
+        self.closed = True
+        writer = self.writer
+        held = await _writer_within(writer, CLOSE_WAIT)
+        try:
+            tx, pooled, restore = self._tx, self._pooled, self._restore
+            self._tx = self._pooled = self._restore = None
+            if tx is not None and pooled is not None:
+                if tx.driver.in_transaction:
+                    # Only past the wait: restoring the isolation level below would
+                    # commit what the transaction wrote so far.
+                    tx.driver.rollback()
+                if restore is not None:
+                    isolation_level, timeout = restore
+                    tx.driver.isolation_level = isolation_level
+                    set_busy_timeout(tx.driver, timeout)
+                pooled.close()
+            if self._commit_thread is not None:
+                self._commit_thread.shutdown(wait=True)
+                self._commit_thread = None
+        finally:
+            if held:
+                writer.lock.release()
 
 
 async def _take_database(
@@ -281,28 +320,66 @@ async def _take_database(
     await retry_busy(attempt, deadline, lambda _: LockTimeout(name, time.monotonic() - started))
 
 
+async def _writer_within(writer: Writer, wait: float) -> bool:
+    """Take ``writer``'s lock within ``wait`` seconds for :meth:`Shared.close`; whether
+    it was taken (not when the calling task holds it, nor past the wait: then said at
+    WARNING)."""
+    if writer.task is not None and writer.task is asyncio.current_task():
+        held_by = "the task closing it"
+    else:
+        try:
+            async with asyncio.timeout(wait):
+                await writer.lock.acquire()
+        except TimeoutError:
+            held_by = f"another task for longer than {wait:g} s"
+        else:
+            return True
+    _log.warning(
+        "a SQLite adapter closed while a transaction held its writer (%s): the "
+        "transaction is rolled back, not committed",
+        held_by,
+    )
+    return False
+
+
 async def _commit_in_thread(tx: SqliteTransaction, thread: ThreadPoolExecutor) -> None:
     """``COMMIT`` on the adapter's commit ``thread`` (``sqlite3`` lets go of the GIL
     while SQLite writes and syncs the file), the loop running other tasks meanwhile.
     The caller holds the writer throughout, so no other task uses the connection.
+    Once the interpreter is exiting (its executors take no more work) the commit runs
+    on the loop.
 
     Raises:
-        asyncio.CancelledError: the task was cancelled meanwhile; raised only once the
-            commit has ended (the connection is the thread's until then), whether it
-            committed or not.
+        asyncio.CancelledError: the task was cancelled meanwhile: the very error, raised
+            only once the commit has ended (the connection is the thread's until
+            then), whether it committed or not; a commit that failed meanwhile is its
+            cause, and said at WARNING.
         sqlite3.Error: what the commit raised.
     """
     loop = asyncio.get_running_loop()
-    committed = loop.run_in_executor(thread, tx.cursor.execute, COMMIT)
-    cancelled = False
+    try:
+        committed = loop.run_in_executor(thread, tx.cursor.execute, COMMIT)
+    except RuntimeError:  # the interpreter is exiting: no new work for its threads
+        tx.cursor.execute(COMMIT)
+        return
+    cancelled: asyncio.CancelledError | None = None
     while not committed.done():
         try:
-            await asyncio.shield(committed)
-        except asyncio.CancelledError:
-            cancelled = True
-    if cancelled:
-        raise asyncio.CancelledError
-    committed.result()
+            await asyncio.wait([committed])  # never cancels the commit
+        except asyncio.CancelledError as error:
+            cancelled = error
+    if cancelled is None:
+        committed.result()
+        return
+    failed = committed.exception()
+    if failed is not None:
+        _log.warning(
+            "a SQLite commit failed while its task was being cancelled (%s): nothing of "
+            "its transaction was committed",
+            type(failed).__name__,
+        )
+        raise cancelled from failed
+    raise cancelled
 
 
 class _Block:
@@ -418,11 +495,13 @@ class _Block:
                     raise
                 await retry_busy(lambda: tx.cursor.execute(COMMIT), None)
         finally:
-            # A commit that failed or was cancelled must not leave the shared connection
-            # inside a transaction for the next holder of the writer.
-            if mode != "claimed" and tx.driver.in_transaction:
-                tx.driver.rollback()
-            writer.release()
+            try:
+                # A commit that failed or was cancelled must not leave the shared
+                # connection inside a transaction for the next holder of the writer.
+                if mode != "claimed" and tx.driver.in_transaction:
+                    tx.driver.rollback()
+            finally:  # even on a connection the adapter's close took away meanwhile
+                writer.release()
 
 
 class SqliteDatabase:
@@ -530,7 +609,7 @@ class SqliteDatabase:
 
     async def close(self) -> None:
         if self.view is None:
-            self.shared.close()
+            await self.shared.close()
 
     # Charts.
 
