@@ -93,6 +93,8 @@ class LeaseChange:
         held: every partition held after the claim (``surplus`` included).
         waiting: partitions of the group that no live member reads, as the claim
             found them (see :func:`waiting`).
+        until: when (by the leases' clock) the leases held run out unless renewed:
+            the ttl on from the moment the claim held the group's lock.
     """
 
     gained: tuple[str, ...] = ()
@@ -100,6 +102,7 @@ class LeaseChange:
     surplus: tuple[str, ...] = ()
     held: tuple[str, ...] = ()
     waiting: tuple[str, ...] = ()
+    until: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,10 +201,11 @@ class PartitionLeases:
             a random token); a restarted member may take its old name again.
         ttl: seconds a claim keeps the member alive and its leases held.
         clock: the time leases are measured by; the wall clock by default.
-        wait: seconds a claim, a release or a leave waits for the group's lock on
-            PostgreSQL before it fails (SQLSTATE 55P03); ``None`` (the default): as
-            long as the lock is held, so a member whose transaction is stuck holding
-            it holds up the others' claims with it.
+        wait: seconds a claim, a release or a leave waits for the group's lock
+            before it fails: on PostgreSQL the lock statement's (SQLSTATE 55P03), on
+            SQLite the database's single writer (``LockTimeout``); ``None`` (the
+            default): as long as the lock is held, so a member whose transaction is
+            stuck holding it holds up the others' claims with it.
 
     Raises:
         ConfigError: no partitions, a blank group or owner, or ``ttl`` or ``wait`` not
@@ -256,11 +260,12 @@ class PartitionLeases:
             return await self._claim()
 
     async def _claim(self) -> LeaseChange:
-        now = self.clock()
-        until = now + self.ttl
-        async with self.adapter.transaction() as tx:
+        async with self.adapter.transaction(self.wait) as tx:
             driver, table = tx.driver, self.table
             await table.serialize(driver, self.group, self.wait)
+            # The time once the lock is held: a lease must not count the wait for it.
+            now = self.clock()
+            until = now + self.ttl
             members = await table.alive(driver, self.group, self.owner, now, until)
             holdings = {
                 row.partition: Holding(row.partition, row.owner, row.leased_until)
@@ -277,6 +282,7 @@ class PartitionLeases:
             surplus=surplus,
             held=tuple(sorted(held)),
             waiting=waiting(self.partitions, holdings, held, self.ttl, now),
+            until=until,
         )
 
     async def release(self, partitions: Collection[str]) -> None:
@@ -285,7 +291,7 @@ class PartitionLeases:
         chosen = tuple(sorted(set(partitions)))
         if not chosen:
             return
-        async with self._lock, self.adapter.transaction() as tx:
+        async with self._lock, self.adapter.transaction(self.wait) as tx:
             await self.table.serialize(tx.driver, self.group, self.wait)
             await self.table.free(tx.driver, self.group, self.owner, chosen)
             self._held = self._held - set(chosen)
@@ -293,7 +299,7 @@ class PartitionLeases:
     async def leave(self) -> None:
         """Release every partition and leave the group, so the others' next claims
         share the partitions without waiting for this member's ttl."""
-        async with self._lock, self.adapter.transaction() as tx:
+        async with self._lock, self.adapter.transaction(self.wait) as tx:
             await self.table.serialize(tx.driver, self.group, self.wait)
             await self.table.free(tx.driver, self.group, self.owner, self.partitions)
             await self.table.forget(tx.driver, self.group, self.owner)

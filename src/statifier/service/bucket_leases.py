@@ -26,8 +26,16 @@ leave buckets to nobody, and a claim that finds another count's group alive says
 in a warning (once per interval).
 
 A claim waits at most a third of the ttl for the group's lock (another service's
-claim holds it: a stuck transaction), then fails; and readiness turns red once the
-last claim that succeeded is older than the ttl, whatever holds the claims up.
+claim holds it: a stuck transaction; on SQLite, the database's single writer), then
+fails; and readiness turns red once the leases of the last claim that succeeded ran
+out (a ttl after that claim held the lock), whatever holds the claims up.
+
+A service that stops tells its workers at once, even while a claim is under way, and
+leaves the group once they ended, so the others take its slices at their next claim;
+if the service's bound cuts the workers' pass short, it still leaves once they ended
+(waiting at most a third of the ttl more), or says at WARNING that the slices stay
+leased until their ttl. A cancellation of something a claim awaited, which someone
+else cancelled, is a failed claim like any other: the next claim comes as usual.
 
 The leases divide the work; they do not guard it. A service that lost a slice (its
 claims failed for longer than the ttl) fires its timers until its next claim tells
@@ -50,12 +58,13 @@ import logging
 import re
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Final, Protocol
 
 from statifier.fronts.leases import Clock, PartitionLeases
 from statifier.persistence.sql import SqlAdapter
 from statifier.repeats import Repeats
+from statifier.service.consumers import cancelled_elsewhere
 
 __all__ = [
     "GROUP",
@@ -130,11 +139,13 @@ class _Stopping:
         piece: the range.
         ended: done once every worker of the range returned.
         since: when (by the leases' clock) they were told to stop.
+        workers: the workers' tasks.
     """
 
     piece: Range
     ended: asyncio.Task[None]
     since: datetime
+    workers: tuple[asyncio.Task[None], ...]
 
     def covers(self, piece: Range) -> bool:
         """Whether this range, still stopping, shares a bucket with ``piece``."""
@@ -212,38 +223,46 @@ class LeasedWorkers:
         """Set when a range's workers all returned: the next claim comes at once, to
         release the surplus they held."""
         self._failure: str | None = None
-        self._renewed: datetime | None = None
-        """When (by the leases' clock) the last claim succeeded, or the part started."""
+        """Why the last claim failed (``None``: it succeeded)."""
+        self._release_failure: str | None = None
+        """Why the last release of the surplus failed, while a surplus is held."""
+        self._until: datetime | None = None
+        """When (by the leases' clock) the slices held run out unless a claim renews
+        them: a ttl on from the last claim's lock, or from the part's start."""
+        self._surplus: tuple[str, ...] = ()
         self._waiting: tuple[str, ...] = ()
         self._repeats = Repeats()
 
     def start(self) -> None:
         """Run the leases and the workers in a task of their own (:attr:`task`)."""
-        self._renewed = self.leases.clock()
+        self._until = self.leases.clock() + timedelta(seconds=self.ttl)
         self.task = asyncio.create_task(self._run(), name=self.name)
 
     def trouble(self) -> str | None:
-        """``None`` while work flows, else why it may not: not running, no claim
-        succeeded for longer than the ttl (one hangs, or they fail), the last claim
-        failed, a range given up whose workers are still in their pass a ttl after
-        their stop (its slices wait for them), a worker's trouble (named with its
-        range), or no slice held while slices wait for a service (free, or their
-        holder missed a renewal)."""
+        """``None`` while work flows, else why it may not: not running, the slices'
+        leases ran out (no claim renewed them in time: one hangs, or they fail), the
+        last claim failed, the last release of the surplus failed, a range given up
+        whose workers are still in their pass a ttl after their stop while a surplus
+        slice waits for them, a worker's trouble (named with its range), or no slice
+        held while slices wait for a service (free, or their holder missed a
+        renewal)."""
         if self.task is None or self.task.done():
             return "not running"
         now = self.leases.clock()
-        if self._renewed is not None:
-            age = (now - self._renewed).total_seconds()
-            if age > self.ttl:
-                cause = "a claim hangs" if self._failure is None else self._failure
-                return f"leases not renewed for {age:.1f} s: {cause}"
+        if self._until is not None and now > self._until:
+            age = (now - self._until).total_seconds() + self.ttl
+            cause = "a claim hangs" if self._failure is None else self._failure
+            return f"leases not renewed for {age:.1f} s: {cause}"
         if self._failure is not None:
             return f"leases not renewed: {self._failure}"
+        if self._release_failure is not None:
+            return f"surplus not released: {self._release_failure}"
+        surplus = ranges_of(self._surplus)
         for stopping in self.stopping:
-            # Past a ttl, the slices wait for this pass longer than they would for a
-            # service that died.
+            # Past a ttl, a surplus slice waits for this pass longer than it would for
+            # a service that died. (A range replaced by a wider one holds up nothing.)
             age = (now - stopping.since).total_seconds()
-            if not stopping.ended.done() and age > self.ttl:
+            if age > self.ttl and any(stopping.covers(piece) for piece in surplus):
                 start, end = stopping.piece
                 return f"giving up buckets {start}-{end}: a pass still runs after {age:.1f} s"
         for _, workers in self.running.values():
@@ -255,25 +274,55 @@ class LeasedWorkers:
         return None
 
     async def _run(self) -> None:
+        told = asyncio.create_task(self._told_at_stop(), name=f"{self.name}: stop")
         try:
             while not self.stop.is_set():
                 self._stopped.clear()
                 await self._claim()
                 await self._pause()
         finally:
-            # Every range's workers ended before the leave frees their slices.
+            told.cancel()
             self._give_up(list(self.running))
-            await asyncio.gather(*(s.ended for s in self.stopping), return_exceptions=True)
             try:
-                await self.leases.leave()
-            except Exception as error:  # noqa: BLE001 - the leases run out on their own
+                await asyncio.gather(*(s.ended for s in self.stopping), return_exceptions=True)
+            finally:  # also when the service's bound cut the wait short
+                await self._leave()
+
+    async def _told_at_stop(self) -> None:
+        """Tell every range's workers to stop as soon as the service stops, not once
+        a claim under way returns (it may wait for the group's lock)."""
+        await self.stop.wait()
+        self._give_up(list(self.running))
+
+    async def _leave(self) -> None:
+        """Leave the group once every range's workers ended (waited for at most a third
+        of the ttl, after a stop the service's bound cut short), so the others take
+        the slices at once; else say that the slices wait for their leases to run
+        out."""
+        tasks = [task for stopping in self.stopping for task in stopping.workers]
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=self.ttl / 3)
+            if pending:
                 _log.warning(
-                    "%s: could not give up its bucket slices (%s: %s); the other "
-                    "services take them once their leases run out",
+                    "%s: %d of its workers did not end; its bucket slices stay leased "
+                    "until their leases run out (%g s)",
                     self.name,
-                    type(error).__name__,
-                    error,
+                    len(pending),
+                    self.ttl,
                 )
+                return
+        try:
+            async with asyncio.timeout(self.ttl / 3):
+                await self.leases.leave()
+        except Exception as error:  # noqa: BLE001 - the leases run out on their own
+            _log.warning(
+                "%s: could not give up its bucket slices (%s: %s); the other services "
+                "take them once their leases run out (%g s)",
+                self.name,
+                type(error).__name__,
+                self._told(error),
+                self.ttl,
+            )
 
     async def _pause(self) -> None:
         """Wait a third of the ttl for the next claim; less once the service stops, or
@@ -293,12 +342,16 @@ class LeasedWorkers:
         service that covers it is still in its pass."""
         try:
             change = await self.leases.claim()
-        except Exception as error:  # noqa: BLE001 - the leases held run on; next claim
+        except (Exception, asyncio.CancelledError) as error:  # noqa: BLE001 - next claim
+            self._raise_own_cancel(error)
             self._failed(error, "claim")
             return
         self._failure = None
-        self._renewed = self.leases.clock()
+        self._until = change.until
+        self._surplus = change.surplus
         self._waiting = change.waiting
+        if self.stop.is_set():  # the stop came during the claim: start nothing
+            return
         self.stopping = [s for s in self.stopping if not s.ended.done()]
         wanted = set(ranges_of(set(change.held) - set(change.surplus)))
         before = set(self.running)
@@ -314,8 +367,14 @@ class LeasedWorkers:
         if done:
             try:
                 await self.leases.release(done)
-            except Exception as error:  # noqa: BLE001 - the next claim says surplus again
+            except (Exception, asyncio.CancelledError) as error:  # noqa: BLE001 - next claim
+                self._raise_own_cancel(error)
                 self._failed(error, "release")
+            else:
+                self._release_failure = None
+                self._surplus = tuple(set(self._surplus) - set(done))
+        elif not change.surplus:
+            self._release_failure = None
         await self._kin()
 
     def _say(self, wanted: set[Range], before: set[Range], lost: Collection[str]) -> None:
@@ -340,12 +399,12 @@ class LeasedWorkers:
         for piece in pieces:
             stop, workers = self.running.pop(piece)
             stop.set()
-            tasks = [worker.task for worker in workers if worker.task is not None]
+            tasks = tuple(worker.task for worker in workers if worker.task is not None)
             start, end = piece
             ended = asyncio.create_task(
                 self._ended(tasks), name=f"{self.name}: giving up buckets {start}-{end}"
             )
-            self.stopping.append(_Stopping(piece, ended, self.leases.clock()))
+            self.stopping.append(_Stopping(piece, ended, self.leases.clock(), tasks))
 
     async def _ended(self, tasks: Sequence[asyncio.Task[None]]) -> None:
         """Wait for ``tasks`` (a range's workers), then wake the claims."""
@@ -364,9 +423,10 @@ class LeasedWorkers:
         the store: their slices overlap this service's."""
         try:
             adapter = self.leases.adapter
-            async with adapter.transaction() as tx:
+            async with adapter.transaction(self.leases.wait) as tx:
                 groups = await self.leases.table.kin(tx.driver, GROUP, self.leases.clock())
-        except Exception as error:  # noqa: BLE001 - a hint only; the next claim looks again
+        except (Exception, asyncio.CancelledError) as error:  # noqa: BLE001 - a hint only
+            self._raise_own_cancel(error)
             self._repeats.log(
                 _log,
                 logging.WARNING,
@@ -394,23 +454,36 @@ class LeasedWorkers:
                 self.group,
             )
 
-    def _failed(self, error: Exception, what: str) -> None:
+    def _raise_own_cancel(self, error: BaseException) -> None:
+        """Raise ``error`` again if it is this task's own cancellation (the service's,
+        at the bound of a stop); a cancellation of something a claim awaited, which
+        someone else cancelled, is a failed claim like any other."""
+        if isinstance(error, asyncio.CancelledError) and not cancelled_elsewhere(
+            self.stop.is_set()
+        ):
+            raise error
+
+    def _failed(self, error: BaseException, what: str) -> None:
         """Say that a claim or a release failed, with the error's message (logged once
-        per kind and interval); readiness says so until a claim succeeds."""
-        self._failure = type(error).__name__
+        per kind and interval); readiness says so until a claim (a release) succeeds."""
+        kind = type(error).__name__
+        if what == "claim":
+            self._failure = kind
+        else:
+            self._release_failure = kind
         self._repeats.log(
             _log,
             logging.ERROR,
-            (what, self._failure),
+            (what, kind),
             "%s: a bucket lease %s failed (%s: %s); the next claim in %g s",
             self.name,
             what,
-            self._failure,
+            kind,
             self._told(error),
             self.ttl / 3,
         )
 
-    def _told(self, error: Exception) -> str:
+    def _told(self, error: BaseException) -> str:
         """What ``error`` says, on one line and at most :data:`_TOLD` characters: the
         driver's message (SQLAlchemy's wrapper's ``orig``, without the statement and
         its parameters), URLs and passwords left out; a wait for the group's lock cut

@@ -20,10 +20,11 @@ check, each ``"<part>: <why>"``:
   a failure (its class is named); the outbox (and the hops between stores) while its
   drain passes fail: ``passes failing: <class>`` (a drain outlives a failed pass, so
   it never restarts); the reapers' failed passes are logged, not reported here (they
-  keep no event from flowing); with bucket leases, the part ``workers``: its last
-  claim failed, a range it gives up is still in its pass a ttl after its stop, a
-  worker of a leased range is in trouble (named with its range), or it holds no slice
-  while slices wait
+  keep no event from flowing); with bucket leases, the part ``workers``: its leases
+  ran out (``leases not renewed for N s``), its last claim failed, its last release
+  of a surplus failed, a range it gives up is still in its pass a ttl after its stop
+  while a surplus slice waits for it, a worker of a leased range is in trouble (named
+  with its range), or it holds no slice while slices wait
   (:meth:`statifier.service.bucket_leases.LeasedWorkers.trouble`);
 - a stream consumer (``source NAME``): not running, restarting after a failure, not
   started yet, or what its source says keeps it from reading:
