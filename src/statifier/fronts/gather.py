@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -67,8 +66,7 @@ def check_window(window: object) -> float:
     if (
         isinstance(window, bool)
         or not isinstance(window, int | float)
-        or math.isnan(window)
-        or not 0 < window <= MAX_WINDOW
+        or not 0 < window <= MAX_WINDOW  # false for NaN, and no float made of a huge int
     ):
         raise ValueError(
             f"a group commit window is over 0 and at most {MAX_WINDOW:g} seconds, not {window!r}"
@@ -152,8 +150,10 @@ class Gatherer:
         """Route what waits, without waiting out its window, and stop: a later
         :meth:`route` raises. Returns once every batch is answered and the task ended.
 
-        Cancelling the call cancels the batch being routed (its transaction rolls
-        back) and answers every event still waiting ``Failed``.
+        Cancelling the call cancels the batch being routed and answers its events,
+        and every event still waiting, ``Failed`` (logged at ERROR). The batch's
+        transaction rolls back, unless its commit was under way: then it may have
+        committed, and a provider's retry of such a post is answered as a duplicate.
         """
         self._closed = True
         if self._wake is not None:
@@ -172,7 +172,15 @@ class Gatherer:
                 if batch:  # empty when every waiter of the window was cancelled
                     await self._routed(batch)
         except BaseException as stopped:  # cancelled: no waiter is left without an answer
-            for waiting in [*batch, *self._open]:
+            left = [*batch, *self._open]
+            if left:
+                _log.error(
+                    "a group commit stopped (%s) with %d events unanswered; each is answered "
+                    "failed (a batch under way may have committed: a retry is a duplicate)",
+                    type(stopped).__name__,
+                    len(left),
+                )
+            for waiting in left:
                 _answer(waiting, Failed(waiting.event, stopped))
             self._open.clear()
             raise

@@ -525,8 +525,11 @@ class Router:
             if unit.reruns(error):
                 raise  # a lost conflict: the whole batch is run again
             # An error that comes again there is the failing event's own answer; one that
-            # does not (a lock wait that ran out) would be seen nowhere but here.
-            said = f"{type(error).__name__}: {error}"
+            # does not (a lock wait that ran out) would be seen nowhere but here. Its
+            # class and SQLSTATE only: a database's message may quote the batch's
+            # parameters, and with them the events' data.
+            state = getattr(getattr(error, "orig", None) or error, "sqlstate", None)
+            said = type(error).__name__ + (f" (SQLSTATE {state})" if state else "")
             _repeats.note(
                 "batch_one_by_one",
                 lambda: _log.warning(

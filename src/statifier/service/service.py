@@ -767,7 +767,11 @@ class Service:
                 loop.remove_signal_handler(signum)
             listener.close()
             await _abandon(started)  # after an orderly stop, nothing is left
-            await lifespans.aclose()  # after an orderly stop, closed already
+            # After an orderly stop, closed already; else (a stop cut short, or a
+            # failed start) a second at most, then cancelled: a group commit's batch
+            # waiting for a lock must not hold the exit for its lock_wait.
+            closing = asyncio.ensure_future(lifespans.aclose())
+            await self._within([closing], loop.time() + 1.0)
         if status == _EXIT_CLEAN:
             self._say("stopped")
         elif self._ended:
@@ -989,6 +993,9 @@ class Service:
         ]
         clean = await self._within(intake, deadline)
         closing = asyncio.create_task(lifespans.aclose(), name="fronts")
+        # Started before the bound may cancel it: a task cancelled before its first
+        # step never runs, and the fronts' close would be left to the unbounded end.
+        await asyncio.sleep(0)
         clean = await self._within([closing], deadline) and clean
         self._ended.extend(_ended(workers))
         self._workers_stop.set()
