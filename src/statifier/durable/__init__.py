@@ -38,7 +38,7 @@ import.
 
 from statifier.durable.database import NotMigrated
 from statifier.durable.errors import ChartUnusable, DurableError, UnknownChart
-from statifier.durable.front import Durable
+from statifier.durable.front import MAX_SENDS, Durable
 from statifier.durable.values import (
     Cancelled,
     Description,
@@ -54,9 +54,11 @@ from statifier.persistence import (
     LockTimeout,
     MigrationSummary,
     Status,
+    Unstorable,
 )
 
 __all__ = [
+    "MAX_SENDS",
     "Cancelled",
     "ChartUnusable",
     "Description",
@@ -74,4 +76,5 @@ __all__ = [
     "Sent",
     "Status",
     "UnknownChart",
+    "Unstorable",
 ]

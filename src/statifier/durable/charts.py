@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeAlias
 
-from statifier.chart import InvalidChart, Machine, compile_chart
+from statifier.chart import InvalidChart, Machine, ReadLimits, compile_chart
 from statifier.durable.errors import ChartUnusable
 from statifier.durable.values import _text
 from statifier.expr import Function
@@ -54,10 +54,7 @@ def _compile(
         source = Path(source)
     if isinstance(source, os.PathLike):
         origin = os.fspath(source)
-        try:
-            source = Path(source).read_bytes()
-        except OSError as error:
-            raise ChartUnusable(name, origin, f"cannot read: {error.strerror}") from None
+        source = _read(name, origin)
     if not isinstance(source, (bytes, str)):
         raise TypeError(f"chart {name!r} is a Machine, SCXML source or a path, not {source!r}")
     try:
@@ -65,3 +62,18 @@ def _compile(
     except InvalidChart as invalid:
         problems = "; ".join(str(problem) for problem in invalid.problems)
         raise ChartUnusable(name, origin, problems) from None
+
+
+def _read(name: str, path: str) -> bytes:
+    """The chart file at ``path``, read no further than the reader's size bound (one
+    byte past it: the reader then refuses it by its size).
+
+    Raises:
+        ChartUnusable: it cannot be read (naming the chart and the path).
+    """
+    try:
+        with open(path, "rb") as file:
+            return file.read(ReadLimits().max_bytes + 1)
+    except (OSError, ValueError) as error:  # ValueError: a NUL in the path
+        why = error.strerror if isinstance(error, OSError) else str(error)
+        raise ChartUnusable(name, path, f"cannot read: {why}") from None

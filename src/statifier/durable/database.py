@@ -8,6 +8,7 @@ import re
 from typing import TYPE_CHECKING, Final
 
 from statifier.durable.errors import DurableError
+from statifier.observability import FieldPolicy
 
 __all__ = ["NotMigrated"]
 
@@ -57,9 +58,16 @@ def _options(tables: TableOptions | None) -> TableOptions:
     return tables
 
 
+_PASSWORD: Final = re.compile(r"(?i)^([a-z][a-z0-9+.-]*://[^:/@]*):[^@]*@")
+
+
 def _redacted(url: str) -> str:
-    """The URL with its password hidden (``postgresql://user:***@host/db``)."""
-    return re.sub(r"^([a-z][a-z0-9+.-]*://[^:/@]*):[^@]*@", r"\1:***@", url)
+    """The URL with its password hidden, in its user part whatever the scheme's case
+    (``postgresql://user:***@host/db``) and in a query parameter named for a secret
+    (``?password=***``)."""
+    hidden = _PASSWORD.sub(r"\1:***@", url)
+    head, mark, query = hidden.partition("?")
+    return head + FieldPolicy().scrub(mark + query) if mark else hidden
 
 
 def _upgrade_command(url: str, options: TableOptions) -> str:
@@ -77,11 +85,18 @@ def _prepare(url: str, options: TableOptions, migrate: bool) -> None:
     """Check the tables of ``options`` are at the head revision, or migrate them: under
     the migration lock every other way of migrating holds too (``statifier db
     upgrade``, ``statifier serve``), so processes opening together migrate once."""
+    from sqlalchemy.exc import ArgumentError
+
     from statifier.sql import migrations
     from statifier.sql.engines import lasts_one_connection
 
     try:
         in_memory = lasts_one_connection(url)
+    except ArgumentError:
+        raise ValueError(
+            f"{_redacted(url)!r} is not a database URL: a SQLite file is "
+            "sqlite:///app.db, PostgreSQL postgresql://user@host/db"
+        ) from None
     except ValueError:
         raise ValueError(
             f"durable executions run on PostgreSQL or SQLite, not {_redacted(url)!r}"

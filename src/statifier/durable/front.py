@@ -26,8 +26,10 @@ from statifier.durable.values import (
     Sent,
     _configuration,
     _datamodel,
+    _execution_id,
     _final_state,
     _host_metadata,
+    _in_language,
     _text,
     status_named,
 )
@@ -54,11 +56,12 @@ from statifier.persistence import (
     Storage,
     decode_outcome,
 )
+from statifier.persistence.executions import storable_text
 from statifier.persistence.executor import refuse_unperformed
 from statifier.persistence.serialization import DEFAULT_LOCK_WAIT
 from statifier.persistence.step_errors import decode_error
 
-__all__ = ["Durable"]
+__all__ = ["MAX_SENDS", "Durable"]
 
 
 if TYPE_CHECKING:
@@ -68,6 +71,10 @@ if TYPE_CHECKING:
     from statifier.router.transaction import Unit
     from statifier.sql import TableOptions
 
+MAX_SENDS: Final = 1_000
+"""Sends at most in one :meth:`Durable.send_many` (a router's delivery batch's bound:
+one transaction takes a lock per execution, and PostgreSQL's lock table is shared by
+the whole server)."""
 _DESCRIBED_ERRORS: Final = 20
 """How many of an execution's most recent errors :meth:`Durable.describe` reads."""
 _DESCRIBED_TIMERS: Final = 100
@@ -297,7 +304,7 @@ class Durable:
         machine = self.chart(chart)
         if execution_id is None:
             execution_id = new_execution_id()
-        _text(execution_id, "an execution id")
+        _execution_id(execution_id)
         pairs = dict(metadata or {})
         for key in pairs:
             if str(key).startswith("statifier."):
@@ -334,7 +341,9 @@ class Durable:
             ExecutionNotFound: no such execution.
             LockTimeout: another call held it longer than ``lock_wait``.
         """
+        _execution_id(execution_id)
         _text(event, "an event name")
+        _in_language(data)
         answer, held, timers = await self._step_or_hold(execution_id, Event(event, data=data))
         return await self._sent(event, answer, held, timers)
 
@@ -365,15 +374,31 @@ class Durable:
                 nothing of the batch is committed.
             TypeError: an element of ``sends`` is not a :class:`Send`, or its execution
                 id or event name is not a non-empty string; nothing is sent.
+            ValueError: more than :data:`MAX_SENDS` sends (a lock per execution, in
+                one transaction), or an execution id no database can store; nothing
+                is sent.
         """
+        if len(sends) > MAX_SENDS:
+            raise ValueError(f"send_many takes at most {MAX_SENDS} sends, not {len(sends)}")
         for send in sends:
             if not isinstance(send, Send):
                 raise TypeError(f"send_many takes Send values, not {type(send).__name__}")
-            _text(send.execution_id, "an execution id")
+            _execution_id(send.execution_id)
             _text(send.event, "an event name")
+            _in_language(send.data)
         router = self._router
         if router is None:
-            return [await self.send(send.execution_id, send.event, send.data) for send in sends]
+            sent: list[Sent] = []
+            for index, send in enumerate(sends):
+                try:
+                    sent.append(await self.send(send.execution_id, send.event, send.data))
+                except Exception as error:
+                    error.add_note(
+                        f"send {index + 1} of {len(sends)}: {send.event!r} to "
+                        f"{send.execution_id!r}; the {index} before it stay stepped"
+                    )
+                    raise
+            return sent
         from statifier.router.timers import SqlTimerQueue
         from statifier.router.transaction import Delivering
 
@@ -473,6 +498,7 @@ class Durable:
             ExecutionNotFound: no such execution.
             RuntimeError: the database is not SQL (only a SQL database holds events).
         """
+        _execution_id(execution_id)
         return await self._sql("hold for a paused execution").pause(execution_id)
 
     async def resume(self, execution_id: str) -> Resumed | None:
@@ -486,6 +512,7 @@ class Durable:
             ExecutionNotFound: no such execution.
             RuntimeError: the database is not SQL.
         """
+        _execution_id(execution_id)
         return await self._sql("hold for a paused execution").resume(execution_id)
 
     async def _step_or_hold(
@@ -516,6 +543,7 @@ class Durable:
         Raises:
             ExecutionNotFound: no such execution.
         """
+        _execution_id(execution_id)
         executions = self.executions
         record = await executions.storage.fetch_execution(execution_id)
         state, position = await self._state(record)
@@ -539,9 +567,15 @@ class Durable:
         execution of the database.
 
         Raises:
-            ValueError: an unknown status.
+            ValueError: an unknown status, or a metadata value a database cannot
+                store (a NUL, a lone surrogate).
+            TypeError: a metadata value that is not a str.
         """
         wanted = None if status is None else status_named(status)
+        for key, value in metadata.items():
+            if not isinstance(value, str):
+                raise TypeError(f"metadata filters are strings, not {key}={value!r}")
+            storable_text(value, f"the metadata filter {key}")
         pairs = dict(metadata)
         if chart is not None:
             pairs[CHART_KEY] = chart
@@ -574,7 +608,7 @@ class Durable:
         Raises:
             ExecutionNotFound: no such execution.
         """
-
+        _execution_id(execution_id)
         router = self._router
         if router is None:
             answer = await self.executions.cancel(execution_id)
@@ -624,7 +658,7 @@ class Durable:
             LockTimeout: another call held it longer than ``lock_wait``.
         """
         executions = self.executions
-        record = await executions.storage.fetch_execution(_text(execution_id, "an execution id"))
+        record = await executions.storage.fetch_execution(_execution_id(execution_id))
         name = self._chart_name(record)
         if name is None:  # created elsewhere, under no name: the hash is all it has
             raise UnknownChart(record.content_hash, sorted(self._charts))
@@ -831,6 +865,11 @@ class Durable:
     def _policy(self, on_error: OnError | str | Mapping[str, OnError | str]) -> ErrorPolicy:
         if isinstance(on_error, OnError | str):
             return ErrorPolicy(OnError.of(on_error))
+        if not isinstance(on_error, Mapping):  # untyped callers pass anything
+            raise TypeError(
+                f"on_error is an OnError, its name, or a map of chart names to them, "
+                f"not {on_error!r}"
+            )
         charts: dict[str, OnError] = {}
         for name, value in on_error.items():
             charts[self.chart(name).identity.content_hash] = OnError.of(value)

@@ -15,6 +15,7 @@ from statifier.persistence import (
     Status,
     StepError,
 )
+from statifier.persistence.executions import storable_text
 
 __all__ = [
     "CHART_KEY",
@@ -321,17 +322,76 @@ def _final_state(state: MachineState | None) -> str | None:
     return None if state is None else state.final_state()
 
 
+MAX_ID_LENGTH: Final = 1_024
+"""Characters at most of an execution id (the router's bound on the ids it takes)."""
+
+
 def _text(value: object, what: str) -> str:
     """``value`` if it is a non-blank str (untyped callers pass anything)."""
     if not isinstance(value, str) or not value.strip():
-        raise TypeError(f"{what} is a non-empty str, not {value!r}")
+        shown = repr(value)
+        raise TypeError(f"{what} is a non-empty str, not {shown[:80]}")
     return value
+
+
+def _execution_id(value: object) -> str:
+    """``value`` if every database can store it as an execution id: a non-blank str
+    of at most :data:`MAX_ID_LENGTH` characters, without a NUL or a lone surrogate.
+
+    Raises:
+        TypeError: not a non-blank str.
+        ValueError: too long, or holding what a database cannot store.
+    """
+    text = _text(value, "an execution id")
+    if len(text) > MAX_ID_LENGTH:
+        raise ValueError(f"an execution id is at most {MAX_ID_LENGTH} characters, not {len(text)}")
+    storable_text(text, "an execution id")
+    return text
 
 
 def _datamodel(data: object) -> dict[str, Value]:
     if not isinstance(data, Mapping) or not all(isinstance(key, str) for key in data):
         raise TypeError(f"data maps variable names to values, not {data!r}")
+    for value in data.values():
+        _in_language(value, "the data")
     return dict(data)
+
+
+_NOT_VALUES: Final = (tuple, set, frozenset, bytes, bytearray)
+
+
+def _in_language(data: object, what: str = "the event's data") -> object:
+    """``data``, if the step sees what its input log will hold: no tuple, set or bytes
+    (a tuple would be logged as a list), and no map keyed by anything but strings
+    (an integer key would be logged as a string). What else a value may not be, the
+    storage refuses (``Unstorable``).
+
+    Raises:
+        TypeError: naming ``what`` and the value.
+    """
+    stack = [data]
+    seen: set[int] = set()
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            if id(value) in seen:
+                continue
+            seen.add(id(value))
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    raise TypeError(f"{what} maps strings to values, not the key {key!r:.80}")
+                stack.append(item)
+        elif isinstance(value, list):
+            if id(value) in seen:
+                continue
+            seen.add(id(value))
+            stack.extend(value)
+        elif isinstance(value, _NOT_VALUES):
+            raise TypeError(
+                f"{what} holds a {type(value).__name__}, which is no value of the "
+                "expression language (a list, a map keyed by strings, a string...)"
+            )
+    return data
 
 
 def _host_metadata(record: ExecutionRecord) -> dict[str, str]:

@@ -1179,8 +1179,23 @@ def _start_entry(start: StartOptions) -> Event:
 def _dump_event(event: Event) -> bytes:
     try:
         return stored.dump_event(event)
-    except (ValueError, RecursionError) as error:  # RecursionError: as in _dump
-        raise Unstorable(f"the event cannot be stored: {error}") from None
+    except (ValueError, TypeError, RecursionError) as error:  # RecursionError: as in _dump
+        raise Unstorable(f"the event's data cannot be stored: {error}") from None
+
+
+def storable_text(text: str, what: str) -> None:
+    """Refuse ``text`` where some database cannot store it: a NUL (PostgreSQL refuses
+    one in text) or a lone surrogate (not UTF-8), so that both databases refuse alike.
+
+    Raises:
+        ValueError: naming ``what``.
+    """
+    if "\x00" in text:
+        raise ValueError(f"{what} holds a NUL character, which PostgreSQL cannot store")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{what} holds a lone surrogate, which is not UTF-8") from None
 
 
 def _checked_metadata(metadata: Mapping[Any, Any] | None) -> dict[str, str]:
@@ -1194,4 +1209,6 @@ def _checked_metadata(metadata: Mapping[Any, Any] | None) -> dict[str, str]:
             raise TypeError(f"metadata maps strings to strings, not {key!r}: {value!r}")
         if len(key) > MAX_METADATA_TEXT or len(value) > MAX_METADATA_TEXT:
             raise ValueError(f"metadata keys and values are at most {MAX_METADATA_TEXT} long")
+        storable_text(key, "a metadata key")
+        storable_text(value, f"the metadata value of {key!r}")
     return {str(key): str(value) for key, value in metadata.items()}

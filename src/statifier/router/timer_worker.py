@@ -423,6 +423,8 @@ def _scope(entry: TimerEntry) -> str:
 
 
 def _aware(now: datetime) -> datetime:
+    if not isinstance(now, datetime):  # untyped callers pass anything
+        raise TypeError(f"now is a timezone-aware datetime, not {now!r}")
     if now.tzinfo is None or now.utcoffset() is None:
         raise ValueError(f"now must be timezone-aware, not {now!r}")
     return now.astimezone(UTC)
