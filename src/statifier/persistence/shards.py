@@ -45,6 +45,15 @@ __all__ = ["BUCKETS", "Shard", "ShardMap", "ShardedAdapter", "bucket_of"]
 T = TypeVar("T")
 
 
+def _is_range(each: object) -> bool:
+    """Whether ``each`` is a pair of whole numbers (untyped callers pass anything)."""
+    return (
+        isinstance(each, tuple | list)
+        and len(each) == 2
+        and all(type(edge) is int for edge in each)
+    )
+
+
 @dataclass(frozen=True)
 class ShardMap:
     """Which store holds which buckets: ``ranges[i]`` is store ``i``'s ``[start, end)``;
@@ -59,6 +68,12 @@ class ShardMap:
     def __post_init__(self) -> None:
         if not self.ranges:
             raise ValueError("a shard map has at least one range")
+        for number, each in enumerate(self.ranges):
+            if not _is_range(each):
+                raise ValueError(
+                    f"range {number} is {each!r}: each range is a pair of whole numbers "
+                    "(start, end)"
+                )
         expected = 0
         for number, (start, end) in enumerate(self.ranges):
             if start != expected or end <= start:
@@ -140,10 +155,12 @@ class ShardedAdapter:
       created on the chart in a store already retired is refused there
       (``ChartRetired``), and one created in a store not yet retired makes that store
       refuse: the stores before it keep their tombstone, and ``Pinned`` is raised.
-      A chart's first save inside an ``exclusive`` block writes the other stores
-      outside the block: save charts before such a block (``Executions.create``
-      does), or two blocks in different stores saving the same new chart can wait
-      on each other.
+      A chart's save inside an ``exclusive`` block writes the other stores outside
+      the block: save charts before such a block (``Executions.create`` does), or
+      two blocks in different stores saving a chart can wait on each other. A
+      durable child is created in its parent's block, and its answer read and
+      marked in every store there: on SQLite, two parents in two stores doing so at
+      once wait on each other for ever (an open defect, decision 0116).
     - Listings (``list_by_metadata``, ``pinning_executions``) concatenate the stores'
       in store order; counts are summed; ``undelivered_answers`` merges the stores'
       oldest first.

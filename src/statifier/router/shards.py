@@ -333,7 +333,12 @@ class ShardedRouter:
                 answers.append(plan)
                 continue
             routed = {n: part for n, part in parts.items() if isinstance(part, Routed)}
-            failed = [part for part in parts.values() if isinstance(part, Failed)]
+            # A part's own failure before a part only blocked behind an earlier one:
+            # a consumer counts and logs the one, and lets the other go uncounted.
+            failed = sorted(
+                (part for part in parts.values() if isinstance(part, Failed)),
+                key=lambda part: isinstance(part.error, BlockedByEarlierFailure),
+            )
             answers.append(failed[0] if failed else self._merged(plan, routed))
         return answers
 
