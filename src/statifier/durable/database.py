@@ -8,7 +8,6 @@ import re
 from typing import TYPE_CHECKING, Final
 
 from statifier.durable.errors import DurableError
-from statifier.observability import FieldPolicy
 
 __all__ = ["NotMigrated"]
 
@@ -59,15 +58,16 @@ def _options(tables: TableOptions | None) -> TableOptions:
 
 
 _PASSWORD: Final = re.compile(r"(?i)^([a-z][a-z0-9+.-]*://[^:/@]*):[^@]*@")
+_SECRET_PARAMETER: Final = re.compile(
+    r"(?i)([?&;][^=&#]*(?:password|secret|token|key)[^=&#]*=)[^&;#]*"
+)
 
 
 def _redacted(url: str) -> str:
     """The URL with its password hidden, in its user part whatever the scheme's case
     (``postgresql://user:***@host/db``) and in a query parameter named for a secret
     (``?password=***``)."""
-    hidden = _PASSWORD.sub(r"\1:***@", url)
-    head, mark, query = hidden.partition("?")
-    return head + FieldPolicy().scrub(mark + query) if mark else hidden
+    return _SECRET_PARAMETER.sub(r"\1***", _PASSWORD.sub(r"\1:***@", url))
 
 
 def _upgrade_command(url: str, options: TableOptions) -> str:
