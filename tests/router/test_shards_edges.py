@@ -146,10 +146,6 @@ async def test_parents_in_two_stores_start_their_durable_children_at_once(
 
 
 @pytest.mark.asyncio
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: a child's answer is read in every store (decision 0116)",
-)
 async def test_children_of_two_stores_answer_their_parents_at_once(
     opened: list[SqlAdapter],
 ) -> None:

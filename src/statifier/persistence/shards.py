@@ -29,6 +29,7 @@ from typing import TypeVar
 from statifier.buckets import BUCKETS, bucket_of
 from statifier.persistence.adapter import Adapter, Capabilities
 from statifier.persistence.errors import ExecutionNotFound, Pinned
+from statifier.persistence.executions import PARENT_KEY
 from statifier.persistence.records import (
     AnswerRecord,
     ChartRecord,
@@ -271,14 +272,22 @@ class ShardedAdapter:
         lists = await self._everywhere(lambda s: s.pinning_executions(content_hash))
         return [execution_id for ids in lists for execution_id in ids]
 
+    def _holding(self, pairs: Mapping[str, str]) -> Sequence[Adapter]:
+        """The stores that may hold executions whose metadata holds ``pairs``: a
+        parent's durable children are in its store (a child's id starts with its
+        parent's), asked alone, so that a parent's step cancelling its children
+        waits for no other store's writer; else every store."""
+        parent = pairs.get(PARENT_KEY)
+        return self.stores if parent is None else (self.shard_of(parent),)
+
     async def list_by_metadata(self, pairs: Mapping[str, str]) -> list[ExecutionRecord]:
-        lists = await self._everywhere(lambda s: s.list_by_metadata(pairs))
+        lists = [await store.list_by_metadata(pairs) for store in self._holding(pairs)]
         return [record for records in lists for record in records]
 
     async def statuses_by_metadata(self, pairs: Mapping[str, str]) -> dict[str, Status]:
         merged: dict[str, Status] = {}
-        for statuses in await self._everywhere(lambda s: s.statuses_by_metadata(pairs)):
-            merged.update(statuses)
+        for store in self._holding(pairs):
+            merged.update(await store.statuses_by_metadata(pairs))
         return merged
 
     async def count_linked_children_on(self, content_hash: str) -> int:
@@ -291,9 +300,18 @@ class ShardedAdapter:
         await self.shard_of(record.parent_id).insert_answer(record)
 
     async def fetch_answer(self, child_id: str) -> AnswerRecord | None:
-        # A child's id names its parent only by convention: every store is asked.
-        found = await self._everywhere(lambda s: s.fetch_answer(child_id))
-        return next((answer for answer in found if answer is not None), None)
+        # An answer is kept with its parent, and a child's id starts with its parent's
+        # (``parent/invoke``): its bucket's store holds it, the one whose block the
+        # parent's step holds. Asked alone, so that no other store's writer is waited
+        # for there; the others only for an answer it lacks (an id minted otherwise).
+        own = self.shard_of(child_id)
+        answer = await own.fetch_answer(child_id)
+        if answer is not None:
+            return answer
+        for store in self.stores:
+            if store is not own and (answer := await store.fetch_answer(child_id)):
+                return answer
+        return None
 
     async def undelivered_answers(self, limit: int) -> list[AnswerRecord]:
         lists = await self._everywhere(lambda s: s.undelivered_answers(limit))
@@ -304,7 +322,9 @@ class ShardedAdapter:
         return owed[: max(limit, 0)]
 
     async def mark_delivered(self, child_ids: Sequence[str], delivered_at: datetime) -> None:
-        await self._everywhere(lambda s: s.mark_delivered(child_ids, delivered_at))
+        # In each child's bucket's store, its parent's (see fetch_answer).
+        for number, ids in self._grouped(child_ids, str).items():
+            await self.stores[number].mark_delivered(ids, delivered_at)
 
     async def take_fan_out_end(self, parent_id: str, invoke_id: str, ended_at: datetime) -> bool:
         return await self.shard_of(parent_id).take_fan_out_end(parent_id, invoke_id, ended_at)
