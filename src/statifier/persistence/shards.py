@@ -159,9 +159,10 @@ class ShardedAdapter:
       A chart's save inside an ``exclusive`` block writes the other stores outside
       the block: save charts before such a block (``Executions.create`` does), or
       two blocks in different stores saving a chart can wait on each other. A
-      durable child is created in its parent's block, and its answer read and
-      marked in every store there: on SQLite, two parents in two stores doing so at
-      once wait on each other for ever (an open defect, decision 0116).
+      durable child is created in its parent's block: on SQLite, two parents in two
+      stores starting children at once wait on each other for ever (an open defect,
+      decision 0116). Its answer, and a listing by its parent's metadata, are read
+      in the parent's store alone (a child's id starts with its parent's).
     - Listings (``list_by_metadata``, ``pinning_executions``) concatenate the stores'
       in store order; counts are summed; ``undelivered_answers`` merges the stores'
       oldest first.
@@ -322,9 +323,15 @@ class ShardedAdapter:
         return owed[: max(limit, 0)]
 
     async def mark_delivered(self, child_ids: Sequence[str], delivered_at: datetime) -> None:
-        # In each child's bucket's store, its parent's (see fetch_answer).
+        # In each child's bucket's store, its parent's (see fetch_answer); in the
+        # others only for an answer that store lacks (an id minted otherwise).
+        elsewhere: list[str] = []
         for number, ids in self._grouped(child_ids, str).items():
-            await self.stores[number].mark_delivered(ids, delivered_at)
+            store = self.stores[number]
+            await store.mark_delivered(ids, delivered_at)
+            elsewhere += [i for i in ids if await store.fetch_answer(i) is None]
+        for store in self.stores if elsewhere else ():
+            await store.mark_delivered(elsewhere, delivered_at)
 
     async def take_fan_out_end(self, parent_id: str, invoke_id: str, ended_at: datetime) -> bool:
         return await self.shard_of(parent_id).take_fan_out_end(parent_id, invoke_id, ended_at)
