@@ -444,9 +444,6 @@ class _Queries:
 
 
 @pytest.mark.asyncio
-@pytest.mark.xfail(
-    strict=True, reason="open: the close stops at the first store that raises (decision 0116)"
-)
 async def test_closing_the_consoles_reads_over_stores_closes_every_store_when_one_fails() -> None:
     """Closing :class:`ShardedQueries` closes every store's queries even when the close
     of one raises (then what it raised comes out after the others closed)."""

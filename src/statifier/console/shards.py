@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import functools
 import heapq
 import itertools
@@ -201,9 +202,11 @@ class ShardedQueries:
             )
 
     async def close(self) -> None:
-        """Close every store's queries (each disposes only an engine it made)."""
-        for store in self.stores:
-            await store.close()
+        """Close every store's queries (each disposes only an engine it made), every
+        one even when an earlier close raises (then raised)."""
+        async with contextlib.AsyncExitStack() as closing:
+            for store in reversed(self.stores):  # closed in store order
+                closing.push_async_callback(store.close)
 
     async def __aenter__(self) -> ShardedQueries:
         return self

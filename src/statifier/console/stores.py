@@ -13,6 +13,7 @@ per store under one run id, its progress summed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import uuid
 from collections.abc import Mapping, Sequence
@@ -231,9 +232,11 @@ class Stores:
             store.runs.cancel()
 
     async def close(self) -> None:
-        """Stop every store's bulk runs (:meth:`BulkRuns.close`)."""
-        for store in self.all:
-            await store.runs.close()
+        """Stop every store's bulk runs (:meth:`BulkRuns.close`), every one even when
+        an earlier close raises (then raised)."""
+        async with contextlib.AsyncExitStack() as closing:
+            for store in reversed(self.all):  # closed in store order
+                closing.push_async_callback(store.runs.close)
 
 
 def _summed(parts: Sequence[tuple[Store, LoggedRun]]) -> tuple[LoggedRun, str]:

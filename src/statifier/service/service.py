@@ -685,8 +685,9 @@ class Service:
                 for built in sinks:
                     await built.aclose()
         finally:
-            for adapter in adapters:
-                await adapter.close()
+            async with contextlib.AsyncExitStack() as closing:  # each, whatever raises
+                for adapter in reversed(adapters):  # closed in store order
+                    closing.push_async_callback(adapter.close)
 
     async def _serve(
         self, routing: Router | ShardedRouter, health: Health, sinks: list[Sinks]
