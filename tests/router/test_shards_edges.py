@@ -1,12 +1,14 @@
 """Work spread over several stores where the stores disagree or one is away
-(statifier.router.shards, statifier.persistence.shards). What holds: an event failing
-in one store is answered with its own failure, not another store's block; a shard
-map's ranges are pairs of whole numbers. What does not yet, each a strict expected
-failure named by its reason (decision 0116, last section): what one execution needs
-asked of its own store alone (a store away or busy holding up its own executions
-only), rows in a bucket of the store that holds them, a cap counting every store, a
-step's sends reaching another store in order, a fire told its entry in every store,
-a close finishing every store."""
+(statifier.router.shards, statifier.persistence.shards). What holds: what a durable
+parent's step needs (its child's chart, answer and siblings) is asked of its own
+store alone, so two parents in two stores never wait on each other; a chart saved in
+a block reaches every store before its retire; an event failing in one store is
+answered with its own failure, not another store's block; a shard map's ranges are
+pairs of whole numbers; a close finishes every store. What does not yet, each a
+strict expected failure named by its reason (decision 0116, last section): a create
+while another store is away, rows in a bucket of the store that holds them, a cap
+counting every store, a step's sends reaching another store in order, a fire told
+its entry in every store."""
 
 from __future__ import annotations
 
@@ -31,9 +33,10 @@ from statifier.chart import compile_chart
 from statifier.console.shards import ShardedQueries
 from statifier.core import Event
 from statifier.ids import new_execution_id
-from statifier.persistence import Executions, Status, Storage
+from statifier.persistence import ExecutionRecord, Executions, Status, Storage
 from statifier.persistence.driver import Driver
 from statifier.persistence.executor import ignore_effects
+from statifier.persistence.records import ChartRecord
 from statifier.persistence.shards import ShardedAdapter, ShardMap
 from statifier.persistence.sql import SqlAdapter
 from statifier.router import (
@@ -75,6 +78,9 @@ PARENT = f"""<scxml xmlns="http://www.w3.org/2005/07/scxml" initial="idle">
 <final id="answered"/>
 </scxml>"""
 """A parent that starts a durable child on ``go`` and completes once it answers."""
+
+AT = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+"""A fixed time for the rows the tests write by hand."""
 
 BOUND = 10.0
 """Seconds two calls that take milliseconds alone get together before they count as
@@ -124,10 +130,6 @@ async def _within(seconds: float, *calls: Awaitable[Any]) -> list[Any]:
 
 
 @pytest.mark.asyncio
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: a child's create saves its chart in every store (decision 0116)",
-)
 async def test_parents_in_two_stores_start_their_durable_children_at_once(
     opened: list[SqlAdapter],
 ) -> None:
@@ -143,6 +145,56 @@ async def test_parents_in_two_stores_start_their_durable_children_at_once(
         BOUND, driver.send_event(first, Event("go")), driver.send_event(second, Event("go"))
     )
     assert [result.execution.status for result in stepped] == [Status.ACTIVE] * 2
+
+
+@pytest.mark.asyncio
+async def test_a_chart_saved_in_a_block_reaches_every_store_before_its_retire(
+    opened: list[SqlAdapter],
+) -> None:
+    """A chart saved inside a store's block is saved in that store alone, is found by
+    ``fetch_chart`` from outside any block, goes to another store when an execution
+    is inserted there, and is in every store (tombstoned) once retired."""
+    sharded = ShardedAdapter(opened)
+    chart = ChartRecord("sha256:edge", source=b"<scxml/>", name="edge", version="1", saved_at=AT)
+    inside = _id_in(1, "holder")
+    async with sharded.exclusive(inside, None):
+        await sharded.save_chart(chart)
+    assert [await store.fetch_chart(chart.content_hash) is not None for store in opened] == [
+        False,
+        True,
+        False,
+    ]
+    found = await sharded.fetch_chart(chart.content_hash)
+    assert found is not None
+    assert found.source == chart.source
+    elsewhere = _id_in(2, "other")
+    await sharded.insert_execution(
+        ExecutionRecord(
+            elsewhere,
+            content_hash=chart.content_hash,
+            status=Status.ACTIVE,
+            position=b"",
+            created_at=AT,
+            updated_at=AT,
+        )
+    )
+    assert await opened[2].fetch_chart(chart.content_hash) is not None
+    await sharded.update_execution(
+        ExecutionRecord(
+            elsewhere,
+            content_hash=chart.content_hash,
+            status=Status.COMPLETED,
+            position=b"",
+            created_at=AT,
+            updated_at=AT,
+            ended_at=AT,
+        )
+    )
+    await sharded.retire_chart(chart.content_hash, "test", AT)
+    for store in opened:
+        kept = await store.fetch_chart(chart.content_hash)
+        assert kept is not None
+        assert kept.retired_at is not None
 
 
 @pytest.mark.asyncio
@@ -172,7 +224,6 @@ async def test_children_of_two_stores_answer_their_parents_at_once(
 
 
 @pytest.mark.asyncio
-@pytest.mark.xfail(strict=True, reason="open: fetch_chart reads the first store (decision 0116)")
 async def test_an_executions_chart_is_read_in_its_own_store_while_the_first_is_away(
     opened: list[SqlAdapter], away: SqlAdapter
 ) -> None:

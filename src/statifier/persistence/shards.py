@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TypeVar
@@ -44,6 +45,12 @@ from statifier.persistence.records import (
 __all__ = ["BUCKETS", "Shard", "ShardMap", "ShardedAdapter", "bucket_of"]
 
 T = TypeVar("T")
+
+_HELD: ContextVar[Adapter | None] = ContextVar("statifier.shards.held", default=None)
+"""The store whose ``exclusive`` block the running task is in (a task's own: a block
+holds its store for the task that entered it), so that a chart saved there is saved
+in that store alone: another store's writer waited for inside a block could be held
+by a task waiting for this one's."""
 
 
 def _is_range(each: object) -> bool:
@@ -150,19 +157,21 @@ class ShardedAdapter:
       ``mark_delivered``, ``prune``) is split per store; the parts are not one unit:
       one store's part may be written when another's fails (``record_steps`` checks
       first that every execution exists, so a missing one still writes nothing).
-    - Charts are saved in every store, so that each can check its executions against
-      them. ``retire_chart`` counts the pins in every store first and refuses as one
-      store would; between that count and the last store's tombstone, an execution
-      created on the chart in a store already retired is refused there
+    - Charts are saved in every store (outside a block), so that each can check its
+      executions against them. ``retire_chart`` counts the pins in every store
+      first and refuses as one store would; between that count and the last
+      store's tombstone, an execution created on the chart in a store already
+      retired is refused there
       (``ChartRetired``), and one created in a store not yet retired makes that store
       refuse: the stores before it keep their tombstone, and ``Pinned`` is raised.
-      A chart's save inside an ``exclusive`` block writes the other stores outside
-      the block: save charts before such a block (``Executions.create`` does), or
-      two blocks in different stores saving a chart can wait on each other. A
-      durable child is created in its parent's block: on SQLite, two parents in two
-      stores starting children at once wait on each other for ever (an open defect,
-      decision 0116). Its answer, and a listing by its parent's metadata, are read
-      in the parent's store alone (a child's id starts with its parent's).
+      A chart saved inside an ``exclusive`` block (a durable child's, created in
+      its parent's step) is saved in the block's store alone, and in another store
+      when an execution is first inserted there, or before a retire; ``fetch_chart``
+      reads the block's store first, then the first store, then the others. A
+      child's answer, and a listing by its parent's metadata, are read in the
+      parent's store alone (a child's id starts with its parent's). So no block
+      waits for another store's writer, which on SQLite a task waiting for this
+      block's could hold.
     - Listings (``list_by_metadata``, ``pinning_executions``) concatenate the stores'
       in store order; counts are summed; ``undelivered_answers`` merges the stores'
       oldest first.
@@ -180,6 +189,11 @@ class ShardedAdapter:
             raise ValueError(
                 f"the map has {len(self.shard_map.ranges)} ranges for {len(self.stores)} stores"
             )
+        # Charts saved inside a block, in the block's store alone: each is saved in
+        # another store when an execution is first inserted there (or before a retire).
+        self._unplaced: dict[str, tuple[ChartRecord, set[int]]] = {}
+        """By content hash: a chart saved inside a block, and the stores known to hold
+        it."""
 
     def shard_of(self, execution_id: str) -> Adapter:
         """The store that holds ``execution_id`` (and its durable children)."""
@@ -212,15 +226,44 @@ class ShardedAdapter:
     # Charts: in every store.
 
     async def save_chart(self, chart: ChartRecord) -> ChartRecord:
+        held = _HELD.get()
+        if held is not None and held in self.stores:
+            # Inside a block (a durable child created in its parent's step): its store
+            # alone, the child's too; the others when an execution goes there.
+            placed = self._unplaced.setdefault(chart.content_hash, (chart, set()))[1]
+            placed.add(self.stores.index(held))
+            return await held.save_chart(chart)
         saved = await self._everywhere(lambda store: store.save_chart(chart))
+        self._unplaced.pop(chart.content_hash, None)
         return saved[0]
 
     async def fetch_chart(self, content_hash: str) -> ChartRecord | None:
-        return await self.stores[0].fetch_chart(content_hash)
+        # The block's store first (a chart saved inside a block is there), then the
+        # first store, then the others (a chart saved in a block's store alone).
+        held = _HELD.get()
+        first = held if held is not None and held in self.stores else self.stores[0]
+        for store in (first, *(store for store in self.stores if store is not first)):
+            if (chart := await store.fetch_chart(content_hash)) is not None:
+                return chart
+        return None
+
+    async def _placed(self, store: Adapter, content_hash: str) -> None:
+        """Save in ``store`` a chart saved inside a block elsewhere, if it lacks it."""
+        unplaced = self._unplaced.get(content_hash)
+        if unplaced is None:
+            return
+        chart, placed = unplaced
+        number = self.stores.index(store)
+        if number not in placed:
+            await store.save_chart(chart)  # saves nothing where it is stored
+            placed.add(number)
 
     async def retire_chart(
         self, content_hash: str, retired_by: str, retired_at: datetime
     ) -> ChartRecord | None:
+        for store in self.stores:  # every store holds what it tombstones
+            await self._placed(store, content_hash)
+        self._unplaced.pop(content_hash, None)
         chart = await self.stores[0].fetch_chart(content_hash)
         if chart is None or chart.retired_at is not None:
             return chart
@@ -246,7 +289,9 @@ class ShardedAdapter:
     # Executions: in their bucket's store.
 
     async def insert_execution(self, record: ExecutionRecord) -> None:
-        await self.shard_of(record.id).insert_execution(record)
+        store = self.shard_of(record.id)
+        await self._placed(store, record.content_hash)
+        await store.insert_execution(record)
 
     async def fetch_execution(self, execution_id: str) -> ExecutionRecord | None:
         return await self.shard_of(execution_id).fetch_execution(execution_id)
@@ -417,4 +462,16 @@ class ShardedAdapter:
     # Serialization: the execution's store's lock.
 
     def exclusive(self, execution_id: str, wait: float | None) -> AbstractAsyncContextManager[None]:
-        return self.shard_of(execution_id).exclusive(execution_id, wait)
+        return self._held(self.shard_of(execution_id), execution_id, wait)
+
+    @asynccontextmanager
+    async def _held(
+        self, store: Adapter, execution_id: str, wait: float | None
+    ) -> AsyncIterator[None]:
+        """``store``'s block, the task marked as in it (:data:`_HELD`) meanwhile."""
+        async with store.exclusive(execution_id, wait):
+            token = _HELD.set(store)
+            try:
+                yield
+            finally:
+                _HELD.reset(token)
