@@ -1,12 +1,12 @@
 """Work spread over several stores where the stores disagree or one is away
 (statifier.router.shards, statifier.persistence.shards). What holds: what a durable
 parent's step needs (its child's chart, answer and siblings) is asked of its own
-store alone, so two parents in two stores never wait on each other; a chart saved in
-a block reaches every store before its retire; an event failing in one store is
-answered with its own failure, not another store's block; a shard map's ranges are
-pairs of whole numbers; a close finishes every store. What does not yet, each a
-strict expected failure named by its reason (decision 0116, last section): a create
-while another store is away, rows in a bucket of the store that holds them, a cap
+store alone, so two parents in two stores never wait on each other; a create needs
+its own store alone; a chart saved in a block reaches every store before its retire;
+an event failing in one store is answered with its own failure, not another store's
+block; a shard map's ranges are pairs of whole numbers; a close finishes every
+store. What does not yet, each a strict expected failure named by its reason
+(decision 0116, last section): rows in a bucket of the store that holds them, a cap
 counting every store, a step's sends reaching another store in order, a fire told
 its entry in every store."""
 
@@ -242,9 +242,6 @@ async def test_an_executions_chart_is_read_in_its_own_store_while_the_first_is_a
 
 
 @pytest.mark.asyncio
-@pytest.mark.xfail(
-    strict=True, reason="open: a create saves its chart in every store (decision 0116)"
-)
 async def test_an_execution_is_created_in_its_store_while_another_store_is_away(
     opened: list[SqlAdapter], away: SqlAdapter
 ) -> None:

@@ -19,6 +19,7 @@ True
 from __future__ import annotations
 
 import itertools
+import logging
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -41,10 +42,12 @@ from statifier.persistence.records import (
     Status,
     StepWrite,
 )
+from statifier.repeats import Repeats
 
 __all__ = ["BUCKETS", "Shard", "ShardMap", "ShardedAdapter", "bucket_of"]
 
 T = TypeVar("T")
+_log = logging.getLogger(__name__)
 
 _HELD: ContextVar[Adapter | None] = ContextVar("statifier.shards.held", default=None)
 """The store whose ``exclusive`` block the running task is in (a task's own: a block
@@ -192,8 +195,9 @@ class ShardedAdapter:
         # Charts saved inside a block, in the block's store alone: each is saved in
         # another store when an execution is first inserted there (or before a retire).
         self._unplaced: dict[str, tuple[ChartRecord, set[int]]] = {}
-        """By content hash: a chart saved inside a block, and the stores known to hold
-        it."""
+        """By content hash: a chart saved inside a block, or while a store failed, and
+        the stores known to hold it."""
+        self._repeats = Repeats()
 
     def shard_of(self, execution_id: str) -> Adapter:
         """The store that holds ``execution_id`` (and its durable children)."""
@@ -233,8 +237,34 @@ class ShardedAdapter:
             placed = self._unplaced.setdefault(chart.content_hash, (chart, set()))[1]
             placed.add(self.stores.index(held))
             return await held.save_chart(chart)
-        saved = await self._everywhere(lambda store: store.save_chart(chart))
-        self._unplaced.pop(chart.content_hash, None)
+        # Every store, but a store that fails holds up no other's executions: the chart
+        # goes there when an execution is first inserted there (which fails while it
+        # is away), or before a retire.
+        saved: list[ChartRecord] = []
+        failed: list[tuple[int, BaseException]] = []
+        for number, store in enumerate(self.stores):
+            try:
+                saved.append(await store.save_chart(chart))
+            except Exception as error:  # noqa: BLE001 - raised below if every store fails
+                failed.append((number, error))
+        if not saved:
+            raise failed[0][1]
+        if failed:
+            placed = set(range(len(self.stores))) - {number for number, _ in failed}
+            self._unplaced[chart.content_hash] = (chart, placed)
+            for number, why in failed:
+                self._repeats.log(
+                    _log,
+                    logging.WARNING,
+                    ("chart", number, type(why).__name__),
+                    "store %d of %d failed to save a chart (%s); it is saved there when an "
+                    "execution first goes there",
+                    number,
+                    len(self.stores),
+                    type(why).__name__,
+                )
+        else:
+            self._unplaced.pop(chart.content_hash, None)
         return saved[0]
 
     async def fetch_chart(self, content_hash: str) -> ChartRecord | None:
