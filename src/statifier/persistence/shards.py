@@ -192,8 +192,6 @@ class ShardedAdapter:
             raise ValueError(
                 f"the map has {len(self.shard_map.ranges)} ranges for {len(self.stores)} stores"
             )
-        # Charts saved inside a block, in the block's store alone: each is saved in
-        # another store when an execution is first inserted there (or before a retire).
         self._unplaced: dict[str, tuple[ChartRecord, set[int]]] = {}
         """By content hash: a chart saved inside a block, or while a store failed, and
         the stores known to hold it."""
@@ -227,7 +225,7 @@ class ShardedAdapter:
             errors=all(c.errors for c in each),
         )
 
-    # Charts: in every store.
+    # Charts: in every store, but inside a block or while a store fails.
 
     async def save_chart(self, chart: ChartRecord) -> ChartRecord:
         held = _HELD.get()
@@ -278,7 +276,8 @@ class ShardedAdapter:
         return None
 
     async def _placed(self, store: Adapter, content_hash: str) -> None:
-        """Save in ``store`` a chart saved inside a block elsewhere, if it lacks it."""
+        """Save in ``store`` a chart it may lack (saved inside a block of another
+        store, or while ``store`` failed)."""
         unplaced = self._unplaced.get(content_hash)
         if unplaced is None:
             return

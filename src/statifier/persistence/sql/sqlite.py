@@ -224,9 +224,8 @@ class Shared:
         self.writer = Writer()
         # The connection may go to a worker thread (a commit) only where SQLAlchemy
         # opened it for any thread: an engine of the adapter's own on a file, unless
-        # its URL asks for the check.
-        # (SQLAlchemy's rule: an in-memory database, by name or by a URI's
-        # ``mode=memory``, keeps its connection to the thread that opened it.)
+        # its URL asks for the check (an in-memory database, by name or by a URI's
+        # ``mode=memory``, keeps its connection to the thread that opened it).
         url = engine.url
         self.may_cross_threads = (
             owned
@@ -285,6 +284,10 @@ class Shared:
         writer = self.writer
         held = await _writer_within(writer, CLOSE_WAIT)
         try:
+            if self._commit_thread is not None:
+                # First: past the wait, a commit may still run there on the connection.
+                self._commit_thread.shutdown(wait=True)
+                self._commit_thread = None
             tx, pooled, restore = self._tx, self._pooled, self._restore
             self._tx = self._pooled = self._restore = None
             if tx is not None and pooled is not None:
@@ -297,9 +300,6 @@ class Shared:
                     tx.driver.isolation_level = isolation_level
                     set_busy_timeout(tx.driver, timeout)
                 pooled.close()
-            if self._commit_thread is not None:
-                self._commit_thread.shutdown(wait=True)
-                self._commit_thread = None
         finally:
             if held:
                 writer.lock.release()
