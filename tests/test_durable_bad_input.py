@@ -304,3 +304,26 @@ def test_an_on_error_of_the_wrong_kind_is_a_type_error() -> None:
     `TypeError` at construction."""
     with pytest.raises(TypeError, match="on_error"):
         Durable("sqlite:///unused.db", charts={"door": DOOR}, on_error=5)  # type: ignore[arg-type]
+
+
+# What the command prints.
+
+
+def test_show_prints_control_characters_in_event_names_escaped(
+    sqlite_place: Place, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`statifier executions show` writes an event name as escapes where it holds what
+    a terminal acts on (an escape sequence, a carriage return, a newline): a name sent
+    through the HTTP API may carry them, and they must not reach the operator's
+    terminal as they are."""
+    sqlite_place.migrate()
+    at = sqlite_place.options
+    charts = ["--charts", str(sqlite_place.charts)]
+    assert cli(capsys, "create", "door", "--id", "d1", *charts, *at)[0] == 0
+    hostile = "knock\x1b]0;owned\x07\x1b[2J\r\nfake"
+    cli(capsys, "send", "d1", hostile, *at)
+    status, text, _ = cli(capsys, "show", "d1", *at)
+    assert status == 0
+    assert "\x1b" not in text
+    assert "\r" not in text
+    assert "knock\\x1b]0;owned\\x07\\x1b[2J\\r\\nfake" in text

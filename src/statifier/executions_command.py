@@ -1115,17 +1115,17 @@ def _print_description(description: Description, as_json: bool, out: TextIO) -> 
     lines.append(("timers", str(len(description.timers)) if description.timers else "none"))
     width = max(len(label) for label, _ in lines)
     for label, text in lines:
-        out.write(f"{label.ljust(width)}  {text}\n")
+        _line(out, f"{label.ljust(width)}  {text}")
         if label == "errors":
             for error in description.errors:
                 step = "" if error.seq is None else f" input {error.seq}"
                 at = "" if error.recorded_at is None else error.recorded_at.isoformat()
-                out.write(f"  {at}  {error.via}{step}  {error.describe()}\n")
+                _line(out, f"  {at}  {error.via}{step}  {error.describe()}")
         if label == "timers":
             ended = description.finished
             for timer in description.timers:
                 gone = "  (discarded when due: the execution has ended)" if ended else ""
-                out.write(f"  {_timer(timer)}{gone}\n")
+                _line(out, f"  {_timer(timer)}{gone}")
         if label == "inputs":
             for entry in description.inputs:
                 migration = entry.migration
@@ -1135,13 +1135,22 @@ def _print_description(description: Description, as_json: bool, out: TextIO) -> 
                         if migration.reason is not None
                         else f"to {migration.target_hash}"
                     )
-                    out.write(f"  {entry.seq}  {entry.via}  {moved}\n")
+                    _line(out, f"  {entry.seq}  {entry.via}  {moved}")
                     continue
                 if entry.event is None:
-                    out.write(f"  {entry.seq}  (the log was closed at its cap)\n")
+                    _line(out, f"  {entry.seq}  (the log was closed at its cap)")
                     continue
                 data = "" if entry.event.data is UNDEFINED else " " + _value(entry.event.data)
-                out.write(f"  {entry.seq}  {entry.via}  {entry.event.name}{data}\n")
+                _line(out, f"  {entry.seq}  {entry.via}  {entry.event.name}{data}")
+
+
+def _line(out: TextIO, text: str) -> None:
+    """Write ``text`` and a newline, what a terminal would act on written as escapes
+    (a control character, a line separator): an event's name or a metadata value may
+    come from anyone who can send to the execution."""
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+    out.write(f"{text}\n")
 
 
 def _write_errors(errors: Sequence[StepError], out: TextIO) -> None:
