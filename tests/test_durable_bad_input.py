@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from tests.test_durable import DOOR, Database, _database
+from tests.test_durable_migration import ORDER_V1, ORDER_V2
 from tests.test_executions_command import Place, _place, cli
 
 import statifier.durable
@@ -22,6 +23,7 @@ from statifier.durable import (
     ChartUnusable,
     Durable,
     ExecutionNotFound,
+    InvalidMigrationPlan,
     Send,
 )
 from statifier.persistence import MemoryAdapter
@@ -327,3 +329,26 @@ def test_show_prints_control_characters_in_event_names_escaped(
     assert "\x1b" not in text
     assert "\r" not in text
     assert "knock\\x1b]0;owned\\x07\\x1b[2J\\r\\nfake" in text
+
+
+# Migrations.
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    "value",
+    [pytest.param(math.nan, id="nan"), pytest.param(b"dhl", id="bytes")],
+)
+async def test_migrate_all_refuses_data_it_cannot_store_before_moving_any(
+    tmp_path: Path, value: object
+) -> None:
+    """`migrate_all` with a value of `data` that cannot be stored raises
+    `InvalidMigrationPlan` naming the variable, before any execution is tried, rather
+    than answering every execution failed."""
+    url = f"sqlite:///{tmp_path / 'orders.db'}"
+    async with Durable(url, charts={"order": ORDER_V1}, migrate=True) as old:
+        await old.create("order", "o1")
+    async with Durable(url, charts={"order": ORDER_V2}) as new:
+        with pytest.raises(InvalidMigrationPlan, match="carrier"):
+            await new.migrate_all("order", data={"carrier": value})
+        assert (await new.describe("o1")).content_hash == old.chart("order").identity.content_hash

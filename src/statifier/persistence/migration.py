@@ -99,6 +99,8 @@ class MigrationPlan:
         UnknownPlanStates: a key is not a state id of ``source``, or a target is not
             one of ``target``.
         UndeclaredPlanData: ``data`` names a variable ``target`` does not declare.
+        InvalidMigrationPlan: a value of ``data`` cannot be stored (NaN or an
+            infinity, bytes, a set, a value nested too deep).
 
     The plan is immutable; its mappings are read-only copies.
     """
@@ -138,6 +140,13 @@ class MigrationPlan:
         undeclared = sorted(name for name in data if name not in declared)
         if undeclared:
             raise UndeclaredPlanData(undeclared)
+        for name, value in data.items():  # refused here, not execution by execution
+            try:
+                json.dumps(tagged.encode(value), allow_nan=False)
+            except (ValueError, TypeError, RecursionError) as error:
+                raise InvalidMigrationPlan(
+                    f"the data of {name!r} cannot be stored: {error}"
+                ) from None
         object.__setattr__(self, "state_map", MappingProxyType(state_map))
         object.__setattr__(self, "data", MappingProxyType(data))
 
