@@ -5,10 +5,10 @@ store alone, so two parents in two stores never wait on each other; a create nee
 its own store alone; a chart saved in a block reaches every store before its retire;
 an event failing in one store is answered with its own failure, not another store's
 block; a shard map's ranges are pairs of whole numbers; a close finishes every
-store. What does not yet, each a strict expected failure named by its reason
-(decision 0116, last section): rows in a bucket of the store that holds them, a cap
-counting every store, a step's sends reaching another store in order, a fire told
-its entry in every store."""
+store; a fire is told its entry in every store. What does not yet, each a strict
+expected failure named by its reason (decision 0116, last section): rows in a bucket
+of the store that holds them, a cap counting every store, a step's sends reaching
+another store in order."""
 
 from __future__ import annotations
 
@@ -434,10 +434,6 @@ async def test_a_steps_sends_to_an_execution_of_another_store_arrive_in_send_ord
 
 
 @pytest.mark.asyncio
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: route_in routes the other stores' parts through route (decision 0116)",
-)
 async def test_a_fire_routed_in_a_unit_tells_every_stores_part_its_entry(
     opened: list[SqlAdapter],
 ) -> None:

@@ -274,7 +274,16 @@ class ShardedRouter:
         routed: dict[int, Routed] = {}
         for number, part in sorted(parts.items()):
             if number != 0:
-                routed[number] = await self.routers[number].route(part, now=now)
+                # In a transaction of that store's, told the caller's entry, and under
+                # the caller's around_delivery alone (route would wrap it again).
+                router = self.routers[number]
+
+                async def there(
+                    unit: Unit, router: Router = router, part: Planned = part
+                ) -> Routed:
+                    return await router.route_in(unit, part, entry, now=now)
+
+                routed[number] = await router.in_transaction(there, entered=entry)
         if 0 in parts:
             routed[0] = await self.routers[0].route_in(unit, parts[0], entry, now=now)
         return self._merged(planned, routed)
