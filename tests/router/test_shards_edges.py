@@ -5,10 +5,10 @@ store alone, so two parents in two stores never wait on each other; a create nee
 its own store alone; a chart saved in a block reaches every store before its retire;
 an event failing in one store is answered with its own failure, not another store's
 block; a shard map's ranges are pairs of whole numbers; a close finishes every
-store; a fire is told its entry in every store. What does not yet, each a strict
-expected failure named by its reason (decision 0116, last section): rows in a bucket
-of the store that holds them, a cap counting every store, a step's sends reaching
-another store in order."""
+store; a fire is told its entry in every store; a refused hop's ledger row falls in
+a bucket of the store that holds it. What does not yet, each a strict expected
+failure named by its reason (decision 0116, last section): a cap counting every
+store, a step's sends reaching another store in order."""
 
 from __future__ import annotations
 
@@ -261,9 +261,6 @@ async def test_an_execution_is_created_in_its_store_while_another_store_is_away(
 
 
 @pytest.mark.asyncio
-@pytest.mark.xfail(
-    strict=True, reason="open: a refused hop's ledger row takes the sender's bucket (decision 0116)"
-)
 async def test_a_refused_hops_ledger_row_falls_in_a_bucket_of_the_store_that_holds_it(
     sqlite_shards: list[SqlStore],  # noqa: F811
     opened: list[SqlAdapter],

@@ -725,6 +725,9 @@ class Router:
                         key=EXECUTION_PLAN_ID,
                         execution_id=sender,
                         inserted_at=moment,
+                        # In the target's store: filed in its address's bucket, which
+                        # that store's reaper and a reshard reach (not the sender's).
+                        bucket=address_bucket(scope, document, key),
                     )
                 )
                 if sender is not None:

@@ -142,7 +142,10 @@ class LedgerRow:
     ``outcome`` is ``delivered``, ``created_and_delivered``, ``duplicate``,
     ``key_refused`` or ``dropped``; ``reason`` is the drop reason or the refusal.
     ``id`` is the table's key of a row read back where the reader asked for it (the
-    console's pages), else ``None``; it takes no part in comparing rows.
+    console's pages), else ``None``; it takes no part in comparing rows. ``bucket``,
+    given, files the row in that bucket instead of the one
+    :func:`~statifier.buckets.ledger_bucket` picks (a send refused in another store
+    than its sender's: the target address's); never read back.
     """
 
     binding_id: str
@@ -157,6 +160,7 @@ class LedgerRow:
     execution_id: str | None
     inserted_at: datetime
     id: Any = field(default=None, compare=False, repr=False)
+    bucket: int | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def of(cls, columns: Mapping[str, Any]) -> LedgerRow:
@@ -735,6 +739,9 @@ def _ledger_columns(row: LedgerRow) -> dict[str, Any]:
     """What ``row``'s insert writes by name (:data:`_LEDGER_WRITTEN`), ``inserted_at``
     as it is."""
     columns = {name: getattr(row, name) for name in _LEDGER_COLUMNS}
+    if row.bucket is not None:
+        columns["bucket"] = row.bucket
+        return columns
     columns["bucket"] = ledger_bucket(
         row.binding_id,
         scope=row.scope,
