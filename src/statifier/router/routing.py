@@ -525,11 +525,15 @@ class Router:
             if unit.reruns(error):
                 raise  # a lost conflict: the whole batch is run again
             # An error that comes again there is the failing event's own answer; one that
-            # does not (a lock wait that ran out) would be seen nowhere but here. Its
-            # class and SQLSTATE only: a database's message may quote the batch's
-            # parameters, and with them the events' data.
-            state = getattr(getattr(error, "orig", None) or error, "sqlstate", None)
-            said = type(error).__name__ + (f" (SQLSTATE {state})" if state else "")
+            # does not (a lock wait that ran out) would be seen nowhere but here. A
+            # database's error by its class and SQLSTATE only: its message may quote
+            # the batch's parameters, and with them the events' data.
+            cause = getattr(error, "orig", None) or error
+            state = getattr(cause, "sqlstate", None)
+            if state is not None or cause is not error:
+                said = type(error).__name__ + (f" (SQLSTATE {state})" if state else "")
+            else:
+                said = f"{type(error).__name__}: {error}"
             _repeats.note(
                 "batch_one_by_one",
                 lambda: _log.warning(
