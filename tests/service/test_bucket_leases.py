@@ -89,6 +89,9 @@ class _Worker:
     def trouble(self) -> str | None:
         return self.failing
 
+    def done(self) -> bool:
+        return self.task is not None and self.task.done()
+
 
 class _Service:
     """One service's leased workers on the store, recording every range it ran."""
@@ -99,6 +102,8 @@ class _Service:
         owner: str,
         slices: int = 16,
         pass_ends: asyncio.Event | None = None,
+        *,
+        ttl: float = TTL,
     ) -> None:
         self.stop = asyncio.Event()
         self.pass_ends = pass_ends
@@ -112,7 +117,7 @@ class _Service:
             self.stop,
             owner=owner,
             slices=slices,
-            ttl=TTL,
+            ttl=ttl,
             clock=db.clock,
         )
 
@@ -127,6 +132,11 @@ class _Service:
 
     def buckets(self) -> set[int]:
         return {b for start, end in self.running() for b in range(start, end)}
+
+    @property
+    def task(self) -> asyncio.Task[None]:
+        assert self.part.task is not None
+        return self.part.task
 
 
 def _hold_claims(service: _Service, answer: asyncio.Event) -> None:

@@ -1,7 +1,7 @@
 """Bucket leases (decision 0128) at their edges: a stop cut short by the service's
 bound, a cancellation from elsewhere, a stop during a claim, a failed release, a range
 replaced by a wider one, the leases' end counted from the claim's lock, and a claim's
-bound on SQLite. The workers are stand-ins that record their range, as in
+bound on SQLite. The workers and services are the stand-ins of
 ``tests/service/test_bucket_leases.py``; the leases' time is the test's hand-moved
 clock, their claims come in real time."""
 
@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection
+from collections.abc import AsyncIterator, Collection
 from datetime import timedelta
 
 import pytest
@@ -26,86 +25,14 @@ from tests.router.conftest import (  # noqa: F401 - the fixtures themselves
     router_db,
     router_store,
 )
+from tests.service.test_bucket_leases import TTL, _Service, _until
 
 from statifier.fronts.leases import LeaseChange, PartitionLeases
 from statifier.persistence.sql import SqlAdapter
-from statifier.service.bucket_leases import LeasedWorkers, group_of, slice_name, slices_of
-
-TTL = 0.3
-"""Seconds a claim holds, in the leases' time; claims come every third of it (real time)."""
+from statifier.service.bucket_leases import group_of, slice_name, slices_of
 
 NAMES = [slice_name(piece) for piece in slices_of((0, 1024), 16)]
 """The names of the 16 slices of the whole range."""
-
-Range = tuple[int, int]
-
-
-class _Worker:
-    """A stand-in for a supervised worker: runs until its range's stop is set, and then
-    until ``pass_ends`` is set too, when given (a pass in flight at the stop)."""
-
-    def __init__(
-        self, name: str, stop: asyncio.Event, pass_ends: asyncio.Event | None = None
-    ) -> None:
-        self.name, self.stop, self.pass_ends = name, stop, pass_ends
-        self.task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self.task = asyncio.create_task(self._run())
-
-    async def _run(self) -> None:
-        await self.stop.wait()
-        if self.pass_ends is not None:
-            await self.pass_ends.wait()
-
-    def trouble(self) -> str | None:
-        return None
-
-    def done(self) -> bool:
-        return self.task is not None and self.task.done()
-
-
-class _Service:
-    """One service's leased workers on the store, recording every worker it built."""
-
-    def __init__(
-        self,
-        db: RouterDb,
-        owner: str,
-        *,
-        ttl: float = TTL,
-        pass_ends: asyncio.Event | None = None,
-    ) -> None:
-        self.stop = asyncio.Event()
-        self.pass_ends = pass_ends
-        self.workers: list[_Worker] = []
-        self.part = LeasedWorkers(
-            f"workers of {owner}",
-            db.adapter,
-            (0, 1024),
-            self.build,
-            self.stop,
-            owner=owner,
-            slices=16,
-            ttl=ttl,
-            clock=db.clock,
-        )
-
-    def build(self, piece: Range, stop: asyncio.Event) -> list[_Worker]:
-        worker = _Worker(f"timers (buckets {piece[0]}-{piece[1]})", stop, self.pass_ends)
-        self.workers.append(worker)
-        return [worker]
-
-    def running(self) -> set[Range]:
-        return set(self.part.running)
-
-    def buckets(self) -> set[int]:
-        return {b for start, end in self.running() for b in range(start, end)}
-
-    @property
-    def task(self) -> asyncio.Task[None]:
-        assert self.part.task is not None
-        return self.part.task
 
 
 @pytest_asyncio.fixture
@@ -130,18 +57,6 @@ def _member(db: RouterDb, owner: str, partitions: Collection[str] = NAMES) -> Pa
         ttl=TTL,
         clock=db.clock,
     )
-
-
-async def _until(condition: Callable[[], bool | Awaitable[bool]], seconds: float = 15.0) -> None:
-    deadline = time.monotonic() + seconds
-    while True:
-        found = condition()
-        if not isinstance(found, bool):
-            found = await found
-        if found:
-            return
-        assert time.monotonic() < deadline, "the condition did not hold in time"
-        await asyncio.sleep(0.02)
 
 
 @pytest.mark.asyncio
